@@ -1,0 +1,174 @@
+"""Run configuration: pydantic models, YAML presets and ``--set key.sub=value`` overrides."""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SplitConfig(Strict):
+    """Per-site splits. ``ratio``: train/val/test fractions (FedSM: 0.5/0.25/0.25).
+    ``kfold``: ``folds`` folds per site, fold ``fold`` is test, the rest is split
+    ``train_fraction``/(1 - ``train_fraction``) into train/val per site (FeTS)."""
+
+    mode: Literal["ratio", "kfold"] = "ratio"
+    ratios: tuple[float, float, float] = (0.5, 0.25, 0.25)
+    folds: int = Field(5, ge=2)
+    fold: int = Field(0, ge=0)
+    train_fraction: float = Field(0.8, gt=0, lt=1)
+
+    @model_validator(mode="after")
+    def _check(self) -> "SplitConfig":
+        if abs(sum(self.ratios) - 1.0) > 1e-6 or min(self.ratios) < 0:
+            raise ValueError(f"split.ratios must be non-negative and sum to 1, got {list(self.ratios)}")
+        if self.fold >= self.folds:
+            raise ValueError(f"split.fold={self.fold} must be < split.folds={self.folds}")
+        return self
+
+
+class DataConfig(Strict):
+    """Where the federation comes from. ``source`` is a built-in federation name or ``folder``."""
+
+    source: str = "synthetic-retina"
+    root: str | None = None
+    scale: float = Field(1.0, gt=0, description="built-in federations: site sizes = paper sizes x scale")
+    image_size: int = Field(64, ge=8, description="side of the square/cubic model input, pixels")
+    normalize: Literal["minmax", "zscore", "none"] = "minmax"
+    split: SplitConfig = SplitConfig()
+
+
+class ModelConfig(Strict):
+    """MONAI network for segmentation. Output channels = number of regions (sigmoid)."""
+
+    name: Literal["unet", "dynunet"] = "unet"
+    channels: tuple[int, ...] = (16, 32, 64, 128, 256)
+    strides: tuple[int, ...] | None = None  # default: 2 between every level
+    num_res_units: int = Field(0, ge=0)
+    norm: str = "instance"
+    dropout: float = Field(0.0, ge=0, le=1)
+
+
+class BudgetConfig(Strict):
+    unit: Literal["epochs", "steps"] = "epochs"
+    amount: int = Field(1, ge=1)
+
+
+class TrainConfig(Strict):
+    """The local optimization loop (``fedseg.train.Trainer``)."""
+
+    optimizer: Literal["adam", "sgd"] = "adam"
+    lr: float = Field(1e-3, gt=0)
+    momentum: float = Field(0.9, ge=0)
+    weight_decay: float = Field(0.0, ge=0)
+    batch_size: int = Field(8, ge=1)
+    budget: BudgetConfig = BudgetConfig()
+    keep_optimizer_state: bool = True
+    loss: Literal["dice", "dice_bce"] = "dice"
+
+
+class FLConfig(Strict):
+    """Federation-level options shared by every method."""
+
+    rounds: int = Field(20, ge=1)
+    weighting: Literal["samples", "uniform"] = "samples"
+    validate_every: int = Field(1, ge=1)
+
+
+class EvalConfig(Strict):
+    threshold: float = Field(0.5, gt=0, lt=1)
+    hd95: bool = True
+    batch_size: int = Field(16, ge=1)
+
+
+class RunConfig(Strict):
+    name: str = "run"
+    seed: int = 0
+    device: str = "cpu"
+    threads: int = Field(1, ge=1, description="torch intra-op threads")
+    algorithms: list[str] = ["centralized", "local", "fedavg"]
+    data: DataConfig = DataConfig()
+    model: ModelConfig = ModelConfig()
+    train: TrainConfig = TrainConfig()
+    fl: FLConfig = FLConfig()
+    eval: EvalConfig = EvalConfig()
+    methods: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="per-algorithm options, e.g. {fedprox: {mu: 0.01}}"
+    )
+
+
+class ConfigError(ValueError):
+    """A configuration file or override is invalid; the message names the key."""
+
+
+def preset_names() -> list[str]:
+    return sorted(p.name[:-5] for p in resources.files("fedseg.presets").iterdir() if p.name.endswith(".yaml"))
+
+
+def preset_description(name: str) -> str:
+    return str(_read_yaml_text(_preset_text(name), f"preset {name}").get("description", ""))
+
+
+def _preset_text(name: str) -> str:
+    path = resources.files("fedseg.presets") / f"{name}.yaml"
+    if not path.is_file():
+        raise ConfigError(f"unknown preset {name!r}; available: {', '.join(preset_names())}")
+    return path.read_text()
+
+
+def _read_yaml_text(text: str, where: str) -> dict:
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{where}: not valid YAML: {e}") from e
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: expected a mapping at the top level")
+    return data
+
+
+def apply_override(data: dict, assignment: str) -> None:
+    """Apply ``key.sub=value`` to a nested dict in place; the value is parsed as YAML."""
+    if "=" not in assignment:
+        raise ConfigError(f"--set {assignment!r}: expected key.sub=value")
+    key, raw = assignment.split("=", 1)
+    parts = key.strip().split(".")
+    node = data
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"--set {key}: {part!r} is not a section")
+    node[parts[-1]] = yaml.safe_load(raw)
+
+
+def load_config(
+    preset: str | None = None, file: str | Path | None = None, overrides: list[str] = ()
+) -> RunConfig:
+    """Build a RunConfig from a preset name or a YAML file, then apply overrides in order."""
+    if (preset is None) == (file is None):
+        raise ConfigError("give exactly one of --preset NAME or --config FILE")
+    if preset is not None:
+        data, where = _read_yaml_text(_preset_text(preset), f"preset {preset}"), f"preset {preset}"
+    else:
+        path = Path(file)
+        if not path.is_file():
+            raise ConfigError(f"{path}: config file not found")
+        data, where = _read_yaml_text(path.read_text(), str(path)), str(path)
+    data.pop("description", None)
+    for assignment in overrides:
+        apply_override(data, assignment)
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as e:
+        problems = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
+        raise ConfigError(f"{where}: {problems}") from None
+
+
+def dump_config(cfg: RunConfig) -> str:
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

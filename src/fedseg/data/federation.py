@@ -1,0 +1,114 @@
+"""Federation contract: sites, cases, regions and per-site splits.
+
+A *case* is one image with its integer label map. Images are channel-first
+``(C, *spatial)`` arrays (``spatial`` is ``(H, W)`` or ``(D, H, W)``), labels are
+``(*spatial)`` integer arrays whose values map to named *regions* (sets of label
+values, see ``Regions``). Arrays are kept in their stored dtype (``uint8`` for the
+built-in federations, anything numeric for folder federations); conversion to model
+input happens in ``fedseg.data.preprocess``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Literal, Mapping
+
+import numpy as np
+
+Split = Literal["train", "val", "test"]
+SPLITS: tuple[Split, ...] = ("train", "val", "test")
+
+
+class FederationError(ValueError):
+    """A federation (folder, config or split file) is malformed. The message names the file and the problem."""
+
+
+@dataclass(frozen=True)
+class Regions:
+    """Named regions, each a set of label values: ``{"disc": (1, 2), "cup": (2,)}``.
+
+    The network predicts one sigmoid channel per region, in this order.
+    """
+
+    names: tuple[str, ...]
+    values: tuple[tuple[int, ...], ...]
+
+    @classmethod
+    def from_mapping(cls, mapping: Mapping[str, list[int] | tuple[int, ...]]) -> "Regions":
+        if not mapping:
+            raise FederationError("regions: at least one region is required")
+        names, values = [], []
+        for name, vals in mapping.items():
+            vals = tuple(int(v) for v in vals)
+            if not vals or any(v <= 0 for v in vals):
+                raise FederationError(f"regions.{name}: needs one or more positive label values, got {list(vals)}")
+            names.append(str(name))
+            values.append(vals)
+        return cls(tuple(names), tuple(values))
+
+    def as_dict(self) -> dict[str, list[int]]:
+        return {n: list(v) for n, v in zip(self.names, self.values)}
+
+    @property
+    def label_values(self) -> set[int]:
+        """Every label value that belongs to some region (0 = background is not included)."""
+        return {v for vals in self.values for v in vals}
+
+    def one_hot(self, label: np.ndarray) -> np.ndarray:
+        """Label map ``(*spatial)`` -> region masks ``(R, *spatial)`` of dtype uint8."""
+        return np.stack([np.isin(label, vals) for vals in self.values]).astype(np.uint8)
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+
+@dataclass(frozen=True)
+class Case:
+    """One image and its label map. Arrays are held in memory or read lazily by ``loader``."""
+
+    id: str
+    loader: Callable[[], tuple[np.ndarray, np.ndarray]] = field(repr=False, compare=False)
+    meta: Mapping[str, object] = field(default_factory=dict, compare=False)
+
+    @classmethod
+    def from_arrays(cls, id: str, image: np.ndarray, label: np.ndarray, **meta) -> "Case":
+        return cls(id, lambda: (image, label), meta)
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """Return ``(image (C, *spatial), label (*spatial))``."""
+        return self.loader()
+
+
+@dataclass
+class Site:
+    """One hospital: an ordered list of cases, optionally with fixed splits (case id -> split)."""
+
+    name: str
+    cases: list[Case]
+    fixed_splits: dict[str, Split] | None = None
+
+
+@dataclass
+class Federation:
+    """An ordered list of sites sharing one task (kind, channels, regions)."""
+
+    name: str
+    kind: Literal["2d", "3d"]
+    channels: int
+    regions: Regions
+    sites: list[Site]
+    label_names: dict[int, str] | None = None
+
+    @property
+    def spatial_dims(self) -> int:
+        return 2 if self.kind == "2d" else 3
+
+    @property
+    def site_names(self) -> list[str]:
+        return [s.name for s in self.sites]
+
+    def site(self, name: str) -> Site:
+        for s in self.sites:
+            if s.name == name:
+                return s
+        raise KeyError(f"no site named {name!r}; sites are {self.site_names}")

@@ -1,0 +1,66 @@
+"""Case arrays -> model tensors: resize to the model input size and normalize intensities.
+
+The same function serves training, evaluation and ``fedseg predict`` so that a
+prediction on a file equals the evaluation of the same case.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from fedseg.data.federation import Regions
+
+Normalize = Literal["minmax", "zscore", "none"]
+
+
+def normalize_image(image: np.ndarray, mode: Normalize) -> np.ndarray:
+    """Per-image intensity normalization over all channels; returns float32 ``(C, *spatial)``.
+
+    ``minmax`` maps the image's range to [0, 1] (colour differences between channels are kept);
+    ``zscore`` subtracts the mean and divides by the standard deviation; ``none`` only casts.
+    """
+    x = image.astype(np.float32)
+    if mode == "minmax":
+        lo, hi = float(x.min()), float(x.max())
+        return (x - lo) / (hi - lo) if hi > lo else np.zeros_like(x)
+    if mode == "zscore":
+        std = float(x.std())
+        return (x - float(x.mean())) / std if std > 0 else np.zeros_like(x)
+    return x
+
+
+def resize(image: torch.Tensor, label: torch.Tensor | None, size: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Resize ``image (C, *spatial)`` (linear) and ``label (*spatial)`` (nearest) to ``size`` per axis."""
+    spatial = image.shape[1:]
+    target = (size,) * len(spatial)
+    if tuple(spatial) == target:
+        return image, label
+    mode = "bilinear" if len(spatial) == 2 else "trilinear"
+    image = F.interpolate(image[None], size=target, mode=mode, align_corners=False)[0]
+    if label is not None:
+        label = F.interpolate(label[None, None].float(), size=target, mode="nearest")[0, 0].long()
+    return image, label
+
+
+def case_tensors(
+    image: np.ndarray, label: np.ndarray | None, regions: Regions, size: int, normalize: Normalize
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Return ``(x (C, *S) float32, y (R, *S) float32 region masks or None)`` with ``S = (size,)*dims``."""
+    x = torch.from_numpy(normalize_image(image, normalize))
+    lab = torch.from_numpy(label.astype(np.int64)) if label is not None else None
+    x, lab = resize(x, lab, size)
+    if lab is None:
+        return x, None
+    y = torch.from_numpy(regions.one_hot(lab.numpy())).float()
+    return x, y
+
+
+def restore_size(mask: torch.Tensor, spatial: tuple[int, ...]) -> torch.Tensor:
+    """Nearest-neighbour resize of region masks ``(R, *S)`` back to an original ``spatial`` shape."""
+    if tuple(mask.shape[1:]) == tuple(spatial):
+        return mask
+    return F.interpolate(mask[None].float(), size=spatial, mode="nearest")[0].to(mask.dtype)
