@@ -1,0 +1,51 @@
+"""Centralized training: all sites' train splits pooled and trained through the same Trainer.
+
+The upper bound of the papers, and deliberately not federated: the server reads every
+site's training data. Evaluation still runs where the test data lives (a client action).
+"""
+
+from __future__ import annotations
+
+import time
+
+from fedseg.algorithms.fedavg import FedAvgClient, FedAvgServer
+from fedseg.data.dataset import CaseSet
+from fedseg.engine.ledger import LedgerRow
+from fedseg.engine.messages import Message, load_weights, prefixed, weights_of
+from fedseg.engine.simulator import seeded_generator, stream_seed
+from fedseg.train import Trainer, load_optimizer_state, optimizer_state
+
+POOLED = "pooled"
+
+
+class CentralizedServer(FedAvgServer):
+    def __init__(self, engine, task, options):
+        super().__init__(engine, task, options)
+        self.pooled = CaseSet.concat(POOLED, [engine.site_data[s].train for s in engine.sites])
+        self.optimizer_moments: dict = {}
+
+    def run_round(self, rnd: int) -> dict[str, float]:
+        cfg = self.task.cfg
+        start = time.perf_counter()
+        generator = seeded_generator(stream_seed(cfg.seed, len(self.engine.sites), rnd, "centralized"))
+        model = self.task.new_model()
+        load_weights(model, self.global_weights)
+        trainer = Trainer(cfg.train, self.task.device)
+        optimizer = trainer.new_optimizer(model)
+        if cfg.train.keep_optimizer_state and self.optimizer_moments:
+            load_optimizer_state(optimizer, self.optimizer_moments)
+        stats = trainer.fit(model, self.pooled, generator, optimizer)
+        self.optimizer_moments = optimizer_state(optimizer) if cfg.train.keep_optimizer_state else {}
+        self.global_weights = weights_of(model)
+        self.engine.ledger.record(LedgerRow(rnd, POOLED, "train", stats.steps, 0, 0, time.perf_counter() - start))
+        return {POOLED: stats.mean_loss}
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), **prefixed("opt", self.optimizer_moments)}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.optimizer_moments = Message(state).group("opt")
+
+
+CentralizedClient = FedAvgClient

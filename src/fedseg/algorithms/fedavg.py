@@ -1,0 +1,211 @@
+"""FedAvg: broadcast -> local fit -> weighted merge. The base pair every method extends.
+
+Server hooks: ``train_message`` (what a site receives), ``aggregate`` (how replies merge),
+``aggregation_weights`` (samples | uniform), ``eval_message`` and ``site_model``.
+Client hooks: ``start_model`` (the model a site starts from), ``extra_loss`` and
+``after_backward`` (passed to the Trainer), ``after_fit`` (what a site replies),
+``eval_model`` (the model a site is evaluated with).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from fedseg.algorithms.aggregate import weighted_average
+from fedseg.engine.messages import Message, load_weights, prefixed, weights_of
+from fedseg.engine.simulator import ClientContext, State, Task
+from fedseg.evaluate.inference import predict_masks, score_caseset
+from fedseg.train import (
+    AfterBackward,
+    ExtraLoss,
+    Trainer,
+    TrainStats,
+    load_optimizer_state,
+    optimizer_state,
+)
+
+MODEL = "model"  # message prefix of model weights
+OPT = "opt"  # client-state prefix of optimizer moments
+
+
+def state_group(state: State, prefix: str) -> dict[str, torch.Tensor]:
+    """Entries of a client state store under ``prefix/``, prefix stripped."""
+    head = prefix + "/"
+    return {k[len(head):]: v for k, v in state.items() if k.startswith(head)}
+
+
+def put_group(state: State, prefix: str, tensors: dict[str, torch.Tensor]) -> None:
+    """Replace the ``prefix/`` entries of a client state store by ``tensors``."""
+    for key in [k for k in state if k.startswith(prefix + "/")]:
+        del state[key]
+    state.update(prefixed(prefix, tensors))
+
+
+class FedAvgClient:
+    """Trains the received model on the site's train split and replies with its weights."""
+
+    def handle(self, action: str, msg: Message, ctx: ClientContext) -> Message:
+        handler = getattr(self, f"on_{action}", None)
+        if handler is None:
+            raise ValueError(f"{type(self).__name__} has no handler for action {action!r}")
+        return handler(msg, ctx)
+
+    # --- training ----------------------------------------------------------------
+    def on_train(self, msg: Message, ctx: ClientContext) -> Message:
+        model = self.start_model(msg, ctx)
+        stats = self.fit(model, msg, ctx)
+        return self.after_fit(model, stats, msg, ctx)
+
+    def start_model(self, msg: Message, ctx: ClientContext) -> nn.Module:
+        model = ctx.task.new_model()
+        load_weights(model, msg.group(MODEL))
+        return model
+
+    def fit(self, model: nn.Module, msg: Message, ctx: ClientContext, state_key: str = OPT) -> TrainStats:
+        """One local training budget through the Trainer, optimizer moments kept in client state if configured."""
+        trainer = Trainer(ctx.cfg.train, ctx.task.device)
+        optimizer = trainer.new_optimizer(model)
+        keep = ctx.cfg.train.keep_optimizer_state
+        if keep and state_group(ctx.state, state_key):
+            load_optimizer_state(optimizer, state_group(ctx.state, state_key))
+        stats = trainer.fit(
+            model,
+            ctx.data.train,
+            ctx.generator,
+            optimizer,
+            extra_loss=self.extra_loss(model, msg, ctx),
+            after_backward=self.after_backward(model, msg, ctx),
+        )
+        if keep:
+            put_group(ctx.state, state_key, optimizer_state(optimizer))
+        return stats
+
+    def extra_loss(self, model: nn.Module, msg: Message, ctx: ClientContext) -> ExtraLoss | None:
+        return None
+
+    def after_backward(self, model: nn.Module, msg: Message, ctx: ClientContext) -> AfterBackward | None:
+        return None
+
+    def after_fit(self, model: nn.Module, stats: TrainStats, msg: Message, ctx: ClientContext) -> Message:
+        return Message(prefixed(MODEL, weights_of(model)), train_meta(stats, ctx))
+
+    # --- evaluation --------------------------------------------------------------
+    def on_evaluate(self, msg: Message, ctx: ClientContext) -> Message:
+        """Score the model on ``meta.split``; reply with per-case Dice/HD95 ``(N, R)`` and case ids.
+
+        With ``meta.sample = True`` the site also writes one example prediction to its own
+        artifacts folder (images never travel in a message).
+        """
+        model = self.eval_model(msg, ctx)
+        data = ctx.data.split(str(msg.meta["split"]))
+        ev = ctx.cfg.eval
+        dice, hd95 = score_caseset(model, data, ev.batch_size, ev.threshold, ev.hd95, ctx.task.device)
+        if msg.meta.get("sample") and ctx.artifacts is not None and len(data):
+            write_sample(model, data, ctx, str(msg.meta["model"]))
+        meta = {"cases": json.dumps(data.ids), "model": str(msg.meta["model"]), "split": str(msg.meta["split"])}
+        return Message({"dice": torch.from_numpy(dice), "hd95": torch.from_numpy(hd95)}, meta)
+
+    def eval_model(self, msg: Message, ctx: ClientContext) -> nn.Module:
+        """The model to score: the one in the message (a global or another site's model)."""
+        model = ctx.task.new_model()
+        load_weights(model, msg.group(MODEL))
+        return model
+
+
+def train_meta(stats: TrainStats, ctx: ClientContext) -> dict:
+    return {"steps": stats.steps, "samples": stats.samples, "loss": stats.mean_loss, "num_examples": len(ctx.data.train)}
+
+
+def write_sample(model: nn.Module, data, ctx: ClientContext, model_name: str) -> None:
+    """Write the site's first case with its prediction: ``samples/<algorithm>__<site>.npz`` (2D; 3D: middle slice)."""
+    pred = predict_masks(model, data.x[:1], 1, ctx.cfg.eval.threshold, ctx.task.device)[0]
+    image, truth = data.x[0], data.y[0]
+    if image.dim() == 4:  # (C, D, H, W): keep the middle slice
+        mid = image.shape[1] // 2
+        image, truth, pred = image[:, mid], truth[:, mid], pred[:, mid]
+    ctx.artifacts.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(
+        Path(ctx.artifacts) / f"{ctx.algorithm}__{ctx.site}.npz",
+        image=image.numpy().astype(np.float32),
+        truth=truth.numpy().astype(np.uint8),
+        pred=pred.numpy().astype(np.uint8),
+        case=np.array(data.ids[0]),
+        model=np.array(model_name),
+    )
+
+
+class FedAvgServer:
+    """Holds the global model; each round broadcasts it, collects local models and averages them."""
+
+    def __init__(self, engine, task: Task, options: dict):
+        self.engine = engine
+        self.task = task
+        self.options = options
+        self.global_weights = weights_of(task.new_model())
+
+    # --- one round ---------------------------------------------------------------
+    def run_round(self, rnd: int) -> dict[str, float]:
+        """Train one round; return the mean local training loss per site."""
+        replies = self.engine.exchange({s: self.train_message(s) for s in self.engine.sites}, "train")
+        self.aggregate(replies)
+        return {s: float(r.meta["loss"]) for s, r in replies.items()}
+
+    def train_message(self, site: str) -> Message:
+        return Message(prefixed(MODEL, self.global_weights))
+
+    def aggregate(self, replies: dict[str, Message]) -> None:
+        sites = list(replies)
+        weights = self.aggregation_weights(replies)
+        self.global_weights = weighted_average([replies[s].group(MODEL) for s in sites], [weights[s] for s in sites])
+
+    def aggregation_weights(self, replies: dict[str, Message]) -> dict[str, float]:
+        """``samples``: n_k (the site's training-set size, as it reports); ``uniform``: 1 per site."""
+        if self.task.cfg.fl.weighting == "uniform":
+            return {s: 1.0 for s in replies}
+        return {s: float(r.meta["num_examples"]) for s, r in replies.items()}
+
+    # --- evaluation --------------------------------------------------------------
+    def site_model(self, site: str) -> str:
+        """Name of the model ``site`` would actually use (what its summary numbers report)."""
+        return "global"
+
+    def eval_messages(self, split: str, sample: bool) -> dict[str, Message]:
+        meta = {"split": split, "model": "global", "sample": sample}
+        return {s: Message(prefixed(MODEL, self.global_weights), dict(meta)) for s in self.engine.sites}
+
+    def evaluate(self, split: str, sample: bool = False) -> list[dict]:
+        """Score on every site's ``split``; tidy rows ``algorithm, model, site, case, region, metric, value``."""
+        replies = self.engine.exchange(self.eval_messages(split, sample), "evaluate")
+        return eval_rows(self.engine.algorithm, replies, self.task.regions)
+
+    # --- state -------------------------------------------------------------------
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return prefixed("global", self.global_weights)
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        self.global_weights = Message(state).group("global")
+
+    def bundle(self) -> dict[str, dict[str, torch.Tensor]]:
+        """The trained models to ship: ``{model name: weights}``."""
+        return {"global": self.global_weights}
+
+
+def eval_rows(algorithm: str, replies: dict[str, Message], regions: tuple[str, ...]) -> list[dict]:
+    """Turn evaluation replies into tidy rows (one per case, region and metric)."""
+    rows = []
+    for site, reply in replies.items():
+        cases = json.loads(str(reply.meta["cases"]))
+        for metric in ("dice", "hd95"):
+            values = reply.tensors[metric].numpy()
+            for i, case in enumerate(cases):
+                for j, region in enumerate(regions):
+                    rows.append(
+                        {"algorithm": algorithm, "model": reply.meta["model"], "site": site, "case": case,
+                         "region": region, "metric": metric, "value": float(values[i, j])}
+                    )
+    return rows

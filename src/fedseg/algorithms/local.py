@@ -1,0 +1,83 @@
+"""Local training: each site trains alone; nothing is averaged.
+
+Evaluation gives the cross-site matrix (each site's model on every site's test split, the
+"Client k Local" rows of the FedSM paper's Table 3). Auto-FedAvg's "local avg" is its
+diagonal mean and "local gen" its off-diagonal mean.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from fedseg.algorithms.fedavg import MODEL, FedAvgClient, FedAvgServer, eval_rows, put_group, state_group, train_meta
+from fedseg.engine.messages import Message, load_weights, prefixed, weights_of
+from fedseg.engine.simulator import ClientContext
+
+
+class LocalClient(FedAvgClient):
+    """Keeps its own model in client state; trains it; shares it only to be scored elsewhere."""
+
+    def own_model(self, ctx: ClientContext) -> nn.Module:
+        model = ctx.task.new_model()
+        if state_group(ctx.state, MODEL):
+            load_weights(model, state_group(ctx.state, MODEL))
+        return model
+
+    def start_model(self, msg: Message, ctx: ClientContext) -> nn.Module:
+        return self.own_model(ctx)
+
+    def after_fit(self, model, stats, msg, ctx) -> Message:
+        put_group(ctx.state, MODEL, weights_of(model))
+        return Message({}, train_meta(stats, ctx))
+
+    def eval_model(self, msg: Message, ctx: ClientContext) -> nn.Module:
+        return super().eval_model(msg, ctx) if msg.group(MODEL) else self.own_model(ctx)
+
+    def on_share_model(self, msg: Message, ctx: ClientContext) -> Message:
+        return Message(prefixed(MODEL, weights_of(self.own_model(ctx))))
+
+
+class LocalServer(FedAvgServer):
+    """Coordinates rounds (for validation and selection) without touching the models."""
+
+    def run_round(self, rnd: int) -> dict[str, float]:
+        replies = self.engine.exchange({s: Message() for s in self.engine.sites}, "train")
+        return {s: float(r.meta["loss"]) for s, r in replies.items()}
+
+    def site_model(self, site: str) -> str:
+        return f"local:{site}"
+
+    def eval_messages(self, split: str, sample: bool) -> dict[str, Message]:
+        return {s: Message({}, {"split": split, "model": self.site_model(s), "sample": sample}) for s in self.engine.sites}
+
+    def evaluate(self, split: str, sample: bool = False) -> list[dict]:
+        rows = super().evaluate(split, sample)
+        if split == "test":
+            rows += self.cross_site_rows()
+        return rows
+
+    def cross_site_rows(self) -> list[dict]:
+        """Every site's model scored on every other site's test split."""
+        models = self.collect_models()
+        rows = []
+        for owner, weights in models.items():
+            msgs = {
+                s: Message(prefixed(MODEL, weights), {"split": "test", "model": self.site_model(owner), "sample": False})
+                for s in self.engine.sites
+                if s != owner
+            }
+            rows += eval_rows(self.engine.algorithm, self.engine.exchange(msgs, "evaluate"), self.task.regions)
+        return rows
+
+    def collect_models(self) -> dict[str, dict]:
+        replies = self.engine.exchange({s: Message() for s in self.engine.sites}, "share_model")
+        return {s: r.group(MODEL) for s, r in replies.items()}
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+    def bundle(self) -> dict[str, dict]:
+        return {self.site_model(s): w for s, w in self.collect_models().items()}

@@ -1,0 +1,61 @@
+"""What crosses between server and client: named tensors plus small metadata.
+
+Nothing else crosses. Tensor names are free-form paths such as ``"global/enc.0.weight"``;
+metadata values are numbers, strings or booleans. The engine counts ``num_floats`` of
+every message, down and up, in the ledger.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+import torch
+from torch import nn
+
+MetaValue = int | float | str | bool
+
+
+@dataclass
+class Message:
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+    meta: dict[str, MetaValue] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for key, value in self.meta.items():
+            if not isinstance(value, (int, float, str, bool)):
+                raise TypeError(f"Message.meta[{key!r}] must be a number, string or bool, got {type(value).__name__}")
+        for key, value in self.tensors.items():
+            if not isinstance(value, torch.Tensor):
+                raise TypeError(f"Message.tensors[{key!r}] must be a torch.Tensor, got {type(value).__name__}")
+
+    def num_floats(self) -> int:
+        """Number of scalar values carried by the tensors (what the ledger counts)."""
+        return sum(t.numel() for t in self.tensors.values())
+
+    def group(self, prefix: str) -> dict[str, torch.Tensor]:
+        """Tensors under ``prefix/``, with the prefix stripped."""
+        head = prefix + "/"
+        return {k[len(head):]: v for k, v in self.tensors.items() if k.startswith(head)}
+
+
+def prefixed(prefix: str, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``{name: t}`` -> ``{prefix/name: t}``."""
+    return {f"{prefix}/{k}": v for k, v in tensors.items()}
+
+
+def weights_of(model: nn.Module) -> dict[str, torch.Tensor]:
+    """A detached CPU copy of every floating-point entry of the model's state (parameters and
+    buffers such as BatchNorm statistics, so they are never silently left out of averaging)."""
+    return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items() if v.is_floating_point()}
+
+
+def load_weights(model: nn.Module, weights: Mapping[str, torch.Tensor]) -> None:
+    """Load ``weights`` (as produced by ``weights_of``) into ``model``; every float entry must be present."""
+    state = model.state_dict()
+    missing = [k for k, v in state.items() if v.is_floating_point() and k not in weights]
+    if missing:
+        raise KeyError(f"weights are missing {len(missing)} entries, e.g. {missing[:3]}")
+    with torch.no_grad():
+        for k, v in weights.items():
+            state[k].copy_(v)

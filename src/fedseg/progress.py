@@ -1,0 +1,34 @@
+"""Rich progress for ``fedseg run``: one bar per algorithm; round, site and loss as they happen."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from fedseg.config import RunConfig
+from fedseg.engine.messages import Message
+from fedseg.outputs import RunResults
+from fedseg.run import run_experiment
+
+
+def run_with_progress(cfg: RunConfig, out: Path, resume: bool, console: Console) -> RunResults:
+    columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+               TextColumn("{task.fields[status]}")]
+    with Progress(*columns, console=console, transient=False) as progress:
+        tasks: dict[str, int] = {}
+
+        def on_algorithm_start(name: str) -> None:
+            tasks[name] = progress.add_task(f"{name:<12}", total=cfg.fl.rounds, status="")
+
+        def on_message(site: str, action: str, msg: Message, reply: Message) -> None:
+            if action == "train" and "loss" in reply.meta and tasks:
+                task = list(tasks.values())[-1]
+                progress.update(task, status=f"{site} loss {float(reply.meta['loss']):.3f}")
+
+        def on_round_end(name: str, rnd: int, losses: dict) -> None:
+            mean = sum(losses.values()) / max(len(losses), 1)
+            progress.update(tasks[name], completed=rnd, status=f"round {rnd} mean loss {mean:.3f}")
+
+        return run_experiment(cfg, out, resume, [on_message], on_round_end, on_algorithm_start)

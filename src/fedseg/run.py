@@ -1,0 +1,188 @@
+"""Run an experiment: validate data, train every algorithm round by round, select on
+validation, test once, write the run outputs. Resumable from per-algorithm checkpoints."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+from fedseg.algorithms import get_algorithm
+from fedseg.config import RunConfig
+from fedseg.data.dataset import SiteData, build_site_data
+from fedseg.data.federation import Federation
+from fedseg.engine.checkpoint import load_checkpoint, save_checkpoint
+from fedseg.engine.ledger import Ledger
+from fedseg.engine.simulator import Simulator, Task
+from fedseg.evaluate.tables import site_summary
+from fedseg.outputs import RunResults, write_outputs
+
+RoundCallback = Callable[[str, int, dict], None]
+
+
+@dataclass
+class Prepared:
+    """A validated federation, its splits and every site's preprocessed data."""
+
+    federation: Federation
+    splits: dict[str, dict[str, str]]
+    site_data: list[SiteData]
+    task: Task
+
+
+def load_federation(cfg: RunConfig) -> Federation:
+    """The federation named by ``cfg.data``: a folder (validated by ``data check``) or a built-in one."""
+    if cfg.data.source == "folder" or cfg.data.root:
+        if not cfg.data.root:
+            raise ValueError("data.source is 'folder' but data.root is not set (use --data ROOT)")
+        from fedseg.data.check import check_folder
+
+        return check_folder(cfg.data.root, cfg.data.split, cfg.seed)
+    from fedseg.data.synthetic import build_synthetic
+
+    return build_synthetic(cfg.data.source, cfg.data.scale, cfg.data.image_size, cfg.seed)
+
+
+def prepare(cfg: RunConfig, federation: Federation | None = None) -> Prepared:
+    """Load (unless an in-memory ``federation`` is given) and validate everything before any file is written."""
+    from fedseg.data.splits import check_splits, make_splits
+
+    fed = federation or load_federation(cfg)
+    splits = make_splits(fed, cfg.data.split, cfg.seed)
+    check_splits(fed, splits)
+    site_data = [build_site_data(fed, site, i, splits[site.name], cfg.data) for i, site in enumerate(fed.sites)]
+    task = Task(cfg, fed.spatial_dims, fed.channels, fed.regions.names)
+    return Prepared(fed, splits, site_data, task)
+
+
+@dataclass
+class AlgorithmResult:
+    name: str
+    test_rows: list[dict]
+    rounds_rows: list[dict]
+    ledger: list[dict]
+    summary: dict
+    bundle: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
+
+
+def site_means(rows: list[dict], site_model: Callable[[str], str], sites: list[str]) -> dict[str, float]:
+    """Mean Dice per site over the cases scored with the model that site uses."""
+    return site_summary(rows, rows[0]["algorithm"], "dice", sites, model_filter=lambda r: r["model"] == site_model(r["site"]))
+
+
+def run_algorithm(
+    name: str,
+    prep: Prepared,
+    out: Path,
+    resume: bool,
+    observers: list | None = None,
+    on_round_end: RoundCallback | None = None,
+) -> AlgorithmResult:
+    """Train ``name`` for ``fl.rounds`` rounds (resuming if asked), keep the best round by mean
+    validation Dice over sites, evaluate it once on the test splits."""
+    cfg = prep.task.cfg
+    spec = get_algorithm(name)
+    options = cfg.methods.get(name, {})
+    engine = Simulator(name, spec.client(), prep.site_data, prep.task, options, out / "samples", observers)
+    server = spec.server(engine, prep.task, options)
+    sites = engine.sites
+    ckpt_path = out / "checkpoints" / f"{name}.pt"
+    ckpt = load_checkpoint(ckpt_path) if resume else None
+    if ckpt and ckpt.get("finished"):
+        return AlgorithmResult(name, ckpt["test_rows"], ckpt["rounds_rows"], ckpt["ledger"], ckpt["summary"], ckpt["bundle"])
+
+    start, rounds_rows, best = 1, [], None
+    if ckpt:
+        server.load_state_dict(ckpt["server"])
+        engine.restore_clients(ckpt["clients"])
+        engine.ledger = Ledger.from_dicts(ckpt["ledger"])
+        start, rounds_rows, best = ckpt["round"] + 1, ckpt["rounds_rows"], ckpt["best"]
+
+    for rnd in range(start, cfg.fl.rounds + 1):
+        engine.round = rnd
+        losses = server.run_round(rnd)
+        if rnd % cfg.fl.validate_every == 0 or rnd == cfg.fl.rounds:
+            per_site = site_means(server.evaluate("val"), server.site_model, sites)
+            for site in sites:
+                rounds_rows.append({"algorithm": name, "round": rnd, "site": site, "val_dice": per_site[site],
+                                    "train_loss": losses.get(site, float(np.mean(list(losses.values()))))})
+            score = per_site["client_avg"]
+            if best is None or score > best["score"]:
+                best = {"round": rnd, "score": score, "server": clone(server.state_dict()), "clients": engine.snapshot_clients()}
+        save_checkpoint(ckpt_path, {"round": rnd, "server": server.state_dict(), "clients": engine.client_states,
+                                    "ledger": engine.ledger.as_dicts(), "rounds_rows": rounds_rows, "best": best})
+        if on_round_end:
+            on_round_end(name, rnd, losses)
+
+    server.load_state_dict(best["server"])
+    engine.restore_clients(best["clients"])
+    engine.round = cfg.fl.rounds
+    test_rows = server.evaluate("test", sample=True)
+    bundle = server.bundle()
+    summary = summarize(name, test_rows, server.site_model, sites, engine.ledger, cfg.fl.rounds, best["round"])
+    result = AlgorithmResult(name, test_rows, rounds_rows, engine.ledger.as_dicts(), summary, bundle)
+    save_checkpoint(ckpt_path, {"finished": True, "test_rows": test_rows, "rounds_rows": rounds_rows,
+                                "ledger": result.ledger, "summary": summary, "bundle": bundle})
+    return result
+
+
+def summarize(name, test_rows, site_model, sites, ledger: Ledger, rounds: int, best_round: int) -> dict:
+    """The ``summary.json`` entry of one algorithm (see DESIGN.md "Run outputs")."""
+    own = lambda r: r["model"] == site_model(r["site"])  # noqa: E731
+    entry = {
+        "dice": site_summary(test_rows, name, "dice", sites, model_filter=own),
+        "hd95": site_summary(test_rows, name, "hd95", sites, model_filter=own),
+        "rounds": rounds,
+        "best_round": best_round,
+        **ledger.totals(),
+    }
+    if any(r["model"] != site_model(r["site"]) for r in test_rows):
+        entry.update(cross_site_summary(test_rows, sites))
+    return entry
+
+
+def cross_site_summary(rows: list[dict], sites: list[str]) -> dict:
+    """Cross-site matrix of per-site models ("<kind>:<site>" on every test site) with its diagonal/off-diagonal means."""
+    from fedseg.evaluate.tables import cross_site_matrix
+
+    matrix = cross_site_matrix(rows, "dice", sites)
+    off = ~np.eye(len(sites), dtype=bool)
+    return {
+        "cross_site": {"dice": {a: {b: float(matrix[i, j]) for j, b in enumerate(sites)} for i, a in enumerate(sites)}},
+        "local_avg": float(np.nanmean(np.diag(matrix))),
+        "local_gen": float(np.nanmean(matrix[off])),
+    }
+
+
+def clone(state: dict) -> dict:
+    return {k: v.clone() for k, v in state.items()}
+
+
+def run_experiment(
+    cfg: RunConfig,
+    out: Path,
+    resume: bool = False,
+    observers: list | None = None,
+    on_round_end: RoundCallback | None = None,
+    on_algorithm_start: Callable[[str], None] | None = None,
+    federation: Federation | None = None,
+) -> RunResults:
+    """Validate the data (before writing anything), then run every algorithm and write the outputs."""
+    torch.set_num_threads(cfg.threads)
+    for name in cfg.algorithms:
+        get_algorithm(name)  # unknown names fail before any work
+    prep = prepare(cfg, federation)
+    out = Path(out)
+    if out.exists() and any(out.iterdir()) and not resume and (out / "checkpoints").exists():
+        raise FileExistsError(f"{out}: already holds a run; use --resume to continue it or choose another --out")
+    out.mkdir(parents=True, exist_ok=True)
+    results = RunResults(cfg, prep.federation, [])
+    for name in cfg.algorithms:
+        if on_algorithm_start:
+            on_algorithm_start(name)
+        results.algorithms.append(run_algorithm(name, prep, out, resume, observers, on_round_end))
+        write_outputs(out, results)
+    return results

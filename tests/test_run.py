@@ -1,0 +1,94 @@
+"""Whole runs through the simulator: outputs, determinism, resume, message contents."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import disc_federation, tiny_config
+from fedseg.run import run_experiment
+
+
+def _numbers(summary: dict) -> dict:
+    """summary.json without wall-clock seconds."""
+    return {a: {k: v for k, v in e.items() if k != "seconds"} for a, e in summary["algorithms"].items()}
+
+
+def test_run_writes_every_output_file(tmp_path):
+    cfg = tiny_config(algorithms=["centralized", "local", "fedavg"])
+    run_experiment(cfg, tmp_path, federation=disc_federation())
+    for name in ("config.yaml", "summary.json", "results.csv", "rounds.csv", "ledger.csv"):
+        assert (tmp_path / name).is_file(), name
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["sites"] == ["site1", "site2", "site3"] and summary["regions"] == ["disc", "cup"]
+    for algo in ("centralized", "local", "fedavg"):
+        entry = summary["algorithms"][algo]
+        assert set(entry["dice"]) == {"site1", "site2", "site3", "client_avg", "global"}
+        assert 0.0 <= entry["dice"]["global"] <= 1.0 and entry["rounds"] == 2
+        assert (tmp_path / "model" / algo / "weights.safetensors").is_file()
+    assert set(summary["algorithms"]["local"]["cross_site"]["dice"]) == {"site1", "site2", "site3"}
+    with open(tmp_path / "results.csv") as f:
+        header = next(csv.reader(f))
+    assert header == ["algorithm", "model", "site", "case", "region", "metric", "value"]
+
+
+def test_same_seed_gives_identical_numbers(tmp_path):
+    cfg = tiny_config(algorithms=["local", "fedavg"])
+    a = run_experiment(cfg, tmp_path / "a", federation=disc_federation())
+    b = run_experiment(cfg, tmp_path / "b", federation=disc_federation())
+    sa = json.loads((tmp_path / "a" / "summary.json").read_text())
+    sb = json.loads((tmp_path / "b" / "summary.json").read_text())
+    assert _numbers(sa) == _numbers(sb)
+    other = run_experiment(tiny_config(algorithms=["fedavg"], seed=1), tmp_path / "c", federation=disc_federation())
+    assert other.algorithms[0].summary["dice"] != a.algorithms[1].summary["dice"]
+
+
+class _Stop(Exception):
+    pass
+
+
+def test_resume_after_interruption_equals_uninterrupted_run(tmp_path):
+    cfg = tiny_config(algorithms=["local", "fedavg"], fl={"rounds": 4})
+    full = run_experiment(cfg, tmp_path / "full", federation=disc_federation())
+
+    def stop_after_fedavg_round_2(name, rnd, losses):
+        if name == "fedavg" and rnd == 2:
+            raise _Stop
+
+    with pytest.raises(_Stop):
+        run_experiment(cfg, tmp_path / "cut", on_round_end=stop_after_fedavg_round_2, federation=disc_federation())
+    with pytest.raises(FileExistsError):
+        run_experiment(cfg, tmp_path / "cut", federation=disc_federation())
+    resumed = run_experiment(cfg, tmp_path / "cut", resume=True, federation=disc_federation())
+
+    for a, b in zip(full.algorithms, resumed.algorithms):
+        assert a.name == b.name
+        for model in a.bundle:
+            for k in a.bundle[model]:
+                assert torch.equal(a.bundle[model][k], b.bundle[model][k]), (a.name, model, k)
+    s_full = json.loads((tmp_path / "full" / "summary.json").read_text())
+    s_cut = json.loads((tmp_path / "cut" / "summary.json").read_text())
+    assert _numbers(s_full) == _numbers(s_cut)
+
+
+def test_no_message_carries_image_or_label_data(tmp_path):
+    fed = disc_federation()
+    images = [c.arrays()[0] for s in fed.sites for c in s.cases]
+    image_shapes = {tuple(i.shape) for i in images} | {(3, 32, 32), (32, 32), (2, 32, 32), (1, 3, 32, 32)}
+    seen = []
+
+    def inspect(site, action, msg, reply):
+        for m in (msg, reply):
+            for name, t in m.tensors.items():
+                seen.append(name)
+                # An image or mask would appear as a tensor with an image's spatial shape.
+                assert tuple(t.shape[-2:]) != (32, 32), f"{action} {site} {name} has image shape {tuple(t.shape)}"
+                assert tuple(t.shape) not in image_shapes, name
+
+    cfg = tiny_config(algorithms=["centralized", "local", "fedavg"])
+    run_experiment(cfg, tmp_path, observers=[inspect], federation=fed)
+    assert any(n.startswith("model/") for n in seen) and "dice" in seen
