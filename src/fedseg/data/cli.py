@@ -1,0 +1,130 @@
+"""``fedseg data``: validate a federation folder, write a built-in federation to disk."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from fedseg.config import ConfigError, DataConfig, RunConfig, SplitConfig, load_config, preset_names
+from fedseg.data.federation import SPLITS, Federation, FederationError
+
+data_app = typer.Typer(
+    help="Federation data: validate a folder federation (check) or write a built-in one to disk (synth).",
+    no_args_is_help=True,
+)
+
+
+def _fail(message: str) -> None:
+    """Print ``message`` to stderr (no traceback) and exit with status 1."""
+    typer.echo(message, err=True)
+    raise typer.Exit(1)
+
+
+def _shape_text(shapes: list[tuple[int, ...]]) -> str:
+    """``[(3, 64, 64)] -> "3×64×64"``; differing sizes per axis show as ``min–max``."""
+    if not shapes:
+        return "-"
+    dims = zip(*shapes)
+    return "×".join(str(lo) if lo == hi else f"{lo}–{hi}" for lo, hi in ((min(d), max(d)) for d in dims))
+
+
+def summary_table(fed: Federation, splits: dict[str, dict[str, str]]) -> Table:
+    """A rich table: per site, cases, train/val/test counts and image shape ``C×spatial``."""
+    regions = ", ".join(f"{n}={list(v)}" for n, v in zip(fed.regions.names, fed.regions.values))
+    table = Table(title=f"{fed.name}: {fed.kind}, {fed.channels} channel(s)", caption=f"regions: {regions}")
+    for column in ("site", "cases", *SPLITS, "image shape (C×spatial)"):
+        table.add_column(column, justify="left" if column.startswith(("site", "image")) else "right")
+    for site in fed.sites:
+        counts = {s: sum(1 for v in splits.get(site.name, {}).values() if v == s) for s in SPLITS}
+        shapes = [tuple(c.meta["image_shape"]) for c in site.cases if "image_shape" in c.meta]
+        if not shapes and site.cases:
+            shapes = [tuple(site.cases[0].arrays()[0].shape)]
+        table.add_row(site.name, str(len(site.cases)), *(str(counts[s]) for s in SPLITS), _shape_text(shapes))
+    return table
+
+
+def _split_settings(preset: str | None, config: Path | None, seed: int | None) -> tuple[SplitConfig, int]:
+    if preset is None and config is None:
+        return SplitConfig(), seed if seed is not None else RunConfig().seed
+    cfg = load_config(preset=preset, file=config)
+    return cfg.data.split, seed if seed is not None else cfg.seed
+
+
+@data_app.command("check")
+def check(
+    root: Annotated[Path, typer.Argument(help="federation folder (ROOT/federation.yaml, ROOT/<site>/images|labels)")],
+    preset: Annotated[Optional[str], typer.Option(help="take split settings and seed from this run preset")] = None,
+    config: Annotated[Optional[Path], typer.Option(help="take split settings and seed from this run config file")] = None,
+    seed: Annotated[Optional[int], typer.Option(help="split seed (default: the preset's, else 0)")] = None,
+) -> None:
+    """Validate a federation folder and list every problem; exit 1 if there is any."""
+    from fedseg.data.check import check_folder
+    from fedseg.data.splits import make_splits
+
+    try:
+        split, split_seed = _split_settings(preset, config, seed)
+        fed = check_folder(root, split, split_seed)
+    except (FederationError, ConfigError) as e:
+        _fail(str(e))
+    console = Console()
+    console.print(summary_table(fed, make_splits(fed, split, split_seed)))
+    n_cases = sum(len(s.cases) for s in fed.sites)
+    console.print(
+        f"OK: {root} — {len(fed.sites)} sites, {n_cases} cases ({split.mode} split, seed {split_seed})",
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
+def _synth_source(name: str) -> tuple[str, float, int, int, SplitConfig]:
+    """``--preset`` -> (source, scale, image size, seed, split): a run preset's settings, or a source name with defaults."""
+    if name in preset_names():
+        cfg = load_config(preset=name)
+        return cfg.data.source, cfg.data.scale, cfg.data.image_size, cfg.seed, cfg.data.split
+    defaults = DataConfig()
+    return name, defaults.scale, defaults.image_size, RunConfig().seed, defaults.split
+
+
+@data_app.command("synth")
+def synth(
+    preset: Annotated[str, typer.Option(help="built-in federation (synthetic-retina, synthetic-prostate) or run preset name")],
+    out: Annotated[Path, typer.Option(help="folder to write the federation to")],
+    scale: Annotated[Optional[float], typer.Option(help="site sizes = paper sizes x scale")] = None,
+    image_size: Annotated[Optional[int], typer.Option(help="side of the square/cubic images, pixels")] = None,
+    seed: Annotated[Optional[int], typer.Option(help="generator seed")] = None,
+    force: Annotated[bool, typer.Option(help="replace an existing federation folder at --out")] = False,
+) -> None:
+    """Generate a built-in federation and write it in the folder format (then check it)."""
+    from fedseg.data.check import check_folder
+    from fedseg.data.folder import write_folder
+    from fedseg.data.splits import make_splits
+
+    try:
+        source, default_scale, default_size, default_seed, split = _synth_source(preset)
+        from fedseg.data.synthetic import SYNTHETIC_NAMES, build_synthetic
+
+        if source not in SYNTHETIC_NAMES:
+            raise ConfigError(
+                f"--preset {preset}: data source {source!r} is not a built-in federation ({', '.join(SYNTHETIC_NAMES)}); "
+                f"run presets: {', '.join(preset_names())}"
+            )
+        scale = default_scale if scale is None else scale
+        image_size = default_size if image_size is None else image_size
+        seed = default_seed if seed is None else seed
+        fed = build_synthetic(source, scale=scale, image_size=image_size, seed=seed)
+        write_folder(fed, out, overwrite=force)
+        written = check_folder(out)
+    except (FederationError, ConfigError) as e:
+        _fail(str(e))
+    console = Console()
+    console.print(summary_table(written, make_splits(written, split, seed)))
+    n_cases = sum(len(s.cases) for s in written.sites)
+    console.print(
+        f"wrote {source} (scale {scale}, image size {image_size}, seed {seed}): {len(written.sites)} sites, {n_cases} cases -> {out}",
+        highlight=False,
+        soft_wrap=True,
+    )

@@ -1,0 +1,490 @@
+"""The on-disk federation format (``folder``): read it lazily, write it exactly.
+
+::
+
+    ROOT/federation.yaml                       name, kind (2d|3d), channels, regions, [label_names]
+    ROOT/<site>/images/<case>.<png|jpg|jpeg|npy|nii|nii.gz>
+    ROOT/<site>/labels/<case>.<png|npy|nii|nii.gz>      integer label map, same case id
+    ROOT/<site>/splits.csv                     optional, header ``case,split``
+
+Array conventions (what a case loader returns): image ``(C, *spatial)`` channel-first,
+label ``(*spatial)`` integer, both in their stored dtype (a uint8 PNG stays uint8; a float
+label map with integer values becomes the smallest integer dtype that holds them).
+
+- PNG/JPEG: ``(H, W)`` -> ``(1, H, W)``; ``(H, W, k)`` (RGB, RGBA, ...) -> ``(k, H, W)``;
+  palette PNGs are expanded to RGB for images and kept as indices for labels.
+- NumPy ``.npy``: images are stored channel-first ``(C, *spatial)``; an array with only the
+  spatial axes is a single-channel image. Labels are ``(*spatial)``.
+- NIfTI: the data array as stored (no reorientation). The first 2 (kind 2d) or 3 (kind 3d)
+  axes are spatial, the remaining axes hold the channels (at most one of them longer than 1):
+  ``(X, Y, Z) -> (1, X, Y, Z)``, ``(X, Y, Z, C) -> (C, X, Y, Z)``, ``(X, Y, 1, C) -> (C, X, Y)``.
+
+Every reader raises ``FederationError("<path>: <problem>")``; ``fedseg.data.check`` uses the
+same functions to validate a folder before training.
+"""
+
+from __future__ import annotations
+
+import functools
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import yaml
+
+from fedseg.data.federation import Case, Federation, FederationError, Regions, Site, Split
+from fedseg.data.splits import Splits, read_site_splits_csv, write_site_splits_csv
+
+IMAGE_EXTS = ("nii.gz", "nii", "png", "jpg", "jpeg", "npy")
+LABEL_EXTS = ("nii.gz", "nii", "png", "npy")
+HEADER_FILE = "federation.yaml"
+SPLITS_FILE = "splits.csv"
+HEADER_KEYS = ("name", "kind", "channels", "regions", "label_names")
+_PIL_EXTS = ("png", "jpg", "jpeg")
+_NIFTI_EXTS = ("nii", "nii.gz")
+
+
+# --- file names --------------------------------------------------------------------------------
+
+
+def split_name(filename: str, exts: tuple[str, ...] = IMAGE_EXTS) -> tuple[str, str] | None:
+    """``"a.nii.gz" -> ("a", "nii.gz")``; ``None`` if the extension (case-insensitive) is not in ``exts``."""
+    lower = filename.lower()
+    for ext in exts:
+        if lower.endswith("." + ext) and len(filename) > len(ext) + 1:
+            return filename[: -len(ext) - 1], ext
+    return None
+
+
+def _ext(path: Path) -> str:
+    found = split_name(path.name, IMAGE_EXTS)
+    if found is None:
+        raise FederationError(f"{path}: unsupported file type (expected one of {', '.join(IMAGE_EXTS)})")
+    return found[1]
+
+
+# --- reading arrays ----------------------------------------------------------------------------
+
+
+def read_array(path: Path, *, as_label: bool = False) -> np.ndarray:
+    """Read a file's array as stored, dispatching on the extension.
+
+    PNG/JPEG -> ``(H, W)`` or ``(H, W, k)``; npy and NIfTI -> the stored array (NIfTI scaling,
+    if any, is applied). Palette PNGs give RGB for images and their indices for labels.
+    Raises ``FederationError`` for an unsupported extension or an unreadable/corrupt file.
+    """
+    path = Path(path)
+    ext = _ext(path)
+    try:
+        if ext in _PIL_EXTS:
+            from PIL import Image
+
+            with Image.open(path) as img:
+                img.load()
+                if img.mode == "1" or (img.mode == "P" and not as_label):
+                    img = img.convert("L" if img.mode == "1" else "RGB")
+                return np.asarray(img)
+        if ext == "npy":
+            return np.load(path, allow_pickle=False)
+        import nibabel as nib
+
+        return np.asanyarray(nib.load(path).dataobj)
+    except Exception as e:  # noqa: BLE001 — any decoder failure means "corrupt file" to the user
+        raise FederationError(f"{path}: cannot read ({type(e).__name__}: {e})") from None
+
+
+def _spatial_dims(kind: str) -> int:
+    return 2 if kind == "2d" else 3
+
+
+def _nifti_channels_last(data: np.ndarray, sd: int, path: Path, what: str) -> np.ndarray:
+    """NIfTI ``(*spatial, *rest)`` -> ``(*spatial, C)`` with ``C = prod(rest)``; at most one non-singleton ``rest`` axis."""
+    rest = data.shape[sd:]
+    if data.ndim < sd or sum(n > 1 for n in rest) > 1:
+        raise FederationError(f"{path}: cannot read a {sd}D {what} from NIfTI data of shape {data.shape}")
+    return data.reshape(data.shape[:sd] + (int(np.prod(rest, dtype=int)),))
+
+
+def read_image(path: Path, kind: Literal["2d", "3d"]) -> np.ndarray:
+    """Read an image file as a channel-first array ``(C, *spatial)`` in its stored dtype.
+
+    The channel count is not checked here (see ``case_problems``): an RGBA PNG gives 4 channels.
+    """
+    path = Path(path)
+    data, ext, sd = read_array(path), _ext(path), _spatial_dims(kind)
+    if not (np.issubdtype(data.dtype, np.number) or data.dtype == bool) or np.issubdtype(data.dtype, np.complexfloating):
+        raise FederationError(f"{path}: image dtype {data.dtype} is not a real number type")
+    if ext in _PIL_EXTS:
+        if kind != "2d":
+            raise FederationError(f"{path}: a {ext.upper()} image is 2D but federation.yaml says kind: {kind}")
+        return data[None] if data.ndim == 2 else np.moveaxis(data, -1, 0)
+    if ext == "npy":
+        if data.ndim == sd:
+            return data[None]
+        if data.ndim != sd + 1:
+            raise FederationError(
+                f"{path}: expected a channel-first array (C, {'H, W' if sd == 2 else 'D, H, W'}) "
+                f"for kind {kind}, got shape {data.shape}"
+            )
+        return data
+    return np.moveaxis(_nifti_channels_last(data, sd, path, "image"), -1, 0)
+
+
+def _as_integer_labels(label: np.ndarray, path: Path) -> np.ndarray:
+    """Integer label maps pass unchanged; bool -> uint8; float maps with integer values -> smallest integer dtype."""
+    if label.dtype == bool:
+        return label.astype(np.uint8)
+    if np.issubdtype(label.dtype, np.integer):
+        return label
+    if not np.issubdtype(label.dtype, np.floating):
+        raise FederationError(f"{path}: label map dtype {label.dtype} is not an integer type")
+    finite = np.isfinite(label)
+    if not finite.all():
+        raise FederationError(f"{path}: label map is not integer ({int((~finite).sum())} NaN/inf values)")
+    fractional = label != np.round(label)
+    if fractional.any():
+        example = float(label[fractional].flat[0])
+        raise FederationError(
+            f"{path}: label map is not integer (dtype {label.dtype}, {int(fractional.sum())} fractional values, e.g. {example:g})"
+        )
+    if label.size == 0:
+        return label.astype(np.uint8)
+    lo, hi = int(label.min()), int(label.max())
+    return label.astype(np.result_type(np.min_scalar_type(lo), np.min_scalar_type(hi)))
+
+
+def read_label(path: Path, kind: Literal["2d", "3d"]) -> np.ndarray:
+    """Read a label file as an integer map ``(*spatial)``. JPEG is refused (lossy)."""
+    path = Path(path)
+    if split_name(path.name, LABEL_EXTS) is None:
+        raise FederationError(f"{path}: unsupported label file type (labels must be lossless: {', '.join(LABEL_EXTS)})")
+    data, ext, sd = read_array(path, as_label=True), _ext(path), _spatial_dims(kind)
+    if ext in _NIFTI_EXTS:
+        data = _nifti_channels_last(data, sd, path, "label map")
+        if data.shape[-1] != 1:
+            raise FederationError(f"{path}: label map must have one channel, NIfTI data has {data.shape[-1]}")
+        data = data[..., 0]
+    if data.ndim != sd:
+        raise FederationError(
+            f"{path}: label map must be a single-channel {sd}D array for kind {kind}, got shape {data.shape}"
+        )
+    return _as_integer_labels(data, path)
+
+
+def case_problems(image: np.ndarray, label: np.ndarray, image_path: Path, label_path: Path, channels: int) -> list[str]:
+    """Problems of one loaded case, one line each: wrong channel count, image/label spatial shape mismatch."""
+    problems = []
+    if image.shape[0] != channels:
+        hint = " (RGBA: store RGB, or set channels: 4)" if image.shape[0] == 4 and split_name(image_path.name, _PIL_EXTS) else ""
+        problems.append(f"{image_path}: image has {image.shape[0]} channels but federation.yaml says channels: {channels}{hint}")
+    if image.shape[1:] != label.shape:
+        problems.append(
+            f"{image_path}: image spatial shape {tuple(image.shape[1:])} "
+            f"does not match label {label_path} shape {tuple(label.shape)}"
+        )
+    return problems
+
+
+def load_case(image_path: Path, label_path: Path, kind: Literal["2d", "3d"], channels: int) -> tuple[np.ndarray, np.ndarray]:
+    """Read one case -> ``(image (C, *spatial), label (*spatial))``; raises ``FederationError`` if malformed."""
+    image, label = read_image(image_path, kind), read_label(label_path, kind)
+    problems = case_problems(image, label, image_path, label_path, channels)
+    if problems:
+        raise FederationError("\n".join(problems))
+    return image, label
+
+
+# --- federation.yaml -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Header:
+    """The contents of ``federation.yaml``."""
+
+    name: str
+    kind: Literal["2d", "3d"]
+    channels: int
+    regions: Regions
+    label_names: dict[int, str] | None = None
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _header_problems(data: dict) -> list[str]:
+    """Problems of a parsed ``federation.yaml`` mapping, without the file name prefix."""
+    problems = [f"missing key {k!r}" for k in HEADER_KEYS[:4] if k not in data]
+    problems += [f"unknown key {k!r} (allowed: {', '.join(HEADER_KEYS)})" for k in data if k not in HEADER_KEYS]
+    if "name" in data and not (isinstance(data["name"], str) and data["name"].strip()):
+        problems.append(f"name: expected a non-empty string, got {data['name']!r}")
+    if "kind" in data and data["kind"] not in ("2d", "3d"):
+        problems.append(f"kind: expected 2d or 3d, got {data['kind']!r}")
+    if "channels" in data and not (_is_int(data["channels"]) and data["channels"] > 0):
+        problems.append(f"channels: expected a positive integer, got {data['channels']!r}")
+    if "regions" in data:
+        regions = data["regions"]
+        if not isinstance(regions, dict):
+            problems.append(f"regions: expected a mapping region name -> list of label values, got {regions!r}")
+        elif not regions:
+            problems.append("regions: empty; at least one region is required")
+        else:
+            for name, vals in regions.items():
+                if not isinstance(vals, list) or not vals or not all(_is_int(v) and v > 0 for v in vals):
+                    problems.append(f"regions.{name}: expected a non-empty list of positive integer label values, got {vals!r}")
+    names = data.get("label_names")
+    if names is not None:
+        if not isinstance(names, dict) or not all(_is_int(k) and k >= 0 and isinstance(v, str) for k, v in names.items()):
+            problems.append(f"label_names: expected a mapping label value (integer >= 0) -> name, got {names!r}")
+    return problems
+
+
+def read_header(root: str | Path) -> Header:
+    """Read and validate ``ROOT/federation.yaml``; raises ``FederationError`` listing every problem."""
+    path = Path(root) / HEADER_FILE
+    if not path.is_file():
+        raise FederationError(f"{path}: missing (every federation folder needs a {HEADER_FILE})")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        raise FederationError(f"{path}: cannot read ({type(e).__name__}: {' '.join(str(e).split())})") from None
+    if not isinstance(data, dict):
+        raise FederationError(f"{path}: expected a mapping with keys {', '.join(HEADER_KEYS)}, got {type(data).__name__}")
+    problems = _header_problems(data)
+    if problems:
+        raise FederationError("\n".join(f"{path}: {p}" for p in problems))
+    names = data.get("label_names")
+    return Header(
+        name=data["name"],
+        kind=data["kind"],
+        channels=data["channels"],
+        regions=Regions.from_mapping(data["regions"]),
+        label_names={int(k): v for k, v in names.items()} if names else None,
+    )
+
+
+def write_header(root: Path, fed: Federation) -> None:
+    data: dict[str, Any] = {"name": fed.name, "kind": fed.kind, "channels": int(fed.channels), "regions": fed.regions.as_dict()}
+    if fed.label_names:
+        data["label_names"] = {int(k): str(v) for k, v in fed.label_names.items()}
+    (root / HEADER_FILE).write_text(yaml.safe_dump(data, sort_keys=False, default_flow_style=None), encoding="utf-8")
+
+
+# --- scanning sites --------------------------------------------------------------------------------
+
+
+@dataclass
+class SiteFiles:
+    """One site folder's paired files: ``cases`` maps case id -> (image path, label path), sorted by id."""
+
+    name: str
+    dir: Path
+    cases: dict[str, tuple[Path, Path]] = field(default_factory=dict)
+    splits_csv: Path | None = None
+
+
+def _list_files(folder: Path, exts: tuple[str, ...], what: str, problems: list[str]) -> tuple[dict[str, Path], set[str]]:
+    """Case id -> file in ``folder`` (hidden files ignored); returns ``(files, ambiguous ids)`` and appends problems."""
+    if not folder.is_dir():
+        problems.append(f"{folder}: missing {folder.name}/ folder")
+        return {}, set()
+    found: dict[str, list[Path]] = {}
+    for path in sorted(folder.iterdir()):
+        if path.name.startswith("."):
+            continue
+        parsed = split_name(path.name, exts) if path.is_file() else None
+        if parsed is None:
+            problems.append(f"{path}: unsupported {what} file (expected a file ending in {', '.join('.' + e for e in exts)})")
+            continue
+        found.setdefault(parsed[0], []).append(path)
+    ambiguous = {cid for cid, paths in found.items() if len(paths) > 1}
+    for cid in sorted(ambiguous):
+        problems.append(f"{folder}: duplicate case id {cid!r} ({', '.join(p.name for p in found[cid])})")
+    return {cid: paths[0] for cid, paths in found.items() if cid not in ambiguous}, ambiguous
+
+
+def scan_site(site_dir: Path) -> tuple[SiteFiles, list[str]]:
+    """Pair ``images/`` and ``labels/`` of one site folder by case id; returns the pairs and every problem found."""
+    problems: list[str] = []
+    images, bad_images = _list_files(site_dir / "images", IMAGE_EXTS, "image", problems)
+    labels, bad_labels = _list_files(site_dir / "labels", LABEL_EXTS, "label", problems)
+    for cid in sorted(set(images) - set(labels) - bad_labels):
+        problems.append(f"{images[cid]}: image without label (no labels/{cid}.<{'|'.join(LABEL_EXTS)}>)")
+    for cid in sorted(set(labels) - set(images) - bad_images):
+        problems.append(f"{labels[cid]}: label without image (no images/{cid}.<{'|'.join(IMAGE_EXTS)}>)")
+    cases = {cid: (images[cid], labels[cid]) for cid in sorted(set(images) & set(labels))}
+    if not cases:
+        problems.append(f"{site_dir}: empty site (no case with both an image and a label)")
+    splits_csv = site_dir / SPLITS_FILE
+    return SiteFiles(site_dir.name, site_dir, cases, splits_csv if splits_csv.is_file() else None), problems
+
+
+def scan_sites(root: str | Path) -> tuple[list[SiteFiles], list[str]]:
+    """Scan every site sub-folder of ``root`` (sorted by name, hidden folders ignored)."""
+    root = Path(root)
+    if not root.is_dir():
+        return [], [f"{root}: not a folder"]
+    sites, problems = [], []
+    for site_dir in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        site, site_problems = scan_site(site_dir)
+        sites.append(site)
+        problems += site_problems
+    if not sites:
+        problems.append(f"{root}: no site folders (expected ROOT/<site>/images and ROOT/<site>/labels)")
+    return sites, problems
+
+
+def build_federation(
+    header: Header,
+    sites: list[SiteFiles],
+    fixed_splits: dict[str, dict[str, Split]],
+    meta: dict[tuple[str, str], dict[str, Any]] | None = None,
+) -> Federation:
+    """Federation with lazy cases: each ``Case.loader`` is a picklable ``load_case`` partial.
+
+    ``Case.meta`` holds ``image`` and ``label`` (file paths as strings) plus ``meta[(site, case)]``.
+    """
+    meta = meta or {}
+
+    def case(site: SiteFiles, cid: str, image: Path, label: Path) -> Case:
+        loader = functools.partial(load_case, image, label, header.kind, header.channels)
+        return Case(cid, loader, {"image": str(image), "label": str(label), **meta.get((site.name, cid), {})})
+
+    return Federation(
+        name=header.name,
+        kind=header.kind,
+        channels=header.channels,
+        regions=header.regions,
+        sites=[
+            Site(s.name, [case(s, cid, *paths) for cid, paths in s.cases.items()], fixed_splits.get(s.name))
+            for s in sites
+        ],
+        label_names=header.label_names,
+    )
+
+
+def scan_folder(root: str | Path) -> tuple[Header | None, list[SiteFiles], dict[str, dict[str, Split]], list[str]]:
+    """Read ``federation.yaml``, pair every site's files and read the sites' ``splits.csv``.
+
+    Returns ``(header or None if invalid, sites, fixed splits per site, problems)``; a site whose
+    ``splits.csv`` is invalid gets no fixed splits. No image or label is read.
+    """
+    root = Path(root)
+    problems: list[str] = []
+    try:
+        header = read_header(root)
+    except FederationError as e:
+        header, problems = None, str(e).splitlines()
+    sites, site_problems = scan_sites(root)
+    problems += site_problems
+    fixed: dict[str, dict[str, Split]] = {}
+    for site in sites:
+        if site.splits_csv is not None:
+            try:
+                fixed[site.name] = read_site_splits_csv(site.splits_csv, site.cases)
+            except FederationError as e:
+                problems += str(e).splitlines()
+    return header, sites, fixed, problems
+
+
+def load_folder(root: str | Path) -> Federation:
+    """Read a federation folder lazily (only file names, ``federation.yaml`` and ``splits.csv`` are read).
+
+    Raises ``FederationError`` listing every structural problem (pairing, duplicates, empty
+    sites, bad ``federation.yaml`` or ``splits.csv``). Array contents are validated when a case
+    is loaded, or all at once by ``fedseg.data.check.check_folder``.
+    """
+    header, sites, fixed, problems = scan_folder(root)
+    if problems:
+        raise FederationError("\n".join(problems))
+    return build_federation(header, sites, fixed)
+
+
+# --- writing ----------------------------------------------------------------------------------------
+
+
+def _safe_name(name: str, what: str) -> str:
+    if not name or name.startswith(".") or any(c in name for c in '/\\\0') or name != name.strip():
+        raise FederationError(f"{what} {name!r}: not usable as a file name")
+    return name
+
+
+def _write_nifti(path: Path, data: np.ndarray) -> None:
+    import nibabel as nib
+
+    data = data.astype(np.uint8) if data.dtype == bool else data
+    nib.save(nib.Nifti1Image(np.ascontiguousarray(data), np.eye(4), dtype=data.dtype), path)
+
+
+def _write_png(path: Path, data: np.ndarray) -> None:
+    from PIL import Image
+
+    Image.fromarray(np.ascontiguousarray(data)).save(path)
+
+
+def _write_image(folder: Path, cid: str, image: np.ndarray, kind: str) -> None:
+    """PNG for 2D uint8 with 1 or 3 channels, NIfTI for 3D (``(C, X, Y, Z)`` -> ``(X, Y, Z[, C])``), npy otherwise."""
+    if kind == "3d":
+        _write_nifti(folder / f"{cid}.nii.gz", image[0] if image.shape[0] == 1 else np.moveaxis(image, 0, -1))
+    elif image.dtype == np.uint8 and image.shape[0] in (1, 3):
+        _write_png(folder / f"{cid}.png", image[0] if image.shape[0] == 1 else np.moveaxis(image, 0, -1))
+    else:
+        np.save(folder / f"{cid}.npy", image)
+
+
+def _write_label(folder: Path, cid: str, label: np.ndarray, kind: str) -> None:
+    """PNG for 2D uint8, NIfTI for 3D, npy otherwise."""
+    if kind == "3d":
+        _write_nifti(folder / f"{cid}.nii.gz", label)
+    elif label.dtype == np.uint8:
+        _write_png(folder / f"{cid}.png", label)
+    else:
+        np.save(folder / f"{cid}.npy", label)
+
+
+def _prepare_root(root: Path, overwrite: bool) -> None:
+    """Create ``root``; a non-empty ``root`` is refused unless ``overwrite`` and it is a federation folder,
+    in which case its ``federation.yaml`` and site folders (those with ``images/`` or ``labels/``) are removed."""
+    if root.exists() and any(root.iterdir()):
+        if not overwrite:
+            raise FederationError(f"{root}: exists and is not empty (overwrite it with --force / overwrite=True)")
+        if not (root / HEADER_FILE).is_file():
+            raise FederationError(f"{root}: not empty and not a federation folder (no {HEADER_FILE}); refusing to overwrite")
+        for sub in root.iterdir():
+            if sub.is_dir() and ((sub / "images").is_dir() or (sub / "labels").is_dir()):
+                shutil.rmtree(sub)
+        (root / HEADER_FILE).unlink()
+    root.mkdir(parents=True, exist_ok=True)
+
+
+def write_folder(fed: Federation, root: str | Path, splits: Splits | None = None, *, overwrite: bool = False) -> Path:
+    """Write ``fed`` in the folder format; reading it back with ``load_folder`` gives equal arrays and dtypes.
+
+    2D images: PNG when uint8 with 1 or 3 channels, else ``.npy`` ``(C, H, W)``; 2D labels: PNG
+    when uint8, else ``.npy``; 3D images and labels: ``.nii.gz`` (identity affine). Writes
+    ``<site>/splits.csv`` from ``splits`` when given, else from each site's ``fixed_splits``.
+    Returns ``root``.
+    """
+    root = Path(root)
+    for site in fed.sites:
+        _safe_name(site.name, "site")
+        ids = [_safe_name(c.id, f"site {site.name!r}: case") for c in site.cases]
+        if len(set(ids)) != len(ids):
+            dupes = sorted({i for i in ids if ids.count(i) > 1})
+            raise FederationError(f"site {site.name!r}: duplicate case ids {dupes}")
+    _prepare_root(root, overwrite)
+    write_header(root, fed)
+    for site in fed.sites:
+        site_dir = root / site.name
+        (site_dir / "images").mkdir(parents=True)
+        (site_dir / "labels").mkdir()
+        for case in site.cases:
+            image, label = case.arrays()
+            _write_image(site_dir / "images", case.id, np.asarray(image), fed.kind)
+            _write_label(site_dir / "labels", case.id, np.asarray(label), fed.kind)
+        site_split = splits.get(site.name) if splits is not None else site.fixed_splits
+        if site_split:
+            write_site_splits_csv(site_dir / SPLITS_FILE, site_split)
+    return root

@@ -1,0 +1,134 @@
+"""Per-case segmentation metrics: Dice and HD95, computed with MONAI.
+
+Every task is a set of *regions* (see DESIGN.md, "Regions"); the network predicts one
+sigmoid channel per region, so predictions and ground truth are binary masks with one
+channel per region, ``(R, *S)`` for one case or ``(B, R, *S)`` for a batch, where ``S``
+is 2D ``(H, W)`` or 3D ``(H, W, D)``. There is no background channel: every channel is
+scored (``include_background=True`` in MONAI terms).
+
+* Dice: :func:`monai.metrics.compute_dice` (the function behind ``DiceMetric``).
+* HD95: :func:`monai.metrics.compute_hausdorff_distance` (the function behind
+  ``HausdorffDistanceMetric``) with ``percentile=95``, symmetric, Euclidean, on the mask
+  edges (the mask minus its binary erosion). Units are pixels/voxels, or physical units
+  (e.g. mm) when ``spacing`` is given.
+
+Empty-mask rule (applied explicitly here, not left to MONAI's defaults):
+
+====================  =========  ==========================
+truth / prediction    Dice       HD95
+====================  =========  ==========================
+both empty            1.0        NaN (not counted)
+exactly one empty     0.0        NaN (not counted)
+both non-empty        MONAI      MONAI
+====================  =========  ==========================
+
+NaN means "not counted": HD95 aggregates ignore NaN, so HD95 averages are taken over the
+cases where both masks are non-empty, while Dice averages include every case. The FeTS
+2022 benchmark does the same ("we only include the Dice score in the average metrics,
+not the Hausdorff distance").
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from monai.metrics import compute_dice, compute_hausdorff_distance
+
+__all__ = ["logits_to_masks", "case_metrics", "batch_metrics", "HD95_PERCENTILE"]
+
+HD95_PERCENTILE = 95.0
+
+
+def logits_to_masks(logits: torch.Tensor, threshold: float = 0.5) -> torch.Tensor:
+    """Binarize per-region logits.
+
+    Args:
+        logits: ``(B, R, *S)`` raw network outputs, one channel per region.
+        threshold: probability threshold applied after the sigmoid.
+
+    Returns:
+        bool tensor ``(B, R, *S)``: ``sigmoid(logits) > threshold``.
+    """
+    return torch.sigmoid(logits) > threshold
+
+
+def _as_bool(x: torch.Tensor | np.ndarray) -> torch.Tensor:
+    """Binary mask (any dtype, nonzero = foreground) -> bool CPU tensor."""
+    x = torch.as_tensor(x)
+    return (x != 0) if x.dtype != torch.bool else x
+
+
+def batch_metrics(
+    pred: torch.Tensor | np.ndarray,
+    truth: torch.Tensor | np.ndarray,
+    hd95: bool = True,
+    spacing: Sequence[float] | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per-case, per-region Dice and HD95 for a batch, with the module's empty-mask rule.
+
+    Args:
+        pred: binary prediction ``(B, R, *S)`` (bool or 0/1), ``S`` 2D or 3D.
+        truth: binary ground truth, same shape.
+        hd95: compute HD95; when False the returned HD95 array is all NaN (Dice only is
+            much cheaper: HD95 needs a surface-distance computation per case and region).
+        spacing: optional pixel/voxel spacing, one number per spatial dim (same for the
+            whole batch); HD95 is then in physical units, otherwise in pixels/voxels.
+
+    Returns:
+        ``(dice, hd95)``, both float64 numpy arrays of shape ``(B, R)``.
+    """
+    p, t = _as_bool(pred).cpu(), _as_bool(truth).cpu()
+    if p.shape != t.shape:
+        raise ValueError(f"pred and truth shapes differ: {tuple(p.shape)} vs {tuple(t.shape)}")
+    if p.ndim not in (4, 5):
+        raise ValueError(f"expected (B, R, H, W) or (B, R, H, W, D), got {tuple(p.shape)}")
+    b, r = p.shape[:2]
+    p_any = p.reshape(b, r, -1).any(-1)
+    t_any = t.reshape(b, r, -1).any(-1)
+    both = p_any & t_any
+
+    dice = compute_dice(p.float(), t.float(), include_background=True, ignore_empty=False)
+    dice = dice.double().numpy()
+    dice[(~p_any & ~t_any).numpy()] = 1.0  # both empty
+    dice[(p_any ^ t_any).numpy()] = 0.0  # exactly one empty
+
+    hd = np.full((b, r), np.nan, dtype=np.float64)
+    if hd95 and bool(both.any()):
+        idx = both.nonzero(as_tuple=True)
+        # Only pairs with both masks non-empty reach MONAI: one (N, 1, *S) call, no
+        # empty-mask warnings, and NaN stays the value for every other pair.
+        with warnings.catch_warnings():
+            # MONAI 1.6 warns about its own internal use of a deprecated argument.
+            warnings.filterwarnings("ignore", message=".*always_return_as_numpy.*", category=FutureWarning)
+            dist = compute_hausdorff_distance(
+                p[idx].unsqueeze(1).float(),
+                t[idx].unsqueeze(1).float(),
+                include_background=True,
+                percentile=HD95_PERCENTILE,
+                spacing=None if spacing is None else [float(s) for s in spacing],
+            )
+        hd[idx[0].numpy(), idx[1].numpy()] = dist[:, 0].double().numpy()
+    return dice, hd
+
+
+def case_metrics(
+    pred: torch.Tensor | np.ndarray,
+    truth: torch.Tensor | np.ndarray,
+    spacing: tuple[float, ...] | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Dice and HD95 per region for one case (see the module docstring for empty masks).
+
+    Args:
+        pred: binary prediction ``(R, *S)``, ``S`` 2D or 3D.
+        truth: binary ground truth ``(R, *S)``.
+        spacing: optional pixel/voxel spacing (one number per spatial dim); HD95 is
+            then in those physical units, otherwise in pixels/voxels.
+
+    Returns:
+        ``(dice, hd95)``, float64 arrays of shape ``(R,)``.
+    """
+    dice, hd = batch_metrics(_as_bool(pred)[None], _as_bool(truth)[None], hd95=True, spacing=spacing)
+    return dice[0], hd[0]

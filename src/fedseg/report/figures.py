@@ -1,0 +1,228 @@
+"""Report figures (PNG), drawn with matplotlib's object API on the Agg canvas.
+
+No pyplot: figures are created with :class:`matplotlib.figure.Figure`, so rendering a
+report never touches a GUI backend or global pyplot state. Every function writes one
+PNG and returns its path, or returns None when there is nothing to draw.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+
+from fedseg.evaluate.metrics import batch_metrics
+
+__all__ = ["REGION_COLORS", "validation_curves", "cross_site_heatmap", "sample_grid", "display_image"]
+
+DPI = 110
+#: Contour colours per region (bright, readable on grey MR and on red fundus images).
+REGION_COLORS = ("#39ff14", "#00e5ff", "#ffd600", "#ff4081", "#ff9100", "#d500f9")
+
+
+def _region_color(i: int) -> str:
+    return REGION_COLORS[i % len(REGION_COLORS)]
+
+
+def _save(fig: Figure, out: Path) -> Path:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=DPI, bbox_inches="tight", facecolor="white")
+    return out
+
+
+def _float(x) -> float:
+    """CSV cell -> float; blank -> NaN."""
+    return math.nan if x is None or x == "" else float(x)
+
+
+def _mean_per_round(rows: Sequence[Mapping], key: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """``{algorithm: (rounds, mean over sites of rows[key])}`` ignoring NaN, rounds ascending."""
+    acc: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for r in rows:
+        v = _float(r.get(key))
+        if not math.isnan(v):
+            acc[r["algorithm"]][int(r["round"])].append(v)
+    out = {}
+    for alg, by_round in acc.items():
+        rounds = np.array(sorted(by_round))
+        out[alg] = (rounds, np.array([np.mean(by_round[k]) for k in rounds]))
+    return out
+
+
+def validation_curves(
+    rounds_rows: Sequence[Mapping],
+    out: Path,
+    algorithms: Sequence[str],
+    labels: Mapping[str, str] | None = None,
+    best_round: Mapping[str, int] | None = None,
+) -> Path | None:
+    """Validation Dice (mean over sites) and training loss (mean over sites) per round.
+
+    Args:
+        rounds_rows: ``rounds.csv`` rows (``algorithm, round, site, val_dice, train_loss``).
+        out: PNG path.
+        algorithms: algorithms to draw, in legend order (others are skipped).
+        labels: display name per algorithm.
+        best_round: optional selected round per algorithm, marked with a star.
+
+    Returns:
+        ``out``, or None when no algorithm has a validation value.
+    """
+    labels = labels or {}
+    val = _mean_per_round(rounds_rows, "val_dice")
+    loss = _mean_per_round(rounds_rows, "train_loss")
+    algs = [a for a in algorithms if a in val or a in loss]
+    if not any(a in val for a in algs):
+        return None
+    fig = Figure(figsize=(11, 3.8))
+    ax_val, ax_loss = fig.subplots(1, 2)
+    for i, alg in enumerate(algs):
+        color = f"C{i % 10}"
+        label = labels.get(alg, alg)
+        if alg in val:
+            x, y = val[alg]
+            ax_val.plot(x, y, marker="o", ms=3, lw=1.6, color=color, label=label)
+            b = (best_round or {}).get(alg)
+            if b is not None and b in x:
+                ax_val.plot([b], [y[list(x).index(b)]], marker="*", ms=13, color=color, mec="black", mew=0.6)
+        if alg in loss:
+            x, y = loss[alg]
+            ax_loss.plot(x, y, marker="o", ms=3, lw=1.6, color=color, label=label)
+    ax_val.set(title="Validation Dice (mean over sites)", xlabel="round", ylabel="Dice")
+    ax_loss.set(title="Training loss (mean over sites)", xlabel="round", ylabel="loss")
+    for ax in (ax_val, ax_loss):
+        ax.grid(alpha=0.3)
+        ax.xaxis.get_major_locator().set_params(integer=True)
+    handles, names = ax_val.get_legend_handles_labels()
+    if best_round:
+        handles.append(Line2D([], [], marker="*", ms=11, ls="", color="grey", mec="black", mew=0.6))
+        names.append("selected round")
+    ax_val.legend(handles, names, fontsize=8, loc="lower right")
+    fig.tight_layout()
+    return _save(fig, out)
+
+
+def cross_site_heatmap(
+    matrix: np.ndarray, sites: Sequence[str], out: Path, metric_label: str = "Dice", vmin: float = 0.0, vmax: float = 1.0
+) -> Path:
+    """Heatmap with numbers of local models across sites.
+
+    Args:
+        matrix: ``(train site, test site)`` scores; NaN cells are left blank.
+        sites: names for both axes.
+        out: PNG path.
+        metric_label: colour-bar label.
+        vmin, vmax: colour range.
+    """
+    n = len(sites)
+    size = max(3.6, 0.75 * n + 1.8)
+    fig = Figure(figsize=(size + 0.8, size))
+    ax = fig.subplots()
+    im = ax.imshow(np.ma.masked_invalid(matrix), cmap="viridis", vmin=vmin, vmax=vmax)
+    for i in range(n):
+        for j in range(n):
+            v = matrix[i, j]
+            if np.isfinite(v):
+                dark = (v - vmin) / max(vmax - vmin, 1e-12) > 0.6
+                ax.text(j, i, f"{v:.3f}", ha="center", va="center", fontsize=9,
+                        color="black" if dark else "white", fontweight="bold" if i == j else "normal")
+    ax.set_xticks(range(n), sites, rotation=30, ha="right")
+    ax.set_yticks(range(n), sites)
+    ax.set_xlabel("test site")
+    ax.set_ylabel("training site (local model)")
+    fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label=metric_label)
+    fig.tight_layout()
+    return _save(fig, out)
+
+
+def display_image(image: np.ndarray) -> tuple[np.ndarray, str | None]:
+    """``(C, H, W)`` image -> something ``imshow`` can draw, min-max scaled to [0, 1].
+
+    3 channels are shown as RGB; otherwise the first channel in grey.
+
+    Returns:
+        ``(array (H, W) or (H, W, 3), colormap or None)``.
+    """
+    img = np.asarray(image, dtype=np.float64)
+    if img.ndim == 2:
+        img = img[None]
+    img = img if img.shape[0] == 3 else img[:1]
+    lo, hi = np.nanmin(img), np.nanmax(img)
+    img = (img - lo) / (hi - lo) if hi > lo else np.zeros_like(img)
+    return (np.transpose(img, (1, 2, 0)), None) if img.shape[0] == 3 else (img[0], "gray")
+
+
+def _draw_panel(ax, image: np.ndarray, masks: np.ndarray | None) -> None:
+    """Image with one coloured contour per region mask ``(R, H, W)``."""
+    img, cmap = display_image(image)
+    ax.imshow(img, cmap=cmap, interpolation="nearest")
+    if masks is not None:
+        for r, m in enumerate(np.asarray(masks)):
+            if m.any() and not m.all():
+                ax.contour(m.astype(float), levels=[0.5], colors=[_region_color(r)], linewidths=1.4)
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def _sample_dice(sample: Mapping[str, np.ndarray]) -> float:
+    """Dice (mean over regions) of a stored sample's prediction against its truth."""
+    dice, _ = batch_metrics(np.asarray(sample["pred"])[None], np.asarray(sample["truth"])[None], hd95=False)
+    return float(dice.mean())
+
+
+def sample_grid(
+    samples: Mapping[str, Mapping[str, Mapping[str, np.ndarray]]],
+    sites: Sequence[str],
+    algorithms: Sequence[str],
+    regions: Sequence[str],
+    out: Path,
+    labels: Mapping[str, str] | None = None,
+) -> Path | None:
+    """One row per site: image, ground truth, then each algorithm's prediction as contours.
+
+    Args:
+        samples: ``{site: {algorithm: {"image" (C,H,W), "truth" (R,H,W), "pred" (R,H,W),
+            "case"}}}`` as stored in ``samples/<algorithm>__<site>.npz``.
+        sites, algorithms: row and column order; missing entries give blank panels.
+        regions: region names (legend; contour colour i = region i).
+        out: PNG path.
+        labels: display name per algorithm.
+
+    Returns:
+        ``out``, or None when there is no sample.
+    """
+    labels = labels or {}
+    sites = [s for s in sites if samples.get(s)]
+    algorithms = [a for a in algorithms if any(a in samples[s] for s in sites)]
+    if not sites or not algorithms:
+        return None
+    ncol = 2 + len(algorithms)
+    panel = 2.0
+    fig = Figure(figsize=(panel * ncol, (panel + 0.25) * len(sites) + 0.7))
+    axes = fig.subplots(len(sites), ncol, squeeze=False)
+    headers = ["image", "ground truth"] + [labels.get(a, a) for a in algorithms]
+    for j, h in enumerate(headers):
+        axes[0, j].set_title(h, fontsize=10, fontweight="bold")
+    for i, site in enumerate(sites):
+        first = next(samples[site][a] for a in algorithms if a in samples[site])
+        case = str(np.asarray(first.get("case", "")))
+        _draw_panel(axes[i, 0], first["image"], None)
+        _draw_panel(axes[i, 1], first["image"], first["truth"])
+        axes[i, 0].set_ylabel(f"{site}\n{case}", fontsize=9)
+        for j, alg in enumerate(algorithms, start=2):
+            s = samples[site].get(alg)
+            if s is None:
+                axes[i, j].axis("off")
+                continue
+            _draw_panel(axes[i, j], s["image"], s["pred"])
+            axes[i, j].set_xlabel(f"Dice {_sample_dice(s):.3f}", fontsize=9, labelpad=2)
+    handles = [Line2D([], [], color=_region_color(r), lw=2) for r in range(len(regions))]
+    fig.legend(handles, list(regions), loc="upper center", ncol=max(1, len(regions)), fontsize=9, frameon=False,
+               bbox_to_anchor=(0.5, 1.0))
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.3 / fig.get_figheight()), h_pad=0.4, w_pad=0.4)
+    return _save(fig, out)

@@ -1,0 +1,237 @@
+"""``check_folder`` and ``fedseg data check``: every malformed folder is reported with its file and problem."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from PIL import Image
+from typer.testing import CliRunner
+
+from fedseg.config import SplitConfig
+from fedseg.data.check import check_folder
+from fedseg.data.cli import data_app
+from fedseg.data.federation import FederationError
+
+HEADER = {"name": "toy", "kind": "2d", "channels": 3, "regions": {"disc": [1, 2], "cup": [2]}}
+
+
+def _png(path: Path, array: np.ndarray) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(array).save(path)
+
+
+def _npy(path: Path, array: np.ndarray) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.save(path, array)
+
+
+def _set_header(root: Path, **changes) -> None:
+    data = {**HEADER, **changes}
+    (root / "federation.yaml").write_text(yaml.safe_dump({k: v for k, v in data.items() if v is not None}))
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    """A valid 2-site federation of 8x8 RGB PNGs with label maps in {0, 1, 2}."""
+    rng = np.random.default_rng(0)
+    root = tmp_path / "fed"
+    root.mkdir()
+    _set_header(root)
+    for site, ids in (("s1", "abc"), ("s2", "def")):
+        for cid in ids:
+            _png(root / site / "images" / f"{cid}.png", rng.integers(0, 256, (8, 8, 3), dtype=np.uint8))
+            _png(root / site / "labels" / f"{cid}.png", rng.integers(0, 3, (8, 8), dtype=np.uint8))
+    return root
+
+
+def _rm(path: Path) -> None:
+    path.unlink()
+
+
+# Each entry: (id, how to break a valid folder, the file (or site/key) the message must name, the problem).
+BROKEN = [
+    ("image-without-label", lambda r: _rm(r / "s1/labels/a.png"), "s1/images/a.png", "image without label"),
+    ("label-without-image", lambda r: _rm(r / "s1/images/a.png"), "s1/labels/a.png", "label without image"),
+    (
+        "shape-mismatch",
+        lambda r: _png(r / "s1/labels/a.png", np.zeros((5, 8), np.uint8)),
+        "s1/images/a.png",
+        "image spatial shape (8, 8) does not match label",
+    ),
+    (
+        "unknown-label-value",
+        lambda r: _png(r / "s1/labels/b.png", np.full((8, 8), 7, np.uint8)),
+        "s1/labels/b.png",
+        "label values 7 are not in any region",
+    ),
+    (
+        "empty-site",
+        lambda r: [(r / "s3" / d).mkdir(parents=True) for d in ("images", "labels")],
+        "s3",
+        "empty site",
+    ),
+    ("corrupt-png", lambda r: (r / "s1/images/a.png").write_bytes(b"\x89PNG garbage"), "s1/images/a.png", "cannot read"),
+    (
+        "truncated-npy",
+        lambda r: (_rm(r / "s2/labels/d.png"), (r / "s2/labels/d.npy").write_bytes(b"\x93NUMPY\x01\x00")),
+        "s2/labels/d.npy",
+        "cannot read",
+    ),
+    (
+        "wrong-channel-count",
+        lambda r: _png(r / "s1/images/c.png", np.zeros((8, 8), np.uint8)),
+        "s1/images/c.png",
+        "image has 1 channels but federation.yaml says channels: 3",
+    ),
+    (
+        "rgba-image",
+        lambda r: _png(r / "s1/images/c.png", np.zeros((8, 8, 4), np.uint8)),
+        "s1/images/c.png",
+        "image has 4 channels but federation.yaml says channels: 3 (RGBA",
+    ),
+    (
+        "fractional-label",
+        lambda r: (_rm(r / "s1/labels/a.png"), _npy(r / "s1/labels/a.npy", np.full((8, 8), 0.5, np.float32))),
+        "s1/labels/a.npy",
+        "label map is not integer (dtype float32, 64 fractional values, e.g. 0.5)",
+    ),
+    (
+        "duplicate-case-id",
+        lambda r: _npy(r / "s1/images/a.npy", np.zeros((3, 8, 8), np.uint8)),
+        "s1/images",
+        "duplicate case id 'a' (a.npy, a.png)",
+    ),
+    (
+        "unsupported-file",
+        lambda r: (r / "s2/images/notes.txt").write_text("hi"),
+        "s2/images/notes.txt",
+        "unsupported image file",
+    ),
+    ("missing-yaml", lambda r: _rm(r / "federation.yaml"), "federation.yaml", "missing"),
+    ("invalid-yaml", lambda r: (r / "federation.yaml").write_text("name: [unclosed"), "federation.yaml", "cannot read"),
+    ("missing-key", lambda r: _set_header(r, channels=None), "federation.yaml", "missing key 'channels'"),
+    (
+        "wrong-type",
+        lambda r: _set_header(r, channels="three"),
+        "federation.yaml",
+        "channels: expected a positive integer, got 'three'",
+    ),
+    ("bad-kind", lambda r: _set_header(r, kind="4d"), "federation.yaml", "kind: expected 2d or 3d, got '4d'"),
+    ("empty-regions", lambda r: _set_header(r, regions={}), "federation.yaml", "regions: empty"),
+    (
+        "non-positive-label-value",
+        lambda r: _set_header(r, regions={"disc": [0, 1]}),
+        "federation.yaml",
+        "regions.disc: expected a non-empty list of positive integer label values, got [0, 1]",
+    ),
+    ("unknown-key", lambda r: _set_header(r, chanels=3), "federation.yaml", "unknown key 'chanels'"),
+    (
+        "splits-unknown-case",
+        lambda r: (r / "s1/splits.csv").write_text("case,split\nzzz,train\n"),
+        "s1/splits.csv:2",
+        "unknown case 'zzz'",
+    ),
+    (
+        "splits-invalid-split",
+        lambda r: (r / "s1/splits.csv").write_text("case,split\na,training\n"),
+        "s1/splits.csv:2",
+        "unknown split 'training'",
+    ),
+    (
+        "no-training-cases",
+        lambda r: (r / "s2/splits.csv").write_text("case,split\nd,val\ne,test\nf,test\n"),
+        "site 's2'",
+        "no training cases after splitting",
+    ),
+]
+
+
+@pytest.mark.parametrize("name, breaks, where, problem", BROKEN, ids=[b[0] for b in BROKEN])
+def test_each_problem_is_reported_with_its_file(root, name, breaks, where, problem):
+    breaks(root)
+    with pytest.raises(FederationError) as err:
+        check_folder(root, SplitConfig(), seed=0)
+    lines = [line for line in str(err.value).splitlines() if problem in line]
+    assert lines, f"{problem!r} not in:\n{err.value}"
+    assert any(where in line for line in lines), f"{where!r} not named in {lines}"
+
+
+def test_every_problem_is_listed_one_per_line(root):
+    (root / "s1/labels/a.png").unlink()
+    _png(root / "s1/labels/b.png", np.full((8, 8), 9, np.uint8))
+    _png(root / "s2/images/e.png", np.zeros((8, 8), np.uint8))
+    (root / "s2/splits.csv").write_text("case,split\nd,test\nghost,train\n")
+    with pytest.raises(FederationError) as err:
+        check_folder(root)
+    lines = str(err.value).splitlines()
+    assert lines[0] == f"{root}: federation folder is invalid (4 problems):"
+    assert sorted(line.strip().split(": ")[0] for line in lines[1:]) == sorted(
+        [f"{root}/s1/images/a.png", f"{root}/s1/labels/b.png", f"{root}/s2/images/e.png", f"{root}/s2/splits.csv:3"]
+    )
+
+
+def test_valid_folder_passes_and_is_returned(root):
+    (root / "s1/splits.csv").write_text("case,split\na,train\nb,val\nc,test\n")
+    fed = check_folder(root, SplitConfig(mode="kfold", folds=3, fold=1), seed=2)
+    assert fed.site_names == ["s1", "s2"] and [len(s.cases) for s in fed.sites] == [3, 3]
+    assert fed.sites[0].fixed_splits == {"a": "train", "b": "val", "c": "test"}
+    assert {c.meta["image_shape"] for s in fed.sites for c in s.cases} == {(3, 8, 8)}
+    image, label = fed.sites[1].cases[0].arrays()
+    assert image.shape == (3, 8, 8) and label.shape == (8, 8)
+
+
+def test_float_label_map_with_integer_values_is_accepted(root):
+    (root / "s1/labels/a.png").unlink()
+    _npy(root / "s1/labels/a.npy", np.ones((8, 8), np.float64) * 2)
+    label = check_folder(root).site("s1").cases[0].arrays()[1]
+    assert label.dtype == np.uint8 and (label == 2).all()
+
+
+def test_3d_folder_rejects_png_images(root):
+    _set_header(root, kind="3d")
+    with pytest.raises(FederationError, match=r"s1/images/a\.png: a PNG image is 2D but federation.yaml says kind: 3d"):
+        check_folder(root)
+
+
+def test_cli_check_reports_ok_with_a_summary(root):
+    result = CliRunner().invoke(data_app, ["check", str(root)])
+    assert result.exit_code == 0, result.output
+    assert "OK:" in result.output and "2 sites, 6 cases" in result.output
+    assert "s1" in result.output and "3×8×8" in result.output and "disc=[1, 2]" in result.output
+
+
+def test_cli_check_exits_non_zero_with_the_message(root):
+    (root / "s1/labels/a.png").unlink()
+    result = CliRunner().invoke(data_app, ["check", str(root)])
+    assert result.exit_code == 1
+    assert f"{root}/s1/images/a.png: image without label" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_cli_synth_uses_the_run_preset_data_settings_and_writes_a_valid_folder(tmp_path):
+    from fedseg.config import load_config
+    from fedseg.data.folder import load_folder
+    from fedseg.data.synthetic import build_synthetic
+
+    demo = load_config(preset="demo")
+    out = tmp_path / "demo"
+    result = CliRunner().invoke(data_app, ["synth", "--preset", "demo", "--out", str(out), "--scale", "0.02"])
+    assert result.exit_code == 0, result.output
+    written = load_folder(out)
+    expected = build_synthetic(demo.data.source, scale=0.02, image_size=demo.data.image_size, seed=demo.seed)
+    assert written.name == demo.data.source and written.site_names == expected.site_names
+    first, again = expected.sites[0].cases[0], written.sites[0].cases[0]
+    for x, y in zip(first.arrays(), again.arrays()):
+        assert x.dtype == y.dtype
+        np.testing.assert_array_equal(x, y)
+    assert again.arrays()[0].shape[1:] == (demo.data.image_size,) * 2
+
+
+def test_cli_synth_rejects_an_unknown_name(tmp_path):
+    result = CliRunner().invoke(data_app, ["synth", "--preset", "no-such-thing", "--out", str(tmp_path / "x")])
+    assert result.exit_code == 1
+    assert "no-such-thing" in result.output and "synthetic-retina" in result.output
+    assert not (tmp_path / "x").exists()

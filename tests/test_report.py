@@ -1,0 +1,206 @@
+"""The HTML report from a small hand-made run directory (test input written here)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+import shutil
+
+import numpy as np
+import pytest
+
+from fedseg.report.html import load_run, render_report
+
+SITES = ["A", "B", "C"]
+REGIONS = ["disc", "cup"]
+# Dice per (algorithm, model, test site); each site has 2 cases at v +- 0.01, so site mean = v.
+DICE = {
+    ("centralized", "global"): {"A": 0.9511, "B": 0.9422, "C": 0.9333},
+    ("fedavg", "global"): {"A": 0.8123, "B": 0.8456, "C": 0.7789},
+    ("fedprox", "global"): {"A": 0.8011, "B": 0.8567, "C": 0.7655},
+    ("local", "local:A"): {"A": 0.9012, "B": 0.3141, "C": 0.5926},
+    ("local", "local:B"): {"A": 0.2718, "B": 0.8828, "C": 0.4142},
+    ("local", "local:C"): {"A": 0.6180, "B": 0.5772, "C": 0.8660},
+}
+HD95 = {"centralized": 2.5, "fedavg": 4.25, "fedprox": 3.75, "local": 6.0}
+
+
+def write_csv(path, columns, rows):
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=columns)
+        w.writeheader()
+        w.writerows(rows)
+
+
+def site_entry(values):
+    return {**values, "client_avg": float(np.mean(list(values.values()))), "global": float(np.mean(list(values.values())))}
+
+
+def make_run(root):
+    """A complete fake run directory: summary, results, rounds, ledger, samples, config."""
+    root.mkdir(parents=True, exist_ok=True)
+    results = []
+    for (alg, model), per_site in DICE.items():
+        for site, v in per_site.items():
+            for case, d in ((f"{site}1", 0.01), (f"{site}2", -0.01)):
+                for region in REGIONS:
+                    base = dict(algorithm=alg, model=model, site=site, case=case, region=region)
+                    results.append({**base, "metric": "dice", "value": v + d})
+                    results.append({**base, "metric": "hd95", "value": HD95[alg] + (1.0 if model != f"local:{site}" and alg == "local" else 0.0)})
+    write_csv(root / "results.csv", ["algorithm", "model", "site", "case", "region", "metric", "value"], results)
+
+    algorithms = {}
+    for alg in ("centralized", "local", "fedavg", "fedprox"):
+        model = "local:{}" if alg == "local" else "global"
+        dice = {s: DICE[(alg, model.format(s))][s] for s in SITES}
+        algorithms[alg] = {
+            "dice": site_entry(dice),
+            "hd95": site_entry({s: HD95[alg] for s in SITES}),
+            "rounds": 4, "best_round": 3, "floats_sent": 123456789 if alg == "fedavg" else 2000000,
+            "sgd_steps": 480, "seconds": 12.5,
+        }
+    algorithms["local"]["cross_site"] = {"dice": {a: {b: DICE[("local", f"local:{a}")][b] for b in SITES} for a in SITES}}
+    algorithms["local"]["local_avg"] = 0.8833
+    algorithms["local"]["local_gen"] = 0.4647
+    summary = {"dataset": "toy-retina", "sites": SITES, "regions": REGIONS, "algorithms": algorithms}
+    (root / "summary.json").write_text(json.dumps(summary, indent=2))
+
+    rounds, ledger = [], []
+    for alg in algorithms:
+        for rnd in range(1, 5):
+            for site in SITES:
+                rounds.append(dict(algorithm=alg, round=rnd, site=site, val_dice=0.5 + 0.1 * rnd, train_loss=1.0 / rnd))
+                ledger.append(dict(algorithm=alg, round=rnd, site=site, action="train", steps=40,
+                                   floats_down=1000, floats_up=500, seconds=1.0))
+            ledger.append(dict(algorithm=alg, round=rnd, site="A", action="evaluate", steps=0,
+                               floats_down=99999, floats_up=0, seconds=0.5))
+    write_csv(root / "rounds.csv", ["algorithm", "round", "site", "val_dice", "train_loss"], rounds)
+    write_csv(root / "ledger.csv", ["algorithm", "round", "site", "action", "steps", "floats_down", "floats_up", "seconds"], ledger)
+
+    (root / "samples").mkdir(exist_ok=True)
+    yy, xx = np.mgrid[:32, :32]
+    disc = ((yy - 16) ** 2 + (xx - 16) ** 2 < 100).astype(np.uint8)
+    cup = ((yy - 16) ** 2 + (xx - 16) ** 2 < 25).astype(np.uint8)
+    truth = np.stack([disc, cup])
+    for alg in algorithms:
+        for site in SITES:
+            np.savez_compressed(
+                root / "samples" / f"{alg}__{site}.npz",
+                image=np.random.default_rng(0).random((3, 32, 32), dtype=np.float32),
+                truth=truth, pred=np.roll(truth, 2, axis=2), case=np.array(f"{site}1"),
+            )
+    (root / "config.yaml").write_text("seed: 0\nalgorithms: [centralized, local, fedavg, fedprox]\n")
+    return root
+
+
+def table(html, title):
+    """The HTML of the table following the section heading ``title``."""
+    start = html.index(f"<h2>{title}</h2>")
+    return html[start : html.index("</table>", start)]
+
+
+def row_cells(table_html, label):
+    m = re.search(rf"<tr[^>]*><th>{re.escape(label)}</th>(.*?)</tr>", table_html)
+    assert m, f"no row {label!r}"
+    return re.findall(r"<td>(.*?)</td>", m.group(1))
+
+
+def test_full_report(tmp_path):
+    run = make_run(tmp_path / "run")
+    out = render_report(run)
+    assert out == run / "report.html"
+    html = out.read_text()
+
+    dice = table(html, "Test Dice")
+    labels = re.findall(r"<tr[^>]*><th>(.*?)</th>", dice.split("<tbody>")[1])
+    assert labels == ["Centralized", "A local", "B local", "C local", "Local (own site)", "FedAvg", "FedProx"]
+    # federated rows: best per column bold (FedAvg wins A, C and the averages; FedProx wins B)
+    assert row_cells(dice, "FedAvg")[:3] == ["<b>0.8123</b>", "0.8456", "<b>0.7789</b>"]
+    assert row_cells(dice, "FedProx")[:3] == ["0.8011", "<b>0.8567</b>", "0.7655"]
+    # centralized is better everywhere but is a baseline: never bold
+    assert row_cells(dice, "Centralized")[:3] == ["0.9511", "0.9422", "0.9333"]
+    # cross-site rows come from results.csv, with Client Avg and Global
+    b_local = row_cells(dice, "B local")
+    assert b_local[:3] == ["0.2718", "0.8828", "0.4142"]
+    assert b_local[3] == f"{np.mean([0.2718, 0.8828, 0.4142]):.4f}"
+    assert b_local[4] == b_local[3]  # equal case counts: global = client avg
+    assert row_cells(dice, "Local (own site)")[:3] == ["0.9012", "0.8828", "0.8660"]
+
+    hd = table(html, "Test HD95 (pixels / voxels)")
+    assert row_cells(hd, "FedProx")[0] == "<b>3.75</b>"  # lower is better
+    assert row_cells(hd, "FedAvg")[0] == "4.25"
+    assert row_cells(hd, "A local")[:2] == ["6.00", "7.00"]  # off-diagonal cells have +1 in the rows
+
+    regions = table(html, "Per-region scores (mean ± std over test cases)")
+    assert row_cells(regions, "FedAvg")[0] == f"{np.mean([0.8123, 0.8456, 0.7789]):.3f} ± " + \
+        f"{np.std([v + d for v in (0.8123, 0.8456, 0.7789) for d in (0.01, -0.01)], ddof=1):.3f}"
+
+    ledger = table(html, "Communication and compute")
+    cells = row_cells(ledger, "FedAvg")
+    # rounds, best, down, up (evaluation rows excluded), sent, MB, steps, seconds
+    assert cells == ["4", "3", "12,000", "6,000", "123,456,789", "493.8", "480", "12.5"]
+
+    assert "Local avg</b> (diagonal" in html and "0.8833" in html and "0.4647" in html
+    for name in ("validation.png", "cross_site.png", "samples.png"):
+        assert (run / "figures" / name).stat().st_size > 1000
+        assert f'src="figures/{name}"' in html
+    assert "<details><summary>config.yaml</summary>" in html and "seed: 0" in html
+    assert "http" not in html and "<script" not in html
+
+
+def test_missing_optional_files(tmp_path):
+    run = make_run(tmp_path / "run")
+    render_report(run)  # leaves figures behind that must not survive the next render
+    for name in ("results.csv", "rounds.csv", "ledger.csv", "config.yaml"):
+        (run / name).unlink()
+    shutil.rmtree(run / "samples")
+    html = render_report(run).read_text()
+    assert not (run / "figures" / "validation.png").exists()
+    assert not (run / "figures" / "samples.png").exists()
+    assert "figures/validation.png" not in html and "figures/samples.png" not in html
+    assert "Per-region" not in html and "<details>" not in html
+    # cross-site rows fall back to summary.json (Dice only; no Global without results.csv)
+    dice = table(html, "Test Dice")
+    assert row_cells(dice, "B local") == ["0.2718", "0.8828", "0.4142", f"{np.mean([0.2718, 0.8828, 0.4142]):.4f}", "–"]
+    assert "B local" not in table(html, "Test HD95 (pixels / voxels)")
+    assert (run / "figures" / "cross_site.png").exists()
+    # ledger from summary.json alone: no down/up split
+    assert row_cells(table(html, "Communication and compute"), "FedAvg")[2:5] == ["–", "–", "123,456,789"]
+
+
+def test_no_local_and_minimal_summary(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    summary = {"dataset": "d", "sites": ["A"], "regions": ["prostate"],
+               "algorithms": {"fedavg": {"dice": {"A": 0.5, "client_avg": 0.5, "global": 0.5}}}}
+    (run / "summary.json").write_text(json.dumps(summary))
+    (run / "samples").mkdir()
+    (run / "samples" / "broken__A.npz").write_bytes(b"not a zip")
+    html = render_report(run).read_text()
+    assert "<b>0.5000</b>" in html
+    assert "Local training across sites" not in html and "HD95" not in html.split("Communication")[0]
+    assert not (run / "figures" / "cross_site.png").exists()
+
+
+def test_nan_values_render_as_dash(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    summary = {"sites": ["A", "B"], "regions": ["r"], "algorithms": {
+        "fedavg": {"dice": {"A": 0.7, "B": 0.6, "client_avg": 0.65, "global": 0.65},
+                   "hd95": {"A": float("nan"), "B": 3.0, "client_avg": 3.0, "global": 3.0}}}}
+    (run / "summary.json").write_text(json.dumps(summary))  # json writes NaN, as run outputs do
+    hd = table(render_report(run).read_text(), "Test HD95 (pixels / voxels)")
+    assert row_cells(hd, "FedAvg")[:2] == ["–", "<b>3.00</b>"]
+
+
+def test_missing_summary_raises(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        render_report(tmp_path)
+
+
+def test_load_run_reads_samples(tmp_path):
+    run = load_run(make_run(tmp_path / "run"))
+    assert set(run.samples) == set(SITES)
+    assert set(run.samples["A"]) == {"centralized", "local", "fedavg", "fedprox"}
+    assert run.samples["B"]["fedavg"]["truth"].shape == (2, 32, 32)
