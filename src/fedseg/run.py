@@ -85,7 +85,7 @@ def run_algorithm(
     validation Dice over sites, evaluate it once on the test splits."""
     cfg = prep.task.cfg
     spec = get_algorithm(name)
-    options = cfg.methods.get(name, {})
+    options = spec.parse_options(cfg.methods.get(name))
     engine = Simulator(name, spec.client(), prep.site_data, prep.task, options, out / "samples", observers)
     server = spec.server(engine, prep.task, options)
     sites = engine.sites
@@ -120,6 +120,7 @@ def run_algorithm(
     server.load_state_dict(best["server"])
     engine.restore_clients(best["clients"])
     engine.round = cfg.fl.rounds
+    server.finalize()
     test_rows = server.evaluate("test", sample=True)
     bundle = server.bundle()
     summary = summarize(name, test_rows, server.site_model, sites, engine.ledger, cfg.fl.rounds, best["round"])
@@ -172,8 +173,8 @@ def run_experiment(
 ) -> RunResults:
     """Validate the data (before writing anything), then run every algorithm and write the outputs."""
     torch.set_num_threads(cfg.threads)
-    for name in cfg.algorithms:
-        get_algorithm(name)  # unknown names fail before any work
+    for name in cfg.algorithms:  # unknown names and bad options fail before any work
+        get_algorithm(name).parse_options(cfg.methods.get(name))
     prep = prepare(cfg, federation)
     out = Path(out)
     if out.exists() and any(out.iterdir()) and not resume and (out / "checkpoints").exists():

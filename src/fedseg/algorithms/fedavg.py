@@ -142,7 +142,7 @@ def write_sample(model: nn.Module, data, ctx: ClientContext, model_name: str) ->
 class FedAvgServer:
     """Holds the global model; each round broadcasts it, collects local models and averages them."""
 
-    def __init__(self, engine, task: Task, options: dict):
+    def __init__(self, engine, task: Task, options):
         self.engine = engine
         self.task = task
         self.options = options
@@ -168,6 +168,10 @@ class FedAvgServer:
         if self.task.cfg.fl.weighting == "uniform":
             return {s: 1.0 for s in replies}
         return {s: float(r.meta["num_examples"]) for s, r in replies.items()}
+
+    def finalize(self) -> None:
+        """After the best round is restored and before the single test evaluation: last choices
+        made on validation data only (e.g. FedSM's threshold gamma). Default: nothing."""
 
     # --- evaluation --------------------------------------------------------------
     def site_model(self, site: str) -> str:

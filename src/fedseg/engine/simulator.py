@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Protocol
 
@@ -60,7 +60,7 @@ class ClientContext:
     task: Task
     generator: torch.Generator
     artifacts: Path | None = None  # site-local folder for files the site writes itself (report samples)
-    options: dict = field(default_factory=dict)  # the algorithm's options from config.methods
+    options: object = None  # the algorithm's validated options (config ``methods.<name>``)
 
     @property
     def cfg(self) -> RunConfig:
@@ -92,7 +92,7 @@ class Simulator:
         client: Client,
         site_data: list[SiteData],
         task: Task,
-        options: dict | None = None,
+        options: object = None,
         artifacts: Path | None = None,
         observers: list[Callable[[str, str, Message, Message], None]] | None = None,
     ):
@@ -101,7 +101,7 @@ class Simulator:
         self.site_data = {d.name: d for d in site_data}
         self.sites = [d.name for d in site_data]
         self.task = task
-        self.options = options or {}
+        self.options = options
         self.artifacts = artifacts
         self.observers = list(observers or [])
         self.client_states: dict[str, State] = {s: {} for s in self.sites}
