@@ -17,6 +17,7 @@ from fedseg.engine.checkpoint import atomic_write_bytes, atomic_write_text
 
 RESULTS_COLUMNS = ["algorithm", "model", "site", "case", "region", "metric", "value"]
 ROUNDS_COLUMNS = ["algorithm", "round", "site", "val_dice", "train_loss"]
+METRICS_COLUMNS = ["algorithm", "round", "site", "metric", "value"]
 LEDGER_COLUMNS = ["algorithm", "round", "site", "action", "steps", "floats_down", "floats_up", "seconds"]
 
 
@@ -47,12 +48,14 @@ def summary_dict(results: RunResults) -> dict:
 
 
 def write_outputs(out: Path, results: RunResults) -> None:
-    """Write config.yaml, summary.json, results.csv, rounds.csv, ledger.csv and model/ (each atomically)."""
+    """Write config.yaml, summary.json, results.csv, rounds.csv, round_metrics.csv (method-specific
+    per-round metrics, e.g. FedSM's selector accuracy), ledger.csv and model/ (each atomically)."""
     algos = results.algorithms
     atomic_write_text(out / "config.yaml", dump_config(results.cfg))
     atomic_write_text(out / "summary.json", json.dumps(summary_dict(results), indent=2, allow_nan=True))
     atomic_write_text(out / "results.csv", csv_text(RESULTS_COLUMNS, [r for a in algos for r in a.test_rows]))
     atomic_write_text(out / "rounds.csv", csv_text(ROUNDS_COLUMNS, [r for a in algos for r in a.rounds_rows]))
+    atomic_write_text(out / "round_metrics.csv", csv_text(METRICS_COLUMNS, [r for a in algos for r in a.metric_rows]))
     ledger = [{"algorithm": a.name, **row} for a in algos for row in a.ledger]
     atomic_write_text(out / "ledger.csv", csv_text(LEDGER_COLUMNS, ledger))
     for a in algos:

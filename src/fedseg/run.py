@@ -66,6 +66,7 @@ class AlgorithmResult:
     ledger: list[dict]
     summary: dict
     bundle: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
+    metric_rows: list[dict] = field(default_factory=list)  # method-specific per-round metrics
 
 
 def site_means(rows: list[dict], site_model: Callable[[str], str], sites: list[str]) -> dict[str, float]:
@@ -92,14 +93,15 @@ def run_algorithm(
     ckpt_path = out / "checkpoints" / f"{name}.pt"
     ckpt = load_checkpoint(ckpt_path) if resume else None
     if ckpt and ckpt.get("finished"):
-        return AlgorithmResult(name, ckpt["test_rows"], ckpt["rounds_rows"], ckpt["ledger"], ckpt["summary"], ckpt["bundle"])
+        return AlgorithmResult(name, ckpt["test_rows"], ckpt["rounds_rows"], ckpt["ledger"], ckpt["summary"],
+                               ckpt["bundle"], ckpt["metric_rows"])
 
-    start, rounds_rows, best = 1, [], None
+    start, rounds_rows, metric_rows, best = 1, [], [], None
     if ckpt:
         server.load_state_dict(ckpt["server"])
         engine.restore_clients(ckpt["clients"])
         engine.ledger = Ledger.from_dicts(ckpt["ledger"])
-        start, rounds_rows, best = ckpt["round"] + 1, ckpt["rounds_rows"], ckpt["best"]
+        start, rounds_rows, metric_rows, best = ckpt["round"] + 1, ckpt["rounds_rows"], ckpt["metric_rows"], ckpt["best"]
 
     for rnd in range(start, cfg.fl.rounds + 1):
         engine.round = rnd
@@ -109,11 +111,12 @@ def run_algorithm(
             for site in sites:
                 rounds_rows.append({"algorithm": name, "round": rnd, "site": site, "val_dice": per_site[site],
                                     "train_loss": losses.get(site, float(np.mean(list(losses.values()))))})
+            metric_rows += [{"algorithm": name, "round": rnd, **row} for row in server.round_metrics()]
             score = per_site["client_avg"]
             if best is None or score > best["score"]:
                 best = {"round": rnd, "score": score, "server": clone(server.state_dict()), "clients": engine.snapshot_clients()}
         save_checkpoint(ckpt_path, {"round": rnd, "server": server.state_dict(), "clients": engine.client_states,
-                                    "ledger": engine.ledger.as_dicts(), "rounds_rows": rounds_rows, "best": best})
+                                    "ledger": engine.ledger.as_dicts(), "rounds_rows": rounds_rows, "metric_rows": metric_rows, "best": best})
         if on_round_end:
             on_round_end(name, rnd, losses)
 
@@ -124,9 +127,9 @@ def run_algorithm(
     test_rows = server.evaluate("test", sample=True)
     bundle = server.bundle()
     summary = summarize(name, test_rows, server.site_model, sites, engine.ledger, cfg.fl.rounds, best["round"])
-    result = AlgorithmResult(name, test_rows, rounds_rows, engine.ledger.as_dicts(), summary, bundle)
+    result = AlgorithmResult(name, test_rows, rounds_rows, engine.ledger.as_dicts(), summary, bundle, metric_rows)
     save_checkpoint(ckpt_path, {"finished": True, "test_rows": test_rows, "rounds_rows": rounds_rows,
-                                "ledger": result.ledger, "summary": summary, "bundle": bundle})
+                                "ledger": result.ledger, "summary": summary, "bundle": bundle, "metric_rows": metric_rows})
     return result
 
 

@@ -169,6 +169,11 @@ class FedAvgServer:
             return {s: 1.0 for s in replies}
         return {s: float(r.meta["num_examples"]) for s, r in replies.items()}
 
+    def round_metrics(self) -> list[dict]:
+        """Method-specific metrics of the round just validated: rows ``{site, metric, value}``
+        written to ``round_metrics.csv`` (e.g. FedSM's selector accuracy). Default: none."""
+        return []
+
     def finalize(self) -> None:
         """After the best round is restored and before the single test evaluation: last choices
         made on validation data only (e.g. FedSM's threshold gamma). Default: nothing."""
