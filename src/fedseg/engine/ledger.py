@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 EVAL_ACTIONS = frozenset({"evaluate", "share_model"})  # evaluation traffic, not training
+FORWARD_ONLY_ACTIONS = frozenset({"loss"})  # steps of these rows are forward-only batches (q-FedAvg's F_k pass)
 
 
 @dataclass
@@ -32,11 +33,12 @@ class Ledger:
         return [r for r in self.rows if r.action not in EVAL_ACTIONS]
 
     def totals(self) -> dict[str, float]:
-        """``floats_sent`` (down + up, training exchanges), ``sgd_steps``, ``seconds`` (all compute)."""
+        """``floats_sent`` (down + up, training exchanges), ``sgd_steps`` (optimizer steps; forward-only
+        batches excluded), ``seconds`` (all compute)."""
         train = self.training_rows()
         return {
             "floats_sent": sum(r.floats_down + r.floats_up for r in train),
-            "sgd_steps": sum(r.steps for r in train),
+            "sgd_steps": sum(r.steps for r in train if r.action not in FORWARD_ONLY_ACTIONS),
             "seconds": sum(r.seconds for r in self.rows),
         }
 

@@ -1,0 +1,192 @@
+"""q-FedAvg (Li et al., ICLR 2020) as specified by the FeTS benchmark, section 3.2.6, Eq. 13-17.
+
+Fair objective (Eq. 13): ``min_w sum_k p_k / (q + 1) * F_k(w)^(q + 1)``; ``q = 0`` is FedAvg,
+larger ``q`` gives more weight to the sites where the global model does worse. One round t:
+
+1. exchange ``"loss"`` (``LOSS_ACTION``): the server sends ``w^t``; site k computes
+   ``F_k(w^t)`` (Eq. 15) with a forward-only pass over its training split and keeps ``w^t`` and
+   ``F_k`` in its state until the train exchange of the same round. Reply: no tensors;
+   ``meta.steps`` = the forward-only batches (``ceil(n_k / train.batch_size)``).
+2. exchange ``"train"``: an empty message; site k trains from the ``w^t`` it kept (the local
+   loop, ``train.budget`` or ``local_steps``) and replies
+   ``Delta_k = L F_k^q Delta w_k`` (Eq. 14, ``Delta w_k = w_k - w^t``, all float entries of
+   the model, sent as the model's dtype) and ``h_k`` (Eq. 16, one float).
+3. the server applies Eq. 17: ``w^{t+1} = w^t + sum_k Delta_k / sum_k h_k``.
+
+Ledger convention: the loss pass is its own exchange, so the ledger shows it distinctly — rows
+with ``action = "loss"`` whose ``steps`` are forward-only batches (no optimizer step), with
+the model download in their ``floats_down``; the ``"train"`` rows carry the SGD steps and the
+upload (``|w| + 1`` floats). The train message is empty so that ``w^t`` is downloaded once per
+round: traffic per round is FedAvg's plus one float per site (``h_k``), as in FeTS Table 2.
+``Ledger.totals()["sgd_steps"]`` (summary.json ``sgd_steps``) adds both kinds of steps; the
+cost table (:mod:`fedseg.evaluate.cost`) reports them apart (``forward_batches``).
+
+Definitions, where the sources differ:
+
+* ``F_k`` is Eq. 15's **sum** of the per-case losses over the site's training split
+  (``loss_reduction = "sum"``); Eq. 13 and Li et al. use the mean (``"mean"``). The per-case
+  loss is the training loss (``train.loss``) in eval mode, without gradients. With the sum,
+  ``F_k^q = n_k^q Fbar_k^q`` (``Fbar_k`` the mean): at the paper's ``q = 1`` the merge weights
+  site k by ``n_k Fbar_k``, Eq. 13's ``p_k Fbar_k^q``; with the mean the ``p_k`` drop out (Li et
+  al. sample sites with probability ``p_k`` instead).
+* ``h_k`` follows Eq. 16 as printed, ``q F^(q-1) ||Delta w_k||^2 + L F^q`` with the unscaled
+  update (``h_norm = "fets"``). Li et al.'s Algorithm 3 (and Flower's ``QFedAvg``) use the
+  scaled update ``||L Delta w_k||^2`` in the first term (``h_norm = "li"``).
+* ``L`` (the Lipschitz estimate, ``1 / eta_l`` in Eq. 14 and 16) defaults to ``1 / train.lr``.
+
+At ``q = 0``: ``Delta_k = L Delta w_k`` and ``h_k = L``, so Eq. 17 is
+``w^t + (1 / K) sum_k Delta w_k`` — FedAvg with *uniform* weights (the ``p_k`` of Eq. 13 do
+not appear in the update).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+from pydantic import Field
+from torch import nn
+
+from fedseg.algorithms.fedavg import (
+    MODEL,
+    BudgetOptions,
+    FedAvgClient,
+    FedAvgServer,
+    put_group,
+    state_group,
+    train_meta,
+)
+from fedseg.data.dataset import CaseSet
+from fedseg.engine.messages import Message, load_weights, prefixed, weights_of
+from fedseg.engine.simulator import ClientContext
+from fedseg.train import TrainStats, segmentation_loss
+
+LOSS_ACTION = "loss"  # the forward-only exchange (fedseg.evaluate.cost.FORWARD_ACTIONS)
+DELTA = "delta"  # message prefix of Delta_k (Eq. 14)
+H = "h"  # message tensor name of h_k (Eq. 16), shape (1,)
+START = "qfedavg/start"  # client-state prefix: w^t kept between the loss and the train exchange
+F_KEY = "qfedavg/F"  # client-state entry: F_k(w^t), shape ()
+
+Weights = dict[str, torch.Tensor]
+
+
+class QFedAvgOptions(BudgetOptions):
+    """``methods.qfedavg``: q-FedAvg (FeTS Eq. 13-17)."""
+
+    q: float = Field(1.0, ge=0, description="fairness exponent q (FeTS Table 4: q = 1.0); 0 = uniform FedAvg")
+    L: float | None = Field(None, gt=0, description="Lipschitz estimate L = 1 / eta_l in Eq. 14, 16; None = 1 / train.lr")
+    loss_reduction: Literal["sum", "mean"] = Field(
+        "sum", description="F_k = sum (Eq. 15) or mean (Eq. 13, Li et al.) of the per-case training losses"
+    )
+    h_norm: Literal["fets", "li"] = Field(
+        "fets", description="first term of h_k: ||Delta w_k||^2 (Eq. 16) or ||L Delta w_k||^2 (Li et al., Flower)"
+    )
+
+
+def lipschitz(options: QFedAvgOptions, lr: float) -> float:
+    """``L``: the option if set, else ``1 / lr`` (Li et al.)."""
+    return float(options.L) if options.L is not None else 1.0 / lr
+
+
+def dataset_loss(model: nn.Module, data: CaseSet, loss: str, batch_size: int, device: torch.device) -> tuple[float, int]:
+    """``sum_{(x, y) in data} l(w, x, y)`` (Eq. 15 / Eq. 19): the per-case segmentation loss
+    ``train.loss`` summed over every case of ``data``, forward only (eval mode, no gradients), in
+    order, ``batch_size`` cases per batch. Returns ``(sum, number of forward batches)``.
+
+    The MONAI losses average per-case losses over a batch, so ``batch loss * batch length`` is
+    the sum of that batch's per-case losses. An empty set gives ``(0.0, 0)``.
+    """
+    loss_fn = segmentation_loss(loss)
+    was_training = model.training
+    model.eval()
+    total, batches = 0.0, 0
+    with torch.no_grad():
+        for idx in torch.arange(len(data)).split(batch_size):
+            x, y = data.batch(idx, device)
+            total += float(loss_fn(model(x), y).double()) * len(idx)
+            batches += 1
+    model.train(was_training)
+    return total, batches
+
+
+def delta_and_h(start: Weights, local: Weights, F: float, q: float, L: float, h_norm: str = "fets") -> tuple[Weights, float]:
+    """Site k's reply (Eq. 14, 16) from ``w^t`` (``start``), its trained ``w_k`` (``local``) and
+    ``F = F_k(w^t)``: ``Delta_k = L F^q (w_k - w^t)`` per tensor (float64 math, cast to each
+    tensor's dtype) and ``h_k = q F^(q-1) ||w_k - w^t||^2 + L F^q`` (``h_norm = "fets"``) or
+    with ``||L (w_k - w^t)||^2`` (``"li"``). The norm runs over every tensor; ``q = 0`` drops
+    the first term (no ``F^(-1)``).
+    """
+    diff = {k: local[k].double() - start[k].double() for k in start}
+    fq = F**q
+    deltas = {k: (L * fq * d).to(start[k].dtype) for k, d in diff.items()}
+    h = L * fq
+    if q != 0:
+        sq = sum(float(d.pow(2).sum()) for d in diff.values())
+        h += q * F ** (q - 1) * sq * (L * L if h_norm == "li" else 1.0)
+    return deltas, h
+
+
+def qffl_update(current: Weights, deltas: list[Weights], hs: list[float]) -> Weights:
+    """Eq. 17: ``w^t + sum_k Delta_k / sum_k h_k`` per tensor (float64 math, cast back)."""
+    total = math.fsum(hs)
+    if not deltas or len(deltas) != len(hs):
+        raise ValueError(f"need one h_k per Delta_k, got {len(deltas)} deltas and {len(hs)} h values")
+    if not total > 0:
+        raise ValueError(f"q-FedAvg: sum of h_k must be positive, got {hs}")
+    out = {}
+    for name, w in current.items():
+        acc = torch.zeros_like(w, dtype=torch.float64)
+        for d in deltas:
+            acc += d[name].double()
+        out[name] = (w.double() + acc / total).to(w.dtype)
+    return out
+
+
+class QFedAvgClient(FedAvgClient):
+    def on_loss(self, msg: Message, ctx: ClientContext) -> Message:
+        """Eq. 15 on the received ``w^t``; keeps ``w^t`` and ``F_k`` for this round's train exchange."""
+        model = super().start_model(msg, ctx)
+        total, batches = dataset_loss(model, ctx.data.train, ctx.cfg.train.loss, ctx.cfg.train.batch_size, ctx.task.device)
+        F = total if ctx.options.loss_reduction == "sum" else total / max(len(ctx.data.train), 1)
+        put_group(ctx.state, START, msg.group(MODEL))
+        ctx.state[F_KEY] = torch.tensor(F, dtype=torch.float64)
+        return Message({}, {"steps": batches, "F": F})
+
+    def start_model(self, msg: Message, ctx: ClientContext) -> nn.Module:
+        """The ``w^t`` received in this round's loss exchange (the train message is empty)."""
+        start = state_group(ctx.state, START)
+        if not start:
+            raise RuntimeError(f"q-FedAvg: site {ctx.site} got a train message before its loss exchange")
+        model = ctx.task.new_model()
+        load_weights(model, start)
+        return model
+
+    def after_fit(self, model: nn.Module, stats: TrainStats, msg: Message, ctx: ClientContext) -> Message:
+        start = state_group(ctx.state, START)
+        F = float(ctx.state.pop(F_KEY))
+        put_group(ctx.state, START, {})  # w^t is only needed within the round
+        opts = ctx.options
+        deltas, h = delta_and_h(start, weights_of(model), F, opts.q, lipschitz(opts, ctx.cfg.train.lr), opts.h_norm)
+        tensors = {**prefixed(DELTA, deltas), H: torch.tensor([h], dtype=torch.float64)}
+        return Message(tensors, {**train_meta(stats, ctx), "F": F})
+
+
+class QFedAvgServer(FedAvgServer):
+    """Loss exchange (sends ``w^t``), train exchange (empty message), Eq. 17 merge."""
+
+    def run_round(self, rnd: int) -> dict[str, float]:
+        self.engine.exchange({s: self.loss_message(s) for s in self.engine.sites}, LOSS_ACTION)
+        return super().run_round(rnd)
+
+    def loss_message(self, site: str) -> Message:
+        return Message(prefixed(MODEL, self.global_weights))
+
+    def train_message(self, site: str) -> Message:
+        return Message()
+
+    def aggregate(self, replies: dict[str, Message]) -> None:
+        sites = list(replies)
+        self.global_weights = qffl_update(
+            self.global_weights, [replies[s].group(DELTA) for s in sites], [float(replies[s].tensors[H]) for s in sites]
+        )
