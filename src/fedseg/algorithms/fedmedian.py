@@ -1,0 +1,21 @@
+"""FedMedian (Yin et al., ICML 2018): the global model is the coordinate-wise median of the
+local models (unweighted; robust to a minority of outlying sites). Clients are FedAvg clients;
+``local_steps`` applies, ``weighting`` does not exist here."""
+
+from __future__ import annotations
+
+from fedseg.algorithms.aggregate import coordinate_median
+from fedseg.algorithms.fedavg import MODEL, BudgetOptions, FedAvgClient, FedAvgServer
+from fedseg.engine.messages import Message
+
+
+class FedMedianOptions(BudgetOptions):
+    pass
+
+
+class FedMedianServer(FedAvgServer):
+    def aggregate(self, replies: dict[str, Message]) -> None:
+        self.global_weights = coordinate_median([r.group(MODEL) for r in replies.values()])
+
+
+FedMedianClient = FedAvgClient

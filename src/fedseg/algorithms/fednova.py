@@ -1,0 +1,77 @@
+"""FedNova (Wang et al., NeurIPS 2020): normalized averaging of local updates.
+
+``variant: general`` -- sites report ``a_k``, the l1 norm of their local step-weight vector:
+``a_k = tau_k`` (the steps actually taken) for plain SGD and Adam, and with SGD momentum rho
+``a_k = (tau_k - rho (1 - rho^tau_k) / (1 - rho)) / (1 - rho)`` (Wang et al., Appendix;
+assumes the momentum buffer starts at zero each round: ``train.keep_optimizer_state: false``).
+The server divides each update by its ``a_k`` and rescales by ``tau_eff = sum_k p_k a_k``:
+
+    w <- w + tau_eff * sum_k p_k (w_k - w) / a_k          (p_k = FedAvg's weights, sum 1)
+
+With equal ``a_k`` this is FedAvg exactly.
+
+``variant: fets`` -- the FeTS benchmark's simplification (Eq. 4-5), uniform averaging with the
+analytical server rate ``gamma = K sum_k p_k^2 >= 1`` (``p_k = n_k / N``, sample shares):
+
+    w <- w + gamma * (1 / K) sum_k (w_k - w)
+
+It is the general form when ``tau_k`` is proportional to ``n_k`` (fixed epochs, one batch size):
+``p_k tau_eff / tau_k = sum_j p_j^2`` for every k.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from fedseg.algorithms.aggregate import server_step, weighted_average
+from fedseg.algorithms.fedavg import MODEL, FedAvgClient, FedAvgOptions, FedAvgServer
+from fedseg.engine.messages import Message
+
+NORM = "nova_a"  # reply meta key of a_k
+
+
+class FedNovaOptions(FedAvgOptions):
+    variant: Literal["general", "fets"] = Field(
+        "fets", description="general: normalized by a_k, rescaled by tau_eff; fets: uniform + gamma = K sum p_k^2 (Eq. 4-5)"
+    )
+
+
+def momentum_norm(steps: int, rho: float) -> float:
+    """``a_k`` for ``steps`` SGD steps with heavy-ball momentum ``rho`` (``steps`` when rho = 0)."""
+    if rho == 0:
+        return float(steps)
+    return (steps - rho * (1 - rho**steps) / (1 - rho)) / (1 - rho)
+
+
+class FedNovaClient(FedAvgClient):
+    def after_fit(self, model, stats, msg, ctx) -> Message:
+        reply = super().after_fit(model, stats, msg, ctx)
+        train = ctx.cfg.train
+        rho = train.momentum if train.optimizer == "sgd" else 0.0
+        reply.meta[NORM] = momentum_norm(stats.steps, rho)
+        return reply
+
+
+class FedNovaServer(FedAvgServer):
+    def aggregate(self, replies: dict[str, Message]) -> None:
+        sites = list(replies)
+        models = [replies[s].group(MODEL) for s in sites]
+        if self.options.variant == "fets":
+            n = [float(replies[s].meta["num_examples"]) for s in sites]
+            gamma = len(n) * sum(x * x for x in n) / sum(n) ** 2  # K sum p_k^2; exactly 1 for equal n_k
+            self.global_weights = server_step(self.global_weights, weighted_average(models, [1.0] * len(n)), gamma)
+            return
+        weights = self.aggregation_weights(replies)
+        n = [weights[s] for s in sites]
+        a = [float(replies[s].meta[NORM]) for s in sites]
+        # sum_k p_k (w_k - w) / a_k = (sum_j n_j r_j) / (N a_ref) * (avg_r - w), with r_k = a_ref / a_k and
+        # avg_r the average of the w_k weighted by n_k r_k. With equal a_k, r_k = 1.0 and the rate
+        # below is exactly 1 for integer a_k (plain SGD, Adam), so the merge is then FedAvg's bit for bit.
+        a_ref = max(a)
+        r = [a_ref / ak for ak in a]
+        total = sum(n)
+        rate = sum(nk * ak for nk, ak in zip(n, a)) * sum(nk * rk for nk, rk in zip(n, r)) / (total * total * a_ref)
+        merged = weighted_average(models, [nk * rk for nk, rk in zip(n, r)])
+        self.global_weights = server_step(self.global_weights, merged, rate)

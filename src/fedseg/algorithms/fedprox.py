@@ -1,0 +1,39 @@
+"""FedProx (Li et al., MLSys 2020): FedAvg whose local objective carries a proximal term.
+
+Local objective of site k in round t: ``l(w) + (mu / 2) * ||w - w^t||^2`` with ``w^t`` the global
+model the site received. The norm is *squared* (one public benchmark used the unsquared norm
+by mistake) and runs over the trainable parameters (buffers such as BatchNorm statistics get
+no gradient). The server side is FedAvg's merge, unchanged.
+"""
+
+from __future__ import annotations
+
+import torch
+from pydantic import Field
+from torch import nn
+
+from fedseg.algorithms.fedavg import MODEL, FedAvgClient, FedAvgOptions, FedAvgServer
+from fedseg.engine.messages import Message
+from fedseg.engine.simulator import ClientContext
+from fedseg.train import ExtraLoss
+
+
+class FedProxOptions(FedAvgOptions):
+    mu: float = Field(0.001, ge=0, description="proximal weight mu (Auto-FedAvg paper's best FedProx mu = 0.001)")
+
+
+def proximal_term(model: nn.Module, anchor: dict[str, torch.Tensor], mu: float) -> torch.Tensor:
+    """``(mu / 2) * sum_p ||p - anchor[p]||^2`` over the model's trainable parameters (scalar)."""
+    terms = [(p - anchor[name]).pow(2).sum() for name, p in model.named_parameters() if p.requires_grad]
+    return 0.5 * mu * torch.stack(terms).sum()
+
+
+class FedProxClient(FedAvgClient):
+    def extra_loss(self, model: nn.Module, msg: Message, ctx: ClientContext) -> ExtraLoss:
+        device = next(model.parameters()).device
+        anchor = {k: v.detach().to(device) for k, v in msg.group(MODEL).items()}  # w^t, fixed during the round
+        mu = float(ctx.options.mu)
+        return lambda m: proximal_term(m, anchor, mu)
+
+
+FedProxServer = FedAvgServer
