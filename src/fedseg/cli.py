@@ -25,6 +25,15 @@ def _mount_data_app() -> None:
 _mount_data_app()
 
 
+def _mount_flower_app() -> None:
+    from fedseg.flower.cli import flower_app
+
+    app.add_typer(flower_app, name="flower", help="Run on a real Flower deployment: local | server | supernode | certs.")
+
+
+_mount_flower_app()
+
+
 def fail(message: str) -> None:
     console.print(f"[bold red]error:[/] {message}", highlight=False)
     raise typer.Exit(1)

@@ -88,6 +88,26 @@ class EvalConfig(Strict):
     batch_size: int = Field(16, ge=1)
 
 
+class CostConfig(Strict):
+    """The FeTS Table 2 cost model (Eq. 34-38), reported as ``cost`` per algorithm in summary.json.
+
+    ``timing = config``: ``t_batch`` = ``batch_seconds`` and ``t_eval`` = ``eval_seconds``
+    (defaults: the paper's V100 values for 3D BraTS, so the estimate is deterministic and on
+    the paper's scale); ``measured``: both from this run's ledger (seconds per SGD step of the
+    training exchanges, seconds per case of the validation exchanges). Bandwidths in MB/s
+    (10^6 bytes), defaults from the paper (fastest FeTS challenge institution)."""
+
+    timing: Literal["config", "measured"] = "config"
+    batch_seconds: float = Field(1.86, gt=0, description="t_batch: seconds per training batch (timing=config)")
+    eval_seconds: float = Field(0.80, gt=0, description="t_eval: seconds per validation case (timing=config)")
+    forward_fraction: float = Field(
+        1 / 3, gt=0, le=1, description="a forward-only batch (q-FedAvg's loss pass) costs this fraction of t_batch (timing=config)"
+    )
+    download_mb_s: float = Field(20.0, gt=0, description="site download bandwidth, MB/s")
+    upload_mb_s: float = Field(13.3, gt=0, description="site upload bandwidth, MB/s")
+    bytes_per_float: int = Field(4, ge=1)
+
+
 class RunConfig(Strict):
     name: str = "run"
     seed: int = 0
@@ -99,6 +119,7 @@ class RunConfig(Strict):
     train: TrainConfig = TrainConfig()
     fl: FLConfig = FLConfig()
     eval: EvalConfig = EvalConfig()
+    cost: CostConfig = CostConfig()
     methods: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="per-algorithm options, e.g. {fedprox: {mu: 0.01}}"
     )

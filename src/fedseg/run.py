@@ -17,10 +17,13 @@ from fedseg.data.federation import Federation
 from fedseg.engine.checkpoint import load_checkpoint, save_checkpoint
 from fedseg.engine.ledger import Ledger
 from fedseg.engine.simulator import Simulator, Task
+from fedseg.evaluate.cost import cost_table
 from fedseg.evaluate.tables import site_summary
 from fedseg.outputs import RunResults, write_outputs
 
 RoundCallback = Callable[[str, int, dict], None]
+# (algorithm name, AlgorithmSpec, validated options, Prepared, out dir, observers) -> engine; see ``simulator_engine``
+EngineFactory = Callable[..., object]
 
 
 @dataclass
@@ -74,6 +77,11 @@ def site_means(rows: list[dict], site_model: Callable[[str], str], sites: list[s
     return site_summary(rows, rows[0]["algorithm"], "dice", sites, model_filter=lambda r: r["model"] == site_model(r["site"]))
 
 
+def simulator_engine(name: str, spec, options, prep: Prepared, out: Path, observers: list | None) -> Simulator:
+    """The default engine: every site in this process, data from ``prep.site_data``."""
+    return Simulator(name, spec.client(), prep.site_data, prep.task, options, out / "samples", observers)
+
+
 def run_algorithm(
     name: str,
     prep: Prepared,
@@ -81,13 +89,18 @@ def run_algorithm(
     resume: bool,
     observers: list | None = None,
     on_round_end: RoundCallback | None = None,
+    engine_factory: EngineFactory | None = None,
 ) -> AlgorithmResult:
     """Train ``name`` for ``fl.rounds`` rounds (resuming if asked), keep the best round by mean
-    validation Dice over sites, evaluate it once on the test splits."""
+    validation Dice over sites, evaluate it once on the test splits.
+
+    ``engine_factory`` builds the engine (default: the in-process ``Simulator``; Flower:
+    ``fedseg.flower.engine``). An engine whose client states live elsewhere (``supports_resume``
+    False) can reuse a finished checkpoint but cannot resume a half-done one."""
     cfg = prep.task.cfg
     spec = get_algorithm(name)
     options = spec.parse_options(cfg.methods.get(name))
-    engine = Simulator(name, spec.client(), prep.site_data, prep.task, options, out / "samples", observers)
+    engine = (engine_factory or simulator_engine)(name, spec, options, prep, out, observers)
     server = spec.server(engine, prep.task, options)
     sites = engine.sites
     ckpt_path = out / "checkpoints" / f"{name}.pt"
@@ -97,6 +110,9 @@ def run_algorithm(
                                ckpt["bundle"], ckpt["metric_rows"])
 
     start, rounds_rows, metric_rows, best = 1, [], [], None
+    if ckpt and not getattr(engine, "supports_resume", True):
+        raise ValueError(f"{ckpt_path}: cannot resume {name!r} on this engine ({type(engine).__name__}): "
+                         "the sites' client states are not in the checkpoint; start a new run (another --out)")
     if ckpt:
         server.load_state_dict(ckpt["server"])
         engine.restore_clients(ckpt["clients"])
@@ -126,15 +142,17 @@ def run_algorithm(
     server.finalize()
     test_rows = server.evaluate("test", sample=True)
     bundle = server.bundle()
-    summary = summarize(name, test_rows, server.site_model, sites, engine.ledger, cfg.fl.rounds, best["round"])
+    summary = summarize(name, test_rows, server.site_model, sites, engine.ledger, cfg.fl.rounds, best["round"],
+                        cost=cost_table(engine.ledger.rows, cfg.cost, {s: engine.num_samples(s, "val") for s in sites}))
     result = AlgorithmResult(name, test_rows, rounds_rows, engine.ledger.as_dicts(), summary, bundle, metric_rows)
     save_checkpoint(ckpt_path, {"finished": True, "test_rows": test_rows, "rounds_rows": rounds_rows,
                                 "ledger": result.ledger, "summary": summary, "bundle": bundle, "metric_rows": metric_rows})
     return result
 
 
-def summarize(name, test_rows, site_model, sites, ledger: Ledger, rounds: int, best_round: int) -> dict:
-    """The ``summary.json`` entry of one algorithm (see DESIGN.md "Run outputs")."""
+def summarize(name, test_rows, site_model, sites, ledger: Ledger, rounds: int, best_round: int, cost: dict | None = None) -> dict:
+    """The ``summary.json`` entry of one algorithm (see DESIGN.md "Run outputs"); ``cost``: the
+    FeTS Table 2 cost object (:func:`fedseg.evaluate.cost.cost_table`)."""
     own = lambda r: r["model"] == site_model(r["site"])  # noqa: E731
     entry = {
         "dice": site_summary(test_rows, name, "dice", sites, model_filter=own),
@@ -145,6 +163,8 @@ def summarize(name, test_rows, site_model, sites, ledger: Ledger, rounds: int, b
     }
     if any(r["model"] != site_model(r["site"]) for r in test_rows):
         entry.update(cross_site_summary(test_rows, sites))
+    if cost is not None:
+        entry["cost"] = cost
     return entry
 
 
@@ -173,12 +193,17 @@ def run_experiment(
     on_round_end: RoundCallback | None = None,
     on_algorithm_start: Callable[[str], None] | None = None,
     federation: Federation | None = None,
+    prepared: Prepared | None = None,
+    engine_factory: EngineFactory | None = None,
 ) -> RunResults:
-    """Validate the data (before writing anything), then run every algorithm and write the outputs."""
+    """Validate the data (before writing anything), then run every algorithm and write the outputs.
+
+    ``prepared`` skips loading data here (an engine whose sites hold their own data, e.g. Flower,
+    needs only the federation's header, site names and the Task); ``engine_factory``: see ``run_algorithm``."""
     torch.set_num_threads(cfg.threads)
     for name in cfg.algorithms:  # unknown names and bad options fail before any work
         get_algorithm(name).parse_options(cfg.methods.get(name))
-    prep = prepare(cfg, federation)
+    prep = prepared or prepare(cfg, federation)
     out = Path(out)
     if out.exists() and any(out.iterdir()) and not resume and (out / "checkpoints").exists():
         raise FileExistsError(f"{out}: already holds a run; use --resume to continue it or choose another --out")
@@ -187,6 +212,6 @@ def run_experiment(
     for name in cfg.algorithms:
         if on_algorithm_start:
             on_algorithm_start(name)
-        results.algorithms.append(run_algorithm(name, prep, out, resume, observers, on_round_end))
+        results.algorithms.append(run_algorithm(name, prep, out, resume, observers, on_round_end, engine_factory))
         write_outputs(out, results)
     return results

@@ -19,6 +19,7 @@ from fedseg.data.dataset import CaseSet
 
 ExtraLoss = Callable[[nn.Module], torch.Tensor]
 AfterBackward = Callable[[nn.Module], None]
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 @dataclass
@@ -93,15 +94,20 @@ class Trainer:
         budget: BudgetConfig | None = None,
         extra_loss: ExtraLoss | None = None,
         after_backward: AfterBackward | None = None,
+        loss_fn: LossFn | None = None,
     ) -> TrainStats:
         """Train ``model`` in place for ``budget`` (epochs over ``data`` or optimizer steps).
 
-        Returns the steps done, samples seen and the mean segmentation loss per step.
+        ``loss_fn(output, target)`` replaces the segmentation loss (FedSM's selector trains with
+        cross-entropy on ``data`` yielding ``(image, class index)``); ``data`` is anything with
+        ``len``, ``name`` and ``batch(idx, device) -> (x, target)`` (a ``CaseSet`` by default).
+        Returns the steps done, samples seen and the mean loss per step (without ``extra_loss``).
         """
         if len(data) == 0:
             raise ValueError(f"no training cases for {data.name}")
         budget = budget or self.cfg.budget
         optimizer = optimizer or self.new_optimizer(model)
+        loss_fn = loss_fn or self.loss_fn
         model.train()
         max_steps = budget.amount if budget.unit == "steps" else budget.amount * _batches_per_epoch(len(data), self.cfg.batch_size)
         steps, samples, loss_sum = 0, 0, 0.0
@@ -109,7 +115,7 @@ class Trainer:
         for idx in batches(len(data), self.cfg.batch_size, generator, endless=True):
             x, y = data.batch(idx, self.device)
             optimizer.zero_grad(set_to_none=True)
-            loss = self.loss_fn(model(x), y)
+            loss = loss_fn(model(x), y)
             total = loss + extra_loss(model) if extra_loss else loss
             total.backward()
             if after_backward:

@@ -5,24 +5,34 @@ Server hooks: ``train_message`` (what a site receives), ``aggregate`` (how repli
 Client hooks: ``start_model`` (the model a site starts from), ``extra_loss`` and
 ``after_backward`` (passed to the Trainer), ``after_fit`` (what a site replies),
 ``eval_model`` (the model a site is evaluated with).
+
+Options (``FedAvgOptions``, config ``methods.<name>``) select the FedAvg variants of the FeTS
+benchmark (section 3.2.2) per algorithm, so one run can compare them: ``weighting`` (samples |
+uniform; None = ``fl.weighting``) and ``local_steps`` (U optimizer steps per round instead of
+``train.budget``; None = ``train.budget``). ``fedavg-steps`` and ``fedavg-uniform`` are the same
+pair registered with other option defaults. Methods extending the pair subclass these options.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import torch
+from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
 from fedseg.algorithms.aggregate import weighted_average
+from fedseg.config import BudgetConfig, TrainConfig
 from fedseg.engine.messages import Message, load_weights, prefixed, weights_of
 from fedseg.engine.simulator import ClientContext, State, Task
 from fedseg.evaluate.inference import predict_masks, score_caseset
 from fedseg.train import (
     AfterBackward,
     ExtraLoss,
+    LossFn,
     Trainer,
     TrainStats,
     load_optimizer_state,
@@ -31,6 +41,43 @@ from fedseg.train import (
 
 MODEL = "model"  # message prefix of model weights
 OPT = "opt"  # client-state prefix of optimizer moments
+
+
+class BudgetOptions(BaseModel):
+    """Local-budget option shared by every method built on the FedAvg pair."""
+
+    model_config = ConfigDict(extra="forbid")
+    local_steps: int | None = Field(
+        None, ge=1, description="U optimizer steps per round (FedAvg w/ fixed iterations); None = train.budget"
+    )
+
+
+class FedAvgOptions(BudgetOptions):
+    """FedAvg variants (FeTS section 3.2.2): fixed epochs (default), fixed iterations, uniform averaging."""
+
+    weighting: Literal["samples", "uniform"] | None = Field(
+        None, description="p_k = n_k / N (samples) or 1 / K (uniform); None = fl.weighting"
+    )
+
+
+class FedAvgStepsOptions(FedAvgOptions):
+    """``fedavg-steps``: U local steps per site and round, samples-weighted. The paper does not
+    state its U; 20 is about one epoch of the mean synthetic-retina site at batch 8."""
+
+    local_steps: int | None = Field(20, ge=1)
+
+
+class FedAvgUniformOptions(FedAvgOptions):
+    """``fedavg-uniform``: fixed epochs, uniform averaging (p_k = 1 / K)."""
+
+    weighting: Literal["samples", "uniform"] | None = "uniform"
+
+
+def local_budget(options) -> BudgetConfig | None:
+    """The local budget of one round: ``options.local_steps`` steps if the method's options set it,
+    else None (the Trainer's own ``budget``, i.e. ``train.budget``)."""
+    steps = getattr(options, "local_steps", None)
+    return BudgetConfig(unit="steps", amount=steps) if steps else None
 
 
 def state_group(state: State, prefix: str) -> dict[str, torch.Tensor]:
@@ -66,20 +113,36 @@ class FedAvgClient:
         load_weights(model, msg.group(MODEL))
         return model
 
-    def fit(self, model: nn.Module, msg: Message, ctx: ClientContext, state_key: str = OPT) -> TrainStats:
-        """One local training budget through the Trainer, optimizer moments kept in client state if configured."""
-        trainer = Trainer(ctx.cfg.train, ctx.task.device)
+    def fit(
+        self,
+        model: nn.Module,
+        msg: Message,
+        ctx: ClientContext,
+        state_key: str = OPT,
+        data=None,
+        loss_fn: LossFn | None = None,
+        train_cfg: TrainConfig | None = None,
+    ) -> TrainStats:
+        """One local training budget through the Trainer, optimizer moments kept in client state if configured.
+
+        ``data`` (default: the site's train split), ``loss_fn`` (default: the segmentation loss) and
+        ``train_cfg`` (default: ``cfg.train``) let a method train another model through the same
+        loop, e.g. FedSM's selector with cross-entropy on (image, site index) at its own learning rate.
+        """
+        trainer = Trainer(train_cfg or ctx.cfg.train, ctx.task.device)
         optimizer = trainer.new_optimizer(model)
-        keep = ctx.cfg.train.keep_optimizer_state
+        keep = trainer.cfg.keep_optimizer_state
         if keep and state_group(ctx.state, state_key):
             load_optimizer_state(optimizer, state_group(ctx.state, state_key))
         stats = trainer.fit(
             model,
-            ctx.data.train,
+            ctx.data.train if data is None else data,
             ctx.generator,
             optimizer,
+            budget=local_budget(ctx.options),
             extra_loss=self.extra_loss(model, msg, ctx),
             after_backward=self.after_backward(model, msg, ctx),
+            loss_fn=loss_fn,
         )
         if keep:
             put_group(ctx.state, state_key, optimizer_state(optimizer))
@@ -164,8 +227,10 @@ class FedAvgServer:
         self.global_weights = weighted_average([replies[s].group(MODEL) for s in sites], [weights[s] for s in sites])
 
     def aggregation_weights(self, replies: dict[str, Message]) -> dict[str, float]:
-        """``samples``: n_k (the site's training-set size, as it reports); ``uniform``: 1 per site."""
-        if self.task.cfg.fl.weighting == "uniform":
+        """``samples``: n_k (the site's training-set size, as it reports); ``uniform``: 1 per site.
+        ``options.weighting`` if set, else ``fl.weighting``."""
+        weighting = getattr(getattr(self, "options", None), "weighting", None) or self.task.cfg.fl.weighting
+        if weighting == "uniform":
             return {s: 1.0 for s in replies}
         return {s: float(r.meta["num_examples"]) for s, r in replies.items()}
 

@@ -13,7 +13,8 @@ Sections:
   own-site row; columns = sites, Client Avg, Global; best federated number bold);
 * per-region mean +- std over test cases (FeTS Table 1 style);
 * validation Dice per round; the local cross-site heatmap; example predictions;
-* communication and compute totals from the ledger; the configuration.
+* communication and compute totals from the ledger; the FeTS Table 2 cost table (summary.json
+  ``cost``); the configuration.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ DISPLAY_NAMES = {
     "fedper": "FedPer",
     "ditto": "Ditto",
     "qfedavg": "q-FedAvg",
+    "fedpidavg": "FedPIDAvg",
 }
 FIGURES = ("validation.png", "cross_site.png", "samples.png")
 
@@ -317,6 +319,35 @@ def ledger_table(run: RunFiles) -> str | None:
     return _table("<tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr>", body)
 
 
+def cost_section(run: RunFiles) -> str | None:
+    """FeTS Table 2 from each algorithm's ``cost`` object in summary.json (Eq. 34-38,
+    :mod:`fedseg.evaluate.cost`), with a note on the timing and bandwidths used."""
+    costs = {n: run.algorithms[n]["cost"] for n in algorithm_order(run.summary) if run.algorithms[n].get("cost")}
+    if not costs:
+        return None
+    measured = any(c.get("timing") == "measured" for c in costs.values())
+    head = ["Method", "Total SGD steps", "Total max. parallel SGD steps", "Forward-only batches",
+            "Communicated floats", "Estimated training time (h)"] + (["t_batch (s)", "t_eval (s)"] if measured else [])
+    body = []
+    for name, c in costs.items():
+        cells = [_fmt_int(c.get("sgd_steps")), _fmt_int(c.get("parallel_sgd_steps")), _fmt_int(c.get("forward_batches")),
+                 _fmt_int(c.get("floats")), _fmt(c.get("simulated_hours"), 3)]
+        if measured:
+            cells += [_fmt(c.get("t_batch"), 4), _fmt(c.get("t_eval"), 4)]
+        body.append(f"<tr><th>{_esc(display_name(name))}</th>{''.join(f'<td>{x}</td>' for x in cells)}</tr>")
+    c = next(iter(costs.values()))
+    timing = ("t_batch and t_eval measured from this run's ledger (per algorithm, columns on the right)" if measured else
+              f"t_batch = {_fmt(c.get('t_batch'), 2)} s per training batch, t_forward = {_fmt(c.get('t_forward'), 2)} s, "
+              f"t_eval = {_fmt(c.get('t_eval'), 2)} s per validation case (config <code>cost</code>; defaults: the "
+              f"paper's V100 values)")
+    note = (f"FeTS benchmark Table 2 (Eq. 34–38). SGD steps: sum over rounds and sites; max. parallel: sum over rounds of "
+            f"the busiest site's steps. Forward-only batches (q-FedAvg's loss pass) are not SGD steps; they cost "
+            f"t_forward each. Time: per round, the slowest site's steps × t_batch + forward batches × t_forward + "
+            f"validation cases × t_eval + its floats down / up × {_esc(c.get('bytes_per_float', BYTES_PER_FLOAT))} bytes at "
+            f"{_fmt(c.get('download_mb_s'), 1)} / {_fmt(c.get('upload_mb_s'), 1)} MB/s, summed over rounds; {timing}.")
+    return _table("<tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr>", body) + f'<p class="note">{note}</p>'
+
+
 # --------------------------------------------------------------------------- figures
 def _local_matrix(run: RunFiles) -> np.ndarray | None:
     """Local cross-site Dice ``(train, test)`` from summary.json, else from results.csv."""
@@ -454,6 +485,7 @@ def render_report(run_dir: str | Path) -> Path:
         _section("Communication and compute", ledger_table(run),
                  f"Floats and SGD steps count training exchanges (evaluation traffic excluded); "
                  f"MB = floats × {BYTES_PER_FLOAT} bytes / 10⁶. Seconds: all compute of the method."),
+        _section("Cost (FeTS Table 2)", cost_section(run)),
     ]
     if run.config is not None:
         parts.append(f"<details><summary>config.yaml</summary><pre>{_esc(run.config)}</pre></details>")

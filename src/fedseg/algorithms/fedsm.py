@@ -1,0 +1,363 @@
+"""FedSM (Xu et al., CVPR 2022): global model + SoftPull personalized models + model selector.
+
+Training, Algorithm 1 (one ``train`` exchange per round):
+
+* site k receives the global model w_g, **its own** personalized model w_p,k and the selector
+  w_s (the server keeps every w_p,k; a site never sees another site's personalized model while
+  training). It trains all three on its train split through the Trainer: w_g and w_p,k with the
+  segmentation loss, w_s with cross-entropy against its label ``y_s = one_hot(k)`` (Eq. 2; the
+  label is the site's position in the server's site order, sent as ``meta.label``). Each model
+  runs one local budget; the three never interact, so training them one after another equals
+  the interleaved loop of Algorithm 1 (up to the batch order, which each model draws from the
+  site's round stream). It replies with all three.
+* the server merges w_g and w_s by weighted averaging (``fl.weighting``: n_k/n by default,
+  Algorithm 1 line 15) and the personalized models by SoftPull, Eq. (11)
+  (:func:`fedseg.algorithms.aggregate.softpull`), ``lambda = methods.fedsm.lam`` in [1/K, 1].
+* Ledger: per round and site ``2|w_g| + |w_s|`` floats down and the same up (the paper's
+  cost, Sec. 3.3) plus, with ``average_selector_moments`` (the default, see below), the
+  selector's moments: ``2|w_s| + t`` more each way (t = number of selector parameter tensors,
+  Adam's step counters). With ``average_selector_moments: false`` the ledger is the paper's
+  exactly.
+
+Selector optimizer moments: every site trains the selector on its own label only, so a site's
+Adam moments push every image towards that label; carried over to the next round they undo
+the averaging and the selector collapses onto the largest sites. Averaging the moments with
+the weights (and sending them back) fixes it. Measured with ``fedsm`` on synthetic-retina
+(scale 0.25, 6 sites, 40 rounds, seed 0; ``benchmarks/selector_moments.py``), validation
+selector accuracy, mean of the last 10 rounds: InstanceNorm 0.87 averaged vs 0.33 local
+(first >= 0.9 at round 25 vs never); BatchNorm 0.65 vs 0.33; moments reset every round
+(``train.keep_optimizer_state: false``) 0.22. Hence the default is on; the moments are real
+traffic and the ledger counts them (+2|w_s| + t per site and direction, about +60% over the
+paper's cost with the default UNet and selector). The selector's default normalization is
+``instance`` by the same measurement: BatchNorm normalizes each training batch with one site's
+statistics (every batch comes from one site) but evaluates with the averaged running statistics.
+
+Evaluation, Algorithm 2: the server sends every site the super model (global, all K
+personalized, selector: evaluation traffic, as the paper's one-time deployment). For each
+image the site reports the selector's softmax and the Dice/HD95 of the global model and of the
+argmax personalized model, so the score at *any* threshold gamma follows without another pass
+(:func:`fedseg.algorithms.fedsm_model.route` picks, per image, which of the two counts).
+Per-round validation uses ``val_gamma`` if set, else the gamma of ``gamma_grid`` with the best
+mean validation Dice over sites (the run's selection criterion), so a round is scored as the
+super model it would be if the run stopped there. ``finalize`` (after the best round is
+restored) chooses gamma on the validation splits from ``gamma_grid`` again (ties go to the
+larger gamma: the global model covers the joint distribution) and records it; the test
+splits are then scored once at that gamma. ``round_metrics`` reports per site the selector
+accuracy on the validation split (fraction of images whose selector argmax is their own
+site), the fraction routed to the global model at the round's gamma, and the gamma.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Literal
+
+import numpy as np
+import torch
+from pydantic import Field, field_validator
+from torch import nn
+
+from fedseg.algorithms.aggregate import softpull, weighted_average
+from fedseg.algorithms.fedavg import FedAvgClient, FedAvgOptions, FedAvgServer, eval_rows, put_group, state_group, write_sample
+from fedseg.algorithms.fedsm_model import (
+    GLOBAL_INDEX,
+    LabeledImages,
+    Mode,
+    SuperModel,
+    bundle_entries,
+    route,
+)
+from fedseg.data.dataset import CaseSet
+from fedseg.engine.messages import Message, load_weights, prefixed, weights_of
+from fedseg.engine.simulator import ClientContext, Task
+from fedseg.evaluate.inference import score_caseset
+from fedseg.evaluate.tables import site_summary
+from fedseg.models import Selector, build_selector
+from fedseg.train import TrainStats
+
+GLOBAL, PERSONAL, SELECTOR, SELECTOR_OPT = "global", "personal", "selector", "selector_opt"  # message groups
+MODEL_NAME = "fedsm"  # the ``model`` of every result row: each site uses the super model
+DEFAULT_GRID = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0)
+
+
+class SelectorOptions(FedAvgOptions):
+    """Options shared by the FedSM variants (config ``methods.<name>``); ``weighting`` and
+    ``local_steps`` as for FedAvg (the selector trains for the same local budget as the models)."""
+
+    lam: float = Field(0.7, gt=0, le=1, description="SoftPull coefficient lambda of Eq. (11), in [1/K, 1] (paper: 0.7)")
+    selector_width: float = Field(0.25, gt=0, description="VGG-11 channel multiplier (1 = VGG-11; 0.25: CPU default)")
+    selector_input_size: int | None = Field(None, ge=1, description="side the selector resamples images to; None = model input")
+    selector_norm: Literal["batch", "instance"] = Field("instance", description="selector normalization layers (see module doc)")
+    selector_lr: float | None = Field(None, gt=0, description="selector learning rate eta_s; None = train.lr")
+    average_selector_moments: bool = Field(
+        True, description="send the selector's optimizer moments with w_s and average them (extra traffic, counted)"
+    )
+
+
+class FedSMOptions(SelectorOptions):
+    """``fedsm``: Algorithm 1 training, Algorithm 2 inference with threshold gamma."""
+
+    gamma_grid: tuple[float, ...] = Field(DEFAULT_GRID, min_length=1, description="thresholds tried on validation data")
+    val_gamma: float | None = Field(None, ge=0, le=1, description="fixed gamma for per-round validation; None = best on the grid")
+
+    @field_validator("gamma_grid")
+    @classmethod
+    def _grid(cls, grid: tuple[float, ...]) -> tuple[float, ...]:
+        if any(not 0.0 <= g <= 1.0 for g in grid):
+            raise ValueError(f"every gamma must lie in [0, 1], got {list(grid)}")
+        return tuple(sorted(set(grid)))
+
+
+def check_federation(num_sites: int, lam: float, algorithm: str) -> None:
+    """FedSM needs K >= 2 sites and SoftPull's ``1/K <= lambda <= 1`` (Sec. 3.2); raise a ValueError otherwise."""
+    if num_sites < 2:
+        raise ValueError(
+            f"{algorithm} needs at least 2 sites (SoftPull, Eq. 11, averages the other K-1 personalized "
+            f"models and the selector chooses among sites); this federation has {num_sites}"
+        )
+    if not 1.0 / num_sites - 1e-12 <= lam <= 1.0:
+        raise ValueError(
+            f"methods.{algorithm}.lam = {lam} must lie in [1/K, 1] = [{1.0 / num_sites:.4g}, 1] for K = {num_sites} sites"
+        )
+
+
+def new_selector(task: Task, options: SelectorOptions, num_classes: int) -> Selector:
+    return build_selector(task.in_channels, num_classes, options.selector_width, options.selector_norm,
+                          options.selector_input_size, task.spatial_dims, seed=task.cfg.seed).to(task.device)
+
+
+def subset(data: CaseSet, idx: torch.Tensor) -> CaseSet:
+    return CaseSet(data.name, [data.ids[i] for i in idx.tolist()], data.x[idx], data.y[idx])
+
+
+def score_routed(
+    models: list[nn.Module], choice: torch.Tensor, data: CaseSet, ctx: ClientContext
+) -> tuple[np.ndarray, np.ndarray]:
+    """Dice and HD95 ``(N, R)`` of every case scored with the candidate ``choice[i]`` picks."""
+    ev = ctx.cfg.eval
+    dice = np.full((len(data), len(ctx.task.regions)), np.nan)
+    hd95 = dice.copy()
+    for c in choice.unique().tolist():
+        idx = (choice == c).nonzero().flatten()
+        d, h = score_caseset(models[c], subset(data, idx), ev.batch_size, ev.threshold, ev.hd95, ctx.task.device)
+        dice[idx.numpy()], hd95[idx.numpy()] = d, h
+    return dice, hd95
+
+
+class FedSMClient(FedAvgClient):
+    """Trains whatever models a message carries (global, personalized, selector) and scores the super model."""
+
+    MODE: Mode = "threshold"
+    EXTRA_CLASSES = 0  # selector classes beyond the K sites (1 for the global model in -extra/-ensemble)
+
+    # --- models from messages ----------------------------------------------------------
+    def segmenter(self, weights: dict, ctx: ClientContext) -> nn.Module:
+        model = ctx.task.new_model()
+        load_weights(model, weights)
+        return model
+
+    def selector(self, weights: dict, ctx: ClientContext) -> Selector:
+        model = new_selector(ctx.task, ctx.options, ctx.num_sites + self.EXTRA_CLASSES)
+        load_weights(model, weights)
+        return model
+
+    def super_model(self, msg: Message, ctx: ClientContext) -> SuperModel:
+        sites = json.loads(str(msg.meta["sites"]))
+        personal = [self.segmenter(msg.group(f"{PERSONAL}/{s}"), ctx) for s in sites]
+        return SuperModel(self.segmenter(msg.group(GLOBAL), ctx), personal, self.selector(msg.group(SELECTOR), ctx),
+                          float(msg.meta.get("gamma", 0.5)), self.MODE).eval()
+
+    # --- training ----------------------------------------------------------------------
+    def on_train(self, msg: Message, ctx: ClientContext) -> Message:
+        stats: dict[str, TrainStats] = {}
+        out: dict[str, torch.Tensor] = {}
+        for group in (GLOBAL, PERSONAL):
+            if msg.group(group):
+                model = self.segmenter(msg.group(group), ctx)
+                stats[group] = self.fit(model, msg, ctx, state_key=f"opt_{group}")
+                out.update(prefixed(group, weights_of(model)))
+        if msg.group(SELECTOR):
+            selector = self.selector(msg.group(SELECTOR), ctx)
+            key = f"opt_{SELECTOR}"
+            if msg.group(SELECTOR_OPT):  # averaged moments from the server replace the local ones
+                put_group(ctx.state, key, msg.group(SELECTOR_OPT))
+            trainee, data, loss_fn = self.selector_task(selector, msg, ctx)
+            train_cfg = ctx.cfg.train.model_copy(update={"lr": ctx.options.selector_lr or ctx.cfg.train.lr})
+            stats[SELECTOR] = self.fit(trainee, msg, ctx, key, data=data, loss_fn=loss_fn, train_cfg=train_cfg)
+            out.update(prefixed(SELECTOR, weights_of(selector)))
+            if ctx.options.average_selector_moments:
+                out.update(prefixed(SELECTOR_OPT, state_group(ctx.state, key)))
+        meta = {
+            "steps": sum(s.steps for s in stats.values()),  # optimizer steps of every model trained
+            "num_examples": len(ctx.data.train),
+            "loss": next(iter(stats.values())).mean_loss,  # the global model's (the selector's if alone)
+            **{f"loss_{g}": s.mean_loss for g, s in stats.items()},
+        }
+        return Message(out, meta)
+
+    def selector_task(self, selector: Selector, msg: Message, ctx: ClientContext):
+        """``(model to train, data, loss)`` of the selector: Eq. (2), cross-entropy against the site's label."""
+        labels = torch.full((len(ctx.data.train),), int(msg.meta["label"]), dtype=torch.long)
+        return selector, LabeledImages(ctx.data.train.name, ctx.data.train.x, labels), nn.CrossEntropyLoss()
+
+    # --- evaluation (Algorithm 2) ------------------------------------------------------
+    def on_evaluate(self, msg: Message, ctx: ClientContext) -> Message:
+        """Score the super model on ``meta.split``. Replies ``probs`` ``(N, C)`` (selector softmax),
+        ``choice`` ``(N,)`` and ``dice``/``hd95`` ``(N, R)`` at ``meta.gamma``; in threshold mode also
+        ``dice_global``/``hd95_global`` and ``dice_personal``/``hd95_personal`` (argmax personalized
+        model) from which the server scores any other gamma."""
+        sm = self.super_model(msg, ctx)
+        data = ctx.data.split(str(msg.meta["split"]))
+        with torch.no_grad():
+            probs = torch.cat([sm.scores(xb.to(ctx.task.device)).cpu() for xb in data.x.split(ctx.cfg.eval.batch_size)])
+        choice = route(probs, sm.mode, sm.gamma)
+        models = list(sm.candidates)
+        tensors = {"probs": probs, "choice": choice}
+        if sm.mode == "threshold":
+            dice_g, hd_g = score_routed(models, torch.full_like(choice, GLOBAL_INDEX), data, ctx)
+            dice_p, hd_p = score_routed(models, probs.argmax(dim=1) + 1, data, ctx)
+            use_p = (choice != GLOBAL_INDEX).numpy()[:, None]
+            dice, hd95 = np.where(use_p, dice_p, dice_g), np.where(use_p, hd_p, hd_g)
+            tensors.update({"dice_global": torch.from_numpy(dice_g), "hd95_global": torch.from_numpy(hd_g),
+                            "dice_personal": torch.from_numpy(dice_p), "hd95_personal": torch.from_numpy(hd_p)})
+        elif sm.mode == "argmax":
+            dice, hd95 = score_routed(models, choice, data, ctx)
+        else:
+            ev = ctx.cfg.eval
+            dice, hd95 = score_caseset(sm, data, ev.batch_size, ev.threshold, ev.hd95, ctx.task.device)
+        tensors.update({"dice": torch.from_numpy(dice), "hd95": torch.from_numpy(hd95)})
+        if msg.meta.get("sample") and ctx.artifacts is not None and len(data):
+            write_sample(sm, data, ctx, str(msg.meta["model"]))
+        meta = {"cases": json.dumps(data.ids), "model": str(msg.meta["model"]), "split": str(msg.meta["split"])}
+        return Message(tensors, meta)
+
+
+class FedSMServer(FedAvgServer):
+    """Keeps w_g, every w_p,k, w_s (and optionally the selector's averaged moments) and gamma."""
+
+    MODE: Mode = "threshold"
+    EXTRA_CLASSES = 0
+
+    def __init__(self, engine, task: Task, options):
+        super().__init__(engine, task, options)
+        self.sites = list(engine.sites)
+        check_federation(len(self.sites), options.lam, engine.algorithm)
+        self.personal = {s: {k: v.clone() for k, v in self.global_weights.items()} for s in self.sites}
+        self.selector_weights = weights_of(new_selector(task, options, len(self.sites) + self.EXTRA_CLASSES))
+        self.selector_moments: dict[str, torch.Tensor] = {}
+        self.gamma = self.fixed_gamma()
+        self.last_eval: dict[str, dict[str, Message]] = {}  # split -> site -> evaluation reply
+
+    def fixed_gamma(self) -> float:
+        """The gamma before any validation: ``val_gamma``, else the middle of the grid; NaN without a threshold."""
+        if self.MODE != "threshold":
+            return math.nan
+        grid = self.options.gamma_grid
+        return float(grid[len(grid) // 2]) if self.options.val_gamma is None else float(self.options.val_gamma)
+
+    # --- one round (Algorithm 1) -------------------------------------------------------
+    def train_message(self, site: str) -> Message:
+        tensors = {**prefixed(GLOBAL, self.global_weights), **prefixed(PERSONAL, self.personal[site]),
+                   **prefixed(SELECTOR, self.selector_weights), **prefixed(SELECTOR_OPT, self.selector_moments)}
+        return Message(tensors, {"label": self.sites.index(site)})
+
+    def aggregate(self, replies: dict[str, Message]) -> None:
+        """Weighted averages of w_g and w_s (and the selector moments, if sent); SoftPull (Eq. 11) of
+        the personalized models. Only the groups the replies carry change."""
+        sites = [s for s in self.sites if s in replies]
+        weights = self.aggregation_weights(replies)
+
+        def merge(group: str) -> dict[str, torch.Tensor]:
+            return weighted_average([replies[s].group(group) for s in sites], [weights[s] for s in sites])
+
+        first = replies[sites[0]]
+        if first.group(GLOBAL):
+            self.global_weights = merge(GLOBAL)
+        if first.group(SELECTOR):
+            self.selector_weights = merge(SELECTOR)
+        if first.group(SELECTOR_OPT):
+            self.selector_moments = merge(SELECTOR_OPT)
+        if first.group(PERSONAL):
+            self.personal = softpull({s: replies[s].group(PERSONAL) for s in self.sites}, self.options.lam)
+
+    # --- evaluation (Algorithm 2) ------------------------------------------------------
+    def site_model(self, site: str) -> str:
+        return MODEL_NAME
+
+    def super_tensors(self) -> dict[str, torch.Tensor]:
+        personal = {f"{s}/{k}": v for s in self.sites for k, v in self.personal[s].items()}
+        return {**prefixed(GLOBAL, self.global_weights), **prefixed(PERSONAL, personal),
+                **prefixed(SELECTOR, self.selector_weights)}
+
+    def eval_messages(self, split: str, sample: bool) -> dict[str, Message]:
+        tensors = self.super_tensors()
+        meta = {"split": split, "model": MODEL_NAME, "sample": sample, "gamma": self.gamma, "sites": json.dumps(self.sites)}
+        return {s: Message(dict(tensors), dict(meta)) for s in self.sites}
+
+    def evaluate(self, split: str, sample: bool = False) -> list[dict]:
+        replies = self.engine.exchange(self.eval_messages(split, sample), "evaluate")
+        self.last_eval[split] = replies
+        if self.MODE == "threshold":
+            if split == "val" and getattr(self.options, "val_gamma", None) is None:
+                self.gamma = self.best_gamma(replies)
+            replies = {s: at_gamma(r, self.gamma) for s, r in replies.items()}
+        return eval_rows(self.engine.algorithm, replies, self.task.regions)
+
+    def best_gamma(self, replies: dict[str, Message]) -> float:
+        """The gamma of ``gamma_grid`` with the best mean validation Dice over sites (ties: the larger)."""
+        best, best_score = None, -math.inf
+        for gamma in self.options.gamma_grid:
+            rows = eval_rows(self.engine.algorithm, {s: at_gamma(r, gamma) for s, r in replies.items()}, self.task.regions)
+            score = site_summary(rows, self.engine.algorithm, "dice", self.sites)["client_avg"]
+            score = -math.inf if math.isnan(score) else score
+            if best is None or score >= best_score:
+                best, best_score = gamma, score
+        return float(best)
+
+    def finalize(self) -> None:
+        """Choose gamma on the validation splits from ``gamma_grid`` with the restored best-round models."""
+        if self.MODE == "threshold":
+            replies = self.engine.exchange(self.eval_messages("val", False), "evaluate")
+            self.gamma = self.best_gamma(replies)
+
+    def round_metrics(self) -> list[dict]:
+        replies = self.last_eval.get("val", {})
+        rows = []
+        for s, r in replies.items():
+            own = self.sites.index(s) + self.EXTRA_CLASSES
+            probs = r.tensors["probs"]
+            rows.append({"site": s, "metric": "selector_acc", "value": float((probs.argmax(1) == own).double().mean())})
+            choice = route(probs, self.MODE, self.gamma)
+            rows.append({"site": s, "metric": "global_frac", "value": float((choice == GLOBAL_INDEX).double().mean())})
+        if replies and self.MODE == "threshold":
+            rows.append({"site": "all", "metric": "gamma", "value": self.gamma})
+        return rows
+
+    # --- state ---------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        gamma = {"gamma/value": torch.tensor(self.gamma, dtype=torch.float64)}
+        return {**self.super_tensors(), **prefixed(SELECTOR_OPT, self.selector_moments), **gamma}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        msg = Message(state)
+        self.global_weights = msg.group(GLOBAL)
+        self.personal = {s: msg.group(f"{PERSONAL}/{s}") for s in self.sites}
+        self.selector_weights = msg.group(SELECTOR)
+        self.selector_moments = msg.group(SELECTOR_OPT)
+        self.gamma = float(state["gamma/value"])
+
+    def bundle(self) -> dict[str, dict[str, torch.Tensor]]:
+        """global, personal:<site>, selector, gamma/value and selector_spec/* (see ``fedsm_model.bundle_entries``)."""
+        selector = new_selector(self.task, self.options, len(self.sites) + self.EXTRA_CLASSES)
+        return bundle_entries(self.global_weights, self.personal, self.selector_weights, self.gamma, self.MODE,
+                              selector, self.options.selector_width, self.options.selector_norm)
+
+
+def at_gamma(reply: Message, gamma: float) -> Message:
+    """An evaluation reply re-scored at threshold ``gamma`` (Algorithm 2 applied to the reported candidates)."""
+    use_personal = (route(reply.tensors["probs"], "threshold", gamma) != GLOBAL_INDEX)[:, None]
+    tensors = dict(reply.tensors)
+    for metric in ("dice", "hd95"):
+        tensors[metric] = torch.where(use_personal, reply.tensors[f"{metric}_personal"], reply.tensors[f"{metric}_global"])
+    return Message(tensors, dict(reply.meta))

@@ -1,0 +1,134 @@
+"""FedSM-extra (paper Sec. 3.1.2, Eq. 1) and the ensemble selector (Sec. 3.1.1).
+
+Both train in two phases within the run's ``fl.rounds`` (which counts all rounds):
+
+1. rounds ``1 .. R`` with ``R = fl.rounds - extra_rounds``: the global model (weighted
+   averaging) and the personalized models (SoftPull, Eq. 11) as in FedSM, without the
+   selector: per site and round ``2|w_g|`` down and up.
+2. rounds ``R+1 .. fl.rounds``: only the selector trains (the paper: 100 + 50 rounds, so
+   ``extra_rounds`` defaults to ``fl.rounds // 3``). At round R+1 the server first sends every
+   site the K+1 frozen candidates (global + all personalized models; an ``install`` exchange,
+   ``(K+1)|w_g|`` down per site, counted as training traffic); each selector round then moves
+   ``|w_s|`` down and up (plus the selector's moments with ``average_selector_moments``, as in FedSM).
+
+* ``fedsm-extra``: at ``install`` a site labels each training image with
+  ``y_s = one_hot(argmin_k L(h_k, y))`` over the K+1 candidates (Eq. 1, against the ground
+  truth, :func:`fedseg.algorithms.fedsm_model.extra_labels`) and keeps only the labels; the
+  selector (K+1 classes) trains with cross-entropy on them. Inference: the argmax candidate,
+  no threshold.
+* ``fedsm-ensemble``: a site keeps the K+1 candidates and trains the selector through the loss
+  of the soft ensemble ``h = sum_k softmax(s)_k sigmoid(h_k)`` against the ground truth (the
+  segmentation loss, Dice by default); inference uses the same weighted ensemble. The paper
+  reports this variant as hard to train; it is here so the claim can be checked.
+
+Validation each round scores the super model as it stands (in phase 1 with the untrained
+selector), so the best round is the best super model; phase 2 starts from the last phase-1
+models, as in the paper. ``round_metrics``: ``selector_acc`` is the fraction of a site's
+validation images whose selector argmax is that site's personalized model (not the Eq. 1
+target), ``global_frac`` the fraction given (argmax) to the global model.
+"""
+
+from __future__ import annotations
+
+import torch
+from pydantic import Field
+from torch import nn
+
+from fedseg.algorithms.fedavg import put_group, state_group
+from fedseg.algorithms.fedsm import GLOBAL, PERSONAL, SELECTOR, SELECTOR_OPT, FedSMClient, FedSMServer, SelectorOptions
+from fedseg.algorithms.fedsm_model import EnsembleTrainee, LabeledImages, extra_labels
+from fedseg.engine.messages import Message, prefixed
+from fedseg.engine.simulator import ClientContext, Task
+from fedseg.models import Selector
+from fedseg.train import segmentation_loss
+
+INSTALL = "install"  # exchange action: the frozen K+1 candidates go to every site
+CANDIDATE = "candidate"  # message group: candidate/<c>/<param>, c = 0 (global), 1..K (personalized)
+LABELS = "extra_labels/value"  # client state: Eq. (1) labels of the site's training images
+FROZEN = "frozen"  # client state group of the ensemble's candidates
+
+
+class FedSMExtraOptions(SelectorOptions):
+    """``fedsm-extra`` / ``fedsm-ensemble``: the FedSM options plus the selector phase length."""
+
+    extra_rounds: int | None = Field(
+        None, ge=1, description="selector-only rounds at the end of fl.rounds; None = fl.rounds // 3 (paper: 50 of 150)"
+    )
+
+
+class FedSMEnsembleOptions(FedSMExtraOptions):
+    """``fedsm-ensemble``: same options as ``fedsm-extra``."""
+
+
+class FedSMExtraServer(FedSMServer):
+    MODE = "argmax"
+    EXTRA_CLASSES = 1
+
+    def __init__(self, engine, task: Task, options):
+        super().__init__(engine, task, options)
+        rounds = task.cfg.fl.rounds
+        self.extra_rounds = options.extra_rounds or max(1, rounds // 3)
+        if self.extra_rounds >= rounds:
+            raise ValueError(
+                f"methods.{engine.algorithm}.extra_rounds = {self.extra_rounds} must be smaller than fl.rounds = {rounds} "
+                "(fl.rounds counts the model-training rounds and the extra selector rounds)"
+            )
+        self.train_rounds = rounds - self.extra_rounds
+
+    def run_round(self, rnd: int) -> dict[str, float]:
+        if rnd <= self.train_rounds:
+            msgs = {s: Message({**prefixed(GLOBAL, self.global_weights), **prefixed(PERSONAL, self.personal[s])})
+                    for s in self.sites}
+        else:
+            if rnd == self.train_rounds + 1:
+                self.engine.exchange({s: Message(self.candidate_tensors()) for s in self.sites}, INSTALL)
+            msgs = {s: Message({**prefixed(SELECTOR, self.selector_weights), **prefixed(SELECTOR_OPT, self.selector_moments)})
+                    for s in self.sites}
+        replies = self.engine.exchange(msgs, "train")
+        self.aggregate(replies)
+        return {s: float(r.meta["loss"]) for s, r in replies.items()}
+
+    def candidate_tensors(self) -> dict[str, torch.Tensor]:
+        models = [self.global_weights] + [self.personal[s] for s in self.sites]
+        return {k: v for c, w in enumerate(models) for k, v in prefixed(f"{CANDIDATE}/{c}", w).items()}
+
+
+class FedSMExtraClient(FedSMClient):
+    MODE = "argmax"
+    EXTRA_CLASSES = 1
+
+    def candidates(self, msg: Message, ctx: ClientContext) -> list[nn.Module]:
+        return [self.segmenter(msg.group(f"{CANDIDATE}/{c}"), ctx).eval() for c in range(ctx.num_sites + 1)]
+
+    def on_install(self, msg: Message, ctx: ClientContext) -> Message:
+        """Label every training image with Eq. (1) and keep the labels."""
+        models, data = self.candidates(msg, ctx), ctx.data.train
+        loss_fn = segmentation_loss(ctx.cfg.train.loss)
+        labels = []
+        with torch.no_grad():
+            for idx in torch.arange(len(data)).split(ctx.cfg.eval.batch_size):
+                x, y = data.batch(idx, ctx.task.device)
+                labels.append(extra_labels([m(x) for m in models], y, loss_fn).cpu())
+        ctx.state[LABELS] = torch.cat(labels)
+        return Message({}, {"steps": 0})
+
+    def selector_task(self, selector: Selector, msg: Message, ctx: ClientContext):
+        train = ctx.data.train
+        return selector, LabeledImages(train.name, train.x, ctx.state[LABELS]), nn.CrossEntropyLoss()
+
+
+class FedSMEnsembleServer(FedSMExtraServer):
+    MODE = "ensemble"
+
+
+class FedSMEnsembleClient(FedSMExtraClient):
+    MODE = "ensemble"
+
+    def on_install(self, msg: Message, ctx: ClientContext) -> Message:
+        """Keep the K+1 frozen candidates for the selector phase."""
+        put_group(ctx.state, FROZEN, msg.tensors)
+        return Message({}, {"steps": 0})
+
+    def selector_task(self, selector: Selector, msg: Message, ctx: ClientContext):
+        frozen = Message(state_group(ctx.state, FROZEN))
+        return EnsembleTrainee(selector, self.candidates(frozen, ctx)), ctx.data.train, None

@@ -1,0 +1,103 @@
+"""fedseg's Flower app: one ``ServerApp`` and one ``ClientApp`` for every fedseg algorithm.
+
+- ``server_app``: its main function runs the whole experiment over the ``Grid``
+  (``fedseg.flower.server.serve``); the algorithm's Server talks to a ``FlowerEngine``.
+- ``client_app``: ``train.<action>`` and ``evaluate.<action>`` messages go to the fedseg Client
+  of the run's algorithm (actions are the algorithms' own names, e.g. ``train.train``,
+  ``train.loss``, ``train.install``, ``evaluate.evaluate``, ``evaluate.share_model``); the
+  engine's own messages are named query actions (``query.info``, ``query.snapshot``,
+  ``query.restore``). See ``fedseg.flower.node``.
+
+``build_fab()`` bundles them as a Flower App Bundle (a ``pyproject.toml`` and a one-line
+module importing this one): what ``flwr run`` would submit. fedseg itself is not inside the
+FAB -- every SuperNode and the SuperLink's machine have it installed (same version; checked),
+and per-run dependency installation is off.
+"""
+
+from __future__ import annotations
+
+import json
+
+from flwr.app import Context, Message
+from flwr.clientapp import ClientApp
+from flwr.serverapp import Grid, ServerApp
+
+import fedseg
+from fedseg.flower import node
+
+MODULE = "fedseg_flower_app"  # the FAB's module
+
+
+class FedsegClientApp(ClientApp):
+    """A ``ClientApp`` whose train/evaluate messages of any action name reach the fedseg Client;
+    query actions are registered with ``@client_app.query(name)`` as usual."""
+
+    def __call__(self, message: Message, context: Context) -> Message:
+        category = message.metadata.message_type.partition(".")[0]
+        if category in ("train", "evaluate"):
+            with self._lifespan(context):
+                return node.handle(message, context)
+        return super().__call__(message, context)
+
+
+client_app = FedsegClientApp()
+server_app = ServerApp()
+
+
+@client_app.query(node.INFO)
+def info(message: Message, context: Context) -> Message:
+    return node.handle(message, context)
+
+
+@client_app.query(node.SNAPSHOT)
+def snapshot(message: Message, context: Context) -> Message:
+    return node.handle(message, context)
+
+
+@client_app.query(node.RESTORE)
+def restore(message: Message, context: Context) -> Message:
+    return node.handle(message, context)
+
+
+@server_app.main()
+def main(grid: Grid, context: Context) -> None:
+    from fedseg.flower.server import serve
+
+    serve(grid, dict(context.run_config))
+
+
+def pyproject() -> str:
+    from fedseg.flower.server import DEFAULTS
+
+    config = "\n".join(f'"{k}" = {json.dumps(v)}' for k, v in DEFAULTS.items())  # JSON scalars are TOML scalars
+    return f"""[build-system]
+requires = ["hatchling"]
+build-backend = "hatchling.build"
+
+[project]
+name = "fedseg-flower"
+version = "{fedseg.__version__}"
+description = "fedseg algorithms on Flower: one ServerApp and one ClientApp for every algorithm"
+license = "Apache-2.0"
+dependencies = ["flwr==1.41.0"]
+
+[tool.flwr.app]
+publisher = "fedseg"
+
+[tool.flwr.app.components]
+serverapp = "{MODULE}:server_app"
+clientapp = "{MODULE}:client_app"
+
+[tool.flwr.app.config]
+{config}
+"""
+
+
+def build_fab() -> bytes:
+    """The Flower App Bundle of fedseg's app (bytes, as ``flwr build`` writes them)."""
+    from flwr.cli.build import build_fab_from_files
+
+    files = {"pyproject.toml": pyproject().encode(),
+             f"{MODULE}.py": b'"""fedseg on Flower (see fedseg.flower.apps)."""\n'
+                             b"from fedseg.flower.apps import client_app, server_app  # noqa: F401\n"}
+    return build_fab_from_files(files)[0]

@@ -1,0 +1,138 @@
+"""TLS certificates and SuperNode authentication keys for a Flower deployment (``fedseg flower certs``).
+
+Writes to ``OUT``::
+
+    ca.crt, ca.key                 a self-signed certificate authority (keep ca.key offline)
+    superlink.crt, superlink.key   the SuperLink's TLS certificate, signed by the CA; subject
+                                   alternative names 127.0.0.1, localhost and every --host
+    supernodes/<site>.key          a SuperNode's authentication key (EC P-384, OpenSSH format):
+                                   copy it to that hospital only
+    supernodes/<site>.pub          its public key: the coordinator registers it with the SuperLink
+
+The SuperLink uses ``ca.crt`` + ``superlink.crt`` + ``superlink.key`` (``--ssl-ca-certfile``,
+``--ssl-certfile``, ``--ssl-keyfile``); every SuperNode gets ``ca.crt`` (``--root-certificates``)
+to check it talks to the real SuperLink, and its own ``<site>.key``
+(``--auth-supernode-private-key``). With ``--enable-supernode-auth`` the SuperLink accepts only
+SuperNodes whose public key was registered (``flwr supernode register`` / ``fedseg flower server
+--auth-keys``). Private keys are written with mode 0600.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+CURVE = ec.SECP384R1()
+DAYS = 825  # at most what common TLS clients accept for a leaf certificate
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    ca: Path
+    cert: Path
+    key: Path
+
+    @classmethod
+    def in_folder(cls, folder: Path) -> "TlsFiles":
+        folder = Path(folder)
+        files = cls(folder / "ca.crt", folder / "superlink.crt", folder / "superlink.key")
+        missing = [str(p) for p in (files.ca, files.cert, files.key) if not p.is_file()]
+        if missing:
+            raise FileNotFoundError(f"missing {', '.join(missing)} (create them with `fedseg flower certs --out {folder}`)")
+        return files
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.touch(mode=0o600, exist_ok=True)
+    path.chmod(0o600)
+    path.write_bytes(data)
+
+
+def _name(common: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "fedseg"), x509.NameAttribute(NameOID.COMMON_NAME, common)])
+
+
+def _san(hosts: list[str]) -> x509.SubjectAlternativeName:
+    names: list[x509.GeneralName] = []
+    for host in dict.fromkeys(["127.0.0.1", "localhost", *hosts]):
+        try:
+            names.append(x509.IPAddress(ipaddress.ip_address(host)))
+        except ValueError:
+            names.append(x509.DNSName(host))
+    return x509.SubjectAlternativeName(names)
+
+
+def make_ca(out: Path) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+    key = ec.generate_private_key(CURVE)
+    now = dt.datetime.now(dt.timezone.utc)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(_name("fedseg federation CA"))
+        .issuer_name(_name("fedseg federation CA"))
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=3650))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False,
+                                     key_encipherment=False, data_encipherment=False, key_agreement=False,
+                                     encipher_only=False, decipher_only=False), critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .sign(key, hashes.SHA384())
+    )
+    _write_private(out / "ca.key", key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                     serialization.NoEncryption()))
+    (out / "ca.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    return key, cert
+
+
+def make_server_cert(out: Path, ca_key, ca_cert: x509.Certificate, hosts: list[str]) -> None:
+    key = ec.generate_private_key(CURVE)
+    now = dt.datetime.now(dt.timezone.utc)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(_name("fedseg SuperLink"))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=DAYS))
+        .add_extension(_san(hosts), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
+        .sign(ca_key, hashes.SHA384())
+    )
+    _write_private(out / "superlink.key", key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                            serialization.NoEncryption()))
+    (out / "superlink.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+
+
+def make_node_key(folder: Path, name: str) -> tuple[Path, Path]:
+    """``<name>.key`` (OpenSSH private key, EC P-384) and ``<name>.pub`` (OpenSSH public key)."""
+    key = ec.generate_private_key(CURVE)
+    private, public = folder / f"{name}.key", folder / f"{name}.pub"
+    _write_private(private, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
+                                              serialization.NoEncryption()))
+    public.write_bytes(key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+                       + f" fedseg-{name}\n".encode())
+    return private, public
+
+
+def make_certs(out: Path, hosts: list[str] = (), nodes: list[str] = ()) -> TlsFiles:
+    """CA + SuperLink certificate (+ one authentication key pair per name in ``nodes``) in ``out``."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    ca_key, ca_cert = make_ca(out)
+    make_server_cert(out, ca_key, ca_cert, list(hosts))
+    for name in nodes:
+        make_node_key(out / "supernodes", name)
+    return TlsFiles.in_folder(out)

@@ -1,0 +1,225 @@
+"""``fedseg flower``: run fedseg's algorithms on a real Flower deployment.
+
+    fedseg flower local     --preset NAME --out DIR [--tls]       everything on this machine
+    fedseg flower server    --config FILE --out DIR --certs DIR   the coordinator (SuperLink + ServerApp)
+    fedseg flower supernode --site NAME --data ROOT --superlink HOST:PORT [--root-certificates CA] [--auth-key KEY]
+    fedseg flower certs     --out DIR --node NAME ...             CA, SuperLink certificate, SuperNode keys
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+DEFAULT_POLL = 0.2  # fedseg.flower.launch.DEFAULT_POLL (not imported: this module loads fast)
+flower_app = typer.Typer(help="Run on a real Flower deployment (SuperLink + one SuperNode per site).", no_args_is_help=True)
+console = Console()
+
+
+def _fail(message: str, code: int = 1) -> None:
+    console.print("[bold red]error:[/] ", end="", highlight=False)
+    console.print(message, highlight=False, markup=False, soft_wrap=True)  # paths stay copyable
+    raise typer.Exit(code)
+
+
+def _echo(line: str) -> None:
+    console.print(line, highlight=False, markup=False, soft_wrap=True)
+
+
+def _config(preset, config, data, algorithms, rounds, seed, set_):
+    from fedseg.config import load_config
+
+    overrides = list(set_)
+    if data is not None:
+        overrides += ["data.source=folder", f"data.root={Path(data).resolve()}"]
+    if algorithms:
+        overrides.append(f"algorithms=[{algorithms}]")
+    if rounds is not None:
+        overrides.append(f"fl.rounds={rounds}")
+    if seed is not None:
+        overrides.append(f"seed={seed}")
+    return load_config(preset=preset, file=config, overrides=overrides)
+
+
+def _errors():
+    from fedseg.config import ConfigError
+    from fedseg.data.federation import FederationError
+    from fedseg.flower.launch import FlowerRunError
+
+    return (ConfigError, FederationError, FileExistsError, FileNotFoundError, KeyError, ValueError, FlowerRunError,
+            RuntimeError, TimeoutError)
+
+
+def _finish(out: Path) -> None:
+    from fedseg.report import render_report
+
+    summary = json.loads((out / "summary.json").read_text())
+    sites = summary["sites"]
+    table = Table(title=f"Test Dice ({summary['dataset']}, on Flower)")
+    for col in ["algorithm", *sites, "client_avg", "global"]:
+        table.add_column(col, justify="left" if col == "algorithm" else "right")
+    for name, entry in summary["algorithms"].items():
+        table.add_row(name, *(f"{entry['dice'][k]:.4f}" for k in [*sites, "client_avg", "global"]))
+    console.print(table)
+    console.print(f"report: {render_report(out)}")
+
+
+OUT = typer.Option(..., "--out", help="output directory of the run (summary.json, CSVs, model/, report.html, flower/ logs)")
+PRESET = typer.Option(None, "--preset", help="built-in preset name (see `fedseg presets`)")
+CONFIG = typer.Option(None, "--config", help="YAML config file")
+DATA = typer.Option(None, "--data", help="folder federation replacing the preset's data")
+ALGOS = typer.Option(None, "--algorithms", help="comma-separated algorithm names (not centralized)")
+ROUNDS = typer.Option(None, "--rounds", help="federated rounds")
+SEED = typer.Option(None, "--seed")
+SET = typer.Option([], "--set", help="override: key.sub=value (YAML value); repeatable")
+ISOLATION_HELP = ("subprocess: Flower's default, one ClientApp process per message; warm: one long-lived ClientApp "
+                  "worker per SuperNode (no per-message process start)")
+POLL_HELP = ("seconds for the waits inside Flower (SuperNode idle polling and object-pull backoff, SuperExec task polling, "
+             "ServerApp reply polling); 0 = Flower's own (3 s, 1 s, 1 s, 3 s)")
+
+
+@flower_app.command()
+def local(
+    out: Path = OUT,
+    preset: Optional[str] = PRESET,
+    config: Optional[Path] = CONFIG,
+    data: Optional[Path] = DATA,
+    algorithms: Optional[str] = ALGOS,
+    rounds: Optional[int] = ROUNDS,
+    seed: Optional[int] = SEED,
+    set_: list[str] = SET,
+    tls: bool = typer.Option(False, "--tls", help="TLS + SuperNode authentication (fresh CA, certificate and keys in OUT/flower/certs)"),
+    isolation: str = typer.Option("warm", "--isolation", help=ISOLATION_HELP),
+    poll: float = typer.Option(DEFAULT_POLL, "--poll", help=POLL_HELP),
+    wait: float = typer.Option(300, "--wait", help="seconds to wait for every SuperNode to connect"),
+) -> None:
+    """A SuperLink and one SuperNode per site on 127.0.0.1; the same outputs as `fedseg run`."""
+    from fedseg.flower.launch import local as run_local
+
+    try:
+        cfg = _config(preset, config, data, algorithms, rounds, seed, set_)
+        run_local(cfg, out, tls=tls, isolation=isolation, poll=poll, wait=wait, echo=_echo)
+    except KeyboardInterrupt:
+        _fail("interrupted; every Flower process was stopped", 130)
+    except _errors() as e:
+        _fail(str(e).strip("'\""))
+    _finish(out.resolve())
+
+
+@flower_app.command()
+def server(
+    out: Path = OUT,
+    preset: Optional[str] = PRESET,
+    config: Optional[Path] = CONFIG,
+    federation: Optional[Path] = typer.Option(None, "--federation", help="folder federation (its federation.yaml and "
+                                              "site folder names are read, no image) or a federation.yaml; default: data.root"),
+    sites: Optional[str] = typer.Option(None, "--sites", help="comma-separated site names (default: the folder's site folders)"),
+    algorithms: Optional[str] = ALGOS,
+    rounds: Optional[int] = ROUNDS,
+    seed: Optional[int] = SEED,
+    set_: list[str] = SET,
+    host: str = typer.Option("0.0.0.0", "--host", help="interface the SuperLink listens on"),
+    port: int = typer.Option(9092, "--port", help="the SuperLink's port (Fleet API for SuperNodes, Control API)"),
+    certs: Optional[Path] = typer.Option(None, "--certs", help="folder with ca.crt, superlink.crt, superlink.key (`fedseg flower certs`)"),
+    insecure: bool = typer.Option(False, "--insecure", help="no TLS (testing only)"),
+    auth_keys: Optional[Path] = typer.Option(None, "--auth-keys", help="folder of SuperNode public keys <site>.pub to register; "
+                                             "turns on SuperNode authentication"),
+    wait: float = typer.Option(600, "--wait", help="seconds to wait for every site's SuperNode"),
+    poll: float = typer.Option(DEFAULT_POLL, "--poll", help="the coordinator's waits inside Flower (SuperExec task polling, "
+                               "ServerApp reply polling and object-pull backoff), seconds; 0 = Flower's own"),
+) -> None:
+    """The coordinator: a SuperLink on HOST:PORT, fedseg's ServerApp, the run's outputs in OUT."""
+    from fedseg.flower.certs import TlsFiles
+    from fedseg.flower.launch import LinkSettings, server as run_server
+
+    try:
+        cfg = _config(preset, config, None, algorithms, rounds, seed, set_)
+        fed = coordinator_federation(federation or (Path(cfg.data.root) if cfg.data.root else None), sites)
+        if certs is None and not insecure:
+            raise ValueError("give --certs DIR (TLS; create it with `fedseg flower certs`) or --insecure")
+        keys = {p.stem: p for p in sorted(auth_keys.glob("*.pub"))} if auth_keys else None
+        if auth_keys is not None and not keys:
+            raise FileNotFoundError(f"{auth_keys}: no *.pub SuperNode keys")
+        link = LinkSettings(host, port, TlsFiles.in_folder(certs) if certs else None, auth=bool(keys))
+        run_server(cfg, fed, out, link, auth_keys=keys, wait=wait, poll=poll, echo=_echo)
+    except KeyboardInterrupt:
+        _fail("interrupted; the SuperLink was stopped", 130)
+    except _errors() as e:
+        _fail(str(e).strip("'\""))
+    _finish(out.resolve())
+
+
+def coordinator_federation(path: Path | None, sites: str | None):
+    """The case-less federation the coordinator needs: header + site names (sorted, as in a folder federation)."""
+    from fedseg.data.federation import Federation, Site
+    from fedseg.data.folder import read_header, scan_sites
+
+    if path is None:
+        raise ValueError("give --federation (a folder federation or its federation.yaml) or set data.root")
+    path = Path(path)
+    names = [s.strip() for s in sites.split(",") if s.strip()] if sites else []
+    if path.is_file():
+        if path.name != "federation.yaml":
+            raise ValueError(f"{path}: give a folder federation or its federation.yaml")
+        if not names:
+            raise ValueError(f"{path}: with a federation.yaml alone, name the sites: --sites a,b,c")
+        root = path.parent
+    else:
+        root = path
+        names = names or [s.name for s in scan_sites(root)[0]]
+        if not names:
+            raise ValueError(f"{root}: no site folders; give --sites a,b,c")
+    header = read_header(root)
+    return Federation(header.name, header.kind, header.channels, header.regions, [Site(n, []) for n in sorted(names)],
+                      header.label_names)
+
+
+@flower_app.command()
+def supernode(
+    site: str = typer.Option(..., "--site", help="this hospital's site name (its folder in ROOT)"),
+    data: Path = typer.Option(..., "--data", help="folder federation with this site's data: ROOT/federation.yaml, ROOT/<site>/"),
+    superlink: str = typer.Option(..., "--superlink", help="the coordinator's SuperLink, HOST:PORT"),
+    root_certificates: Optional[Path] = typer.Option(None, "--root-certificates", help="CA certificate that signed the SuperLink's (TLS)"),
+    insecure: bool = typer.Option(False, "--insecure", help="no TLS (testing only)"),
+    auth_key: Optional[Path] = typer.Option(None, "--auth-key", help="this SuperNode's private key (SuperNode authentication)"),
+    port: int = typer.Option(9094, "--port", help="local port of the SuperNode's Runtime API (127.0.0.1)"),
+    samples: Optional[Path] = typer.Option(None, "--samples", help="where this site writes its example predictions (default ./fedseg-samples)"),
+    isolation: str = typer.Option("subprocess", "--isolation", help=ISOLATION_HELP),
+    poll: Optional[float] = typer.Option(None, "--poll", help="shorten the SuperNode's waits inside Flower (idle polling 3 s, "
+                                         "object-pull backoff 1 s) to this many seconds; default: Flower's"),
+    max_wait: Optional[float] = typer.Option(None, "--max-wait", help="give up connecting to the SuperLink after this many seconds"),
+) -> None:
+    """A hospital: check the data, then serve it to the federation as a Flower SuperNode (data never leaves)."""
+    from fedseg.flower.launch import run_supernode
+
+    try:
+        run_supernode(site, data, superlink, port=port, samples=samples or Path("fedseg-samples"), root_certificates=root_certificates,
+                      insecure=insecure, auth_key=auth_key, isolation=isolation, poll=poll, max_wait=max_wait, echo=_echo)
+    except KeyboardInterrupt:
+        raise typer.Exit(130)
+    except _errors() as e:
+        _fail(str(e).strip("'\""))
+
+
+@flower_app.command()
+def certs(
+    out: Path = typer.Option(..., "--out", help="folder for ca.crt/.key, superlink.crt/.key, supernodes/<name>.key/.pub"),
+    host: list[str] = typer.Option([], "--host", help="extra name or IP of the SuperLink machine (repeatable); 127.0.0.1 and localhost are always in"),
+    node: list[str] = typer.Option([], "--node", help="a SuperNode (site) to create an authentication key pair for (repeatable)"),
+    force: bool = typer.Option(False, "--force", help="overwrite existing files"),
+) -> None:
+    """Create a CA, the SuperLink's TLS certificate and SuperNode authentication keys (cryptography)."""
+    from fedseg.flower.certs import make_certs
+
+    if (out / "ca.key").exists() and not force:
+        _fail(f"{out}: already holds a CA (use --force to replace it)")
+    files = make_certs(out, hosts=host, nodes=node)
+    _echo(f"CA: {files.ca}\nSuperLink certificate: {files.cert} (+ {files.key.name})")
+    for name in node:
+        _echo(f"SuperNode {name}: {out / 'supernodes' / (name + '.key')} (to that site only), "
+              f"{out / 'supernodes' / (name + '.pub')} (to the coordinator)")

@@ -1,0 +1,313 @@
+"""Start, talk to and stop the Flower processes of a deployment (SuperLink, SuperNodes).
+
+- ``flower_env``: the environment every Flower process gets: the venv's ``bin`` first on PATH
+  (Flower launches ``flower-superexec`` / ``flwr-serverapp`` / ``flwr-clientapp`` by name),
+  a private ``FLWR_HOME``, telemetry and update checks off (unless the caller set
+  ``FLWR_TELEMETRY_ENABLED`` itself), per-run dependency installation off, and the SuperExec's
+  task polling interval.
+- ``Processes``: every process started, each in its own process group; ``stop()`` terminates
+  them and every descendant (found through ``/proc`` before anything is killed, so
+  grandchildren re-parented to init are not missed), SIGKILLs what is left after a grace period,
+  and writes the PIDs to a JSON file.
+- Control API (what ``flwr run`` / ``flwr supernode register`` do): ``control_client``,
+  ``register_node``, ``submit_run``, ``wait_run``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+BIN = Path(sys.executable).parent
+
+
+def flower_env(home: Path, task_poll: float = 0.1, extra: dict | None = None) -> dict[str, str]:
+    """Environment for Flower processes (see the module docstring)."""
+    env = dict(os.environ)
+    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+    env["FLWR_HOME"] = str(home)
+    env.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+    env["FLWR_DISABLE_UPDATE_CHECK"] = "1"
+    env["FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"] = "1"
+    env["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] = str(task_poll)
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra or {})
+    home.mkdir(parents=True, exist_ok=True)
+    return env
+
+
+@contextlib.contextmanager
+def flower_home(home: Path):
+    """This process's Flower CLI state (credential store) in ``home``, not in ``~/.flwr``; telemetry off."""
+    saved = {k: os.environ.get(k) for k in ("FLWR_HOME", "FLWR_TELEMETRY_ENABLED", "FLWR_DISABLE_UPDATE_CHECK")}
+    home.mkdir(parents=True, exist_ok=True)
+    os.environ["FLWR_HOME"] = str(home)
+    os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+    os.environ["FLWR_DISABLE_UPDATE_CHECK"] = "1"
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """``n`` distinct TCP ports free on ``host`` right now."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind((host, 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def wait_for_port(host: str, port: int, timeout: float, alive=lambda: True, what: str = "server") -> None:
+    """Return once ``host:port`` accepts TCP connections; raise if ``alive()`` turns False or on timeout."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not alive():
+            raise RuntimeError(f"{what} exited before listening on {host}:{port}")
+        with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=0.5):
+            return
+        time.sleep(0.1)
+    raise TimeoutError(f"{what} is not listening on {host}:{port} after {timeout:.0f} s")
+
+
+def _proc_table() -> list[tuple[int, int, int]]:
+    """``(pid, ppid, pgid)`` of every process (Linux ``/proc``; empty elsewhere)."""
+    table = []
+    if not Path("/proc").is_dir():
+        return table
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        table.append((int(entry.name), int(fields[1]), int(fields[2])))
+    return table
+
+
+def _proc_children() -> dict[int, list[int]]:
+    children: dict[int, list[int]] = {}
+    for pid, ppid, _ in _proc_table():
+        children.setdefault(ppid, []).append(pid)
+    return children
+
+
+def group_members(pgids: set[int]) -> list[int]:
+    """Processes in the process groups ``pgids`` (children that outlived their parent stay in its group)."""
+    return [pid for pid, _, pgid in _proc_table() if pgid in pgids]
+
+
+def descendants(pid: int) -> list[int]:
+    """Every living descendant of ``pid`` (Linux ``/proc``; empty elsewhere)."""
+    if not Path("/proc").is_dir():
+        return []
+    children, out, todo = _proc_children(), [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def is_running(pid: int) -> bool:
+    """True if ``pid`` exists and is not a zombie."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat[stat.rindex(")") + 2] != "Z"
+    except OSError:
+        return True
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: ask Linux for SIGTERM when the parent dies (prctl PR_SET_PDEATHSIG)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+
+
+@dataclass
+class Started:
+    name: str
+    proc: subprocess.Popen
+    log: Path
+
+
+@dataclass
+class Processes:
+    """The processes of one deployment; a context manager that always stops them."""
+
+    record: Path | None = None  # JSON file listing every PID seen (for checks that none survived)
+    started: list[Started] = field(default_factory=list)
+    seen: set[int] = field(default_factory=set)
+
+    def start(self, name: str, cmd: list[str], log: Path, env: dict[str, str]) -> Started:
+        """Start ``cmd`` in its own session (Ctrl-C reaches only us; we stop it), output appended to ``log``.
+        On Linux it also gets SIGTERM if this process dies without cleaning up (even SIGKILL)."""
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "ab") as f:
+            proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                    start_new_session=True, preexec_fn=_die_with_parent)
+        item = Started(name, proc, log)
+        self.started.append(item)
+        self.seen.add(proc.pid)
+        self._write()
+        return item
+
+    def current(self) -> set[int]:
+        """Our processes alive now: started ones not yet reaped, their descendants, members of their
+        process groups (children that outlived their parent stay in its group). Never a recorded PID
+        that may have been reused since."""
+        live = {item.proc.pid for item in self.started if item.proc.poll() is None}
+        for pid in list(live):
+            live.update(descendants(pid))
+        live.update(group_members({item.proc.pid for item in self.started}))
+        live.discard(os.getpid())
+        return {pid for pid in live if is_running(pid)}
+
+    def observe(self) -> None:
+        """Record every process of ours alive now (Flower's SuperExec, ServerApp and ClientApp processes too)."""
+        self.seen.update(self.current())
+        self._write()
+
+    def _write(self) -> None:
+        if self.record is not None:
+            self.record.parent.mkdir(parents=True, exist_ok=True)
+            names = {str(s.proc.pid): s.name for s in self.started}
+            self.record.write_text(json.dumps({"started": names, "pids": sorted(self.seen)}, indent=1))
+
+    def stop(self, grace: float = 5.0) -> None:
+        """SIGTERM every process of ours; SIGKILL whatever is left after ``grace`` s. A second Ctrl-C
+        while stopping is ignored (it would leave processes behind)."""
+        main = threading.current_thread() is threading.main_thread()
+        saved = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
+        try:
+            self._stop(grace)
+        finally:
+            if main:
+                signal.signal(signal.SIGINT, saved)
+
+    def _signal(self, pids: set[int], sig: int) -> None:
+        for item in self.started:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(item.proc.pid, sig)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+
+    def _stop(self, grace: float) -> None:
+        ours = self.current()  # grows while stopping: orphans found once stay ours (a few seconds, no PID reuse)
+        self._signal(ours, signal.SIGTERM)
+
+        def alive() -> set[int]:
+            ours.update(self.current())
+            return {pid for pid in ours if is_running(pid)}
+
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and alive():
+            time.sleep(0.05)
+        if alive():
+            self._signal(alive(), signal.SIGKILL)
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline and alive():
+                time.sleep(0.02)
+        self.seen.update(ours)
+        for item in self.started:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                item.proc.wait(timeout=5)
+        self._write()
+
+    def __enter__(self) -> "Processes":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+# --- Control API (what the flwr CLI does) ------------------------------------------------------
+
+
+def control_client(address: str, root_certificates: Path | None):
+    """A Flower Control API client for the SuperLink at ``address`` (TLS if ``root_certificates``)."""
+    from flwr.cli.typing import SuperLinkConnection
+    from flwr.cli.utils import init_http_client_from_connection
+
+    conn = SuperLinkConnection(name="fedseg", address=address, insecure=root_certificates is None,
+                               root_certificates=str(root_certificates) if root_certificates else None)
+    return init_http_client_from_connection(conn)
+
+
+def register_node(client, public_key: Path, name: str | None = None) -> int:
+    """``flwr supernode register``: allow the SuperNode holding ``public_key``'s private key; returns its node id."""
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.hazmat.primitives.serialization import load_ssh_public_key
+    from flwr.proto.control_pb2 import RegisterNodeRequest
+    from flwr.supercore.primitives.asymmetric import public_key_to_bytes
+
+    key = load_ssh_public_key(Path(public_key).read_bytes())
+    if not isinstance(key, ec.EllipticCurvePublicKey):
+        raise ValueError(f"{public_key}: not an EC public key (create keys with `fedseg flower certs`)")
+    res = client.RegisterNode(RegisterNodeRequest(public_key=public_key_to_bytes(key), name=name))
+    if not res.node_id:
+        raise RuntimeError(f"the SuperLink refused to register {public_key}")
+    return int(res.node_id)
+
+
+def submit_run(client, fab: bytes, run_config: dict) -> int:
+    """``flwr run``: submit the FAB with ``run_config`` overrides; returns the run id."""
+    from flwr.common.serde import fab_to_proto, user_config_to_proto
+    from flwr.proto.control_pb2 import StartRunRequest
+    from flwr.supercore.fab import Fab
+
+    res = client.StartRun(StartRunRequest(fab=fab_to_proto(Fab(hashlib.sha256(fab).hexdigest(), fab, {})),
+                                          override_config=user_config_to_proto(run_config), federation=""))
+    if not res.HasField("run_id"):
+        raise RuntimeError(f"the SuperLink did not start the run{': ' + res.note if res.HasField('note') else ''}")
+    return int(res.run_id)
+
+
+def run_status(client, run_id: int):
+    from flwr.common.serde import run_from_proto
+    from flwr.proto.control_pb2 import ListRunsRequest
+
+    res = client.ListRuns(ListRunsRequest(run_id=run_id))
+    return run_from_proto(res.run_dict[run_id]).status
+
+
+def wait_run(client, run_id: int, poll: float = 0.5, tick=lambda: None):
+    """Block until the run is finished; return its ``RunStatus`` (``sub_status`` completed | failed | stopped)."""
+    while True:
+        status = run_status(client, run_id)
+        if status.status == "finished":
+            return status
+        tick()
+        time.sleep(poll)

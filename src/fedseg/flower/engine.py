@@ -1,0 +1,227 @@
+"""``FlowerEngine``: the simulator's interface over a Flower ``Grid`` (runs inside the ServerApp).
+
+Algorithm servers see the same engine as in the simulator: ``sites``, ``algorithm``, ``round``,
+``exchange({site: Message}, action) -> {site: reply}``, ``ledger``, ``num_samples``,
+``snapshot_clients`` / ``restore_clients`` / ``client_states``. Underneath,
+
+- sites are mapped to Flower node ids by asking every connected SuperNode which site its node
+  config names (``connect_sites``), never by position;
+- each ``exchange`` becomes one Flower message per site, of type ``train.<action>`` (or
+  ``evaluate.<action>`` for the evaluation actions of ``fedseg.engine.ledger.EVAL_ACTIONS``),
+  group id = round, carrying the fedseg message (``fedseg.flower.records``) and a header with
+  the algorithm, site, site index and round; all sites work in parallel;
+- the ledger counts the floats of the fedseg messages, as the simulator does; ``seconds`` is
+  the compute time the site measured around ``Client.handle``;
+- client states live on the nodes (Flower's ``Context.state``): ``snapshot_clients`` asks every
+  node to copy its store to a ``best`` slot and returns a token naming that snapshot;
+  ``restore_clients`` puts it back. Nothing of a site's state reaches the server, so a run on
+  Flower cannot be resumed from a checkpoint (``supports_resume = False``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+
+import torch
+from flwr.app import ConfigRecord, Message as FlowerMessage, RecordDict
+
+from fedseg.engine.ledger import EVAL_ACTIONS, Ledger, LedgerRow
+from fedseg.engine.messages import Message
+from fedseg.engine.simulator import Task
+from fedseg.flower.node import INFO, RESTORE, SNAPSHOT
+from fedseg.flower.records import ENGINE, from_recorddict, to_recorddict
+
+log = logging.getLogger("fedseg.flower.engine")
+
+SNAPSHOT_KEY = "flower_snapshot"  # token returned by snapshot_clients: {site: {SNAPSHOT_KEY: tensor(round)}}
+
+
+class SiteError(RuntimeError):
+    """A site answered with an error (data check, exception in its client): the message says which and why."""
+
+
+@dataclass
+class SiteMap:
+    """Which Flower node serves which site, and each site's split sizes (from its ``info`` reply)."""
+
+    sites: list[str]
+    nodes: dict[str, int] = field(default_factory=dict)
+    sizes: dict[str, dict[str, int]] = field(default_factory=dict)
+
+
+class Courier:
+    """Push messages through the Grid and collect their replies, polling every ``poll`` seconds
+    (Flower's ``Grid.send_and_receive`` polls every 3 s)."""
+
+    def __init__(self, grid, poll: float = 0.05, timeout: float | None = None):
+        self.grid, self.poll, self.timeout = grid, poll, timeout
+
+    def push(self, messages: list[FlowerMessage]) -> list[str]:
+        ids = list(self.grid.push_messages(messages))
+        if len(ids) != len(messages) or not all(ids):
+            raise RuntimeError(f"the SuperLink accepted only {sum(map(bool, ids))} of {len(messages)} messages")
+        return ids
+
+    def collect(self, ids: list[str], what: str, names: list[str]) -> list[FlowerMessage]:
+        """Replies to ``ids`` (same order); ``names`` label the messages in a timeout error."""
+        pending, replies = set(ids), {}
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        while pending:
+            for reply in self.grid.pull_messages(list(pending)):
+                replies[reply.metadata.reply_to_message_id] = reply
+                pending.discard(reply.metadata.reply_to_message_id)
+            if not pending:
+                break
+            if deadline is not None and time.monotonic() > deadline:
+                late = [n for n, i in zip(names, ids) if i in pending]
+                raise TimeoutError(f"{what}: no reply from {', '.join(late)} within {self.timeout:.0f} s")
+            time.sleep(self.poll)
+        return [replies[i] for i in ids]
+
+    def send(self, messages: list[FlowerMessage], what: str, names: list[str]) -> list[FlowerMessage]:
+        start = time.perf_counter()
+        ids = self.push(messages)
+        pushed = time.perf_counter()
+        replies = self.collect(ids, what, names)
+        log.debug("%s: pushed in %.3f s, replies after %.3f s", what, pushed - start, time.perf_counter() - pushed)
+        return replies
+
+
+def check_reply(reply: FlowerMessage, who: str, what: str) -> None:
+    """Raise ``SiteError`` with the site's own reason if ``reply`` is an error."""
+    if reply.has_error():
+        raise SiteError(f"{who} failed during {what}:\n{reply.error.reason}")
+
+
+def query(site: str, node: int, action: str, header: dict) -> FlowerMessage:
+    return FlowerMessage(RecordDict({ENGINE: ConfigRecord({"site": site, **header})}), dst_node_id=node,
+                         message_type=f"query.{action}")
+
+
+def connect_sites(courier: Courier, sites: list[str], header: dict, wait: float) -> SiteMap:
+    """Map every site of the federation to the SuperNode that serves it.
+
+    Every connected node gets an ``info`` query; it answers with the site of its node config
+    after a full data check of its folder (an error reply -- e.g. the data check's list of
+    problems -- fails the run at once). Every site is required: the run fails with a clear
+    message if one has not answered within ``wait`` seconds (e.g. its SuperNode is down or, with
+    node authentication on, its public key is not registered). Nodes naming a site outside the
+    federation are ignored (logged); two nodes naming the same site fail the run.
+    """
+    grid = courier.grid
+    found = SiteMap(list(sites))
+    asked: dict[int, str] = {}  # node id -> message id of its info query
+    pending: dict[str, int] = {}  # message id -> node id
+    deadline = time.monotonic() + wait
+    head = {"header": json.dumps(header)}
+    while True:
+        new = [n for n in grid.get_node_ids() if n not in asked]
+        if new:
+            ids = courier.push([query("?", n, INFO, head) for n in new])
+            asked.update(zip(new, ids))
+            pending.update(zip(ids, new))
+        for reply in grid.pull_messages(list(pending)) if pending else []:
+            node = pending.pop(reply.metadata.reply_to_message_id)
+            check_reply(reply, f"SuperNode {node}", "the data check before round 1")
+            info = dict(reply.content[ENGINE])
+            site = str(info.pop("site"))
+            if site not in found.sites:
+                log.warning("SuperNode %s serves site %r, which is not in this federation (%s): ignored", node, site, sites)
+                continue
+            if site in found.nodes:
+                raise SiteError(f"two SuperNodes ({found.nodes[site]} and {node}) both serve site {site!r}; stop one of them")
+            found.nodes[site], found.sizes[site] = node, {k: int(v) for k, v in info.items()}
+            log.info("site %s -> SuperNode %s (%s)", site, node, found.sizes[site])
+        missing = [s for s in found.sites if s not in found.nodes]
+        if not missing:
+            return found
+        if time.monotonic() > deadline:
+            raise SiteError(
+                f"site{'s' if len(missing) > 1 else ''} {', '.join(missing)} did not connect within {wait:.0f} s "
+                f"(connected: {', '.join(found.nodes) or 'none'}). Every site of the federation is required: start its "
+                "SuperNode (`fedseg flower supernode --site NAME ...`); with node authentication on, register its public key."
+            )
+        time.sleep(courier.poll)
+
+
+class FlowerEngine:
+    """The engine for one algorithm run over Flower. See the module docstring."""
+
+    supports_resume = False
+
+    def __init__(self, algorithm: str, courier: Courier, site_map: SiteMap, task: Task, options=None, observers=None):
+        self.algorithm = algorithm
+        self.courier = courier
+        self.site_map = site_map
+        self.sites = list(site_map.sites)
+        self.task = task
+        self.options = options
+        self.observers = list(observers or [])
+        self.ledger = Ledger()
+        self.round = 0
+        self.client_states: dict = {}  # client states live on the SuperNodes
+        self._exchanges = 0  # exchanges so far; a restore right after its snapshot changes nothing
+        self._snapshot: tuple[int, int] | None = None  # (tag, exchanges at that time) of the last snapshot
+
+    def num_samples(self, site: str, split: str = "train") -> int:
+        return self.site_map.sizes[site][split]
+
+    def _header(self, site: str, action: str) -> dict:
+        return {"algorithm": self.algorithm, "action": action, "site": site, "site_index": self.sites.index(site),
+                "num_sites": len(self.sites), "round": self.round}
+
+    def exchange(self, messages: dict[str, Message], action: str) -> dict[str, Message]:
+        """Deliver ``messages[site]`` to each site's SuperNode under ``action``; return the replies (federation order)."""
+        unknown = sorted(set(messages) - set(self.sites))
+        if unknown:
+            raise KeyError(f"messages for unknown sites {unknown}; sites are {self.sites}")
+        if not action.isidentifier():
+            raise ValueError(f"action {action!r} must be a Python identifier to travel as a Flower message type")
+        order = [s for s in self.sites if s in messages]
+        category = "evaluate" if action in EVAL_ACTIONS else "train"
+        out = [
+            FlowerMessage(to_recorddict(messages[s], self._header(s, action)), dst_node_id=self.site_map.nodes[s],
+                          message_type=f"{category}.{action}", group_id=str(self.round))
+            for s in order
+        ]
+        what = f"{self.algorithm} {action} (round {self.round})"
+        self._exchanges += 1
+        replies = {}
+        for site, flower_reply in zip(order, self.courier.send(out, what, order)):
+            check_reply(flower_reply, f"site {site!r}", what)
+            reply, head = from_recorddict(flower_reply.content)
+            msg = messages[site]
+            steps = int(reply.meta.get("steps", 0))
+            self.ledger.record(LedgerRow(self.round, site, action, steps, msg.num_floats(), reply.num_floats(),
+                                         float(head.get("seconds", 0.0))))
+            for observe in self.observers:
+                observe(site, action, msg, reply)
+            replies[site] = reply
+        return replies
+
+    def _query_all(self, action: str, tag: dict[str, int]) -> None:
+        msgs = [query(s, self.site_map.nodes[s], action, {"algorithm": self.algorithm, "tag": tag[s]}) for s in self.sites]
+        what = f"{self.algorithm} {action} (round {self.round})"
+        for site, reply in zip(self.sites, self.courier.send(msgs, what, self.sites)):
+            check_reply(reply, f"site {site!r}", what)
+
+    def snapshot_clients(self) -> dict[str, dict[str, torch.Tensor]]:
+        """Every node copies its store to its ``best`` slot; the token names the snapshot (its round)."""
+        self._query_all(SNAPSHOT, {s: self.round for s in self.sites})
+        self._snapshot = (self.round, self._exchanges)
+        return {s: {SNAPSHOT_KEY: torch.tensor(self.round)} for s in self.sites}
+
+    def restore_clients(self, states: dict[str, dict[str, torch.Tensor]]) -> None:
+        """Every node puts back the snapshot named by ``states`` (a token from ``snapshot_clients``).
+        Skipped when that snapshot is the last one and no exchange happened since (the states are it)."""
+        missing = [s for s in self.sites if SNAPSHOT_KEY not in states.get(s, {})]
+        if missing:
+            raise ValueError(f"restore_clients needs the token of snapshot_clients for {missing}")
+        tags = {s: int(states[s][SNAPSHOT_KEY]) for s in self.sites}
+        if self._snapshot is not None and set(tags.values()) == {self._snapshot[0]} and self._exchanges == self._snapshot[1]:
+            log.debug("%s restore of snapshot %d skipped: nothing changed since", self.algorithm, self._snapshot[0])
+            return
+        self._query_all(RESTORE, tags)

@@ -1,0 +1,397 @@
+"""What ``fedseg flower local | server | supernode`` do.
+
+- ``run_supernode``: one hospital. Checks its data folder with ``data check`` first (a bad
+  folder fails here, with the data check's message, before anything connects), then runs
+  Flower's SuperNode with node config ``site=NAME data=ROOT samples=DIR``; TLS to the SuperLink
+  (``--root-certificates``) and SuperNode authentication (``--auth-supernode-private-key``) as
+  given. Isolation ``subprocess`` (Flower's default: one ``flwr-clientapp`` process per
+  message) or ``warm`` (the SuperNode in ``process`` isolation + fedseg's warm worker,
+  ``fedseg.flower.worker``).
+- ``serve_experiment``: the coordinator. Starts a SuperLink (TLS and ``--enable-supernode-auth``
+  as given), registers the SuperNodes' public keys, submits fedseg's app with the run's
+  config (``flwr run``), waits for it, and returns; the ServerApp writes the run's outputs.
+- ``local``: ``serve_experiment`` plus one ``fedseg flower supernode`` process per site on this
+  machine (127.0.0.1, free ports). Each site gets a folder holding only its own data (a
+  ``federation.yaml`` copy and a link to its site folder); a built-in federation is written
+  to a folder first.
+
+Every process started here is stopped on return, on error and on Ctrl-C / SIGTERM.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import shutil
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable
+
+import fedseg
+from fedseg.config import RunConfig
+from fedseg.data.federation import Federation, FederationError
+from fedseg.flower.certs import TlsFiles, make_certs
+from fedseg.flower.deploy import (
+    BIN,
+    Processes,
+    Started,
+    control_client,
+    flower_env,
+    flower_home,
+    free_ports,
+    register_node,
+    submit_run,
+    wait_for_port,
+    wait_run,
+)
+
+ISOLATIONS = ("subprocess", "warm")
+# Waits inside Flower with --poll (fedseg.flower.tuning). Measured on 2 busy cores with 6 sites
+# (benchmarks/flower_overhead.py): 0.05 s made a dozen processes poll 20x a second each and
+# slowed the SuperLink more than it saved; 0.2 s keeps most of the gain over Flower's 3 s / 1 s.
+DEFAULT_POLL = 0.2
+FLOWER_TASK_POLL = 1.0  # flwr's default SuperExec task polling interval (FLWR_SUPEREXEC_TASK_POLL_INTERVAL)
+
+
+class FlowerRunError(RuntimeError):
+    """The Flower run failed; the message is the coordinator's (e.g. a site's data check)."""
+
+
+@dataclass(frozen=True)
+class LinkSettings:
+    """How the SuperLink listens: ``host:port`` (Fleet, Control and Runtime APIs share it)."""
+
+    host: str = "127.0.0.1"
+    port: int = 9092
+    tls: TlsFiles | None = None
+    auth: bool = False  # --enable-supernode-auth (needs TLS)
+
+    @property
+    def address(self) -> str:
+        """Where processes on this machine reach it."""
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
+        return f"{host}:{self.port}"
+
+
+@contextlib.contextmanager
+def terminate_on_signals():
+    """SIGTERM / SIGHUP raise KeyboardInterrupt (like Ctrl-C), so ``finally`` blocks stop our processes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    saved = {s: signal.signal(s, interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)
+
+
+# --- the SuperLink --------------------------------------------------------------------------------
+
+
+def superlink_command(link: LinkSettings) -> list[str]:
+    cmd = [str(BIN / "flower-superlink"), "--host", link.host, "--port", str(link.port),
+           "--disable-runtime-dependency-installation"]
+    if link.tls is None:
+        if link.auth:
+            raise ValueError("SuperNode authentication needs TLS (give certificates, e.g. from `fedseg flower certs`)")
+        cmd.append("--insecure")
+    else:
+        cmd += ["--ssl-ca-certfile", str(link.tls.ca), "--ssl-certfile", str(link.tls.cert), "--ssl-keyfile", str(link.tls.key)]
+    if link.auth:
+        cmd.append("--enable-supernode-auth")
+    return cmd
+
+
+def start_superlink(procs: Processes, link: LinkSettings, logs: Path, env: dict, timeout: float = 60) -> Started:
+    started = procs.start("superlink", superlink_command(link), logs / "superlink.log", env)
+    host, port = link.address.rsplit(":", 1)
+    try:
+        wait_for_port(host, int(port), timeout, alive=lambda: started.proc.poll() is None, what="the SuperLink")
+    except (RuntimeError, TimeoutError) as e:
+        raise RuntimeError(f"{e}:\n{log_tail(started.log)}") from None
+    return started
+
+
+def log_tail(path: Path, lines: int = 15) -> str:
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return "(no log)"
+    return "\n".join("    " + line for line in text[-lines:])
+
+
+# --- a SuperNode ----------------------------------------------------------------------------------
+
+
+def node_config(site: str, data: Path, samples: Path | None) -> str:
+    """Flower node config ``site='..' data='..' samples='..'`` (TOML literal strings)."""
+    values = {"site": site, "data": str(Path(data).resolve())}
+    if samples is not None:
+        values["samples"] = str(Path(samples).resolve())
+    for key, value in values.items():
+        if "'" in value or "\n" in value:
+            raise ValueError(f"{key} {value!r}: quotes and newlines cannot be passed in a Flower node config")
+    return " ".join(f"{k}='{v}'" for k, v in values.items())
+
+
+def check_site_folder(site: str, data: Path) -> Federation:
+    """``data check`` of a SuperNode's folder (structure and every file); its site must be there."""
+    from fedseg.data.check import check_folder
+
+    fed = check_folder(data)
+    if site not in fed.site_names:
+        raise FederationError(f"{data}: no folder for site {site!r} (site folders here: {', '.join(fed.site_names)})")
+    return fed
+
+
+def supernode_argv(site: str, data: Path, superlink: str, port: int, samples: Path | None, root_certificates: Path | None,
+                   insecure: bool, auth_key: Path | None, isolation: str, max_wait: float | None) -> list[str]:
+    """Arguments of Flower's ``flower-supernode`` for one site."""
+    argv = ["--superlink", superlink, "--port", str(port), "--node-config", node_config(site, data, samples),
+            "--isolation", "process" if isolation == "warm" else "subprocess"]
+    if insecure:
+        argv.append("--insecure")
+    if root_certificates is not None:
+        argv += ["--root-certificates", str(root_certificates)]
+    if auth_key is not None:
+        argv += ["--auth-supernode-private-key", str(auth_key)]
+    if max_wait is not None:
+        argv += ["--max-wait-time", str(max_wait)]
+    return argv
+
+
+def run_supernode(site: str, data: Path, superlink: str, *, port: int = 9094, samples: Path | None = None,
+                  root_certificates: Path | None = None, insecure: bool = False, auth_key: Path | None = None,
+                  isolation: str = "subprocess", poll: float | None = None, max_wait: float | None = None,
+                  echo: Callable[[str], None] = print) -> None:
+    """Check the data, then become this site's SuperNode (blocks until it stops). See the module docstring."""
+    import os
+    import subprocess
+
+    if isolation not in ISOLATIONS:
+        raise ValueError(f"isolation must be one of {ISOLATIONS}, got {isolation!r}")
+    fed = check_site_folder(site, data)
+    echo(f"data check passed: site {site} of {fed.name!r}, {len(fed.site(site).cases)} cases in {data}")
+    argv = supernode_argv(site, data, superlink, port, samples, root_certificates, insecure, auth_key, isolation, max_wait)
+    os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+    os.environ["FLWR_DISABLE_UPDATE_CHECK"] = "1"
+    os.environ["PATH"] = f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"
+    if poll is not None:
+        os.environ["FEDSEG_FLOWER_NODE_POLL"] = str(poll)
+    if isolation == "warm":
+        worker = [sys.executable, "-m", "fedseg.flower.worker", "--runtime-api-address", f"127.0.0.1:{port}", "--insecure",
+                  "--parent-pid", str(os.getpid())]
+        if poll is not None:
+            worker += ["--poll", str(poll)]
+        subprocess.Popen(worker)  # noqa: S603 - exits with this process (--parent-pid)
+    from fedseg.flower import supernode_main
+
+    sys.argv = ["flower-supernode", *argv]
+    supernode_main.main()
+
+
+def supernode_command(site: str, data: Path, superlink: str, port: int, samples: Path | None, root_certificates: Path | None,
+                      auth_key: Path | None, isolation: str, poll: float | None) -> list[str]:
+    """``fedseg flower supernode ...`` as a command line (what ``local`` starts per site)."""
+    cmd = [sys.executable, "-m", "fedseg.cli", "flower", "supernode", "--site", site, "--data", str(data), "--superlink", superlink,
+           "--port", str(port), "--isolation", isolation]
+    if samples is not None:
+        cmd += ["--samples", str(samples)]
+    cmd += ["--root-certificates", str(root_certificates)] if root_certificates is not None else ["--insecure"]
+    if auth_key is not None:
+        cmd += ["--auth-key", str(auth_key)]
+    if poll is not None:
+        cmd += ["--poll", str(poll)]
+    return cmd
+
+
+# --- the experiment -------------------------------------------------------------------------------
+
+
+def run_config(cfg: RunConfig, fed: Federation, out: Path, wait: float, poll: float) -> dict:
+    """The run config fedseg's ServerApp reads (``fedseg.flower.server``)."""
+    from fedseg.flower.server import federation_record
+
+    return {"fedseg-config": cfg.model_dump_json(), "fedseg-federation": federation_record(fed),
+            "fedseg-out": str(Path(out).resolve()), "fedseg-wait": float(wait), "fedseg-poll": float(poll),
+            "fedseg-version": fedseg.__version__}
+
+
+LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \S+ (DEBUG|INFO|WARNING|ERROR|CRITICAL) \S+: (.*)$")  # server.log format
+
+
+class LogTail:
+    """Lines appended to a file since the last call."""
+
+    def __init__(self, path: Path):
+        self.path, self.offset = path, 0
+
+    def new_lines(self) -> list[str]:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except OSError:
+            return []
+        end = data.rfind(b"\n") + 1
+        self.offset += end
+        return data[:end].decode(errors="replace").splitlines()
+
+
+def serve_experiment(cfg: RunConfig, fed: Federation, out: Path, link: LinkSettings, procs: Processes, env: dict, *,
+                     register: dict[str, Path] | None = None, start_nodes: Callable[[], dict[str, Started]] | None = None,
+                     wait: float = 600, poll: float = DEFAULT_POLL, echo: Callable[[str], None] = print) -> None:
+    """Start the SuperLink, register keys, (start local nodes,) submit the run and wait for it to finish.
+
+    Raises ``FlowerRunError`` with the coordinator's message if the run fails, or naming the
+    SuperNode that died and its log if one of ours exits first."""
+    from fedseg.flower.apps import build_fab
+
+    out = Path(out).resolve()
+    logs = out / "flower" / "logs"
+    link_proc = start_superlink(procs, link, logs, env)
+    echo(f"SuperLink listening on {link.host}:{link.port} ({'TLS' if link.tls else 'insecure'}"
+         f"{', SuperNode authentication' if link.auth else ''})")
+    client = control_client(link.address, link.tls.ca if link.tls else None)
+    try:
+        for name, key in (register or {}).items():
+            node_id = register_node(client, key, name)
+            echo(f"registered SuperNode key {key.name} ({name}): node id {node_id}")
+        nodes = start_nodes() if start_nodes else {}
+        for stale in ("server.log", "error.txt"):  # left by an earlier attempt in the same --out
+            (out / "flower" / stale).unlink(missing_ok=True)
+        run_id = submit_run(client, build_fab(), run_config(cfg, fed, out, wait, poll))
+        echo(f"run {run_id} submitted; sites: {', '.join(fed.site_names)}")
+        tail, last_observe = LogTail(out / "flower" / "server.log"), 0.0
+
+        def show_progress() -> None:
+            for line in tail.new_lines():
+                m = LOG_LINE.match(line)
+                if m and m.group(1) != "ERROR":  # errors (and their tracebacks) end in error.txt, printed once
+                    echo(m.group(2))
+
+        def tick() -> None:
+            nonlocal last_observe
+            show_progress()
+            if time.monotonic() - last_observe > 1.0:
+                procs.observe()
+                last_observe = time.monotonic()
+            if link_proc.proc.poll() is not None:
+                raise FlowerRunError(f"the SuperLink exited (code {link_proc.proc.returncode}):\n{log_tail(link_proc.log)}")
+            for site, node in nodes.items():
+                if node.proc.poll() is not None:
+                    raise FlowerRunError(f"the SuperNode of site {site!r} exited (code {node.proc.returncode}):\n{log_tail(node.log)}")
+
+        status = wait_run(client, run_id, poll=0.25, tick=tick)
+        show_progress()
+        if status.sub_status != "completed":
+            error = out / "flower" / "error.txt"
+            reason = error.read_text() if error.is_file() else status.details or status.sub_status
+            raise FlowerRunError(f"the Flower run {status.sub_status}: {reason}")
+    finally:
+        client.close()
+
+
+def federation_folder(cfg: RunConfig, work: Path) -> tuple[Path, Federation]:
+    """The run's federation as a checked folder: ``data.root``, or the built-in one written under ``work``."""
+    from fedseg.data.check import check_folder
+
+    if cfg.data.source == "folder" or cfg.data.root:
+        if not cfg.data.root:
+            raise ValueError("data.source is 'folder' but data.root is not set (use --data ROOT)")
+        root = Path(cfg.data.root).resolve()
+    else:
+        from fedseg.data.folder import write_folder
+        from fedseg.data.synthetic import build_synthetic
+
+        root = write_folder(build_synthetic(cfg.data.source, cfg.data.scale, cfg.data.image_size, cfg.seed),
+                            work / "federation", overwrite=True).resolve()
+    return root, check_folder(root, cfg.data.split, cfg.seed)
+
+
+def site_views(root: Path, fed: Federation, folder: Path) -> dict[str, Path]:
+    """Per site, a folder federation holding only that site: ``federation.yaml`` + a link to ``root/<site>``."""
+    views = {}
+    for site in fed.site_names:
+        view = folder / site
+        if view.exists():
+            shutil.rmtree(view)
+        view.mkdir(parents=True)
+        shutil.copy(root / "federation.yaml", view / "federation.yaml")
+        (view / site).symlink_to(root / site, target_is_directory=True)
+        views[site] = view
+    return views
+
+
+def waits(poll: float) -> tuple[float | None, float]:
+    """``(SuperNode poll or None = Flower's, SuperExec task poll)`` for ``--poll`` (0 = Flower's defaults)."""
+    return (poll, poll) if poll > 0 else (None, FLOWER_TASK_POLL)
+
+
+def local(cfg: RunConfig, out: Path, *, tls: bool = False, isolation: str = "warm", poll: float = DEFAULT_POLL,
+          wait: float = 300, echo: Callable[[str], None] = print) -> Path:
+    """Run ``cfg`` on a Flower deployment on this machine; the same outputs as ``fedseg run`` in ``out``.
+
+    ``poll`` > 0 shortens every wait inside Flower to that many seconds (``fedseg.flower.tuning``);
+    0 keeps Flower's defaults."""
+    from fedseg.flower.server import refuse_unsupported
+
+    refuse_unsupported(cfg.algorithms)
+    if isolation not in ISOLATIONS:
+        raise ValueError(f"isolation must be one of {ISOLATIONS}, got {isolation!r}")
+    out = Path(out).resolve()
+    if (out / "checkpoints").exists():
+        raise FileExistsError(f"{out}: already holds a run; choose another --out")
+    work = out / "flower"
+    root, fed = federation_folder(cfg, work)
+    cfg = cfg.model_copy(update={"data": cfg.data.model_copy(update={"source": "folder", "root": str(root)})})
+    views = site_views(root, fed, work / "sites")
+    link_port, *node_ports = free_ports(1 + len(fed.site_names))
+    certs = make_certs(work / "certs", nodes=fed.site_names) if tls else None
+    link = LinkSettings("127.0.0.1", link_port, certs, auth=tls)
+    node_poll, task_poll = waits(poll)
+    env = flower_env(work / "home", task_poll)
+    keys = work / "certs" / "supernodes"  # <site>.key stays with the site, <site>.pub is registered
+
+    def start_nodes() -> dict[str, Started]:
+        return {
+            site: procs.start(f"supernode-{site}", supernode_command(
+                site, views[site], link.address, port, out / "samples", certs.ca if certs else None,
+                keys / f"{site}.key" if tls else None, isolation, node_poll), work / "logs" / f"supernode-{site}.log", env)
+            for site, port in zip(fed.site_names, node_ports)
+        }
+
+    with terminate_on_signals(), flower_home(work / "home"), Processes(work / "processes.json") as procs:
+        serve_experiment(cfg, fed, out, link, procs, env, register={s: keys / f"{s}.pub" for s in fed.site_names} if tls else None,
+                         start_nodes=start_nodes, wait=wait, poll=poll, echo=echo)
+    return out
+
+
+def server(cfg: RunConfig, fed: Federation, out: Path, link: LinkSettings, *, auth_keys: dict[str, Path] | None = None,
+           poll: float = DEFAULT_POLL, wait: float = 600, echo: Callable[[str], None] = print) -> Path:
+    """The coordinator of a multi-machine deployment (SuperNodes started by the hospitals); ``poll``: the
+    coordinator's waits inside Flower (SuperExec, ServerApp; 0 = Flower's defaults)."""
+    from fedseg.flower.server import refuse_unsupported
+
+    refuse_unsupported(cfg.algorithms)
+    out = Path(out).resolve()
+    if (out / "checkpoints").exists():
+        raise FileExistsError(f"{out}: already holds a run; choose another --out")
+    work = out / "flower"
+    env = flower_env(work / "home", waits(poll)[1])
+    link = replace(link, auth=link.auth or bool(auth_keys))
+    echo(f"hospitals start: fedseg flower supernode --site NAME --data ROOT --superlink <this host>:{link.port}"
+         + (" --root-certificates ca.crt" if link.tls else " --insecure") + (" --auth-key NAME.key" if link.auth else ""))
+    with terminate_on_signals(), flower_home(work / "home"), Processes(work / "processes.json") as procs:
+        serve_experiment(cfg, fed, out, link, procs, env, register=auth_keys, wait=wait, poll=poll, echo=echo)
+    return out

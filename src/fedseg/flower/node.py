@@ -1,0 +1,255 @@
+"""The site side of a Flower deployment: what fedseg's ClientApp does with each message.
+
+A SuperNode is started with node config ``site=NAME data=ROOT [samples=DIR]``: ``ROOT`` is a
+folder federation (``federation.yaml`` + at least the folder of ``NAME``); data never leaves
+the node. For every message the ClientApp
+
+1. reads the run's fedseg config (run config ``fedseg-config``) and the engine header of the
+   message (algorithm, action, site index, round: the server's, so the random stream
+   ``stream_seed(seed, site_index, round, action)`` is the simulator's);
+2. loads its site's splits (``site_splits``: they depend only on seed, site name and case ids,
+   so they equal the simulator's) at model resolution;
+3. restores the site's persistent state store for the algorithm from Flower's ``Context.state``
+   (Flower runs one process per message: nothing else survives), builds the algorithm's
+   Client, answers through ``Client.handle`` exactly as the simulator would, and writes the state
+   back; sample predictions go to the node-local ``samples`` folder.
+
+Engine-level queries (not algorithm traffic, not in the ledger): ``info`` (full ``data check``
+of the node's folder for the run's split settings, header agreement, split sizes),
+``snapshot`` / ``restore`` (copy the state store to / from a ``best`` slot, for best-round
+selection). Every failure is answered with a Flower ``Error`` reply whose reason is the
+fedseg message (e.g. the data check's list of problems), not a traceback from inside Flower.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message as FlowerMessage, RecordDict
+from flwr.common.constant import ErrorCode
+
+from fedseg.config import RunConfig
+from fedseg.data.federation import Federation, FederationError
+
+# PyTorch, MONAI and the algorithms are imported only by algorithm messages: in Flower's
+# one-process-per-message isolation, the engine's queries (info, snapshot, restore) then start
+# in about the time Flower itself takes to import.
+ENGINE = "fedseg.engine"  # = fedseg.flower.records.ENGINE
+
+log = logging.getLogger("fedseg.flower.node")
+
+RUN_CONFIG_KEY = "fedseg-config"  # run config entry: the resolved RunConfig as JSON
+STATE = "fedseg.state."  # Context.state slot of a site's store, per algorithm (+ ".index")
+BEST = "fedseg.best."  # ... of its snapshot (best validation round so far)
+BEST_TAG = "fedseg.best-tag."  # ConfigRecord naming the snapshot (the round it was taken)
+INFO, SNAPSHOT, RESTORE = "info", "snapshot", "restore"  # query actions
+
+
+@dataclass(frozen=True)
+class NodeSettings:
+    """What the SuperNode's node config says: its site, its data folder, where samples go."""
+
+    site: str
+    data: Path
+    samples: Path | None
+
+    @classmethod
+    def from_node_config(cls, node_config: dict) -> "NodeSettings":
+        missing = [k for k in ("site", "data") if not str(node_config.get(k, "")).strip()]
+        if missing:
+            raise ValueError(
+                f"this SuperNode's node config lacks {', '.join(missing)} (start it with "
+                f"`fedseg flower supernode --site NAME --data ROOT`, or flower-supernode --node-config 'site=\"NAME\" data=\"ROOT\"')"
+            )
+        samples = str(node_config.get("samples", "")).strip()
+        return cls(str(node_config["site"]), Path(str(node_config["data"])), Path(samples) if samples else None)
+
+
+def run_config(context: Context) -> RunConfig:
+    import fedseg
+
+    raw = context.run_config.get(RUN_CONFIG_KEY)
+    if not raw:
+        raise ValueError(f"run config has no {RUN_CONFIG_KEY!r}: this run was not started by fedseg")
+    version = str(context.run_config.get("fedseg-version", ""))
+    if version and version != fedseg.__version__:
+        raise RuntimeError(f"the run uses fedseg {version} but this SuperNode has fedseg {fedseg.__version__} installed")
+    return RunConfig.model_validate(json.loads(str(raw)))
+
+
+def federation_header(fed: Federation) -> dict:
+    """The parts of a federation every participant must agree on (JSON-safe; region order matters:
+    it is the order of the network's output channels)."""
+    return {"kind": fed.kind, "channels": int(fed.channels), "regions": [[k, list(v)] for k, v in fed.regions.as_dict().items()]}
+
+
+def load_site(settings: NodeSettings, cfg: RunConfig, check: bool) -> tuple[Federation, object]:
+    """``(federation, site)`` of this node; ``check``: run the full ``data check`` (every file read)."""
+    from fedseg.data.check import check_folder
+    from fedseg.data.folder import load_folder
+
+    fed = check_folder(settings.data, cfg.data.split, cfg.seed) if check else load_folder(settings.data)
+    if settings.site not in fed.site_names:
+        raise FederationError(
+            f"{settings.data}: no folder for site {settings.site!r} (site folders here: {', '.join(fed.site_names) or 'none'})"
+        )
+    return fed, fed.site(settings.site)
+
+
+def get_state(context: Context, slot: str) -> dict:
+    """The tensor store kept in ``context.state`` under ``slot`` (empty if none)."""
+    from fedseg.flower.records import unpack
+
+    if slot not in context.state:
+        return {}
+    return unpack(context.state[slot], context.state[slot + ".index"])
+
+
+def put_state(context: Context, slot: str, state: dict) -> None:
+    from fedseg.flower.records import pack
+
+    context.state[slot], context.state[slot + ".index"] = pack(state)
+
+
+def copy_slot(context: Context, source: str, target: str) -> None:
+    """Copy a stored tensor store (records are not modified in place, so sharing their arrays is safe)."""
+    if source not in context.state:
+        for key in (target, target + ".index"):
+            if key in context.state:
+                del context.state[key]
+        return
+    context.state[target] = ArrayRecord(dict(context.state[source]))
+    context.state[target + ".index"] = ConfigRecord(dict(context.state[source + ".index"]))
+
+
+def forget_other_algorithms(context: Context, algorithm: str) -> None:
+    """Drop the stores of the run's earlier algorithms: ``run_experiment`` runs them one after another,
+    and the whole ``Context`` travels with every message."""
+    mine = {STATE + algorithm, BEST + algorithm, BEST_TAG + algorithm}
+    for key in list(context.state):
+        if key.startswith((STATE, BEST, BEST_TAG)) and key.removesuffix(".index") not in mine:
+            del context.state[key]
+
+
+_SITE_CACHE: dict[tuple, tuple] = {}
+
+
+def site_data(settings: NodeSettings, cfg: RunConfig, index: int):
+    """This site's train/val/test ``SiteData`` at model resolution, as the simulator builds it.
+
+    Kept in memory for the process's next messages (a warm worker); a one-process-per-message
+    ClientApp reloads it each time."""
+    from fedseg.data.dataset import build_site_data
+    from fedseg.data.splits import site_splits
+
+    key = (str(settings.data), settings.site, index, cfg.seed, cfg.data.model_dump_json())
+    if key not in _SITE_CACHE:
+        fed, site = load_site(settings, cfg, check=False)
+        splits = site_splits(site, cfg.data.split, cfg.seed)
+        _SITE_CACHE.clear()
+        _SITE_CACHE[key] = (fed, build_site_data(fed, site, index, splits, cfg.data))
+    return _SITE_CACHE[key]
+
+
+def handle(message: FlowerMessage, context: Context) -> FlowerMessage:
+    """Answer one message (any ``train.<action>``, ``evaluate.<action>`` or engine query)."""
+    category, _, action = message.metadata.message_type.partition(".")
+    site = str(context.node_config.get("site", "?"))
+    try:
+        settings = NodeSettings.from_node_config(dict(context.node_config))
+        cfg = run_config(context)
+        if category == "query":
+            handler = {INFO: on_info, SNAPSHOT: on_snapshot, RESTORE: on_restore}.get(action)
+            if handler is None:
+                raise ValueError(f"unknown fedseg query {action!r}")
+            content = handler(message.content, context, settings, cfg)
+        else:
+            content = on_algorithm_message(action or category, message.content, context, settings, cfg)
+        return FlowerMessage(content, reply_to=message)
+    except FederationError as e:
+        reason = f"data check failed on site {site!r}:\n{e}"
+    except Exception as e:  # noqa: BLE001 - every failure goes back to the server as a readable reason
+        log.error("site %s: %s failed:\n%s", site, message.metadata.message_type, traceback.format_exc())
+        reason = f"site {site!r}: {type(e).__name__}: {e}"
+    log.error(reason)
+    return FlowerMessage(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=reason), reply_to=message)
+
+
+def on_algorithm_message(action: str, content: RecordDict, context: Context, settings: NodeSettings, cfg: RunConfig) -> RecordDict:
+    """Run the algorithm's Client on one message, with the simulator's ClientContext."""
+    import torch
+
+    from fedseg.algorithms import get_algorithm
+    from fedseg.engine.simulator import ClientContext, Task, seeded_generator, stream_seed
+    from fedseg.flower.records import from_recorddict, to_recorddict
+
+    torch.set_num_threads(cfg.threads)
+    msg, head = from_recorddict(content)
+    if head.get("site") != settings.site:
+        raise ValueError(f"message for site {head.get('site')!r} delivered to the SuperNode of site {settings.site!r}")
+    algorithm, index, rnd = str(head["algorithm"]), int(head["site_index"]), int(head["round"])
+    spec = get_algorithm(algorithm)
+    options = spec.parse_options(cfg.methods.get(algorithm))
+    fed, data = site_data(settings, cfg, index)
+    forget_other_algorithms(context, algorithm)
+    state = get_state(context, STATE + algorithm)
+    ctx = ClientContext(
+        algorithm=algorithm,
+        site=settings.site,
+        site_index=index,
+        num_sites=int(head["num_sites"]),
+        round=rnd,
+        data=data,
+        state=state,
+        task=Task(cfg, fed.spatial_dims, fed.channels, fed.regions.names),
+        generator=seeded_generator(stream_seed(cfg.seed, index, rnd, action)),
+        artifacts=settings.samples,
+        options=options,
+    )
+    start = time.perf_counter()
+    reply = spec.client().handle(action, msg, ctx)
+    seconds = time.perf_counter() - start
+    put_state(context, STATE + algorithm, ctx.state)
+    return to_recorddict(reply, {"seconds": seconds})
+
+
+def on_info(content: RecordDict, context: Context, settings: NodeSettings, cfg: RunConfig) -> RecordDict:
+    """Full data check of this node's folder for the run's split settings; the site's split sizes."""
+    from fedseg.data.splits import site_splits
+
+    head = dict(content[ENGINE])
+    fed, site = load_site(settings, cfg, check=True)
+    expected = json.loads(str(head["header"]))
+    mine = federation_header(fed)
+    if mine != expected:
+        raise FederationError(
+            f"{settings.data}/federation.yaml: {mine} does not match the coordinator's federation {expected}"
+        )
+    splits = site_splits(site, cfg.data.split, cfg.seed)
+    sizes = {s: sum(1 for v in splits.values() if v == s) for s in ("train", "val", "test")}
+    return RecordDict({ENGINE: ConfigRecord({"site": settings.site, "cases": len(site.cases), **sizes})})
+
+
+def on_snapshot(content: RecordDict, context: Context, settings: NodeSettings, cfg: RunConfig) -> RecordDict:
+    """Copy the algorithm's state store to the ``best`` slot, named by ``tag``."""
+    head = dict(content[ENGINE])
+    algorithm = str(head["algorithm"])
+    copy_slot(context, STATE + algorithm, BEST + algorithm)
+    context.state[BEST_TAG + algorithm] = ConfigRecord({"tag": int(head["tag"])})
+    return RecordDict({ENGINE: ConfigRecord({"site": settings.site})})
+
+
+def on_restore(content: RecordDict, context: Context, settings: NodeSettings, cfg: RunConfig) -> RecordDict:
+    """Put the ``best`` slot back as the algorithm's state store (it must be the snapshot ``tag``)."""
+    head = dict(content[ENGINE])
+    algorithm, tag = str(head["algorithm"]), int(head["tag"])
+    have = context.state.get(BEST_TAG + algorithm)
+    if have is None or int(have["tag"]) != tag:
+        raise ValueError(f"no snapshot {tag} of {algorithm!r} on this node (have {None if have is None else int(have['tag'])})")
+    copy_slot(context, BEST + algorithm, STATE + algorithm)
+    return RecordDict({ENGINE: ConfigRecord({"site": settings.site})})

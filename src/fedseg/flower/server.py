@@ -1,0 +1,118 @@
+"""The coordinator side inside Flower's ServerApp: run a whole fedseg experiment over the Grid.
+
+The ServerApp (``fedseg.flower.apps.server_app``) calls ``serve(grid, run_config)``. The run
+config (set by ``fedseg flower local|server`` when it submits the run) carries everything the
+coordinator needs and nothing of the sites' data:
+
+- ``fedseg-config``: the resolved ``RunConfig`` (JSON);
+- ``fedseg-federation``: the federation header (name, kind, channels, regions, label names)
+  and the ordered site names (the order defines each site's index, as in the simulator);
+- ``fedseg-out``: the output directory on the coordinator (summary.json etc.);
+- ``fedseg-wait``: seconds to wait for every site's SuperNode; ``fedseg-poll``: reply polling and
+  object-pull backoff, seconds (0: Flower's own 3 s and 1 s, see ``fedseg.flower.tuning``).
+
+It maps sites to nodes, then runs ``fedseg.run.run_experiment`` with the ``FlowerEngine``:
+the same rounds, validation, best-round selection, single test evaluation and output files as
+``fedseg run``. Progress goes to ``<out>/flower/server.log``; a failure's message to
+``<out>/flower/error.txt`` (the launcher prints it).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+import fedseg
+from fedseg.config import RunConfig
+from fedseg.data.federation import Federation, Regions, Site
+
+log = logging.getLogger("fedseg.flower.server")
+
+KEYS = ("fedseg-config", "fedseg-federation", "fedseg-out", "fedseg-wait", "fedseg-poll", "fedseg-version")
+DEFAULTS = {"fedseg-config": "", "fedseg-federation": "", "fedseg-out": "", "fedseg-wait": 120.0, "fedseg-poll": 0.2,
+            "fedseg-version": ""}
+FLOWER_REPLY_POLL = 3.0  # flwr's Grid.send_and_receive interval, used with fedseg-poll = 0
+NOT_ON_FLOWER = {"centralized": "it pools every site's training data in one place, which a federation never does"}
+
+
+def refuse_unsupported(algorithms: list[str]) -> None:
+    """Algorithms that cannot run on real sites raise ``ValueError`` naming the reason."""
+    bad = [a for a in algorithms if a in NOT_ON_FLOWER]
+    if bad:
+        reasons = "; ".join(f"{a!r}: {NOT_ON_FLOWER[a]}" for a in bad)
+        keep = [a for a in algorithms if a not in NOT_ON_FLOWER]
+        raise ValueError(f"cannot run on Flower: {reasons}. Run it with `fedseg run` (simulator), or drop it: "
+                         f"--algorithms {','.join(keep) or 'fedavg'}")
+
+
+def federation_record(fed: Federation) -> str:
+    """The federation header + ordered site names, as the ``fedseg-federation`` run config value."""
+    return json.dumps({"name": fed.name, "kind": fed.kind, "channels": int(fed.channels),
+                       "regions": [[k, v] for k, v in fed.regions.as_dict().items()],
+                       "label_names": {str(k): v for k, v in (fed.label_names or {}).items()} or None,
+                       "sites": fed.site_names})
+
+
+def federation_from_record(raw: str) -> Federation:
+    """A case-less ``Federation`` (header + site names): all the coordinator knows about the data."""
+    d = json.loads(raw)
+    names = {int(k): v for k, v in d["label_names"].items()} if d.get("label_names") else None
+    return Federation(d["name"], d["kind"], int(d["channels"]), Regions.from_mapping(dict(map(tuple, d["regions"]))),
+                      [Site(s, []) for s in d["sites"]], names)
+
+
+def _log_to(out: Path) -> logging.Handler:
+    (out / "flower").mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(out / "flower" / "server.log")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger("fedseg")
+    root.addHandler(handler)
+    root.setLevel(os.environ.get("FEDSEG_FLOWER_LOG_LEVEL", "INFO"))  # DEBUG: per-exchange push/wait times
+    return handler
+
+
+def serve(grid, run_config: dict) -> None:
+    """Run the experiment described by ``run_config`` over ``grid`` (see the module docstring)."""
+    from fedseg.engine.simulator import Task
+    from fedseg.flower.engine import Courier, FlowerEngine, connect_sites
+    from fedseg.flower.node import federation_header
+    from fedseg.run import Prepared, run_experiment
+
+    out = Path(str(run_config["fedseg-out"]))
+    handler = _log_to(out)
+    try:
+        version = str(run_config.get("fedseg-version", ""))
+        if version and version != fedseg.__version__:
+            raise RuntimeError(f"the run was submitted by fedseg {version} but the coordinator runs fedseg {fedseg.__version__}")
+        cfg = RunConfig.model_validate(json.loads(str(run_config["fedseg-config"])))
+        refuse_unsupported(cfg.algorithms)
+        fed = federation_from_record(str(run_config["fedseg-federation"]))
+        from fedseg.flower.tuning import cap_object_pull_backoff
+
+        poll = float(run_config["fedseg-poll"])
+        if poll > 0:
+            cap_object_pull_backoff(poll)  # replies are pulled as soon as they appear
+        courier = Courier(grid, poll=poll if poll > 0 else FLOWER_REPLY_POLL)
+        log.info("waiting up to %.0f s for sites %s", float(run_config["fedseg-wait"]), fed.site_names)
+        site_map = connect_sites(courier, fed.site_names, federation_header(fed), float(run_config["fedseg-wait"]))
+        prep = Prepared(fed, {}, [], Task(cfg, fed.spatial_dims, fed.channels, fed.regions.names))
+
+        def engine(name, spec, options, prep, out, observers):
+            return FlowerEngine(name, courier, site_map, prep.task, options, observers)
+
+        def round_end(name: str, rnd: int, losses: dict) -> None:
+            mean = sum(losses.values()) / max(len(losses), 1)
+            log.info("%s round %d/%d: mean train loss %.4f", name, rnd, cfg.fl.rounds, mean)
+
+        run_experiment(cfg, out, prepared=prep, engine_factory=engine, on_round_end=round_end,
+                       on_algorithm_start=lambda name: log.info("%s: start", name))
+        log.info("finished: %s", out / "summary.json")
+    except BaseException as e:
+        (out / "flower" / "error.txt").write_text(f"{type(e).__name__}: {e}" if not str(e) else str(e))
+        log.exception("run failed")
+        raise
+    finally:
+        logging.getLogger("fedseg").removeHandler(handler)
+        handler.close()

@@ -1,0 +1,187 @@
+"""fedseg on a real Flower deployment on 127.0.0.1: SuperLink, SuperNodes, ServerApp and ClientApp
+processes started by the ``fedseg flower`` commands, compared number for number with ``fedseg run``
+(the simulator) on the same folder federation. After every test, no process it started is alive
+(checked by PID, and by scanning /proc for the run's private ``FLWR_HOME``)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from safetensors.torch import load_file
+from typer.testing import CliRunner
+
+from conftest import TINY, disc_federation
+from fedseg.algorithms import ALGORITHMS
+from fedseg.cli import app
+from fedseg.data.folder import write_folder
+from fedseg.flower.certs import make_node_key
+from fedseg.flower.deploy import Processes, flower_env, free_ports, is_running
+from fedseg.flower.launch import supernode_command
+
+runner = CliRunner()
+DEMANDING = [a for a in ("fedsm", "scaffold") if a in ALGORITHMS]  # per-site payloads, several models, client state
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory) -> Path:
+    return write_folder(disc_federation(n_sites=2, cases_per_site=8), tmp_path_factory.mktemp("flower") / "fed")
+
+
+def _config(path: Path, algorithms: list[str], rounds: int) -> Path:
+    cfg = {**TINY, "algorithms": algorithms, "fl": {"rounds": rounds}, "methods": {"fedsm": {"selector_width": 0.0625}}}
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def _fedseg(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "fedseg.cli", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def _ledger(run: Path) -> list[tuple]:
+    with open(run / "ledger.csv") as f:
+        return [(r["algorithm"], r["round"], r["site"], r["action"], r["steps"], r["floats_down"], r["floats_up"]) for r in csv.DictReader(f)]
+
+
+def _csv(path: Path, drop: tuple[str, ...] = ()) -> list[dict]:
+    with open(path) as f:
+        return [{k: v for k, v in row.items() if k not in drop} for row in csv.DictReader(f)]
+
+
+def _assert_same_run(flower: Path, sim: Path) -> None:
+    """Same Dice/HD95 (to 1e-6), same ledger floats and steps, same selected rounds and final models."""
+    a, b = json.loads((flower / "summary.json").read_text()), json.loads((sim / "summary.json").read_text())
+    assert a["sites"] == b["sites"] and list(a["algorithms"]) == list(b["algorithms"])
+    for name, ref in b["algorithms"].items():
+        got = a["algorithms"][name]
+        for metric in ("dice", "hd95"):
+            assert got[metric] == pytest.approx(ref[metric], abs=1e-6, nan_ok=True), (name, metric)
+        for key in ("floats_sent", "sgd_steps", "rounds", "best_round"):
+            assert got[key] == ref[key], (name, key)
+        ours, theirs = load_file(flower / "model" / name / "weights.safetensors"), load_file(sim / "model" / name / "weights.safetensors")
+        assert sorted(ours) == sorted(theirs) and all((ours[k] - theirs[k]).abs().max() <= 1e-6 for k in ours), name
+    assert _ledger(flower) == _ledger(sim)
+    assert _csv(flower / "rounds.csv") == _csv(sim / "rounds.csv")
+    assert _csv(flower / "results.csv") == _csv(sim / "results.csv")
+    for name in ("config.yaml", "round_metrics.csv", "report.html"):
+        assert (flower / name).is_file(), name
+    assert sorted(p.name for p in (flower / "samples").iterdir()) == sorted(p.name for p in (sim / "samples").iterdir())
+
+
+def _survivors(work: Path, extra: list[int] = ()) -> list[str]:
+    """Processes started for a deployment still alive: recorded PIDs, and anything whose environment
+    carries that deployment's private FLWR_HOME (Flower's SuperExec, ServerApp, ClientApp processes)."""
+    pids = set(extra)
+    record = work / "processes.json"
+    if record.is_file():
+        pids |= set(json.loads(record.read_text())["pids"])
+    marker = f"FLWR_HOME={work / 'home'}".encode()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker in (entry / "environ").read_bytes().split(b"\0"):
+                    pids.add(int(entry.name))
+            except OSError:
+                continue
+    return [f"{p}: {Path(f'/proc/{p}/cmdline').read_text().replace(chr(0), ' ')}" for p in sorted(pids) if is_running(p)]
+
+
+def _wait_for(log: Path, text: str, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if log.is_file() and text in " ".join(log.read_text().split()):
+            return
+        time.sleep(0.2)
+    raise TimeoutError(f"{text!r} not in {log} after {timeout} s:\n{log.read_text() if log.is_file() else ''}")
+
+
+def test_flower_local_gives_the_simulators_numbers_for_fedavg_and_the_demanding_methods(folder, tmp_path):
+    """FedAvg, FedSM and SCAFFOLD, 2 rounds, 2 sites: identical results through Flower (warm ClientApp workers)."""
+    cfg = _config(tmp_path / "cfg.yaml", ["fedavg", *DEMANDING], rounds=2)
+    sim = runner.invoke(app, ["run", "--config", str(cfg), "--data", str(folder), "--out", str(tmp_path / "sim")])
+    assert sim.exit_code == 0, sim.output
+    out = tmp_path / "flower"
+    proc = _fedseg("flower", "local", "--config", str(cfg), "--data", str(folder), "--out", str(out), "--isolation", "warm")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "site site1 -> SuperNode" in proc.stdout and "report:" in proc.stdout
+    _assert_same_run(out, tmp_path / "sim")
+    assert not _survivors(out / "flower")
+
+
+def test_flower_local_with_tls_and_node_authentication_in_flowers_default_isolation(folder, tmp_path):
+    """TLS, registered SuperNode keys, one ClientApp process per message: still the simulator's numbers."""
+    cfg = _config(tmp_path / "cfg.yaml", ["fedavg"], rounds=1)
+    sim = runner.invoke(app, ["run", "--config", str(cfg), "--data", str(folder), "--out", str(tmp_path / "sim")])
+    assert sim.exit_code == 0, sim.output
+    out = tmp_path / "flower"
+    proc = _fedseg("flower", "local", "--config", str(cfg), "--data", str(folder), "--out", str(out), "--tls",
+                   "--isolation", "subprocess")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "(TLS, SuperNode authentication)" in proc.stdout
+    assert "registered SuperNode key site1.pub" in proc.stdout and "registered SuperNode key site2.pub" in proc.stdout
+    for site in ("site1", "site2"):  # each site saw only its own folder (federation.yaml + a link to its data)
+        assert sorted(p.name for p in (out / "flower" / "sites" / site).iterdir()) == ["federation.yaml", site]
+    _assert_same_run(out, tmp_path / "sim")
+    assert not _survivors(out / "flower")
+
+
+def test_unregistered_supernode_is_refused_and_a_missing_site_fails_the_run_clearly(folder, tmp_path):
+    """Coordinator (`fedseg flower server`, TLS, keys of site1 and site2 registered) + two hospitals: site1 with its
+    key, site2 with a key nobody registered. The SuperLink refuses site2's SuperNode; every site is required, so the
+    run fails naming site2 and how to fix it."""
+    certs = tmp_path / "certs"
+    made = runner.invoke(app, ["flower", "certs", "--out", str(certs), "--node", "site1", "--node", "site2"])
+    assert made.exit_code == 0, made.output
+    rogue_key, _ = make_node_key(tmp_path / "rogue", "site2")
+    cfg = _config(tmp_path / "cfg.yaml", ["fedavg"], rounds=1)
+    link_port, port1, port2 = free_ports(3)
+    superlink = f"127.0.0.1:{link_port}"
+    hospitals = tmp_path / "hospitals"
+    env = flower_env(hospitals / "home")
+    with Processes(hospitals / "processes.json") as procs:
+        coordinator = procs.start("coordinator", [
+            sys.executable, "-m", "fedseg.cli", "flower", "server", "--config", str(cfg), "--federation", str(folder),
+            "--out", str(tmp_path / "out"), "--host", "127.0.0.1", "--port", str(link_port), "--certs", str(certs),
+            "--auth-keys", str(certs / "supernodes"), "--wait", "10"], hospitals / "coordinator.log", env)
+        _wait_for(coordinator.log, "registered SuperNode key site2.pub")  # hospitals connect once the keys are registered
+        site1 = procs.start("site1", supernode_command("site1", folder, superlink, port1, hospitals / "s1", certs / "ca.crt",
+                                                       certs / "supernodes" / "site1.key", "subprocess", 0.05), hospitals / "site1.log", env)
+        site2 = procs.start("site2", supernode_command("site2", folder, superlink, port2, hospitals / "s2", certs / "ca.crt",
+                                                       rogue_key, "subprocess", 0.05), hospitals / "site2.log", env)
+        assert coordinator.proc.wait(timeout=600) == 1
+        assert site2.proc.wait(timeout=60) == 1  # refused: it never got a node id
+    said = " ".join(coordinator.log.read_text().split())
+    assert "registered SuperNode key site1.pub" in said and "registered SuperNode key site2.pub" in said
+    assert "site site1 -> SuperNode" in " ".join((tmp_path / "out" / "flower" / "server.log").read_text().split())
+    assert "site site2 did not connect within 10 s (connected: site1)" in said and "register its public key" in said
+    assert "SuperNode ID" in site1.log.read_text()  # the registered hospital was accepted
+    refused = " ".join(site2.log.read_text().split())
+    assert "Failed to activate SuperNode" in refused and "SuperNode ID" not in refused
+    assert not _survivors(hospitals) and not _survivors(tmp_path / "out" / "flower")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupting_flower_local_stops_every_process_it_started(folder, tmp_path, sig):
+    cfg = _config(tmp_path / "cfg.yaml", ["fedavg"], rounds=2)
+    out = tmp_path / "flower"
+    proc = subprocess.Popen([sys.executable, "-m", "fedseg.cli", "flower", "local", "--config", str(cfg), "--data", str(folder),
+                             "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        for line in proc.stdout:  # interrupt while the SuperNodes start and Flower launches the ServerApp
+            if "submitted" in line:
+                break
+        proc.send_signal(sig)
+        rest = proc.stdout.read()
+        assert proc.wait(timeout=120) == 130
+    finally:
+        proc.kill()
+    assert "interrupted; every Flower process was stopped" in rest
+    assert len(json.loads((out / "flower" / "processes.json").read_text())["pids"]) >= 4  # SuperLink, SuperExec, 2 SuperNodes
+    assert not _survivors(out / "flower")

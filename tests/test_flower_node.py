@@ -1,0 +1,167 @@
+"""The site side of fedseg's Flower app, called in-process on real folders (no processes, no
+mocks), and the fast refusals of the ``fedseg flower`` commands (before any process starts)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from flwr.app import ConfigRecord, Context, Message as FlowerMessage, Metadata, RecordDict
+from flwr.app.message import make_message
+from PIL import Image
+from typer.testing import CliRunner
+
+from conftest import disc_federation, tiny_config
+from fedseg.cli import app
+from fedseg.data.check import check_folder
+from fedseg.data.federation import FederationError
+from fedseg.data.folder import write_folder
+from fedseg.data.splits import make_splits
+from fedseg.flower import node
+from fedseg.flower.server import federation_from_record, federation_record
+
+runner = CliRunner()
+
+
+def _context(site: str, data: Path, cfg=None) -> Context:
+    cfg = cfg or tiny_config()
+    return Context(run_id=1, node_id=7, node_config={"site": site, "data": str(data)}, state=RecordDict(),
+                   run_config={"fedseg-config": cfg.model_dump_json()})
+
+
+def _query(action: str, header: dict) -> FlowerMessage:
+    """A message as the SuperNode delivers it to the ClientApp (metadata set by the SuperLink)."""
+    meta = Metadata(run_id=1, message_id="", src_node_id=0, dst_node_id=7, reply_to_message_id="", group_id="",
+                    created_at=time.time(), ttl=60.0, message_type=f"query.{action}")
+    msg = make_message(meta, RecordDict({node.ENGINE: ConfigRecord(header)}))
+    msg.metadata.__dict__["_message_id"] = msg.object_id
+    return msg
+
+
+def _info(fed) -> FlowerMessage:
+    return _query(node.INFO, {"site": "?", "header": json.dumps(node.federation_header(fed))})
+
+
+@pytest.fixture
+def folder(tmp_path: Path) -> Path:
+    return write_folder(disc_federation(2, 8), tmp_path / "fed")
+
+
+def test_info_checks_the_data_and_reports_the_simulators_split_sizes(folder):
+    fed = check_folder(folder)
+    reply = node.handle(_info(fed), _context("site2", folder))
+    assert not reply.has_error()
+    info = dict(reply.content[node.ENGINE])
+    splits = make_splits(fed, tiny_config().data.split, tiny_config().seed)["site2"]
+    assert info == {"site": "site2", "cases": 8, **{s: list(splits.values()).count(s) for s in ("train", "val", "test")}}
+
+
+def test_info_on_an_invalid_folder_answers_with_the_data_check_message(folder):
+    fed = check_folder(folder)
+    label = folder / "site1" / "labels" / "s1_000.png"
+    Image.fromarray(np.full((32, 32), 9, np.uint8)).save(label)  # label value 9 is in no region
+    with pytest.raises(FederationError) as expected:
+        check_folder(folder)
+    reply = node.handle(_info(fed), _context("site1", folder))
+    assert reply.has_error()
+    assert reply.error.reason.startswith("data check failed on site 'site1':")
+    assert str(expected.value) in reply.error.reason and "label values 9 are not in any region" in reply.error.reason
+
+
+def test_info_refuses_a_missing_site_and_a_different_federation(folder):
+    fed = check_folder(folder)
+    reply = node.handle(_info(fed), _context("site9", folder))
+    assert reply.has_error() and "no folder for site 'site9'" in reply.error.reason
+    other = disc_federation(2, 8)
+    other.channels = 1
+    reply = node.handle(_info(other), _context("site1", folder))
+    assert reply.has_error() and "does not match the coordinator's federation" in reply.error.reason
+
+
+def test_a_node_without_site_and_data_in_its_node_config_says_how_to_start_it(folder):
+    ctx = Context(run_id=1, node_id=7, node_config={}, state=RecordDict(), run_config={"fedseg-config": tiny_config().model_dump_json()})
+    reply = node.handle(_info(check_folder(folder)), ctx)
+    assert reply.has_error() and "fedseg flower supernode --site NAME --data ROOT" in reply.error.reason
+
+
+def test_restore_needs_the_snapshot_it_names(folder):
+    ctx = _context("site1", folder)
+    assert not node.handle(_query(node.SNAPSHOT, {"site": "site1", "algorithm": "fedavg", "tag": 2}), ctx).has_error()
+    assert not node.handle(_query(node.RESTORE, {"site": "site1", "algorithm": "fedavg", "tag": 2}), ctx).has_error()
+    reply = node.handle(_query(node.RESTORE, {"site": "site1", "algorithm": "fedavg", "tag": 1}), ctx)
+    assert reply.has_error() and "no snapshot 1 of 'fedavg'" in reply.error.reason
+
+
+def test_the_coordinator_knows_the_federation_header_and_site_names_only(folder):
+    fed = check_folder(folder)
+    back = federation_from_record(federation_record(fed))
+    assert (back.name, back.kind, back.channels, back.regions, back.site_names) == (fed.name, fed.kind, fed.channels, fed.regions, fed.site_names)
+    assert all(site.cases == [] for site in back.sites)
+
+
+def test_supernode_with_an_invalid_folder_fails_with_the_data_check_message_before_connecting(folder):
+    (folder / "site1" / "images" / "s1_003.png").unlink()
+    with pytest.raises(FederationError) as expected:
+        check_folder(folder)
+    # nothing listens on port 9: the node must fail on its data, never reach the network
+    proc = subprocess.run([sys.executable, "-m", "fedseg.cli", "flower", "supernode", "--site", "site1", "--data", str(folder),
+                           "--superlink", "127.0.0.1:9", "--insecure"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    output = " ".join((proc.stdout + proc.stderr).split())  # rich wraps long lines
+    assert "label without image" in output and "s1_003" in output
+    assert " ".join(str(expected.value).split()) in output
+    assert "Starting Flower SuperNode" not in output
+
+
+def test_flower_local_refuses_centralized_before_starting_anything(tmp_path):
+    result = runner.invoke(app, ["flower", "local", "--preset", "demo", "--out", str(tmp_path / "out")])
+    assert result.exit_code == 1
+    assert "cannot run on Flower" in result.output and "'centralized'" in result.output and "--algorithms local,fedavg" in result.output
+    assert not (tmp_path / "out").exists()
+
+
+class _Stop(Exception):
+    pass
+
+
+def test_a_half_done_run_cannot_be_resumed_on_flower_but_the_simulator_resumes_it(tmp_path):
+    """run.py's checkpoints hold the simulator's client states; on Flower they live on the nodes."""
+    from fedseg.flower.engine import Courier, FlowerEngine, SiteMap
+    from fedseg.run import prepare, run_algorithm, run_experiment
+
+    cfg = tiny_config(algorithms=["fedavg"], fl={"rounds": 2})
+    fed = disc_federation(2, 8)
+
+    def stop(name, rnd, losses):
+        raise _Stop
+
+    with pytest.raises(_Stop):
+        run_experiment(cfg, tmp_path, on_round_end=stop, federation=fed)
+    prep = prepare(cfg, fed)
+
+    def flower(name, spec, options, prep, out, observers):  # never reaches the network: refused before round 2
+        return FlowerEngine(name, Courier(grid=None), SiteMap(fed.site_names), prep.task, options, observers)
+
+    with pytest.raises(ValueError, match="cannot resume 'fedavg' on this engine \\(FlowerEngine\\)"):
+        run_algorithm("fedavg", prep, tmp_path, resume=True, engine_factory=flower)
+    assert run_algorithm("fedavg", prep, tmp_path, resume=True).summary["rounds"] == 2  # the default engine resumes
+
+
+def test_the_coordinator_reads_the_header_and_site_names_never_an_image(folder, tmp_path):
+    from fedseg.flower.cli import coordinator_federation
+
+    for image in folder.glob("*/images/*.png"):
+        image.write_bytes(b"not read by the coordinator")
+    fed = coordinator_federation(folder, None)
+    assert (fed.name, fed.site_names, fed.regions.names) == ("discs", ["site1", "site2"], ("disc", "cup"))
+    alone = tmp_path / "coordinator"
+    alone.mkdir()
+    (alone / "federation.yaml").write_text((folder / "federation.yaml").read_text())
+    assert coordinator_federation(alone / "federation.yaml", "site2,site1").site_names == ["site1", "site2"]  # sorted, as a folder
+    with pytest.raises(ValueError, match="name the sites: --sites a,b,c"):
+        coordinator_federation(alone / "federation.yaml", None)
