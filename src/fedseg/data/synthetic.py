@@ -315,7 +315,7 @@ def smooth_field(waves: np.ndarray, size: int) -> np.ndarray:
     plane waves with amplitude ~ 1 / frequency, zero mean and unit variance (over draws).
 
     Plane waves are separable, ``cos(a u + b v + p) = cos(a u) cos(b v + p) - sin(a u) sin(b v + p)``,
-    so each field is two small matrix products instead of K full-image cosines.
+    so each field is two small products over K (einsum, no BLAS) instead of K full-image cosines.
     """
     freq, direction, phase = waves[:, 0, :, None], waves[:, 1, :, None], waves[:, 2, :, None]  # (N, K, 1)
     amp = 1.0 / freq
@@ -323,27 +323,36 @@ def smooth_field(waves: np.ndarray, size: int) -> np.ndarray:
     t = axis(size).astype(np.float64)
     col = 2 * np.pi * freq * np.cos(direction) * t  # (N, K, W)
     row = 2 * np.pi * freq * np.sin(direction) * t + phase  # (N, K, H)
-    field = (amp * np.cos(row)).transpose(0, 2, 1) @ np.cos(col) - (amp * np.sin(row)).transpose(0, 2, 1) @ np.sin(col)
+    cos_part = np.einsum("nkh,nkw->nhw", amp * np.cos(row), np.cos(col))
+    field = cos_part - np.einsum("nkh,nkw->nhw", amp * np.sin(row), np.sin(col))
     return field.astype(np.float32)
 
 
 @lru_cache(maxsize=64)
-def blur_matrix(size: int, sigma_px: float) -> np.ndarray:
-    """Row-normalized Gaussian matrix float32 ``(size, size)``: ``M @ x`` blurs ``x`` along its rows axis
-    (edges renormalized, i.e. no darkening at the border)."""
-    t = np.arange(size, dtype=np.float64)
-    m = np.exp(-0.5 * ((t[:, None] - t[None, :]) / sigma_px) ** 2)
-    m[m < np.exp(-4.5)] = 0.0  # truncate at 3 sigma
-    return (m / m.sum(axis=1, keepdims=True)).astype(np.float32)
+def blur_kernel(sigma_px: float) -> np.ndarray:
+    """Gaussian weights float32 ``(2 r + 1,)`` for offsets ``-r..r`` pixels, truncated at 3 sigma."""
+    radius = int(3.0 * sigma_px)
+    return np.exp(-0.5 * (np.arange(-radius, radius + 1) / sigma_px) ** 2).astype(np.float32)
 
 
 def blur(image: np.ndarray, sigma_px: float) -> np.ndarray:
-    """Gaussian blur of ``image (..., H, W)`` over the last two axes, ``sigma_px`` in pixels (separable,
-    as two small matrix products)."""
+    """Gaussian blur of ``image (..., H, W)`` over the last two axes, ``sigma_px`` in pixels. Separable, as
+    shifted adds (no BLAS: its threads stall on a busy machine); at the border the kernel is renormalized
+    over the pixels inside, so edges do not darken."""
     if sigma_px <= 0:
         return image
-    m = blur_matrix(image.shape[-1], round(sigma_px, 4))
-    return m @ image @ m.T
+    kernel = blur_kernel(round(sigma_px, 4))
+    radius = len(kernel) // 2
+    for axis in (image.ndim - 1, image.ndim - 2):
+        n = image.shape[axis]
+        padded = np.pad(image, [(radius, radius) if a == axis else (0, 0) for a in range(image.ndim)])
+        inside = np.pad(np.ones(n, dtype=np.float32), radius)
+        out, norm = np.zeros_like(image), np.zeros(n, dtype=np.float32)
+        for i, w in enumerate(kernel):
+            out += w * padded[(slice(None),) * axis + (slice(i, i + n),)]
+            norm += w * inside[i : i + n]
+        image = out / norm.reshape((n,) + (1,) * (image.ndim - 1 - axis))
+    return image
 
 
 def splat_lines(x, y, weight, case, n_cases: int, sigma_px: float, size: int) -> np.ndarray:
@@ -676,7 +685,9 @@ def draw_pelvis(rng: np.random.Generator) -> Pelvis:
     n = lambda sd, mean=0.0: rng.normal(mean, sd)  # noqa: E731
     body_scale = math.exp(n(0.05))
     body = Blob((n(0.02), n(0.02, 0.05)), (1.0 * body_scale, 0.82 * body_scale), n(0.03), **random_wobble(rng, 3, 0.03))
-    cavity = Blob((n(0.02), n(0.02, 0.1)), (rng.uniform(0.46, 0.54), rng.uniform(0.46, 0.54)), 0.0, **random_wobble(rng, 3, 0.05))
+    cavity_center = (n(0.02), n(0.02, 0.1))
+    cavity_radii = (rng.uniform(0.46, 0.54), rng.uniform(0.46, 0.54))
+    cavity = Blob(cavity_center, cavity_radii, 0.0, **random_wobble(rng, 3, 0.05))
     bone_r = rng.uniform(0.16, 0.21)
     femoral = [Blob((side * rng.uniform(0.64, 0.72), rng.uniform(0.0, 0.12)), (bone_r, bone_r * rng.uniform(1.0, 1.2)),
                     **random_wobble(rng, 2, 0.05)) for side in (-1.0, 1.0)]
@@ -696,7 +707,8 @@ def draw_pelvis(rng: np.random.Generator) -> Pelvis:
     bladder = None
     if rng.random() < 0.5:
         b_rx, b_ry = rng.uniform(0.25, 0.42), rng.uniform(0.12, 0.25)
-        bladder = Blob((cx + n(0.04), cy - ry - b_ry * rng.uniform(0.6, 1.0)), (b_rx, b_ry), n(0.1), **random_wobble(rng, 3, 0.05))
+        b_center = (cx + n(0.04), cy - ry - b_ry * rng.uniform(0.6, 1.0))
+        bladder = Blob(b_center, (b_rx, b_ry), n(0.1), **random_wobble(rng, 3, 0.05))
     return Pelvis(body, cavity, (*femoral, *pubic), levator, bladder, rectum, prostate, tz,
                   capsule=rng.uniform(0.12, 0.26), pz=rng.uniform(0.34, 0.48))
 
