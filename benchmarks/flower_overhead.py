@@ -17,9 +17,11 @@ variant, wall clock:
   of a round is Flower's.
 
 Variants: ``sim`` (in-process simulator), ``warm`` (fedseg's warm ClientApp workers, waits
-shortened to 0.05 s), ``warm-tls`` (+ TLS and SuperNode authentication), ``warm-flower-waits``
-(warm workers, Flower's own polling intervals and backoffs), ``subprocess`` (Flower's default
-isolation: one ClientApp process per message, waits shortened), ``subprocess-tls``.
+shortened to ``--poll`` 0.2 s, the default), ``warm-tls`` (+ TLS and SuperNode authentication),
+``warm-poll-0.05`` (waits 0.05 s), ``warm-flower-waits`` (Flower's own polling intervals and
+backoffs), ``subprocess`` (Flower's default isolation: one ClientApp process per message),
+``subprocess-tls``. Sites run in parallel, each with ``threads`` torch threads: on a machine
+with fewer cores than sites x threads, Flower's rounds also pay for oversubscription.
 Writes ``benchmarks/results/flower_overhead.json``.
 """
 
@@ -42,16 +44,17 @@ import torch
 from fedseg.config import load_config
 from fedseg.data.folder import write_folder
 from fedseg.data.synthetic import build_synthetic
-from fedseg.flower.launch import local
+from fedseg.flower.launch import DEFAULT_POLL, local
 from fedseg.run import run_experiment
 
 VARIANTS = {
     "sim": None,
-    "warm": {"isolation": "warm", "tls": False, "poll": 0.05},
-    "warm-tls": {"isolation": "warm", "tls": True, "poll": 0.05},
+    "warm": {"isolation": "warm", "tls": False, "poll": DEFAULT_POLL},
+    "warm-tls": {"isolation": "warm", "tls": True, "poll": DEFAULT_POLL},
+    "warm-poll-0.05": {"isolation": "warm", "tls": False, "poll": 0.05},
     "warm-flower-waits": {"isolation": "warm", "tls": False, "poll": 0.0},
-    "subprocess": {"isolation": "subprocess", "tls": False, "poll": 0.05},
-    "subprocess-tls": {"isolation": "subprocess", "tls": True, "poll": 0.05},
+    "subprocess": {"isolation": "subprocess", "tls": False, "poll": DEFAULT_POLL},
+    "subprocess-tls": {"isolation": "subprocess", "tls": True, "poll": DEFAULT_POLL},
 }
 ROUND_LINE = re.compile(r"fedavg round (\d+)/\d+")
 EXCHANGE_LINE = re.compile(r"^(\S+ \S+) DEBUG fedseg\.flower\.engine: fedavg (\w+) \(round \d+\): pushed in ([\d.]+) s, replies after ([\d.]+) s")
@@ -153,7 +156,8 @@ def main() -> None:
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
                     "note": "shared machine: other jobs ran at the same time; see load_avg_1min_before"},
         "config": {"preset": "demo", "overrides": overrides, "sites": sites, "image_size": cfg.data.image_size,
-                   "model_channels": list(cfg.model.channels), "threads": cfg.threads},
+                   "model_channels": list(cfg.model.channels), "threads": cfg.threads, "batch_size": cfg.train.batch_size,
+                   "resolved": cfg.model_dump(mode="json")},
         "variants": results,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -16,7 +16,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-DEFAULT_POLL = 0.2  # fedseg.flower.launch.DEFAULT_POLL (not imported: this module loads fast)
+from fedseg.flower.launch import DEFAULT_POLL
+
 flower_app = typer.Typer(help="Run on a real Flower deployment (SuperLink + one SuperNode per site).", no_args_is_help=True)
 console = Console()
 

@@ -30,7 +30,6 @@ from fedseg.data.federation import Federation, Regions, Site
 
 log = logging.getLogger("fedseg.flower.server")
 
-KEYS = ("fedseg-config", "fedseg-federation", "fedseg-out", "fedseg-wait", "fedseg-poll", "fedseg-version")
 DEFAULTS = {"fedseg-config": "", "fedseg-federation": "", "fedseg-out": "", "fedseg-wait": 120.0, "fedseg-poll": 0.2,
             "fedseg-version": ""}
 FLOWER_REPLY_POLL = 3.0  # flwr's Grid.send_and_receive interval, used with fedseg-poll = 0
