@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from fedseg.config import ConfigError, load_config, preset_description, preset_names
+from fedseg.config import ConfigError, config_from_cli, preset_description, preset_names
 from fedseg.data.federation import FederationError
 
 app = typer.Typer(help="fedseg: cross-silo federated learning for medical image segmentation.", no_args_is_help=True)
@@ -59,17 +59,8 @@ def run(
     resume: bool = typer.Option(False, "--resume", help="continue from the last checkpoint in --out"),
 ) -> None:
     """Train and evaluate every configured algorithm; write summary.json, CSVs, model/ and report.html."""
-    overrides = list(set_)
-    if data is not None:
-        overrides += [f"data.source=folder", f"data.root={data}"]
-    if algorithms:
-        overrides.append(f"algorithms=[{algorithms}]")
-    if rounds is not None:
-        overrides.append(f"fl.rounds={rounds}")
-    if seed is not None:
-        overrides.append(f"seed={seed}")
     try:
-        cfg = load_config(preset=preset, file=config, overrides=overrides)
+        cfg = config_from_cli(preset, config, data, algorithms, rounds, seed, set_)
         from fedseg.progress import run_with_progress
 
         results = run_with_progress(cfg, out, resume, console)

@@ -193,3 +193,18 @@ def load_config(
 
 def dump_config(cfg: RunConfig) -> str:
     return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+
+
+def config_from_cli(preset, config, data, algorithms, rounds, seed, overrides) -> RunConfig:
+    """The RunConfig of a ``run``-style command: preset or file, then ``--data``, ``--algorithms``,
+    ``--rounds``, ``--seed`` and the ``--set`` overrides (the ``--set`` values first, the named options win)."""
+    overrides = list(overrides)
+    if data is not None:
+        overrides += ["data.source=folder", f"data.root={Path(data).resolve()}"]
+    if algorithms:
+        overrides.append(f"algorithms=[{algorithms}]")
+    if rounds is not None:
+        overrides.append(f"fl.rounds={rounds}")
+    if seed is not None:
+        overrides.append(f"seed={seed}")
+    return load_config(preset=preset, file=config, overrides=overrides)

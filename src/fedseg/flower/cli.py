@@ -33,18 +33,9 @@ def _echo(line: str) -> None:
 
 
 def _config(preset, config, data, algorithms, rounds, seed, set_):
-    from fedseg.config import load_config
+    from fedseg.config import config_from_cli
 
-    overrides = list(set_)
-    if data is not None:
-        overrides += ["data.source=folder", f"data.root={Path(data).resolve()}"]
-    if algorithms:
-        overrides.append(f"algorithms=[{algorithms}]")
-    if rounds is not None:
-        overrides.append(f"fl.rounds={rounds}")
-    if seed is not None:
-        overrides.append(f"seed={seed}")
-    return load_config(preset=preset, file=config, overrides=overrides)
+    return config_from_cli(preset, config, data, algorithms, rounds, seed, set_)
 
 
 def _errors():
