@@ -63,21 +63,23 @@ def check(
 ) -> None:
     """Validate a federation folder and list every problem; exit 1 if there is any."""
     from fedseg.data.check import check_folder
-    from fedseg.data.splits import make_splits
 
     try:
         split, split_seed = _split_settings(preset, config, seed)
         fed = check_folder(root, split, split_seed)
     except (FederationError, ConfigError) as e:
         _fail(str(e))
+    _print_summary(fed, split, split_seed, f"OK: {root} — {{sites}} sites, {{cases}} cases ({split.mode} split, seed {split_seed})")
+
+
+def _print_summary(fed, split: SplitConfig, seed: int, line: str) -> None:
+    """Print the per-site table, then ``line`` with ``{sites}`` and ``{cases}`` filled in."""
+    from fedseg.data.splits import make_splits
+
     console = Console()
-    console.print(summary_table(fed, make_splits(fed, split, split_seed)))
+    console.print(summary_table(fed, make_splits(fed, split, seed)))
     n_cases = sum(len(s.cases) for s in fed.sites)
-    console.print(
-        f"OK: {root} — {len(fed.sites)} sites, {n_cases} cases ({split.mode} split, seed {split_seed})",
-        highlight=False,
-        soft_wrap=True,
-    )
+    console.print(line.format(sites=len(fed.sites), cases=n_cases), highlight=False, soft_wrap=True)
 
 
 def _synth_source(name: str) -> tuple[str, float, int, int, SplitConfig]:
@@ -101,7 +103,6 @@ def synth(
     """Generate a built-in federation and write it in the folder format (then check it)."""
     from fedseg.data.check import check_folder
     from fedseg.data.folder import write_folder
-    from fedseg.data.splits import make_splits
 
     try:
         source, default_scale, default_size, default_seed, split = _synth_source(preset)
@@ -120,11 +121,5 @@ def synth(
         written = check_folder(out)
     except (FederationError, ConfigError) as e:
         _fail(str(e))
-    console = Console()
-    console.print(summary_table(written, make_splits(written, split, seed)))
-    n_cases = sum(len(s.cases) for s in written.sites)
-    console.print(
-        f"wrote {source} (scale {scale}, image size {image_size}, seed {seed}): {len(written.sites)} sites, {n_cases} cases -> {out}",
-        highlight=False,
-        soft_wrap=True,
-    )
+    _print_summary(written, split, seed,
+                   f"wrote {source} (scale {scale}, image size {image_size}, seed {seed}): {{sites}} sites, {{cases}} cases -> {out}")
