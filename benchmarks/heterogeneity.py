@@ -2,53 +2,41 @@
 
 For each federation and seed: local training per site with the cross-site matrix (each
 site's model on every site's test split, the "Client k Local" rows of the FedSM paper's
-Table 3) and centralized training. Criteria of the spine issue, at 64x64:
+Table 3) and centralized training, at the benchmark budget of ``benchmarks/common.py``
+(64x64). Criteria of the spine issue:
   synthetic-retina:   mean off-diagonal Dice >= 0.15 below the mean diagonal Dice
   synthetic-prostate: mean off-diagonal Dice <= 0.08 below the mean diagonal Dice
   both:               centralized mean test Dice (client_avg) >= 0.80
 
-    .venv/bin/python benchmarks/heterogeneity.py [--seeds 0 1 2] [--federations synthetic-retina synthetic-prostate]
+    .venv/bin/python benchmarks/heterogeneity.py [--seeds 0 1 2] [--federations ...] [--jobs 2]
 
-Writes benchmarks/results/heterogeneity.json (and keeps each run under benchmarks/runs/).
+Writes benchmarks/results/heterogeneity.json (runs are cached and shared with methods.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import shutil
-import time
-from pathlib import Path
 
 import numpy as np
 
-from fedseg.config import load_config
-from fedseg.run import run_experiment
+from common import RESULTS, run_all
 
-HERE = Path(__file__).parent
 CRITERIA = {"synthetic-retina": ("gap_at_least", 0.15), "synthetic-prostate": ("gap_at_most", 0.08)}
+CENTRALIZED_AT_LEAST = 0.80
 
 
-def measure(federation: str, seed: int, overrides: list[str]) -> dict:
-    cfg = load_config(preset=federation, overrides=[f"seed={seed}", "algorithms=[centralized, local]", *overrides])
-    out = HERE / "runs" / f"heterogeneity-{federation}-seed{seed}"
-    shutil.rmtree(out, ignore_errors=True)
-    start = time.perf_counter()
-    results = run_experiment(cfg, out)
-    by_name = {a.name: a.summary for a in results.algorithms}
-    local = by_name["local"]
-    sites = results.federation.site_names
-    matrix = np.array([[local["cross_site"]["dice"][a][b] for b in sites] for a in sites])
+def seed_entry(local: dict, central: dict) -> dict:
+    s = local["summary"]
+    sites = local["sites"]
     return {
-        "seed": seed,
-        "matrix": matrix.round(4).tolist(),
-        "diagonal_mean": local["local_avg"],
-        "off_diagonal_mean": local["local_gen"],
-        "gap": local["local_avg"] - local["local_gen"],
-        "centralized_dice": by_name["centralized"]["dice"]["client_avg"],
-        "seconds": time.perf_counter() - start,
-        "config": {"scale": cfg.data.scale, "image_size": cfg.data.image_size, "rounds": cfg.fl.rounds,
-                   "budget": cfg.train.budget.model_dump(), "batch_size": cfg.train.batch_size},
+        "seed": local["seed"],
+        "matrix": [[round(s["cross_site"]["dice"][a][b], 4) for b in sites] for a in sites],
+        "diagonal_mean": s["local_avg"],
+        "off_diagonal_mean": s["local_gen"],
+        "gap": s["local_avg"] - s["local_gen"],
+        "centralized_dice": central["summary"]["dice"]["client_avg"],
+        "overrides": local["overrides"],
     }
 
 
@@ -56,25 +44,30 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--federations", nargs="+", default=list(CRITERIA))
-    ap.add_argument("--set", dest="overrides", action="append", default=[], help="config override key=value")
+    ap.add_argument("--jobs", type=int, default=2, help="runs trained at once (one torch thread each)")
     args = ap.parse_args()
+    jobs = [(fed, seed, algo) for seed in args.seeds for fed in args.federations for algo in ("local", "centralized")]
+    done = run_all(jobs, [], args.jobs)
     report = {}
     for fed in args.federations:
-        runs = [measure(fed, s, args.overrides) for s in args.seeds]
+        runs = [seed_entry(done[(fed, s, "local")], done[(fed, s, "centralized")]) for s in args.seeds]
         kind, bound = CRITERIA[fed]
         gap = float(np.mean([r["gap"] for r in runs]))
         central = float(np.mean([r["centralized_dice"] for r in runs]))
         gap_ok = gap >= bound if kind == "gap_at_least" else gap <= bound
         report[fed] = {
+            "sites": done[(fed, args.seeds[0], "local")]["sites"],
             "runs": runs,
+            "mean_diagonal": float(np.mean([r["diagonal_mean"] for r in runs])),
+            "mean_off_diagonal": float(np.mean([r["off_diagonal_mean"] for r in runs])),
             "mean_gap": gap,
             "mean_centralized_dice": central,
-            "criteria": {kind: bound, "centralized_at_least": 0.80},
-            "pass": bool(gap_ok and central >= 0.80),
+            "criteria": {kind: bound, "centralized_at_least": CENTRALIZED_AT_LEAST},
+            "pass": bool(gap_ok and central >= CENTRALIZED_AT_LEAST),
         }
         print(f"{fed}: gap {gap:.3f} ({kind} {bound}), centralized {central:.3f} -> {'PASS' if report[fed]['pass'] else 'FAIL'}")
-    (HERE / "results").mkdir(exist_ok=True)
-    path = HERE / "results" / "heterogeneity.json"
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / "heterogeneity.json"
     old = json.loads(path.read_text()) if path.exists() else {}
     path.write_text(json.dumps({**old, **report}, indent=2))
 

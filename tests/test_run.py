@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from conftest import disc_federation, tiny_config
+from fedseg.engine.checkpoint import CheckpointWriter, load_checkpoint
 from fedseg.run import run_experiment
 
 
@@ -51,16 +52,21 @@ class _Stop(Exception):
     pass
 
 
-def test_resume_after_interruption_equals_uninterrupted_run(tmp_path):
-    cfg = tiny_config(algorithms=["local", "fedavg"], fl={"rounds": 4})
+@pytest.mark.parametrize("validate_every, stop_round, best_is_current", [(1, 2, True), (2, 3, False)])
+def test_resume_after_interruption_equals_uninterrupted_run(tmp_path, validate_every, stop_round, best_is_current):
+    """Both checkpoint forms of the best round: the checkpointed round itself (stored as a marker)
+    and an earlier round (stored as a copy of the states)."""
+    cfg = tiny_config(algorithms=["local", "fedavg"], fl={"rounds": 4, "validate_every": validate_every})
     full = run_experiment(cfg, tmp_path / "full", federation=disc_federation())
 
-    def stop_after_fedavg_round_2(name, rnd, losses):
-        if name == "fedavg" and rnd == 2:
+    def stop_after_fedavg_round(name, rnd, losses):
+        if name == "fedavg" and rnd == stop_round:
             raise _Stop
 
     with pytest.raises(_Stop):
-        run_experiment(cfg, tmp_path / "cut", on_round_end=stop_after_fedavg_round_2, federation=disc_federation())
+        run_experiment(cfg, tmp_path / "cut", on_round_end=stop_after_fedavg_round, federation=disc_federation())
+    best = load_checkpoint(tmp_path / "cut" / "checkpoints" / "fedavg.pt")["best"]
+    assert bool(best.get("current")) == best_is_current and ("server" in best) != best_is_current
     with pytest.raises(FileExistsError):
         run_experiment(cfg, tmp_path / "cut", federation=disc_federation())
     resumed = run_experiment(cfg, tmp_path / "cut", resume=True, federation=disc_federation())
@@ -92,3 +98,17 @@ def test_no_message_carries_image_or_label_data(tmp_path):
     cfg = tiny_config(algorithms=["centralized", "local", "fedavg"])
     run_experiment(cfg, tmp_path, observers=[inspect], federation=fed)
     assert any(n.startswith("model/") for n in seen) and "dice" in seen
+
+
+def test_checkpoint_writer_writes_the_last_snapshot_and_reports_errors(tmp_path):
+    t = torch.zeros(3)
+    with CheckpointWriter() as writer:
+        writer.save(tmp_path / "a.pt", {"t": torch.ones(3)})
+        writer.save(tmp_path / "a.pt", {"t": t})
+        t += 1  # the bytes were taken at save(): later changes must not reach the file
+    assert torch.equal(load_checkpoint(tmp_path / "a.pt")["t"], torch.zeros(3))
+    (tmp_path / "file").write_text("x")
+    writer = CheckpointWriter()
+    writer.save(tmp_path / "file" / "b.pt", {"t": t})  # parent is a file: the background write fails
+    with pytest.raises(OSError):
+        writer.close()

@@ -14,10 +14,11 @@ from fedseg.algorithms import get_algorithm
 from fedseg.config import RunConfig
 from fedseg.data.dataset import SiteData, build_site_data
 from fedseg.data.federation import Federation
-from fedseg.engine.checkpoint import load_checkpoint, save_checkpoint
+from fedseg.engine.checkpoint import CheckpointWriter, load_checkpoint, save_checkpoint
 from fedseg.engine.ledger import Ledger
 from fedseg.engine.simulator import Simulator, Task
 from fedseg.evaluate.cost import cost_table
+from fedseg.evaluate.selector_features import write_selector_features
 from fedseg.evaluate.tables import site_summary
 from fedseg.outputs import RunResults, write_outputs
 
@@ -118,23 +119,29 @@ def run_algorithm(
         engine.restore_clients(ckpt["clients"])
         engine.ledger = Ledger.from_dicts(ckpt["ledger"])
         start, rounds_rows, metric_rows, best = ckpt["round"] + 1, ckpt["rounds_rows"], ckpt["metric_rows"], ckpt["best"]
+        if best and best.get("current"):  # the best round was the checkpointed one (stored once, see below)
+            best = {**best, "server": clone(ckpt["server"]), "clients": engine.snapshot_clients()}
 
-    for rnd in range(start, cfg.fl.rounds + 1):
-        engine.round = rnd
-        losses = server.run_round(rnd)
-        if rnd % cfg.fl.validate_every == 0 or rnd == cfg.fl.rounds:
-            per_site = site_means(server.evaluate("val"), server.site_model, sites)
-            for site in sites:
-                rounds_rows.append({"algorithm": name, "round": rnd, "site": site, "val_dice": per_site[site],
-                                    "train_loss": losses.get(site, float(np.mean(list(losses.values()))))})
-            metric_rows += [{"algorithm": name, "round": rnd, **row} for row in server.round_metrics()]
-            score = per_site["client_avg"]
-            if best is None or score > best["score"]:
-                best = {"round": rnd, "score": score, "server": clone(server.state_dict()), "clients": engine.snapshot_clients()}
-        save_checkpoint(ckpt_path, {"round": rnd, "server": server.state_dict(), "clients": engine.client_states,
-                                    "ledger": engine.ledger.as_dicts(), "rounds_rows": rounds_rows, "metric_rows": metric_rows, "best": best})
-        if on_round_end:
-            on_round_end(name, rnd, losses)
+    with CheckpointWriter() as writer:
+        for rnd in range(start, cfg.fl.rounds + 1):
+            engine.round = rnd
+            losses = server.run_round(rnd)
+            if rnd % cfg.fl.validate_every == 0 or rnd == cfg.fl.rounds:
+                per_site = site_means(server.evaluate("val"), server.site_model, sites)
+                for site in sites:
+                    rounds_rows.append({"algorithm": name, "round": rnd, "site": site, "val_dice": per_site[site],
+                                        "train_loss": losses.get(site, float(np.mean(list(losses.values()))))})
+                metric_rows += [{"algorithm": name, "round": rnd, **row} for row in server.round_metrics()]
+                score = per_site["client_avg"]
+                if best is None or score > best["score"]:
+                    best = {"round": rnd, "score": score, "server": clone(server.state_dict()), "clients": engine.snapshot_clients()}
+            # a best round equal to this one is stored as a marker, not as a second copy of the states
+            stored_best = {"round": rnd, "score": best["score"], "current": True} if best and best["round"] == rnd else best
+            writer.save(ckpt_path, {"round": rnd, "server": server.state_dict(), "clients": engine.client_states,
+                                    "ledger": engine.ledger.as_dicts(), "rounds_rows": rounds_rows,
+                                    "metric_rows": metric_rows, "best": stored_best})
+            if on_round_end:
+                on_round_end(name, rnd, losses)
 
     server.load_state_dict(best["server"])
     engine.restore_clients(best["clients"])
@@ -212,6 +219,9 @@ def run_experiment(
     for name in cfg.algorithms:
         if on_algorithm_start:
             on_algorithm_start(name)
-        results.algorithms.append(run_algorithm(name, prep, out, resume, observers, on_round_end, engine_factory))
+        result = run_algorithm(name, prep, out, resume, observers, on_round_end, engine_factory)
+        results.algorithms.append(result)
+        if prep.site_data:  # FedSM family: the selector's features of the test images (report, Fig. 3)
+            write_selector_features(out, name, result.bundle, prep.site_data, prep.task)
         write_outputs(out, results)
     return results

@@ -1,9 +1,17 @@
-"""Atomic checkpoints: write to a temporary file in the same folder, then rename over the old one."""
+"""Atomic checkpoints: write to a temporary file in the same folder, then rename over the old one.
+
+:class:`CheckpointWriter` takes a snapshot of the payload at once (tensors cloned, containers
+copied: training may change them right after) and serializes, writes, fsyncs and renames it on a
+background thread, so a round's checkpoint overlaps the next round's compute. At most one write
+is in flight; a write error is raised by the next ``save`` or by ``close``. A crash mid-write
+leaves the previous checkpoint in place (the rename never happened).
+"""
 
 from __future__ import annotations
 
 import os
 import tempfile
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -31,6 +39,49 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 def save_checkpoint(path: Path, payload: dict) -> None:
     atomic_write_bytes(path, lambda f: torch.save(payload, f))
+
+
+def snapshot(obj):
+    """A copy of ``obj`` that later in-place changes cannot reach: tensors cloned, dicts/lists/tuples
+    copied recursively; anything else (numbers, strings) is immutable and shared."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().clone()
+    if isinstance(obj, dict):
+        return {k: snapshot(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(snapshot(v) for v in obj)
+    return obj
+
+
+class CheckpointWriter:
+    """Background atomic checkpoint writes; use as a context manager (``close`` waits for the last)."""
+
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
+        self._pending: Future | None = None
+
+    def save(self, path: Path, payload: dict) -> None:
+        frozen = snapshot(payload)
+        self.wait()
+        self._pending = self._pool.submit(save_checkpoint, path, frozen)
+
+    def wait(self) -> None:
+        """Block until the write in flight (if any) is on disk; re-raise its error."""
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            pending.result()
+
+    def close(self) -> None:
+        try:
+            self.wait()
+        finally:
+            self._pool.shutdown(wait=True)
+
+    def __enter__(self) -> "CheckpointWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def load_checkpoint(path: Path) -> dict | None:

@@ -9,6 +9,7 @@ passes between server and client.
 
 from __future__ import annotations
 
+import copy
 import time
 import zlib
 from dataclasses import dataclass
@@ -38,8 +39,16 @@ class Task:
     regions: tuple[str, ...]
 
     def new_model(self) -> nn.Module:
-        """The segmentation network with the run's initial weights (same seed -> same weights)."""
-        return build_segmenter(self.cfg.model, self.spatial_dims, self.in_channels, len(self.regions), self.cfg.seed).to(self.device)
+        """The segmentation network with the run's initial weights (same seed -> same weights).
+
+        Built once per Task and copied after that: clients build a network for every message
+        and overwrite its weights, and a copy costs about 60% of a build with random init."""
+        template = self.__dict__.get("_template")
+        if template is None:
+            template = build_segmenter(self.cfg.model, self.spatial_dims, self.in_channels, len(self.regions),
+                                       self.cfg.seed).to(self.device)
+            object.__setattr__(self, "_template", template)  # a cache on a frozen dataclass
+        return copy.deepcopy(template)
 
     @property
     def device(self) -> torch.device:

@@ -1,0 +1,122 @@
+"""Shared by the accuracy benchmarks: one benchmark budget, one cached run per (federation, seed, algorithm).
+
+Every benchmark trains each algorithm as its own run (``algorithms=[name]``) under
+``benchmarks/runs/<federation>/seed<S>/<name>/`` and keeps what the tables need in
+``benchmarks/results/runs/<federation>/seed<S>/<name>.json`` (committed, small). A run whose
+JSON exists with the same overrides is not trained again, so ``heterogeneity.py`` and
+``methods.py`` share their centralized and local runs, an interrupted benchmark continues
+where it stopped, and ``--jobs 2`` trains two runs at once (one torch thread each).
+
+The benchmark budget (64x64, batch 4, one local epoch per round): ``synthetic-retina`` at
+scale 0.25 (the demo's federation: 227 training images) and ``synthetic-prostate`` at scale
+0.1 (317 training images: its paper sizes are 3.5x the retina's), ``ROUNDS`` rounds.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).parent
+RESULTS = HERE / "results"
+ROUNDS = 30
+BUDGET = {
+    "synthetic-retina": ["data.scale=0.25", "data.image_size=64", "train.batch_size=4", f"fl.rounds={ROUNDS}", "threads=1"],
+    "synthetic-prostate": ["data.scale=0.1", "data.image_size=64", "train.batch_size=4", f"fl.rounds={ROUNDS}", "threads=1"],
+}
+
+
+def cache_path(federation: str, seed: int, algorithm: str) -> Path:
+    return RESULTS / "runs" / federation / f"seed{seed}" / f"{algorithm}.json"
+
+
+def run_overrides(federation: str, seed: int, algorithm: str, extra: list[str]) -> list[str]:
+    return [*BUDGET[federation], f"seed={seed}", f"algorithms=[{algorithm}]", *extra]
+
+
+def case_stats(rows: list[dict], algorithm: str, regions: list[str], own) -> dict:
+    """FeTS Table 1 numbers over the test cases each site scores with its own model: per region
+    Dice mean/std, and per case (mean over regions) Dice and HD95 mean/std (sample std)."""
+    from fedseg.evaluate.tables import case_means, region_summary
+
+    out = {"region_dice": region_summary(rows, algorithm, "dice", regions, model_filter=own)}
+    for metric in ("dice", "hd95"):
+        v = np.array(list(case_means(rows, algorithm, metric, own).values()), dtype=np.float64)
+        out[f"case_{metric}"] = {"mean": float(v.mean()) if v.size else math.nan,
+                                 "std": float(v.std(ddof=1)) if v.size > 1 else math.nan, "n": int(v.size)}
+    return out
+
+
+def train_one(federation: str, seed: int, algorithm: str, extra: list[str]) -> dict:
+    """Train one algorithm (in this process) and return its cache entry."""
+    import torch
+
+    from fedseg.config import load_config
+    from fedseg.evaluate.tables import own_site_model
+    from fedseg.run import run_experiment
+
+    overrides = run_overrides(federation, seed, algorithm, extra)
+    cfg = load_config(preset=federation, overrides=overrides)
+    out = HERE / "runs" / federation / f"seed{seed}" / algorithm
+    shutil.rmtree(out, ignore_errors=True)
+    torch.set_num_threads(cfg.threads)
+    start = time.perf_counter()
+    results = run_experiment(cfg, out)
+    seconds = time.perf_counter() - start
+    (result,) = results.algorithms
+    sites = results.federation.site_names
+    regions = list(results.federation.regions.names)
+    entry = {
+        "federation": federation,
+        "seed": seed,
+        "algorithm": algorithm,
+        "overrides": overrides,
+        "sites": sites,
+        "regions": regions,
+        "summary": result.summary,
+        "stats": case_stats(result.test_rows, algorithm, regions, own_site_model),
+        "round_metrics": result.metric_rows,
+        "val_dice_per_round": _val_curve(result.rounds_rows),
+        "wall_seconds": seconds,
+    }
+    path = cache_path(federation, seed, algorithm)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(entry, indent=1, allow_nan=True))
+    return entry
+
+
+def _val_curve(rounds_rows: list[dict]) -> list[float]:
+    """Mean validation Dice over sites per round."""
+    by_round: dict[int, list[float]] = {}
+    for r in rounds_rows:
+        by_round.setdefault(int(r["round"]), []).append(float(r["val_dice"]))
+    return [float(np.nanmean(by_round[k])) for k in sorted(by_round)]
+
+
+def cached(federation: str, seed: int, algorithm: str, extra: list[str]) -> dict | None:
+    path = cache_path(federation, seed, algorithm)
+    if not path.exists():
+        return None
+    entry = json.loads(path.read_text())
+    return entry if entry["overrides"] == run_overrides(federation, seed, algorithm, extra) else None
+
+
+def run_all(jobs: list[tuple[str, int, str]], extra: list[str], workers: int) -> dict[tuple[str, int, str], dict]:
+    """Every (federation, seed, algorithm) entry, training the missing ones ``workers`` at a time
+    (each in a fresh process, so runs never share torch state)."""
+    done = {job: cached(*job, extra) for job in jobs}
+    todo = [job for job, entry in done.items() if entry is None]
+    print(f"{len(jobs) - len(todo)} cached, {len(todo)} to train", flush=True)
+    with ProcessPoolExecutor(max_workers=workers, max_tasks_per_child=1) as pool:
+        futures = {job: pool.submit(train_one, *job, extra) for job in todo}
+        for job, fut in futures.items():
+            done[job] = fut.result()
+            print(f"done {job}: client_avg Dice {done[job]['summary']['dice']['client_avg']:.4f} "
+                  f"({done[job]['wall_seconds']:.0f} s)", flush=True)
+    return done
