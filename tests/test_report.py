@@ -114,14 +114,15 @@ def test_full_report(tmp_path):
 
     dice = table(html, "Test Dice")
     labels = re.findall(r"<tr[^>]*><th>(.*?)</th>", dice.split("<tbody>")[1])
-    assert labels == ["Centralized", "A local", "B local", "C local", "Local (own site)", "FedAvg", "FedProx"]
+    assert labels == ["Centralized", "Client 1 Local (A)", "Client 2 Local (B)", "Client 3 Local (C)", "Local (own site)",
+                      "FedAvg", "FedProx"]
     # federated rows: best per column bold (FedAvg wins A, C and the averages; FedProx wins B)
     assert row_cells(dice, "FedAvg")[:3] == ["<b>0.8123</b>", "0.8456", "<b>0.7789</b>"]
     assert row_cells(dice, "FedProx")[:3] == ["0.8011", "<b>0.8567</b>", "0.7655"]
     # centralized is better everywhere but is a baseline: never bold
     assert row_cells(dice, "Centralized")[:3] == ["0.9511", "0.9422", "0.9333"]
     # cross-site rows come from results.csv, with Client Avg and Global
-    b_local = row_cells(dice, "B local")
+    b_local = row_cells(dice, "Client 2 Local (B)")
     assert b_local[:3] == ["0.2718", "0.8828", "0.4142"]
     assert b_local[3] == f"{np.mean([0.2718, 0.8828, 0.4142]):.4f}"
     assert b_local[4] == b_local[3]  # equal case counts: global = client avg
@@ -130,7 +131,7 @@ def test_full_report(tmp_path):
     hd = table(html, "Test HD95 (pixels / voxels)")
     assert row_cells(hd, "FedProx")[0] == "<b>3.75</b>"  # lower is better
     assert row_cells(hd, "FedAvg")[0] == "4.25"
-    assert row_cells(hd, "A local")[:2] == ["6.00", "7.00"]  # off-diagonal cells have +1 in the rows
+    assert row_cells(hd, "Client 1 Local (A)")[:2] == ["6.00", "7.00"]  # off-diagonal cells have +1 in the rows
 
     regions = table(html, "Per-region scores (mean ± std over test cases)")
     assert row_cells(regions, "FedAvg")[0] == f"{np.mean([0.8123, 0.8456, 0.7789]):.3f} ± " + \
@@ -162,8 +163,8 @@ def test_missing_optional_files(tmp_path):
     assert "Per-region" not in html and "<details>" not in html
     # cross-site rows fall back to summary.json (Dice only; no Global without results.csv)
     dice = table(html, "Test Dice")
-    assert row_cells(dice, "B local") == ["0.2718", "0.8828", "0.4142", f"{np.mean([0.2718, 0.8828, 0.4142]):.4f}", "–"]
-    assert "B local" not in table(html, "Test HD95 (pixels / voxels)")
+    assert row_cells(dice, "Client 2 Local (B)") == ["0.2718", "0.8828", "0.4142", f"{np.mean([0.2718, 0.8828, 0.4142]):.4f}", "–"]
+    assert "Client 2 Local (B)" not in table(html, "Test HD95 (pixels / voxels)")
     assert (run / "figures" / "cross_site.png").exists()
     # ledger from summary.json alone: no down/up split
     assert row_cells(table(html, "Communication and compute"), "FedAvg")[2:5] == ["–", "–", "123,456,789"]
@@ -180,6 +181,7 @@ def test_no_local_and_minimal_summary(tmp_path):
     html = render_report(run).read_text()
     assert "<b>0.5000</b>" in html
     assert "Local training across sites" not in html and "HD95" not in html.split("Communication")[0]
+    assert "Model selector" not in html and "Training curves per model" not in html
     assert not (run / "figures" / "cross_site.png").exists()
 
 

@@ -57,11 +57,21 @@ def run(
     seed: Optional[int] = typer.Option(None, "--seed"),
     set_: list[str] = typer.Option([], "--set", help="override: key.sub=value (YAML value); repeatable"),
     resume: bool = typer.Option(False, "--resume", help="continue from the last checkpoint in --out"),
+    holdout: Optional[str] = typer.Option(
+        None, "--holdout", help="train without SITE, evaluate on all of SITE's cases: OUT/holdout/SITE/ + OUT/unseen.csv"),
+    leave_one_out: bool = typer.Option(
+        False, "--leave-one-out", help="--holdout for every site in turn: OUT/unseen.csv (FedSM Table 5)"),
+    sweep: Optional[str] = typer.Option(
+        None, "--sweep", help="key=v1,v2,...: one run per value, OUT/sweep/<key>=<value>/ + OUT/sweep.csv"),
 ) -> None:
-    """Train and evaluate every configured algorithm; write summary.json, CSVs, model/ and report.html."""
+    """Train and evaluate every configured algorithm; write summary.json, CSVs, model/ and report.html.
+    With --holdout / --leave-one-out / --sweep: a study of several such runs (see README "Studies")."""
     try:
         cfg = config_from_cli(preset, config, data, algorithms, rounds, seed, set_)
         from fedseg.progress import run_with_progress
+
+        if holdout or leave_one_out or sweep:
+            return run_study(cfg, out, resume, holdout, leave_one_out, sweep)
 
         results = run_with_progress(cfg, out, resume, console)
     except (ConfigError, FederationError, FileExistsError, KeyError, ValueError) as e:
@@ -74,6 +84,35 @@ def run(
     console.print(f"report: {path}")
 
 
+def run_study(cfg, out: Path, resume: bool, holdout: str | None, leave_one_out: bool, sweep: str | None) -> None:
+    """Plan the study (every site name / sweep value checked before any work), run it, print its table, render reports."""
+    from fedseg import studies
+    from fedseg.progress import run_with_progress
+    from fedseg.report.studies import render_study
+
+    if sum(map(bool, (holdout, leave_one_out, sweep))) > 1:
+        raise ValueError("--holdout, --leave-one-out and --sweep cannot be combined; run them separately")
+    study = studies.plan_sweep(cfg, out, sweep) if sweep else studies.plan_holdout(cfg, out, [holdout] if holdout else None)
+    result = studies.run_study(study, resume, lambda c, o, r, fed: run_with_progress(c, o, r, console, fed),
+                               lambda sub: console.print(f"[bold]{sub.label}[/]: {sub.dir}", highlight=False))
+    for note in result.skipped:
+        console.print(f"no unseen-site row for {note}", highlight=False)
+    title = f"{study.table}.csv" + (f" ({study.key})" if study.key else "")
+    print_rows(title, [c for c in result.columns if c not in ("run", "key")], result.rows)
+    console.print(f"report: {render_study(out)}")
+
+
+def print_rows(title: str, columns: list[str], rows: list[dict]) -> None:
+    """A study table on the console (floats to 4 digits, None blank; headers without ``freq_``/``dice_``)."""
+    cell = lambda v: "" if v is None else f"{v:.4f}" if isinstance(v, float) else str(v)  # noqa: E731
+    table = Table(title=title)
+    for col in columns:
+        table.add_column(col.replace("freq_PM_", "PM ").replace("freq_", "").replace("dice_", ""), justify="right")
+    for row in rows:
+        table.add_row(*(cell(row.get(c)) for c in columns))
+    Console(width=max(console.width, 12 * len(columns))).print(table)  # as print_dice_table: no shrinking below this
+
+
 def print_dice_table(results) -> None:
     sites = results.federation.site_names
     table = Table(title=f"Test Dice ({results.federation.name})")
@@ -82,17 +121,44 @@ def print_dice_table(results) -> None:
     for algo in results.algorithms:
         dice = algo.summary["dice"]
         table.add_row(algo.name, *(f"{dice[k]:.4f}" for k in [*sites, "client_avg", "global"]))
-    console.print(table)
+    wide_enough = 20 + 11 * (len(sites) + 2)  # rich shrinks columns to the terminal (80 when not a tty)
+    Console(width=max(console.width, wide_enough)).print(table)
 
 
 @app.command()
 def report(run_dir: Path = typer.Argument(..., help="output directory of a finished run")) -> None:
-    """Re-render report.html and figures/ from the files of a run."""
+    """Re-render report.html and figures/ from the files of a run (or of a study and its sub-runs)."""
+    from fedseg.report.studies import is_study_dir, render_study
+
     if not (run_dir / "summary.json").is_file():
-        fail(f"{run_dir}: no summary.json (not a run directory?)")
+        if not is_study_dir(run_dir):
+            fail(f"{run_dir}: no summary.json, study.json, unseen.csv or sweep.csv (not a run or study directory?)")
+        console.print(f"report: {render_study(run_dir)}")
+        return
     from fedseg.report import render_report
 
     console.print(f"report: {render_report(run_dir)}")
+
+
+@app.command()
+def predict(
+    model: Path = typer.Option(..., "--model", help="RUN/model (or RUN/model/<algorithm>) of a finished run"),
+    input_: Path = typer.Option(..., "--input", help="an image file or a folder of images (png, jpg, npy, nii, nii.gz)"),
+    out: Path = typer.Option(..., "--out", help="folder for the masks and predictions.csv"),
+    gamma: Optional[float] = typer.Option(None, "--gamma", help="FedSM threshold overriding the bundle's (0..1)"),
+    algorithm: Optional[str] = typer.Option(None, "--algorithm", help="which bundle of RUN/model (default: the only FedSM one)"),
+    site: Optional[str] = typer.Option(None, "--site", help="bundles with one model per site (local): whose model"),
+    force: bool = typer.Option(False, "--force", help="overwrite existing masks / predictions.csv in --out"),
+) -> None:
+    """Segment new images with a trained bundle (FedSM: Algorithm 2); writes masks in the input's format + predictions.csv."""
+    from fedseg.predict import predict as predict_images
+
+    try:
+        rows = predict_images(model, input_, out, gamma, algorithm, site, force)
+    except (FederationError, ValueError) as e:
+        fail(str(e))
+        return
+    console.print(f"{len(rows)} mask(s) and predictions.csv written to {out}", highlight=False)
 
 
 if __name__ == "__main__":

@@ -184,6 +184,11 @@ def load_config(
     data.pop("description", None)
     for assignment in overrides:
         apply_override(data, assignment)
+    return validate_config(data, where)
+
+
+def validate_config(data: dict, where: str) -> RunConfig:
+    """``data`` as a RunConfig; a ConfigError naming ``where`` and every bad key otherwise."""
     try:
         return RunConfig.model_validate(data)
     except ValidationError as e:

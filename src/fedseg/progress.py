@@ -8,12 +8,16 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from fedseg.config import RunConfig
+from fedseg.data.federation import Federation
 from fedseg.engine.messages import Message
 from fedseg.outputs import RunResults
 from fedseg.run import run_experiment
 
 
-def run_with_progress(cfg: RunConfig, out: Path, resume: bool, console: Console) -> RunResults:
+def run_with_progress(
+    cfg: RunConfig, out: Path, resume: bool, console: Console, federation: Federation | None = None
+) -> RunResults:
+    """``run_experiment`` with progress bars; ``federation``: an in-memory federation (e.g. one without a held-out site)."""
     columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TextColumn("{task.fields[status]}")]
     with Progress(*columns, console=console, transient=False) as progress:
@@ -31,4 +35,4 @@ def run_with_progress(cfg: RunConfig, out: Path, resume: bool, console: Console)
             mean = sum(losses.values()) / max(len(losses), 1)
             progress.update(tasks[name], completed=rnd, status=f"round {rnd} mean loss {mean:.3f}")
 
-        return run_experiment(cfg, out, resume, [on_message], on_round_end, on_algorithm_start)
+        return run_experiment(cfg, out, resume, [on_message], on_round_end, on_algorithm_start, federation)

@@ -133,7 +133,7 @@ def run_algorithm(
                                         "train_loss": losses.get(site, float(np.mean(list(losses.values()))))})
                 metric_rows += [{"algorithm": name, "round": rnd, **row} for row in server.round_metrics()]
                 score = per_site["client_avg"]
-                if best is None or score > best["score"]:
+                if server.selectable(rnd) and (best is None or score > best["score"]):
                     best = {"round": rnd, "score": score, "server": clone(server.state_dict()), "clients": engine.snapshot_clients()}
             # a best round equal to this one is stored as a marker, not as a second copy of the states
             stored_best = {"round": rnd, "score": best["score"], "current": True} if best and best["round"] == rnd else best

@@ -122,12 +122,14 @@ class FedAvgClient:
         data=None,
         loss_fn: LossFn | None = None,
         train_cfg: TrainConfig | None = None,
+        budget: BudgetConfig | None = None,
     ) -> TrainStats:
         """One local training budget through the Trainer, optimizer moments kept in client state if configured.
 
         ``data`` (default: the site's train split), ``loss_fn`` (default: the segmentation loss) and
         ``train_cfg`` (default: ``cfg.train``) let a method train another model through the same
-        loop, e.g. FedSM's selector with cross-entropy on (image, site index) at its own learning rate.
+        loop, e.g. FedSM's selector with cross-entropy on (image, site index) at its own learning rate;
+        ``budget`` (default: the round's local budget) e.g. FedSM's fine-tuning epochs.
         """
         trainer = Trainer(train_cfg or ctx.cfg.train, ctx.task.device)
         optimizer = trainer.new_optimizer(model)
@@ -139,7 +141,7 @@ class FedAvgClient:
             ctx.data.train if data is None else data,
             ctx.generator,
             optimizer,
-            budget=local_budget(ctx.options),
+            budget=budget or local_budget(ctx.options),
             extra_loss=self.extra_loss(model, msg, ctx),
             after_backward=self.after_backward(model, msg, ctx),
             loss_fn=loss_fn,
@@ -238,6 +240,10 @@ class FedAvgServer:
         """Method-specific metrics of the round just validated: rows ``{site, metric, value}``
         written to ``round_metrics.csv`` (e.g. FedSM's selector accuracy). Default: none."""
         return []
+
+    def selectable(self, rnd: int) -> bool:
+        """Whether round ``rnd``'s models may be chosen as the best round (on validation Dice)."""
+        return True
 
     def finalize(self) -> None:
         """After the best round is restored and before the single test evaluation: last choices

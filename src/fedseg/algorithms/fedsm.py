@@ -1,4 +1,4 @@
-"""FedSM (Xu et al., CVPR 2022): global model + SoftPull personalized models + model selector.
+"""FedSM (Xu et al., CVPR 2022): global model + SoftPull (or other) personalized models + model selector.
 
 Training, Algorithm 1 (one ``train`` exchange per round):
 
@@ -13,7 +13,14 @@ Training, Algorithm 1 (one ``train`` exchange per round):
 * the server merges w_g and w_s by weighted averaging (``fl.weighting``: n_k/n by default,
   Algorithm 1 line 15) and the personalized models by SoftPull, Eq. (11)
   (:func:`fedseg.algorithms.aggregate.softpull`), ``lambda = methods.fedsm.lam`` in [1/K, 1].
-* Ledger: per round and site ``2|w_g| + |w_s|`` floats down and the same up (the paper's
+* Personalization alternatives (paper Table 6), ``methods.fedsm.personalization``: ``softpull``
+  (the above, default), ``ft`` (local fine-tuning of the received global model), ``apfl``
+  (Deng et al.), ``perfedavg`` (Per-FedAvg, first-order, Fallah et al.), ``pfedme`` (Dinh et
+  al.). Each only changes how the personalized models w_p,k are produced (what travels with
+  w_g, what the site trains, how the server merges); w_g and w_s train as above. The
+  personalized track trains whenever w_g does. Equations, choices and traffic per strategy:
+  :mod:`fedseg.algorithms.personalize`.
+* Ledger (SoftPull): per round and site ``2|w_g| + |w_s|`` floats down and the same up (the paper's
   cost, Sec. 3.3) plus, with ``average_selector_moments`` (the default, see below), the
   selector's moments: ``2|w_s| + t`` more each way (t = number of selector parameter tensors,
   Adam's step counters). With ``average_selector_moments: false`` the ledger is the paper's
@@ -58,7 +65,7 @@ import torch
 from pydantic import Field, field_validator
 from torch import nn
 
-from fedseg.algorithms.aggregate import softpull, weighted_average
+from fedseg.algorithms.aggregate import weighted_average
 from fedseg.algorithms.fedavg import FedAvgClient, FedAvgOptions, FedAvgServer, eval_rows, put_group, state_group, write_sample
 from fedseg.algorithms.fedsm_model import (
     GLOBAL_INDEX,
@@ -68,24 +75,25 @@ from fedseg.algorithms.fedsm_model import (
     bundle_entries,
     route,
 )
+from fedseg.algorithms.personalize import PERSONAL, TRACK, PersonalizationOptions, personalization
 from fedseg.data.dataset import CaseSet
 from fedseg.engine.messages import Message, load_weights, prefixed, weights_of
 from fedseg.engine.simulator import ClientContext, Task
 from fedseg.evaluate.inference import score_caseset
 from fedseg.evaluate.tables import site_summary
 from fedseg.models import Selector, build_selector
-from fedseg.train import TrainStats
+from fedseg.train import AfterBackward, TrainStats
 
-GLOBAL, PERSONAL, SELECTOR, SELECTOR_OPT = "global", "personal", "selector", "selector_opt"  # message groups
+GLOBAL, SELECTOR, SELECTOR_OPT = "global", "selector", "selector_opt"  # message groups (and PERSONAL, TRACK)
 MODEL_NAME = "fedsm"  # the ``model`` of every result row: each site uses the super model
 DEFAULT_GRID = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0)
 
 
-class SelectorOptions(FedAvgOptions):
+class SelectorOptions(FedAvgOptions, PersonalizationOptions):
     """Options shared by the FedSM variants (config ``methods.<name>``); ``weighting`` and
-    ``local_steps`` as for FedAvg (the selector trains for the same local budget as the models)."""
+    ``local_steps`` as for FedAvg (the selector trains for the same local budget as the models);
+    ``personalization``, ``lam`` and each strategy's hyperparameters from ``PersonalizationOptions``."""
 
-    lam: float = Field(0.7, gt=0, le=1, description="SoftPull coefficient lambda of Eq. (11), in [1/K, 1] (paper: 0.7)")
     selector_width: float = Field(0.25, gt=0, description="VGG-11 channel multiplier (1 = VGG-11; 0.25: CPU default)")
     selector_input_size: int | None = Field(None, ge=1, description="side the selector resamples images to; None = model input")
     selector_norm: Literal["batch", "instance"] = Field("instance", description="selector normalization layers (see module doc)")
@@ -153,6 +161,7 @@ class FedSMClient(FedAvgClient):
 
     # --- models from messages ----------------------------------------------------------
     def segmenter(self, weights: dict, ctx: ClientContext) -> nn.Module:
+        """A segmentation network with ``weights``."""
         model = ctx.task.new_model()
         load_weights(model, weights)
         return model
@@ -172,11 +181,12 @@ class FedSMClient(FedAvgClient):
     def on_train(self, msg: Message, ctx: ClientContext) -> Message:
         stats: dict[str, TrainStats] = {}
         out: dict[str, torch.Tensor] = {}
-        for group in (GLOBAL, PERSONAL):
-            if msg.group(group):
-                model = self.segmenter(msg.group(group), ctx)
-                stats[group] = self.fit(model, msg, ctx, state_key=f"opt_{group}")
-                out.update(prefixed(group, weights_of(model)))
+        if msg.group(GLOBAL):  # the global model, then the personalized track (which always trains with it)
+            model = self.segmenter(msg.group(GLOBAL), ctx)
+            stats[GLOBAL] = self.fit(model, msg, ctx, state_key=f"opt_{GLOBAL}")
+            out.update(prefixed(GLOBAL, weights_of(model)))
+            tensors, stats[PERSONAL] = personalization(ctx.options).train(self, msg, msg.group(GLOBAL), ctx)
+            out.update(tensors)
         if msg.group(SELECTOR):
             selector = self.selector(msg.group(SELECTOR), ctx)
             key = f"opt_{SELECTOR}"
@@ -195,6 +205,12 @@ class FedSMClient(FedAvgClient):
             **{f"loss_{g}": s.mean_loss for g, s in stats.items()},
         }
         return Message(out, meta)
+
+    def after_backward(self, model: nn.Module, msg: Message, ctx: ClientContext) -> AfterBackward | None:
+        """The trainee's own step hook if it has one (the personalization trainees of
+        ``fedseg.algorithms.personalize``: APFL's alpha step, Per-FedAvg's FO-MAML gradient,
+        pFedMe's proximal gradient); None for the plain networks."""
+        return getattr(model, "after_backward", None)
 
     def selector_task(self, selector: Selector, msg: Message, ctx: ClientContext):
         """``(model to train, data, loss)`` of the selector: Eq. (2), cross-entropy against the site's label."""
@@ -234,7 +250,8 @@ class FedSMClient(FedAvgClient):
 
 
 class FedSMServer(FedAvgServer):
-    """Keeps w_g, every w_p,k, w_s (and optionally the selector's averaged moments) and gamma."""
+    """Keeps w_g, every w_p,k, w_s (and optionally the selector's averaged moments), gamma and the
+    personalization's shared track model (Per-FedAvg's meta-model, pFedMe's w; else empty)."""
 
     MODE: Mode = "threshold"
     EXTRA_CLASSES = 0
@@ -244,10 +261,13 @@ class FedSMServer(FedAvgServer):
         self.sites = list(engine.sites)
         check_federation(len(self.sites), options.lam, engine.algorithm)
         self.personal = {s: {k: v.clone() for k, v in self.global_weights.items()} for s in self.sites}
+        self.personalization = personalization(options)
+        self.track = self.personalization.initial_track(self.global_weights)
         self.selector_weights = weights_of(new_selector(task, options, len(self.sites) + self.EXTRA_CLASSES))
         self.selector_moments: dict[str, torch.Tensor] = {}
         self.gamma = self.fixed_gamma()
         self.last_eval: dict[str, dict[str, Message]] = {}  # split -> site -> evaluation reply
+        self.last_train_losses: dict[str, dict[str, float]] = {}  # site -> trained group -> mean loss
 
     def fixed_gamma(self) -> float:
         """The gamma before any validation: ``val_gamma``, else the middle of the grid; NaN without a threshold."""
@@ -257,16 +277,23 @@ class FedSMServer(FedAvgServer):
         return float(grid[len(grid) // 2]) if self.options.val_gamma is None else float(self.options.val_gamma)
 
     # --- one round (Algorithm 1) -------------------------------------------------------
+    def model_tensors(self, site: str) -> dict[str, torch.Tensor]:
+        """The segmentation part of ``site``'s train message: w_g and the personalization's tensors."""
+        return {**prefixed(GLOBAL, self.global_weights), **self.personalization.down(site, self.personal, self.track)}
+
     def train_message(self, site: str) -> Message:
-        tensors = {**prefixed(GLOBAL, self.global_weights), **prefixed(PERSONAL, self.personal[site]),
-                   **prefixed(SELECTOR, self.selector_weights), **prefixed(SELECTOR_OPT, self.selector_moments)}
+        tensors = {**self.model_tensors(site), **prefixed(SELECTOR, self.selector_weights),
+                   **prefixed(SELECTOR_OPT, self.selector_moments)}
         return Message(tensors, {"label": self.sites.index(site)})
 
     def aggregate(self, replies: dict[str, Message]) -> None:
-        """Weighted averages of w_g and w_s (and the selector moments, if sent); SoftPull (Eq. 11) of
-        the personalized models. Only the groups the replies carry change."""
+        """Weighted averages of w_g and w_s (and the selector moments, if sent); the personalized
+        models (SoftPull, Eq. 11, by default) by the personalization's ``merge``, after w_g. Only
+        the groups the replies carry change."""
         sites = [s for s in self.sites if s in replies]
         weights = self.aggregation_weights(replies)
+        self.last_train_losses = {s: {k[len("loss_"):]: float(v) for k, v in replies[s].meta.items() if k.startswith("loss_")}
+                                  for s in sites}
 
         def merge(group: str) -> dict[str, torch.Tensor]:
             return weighted_average([replies[s].group(group) for s in sites], [weights[s] for s in sites])
@@ -274,12 +301,12 @@ class FedSMServer(FedAvgServer):
         first = replies[sites[0]]
         if first.group(GLOBAL):
             self.global_weights = merge(GLOBAL)
+            self.personal, self.track = self.personalization.merge(
+                {s: replies[s] for s in sites}, weights, self.global_weights, self.track)
         if first.group(SELECTOR):
             self.selector_weights = merge(SELECTOR)
         if first.group(SELECTOR_OPT):
             self.selector_moments = merge(SELECTOR_OPT)
-        if first.group(PERSONAL):
-            self.personal = softpull({s: replies[s].group(PERSONAL) for s in self.sites}, self.options.lam)
 
     # --- evaluation (Algorithm 2) ------------------------------------------------------
     def site_model(self, site: str) -> str:
@@ -330,6 +357,11 @@ class FedSMServer(FedAvgServer):
             rows.append({"site": s, "metric": "selector_acc", "value": float((probs.argmax(1) == own).double().mean())})
             choice = route(probs, self.MODE, self.gamma)
             rows.append({"site": s, "metric": "global_frac", "value": float((choice == GLOBAL_INDEX).double().mean())})
+            for model in ("global", "personal"):  # threshold mode: each candidate's own validation Dice
+                if f"dice_{model}" in r.tensors:
+                    rows.append({"site": s, "metric": f"val_dice_{model}", "value": case_mean(r.tensors[f"dice_{model}"])})
+        for s, losses in self.last_train_losses.items():
+            rows += [{"site": s, "metric": f"train_loss_{group}", "value": v} for group, v in losses.items()]
         if replies and self.MODE == "threshold":
             rows.append({"site": "all", "metric": "gamma", "value": self.gamma})
         return rows
@@ -337,7 +369,7 @@ class FedSMServer(FedAvgServer):
     # --- state ---------------------------------------------------------------------------
     def state_dict(self) -> dict[str, torch.Tensor]:
         gamma = {"gamma/value": torch.tensor(self.gamma, dtype=torch.float64)}
-        return {**self.super_tensors(), **prefixed(SELECTOR_OPT, self.selector_moments), **gamma}
+        return {**self.super_tensors(), **prefixed(SELECTOR_OPT, self.selector_moments), **prefixed(TRACK, self.track), **gamma}
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         msg = Message(state)
@@ -345,6 +377,7 @@ class FedSMServer(FedAvgServer):
         self.personal = {s: msg.group(f"{PERSONAL}/{s}") for s in self.sites}
         self.selector_weights = msg.group(SELECTOR)
         self.selector_moments = msg.group(SELECTOR_OPT)
+        self.track = msg.group(TRACK)
         self.gamma = float(state["gamma/value"])
 
     def bundle(self) -> dict[str, dict[str, torch.Tensor]]:
@@ -352,6 +385,13 @@ class FedSMServer(FedAvgServer):
         selector = new_selector(self.task, self.options, len(self.sites) + self.EXTRA_CLASSES)
         return bundle_entries(self.global_weights, self.personal, self.selector_weights, self.gamma, self.MODE,
                               selector, self.options.selector_width, self.options.selector_norm)
+
+
+def case_mean(dice: torch.Tensor) -> float:
+    """Mean over cases of the per-case mean over regions of ``(N, R)`` scores (NaN = not counted)."""
+    per_case = torch.nanmean(dice.double(), dim=1)
+    per_case = per_case[~per_case.isnan()]
+    return float(per_case.mean()) if per_case.numel() else math.nan
 
 
 def at_gamma(reply: Message, gamma: float) -> Message:

@@ -3,8 +3,9 @@
 Both train in two phases within the run's ``fl.rounds`` (which counts all rounds):
 
 1. rounds ``1 .. R`` with ``R = fl.rounds - extra_rounds``: the global model (weighted
-   averaging) and the personalized models (SoftPull, Eq. 11) as in FedSM, without the
-   selector: per site and round ``2|w_g|`` down and up.
+   averaging) and the personalized models (SoftPull, Eq. 11, or the ``personalization`` chosen,
+   :mod:`fedseg.algorithms.personalize`) as in FedSM, without the selector: per site and round
+   ``2|w_g|`` down and up with SoftPull (other personalizations: their own traffic, counted).
 2. rounds ``R+1 .. fl.rounds``: only the selector trains (the paper: 100 + 50 rounds, so
    ``extra_rounds`` defaults to ``fl.rounds // 3``). At round R+1 the server first sends every
    site the K+1 frozen candidates (global + all personalized models; an ``install`` exchange,
@@ -22,8 +23,9 @@ Both train in two phases within the run's ``fl.rounds`` (which counts all rounds
   reports this variant as hard to train; it is here so the claim can be checked.
 
 Validation each round scores the super model as it stands (in phase 1 with the untrained
-selector), so the best round is the best super model; phase 2 starts from the last phase-1
-models, as in the paper. ``round_metrics``: ``selector_acc`` is the fraction of a site's
+selector, reported in ``rounds.csv`` but never selected: the best round is chosen among the
+selector rounds, so the tested super model always has a trained selector); phase 2 starts from
+the last phase-1 models, as in the paper. ``round_metrics``: ``selector_acc`` is the fraction of a site's
 validation images whose selector argmax is that site's personalized model (not the Eq. 1
 target), ``global_frac`` the fraction given (argmax) to the global model.
 """
@@ -35,7 +37,7 @@ from pydantic import Field
 from torch import nn
 
 from fedseg.algorithms.fedavg import put_group, state_group
-from fedseg.algorithms.fedsm import GLOBAL, PERSONAL, SELECTOR, SELECTOR_OPT, FedSMClient, FedSMServer, SelectorOptions
+from fedseg.algorithms.fedsm import SELECTOR, SELECTOR_OPT, FedSMClient, FedSMServer, SelectorOptions
 from fedseg.algorithms.fedsm_model import EnsembleTrainee, LabeledImages, extra_labels
 from fedseg.engine.messages import Message, prefixed
 from fedseg.engine.simulator import ClientContext, Task
@@ -75,10 +77,13 @@ class FedSMExtraServer(FedSMServer):
             )
         self.train_rounds = rounds - self.extra_rounds
 
+    def selectable(self, rnd: int) -> bool:
+        """Only selector-phase rounds: a phase-1 super model has an untrained selector."""
+        return rnd > self.train_rounds
+
     def run_round(self, rnd: int) -> dict[str, float]:
         if rnd <= self.train_rounds:
-            msgs = {s: Message({**prefixed(GLOBAL, self.global_weights), **prefixed(PERSONAL, self.personal[s])})
-                    for s in self.sites}
+            msgs = {s: Message(self.model_tensors(s)) for s in self.sites}
         else:
             if rnd == self.train_rounds + 1:
                 self.engine.exchange({s: Message(self.candidate_tensors()) for s in self.sites}, INSTALL)

@@ -175,18 +175,24 @@ def bundle_entries(global_w: dict, personal: dict[str, dict], selector_w: dict, 
     }
 
 
+def candidate_names(bundle: dict[str, dict[str, torch.Tensor]]) -> list[str]:
+    """Bundle entry names of the candidates in candidate order: ``["global", "personal:<site>", ...]``
+    (index 0 = global model h_0, k = site k's personalized model)."""
+    sites = sorted((int(v), k.split(":", 1)[1]) for k, v in bundle[SPEC].items() if k.startswith("class:"))
+    return ["global"] + [f"personal:{s}" for _, s in sites]
+
+
 def super_model_from_bundle(bundle: dict[str, dict[str, torch.Tensor]], new_segmenter: Callable[[], nn.Module],
                             in_channels: int, spatial_dims: int, gamma: float | None = None) -> SuperModel:
     """Rebuild the ``SuperModel`` from ``bundle_entries`` (e.g. the tensors of ``model/<algorithm>/``
     grouped by their first path component); ``gamma`` overrides the stored one."""
     spec = bundle[SPEC]
-    sites = sorted((int(v), k.split(":", 1)[1]) for k, v in spec.items() if k.startswith("class:"))
     selector = build_selector(in_channels, int(spec["num_classes"]), float(spec["width"]),
                               "batch" if int(spec["batchnorm"]) else "instance",
                               int(spec["input_size"]) or None, spatial_dims)
     load_weights(selector, bundle["selector"])
     models = []
-    for name in ["global"] + [f"personal:{s}" for _, s in sites]:
+    for name in candidate_names(bundle):
         m = new_segmenter()
         load_weights(m, bundle[name])
         models.append(m)

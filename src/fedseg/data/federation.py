@@ -10,7 +10,7 @@ input happens in ``fedseg.data.preprocess``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Literal, Mapping
 
 import numpy as np
@@ -57,6 +57,32 @@ class Regions:
     def one_hot(self, label: np.ndarray) -> np.ndarray:
         """Label map ``(*spatial)`` -> region masks ``(R, *spatial)`` of dtype uint8."""
         return np.stack([np.isin(label, vals) for vals in self.values]).astype(np.uint8)
+
+    def to_label(self, masks: np.ndarray) -> np.ndarray:
+        """Region masks ``(R, *spatial)`` (bool or 0/1) -> label map ``(*spatial)``, the inverse of ``one_hot``.
+
+        Every pixel gets the label value (0 = background included) whose set of regions differs
+        from the pixel's predicted regions in the fewest regions; ties go to the value that lies in
+        more of the predicted regions, then to the smaller value. So every mask ``one_hot`` can
+        produce maps back exactly (nested disc [1, 2] / cup [2]: disc only -> 1, disc and cup -> 2)
+        and an inconsistent one gets the closest value (cup without disc -> 2). dtype: the smallest
+        unsigned integer type that holds the largest label value.
+        """
+        m = np.asarray(masks).astype(bool)
+        if m.shape[0] != len(self):
+            raise ValueError(f"expected {len(self)} region masks ({', '.join(self.names)}), got {m.shape[0]}")
+        flat = m.reshape(len(self), -1)  # (R, P)
+        values = [0, *sorted(self.label_values)]
+        best = np.zeros(flat.shape[1], np.int64)
+        best_key = np.full(flat.shape[1], np.iinfo(np.int64).max)
+        for i, v in enumerate(values):
+            member = np.array([v in vals for vals in self.values])  # (R,): the regions value v lies in
+            differ = (flat != member[:, None]).sum(0)
+            hits = flat[member].sum(0)
+            key = (differ * (len(self) + 1) - hits) * len(values) + i  # lexicographic: differ, -hits, value
+            better = key < best_key
+            best[better], best_key[better] = v, key[better]
+        return best.astype(np.min_scalar_type(values[-1])).reshape(m.shape[1:])
 
     def __len__(self) -> int:
         return len(self.names)
@@ -112,3 +138,9 @@ class Federation:
             if s.name == name:
                 return s
         raise KeyError(f"no site named {name!r}; sites are {self.site_names}")
+
+    def without(self, name: str) -> "Federation":
+        """The same federation (name, task, site order) minus site ``name`` (unseen-site studies);
+        a KeyError listing the site names when there is no such site."""
+        self.site(name)
+        return replace(self, sites=[s for s in self.sites if s.name != name])

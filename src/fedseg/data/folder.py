@@ -411,11 +411,13 @@ def _safe_name(name: str, what: str) -> str:
     return name
 
 
-def _write_nifti(path: Path, data: np.ndarray) -> None:
+def _write_nifti(path: Path, data: np.ndarray, affine: np.ndarray | None = None) -> None:
+    """``data`` as stored (bool -> uint8) with ``affine`` (default identity)."""
     import nibabel as nib
 
     data = data.astype(np.uint8) if data.dtype == bool else data
-    nib.save(nib.Nifti1Image(np.ascontiguousarray(data), np.eye(4), dtype=data.dtype), path)
+    affine = np.eye(4) if affine is None else affine
+    nib.save(nib.Nifti1Image(np.ascontiguousarray(data), affine, dtype=data.dtype), path)
 
 
 def _write_png(path: Path, data: np.ndarray) -> None:

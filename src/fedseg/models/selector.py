@@ -76,11 +76,16 @@ class Selector(nn.Module):
         self.spatial_dims = spatial_dims
         self.num_classes = num_classes
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def embed(self, x: torch.Tensor) -> torch.Tensor:
+        """Penultimate features: images ``(B, C, *S)`` -> the head's hidden activations ``(B, hidden)``
+        (after its ReLU, before the last linear layer; e.g. for a t-SNE map, FedSM paper Fig. 3)."""
         if self.input_size is not None and tuple(x.shape[2:]) != (self.input_size,) * self.spatial_dims:
             mode = "area" if self.spatial_dims == 2 else "trilinear"
             x = F.interpolate(x, size=(self.input_size,) * self.spatial_dims, mode=mode)
-        return self.head(torch.flatten(self.pool(self.features(x)), 1))
+        return self.head[:-1](torch.flatten(self.pool(self.features(x)), 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head[-1](self.embed(x))
 
 
 def build_selector(

@@ -18,9 +18,13 @@ from matplotlib.lines import Line2D
 
 from fedseg.evaluate.metrics import batch_metrics
 
-__all__ = ["REGION_COLORS", "validation_curves", "cross_site_heatmap", "sample_grid", "display_image"]
+__all__ = [
+    "REGION_COLORS", "validation_curves", "cross_site_heatmap", "sample_grid", "display_image",
+    "selector_curves", "project_2d", "feature_map",
+]
 
 DPI = 110
+LINE_STYLES = ("-", "--", ":", "-.")
 #: Contour colours per region (bright, readable on grey MR and on red fundus images).
 REGION_COLORS = ("#39ff14", "#00e5ff", "#ffd600", "#ff4081", "#ff9100", "#d500f9")
 
@@ -40,18 +44,26 @@ def _float(x) -> float:
     return math.nan if x is None or x == "" else float(x)
 
 
-def _mean_per_round(rows: Sequence[Mapping], key: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """``{algorithm: (rounds, mean over sites of rows[key])}`` ignoring NaN, rounds ascending."""
+def _mean_per_round(rows: Sequence[Mapping], key: str, by: str = "algorithm") -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """``{row[by]: (rounds, mean of rows[key] over the other rows of that round)}`` ignoring NaN,
+    rounds ascending (``by="algorithm"``: mean over sites; ``by="site"``: one series per site)."""
     acc: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
     for r in rows:
         v = _float(r.get(key))
         if not math.isnan(v):
-            acc[r["algorithm"]][int(r["round"])].append(v)
+            acc[r[by]][int(r["round"])].append(v)
     out = {}
-    for alg, by_round in acc.items():
+    for group, by_round in acc.items():
         rounds = np.array(sorted(by_round))
-        out[alg] = (rounds, np.array([np.mean(by_round[k]) for k in rounds]))
+        out[group] = (rounds, np.array([np.mean(by_round[k]) for k in rounds]))
     return out
+
+
+def _round_axes(ax, title: str, ylabel: str) -> None:
+    """Title and labels of a per-round panel, light grid, integer round ticks."""
+    ax.set(title=title, xlabel="round", ylabel=ylabel)
+    ax.grid(alpha=0.3)
+    ax.xaxis.get_major_locator().set_params(integer=True)
 
 
 def validation_curves(
@@ -93,16 +105,13 @@ def validation_curves(
         if alg in loss:
             x, y = loss[alg]
             ax_loss.plot(x, y, marker="o", ms=3, lw=1.6, color=color, label=label)
-    ax_val.set(title="Validation Dice (mean over sites)", xlabel="round", ylabel="Dice")
-    ax_loss.set(title="Training loss (mean over sites)", xlabel="round", ylabel="loss")
-    for ax in (ax_val, ax_loss):
-        ax.grid(alpha=0.3)
-        ax.xaxis.get_major_locator().set_params(integer=True)
+    _round_axes(ax_val, "Validation Dice (mean over sites)", "Dice")
+    _round_axes(ax_loss, "Training loss (mean over sites)", "loss")
     handles, names = ax_val.get_legend_handles_labels()
     if best_round:
         handles.append(Line2D([], [], marker="*", ms=11, ls="", color="grey", mec="black", mew=0.6))
         names.append("selected round")
-    ax_val.legend(handles, names, fontsize=8, loc="lower right")
+    ax_val.legend(handles, names, fontsize=8, loc="best")
     fig.tight_layout()
     return _save(fig, out)
 
@@ -225,4 +234,110 @@ def sample_grid(
     fig.legend(handles, list(regions), loc="upper center", ncol=max(1, len(regions)), fontsize=9, frameon=False,
                bbox_to_anchor=(0.5, 1.0))
     fig.tight_layout(rect=(0, 0, 1, 1 - 0.3 / fig.get_figheight()), h_pad=0.4, w_pad=0.4)
+    return _save(fig, out)
+
+
+def selector_curves(
+    metric_rows: Sequence[Mapping],
+    out: Path,
+    algorithms: Sequence[str],
+    sites: Sequence[str],
+    labels: Mapping[str, str] | None = None,
+) -> Path | None:
+    """FedSM's model selector per round, one row of two panels per algorithm.
+
+    Left: validation selector accuracy (``selector_acc``) per site (thin) and its mean over sites
+    (thick, black). Right: the fraction of validation images routed to the global model
+    (``global_frac``, mean over sites) and the threshold ``gamma`` (if the algorithm has one).
+
+    Args:
+        metric_rows: ``round_metrics.csv`` rows (``algorithm, round, site, metric, value``).
+        out: PNG path.
+        algorithms: algorithms to draw, in order (those without ``selector_acc`` are skipped).
+        sites: site order (line colours).
+        labels: display name per algorithm.
+
+    Returns:
+        ``out``, or None when no algorithm has a ``selector_acc`` row.
+    """
+    labels = labels or {}
+    by_alg: dict[str, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
+    for r in metric_rows:  # long rows -> per algorithm and metric, "value" under the metric's name
+        by_alg[r["algorithm"]][r["metric"]].append({**r, r["metric"]: r["value"]})
+    algs = [a for a in algorithms if a in _mean_per_round(by_alg.get(a, {}).get("selector_acc", []), "selector_acc")]
+    if not algs:
+        return None
+    fig = Figure(figsize=(11, 3.4 * len(algs)))
+    axes = fig.subplots(len(algs), 2, squeeze=False)
+    for (ax_acc, ax_route), alg in zip(axes, algs):
+        metrics = by_alg[alg]
+        per_site = _mean_per_round(metrics["selector_acc"], "selector_acc", by="site")
+        for i, site in enumerate(sites):  # dash patterns keep overlapping sites visible
+            if site in per_site:
+                ax_acc.plot(*per_site[site], lw=1.3, alpha=0.8, color=f"C{i % 10}", ls=LINE_STYLES[i % len(LINE_STYLES)],
+                            marker="o", ms=2.5, label=site)
+        ax_acc.plot(*_mean_per_round(metrics["selector_acc"], "selector_acc")[alg], lw=2.4, color="black", label="mean")
+        name = labels.get(alg, alg)
+        _round_axes(ax_acc, f"{name}: selector accuracy (validation)", "own site chosen (fraction)")
+        ax_acc.set_ylim(-0.03, 1.03)
+        ax_acc.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)  # beside: lines reach 0 and 1
+        for metric, style in (("global_frac", "-"), ("gamma", "--")):
+            series = _mean_per_round(metrics.get(metric, []), metric).get(alg)
+            if series is not None:
+                text = "global model used (mean over sites)" if metric == "global_frac" else "threshold γ"
+                ax_route.plot(*series, ls=style, marker="o", ms=3, lw=1.6, label=text)
+        _round_axes(ax_route, f"{name}: routing (validation)", "fraction / γ")
+        ax_route.set_ylim(-0.03, 1.03)
+        ax_route.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    return _save(fig, out)
+
+
+def project_2d(features: np.ndarray, seed: int = 0) -> np.ndarray | None:
+    """t-SNE (scikit-learn, PCA initialization, fixed seed) of ``(N, D)`` features -> ``(N, 2)``.
+
+    Perplexity ``min(30, (N - 1) / 3)`` (sklearn needs it below N). Returns None for fewer than
+    4 points (no meaningful neighbourhoods)."""
+    from sklearn.manifold import TSNE  # imported here: only FedSM reports need it
+
+    x = np.asarray(features, dtype=np.float64)
+    if len(x) < 4:
+        return None
+    perplexity = float(min(30.0, max(1.0, (len(x) - 1) / 3)))
+    return TSNE(n_components=2, perplexity=perplexity, init="pca", random_state=seed).fit_transform(x)
+
+
+def feature_map(
+    maps: Mapping[str, tuple[np.ndarray, np.ndarray]],
+    sites: Sequence[str],
+    out: Path,
+    labels: Mapping[str, str] | None = None,
+) -> Path | None:
+    """2D maps of features coloured by site (FedSM paper Fig. 3), one panel per algorithm.
+
+    Args:
+        maps: ``{algorithm: (xy (N, 2), site name of every point (N,))}``.
+        sites: site names in colour order.
+        out: PNG path.
+        labels: display name per algorithm.
+
+    Returns:
+        ``out``, or None when ``maps`` is empty.
+    """
+    labels = labels or {}
+    if not maps:
+        return None
+    fig = Figure(figsize=(4.6 * len(maps) + 1.4, 4.4))
+    axes = fig.subplots(1, len(maps), squeeze=False)[0]
+    for ax, (alg, (xy, site)) in zip(axes, maps.items()):
+        size = float(np.clip(3000 / max(len(xy), 1), 6, 40))  # marker area: large for few points
+        for i, name in enumerate(sites):
+            pts = xy[np.asarray(site) == name]
+            if len(pts):
+                ax.scatter(pts[:, 0], pts[:, 1], s=size, alpha=0.8, color=f"C{i % 10}", label=name, edgecolors="none")
+        ax.set_title(f"{labels.get(alg, alg)}: selector features (t-SNE)", fontsize=10)
+        ax.set_xticks([])
+        ax.set_yticks([])
+    axes[-1].legend(fontsize=8, loc="center left", bbox_to_anchor=(1.02, 0.5), frameon=False, title="site")
+    fig.tight_layout()
     return _save(fig, out)

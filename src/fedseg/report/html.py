@@ -2,17 +2,24 @@
 
 :func:`render_report` reads only the run's own files (DESIGN.md "Run outputs"):
 ``summary.json`` (required), and optionally ``results.csv``, ``rounds.csv``,
-``ledger.csv``, ``samples/<algorithm>__<site>.npz`` and ``config.yaml``. Each missing
-optional file just drops the sections that need it. The page uses no scripts and no
-network; figures are linked relatively (``figures/*.png``).
+``round_metrics.csv``, ``ledger.csv``, ``samples/<algorithm>__<site>.npz``,
+``selector_features/<algorithm>.npz`` and ``config.yaml``. Each missing optional file just
+drops the sections that need it. The page uses no scripts and no network; figures are linked
+relatively (``figures/*.png``).
 
 Sections:
 
-* test Dice and HD95 tables in the layout of the FedSM paper's Table 3 (one row per
-  algorithm, the local baseline as one "Site k local" row per training site plus its
-  own-site row; columns = sites, Client Avg, Global; best federated number bold);
+* test Dice and HD95 tables in the layout of the FedSM paper's Table 3: Centralized, one
+  "Client k Local" row per site (the k-th site's local model on every site's test data) and
+  Local's own-site row, FedAvg, the other federated methods, then the FedSM family; columns =
+  sites, Client Avg, Global; best federated number per column bold;
 * per-region mean +- std over test cases (FeTS Table 1 style);
-* validation Dice per round; the local cross-site heatmap; example predictions;
+* validation Dice and training loss per round (paper Fig. 2), per model for FedSM-family
+  methods whose ``round_metrics.csv`` has ``val_dice_<model>`` / ``train_loss_<model>``;
+* the model selector of FedSM-family methods: accuracy per site at the selected round
+  (validation) and on the test images, its accuracy, routing and gamma per round, and a t-SNE
+  map of its features on the test images coloured by site (paper Fig. 3);
+* the local cross-site heatmap; example predictions;
 * communication and compute totals from the ledger; the FeTS Table 2 cost table (summary.json
   ``cost``); the configuration.
 """
@@ -30,6 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from fedseg.engine.ledger import EVAL_ACTIONS
+from fedseg.evaluate.selector_features import FEATURES_DIR
 from fedseg.evaluate.tables import cross_site_matrix, own_site_model, read_rows, region_summary, site_summary
 from fedseg.report import figures
 
@@ -47,14 +55,26 @@ DISPLAY_NAMES = {
     "fedsm": "FedSM",
     "fedsm_extra": "FedSM-extra",
     "fedsm-extra": "FedSM-extra",
+    "fedsm-ensemble": "FedSM-ensemble",
     "autofedavg": "Auto-FedAvg",
     "auto_fedavg": "Auto-FedAvg",
     "fedper": "FedPer",
     "ditto": "Ditto",
     "qfedavg": "q-FedAvg",
     "fedpidavg": "FedPIDAvg",
+    "fednova": "FedNova",
+    "fedadam": "FedAdam",
+    "fedmedian": "FedMedian",
+    "fedtrimmedavg": "FedTrimmedAvg",
+    "fedavg-steps": "FedAvg (fixed steps)",
+    "fedavg-uniform": "FedAvg (uniform)",
 }
-FIGURES = ("validation.png", "cross_site.png", "samples.png")
+#: The FedSM family, last in the tables in this order (paper Table 3: ..., FedSM, FedSM-extra).
+FEDSM_FAMILY = ("fedsm", "fedsm-extra", "fedsm-ensemble")
+#: Figures this module writes (deleted before each render so none survives from an earlier one).
+FIGURES = ("validation.png", "cross_site.png", "samples.png", "selector.png", "selector_tsne.png")
+MODEL_CURVES = "curves_{}.png"  # per-model training curves of one algorithm
+MODEL_LABELS = {"global": "global model", "personal": "personalized models", "selector": "selector"}
 
 
 # --------------------------------------------------------------------------- loading
@@ -69,6 +89,8 @@ class RunFiles:
     ledger: list[dict] = field(default_factory=list)
     samples: dict[str, dict[str, dict[str, np.ndarray]]] = field(default_factory=dict)  # site -> algorithm -> arrays
     config: str | None = None
+    round_metrics: list[dict] = field(default_factory=list)  # round_metrics.csv rows
+    selector_features: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)  # algorithm -> arrays
 
     @property
     def sites(self) -> list[str]:
@@ -91,18 +113,27 @@ def _read_csv(path: Path) -> list[dict]:
         return list(csv.DictReader(f))
 
 
-def _load_samples(folder: Path) -> dict[str, dict[str, dict[str, np.ndarray]]]:
-    """``samples/<algorithm>__<site>.npz`` -> ``{site: {algorithm: arrays}}``; unreadable files skipped."""
-    out: dict[str, dict[str, dict[str, np.ndarray]]] = {}
-    for path in sorted(folder.glob("*__*.npz")) if folder.is_dir() else []:
-        algorithm, _, site = path.stem.partition("__")
+def _load_npz(folder: Path, pattern: str, required: set[str]) -> dict[str, dict[str, np.ndarray]]:
+    """``{file stem: arrays}`` of the ``.npz`` files in ``folder`` matching ``pattern`` that hold
+    the ``required`` arrays; unreadable files are skipped (the report shows what it can)."""
+    out = {}
+    for path in sorted(folder.glob(pattern)) if folder.is_dir() else []:
         try:
             with np.load(path, allow_pickle=False) as z:
                 arrays = {k: z[k] for k in z.files}
         except (OSError, ValueError):
             continue
-        if {"image", "truth", "pred"} <= arrays.keys():
-            out.setdefault(site, {})[algorithm] = arrays
+        if required <= arrays.keys():
+            out[path.stem] = arrays
+    return out
+
+
+def _load_samples(folder: Path) -> dict[str, dict[str, dict[str, np.ndarray]]]:
+    """``samples/<algorithm>__<site>.npz`` -> ``{site: {algorithm: arrays}}``."""
+    out: dict[str, dict[str, dict[str, np.ndarray]]] = {}
+    for stem, arrays in _load_npz(folder, "*__*.npz", {"image", "truth", "pred"}).items():
+        algorithm, _, site = stem.partition("__")
+        out.setdefault(site, {})[algorithm] = arrays
     return out
 
 
@@ -121,6 +152,8 @@ def load_run(run_dir: str | Path) -> RunFiles:
         ledger=_read_csv(run_dir / "ledger.csv"),
         samples=_load_samples(run_dir / "samples"),
         config=config.read_text() if config.is_file() else None,
+        round_metrics=_read_csv(run_dir / "round_metrics.csv"),
+        selector_features=_load_npz(run_dir / FEATURES_DIR, "*.npz", {"features", "probs", "chosen", "site"}),
     )
 
 
@@ -135,11 +168,21 @@ def is_federated(name: str, entry: Mapping) -> bool:
 
 
 def algorithm_order(summary: Mapping) -> list[str]:
-    """Table order of the papers: centralized-type baselines, local, then federated methods."""
+    """Table order of the FedSM paper (Table 3): centralized-type baselines, local, FedAvg, the
+    other federated methods (in the run's order), then FedSM, FedSM-extra, FedSM-ensemble."""
     algs = summary.get("algorithms", {})
-    baselines = [a for a in algs if not is_federated(a, algs[a]) and a.lower() != "local"]
-    local = [a for a in algs if a.lower() == "local"]
-    return baselines + local + [a for a in algs if a not in baselines and a not in local]
+
+    def rank(a: str) -> int:
+        name = a.lower()
+        if name == "local":
+            return 1
+        if not is_federated(a, algs[a]):
+            return 0
+        if name in FEDSM_FAMILY:
+            return 4 + FEDSM_FAMILY.index(name)
+        return 2 if name == "fedavg" else 3
+
+    return sorted(algs, key=rank)  # stable: the run's order within a rank
 
 
 def _num(x) -> float:
@@ -207,17 +250,22 @@ def _cross_site_row(run: RunFiles, train: str, metric: str) -> dict[str, float] 
     return row
 
 
+def local_label(k: int, site: str) -> str:
+    """Row label of the k-th site's (1-based) local model, as the paper's "Client k Local"."""
+    return f"Client {k} Local ({site})"
+
+
 def score_rows(run: RunFiles, metric: str) -> list[TableRow]:
-    """Rows of the Dice / HD95 table: baselines, "Site k local" rows + own-site local, federated."""
+    """Rows of the Dice / HD95 table: baselines, "Client k Local" rows + own-site local, federated."""
     rows = []
     for name in algorithm_order(run.summary):
         entry = run.algorithms[name]
         own = {k: _num(v) for k, v in entry.get(metric, {}).items()}
         if name.lower() == "local":
-            for train in run.sites:
+            for k, train in enumerate(run.sites, start=1):
                 cross = _cross_site_row(run, train, metric)
                 if cross is not None:
-                    rows.append(TableRow(f"{train} local", cross, False, "local"))
+                    rows.append(TableRow(local_label(k, train), cross, False, "local"))
             rows.append(TableRow("Local (own site)", own, False, "local"))
         else:
             fed = is_federated(name, entry)
@@ -379,6 +427,108 @@ def cross_site_section(run: RunFiles, fig_dir: Path) -> str | None:
     )
 
 
+# --------------------------------------------------------------------------- FedSM: selector, per-model curves
+def selector_algorithms(run: RunFiles) -> list[str]:
+    """Algorithms with a model selector (``selector_acc`` per round or a features file), in table order."""
+    has = {r["algorithm"] for r in run.round_metrics if r.get("metric") == "selector_acc"} | set(run.selector_features)
+    return [a for a in algorithm_order(run.summary) if a in has]
+
+
+def _point_sites(run: RunFiles, arrays: Mapping[str, np.ndarray]) -> np.ndarray:
+    """Site name of every row of a ``selector_features`` file ``(N,)``."""
+    names = [str(x) for x in arrays["sites"]] if "sites" in arrays else run.sites
+    return np.array(names)[np.asarray(arrays["site"], dtype=np.int64)]
+
+
+def _validation_selector_row(run: RunFiles, alg: str) -> TableRow | None:
+    """``round_metrics.csv`` of ``alg`` at its selected round (the last round with rows if unknown)."""
+    rows = [r for r in run.round_metrics if r["algorithm"] == alg]
+    if not rows:
+        return None
+    best = _num(run.algorithms.get(alg, {}).get("best_round"))
+    rnd = int(best) if any(_num(r["round"]) == best for r in rows) else max(int(_num(r["round"])) for r in rows)
+    at = [r for r in rows if int(_num(r["round"])) == rnd]
+    values = {r["site"]: _num(r["value"]) for r in at if r["metric"] == "selector_acc"}
+    values["mean"] = _nanmean(values.values())
+    values["global_frac"] = _nanmean(r["value"] for r in at if r["metric"] == "global_frac")
+    values["gamma"] = _nanmean(r["value"] for r in at if r["metric"] == "gamma")
+    return TableRow(f"{display_name(alg)}: validation, round {rnd}", values, False, alg)
+
+
+def _test_selector_row(run: RunFiles, alg: str) -> TableRow | None:
+    """Selector accuracy and routing on the test images, from ``selector_features/<alg>.npz``.
+
+    Accuracy of an image: the selector's argmax class is its own site's personalized model
+    (class ``k`` of K for FedSM, ``k + 1`` of K+1 when class 0 is the global model)."""
+    arrays = run.selector_features.get(alg)
+    if arrays is None:
+        return None
+    names = _point_sites(run, arrays)
+    probs, index = np.asarray(arrays["probs"]), np.asarray(arrays["site"])
+    num_sites = len(arrays["sites"]) if "sites" in arrays else len(run.sites)
+    correct = probs.argmax(axis=1) == index + (probs.shape[1] - num_sites)
+    routed_global = np.asarray(arrays["chosen"]) == 0
+    values = {site: float(correct[names == site].mean()) for site in np.unique(names)}
+    values["mean"] = _nanmean(values.values())
+    values["global_frac"] = _nanmean(routed_global[names == site].mean() for site in np.unique(names))
+    values["gamma"] = _num(arrays["gamma"]) if "gamma" in arrays else math.nan
+    return TableRow(f"{display_name(alg)}: test", values, False, alg)
+
+
+def selector_section(run: RunFiles, fig_dir: Path, labels: Mapping[str, str]) -> str | None:
+    """Table (selected round / test), accuracy and routing per round, t-SNE of the features."""
+    algs = selector_algorithms(run)
+    rows = [r for a in algs for r in (_validation_selector_row(run, a), _test_selector_row(run, a)) if r is not None]
+    if not rows:
+        return None
+    columns = [(s, s) for s in run.sites] + [("mean", "Mean"), ("global_frac", "Global model used"), ("gamma", "γ")]
+    parts = [score_table(rows, columns, True, 3), (
+        '<p class="note">Site columns: selector accuracy, the fraction of that site\'s images whose selector argmax '
+        "is the site's own personalized model (Mean: over sites). Global model used: fraction of images Algorithm 2 "
+        "routes to the global model (mean over sites; FedSM-extra/-ensemble: the argmax is the global model). "
+        "γ: the threshold (– without one). Validation: <code>round_metrics.csv</code> at the selected round; "
+        "test: <code>selector_features/</code>, the final super model.</p>")]
+    if figures.selector_curves(run.round_metrics, fig_dir / "selector.png", algs, run.sites, labels):
+        parts.append('<img src="figures/selector.png" alt="selector accuracy and routing per round">'
+                     '<p class="note">Per validated round. Left: selector accuracy per site (thin) and its mean '
+                     "(black). Right: fraction routed to the global model and the threshold γ chosen that round.</p>")
+    maps = {}
+    for a in algs:
+        arrays = run.selector_features.get(a)
+        xy = None if arrays is None else figures.project_2d(arrays["features"])
+        if xy is not None:
+            maps[a] = (xy, _point_sites(run, arrays))
+    if figures.feature_map(maps, run.sites, fig_dir / "selector_tsne.png", labels):
+        parts.append('<img src="figures/selector_tsne.png" alt="t-SNE map of the selector features">'
+                     '<p class="note">t-SNE (scikit-learn, seed 0) of the selector\'s penultimate features on every '
+                     "test image, coloured by the site the image comes from (the selector never sees it): the FedSM "
+                     "paper's Figure 3. Sites whose points mix look alike to the selector.</p>")
+    return "".join(parts)
+
+
+def model_curves_section(run: RunFiles, fig_dir: Path) -> str | None:
+    """Per-model training curves of each algorithm whose ``round_metrics.csv`` has ``val_dice_<model>``
+    or ``train_loss_<model>`` rows (FedSM: global / personalized / selector), with the routed super
+    model's validation Dice from ``rounds.csv``."""
+    images = []
+    for alg in algorithm_order(run.summary):
+        rows = [{"algorithm": r["metric"][len(key) + 1:], "round": r["round"], "site": r["site"], key: r["value"]}
+                for r in run.round_metrics for key in ("val_dice", "train_loss")
+                if r["algorithm"] == alg and r["metric"].startswith(key + "_")]
+        if not rows:
+            continue
+        routed = f"{display_name(alg)} (routed)"
+        rows += [{"algorithm": routed, "round": r["round"], "site": r["site"], "val_dice": r["val_dice"]}
+                 for r in run.rounds if r["algorithm"] == alg]
+        models = [routed] + sorted({r["algorithm"] for r in rows} - {routed})
+        names = {m: MODEL_LABELS.get(m, m) for m in models}
+        best = {routed: int(_num(run.algorithms[alg]["best_round"]))} if "best_round" in run.algorithms[alg] else None
+        path = figures.validation_curves(rows, fig_dir / MODEL_CURVES.format(alg), models, names, best)
+        if path is not None:
+            images.append(f'<img src="figures/{path.name}" alt="{_esc(display_name(alg))} training curves per model">')
+    return "".join(images) or None
+
+
 # --------------------------------------------------------------------------- page
 CSS = """
 body { font-family: -apple-system, "Segoe UI", Roboto, "Helvetica Neue", Arial, sans-serif; color: #1f2328;
@@ -432,9 +582,8 @@ def _score_sections(run: RunFiles) -> str:
     common = (
         f"Per case: mean over regions ({_esc(regions)}); per site: mean over its test cases. "
         "Client Avg = mean of the site means; Global = mean over all test cases pooled. "
-        "“<i>site</i> local” rows: that site's locally trained model on every site's test data; "
-        "“Local (own site)”: each site's own model on its own data. "
-    )
+    ) + ("“Client <i>k</i> Local (<i>site</i>)”: the <i>k</i>-th site's locally trained model on every site's "
+         "test data; “Local (own site)”: each site's own model on its own data. " if "local" in run.algorithms else "")
     out = []
     for metric, title, higher, digits, note in (
         ("dice", "Test Dice", True, 4, "Bold: best federated number per column (higher is better)."),
@@ -443,7 +592,7 @@ def _score_sections(run: RunFiles) -> str:
          "mask have no HD95 and are not counted."),
     ):
         rows = score_rows(run, metric)
-        if any(r.values for r in rows):
+        if any(not math.isnan(v) for r in rows for v in r.values.values()):  # e.g. no HD95 when eval.hd95 is off
             out.append(_section(title, score_table(rows, _site_columns(run.sites), higher, digits), common + note))
     return "".join(out)
 
@@ -456,8 +605,9 @@ def render_report(run_dir: str | Path) -> Path:
     """
     run = load_run(run_dir)
     fig_dir = run.dir / "figures"
-    for name in FIGURES:  # no stale figure from an earlier render survives
-        (fig_dir / name).unlink(missing_ok=True)
+    stale = [fig_dir / name for name in FIGURES] + list(fig_dir.glob(MODEL_CURVES.format("*")))
+    for path in stale:  # no figure from an earlier render survives
+        path.unlink(missing_ok=True)
     order = algorithm_order(run.summary)
     labels = {a: display_name(a) for a in order}
 
@@ -475,7 +625,14 @@ def render_report(run_dir: str | Path) -> Path:
                  "Std over cases (sample std); HD95 over cases where it is defined."),
         _section("Validation Dice per round", curves and '<img src="figures/validation.png" alt="validation curves">',
                  "Mean over sites of the validation Dice; the star marks the round selected on validation "
-                 "(whose model is tested above)."),
+                 "(whose model is tested above)." + (
+                     " FedSM family: the validation Dice of the routed super model; the training loss is the global "
+                     "model's (in the selector-only rounds of FedSM-extra/-ensemble: the selector's loss)."
+                     if any(a.lower() in FEDSM_FAMILY for a in order) else "")),
+        _section("Training curves per model", model_curves_section(run, fig_dir),
+                 "Validation Dice (mean over sites) of each model a method trains and of the routed super model "
+                 "(star: the selected round); training loss per model."),
+        _section("Model selector (FedSM)", selector_section(run, fig_dir, labels)),
         _section("Local training across sites", cross_site_section(run, fig_dir),
                  "Rows: the site a local model was trained on; columns: the site whose test data it is scored on."),
         _section("Example test predictions", samples and '<img src="figures/samples.png" alt="example predictions">',
@@ -487,6 +644,9 @@ def render_report(run_dir: str | Path) -> Path:
                  f"MB = floats × {BYTES_PER_FLOAT} bytes / 10⁶. Seconds: all compute of the method."),
         _section("Cost (FeTS Table 2)", cost_section(run)),
     ]
+    from fedseg.report.studies import study_sections  # here: report.studies imports this module
+
+    parts += study_sections(run.dir)
     if run.config is not None:
         parts.append(f"<details><summary>config.yaml</summary><pre>{_esc(run.config)}</pre></details>")
     page = (

@@ -1,0 +1,374 @@
+"""``fedseg predict``: apply a run's trained bundle (``RUN/model/<algorithm>/``) to new image files.
+
+Pipeline, per image file (PNG/JPEG/NPY/NIfTI, read by ``fedseg.data.folder.read_image``):
+
+1. preprocess exactly as training did (``fedseg.data.preprocess.case_tensors`` with the
+   manifest's ``image_size`` and ``normalize``): ``x`` ``(C, *S)``, ``S = (image_size,) * dims``;
+2. FedSM-family bundles (``selector_spec`` entry): the ``SuperModel`` of
+   ``fedsm_model.super_model_from_bundle`` applies Algorithm 2 -- selector softmax ``y_s``;
+   threshold mode: personalized model ``argmax y_s`` if ``max y_s > gamma`` else the global model;
+   argmax mode: the argmax candidate; ensemble mode: the weighted ensemble. Single-model bundles
+   (``global``: FedAvg and relatives, centralized; ``local:<site>``: pick one with ``site``) apply
+   that network. Masks = ``sigmoid(logits) > threshold`` (manifest ``threshold``), ``(R, *S)``,
+   exactly as evaluation computes them (``fedseg.evaluate.inference.predict_masks``);
+3. resize the masks back to the file's spatial shape (nearest, ``preprocess.restore_size``) and
+   turn them into a label map with the federation's label values (``Regions.to_label``);
+4. write the label map in the input's format: PNG for PNG/JPEG (lossless), ``.npy``, or NIfTI
+   with the input's affine; plus ``predictions.csv``: per image ``file``, ``mask``, ``model``
+   (chosen candidate: ``global``, ``personal:<site>``, ``ensemble``, or the single model's
+   name), ``confidence`` (``max y_s``; empty without a selector) and ``prob:<candidate>`` (the
+   selector's softmax: one column per site's personalized model, plus ``prob:global`` in the
+   K+1-class modes).
+
+Every input is read and checked (readable, channel count, spatial dimensions) before any model
+runs; outputs go to a hidden staging folder inside ``out`` and are moved into place only when
+all of them are written, so a failure leaves ``out`` as it was. Errors are ``PredictError``
+(or ``FederationError`` from the readers), each naming the file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from pydantic import ValidationError
+from torch import nn
+
+from fedseg.algorithms.fedsm_model import MODES, SPEC, candidate_names, route, super_model_from_bundle
+from fedseg.config import ModelConfig
+from fedseg.data.federation import FederationError, Regions
+from fedseg.data.folder import IMAGE_EXTS, _write_nifti, _write_png, read_image, split_name
+from fedseg.data.preprocess import case_tensors, restore_size
+from fedseg.engine.messages import Message, load_weights
+from fedseg.evaluate.inference import predict_masks
+from fedseg.models.factory import build_segmenter
+from fedseg.outputs import csv_text
+
+MANIFEST, WEIGHTS, CSV_NAME = "manifest.json", "weights.safetensors", "predictions.csv"
+MANIFEST_KEYS = ("models", "network", "spatial_dims", "in_channels", "regions", "image_size", "normalize", "threshold")
+BASE_COLUMNS = ["file", "mask", "model", "confidence"]
+
+
+class PredictError(ValueError):
+    """Bad model folder, option or input file; the message names the file or option."""
+
+
+# --- the bundle ------------------------------------------------------------------------------------
+@dataclass
+class Bundle:
+    """A loaded ``model/<algorithm>/`` folder: its manifest and ``{model name: weights}``."""
+
+    folder: Path
+    manifest: dict
+    models: dict[str, dict[str, torch.Tensor]]
+
+    @property
+    def kind(self) -> str:
+        return "2d" if self.manifest["spatial_dims"] == 2 else "3d"
+
+    @property
+    def regions(self) -> Regions:
+        return Regions.from_mapping(self.manifest["regions"])
+
+    @property
+    def is_super_model(self) -> bool:
+        return SPEC in self.models
+
+    def new_segmenter(self) -> nn.Module:
+        m = self.manifest
+        cfg = ModelConfig.model_validate(m["network"])
+        return build_segmenter(cfg, m["spatial_dims"], m["in_channels"], len(m["regions"]), seed=0)
+
+
+def _bundle_folders(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.iterdir() if (p / MANIFEST).is_file()) if folder.is_dir() else []
+
+
+def _manifest_models(path: Path) -> list[str]:
+    """The ``models`` a manifest lists; none if it cannot be read (``load_bundle`` reports that)."""
+    try:
+        models = json.loads(path.read_text(encoding="utf-8")).get("models", [])
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+        return []
+    return models if isinstance(models, list) else []
+
+
+def find_bundle(path: Path, algorithm: str | None = None) -> Path:
+    """The bundle folder ``path`` names: ``RUN/model/<algorithm>`` itself, or one inside ``RUN/model``
+    (or ``RUN``): ``algorithm`` if given, else the only bundle, else the only FedSM-family one."""
+    path = Path(path)
+    if (path / MANIFEST).is_file():
+        if algorithm is not None and algorithm != path.name:
+            raise PredictError(f"{path}: is the bundle of {path.name!r}, not of --algorithm {algorithm!r}")
+        return path
+    if (path / "model").is_dir() and not _bundle_folders(path):
+        path = path / "model"
+    found = _bundle_folders(path)
+    if not found:
+        raise PredictError(f"{path}: no {MANIFEST} here or in its sub-folders "
+                           "(expected RUN/model or RUN/model/<algorithm> of a finished run)")
+    names = ", ".join(p.name for p in found)
+    if algorithm is not None:
+        if not (path / algorithm / MANIFEST).is_file():
+            raise PredictError(f"{path}: no bundle for --algorithm {algorithm!r} (available: {names})")
+        return path / algorithm
+    if len(found) == 1:
+        return found[0]
+    supers = [p for p in found if SPEC in _manifest_models(p / MANIFEST)]
+    if len(supers) == 1:
+        return supers[0]
+    raise PredictError(f"{path}: holds the bundles {names}; choose one with --algorithm")
+
+
+def load_bundle(folder: Path) -> Bundle:
+    """Read and check ``manifest.json`` and ``weights.safetensors`` of one bundle folder."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    manifest_path, weights_path = folder / MANIFEST, folder / WEIGHTS
+    if not manifest_path.is_file():
+        raise PredictError(f"{manifest_path}: missing (expected RUN/model/<algorithm>/{MANIFEST})")
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise PredictError(f"{manifest_path}: cannot read ({type(e).__name__}: {e})") from None
+    missing = [k for k in MANIFEST_KEYS if not isinstance(manifest, dict) or k not in manifest]
+    if missing:
+        raise PredictError(f"{manifest_path}: missing keys {', '.join(missing)}")
+    try:
+        ModelConfig.model_validate(manifest["network"])
+        Regions.from_mapping(manifest["regions"])
+    except (ValidationError, FederationError) as e:
+        raise PredictError(f"{manifest_path}: invalid network or regions ({' '.join(str(e).split())})") from None
+    if not weights_path.is_file():
+        raise PredictError(f"{weights_path}: missing")
+    try:
+        tensors = Message(load_file(weights_path))
+    except (OSError, SafetensorError) as e:
+        raise PredictError(f"{weights_path}: cannot read ({type(e).__name__}: {e})") from None
+    models = {name: tensors.group(name) for name in manifest["models"]}
+    empty = [name for name, w in models.items() if not w]
+    if empty:
+        raise PredictError(f"{weights_path}: no tensors for the models {', '.join(empty)} listed in {manifest_path}")
+    return Bundle(folder, manifest, models)
+
+
+# --- the predictor ---------------------------------------------------------------------------------
+@dataclass
+class Predictor:
+    """``model`` maps images ``(B, C, *S)`` to region logits ``(B, R, *S)``. With a selector
+    (``model`` is a ``SuperModel``): ``candidates`` are the candidate names (0 = global) and
+    ``prob_names`` the candidate of each selector class; without one, ``candidates = [the model's
+    name]`` and ``prob_names = []``."""
+
+    model: nn.Module
+    candidates: list[str]
+    prob_names: list[str]
+
+    @property
+    def columns(self) -> list[str]:
+        return BASE_COLUMNS + [f"prob:{n}" for n in self.prob_names]
+
+    @torch.no_grad()
+    def choices(self, x: torch.Tensor) -> list[dict]:
+        """Per image of ``x`` ``(B, C, *S)``: ``model``, ``confidence`` and ``prob:<candidate>``."""
+        if not self.prob_names:
+            return [{"model": self.candidates[0], "confidence": ""} for _ in range(len(x))]
+        sm = self.model
+        probs = sm.scores(x)  # (B, classes)
+        chosen = route(probs, sm.mode, sm.gamma)
+        rows = []
+        for p, c in zip(probs.tolist(), chosen.tolist()):
+            model = "ensemble" if sm.mode == "ensemble" else self.candidates[c]
+            rows.append({"model": model, "confidence": max(p), **{f"prob:{n}": v for n, v in zip(self.prob_names, p)}})
+        return rows
+
+
+def build_predictor(bundle: Bundle, gamma: float | None = None, site: str | None = None) -> Predictor:
+    """The network(s) of ``bundle``; ``gamma`` overrides a threshold bundle's gamma, ``site`` picks
+    the model of a bundle with one model per site (``local``)."""
+    m = bundle.manifest
+    if bundle.is_super_model:
+        if site is not None:
+            raise PredictError(f"{bundle.folder}: --site applies to bundles with one model per site (local); "
+                               "this one routes every image with its selector")
+        mode = MODES[int(bundle.models[SPEC]["mode"])]
+        if gamma is not None and mode != "threshold":
+            raise PredictError(f"{bundle.folder}: --gamma applies to threshold routing (fedsm); this bundle routes by {mode}")
+        if gamma is not None and not 0.0 <= gamma <= 1.0:
+            raise PredictError(f"--gamma {gamma}: must lie in [0, 1]")
+        with weights_fit(bundle):
+            sm = super_model_from_bundle(bundle.models, bundle.new_segmenter, m["in_channels"], m["spatial_dims"], gamma)
+        candidates = candidate_names(bundle.models)
+        return Predictor(sm, candidates, candidates[1:] if mode == "threshold" else candidates)
+    if gamma is not None:
+        raise PredictError(f"{bundle.folder}: --gamma applies to FedSM bundles; this one has no selector")
+    names = list(bundle.models)
+    if site is not None:
+        by_site = {n.split(":", 1)[1]: n for n in names if ":" in n}
+        if site not in by_site:
+            raise PredictError(f"{bundle.folder}: no model for --site {site!r} (models: {', '.join(names)})")
+        names = [by_site[site]]
+    elif "global" in names:
+        names = ["global"]
+    if len(names) != 1:
+        raise PredictError(f"{bundle.folder}: holds one model per site ({', '.join(names)}); choose one with --site")
+    model = bundle.new_segmenter()
+    with weights_fit(bundle):
+        load_weights(model, bundle.models[names[0]])
+    return Predictor(model.eval(), names, [])
+
+
+@contextmanager
+def weights_fit(bundle: Bundle):
+    """Turn a weights/network mismatch while loading ``bundle`` into a ``PredictError`` naming its files."""
+    try:
+        yield
+    except (KeyError, RuntimeError) as e:
+        raise PredictError(f"{bundle.folder / WEIGHTS}: does not fit the network of {bundle.folder / MANIFEST} "
+                           f"({type(e).__name__}: {e})") from None
+
+
+# --- inputs and outputs ----------------------------------------------------------------------------
+@dataclass
+class Input:
+    """One image file: ``x`` ``(C, *S)`` preprocessed, ``spatial`` its original spatial shape."""
+
+    path: Path
+    name: str  # as written in predictions.csv: relative to the input folder
+    mask_name: str
+    x: torch.Tensor
+    spatial: tuple[int, ...]
+
+
+def mask_name(path: Path) -> str:
+    """Output file name of ``path``'s mask: the same name, PNG for JPEG (masks must be lossless)."""
+    stem, ext = split_name(path.name, IMAGE_EXTS)
+    return f"{stem}.{'png' if ext in ('jpg', 'jpeg') else ext}"
+
+
+def list_inputs(path: Path) -> list[Path]:
+    """``path`` itself, or the image files of folder ``path`` (not recursive; hidden files ignored)."""
+    path = Path(path)
+    if path.is_file():
+        files = [path]
+    elif path.is_dir():
+        files = sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith("."))
+        if not files:
+            raise PredictError(f"{path}: no image files (expected {', '.join(IMAGE_EXTS)})")
+    else:
+        raise PredictError(f"{path}: no such file or folder")
+    bad = [p for p in files if split_name(p.name, IMAGE_EXTS) is None]
+    if bad:
+        raise PredictError("\n".join(f"{p}: unsupported file type (expected one of {', '.join(IMAGE_EXTS)})" for p in bad))
+    return files
+
+
+def read_input(path: Path, root: Path, bundle: Bundle) -> Input:
+    """Read one image and preprocess it as training did; raises naming ``path`` if it does not fit the bundle."""
+    m = bundle.manifest
+    image = read_image(path, bundle.kind)
+    if image.shape[0] != m["in_channels"]:
+        raise PredictError(f"{path}: image has {image.shape[0]} channels but the model expects {m['in_channels']} "
+                           f"({bundle.folder / MANIFEST}: in_channels)")
+    if min(image.shape[1:]) < 1:
+        raise PredictError(f"{path}: empty image (shape {tuple(image.shape)})")
+    x, _ = case_tensors(image, None, bundle.regions, m["image_size"], m["normalize"])
+    name = path.name if path == root else str(path.relative_to(root))
+    return Input(path, name, mask_name(path), x, tuple(image.shape[1:]))
+
+
+def read_inputs(path: Path, bundle: Bundle) -> list[Input]:
+    """Every input of ``path``, all checked before any is used; one error lists every bad file."""
+    inputs, problems = [], []
+    for p in list_inputs(path):
+        try:
+            inputs.append(read_input(p, Path(path), bundle))
+        except (FederationError, PredictError) as e:
+            problems += str(e).splitlines()
+    if problems:
+        raise PredictError("\n".join(problems))
+    names = [i.mask_name for i in inputs]
+    clashes = sorted({n for n in names if names.count(n) > 1})
+    if clashes:
+        raise PredictError(f"{path}: several inputs would write the same mask file: {', '.join(clashes)}")
+    return inputs
+
+
+def write_mask(path: Path, label: np.ndarray, source: Path) -> None:
+    """``label`` ``(*spatial)`` in ``source``'s format: NIfTI (with ``source``'s affine), ``.npy`` or PNG."""
+    ext = split_name(source.name, IMAGE_EXTS)[1]
+    if ext in ("nii", "nii.gz"):
+        import nibabel as nib
+
+        _write_nifti(path, label, nib.load(source).affine)
+    elif ext == "npy":
+        np.save(path, label)
+    else:
+        _write_png(path, label)
+
+
+def check_out(out: Path, inputs: list[Input], force: bool) -> None:
+    """Refuse an ``out`` that is a file, that would overwrite an input, or (without ``force``) existing outputs."""
+    if out.exists() and not out.is_dir():
+        raise PredictError(f"{out}: exists and is not a folder")
+    targets = [out / i.mask_name for i in inputs] + [out / CSV_NAME]
+    sources = {i.path.resolve() for i in inputs}
+    overwrite_input = [t for t in targets if t.resolve() in sources]
+    if overwrite_input:
+        raise PredictError(f"{overwrite_input[0]}: is an input image; choose another --out")
+    existing = [t for t in targets if t.exists()]
+    if existing and not force:
+        raise PredictError(f"{existing[0]}: exists ({len(existing)} output file(s) in {out}); "
+                           "overwrite with --force or choose another --out")
+
+
+# --- the command -----------------------------------------------------------------------------------
+def predict(model: Path, input: Path, out: Path, gamma: float | None = None, algorithm: str | None = None,
+            site: str | None = None, force: bool = False, batch_size: int = 8) -> list[dict]:
+    """Predict a mask for every image of ``input`` (a file or a folder) into ``out``; returns the
+    rows of ``predictions.csv``. Nothing is written unless every input is valid."""
+    bundle = load_bundle(find_bundle(model, algorithm))
+    predictor = build_predictor(bundle, gamma, site)
+    inputs = read_inputs(input, bundle)
+    out = Path(out)
+    check_out(out, inputs, force)
+    created = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=out, prefix=".predict-"))
+    try:
+        rows = write_predictions(predictor, bundle, inputs, staging, batch_size)
+        for name in [i.mask_name for i in inputs] + [CSV_NAME]:
+            os.replace(staging / name, out / name)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        if created and not any(out.iterdir()):
+            out.rmdir()
+        raise
+    shutil.rmtree(staging, ignore_errors=True)
+    return rows
+
+
+def write_predictions(predictor: Predictor, bundle: Bundle, inputs: list[Input], folder: Path, batch_size: int) -> list[dict]:
+    """Masks of every input and ``predictions.csv`` into ``folder``; returns the CSV rows."""
+    regions, threshold = bundle.regions, float(bundle.manifest["threshold"])
+    rows = []
+    for start in range(0, len(inputs), batch_size):
+        batch = inputs[start : start + batch_size]
+        x = torch.stack([i.x for i in batch])
+        masks = predict_masks(predictor.model, x, batch_size, threshold, torch.device("cpu"))  # (B, R, *S) bool
+        for item, mask, choice in zip(batch, masks, predictor.choices(x)):
+            label = regions.to_label(restore_size(mask, item.spatial).numpy())
+            write_mask(folder / item.mask_name, label, item.path)
+            rows.append({"file": item.name, "mask": item.mask_name, **choice})
+    (folder / CSV_NAME).write_text(csv_text(predictor.columns, rows), encoding="utf-8")
+    return rows
+

@@ -1,0 +1,389 @@
+"""Studies made of several complete runs: unseen sites (FedSM Table 5) and config sweeps (Tables 6, 7).
+
+Each sub-run is an ordinary run directory written by :func:`fedseg.run.run_experiment`
+(config.yaml, summary.json, checkpoints/, model/, ...), so it resumes, reports and predicts
+like any run. A study directory ``OUT`` holds:
+
+* ``study.json``: the study's kind (``holdout`` | ``sweep``), its sites or key and values,
+  the sub-run folders and the base configuration;
+* holdout (``--holdout SITE`` / ``--leave-one-out``): ``holdout/<site>/`` = a run on the
+  federation without ``<site>`` (``Federation.without``; it also gets its own rows as
+  ``unseen.csv``/``.json``), then ``unseen.csv`` + ``unseen.json``: one row per unseen site and
+  algorithm, columns ``algorithm, unseen_site, cases, gamma, freq_GM, freq_PM_<site>`` (one per
+  site of the whole federation, empty for the unseen site: the paper's N/A) ``, dice, best_gamma,
+  best_dice, val_gamma, val_dice, run`` (the sub-run folder relative to ``OUT``); empty = not
+  applicable;
+* sweep (``--sweep key=v1,v2,...``): ``sweep/<key>=<value>/`` = a run with ``--set key=value``
+  on top of the base configuration, then ``sweep.csv`` + ``sweep.json``: one row per value and
+  algorithm, columns ``key, value, algorithm, dice_<site>..., dice_client_avg, dice_global,
+  hd95_client_avg, run`` (the sub-run's summary.json test numbers).
+
+The tables are rewritten after every sub-run. ``resume`` continues a study: finished sub-runs
+return from their checkpoints without training, a half-done one continues from its last round.
+
+Unseen-site evaluation (paper Sec. 4.2, Table 5). The held-out site never joins training (no
+split, no selector class, no personalized model); it is scored on **all** of its cases (none
+of them was seen), preprocessed as the training sites' images. Each algorithm's trained bundle
+is evaluated in this process:
+
+* FedSM family (bundle with a selector, :func:`fedseg.algorithms.fedsm_model.super_model_from_bundle`):
+  every candidate (global model GM = 0, personalized model PM_k of training site k) is scored on
+  every case (``score_caseset``); the selector's softmax routes each image (Algorithm 2,
+  :func:`~fedseg.algorithms.fedsm_model.route`) and the image gets its chosen candidate's Dice.
+  ``threshold`` mode (``fedsm``): the row is at ``gamma = 0`` (the paper's setting: always the
+  argmax PM); ``best_gamma``/``best_dice`` = the gamma of ``gamma_grid`` (plus 0) with the best Dice
+  **on the unseen site itself** (an oracle choice, as the paper's "best gamma"; ties -> the larger
+  gamma); ``val_gamma``/``val_dice`` = the gamma the run chose on the training sites' validation
+  splits (stored in the bundle), i.e. what a deployment would use. ``argmax`` (``fedsm-extra``)
+  and ``ensemble`` (``fedsm-ensemble``; frequencies of the most weighted candidate) have no
+  threshold: gamma columns empty. ``unseen.json`` also holds the whole Dice/frequency curve over
+  the grid per row (``curve``).
+* An algorithm whose bundle has a ``global`` model (fedavg, fedprox, centralized, ...): that
+  model's Dice; selection columns empty.
+* Anything else (``local``: one model per training site, no single model) gets no row.
+
+Dice: per case the mean over regions, then the mean over the site's cases
+(:func:`fedseg.evaluate.tables.site_summary`, the convention of every table here).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Literal
+
+import numpy as np
+import torch
+
+from fedseg.algorithms import get_algorithm
+from fedseg.algorithms.fedavg import eval_rows
+from fedseg.algorithms.fedsm import DEFAULT_GRID
+from fedseg.algorithms.fedsm_model import GLOBAL_INDEX, SPEC, SuperModel, candidate_names, route, super_model_from_bundle
+from fedseg.config import ConfigError, RunConfig, apply_override, validate_config
+from fedseg.data.dataset import CaseSet, build_site_data
+from fedseg.data.federation import Federation
+from fedseg.engine.checkpoint import atomic_write_text
+from fedseg.engine.messages import Message, load_weights
+from fedseg.engine.simulator import Task
+from fedseg.evaluate.inference import score_caseset
+from fedseg.evaluate.tables import site_summary
+from fedseg.outputs import RunResults, csv_text
+from fedseg.run import load_federation, run_experiment
+
+STUDY_FILE = "study.json"
+UNSEEN, SWEEP = "unseen", "sweep"  # table stems: OUT/unseen.csv|json, OUT/sweep.csv|json
+HOLDOUT_DIR, SWEEP_DIR = "holdout", "sweep"
+GM = "freq_GM"
+
+# (config, run directory, resume, federation or None = load from the config) -> the run's results
+Runner = Callable[[RunConfig, Path, bool, Federation | None], RunResults]
+
+
+def default_runner(cfg: RunConfig, out: Path, resume: bool, federation: Federation | None) -> RunResults:
+    return run_experiment(cfg, out, resume, federation=federation)
+
+
+@dataclass
+class SubRun:
+    """One complete run of a study: ``label`` = the held-out site or ``<key>=<value>``."""
+
+    label: str
+    dir: Path
+    cfg: RunConfig
+    federation: Federation | None = None  # the training federation (None: loaded from ``cfg``)
+    value: str | None = None  # sweep: the value as given (YAML text)
+
+
+@dataclass
+class Study:
+    """A planned study; every sub-run's config is validated when the plan is made."""
+
+    kind: Literal["holdout", "sweep"]
+    out: Path
+    cfg: RunConfig  # the base configuration
+    runs: list[SubRun]
+    key: str | None = None  # sweep: the config key
+    federation: Federation | None = None  # holdout: the full federation (the unseen site's cases)
+
+    @property
+    def table(self) -> str:
+        return UNSEEN if self.kind == "holdout" else SWEEP
+
+
+@dataclass
+class StudyResult:
+    """What ``run_study`` wrote: the table's columns and rows, and algorithms without a row (with why)."""
+
+    study: Study
+    columns: list[str]
+    rows: list[dict]
+    skipped: list[str] = field(default_factory=list)
+
+
+# --------------------------------------------------------------------------- planning
+def plan_holdout(cfg: RunConfig, out: Path, sites: list[str] | None = None, federation: Federation | None = None) -> Study:
+    """One sub-run per held-out site (``sites``; None = every site, leave-one-out) in ``OUT/holdout/<site>/``.
+    Unknown site -> KeyError listing the site names; fewer than 2 sites -> ValueError."""
+    check_algorithms(cfg, "config")
+    fed = federation or load_federation(cfg)
+    if len(fed.sites) < 2:
+        raise ValueError(f"an unseen-site study needs at least 2 sites; {fed.name!r} has {len(fed.sites)}")
+    names = fed.site_names if sites is None else list(sites)
+    runs = [SubRun(s, Path(out) / HOLDOUT_DIR / s, cfg, fed.without(s)) for s in names]
+    return Study("holdout", Path(out), cfg, runs, federation=fed)
+
+
+def split_values(text: str) -> list[str]:
+    """``"0.1,0.3"`` -> ``["0.1", "0.3"]``; commas inside ``[...]`` or ``{...}`` (YAML lists, maps) stay."""
+    parts, depth, current = [], 0, []
+    for ch in text:
+        depth += (ch in "[{") - (ch in "]}")
+        if ch == "," and depth == 0:
+            parts.append("".join(current).strip())
+            current = []
+        else:
+            current.append(ch)
+    parts.append("".join(current).strip())
+    return parts
+
+
+def parse_sweep(spec: str) -> tuple[str, list[str]]:
+    """``"key.sub=v1,v2"`` -> ``("key.sub", ["v1", "v2"])``; a ConfigError on a missing key, an empty or repeated value."""
+    key, sep, raw = spec.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ConfigError(f"--sweep {spec!r}: expected key.sub=v1,v2,...")
+    values = split_values(raw)
+    if any(not v for v in values):
+        raise ConfigError(f"--sweep {spec!r}: empty value in {raw!r}")
+    if len(set(values)) != len(values):
+        raise ConfigError(f"--sweep {spec!r}: repeated value")
+    return key, values
+
+
+def run_label(key: str, value: str) -> str:
+    """The sub-run folder name ``<key>=<value>`` (characters unsafe in a file name -> ``_``)."""
+    return re.sub(r"[^\w.,=+\-\[\]{}:]", "_", f"{key}={value}")
+
+
+def sweep_config(cfg: RunConfig, key: str, value: str) -> RunConfig:
+    """``cfg`` with ``key = value`` (YAML), validated like ``--set``; every algorithm's options are
+    checked too, and a ``methods.<name>.*`` key must name one of the run's algorithms."""
+    where = f"--sweep {key}={value}"
+    data = cfg.model_dump(mode="json")
+    try:
+        apply_override(data, f"{key}={value}")
+    except ConfigError as e:
+        raise ConfigError(f"{where}: {e}") from None
+    variant = validate_config(data, where)
+    parts = key.split(".")
+    if parts[0] == "methods" and len(parts) > 1 and parts[1] not in variant.algorithms:
+        raise ConfigError(f"{where}: {parts[1]!r} is not among the run's algorithms {variant.algorithms}")
+    check_algorithms(variant, where)
+    return variant
+
+
+def check_algorithms(cfg: RunConfig, where: str) -> None:
+    """Every algorithm of ``cfg`` exists and its ``methods.<name>`` options are valid (ConfigError naming ``where``)."""
+    for name in cfg.algorithms:
+        try:
+            get_algorithm(name).parse_options(cfg.methods.get(name))
+        except (KeyError, ValueError) as e:
+            raise ConfigError(f"{where}: {str(e).strip(chr(39))}") from None
+
+
+def plan_sweep(cfg: RunConfig, out: Path, spec: str, federation: Federation | None = None) -> Study:
+    """One sub-run per value of ``spec`` (``key=v1,v2,...``) in ``OUT/sweep/<key>=<value>/``; every
+    value is validated here, before anything runs. ``federation`` (in memory) serves every sub-run;
+    None loads each sub-run's own ``data`` (so ``data.*`` keys can be swept)."""
+    key, values = parse_sweep(spec)
+    labels = [run_label(key, v) for v in values]
+    if len(set(labels)) != len(labels):
+        raise ConfigError(f"--sweep {spec!r}: two values give the same folder name ({labels})")
+    runs = [SubRun(lab, Path(out) / SWEEP_DIR / lab, sweep_config(cfg, key, v), federation, v) for lab, v in zip(labels, values)]
+    return Study("sweep", Path(out), cfg, runs, key=key)
+
+
+def check_out(study: Study, resume: bool) -> None:
+    """Before any work: without ``resume`` the study folder must not hold a study or run; with it,
+    ``study.json`` (if present) must describe the same kind of study and key."""
+    out = study.out
+    meta = out / STUDY_FILE
+    if not resume:
+        if meta.exists() or (out / "checkpoints").exists() or any((r.dir / "checkpoints").exists() for r in study.runs):
+            raise FileExistsError(f"{out}: already holds a study or run; use --resume to continue it or choose another --out")
+        return
+    if meta.is_file():
+        old = json.loads(meta.read_text())
+        if (old.get("kind"), old.get("key")) != (study.kind, study.key):
+            raise ValueError(f"{meta}: holds a {old.get('kind')} study (key {old.get('key')}); "
+                             f"cannot resume it as a {study.kind} study (key {study.key})")
+
+
+# --------------------------------------------------------------------------- running
+def run_study(study: Study, resume: bool = False, runner: Runner | None = None,
+              on_run_start: Callable[[SubRun], None] | None = None) -> StudyResult:
+    """Run (or resume) every sub-run in order; after each, rewrite ``OUT/<table>.csv`` + ``.json``."""
+    check_out(study, resume)
+    runner = runner or default_runner
+    write_study_file(study)
+    result = StudyResult(study, [], [])
+    for sub in study.runs:
+        if on_run_start:
+            on_run_start(sub)
+        results = runner(sub.cfg, sub.dir, resume, sub.federation)
+        if study.kind == "holdout":
+            rows, skipped = unseen_rows(results, study.federation, sub.label, sub.dir.relative_to(study.out).as_posix())
+            write_table(sub.dir, UNSEEN, unseen_columns(study.federation.site_names), rows)  # the sub-run's own row(s)
+            result.skipped += [f"{sub.label}: {s}" for s in skipped]
+        else:
+            rows = sweep_rows(results, study.key, sub.value, sub.dir.relative_to(study.out).as_posix())
+        result.rows += rows
+        result.columns = (unseen_columns(study.federation.site_names) if study.kind == "holdout"
+                          else sweep_columns(result.rows))
+        write_table(study.out, study.table, result.columns, result.rows)
+    return result
+
+
+def write_study_file(study: Study) -> None:
+    meta = {
+        "kind": study.kind,
+        "key": study.key,
+        "runs": {r.label: r.dir.relative_to(study.out).as_posix() for r in study.runs},
+        "values": [r.value for r in study.runs] if study.kind == "sweep" else None,
+        "holdout": [r.label for r in study.runs] if study.kind == "holdout" else None,
+        "config": study.cfg.model_dump(mode="json"),
+    }
+    atomic_write_text(study.out / STUDY_FILE, json.dumps(meta, indent=2))
+
+
+def _clean(x):
+    """NaN -> None (an empty CSV cell, JSON null) and numpy scalars -> Python numbers, inside dicts and lists too."""
+    if isinstance(x, dict):
+        return {k: _clean(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_clean(v) for v in x]
+    if isinstance(x, (float, np.floating)):
+        return None if math.isnan(float(x)) else float(x)
+    return int(x) if isinstance(x, np.integer) else x
+
+
+def write_table(out: Path, stem: str, columns: list[str], rows: list[dict]) -> None:
+    """``OUT/<stem>.csv`` (``columns`` only; empty = not applicable) and ``OUT/<stem>.json``
+    (``{"columns", "rows"}``, rows with any extra detail keys)."""
+    flat = [{c: _clean(r.get(c)) for c in columns} for r in rows]
+    atomic_write_text(out / f"{stem}.csv", csv_text(columns, flat))
+    atomic_write_text(out / f"{stem}.json", json.dumps({"columns": columns, "rows": _clean(rows)}, indent=2))
+
+
+# --------------------------------------------------------------------------- sweep table
+def sweep_columns(rows: list[dict]) -> list[str]:
+    """``key, value, algorithm, dice_<site>... (every site seen, in order), dice_client_avg,
+    dice_global, hd95_client_avg, run``."""
+    sites = list(dict.fromkeys(c for r in rows for c in r if c.startswith("dice_") and c not in ("dice_client_avg", "dice_global")))
+    return ["key", "value", "algorithm", *sites, "dice_client_avg", "dice_global", "hd95_client_avg", "run"]
+
+
+def sweep_rows(results: RunResults, key: str, value: str, run: str) -> list[dict]:
+    """One row per algorithm: its summary's test Dice per site, client_avg and global, HD95 client_avg."""
+    rows = []
+    for algo in results.algorithms:
+        dice, hd95 = algo.summary["dice"], algo.summary["hd95"]
+        rows.append({"key": key, "value": value, "algorithm": algo.name,
+                     **{f"dice_{s}": _clean(dice.get(s)) for s in results.federation.site_names},
+                     "dice_client_avg": _clean(dice["client_avg"]), "dice_global": _clean(dice["global"]),
+                     "hd95_client_avg": _clean(hd95["client_avg"]), "run": run})
+    return rows
+
+
+# --------------------------------------------------------------------------- unseen table
+def pm_column(site: str) -> str:
+    return f"freq_PM_{site}"
+
+
+def unseen_columns(sites: list[str]) -> list[str]:
+    """Table 5 layout: one ``freq_PM_<site>`` per site of the full federation (empty for the unseen site)."""
+    return ["algorithm", "unseen_site", "cases", "gamma", GM, *map(pm_column, sites), "dice",
+            "best_gamma", "best_dice", "val_gamma", "val_dice", "run"]
+
+
+def unseen_caseset(fed: Federation, site: str, cfg: RunConfig) -> CaseSet:
+    """Every case of ``site`` at model resolution (the unseen site has no splits: all of it is test data)."""
+    s = fed.site(site)
+    return build_site_data(fed, s, fed.site_names.index(site), {c.id: "test" for c in s.cases}, cfg.data).test
+
+
+def unseen_rows(results: RunResults, fed: Federation, site: str, run: str) -> tuple[list[dict], list[str]]:
+    """Table 5 rows of one holdout run (one per algorithm with a global or super model) and the
+    skipped algorithms (with the reason)."""
+    cfg = results.cfg
+    data = unseen_caseset(fed, site, cfg)
+    task = Task(cfg, fed.spatial_dims, fed.channels, fed.regions.names)
+    rows, skipped = [], []
+    for algo in results.algorithms:
+        base = {"algorithm": algo.name, "unseen_site": site, "cases": len(data), "run": run,
+                "training_sites": results.federation.site_names}
+        if SPEC in algo.bundle:
+            grid = getattr(get_algorithm(algo.name).parse_options(cfg.methods.get(algo.name)), "gamma_grid", DEFAULT_GRID)
+            rows.append({**base, **super_model_row(algo.bundle, task, data, site, grid)})
+        elif "global" in algo.bundle:
+            model = task.new_model()
+            load_weights(model, algo.bundle["global"])
+            rows.append({**base, "mode": "single", "dice": site_dice(candidate_dice([model], data, cfg, task)[0], data, site, task)})
+        else:
+            skipped.append(f"{algo.name}: no global or super model in its bundle ({', '.join(sorted(algo.bundle))})")
+    return rows, skipped
+
+
+def candidate_dice(models: list[torch.nn.Module], data: CaseSet, cfg: RunConfig, task: Task) -> np.ndarray:
+    """Dice of every model on every case, ``(M, N, R)`` (``score_caseset``; HD95 not computed)."""
+    ev = cfg.eval
+    return np.stack([score_caseset(m, data, ev.batch_size, ev.threshold, False, task.device)[0] for m in models])
+
+
+def site_dice(dice: np.ndarray, data: CaseSet, site: str, task: Task) -> float:
+    """Per-case Dice ``(N, R)`` of one site -> the site's Dice (mean over regions, then over cases)."""
+    reply = Message({"dice": torch.from_numpy(dice), "hd95": torch.full(dice.shape, math.nan, dtype=torch.float64)},
+                    {"cases": json.dumps(data.ids), "model": "unseen"})
+    return site_summary(eval_rows("unseen", {site: reply}, task.regions), "unseen", "dice", [site])[site]
+
+
+@torch.no_grad()
+def selector_probs(sm: SuperModel, data: CaseSet, cfg: RunConfig, task: Task) -> torch.Tensor:
+    """The selector's softmax for every case, ``(N, C)``."""
+    return torch.cat([sm.scores(xb.to(task.device)).cpu() for xb in data.x.split(cfg.eval.batch_size)])
+
+
+def routing_point(choice: torch.Tensor, dice: np.ndarray, sites: list[str], data: CaseSet, site: str, task: Task) -> dict:
+    """Dice and selection frequencies of one routing: ``choice`` ``(N,)`` candidate per case (0 = GM,
+    k = PM of ``sites[k-1]``), ``dice`` ``(N, R)`` per-case Dice under that routing."""
+    freq = np.bincount(choice.numpy(), minlength=len(sites) + 1) / max(len(choice), 1)
+    return {"dice": site_dice(dice, data, site, task), GM: float(freq[GLOBAL_INDEX]),
+            **{pm_column(s): float(freq[k + 1]) for k, s in enumerate(sites)}}
+
+
+def super_model_row(bundle: dict, task: Task, data: CaseSet, site: str, grid) -> dict:
+    """The Table 5 cells of a FedSM-family bundle on the unseen site's cases (see the module doc)."""
+    cfg = task.cfg
+    sm = super_model_from_bundle(bundle, task.new_model, task.in_channels, task.spatial_dims).to(task.device).eval()
+    sites = [name.split(":", 1)[1] for name in candidate_names(bundle)[1:]]
+    probs = selector_probs(sm, data, cfg, task)
+    if sm.mode == "ensemble":  # the weighted ensemble's own Dice; frequencies of the most weighted candidate
+        ev = cfg.eval
+        dice = score_caseset(sm, data, ev.batch_size, ev.threshold, False, task.device)[0]
+        return {"mode": sm.mode, **routing_point(route(probs, sm.mode), dice, sites, data, site, task)}
+    per_model = candidate_dice(list(sm.candidates), data, cfg, task)  # (K+1, N, R)
+
+    def at(gamma: float = 0.0) -> dict:  # (argmax mode has no threshold: gamma is ignored)
+        choice = route(probs, sm.mode, gamma)
+        return routing_point(choice, per_model[choice.numpy(), np.arange(len(data))], sites, data, site, task)
+
+    if sm.mode != "threshold":
+        return {"mode": sm.mode, **at()}
+    curve = [{"gamma": g, **at(g)} for g in sorted({0.0, *map(float, grid)})]
+    best = max(reversed(curve), key=lambda p: -math.inf if math.isnan(p["dice"]) else p["dice"])  # ties: larger gamma
+    return {"mode": sm.mode, "gamma": 0.0, **curve[0], "best_gamma": best["gamma"], "best_dice": best["dice"],
+            "val_gamma": sm.gamma, "val_dice": at(sm.gamma)["dice"], "curve": curve}

@@ -1,0 +1,270 @@
+"""``fedseg predict`` on image files written by the test, against the masks evaluation computed."""
+
+from __future__ import annotations
+
+import csv
+import math
+import shutil
+
+import nibabel as nib
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from typer.testing import CliRunner
+
+from conftest import disc_federation, tiny_config
+from fedseg.algorithms.fedsm_model import bundle_entries, candidate_names, route, super_model_from_bundle
+from fedseg.cli import app
+from fedseg.config import dump_config, load_config
+from fedseg.data.federation import Regions
+from fedseg.data.folder import read_label, write_folder
+from fedseg.engine.messages import load_weights, weights_of
+from fedseg.evaluate.inference import predict_masks
+from fedseg.evaluate.metrics import batch_metrics
+from fedseg.evaluate.tables import read_rows
+from fedseg.models import build_selector
+from fedseg.models.factory import build_segmenter
+from fedseg.predict import Bundle, PredictError, build_predictor, load_bundle, predict
+from fedseg.run import prepare
+
+runner = CliRunner()
+DISC_CUP = Regions.from_mapping({"disc": [1, 2], "cup": [2]})
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """``fedseg run --data`` (fedsm + fedavg, 1 round) on a 3-site folder federation; returns
+    ``(run dir, federation root, RunConfig of the run, Prepared data)``."""
+    tmp = tmp_path_factory.mktemp("predict")
+    root = write_folder(disc_federation(n_sites=3, cases_per_site=8), tmp / "fed")
+    cfg = tiny_config(algorithms=["fedsm", "fedavg"], fl={"rounds": 1}, eval={"hd95": False},
+                      methods={"fedsm": {"selector_width": 0.0625}})
+    (tmp / "cfg.yaml").write_text(dump_config(cfg))
+    run = tmp / "run"
+    result = runner.invoke(app, ["run", "--config", str(tmp / "cfg.yaml"), "--data", str(root), "--out", str(run)])
+    assert result.exit_code == 0, result.output
+    cfg = load_config(file=run / "config.yaml")
+    return run, root, cfg, prepare(cfg)
+
+
+def copy_test_images(trained, folder):
+    """Copy every site's test images (as the run split them) into ``folder``; returns ``{case id: site}``."""
+    run, root, _, prep = trained
+    folder.mkdir(parents=True)
+    cases = {}
+    for data in prep.site_data:
+        for case in data.test.ids:
+            shutil.copy(root / data.name / "images" / f"{case}.png", folder)
+            cases[case] = data.name
+    return cases
+
+
+def read_csv(path):
+    with open(path, newline="") as f:
+        return {r["file"]: r for r in csv.DictReader(f)}
+
+
+def dice_rows(run, algorithm):
+    return {(r["case"], r["region"]): r["value"] for r in read_rows(run / "results.csv")
+            if r["algorithm"] == algorithm and r["metric"] == "dice"}
+
+
+def assert_written_masks(out, model, prep, expected_dice=None):
+    """The label maps in ``out`` equal ``model``'s masks of every site's test split (computed as
+    evaluation does, ``predict_masks``); with ``expected_dice`` (results.csv) those masks' Dice
+    equals it, i.e. they are the masks the evaluation scored."""
+    regions, threshold = prep.federation.regions, prep.task.cfg.eval.threshold
+    for data in prep.site_data:
+        masks = predict_masks(model, data.test.x, 4, threshold, torch.device("cpu"))
+        dice, _ = batch_metrics(masks, data.test.y.bool(), hd95=False)
+        for i, case in enumerate(data.test.ids):
+            np.testing.assert_array_equal(read_label(out / f"{case}.png", "2d"), regions.to_label(masks[i].numpy()),
+                                          err_msg=case)
+            if expected_dice is not None:
+                for j, region in enumerate(regions.names):
+                    assert dice[i, j] == pytest.approx(expected_dice[(case, region)], abs=1e-6), (case, region)
+
+
+def global_model(bundle_dir, name="global"):
+    bundle = load_bundle(bundle_dir)
+    model = bundle.new_segmenter()
+    load_weights(model, bundle.models[name])
+    return model.eval()
+
+
+def test_predict_reproduces_the_masks_evaluation_computed(trained, tmp_path):
+    run, _, _, prep = trained
+    cases = copy_test_images(trained, tmp_path / "new")
+    rows = predict(run / "model", tmp_path / "new", tmp_path / "out")  # default: the only FedSM bundle
+    assert sorted(r["file"] for r in rows) == sorted(f"{c}.png" for c in cases)
+    bundle = load_bundle(run / "model" / "fedsm").models
+    sm = super_model_from_bundle(bundle, prep.task.new_model, 3, 2)  # rebuilt as in test_fedsm, not by predict
+    assert_written_masks(tmp_path / "out", sm, prep, dice_rows(run, "fedsm"))
+    names = candidate_names(bundle)
+    table = read_csv(tmp_path / "out" / "predictions.csv")
+    for data in prep.site_data:
+        with torch.no_grad():
+            probs = sm.scores(data.test.x)
+        chosen = route(probs, "threshold", sm.gamma)
+        for i, case in enumerate(data.test.ids):
+            row = table[f"{case}.png"]
+            assert row["model"] == names[int(chosen[i])] and row["mask"] == f"{case}.png"
+            assert float(row["confidence"]) == pytest.approx(float(probs[i].max()), abs=1e-6)
+            site_probs = [float(row[f"prob:{n}"]) for n in names[1:]]
+            np.testing.assert_allclose(site_probs, probs[i].numpy(), atol=1e-6)
+
+
+def test_gamma_one_always_uses_the_global_model_and_zero_the_argmax_personal(trained, tmp_path):
+    run, _, _, prep = trained
+    copy_test_images(trained, tmp_path / "new")
+    always_global = predict(run / "model", tmp_path / "new", tmp_path / "g1", gamma=1.0)
+    assert {r["model"] for r in always_global} == {"global"}
+    assert_written_masks(tmp_path / "g1", global_model(run / "model" / "fedsm"), prep)
+    always_personal = predict(run / "model", tmp_path / "new", tmp_path / "g0", gamma=0.0)
+    sites = prep.federation.site_names
+    for r in always_personal:
+        argmax = max(sites, key=lambda s: float(r[f"prob:personal:{s}"]))
+        assert r["model"] == f"personal:{argmax}"
+
+
+def test_single_model_bundle_reproduces_fedavg_evaluation(trained, tmp_path):
+    run, _, _, prep = trained
+    copy_test_images(trained, tmp_path / "new")
+    rows = predict(run / "model", tmp_path / "new", tmp_path / "out", algorithm="fedavg")
+    assert {r["model"] for r in rows} == {"global"} and {r["confidence"] for r in rows} == {""}
+    assert_written_masks(tmp_path / "out", global_model(run / "model" / "fedavg"), prep, dice_rows(run, "fedavg"))
+    with pytest.raises(PredictError, match="--gamma"):
+        predict(run / "model" / "fedavg", tmp_path / "new", tmp_path / "x", gamma=0.5)
+    with pytest.raises(PredictError, match="--site"):
+        predict(run / "model", tmp_path / "new", tmp_path / "x", site="site1")
+    with pytest.raises(PredictError, match="fedavg, fedsm"):
+        predict(run / "model", tmp_path / "new", tmp_path / "x", algorithm="fedprox")
+    with pytest.raises(PredictError, match="must lie in"):
+        predict(run / "model", tmp_path / "new", tmp_path / "x", gamma=1.5)
+    assert not (tmp_path / "x").exists()
+
+
+def test_masks_keep_the_input_size_and_format(trained, tmp_path):
+    run, root, _, prep = trained
+    case = prep.site_data[0].test.ids[0]
+    src = root / prep.site_data[0].name / "images" / f"{case}.png"
+    rgb = np.asarray(Image.open(src))  # (32, 32, 3) uint8
+    new = tmp_path / "new"
+    new.mkdir()
+    Image.fromarray(rgb).resize((48, 40), Image.BILINEAR).save(new / "big.png")
+    Image.fromarray(rgb).save(new / "photo.jpg", quality=95)
+    np.save(new / "array.npy", np.moveaxis(rgb, -1, 0))  # (C, H, W)
+    affine = np.diag([0.5, 0.25, 1.0, 1.0])
+    nib.save(nib.Nifti1Image(rgb.copy(), affine), new / "scan.nii.gz")  # 2D NIfTI: (X, Y, C)
+    shutil.copy(src, new / "same.png")
+    rows = predict(run / "model", new, tmp_path / "out")
+    assert {r["file"]: r["mask"] for r in rows} == {
+        "array.npy": "array.npy", "big.png": "big.png", "photo.jpg": "photo.png", "same.png": "same.png", "scan.nii.gz": "scan.nii.gz"}
+    out = tmp_path / "out"
+    same = read_label(out / "same.png", "2d")
+    assert read_label(out / "big.png", "2d").shape == (40, 48)
+    assert read_label(out / "photo.png", "2d").shape == (32, 32)
+    np.testing.assert_array_equal(np.load(out / "array.npy"), same)
+    scan = nib.load(out / "scan.nii.gz")
+    np.testing.assert_array_equal(np.asarray(scan.dataobj), same)
+    np.testing.assert_array_equal(scan.affine, affine)
+    assert same.dtype == np.uint8 and set(np.unique(same)) <= {0, 1, 2}
+
+
+def test_region_masks_to_label_map():
+    label = np.array([[0, 1], [2, 2]], np.uint8)
+    np.testing.assert_array_equal(DISC_CUP.to_label(DISC_CUP.one_hot(label)), label)
+    # (disc, cup) per pixel: none -> 0, disc -> 1, both -> 2, cup without disc -> 2 (closest value)
+    masks = np.array([[[0, 1, 1, 0]], [[0, 0, 1, 1]]], bool)  # (R=2, 1, 4)
+    np.testing.assert_array_equal(DISC_CUP.to_label(masks), [[0, 1, 2, 2]])
+    brats = Regions.from_mapping({"wt": [1, 2, 4], "tc": [1, 4], "et": [4]})
+    label = np.array([0, 1, 2, 4, 4, 1])
+    out = brats.to_label(brats.one_hot(label))
+    np.testing.assert_array_equal(out, label)
+    assert out.dtype == np.uint8
+    with pytest.raises(ValueError, match="expected 3 region masks"):
+        brats.to_label(masks)
+
+
+def test_bad_inputs_fail_naming_the_file_and_write_nothing(trained, tmp_path):
+    run, root, _, prep = trained
+    new = tmp_path / "new"
+    copy_test_images(trained, new)
+    out = tmp_path / "out"
+    (new / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n this is not a png")
+    with pytest.raises(PredictError, match="broken.png: cannot read"):
+        predict(run / "model", new, out)
+    (new / "broken.png").unlink()
+    Image.fromarray(np.zeros((32, 32), np.uint8)).save(new / "gray.png")
+    with pytest.raises(PredictError, match="gray.png: image has 1 channels but the model expects 3"):
+        predict(run / "model", new, out)
+    (new / "gray.png").unlink()
+    np.save(new / "volume.npy", np.zeros((3, 8, 32, 32), np.uint8))
+    with pytest.raises(PredictError, match="volume.npy: expected a channel-first array"):
+        predict(run / "model", new, out)
+    (new / "volume.npy").unlink()
+    (new / "notes.txt").write_text("hello")
+    with pytest.raises(PredictError, match="notes.txt: unsupported file type"):
+        predict(run / "model", new, out)
+    (new / "notes.txt").unlink()
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(PredictError, match="empty: no image files"):
+        predict(run / "model", tmp_path / "empty", out)
+    with pytest.raises(PredictError, match="no manifest.json"):
+        predict(tmp_path / "empty", new, out)
+    assert not out.exists()
+    with pytest.raises(PredictError, match="is an input image"):
+        predict(run / "model", new, new)
+    two = tmp_path / "two"
+    shutil.copytree(run / "model", two)
+    shutil.copytree(two / "fedsm", two / "fedsm-copy")
+    with pytest.raises(PredictError, match="choose one with --algorithm"):
+        predict(two, new, out)
+    assert not out.exists()
+    predict(run / "model", new, out)
+    with pytest.raises(PredictError, match="--force"):
+        predict(run / "model", new, out)
+    predict(run / "model", new, out, force=True)
+
+
+def test_cli_predict(trained, tmp_path):
+    run, _, _, _ = trained
+    new = tmp_path / "new"
+    cases = copy_test_images(trained, new)
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["predict", "--model", str(run / "model"), "--input", str(new), "--out", str(out),
+                                 "--gamma", "1"])
+    assert result.exit_code == 0, result.output
+    assert {r["model"] for r in read_csv(out / "predictions.csv").values()} == {"global"}
+    assert sorted(p.name for p in out.iterdir()) == sorted([f"{c}.png" for c in cases] + ["predictions.csv"])
+    Image.fromarray(np.zeros((32, 32, 4), np.uint8)).save(new / "rgba.png")
+    result = runner.invoke(app, ["predict", "--model", str(run / "model"), "--input", str(new), "--out", str(tmp_path / "o2")])
+    assert result.exit_code == 1
+    output = " ".join(result.output.split())  # rich wraps long lines at spaces
+    assert "rgba.png: image has 4 channels" in output
+    assert not (tmp_path / "o2").exists()
+
+
+@pytest.mark.parametrize("mode", ["argmax", "ensemble"])
+def test_k_plus_one_class_bundles_route_by_argmax_or_ensemble(mode, tmp_path):
+    """FedSM-extra / -ensemble bundles (built here from untrained models): K+1 selector classes,
+    the column ``prob:global`` first, no --gamma."""
+    cfg = tiny_config()
+    sites = ["a", "b"]
+    segmenter = build_segmenter(cfg.model, 2, 3, 2, seed=0)
+    selector = build_selector(3, len(sites) + 1, width=0.0625, norm="instance")
+    entries = bundle_entries(weights_of(segmenter), {s: weights_of(segmenter) for s in sites}, weights_of(selector),
+                             math.nan, mode, selector, 0.0625, "instance")
+    manifest = {"models": sorted(entries), "network": cfg.model.model_dump(mode="json"), "spatial_dims": 2,
+                "in_channels": 3, "regions": DISC_CUP.as_dict(), "image_size": 32, "normalize": "minmax", "threshold": 0.5}
+    bundle = Bundle(tmp_path, manifest, entries)
+    predictor = build_predictor(bundle)
+    assert predictor.columns[-3:] == ["prob:global", "prob:personal:a", "prob:personal:b"]
+    x = torch.rand(3, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    for row, probs in zip(predictor.choices(x), torch.softmax(selector(x), dim=1).tolist()):
+        expected = "ensemble" if mode == "ensemble" else predictor.candidates[int(np.argmax(probs))]
+        assert row["model"] == expected
+        np.testing.assert_allclose([row[c] for c in predictor.columns[-3:]], probs, atol=1e-6)
+    with pytest.raises(PredictError, match=f"routes by {mode}"):
+        build_predictor(bundle, gamma=0.5)

@@ -1,0 +1,178 @@
+"""Studies: unseen-site evaluation (FedSM Table 5: --holdout / --leave-one-out) and sweeps (Table 7: --sweep)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+from typer.testing import CliRunner
+
+from conftest import disc_federation, tiny_config
+from test_cli import TINY_SETS as TINY
+from fedseg.cli import app
+from fedseg.config import ConfigError
+from fedseg.data.folder import write_folder
+from fedseg.engine.messages import load_weights
+from fedseg.engine.simulator import Task
+from fedseg.evaluate.inference import score_caseset
+from fedseg.report.studies import render_study, study_sections
+from fedseg.studies import parse_sweep, plan_holdout, plan_sweep, run_label, run_study, unseen_caseset, unseen_columns
+
+SITES = ["site1", "site2", "site3"]
+FREQS = ["freq_GM"] + [f"freq_PM_{s}" for s in SITES]
+runner = CliRunner()
+
+
+def _cfg(algorithms, **fedsm):
+    """1 round, a tiny selector (4..32 channels), no HD95."""
+    return tiny_config(algorithms=algorithms, fl={"rounds": 1}, eval={"hd95": False},
+                       methods={"fedsm": {"selector_width": 0.0625, **fedsm}})
+
+
+def _rows(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _freq_sum(row, unseen):
+    assert row[f"freq_PM_{unseen}"] == "", "the unseen site has no personalized model"
+    return sum(float(row[c]) for c in FREQS if c != f"freq_PM_{unseen}")
+
+
+# --- holdout ----------------------------------------------------------------------------------
+def test_holdout_trains_without_the_site_and_scores_all_of_its_cases(tmp_path):
+    fed = disc_federation(n_sites=3, cases_per_site=8)
+    cfg = _cfg(["fedavg", "fedsm"])
+    run_study(plan_holdout(cfg, tmp_path, ["site2"], fed))
+
+    sub = tmp_path / "holdout" / "site2"
+    assert json.loads((sub / "summary.json").read_text())["sites"] == ["site1", "site3"]
+    assert {r["site"] for r in _rows(sub / "ledger.csv")} == {"site1", "site3"}
+    assert "site2" not in {r["site"] for r in _rows(sub / "results.csv")}
+
+    with open(tmp_path / "unseen.csv", newline="") as f:
+        assert next(csv.reader(f)) == unseen_columns(SITES)
+    rows = {r["algorithm"]: r for r in _rows(tmp_path / "unseen.csv")}
+    assert set(rows) == {"fedavg", "fedsm"}
+    assert all(r["unseen_site"] == "site2" and r["cases"] == "8" and r["run"] == "holdout/site2" for r in rows.values())
+    assert _rows(sub / "unseen.csv") == list(rows.values())
+
+    # FedSM at gamma = 0: always a personalized model of a training site
+    sm = rows["fedsm"]
+    assert float(sm["gamma"]) == 0.0 and float(sm["freq_GM"]) == 0.0
+    assert _freq_sum(sm, "site2") == pytest.approx(1.0)
+    assert float(sm["best_dice"]) >= float(sm["dice"])
+    grid = json.loads((tmp_path / "unseen.json").read_text())["rows"][1]["curve"]
+    assert [p["gamma"] for p in grid] == [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0]
+    assert grid[-1]["freq_GM"] == 1.0  # gamma = 1: the global model for every image
+    assert max(p["dice"] for p in grid) == pytest.approx(float(sm["best_dice"]))
+    assert float(sm["val_gamma"]) in [p["gamma"] for p in grid]
+
+    # fedavg: one model, no selection columns; its Dice = the saved global model on all of site2's cases
+    avg = rows["fedavg"]
+    assert avg["gamma"] == avg["freq_GM"] == avg["best_dice"] == ""
+    model = Task(cfg, 2, 3, fed.regions.names).new_model()
+    tensors = load_file(sub / "model" / "fedavg" / "weights.safetensors")
+    load_weights(model, {k.split("/", 1)[1]: v for k, v in tensors.items() if k.startswith("global/")})
+    data = unseen_caseset(fed, "site2", cfg)
+    assert sorted(data.ids) == sorted(c.id for c in fed.site("site2").cases)
+    dice, _ = score_caseset(model, data, 16, 0.5, False, torch.device("cpu"))
+    assert float(avg["dice"]) == pytest.approx(float(np.nanmean(dice, axis=1).mean()), abs=1e-9)
+
+    sections = study_sections(tmp_path)
+    assert len(sections) == 1 and "Unseen sites (FedSM Table 5 layout)" in sections[0] and "N/A" in sections[0]
+    page = render_study(tmp_path).read_text()
+    assert 'href="holdout/site2/report.html"' in page and (sub / "report.html").is_file()
+
+
+def test_leave_one_out_resumes_finished_holdouts_and_writes_one_row_per_site(tmp_path):
+    fed = disc_federation(n_sites=3, cases_per_site=8)
+    cfg = _cfg(["fedsm"])
+    run_study(plan_holdout(cfg, tmp_path, ["site1"], fed))  # an interrupted leave-one-out: site1 done
+    ckpt = tmp_path / "holdout" / "site1" / "checkpoints" / "fedsm.pt"
+    stamp, first = ckpt.stat().st_mtime_ns, _rows(tmp_path / "unseen.csv")[0]
+
+    with pytest.raises(FileExistsError, match="--resume"):
+        run_study(plan_holdout(cfg, tmp_path, None, fed))
+    run_study(plan_holdout(cfg, tmp_path, None, fed), resume=True)
+    assert ckpt.stat().st_mtime_ns == stamp  # site1 reused, not retrained
+    rows = _rows(tmp_path / "unseen.csv")
+    assert [r["unseen_site"] for r in rows] == SITES and rows[0] == first
+    for r in rows:
+        assert _freq_sum(r, r["unseen_site"]) == pytest.approx(1.0)
+        assert json.loads((tmp_path / r["run"] / "summary.json").read_text())["sites"] == [s for s in SITES if s != r["unseen_site"]]
+
+
+# --- sweep ------------------------------------------------------------------------------------
+def test_sweep_runs_one_complete_run_per_value_with_that_value_in_its_config(tmp_path):
+    fed = disc_federation(n_sites=3, cases_per_site=8)
+    run_study(plan_sweep(_cfg(["fedavg", "fedsm"]), tmp_path, "methods.fedsm.lam=0.5,1.0", fed))
+    rows = _rows(tmp_path / "sweep.csv")
+    assert [(r["value"], r["algorithm"]) for r in rows] == [("0.5", "fedavg"), ("0.5", "fedsm"), ("1.0", "fedavg"), ("1.0", "fedsm")]
+    assert list(rows[0]) == ["key", "value", "algorithm", *(f"dice_{s}" for s in SITES), "dice_client_avg", "dice_global",
+                             "hd95_client_avg", "run"]
+    for r in rows:
+        sub = tmp_path / r["run"]
+        assert sub == tmp_path / "sweep" / f"methods.fedsm.lam={r['value']}"
+        assert yaml.safe_load((sub / "config.yaml").read_text())["methods"]["fedsm"]["lam"] == float(r["value"])
+        summary = json.loads((sub / "summary.json").read_text())["algorithms"][r["algorithm"]]
+        assert float(r["dice_client_avg"]) == pytest.approx(summary["dice"]["client_avg"])
+        assert float(r["dice_site2"]) == pytest.approx(summary["dice"]["site2"])
+    assert json.loads((tmp_path / "sweep.json").read_text())["rows"][1]["dice_global"] == pytest.approx(float(rows[1]["dice_global"]))
+    (section,) = study_sections(tmp_path)
+    assert "Sweep over methods.fedsm.lam (FedSM Table 7 layout)" in section
+
+
+@pytest.mark.parametrize("spec, named", [
+    ("fl.lambda=0.1,0.3", "fl.lambda"),  # no such key
+    ("methods.fedsm.lamm=0.5", "lamm"),  # no such option
+    ("methods.fedsm.lam=0.5,2", "lam"),  # 2 > 1
+    ("methods.fedprox.mu=0.1", "fedprox"),  # not among the run's algorithms
+    ("train.lr=0.1,", "empty value"),
+])
+def test_bad_sweep_fails_before_writing_anything(tmp_path, spec, named):
+    with pytest.raises(ConfigError, match=named):
+        plan_sweep(_cfg(["fedsm"]), tmp_path / "out", spec, disc_federation(n_sites=3, cases_per_site=4))
+    assert not (tmp_path / "out").exists()
+
+
+def test_sweep_values_keep_commas_inside_yaml_lists():
+    assert parse_sweep("model.channels=[4,8],[8, 16]") == ("model.channels", ["[4,8]", "[8, 16]"])
+    assert run_label("data.root", "/a b") == "data.root=_a_b"
+
+
+# --- command line -----------------------------------------------------------------------------
+
+
+def test_cli_holdout_on_a_folder_federation_and_study_report(tmp_path):
+    root = write_folder(disc_federation(n_sites=3, cases_per_site=6), tmp_path / "fed")
+    out = tmp_path / "study"
+    result = runner.invoke(app, ["run", "--preset", "demo", "--data", str(root), "--algorithms", "fedavg", "--rounds", "1",
+                                 "--holdout", "site3", "--out", str(out), *TINY])
+    assert result.exit_code == 0, result.output
+    (row,) = _rows(out / "unseen.csv")
+    assert row["unseen_site"] == "site3" and row["cases"] == "6" and not math.isnan(float(row["dice"]))
+    assert (out / "report.html").is_file() and (out / "holdout" / "site3" / "report.html").is_file()
+    (out / "report.html").unlink()
+    result = runner.invoke(app, ["report", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "Unseen sites" in (out / "report.html").read_text()
+
+
+def test_cli_rejects_unknown_holdout_site_bad_sweep_and_combinations(tmp_path):
+    root = write_folder(disc_federation(n_sites=2, cases_per_site=4), tmp_path / "fed")
+    out = tmp_path / "out"
+    base = ["run", "--preset", "demo", "--data", str(root), "--out", str(out), *TINY]
+    result = runner.invoke(app, [*base, "--holdout", "nowhere"])
+    assert result.exit_code == 1 and "nowhere" in result.output and "site1" in result.output and "site2" in result.output
+    result = runner.invoke(app, [*base, "--sweep", "fl.lambda=0.1,0.3"])
+    assert result.exit_code == 1 and "fl.lambda" in result.output
+    result = runner.invoke(app, [*base, "--sweep", "train.lr=0.1", "--leave-one-out"])
+    assert result.exit_code == 1 and "cannot be combined" in result.output
+    assert not out.exists()
