@@ -65,11 +65,15 @@ def test_resume_after_interruption_equals_uninterrupted_run(tmp_path, validate_e
 
     with pytest.raises(_Stop):
         run_experiment(cfg, tmp_path / "cut", on_round_end=stop_after_fedavg_round, federation=disc_federation())
-    best = load_checkpoint(tmp_path / "cut" / "checkpoints" / "fedavg.pt")["best"]
-    assert bool(best.get("current")) == best_is_current and ("server" in best) != best_is_current
+    folder = tmp_path / "cut" / "checkpoints"
+    best = load_checkpoint(folder / "fedavg.pt")["best"]
+    assert bool(best.get("current")) == best_is_current
+    best_files = sorted(p.name for p in folder.glob("fedavg.best-*.pt"))
+    assert best_files == ([] if best_is_current else [best["file"]])  # written once, stale ones deleted
     with pytest.raises(FileExistsError):
         run_experiment(cfg, tmp_path / "cut", federation=disc_federation())
     resumed = run_experiment(cfg, tmp_path / "cut", resume=True, federation=disc_federation())
+    assert not list(folder.glob("*.best-*.pt"))  # a finished run keeps no best-round files
 
     for a, b in zip(full.algorithms, resumed.algorithms):
         assert a.name == b.name

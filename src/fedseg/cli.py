@@ -1,4 +1,4 @@
-"""Command line: ``fedseg run | report | presets | data``."""
+"""Command line: ``fedseg run | report | presets | predict | data | flower``."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import Optional
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
+from fedseg.console_tables import print_dice, print_table
 from fedseg.config import ConfigError, config_from_cli, preset_description, preset_names
 from fedseg.data.federation import FederationError
 
@@ -105,24 +105,13 @@ def run_study(cfg, out: Path, resume: bool, holdout: str | None, leave_one_out: 
 def print_rows(title: str, columns: list[str], rows: list[dict]) -> None:
     """A study table on the console (floats to 4 digits, None blank; headers without ``freq_``/``dice_``)."""
     cell = lambda v: "" if v is None else f"{v:.4f}" if isinstance(v, float) else str(v)  # noqa: E731
-    table = Table(title=title)
-    for col in columns:
-        table.add_column(col.replace("freq_PM_", "PM ").replace("freq_", "").replace("dice_", ""), justify="right")
-    for row in rows:
-        table.add_row(*(cell(row.get(c)) for c in columns))
-    Console(width=max(console.width, 12 * len(columns))).print(table)  # as print_dice_table: no shrinking below this
+    headers = [c.replace("freq_PM_", "PM ").replace("freq_", "").replace("dice_", "") for c in columns]
+    print_table(console, title, headers, [[cell(row.get(c)) for c in columns] for row in rows])
 
 
 def print_dice_table(results) -> None:
-    sites = results.federation.site_names
-    table = Table(title=f"Test Dice ({results.federation.name})")
-    for col in ["algorithm", *sites, "client_avg", "global"]:
-        table.add_column(col, justify="right" if col != "algorithm" else "left")
-    for algo in results.algorithms:
-        dice = algo.summary["dice"]
-        table.add_row(algo.name, *(f"{dice[k]:.4f}" for k in [*sites, "client_avg", "global"]))
-    wide_enough = 20 + 11 * (len(sites) + 2)  # rich shrinks columns to the terminal (80 when not a tty)
-    Console(width=max(console.width, wide_enough)).print(table)
+    print_dice(console, f"Test Dice ({results.federation.name})", results.federation.site_names,
+               {a.name: a.summary["dice"] for a in results.algorithms})
 
 
 @app.command()

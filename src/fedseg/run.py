@@ -119,9 +119,9 @@ def run_algorithm(
         engine.restore_clients(ckpt["clients"])
         engine.ledger = Ledger.from_dicts(ckpt["ledger"])
         start, rounds_rows, metric_rows, best = ckpt["round"] + 1, ckpt["rounds_rows"], ckpt["metric_rows"], ckpt["best"]
-        if best and best.get("current"):  # the best round was the checkpointed one (stored once, see below)
-            best = {**best, "server": clone(ckpt["server"]), "clients": engine.snapshot_clients()}
+        best = restore_best(best, ckpt, ckpt_path, engine)
 
+    validated: dict[int, float] = {}  # round -> mean validation Dice over sites
     with CheckpointWriter() as writer:
         for rnd in range(start, cfg.fl.rounds + 1):
             engine.round = rnd
@@ -132,14 +132,14 @@ def run_algorithm(
                     rounds_rows.append({"algorithm": name, "round": rnd, "site": site, "val_dice": per_site[site],
                                         "train_loss": losses.get(site, float(np.mean(list(losses.values()))))})
                 metric_rows += [{"algorithm": name, "round": rnd, **row} for row in server.round_metrics()]
-                score = per_site["client_avg"]
-                if server.selectable(rnd) and (best is None or score > best["score"]):
-                    best = {"round": rnd, "score": score, "server": clone(server.state_dict()), "clients": engine.snapshot_clients()}
-            # a best round equal to this one is stored as a marker, not as a second copy of the states
-            stored_best = {"round": rnd, "score": best["score"], "current": True} if best and best["round"] == rnd else best
-            writer.save(ckpt_path, {"round": rnd, "server": server.state_dict(), "clients": engine.client_states,
-                                    "ledger": engine.ledger.as_dicts(), "rounds_rows": rounds_rows,
-                                    "metric_rows": metric_rows, "best": stored_best})
+                validated[rnd] = per_site["client_avg"]
+            state = {"server": clone(server.state_dict()), "clients": engine.snapshot_clients()}  # copies: frozen
+            if rnd in validated and server.selectable(rnd) and (best is None or validated[rnd] > best["score"]):
+                best = {"round": rnd, "score": validated[rnd], **state}
+            writer.save(ckpt_path, {"round": rnd, **state, "ledger": engine.ledger.as_dicts(), "rounds_rows": list(rounds_rows),
+                                    "metric_rows": list(metric_rows), "best": stored_best(best, rnd, ckpt_path, writer)},
+                        frozen=True)
+            writer.then(lambda keep=best and best.get("file"): remove_best_files(ckpt_path, keep))
             if on_round_end:
                 on_round_end(name, rnd, losses)
 
@@ -152,9 +152,52 @@ def run_algorithm(
     summary = summarize(name, test_rows, server.site_model, sites, engine.ledger, cfg.fl.rounds, best["round"],
                         cost=cost_table(engine.ledger.rows, cfg.cost, {s: engine.num_samples(s, "val") for s in sites}))
     result = AlgorithmResult(name, test_rows, rounds_rows, engine.ledger.as_dicts(), summary, bundle, metric_rows)
+    remove_best_files(ckpt_path, keep=None)
     save_checkpoint(ckpt_path, {"finished": True, "test_rows": test_rows, "rounds_rows": rounds_rows,
                                 "ledger": result.ledger, "summary": summary, "bundle": bundle, "metric_rows": metric_rows})
     return result
+
+
+# --- the best round in the checkpoint -------------------------------------------------------
+# The best round's states are needed to resume. If it is the checkpointed round itself, the
+# checkpoint says so ({"current": True}: its states are the checkpoint's own); if it is an earlier
+# round, its states are written once, to CHECKPOINT.best-<round>.pt, the first time a later
+# checkpoint needs them, and every checkpoint after that names that file. A best file is deleted
+# only after a checkpoint that no longer names it is on disk.
+def best_path(ckpt_path: Path, rnd: int) -> Path:
+    return ckpt_path.with_name(f"{ckpt_path.stem}.best-{rnd}.pt")
+
+
+def stored_best(best: dict | None, rnd: int, ckpt_path: Path, writer: CheckpointWriter) -> dict | None:
+    """What round ``rnd``'s checkpoint records about ``best`` (queues the best file's write if needed)."""
+    if best is None:
+        return None
+    if best["round"] == rnd:
+        return {"round": rnd, "score": best["score"], "current": True}
+    if "file" not in best:
+        path = best_path(ckpt_path, best["round"])
+        writer.save(path, {"server": best["server"], "clients": best["clients"]}, frozen=True)
+        best["file"] = path.name
+    return {"round": best["round"], "score": best["score"], "file": best["file"]}
+
+
+def restore_best(stored: dict | None, ckpt: dict, ckpt_path: Path, engine) -> dict | None:
+    """The in-memory best round (with its states) from a checkpoint's record (see ``stored_best``)."""
+    if stored is None:
+        return None
+    if stored.get("current"):
+        return {**stored, "server": clone(ckpt["server"]), "clients": engine.snapshot_clients()}
+    states = load_checkpoint(ckpt_path.with_name(stored["file"]))
+    if states is None:
+        raise FileNotFoundError(f"{ckpt_path.with_name(stored['file'])}: missing (the best round's states; "
+                                f"{ckpt_path} names it); cannot resume, start a new run")
+    return {**stored, **states}
+
+
+def remove_best_files(ckpt_path: Path, keep: str | None) -> None:
+    for path in ckpt_path.parent.glob(f"{ckpt_path.stem}.best-*.pt"):
+        if path.name != keep:
+            path.unlink(missing_ok=True)
 
 
 def summarize(name, test_rows, site_model, sites, ledger: Ledger, rounds: int, best_round: int, cost: dict | None = None) -> dict:

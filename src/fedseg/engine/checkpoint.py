@@ -60,10 +60,17 @@ class CheckpointWriter:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
         self._pending: Future | None = None
 
-    def save(self, path: Path, payload: dict) -> None:
-        frozen = snapshot(payload)
+    def save(self, path: Path, payload: dict, frozen: bool = False) -> None:
+        """Queue an atomic write of ``payload``; ``frozen``: the caller guarantees nothing in it will
+        change (fresh copies), so it is not copied again."""
+        payload = payload if frozen else snapshot(payload)
         self.wait()
-        self._pending = self._pool.submit(save_checkpoint, path, frozen)
+        self._pending = self._pool.submit(save_checkpoint, path, payload)
+
+    def then(self, fn) -> None:
+        """Call ``fn()`` on the writer thread after the writes queued so far (e.g. delete files they replace)."""
+        self.wait()
+        self._pending = self._pool.submit(fn)
 
     def wait(self) -> None:
         """Block until the write in flight (if any) is on disk; re-raise its error."""

@@ -14,7 +14,7 @@ from typing import Optional
 
 import typer
 from rich.console import Console
-from rich.table import Table
+from fedseg.console_tables import print_dice
 
 from fedseg.flower.launch import DEFAULT_POLL
 
@@ -51,13 +51,8 @@ def _finish(out: Path) -> None:
     from fedseg.report import render_report
 
     summary = json.loads((out / "summary.json").read_text())
-    sites = summary["sites"]
-    table = Table(title=f"Test Dice ({summary['dataset']}, on Flower)")
-    for col in ["algorithm", *sites, "client_avg", "global"]:
-        table.add_column(col, justify="left" if col == "algorithm" else "right")
-    for name, entry in summary["algorithms"].items():
-        table.add_row(name, *(f"{entry['dice'][k]:.4f}" for k in [*sites, "client_avg", "global"]))
-    console.print(table)
+    print_dice(console, f"Test Dice ({summary['dataset']}, on Flower)", summary["sites"],
+               {name: entry["dice"] for name, entry in summary["algorithms"].items()})
     console.print(f"report: {render_report(out)}")
 
 

@@ -1,0 +1,29 @@
+"""Tables printed on the console (rich), never narrower than their content needs.
+
+rich shrinks a table to the terminal width (80 columns when output is not a terminal), which
+truncated numbers to ``0.95…``; these helpers print on a console at least as wide as the table.
+"""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+CELL_WIDTH = 12  # characters per column, enough for "0.9096" or a short site name plus padding
+
+
+def print_table(console: Console, title: str, columns: list[str], rows: list[list[str]]) -> None:
+    """Print ``rows`` (strings) under ``columns``; the first column left-aligned, the rest right."""
+    table = Table(title=title)
+    for i, col in enumerate(columns):
+        table.add_column(col, justify="left" if i == 0 else "right")
+    for row in rows:
+        table.add_row(*row)
+    width = max(CELL_WIDTH * len(columns), max((len(r[0]) for r in rows), default=0) + CELL_WIDTH * (len(columns) - 1))
+    Console(width=max(console.width, width), file=console.file).print(table)
+
+
+def print_dice(console: Console, title: str, sites: list[str], dice: dict[str, dict[str, float]]) -> None:
+    """Test Dice per algorithm: ``dice[algorithm]`` = a summary's ``dice`` entry (sites, client_avg, global)."""
+    keys = [*sites, "client_avg", "global"]
+    print_table(console, title, ["algorithm", *keys], [[name, *(f"{d[k]:.4f}" for k in keys)] for name, d in dice.items()])
