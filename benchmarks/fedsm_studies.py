@@ -50,7 +50,7 @@ def run_one(study: str, seed: int) -> dict:
     result = run_study(plan, resume=True)
     entry = {"study": study, "federation": federation, "seed": seed, "spec": spec, "overrides": BUDGET[federation],
              "columns": result.columns, "rows": result.rows}
-    path = RESULTS / "studies" / study / f"seed{seed}.json"
+    path = seed_path(study, seed)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(entry, indent=1, allow_nan=True, default=str))
     return entry
@@ -103,20 +103,24 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--studies", nargs="+", default=list(STUDIES), choices=list(STUDIES))
     args = ap.parse_args()
-    tables = {}
     for study in args.studies:
-        entries = []
         for seed in args.seeds:
-            path = RESULTS / "studies" / study / f"seed{seed}.json"
-            entry = json.loads(path.read_text()) if path.exists() else run_one(study, seed)
-            entries.append(entry)
+            if not seed_path(study, seed).exists():
+                run_one(study, seed)
             print(f"done {study} seed {seed}", flush=True)
-        key = "unseen_site" if STUDIES[study][1] == "holdout" else "value"
-        tables[study] = {"federation": STUDIES[study][0], "seeds": [e["seed"] for e in entries],
-                         "rows": average(entries, key)}
+    tables = {}  # every study and seed done so far (also by other invocations running at the same time)
+    for study, (federation, kind, _) in STUDIES.items():
+        entries = [json.loads(p.read_text()) for p in sorted((RESULTS / "studies" / study).glob("seed*.json"))]
+        if entries:
+            tables[study] = {"federation": federation, "seeds": [e["seed"] for e in entries],
+                             "rows": average(entries, "unseen_site" if kind == "holdout" else "value")}
     (RESULTS / "fedsm_studies.json").write_text(json.dumps(tables, indent=1))
     (RESULTS / "fedsm_studies.md").write_text(markdown(tables))
     print(markdown(tables))
+
+
+def seed_path(study: str, seed: int) -> Path:
+    return RESULTS / "studies" / study / f"seed{seed}.json"
 
 
 if __name__ == "__main__":
