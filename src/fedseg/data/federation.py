@@ -1,7 +1,8 @@
 """Federation contract: sites, cases, regions and per-site splits.
 
 A *case* is one image with its integer label map. Images are channel-first
-``(C, *spatial)`` arrays (``spatial`` is ``(H, W)`` or ``(D, H, W)``), labels are
+``(C, *spatial)`` arrays (``spatial`` is ``(H, W)`` or ``(D, H, W)``; for NIfTI files the
+spatial axes are the file's voxel axes ``(X, Y, Z)`` in stored order, not reoriented), labels are
 ``(*spatial)`` integer arrays whose values map to named *regions* (sets of label
 values, see ``Regions``). Arrays are kept in their stored dtype (``uint8`` for the
 built-in federations, anything numeric for folder federations); conversion to model
