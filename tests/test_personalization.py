@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from collections import defaultdict
 
@@ -15,7 +16,7 @@ from fedseg.algorithms.fedsm import new_selector
 from fedseg.algorithms.personalize import APFL_ALPHA, APFL_V, PERSONAL, TRACK, personalization
 from fedseg.engine.messages import Message, load_weights, prefixed
 from fedseg.models import count_parameters
-from fedseg.run import prepare, run_algorithm
+from fedseg.run import prepare, run_algorithm, run_experiment
 from fedseg.train import segmentation_loss
 from test_fedsm import _engine, _round
 
@@ -183,3 +184,95 @@ def test_perfedavg_personalized_model_is_the_meta_model_after_one_sgd_step():
         assert not _equal(adapted, meta)
         assert not _equal(reply.group(TRACK), meta)  # the meta-model trained too (FO-MAML)
         assert _equal(server.personal[site], adapted)
+
+
+# --- the trainee steps, checked against hand-computed equations ---------------------------------------
+# One batch holds the whole train split (batch size 64) and the optimizer is plain SGD, so each
+# step of the strategy is a closed-form expression of full-batch gradients computed here by hand.
+SGD = {"batch_size": 64, "optimizer": "sgd", "momentum": 0.0}
+
+
+def _grads(task, weights, params, data, loss_fn):
+    """``grad f(params; whole train split)`` by name, buffers from ``weights``."""
+    model = task.new_model()
+    load_weights(model, {**weights, **params})
+    model.train()
+    x, y = data.batch(torch.arange(len(data)), task.device)
+    loss_fn(model(x), y).backward()
+    return {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+
+
+def _params(task, weights):
+    return {n: weights[n] for n, _ in task.new_model().named_parameters()}
+
+
+def _assert_params_close(got, expected):
+    for n, t in expected.items():
+        torch.testing.assert_close(got[n], t, rtol=1e-4, atol=1e-6, msg=n)
+
+
+def _one_sgd_round(strategy, **method):
+    """Round 1 of ``fedsm`` with ``strategy`` under ``SGD`` and one local step; (engine, last train
+    message and reply per site, segmentation loss)."""
+    cfg = _cfg(strategy, train=SGD, local_steps=1, **method)
+    seen, observe = _recorder()
+    engine, server = _engine("fedsm", cfg, disc_federation(n_sites=3, cases_per_site=8), observers=[observe])
+    _round(engine, server, 1)
+    return engine, seen, segmentation_loss(cfg.train.loss)
+
+
+def test_perfedavg_meta_step_is_first_order_maml():
+    """``theta <- theta - beta grad f(theta - alpha grad f(theta; D); D')`` (Per-FedAvg FO), one local step."""
+    alpha, beta = 0.05, 0.1
+    engine, seen, loss_fn = _one_sgd_round("perfedavg", perfedavg_alpha=alpha, perfedavg_beta=beta)
+    task = engine.task
+    for site in engine.sites:
+        msg, reply = seen[site]
+        theta = msg.group(TRACK)
+        data = engine.site_data[site].train
+        g1 = _grads(task, theta, {}, data, loss_fn)
+        temp = {n: t - alpha * g1[n] for n, t in _params(task, theta).items()}
+        g2 = _grads(task, theta, temp, data, loss_fn)
+        _assert_params_close(reply.group(TRACK), {n: t - beta * g2[n] for n, t in _params(task, theta).items()})
+
+
+def test_pfedme_inner_steps_and_local_update_follow_algorithm_1():
+    """One outer step, K = 2: ``theta_{i+1} = theta_i - lr (grad f(theta_i) + lambda (theta_i - w))``
+    from ``theta_0 = w``, then ``w_k = w - eta lambda (w - theta_2)``; w_p,k = theta_2."""
+    lr, lam, eta = 0.05, 3.0, 0.1
+    engine, seen, loss_fn = _one_sgd_round("pfedme", pfedme_inner_steps=2, pfedme_personal_lr=lr,
+                                           pfedme_lambda=lam, pfedme_lr=eta)
+    task = engine.task
+    for site in engine.sites:
+        msg, reply = seen[site]
+        w_all = msg.group(TRACK)
+        w = _params(task, w_all)
+        theta = dict(w)
+        for _ in range(2):
+            g = _grads(task, w_all, theta, engine.site_data[site].train, loss_fn)
+            theta = {n: t - lr * (g[n] + lam * (t - w[n])) for n, t in theta.items()}
+        _assert_params_close(reply.group(PERSONAL), theta)
+        _assert_params_close(reply.group(TRACK), {n: w[n] - eta * lam * (w[n] - theta[n]) for n in w})
+
+
+class _Stop(Exception):
+    pass
+
+
+@pytest.mark.parametrize("strategy", ["apfl", "pfedme"])
+def test_resume_gives_the_uninterrupted_run(tmp_path, strategy):
+    """APFL's client state (v_k, alpha_k) and pFedMe's server model survive a stop after round 2 of 3."""
+    cfg = tiny_config(algorithms=["fedsm"], methods={"fedsm": {"personalization": strategy}}, fl={"rounds": 3})
+    fed = disc_federation(n_sites=3, cases_per_site=8)
+    full = run_experiment(cfg, tmp_path / "full", federation=fed)
+
+    def stop(name, rnd, losses):
+        if rnd == 2:
+            raise _Stop
+
+    with pytest.raises(_Stop):
+        run_experiment(cfg, tmp_path / "cut", on_round_end=stop, federation=fed)
+    resumed = run_experiment(cfg, tmp_path / "cut", resume=True, federation=fed)
+    a, b = full.algorithms[0], resumed.algorithms[0]
+    assert json.dumps(a.summary["dice"]) == json.dumps(b.summary["dice"])  # (NaN-safe comparison)
+    assert all(_equal(a.bundle[m], b.bundle[m]) for m in a.bundle)

@@ -22,7 +22,9 @@ Pipeline, per image file (PNG/JPEG/NPY/NIfTI, read by ``fedseg.data.folder.read_
 
 Every input is read and checked (readable, channel count, spatial dimensions) before any model
 runs; outputs go to a hidden staging folder inside ``out`` and are moved into place only when
-all of them are written, so a failure leaves ``out`` as it was. Errors are ``PredictError``
+all of them are written, so a failure while reading, predicting or writing leaves ``out`` as it
+was (an interruption during the final moves, with ``--force``, can leave some files replaced and
+others not: each file itself is always complete). Errors are ``PredictError``
 (or ``FederationError`` from the readers), each naming the file.
 """
 

@@ -3,6 +3,7 @@ validation, test once, write the run outputs. Resumable from per-algorithm check
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -14,7 +15,7 @@ from fedseg.algorithms import get_algorithm
 from fedseg.config import RunConfig
 from fedseg.data.dataset import SiteData, build_site_data
 from fedseg.data.federation import Federation
-from fedseg.engine.checkpoint import CheckpointWriter, load_checkpoint, save_checkpoint
+from fedseg.engine.checkpoint import CheckpointWriter, fsync_dir, load_checkpoint, remove_temp_files, save_checkpoint
 from fedseg.engine.ledger import Ledger
 from fedseg.engine.simulator import Simulator, Task
 from fedseg.evaluate.cost import cost_table
@@ -105,8 +106,10 @@ def run_algorithm(
     server = spec.server(engine, prep.task, options)
     sites = engine.sites
     ckpt_path = out / "checkpoints" / f"{name}.pt"
+    remove_temp_files(ckpt_path)  # left by a process killed mid-write
     ckpt = load_checkpoint(ckpt_path) if resume else None
     if ckpt and ckpt.get("finished"):
+        remove_best_files(ckpt_path, keep=None)  # in case the run stopped right after finishing
         return AlgorithmResult(name, ckpt["test_rows"], ckpt["rounds_rows"], ckpt["ledger"], ckpt["summary"],
                                ckpt["bundle"], ckpt["metric_rows"])
 
@@ -134,7 +137,7 @@ def run_algorithm(
                 metric_rows += [{"algorithm": name, "round": rnd, **row} for row in server.round_metrics()]
                 validated[rnd] = per_site["client_avg"]
             state = {"server": clone(server.state_dict()), "clients": engine.snapshot_clients()}  # copies: frozen
-            if rnd in validated and server.selectable(rnd) and (best is None or validated[rnd] > best["score"]):
+            if rnd in validated and server.selectable(rnd) and (best is None or nan_low(validated[rnd]) > nan_low(best["score"])):
                 best = {"round": rnd, "score": validated[rnd], **state}
             writer.save(ckpt_path, {"round": rnd, **state, "ledger": engine.ledger.as_dicts(), "rounds_rows": list(rounds_rows),
                                     "metric_rows": list(metric_rows), "best": stored_best(best, rnd, ckpt_path, writer)},
@@ -152,9 +155,9 @@ def run_algorithm(
     summary = summarize(name, test_rows, server.site_model, sites, engine.ledger, cfg.fl.rounds, best["round"],
                         cost=cost_table(engine.ledger.rows, cfg.cost, {s: engine.num_samples(s, "val") for s in sites}))
     result = AlgorithmResult(name, test_rows, rounds_rows, engine.ledger.as_dicts(), summary, bundle, metric_rows)
-    remove_best_files(ckpt_path, keep=None)
     save_checkpoint(ckpt_path, {"finished": True, "test_rows": test_rows, "rounds_rows": rounds_rows,
                                 "ledger": result.ledger, "summary": summary, "bundle": bundle, "metric_rows": metric_rows})
+    remove_best_files(ckpt_path, keep=None)  # only now: the checkpoint on disk no longer names them
     return result
 
 
@@ -198,6 +201,12 @@ def remove_best_files(ckpt_path: Path, keep: str | None) -> None:
     for path in ckpt_path.parent.glob(f"{ckpt_path.stem}.best-*.pt"):
         if path.name != keep:
             path.unlink(missing_ok=True)
+    fsync_dir(ckpt_path.parent)
+
+
+def nan_low(score: float) -> float:
+    """A validation score for comparisons: NaN (no site could be scored) ranks below every number."""
+    return -math.inf if math.isnan(score) else score
 
 
 def summarize(name, test_rows, site_model, sites, ledger: Ledger, rounds: int, best_round: int, cost: dict | None = None) -> dict:

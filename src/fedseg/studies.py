@@ -209,7 +209,7 @@ def plan_sweep(cfg: RunConfig, out: Path, spec: str, federation: Federation | No
 
 def check_out(study: Study, resume: bool) -> None:
     """Before any work: without ``resume`` the study folder must not hold a study or run; with it,
-    ``study.json`` (if present) must describe the same kind of study and key."""
+    ``study.json`` (if present) must describe the same kind of study, key and base configuration."""
     out = study.out
     meta = out / STUDY_FILE
     if not resume:
@@ -221,6 +221,11 @@ def check_out(study: Study, resume: bool) -> None:
         if (old.get("kind"), old.get("key")) != (study.kind, study.key):
             raise ValueError(f"{meta}: holds a {old.get('kind')} study (key {old.get('key')}); "
                              f"cannot resume it as a {study.kind} study (key {study.key})")
+        new = study.cfg.model_dump(mode="json")
+        changed = sorted(k for k in set(old.get("config", {})) | set(new) if old.get("config", {}).get(k) != new.get(k))
+        if changed:
+            raise ValueError(f"{meta}: the study was started with another configuration (differs in: {', '.join(changed)}); "
+                             "resuming would mix the two; use the same config or another --out")
 
 
 # --------------------------------------------------------------------------- running
@@ -351,12 +356,6 @@ def site_dice(dice: np.ndarray, data: CaseSet, site: str, task: Task) -> float:
     return site_summary(eval_rows("unseen", {site: reply}, task.regions), "unseen", "dice", [site])[site]
 
 
-@torch.no_grad()
-def selector_probs(sm: SuperModel, data: CaseSet, cfg: RunConfig, task: Task) -> torch.Tensor:
-    """The selector's softmax for every case, ``(N, C)``."""
-    return torch.cat([sm.scores(xb.to(task.device)).cpu() for xb in data.x.split(cfg.eval.batch_size)])
-
-
 def routing_point(choice: torch.Tensor, dice: np.ndarray, sites: list[str], data: CaseSet, site: str, task: Task) -> dict:
     """Dice and selection frequencies of one routing: ``choice`` ``(N,)`` candidate per case (0 = GM,
     k = PM of ``sites[k-1]``), ``dice`` ``(N, R)`` per-case Dice under that routing."""
@@ -370,7 +369,7 @@ def super_model_row(bundle: dict, task: Task, data: CaseSet, site: str, grid) ->
     cfg = task.cfg
     sm = super_model_from_bundle(bundle, task.new_model, task.in_channels, task.spatial_dims).to(task.device).eval()
     sites = [name.split(":", 1)[1] for name in candidate_names(bundle)[1:]]
-    probs = selector_probs(sm, data, cfg, task)
+    probs = sm.scores_of(data.x, cfg.eval.batch_size, task.device)
     if sm.mode == "ensemble":  # the weighted ensemble's own Dice; frequencies of the most weighted candidate
         ev = cfg.eval
         dice = score_caseset(sm, data, ev.batch_size, ev.threshold, False, task.device)[0]

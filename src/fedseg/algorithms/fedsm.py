@@ -117,14 +117,15 @@ class FedSMOptions(SelectorOptions):
         return tuple(sorted(set(grid)))
 
 
-def check_federation(num_sites: int, lam: float, algorithm: str) -> None:
-    """FedSM needs K >= 2 sites and SoftPull's ``1/K <= lambda <= 1`` (Sec. 3.2); raise a ValueError otherwise."""
+def check_federation(num_sites: int, lam: float | None, algorithm: str) -> None:
+    """FedSM needs K >= 2 sites and, with SoftPull (``lam`` given), ``1/K <= lambda <= 1`` (Sec. 3.2);
+    raise a ValueError otherwise."""
     if num_sites < 2:
         raise ValueError(
             f"{algorithm} needs at least 2 sites (SoftPull, Eq. 11, averages the other K-1 personalized "
             f"models and the selector chooses among sites); this federation has {num_sites}"
         )
-    if not 1.0 / num_sites - 1e-12 <= lam <= 1.0:
+    if lam is not None and not 1.0 / num_sites - 1e-12 <= lam <= 1.0:
         raise ValueError(
             f"methods.{algorithm}.lam = {lam} must lie in [1/K, 1] = [{1.0 / num_sites:.4g}, 1] for K = {num_sites} sites"
         )
@@ -225,8 +226,7 @@ class FedSMClient(FedAvgClient):
         model) from which the server scores any other gamma."""
         sm = self.super_model(msg, ctx)
         data = ctx.data.split(str(msg.meta["split"]))
-        with torch.no_grad():
-            probs = torch.cat([sm.scores(xb.to(ctx.task.device)).cpu() for xb in data.x.split(ctx.cfg.eval.batch_size)])
+        probs = sm.scores_of(data.x, ctx.cfg.eval.batch_size, ctx.task.device)
         choice = route(probs, sm.mode, sm.gamma)
         models = list(sm.candidates)
         tensors = {"probs": probs, "choice": choice}
@@ -259,7 +259,7 @@ class FedSMServer(FedAvgServer):
     def __init__(self, engine, task: Task, options):
         super().__init__(engine, task, options)
         self.sites = list(engine.sites)
-        check_federation(len(self.sites), options.lam, engine.algorithm)
+        check_federation(len(self.sites), options.lam if options.personalization == "softpull" else None, engine.algorithm)
         self.personal = {s: {k: v.clone() for k, v in self.global_weights.items()} for s in self.sites}
         self.personalization = personalization(options)
         self.track = self.personalization.initial_track(self.global_weights)

@@ -77,6 +77,11 @@ class SuperModel(nn.Module):
         """Softmax of the selector, ``(B, C)``."""
         return torch.softmax(self.selector(x), dim=1)
 
+    @torch.no_grad()
+    def scores_of(self, images: torch.Tensor, batch_size: int, device: torch.device) -> torch.Tensor:
+        """Selector softmax of a whole split ``(N, C, *S)`` in batches on ``device``, ``(N, C)`` on the CPU."""
+        return torch.cat([self.scores(xb.to(device)).cpu() for xb in images.split(batch_size)])
+
     def choose(self, x: torch.Tensor) -> torch.Tensor:
         """The candidate each image is routed to, ``(B,)`` (0 = global)."""
         return route(self.scores(x), self.mode, self.gamma)

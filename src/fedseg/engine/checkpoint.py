@@ -2,15 +2,17 @@
 
 :class:`CheckpointWriter` takes a snapshot of the payload at once (tensors cloned, containers
 copied: training may change them right after) and serializes, writes, fsyncs and renames it on a
-background thread, so a round's checkpoint overlaps the next round's compute. At most one write
-is in flight; a write error is raised by the next ``save`` or by ``close``. A crash mid-write
-leaves the previous checkpoint in place (the rename never happened).
+background thread, so a round's checkpoint overlaps the next round's compute. A crash mid-write
+leaves the previous checkpoint in place (the rename never happened) and a temp file, which the
+next run removes (``remove_temp_files``); the folder is fsynced after each rename, so a power
+loss cannot reorder a checkpoint and the files it names.
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
+from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -27,6 +29,7 @@ def atomic_write_bytes(path: Path, write) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+        fsync_dir(path.parent)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -54,29 +57,36 @@ def snapshot(obj):
 
 
 class CheckpointWriter:
-    """Background atomic checkpoint writes; use as a context manager (``close`` waits for the last)."""
+    """Background atomic checkpoint writes, run one after another in the order queued; use as a
+    context manager (``close`` waits for the last). A task runs only if every earlier one
+    succeeded (a clean-up never follows a failed write); the first error is raised by a later
+    ``save``/``then`` or by ``close``."""
+
+    MAX_QUEUED = 3  # a round queues at most: the best round's states, the checkpoint, the clean-up
 
     def __init__(self) -> None:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
-        self._pending: Future | None = None
+        self._queue: deque[Future] = deque()
 
     def save(self, path: Path, payload: dict, frozen: bool = False) -> None:
         """Queue an atomic write of ``payload``; ``frozen``: the caller guarantees nothing in it will
         change (fresh copies), so it is not copied again."""
-        payload = payload if frozen else snapshot(payload)
-        self.wait()
-        self._pending = self._pool.submit(save_checkpoint, path, payload)
+        self._submit(save_checkpoint, path, payload if frozen else snapshot(payload))
 
     def then(self, fn) -> None:
-        """Call ``fn()`` on the writer thread after the writes queued so far (e.g. delete files they replace)."""
-        self.wait()
-        self._pending = self._pool.submit(fn)
+        """Call ``fn()`` on the writer thread after the tasks queued so far (e.g. delete files they replace)."""
+        self._submit(fn)
+
+    def _submit(self, fn, *args) -> None:
+        while self._queue and (len(self._queue) >= self.MAX_QUEUED or self._queue[0].done()):
+            self._queue.popleft().result()  # bounds the payloads held in memory; re-raises a failure
+        previous = self._queue[-1] if self._queue else None
+        self._queue.append(self._pool.submit(_after, previous, fn, *args))
 
     def wait(self) -> None:
-        """Block until the write in flight (if any) is on disk; re-raise its error."""
-        if self._pending is not None:
-            pending, self._pending = self._pending, None
-            pending.result()
+        """Block until every queued task is done; re-raise the first error."""
+        while self._queue:
+            self._queue.popleft().result()
 
     def close(self) -> None:
         try:
@@ -87,8 +97,41 @@ class CheckpointWriter:
     def __enter__(self) -> "CheckpointWriter":
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc is None:
+            self.close()
+            return
+        try:  # an error is already propagating: finish the writes, but do not hide that error
+            self.close()
+        except Exception as write_error:  # noqa: BLE001
+            exc.add_note(f"also, a checkpoint write failed: {type(write_error).__name__}: {write_error}")
+
+
+def _after(previous: Future | None, fn, *args) -> None:
+    """Run ``fn(*args)`` once ``previous`` (already run: one worker, FIFO) succeeded; else re-raise its error."""
+    if previous is not None:
+        previous.result()
+    fn(*args)
+
+
+def fsync_dir(folder: Path) -> None:
+    """Make renames and deletions in ``folder`` durable (POSIX; a no-op where directories cannot be opened)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def remove_temp_files(path: Path) -> None:
+    """Delete temp files a killed process left next to ``path`` (``.<name>.*``, see ``atomic_write_bytes``)."""
+    for tmp in path.parent.glob(f".{path.stem}.*"):
+        tmp.unlink(missing_ok=True)
 
 
 def load_checkpoint(path: Path) -> dict | None:
