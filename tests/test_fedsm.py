@@ -225,8 +225,10 @@ class _Stop(Exception):
     pass
 
 
-def test_fedsm_resume_and_determinism(tmp_path):
-    cfg = _cfg(rounds=3)
+@pytest.mark.parametrize("personalization", ["softpull", "apfl", "pfedme"])
+def test_fedsm_resume_and_determinism(tmp_path, personalization):
+    """Also APFL's client state (v_k, alpha_k) and pFedMe's server model survive a stop after round 2 of 3."""
+    cfg = _cfg(rounds=3, personalization=personalization)
     fed = disc_federation(n_sites=3, cases_per_site=8)
     full = run_experiment(cfg, tmp_path / "full", federation=fed)
     again = run_experiment(cfg, tmp_path / "again", federation=fed)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 from collections import defaultdict
 
@@ -16,7 +15,7 @@ from fedseg.algorithms.fedsm import new_selector
 from fedseg.algorithms.personalize import APFL_ALPHA, APFL_V, PERSONAL, TRACK, personalization
 from fedseg.engine.messages import Message, load_weights, prefixed
 from fedseg.models import count_parameters
-from fedseg.run import prepare, run_algorithm, run_experiment
+from fedseg.run import prepare, run_algorithm
 from fedseg.train import segmentation_loss
 from test_fedsm import _engine, _round
 
@@ -254,25 +253,3 @@ def test_pfedme_inner_steps_and_local_update_follow_algorithm_1():
         _assert_params_close(reply.group(PERSONAL), theta)
         _assert_params_close(reply.group(TRACK), {n: w[n] - eta * lam * (w[n] - theta[n]) for n in w})
 
-
-class _Stop(Exception):
-    pass
-
-
-@pytest.mark.parametrize("strategy", ["apfl", "pfedme"])
-def test_resume_gives_the_uninterrupted_run(tmp_path, strategy):
-    """APFL's client state (v_k, alpha_k) and pFedMe's server model survive a stop after round 2 of 3."""
-    cfg = tiny_config(algorithms=["fedsm"], methods={"fedsm": {"personalization": strategy}}, fl={"rounds": 3})
-    fed = disc_federation(n_sites=3, cases_per_site=8)
-    full = run_experiment(cfg, tmp_path / "full", federation=fed)
-
-    def stop(name, rnd, losses):
-        if rnd == 2:
-            raise _Stop
-
-    with pytest.raises(_Stop):
-        run_experiment(cfg, tmp_path / "cut", on_round_end=stop, federation=fed)
-    resumed = run_experiment(cfg, tmp_path / "cut", resume=True, federation=fed)
-    a, b = full.algorithms[0], resumed.algorithms[0]
-    assert json.dumps(a.summary["dice"]) == json.dumps(b.summary["dice"])  # (NaN-safe comparison)
-    assert all(_equal(a.bundle[m], b.bundle[m]) for m in a.bundle)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import csv
 import json
 
-import numpy as np
 import pytest
 import torch
 
@@ -40,7 +39,7 @@ def test_run_writes_every_output_file(tmp_path):
 def test_same_seed_gives_identical_numbers(tmp_path):
     cfg = tiny_config(algorithms=["local", "fedavg"])
     a = run_experiment(cfg, tmp_path / "a", federation=disc_federation())
-    b = run_experiment(cfg, tmp_path / "b", federation=disc_federation())
+    run_experiment(cfg, tmp_path / "b", federation=disc_federation())
     sa = json.loads((tmp_path / "a" / "summary.json").read_text())
     sb = json.loads((tmp_path / "b" / "summary.json").read_text())
     assert _numbers(sa) == _numbers(sb)

@@ -61,7 +61,7 @@ import torch
 from fedseg.algorithms import get_algorithm
 from fedseg.algorithms.fedavg import eval_rows
 from fedseg.algorithms.fedsm import DEFAULT_GRID
-from fedseg.algorithms.fedsm_model import GLOBAL_INDEX, SPEC, SuperModel, candidate_names, route, super_model_from_bundle
+from fedseg.algorithms.fedsm_model import GLOBAL_INDEX, SPEC, candidate_names, route, super_model_from_bundle
 from fedseg.config import ConfigError, RunConfig, apply_override, validate_config
 from fedseg.data.dataset import CaseSet, build_site_data
 from fedseg.data.federation import Federation
