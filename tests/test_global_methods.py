@@ -273,10 +273,13 @@ def test_scaffold_control_variates_use_the_steps_actually_taken(tmp_path):
         torch.testing.assert_close(server.control[k], expected, rtol=1e-5, atol=1e-6)
 
 
-def test_scaffold_local_step_is_the_gradient_step_corrected_by_c_minus_c_k():
-    """Eq. 9 with one SGD step: w_k = (w - eta g) - eta (c - c_k), where w - eta g is a FedAvg
-    client's step on the same batch (same random stream)."""
-    cfg = tiny_config(train={**SGD, "budget": {"unit": "steps", "amount": 1}})
+@pytest.mark.parametrize("train, correction", [(SGD, "gradient"), (SGD, "step"), ({"optimizer": "adam"}, "auto")])
+def test_scaffold_local_step_is_the_optimizer_step_corrected_by_c_minus_c_k(train, correction):
+    """One local step: w_k = step(w) - eta (c - c_k), where step(w) is a FedAvg client's optimizer
+    step on the same batch (same random stream). With SGD the gradient correction (Eq. 9) and the
+    step correction give exactly this; with Adam (``auto`` -> ``step``) the step correction does."""
+    cfg = tiny_config(train={**train, "keep_optimizer_state": False, "budget": {"unit": "steps", "amount": 1}},
+                      methods={"scaffold": {"correction": correction}})
     fed = uneven_federation()
     seen = []
     engine, server = _simulator("scaffold", cfg, fed, [lambda s, a, m, r: seen.append((engine.round, s, m, r))])

@@ -19,6 +19,7 @@ from fedseg.data.dataset import CaseSet
 
 ExtraLoss = Callable[[nn.Module], torch.Tensor]
 AfterBackward = Callable[[nn.Module], None]
+AfterStep = Callable[[nn.Module], None]  # called after every optimizer step (e.g. SCAFFOLD's step correction)
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
@@ -95,6 +96,7 @@ class Trainer:
         extra_loss: ExtraLoss | None = None,
         after_backward: AfterBackward | None = None,
         loss_fn: LossFn | None = None,
+        after_step: AfterStep | None = None,
     ) -> TrainStats:
         """Train ``model`` in place for ``budget`` (epochs over ``data`` or optimizer steps).
 
@@ -121,6 +123,8 @@ class Trainer:
             if after_backward:
                 after_backward(model)
             optimizer.step()
+            if after_step:
+                after_step(model)
             steps += 1
             samples += len(idx)
             loss_sum += float(loss.detach())

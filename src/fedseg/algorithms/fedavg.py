@@ -31,6 +31,7 @@ from fedseg.engine.simulator import ClientContext, State, Task
 from fedseg.evaluate.inference import predict_masks, score_caseset
 from fedseg.train import (
     AfterBackward,
+    AfterStep,
     ExtraLoss,
     LossFn,
     Trainer,
@@ -145,6 +146,7 @@ class FedAvgClient:
             extra_loss=self.extra_loss(model, msg, ctx),
             after_backward=self.after_backward(model, msg, ctx),
             loss_fn=loss_fn,
+            after_step=self.after_step(model, msg, ctx),
         )
         if keep:
             put_group(ctx.state, state_key, optimizer_state(optimizer))
@@ -154,6 +156,9 @@ class FedAvgClient:
         return None
 
     def after_backward(self, model: nn.Module, msg: Message, ctx: ClientContext) -> AfterBackward | None:
+        return None
+
+    def after_step(self, model: nn.Module, msg: Message, ctx: ClientContext) -> AfterStep | None:
         return None
 
     def after_fit(self, model: nn.Module, stats: TrainStats, msg: Message, ctx: ClientContext) -> Message:
