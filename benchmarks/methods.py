@@ -65,11 +65,16 @@ def algorithm_table(entries: list[dict]) -> dict:
     return row
 
 
+def pm(std: float) -> str:
+    """`` ± std`` (std over seeds), nothing with a single seed."""
+    return "" if math.isnan(std) else f" ± {std:.4f}"
+
+
 def markdown(report: dict) -> str:
     lines = [f"# Methods benchmark ({ROUNDS} rounds; see benchmarks/common.py for the budget)", ""]
     for fed, block in report.items():
         algos, sites, regions = block["algorithms"], block["sites"], block["regions"]
-        lines += [f"## {fed} (seeds {block['seeds']})", "", "Test Dice, FedSM Table 3 layout (mean over seeds):", "",
+        lines += [f"## {fed} (seeds {block['seeds']})", "", "Test Dice, FedSM Table 3 layout (mean over seeds; Client Avg ± std over seeds):", "",
                   "| method | " + " | ".join(sites) + " | Client Avg | Global |", "|---" * (len(sites) + 3) + "|"]
         for name, row in algos.items():
             for a, cells in row.get("local_rows", {}).items():
@@ -77,7 +82,7 @@ def markdown(report: dict) -> str:
                              + f" | {np.mean([cells[b] for b in sites]):.4f} | |")
             d = row["table3_dice"]
             lines.append(f"| {name} | " + " | ".join(f"{d[s]:.4f}" for s in sites)
-                         + f" | {d['client_avg']:.4f} ± {row['client_avg_dice']['std']:.4f} | {d['global']:.4f} |")
+                         + f" | {d['client_avg']:.4f}{pm(row['client_avg_dice']['std'])} | {d['global']:.4f} |")
         lines += ["", "FeTS Table 1 layout (mean over seeds of the mean ± std over test cases):", "",
                   "| method | Dice | " + " | ".join(f"Dice {r}" for r in regions) + " | HD95 |", "|---" * (len(regions) + 3) + "|"]
         for name, row in algos.items():
