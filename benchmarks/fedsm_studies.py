@@ -82,6 +82,15 @@ def average(entries: list[dict], key_column: str) -> list[dict]:
     return out
 
 
+def cell(column: str, value) -> str:
+    """A table cell: counts as integers, other numbers to 4 decimals, missing values blank."""
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.0f}" if column in ("cases", "seeds") else f"{value:.4f}"
+    return str(value)
+
+
 def markdown(tables: dict) -> str:
     lines = ["# FedSM studies (benchmark budget of benchmarks/common.py; mean over the seeds done)", ""]
     for study, t in tables.items():
@@ -92,8 +101,7 @@ def markdown(tables: dict) -> str:
         lines += [f"## {study} ({t['federation']}, seeds {t['seeds']})", "", "| " + " | ".join(cols) + " |",
                   "|---" * len(cols) + "|"]
         for r in rows:
-            lines.append("| " + " | ".join("" if r.get(c) is None else (f"{r[c]:.4f}" if isinstance(r[c], float) else str(r[c]))
-                                           for c in cols) + " |")
+            lines.append("| " + " | ".join(cell(c, r.get(c)) for c in cols) + " |")
         lines.append("")
     return "\n".join(lines)
 
