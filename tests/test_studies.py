@@ -176,3 +176,11 @@ def test_cli_rejects_unknown_holdout_site_bad_sweep_and_combinations(tmp_path):
     result = runner.invoke(app, [*base, "--sweep", "train.lr=0.1", "--leave-one-out"])
     assert result.exit_code == 1 and "cannot be combined" in result.output
     assert not out.exists()
+
+
+def test_fedsm_leave_one_out_on_two_sites_fails_before_writing_anything(tmp_path):
+    """Each sub-run would train FedSM on one site (K = 1): refused when the study is planned."""
+    cfg = tiny_config(algorithms=["fedavg", "fedsm"])
+    with pytest.raises(ValueError, match="fedsm needs at least 2 sites"):
+        plan_holdout(cfg, tmp_path / "s", federation=disc_federation(n_sites=2))
+    assert not (tmp_path / "s").exists()

@@ -263,6 +263,8 @@ def run_experiment(
     for name in cfg.algorithms:  # unknown names and bad options fail before any work
         get_algorithm(name).parse_options(cfg.methods.get(name))
     prep = prepared or prepare(cfg, federation)
+    for name in cfg.algorithms:
+        get_algorithm(name).check_sites(len(prep.federation.sites), f"federation {prep.federation.name!r}")
     out = Path(out)
     if out.exists() and any(out.iterdir()) and not resume and (out / "checkpoints").exists():
         raise FileExistsError(f"{out}: already holds a run; use --resume to continue it or choose another --out")

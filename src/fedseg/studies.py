@@ -132,6 +132,8 @@ def plan_holdout(cfg: RunConfig, out: Path, sites: list[str] | None = None, fede
     if len(fed.sites) < 2:
         raise ValueError(f"an unseen-site study needs at least 2 sites; {fed.name!r} has {len(fed.sites)}")
     names = fed.site_names if sites is None else list(sites)
+    for name in cfg.algorithms:  # before study.json is written: each sub-run trains on one site fewer
+        get_algorithm(name).check_sites(len(fed.sites) - 1, f"{fed.name!r} without one site")
     runs = [SubRun(s, Path(out) / HOLDOUT_DIR / s, cfg, fed.without(s)) for s in names]
     return Study("holdout", Path(out), cfg, runs, federation=fed)
 

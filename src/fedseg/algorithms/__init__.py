@@ -35,8 +35,8 @@ register("fedmedian", FedMedianServer, FedMedianClient, "FedMedian: coordinate-w
 register("fedtrimmedavg", FedTrimmedAvgServer, FedTrimmedAvgClient, "FedTrimmedAvg: coordinate-wise trimmed mean (cut beta at each end)", FedTrimmedAvgOptions)
 register("qfedavg", QFedAvgServer, QFedAvgClient, "q-FedAvg (Li et al.): loss-powered fair merge, forward-only loss pass (FeTS Eq. 13-17)", QFedAvgOptions)
 register("fedpidavg", FedPIDAvgServer, FedPIDAvgClient, "FedPIDAvg (Maechler et al.): weights from samples, val-loss gain and loss sum (FeTS Eq. 18-22)", FedPIDAvgOptions)
-register("fedsm", FedSMServer, FedSMClient, "FedSM (Xu et al.): global + SoftPull personalized models + selector, threshold gamma (Alg. 1-2)", FedSMOptions)
-register("fedsm-extra", FedSMExtraServer, FedSMExtraClient, "FedSM-extra: models first, then extra selector rounds on Eq. 1 labels; argmax over K+1", FedSMExtraOptions)
-register("fedsm-ensemble", FedSMEnsembleServer, FedSMEnsembleClient, "FedSM ensemble: selector trained through the soft ensemble of K+1 models (Sec. 3.1.1)", FedSMEnsembleOptions)
+register("fedsm", FedSMServer, FedSMClient, "FedSM (Xu et al.): global + SoftPull personalized models + selector, threshold gamma (Alg. 1-2)", FedSMOptions, min_sites=2)
+register("fedsm-extra", FedSMExtraServer, FedSMExtraClient, "FedSM-extra: models first, then extra selector rounds on Eq. 1 labels; argmax over K+1", FedSMExtraOptions, min_sites=2)
+register("fedsm-ensemble", FedSMEnsembleServer, FedSMEnsembleClient, "FedSM ensemble: selector trained through the soft ensemble of K+1 models (Sec. 3.1.1)", FedSMEnsembleOptions, min_sites=2)
 
 __all__ = ["ALGORITHMS", "AlgorithmSpec", "get_algorithm", "register"]

@@ -22,6 +22,12 @@ class AlgorithmSpec:
     client: type
     description: str
     options: type[BaseModel] = NoOptions
+    min_sites: int = 1  # e.g. FedSM: SoftPull and the selector need K >= 2
+
+    def check_sites(self, num_sites: int, where: str) -> None:
+        """Raise a ValueError before any work if ``where`` (a federation) has too few sites for this algorithm."""
+        if num_sites < self.min_sites:
+            raise ValueError(f"{self.name} needs at least {self.min_sites} sites; {where} has {num_sites}")
 
     def parse_options(self, raw: dict | None) -> BaseModel:
         try:
@@ -34,8 +40,9 @@ class AlgorithmSpec:
 ALGORITHMS: dict[str, AlgorithmSpec] = {}
 
 
-def register(name: str, server: type, client: type, description: str, options: type[BaseModel] = NoOptions) -> None:
-    ALGORITHMS[name] = AlgorithmSpec(name, server, client, description, options)
+def register(name: str, server: type, client: type, description: str, options: type[BaseModel] = NoOptions,
+             min_sites: int = 1) -> None:
+    ALGORITHMS[name] = AlgorithmSpec(name, server, client, description, options, min_sites)
 
 
 def get_algorithm(name: str) -> AlgorithmSpec:
