@@ -3,6 +3,8 @@ FedMedian, FedTrimmedAvg): equivalences with FedAvg, hand-computed steps, traffi
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from torch import nn
@@ -11,12 +13,12 @@ from conftest import disc_federation, tiny_config
 from fedseg.algorithms import get_algorithm
 from fedseg.algorithms.aggregate import coordinate_median, trimmed_mean
 from fedseg.algorithms.fedadam import FedAdamOptions, FedAdamServer
-from fedseg.algorithms.fedavg import MODEL
+from fedseg.algorithms.fedavg import MODEL, OPT
 from fedseg.algorithms.fedmedian import FedMedianOptions, FedMedianServer
 from fedseg.algorithms.fednova import FedNovaOptions, FedNovaServer, momentum_norm
 from fedseg.algorithms.fedprox import proximal_term
 from fedseg.algorithms.fedtrimmedavg import FedTrimmedAvgOptions, FedTrimmedAvgServer
-from fedseg.algorithms.scaffold import CONTROL, LOCAL_CONTROL
+from fedseg.algorithms.scaffold import CONTROL, LOCAL_CONTROL, correction_mode
 from fedseg.data.federation import Federation, Site
 from fedseg.engine.messages import Message, prefixed
 from fedseg.engine.simulator import Simulator
@@ -273,7 +275,11 @@ def test_scaffold_control_variates_use_the_steps_actually_taken(tmp_path):
         torch.testing.assert_close(server.control[k], expected, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("train, correction", [(SGD, "gradient"), (SGD, "step"), ({"optimizer": "adam"}, "auto")])
+MOMENTUM_SGD = {**SGD, "momentum": 0.9}
+
+
+@pytest.mark.parametrize("train, correction", [(SGD, "gradient"), (SGD, "step"), ({"optimizer": "adam"}, "auto"),
+                                               (MOMENTUM_SGD, "auto")])
 def test_scaffold_local_step_is_the_optimizer_step_corrected_by_c_minus_c_k(train, correction):
     """One local step: w_k = step(w) - eta (c - c_k), where step(w) is a FedAvg client's optimizer
     step on the same batch (same random stream). With SGD the gradient correction (Eq. 9) and the
@@ -299,6 +305,35 @@ def test_scaffold_local_step_is_the_optimizer_step_corrected_by_c_minus_c_k(trai
         for k in c:
             expected = replies[s].group(MODEL)[k] - cfg.train.lr * (c[k] - c_k[k])
             torch.testing.assert_close(r.group(MODEL)[k], expected, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("train, expected", [(SGD, "gradient"), (MOMENTUM_SGD, "step"), ({"optimizer": "adam"}, "step")])
+def test_scaffold_auto_correction_is_gradient_only_for_sgd_without_momentum(train, expected):
+    ctx = SimpleNamespace(cfg=tiny_config(train=train), options=get_algorithm("scaffold").parse_options({}))
+    assert correction_mode(ctx) == expected
+
+
+def test_scaffold_refuses_the_gradient_correction_with_momentum_sgd():
+    """The momentum buffer would amplify c - c_k and the control variates diverge (module doc)."""
+    cfg = tiny_config(train=MOMENTUM_SGD, methods={"scaffold": {"correction": "gradient"}})
+    engine, server = _simulator("scaffold", cfg, uneven_federation())
+    engine.round = 1
+    with pytest.raises(ValueError, match=r"methods\.scaffold\.correction.*momentum 0\.9"):
+        server.run_round(1)
+
+
+def test_fednova_general_with_momentum_sgd_starts_every_round_from_a_zero_momentum_buffer():
+    """a_k assumes a zero buffer at the start of the round, so the general variant keeps no optimizer
+    state even with ``keep_optimizer_state: true``; FedAvg with the same config keeps it."""
+    cfg = tiny_config(fl={"rounds": 1}, train={**MOMENTUM_SGD, "keep_optimizer_state": True},
+                      methods={"fednova": {"variant": "general"}})
+    kept = {}
+    for name in ("fednova", "fedavg"):
+        engine, server = _simulator(name, cfg, uneven_federation())
+        engine.round = 1
+        server.run_round(1)
+        kept[name] = [any(k.startswith(OPT + "/") for k in engine.client_states[s]) for s in engine.sites]
+    assert kept == {"fednova": [False] * 3, "fedavg": [True] * 3}
 
 
 class _Stop(Exception):

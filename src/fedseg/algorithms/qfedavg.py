@@ -18,8 +18,8 @@ with ``action = "loss"`` whose ``steps`` are forward-only batches (no optimizer 
 the model download in their ``floats_down``; the ``"train"`` rows carry the SGD steps and the
 upload (``|w| + 1`` floats). The train message is empty so that ``w^t`` is downloaded once per
 round: traffic per round is FedAvg's plus one float per site (``h_k``), as in FeTS Table 2.
-``Ledger.totals()["sgd_steps"]`` (summary.json ``sgd_steps``) adds both kinds of steps; the
-cost table (:mod:`fedseg.evaluate.cost`) reports them apart (``forward_batches``).
+``Ledger.totals()["sgd_steps"]`` (summary.json ``sgd_steps``) counts only the optimizer steps (Eq. 34);
+the cost table (:mod:`fedseg.evaluate.cost`) reports the forward-only batches apart (``forward_batches``).
 
 Definitions, where the sources differ:
 

@@ -28,8 +28,11 @@ Eq. 9 exactly. With Adam that is inconsistent: ``(w - w_k) / (s_k eta_l)`` then 
 Adam), SCAFFOLD with the gradient correction reached a test Dice of 0.42 vs FedAvg's 0.85. ``step``
 applies the correction in the units it was measured in: after each optimizer step,
 ``w <- w - eta_l (c - c_k)``, so every local step is the optimizer's step plus the drift
-correction. With plain SGD both are the same update. ``auto`` (default): ``gradient`` for SGD,
-``step`` otherwise.
+correction. With plain SGD both are the same update. ``auto`` (default): ``gradient`` for SGD
+without momentum, ``step`` otherwise. SGD with momentum must not use ``gradient``: the momentum
+buffer amplifies ``c - c_k`` by up to ``1 / (1 - rho)``, so ``(w - w_k) / (s_k eta_l)`` measures an
+amplified correction and the control variates grow geometrically from round to round (seen on a
+two-site quadratic: ``c_k`` multiplied by about -30 per round at rho = 0.9, 20 local steps).
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from torch import nn
 
 from fedseg.algorithms.aggregate import server_step, weighted_average
 from fedseg.algorithms.fedavg import MODEL, FedAvgClient, FedAvgOptions, FedAvgServer, put_group, state_group, train_meta
+from fedseg.config import TrainConfig
 from fedseg.engine.messages import Message, prefixed, weights_of
 from fedseg.engine.simulator import ClientContext
 from fedseg.train import AfterBackward, AfterStep, TrainStats
@@ -54,16 +58,26 @@ SERVER_CONTROL = "control"  # server-state prefix of c
 class ScaffoldOptions(FedAvgOptions):
     global_lr: float = Field(1.0, gt=0, description="server learning rate eta_g on the averaged model update")
     correction: Literal["auto", "gradient", "step"] = Field(
-        "auto", description="where c - c_k enters a local step: gradient (Eq. 9, SGD) | step (after the optimizer "
-                            "step, for adaptive optimizers) | auto = gradient for SGD, step otherwise (module doc)")
+        "auto", description="where c - c_k enters a local step: gradient (Eq. 9, SGD without momentum) | step (after "
+                            "the optimizer step: Adam, SGD with momentum) | auto = gradient for SGD without momentum, "
+                            "step otherwise (module doc)")
 
 
 def correction_mode(ctx: ClientContext) -> str:
     """``gradient`` or ``step``: the option, with ``auto`` resolved by the local optimizer."""
     mode = ctx.options.correction
     if mode == "auto":
-        return "gradient" if ctx.cfg.train.optimizer == "sgd" else "step"
+        return "gradient" if plain_sgd(ctx.cfg.train) else "step"
+    if mode == "gradient" and not plain_sgd(ctx.cfg.train):
+        raise ValueError("methods.scaffold.correction: 'gradient' needs train.optimizer 'sgd' with train.momentum 0 "
+                         f"(got {ctx.cfg.train.optimizer}, momentum {ctx.cfg.train.momentum}); the control variates "
+                         "diverge otherwise (see fedseg.algorithms.scaffold) -- use 'step' or 'auto'")
     return mode
+
+
+def plain_sgd(train: TrainConfig) -> bool:
+    """True for SGD without momentum: the optimizer of Eq. 9, for which ``gradient`` is exact."""
+    return train.optimizer == "sgd" and train.momentum == 0
 
 
 def parameter_names(model: nn.Module) -> list[str]:
