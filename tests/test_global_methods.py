@@ -336,6 +336,27 @@ def test_fednova_general_with_momentum_sgd_starts_every_round_from_a_zero_moment
     assert kept == {"fednova": [False] * 3, "fedavg": [True] * 3}
 
 
+@pytest.mark.parametrize("name, options", [("fedadam", {}), ("fednova", {"variant": "fets"}), ("fedmedian", {})])
+def test_batchnorm_statistics_are_averaged_like_fedavg_whatever_the_server_rule(name, options):
+    """Buffers (running mean/var) get FedAvg's weighted average; the parameters get the method's rule."""
+    cfg = tiny_config(model={"norm": "batch"}, methods={name: options})
+    seen = []
+    engine, server = _simulator(name, cfg, uneven_federation(), [lambda s, a, m, r: seen.append((s, a, r))])
+    engine.round = 1
+    before = dict(server.global_weights)
+    server.run_round(1)
+    replies = {s: r for s, a, r in seen if a == "train"}
+    n = {s: float(r.meta["num_examples"]) for s, r in replies.items()}
+    assert "running_var" in " ".join(server.buffers)
+    for b in server.buffers:
+        expected = sum(n[s] / sum(n.values()) * replies[s].group(MODEL)[b].double() for s in replies)
+        torch.testing.assert_close(server.global_weights[b].double(), expected.to(server.global_weights[b].dtype).double())
+    param = next(k for k in server.global_weights if k not in server.buffers and k.endswith("weight"))
+    fedavg = sum(n[s] / sum(n.values()) * replies[s].group(MODEL)[param].double() for s in replies)
+    assert not torch.allclose(server.global_weights[param].double(), fedavg)  # the method's own rule
+    assert not torch.equal(server.global_weights[param], before[param])
+
+
 class _Stop(Exception):
     pass
 

@@ -8,8 +8,9 @@ The server treats the averaged local update as a pseudo-gradient and takes an Ad
     w^{t+1} = w^t + eta_s m^{t+1} / (sqrt(v^{t+1}) + tau)   (Eq. 12)
 
 No bias correction (as in the paper and Reddi et al.'s Algorithm 2). Element-wise over every
-float entry of the model (buffers included). ``m`` and ``v`` (float64) are server state, so a
-resumed run continues with them. Clients are plain FedAvg clients.
+entry of the model; buffers (BatchNorm statistics, if any) are then reset to FedAvg's average
+(``FedAvgServer.average_buffers``). ``m`` and ``v`` (float64) are server state, so a resumed run
+continues with them. Clients are plain FedAvg clients.
 """
 
 from __future__ import annotations

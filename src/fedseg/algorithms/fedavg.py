@@ -216,14 +216,34 @@ class FedAvgServer:
         self.engine = engine
         self.task = task
         self.options = options
-        self.global_weights = weights_of(task.new_model())
+        model = task.new_model()
+        self.global_weights = weights_of(model)
+        self.buffers = sorted(set(self.global_weights) - {name for name, _ in model.named_parameters()})
 
     # --- one round ---------------------------------------------------------------
     def run_round(self, rnd: int) -> dict[str, float]:
         """Train one round; return the mean local training loss per site."""
         replies = self.engine.exchange({s: self.train_message(s) for s in self.engine.sites}, "train")
         self.aggregate(replies)
+        self.average_buffers(replies)
         return {s: float(r.meta["loss"]) for s, r in replies.items()}
+
+    def average_buffers(self, replies: dict[str, Message]) -> None:
+        """Set the model's buffers (entries that are not parameters: BatchNorm's ``running_mean``,
+        ``running_var``, ``num_batches_tracked``) to FedAvg's weighted average of the sites' values,
+        whatever ``aggregate`` did with them. They are statistics, not weights: a server optimizer
+        step (FedAdam would move them by ``eta_s`` per round), a server rate above 1 (FedNova's
+        gamma could make a variance negative) or a median is not meant for them. A no-op for models
+        without buffers (the default instance norm) and for replies that carry no model (q-FedAvg's
+        replies carry updates: there the buffers follow Eq. 17 with the weights)."""
+        keys = [f"{MODEL}/{b}" for b in self.buffers]
+        if not keys or any(k not in r.tensors for r in replies.values() for k in keys):
+            return
+        weights = self.aggregation_weights(replies)
+        sites = list(replies)
+        stats = weighted_average([{b: replies[s].tensors[k] for b, k in zip(self.buffers, keys)} for s in sites],
+                                 [weights[s] for s in sites])
+        self.global_weights = {**self.global_weights, **stats}
 
     def train_message(self, site: str) -> Message:
         return Message(prefixed(MODEL, self.global_weights))
