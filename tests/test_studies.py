@@ -133,6 +133,7 @@ def test_sweep_runs_one_complete_run_per_value_with_that_value_in_its_config(tmp
     ("fl.lambda=0.1,0.3", "fl.lambda"),  # no such key
     ("methods.fedsm.lamm=0.5", "lamm"),  # no such option
     ("methods.fedsm.lam=0.5,2", "lam"),  # 2 > 1
+    ("methods.fedsm.lam=0.5,0.3", r"lam=0\.3.*methods\.fedsm\.lam = 0\.3 must lie in \[1/K, 1\] = \[0\.3333"),  # < 1/K, K = 3
     ("methods.fedprox.mu=0.1", "fedprox"),  # not among the run's algorithms
     ("train.lr=0.1,", "empty value"),
 ])
@@ -183,4 +184,13 @@ def test_fedsm_leave_one_out_on_two_sites_fails_before_writing_anything(tmp_path
     cfg = tiny_config(algorithms=["fedavg", "fedsm"])
     with pytest.raises(ValueError, match="fedsm needs at least 2 sites"):
         plan_holdout(cfg, tmp_path / "s", federation=disc_federation(n_sites=2))
+    assert not (tmp_path / "s").exists()
+
+
+def test_fedsm_holdout_checks_lambda_against_the_sites_left_for_training(tmp_path):
+    """lam = 0.4 holds for K = 3 sites but not for the K - 1 = 2 each holdout sub-run trains on."""
+    cfg = _cfg(["fedavg", "fedsm"], lam=0.4)
+    plan_sweep(cfg, tmp_path / "sweep", "train.lr=0.001", disc_federation(n_sites=3, cases_per_site=4))
+    with pytest.raises(ValueError, match=r"without one site.*lam = 0\.4 must lie in \[1/K, 1\] = \[0\.5, 1\] for K = 2"):
+        plan_holdout(cfg, tmp_path / "s", federation=disc_federation(n_sites=3, cases_per_site=4))
     assert not (tmp_path / "s").exists()

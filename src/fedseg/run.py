@@ -264,7 +264,7 @@ def run_experiment(
         get_algorithm(name).parse_options(cfg.methods.get(name))
     prep = prepared or prepare(cfg, federation)
     for name in cfg.algorithms:
-        get_algorithm(name).check_sites(len(prep.federation.sites), f"federation {prep.federation.name!r}")
+        get_algorithm(name).check_sites(len(prep.federation.sites), f"federation {prep.federation.name!r}", cfg.methods.get(name))
     out = Path(out)
     if out.exists() and any(out.iterdir()) and not resume and (out / "checkpoints").exists():
         raise FileExistsError(f"{out}: already holds a run; use --resume to continue it or choose another --out")

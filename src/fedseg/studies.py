@@ -133,7 +133,7 @@ def plan_holdout(cfg: RunConfig, out: Path, sites: list[str] | None = None, fede
         raise ValueError(f"an unseen-site study needs at least 2 sites; {fed.name!r} has {len(fed.sites)}")
     names = fed.site_names if sites is None else list(sites)
     for name in cfg.algorithms:  # before study.json is written: each sub-run trains on one site fewer
-        get_algorithm(name).check_sites(len(fed.sites) - 1, f"{fed.name!r} without one site")
+        get_algorithm(name).check_sites(len(fed.sites) - 1, f"{fed.name!r} without one site", cfg.methods.get(name))
     runs = [SubRun(s, Path(out) / HOLDOUT_DIR / s, cfg, fed.without(s)) for s in names]
     return Study("holdout", Path(out), cfg, runs, federation=fed)
 
@@ -206,6 +206,13 @@ def plan_sweep(cfg: RunConfig, out: Path, spec: str, federation: Federation | No
     if len(set(labels)) != len(labels):
         raise ConfigError(f"--sweep {spec!r}: two values give the same folder name ({labels})")
     runs = [SubRun(lab, Path(out) / SWEEP_DIR / lab, sweep_config(cfg, key, v), federation, v) for lab, v in zip(labels, values)]
+    fed = federation or (None if key.startswith("data.") else load_federation(cfg))
+    for run in runs if fed is not None else []:  # a data.* sweep: each sub-run checks its own federation at its start
+        for name in run.cfg.algorithms:
+            try:
+                get_algorithm(name).check_sites(len(fed.sites), f"{fed.name!r} ({run.label})", run.cfg.methods.get(name))
+            except ValueError as e:
+                raise ConfigError(f"--sweep {spec!r}: {e}") from None
     return Study("sweep", Path(out), cfg, runs, key=key)
 
 

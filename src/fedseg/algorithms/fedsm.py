@@ -3,8 +3,9 @@
 Training, Algorithm 1 (one ``train`` exchange per round):
 
 * site k receives the global model w_g, **its own** personalized model w_p,k and the selector
-  w_s (the server keeps every w_p,k; a site never sees another site's personalized model while
-  training). It trains all three on its train split through the Trainer: w_g and w_p,k with the
+  w_s (the server keeps every w_p,k; a site receives no other site's personalized model for
+  training. Validation and test do send every site the whole super model, all K personalized
+  models included: the ledger counts that as evaluation traffic, outside ``floats_sent``). It trains all three on its train split through the Trainer: w_g and w_p,k with the
   segmentation loss, w_s with cross-entropy against its label ``y_s = one_hot(k)`` (Eq. 2; the
   label is the site's position in the server's site order, sent as ``meta.label``). Each model
   runs one local budget; the three never interact, so training them one after another equals
@@ -101,6 +102,10 @@ class SelectorOptions(FedAvgOptions, PersonalizationOptions):
     average_selector_moments: bool = Field(
         True, description="send the selector's optimizer moments with w_s and average them (extra traffic, counted)"
     )
+
+    def check_sites(self, num_sites: int, algorithm: str) -> None:
+        """``check_federation`` for these options (called before any work, see ``AlgorithmSpec.check_sites``)."""
+        check_federation(num_sites, self.lam if self.personalization == "softpull" else None, algorithm)
 
 
 class FedSMOptions(SelectorOptions):
@@ -259,7 +264,7 @@ class FedSMServer(FedAvgServer):
     def __init__(self, engine, task: Task, options):
         super().__init__(engine, task, options)
         self.sites = list(engine.sites)
-        check_federation(len(self.sites), options.lam if options.personalization == "softpull" else None, engine.algorithm)
+        options.check_sites(len(self.sites), engine.algorithm)
         self.personal = {s: {k: v.clone() for k, v in self.global_weights.items()} for s in self.sites}
         self.personalization = personalization(options)
         self.track = self.personalization.initial_track(self.global_weights)

@@ -24,10 +24,19 @@ class AlgorithmSpec:
     options: type[BaseModel] = NoOptions
     min_sites: int = 1  # e.g. FedSM: SoftPull and the selector need K >= 2
 
-    def check_sites(self, num_sites: int, where: str) -> None:
-        """Raise a ValueError before any work if ``where`` (a federation) has too few sites for this algorithm."""
+    def check_sites(self, num_sites: int, where: str, raw_options: dict | None = None) -> None:
+        """Raise a ValueError before any work if ``where`` (a federation of ``num_sites`` sites) has too
+        few sites for this algorithm, or if its options (``methods.<name>``) do not hold for that many
+        sites: an options model may define ``check_sites(num_sites, algorithm)`` (e.g. FedSM's
+        SoftPull needs ``lam >= 1/K``, so a leave-one-out study must check it for K - 1 sites)."""
         if num_sites < self.min_sites:
             raise ValueError(f"{self.name} needs at least {self.min_sites} sites; {where} has {num_sites}")
+        check = getattr(self.parse_options(raw_options), "check_sites", None)
+        if check is not None:
+            try:
+                check(num_sites, self.name)
+            except ValueError as e:
+                raise ValueError(f"{where}: {e}") from None
 
     def parse_options(self, raw: dict | None) -> BaseModel:
         try:
