@@ -120,3 +120,15 @@ def test_checkpoint_writer_writes_the_last_snapshot_and_reports_errors(tmp_path)
         finally:
             writer.close()
     assert cleaned == []
+
+
+@pytest.mark.parametrize("source", ["synthetic-retina", "synthetic-prostate", "folder"])
+def test_count_sites_agrees_with_the_loaded_federation_without_loading_it(tmp_path, source):
+    from fedseg.data.folder import write_folder
+    from fedseg.run import count_sites, load_federation
+
+    data = {"source": source, "scale": 0.02, "image_size": 32}
+    if source == "folder":
+        data = {"source": "folder", "root": str(write_folder(disc_federation(n_sites=4, cases_per_site=4), tmp_path / "fed"))}
+    cfg = tiny_config(data=data)
+    assert count_sites(cfg) == len(load_federation(cfg).sites) == (4 if source == "folder" else 6)

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from fedseg.algorithms import get_algorithm
+from fedseg.algorithms.registry import check_sites
 from fedseg.config import RunConfig
 from fedseg.data.dataset import SiteData, build_site_data
 from fedseg.data.federation import Federation
@@ -38,17 +39,36 @@ class Prepared:
     task: Task
 
 
-def load_federation(cfg: RunConfig) -> Federation:
-    """The federation named by ``cfg.data``: a folder (validated by ``data check``) or a built-in one."""
+def folder_root(cfg: RunConfig) -> str | None:
+    """``cfg.data.root`` if the data is a federation folder, None for a built-in federation."""
     if cfg.data.source == "folder" or cfg.data.root:
         if not cfg.data.root:
             raise ValueError("data.source is 'folder' but data.root is not set (use --data ROOT)")
+        return cfg.data.root
+    return None
+
+
+def load_federation(cfg: RunConfig) -> Federation:
+    """The federation named by ``cfg.data``: a folder (validated by ``data check``) or a built-in one."""
+    if root := folder_root(cfg):
         from fedseg.data.check import check_folder
 
-        return check_folder(cfg.data.root, cfg.data.split, cfg.seed)
+        return check_folder(root, cfg.data.split, cfg.seed)
     from fedseg.data.synthetic import build_synthetic
 
     return build_synthetic(cfg.data.source, cfg.data.scale, cfg.data.image_size, cfg.seed)
+
+
+def count_sites(cfg: RunConfig) -> int:
+    """Number of sites of the federation ``cfg.data`` names, without reading or generating any image
+    (for checks made before any work, e.g. when a study is planned)."""
+    if root := folder_root(cfg):
+        from fedseg.data.folder import load_folder
+
+        return len(load_folder(root).sites)
+    from fedseg.data.synthetic import synthetic_spec
+
+    return len(synthetic_spec(cfg.data.source).styles)
 
 
 def prepare(cfg: RunConfig, federation: Federation | None = None) -> Prepared:
@@ -263,8 +283,7 @@ def run_experiment(
     for name in cfg.algorithms:  # unknown names and bad options fail before any work
         get_algorithm(name).parse_options(cfg.methods.get(name))
     prep = prepared or prepare(cfg, federation)
-    for name in cfg.algorithms:
-        get_algorithm(name).check_sites(len(prep.federation.sites), f"federation {prep.federation.name!r}", cfg.methods.get(name))
+    check_sites(cfg, len(prep.federation.sites), f"federation {prep.federation.name!r}")
     out = Path(out)
     if out.exists() and any(out.iterdir()) and not resume and (out / "checkpoints").exists():
         raise FileExistsError(f"{out}: already holds a run; use --resume to continue it or choose another --out")

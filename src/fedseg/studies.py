@@ -59,6 +59,7 @@ import numpy as np
 import torch
 
 from fedseg.algorithms import get_algorithm
+from fedseg.algorithms.registry import check_sites
 from fedseg.algorithms.fedavg import eval_rows
 from fedseg.algorithms.fedsm import DEFAULT_GRID
 from fedseg.algorithms.fedsm_model import GLOBAL_INDEX, SPEC, candidate_names, route, super_model_from_bundle
@@ -71,7 +72,7 @@ from fedseg.engine.simulator import Task
 from fedseg.evaluate.inference import score_caseset
 from fedseg.evaluate.tables import site_summary
 from fedseg.outputs import RunResults, csv_text
-from fedseg.run import load_federation, run_experiment
+from fedseg.run import count_sites, load_federation, run_experiment
 
 STUDY_FILE = "study.json"
 UNSEEN, SWEEP = "unseen", "sweep"  # table stems: OUT/unseen.csv|json, OUT/sweep.csv|json
@@ -132,8 +133,7 @@ def plan_holdout(cfg: RunConfig, out: Path, sites: list[str] | None = None, fede
     if len(fed.sites) < 2:
         raise ValueError(f"an unseen-site study needs at least 2 sites; {fed.name!r} has {len(fed.sites)}")
     names = fed.site_names if sites is None else list(sites)
-    for name in cfg.algorithms:  # before study.json is written: each sub-run trains on one site fewer
-        get_algorithm(name).check_sites(len(fed.sites) - 1, f"{fed.name!r} without one site", cfg.methods.get(name))
+    check_sites(cfg, len(fed.sites) - 1, f"{fed.name!r} without one site")  # each sub-run trains on one site fewer
     runs = [SubRun(s, Path(out) / HOLDOUT_DIR / s, cfg, fed.without(s)) for s in names]
     return Study("holdout", Path(out), cfg, runs, federation=fed)
 
@@ -206,13 +206,11 @@ def plan_sweep(cfg: RunConfig, out: Path, spec: str, federation: Federation | No
     if len(set(labels)) != len(labels):
         raise ConfigError(f"--sweep {spec!r}: two values give the same folder name ({labels})")
     runs = [SubRun(lab, Path(out) / SWEEP_DIR / lab, sweep_config(cfg, key, v), federation, v) for lab, v in zip(labels, values)]
-    fed = federation or (None if key.startswith("data.") else load_federation(cfg))
-    for run in runs if fed is not None else []:  # a data.* sweep: each sub-run checks its own federation at its start
-        for name in run.cfg.algorithms:
-            try:
-                get_algorithm(name).check_sites(len(fed.sites), f"{fed.name!r} ({run.label})", run.cfg.methods.get(name))
-            except ValueError as e:
-                raise ConfigError(f"--sweep {spec!r}: {e}") from None
+    for run in runs:  # each value with its own federation's site count (a data.* sweep may change it)
+        try:
+            check_sites(run.cfg, len(federation.sites) if federation else count_sites(run.cfg), run.label)
+        except ValueError as e:  # FederationError included
+            raise ConfigError(f"--sweep {spec!r}: {e}") from None
     return Study("sweep", Path(out), cfg, runs, key=key)
 
 

@@ -5,8 +5,8 @@ Training, Algorithm 1 (one ``train`` exchange per round):
 * site k receives the global model w_g, **its own** personalized model w_p,k and the selector
   w_s (the server keeps every w_p,k; a site receives no other site's personalized model for
   training. Validation and test do send every site the whole super model, all K personalized
-  models included: the ledger counts that as evaluation traffic, outside ``floats_sent``). It trains all three on its train split through the Trainer: w_g and w_p,k with the
-  segmentation loss, w_s with cross-entropy against its label ``y_s = one_hot(k)`` (Eq. 2; the
+  models included: the ledger counts that as evaluation traffic, outside ``floats_sent``). It
+  trains all three on its train split through the Trainer: w_g and w_p,k with the segmentation loss, w_s with cross-entropy against its label ``y_s = one_hot(k)`` (Eq. 2; the
   label is the site's position in the server's site order, sent as ``meta.label``). Each model
   runs one local budget; the three never interact, so training them one after another equals
   the interleaved loop of Algorithm 1 (up to the batch order, which each model draws from the

@@ -54,6 +54,12 @@ def register(name: str, server: type, client: type, description: str, options: t
     ALGORITHMS[name] = AlgorithmSpec(name, server, client, description, options, min_sites)
 
 
+def check_sites(cfg, num_sites: int, where: str) -> None:
+    """``AlgorithmSpec.check_sites`` for every algorithm of run config ``cfg`` with its ``methods.<name>`` options."""
+    for name in cfg.algorithms:
+        get_algorithm(name).check_sites(num_sites, where, cfg.methods.get(name))
+
+
 def get_algorithm(name: str) -> AlgorithmSpec:
     import fedseg.algorithms  # noqa: F401  (registers the built-in algorithms)
 

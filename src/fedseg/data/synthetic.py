@@ -106,19 +106,24 @@ RIM_MIN = 0.85  # an annotated cup stays inside this fraction of the annotated d
 EDGE_REACH = 3.0  # anti-aliased edges ramp over +-EDGE_REACH edge widths (see soft_inside)
 
 
+def synthetic_spec(name: str):
+    """The recipe of built-in federation ``name`` (``FederationError`` naming the available ones)."""
+    if name not in SYNTHETIC_NAMES:
+        raise FederationError(f"unknown synthetic federation {name!r}; available: {', '.join(SYNTHETIC_NAMES)}")
+    return FEDERATIONS[name]
+
+
 def build_synthetic(name: str, scale: float, image_size: int, seed: int) -> Federation:
     """Generate the built-in federation ``name`` with ``image_size`` x ``image_size`` images.
 
     ``scale`` multiplies the paper's site sizes (at least ``MIN_CASES_PER_SITE`` per
     site); the same ``(name, scale, image_size, seed)`` always gives identical arrays.
     """
-    if name not in SYNTHETIC_NAMES:
-        raise FederationError(f"unknown synthetic federation {name!r}; available: {', '.join(SYNTHETIC_NAMES)}")
+    spec = synthetic_spec(name)
     if not scale > 0:
         raise FederationError(f"synthetic federation scale must be > 0, got {scale}")
     if image_size < MIN_IMAGE_SIZE:
         raise FederationError(f"synthetic image_size must be >= {MIN_IMAGE_SIZE}, got {image_size}")
-    spec = FEDERATIONS[name]
     batch = max(1, BATCH_PIXELS // image_size**2)
     sites = []
     for s, (style, n_cases) in enumerate(zip(spec.styles, site_sizes(spec.table, scale))):
