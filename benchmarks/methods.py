@@ -18,8 +18,9 @@ import numpy as np
 
 from common import RESULTS, ROUNDS, run_all
 
-ALGORITHMS = ["centralized", "local", "fedavg", "fedavg-steps", "fedavg-uniform", "fedprox", "scaffold", "fednova",
-              "fedadam", "qfedavg", "fedpidavg", "fedmedian", "fedtrimmedavg", "fedsm", "fedsm-extra", "fedsm-ensemble"]
+from fedseg.algorithms import ALGORITHMS as REGISTRY
+
+ALGORITHMS = list(REGISTRY)  # every registered method, in registry order
 FEDERATIONS = ["synthetic-retina", "synthetic-prostate"]
 COST_KEYS = ["sgd_steps", "parallel_sgd_steps", "floats", "simulated_seconds"]
 

@@ -23,7 +23,7 @@ import torch
 from fedseg.algorithms.aggregate import weighted_average
 from fedseg.config import load_config
 from fedseg.engine.messages import load_weights, weights_of
-from fedseg.engine.simulator import seeded_generator, stream_seed
+from fedseg.engine.context import seeded_generator, stream_seed
 from fedseg.evaluate.inference import score_caseset
 from fedseg.run import prepare, run_algorithm
 from fedseg.train import Trainer

@@ -25,7 +25,8 @@ import torch
 from torch import nn
 
 from fedseg.config import ModelConfig
-from fedseg.models import build_segmenter, build_selector, count_parameters
+from fedseg.algorithms.fedsm.selector import build_selector
+from fedseg.models import build_segmenter, count_parameters
 from fedseg.train import segmentation_loss
 
 RESULTS = Path(__file__).parent / "results"

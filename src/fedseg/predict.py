@@ -5,7 +5,7 @@ Pipeline, per image file (PNG/JPEG/NPY/NIfTI, read by ``fedseg.data.folder.read_
 1. preprocess exactly as training did (``fedseg.data.preprocess.case_tensors`` with the
    manifest's ``image_size`` and ``normalize``): ``x`` ``(C, *S)``, ``S = (image_size,) * dims``;
 2. FedSM-family bundles (``selector_spec`` entry): the ``SuperModel`` of
-   ``fedsm_model.super_model_from_bundle`` applies Algorithm 2 -- selector softmax ``y_s``;
+   ``fedseg.algorithms.fedsm.model.super_model_from_bundle`` applies Algorithm 2 -- selector softmax ``y_s``;
    threshold mode: personalized model ``argmax y_s`` if ``max y_s > gamma`` else the global model;
    argmax mode: the argmax candidate; ensemble mode: the weighted ensemble. Single-model bundles
    (``global``: FedAvg and relatives, centralized; ``local:<site>``: pick one with ``site``) apply
@@ -43,7 +43,7 @@ import torch
 from pydantic import ValidationError
 from torch import nn
 
-from fedseg.algorithms.fedsm_model import MODES, SPEC, candidate_names, route, super_model_from_bundle
+from fedseg.algorithms.fedsm.model import MODES, SELECTOR_SPEC, candidate_names, route, super_model_from_bundle
 from fedseg.config import ModelConfig
 from fedseg.data.federation import FederationError, Regions
 from fedseg.data.folder import IMAGE_EXTS, _write_nifti, _write_png, read_image, split_name
@@ -81,7 +81,7 @@ class Bundle:
 
     @property
     def is_super_model(self) -> bool:
-        return SPEC in self.models
+        return SELECTOR_SPEC in self.models
 
     def new_segmenter(self) -> nn.Module:
         m = self.manifest
@@ -123,7 +123,7 @@ def find_bundle(path: Path, algorithm: str | None = None) -> Path:
         return path / algorithm
     if len(found) == 1:
         return found[0]
-    supers = [p for p in found if SPEC in _manifest_models(p / MANIFEST)]
+    supers = [p for p in found if SELECTOR_SPEC in _manifest_models(p / MANIFEST)]
     if len(supers) == 1:
         return supers[0]
     raise PredictError(f"{path}: holds the bundles {names}; choose one with --algorithm")
@@ -202,7 +202,7 @@ def build_predictor(bundle: Bundle, gamma: float | None = None, site: str | None
         if site is not None:
             raise PredictError(f"{bundle.folder}: --site applies to bundles with one model per site (local); "
                                "this one routes every image with its selector")
-        mode = MODES[int(bundle.models[SPEC]["mode"])]
+        mode = MODES[int(bundle.models[SELECTOR_SPEC]["mode"])]
         if gamma is not None and mode != "threshold":
             raise PredictError(f"{bundle.folder}: --gamma applies to threshold routing (fedsm); this bundle routes by {mode}")
         if gamma is not None and not 0.0 <= gamma <= 1.0:

@@ -11,16 +11,15 @@ from typing import Callable
 import numpy as np
 import torch
 
-from fedseg.algorithms import get_algorithm
-from fedseg.algorithms.registry import check_sites
+from fedseg.algorithms import check_sites, get_algorithm
 from fedseg.config import RunConfig
 from fedseg.data.dataset import SiteData, build_site_data
 from fedseg.data.federation import Federation
 from fedseg.engine.checkpoint import CheckpointWriter, fsync_dir, load_checkpoint, remove_temp_files, save_checkpoint
 from fedseg.engine.ledger import Ledger
-from fedseg.engine.simulator import Simulator, Task
+from fedseg.engine.context import Task
+from fedseg.engine.simulator import Simulator
 from fedseg.evaluate.cost import cost_table
-from fedseg.evaluate.selector_features import write_selector_features
 from fedseg.evaluate.tables import site_summary
 from fedseg.outputs import RunResults, write_outputs
 
@@ -174,6 +173,7 @@ def run_algorithm(
     bundle = server.bundle()
     summary = summarize(name, test_rows, server.site_model, sites, engine.ledger, cfg.fl.rounds, best["round"],
                         cost=cost_table(engine.ledger.rows, cfg.cost, {s: engine.num_samples(s, "val") for s in sites}))
+    summary.update(spec.summary_fields())
     result = AlgorithmResult(name, test_rows, rounds_rows, engine.ledger.as_dicts(), summary, bundle, metric_rows)
     save_checkpoint(ckpt_path, {"finished": True, "test_rows": test_rows, "rounds_rows": rounds_rows,
                                 "ledger": result.ledger, "summary": summary, "bundle": bundle, "metric_rows": metric_rows})
@@ -294,7 +294,8 @@ def run_experiment(
             on_algorithm_start(name)
         result = run_algorithm(name, prep, out, resume, observers, on_round_end, engine_factory)
         results.algorithms.append(result)
-        if prep.site_data:  # FedSM family: the selector's features of the test images (report, Fig. 3)
-            write_selector_features(out, name, result.bundle, prep.site_data, prep.task)
+        family = get_algorithm(name).family
+        if family and family.after_test:  # e.g. FedSM: the selector's features of the test images (Fig. 3)
+            family.after_test(out, name, result.bundle, prep.site_data, prep.task)
         write_outputs(out, results)
     return results

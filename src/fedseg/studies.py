@@ -26,21 +26,14 @@ split, no selector class, no personalized model); it is scored on **all** of its
 of them was seen), preprocessed as the training sites' images. Each algorithm's trained bundle
 is evaluated in this process:
 
-* FedSM family (bundle with a selector, :func:`fedseg.algorithms.fedsm_model.super_model_from_bundle`):
-  every candidate (global model GM = 0, personalized model PM_k of training site k) is scored on
-  every case (``score_caseset``); the selector's softmax routes each image (Algorithm 2,
-  :func:`~fedseg.algorithms.fedsm_model.route`) and the image gets its chosen candidate's Dice.
-  ``threshold`` mode (``fedsm``): the row is at ``gamma = 0`` (the paper's setting: always the
-  argmax PM); ``best_gamma``/``best_dice`` = the gamma of ``gamma_grid`` (plus 0) with the best Dice
-  **on the unseen site itself** (an oracle choice, as the paper's "best gamma"; ties -> the larger
-  gamma); ``val_gamma``/``val_dice`` = the gamma the run chose on the training sites' validation
-  splits (stored in the bundle), i.e. what a deployment would use. ``argmax`` (``fedsm-extra``)
-  and ``ensemble`` (``fedsm-ensemble``; frequencies of the most weighted candidate) have no
-  threshold: gamma columns empty. ``unseen.json`` also holds the whole Dice/frequency curve over
-  the grid per row (``curve``).
-* An algorithm whose bundle has a ``global`` model (fedavg, fedprox, centralized, ...): that
-  model's Dice; selection columns empty.
-* Anything else (``local``: one model per training site, no single model) gets no row.
+* a method whose family scores its own bundles (``Family.unseen_cells``; the FedSM family
+  routes each image through its super model, :mod:`fedseg.algorithms.fedsm.unseen`): the cells
+  it returns. ``gamma``/``best_*``/``val_*`` apply to methods with a threshold; ``freq_GM`` /
+  ``freq_PM_<site>`` are how often each image went to the global / a personalized model;
+  ``unseen.json`` also holds the whole Dice/frequency curve over the threshold grid (``curve``);
+* an algorithm whose bundle has a ``global`` model (fedavg, fedprox, centralized, ...): that
+  model's Dice; selection columns empty;
+* anything else (``local``: one model per training site, no single model) gets no row.
 
 Dice: per case the mean over regions, then the mean over the site's cases
 (:func:`fedseg.evaluate.tables.site_summary`, the convention of every table here).
@@ -56,21 +49,16 @@ from pathlib import Path
 from typing import Callable, Literal
 
 import numpy as np
-import torch
 
-from fedseg.algorithms import get_algorithm
-from fedseg.algorithms.registry import check_sites
-from fedseg.algorithms.fedavg import eval_rows
-from fedseg.algorithms.fedsm import DEFAULT_GRID
-from fedseg.algorithms.fedsm_model import GLOBAL_INDEX, SPEC, candidate_names, route, super_model_from_bundle
+from fedseg.algorithms import check_sites, get_algorithm
 from fedseg.config import ConfigError, RunConfig, apply_override, validate_config
 from fedseg.data.dataset import CaseSet, build_site_data
 from fedseg.data.federation import Federation
 from fedseg.engine.checkpoint import atomic_write_text
-from fedseg.engine.messages import Message, load_weights
-from fedseg.engine.simulator import Task
-from fedseg.evaluate.inference import score_caseset
-from fedseg.evaluate.tables import site_summary
+from fedseg.engine.messages import load_weights
+from fedseg.engine.context import Task
+from fedseg.evaluate.inference import candidate_dice
+from fedseg.evaluate.tables import site_dice
 from fedseg.outputs import RunResults, csv_text
 from fedseg.run import count_sites, load_federation, run_experiment
 
@@ -330,7 +318,9 @@ def unseen_caseset(fed: Federation, site: str, cfg: RunConfig) -> CaseSet:
 
 def unseen_rows(results: RunResults, fed: Federation, site: str, run: str) -> tuple[list[dict], list[str]]:
     """Table 5 rows of one holdout run (one per algorithm with a global or super model) and the
-    skipped algorithms (with the reason)."""
+    skipped algorithms (with the reason). A method's family may score its own bundles
+    (``Family.unseen_cells``, e.g. FedSM's routed super model); any other bundle's global model
+    is scored on every case."""
     cfg = results.cfg
     data = unseen_caseset(fed, site, cfg)
     task = Task(cfg, fed.spatial_dims, fed.channels, fed.regions.names)
@@ -338,58 +328,29 @@ def unseen_rows(results: RunResults, fed: Federation, site: str, run: str) -> tu
     for algo in results.algorithms:
         base = {"algorithm": algo.name, "unseen_site": site, "cases": len(data), "run": run,
                 "training_sites": results.federation.site_names}
-        if SPEC in algo.bundle:
-            grid = getattr(get_algorithm(algo.name).parse_options(cfg.methods.get(algo.name)), "gamma_grid", DEFAULT_GRID)
-            rows.append({**base, **super_model_row(algo.bundle, task, data, site, grid)})
+        spec = get_algorithm(algo.name)
+        hook = spec.family.unseen_cells if spec.family else None
+        cells = hook(algo.bundle, data, task, spec.parse_options(cfg.methods.get(algo.name))) if hook else None
+        if cells is not None:
+            rows.append({**base, **flat_frequencies(cells)})
         elif "global" in algo.bundle:
             model = task.new_model()
             load_weights(model, algo.bundle["global"])
-            rows.append({**base, "mode": "single", "dice": site_dice(candidate_dice([model], data, cfg, task)[0], data, site, task)})
+            dice = candidate_dice([model], data, cfg.eval, task.device)[0]
+            rows.append({**base, "mode": "single", "dice": site_dice(dice, data.ids, site, task.regions)})
         else:
             skipped.append(f"{algo.name}: no global or super model in its bundle ({', '.join(sorted(algo.bundle))})")
     return rows, skipped
 
 
-def candidate_dice(models: list[torch.nn.Module], data: CaseSet, cfg: RunConfig, task: Task) -> np.ndarray:
-    """Dice of every model on every case, ``(M, N, R)`` (``score_caseset``; HD95 not computed)."""
-    ev = cfg.eval
-    return np.stack([score_caseset(m, data, ev.batch_size, ev.threshold, False, task.device)[0] for m in models])
-
-
-def site_dice(dice: np.ndarray, data: CaseSet, site: str, task: Task) -> float:
-    """Per-case Dice ``(N, R)`` of one site -> the site's Dice (mean over regions, then over cases)."""
-    reply = Message({"dice": torch.from_numpy(dice), "hd95": torch.full(dice.shape, math.nan, dtype=torch.float64)},
-                    {"cases": json.dumps(data.ids), "model": "unseen"})
-    return site_summary(eval_rows("unseen", {site: reply}, task.regions), "unseen", "dice", [site])[site]
-
-
-def routing_point(choice: torch.Tensor, dice: np.ndarray, sites: list[str], data: CaseSet, site: str, task: Task) -> dict:
-    """Dice and selection frequencies of one routing: ``choice`` ``(N,)`` candidate per case (0 = GM,
-    k = PM of ``sites[k-1]``), ``dice`` ``(N, R)`` per-case Dice under that routing."""
-    freq = np.bincount(choice.numpy(), minlength=len(sites) + 1) / max(len(choice), 1)
-    return {"dice": site_dice(dice, data, site, task), GM: float(freq[GLOBAL_INDEX]),
-            **{pm_column(s): float(freq[k + 1]) for k, s in enumerate(sites)}}
-
-
-def super_model_row(bundle: dict, task: Task, data: CaseSet, site: str, grid) -> dict:
-    """The Table 5 cells of a FedSM-family bundle on the unseen site's cases (see the module doc)."""
-    cfg = task.cfg
-    sm = super_model_from_bundle(bundle, task.new_model, task.in_channels, task.spatial_dims).to(task.device).eval()
-    sites = [name.split(":", 1)[1] for name in candidate_names(bundle)[1:]]
-    probs = sm.scores_of(data.x, cfg.eval.batch_size, task.device)
-    if sm.mode == "ensemble":  # the weighted ensemble's own Dice; frequencies of the most weighted candidate
-        ev = cfg.eval
-        dice = score_caseset(sm, data, ev.batch_size, ev.threshold, False, task.device)[0]
-        return {"mode": sm.mode, **routing_point(route(probs, sm.mode), dice, sites, data, site, task)}
-    per_model = candidate_dice(list(sm.candidates), data, cfg, task)  # (K+1, N, R)
-
-    def at(gamma: float = 0.0) -> dict:  # (argmax mode has no threshold: gamma is ignored)
-        choice = route(probs, sm.mode, gamma)
-        return routing_point(choice, per_model[choice.numpy(), np.arange(len(data))], sites, data, site, task)
-
-    if sm.mode != "threshold":
-        return {"mode": sm.mode, **at()}
-    curve = [{"gamma": g, **at(g)} for g in sorted({0.0, *map(float, grid)})]
-    best = max(reversed(curve), key=lambda p: -math.inf if math.isnan(p["dice"]) else p["dice"])  # ties: larger gamma
-    return {"mode": sm.mode, "gamma": 0.0, **curve[0], "best_gamma": best["gamma"], "best_dice": best["dice"],
-            "val_gamma": sm.gamma, "val_dice": at(sm.gamma)["dice"], "curve": curve}
+def flat_frequencies(cells: dict) -> dict:
+    """``freq: {"global": f, site: f}`` of a row (and of each point of its ``curve``) as the table's
+    ``freq_GM`` and ``freq_PM_<site>`` columns."""
+    out = {k: v for k, v in cells.items() if k not in ("freq", "curve")}
+    freq = cells.get("freq", {})
+    if freq:
+        out[GM] = freq["global"]
+        out.update({pm_column(s): f for s, f in freq.items() if s != "global"})
+    if "curve" in cells:
+        out["curve"] = [flat_frequencies(p) for p in cells["curve"]]
+    return out

@@ -1,14 +1,14 @@
 """The one local optimization loop. Every method trains through ``Trainer.fit``.
 
-Methods customize it with hooks instead of copying it:
-- ``extra_loss(model) -> Tensor``: added to the segmentation loss (FedProx's proximal term, Ditto's regularizer);
-- ``after_backward(model)``: runs between ``backward`` and ``optimizer.step`` (SCAFFOLD's gradient correction).
+A method changes local training only through one :class:`TrainHooks` object (the base class
+changes nothing; a method overrides what differs). No method copies the loop or wraps the
+network to get into it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import torch
 from monai.losses import DiceCELoss, DiceLoss
@@ -17,10 +17,43 @@ from torch import nn
 from fedseg.config import BudgetConfig, TrainConfig
 from fedseg.data.dataset import CaseSet
 
-ExtraLoss = Callable[[nn.Module], torch.Tensor]
-AfterBackward = Callable[[nn.Module], None]
-AfterStep = Callable[[nn.Module], None]  # called after every optimizer step (e.g. SCAFFOLD's step correction)
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class TrainHooks:
+    """How a method changes one local training run; every hook defaults to plain training.
+
+    Called by :meth:`Trainer.fit` at each step, in this order: ``forward`` (the output the loss
+    is computed on), ``extra_loss`` (added to the loss before ``backward``), ``after_backward``
+    (between ``backward`` and the optimizer step), ``after_step`` (after the optimizer step).
+    ``parameters`` chooses what the optimizer trains when the Trainer builds it.
+
+    Users: FedProx (``extra_loss``: the proximal term), SCAFFOLD (``after_backward`` or
+    ``after_step``: the control-variate correction), FedSM's personalization strategies (APFL's
+    mixed ``forward`` and alpha step, Per-FedAvg's first-order MAML gradient, pFedMe's proximal
+    gradient) and FedSM's ensemble selector (``forward`` through the frozen candidates).
+    """
+
+    def parameters(self, model: nn.Module) -> Iterable[nn.Parameter]:
+        """The parameters the optimizer trains (default: all of ``model``'s)."""
+        return model.parameters()
+
+    def forward(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """Output for a batch ``x`` ``(B, C, *S)`` the loss is computed on (default: ``model(x)``)."""
+        return model(x)
+
+    def extra_loss(self, model: nn.Module) -> torch.Tensor | None:
+        """A scalar added to the loss of every step (default: none)."""
+        return None
+
+    def after_backward(self, model: nn.Module) -> None:
+        """Runs after ``backward``, before the optimizer step (gradients are in ``p.grad``)."""
+
+    def after_step(self, model: nn.Module) -> None:
+        """Runs after every optimizer step."""
+
+
+PLAIN = TrainHooks()
 
 
 @dataclass
@@ -83,8 +116,8 @@ class Trainer:
         self.device = device
         self.loss_fn = segmentation_loss(cfg.loss)
 
-    def new_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
-        return make_optimizer(self.cfg, model.parameters())
+    def new_optimizer(self, model: nn.Module, hooks: TrainHooks = PLAIN) -> torch.optim.Optimizer:
+        return make_optimizer(self.cfg, hooks.parameters(model))
 
     def fit(
         self,
@@ -93,12 +126,10 @@ class Trainer:
         generator: torch.Generator,
         optimizer: torch.optim.Optimizer | None = None,
         budget: BudgetConfig | None = None,
-        extra_loss: ExtraLoss | None = None,
-        after_backward: AfterBackward | None = None,
+        hooks: TrainHooks = PLAIN,
         loss_fn: LossFn | None = None,
-        after_step: AfterStep | None = None,
     ) -> TrainStats:
-        """Train ``model`` in place for ``budget`` (epochs over ``data`` or optimizer steps).
+        """Train ``model`` in place for ``budget`` (epochs over ``data`` or optimizer steps), changed by ``hooks``.
 
         ``loss_fn(output, target)`` replaces the segmentation loss (FedSM's selector trains with
         cross-entropy on ``data`` yielding ``(image, class index)``); ``data`` is anything with
@@ -108,7 +139,7 @@ class Trainer:
         if len(data) == 0:
             raise ValueError(f"no training cases for {data.name}")
         budget = budget or self.cfg.budget
-        optimizer = optimizer or self.new_optimizer(model)
+        optimizer = optimizer or self.new_optimizer(model, hooks)
         loss_fn = loss_fn or self.loss_fn
         model.train()
         max_steps = budget.amount if budget.unit == "steps" else budget.amount * _batches_per_epoch(len(data), self.cfg.batch_size)
@@ -117,14 +148,13 @@ class Trainer:
         for idx in batches(len(data), self.cfg.batch_size, generator, endless=True):
             x, y = data.batch(idx, self.device)
             optimizer.zero_grad(set_to_none=True)
-            loss = loss_fn(model(x), y)
-            total = loss + extra_loss(model) if extra_loss else loss
+            loss = loss_fn(hooks.forward(model, x), y)
+            extra = hooks.extra_loss(model)
+            total = loss if extra is None else loss + extra
             total.backward()
-            if after_backward:
-                after_backward(model)
+            hooks.after_backward(model)
             optimizer.step()
-            if after_step:
-                after_step(model)
+            hooks.after_step(model)
             steps += 1
             samples += len(idx)
             loss_sum += float(loss.detach())

@@ -1,42 +1,46 @@
-"""Federated algorithms, registered by name. Each module holds a Server and a Client class."""
+"""Federated algorithms, registered by name: one ``AlgorithmSpec`` per method (``registry``).
 
-from fedseg.algorithms.centralized import CentralizedClient, CentralizedServer
-from fedseg.algorithms.fedadam import FedAdamClient, FedAdamOptions, FedAdamServer
-from fedseg.algorithms.fedavg import FedAvgClient, FedAvgOptions, FedAvgServer, FedAvgStepsOptions, FedAvgUniformOptions
-from fedseg.algorithms.fedmedian import FedMedianClient, FedMedianOptions, FedMedianServer
-from fedseg.algorithms.fednova import FedNovaClient, FedNovaOptions, FedNovaServer
-from fedseg.algorithms.fedpidavg import FedPIDAvgClient, FedPIDAvgOptions, FedPIDAvgServer
-from fedseg.algorithms.fedsm import FedSMClient, FedSMOptions, FedSMServer
-from fedseg.algorithms.fedsm_extra import (
-    FedSMEnsembleClient,
-    FedSMEnsembleOptions,
-    FedSMEnsembleServer,
-    FedSMExtraClient,
-    FedSMExtraOptions,
-    FedSMExtraServer,
+Each method module holds a Server and a Client class, its options model and its ``SPECS``. This
+list is the one place that names them: adding a method is its module plus one entry here. The
+order is the order of the README's method table and of ``fedseg presets``-style listings.
+"""
+
+from __future__ import annotations
+
+from fedseg.algorithms import (
+    centralized,
+    fedadam,
+    fedavg,
+    fedmedian,
+    fednova,
+    fedpidavg,
+    fedprox,
+    fedtrimmedavg,
+    local,
+    qfedavg,
+    scaffold,
 )
-from fedseg.algorithms.fedprox import FedProxClient, FedProxOptions, FedProxServer
-from fedseg.algorithms.fedtrimmedavg import FedTrimmedAvgClient, FedTrimmedAvgOptions, FedTrimmedAvgServer
-from fedseg.algorithms.local import LocalClient, LocalServer
-from fedseg.algorithms.qfedavg import QFedAvgClient, QFedAvgOptions, QFedAvgServer
-from fedseg.algorithms.registry import ALGORITHMS, AlgorithmSpec, get_algorithm, register
-from fedseg.algorithms.scaffold import ScaffoldClient, ScaffoldOptions, ScaffoldServer
+from fedseg.algorithms.fedsm import extra as fedsm_extra
+from fedseg.algorithms.fedsm import method as fedsm
+from fedseg.algorithms.registry import AlgorithmSpec
 
-register("centralized", CentralizedServer, CentralizedClient, "pooled training of every site's train split (upper bound, not private)")
-register("local", LocalServer, LocalClient, "each site trains alone; cross-site matrix at test time")
-register("fedavg", FedAvgServer, FedAvgClient, "FedAvg (McMahan et al.): weighted (samples | uniform) averaging of local models", FedAvgOptions)
-register("fedavg-steps", FedAvgServer, FedAvgClient, "FedAvg with fixed local iterations (U steps per site and round, FeTS 3.2.2)", FedAvgStepsOptions)
-register("fedavg-uniform", FedAvgServer, FedAvgClient, "FedAvg with fixed local epochs and uniform averaging (FeTS 3.2.2)", FedAvgUniformOptions)
-register("fedprox", FedProxServer, FedProxClient, "FedProx (Li et al.): local proximal term (mu/2)||w - w_global||^2", FedProxOptions)
-register("scaffold", ScaffoldServer, ScaffoldClient, "SCAFFOLD (Karimireddy et al.): control-variate corrected local steps (FeTS Eq. 6-9)", ScaffoldOptions)
-register("fednova", FedNovaServer, FedNovaClient, "FedNova (Wang et al.): normalized averaging (general form or FeTS Eq. 4-5)", FedNovaOptions)
-register("fedadam", FedAdamServer, FedAdamClient, "FedAdam (Reddi et al.): server-side Adam on the averaged update (FeTS Eq. 10-12)", FedAdamOptions)
-register("fedmedian", FedMedianServer, FedMedianClient, "FedMedian: coordinate-wise median of the local models", FedMedianOptions)
-register("fedtrimmedavg", FedTrimmedAvgServer, FedTrimmedAvgClient, "FedTrimmedAvg: coordinate-wise trimmed mean (cut beta at each end)", FedTrimmedAvgOptions)
-register("qfedavg", QFedAvgServer, QFedAvgClient, "q-FedAvg (Li et al.): loss-powered fair merge, forward-only loss pass (FeTS Eq. 13-17)", QFedAvgOptions)
-register("fedpidavg", FedPIDAvgServer, FedPIDAvgClient, "FedPIDAvg (Maechler et al.): weights from samples, val-loss gain and loss sum (FeTS Eq. 18-22)", FedPIDAvgOptions)
-register("fedsm", FedSMServer, FedSMClient, "FedSM (Xu et al.): global + SoftPull personalized models + selector, threshold gamma (Alg. 1-2)", FedSMOptions, min_sites=2)
-register("fedsm-extra", FedSMExtraServer, FedSMExtraClient, "FedSM-extra: models first, then extra selector rounds on Eq. 1 labels; argmax over K+1", FedSMExtraOptions, min_sites=2)
-register("fedsm-ensemble", FedSMEnsembleServer, FedSMEnsembleClient, "FedSM ensemble: selector trained through the soft ensemble of K+1 models (Sec. 3.1.1)", FedSMEnsembleOptions, min_sites=2)
+METHOD_MODULES = (centralized, local, fedavg, fedprox, scaffold, fednova, fedadam, fedmedian, fedtrimmedavg, qfedavg,
+                  fedpidavg, fedsm, fedsm_extra)
 
-__all__ = ["ALGORITHMS", "AlgorithmSpec", "get_algorithm", "register"]
+ALGORITHMS: dict[str, AlgorithmSpec] = {spec.name: spec for module in METHOD_MODULES for spec in module.SPECS}
+
+
+def get_algorithm(name: str) -> AlgorithmSpec:
+    """The registry entry of ``name``; KeyError listing the known names otherwise."""
+    if name not in ALGORITHMS:
+        raise KeyError(f"unknown algorithm {name!r}; available: {', '.join(sorted(ALGORITHMS))}")
+    return ALGORITHMS[name]
+
+
+def check_sites(cfg, num_sites: int, where: str) -> None:
+    """``AlgorithmSpec.check_sites`` for every algorithm of run config ``cfg`` with its ``methods.<name>`` options."""
+    for name in cfg.algorithms:
+        get_algorithm(name).check_sites(num_sites, where, cfg.methods.get(name))
+
+
+__all__ = ["ALGORITHMS", "AlgorithmSpec", "check_sites", "get_algorithm"]

@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
+from fedseg.algorithms.registry import AlgorithmSpec
 from fedseg.algorithms.aggregate import weighted_average
 from fedseg.algorithms.fedavg import MODEL, FedAvgClient, FedAvgOptions, FedAvgServer
 from fedseg.engine.messages import Message, prefixed
@@ -74,3 +75,13 @@ class FedAdamServer(FedAvgServer):
 
 
 FedAdamClient = FedAvgClient
+
+
+SPECS = (
+    AlgorithmSpec("fedadam",
+                  "FedAdam",
+                  FedAdamServer,
+                  FedAdamClient,
+                  "FedAdam (Reddi et al.): server-side Adam on the averaged update (FeTS Eq. 10-12)",
+                  FedAdamOptions),
+)

@@ -2,9 +2,9 @@
 
 Server hooks: ``train_message`` (what a site receives), ``aggregate`` (how replies merge),
 ``aggregation_weights`` (samples | uniform), ``eval_message`` and ``site_model``.
-Client hooks: ``start_model`` (the model a site starts from), ``extra_loss`` and
-``after_backward`` (passed to the Trainer), ``after_fit`` (what a site replies),
-``eval_model`` (the model a site is evaluated with).
+Client hooks: ``start_model`` (the model a site starts from), ``train_hooks`` (how local
+training differs: a :class:`fedseg.train.TrainHooks` handed to the Trainer), ``after_fit`` (what
+a site replies), ``eval_model`` (the model a site is evaluated with).
 
 Options (``FedAvgOptions``, config ``methods.<name>``) select the FedAvg variants of the FeTS
 benchmark (section 3.2.2) per algorithm, so one run can compare them: ``weighting`` (samples |
@@ -24,21 +24,14 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
+from fedseg.algorithms.registry import AlgorithmSpec
 from fedseg.algorithms.aggregate import weighted_average
 from fedseg.config import BudgetConfig, TrainConfig
 from fedseg.engine.messages import Message, load_weights, prefixed, weights_of
-from fedseg.engine.simulator import ClientContext, State, Task
+from fedseg.engine.context import ClientContext, State, Task
 from fedseg.evaluate.inference import predict_masks, score_caseset
-from fedseg.train import (
-    AfterBackward,
-    AfterStep,
-    ExtraLoss,
-    LossFn,
-    Trainer,
-    TrainStats,
-    load_optimizer_state,
-    optimizer_state,
-)
+from fedseg.evaluate.tables import eval_rows
+from fedseg.train import LossFn, Trainer, TrainHooks, TrainStats, load_optimizer_state, optimizer_state
 
 MODEL = "model"  # message prefix of model weights
 OPT = "opt"  # client-state prefix of optimizer moments
@@ -47,7 +40,7 @@ OPT = "opt"  # client-state prefix of optimizer moments
 class BudgetOptions(BaseModel):
     """Local-budget option shared by every method built on the FedAvg pair."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", frozen=True)
     local_steps: int | None = Field(
         None, ge=1, description="U optimizer steps per round (FedAvg w/ fixed iterations); None = train.budget"
     )
@@ -124,16 +117,19 @@ class FedAvgClient:
         loss_fn: LossFn | None = None,
         train_cfg: TrainConfig | None = None,
         budget: BudgetConfig | None = None,
+        hooks: TrainHooks | None = None,
     ) -> TrainStats:
         """One local training budget through the Trainer, optimizer moments kept in client state if configured.
 
         ``data`` (default: the site's train split), ``loss_fn`` (default: the segmentation loss) and
         ``train_cfg`` (default: ``cfg.train``) let a method train another model through the same
         loop, e.g. FedSM's selector with cross-entropy on (image, site index) at its own learning rate;
-        ``budget`` (default: the round's local budget) e.g. FedSM's fine-tuning epochs.
+        ``budget`` (default: the round's local budget) e.g. FedSM's fine-tuning epochs; ``hooks``
+        (default: ``self.train_hooks``) how this training differs from plain training.
         """
         trainer = Trainer(train_cfg or ctx.cfg.train, ctx.task.device)
-        optimizer = trainer.new_optimizer(model)
+        hooks = self.train_hooks(model, msg, ctx) if hooks is None else hooks
+        optimizer = trainer.new_optimizer(model, hooks)
         keep = trainer.cfg.keep_optimizer_state
         if keep and state_group(ctx.state, state_key):
             load_optimizer_state(optimizer, state_group(ctx.state, state_key))
@@ -143,23 +139,16 @@ class FedAvgClient:
             ctx.generator,
             optimizer,
             budget=budget or local_budget(ctx.options),
-            extra_loss=self.extra_loss(model, msg, ctx),
-            after_backward=self.after_backward(model, msg, ctx),
+            hooks=hooks,
             loss_fn=loss_fn,
-            after_step=self.after_step(model, msg, ctx),
         )
         if keep:
             put_group(ctx.state, state_key, optimizer_state(optimizer))
         return stats
 
-    def extra_loss(self, model: nn.Module, msg: Message, ctx: ClientContext) -> ExtraLoss | None:
-        return None
-
-    def after_backward(self, model: nn.Module, msg: Message, ctx: ClientContext) -> AfterBackward | None:
-        return None
-
-    def after_step(self, model: nn.Module, msg: Message, ctx: ClientContext) -> AfterStep | None:
-        return None
+    def train_hooks(self, model: nn.Module, msg: Message, ctx: ClientContext) -> TrainHooks:
+        """How this method's local training of ``model`` differs from plain training (FedAvg: it does not)."""
+        return TrainHooks()
 
     def after_fit(self, model: nn.Module, stats: TrainStats, msg: Message, ctx: ClientContext) -> Message:
         return Message(prefixed(MODEL, weights_of(model)), train_meta(stats, ctx))
@@ -300,17 +289,23 @@ class FedAvgServer:
         return {"global": self.global_weights}
 
 
-def eval_rows(algorithm: str, replies: dict[str, Message], regions: tuple[str, ...]) -> list[dict]:
-    """Turn evaluation replies into tidy rows (one per case, region and metric)."""
-    rows = []
-    for site, reply in replies.items():
-        cases = json.loads(str(reply.meta["cases"]))
-        for metric in ("dice", "hd95"):
-            values = reply.tensors[metric].numpy()
-            for i, case in enumerate(cases):
-                for j, region in enumerate(regions):
-                    rows.append(
-                        {"algorithm": algorithm, "model": reply.meta["model"], "site": site, "case": case,
-                         "region": region, "metric": metric, "value": float(values[i, j])}
-                    )
-    return rows
+SPECS = (
+    AlgorithmSpec("fedavg",
+                  "FedAvg",
+                  FedAvgServer,
+                  FedAvgClient,
+                  "FedAvg (McMahan et al.): weighted (samples | uniform) averaging of local models",
+                  FedAvgOptions),
+    AlgorithmSpec("fedavg-steps",
+                  "FedAvg (fixed steps)",
+                  FedAvgServer,
+                  FedAvgClient,
+                  "FedAvg with fixed local iterations (U steps per site and round, FeTS 3.2.2)",
+                  FedAvgStepsOptions),
+    AlgorithmSpec("fedavg-uniform",
+                  "FedAvg (uniform)",
+                  FedAvgServer,
+                  FedAvgClient,
+                  "FedAvg with fixed local epochs and uniform averaging (FeTS 3.2.2)",
+                  FedAvgUniformOptions),
+)

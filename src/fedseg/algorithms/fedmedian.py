@@ -4,6 +4,7 @@ local models (unweighted; robust to a minority of outlying sites). Clients are F
 
 from __future__ import annotations
 
+from fedseg.algorithms.registry import AlgorithmSpec
 from fedseg.algorithms.aggregate import coordinate_median
 from fedseg.algorithms.fedavg import MODEL, BudgetOptions, FedAvgClient, FedAvgServer
 from fedseg.engine.messages import Message
@@ -19,3 +20,13 @@ class FedMedianServer(FedAvgServer):
 
 
 FedMedianClient = FedAvgClient
+
+
+SPECS = (
+    AlgorithmSpec("fedmedian",
+                  "FedMedian",
+                  FedMedianServer,
+                  FedMedianClient,
+                  "FedMedian: coordinate-wise median of the local models",
+                  FedMedianOptions),
+)

@@ -28,6 +28,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from fedseg.algorithms.registry import AlgorithmSpec
 from fedseg.algorithms.aggregate import server_step, weighted_average
 from fedseg.algorithms.fedavg import MODEL, FedAvgClient, FedAvgOptions, FedAvgServer
 from fedseg.engine.messages import Message
@@ -87,3 +88,13 @@ class FedNovaServer(FedAvgServer):
         rate = sum(nk * ak for nk, ak in zip(n, a)) * sum(nk * rk for nk, rk in zip(n, r)) / (total * total * a_ref)
         merged = weighted_average(models, [nk * rk for nk, rk in zip(n, r)])
         self.global_weights = server_step(self.global_weights, merged, rate)
+
+
+SPECS = (
+    AlgorithmSpec("fednova",
+                  "FedNova",
+                  FedNovaServer,
+                  FedNovaClient,
+                  "FedNova (Wang et al.): normalized averaging (general form or FeTS Eq. 4-5)",
+                  FedNovaOptions),
+)

@@ -35,11 +35,12 @@ import math
 import torch
 from pydantic import Field
 
+from fedseg.algorithms.registry import AlgorithmSpec
 from fedseg.algorithms.aggregate import weighted_average
 from fedseg.algorithms.fedavg import MODEL, FedAvgClient, FedAvgOptions, FedAvgServer
 from fedseg.algorithms.qfedavg import dataset_loss
 from fedseg.engine.messages import Message
-from fedseg.engine.simulator import ClientContext
+from fedseg.engine.context import ClientContext
 from fedseg.train import TrainStats
 
 HISTORY = "pid/history"  # server-state tensor (K, history): l_k^{t-j} in column j, NaN = none yet
@@ -133,3 +134,13 @@ class FedPIDAvgServer(FedAvgServer):
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         super().load_state_dict(state)
         self.history = state[HISTORY].clone()
+
+
+SPECS = (
+    AlgorithmSpec("fedpidavg",
+                  "FedPIDAvg",
+                  FedPIDAvgServer,
+                  FedPIDAvgClient,
+                  "FedPIDAvg (Maechler et al.): weights from samples, val-loss gain and loss sum (FeTS Eq. 18-22)",
+                  FedPIDAvgOptions),
+)

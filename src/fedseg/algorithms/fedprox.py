@@ -12,10 +12,11 @@ import torch
 from pydantic import Field
 from torch import nn
 
+from fedseg.algorithms.registry import AlgorithmSpec
 from fedseg.algorithms.fedavg import MODEL, FedAvgClient, FedAvgOptions, FedAvgServer
 from fedseg.engine.messages import Message
-from fedseg.engine.simulator import ClientContext
-from fedseg.train import ExtraLoss
+from fedseg.engine.context import ClientContext
+from fedseg.train import TrainHooks
 
 
 class FedProxOptions(FedAvgOptions):
@@ -28,12 +29,31 @@ def proximal_term(model: nn.Module, anchor: dict[str, torch.Tensor], mu: float) 
     return 0.5 * mu * torch.stack(terms).sum()
 
 
+class ProximalTerm(TrainHooks):
+    """Adds ``proximal_term(model, anchor, mu)`` to every step's loss."""
+
+    def __init__(self, anchor: dict[str, torch.Tensor], mu: float):
+        self.anchor, self.mu = anchor, mu
+
+    def extra_loss(self, model: nn.Module) -> torch.Tensor:
+        return proximal_term(model, self.anchor, self.mu)
+
+
 class FedProxClient(FedAvgClient):
-    def extra_loss(self, model: nn.Module, msg: Message, ctx: ClientContext) -> ExtraLoss:
+    def train_hooks(self, model: nn.Module, msg: Message, ctx: ClientContext) -> TrainHooks:
         device = next(model.parameters()).device
         anchor = {k: v.detach().to(device) for k, v in msg.group(MODEL).items()}  # w^t, fixed during the round
-        mu = float(ctx.options.mu)
-        return lambda m: proximal_term(m, anchor, mu)
+        return ProximalTerm(anchor, float(ctx.options.mu))
 
 
 FedProxServer = FedAvgServer
+
+
+SPECS = (
+    AlgorithmSpec("fedprox",
+                  "FedProx",
+                  FedProxServer,
+                  FedProxClient,
+                  "FedProx (Li et al.): local proximal term (mu/2)||w - w_global||^2",
+                  FedProxOptions),
+)

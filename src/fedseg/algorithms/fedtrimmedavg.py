@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
+from fedseg.algorithms.registry import AlgorithmSpec
 from fedseg.algorithms.aggregate import trimmed_mean
 from fedseg.algorithms.fedavg import MODEL, BudgetOptions, FedAvgClient, FedAvgServer
 from fedseg.engine.messages import Message
@@ -21,3 +22,13 @@ class FedTrimmedAvgServer(FedAvgServer):
 
 
 FedTrimmedAvgClient = FedAvgClient
+
+
+SPECS = (
+    AlgorithmSpec("fedtrimmedavg",
+                  "FedTrimmedAvg",
+                  FedTrimmedAvgServer,
+                  FedTrimmedAvgClient,
+                  "FedTrimmedAvg: coordinate-wise trimmed mean (cut beta at each end)",
+                  FedTrimmedAvgOptions),
+)

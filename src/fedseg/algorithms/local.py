@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from torch import nn
 
-from fedseg.algorithms.fedavg import MODEL, FedAvgClient, FedAvgServer, eval_rows, put_group, state_group, train_meta
+from fedseg.algorithms.registry import AlgorithmSpec
+from fedseg.algorithms.fedavg import MODEL, FedAvgClient, FedAvgServer, put_group, state_group, train_meta
 from fedseg.engine.messages import Message, load_weights, prefixed, weights_of
-from fedseg.engine.simulator import ClientContext
+from fedseg.evaluate.tables import eval_rows
+from fedseg.engine.context import ClientContext
 
 
 class LocalClient(FedAvgClient):
@@ -81,3 +83,13 @@ class LocalServer(FedAvgServer):
 
     def bundle(self) -> dict[str, dict]:
         return {self.site_model(s): w for s, w in self.collect_models().items()}
+
+
+SPECS = (
+    AlgorithmSpec("local",
+                  "Local",
+                  LocalServer,
+                  LocalClient,
+                  "each site trains alone; cross-site matrix at test time",
+                  kind="baseline"),
+)

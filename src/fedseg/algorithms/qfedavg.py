@@ -48,6 +48,7 @@ import torch
 from pydantic import Field
 from torch import nn
 
+from fedseg.algorithms.registry import AlgorithmSpec
 from fedseg.algorithms.fedavg import (
     MODEL,
     BudgetOptions,
@@ -59,7 +60,7 @@ from fedseg.algorithms.fedavg import (
 )
 from fedseg.data.dataset import CaseSet
 from fedseg.engine.messages import Message, load_weights, prefixed, weights_of
-from fedseg.engine.simulator import ClientContext
+from fedseg.engine.context import ClientContext
 from fedseg.train import TrainStats, segmentation_loss
 
 LOSS_ACTION = "loss"  # the forward-only exchange (fedseg.evaluate.cost.FORWARD_ACTIONS)
@@ -190,3 +191,13 @@ class QFedAvgServer(FedAvgServer):
         self.global_weights = qffl_update(
             self.global_weights, [replies[s].group(DELTA) for s in sites], [float(replies[s].tensors[H]) for s in sites]
         )
+
+
+SPECS = (
+    AlgorithmSpec("qfedavg",
+                  "q-FedAvg",
+                  QFedAvgServer,
+                  QFedAvgClient,
+                  "q-FedAvg (Li et al.): loss-powered fair merge, forward-only loss pass (FeTS Eq. 13-17)",
+                  QFedAvgOptions),
+)

@@ -1,34 +1,118 @@
-"""Algorithms by name: each is a ``Server`` class, a ``Client`` class and an options model.
+"""What everything outside a method needs to know about it: one ``AlgorithmSpec`` per method.
 
-Options come from the config's ``methods.<name>`` section and are validated by the
-algorithm's pydantic model before anything runs (errors name ``methods.<name>.<key>``).
+A method module defines its ``Server`` and ``Client`` classes, its options model and, at its
+end, ``SPECS = (AlgorithmSpec(...),)``; ``fedseg.algorithms`` lists the modules once. The run,
+the report, the Flower app, the studies, the benchmarks and the README's method table read
+these entries; nothing else keeps a list of methods.
+
+A *family* of methods (FedSM and its variants) may add what its Server/Client cannot express:
+files written after the test evaluation, report sections, unseen-site scoring. It does so with
+one ``Family`` object shared by its specs; every hook is optional and the callers (``run``,
+``report``, ``studies``) know nothing about a particular family.
+
+Options come from the config's ``methods.<name>`` section and are validated by the method's
+pydantic model before anything runs (errors name ``methods.<name>.<key>``). They are parsed
+once per distinct value (cached: a run, a study or a Flower node asking again gets the same
+frozen object). An options model may define ``check_sites(num_sites, algorithm)`` for rules
+that depend on the number of sites (FedSM's SoftPull ``lam >= 1/K``); it raises ValueError.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+if TYPE_CHECKING:  # types only: the report kit and the data layer sit below the algorithms
+    import torch
+
+    from fedseg.data.dataset import SiteData
+    from fedseg.engine.context import Task
+    from fedseg.report.kit import RunFiles, Section
+
+Kind = Literal["baseline", "global", "personalized", "clustered"]
+Bundle = dict[str, dict[str, "torch.Tensor"]]
+
 
 class NoOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """Options model of a method without options (``methods.<name>`` must be empty)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+@dataclass(frozen=True)
+class Family:
+    """Hooks a family of methods adds to a run; each defaults to "nothing".
+
+    ``after_test(out, algorithm, bundle, site_data, task)``: write files of the family's own
+    into the run directory after the single test evaluation (FedSM: the selector's features
+    of the test images). ``site_data`` is empty on an engine whose sites hold their data.
+
+    ``report_sections(run, algorithms, fig_dir)``: extra report sections (title, HTML, note)
+    for the run's ``algorithms`` of this family, read from the run's files only.
+
+    ``unseen_cells(bundle, data, task, options)``: the unseen-site table cells (FedSM paper
+    Table 5) of a trained bundle on all cases of a site it never saw, or None to score the
+    bundle's global model like any other method.
+    """
+
+    name: str
+    after_test: Callable[[Path, str, Bundle, Sequence[SiteData], Task], None] | None = None
+    report_sections: Callable[[RunFiles, Sequence[str], Path], list[Section]] | None = None
+    unseen_cells: Callable[[Bundle, Any, Task, BaseModel], dict | None] | None = None
 
 
 @dataclass(frozen=True)
 class AlgorithmSpec:
+    """One method. ``kind``: ``baseline`` (not federated learning: centralized, local),
+    ``global`` (one model for every site), ``personalized`` (each site uses its own model),
+    ``clustered`` (a model per cluster of sites). ``family``: the family it belongs to (shared
+    hooks, grouped last in the report's tables), None for a stand-alone method.
+    ``needs_every_site``: the method cannot complete a round without every site's reply (e.g.
+    SoftPull averages every personalized model). ``on_flower``: None if it runs on real sites,
+    else the reason it cannot."""
+
     name: str
+    display_name: str
     server: type
     client: type
     description: str
     options: type[BaseModel] = NoOptions
-    min_sites: int = 1  # e.g. FedSM: SoftPull and the selector need K >= 2
+    kind: Kind = "global"
+    family: Family | None = None
+    min_sites: int = 1
+    needs_every_site: bool = False
+    on_flower: str | None = None
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def federated(self) -> bool:
+        return self.kind != "baseline"
+
+    @property
+    def personalized(self) -> bool:
+        return self.kind == "personalized"
+
+    @property
+    def clustered(self) -> bool:
+        return self.kind == "clustered"
+
+    @property
+    def family_name(self) -> str | None:
+        return self.family.name if self.family else None
+
+    def parse_options(self, raw: dict | None) -> BaseModel:
+        """The validated options of ``methods.<name>`` (cached per distinct value; do not mutate)."""
+        return _parse_options(self.name, self.options, json.dumps(raw or {}, sort_keys=True, default=str))
 
     def check_sites(self, num_sites: int, where: str, raw_options: dict | None = None) -> None:
         """Raise a ValueError before any work if ``where`` (a federation of ``num_sites`` sites) has too
-        few sites for this algorithm, or if its options (``methods.<name>``) do not hold for that many
-        sites: an options model may define ``check_sites(num_sites, algorithm)`` (e.g. FedSM's
-        SoftPull needs ``lam >= 1/K``, so a leave-one-out study must check it for K - 1 sites)."""
+        few sites for this method, or if its options do not hold for that many sites."""
         if num_sites < self.min_sites:
             raise ValueError(f"{self.name} needs at least {self.min_sites} sites; {where} has {num_sites}")
         check = getattr(self.parse_options(raw_options), "check_sites", None)
@@ -38,31 +122,15 @@ class AlgorithmSpec:
             except ValueError as e:
                 raise ValueError(f"{where}: {e}") from None
 
-    def parse_options(self, raw: dict | None) -> BaseModel:
-        try:
-            return self.options.model_validate(raw or {})
-        except ValidationError as e:
-            problems = "; ".join(f"methods.{self.name}.{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
-            raise ValueError(problems) from None
+    def summary_fields(self) -> dict[str, Any]:
+        """What ``summary.json`` records about the method, so readers never hard-code names."""
+        return {"display_name": self.display_name, "family": self.family_name, "kind": self.kind}
 
 
-ALGORITHMS: dict[str, AlgorithmSpec] = {}
-
-
-def register(name: str, server: type, client: type, description: str, options: type[BaseModel] = NoOptions,
-             min_sites: int = 1) -> None:
-    ALGORITHMS[name] = AlgorithmSpec(name, server, client, description, options, min_sites)
-
-
-def check_sites(cfg, num_sites: int, where: str) -> None:
-    """``AlgorithmSpec.check_sites`` for every algorithm of run config ``cfg`` with its ``methods.<name>`` options."""
-    for name in cfg.algorithms:
-        get_algorithm(name).check_sites(num_sites, where, cfg.methods.get(name))
-
-
-def get_algorithm(name: str) -> AlgorithmSpec:
-    import fedseg.algorithms  # noqa: F401  (registers the built-in algorithms)
-
-    if name not in ALGORITHMS:
-        raise KeyError(f"unknown algorithm {name!r}; available: {', '.join(sorted(ALGORITHMS))}")
-    return ALGORITHMS[name]
+@lru_cache(maxsize=256)
+def _parse_options(name: str, model: type[BaseModel], raw_json: str) -> BaseModel:
+    try:
+        return model.model_validate(json.loads(raw_json))
+    except ValidationError as e:
+        problems = "; ".join(f"methods.{name}.{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
+        raise ValueError(problems) from None

@@ -2,7 +2,7 @@
 
 Down: the global model ``w`` and the server control variate ``c``. Each site keeps its own
 control variate ``c_k`` in its client state (zeros before its first round) and trains with the
-corrected gradient ``g + c - c_k`` (Eq. 9; added in ``after_backward``). After ``s_k`` local
+corrected gradient ``g + c - c_k`` (Eq. 9; added by ``DriftCorrection.after_backward``). After ``s_k`` local
 steps with learning rate ``eta_l`` (``train.lr``) it updates (Eq. 6-7, option II of Karimireddy
 et al., ``s_k`` = the steps actually taken, which differ between sites under an epoch budget):
 
@@ -43,12 +43,13 @@ import torch
 from pydantic import Field
 from torch import nn
 
+from fedseg.algorithms.registry import AlgorithmSpec
 from fedseg.algorithms.aggregate import server_step, weighted_average
 from fedseg.algorithms.fedavg import MODEL, FedAvgClient, FedAvgOptions, FedAvgServer, put_group, state_group, train_meta
 from fedseg.config import TrainConfig
 from fedseg.engine.messages import Message, prefixed, weights_of
-from fedseg.engine.simulator import ClientContext
-from fedseg.train import AfterBackward, AfterStep, TrainStats
+from fedseg.engine.context import ClientContext
+from fedseg.train import TrainHooks, TrainStats
 
 CONTROL = "control"  # message prefix of c (down) and delta_c_k (up)
 LOCAL_CONTROL = "scaffold_c"  # client-state prefix of c_k
@@ -89,6 +90,28 @@ def zeros_like_parameters(model: nn.Module) -> dict[str, torch.Tensor]:
     return {name: torch.zeros_like(p, device="cpu") for name, p in model.named_parameters() if p.requires_grad}
 
 
+class DriftCorrection(TrainHooks):
+    """SCAFFOLD's correction of every local step by ``c - c_k`` (``pairs``: parameter, correction).
+
+    ``gradient`` (Eq. 9): ``grad <- grad + (c - c_k)`` before the optimizer step; ``step``:
+    ``w <- w - eta_l (c - c_k)`` after it (module doc)."""
+
+    def __init__(self, pairs: list[tuple[nn.Parameter, torch.Tensor]], mode: str, lr: float):
+        self.pairs, self.mode = pairs, mode
+        self.shifts = [(p, correction * lr) for p, correction in pairs] if mode == "step" else []
+
+    def after_backward(self, model: nn.Module) -> None:
+        if self.mode == "gradient":
+            for p, correction in self.pairs:
+                if p.grad is not None:
+                    p.grad.add_(correction)
+
+    def after_step(self, model: nn.Module) -> None:
+        with torch.no_grad():
+            for p, shift in self.shifts:
+                p.sub_(shift)
+
+
 class ScaffoldClient(FedAvgClient):
     def local_control(self, model: nn.Module, ctx: ClientContext) -> dict[str, torch.Tensor]:
         """``c_k`` from the client state, zeros before the site's first round."""
@@ -100,32 +123,9 @@ class ScaffoldClient(FedAvgClient):
         params = dict(model.named_parameters())
         return [(params[n], (c[n] - c_k[n]).to(params[n].device)) for n in parameter_names(model)]
 
-    def after_backward(self, model: nn.Module, msg: Message, ctx: ClientContext) -> AfterBackward | None:
-        """``correction: gradient`` (Eq. 9): ``grad <- grad + (c - c_k)`` on every trainable parameter."""
-        if correction_mode(ctx) != "gradient":
-            return None
-        pairs = self.corrections(model, msg, ctx)
-
-        def correct(_model: nn.Module) -> None:
-            for p, correction in pairs:
-                if p.grad is not None:
-                    p.grad.add_(correction)
-
-        return correct
-
-    def after_step(self, model: nn.Module, msg: Message, ctx: ClientContext) -> AfterStep | None:
-        """``correction: step``: ``w <- w - eta_l (c - c_k)`` after every optimizer step."""
-        if correction_mode(ctx) != "step":
-            return None
-        lr = ctx.cfg.train.lr
-        pairs = [(p, correction * lr) for p, correction in self.corrections(model, msg, ctx)]
-
-        def correct(_model: nn.Module) -> None:
-            with torch.no_grad():
-                for p, shift in pairs:
-                    p.sub_(shift)
-
-        return correct
+    def train_hooks(self, model: nn.Module, msg: Message, ctx: ClientContext) -> TrainHooks:
+        """The drift correction ``c - c_k`` on every trainable parameter, where ``correction_mode`` says."""
+        return DriftCorrection(self.corrections(model, msg, ctx), correction_mode(ctx), ctx.cfg.train.lr)
 
     def after_fit(self, model: nn.Module, stats: TrainStats, msg: Message, ctx: ClientContext) -> Message:
         """Eq. 6-7 with ``s_k = stats.steps``; reply ``w_k`` and ``delta_c_k``."""
@@ -162,3 +162,13 @@ class ScaffoldServer(FedAvgServer):
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         super().load_state_dict(state)
         self.control = Message(state).group(SERVER_CONTROL)
+
+
+SPECS = (
+    AlgorithmSpec("scaffold",
+                  "SCAFFOLD",
+                  ScaffoldServer,
+                  ScaffoldClient,
+                  "SCAFFOLD (Karimireddy et al.): control-variate corrected local steps (FeTS Eq. 6-9)",
+                  ScaffoldOptions),
+)

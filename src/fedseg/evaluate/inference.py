@@ -6,6 +6,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from fedseg.config import EvalConfig
 from fedseg.data.dataset import CaseSet
 from fedseg.evaluate.metrics import batch_metrics, logits_to_masks
 
@@ -24,3 +25,8 @@ def score_caseset(
     """Return ``(dice (N, R), hd95 (N, R))`` for every case of ``data`` (NaN = not counted)."""
     pred = predict_masks(model, data.x, batch_size, threshold, device)
     return batch_metrics(pred, data.y.bool(), hd95=hd95)
+
+
+def candidate_dice(models: list[nn.Module], data: CaseSet, ev: EvalConfig, device: torch.device) -> np.ndarray:
+    """Dice of every model on every case, ``(M, N, R)`` (``score_caseset`` at ``ev``; HD95 not computed)."""
+    return np.stack([score_caseset(m, data, ev.batch_size, ev.threshold, False, device)[0] for m in models])

@@ -20,12 +20,16 @@ which it returns False are ignored.
 from __future__ import annotations
 
 import csv
+import json
 import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
+import torch
+
+from fedseg.engine.messages import Message
 
 __all__ = [
     "RESULT_COLUMNS",
@@ -200,3 +204,27 @@ def cross_site_matrix(
         stats = _site_stats(_case_means(_select(rows, metric, algorithm, lambda r: r["model"] == model)), sites)
         mat[i] = [stats[s] for s in sites]
     return mat
+
+
+def eval_rows(algorithm: str, replies: dict[str, Message], regions: tuple[str, ...]) -> list[dict]:
+    """Turn evaluation replies into tidy rows (one per case, region and metric)."""
+    rows = []
+    for site, reply in replies.items():
+        cases = json.loads(str(reply.meta["cases"]))
+        for metric in ("dice", "hd95"):
+            values = reply.tensors[metric].numpy()
+            for i, case in enumerate(cases):
+                for j, region in enumerate(regions):
+                    rows.append(
+                        {"algorithm": algorithm, "model": reply.meta["model"], "site": site, "case": case,
+                         "region": region, "metric": metric, "value": float(values[i, j])}
+                    )
+    return rows
+
+
+def site_dice(dice: np.ndarray, cases: Sequence[str], site: str, regions: tuple[str, ...]) -> float:
+    """Per-case Dice ``(N, R)`` of one site's ``cases`` -> the site's Dice (mean over regions, then over
+    cases; NaN entries not counted), as ``site_summary`` computes it from result rows."""
+    reply = Message({"dice": torch.from_numpy(dice), "hd95": torch.full(dice.shape, math.nan, dtype=torch.float64)},
+                    {"cases": json.dumps(list(cases)), "model": "scored"})
+    return site_summary(eval_rows("scored", {site: reply}, regions), "scored", "dice", [site])[site]

@@ -23,14 +23,15 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import torch
 from flwr.app import ConfigRecord, Message as FlowerMessage, RecordDict
 
-from fedseg.engine.ledger import EVAL_ACTIONS, Ledger, LedgerRow
+from fedseg.engine.base import BaseEngine
+from fedseg.engine.ledger import EVAL_ACTIONS
 from fedseg.engine.messages import Message
-from fedseg.engine.simulator import Task
+from fedseg.engine.context import Task
 from fedseg.flower.node import INFO, RESTORE, SNAPSHOT
 from fedseg.flower.records import ENGINE, from_recorddict, to_recorddict
 
@@ -147,21 +148,15 @@ def connect_sites(courier: Courier, sites: list[str], header: dict, wait: float)
         time.sleep(courier.poll)
 
 
-class FlowerEngine:
+class FlowerEngine(BaseEngine):
     """The engine for one algorithm run over Flower. See the module docstring."""
 
     supports_resume = False
 
     def __init__(self, algorithm: str, courier: Courier, site_map: SiteMap, task: Task, options=None, observers=None):
-        self.algorithm = algorithm
+        super().__init__(algorithm, site_map.sites, task, options, observers)
         self.courier = courier
         self.site_map = site_map
-        self.sites = list(site_map.sites)
-        self.task = task
-        self.options = options
-        self.observers = list(observers or [])
-        self.ledger = Ledger()
-        self.round = 0
         self.client_states: dict = {}  # client states live on the SuperNodes
         self._exchanges = 0  # exchanges so far; a restore right after its snapshot changes nothing
         self._snapshot: tuple[int, int] | None = None  # (tag, exchanges at that time) of the last snapshot
@@ -169,38 +164,22 @@ class FlowerEngine:
     def num_samples(self, site: str, split: str = "train") -> int:
         return self.site_map.sizes[site][split]
 
-    def _header(self, site: str, action: str) -> dict:
-        return {"algorithm": self.algorithm, "action": action, "site": site, "site_index": self.sites.index(site),
-                "num_sites": len(self.sites), "round": self.round}
-
-    def exchange(self, messages: dict[str, Message], action: str) -> dict[str, Message]:
-        """Deliver ``messages[site]`` to each site's SuperNode under ``action``; return the replies (federation order)."""
-        unknown = sorted(set(messages) - set(self.sites))
-        if unknown:
-            raise KeyError(f"messages for unknown sites {unknown}; sites are {self.sites}")
-        if not action.isidentifier():
-            raise ValueError(f"action {action!r} must be a Python identifier to travel as a Flower message type")
-        order = [s for s in self.sites if s in messages]
+    def deliver(self, order: list[str], messages: dict[str, Message], action: str) -> dict[str, tuple[Message, float]]:
+        """One Flower message per site (all in parallel); ``seconds`` is what the site measured."""
         category = "evaluate" if action in EVAL_ACTIONS else "train"
         out = [
-            FlowerMessage(to_recorddict(messages[s], self._header(s, action)), dst_node_id=self.site_map.nodes[s],
+            FlowerMessage(to_recorddict(messages[s], asdict(self.delivery(s, action))), dst_node_id=self.site_map.nodes[s],
                           message_type=f"{category}.{action}", group_id=str(self.round))
             for s in order
         ]
         what = f"{self.algorithm} {action} (round {self.round})"
         self._exchanges += 1
-        replies = {}
+        answered = {}
         for site, flower_reply in zip(order, self.courier.send(out, what, order)):
             check_reply(flower_reply, f"site {site!r}", what)
             reply, head = from_recorddict(flower_reply.content)
-            msg = messages[site]
-            steps = int(reply.meta.get("steps", 0))
-            self.ledger.record(LedgerRow(self.round, site, action, steps, msg.num_floats(), reply.num_floats(),
-                                         float(head.get("seconds", 0.0))))
-            for observe in self.observers:
-                observe(site, action, msg, reply)
-            replies[site] = reply
-        return replies
+            answered[site] = (reply, float(head.get("seconds", 0.0)))
+        return answered
 
     def _query_all(self, action: str, tag: dict[str, int]) -> None:
         msgs = [query(s, self.site_map.nodes[s], action, {"algorithm": self.algorithm, "tag": tag[s]}) for s in self.sites]

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -181,40 +180,27 @@ def handle(message: FlowerMessage, context: Context) -> FlowerMessage:
 
 
 def on_algorithm_message(action: str, content: RecordDict, context: Context, settings: NodeSettings, cfg: RunConfig) -> RecordDict:
-    """Run the algorithm's Client on one message, with the simulator's ClientContext."""
+    """Run the algorithm's Client on one message, with the simulator's ClientContext (``answer``)."""
     import torch
 
     from fedseg.algorithms import get_algorithm
-    from fedseg.engine.simulator import ClientContext, Task, seeded_generator, stream_seed
+    from fedseg.engine.context import Delivery, Task, answer
     from fedseg.flower.records import from_recorddict, to_recorddict
 
     torch.set_num_threads(cfg.threads)
     msg, head = from_recorddict(content)
     if head.get("site") != settings.site:
         raise ValueError(f"message for site {head.get('site')!r} delivered to the SuperNode of site {settings.site!r}")
-    algorithm, index, rnd = str(head["algorithm"]), int(head["site_index"]), int(head["round"])
-    spec = get_algorithm(algorithm)
-    options = spec.parse_options(cfg.methods.get(algorithm))
-    fed, data = site_data(settings, cfg, index)
-    forget_other_algorithms(context, algorithm)
-    state = get_state(context, STATE + algorithm)
-    ctx = ClientContext(
-        algorithm=algorithm,
-        site=settings.site,
-        site_index=index,
-        num_sites=int(head["num_sites"]),
-        round=rnd,
-        data=data,
-        state=state,
-        task=Task(cfg, fed.spatial_dims, fed.channels, fed.regions.names),
-        generator=seeded_generator(stream_seed(cfg.seed, index, rnd, action)),
-        artifacts=settings.samples,
-        options=options,
-    )
-    start = time.perf_counter()
-    reply = spec.client().handle(action, msg, ctx)
-    seconds = time.perf_counter() - start
-    put_state(context, STATE + algorithm, ctx.state)
+    to = Delivery(str(head["algorithm"]), settings.site, int(head["site_index"]), int(head["num_sites"]),
+                  int(head["round"]), action)
+    spec = get_algorithm(to.algorithm)
+    fed, data = site_data(settings, cfg, to.site_index)
+    forget_other_algorithms(context, to.algorithm)
+    state = get_state(context, STATE + to.algorithm)
+    task = Task(cfg, fed.spatial_dims, fed.channels, fed.regions.names)
+    options = spec.parse_options(cfg.methods.get(to.algorithm))  # cached: parsed once per node process
+    reply, seconds = answer(spec.client(), msg, to, data, state, task, options, settings.samples)
+    put_state(context, STATE + to.algorithm, state)
     return to_recorddict(reply, {"seconds": seconds})
 
 

@@ -1,6 +1,5 @@
-"""Model factory over MONAI networks, and FedSM's selector classifier."""
+"""Model factory over MONAI networks (FedSM's selector classifier lives in ``fedseg.algorithms.fedsm.selector``)."""
 
 from fedseg.models.factory import build_segmenter, count_parameters
-from fedseg.models.selector import Selector, build_selector
 
-__all__ = ["build_segmenter", "count_parameters", "Selector", "build_selector"]
+__all__ = ["build_segmenter", "count_parameters"]

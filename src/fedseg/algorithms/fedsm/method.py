@@ -20,7 +20,7 @@ Training, Algorithm 1 (one ``train`` exchange per round):
   al.). Each only changes how the personalized models w_p,k are produced (what travels with
   w_g, what the site trains, how the server merges); w_g and w_s train as above. The
   personalized track trains whenever w_g does. Equations, choices and traffic per strategy:
-  :mod:`fedseg.algorithms.personalize`.
+  :mod:`fedseg.algorithms.fedsm.personalize`.
 * Ledger (SoftPull): per round and site ``2|w_g| + |w_s|`` floats down and the same up (the paper's
   cost, Sec. 3.3) plus, with ``average_selector_moments`` (the default, see below), the
   selector's moments: ``2|w_s| + t`` more each way (t = number of selector parameter tensors,
@@ -44,7 +44,7 @@ Evaluation, Algorithm 2: the server sends every site the super model (global, al
 personalized, selector: evaluation traffic, as the paper's one-time deployment). For each
 image the site reports the selector's softmax and the Dice/HD95 of the global model and of the
 argmax personalized model, so the score at *any* threshold gamma follows without another pass
-(:func:`fedseg.algorithms.fedsm_model.route` picks, per image, which of the two counts).
+(:func:`fedseg.algorithms.fedsm.model.route` picks, per image, which of the two counts).
 Per-round validation uses ``val_gamma`` if set, else the gamma of ``gamma_grid`` with the best
 mean validation Dice over sites (the run's selection criterion), so a round is scored as the
 super model it would be if the run stopped there. ``finalize`` (after the best round is
@@ -67,8 +67,9 @@ from pydantic import Field, field_validator
 from torch import nn
 
 from fedseg.algorithms.aggregate import weighted_average
-from fedseg.algorithms.fedavg import FedAvgClient, FedAvgOptions, FedAvgServer, eval_rows, put_group, state_group, write_sample
-from fedseg.algorithms.fedsm_model import (
+from fedseg.algorithms.fedavg import FedAvgClient, FedAvgOptions, FedAvgServer, put_group, state_group, write_sample
+from fedseg.algorithms.fedsm.family import FEDSM
+from fedseg.algorithms.fedsm.model import (
     GLOBAL_INDEX,
     LabeledImages,
     Mode,
@@ -76,14 +77,15 @@ from fedseg.algorithms.fedsm_model import (
     bundle_entries,
     route,
 )
-from fedseg.algorithms.personalize import PERSONAL, TRACK, PersonalizationOptions, personalization
+from fedseg.algorithms.fedsm.personalize import PERSONAL, TRACK, PersonalizationOptions, personalization
+from fedseg.algorithms.registry import AlgorithmSpec
 from fedseg.data.dataset import CaseSet
 from fedseg.engine.messages import Message, load_weights, prefixed, weights_of
-from fedseg.engine.simulator import ClientContext, Task
+from fedseg.engine.context import ClientContext, Task
 from fedseg.evaluate.inference import score_caseset
-from fedseg.evaluate.tables import site_summary
-from fedseg.models import Selector, build_selector
-from fedseg.train import AfterBackward, TrainStats
+from fedseg.evaluate.tables import eval_rows, site_summary
+from fedseg.algorithms.fedsm.selector import Selector, build_selector
+from fedseg.train import LossFn, TrainHooks, TrainStats
 
 GLOBAL, SELECTOR, SELECTOR_OPT = "global", "selector", "selector_opt"  # message groups (and PERSONAL, TRACK)
 MODEL_NAME = "fedsm"  # the ``model`` of every result row: each site uses the super model
@@ -104,8 +106,15 @@ class SelectorOptions(FedAvgOptions, PersonalizationOptions):
     )
 
     def check_sites(self, num_sites: int, algorithm: str) -> None:
-        """``check_federation`` for these options (called before any work, see ``AlgorithmSpec.check_sites``)."""
-        check_federation(num_sites, self.lam if self.personalization == "softpull" else None, algorithm)
+        """FedSM needs K >= 2 sites (SoftPull averages the other K-1 personalized models, the selector
+        chooses among sites), then the personalization's own rule (SoftPull's lambda >= 1/K). Called
+        before any work (``AlgorithmSpec.check_sites``) and when a server starts."""
+        if num_sites < 2:
+            raise ValueError(
+                f"{algorithm} needs at least 2 sites (SoftPull, Eq. 11, averages the other K-1 personalized "
+                f"models and the selector chooses among sites); this federation has {num_sites}"
+            )
+        super().check_sites(num_sites, algorithm)
 
 
 class FedSMOptions(SelectorOptions):
@@ -120,20 +129,6 @@ class FedSMOptions(SelectorOptions):
         if any(not 0.0 <= g <= 1.0 for g in grid):
             raise ValueError(f"every gamma must lie in [0, 1], got {list(grid)}")
         return tuple(sorted(set(grid)))
-
-
-def check_federation(num_sites: int, lam: float | None, algorithm: str) -> None:
-    """FedSM needs K >= 2 sites and, with SoftPull (``lam`` given), ``1/K <= lambda <= 1`` (Sec. 3.2);
-    raise a ValueError otherwise."""
-    if num_sites < 2:
-        raise ValueError(
-            f"{algorithm} needs at least 2 sites (SoftPull, Eq. 11, averages the other K-1 personalized "
-            f"models and the selector chooses among sites); this federation has {num_sites}"
-        )
-    if lam is not None and not 1.0 / num_sites - 1e-12 <= lam <= 1.0:
-        raise ValueError(
-            f"methods.{algorithm}.lam = {lam} must lie in [1/K, 1] = [{1.0 / num_sites:.4g}, 1] for K = {num_sites} sites"
-        )
 
 
 def new_selector(task: Task, options: SelectorOptions, num_classes: int) -> Selector:
@@ -198,9 +193,9 @@ class FedSMClient(FedAvgClient):
             key = f"opt_{SELECTOR}"
             if msg.group(SELECTOR_OPT):  # averaged moments from the server replace the local ones
                 put_group(ctx.state, key, msg.group(SELECTOR_OPT))
-            trainee, data, loss_fn = self.selector_task(selector, msg, ctx)
+            data, loss_fn, hooks = self.selector_task(selector, msg, ctx)
             train_cfg = ctx.cfg.train.model_copy(update={"lr": ctx.options.selector_lr or ctx.cfg.train.lr})
-            stats[SELECTOR] = self.fit(trainee, msg, ctx, key, data=data, loss_fn=loss_fn, train_cfg=train_cfg)
+            stats[SELECTOR] = self.fit(selector, msg, ctx, key, data=data, loss_fn=loss_fn, train_cfg=train_cfg, hooks=hooks)
             out.update(prefixed(SELECTOR, weights_of(selector)))
             if ctx.options.average_selector_moments:
                 out.update(prefixed(SELECTOR_OPT, state_group(ctx.state, key)))
@@ -212,16 +207,10 @@ class FedSMClient(FedAvgClient):
         }
         return Message(out, meta)
 
-    def after_backward(self, model: nn.Module, msg: Message, ctx: ClientContext) -> AfterBackward | None:
-        """The trainee's own step hook if it has one (the personalization trainees of
-        ``fedseg.algorithms.personalize``: APFL's alpha step, Per-FedAvg's FO-MAML gradient,
-        pFedMe's proximal gradient); None for the plain networks."""
-        return getattr(model, "after_backward", None)
-
-    def selector_task(self, selector: Selector, msg: Message, ctx: ClientContext):
-        """``(model to train, data, loss)`` of the selector: Eq. (2), cross-entropy against the site's label."""
+    def selector_task(self, selector: Selector, msg: Message, ctx: ClientContext) -> tuple[object, LossFn | None, TrainHooks]:
+        """``(data, loss, hooks)`` the selector trains with: Eq. (2), cross-entropy against the site's label."""
         labels = torch.full((len(ctx.data.train),), int(msg.meta["label"]), dtype=torch.long)
-        return selector, LabeledImages(ctx.data.train.name, ctx.data.train.x, labels), nn.CrossEntropyLoss()
+        return LabeledImages(ctx.data.train.name, ctx.data.train.x, labels), nn.CrossEntropyLoss(), TrainHooks()
 
     # --- evaluation (Algorithm 2) ------------------------------------------------------
     def on_evaluate(self, msg: Message, ctx: ClientContext) -> Message:
@@ -386,7 +375,7 @@ class FedSMServer(FedAvgServer):
         self.gamma = float(state["gamma/value"])
 
     def bundle(self) -> dict[str, dict[str, torch.Tensor]]:
-        """global, personal:<site>, selector, gamma/value and selector_spec/* (see ``fedsm_model.bundle_entries``)."""
+        """global, personal:<site>, selector, gamma/value and selector_spec/* (see ``fedseg.algorithms.fedsm.model.bundle_entries``)."""
         selector = new_selector(self.task, self.options, len(self.sites) + self.EXTRA_CLASSES)
         return bundle_entries(self.global_weights, self.personal, self.selector_weights, self.gamma, self.MODE,
                               selector, self.options.selector_width, self.options.selector_norm)
@@ -406,3 +395,10 @@ def at_gamma(reply: Message, gamma: float) -> Message:
     for metric in ("dice", "hd95"):
         tensors[metric] = torch.where(use_personal, reply.tensors[f"{metric}_personal"], reply.tensors[f"{metric}_global"])
     return Message(tensors, dict(reply.meta))
+
+
+SPECS = (
+    AlgorithmSpec("fedsm", "FedSM", FedSMServer, FedSMClient,
+                  "FedSM (Xu et al.): global + SoftPull personalized models + selector, threshold gamma (Alg. 1-2)",
+                  FedSMOptions, kind="personalized", family=FEDSM, min_sites=2, needs_every_site=True),
+)

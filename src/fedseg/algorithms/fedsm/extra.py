@@ -4,7 +4,7 @@ Both train in two phases within the run's ``fl.rounds`` (which counts all rounds
 
 1. rounds ``1 .. R`` with ``R = fl.rounds - extra_rounds``: the global model (weighted
    averaging) and the personalized models (SoftPull, Eq. 11, or the ``personalization`` chosen,
-   :mod:`fedseg.algorithms.personalize`) as in FedSM, without the selector: per site and round
+   :mod:`fedseg.algorithms.fedsm.personalize`) as in FedSM, without the selector: per site and round
    ``2|w_g|`` down and up with SoftPull (other personalizations: their own traffic, counted).
 2. rounds ``R+1 .. fl.rounds``: only the selector trains (the paper: 100 + 50 rounds, so
    ``extra_rounds`` defaults to ``fl.rounds // 3``). At round R+1 the server first sends every
@@ -14,7 +14,7 @@ Both train in two phases within the run's ``fl.rounds`` (which counts all rounds
 
 * ``fedsm-extra``: at ``install`` a site labels each training image with
   ``y_s = one_hot(argmin_k L(h_k, y))`` over the K+1 candidates (Eq. 1, against the ground
-  truth, :func:`fedseg.algorithms.fedsm_model.extra_labels`) and keeps only the labels; the
+  truth, :func:`fedseg.algorithms.fedsm.model.extra_labels`) and keeps only the labels; the
   selector (K+1 classes) trains with cross-entropy on them. Inference: the argmax candidate,
   no threshold.
 * ``fedsm-ensemble``: a site keeps the K+1 candidates and trains the selector through the loss
@@ -37,12 +37,14 @@ from pydantic import Field
 from torch import nn
 
 from fedseg.algorithms.fedavg import put_group, state_group
-from fedseg.algorithms.fedsm import SELECTOR, SELECTOR_OPT, FedSMClient, FedSMServer, SelectorOptions
-from fedseg.algorithms.fedsm_model import EnsembleTrainee, LabeledImages, extra_labels
+from fedseg.algorithms.fedsm.family import FEDSM
+from fedseg.algorithms.fedsm.method import SELECTOR, SELECTOR_OPT, FedSMClient, FedSMServer, SelectorOptions
+from fedseg.algorithms.fedsm.model import EnsembleForward, LabeledImages, extra_labels
+from fedseg.algorithms.registry import AlgorithmSpec
 from fedseg.engine.messages import Message, prefixed
-from fedseg.engine.simulator import ClientContext, Task
-from fedseg.models import Selector
-from fedseg.train import segmentation_loss
+from fedseg.engine.context import ClientContext, Task
+from fedseg.algorithms.fedsm.selector import Selector
+from fedseg.train import TrainHooks, segmentation_loss
 
 INSTALL = "install"  # exchange action: the frozen K+1 candidates go to every site
 CANDIDATE = "candidate"  # message group: candidate/<c>/<param>, c = 0 (global), 1..K (personalized)
@@ -119,7 +121,7 @@ class FedSMExtraClient(FedSMClient):
 
     def selector_task(self, selector: Selector, msg: Message, ctx: ClientContext):
         train = ctx.data.train
-        return selector, LabeledImages(train.name, train.x, ctx.state[LABELS]), nn.CrossEntropyLoss()
+        return LabeledImages(train.name, train.x, ctx.state[LABELS]), nn.CrossEntropyLoss(), TrainHooks()
 
 
 class FedSMEnsembleServer(FedSMExtraServer):
@@ -136,4 +138,14 @@ class FedSMEnsembleClient(FedSMExtraClient):
 
     def selector_task(self, selector: Selector, msg: Message, ctx: ClientContext):
         frozen = Message(state_group(ctx.state, FROZEN))
-        return EnsembleTrainee(selector, self.candidates(frozen, ctx)), ctx.data.train, None
+        return ctx.data.train, None, EnsembleForward(self.candidates(frozen, ctx))
+
+
+SPECS = (
+    AlgorithmSpec("fedsm-extra", "FedSM-extra", FedSMExtraServer, FedSMExtraClient,
+                  "FedSM-extra: models first, then extra selector rounds on Eq. 1 labels; argmax over K+1",
+                  FedSMExtraOptions, kind="personalized", family=FEDSM, min_sites=2, needs_every_site=True),
+    AlgorithmSpec("fedsm-ensemble", "FedSM-ensemble", FedSMEnsembleServer, FedSMEnsembleClient,
+                  "FedSM ensemble: selector trained through the soft ensemble of K+1 models (Sec. 3.1.1)",
+                  FedSMEnsembleOptions, kind="personalized", family=FEDSM, min_sites=2, needs_every_site=True),
+)

@@ -52,9 +52,9 @@ Strategies (per site and round, floats of the personalized track beyond the glob
   evaluations), so theta_k approximates the prox problem of the whole local loss f_k.
 
 Per-FedAvg, APFL and pFedMe need a step the plain loop does not have (a second batch at a
-shifted point, the alpha step, the proximal gradient and the w_k pull). Each gets a small
-trainee module wrapping the network with an ``after_backward(model)`` method, which
-``FedSMClient.after_backward`` hands to the Trainer; the loop itself is the Trainer's.
+shifted point, the mixed forward and alpha step, the proximal gradient and the w_k pull). Each
+is a :class:`fedseg.train.TrainHooks` handed to the Trainer through ``FedSMClient.fit``; the
+loop itself is the Trainer's.
 """
 
 from __future__ import annotations
@@ -70,8 +70,8 @@ from fedseg.algorithms.aggregate import server_step, softpull, weighted_average
 from fedseg.algorithms.fedavg import local_budget, put_group, state_group
 from fedseg.config import BudgetConfig
 from fedseg.engine.messages import Message, prefixed, weights_of
-from fedseg.engine.simulator import ClientContext
-from fedseg.train import TrainStats, batches, segmentation_loss
+from fedseg.engine.context import ClientContext
+from fedseg.train import TrainHooks, TrainStats, batches, segmentation_loss
 
 Weights = dict[str, torch.Tensor]
 Strategy = Literal["softpull", "ft", "apfl", "perfedavg", "pfedme"]
@@ -86,7 +86,7 @@ class PersonalizationOptions(BaseModel):
     """The ``personalization`` choice and each strategy's hyperparameters (defaults from the cited
     papers where they fit a small Adam-trained UNet, see each description)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", frozen=True)
     personalization: Strategy = Field(
         "softpull", description="how the personalized models are produced: softpull | ft | apfl | perfedavg | pfedme"
     )
@@ -108,6 +108,14 @@ class PersonalizationOptions(BaseModel):
     pfedme_personal_lr: float | None = Field(None, gt=0, description="pfedme: learning rate of theta_k, train.optimizer; None = train.lr")
     pfedme_lr: float = Field(0.005, gt=0, description="pfedme: eta of the local update w_k <- w_k - eta lambda (w_k - theta_k) (pFedMe: 0.005)")
     pfedme_beta: float = Field(1.0, gt=0, description="pfedme: server step beta, w <- (1 - beta) w + beta avg(w_k) (pFedMe: 1 or 2)")
+
+    def check_sites(self, num_sites: int, algorithm: str) -> None:
+        """SoftPull's ``lam`` must lie in [1/K, 1] for K sites (FedSM Sec. 3.2: the personalized model
+        keeps at least the weight of a plain average); the other strategies have no such rule."""
+        if self.personalization == "softpull" and not 1.0 / num_sites - 1e-12 <= self.lam <= 1.0:
+            raise ValueError(
+                f"methods.{algorithm}.lam = {self.lam} must lie in [1/K, 1] = [{1.0 / num_sites:.4g}, 1] for K = {num_sites} sites"
+            )
 
 
 def combined(main: TrainStats, *others: TrainStats) -> TrainStats:
@@ -171,24 +179,23 @@ class FineTune(Personalization):
         return prefixed(PERSONAL, weights_of(model)), stats
 
 
-class Mixture(nn.Module):
-    """APFL's mixed model ``alpha v + (1 - alpha) w``: trainable v (``self.v``), fixed w, scalar
-    alpha (not a parameter of the optimizer; stepped by ``after_backward`` if ``alpha_lr``)."""
+class APFLMixing(TrainHooks):
+    """APFL's mixed model ``alpha v + (1 - alpha) w`` around the trained network v: ``forward`` runs v
+    with mixed parameters (w fixed), ``after_backward`` steps the scalar alpha (not a parameter of the
+    optimizer) if ``alpha_lr``."""
 
     def __init__(self, v: nn.Module, w: Weights, alpha: float, alpha_lr: float | None):
-        super().__init__()
-        self.v = v
         device = next(v.parameters()).device
         self.w = {n: w[n].to(device) for n, _ in v.named_parameters()}
         self.alpha = torch.tensor(float(alpha), device=device, requires_grad=alpha_lr is not None)
         self.alpha_lr = alpha_lr
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
         a = self.alpha
-        mixed = {n: a * p + (1 - a) * self.w[n] for n, p in self.v.named_parameters()}
-        return functional_call(self.v, mixed, (x,))
+        mixed = {n: a * p + (1 - a) * self.w[n] for n, p in model.named_parameters()}
+        return functional_call(model, mixed, (x,))
 
-    def after_backward(self, _model: nn.Module) -> None:
+    def after_backward(self, model: nn.Module) -> None:
         """APFL's alpha step: ``alpha <- clip(alpha - alpha_lr * dL/d alpha, 0, 1)``."""
         if self.alpha_lr is None or self.alpha.grad is None:
             return
@@ -203,9 +210,9 @@ class APFL(Personalization):
         v = client.segmenter(state_group(ctx.state, APFL_V) or global_weights, ctx)
         alpha = float(ctx.state.get(APFL_ALPHA, torch.tensor(opt.apfl_alpha)))
         alpha_lr = (opt.apfl_alpha_lr or ctx.cfg.train.lr) if opt.apfl_adaptive else None
-        mixture = Mixture(v, global_weights, alpha, alpha_lr)
-        stats = client.fit(mixture, msg, ctx, state_key=OPT_PERSONAL)
-        v_k, alpha_k = weights_of(v), mixture.alpha.detach().cpu().reshape(())
+        mixing = APFLMixing(v, global_weights, alpha, alpha_lr)
+        stats = client.fit(v, msg, ctx, state_key=OPT_PERSONAL, hooks=mixing)
+        v_k, alpha_k = weights_of(v), mixing.alpha.detach().cpu().reshape(())
         put_group(ctx.state, APFL_V, v_k)
         ctx.state[APFL_ALPHA] = alpha_k.clone()
         return {**prefixed(APFL_V, v_k), APFL_ALPHA: alpha_k}, stats
@@ -218,32 +225,27 @@ class APFL(Personalization):
         return personal, track
 
 
-class FirstOrderMAML(nn.Module):
-    """Per-FedAvg's FO step around ``net``: after the Trainer's backward at theta on batch D,
-    ``after_backward`` moves to ``temp = theta - alpha g`` (SGD), computes ``grad f(temp; D')``
-    on a fresh batch D', and restores theta, leaving that gradient for the optimizer's step."""
+class FirstOrderMAML(TrainHooks):
+    """Per-FedAvg's FO step: after the Trainer's backward at theta on batch D, ``after_backward``
+    moves to ``temp = theta - alpha g`` (SGD), computes ``grad f(temp; D')`` on a fresh batch D',
+    and restores theta, leaving that gradient for the optimizer's step."""
 
-    def __init__(self, net: nn.Module, ctx: ClientContext, alpha: float):
-        super().__init__()
-        self.net = net
+    def __init__(self, ctx: ClientContext, alpha: float):
         self.alpha = alpha
         self.data = ctx.data.train
         self.device = ctx.task.device
         self.loss_fn = segmentation_loss(ctx.cfg.train.loss)
         self.second = batches(len(self.data), ctx.cfg.train.batch_size, ctx.generator, endless=True)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x)
-
-    def after_backward(self, _model: nn.Module) -> None:
-        params = [p for p in self.net.parameters() if p.grad is not None]
+    def after_backward(self, model: nn.Module) -> None:
+        params = [p for p in model.parameters() if p.grad is not None]
         theta = [p.detach().clone() for p in params]
         with torch.no_grad():
             for p in params:
                 p.sub_(self.alpha * p.grad)
         x, y = self.data.batch(next(self.second), self.device)
-        self.net.zero_grad(set_to_none=True)
-        self.loss_fn(self.net(x), y).backward()
+        model.zero_grad(set_to_none=True)
+        self.loss_fn(model(x), y).backward()
         with torch.no_grad():
             for p, t in zip(params, theta):
                 p.copy_(t)
@@ -282,28 +284,24 @@ class PerFedAvg(SharedTrack):
         opt = self.options
         adapted = client.segmenter(msg.group(TRACK), ctx)
         adapt = sgd_steps(client, adapted, msg, ctx, opt.perfedavg_alpha, opt.perfedavg_adapt_steps)
-        meta = FirstOrderMAML(client.segmenter(msg.group(TRACK), ctx), ctx, opt.perfedavg_alpha)
+        meta = client.segmenter(msg.group(TRACK), ctx)
         cfg = ctx.cfg.train.model_copy(update={"lr": opt.perfedavg_beta or ctx.cfg.train.lr})
-        stats = client.fit(meta, msg, ctx, state_key=OPT_PERSONAL, train_cfg=cfg)
-        return {**prefixed(TRACK, weights_of(meta.net)), **prefixed(PERSONAL, weights_of(adapted))}, combined(stats, adapt)
+        stats = client.fit(meta, msg, ctx, state_key=OPT_PERSONAL, train_cfg=cfg, hooks=FirstOrderMAML(ctx, opt.perfedavg_alpha))
+        return {**prefixed(TRACK, weights_of(meta)), **prefixed(PERSONAL, weights_of(adapted))}, combined(stats, adapt)
 
 
-class Proximal(nn.Module):
-    """pFedMe's theta_k (``net``) pulled towards the local model w_k (trainable parameters only).
+class Proximal(TrainHooks):
+    """pFedMe's theta_k (the trained network) pulled towards the local model w_k (trainable parameters only).
 
     ``after_backward`` adds the proximal gradient ``lambda (theta - w_k)``; every ``inner`` steps
     (before the next block) and once after training (``pull``) it updates
     ``w_k <- w_k - eta lambda (w_k - theta_k)``."""
 
     def __init__(self, net: nn.Module, lam: float, eta: float, inner: int):
-        super().__init__()
         self.net = net
         self.lam, self.eta, self.inner = lam, eta, inner
         self.w = {n: p.detach().clone() for n, p in net.named_parameters() if p.requires_grad}
         self.calls = 0
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x)
 
     def pull(self) -> None:
         with torch.no_grad():
@@ -311,7 +309,7 @@ class Proximal(nn.Module):
                 if n in self.w:
                     self.w[n] -= self.eta * self.lam * (self.w[n] - p)
 
-    def after_backward(self, _model: nn.Module) -> None:
+    def after_backward(self, model: nn.Module) -> None:
         if self.calls and self.calls % self.inner == 0:
             self.pull()
         self.calls += 1
@@ -329,13 +327,14 @@ class Proximal(nn.Module):
 class PFedMe(SharedTrack):
     def train(self, client, msg, global_weights, ctx):
         opt = self.options
-        trainee = Proximal(client.segmenter(msg.group(TRACK), ctx), opt.pfedme_lambda, opt.pfedme_lr, opt.pfedme_inner_steps)
+        theta = client.segmenter(msg.group(TRACK), ctx)
+        prox = Proximal(theta, opt.pfedme_lambda, opt.pfedme_lr, opt.pfedme_inner_steps)
         outer = round_budget(ctx)
         budget = BudgetConfig(unit=outer.unit, amount=outer.amount * opt.pfedme_inner_steps)  # K inner steps per outer step
         cfg = ctx.cfg.train.model_copy(update={"lr": opt.pfedme_personal_lr or ctx.cfg.train.lr})
-        stats = client.fit(trainee, msg, ctx, state_key=OPT_PERSONAL, train_cfg=cfg, budget=budget)
-        trainee.pull()  # the last block's update of w_k
-        return {**prefixed(TRACK, trainee.local_weights()), **prefixed(PERSONAL, weights_of(trainee.net))}, stats
+        stats = client.fit(theta, msg, ctx, state_key=OPT_PERSONAL, train_cfg=cfg, budget=budget, hooks=prox)
+        prox.pull()  # the last block's update of w_k
+        return {**prefixed(TRACK, prox.local_weights()), **prefixed(PERSONAL, weights_of(theta))}, stats
 
     def server_update(self, track, average):
         """``w <- (1 - beta) w + beta avg(w_k)``."""

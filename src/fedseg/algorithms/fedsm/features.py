@@ -23,10 +23,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedseg.algorithms.fedsm_model import SPEC, route, super_model_from_bundle
+from fedseg.algorithms.fedsm.model import SELECTOR_SPEC, route, super_model_from_bundle
 from fedseg.data.dataset import SiteData
 from fedseg.engine.checkpoint import atomic_write_bytes
-from fedseg.engine.simulator import Task
+from fedseg.engine.context import Task
 
 FEATURES_DIR = "selector_features"
 
@@ -35,7 +35,7 @@ FEATURES_DIR = "selector_features"
 def selector_features(bundle: dict[str, dict[str, torch.Tensor]], site_data: list[SiteData], task: Task) -> dict | None:
     """The arrays described in the module docstring for every site's test split, or None when
     ``bundle`` holds no selector (any algorithm outside the FedSM family)."""
-    if SPEC not in bundle or "selector" not in bundle:
+    if SELECTOR_SPEC not in bundle or "selector" not in bundle:
         return None
     sm = super_model_from_bundle(bundle, task.new_model, task.in_channels, task.spatial_dims).to(task.device).eval()
     batch = task.cfg.eval.batch_size

@@ -25,8 +25,8 @@ import torch
 from torch import nn
 
 from fedseg.engine.messages import load_weights
-from fedseg.models import Selector, build_selector
-from fedseg.train import LossFn
+from fedseg.algorithms.fedsm.selector import Selector, build_selector
+from fedseg.train import LossFn, TrainHooks
 
 Mode = Literal["threshold", "argmax", "ensemble"]
 MODES: tuple[Mode, ...] = ("threshold", "argmax", "ensemble")
@@ -101,22 +101,20 @@ class SuperModel(nn.Module):
         return out
 
 
-class EnsembleTrainee(nn.Module):
-    """The selector trained through the ensemble loss (Sec. 3.1.1): ``forward`` gives the
-    ensemble's logits with the candidates frozen. Only the selector is a registered submodule,
-    so ``parameters()``, ``train()`` and the optimizer state are the selector's alone."""
+class EnsembleForward(TrainHooks):
+    """The selector trained through the ensemble loss (Sec. 3.1.1): ``forward`` gives the ensemble's
+    logits of the K+1 frozen ``candidates`` (kept in eval mode, no gradients) weighted by the trained
+    selector's softmax; the optimizer and ``train()`` see the selector alone."""
 
-    def __init__(self, selector: nn.Module, candidates: Sequence[nn.Module]):
-        super().__init__()
-        self.selector = selector
-        self.frozen = tuple(candidates)  # a tuple is not registered: stays frozen and in eval mode
+    def __init__(self, candidates: Sequence[nn.Module]):
+        self.frozen = tuple(candidates)
         for m in self.frozen:
             m.eval().requires_grad_(False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
             outputs = [m(x) for m in self.frozen]
-        return ensemble_logits(torch.softmax(self.selector(x), dim=1), outputs)
+        return ensemble_logits(torch.softmax(model(x), dim=1), outputs)
 
 
 @dataclass
@@ -153,7 +151,7 @@ def extra_labels(outputs: Sequence[torch.Tensor], target: torch.Tensor, loss_fn:
 
 
 # --- the trained bundle --------------------------------------------------------------------
-SPEC = "selector_spec"  # bundle entry describing the selector and the routing
+SELECTOR_SPEC = "selector_spec"  # bundle entry describing the selector and the routing
 
 
 def bundle_entries(global_w: dict, personal: dict[str, dict], selector_w: dict, gamma: float, mode: Mode,
@@ -176,14 +174,14 @@ def bundle_entries(global_w: dict, personal: dict[str, dict], selector_w: dict, 
         **{f"personal:{s}": w for s, w in personal.items()},
         "selector": selector_w,
         "gamma": {"value": torch.tensor(float(gamma), dtype=torch.float64)},
-        SPEC: spec,
+        SELECTOR_SPEC: spec,
     }
 
 
 def candidate_names(bundle: dict[str, dict[str, torch.Tensor]]) -> list[str]:
     """Bundle entry names of the candidates in candidate order: ``["global", "personal:<site>", ...]``
     (index 0 = global model h_0, k = site k's personalized model)."""
-    sites = sorted((int(v), k.split(":", 1)[1]) for k, v in bundle[SPEC].items() if k.startswith("class:"))
+    sites = sorted((int(v), k.split(":", 1)[1]) for k, v in bundle[SELECTOR_SPEC].items() if k.startswith("class:"))
     return ["global"] + [f"personal:{s}" for _, s in sites]
 
 
@@ -191,7 +189,7 @@ def super_model_from_bundle(bundle: dict[str, dict[str, torch.Tensor]], new_segm
                             in_channels: int, spatial_dims: int, gamma: float | None = None) -> SuperModel:
     """Rebuild the ``SuperModel`` from ``bundle_entries`` (e.g. the tensors of ``model/<algorithm>/``
     grouped by their first path component); ``gamma`` overrides the stored one."""
-    spec = bundle[SPEC]
+    spec = bundle[SELECTOR_SPEC]
     selector = build_selector(in_channels, int(spec["num_classes"]), float(spec["width"]),
                               "batch" if int(spec["batchnorm"]) else "instance",
                               int(spec["input_size"]) or None, spatial_dims)

@@ -1,0 +1,127 @@
+"""What a site's client sees while it answers one message, built the same way by every engine.
+
+``Task`` is what every participant knows about the model (network config, input channels,
+regions). ``ClientContext`` is everything local to one site for one message: its data, its
+persistent state store, a random stream derived from (seed, site, round, action) only — so a
+site's numbers do not depend on the engine, on the order sites run in, or on which process
+answers. :func:`answer` is the one place a client handles a message: the simulator, the
+Flower node (and any later engine) call it.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+import torch
+from torch import nn
+
+from fedseg.config import RunConfig
+from fedseg.data.dataset import SiteData
+from fedseg.engine.messages import Message
+from fedseg.models import build_segmenter
+
+State = dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Task:
+    """What every participant knows about the model: network config and input/output channels."""
+
+    cfg: RunConfig
+    spatial_dims: int
+    in_channels: int
+    regions: tuple[str, ...]
+
+    def new_model(self) -> nn.Module:
+        """The segmentation network with the run's initial weights (same seed -> same weights).
+
+        Built once per Task and copied after that: clients build a network for every message
+        and overwrite its weights, and a copy costs about 60% of a build with random init."""
+        template = self.__dict__.get("_template")
+        if template is None:
+            template = build_segmenter(self.cfg.model, self.spatial_dims, self.in_channels, len(self.regions),
+                                       self.cfg.seed).to(self.device)
+            object.__setattr__(self, "_template", template)  # a cache on a frozen dataclass
+        return copy.deepcopy(template)
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device(self.cfg.device)
+
+
+@dataclass
+class ClientContext:
+    """Everything a client may use while answering one message; all of it is local to the site."""
+
+    algorithm: str
+    site: str
+    site_index: int
+    num_sites: int
+    round: int
+    data: SiteData
+    state: State
+    task: Task
+    generator: torch.Generator
+    artifacts: Path | None = None  # site-local folder for files the site writes itself (report samples)
+    options: object = None  # the algorithm's validated options (config ``methods.<name>``)
+
+    @property
+    def cfg(self) -> RunConfig:
+        return self.task.cfg
+
+
+class Client(Protocol):
+    def handle(self, action: str, msg: Message, ctx: ClientContext) -> Message: ...
+
+
+def stream_seed(seed: int, site_index: int, round: int, action: str) -> int:
+    """A 63-bit seed for the random stream of one (seed, site, round, action)."""
+    entropy = [seed, site_index, round, zlib.crc32(action.encode())]
+    return int(np.random.SeedSequence(entropy).generate_state(2, dtype=np.uint64)[0] >> np.uint64(1))
+
+
+def seeded_generator(seed: int) -> torch.Generator:
+    """Seed torch's global RNG (dropout, initializers) and return a generator for data order."""
+    torch.manual_seed(seed)
+    return torch.Generator().manual_seed(seed)
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """Who receives a message: the fields of the ``ClientContext`` that come from the engine."""
+
+    algorithm: str
+    site: str
+    site_index: int
+    num_sites: int
+    round: int
+    action: str
+
+
+def answer(client: Client, msg: Message, to: Delivery, data: SiteData, state: State, task: Task,
+           options: object = None, artifacts: Path | None = None) -> tuple[Message, float]:
+    """Build the site's ``ClientContext`` (its random stream from (seed, site index, round, action)),
+    let ``client`` handle ``msg`` and return the reply with the compute seconds it took.
+    ``state`` is the site's store: the client updates it in place."""
+    ctx = ClientContext(
+        algorithm=to.algorithm,
+        site=to.site,
+        site_index=to.site_index,
+        num_sites=to.num_sites,
+        round=to.round,
+        data=data,
+        state=state,
+        task=task,
+        generator=seeded_generator(stream_seed(task.cfg.seed, to.site_index, to.round, to.action)),
+        artifacts=artifacts,
+        options=options,
+    )
+    start = time.perf_counter()
+    reply = client.handle(to.action, msg, ctx)
+    return reply, time.perf_counter() - start
