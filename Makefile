@@ -1,11 +1,12 @@
 # Two-command quickstart: `make demo` (main job) and `make test` (test suite).
+# Before a commit: `make check test` (ruff lint + format check, mypy on src/, then the tests).
 # Each target creates .venv and installs what it needs; torch is pinned to the CPU wheel.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install clean
+.PHONY: demo test check format install clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -21,6 +22,15 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest
+
+check: $(STAMP)
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/mypy
+
+format: $(STAMP)
+	$(BIN)/ruff check --fix src tests benchmarks
+	$(BIN)/ruff format src tests benchmarks
 
 clean:
 	rm -rf $(VENV) runs

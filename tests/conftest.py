@@ -1,6 +1,18 @@
-"""Shared fixtures: tiny federations (32x32, a few cases per site) and tiny run configs."""
+"""Shared fixtures: tiny federations (32x32, a few cases per site) and tiny run configs.
+
+Tests request them as arguments (never ``from conftest import``):
+
+- ``tiny``: a fresh copy of the tiny run-config dict (``TINY``), for YAML config files;
+- ``tiny_config``: the factory ``tiny_config(**overrides) -> RunConfig``;
+- ``disc_federation``: the factory ``disc_federation(n_sites=3, cases_per_site=12, size=32, seed=0) -> Federation``;
+- ``discs``: ``disc_federation()``.
+
+The two factories are session-scoped (they hold no state), so module-scoped fixtures can use them too.
+"""
 
 from __future__ import annotations
+
+import copy
 
 import numpy as np
 import pytest
@@ -22,7 +34,7 @@ TINY = {
 }
 
 
-def tiny_config(**overrides) -> RunConfig:
+def _tiny_config(**overrides) -> RunConfig:
     """A RunConfig small enough for a test: 3-level UNet with 4..16 channels at 32x32, 2 rounds."""
     data = {k: (dict(v) if isinstance(v, dict) else v) for k, v in TINY.items()}
     for key, value in overrides.items():
@@ -33,7 +45,7 @@ def tiny_config(**overrides) -> RunConfig:
     return RunConfig.model_validate(data)
 
 
-def disc_federation(n_sites: int = 3, cases_per_site: int = 12, size: int = 32, seed: int = 0) -> Federation:
+def _disc_federation(n_sites: int = 3, cases_per_site: int = 12, size: int = 32, seed: int = 0) -> Federation:
     """Hand-made 2D RGB federation: a bright disc (label 1) with a brighter cup (label 2) on noise;
     site k shifts the brightness so the sites differ a little."""
     rng = np.random.default_rng(seed)
@@ -57,5 +69,24 @@ def disc_federation(n_sites: int = 3, cases_per_site: int = 12, size: int = 32, 
 
 
 @pytest.fixture
-def discs() -> Federation:
+def tiny() -> dict:
+    """The tiny run-config dict (a deep copy: a test may change it)."""
+    return copy.deepcopy(TINY)
+
+
+@pytest.fixture(scope="session")
+def tiny_config():
+    """Factory ``tiny_config(**overrides) -> RunConfig``: ``TINY`` with ``overrides`` (dict values merged into
+    its sections)."""
+    return _tiny_config
+
+
+@pytest.fixture(scope="session")
+def disc_federation():
+    """Factory ``disc_federation(n_sites=3, cases_per_site=12, size=32, seed=0) -> Federation``."""
+    return _disc_federation
+
+
+@pytest.fixture
+def discs(disc_federation) -> Federation:
     return disc_federation()

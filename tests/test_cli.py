@@ -6,7 +6,6 @@ import json
 
 from typer.testing import CliRunner
 
-from conftest import disc_federation
 from fedseg.cli import app
 from fedseg.data.folder import write_folder
 
@@ -15,7 +14,7 @@ TINY_SETS = ["--set", "model.channels=[4,8,16]", "--set", "data.image_size=32", 
              "--set", "threads=1", "--set", "eval.hd95=false"]
 
 
-def test_run_on_a_folder_federation_writes_outputs_and_report(tmp_path):
+def test_run_on_a_folder_federation_writes_outputs_and_report(tmp_path, disc_federation):
     root = write_folder(disc_federation(n_sites=2, cases_per_site=8), tmp_path / "fed")
     out = tmp_path / "run"
     result = runner.invoke(app, ["run", "--preset", "demo", "--data", str(root), "--algorithms", "fedavg",
@@ -27,7 +26,7 @@ def test_run_on_a_folder_federation_writes_outputs_and_report(tmp_path):
     assert "fedavg" in result.output
 
 
-def test_run_on_malformed_data_fails_naming_the_file_and_writes_nothing(tmp_path):
+def test_run_on_malformed_data_fails_naming_the_file_and_writes_nothing(tmp_path, disc_federation):
     root = write_folder(disc_federation(n_sites=2, cases_per_site=8), tmp_path / "fed")
     victim = sorted((root / "site2" / "labels").iterdir())[0]
     victim.unlink()

@@ -7,7 +7,6 @@ import json
 
 import pytest
 
-from conftest import disc_federation, tiny_config
 from fedseg.algorithms.centralized import POOLED as CENTRALIZED_POOLED
 from fedseg.algorithms.qfedavg import LOSS_ACTION
 from fedseg.config import CostConfig, RunConfig
@@ -78,7 +77,7 @@ def test_centralized_pooled_participant_validates_every_site():
     assert c["simulated_seconds"] == pytest.approx((20 * 2 + 14 * 0.5) + 20 * 2)  # no comm: data is pooled
 
 
-def test_cost_config_defaults_are_the_papers_and_keys_are_checked():
+def test_cost_config_defaults_are_the_papers_and_keys_are_checked(tiny_config):
     cfg = RunConfig().cost
     assert (cfg.timing, cfg.batch_seconds, cfg.eval_seconds, cfg.download_mb_s, cfg.upload_mb_s, cfg.bytes_per_float) == (
         "config", 1.86, 0.80, 20.0, 13.3, 4)
@@ -88,7 +87,7 @@ def test_cost_config_defaults_are_the_papers_and_keys_are_checked():
         tiny_config(cost={"timing": "guessed"})
 
 
-def test_summary_json_and_report_carry_the_cost_table(tmp_path):
+def test_summary_json_and_report_carry_the_cost_table(tmp_path, tiny_config, disc_federation):
     cfg = tiny_config(algorithms=["fedavg", "qfedavg"], fl={"rounds": 2}, cost={"download_mb_s": 10.0})
     run_experiment(cfg, tmp_path, federation=disc_federation(n_sites=2, cases_per_site=8))
     summary = json.loads((tmp_path / "summary.json").read_text())

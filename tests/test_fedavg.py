@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import torch
 
-from conftest import disc_federation, tiny_config
 from fedseg.algorithms.aggregate import weighted_average
 from fedseg.algorithms.fedavg import FedAvgServer
 from fedseg.engine.messages import Message, prefixed
@@ -26,23 +25,23 @@ def test_weighted_average_is_the_weighted_mean():
 
 
 class _FakeTask:
-    def __init__(self, weighting):
-        self.cfg = tiny_config(fl={"weighting": weighting})
+    def __init__(self, cfg):
+        self.cfg = cfg
 
 
-def test_server_merge_uses_samples_or_uniform_weights():
+def test_server_merge_uses_samples_or_uniform_weights(tiny_config):
     updates = _updates()
     replies = {f"s{i}": Message(prefixed("model", u), {"num_examples": n}) for i, (u, n) in enumerate(zip(updates, [5, 15, 80]))}
     for weighting, weights in (("samples", [5, 15, 80]), ("uniform", [1, 1, 1])):
         server = FedAvgServer.__new__(FedAvgServer)
-        server.task = _FakeTask(weighting)
+        server.task = _FakeTask(tiny_config(fl={"weighting": weighting}))
         server.aggregate(replies)
         total = sum(weights)
         expected = sum(w / total * u["a"] for u, w in zip(updates, weights))
         torch.testing.assert_close(server.global_weights["a"], expected, rtol=0, atol=1e-6)
 
 
-def test_ledger_counts_two_models_per_site_per_round(tmp_path):
+def test_ledger_counts_two_models_per_site_per_round(tmp_path, tiny_config, disc_federation):
     cfg = tiny_config(fl={"rounds": 2})
     prep = prepare(cfg, disc_federation(n_sites=3, cases_per_site=8))
     result = run_algorithm("fedavg", prep, tmp_path, resume=False)
@@ -55,7 +54,7 @@ def test_ledger_counts_two_models_per_site_per_round(tmp_path):
     assert result.summary["floats_sent"] == 2 * 2 * params * 3
 
 
-def test_fedavg_with_one_site_equals_local_training(tmp_path):
+def test_fedavg_with_one_site_equals_local_training(tmp_path, tiny_config, disc_federation):
     cfg = tiny_config(fl={"rounds": 3}, algorithms=["fedavg", "local"])
     prep = prepare(cfg, disc_federation(n_sites=1, cases_per_site=16))
     fedavg = run_algorithm("fedavg", prep, tmp_path / "a", resume=False)

@@ -11,23 +11,30 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from conftest import disc_federation, tiny_config
 from fedseg.algorithms import get_algorithm
 from fedseg.algorithms.aggregate import softpull, weighted_average
-from fedseg.algorithms.fedsm import FedSMClient, at_gamma, new_selector
-from fedseg.algorithms.fedsm_model import SuperModel, extra_labels, route, super_model_from_bundle
+from fedseg.algorithms.fedsm.method import FedSMClient, at_gamma, new_selector
+from fedseg.algorithms.fedsm.model import SuperModel, extra_labels, route, super_model_from_bundle
 from fedseg.engine.messages import Message, weights_of
 from fedseg.engine.simulator import Simulator
 from fedseg.evaluate.inference import score_caseset
-from fedseg.models import build_selector, count_parameters
+from fedseg.algorithms.fedsm.selector import build_selector
+from fedseg.models import count_parameters
 from fedseg.run import prepare, run_algorithm, run_experiment
 from fedseg.train import segmentation_loss
 
 SEL = {"selector_width": 0.0625}  # 4..32 channels: a tiny selector for tests
 
 
-def _cfg(name="fedsm", rounds=2, **method):
-    return tiny_config(algorithms=[name], fl={"rounds": rounds}, eval={"hd95": False}, methods={name: {**SEL, **method}})
+@pytest.fixture
+def make_cfg(tiny_config):
+    """Factory ``make_cfg(name="fedsm", rounds=2, **method)``: one method with a tiny selector, no HD95."""
+
+    def make(name="fedsm", rounds=2, **method):
+        return tiny_config(algorithms=[name], fl={"rounds": rounds}, eval={"hd95": False},
+                           methods={name: {**SEL, **method}})
+
+    return make
 
 
 def _engine(name, cfg, fed, client=None, observers=()):
@@ -65,12 +72,12 @@ def test_softpull_matches_eq11_and_its_two_limits():
         assert all(torch.equal(w[n], models[k][n]) for n in w)
 
 
-def test_server_softpull_with_lambda_1_over_k_averages_and_lambda_1_keeps(tmp_path):
+def test_server_softpull_with_lambda_1_over_k_averages_and_lambda_1_keeps(tmp_path, make_cfg, disc_federation):
     fed = disc_federation(n_sites=3, cases_per_site=8)
     for lam in (1 / 3, 1.0):
         replies = {}
         observe = lambda site, action, msg, reply: replies.__setitem__(site, reply)  # noqa: E731
-        engine, server = _engine("fedsm", _cfg(lam=lam), fed, observers=[observe])
+        engine, server = _engine("fedsm", make_cfg(lam=lam), fed, observers=[observe])
         _round(engine, server, 1)
         sent = {s: r.group("personal") for s, r in replies.items()}
         uniform = weighted_average(list(sent.values()), [1.0] * 3)
@@ -83,18 +90,18 @@ def test_server_softpull_with_lambda_1_over_k_averages_and_lambda_1_keeps(tmp_pa
         assert not torch.equal(sent["site1"]["model.0.conv.weight"], sent["site2"]["model.0.conv.weight"])
 
 
-def test_lambda_outside_range_and_single_site_are_rejected():
+def test_lambda_outside_range_and_single_site_are_rejected(make_cfg, disc_federation):
     fed = disc_federation(n_sites=3, cases_per_site=8)
     with pytest.raises(ValueError, match=r"methods\.fedsm\.lam = 0\.2 must lie in \[1/K, 1\]"):
-        _engine("fedsm", _cfg(lam=0.2), fed)
+        _engine("fedsm", make_cfg(lam=0.2), fed)
     with pytest.raises(ValueError, match=r"methods\.fedsm\.lam"):
         get_algorithm("fedsm").parse_options({"lam": 1.5})
     with pytest.raises(ValueError, match=r"methods\.fedsm-extra\.lam = 0\.3"):
-        _engine("fedsm-extra", _cfg("fedsm-extra", rounds=3, lam=0.3), fed)
+        _engine("fedsm-extra", make_cfg("fedsm-extra", rounds=3, lam=0.3), fed)
     with pytest.raises(ValueError, match="at least 2 sites"):
-        _engine("fedsm", _cfg(), disc_federation(n_sites=1, cases_per_site=8))
+        _engine("fedsm", make_cfg(), disc_federation(n_sites=1, cases_per_site=8))
     with pytest.raises(ValueError, match=r"methods\.fedsm-extra\.extra_rounds = 2 must be smaller than fl\.rounds = 2"):
-        _engine("fedsm-extra", _cfg("fedsm-extra", rounds=2, extra_rounds=2), fed)
+        _engine("fedsm-extra", make_cfg("fedsm-extra", rounds=2, extra_rounds=2), fed)
 
 
 # --- selector -------------------------------------------------------------------------------
@@ -108,16 +115,16 @@ def test_selector_shapes_buffers_and_width():
     assert inst(torch.rand(2, 1, 32, 32, 32)).shape == (2, 3)
 
 
-def test_selector_labels_equal_the_site_index():
+def test_selector_labels_equal_the_site_index(make_cfg, disc_federation):
     seen = {}
 
     class Spy(FedSMClient):
         def selector_task(self, selector, msg, ctx):
-            model, data, loss = super().selector_task(selector, msg, ctx)
+            data, loss, hooks = super().selector_task(selector, msg, ctx)
             seen[ctx.site] = data.labels.clone()
-            return model, data, loss
+            return data, loss, hooks
 
-    engine, server = _engine("fedsm", _cfg(), disc_federation(n_sites=3, cases_per_site=8), client=Spy())
+    engine, server = _engine("fedsm", make_cfg(), disc_federation(n_sites=3, cases_per_site=8), client=Spy())
     _round(engine, server, 1)
     for k, site in enumerate(engine.sites):
         assert seen[site].tolist() == [k] * len(engine.site_data[site].train)
@@ -182,9 +189,9 @@ def test_extra_labels_are_the_argmin_of_the_loss_on_a_hand_made_example():
 
 
 # --- traffic ----------------------------------------------------------------------------------
-def test_ledger_shows_two_global_models_and_a_selector_per_site_and_round(tmp_path):
+def test_ledger_shows_two_global_models_and_a_selector_per_site_and_round(tmp_path, make_cfg, disc_federation):
     fed = disc_federation(n_sites=3, cases_per_site=8)
-    cfg = _cfg(rounds=2, average_selector_moments=False)  # the paper's configuration
+    cfg = make_cfg(rounds=2, average_selector_moments=False)  # the paper's configuration
     prep = prepare(cfg, fed)
     result = run_algorithm("fedsm", prep, tmp_path / "paper", resume=False)
     w_g = count_parameters(prep.task.new_model())
@@ -200,12 +207,12 @@ def test_ledger_shows_two_global_models_and_a_selector_per_site_and_round(tmp_pa
     # default: the selector's Adam moments travel too (exp_avg, exp_avg_sq per parameter, one step
     # counter per tensor), up from round 1 and down from round 2 -- counted, nothing hidden
     moments = sum(2 * p.numel() + 1 for p in selector.parameters())
-    result = run_algorithm("fedsm", prepare(_cfg(rounds=2), fed), tmp_path / "default", resume=False)
+    result = run_algorithm("fedsm", prepare(make_cfg(rounds=2), fed), tmp_path / "default", resume=False)
     rows = [(r["round"], r["floats_down"], r["floats_up"]) for r in result.ledger if r["action"] == "train"]
     assert rows == [(1, 2 * w_g + w_s, 2 * w_g + w_s + moments)] * 3 + [(2, 2 * w_g + w_s + moments, 2 * w_g + w_s + moments)] * 3
 
 
-def test_fedsm_global_model_equals_fedavg():
+def test_fedsm_global_model_equals_fedavg(tiny_config, disc_federation):
     fed = disc_federation(n_sites=3, cases_per_site=8)
     cfg = tiny_config(algorithms=["fedavg", "fedsm"], methods={"fedsm": SEL})
     (e1, fedavg), (e2, fedsm) = _engine("fedavg", cfg, fed), _engine("fedsm", cfg, fed)
@@ -226,9 +233,9 @@ class _Stop(Exception):
 
 
 @pytest.mark.parametrize("personalization", ["softpull", "apfl", "pfedme"])
-def test_fedsm_resume_and_determinism(tmp_path, personalization):
+def test_fedsm_resume_and_determinism(tmp_path, personalization, make_cfg, disc_federation):
     """Also APFL's client state (v_k, alpha_k) and pFedMe's server model survive a stop after round 2 of 3."""
-    cfg = _cfg(rounds=3, personalization=personalization)
+    cfg = make_cfg(rounds=3, personalization=personalization)
     fed = disc_federation(n_sites=3, cases_per_site=8)
     full = run_experiment(cfg, tmp_path / "full", federation=fed)
     again = run_experiment(cfg, tmp_path / "again", federation=fed)
@@ -251,7 +258,7 @@ def test_fedsm_resume_and_determinism(tmp_path, personalization):
     assert _numbers(summaries[0]) == _numbers(summaries[1]) == _numbers(summaries[2])
 
 
-def test_end_to_end_fedsm_extra_and_ensemble(tmp_path):
+def test_end_to_end_fedsm_extra_and_ensemble(tmp_path, tiny_config, disc_federation):
     names = ["fedsm", "fedsm-extra", "fedsm-ensemble"]
     cfg = tiny_config(algorithms=names, fl={"rounds": 3}, eval={"hd95": False},
                       methods={"fedsm": SEL, "fedsm-extra": {**SEL, "extra_rounds": 1}, "fedsm-ensemble": {**SEL, "extra_rounds": 1}})

@@ -23,7 +23,6 @@ from flwr.app import Array, ArrayRecord, Message as FlwrMessage, Metadata, Metri
 from flwr.serverapp.strategy import FedAdam, FedAvg, FedMedian, FedProx, FedTrimmedAvg
 from torch import nn
 
-from conftest import tiny_config
 from fedseg.algorithms import get_algorithm
 from fedseg.algorithms.fedavg import MODEL
 from fedseg.engine.messages import Message, prefixed
@@ -65,23 +64,31 @@ class _Params(nn.Module):
 
 
 class _Task:
-    cfg = tiny_config()
+    def __init__(self, cfg):
+        self.cfg = cfg
 
     def new_model(self):
         return _Params()
 
 
-def fedseg_merge(name: str, models, samples, options: dict | None = None, server=None, start=None):
-    """One fedseg server merge of ``models`` (with ``samples``) from global model ``start``."""
-    spec = get_algorithm(name)
-    if server is None:
-        server = spec.server(None, _Task(), spec.parse_options(options))
-    if start is not None:
-        server.global_weights = {k: torch.from_numpy(v.copy()) for k, v in start.items()}
-    replies = {f"site{i}": Message(prefixed(MODEL, {k: torch.from_numpy(v.copy()) for k, v in m.items()}), {"num_examples": n})
-               for i, (m, n) in enumerate(zip(models, samples))}
-    server.aggregate(replies)
-    return server
+@pytest.fixture
+def fedseg_merge(tiny_config):
+    """The function ``fedseg_merge(name, models, samples, options=None, server=None, start=None)``."""
+
+    def merge(name: str, models, samples, options: dict | None = None, server=None, start=None):
+        """One fedseg server merge of ``models`` (with ``samples``) from global model ``start``."""
+        spec = get_algorithm(name)
+        if server is None:
+            server = spec.server(None, _Task(tiny_config()), spec.parse_options(options))
+        if start is not None:
+            server.global_weights = {k: torch.from_numpy(v.copy()) for k, v in start.items()}
+        replies = {f"site{i}": Message(prefixed(MODEL, {k: torch.from_numpy(v.copy()) for k, v in m.items()}),
+                                       {"num_examples": n})
+                   for i, (m, n) in enumerate(zip(models, samples))}
+        server.aggregate(replies)
+        return server
+
+    return merge
 
 
 def assert_agree(fedseg_weights: dict[str, torch.Tensor], flower_arrays: ArrayRecord):
@@ -91,27 +98,27 @@ def assert_agree(fedseg_weights: dict[str, torch.Tensor], flower_arrays: ArrayRe
 
 
 @pytest.mark.parametrize("n_sites", [3, 4])
-def test_fedavg_samples_weighted_agrees_with_flower(n_sites):
+def test_fedavg_samples_weighted_agrees_with_flower(n_sites, fedseg_merge):
     models, samples = client_models(n_sites, seed=n_sites), SAMPLES[:n_sites]
     arrays, _ = FedAvg().aggregate_train(1, flower_replies(models, samples))
     assert_agree(fedseg_merge("fedavg", models, samples).global_weights, arrays)
 
 
-def test_fedprox_server_merge_agrees_with_flower():
+def test_fedprox_server_merge_agrees_with_flower(fedseg_merge):
     models = client_models(4, seed=11)
     arrays, _ = FedProx(proximal_mu=0.01).aggregate_train(1, flower_replies(models, SAMPLES))
     assert_agree(fedseg_merge("fedprox", models, SAMPLES, {"mu": 0.01}).global_weights, arrays)
 
 
 @pytest.mark.parametrize("n_sites", [3, 4])
-def test_fedmedian_agrees_with_flower(n_sites):
+def test_fedmedian_agrees_with_flower(n_sites, fedseg_merge):
     models, samples = client_models(n_sites, seed=20 + n_sites), SAMPLES[:n_sites]
     arrays, _ = FedMedian().aggregate_train(1, flower_replies(models, samples))
     assert_agree(fedseg_merge("fedmedian", models, samples).global_weights, arrays)
 
 
 @pytest.mark.parametrize("beta", [0.2, 0.25, 0.3])  # with 4 sites: cut 0, 1, 1 per end
-def test_fedtrimmedavg_agrees_with_flower(beta):
+def test_fedtrimmedavg_agrees_with_flower(beta, fedseg_merge):
     models = client_models(4, seed=30)
     arrays, _ = FedTrimmedAvg(beta=beta).aggregate_train(1, flower_replies(models, SAMPLES))
     assert_agree(fedseg_merge("fedtrimmedavg", models, SAMPLES, {"beta": beta}).global_weights, arrays)
@@ -123,7 +130,7 @@ def flower_eta_norm(eta: float, beta1: float, beta2: float, server_round: int) -
 
 
 @pytest.mark.parametrize("tau", [1e-3, 1e-8])
-def test_fedadam_one_and_two_server_steps_agree_with_flower(tau):
+def test_fedadam_one_and_two_server_steps_agree_with_flower(tau, fedseg_merge):
     eta, beta1, beta2 = 0.01, 0.9, 0.99
     rng = np.random.default_rng(5)
     start = {k: rng.normal(0, 1, s).astype(np.float32) for k, s in SHAPES.items()}

@@ -18,7 +18,6 @@ import yaml
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
-from conftest import TINY, disc_federation
 from fedseg.algorithms import ALGORITHMS
 from fedseg.cli import app
 from fedseg.data.folder import write_folder
@@ -26,17 +25,19 @@ from fedseg.flower.certs import make_node_key
 from fedseg.flower.deploy import Processes, flower_env, free_ports, is_running
 from fedseg.flower.launch import supernode_command
 
+pytestmark = pytest.mark.slow  # every test starts Flower processes (SuperLink, SuperNodes, apps)
+
 runner = CliRunner()
 DEMANDING = [a for a in ("fedsm", "scaffold") if a in ALGORITHMS]  # per-site payloads, several models, client state
 
 
 @pytest.fixture(scope="module")
-def folder(tmp_path_factory) -> Path:
+def folder(tmp_path_factory, disc_federation) -> Path:
     return write_folder(disc_federation(n_sites=2, cases_per_site=8), tmp_path_factory.mktemp("flower") / "fed")
 
 
-def _config(path: Path, algorithms: list[str], rounds: int) -> Path:
-    cfg = {**TINY, "algorithms": algorithms, "fl": {"rounds": rounds}, "methods": {"fedsm": {"selector_width": 0.0625}}}
+def _config(tiny: dict, path: Path, algorithms: list[str], rounds: int) -> Path:
+    cfg = {**tiny, "algorithms": algorithms, "fl": {"rounds": rounds}, "methods": {"fedsm": {"selector_width": 0.0625}}}
     path.write_text(yaml.safe_dump(cfg))
     return path
 
@@ -102,9 +103,9 @@ def _wait_for(log: Path, text: str, timeout: float = 180) -> None:
     raise TimeoutError(f"{text!r} not in {log} after {timeout} s:\n{log.read_text() if log.is_file() else ''}")
 
 
-def test_flower_local_gives_the_simulators_numbers_for_fedavg_and_the_demanding_methods(folder, tmp_path):
+def test_flower_local_gives_the_simulators_numbers_for_fedavg_and_the_demanding_methods(folder, tmp_path, tiny):
     """FedAvg, FedSM and SCAFFOLD, 2 rounds, 2 sites: identical results through Flower (warm ClientApp workers)."""
-    cfg = _config(tmp_path / "cfg.yaml", ["fedavg", *DEMANDING], rounds=2)
+    cfg = _config(tiny, tmp_path / "cfg.yaml", ["fedavg", *DEMANDING], rounds=2)
     sim = runner.invoke(app, ["run", "--config", str(cfg), "--data", str(folder), "--out", str(tmp_path / "sim")])
     assert sim.exit_code == 0, sim.output
     out = tmp_path / "flower"
@@ -115,9 +116,9 @@ def test_flower_local_gives_the_simulators_numbers_for_fedavg_and_the_demanding_
     assert not _survivors(out / "flower")
 
 
-def test_flower_local_with_tls_and_node_authentication_in_flowers_default_isolation(folder, tmp_path):
+def test_flower_local_with_tls_and_node_authentication_in_flowers_default_isolation(folder, tmp_path, tiny):
     """TLS, registered SuperNode keys, one ClientApp process per message: still the simulator's numbers."""
-    cfg = _config(tmp_path / "cfg.yaml", ["fedavg"], rounds=1)
+    cfg = _config(tiny, tmp_path / "cfg.yaml", ["fedavg"], rounds=1)
     sim = runner.invoke(app, ["run", "--config", str(cfg), "--data", str(folder), "--out", str(tmp_path / "sim")])
     assert sim.exit_code == 0, sim.output
     out = tmp_path / "flower"
@@ -132,7 +133,7 @@ def test_flower_local_with_tls_and_node_authentication_in_flowers_default_isolat
     assert not _survivors(out / "flower")
 
 
-def test_unregistered_supernode_is_refused_and_a_missing_site_fails_the_run_clearly(folder, tmp_path):
+def test_unregistered_supernode_is_refused_and_a_missing_site_fails_the_run_clearly(folder, tmp_path, tiny):
     """Coordinator (`fedseg flower server`, TLS, keys of site1 and site2 registered) + two hospitals: site1 with its
     key, site2 with a key nobody registered. The SuperLink refuses site2's SuperNode; every site is required, so the
     run fails naming site2 and how to fix it."""
@@ -140,7 +141,7 @@ def test_unregistered_supernode_is_refused_and_a_missing_site_fails_the_run_clea
     made = runner.invoke(app, ["flower", "certs", "--out", str(certs), "--node", "site1", "--node", "site2"])
     assert made.exit_code == 0, made.output
     rogue_key, _ = make_node_key(tmp_path / "rogue", "site2")
-    cfg = _config(tmp_path / "cfg.yaml", ["fedavg"], rounds=1)
+    cfg = _config(tiny, tmp_path / "cfg.yaml", ["fedavg"], rounds=1)
     link_port, port1, port2 = free_ports(3)
     superlink = f"127.0.0.1:{link_port}"
     hospitals = tmp_path / "hospitals"
@@ -168,8 +169,8 @@ def test_unregistered_supernode_is_refused_and_a_missing_site_fails_the_run_clea
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_interrupting_flower_local_stops_every_process_it_started(folder, tmp_path, sig):
-    cfg = _config(tmp_path / "cfg.yaml", ["fedavg"], rounds=2)
+def test_interrupting_flower_local_stops_every_process_it_started(folder, tmp_path, sig, tiny):
+    cfg = _config(tiny, tmp_path / "cfg.yaml", ["fedavg"], rounds=2)
     out = tmp_path / "flower"
     proc = subprocess.Popen([sys.executable, "-m", "fedseg.cli", "flower", "local", "--config", str(cfg), "--data", str(folder),
                              "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

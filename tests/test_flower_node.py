@@ -16,7 +16,6 @@ from flwr.app.message import make_message
 from PIL import Image
 from typer.testing import CliRunner
 
-from conftest import disc_federation, tiny_config
 from fedseg.cli import app
 from fedseg.data.check import check_folder
 from fedseg.data.federation import FederationError
@@ -28,8 +27,7 @@ from fedseg.flower.server import federation_from_record, federation_record
 runner = CliRunner()
 
 
-def _context(site: str, data: Path, cfg=None) -> Context:
-    cfg = cfg or tiny_config()
+def _context(site: str, data: Path, cfg) -> Context:
     return Context(run_id=1, node_id=7, node_config={"site": site, "data": str(data)}, state=RecordDict(),
                    run_config={"fedseg-config": cfg.model_dump_json()})
 
@@ -48,49 +46,49 @@ def _info(fed) -> FlowerMessage:
 
 
 @pytest.fixture
-def folder(tmp_path: Path) -> Path:
+def folder(tmp_path: Path, disc_federation) -> Path:
     return write_folder(disc_federation(2, 8), tmp_path / "fed")
 
 
-def test_info_checks_the_data_and_reports_the_simulators_split_sizes(folder):
+def test_info_checks_the_data_and_reports_the_simulators_split_sizes(folder, tiny_config):
     fed = check_folder(folder)
-    reply = node.handle(_info(fed), _context("site2", folder))
+    reply = node.handle(_info(fed), _context("site2", folder, tiny_config()))
     assert not reply.has_error()
     info = dict(reply.content[node.ENGINE])
     splits = make_splits(fed, tiny_config().data.split, tiny_config().seed)["site2"]
     assert info == {"site": "site2", "cases": 8, **{s: list(splits.values()).count(s) for s in ("train", "val", "test")}}
 
 
-def test_info_on_an_invalid_folder_answers_with_the_data_check_message(folder):
+def test_info_on_an_invalid_folder_answers_with_the_data_check_message(folder, tiny_config):
     fed = check_folder(folder)
     label = folder / "site1" / "labels" / "s1_000.png"
     Image.fromarray(np.full((32, 32), 9, np.uint8)).save(label)  # label value 9 is in no region
     with pytest.raises(FederationError) as expected:
         check_folder(folder)
-    reply = node.handle(_info(fed), _context("site1", folder))
+    reply = node.handle(_info(fed), _context("site1", folder, tiny_config()))
     assert reply.has_error()
     assert reply.error.reason.startswith("data check failed on site 'site1':")
     assert str(expected.value) in reply.error.reason and "label values 9 are not in any region" in reply.error.reason
 
 
-def test_info_refuses_a_missing_site_and_a_different_federation(folder):
+def test_info_refuses_a_missing_site_and_a_different_federation(folder, tiny_config, disc_federation):
     fed = check_folder(folder)
-    reply = node.handle(_info(fed), _context("site9", folder))
+    reply = node.handle(_info(fed), _context("site9", folder, tiny_config()))
     assert reply.has_error() and "no folder for site 'site9'" in reply.error.reason
     other = disc_federation(2, 8)
     other.channels = 1
-    reply = node.handle(_info(other), _context("site1", folder))
+    reply = node.handle(_info(other), _context("site1", folder, tiny_config()))
     assert reply.has_error() and "does not match the coordinator's federation" in reply.error.reason
 
 
-def test_a_node_without_site_and_data_in_its_node_config_says_how_to_start_it(folder):
+def test_a_node_without_site_and_data_in_its_node_config_says_how_to_start_it(folder, tiny_config):
     ctx = Context(run_id=1, node_id=7, node_config={}, state=RecordDict(), run_config={"fedseg-config": tiny_config().model_dump_json()})
     reply = node.handle(_info(check_folder(folder)), ctx)
     assert reply.has_error() and "fedseg flower supernode --site NAME --data ROOT" in reply.error.reason
 
 
-def test_restore_needs_the_snapshot_it_names(folder):
-    ctx = _context("site1", folder)
+def test_restore_needs_the_snapshot_it_names(folder, tiny_config):
+    ctx = _context("site1", folder, tiny_config())
     assert not node.handle(_query(node.SNAPSHOT, {"site": "site1", "algorithm": "fedavg", "tag": 2}), ctx).has_error()
     assert not node.handle(_query(node.RESTORE, {"site": "site1", "algorithm": "fedavg", "tag": 2}), ctx).has_error()
     reply = node.handle(_query(node.RESTORE, {"site": "site1", "algorithm": "fedavg", "tag": 1}), ctx)
@@ -104,6 +102,7 @@ def test_the_coordinator_knows_the_federation_header_and_site_names_only(folder)
     assert all(site.cases == [] for site in back.sites)
 
 
+@pytest.mark.slow  # starts a `fedseg flower supernode` process
 def test_supernode_with_an_invalid_folder_fails_with_the_data_check_message_before_connecting(folder):
     (folder / "site1" / "images" / "s1_003.png").unlink()
     with pytest.raises(FederationError) as expected:
@@ -129,7 +128,8 @@ class _Stop(Exception):
     pass
 
 
-def test_a_half_done_run_cannot_be_resumed_on_flower_but_the_simulator_resumes_it(tmp_path):
+def test_a_half_done_run_cannot_be_resumed_on_flower_but_the_simulator_resumes_it(tmp_path, tiny_config,
+                                                                                   disc_federation):
     """run.py's checkpoints hold the simulator's client states; on Flower they live on the nodes."""
     from fedseg.flower.engine import Courier, FlowerEngine, SiteMap
     from fedseg.run import prepare, run_algorithm, run_experiment

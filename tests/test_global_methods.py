@@ -9,7 +9,6 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import disc_federation, tiny_config
 from fedseg.algorithms import get_algorithm
 from fedseg.algorithms.aggregate import coordinate_median, trimmed_mean
 from fedseg.algorithms.fedadam import FedAdamOptions, FedAdamServer
@@ -28,15 +27,28 @@ from fedseg.run import prepare, run_algorithm
 SGD = {"optimizer": "sgd", "lr": 0.05, "momentum": 0.0}
 
 
-def uneven_federation(sizes=(8, 16, 24)) -> Federation:
-    """Disc federation whose sites hold ``sizes`` cases (train splits 4, 8, 12: 1, 2, 3 steps per epoch at batch 4)."""
-    fed = disc_federation(n_sites=len(sizes), cases_per_site=max(sizes))
-    fed.sites = [Site(s.name, s.cases[:n]) for s, n in zip(fed.sites, sizes)]
-    return fed
+@pytest.fixture
+def uneven_federation(disc_federation):
+    """Factory ``uneven_federation(sizes=(8, 16, 24)) -> Federation``."""
+
+    def make(sizes=(8, 16, 24)) -> Federation:
+        """Disc federation whose sites hold ``sizes`` cases (train splits 4, 8, 12: 1, 2, 3 steps per epoch at
+        batch 4)."""
+        fed = disc_federation(n_sites=len(sizes), cases_per_site=max(sizes))
+        fed.sites = [Site(s.name, s.cases[:n]) for s, n in zip(fed.sites, sizes)]
+        return fed
+
+    return make
 
 
-def run(name, cfg, tmp_path, fed=None):
-    return run_algorithm(name, prepare(cfg, fed or uneven_federation()), tmp_path / name, resume=False)
+@pytest.fixture
+def run(uneven_federation):
+    """The function ``run(name, cfg, tmp_path, fed=None)``: one algorithm, on ``uneven_federation()`` by default."""
+
+    def run_one(name, cfg, tmp_path, fed=None):
+        return run_algorithm(name, prepare(cfg, fed or uneven_federation()), tmp_path / name, resume=False)
+
+    return run_one
 
 
 def assert_same_bundle(a, b, model="global"):
@@ -62,8 +74,8 @@ class _Params(nn.Module):
 
 
 class _Task:
-    def __init__(self, shapes, **cfg):
-        self.cfg = tiny_config(**cfg)
+    def __init__(self, shapes, cfg):
+        self.cfg = cfg
         self.shapes = shapes
 
     def new_model(self):
@@ -75,8 +87,14 @@ def hand_models(n_sites=4, seed=3):
     return [{"a": torch.randn(4, 3, generator=g), "b": torch.randn(5, generator=g)} for _ in range(n_sites)]
 
 
-def make_server(cls, options, models, **cfg):
-    return cls(None, _Task({k: v.shape for k, v in models[0].items()}, **cfg), options)
+@pytest.fixture
+def make_server(tiny_config):
+    """The function ``make_server(cls, options, models, **cfg)``: a server of hand-made models' shapes."""
+
+    def make(cls, options, models, **cfg):
+        return cls(None, _Task({k: v.shape for k, v in models[0].items()}, tiny_config(**cfg)), options)
+
+    return make
 
 
 def replies_of(models, n):
@@ -97,7 +115,7 @@ def test_coordinate_median_and_trimmed_mean_on_hand_made_arrays():
         trimmed_mean(two_d, 0.5)
 
 
-def test_median_and_trimmed_servers_ignore_sample_counts():
+def test_median_and_trimmed_servers_ignore_sample_counts(make_server):
     models = hand_models(5)
     replies = replies_of(models, [1, 1000, 3, 4, 5])
     median = make_server(FedMedianServer, FedMedianOptions(), models)
@@ -110,7 +128,7 @@ def test_median_and_trimmed_servers_ignore_sample_counts():
     torch.testing.assert_close(trimmed.global_weights["a"], expected, rtol=0, atol=1e-7)
 
 
-def test_fedadam_one_and_two_server_steps_equal_the_hand_computed_adam_steps():
+def test_fedadam_one_and_two_server_steps_equal_the_hand_computed_adam_steps(make_server):
     models, n = hand_models(3), [10, 30, 60]
     opts = FedAdamOptions(eta_s=0.01, beta1=0.9, beta2=0.99, tau=1e-3)
     server = make_server(FedAdamServer, opts, models)
@@ -145,7 +163,7 @@ def test_fedadam_one_and_two_server_steps_equal_the_hand_computed_adam_steps():
         assert torch.equal(server.global_weights[k], clone.global_weights[k])
 
 
-def test_fednova_merges_by_hand():
+def test_fednova_merges_by_hand(make_server):
     models, n = hand_models(3), [10, 30, 60]
     w0 = {"a": torch.zeros(4, 3), "b": torch.zeros(5)}
     # general form: w + tau_eff sum_k p_k (w_k - w) / a_k, tau_eff = sum_k p_k a_k
@@ -184,7 +202,7 @@ def test_fednova_momentum_norm_is_the_total_step_weight_of_heavy_ball_sgd(rho):
 # --- whole runs through the simulator -----------------------------------------------------
 
 
-def test_fedavg_variants_fixed_iterations_and_uniform_averaging(tmp_path):
+def test_fedavg_variants_fixed_iterations_and_uniform_averaging(tmp_path, run, tiny_config):
     assert get_algorithm("fedavg-steps").parse_options({}).local_steps == 20
     assert get_algorithm("fedavg-uniform").parse_options({}).weighting == "uniform"
     cfg = tiny_config(fl={"rounds": 1}, methods={"fedavg-steps": {"local_steps": 3}})
@@ -197,7 +215,7 @@ def test_fedavg_variants_fixed_iterations_and_uniform_averaging(tmp_path):
     assert_same_bundle(uniform, run("fedavg", tiny_config(fl={"rounds": 1, "weighting": "uniform"}), tmp_path / "u"))
 
 
-def test_fedprox_with_mu_zero_equals_fedavg(tmp_path):
+def test_fedprox_with_mu_zero_equals_fedavg(tmp_path, run, tiny_config):
     cfg = tiny_config(fl={"rounds": 2}, methods={"fedprox": {"mu": 0.0}})
     fedavg, prox0 = run("fedavg", cfg, tmp_path), run("fedprox", cfg, tmp_path)
     assert_same_bundle(fedavg, prox0)
@@ -217,7 +235,7 @@ def test_proximal_term_is_half_mu_squared_distance_with_gradient_mu_times_differ
         torch.testing.assert_close(p.grad, 0.3 * (p.detach() - anchor[k]))
 
 
-def test_fednova_with_equal_steps_and_plain_sgd_equals_fedavg(tmp_path):
+def test_fednova_with_equal_steps_and_plain_sgd_equals_fedavg(tmp_path, run, tiny_config):
     cfg = tiny_config(train={**SGD, "budget": {"unit": "steps", "amount": 2}}, methods={"fednova": {"variant": "general"}})
     fedavg, nova = run("fedavg", cfg, tmp_path), run("fednova", cfg, tmp_path)
     assert_same_bundle(fedavg, nova)
@@ -226,7 +244,7 @@ def test_fednova_with_equal_steps_and_plain_sgd_equals_fedavg(tmp_path):
     assert_different_bundle(run("fednova", epochs, tmp_path / "e"), run("fedavg", epochs, tmp_path / "e"))
 
 
-def test_scaffold_round_one_is_fedavg_and_traffic_is_twice_fedavg(tmp_path):
+def test_scaffold_round_one_is_fedavg_and_traffic_is_twice_fedavg(tmp_path, run, uneven_federation, tiny_config):
     cfg = tiny_config(fl={"rounds": 1})
     fedavg, scaffold = run("fedavg", cfg, tmp_path), run("scaffold", cfg, tmp_path)
     assert_same_bundle(fedavg, scaffold)  # c = c_k = 0: same local steps, same merge
@@ -245,7 +263,7 @@ def _simulator(name, cfg, fed, observers=None):
     return engine, spec.server(engine, prep.task, options)
 
 
-def test_scaffold_control_variates_use_the_steps_actually_taken(tmp_path):
+def test_scaffold_control_variates_use_the_steps_actually_taken(tmp_path, uneven_federation, tiny_config):
     """Unequal sites (1, 2, 3 steps per epoch): c_k+ = c_k - c + (w - w_k) / (s_k eta_l), checked
     from the messages of rounds 1 and 2, and the server's c follows Eq. 8."""
     cfg = tiny_config(train=SGD)
@@ -280,7 +298,8 @@ MOMENTUM_SGD = {**SGD, "momentum": 0.9}
 
 @pytest.mark.parametrize("train, correction", [(SGD, "gradient"), (SGD, "step"), ({"optimizer": "adam"}, "auto"),
                                                (MOMENTUM_SGD, "auto")])
-def test_scaffold_local_step_is_the_optimizer_step_corrected_by_c_minus_c_k(train, correction):
+def test_scaffold_local_step_is_the_optimizer_step_corrected_by_c_minus_c_k(train, correction, uneven_federation,
+                                                                            tiny_config):
     """One local step: w_k = step(w) - eta (c - c_k), where step(w) is a FedAvg client's optimizer
     step on the same batch (same random stream). With SGD the gradient correction (Eq. 9) and the
     step correction give exactly this; with Adam (``auto`` -> ``step``) the step correction does."""
@@ -308,12 +327,12 @@ def test_scaffold_local_step_is_the_optimizer_step_corrected_by_c_minus_c_k(trai
 
 
 @pytest.mark.parametrize("train, expected", [(SGD, "gradient"), (MOMENTUM_SGD, "step"), ({"optimizer": "adam"}, "step")])
-def test_scaffold_auto_correction_is_gradient_only_for_sgd_without_momentum(train, expected):
+def test_scaffold_auto_correction_is_gradient_only_for_sgd_without_momentum(train, expected, tiny_config):
     ctx = SimpleNamespace(cfg=tiny_config(train=train), options=get_algorithm("scaffold").parse_options({}))
     assert correction_mode(ctx) == expected
 
 
-def test_scaffold_refuses_the_gradient_correction_with_momentum_sgd():
+def test_scaffold_refuses_the_gradient_correction_with_momentum_sgd(uneven_federation, tiny_config):
     """The momentum buffer would amplify c - c_k and the control variates diverge (module doc)."""
     cfg = tiny_config(train=MOMENTUM_SGD, methods={"scaffold": {"correction": "gradient"}})
     engine, server = _simulator("scaffold", cfg, uneven_federation())
@@ -322,7 +341,8 @@ def test_scaffold_refuses_the_gradient_correction_with_momentum_sgd():
         server.run_round(1)
 
 
-def test_fednova_general_with_momentum_sgd_starts_every_round_from_a_zero_momentum_buffer():
+def test_fednova_general_with_momentum_sgd_starts_every_round_from_a_zero_momentum_buffer(uneven_federation,
+                                                                                          tiny_config):
     """a_k assumes a zero buffer at the start of the round, so the general variant keeps no optimizer
     state even with ``keep_optimizer_state: true``; FedAvg with the same config keeps it."""
     cfg = tiny_config(fl={"rounds": 1}, train={**MOMENTUM_SGD, "keep_optimizer_state": True},
@@ -337,7 +357,8 @@ def test_fednova_general_with_momentum_sgd_starts_every_round_from_a_zero_moment
 
 
 @pytest.mark.parametrize("name, options", [("fedadam", {}), ("fednova", {"variant": "fets"}), ("fedmedian", {})])
-def test_batchnorm_statistics_are_averaged_like_fedavg_whatever_the_server_rule(name, options):
+def test_batchnorm_statistics_are_averaged_like_fedavg_whatever_the_server_rule(name, options, uneven_federation,
+                                                                               tiny_config):
     """Buffers (running mean/var) get FedAvg's weighted average; the parameters get the method's rule."""
     cfg = tiny_config(model={"norm": "batch"}, methods={name: options})
     seen = []
@@ -362,7 +383,7 @@ class _Stop(Exception):
 
 
 @pytest.mark.parametrize("name", ["scaffold", "fedadam"])
-def test_resume_after_interruption_equals_uninterrupted_run(tmp_path, name):
+def test_resume_after_interruption_equals_uninterrupted_run(tmp_path, name, uneven_federation, tiny_config):
     # validation (and so best-round selection) only after round 3: the bundle is the model of the round after resuming
     cfg = tiny_config(fl={"rounds": 3, "validate_every": 3}, methods={"fedadam": {"eta_s": 0.01}})
     prep = prepare(cfg, uneven_federation())

@@ -8,11 +8,10 @@ from collections import defaultdict
 import pytest
 import torch
 
-from conftest import disc_federation, tiny_config
 from fedseg.algorithms import get_algorithm
 from fedseg.algorithms.fedavg import state_group
-from fedseg.algorithms.fedsm import new_selector
-from fedseg.algorithms.personalize import APFL_ALPHA, APFL_V, PERSONAL, TRACK, personalization
+from fedseg.algorithms.fedsm.method import new_selector
+from fedseg.algorithms.fedsm.personalize import APFL_ALPHA, APFL_V, PERSONAL, TRACK, personalization
 from fedseg.engine.messages import Message, load_weights, prefixed
 from fedseg.models import count_parameters
 from fedseg.run import prepare, run_algorithm
@@ -23,9 +22,15 @@ SEL = {"selector_width": 0.0625, "average_selector_moments": False}  # tiny sele
 STRATEGIES = ("softpull", "ft", "apfl", "perfedavg", "pfedme")
 
 
-def _cfg(strategy, name="fedsm", rounds=2, train=None, **method):
-    return tiny_config(algorithms=[name], fl={"rounds": rounds}, eval={"hd95": False}, train=train or {},
-                       methods={name: {**SEL, "personalization": strategy, **method}})
+@pytest.fixture
+def make_cfg(tiny_config):
+    """Factory ``make_cfg(strategy, name="fedsm", rounds=2, train=None, **method)``."""
+
+    def make(strategy, name="fedsm", rounds=2, train=None, **method):
+        return tiny_config(algorithms=[name], fl={"rounds": rounds}, eval={"hd95": False}, train=train or {},
+                           methods={name: {**SEL, "personalization": strategy, **method}})
+
+    return make
 
 
 def _recorder():
@@ -49,9 +54,10 @@ TRAFFIC = {"softpull": (1, 1), "ft": (0, 1), "apfl": (0, 1), "perfedavg": (1, 2)
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
-def test_each_personalization_trains_two_rounds_with_finite_results_and_honest_ledger(tmp_path, strategy):
+def test_each_personalization_trains_two_rounds_with_finite_results_and_honest_ledger(tmp_path, strategy, make_cfg,
+                                                                                    disc_federation):
     fed = disc_federation(n_sites=3, cases_per_site=8)
-    cfg = _cfg(strategy)
+    cfg = make_cfg(strategy)
     prep = prepare(cfg, fed)
     result = run_algorithm("fedsm", prep, tmp_path, resume=False)
     dice = result.summary["dice"]
@@ -69,10 +75,10 @@ def test_each_personalization_trains_two_rounds_with_finite_results_and_honest_l
     assert rows == [(rnd, w + w_s + down * w, w + w_s + up * w + extra_up) for rnd in (1, 2) for _ in range(3)]
 
 
-def test_fedsm_extra_accepts_a_personalization(tmp_path):
+def test_fedsm_extra_accepts_a_personalization(tmp_path, make_cfg, disc_federation):
     """Phase 1 of fedsm-extra trains the personalized track of the option (here pFedMe: w down, w_k and theta_k up)."""
     fed = disc_federation(n_sites=3, cases_per_site=8)
-    cfg = _cfg("pfedme", name="fedsm-extra", rounds=3, extra_rounds=1)
+    cfg = make_cfg("pfedme", name="fedsm-extra", rounds=3, extra_rounds=1)
     prep = prepare(cfg, fed)
     result = run_algorithm("fedsm-extra", prep, tmp_path, resume=False)
     assert all(math.isfinite(v) for v in result.summary["dice"].values())
@@ -93,11 +99,12 @@ def test_unknown_personalization_is_rejected_naming_the_field():
 
 
 # --- APFL ----------------------------------------------------------------------------------------
-def test_apfl_fixed_alpha_one_gives_the_local_model_and_zero_the_global_model():
+def test_apfl_fixed_alpha_one_gives_the_local_model_and_zero_the_global_model(make_cfg, disc_federation):
     fed = disc_federation(n_sites=3, cases_per_site=8)
     for alpha in (1.0, 0.0):
         seen, observe = _recorder()
-        engine, server = _engine("fedsm", _cfg("apfl", apfl_alpha=alpha, apfl_adaptive=False), fed, observers=[observe])
+        cfg = make_cfg("apfl", apfl_alpha=alpha, apfl_adaptive=False)
+        engine, server = _engine("fedsm", cfg, fed, observers=[observe])
         for rnd in (1, 2):
             _round(engine, server, rnd)
         for site in engine.sites:
@@ -110,20 +117,20 @@ def test_apfl_fixed_alpha_one_gives_the_local_model_and_zero_the_global_model():
             assert not _equal(v, server.global_weights)  # v_k trained (alpha = 1) / kept apart from w_g
 
 
-def test_apfl_adaptive_alpha_moves_and_stays_in_unit_interval():
+def test_apfl_adaptive_alpha_moves_and_stays_in_unit_interval(make_cfg, disc_federation):
     fed = disc_federation(n_sites=3, cases_per_site=8)
-    engine, server = _engine("fedsm", _cfg("apfl", apfl_alpha=0.5, apfl_alpha_lr=1.0), fed)
+    engine, server = _engine("fedsm", make_cfg("apfl", apfl_alpha=0.5, apfl_alpha_lr=1.0), fed)
     for rnd in (1, 2):
         _round(engine, server, rnd)
     alphas = [float(engine.client_states[s][APFL_ALPHA]) for s in engine.sites]
     assert all(0.0 <= a <= 1.0 for a in alphas) and any(a != 0.5 for a in alphas)
 
 
-def test_apfl_is_deterministic():
+def test_apfl_is_deterministic(make_cfg, disc_federation):
     fed = disc_federation(n_sites=3, cases_per_site=8)
     runs = []
     for _ in range(2):
-        engine, server = _engine("fedsm", _cfg("apfl"), fed)
+        engine, server = _engine("fedsm", make_cfg("apfl"), fed)
         for rnd in (1, 2):
             _round(engine, server, rnd)
         runs.append((server, engine.client_states))
@@ -147,24 +154,24 @@ def test_pfedme_server_update_equals_the_formula_on_hand_made_arrays():
     assert all(_equal(personal[s], theta[s]) for s in local)  # w_p,k = theta_k
 
 
-def test_server_state_round_trips_the_shared_track():
+def test_server_state_round_trips_the_shared_track(make_cfg, disc_federation):
     """Resume and best-round restore go through ``state_dict``: pFedMe's server model must be in it."""
     fed = disc_federation(n_sites=3, cases_per_site=8)
-    engine, server = _engine("fedsm", _cfg("pfedme"), fed)
+    engine, server = _engine("fedsm", make_cfg("pfedme"), fed)
     _round(engine, server, 1)
-    _, fresh = _engine("fedsm", _cfg("pfedme"), fed)
+    _, fresh = _engine("fedsm", make_cfg("pfedme"), fed)
     fresh.load_state_dict(server.state_dict())
     assert _equal(fresh.track, server.track) and not _equal(server.track, server.global_weights)
     assert _equal(fresh.train_message("site2").tensors, server.train_message("site2").tensors)
 
 
 # --- Per-FedAvg ------------------------------------------------------------------------------------
-def test_perfedavg_personalized_model_is_the_meta_model_after_one_sgd_step():
+def test_perfedavg_personalized_model_is_the_meta_model_after_one_sgd_step(make_cfg, disc_federation):
     """One batch holds the whole train split (batch size 64), so the adaptation step is
     ``theta - alpha * grad f_k(theta)`` exactly, computed here by hand from the meta-model sent."""
     fed = disc_federation(n_sites=3, cases_per_site=8)
     alpha = 0.05
-    cfg = _cfg("perfedavg", train={"batch_size": 64}, perfedavg_alpha=alpha, perfedavg_adapt_steps=1)
+    cfg = make_cfg("perfedavg", train={"batch_size": 64}, perfedavg_alpha=alpha, perfedavg_adapt_steps=1)
     seen, observe = _recorder()
     engine, server = _engine("fedsm", cfg, fed, observers=[observe])
     _round(engine, server, 1)
@@ -210,20 +217,26 @@ def _assert_params_close(got, expected):
         torch.testing.assert_close(got[n], t, rtol=1e-4, atol=1e-6, msg=n)
 
 
-def _one_sgd_round(strategy, **method):
-    """Round 1 of ``fedsm`` with ``strategy`` under ``SGD`` and one local step; (engine, last train
-    message and reply per site, segmentation loss)."""
-    cfg = _cfg(strategy, train=SGD, local_steps=1, **method)
-    seen, observe = _recorder()
-    engine, server = _engine("fedsm", cfg, disc_federation(n_sites=3, cases_per_site=8), observers=[observe])
-    _round(engine, server, 1)
-    return engine, seen, segmentation_loss(cfg.train.loss)
+@pytest.fixture
+def one_sgd_round(make_cfg, disc_federation):
+    """Factory ``one_sgd_round(strategy, **method)``."""
+
+    def run(strategy, **method):
+        """Round 1 of ``fedsm`` with ``strategy`` under ``SGD`` and one local step; (engine, last train
+        message and reply per site, segmentation loss)."""
+        cfg = make_cfg(strategy, train=SGD, local_steps=1, **method)
+        seen, observe = _recorder()
+        engine, server = _engine("fedsm", cfg, disc_federation(n_sites=3, cases_per_site=8), observers=[observe])
+        _round(engine, server, 1)
+        return engine, seen, segmentation_loss(cfg.train.loss)
+
+    return run
 
 
-def test_perfedavg_meta_step_is_first_order_maml():
+def test_perfedavg_meta_step_is_first_order_maml(one_sgd_round):
     """``theta <- theta - beta grad f(theta - alpha grad f(theta; D); D')`` (Per-FedAvg FO), one local step."""
     alpha, beta = 0.05, 0.1
-    engine, seen, loss_fn = _one_sgd_round("perfedavg", perfedavg_alpha=alpha, perfedavg_beta=beta)
+    engine, seen, loss_fn = one_sgd_round("perfedavg", perfedavg_alpha=alpha, perfedavg_beta=beta)
     task = engine.task
     for site in engine.sites:
         msg, reply = seen[site]
@@ -235,12 +248,12 @@ def test_perfedavg_meta_step_is_first_order_maml():
         _assert_params_close(reply.group(TRACK), {n: t - beta * g2[n] for n, t in _params(task, theta).items()})
 
 
-def test_pfedme_inner_steps_and_local_update_follow_algorithm_1():
+def test_pfedme_inner_steps_and_local_update_follow_algorithm_1(one_sgd_round):
     """One outer step, K = 2: ``theta_{i+1} = theta_i - lr (grad f(theta_i) + lambda (theta_i - w))``
     from ``theta_0 = w``, then ``w_k = w - eta lambda (w - theta_2)``; w_p,k = theta_2."""
     lr, lam, eta = 0.05, 3.0, 0.1
-    engine, seen, loss_fn = _one_sgd_round("pfedme", pfedme_inner_steps=2, pfedme_personal_lr=lr,
-                                           pfedme_lambda=lam, pfedme_lr=eta)
+    engine, seen, loss_fn = one_sgd_round("pfedme", pfedme_inner_steps=2, pfedme_personal_lr=lr,
+                                          pfedme_lambda=lam, pfedme_lr=eta)
     task = engine.task
     for site in engine.sites:
         msg, reply = seen[site]

@@ -13,8 +13,7 @@ import torch
 from PIL import Image
 from typer.testing import CliRunner
 
-from conftest import disc_federation, tiny_config
-from fedseg.algorithms.fedsm_model import bundle_entries, candidate_names, route, super_model_from_bundle
+from fedseg.algorithms.fedsm.model import bundle_entries, candidate_names, route, super_model_from_bundle
 from fedseg.cli import app
 from fedseg.config import dump_config, load_config
 from fedseg.data.federation import Regions
@@ -23,7 +22,7 @@ from fedseg.engine.messages import load_weights, weights_of
 from fedseg.evaluate.inference import predict_masks
 from fedseg.evaluate.metrics import batch_metrics
 from fedseg.evaluate.tables import read_rows
-from fedseg.models import build_selector
+from fedseg.algorithms.fedsm.selector import build_selector
 from fedseg.models.factory import build_segmenter
 from fedseg.predict import Bundle, PredictError, build_predictor, load_bundle, predict
 from fedseg.run import prepare
@@ -33,7 +32,7 @@ DISC_CUP = Regions.from_mapping({"disc": [1, 2], "cup": [2]})
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
+def trained(tmp_path_factory, tiny_config, disc_federation):
     """``fedseg run --data`` (fedsm + fedavg, 1 round) on a 3-site folder federation; returns
     ``(run dir, federation root, RunConfig of the run, Prepared data)``."""
     tmp = tmp_path_factory.mktemp("predict")
@@ -247,7 +246,7 @@ def test_cli_predict(trained, tmp_path):
 
 
 @pytest.mark.parametrize("mode", ["argmax", "ensemble"])
-def test_k_plus_one_class_bundles_route_by_argmax_or_ensemble(mode, tmp_path):
+def test_k_plus_one_class_bundles_route_by_argmax_or_ensemble(mode, tmp_path, tiny_config):
     """FedSM-extra / -ensemble bundles (built here from untrained models): K+1 selector classes,
     the column ``prob:global`` first, no --gamma."""
     cfg = tiny_config()

@@ -11,7 +11,6 @@ import pytest
 import torch
 from monai.losses import DiceLoss
 
-from conftest import disc_federation, tiny_config
 from fedseg.algorithms import get_algorithm
 from fedseg.algorithms.fedavg import MODEL
 from fedseg.algorithms.fedpidavg import FedPIDAvgOptions, FedPIDAvgServer, pid_terms
@@ -23,11 +22,17 @@ from fedseg.models import count_parameters
 from fedseg.run import prepare, run_algorithm, run_experiment
 
 
-def uneven_federation() -> Federation:
-    """Three disc sites of 16, 12 and 8 cases (train splits 8, 6, 4)."""
-    fed = disc_federation(n_sites=3, cases_per_site=16)
-    fed.sites = [Site(s.name, s.cases[:n]) for s, n in zip(fed.sites, (16, 12, 8))]
-    return fed
+@pytest.fixture(scope="module")
+def uneven_federation(disc_federation):
+    """Factory ``uneven_federation() -> Federation`` (module scope: ``q0_runs`` uses it)."""
+
+    def make() -> Federation:
+        """Three disc sites of 16, 12 and 8 cases (train splits 8, 6, 4)."""
+        fed = disc_federation(n_sites=3, cases_per_site=16)
+        fed.sites = [Site(s.name, s.cases[:n]) for s, n in zip(fed.sites, (16, 12, 8))]
+        return fed
+
+    return make
 
 
 def _global(result) -> dict[str, torch.Tensor]:
@@ -92,7 +97,7 @@ def test_qfedavg_options_are_validated():
 
 # --------------------------------------------------------------------------- q-FedAvg, whole runs
 @pytest.fixture(scope="module")
-def q0_runs(tmp_path_factory):
+def q0_runs(tmp_path_factory, uneven_federation, tiny_config):
     """q-FedAvg with q = 0, FedAvg uniform and FedAvg samples-weighted, 2 rounds (only round 2 validated,
     so the three keep the same round), the q-FedAvg exchanges recorded. Plain SGD: Adam's
     m / sqrt(v) would blow the float32 rounding of round 1's Delta_k up to ~1e-4 in round 2."""
@@ -182,9 +187,9 @@ def test_pid_terms_by_hand():
     torch.testing.assert_close(mom1, now / now.sum())
 
 
-def _pid_server(alpha, beta, gamma, sites=("a", "b", "c")) -> FedPIDAvgServer:
+def _pid_server(cfg, alpha, beta, gamma, sites=("a", "b", "c")) -> FedPIDAvgServer:
     server = FedPIDAvgServer.__new__(FedPIDAvgServer)
-    server.task = SimpleNamespace(cfg=tiny_config())
+    server.task = SimpleNamespace(cfg=cfg)
     server.options = FedPIDAvgOptions(alpha=alpha, beta=beta, gamma=gamma, history=6)
     server.engine = SimpleNamespace(sites=list(sites))
     server.history = torch.full((len(sites), 6), math.nan, dtype=torch.float64)
@@ -193,9 +198,9 @@ def _pid_server(alpha, beta, gamma, sites=("a", "b", "c")) -> FedPIDAvgServer:
     return server
 
 
-def test_fedpidavg_merge_by_hand_over_two_rounds():
+def test_fedpidavg_merge_by_hand_over_two_rounds(tiny_config):
     """Eq. 18 with alpha + beta + gamma = 0.8: w^{t+1} = w^t + sum_k c_k (w_k - w^t)."""
-    server = _pid_server(0.5, 0.2, 0.1)
+    server = _pid_server(tiny_config(), 0.5, 0.2, 0.1)
     n = [10.0, 30.0, 60.0]
     p = [x / 100 for x in n]
     g = torch.Generator().manual_seed(3)
@@ -216,7 +221,7 @@ def test_fedpidavg_merge_by_hand_over_two_rounds():
 
 
 # --------------------------------------------------------------------------- FedPIDAvg, whole runs
-def test_fedpidavg_with_alpha_1_beta_gamma_0_equals_fedavg_exactly(tmp_path):
+def test_fedpidavg_with_alpha_1_beta_gamma_0_equals_fedavg_exactly(tmp_path, uneven_federation, tiny_config):
     fed = uneven_federation()
     cfg = tiny_config(methods={"fedpidavg": {"alpha": 1.0, "beta": 0.0, "gamma": 0.0}})
     prep = prepare(cfg, fed)
@@ -240,7 +245,7 @@ def _numbers(summary: dict) -> dict:
     return {a: {k: v for k, v in e.items() if k != "seconds"} for a, e in summary["algorithms"].items()}
 
 
-def test_resume_after_interruption_equals_uninterrupted_run(tmp_path):
+def test_resume_after_interruption_equals_uninterrupted_run(tmp_path, uneven_federation, tiny_config):
     """FedPIDAvg's loss history (server state) and q-FedAvg's two exchanges survive a restart."""
     cfg = tiny_config(algorithms=["fedpidavg", "qfedavg"], fl={"rounds": 3})
     full = run_experiment(cfg, tmp_path / "full", federation=uneven_federation())

@@ -14,9 +14,8 @@ import torch
 from PIL import Image
 from safetensors.torch import load_file
 
-from conftest import disc_federation, tiny_config
-from fedseg.algorithms.fedsm_model import super_model_from_bundle
-from fedseg.models import build_selector
+from fedseg.algorithms.fedsm.model import super_model_from_bundle
+from fedseg.algorithms.fedsm.selector import build_selector
 from fedseg.report.html import algorithm_order, render_report
 from fedseg.run import prepare, run_experiment
 from test_report import make_run, row_cells, table
@@ -38,7 +37,7 @@ def _body_labels(table_html):
 
 
 @pytest.fixture(scope="module")
-def fedsm_run(tmp_path_factory):
+def fedsm_run(tmp_path_factory, tiny_config, disc_federation):
     """A real 2-round run of fedsm, local and fedavg (listed out of table order) on 3 tiny sites."""
     out = tmp_path_factory.mktemp("fedsm_report")
     cfg = tiny_config(algorithms=["fedsm", "local", "fedavg"], eval={"hd95": True}, methods={"fedsm": SEL})

@@ -8,7 +8,6 @@ import json
 import pytest
 import torch
 
-from conftest import disc_federation, tiny_config
 from fedseg.engine.checkpoint import CheckpointWriter, load_checkpoint
 from fedseg.run import run_experiment
 
@@ -18,7 +17,7 @@ def _numbers(summary: dict) -> dict:
     return {a: {k: v for k, v in e.items() if k != "seconds"} for a, e in summary["algorithms"].items()}
 
 
-def test_run_writes_every_output_file(tmp_path):
+def test_run_writes_every_output_file(tmp_path, tiny_config, disc_federation):
     cfg = tiny_config(algorithms=["centralized", "local", "fedavg"])
     run_experiment(cfg, tmp_path, federation=disc_federation())
     for name in ("config.yaml", "summary.json", "results.csv", "rounds.csv", "ledger.csv"):
@@ -36,7 +35,7 @@ def test_run_writes_every_output_file(tmp_path):
     assert header == ["algorithm", "model", "site", "case", "region", "metric", "value"]
 
 
-def test_same_seed_gives_identical_numbers(tmp_path):
+def test_same_seed_gives_identical_numbers(tmp_path, tiny_config, disc_federation):
     cfg = tiny_config(algorithms=["local", "fedavg"])
     a = run_experiment(cfg, tmp_path / "a", federation=disc_federation())
     run_experiment(cfg, tmp_path / "b", federation=disc_federation())
@@ -52,7 +51,8 @@ class _Stop(Exception):
 
 
 @pytest.mark.parametrize("validate_every, stop_round, best_is_current", [(1, 2, True), (2, 3, False)])
-def test_resume_after_interruption_equals_uninterrupted_run(tmp_path, validate_every, stop_round, best_is_current):
+def test_resume_after_interruption_equals_uninterrupted_run(tmp_path, validate_every, stop_round, best_is_current,
+                                                             tiny_config, disc_federation):
     """Both checkpoint forms of the best round: the checkpointed round itself (stored as a marker)
     and an earlier round (stored as a copy of the states)."""
     cfg = tiny_config(algorithms=["local", "fedavg"], fl={"rounds": 4, "validate_every": validate_every})
@@ -84,7 +84,7 @@ def test_resume_after_interruption_equals_uninterrupted_run(tmp_path, validate_e
     assert _numbers(s_full) == _numbers(s_cut)
 
 
-def test_no_message_carries_image_or_label_data(tmp_path):
+def test_no_message_carries_image_or_label_data(tmp_path, tiny_config, disc_federation):
     fed = disc_federation()
     images = [c.arrays()[0] for s in fed.sites for c in s.cases]
     image_shapes = {tuple(i.shape) for i in images} | {(3, 32, 32), (32, 32), (2, 32, 32), (1, 3, 32, 32)}
@@ -123,7 +123,8 @@ def test_checkpoint_writer_writes_the_last_snapshot_and_reports_errors(tmp_path)
 
 
 @pytest.mark.parametrize("source", ["synthetic-retina", "synthetic-prostate", "folder"])
-def test_count_sites_agrees_with_the_loaded_federation_without_loading_it(tmp_path, source):
+def test_count_sites_agrees_with_the_loaded_federation_without_loading_it(tmp_path, source, tiny_config,
+                                                                           disc_federation):
     from fedseg.data.folder import write_folder
     from fedseg.run import count_sites, load_federation
 

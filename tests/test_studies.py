@@ -13,13 +13,12 @@ import yaml
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
-from conftest import disc_federation, tiny_config
 from test_cli import TINY_SETS as TINY
 from fedseg.cli import app
 from fedseg.config import ConfigError
 from fedseg.data.folder import write_folder
 from fedseg.engine.messages import load_weights
-from fedseg.engine.simulator import Task
+from fedseg.engine.context import Task
 from fedseg.evaluate.inference import score_caseset
 from fedseg.report.studies import render_study, study_sections
 from fedseg.studies import parse_sweep, plan_holdout, plan_sweep, run_label, run_study, unseen_caseset, unseen_columns
@@ -29,10 +28,15 @@ FREQS = ["freq_GM"] + [f"freq_PM_{s}" for s in SITES]
 runner = CliRunner()
 
 
-def _cfg(algorithms, **fedsm):
-    """1 round, a tiny selector (4..32 channels), no HD95."""
-    return tiny_config(algorithms=algorithms, fl={"rounds": 1}, eval={"hd95": False},
-                       methods={"fedsm": {"selector_width": 0.0625, **fedsm}})
+@pytest.fixture
+def make_cfg(tiny_config):
+    """Factory ``make_cfg(algorithms, **fedsm)``: 1 round, a tiny selector (4..32 channels), no HD95."""
+
+    def make(algorithms, **fedsm):
+        return tiny_config(algorithms=algorithms, fl={"rounds": 1}, eval={"hd95": False},
+                           methods={"fedsm": {"selector_width": 0.0625, **fedsm}})
+
+    return make
 
 
 def _rows(path):
@@ -46,9 +50,9 @@ def _freq_sum(row, unseen):
 
 
 # --- holdout ----------------------------------------------------------------------------------
-def test_holdout_trains_without_the_site_and_scores_all_of_its_cases(tmp_path):
+def test_holdout_trains_without_the_site_and_scores_all_of_its_cases(tmp_path, make_cfg, disc_federation):
     fed = disc_federation(n_sites=3, cases_per_site=8)
-    cfg = _cfg(["fedavg", "fedsm"])
+    cfg = make_cfg(["fedavg", "fedsm"])
     run_study(plan_holdout(cfg, tmp_path, ["site2"], fed))
 
     sub = tmp_path / "holdout" / "site2"
@@ -91,9 +95,9 @@ def test_holdout_trains_without_the_site_and_scores_all_of_its_cases(tmp_path):
     assert 'href="holdout/site2/report.html"' in page and (sub / "report.html").is_file()
 
 
-def test_leave_one_out_resumes_finished_holdouts_and_writes_one_row_per_site(tmp_path):
+def test_leave_one_out_resumes_finished_holdouts_and_writes_one_row_per_site(tmp_path, make_cfg, disc_federation):
     fed = disc_federation(n_sites=3, cases_per_site=8)
-    cfg = _cfg(["fedsm"])
+    cfg = make_cfg(["fedsm"])
     run_study(plan_holdout(cfg, tmp_path, ["site1"], fed))  # an interrupted leave-one-out: site1 done
     ckpt = tmp_path / "holdout" / "site1" / "checkpoints" / "fedsm.pt"
     stamp, first = ckpt.stat().st_mtime_ns, _rows(tmp_path / "unseen.csv")[0]
@@ -110,9 +114,9 @@ def test_leave_one_out_resumes_finished_holdouts_and_writes_one_row_per_site(tmp
 
 
 # --- sweep ------------------------------------------------------------------------------------
-def test_sweep_runs_one_complete_run_per_value_with_that_value_in_its_config(tmp_path):
+def test_sweep_runs_one_complete_run_per_value_with_that_value_in_its_config(tmp_path, make_cfg, disc_federation):
     fed = disc_federation(n_sites=3, cases_per_site=8)
-    run_study(plan_sweep(_cfg(["fedavg", "fedsm"]), tmp_path, "methods.fedsm.lam=0.5,1.0", fed))
+    run_study(plan_sweep(make_cfg(["fedavg", "fedsm"]), tmp_path, "methods.fedsm.lam=0.5,1.0", fed))
     rows = _rows(tmp_path / "sweep.csv")
     assert [(r["value"], r["algorithm"]) for r in rows] == [("0.5", "fedavg"), ("0.5", "fedsm"), ("1.0", "fedavg"), ("1.0", "fedsm")]
     assert list(rows[0]) == ["key", "value", "algorithm", *(f"dice_{s}" for s in SITES), "dice_client_avg", "dice_global",
@@ -137,9 +141,9 @@ def test_sweep_runs_one_complete_run_per_value_with_that_value_in_its_config(tmp
     ("methods.fedprox.mu=0.1", "fedprox"),  # not among the run's algorithms
     ("train.lr=0.1,", "empty value"),
 ])
-def test_bad_sweep_fails_before_writing_anything(tmp_path, spec, named):
+def test_bad_sweep_fails_before_writing_anything(tmp_path, spec, named, make_cfg, disc_federation):
     with pytest.raises(ConfigError, match=named):
-        plan_sweep(_cfg(["fedsm"]), tmp_path / "out", spec, disc_federation(n_sites=3, cases_per_site=4))
+        plan_sweep(make_cfg(["fedsm"]), tmp_path / "out", spec, disc_federation(n_sites=3, cases_per_site=4))
     assert not (tmp_path / "out").exists()
 
 
@@ -151,7 +155,7 @@ def test_sweep_values_keep_commas_inside_yaml_lists():
 # --- command line -----------------------------------------------------------------------------
 
 
-def test_cli_holdout_on_a_folder_federation_and_study_report(tmp_path):
+def test_cli_holdout_on_a_folder_federation_and_study_report(tmp_path, disc_federation):
     root = write_folder(disc_federation(n_sites=3, cases_per_site=6), tmp_path / "fed")
     out = tmp_path / "study"
     result = runner.invoke(app, ["run", "--preset", "demo", "--data", str(root), "--algorithms", "fedavg", "--rounds", "1",
@@ -166,7 +170,7 @@ def test_cli_holdout_on_a_folder_federation_and_study_report(tmp_path):
     assert "Unseen sites" in (out / "report.html").read_text()
 
 
-def test_cli_rejects_unknown_holdout_site_bad_sweep_and_combinations(tmp_path):
+def test_cli_rejects_unknown_holdout_site_bad_sweep_and_combinations(tmp_path, disc_federation):
     root = write_folder(disc_federation(n_sites=2, cases_per_site=4), tmp_path / "fed")
     out = tmp_path / "out"
     base = ["run", "--preset", "demo", "--data", str(root), "--out", str(out), *TINY]
@@ -179,7 +183,7 @@ def test_cli_rejects_unknown_holdout_site_bad_sweep_and_combinations(tmp_path):
     assert not out.exists()
 
 
-def test_fedsm_leave_one_out_on_two_sites_fails_before_writing_anything(tmp_path):
+def test_fedsm_leave_one_out_on_two_sites_fails_before_writing_anything(tmp_path, tiny_config, disc_federation):
     """Each sub-run would train FedSM on one site (K = 1): refused when the study is planned."""
     cfg = tiny_config(algorithms=["fedavg", "fedsm"])
     with pytest.raises(ValueError, match="fedsm needs at least 2 sites"):
@@ -187,9 +191,9 @@ def test_fedsm_leave_one_out_on_two_sites_fails_before_writing_anything(tmp_path
     assert not (tmp_path / "s").exists()
 
 
-def test_fedsm_holdout_checks_lambda_against_the_sites_left_for_training(tmp_path):
+def test_fedsm_holdout_checks_lambda_against_the_sites_left_for_training(tmp_path, make_cfg, disc_federation):
     """lam = 0.4 holds for K = 3 sites but not for the K - 1 = 2 each holdout sub-run trains on."""
-    cfg = _cfg(["fedavg", "fedsm"], lam=0.4)
+    cfg = make_cfg(["fedavg", "fedsm"], lam=0.4)
     plan_sweep(cfg, tmp_path / "sweep", "train.lr=0.001", disc_federation(n_sites=3, cases_per_site=4))
     with pytest.raises(ValueError, match=r"without one site.*lam = 0\.4 must lie in \[1/K, 1\] = \[0\.5, 1\] for K = 2"):
         plan_holdout(cfg, tmp_path / "s", federation=disc_federation(n_sites=3, cases_per_site=4))

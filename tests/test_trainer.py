@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from conftest import tiny_config
 from fedseg.config import BudgetConfig
 from fedseg.data.dataset import CaseSet
-from fedseg.engine.simulator import Task
-from fedseg.train import Trainer, load_optimizer_state, optimizer_state
+from fedseg.engine.context import Task
+from fedseg.train import Trainer, TrainHooks, load_optimizer_state, optimizer_state
 
 
 def _data(n=10):
@@ -18,41 +17,41 @@ def _data(n=10):
     return CaseSet("toy", [str(i) for i in range(n)], x, y)
 
 
-def _model_and_trainer():
-    cfg = tiny_config()
+def _model_and_trainer(cfg):
     task = Task(cfg, 2, 3, ("a", "b"))
     return task.new_model(), Trainer(cfg.train, torch.device("cpu"))
 
 
-def test_epoch_budget_counts_batches_and_samples():
-    model, trainer = _model_and_trainer()  # batch size 4
+def test_epoch_budget_counts_batches_and_samples(tiny_config):
+    model, trainer = _model_and_trainer(tiny_config())  # batch size 4
     stats = trainer.fit(model, _data(10), torch.Generator().manual_seed(0), budget=BudgetConfig(unit="epochs", amount=2))
     assert stats.steps == 6 and stats.samples == 20
 
 
-def test_step_budget_runs_past_the_end_of_the_data():
-    model, trainer = _model_and_trainer()
+def test_step_budget_runs_past_the_end_of_the_data(tiny_config):
+    model, trainer = _model_and_trainer(tiny_config())
     stats = trainer.fit(model, _data(10), torch.Generator().manual_seed(0), budget=BudgetConfig(unit="steps", amount=7))
     assert stats.steps == 7 and stats.samples == 4 + 4 + 2 + 4 + 4 + 2 + 4
 
 
-def test_hooks_are_called_every_step():
-    model, trainer = _model_and_trainer()
+def test_hooks_are_called_every_step(tiny_config):
+    model, trainer = _model_and_trainer(tiny_config())
     calls = {"extra": 0, "after": 0}
 
-    def extra(m):
-        calls["extra"] += 1
-        return torch.zeros(())
+    class Counting(TrainHooks):
+        def extra_loss(self, m):
+            calls["extra"] += 1
+            return torch.zeros(())
 
-    def after(m):
-        calls["after"] += 1
+        def after_backward(self, m):
+            calls["after"] += 1
 
-    trainer.fit(model, _data(8), torch.Generator().manual_seed(0), extra_loss=extra, after_backward=after)
+    trainer.fit(model, _data(8), torch.Generator().manual_seed(0), hooks=Counting())
     assert calls == {"extra": 2, "after": 2}
 
 
-def test_optimizer_state_round_trip():
-    model, trainer = _model_and_trainer()
+def test_optimizer_state_round_trip(tiny_config):
+    model, trainer = _model_and_trainer(tiny_config())
     opt = trainer.new_optimizer(model)
     trainer.fit(model, _data(8), torch.Generator().manual_seed(0), opt)
     flat = optimizer_state(opt)

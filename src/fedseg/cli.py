@@ -1,4 +1,4 @@
-"""Command line: ``fedseg run | report | presets | predict | data | flower``."""
+"""Command line: ``fedseg run | report | presets | algorithms | predict | data | flower``."""
 
 from __future__ import annotations
 
@@ -47,6 +47,17 @@ def presets() -> None:
 
 
 @app.command()
+def algorithms() -> None:
+    """List the registered methods: name, display name, kind, family, minimum sites, description."""
+    from fedseg.algorithms import ALGORITHMS
+
+    rows = [[s.name, s.display_name, s.kind, s.family_name or "", str(s.min_sites), "no" if s.on_flower else "yes",
+             s.description] for s in ALGORITHMS.values()]
+    print_table(console, "Algorithms (config: --algorithms NAME,...; options: methods.NAME.KEY)",
+                ["name", "display name", "kind", "family", "min sites", "Flower", "description"], rows)
+
+
+@app.command()
 def run(
     out: Path = typer.Option(..., "--out", help="output directory of the run"),
     preset: Optional[str] = typer.Option(None, "--preset", help="built-in preset name (see `fedseg presets`)"),
@@ -77,7 +88,7 @@ def run(
     except (ConfigError, FederationError, FileExistsError, KeyError, ValueError) as e:
         fail(str(e).strip("'\""))
         return
-    from fedseg.report import render_report
+    from fedseg.report.html import render_report
 
     path = render_report(out)
     print_dice_table(results)
@@ -124,7 +135,7 @@ def report(run_dir: Path = typer.Argument(..., help="output directory of a finis
             fail(f"{run_dir}: no summary.json, study.json, unseen.csv or sweep.csv (not a run or study directory?)")
         console.print(f"report: {render_study(run_dir)}")
         return
-    from fedseg.report import render_report
+    from fedseg.report.html import render_report
 
     console.print(f"report: {render_report(run_dir)}")
 

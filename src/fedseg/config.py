@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
@@ -21,9 +22,9 @@ class SplitConfig(Strict):
 
     mode: Literal["ratio", "kfold"] = "ratio"
     ratios: tuple[float, float, float] = (0.5, 0.25, 0.25)
-    folds: int = Field(5, ge=2)
-    fold: int = Field(0, ge=0)
-    train_fraction: float = Field(0.8, gt=0, lt=1)
+    folds: int = Field(default=5, ge=2)
+    fold: int = Field(default=0, ge=0)
+    train_fraction: float = Field(default=0.8, gt=0, lt=1)
 
     @model_validator(mode="after")
     def _check(self) -> "SplitConfig":
@@ -39,8 +40,8 @@ class DataConfig(Strict):
 
     source: str = "synthetic-retina"
     root: str | None = None
-    scale: float = Field(1.0, gt=0, description="built-in federations: site sizes = paper sizes x scale")
-    image_size: int = Field(64, ge=8, description="side of the square/cubic model input, pixels")
+    scale: float = Field(default=1.0, gt=0, description="built-in federations: site sizes = paper sizes x scale")
+    image_size: int = Field(default=64, ge=8, description="side of the square/cubic model input, pixels")
     normalize: Literal["minmax", "zscore", "none"] = "minmax"
     split: SplitConfig = SplitConfig()
 
@@ -51,24 +52,24 @@ class ModelConfig(Strict):
     name: Literal["unet", "dynunet"] = "unet"
     channels: tuple[int, ...] = (16, 32, 64, 128, 256)
     strides: tuple[int, ...] | None = None  # default: 2 between every level
-    num_res_units: int = Field(0, ge=0)
+    num_res_units: int = Field(default=0, ge=0)
     norm: str = "instance"
-    dropout: float = Field(0.0, ge=0, le=1)
+    dropout: float = Field(default=0.0, ge=0, le=1)
 
 
 class BudgetConfig(Strict):
     unit: Literal["epochs", "steps"] = "epochs"
-    amount: int = Field(1, ge=1)
+    amount: int = Field(default=1, ge=1)
 
 
 class TrainConfig(Strict):
     """The local optimization loop (``fedseg.train.Trainer``)."""
 
     optimizer: Literal["adam", "sgd"] = "adam"
-    lr: float = Field(1e-3, gt=0)
-    momentum: float = Field(0.9, ge=0)
-    weight_decay: float = Field(0.0, ge=0)
-    batch_size: int = Field(8, ge=1)
+    lr: float = Field(default=1e-3, gt=0)
+    momentum: float = Field(default=0.9, ge=0)
+    weight_decay: float = Field(default=0.0, ge=0)
+    batch_size: int = Field(default=8, ge=1)
     budget: BudgetConfig = BudgetConfig()
     keep_optimizer_state: bool = True
     loss: Literal["dice", "dice_bce"] = "dice"
@@ -77,15 +78,15 @@ class TrainConfig(Strict):
 class FLConfig(Strict):
     """Federation-level options shared by every method."""
 
-    rounds: int = Field(20, ge=1)
+    rounds: int = Field(default=20, ge=1)
     weighting: Literal["samples", "uniform"] = "samples"
-    validate_every: int = Field(1, ge=1)
+    validate_every: int = Field(default=1, ge=1)
 
 
 class EvalConfig(Strict):
-    threshold: float = Field(0.5, gt=0, lt=1)
+    threshold: float = Field(default=0.5, gt=0, lt=1)
     hd95: bool = True
-    batch_size: int = Field(16, ge=1)
+    batch_size: int = Field(default=16, ge=1)
 
 
 class CostConfig(Strict):
@@ -98,21 +99,24 @@ class CostConfig(Strict):
     (10^6 bytes), defaults from the paper (fastest FeTS challenge institution)."""
 
     timing: Literal["config", "measured"] = "config"
-    batch_seconds: float = Field(1.86, gt=0, description="t_batch: seconds per training batch (timing=config)")
-    eval_seconds: float = Field(0.80, gt=0, description="t_eval: seconds per validation case (timing=config)")
+    batch_seconds: float = Field(default=1.86, gt=0, description="t_batch: seconds per training batch (timing=config)")
+    eval_seconds: float = Field(default=0.80, gt=0, description="t_eval: seconds per validation case (timing=config)")
     forward_fraction: float = Field(
-        1 / 3, gt=0, le=1, description="a forward-only batch (q-FedAvg's loss pass) costs this fraction of t_batch (timing=config)"
+        default=1 / 3,
+        gt=0,
+        le=1,
+        description="a forward-only batch (q-FedAvg's loss pass) costs this fraction of t_batch (timing=config)",
     )
-    download_mb_s: float = Field(20.0, gt=0, description="site download bandwidth, MB/s")
-    upload_mb_s: float = Field(13.3, gt=0, description="site upload bandwidth, MB/s")
-    bytes_per_float: int = Field(4, ge=1)
+    download_mb_s: float = Field(default=20.0, gt=0, description="site download bandwidth, MB/s")
+    upload_mb_s: float = Field(default=13.3, gt=0, description="site upload bandwidth, MB/s")
+    bytes_per_float: int = Field(default=4, ge=1)
 
 
 class RunConfig(Strict):
     name: str = "run"
     seed: int = 0
     device: str = "cpu"
-    threads: int = Field(1, ge=1, description="torch intra-op threads")
+    threads: int = Field(default=1, ge=1, description="torch intra-op threads")
     algorithms: list[str] = ["centralized", "local", "fedavg"]
     data: DataConfig = DataConfig()
     model: ModelConfig = ModelConfig()
@@ -169,7 +173,7 @@ def apply_override(data: dict, assignment: str) -> None:
 
 
 def load_config(
-    preset: str | None = None, file: str | Path | None = None, overrides: list[str] = ()
+    preset: str | None = None, file: str | Path | None = None, overrides: Sequence[str] = ()
 ) -> RunConfig:
     """Build a RunConfig from a preset name or a YAML file, then apply overrides in order."""
     if (preset is None) == (file is None):
@@ -177,6 +181,7 @@ def load_config(
     if preset is not None:
         data, where = _read_yaml_text(_preset_text(preset), f"preset {preset}"), f"preset {preset}"
     else:
+        assert file is not None  # exactly one of preset/file was given (checked above)
         path = Path(file)
         if not path.is_file():
             raise ConfigError(f"{path}: config file not found")

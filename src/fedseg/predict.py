@@ -37,13 +37,21 @@ import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Literal, cast
 
 import numpy as np
 import torch
 from pydantic import ValidationError
 from torch import nn
 
-from fedseg.algorithms.fedsm.model import MODES, SELECTOR_SPEC, candidate_names, route, super_model_from_bundle
+from fedseg.algorithms.fedsm.model import (
+    MODES,
+    SELECTOR_SPEC,
+    SuperModel,
+    candidate_names,
+    route,
+    super_model_from_bundle,
+)
 from fedseg.config import ModelConfig
 from fedseg.data.federation import FederationError, Regions
 from fedseg.data.folder import IMAGE_EXTS, _write_nifti, _write_png, read_image, split_name
@@ -52,6 +60,9 @@ from fedseg.engine.messages import Message, load_weights
 from fedseg.evaluate.inference import predict_masks
 from fedseg.models.factory import build_segmenter
 from fedseg.outputs import csv_text
+
+if TYPE_CHECKING:
+    from nibabel.spatialimages import SpatialImage
 
 MANIFEST, WEIGHTS, CSV_NAME = "manifest.json", "weights.safetensors", "predictions.csv"
 MANIFEST_KEYS = ("models", "network", "spatial_dims", "in_channels", "regions", "image_size", "normalize", "threshold")
@@ -72,7 +83,7 @@ class Bundle:
     models: dict[str, dict[str, torch.Tensor]]
 
     @property
-    def kind(self) -> str:
+    def kind(self) -> Literal["2d", "3d"]:
         return "2d" if self.manifest["spatial_dims"] == 2 else "3d"
 
     @property
@@ -184,7 +195,7 @@ class Predictor:
         """Per image of ``x`` ``(B, C, *S)``: ``model``, ``confidence`` and ``prob:<candidate>``."""
         if not self.prob_names:
             return [{"model": self.candidates[0], "confidence": ""} for _ in range(len(x))]
-        sm = self.model
+        sm = cast(SuperModel, self.model)  # prob_names is non-empty only for a selector bundle (build_predictor)
         probs = sm.scores(x)  # (B, classes)
         chosen = route(probs, sm.mode, sm.gamma)
         rows = []
@@ -253,7 +264,9 @@ class Input:
 
 def mask_name(path: Path) -> str:
     """Output file name of ``path``'s mask: the same name, PNG for JPEG (masks must be lossless)."""
-    stem, ext = split_name(path.name, IMAGE_EXTS)
+    found = split_name(path.name, IMAGE_EXTS)
+    assert found is not None  # inputs are image files of a supported type (list_inputs, read_image)
+    stem, ext = found
     return f"{stem}.{'png' if ext in ('jpg', 'jpeg') else ext}"
 
 
@@ -307,11 +320,14 @@ def read_inputs(path: Path, bundle: Bundle) -> list[Input]:
 
 def write_mask(path: Path, label: np.ndarray, source: Path) -> None:
     """``label`` ``(*spatial)`` in ``source``'s format: NIfTI (with ``source``'s affine), ``.npy`` or PNG."""
-    ext = split_name(source.name, IMAGE_EXTS)[1]
+    found = split_name(source.name, IMAGE_EXTS)
+    assert found is not None  # ``source`` is an input image of a supported type (read_inputs)
+    ext = found[1]
     if ext in ("nii", "nii.gz"):
         import nibabel as nib
 
-        _write_nifti(path, label, nib.load(source).affine)
+        # a NIfTI file: nib.load gives a Nifti1Image/Nifti2Image, typed as the FileBasedImage base
+        _write_nifti(path, label, cast("SpatialImage", nib.load(source)).affine)
     elif ext == "npy":
         np.save(path, label)
     else:

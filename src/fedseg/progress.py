@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from fedseg.config import RunConfig
 from fedseg.data.federation import Federation
@@ -21,7 +21,7 @@ def run_with_progress(
     columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TextColumn("{task.fields[status]}")]
     with Progress(*columns, console=console, transient=False) as progress:
-        tasks: dict[str, int] = {}
+        tasks: dict[str, TaskID] = {}
 
         def on_algorithm_start(name: str) -> None:
             tasks[name] = progress.add_task(f"{name:<12}", total=cfg.fl.rounds, status="")

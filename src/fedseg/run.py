@@ -14,7 +14,8 @@ import torch
 from fedseg.algorithms import check_sites, get_algorithm
 from fedseg.config import RunConfig
 from fedseg.data.dataset import SiteData, build_site_data
-from fedseg.data.federation import Federation
+from fedseg.data.federation import Federation, Split
+from fedseg.engine.base import Engine
 from fedseg.engine.checkpoint import CheckpointWriter, fsync_dir, load_checkpoint, remove_temp_files, save_checkpoint
 from fedseg.engine.ledger import Ledger
 from fedseg.engine.context import Task
@@ -25,7 +26,7 @@ from fedseg.outputs import RunResults, write_outputs
 
 RoundCallback = Callable[[str, int, dict], None]
 # (algorithm name, AlgorithmSpec, validated options, Prepared, out dir, observers) -> engine; see ``simulator_engine``
-EngineFactory = Callable[..., object]
+EngineFactory = Callable[..., Engine]
 
 
 @dataclass
@@ -33,7 +34,7 @@ class Prepared:
     """A validated federation, its splits and every site's preprocessed data."""
 
     federation: Federation
-    splits: dict[str, dict[str, str]]
+    splits: dict[str, dict[str, Split]]
     site_data: list[SiteData]
     task: Task
 
@@ -121,7 +122,7 @@ def run_algorithm(
     cfg = prep.task.cfg
     spec = get_algorithm(name)
     options = spec.parse_options(cfg.methods.get(name))
-    engine = (engine_factory or simulator_engine)(name, spec, options, prep, out, observers)
+    engine: Engine = (engine_factory or simulator_engine)(name, spec, options, prep, out, observers)
     server = spec.server(engine, prep.task, options)
     sites = engine.sites
     ckpt_path = out / "checkpoints" / f"{name}.pt"
@@ -165,6 +166,7 @@ def run_algorithm(
             if on_round_end:
                 on_round_end(name, rnd, losses)
 
+    assert best is not None, "fl.rounds >= 1 and the last round is always validated"
     server.load_state_dict(best["server"])
     engine.restore_clients(best["clients"])
     engine.round = cfg.fl.rounds

@@ -128,7 +128,9 @@ def plan_holdout(cfg: RunConfig, out: Path, sites: list[str] | None = None, fede
 
 def split_values(text: str) -> list[str]:
     """``"0.1,0.3"`` -> ``["0.1", "0.3"]``; commas inside ``[...]`` or ``{...}`` (YAML lists, maps) stay."""
-    parts, depth, current = [], 0, []
+    parts: list[str] = []
+    current: list[str] = []
+    depth = 0
     for ch in text:
         depth += (ch in "[{") - (ch in "]}")
         if ch == "," and depth == 0:
@@ -236,13 +238,15 @@ def run_study(study: Study, resume: bool = False, runner: Runner | None = None,
             on_run_start(sub)
         results = runner(sub.cfg, sub.dir, resume, sub.federation)
         if study.kind == "holdout":
+            assert study.federation is not None  # plan_holdout sets it
             rows, skipped = unseen_rows(results, study.federation, sub.label, sub.dir.relative_to(study.out).as_posix())
             write_table(sub.dir, UNSEEN, unseen_columns(study.federation.site_names), rows)  # the sub-run's own row(s)
             result.skipped += [f"{sub.label}: {s}" for s in skipped]
         else:
+            assert study.key is not None and sub.value is not None  # plan_sweep sets them
             rows = sweep_rows(results, study.key, sub.value, sub.dir.relative_to(study.out).as_posix())
         result.rows += rows
-        result.columns = (unseen_columns(study.federation.site_names) if study.kind == "holdout"
+        result.columns = (unseen_columns(study.federation.site_names) if study.federation is not None
                           else sweep_columns(result.rows))
         write_table(study.out, study.table, result.columns, result.rows)
     return result

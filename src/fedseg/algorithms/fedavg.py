@@ -27,7 +27,7 @@ from torch import nn
 from fedseg.algorithms.registry import AlgorithmSpec
 from fedseg.algorithms.aggregate import weighted_average
 from fedseg.config import BudgetConfig, TrainConfig
-from fedseg.engine.messages import Message, load_weights, prefixed, weights_of
+from fedseg.engine.messages import Message, MetaValue, load_weights, prefixed, weights_of
 from fedseg.engine.context import ClientContext, State, Task
 from fedseg.evaluate.inference import predict_masks, score_caseset
 from fedseg.evaluate.tables import eval_rows
@@ -166,7 +166,8 @@ class FedAvgClient:
         dice, hd95 = score_caseset(model, data, ev.batch_size, ev.threshold, ev.hd95, ctx.task.device)
         if msg.meta.get("sample") and ctx.artifacts is not None and len(data):
             write_sample(model, data, ctx, str(msg.meta["model"]))
-        meta = {"cases": json.dumps(data.ids), "model": str(msg.meta["model"]), "split": str(msg.meta["split"])}
+        meta: dict[str, MetaValue] = {"cases": json.dumps(data.ids), "model": str(msg.meta["model"]),
+                                      "split": str(msg.meta["split"])}
         return Message({"dice": torch.from_numpy(dice), "hd95": torch.from_numpy(hd95)}, meta)
 
     def eval_model(self, msg: Message, ctx: ClientContext) -> nn.Module:
@@ -187,6 +188,7 @@ def write_sample(model: nn.Module, data, ctx: ClientContext, model_name: str) ->
     if image.dim() == 4:  # (C, D, H, W): keep the middle slice
         mid = image.shape[1] // 2
         image, truth, pred = image[:, mid], truth[:, mid], pred[:, mid]
+    assert ctx.artifacts is not None  # callers check
     ctx.artifacts.mkdir(parents=True, exist_ok=True)
     np.savez_compressed(
         Path(ctx.artifacts) / f"{ctx.algorithm}__{ctx.site}.npz",
@@ -269,7 +271,7 @@ class FedAvgServer:
         return "global"
 
     def eval_messages(self, split: str, sample: bool) -> dict[str, Message]:
-        meta = {"split": split, "model": "global", "sample": sample}
+        meta: dict[str, MetaValue] = {"split": split, "model": "global", "sample": sample}
         return {s: Message(prefixed(MODEL, self.global_weights), dict(meta)) for s in self.engine.sites}
 
     def evaluate(self, split: str, sample: bool = False) -> list[dict]:

@@ -97,4 +97,5 @@ def check_folder(root: str | Path, split: SplitConfig | None = None, seed: int =
     if problems:
         count = f"{len(problems)} problem{'s' if len(problems) != 1 else ''}"
         raise FederationError(f"{root}: federation folder is invalid ({count}):\n" + "\n".join(f"  {p}" for p in problems))
+    assert fed is not None  # scan_folder reports a problem whenever federation.yaml is invalid
     return fed

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, NoReturn, Optional, cast
 
 import typer
 from rich.console import Console
@@ -18,7 +19,7 @@ data_app = typer.Typer(
 )
 
 
-def _fail(message: str) -> None:
+def _fail(message: str) -> NoReturn:
     """Print ``message`` to stderr (no traceback) and exit with status 1."""
     typer.echo(message, err=True)
     raise typer.Exit(1)
@@ -32,7 +33,7 @@ def _shape_text(shapes: list[tuple[int, ...]]) -> str:
     return "×".join(str(lo) if lo == hi else f"{lo}–{hi}" for lo, hi in ((min(d), max(d)) for d in dims))
 
 
-def summary_table(fed: Federation, splits: dict[str, dict[str, str]]) -> Table:
+def summary_table(fed: Federation, splits: Mapping[str, Mapping[str, str]]) -> Table:
     """A rich table: per site, cases, train/val/test counts and image shape ``C×spatial``."""
     regions = ", ".join(f"{n}={list(v)}" for n, v in zip(fed.regions.names, fed.regions.values))
     table = Table(title=f"{fed.name}: {fed.kind}, {fed.channels} channel(s)", caption=f"regions: {regions}")
@@ -40,7 +41,10 @@ def summary_table(fed: Federation, splits: dict[str, dict[str, str]]) -> Table:
         table.add_column(column, justify="left" if column.startswith(("site", "image")) else "right")
     for site in fed.sites:
         counts = {s: sum(1 for v in splits.get(site.name, {}).values() if v == s) for s in SPLITS}
-        shapes = [tuple(c.meta["image_shape"]) for c in site.cases if "image_shape" in c.meta]
+        # meta["image_shape"] is the (C, *spatial) tuple set by check_folder
+        shapes: list[tuple[int, ...]] = [
+            tuple(cast(Iterable[int], c.meta["image_shape"])) for c in site.cases if "image_shape" in c.meta
+        ]
         if not shapes and site.cases:
             shapes = [tuple(site.cases[0].arrays()[0].shape)]
         table.add_row(site.name, str(len(site.cases)), *(str(counts[s]) for s in SPLITS), _shape_text(shapes))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -50,7 +51,7 @@ class SiteData:
         return {"train": self.train, "val": self.val, "test": self.test}[name]
 
 
-def build_site_data(fed: Federation, site: Site, index: int, splits: dict[str, str], cfg: DataConfig) -> SiteData:
+def build_site_data(fed: Federation, site: Site, index: int, splits: Mapping[str, str], cfg: DataConfig) -> SiteData:
     """Load and preprocess one site's cases into its train/val/test ``CaseSet``s."""
     by_split: dict[str, list] = {"train": [], "val": [], "test": []}
     for case in site.cases:

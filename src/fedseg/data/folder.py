@@ -29,13 +29,16 @@ import functools
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import numpy as np
 import yaml
 
 from fedseg.data.federation import Case, Federation, FederationError, Regions, Site, Split
 from fedseg.data.splits import Splits, read_site_splits_csv, write_site_splits_csv
+
+if TYPE_CHECKING:
+    from nibabel.spatialimages import SpatialImage
 
 IMAGE_EXTS = ("nii.gz", "nii", "png", "jpg", "jpeg", "npy")
 LABEL_EXTS = ("nii.gz", "nii", "png", "npy")
@@ -83,14 +86,16 @@ def read_array(path: Path, *, as_label: bool = False) -> np.ndarray:
 
             with Image.open(path) as img:
                 img.load()
+                pixels: Image.Image = img
                 if img.mode == "1" or (img.mode == "P" and not as_label):
-                    img = img.convert("L" if img.mode == "1" else "RGB")
-                return np.asarray(img)
+                    pixels = img.convert("L" if img.mode == "1" else "RGB")
+                return np.asarray(pixels)
         if ext == "npy":
             return np.load(path, allow_pickle=False)
         import nibabel as nib
 
-        return np.asanyarray(nib.load(path).dataobj)
+        # only NIfTI files get here: nib.load gives a Nifti1Image/Nifti2Image, typed as the FileBasedImage base
+        return np.asanyarray(cast("SpatialImage", nib.load(path)).dataobj)
     except Exception as e:  # noqa: BLE001 — any decoder failure means "corrupt file" to the user
         raise FederationError(f"{path}: cannot read ({type(e).__name__}: {e})") from None
 
@@ -399,6 +404,7 @@ def load_folder(root: str | Path) -> Federation:
     header, sites, fixed, problems = scan_folder(root)
     if problems:
         raise FederationError("\n".join(problems))
+    assert header is not None  # scan_folder reports a problem whenever federation.yaml is invalid
     return build_federation(header, sites, fixed)
 
 

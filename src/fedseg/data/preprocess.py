@@ -6,7 +6,7 @@ prediction on a file equals the evaluation of the same case.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, overload
 
 import numpy as np
 import torch
@@ -46,6 +46,18 @@ def resize(image: torch.Tensor, label: torch.Tensor | None, size: int) -> tuple[
     return image, label
 
 
+@overload
+def case_tensors(
+    image: np.ndarray, label: np.ndarray, regions: Regions, size: int, normalize: Normalize
+) -> tuple[torch.Tensor, torch.Tensor]: ...
+@overload
+def case_tensors(
+    image: np.ndarray, label: None, regions: Regions, size: int, normalize: Normalize
+) -> tuple[torch.Tensor, None]: ...
+@overload
+def case_tensors(
+    image: np.ndarray, label: np.ndarray | None, regions: Regions, size: int, normalize: Normalize
+) -> tuple[torch.Tensor, torch.Tensor | None]: ...
 def case_tensors(
     image: np.ndarray, label: np.ndarray | None, regions: Regions, size: int, normalize: Normalize
 ) -> tuple[torch.Tensor, torch.Tensor | None]:

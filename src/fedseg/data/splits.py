@@ -15,7 +15,7 @@ import csv
 import hashlib
 import math
 from pathlib import Path
-from typing import Collection, Iterable
+from typing import Collection, Iterable, cast
 
 import numpy as np
 
@@ -79,7 +79,7 @@ def kfold_assignment(case_ids: Iterable[str], folds: int, seed: int, site: str) 
 def _computed_site_splits(case_ids: list[str], cfg: SplitConfig, seed: int, site: str) -> dict[str, Split]:
     if cfg.mode == "ratio":
         ordered = _shuffled(case_ids, _rng(seed, site, "ratio"))
-        return _cut(ordered, ratio_counts(len(ordered), tuple(cfg.ratios)))
+        return _cut(ordered, ratio_counts(len(ordered), cfg.ratios))
     folds = kfold_assignment(case_ids, cfg.folds, seed, site)
     rest = [cid for cid in case_ids if folds[cid] != cfg.fold]
     ordered = _shuffled(rest, _rng(seed, site, "trainval", cfg.folds, cfg.fold))
@@ -163,7 +163,9 @@ def _read_split_rows(path: Path, keys: tuple[str, ...]) -> list[tuple[tuple[str,
             f"(header is {','.join(header)}; expected {','.join(columns)})"
         )
     index = [header.index(c) for c in columns]
-    rows, problems, first_seen = [], [], {}
+    rows: list[tuple[tuple[str, ...], Split, int]] = []
+    problems: list[str] = []
+    first_seen: dict[tuple[str, ...], int] = {}
     for row, line in lines[1:]:
         values = [row[i].strip() if i < len(row) else "" for i in index]
         empty = [c for c, v in zip(columns, values) if not v]
@@ -178,7 +180,7 @@ def _read_split_rows(path: Path, keys: tuple[str, ...]) -> list[tuple[tuple[str,
             problems.append(f"{path}:{line}: duplicate {what} (first on line {first_seen[key]})")
         else:
             first_seen[key] = line
-        rows.append((key, split, line))
+        rows.append((key, cast(Split, split), line))  # rows are returned only when every split is in SPLITS
     if problems:
         raise FederationError("\n".join(problems))
     return rows

@@ -80,7 +80,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 from functools import lru_cache
-from typing import Callable, Sequence
+from typing import Any, Callable, Generic, Sequence, TypedDict, TypeVar
 
 import numpy as np
 
@@ -106,7 +106,7 @@ RIM_MIN = 0.85  # an annotated cup stays inside this fraction of the annotated d
 EDGE_REACH = 3.0  # anti-aliased edges ramp over +-EDGE_REACH edge widths (see soft_inside)
 
 
-def synthetic_spec(name: str):
+def synthetic_spec(name: str) -> FederationSpec[Any, Any]:
     """The recipe of built-in federation ``name`` (``FederationError`` naming the available ones)."""
     if name not in SYNTHETIC_NAMES:
         raise FederationError(f"unknown synthetic federation {name!r}; available: {', '.join(SYNTHETIC_NAMES)}")
@@ -191,7 +191,14 @@ class Blob:
         return replace(self, amps=(), phases=())
 
 
-def random_wobble(rng: np.random.Generator, n: int, amp: float) -> dict[str, tuple[float, ...]]:
+class Wobble(TypedDict):
+    """Outline harmonics of a ``Blob``, as its keyword arguments."""
+
+    amps: tuple[float, ...]
+    phases: tuple[float, ...]
+
+
+def random_wobble(rng: np.random.Generator, n: int, amp: float) -> Wobble:
     """``n`` outline harmonics (orders 2..n+1) with amplitudes ~ ``amp / order``; ``Blob`` keyword args."""
     amps = rng.normal(0.0, amp, n) * 2.0 / np.arange(2, n + 2)
     phases = rng.uniform(0.0, 2 * np.pi, n)
@@ -218,13 +225,14 @@ class Blobs:
     def of(cls, blobs: Sequence[Blob]) -> "Blobs":
         p = np.array([(*b.center, *b.radii, math.cos(b.angle), math.sin(b.angle)) for b in blobs], dtype=np.float32)
         k = max(len(b.amps) for b in blobs)
-        coef = None
+        coef: np.ndarray | None = None
         if k:
             coef = np.zeros((k, len(blobs)), dtype=np.complex128)
             for i, b in enumerate(blobs):
                 coef[: len(b.amps), i] = np.asarray(b.amps) * np.exp(1j * np.asarray(b.phases))
             coef = coef.astype(np.complex64)[:, :, None, None]
-        return cls(*(p[:, j, None, None] for j in range(6)), coef)
+        cx, cy, rx, ry, cos_a, sin_a = (p[:, j, None, None] for j in range(6))
+        return cls(cx, cy, rx, ry, cos_a, sin_a, coef)
 
     def window(self, size: int, margin: float = 0.0) -> tuple[slice, slice]:
         """Rows and columns of the ``size`` x ``size`` grid outside of which every blob's signed distance
@@ -609,8 +617,8 @@ def render_fundus(recipes: Sequence[FundusRecipe], style: RetinaStyle, size: int
 def annotate_fundus(eyes: Sequence[OpticDisc], style: RetinaStyle, size: int) -> np.ndarray:
     """Label maps ``uint8 (N, size, size)``: 0 background, 1 rim, 2 cup, per the site's annotation protocol."""
     disc = [e.disc.scaled(style.disc_annot_scale) for e in eyes]
-    cup = [(e.cup.smooth() if style.cup_annot_smooth else e.cup) for e in eyes]
-    cup = Blobs.of([c.scaled(style.cup_annot_scale, style.cup_annot_scale * style.cup_annot_aspect) for c in cup])
+    cups = [(e.cup.smooth() if style.cup_annot_smooth else e.cup) for e in eyes]
+    cup = Blobs.of([c.scaled(style.cup_annot_scale, style.cup_annot_scale * style.cup_annot_aspect) for c in cups])
     rim = Blobs.of([d.scaled(RIM_MIN) for d in disc])  # annotators always leave a rim around the cup
     return Blobs.of(disc).mask(size).astype(np.uint8) + (cup.mask(size) & rim.mask(size)).astype(np.uint8)
 
@@ -757,20 +765,27 @@ def render_slices(recipes: Sequence[SliceRecipe], style: ProstateStyle, size: in
 # ----------------------------------------------------------------------------------------
 
 
+StyleT = TypeVar("StyleT")
+RecipeT = TypeVar("RecipeT")
+
+
 @dataclass(frozen=True)
-class FederationSpec:
+class FederationSpec(Generic[StyleT, RecipeT]):
     """How to build one built-in federation."""
 
     table: tuple[tuple[int, int, int], ...]
-    styles: tuple
+    styles: tuple[StyleT, ...]
     channels: int
     regions: dict[str, list[int]]
     label_names: dict[int, str]
-    draw: Callable[[np.random.Generator, object, int], object]  # (rng, style, size) -> recipe
-    render: Callable[[Sequence, object, int], tuple[np.ndarray, np.ndarray]]  # (recipes, style, size) -> arrays
+    draw: Callable[[np.random.Generator, StyleT, int], RecipeT]  # (rng, style, size) -> recipe
+    # (recipes, style, size) -> arrays
+    render: Callable[[Sequence[RecipeT], StyleT, int], tuple[np.ndarray, np.ndarray]]
 
 
-FEDERATIONS = {
+# each spec pairs its styles with its own draw/render: FederationSpec[RetinaStyle, FundusRecipe] and
+# FederationSpec[ProstateStyle, SliceRecipe]
+FEDERATIONS: dict[str, FederationSpec[Any, Any]] = {
     "synthetic-retina": FederationSpec(
         RETINA_TABLE, RETINA_STYLES, 3, {"disc": [1, 2], "cup": [2]}, {0: "background", 1: "rim", 2: "cup"},
         draw_fundus, render_fundus,

@@ -15,7 +15,7 @@ import time
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -69,7 +69,7 @@ class ClientContext:
     task: Task
     generator: torch.Generator
     artifacts: Path | None = None  # site-local folder for files the site writes itself (report samples)
-    options: object = None  # the algorithm's validated options (config ``methods.<name>``)
+    options: Any = None  # the algorithm's validated options model (config ``methods.<name>``)
 
     @property
     def cfg(self) -> RunConfig:
@@ -105,7 +105,7 @@ class Delivery:
 
 
 def answer(client: Client, msg: Message, to: Delivery, data: SiteData, state: State, task: Task,
-           options: object = None, artifacts: Path | None = None) -> tuple[Message, float]:
+           options: Any = None, artifacts: Path | None = None) -> tuple[Message, float]:
     """Build the site's ``ClientContext`` (its random stream from (seed, site index, round, action)),
     let ``client`` handle ``msg`` and return the reply with the compute seconds it took.
     ``state`` is the site's store: the client updates it in place."""

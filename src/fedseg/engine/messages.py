@@ -25,9 +25,9 @@ class Message:
         for key, value in self.meta.items():
             if not isinstance(value, (int, float, str, bool)):
                 raise TypeError(f"Message.meta[{key!r}] must be a number, string or bool, got {type(value).__name__}")
-        for key, value in self.tensors.items():
-            if not isinstance(value, torch.Tensor):
-                raise TypeError(f"Message.tensors[{key!r}] must be a torch.Tensor, got {type(value).__name__}")
+        for key, tensor in self.tensors.items():
+            if not isinstance(tensor, torch.Tensor):
+                raise TypeError(f"Message.tensors[{key!r}] must be a torch.Tensor, got {type(tensor).__name__}")
 
     def num_floats(self) -> int:
         """Number of scalar values carried by the tensors (what the ledger counts)."""

@@ -32,6 +32,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, is_dataclass
+from typing import TypedDict
 
 from fedseg.config import CostConfig
 from fedseg.engine.ledger import EVAL_ACTIONS, LedgerRow
@@ -42,7 +43,19 @@ POOLED = "pooled"  # participant name of centralized training (fedseg.algorithms
 MB = 1e6
 
 
-def _row(r: LedgerRow | Mapping) -> dict:
+class _CostRow(TypedDict):
+    """The ledger fields the cost model reads, with their types."""
+
+    round: int
+    site: str
+    action: str
+    steps: int
+    floats_down: int
+    floats_up: int
+    seconds: float
+
+
+def _row(r: LedgerRow | Mapping) -> _CostRow:
     d = asdict(r) if is_dataclass(r) else dict(r)
     return {"round": int(d["round"]), "site": str(d["site"]), "action": str(d["action"]), "steps": int(d["steps"]),
             "floats_down": int(d["floats_down"]), "floats_up": int(d["floats_up"]), "seconds": float(d["seconds"])}
@@ -65,8 +78,8 @@ def cost_table(rows: Iterable[LedgerRow | Mapping], cfg: CostConfig, val_cases: 
         ``timing``, ``t_batch``, ``t_forward``, ``t_eval`` (s), ``download_mb_s``, ``upload_mb_s``,
         ``bytes_per_float``.
     """
-    rows = [_row(r) for r in rows]
-    train = [r for r in rows if r["action"] not in EVAL_ACTIONS]
+    records = [_row(r) for r in rows]
+    train = [r for r in records if r["action"] not in EVAL_ACTIONS]
     sgd = [r for r in train if r["action"] not in FORWARD_ACTIONS]
     forward = [r for r in train if r["action"] in FORWARD_ACTIONS]
 
@@ -77,8 +90,8 @@ def cost_table(rows: Iterable[LedgerRow | Mapping], cfg: CostConfig, val_cases: 
         acc[0 if r["action"] not in FORWARD_ACTIONS else 1] += r["steps"]
         acc[2] += r["floats_down"]
         acc[3] += r["floats_up"]
-    first_eval: dict[tuple[int, str], dict] = {}
-    for r in rows:
+    first_eval: dict[tuple[int, str], _CostRow] = {}
+    for r in records:
         if r["action"] == EVALUATE:
             first_eval.setdefault((r["round"], r["site"]), r)
             per[r["round"]].setdefault(r["site"], [0, 0, 0, 0])

@@ -90,8 +90,7 @@ def batch_metrics(
     t_any = t.reshape(b, r, -1).any(-1)
     both = p_any & t_any
 
-    dice = compute_dice(p.float(), t.float(), include_background=True, ignore_empty=False)
-    dice = dice.double().numpy()
+    dice = compute_dice(p.float(), t.float(), include_background=True, ignore_empty=False).double().numpy()
     dice[(~p_any & ~t_any).numpy()] = 1.0  # both empty
     dice[(p_any ^ t_any).numpy()] = 0.0  # exactly one empty
 

@@ -17,6 +17,7 @@ and per-run dependency installation is off.
 from __future__ import annotations
 
 import json
+import threading
 
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
@@ -26,18 +27,38 @@ import fedseg
 from fedseg.flower import node
 
 MODULE = "fedseg_flower_app"  # the FAB's module
+DEFAULT_ACTION = "default"  # Flower's action of a bare "train" / "evaluate" (ClientApp.train's default)
 
 
 class FedsegClientApp(ClientApp):
     """A ``ClientApp`` whose train/evaluate messages of any action name reach the fedseg Client;
-    query actions are registered with ``@client_app.query(name)`` as usual."""
+    query actions are registered with ``@client_app.query(name)`` as usual.
+
+    Flower routes a message to the function registered for its ``<category>.<action>``, and fedseg's
+    actions are the algorithms' own names (any algorithm may add one), so a train or evaluate action
+    is registered -- with Flower's ``@app.train(action)`` / ``@app.evaluate(action)`` -- when its first
+    message arrives; Flower then calls it as any registered function (mods, lifespan)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._algorithm_actions: set[str] = set()
+        self._registering = threading.Lock()
 
     def __call__(self, message: Message, context: Context) -> Message:
-        category = message.metadata.message_type.partition(".")[0]
-        if category in ("train", "evaluate"):
-            with self._lifespan(context):
-                return node.handle(message, context)
+        category, _, action = message.metadata.message_type.partition(".")
+        register = {"train": self.train, "evaluate": self.evaluate}.get(category)
+        name = f"{category}.{action or DEFAULT_ACTION}"  # "train" is Flower's "train.default"
+        if register is not None and name not in self._algorithm_actions:
+            with self._registering:
+                if name not in self._algorithm_actions:
+                    register(action or DEFAULT_ACTION)(algorithm_message)
+                    self._algorithm_actions.add(name)
         return super().__call__(message, context)
+
+
+def algorithm_message(message: Message, context: Context) -> Message:
+    """A ``train.<action>`` or ``evaluate.<action>`` message: the algorithm's Client answers it."""
+    return node.handle(message, context)
 
 
 client_app = FedsegClientApp()
@@ -95,9 +116,8 @@ clientapp = "{MODULE}:client_app"
 
 def build_fab() -> bytes:
     """The Flower App Bundle of fedseg's app (bytes, as ``flwr build`` writes them)."""
-    from flwr.cli.build import build_fab_from_files
+    from fedseg.flower.flwr_internals import build_fab as build
 
-    files = {"pyproject.toml": pyproject().encode(),
-             f"{MODULE}.py": b'"""fedseg on Flower (see fedseg.flower.apps)."""\n'
-                             b"from fedseg.flower.apps import client_app, server_app  # noqa: F401\n"}
-    return build_fab_from_files(files)[0]
+    return build({"pyproject.toml": pyproject().encode(),
+                  f"{MODULE}.py": b'"""fedseg on Flower (see fedseg.flower.apps)."""\n'
+                                  b"from fedseg.flower.apps import client_app, server_app  # noqa: F401\n"})

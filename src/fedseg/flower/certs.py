@@ -20,6 +20,7 @@ SuperNodes whose public key was registered (``flwr supernode register`` / ``feds
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Sequence
 import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
@@ -127,7 +128,7 @@ def make_node_key(folder: Path, name: str) -> tuple[Path, Path]:
     return private, public
 
 
-def make_certs(out: Path, hosts: list[str] = (), nodes: list[str] = ()) -> TlsFiles:
+def make_certs(out: Path, hosts: Sequence[str] = (), nodes: Sequence[str] = ()) -> TlsFiles:
     """CA + SuperLink certificate (+ one authentication key pair per name in ``nodes``) in ``out``."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

@@ -48,7 +48,7 @@ def _errors():
 
 
 def _finish(out: Path) -> None:
-    from fedseg.report import render_report
+    from fedseg.report.html import render_report
 
     summary = json.loads((out / "summary.json").read_text())
     print_dice(console, f"Test Dice ({summary['dataset']}, on Flower)", summary["sites"],

@@ -92,7 +92,7 @@ def wait_for_port(host: str, port: int, timeout: float, alive=lambda: True, what
 
 def _proc_table() -> list[tuple[int, int, int]]:
     """``(pid, ppid, pgid)`` of every process (Linux ``/proc``; empty elsewhere)."""
-    table = []
+    table: list[tuple[int, int, int]] = []
     if not Path("/proc").is_dir():
         return table
     for entry in Path("/proc").iterdir():

@@ -50,7 +50,7 @@ from fedseg.flower.deploy import (
 )
 
 ISOLATIONS = ("subprocess", "warm")
-# Waits inside Flower with --poll (fedseg.flower.tuning). Measured on 2 busy cores with 6 sites
+# Waits inside Flower with --poll (fedseg.flower.flwr_internals). Measured on 2 busy cores with 6 sites
 # (benchmarks/flower_overhead.py): 0.05 s made a dozen processes poll 20x a second each and
 # slowed the SuperLink more than it saved; 0.2 s keeps most of the gain over Flower's 3 s / 1 s.
 DEFAULT_POLL = 0.2
@@ -342,7 +342,7 @@ def local(cfg: RunConfig, out: Path, *, tls: bool = False, isolation: str = "war
           wait: float = 300, echo: Callable[[str], None] = print) -> Path:
     """Run ``cfg`` on a Flower deployment on this machine; the same outputs as ``fedseg run`` in ``out``.
 
-    ``poll`` > 0 shortens every wait inside Flower to that many seconds (``fedseg.flower.tuning``);
+    ``poll`` > 0 shortens every wait inside Flower to that many seconds (``fedseg.flower.flwr_internals``);
     0 keeps Flower's defaults."""
     from fedseg.flower.server import refuse_unsupported
 

@@ -27,13 +27,14 @@ import json
 import logging
 import traceback
 from dataclasses import dataclass
+from typing import cast
 from pathlib import Path
 
 from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message as FlowerMessage, RecordDict
 from flwr.common.constant import ErrorCode
 
 from fedseg.config import RunConfig
-from fedseg.data.federation import Federation, FederationError
+from fedseg.data.federation import Federation, FederationError, Site
 
 # PyTorch, MONAI and the algorithms are imported only by algorithm messages: in Flower's
 # one-process-per-message isolation, the engine's queries (info, snapshot, restore) then start
@@ -87,7 +88,7 @@ def federation_header(fed: Federation) -> dict:
     return {"kind": fed.kind, "channels": int(fed.channels), "regions": [[k, list(v)] for k, v in fed.regions.as_dict().items()]}
 
 
-def load_site(settings: NodeSettings, cfg: RunConfig, check: bool) -> tuple[Federation, object]:
+def load_site(settings: NodeSettings, cfg: RunConfig, check: bool) -> tuple[Federation, Site]:
     """``(federation, site)`` of this node; ``check``: run the full ``data check`` (every file read)."""
     from fedseg.data.check import check_folder
     from fedseg.data.folder import load_folder
@@ -106,7 +107,7 @@ def get_state(context: Context, slot: str) -> dict:
 
     if slot not in context.state:
         return {}
-    return unpack(context.state[slot], context.state[slot + ".index"])
+    return unpack(context.state.array_records[slot], context.state.config_records[slot + ".index"])
 
 
 def put_state(context: Context, slot: str, state: dict) -> None:
@@ -122,8 +123,8 @@ def copy_slot(context: Context, source: str, target: str) -> None:
             if key in context.state:
                 del context.state[key]
         return
-    context.state[target] = ArrayRecord(dict(context.state[source]))
-    context.state[target + ".index"] = ConfigRecord(dict(context.state[source + ".index"]))
+    context.state[target] = ArrayRecord(dict(context.state.array_records[source]))
+    context.state[target + ".index"] = ConfigRecord(dict(context.state.config_records[source + ".index"]))
 
 
 def forget_other_algorithms(context: Context, algorithm: str) -> None:
@@ -208,7 +209,7 @@ def on_info(content: RecordDict, context: Context, settings: NodeSettings, cfg: 
     """Full data check of this node's folder for the run's split settings; the site's split sizes."""
     from fedseg.data.splits import site_splits
 
-    head = dict(content[ENGINE])
+    head = dict(content.config_records[ENGINE])
     fed, site = load_site(settings, cfg, check=True)
     expected = json.loads(str(head["header"]))
     mine = federation_header(fed)
@@ -223,19 +224,19 @@ def on_info(content: RecordDict, context: Context, settings: NodeSettings, cfg: 
 
 def on_snapshot(content: RecordDict, context: Context, settings: NodeSettings, cfg: RunConfig) -> RecordDict:
     """Copy the algorithm's state store to the ``best`` slot, named by ``tag``."""
-    head = dict(content[ENGINE])
+    head = dict(content.config_records[ENGINE])
     algorithm = str(head["algorithm"])
     copy_slot(context, STATE + algorithm, BEST + algorithm)
-    context.state[BEST_TAG + algorithm] = ConfigRecord({"tag": int(head["tag"])})
+    context.state[BEST_TAG + algorithm] = ConfigRecord({"tag": int(cast(int, head["tag"]))})
     return RecordDict({ENGINE: ConfigRecord({"site": settings.site})})
 
 
 def on_restore(content: RecordDict, context: Context, settings: NodeSettings, cfg: RunConfig) -> RecordDict:
     """Put the ``best`` slot back as the algorithm's state store (it must be the snapshot ``tag``)."""
-    head = dict(content[ENGINE])
-    algorithm, tag = str(head["algorithm"]), int(head["tag"])
-    have = context.state.get(BEST_TAG + algorithm)
-    if have is None or int(have["tag"]) != tag:
-        raise ValueError(f"no snapshot {tag} of {algorithm!r} on this node (have {None if have is None else int(have['tag'])})")
+    head = dict(content.config_records[ENGINE])
+    algorithm, tag = str(head["algorithm"]), int(cast(int, head["tag"]))
+    have = context.state.config_records.get(BEST_TAG + algorithm)
+    if have is None or int(cast(int, have["tag"])) != tag:
+        raise ValueError(f"no snapshot {tag} of {algorithm!r} on this node (have {None if have is None else int(cast(int, have['tag']))})")
     copy_slot(context, BEST + algorithm, STATE + algorithm)
     return RecordDict({ENGINE: ConfigRecord({"site": settings.site})})

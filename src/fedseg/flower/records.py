@@ -87,4 +87,6 @@ def from_recorddict(content: RecordDict) -> tuple[Message, dict]:
     missing = [k for k in (TENSORS, INDEX, META, ENGINE) if k not in content]
     if missing:
         raise ValueError(f"not a fedseg message: records {missing} are missing (has {sorted(content)})")
-    return Message(unpack(content[TENSORS], content[INDEX]), dict(content[META])), dict(content[ENGINE])
+    arrays, configs = content.array_records, content.config_records
+    meta: dict = dict(configs[META])  # numbers, strings and bools only: written by to_recorddict
+    return Message(unpack(arrays[TENSORS], configs[INDEX]), meta), dict(configs[ENGINE])

@@ -9,7 +9,7 @@ coordinator needs and nothing of the sites' data:
   and the ordered site names (the order defines each site's index, as in the simulator);
 - ``fedseg-out``: the output directory on the coordinator (summary.json etc.);
 - ``fedseg-wait``: seconds to wait for every site's SuperNode; ``fedseg-poll``: reply polling and
-  object-pull backoff, seconds (0: Flower's own 3 s and 1 s, see ``fedseg.flower.tuning``).
+  object-pull backoff, seconds (0: Flower's own 3 s and 1 s, see ``fedseg.flower.flwr_internals``).
 
 It maps sites to nodes, then runs ``fedseg.run.run_experiment`` with the ``FlowerEngine``:
 the same rounds, validation, best-round selection, single test evaluation and output files as
@@ -33,15 +33,17 @@ log = logging.getLogger("fedseg.flower.server")
 DEFAULTS = {"fedseg-config": "", "fedseg-federation": "", "fedseg-out": "", "fedseg-wait": 120.0, "fedseg-poll": 0.2,
             "fedseg-version": ""}
 FLOWER_REPLY_POLL = 3.0  # flwr's Grid.send_and_receive interval, used with fedseg-poll = 0
-NOT_ON_FLOWER = {"centralized": "it pools every site's training data in one place, which a federation never does"}
 
 
 def refuse_unsupported(algorithms: list[str]) -> None:
-    """Algorithms that cannot run on real sites raise ``ValueError`` naming the reason."""
-    bad = [a for a in algorithms if a in NOT_ON_FLOWER]
+    """Algorithms that cannot run on real sites (registry: ``AlgorithmSpec.on_flower``) raise ``ValueError`` naming the reason."""
+    from fedseg.algorithms import ALGORITHMS
+
+    why = {a: ALGORITHMS[a].on_flower if a in ALGORITHMS else None for a in algorithms}  # unknown: refused elsewhere
+    bad = [a for a in algorithms if why[a]]
     if bad:
-        reasons = "; ".join(f"{a!r}: {NOT_ON_FLOWER[a]}" for a in bad)
-        keep = [a for a in algorithms if a not in NOT_ON_FLOWER]
+        keep = [a for a in algorithms if not why[a]]
+        reasons = "; ".join(f"{a!r}: {why[a]}" for a in bad)
         raise ValueError(f"cannot run on Flower: {reasons}. Run it with `fedseg run` (simulator), or drop it: "
                          f"--algorithms {','.join(keep) or 'fedavg'}")
 
@@ -74,7 +76,7 @@ def _log_to(out: Path) -> logging.Handler:
 
 def serve(grid, run_config: dict) -> None:
     """Run the experiment described by ``run_config`` over ``grid`` (see the module docstring)."""
-    from fedseg.engine.simulator import Task
+    from fedseg.engine.context import Task
     from fedseg.flower.engine import Courier, FlowerEngine, connect_sites
     from fedseg.flower.node import federation_header
     from fedseg.run import Prepared, run_experiment
@@ -88,7 +90,7 @@ def serve(grid, run_config: dict) -> None:
         cfg = RunConfig.model_validate(json.loads(str(run_config["fedseg-config"])))
         refuse_unsupported(cfg.algorithms)
         fed = federation_from_record(str(run_config["fedseg-federation"]))
-        from fedseg.flower.tuning import cap_object_pull_backoff
+        from fedseg.flower.flwr_internals import cap_object_pull_backoff
 
         poll = float(run_config["fedseg-poll"])
         if poll > 0:

@@ -2,7 +2,7 @@
 optionally with shorter waits.
 
 With ``FEDSEG_FLOWER_NODE_POLL=<seconds>`` set, the SuperNode's idle polling (3 s) and its
-object-pull backoff (1 s doubling to 10 s) start at that value (``fedseg.flower.tuning``);
+object-pull backoff (1 s doubling to 10 s) start at that value (``fedseg.flower.flwr_internals``);
 everything else is the unmodified ``flower-supernode``. Worth it on a LAN or loopback, where a
 poll costs microseconds; on a WAN with many sites, Flower's defaults keep the SuperLink's load low.
 """
@@ -11,8 +11,17 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
+from importlib.metadata import distribution
 
-from fedseg.flower.tuning import cap_node_polling, cap_object_pull_backoff
+from fedseg.flower.flwr_internals import cap_node_polling, cap_object_pull_backoff, show_log_timestamps
+
+
+def flower_supernode_command() -> Callable[[], object]:
+    """The function behind Flower's ``flower-supernode`` command, found as the command finds it (flwr's
+    console-script entry point), so that it runs in this process, after the patches above."""
+    (entry,) = distribution("flwr").entry_points.select(group="console_scripts", name="flower-supernode")
+    return entry.load()
 
 
 def main() -> None:
@@ -20,10 +29,8 @@ def main() -> None:
     if poll:
         cap_node_polling(float(poll))
         cap_object_pull_backoff(float(poll))
-    from flwr.supercore.logger import console_handler
-    from flwr.supernode.cli import flower_supernode
-
-    console_handler.timestamps = True  # a site's log is read later, next to the coordinator's
+    flower_supernode = flower_supernode_command()
+    show_log_timestamps()  # a site's log is read later, next to the coordinator's
 
     sys.argv[0] = "flower-supernode"
     flower_supernode()

@@ -1,5 +1,11 @@
-"""The human-readable report (report.html + figures/) rendered from a run's files."""
+"""The human-readable reports (``report.html`` + ``figures/``) rendered from the files of a run or a study.
 
-from fedseg.report.html import render_report
+- ``kit``: presentation primitives (HTML, tables, sections, the run's files as ``RunFiles``), free of methods;
+- ``figures``: the PNG figures (matplotlib, no pyplot), free of methods too;
+- ``methods``: display names, baselines, families and table order from summary.json and the registry;
+- ``study_tables``: the unseen-site and sweep tables of a study directory as sections;
+- ``html``: the run report (``render_report``), with the sections of each method family present;
+- ``studies``: the study page (``render_study``), which re-renders its runs' reports.
 
-__all__ = ["render_report"]
+Import the page you need (``from fedseg.report.html import render_report``); this package imports nothing.
+"""

@@ -1,8 +1,12 @@
 """Report figures (PNG), drawn with matplotlib's object API on the Agg canvas.
 
 No pyplot: figures are created with :class:`matplotlib.figure.Figure`, so rendering a
-report never touches a GUI backend or global pyplot state. Every function writes one
+report never touches a GUI backend or global pyplot state. Every drawing function writes one
 PNG and returns its path, or returns None when there is nothing to draw.
+
+Like :mod:`fedseg.report.kit`, these are presentation primitives that know no method: a
+method family's report module (e.g. :mod:`fedseg.algorithms.fedsm.report`) draws its own
+figures with them (:func:`mean_per_round`, :func:`round_axes`, :func:`save`).
 """
 
 from __future__ import annotations
@@ -19,8 +23,8 @@ from matplotlib.lines import Line2D
 from fedseg.evaluate.metrics import batch_metrics
 
 __all__ = [
-    "REGION_COLORS", "validation_curves", "cross_site_heatmap", "sample_grid", "display_image",
-    "selector_curves", "project_2d", "feature_map",
+    "LINE_STYLES", "REGION_COLORS", "validation_curves", "cross_site_heatmap", "sample_grid", "display_image",
+    "project_2d", "feature_map", "mean_per_round", "round_axes", "save",
 ]
 
 DPI = 110
@@ -33,7 +37,8 @@ def _region_color(i: int) -> str:
     return REGION_COLORS[i % len(REGION_COLORS)]
 
 
-def _save(fig: Figure, out: Path) -> Path:
+def save(fig: Figure, out: Path) -> Path:
+    """Write ``fig`` to ``out`` (PNG, white background, folders created); returns ``out``."""
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=DPI, bbox_inches="tight", facecolor="white")
     return out
@@ -44,7 +49,9 @@ def _float(x) -> float:
     return math.nan if x is None or x == "" else float(x)
 
 
-def _mean_per_round(rows: Sequence[Mapping], key: str, by: str = "algorithm") -> dict[str, tuple[np.ndarray, np.ndarray]]:
+def mean_per_round(
+    rows: Sequence[Mapping], key: str, by: str = "algorithm"
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """``{row[by]: (rounds, mean of rows[key] over the other rows of that round)}`` ignoring NaN,
     rounds ascending (``by="algorithm"``: mean over sites; ``by="site"``: one series per site)."""
     acc: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
@@ -59,7 +66,7 @@ def _mean_per_round(rows: Sequence[Mapping], key: str, by: str = "algorithm") ->
     return out
 
 
-def _round_axes(ax, title: str, ylabel: str) -> None:
+def round_axes(ax, title: str, ylabel: str) -> None:
     """Title and labels of a per-round panel, light grid, integer round ticks."""
     ax.set(title=title, xlabel="round", ylabel=ylabel)
     ax.grid(alpha=0.3)
@@ -86,8 +93,8 @@ def validation_curves(
         ``out``, or None when no algorithm has a validation value.
     """
     labels = labels or {}
-    val = _mean_per_round(rounds_rows, "val_dice")
-    loss = _mean_per_round(rounds_rows, "train_loss")
+    val = mean_per_round(rounds_rows, "val_dice")
+    loss = mean_per_round(rounds_rows, "train_loss")
     algs = [a for a in algorithms if a in val or a in loss]
     if not any(a in val for a in algs):
         return None
@@ -105,19 +112,24 @@ def validation_curves(
         if alg in loss:
             x, y = loss[alg]
             ax_loss.plot(x, y, marker="o", ms=3, lw=1.6, color=color, label=label)
-    _round_axes(ax_val, "Validation Dice (mean over sites)", "Dice")
-    _round_axes(ax_loss, "Training loss (mean over sites)", "loss")
+    round_axes(ax_val, "Validation Dice (mean over sites)", "Dice")
+    round_axes(ax_loss, "Training loss (mean over sites)", "loss")
     handles, names = ax_val.get_legend_handles_labels()
     if best_round:
         handles.append(Line2D([], [], marker="*", ms=11, ls="", color="grey", mec="black", mew=0.6))
         names.append("selected round")
     ax_val.legend(handles, names, fontsize=8, loc="best")
     fig.tight_layout()
-    return _save(fig, out)
+    return save(fig, out)
 
 
 def cross_site_heatmap(
-    matrix: np.ndarray, sites: Sequence[str], out: Path, metric_label: str = "Dice", vmin: float = 0.0, vmax: float = 1.0
+    matrix: np.ndarray,
+    sites: Sequence[str],
+    out: Path,
+    metric_label: str = "Dice",
+    vmin: float = 0.0,
+    vmax: float = 1.0,
 ) -> Path:
     """Heatmap with numbers of local models across sites.
 
@@ -146,7 +158,7 @@ def cross_site_heatmap(
     ax.set_ylabel("training site (local model)")
     fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label=metric_label)
     fig.tight_layout()
-    return _save(fig, out)
+    return save(fig, out)
 
 
 def display_image(image: np.ndarray) -> tuple[np.ndarray, str | None]:
@@ -234,63 +246,7 @@ def sample_grid(
     fig.legend(handles, list(regions), loc="upper center", ncol=max(1, len(regions)), fontsize=9, frameon=False,
                bbox_to_anchor=(0.5, 1.0))
     fig.tight_layout(rect=(0, 0, 1, 1 - 0.3 / fig.get_figheight()), h_pad=0.4, w_pad=0.4)
-    return _save(fig, out)
-
-
-def selector_curves(
-    metric_rows: Sequence[Mapping],
-    out: Path,
-    algorithms: Sequence[str],
-    sites: Sequence[str],
-    labels: Mapping[str, str] | None = None,
-) -> Path | None:
-    """FedSM's model selector per round, one row of two panels per algorithm.
-
-    Left: validation selector accuracy (``selector_acc``) per site (thin) and its mean over sites
-    (thick, black). Right: the fraction of validation images routed to the global model
-    (``global_frac``, mean over sites) and the threshold ``gamma`` (if the algorithm has one).
-
-    Args:
-        metric_rows: ``round_metrics.csv`` rows (``algorithm, round, site, metric, value``).
-        out: PNG path.
-        algorithms: algorithms to draw, in order (those without ``selector_acc`` are skipped).
-        sites: site order (line colours).
-        labels: display name per algorithm.
-
-    Returns:
-        ``out``, or None when no algorithm has a ``selector_acc`` row.
-    """
-    labels = labels or {}
-    by_alg: dict[str, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
-    for r in metric_rows:  # long rows -> per algorithm and metric, "value" under the metric's name
-        by_alg[r["algorithm"]][r["metric"]].append({**r, r["metric"]: r["value"]})
-    algs = [a for a in algorithms if a in _mean_per_round(by_alg.get(a, {}).get("selector_acc", []), "selector_acc")]
-    if not algs:
-        return None
-    fig = Figure(figsize=(11, 3.4 * len(algs)))
-    axes = fig.subplots(len(algs), 2, squeeze=False)
-    for (ax_acc, ax_route), alg in zip(axes, algs):
-        metrics = by_alg[alg]
-        per_site = _mean_per_round(metrics["selector_acc"], "selector_acc", by="site")
-        for i, site in enumerate(sites):  # dash patterns keep overlapping sites visible
-            if site in per_site:
-                ax_acc.plot(*per_site[site], lw=1.3, alpha=0.8, color=f"C{i % 10}", ls=LINE_STYLES[i % len(LINE_STYLES)],
-                            marker="o", ms=2.5, label=site)
-        ax_acc.plot(*_mean_per_round(metrics["selector_acc"], "selector_acc")[alg], lw=2.4, color="black", label="mean")
-        name = labels.get(alg, alg)
-        _round_axes(ax_acc, f"{name}: selector accuracy (validation)", "own site chosen (fraction)")
-        ax_acc.set_ylim(-0.03, 1.03)
-        ax_acc.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)  # beside: lines reach 0 and 1
-        for metric, style in (("global_frac", "-"), ("gamma", "--")):
-            series = _mean_per_round(metrics.get(metric, []), metric).get(alg)
-            if series is not None:
-                text = "global model used (mean over sites)" if metric == "global_frac" else "threshold γ"
-                ax_route.plot(*series, ls=style, marker="o", ms=3, lw=1.6, label=text)
-        _round_axes(ax_route, f"{name}: routing (validation)", "fraction / γ")
-        ax_route.set_ylim(-0.03, 1.03)
-        ax_route.legend(fontsize=7, loc="best")
-    fig.tight_layout()
-    return _save(fig, out)
+    return save(fig, out)
 
 
 def project_2d(features: np.ndarray, seed: int = 0) -> np.ndarray | None:
@@ -298,7 +254,7 @@ def project_2d(features: np.ndarray, seed: int = 0) -> np.ndarray | None:
 
     Perplexity ``min(30, (N - 1) / 3)`` (sklearn needs it below N). Returns None for fewer than
     4 points (no meaningful neighbourhoods)."""
-    from sklearn.manifold import TSNE  # imported here: only FedSM reports need it
+    from sklearn.manifold import TSNE  # imported here: only reports with feature maps need it
 
     x = np.asarray(features, dtype=np.float64)
     if len(x) < 4:
@@ -312,14 +268,16 @@ def feature_map(
     sites: Sequence[str],
     out: Path,
     labels: Mapping[str, str] | None = None,
+    what: str = "features",
 ) -> Path | None:
-    """2D maps of features coloured by site (FedSM paper Fig. 3), one panel per algorithm.
+    """2D maps of features coloured by site (e.g. the FedSM paper's Fig. 3), one panel per algorithm.
 
     Args:
         maps: ``{algorithm: (xy (N, 2), site name of every point (N,))}``.
         sites: site names in colour order.
         out: PNG path.
         labels: display name per algorithm.
+        what: what the features are, for the panel titles ("<algorithm>: <what> (t-SNE)").
 
     Returns:
         ``out``, or None when ``maps`` is empty.
@@ -335,9 +293,9 @@ def feature_map(
             pts = xy[np.asarray(site) == name]
             if len(pts):
                 ax.scatter(pts[:, 0], pts[:, 1], s=size, alpha=0.8, color=f"C{i % 10}", label=name, edgecolors="none")
-        ax.set_title(f"{labels.get(alg, alg)}: selector features (t-SNE)", fontsize=10)
+        ax.set_title(f"{labels.get(alg, alg)}: {what} (t-SNE)", fontsize=10)
         ax.set_xticks([])
         ax.set_yticks([])
     axes[-1].legend(fontsize=8, loc="center left", bbox_to_anchor=(1.02, 0.5), frameon=False, title="site")
     fig.tight_layout()
-    return _save(fig, out)
+    return save(fig, out)

@@ -1,127 +1,33 @@
-"""Report sections and page of a study (:mod:`fedseg.studies`): unseen sites and sweeps.
+"""The page of a study directory (:mod:`fedseg.studies`): its tables, its runs, its configuration.
 
-:func:`study_sections` turns ``unseen.csv`` (FedSM Table 5 layout) and ``sweep.csv`` (Table 7
-layout; Table 6 when the key is ``methods.fedsm.personalization``) of a directory into HTML
-sections, in the style of the run report (:mod:`fedseg.report.html`, whose table helpers it
-uses). :func:`render_study` writes a study directory's ``report.html``: those tables, links to
-every sub-run's own report (re-rendered first) and the base configuration.
+:func:`render_study` writes a study directory's ``report.html``: the unseen-site and sweep
+tables (:mod:`fedseg.report.study_tables`), a link to every sub-run's own report (each
+re-rendered first with :func:`fedseg.report.html.render_report`) and the base configuration.
+
+Dependencies go one way: this page uses the run report and the study tables; the run report
+uses the study tables (for a run directory that holds one) but never this module.
 """
 
 from __future__ import annotations
 
-import html as _html
 import json
 from pathlib import Path
 
 import yaml
 
-from fedseg.report.html import (
-    CSS,
-    TableRow,
-    _esc,
-    _fmt,
-    _num,
-    _read_csv,
-    _section,
-    _site_columns,
-    _table,
-    display_name,
-    is_federated,
-    render_report,
-    score_table,
-)
+from fedseg.report.html import render_report
+from fedseg.report.kit import esc, page, read_csv, section
+from fedseg.report.study_tables import STUDY_JSON, SWEEP_CSV, UNSEEN_CSV, is_study_dir, run_link, study_sections
 
-UNSEEN_CSV, SWEEP_CSV, STUDY_JSON = "unseen.csv", "sweep.csv", "study.json"
-PM = "freq_PM_"
-PERSONALIZATION_KEY = "methods.fedsm.personalization"
+__all__ = ["is_study_dir", "render_study", "study_sections"]
 
 
-def is_study_dir(path: Path) -> bool:
-    """A study directory holds ``study.json``, ``unseen.csv`` or ``sweep.csv``."""
-    return any((Path(path) / name).is_file() for name in (STUDY_JSON, UNSEEN_CSV, SWEEP_CSV))
-
-
-def _run_link(root: Path, run: str, text: str) -> str:
-    """``text`` linked to ``root/run/report.html`` (or to the folder before it is rendered); plain
-    ``text`` when ``run`` is not a folder under ``root`` (e.g. the table shown inside a sub-run)."""
-    if not run or not (root / run).is_dir():
-        return _esc(text)
-    target = f"{run}/report.html" if (root / run / "report.html").is_file() else f"{run}/"
-    return f'<a href="{_html.escape(target, quote=True)}">{_esc(text)}</a>'
-
-
-# --------------------------------------------------------------------------- unseen sites
-UNSEEN_NOTE = (
-    "Each row: trained on the other sites, scored on <b>all</b> cases of the unseen site (Dice: mean over regions per "
-    "case, then over cases). GM = global model, PM <i>site</i> = that training site's personalized model; the numbers "
-    "are how often the model selector picks each for the unseen site's images at γ = 0 (the paper's setting: always a "
-    "personalized model); N/A = the unseen site itself (it has none). Best γ, Dice: the γ of the grid with the best "
-    "Dice on the unseen site itself, an oracle choice as the paper's (ties go to the larger γ). Val. γ, Dice: the γ "
-    "chosen on the training sites' validation splits, what a deployment would use. FedSM-extra and the ensemble have "
-    "no threshold (γ blank; the ensemble's frequencies: its most weighted candidate); methods with one global model "
-    "show its Dice only. unseen.json holds the whole Dice/frequency curve over γ."
-)
-
-
-def unseen_section(root: Path) -> str:
-    """Table 5 from ``root/unseen.csv``; "" when the file is missing or empty."""
-    rows = _read_csv(root / UNSEEN_CSV)
-    if not rows:
-        return ""
-    sites = [c[len(PM):] for c in rows[0] if c.startswith(PM)]
-    head = (["Method", "Unseen site", "Cases", "γ", "GM"] + [f"PM {s}" for s in sites]
-            + ["Dice", "Best γ", "Best Dice", "Val. γ", "Val. Dice"])
-    body = []
-    for r in rows:
-        freqs = ["N/A" if s == r["unseen_site"] else _fmt(r[PM + s], 2) for s in sites]
-        cells = [_run_link(root, r.get("run", ""), r["unseen_site"]), _esc(r["cases"]), _fmt(r["gamma"], 2),
-                 _fmt(r["freq_GM"], 2), *freqs, _fmt(r["dice"], 4), _fmt(r["best_gamma"], 2), _fmt(r["best_dice"], 4),
-                 _fmt(r["val_gamma"], 2), _fmt(r["val_dice"], 4)]
-        body.append(f"<tr><th>{_esc(display_name(r['algorithm']))}</th>{''.join(f'<td>{c}</td>' for c in cells)}</tr>")
-    return _section("Unseen sites (FedSM Table 5 layout)",
-                    _table("<tr>" + "".join(f"<th>{_esc(h)}</th>" for h in head) + "</tr>", body), UNSEEN_NOTE)
-
-
-# --------------------------------------------------------------------------- sweeps
-def sweep_section(root: Path) -> str:
-    """Test Dice per value (rows) and site (columns) from ``root/sweep.csv``, then HD95 Client Avg; "" when missing."""
-    rows = _read_csv(root / SWEEP_CSV)
-    if not rows:
-        return ""
-    key = rows[0]["key"]
-    sites = [c[len("dice_"):] for c in rows[0] if c.startswith("dice_") and c not in ("dice_client_avg", "dice_global")]
-    order = list(dict.fromkeys(r["algorithm"] for r in rows))
-    dice_rows, hd_rows = [], []
-    for r in sorted(rows, key=lambda r: order.index(r["algorithm"])):  # one block per algorithm, values in order
-        label, fed = f"{display_name(r['algorithm'])}: {r['value']}", is_federated(r["algorithm"], {})
-        dice = {**{s: _num(r[f"dice_{s}"]) for s in sites}, "client_avg": _num(r["dice_client_avg"]),
-                "global": _num(r["dice_global"])}
-        dice_rows.append(TableRow(label, dice, fed, r["algorithm"]))
-        hd_rows.append(TableRow(label, {"hd95": _num(r["hd95_client_avg"])}, fed, r["algorithm"]))
-    layout = "Table 6" if key == PERSONALIZATION_KEY else "Table 7"
-    runs = dict.fromkeys((r.get("run", ""), r["value"]) for r in rows)  # one link per value, in order
-    links = ", ".join(_run_link(root, run, f"{key}={value}") for run, value in runs)
-    body = (score_table(dice_rows, _site_columns(sites), True, 4)
-            + score_table(hd_rows, [("hd95", "HD95 Client Avg")], False, 2))
-    note = (f"One complete run per value of <code>{_esc(key)}</code>, everything else as the base configuration. "
-            "Test Dice per site (mean over regions per case, then over the site's cases), Client Avg = mean of the site "
-            "means, Global = all test cases pooled; HD95 Client Avg below (lower is better). Bold: best federated "
-            f"number per column. Runs: {links}.")
-    return _section(f"Sweep over {key} (FedSM {layout} layout)", body, note)
-
-
-def study_sections(run_dir: Path) -> list[str]:
-    """HTML sections (title + table + note) for ``unseen.csv`` and ``sweep.csv`` of ``run_dir``; [] when neither exists."""
-    return [s for s in (unseen_section(Path(run_dir)), sweep_section(Path(run_dir))) if s]
-
-
-# --------------------------------------------------------------------------- the study page
 def _sub_runs(root: Path) -> dict[str, str]:
     """``{label: folder relative to root}`` from ``study.json`` (every planned sub-run), else from the tables."""
     meta = root / STUDY_JSON
     if meta.is_file():
         return dict(json.loads(meta.read_text()).get("runs") or {})
-    rows = _read_csv(root / UNSEEN_CSV) + _read_csv(root / SWEEP_CSV)
+    rows = read_csv(root / UNSEEN_CSV) + read_csv(root / SWEEP_CSV)
     return {r["run"]: r["run"] for r in rows if r.get("run")}
 
 
@@ -136,17 +42,17 @@ def render_study(study_dir: str | Path, sub_reports: bool = True) -> Path:
         done = (root / rel / "summary.json").is_file()
         if done and sub_reports:
             render_report(root / rel)
-        items.append(f"<li>{_run_link(root, rel, label) if done else _esc(label) + ' (not finished)'}</li>")
+        items.append(f"<li>{run_link(root, rel, label) if done else esc(label) + ' (not finished)'}</li>")
     meta = json.loads((root / STUDY_JSON).read_text()) if (root / STUDY_JSON).is_file() else {}
-    kind = {"holdout": "unseen sites", "sweep": f"sweep over {meta.get('key')}"}.get(meta.get("kind"), "study")
-    parts = [f"<h1>fedseg study — {_esc(kind)}</h1>", f'<p class="meta">Study: <code>{_esc(root.resolve().name)}</code></p>',
-             *study_sections(root), _section("Runs", items and f"<ul>{''.join(items)}</ul>",
-                                             "Each run is a complete run directory with its own report.")]
+    kind = {"holdout": "unseen sites", "sweep": f"sweep over {meta.get('key')}"}.get(str(meta.get("kind")), "study")
+    parts = [f"<h1>fedseg study — {esc(kind)}</h1>",
+             f'<p class="meta">Study: <code>{esc(root.resolve().name)}</code></p>',
+             *study_sections(root),
+             section("Runs", f"<ul>{''.join(items)}</ul>" if items else None,
+                     "Each run is a complete run directory with its own report.")]
     if meta.get("config"):
         config = yaml.safe_dump(meta["config"], sort_keys=False)
-        parts.append(f"<details><summary>base configuration (study.json)</summary><pre>{_esc(config)}</pre></details>")
-    page = ('<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-            f"<title>fedseg study — {_esc(kind)}</title><style>{CSS}</style></head><body>{''.join(parts)}</body></html>\n")
+        parts.append(f"<details><summary>base configuration (study.json)</summary><pre>{esc(config)}</pre></details>")
     out = root / "report.html"
-    out.write_text(page, encoding="utf-8")
+    out.write_text(page(f"fedseg study — {kind}", parts), encoding="utf-8")
     return out

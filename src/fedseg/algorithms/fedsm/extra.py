@@ -39,7 +39,7 @@ from torch import nn
 from fedseg.algorithms.fedavg import put_group, state_group
 from fedseg.algorithms.fedsm.family import FEDSM
 from fedseg.algorithms.fedsm.method import SELECTOR, SELECTOR_OPT, FedSMClient, FedSMServer, SelectorOptions
-from fedseg.algorithms.fedsm.model import EnsembleForward, LabeledImages, extra_labels
+from fedseg.algorithms.fedsm.model import EnsembleForward, LabeledImages, Mode, extra_labels
 from fedseg.algorithms.registry import AlgorithmSpec
 from fedseg.engine.messages import Message, prefixed
 from fedseg.engine.context import ClientContext, Task
@@ -65,7 +65,7 @@ class FedSMEnsembleOptions(FedSMExtraOptions):
 
 
 class FedSMExtraServer(FedSMServer):
-    MODE = "argmax"
+    MODE: Mode = "argmax"
     EXTRA_CLASSES = 1
 
     def __init__(self, engine, task: Task, options):
@@ -101,7 +101,7 @@ class FedSMExtraServer(FedSMServer):
 
 
 class FedSMExtraClient(FedSMClient):
-    MODE = "argmax"
+    MODE: Mode = "argmax"
     EXTRA_CLASSES = 1
 
     def candidates(self, msg: Message, ctx: ClientContext) -> list[nn.Module]:

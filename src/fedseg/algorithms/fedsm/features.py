@@ -18,6 +18,7 @@ The site an image came from is stored for colouring the map only; the selector n
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +33,7 @@ FEATURES_DIR = "selector_features"
 
 
 @torch.no_grad()
-def selector_features(bundle: dict[str, dict[str, torch.Tensor]], site_data: list[SiteData], task: Task) -> dict | None:
+def selector_features(bundle: dict[str, dict[str, torch.Tensor]], site_data: Sequence[SiteData], task: Task) -> dict | None:
     """The arrays described in the module docstring for every site's test split, or None when
     ``bundle`` holds no selector (any algorithm outside the FedSM family)."""
     if SELECTOR_SPEC not in bundle or "selector" not in bundle:
@@ -61,11 +62,10 @@ def selector_features(bundle: dict[str, dict[str, torch.Tensor]], site_data: lis
     }
 
 
-def write_selector_features(out: Path, algorithm: str, bundle: dict, site_data: list[SiteData], task: Task) -> Path | None:
+def write_selector_features(out: Path, algorithm: str, bundle: dict, site_data: Sequence[SiteData], task: Task) -> None:
     """Write ``out/selector_features/<algorithm>.npz`` (atomically) if the bundle has a selector."""
     arrays = selector_features(bundle, site_data, task)
     if arrays is None:
-        return None
+        return
     path = Path(out) / FEATURES_DIR / f"{algorithm}.npz"
     atomic_write_bytes(path, lambda f: np.savez_compressed(f, **arrays))
-    return path

@@ -80,7 +80,7 @@ from fedseg.algorithms.fedsm.model import (
 from fedseg.algorithms.fedsm.personalize import PERSONAL, TRACK, PersonalizationOptions, personalization
 from fedseg.algorithms.registry import AlgorithmSpec
 from fedseg.data.dataset import CaseSet
-from fedseg.engine.messages import Message, load_weights, prefixed, weights_of
+from fedseg.engine.messages import Message, MetaValue, load_weights, prefixed, weights_of
 from fedseg.engine.context import ClientContext, Task
 from fedseg.evaluate.inference import score_caseset
 from fedseg.evaluate.tables import eval_rows, site_summary
@@ -199,7 +199,7 @@ class FedSMClient(FedAvgClient):
             out.update(prefixed(SELECTOR, weights_of(selector)))
             if ctx.options.average_selector_moments:
                 out.update(prefixed(SELECTOR_OPT, state_group(ctx.state, key)))
-        meta = {
+        meta: dict[str, MetaValue] = {
             "steps": sum(s.steps for s in stats.values()),  # optimizer steps of every model trained
             "num_examples": len(ctx.data.train),
             "loss": next(iter(stats.values())).mean_loss,  # the global model's (the selector's if alone)
@@ -239,7 +239,8 @@ class FedSMClient(FedAvgClient):
         tensors.update({"dice": torch.from_numpy(dice), "hd95": torch.from_numpy(hd95)})
         if msg.meta.get("sample") and ctx.artifacts is not None and len(data):
             write_sample(sm, data, ctx, str(msg.meta["model"]))
-        meta = {"cases": json.dumps(data.ids), "model": str(msg.meta["model"]), "split": str(msg.meta["split"])}
+        meta: dict[str, MetaValue] = {"cases": json.dumps(data.ids), "model": str(msg.meta["model"]),
+                                      "split": str(msg.meta["split"])}
         return Message(tensors, meta)
 
 
@@ -313,7 +314,8 @@ class FedSMServer(FedAvgServer):
 
     def eval_messages(self, split: str, sample: bool) -> dict[str, Message]:
         tensors = self.super_tensors()
-        meta = {"split": split, "model": MODEL_NAME, "sample": sample, "gamma": self.gamma, "sites": json.dumps(self.sites)}
+        meta: dict[str, MetaValue] = {"split": split, "model": MODEL_NAME, "sample": sample, "gamma": self.gamma,
+                                      "sites": json.dumps(self.sites)}
         return {s: Message(dict(tensors), dict(meta)) for s in self.sites}
 
     def evaluate(self, split: str, sample: bool = False) -> list[dict]:
@@ -327,12 +329,12 @@ class FedSMServer(FedAvgServer):
 
     def best_gamma(self, replies: dict[str, Message]) -> float:
         """The gamma of ``gamma_grid`` with the best mean validation Dice over sites (ties: the larger)."""
-        best, best_score = None, -math.inf
+        best, best_score = float(self.options.gamma_grid[-1]), -math.inf
         for gamma in self.options.gamma_grid:
             rows = eval_rows(self.engine.algorithm, {s: at_gamma(r, gamma) for s, r in replies.items()}, self.task.regions)
             score = site_summary(rows, self.engine.algorithm, "dice", self.sites)["client_avg"]
             score = -math.inf if math.isnan(score) else score
-            if best is None or score >= best_score:
+            if score >= best_score:
                 best, best_score = gamma, score
         return float(best)
 

@@ -59,13 +59,13 @@ def ensemble_logits(weights: torch.Tensor, logits: Sequence[torch.Tensor]) -> to
 class SuperModel(nn.Module):
     """Global model, K personalized models and the selector, applied as in the module docstring."""
 
-    def __init__(self, global_model: nn.Module, personal: Sequence[nn.Module], selector: nn.Module,
+    def __init__(self, global_model: nn.Module, personal: Sequence[nn.Module], selector: Selector,
                  gamma: float = 0.5, mode: Mode = "threshold"):
         super().__init__()
         if mode not in MODES:
             raise ValueError(f"unknown super-model mode {mode!r} ({' | '.join(MODES)})")
         self.candidates = nn.ModuleList([global_model, *personal])
-        self.selector = selector
+        self.selector: Selector = selector
         self.gamma = float(gamma)
         self.mode = mode
 
@@ -98,6 +98,7 @@ class SuperModel(nn.Module):
             if out is None:
                 out = y.new_empty((len(x),) + tuple(y.shape[1:]))
             out[idx] = y
+        assert out is not None  # choice has one entry per image, so some candidate ran
         return out
 
 

@@ -242,7 +242,7 @@ class FirstOrderMAML(TrainHooks):
         theta = [p.detach().clone() for p in params]
         with torch.no_grad():
             for p in params:
-                p.sub_(self.alpha * p.grad)
+                p.sub_(self.alpha * p.grad)  # type: ignore[operator]  # params are those with a gradient
         x, y = self.data.batch(next(self.second), self.device)
         model.zero_grad(set_to_none=True)
         self.loss_fn(model(x), y).backward()

@@ -64,7 +64,7 @@ class Selector(nn.Module):
                 # ceil_mode keeps a 1-pixel map at 1 pixel, so small inputs never shrink to zero
                 layers.append(pool(kernel_size=2, stride=2, ceil_mode=True))
                 continue
-            out = max(1, round(item * width))
+            out = max(1, round(int(item) * width))
             norm_layer = norms[norm](out) if norm == "batch" else norms[norm](out, affine=True)
             layers += [conv(channels, out, kernel_size=3, padding=1), norm_layer, nn.ReLU(inplace=True)]
             channels = out

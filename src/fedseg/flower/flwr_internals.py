@@ -1,0 +1,254 @@
+"""Every use of a non-public part of Flower (flwr 1.41) in fedseg, each behind one small function.
+
+Everything else in ``fedseg.flower`` uses Flower's public API (``flwr.app``, ``flwr.clientapp``,
+``flwr.serverapp``), its documented settings (``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``, ...) and its
+commands (``flower-supernode``, ``flower-superlink``). What is here has no public equivalent in
+flwr 1.41 (nor in 1.42, which does not install here: it needs a newer certifi than the registry has).
+``tests/test_flwr_internals.py`` checks that every name, keyword default and signature used here is
+still there, so a Flower upgrade that changes one fails there, naming the function to update.
+
+**Shorter waits** (off unless a poll interval is given). Flower's deployment runtime is built
+for many sites on slow links: between "a message exists" and "its payload is there" every
+component waits with fixed sleeps. Measured on loopback (``benchmarks/flower_overhead.py``),
+these waits, not the work, dominate a tiny round:
+
+- a SuperNode asks the SuperLink for new messages every **3 s** when idle, and checks for its
+  ClientApp's reply every 0.5 s (``time.sleep`` calls in ``flwr.supernode.start_client_internal``);
+- whoever pulls a message's objects (arrays) before the sender has finished pushing them
+  backs off **1 s, 2 s, 4 s ... (cap 10 s)** per object (``pull_objects`` /
+  ``pull_and_inflate_object_from_tree`` in ``flwr.supercore.inflatable.inflatable_utils``):
+  a site starting on a message as soon as it appears, or the server collecting a reply, hits
+  this nearly every time;
+- a SuperExec looks for new tasks every 1 s (``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``, an official
+  setting: ``fedseg.flower.deploy.flower_env`` sets it) and ``Grid.send_and_receive`` every 3 s
+  (fedseg's engine has its own loop, ``fedseg.flower.engine.Courier``).
+
+``cap_node_polling`` and ``cap_object_pull_backoff`` shorten the first two in the calling
+process (they replace a module's ``time`` and two functions' keyword defaults; nothing else of
+Flower changes). fedseg applies them in its SuperNode wrapper (``supernode_main``) and warm
+worker when ``--poll`` is given, and in its ServerApp.
+
+**The warm ClientApp worker** (``fedseg.flower.worker``) runs ClientApp tasks the way
+``flwr-clientapp`` does (``flwr.supernode.runtime.run_clientapp``), but many in one process:
+Flower's only public runner exits after one task. The steps it takes from Flower are here.
+
+**Also:** the SuperNode's log timestamps (``show_log_timestamps``) and the in-memory FAB build
+(``build_fab``).
+
+Flower is imported only inside the functions: importing this module costs nothing.
+"""
+
+from __future__ import annotations
+
+import time
+import types
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from flwr.app import Context, Message
+    from flwr.clientapp import ClientApp
+    from flwr.supercore.fab import Fab
+    from flwr.supercore.run import Run
+    from flwr.supercore.runtime import RuntimeHttpClient
+
+# The keyword defaults of Flower's object-pull functions that ``cap_object_pull_backoff`` replaces.
+OBJECT_PULL_DEFAULTS = ("initial_backoff", "backoff_cap", "max_tries_per_object")
+
+
+# -- shorter waits --------------------------------------------------------------------------------
+
+def cap_node_polling(seconds: float) -> None:
+    """Cap every ``time.sleep`` of the SuperNode's main loop at ``seconds``.
+
+    Touches ``flwr.supernode.start_client_internal.time`` (the module's ``time`` is replaced by a copy
+    whose ``sleep`` is capped). No public way: the 3 s idle poll and the 0.5 s reply poll are literals
+    in ``start_client_internal``; ``flower-supernode`` has no option or environment variable for them."""
+    import flwr.supernode.start_client_internal as loop
+
+    capped = types.ModuleType("time")
+    capped.__dict__.update(time.__dict__)
+    capped.__dict__["sleep"] = lambda s: time.sleep(min(s, seconds))
+    loop.time = capped
+
+
+def object_pull_functions() -> tuple[Callable, ...]:
+    """Flower's two functions that pull a message's objects with backoff:
+    ``flwr.supercore.inflatable.inflatable_utils.pull_objects`` and ``pull_and_inflate_object_from_tree``."""
+    from flwr.supercore.inflatable import inflatable_utils as iu
+
+    return iu.pull_objects, iu.pull_and_inflate_object_from_tree
+
+
+def cap_object_pull_backoff(seconds: float, cap: float = 1.0) -> None:
+    """Retry an unavailable object after ``seconds`` (doubling up to ``cap``) instead of 1 s (up to 10 s);
+    the number of tries is raised so the total patience (up to Flower's 2 h limit) stays as long.
+
+    Touches the keyword defaults ``initial_backoff``, ``backoff_cap`` and ``max_tries_per_object`` of
+    ``object_pull_functions()``. No public way: every caller inside Flower (SuperNode, ``flwr-clientapp``,
+    ``Grid``) relies on these defaults, which come from constants in ``flwr.supercore.constant``; no option,
+    setting or environment variable changes them."""
+    for fn in object_pull_functions():
+        defaults = fn.__kwdefaults__
+        if defaults is None or not set(OBJECT_PULL_DEFAULTS) <= set(defaults):
+            raise RuntimeError(f"Flower changed {fn.__module__}.{fn.__name__}: its keyword defaults lack "
+                               f"{OBJECT_PULL_DEFAULTS}; fedseg.flower.flwr_internals.cap_object_pull_backoff "
+                               "must be updated")
+        defaults.update(initial_backoff=seconds, backoff_cap=max(cap, seconds), max_tries_per_object=int(1e6))
+
+
+# -- logging and packaging ------------------------------------------------------------------------
+
+def show_log_timestamps() -> None:
+    """Put timestamps in Flower's console log lines (a site's log is read later, next to the coordinator's).
+
+    Touches ``flwr.supercore.logger.console_handler.timestamps``. No public way: Flower shows timestamps
+    only with ``FLWR_LOG_LEVEL=DEBUG``, which also turns on debug output."""
+    from flwr.supercore.logger import console_handler
+
+    console_handler.timestamps = True
+
+
+def build_fab(files: Mapping[str, bytes]) -> bytes:
+    """A Flower App Bundle of in-memory ``files`` (relative path -> content), as ``flwr build`` writes it.
+
+    Uses ``flwr.cli.build.build_fab_from_files``, the function behind ``flwr build``. The public way,
+    the ``flwr build --app DIR`` command, gives the same bytes but needs a subprocess (about 1 s more per
+    run), a temporary app folder, and a FAB module whose names its static check can see."""
+    from flwr.cli.build import build_fab_from_files
+
+    return build_fab_from_files(dict(files))[0]
+
+
+# -- the warm ClientApp worker --------------------------------------------------------------------
+
+def _runtime_client(address: str, insecure: bool, root_certificates: str | None, interceptors: list
+                    ) -> RuntimeHttpClient:
+    from flwr.supercore.retry import make_simple_http_retry_invoker
+    from flwr.supercore.runtime import RuntimeHttpClient
+    from flwr.supercore.tls import validate_and_resolve_root_certificates
+
+    return RuntimeHttpClient.from_server_address(
+        server_address=address,
+        insecure=insecure,
+        root_certificates=validate_and_resolve_root_certificates(root_certificates, insecure),
+        interceptors=interceptors,
+        retry_invoker=make_simple_http_retry_invoker(),
+    )
+
+
+def superexec_runtime_client(address: str, insecure: bool, root_certificates: str | None) -> RuntimeHttpClient:
+    """A client of the SuperNode's Runtime API as Flower's SuperExec opens it (to acquire tasks).
+
+    Uses ``flwr.supercore.runtime.RuntimeHttpClient``, ``flwr.supercore.retry.make_simple_http_retry_invoker``,
+    ``flwr.supercore.tls.validate_and_resolve_root_certificates`` and
+    ``flwr.supercore.interceptors.RuntimeVersionHttpInterceptor``. No public way: the Runtime API is
+    Flower's internal protocol between a SuperNode and its executors."""
+    from flwr.supercore.interceptors import RuntimeVersionHttpInterceptor
+
+    return _runtime_client(address, insecure, root_certificates,
+                           [RuntimeVersionHttpInterceptor(component_name="SuperExec")])
+
+
+def clientapp_runtime_client(address: str, insecure: bool, root_certificates: str | None, token: str
+                             ) -> RuntimeHttpClient:
+    """A client of the SuperNode's Runtime API for one task, as ``flwr-clientapp --token TOKEN`` opens it.
+
+    Uses what ``superexec_runtime_client`` uses, plus ``flwr.supercore.runtime.tracing.RuntimeTracingInterceptor``
+    and ``flwr.supercore.interceptors.RuntimeTokenHttpInterceptor``. No public way (see there)."""
+    from flwr.supercore.interceptors import RuntimeTokenHttpInterceptor, RuntimeVersionHttpInterceptor
+    from flwr.supercore.runtime.tracing import RuntimeTracingInterceptor
+
+    return _runtime_client(address, insecure, root_certificates, [
+        RuntimeTracingInterceptor(),
+        RuntimeVersionHttpInterceptor(component_name="flwr-clientapp"),
+        RuntimeTokenHttpInterceptor(token),
+    ])
+
+
+def acquire_client_app_task(client: RuntimeHttpClient) -> str | None:
+    """The token of a pending ClientApp task (``None`` if there is none), as Flower's SuperExec acquires it.
+
+    Uses ``RuntimeHttpClient.AcquireTask``, ``flwr.proto.runtime_pb2.AcquireTaskRequest`` and
+    ``flwr.supercore.constant.TaskType``. No public way: Flower's SuperExec starts one ``flwr-clientapp``
+    process per task and has no hook to run a task in a process of one's own."""
+    from flwr.proto.runtime_pb2 import AcquireTaskRequest
+    from flwr.supercore.constant import TaskType
+
+    res = client.AcquireTask(AcquireTaskRequest(supported_task_types=[TaskType.CLIENT_APP.value]))
+    return str(res.token) if res.HasField("task") and res.token else None
+
+
+def start_task_heartbeat(client: RuntimeHttpClient) -> Callable[[], None]:
+    """Start the task heartbeats ``flwr-clientapp`` sends while it runs; returns the function stopping them.
+
+    Uses ``flwr.supercore.heartbeat.HeartbeatSender`` and ``make_task_heartbeat_fn_http``. No public way
+    (the task protocol is internal)."""
+    from flwr.supercore.heartbeat import HeartbeatSender, make_task_heartbeat_fn_http
+
+    sender = HeartbeatSender(make_task_heartbeat_fn_http(client))
+    sender.start()
+
+    def stop() -> None:
+        if sender.is_running:
+            sender.stop()
+
+    return stop
+
+
+def pull_task_input(client: RuntimeHttpClient) -> tuple[Message, Context, Run, Fab]:
+    """The task's message, context, run and FAB, as ``flwr-clientapp`` pulls them.
+
+    Uses ``flwr.supernode.runtime.run_clientapp.pull_task_input``. No public way (the task protocol is
+    internal; ``run_clientapp`` itself exits the process after one task)."""
+    from flwr.supernode.runtime.run_clientapp import pull_task_input as pull
+
+    return pull(client)
+
+
+def load_client_app(run: Run, fab: Fab) -> ClientApp:
+    """Install the run's FAB and load its ClientApp, as ``flwr-clientapp`` does (no dependency installation).
+
+    Uses ``flwr.cli.install.install_from_fab`` and ``flwr.clientapp.utils.get_load_client_app_fn``. No
+    public way: ``flwr install`` is a command (a process per task again) and Flower exports no app loader."""
+    from flwr.cli.install import install_from_fab
+    from flwr.clientapp.utils import get_load_client_app_fn
+
+    install_from_fab(fab.content, skip_prompt=True)
+    load = get_load_client_app_fn(default_app_ref="", app_path=None, multi_app=True)
+    return load(run.fab_id, run.fab_version, fab.hash_str)
+
+
+def client_app_error_code(error: BaseException) -> int:
+    """The ``Error`` code ``flwr-clientapp`` replies with when loading (``LOAD_CLIENT_APP_EXCEPTION``) or
+    running (``CLIENT_APP_RAISED_EXCEPTION``) the ClientApp raised ``error``.
+
+    Uses ``flwr.clientapp.client_app.LoadClientAppError`` and ``flwr.common.constant.ErrorCode``. No public
+    way: neither is exported by ``flwr.app`` or ``flwr.clientapp``."""
+    from flwr.clientapp.client_app import LoadClientAppError
+    from flwr.common.constant import ErrorCode
+
+    if isinstance(error, LoadClientAppError):
+        return int(ErrorCode.LOAD_CLIENT_APP_EXCEPTION)
+    return int(ErrorCode.CLIENT_APP_RAISED_EXCEPTION)
+
+
+def push_reply(client: RuntimeHttpClient, reply: Message, context: Context) -> None:
+    """Send the ClientApp's reply to the SuperNode, as ``flwr-clientapp`` does.
+
+    Uses ``flwr.supernode.runtime.run_clientapp.push_message``. No public way (see ``pull_task_input``)."""
+    from flwr.supernode.runtime.run_clientapp import push_message
+
+    push_message(client, reply, context)
+
+
+def push_task_output(client: RuntimeHttpClient, context: Context | None, completed: bool, details: str) -> None:
+    """End the task: send the updated ``Context`` and the task's status (completed or failed, ``details``).
+
+    Uses ``flwr.supernode.runtime.run_clientapp.push_task_output`` and ``flwr.common.constant.SubStatus``.
+    No public way (see ``pull_task_input``)."""
+    from flwr.common.constant import SubStatus
+    from flwr.supernode.runtime.run_clientapp import push_task_output as push
+
+    push(client=client, context=context, sub_status=SubStatus.COMPLETED if completed else SubStatus.FAILED,
+         details=details)

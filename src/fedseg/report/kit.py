@@ -1,0 +1,280 @@
+"""The report kit: presentation primitives shared by every page fedseg writes.
+
+The run report (:mod:`fedseg.report.html`), the study page (:mod:`fedseg.report.studies`) and
+a method family's own report module (e.g. :mod:`fedseg.algorithms.fedsm.report`) build their
+HTML from these pieces:
+
+* the run's files: :class:`RunFiles` / :func:`load_run` (``summary.json``, ``results.csv``,
+  ``rounds.csv``, ``round_metrics.csv``, ``ledger.csv``, ``samples/``, ``config.yaml``) and the
+  readers behind them (:func:`read_csv`, :func:`load_npz`), which a family uses for files of
+  its own;
+* number formatting (:func:`num`, :func:`fmt`, :func:`fmt_int`, :func:`nanmean`) and escaping
+  (:func:`esc`);
+* tables (:class:`TableRow`, :func:`score_table`, :func:`table`, :func:`site_columns`);
+* sections (:class:`Section`, :func:`section`) and the page around them (:data:`CSS`,
+  :func:`page`).
+
+Nothing here knows a method: names, order and families come from the callers (the registry
+is read by ``report.html`` / ``report.studies``, never here).
+"""
+
+from __future__ import annotations
+
+import csv
+import html
+import json
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from fedseg.evaluate.tables import read_rows
+
+__all__ = [
+    "CSS", "RunFiles", "Section", "TableRow", "esc", "fmt", "fmt_int", "load_npz", "load_run", "metric_scalar",
+    "nanmean", "num", "page", "read_csv", "score_table", "section", "site_columns", "table",
+]
+
+
+# --------------------------------------------------------------------------- numbers and text
+def num(x) -> float:
+    """JSON / CSV number -> float (None, blank, non-numbers -> NaN)."""
+    try:
+        return math.nan if x is None or x == "" else float(x)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def fmt(x, digits: int) -> str:
+    """``x`` with ``digits`` decimals; "–" when it is not a number."""
+    v = num(x)
+    return "–" if math.isnan(v) else f"{v:.{digits}f}"
+
+
+def fmt_int(x) -> str:
+    """``x`` rounded, with thousands separators; "–" when it is not a number."""
+    v = num(x)
+    return "–" if math.isnan(v) else f"{int(round(v)):,}"
+
+
+def esc(x) -> str:
+    """``str(x)`` escaped for HTML text."""
+    return html.escape(str(x))
+
+
+def nanmean(xs: Iterable) -> float:
+    """Mean of the numbers among ``xs`` (NaN when there is none)."""
+    v = [x for x in (num(x) for x in xs) if not math.isnan(x)]
+    return float(np.mean(v)) if v else math.nan
+
+
+def metric_scalar(entry: Mapping, key: str, metric: str = "dice") -> float:
+    """``entry[key]`` as a number, whether stored as a float or as ``{metric: float}``."""
+    v = entry.get(key)
+    return num(v.get(metric) if isinstance(v, Mapping) else v)
+
+
+# --------------------------------------------------------------------------- files
+def read_csv(path: Path) -> list[dict]:
+    """CSV rows as dicts of strings; [] when the file does not exist."""
+    if not path.is_file():
+        return []
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def load_npz(folder: Path, pattern: str, required: set[str]) -> dict[str, dict[str, np.ndarray]]:
+    """``{file stem: arrays}`` of the ``.npz`` files in ``folder`` matching ``pattern`` that hold
+    the ``required`` arrays; unreadable files are skipped (the report shows what it can)."""
+    out = {}
+    for path in sorted(folder.glob(pattern)) if folder.is_dir() else []:
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                arrays = {k: z[k] for k in z.files}
+        except (OSError, ValueError):
+            continue
+        if required <= arrays.keys():
+            out[path.stem] = arrays
+    return out
+
+
+def load_samples(folder: Path) -> dict[str, dict[str, dict[str, np.ndarray]]]:
+    """``samples/<algorithm>__<site>.npz`` -> ``{site: {algorithm: arrays}}``."""
+    out: dict[str, dict[str, dict[str, np.ndarray]]] = {}
+    for stem, arrays in load_npz(folder, "*__*.npz", {"image", "truth", "pred"}).items():
+        algorithm, _, site = stem.partition("__")
+        out.setdefault(site, {})[algorithm] = arrays
+    return out
+
+
+@dataclass
+class RunFiles:
+    """Everything the report reads from a run directory (optional parts empty if absent).
+
+    ``names``: display name per algorithm, filled by the page that renders the run (from the
+    registry); :meth:`label` falls back to summary.json's ``display_name``, then the name.
+    Files of a method family's own (e.g. FedSM's ``selector_features/``) are read by that
+    family's report module from ``dir``.
+    """
+
+    dir: Path
+    summary: dict
+    results: list[dict] = field(default_factory=list)
+    rounds: list[dict] = field(default_factory=list)
+    ledger: list[dict] = field(default_factory=list)
+    samples: dict[str, dict[str, dict[str, np.ndarray]]] = field(default_factory=dict)  # site -> algorithm -> arrays
+    config: str | None = None
+    round_metrics: list[dict] = field(default_factory=list)  # round_metrics.csv rows
+    names: dict[str, str] = field(default_factory=dict)  # algorithm -> display name
+
+    @property
+    def sites(self) -> list[str]:
+        return list(self.summary.get("sites", []))
+
+    @property
+    def regions(self) -> list[str]:
+        return list(self.summary.get("regions", []))
+
+    @property
+    def algorithms(self) -> dict[str, dict]:
+        return self.summary.get("algorithms", {})
+
+    def label(self, algorithm: str) -> str:
+        """Display name of ``algorithm`` (``names``, else summary.json's ``display_name``, else the name)."""
+        if algorithm in self.names:
+            return self.names[algorithm]
+        return str(self.algorithms.get(algorithm, {}).get("display_name") or algorithm)
+
+
+def load_run(run_dir: str | Path) -> RunFiles:
+    """Read a run directory. Raises FileNotFoundError when ``summary.json`` is missing."""
+    run_dir = Path(run_dir)
+    summary_path = run_dir / "summary.json"
+    if not summary_path.is_file():
+        raise FileNotFoundError(f"{summary_path} not found: is {run_dir} a fedseg run directory?")
+    config = run_dir / "config.yaml"
+    return RunFiles(
+        dir=run_dir,
+        summary=json.loads(summary_path.read_text()),
+        results=read_rows(run_dir / "results.csv") if (run_dir / "results.csv").is_file() else [],
+        rounds=read_csv(run_dir / "rounds.csv"),
+        ledger=read_csv(run_dir / "ledger.csv"),
+        samples=load_samples(run_dir / "samples"),
+        config=config.read_text() if config.is_file() else None,
+        round_metrics=read_csv(run_dir / "round_metrics.csv"),
+    )
+
+
+# --------------------------------------------------------------------------- tables
+@dataclass
+class TableRow:
+    """One table row: a label, values per column key, and whether it competes for bold."""
+
+    label: str
+    values: dict[str, float]
+    federated: bool
+    group: str  # e.g. "baseline" | "local" | "federated": a rule is drawn between groups
+
+
+def _best(rows: Sequence[TableRow], key: str, higher_is_better: bool, to_text: Callable[[float], str]) -> set[str]:
+    """Formatted best federated value(s) of a column (ties at display precision all win)."""
+    vals = [r.values.get(key, math.nan) for r in rows if r.federated]
+    vals = [v for v in vals if not math.isnan(v)]
+    if not vals:
+        return set()
+    return {to_text(max(vals) if higher_is_better else min(vals))}
+
+
+def score_table(
+    rows: Sequence[TableRow],
+    columns: Sequence[tuple[str, str]],
+    higher_is_better: bool,
+    digits: int,
+) -> str:
+    """HTML table of ``rows`` over ``columns`` (``(key, header)``), best federated value bold."""
+    to_text = lambda v: fmt(v, digits)  # noqa: E731
+    best = {key: _best(rows, key, higher_is_better, to_text) for key, _ in columns}
+    head = "".join(f"<th>{esc(h)}</th>" for _, h in columns)
+    body, prev_group = [], None
+    for r in rows:
+        cls = ' class="group"' if prev_group is not None and r.group != prev_group else ""
+        prev_group = r.group
+        cells = []
+        for key, _ in columns:
+            text = to_text(r.values.get(key, math.nan))
+            bold = r.federated and text in best[key]
+            cells.append(f"<td>{'<b>' + text + '</b>' if bold else text}</td>")
+        body.append(f"<tr{cls}><th>{esc(r.label)}</th>{''.join(cells)}</tr>")
+    return table(f"<tr><th>Method</th>{head}</tr>", body)
+
+
+def table(head_row: str, body_rows: Sequence[str]) -> str:
+    """A score table (scrolls sideways inside the page when there are many sites)."""
+    return (f'<div class="wide"><table class="scores"><thead>{head_row}</thead>'
+            f'<tbody>{"".join(body_rows)}</tbody></table></div>')
+
+
+def site_columns(sites: Sequence[str]) -> list[tuple[str, str]]:
+    """Columns of a per-site score table: the sites, then Client Avg and Global."""
+    return [(s, s) for s in sites] + [("client_avg", "Client Avg"), ("global", "Global")]
+
+
+# --------------------------------------------------------------------------- sections and page
+@dataclass(frozen=True)
+class Section:
+    """A report section: ``title`` (plain text), ``body`` (HTML; None or "" = nothing to show,
+    the section is left out) and ``note`` (HTML, shown under the body).
+
+    A section a method family contributes (``Family.report_sections``) without a body adds its
+    note to the run report's own section of the same title (e.g. how to read the family's
+    validation curves)."""
+
+    title: str
+    body: str | None
+    note: str = ""
+
+    def html(self) -> str:
+        return section(self.title, self.body, self.note)
+
+
+def section(title: str, body: str | None, note: str = "") -> str:
+    """``<h2>title</h2>`` + body + note; "" when there is no body."""
+    if not body:
+        return ""
+    return f"<h2>{esc(title)}</h2>{body}" + (f'<p class="note">{note}</p>' if note else "")
+
+
+CSS = """
+body { font-family: -apple-system, "Segoe UI", Roboto, "Helvetica Neue", Arial, sans-serif; color: #1f2328;
+       max-width: 1200px; margin: 24px auto; padding: 0 20px; line-height: 1.45; }
+h1 { font-size: 1.6em; margin-bottom: 0.2em; }
+h2 { font-size: 1.2em; margin-top: 2em; border-bottom: 1px solid #d0d7de; padding-bottom: 4px; }
+.meta { color: #57606a; margin: 0.2em 0; }
+.wide { overflow-x: auto; }
+table.scores { border-collapse: collapse; margin: 10px 0 4px; font-size: 0.92em;
+                font-variant-numeric: tabular-nums; }
+table.scores th, table.scores td { padding: 4px 10px; border-bottom: 1px solid #eaeef2; text-align: right;
+                                   white-space: nowrap; }
+table.scores thead th { background: #f6f8fa; border-bottom: 2px solid #d0d7de; }
+table.scores tbody th { text-align: left; font-weight: 600; }
+table.scores thead th:first-child { text-align: left; }
+table.scores tr.group th, table.scores tr.group td { border-top: 2px solid #d0d7de; }
+table.scores b { color: #0a58ca; }
+.note { color: #57606a; font-size: 0.88em; margin: 4px 0 0; max-width: 980px; }
+img { max-width: 100%; height: auto; display: block; margin: 10px 0; }
+img.square { max-width: 560px; }
+details { margin-top: 2em; }
+summary { cursor: pointer; font-weight: 600; }
+pre { background: #f6f8fa; padding: 12px; overflow-x: auto; font-size: 0.85em; }
+"""
+
+
+def page(title: str, parts: Iterable[str]) -> str:
+    """A whole self-contained HTML page (no scripts, no network) of ``parts`` under ``<title>``."""
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>{esc(title)}</title>"
+        f"<style>{CSS}</style></head><body>{''.join(parts)}</body></html>\n"
+    )

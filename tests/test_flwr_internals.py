@@ -1,0 +1,287 @@
+"""Every non-public part of Flower fedseg relies on (``fedseg.flower.flwr_internals``) is still there.
+
+These tests fail loudly when a Flower upgrade removes or reshapes one of them: module attributes,
+keyword defaults that fedseg replaces, functions and their parameters as fedseg calls them. Each
+message names the ``flwr_internals`` function to update. Where cheap, a patch is also applied and
+its effect checked (and undone, so that other tests see Flower unmodified). The last tests cover
+the public API fedseg's ClientApp relies on instead of Flower internals (any action name routed
+through ``@app.train(action)`` / ``@app.evaluate(action)``; the lifespan entered by Flower).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import io
+import time
+import types
+import zipfile
+
+import pytest
+
+from fedseg.flower import flwr_internals
+
+
+def changed(what: str, function: str) -> str:
+    return f"Flower changed {what}: fedseg.flower.flwr_internals.{function} must be updated"
+
+
+def module(name: str, function: str) -> types.ModuleType:
+    try:
+        return importlib.import_module(name)
+    except ImportError as e:  # pragma: no cover - only when Flower changed
+        pytest.fail(changed(f"module {name} ({e})", function))
+
+
+def attribute(module_name: str, name: str, function: str):
+    mod = module(module_name, function)
+    assert hasattr(mod, name), changed(f"{module_name}.{name} (gone)", function)
+    return getattr(mod, name)
+
+
+def assert_parameters(fn, names: list[str], what: str, function: str) -> None:
+    have = inspect.signature(fn).parameters
+    missing = [n for n in names if n not in have]
+    assert not missing, changed(f"the parameters of {what} (no {', '.join(missing)})", function)
+
+
+# -- cap_node_polling -----------------------------------------------------------------------------
+
+def test_node_polling_sleeps_through_the_module_time():
+    loop = module("flwr.supernode.start_client_internal", "cap_node_polling")
+    assert isinstance(getattr(loop, "time", None), types.ModuleType), \
+        changed("flwr.supernode.start_client_internal.time (no module attribute 'time')", "cap_node_polling")
+    source = inspect.getsource(loop)
+    assert "time.sleep(3)" in source and "time.sleep(0.5)" in source, \
+        changed("the SuperNode's polling sleeps in flwr.supernode.start_client_internal", "cap_node_polling")
+    assert "from time import" not in source, \
+        changed("how flwr.supernode.start_client_internal imports sleep", "cap_node_polling")
+
+
+def test_cap_node_polling_caps_the_sleeps():
+    import flwr.supernode.start_client_internal as loop
+
+    saved = loop.time
+    try:
+        flwr_internals.cap_node_polling(0.01)
+        start = time.perf_counter()
+        loop.time.sleep(3)
+        assert time.perf_counter() - start < 1.0
+        assert loop.time.time is time.time and loop.time.monotonic is time.monotonic  # the rest is untouched
+    finally:
+        loop.time = saved
+    assert loop.time is time
+
+
+# -- cap_object_pull_backoff ----------------------------------------------------------------------
+
+PULL_CALLERS = ("flwr.supernode.start_client_internal", "flwr.supernode.runtime.run_clientapp",
+                "flwr.superlink.grid.http_grid")
+
+
+def test_object_pull_functions_have_the_keyword_defaults():
+    for name in ("pull_objects", "pull_and_inflate_object_from_tree"):
+        fn = attribute("flwr.supercore.inflatable.inflatable_utils", name, "object_pull_functions")
+        defaults = fn.__kwdefaults__ or {}
+        for key in (*flwr_internals.OBJECT_PULL_DEFAULTS, "max_time"):
+            assert key in defaults, changed(f"the keyword defaults of {name} (no {key})", "cap_object_pull_backoff")
+    assert len(flwr_internals.object_pull_functions()) == 2
+
+
+def test_object_pull_callers_rely_on_the_defaults():
+    """Flower's callers pass no backoff of their own (else capping the defaults does nothing)."""
+    for name in PULL_CALLERS:
+        source = inspect.getsource(module(name, "cap_object_pull_backoff"))
+        assert "pull_objects(" in source or "pull_and_inflate_object_from_tree(" in source, \
+            changed(f"where objects are pulled ({name} no longer pulls them)", "cap_object_pull_backoff")
+        for key in flwr_internals.OBJECT_PULL_DEFAULTS:
+            assert f"{key}=" not in source, \
+                changed(f"how {name} pulls objects (it passes {key})", "cap_object_pull_backoff")
+
+
+def test_cap_object_pull_backoff_sets_the_defaults():
+    functions = flwr_internals.object_pull_functions()
+    saved = [dict(fn.__kwdefaults__ or {}) for fn in functions]
+    try:
+        flwr_internals.cap_object_pull_backoff(0.2)
+        for fn in functions:
+            defaults = fn.__kwdefaults__ or {}
+            assert defaults["initial_backoff"] == 0.2
+            assert defaults["backoff_cap"] == 1.0
+            assert defaults["max_tries_per_object"] == 10**6
+        flwr_internals.cap_object_pull_backoff(2.0)
+        assert all((fn.__kwdefaults__ or {})["backoff_cap"] == 2.0 for fn in functions)  # cap >= first wait
+    finally:
+        for fn, defaults in zip(functions, saved):
+            fn.__kwdefaults__ = defaults
+    assert [fn.__kwdefaults__ for fn in functions] == saved
+
+
+# -- show_log_timestamps, build_fab ---------------------------------------------------------------
+
+def test_show_log_timestamps():
+    handler = attribute("flwr.supercore.logger", "console_handler", "show_log_timestamps")
+    assert hasattr(handler, "timestamps"), changed("flwr.supercore.logger.console_handler.timestamps",
+                                                   "show_log_timestamps")
+    saved = handler.timestamps
+    try:
+        flwr_internals.show_log_timestamps()
+        assert handler.timestamps is True
+    finally:
+        handler.timestamps = saved
+
+
+def test_build_fab():
+    build = attribute("flwr.cli.build", "build_fab_from_files", "build_fab")
+    assert_parameters(build, ["files"], "flwr.cli.build.build_fab_from_files", "build_fab")
+    from fedseg.flower.apps import MODULE, build_fab
+
+    fab = build_fab()
+    assert isinstance(fab, bytes), changed("what build_fab_from_files returns", "build_fab")
+    names = set(zipfile.ZipFile(io.BytesIO(fab)).namelist())
+    assert {"pyproject.toml", f"{MODULE}.py", ".info/CONTENT"} <= names, changed("the FAB's layout", "build_fab")
+    assert build_fab() == fab  # deterministic: the same app gives the same FAB hash
+
+
+# -- the warm ClientApp worker --------------------------------------------------------------------
+
+def test_runtime_client_parts():
+    client = attribute("flwr.supercore.runtime", "RuntimeHttpClient", "_runtime_client")
+    assert_parameters(client.from_server_address, ["server_address", "insecure", "root_certificates",
+                                                   "interceptors", "retry_invoker"],
+                      "RuntimeHttpClient.from_server_address", "_runtime_client")
+    for method in ("AcquireTask", "close"):
+        assert callable(getattr(client, method, None)), \
+            changed(f"flwr.supercore.runtime.RuntimeHttpClient.{method}", "acquire_client_app_task / worker")
+    attribute("flwr.supercore.retry", "make_simple_http_retry_invoker", "_runtime_client")
+    resolve = attribute("flwr.supercore.tls", "validate_and_resolve_root_certificates", "_runtime_client")
+    assert_parameters(resolve, ["root_cert_path", "insecure"], "validate_and_resolve_root_certificates",
+                      "_runtime_client")
+    version = attribute("flwr.supercore.interceptors", "RuntimeVersionHttpInterceptor", "superexec_runtime_client")
+    assert_parameters(version, ["component_name"], "RuntimeVersionHttpInterceptor", "superexec_runtime_client")
+    token = attribute("flwr.supercore.interceptors", "RuntimeTokenHttpInterceptor", "clientapp_runtime_client")
+    assert_parameters(token, ["token"], "RuntimeTokenHttpInterceptor", "clientapp_runtime_client")
+    attribute("flwr.supercore.runtime.tracing", "RuntimeTracingInterceptor", "clientapp_runtime_client")
+
+    # Opening a client does not connect: both kinds can be built and closed here.
+    for opened in (flwr_internals.superexec_runtime_client("127.0.0.1:1", True, None),
+                   flwr_internals.clientapp_runtime_client("127.0.0.1:1", True, None, "token")):
+        assert isinstance(opened, client)
+        opened.close()
+
+
+def test_acquire_task_parts():
+    request = attribute("flwr.proto.runtime_pb2", "AcquireTaskRequest", "acquire_client_app_task")
+    response = attribute("flwr.proto.runtime_pb2", "AcquireTaskResponse", "acquire_client_app_task")
+    task_type = attribute("flwr.supercore.constant", "TaskType", "acquire_client_app_task")
+    assert hasattr(task_type, "CLIENT_APP"), changed("flwr.supercore.constant.TaskType.CLIENT_APP",
+                                                     "acquire_client_app_task")
+    assert "supported_task_types" in request.DESCRIPTOR.fields_by_name, \
+        changed("AcquireTaskRequest.supported_task_types", "acquire_client_app_task")
+    request(supported_task_types=[task_type.CLIENT_APP.value])
+    assert {"task", "token"} <= set(response.DESCRIPTOR.fields_by_name), \
+        changed("AcquireTaskResponse (task, token)", "acquire_client_app_task")
+
+
+def test_heartbeat_parts():
+    sender = attribute("flwr.supercore.heartbeat", "HeartbeatSender", "start_task_heartbeat")
+    attribute("flwr.supercore.heartbeat", "make_task_heartbeat_fn_http", "start_task_heartbeat")
+    for member in ("start", "stop", "is_running"):
+        assert hasattr(sender, member), changed(f"HeartbeatSender.{member}", "start_task_heartbeat")
+    assert_parameters(sender, ["heartbeat_fn"], "HeartbeatSender", "start_task_heartbeat")
+
+
+def test_task_input_and_output_parts():
+    runtime = "flwr.supernode.runtime.run_clientapp"
+    pull = attribute(runtime, "pull_task_input", "pull_task_input")
+    assert_parameters(pull, ["client"], f"{runtime}.pull_task_input", "pull_task_input")
+    push = attribute(runtime, "push_message", "push_reply")
+    assert_parameters(push, ["client", "message", "context"], f"{runtime}.push_message", "push_reply")
+    output = attribute(runtime, "push_task_output", "push_task_output")
+    assert_parameters(output, ["client", "context", "sub_status", "details"], f"{runtime}.push_task_output",
+                      "push_task_output")
+    sub_status = attribute("flwr.common.constant", "SubStatus", "push_task_output")
+    for status in ("COMPLETED", "FAILED"):
+        assert hasattr(sub_status, status), changed(f"SubStatus.{status}", "push_task_output")
+
+
+def test_client_app_loading_parts():
+    install = attribute("flwr.cli.install", "install_from_fab", "load_client_app")
+    assert_parameters(install, ["fab_file", "skip_prompt"], "flwr.cli.install.install_from_fab", "load_client_app")
+    loader = attribute("flwr.clientapp.utils", "get_load_client_app_fn", "load_client_app")
+    assert_parameters(loader, ["default_app_ref", "app_path", "multi_app"], "get_load_client_app_fn",
+                      "load_client_app")
+    load = loader(default_app_ref="", app_path=None, multi_app=True)
+    assert len(inspect.signature(load).parameters) == 3, \
+        changed("the loader get_load_client_app_fn returns (fab_id, fab_version, fab_hash)", "load_client_app")
+    run = attribute("flwr.supercore.run", "Run", "load_client_app")
+    fab = attribute("flwr.supercore.fab", "Fab", "load_client_app")
+    for cls, fields in ((run, ("fab_id", "fab_version")), (fab, ("hash_str", "content"))):
+        have = set(inspect.signature(cls).parameters)
+        assert set(fields) <= have, changed(f"{cls.__qualname__}'s fields {fields}", "load_client_app")
+
+
+def test_client_app_error_code():
+    error_code = attribute("flwr.common.constant", "ErrorCode", "client_app_error_code")
+    load_error = attribute("flwr.clientapp.client_app", "LoadClientAppError", "client_app_error_code")
+    for code in ("LOAD_CLIENT_APP_EXCEPTION", "CLIENT_APP_RAISED_EXCEPTION"):
+        assert hasattr(error_code, code), changed(f"ErrorCode.{code}", "client_app_error_code")
+    assert flwr_internals.client_app_error_code(load_error("x")) == error_code.LOAD_CLIENT_APP_EXCEPTION
+    assert flwr_internals.client_app_error_code(ValueError("x")) == error_code.CLIENT_APP_RAISED_EXCEPTION
+
+
+# -- public API fedseg relies on instead of internals ---------------------------------------------
+
+def test_flower_supernode_command():
+    from fedseg.flower.supernode_main import flower_supernode_command
+
+    assert callable(flower_supernode_command())  # flwr's `flower-supernode` console-script entry point
+
+
+def test_client_app_routes_any_action_through_public_registration(monkeypatch):
+    from flwr.app import Context, Message, Metadata, RecordDict
+    from flwr.app.message import make_message
+    from flwr.clientapp import ClientApp
+
+    from fedseg.flower import apps, node
+
+    action_default = inspect.signature(ClientApp.train).parameters["action"].default
+    assert action_default == apps.DEFAULT_ACTION, "Flower changed ClientApp.train's default action: update apps.py"
+
+    seen: list[str] = []
+    events: list[str] = []
+
+    def handle(message, context):
+        seen.append(message.metadata.message_type)
+        return Message(RecordDict(), reply_to=message)
+
+    monkeypatch.setattr(node, "handle", handle)
+    app = apps.FedsegClientApp()
+
+    @app.lifespan()
+    def lifespan(context):
+        events.append("enter")
+        yield
+        events.append("exit")
+
+    @app.query(node.INFO)
+    def info(message, context):
+        return node.handle(message, context)
+
+    def delivered(message_type: str) -> Message:
+        """A message as the SuperNode delivers it to the ClientApp (metadata set by the SuperLink)."""
+        meta = Metadata(run_id=1, message_id="", src_node_id=0, dst_node_id=1, reply_to_message_id="", group_id="",
+                        created_at=time.time(), ttl=60.0, message_type=message_type)
+        message = make_message(meta, RecordDict())
+        message.metadata.__dict__["_message_id"] = message.object_id
+        return message
+
+    context = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={})
+    types_sent = ["train.train", "train.loss", "train", "train.default", "evaluate.evaluate",
+                  "evaluate.share_model", "train.train", "query.info"]
+    for message_type in types_sent:
+        assert not app(delivered(message_type), context).has_error()
+    assert seen == types_sent
+    assert events == ["enter", "exit"] * len(types_sent)
+    with pytest.raises(ValueError, match="No query function registered"):
+        app(delivered("query.other"), context)
