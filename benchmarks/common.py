@@ -27,8 +27,20 @@ HERE = Path(__file__).parent
 RESULTS = HERE / "results"
 ROUNDS = 30
 BUDGET = {
-    "synthetic-retina": ["data.scale=0.25", "data.image_size=64", "train.batch_size=4", f"fl.rounds={ROUNDS}", "threads=1"],
-    "synthetic-prostate": ["data.scale=0.1", "data.image_size=64", "train.batch_size=4", f"fl.rounds={ROUNDS}", "threads=1"],
+    "synthetic-retina": [
+        "data.scale=0.25",
+        "data.image_size=64",
+        "train.batch_size=4",
+        f"fl.rounds={ROUNDS}",
+        "threads=1",
+    ],
+    "synthetic-prostate": [
+        "data.scale=0.1",
+        "data.image_size=64",
+        "train.batch_size=4",
+        f"fl.rounds={ROUNDS}",
+        "threads=1",
+    ],
 }
 
 
@@ -48,8 +60,11 @@ def case_stats(rows: list[dict], algorithm: str, regions: list[str], own) -> dic
     out = {"region_dice": region_summary(rows, algorithm, "dice", regions, model_filter=own)}
     for metric in ("dice", "hd95"):
         v = np.array(list(case_means(rows, algorithm, metric, own).values()), dtype=np.float64)
-        out[f"case_{metric}"] = {"mean": float(v.mean()) if v.size else math.nan,
-                                 "std": float(v.std(ddof=1)) if v.size > 1 else math.nan, "n": int(v.size)}
+        out[f"case_{metric}"] = {
+            "mean": float(v.mean()) if v.size else math.nan,
+            "std": float(v.std(ddof=1)) if v.size > 1 else math.nan,
+            "n": int(v.size),
+        }
     return out
 
 
@@ -117,6 +132,9 @@ def run_all(jobs: list[tuple[str, int, str]], extra: list[str], workers: int) ->
         futures = {job: pool.submit(train_one, *job, extra) for job in todo}
         for job, fut in futures.items():
             done[job] = fut.result()
-            print(f"done {job}: client_avg Dice {done[job]['summary']['dice']['client_avg']:.4f} "
-                  f"({done[job]['wall_seconds']:.0f} s)", flush=True)
+            print(
+                f"done {job}: client_avg Dice {done[job]['summary']['dice']['client_avg']:.4f} "
+                f"({done[job]['wall_seconds']:.0f} s)",
+                flush=True,
+            )
     return done

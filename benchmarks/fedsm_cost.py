@@ -29,13 +29,17 @@ def measure(algorithm: str, rounds: int, threads: int, preset: str) -> dict:
     from fedseg.config import load_config
     from fedseg.run import prepare, run_algorithm
 
-    cfg = load_config(preset=preset, overrides=[f"fl.rounds={rounds}", f"threads={threads}", f"algorithms=[{algorithm}]"])
+    cfg = load_config(
+        preset=preset, overrides=[f"fl.rounds={rounds}", f"threads={threads}", f"algorithms=[{algorithm}]"]
+    )
     torch.set_num_threads(threads)
     prep = prepare(cfg)
     rss_after_data = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     ends = [time.perf_counter()]
     with tempfile.TemporaryDirectory() as out:
-        run_algorithm(algorithm, prep, Path(out), resume=False, on_round_end=lambda n, r, l: ends.append(time.perf_counter()))
+        run_algorithm(
+            algorithm, prep, Path(out), resume=False, on_round_end=lambda n, r, log: ends.append(time.perf_counter())
+        )
     per_round = [b - a for a, b in zip(ends[:-1], ends[1:])]
     return {
         "algorithm": algorithm,

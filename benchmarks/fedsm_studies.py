@@ -48,8 +48,15 @@ def run_one(study: str, seed: int) -> dict:
     out = HERE / "runs" / "studies" / study / f"seed{seed}"
     plan = plan_holdout(cfg, out) if kind == "holdout" else plan_sweep(cfg, out, spec)
     result = run_study(plan, resume=True)
-    entry = {"study": study, "federation": federation, "seed": seed, "spec": spec, "overrides": BUDGET[federation],
-             "columns": result.columns, "rows": result.rows}
+    entry = {
+        "study": study,
+        "federation": federation,
+        "seed": seed,
+        "spec": spec,
+        "overrides": BUDGET[federation],
+        "columns": result.columns,
+        "rows": result.rows,
+    }
     path = seed_path(study, seed)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(entry, indent=1, allow_nan=True, default=str))
@@ -98,8 +105,12 @@ def markdown(tables: dict) -> str:
         if not rows:
             continue
         cols = [c for c in rows[0] if rows[0][c] is not None or any(r.get(c) is not None for r in rows)]
-        lines += [f"## {study} ({t['federation']}, seeds {t['seeds']})", "", "| " + " | ".join(cols) + " |",
-                  "|---" * len(cols) + "|"]
+        lines += [
+            f"## {study} ({t['federation']}, seeds {t['seeds']})",
+            "",
+            "| " + " | ".join(cols) + " |",
+            "|---" * len(cols) + "|",
+        ]
         for r in rows:
             lines.append("| " + " | ".join(cell(c, r.get(c)) for c in cols) + " |")
         lines.append("")
@@ -120,8 +131,11 @@ def main() -> None:
     for study, (federation, kind, _) in STUDIES.items():
         entries = [json.loads(p.read_text()) for p in sorted((RESULTS / "studies" / study).glob("seed*.json"))]
         if entries:
-            tables[study] = {"federation": federation, "seeds": [e["seed"] for e in entries],
-                             "rows": average(entries, "unseen_site" if kind == "holdout" else "value")}
+            tables[study] = {
+                "federation": federation,
+                "seeds": [e["seed"] for e in entries],
+                "rows": average(entries, "unseen_site" if kind == "holdout" else "value"),
+            }
     (RESULTS / "fedsm_studies.json").write_text(json.dumps(tables, indent=1))
     (RESULTS / "fedsm_studies.md").write_text(markdown(tables))
     print(markdown(tables))

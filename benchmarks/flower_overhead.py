@@ -57,15 +57,22 @@ VARIANTS = {
     "subprocess-tls": {"isolation": "subprocess", "tls": True, "poll": DEFAULT_POLL},
 }
 ROUND_LINE = re.compile(r"fedavg round (\d+)/\d+")
-EXCHANGE_LINE = re.compile(r"^(\S+ \S+) DEBUG fedseg\.flower\.engine: fedavg (\w+) \(round \d+\): pushed in ([\d.]+) s, replies after ([\d.]+) s")
+EXCHANGE_LINE = re.compile(
+    r"^(\S+ \S+) DEBUG fedseg\.flower\.engine: fedavg (\w+) \(round \d+\): "
+    r"pushed in ([\d.]+) s, replies after ([\d.]+) s"
+)
 
 
 def simulator(cfg, out: Path) -> dict:
     marks: dict[str, float] = {}
     rounds: list[float] = []
     t0 = time.perf_counter()
-    results = run_experiment(cfg, out, on_algorithm_start=lambda name: marks.setdefault("start", time.perf_counter()),
-                             on_round_end=lambda name, rnd, losses: rounds.append(time.perf_counter()))
+    results = run_experiment(
+        cfg,
+        out,
+        on_algorithm_start=lambda name: marks.setdefault("start", time.perf_counter()),
+        on_round_end=lambda name, rnd, losses: rounds.append(time.perf_counter()),
+    )
     end = time.perf_counter()
     return timing(t0, marks["start"], rounds, end) | {"dice": results.algorithms[0].summary["dice"]}
 
@@ -86,17 +93,24 @@ def flower(cfg, out: Path, isolation: str, tls: bool, poll: float) -> dict:
     local(cfg, out, tls=tls, isolation=isolation, poll=poll, echo=echo)
     end = time.perf_counter()
     summary = json.loads((out / "summary.json").read_text())
-    return timing(t0, marks["start"], rounds, end) | {"dice": summary["algorithms"]["fedavg"]["dice"],
-                                                      "exchanges": exchanges(out / "flower" / "server.log"),
-                                                      "compute_per_round_s": compute_per_round(out / "ledger.csv")}
+    return timing(t0, marks["start"], rounds, end) | {
+        "dice": summary["algorithms"]["fedavg"]["dice"],
+        "exchanges": exchanges(out / "flower" / "server.log"),
+        "compute_per_round_s": compute_per_round(out / "ledger.csv"),
+    }
 
 
 def timing(t0: float, start: float, rounds: list[float], end: float) -> dict:
     ends = [start, *rounds]
     per_round = [b - a for a, b in zip(ends, ends[1:])]
-    return {"startup_s": start - t0, "rounds_s": per_round, "round_mean_s": sum(per_round) / len(per_round),
-            "round_mean_after_first_s": sum(per_round[1:]) / max(len(per_round) - 1, 1), "finish_s": end - rounds[-1],
-            "total_s": end - t0}
+    return {
+        "startup_s": start - t0,
+        "rounds_s": per_round,
+        "round_mean_s": sum(per_round) / len(per_round),
+        "round_mean_after_first_s": sum(per_round[1:]) / max(len(per_round) - 1, 1),
+        "finish_s": end - rounds[-1],
+        "total_s": end - t0,
+    }
 
 
 def exchanges(server_log: Path) -> dict:
@@ -106,7 +120,10 @@ def exchanges(server_log: Path) -> dict:
         m = EXCHANGE_LINE.match(line)
         if m:
             stats.setdefault(m.group(2), []).append((float(m.group(3)), float(m.group(4))))
-    return {a: {"n": len(v), "push_s": sum(p for p, _ in v) / len(v), "wait_s": sum(w for _, w in v) / len(v)} for a, v in stats.items()}
+    return {
+        a: {"n": len(v), "push_s": sum(p for p, _ in v) / len(v), "wait_s": sum(w for _, w in v) / len(v)}
+        for a, v in stats.items()
+    }
 
 
 def compute_per_round(ledger: Path) -> list[float]:
@@ -123,7 +140,9 @@ def compute_per_round(ledger: Path) -> list[float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--set", dest="sets", action="append", default=[], help="config override key=value (repeatable)")
+    parser.add_argument(
+        "--set", dest="sets", action="append", default=[], help="config override key=value (repeatable)"
+    )
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--work", type=Path, default=Path("/tmp/fedseg-flower-overhead"))
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "flower_overhead.json")
@@ -134,7 +153,9 @@ def main() -> None:
     torch.set_num_threads(cfg.threads)
     if args.work.exists():
         shutil.rmtree(args.work)
-    root = write_folder(build_synthetic(cfg.data.source, cfg.data.scale, cfg.data.image_size, cfg.seed), args.work / "fed")
+    root = write_folder(
+        build_synthetic(cfg.data.source, cfg.data.scale, cfg.data.image_size, cfg.seed), args.work / "fed"
+    )
     cfg = cfg.model_copy(update={"data": cfg.data.model_copy(update={"source": "folder", "root": str(root)})})
     sites = {p.name: len(list((p / "images").iterdir())) for p in sorted(root.iterdir()) if p.is_dir()}
 
@@ -147,17 +168,28 @@ def main() -> None:
         results[name]["load_avg_1min_before"] = load
         print(json.dumps({k: v for k, v in results[name].items() if k != "dice"}, indent=1), flush=True)
     if "sim" in results:
-        for name, r in results.items():
+        for r in results.values():
             r["dice_equal_to_simulator"] = all(abs(r["dice"][k] - results["sim"]["dice"][k]) <= 1e-6 for k in r["dice"])
 
     report = {
         "command": "python benchmarks/flower_overhead.py " + " ".join(sys.argv[1:]),
         "date": datetime.now().isoformat(timespec="seconds"),
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
-                    "note": "shared machine: other jobs ran at the same time; see load_avg_1min_before"},
-        "config": {"preset": "demo", "overrides": overrides, "sites": sites, "image_size": cfg.data.image_size,
-                   "model_channels": list(cfg.model.channels), "threads": cfg.threads, "batch_size": cfg.train.batch_size,
-                   "resolved": cfg.model_dump(mode="json")},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "note": "shared machine: other jobs ran at the same time; see load_avg_1min_before",
+        },
+        "config": {
+            "preset": "demo",
+            "overrides": overrides,
+            "sites": sites,
+            "image_size": cfg.data.image_size,
+            "model_channels": list(cfg.model.channels),
+            "threads": cfg.threads,
+            "batch_size": cfg.train.batch_size,
+            "resolved": cfg.model_dump(mode="json"),
+        },
         "variants": results,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -65,7 +65,10 @@ def main() -> None:
             "criteria": {kind: bound, "centralized_at_least": CENTRALIZED_AT_LEAST},
             "pass": bool(gap_ok and central >= CENTRALIZED_AT_LEAST),
         }
-        print(f"{fed}: gap {gap:.3f} ({kind} {bound}), centralized {central:.3f} -> {'PASS' if report[fed]['pass'] else 'FAIL'}")
+        print(
+            f"{fed}: gap {gap:.3f} ({kind} {bound}), centralized {central:.3f} -> "
+            f"{'PASS' if report[fed]['pass'] else 'FAIL'}"
+        )
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / "heterogeneity.json"
     old = json.loads(path.read_text()) if path.exists() else {}

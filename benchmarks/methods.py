@@ -17,7 +17,6 @@ import math
 import numpy as np
 
 from common import RESULTS, ROUNDS, run_all
-
 from fedseg.algorithms import ALGORITHMS as REGISTRY
 
 ALGORITHMS = list(REGISTRY)  # every registered method, in registry order
@@ -27,8 +26,11 @@ COST_KEYS = ["sgd_steps", "parallel_sgd_steps", "floats", "simulated_seconds"]
 
 def mean_std(values: list[float]) -> dict:
     v = np.array([x for x in values if not math.isnan(x)], dtype=np.float64)
-    return {"mean": float(v.mean()) if v.size else math.nan, "std": float(v.std(ddof=1)) if v.size > 1 else math.nan,
-            "n": int(v.size)}
+    return {
+        "mean": float(v.mean()) if v.size else math.nan,
+        "std": float(v.std(ddof=1)) if v.size > 1 else math.nan,
+        "n": int(v.size),
+    }
 
 
 def algorithm_table(entries: list[dict]) -> dict:
@@ -49,8 +51,10 @@ def algorithm_table(entries: list[dict]) -> dict:
             "hd95_mean": mean_std([e["stats"]["case_hd95"]["mean"] for e in entries])["mean"],
             "hd95_std_over_cases": mean_std([e["stats"]["case_hd95"]["std"] for e in entries])["mean"],
             **{f"dice_{r}": mean_std([e["stats"]["region_dice"][r]["mean"] for e in entries])["mean"] for r in regions},
-            **{f"dice_{r}_std_over_cases": mean_std([e["stats"]["region_dice"][r]["std"] for e in entries])["mean"]
-               for r in regions},
+            **{
+                f"dice_{r}_std_over_cases": mean_std([e["stats"]["region_dice"][r]["std"] for e in entries])["mean"]
+                for r in regions
+            },
         },
         "best_round": [e["summary"]["best_round"] for e in entries],
         "wall_seconds": mean_std([e["wall_seconds"] for e in entries])["mean"],
@@ -59,8 +63,10 @@ def algorithm_table(entries: list[dict]) -> dict:
     if all(cost):
         row["table2_cost"] = {k: mean_std([c[k] for c in cost])["mean"] for k in COST_KEYS if k in cost[0]}
     if "cross_site" in first["summary"]:
-        row["local_rows"] = {a: {b: mean_std([e["summary"]["cross_site"]["dice"][a][b] for e in entries])["mean"]
-                                 for b in sites} for a in sites}
+        row["local_rows"] = {
+            a: {b: mean_std([e["summary"]["cross_site"]["dice"][a][b] for e in entries])["mean"] for b in sites}
+            for a in sites
+        }
         row["local_avg"] = mean_std([e["summary"]["local_avg"] for e in entries])["mean"]
         row["local_gen"] = mean_std([e["summary"]["local_gen"] for e in entries])["mean"]
     return row
@@ -75,26 +81,49 @@ def markdown(report: dict) -> str:
     lines = [f"# Methods benchmark ({ROUNDS} rounds; see benchmarks/common.py for the budget)", ""]
     for fed, block in report.items():
         algos, sites, regions = block["algorithms"], block["sites"], block["regions"]
-        lines += [f"## {fed} (seeds {block['seeds']})", "", "Test Dice, FedSM Table 3 layout (mean over seeds; Client Avg ± std over seeds):", "",
-                  "| method | " + " | ".join(sites) + " | Client Avg | Global |", "|---" * (len(sites) + 3) + "|"]
+        lines += [
+            f"## {fed} (seeds {block['seeds']})",
+            "",
+            "Test Dice, FedSM Table 3 layout (mean over seeds; Client Avg ± std over seeds):",
+            "",
+            "| method | " + " | ".join(sites) + " | Client Avg | Global |",
+            "|---" * (len(sites) + 3) + "|",
+        ]
         for name, row in algos.items():
             for a, cells in row.get("local_rows", {}).items():
-                lines.append(f"| Client {a} Local | " + " | ".join(f"{cells[b]:.4f}" for b in sites)
-                             + f" | {np.mean([cells[b] for b in sites]):.4f} | |")
+                lines.append(
+                    f"| Client {a} Local | "
+                    + " | ".join(f"{cells[b]:.4f}" for b in sites)
+                    + f" | {np.mean([cells[b] for b in sites]):.4f} | |"
+                )
             d = row["table3_dice"]
-            lines.append(f"| {name} | " + " | ".join(f"{d[s]:.4f}" for s in sites)
-                         + f" | {d['client_avg']:.4f}{pm(row['client_avg_dice']['std'])} | {d['global']:.4f} |")
-        lines += ["", "FeTS Table 1 layout (mean over seeds of the mean ± std over test cases):", "",
-                  "| method | Dice | " + " | ".join(f"Dice {r}" for r in regions) + " | HD95 |", "|---" * (len(regions) + 3) + "|"]
+            lines.append(
+                f"| {name} | "
+                + " | ".join(f"{d[s]:.4f}" for s in sites)
+                + f" | {d['client_avg']:.4f}{pm(row['client_avg_dice']['std'])} | {d['global']:.4f} |"
+            )
+        lines += [
+            "",
+            "FeTS Table 1 layout (mean over seeds of the mean ± std over test cases):",
+            "",
+            "| method | Dice | " + " | ".join(f"Dice {r}" for r in regions) + " | HD95 |",
+            "|---" * (len(regions) + 3) + "|",
+        ]
         for name, row in algos.items():
             t = row["table1"]
-            cells = [f"{t['dice_mean']:.4f} ± {t['dice_std_over_cases']:.4f}",
-                     *(f"{t[f'dice_{r}']:.4f} ± {t[f'dice_{r}_std_over_cases']:.4f}" for r in regions),
-                     f"{t['hd95_mean']:.2f} ± {t['hd95_std_over_cases']:.2f}"]
+            cells = [
+                f"{t['dice_mean']:.4f} ± {t['dice_std_over_cases']:.4f}",
+                *(f"{t[f'dice_{r}']:.4f} ± {t[f'dice_{r}_std_over_cases']:.4f}" for r in regions),
+                f"{t['hd95_mean']:.2f} ± {t['hd95_std_over_cases']:.2f}",
+            ]
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
-        lines += ["", "FeTS Table 2 layout (cost, mean over seeds):", "",
-                  "| method | SGD steps | max parallel SGD steps | floats communicated | simulated time (s) | wall (s) |",
-                  "|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            "FeTS Table 2 layout (cost, mean over seeds):",
+            "",
+            "| method | SGD steps | max parallel SGD steps | floats communicated | simulated time (s) | wall (s) |",
+            "|---|---|---|---|---|---|",
+        ]
         for name, row in algos.items():
             c = row.get("table2_cost", {})
             cells = [f"{c.get(k, math.nan):.4g}" for k in COST_KEYS] + [f"{row['wall_seconds']:.0f}"]
@@ -116,7 +145,10 @@ def main() -> None:
     for fed in args.federations:
         first = done[(fed, args.seeds[0], args.algorithms[0])]
         report[fed] = {
-            "seeds": args.seeds, "sites": first["sites"], "regions": first["regions"], "overrides": first["overrides"],
+            "seeds": args.seeds,
+            "sites": first["sites"],
+            "regions": first["regions"],
+            "overrides": first["overrides"],
             "algorithms": {a: algorithm_table([done[(fed, s, a)] for s in args.seeds]) for a in args.algorithms},
         }
     RESULTS.mkdir(exist_ok=True)

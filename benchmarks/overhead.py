@@ -22,8 +22,8 @@ import torch
 
 from fedseg.algorithms.aggregate import weighted_average
 from fedseg.config import load_config
-from fedseg.engine.messages import load_weights, weights_of
 from fedseg.engine.context import seeded_generator, stream_seed
+from fedseg.engine.messages import load_weights, weights_of
 from fedseg.evaluate.inference import score_caseset
 from fedseg.run import prepare, run_algorithm
 from fedseg.train import Trainer
@@ -63,7 +63,13 @@ def engine_fedavg(prep, rounds: int) -> float:
     with tempfile.TemporaryDirectory() as out:
         start = time.perf_counter()
         times = {}
-        run_algorithm("fedavg", prep, Path(out), resume=False, on_round_end=lambda n, r, l: times.setdefault("end", time.perf_counter()) if r == rounds else None)
+        run_algorithm(
+            "fedavg",
+            prep,
+            Path(out),
+            resume=False,
+            on_round_end=lambda n, r, log: times.setdefault("end", time.perf_counter()) if r == rounds else None,
+        )
         return times["end"] - start
 
 
@@ -74,7 +80,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
-    cfg = load_config(preset="demo", overrides=[f"fl.rounds={args.rounds}", f"data.scale={args.scale}", f"threads={args.threads}"])
+    cfg = load_config(
+        preset="demo", overrides=[f"fl.rounds={args.rounds}", f"data.scale={args.scale}", f"threads={args.threads}"]
+    )
     torch.set_num_threads(cfg.threads)
     prep = prepare(cfg)
     plain_fedavg(prep, 1)  # warm-up (allocator, MONAI imports)

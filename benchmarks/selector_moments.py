@@ -37,14 +37,25 @@ VARIANTS = {
     "instance+local": ["methods.fedsm.selector_norm=instance", "methods.fedsm.average_selector_moments=false"],
     "batch+avg": ["methods.fedsm.selector_norm=batch", "methods.fedsm.average_selector_moments=true"],
     "batch+local": ["methods.fedsm.selector_norm=batch", "methods.fedsm.average_selector_moments=false"],
-    "instance+reset": ["methods.fedsm.selector_norm=instance", "methods.fedsm.average_selector_moments=false",
-                       "train.keep_optimizer_state=false"],
+    "instance+reset": [
+        "methods.fedsm.selector_norm=instance",
+        "methods.fedsm.average_selector_moments=false",
+        "train.keep_optimizer_state=false",
+    ],
 }
 
 
 def one_run(args, seed: int, variant: str) -> dict:
-    overrides = [f"data.scale={args.scale}", f"fl.rounds={args.rounds}", f"seed={seed}", f"threads={args.threads}",
-                 "algorithms=[fedsm]", "eval.hd95=false", "model.channels=[4,8,16]", *VARIANTS[variant]]
+    overrides = [
+        f"data.scale={args.scale}",
+        f"fl.rounds={args.rounds}",
+        f"seed={seed}",
+        f"threads={args.threads}",
+        "algorithms=[fedsm]",
+        "eval.hd95=false",
+        "model.channels=[4,8,16]",
+        *VARIANTS[variant],
+    ]
     cfg = load_config(preset=args.preset, overrides=overrides)
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as out:
@@ -55,8 +66,15 @@ def one_run(args, seed: int, variant: str) -> dict:
         acc.append(round(float(np.mean(vals)), 4))
     first = [r["floats_down"] for r in res.ledger if r["action"] == "train" and r["round"] == 1]
     reach = next((i + 1 for i, a in enumerate(acc) if a >= 0.9), None)
-    return {"seed": seed, "variant": variant, "selector_acc_by_round": acc, "final": acc[-1], "first_round_ge_0.9": reach,
-            "floats_down_per_site_round1": first, "seconds": round(time.perf_counter() - start, 1)}
+    return {
+        "seed": seed,
+        "variant": variant,
+        "selector_acc_by_round": acc,
+        "final": acc[-1],
+        "first_round_ge_0.9": reach,
+        "floats_down_per_site_round1": first,
+        "seconds": round(time.perf_counter() - start, 1),
+    }
 
 
 def main() -> None:
@@ -73,13 +91,27 @@ def main() -> None:
         for variant in args.variants:
             run = one_run(args, seed, variant)
             runs.append(run)
-            print(f"seed {seed} {variant:<15} final {run['final']:.3f}, >=0.9 at round {run['first_round_ge_0.9']}, "
-                  f"by round {run['selector_acc_by_round']} ({run['seconds']:.0f} s)", flush=True)
-    summary = {v: {"final_mean": float(np.mean([r["final"] for r in runs if r["variant"] == v])),
-                   "first_round_ge_0.9": [r["first_round_ge_0.9"] for r in runs if r["variant"] == v]}
-               for v in args.variants}
+            print(
+                f"seed {seed} {variant:<15} final {run['final']:.3f}, >=0.9 at round {run['first_round_ge_0.9']}, "
+                f"by round {run['selector_acc_by_round']} ({run['seconds']:.0f} s)",
+                flush=True,
+            )
+    summary = {
+        v: {
+            "final_mean": float(np.mean([r["final"] for r in runs if r["variant"] == v])),
+            "first_round_ge_0.9": [r["first_round_ge_0.9"] for r in runs if r["variant"] == v],
+        }
+        for v in args.variants
+    }
     RESULTS.mkdir(parents=True, exist_ok=True)
-    out = {"preset": args.preset, "scale": args.scale, "rounds": args.rounds, "seeds": args.seeds, "summary": summary, "runs": runs}
+    out = {
+        "preset": args.preset,
+        "scale": args.scale,
+        "rounds": args.rounds,
+        "seeds": args.seeds,
+        "summary": summary,
+        "runs": runs,
+    }
     (RESULTS / "selector_moments.json").write_text(json.dumps(out, indent=2))
     print(json.dumps(summary, indent=2))
 

@@ -178,18 +178,25 @@ def describe_cycles(imports: list[Import]) -> str:
     for k, members in enumerate(found, start=1):
         inside = set(members)
         out.append(f"cycle {k}: {', '.join(members)}")
-        ties = sorted((i for i in imports if i.source in inside and i.target in inside),
-                      key=lambda i: (i.source, i.line, i.target))
+        ties = sorted(
+            (i for i in imports if i.source in inside and i.target in inside),
+            key=lambda i: (i.source, i.line, i.target),
+        )
         out.extend(f"  {imp}" for imp in ties)
     return "\n".join(out)
 
 
 def layer_violations(imports: list[Import]) -> list[str]:
     rank = {layer: r for r, layer in enumerate(LAYERS)}
-    bad = sorted((i for i in imports if rank[layer_of(i.target)] > rank[layer_of(i.source)]),
-                 key=lambda i: (i.source, i.line, i.target))
-    return [f"{i.source} -> {i.target} (line {i.line}): {layer_of(i.source)} imports {layer_of(i.target)}"
-            f"{' [TYPE_CHECKING only]' if i.type_only else ''}" for i in bad]
+    bad = sorted(
+        (i for i in imports if rank[layer_of(i.target)] > rank[layer_of(i.source)]),
+        key=lambda i: (i.source, i.line, i.target),
+    )
+    return [
+        f"{i.source} -> {i.target} (line {i.line}): {layer_of(i.source)} imports {layer_of(i.target)}"
+        f"{' [TYPE_CHECKING only]' if i.type_only else ''}"
+        for i in bad
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -212,8 +219,11 @@ def test_layers(graph):
     violations = layer_violations(imports)
     order = " < ".join(LAYERS)
     if violations:
-        pytest.fail(f"{len(violations)} import(s) against the layers ({order}: a module never imports a higher layer; "
-                    "see LAYERS in tests/test_architecture.py):\n  " + "\n  ".join(violations), pytrace=False)
+        pytest.fail(
+            f"{len(violations)} import(s) against the layers ({order}: a module never imports a higher layer; "
+            "see LAYERS in tests/test_architecture.py):\n  " + "\n  ".join(violations),
+            pytrace=False,
+        )
 
 
 # --- the checker itself ----------------------------------------------------------------------------------------
@@ -221,10 +231,14 @@ def test_cycle_finder_finds_a_two_module_cycle_and_a_self_import():
     graph = {"a": {"b"}, "b": {"a", "c"}, "c": set(), "d": {"d", "a"}}
     assert cycles(graph) == [["a", "b"], ["d"]]
     assert cycles({"a": {"b"}, "b": {"c"}}) == []
-    imports = [Import("a", "b", 3, "from b import x", False), Import("b", "a", 7, "import a", False),
-               Import("b", "c", 8, "import c", False)]
-    assert describe_cycles(imports) == ("1 import cycle(s):\ncycle 1: a, b\n"
-                                        "  a -> b (line 3: from b import x)\n  b -> a (line 7: import a)")
+    imports = [
+        Import("a", "b", 3, "from b import x", False),
+        Import("b", "a", 7, "import a", False),
+        Import("b", "c", 8, "import c", False),
+    ]
+    assert describe_cycles(imports) == (
+        "1 import cycle(s):\ncycle 1: a, b\n  a -> b (line 3: from b import x)\n  b -> a (line 7: import a)"
+    )
 
 
 def test_imports_are_resolved_to_modules_at_any_depth(tmp_path):
@@ -253,23 +267,41 @@ def test_imports_are_resolved_to_modules_at_any_depth(tmp_path):
     assert sorted(modules) == ["pkg", "pkg.sub", "pkg.sub.leaf", "pkg.top"]
     got = [(i.source, i.target, i.line, i.type_only) for i in sorted(imports, key=lambda i: (i.source, i.line))]
     assert got == [
-        ("pkg.sub", "pkg.sub.leaf", 1, False), ("pkg.sub", "pkg.sub.leaf", 2, False),
+        ("pkg.sub", "pkg.sub.leaf", 1, False),
+        ("pkg.sub", "pkg.sub.leaf", 2, False),
         ("pkg.sub.leaf", "pkg.top", 2, False),
-        ("pkg.sub.leaf", "pkg.sub", 3, False), ("pkg.sub.leaf", "pkg.top", 3, False), ("pkg.sub.leaf", "pkg", 3, False),
-        ("pkg.sub.leaf", "pkg.top", 4, False), ("pkg.sub.leaf", "pkg.sub.leaf", 5, False),
-        ("pkg.sub.leaf", "pkg.top", 8, True), ("pkg.sub.leaf", "pkg.sub", 10, False),
+        ("pkg.sub.leaf", "pkg.sub", 3, False),
+        ("pkg.sub.leaf", "pkg.top", 3, False),
+        ("pkg.sub.leaf", "pkg", 3, False),
+        ("pkg.sub.leaf", "pkg.top", 4, False),
+        ("pkg.sub.leaf", "pkg.sub.leaf", 5, False),
+        ("pkg.sub.leaf", "pkg.top", 8, True),
+        ("pkg.sub.leaf", "pkg.sub", 10, False),
     ]
     # pkg.sub and pkg.sub.leaf import each other (and leaf itself, line 5)
     assert describe_cycles(imports).splitlines()[:3] == [
-        "1 import cycle(s):", "cycle 1: pkg.sub, pkg.sub.leaf",
-        "  pkg.sub -> pkg.sub.leaf (line 1: from . import leaf)"]
+        "1 import cycle(s):",
+        "cycle 1: pkg.sub, pkg.sub.leaf",
+        "  pkg.sub -> pkg.sub.leaf (line 1: from . import leaf)",
+    ]
     assert cycles({"leaf": {"leaf"}}) == [["leaf"]]
 
 
 def test_layer_of():
-    assert [layer_of(m) for m in ("fedseg", "fedseg.data", "fedseg.data.folder", "fedseg.train", "fedseg.report.kit",
-                                  "fedseg.algorithms", "fedseg.algorithms.fedsm.model", "fedseg.report",
-                                  "fedseg.report.html", "fedseg.run", "fedseg.flower.node", "fedseg.training")] == [
-        "LOWER", "LOWER", "LOWER", "LOWER", "LOWER",
-        "ALGORITHMS", "ALGORITHMS", "TOP",
-        "TOP", "TOP", "TOP", "TOP"]
+    assert [
+        layer_of(m)
+        for m in (
+            "fedseg",
+            "fedseg.data",
+            "fedseg.data.folder",
+            "fedseg.train",
+            "fedseg.report.kit",
+            "fedseg.algorithms",
+            "fedseg.algorithms.fedsm.model",
+            "fedseg.report",
+            "fedseg.report.html",
+            "fedseg.run",
+            "fedseg.flower.node",
+            "fedseg.training",
+        )
+    ] == ["LOWER", "LOWER", "LOWER", "LOWER", "LOWER", "ALGORITHMS", "ALGORITHMS", "TOP", "TOP", "TOP", "TOP", "TOP"]

@@ -10,15 +10,40 @@ from fedseg.cli import app
 from fedseg.data.folder import write_folder
 
 runner = CliRunner()
-TINY_SETS = ["--set", "model.channels=[4,8,16]", "--set", "data.image_size=32", "--set", "train.batch_size=4",
-             "--set", "threads=1", "--set", "eval.hd95=false"]
+TINY_SETS = [
+    "--set",
+    "model.channels=[4,8,16]",
+    "--set",
+    "data.image_size=32",
+    "--set",
+    "train.batch_size=4",
+    "--set",
+    "threads=1",
+    "--set",
+    "eval.hd95=false",
+]
 
 
 def test_run_on_a_folder_federation_writes_outputs_and_report(tmp_path, disc_federation):
     root = write_folder(disc_federation(n_sites=2, cases_per_site=8), tmp_path / "fed")
     out = tmp_path / "run"
-    result = runner.invoke(app, ["run", "--preset", "demo", "--data", str(root), "--algorithms", "fedavg",
-                                 "--rounds", "1", "--out", str(out), *TINY_SETS])
+    result = runner.invoke(
+        app,
+        [
+            "run",
+            "--preset",
+            "demo",
+            "--data",
+            str(root),
+            "--algorithms",
+            "fedavg",
+            "--rounds",
+            "1",
+            "--out",
+            str(out),
+            *TINY_SETS,
+        ],
+    )
     assert result.exit_code == 0, result.output
     summary = json.loads((out / "summary.json").read_text())
     assert summary["dataset"] == "discs" and list(summary["algorithms"]) == ["fedavg"]

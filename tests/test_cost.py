@@ -27,12 +27,18 @@ def _rows() -> list[LedgerRow]:
     then the final test evaluation (second evaluate rows) and a share_model row, all in round 2."""
     r = LedgerRow
     return [
-        r(1, "a", "loss", 3, M, 0, 0.3), r(1, "b", "loss", 1, M, 0, 0.1),
-        r(1, "a", "train", 10, 0, M, 5.0), r(1, "b", "train", 4, 0, M, 2.0),
-        r(2, "a", "loss", 3, M, 0, 0.3), r(2, "b", "loss", 1, M, 0, 0.1),
-        r(2, "a", "train", 10, 0, M, 5.0), r(2, "b", "train", 12, 0, M, 6.0),
-        r(2, "a", "evaluate", 0, M, 16, 0.8), r(2, "b", "evaluate", 0, M, 40, 2.0),
-        r(2, "a", "evaluate", 0, M, 16, 100.0), r(2, "b", "evaluate", 0, M, 40, 100.0),
+        r(1, "a", "loss", 3, M, 0, 0.3),
+        r(1, "b", "loss", 1, M, 0, 0.1),
+        r(1, "a", "train", 10, 0, M, 5.0),
+        r(1, "b", "train", 4, 0, M, 2.0),
+        r(2, "a", "loss", 3, M, 0, 0.3),
+        r(2, "b", "loss", 1, M, 0, 0.1),
+        r(2, "a", "train", 10, 0, M, 5.0),
+        r(2, "b", "train", 12, 0, M, 6.0),
+        r(2, "a", "evaluate", 0, M, 16, 0.8),
+        r(2, "b", "evaluate", 0, M, 40, 2.0),
+        r(2, "a", "evaluate", 0, M, 16, 100.0),
+        r(2, "b", "evaluate", 0, M, 40, 100.0),
         r(2, "a", "share_model", 0, 0, M, 50.0),
     ]
 
@@ -56,8 +62,13 @@ def test_cost_table_by_hand_with_measured_timing():
     c = cost_table(_rows(), CFG.model_copy(update={"timing": "measured"}), VAL)
     # t_batch = (5 + 2 + 5 + 6) s / 36 steps; t_forward = 0.8 s / 8 batches; t_eval from the first
     # evaluate row per validated (round, site): (0.8 + 2.0) s / (4 + 10) cases
-    assert c["t_batch"] == pytest.approx(0.5) and c["t_forward"] == pytest.approx(0.1) and c["t_eval"] == pytest.approx(0.2)
-    # round 1: a = 5 + 0.3 + 3 = 8.3, b = 2 + 0.1 + 3 = 5.1; round 2: a = 5 + 0.3 + 0.8 + 3 = 9.1, b = 6 + 0.1 + 2 + 3 = 11.1
+    assert (
+        c["t_batch"] == pytest.approx(0.5)
+        and c["t_forward"] == pytest.approx(0.1)
+        and c["t_eval"] == pytest.approx(0.2)
+    )
+    # round 1: a = 5 + 0.3 + 3 = 8.3, b = 2 + 0.1 + 3 = 5.1;
+    # round 2: a = 5 + 0.3 + 0.8 + 3 = 9.1, b = 6 + 0.1 + 2 + 3 = 11.1
     assert c["simulated_seconds"] == pytest.approx(8.3 + 11.1)
     assert c["sgd_steps"] == 36 and c["floats"] == 8 * M
 
@@ -70,8 +81,12 @@ def test_cost_table_reads_ledger_dicts_and_csv_strings():
 def test_centralized_pooled_participant_validates_every_site():
     """The paper's centralized row: one participant trains and validates all validation cases."""
     assert POOLED == CENTRALIZED_POOLED and LOSS_ACTION in FORWARD_ACTIONS
-    rows = [LedgerRow(1, POOLED, "train", 20, 0, 0, 1.0), LedgerRow(1, "a", "evaluate", 0, M, 16, 0.1),
-            LedgerRow(1, "b", "evaluate", 0, M, 40, 0.1), LedgerRow(2, POOLED, "train", 20, 0, 0, 1.0)]
+    rows = [
+        LedgerRow(1, POOLED, "train", 20, 0, 0, 1.0),
+        LedgerRow(1, "a", "evaluate", 0, M, 16, 0.1),
+        LedgerRow(1, "b", "evaluate", 0, M, 40, 0.1),
+        LedgerRow(2, POOLED, "train", 20, 0, 0, 1.0),
+    ]
     c = cost_table(rows, CFG, VAL)
     assert (c["sgd_steps"], c["parallel_sgd_steps"], c["floats"]) == (40, 40, 0)
     assert c["simulated_seconds"] == pytest.approx((20 * 2 + 14 * 0.5) + 20 * 2)  # no comm: data is pooled
@@ -79,8 +94,14 @@ def test_centralized_pooled_participant_validates_every_site():
 
 def test_cost_config_defaults_are_the_papers_and_keys_are_checked(tiny_config):
     cfg = RunConfig().cost
-    assert (cfg.timing, cfg.batch_seconds, cfg.eval_seconds, cfg.download_mb_s, cfg.upload_mb_s, cfg.bytes_per_float) == (
-        "config", 1.86, 0.80, 20.0, 13.3, 4)
+    assert (
+        cfg.timing,
+        cfg.batch_seconds,
+        cfg.eval_seconds,
+        cfg.download_mb_s,
+        cfg.upload_mb_s,
+        cfg.bytes_per_float,
+    ) == ("config", 1.86, 0.80, 20.0, 13.3, 4)
     with pytest.raises(ValueError):
         tiny_config(cost={"bandwidth": 3})
     with pytest.raises(ValueError):

@@ -73,7 +73,12 @@ BROKEN = [
         "s3",
         "empty site",
     ),
-    ("corrupt-png", lambda r: (r / "s1/images/a.png").write_bytes(b"\x89PNG garbage"), "s1/images/a.png", "cannot read"),
+    (
+        "corrupt-png",
+        lambda r: (r / "s1/images/a.png").write_bytes(b"\x89PNG garbage"),
+        "s1/images/a.png",
+        "cannot read",
+    ),
     (
         "truncated-npy",
         lambda r: (_rm(r / "s2/labels/d.png"), (r / "s2/labels/d.npy").write_bytes(b"\x93NUMPY\x01\x00")),

@@ -31,7 +31,10 @@ class _FakeTask:
 
 def test_server_merge_uses_samples_or_uniform_weights(tiny_config):
     updates = _updates()
-    replies = {f"s{i}": Message(prefixed("model", u), {"num_examples": n}) for i, (u, n) in enumerate(zip(updates, [5, 15, 80]))}
+    replies = {
+        f"s{i}": Message(prefixed("model", u), {"num_examples": n})
+        for i, (u, n) in enumerate(zip(updates, [5, 15, 80]))
+    }
     for weighting, weights in (("samples", [5, 15, 80]), ("uniform", [1, 1, 1])):
         server = FedAvgServer.__new__(FedAvgServer)
         server.task = _FakeTask(tiny_config(fl={"weighting": weighting}))
@@ -59,9 +62,9 @@ def test_fedavg_with_one_site_equals_local_training(tmp_path, tiny_config, disc_
     prep = prepare(cfg, disc_federation(n_sites=1, cases_per_site=16))
     fedavg = run_algorithm("fedavg", prep, tmp_path / "a", resume=False)
     local = run_algorithm("local", prep, tmp_path / "b", resume=False)
-    g, l = fedavg.bundle["global"], local.bundle["local:site1"]
-    assert g.keys() == l.keys()
+    g, loc = fedavg.bundle["global"], local.bundle["local:site1"]
+    assert g.keys() == loc.keys()
     for k in g:
-        assert torch.equal(g[k], l[k]), k
+        assert torch.equal(g[k], loc[k]), k
     assert fedavg.summary["dice"] == local.summary["dice"]
     assert [r["val_dice"] for r in fedavg.rounds_rows] == [r["val_dice"] for r in local.rounds_rows]

@@ -15,10 +15,10 @@ from fedseg.algorithms import get_algorithm
 from fedseg.algorithms.aggregate import softpull, weighted_average
 from fedseg.algorithms.fedsm.method import FedSMClient, at_gamma, new_selector
 from fedseg.algorithms.fedsm.model import SuperModel, extra_labels, route, super_model_from_bundle
+from fedseg.algorithms.fedsm.selector import build_selector
 from fedseg.engine.messages import Message, weights_of
 from fedseg.engine.simulator import Simulator
 from fedseg.evaluate.inference import score_caseset
-from fedseg.algorithms.fedsm.selector import build_selector
 from fedseg.models import count_parameters
 from fedseg.run import prepare, run_algorithm, run_experiment
 from fedseg.train import segmentation_loss
@@ -31,8 +31,9 @@ def make_cfg(tiny_config):
     """Factory ``make_cfg(name="fedsm", rounds=2, **method)``: one method with a tiny selector, no HD95."""
 
     def make(name="fedsm", rounds=2, **method):
-        return tiny_config(algorithms=[name], fl={"rounds": rounds}, eval={"hd95": False},
-                           methods={name: {**SEL, **method}})
+        return tiny_config(
+            algorithms=[name], fl={"rounds": rounds}, eval={"hd95": False}, methods={name: {**SEL, **method}}
+        )
 
     return make
 
@@ -65,7 +66,7 @@ def test_softpull_matches_eq11_and_its_two_limits():
         expected = 0.7 * models[k]["a"] + 0.3 / 3 * sum(others)
         torch.testing.assert_close(out[k]["a"], expected, rtol=0, atol=1e-6)
     uniform = weighted_average(list(models.values()), [1.0] * 4)
-    for k, w in softpull(models, 1 / 4).items():
+    for w in softpull(models, 1 / 4).values():
         for name in w:
             torch.testing.assert_close(w[name], uniform[name], rtol=0, atol=1e-7)
     for k, w in softpull(models, 1.0).items():
@@ -165,8 +166,15 @@ def test_gamma_one_uses_global_gamma_zero_the_argmax_personalized_model():
         assert sm.choose(x).tolist() == expected
         assert sm(x)[:, 0, 0, 0].tolist() == [float(e) for e in expected]  # the chosen candidate's output
     # the server re-scores replies with the same rule
-    reply = Message({"probs": probs, "dice_global": torch.zeros(4, 1), "dice_personal": torch.ones(4, 1),
-                     "hd95_global": torch.zeros(4, 1), "hd95_personal": torch.ones(4, 1)})
+    reply = Message(
+        {
+            "probs": probs,
+            "dice_global": torch.zeros(4, 1),
+            "dice_personal": torch.ones(4, 1),
+            "hd95_global": torch.zeros(4, 1),
+            "hd95_personal": torch.ones(4, 1),
+        }
+    )
     assert at_gamma(reply, 1.0).tensors["dice"].flatten().tolist() == [0, 0, 0, 0]
     assert at_gamma(reply, 0.0).tensors["dice"].flatten().tolist() == [1, 1, 1, 1]
     # FedSM-extra routes by argmax over K+1 candidates (class 0 = global), with no threshold
@@ -178,7 +186,9 @@ def test_extra_labels_are_the_argmin_of_the_loss_on_a_hand_made_example():
     y = torch.tensor([[[[1.0, 1.0], [0.0, 0.0]]], [[[1.0, 1.0], [1.0, 1.0]]]])
     on, off = 30.0, -30.0  # saturated logits: sigmoid = 1 / 0 to float precision
     h0 = torch.full((2, 1, 2, 2), off)  # global: predicts nothing
-    h1 = torch.tensor([[[[on, on], [off, off]]], [[[on, off], [off, off]]]])  # exact on image 0, 1 of 4 pixels on image 1
+    h1 = torch.tensor(
+        [[[[on, on], [off, off]]], [[[on, off], [off, off]]]]
+    )  # exact on image 0, 1 of 4 pixels on image 1
     h2 = torch.full((2, 1, 2, 2), on)  # everything
     # soft Dice loss 1 - (2|P.Y| + s) / (|P| + |Y| + s), s = 1e-5 (MONAI):
     # image 0: h0 -> 1 - s/(2+s) ~ 1, h1 -> 0, h2 -> 1 - 4/6 = 1/3          => argmin 1
@@ -209,7 +219,11 @@ def test_ledger_shows_two_global_models_and_a_selector_per_site_and_round(tmp_pa
     moments = sum(2 * p.numel() + 1 for p in selector.parameters())
     result = run_algorithm("fedsm", prepare(make_cfg(rounds=2), fed), tmp_path / "default", resume=False)
     rows = [(r["round"], r["floats_down"], r["floats_up"]) for r in result.ledger if r["action"] == "train"]
-    assert rows == [(1, 2 * w_g + w_s, 2 * w_g + w_s + moments)] * 3 + [(2, 2 * w_g + w_s + moments, 2 * w_g + w_s + moments)] * 3
+    assert (
+        rows
+        == [(1, 2 * w_g + w_s, 2 * w_g + w_s + moments)] * 3
+        + [(2, 2 * w_g + w_s + moments, 2 * w_g + w_s + moments)] * 3
+    )
 
 
 def test_fedsm_global_model_equals_fedavg(tiny_config, disc_federation):
@@ -260,8 +274,12 @@ def test_fedsm_resume_and_determinism(tmp_path, personalization, make_cfg, disc_
 
 def test_end_to_end_fedsm_extra_and_ensemble(tmp_path, tiny_config, disc_federation):
     names = ["fedsm", "fedsm-extra", "fedsm-ensemble"]
-    cfg = tiny_config(algorithms=names, fl={"rounds": 3}, eval={"hd95": False},
-                      methods={"fedsm": SEL, "fedsm-extra": {**SEL, "extra_rounds": 1}, "fedsm-ensemble": {**SEL, "extra_rounds": 1}})
+    cfg = tiny_config(
+        algorithms=names,
+        fl={"rounds": 3},
+        eval={"hd95": False},
+        methods={"fedsm": SEL, "fedsm-extra": {**SEL, "extra_rounds": 1}, "fedsm-ensemble": {**SEL, "extra_rounds": 1}},
+    )
     fed = disc_federation(n_sites=3, cases_per_site=8)
     results = run_experiment(cfg, tmp_path, federation=fed)
     summary = json.loads((tmp_path / "summary.json").read_text())
@@ -274,7 +292,15 @@ def test_end_to_end_fedsm_extra_and_ensemble(tmp_path, tiny_config, disc_federat
         assert {r["model"] for r in res.test_rows} == {"fedsm"}
         accuracy = [r for r in res.metric_rows if r["metric"] == "selector_acc"]
         assert len(accuracy) == 3 * 3 and all(0.0 <= r["value"] <= 1.0 for r in accuracy)
-        assert set(res.bundle) == {"global", "personal:site1", "personal:site2", "personal:site3", "selector", "gamma", "selector_spec"}
+        assert set(res.bundle) == {
+            "global",
+            "personal:site1",
+            "personal:site2",
+            "personal:site3",
+            "selector",
+            "gamma",
+            "selector_spec",
+        }
     # FedSM: gamma chosen from the grid and stored as a 0-d tensor
     fedsm = results.algorithms[0]
     gamma = float(fedsm.bundle["gamma"]["value"])
@@ -302,7 +328,11 @@ def test_end_to_end_fedsm_extra_and_ensemble(tmp_path, tiny_config, disc_federat
     ev = cfg.eval
     for data in prep.site_data:
         dice, _ = score_caseset(sm, data.test, ev.batch_size, ev.threshold, False, prep.task.device)
-        rows = {(r["case"], r["region"]): r["value"] for r in fedsm.test_rows if r["site"] == data.name and r["metric"] == "dice"}
+        rows = {
+            (r["case"], r["region"]): r["value"]
+            for r in fedsm.test_rows
+            if r["site"] == data.name and r["metric"] == "dice"
+        }
         for i, case in enumerate(data.test.ids):
             for j, region in enumerate(prep.task.regions):
                 assert dice[i, j] == pytest.approx(rows[(case, region)], abs=1e-9), (case, region)

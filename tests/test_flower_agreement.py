@@ -19,7 +19,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from flwr.app import Array, ArrayRecord, Message as FlwrMessage, Metadata, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, Metadata, MetricRecord, RecordDict
+from flwr.app import Message as FlwrMessage
 from flwr.serverapp.strategy import FedAdam, FedAvg, FedMedian, FedProx, FedTrimmedAvg
 from torch import nn
 
@@ -36,17 +37,35 @@ def client_models(n_sites: int, seed: int, center: dict[str, np.ndarray] | None 
     rng = np.random.default_rng(seed)
     out = []
     for _ in range(n_sites):
-        out.append({k: ((center[k] if center else 0) + rng.normal(0, 0.1 if center else 1, s)).astype(np.float32) for k, s in SHAPES.items()})
+        out.append(
+            {
+                k: ((center[k] if center else 0) + rng.normal(0, 0.1 if center else 1, s)).astype(np.float32)
+                for k, s in SHAPES.items()
+            }
+        )
     return out
 
 
 def flower_replies(models: list[dict[str, np.ndarray]], samples: list[int]) -> list[FlwrMessage]:
     replies = []
     for i, (m, n) in enumerate(zip(models, samples)):
-        content = RecordDict({"arrays": ArrayRecord({k: Array(v.copy()) for k, v in m.items()}),
-                              "metrics": MetricRecord({"num-examples": n})})
-        metadata = Metadata(run_id=1, message_id=f"r{i}", src_node_id=i + 1, dst_node_id=0, reply_to_message_id=f"i{i}",
-                            group_id="1", created_at=0.0, ttl=60.0, message_type="train")
+        content = RecordDict(
+            {
+                "arrays": ArrayRecord({k: Array(v.copy()) for k, v in m.items()}),
+                "metrics": MetricRecord({"num-examples": n}),
+            }
+        )
+        metadata = Metadata(
+            run_id=1,
+            message_id=f"r{i}",
+            src_node_id=i + 1,
+            dst_node_id=0,
+            reply_to_message_id=f"i{i}",
+            group_id="1",
+            created_at=0.0,
+            ttl=60.0,
+            message_type="train",
+        )
         replies.append(FlwrMessage(content, metadata=metadata))
     return replies
 
@@ -82,9 +101,12 @@ def fedseg_merge(tiny_config):
             server = spec.server(None, _Task(tiny_config()), spec.parse_options(options))
         if start is not None:
             server.global_weights = {k: torch.from_numpy(v.copy()) for k, v in start.items()}
-        replies = {f"site{i}": Message(prefixed(MODEL, {k: torch.from_numpy(v.copy()) for k, v in m.items()}),
-                                       {"num_examples": n})
-                   for i, (m, n) in enumerate(zip(models, samples))}
+        replies = {
+            f"site{i}": Message(
+                prefixed(MODEL, {k: torch.from_numpy(v.copy()) for k, v in m.items()}), {"num_examples": n}
+            )
+            for i, (m, n) in enumerate(zip(models, samples))
+        }
         server.aggregate(replies)
         return server
 

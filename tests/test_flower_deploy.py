@@ -48,7 +48,10 @@ def _fedseg(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
 
 def _ledger(run: Path) -> list[tuple]:
     with open(run / "ledger.csv") as f:
-        return [(r["algorithm"], r["round"], r["site"], r["action"], r["steps"], r["floats_down"], r["floats_up"]) for r in csv.DictReader(f)]
+        return [
+            (r["algorithm"], r["round"], r["site"], r["action"], r["steps"], r["floats_down"], r["floats_up"])
+            for r in csv.DictReader(f)
+        ]
 
 
 def _csv(path: Path, drop: tuple[str, ...] = ()) -> list[dict]:
@@ -66,7 +69,10 @@ def _assert_same_run(flower: Path, sim: Path) -> None:
             assert got[metric] == pytest.approx(ref[metric], abs=1e-6, nan_ok=True), (name, metric)
         for key in ("floats_sent", "sgd_steps", "rounds", "best_round"):
             assert got[key] == ref[key], (name, key)
-        ours, theirs = load_file(flower / "model" / name / "weights.safetensors"), load_file(sim / "model" / name / "weights.safetensors")
+        ours, theirs = (
+            load_file(flower / "model" / name / "weights.safetensors"),
+            load_file(sim / "model" / name / "weights.safetensors"),
+        )
         assert sorted(ours) == sorted(theirs) and all((ours[k] - theirs[k]).abs().max() <= 1e-6 for k in ours), name
     assert _ledger(flower) == _ledger(sim)
     assert _csv(flower / "rounds.csv") == _csv(sim / "rounds.csv")
@@ -91,7 +97,9 @@ def _survivors(work: Path, extra: list[int] = ()) -> list[str]:
                     pids.add(int(entry.name))
             except OSError:
                 continue
-    return [f"{p}: {Path(f'/proc/{p}/cmdline').read_text().replace(chr(0), ' ')}" for p in sorted(pids) if is_running(p)]
+    return [
+        f"{p}: {Path(f'/proc/{p}/cmdline').read_text().replace(chr(0), ' ')}" for p in sorted(pids) if is_running(p)
+    ]
 
 
 def _wait_for(log: Path, text: str, timeout: float = 180) -> None:
@@ -109,7 +117,9 @@ def test_flower_local_gives_the_simulators_numbers_for_fedavg_and_the_demanding_
     sim = runner.invoke(app, ["run", "--config", str(cfg), "--data", str(folder), "--out", str(tmp_path / "sim")])
     assert sim.exit_code == 0, sim.output
     out = tmp_path / "flower"
-    proc = _fedseg("flower", "local", "--config", str(cfg), "--data", str(folder), "--out", str(out), "--isolation", "warm")
+    proc = _fedseg(
+        "flower", "local", "--config", str(cfg), "--data", str(folder), "--out", str(out), "--isolation", "warm"
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "site site1 -> SuperNode" in proc.stdout and "report:" in proc.stdout
     _assert_same_run(out, tmp_path / "sim")
@@ -122,8 +132,19 @@ def test_flower_local_with_tls_and_node_authentication_in_flowers_default_isolat
     sim = runner.invoke(app, ["run", "--config", str(cfg), "--data", str(folder), "--out", str(tmp_path / "sim")])
     assert sim.exit_code == 0, sim.output
     out = tmp_path / "flower"
-    proc = _fedseg("flower", "local", "--config", str(cfg), "--data", str(folder), "--out", str(out), "--tls",
-                   "--isolation", "subprocess")
+    proc = _fedseg(
+        "flower",
+        "local",
+        "--config",
+        str(cfg),
+        "--data",
+        str(folder),
+        "--out",
+        str(out),
+        "--tls",
+        "--isolation",
+        "subprocess",
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "(TLS, SuperNode authentication)" in proc.stdout
     assert "registered SuperNode key site1.pub" in proc.stdout and "registered SuperNode key site2.pub" in proc.stdout
@@ -147,15 +168,61 @@ def test_unregistered_supernode_is_refused_and_a_missing_site_fails_the_run_clea
     hospitals = tmp_path / "hospitals"
     env = flower_env(hospitals / "home")
     with Processes(hospitals / "processes.json") as procs:
-        coordinator = procs.start("coordinator", [
-            sys.executable, "-m", "fedseg.cli", "flower", "server", "--config", str(cfg), "--federation", str(folder),
-            "--out", str(tmp_path / "out"), "--host", "127.0.0.1", "--port", str(link_port), "--certs", str(certs),
-            "--auth-keys", str(certs / "supernodes"), "--wait", "10"], hospitals / "coordinator.log", env)
-        _wait_for(coordinator.log, "registered SuperNode key site2.pub")  # hospitals connect once the keys are registered
-        site1 = procs.start("site1", supernode_command("site1", folder, superlink, port1, hospitals / "s1", certs / "ca.crt",
-                                                       certs / "supernodes" / "site1.key", "subprocess", 0.05), hospitals / "site1.log", env)
-        site2 = procs.start("site2", supernode_command("site2", folder, superlink, port2, hospitals / "s2", certs / "ca.crt",
-                                                       rogue_key, "subprocess", 0.05), hospitals / "site2.log", env)
+        coordinator = procs.start(
+            "coordinator",
+            [
+                sys.executable,
+                "-m",
+                "fedseg.cli",
+                "flower",
+                "server",
+                "--config",
+                str(cfg),
+                "--federation",
+                str(folder),
+                "--out",
+                str(tmp_path / "out"),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(link_port),
+                "--certs",
+                str(certs),
+                "--auth-keys",
+                str(certs / "supernodes"),
+                "--wait",
+                "10",
+            ],
+            hospitals / "coordinator.log",
+            env,
+        )
+        _wait_for(
+            coordinator.log, "registered SuperNode key site2.pub"
+        )  # hospitals connect once the keys are registered
+        site1 = procs.start(
+            "site1",
+            supernode_command(
+                "site1",
+                folder,
+                superlink,
+                port1,
+                hospitals / "s1",
+                certs / "ca.crt",
+                certs / "supernodes" / "site1.key",
+                "subprocess",
+                0.05,
+            ),
+            hospitals / "site1.log",
+            env,
+        )
+        site2 = procs.start(
+            "site2",
+            supernode_command(
+                "site2", folder, superlink, port2, hospitals / "s2", certs / "ca.crt", rogue_key, "subprocess", 0.05
+            ),
+            hospitals / "site2.log",
+            env,
+        )
         assert coordinator.proc.wait(timeout=600) == 1
         assert site2.proc.wait(timeout=60) == 1  # refused: it never got a node id
     said = " ".join(coordinator.log.read_text().split())
@@ -172,8 +239,24 @@ def test_unregistered_supernode_is_refused_and_a_missing_site_fails_the_run_clea
 def test_interrupting_flower_local_stops_every_process_it_started(folder, tmp_path, sig, tiny):
     cfg = _config(tiny, tmp_path / "cfg.yaml", ["fedavg"], rounds=2)
     out = tmp_path / "flower"
-    proc = subprocess.Popen([sys.executable, "-m", "fedseg.cli", "flower", "local", "--config", str(cfg), "--data", str(folder),
-                             "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "fedseg.cli",
+            "flower",
+            "local",
+            "--config",
+            str(cfg),
+            "--data",
+            str(folder),
+            "--out",
+            str(out),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         for line in proc.stdout:  # interrupt while the SuperNodes start and Flower launches the ServerApp
             if "submitted" in line:
@@ -184,5 +267,7 @@ def test_interrupting_flower_local_stops_every_process_it_started(folder, tmp_pa
     finally:
         proc.kill()
     assert "interrupted; every Flower process was stopped" in rest
-    assert len(json.loads((out / "flower" / "processes.json").read_text())["pids"]) >= 4  # SuperLink, SuperExec, 2 SuperNodes
+    assert (
+        len(json.loads((out / "flower" / "processes.json").read_text())["pids"]) >= 4
+    )  # SuperLink, SuperExec, 2 SuperNodes
     assert not _survivors(out / "flower")

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from flwr.app import ConfigRecord, Context, Message as FlowerMessage, Metadata, RecordDict
+from flwr.app import ConfigRecord, Context, Metadata, RecordDict
+from flwr.app import Message as FlowerMessage
 from flwr.app.message import make_message
 from PIL import Image
 from typer.testing import CliRunner
@@ -28,14 +29,28 @@ runner = CliRunner()
 
 
 def _context(site: str, data: Path, cfg) -> Context:
-    return Context(run_id=1, node_id=7, node_config={"site": site, "data": str(data)}, state=RecordDict(),
-                   run_config={"fedseg-config": cfg.model_dump_json()})
+    return Context(
+        run_id=1,
+        node_id=7,
+        node_config={"site": site, "data": str(data)},
+        state=RecordDict(),
+        run_config={"fedseg-config": cfg.model_dump_json()},
+    )
 
 
 def _query(action: str, header: dict) -> FlowerMessage:
     """A message as the SuperNode delivers it to the ClientApp (metadata set by the SuperLink)."""
-    meta = Metadata(run_id=1, message_id="", src_node_id=0, dst_node_id=7, reply_to_message_id="", group_id="",
-                    created_at=time.time(), ttl=60.0, message_type=f"query.{action}")
+    meta = Metadata(
+        run_id=1,
+        message_id="",
+        src_node_id=0,
+        dst_node_id=7,
+        reply_to_message_id="",
+        group_id="",
+        created_at=time.time(),
+        ttl=60.0,
+        message_type=f"query.{action}",
+    )
     msg = make_message(meta, RecordDict({node.ENGINE: ConfigRecord(header)}))
     msg.metadata.__dict__["_message_id"] = msg.object_id
     return msg
@@ -56,7 +71,11 @@ def test_info_checks_the_data_and_reports_the_simulators_split_sizes(folder, tin
     assert not reply.has_error()
     info = dict(reply.content[node.ENGINE])
     splits = make_splits(fed, tiny_config().data.split, tiny_config().seed)["site2"]
-    assert info == {"site": "site2", "cases": 8, **{s: list(splits.values()).count(s) for s in ("train", "val", "test")}}
+    assert info == {
+        "site": "site2",
+        "cases": 8,
+        **{s: list(splits.values()).count(s) for s in ("train", "val", "test")},
+    }
 
 
 def test_info_on_an_invalid_folder_answers_with_the_data_check_message(folder, tiny_config):
@@ -82,7 +101,13 @@ def test_info_refuses_a_missing_site_and_a_different_federation(folder, tiny_con
 
 
 def test_a_node_without_site_and_data_in_its_node_config_says_how_to_start_it(folder, tiny_config):
-    ctx = Context(run_id=1, node_id=7, node_config={}, state=RecordDict(), run_config={"fedseg-config": tiny_config().model_dump_json()})
+    ctx = Context(
+        run_id=1,
+        node_id=7,
+        node_config={},
+        state=RecordDict(),
+        run_config={"fedseg-config": tiny_config().model_dump_json()},
+    )
     reply = node.handle(_info(check_folder(folder)), ctx)
     assert reply.has_error() and "fedseg flower supernode --site NAME --data ROOT" in reply.error.reason
 
@@ -98,7 +123,13 @@ def test_restore_needs_the_snapshot_it_names(folder, tiny_config):
 def test_the_coordinator_knows_the_federation_header_and_site_names_only(folder):
     fed = check_folder(folder)
     back = federation_from_record(federation_record(fed))
-    assert (back.name, back.kind, back.channels, back.regions, back.site_names) == (fed.name, fed.kind, fed.channels, fed.regions, fed.site_names)
+    assert (back.name, back.kind, back.channels, back.regions, back.site_names) == (
+        fed.name,
+        fed.kind,
+        fed.channels,
+        fed.regions,
+        fed.site_names,
+    )
     assert all(site.cases == [] for site in back.sites)
 
 
@@ -108,8 +139,25 @@ def test_supernode_with_an_invalid_folder_fails_with_the_data_check_message_befo
     with pytest.raises(FederationError) as expected:
         check_folder(folder)
     # nothing listens on port 9: the node must fail on its data, never reach the network
-    proc = subprocess.run([sys.executable, "-m", "fedseg.cli", "flower", "supernode", "--site", "site1", "--data", str(folder),
-                           "--superlink", "127.0.0.1:9", "--insecure"], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fedseg.cli",
+            "flower",
+            "supernode",
+            "--site",
+            "site1",
+            "--data",
+            str(folder),
+            "--superlink",
+            "127.0.0.1:9",
+            "--insecure",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 1
     output = " ".join((proc.stdout + proc.stderr).split())  # rich wraps long lines
     assert "label without image" in output and "s1_003" in output
@@ -120,7 +168,11 @@ def test_supernode_with_an_invalid_folder_fails_with_the_data_check_message_befo
 def test_flower_local_refuses_centralized_before_starting_anything(tmp_path):
     result = runner.invoke(app, ["flower", "local", "--preset", "demo", "--out", str(tmp_path / "out")])
     assert result.exit_code == 1
-    assert "cannot run on Flower" in result.output and "'centralized'" in result.output and "--algorithms local,fedavg" in result.output
+    assert (
+        "cannot run on Flower" in result.output
+        and "'centralized'" in result.output
+        and "--algorithms local,fedavg" in result.output
+    )
     assert not (tmp_path / "out").exists()
 
 
@@ -128,8 +180,9 @@ class _Stop(Exception):
     pass
 
 
-def test_a_half_done_run_cannot_be_resumed_on_flower_but_the_simulator_resumes_it(tmp_path, tiny_config,
-                                                                                   disc_federation):
+def test_a_half_done_run_cannot_be_resumed_on_flower_but_the_simulator_resumes_it(
+    tmp_path, tiny_config, disc_federation
+):
     """run.py's checkpoints hold the simulator's client states; on Flower they live on the nodes."""
     from fedseg.flower.engine import Courier, FlowerEngine, SiteMap
     from fedseg.run import prepare, run_algorithm, run_experiment
@@ -162,6 +215,9 @@ def test_the_coordinator_reads_the_header_and_site_names_never_an_image(folder, 
     alone = tmp_path / "coordinator"
     alone.mkdir()
     (alone / "federation.yaml").write_text((folder / "federation.yaml").read_text())
-    assert coordinator_federation(alone / "federation.yaml", "site2,site1").site_names == ["site1", "site2"]  # sorted, as a folder
+    assert coordinator_federation(alone / "federation.yaml", "site2,site1").site_names == [
+        "site1",
+        "site2",
+    ]  # sorted, as a folder
     with pytest.raises(ValueError, match="name the sites: --sites a,b,c"):
         coordinator_federation(alone / "federation.yaml", None)

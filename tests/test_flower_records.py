@@ -71,7 +71,11 @@ def test_exotic_dtypes_are_refused_by_name():
 
 
 def test_client_state_survives_flower_context_state_and_snapshot_slots():
-    state = {"opt/exp_avg.0": torch.randn(5, 2), "scaffold_c/w": torch.randn(3, dtype=torch.float64), "qfedavg/F": torch.tensor(0.5)}
+    state = {
+        "opt/exp_avg.0": torch.randn(5, 2),
+        "scaffold_c/w": torch.randn(3, dtype=torch.float64),
+        "qfedavg/F": torch.tensor(0.5),
+    }
     context = Context(run_id=1, node_id=2, node_config={}, state=RecordDict(), run_config={})
     put_state(context, "fedseg.state.x", state)
     context.state = _through_the_wire(context.state)

@@ -47,15 +47,19 @@ def assert_parameters(fn, names: list[str], what: str, function: str) -> None:
 
 # -- cap_node_polling -----------------------------------------------------------------------------
 
+
 def test_node_polling_sleeps_through_the_module_time():
     loop = module("flwr.supernode.start_client_internal", "cap_node_polling")
-    assert isinstance(getattr(loop, "time", None), types.ModuleType), \
-        changed("flwr.supernode.start_client_internal.time (no module attribute 'time')", "cap_node_polling")
+    assert isinstance(getattr(loop, "time", None), types.ModuleType), changed(
+        "flwr.supernode.start_client_internal.time (no module attribute 'time')", "cap_node_polling"
+    )
     source = inspect.getsource(loop)
-    assert "time.sleep(3)" in source and "time.sleep(0.5)" in source, \
-        changed("the SuperNode's polling sleeps in flwr.supernode.start_client_internal", "cap_node_polling")
-    assert "from time import" not in source, \
-        changed("how flwr.supernode.start_client_internal imports sleep", "cap_node_polling")
+    assert "time.sleep(3)" in source and "time.sleep(0.5)" in source, changed(
+        "the SuperNode's polling sleeps in flwr.supernode.start_client_internal", "cap_node_polling"
+    )
+    assert "from time import" not in source, changed(
+        "how flwr.supernode.start_client_internal imports sleep", "cap_node_polling"
+    )
 
 
 def test_cap_node_polling_caps_the_sleeps():
@@ -75,8 +79,11 @@ def test_cap_node_polling_caps_the_sleeps():
 
 # -- cap_object_pull_backoff ----------------------------------------------------------------------
 
-PULL_CALLERS = ("flwr.supernode.start_client_internal", "flwr.supernode.runtime.run_clientapp",
-                "flwr.superlink.grid.http_grid")
+PULL_CALLERS = (
+    "flwr.supernode.start_client_internal",
+    "flwr.supernode.runtime.run_clientapp",
+    "flwr.superlink.grid.http_grid",
+)
 
 
 def test_object_pull_functions_have_the_keyword_defaults():
@@ -92,11 +99,13 @@ def test_object_pull_callers_rely_on_the_defaults():
     """Flower's callers pass no backoff of their own (else capping the defaults does nothing)."""
     for name in PULL_CALLERS:
         source = inspect.getsource(module(name, "cap_object_pull_backoff"))
-        assert "pull_objects(" in source or "pull_and_inflate_object_from_tree(" in source, \
-            changed(f"where objects are pulled ({name} no longer pulls them)", "cap_object_pull_backoff")
+        assert "pull_objects(" in source or "pull_and_inflate_object_from_tree(" in source, changed(
+            f"where objects are pulled ({name} no longer pulls them)", "cap_object_pull_backoff"
+        )
         for key in flwr_internals.OBJECT_PULL_DEFAULTS:
-            assert f"{key}=" not in source, \
-                changed(f"how {name} pulls objects (it passes {key})", "cap_object_pull_backoff")
+            assert f"{key}=" not in source, changed(
+                f"how {name} pulls objects (it passes {key})", "cap_object_pull_backoff"
+            )
 
 
 def test_cap_object_pull_backoff_sets_the_defaults():
@@ -119,10 +128,12 @@ def test_cap_object_pull_backoff_sets_the_defaults():
 
 # -- show_log_timestamps, build_fab ---------------------------------------------------------------
 
+
 def test_show_log_timestamps():
     handler = attribute("flwr.supercore.logger", "console_handler", "show_log_timestamps")
-    assert hasattr(handler, "timestamps"), changed("flwr.supercore.logger.console_handler.timestamps",
-                                                   "show_log_timestamps")
+    assert hasattr(handler, "timestamps"), changed(
+        "flwr.supercore.logger.console_handler.timestamps", "show_log_timestamps"
+    )
     saved = handler.timestamps
     try:
         flwr_internals.show_log_timestamps()
@@ -145,18 +156,24 @@ def test_build_fab():
 
 # -- the warm ClientApp worker --------------------------------------------------------------------
 
+
 def test_runtime_client_parts():
     client = attribute("flwr.supercore.runtime", "RuntimeHttpClient", "_runtime_client")
-    assert_parameters(client.from_server_address, ["server_address", "insecure", "root_certificates",
-                                                   "interceptors", "retry_invoker"],
-                      "RuntimeHttpClient.from_server_address", "_runtime_client")
+    assert_parameters(
+        client.from_server_address,
+        ["server_address", "insecure", "root_certificates", "interceptors", "retry_invoker"],
+        "RuntimeHttpClient.from_server_address",
+        "_runtime_client",
+    )
     for method in ("AcquireTask", "close"):
-        assert callable(getattr(client, method, None)), \
-            changed(f"flwr.supercore.runtime.RuntimeHttpClient.{method}", "acquire_client_app_task / worker")
+        assert callable(getattr(client, method, None)), changed(
+            f"flwr.supercore.runtime.RuntimeHttpClient.{method}", "acquire_client_app_task / worker"
+        )
     attribute("flwr.supercore.retry", "make_simple_http_retry_invoker", "_runtime_client")
     resolve = attribute("flwr.supercore.tls", "validate_and_resolve_root_certificates", "_runtime_client")
-    assert_parameters(resolve, ["root_cert_path", "insecure"], "validate_and_resolve_root_certificates",
-                      "_runtime_client")
+    assert_parameters(
+        resolve, ["root_cert_path", "insecure"], "validate_and_resolve_root_certificates", "_runtime_client"
+    )
     version = attribute("flwr.supercore.interceptors", "RuntimeVersionHttpInterceptor", "superexec_runtime_client")
     assert_parameters(version, ["component_name"], "RuntimeVersionHttpInterceptor", "superexec_runtime_client")
     token = attribute("flwr.supercore.interceptors", "RuntimeTokenHttpInterceptor", "clientapp_runtime_client")
@@ -164,8 +181,10 @@ def test_runtime_client_parts():
     attribute("flwr.supercore.runtime.tracing", "RuntimeTracingInterceptor", "clientapp_runtime_client")
 
     # Opening a client does not connect: both kinds can be built and closed here.
-    for opened in (flwr_internals.superexec_runtime_client("127.0.0.1:1", True, None),
-                   flwr_internals.clientapp_runtime_client("127.0.0.1:1", True, None, "token")):
+    for opened in (
+        flwr_internals.superexec_runtime_client("127.0.0.1:1", True, None),
+        flwr_internals.clientapp_runtime_client("127.0.0.1:1", True, None, "token"),
+    ):
         assert isinstance(opened, client)
         opened.close()
 
@@ -174,13 +193,16 @@ def test_acquire_task_parts():
     request = attribute("flwr.proto.runtime_pb2", "AcquireTaskRequest", "acquire_client_app_task")
     response = attribute("flwr.proto.runtime_pb2", "AcquireTaskResponse", "acquire_client_app_task")
     task_type = attribute("flwr.supercore.constant", "TaskType", "acquire_client_app_task")
-    assert hasattr(task_type, "CLIENT_APP"), changed("flwr.supercore.constant.TaskType.CLIENT_APP",
-                                                     "acquire_client_app_task")
-    assert "supported_task_types" in request.DESCRIPTOR.fields_by_name, \
-        changed("AcquireTaskRequest.supported_task_types", "acquire_client_app_task")
+    assert hasattr(task_type, "CLIENT_APP"), changed(
+        "flwr.supercore.constant.TaskType.CLIENT_APP", "acquire_client_app_task"
+    )
+    assert "supported_task_types" in request.DESCRIPTOR.fields_by_name, changed(
+        "AcquireTaskRequest.supported_task_types", "acquire_client_app_task"
+    )
     request(supported_task_types=[task_type.CLIENT_APP.value])
-    assert {"task", "token"} <= set(response.DESCRIPTOR.fields_by_name), \
-        changed("AcquireTaskResponse (task, token)", "acquire_client_app_task")
+    assert {"task", "token"} <= set(response.DESCRIPTOR.fields_by_name), changed(
+        "AcquireTaskResponse (task, token)", "acquire_client_app_task"
+    )
 
 
 def test_heartbeat_parts():
@@ -198,8 +220,9 @@ def test_task_input_and_output_parts():
     push = attribute(runtime, "push_message", "push_reply")
     assert_parameters(push, ["client", "message", "context"], f"{runtime}.push_message", "push_reply")
     output = attribute(runtime, "push_task_output", "push_task_output")
-    assert_parameters(output, ["client", "context", "sub_status", "details"], f"{runtime}.push_task_output",
-                      "push_task_output")
+    assert_parameters(
+        output, ["client", "context", "sub_status", "details"], f"{runtime}.push_task_output", "push_task_output"
+    )
     sub_status = attribute("flwr.common.constant", "SubStatus", "push_task_output")
     for status in ("COMPLETED", "FAILED"):
         assert hasattr(sub_status, status), changed(f"SubStatus.{status}", "push_task_output")
@@ -209,11 +232,11 @@ def test_client_app_loading_parts():
     install = attribute("flwr.cli.install", "install_from_fab", "load_client_app")
     assert_parameters(install, ["fab_file", "skip_prompt"], "flwr.cli.install.install_from_fab", "load_client_app")
     loader = attribute("flwr.clientapp.utils", "get_load_client_app_fn", "load_client_app")
-    assert_parameters(loader, ["default_app_ref", "app_path", "multi_app"], "get_load_client_app_fn",
-                      "load_client_app")
+    assert_parameters(loader, ["default_app_ref", "app_path", "multi_app"], "get_load_client_app_fn", "load_client_app")
     load = loader(default_app_ref="", app_path=None, multi_app=True)
-    assert len(inspect.signature(load).parameters) == 3, \
-        changed("the loader get_load_client_app_fn returns (fab_id, fab_version, fab_hash)", "load_client_app")
+    assert len(inspect.signature(load).parameters) == 3, changed(
+        "the loader get_load_client_app_fn returns (fab_id, fab_version, fab_hash)", "load_client_app"
+    )
     run = attribute("flwr.supercore.run", "Run", "load_client_app")
     fab = attribute("flwr.supercore.fab", "Fab", "load_client_app")
     for cls, fields in ((run, ("fab_id", "fab_version")), (fab, ("hash_str", "content"))):
@@ -231,6 +254,7 @@ def test_client_app_error_code():
 
 
 # -- public API fedseg relies on instead of internals ---------------------------------------------
+
 
 def test_flower_supernode_command():
     from fedseg.flower.supernode_main import flower_supernode_command
@@ -270,15 +294,32 @@ def test_client_app_routes_any_action_through_public_registration(monkeypatch):
 
     def delivered(message_type: str) -> Message:
         """A message as the SuperNode delivers it to the ClientApp (metadata set by the SuperLink)."""
-        meta = Metadata(run_id=1, message_id="", src_node_id=0, dst_node_id=1, reply_to_message_id="", group_id="",
-                        created_at=time.time(), ttl=60.0, message_type=message_type)
+        meta = Metadata(
+            run_id=1,
+            message_id="",
+            src_node_id=0,
+            dst_node_id=1,
+            reply_to_message_id="",
+            group_id="",
+            created_at=time.time(),
+            ttl=60.0,
+            message_type=message_type,
+        )
         message = make_message(meta, RecordDict())
         message.metadata.__dict__["_message_id"] = message.object_id
         return message
 
     context = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={})
-    types_sent = ["train.train", "train.loss", "train", "train.default", "evaluate.evaluate",
-                  "evaluate.share_model", "train.train", "query.info"]
+    types_sent = [
+        "train.train",
+        "train.loss",
+        "train",
+        "train.default",
+        "evaluate.evaluate",
+        "evaluate.share_model",
+        "train.train",
+        "query.info",
+    ]
     for message_type in types_sent:
         assert not app(delivered(message_type), context).has_error()
     assert seen == types_sent

@@ -163,14 +163,20 @@ def test_write_folder_from_memory_round_trips_exactly(tmp_path):
         3,
         regions,
         [
-            Site("A", [case(i, RNG.integers(0, 256, (3, 8, 8), dtype=np.uint8), _labels((8, 8)) % 2) for i in range(3)]),
+            Site(
+                "A", [case(i, RNG.integers(0, 256, (3, 8, 8), dtype=np.uint8), _labels((8, 8)) % 2) for i in range(3)]
+            ),
             Site("B", [case(0, RNG.random((3, 8, 8)), (_labels((8, 8)) % 2).astype(np.int64))]),
         ],
     )
     _round_trip(fed2d, tmp_path / "mem2d")
     assert (tmp_path / "mem2d/A/images/case0.png").is_file() and (tmp_path / "mem2d/B/images/case0.npy").is_file()
     fed3d = Federation(
-        "mem3d", "3d", 1, regions, [Site("A", [case(0, RNG.integers(0, 256, (1, 4, 5, 6), dtype=np.uint8), _labels((4, 5, 6)) % 2)])]
+        "mem3d",
+        "3d",
+        1,
+        regions,
+        [Site("A", [case(0, RNG.integers(0, 256, (1, 4, 5, 6), dtype=np.uint8), _labels((4, 5, 6)) % 2)])],
     )
     _round_trip(fed3d, tmp_path / "mem3d")
 
@@ -199,7 +205,9 @@ def test_rgba_png_needs_four_channels(tmp_path):
         _put(root, "s", "labels", "a.png", np.zeros((4, 4), np.uint8))
         case = load_folder(root).sites[0].cases[0]
         if channels == 3:
-            with pytest.raises(FederationError, match=r"a\.png: image has 4 channels but federation.yaml says channels: 3"):
+            with pytest.raises(
+                FederationError, match=r"a\.png: image has 4 channels but federation.yaml says channels: 3"
+            ):
                 case.arrays()
         else:
             assert case.arrays()[0].shape == (4, 4, 4)

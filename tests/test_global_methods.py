@@ -108,8 +108,11 @@ def test_coordinate_median_and_trimmed_mean_on_hand_made_arrays():
     assert trimmed_mean(col(1, 5, 2, 100), 0.25)["x"].item() == 3.5  # cut 1 each end: mean(2, 5)
     assert trimmed_mean(col(1, 5, 2, 100), 0.2)["x"].item() == 27.0  # int(0.8) = 0: plain mean
     assert trimmed_mean(col(1, 2, 3, 4, 100), 0.2)["x"].item() == 3.0  # cut 1 each end: mean(2, 3, 4)
-    two_d = [{"x": torch.tensor([[1.0, -4.0], [7.0, 0.0]])}, {"x": torch.tensor([[2.0, 9.0], [5.0, 1.0]])},
-             {"x": torch.tensor([[3.0, 8.0], [6.0, -2.0]])}]
+    two_d = [
+        {"x": torch.tensor([[1.0, -4.0], [7.0, 0.0]])},
+        {"x": torch.tensor([[2.0, 9.0], [5.0, 1.0]])},
+        {"x": torch.tensor([[3.0, 8.0], [6.0, -2.0]])},
+    ]
     assert torch.equal(coordinate_median(two_d)["x"], torch.tensor([[2.0, 8.0], [6.0, 0.0]]))
     with pytest.raises(ValueError):
         trimmed_mean(two_d, 0.5)
@@ -236,7 +239,9 @@ def test_proximal_term_is_half_mu_squared_distance_with_gradient_mu_times_differ
 
 
 def test_fednova_with_equal_steps_and_plain_sgd_equals_fedavg(tmp_path, run, tiny_config):
-    cfg = tiny_config(train={**SGD, "budget": {"unit": "steps", "amount": 2}}, methods={"fednova": {"variant": "general"}})
+    cfg = tiny_config(
+        train={**SGD, "budget": {"unit": "steps", "amount": 2}}, methods={"fednova": {"variant": "general"}}
+    )
     fedavg, nova = run("fedavg", cfg, tmp_path), run("fednova", cfg, tmp_path)
     assert_same_bundle(fedavg, nova)
     # unequal step counts (one epoch on 4, 8, 12 cases) make the general form differ from FedAvg
@@ -268,7 +273,9 @@ def test_scaffold_control_variates_use_the_steps_actually_taken(tmp_path, uneven
     from the messages of rounds 1 and 2, and the server's c follows Eq. 8."""
     cfg = tiny_config(train=SGD)
     seen = []
-    engine, server = _simulator("scaffold", cfg, uneven_federation(), [lambda s, a, m, r: seen.append((engine.round, s, m, r))])
+    engine, server = _simulator(
+        "scaffold", cfg, uneven_federation(), [lambda s, a, m, r: seen.append((engine.round, s, m, r))]
+    )
     for rnd in (1, 2):
         engine.round = rnd
         server.run_round(rnd)
@@ -280,7 +287,11 @@ def test_scaffold_control_variates_use_the_steps_actually_taken(tmp_path, uneven
         msg, reply = by[(2, s)]
         c, w, w_k, steps = msg.group(CONTROL), msg.group(MODEL), reply.group(MODEL), int(reply.meta["steps"])
         c_k_before = delta_1[s]  # c_k was zero before round 1
-        c_k = {k[len(LOCAL_CONTROL) + 1:]: v for k, v in engine.client_states[s].items() if k.startswith(LOCAL_CONTROL + "/")}
+        c_k = {
+            k[len(LOCAL_CONTROL) + 1 :]: v
+            for k, v in engine.client_states[s].items()
+            if k.startswith(LOCAL_CONTROL + "/")
+        }
         assert c_k.keys() == c.keys()
         for k in c:
             expected = c_k_before[k] - c[k] + (w[k] - w_k[k]) / (steps * lr)
@@ -296,15 +307,19 @@ def test_scaffold_control_variates_use_the_steps_actually_taken(tmp_path, uneven
 MOMENTUM_SGD = {**SGD, "momentum": 0.9}
 
 
-@pytest.mark.parametrize("train, correction", [(SGD, "gradient"), (SGD, "step"), ({"optimizer": "adam"}, "auto"),
-                                               (MOMENTUM_SGD, "auto")])
-def test_scaffold_local_step_is_the_optimizer_step_corrected_by_c_minus_c_k(train, correction, uneven_federation,
-                                                                            tiny_config):
+@pytest.mark.parametrize(
+    "train, correction", [(SGD, "gradient"), (SGD, "step"), ({"optimizer": "adam"}, "auto"), (MOMENTUM_SGD, "auto")]
+)
+def test_scaffold_local_step_is_the_optimizer_step_corrected_by_c_minus_c_k(
+    train, correction, uneven_federation, tiny_config
+):
     """One local step: w_k = step(w) - eta (c - c_k), where step(w) is a FedAvg client's optimizer
     step on the same batch (same random stream). With SGD the gradient correction (Eq. 9) and the
     step correction give exactly this; with Adam (``auto`` -> ``step``) the step correction does."""
-    cfg = tiny_config(train={**train, "keep_optimizer_state": False, "budget": {"unit": "steps", "amount": 1}},
-                      methods={"scaffold": {"correction": correction}})
+    cfg = tiny_config(
+        train={**train, "keep_optimizer_state": False, "budget": {"unit": "steps", "amount": 1}},
+        methods={"scaffold": {"correction": correction}},
+    )
     fed = uneven_federation()
     seen = []
     engine, server = _simulator("scaffold", cfg, fed, [lambda s, a, m, r: seen.append((engine.round, s, m, r))])
@@ -326,7 +341,9 @@ def test_scaffold_local_step_is_the_optimizer_step_corrected_by_c_minus_c_k(trai
             torch.testing.assert_close(r.group(MODEL)[k], expected, rtol=0, atol=1e-6)
 
 
-@pytest.mark.parametrize("train, expected", [(SGD, "gradient"), (MOMENTUM_SGD, "step"), ({"optimizer": "adam"}, "step")])
+@pytest.mark.parametrize(
+    "train, expected", [(SGD, "gradient"), (MOMENTUM_SGD, "step"), ({"optimizer": "adam"}, "step")]
+)
 def test_scaffold_auto_correction_is_gradient_only_for_sgd_without_momentum(train, expected, tiny_config):
     ctx = SimpleNamespace(cfg=tiny_config(train=train), options=get_algorithm("scaffold").parse_options({}))
     assert correction_mode(ctx) == expected
@@ -341,12 +358,16 @@ def test_scaffold_refuses_the_gradient_correction_with_momentum_sgd(uneven_feder
         server.run_round(1)
 
 
-def test_fednova_general_with_momentum_sgd_starts_every_round_from_a_zero_momentum_buffer(uneven_federation,
-                                                                                          tiny_config):
+def test_fednova_general_with_momentum_sgd_starts_every_round_from_a_zero_momentum_buffer(
+    uneven_federation, tiny_config
+):
     """a_k assumes a zero buffer at the start of the round, so the general variant keeps no optimizer
     state even with ``keep_optimizer_state: true``; FedAvg with the same config keeps it."""
-    cfg = tiny_config(fl={"rounds": 1}, train={**MOMENTUM_SGD, "keep_optimizer_state": True},
-                      methods={"fednova": {"variant": "general"}})
+    cfg = tiny_config(
+        fl={"rounds": 1},
+        train={**MOMENTUM_SGD, "keep_optimizer_state": True},
+        methods={"fednova": {"variant": "general"}},
+    )
     kept = {}
     for name in ("fednova", "fedavg"):
         engine, server = _simulator(name, cfg, uneven_federation())
@@ -357,8 +378,9 @@ def test_fednova_general_with_momentum_sgd_starts_every_round_from_a_zero_moment
 
 
 @pytest.mark.parametrize("name, options", [("fedadam", {}), ("fednova", {"variant": "fets"}), ("fedmedian", {})])
-def test_batchnorm_statistics_are_averaged_like_fedavg_whatever_the_server_rule(name, options, uneven_federation,
-                                                                               tiny_config):
+def test_batchnorm_statistics_are_averaged_like_fedavg_whatever_the_server_rule(
+    name, options, uneven_federation, tiny_config
+):
     """Buffers (running mean/var) get FedAvg's weighted average; the parameters get the method's rule."""
     cfg = tiny_config(model={"norm": "batch"}, methods={name: options})
     seen = []
@@ -371,7 +393,9 @@ def test_batchnorm_statistics_are_averaged_like_fedavg_whatever_the_server_rule(
     assert "running_var" in " ".join(server.buffers)
     for b in server.buffers:
         expected = sum(n[s] / sum(n.values()) * replies[s].group(MODEL)[b].double() for s in replies)
-        torch.testing.assert_close(server.global_weights[b].double(), expected.to(server.global_weights[b].dtype).double())
+        torch.testing.assert_close(
+            server.global_weights[b].double(), expected.to(server.global_weights[b].dtype).double()
+        )
     param = next(k for k in server.global_weights if k not in server.buffers and k.endswith("weight"))
     fedavg = sum(n[s] / sum(n.values()) * replies[s].group(MODEL)[param].double() for s in replies)
     assert not torch.allclose(server.global_weights[param].double(), fedavg)  # the method's own rule
@@ -398,5 +422,8 @@ def test_resume_after_interruption_equals_uninterrupted_run(tmp_path, name, unev
     resumed = run_algorithm(name, prep, tmp_path / "cut", resume=True)
     assert_same_bundle(full, resumed)
     assert full.rounds_rows == resumed.rounds_rows
-    assert full.summary["dice"] == resumed.summary["dice"] and full.summary["floats_sent"] == resumed.summary["floats_sent"]
+    assert (
+        full.summary["dice"] == resumed.summary["dice"]
+        and full.summary["floats_sent"] == resumed.summary["floats_sent"]
+    )
     assert full.summary["best_round"] == resumed.summary["best_round"] == 3

@@ -27,8 +27,13 @@ def make_cfg(tiny_config):
     """Factory ``make_cfg(strategy, name="fedsm", rounds=2, train=None, **method)``."""
 
     def make(strategy, name="fedsm", rounds=2, train=None, **method):
-        return tiny_config(algorithms=[name], fl={"rounds": rounds}, eval={"hd95": False}, train=train or {},
-                           methods={name: {**SEL, "personalization": strategy, **method}})
+        return tiny_config(
+            algorithms=[name],
+            fl={"rounds": rounds},
+            eval={"hd95": False},
+            train=train or {},
+            methods={name: {**SEL, "personalization": strategy, **method}},
+        )
 
     return make
 
@@ -54,8 +59,9 @@ TRAFFIC = {"softpull": (1, 1), "ft": (0, 1), "apfl": (0, 1), "perfedavg": (1, 2)
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
-def test_each_personalization_trains_two_rounds_with_finite_results_and_honest_ledger(tmp_path, strategy, make_cfg,
-                                                                                    disc_federation):
+def test_each_personalization_trains_two_rounds_with_finite_results_and_honest_ledger(
+    tmp_path, strategy, make_cfg, disc_federation
+):
     fed = disc_federation(n_sites=3, cases_per_site=8)
     cfg = make_cfg(strategy)
     prep = prepare(cfg, fed)
@@ -143,8 +149,10 @@ def test_apfl_is_deterministic(make_cfg, disc_federation):
 def test_pfedme_server_update_equals_the_formula_on_hand_made_arrays():
     options = get_algorithm("fedsm").parse_options({"personalization": "pfedme", "pfedme_beta": 0.7})
     w = {"a": torch.tensor([1.0, -2.0, 4.0]), "b": torch.tensor([[0.5]])}
-    local = {"s1": {"a": torch.tensor([3.0, 0.0, 1.0]), "b": torch.tensor([[1.5]])},
-             "s2": {"a": torch.tensor([-1.0, 2.0, 5.0]), "b": torch.tensor([[-0.5]])}}
+    local = {
+        "s1": {"a": torch.tensor([3.0, 0.0, 1.0]), "b": torch.tensor([[1.5]])},
+        "s2": {"a": torch.tensor([-1.0, 2.0, 5.0]), "b": torch.tensor([[-0.5]])},
+    }
     theta = {s: {k: v + 10 for k, v in local[s].items()} for s in local}
     replies = {s: Message({**prefixed(TRACK, local[s]), **prefixed(PERSONAL, theta[s])}) for s in local}
     personal, new_w = personalization(options).merge(replies, {"s1": 2.0, "s2": 6.0}, {}, w)
@@ -252,8 +260,9 @@ def test_pfedme_inner_steps_and_local_update_follow_algorithm_1(one_sgd_round):
     """One outer step, K = 2: ``theta_{i+1} = theta_i - lr (grad f(theta_i) + lambda (theta_i - w))``
     from ``theta_0 = w``, then ``w_k = w - eta lambda (w - theta_2)``; w_p,k = theta_2."""
     lr, lam, eta = 0.05, 3.0, 0.1
-    engine, seen, loss_fn = one_sgd_round("pfedme", pfedme_inner_steps=2, pfedme_personal_lr=lr,
-                                          pfedme_lambda=lam, pfedme_lr=eta)
+    engine, seen, loss_fn = one_sgd_round(
+        "pfedme", pfedme_inner_steps=2, pfedme_personal_lr=lr, pfedme_lambda=lam, pfedme_lr=eta
+    )
     task = engine.task
     for site in engine.sites:
         msg, reply = seen[site]
@@ -265,4 +274,3 @@ def test_pfedme_inner_steps_and_local_update_follow_algorithm_1(one_sgd_round):
             theta = {n: t - lr * (g[n] + lam * (t - w[n])) for n, t in theta.items()}
         _assert_params_close(reply.group(PERSONAL), theta)
         _assert_params_close(reply.group(TRACK), {n: w[n] - eta * lam * (w[n] - theta[n]) for n in w})
-

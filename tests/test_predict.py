@@ -14,6 +14,7 @@ from PIL import Image
 from typer.testing import CliRunner
 
 from fedseg.algorithms.fedsm.model import bundle_entries, candidate_names, route, super_model_from_bundle
+from fedseg.algorithms.fedsm.selector import build_selector
 from fedseg.cli import app
 from fedseg.config import dump_config, load_config
 from fedseg.data.federation import Regions
@@ -22,7 +23,6 @@ from fedseg.engine.messages import load_weights, weights_of
 from fedseg.evaluate.inference import predict_masks
 from fedseg.evaluate.metrics import batch_metrics
 from fedseg.evaluate.tables import read_rows
-from fedseg.algorithms.fedsm.selector import build_selector
 from fedseg.models.factory import build_segmenter
 from fedseg.predict import Bundle, PredictError, build_predictor, load_bundle, predict
 from fedseg.run import prepare
@@ -37,8 +37,12 @@ def trained(tmp_path_factory, tiny_config, disc_federation):
     ``(run dir, federation root, RunConfig of the run, Prepared data)``."""
     tmp = tmp_path_factory.mktemp("predict")
     root = write_folder(disc_federation(n_sites=3, cases_per_site=8), tmp / "fed")
-    cfg = tiny_config(algorithms=["fedsm", "fedavg"], fl={"rounds": 1}, eval={"hd95": False},
-                      methods={"fedsm": {"selector_width": 0.0625}})
+    cfg = tiny_config(
+        algorithms=["fedsm", "fedavg"],
+        fl={"rounds": 1},
+        eval={"hd95": False},
+        methods={"fedsm": {"selector_width": 0.0625}},
+    )
     (tmp / "cfg.yaml").write_text(dump_config(cfg))
     run = tmp / "run"
     result = runner.invoke(app, ["run", "--config", str(tmp / "cfg.yaml"), "--data", str(root), "--out", str(run)])
@@ -65,8 +69,11 @@ def read_csv(path):
 
 
 def dice_rows(run, algorithm):
-    return {(r["case"], r["region"]): r["value"] for r in read_rows(run / "results.csv")
-            if r["algorithm"] == algorithm and r["metric"] == "dice"}
+    return {
+        (r["case"], r["region"]): r["value"]
+        for r in read_rows(run / "results.csv")
+        if r["algorithm"] == algorithm and r["metric"] == "dice"
+    }
 
 
 def assert_written_masks(out, model, prep, expected_dice=None):
@@ -78,8 +85,9 @@ def assert_written_masks(out, model, prep, expected_dice=None):
         masks = predict_masks(model, data.test.x, 4, threshold, torch.device("cpu"))
         dice, _ = batch_metrics(masks, data.test.y.bool(), hd95=False)
         for i, case in enumerate(data.test.ids):
-            np.testing.assert_array_equal(read_label(out / f"{case}.png", "2d"), regions.to_label(masks[i].numpy()),
-                                          err_msg=case)
+            np.testing.assert_array_equal(
+                read_label(out / f"{case}.png", "2d"), regions.to_label(masks[i].numpy()), err_msg=case
+            )
             if expected_dice is not None:
                 for j, region in enumerate(regions.names):
                     assert dice[i, j] == pytest.approx(expected_dice[(case, region)], abs=1e-6), (case, region)
@@ -159,7 +167,12 @@ def test_masks_keep_the_input_size_and_format(trained, tmp_path):
     shutil.copy(src, new / "same.png")
     rows = predict(run / "model", new, tmp_path / "out")
     assert {r["file"]: r["mask"] for r in rows} == {
-        "array.npy": "array.npy", "big.png": "big.png", "photo.jpg": "photo.png", "same.png": "same.png", "scan.nii.gz": "scan.nii.gz"}
+        "array.npy": "array.npy",
+        "big.png": "big.png",
+        "photo.jpg": "photo.png",
+        "same.png": "same.png",
+        "scan.nii.gz": "scan.nii.gz",
+    }
     out = tmp_path / "out"
     same = read_label(out / "same.png", "2d")
     assert read_label(out / "big.png", "2d").shape == (40, 48)
@@ -232,13 +245,16 @@ def test_cli_predict(trained, tmp_path):
     new = tmp_path / "new"
     cases = copy_test_images(trained, new)
     out = tmp_path / "out"
-    result = runner.invoke(app, ["predict", "--model", str(run / "model"), "--input", str(new), "--out", str(out),
-                                 "--gamma", "1"])
+    result = runner.invoke(
+        app, ["predict", "--model", str(run / "model"), "--input", str(new), "--out", str(out), "--gamma", "1"]
+    )
     assert result.exit_code == 0, result.output
     assert {r["model"] for r in read_csv(out / "predictions.csv").values()} == {"global"}
     assert sorted(p.name for p in out.iterdir()) == sorted([f"{c}.png" for c in cases] + ["predictions.csv"])
     Image.fromarray(np.zeros((32, 32, 4), np.uint8)).save(new / "rgba.png")
-    result = runner.invoke(app, ["predict", "--model", str(run / "model"), "--input", str(new), "--out", str(tmp_path / "o2")])
+    result = runner.invoke(
+        app, ["predict", "--model", str(run / "model"), "--input", str(new), "--out", str(tmp_path / "o2")]
+    )
     assert result.exit_code == 1
     output = " ".join(result.output.split())  # rich wraps long lines at spaces
     assert "rgba.png: image has 4 channels" in output
@@ -253,10 +269,26 @@ def test_k_plus_one_class_bundles_route_by_argmax_or_ensemble(mode, tmp_path, ti
     sites = ["a", "b"]
     segmenter = build_segmenter(cfg.model, 2, 3, 2, seed=0)
     selector = build_selector(3, len(sites) + 1, width=0.0625, norm="instance")
-    entries = bundle_entries(weights_of(segmenter), {s: weights_of(segmenter) for s in sites}, weights_of(selector),
-                             math.nan, mode, selector, 0.0625, "instance")
-    manifest = {"models": sorted(entries), "network": cfg.model.model_dump(mode="json"), "spatial_dims": 2,
-                "in_channels": 3, "regions": DISC_CUP.as_dict(), "image_size": 32, "normalize": "minmax", "threshold": 0.5}
+    entries = bundle_entries(
+        weights_of(segmenter),
+        {s: weights_of(segmenter) for s in sites},
+        weights_of(selector),
+        math.nan,
+        mode,
+        selector,
+        0.0625,
+        "instance",
+    )
+    manifest = {
+        "models": sorted(entries),
+        "network": cfg.model.model_dump(mode="json"),
+        "spatial_dims": 2,
+        "in_channels": 3,
+        "regions": DISC_CUP.as_dict(),
+        "image_size": 32,
+        "normalize": "minmax",
+        "threshold": 0.5,
+    }
     bundle = Bundle(tmp_path, manifest, entries)
     predictor = build_predictor(bundle)
     assert predictor.columns[-3:] == ["prob:global", "prob:personal:a", "prob:personal:b"]

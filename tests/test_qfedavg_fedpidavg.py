@@ -14,7 +14,7 @@ from monai.losses import DiceLoss
 from fedseg.algorithms import get_algorithm
 from fedseg.algorithms.fedavg import MODEL
 from fedseg.algorithms.fedpidavg import FedPIDAvgOptions, FedPIDAvgServer, pid_terms
-from fedseg.algorithms.qfedavg import DELTA, H, LOSS_ACTION, QFedAvgOptions, QFedAvgServer, delta_and_h
+from fedseg.algorithms.qfedavg import DELTA, LOSS_ACTION, H, QFedAvgOptions, QFedAvgServer, delta_and_h
 from fedseg.data.federation import Federation, Site
 from fedseg.engine.messages import Message, prefixed
 from fedseg.evaluate.cost import FORWARD_ACTIONS
@@ -71,9 +71,17 @@ def _qffl_replies(start: dict, models: list[torch.Tensor], losses: list[float], 
 def test_qfedavg_merge_by_hand(q, h_norm, expected):
     server = _qffl_server(q, 2.0, h_norm)
     start = dict(server.global_weights)
-    server.aggregate(_qffl_replies(start, [torch.tensor([1.0, 0.0], dtype=torch.float64),
-                                           torch.tensor([0.0, 2.0], dtype=torch.float64)], [1.0, 4.0], server))
-    torch.testing.assert_close(server.global_weights["w"], torch.tensor(expected, dtype=torch.float64), rtol=0, atol=1e-12)
+    server.aggregate(
+        _qffl_replies(
+            start,
+            [torch.tensor([1.0, 0.0], dtype=torch.float64), torch.tensor([0.0, 2.0], dtype=torch.float64)],
+            [1.0, 4.0],
+            server,
+        )
+    )
+    torch.testing.assert_close(
+        server.global_weights["w"], torch.tensor(expected, dtype=torch.float64), rtol=0, atol=1e-12
+    )
 
 
 def test_qfedavg_at_q0_is_the_uniform_mean_of_the_local_models():
@@ -104,8 +112,11 @@ def q0_runs(tmp_path_factory, uneven_federation, tiny_config):
     fed = uneven_federation()
     seen = []
     observe = lambda site, action, msg, reply: seen.append((site, action, msg, reply))  # noqa: E731
-    cfg = tiny_config(fl={"rounds": 2, "validate_every": 2, "weighting": "uniform"}, train={"optimizer": "sgd", "lr": 0.05},
-                      methods={"qfedavg": {"q": 0}})
+    cfg = tiny_config(
+        fl={"rounds": 2, "validate_every": 2, "weighting": "uniform"},
+        train={"optimizer": "sgd", "lr": 0.05},
+        methods={"qfedavg": {"q": 0}},
+    )
     prep = prepare(cfg, fed)
     out = tmp_path_factory.mktemp("q0")
     runs = {
@@ -159,7 +170,9 @@ def test_qfedavg_F_is_the_summed_loss_of_the_received_global_model(q0_runs):
     for data in prep.site_data:
         (reply,) = [r for s, a, _, r in seen if s == data.name and a == LOSS_ACTION][:1]
         with torch.no_grad():
-            expected = sum(float(loss_fn(model(data.train.x[i : i + 1]), data.train.y[i : i + 1])) for i in range(len(data.train)))
+            expected = sum(
+                float(loss_fn(model(data.train.x[i : i + 1]), data.train.y[i : i + 1])) for i in range(len(data.train))
+            )
         assert reply.meta["F"] == pytest.approx(expected, rel=1e-5)
     msgs = [(a, m) for _, a, m, _ in seen]
     assert all(m.num_floats() == 0 for a, m in msgs if a == "train")  # the train message is empty
@@ -177,8 +190,9 @@ def test_pid_terms_by_hand():
     torch.testing.assert_close(imp, torch.tensor([0.5, 0.0, 0.5], dtype=torch.float64))
     # Eq. 21 over (now, 2 previous): m = (3 + 4 + 5, 3.5 + 3, 1 + 2 + 2.5) = (12, 6.5, 5.5), M = 24
     torch.testing.assert_close(mom, torch.tensor([12 / 24, 6.5 / 24, 5.5 / 24], dtype=torch.float64))
-    torch.testing.assert_close(new, torch.tensor([[3.0, 4.0, 5.0], [3.5, 3.0, nan], [1.0, 2.0, 2.5]], dtype=torch.float64),
-                               equal_nan=True)
+    torch.testing.assert_close(
+        new, torch.tensor([[3.0, 4.0, 5.0], [3.5, 3.0, nan], [1.0, 2.0, 2.5]], dtype=torch.float64), equal_nan=True
+    )
     imp20, _, _ = pid_terms(shares, now, history, positive_only=False)  # Eq. 20: (1, -0.5, 1), L = 1.5
     torch.testing.assert_close(imp20, torch.tensor([1 / 1.5, -0.5 / 1.5, 1 / 1.5], dtype=torch.float64))
     # first round: no l^{t-1} -> L = 0 -> the improvement term falls back to p_k
@@ -206,8 +220,10 @@ def test_fedpidavg_merge_by_hand_over_two_rounds(tiny_config):
     g = torch.Generator().manual_seed(3)
     for losses, prev in (([2.0, 4.0, 2.0], None), ([1.0, 4.5, 1.5], [2.0, 4.0, 2.0])):
         models = [torch.randn(3, dtype=torch.float64, generator=g) for _ in n]
-        replies = {s: Message(prefixed(MODEL, {"w": w}), {"num_examples": nk, "val_loss": lk})
-                   for s, w, nk, lk in zip("abc", models, n, losses)}
+        replies = {
+            s: Message(prefixed(MODEL, {"w": w}), {"num_examples": nk, "val_loss": lk})
+            for s, w, nk, lk in zip("abc", models, n, losses)
+        }
         w0 = server.global_weights["w"].clone()
         if prev is None:  # round 1: improvement -> p_k; m_k = l_k
             c = [0.5 * pk + 0.2 * pk + 0.1 * lk / 8.0 for pk, lk in zip(p, losses)]

@@ -39,7 +39,9 @@ def _updates(seed: int = 0) -> tuple[dict, list[dict]]:
     """A global model and 4 local models (float32, unequal update sizes)."""
     g = torch.Generator().manual_seed(seed)
     glob = {k: torch.randn(s, generator=g) for k, s in SHAPES.items()}
-    local = [{k: v + 0.05 * (i + 1) * torch.randn(v.shape, generator=g) for k, v in glob.items()} for i in range(len(LOSSES))]
+    local = [
+        {k: v + 0.05 * (i + 1) * torch.randn(v.shape, generator=g) for k, v in glob.items()} for i in range(len(LOSSES))
+    ]
     return glob, local
 
 
@@ -49,12 +51,23 @@ def _fedseg(glob, local, losses, q, L, h_norm):
 
 
 def _reply(weights: dict, loss: float, node: int) -> Message:
-    content = RecordDict({
-        "arrays": ArrayRecord({k: Array(v.numpy()) for k, v in weights.items()}),
-        "metrics": MetricRecord({"train_loss": loss, "num-examples": 10 + node}),
-    })
-    meta = Metadata(run_id=0, message_id="", src_node_id=node + 1, dst_node_id=0, reply_to_message_id="",
-                    group_id="", created_at=0.0, ttl=3600.0, message_type="train")
+    content = RecordDict(
+        {
+            "arrays": ArrayRecord({k: Array(v.numpy()) for k, v in weights.items()}),
+            "metrics": MetricRecord({"train_loss": loss, "num-examples": 10 + node}),
+        }
+    )
+    meta = Metadata(
+        run_id=0,
+        message_id="",
+        src_node_id=node + 1,
+        dst_node_id=0,
+        reply_to_message_id="",
+        group_id="",
+        created_at=0.0,
+        ttl=3600.0,
+        message_type="train",
+    )
     return Message(content=content, metadata=meta)
 
 
@@ -77,7 +90,10 @@ def _no_full_gc(monkeypatch):
 def _assert_close(a: dict, b: dict, atol: float = 1e-6):
     assert a.keys() == b.keys()
     for k in a:
-        assert torch.allclose(a[k].double(), b[k].double(), rtol=0, atol=atol), (k, (a[k].double() - b[k].double()).abs().max())
+        assert torch.allclose(a[k].double(), b[k].double(), rtol=0, atol=atol), (
+            k,
+            (a[k].double() - b[k].double()).abs().max(),
+        )
 
 
 @pytest.mark.parametrize("q", [0.0, 0.5, 1.0, 2.0])

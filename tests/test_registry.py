@@ -18,7 +18,7 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 def readme_method_table() -> list[str]:
     """Names in the first column of the README's "### Algorithms" table, in order."""
     text = README.read_text()
-    section = text[text.index("### Algorithms"):]
+    section = text[text.index("### Algorithms") :]
     section = section[: section.index("\n### ", 1)] if "\n### " in section[1:] else section
     return re.findall(r"^\| `([a-z0-9-]+)` \|", section, flags=re.MULTILINE)
 
@@ -63,6 +63,12 @@ def test_summary_records_display_name_family_and_kind(tmp_path, tiny_config, dis
     run_experiment(cfg, tmp_path, federation=disc_federation(n_sites=2, cases_per_site=8))
     algos = json.loads((tmp_path / "summary.json").read_text())["algorithms"]
     assert {k: algos["fedavg"][k] for k in ("display_name", "family", "kind")} == {
-        "display_name": "FedAvg", "family": None, "kind": "global"}
+        "display_name": "FedAvg",
+        "family": None,
+        "kind": "global",
+    }
     assert {k: algos["fedsm"][k] for k in ("display_name", "family", "kind")} == {
-        "display_name": "FedSM", "family": "FedSM", "kind": "personalized"}
+        "display_name": "FedSM",
+        "family": "FedSM",
+        "kind": "personalized",
+    }

@@ -34,7 +34,11 @@ def write_csv(path, columns, rows):
 
 
 def site_entry(values):
-    return {**values, "client_avg": float(np.mean(list(values.values()))), "global": float(np.mean(list(values.values())))}
+    return {
+        **values,
+        "client_avg": float(np.mean(list(values.values()))),
+        "global": float(np.mean(list(values.values()))),
+    }
 
 
 def make_run(root):
@@ -47,7 +51,13 @@ def make_run(root):
                 for region in REGIONS:
                     base = dict(algorithm=alg, model=model, site=site, case=case, region=region)
                     results.append({**base, "metric": "dice", "value": v + d})
-                    results.append({**base, "metric": "hd95", "value": HD95[alg] + (1.0 if model != f"local:{site}" and alg == "local" else 0.0)})
+                    results.append(
+                        {
+                            **base,
+                            "metric": "hd95",
+                            "value": HD95[alg] + (1.0 if model != f"local:{site}" and alg == "local" else 0.0),
+                        }
+                    )
     write_csv(root / "results.csv", ["algorithm", "model", "site", "case", "region", "metric", "value"], results)
 
     algorithms = {}
@@ -57,10 +67,15 @@ def make_run(root):
         algorithms[alg] = {
             "dice": site_entry(dice),
             "hd95": site_entry({s: HD95[alg] for s in SITES}),
-            "rounds": 4, "best_round": 3, "floats_sent": 123456789 if alg == "fedavg" else 2000000,
-            "sgd_steps": 480, "seconds": 12.5,
+            "rounds": 4,
+            "best_round": 3,
+            "floats_sent": 123456789 if alg == "fedavg" else 2000000,
+            "sgd_steps": 480,
+            "seconds": 12.5,
         }
-    algorithms["local"]["cross_site"] = {"dice": {a: {b: DICE[("local", f"local:{a}")][b] for b in SITES} for a in SITES}}
+    algorithms["local"]["cross_site"] = {
+        "dice": {a: {b: DICE[("local", f"local:{a}")][b] for b in SITES} for a in SITES}
+    }
     algorithms["local"]["local_avg"] = 0.8833
     algorithms["local"]["local_gen"] = 0.4647
     summary = {"dataset": "toy-retina", "sites": SITES, "regions": REGIONS, "algorithms": algorithms}
@@ -71,12 +86,36 @@ def make_run(root):
         for rnd in range(1, 5):
             for site in SITES:
                 rounds.append(dict(algorithm=alg, round=rnd, site=site, val_dice=0.5 + 0.1 * rnd, train_loss=1.0 / rnd))
-                ledger.append(dict(algorithm=alg, round=rnd, site=site, action="train", steps=40,
-                                   floats_down=1000, floats_up=500, seconds=1.0))
-            ledger.append(dict(algorithm=alg, round=rnd, site="A", action="evaluate", steps=0,
-                               floats_down=99999, floats_up=0, seconds=0.5))
+                ledger.append(
+                    dict(
+                        algorithm=alg,
+                        round=rnd,
+                        site=site,
+                        action="train",
+                        steps=40,
+                        floats_down=1000,
+                        floats_up=500,
+                        seconds=1.0,
+                    )
+                )
+            ledger.append(
+                dict(
+                    algorithm=alg,
+                    round=rnd,
+                    site="A",
+                    action="evaluate",
+                    steps=0,
+                    floats_down=99999,
+                    floats_up=0,
+                    seconds=0.5,
+                )
+            )
     write_csv(root / "rounds.csv", ["algorithm", "round", "site", "val_dice", "train_loss"], rounds)
-    write_csv(root / "ledger.csv", ["algorithm", "round", "site", "action", "steps", "floats_down", "floats_up", "seconds"], ledger)
+    write_csv(
+        root / "ledger.csv",
+        ["algorithm", "round", "site", "action", "steps", "floats_down", "floats_up", "seconds"],
+        ledger,
+    )
 
     (root / "samples").mkdir(exist_ok=True)
     yy, xx = np.mgrid[:32, :32]
@@ -88,7 +127,9 @@ def make_run(root):
             np.savez_compressed(
                 root / "samples" / f"{alg}__{site}.npz",
                 image=np.random.default_rng(0).random((3, 32, 32), dtype=np.float32),
-                truth=truth, pred=np.roll(truth, 2, axis=2), case=np.array(f"{site}1"),
+                truth=truth,
+                pred=np.roll(truth, 2, axis=2),
+                case=np.array(f"{site}1"),
             )
     (root / "config.yaml").write_text("seed: 0\nalgorithms: [centralized, local, fedavg, fedprox]\n")
     return root
@@ -114,8 +155,15 @@ def test_full_report(tmp_path):
 
     dice = table(html, "Test Dice")
     labels = re.findall(r"<tr[^>]*><th>(.*?)</th>", dice.split("<tbody>")[1])
-    assert labels == ["Centralized", "Client 1 Local (A)", "Client 2 Local (B)", "Client 3 Local (C)", "Local (own site)",
-                      "FedAvg", "FedProx"]
+    assert labels == [
+        "Centralized",
+        "Client 1 Local (A)",
+        "Client 2 Local (B)",
+        "Client 3 Local (C)",
+        "Local (own site)",
+        "FedAvg",
+        "FedProx",
+    ]
     # federated rows: best per column bold (FedAvg wins A, C and the averages; FedProx wins B)
     assert row_cells(dice, "FedAvg")[:3] == ["<b>0.8123</b>", "0.8456", "<b>0.7789</b>"]
     assert row_cells(dice, "FedProx")[:3] == ["0.8011", "<b>0.8567</b>", "0.7655"]
@@ -134,8 +182,11 @@ def test_full_report(tmp_path):
     assert row_cells(hd, "Client 1 Local (A)")[:2] == ["6.00", "7.00"]  # off-diagonal cells have +1 in the rows
 
     regions = table(html, "Per-region scores (mean ± std over test cases)")
-    assert row_cells(regions, "FedAvg")[0] == f"{np.mean([0.8123, 0.8456, 0.7789]):.3f} ± " + \
-        f"{np.std([v + d for v in (0.8123, 0.8456, 0.7789) for d in (0.01, -0.01)], ddof=1):.3f}"
+    assert (
+        row_cells(regions, "FedAvg")[0]
+        == f"{np.mean([0.8123, 0.8456, 0.7789]):.3f} ± "
+        + f"{np.std([v + d for v in (0.8123, 0.8456, 0.7789) for d in (0.01, -0.01)], ddof=1):.3f}"
+    )
 
     ledger = table(html, "Communication and compute")
     cells = row_cells(ledger, "FedAvg")
@@ -163,7 +214,13 @@ def test_missing_optional_files(tmp_path):
     assert "Per-region" not in html and "<details>" not in html
     # cross-site rows fall back to summary.json (Dice only; no Global without results.csv)
     dice = table(html, "Test Dice")
-    assert row_cells(dice, "Client 2 Local (B)") == ["0.2718", "0.8828", "0.4142", f"{np.mean([0.2718, 0.8828, 0.4142]):.4f}", "–"]
+    assert row_cells(dice, "Client 2 Local (B)") == [
+        "0.2718",
+        "0.8828",
+        "0.4142",
+        f"{np.mean([0.2718, 0.8828, 0.4142]):.4f}",
+        "–",
+    ]
     assert "Client 2 Local (B)" not in table(html, "Test HD95 (pixels / voxels)")
     assert (run / "figures" / "cross_site.png").exists()
     # ledger from summary.json alone: no down/up split
@@ -173,8 +230,12 @@ def test_missing_optional_files(tmp_path):
 def test_no_local_and_minimal_summary(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
-    summary = {"dataset": "d", "sites": ["A"], "regions": ["prostate"],
-               "algorithms": {"fedavg": {"dice": {"A": 0.5, "client_avg": 0.5, "global": 0.5}}}}
+    summary = {
+        "dataset": "d",
+        "sites": ["A"],
+        "regions": ["prostate"],
+        "algorithms": {"fedavg": {"dice": {"A": 0.5, "client_avg": 0.5, "global": 0.5}}},
+    }
     (run / "summary.json").write_text(json.dumps(summary))
     (run / "samples").mkdir()
     (run / "samples" / "broken__A.npz").write_bytes(b"not a zip")
@@ -188,9 +249,16 @@ def test_no_local_and_minimal_summary(tmp_path):
 def test_nan_values_render_as_dash(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
-    summary = {"sites": ["A", "B"], "regions": ["r"], "algorithms": {
-        "fedavg": {"dice": {"A": 0.7, "B": 0.6, "client_avg": 0.65, "global": 0.65},
-                   "hd95": {"A": float("nan"), "B": 3.0, "client_avg": 3.0, "global": 3.0}}}}
+    summary = {
+        "sites": ["A", "B"],
+        "regions": ["r"],
+        "algorithms": {
+            "fedavg": {
+                "dice": {"A": 0.7, "B": 0.6, "client_avg": 0.65, "global": 0.65},
+                "hd95": {"A": float("nan"), "B": 3.0, "client_avg": 3.0, "global": 3.0},
+            }
+        },
+    }
     (run / "summary.json").write_text(json.dumps(summary))  # json writes NaN, as run outputs do
     hd = table(render_report(run).read_text(), "Test HD95 (pixels / voxels)")
     assert row_cells(hd, "FedAvg")[:2] == ["–", "<b>3.00</b>"]

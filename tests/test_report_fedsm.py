@@ -52,7 +52,13 @@ def test_table3_layout_from_a_real_run(fedsm_run):
     sites = summary["sites"]
     for title in ("Test Dice", "Test HD95 (pixels / voxels)"):
         assert _body_labels(table(html, title)) == [
-            "Client 1 Local (site1)", "Client 2 Local (site2)", "Client 3 Local (site3)", "Local (own site)", "FedAvg", "FedSM"]
+            "Client 1 Local (site1)",
+            "Client 2 Local (site2)",
+            "Client 3 Local (site3)",
+            "Local (own site)",
+            "FedAvg",
+            "FedSM",
+        ]
     dice = table(html, "Test Dice")
     cross = summary["algorithms"]["local"]["cross_site"]["dice"]
     for k, train in enumerate(sites, start=1):
@@ -137,14 +143,28 @@ def test_fedavg_only_run_has_no_selector_parts(fedsm_run, tmp_path):
 def test_algorithm_order_follows_the_paper():
     algs = {a: {} for a in ("fedsm-extra", "fedprox", "fedsm", "local", "scaffold", "fedavg", "centralized")}
     assert algorithm_order({"algorithms": algs}) == [
-        "centralized", "local", "fedavg", "fedprox", "scaffold", "fedsm", "fedsm-extra"]
+        "centralized",
+        "local",
+        "fedavg",
+        "fedprox",
+        "scaffold",
+        "fedsm",
+        "fedsm-extra",
+    ]
 
 
 def _features(path, probs, site, chosen, gamma):
     n = len(site)
-    np.savez_compressed(path, features=np.random.default_rng(0).random((n, 6), dtype=np.float32),
-                        probs=np.array(probs, np.float32), chosen=np.array(chosen), site=np.array(site),
-                        sites=np.array(["A", "B", "C"]), gamma=np.float64(gamma), case=np.array([f"c{i}" for i in range(n)]))
+    np.savez_compressed(
+        path,
+        features=np.random.default_rng(0).random((n, 6), dtype=np.float32),
+        probs=np.array(probs, np.float32),
+        chosen=np.array(chosen),
+        site=np.array(site),
+        sites=np.array(["A", "B", "C"]),
+        gamma=np.float64(gamma),
+        case=np.array([f"c{i}" for i in range(n)]),
+    )
 
 
 def _fake_run(root):
@@ -164,16 +184,30 @@ def test_test_selector_rows_for_k_and_k_plus_1_classes(tmp_path):
     (run / "selector_features").mkdir()
     site = [0, 0, 1, 1, 2, 2]
     # FedSM (3 classes): argmax 0,1 | 1,1 | 2,0 -> accuracy A 0.5, B 1, C 0.5; chosen 0 twice at site A
-    fedsm_probs = [[.9, .1, 0], [.4, .6, 0], [0, 1, 0], [0, .7, .3], [0, 0, 1], [.8, .1, .1]]
+    fedsm_probs = [[0.9, 0.1, 0], [0.4, 0.6, 0], [0, 1, 0], [0, 0.7, 0.3], [0, 0, 1], [0.8, 0.1, 0.1]]
     _features(run / "selector_features" / "fedsm.npz", fedsm_probs, site, [1, 0, 2, 0, 3, 1], 0.5)
     # FedSM-extra (4 classes): argmax 1,0 | 2,3 | 3,3 -> accuracy A 0.5, B 0.5, C 1; argmax global once (A)
-    extra = [[0, 1, 0, 0], [1, 0, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1], [0, 0, 0, 1], [0, .2, 0, .8]]
+    extra = [[0, 1, 0, 0], [1, 0, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1], [0, 0, 0, 1], [0, 0.2, 0, 0.8]]
     _features(run / "selector_features" / "fedsm-extra.npz", extra, site, [1, 0, 2, 3, 3, 3], float("nan"))
     html = render_report(run).read_text()
     sel = table(html, "Model selector (FedSM)")
     assert _body_labels(sel) == ["FedSM: test", "FedSM-extra: test"]
-    assert row_cells(sel, "FedSM: test") == ["0.500", "1.000", "0.500", "0.667", f"{np.mean([0.5, 0.5, 0]):.3f}", "0.500"]
-    assert row_cells(sel, "FedSM-extra: test") == ["0.500", "0.500", "1.000", "0.667", f"{np.mean([0.5, 0, 0]):.3f}", "–"]
+    assert row_cells(sel, "FedSM: test") == [
+        "0.500",
+        "1.000",
+        "0.500",
+        "0.667",
+        f"{np.mean([0.5, 0.5, 0]):.3f}",
+        "0.500",
+    ]
+    assert row_cells(sel, "FedSM-extra: test") == [
+        "0.500",
+        "0.500",
+        "1.000",
+        "0.667",
+        f"{np.mean([0.5, 0, 0]):.3f}",
+        "–",
+    ]
     _png(run / "figures" / "selector_tsne.png", colored=100)
     assert not (run / "figures" / "selector.png").exists()  # no round_metrics.csv
 
@@ -186,9 +220,13 @@ def test_per_model_curves_from_round_metrics(tmp_path):
     rows = []
     for rnd in (1, 2, 3):
         for s in ("A", "B", "C"):
-            for metric, value in (("selector_acc", 0.3 * rnd), ("global_frac", 1 - 0.3 * rnd),
-                                  ("val_dice_global", 0.2 * rnd), ("val_dice_personal", 0.25 * rnd),
-                                  ("train_loss_selector", 1 / rnd)):
+            for metric, value in (
+                ("selector_acc", 0.3 * rnd),
+                ("global_frac", 1 - 0.3 * rnd),
+                ("val_dice_global", 0.2 * rnd),
+                ("val_dice_personal", 0.25 * rnd),
+                ("train_loss_selector", 1 / rnd),
+            ):
                 rows.append({"algorithm": "fedsm", "round": rnd, "site": s, "metric": metric, "value": value})
         rows.append({"algorithm": "fedsm", "round": rnd, "site": "all", "metric": "gamma", "value": 0.5})
     with open(run / "round_metrics.csv", "w", newline="") as f:

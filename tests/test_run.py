@@ -51,8 +51,9 @@ class _Stop(Exception):
 
 
 @pytest.mark.parametrize("validate_every, stop_round, best_is_current", [(1, 2, True), (2, 3, False)])
-def test_resume_after_interruption_equals_uninterrupted_run(tmp_path, validate_every, stop_round, best_is_current,
-                                                             tiny_config, disc_federation):
+def test_resume_after_interruption_equals_uninterrupted_run(
+    tmp_path, validate_every, stop_round, best_is_current, tiny_config, disc_federation
+):
     """Both checkpoint forms of the best round: the checkpointed round itself (stored as a marker)
     and an earlier round (stored as a copy of the states)."""
     cfg = tiny_config(algorithms=["local", "fedavg"], fl={"rounds": 4, "validate_every": validate_every})
@@ -123,13 +124,17 @@ def test_checkpoint_writer_writes_the_last_snapshot_and_reports_errors(tmp_path)
 
 
 @pytest.mark.parametrize("source", ["synthetic-retina", "synthetic-prostate", "folder"])
-def test_count_sites_agrees_with_the_loaded_federation_without_loading_it(tmp_path, source, tiny_config,
-                                                                           disc_federation):
+def test_count_sites_agrees_with_the_loaded_federation_without_loading_it(
+    tmp_path, source, tiny_config, disc_federation
+):
     from fedseg.data.folder import write_folder
     from fedseg.run import count_sites, load_federation
 
     data = {"source": source, "scale": 0.02, "image_size": 32}
     if source == "folder":
-        data = {"source": "folder", "root": str(write_folder(disc_federation(n_sites=4, cases_per_site=4), tmp_path / "fed"))}
+        data = {
+            "source": "folder",
+            "root": str(write_folder(disc_federation(n_sites=4, cases_per_site=4), tmp_path / "fed")),
+        }
     cfg = tiny_config(data=data)
     assert count_sites(cfg) == len(load_federation(cfg).sites) == (4 if source == "folder" else 6)

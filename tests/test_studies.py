@@ -13,15 +13,15 @@ import yaml
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
-from test_cli import TINY_SETS as TINY
 from fedseg.cli import app
 from fedseg.config import ConfigError
 from fedseg.data.folder import write_folder
-from fedseg.engine.messages import load_weights
 from fedseg.engine.context import Task
+from fedseg.engine.messages import load_weights
 from fedseg.evaluate.inference import score_caseset
 from fedseg.report.studies import render_study, study_sections
 from fedseg.studies import parse_sweep, plan_holdout, plan_sweep, run_label, run_study, unseen_caseset, unseen_columns
+from test_cli import TINY_SETS as TINY
 
 SITES = ["site1", "site2", "site3"]
 FREQS = ["freq_GM"] + [f"freq_PM_{s}" for s in SITES]
@@ -33,8 +33,12 @@ def make_cfg(tiny_config):
     """Factory ``make_cfg(algorithms, **fedsm)``: 1 round, a tiny selector (4..32 channels), no HD95."""
 
     def make(algorithms, **fedsm):
-        return tiny_config(algorithms=algorithms, fl={"rounds": 1}, eval={"hd95": False},
-                           methods={"fedsm": {"selector_width": 0.0625, **fedsm}})
+        return tiny_config(
+            algorithms=algorithms,
+            fl={"rounds": 1},
+            eval={"hd95": False},
+            methods={"fedsm": {"selector_width": 0.0625, **fedsm}},
+        )
 
     return make
 
@@ -110,7 +114,9 @@ def test_leave_one_out_resumes_finished_holdouts_and_writes_one_row_per_site(tmp
     assert [r["unseen_site"] for r in rows] == SITES and rows[0] == first
     for r in rows:
         assert _freq_sum(r, r["unseen_site"]) == pytest.approx(1.0)
-        assert json.loads((tmp_path / r["run"] / "summary.json").read_text())["sites"] == [s for s in SITES if s != r["unseen_site"]]
+        assert json.loads((tmp_path / r["run"] / "summary.json").read_text())["sites"] == [
+            s for s in SITES if s != r["unseen_site"]
+        ]
 
 
 # --- sweep ------------------------------------------------------------------------------------
@@ -118,9 +124,22 @@ def test_sweep_runs_one_complete_run_per_value_with_that_value_in_its_config(tmp
     fed = disc_federation(n_sites=3, cases_per_site=8)
     run_study(plan_sweep(make_cfg(["fedavg", "fedsm"]), tmp_path, "methods.fedsm.lam=0.5,1.0", fed))
     rows = _rows(tmp_path / "sweep.csv")
-    assert [(r["value"], r["algorithm"]) for r in rows] == [("0.5", "fedavg"), ("0.5", "fedsm"), ("1.0", "fedavg"), ("1.0", "fedsm")]
-    assert list(rows[0]) == ["key", "value", "algorithm", *(f"dice_{s}" for s in SITES), "dice_client_avg", "dice_global",
-                             "hd95_client_avg", "run"]
+    assert [(r["value"], r["algorithm"]) for r in rows] == [
+        ("0.5", "fedavg"),
+        ("0.5", "fedsm"),
+        ("1.0", "fedavg"),
+        ("1.0", "fedsm"),
+    ]
+    assert list(rows[0]) == [
+        "key",
+        "value",
+        "algorithm",
+        *(f"dice_{s}" for s in SITES),
+        "dice_client_avg",
+        "dice_global",
+        "hd95_client_avg",
+        "run",
+    ]
     for r in rows:
         sub = tmp_path / r["run"]
         assert sub == tmp_path / "sweep" / f"methods.fedsm.lam={r['value']}"
@@ -128,19 +147,27 @@ def test_sweep_runs_one_complete_run_per_value_with_that_value_in_its_config(tmp
         summary = json.loads((sub / "summary.json").read_text())["algorithms"][r["algorithm"]]
         assert float(r["dice_client_avg"]) == pytest.approx(summary["dice"]["client_avg"])
         assert float(r["dice_site2"]) == pytest.approx(summary["dice"]["site2"])
-    assert json.loads((tmp_path / "sweep.json").read_text())["rows"][1]["dice_global"] == pytest.approx(float(rows[1]["dice_global"]))
+    assert json.loads((tmp_path / "sweep.json").read_text())["rows"][1]["dice_global"] == pytest.approx(
+        float(rows[1]["dice_global"])
+    )
     (section,) = study_sections(tmp_path)
     assert "Sweep over methods.fedsm.lam (FedSM Table 7 layout)" in section
 
 
-@pytest.mark.parametrize("spec, named", [
-    ("fl.lambda=0.1,0.3", "fl.lambda"),  # no such key
-    ("methods.fedsm.lamm=0.5", "lamm"),  # no such option
-    ("methods.fedsm.lam=0.5,2", "lam"),  # 2 > 1
-    ("methods.fedsm.lam=0.5,0.3", r"lam=0\.3.*methods\.fedsm\.lam = 0\.3 must lie in \[1/K, 1\] = \[0\.3333"),  # < 1/K, K = 3
-    ("methods.fedprox.mu=0.1", "fedprox"),  # not among the run's algorithms
-    ("train.lr=0.1,", "empty value"),
-])
+@pytest.mark.parametrize(
+    "spec, named",
+    [
+        ("fl.lambda=0.1,0.3", "fl.lambda"),  # no such key
+        ("methods.fedsm.lamm=0.5", "lamm"),  # no such option
+        ("methods.fedsm.lam=0.5,2", "lam"),  # 2 > 1
+        (
+            "methods.fedsm.lam=0.5,0.3",
+            r"lam=0\.3.*methods\.fedsm\.lam = 0\.3 must lie in \[1/K, 1\] = \[0\.3333",
+        ),  # < 1/K, K = 3
+        ("methods.fedprox.mu=0.1", "fedprox"),  # not among the run's algorithms
+        ("train.lr=0.1,", "empty value"),
+    ],
+)
 def test_bad_sweep_fails_before_writing_anything(tmp_path, spec, named, make_cfg, disc_federation):
     with pytest.raises(ConfigError, match=named):
         plan_sweep(make_cfg(["fedsm"]), tmp_path / "out", spec, disc_federation(n_sites=3, cases_per_site=4))
@@ -158,8 +185,25 @@ def test_sweep_values_keep_commas_inside_yaml_lists():
 def test_cli_holdout_on_a_folder_federation_and_study_report(tmp_path, disc_federation):
     root = write_folder(disc_federation(n_sites=3, cases_per_site=6), tmp_path / "fed")
     out = tmp_path / "study"
-    result = runner.invoke(app, ["run", "--preset", "demo", "--data", str(root), "--algorithms", "fedavg", "--rounds", "1",
-                                 "--holdout", "site3", "--out", str(out), *TINY])
+    result = runner.invoke(
+        app,
+        [
+            "run",
+            "--preset",
+            "demo",
+            "--data",
+            str(root),
+            "--algorithms",
+            "fedavg",
+            "--rounds",
+            "1",
+            "--holdout",
+            "site3",
+            "--out",
+            str(out),
+            *TINY,
+        ],
+    )
     assert result.exit_code == 0, result.output
     (row,) = _rows(out / "unseen.csv")
     assert row["unseen_site"] == "site3" and row["cases"] == "6" and not math.isnan(float(row["dice"]))
@@ -175,7 +219,9 @@ def test_cli_rejects_unknown_holdout_site_bad_sweep_and_combinations(tmp_path, d
     out = tmp_path / "out"
     base = ["run", "--preset", "demo", "--data", str(root), "--out", str(out), *TINY]
     result = runner.invoke(app, [*base, "--holdout", "nowhere"])
-    assert result.exit_code == 1 and "nowhere" in result.output and "site1" in result.output and "site2" in result.output
+    assert (
+        result.exit_code == 1 and "nowhere" in result.output and "site1" in result.output and "site2" in result.output
+    )
     result = runner.invoke(app, [*base, "--sweep", "fl.lambda=0.1,0.3"])
     assert result.exit_code == 1 and "fl.lambda" in result.output
     result = runner.invoke(app, [*base, "--sweep", "train.lr=0.1", "--leave-one-out"])
@@ -195,6 +241,8 @@ def test_fedsm_holdout_checks_lambda_against_the_sites_left_for_training(tmp_pat
     """lam = 0.4 holds for K = 3 sites but not for the K - 1 = 2 each holdout sub-run trains on."""
     cfg = make_cfg(["fedavg", "fedsm"], lam=0.4)
     plan_sweep(cfg, tmp_path / "sweep", "train.lr=0.001", disc_federation(n_sites=3, cases_per_site=4))
-    with pytest.raises(ValueError, match=r"without one site.*lam = 0\.4 must lie in \[1/K, 1\] = \[0\.5, 1\] for K = 2"):
+    with pytest.raises(
+        ValueError, match=r"without one site.*lam = 0\.4 must lie in \[1/K, 1\] = \[0\.5, 1\] for K = 2"
+    ):
         plan_holdout(cfg, tmp_path / "s", federation=disc_federation(n_sites=3, cases_per_site=4))
     assert not (tmp_path / "s").exists()

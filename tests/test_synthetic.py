@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 
 import numpy as np
 import pytest
@@ -15,14 +15,19 @@ SIZE, SCALE, SEED = 32, 0.05, 3
 PAPER_TOTALS = {
     "synthetic-retina": [50 + 25 + 26, 98 + 49 + 48, 47 + 24 + 23, 230 + 115 + 115, 80 + 40 + 39, 400 + 200 + 200],
     "synthetic-prostate": [
-        153 + 77 + 61, 404 + 215 + 245, 464 + 219 + 198, 361 + 162 + 150, 609 + 289 + 329, 1179 + 582 + 532,
+        153 + 77 + 61,
+        404 + 215 + 245,
+        464 + 219 + 198,
+        361 + 162 + 150,
+        609 + 289 + 329,
+        1179 + 582 + 532,
     ],
 }
 CHANNELS = {"synthetic-retina": 3, "synthetic-prostate": 1}
 LABELS = {"synthetic-retina": {0, 1, 2}, "synthetic-prostate": {0, 1}}
 
 
-@lru_cache(maxsize=None)
+@cache
 def built(name: str, scale: float = SCALE, size: int = SIZE, seed: int = SEED):
     """Each federation is generated once per test session."""
     return build_synthetic(name, scale, size, seed)

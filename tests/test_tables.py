@@ -29,15 +29,22 @@ def row(site, case, region, value, metric="dice", algorithm="fedavg", model="glo
 def rows():
     # Site A: 2 cases, Site B: 1 case; regions disc/cup.
     r = [
-        row("A", "a1", "disc", 0.9), row("A", "a1", "cup", 0.7),  # case mean 0.8
-        row("A", "a2", "disc", 0.8), row("A", "a2", "cup", 0.4),  # case mean 0.6
-        row("B", "b1", "disc", 0.5), row("B", "b1", "cup", 0.3),  # case mean 0.4
+        row("A", "a1", "disc", 0.9),
+        row("A", "a1", "cup", 0.7),  # case mean 0.8
+        row("A", "a2", "disc", 0.8),
+        row("A", "a2", "cup", 0.4),  # case mean 0.6
+        row("B", "b1", "disc", 0.5),
+        row("B", "b1", "cup", 0.3),  # case mean 0.4
         # HD95: a1 has one NaN region, a2 all NaN (excluded), b1 normal
-        row("A", "a1", "disc", 2.0, "hd95"), row("A", "a1", "cup", NAN, "hd95"),
-        row("A", "a2", "disc", NAN, "hd95"), row("A", "a2", "cup", NAN, "hd95"),
-        row("B", "b1", "disc", 4.0, "hd95"), row("B", "b1", "cup", 8.0, "hd95"),
+        row("A", "a1", "disc", 2.0, "hd95"),
+        row("A", "a1", "cup", NAN, "hd95"),
+        row("A", "a2", "disc", NAN, "hd95"),
+        row("A", "a2", "cup", NAN, "hd95"),
+        row("B", "b1", "disc", 4.0, "hd95"),
+        row("B", "b1", "cup", 8.0, "hd95"),
         # other algorithm: must be ignored
-        row("A", "a1", "disc", 0.0, algorithm="fedprox"), row("A", "a1", "cup", 0.0, algorithm="fedprox"),
+        row("A", "a1", "disc", 0.0, algorithm="fedprox"),
+        row("A", "a1", "cup", 0.0, algorithm="fedprox"),
     ]
     return r
 
@@ -80,8 +87,12 @@ def test_site_summary_model_filter():
         row("B", "b1", "disc", 0.1, algorithm="local", model="local:A"),
     ]
     s = site_summary(r, "local", "dice", ["A", "B"], model_filter=own_site_model)
-    assert s == {"A": pytest.approx(0.9), "B": pytest.approx(0.8),
-                 "client_avg": pytest.approx(0.85), "global": pytest.approx(0.85)}
+    assert s == {
+        "A": pytest.approx(0.9),
+        "B": pytest.approx(0.8),
+        "client_avg": pytest.approx(0.85),
+        "global": pytest.approx(0.85),
+    }
     assert own_site_model(row("A", "a1", "disc", 1.0, model="global"))
     unfiltered = site_summary(r, "local", "dice", ["A", "B"])
     assert unfiltered["A"] == pytest.approx(0.55)

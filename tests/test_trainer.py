@@ -24,7 +24,9 @@ def _model_and_trainer(cfg):
 
 def test_epoch_budget_counts_batches_and_samples(tiny_config):
     model, trainer = _model_and_trainer(tiny_config())  # batch size 4
-    stats = trainer.fit(model, _data(10), torch.Generator().manual_seed(0), budget=BudgetConfig(unit="epochs", amount=2))
+    stats = trainer.fit(
+        model, _data(10), torch.Generator().manual_seed(0), budget=BudgetConfig(unit="epochs", amount=2)
+    )
     assert stats.steps == 6 and stats.samples == 20
 
 

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.console import Console
 
-from fedseg.console_tables import print_dice, print_table
 from fedseg.config import ConfigError, config_from_cli, preset_description, preset_names
+from fedseg.console_tables import print_dice, print_table
 from fedseg.data.federation import FederationError
 
 app = typer.Typer(help="fedseg: cross-silo federated learning for medical image segmentation.", no_args_is_help=True)
@@ -28,7 +27,9 @@ _mount_data_app()
 def _mount_flower_app() -> None:
     from fedseg.flower.cli import flower_app
 
-    app.add_typer(flower_app, name="flower", help="Run on a real Flower deployment: local | server | supernode | certs.")
+    app.add_typer(
+        flower_app, name="flower", help="Run on a real Flower deployment: local | server | supernode | certs."
+    )
 
 
 _mount_flower_app()
@@ -51,29 +52,48 @@ def algorithms() -> None:
     """List the registered methods: name, display name, kind, family, minimum sites, description."""
     from fedseg.algorithms import ALGORITHMS
 
-    rows = [[s.name, s.display_name, s.kind, s.family_name or "", str(s.min_sites), "no" if s.on_flower else "yes",
-             s.description] for s in ALGORITHMS.values()]
-    print_table(console, "Algorithms (config: --algorithms NAME,...; options: methods.NAME.KEY)",
-                ["name", "display name", "kind", "family", "min sites", "Flower", "description"], rows)
+    rows = [
+        [
+            s.name,
+            s.display_name,
+            s.kind,
+            s.family_name or "",
+            str(s.min_sites),
+            "no" if s.on_flower else "yes",
+            s.description,
+        ]
+        for s in ALGORITHMS.values()
+    ]
+    print_table(
+        console,
+        "Algorithms (config: --algorithms NAME,...; options: methods.NAME.KEY)",
+        ["name", "display name", "kind", "family", "min sites", "Flower", "description"],
+        rows,
+    )
 
 
 @app.command()
 def run(
     out: Path = typer.Option(..., "--out", help="output directory of the run"),
-    preset: Optional[str] = typer.Option(None, "--preset", help="built-in preset name (see `fedseg presets`)"),
-    config: Optional[Path] = typer.Option(None, "--config", help="YAML config file"),
-    data: Optional[Path] = typer.Option(None, "--data", help="folder federation replacing the preset's data"),
-    algorithms: Optional[str] = typer.Option(None, "--algorithms", help="comma-separated algorithm names"),
-    rounds: Optional[int] = typer.Option(None, "--rounds", help="federated rounds"),
-    seed: Optional[int] = typer.Option(None, "--seed"),
+    preset: str | None = typer.Option(None, "--preset", help="built-in preset name (see `fedseg presets`)"),
+    config: Path | None = typer.Option(None, "--config", help="YAML config file"),
+    data: Path | None = typer.Option(None, "--data", help="folder federation replacing the preset's data"),
+    algorithms: str | None = typer.Option(None, "--algorithms", help="comma-separated algorithm names"),
+    rounds: int | None = typer.Option(None, "--rounds", help="federated rounds"),
+    seed: int | None = typer.Option(None, "--seed"),
     set_: list[str] = typer.Option([], "--set", help="override: key.sub=value (YAML value); repeatable"),
     resume: bool = typer.Option(False, "--resume", help="continue from the last checkpoint in --out"),
-    holdout: Optional[str] = typer.Option(
-        None, "--holdout", help="train without SITE, evaluate on all of SITE's cases: OUT/holdout/SITE/ + OUT/unseen.csv"),
+    holdout: str | None = typer.Option(
+        None,
+        "--holdout",
+        help="train without SITE, evaluate on all of SITE's cases: OUT/holdout/SITE/ + OUT/unseen.csv",
+    ),
     leave_one_out: bool = typer.Option(
-        False, "--leave-one-out", help="--holdout for every site in turn: OUT/unseen.csv (FedSM Table 5)"),
-    sweep: Optional[str] = typer.Option(
-        None, "--sweep", help="key=v1,v2,...: one run per value, OUT/sweep/<key>=<value>/ + OUT/sweep.csv"),
+        False, "--leave-one-out", help="--holdout for every site in turn: OUT/unseen.csv (FedSM Table 5)"
+    ),
+    sweep: str | None = typer.Option(
+        None, "--sweep", help="key=v1,v2,...: one run per value, OUT/sweep/<key>=<value>/ + OUT/sweep.csv"
+    ),
 ) -> None:
     """Train and evaluate every configured algorithm; write summary.json, CSVs, model/ and report.html.
     With --holdout / --leave-one-out / --sweep: a study of several such runs (see README "Studies")."""
@@ -96,16 +116,23 @@ def run(
 
 
 def run_study(cfg, out: Path, resume: bool, holdout: str | None, leave_one_out: bool, sweep: str | None) -> None:
-    """Plan the study (every site name / sweep value checked before any work), run it, print its table, render reports."""
+    """Plan the study (every site name / sweep value checked before any work), run it, print its table,
+    render reports."""
     from fedseg import studies
     from fedseg.progress import run_with_progress
     from fedseg.report.studies import render_study
 
     if sum(map(bool, (holdout, leave_one_out, sweep))) > 1:
         raise ValueError("--holdout, --leave-one-out and --sweep cannot be combined; run them separately")
-    study = studies.plan_sweep(cfg, out, sweep) if sweep else studies.plan_holdout(cfg, out, [holdout] if holdout else None)
-    result = studies.run_study(study, resume, lambda c, o, r, fed: run_with_progress(c, o, r, console, fed),
-                               lambda sub: console.print(f"[bold]{sub.label}[/]: {sub.dir}", highlight=False))
+    study = (
+        studies.plan_sweep(cfg, out, sweep) if sweep else studies.plan_holdout(cfg, out, [holdout] if holdout else None)
+    )
+    result = studies.run_study(
+        study,
+        resume,
+        lambda c, o, r, fed: run_with_progress(c, o, r, console, fed),
+        lambda sub: console.print(f"[bold]{sub.label}[/]: {sub.dir}", highlight=False),
+    )
     for note in result.skipped:
         console.print(f"no unseen-site row for {note}", highlight=False)
     title = f"{study.table}.csv" + (f" ({study.key})" if study.key else "")
@@ -121,8 +148,12 @@ def print_rows(title: str, columns: list[str], rows: list[dict]) -> None:
 
 
 def print_dice_table(results) -> None:
-    print_dice(console, f"Test Dice ({results.federation.name})", results.federation.site_names,
-               {a.name: a.summary["dice"] for a in results.algorithms})
+    print_dice(
+        console,
+        f"Test Dice ({results.federation.name})",
+        results.federation.site_names,
+        {a.name: a.summary["dice"] for a in results.algorithms},
+    )
 
 
 @app.command()
@@ -143,14 +174,19 @@ def report(run_dir: Path = typer.Argument(..., help="output directory of a finis
 @app.command()
 def predict(
     model: Path = typer.Option(..., "--model", help="RUN/model (or RUN/model/<algorithm>) of a finished run"),
-    input_: Path = typer.Option(..., "--input", help="an image file or a folder of images (png, jpg, npy, nii, nii.gz)"),
+    input_: Path = typer.Option(
+        ..., "--input", help="an image file or a folder of images (png, jpg, npy, nii, nii.gz)"
+    ),
     out: Path = typer.Option(..., "--out", help="folder for the masks and predictions.csv"),
-    gamma: Optional[float] = typer.Option(None, "--gamma", help="FedSM threshold overriding the bundle's (0..1)"),
-    algorithm: Optional[str] = typer.Option(None, "--algorithm", help="which bundle of RUN/model (default: the only FedSM one)"),
-    site: Optional[str] = typer.Option(None, "--site", help="bundles with one model per site (local): whose model"),
+    gamma: float | None = typer.Option(None, "--gamma", help="FedSM threshold overriding the bundle's (0..1)"),
+    algorithm: str | None = typer.Option(
+        None, "--algorithm", help="which bundle of RUN/model (default: the only FedSM one)"
+    ),
+    site: str | None = typer.Option(None, "--site", help="bundles with one model per site (local): whose model"),
     force: bool = typer.Option(False, "--force", help="overwrite existing masks / predictions.csv in --out"),
 ) -> None:
-    """Segment new images with a trained bundle (FedSM: Algorithm 2); writes masks in the input's format + predictions.csv."""
+    """Segment new images with a trained bundle (FedSM: Algorithm 2); writes masks in the input's format
+    + predictions.csv."""
     from fedseg.predict import predict as predict_images
 
     try:

@@ -27,7 +27,7 @@ class SplitConfig(Strict):
     train_fraction: float = Field(default=0.8, gt=0, lt=1)
 
     @model_validator(mode="after")
-    def _check(self) -> "SplitConfig":
+    def _check(self) -> SplitConfig:
         if abs(sum(self.ratios) - 1.0) > 1e-6 or min(self.ratios) < 0:
             raise ValueError(f"split.ratios must be non-negative and sum to 1, got {list(self.ratios)}")
         if self.fold >= self.folds:
@@ -172,9 +172,7 @@ def apply_override(data: dict, assignment: str) -> None:
     node[parts[-1]] = yaml.safe_load(raw)
 
 
-def load_config(
-    preset: str | None = None, file: str | Path | None = None, overrides: Sequence[str] = ()
-) -> RunConfig:
+def load_config(preset: str | None = None, file: str | Path | None = None, overrides: Sequence[str] = ()) -> RunConfig:
     """Build a RunConfig from a preset name or a YAML file, then apply overrides in order."""
     if (preset is None) == (file is None):
         raise ConfigError("give exactly one of --preset NAME or --config FILE")

@@ -26,4 +26,6 @@ def print_table(console: Console, title: str, columns: list[str], rows: list[lis
 def print_dice(console: Console, title: str, sites: list[str], dice: dict[str, dict[str, float]]) -> None:
     """Test Dice per algorithm: ``dice[algorithm]`` = a summary's ``dice`` entry (sites, client_avg, global)."""
     keys = [*sites, "client_avg", "global"]
-    print_table(console, title, ["algorithm", *keys], [[name, *(f"{d[k]:.4f}" for k in keys)] for name, d in dice.items()])
+    print_table(
+        console, title, ["algorithm", *keys], [[name, *(f"{d[k]:.4f}" for k in keys)] for name, d in dice.items()]
+    )

@@ -8,7 +8,6 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-
 from safetensors.torch import save
 
 from fedseg.config import RunConfig, dump_config

@@ -125,8 +125,10 @@ def find_bundle(path: Path, algorithm: str | None = None) -> Path:
         path = path / "model"
     found = _bundle_folders(path)
     if not found:
-        raise PredictError(f"{path}: no {MANIFEST} here or in its sub-folders "
-                           "(expected RUN/model or RUN/model/<algorithm> of a finished run)")
+        raise PredictError(
+            f"{path}: no {MANIFEST} here or in its sub-folders "
+            "(expected RUN/model or RUN/model/<algorithm> of a finished run)"
+        )
     names = ", ".join(p.name for p in found)
     if algorithm is not None:
         if not (path / algorithm / MANIFEST).is_file():
@@ -211,15 +213,21 @@ def build_predictor(bundle: Bundle, gamma: float | None = None, site: str | None
     m = bundle.manifest
     if bundle.is_super_model:
         if site is not None:
-            raise PredictError(f"{bundle.folder}: --site applies to bundles with one model per site (local); "
-                               "this one routes every image with its selector")
+            raise PredictError(
+                f"{bundle.folder}: --site applies to bundles with one model per site (local); "
+                "this one routes every image with its selector"
+            )
         mode = MODES[int(bundle.models[SELECTOR_SPEC]["mode"])]
         if gamma is not None and mode != "threshold":
-            raise PredictError(f"{bundle.folder}: --gamma applies to threshold routing (fedsm); this bundle routes by {mode}")
+            raise PredictError(
+                f"{bundle.folder}: --gamma applies to threshold routing (fedsm); this bundle routes by {mode}"
+            )
         if gamma is not None and not 0.0 <= gamma <= 1.0:
             raise PredictError(f"--gamma {gamma}: must lie in [0, 1]")
         with weights_fit(bundle):
-            sm = super_model_from_bundle(bundle.models, bundle.new_segmenter, m["in_channels"], m["spatial_dims"], gamma)
+            sm = super_model_from_bundle(
+                bundle.models, bundle.new_segmenter, m["in_channels"], m["spatial_dims"], gamma
+            )
         candidates = candidate_names(bundle.models)
         return Predictor(sm, candidates, candidates[1:] if mode == "threshold" else candidates)
     if gamma is not None:
@@ -246,8 +254,10 @@ def weights_fit(bundle: Bundle):
     try:
         yield
     except (KeyError, RuntimeError) as e:
-        raise PredictError(f"{bundle.folder / WEIGHTS}: does not fit the network of {bundle.folder / MANIFEST} "
-                           f"({type(e).__name__}: {e})") from None
+        raise PredictError(
+            f"{bundle.folder / WEIGHTS}: does not fit the network of {bundle.folder / MANIFEST} "
+            f"({type(e).__name__}: {e})"
+        ) from None
 
 
 # --- inputs and outputs ----------------------------------------------------------------------------
@@ -283,7 +293,9 @@ def list_inputs(path: Path) -> list[Path]:
         raise PredictError(f"{path}: no such file or folder")
     bad = [p for p in files if split_name(p.name, IMAGE_EXTS) is None]
     if bad:
-        raise PredictError("\n".join(f"{p}: unsupported file type (expected one of {', '.join(IMAGE_EXTS)})" for p in bad))
+        raise PredictError(
+            "\n".join(f"{p}: unsupported file type (expected one of {', '.join(IMAGE_EXTS)})" for p in bad)
+        )
     return files
 
 
@@ -292,8 +304,10 @@ def read_input(path: Path, root: Path, bundle: Bundle) -> Input:
     m = bundle.manifest
     image = read_image(path, bundle.kind)
     if image.shape[0] != m["in_channels"]:
-        raise PredictError(f"{path}: image has {image.shape[0]} channels but the model expects {m['in_channels']} "
-                           f"({bundle.folder / MANIFEST}: in_channels)")
+        raise PredictError(
+            f"{path}: image has {image.shape[0]} channels but the model expects {m['in_channels']} "
+            f"({bundle.folder / MANIFEST}: in_channels)"
+        )
     if min(image.shape[1:]) < 1:
         raise PredictError(f"{path}: empty image (shape {tuple(image.shape)})")
     x, _ = case_tensors(image, None, bundle.regions, m["image_size"], m["normalize"])
@@ -345,13 +359,23 @@ def check_out(out: Path, inputs: list[Input], force: bool) -> None:
         raise PredictError(f"{overwrite_input[0]}: is an input image; choose another --out")
     existing = [t for t in targets if t.exists()]
     if existing and not force:
-        raise PredictError(f"{existing[0]}: exists ({len(existing)} output file(s) in {out}); "
-                           "overwrite with --force or choose another --out")
+        raise PredictError(
+            f"{existing[0]}: exists ({len(existing)} output file(s) in {out}); "
+            "overwrite with --force or choose another --out"
+        )
 
 
 # --- the command -----------------------------------------------------------------------------------
-def predict(model: Path, input: Path, out: Path, gamma: float | None = None, algorithm: str | None = None,
-            site: str | None = None, force: bool = False, batch_size: int = 8) -> list[dict]:
+def predict(
+    model: Path,
+    input: Path,
+    out: Path,
+    gamma: float | None = None,
+    algorithm: str | None = None,
+    site: str | None = None,
+    force: bool = False,
+    batch_size: int = 8,
+) -> list[dict]:
     """Predict a mask for every image of ``input`` (a file or a folder) into ``out``; returns the
     rows of ``predictions.csv``. Nothing is written unless every input is valid."""
     bundle = load_bundle(find_bundle(model, algorithm))
@@ -375,7 +399,9 @@ def predict(model: Path, input: Path, out: Path, gamma: float | None = None, alg
     return rows
 
 
-def write_predictions(predictor: Predictor, bundle: Bundle, inputs: list[Input], folder: Path, batch_size: int) -> list[dict]:
+def write_predictions(
+    predictor: Predictor, bundle: Bundle, inputs: list[Input], folder: Path, batch_size: int
+) -> list[dict]:
     """Masks of every input and ``predictions.csv`` into ``folder``; returns the CSV rows."""
     regions, threshold = bundle.regions, float(bundle.manifest["threshold"])
     rows = []
@@ -389,4 +415,3 @@ def write_predictions(predictor: Predictor, bundle: Bundle, inputs: list[Input],
             rows.append({"file": item.name, "mask": item.mask_name, **choice})
     (folder / CSV_NAME).write_text(csv_text(predictor.columns, rows), encoding="utf-8")
     return rows
-

@@ -17,9 +17,15 @@ from fedseg.run import run_experiment
 def run_with_progress(
     cfg: RunConfig, out: Path, resume: bool, console: Console, federation: Federation | None = None
 ) -> RunResults:
-    """``run_experiment`` with progress bars; ``federation``: an in-memory federation (e.g. one without a held-out site)."""
-    columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-               TextColumn("{task.fields[status]}")]
+    """``run_experiment`` with progress bars; ``federation``: an in-memory federation
+    (e.g. one without a held-out site)."""
+    columns = [
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[status]}"),
+    ]
     with Progress(*columns, console=console, transient=False) as progress:
         tasks: dict[str, TaskID] = {}
 

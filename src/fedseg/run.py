@@ -4,9 +4,9 @@ validation, test once, write the run outputs. Resumable from per-algorithm check
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch
@@ -17,8 +17,8 @@ from fedseg.data.dataset import SiteData, build_site_data
 from fedseg.data.federation import Federation, Split
 from fedseg.engine.base import Engine
 from fedseg.engine.checkpoint import CheckpointWriter, fsync_dir, load_checkpoint, remove_temp_files, save_checkpoint
-from fedseg.engine.ledger import Ledger
 from fedseg.engine.context import Task
+from fedseg.engine.ledger import Ledger
 from fedseg.engine.simulator import Simulator
 from fedseg.evaluate.cost import cost_table
 from fedseg.evaluate.tables import site_summary
@@ -96,7 +96,9 @@ class AlgorithmResult:
 
 def site_means(rows: list[dict], site_model: Callable[[str], str], sites: list[str]) -> dict[str, float]:
     """Mean Dice per site over the cases scored with the model that site uses."""
-    return site_summary(rows, rows[0]["algorithm"], "dice", sites, model_filter=lambda r: r["model"] == site_model(r["site"]))
+    return site_summary(
+        rows, rows[0]["algorithm"], "dice", sites, model_filter=lambda r: r["model"] == site_model(r["site"])
+    )
 
 
 def simulator_engine(name: str, spec, options, prep: Prepared, out: Path, observers: list | None) -> Simulator:
@@ -130,18 +132,32 @@ def run_algorithm(
     ckpt = load_checkpoint(ckpt_path) if resume else None
     if ckpt and ckpt.get("finished"):
         remove_best_files(ckpt_path, keep=None)  # in case the run stopped right after finishing
-        return AlgorithmResult(name, ckpt["test_rows"], ckpt["rounds_rows"], ckpt["ledger"], ckpt["summary"],
-                               ckpt["bundle"], ckpt["metric_rows"])
+        return AlgorithmResult(
+            name,
+            ckpt["test_rows"],
+            ckpt["rounds_rows"],
+            ckpt["ledger"],
+            ckpt["summary"],
+            ckpt["bundle"],
+            ckpt["metric_rows"],
+        )
 
     start, rounds_rows, metric_rows, best = 1, [], [], None
     if ckpt and not getattr(engine, "supports_resume", True):
-        raise ValueError(f"{ckpt_path}: cannot resume {name!r} on this engine ({type(engine).__name__}): "
-                         "the sites' client states are not in the checkpoint; start a new run (another --out)")
+        raise ValueError(
+            f"{ckpt_path}: cannot resume {name!r} on this engine ({type(engine).__name__}): "
+            "the sites' client states are not in the checkpoint; start a new run (another --out)"
+        )
     if ckpt:
         server.load_state_dict(ckpt["server"])
         engine.restore_clients(ckpt["clients"])
         engine.ledger = Ledger.from_dicts(ckpt["ledger"])
-        start, rounds_rows, metric_rows, best = ckpt["round"] + 1, ckpt["rounds_rows"], ckpt["metric_rows"], ckpt["best"]
+        start, rounds_rows, metric_rows, best = (
+            ckpt["round"] + 1,
+            ckpt["rounds_rows"],
+            ckpt["metric_rows"],
+            ckpt["best"],
+        )
         best = restore_best(best, ckpt, ckpt_path, engine)
 
     validated: dict[int, float] = {}  # round -> mean validation Dice over sites
@@ -152,16 +168,36 @@ def run_algorithm(
             if rnd % cfg.fl.validate_every == 0 or rnd == cfg.fl.rounds:
                 per_site = site_means(server.evaluate("val"), server.site_model, sites)
                 for site in sites:
-                    rounds_rows.append({"algorithm": name, "round": rnd, "site": site, "val_dice": per_site[site],
-                                        "train_loss": losses.get(site, float(np.mean(list(losses.values()))))})
+                    rounds_rows.append(
+                        {
+                            "algorithm": name,
+                            "round": rnd,
+                            "site": site,
+                            "val_dice": per_site[site],
+                            "train_loss": losses.get(site, float(np.mean(list(losses.values())))),
+                        }
+                    )
                 metric_rows += [{"algorithm": name, "round": rnd, **row} for row in server.round_metrics()]
                 validated[rnd] = per_site["client_avg"]
             state = {"server": clone(server.state_dict()), "clients": engine.snapshot_clients()}  # copies: frozen
-            if rnd in validated and server.selectable(rnd) and (best is None or nan_low(validated[rnd]) > nan_low(best["score"])):
+            if (
+                rnd in validated
+                and server.selectable(rnd)
+                and (best is None or nan_low(validated[rnd]) > nan_low(best["score"]))
+            ):
                 best = {"round": rnd, "score": validated[rnd], **state}
-            writer.save(ckpt_path, {"round": rnd, **state, "ledger": engine.ledger.as_dicts(), "rounds_rows": list(rounds_rows),
-                                    "metric_rows": list(metric_rows), "best": stored_best(best, rnd, ckpt_path, writer)},
-                        frozen=True)
+            writer.save(
+                ckpt_path,
+                {
+                    "round": rnd,
+                    **state,
+                    "ledger": engine.ledger.as_dicts(),
+                    "rounds_rows": list(rounds_rows),
+                    "metric_rows": list(metric_rows),
+                    "best": stored_best(best, rnd, ckpt_path, writer),
+                },
+                frozen=True,
+            )
             writer.then(lambda keep=best and best.get("file"): remove_best_files(ckpt_path, keep))
             if on_round_end:
                 on_round_end(name, rnd, losses)
@@ -173,12 +209,30 @@ def run_algorithm(
     server.finalize()
     test_rows = server.evaluate("test", sample=True)
     bundle = server.bundle()
-    summary = summarize(name, test_rows, server.site_model, sites, engine.ledger, cfg.fl.rounds, best["round"],
-                        cost=cost_table(engine.ledger.rows, cfg.cost, {s: engine.num_samples(s, "val") for s in sites}))
+    summary = summarize(
+        name,
+        test_rows,
+        server.site_model,
+        sites,
+        engine.ledger,
+        cfg.fl.rounds,
+        best["round"],
+        cost=cost_table(engine.ledger.rows, cfg.cost, {s: engine.num_samples(s, "val") for s in sites}),
+    )
     summary.update(spec.summary_fields())
     result = AlgorithmResult(name, test_rows, rounds_rows, engine.ledger.as_dicts(), summary, bundle, metric_rows)
-    save_checkpoint(ckpt_path, {"finished": True, "test_rows": test_rows, "rounds_rows": rounds_rows,
-                                "ledger": result.ledger, "summary": summary, "bundle": bundle, "metric_rows": metric_rows})
+    save_checkpoint(
+        ckpt_path,
+        {
+            "finished": True,
+            "test_rows": test_rows,
+            "rounds_rows": rounds_rows,
+            "ledger": result.ledger,
+            "summary": summary,
+            "bundle": bundle,
+            "metric_rows": metric_rows,
+        },
+    )
     remove_best_files(ckpt_path, keep=None)  # only now: the checkpoint on disk no longer names them
     return result
 
@@ -214,8 +268,10 @@ def restore_best(stored: dict | None, ckpt: dict, ckpt_path: Path, engine) -> di
         return {**stored, "server": clone(ckpt["server"]), "clients": engine.snapshot_clients()}
     states = load_checkpoint(ckpt_path.with_name(stored["file"]))
     if states is None:
-        raise FileNotFoundError(f"{ckpt_path.with_name(stored['file'])}: missing (the best round's states; "
-                                f"{ckpt_path} names it); cannot resume, start a new run")
+        raise FileNotFoundError(
+            f"{ckpt_path.with_name(stored['file'])}: missing (the best round's states; "
+            f"{ckpt_path} names it); cannot resume, start a new run"
+        )
     return {**stored, **states}
 
 
@@ -231,7 +287,9 @@ def nan_low(score: float) -> float:
     return -math.inf if math.isnan(score) else score
 
 
-def summarize(name, test_rows, site_model, sites, ledger: Ledger, rounds: int, best_round: int, cost: dict | None = None) -> dict:
+def summarize(
+    name, test_rows, site_model, sites, ledger: Ledger, rounds: int, best_round: int, cost: dict | None = None
+) -> dict:
     """The ``summary.json`` entry of one algorithm (see DESIGN.md "Run outputs"); ``cost``: the
     FeTS Table 2 cost object (:func:`fedseg.evaluate.cost.cost_table`)."""
     own = lambda r: r["model"] == site_model(r["site"])  # noqa: E731
@@ -250,7 +308,8 @@ def summarize(name, test_rows, site_model, sites, ledger: Ledger, rounds: int, b
 
 
 def cross_site_summary(rows: list[dict], sites: list[str]) -> dict:
-    """Cross-site matrix of per-site models ("<kind>:<site>" on every test site) with its diagonal/off-diagonal means."""
+    """Cross-site matrix of per-site models ("<kind>:<site>" on every test site)
+    with its diagonal/off-diagonal means."""
     from fedseg.evaluate.tables import cross_site_matrix
 
     matrix = cross_site_matrix(rows, "dice", sites)

@@ -44,9 +44,10 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Literal
+from typing import Literal
 
 import numpy as np
 
@@ -55,8 +56,8 @@ from fedseg.config import ConfigError, RunConfig, apply_override, validate_confi
 from fedseg.data.dataset import CaseSet, build_site_data
 from fedseg.data.federation import Federation
 from fedseg.engine.checkpoint import atomic_write_text
-from fedseg.engine.messages import load_weights
 from fedseg.engine.context import Task
+from fedseg.engine.messages import load_weights
 from fedseg.evaluate.inference import candidate_dice
 from fedseg.evaluate.tables import site_dice
 from fedseg.outputs import RunResults, csv_text
@@ -113,7 +114,9 @@ class StudyResult:
 
 
 # --------------------------------------------------------------------------- planning
-def plan_holdout(cfg: RunConfig, out: Path, sites: list[str] | None = None, federation: Federation | None = None) -> Study:
+def plan_holdout(
+    cfg: RunConfig, out: Path, sites: list[str] | None = None, federation: Federation | None = None
+) -> Study:
     """One sub-run per held-out site (``sites``; None = every site, leave-one-out) in ``OUT/holdout/<site>/``.
     Unknown site -> KeyError listing the site names; fewer than 2 sites -> ValueError."""
     check_algorithms(cfg, "config")
@@ -143,7 +146,8 @@ def split_values(text: str) -> list[str]:
 
 
 def parse_sweep(spec: str) -> tuple[str, list[str]]:
-    """``"key.sub=v1,v2"`` -> ``("key.sub", ["v1", "v2"])``; a ConfigError on a missing key, an empty or repeated value."""
+    """``"key.sub=v1,v2"`` -> ``("key.sub", ["v1", "v2"])``;
+    a ConfigError on a missing key, an empty or repeated value."""
     key, sep, raw = spec.partition("=")
     key = key.strip()
     if not sep or not key:
@@ -195,7 +199,10 @@ def plan_sweep(cfg: RunConfig, out: Path, spec: str, federation: Federation | No
     labels = [run_label(key, v) for v in values]
     if len(set(labels)) != len(labels):
         raise ConfigError(f"--sweep {spec!r}: two values give the same folder name ({labels})")
-    runs = [SubRun(lab, Path(out) / SWEEP_DIR / lab, sweep_config(cfg, key, v), federation, v) for lab, v in zip(labels, values)]
+    runs = [
+        SubRun(lab, Path(out) / SWEEP_DIR / lab, sweep_config(cfg, key, v), federation, v)
+        for lab, v in zip(labels, values)
+    ]
     for run in runs:  # each value with its own federation's site count (a data.* sweep may change it)
         try:
             check_sites(run.cfg, len(federation.sites) if federation else count_sites(run.cfg), run.label)
@@ -211,23 +218,33 @@ def check_out(study: Study, resume: bool) -> None:
     meta = out / STUDY_FILE
     if not resume:
         if meta.exists() or (out / "checkpoints").exists() or any((r.dir / "checkpoints").exists() for r in study.runs):
-            raise FileExistsError(f"{out}: already holds a study or run; use --resume to continue it or choose another --out")
+            raise FileExistsError(
+                f"{out}: already holds a study or run; use --resume to continue it or choose another --out"
+            )
         return
     if meta.is_file():
         old = json.loads(meta.read_text())
         if (old.get("kind"), old.get("key")) != (study.kind, study.key):
-            raise ValueError(f"{meta}: holds a {old.get('kind')} study (key {old.get('key')}); "
-                             f"cannot resume it as a {study.kind} study (key {study.key})")
+            raise ValueError(
+                f"{meta}: holds a {old.get('kind')} study (key {old.get('key')}); "
+                f"cannot resume it as a {study.kind} study (key {study.key})"
+            )
         new = study.cfg.model_dump(mode="json")
         changed = sorted(k for k in set(old.get("config", {})) | set(new) if old.get("config", {}).get(k) != new.get(k))
         if changed:
-            raise ValueError(f"{meta}: the study was started with another configuration (differs in: {', '.join(changed)}); "
-                             "resuming would mix the two; use the same config or another --out")
+            raise ValueError(
+                f"{meta}: the study was started with another configuration (differs in: {', '.join(changed)}); "
+                "resuming would mix the two; use the same config or another --out"
+            )
 
 
 # --------------------------------------------------------------------------- running
-def run_study(study: Study, resume: bool = False, runner: Runner | None = None,
-              on_run_start: Callable[[SubRun], None] | None = None) -> StudyResult:
+def run_study(
+    study: Study,
+    resume: bool = False,
+    runner: Runner | None = None,
+    on_run_start: Callable[[SubRun], None] | None = None,
+) -> StudyResult:
     """Run (or resume) every sub-run in order; after each, rewrite ``OUT/<table>.csv`` + ``.json``."""
     check_out(study, resume)
     runner = runner or default_runner
@@ -246,8 +263,9 @@ def run_study(study: Study, resume: bool = False, runner: Runner | None = None,
             assert study.key is not None and sub.value is not None  # plan_sweep sets them
             rows = sweep_rows(results, study.key, sub.value, sub.dir.relative_to(study.out).as_posix())
         result.rows += rows
-        result.columns = (unseen_columns(study.federation.site_names) if study.federation is not None
-                          else sweep_columns(result.rows))
+        result.columns = (
+            unseen_columns(study.federation.site_names) if study.federation is not None else sweep_columns(result.rows)
+        )
         write_table(study.out, study.table, result.columns, result.rows)
     return result
 
@@ -287,7 +305,11 @@ def write_table(out: Path, stem: str, columns: list[str], rows: list[dict]) -> N
 def sweep_columns(rows: list[dict]) -> list[str]:
     """``key, value, algorithm, dice_<site>... (every site seen, in order), dice_client_avg,
     dice_global, hd95_client_avg, run``."""
-    sites = list(dict.fromkeys(c for r in rows for c in r if c.startswith("dice_") and c not in ("dice_client_avg", "dice_global")))
+    sites = list(
+        dict.fromkeys(
+            c for r in rows for c in r if c.startswith("dice_") and c not in ("dice_client_avg", "dice_global")
+        )
+    )
     return ["key", "value", "algorithm", *sites, "dice_client_avg", "dice_global", "hd95_client_avg", "run"]
 
 
@@ -296,10 +318,18 @@ def sweep_rows(results: RunResults, key: str, value: str, run: str) -> list[dict
     rows = []
     for algo in results.algorithms:
         dice, hd95 = algo.summary["dice"], algo.summary["hd95"]
-        rows.append({"key": key, "value": value, "algorithm": algo.name,
-                     **{f"dice_{s}": _clean(dice.get(s)) for s in results.federation.site_names},
-                     "dice_client_avg": _clean(dice["client_avg"]), "dice_global": _clean(dice["global"]),
-                     "hd95_client_avg": _clean(hd95["client_avg"]), "run": run})
+        rows.append(
+            {
+                "key": key,
+                "value": value,
+                "algorithm": algo.name,
+                **{f"dice_{s}": _clean(dice.get(s)) for s in results.federation.site_names},
+                "dice_client_avg": _clean(dice["client_avg"]),
+                "dice_global": _clean(dice["global"]),
+                "hd95_client_avg": _clean(hd95["client_avg"]),
+                "run": run,
+            }
+        )
     return rows
 
 
@@ -310,8 +340,20 @@ def pm_column(site: str) -> str:
 
 def unseen_columns(sites: list[str]) -> list[str]:
     """Table 5 layout: one ``freq_PM_<site>`` per site of the full federation (empty for the unseen site)."""
-    return ["algorithm", "unseen_site", "cases", "gamma", GM, *map(pm_column, sites), "dice",
-            "best_gamma", "best_dice", "val_gamma", "val_dice", "run"]
+    return [
+        "algorithm",
+        "unseen_site",
+        "cases",
+        "gamma",
+        GM,
+        *map(pm_column, sites),
+        "dice",
+        "best_gamma",
+        "best_dice",
+        "val_gamma",
+        "val_dice",
+        "run",
+    ]
 
 
 def unseen_caseset(fed: Federation, site: str, cfg: RunConfig) -> CaseSet:
@@ -330,8 +372,13 @@ def unseen_rows(results: RunResults, fed: Federation, site: str, run: str) -> tu
     task = Task(cfg, fed.spatial_dims, fed.channels, fed.regions.names)
     rows, skipped = [], []
     for algo in results.algorithms:
-        base = {"algorithm": algo.name, "unseen_site": site, "cases": len(data), "run": run,
-                "training_sites": results.federation.site_names}
+        base = {
+            "algorithm": algo.name,
+            "unseen_site": site,
+            "cases": len(data),
+            "run": run,
+            "training_sites": results.federation.site_names,
+        }
         spec = get_algorithm(algo.name)
         hook = spec.family.unseen_cells if spec.family else None
         cells = hook(algo.bundle, data, task, spec.parse_options(cfg.methods.get(algo.name))) if hook else None

@@ -7,8 +7,8 @@ network to get into it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 
 import torch
 from monai.losses import DiceCELoss, DiceLoss
@@ -86,7 +86,9 @@ def optimizer_state(opt: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
     flat = {}
     for idx, state in opt.state_dict()["state"].items():
         for key, value in state.items():
-            flat[f"{idx}/{key}"] = value.detach().to("cpu", copy=True) if torch.is_tensor(value) else torch.tensor(value)
+            flat[f"{idx}/{key}"] = (
+                value.detach().to("cpu", copy=True) if torch.is_tensor(value) else torch.tensor(value)
+            )
     return flat
 
 
@@ -142,7 +144,11 @@ class Trainer:
         optimizer = optimizer or self.new_optimizer(model, hooks)
         loss_fn = loss_fn or self.loss_fn
         model.train()
-        max_steps = budget.amount if budget.unit == "steps" else budget.amount * _batches_per_epoch(len(data), self.cfg.batch_size)
+        max_steps = (
+            budget.amount
+            if budget.unit == "steps"
+            else budget.amount * _batches_per_epoch(len(data), self.cfg.batch_size)
+        )
         steps, samples, loss_sum = 0, 0, 0.0
         # One pass of the endless sampler = one epoch, so both budget units share this loop.
         for idx in batches(len(data), self.cfg.batch_size, generator, endless=True):

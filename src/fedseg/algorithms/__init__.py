@@ -21,11 +21,24 @@ from fedseg.algorithms import (
     scaffold,
 )
 from fedseg.algorithms.fedsm import extra as fedsm_extra
-from fedseg.algorithms.fedsm import method as fedsm
+from fedseg.algorithms.fedsm import method as fedsm_method
 from fedseg.algorithms.registry import AlgorithmSpec
 
-METHOD_MODULES = (centralized, local, fedavg, fedprox, scaffold, fednova, fedadam, fedmedian, fedtrimmedavg, qfedavg,
-                  fedpidavg, fedsm, fedsm_extra)
+METHOD_MODULES = (
+    centralized,
+    local,
+    fedavg,
+    fedprox,
+    scaffold,
+    fednova,
+    fedadam,
+    fedmedian,
+    fedtrimmedavg,
+    qfedavg,
+    fedpidavg,
+    fedsm_method,
+    fedsm_extra,
+)
 
 ALGORITHMS: dict[str, AlgorithmSpec] = {spec.name: spec for module in METHOD_MODULES for spec in module.SPECS}
 

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import time
 
-from fedseg.algorithms.registry import AlgorithmSpec
 from fedseg.algorithms.fedavg import FedAvgClient, FedAvgServer
+from fedseg.algorithms.registry import AlgorithmSpec
 from fedseg.data.dataset import CaseSet
+from fedseg.engine.context import seeded_generator, stream_seed
 from fedseg.engine.ledger import LedgerRow
 from fedseg.engine.messages import Message, load_weights, prefixed, weights_of
-from fedseg.engine.context import seeded_generator, stream_seed
 from fedseg.train import Trainer, load_optimizer_state, optimizer_state
 
 POOLED = "pooled"
@@ -53,11 +53,13 @@ CentralizedClient = FedAvgClient
 
 
 SPECS = (
-    AlgorithmSpec("centralized",
-                  "Centralized",
-                  CentralizedServer,
-                  CentralizedClient,
-                  "pooled training of every site's train split (upper bound, not private)",
-                  kind="baseline",
-                  on_flower="it pools every site's training data in one place, which a federation never does"),
+    AlgorithmSpec(
+        "centralized",
+        "Centralized",
+        CentralizedServer,
+        CentralizedClient,
+        "pooled training of every site's train split (upper bound, not private)",
+        kind="baseline",
+        on_flower="it pools every site's training data in one place, which a federation never does",
+    ),
 )

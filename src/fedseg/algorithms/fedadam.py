@@ -18,9 +18,9 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
-from fedseg.algorithms.registry import AlgorithmSpec
 from fedseg.algorithms.aggregate import weighted_average
 from fedseg.algorithms.fedavg import MODEL, FedAvgClient, FedAvgOptions, FedAvgServer
+from fedseg.algorithms.registry import AlgorithmSpec
 from fedseg.engine.messages import Message, prefixed
 
 Weights = dict[str, torch.Tensor]
@@ -61,7 +61,9 @@ class FedAdamServer(FedAvgServer):
         sites = list(replies)
         weights = self.aggregation_weights(replies)
         w = self.global_weights
-        updates = [{n: t.to(torch.float64) - w[n].to(torch.float64) for n, t in replies[s].group(MODEL).items()} for s in sites]
+        updates = [
+            {n: t.to(torch.float64) - w[n].to(torch.float64) for n, t in replies[s].group(MODEL).items()} for s in sites
+        ]
         d = weighted_average(updates, [weights[s] for s in sites])
         o = self.options
         self.global_weights, self.m, self.v = adam_server_step(w, d, self.m, self.v, o.eta_s, o.beta1, o.beta2, o.tau)
@@ -78,10 +80,12 @@ FedAdamClient = FedAvgClient
 
 
 SPECS = (
-    AlgorithmSpec("fedadam",
-                  "FedAdam",
-                  FedAdamServer,
-                  FedAdamClient,
-                  "FedAdam (Reddi et al.): server-side Adam on the averaged update (FeTS Eq. 10-12)",
-                  FedAdamOptions),
+    AlgorithmSpec(
+        "fedadam",
+        "FedAdam",
+        FedAdamServer,
+        FedAdamClient,
+        "FedAdam (Reddi et al.): server-side Adam on the averaged update (FeTS Eq. 10-12)",
+        FedAdamOptions,
+    ),
 )

@@ -24,11 +24,11 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
-from fedseg.algorithms.registry import AlgorithmSpec
 from fedseg.algorithms.aggregate import weighted_average
+from fedseg.algorithms.registry import AlgorithmSpec
 from fedseg.config import BudgetConfig, TrainConfig
-from fedseg.engine.messages import Message, MetaValue, load_weights, prefixed, weights_of
 from fedseg.engine.context import ClientContext, State, Task
+from fedseg.engine.messages import Message, MetaValue, load_weights, prefixed, weights_of
 from fedseg.evaluate.inference import predict_masks, score_caseset
 from fedseg.evaluate.tables import eval_rows
 from fedseg.train import LossFn, Trainer, TrainHooks, TrainStats, load_optimizer_state, optimizer_state
@@ -77,7 +77,7 @@ def local_budget(options) -> BudgetConfig | None:
 def state_group(state: State, prefix: str) -> dict[str, torch.Tensor]:
     """Entries of a client state store under ``prefix/``, prefix stripped."""
     head = prefix + "/"
-    return {k[len(head):]: v for k, v in state.items() if k.startswith(head)}
+    return {k[len(head) :]: v for k, v in state.items() if k.startswith(head)}
 
 
 def put_group(state: State, prefix: str, tensors: dict[str, torch.Tensor]) -> None:
@@ -166,8 +166,11 @@ class FedAvgClient:
         dice, hd95 = score_caseset(model, data, ev.batch_size, ev.threshold, ev.hd95, ctx.task.device)
         if msg.meta.get("sample") and ctx.artifacts is not None and len(data):
             write_sample(model, data, ctx, str(msg.meta["model"]))
-        meta: dict[str, MetaValue] = {"cases": json.dumps(data.ids), "model": str(msg.meta["model"]),
-                                      "split": str(msg.meta["split"])}
+        meta: dict[str, MetaValue] = {
+            "cases": json.dumps(data.ids),
+            "model": str(msg.meta["model"]),
+            "split": str(msg.meta["split"]),
+        }
         return Message({"dice": torch.from_numpy(dice), "hd95": torch.from_numpy(hd95)}, meta)
 
     def eval_model(self, msg: Message, ctx: ClientContext) -> nn.Module:
@@ -178,7 +181,12 @@ class FedAvgClient:
 
 
 def train_meta(stats: TrainStats, ctx: ClientContext) -> dict:
-    return {"steps": stats.steps, "samples": stats.samples, "loss": stats.mean_loss, "num_examples": len(ctx.data.train)}
+    return {
+        "steps": stats.steps,
+        "samples": stats.samples,
+        "loss": stats.mean_loss,
+        "num_examples": len(ctx.data.train),
+    }
 
 
 def write_sample(model: nn.Module, data, ctx: ClientContext, model_name: str) -> None:
@@ -232,8 +240,9 @@ class FedAvgServer:
             return
         weights = self.aggregation_weights(replies)
         sites = list(replies)
-        stats = weighted_average([{b: replies[s].tensors[k] for b, k in zip(self.buffers, keys)} for s in sites],
-                                 [weights[s] for s in sites])
+        stats = weighted_average(
+            [{b: replies[s].tensors[k] for b, k in zip(self.buffers, keys)} for s in sites], [weights[s] for s in sites]
+        )
         self.global_weights = {**self.global_weights, **stats}
 
     def train_message(self, site: str) -> Message:
@@ -292,22 +301,28 @@ class FedAvgServer:
 
 
 SPECS = (
-    AlgorithmSpec("fedavg",
-                  "FedAvg",
-                  FedAvgServer,
-                  FedAvgClient,
-                  "FedAvg (McMahan et al.): weighted (samples | uniform) averaging of local models",
-                  FedAvgOptions),
-    AlgorithmSpec("fedavg-steps",
-                  "FedAvg (fixed steps)",
-                  FedAvgServer,
-                  FedAvgClient,
-                  "FedAvg with fixed local iterations (U steps per site and round, FeTS 3.2.2)",
-                  FedAvgStepsOptions),
-    AlgorithmSpec("fedavg-uniform",
-                  "FedAvg (uniform)",
-                  FedAvgServer,
-                  FedAvgClient,
-                  "FedAvg with fixed local epochs and uniform averaging (FeTS 3.2.2)",
-                  FedAvgUniformOptions),
+    AlgorithmSpec(
+        "fedavg",
+        "FedAvg",
+        FedAvgServer,
+        FedAvgClient,
+        "FedAvg (McMahan et al.): weighted (samples | uniform) averaging of local models",
+        FedAvgOptions,
+    ),
+    AlgorithmSpec(
+        "fedavg-steps",
+        "FedAvg (fixed steps)",
+        FedAvgServer,
+        FedAvgClient,
+        "FedAvg with fixed local iterations (U steps per site and round, FeTS 3.2.2)",
+        FedAvgStepsOptions,
+    ),
+    AlgorithmSpec(
+        "fedavg-uniform",
+        "FedAvg (uniform)",
+        FedAvgServer,
+        FedAvgClient,
+        "FedAvg with fixed local epochs and uniform averaging (FeTS 3.2.2)",
+        FedAvgUniformOptions,
+    ),
 )

@@ -4,9 +4,9 @@ local models (unweighted; robust to a minority of outlying sites). Clients are F
 
 from __future__ import annotations
 
-from fedseg.algorithms.registry import AlgorithmSpec
 from fedseg.algorithms.aggregate import coordinate_median
 from fedseg.algorithms.fedavg import MODEL, BudgetOptions, FedAvgClient, FedAvgServer
+from fedseg.algorithms.registry import AlgorithmSpec
 from fedseg.engine.messages import Message
 
 
@@ -23,10 +23,12 @@ FedMedianClient = FedAvgClient
 
 
 SPECS = (
-    AlgorithmSpec("fedmedian",
-                  "FedMedian",
-                  FedMedianServer,
-                  FedMedianClient,
-                  "FedMedian: coordinate-wise median of the local models",
-                  FedMedianOptions),
+    AlgorithmSpec(
+        "fedmedian",
+        "FedMedian",
+        FedMedianServer,
+        FedMedianClient,
+        "FedMedian: coordinate-wise median of the local models",
+        FedMedianOptions,
+    ),
 )

@@ -29,9 +29,9 @@ from typing import Literal
 from pydantic import Field
 from torch import nn
 
-from fedseg.algorithms.registry import AlgorithmSpec
 from fedseg.algorithms.aggregate import server_step, weighted_average
 from fedseg.algorithms.fedavg import MODEL, OPT, FedAvgClient, FedAvgOptions, FedAvgServer
+from fedseg.algorithms.registry import AlgorithmSpec
 from fedseg.config import BudgetConfig, TrainConfig
 from fedseg.engine.context import ClientContext
 from fedseg.engine.messages import Message
@@ -42,7 +42,8 @@ NORM = "nova_a"  # reply meta key of a_k
 
 class FedNovaOptions(FedAvgOptions):
     variant: Literal["general", "fets"] = Field(
-        "fets", description="general: normalized by a_k, rescaled by tau_eff; fets: uniform + gamma = K sum p_k^2 (Eq. 4-5)"
+        "fets",
+        description="general: normalized by a_k, rescaled by tau_eff; fets: uniform + gamma = K sum p_k^2 (Eq. 4-5)",
     )
 
 
@@ -54,9 +55,18 @@ def momentum_norm(steps: int, rho: float) -> float:
 
 
 class FedNovaClient(FedAvgClient):
-    def fit(self, model: nn.Module, msg: Message, ctx: ClientContext, state_key: str = OPT, data=None,
-            loss_fn: LossFn | None = None, train_cfg: TrainConfig | None = None, budget: BudgetConfig | None = None,
-            hooks: TrainHooks | None = None) -> TrainStats:
+    def fit(
+        self,
+        model: nn.Module,
+        msg: Message,
+        ctx: ClientContext,
+        state_key: str = OPT,
+        data=None,
+        loss_fn: LossFn | None = None,
+        train_cfg: TrainConfig | None = None,
+        budget: BudgetConfig | None = None,
+        hooks: TrainHooks | None = None,
+    ) -> TrainStats:
         """FedAvg's local training; the general variant with SGD momentum starts each round from a zero
         momentum buffer (module doc)."""
         train = train_cfg or ctx.cfg.train
@@ -96,10 +106,12 @@ class FedNovaServer(FedAvgServer):
 
 
 SPECS = (
-    AlgorithmSpec("fednova",
-                  "FedNova",
-                  FedNovaServer,
-                  FedNovaClient,
-                  "FedNova (Wang et al.): normalized averaging (general form or FeTS Eq. 4-5)",
-                  FedNovaOptions),
+    AlgorithmSpec(
+        "fednova",
+        "FedNova",
+        FedNovaServer,
+        FedNovaClient,
+        "FedNova (Wang et al.): normalized averaging (general form or FeTS Eq. 4-5)",
+        FedNovaOptions,
+    ),
 )

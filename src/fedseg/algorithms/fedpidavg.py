@@ -35,12 +35,12 @@ import math
 import torch
 from pydantic import Field
 
-from fedseg.algorithms.registry import AlgorithmSpec
 from fedseg.algorithms.aggregate import weighted_average
 from fedseg.algorithms.fedavg import MODEL, FedAvgClient, FedAvgOptions, FedAvgServer
 from fedseg.algorithms.qfedavg import dataset_loss
-from fedseg.engine.messages import Message
+from fedseg.algorithms.registry import AlgorithmSpec
 from fedseg.engine.context import ClientContext
+from fedseg.engine.messages import Message
 from fedseg.train import TrainStats
 
 HISTORY = "pid/history"  # server-state tensor (K, history): l_k^{t-j} in column j, NaN = none yet
@@ -86,7 +86,9 @@ class FedPIDAvgClient(FedAvgClient):
 
     def after_fit(self, model, stats: TrainStats, msg: Message, ctx: ClientContext) -> Message:
         reply = super().after_fit(model, stats, msg, ctx)
-        val_loss, batches = dataset_loss(model, ctx.data.val, ctx.cfg.train.loss, ctx.cfg.train.batch_size, ctx.task.device)
+        val_loss, batches = dataset_loss(
+            model, ctx.data.val, ctx.cfg.train.loss, ctx.cfg.train.batch_size, ctx.task.device
+        )
         reply.meta.update({"val_loss": val_loss, "val_batches": batches})
         return reply
 
@@ -110,8 +112,10 @@ class FedPIDAvgServer(FedAvgServer):
         improvement, momentum, self.history = pid_terms(raw / total, losses, self.history, o.positive_only)
         # Eq. 18 coefficients in units of FedAvg's raw weights (c_k * total), so that alpha = 1,
         # beta = gamma = 0 hands weighted_average exactly FedAvg's weights.
-        weights = [o.alpha * float(raw[k]) + total * (o.beta * float(improvement[k]) + o.gamma * float(momentum[k]))
-                   for k in range(len(sites))]
+        weights = [
+            o.alpha * float(raw[k]) + total * (o.beta * float(improvement[k]) + o.gamma * float(momentum[k]))
+            for k in range(len(sites))
+        ]
         self.last_coefficients = {s: w / total for s, w in zip(sites, weights)}
         models = [replies[s].group(MODEL) for s in sites]
         rest = 1.0 - (o.alpha + o.beta + o.gamma)
@@ -124,8 +128,11 @@ class FedPIDAvgServer(FedAvgServer):
         """The Eq. 18 coefficient ``c_k`` and validation loss ``l_k`` of the last merge, per site."""
         rows = [{"site": s, "metric": "pid_weight", "value": c} for s, c in self.last_coefficients.items()]
         latest = self.history[:, 0]
-        rows += [{"site": s, "metric": "val_loss", "value": float(latest[i])} for i, s in enumerate(self.engine.sites)
-                 if self.last_coefficients and not math.isnan(float(latest[i]))]
+        rows += [
+            {"site": s, "metric": "val_loss", "value": float(latest[i])}
+            for i, s in enumerate(self.engine.sites)
+            if self.last_coefficients and not math.isnan(float(latest[i]))
+        ]
         return rows
 
     def state_dict(self) -> dict[str, torch.Tensor]:
@@ -137,10 +144,12 @@ class FedPIDAvgServer(FedAvgServer):
 
 
 SPECS = (
-    AlgorithmSpec("fedpidavg",
-                  "FedPIDAvg",
-                  FedPIDAvgServer,
-                  FedPIDAvgClient,
-                  "FedPIDAvg (Maechler et al.): weights from samples, val-loss gain and loss sum (FeTS Eq. 18-22)",
-                  FedPIDAvgOptions),
+    AlgorithmSpec(
+        "fedpidavg",
+        "FedPIDAvg",
+        FedPIDAvgServer,
+        FedPIDAvgClient,
+        "FedPIDAvg (Maechler et al.): weights from samples, val-loss gain and loss sum (FeTS Eq. 18-22)",
+        FedPIDAvgOptions,
+    ),
 )

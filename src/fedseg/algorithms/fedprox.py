@@ -12,10 +12,10 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from fedseg.algorithms.registry import AlgorithmSpec
 from fedseg.algorithms.fedavg import MODEL, FedAvgClient, FedAvgOptions, FedAvgServer
-from fedseg.engine.messages import Message
+from fedseg.algorithms.registry import AlgorithmSpec
 from fedseg.engine.context import ClientContext
+from fedseg.engine.messages import Message
 from fedseg.train import TrainHooks
 
 
@@ -50,10 +50,12 @@ FedProxServer = FedAvgServer
 
 
 SPECS = (
-    AlgorithmSpec("fedprox",
-                  "FedProx",
-                  FedProxServer,
-                  FedProxClient,
-                  "FedProx (Li et al.): local proximal term (mu/2)||w - w_global||^2",
-                  FedProxOptions),
+    AlgorithmSpec(
+        "fedprox",
+        "FedProx",
+        FedProxServer,
+        FedProxClient,
+        "FedProx (Li et al.): local proximal term (mu/2)||w - w_global||^2",
+        FedProxOptions,
+    ),
 )

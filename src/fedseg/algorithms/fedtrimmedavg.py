@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from fedseg.algorithms.registry import AlgorithmSpec
 from fedseg.algorithms.aggregate import trimmed_mean
 from fedseg.algorithms.fedavg import MODEL, BudgetOptions, FedAvgClient, FedAvgServer
+from fedseg.algorithms.registry import AlgorithmSpec
 from fedseg.engine.messages import Message
 
 
@@ -25,10 +25,12 @@ FedTrimmedAvgClient = FedAvgClient
 
 
 SPECS = (
-    AlgorithmSpec("fedtrimmedavg",
-                  "FedTrimmedAvg",
-                  FedTrimmedAvgServer,
-                  FedTrimmedAvgClient,
-                  "FedTrimmedAvg: coordinate-wise trimmed mean (cut beta at each end)",
-                  FedTrimmedAvgOptions),
+    AlgorithmSpec(
+        "fedtrimmedavg",
+        "FedTrimmedAvg",
+        FedTrimmedAvgServer,
+        FedTrimmedAvgClient,
+        "FedTrimmedAvg: coordinate-wise trimmed mean (cut beta at each end)",
+        FedTrimmedAvgOptions,
+    ),
 )

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from torch import nn
 
-from fedseg.algorithms.registry import AlgorithmSpec
 from fedseg.algorithms.fedavg import MODEL, FedAvgClient, FedAvgServer, put_group, state_group, train_meta
+from fedseg.algorithms.registry import AlgorithmSpec
+from fedseg.engine.context import ClientContext
 from fedseg.engine.messages import Message, load_weights, prefixed, weights_of
 from fedseg.evaluate.tables import eval_rows
-from fedseg.engine.context import ClientContext
 
 
 class LocalClient(FedAvgClient):
@@ -50,7 +50,9 @@ class LocalServer(FedAvgServer):
         return f"local:{site}"
 
     def eval_messages(self, split: str, sample: bool) -> dict[str, Message]:
-        return {s: Message({}, {"split": split, "model": self.site_model(s), "sample": sample}) for s in self.engine.sites}
+        return {
+            s: Message({}, {"split": split, "model": self.site_model(s), "sample": sample}) for s in self.engine.sites
+        }
 
     def evaluate(self, split: str, sample: bool = False) -> list[dict]:
         rows = super().evaluate(split, sample)
@@ -64,7 +66,9 @@ class LocalServer(FedAvgServer):
         rows = []
         for owner, weights in models.items():
             msgs = {
-                s: Message(prefixed(MODEL, weights), {"split": "test", "model": self.site_model(owner), "sample": False})
+                s: Message(
+                    prefixed(MODEL, weights), {"split": "test", "model": self.site_model(owner), "sample": False}
+                )
                 for s in self.engine.sites
                 if s != owner
             }
@@ -86,10 +90,12 @@ class LocalServer(FedAvgServer):
 
 
 SPECS = (
-    AlgorithmSpec("local",
-                  "Local",
-                  LocalServer,
-                  LocalClient,
-                  "each site trains alone; cross-site matrix at test time",
-                  kind="baseline"),
+    AlgorithmSpec(
+        "local",
+        "Local",
+        LocalServer,
+        LocalClient,
+        "each site trains alone; cross-site matrix at test time",
+        kind="baseline",
+    ),
 )

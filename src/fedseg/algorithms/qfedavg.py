@@ -48,7 +48,6 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from fedseg.algorithms.registry import AlgorithmSpec
 from fedseg.algorithms.fedavg import (
     MODEL,
     BudgetOptions,
@@ -58,9 +57,10 @@ from fedseg.algorithms.fedavg import (
     state_group,
     train_meta,
 )
+from fedseg.algorithms.registry import AlgorithmSpec
 from fedseg.data.dataset import CaseSet
-from fedseg.engine.messages import Message, load_weights, prefixed, weights_of
 from fedseg.engine.context import ClientContext
+from fedseg.engine.messages import Message, load_weights, prefixed, weights_of
 from fedseg.train import TrainStats, segmentation_loss
 
 LOSS_ACTION = "loss"  # the forward-only exchange (fedseg.evaluate.cost.FORWARD_ACTIONS)
@@ -76,7 +76,9 @@ class QFedAvgOptions(BudgetOptions):
     """``methods.qfedavg``: q-FedAvg (FeTS Eq. 13-17)."""
 
     q: float = Field(1.0, ge=0, description="fairness exponent q (FeTS Table 4: q = 1.0); 0 = uniform FedAvg")
-    L: float | None = Field(None, gt=0, description="Lipschitz estimate L = 1 / eta_l in Eq. 14, 16; None = 1 / train.lr")
+    L: float | None = Field(
+        None, gt=0, description="Lipschitz estimate L = 1 / eta_l in Eq. 14, 16; None = 1 / train.lr"
+    )
     loss_reduction: Literal["sum", "mean"] = Field(
         "sum", description="F_k = sum (Eq. 15) or mean (Eq. 13, Li et al.) of the per-case training losses"
     )
@@ -90,7 +92,9 @@ def lipschitz(options: QFedAvgOptions, lr: float) -> float:
     return float(options.L) if options.L is not None else 1.0 / lr
 
 
-def dataset_loss(model: nn.Module, data: CaseSet, loss: str, batch_size: int, device: torch.device) -> tuple[float, int]:
+def dataset_loss(
+    model: nn.Module, data: CaseSet, loss: str, batch_size: int, device: torch.device
+) -> tuple[float, int]:
     """``sum_{(x, y) in data} l(w, x, y)`` (Eq. 15 / Eq. 19): the per-case segmentation loss
     ``train.loss`` summed over every case of ``data``, forward only (eval mode, no gradients), in
     order, ``batch_size`` cases per batch. Returns ``(sum, number of forward batches)``.
@@ -111,7 +115,9 @@ def dataset_loss(model: nn.Module, data: CaseSet, loss: str, batch_size: int, de
     return total, batches
 
 
-def delta_and_h(start: Weights, local: Weights, F: float, q: float, L: float, h_norm: str = "fets") -> tuple[Weights, float]:
+def delta_and_h(
+    start: Weights, local: Weights, F: float, q: float, L: float, h_norm: str = "fets"
+) -> tuple[Weights, float]:
     """Site k's reply (Eq. 14, 16) from ``w^t`` (``start``), its trained ``w_k`` (``local``) and
     ``F = F_k(w^t)``: ``Delta_k = L F^q (w_k - w^t)`` per tensor (float64 math, cast to each
     tensor's dtype) and ``h_k = q F^(q-1) ||w_k - w^t||^2 + L F^q`` (``h_norm = "fets"``) or
@@ -148,7 +154,9 @@ class QFedAvgClient(FedAvgClient):
     def on_loss(self, msg: Message, ctx: ClientContext) -> Message:
         """Eq. 15 on the received ``w^t``; keeps ``w^t`` and ``F_k`` for this round's train exchange."""
         model = super().start_model(msg, ctx)
-        total, batches = dataset_loss(model, ctx.data.train, ctx.cfg.train.loss, ctx.cfg.train.batch_size, ctx.task.device)
+        total, batches = dataset_loss(
+            model, ctx.data.train, ctx.cfg.train.loss, ctx.cfg.train.batch_size, ctx.task.device
+        )
         F = total if ctx.options.loss_reduction == "sum" else total / max(len(ctx.data.train), 1)
         put_group(ctx.state, START, msg.group(MODEL))
         ctx.state[F_KEY] = torch.tensor(F, dtype=torch.float64)
@@ -194,10 +202,12 @@ class QFedAvgServer(FedAvgServer):
 
 
 SPECS = (
-    AlgorithmSpec("qfedavg",
-                  "q-FedAvg",
-                  QFedAvgServer,
-                  QFedAvgClient,
-                  "q-FedAvg (Li et al.): loss-powered fair merge, forward-only loss pass (FeTS Eq. 13-17)",
-                  QFedAvgOptions),
+    AlgorithmSpec(
+        "qfedavg",
+        "q-FedAvg",
+        QFedAvgServer,
+        QFedAvgClient,
+        "q-FedAvg (Li et al.): loss-powered fair merge, forward-only loss pass (FeTS Eq. 13-17)",
+        QFedAvgOptions,
+    ),
 )

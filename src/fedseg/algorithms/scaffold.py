@@ -43,12 +43,20 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from fedseg.algorithms.registry import AlgorithmSpec
 from fedseg.algorithms.aggregate import server_step, weighted_average
-from fedseg.algorithms.fedavg import MODEL, FedAvgClient, FedAvgOptions, FedAvgServer, put_group, state_group, train_meta
+from fedseg.algorithms.fedavg import (
+    MODEL,
+    FedAvgClient,
+    FedAvgOptions,
+    FedAvgServer,
+    put_group,
+    state_group,
+    train_meta,
+)
+from fedseg.algorithms.registry import AlgorithmSpec
 from fedseg.config import TrainConfig
-from fedseg.engine.messages import Message, prefixed, weights_of
 from fedseg.engine.context import ClientContext
+from fedseg.engine.messages import Message, prefixed, weights_of
 from fedseg.train import TrainHooks, TrainStats
 
 CONTROL = "control"  # message prefix of c (down) and delta_c_k (up)
@@ -59,9 +67,11 @@ SERVER_CONTROL = "control"  # server-state prefix of c
 class ScaffoldOptions(FedAvgOptions):
     global_lr: float = Field(1.0, gt=0, description="server learning rate eta_g on the averaged model update")
     correction: Literal["auto", "gradient", "step"] = Field(
-        "auto", description="where c - c_k enters a local step: gradient (Eq. 9, SGD without momentum) | step (after "
-                            "the optimizer step: Adam, SGD with momentum) | auto = gradient for SGD without momentum, "
-                            "step otherwise (module doc)")
+        "auto",
+        description="where c - c_k enters a local step: gradient (Eq. 9, SGD without momentum) | step (after "
+        "the optimizer step: Adam, SGD with momentum) | auto = gradient for SGD without momentum, "
+        "step otherwise (module doc)",
+    )
 
 
 def correction_mode(ctx: ClientContext) -> str:
@@ -70,9 +80,11 @@ def correction_mode(ctx: ClientContext) -> str:
     if mode == "auto":
         return "gradient" if plain_sgd(ctx.cfg.train) else "step"
     if mode == "gradient" and not plain_sgd(ctx.cfg.train):
-        raise ValueError("methods.scaffold.correction: 'gradient' needs train.optimizer 'sgd' with train.momentum 0 "
-                         f"(got {ctx.cfg.train.optimizer}, momentum {ctx.cfg.train.momentum}); the control variates "
-                         "diverge otherwise (see fedseg.algorithms.scaffold) -- use 'step' or 'auto'")
+        raise ValueError(
+            "methods.scaffold.correction: 'gradient' needs train.optimizer 'sgd' with train.momentum 0 "
+            f"(got {ctx.cfg.train.optimizer}, momentum {ctx.cfg.train.momentum}); the control variates "
+            "diverge otherwise (see fedseg.algorithms.scaffold) -- use 'step' or 'auto'"
+        )
     return mode
 
 
@@ -117,7 +129,9 @@ class ScaffoldClient(FedAvgClient):
         """``c_k`` from the client state, zeros before the site's first round."""
         return state_group(ctx.state, LOCAL_CONTROL) or zeros_like_parameters(model)
 
-    def corrections(self, model: nn.Module, msg: Message, ctx: ClientContext) -> list[tuple[nn.Parameter, torch.Tensor]]:
+    def corrections(
+        self, model: nn.Module, msg: Message, ctx: ClientContext
+    ) -> list[tuple[nn.Parameter, torch.Tensor]]:
         """``(parameter, c - c_k)`` for every trainable parameter."""
         c, c_k = msg.group(CONTROL), self.local_control(model, ctx)
         params = dict(model.named_parameters())
@@ -165,10 +179,12 @@ class ScaffoldServer(FedAvgServer):
 
 
 SPECS = (
-    AlgorithmSpec("scaffold",
-                  "SCAFFOLD",
-                  ScaffoldServer,
-                  ScaffoldClient,
-                  "SCAFFOLD (Karimireddy et al.): control-variate corrected local steps (FeTS Eq. 6-9)",
-                  ScaffoldOptions),
+    AlgorithmSpec(
+        "scaffold",
+        "SCAFFOLD",
+        ScaffoldServer,
+        ScaffoldClient,
+        "SCAFFOLD (Karimireddy et al.): control-variate corrected local steps (FeTS Eq. 6-9)",
+        ScaffoldOptions,
+    ),
 )

@@ -96,6 +96,8 @@ def check_folder(root: str | Path, split: SplitConfig | None = None, seed: int =
         problems += split_problems(fed, make_splits(fed, split, seed))
     if problems:
         count = f"{len(problems)} problem{'s' if len(problems) != 1 else ''}"
-        raise FederationError(f"{root}: federation folder is invalid ({count}):\n" + "\n".join(f"  {p}" for p in problems))
+        raise FederationError(
+            f"{root}: federation folder is invalid ({count}):\n" + "\n".join(f"  {p}" for p in problems)
+        )
     assert fed is not None  # scan_folder reports a problem whenever federation.yaml is invalid
     return fed

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Annotated, NoReturn, Optional, cast
+from typing import Annotated, NoReturn, cast
 
 import typer
 from rich.console import Console
@@ -61,9 +61,9 @@ def _split_settings(preset: str | None, config: Path | None, seed: int | None) -
 @data_app.command("check")
 def check(
     root: Annotated[Path, typer.Argument(help="federation folder (ROOT/federation.yaml, ROOT/<site>/images|labels)")],
-    preset: Annotated[Optional[str], typer.Option(help="take split settings and seed from this run preset")] = None,
-    config: Annotated[Optional[Path], typer.Option(help="take split settings and seed from this run config file")] = None,
-    seed: Annotated[Optional[int], typer.Option(help="split seed (default: the preset's, else 0)")] = None,
+    preset: Annotated[str | None, typer.Option(help="take split settings and seed from this run preset")] = None,
+    config: Annotated[Path | None, typer.Option(help="take split settings and seed from this run config file")] = None,
+    seed: Annotated[int | None, typer.Option(help="split seed (default: the preset's, else 0)")] = None,
 ) -> None:
     """Validate a federation folder and list every problem; exit 1 if there is any."""
     from fedseg.data.check import check_folder
@@ -73,7 +73,9 @@ def check(
         fed = check_folder(root, split, split_seed)
     except (FederationError, ConfigError) as e:
         _fail(str(e))
-    _print_summary(fed, split, split_seed, f"OK: {root} — {{sites}} sites, {{cases}} cases ({split.mode} split, seed {split_seed})")
+    _print_summary(
+        fed, split, split_seed, f"OK: {root} — {{sites}} sites, {{cases}} cases ({split.mode} split, seed {split_seed})"
+    )
 
 
 def _print_summary(fed, split: SplitConfig, seed: int, line: str) -> None:
@@ -87,7 +89,8 @@ def _print_summary(fed, split: SplitConfig, seed: int, line: str) -> None:
 
 
 def _synth_source(name: str) -> tuple[str, float, int, int, SplitConfig]:
-    """``--preset`` -> (source, scale, image size, seed, split): a run preset's settings, or a source name with defaults."""
+    """``--preset`` -> (source, scale, image size, seed, split): a run preset's settings,
+    or a source name with defaults."""
     if name in preset_names():
         cfg = load_config(preset=name)
         return cfg.data.source, cfg.data.scale, cfg.data.image_size, cfg.seed, cfg.data.split
@@ -97,11 +100,13 @@ def _synth_source(name: str) -> tuple[str, float, int, int, SplitConfig]:
 
 @data_app.command("synth")
 def synth(
-    preset: Annotated[str, typer.Option(help="built-in federation (synthetic-retina, synthetic-prostate) or run preset name")],
+    preset: Annotated[
+        str, typer.Option(help="built-in federation (synthetic-retina, synthetic-prostate) or run preset name")
+    ],
     out: Annotated[Path, typer.Option(help="folder to write the federation to")],
-    scale: Annotated[Optional[float], typer.Option(help="site sizes = paper sizes x scale")] = None,
-    image_size: Annotated[Optional[int], typer.Option(help="side of the square/cubic images, pixels")] = None,
-    seed: Annotated[Optional[int], typer.Option(help="generator seed")] = None,
+    scale: Annotated[float | None, typer.Option(help="site sizes = paper sizes x scale")] = None,
+    image_size: Annotated[int | None, typer.Option(help="side of the square/cubic images, pixels")] = None,
+    seed: Annotated[int | None, typer.Option(help="generator seed")] = None,
     force: Annotated[bool, typer.Option(help="replace an existing federation folder at --out")] = False,
 ) -> None:
     """Generate a built-in federation and write it in the folder format (then check it)."""
@@ -114,7 +119,8 @@ def synth(
 
         if source not in SYNTHETIC_NAMES:
             raise ConfigError(
-                f"--preset {preset}: data source {source!r} is not a built-in federation ({', '.join(SYNTHETIC_NAMES)}); "
+                f"--preset {preset}: data source {source!r} is not a built-in federation "
+                f"({', '.join(SYNTHETIC_NAMES)}); "
                 f"run presets: {', '.join(preset_names())}"
             )
         scale = default_scale if scale is None else scale
@@ -125,5 +131,10 @@ def synth(
         written = check_folder(out)
     except (FederationError, ConfigError) as e:
         _fail(str(e))
-    _print_summary(written, split, seed,
-                   f"wrote {source} (scale {scale}, image size {image_size}, seed {seed}): {{sites}} sites, {{cases}} cases -> {out}")
+    _print_summary(
+        written,
+        split,
+        seed,
+        f"wrote {source} (scale {scale}, image size {image_size}, seed {seed}): "
+        f"{{sites}} sites, {{cases}} cases -> {out}",
+    )

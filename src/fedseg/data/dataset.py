@@ -31,7 +31,7 @@ class CaseSet:
         return self.x[idx].to(device), self.y[idx].to(device)
 
     @classmethod
-    def concat(cls, name: str, sets: list["CaseSet"]) -> "CaseSet":
+    def concat(cls, name: str, sets: list[CaseSet]) -> CaseSet:
         """Pool several sets (centralized training); ids are prefixed with their set's name."""
         ids = [f"{s.name}/{i}" for s in sets for i in s.ids]
         return cls(name, ids, torch.cat([s.x for s in sets]), torch.cat([s.y for s in sets]))

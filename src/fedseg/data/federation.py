@@ -11,8 +11,9 @@ input happens in ``fedseg.data.preprocess``.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Callable, Literal, Mapping
+from typing import Literal
 
 import numpy as np
 
@@ -35,7 +36,7 @@ class Regions:
     values: tuple[tuple[int, ...], ...]
 
     @classmethod
-    def from_mapping(cls, mapping: Mapping[str, list[int] | tuple[int, ...]]) -> "Regions":
+    def from_mapping(cls, mapping: Mapping[str, list[int] | tuple[int, ...]]) -> Regions:
         if not mapping:
             raise FederationError("regions: at least one region is required")
         names, values = [], []
@@ -98,7 +99,7 @@ class Case:
     meta: Mapping[str, object] = field(default_factory=dict, compare=False)
 
     @classmethod
-    def from_arrays(cls, id: str, image: np.ndarray, label: np.ndarray, **meta) -> "Case":
+    def from_arrays(cls, id: str, image: np.ndarray, label: np.ndarray, **meta) -> Case:
         return cls(id, lambda: (image, label), meta)
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray]:
@@ -140,7 +141,7 @@ class Federation:
                 return s
         raise KeyError(f"no site named {name!r}; sites are {self.site_names}")
 
-    def without(self, name: str) -> "Federation":
+    def without(self, name: str) -> Federation:
         """The same federation (name, task, site order) minus site ``name`` (unseen-site studies);
         a KeyError listing the site names when there is no such site."""
         self.site(name)

@@ -105,7 +105,8 @@ def _spatial_dims(kind: str) -> int:
 
 
 def _nifti_channels_last(data: np.ndarray, sd: int, path: Path, what: str) -> np.ndarray:
-    """NIfTI ``(*spatial, *rest)`` -> ``(*spatial, C)`` with ``C = prod(rest)``; at most one non-singleton ``rest`` axis."""
+    """NIfTI ``(*spatial, *rest)`` -> ``(*spatial, C)`` with ``C = prod(rest)``;
+    at most one non-singleton ``rest`` axis."""
     rest = data.shape[sd:]
     if data.ndim < sd or sum(n > 1 for n in rest) > 1:
         raise FederationError(f"{path}: cannot read a {sd}D {what} from NIfTI data of shape {data.shape}")
@@ -119,7 +120,9 @@ def read_image(path: Path, kind: Literal["2d", "3d"]) -> np.ndarray:
     """
     path = Path(path)
     data, ext, sd = read_array(path), _ext(path), _spatial_dims(kind)
-    if not (np.issubdtype(data.dtype, np.number) or data.dtype == bool) or np.issubdtype(data.dtype, np.complexfloating):
+    if not (np.issubdtype(data.dtype, np.number) or data.dtype == bool) or np.issubdtype(
+        data.dtype, np.complexfloating
+    ):
         raise FederationError(f"{path}: image dtype {data.dtype} is not a real number type")
     if ext in _PIL_EXTS:
         if kind != "2d":
@@ -152,7 +155,8 @@ def _as_integer_labels(label: np.ndarray, path: Path) -> np.ndarray:
     if fractional.any():
         example = float(label[fractional].flat[0])
         raise FederationError(
-            f"{path}: label map is not integer (dtype {label.dtype}, {int(fractional.sum())} fractional values, e.g. {example:g})"
+            f"{path}: label map is not integer (dtype {label.dtype}, "
+            f"{int(fractional.sum())} fractional values, e.g. {example:g})"
         )
     if label.size == 0:
         return label.astype(np.uint8)
@@ -182,8 +186,14 @@ def case_problems(image: np.ndarray, label: np.ndarray, image_path: Path, label_
     """Problems of one loaded case, one line each: wrong channel count, image/label spatial shape mismatch."""
     problems = []
     if image.shape[0] != channels:
-        hint = " (RGBA: store RGB, or set channels: 4)" if image.shape[0] == 4 and split_name(image_path.name, _PIL_EXTS) else ""
-        problems.append(f"{image_path}: image has {image.shape[0]} channels but federation.yaml says channels: {channels}{hint}")
+        hint = (
+            " (RGBA: store RGB, or set channels: 4)"
+            if image.shape[0] == 4 and split_name(image_path.name, _PIL_EXTS)
+            else ""
+        )
+        problems.append(
+            f"{image_path}: image has {image.shape[0]} channels but federation.yaml says channels: {channels}{hint}"
+        )
     if image.shape[1:] != label.shape:
         problems.append(
             f"{image_path}: image spatial shape {tuple(image.shape[1:])} "
@@ -192,7 +202,9 @@ def case_problems(image: np.ndarray, label: np.ndarray, image_path: Path, label_
     return problems
 
 
-def load_case(image_path: Path, label_path: Path, kind: Literal["2d", "3d"], channels: int) -> tuple[np.ndarray, np.ndarray]:
+def load_case(
+    image_path: Path, label_path: Path, kind: Literal["2d", "3d"], channels: int
+) -> tuple[np.ndarray, np.ndarray]:
     """Read one case -> ``(image (C, *spatial), label (*spatial))``; raises ``FederationError`` if malformed."""
     image, label = read_image(image_path, kind), read_label(label_path, kind)
     problems = case_problems(image, label, image_path, label_path, channels)
@@ -238,10 +250,14 @@ def _header_problems(data: dict) -> list[str]:
         else:
             for name, vals in regions.items():
                 if not isinstance(vals, list) or not vals or not all(_is_int(v) and v > 0 for v in vals):
-                    problems.append(f"regions.{name}: expected a non-empty list of positive integer label values, got {vals!r}")
+                    problems.append(
+                        f"regions.{name}: expected a non-empty list of positive integer label values, got {vals!r}"
+                    )
     names = data.get("label_names")
     if names is not None:
-        if not isinstance(names, dict) or not all(_is_int(k) and k >= 0 and isinstance(v, str) for k, v in names.items()):
+        if not isinstance(names, dict) or not all(
+            _is_int(k) and k >= 0 and isinstance(v, str) for k, v in names.items()
+        ):
             problems.append(f"label_names: expected a mapping label value (integer >= 0) -> name, got {names!r}")
     return problems
 
@@ -256,7 +272,9 @@ def read_header(root: str | Path) -> Header:
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
         raise FederationError(f"{path}: cannot read ({type(e).__name__}: {' '.join(str(e).split())})") from None
     if not isinstance(data, dict):
-        raise FederationError(f"{path}: expected a mapping with keys {', '.join(HEADER_KEYS)}, got {type(data).__name__}")
+        raise FederationError(
+            f"{path}: expected a mapping with keys {', '.join(HEADER_KEYS)}, got {type(data).__name__}"
+        )
     problems = _header_problems(data)
     if problems:
         raise FederationError("\n".join(f"{path}: {p}" for p in problems))
@@ -271,7 +289,12 @@ def read_header(root: str | Path) -> Header:
 
 
 def write_header(root: Path, fed: Federation) -> None:
-    data: dict[str, Any] = {"name": fed.name, "kind": fed.kind, "channels": int(fed.channels), "regions": fed.regions.as_dict()}
+    data: dict[str, Any] = {
+        "name": fed.name,
+        "kind": fed.kind,
+        "channels": int(fed.channels),
+        "regions": fed.regions.as_dict(),
+    }
     if fed.label_names:
         data["label_names"] = {int(k): str(v) for k, v in fed.label_names.items()}
     (root / HEADER_FILE).write_text(yaml.safe_dump(data, sort_keys=False, default_flow_style=None), encoding="utf-8")
@@ -290,7 +313,9 @@ class SiteFiles:
     splits_csv: Path | None = None
 
 
-def _list_files(folder: Path, exts: tuple[str, ...], what: str, problems: list[str]) -> tuple[dict[str, Path], set[str]]:
+def _list_files(
+    folder: Path, exts: tuple[str, ...], what: str, problems: list[str]
+) -> tuple[dict[str, Path], set[str]]:
     """Case id -> file in ``folder`` (hidden files ignored); returns ``(files, ambiguous ids)`` and appends problems."""
     if not folder.is_dir():
         problems.append(f"{folder}: missing {folder.name}/ folder")
@@ -301,7 +326,9 @@ def _list_files(folder: Path, exts: tuple[str, ...], what: str, problems: list[s
             continue
         parsed = split_name(path.name, exts) if path.is_file() else None
         if parsed is None:
-            problems.append(f"{path}: unsupported {what} file (expected a file ending in {', '.join('.' + e for e in exts)})")
+            problems.append(
+                f"{path}: unsupported {what} file (expected a file ending in {', '.join('.' + e for e in exts)})"
+            )
             continue
         found.setdefault(parsed[0], []).append(path)
     ambiguous = {cid for cid, paths in found.items() if len(paths) > 1}
@@ -412,7 +439,7 @@ def load_folder(root: str | Path) -> Federation:
 
 
 def _safe_name(name: str, what: str) -> str:
-    if not name or name.startswith(".") or any(c in name for c in '/\\\0') or name != name.strip():
+    if not name or name.startswith(".") or any(c in name for c in "/\\\0") or name != name.strip():
         raise FederationError(f"{what} {name!r}: not usable as a file name")
     return name
 
@@ -459,7 +486,9 @@ def _prepare_root(root: Path, overwrite: bool) -> None:
         if not overwrite:
             raise FederationError(f"{root}: exists and is not empty (overwrite it with --force / overwrite=True)")
         if not (root / HEADER_FILE).is_file():
-            raise FederationError(f"{root}: not empty and not a federation folder (no {HEADER_FILE}); refusing to overwrite")
+            raise FederationError(
+                f"{root}: not empty and not a federation folder (no {HEADER_FILE}); refusing to overwrite"
+            )
         for sub in root.iterdir():
             if sub.is_dir() and ((sub / "images").is_dir() or (sub / "labels").is_dir()):
                 shutil.rmtree(sub)

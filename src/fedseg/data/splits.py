@@ -14,8 +14,9 @@ from __future__ import annotations
 import csv
 import hashlib
 import math
+from collections.abc import Collection, Iterable
 from pathlib import Path
-from typing import Collection, Iterable, cast
+from typing import cast
 
 import numpy as np
 
@@ -26,7 +27,8 @@ Splits = dict[str, dict[str, Split]]
 
 
 def _rng(seed: int, site: str, *salt: object) -> np.random.Generator:
-    """A random stream that depends only on ``seed``, ``site`` and ``salt`` (stable across runs and Python processes)."""
+    """A random stream that depends only on ``seed``, ``site`` and ``salt``
+    (stable across runs and Python processes)."""
     key = "\x1f".join(str(part) for part in (seed, site, *salt)).encode()
     return np.random.default_rng(int.from_bytes(hashlib.sha256(key).digest()[:8], "little"))
 
@@ -73,7 +75,11 @@ def kfold_assignment(case_ids: Iterable[str], folds: int, seed: int, site: str) 
     if folds < 1:
         raise ValueError(f"folds must be >= 1, got {folds}")
     ordered = _shuffled(case_ids, _rng(seed, site, "kfold", folds))
-    return {cid: int(fold) for fold, chunk in enumerate(np.array_split(np.array(ordered, dtype=object), folds)) for cid in chunk}
+    return {
+        cid: int(fold)
+        for fold, chunk in enumerate(np.array_split(np.array(ordered, dtype=object), folds))
+        for cid in chunk
+    }
 
 
 def _computed_site_splits(case_ids: list[str], cfg: SplitConfig, seed: int, site: str) -> dict[str, Split]:
@@ -89,7 +95,8 @@ def _computed_site_splits(case_ids: list[str], cfg: SplitConfig, seed: int, site
 
 
 def site_splits(site: Site, cfg: SplitConfig, seed: int) -> dict[str, Split]:
-    """Split one site: its ``fixed_splits`` win; the remaining cases are split by ``cfg``. Keys follow ``site.cases`` order."""
+    """Split one site: its ``fixed_splits`` win; the remaining cases are split by ``cfg``.
+    Keys follow ``site.cases`` order."""
     fixed = site.fixed_splits or {}
     ids = [c.id for c in site.cases]
     computed = _computed_site_splits([cid for cid in ids if cid not in fixed], cfg, seed, site.name)

@@ -78,9 +78,10 @@ rendered in small vectorized batches (``render_*``).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
-from typing import Any, Callable, Generic, Sequence, TypedDict, TypeVar
+from typing import Any, Generic, TypedDict, TypeVar
 
 import numpy as np
 
@@ -182,11 +183,11 @@ class Blob:
     amps: tuple[float, ...] = ()
     phases: tuple[float, ...] = ()
 
-    def scaled(self, sx: float, sy: float | None = None) -> "Blob":
+    def scaled(self, sx: float, sy: float | None = None) -> Blob:
         """The same blob with radii multiplied by ``sx`` (and ``sy`` for the second axis)."""
         return replace(self, radii=(self.radii[0] * sx, self.radii[1] * (sx if sy is None else sy)))
 
-    def smooth(self) -> "Blob":
+    def smooth(self) -> Blob:
         """The plain ellipse without outline harmonics."""
         return replace(self, amps=(), phases=())
 
@@ -222,7 +223,7 @@ class Blobs:
     coef: np.ndarray | None
 
     @classmethod
-    def of(cls, blobs: Sequence[Blob]) -> "Blobs":
+    def of(cls, blobs: Sequence[Blob]) -> Blobs:
         p = np.array([(*b.center, *b.radii, math.cos(b.angle), math.sin(b.angle)) for b in blobs], dtype=np.float32)
         k = max(len(b.amps) for b in blobs)
         coef: np.ndarray | None = None
@@ -267,7 +268,9 @@ class Blobs:
         acc *= z  # the lowest order is 2
         return r / (1.0 + acc.real)
 
-    def signed_distance(self, size: int, scale=1.0, window: tuple[slice, slice] = (slice(None), slice(None))) -> np.ndarray:
+    def signed_distance(
+        self, size: int, scale=1.0, window: tuple[slice, slice] = (slice(None), slice(None))
+    ) -> np.ndarray:
         """Approximate signed distance ``(N, h, w)`` in grid units (negative inside) to the outline with
         radii times ``scale`` (a number or an ``(N, 1, 1)`` array), on ``window`` of the grid."""
         return (self.ratio(size, window) - scale) * np.sqrt(self.rx * self.ry)
@@ -393,7 +396,9 @@ def tone_curve(gain: float, gamma: float, levels: int = 4096) -> np.ndarray:
     return np.clip(np.rint(255.0 * gain * x**gamma), 0, 255).astype(np.uint8)
 
 
-def acquire(image: np.ndarray, noise: np.ndarray, blur_px: float, noise_std: float, gain: float, gamma: float) -> np.ndarray:
+def acquire(
+    image: np.ndarray, noise: np.ndarray, blur_px: float, noise_std: float, gain: float, gamma: float
+) -> np.ndarray:
     """Acquisition shared by both federations: ``image (C, N, H, W)`` float in [0, 1] -> ``uint8 (N, C, H, W)``.
 
     Blur (``blur_px`` pixels), noise from standard normals ``noise (N, K, C, H, W)`` times ``noise_std``
@@ -456,45 +461,140 @@ class RetinaStyle:
 
 RETINA_STYLES = (
     RetinaStyle(  # site1, Drishti-GS-like: centred large disc, bright orange, generous cup
-        fov_center=(0.0, 0.0), fov_radius=3.0, disc_center=(0.0, 0.0), disc_jitter=0.05, disc_radius=0.42,
-        cdr=0.55, fundus_rgb=(0.78, 0.36, 0.16), disc_rgb=(0.95, 0.66, 0.42), cup_rgb=(0.99, 0.88, 0.70),
-        gain=1.0, gamma=1.0, vignette=0.15, texture=0.06, blur_px=0.6, noise=0.012,
-        vessel_width=0.035, vessel_contrast=0.45, n_vessels=4, cup_edge_px=1.5,
+        fov_center=(0.0, 0.0),
+        fov_radius=3.0,
+        disc_center=(0.0, 0.0),
+        disc_jitter=0.05,
+        disc_radius=0.42,
+        cdr=0.55,
+        fundus_rgb=(0.78, 0.36, 0.16),
+        disc_rgb=(0.95, 0.66, 0.42),
+        cup_rgb=(0.99, 0.88, 0.70),
+        gain=1.0,
+        gamma=1.0,
+        vignette=0.15,
+        texture=0.06,
+        blur_px=0.6,
+        noise=0.012,
+        vessel_width=0.035,
+        vessel_contrast=0.45,
+        n_vessels=4,
+        cup_edge_px=1.5,
         cup_annot_scale=1.15,
     ),
     RetinaStyle(  # site2, RIGA BinRushed-like: small field of view, dark red-brown, low contrast
-        fov_center=(0.0, 0.0), fov_radius=0.98, disc_center=(0.12, 0.0), disc_jitter=0.08, disc_radius=0.30,
-        cdr=0.45, fundus_rgb=(0.55, 0.20, 0.10), disc_rgb=(0.80, 0.42, 0.24), cup_rgb=(0.88, 0.58, 0.40),
-        gain=0.85, gamma=1.3, vignette=0.45, texture=0.05, blur_px=0.8, noise=0.015,
-        vessel_width=0.03, vessel_contrast=0.35, n_vessels=4, cup_edge_px=2.0,
-        cup_annot_scale=0.95, cup_annot_smooth=True,
+        fov_center=(0.0, 0.0),
+        fov_radius=0.98,
+        disc_center=(0.12, 0.0),
+        disc_jitter=0.08,
+        disc_radius=0.30,
+        cdr=0.45,
+        fundus_rgb=(0.55, 0.20, 0.10),
+        disc_rgb=(0.80, 0.42, 0.24),
+        cup_rgb=(0.88, 0.58, 0.40),
+        gain=0.85,
+        gamma=1.3,
+        vignette=0.45,
+        texture=0.05,
+        blur_px=0.8,
+        noise=0.015,
+        vessel_width=0.03,
+        vessel_contrast=0.35,
+        n_vessels=4,
+        cup_edge_px=2.0,
+        cup_annot_scale=0.95,
+        cup_annot_smooth=True,
     ),
     RetinaStyle(  # site3, RIGA Magrabia-like: pale yellow, blurry, dark corners
-        fov_center=(0.05, 0.0), fov_radius=1.22, disc_center=(0.0, 0.05), disc_jitter=0.08, disc_radius=0.34,
-        cdr=0.5, fundus_rgb=(0.85, 0.60, 0.22), disc_rgb=(0.97, 0.82, 0.50), cup_rgb=(1.0, 0.95, 0.78),
-        gain=1.0, gamma=0.85, vignette=0.3, texture=0.04, blur_px=1.4, noise=0.01,
-        vessel_width=0.03, vessel_contrast=0.3, n_vessels=4, cup_edge_px=2.0,
-        cup_annot_aspect=1.2, cup_annot_smooth=True,
+        fov_center=(0.05, 0.0),
+        fov_radius=1.22,
+        disc_center=(0.0, 0.05),
+        disc_jitter=0.08,
+        disc_radius=0.34,
+        cdr=0.5,
+        fundus_rgb=(0.85, 0.60, 0.22),
+        disc_rgb=(0.97, 0.82, 0.50),
+        cup_rgb=(1.0, 0.95, 0.78),
+        gain=1.0,
+        gamma=0.85,
+        vignette=0.3,
+        texture=0.04,
+        blur_px=1.4,
+        noise=0.01,
+        vessel_width=0.03,
+        vessel_contrast=0.3,
+        n_vessels=4,
+        cup_edge_px=2.0,
+        cup_annot_aspect=1.2,
+        cup_annot_smooth=True,
     ),
     RetinaStyle(  # site4, RIGA MESSIDOR-like: orange, noisy, field-of-view edge on the left
-        fov_center=(0.55, 0.0), fov_radius=1.45, disc_center=(0.1, 0.0), disc_jitter=0.1, disc_radius=0.31,
-        cdr=0.5, fundus_rgb=(0.72, 0.30, 0.08), disc_rgb=(0.92, 0.60, 0.30), cup_rgb=(0.97, 0.80, 0.55),
-        gain=0.95, gamma=1.1, vignette=0.35, texture=0.08, blur_px=0.5, noise=0.035,
-        vessel_width=0.03, vessel_contrast=0.45, n_vessels=5, cup_edge_px=1.5,
+        fov_center=(0.55, 0.0),
+        fov_radius=1.45,
+        disc_center=(0.1, 0.0),
+        disc_jitter=0.1,
+        disc_radius=0.31,
+        cdr=0.5,
+        fundus_rgb=(0.72, 0.30, 0.08),
+        disc_rgb=(0.92, 0.60, 0.30),
+        cup_rgb=(0.97, 0.80, 0.55),
+        gain=0.95,
+        gamma=1.1,
+        vignette=0.35,
+        texture=0.08,
+        blur_px=0.5,
+        noise=0.035,
+        vessel_width=0.03,
+        vessel_contrast=0.45,
+        n_vessels=5,
+        cup_edge_px=1.5,
         cup_annot_scale=0.85,
     ),
     RetinaStyle(  # site5, RIM-ONE-like: close crop, greyish pink, thick dark vessels, oval cup
-        fov_center=(0.0, 0.0), fov_radius=3.0, disc_center=(0.0, 0.0), disc_jitter=0.04, disc_radius=0.50,
-        cdr=0.5, fundus_rgb=(0.62, 0.40, 0.36), disc_rgb=(0.82, 0.66, 0.60), cup_rgb=(0.92, 0.84, 0.80),
-        gain=1.0, gamma=1.15, vignette=0.1, texture=0.1, blur_px=0.7, noise=0.02,
-        vessel_width=0.055, vessel_contrast=0.6, n_vessels=5, cup_edge_px=1.0,
-        cup_annot_scale=0.9, cup_annot_aspect=1.3, cup_annot_smooth=True, disc_annot_scale=1.04,
+        fov_center=(0.0, 0.0),
+        fov_radius=3.0,
+        disc_center=(0.0, 0.0),
+        disc_jitter=0.04,
+        disc_radius=0.50,
+        cdr=0.5,
+        fundus_rgb=(0.62, 0.40, 0.36),
+        disc_rgb=(0.82, 0.66, 0.60),
+        cup_rgb=(0.92, 0.84, 0.80),
+        gain=1.0,
+        gamma=1.15,
+        vignette=0.1,
+        texture=0.1,
+        blur_px=0.7,
+        noise=0.02,
+        vessel_width=0.055,
+        vessel_contrast=0.6,
+        n_vessels=5,
+        cup_edge_px=1.0,
+        cup_annot_scale=0.9,
+        cup_annot_aspect=1.3,
+        cup_annot_smooth=True,
+        disc_annot_scale=1.04,
     ),
     RetinaStyle(  # site6, REFUGE-like: dark olive-brown, bright disc, edge on the right, varied position
-        fov_center=(-0.5, 0.0), fov_radius=1.4, disc_center=(-0.1, -0.05), disc_jitter=0.14, disc_radius=0.34,
-        cdr=0.45, fundus_rgb=(0.42, 0.26, 0.08), disc_rgb=(0.90, 0.72, 0.40), cup_rgb=(0.98, 0.90, 0.66),
-        gain=1.0, gamma=1.0, vignette=0.3, texture=0.05, blur_px=0.6, noise=0.012,
-        vessel_width=0.03, vessel_contrast=0.4, n_vessels=4, cup_edge_px=1.2,
+        fov_center=(-0.5, 0.0),
+        fov_radius=1.4,
+        disc_center=(-0.1, -0.05),
+        disc_jitter=0.14,
+        disc_radius=0.34,
+        cdr=0.45,
+        fundus_rgb=(0.42, 0.26, 0.08),
+        disc_rgb=(0.90, 0.72, 0.40),
+        cup_rgb=(0.98, 0.90, 0.66),
+        gain=1.0,
+        gamma=1.0,
+        vignette=0.3,
+        texture=0.05,
+        blur_px=0.6,
+        noise=0.012,
+        vessel_width=0.03,
+        vessel_contrast=0.4,
+        n_vessels=4,
+        cup_edge_px=1.2,
         cup_annot_scale=1.05,
     ),
 )
@@ -534,7 +634,9 @@ def draw_optic_disc(rng: np.random.Generator, style: RetinaStyle) -> OpticDisc:
     r = style.disc_radius * min(max(math.exp(rng.normal(0.0, 0.1)), 0.8), 1.25)
     radii = (r, r * rng.uniform(1.02, 1.15))  # discs are vertically oval
     fov = Blob(style.fov_center, (style.fov_radius * rng.uniform(0.98, 1.02),) * 2)
-    x, y = (min(max(c + rng.normal(0.0, style.disc_jitter), -0.92 + radii[1]), 0.92 - radii[1]) for c in style.disc_center)
+    x, y = (
+        min(max(c + rng.normal(0.0, style.disc_jitter), -0.92 + radii[1]), 0.92 - radii[1]) for c in style.disc_center
+    )
     # keep the whole disc (and a margin) inside the field of view
     dx, dy = x - fov.center[0], y - fov.center[1]
     shrink = min(1.0, (fov.radii[0] - 1.15 * radii[1]) / max(math.hypot(dx, dy), 1e-9))
@@ -599,8 +701,12 @@ def render_fundus(recipes: Sequence[FundusRecipe], style: RetinaStyle, size: int
     # background fundus: choroidal texture, vignetting, darker macula on the temporal side
     texture = smooth_field(np.stack([r.texture for r in recipes]), size)
     shade = (1.0 + style.texture * texture) * (1.0 - style.vignette * np.minimum(fov.ratio(size) ** 2, 1.0))
-    macula = Blobs.of([Blob((e.disc.center[0] + e.temporal * 5 * e.disc.radii[0], e.disc.center[1]),
-                            (1.5 * e.disc.radii[0],) * 2) for e in eyes]).ratio(size)
+    macula = Blobs.of(
+        [
+            Blob((e.disc.center[0] + e.temporal * 5 * e.disc.radii[0], e.disc.center[1]), (1.5 * e.disc.radii[0],) * 2)
+            for e in eyes
+        ]
+    ).ratio(size)
     image = colour(style.fundus_rgb) * (shade * (1.0 - 0.35 * np.exp(-0.5 * macula * macula)))
     # disc (slightly brighter on the temporal side), then the pale cup with a site-specific soft edge
     tilt = 1.0 + (0.08 * temporal / disc.rx) * (u - disc.cx)
@@ -643,18 +749,37 @@ class ProstateStyle:
 
 
 PROSTATE_STYLES = (
-    ProstateStyle(gain=1.1, gamma=1.0, bias_strength=0.08, bias_gradient=(0.0, 0.1), coil=0.45, noise=0.015, blur_px=0.4),
-    ProstateStyle(gain=1.3, gamma=0.9, bias_strength=0.06, bias_gradient=(0.12, 0.0), coil=0.0, noise=0.02, blur_px=0.6),
-    ProstateStyle(gain=0.95, gamma=1.15, bias_strength=0.1, bias_gradient=(0.0, -0.05), coil=0.3, noise=0.012, blur_px=0.3),
-    ProstateStyle(gain=1.4, gamma=1.0, bias_strength=0.05, bias_gradient=(-0.1, 0.05), coil=0.0, noise=0.025, blur_px=0.5),
-    ProstateStyle(gain=1.2, gamma=1.25, bias_strength=0.07, bias_gradient=(0.05, -0.12), coil=0.0, noise=0.015, blur_px=0.5),
-    ProstateStyle(gain=1.35, gamma=0.85, bias_strength=0.09, bias_gradient=(0.0, 0.0), coil=0.0, noise=0.015, blur_px=0.4),
+    ProstateStyle(
+        gain=1.1, gamma=1.0, bias_strength=0.08, bias_gradient=(0.0, 0.1), coil=0.45, noise=0.015, blur_px=0.4
+    ),
+    ProstateStyle(
+        gain=1.3, gamma=0.9, bias_strength=0.06, bias_gradient=(0.12, 0.0), coil=0.0, noise=0.02, blur_px=0.6
+    ),
+    ProstateStyle(
+        gain=0.95, gamma=1.15, bias_strength=0.1, bias_gradient=(0.0, -0.05), coil=0.3, noise=0.012, blur_px=0.3
+    ),
+    ProstateStyle(
+        gain=1.4, gamma=1.0, bias_strength=0.05, bias_gradient=(-0.1, 0.05), coil=0.0, noise=0.025, blur_px=0.5
+    ),
+    ProstateStyle(
+        gain=1.2, gamma=1.25, bias_strength=0.07, bias_gradient=(0.05, -0.12), coil=0.0, noise=0.015, blur_px=0.5
+    ),
+    ProstateStyle(
+        gain=1.35, gamma=0.85, bias_strength=0.09, bias_gradient=(0.0, 0.0), coil=0.0, noise=0.015, blur_px=0.4
+    ),
 )
 
 # T2-weighted tissue signal in [0, 1] before the bias field and the site's tone curve
 T2 = {
-    "air": 0.015, "fat": 0.55, "muscle": 0.21, "cortex": 0.06, "marrow": 0.35, "bladder": 0.68,
-    "wall": 0.15, "rectum": 0.08, "tz": 0.28,  # capsule and peripheral zone: per patient, see Pelvis
+    "air": 0.015,
+    "fat": 0.55,
+    "muscle": 0.21,
+    "cortex": 0.06,
+    "marrow": 0.35,
+    "bladder": 0.68,
+    "wall": 0.15,
+    "rectum": 0.08,
+    "tz": 0.28,  # capsule and peripheral zone: per patient, see Pelvis
 }
 
 
@@ -702,28 +827,54 @@ def draw_pelvis(rng: np.random.Generator) -> Pelvis:
     cavity_radii = (rng.uniform(0.46, 0.54), rng.uniform(0.46, 0.54))
     cavity = Blob(cavity_center, cavity_radii, 0.0, **random_wobble(rng, 3, 0.05))
     bone_r = rng.uniform(0.16, 0.21)
-    femoral = [Blob((side * rng.uniform(0.64, 0.72), rng.uniform(0.0, 0.12)), (bone_r, bone_r * rng.uniform(1.0, 1.2)),
-                    **random_wobble(rng, 2, 0.05)) for side in (-1.0, 1.0)]
+    femoral = [
+        Blob(
+            (side * rng.uniform(0.64, 0.72), rng.uniform(0.0, 0.12)),
+            (bone_r, bone_r * rng.uniform(1.0, 1.2)),
+            **random_wobble(rng, 2, 0.05),
+        )
+        for side in (-1.0, 1.0)
+    ]
     pubis_y, pubis_r = cavity.center[1] - cavity.radii[1] - rng.uniform(0.06, 0.1), rng.uniform(0.07, 0.09)
-    pubic = [Blob((side * rng.uniform(0.09, 0.12), pubis_y), (pubis_r, 1.2 * pubis_r), side * 0.4) for side in (-1.0, 1.0)]
+    pubic = [
+        Blob((side * rng.uniform(0.09, 0.12), pubis_y), (pubis_r, 1.2 * pubis_r), side * 0.4) for side in (-1.0, 1.0)
+    ]
     size = rng.uniform(0.65, 1.15)  # apex and base slices are smaller than mid-gland
     rx, ry = 0.3 * size * math.exp(n(0.06)), 0.24 * size * math.exp(n(0.06))
     cx, cy = n(0.04), n(0.05, 0.02)
     prostate = Blob((cx, cy), (rx, ry), n(0.12), **random_wobble(rng, 4, 0.06))
     tz_scale = rng.uniform(0.55, 0.75)
     tz = Blob((cx, cy - 0.3 * ry), (rx * tz_scale, ry * tz_scale), prostate.angle, **random_wobble(rng, 3, 0.1))
-    rectum = Blob((cx + n(0.03), cy + ry + rng.uniform(0.12, 0.18)), (rng.uniform(0.14, 0.2), rng.uniform(0.09, 0.13)),
-                  n(0.1), **random_wobble(rng, 3, 0.08))
+    rectum = Blob(
+        (cx + n(0.03), cy + ry + rng.uniform(0.12, 0.18)),
+        (rng.uniform(0.14, 0.2), rng.uniform(0.09, 0.13)),
+        n(0.1),
+        **random_wobble(rng, 3, 0.08),
+    )
     top, bottom = cy - 0.6 * ry, rectum.center[1] + rectum.radii[1]
-    levator = Blob((cx, 0.5 * (top + bottom)), (max(rx, rectum.radii[0]) + 0.1, 0.5 * (bottom - top) + 0.08), 0.0,
-                   **random_wobble(rng, 2, 0.05))
+    levator = Blob(
+        (cx, 0.5 * (top + bottom)),
+        (max(rx, rectum.radii[0]) + 0.1, 0.5 * (bottom - top) + 0.08),
+        0.0,
+        **random_wobble(rng, 2, 0.05),
+    )
     bladder = None
     if rng.random() < 0.5:
         b_rx, b_ry = rng.uniform(0.25, 0.42), rng.uniform(0.12, 0.25)
         b_center = (cx + n(0.04), cy - ry - b_ry * rng.uniform(0.6, 1.0))
         bladder = Blob(b_center, (b_rx, b_ry), n(0.1), **random_wobble(rng, 3, 0.05))
-    return Pelvis(body, cavity, (*femoral, *pubic), levator, bladder, rectum, prostate, tz,
-                  capsule=rng.uniform(0.12, 0.26), pz=rng.uniform(0.34, 0.48))
+    return Pelvis(
+        body,
+        cavity,
+        (*femoral, *pubic),
+        levator,
+        bladder,
+        rectum,
+        prostate,
+        tz,
+        capsule=rng.uniform(0.12, 0.26),
+        pz=rng.uniform(0.34, 0.48),
+    )
 
 
 def render_slices(recipes: Sequence[SliceRecipe], style: ProstateStyle, size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -787,11 +938,21 @@ class FederationSpec(Generic[StyleT, RecipeT]):
 # FederationSpec[ProstateStyle, SliceRecipe]
 FEDERATIONS: dict[str, FederationSpec[Any, Any]] = {
     "synthetic-retina": FederationSpec(
-        RETINA_TABLE, RETINA_STYLES, 3, {"disc": [1, 2], "cup": [2]}, {0: "background", 1: "rim", 2: "cup"},
-        draw_fundus, render_fundus,
+        RETINA_TABLE,
+        RETINA_STYLES,
+        3,
+        {"disc": [1, 2], "cup": [2]},
+        {0: "background", 1: "rim", 2: "cup"},
+        draw_fundus,
+        render_fundus,
     ),
     "synthetic-prostate": FederationSpec(
-        PROSTATE_TABLE, PROSTATE_STYLES, 1, {"prostate": [1]}, {0: "background", 1: "prostate"},
-        draw_slice, render_slices,
+        PROSTATE_TABLE,
+        PROSTATE_STYLES,
+        1,
+        {"prostate": [1]},
+        {0: "background", 1: "prostate"},
+        draw_slice,
+        render_slices,
     ),
 }

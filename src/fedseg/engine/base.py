@@ -51,8 +51,14 @@ class BaseEngine:
 
     supports_resume = True  # False where the sites' state stores cannot be put in a checkpoint
 
-    def __init__(self, algorithm: str, sites: list[str], task: Task, options: object = None,
-                 observers: list[Observer] | None = None):
+    def __init__(
+        self,
+        algorithm: str,
+        sites: list[str],
+        task: Task,
+        options: object = None,
+        observers: list[Observer] | None = None,
+    ):
         self.algorithm = algorithm
         self.sites = list(sites)
         self.task = task
@@ -79,7 +85,9 @@ class BaseEngine:
         for site in order:
             msg, (reply, seconds) = messages[site], answered[site]
             steps = int(reply.meta.get("steps", 0))
-            self.ledger.record(LedgerRow(self.round, site, action, steps, msg.num_floats(), reply.num_floats(), seconds))
+            self.ledger.record(
+                LedgerRow(self.round, site, action, steps, msg.num_floats(), reply.num_floats(), seconds)
+            )
             for observe in self.observers:
                 observe(site, action, msg, reply)
             replies[site] = reply

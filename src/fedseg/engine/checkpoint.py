@@ -94,7 +94,7 @@ class CheckpointWriter:
         finally:
             self._pool.shutdown(wait=True)
 
-    def __enter__(self) -> "CheckpointWriter":
+    def __enter__(self) -> CheckpointWriter:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:

@@ -45,8 +45,9 @@ class Task:
         and overwrite its weights, and a copy costs about 60% of a build with random init."""
         template = self.__dict__.get("_template")
         if template is None:
-            template = build_segmenter(self.cfg.model, self.spatial_dims, self.in_channels, len(self.regions),
-                                       self.cfg.seed).to(self.device)
+            template = build_segmenter(
+                self.cfg.model, self.spatial_dims, self.in_channels, len(self.regions), self.cfg.seed
+            ).to(self.device)
             object.__setattr__(self, "_template", template)  # a cache on a frozen dataclass
         return copy.deepcopy(template)
 
@@ -104,8 +105,16 @@ class Delivery:
     action: str
 
 
-def answer(client: Client, msg: Message, to: Delivery, data: SiteData, state: State, task: Task,
-           options: Any = None, artifacts: Path | None = None) -> tuple[Message, float]:
+def answer(
+    client: Client,
+    msg: Message,
+    to: Delivery,
+    data: SiteData,
+    state: State,
+    task: Task,
+    options: Any = None,
+    artifacts: Path | None = None,
+) -> tuple[Message, float]:
     """Build the site's ``ClientContext`` (its random stream from (seed, site index, round, action)),
     let ``client`` handle ``msg`` and return the reply with the compute seconds it took.
     ``state`` is the site's store: the client updates it in place."""

@@ -46,5 +46,5 @@ class Ledger:
         return [asdict(r) for r in self.rows]
 
     @classmethod
-    def from_dicts(cls, rows: list[dict]) -> "Ledger":
+    def from_dicts(cls, rows: list[dict]) -> Ledger:
         return cls([LedgerRow(**r) for r in rows])

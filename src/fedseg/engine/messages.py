@@ -7,8 +7,8 @@ every message, down and up, in the ledger.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 import torch
 from torch import nn
@@ -36,7 +36,7 @@ class Message:
     def group(self, prefix: str) -> dict[str, torch.Tensor]:
         """Tensors under ``prefix/``, with the prefix stripped."""
         head = prefix + "/"
-        return {k[len(head):]: v for k, v in self.tensors.items() if k.startswith(head)}
+        return {k[len(head) :]: v for k, v in self.tensors.items() if k.startswith(head)}
 
 
 def prefixed(prefix: str, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:

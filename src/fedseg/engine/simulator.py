@@ -43,9 +43,19 @@ class Simulator(BaseEngine):
 
     def deliver(self, order: list[str], messages: dict[str, Message], action: str) -> dict[str, tuple[Message, float]]:
         """Each site in turn, in this process, with its state store kept here."""
-        return {site: answer(self.client, messages[site], self.delivery(site, action), self.site_data[site],
-                             self.client_states[site], self.task, self.options, self.artifacts)
-                for site in order}
+        return {
+            site: answer(
+                self.client,
+                messages[site],
+                self.delivery(site, action),
+                self.site_data[site],
+                self.client_states[site],
+                self.task,
+                self.options,
+                self.artifacts,
+            )
+            for site in order
+        }
 
     # --- checkpointing -------------------------------------------------------------
     def snapshot_clients(self) -> ClientStates:

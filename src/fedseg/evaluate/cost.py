@@ -57,8 +57,15 @@ class _CostRow(TypedDict):
 
 def _row(r: LedgerRow | Mapping) -> _CostRow:
     d = asdict(r) if is_dataclass(r) else dict(r)
-    return {"round": int(d["round"]), "site": str(d["site"]), "action": str(d["action"]), "steps": int(d["steps"]),
-            "floats_down": int(d["floats_down"]), "floats_up": int(d["floats_up"]), "seconds": float(d["seconds"])}
+    return {
+        "round": int(d["round"]),
+        "site": str(d["site"]),
+        "action": str(d["action"]),
+        "steps": int(d["steps"]),
+        "floats_down": int(d["floats_down"]),
+        "floats_up": int(d["floats_up"]),
+        "seconds": float(d["seconds"]),
+    }
 
 
 def _ratio(num: float, den: float) -> float:
@@ -99,7 +106,9 @@ def cost_table(rows: Iterable[LedgerRow | Mapping], cfg: CostConfig, val_cases: 
     if cfg.timing == "measured":
         t_batch = _ratio(sum(r["seconds"] for r in sgd if r["steps"]), sum(r["steps"] for r in sgd))
         t_forward = _ratio(sum(r["seconds"] for r in forward if r["steps"]), sum(r["steps"] for r in forward))
-        scored = [(r["seconds"], val_cases.get(site, 0)) for (_, site), r in first_eval.items() if val_cases.get(site, 0)]
+        scored = [
+            (r["seconds"], val_cases.get(site, 0)) for (_, site), r in first_eval.items() if val_cases.get(site, 0)
+        ]
         t_eval = _ratio(sum(s for s, _ in scored), sum(n for _, n in scored))
     else:
         t_batch, t_eval = cfg.batch_seconds, cfg.eval_seconds
@@ -113,8 +122,10 @@ def cost_table(rows: Iterable[LedgerRow | Mapping], cfg: CostConfig, val_cases: 
         if POOLED in sites:  # centralized: one participant trains and validates everything
             evaluated = {POOLED: sum(evaluated.values())}
             sites = {POOLED: sites[POOLED]}
-        times = [s * t_batch + f * t_forward + evaluated.get(k, 0) * t_eval + down * down_s + up * up_s
-                 for k, (s, f, down, up) in sites.items()]
+        times = [
+            s * t_batch + f * t_forward + evaluated.get(k, 0) * t_eval + down * down_s + up * up_s
+            for k, (s, f, down, up) in sites.items()
+        ]
         total_seconds += max(times)
         parallel += max(s for s, _, _, _ in sites.values())
 

@@ -12,7 +12,9 @@ from fedseg.evaluate.metrics import batch_metrics, logits_to_masks
 
 
 @torch.no_grad()
-def predict_masks(model: nn.Module, x: torch.Tensor, batch_size: int, threshold: float, device: torch.device) -> torch.Tensor:
+def predict_masks(
+    model: nn.Module, x: torch.Tensor, batch_size: int, threshold: float, device: torch.device
+) -> torch.Tensor:
     """Images ``(N, C, *S)`` -> boolean region masks ``(N, R, *S)`` on the CPU."""
     model.eval()
     out = [logits_to_masks(model(xb.to(device)), threshold).cpu() for xb in x.split(batch_size)]

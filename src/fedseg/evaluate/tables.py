@@ -216,8 +216,15 @@ def eval_rows(algorithm: str, replies: dict[str, Message], regions: tuple[str, .
             for i, case in enumerate(cases):
                 for j, region in enumerate(regions):
                     rows.append(
-                        {"algorithm": algorithm, "model": reply.meta["model"], "site": site, "case": case,
-                         "region": region, "metric": metric, "value": float(values[i, j])}
+                        {
+                            "algorithm": algorithm,
+                            "model": reply.meta["model"],
+                            "site": site,
+                            "case": case,
+                            "region": region,
+                            "metric": metric,
+                            "value": float(values[i, j]),
+                        }
                     )
     return rows
 
@@ -225,6 +232,8 @@ def eval_rows(algorithm: str, replies: dict[str, Message], regions: tuple[str, .
 def site_dice(dice: np.ndarray, cases: Sequence[str], site: str, regions: tuple[str, ...]) -> float:
     """Per-case Dice ``(N, R)`` of one site's ``cases`` -> the site's Dice (mean over regions, then over
     cases; NaN entries not counted), as ``site_summary`` computes it from result rows."""
-    reply = Message({"dice": torch.from_numpy(dice), "hd95": torch.full(dice.shape, math.nan, dtype=torch.float64)},
-                    {"cases": json.dumps(list(cases)), "model": "scored"})
+    reply = Message(
+        {"dice": torch.from_numpy(dice), "hd95": torch.full(dice.shape, math.nan, dtype=torch.float64)},
+        {"cases": json.dumps(list(cases)), "model": "scored"},
+    )
     return site_summary(eval_rows("scored", {site: reply}, regions), "scored", "dice", [site])[site]

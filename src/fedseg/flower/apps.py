@@ -118,6 +118,10 @@ def build_fab() -> bytes:
     """The Flower App Bundle of fedseg's app (bytes, as ``flwr build`` writes them)."""
     from fedseg.flower.flwr_internals import build_fab as build
 
-    return build({"pyproject.toml": pyproject().encode(),
-                  f"{MODULE}.py": b'"""fedseg on Flower (see fedseg.flower.apps)."""\n'
-                                  b"from fedseg.flower.apps import client_app, server_app  # noqa: F401\n"})
+    return build(
+        {
+            "pyproject.toml": pyproject().encode(),
+            f"{MODULE}.py": b'"""fedseg on Flower (see fedseg.flower.apps)."""\n'
+            b"from fedseg.flower.apps import client_app, server_app  # noqa: F401\n",
+        }
+    )

@@ -20,8 +20,8 @@ SuperNodes whose public key was registered (``flwr supernode register`` / ``feds
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
 import ipaddress
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,12 +41,14 @@ class TlsFiles:
     key: Path
 
     @classmethod
-    def in_folder(cls, folder: Path) -> "TlsFiles":
+    def in_folder(cls, folder: Path) -> TlsFiles:
         folder = Path(folder)
         files = cls(folder / "ca.crt", folder / "superlink.crt", folder / "superlink.key")
         missing = [str(p) for p in (files.ca, files.cert, files.key) if not p.is_file()]
         if missing:
-            raise FileNotFoundError(f"missing {', '.join(missing)} (create them with `fedseg flower certs --out {folder}`)")
+            raise FileNotFoundError(
+                f"missing {', '.join(missing)} (create them with `fedseg flower certs --out {folder}`)"
+            )
         return files
 
 
@@ -58,7 +60,9 @@ def _write_private(path: Path, data: bytes) -> None:
 
 
 def _name(common: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "fedseg"), x509.NameAttribute(NameOID.COMMON_NAME, common)])
+    return x509.Name(
+        [x509.NameAttribute(NameOID.ORGANIZATION_NAME, "fedseg"), x509.NameAttribute(NameOID.COMMON_NAME, common)]
+    )
 
 
 def _san(hosts: list[str]) -> x509.SubjectAlternativeName:
@@ -73,7 +77,7 @@ def _san(hosts: list[str]) -> x509.SubjectAlternativeName:
 
 def make_ca(out: Path) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
     key = ec.generate_private_key(CURVE)
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     cert = (
         x509.CertificateBuilder()
         .subject_name(_name("fedseg federation CA"))
@@ -83,21 +87,34 @@ def make_ca(out: Path) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
         .not_valid_before(now - dt.timedelta(minutes=5))
         .not_valid_after(now + dt.timedelta(days=3650))
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False,
-                                     key_encipherment=False, data_encipherment=False, key_agreement=False,
-                                     encipher_only=False, decipher_only=False), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                key_cert_sign=True,
+                crl_sign=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
         .sign(key, hashes.SHA384())
     )
-    _write_private(out / "ca.key", key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                                     serialization.NoEncryption()))
+    _write_private(
+        out / "ca.key",
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()),
+    )
     (out / "ca.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     return key, cert
 
 
 def make_server_cert(out: Path, ca_key, ca_cert: x509.Certificate, hosts: list[str]) -> None:
     key = ec.generate_private_key(CURVE)
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     cert = (
         x509.CertificateBuilder()
         .subject_name(_name("fedseg SuperLink"))
@@ -112,8 +129,10 @@ def make_server_cert(out: Path, ca_key, ca_cert: x509.Certificate, hosts: list[s
         .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
         .sign(ca_key, hashes.SHA384())
     )
-    _write_private(out / "superlink.key", key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                                            serialization.NoEncryption()))
+    _write_private(
+        out / "superlink.key",
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()),
+    )
     (out / "superlink.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
 
 
@@ -121,10 +140,16 @@ def make_node_key(folder: Path, name: str) -> tuple[Path, Path]:
     """``<name>.key`` (OpenSSH private key, EC P-384) and ``<name>.pub`` (OpenSSH public key)."""
     key = ec.generate_private_key(CURVE)
     private, public = folder / f"{name}.key", folder / f"{name}.pub"
-    _write_private(private, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
-                                              serialization.NoEncryption()))
-    public.write_bytes(key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
-                       + f" fedseg-{name}\n".encode())
+    _write_private(
+        private,
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
+        ),
+    )
+    public.write_bytes(
+        key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+        + f" fedseg-{name}\n".encode()
+    )
     return private, public
 
 

@@ -1,24 +1,25 @@
 """``fedseg flower``: run fedseg's algorithms on a real Flower deployment.
 
-    fedseg flower local     --preset NAME --out DIR [--tls]       everything on this machine
-    fedseg flower server    --config FILE --out DIR --certs DIR   the coordinator (SuperLink + ServerApp)
-    fedseg flower supernode --site NAME --data ROOT --superlink HOST:PORT [--root-certificates CA] [--auth-key KEY]
-    fedseg flower certs     --out DIR --node NAME ...             CA, SuperLink certificate, SuperNode keys
+fedseg flower local     --preset NAME --out DIR [--tls]       everything on this machine
+fedseg flower server    --config FILE --out DIR --certs DIR   the coordinator (SuperLink + ServerApp)
+fedseg flower supernode --site NAME --data ROOT --superlink HOST:PORT [--root-certificates CA] [--auth-key KEY]
+fedseg flower certs     --out DIR --node NAME ...             CA, SuperLink certificate, SuperNode keys
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.console import Console
-from fedseg.console_tables import print_dice
 
+from fedseg.console_tables import print_dice
 from fedseg.flower.launch import DEFAULT_POLL
 
-flower_app = typer.Typer(help="Run on a real Flower deployment (SuperLink + one SuperNode per site).", no_args_is_help=True)
+flower_app = typer.Typer(
+    help="Run on a real Flower deployment (SuperLink + one SuperNode per site).", no_args_is_help=True
+)
 console = Console()
 
 
@@ -43,20 +44,35 @@ def _errors():
     from fedseg.data.federation import FederationError
     from fedseg.flower.launch import FlowerRunError
 
-    return (ConfigError, FederationError, FileExistsError, FileNotFoundError, KeyError, ValueError, FlowerRunError,
-            RuntimeError, TimeoutError)
+    return (
+        ConfigError,
+        FederationError,
+        FileExistsError,
+        FileNotFoundError,
+        KeyError,
+        ValueError,
+        FlowerRunError,
+        RuntimeError,
+        TimeoutError,
+    )
 
 
 def _finish(out: Path) -> None:
     from fedseg.report.html import render_report
 
     summary = json.loads((out / "summary.json").read_text())
-    print_dice(console, f"Test Dice ({summary['dataset']}, on Flower)", summary["sites"],
-               {name: entry["dice"] for name, entry in summary["algorithms"].items()})
+    print_dice(
+        console,
+        f"Test Dice ({summary['dataset']}, on Flower)",
+        summary["sites"],
+        {name: entry["dice"] for name, entry in summary["algorithms"].items()},
+    )
     console.print(f"report: {render_report(out)}")
 
 
-OUT = typer.Option(..., "--out", help="output directory of the run (summary.json, CSVs, model/, report.html, flower/ logs)")
+OUT = typer.Option(
+    ..., "--out", help="output directory of the run (summary.json, CSVs, model/, report.html, flower/ logs)"
+)
 PRESET = typer.Option(None, "--preset", help="built-in preset name (see `fedseg presets`)")
 CONFIG = typer.Option(None, "--config", help="YAML config file")
 DATA = typer.Option(None, "--data", help="folder federation replacing the preset's data")
@@ -64,23 +80,29 @@ ALGOS = typer.Option(None, "--algorithms", help="comma-separated algorithm names
 ROUNDS = typer.Option(None, "--rounds", help="federated rounds")
 SEED = typer.Option(None, "--seed")
 SET = typer.Option([], "--set", help="override: key.sub=value (YAML value); repeatable")
-ISOLATION_HELP = ("subprocess: Flower's default, one ClientApp process per message; warm: one long-lived ClientApp "
-                  "worker per SuperNode (no per-message process start)")
-POLL_HELP = ("seconds for the waits inside Flower (SuperNode idle polling and object-pull backoff, SuperExec task polling, "
-             "ServerApp reply polling); 0 = Flower's own (3 s, 1 s, 1 s, 3 s)")
+ISOLATION_HELP = (
+    "subprocess: Flower's default, one ClientApp process per message; warm: one long-lived ClientApp "
+    "worker per SuperNode (no per-message process start)"
+)
+POLL_HELP = (
+    "seconds for the waits inside Flower (SuperNode idle polling and object-pull backoff, SuperExec task polling, "
+    "ServerApp reply polling); 0 = Flower's own (3 s, 1 s, 1 s, 3 s)"
+)
 
 
 @flower_app.command()
 def local(
     out: Path = OUT,
-    preset: Optional[str] = PRESET,
-    config: Optional[Path] = CONFIG,
-    data: Optional[Path] = DATA,
-    algorithms: Optional[str] = ALGOS,
-    rounds: Optional[int] = ROUNDS,
-    seed: Optional[int] = SEED,
+    preset: str | None = PRESET,
+    config: Path | None = CONFIG,
+    data: Path | None = DATA,
+    algorithms: str | None = ALGOS,
+    rounds: int | None = ROUNDS,
+    seed: int | None = SEED,
     set_: list[str] = SET,
-    tls: bool = typer.Option(False, "--tls", help="TLS + SuperNode authentication (fresh CA, certificate and keys in OUT/flower/certs)"),
+    tls: bool = typer.Option(
+        False, "--tls", help="TLS + SuperNode authentication (fresh CA, certificate and keys in OUT/flower/certs)"
+    ),
     isolation: str = typer.Option("warm", "--isolation", help=ISOLATION_HELP),
     poll: float = typer.Option(DEFAULT_POLL, "--poll", help=POLL_HELP),
     wait: float = typer.Option(300, "--wait", help="seconds to wait for every SuperNode to connect"),
@@ -101,28 +123,44 @@ def local(
 @flower_app.command()
 def server(
     out: Path = OUT,
-    preset: Optional[str] = PRESET,
-    config: Optional[Path] = CONFIG,
-    federation: Optional[Path] = typer.Option(None, "--federation", help="folder federation (its federation.yaml and "
-                                              "site folder names are read, no image) or a federation.yaml; default: data.root"),
-    sites: Optional[str] = typer.Option(None, "--sites", help="comma-separated site names (default: the folder's site folders)"),
-    algorithms: Optional[str] = ALGOS,
-    rounds: Optional[int] = ROUNDS,
-    seed: Optional[int] = SEED,
+    preset: str | None = PRESET,
+    config: Path | None = CONFIG,
+    federation: Path | None = typer.Option(
+        None,
+        "--federation",
+        help="folder federation (its federation.yaml and "
+        "site folder names are read, no image) or a federation.yaml; default: data.root",
+    ),
+    sites: str | None = typer.Option(
+        None, "--sites", help="comma-separated site names (default: the folder's site folders)"
+    ),
+    algorithms: str | None = ALGOS,
+    rounds: int | None = ROUNDS,
+    seed: int | None = SEED,
     set_: list[str] = SET,
     host: str = typer.Option("0.0.0.0", "--host", help="interface the SuperLink listens on"),
     port: int = typer.Option(9092, "--port", help="the SuperLink's port (Fleet API for SuperNodes, Control API)"),
-    certs: Optional[Path] = typer.Option(None, "--certs", help="folder with ca.crt, superlink.crt, superlink.key (`fedseg flower certs`)"),
+    certs: Path | None = typer.Option(
+        None, "--certs", help="folder with ca.crt, superlink.crt, superlink.key (`fedseg flower certs`)"
+    ),
     insecure: bool = typer.Option(False, "--insecure", help="no TLS (testing only)"),
-    auth_keys: Optional[Path] = typer.Option(None, "--auth-keys", help="folder of SuperNode public keys <site>.pub to register; "
-                                             "turns on SuperNode authentication"),
+    auth_keys: Path | None = typer.Option(
+        None,
+        "--auth-keys",
+        help="folder of SuperNode public keys <site>.pub to register; turns on SuperNode authentication",
+    ),
     wait: float = typer.Option(600, "--wait", help="seconds to wait for every site's SuperNode"),
-    poll: float = typer.Option(DEFAULT_POLL, "--poll", help="the coordinator's waits inside Flower (SuperExec task polling, "
-                               "ServerApp reply polling and object-pull backoff), seconds; 0 = Flower's own"),
+    poll: float = typer.Option(
+        DEFAULT_POLL,
+        "--poll",
+        help="the coordinator's waits inside Flower (SuperExec task polling, "
+        "ServerApp reply polling and object-pull backoff), seconds; 0 = Flower's own",
+    ),
 ) -> None:
     """The coordinator: a SuperLink on HOST:PORT, fedseg's ServerApp, the run's outputs in OUT."""
     from fedseg.flower.certs import TlsFiles
-    from fedseg.flower.launch import LinkSettings, server as run_server
+    from fedseg.flower.launch import LinkSettings
+    from fedseg.flower.launch import server as run_server
 
     try:
         cfg = _config(preset, config, None, algorithms, rounds, seed, set_)
@@ -162,42 +200,82 @@ def coordinator_federation(path: Path | None, sites: str | None):
         if not names:
             raise ValueError(f"{root}: no site folders; give --sites a,b,c")
     header = read_header(root)
-    return Federation(header.name, header.kind, header.channels, header.regions, [Site(n, []) for n in sorted(names)],
-                      header.label_names)
+    return Federation(
+        header.name,
+        header.kind,
+        header.channels,
+        header.regions,
+        [Site(n, []) for n in sorted(names)],
+        header.label_names,
+    )
 
 
 @flower_app.command()
 def supernode(
     site: str = typer.Option(..., "--site", help="this hospital's site name (its folder in ROOT)"),
-    data: Path = typer.Option(..., "--data", help="folder federation with this site's data: ROOT/federation.yaml, ROOT/<site>/"),
+    data: Path = typer.Option(
+        ..., "--data", help="folder federation with this site's data: ROOT/federation.yaml, ROOT/<site>/"
+    ),
     superlink: str = typer.Option(..., "--superlink", help="the coordinator's SuperLink, HOST:PORT"),
-    root_certificates: Optional[Path] = typer.Option(None, "--root-certificates", help="CA certificate that signed the SuperLink's (TLS)"),
+    root_certificates: Path | None = typer.Option(
+        None, "--root-certificates", help="CA certificate that signed the SuperLink's (TLS)"
+    ),
     insecure: bool = typer.Option(False, "--insecure", help="no TLS (testing only)"),
-    auth_key: Optional[Path] = typer.Option(None, "--auth-key", help="this SuperNode's private key (SuperNode authentication)"),
+    auth_key: Path | None = typer.Option(
+        None, "--auth-key", help="this SuperNode's private key (SuperNode authentication)"
+    ),
     port: int = typer.Option(9094, "--port", help="local port of the SuperNode's Runtime API (127.0.0.1)"),
-    samples: Optional[Path] = typer.Option(None, "--samples", help="where this site writes its example predictions (default ./fedseg-samples)"),
+    samples: Path | None = typer.Option(
+        None, "--samples", help="where this site writes its example predictions (default ./fedseg-samples)"
+    ),
     isolation: str = typer.Option("subprocess", "--isolation", help=ISOLATION_HELP),
-    poll: Optional[float] = typer.Option(None, "--poll", help="shorten the SuperNode's waits inside Flower (idle polling 3 s, "
-                                         "object-pull backoff 1 s) to this many seconds; default: Flower's"),
-    max_wait: Optional[float] = typer.Option(None, "--max-wait", help="give up connecting to the SuperLink after this many seconds"),
+    poll: float | None = typer.Option(
+        None,
+        "--poll",
+        help="shorten the SuperNode's waits inside Flower (idle polling 3 s, "
+        "object-pull backoff 1 s) to this many seconds; default: Flower's",
+    ),
+    max_wait: float | None = typer.Option(
+        None, "--max-wait", help="give up connecting to the SuperLink after this many seconds"
+    ),
 ) -> None:
     """A hospital: check the data, then serve it to the federation as a Flower SuperNode (data never leaves)."""
     from fedseg.flower.launch import run_supernode
 
     try:
-        run_supernode(site, data, superlink, port=port, samples=samples or Path("fedseg-samples"), root_certificates=root_certificates,
-                      insecure=insecure, auth_key=auth_key, isolation=isolation, poll=poll, max_wait=max_wait, echo=_echo)
+        run_supernode(
+            site,
+            data,
+            superlink,
+            port=port,
+            samples=samples or Path("fedseg-samples"),
+            root_certificates=root_certificates,
+            insecure=insecure,
+            auth_key=auth_key,
+            isolation=isolation,
+            poll=poll,
+            max_wait=max_wait,
+            echo=_echo,
+        )
     except KeyboardInterrupt:
-        raise typer.Exit(130)
+        raise typer.Exit(130) from None
     except _errors() as e:
         _fail(str(e).strip("'\""))
 
 
 @flower_app.command()
 def certs(
-    out: Path = typer.Option(..., "--out", help="folder for ca.crt/.key, superlink.crt/.key, supernodes/<name>.key/.pub"),
-    host: list[str] = typer.Option([], "--host", help="extra name or IP of the SuperLink machine (repeatable); 127.0.0.1 and localhost are always in"),
-    node: list[str] = typer.Option([], "--node", help="a SuperNode (site) to create an authentication key pair for (repeatable)"),
+    out: Path = typer.Option(
+        ..., "--out", help="folder for ca.crt/.key, superlink.crt/.key, supernodes/<name>.key/.pub"
+    ),
+    host: list[str] = typer.Option(
+        [],
+        "--host",
+        help="extra name or IP of the SuperLink machine (repeatable); 127.0.0.1 and localhost are always in",
+    ),
+    node: list[str] = typer.Option(
+        [], "--node", help="a SuperNode (site) to create an authentication key pair for (repeatable)"
+    ),
     force: bool = typer.Option(False, "--force", help="overwrite existing files"),
 ) -> None:
     """Create a CA, the SuperLink's TLS certificate and SuperNode authentication keys (cryptography)."""
@@ -208,5 +286,7 @@ def certs(
     files = make_certs(out, hosts=host, nodes=node)
     _echo(f"CA: {files.ca}\nSuperLink certificate: {files.cert} (+ {files.key.name})")
     for name in node:
-        _echo(f"SuperNode {name}: {out / 'supernodes' / (name + '.key')} (to that site only), "
-              f"{out / 'supernodes' / (name + '.pub')} (to the coordinator)")
+        _echo(
+            f"SuperNode {name}: {out / 'supernodes' / (name + '.key')} (to that site only), "
+            f"{out / 'supernodes' / (name + '.pub')} (to the coordinator)"
+        )

@@ -102,7 +102,7 @@ def _proc_table() -> list[tuple[int, int, int]]:
             stat = (entry / "stat").read_text()
         except OSError:
             continue
-        fields = stat[stat.rindex(")") + 2:].split()
+        fields = stat[stat.rindex(")") + 2 :].split()
         table.append((int(entry.name), int(fields[1]), int(fields[2])))
     return table
 
@@ -175,8 +175,15 @@ class Processes:
         On Linux it also gets SIGTERM if this process dies without cleaning up (even SIGKILL)."""
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "ab") as f:
-            proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                    start_new_session=True, preexec_fn=_die_with_parent)
+            proc = subprocess.Popen(
+                cmd,
+                stdout=f,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
         item = Started(name, proc, log)
         self.started.append(item)
         self.seen.add(proc.pid)
@@ -246,7 +253,7 @@ class Processes:
                 item.proc.wait(timeout=5)
         self._write()
 
-    def __enter__(self) -> "Processes":
+    def __enter__(self) -> Processes:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -261,8 +268,12 @@ def control_client(address: str, root_certificates: Path | None):
     from flwr.cli.typing import SuperLinkConnection
     from flwr.cli.utils import init_http_client_from_connection
 
-    conn = SuperLinkConnection(name="fedseg", address=address, insecure=root_certificates is None,
-                               root_certificates=str(root_certificates) if root_certificates else None)
+    conn = SuperLinkConnection(
+        name="fedseg",
+        address=address,
+        insecure=root_certificates is None,
+        root_certificates=str(root_certificates) if root_certificates else None,
+    )
     return init_http_client_from_connection(conn)
 
 
@@ -288,8 +299,13 @@ def submit_run(client, fab: bytes, run_config: dict) -> int:
     from flwr.proto.control_pb2 import StartRunRequest
     from flwr.supercore.fab import Fab
 
-    res = client.StartRun(StartRunRequest(fab=fab_to_proto(Fab(hashlib.sha256(fab).hexdigest(), fab, {})),
-                                          override_config=user_config_to_proto(run_config), federation=""))
+    res = client.StartRun(
+        StartRunRequest(
+            fab=fab_to_proto(Fab(hashlib.sha256(fab).hexdigest(), fab, {})),
+            override_config=user_config_to_proto(run_config),
+            federation="",
+        )
+    )
     if not res.HasField("run_id"):
         raise RuntimeError(f"the SuperLink did not start the run{': ' + res.note if res.HasField('note') else ''}")
     return int(res.run_id)

@@ -26,12 +26,13 @@ import time
 from dataclasses import asdict, dataclass, field
 
 import torch
-from flwr.app import ConfigRecord, Message as FlowerMessage, RecordDict
+from flwr.app import ConfigRecord, RecordDict
+from flwr.app import Message as FlowerMessage
 
 from fedseg.engine.base import BaseEngine
+from fedseg.engine.context import Task
 from fedseg.engine.ledger import EVAL_ACTIONS
 from fedseg.engine.messages import Message
-from fedseg.engine.context import Task
 from fedseg.flower.node import INFO, RESTORE, SNAPSHOT
 from fedseg.flower.records import ENGINE, from_recorddict, to_recorddict
 
@@ -98,8 +99,9 @@ def check_reply(reply: FlowerMessage, who: str, what: str) -> None:
 
 
 def query(site: str, node: int, action: str, header: dict) -> FlowerMessage:
-    return FlowerMessage(RecordDict({ENGINE: ConfigRecord({"site": site, **header})}), dst_node_id=node,
-                         message_type=f"query.{action}")
+    return FlowerMessage(
+        RecordDict({ENGINE: ConfigRecord({"site": site, **header})}), dst_node_id=node, message_type=f"query.{action}"
+    )
 
 
 def connect_sites(courier: Courier, sites: list[str], header: dict, wait: float) -> SiteMap:
@@ -130,10 +132,14 @@ def connect_sites(courier: Courier, sites: list[str], header: dict, wait: float)
             info = dict(reply.content[ENGINE])
             site = str(info.pop("site"))
             if site not in found.sites:
-                log.warning("SuperNode %s serves site %r, which is not in this federation (%s): ignored", node, site, sites)
+                log.warning(
+                    "SuperNode %s serves site %r, which is not in this federation (%s): ignored", node, site, sites
+                )
                 continue
             if site in found.nodes:
-                raise SiteError(f"two SuperNodes ({found.nodes[site]} and {node}) both serve site {site!r}; stop one of them")
+                raise SiteError(
+                    f"two SuperNodes ({found.nodes[site]} and {node}) both serve site {site!r}; stop one of them"
+                )
             found.nodes[site], found.sizes[site] = node, {k: int(v) for k, v in info.items()}
             log.info("site %s -> SuperNode %s (%s)", site, node, found.sizes[site])
         missing = [s for s in found.sites if s not in found.nodes]
@@ -143,7 +149,8 @@ def connect_sites(courier: Courier, sites: list[str], header: dict, wait: float)
             raise SiteError(
                 f"site{'s' if len(missing) > 1 else ''} {', '.join(missing)} did not connect within {wait:.0f} s "
                 f"(connected: {', '.join(found.nodes) or 'none'}). Every site of the federation is required: start its "
-                "SuperNode (`fedseg flower supernode --site NAME ...`); with node authentication on, register its public key."
+                "SuperNode (`fedseg flower supernode --site NAME ...`); "
+                "with node authentication on, register its public key."
             )
         time.sleep(courier.poll)
 
@@ -168,8 +175,12 @@ class FlowerEngine(BaseEngine):
         """One Flower message per site (all in parallel); ``seconds`` is what the site measured."""
         category = "evaluate" if action in EVAL_ACTIONS else "train"
         out = [
-            FlowerMessage(to_recorddict(messages[s], asdict(self.delivery(s, action))), dst_node_id=self.site_map.nodes[s],
-                          message_type=f"{category}.{action}", group_id=str(self.round))
+            FlowerMessage(
+                to_recorddict(messages[s], asdict(self.delivery(s, action))),
+                dst_node_id=self.site_map.nodes[s],
+                message_type=f"{category}.{action}",
+                group_id=str(self.round),
+            )
             for s in order
         ]
         what = f"{self.algorithm} {action} (round {self.round})"
@@ -182,7 +193,9 @@ class FlowerEngine(BaseEngine):
         return answered
 
     def _query_all(self, action: str, tag: dict[str, int]) -> None:
-        msgs = [query(s, self.site_map.nodes[s], action, {"algorithm": self.algorithm, "tag": tag[s]}) for s in self.sites]
+        msgs = [
+            query(s, self.site_map.nodes[s], action, {"algorithm": self.algorithm, "tag": tag[s]}) for s in self.sites
+        ]
         what = f"{self.algorithm} {action} (round {self.round})"
         for site, reply in zip(self.sites, self.courier.send(msgs, what, self.sites)):
             check_reply(reply, f"site {site!r}", what)
@@ -200,7 +213,11 @@ class FlowerEngine(BaseEngine):
         if missing:
             raise ValueError(f"restore_clients needs the token of snapshot_clients for {missing}")
         tags = {s: int(states[s][SNAPSHOT_KEY]) for s in self.sites}
-        if self._snapshot is not None and set(tags.values()) == {self._snapshot[0]} and self._exchanges == self._snapshot[1]:
+        if (
+            self._snapshot is not None
+            and set(tags.values()) == {self._snapshot[0]}
+            and self._exchanges == self._snapshot[1]
+        ):
             log.debug("%s restore of snapshot %d skipped: nothing changed since", self.algorithm, self._snapshot[0])
             return
         self._query_all(RESTORE, tags)

@@ -58,6 +58,7 @@ OBJECT_PULL_DEFAULTS = ("initial_backoff", "backoff_cap", "max_tries_per_object"
 
 # -- shorter waits --------------------------------------------------------------------------------
 
+
 def cap_node_polling(seconds: float) -> None:
     """Cap every ``time.sleep`` of the SuperNode's main loop at ``seconds``.
 
@@ -91,13 +92,16 @@ def cap_object_pull_backoff(seconds: float, cap: float = 1.0) -> None:
     for fn in object_pull_functions():
         defaults = fn.__kwdefaults__
         if defaults is None or not set(OBJECT_PULL_DEFAULTS) <= set(defaults):
-            raise RuntimeError(f"Flower changed {fn.__module__}.{fn.__name__}: its keyword defaults lack "
-                               f"{OBJECT_PULL_DEFAULTS}; fedseg.flower.flwr_internals.cap_object_pull_backoff "
-                               "must be updated")
+            raise RuntimeError(
+                f"Flower changed {fn.__module__}.{fn.__name__}: its keyword defaults lack "
+                f"{OBJECT_PULL_DEFAULTS}; fedseg.flower.flwr_internals.cap_object_pull_backoff "
+                "must be updated"
+            )
         defaults.update(initial_backoff=seconds, backoff_cap=max(cap, seconds), max_tries_per_object=int(1e6))
 
 
 # -- logging and packaging ------------------------------------------------------------------------
+
 
 def show_log_timestamps() -> None:
     """Put timestamps in Flower's console log lines (a site's log is read later, next to the coordinator's).
@@ -122,8 +126,10 @@ def build_fab(files: Mapping[str, bytes]) -> bytes:
 
 # -- the warm ClientApp worker --------------------------------------------------------------------
 
-def _runtime_client(address: str, insecure: bool, root_certificates: str | None, interceptors: list
-                    ) -> RuntimeHttpClient:
+
+def _runtime_client(
+    address: str, insecure: bool, root_certificates: str | None, interceptors: list
+) -> RuntimeHttpClient:
     from flwr.supercore.retry import make_simple_http_retry_invoker
     from flwr.supercore.runtime import RuntimeHttpClient
     from flwr.supercore.tls import validate_and_resolve_root_certificates
@@ -146,12 +152,14 @@ def superexec_runtime_client(address: str, insecure: bool, root_certificates: st
     Flower's internal protocol between a SuperNode and its executors."""
     from flwr.supercore.interceptors import RuntimeVersionHttpInterceptor
 
-    return _runtime_client(address, insecure, root_certificates,
-                           [RuntimeVersionHttpInterceptor(component_name="SuperExec")])
+    return _runtime_client(
+        address, insecure, root_certificates, [RuntimeVersionHttpInterceptor(component_name="SuperExec")]
+    )
 
 
-def clientapp_runtime_client(address: str, insecure: bool, root_certificates: str | None, token: str
-                             ) -> RuntimeHttpClient:
+def clientapp_runtime_client(
+    address: str, insecure: bool, root_certificates: str | None, token: str
+) -> RuntimeHttpClient:
     """A client of the SuperNode's Runtime API for one task, as ``flwr-clientapp --token TOKEN`` opens it.
 
     Uses what ``superexec_runtime_client`` uses, plus ``flwr.supercore.runtime.tracing.RuntimeTracingInterceptor``
@@ -159,11 +167,16 @@ def clientapp_runtime_client(address: str, insecure: bool, root_certificates: st
     from flwr.supercore.interceptors import RuntimeTokenHttpInterceptor, RuntimeVersionHttpInterceptor
     from flwr.supercore.runtime.tracing import RuntimeTracingInterceptor
 
-    return _runtime_client(address, insecure, root_certificates, [
-        RuntimeTracingInterceptor(),
-        RuntimeVersionHttpInterceptor(component_name="flwr-clientapp"),
-        RuntimeTokenHttpInterceptor(token),
-    ])
+    return _runtime_client(
+        address,
+        insecure,
+        root_certificates,
+        [
+            RuntimeTracingInterceptor(),
+            RuntimeVersionHttpInterceptor(component_name="flwr-clientapp"),
+            RuntimeTokenHttpInterceptor(token),
+        ],
+    )
 
 
 def acquire_client_app_task(client: RuntimeHttpClient) -> str | None:
@@ -250,5 +263,9 @@ def push_task_output(client: RuntimeHttpClient, context: Context | None, complet
     from flwr.common.constant import SubStatus
     from flwr.supernode.runtime.run_clientapp import push_task_output as push
 
-    push(client=client, context=context, sub_status=SubStatus.COMPLETED if completed else SubStatus.FAILED,
-         details=details)
+    push(
+        client=client,
+        context=context,
+        sub_status=SubStatus.COMPLETED if completed else SubStatus.FAILED,
+        details=details,
+    )

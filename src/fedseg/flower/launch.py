@@ -27,9 +27,9 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable
 
 import fedseg
 from fedseg.config import RunConfig
@@ -99,14 +99,27 @@ def terminate_on_signals():
 
 
 def superlink_command(link: LinkSettings) -> list[str]:
-    cmd = [str(BIN / "flower-superlink"), "--host", link.host, "--port", str(link.port),
-           "--disable-runtime-dependency-installation"]
+    cmd = [
+        str(BIN / "flower-superlink"),
+        "--host",
+        link.host,
+        "--port",
+        str(link.port),
+        "--disable-runtime-dependency-installation",
+    ]
     if link.tls is None:
         if link.auth:
             raise ValueError("SuperNode authentication needs TLS (give certificates, e.g. from `fedseg flower certs`)")
         cmd.append("--insecure")
     else:
-        cmd += ["--ssl-ca-certfile", str(link.tls.ca), "--ssl-certfile", str(link.tls.cert), "--ssl-keyfile", str(link.tls.key)]
+        cmd += [
+            "--ssl-ca-certfile",
+            str(link.tls.ca),
+            "--ssl-certfile",
+            str(link.tls.cert),
+            "--ssl-keyfile",
+            str(link.tls.key),
+        ]
     if link.auth:
         cmd.append("--enable-supernode-auth")
     return cmd
@@ -154,11 +167,29 @@ def check_site_folder(site: str, data: Path) -> Federation:
     return fed
 
 
-def supernode_argv(site: str, data: Path, superlink: str, port: int, samples: Path | None, root_certificates: Path | None,
-                   insecure: bool, auth_key: Path | None, isolation: str, max_wait: float | None) -> list[str]:
+def supernode_argv(
+    site: str,
+    data: Path,
+    superlink: str,
+    port: int,
+    samples: Path | None,
+    root_certificates: Path | None,
+    insecure: bool,
+    auth_key: Path | None,
+    isolation: str,
+    max_wait: float | None,
+) -> list[str]:
     """Arguments of Flower's ``flower-supernode`` for one site."""
-    argv = ["--superlink", superlink, "--port", str(port), "--node-config", node_config(site, data, samples),
-            "--isolation", "process" if isolation == "warm" else "subprocess"]
+    argv = [
+        "--superlink",
+        superlink,
+        "--port",
+        str(port),
+        "--node-config",
+        node_config(site, data, samples),
+        "--isolation",
+        "process" if isolation == "warm" else "subprocess",
+    ]
     if insecure:
         argv.append("--insecure")
     if root_certificates is not None:
@@ -170,10 +201,21 @@ def supernode_argv(site: str, data: Path, superlink: str, port: int, samples: Pa
     return argv
 
 
-def run_supernode(site: str, data: Path, superlink: str, *, port: int = 9094, samples: Path | None = None,
-                  root_certificates: Path | None = None, insecure: bool = False, auth_key: Path | None = None,
-                  isolation: str = "subprocess", poll: float | None = None, max_wait: float | None = None,
-                  echo: Callable[[str], None] = print) -> None:
+def run_supernode(
+    site: str,
+    data: Path,
+    superlink: str,
+    *,
+    port: int = 9094,
+    samples: Path | None = None,
+    root_certificates: Path | None = None,
+    insecure: bool = False,
+    auth_key: Path | None = None,
+    isolation: str = "subprocess",
+    poll: float | None = None,
+    max_wait: float | None = None,
+    echo: Callable[[str], None] = print,
+) -> None:
     """Check the data, then become this site's SuperNode (blocks until it stops). See the module docstring."""
     import os
     import subprocess
@@ -182,15 +224,25 @@ def run_supernode(site: str, data: Path, superlink: str, *, port: int = 9094, sa
         raise ValueError(f"isolation must be one of {ISOLATIONS}, got {isolation!r}")
     fed = check_site_folder(site, data)
     echo(f"data check passed: site {site} of {fed.name!r}, {len(fed.site(site).cases)} cases in {data}")
-    argv = supernode_argv(site, data, superlink, port, samples, root_certificates, insecure, auth_key, isolation, max_wait)
+    argv = supernode_argv(
+        site, data, superlink, port, samples, root_certificates, insecure, auth_key, isolation, max_wait
+    )
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
     os.environ["FLWR_DISABLE_UPDATE_CHECK"] = "1"
     os.environ["PATH"] = f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"
     if poll is not None:
         os.environ["FEDSEG_FLOWER_NODE_POLL"] = str(poll)
     if isolation == "warm":
-        worker = [sys.executable, "-m", "fedseg.flower.worker", "--runtime-api-address", f"127.0.0.1:{port}", "--insecure",
-                  "--parent-pid", str(os.getpid())]
+        worker = [
+            sys.executable,
+            "-m",
+            "fedseg.flower.worker",
+            "--runtime-api-address",
+            f"127.0.0.1:{port}",
+            "--insecure",
+            "--parent-pid",
+            str(os.getpid()),
+        ]
         if poll is not None:
             worker += ["--poll", str(poll)]
         subprocess.Popen(worker)  # noqa: S603 - exits with this process (--parent-pid)
@@ -200,11 +252,35 @@ def run_supernode(site: str, data: Path, superlink: str, *, port: int = 9094, sa
     supernode_main.main()
 
 
-def supernode_command(site: str, data: Path, superlink: str, port: int, samples: Path | None, root_certificates: Path | None,
-                      auth_key: Path | None, isolation: str, poll: float | None) -> list[str]:
+def supernode_command(
+    site: str,
+    data: Path,
+    superlink: str,
+    port: int,
+    samples: Path | None,
+    root_certificates: Path | None,
+    auth_key: Path | None,
+    isolation: str,
+    poll: float | None,
+) -> list[str]:
     """``fedseg flower supernode ...`` as a command line (what ``local`` starts per site)."""
-    cmd = [sys.executable, "-m", "fedseg.cli", "flower", "supernode", "--site", site, "--data", str(data), "--superlink", superlink,
-           "--port", str(port), "--isolation", isolation]
+    cmd = [
+        sys.executable,
+        "-m",
+        "fedseg.cli",
+        "flower",
+        "supernode",
+        "--site",
+        site,
+        "--data",
+        str(data),
+        "--superlink",
+        superlink,
+        "--port",
+        str(port),
+        "--isolation",
+        isolation,
+    ]
     if samples is not None:
         cmd += ["--samples", str(samples)]
     cmd += ["--root-certificates", str(root_certificates)] if root_certificates is not None else ["--insecure"]
@@ -222,9 +298,14 @@ def run_config(cfg: RunConfig, fed: Federation, out: Path, wait: float, poll: fl
     """The run config fedseg's ServerApp reads (``fedseg.flower.server``)."""
     from fedseg.flower.server import federation_record
 
-    return {"fedseg-config": cfg.model_dump_json(), "fedseg-federation": federation_record(fed),
-            "fedseg-out": str(Path(out).resolve()), "fedseg-wait": float(wait), "fedseg-poll": float(poll),
-            "fedseg-version": fedseg.__version__}
+    return {
+        "fedseg-config": cfg.model_dump_json(),
+        "fedseg-federation": federation_record(fed),
+        "fedseg-out": str(Path(out).resolve()),
+        "fedseg-wait": float(wait),
+        "fedseg-poll": float(poll),
+        "fedseg-version": fedseg.__version__,
+    }
 
 
 LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \S+ (DEBUG|INFO|WARNING|ERROR|CRITICAL) \S+: (.*)$")  # server.log format
@@ -248,9 +329,20 @@ class LogTail:
         return data[:end].decode(errors="replace").splitlines()
 
 
-def serve_experiment(cfg: RunConfig, fed: Federation, out: Path, link: LinkSettings, procs: Processes, env: dict, *,
-                     register: dict[str, Path] | None = None, start_nodes: Callable[[], dict[str, Started]] | None = None,
-                     wait: float = 600, poll: float = DEFAULT_POLL, echo: Callable[[str], None] = print) -> None:
+def serve_experiment(
+    cfg: RunConfig,
+    fed: Federation,
+    out: Path,
+    link: LinkSettings,
+    procs: Processes,
+    env: dict,
+    *,
+    register: dict[str, Path] | None = None,
+    start_nodes: Callable[[], dict[str, Started]] | None = None,
+    wait: float = 600,
+    poll: float = DEFAULT_POLL,
+    echo: Callable[[str], None] = print,
+) -> None:
     """Start the SuperLink, register keys, (start local nodes,) submit the run and wait for it to finish.
 
     Raises ``FlowerRunError`` with the coordinator's message if the run fails, or naming the
@@ -260,8 +352,10 @@ def serve_experiment(cfg: RunConfig, fed: Federation, out: Path, link: LinkSetti
     out = Path(out).resolve()
     logs = out / "flower" / "logs"
     link_proc = start_superlink(procs, link, logs, env)
-    echo(f"SuperLink listening on {link.host}:{link.port} ({'TLS' if link.tls else 'insecure'}"
-         f"{', SuperNode authentication' if link.auth else ''})")
+    echo(
+        f"SuperLink listening on {link.host}:{link.port} ({'TLS' if link.tls else 'insecure'}"
+        f"{', SuperNode authentication' if link.auth else ''})"
+    )
     client = control_client(link.address, link.tls.ca if link.tls else None)
     try:
         for name, key in (register or {}).items():
@@ -287,10 +381,14 @@ def serve_experiment(cfg: RunConfig, fed: Federation, out: Path, link: LinkSetti
                 procs.observe()
                 last_observe = time.monotonic()
             if link_proc.proc.poll() is not None:
-                raise FlowerRunError(f"the SuperLink exited (code {link_proc.proc.returncode}):\n{log_tail(link_proc.log)}")
+                raise FlowerRunError(
+                    f"the SuperLink exited (code {link_proc.proc.returncode}):\n{log_tail(link_proc.log)}"
+                )
             for site, node in nodes.items():
                 if node.proc.poll() is not None:
-                    raise FlowerRunError(f"the SuperNode of site {site!r} exited (code {node.proc.returncode}):\n{log_tail(node.log)}")
+                    raise FlowerRunError(
+                        f"the SuperNode of site {site!r} exited (code {node.proc.returncode}):\n{log_tail(node.log)}"
+                    )
 
         status = wait_run(client, run_id, poll=0.25, tick=tick)
         show_progress()
@@ -314,8 +412,11 @@ def federation_folder(cfg: RunConfig, work: Path) -> tuple[Path, Federation]:
         from fedseg.data.folder import write_folder
         from fedseg.data.synthetic import build_synthetic
 
-        root = write_folder(build_synthetic(cfg.data.source, cfg.data.scale, cfg.data.image_size, cfg.seed),
-                            work / "federation", overwrite=True).resolve()
+        root = write_folder(
+            build_synthetic(cfg.data.source, cfg.data.scale, cfg.data.image_size, cfg.seed),
+            work / "federation",
+            overwrite=True,
+        ).resolve()
     return root, check_folder(root, cfg.data.split, cfg.seed)
 
 
@@ -338,8 +439,16 @@ def waits(poll: float) -> tuple[float | None, float]:
     return (poll, poll) if poll > 0 else (None, FLOWER_TASK_POLL)
 
 
-def local(cfg: RunConfig, out: Path, *, tls: bool = False, isolation: str = "warm", poll: float = DEFAULT_POLL,
-          wait: float = 300, echo: Callable[[str], None] = print) -> Path:
+def local(
+    cfg: RunConfig,
+    out: Path,
+    *,
+    tls: bool = False,
+    isolation: str = "warm",
+    poll: float = DEFAULT_POLL,
+    wait: float = 300,
+    echo: Callable[[str], None] = print,
+) -> Path:
     """Run ``cfg`` on a Flower deployment on this machine; the same outputs as ``fedseg run`` in ``out``.
 
     ``poll`` > 0 shortens every wait inside Flower to that many seconds (``fedseg.flower.flwr_internals``);
@@ -365,20 +474,53 @@ def local(cfg: RunConfig, out: Path, *, tls: bool = False, isolation: str = "war
 
     def start_nodes() -> dict[str, Started]:
         return {
-            site: procs.start(f"supernode-{site}", supernode_command(
-                site, views[site], link.address, port, out / "samples", certs.ca if certs else None,
-                keys / f"{site}.key" if tls else None, isolation, node_poll), work / "logs" / f"supernode-{site}.log", env)
+            site: procs.start(
+                f"supernode-{site}",
+                supernode_command(
+                    site,
+                    views[site],
+                    link.address,
+                    port,
+                    out / "samples",
+                    certs.ca if certs else None,
+                    keys / f"{site}.key" if tls else None,
+                    isolation,
+                    node_poll,
+                ),
+                work / "logs" / f"supernode-{site}.log",
+                env,
+            )
             for site, port in zip(fed.site_names, node_ports)
         }
 
     with terminate_on_signals(), flower_home(work / "home"), Processes(work / "processes.json") as procs:
-        serve_experiment(cfg, fed, out, link, procs, env, register={s: keys / f"{s}.pub" for s in fed.site_names} if tls else None,
-                         start_nodes=start_nodes, wait=wait, poll=poll, echo=echo)
+        serve_experiment(
+            cfg,
+            fed,
+            out,
+            link,
+            procs,
+            env,
+            register={s: keys / f"{s}.pub" for s in fed.site_names} if tls else None,
+            start_nodes=start_nodes,
+            wait=wait,
+            poll=poll,
+            echo=echo,
+        )
     return out
 
 
-def server(cfg: RunConfig, fed: Federation, out: Path, link: LinkSettings, *, auth_keys: dict[str, Path] | None = None,
-           poll: float = DEFAULT_POLL, wait: float = 600, echo: Callable[[str], None] = print) -> Path:
+def server(
+    cfg: RunConfig,
+    fed: Federation,
+    out: Path,
+    link: LinkSettings,
+    *,
+    auth_keys: dict[str, Path] | None = None,
+    poll: float = DEFAULT_POLL,
+    wait: float = 600,
+    echo: Callable[[str], None] = print,
+) -> Path:
     """The coordinator of a multi-machine deployment (SuperNodes started by the hospitals); ``poll``: the
     coordinator's waits inside Flower (SuperExec, ServerApp; 0 = Flower's defaults)."""
     from fedseg.flower.server import refuse_unsupported
@@ -390,8 +532,11 @@ def server(cfg: RunConfig, fed: Federation, out: Path, link: LinkSettings, *, au
     work = out / "flower"
     env = flower_env(work / "home", waits(poll)[1])
     link = replace(link, auth=link.auth or bool(auth_keys))
-    echo(f"hospitals start: fedseg flower supernode --site NAME --data ROOT --superlink <this host>:{link.port}"
-         + (" --root-certificates ca.crt" if link.tls else " --insecure") + (" --auth-key NAME.key" if link.auth else ""))
+    echo(
+        f"hospitals start: fedseg flower supernode --site NAME --data ROOT --superlink <this host>:{link.port}"
+        + (" --root-certificates ca.crt" if link.tls else " --insecure")
+        + (" --auth-key NAME.key" if link.auth else "")
+    )
     with terminate_on_signals(), flower_home(work / "home"), Processes(work / "processes.json") as procs:
         serve_experiment(cfg, fed, out, link, procs, env, register=auth_keys, wait=wait, poll=poll, echo=echo)
     return out

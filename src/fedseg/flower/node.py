@@ -27,10 +27,11 @@ import json
 import logging
 import traceback
 from dataclasses import dataclass
-from typing import cast
 from pathlib import Path
+from typing import cast
 
-from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message as FlowerMessage, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Error, RecordDict
+from flwr.app import Message as FlowerMessage
 from flwr.common.constant import ErrorCode
 
 from fedseg.config import RunConfig
@@ -59,12 +60,13 @@ class NodeSettings:
     samples: Path | None
 
     @classmethod
-    def from_node_config(cls, node_config: dict) -> "NodeSettings":
+    def from_node_config(cls, node_config: dict) -> NodeSettings:
         missing = [k for k in ("site", "data") if not str(node_config.get(k, "")).strip()]
         if missing:
             raise ValueError(
                 f"this SuperNode's node config lacks {', '.join(missing)} (start it with "
-                f"`fedseg flower supernode --site NAME --data ROOT`, or flower-supernode --node-config 'site=\"NAME\" data=\"ROOT\"')"
+                "`fedseg flower supernode --site NAME --data ROOT`, "
+                'or flower-supernode --node-config \'site="NAME" data="ROOT"\')'
             )
         samples = str(node_config.get("samples", "")).strip()
         return cls(str(node_config["site"]), Path(str(node_config["data"])), Path(samples) if samples else None)
@@ -78,14 +80,20 @@ def run_config(context: Context) -> RunConfig:
         raise ValueError(f"run config has no {RUN_CONFIG_KEY!r}: this run was not started by fedseg")
     version = str(context.run_config.get("fedseg-version", ""))
     if version and version != fedseg.__version__:
-        raise RuntimeError(f"the run uses fedseg {version} but this SuperNode has fedseg {fedseg.__version__} installed")
+        raise RuntimeError(
+            f"the run uses fedseg {version} but this SuperNode has fedseg {fedseg.__version__} installed"
+        )
     return RunConfig.model_validate(json.loads(str(raw)))
 
 
 def federation_header(fed: Federation) -> dict:
     """The parts of a federation every participant must agree on (JSON-safe; region order matters:
     it is the order of the network's output channels)."""
-    return {"kind": fed.kind, "channels": int(fed.channels), "regions": [[k, list(v)] for k, v in fed.regions.as_dict().items()]}
+    return {
+        "kind": fed.kind,
+        "channels": int(fed.channels),
+        "regions": [[k, list(v)] for k, v in fed.regions.as_dict().items()],
+    }
 
 
 def load_site(settings: NodeSettings, cfg: RunConfig, check: bool) -> tuple[Federation, Site]:
@@ -96,7 +104,8 @@ def load_site(settings: NodeSettings, cfg: RunConfig, check: bool) -> tuple[Fede
     fed = check_folder(settings.data, cfg.data.split, cfg.seed) if check else load_folder(settings.data)
     if settings.site not in fed.site_names:
         raise FederationError(
-            f"{settings.data}: no folder for site {settings.site!r} (site folders here: {', '.join(fed.site_names) or 'none'})"
+            f"{settings.data}: no folder for site {settings.site!r} "
+            f"(site folders here: {', '.join(fed.site_names) or 'none'})"
         )
     return fed, fed.site(settings.site)
 
@@ -180,7 +189,9 @@ def handle(message: FlowerMessage, context: Context) -> FlowerMessage:
     return FlowerMessage(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=reason), reply_to=message)
 
 
-def on_algorithm_message(action: str, content: RecordDict, context: Context, settings: NodeSettings, cfg: RunConfig) -> RecordDict:
+def on_algorithm_message(
+    action: str, content: RecordDict, context: Context, settings: NodeSettings, cfg: RunConfig
+) -> RecordDict:
     """Run the algorithm's Client on one message, with the simulator's ClientContext (``answer``)."""
     import torch
 
@@ -192,8 +203,14 @@ def on_algorithm_message(action: str, content: RecordDict, context: Context, set
     msg, head = from_recorddict(content)
     if head.get("site") != settings.site:
         raise ValueError(f"message for site {head.get('site')!r} delivered to the SuperNode of site {settings.site!r}")
-    to = Delivery(str(head["algorithm"]), settings.site, int(head["site_index"]), int(head["num_sites"]),
-                  int(head["round"]), action)
+    to = Delivery(
+        str(head["algorithm"]),
+        settings.site,
+        int(head["site_index"]),
+        int(head["num_sites"]),
+        int(head["round"]),
+        action,
+    )
     spec = get_algorithm(to.algorithm)
     fed, data = site_data(settings, cfg, to.site_index)
     forget_other_algorithms(context, to.algorithm)
@@ -237,6 +254,9 @@ def on_restore(content: RecordDict, context: Context, settings: NodeSettings, cf
     algorithm, tag = str(head["algorithm"]), int(cast(int, head["tag"]))
     have = context.state.config_records.get(BEST_TAG + algorithm)
     if have is None or int(cast(int, have["tag"])) != tag:
-        raise ValueError(f"no snapshot {tag} of {algorithm!r} on this node (have {None if have is None else int(cast(int, have['tag']))})")
+        raise ValueError(
+            f"no snapshot {tag} of {algorithm!r} on this node "
+            f"(have {None if have is None else int(cast(int, have['tag']))})"
+        )
     copy_slot(context, BEST + algorithm, STATE + algorithm)
     return RecordDict({ENGINE: ConfigRecord({"site": settings.site})})

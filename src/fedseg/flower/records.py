@@ -29,7 +29,7 @@ unchanged in Flower's ``Context.state``.
 from __future__ import annotations
 
 import json
-from typing import Mapping
+from collections.abc import Mapping
 
 import numpy as np
 import torch
@@ -48,7 +48,9 @@ def _as_numpy(name: str, tensor: torch.Tensor) -> np.ndarray:
     try:
         return tensor.detach().cpu().numpy()
     except TypeError as e:  # bfloat16, float8, ...: no exact NumPy dtype
-        raise TypeError(f"tensor {name!r}: dtype {tensor.dtype} cannot travel exactly ({e}); convert it before sending") from None
+        raise TypeError(
+            f"tensor {name!r}: dtype {tensor.dtype} cannot travel exactly ({e}); convert it before sending"
+        ) from None
 
 
 def pack(tensors: Mapping[str, torch.Tensor]) -> tuple[ArrayRecord, ConfigRecord]:
@@ -78,8 +80,9 @@ def unpack(record: ArrayRecord, index: ConfigRecord) -> dict[str, torch.Tensor]:
 def to_recorddict(msg: Message, engine: Mapping[str, int | float | str | bool] | None = None) -> RecordDict:
     """A fedseg message (plus the engine's routing header) as a Flower ``RecordDict``."""
     record, index = pack(msg.tensors)
-    return RecordDict({TENSORS: record, INDEX: index, META: ConfigRecord(dict(msg.meta)),
-                       ENGINE: ConfigRecord(dict(engine or {}))})
+    return RecordDict(
+        {TENSORS: record, INDEX: index, META: ConfigRecord(dict(msg.meta)), ENGINE: ConfigRecord(dict(engine or {}))}
+    )
 
 
 def from_recorddict(content: RecordDict) -> tuple[Message, dict]:

@@ -30,13 +30,20 @@ from fedseg.data.federation import Federation, Regions, Site
 
 log = logging.getLogger("fedseg.flower.server")
 
-DEFAULTS = {"fedseg-config": "", "fedseg-federation": "", "fedseg-out": "", "fedseg-wait": 120.0, "fedseg-poll": 0.2,
-            "fedseg-version": ""}
+DEFAULTS = {
+    "fedseg-config": "",
+    "fedseg-federation": "",
+    "fedseg-out": "",
+    "fedseg-wait": 120.0,
+    "fedseg-poll": 0.2,
+    "fedseg-version": "",
+}
 FLOWER_REPLY_POLL = 3.0  # flwr's Grid.send_and_receive interval, used with fedseg-poll = 0
 
 
 def refuse_unsupported(algorithms: list[str]) -> None:
-    """Algorithms that cannot run on real sites (registry: ``AlgorithmSpec.on_flower``) raise ``ValueError`` naming the reason."""
+    """Algorithms that cannot run on real sites (registry: ``AlgorithmSpec.on_flower``) raise ``ValueError``
+    naming the reason."""
     from fedseg.algorithms import ALGORITHMS
 
     why = {a: ALGORITHMS[a].on_flower if a in ALGORITHMS else None for a in algorithms}  # unknown: refused elsewhere
@@ -44,24 +51,38 @@ def refuse_unsupported(algorithms: list[str]) -> None:
     if bad:
         keep = [a for a in algorithms if not why[a]]
         reasons = "; ".join(f"{a!r}: {why[a]}" for a in bad)
-        raise ValueError(f"cannot run on Flower: {reasons}. Run it with `fedseg run` (simulator), or drop it: "
-                         f"--algorithms {','.join(keep) or 'fedavg'}")
+        raise ValueError(
+            f"cannot run on Flower: {reasons}. Run it with `fedseg run` (simulator), or drop it: "
+            f"--algorithms {','.join(keep) or 'fedavg'}"
+        )
 
 
 def federation_record(fed: Federation) -> str:
     """The federation header + ordered site names, as the ``fedseg-federation`` run config value."""
-    return json.dumps({"name": fed.name, "kind": fed.kind, "channels": int(fed.channels),
-                       "regions": [[k, v] for k, v in fed.regions.as_dict().items()],
-                       "label_names": {str(k): v for k, v in (fed.label_names or {}).items()} or None,
-                       "sites": fed.site_names})
+    return json.dumps(
+        {
+            "name": fed.name,
+            "kind": fed.kind,
+            "channels": int(fed.channels),
+            "regions": [[k, v] for k, v in fed.regions.as_dict().items()],
+            "label_names": {str(k): v for k, v in (fed.label_names or {}).items()} or None,
+            "sites": fed.site_names,
+        }
+    )
 
 
 def federation_from_record(raw: str) -> Federation:
     """A case-less ``Federation`` (header + site names): all the coordinator knows about the data."""
     d = json.loads(raw)
     names = {int(k): v for k, v in d["label_names"].items()} if d.get("label_names") else None
-    return Federation(d["name"], d["kind"], int(d["channels"]), Regions.from_mapping(dict(map(tuple, d["regions"]))),
-                      [Site(s, []) for s in d["sites"]], names)
+    return Federation(
+        d["name"],
+        d["kind"],
+        int(d["channels"]),
+        Regions.from_mapping(dict(map(tuple, d["regions"]))),
+        [Site(s, []) for s in d["sites"]],
+        names,
+    )
 
 
 def _log_to(out: Path) -> logging.Handler:
@@ -86,7 +107,9 @@ def serve(grid, run_config: dict) -> None:
     try:
         version = str(run_config.get("fedseg-version", ""))
         if version and version != fedseg.__version__:
-            raise RuntimeError(f"the run was submitted by fedseg {version} but the coordinator runs fedseg {fedseg.__version__}")
+            raise RuntimeError(
+                f"the run was submitted by fedseg {version} but the coordinator runs fedseg {fedseg.__version__}"
+            )
         cfg = RunConfig.model_validate(json.loads(str(run_config["fedseg-config"])))
         refuse_unsupported(cfg.algorithms)
         fed = federation_from_record(str(run_config["fedseg-federation"]))
@@ -107,8 +130,14 @@ def serve(grid, run_config: dict) -> None:
             mean = sum(losses.values()) / max(len(losses), 1)
             log.info("%s round %d/%d: mean train loss %.4f", name, rnd, cfg.fl.rounds, mean)
 
-        run_experiment(cfg, out, prepared=prep, engine_factory=engine, on_round_end=round_end,
-                       on_algorithm_start=lambda name: log.info("%s: start", name))
+        run_experiment(
+            cfg,
+            out,
+            prepared=prep,
+            engine_factory=engine,
+            on_round_end=round_end,
+            on_algorithm_start=lambda name: log.info("%s: start", name),
+        )
         log.info("finished: %s", out / "summary.json")
     except BaseException as e:
         (out / "flower" / "error.txt").write_text(f"{type(e).__name__}: {e}" if not str(e) else str(e))

@@ -58,8 +58,13 @@ def run_task(address: str, insecure: bool, root_certificates: str | None, token:
         reply = app(message=message, context=context)
         t3 = time.perf_counter()
         completed, details = True, ""
-        log.info("%s: pulled in %.3f s, app loaded in %.3f s, handled in %.3f s",
-                 message.metadata.message_type, t1 - t0, t2 - t1, t3 - t2)
+        log.info(
+            "%s: pulled in %.3f s, app loaded in %.3f s, handled in %.3f s",
+            message.metadata.message_type,
+            t1 - t0,
+            t2 - t1,
+            t3 - t2,
+        )
     except Exception as ex:  # noqa: BLE001 - reported to the SuperNode like flwr-clientapp does
         log.exception("ClientApp raised an exception")
         details = f"{type(ex)}:<'{ex}'>"

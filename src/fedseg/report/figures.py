@@ -23,8 +23,17 @@ from matplotlib.lines import Line2D
 from fedseg.evaluate.metrics import batch_metrics
 
 __all__ = [
-    "LINE_STYLES", "REGION_COLORS", "validation_curves", "cross_site_heatmap", "sample_grid", "display_image",
-    "project_2d", "feature_map", "mean_per_round", "round_axes", "save",
+    "LINE_STYLES",
+    "REGION_COLORS",
+    "validation_curves",
+    "cross_site_heatmap",
+    "sample_grid",
+    "display_image",
+    "project_2d",
+    "feature_map",
+    "mean_per_round",
+    "round_axes",
+    "save",
 ]
 
 DPI = 110
@@ -150,8 +159,16 @@ def cross_site_heatmap(
             v = matrix[i, j]
             if np.isfinite(v):
                 dark = (v - vmin) / max(vmax - vmin, 1e-12) > 0.6
-                ax.text(j, i, f"{v:.3f}", ha="center", va="center", fontsize=9,
-                        color="black" if dark else "white", fontweight="bold" if i == j else "normal")
+                ax.text(
+                    j,
+                    i,
+                    f"{v:.3f}",
+                    ha="center",
+                    va="center",
+                    fontsize=9,
+                    color="black" if dark else "white",
+                    fontweight="bold" if i == j else "normal",
+                )
     ax.set_xticks(range(n), sites, rotation=30, ha="right")
     ax.set_yticks(range(n), sites)
     ax.set_xlabel("test site")
@@ -243,8 +260,15 @@ def sample_grid(
             _draw_panel(axes[i, j], s["image"], s["pred"])
             axes[i, j].set_xlabel(f"Dice {_sample_dice(s):.3f}", fontsize=9, labelpad=2)
     handles = [Line2D([], [], color=_region_color(r), lw=2) for r in range(len(regions))]
-    fig.legend(handles, list(regions), loc="upper center", ncol=max(1, len(regions)), fontsize=9, frameon=False,
-               bbox_to_anchor=(0.5, 1.0))
+    fig.legend(
+        handles,
+        list(regions),
+        loc="upper center",
+        ncol=max(1, len(regions)),
+        fontsize=9,
+        frameon=False,
+        bbox_to_anchor=(0.5, 1.0),
+    )
     fig.tight_layout(rect=(0, 0, 1, 1 - 0.3 / fig.get_figheight()), h_pad=0.4, w_pad=0.4)
     return save(fig, out)
 

@@ -149,8 +149,17 @@ def ledger_table(run: RunFiles) -> str | None:
         acc = split.setdefault(r["algorithm"], [0.0, 0.0])
         acc[0] += np.nan_to_num(num(r.get("floats_down")))
         acc[1] += np.nan_to_num(num(r.get("floats_up")))
-    head = ["Method", "Rounds", "Best round", "Floats down", "Floats up", "Floats sent", "MB sent", "SGD steps",
-            "Seconds"]
+    head = [
+        "Method",
+        "Rounds",
+        "Best round",
+        "Floats down",
+        "Floats up",
+        "Floats sent",
+        "MB sent",
+        "SGD steps",
+        "Seconds",
+    ]
     body = []
     for name in algorithm_order(run.summary):
         e = run.algorithms[name]
@@ -159,8 +168,16 @@ def ledger_table(run: RunFiles) -> str | None:
         if math.isnan(sent) and name in split:
             sent = down + up
         mb = sent * BYTES_PER_FLOAT / 1e6
-        cells = [fmt_int(e.get("rounds")), fmt_int(e.get("best_round")), fmt_int(down), fmt_int(up),
-                 fmt_int(sent), fmt(mb, 1), fmt_int(e.get("sgd_steps")), fmt(e.get("seconds"), 1)]
+        cells = [
+            fmt_int(e.get("rounds")),
+            fmt_int(e.get("best_round")),
+            fmt_int(down),
+            fmt_int(up),
+            fmt_int(sent),
+            fmt(mb, 1),
+            fmt_int(e.get("sgd_steps")),
+            fmt(e.get("seconds"), 1),
+        ]
         body.append(f"<tr><th>{esc(run.label(name))}</th>{''.join(f'<td>{c}</td>' for c in cells)}</tr>")
     return table("<tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr>", body)
 
@@ -172,27 +189,42 @@ def cost_section(run: RunFiles) -> str | None:
     if not costs:
         return None
     measured = any(c.get("timing") == "measured" for c in costs.values())
-    head = ["Method", "Total SGD steps", "Total max. parallel SGD steps", "Forward-only batches",
-            "Communicated floats", "Estimated training time (h)"] + (["t_batch (s)", "t_eval (s)"] if measured else [])
+    head = [
+        "Method",
+        "Total SGD steps",
+        "Total max. parallel SGD steps",
+        "Forward-only batches",
+        "Communicated floats",
+        "Estimated training time (h)",
+    ] + (["t_batch (s)", "t_eval (s)"] if measured else [])
     body = []
     for name, c in costs.items():
-        cells = [fmt_int(c.get("sgd_steps")), fmt_int(c.get("parallel_sgd_steps")), fmt_int(c.get("forward_batches")),
-                 fmt_int(c.get("floats")), fmt(c.get("simulated_hours"), 3)]
+        cells = [
+            fmt_int(c.get("sgd_steps")),
+            fmt_int(c.get("parallel_sgd_steps")),
+            fmt_int(c.get("forward_batches")),
+            fmt_int(c.get("floats")),
+            fmt(c.get("simulated_hours"), 3),
+        ]
         if measured:
             cells += [fmt(c.get("t_batch"), 4), fmt(c.get("t_eval"), 4)]
         body.append(f"<tr><th>{esc(run.label(name))}</th>{''.join(f'<td>{x}</td>' for x in cells)}</tr>")
     c = next(iter(costs.values()))
-    timing = ("t_batch and t_eval measured from this run's ledger (per algorithm, columns on the right)"
-              if measured else
-              f"t_batch = {fmt(c.get('t_batch'), 2)} s per training batch, t_forward = {fmt(c.get('t_forward'), 2)} s, "
-              f"t_eval = {fmt(c.get('t_eval'), 2)} s per validation case (config <code>cost</code>; defaults: the "
-              f"paper's V100 values)")
-    note = ("FeTS benchmark Table 2 (Eq. 34–38). SGD steps: sum over rounds and sites; max. parallel: sum over "
-            "rounds of the busiest site's steps. Forward-only batches (q-FedAvg's loss pass) are not SGD steps; they "
-            "cost t_forward each. Time: per round, the slowest site's steps × t_batch + forward batches × t_forward + "
-            f"validation cases × t_eval + its floats down / up × {esc(c.get('bytes_per_float', BYTES_PER_FLOAT))} "
-            f"bytes at {fmt(c.get('download_mb_s'), 1)} / {fmt(c.get('upload_mb_s'), 1)} MB/s, summed over rounds; "
-            f"{timing}.")
+    timing = (
+        "t_batch and t_eval measured from this run's ledger (per algorithm, columns on the right)"
+        if measured
+        else f"t_batch = {fmt(c.get('t_batch'), 2)} s per training batch, t_forward = {fmt(c.get('t_forward'), 2)} s, "
+        f"t_eval = {fmt(c.get('t_eval'), 2)} s per validation case (config <code>cost</code>; defaults: the "
+        f"paper's V100 values)"
+    )
+    note = (
+        "FeTS benchmark Table 2 (Eq. 34–38). SGD steps: sum over rounds and sites; max. parallel: sum over "
+        "rounds of the busiest site's steps. Forward-only batches (q-FedAvg's loss pass) are not SGD steps; they "
+        "cost t_forward each. Time: per round, the slowest site's steps × t_batch + forward batches × t_forward + "
+        f"validation cases × t_eval + its floats down / up × {esc(c.get('bytes_per_float', BYTES_PER_FLOAT))} "
+        f"bytes at {fmt(c.get('download_mb_s'), 1)} / {fmt(c.get('upload_mb_s'), 1)} MB/s, summed over rounds; "
+        f"{timing}."
+    )
     return table("<tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr>", body) + f'<p class="note">{note}</p>'
 
 
@@ -233,9 +265,7 @@ def _header(run: RunFiles) -> str:
     counts: dict[str, set] = {}
     for r in run.results:
         counts.setdefault(r["site"], set()).add(r["case"])
-    sites = ", ".join(
-        f"{esc(x)} ({len(counts[x])})" if x in counts else esc(x) for x in run.sites
-    )
+    sites = ", ".join(f"{esc(x)} ({len(counts[x])})" if x in counts else esc(x) for x in run.sites)
     algs = ", ".join(esc(run.label(a)) for a in algorithm_order(s))
     return (
         f"<h1>fedseg report — {esc(s.get('dataset', run.dir.name))}</h1>"
@@ -251,14 +281,23 @@ def _score_sections(run: RunFiles) -> list[Section]:
     common = (
         f"Per case: mean over regions ({esc(regions)}); per site: mean over its test cases. "
         "Client Avg = mean of the site means; Global = mean over all test cases pooled. "
-    ) + ("“Client <i>k</i> Local (<i>site</i>)”: the <i>k</i>-th site's locally trained model on every site's "
-         "test data; “Local (own site)”: each site's own model on its own data. " if "local" in run.algorithms else "")
+    ) + (
+        "“Client <i>k</i> Local (<i>site</i>)”: the <i>k</i>-th site's locally trained model on every site's "
+        "test data; “Local (own site)”: each site's own model on its own data. "
+        if "local" in run.algorithms
+        else ""
+    )
     out = []
     for metric, title, higher, digits, note in (
         ("dice", "Test Dice", True, 4, "Bold: best federated number per column (higher is better)."),
-        ("hd95", "Test HD95 (pixels / voxels)", False, 2,
-         "Bold: best federated number per column (lower is better). Cases with an empty predicted or true "
-         "mask have no HD95 and are not counted."),
+        (
+            "hd95",
+            "Test HD95 (pixels / voxels)",
+            False,
+            2,
+            "Bold: best federated number per column (lower is better). Cases with an empty predicted or true "
+            "mask have no HD95 and are not counted.",
+        ),
     ):
         rows = score_rows(run, metric)
         if any(not math.isnan(v) for r in rows for v in r.values.values()):  # e.g. no HD95 when eval.hd95 is off
@@ -269,8 +308,12 @@ def _score_sections(run: RunFiles) -> list[Section]:
 def family_sections(run: RunFiles, order: list[str], fig_dir: Path) -> list[Section]:
     """The sections of every registered method family among the run's algorithms (``Family.report_sections``
     with the family's algorithms in table order), families in table order."""
-    return [s for family, members in families(run.summary, order) if family.report_sections is not None
-            for s in family.report_sections(run, members, fig_dir)]
+    return [
+        s
+        for family, members in families(run.summary, order)
+        if family.report_sections is not None
+        for s in family.report_sections(run, members, fig_dir)
+    ]
 
 
 def render_report(run_dir: str | Path) -> Path:
@@ -288,7 +331,10 @@ def render_report(run_dir: str | Path) -> Path:
     labels = dict(run.names)
 
     curves = figures.validation_curves(
-        run.rounds, fig_dir / "validation.png", order, labels,
+        run.rounds,
+        fig_dir / "validation.png",
+        order,
+        labels,
         {a: int(e["best_round"]) for a, e in run.algorithms.items() if "best_round" in e},
     )
     samples = figures.sample_grid(run.samples, run.sites, order, run.regions, fig_dir / "samples.png", labels)
@@ -304,22 +350,37 @@ def render_report(run_dir: str | Path) -> Path:
 
     sections = [
         *_score_sections(run),
-        Section("Per-region scores (mean ± std over test cases)", region_table(run),
-                "Each method's own models (for Local: each site's model on its own site). "
-                "Std over cases (sample std); HD95 over cases where it is defined."),
-        Section("Validation Dice per round", VALIDATION_IMG if curves else None,
-                "Mean over sites of the validation Dice; the star marks the round selected on validation "
-                "(whose model is tested above)."),
+        Section(
+            "Per-region scores (mean ± std over test cases)",
+            region_table(run),
+            "Each method's own models (for Local: each site's model on its own site). "
+            "Std over cases (sample std); HD95 over cases where it is defined.",
+        ),
+        Section(
+            "Validation Dice per round",
+            VALIDATION_IMG if curves else None,
+            "Mean over sites of the validation Dice; the star marks the round selected on validation "
+            "(whose model is tested above).",
+        ),
         *(s for s in extra if s.body),
-        Section("Local training across sites", cross_site_section(run, fig_dir),
-                "Rows: the site a local model was trained on; columns: the site whose test data it is scored on."),
-        Section("Example test predictions", SAMPLES_IMG if samples else None,
-                "One test case per site; coloured contours, one colour per region. The Dice under each "
-                "prediction is for that single case. 3-channel images are shown as RGB, others by their "
-                "first channel; 3D cases by their middle slice."),
-        Section("Communication and compute", ledger_table(run),
-                f"Floats and SGD steps count training exchanges (evaluation traffic excluded); "
-                f"MB = floats × {BYTES_PER_FLOAT} bytes / 10⁶. Seconds: all compute of the method."),
+        Section(
+            "Local training across sites",
+            cross_site_section(run, fig_dir),
+            "Rows: the site a local model was trained on; columns: the site whose test data it is scored on.",
+        ),
+        Section(
+            "Example test predictions",
+            SAMPLES_IMG if samples else None,
+            "One test case per site; coloured contours, one colour per region. The Dice under each "
+            "prediction is for that single case. 3-channel images are shown as RGB, others by their "
+            "first channel; 3D cases by their middle slice.",
+        ),
+        Section(
+            "Communication and compute",
+            ledger_table(run),
+            f"Floats and SGD steps count training exchanges (evaluation traffic excluded); "
+            f"MB = floats × {BYTES_PER_FLOAT} bytes / 10⁶. Seconds: all compute of the method.",
+        ),
         Section("Cost (FeTS Table 2)", cost_section(run)),
     ]
     parts = [_header(run), *(add_notes(s).html() for s in sections), *study_sections(run.dir)]

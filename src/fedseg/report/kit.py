@@ -33,8 +33,24 @@ import numpy as np
 from fedseg.evaluate.tables import read_rows
 
 __all__ = [
-    "CSS", "RunFiles", "Section", "TableRow", "esc", "fmt", "fmt_int", "load_npz", "load_run", "metric_scalar",
-    "nanmean", "num", "page", "read_csv", "score_table", "section", "site_columns", "table",
+    "CSS",
+    "RunFiles",
+    "Section",
+    "TableRow",
+    "esc",
+    "fmt",
+    "fmt_int",
+    "load_npz",
+    "load_run",
+    "metric_scalar",
+    "nanmean",
+    "num",
+    "page",
+    "read_csv",
+    "score_table",
+    "section",
+    "site_columns",
+    "table",
 ]
 
 
@@ -212,8 +228,10 @@ def score_table(
 
 def table(head_row: str, body_rows: Sequence[str]) -> str:
     """A score table (scrolls sideways inside the page when there are many sites)."""
-    return (f'<div class="wide"><table class="scores"><thead>{head_row}</thead>'
-            f'<tbody>{"".join(body_rows)}</tbody></table></div>')
+    return (
+        f'<div class="wide"><table class="scores"><thead>{head_row}</thead>'
+        f"<tbody>{''.join(body_rows)}</tbody></table></div>"
+    )
 
 
 def site_columns(sites: Sequence[str]) -> list[tuple[str, str]]:

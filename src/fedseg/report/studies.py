@@ -45,11 +45,16 @@ def render_study(study_dir: str | Path, sub_reports: bool = True) -> Path:
         items.append(f"<li>{run_link(root, rel, label) if done else esc(label) + ' (not finished)'}</li>")
     meta = json.loads((root / STUDY_JSON).read_text()) if (root / STUDY_JSON).is_file() else {}
     kind = {"holdout": "unseen sites", "sweep": f"sweep over {meta.get('key')}"}.get(str(meta.get("kind")), "study")
-    parts = [f"<h1>fedseg study — {esc(kind)}</h1>",
-             f'<p class="meta">Study: <code>{esc(root.resolve().name)}</code></p>',
-             *study_sections(root),
-             section("Runs", f"<ul>{''.join(items)}</ul>" if items else None,
-                     "Each run is a complete run directory with its own report.")]
+    parts = [
+        f"<h1>fedseg study — {esc(kind)}</h1>",
+        f'<p class="meta">Study: <code>{esc(root.resolve().name)}</code></p>',
+        *study_sections(root),
+        section(
+            "Runs",
+            f"<ul>{''.join(items)}</ul>" if items else None,
+            "Each run is a complete run directory with its own report.",
+        ),
+    ]
     if meta.get("config"):
         config = yaml.safe_dump(meta["config"], sort_keys=False)
         parts.append(f"<details><summary>base configuration (study.json)</summary><pre>{esc(config)}</pre></details>")

@@ -16,8 +16,16 @@ from pathlib import Path
 from fedseg.report.kit import TableRow, esc, fmt, num, read_csv, score_table, section, site_columns, table
 from fedseg.report.methods import display_name, is_federated
 
-__all__ = ["STUDY_JSON", "SWEEP_CSV", "UNSEEN_CSV", "is_study_dir", "run_link", "study_sections", "sweep_section",
-           "unseen_section"]
+__all__ = [
+    "STUDY_JSON",
+    "SWEEP_CSV",
+    "UNSEEN_CSV",
+    "is_study_dir",
+    "run_link",
+    "study_sections",
+    "sweep_section",
+    "unseen_section",
+]
 
 UNSEEN_CSV, SWEEP_CSV, STUDY_JSON = "unseen.csv", "sweep.csv", "study.json"
 PM = "freq_PM_"
@@ -56,18 +64,33 @@ def unseen_section(root: Path) -> str:
     rows = read_csv(root / UNSEEN_CSV)
     if not rows:
         return ""
-    sites = [c[len(PM):] for c in rows[0] if c.startswith(PM)]
-    head = (["Method", "Unseen site", "Cases", "γ", "GM"] + [f"PM {s}" for s in sites]
-            + ["Dice", "Best γ", "Best Dice", "Val. γ", "Val. Dice"])
+    sites = [c[len(PM) :] for c in rows[0] if c.startswith(PM)]
+    head = (
+        ["Method", "Unseen site", "Cases", "γ", "GM"]
+        + [f"PM {s}" for s in sites]
+        + ["Dice", "Best γ", "Best Dice", "Val. γ", "Val. Dice"]
+    )
     body = []
     for r in rows:
         freqs = ["N/A" if s == r["unseen_site"] else fmt(r[PM + s], 2) for s in sites]
-        cells = [run_link(root, r.get("run", ""), r["unseen_site"]), esc(r["cases"]), fmt(r["gamma"], 2),
-                 fmt(r["freq_GM"], 2), *freqs, fmt(r["dice"], 4), fmt(r["best_gamma"], 2), fmt(r["best_dice"], 4),
-                 fmt(r["val_gamma"], 2), fmt(r["val_dice"], 4)]
+        cells = [
+            run_link(root, r.get("run", ""), r["unseen_site"]),
+            esc(r["cases"]),
+            fmt(r["gamma"], 2),
+            fmt(r["freq_GM"], 2),
+            *freqs,
+            fmt(r["dice"], 4),
+            fmt(r["best_gamma"], 2),
+            fmt(r["best_dice"], 4),
+            fmt(r["val_gamma"], 2),
+            fmt(r["val_dice"], 4),
+        ]
         body.append(f"<tr><th>{esc(display_name(r['algorithm']))}</th>{''.join(f'<td>{c}</td>' for c in cells)}</tr>")
-    return section("Unseen sites (FedSM Table 5 layout)",
-                   table("<tr>" + "".join(f"<th>{esc(h)}</th>" for h in head) + "</tr>", body), UNSEEN_NOTE)
+    return section(
+        "Unseen sites (FedSM Table 5 layout)",
+        table("<tr>" + "".join(f"<th>{esc(h)}</th>" for h in head) + "</tr>", body),
+        UNSEEN_NOTE,
+    )
 
 
 # --------------------------------------------------------------------------- sweeps
@@ -77,24 +100,32 @@ def sweep_section(root: Path) -> str:
     if not rows:
         return ""
     key = rows[0]["key"]
-    sites = [c[len("dice_"):] for c in rows[0] if c.startswith("dice_") and c not in ("dice_client_avg", "dice_global")]
+    sites = [
+        c[len("dice_") :] for c in rows[0] if c.startswith("dice_") and c not in ("dice_client_avg", "dice_global")
+    ]
     order = list(dict.fromkeys(r["algorithm"] for r in rows))
     dice_rows, hd_rows = [], []
     for r in sorted(rows, key=lambda r: order.index(r["algorithm"])):  # one block per algorithm, values in order
         label, fed = f"{display_name(r['algorithm'])}: {r['value']}", is_federated(r["algorithm"])
-        dice = {**{s: num(r[f"dice_{s}"]) for s in sites}, "client_avg": num(r["dice_client_avg"]),
-                "global": num(r["dice_global"])}
+        dice = {
+            **{s: num(r[f"dice_{s}"]) for s in sites},
+            "client_avg": num(r["dice_client_avg"]),
+            "global": num(r["dice_global"]),
+        }
         dice_rows.append(TableRow(label, dice, fed, r["algorithm"]))
         hd_rows.append(TableRow(label, {"hd95": num(r["hd95_client_avg"])}, fed, r["algorithm"]))
     layout = "Table 6" if key == PERSONALIZATION_KEY else "Table 7"
     runs = dict.fromkeys((r.get("run", ""), r["value"]) for r in rows)  # one link per value, in order
     links = ", ".join(run_link(root, run, f"{key}={value}") for run, value in runs)
-    body = (score_table(dice_rows, site_columns(sites), True, 4)
-            + score_table(hd_rows, [("hd95", "HD95 Client Avg")], False, 2))
-    note = (f"One complete run per value of <code>{esc(key)}</code>, everything else as the base configuration. "
-            "Test Dice per site (mean over regions per case, then over the site's cases), Client Avg = mean of the "
-            "site means, Global = all test cases pooled; HD95 Client Avg below (lower is better). Bold: best "
-            f"federated number per column. Runs: {links}.")
+    body = score_table(dice_rows, site_columns(sites), True, 4) + score_table(
+        hd_rows, [("hd95", "HD95 Client Avg")], False, 2
+    )
+    note = (
+        f"One complete run per value of <code>{esc(key)}</code>, everything else as the base configuration. "
+        "Test Dice per site (mean over regions per case, then over the site's cases), Client Avg = mean of the "
+        "site means, Global = all test cases pooled; HD95 Client Avg below (lower is better). Bold: best "
+        f"federated number per column. Runs: {links}."
+    )
     return section(f"Sweep over {key} (FedSM {layout} layout)", body, note)
 
 

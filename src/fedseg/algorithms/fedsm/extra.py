@@ -40,10 +40,10 @@ from fedseg.algorithms.fedavg import put_group, state_group
 from fedseg.algorithms.fedsm.family import FEDSM
 from fedseg.algorithms.fedsm.method import SELECTOR, SELECTOR_OPT, FedSMClient, FedSMServer, SelectorOptions
 from fedseg.algorithms.fedsm.model import EnsembleForward, LabeledImages, Mode, extra_labels
-from fedseg.algorithms.registry import AlgorithmSpec
-from fedseg.engine.messages import Message, prefixed
-from fedseg.engine.context import ClientContext, Task
 from fedseg.algorithms.fedsm.selector import Selector
+from fedseg.algorithms.registry import AlgorithmSpec
+from fedseg.engine.context import ClientContext, Task
+from fedseg.engine.messages import Message, prefixed
 from fedseg.train import TrainHooks, segmentation_loss
 
 INSTALL = "install"  # exchange action: the frozen K+1 candidates go to every site
@@ -74,7 +74,8 @@ class FedSMExtraServer(FedSMServer):
         self.extra_rounds = options.extra_rounds or max(1, rounds // 3)
         if self.extra_rounds >= rounds:
             raise ValueError(
-                f"methods.{engine.algorithm}.extra_rounds = {self.extra_rounds} must be smaller than fl.rounds = {rounds} "
+                f"methods.{engine.algorithm}.extra_rounds = {self.extra_rounds} "
+                f"must be smaller than fl.rounds = {rounds} "
                 "(fl.rounds counts the model-training rounds and the extra selector rounds)"
             )
         self.train_rounds = rounds - self.extra_rounds
@@ -89,8 +90,12 @@ class FedSMExtraServer(FedSMServer):
         else:
             if rnd == self.train_rounds + 1:
                 self.engine.exchange({s: Message(self.candidate_tensors()) for s in self.sites}, INSTALL)
-            msgs = {s: Message({**prefixed(SELECTOR, self.selector_weights), **prefixed(SELECTOR_OPT, self.selector_moments)})
-                    for s in self.sites}
+            msgs = {
+                s: Message(
+                    {**prefixed(SELECTOR, self.selector_weights), **prefixed(SELECTOR_OPT, self.selector_moments)}
+                )
+                for s in self.sites
+            }
         replies = self.engine.exchange(msgs, "train")
         self.aggregate(replies)
         return {s: float(r.meta["loss"]) for s, r in replies.items()}
@@ -142,10 +147,28 @@ class FedSMEnsembleClient(FedSMExtraClient):
 
 
 SPECS = (
-    AlgorithmSpec("fedsm-extra", "FedSM-extra", FedSMExtraServer, FedSMExtraClient,
-                  "FedSM-extra: models first, then extra selector rounds on Eq. 1 labels; argmax over K+1",
-                  FedSMExtraOptions, kind="personalized", family=FEDSM, min_sites=2, needs_every_site=True),
-    AlgorithmSpec("fedsm-ensemble", "FedSM-ensemble", FedSMEnsembleServer, FedSMEnsembleClient,
-                  "FedSM ensemble: selector trained through the soft ensemble of K+1 models (Sec. 3.1.1)",
-                  FedSMEnsembleOptions, kind="personalized", family=FEDSM, min_sites=2, needs_every_site=True),
+    AlgorithmSpec(
+        "fedsm-extra",
+        "FedSM-extra",
+        FedSMExtraServer,
+        FedSMExtraClient,
+        "FedSM-extra: models first, then extra selector rounds on Eq. 1 labels; argmax over K+1",
+        FedSMExtraOptions,
+        kind="personalized",
+        family=FEDSM,
+        min_sites=2,
+        needs_every_site=True,
+    ),
+    AlgorithmSpec(
+        "fedsm-ensemble",
+        "FedSM-ensemble",
+        FedSMEnsembleServer,
+        FedSMEnsembleClient,
+        "FedSM ensemble: selector trained through the soft ensemble of K+1 models (Sec. 3.1.1)",
+        FedSMEnsembleOptions,
+        kind="personalized",
+        family=FEDSM,
+        min_sites=2,
+        needs_every_site=True,
+    ),
 )

@@ -33,7 +33,9 @@ FEATURES_DIR = "selector_features"
 
 
 @torch.no_grad()
-def selector_features(bundle: dict[str, dict[str, torch.Tensor]], site_data: Sequence[SiteData], task: Task) -> dict | None:
+def selector_features(
+    bundle: dict[str, dict[str, torch.Tensor]], site_data: Sequence[SiteData], task: Task
+) -> dict | None:
     """The arrays described in the module docstring for every site's test split, or None when
     ``bundle`` holds no selector (any algorithm outside the FedSM family)."""
     if SELECTOR_SPEC not in bundle or "selector" not in bundle:

@@ -6,7 +6,8 @@ Training, Algorithm 1 (one ``train`` exchange per round):
   w_s (the server keeps every w_p,k; a site receives no other site's personalized model for
   training. Validation and test do send every site the whole super model, all K personalized
   models included: the ledger counts that as evaluation traffic, outside ``floats_sent``). It
-  trains all three on its train split through the Trainer: w_g and w_p,k with the segmentation loss, w_s with cross-entropy against its label ``y_s = one_hot(k)`` (Eq. 2; the
+  trains all three on its train split through the Trainer: w_g and w_p,k with the segmentation loss, w_s with
+  cross-entropy against its label ``y_s = one_hot(k)`` (Eq. 2; the
   label is the site's position in the server's site order, sent as ``meta.label``). Each model
   runs one local budget; the three never interact, so training them one after another equals
   the interleaved loop of Algorithm 1 (up to the batch order, which each model draws from the
@@ -78,13 +79,13 @@ from fedseg.algorithms.fedsm.model import (
     route,
 )
 from fedseg.algorithms.fedsm.personalize import PERSONAL, TRACK, PersonalizationOptions, personalization
+from fedseg.algorithms.fedsm.selector import Selector, build_selector
 from fedseg.algorithms.registry import AlgorithmSpec
 from fedseg.data.dataset import CaseSet
-from fedseg.engine.messages import Message, MetaValue, load_weights, prefixed, weights_of
 from fedseg.engine.context import ClientContext, Task
+from fedseg.engine.messages import Message, MetaValue, load_weights, prefixed, weights_of
 from fedseg.evaluate.inference import score_caseset
 from fedseg.evaluate.tables import eval_rows, site_summary
-from fedseg.algorithms.fedsm.selector import Selector, build_selector
 from fedseg.train import LossFn, TrainHooks, TrainStats
 
 GLOBAL, SELECTOR, SELECTOR_OPT = "global", "selector", "selector_opt"  # message groups (and PERSONAL, TRACK)
@@ -98,8 +99,12 @@ class SelectorOptions(FedAvgOptions, PersonalizationOptions):
     ``personalization``, ``lam`` and each strategy's hyperparameters from ``PersonalizationOptions``."""
 
     selector_width: float = Field(0.25, gt=0, description="VGG-11 channel multiplier (1 = VGG-11; 0.25: CPU default)")
-    selector_input_size: int | None = Field(None, ge=1, description="side the selector resamples images to; None = model input")
-    selector_norm: Literal["batch", "instance"] = Field("instance", description="selector normalization layers (see module doc)")
+    selector_input_size: int | None = Field(
+        None, ge=1, description="side the selector resamples images to; None = model input"
+    )
+    selector_norm: Literal["batch", "instance"] = Field(
+        "instance", description="selector normalization layers (see module doc)"
+    )
     selector_lr: float | None = Field(None, gt=0, description="selector learning rate eta_s; None = train.lr")
     average_selector_moments: bool = Field(
         True, description="send the selector's optimizer moments with w_s and average them (extra traffic, counted)"
@@ -121,7 +126,9 @@ class FedSMOptions(SelectorOptions):
     """``fedsm``: Algorithm 1 training, Algorithm 2 inference with threshold gamma."""
 
     gamma_grid: tuple[float, ...] = Field(DEFAULT_GRID, min_length=1, description="thresholds tried on validation data")
-    val_gamma: float | None = Field(None, ge=0, le=1, description="fixed gamma for per-round validation; None = best on the grid")
+    val_gamma: float | None = Field(
+        None, ge=0, le=1, description="fixed gamma for per-round validation; None = best on the grid"
+    )
 
     @field_validator("gamma_grid")
     @classmethod
@@ -132,8 +139,15 @@ class FedSMOptions(SelectorOptions):
 
 
 def new_selector(task: Task, options: SelectorOptions, num_classes: int) -> Selector:
-    return build_selector(task.in_channels, num_classes, options.selector_width, options.selector_norm,
-                          options.selector_input_size, task.spatial_dims, seed=task.cfg.seed).to(task.device)
+    return build_selector(
+        task.in_channels,
+        num_classes,
+        options.selector_width,
+        options.selector_norm,
+        options.selector_input_size,
+        task.spatial_dims,
+        seed=task.cfg.seed,
+    ).to(task.device)
 
 
 def subset(data: CaseSet, idx: torch.Tensor) -> CaseSet:
@@ -175,8 +189,13 @@ class FedSMClient(FedAvgClient):
     def super_model(self, msg: Message, ctx: ClientContext) -> SuperModel:
         sites = json.loads(str(msg.meta["sites"]))
         personal = [self.segmenter(msg.group(f"{PERSONAL}/{s}"), ctx) for s in sites]
-        return SuperModel(self.segmenter(msg.group(GLOBAL), ctx), personal, self.selector(msg.group(SELECTOR), ctx),
-                          float(msg.meta.get("gamma", 0.5)), self.MODE).eval()
+        return SuperModel(
+            self.segmenter(msg.group(GLOBAL), ctx),
+            personal,
+            self.selector(msg.group(SELECTOR), ctx),
+            float(msg.meta.get("gamma", 0.5)),
+            self.MODE,
+        ).eval()
 
     # --- training ----------------------------------------------------------------------
     def on_train(self, msg: Message, ctx: ClientContext) -> Message:
@@ -195,7 +214,9 @@ class FedSMClient(FedAvgClient):
                 put_group(ctx.state, key, msg.group(SELECTOR_OPT))
             data, loss_fn, hooks = self.selector_task(selector, msg, ctx)
             train_cfg = ctx.cfg.train.model_copy(update={"lr": ctx.options.selector_lr or ctx.cfg.train.lr})
-            stats[SELECTOR] = self.fit(selector, msg, ctx, key, data=data, loss_fn=loss_fn, train_cfg=train_cfg, hooks=hooks)
+            stats[SELECTOR] = self.fit(
+                selector, msg, ctx, key, data=data, loss_fn=loss_fn, train_cfg=train_cfg, hooks=hooks
+            )
             out.update(prefixed(SELECTOR, weights_of(selector)))
             if ctx.options.average_selector_moments:
                 out.update(prefixed(SELECTOR_OPT, state_group(ctx.state, key)))
@@ -207,7 +228,9 @@ class FedSMClient(FedAvgClient):
         }
         return Message(out, meta)
 
-    def selector_task(self, selector: Selector, msg: Message, ctx: ClientContext) -> tuple[object, LossFn | None, TrainHooks]:
+    def selector_task(
+        self, selector: Selector, msg: Message, ctx: ClientContext
+    ) -> tuple[object, LossFn | None, TrainHooks]:
         """``(data, loss, hooks)`` the selector trains with: Eq. (2), cross-entropy against the site's label."""
         labels = torch.full((len(ctx.data.train),), int(msg.meta["label"]), dtype=torch.long)
         return LabeledImages(ctx.data.train.name, ctx.data.train.x, labels), nn.CrossEntropyLoss(), TrainHooks()
@@ -229,8 +252,14 @@ class FedSMClient(FedAvgClient):
             dice_p, hd_p = score_routed(models, probs.argmax(dim=1) + 1, data, ctx)
             use_p = (choice != GLOBAL_INDEX).numpy()[:, None]
             dice, hd95 = np.where(use_p, dice_p, dice_g), np.where(use_p, hd_p, hd_g)
-            tensors.update({"dice_global": torch.from_numpy(dice_g), "hd95_global": torch.from_numpy(hd_g),
-                            "dice_personal": torch.from_numpy(dice_p), "hd95_personal": torch.from_numpy(hd_p)})
+            tensors.update(
+                {
+                    "dice_global": torch.from_numpy(dice_g),
+                    "hd95_global": torch.from_numpy(hd_g),
+                    "dice_personal": torch.from_numpy(dice_p),
+                    "hd95_personal": torch.from_numpy(hd_p),
+                }
+            )
         elif sm.mode == "argmax":
             dice, hd95 = score_routed(models, choice, data, ctx)
         else:
@@ -239,8 +268,11 @@ class FedSMClient(FedAvgClient):
         tensors.update({"dice": torch.from_numpy(dice), "hd95": torch.from_numpy(hd95)})
         if msg.meta.get("sample") and ctx.artifacts is not None and len(data):
             write_sample(sm, data, ctx, str(msg.meta["model"]))
-        meta: dict[str, MetaValue] = {"cases": json.dumps(data.ids), "model": str(msg.meta["model"]),
-                                      "split": str(msg.meta["split"])}
+        meta: dict[str, MetaValue] = {
+            "cases": json.dumps(data.ids),
+            "model": str(msg.meta["model"]),
+            "split": str(msg.meta["split"]),
+        }
         return Message(tensors, meta)
 
 
@@ -277,8 +309,11 @@ class FedSMServer(FedAvgServer):
         return {**prefixed(GLOBAL, self.global_weights), **self.personalization.down(site, self.personal, self.track)}
 
     def train_message(self, site: str) -> Message:
-        tensors = {**self.model_tensors(site), **prefixed(SELECTOR, self.selector_weights),
-                   **prefixed(SELECTOR_OPT, self.selector_moments)}
+        tensors = {
+            **self.model_tensors(site),
+            **prefixed(SELECTOR, self.selector_weights),
+            **prefixed(SELECTOR_OPT, self.selector_moments),
+        }
         return Message(tensors, {"label": self.sites.index(site)})
 
     def aggregate(self, replies: dict[str, Message]) -> None:
@@ -287,8 +322,9 @@ class FedSMServer(FedAvgServer):
         the groups the replies carry change."""
         sites = [s for s in self.sites if s in replies]
         weights = self.aggregation_weights(replies)
-        self.last_train_losses = {s: {k[len("loss_"):]: float(v) for k, v in replies[s].meta.items() if k.startswith("loss_")}
-                                  for s in sites}
+        self.last_train_losses = {
+            s: {k[len("loss_") :]: float(v) for k, v in replies[s].meta.items() if k.startswith("loss_")} for s in sites
+        }
 
         def merge(group: str) -> dict[str, torch.Tensor]:
             return weighted_average([replies[s].group(group) for s in sites], [weights[s] for s in sites])
@@ -297,7 +333,8 @@ class FedSMServer(FedAvgServer):
         if first.group(GLOBAL):
             self.global_weights = merge(GLOBAL)
             self.personal, self.track = self.personalization.merge(
-                {s: replies[s] for s in sites}, weights, self.global_weights, self.track)
+                {s: replies[s] for s in sites}, weights, self.global_weights, self.track
+            )
         if first.group(SELECTOR):
             self.selector_weights = merge(SELECTOR)
         if first.group(SELECTOR_OPT):
@@ -309,13 +346,21 @@ class FedSMServer(FedAvgServer):
 
     def super_tensors(self) -> dict[str, torch.Tensor]:
         personal = {f"{s}/{k}": v for s in self.sites for k, v in self.personal[s].items()}
-        return {**prefixed(GLOBAL, self.global_weights), **prefixed(PERSONAL, personal),
-                **prefixed(SELECTOR, self.selector_weights)}
+        return {
+            **prefixed(GLOBAL, self.global_weights),
+            **prefixed(PERSONAL, personal),
+            **prefixed(SELECTOR, self.selector_weights),
+        }
 
     def eval_messages(self, split: str, sample: bool) -> dict[str, Message]:
         tensors = self.super_tensors()
-        meta: dict[str, MetaValue] = {"split": split, "model": MODEL_NAME, "sample": sample, "gamma": self.gamma,
-                                      "sites": json.dumps(self.sites)}
+        meta: dict[str, MetaValue] = {
+            "split": split,
+            "model": MODEL_NAME,
+            "sample": sample,
+            "gamma": self.gamma,
+            "sites": json.dumps(self.sites),
+        }
         return {s: Message(dict(tensors), dict(meta)) for s in self.sites}
 
     def evaluate(self, split: str, sample: bool = False) -> list[dict]:
@@ -331,7 +376,9 @@ class FedSMServer(FedAvgServer):
         """The gamma of ``gamma_grid`` with the best mean validation Dice over sites (ties: the larger)."""
         best, best_score = float(self.options.gamma_grid[-1]), -math.inf
         for gamma in self.options.gamma_grid:
-            rows = eval_rows(self.engine.algorithm, {s: at_gamma(r, gamma) for s, r in replies.items()}, self.task.regions)
+            rows = eval_rows(
+                self.engine.algorithm, {s: at_gamma(r, gamma) for s, r in replies.items()}, self.task.regions
+            )
             score = site_summary(rows, self.engine.algorithm, "dice", self.sites)["client_avg"]
             score = -math.inf if math.isnan(score) else score
             if score >= best_score:
@@ -355,7 +402,9 @@ class FedSMServer(FedAvgServer):
             rows.append({"site": s, "metric": "global_frac", "value": float((choice == GLOBAL_INDEX).double().mean())})
             for model in ("global", "personal"):  # threshold mode: each candidate's own validation Dice
                 if f"dice_{model}" in r.tensors:
-                    rows.append({"site": s, "metric": f"val_dice_{model}", "value": case_mean(r.tensors[f"dice_{model}"])})
+                    rows.append(
+                        {"site": s, "metric": f"val_dice_{model}", "value": case_mean(r.tensors[f"dice_{model}"])}
+                    )
         for s, losses in self.last_train_losses.items():
             rows += [{"site": s, "metric": f"train_loss_{group}", "value": v} for group, v in losses.items()]
         if replies and self.MODE == "threshold":
@@ -365,7 +414,12 @@ class FedSMServer(FedAvgServer):
     # --- state ---------------------------------------------------------------------------
     def state_dict(self) -> dict[str, torch.Tensor]:
         gamma = {"gamma/value": torch.tensor(self.gamma, dtype=torch.float64)}
-        return {**self.super_tensors(), **prefixed(SELECTOR_OPT, self.selector_moments), **prefixed(TRACK, self.track), **gamma}
+        return {
+            **self.super_tensors(),
+            **prefixed(SELECTOR_OPT, self.selector_moments),
+            **prefixed(TRACK, self.track),
+            **gamma,
+        }
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         msg = Message(state)
@@ -377,10 +431,19 @@ class FedSMServer(FedAvgServer):
         self.gamma = float(state["gamma/value"])
 
     def bundle(self) -> dict[str, dict[str, torch.Tensor]]:
-        """global, personal:<site>, selector, gamma/value and selector_spec/* (see ``fedseg.algorithms.fedsm.model.bundle_entries``)."""
+        """global, personal:<site>, selector, gamma/value and selector_spec/*
+        (see ``fedseg.algorithms.fedsm.model.bundle_entries``)."""
         selector = new_selector(self.task, self.options, len(self.sites) + self.EXTRA_CLASSES)
-        return bundle_entries(self.global_weights, self.personal, self.selector_weights, self.gamma, self.MODE,
-                              selector, self.options.selector_width, self.options.selector_norm)
+        return bundle_entries(
+            self.global_weights,
+            self.personal,
+            self.selector_weights,
+            self.gamma,
+            self.MODE,
+            selector,
+            self.options.selector_width,
+            self.options.selector_norm,
+        )
 
 
 def case_mean(dice: torch.Tensor) -> float:
@@ -395,12 +458,23 @@ def at_gamma(reply: Message, gamma: float) -> Message:
     use_personal = (route(reply.tensors["probs"], "threshold", gamma) != GLOBAL_INDEX)[:, None]
     tensors = dict(reply.tensors)
     for metric in ("dice", "hd95"):
-        tensors[metric] = torch.where(use_personal, reply.tensors[f"{metric}_personal"], reply.tensors[f"{metric}_global"])
+        tensors[metric] = torch.where(
+            use_personal, reply.tensors[f"{metric}_personal"], reply.tensors[f"{metric}_global"]
+        )
     return Message(tensors, dict(reply.meta))
 
 
 SPECS = (
-    AlgorithmSpec("fedsm", "FedSM", FedSMServer, FedSMClient,
-                  "FedSM (Xu et al.): global + SoftPull personalized models + selector, threshold gamma (Alg. 1-2)",
-                  FedSMOptions, kind="personalized", family=FEDSM, min_sites=2, needs_every_site=True),
+    AlgorithmSpec(
+        "fedsm",
+        "FedSM",
+        FedSMServer,
+        FedSMClient,
+        "FedSM (Xu et al.): global + SoftPull personalized models + selector, threshold gamma (Alg. 1-2)",
+        FedSMOptions,
+        kind="personalized",
+        family=FEDSM,
+        min_sites=2,
+        needs_every_site=True,
+    ),
 )

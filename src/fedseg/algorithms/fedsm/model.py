@@ -18,14 +18,15 @@ The site an image came from is never used.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Literal, Sequence
+from typing import Literal
 
 import torch
 from torch import nn
 
-from fedseg.engine.messages import load_weights
 from fedseg.algorithms.fedsm.selector import Selector, build_selector
+from fedseg.engine.messages import load_weights
 from fedseg.train import LossFn, TrainHooks
 
 Mode = Literal["threshold", "argmax", "ensemble"]
@@ -59,8 +60,14 @@ def ensemble_logits(weights: torch.Tensor, logits: Sequence[torch.Tensor]) -> to
 class SuperModel(nn.Module):
     """Global model, K personalized models and the selector, applied as in the module docstring."""
 
-    def __init__(self, global_model: nn.Module, personal: Sequence[nn.Module], selector: Selector,
-                 gamma: float = 0.5, mode: Mode = "threshold"):
+    def __init__(
+        self,
+        global_model: nn.Module,
+        personal: Sequence[nn.Module],
+        selector: Selector,
+        gamma: float = 0.5,
+        mode: Mode = "threshold",
+    ):
         super().__init__()
         if mode not in MODES:
             raise ValueError(f"unknown super-model mode {mode!r} ({' | '.join(MODES)})")
@@ -155,8 +162,16 @@ def extra_labels(outputs: Sequence[torch.Tensor], target: torch.Tensor, loss_fn:
 SELECTOR_SPEC = "selector_spec"  # bundle entry describing the selector and the routing
 
 
-def bundle_entries(global_w: dict, personal: dict[str, dict], selector_w: dict, gamma: float, mode: Mode,
-                   selector: Selector, width: float, norm: str) -> dict[str, dict[str, torch.Tensor]]:
+def bundle_entries(
+    global_w: dict,
+    personal: dict[str, dict],
+    selector_w: dict,
+    gamma: float,
+    mode: Mode,
+    selector: Selector,
+    width: float,
+    norm: str,
+) -> dict[str, dict[str, torch.Tensor]]:
     """The super model as bundle entries: ``global``, ``personal:<site>``, ``selector``,
     ``gamma/value`` (0-d float64; NaN for the variants without a threshold) and ``selector_spec/*``
     (0-d tensors: ``width``, ``input_size`` (0 = none), ``batchnorm`` (1/0), ``num_classes``,
@@ -186,14 +201,24 @@ def candidate_names(bundle: dict[str, dict[str, torch.Tensor]]) -> list[str]:
     return ["global"] + [f"personal:{s}" for _, s in sites]
 
 
-def super_model_from_bundle(bundle: dict[str, dict[str, torch.Tensor]], new_segmenter: Callable[[], nn.Module],
-                            in_channels: int, spatial_dims: int, gamma: float | None = None) -> SuperModel:
+def super_model_from_bundle(
+    bundle: dict[str, dict[str, torch.Tensor]],
+    new_segmenter: Callable[[], nn.Module],
+    in_channels: int,
+    spatial_dims: int,
+    gamma: float | None = None,
+) -> SuperModel:
     """Rebuild the ``SuperModel`` from ``bundle_entries`` (e.g. the tensors of ``model/<algorithm>/``
     grouped by their first path component); ``gamma`` overrides the stored one."""
     spec = bundle[SELECTOR_SPEC]
-    selector = build_selector(in_channels, int(spec["num_classes"]), float(spec["width"]),
-                              "batch" if int(spec["batchnorm"]) else "instance",
-                              int(spec["input_size"]) or None, spatial_dims)
+    selector = build_selector(
+        in_channels,
+        int(spec["num_classes"]),
+        float(spec["width"]),
+        "batch" if int(spec["batchnorm"]) else "instance",
+        int(spec["input_size"]) or None,
+        spatial_dims,
+    )
     load_weights(selector, bundle["selector"])
     models = []
     for name in candidate_names(bundle):

@@ -69,8 +69,8 @@ from torch.func import functional_call
 from fedseg.algorithms.aggregate import server_step, softpull, weighted_average
 from fedseg.algorithms.fedavg import local_budget, put_group, state_group
 from fedseg.config import BudgetConfig
-from fedseg.engine.messages import Message, prefixed, weights_of
 from fedseg.engine.context import ClientContext
+from fedseg.engine.messages import Message, prefixed, weights_of
 from fedseg.train import TrainHooks, TrainStats, batches, segmentation_loss
 
 Weights = dict[str, torch.Tensor]
@@ -78,7 +78,10 @@ Strategy = Literal["softpull", "ft", "apfl", "perfedavg", "pfedme"]
 
 PERSONAL = "personal"  # message group: the personalized model w_p,k (down for softpull; up for all but apfl)
 TRACK = "track"  # message/server-state group: the strategy's shared model (Per-FedAvg meta-model, pFedMe's w)
-APFL_V, APFL_ALPHA = "apfl_v", "apfl_alpha/value"  # client-state and message group of APFL's v_k; entry of alpha_k (0-d)
+APFL_V, APFL_ALPHA = (
+    "apfl_v",
+    "apfl_alpha/value",
+)  # client-state and message group of APFL's v_k; entry of alpha_k (0-d)
 OPT_PERSONAL = "opt_personal"  # client-state prefix of the personalized track's optimizer moments
 
 
@@ -90,31 +93,58 @@ class PersonalizationOptions(BaseModel):
     personalization: Strategy = Field(
         "softpull", description="how the personalized models are produced: softpull | ft | apfl | perfedavg | pfedme"
     )
-    lam: float = Field(0.7, gt=0, le=1, description="softpull: coefficient lambda of Eq. (11), in [1/K, 1] (paper: 0.7)")
-    ft_epochs: int | None = Field(None, ge=1, description="ft: epochs fine-tuning the received global model per round; None = the local budget")
+    lam: float = Field(
+        0.7, gt=0, le=1, description="softpull: coefficient lambda of Eq. (11), in [1/K, 1] (paper: 0.7)"
+    )
+    ft_epochs: int | None = Field(
+        None, ge=1, description="ft: epochs fine-tuning the received global model per round; None = the local budget"
+    )
     ft_lr: float | None = Field(None, gt=0, description="ft: fine-tuning learning rate; None = train.lr")
     apfl_alpha: float = Field(
-        0.5, ge=0, le=1, description="apfl: initial (or, not adaptive, fixed) mixing weight alpha_k of the local model (APFL tries 0.25/0.5/0.75)"
+        0.5,
+        ge=0,
+        le=1,
+        description="apfl: initial (or, not adaptive, fixed) mixing weight alpha_k of the local model "
+        "(APFL tries 0.25/0.5/0.75)",
     )
-    apfl_adaptive: bool = Field(True, description="apfl: learn alpha_k by gradient steps (APFL's adaptive alpha); false = fixed")
-    apfl_alpha_lr: float | None = Field(None, gt=0, description="apfl: SGD step size on alpha_k; None = train.lr (APFL uses the models' step)")
+    apfl_adaptive: bool = Field(
+        True, description="apfl: learn alpha_k by gradient steps (APFL's adaptive alpha); false = fixed"
+    )
+    apfl_alpha_lr: float | None = Field(
+        None, gt=0, description="apfl: SGD step size on alpha_k; None = train.lr (APFL uses the models' step)"
+    )
     perfedavg_alpha: float = Field(
         0.005, gt=0, description="perfedavg: inner/adaptation SGD step alpha (pFedMe's Per-FedAvg baseline: 0.005)"
     )
-    perfedavg_beta: float | None = Field(None, gt=0, description="perfedavg: outer (meta) step size beta, train.optimizer; None = train.lr")
-    perfedavg_adapt_steps: int = Field(1, ge=1, description="perfedavg: SGD steps adapting the meta-model to a site (Per-FedAvg: 1)")
+    perfedavg_beta: float | None = Field(
+        None, gt=0, description="perfedavg: outer (meta) step size beta, train.optimizer; None = train.lr"
+    )
+    perfedavg_adapt_steps: int = Field(
+        1, ge=1, description="perfedavg: SGD steps adapting the meta-model to a site (Per-FedAvg: 1)"
+    )
     pfedme_lambda: float = Field(15.0, gt=0, description="pfedme: proximal weight lambda (pFedMe: 15)")
-    pfedme_inner_steps: int = Field(5, ge=1, description="pfedme: K optimizer steps on theta_k per outer step (pFedMe: 5)")
-    pfedme_personal_lr: float | None = Field(None, gt=0, description="pfedme: learning rate of theta_k, train.optimizer; None = train.lr")
-    pfedme_lr: float = Field(0.005, gt=0, description="pfedme: eta of the local update w_k <- w_k - eta lambda (w_k - theta_k) (pFedMe: 0.005)")
-    pfedme_beta: float = Field(1.0, gt=0, description="pfedme: server step beta, w <- (1 - beta) w + beta avg(w_k) (pFedMe: 1 or 2)")
+    pfedme_inner_steps: int = Field(
+        5, ge=1, description="pfedme: K optimizer steps on theta_k per outer step (pFedMe: 5)"
+    )
+    pfedme_personal_lr: float | None = Field(
+        None, gt=0, description="pfedme: learning rate of theta_k, train.optimizer; None = train.lr"
+    )
+    pfedme_lr: float = Field(
+        0.005,
+        gt=0,
+        description="pfedme: eta of the local update w_k <- w_k - eta lambda (w_k - theta_k) (pFedMe: 0.005)",
+    )
+    pfedme_beta: float = Field(
+        1.0, gt=0, description="pfedme: server step beta, w <- (1 - beta) w + beta avg(w_k) (pFedMe: 1 or 2)"
+    )
 
     def check_sites(self, num_sites: int, algorithm: str) -> None:
         """SoftPull's ``lam`` must lie in [1/K, 1] for K sites (FedSM Sec. 3.2: the personalized model
         keeps at least the weight of a plain average); the other strategies have no such rule."""
         if self.personalization == "softpull" and not 1.0 / num_sites - 1e-12 <= self.lam <= 1.0:
             raise ValueError(
-                f"methods.{algorithm}.lam = {self.lam} must lie in [1/K, 1] = [{1.0 / num_sites:.4g}, 1] for K = {num_sites} sites"
+                f"methods.{algorithm}.lam = {self.lam} must lie in [1/K, 1] = [{1.0 / num_sites:.4g}, 1] "
+                f"for K = {num_sites} sites"
             )
 
 
@@ -144,13 +174,16 @@ class Personalization:
         """Tensors for ``site``'s train message besides the global model (none by default)."""
         return {}
 
-    def train(self, client, msg: Message, global_weights: Weights, ctx: ClientContext) -> tuple[dict[str, torch.Tensor], TrainStats]:
+    def train(
+        self, client, msg: Message, global_weights: Weights, ctx: ClientContext
+    ) -> tuple[dict[str, torch.Tensor], TrainStats]:
         """Site side: train the track (``client``: the FedSMClient, for ``segmenter`` and ``fit``);
         return the reply tensors and the training statistics."""
         raise NotImplementedError
 
-    def merge(self, replies: dict[str, Message], weights: dict[str, float], global_weights: Weights,
-              track: Weights) -> tuple[dict[str, Weights], Weights]:
+    def merge(
+        self, replies: dict[str, Message], weights: dict[str, float], global_weights: Weights, track: Weights
+    ) -> tuple[dict[str, Weights], Weights]:
         """Server side: ``(personalized models by site, new track)`` from the replies; ``weights``
         are FedAvg's aggregation weights, ``global_weights`` the new global model."""
         return {s: r.group(PERSONAL) for s, r in replies.items()}, track
@@ -253,9 +286,12 @@ class FirstOrderMAML(TrainHooks):
 
 def sgd_steps(client, model: nn.Module, msg: Message, ctx: ClientContext, lr: float, steps: int) -> TrainStats:
     """``steps`` plain SGD steps of size ``lr`` on the site's batches (fresh optimizer, no momentum)."""
-    cfg = ctx.cfg.train.model_copy(update={"optimizer": "sgd", "lr": lr, "momentum": 0.0, "weight_decay": 0.0,
-                                           "keep_optimizer_state": False})
-    return client.fit(model, msg, ctx, state_key=OPT_PERSONAL, train_cfg=cfg, budget=BudgetConfig(unit="steps", amount=steps))
+    cfg = ctx.cfg.train.model_copy(
+        update={"optimizer": "sgd", "lr": lr, "momentum": 0.0, "weight_decay": 0.0, "keep_optimizer_state": False}
+    )
+    return client.fit(
+        model, msg, ctx, state_key=OPT_PERSONAL, train_cfg=cfg, budget=BudgetConfig(unit="steps", amount=steps)
+    )
 
 
 class SharedTrack(Personalization):
@@ -286,7 +322,9 @@ class PerFedAvg(SharedTrack):
         adapt = sgd_steps(client, adapted, msg, ctx, opt.perfedavg_alpha, opt.perfedavg_adapt_steps)
         meta = client.segmenter(msg.group(TRACK), ctx)
         cfg = ctx.cfg.train.model_copy(update={"lr": opt.perfedavg_beta or ctx.cfg.train.lr})
-        stats = client.fit(meta, msg, ctx, state_key=OPT_PERSONAL, train_cfg=cfg, hooks=FirstOrderMAML(ctx, opt.perfedavg_alpha))
+        stats = client.fit(
+            meta, msg, ctx, state_key=OPT_PERSONAL, train_cfg=cfg, hooks=FirstOrderMAML(ctx, opt.perfedavg_alpha)
+        )
         return {**prefixed(TRACK, weights_of(meta)), **prefixed(PERSONAL, weights_of(adapted))}, combined(stats, adapt)
 
 
@@ -330,7 +368,9 @@ class PFedMe(SharedTrack):
         theta = client.segmenter(msg.group(TRACK), ctx)
         prox = Proximal(theta, opt.pfedme_lambda, opt.pfedme_lr, opt.pfedme_inner_steps)
         outer = round_budget(ctx)
-        budget = BudgetConfig(unit=outer.unit, amount=outer.amount * opt.pfedme_inner_steps)  # K inner steps per outer step
+        budget = BudgetConfig(
+            unit=outer.unit, amount=outer.amount * opt.pfedme_inner_steps
+        )  # K inner steps per outer step
         cfg = ctx.cfg.train.model_copy(update={"lr": opt.pfedme_personal_lr or ctx.cfg.train.lr})
         stats = client.fit(theta, msg, ctx, state_key=OPT_PERSONAL, train_cfg=cfg, budget=budget, hooks=prox)
         prox.pull()  # the last block's update of w_k
@@ -342,7 +382,11 @@ class PFedMe(SharedTrack):
 
 
 STRATEGIES: dict[str, type[Personalization]] = {
-    "softpull": SoftPull, "ft": FineTune, "apfl": APFL, "perfedavg": PerFedAvg, "pfedme": PFedMe,
+    "softpull": SoftPull,
+    "ft": FineTune,
+    "apfl": APFL,
+    "perfedavg": PerFedAvg,
+    "pfedme": PFedMe,
 }
 
 

@@ -35,23 +35,29 @@ MODEL_CURVES = "curves_{}.png"  # per-model training curves of one algorithm
 MODEL_LABELS = {"global": "global model", "personal": "personalized models", "selector": "selector"}
 FEATURE_ARRAYS = {"features", "probs", "chosen", "site"}  # what a selector_features file must hold
 
-VALIDATION_NOTE = ("FedSM family: the validation Dice of the routed super model; the training loss is the global "
-                   "model's (in the selector-only rounds of FedSM-extra/-ensemble: the selector's loss).")
-CURVES_NOTE = ("Validation Dice (mean over sites) of each model a method trains and of the routed super model "
-               "(star: the selected round); training loss per model.")
+VALIDATION_NOTE = (
+    "FedSM family: the validation Dice of the routed super model; the training loss is the global "
+    "model's (in the selector-only rounds of FedSM-extra/-ensemble: the selector's loss)."
+)
+CURVES_NOTE = (
+    "Validation Dice (mean over sites) of each model a method trains and of the routed super model "
+    "(star: the selected round); training loss per model."
+)
 SELECTOR_NOTE = (
     '<p class="note">Site columns: selector accuracy, the fraction of that site\'s images whose selector argmax '
     "is the site's own personalized model (Mean: over sites). Global model used: fraction of images Algorithm 2 "
     "routes to the global model (mean over sites; FedSM-extra/-ensemble: the argmax is the global model). "
     "γ: the threshold (– without one). Validation: <code>round_metrics.csv</code> at the selected round; "
-    "test: <code>selector_features/</code>, the final super model.</p>")
+    "test: <code>selector_features/</code>, the final super model.</p>"
+)
 
 
 def sections(run: RunFiles, algorithms: Sequence[str], fig_dir: Path) -> list[Section]:
     """The family's report sections for its ``algorithms`` of ``run`` (in table order); a section
     without anything to show has an empty body (left out of the page)."""
-    features = {a: arrays for a, arrays in load_npz(run.dir / FEATURES_DIR, "*.npz", FEATURE_ARRAYS).items()
-                if a in algorithms}
+    features = {
+        a: arrays for a, arrays in load_npz(run.dir / FEATURES_DIR, "*.npz", FEATURE_ARRAYS).items() if a in algorithms
+    }
     return [
         Section("Validation Dice per round", None, VALIDATION_NOTE),  # a note for the run report's own section
         Section("Training curves per model", model_curves_section(run, algorithms, fig_dir), CURVES_NOTE),
@@ -66,14 +72,20 @@ def model_curves_section(run: RunFiles, algorithms: Sequence[str], fig_dir: Path
     validation Dice from ``rounds.csv``."""
     images = []
     for alg in algorithms:
-        rows = [{"algorithm": r["metric"][len(key) + 1:], "round": r["round"], "site": r["site"], key: r["value"]}
-                for r in run.round_metrics for key in ("val_dice", "train_loss")
-                if r["algorithm"] == alg and r["metric"].startswith(key + "_")]
+        rows = [
+            {"algorithm": r["metric"][len(key) + 1 :], "round": r["round"], "site": r["site"], key: r["value"]}
+            for r in run.round_metrics
+            for key in ("val_dice", "train_loss")
+            if r["algorithm"] == alg and r["metric"].startswith(key + "_")
+        ]
         if not rows:
             continue
         routed = f"{run.label(alg)} (routed)"
-        rows += [{"algorithm": routed, "round": r["round"], "site": r["site"], "val_dice": r["val_dice"]}
-                 for r in run.rounds if r["algorithm"] == alg]
+        rows += [
+            {"algorithm": routed, "round": r["round"], "site": r["site"], "val_dice": r["val_dice"]}
+            for r in run.rounds
+            if r["algorithm"] == alg
+        ]
         models: list[str] = [routed] + sorted({r["algorithm"] for r in rows} - {routed})
         names = {m: MODEL_LABELS.get(m, m) for m in models}
         best = {routed: int(num(run.algorithms[alg]["best_round"]))} if "best_round" in run.algorithms[alg] else None
@@ -134,17 +146,23 @@ def selector_section(
     ``algorithms`` with a selector (``selector_acc`` rows per round or a ``features`` file)."""
     has = {r["algorithm"] for r in run.round_metrics if r.get("metric") == "selector_acc"} | set(features)
     algs = [a for a in algorithms if a in has]
-    rows = [r for a in algs for r in (validation_selector_row(run, a), test_selector_row(run, a, features.get(a)))
-            if r is not None]
+    rows = [
+        r
+        for a in algs
+        for r in (validation_selector_row(run, a), test_selector_row(run, a, features.get(a)))
+        if r is not None
+    ]
     if not rows:
         return None
     labels = {a: run.label(a) for a in algs}
     columns = [(s, s) for s in run.sites] + [("mean", "Mean"), ("global_frac", "Global model used"), ("gamma", "γ")]
     parts = [score_table(rows, columns, True, 3), SELECTOR_NOTE]
     if selector_curves(run.round_metrics, fig_dir / SELECTOR_FIGURE, algs, run.sites, labels):
-        parts.append(f'<img src="figures/{SELECTOR_FIGURE}" alt="selector accuracy and routing per round">'
-                     '<p class="note">Per validated round. Left: selector accuracy per site (thin) and its mean '
-                     "(black). Right: fraction routed to the global model and the threshold γ chosen that round.</p>")
+        parts.append(
+            f'<img src="figures/{SELECTOR_FIGURE}" alt="selector accuracy and routing per round">'
+            '<p class="note">Per validated round. Left: selector accuracy per site (thin) and its mean '
+            "(black). Right: fraction routed to the global model and the threshold γ chosen that round.</p>"
+        )
     maps = {}
     for a in algs:
         arrays = features.get(a)
@@ -152,10 +170,12 @@ def selector_section(
         if arrays is not None and xy is not None:
             maps[a] = (xy, _point_sites(run, arrays))
     if figures.feature_map(maps, run.sites, fig_dir / TSNE_FIGURE, labels, what="selector features"):
-        parts.append(f'<img src="figures/{TSNE_FIGURE}" alt="t-SNE map of the selector features">'
-                     '<p class="note">t-SNE (scikit-learn, seed 0) of the selector\'s penultimate features on every '
-                     "test image, coloured by the site the image comes from (the selector never sees it): the FedSM "
-                     "paper's Figure 3. Sites whose points mix look alike to the selector.</p>")
+        parts.append(
+            f'<img src="figures/{TSNE_FIGURE}" alt="t-SNE map of the selector features">'
+            '<p class="note">t-SNE (scikit-learn, seed 0) of the selector\'s penultimate features on every '
+            "test image, coloured by the site the image comes from (the selector never sees it): the FedSM "
+            "paper's Figure 3. Sites whose points mix look alike to the selector.</p>"
+        )
     return "".join(parts)
 
 
@@ -196,8 +216,16 @@ def selector_curves(
         per_site = mean_per_round(metrics["selector_acc"], "selector_acc", by="site")
         for i, site in enumerate(sites):  # dash patterns keep overlapping sites visible
             if site in per_site:
-                ax_acc.plot(*per_site[site], lw=1.3, alpha=0.8, color=f"C{i % 10}",
-                            ls=LINE_STYLES[i % len(LINE_STYLES)], marker="o", ms=2.5, label=site)
+                ax_acc.plot(
+                    *per_site[site],
+                    lw=1.3,
+                    alpha=0.8,
+                    color=f"C{i % 10}",
+                    ls=LINE_STYLES[i % len(LINE_STYLES)],
+                    marker="o",
+                    ms=2.5,
+                    label=site,
+                )
         mean = mean_per_round(metrics["selector_acc"], "selector_acc")[alg]
         ax_acc.plot(*mean, lw=2.4, color="black", label="mean")
         name = labels.get(alg, alg)

@@ -46,8 +46,10 @@ def unseen_cells(bundle: dict, data: CaseSet, task: Task, options: BaseModel) ->
     def point(choice: torch.Tensor, dice: np.ndarray) -> dict:
         """Dice and selection frequencies of one routing ``choice`` ``(N,)`` with per-case Dice ``(N, R)``."""
         freq = np.bincount(choice.numpy(), minlength=len(sites) + 1) / max(len(choice), 1)
-        return {"dice": site_dice(dice, data.ids, data.name, task.regions),
-                "freq": {"global": float(freq[GLOBAL_INDEX]), **{s: float(freq[k + 1]) for k, s in enumerate(sites)}}}
+        return {
+            "dice": site_dice(dice, data.ids, data.name, task.regions),
+            "freq": {"global": float(freq[GLOBAL_INDEX]), **{s: float(freq[k + 1]) for k, s in enumerate(sites)}},
+        }
 
     if sm.mode == "ensemble":
         ev = cfg.eval
@@ -64,5 +66,13 @@ def unseen_cells(bundle: dict, data: CaseSet, task: Task, options: BaseModel) ->
     grid = getattr(options, "gamma_grid", ())
     curve = [{"gamma": g, **at(g)} for g in sorted({0.0, *map(float, grid)})]
     best = max(reversed(curve), key=lambda p: -math.inf if math.isnan(p["dice"]) else p["dice"])  # ties: larger gamma
-    return {"mode": sm.mode, "gamma": 0.0, **curve[0], "best_gamma": best["gamma"], "best_dice": best["dice"],
-            "val_gamma": sm.gamma, "val_dice": at(sm.gamma)["dice"], "curve": curve}
+    return {
+        "mode": sm.mode,
+        "gamma": 0.0,
+        **curve[0],
+        "best_gamma": best["gamma"],
+        "best_dice": best["dice"],
+        "val_gamma": sm.gamma,
+        "val_dice": at(sm.gamma)["dice"],
+        "curve": curve,
+    }
