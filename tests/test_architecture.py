@@ -210,20 +210,17 @@ def graph() -> tuple[dict[str, Path], list[Import]]:
 def test_no_import_cycles(graph):
     _, imports = graph
     message = describe_cycles(imports)
-    if message:
-        pytest.fail(message, pytrace=False)
+    assert not message, message
 
 
 def test_layers(graph):
     _, imports = graph
     violations = layer_violations(imports)
     order = " < ".join(LAYERS)
-    if violations:
-        pytest.fail(
-            f"{len(violations)} import(s) against the layers ({order}: a module never imports a higher layer; "
-            "see LAYERS in tests/test_architecture.py):\n  " + "\n  ".join(violations),
-            pytrace=False,
-        )
+    assert not violations, (
+        f"{len(violations)} import(s) against the layers ({order}: a module never imports a higher layer; "
+        "see LAYERS in tests/test_architecture.py):\n  " + "\n  ".join(violations)
+    )
 
 
 # --- the checker itself ----------------------------------------------------------------------------------------
