@@ -69,10 +69,11 @@ def read_csv(path):
 
 
 def dice_rows(run, algorithm):
+    """Test Dice per (case, region) of ``algorithm``'s own model (not its sites' local models, ``local:<site>``)."""
     return {
         (r["case"], r["region"]): r["value"]
         for r in read_rows(run / "results.csv")
-        if r["algorithm"] == algorithm and r["metric"] == "dice"
+        if r["algorithm"] == algorithm and r["metric"] == "dice" and not r["model"].startswith("local:")
     }
 
 

@@ -73,6 +73,30 @@ class TrainConfig(Strict):
     budget: BudgetConfig = BudgetConfig()
     keep_optimizer_state: bool = True
     loss: Literal["dice", "dice_bce"] = "dice"
+    adam_betas: tuple[float, float] = Field(
+        default=(0.9, 0.999), description="Adam's (beta1, beta2), each in [0, 1) (Auto-FedAvg: (0.5, 0.99))"
+    )
+    lr_schedule: Literal["constant", "cosine", "exponential"] = Field(
+        default="constant",
+        description="local learning rate per round t = 1..fl.rounds (constant within a round; "
+        "fedseg.train.round_lr): constant = lr; cosine = lr_min + (lr - lr_min)(1 + cos(pi (t-1)/T))/2 "
+        "(Auto-FedAvg); exponential = lr * lr_decay^(t-1) (FeTS 2022 benchmark)",
+    )
+    lr_decay: float = Field(
+        default=0.995,
+        gt=0,
+        le=1,
+        description="exponential: factor per round (FeTS 2022 benchmark, section 4.4.8: 0.995 per round)",
+    )
+    lr_min: float = Field(default=0.0, ge=0, description="cosine: the rate the schedule approaches in the last round")
+
+    @model_validator(mode="after")
+    def _check(self) -> TrainConfig:
+        if not all(0 <= b < 1 for b in self.adam_betas):
+            raise ValueError(f"train.adam_betas must each lie in [0, 1), got {list(self.adam_betas)}")
+        if self.lr_schedule == "cosine" and self.lr_min > self.lr:
+            raise ValueError(f"train.lr_min={self.lr_min} must be <= train.lr={self.lr}")
+        return self
 
 
 class FLConfig(Strict):
@@ -87,6 +111,14 @@ class EvalConfig(Strict):
     threshold: float = Field(default=0.5, gt=0, lt=1)
     hd95: bool = True
     batch_size: int = Field(default=16, ge=1)
+    local_models: bool = Field(
+        default=True,
+        description="each site keeps its best locally trained model (scored on its own validation split "
+        "after local training in every validated round; Auto-FedAvg Table 2) and the test adds their "
+        "cross-site matrix (summary.json local_avg / local_gen). Cost: one validation pass per site and "
+        "validated round (counted in the train rows' seconds), one model per site in the client state and "
+        "checkpoints, and at test time K model uploads and K x K test evaluations (evaluation traffic)",
+    )
 
 
 class CostConfig(Strict):

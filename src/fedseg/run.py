@@ -203,9 +203,12 @@ def run_algorithm(
                 on_round_end(name, rnd, losses)
 
     assert best is not None, "fl.rounds >= 1 and the last round is always validated"
+    engine.round = cfg.fl.rounds
+    # Before the restore: the sites' kept local models are then their best over *all* rounds (the
+    # restored states hold only the best up to the selected round; fedseg.algorithms.fedavg).
+    server.collect_local_models()
     server.load_state_dict(best["server"])
     engine.restore_clients(best["clients"])
-    engine.round = cfg.fl.rounds
     server.finalize()
     test_rows = server.evaluate("test", sample=True)
     bundle = server.bundle()
@@ -308,17 +311,23 @@ def summarize(
 
 
 def cross_site_summary(rows: list[dict], sites: list[str]) -> dict:
-    """Cross-site matrix of per-site models ("<kind>:<site>" on every test site)
-    with its diagonal/off-diagonal means."""
+    """Cross-site matrix of per-site models ("local:<site>" on every test site; ``rows``: one
+    algorithm's) with its diagonal/off-diagonal means."""
     from fedseg.evaluate.tables import cross_site_matrix
 
-    matrix = cross_site_matrix(rows, "dice", sites)
+    matrix = cross_site_matrix(rows, "dice", sites, algorithm=None)
     off = ~np.eye(len(sites), dtype=bool)
     return {
         "cross_site": {"dice": {a: {b: float(matrix[i, j]) for j, b in enumerate(sites)} for i, a in enumerate(sites)}},
-        "local_avg": float(np.nanmean(np.diag(matrix))),
-        "local_gen": float(np.nanmean(matrix[off])),
+        "local_avg": finite_mean(np.diag(matrix)),
+        "local_gen": finite_mean(matrix[off]),  # NaN with one site (no off-diagonal)
     }
+
+
+def finite_mean(values: np.ndarray) -> float:
+    """Mean of the non-NaN ``values``; NaN (without numpy's empty-slice warning) when there are none."""
+    kept = values[~np.isnan(values)]
+    return float(kept.mean()) if kept.size else math.nan
 
 
 def clone(state: dict) -> dict:

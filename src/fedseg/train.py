@@ -7,6 +7,7 @@ network to get into it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
@@ -76,9 +77,48 @@ def segmentation_loss(kind: str) -> nn.Module:
 
 
 def make_optimizer(cfg: TrainConfig, params) -> torch.optim.Optimizer:
+    """``train.optimizer`` at rate ``cfg.lr`` (Adam with ``train.adam_betas``, SGD with ``train.momentum``)."""
     if cfg.optimizer == "adam":
-        return torch.optim.Adam(params, lr=cfg.lr, betas=(0.9, 0.999), weight_decay=cfg.weight_decay)
+        return torch.optim.Adam(params, lr=cfg.lr, betas=cfg.adam_betas, weight_decay=cfg.weight_decay)
     return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+
+
+def round_lr(cfg: TrainConfig, rnd: int, rounds: int, rate: float | None = None) -> float:
+    """The local learning rate of round ``rnd`` (1-based) of ``rounds`` (= ``fl.rounds`` = T) under
+    ``cfg.lr_schedule``; constant within a round (per round, not per iteration).
+
+    With eta = ``cfg.lr`` and t = ``rnd``:
+
+    * ``constant``: eta_t = eta (exactly ``cfg.lr``: runs without a schedule are unchanged);
+    * ``cosine`` (Auto-FedAvg's pancreas study): eta_t = lr_min + (eta - lr_min) (1 + cos(pi (t - 1) / T)) / 2,
+      so eta_1 = eta and eta_T is just above ``lr_min``;
+    * ``exponential`` (FeTS 2022 benchmark, section 4.4.8, decay 0.995 per round):
+      eta_t = eta * lr_decay^(t - 1).
+
+    ``rate``: another configured local rate of the same round (FedSM's selector, a personalization
+    step size) scaled by the same factor eta_t / eta; default ``cfg.lr`` (the result is eta_t).
+    A pure function of its arguments, so every engine computes the same rate from the round it is
+    told, and a resumed run the same rates as an uninterrupted one (no state to restore).
+    """
+    base = cfg.lr if rate is None else rate
+    if cfg.lr_schedule == "constant":
+        return base
+    if not 1 <= rnd <= rounds:
+        raise ValueError(f"train.lr_schedule={cfg.lr_schedule}: round {rnd} is outside 1..{rounds}")
+    if cfg.lr_schedule == "cosine":
+        lr = cfg.lr_min + (cfg.lr - cfg.lr_min) * (1 + math.cos(math.pi * (rnd - 1) / rounds)) / 2
+    else:
+        lr = cfg.lr * cfg.lr_decay ** (rnd - 1)
+    return lr if rate is None or rate == cfg.lr else rate * (lr / cfg.lr)
+
+
+def round_train_config(cfg: TrainConfig, rnd: int, rounds: int, train: TrainConfig | None = None) -> TrainConfig:
+    """``train`` (default: ``cfg``) with its ``lr`` under ``cfg``'s schedule in round ``rnd`` of ``rounds``
+    (:func:`round_lr`): the configuration a round's Trainer is built with. ``train`` itself if the
+    rate does not change (e.g. ``constant``)."""
+    train = cfg if train is None else train
+    lr = round_lr(cfg, rnd, rounds, train.lr)
+    return train if lr == train.lr else train.model_copy(update={"lr": lr})
 
 
 def optimizer_state(opt: torch.optim.Optimizer) -> dict[str, torch.Tensor]:

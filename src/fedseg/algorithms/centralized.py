@@ -14,12 +14,14 @@ from fedseg.data.dataset import CaseSet
 from fedseg.engine.context import seeded_generator, stream_seed
 from fedseg.engine.ledger import LedgerRow
 from fedseg.engine.messages import Message, load_weights, prefixed, weights_of
-from fedseg.train import Trainer, load_optimizer_state, optimizer_state
+from fedseg.train import Trainer, load_optimizer_state, optimizer_state, round_train_config
 
 POOLED = "pooled"
 
 
 class CentralizedServer(FedAvgServer):
+    KEEPS_LOCAL_MODELS = False  # no site trains: nothing local to keep
+
     def __init__(self, engine, task, options):
         super().__init__(engine, task, options)
         self.pooled = CaseSet.concat(POOLED, [engine.site_data[s].train for s in engine.sites])
@@ -31,7 +33,7 @@ class CentralizedServer(FedAvgServer):
         generator = seeded_generator(stream_seed(cfg.seed, len(self.engine.sites), rnd, "centralized"))
         model = self.task.new_model()
         load_weights(model, self.global_weights)
-        trainer = Trainer(cfg.train, self.task.device)
+        trainer = Trainer(round_train_config(cfg.train, rnd, cfg.fl.rounds), self.task.device)  # the round's lr
         optimizer = trainer.new_optimizer(model)
         if cfg.train.keep_optimizer_state and self.optimizer_moments:
             load_optimizer_state(optimizer, self.optimizer_moments)

@@ -11,11 +11,29 @@ benchmark (section 3.2.2) per algorithm, so one run can compare them: ``weightin
 uniform; None = ``fl.weighting``) and ``local_steps`` (U optimizer steps per round instead of
 ``train.budget``; None = ``train.budget``). ``fedavg-steps`` and ``fedavg-uniform`` are the same
 pair registered with other option defaults. Methods extending the pair subclass these options.
+
+Local models (Auto-FedAvg Table 2, "local avg" / "local gen"; config ``eval.local_models``): in
+every validated round (``fl.validate_every``, and the last) a site scores the model it holds right
+after its local training on its own validation split, inside its ``train`` handling (no extra
+message; the compute counts in the train rows' seconds, so also in a measured ``t_batch``), and
+keeps it in its state store (``localbest/`` weights, ``localbest_score``, ``localbest_round``)
+when it beats its best so far (``FedAvgClient.keep_best_local``; no random numbers drawn). At test
+time the server scores every site's kept model on every site's test split (rows ``model =
+"local:<site>"``, :meth:`FedAvgServer.cross_site_rows`, shared with ``local``), which
+``fedseg.run.summarize`` turns into ``cross_site`` / ``local_avg`` / ``local_gen``. A client that
+overrides ``on_train`` without calling ``keep_best_local`` (the FedSM family) has no local models.
+
+The best global round's restore (``fedseg.run.run_algorithm``) puts back the client states of that
+round, whose kept models are only the best up to it. So the run asks the server to collect the
+kept models (``collect_local_models``: one ``share_model`` exchange, evaluation traffic) after the
+last round and *before* that restore: each site's model is then its best over all rounds. The
+kept model lives in the checkpointed client state, so a resumed run collects the same models.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Literal
 
@@ -30,11 +48,33 @@ from fedseg.config import BudgetConfig, TrainConfig
 from fedseg.engine.context import ClientContext, State, Task
 from fedseg.engine.messages import Message, MetaValue, load_weights, prefixed, weights_of
 from fedseg.evaluate.inference import predict_masks, score_caseset
-from fedseg.evaluate.tables import eval_rows
-from fedseg.train import LossFn, Trainer, TrainHooks, TrainStats, load_optimizer_state, optimizer_state
+from fedseg.evaluate.tables import eval_rows, site_dice
+from fedseg.train import (
+    LossFn,
+    Trainer,
+    TrainHooks,
+    TrainStats,
+    load_optimizer_state,
+    optimizer_state,
+    round_train_config,
+)
 
 MODEL = "model"  # message prefix of model weights
 OPT = "opt"  # client-state prefix of optimizer moments
+LOCAL_BEST = "localbest"  # client-state prefix of the site's best local model (weights)
+LOCAL_BEST_SCORE = "localbest_score"  # client-state entry: its validation Dice, float64 ()
+LOCAL_BEST_ROUND = "localbest_round"  # client-state entry: the round it was trained in, int64 ()
+SHARE_MODEL = "share_model"  # the action that uploads a site's own model (evaluation traffic)
+
+
+def local_model_name(site: str) -> str:
+    """Name of ``site``'s locally trained model in result rows (``local``'s naming)."""
+    return f"local:{site}"
+
+
+def validated_round(rnd: int, cfg) -> bool:
+    """Whether the run validates round ``rnd`` (``fl.validate_every`` and always the last)."""
+    return rnd % cfg.fl.validate_every == 0 or rnd == cfg.fl.rounds
 
 
 class BudgetOptions(BaseModel):
@@ -100,7 +140,36 @@ class FedAvgClient:
     def on_train(self, msg: Message, ctx: ClientContext) -> Message:
         model = self.start_model(msg, ctx)
         stats = self.fit(model, msg, ctx)
+        self.keep_best_local(model, ctx)
         return self.after_fit(model, stats, msg, ctx)
+
+    def keep_best_local(self, model: nn.Module, ctx: ClientContext) -> None:
+        """Score the just-trained ``model`` on the site's validation split and keep it in the state
+        store if it beats the best so far (see the module docstring; ``eval.local_models``).
+
+        Only in validated rounds. The score is the site's mean validation Dice as the run's
+        selection computes it (``score_caseset`` at ``cfg.eval`` without HD95; per case the mean
+        over regions, NaN not counted; then the mean over cases). A NaN score ranks below every
+        number; ties keep the earlier round. Runs inside the train handling: its time is in the
+        train row's seconds. Draws no random numbers; leaves ``model``'s train/eval mode as it was.
+        """
+        cfg = ctx.cfg
+        if not (cfg.eval.local_models and validated_round(ctx.round, cfg)):
+            return
+        data, ev, training = ctx.data.val, cfg.eval, model.training
+        dice, _ = score_caseset(model, data, ev.batch_size, ev.threshold, False, ctx.task.device)
+        model.train(training)
+        score = site_dice(dice, data.ids, ctx.site, ctx.task.regions)
+        best = ctx.state.get(LOCAL_BEST_SCORE)
+        low = lambda x: -math.inf if math.isnan(x) else x  # noqa: E731
+        if best is None or low(score) > low(float(best)):
+            put_group(ctx.state, LOCAL_BEST, weights_of(model))
+            ctx.state[LOCAL_BEST_SCORE] = torch.tensor(score, dtype=torch.float64)
+            ctx.state[LOCAL_BEST_ROUND] = torch.tensor(ctx.round, dtype=torch.int64)
+
+    def on_share_model(self, msg: Message, ctx: ClientContext) -> Message:
+        """Reply with the site's kept best local model (empty if it has none)."""
+        return Message(prefixed(MODEL, state_group(ctx.state, LOCAL_BEST)))
 
     def start_model(self, msg: Message, ctx: ClientContext) -> nn.Module:
         model = ctx.task.new_model()
@@ -126,8 +195,10 @@ class FedAvgClient:
         loop, e.g. FedSM's selector with cross-entropy on (image, site index) at its own learning rate;
         ``budget`` (default: the round's local budget) e.g. FedSM's fine-tuning epochs; ``hooks``
         (default: ``self.train_hooks``) how this training differs from plain training.
+        The Trainer's rate is the round's (``train.lr_schedule``, ``fedseg.train.round_lr``): ``train_cfg.lr``
+        scaled by the schedule's factor for round ``ctx.round`` of ``fl.rounds``.
         """
-        trainer = Trainer(train_cfg or ctx.cfg.train, ctx.task.device)
+        trainer = Trainer(round_train_config(ctx.cfg.train, ctx.round, ctx.cfg.fl.rounds, train_cfg), ctx.task.device)
         hooks = self.train_hooks(model, msg, ctx) if hooks is None else hooks
         optimizer = trainer.new_optimizer(model, hooks)
         keep = trainer.cfg.keep_optimizer_state
@@ -211,6 +282,11 @@ def write_sample(model: nn.Module, data, ctx: ClientContext, model_name: str) ->
 class FedAvgServer:
     """Holds the global model; each round broadcasts it, collects local models and averages them."""
 
+    # Whether this method's sites keep their best local model (FedAvgClient.keep_best_local): False
+    # where no site trains a model of its own in ``train`` (centralized), where the local models are
+    # the method's own (local) or where the client trains otherwise (the FedSM family).
+    KEEPS_LOCAL_MODELS = True
+
     def __init__(self, engine, task: Task, options):
         self.engine = engine
         self.task = task
@@ -218,6 +294,7 @@ class FedAvgServer:
         model = task.new_model()
         self.global_weights = weights_of(model)
         self.buffers = sorted(set(self.global_weights) - {name for name, _ in model.named_parameters()})
+        self.local_models: dict[str, dict[str, torch.Tensor]] = {}  # site -> its best local model, for the test
 
     # --- one round ---------------------------------------------------------------
     def run_round(self, rnd: int) -> dict[str, float]:
@@ -284,9 +361,42 @@ class FedAvgServer:
         return {s: Message(prefixed(MODEL, self.global_weights), dict(meta)) for s in self.engine.sites}
 
     def evaluate(self, split: str, sample: bool = False) -> list[dict]:
-        """Score on every site's ``split``; tidy rows ``algorithm, model, site, case, region, metric, value``."""
+        """Score on every site's ``split``; tidy rows ``algorithm, model, site, case, region, metric, value``.
+        The test adds the cross-site rows of the collected local models (``collect_local_models``)."""
         replies = self.engine.exchange(self.eval_messages(split, sample), "evaluate")
-        return eval_rows(self.engine.algorithm, replies, self.task.regions)
+        rows = eval_rows(self.engine.algorithm, replies, self.task.regions)
+        if split == "test" and self.local_models:
+            rows += self.cross_site_rows(self.local_models)
+        return rows
+
+    # --- local models (Auto-FedAvg Table 2; the module docstring) ------------------
+    def collect_local_models(self) -> None:
+        """Fetch every site's kept best local model for the test's cross-site rows. The run calls
+        this after the last round and before it restores the best global round's client states
+        (which would put back each site's best only up to that round). Nothing is exchanged when
+        the method keeps none (``KEEPS_LOCAL_MODELS``) or ``eval.local_models`` is off."""
+        keeps = self.KEEPS_LOCAL_MODELS and self.task.cfg.eval.local_models
+        self.local_models = self.collect_models() if keeps else {}
+
+    def collect_models(self) -> dict[str, dict[str, torch.Tensor]]:
+        """Every site's own model (a ``share_model`` exchange: evaluation traffic, outside
+        ``floats_sent``); a site that has none replies empty and is left out."""
+        replies = self.engine.exchange({s: Message() for s in self.engine.sites}, SHARE_MODEL)
+        return {s: r.group(MODEL) for s, r in replies.items() if r.group(MODEL)}
+
+    def cross_site_rows(self, models: dict[str, dict[str, torch.Tensor]], skip_own: bool = False) -> list[dict]:
+        """``models[owner]`` scored on every site's test split, one ``evaluate`` exchange per owner;
+        rows ``model = "local:<owner>"``. ``skip_own``: not on the owner's own split (already scored)."""
+        rows = []
+        for owner, weights in models.items():
+            meta: dict[str, MetaValue] = {"split": "test", "model": local_model_name(owner), "sample": False}
+            msgs = {
+                s: Message(prefixed(MODEL, weights), dict(meta))
+                for s in self.engine.sites
+                if not (skip_own and s == owner)
+            }
+            rows += eval_rows(self.engine.algorithm, self.engine.exchange(msgs, "evaluate"), self.task.regions)
+        return rows
 
     # --- state -------------------------------------------------------------------
     def state_dict(self) -> dict[str, torch.Tensor]:

@@ -2,18 +2,27 @@
 
 Evaluation gives the cross-site matrix (each site's model on every site's test split, the
 "Client k Local" rows of the FedSM paper's Table 3). Auto-FedAvg's "local avg" is its
-diagonal mean and "local gen" its off-diagonal mean.
+diagonal mean and "local gen" its off-diagonal mean. Each site's model is the one of the best
+round (mean validation Dice over sites), not each site's own best round as the FL methods' local
+models (``fedseg.algorithms.fedavg``: ``keep_best_local``, which ``local`` does not use).
 """
 
 from __future__ import annotations
 
 from torch import nn
 
-from fedseg.algorithms.fedavg import MODEL, FedAvgClient, FedAvgServer, put_group, state_group, train_meta
+from fedseg.algorithms.fedavg import (
+    MODEL,
+    FedAvgClient,
+    FedAvgServer,
+    local_model_name,
+    put_group,
+    state_group,
+    train_meta,
+)
 from fedseg.algorithms.registry import AlgorithmSpec
 from fedseg.engine.context import ClientContext
 from fedseg.engine.messages import Message, load_weights, prefixed, weights_of
-from fedseg.evaluate.tables import eval_rows
 
 
 class LocalClient(FedAvgClient):
@@ -32,6 +41,9 @@ class LocalClient(FedAvgClient):
         put_group(ctx.state, MODEL, weights_of(model))
         return Message({}, train_meta(stats, ctx))
 
+    def keep_best_local(self, model: nn.Module, ctx: ClientContext) -> None:
+        """Nothing: the site's own model is its local model."""
+
     def eval_model(self, msg: Message, ctx: ClientContext) -> nn.Module:
         return super().eval_model(msg, ctx) if msg.group(MODEL) else self.own_model(ctx)
 
@@ -42,12 +54,14 @@ class LocalClient(FedAvgClient):
 class LocalServer(FedAvgServer):
     """Coordinates rounds (for validation and selection) without touching the models."""
 
+    KEEPS_LOCAL_MODELS = False  # the sites' own models are scored across sites directly
+
     def run_round(self, rnd: int) -> dict[str, float]:
         replies = self.engine.exchange({s: Message() for s in self.engine.sites}, "train")
         return {s: float(r.meta["loss"]) for s, r in replies.items()}
 
     def site_model(self, site: str) -> str:
-        return f"local:{site}"
+        return local_model_name(site)
 
     def eval_messages(self, split: str, sample: bool) -> dict[str, Message]:
         return {
@@ -56,28 +70,9 @@ class LocalServer(FedAvgServer):
 
     def evaluate(self, split: str, sample: bool = False) -> list[dict]:
         rows = super().evaluate(split, sample)
-        if split == "test":
-            rows += self.cross_site_rows()
+        if split == "test":  # every site's model on every other site's test split
+            rows += self.cross_site_rows(self.collect_models(), skip_own=True)
         return rows
-
-    def cross_site_rows(self) -> list[dict]:
-        """Every site's model scored on every other site's test split."""
-        models = self.collect_models()
-        rows = []
-        for owner, weights in models.items():
-            msgs = {
-                s: Message(
-                    prefixed(MODEL, weights), {"split": "test", "model": self.site_model(owner), "sample": False}
-                )
-                for s in self.engine.sites
-                if s != owner
-            }
-            rows += eval_rows(self.engine.algorithm, self.engine.exchange(msgs, "evaluate"), self.task.regions)
-        return rows
-
-    def collect_models(self) -> dict[str, dict]:
-        replies = self.engine.exchange({s: Message() for s in self.engine.sites}, "share_model")
-        return {s: r.group(MODEL) for s, r in replies.items()}
 
     def state_dict(self) -> dict:
         return {}

@@ -32,7 +32,8 @@ Definitions, where the sources differ:
 * ``h_k`` follows Eq. 16 as printed, ``q F^(q-1) ||Delta w_k||^2 + L F^q`` with the unscaled
   update (``h_norm = "fets"``). Li et al.'s Algorithm 3 (and Flower's ``QFedAvg``) use the
   scaled update ``||L Delta w_k||^2`` in the first term (``h_norm = "li"``).
-* ``L`` (the Lipschitz estimate, ``1 / eta_l`` in Eq. 14 and 16) defaults to ``1 / train.lr``.
+* ``L`` (the Lipschitz estimate, ``1 / eta_l`` in Eq. 14 and 16) defaults to ``1 / train.lr`` (the
+  round's rate under ``train.lr_schedule``, the one the local steps use).
 
 At ``q = 0``: ``Delta_k = L Delta w_k`` and ``h_k = L``, so Eq. 17 is
 ``w^t + (1 / K) sum_k Delta w_k`` — FedAvg with *uniform* weights (the ``p_k`` of Eq. 13 do
@@ -61,7 +62,7 @@ from fedseg.algorithms.registry import AlgorithmSpec
 from fedseg.data.dataset import CaseSet
 from fedseg.engine.context import ClientContext
 from fedseg.engine.messages import Message, load_weights, prefixed, weights_of
-from fedseg.train import TrainStats, segmentation_loss
+from fedseg.train import TrainStats, round_lr, segmentation_loss
 
 LOSS_ACTION = "loss"  # the forward-only exchange (fedseg.evaluate.cost.FORWARD_ACTIONS)
 DELTA = "delta"  # message prefix of Delta_k (Eq. 14)
@@ -77,7 +78,7 @@ class QFedAvgOptions(BudgetOptions):
 
     q: float = Field(1.0, ge=0, description="fairness exponent q (FeTS Table 4: q = 1.0); 0 = uniform FedAvg")
     L: float | None = Field(
-        None, gt=0, description="Lipschitz estimate L = 1 / eta_l in Eq. 14, 16; None = 1 / train.lr"
+        None, gt=0, description="Lipschitz estimate L = 1 / eta_l in Eq. 14, 16; None = 1 / train.lr (the round's rate)"
     )
     loss_reduction: Literal["sum", "mean"] = Field(
         "sum", description="F_k = sum (Eq. 15) or mean (Eq. 13, Li et al.) of the per-case training losses"
@@ -176,7 +177,8 @@ class QFedAvgClient(FedAvgClient):
         F = float(ctx.state.pop(F_KEY))
         put_group(ctx.state, START, {})  # w^t is only needed within the round
         opts = ctx.options
-        deltas, h = delta_and_h(start, weights_of(model), F, opts.q, lipschitz(opts, ctx.cfg.train.lr), opts.h_norm)
+        L = lipschitz(opts, round_lr(ctx.cfg.train, ctx.round, ctx.cfg.fl.rounds))  # 1 / the round's eta_l
+        deltas, h = delta_and_h(start, weights_of(model), F, opts.q, L, opts.h_norm)
         tensors = {**prefixed(DELTA, deltas), H: torch.tensor([h], dtype=torch.float64)}
         return Message(tensors, {**train_meta(stats, ctx), "F": F})
 

@@ -3,8 +3,9 @@
 Down: the global model ``w`` and the server control variate ``c``. Each site keeps its own
 control variate ``c_k`` in its client state (zeros before its first round) and trains with the
 corrected gradient ``g + c - c_k`` (Eq. 9; added by ``DriftCorrection.after_backward``). After ``s_k`` local
-steps with learning rate ``eta_l`` (``train.lr``) it updates (Eq. 6-7, option II of Karimireddy
-et al., ``s_k`` = the steps actually taken, which differ between sites under an epoch budget):
+steps with learning rate ``eta_l`` (``train.lr``; under ``train.lr_schedule`` the round's rate, ``local_lr``)
+it updates (Eq. 6-7, option II of Karimireddy et al., ``s_k`` = the steps actually taken, which differ
+between sites under an epoch budget):
 
     c_k+ = c_k - c + (w - w_k) / (s_k * eta_l),    delta_c_k = c_k+ - c_k
 
@@ -57,7 +58,7 @@ from fedseg.algorithms.registry import AlgorithmSpec
 from fedseg.config import TrainConfig
 from fedseg.engine.context import ClientContext
 from fedseg.engine.messages import Message, prefixed, weights_of
-from fedseg.train import TrainHooks, TrainStats
+from fedseg.train import TrainHooks, TrainStats, round_lr
 
 CONTROL = "control"  # message prefix of c (down) and delta_c_k (up)
 LOCAL_CONTROL = "scaffold_c"  # client-state prefix of c_k
@@ -124,6 +125,11 @@ class DriftCorrection(TrainHooks):
                 p.sub_(shift)
 
 
+def local_lr(ctx: ClientContext) -> float:
+    """``eta_l``: the rate this round's local steps use (``train.lr`` under ``train.lr_schedule``)."""
+    return round_lr(ctx.cfg.train, ctx.round, ctx.cfg.fl.rounds)
+
+
 class ScaffoldClient(FedAvgClient):
     def local_control(self, model: nn.Module, ctx: ClientContext) -> dict[str, torch.Tensor]:
         """``c_k`` from the client state, zeros before the site's first round."""
@@ -139,13 +145,13 @@ class ScaffoldClient(FedAvgClient):
 
     def train_hooks(self, model: nn.Module, msg: Message, ctx: ClientContext) -> TrainHooks:
         """The drift correction ``c - c_k`` on every trainable parameter, where ``correction_mode`` says."""
-        return DriftCorrection(self.corrections(model, msg, ctx), correction_mode(ctx), ctx.cfg.train.lr)
+        return DriftCorrection(self.corrections(model, msg, ctx), correction_mode(ctx), local_lr(ctx))
 
     def after_fit(self, model: nn.Module, stats: TrainStats, msg: Message, ctx: ClientContext) -> Message:
         """Eq. 6-7 with ``s_k = stats.steps``; reply ``w_k`` and ``delta_c_k``."""
         w, w_k = msg.group(MODEL), weights_of(model)
         c, c_k = msg.group(CONTROL), self.local_control(model, ctx)
-        scale = 1.0 / (stats.steps * ctx.cfg.train.lr)
+        scale = 1.0 / (stats.steps * local_lr(ctx))
         new_c_k = {n: c_k[n] - c[n] + (w[n] - w_k[n]) * scale for n in c_k}
         put_group(ctx.state, LOCAL_CONTROL, new_c_k)
         delta = {n: new_c_k[n] - c_k[n] for n in c_k}

@@ -4,7 +4,9 @@ A row is a dict with keys ``algorithm, model, site, case, region, metric, value`
 ``metric`` is ``"dice"`` or ``"hd95"``, ``value`` a float where NaN means *not counted*
 (see :mod:`fedseg.evaluate.metrics` for the empty-mask rule). ``model`` names the model
 that produced the prediction; local training evaluates every site's model on every
-site's test data and marks those rows ``model = "local:<train site>"``.
+site's test data and marks those rows ``model = "local:<train site>"``, and so do the FL
+methods for their sites' best local models (``eval.local_models``), next to their
+``"global"`` rows.
 
 Aggregation order (the papers' convention; "Dice" in a table = mean over regions):
 
@@ -60,7 +62,8 @@ def own_site_model(row: Row) -> bool:
 
     Per-site models are named ``"<kind>:<site>"`` (e.g. ``"local:A"``) and count only on
     their own site's test data; any other model name (e.g. ``"global"``) is shared by all
-    sites and always counts. This drops exactly the cross-site rows.
+    sites and always counts. This drops exactly the cross-site rows (of ``local``; an FL method's
+    local models on their own site still pass: select its shared model's rows there).
     """
     kind, sep, owner = row["model"].partition(":")
     return not sep or owner == row["site"]

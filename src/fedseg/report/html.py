@@ -17,6 +17,10 @@ Sections:
   FedSM-extra, ...); columns = sites, Client Avg, Global; best federated number per column bold.
   Names, baseline-or-federated and families come from summary.json and the algorithm registry
   (:mod:`fedseg.report.methods`);
+* the Auto-FedAvg paper's Table 2 layout, when some method has local models (summary.json
+  ``local_avg``): per site the test Dice of the model the site uses, "global test avg" (Client
+  Avg), "local avg" / "local gen" (diagonal / off-diagonal mean of the cross-site matrix of the
+  sites' best local models; "–" for a method without them);
 * per-region mean +- std over test cases (FeTS Table 1 style);
 * validation Dice and training loss per round (paper Fig. 2);
 * the sections of each method family present (``Family.report_sections``, e.g. FedSM's per-model
@@ -39,7 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from fedseg.engine.ledger import EVAL_ACTIONS
-from fedseg.evaluate.tables import cross_site_matrix, own_site_model, region_summary, site_summary
+from fedseg.evaluate.tables import RowFilter, cross_site_matrix, own_site_model, region_summary, site_summary
 from fedseg.report import figures
 from fedseg.report.kit import (
     RunFiles,
@@ -112,6 +116,58 @@ def score_rows(run: RunFiles, metric: str) -> list[TableRow]:
     return rows
 
 
+def table2_rows(run: RunFiles) -> list[TableRow]:
+    """Rows of the Auto-FedAvg Table 2 layout: the "Client k Local" rows and Local's own-site row,
+    then one row per other method; columns sites, ``client_avg``, ``local_avg``, ``local_gen``."""
+    rows = []
+    for name in algorithm_order(run.summary):
+        entry = run.algorithms[name]
+        values = {k: num(v) for k, v in entry.get("dice", {}).items() if k != "global"}
+        values.update({k: metric_scalar(entry, k) for k in ("local_avg", "local_gen")})
+        if name.lower() == "local":
+            for k, train in enumerate(run.sites, start=1):
+                cross = _cross_site_row(run, train, "dice")
+                if cross is not None:
+                    cells = {s: cross[s] for s in [*run.sites, "client_avg"]}
+                    rows.append(TableRow(local_label(k, train), cells, False, "local"))
+            rows.append(TableRow("Local (own site)", values, False, "local"))
+        else:
+            fed = is_federated(name, entry)
+            rows.append(TableRow(run.label(name), values, fed, "federated" if fed else "baseline"))
+    return rows
+
+
+def table2_section(run: RunFiles) -> Section:
+    """The Auto-FedAvg Table 2 layout; no body (left out) when no method has local models (``local_avg``)."""
+    title = "Global and local models (Auto-FedAvg Table 2 layout)"
+    if not any("local_avg" in e for e in run.algorithms.values()):
+        return Section(title, None)
+    columns = [(s, s) for s in run.sites] + [
+        ("client_avg", "Global test avg"),
+        ("local_avg", "Local avg"),
+        ("local_gen", "Local gen"),
+    ]
+    note = (
+        "Auto-FedAvg paper, Table 2. Sites: test Dice of the model each site uses (federated methods: the "
+        "global model of the round with the best mean validation Dice); Global test avg: their mean. Local avg "
+        "/ Local gen: each site's own locally trained model (the one it held right after local training in "
+        "the round where it scored best on its own validation split; for Local, its model of the selected "
+        "round) on its own test split (diagonal mean) / on the other sites' (off-diagonal mean); – where a "
+        "method has no local models (config <code>eval.local_models</code>). Bold: best federated number per "
+        "column."
+    )
+    return Section(title, score_table(table2_rows(run), columns, True, 4), note)
+
+
+def _own_model_filter(run: RunFiles, name: str) -> RowFilter:
+    """Row filter of the models ``name`` reports as its own: its shared model (a name without
+    ``:``, e.g. ``global``) if it has one — leaving out its local models' cross-site rows — else
+    each per-site model on its own site (``own_site_model``: Local)."""
+    if any(r["algorithm"] == name and ":" not in r["model"] for r in run.results):
+        return lambda r: ":" not in r["model"]
+    return own_site_model
+
+
 def region_table(run: RunFiles) -> str | None:
     """Per-region Dice and HD95, mean +- std over test cases (each algorithm's own models)."""
     if not run.results:
@@ -120,9 +176,9 @@ def region_table(run: RunFiles) -> str | None:
     head = "".join(f"<th>{esc(g)} Dice</th>" for g in regions) + "".join(f"<th>{esc(g)} HD95</th>" for g in regions)
     body = []
     for name in algorithm_order(run.summary):
-        cells = []
+        cells, own = [], _own_model_filter(run, name)
         for metric, digits in (("dice", 3), ("hd95", 2)):
-            stats = region_summary(run.results, name, metric, regions, model_filter=own_site_model)
+            stats = region_summary(run.results, name, metric, regions, model_filter=own)
             for g in regions:
                 s = stats[g]
                 text = "–" if s["n"] == 0 else f"{fmt(s['mean'], digits)} ± {fmt(s['std'], digits)}"
@@ -350,10 +406,12 @@ def render_report(run_dir: str | Path) -> Path:
 
     sections = [
         *_score_sections(run),
+        table2_section(run),
         Section(
             "Per-region scores (mean ± std over test cases)",
             region_table(run),
-            "Each method's own models (for Local: each site's model on its own site). "
+            "Each method's own models (for Local: each site's model on its own site; a federated method's local "
+            "models are not counted). "
             "Std over cases (sample std); HD95 over cases where it is defined.",
         ),
         Section(

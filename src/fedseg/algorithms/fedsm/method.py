@@ -105,7 +105,9 @@ class SelectorOptions(FedAvgOptions, PersonalizationOptions):
     selector_norm: Literal["batch", "instance"] = Field(
         "instance", description="selector normalization layers (see module doc)"
     )
-    selector_lr: float | None = Field(None, gt=0, description="selector learning rate eta_s; None = train.lr")
+    selector_lr: float | None = Field(
+        None, gt=0, description="selector learning rate eta_s; None = train.lr (scaled per round by train.lr_schedule)"
+    )
     average_selector_moments: bool = Field(
         True, description="send the selector's optimizer moments with w_s and average them (extra traffic, counted)"
     )
@@ -282,6 +284,7 @@ class FedSMServer(FedAvgServer):
 
     MODE: Mode = "threshold"
     EXTRA_CLASSES = 0
+    KEEPS_LOCAL_MODELS = False  # the personalized models are the family's own; no FedAvg local models
 
     def __init__(self, engine, task: Task, options):
         super().__init__(engine, task, options)

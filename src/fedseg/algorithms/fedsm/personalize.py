@@ -51,6 +51,10 @@ Strategies (per site and round, floats of the personalized track beyond the glob
   here each inner step draws its own batch (K times the batches, same number of gradient
   evaluations), so theta_k approximates the prox problem of the whole local loss f_k.
 
+Every local step size above (``ft_lr``, ``apfl_alpha_lr``, ``perfedavg_alpha``/``beta``,
+``pfedme_personal_lr``/``lr``) follows ``train.lr_schedule``: round t uses it times the schedule's
+factor eta_t / ``train.lr`` (``fedseg.train.round_lr``); the server step ``pfedme_beta`` does not.
+
 Per-FedAvg, APFL and pFedMe need a step the plain loop does not have (a second batch at a
 shifted point, the mixed forward and alpha step, the proximal gradient and the w_k pull). Each
 is a :class:`fedseg.train.TrainHooks` handed to the Trainer through ``FedSMClient.fit``; the
@@ -71,7 +75,7 @@ from fedseg.algorithms.fedavg import local_budget, put_group, state_group
 from fedseg.config import BudgetConfig
 from fedseg.engine.context import ClientContext
 from fedseg.engine.messages import Message, prefixed, weights_of
-from fedseg.train import TrainHooks, TrainStats, batches, segmentation_loss
+from fedseg.train import TrainHooks, TrainStats, batches, round_lr, segmentation_loss
 
 Weights = dict[str, torch.Tensor]
 Strategy = Literal["softpull", "ft", "apfl", "perfedavg", "pfedme"]
@@ -159,6 +163,12 @@ def round_budget(ctx: ClientContext) -> BudgetConfig:
     return local_budget(ctx.options) or ctx.cfg.train.budget
 
 
+def round_rate(ctx: ClientContext, rate: float) -> float:
+    """A configured local step size in this round: scaled like ``train.lr`` by ``train.lr_schedule``
+    (``fedseg.train.round_lr``; the rates the Trainer uses are scaled by ``FedSMClient.fit`` itself)."""
+    return round_lr(ctx.cfg.train, ctx.round, ctx.cfg.fl.rounds, rate)
+
+
 class Personalization:
     """One way to produce the personalized models (see the module docstring). Stateless: the
     server keeps ``personal`` (site -> w_p,k) and ``track``; sites keep theirs in client state."""
@@ -242,7 +252,7 @@ class APFL(Personalization):
         opt = self.options
         v = client.segmenter(state_group(ctx.state, APFL_V) or global_weights, ctx)
         alpha = float(ctx.state.get(APFL_ALPHA, torch.tensor(opt.apfl_alpha)))
-        alpha_lr = (opt.apfl_alpha_lr or ctx.cfg.train.lr) if opt.apfl_adaptive else None
+        alpha_lr = round_rate(ctx, opt.apfl_alpha_lr or ctx.cfg.train.lr) if opt.apfl_adaptive else None
         mixing = APFLMixing(v, global_weights, alpha, alpha_lr)
         stats = client.fit(v, msg, ctx, state_key=OPT_PERSONAL, hooks=mixing)
         v_k, alpha_k = weights_of(v), mixing.alpha.detach().cpu().reshape(())
@@ -322,9 +332,8 @@ class PerFedAvg(SharedTrack):
         adapt = sgd_steps(client, adapted, msg, ctx, opt.perfedavg_alpha, opt.perfedavg_adapt_steps)
         meta = client.segmenter(msg.group(TRACK), ctx)
         cfg = ctx.cfg.train.model_copy(update={"lr": opt.perfedavg_beta or ctx.cfg.train.lr})
-        stats = client.fit(
-            meta, msg, ctx, state_key=OPT_PERSONAL, train_cfg=cfg, hooks=FirstOrderMAML(ctx, opt.perfedavg_alpha)
-        )
+        maml = FirstOrderMAML(ctx, round_rate(ctx, opt.perfedavg_alpha))
+        stats = client.fit(meta, msg, ctx, state_key=OPT_PERSONAL, train_cfg=cfg, hooks=maml)
         return {**prefixed(TRACK, weights_of(meta)), **prefixed(PERSONAL, weights_of(adapted))}, combined(stats, adapt)
 
 
@@ -366,7 +375,7 @@ class PFedMe(SharedTrack):
     def train(self, client, msg, global_weights, ctx):
         opt = self.options
         theta = client.segmenter(msg.group(TRACK), ctx)
-        prox = Proximal(theta, opt.pfedme_lambda, opt.pfedme_lr, opt.pfedme_inner_steps)
+        prox = Proximal(theta, opt.pfedme_lambda, round_rate(ctx, opt.pfedme_lr), opt.pfedme_inner_steps)
         outer = round_budget(ctx)
         budget = BudgetConfig(
             unit=outer.unit, amount=outer.amount * opt.pfedme_inner_steps

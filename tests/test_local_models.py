@@ -1,0 +1,166 @@
+"""The FL methods' local models (Auto-FedAvg Table 2: "local avg" / "local gen", ``eval.local_models``).
+
+Each site keeps the model it held right after local training in the round where that model scored
+best on its own validation split; the test scores every kept model on every site's test split.
+The numbers are recomputed here from the train replies (the locally trained models) seen by an
+observer, independently of the client's bookkeeping.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from fedseg.algorithms.fedavg import MODEL, FedAvgServer
+from fedseg.engine.messages import load_weights
+from fedseg.evaluate.inference import score_caseset
+from fedseg.evaluate.tables import site_dice
+from fedseg.report.html import render_report
+from fedseg.run import prepare, run_experiment
+
+SITES = ["site1", "site2", "site3"]
+CROSS_KEYS = {"cross_site", "local_avg", "local_gen"}
+
+
+def _numbers(summary: dict) -> dict:
+    """summary.json without wall-clock seconds."""
+    return {a: {k: v for k, v in e.items() if k != "seconds"} for a, e in summary["algorithms"].items()}
+
+
+def _config(tiny_config, **eval_overrides):
+    """FedAvg, 3 rounds, a rate at which the tiny model improves from round to round."""
+    return tiny_config(algorithms=["fedavg"], fl={"rounds": 3}, train={"lr": 0.01}, eval=eval_overrides)
+
+
+def _run(cfg, out, federation, **kwargs):
+    """A run whose best *global* round is forced to round 1 (only round 1 is selectable), so the
+    restored client states are round 1's while the sites' best local rounds come later."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(FedAvgServer, "selectable", lambda self, rnd: rnd == 1)
+        return run_experiment(cfg, out, federation=federation, **kwargs)
+
+
+class Recorder:
+    """Observer keeping every site's train replies (in round order) and share_model replies."""
+
+    def __init__(self):
+        self.trained: dict[str, list[dict]] = {s: [] for s in SITES}
+        self.shared: dict[str, dict] = {}
+
+    def __call__(self, site, action, msg, reply):
+        if action == "train":
+            self.trained[site].append({k: v.clone() for k, v in reply.group(MODEL).items()})
+        elif action == "share_model":
+            self.shared[site] = reply.group(MODEL)
+
+
+@pytest.fixture(scope="module")
+def fedavg_run(tmp_path_factory, tiny_config, disc_federation):
+    out = tmp_path_factory.mktemp("fedavg")
+    cfg = _config(tiny_config)
+    recorder = Recorder()
+    result = _run(cfg, out, disc_federation(), observers=[recorder])
+    return cfg, out, result, recorder
+
+
+def _dice(weights: dict, data, task) -> float:
+    model = task.new_model()
+    load_weights(model, weights)
+    ev = task.cfg.eval
+    dice, _ = score_caseset(model, data, ev.batch_size, ev.threshold, False, task.device)
+    return site_dice(dice, data.ids, data.name, task.regions)
+
+
+def test_cross_site_matrix_is_the_best_local_models_over_all_rounds(fedavg_run, disc_federation):
+    cfg, out, result, rec = fedavg_run
+    entry = json.loads((out / "summary.json").read_text())["algorithms"]["fedavg"]
+    assert CROSS_KEYS <= entry.keys() and entry["best_round"] == 1
+    prep = prepare(cfg, disc_federation())
+    data = {d.name: d for d in prep.site_data}
+    kept_rounds = {}
+    for owner in SITES:
+        assert len(rec.trained[owner]) == cfg.fl.rounds
+        val = [_dice(w, data[owner].val, prep.task) for w in rec.trained[owner]]
+        best = int(np.argmax([-math.inf if math.isnan(v) else v for v in val]))  # first on ties, as kept
+        kept_rounds[owner] = best + 1
+        kept = rec.trained[owner][best]
+        assert rec.shared[owner].keys() == kept.keys()
+        assert all(torch.equal(rec.shared[owner][k], kept[k]) for k in kept)  # the model of that round
+        for test_site in SITES:
+            expected = _dice(kept, data[test_site].test, prep.task)
+            assert entry["cross_site"]["dice"][owner][test_site] == pytest.approx(expected, abs=1e-12)
+    # the case the test is for: a site's best local round comes after the best global round
+    assert any(r > entry["best_round"] for r in kept_rounds.values()), kept_rounds
+    m = np.array([[entry["cross_site"]["dice"][a][b] for b in SITES] for a in SITES])
+    assert entry["local_avg"] == pytest.approx(np.mean(np.diag(m)))
+    assert entry["local_gen"] == pytest.approx(np.mean(m[~np.eye(3, dtype=bool)]))
+    # the summary's dice stays the global model's: recomputed from the global rows only
+    global_rows = [r for r in result.algorithms[0].test_rows if r["model"] == "global"]
+    local_rows = [r for r in result.algorithms[0].test_rows if r["model"].startswith("local:")]
+    assert len(local_rows) == 3 * len(global_rows)  # every kept model on every site's test split
+    assert {r["model"] for r in result.algorithms[0].test_rows} == {"global", *(f"local:{s}" for s in SITES)}
+
+
+def test_switch_off_gives_no_local_models_and_the_same_global_numbers(
+    fedavg_run, tmp_path, tiny_config, disc_federation
+):
+    cfg, out, on_result, _ = fedavg_run
+    off = _run(_config(tiny_config, local_models=False), tmp_path, disc_federation())
+    on_entry, off_entry = on_result.algorithms[0].summary, off.algorithms[0].summary
+    assert not CROSS_KEYS & off_entry.keys()
+    for key in ("dice", "hd95", "best_round", "floats_sent", "sgd_steps", "rounds"):
+        assert off_entry[key] == on_entry[key], key
+    assert not [r for r in off.algorithms[0].ledger if r["action"] == "share_model"]
+    assert {r["model"] for r in off.algorithms[0].test_rows} == {"global"}
+    train = lambda res: [  # noqa: E731
+        (r["round"], r["site"], r["steps"], r["floats_down"], r["floats_up"])
+        for r in res.algorithms[0].ledger
+        if r["action"] == "train"
+    ]
+    assert train(off) == train(on_result)  # same training traffic, no extra message
+
+
+@pytest.mark.parametrize("stop_round", [2, 3])
+def test_resume_gives_identical_summary(stop_round, fedavg_run, tmp_path, tiny_config, disc_federation):
+    """Stopped after round 2 (a round is left) and after the last round (only the test is left)."""
+    cfg, out, _, _ = fedavg_run
+
+    class Stop(Exception):
+        pass
+
+    def stop(name, rnd, losses):
+        if rnd == stop_round:
+            raise Stop
+
+    with pytest.raises(Stop):
+        _run(cfg, tmp_path, disc_federation(), on_round_end=stop)
+    _run(cfg, tmp_path, disc_federation(), resume=True)
+    full = json.loads((out / "summary.json").read_text())
+    resumed = json.loads((tmp_path / "summary.json").read_text())
+    assert CROSS_KEYS <= resumed["algorithms"]["fedavg"].keys()
+    assert _numbers(resumed) == _numbers(full)
+
+
+@pytest.mark.parametrize("name, has", [("qfedavg", True), ("fedsm", False), ("centralized", False)])
+def test_which_methods_have_local_models(name, has, tmp_path, tiny_config, disc_federation):
+    result = run_experiment(tiny_config(algorithms=[name]), tmp_path, federation=disc_federation())
+    entry = result.algorithms[0].summary
+    assert (CROSS_KEYS <= entry.keys()) == has and (CROSS_KEYS & entry.keys() == set()) == (not has)
+    assert any(r["action"] == "share_model" for r in result.algorithms[0].ledger) == has
+
+
+def test_report_shows_the_table2_layout(fedavg_run):
+    _, out, result, _ = fedavg_run
+    page = render_report(out).read_text()
+    assert "Auto-FedAvg Table 2 layout" in page
+    section = page[page.index("Auto-FedAvg Table 2 layout") :]
+    head = section[: section.index("</thead>")]
+    assert all(h in head for h in ("Global test avg", "Local avg", "Local gen"))
+    entry = result.algorithms[0].summary
+    row = section[section.index("<th>FedAvg</th>") :].split("</tr>")[0]
+    for value in (entry["dice"]["client_avg"], entry["local_avg"], entry["local_gen"]):
+        assert f"{value:.4f}" in row
