@@ -28,7 +28,9 @@ from fedseg.flower.launch import supernode_command
 pytestmark = pytest.mark.slow  # every test starts Flower processes (SuperLink, SuperNodes, apps)
 
 runner = CliRunner()
-DEMANDING = [a for a in ("fedsm", "scaffold") if a in ALGORITHMS]  # per-site payloads, several models, client state
+DEMANDING = [
+    a for a in ("fedsm", "scaffold", "autofedavg-l-dirichlet") if a in ALGORITHMS
+]  # per-site payloads, models, state
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +114,8 @@ def _wait_for(log: Path, text: str, timeout: float = 180) -> None:
 
 
 def test_flower_local_gives_the_simulators_numbers_for_fedavg_and_the_demanding_methods(folder, tmp_path, tiny):
-    """FedAvg, FedSM and SCAFFOLD, 2 rounds, 2 sites: identical results through Flower (warm ClientApp workers)."""
+    """FedAvg, FedSM, SCAFFOLD, Auto-FedAvg-L-Dirichlet, 2 rounds, 2 sites: identical results through Flower (warm
+    ClientApp workers)."""
     cfg = _config(tiny, tmp_path / "cfg.yaml", ["fedavg", *DEMANDING], rounds=2)
     sim = runner.invoke(app, ["run", "--config", str(cfg), "--data", str(folder), "--out", str(tmp_path / "sim")])
     assert sim.exit_code == 0, sim.output

@@ -20,6 +20,7 @@ from fedseg.algorithms import (
     qfedavg,
     scaffold,
 )
+from fedseg.algorithms.autofedavg import method as autofedavg
 from fedseg.algorithms.fedsm import extra as fedsm_extra
 from fedseg.algorithms.fedsm import method as fedsm_method
 from fedseg.algorithms.registry import AlgorithmSpec
@@ -36,6 +37,7 @@ METHOD_MODULES = (
     fedtrimmedavg,
     qfedavg,
     fedpidavg,
+    autofedavg,
     fedsm_method,
     fedsm_extra,
 )

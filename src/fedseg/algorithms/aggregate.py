@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
@@ -19,11 +19,20 @@ def weighted_average(updates: Sequence[Mapping[str, torch.Tensor]], weights: Seq
     total = float(sum(weights))
     if total <= 0:
         raise ValueError(f"aggregation weights must sum to a positive number, got {list(weights)}")
+    shares = [w / total for w in weights]
+    return combine(updates, lambda name: shares)
+
+
+def combine(updates: Sequence[Mapping[str, torch.Tensor]], coefficients: Callable[[str], Sequence[float]]) -> Weights:
+    """``sum_k c_k(name) * updates[k][name]`` per tensor name, the coefficients used as given (not
+    normalized): ``coefficients(name)`` is one number per update, e.g. Auto-FedAvg's layer-wise
+    alpha of the tensor's layer group. Accumulates in float64 and casts back to each tensor's dtype.
+    """
     merged = {}
     for name, first in updates[0].items():
         acc = torch.zeros_like(first, dtype=torch.float64)
-        for update, w in zip(updates, weights):
-            acc += update[name].to(torch.float64) * (w / total)
+        for update, c in zip(updates, coefficients(name)):
+            acc += update[name].to(torch.float64) * c
         merged[name] = acc.to(first.dtype)
     return merged
 

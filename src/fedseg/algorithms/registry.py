@@ -123,8 +123,9 @@ class AlgorithmSpec:
                 raise ValueError(f"{where}: {e}") from None
 
     def summary_fields(self) -> dict[str, Any]:
-        """What ``summary.json`` records about the method, so readers never hard-code names."""
-        return {"display_name": self.display_name, "family": self.family_name, "kind": self.kind}
+        """What ``summary.json`` records about the method, so readers never hard-code names: display
+        name, family, kind and the spec's ``extra`` (e.g. Auto-FedAvg's parameterization, granularity)."""
+        return {"display_name": self.display_name, "family": self.family_name, "kind": self.kind, **self.extra}
 
 
 @lru_cache(maxsize=256)

@@ -4,30 +4,43 @@
 layout; Table 6 when the key is ``methods.fedsm.personalization``) of a directory into HTML
 sections. They appear on a study's page (:func:`fedseg.report.studies.render_study`) and in the
 run report of a run directory that holds such a table (a holdout sub-run keeps its own
-``unseen.csv`` rows), so this module sits below both pages: it uses the kit and the method
-names only.
+``unseen.csv`` rows), so this module sits below both pages: it uses the kit, the report's figure
+primitives and the method names only.
+
+A sweep over a numeric value (``--sweep methods.autofedavg-n-dirichlet.t0=1,5,10,20``) also gets a
+line figure of the test Dice (client average) against the value, one line per algorithm (the
+Auto-FedAvg paper's Fig. 4), written to the directory's ``figures/`` (:data:`SWEEP_FIGURE`).
 """
 
 from __future__ import annotations
 
 import html as _html
+import math
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from matplotlib.figure import Figure
+
+from fedseg.report.figures import LINE_STYLES, save
 from fedseg.report.kit import TableRow, esc, fmt, num, read_csv, score_table, section, site_columns, table
 from fedseg.report.methods import display_name, is_federated
 
 __all__ = [
     "STUDY_JSON",
     "SWEEP_CSV",
+    "SWEEP_FIGURE",
     "UNSEEN_CSV",
     "is_study_dir",
     "run_link",
     "study_sections",
+    "sweep_figure",
     "sweep_section",
     "unseen_section",
 ]
 
 UNSEEN_CSV, SWEEP_CSV, STUDY_JSON = "unseen.csv", "sweep.csv", "study.json"
+SWEEP_FIGURE = "sweep_dice.png"  # in the directory's figures/
+LOG_SCALE_RATIO = 100.0  # a positive numeric sweep spanning this factor or more gets a log axis
 PM = "freq_PM_"
 PERSONALIZATION_KEY = "methods.fedsm.personalization"
 
@@ -120,13 +133,67 @@ def sweep_section(root: Path) -> str:
     body = score_table(dice_rows, site_columns(sites), True, 4) + score_table(
         hd_rows, [("hd95", "HD95 Client Avg")], False, 2
     )
+    figure = sweep_figure(rows, key, root / "figures" / SWEEP_FIGURE, {a: display_name(a) for a in order})
+    if figure is not None:
+        body += f'<img src="figures/{SWEEP_FIGURE}" alt="test Dice (client average) vs {esc(key)}">'
     note = (
         f"One complete run per value of <code>{esc(key)}</code>, everything else as the base configuration. "
         "Test Dice per site (mean over regions per case, then over the site's cases), Client Avg = mean of the "
         "site means, Global = all test cases pooled; HD95 Client Avg below (lower is better). Bold: best "
-        f"federated number per column. Runs: {links}."
+        "federated number per column."
+        + (" Figure: the Client Avg test Dice against the value, one line per method." if figure else "")
+        + f" Runs: {links}."
     )
     return section(f"Sweep over {key} (FedSM {layout} layout)", body, note)
+
+
+def sweep_figure(rows: Sequence[Mapping], key: str, out: Path, labels: Mapping[str, str] | None = None) -> Path | None:
+    """Test Dice (client average, ``dice_client_avg``) against the swept value, one line per algorithm
+    (the Auto-FedAvg paper's Fig. 4 for ``t0``), from ``sweep.csv`` rows.
+
+    Only for a numeric sweep: every ``value`` a finite number and at least two distinct ones; the
+    x axis is logarithmic when the values are positive and span a factor of :data:`LOG_SCALE_RATIO`.
+
+    Returns:
+        ``out``, or None for a non-numeric sweep or one without any Dice value.
+    """
+    labels = labels or {}
+    xs = [num(r.get("value")) for r in rows]
+    if not xs or any(not math.isfinite(x) for x in xs) or len(set(xs)) < 2:
+        return None
+    series: dict[str, list[tuple[float, float]]] = {}
+    for x, r in zip(xs, rows):
+        y = num(r.get("dice_client_avg"))
+        if not math.isnan(y):
+            series.setdefault(str(r.get("algorithm", "")), []).append((x, y))
+    if not series:
+        return None
+    fig = Figure(figsize=(6.8, 3.8))
+    ax = fig.subplots()
+    for i, (alg, points) in enumerate(series.items()):
+        px, py = zip(*sorted(points))
+        ax.plot(
+            px,
+            py,
+            color=f"C{i % 10}",
+            ls=LINE_STYLES[i % len(LINE_STYLES)],
+            marker="o",
+            ms=4,
+            lw=1.6,
+            label=labels.get(alg, alg),
+        )
+    values = sorted(set(xs))
+    if values[0] > 0 and values[-1] / values[0] >= LOG_SCALE_RATIO:
+        ax.set_xscale("log")
+    if len(values) <= 12:  # the swept values as ticks, written as given
+        text = {num(r.get("value")): str(r.get("value")) for r in rows}
+        ax.set_xticks(values, [text[v] for v in values])
+        ax.minorticks_off()
+    ax.set(title=f"Test Dice (client average) vs {key}", xlabel=key, ylabel="Dice (client average)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+    fig.tight_layout()
+    return save(fig, out)
 
 
 def study_sections(run_dir: Path) -> list[str]:

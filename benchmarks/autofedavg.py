@@ -1,0 +1,146 @@
+"""Auto-FedAvg's four variants next to FedAvg and FedAvg-uniform on both built-in federations,
+3 seeds: the paper's Table 2 layout (per-site test Dice of the global model, global test avg ± std
+over seeds, local avg, local gen) and the extra communication cost against the paper's
+``(K - 1) / (2 t0)``.
+
+    .venv/bin/python benchmarks/autofedavg.py [--seeds 0 1 2] [--federations ...] [--jobs 2]
+
+Budget and run cache: ``benchmarks/common.py`` (the methods benchmark's budget; completed runs are
+reused). Every method runs with its defaults (Auto-FedAvg: t0 = 1, S = 10 beta steps, beta_init 6,
+Adam at 0.005, chosen on validation once: results/autofedavg_beta_lr.json): nothing else is tuned.
+Writes ``benchmarks/results/autofedavg.json``,
+``benchmarks/results/autofedavg.md`` and, per federation, the alpha curves of seed 0
+(``benchmarks/results/autofedavg_alpha_<federation>.png``, the report's Fig. 3a panel).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+from common import HERE, RESULTS, cache_path, cached, run_all
+from fedseg.algorithms import get_algorithm
+
+BASELINES = ["fedavg", "fedavg-uniform"]
+VARIANTS = ["autofedavg-n-dirichlet", "autofedavg-n-softmax", "autofedavg-l-dirichlet", "autofedavg-l-softmax"]
+FEDERATIONS = ["synthetic-retina", "synthetic-prostate"]
+
+
+def mean_std(values: list[float]) -> tuple[float, float]:
+    v = np.array([x for x in values if not math.isnan(x)], dtype=np.float64)
+    return (float(v.mean()) if v.size else math.nan, float(v.std(ddof=1)) if v.size > 1 else math.nan)
+
+
+def table_row(name: str, entries: list[dict], fedavg_floats: float) -> dict:
+    """One method over seeds: Table 2's columns (mean over seeds; std over seeds for global test avg)."""
+    sites = entries[0]["sites"]
+    dice = [e["summary"]["dice"] for e in entries]
+    floats = mean_std([e["summary"]["floats_sent"] for e in entries])[0]
+    t0 = getattr(get_algorithm(name).parse_options({}), "t0", math.inf)  # every run uses the defaults
+    return {
+        "sites": {s: mean_std([d[s] for d in dice])[0] for s in sites},
+        "global_test_avg": dict(zip(("mean", "std"), mean_std([d["client_avg"] for d in dice]))),
+        "global_test_avg_per_seed": [d["client_avg"] for d in dice],
+        "local_avg": mean_std([e["summary"].get("local_avg", math.nan) for e in entries])[0],
+        "local_gen": mean_std([e["summary"].get("local_gen", math.nan) for e in entries])[0],
+        "floats_sent": floats,
+        "extra_cost_vs_fedavg": floats / fedavg_floats - 1,
+        "paper_extra_cost": (len(sites) - 1) / (2 * t0),
+        "best_round": [e["summary"]["best_round"] for e in entries],
+        "wall_seconds": mean_std([e["wall_seconds"] for e in entries])[0],
+        "seeds": [e["seed"] for e in entries],
+    }
+
+
+def orderings(rows: dict[str, dict]) -> dict[str, dict]:
+    """The paper's claims on global test avg: N > L, Dirichlet > softmax, Auto-FedAvg >= FedAvg."""
+    g = {a: r["global_test_avg"]["mean"] for a, r in rows.items()}
+    claims = {
+        "N > L (Dirichlet)": ("autofedavg-n-dirichlet", "autofedavg-l-dirichlet"),
+        "N > L (softmax)": ("autofedavg-n-softmax", "autofedavg-l-softmax"),
+        "Dirichlet > softmax (N)": ("autofedavg-n-dirichlet", "autofedavg-n-softmax"),
+        "Dirichlet > softmax (L)": ("autofedavg-l-dirichlet", "autofedavg-l-softmax"),
+        **{f"{get_algorithm(v).display_name} >= FedAvg": (v, "fedavg") for v in VARIANTS},
+    }
+    return {
+        claim: {"left": g[a], "right": g[b], "difference": g[a] - g[b], "holds": g[a] >= g[b]}
+        for claim, (a, b) in claims.items()
+        if a in g and b in g
+    }
+
+
+def markdown(report: dict) -> str:
+    lines = ["# Auto-FedAvg benchmark (Table 2 layout)", ""]
+    for fed, block in report.items():
+        sites = block["sites"]
+        lines += [
+            f"## {fed} (seeds {block['seeds']})",
+            "",
+            "| method | " + " | ".join(sites) + " | global test avg | local avg | local gen | extra traffic vs FedAvg "
+            "(paper (K-1)/(2 t0)) |",
+            "|---|" + "---|" * (len(sites) + 4),
+        ]
+        for name, row in block["methods"].items():
+            g = row["global_test_avg"]
+            std = "" if math.isnan(g["std"]) else f" ± {g['std']:.4f}"
+            extra = f"{row['extra_cost_vs_fedavg']:+.3f} ({row['paper_extra_cost']:.3f})" if name in VARIANTS else "—"
+            lines.append(
+                f"| {get_algorithm(name).display_name} | "
+                + " | ".join(f"{row['sites'][s]:.4f}" for s in sites)
+                + f" | {g['mean']:.4f}{std} | {row['local_avg']:.4f} | {row['local_gen']:.4f} | {extra} |"
+            )
+        lines += ["", "Paper orderings (global test avg):", ""]
+        for claim, c in block["orderings"].items():
+            verdict = "holds" if c["holds"] else "does not hold"
+            lines.append(f"- {claim}: {c['left']:.4f} vs {c['right']:.4f} ({c['difference']:+.4f}): {verdict}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def alpha_figure(fed: str, seed: int) -> Path | None:
+    """The report's alpha-per-round panels (Fig. 3a) for the network-wise variants of one seed."""
+    from fedseg.algorithms.autofedavg.report import alpha_curves
+
+    runs = {v: HERE / "runs" / fed / f"seed{seed}" / v for v in VARIANTS}
+    out = RESULTS / f"autofedavg_alpha_{fed}.png"
+    return alpha_curves(runs, out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--federations", nargs="+", default=FEDERATIONS)
+    ap.add_argument("--jobs", type=int, default=2)
+    args = ap.parse_args()
+    methods = BASELINES + VARIANTS
+    jobs = [(f, s, a) for f in args.federations for s in args.seeds for a in methods]
+    for job in jobs:  # runs cached before sites kept their local models have no local avg / gen: train again
+        entry = cached(*job, [])
+        if entry and "local_avg" not in entry["summary"]:
+            cache_path(*job).unlink()
+    done = run_all(jobs, [], args.jobs)
+    report = {}
+    for fed in args.federations:
+        fedavg_floats = mean_std([done[(fed, s, "fedavg")]["summary"]["floats_sent"] for s in args.seeds])[0]
+        rows = {a: table_row(a, [done[(fed, s, a)] for s in args.seeds], fedavg_floats) for a in methods}
+        report[fed] = {
+            "seeds": args.seeds,
+            "sites": done[(fed, args.seeds[0], "fedavg")]["sites"],
+            "methods": rows,
+            "orderings": orderings(rows),
+        }
+    (RESULTS / "autofedavg.json").write_text(json.dumps(report, indent=1, allow_nan=True))
+    (RESULTS / "autofedavg.md").write_text(markdown(report))
+    print(markdown(report))
+    for fed in args.federations:
+        path = alpha_figure(fed, args.seeds[0])
+        if path:
+            print("alpha curves:", path)
+
+
+if __name__ == "__main__":
+    main()
