@@ -223,6 +223,7 @@ def run_algorithm(
         cost=cost_table(engine.ledger.rows, cfg.cost, {s: engine.num_samples(s, "val") for s in sites}),
     )
     summary.update(spec.summary_fields())
+    summary["train_samples"] = {s: engine.num_samples(s, "train") for s in sites}  # n_k: FedAvg's weights
     result = AlgorithmResult(name, test_rows, rounds_rows, engine.ledger.as_dicts(), summary, bundle, metric_rows)
     save_checkpoint(
         ckpt_path,

@@ -9,7 +9,7 @@
   α_k of every site over the validated rounds (``round_metrics.csv`` metric ``alpha``; layer-wise:
   the mean over layer groups), triangles at the rounds whose weights were learned (metric
   ``learned``), the uniform 1/K and, when ``summary.json`` holds the sites' training-set sizes
-  (:data:`SAMPLES_KEY`, not written by runs today), FedAvg's n_k/n as reference lines; for a
+  (:data:`SAMPLES_KEY`, written by every run), FedAvg's n_k/n as reference lines; for a
   layer-wise variant also a heat map of the last round's α per layer group (metrics
   ``alpha@<group>``);
 * "Validation Dice vs FedAvg (Auto-FedAvg Fig. 3b)": mean validation Dice over sites per round of
@@ -39,11 +39,13 @@ from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
+import torch
 import yaml
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.tri import Triangulation
 
+from fedseg.algorithms.autofedavg.weights import merge_alpha
 from fedseg.report.figures import LINE_STYLES, mean_per_round, round_axes, save
 from fedseg.report.kit import RunFiles, Section, TableRow, esc, num, score_table
 
@@ -417,9 +419,8 @@ def merge_point(beta: npt.ArrayLike) -> tuple[np.ndarray, str]:
     """The α a Dirichlet variant merges with: the mode (β_k − 1)/(Σβ − K) (Eq. 6) when every β_k > 1,
     else the mean β_k/Σβ; with which of the two it is (``"mode"`` | ``"mean"``)."""
     b = np.asarray(beta, dtype=np.float64)
-    if (b > 1).all():
-        return (b - 1) / (b.sum() - len(b)), "mode"
-    return b / b.sum(), "mean"
+    alpha = merge_alpha(torch.from_numpy(b)[None], "dirichlet")[0].numpy()
+    return alpha, "mode" if (b > 1).all() else "mean"
 
 
 def distribution_rounds(w: Weights) -> list[int]:
