@@ -56,6 +56,35 @@ def table_row(name: str, entries: list[dict], fedavg_floats: float) -> dict:
     }
 
 
+def case_dice(fed: str, seed: int, algorithm: str) -> dict[tuple[int, str], float]:
+    """``{(seed, case): Dice of the model the site uses, mean over regions}`` from the run's results.csv."""
+    import csv
+    from collections import defaultdict
+
+    per_case: dict[tuple[int, str], list[float]] = defaultdict(list)
+    with open(HERE / "runs" / fed / f"seed{seed}" / algorithm / "results.csv") as f:
+        for r in csv.DictReader(f):
+            if r["metric"] == "dice" and r["model"] == "global":
+                per_case[(seed, r["case"])].append(float(r["value"]))
+    return {k: float(np.mean(v)) for k, v in per_case.items()}
+
+
+def wilcoxon_vs_fedavg(fed: str, seeds: list[int], algorithm: str) -> dict:
+    """Paired Wilcoxon signed-rank test of the per-case test Dice against FedAvg's, every (seed, test
+    case) one pair (the same split per seed), two-sided (the paper's dagger: p < 0.05)."""
+    from scipy.stats import wilcoxon
+
+    ours, theirs = {}, {}
+    for seed in seeds:
+        ours |= case_dice(fed, seed, algorithm)
+        theirs |= case_dice(fed, seed, "fedavg")
+    keys = sorted(set(ours) & set(theirs))
+    diff = np.array([ours[k] - theirs[k] for k in keys])
+    if not len(keys) or not np.any(diff):
+        return {"pairs": len(keys), "p": math.nan, "median_difference": 0.0}
+    return {"pairs": len(keys), "p": float(wilcoxon(diff).pvalue), "median_difference": float(np.median(diff))}
+
+
 def orderings(rows: dict[str, dict]) -> dict[str, dict]:
     """The paper's claims on global test avg: N > L, Dirichlet > softmax, Auto-FedAvg >= FedAvg."""
     g = {a: r["global_test_avg"]["mean"] for a, r in rows.items()}
@@ -65,6 +94,10 @@ def orderings(rows: dict[str, dict]) -> dict[str, dict]:
         "Dirichlet > softmax (N)": ("autofedavg-n-dirichlet", "autofedavg-n-softmax"),
         "Dirichlet > softmax (L)": ("autofedavg-l-dirichlet", "autofedavg-l-softmax"),
         **{f"{get_algorithm(v).display_name} >= FedAvg": (v, "fedavg") for v in VARIANTS},
+        **{
+            f"{get_algorithm(v).display_name} >= FedAvg-uniform (not a paper claim)": (v, "fedavg-uniform")
+            for v in VARIANTS
+        },
     }
     return {
         claim: {"left": g[a], "right": g[b], "difference": g[a] - g[b], "holds": g[a] >= g[b]}
@@ -81,19 +114,30 @@ def markdown(report: dict) -> str:
             f"## {fed} (seeds {block['seeds']})",
             "",
             "| method | " + " | ".join(sites) + " | global test avg | local avg | local gen | extra traffic vs FedAvg "
-            "(paper (K-1)/(2 t0)) |",
-            "|---|" + "---|" * (len(sites) + 4),
+            "(paper (K-1)/(2 t0)) | Wilcoxon vs FedAvg: p (median case difference) |",
+            "|---|" + "---|" * (len(sites) + 5),
         ]
         for name, row in block["methods"].items():
             g = row["global_test_avg"]
             std = "" if math.isnan(g["std"]) else f" ± {g['std']:.4f}"
+            test = row.get("wilcoxon_vs_fedavg", {})
+            dagger = "†" if test.get("p", math.nan) < 0.05 else ""
             extra = f"{row['extra_cost_vs_fedavg']:+.3f} ({row['paper_extra_cost']:.3f})" if name in VARIANTS else "—"
             lines.append(
                 f"| {get_algorithm(name).display_name} | "
                 + " | ".join(f"{row['sites'][s]:.4f}" for s in sites)
-                + f" | {g['mean']:.4f}{std} | {row['local_avg']:.4f} | {row['local_gen']:.4f} | {extra} |"
+                + f" | {g['mean']:.4f}{dagger}{std} | {row['local_avg']:.4f} | {row['local_gen']:.4f} | {extra} | "
+                + (f"{test['p']:.3g} ({test['median_difference']:+.4f})" if test else "—")
+                + " |"
             )
-        lines += ["", "Paper orderings (global test avg):", ""]
+        lines += [
+            "",
+            "† paired Wilcoxon signed-rank test of the per-case test Dice against FedAvg, p < 0.05 (pairs: "
+            "every seed's test cases; p values in autofedavg.json). Std over seeds.",
+            "",
+            "Paper orderings (global test avg):",
+            "",
+        ]
         for claim, c in block["orderings"].items():
             verdict = "holds" if c["holds"] else "does not hold"
             lines.append(f"- {claim}: {c['left']:.4f} vs {c['right']:.4f} ({c['difference']:+.4f}): {verdict}")
@@ -102,12 +146,20 @@ def markdown(report: dict) -> str:
 
 
 def alpha_figure(fed: str, seed: int) -> Path | None:
-    """The report's alpha-per-round panels (Fig. 3a) for the network-wise variants of one seed."""
-    from fedseg.algorithms.autofedavg.report import alpha_curves
+    """The report's alpha-per-round panels (Fig. 3a) of the four variants' runs of one seed."""
+    from fedseg.algorithms.autofedavg.report import alpha_curves, load_weights, sample_shares
+    from fedseg.report.kit import load_run
 
-    runs = {v: HERE / "runs" / fed / f"seed{seed}" / v for v in VARIANTS}
-    out = RESULTS / f"autofedavg_alpha_{fed}.png"
-    return alpha_curves(runs, out)
+    weights, titles, shares = {}, {}, {}
+    for name in VARIANTS:
+        folder = HERE / "runs" / fed / f"seed{seed}" / name
+        if not (folder / "summary.json").is_file():
+            continue
+        run = load_run(folder)
+        if (w := load_weights(run, name)) is not None:
+            weights[name], titles[name] = w, get_algorithm(name).display_name
+            shares[name] = sample_shares(run, name, w.sites)
+    return alpha_curves(weights, RESULTS / f"autofedavg_alpha_{fed}.png", titles, shares)
 
 
 def main() -> None:
@@ -127,6 +179,8 @@ def main() -> None:
     for fed in args.federations:
         fedavg_floats = mean_std([done[(fed, s, "fedavg")]["summary"]["floats_sent"] for s in args.seeds])[0]
         rows = {a: table_row(a, [done[(fed, s, a)] for s in args.seeds], fedavg_floats) for a in methods}
+        for name in methods[1:]:
+            rows[name]["wilcoxon_vs_fedavg"] = wilcoxon_vs_fedavg(fed, args.seeds, name)
         report[fed] = {
             "seeds": args.seeds,
             "sites": done[(fed, args.seeds[0], "fedavg")]["sites"],

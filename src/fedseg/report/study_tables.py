@@ -127,7 +127,9 @@ def sweep_section(root: Path) -> str:
         }
         dice_rows.append(TableRow(label, dice, fed, r["algorithm"]))
         hd_rows.append(TableRow(label, {"hd95": num(r["hd95_client_avg"])}, fed, r["algorithm"]))
-    layout = "Table 6" if key == PERSONALIZATION_KEY else "Table 7"
+    layout = "FedSM Table 6 layout" if key == PERSONALIZATION_KEY else "FedSM Table 7 layout"
+    if key.startswith("methods.autofedavg") and key.endswith(".t0"):
+        layout = "Auto-FedAvg Fig. 4"
     runs = dict.fromkeys((r.get("run", ""), r["value"]) for r in rows)  # one link per value, in order
     links = ", ".join(run_link(root, run, f"{key}={value}") for run, value in runs)
     body = score_table(dice_rows, site_columns(sites), True, 4) + score_table(
@@ -144,7 +146,7 @@ def sweep_section(root: Path) -> str:
         + (" Figure: the Client Avg test Dice against the value, one line per method." if figure else "")
         + f" Runs: {links}."
     )
-    return section(f"Sweep over {key} (FedSM {layout} layout)", body, note)
+    return section(f"Sweep over {key} ({layout})", body, note)
 
 
 def sweep_figure(rows: Sequence[Mapping], key: str, out: Path, labels: Mapping[str, str] | None = None) -> Path | None:

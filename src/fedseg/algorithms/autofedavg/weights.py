@@ -89,9 +89,9 @@ def blend(
     stacked: Mapping[str, torch.Tensor], alpha: torch.Tensor, groups: Mapping[str, int]
 ) -> dict[str, torch.Tensor]:
     """``{key: sum_k alpha[g(key), k] * w_k[key]}`` (the model of Eq. 2), differentiable in ``alpha``
-    ``(G, K)``; ``stacked`` from :func:`stack_models`."""
-    out = {}
-    for key, ws in stacked.items():
-        a = alpha[groups[key]].to(device=ws.device, dtype=ws.dtype)
-        out[key] = torch.tensordot(a, ws, dims=1)
-    return out
+    ``(G, K)``; ``stacked`` from :func:`stack_models` (alpha is moved to its device and dtype once)."""
+    if not stacked:
+        return {}
+    first = next(iter(stacked.values()))
+    a = alpha.to(device=first.device, dtype=first.dtype)
+    return {key: torch.tensordot(a[groups[key]], ws, dims=1) for key, ws in stacked.items()}
