@@ -36,8 +36,35 @@ _mount_flower_app()
 
 
 def fail(message: str) -> None:
-    console.print(f"[bold red]error:[/] {message}", highlight=False)
+    console.print("[bold red]error:[/] ", end="", highlight=False)
+    console.print(message, highlight=False, markup=False, soft_wrap=True)  # "[a, b]" stays as written
     raise typer.Exit(1)
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from fedseg.provenance import version_text
+
+        print(version_text())
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    version: bool = typer.Option(
+        False,
+        "--version",
+        callback=_print_version,
+        is_eager=True,
+        help="print the versions of fedseg, torch, MONAI, flwr",
+    ),
+) -> None:
+    """fedseg: cross-silo federated learning for medical image segmentation."""
+    import sys
+
+    from fedseg import provenance
+
+    provenance.COMMAND_LINE = list(sys.argv)  # recorded in summary.json's provenance
 
 
 @app.command()

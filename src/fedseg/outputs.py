@@ -5,7 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from safetensors.torch import save
@@ -13,6 +13,7 @@ from safetensors.torch import save
 from fedseg.config import RunConfig, dump_config
 from fedseg.data.federation import Federation
 from fedseg.engine.checkpoint import atomic_write_bytes, atomic_write_text
+from fedseg.provenance import finish
 
 RESULTS_COLUMNS = ["algorithm", "model", "site", "case", "region", "metric", "value"]
 ROUNDS_COLUMNS = ["algorithm", "round", "site", "val_dice", "train_loss"]
@@ -25,6 +26,7 @@ class RunResults:
     cfg: RunConfig
     federation: Federation
     algorithms: list  # list[fedseg.run.AlgorithmResult]
+    provenance: dict = field(default_factory=dict)  # fedseg.provenance.begin; summary.json adds the end
 
 
 def csv_text(columns: list[str], rows: list[dict]) -> str:
@@ -43,6 +45,7 @@ def summary_dict(results: RunResults) -> dict:
         "sites": fed.site_names,
         "regions": list(fed.regions.names),
         "algorithms": {a.name: a.summary for a in results.algorithms},
+        **({"provenance": finish(results.provenance)} if results.provenance else {}),
     }
 
 

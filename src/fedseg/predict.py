@@ -60,6 +60,7 @@ from fedseg.engine.messages import Message, load_weights
 from fedseg.evaluate.inference import predict_masks
 from fedseg.models.factory import build_segmenter
 from fedseg.outputs import csv_text
+from fedseg.preflight import check_out_dir
 
 if TYPE_CHECKING:
     from nibabel.spatialimages import SpatialImage
@@ -349,9 +350,12 @@ def write_mask(path: Path, label: np.ndarray, source: Path) -> None:
 
 
 def check_out(out: Path, inputs: list[Input], force: bool) -> None:
-    """Refuse an ``out`` that is a file, that would overwrite an input, or (without ``force``) existing outputs."""
-    if out.exists() and not out.is_dir():
-        raise PredictError(f"{out}: exists and is not a folder")
+    """Refuse an ``out`` that is a file or under one, that would overwrite an input, or (without ``force``)
+    existing outputs."""
+    try:
+        check_out_dir(out)
+    except ValueError as e:
+        raise PredictError(str(e)) from None
     targets = [out / i.mask_name for i in inputs] + [out / CSV_NAME]
     sources = {i.path.resolve() for i in inputs}
     overwrite_input = [t for t in targets if t.resolve() in sources]

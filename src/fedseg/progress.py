@@ -1,7 +1,9 @@
-"""Rich progress for ``fedseg run``: one bar per algorithm; round, site and loss as they happen."""
+"""Progress of ``fedseg run``: on a terminal one rich bar per algorithm (round, site and loss as they
+happen); otherwise the plain per-round lines of ``run.log``."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from rich.console import Console
@@ -18,7 +20,10 @@ def run_with_progress(
     cfg: RunConfig, out: Path, resume: bool, console: Console, federation: Federation | None = None
 ) -> RunResults:
     """``run_experiment`` with progress bars; ``federation``: an in-memory federation
-    (e.g. one without a held-out site)."""
+    (e.g. one without a held-out site). When stdout is not a terminal (CI, nohup, a pipe), no bar:
+    each round's ``run.log`` line is printed instead."""
+    if not sys.stdout.isatty():
+        return run_experiment(cfg, out, resume, federation=federation, on_log_line=print_line)
     columns = [
         TextColumn("{task.description}"),
         BarColumn(),
@@ -42,3 +47,7 @@ def run_with_progress(
             progress.update(tasks[name], completed=rnd, status=f"round {rnd} mean loss {mean:.3f}")
 
         return run_experiment(cfg, out, resume, [on_message], on_round_end, on_algorithm_start, federation)
+
+
+def print_line(line: str) -> None:
+    print(line, flush=True)

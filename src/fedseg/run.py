@@ -4,6 +4,7 @@ validation, test once, write the run outputs. Resumable from per-algorithm check
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,17 +13,27 @@ import numpy as np
 import torch
 
 from fedseg.algorithms import check_sites, get_algorithm
-from fedseg.config import RunConfig
+from fedseg.config import RunConfig, dump_config
 from fedseg.data.dataset import SiteData, build_site_data
 from fedseg.data.federation import Federation, Split
 from fedseg.engine.base import Engine
-from fedseg.engine.checkpoint import CheckpointWriter, fsync_dir, load_checkpoint, remove_temp_files, save_checkpoint
+from fedseg.engine.checkpoint import (
+    CheckpointWriter,
+    atomic_write_text,
+    fsync_dir,
+    load_checkpoint,
+    remove_temp_files,
+    save_checkpoint,
+)
 from fedseg.engine.context import Task
 from fedseg.engine.ledger import Ledger
 from fedseg.engine.simulator import Simulator
 from fedseg.evaluate.cost import cost_table
 from fedseg.evaluate.tables import site_summary
 from fedseg.outputs import RunResults, write_outputs
+from fedseg.preflight import check_device, check_out_dir, check_resume, recorded_config
+from fedseg.provenance import begin
+from fedseg.runlog import log_round, round_line
 
 RoundCallback = Callable[[str, int, dict], None]
 # (algorithm name, AlgorithmSpec, validated options, Prepared, out dir, observers) -> engine; see ``simulator_engine``
@@ -114,13 +125,17 @@ def run_algorithm(
     observers: list | None = None,
     on_round_end: RoundCallback | None = None,
     engine_factory: EngineFactory | None = None,
+    on_log_line: Callable[[str], None] | None = None,
 ) -> AlgorithmResult:
     """Train ``name`` for ``fl.rounds`` rounds (resuming if asked), keep the best round by mean
     validation Dice over sites, evaluate it once on the test splits.
 
     ``engine_factory`` builds the engine (default: the in-process ``Simulator``; Flower:
     ``fedseg.flower.engine``). An engine whose client states live elsewhere (``supports_resume``
-    False) can reuse a finished checkpoint but cannot resume a half-done one."""
+    False) can reuse a finished checkpoint but cannot resume a half-done one.
+
+    Each round's line goes to ``out/run.log`` (and to ``on_log_line``) once its checkpoint is on disk,
+    so a resumed round is never logged twice."""
     cfg = prep.task.cfg
     spec = get_algorithm(name)
     options = spec.parse_options(cfg.methods.get(name))
@@ -164,6 +179,7 @@ def run_algorithm(
     with CheckpointWriter() as writer:
         for rnd in range(start, cfg.fl.rounds + 1):
             engine.round = rnd
+            began = time.perf_counter()
             losses = server.run_round(rnd)
             if rnd % cfg.fl.validate_every == 0 or rnd == cfg.fl.rounds:
                 per_site = site_means(server.evaluate("val"), server.site_model, sites)
@@ -198,7 +214,13 @@ def run_algorithm(
                 },
                 frozen=True,
             )
-            writer.then(lambda keep=best and best.get("file"): remove_best_files(ckpt_path, keep))
+            line = round_line(name, rnd, cfg.fl.rounds, validated.get(rnd), losses, time.perf_counter() - began)
+
+            def after_checkpoint(keep=best and best.get("file"), line=line) -> None:
+                remove_best_files(ckpt_path, keep)
+                log_round(out, line, on_log_line)  # once the round's checkpoint is on disk: never twice
+
+            writer.then(after_checkpoint)
             if on_round_end:
                 on_round_end(name, rnd, losses)
 
@@ -345,25 +367,34 @@ def run_experiment(
     federation: Federation | None = None,
     prepared: Prepared | None = None,
     engine_factory: EngineFactory | None = None,
+    on_log_line: Callable[[str], None] | None = None,
 ) -> RunResults:
-    """Validate the data (before writing anything), then run every algorithm and write the outputs.
+    """Check the device, ``out``, the options, the data and (``resume``) that the configuration equals the
+    recorded one (``fedseg.preflight``) before writing anything; record ``config.yaml``; then run every
+    algorithm and write the outputs.
 
     ``prepared`` skips loading data here (an engine whose sites hold their own data, e.g. Flower,
     needs only the federation's header, site names and the Task); ``engine_factory``: see ``run_algorithm``."""
+    if prepared is None:  # else (Flower) the sites compute, on their machines: ``fedseg flower local`` checks
+        check_device(cfg.device)
+    out = Path(out)
+    check_out_dir(out)
     torch.set_num_threads(cfg.threads)
     for name in cfg.algorithms:  # unknown names and bad options fail before any work
         get_algorithm(name).parse_options(cfg.methods.get(name))
+    if resume and (recorded := recorded_config(out / "config.yaml")) is not None:
+        check_resume(recorded, cfg.model_dump(mode="json"), str(out / "config.yaml"))
     prep = prepared or prepare(cfg, federation)
     check_sites(cfg, len(prep.federation.sites), f"federation {prep.federation.name!r}")
-    out = Path(out)
     if out.exists() and any(out.iterdir()) and not resume and (out / "checkpoints").exists():
         raise FileExistsError(f"{out}: already holds a run; use --resume to continue it or choose another --out")
     out.mkdir(parents=True, exist_ok=True)
-    results = RunResults(cfg, prep.federation, [])
+    atomic_write_text(out / "config.yaml", dump_config(cfg))  # recorded before training: resume compares with it
+    results = RunResults(cfg, prep.federation, [], begin(out, resume, cfg.device))
     for name in cfg.algorithms:
         if on_algorithm_start:
             on_algorithm_start(name)
-        result = run_algorithm(name, prep, out, resume, observers, on_round_end, engine_factory)
+        result = run_algorithm(name, prep, out, resume, observers, on_round_end, engine_factory, on_log_line)
         results.algorithms.append(result)
         family = get_algorithm(name).family
         if family and family.after_test:  # e.g. FedSM: the selector's features of the test images (Fig. 3)

@@ -61,6 +61,7 @@ from fedseg.engine.messages import load_weights
 from fedseg.evaluate.inference import candidate_dice
 from fedseg.evaluate.tables import site_dice
 from fedseg.outputs import RunResults, csv_text
+from fedseg.preflight import check_device, check_out_dir, check_resume
 from fedseg.run import count_sites, load_federation, run_experiment
 
 STUDY_FILE = "study.json"
@@ -212,9 +213,14 @@ def plan_sweep(cfg: RunConfig, out: Path, spec: str, federation: Federation | No
 
 
 def check_out(study: Study, resume: bool) -> None:
-    """Before any work: without ``resume`` the study folder must not hold a study or run; with it,
-    ``study.json`` (if present) must describe the same kind of study, key and base configuration."""
+    """Before any work: every sub-run's device usable and ``out`` a folder (or creatable); without ``resume``
+    the study folder must not hold a study or run; with it, ``study.json`` (if present) must describe the same
+    kind of study and key, and its base configuration may differ only as a run's may
+    (``fedseg.preflight.check_resume``)."""
     out = study.out
+    for device in dict.fromkeys(r.cfg.device for r in study.runs):
+        check_device(device)
+    check_out_dir(out)
     meta = out / STUDY_FILE
     if not resume:
         if meta.exists() or (out / "checkpoints").exists() or any((r.dir / "checkpoints").exists() for r in study.runs):
@@ -229,13 +235,7 @@ def check_out(study: Study, resume: bool) -> None:
                 f"{meta}: holds a {old.get('kind')} study (key {old.get('key')}); "
                 f"cannot resume it as a {study.kind} study (key {study.key})"
             )
-        new = study.cfg.model_dump(mode="json")
-        changed = sorted(k for k in set(old.get("config", {})) | set(new) if old.get("config", {}).get(k) != new.get(k))
-        if changed:
-            raise ValueError(
-                f"{meta}: the study was started with another configuration (differs in: {', '.join(changed)}); "
-                "resuming would mix the two; use the same config or another --out"
-            )
+        check_resume(old.get("config", {}), study.cfg.model_dump(mode="json"), str(meta))
 
 
 # --------------------------------------------------------------------------- running

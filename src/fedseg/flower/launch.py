@@ -48,6 +48,7 @@ from fedseg.flower.deploy import (
     wait_for_port,
     wait_run,
 )
+from fedseg.preflight import check_device, check_out_dir
 
 ISOLATIONS = ("subprocess", "warm")
 # Waits inside Flower with --poll (fedseg.flower.flwr_internals). Measured on 2 busy cores with 6 sites
@@ -458,7 +459,9 @@ def local(
     refuse_unsupported(cfg.algorithms)
     if isolation not in ISOLATIONS:
         raise ValueError(f"isolation must be one of {ISOLATIONS}, got {isolation!r}")
+    check_device(cfg.device)  # the sites compute on this machine
     out = Path(out).resolve()
+    check_out_dir(out)
     if (out / "checkpoints").exists():
         raise FileExistsError(f"{out}: already holds a run; choose another --out")
     work = out / "flower"
@@ -527,6 +530,7 @@ def server(
 
     refuse_unsupported(cfg.algorithms)
     out = Path(out).resolve()
+    check_out_dir(out)
     if (out / "checkpoints").exists():
         raise FileExistsError(f"{out}: already holds a run; choose another --out")
     work = out / "flower"

@@ -328,7 +328,25 @@ def _header(run: RunFiles) -> str:
         f'<p class="meta">Run: <code>{esc(run.dir.resolve().name)}</code></p>'
         f'<p class="meta">Sites{" (test cases)" if counts else ""}: {sites}</p>'
         f'<p class="meta">Regions: {esc(", ".join(run.regions))} &nbsp;·&nbsp; Methods: {algs}</p>'
+        + _provenance_line(s.get("provenance"))
     )
+
+
+def _provenance_line(prov: dict | None) -> str:
+    """fedseg version, commit (short, + dirty), torch, device, date, wall time (summary.json ``provenance``)."""
+    if not isinstance(prov, dict):
+        return ""
+    commit = prov.get("commit")
+    parts = [
+        f"fedseg {prov.get('fedseg', '?')}",
+        f"commit {commit[:10]}{' (dirty)' if prov.get('dirty') else ''}" if commit else "commit unknown",
+        f"torch {prov.get('torch', '?')}",
+        f"device {prov.get('device', '?')}",
+        str(prov.get("start", "?")).replace("T", " ").replace("Z", " UTC"),
+    ]
+    if isinstance(prov.get("wall_seconds"), int | float):
+        parts.append(f"wall {prov['wall_seconds']:.0f} s")
+    return f'<p class="meta">{" &nbsp;·&nbsp; ".join(esc(p) for p in parts)}</p>'
 
 
 def _score_sections(run: RunFiles) -> list[Section]:

@@ -1,0 +1,131 @@
+"""Checks made before a run does any work (nothing is created when one fails):
+
+* ``check_device``: ``device`` parses and this torch can use it (CUDA / MPS available, index in range);
+* ``check_out_dir``: ``--out`` is a folder or can become one (not a file, not under a file);
+* ``resume_conflicts`` / ``check_resume``: the one comparison of a run's (or study's) recorded
+  configuration with the new one. On resume every key must be equal except:
+
+  - ``threads`` (torch intra-op threads) and ``name`` (a label nothing reads): they cannot change results;
+  - ``algorithms`` may be extended at the end (the recorded list a prefix of the new one): the finished
+    methods are reused, the new ones run after them.
+
+  Anything else (``fl.rounds``, ``train.lr``, ``device``, ``data.*``, ...) would mix results of two
+  configurations, so the resume is refused with every differing key as ``key: recorded -> new``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+MAY_DIFFER_ON_RESUME = ("threads", "name")
+
+
+def check_device(name: str):
+    """``torch.device(name)`` after checking that this torch can use it; a ValueError naming ``device``
+    and what to do otherwise."""
+    import torch
+
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError, ValueError):
+        raise ValueError(
+            f"device {name!r}: not a torch device; use cpu, cuda, cuda:N or mps (--set device=cpu)"
+        ) from None
+    fix = "or use device: cpu (--set device=cpu)"
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(
+                f"device {name!r}: this torch ({torch.__version__}) has no CUDA (or sees no GPU); install a CUDA "
+                f"build of torch (see https://pytorch.org/get-started/locally/) {fix}"
+            )
+        count = torch.cuda.device_count()
+        if device.index is not None and device.index >= count:
+            raise ValueError(f"device {name!r}: this machine has {count} CUDA device(s) (cuda:0..cuda:{count - 1})")
+    elif device.type == "mps":
+        if not torch.backends.mps.is_available():
+            raise ValueError(f"device {name!r}: MPS (Apple GPU) is not available to this torch {fix}")
+    elif device.type != "cpu":
+        raise ValueError(f"device {name!r}: fedseg runs on cpu, cuda[:N] or mps {fix}")
+    return device
+
+
+def check_out_dir(out: Path, option: str = "--out") -> None:
+    """Refuse an ``out`` that is a file or lies under one (before anything is created)."""
+    out = Path(out)
+    for path in (out, *out.parents):
+        if path.exists():
+            if not path.is_dir():
+                where = "is a file" if path == out else f"is a file, so {out} cannot be created"
+                raise ValueError(f"{option} {out}: {path} {where}; choose a folder")
+            return
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    flat = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            flat.update(_flat(v, key + "."))
+        else:
+            flat[key] = v
+    return flat
+
+
+def _show(v) -> str:
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(map(_show, v)) + "]"
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return str(v).lower()
+    return str(v)
+
+
+_UNSET = object()
+
+
+def resume_conflicts(recorded: dict, new: dict) -> list[str]:
+    """``key: recorded -> new`` (dotted keys, sorted) for every difference that forbids resuming ``recorded``
+    with ``new`` (both ``RunConfig.model_dump(mode="json")``-like dicts); see the module docstring."""
+    old_flat, new_flat = _flat(recorded), _flat(new)
+    lines = []
+    for key in sorted(set(old_flat) | set(new_flat)):
+        a, b = old_flat.get(key, _UNSET), new_flat.get(key, _UNSET)
+        if a == b or key in MAY_DIFFER_ON_RESUME:
+            continue
+        if key == "algorithms" and isinstance(a, list) and isinstance(b, list) and b[: len(a)] == a:
+            continue  # methods appended at the end
+        lines.append(f"{key}: {'<unset>' if a is _UNSET else _show(a)} -> {'<unset>' if b is _UNSET else _show(b)}")
+    return lines
+
+
+def check_resume(recorded: dict, new: dict, where: str) -> None:
+    """A ValueError listing ``resume_conflicts`` (``where``: the file holding ``recorded``) if there are any."""
+    lines = resume_conflicts(recorded, new)
+    if lines:
+        raise ValueError(
+            f"{where}: cannot resume with another configuration (it would mix results of the two); differs in:\n  "
+            + "\n  ".join(lines)
+            + f"\nuse the recorded values or another --out (may differ: {', '.join(MAY_DIFFER_ON_RESUME)}; "
+            "algorithms may be appended at the end)"
+        )
+
+
+def recorded_config(path: Path) -> dict | None:
+    """The configuration recorded in a run's ``config.yaml`` (normalized through ``RunConfig``, so keys added
+    by a later fedseg compare at their defaults); None without one."""
+    from fedseg.config import RunConfig
+
+    if not path.is_file():
+        return None
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ValueError(f"{path}: not valid YAML ({e}); cannot check the configuration to resume") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: not a configuration mapping; cannot check the configuration to resume")
+    try:
+        return RunConfig.model_validate(data).model_dump(mode="json")
+    except ValueError:  # pydantic's ValidationError: compare as written
+        return data

@@ -1,0 +1,122 @@
+"""Provenance of a run (``summary.json`` ``provenance``): versions, git commit, host, device, times.
+
+Collecting it never fails a run: whatever cannot be found (git, a package) is recorded as None."""
+
+from __future__ import annotations
+
+import json
+import platform
+import socket
+import subprocess
+from datetime import UTC, datetime
+from pathlib import Path
+
+import fedseg
+
+# The command line, set by the ``fedseg`` CLI (``fedseg.cli``); None when fedseg is used as a library.
+COMMAND_LINE: list[str] | None = None
+# Where a run keeps its first start and its resumes between processes (read on ``--resume``).
+RECORD = ".provenance.json"
+
+
+def utc_now() -> str:
+    """The current UTC time, ISO 8601 to the second (``2024-05-01T12:00:00Z``)."""
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_utc(text: str) -> datetime:
+    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+
+
+def package_version(module: str) -> str | None:
+    """``module.__version__`` (or its distribution's version); None when it is not installed."""
+    try:
+        mod = __import__(module)
+    except Exception:  # noqa: BLE001
+        return None
+    version = getattr(mod, "__version__", None)
+    if version is None:
+        from importlib.metadata import PackageNotFoundError
+        from importlib.metadata import version as dist_version
+
+        try:
+            version = dist_version(module)
+        except PackageNotFoundError:
+            return None
+    return str(version)
+
+
+def versions() -> dict[str, str | None]:
+    return {
+        "fedseg": fedseg.__version__,
+        "python": platform.python_version(),
+        **{name: package_version(name) for name in ("torch", "monai", "flwr", "numpy")},
+    }
+
+
+def _git(args: list[str], cwd: Path) -> str | None:
+    try:
+        done = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=5, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+def git_state(path: Path | None = None) -> tuple[str | None, bool | None]:
+    """(commit, dirty) of the git checkout holding ``path`` (default: the fedseg package); (None, None)
+    when it is not a checkout or git is missing."""
+    where = path or Path(fedseg.__file__).resolve().parent
+    head = _git(["rev-parse", "HEAD"], where)
+    if head is None or not head.strip():
+        return None, None
+    status = _git(["status", "--porcelain"], where)
+    return head.strip(), (bool(status.strip()) if status is not None else None)
+
+
+def begin(out: Path, resume: bool, device: str) -> dict:
+    """The provenance of a run starting (or resuming) now; keeps the first start and records every
+    resume in ``OUT/.provenance.json`` (read back on ``--resume``)."""
+    now = utc_now()
+    started, resumes = now, []
+    record = Path(out) / RECORD
+    if resume:
+        try:
+            previous = json.loads(record.read_text())
+            started, resumes = str(previous["start"]), [*previous.get("resumes", []), now]
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # no record (e.g. a run of an older fedseg): this resume counts as the start
+    try:
+        from fedseg.engine.checkpoint import atomic_write_text
+
+        atomic_write_text(record, json.dumps({"start": started, "resumes": resumes}))
+    except OSError:
+        pass
+    import torch
+
+    commit, dirty = git_state()
+    return {
+        **versions(),
+        "commit": commit,
+        "dirty": dirty,
+        "hostname": socket.gethostname(),
+        "device": device,
+        "threads": torch.get_num_threads(),
+        "command": list(COMMAND_LINE) if COMMAND_LINE is not None else None,
+        "start": started,
+        "resumes": resumes,
+    }
+
+
+def finish(prov: dict) -> dict:
+    """``prov`` (from :func:`begin`) with the end time (now) and the wall seconds since the first start
+    (a resumed run's pauses included)."""
+    end = utc_now()
+    wall = (datetime.now(UTC) - parse_utc(prov["start"])).total_seconds()
+    return {**prov, "end": end, "wall_seconds": round(wall, 3)}
+
+
+def version_text() -> str:
+    """``fedseg --version``: fedseg's version, then the versions of what it runs on."""
+    v = versions()
+    deps = ", ".join(f"{name} {v[name] or 'not installed'}" for name in ("torch", "monai", "flwr"))
+    return f"fedseg {v['fedseg']}\n{deps}, python {v['python']}"

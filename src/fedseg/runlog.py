@@ -1,0 +1,36 @@
+"""``OUT/run.log``: one plain line per finished round, readable when the output goes to a file."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from fedseg.provenance import utc_now
+
+RUN_LOG = "run.log"
+
+
+def round_line(name: str, rnd: int, rounds: int, val_dice: float | None, losses: dict, seconds: float) -> str:
+    """``<UTC time> <algorithm> round r/R mean val Dice 0.xxxx loss 0.xxxx <seconds> s``
+    (``val Dice -`` for a round that was not validated, ``loss -`` when no site trained)."""
+    values = [float(v) for v in losses.values()]
+    loss = f"{sum(values) / len(values):.4f}" if values else "-"
+    dice = "-" if val_dice is None else "nan" if math.isnan(val_dice) else f"{val_dice:.4f}"
+    return f"{utc_now()} {name} round {rnd}/{rounds} mean val Dice {dice} loss {loss} {seconds:.1f} s"
+
+
+def log_round(out: Path, line: str, echo: Callable[[str], None] | None = None) -> None:
+    """Append ``line`` to ``out/run.log``, then pass it to ``echo`` (e.g. a print when stdout is no terminal)."""
+    append_line(out, line)
+    if echo:
+        echo(line)
+
+
+def append_line(out: Path, line: str) -> None:
+    """Append ``line`` to ``out/run.log`` (created with the process umask) and flush it to disk."""
+    with open(Path(out) / RUN_LOG, "a") as f:
+        f.write(line + "\n")
+        f.flush()
+        os.fsync(f.fileno())
