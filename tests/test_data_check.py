@@ -240,3 +240,43 @@ def test_cli_synth_rejects_an_unknown_name(tmp_path):
     assert result.exit_code == 1
     assert "no-such-thing" in result.output and "synthetic-retina" in result.output
     assert not (tmp_path / "x").exists()
+
+
+def _many_pngs(tmp_path: Path, n: int, **header) -> Path:
+    root = tmp_path / "many"
+    root.mkdir()
+    _set_header(root, **header)
+    for i in range(n):
+        _png(root / "s1" / "images" / f"case{i:02d}.png", np.zeros((4, 4, 3), np.uint8))
+        _png(root / "s1" / "labels" / f"case{i:02d}.png", np.zeros((4, 4), np.uint8))
+    return root
+
+
+def test_repeated_problems_are_grouped_naming_the_first_files(tmp_path):
+    root = _many_pngs(tmp_path, 30, kind="3d")
+    result = CliRunner().invoke(data_app, ["check", str(root)])
+    assert result.exit_code == 1
+    lines = result.output.strip().splitlines()
+    assert len(lines) < 15, result.output
+    assert "(60 problems)" in lines[0]  # the count is the total: image and label of every case
+    for i in range(3):
+        assert f"s1/images/case{i:02d}.png: a PNG image is 2D but federation.yaml says kind: 3d" in result.output
+    assert "s1/images/case03.png" not in result.output
+    assert result.output.count("... and 27 more like this") == 2  # images, then labels
+
+
+def test_wrong_channel_count_is_grouped(tmp_path):
+    root = _many_pngs(tmp_path, 10, channels=1)
+    with pytest.raises(FederationError) as err:
+        check_folder(root)
+    lines = str(err.value).splitlines()
+    assert len(lines) == 5 and lines[-1].strip() == "... and 7 more like this"
+    assert "s1/images/case00.png: image has 3 channels but federation.yaml says channels: 1" in lines[1]
+
+
+def test_group_problems_keeps_distinct_problems_apart():
+    from fedseg.data.folder import group_problems
+
+    problems = [f"/d/s1/labels/{c}.png: label without image (no images/{c}.<png|npy>)" for c in "abcde"]
+    problems += ["/d/federation.yaml: missing key 'name'", "/d/s2: empty site (no case with both an image and a label)"]
+    assert group_problems(problems) == [*problems[:3], "... and 2 more like this", *problems[5:]]

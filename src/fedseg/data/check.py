@@ -2,7 +2,8 @@
 
 ``check_folder`` collects *every* problem it finds and raises one ``FederationError`` whose
 message lists them one per line, each as ``"<path>: <problem>"`` (or ``"site '<name>': ..."``
-for split problems), so a data manager can fix a folder in one pass.
+for split problems), so a data manager can fix a folder in one pass. Problems of the same kind
+(the same check failing on many files) show their first 3 lines, then ``... and N more like this``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from fedseg.data.folder import (
     Header,
     build_federation,
     case_problems,
+    group_problems,
     read_array,
     read_image,
     read_label,
@@ -80,7 +82,8 @@ def check_folder(root: str | Path, split: SplitConfig | None = None, seed: int =
     (hundreds of 2D images or tens of 3D volumes); a very large federation takes as long as
     one pass over its files. The returned cases carry ``meta["image_shape"]`` ``(C, *spatial)``.
 
-    Raises ``FederationError`` listing every problem, one per line.
+    Raises ``FederationError`` listing every problem, one per line (at most 3 of each kind, then
+    ``... and N more like this``; the count in its first line is the total).
     """
     root = Path(root)
     header, sites, fixed, problems = scan_folder(root)
@@ -97,7 +100,7 @@ def check_folder(root: str | Path, split: SplitConfig | None = None, seed: int =
     if problems:
         count = f"{len(problems)} problem{'s' if len(problems) != 1 else ''}"
         raise FederationError(
-            f"{root}: federation folder is invalid ({count}):\n" + "\n".join(f"  {p}" for p in problems)
+            f"{root}: federation folder is invalid ({count}):\n" + "\n".join(f"  {p}" for p in group_problems(problems))
         )
     assert fed is not None  # scan_folder reports a problem whenever federation.yaml is invalid
     return fed

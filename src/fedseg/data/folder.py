@@ -26,6 +26,7 @@ same functions to validate a folder before training.
 from __future__ import annotations
 
 import functools
+import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -421,6 +422,39 @@ def scan_folder(root: str | Path) -> tuple[Header | None, list[SiteFiles], dict[
     return header, sites, fixed, problems
 
 
+SHOWN_PER_KIND = 3
+
+
+def _problem_kind(line: str) -> str:
+    """What a problem line says once its location is removed: the text after the leading
+    ``"<path>: "`` / ``"<path>:<line>: "`` / ``"site '<name>': "``, with path-like words
+    (anything containing ``/``), quoted names (case ids) and numbers blanked, so the same check
+    failing on many files gives the same kind."""
+    _, sep, rest = line.partition(": ")
+    text = rest if sep else line
+    text = re.sub(r"\S*[/\\]\S*", "<path>", text)
+    text = re.sub(r"'[^']*'", "'…'", text)
+    return re.sub(r"\d+", "#", text)
+
+
+def group_problems(problems: list[str], shown: int = SHOWN_PER_KIND) -> list[str]:
+    """``problems`` grouped by kind (see ``_problem_kind``), in order of first appearance: the first
+    ``shown`` lines of each kind in full, then ``"... and N more like this"`` if there are more.
+
+    A wrong ``federation.yaml`` (``kind: 3d`` for PNGs, the wrong ``channels``) fails every case
+    the same way; this keeps the message to a few lines that still name the first files.
+    """
+    groups: dict[str, list[str]] = {}
+    for line in problems:
+        groups.setdefault(_problem_kind(line), []).append(line)
+    out: list[str] = []
+    for lines in groups.values():
+        out += lines[:shown]
+        if len(lines) > shown:
+            out.append(f"... and {len(lines) - shown} more like this")
+    return out
+
+
 def load_folder(root: str | Path) -> Federation:
     """Read a federation folder lazily (only file names, ``federation.yaml`` and ``splits.csv`` are read).
 
@@ -430,7 +464,7 @@ def load_folder(root: str | Path) -> Federation:
     """
     header, sites, fixed, problems = scan_folder(root)
     if problems:
-        raise FederationError("\n".join(problems))
+        raise FederationError("\n".join(group_problems(problems)))
     assert header is not None  # scan_folder reports a problem whenever federation.yaml is invalid
     return build_federation(header, sites, fixed)
 
