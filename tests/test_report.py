@@ -274,3 +274,20 @@ def test_load_run_reads_samples(tmp_path):
     assert set(run.samples) == set(SITES)
     assert set(run.samples["A"]) == {"centralized", "local", "fedavg", "fedprox"}
     assert run.samples["B"]["fedavg"]["truth"].shape == (2, 32, 32)
+
+
+def test_a_method_selected_at_its_last_round_is_flagged_as_maybe_not_converged(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    entry = {"dice": {"A": 0.5, "client_avg": 0.5, "global": 0.5}, "rounds": 5}
+    summary = {
+        "sites": ["A"],
+        "regions": ["r"],
+        "algorithms": {"fedavg": {**entry, "best_round": 5}, "fedprox": {**entry, "best_round": 3}},
+    }
+    (run / "summary.json").write_text(json.dumps(summary))
+    html = render_report(run).read_text()
+    assert "May not have converged</b>: FedAvg —" in html and "FedProx —" not in html
+    summary["algorithms"]["fedavg"]["best_round"] = 4
+    (run / "summary.json").write_text(json.dumps(summary))
+    assert "May not have converged" not in render_report(run).read_text()

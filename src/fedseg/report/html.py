@@ -363,7 +363,13 @@ def _score_sections(run: RunFiles) -> list[Section]:
     )
     out = []
     for metric, title, higher, digits, note in (
-        ("dice", "Test Dice", True, 4, "Bold: best federated number per column (higher is better)."),
+        (
+            "dice",
+            "Test Dice",
+            True,
+            4,
+            "Bold: best federated number per column (higher is better)." + _unconverged(run),
+        ),
         (
             "hd95",
             "Test HD95 (pixels / voxels)",
@@ -377,6 +383,22 @@ def _score_sections(run: RunFiles) -> list[Section]:
         if any(not math.isnan(v) for r in rows for v in r.values.values()):  # e.g. no HD95 when eval.hd95 is off
             out.append(Section(title, score_table(rows, site_columns(run.sites), higher, digits), common + note))
     return out
+
+
+def _unconverged(run: RunFiles) -> str:
+    """A warning naming the methods whose selected (best-validation) round is their last one: their
+    validation Dice was still rising, so more rounds may change the comparison."""
+    late = [
+        run.label(a)
+        for a, e in run.algorithms.items()
+        if e.get("rounds") and e.get("best_round") == e.get("rounds") and e["rounds"] > 1
+    ]
+    if not late:
+        return ""
+    return (
+        f" <b>May not have converged</b>: {esc(', '.join(late))} — the round selected on validation is the "
+        "last one trained; more rounds may change these numbers."
+    )
 
 
 def family_sections(run: RunFiles, order: list[str], fig_dir: Path) -> list[Section]:
