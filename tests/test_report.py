@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import csv
 import json
 import re
@@ -135,6 +136,21 @@ def make_run(root):
     return root
 
 
+def embedded(page_dir, name):
+    """The ``src`` attribute of figure ``name`` embedded from ``page_dir/figures``."""
+    return f'src="data:image/png;base64,{base64.b64encode((page_dir / "figures" / name).read_bytes()).decode()}"'
+
+
+def assert_self_contained(html):
+    """Every image is embedded PNG data: no ``src`` points to a file beside the page."""
+    srcs = re.findall(r'<img[^>]*\ssrc="([^"]*)"', html)
+    assert srcs and len(srcs) == html.count("<img")
+    for src in srcs:
+        assert src.startswith("data:image/png;base64,"), src[:60]
+        assert base64.b64decode(src.split(",", 1)[1], validate=True).startswith(b"\x89PNG\r\n\x1a\n")
+    assert not re.search(r'\ssrc="(?!data:)', html)
+
+
 def table(html, title):
     """The HTML of the table following the section heading ``title``."""
     start = html.index(f"<h2>{title}</h2>")
@@ -190,13 +206,16 @@ def test_full_report(tmp_path):
 
     ledger = table(html, "Communication and compute")
     cells = row_cells(ledger, "FedAvg")
-    # rounds, best, down, up (evaluation rows excluded), sent, MB, steps, seconds
+    # rounds, best, down, up (evaluation rows excluded), sent, MB, steps, wall time
+    assert "<th>SGD steps</th><th>Wall time (s, load-dependent)</th>" in ledger
     assert cells == ["4", "3", "12,000", "6,000", "123,456,789", "493.8", "480", "12.5"]
 
     assert "Local avg</b> (diagonal" in html and "0.8833" in html and "0.4647" in html
     for name in ("validation.png", "cross_site.png", "samples.png"):
         assert (run / "figures" / name).stat().st_size > 1000
-        assert f'src="figures/{name}"' in html
+        assert f'src="figures/{name}"' not in html  # embedded, not linked
+        assert embedded(run, name) in html
+    assert_self_contained(html)
     assert "<details><summary>config.yaml</summary>" in html and "seed: 0" in html
     assert "http" not in html and "<script" not in html
 

@@ -31,6 +31,7 @@ from fedseg.report.kit import load_run
 from fedseg.report.studies import render_study
 from fedseg.report.study_tables import SWEEP_FIGURE
 from fedseg.studies import SWEEP, Study, SubRun, run_label, sweep_columns, write_study_file, write_table
+from test_report import assert_self_contained, embedded
 
 ROUNDS = 6
 T0 = 2
@@ -310,7 +311,7 @@ def test_run_report_has_the_autofedavg_sections(tmp_path):
         "autofedavg_dice.png",
         "autofedavg_dirichlet_autofedavg-n-dirichlet.png",
     ):
-        assert f'src="figures/{name}"' in html
+        assert embedded(tmp_path / "run", name) in html
         png_ok(tmp_path / "run" / "figures" / name)
 
 
@@ -346,8 +347,10 @@ def test_numeric_sweep_page_has_the_dice_figure(tmp_path, tiny_config):
     algs = ("autofedavg-n-dirichlet", "fedavg")
     make_sweep(tmp_path, tiny_config, "methods.autofedavg-n-dirichlet.t0", ["1", "5", "10", "20"], algs)
     page = render_study(tmp_path, sub_reports=False).read_text()
-    assert f'src="figures/{SWEEP_FIGURE}"' in page
-    assert page.index("<h2>Sweep over methods.autofedavg-n-dirichlet.t0") < page.index(SWEEP_FIGURE)
+    assert f'src="figures/{SWEEP_FIGURE}"' not in page  # embedded, so the page travels alone
+    figure = embedded(tmp_path, SWEEP_FIGURE)
+    assert page.index("<h2>Sweep over methods.autofedavg-n-dirichlet.t0") < page.index(figure)
+    assert_self_contained(page)
     png_ok(tmp_path / "figures" / SWEEP_FIGURE)
 
 

@@ -18,7 +18,7 @@ from fedseg.algorithms.fedsm.model import super_model_from_bundle
 from fedseg.algorithms.fedsm.selector import build_selector
 from fedseg.report.html import algorithm_order, render_report
 from fedseg.run import prepare, run_experiment
-from test_report import make_run, row_cells, table
+from test_report import embedded, make_run, row_cells, table
 
 SEL = {"selector_width": 0.0625}
 
@@ -74,7 +74,7 @@ def test_selector_section_figures_and_features(fedsm_run):
     summary = json.loads((out / "summary.json").read_text())
     assert "<h2>Model selector (FedSM)</h2>" in html
     for name in ("selector.png", "selector_tsne.png"):
-        assert f'src="figures/{name}"' in html
+        assert embedded(out, name) in html
         _png(out / "figures" / name, colored=100)
 
     # validation row = round_metrics.csv at the selected round
@@ -234,7 +234,7 @@ def test_per_model_curves_from_round_metrics(tmp_path):
         w.writeheader()
         w.writerows(rows)
     html = render_report(run).read_text()
-    assert "<h2>Training curves per model</h2>" in html and 'src="figures/curves_fedsm.png"' in html
+    assert "<h2>Training curves per model</h2>" in html and embedded(run, "curves_fedsm.png") in html
     _png(run / "figures" / "curves_fedsm.png", colored=500)
     _png(run / "figures" / "selector.png", colored=500)
     assert row_cells(table(html, "Model selector (FedSM)"), "FedSM: validation, round 2")[:4] == ["0.600"] * 4

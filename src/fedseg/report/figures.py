@@ -24,7 +24,10 @@ from fedseg.evaluate.metrics import batch_metrics
 
 __all__ = [
     "LINE_STYLES",
+    "PALETTE",
     "REGION_COLORS",
+    "SERIES_COLORS",
+    "series_color",
     "validation_curves",
     "cross_site_heatmap",
     "sample_grid",
@@ -38,8 +41,22 @@ __all__ = [
 
 DPI = 110
 LINE_STYLES = ("-", "--", ":", "-.")
-#: Contour colours per region (bright, readable on grey MR and on red fundus images).
-REGION_COLORS = ("#39ff14", "#00e5ff", "#ffd600", "#ff4081", "#ff9100", "#d500f9")
+#: The Okabe–Ito colour-blind-safe palette: orange, sky blue, bluish green, yellow, blue,
+#: vermillion, reddish purple, black. The one palette of every report figure.
+PALETTE = ("#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#CC79A7", "#000000")
+#: The palette's colours for series and regions: all but black, which is kept for reference lines
+#: (means, baselines, "uniform") and would vanish as a contour on a dark MR background.
+SERIES_COLORS = PALETTE[:-1]
+#: Contour colours per region: the palette's blues first (sky blue, then dark blue: told apart by
+#: lightness, also without colour vision), which stand out on the orange/red fundus photographs where
+#: the palette's orange and vermillion vanish, and on grey MR/CT.
+REGION_COLORS = ("#56B4E9", "#0072B2", "#009E73", "#CC79A7", "#F0E442", "#D55E00", "#E69F00")
+
+
+def series_color(i: int) -> str:
+    """The ``i``-th series colour (per site, per method, per region), cycling through
+    :data:`SERIES_COLORS`; used instead of matplotlib's default ``C0``… cycle."""
+    return SERIES_COLORS[i % len(SERIES_COLORS)]
 
 
 def _region_color(i: int) -> str:
@@ -110,7 +127,7 @@ def validation_curves(
     fig = Figure(figsize=(11, 3.8))
     ax_val, ax_loss = fig.subplots(1, 2)
     for i, alg in enumerate(algs):
-        color = f"C{i % 10}"
+        color = series_color(i)
         label = labels.get(alg, alg)
         if alg in val:
             x, y = val[alg]
@@ -316,7 +333,9 @@ def feature_map(
         for i, name in enumerate(sites):
             pts = xy[np.asarray(site) == name]
             if len(pts):
-                ax.scatter(pts[:, 0], pts[:, 1], s=size, alpha=0.8, color=f"C{i % 10}", label=name, edgecolors="none")
+                ax.scatter(
+                    pts[:, 0], pts[:, 1], s=size, alpha=0.8, color=series_color(i), label=name, edgecolors="none"
+                )
         ax.set_title(f"{labels.get(alg, alg)}: {what} (t-SNE)", fontsize=10)
         ax.set_xticks([])
         ax.set_yticks([])

@@ -56,10 +56,10 @@ from fedseg.report.kit import (
     metric_scalar,
     nanmean,
     num,
-    page,
     score_table,
     site_columns,
     table,
+    write_page,
 )
 from fedseg.report.methods import algorithm_order, display_name, families, is_federated
 from fedseg.report.study_tables import study_sections
@@ -190,10 +190,11 @@ def region_table(run: RunFiles) -> str | None:
 
 # --------------------------------------------------------------------------- ledger
 def ledger_table(run: RunFiles) -> str | None:
-    """Totals per algorithm: floats down/up/total (+ MB), SGD steps, seconds, rounds, best round.
+    """Totals per algorithm: floats down/up/total (+ MB), SGD steps, wall time, rounds, best round.
 
     Floats and steps count training exchanges only (evaluation traffic excluded, as in
-    ``summary.json``); seconds count all compute. ``summary.json`` numbers are shown;
+    ``summary.json``); wall time (seconds) counts all compute and depends on the machine and its
+    load, so SGD steps (next to it) are the comparable measure of work. ``summary.json`` numbers are shown;
     the down/up split comes from ``ledger.csv`` when present.
     """
     if not run.algorithms:
@@ -214,7 +215,7 @@ def ledger_table(run: RunFiles) -> str | None:
         "Floats sent",
         "MB sent",
         "SGD steps",
-        "Seconds",
+        "Wall time (s, load-dependent)",
     ]
     body = []
     for name in algorithm_order(run.summary):
@@ -477,13 +478,13 @@ def render_report(run_dir: str | Path) -> Path:
             "Communication and compute",
             ledger_table(run),
             f"Floats and SGD steps count training exchanges (evaluation traffic excluded); "
-            f"MB = floats × {BYTES_PER_FLOAT} bytes / 10⁶. Seconds: all compute of the method.",
+            f"MB = floats × {BYTES_PER_FLOAT} bytes / 10⁶. Wall time: seconds of all compute of the method, "
+            "measured on the machine that ran it, so it depends on that machine and its load; "
+            "SGD steps (next column) compare the work done independently of the machine.",
         ),
         Section("Cost (FeTS Table 2)", cost_section(run)),
     ]
     parts = [_header(run), *(add_notes(s).html() for s in sections), *study_sections(run.dir)]
     if run.config is not None:
         parts.append(f"<details><summary>config.yaml</summary><pre>{esc(run.config)}</pre></details>")
-    out = run.dir / "report.html"
-    out.write_text(page(f"fedseg report — {run.summary.get('dataset', '')}", parts), encoding="utf-8")
-    return out
+    return write_page(run.dir / "report.html", f"fedseg report — {run.summary.get('dataset', '')}", parts)

@@ -12,7 +12,8 @@ HTML from these pieces:
   (:func:`esc`);
 * tables (:class:`TableRow`, :func:`score_table`, :func:`table`, :func:`site_columns`);
 * sections (:class:`Section`, :func:`section`) and the page around them (:data:`CSS`,
-  :func:`page`).
+  :func:`page`), written by :func:`write_page` with its ``figures/*.png`` embedded as data
+  URIs (:func:`embed_figures`), so a page keeps its figures when sent alone.
 
 Nothing here knows a method: names, order and families come from the callers (the registry
 is read by ``report.html`` / ``report.studies``, never here).
@@ -20,10 +21,12 @@ is read by ``report.html`` / ``report.studies``, never here).
 
 from __future__ import annotations
 
+import base64
 import csv
 import html
 import json
 import math
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,9 +37,11 @@ from fedseg.evaluate.tables import read_rows
 
 __all__ = [
     "CSS",
+    "FIGURE_SRC",
     "RunFiles",
     "Section",
     "TableRow",
+    "embed_figures",
     "esc",
     "fmt",
     "fmt_int",
@@ -51,6 +56,7 @@ __all__ = [
     "section",
     "site_columns",
     "table",
+    "write_page",
 ]
 
 
@@ -296,3 +302,31 @@ def page(title: str, parts: Iterable[str]) -> str:
         f"<title>{esc(title)}</title>"
         f"<style>{CSS}</style></head><body>{''.join(parts)}</body></html>\n"
     )
+
+
+#: ``src="figures/NAME.png"`` as the sections write it (the one form :func:`embed_figures` inlines).
+FIGURE_SRC = re.compile(r'src="figures/([^"/\\]+\.png)"')
+
+
+def embed_figures(text: str, root: str | Path) -> str:
+    """``text`` with every ``src="figures/NAME.png"`` replaced by the PNG's bytes as a
+    ``data:image/png;base64,...`` URI (read from ``root/figures/NAME.png``), so that the page
+    keeps its figures when sent alone. Other ``src`` values, links and a missing file are left
+    as they are."""
+    fig_dir = Path(root) / "figures"
+
+    def inline(m: re.Match[str]) -> str:
+        path = fig_dir / html.unescape(m.group(1))
+        if not path.is_file():
+            return m.group(0)
+        return f'src="data:image/png;base64,{base64.b64encode(path.read_bytes()).decode("ascii")}"'
+
+    return FIGURE_SRC.sub(inline, text)
+
+
+def write_page(out: str | Path, title: str, parts: Iterable[str]) -> Path:
+    """Write :func:`page` to ``out`` with its figures embedded (:func:`embed_figures`, relative to
+    ``out``'s folder); returns ``out``. The one place every fedseg page is written."""
+    out = Path(out)
+    out.write_text(embed_figures(page(title, parts), out.parent), encoding="utf-8")
+    return out

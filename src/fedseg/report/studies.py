@@ -16,7 +16,7 @@ from pathlib import Path
 import yaml
 
 from fedseg.report.html import render_report
-from fedseg.report.kit import esc, page, read_csv, section
+from fedseg.report.kit import esc, read_csv, section, write_page
 from fedseg.report.study_tables import STUDY_JSON, SWEEP_CSV, UNSEEN_CSV, is_study_dir, run_link, study_sections
 
 __all__ = ["is_study_dir", "render_study", "study_sections"]
@@ -58,6 +58,4 @@ def render_study(study_dir: str | Path, sub_reports: bool = True) -> Path:
     if meta.get("config"):
         config = yaml.safe_dump(meta["config"], sort_keys=False)
         parts.append(f"<details><summary>base configuration (study.json)</summary><pre>{esc(config)}</pre></details>")
-    out = root / "report.html"
-    out.write_text(page(f"fedseg study — {kind}", parts), encoding="utf-8")
-    return out
+    return write_page(root / "report.html", f"fedseg study — {kind}", parts)

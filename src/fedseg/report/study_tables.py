@@ -21,7 +21,7 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from fedseg.report.figures import LINE_STYLES, save
+from fedseg.report.figures import LINE_STYLES, save, series_color
 from fedseg.report.kit import TableRow, esc, fmt, num, read_csv, score_table, section, site_columns, table
 from fedseg.report.methods import display_name, is_federated
 
@@ -177,7 +177,7 @@ def sweep_figure(rows: Sequence[Mapping], key: str, out: Path, labels: Mapping[s
         ax.plot(
             px,
             py,
-            color=f"C{i % 10}",
+            color=series_color(i),
             ls=LINE_STYLES[i % len(LINE_STYLES)],
             marker="o",
             ms=4,

@@ -46,7 +46,7 @@ from matplotlib.lines import Line2D
 from matplotlib.tri import Triangulation
 
 from fedseg.algorithms.autofedavg.weights import merge_alpha
-from fedseg.report.figures import LINE_STYLES, mean_per_round, round_axes, save
+from fedseg.report.figures import LINE_STYLES, mean_per_round, round_axes, save, series_color
 from fedseg.report.kit import RunFiles, Section, TableRow, esc, num, score_table
 
 __all__ = [
@@ -262,7 +262,7 @@ def alpha_curves(
     for ax, (alg, w) in zip(axes, weights.items()):
         for i, site in enumerate(w.sites):
             ok = np.isfinite(w.alpha[:, i])
-            color, style = f"C{i % 10}", LINE_STYLES[i % len(LINE_STYLES)]
+            color, style = series_color(i), LINE_STYLES[i % len(LINE_STYLES)]
             ax.plot(w.rounds[ok], w.alpha[ok, i], color=color, ls=style, lw=1.5, marker="o", ms=2.5, label=site)
             share = (shares.get(alg) or {}).get(site)
             if share is not None:
@@ -334,7 +334,7 @@ def dice_section(run: RunFiles, algorithms: Sequence[str], fig_dir: Path) -> str
     best = {a: int(num(run.algorithms[a]["best_round"])) for a in [*ours, *baselines] if _has_best(run, a)}
     fig = Figure(figsize=(8.5, 3.8))
     ax = fig.subplots()
-    lines = [(a, f"C{i % 10}", "-") for i, a in enumerate(ours)]
+    lines = [(a, series_color(i), "-") for i, a in enumerate(ours)]
     lines += [(b, ("black", "0.45")[j % 2], "--") for j, b in enumerate(baselines)]
     for alg, color, style in lines:
         x, y = val[alg]
@@ -490,7 +490,7 @@ def _marginal_panel(ax, beta: np.ndarray, sites: Sequence[str]) -> None:
     total = float(beta.sum())
     point, kind = merge_point(beta)
     for k, site in enumerate(sites):
-        color = f"C{k % 10}"
+        color = series_color(k)
         ax.plot(x, beta_pdf(x, float(beta[k]), total - float(beta[k])), color=color, lw=1.5, label=site)
         ax.axvline(point[k], color=color, lw=0.9, ls=":")
     ax.plot([], [], color="grey", lw=0.9, ls=":", label=f"merge α ({kind})")

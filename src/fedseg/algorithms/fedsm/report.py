@@ -25,7 +25,7 @@ from matplotlib.figure import Figure
 
 from fedseg.algorithms.fedsm.features import FEATURES_DIR
 from fedseg.report import figures
-from fedseg.report.figures import LINE_STYLES, mean_per_round, round_axes, save
+from fedseg.report.figures import LINE_STYLES, mean_per_round, round_axes, save, series_color
 from fedseg.report.kit import RunFiles, Section, TableRow, esc, load_npz, nanmean, num, score_table
 
 __all__ = ["sections", "selector_curves"]
@@ -220,7 +220,7 @@ def selector_curves(
                     *per_site[site],
                     lw=1.3,
                     alpha=0.8,
-                    color=f"C{i % 10}",
+                    color=series_color(i),
                     ls=LINE_STYLES[i % len(LINE_STYLES)],
                     marker="o",
                     ms=2.5,
@@ -233,11 +233,11 @@ def selector_curves(
         ax_acc.set_ylim(-0.03, 1.03)
         # beside the panel: the lines reach 0 and 1
         ax_acc.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
-        for metric, style in (("global_frac", "-"), ("gamma", "--")):
+        for k, (metric, style) in enumerate((("global_frac", "-"), ("gamma", "--"))):
             series = mean_per_round(metrics.get(metric, []), metric).get(alg)
             if series is not None:
                 text = "global model used (mean over sites)" if metric == "global_frac" else "threshold γ"
-                ax_route.plot(*series, ls=style, marker="o", ms=3, lw=1.6, label=text)
+                ax_route.plot(*series, color=series_color(k), ls=style, marker="o", ms=3, lw=1.6, label=text)
         round_axes(ax_route, f"{name}: routing (validation)", "fraction / γ")
         ax_route.set_ylim(-0.03, 1.03)
         ax_route.legend(fontsize=7, loc="best")
