@@ -77,3 +77,43 @@ def test_presets_lists_every_preset():
     assert result.exit_code == 0
     for name in ("demo", "synthetic-retina", "synthetic-prostate"):
         assert name in result.output
+
+
+def _flat(output: str) -> str:
+    """CLI output as one line: rich's panel borders and line wrapping removed."""
+    return " ".join(output.replace("│", " ").split())
+
+
+def test_algorithms_option_help_lists_the_registered_names():
+    from fedseg.algorithms import ALGORITHMS
+
+    names = ", ".join(ALGORITHMS)
+    result = runner.invoke(app, ["run", "--help"], env={"COLUMNS": "400", "TERMINAL_WIDTH": "400"})
+    assert result.exit_code == 0
+    assert names in _flat(result.output) and "--device" in result.output and "--threads" in result.output
+    result = runner.invoke(app, ["flower", "local", "--help"], env={"COLUMNS": "400", "TERMINAL_WIDTH": "400"})
+    assert result.exit_code == 0
+    flower = ", ".join(n for n, s in ALGORITHMS.items() if not s.on_flower)
+    assert flower in _flat(result.output) and "--device" in result.output
+
+
+def test_device_and_threads_override_last():
+    from fedseg.config import config_from_cli
+
+    cfg = config_from_cli("demo", None, None, None, None, None, ["device=cpu", "threads=5"], "cuda:1", 3)
+    assert (cfg.device, cfg.threads) == ("cuda:1", 3)
+    cfg = config_from_cli("demo", None, None, None, None, None, ["threads=5"])
+    assert (cfg.device, cfg.threads) == ("cpu", 5)
+
+
+def test_presets_show_round_trips_through_run_config(tmp_path):
+    from fedseg.config import load_config, preset_description
+
+    result = runner.invoke(app, ["presets", "show", "demo"])
+    assert result.exit_code == 0
+    assert result.output.splitlines()[1] == f"# {preset_description('demo')}"
+    (tmp_path / "my.yaml").write_text(result.output)
+    assert load_config(file=tmp_path / "my.yaml") == load_config(preset="demo")
+    result = runner.invoke(app, ["presets", "show", "nope"])
+    assert result.exit_code == 1
+    assert "unknown preset 'nope'" in result.output and "synthetic-retina" in result.output

@@ -300,3 +300,35 @@ def test_k_plus_one_class_bundles_route_by_argmax_or_ensemble(mode, tmp_path, ti
         np.testing.assert_allclose([row[c] for c in predictor.columns[-3:]], probs, atol=1e-6)
     with pytest.raises(PredictError, match=f"routes by {mode}"):
         build_predictor(bundle, gamma=0.5)
+
+
+def test_cli_predict_overlay_writes_a_picture_per_input(trained, tmp_path):
+    run, _, _, _ = trained
+    new = tmp_path / "new"
+    cases = copy_test_images(trained, new)
+    out = tmp_path / "out"
+    args = ["predict", "--model", str(run / "model"), "--input", str(new), "--out", str(out), "--overlay"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        [f"{c}.png" for c in cases] + [f"{c}_overlay.png" for c in cases] + ["predictions.csv"]
+    )
+    for case in cases:
+        with Image.open(new / f"{case}.png") as source, Image.open(out / f"{case}_overlay.png") as picture:
+            assert picture.mode == "RGB" and picture.size == source.size
+    assert runner.invoke(app, args).exit_code == 1  # existing overlays need --force
+
+
+def test_overlay_image_fills_and_outlines_regions():
+    from fedseg.predict import overlay_image
+
+    image = np.zeros((1, 6, 6), np.float32)
+    mask = np.zeros((1, 6, 6), bool)
+    mask[0, 1:5, 1:5] = True
+    picture = overlay_image(image, mask)
+    assert picture.shape == (6, 6, 3) and picture.dtype == np.uint8
+    assert tuple(picture[1, 1]) == (0xE6, 0x9F, 0x00)  # outline: opaque
+    assert 0 < picture[2, 2, 0] < 0xE6  # inside: semi-transparent fill
+    assert tuple(picture[0, 0]) == (0, 0, 0)
+    volume = overlay_image(np.random.default_rng(0).random((1, 5, 7, 9)), np.zeros((2, 5, 7, 9), bool))
+    assert volume.shape == (5, 7, 3)

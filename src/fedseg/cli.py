@@ -7,7 +7,8 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from fedseg.config import ConfigError, config_from_cli, preset_description, preset_names
+from fedseg.cli_options import AlgorithmsHelp, device_option, threads_option
+from fedseg.config import ConfigError, config_from_cli, preset_description, preset_names, preset_yaml
 from fedseg.console_tables import print_dice, print_table
 from fedseg.data.federation import FederationError
 
@@ -67,11 +68,28 @@ def main(
     provenance.COMMAND_LINE = list(sys.argv)  # recorded in summary.json's provenance
 
 
-@app.command()
-def presets() -> None:
-    """List the built-in presets, one line each."""
+presets_app = typer.Typer(invoke_without_command=True)
+app.add_typer(presets_app, name="presets")
+
+
+@presets_app.callback()
+def presets(ctx: typer.Context) -> None:
+    """List the built-in presets, one line each; `fedseg presets show NAME` prints one as YAML."""
+    if ctx.invoked_subcommand is not None:
+        return
     for name in preset_names():
         console.print(f"[bold]{name}[/]: {preset_description(name)}", highlight=False)
+
+
+@presets_app.command()
+def show(name: str = typer.Argument(..., help="preset name (see `fedseg presets`)")) -> None:
+    """Print preset NAME as a YAML config: `fedseg presets show demo > my.yaml`, edit, `fedseg run --config my.yaml`."""
+    try:
+        text = preset_yaml(name)
+    except ConfigError as e:
+        fail(str(e))
+        return
+    print(text, end="")
 
 
 @app.command()
@@ -99,15 +117,17 @@ def algorithms() -> None:
     )
 
 
-@app.command()
+@app.command(cls=AlgorithmsHelp)
 def run(
     out: Path = typer.Option(..., "--out", help="output directory of the run"),
     preset: str | None = typer.Option(None, "--preset", help="built-in preset name (see `fedseg presets`)"),
     config: Path | None = typer.Option(None, "--config", help="YAML config file"),
     data: Path | None = typer.Option(None, "--data", help="folder federation replacing the preset's data"),
-    algorithms: str | None = typer.Option(None, "--algorithms", help="comma-separated algorithm names"),
+    algorithms: str | None = typer.Option(None, "--algorithms", help="comma-separated algorithm names: {algorithms}"),
     rounds: int | None = typer.Option(None, "--rounds", help="federated rounds"),
     seed: int | None = typer.Option(None, "--seed"),
+    device: str | None = device_option(),
+    threads: int | None = threads_option(),
     set_: list[str] = typer.Option([], "--set", help="override: key.sub=value (YAML value); repeatable"),
     resume: bool = typer.Option(False, "--resume", help="continue from the last checkpoint in --out"),
     holdout: str | None = typer.Option(
@@ -125,7 +145,7 @@ def run(
     """Train and evaluate every configured algorithm; write summary.json, CSVs, model/ and report.html.
     With --holdout / --leave-one-out / --sweep: a study of several such runs (see README "Studies")."""
     try:
-        cfg = config_from_cli(preset, config, data, algorithms, rounds, seed, set_)
+        cfg = config_from_cli(preset, config, data, algorithms, rounds, seed, set_, device, threads)
         from fedseg.progress import run_with_progress
 
         if holdout or leave_one_out or sweep:
@@ -211,13 +231,16 @@ def predict(
     ),
     site: str | None = typer.Option(None, "--site", help="bundles with one model per site (local): whose model"),
     force: bool = typer.Option(False, "--force", help="overwrite existing masks / predictions.csv in --out"),
+    overlay: bool = typer.Option(
+        False, "--overlay", help="also write <name>_overlay.png: the image (3D: middle slice) with the regions drawn"
+    ),
 ) -> None:
     """Segment new images with a trained bundle (FedSM: Algorithm 2); writes masks in the input's format
-    + predictions.csv."""
+    + predictions.csv (+ overlay pictures with --overlay)."""
     from fedseg.predict import predict as predict_images
 
     try:
-        rows = predict_images(model, input_, out, gamma, algorithm, site, force)
+        rows = predict_images(model, input_, out, gamma, algorithm, site, force, overlay=overlay)
     except (FederationError, ValueError) as e:
         fail(str(e))
         return

@@ -173,6 +173,24 @@ def preset_description(name: str) -> str:
     return str(_read_yaml_text(_preset_text(name), f"preset {name}").get("description", ""))
 
 
+def preset_yaml(name: str) -> str:
+    """Preset ``name`` as a config file to start from: its YAML as shipped, the ``description`` key turned
+    into a leading comment (``fedseg presets show NAME > my.yaml``; ``--config my.yaml`` loads the same config)."""
+    text = _preset_text(name)
+    description = preset_description(name)
+    lines, skipping = [], False
+    for line in text.splitlines():
+        if line.startswith("description:"):
+            skipping = True
+            continue
+        if skipping and (line[:1] in (" ", "\t") or not line.strip()):
+            continue  # a multi-line description value
+        skipping = False
+        lines.append(line)
+    header = [f"# {d}".rstrip() for d in description.splitlines()] if description else []
+    return "\n".join([f"# fedseg preset {name}", *header, *lines]) + "\n"
+
+
 def _preset_text(name: str) -> str:
     path = resources.files("fedseg.presets") / f"{name}.yaml"
     if not path.is_file():
@@ -235,9 +253,12 @@ def dump_config(cfg: RunConfig) -> str:
     return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
 
 
-def config_from_cli(preset, config, data, algorithms, rounds, seed, overrides) -> RunConfig:
+def config_from_cli(
+    preset, config, data, algorithms, rounds, seed, overrides, device: str | None = None, threads: int | None = None
+) -> RunConfig:
     """The RunConfig of a ``run``-style command: preset or file, then ``--data``, ``--algorithms``,
-    ``--rounds``, ``--seed`` and the ``--set`` overrides (the ``--set`` values first, the named options win)."""
+    ``--rounds``, ``--seed``, ``--device``, ``--threads`` and the ``--set`` overrides (the ``--set`` values
+    first, the named options win)."""
     overrides = list(overrides)
     if data is not None:
         overrides += ["data.source=folder", f"data.root={Path(data).resolve()}"]
@@ -247,4 +268,8 @@ def config_from_cli(preset, config, data, algorithms, rounds, seed, overrides) -
         overrides.append(f"fl.rounds={rounds}")
     if seed is not None:
         overrides.append(f"seed={seed}")
+    if device is not None:
+        overrides.append(f"device={yaml.safe_dump(device, default_style=chr(34)).strip()}")
+    if threads is not None:
+        overrides.append(f"threads={threads}")
     return load_config(preset=preset, file=config, overrides=overrides)

@@ -18,7 +18,9 @@ Pipeline, per image file (PNG/JPEG/NPY/NIfTI, read by ``fedseg.data.folder.read_
    (chosen candidate: ``global``, ``personal:<site>``, ``ensemble``, or the single model's
    name), ``confidence`` (``max y_s``; empty without a selector) and ``prob:<candidate>`` (the
    selector's softmax: one column per site's personalized model, plus ``prob:global`` in the
-   K+1-class modes).
+   K+1-class modes);
+5. with ``overlay``: ``<name>_overlay.png`` per input, the image (3D: its middle slice) with the
+   predicted regions filled and outlined in the Okabe-Ito colours (``overlay_image``).
 
 Every input is read and checked (readable, channel count, spatial dimensions) before any model
 runs; outputs go to a hidden staging folder inside ``out`` and are moved into place only when
@@ -281,6 +283,35 @@ def mask_name(path: Path) -> str:
     return f"{stem}.{'png' if ext in ('jpg', 'jpeg') else ext}"
 
 
+def overlay_name(mask: str) -> str:
+    """``<name>_overlay.png``: the overlay written next to mask ``mask`` (``--overlay``)."""
+    found = split_name(mask, IMAGE_EXTS)
+    return f"{found[0] if found else mask}_overlay.png"
+
+
+# Okabe-Ito colours (colour-blind safe), one per region in the order of the federation's regions
+OVERLAY_COLOURS = ("#E69F00", "#56B4E9", "#009E73", "#D55E00", "#0072B2", "#CC79A7", "#F0E442")
+
+
+def overlay_image(image: np.ndarray, masks: np.ndarray, alpha: float = 0.4) -> np.ndarray:
+    """An RGB ``uint8`` picture of ``image`` ``(C, *spatial)`` with region ``masks`` ``(R, *spatial)``
+    filled semi-transparently and outlined in the Okabe-Ito colours; 3D: the middle slice of the last axis.
+    The image is scaled to 0-255 (min-max); 3 channels are shown as RGB, otherwise the first channel as grey."""
+    if image.ndim == 4:
+        image, masks = image[..., image.shape[-1] // 2], masks[..., masks.shape[-1] // 2]
+    pixels = image.astype(np.float64)
+    low, high = float(pixels.min()), float(pixels.max())
+    pixels = (pixels - low) / (high - low) * 255 if high > low else np.zeros_like(pixels)
+    rgb = np.moveaxis(pixels, 0, -1) if pixels.shape[0] == 3 else np.repeat(pixels[0][..., None], 3, axis=-1)
+    for i, mask in enumerate(masks.astype(bool)):
+        colour = np.array([int(OVERLAY_COLOURS[i % len(OVERLAY_COLOURS)][k : k + 2], 16) for k in (1, 3, 5)])
+        rgb[mask] = (1 - alpha) * rgb[mask] + alpha * colour
+        padded = np.pad(mask, 1)
+        inner = padded[:-2, 1:-1] & padded[2:, 1:-1] & padded[1:-1, :-2] & padded[1:-1, 2:]
+        rgb[mask & ~inner] = colour  # the region's outline, opaque
+    return np.clip(np.rint(rgb), 0, 255).astype(np.uint8)
+
+
 def list_inputs(path: Path) -> list[Path]:
     """``path`` itself, or the image files of folder ``path`` (not recursive; hidden files ignored)."""
     path = Path(path)
@@ -316,7 +347,7 @@ def read_input(path: Path, root: Path, bundle: Bundle) -> Input:
     return Input(path, name, mask_name(path), x, tuple(image.shape[1:]))
 
 
-def read_inputs(path: Path, bundle: Bundle) -> list[Input]:
+def read_inputs(path: Path, bundle: Bundle, overlay: bool = False) -> list[Input]:
     """Every input of ``path``, all checked before any is used; one error lists every bad file."""
     inputs, problems = [], []
     for p in list_inputs(path):
@@ -326,7 +357,7 @@ def read_inputs(path: Path, bundle: Bundle) -> list[Input]:
             problems += str(e).splitlines()
     if problems:
         raise PredictError("\n".join(problems))
-    names = [i.mask_name for i in inputs]
+    names = [i.mask_name for i in inputs] + ([overlay_name(i.mask_name) for i in inputs] if overlay else [])
     clashes = sorted({n for n in names if names.count(n) > 1})
     if clashes:
         raise PredictError(f"{path}: several inputs would write the same mask file: {', '.join(clashes)}")
@@ -349,14 +380,19 @@ def write_mask(path: Path, label: np.ndarray, source: Path) -> None:
         _write_png(path, label)
 
 
-def check_out(out: Path, inputs: list[Input], force: bool) -> None:
+def output_names(inputs: list[Input], overlay: bool) -> list[str]:
+    """The files ``predict`` writes into ``out``: masks, overlays (``overlay``) and predictions.csv."""
+    return [i.mask_name for i in inputs] + ([overlay_name(i.mask_name) for i in inputs] if overlay else []) + [CSV_NAME]
+
+
+def check_out(out: Path, inputs: list[Input], force: bool, overlay: bool = False) -> None:
     """Refuse an ``out`` that is a file or under one, that would overwrite an input, or (without ``force``)
     existing outputs."""
     try:
         check_out_dir(out)
     except ValueError as e:
         raise PredictError(str(e)) from None
-    targets = [out / i.mask_name for i in inputs] + [out / CSV_NAME]
+    targets = [out / name for name in output_names(inputs, overlay)]
     sources = {i.path.resolve() for i in inputs}
     overwrite_input = [t for t in targets if t.resolve() in sources]
     if overwrite_input:
@@ -379,20 +415,22 @@ def predict(
     site: str | None = None,
     force: bool = False,
     batch_size: int = 8,
+    overlay: bool = False,
 ) -> list[dict]:
     """Predict a mask for every image of ``input`` (a file or a folder) into ``out``; returns the
-    rows of ``predictions.csv``. Nothing is written unless every input is valid."""
+    rows of ``predictions.csv``. Nothing is written unless every input is valid. ``overlay``: also
+    ``<name>_overlay.png`` per input, the image with its predicted regions drawn on it (``overlay_image``)."""
     bundle = load_bundle(find_bundle(model, algorithm))
     predictor = build_predictor(bundle, gamma, site)
-    inputs = read_inputs(input, bundle)
+    inputs = read_inputs(input, bundle, overlay)
     out = Path(out)
-    check_out(out, inputs, force)
+    check_out(out, inputs, force, overlay)
     created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=out, prefix=".predict-"))
     try:
-        rows = write_predictions(predictor, bundle, inputs, staging, batch_size)
-        for name in [i.mask_name for i in inputs] + [CSV_NAME]:
+        rows = write_predictions(predictor, bundle, inputs, staging, batch_size, overlay)
+        for name in output_names(inputs, overlay):
             os.replace(staging / name, out / name)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -404,7 +442,7 @@ def predict(
 
 
 def write_predictions(
-    predictor: Predictor, bundle: Bundle, inputs: list[Input], folder: Path, batch_size: int
+    predictor: Predictor, bundle: Bundle, inputs: list[Input], folder: Path, batch_size: int, overlay: bool = False
 ) -> list[dict]:
     """Masks of every input and ``predictions.csv`` into ``folder``; returns the CSV rows."""
     regions, threshold = bundle.regions, float(bundle.manifest["threshold"])
@@ -414,8 +452,11 @@ def write_predictions(
         x = torch.stack([i.x for i in batch])
         masks = predict_masks(predictor.model, x, batch_size, threshold, torch.device("cpu"))  # (B, R, *S) bool
         for item, mask, choice in zip(batch, masks, predictor.choices(x)):
-            label = regions.to_label(restore_size(mask, item.spatial).numpy())
-            write_mask(folder / item.mask_name, label, item.path)
+            restored = restore_size(mask, item.spatial).numpy()
+            write_mask(folder / item.mask_name, regions.to_label(restored), item.path)
+            if overlay:
+                picture = overlay_image(read_image(item.path, bundle.kind), restored)
+                _write_png(folder / overlay_name(item.mask_name), picture)
             rows.append({"file": item.name, "mask": item.mask_name, **choice})
     (folder / CSV_NAME).write_text(csv_text(predictor.columns, rows), encoding="utf-8")
     return rows

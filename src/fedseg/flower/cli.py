@@ -14,6 +14,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
+from fedseg.cli_options import AlgorithmsHelp, device_option, threads_option
 from fedseg.console_tables import print_dice
 from fedseg.flower.launch import DEFAULT_POLL
 
@@ -33,10 +34,10 @@ def _echo(line: str) -> None:
     console.print(line, highlight=False, markup=False, soft_wrap=True)
 
 
-def _config(preset, config, data, algorithms, rounds, seed, set_):
+def _config(preset, config, data, algorithms, rounds, seed, set_, device=None, threads=None):
     from fedseg.config import config_from_cli
 
-    return config_from_cli(preset, config, data, algorithms, rounds, seed, set_)
+    return config_from_cli(preset, config, data, algorithms, rounds, seed, set_, device, threads)
 
 
 def _errors():
@@ -76,7 +77,7 @@ OUT = typer.Option(
 PRESET = typer.Option(None, "--preset", help="built-in preset name (see `fedseg presets`)")
 CONFIG = typer.Option(None, "--config", help="YAML config file")
 DATA = typer.Option(None, "--data", help="folder federation replacing the preset's data")
-ALGOS = typer.Option(None, "--algorithms", help="comma-separated algorithm names (not centralized)")
+ALGOS = typer.Option(None, "--algorithms", help="comma-separated algorithm names: {flower_algorithms}")
 ROUNDS = typer.Option(None, "--rounds", help="federated rounds")
 SEED = typer.Option(None, "--seed")
 SET = typer.Option([], "--set", help="override: key.sub=value (YAML value); repeatable")
@@ -90,7 +91,7 @@ POLL_HELP = (
 )
 
 
-@flower_app.command()
+@flower_app.command(cls=AlgorithmsHelp)
 def local(
     out: Path = OUT,
     preset: str | None = PRESET,
@@ -100,6 +101,8 @@ def local(
     rounds: int | None = ROUNDS,
     seed: int | None = SEED,
     set_: list[str] = SET,
+    device: str | None = device_option(),
+    threads: int | None = threads_option(),
     tls: bool = typer.Option(
         False, "--tls", help="TLS + SuperNode authentication (fresh CA, certificate and keys in OUT/flower/certs)"
     ),
@@ -111,7 +114,7 @@ def local(
     from fedseg.flower.launch import local as run_local
 
     try:
-        cfg = _config(preset, config, data, algorithms, rounds, seed, set_)
+        cfg = _config(preset, config, data, algorithms, rounds, seed, set_, device, threads)
         run_local(cfg, out, tls=tls, isolation=isolation, poll=poll, wait=wait, echo=_echo)
     except KeyboardInterrupt:
         _fail("interrupted; every Flower process was stopped", 130)
@@ -120,7 +123,7 @@ def local(
     _finish(out.resolve())
 
 
-@flower_app.command()
+@flower_app.command(cls=AlgorithmsHelp)
 def server(
     out: Path = OUT,
     preset: str | None = PRESET,
