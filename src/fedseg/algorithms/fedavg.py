@@ -201,7 +201,7 @@ class FedAvgClient:
         trainer = Trainer(round_train_config(ctx.cfg.train, ctx.round, ctx.cfg.fl.rounds, train_cfg), ctx.task.device)
         hooks = self.train_hooks(model, msg, ctx) if hooks is None else hooks
         optimizer = trainer.new_optimizer(model, hooks)
-        keep = trainer.cfg.keep_optimizer_state
+        keep = self.keeps_optimizer_state(trainer.cfg, ctx)
         if keep and state_group(ctx.state, state_key):
             load_optimizer_state(optimizer, state_group(ctx.state, state_key))
         stats = trainer.fit(
@@ -216,6 +216,10 @@ class FedAvgClient:
         if keep:
             put_group(ctx.state, state_key, optimizer_state(optimizer))
         return stats
+
+    def keeps_optimizer_state(self, train: TrainConfig, ctx: ClientContext) -> bool:
+        """Whether ``fit`` carries the optimizer moments across rounds (default: ``train.keep_optimizer_state``)."""
+        return train.keep_optimizer_state
 
     def train_hooks(self, model: nn.Module, msg: Message, ctx: ClientContext) -> TrainHooks:
         """How this method's local training of ``model`` differs from plain training (FedAvg: it does not)."""

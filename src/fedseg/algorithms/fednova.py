@@ -27,15 +27,13 @@ from __future__ import annotations
 from typing import Literal
 
 from pydantic import Field
-from torch import nn
 
 from fedseg.algorithms.aggregate import server_step, weighted_average
-from fedseg.algorithms.fedavg import MODEL, OPT, FedAvgClient, FedAvgOptions, FedAvgServer
+from fedseg.algorithms.fedavg import MODEL, FedAvgClient, FedAvgOptions, FedAvgServer
 from fedseg.algorithms.registry import AlgorithmSpec
-from fedseg.config import BudgetConfig, TrainConfig
+from fedseg.config import TrainConfig
 from fedseg.engine.context import ClientContext
 from fedseg.engine.messages import Message
-from fedseg.train import LossFn, TrainHooks, TrainStats
 
 NORM = "nova_a"  # reply meta key of a_k
 
@@ -55,24 +53,12 @@ def momentum_norm(steps: int, rho: float) -> float:
 
 
 class FedNovaClient(FedAvgClient):
-    def fit(
-        self,
-        model: nn.Module,
-        msg: Message,
-        ctx: ClientContext,
-        state_key: str = OPT,
-        data=None,
-        loss_fn: LossFn | None = None,
-        train_cfg: TrainConfig | None = None,
-        budget: BudgetConfig | None = None,
-        hooks: TrainHooks | None = None,
-    ) -> TrainStats:
-        """FedAvg's local training; the general variant with SGD momentum starts each round from a zero
+    def keeps_optimizer_state(self, train: TrainConfig, ctx: ClientContext) -> bool:
+        """FedAvg's rule, except that the general variant with SGD momentum starts each round from a zero
         momentum buffer (module doc)."""
-        train = train_cfg or ctx.cfg.train
         if ctx.options.variant == "general" and train.optimizer == "sgd" and train.momentum > 0:
-            train_cfg = train.model_copy(update={"keep_optimizer_state": False})
-        return super().fit(model, msg, ctx, state_key, data, loss_fn, train_cfg, budget, hooks)
+            return False
+        return super().keeps_optimizer_state(train, ctx)
 
     def after_fit(self, model, stats, msg, ctx) -> Message:
         reply = super().after_fit(model, stats, msg, ctx)
