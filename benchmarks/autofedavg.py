@@ -154,7 +154,7 @@ def markdown(report: dict) -> str:
 def alpha_figure(fed: str, seed: int) -> Path | None:
     """The report's alpha-per-round panels (Fig. 3a) of the four variants' runs of one seed."""
     from fedseg.algorithms.autofedavg.report import alpha_curves, load_weights, sample_shares
-    from fedseg.report.kit import load_run
+    from fedseg.presentation.kit import load_run
 
     weights, titles, shares = {}, {}, {}
     for name in VARIANTS:

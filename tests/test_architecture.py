@@ -32,8 +32,8 @@ LOWER = (
     "fedseg.engine.*",
     "fedseg.train",
     "fedseg.evaluate.*",
-    "fedseg.report.kit",  # presentation primitives that a method's own report sections may use
-    "fedseg.report.figures",
+    "fedseg.presentation",  # presentation primitives that a method's own report sections may use
+    "fedseg.presentation.*",
 )
 ALGORITHMS = ("fedseg.algorithms.*",)
 # TOP: every other module (fedseg.run, fedseg.outputs, fedseg.studies, fedseg.predict, fedseg.progress, fedseg.cli,
@@ -292,7 +292,7 @@ def test_layer_of():
             "fedseg.data",
             "fedseg.data.folder",
             "fedseg.train",
-            "fedseg.report.kit",
+            "fedseg.presentation.kit",
             "fedseg.algorithms",
             "fedseg.algorithms.fedsm.model",
             "fedseg.report",

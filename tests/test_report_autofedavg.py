@@ -26,8 +26,8 @@ from fedseg.algorithms.autofedavg.report import (
     sections,
     simplex_grid,
 )
+from fedseg.presentation.kit import load_run
 from fedseg.report.html import render_report
-from fedseg.report.kit import load_run
 from fedseg.report.studies import render_study
 from fedseg.report.study_tables import SWEEP_FIGURE
 from fedseg.studies import SWEEP, Study, SubRun, run_label, sweep_columns, write_study_file, write_table

@@ -33,7 +33,7 @@ if TYPE_CHECKING:  # types only: the report kit and the data layer sit below the
 
     from fedseg.data.dataset import SiteData
     from fedseg.engine.context import Task
-    from fedseg.report.kit import RunFiles, Section
+    from fedseg.presentation.kit import RunFiles, Section
 
 Kind = Literal["baseline", "global", "personalized", "clustered"]
 Bundle = dict[str, dict[str, "torch.Tensor"]]

@@ -6,7 +6,7 @@
 the files a method family reads for its own sections (FedSM: ``selector_features/``) and the
 study tables ``unseen.csv`` / ``sweep.csv`` of a run that is part of a study. Each missing
 optional file just drops the sections that need it. The page uses no scripts and no network;
-figures are linked relatively (``figures/*.png``; the folder is the report's own: every PNG in
+figures are embedded as data URIs (also written as ``figures/*.png``; the folder is the report's own: every PNG in
 it is deleted before a render, so none survives from an earlier one).
 
 Sections:
@@ -30,8 +30,8 @@ Sections:
   ``cost``); the study tables of the directory (:mod:`fedseg.report.study_tables`); the
   configuration.
 
-Built from :mod:`fedseg.report.kit` (HTML, tables, the run's files) and
-:mod:`fedseg.report.figures`; the study page (:mod:`fedseg.report.studies`) uses this module,
+Built from :mod:`fedseg.presentation.kit` (HTML, tables, the run's files) and
+:mod:`fedseg.presentation.figures`; the study page (:mod:`fedseg.report.studies`) uses this module,
 never the other way round.
 """
 
@@ -44,8 +44,8 @@ import numpy as np
 
 from fedseg.engine.ledger import EVAL_ACTIONS
 from fedseg.evaluate.tables import RowFilter, cross_site_matrix, own_site_model, region_summary, site_summary
-from fedseg.report import figures
-from fedseg.report.kit import (
+from fedseg.presentation import figures
+from fedseg.presentation.kit import (
     RunFiles,
     Section,
     TableRow,

@@ -5,7 +5,7 @@ Everything comes from the run's ``summary.json`` entry of a method (``display_na
 older runs or hand-made entries, from the registry (:mod:`fedseg.algorithms`); a name neither
 knows is shown as it is and counted as federated. Used by the run report
 (:mod:`fedseg.report.html`) and the study tables (:mod:`fedseg.report.study_tables`); the
-presentation kit (:mod:`fedseg.report.kit`) stays free of it.
+presentation kit (:mod:`fedseg.presentation.kit`) stays free of it.
 """
 
 from __future__ import annotations

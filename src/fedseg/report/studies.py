@@ -15,8 +15,8 @@ from pathlib import Path
 
 import yaml
 
+from fedseg.presentation.kit import esc, read_csv, section, write_page
 from fedseg.report.html import render_report
-from fedseg.report.kit import esc, read_csv, section, write_page
 from fedseg.report.study_tables import STUDY_JSON, SWEEP_CSV, UNSEEN_CSV, is_study_dir, run_link, study_sections
 
 __all__ = ["is_study_dir", "render_study", "study_sections"]

@@ -21,8 +21,8 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from fedseg.report.figures import LINE_STYLES, save, series_color
-from fedseg.report.kit import TableRow, esc, fmt, num, read_csv, score_table, section, site_columns, table
+from fedseg.presentation.figures import LINE_STYLES, save, series_color
+from fedseg.presentation.kit import TableRow, esc, fmt, num, read_csv, score_table, section, site_columns, table
 from fedseg.report.methods import display_name, is_federated
 
 __all__ = [

@@ -11,7 +11,7 @@ from fedseg.algorithms.registry import Family
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from fedseg.report.kit import RunFiles, Section
+    from fedseg.presentation.kit import RunFiles, Section
 
 
 def report_sections(run: RunFiles, algorithms: Sequence[str], fig_dir: Path) -> list[Section]:

@@ -3,7 +3,7 @@
 (Sec. 4.2.2, Fig. 3).
 
 :func:`sections` reads the run's files only (as the whole report does) and draws with matplotlib
-``Figure`` objects (no pyplot state) through the report's :func:`fedseg.report.figures.save`:
+``Figure`` objects (no pyplot state) through the report's :func:`fedseg.presentation.figures.save`:
 
 * "Aggregation weights α per round (Auto-FedAvg Fig. 3a)": one panel per Auto-FedAvg algorithm,
   α_k of every site over the validated rounds (``round_metrics.csv`` metric ``alpha``; layer-wise:
@@ -42,12 +42,19 @@ import numpy.typing as npt
 import torch
 import yaml
 from matplotlib.figure import Figure
-from matplotlib.lines import Line2D
 from matplotlib.tri import Triangulation
 
 from fedseg.algorithms.autofedavg.weights import merge_alpha
-from fedseg.report.figures import LINE_STYLES, mean_per_round, round_axes, save, series_color
-from fedseg.report.kit import RunFiles, Section, TableRow, esc, num, score_table
+from fedseg.presentation.figures import (
+    LINE_STYLES,
+    curve_with_selected_round,
+    legend_with_selected_round,
+    mean_per_round,
+    round_axes,
+    save,
+    series_color,
+)
+from fedseg.presentation.kit import RunFiles, Section, TableRow, esc, num, score_table
 
 __all__ = [
     "SAMPLES_KEY",
@@ -337,17 +344,9 @@ def dice_section(run: RunFiles, algorithms: Sequence[str], fig_dir: Path) -> str
     lines = [(a, series_color(i), "-") for i, a in enumerate(ours)]
     lines += [(b, ("black", "0.45")[j % 2], "--") for j, b in enumerate(baselines)]
     for alg, color, style in lines:
-        x, y = val[alg]
-        ax.plot(x, y, color=color, ls=style, lw=1.7, marker="o", ms=2.5, label=run.label(alg))
-        b = best.get(alg)
-        if b is not None and b in x:
-            ax.plot([b], [y[list(x).index(b)]], marker="*", ms=12, color=color, mec="black", mew=0.6)
+        curve_with_selected_round(ax, *val[alg], color, run.label(alg), best.get(alg), ls=style)
     round_axes(ax, "Validation Dice (mean over sites)", "Dice")
-    handles, names = ax.get_legend_handles_labels()
-    if best:
-        handles.append(Line2D([], [], marker="*", ms=10, ls="", color="grey", mec="black", mew=0.6))
-        names.append("selected round")
-    ax.legend(handles, names, fontsize=8, loc="best")
+    legend_with_selected_round(ax, bool(best))
     fig.tight_layout()
     save(fig, fig_dir / DICE_FIGURE)
     return _img(DICE_FIGURE, "validation Dice of Auto-FedAvg and FedAvg per round")

@@ -1,7 +1,7 @@
 """The FedSM family's sections of the run report (``Family.report_sections``, see :data:`family.FEDSM`).
 
 :func:`sections` reads the run's files only (as the whole report does) and draws with the
-report's presentation primitives (:mod:`fedseg.report.kit`, :mod:`fedseg.report.figures`):
+report's presentation primitives (:mod:`fedseg.presentation.kit`, :mod:`fedseg.presentation.figures`):
 
 * a note for the run report's "Validation Dice per round" section: what a FedSM curve shows;
 * "Training curves per model": per-model curves of each family member from the
@@ -24,9 +24,9 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from fedseg.algorithms.fedsm.features import FEATURES_DIR
-from fedseg.report import figures
-from fedseg.report.figures import LINE_STYLES, mean_per_round, round_axes, save, series_color
-from fedseg.report.kit import RunFiles, Section, TableRow, esc, load_npz, nanmean, num, score_table
+from fedseg.presentation import figures
+from fedseg.presentation.figures import LINE_STYLES, mean_per_round, round_axes, save, series_color
+from fedseg.presentation.kit import RunFiles, Section, TableRow, esc, load_npz, nanmean, num, score_table
 
 __all__ = ["sections", "selector_curves"]
 

@@ -4,7 +4,7 @@ No pyplot: figures are created with :class:`matplotlib.figure.Figure`, so render
 report never touches a GUI backend or global pyplot state. Every drawing function writes one
 PNG and returns its path, or returns None when there is nothing to draw.
 
-Like :mod:`fedseg.report.kit`, these are presentation primitives that know no method: a
+Like :mod:`fedseg.presentation.kit`, these are presentation primitives that know no method: a
 method family's report module (e.g. :mod:`fedseg.algorithms.fedsm.report`) draws its own
 figures with them (:func:`mean_per_round`, :func:`round_axes`, :func:`save`).
 """
@@ -28,6 +28,8 @@ __all__ = [
     "REGION_COLORS",
     "SERIES_COLORS",
     "series_color",
+    "curve_with_selected_round",
+    "legend_with_selected_round",
     "validation_curves",
     "cross_site_heatmap",
     "sample_grid",
@@ -130,23 +132,31 @@ def validation_curves(
         color = series_color(i)
         label = labels.get(alg, alg)
         if alg in val:
-            x, y = val[alg]
-            ax_val.plot(x, y, marker="o", ms=3, lw=1.6, color=color, label=label)
-            b = (best_round or {}).get(alg)
-            if b is not None and b in x:
-                ax_val.plot([b], [y[list(x).index(b)]], marker="*", ms=13, color=color, mec="black", mew=0.6)
+            curve_with_selected_round(ax_val, *val[alg], color, label, (best_round or {}).get(alg))
         if alg in loss:
             x, y = loss[alg]
             ax_loss.plot(x, y, marker="o", ms=3, lw=1.6, color=color, label=label)
     round_axes(ax_val, "Validation Dice (mean over sites)", "Dice")
     round_axes(ax_loss, "Training loss (mean over sites)", "loss")
-    handles, names = ax_val.get_legend_handles_labels()
-    if best_round:
-        handles.append(Line2D([], [], marker="*", ms=11, ls="", color="grey", mec="black", mew=0.6))
-        names.append("selected round")
-    ax_val.legend(handles, names, fontsize=8, loc="best")
+    legend_with_selected_round(ax_val, bool(best_round))
     fig.tight_layout()
     return save(fig, out)
+
+
+def curve_with_selected_round(ax, x, y, color: str, label: str, best: int | None, ls: str = "-") -> None:
+    """A per-round curve with a star on the round selected on validation (``best``, if it is in ``x``)."""
+    ax.plot(x, y, marker="o", ms=3, lw=1.6, color=color, ls=ls, label=label)
+    if best is not None and best in x:
+        ax.plot([best], [y[list(x).index(best)]], marker="*", ms=13, color=color, mec="black", mew=0.6)
+
+
+def legend_with_selected_round(ax, starred: bool) -> None:
+    """The axes' legend, with a "selected round" entry for the stars when any curve has one."""
+    handles, names = ax.get_legend_handles_labels()
+    if starred:
+        handles.append(Line2D([], [], marker="*", ms=11, ls="", color="grey", mec="black", mew=0.6))
+        names.append("selected round")
+    ax.legend(handles, names, fontsize=8, loc="best")
 
 
 def cross_site_heatmap(
