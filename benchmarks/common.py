@@ -49,7 +49,9 @@ def cache_path(federation: str, seed: int, algorithm: str) -> Path:
 
 
 def run_overrides(federation: str, seed: int, algorithm: str, extra: list[str]) -> list[str]:
-    return [*BUDGET[federation], f"seed={seed}", f"algorithms=[{algorithm}]", *extra]
+    """``algorithm``: one name, or a chain ``"fedavg+finetune"`` trained as one run (a method that
+    starts from an earlier one's model, ``start_from``)."""
+    return [*BUDGET[federation], f"seed={seed}", f"algorithms=[{algorithm.replace('+', ',')}]", *extra]
 
 
 def case_stats(rows: list[dict], algorithm: str, regions: list[str], own) -> dict:
@@ -84,22 +86,25 @@ def train_one(federation: str, seed: int, algorithm: str, extra: list[str]) -> d
     start = time.perf_counter()
     results = run_experiment(cfg, out)
     seconds = time.perf_counter() - start
-    (result,) = results.algorithms
     sites = results.federation.site_names
     regions = list(results.federation.regions.names)
-    entry = {
-        "federation": federation,
-        "seed": seed,
-        "algorithm": algorithm,
-        "overrides": overrides,
-        "sites": sites,
-        "regions": regions,
-        "summary": result.summary,
-        "stats": case_stats(result.test_rows, algorithm, regions, own_site_model),
-        "round_metrics": result.metric_rows,
-        "val_dice_per_round": _val_curve(result.rounds_rows),
-        "wall_seconds": seconds,
-    }
+    entries = [
+        {
+            "federation": federation,
+            "seed": seed,
+            "algorithm": result.name,
+            "overrides": overrides,
+            "sites": sites,
+            "regions": regions,
+            "summary": result.summary,
+            "stats": case_stats(result.test_rows, result.name, regions, own_site_model),
+            "round_metrics": result.metric_rows,
+            "val_dice_per_round": _val_curve(result.rounds_rows),
+            "wall_seconds": seconds,
+        }
+        for result in results.algorithms
+    ]
+    entry = entries[0] if len(entries) == 1 else {**entries[-1], "algorithm": algorithm, "chain": entries}
     path = cache_path(federation, seed, algorithm)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(entry, indent=1, allow_nan=True))

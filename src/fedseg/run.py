@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -28,12 +28,12 @@ from fedseg.engine.checkpoint import (
 from fedseg.engine.context import Task
 from fedseg.engine.ledger import Ledger
 from fedseg.engine.simulator import Simulator
-from fedseg.evaluate.cost import cost_table
 from fedseg.evaluate.tables import site_summary
 from fedseg.outputs import RunResults, write_outputs
 from fedseg.preflight import check_device, check_out_dir, check_resume, recorded_config
 from fedseg.provenance import begin
 from fedseg.runlog import log_round, round_line
+from fedseg.start_from import check_start_from, combined_cost, start_weights
 
 RoundCallback = Callable[[str, int, dict], None]
 # (algorithm name, AlgorithmSpec, validated options, Prepared, out dir, observers) -> engine; see ``simulator_engine``
@@ -126,6 +126,7 @@ def run_algorithm(
     on_round_end: RoundCallback | None = None,
     engine_factory: EngineFactory | None = None,
     on_log_line: Callable[[str], None] | None = None,
+    earlier: dict[str, AlgorithmResult] | None = None,
 ) -> AlgorithmResult:
     """Train ``name`` for ``fl.rounds`` rounds (resuming if asked), keep the best round by mean
     validation Dice over sites, evaluate it once on the test splits.
@@ -135,12 +136,19 @@ def run_algorithm(
     False) can reuse a finished checkpoint but cannot resume a half-done one.
 
     Each round's line goes to ``out/run.log`` (and to ``on_log_line``) once its checkpoint is on disk,
-    so a resumed round is never logged twice."""
-    cfg = prep.task.cfg
+    so a resumed round is never logged twice.
+
+    ``earlier``: the results of the algorithms run before this one in the same run, for a method that
+    starts from one of their models (``fedseg.start_from``)."""
     spec = get_algorithm(name)
-    options = spec.parse_options(cfg.methods.get(name))
+    options = spec.parse_options(prep.task.cfg.methods.get(name))
+    if (method_cfg := spec.run_config(prep.task.cfg)) is not prep.task.cfg:  # the method's own rounds
+        prep = replace(prep, task=replace(prep.task, cfg=method_cfg))
+    cfg, earlier = prep.task.cfg, earlier or {}
     engine: Engine = (engine_factory or simulator_engine)(name, spec, options, prep, out, observers)
     server = spec.server(engine, prep.task, options)
+    if (start := start_weights(options, earlier, prep.task)) is not None:
+        server.global_weights = dict(start)
     sites = engine.sites
     ckpt_path = out / "checkpoints" / f"{name}.pt"
     remove_temp_files(ckpt_path)  # left by a process killed mid-write
@@ -230,7 +238,8 @@ def run_algorithm(
     # restored states hold only the best up to the selected round; fedseg.algorithms.fedavg).
     server.collect_local_models()
     server.load_state_dict(best["server"])
-    engine.restore_clients(best["clients"])
+    if not server.SELECTS_PER_SITE:  # per-site selection: each site's state holds its own choice
+        engine.restore_clients(best["clients"])
     server.finalize()
     test_rows = server.evaluate("test", sample=True)
     bundle = server.bundle()
@@ -242,8 +251,12 @@ def run_algorithm(
         engine.ledger,
         cfg.fl.rounds,
         best["round"],
-        cost=cost_table(engine.ledger.rows, cfg.cost, {s: engine.num_samples(s, "val") for s in sites}),
+        cost=combined_cost(
+            options, earlier, engine.ledger.as_dicts(), cfg.cost, {s: engine.num_samples(s, "val") for s in sites}
+        ),
     )
+    if server.SELECTS_PER_SITE:  # the round each site's tested model comes from (its own best on validation)
+        summary["selected_rounds"] = dict(server.selected_rounds)
     summary.update(spec.summary_fields())
     summary["train_samples"] = {s: engine.num_samples(s, "train") for s in sites}  # n_k: FedAvg's weights
     result = AlgorithmResult(name, test_rows, rounds_rows, engine.ledger.as_dicts(), summary, bundle, metric_rows)
@@ -386,6 +399,7 @@ def run_experiment(
         check_resume(recorded, cfg.model_dump(mode="json"), str(out / "config.yaml"))
     prep = prepared or prepare(cfg, federation)
     check_sites(cfg, len(prep.federation.sites), f"federation {prep.federation.name!r}")
+    check_start_from(cfg, {n: get_algorithm(n).parse_options(cfg.methods.get(n)) for n in cfg.algorithms}, prep.task)
     if out.exists() and any(out.iterdir()) and not resume and (out / "checkpoints").exists():
         raise FileExistsError(f"{out}: already holds a run; use --resume to continue it or choose another --out")
     out.mkdir(parents=True, exist_ok=True)
@@ -394,7 +408,8 @@ def run_experiment(
     for name in cfg.algorithms:
         if on_algorithm_start:
             on_algorithm_start(name)
-        result = run_algorithm(name, prep, out, resume, observers, on_round_end, engine_factory, on_log_line)
+        earlier = {r.name: r for r in results.algorithms}
+        result = run_algorithm(name, prep, out, resume, observers, on_round_end, engine_factory, on_log_line, earlier)
         results.algorithms.append(result)
         family = get_algorithm(name).family
         if family and family.after_test:  # e.g. FedSM: the selector's features of the test images (Fig. 3)

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from fedseg.algorithms import (
     centralized,
+    cfl,
+    clustered,
+    ditto,
     fedadam,
     fedavg,
     fedmedian,
@@ -16,7 +19,9 @@ from fedseg.algorithms import (
     fedpidavg,
     fedprox,
     fedtrimmedavg,
+    finetune,
     local,
+    partial,
     qfedavg,
     scaffold,
 )
@@ -38,6 +43,11 @@ METHOD_MODULES = (
     qfedavg,
     fedpidavg,
     autofedavg,
+    finetune,
+    ditto,
+    partial,
+    cfl,
+    clustered,
     fedsm_method,
     fedsm_extra,
 )

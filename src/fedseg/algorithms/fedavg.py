@@ -62,8 +62,9 @@ from fedseg.train import (
 MODEL = "model"  # message prefix of model weights
 OPT = "opt"  # client-state prefix of optimizer moments
 LOCAL_BEST = "localbest"  # client-state prefix of the site's best local model (weights)
-LOCAL_BEST_SCORE = "localbest_score"  # client-state entry: its validation Dice, float64 ()
-LOCAL_BEST_ROUND = "localbest_round"  # client-state entry: the round it was trained in, int64 ()
+SCORE, ROUND = "_score", "_round"  # suffixes of a kept model's entries: validation Dice float64 (), round int64 ()
+LOCAL_BEST_SCORE = LOCAL_BEST + SCORE  # client-state entry: the kept local model's validation Dice
+LOCAL_BEST_ROUND = LOCAL_BEST + ROUND  # client-state entry: the round it was trained in
 SHARE_MODEL = "share_model"  # the action that uploads a site's own model (evaluation traffic)
 
 
@@ -120,6 +121,20 @@ def state_group(state: State, prefix: str) -> dict[str, torch.Tensor]:
     return {k[len(head) :]: v for k, v in state.items() if k.startswith(head)}
 
 
+def keep_if_better(state: State, prefix: str, model: nn.Module, score: float, rnd: int) -> bool:
+    """Keep ``model``'s weights under ``prefix/`` in a client state store, with ``score`` (a mean
+    validation Dice) and round ``rnd`` (``prefix_score``, ``prefix_round``), if ``score`` beats the
+    kept one. A NaN score ranks below every number; ties keep the earlier round. Returns whether it kept."""
+    best = state.get(prefix + SCORE)
+    low = lambda x: -math.inf if math.isnan(x) else x  # noqa: E731
+    if best is not None and not low(score) > low(float(best)):
+        return False
+    put_group(state, prefix, weights_of(model))
+    state[prefix + SCORE] = torch.tensor(score, dtype=torch.float64)
+    state[prefix + ROUND] = torch.tensor(rnd, dtype=torch.int64)
+    return True
+
+
 def put_group(state: State, prefix: str, tensors: dict[str, torch.Tensor]) -> None:
     """Replace the ``prefix/`` entries of a client state store by ``tensors``."""
     for key in [k for k in state if k.startswith(prefix + "/")]:
@@ -159,13 +174,7 @@ class FedAvgClient:
         data, ev, training = ctx.data.val, cfg.eval, model.training
         dice, _ = score_caseset(model, data, ev.batch_size, ev.threshold, False, ctx.task.device)
         model.train(training)
-        score = site_dice(dice, data.ids, ctx.site, ctx.task.regions)
-        best = ctx.state.get(LOCAL_BEST_SCORE)
-        low = lambda x: -math.inf if math.isnan(x) else x  # noqa: E731
-        if best is None or low(score) > low(float(best)):
-            put_group(ctx.state, LOCAL_BEST, weights_of(model))
-            ctx.state[LOCAL_BEST_SCORE] = torch.tensor(score, dtype=torch.float64)
-            ctx.state[LOCAL_BEST_ROUND] = torch.tensor(ctx.round, dtype=torch.int64)
+        keep_if_better(ctx.state, LOCAL_BEST, model, site_dice(dice, data.ids, ctx.site, ctx.task.regions), ctx.round)
 
     def on_share_model(self, msg: Message, ctx: ClientContext) -> Message:
         """Reply with the site's kept best local model (empty if it has none)."""
@@ -187,6 +196,7 @@ class FedAvgClient:
         train_cfg: TrainConfig | None = None,
         budget: BudgetConfig | None = None,
         hooks: TrainHooks | None = None,
+        generator: torch.Generator | None = None,
     ) -> TrainStats:
         """One local training budget through the Trainer, optimizer moments kept in client state if configured.
 
@@ -194,7 +204,8 @@ class FedAvgClient:
         ``train_cfg`` (default: ``cfg.train``) let a method train another model through the same
         loop, e.g. FedSM's selector with cross-entropy on (image, site index) at its own learning rate;
         ``budget`` (default: the round's local budget) e.g. FedSM's fine-tuning epochs; ``hooks``
-        (default: ``self.train_hooks``) how this training differs from plain training.
+        (default: ``self.train_hooks``) how this training differs from plain training; ``generator``
+        (default: the site's stream ``ctx.generator``) the batch order's random stream.
         The Trainer's rate is the round's (``train.lr_schedule``, ``fedseg.train.round_lr``): ``train_cfg.lr``
         scaled by the schedule's factor for round ``ctx.round`` of ``fl.rounds``.
         """
@@ -207,7 +218,7 @@ class FedAvgClient:
         stats = trainer.fit(
             model,
             ctx.data.train if data is None else data,
-            ctx.generator,
+            ctx.generator if generator is None else generator,
             optimizer,
             budget=budget or local_budget(ctx.options),
             hooks=hooks,
@@ -245,8 +256,14 @@ class FedAvgClient:
             "cases": json.dumps(data.ids),
             "model": str(msg.meta["model"]),
             "split": str(msg.meta["split"]),
+            **self.after_evaluate(model, dice, msg, ctx),
         }
         return Message({"dice": torch.from_numpy(dice), "hd95": torch.from_numpy(hd95)}, meta)
+
+    def after_evaluate(self, model: nn.Module, dice: np.ndarray, msg: Message, ctx: ClientContext) -> dict:
+        """What a site does after scoring ``model`` (per-case Dice ``(N, R)``): extra reply metadata
+        (default: nothing; per-site selection keeps its best model, ``fedseg.algorithms.persite``)."""
+        return {}
 
     def eval_model(self, msg: Message, ctx: ClientContext) -> nn.Module:
         """The model to score: the one in the message (a global or another site's model)."""
@@ -290,6 +307,9 @@ class FedAvgServer:
     # where no site trains a model of its own in ``train`` (centralized), where the local models are
     # the method's own (local) or where the client trains otherwise (the FedSM family).
     KEEPS_LOCAL_MODELS = True
+    # Whether each site is tested with its own model at its own best validation round
+    # (fedseg.algorithms.persite); False: every site at the round with the best mean validation Dice.
+    SELECTS_PER_SITE = False
 
     def __init__(self, engine, task: Task, options):
         self.engine = engine

@@ -110,6 +110,16 @@ class AlgorithmSpec:
         """The validated options of ``methods.<name>`` (cached per distinct value; do not mutate)."""
         return _parse_options(self.name, self.options, json.dumps(raw or {}, sort_keys=True, default=str))
 
+    def run_config(self, cfg):
+        """The run config as this method sees it: ``fl.rounds`` replaced by the options' ``rounds`` where a
+        method sets its own (e.g. ``finetune``'s ``epochs``); ``cfg`` itself otherwise. The run and every
+        site (Flower nodes too) build the method's ``Task`` from this, so the rounds, the validated rounds
+        and the learning-rate schedule agree everywhere."""
+        rounds = getattr(self.parse_options(cfg.methods.get(self.name)), "rounds", None)
+        if rounds is None or rounds == cfg.fl.rounds:
+            return cfg
+        return cfg.model_copy(update={"fl": cfg.fl.model_copy(update={"rounds": rounds})})
+
     def check_sites(self, num_sites: int, where: str, raw_options: dict | None = None) -> None:
         """Raise a ValueError before any work if ``where`` (a federation of ``num_sites`` sites) has too
         few sites for this method, or if its options do not hold for that many sites."""

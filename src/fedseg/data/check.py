@@ -69,12 +69,16 @@ def _check_case(image_path: Path, label_path: Path, header: Header | None) -> tu
     return problems, None if image is None else tuple(image.shape)
 
 
-def check_folder(root: str | Path, split: SplitConfig | None = None, seed: int = 0) -> Federation:
+def check_folder(
+    root: str | Path, split: SplitConfig | None = None, seed: int = 0, *, all_sites: bool = True
+) -> Federation:
     """Validate the federation folder ``root`` and return it (lazy, as ``load_folder`` would).
 
     Checks ``federation.yaml`` (keys, types, kind, regions), every site's file pairing
     (image without label and vice versa, duplicate case ids, unsupported files, empty sites),
-    every ``splits.csv`` (columns, split values, unknown cases), every case's contents
+    every ``splits.csv`` (columns, split values, unknown cases), the metadata (``sites:`` in
+    ``federation.yaml``, every ``cases.csv``: columns, unknown or duplicate cases, a ``group``
+    that ``splits.csv`` splits), every case's contents
     (readable, channel count, image/label spatial shape, integer labels, label values in the
     regions) and, given ``split`` and ``seed``, that every site keeps a training case.
 
@@ -82,11 +86,14 @@ def check_folder(root: str | Path, split: SplitConfig | None = None, seed: int =
     (hundreds of 2D images or tens of 3D volumes); a very large federation takes as long as
     one pass over its files. The returned cases carry ``meta["image_shape"]`` ``(C, *spatial)``.
 
+    ``all_sites=False``: the folder holds only some of the federation's sites (a hospital's copy),
+    so ``federation.yaml``'s ``sites:`` may name sites that are not here (see ``scan_folder``).
+
     Raises ``FederationError`` listing every problem, one per line (at most 3 of each kind, then
     ``... and N more like this``; the count in its first line is the total).
     """
     root = Path(root)
-    header, sites, fixed, problems = scan_folder(root)
+    header, sites, fixed, problems = scan_folder(root, all_sites=all_sites)
     meta: dict[tuple[str, str], dict[str, object]] = {}
     for site in sites:
         for cid, (image_path, label_path) in site.cases.items():

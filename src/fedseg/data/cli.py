@@ -79,13 +79,18 @@ def check(
 
 
 def _print_summary(fed, split: SplitConfig, seed: int, line: str) -> None:
-    """Print the per-site table, then ``line`` with ``{sites}`` and ``{cases}`` filled in."""
+    """Print the per-site table, then ``line`` with ``{sites}`` and ``{cases}`` filled in, then the
+    metadata keys present (if any)."""
+    from fedseg.data.metadata import metadata_summary
     from fedseg.data.splits import make_splits
 
     console = Console()
     console.print(summary_table(fed, make_splits(fed, split, seed)))
     n_cases = sum(len(s.cases) for s in fed.sites)
     console.print(line.format(sites=len(fed.sites), cases=n_cases), highlight=False, soft_wrap=True)
+    metadata = metadata_summary(fed)
+    if metadata:
+        console.print(metadata, highlight=False, soft_wrap=True)
 
 
 def _synth_source(name: str) -> tuple[str, float, int, int, SplitConfig]:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from fedseg.config import DataConfig
 from fedseg.data.federation import Federation, Site
+from fedseg.data.metadata import metadata_value
 from fedseg.data.preprocess import case_tensors
 
 
@@ -39,16 +40,30 @@ class CaseSet:
 
 @dataclass
 class SiteData:
-    """What one site holds locally: its name, index in the federation and three splits."""
+    """What one site holds locally: its name, index in the federation, three splits and its metadata.
+
+    ``metadata``: the site-level metadata (``federation.yaml`` ``sites:``); ``case_metadata``: case id ->
+    case-level metadata (``cases.csv`` columns) for every case of the site, whatever its split (``{}``
+    for a case without any). Metadata is never a model input unless a method says so.
+    """
 
     name: str
     index: int
     train: CaseSet
     val: CaseSet
     test: CaseSet
+    metadata: dict[str, object] = field(default_factory=dict)
+    case_metadata: dict[str, dict[str, object]] = field(default_factory=dict)
 
     def split(self, name: str) -> CaseSet:
         return {"train": self.train, "val": self.val, "test": self.test}[name]
+
+    def metadata_value(self, key: str) -> str:
+        """The site's value of metadata ``key``, as a string: the site-level value if there is one, else
+        the most common non-empty value of the case-level column ``key`` over all the site's cases (ties:
+        the smallest value in string order). Raises ``ValueError`` naming the keys the site has when
+        neither exists. Deterministic: a function of the metadata alone."""
+        return metadata_value(self.name, key, self.metadata, self.case_metadata)
 
 
 def build_site_data(fed: Federation, site: Site, index: int, splits: Mapping[str, str], cfg: DataConfig) -> SiteData:
@@ -72,4 +87,12 @@ def build_site_data(fed: Federation, site: Site, index: int, splits: Mapping[str
             torch.stack(xs) if xs else torch.empty(shape_x),
             torch.stack(ys) if ys else torch.empty(shape_y),
         )
-    return SiteData(site.name, index, sets["train"], sets["val"], sets["test"])
+    return SiteData(
+        site.name,
+        index,
+        sets["train"],
+        sets["val"],
+        sets["test"],
+        metadata=dict(site.meta),
+        case_metadata={case.id: case.metadata for case in site.cases},
+    )

@@ -7,6 +7,11 @@ spatial axes are the file's voxel axes ``(X, Y, Z)`` in stored order, not reorie
 values, see ``Regions``). Arrays are kept in their stored dtype (``uint8`` for the
 built-in federations, anything numeric for folder federations); conversion to model
 input happens in ``fedseg.data.preprocess``.
+
+Sites and cases may carry *metadata* (see ``fedseg.data.metadata``): ``Site.meta`` (site-level,
+scalar values) and the case-level columns in ``Case.meta`` (``Case.metadata``). It describes
+the data (grade, vendor, the patient a slice comes from); it is never a model input unless a
+method says so.
 """
 
 from __future__ import annotations
@@ -92,7 +97,12 @@ class Regions:
 
 @dataclass(frozen=True)
 class Case:
-    """One image and its label map. Arrays are held in memory or read lazily by ``loader``."""
+    """One image and its label map. Arrays are held in memory or read lazily by ``loader``.
+
+    ``meta``: the case's case-level metadata (the columns of its site's ``cases.csv``, e.g.
+    ``group``) plus, for folder federations, the reader's bookkeeping (``FILE_META_KEYS``: the
+    file paths and, after ``data check``, the image shape); ``metadata`` is the former alone.
+    """
 
     id: str
     loader: Callable[[], tuple[np.ndarray, np.ndarray]] = field(repr=False, compare=False)
@@ -106,14 +116,26 @@ class Case:
         """Return ``(image (C, *spatial), label (*spatial))``."""
         return self.loader()
 
+    @property
+    def metadata(self) -> dict[str, object]:
+        """Case-level metadata: ``meta`` without the folder reader's bookkeeping (``FILE_META_KEYS``)."""
+        return {k: v for k, v in self.meta.items() if k not in FILE_META_KEYS}
+
+
+# What the folder reader and ``data check`` keep in ``Case.meta`` besides metadata: not metadata,
+# and not allowed as ``cases.csv`` columns.
+FILE_META_KEYS: tuple[str, ...] = ("image", "label", "image_shape")
+
 
 @dataclass
 class Site:
-    """One hospital: an ordered list of cases, optionally with fixed splits (case id -> split)."""
+    """One hospital: an ordered list of cases, optionally with fixed splits (case id -> split)
+    and site-level metadata ``meta`` (key -> str, int, float or bool; ``federation.yaml`` ``sites:``)."""
 
     name: str
     cases: list[Case]
     fixed_splits: dict[str, Split] | None = None
+    meta: dict[str, object] = field(default_factory=dict)
 
 
 @dataclass

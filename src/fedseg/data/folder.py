@@ -2,10 +2,14 @@
 
 ::
 
-    ROOT/federation.yaml                       name, kind (2d|3d), channels, regions, [label_names]
+    ROOT/federation.yaml                       name, kind (2d|3d), channels, regions, [label_names], [sites]
     ROOT/<site>/images/<case>.<png|jpg|jpeg|npy|nii|nii.gz>
     ROOT/<site>/labels/<case>.<png|npy|nii|nii.gz>      integer label map, same case id
     ROOT/<site>/splits.csv                     optional, header ``case,split``
+    ROOT/<site>/cases.csv                      optional case-level metadata, header ``case,<any columns>``
+
+``sites:`` in ``federation.yaml`` holds optional site-level metadata (``sites: {site1: {grade: LGG}}``);
+see ``fedseg.data.metadata`` for both kinds of metadata.
 
 Array conventions (what a case loader returns): image ``(C, *spatial)`` channel-first,
 label ``(*spatial)`` integer, both in their stored dtype (a uint8 PNG stays uint8; a float
@@ -28,6 +32,7 @@ from __future__ import annotations
 import functools
 import re
 import shutil
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, cast
@@ -36,7 +41,17 @@ import numpy as np
 import yaml
 
 from fedseg.data.federation import Case, Federation, FederationError, Regions, Site, Split
-from fedseg.data.splits import Splits, read_site_splits_csv, write_site_splits_csv
+from fedseg.data.metadata import (
+    CASES_FILE,
+    GROUP,
+    cases_csv_table,
+    read_cases_csv,
+    read_site_metadata,
+    site_metadata_for_yaml,
+    site_metadata_problems,
+    write_cases_csv,
+)
+from fedseg.data.splits import Splits, group_split_problems, read_site_splits_csv, write_site_splits_csv
 
 if TYPE_CHECKING:
     from nibabel.spatialimages import SpatialImage
@@ -45,7 +60,7 @@ IMAGE_EXTS = ("nii.gz", "nii", "png", "jpg", "jpeg", "npy")
 LABEL_EXTS = ("nii.gz", "nii", "png", "npy")
 HEADER_FILE = "federation.yaml"
 SPLITS_FILE = "splits.csv"
-HEADER_KEYS = ("name", "kind", "channels", "regions", "label_names")
+HEADER_KEYS = ("name", "kind", "channels", "regions", "label_names", "sites")
 _PIL_EXTS = ("png", "jpg", "jpeg")
 _NIFTI_EXTS = ("nii", "nii.gz")
 
@@ -226,13 +241,14 @@ class Header:
     channels: int
     regions: Regions
     label_names: dict[int, str] | None = None
+    sites: dict[str, dict[str, object]] = field(default_factory=dict)  # site-level metadata, by site name
 
 
 def _is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-def _header_problems(data: dict) -> list[str]:
+def _header_problems(data: dict, site_names: Collection[str] | None = None) -> list[str]:
     """Problems of a parsed ``federation.yaml`` mapping, without the file name prefix."""
     problems = [f"missing key {k!r}" for k in HEADER_KEYS[:4] if k not in data]
     problems += [f"unknown key {k!r} (allowed: {', '.join(HEADER_KEYS)})" for k in data if k not in HEADER_KEYS]
@@ -260,11 +276,16 @@ def _header_problems(data: dict) -> list[str]:
             _is_int(k) and k >= 0 and isinstance(v, str) for k, v in names.items()
         ):
             problems.append(f"label_names: expected a mapping label value (integer >= 0) -> name, got {names!r}")
+    if data.get("sites") is not None:
+        problems += site_metadata_problems(data["sites"], site_names)
     return problems
 
 
-def read_header(root: str | Path) -> Header:
-    """Read and validate ``ROOT/federation.yaml``; raises ``FederationError`` listing every problem."""
+def read_header(root: str | Path, site_names: Collection[str] | None = None) -> Header:
+    """Read and validate ``ROOT/federation.yaml``; raises ``FederationError`` listing every problem.
+
+    With ``site_names`` (the site folders found), ``sites:`` may only name those sites.
+    """
     path = Path(root) / HEADER_FILE
     if not path.is_file():
         raise FederationError(f"{path}: missing (every federation folder needs a {HEADER_FILE})")
@@ -276,7 +297,7 @@ def read_header(root: str | Path) -> Header:
         raise FederationError(
             f"{path}: expected a mapping with keys {', '.join(HEADER_KEYS)}, got {type(data).__name__}"
         )
-    problems = _header_problems(data)
+    problems = _header_problems(data, site_names)
     if problems:
         raise FederationError("\n".join(f"{path}: {p}" for p in problems))
     names = data.get("label_names")
@@ -286,6 +307,7 @@ def read_header(root: str | Path) -> Header:
         channels=data["channels"],
         regions=Regions.from_mapping(data["regions"]),
         label_names={int(k): v for k, v in names.items()} if names else None,
+        sites=read_site_metadata(data.get("sites")),
     )
 
 
@@ -298,6 +320,9 @@ def write_header(root: Path, fed: Federation) -> None:
     }
     if fed.label_names:
         data["label_names"] = {int(k): str(v) for k, v in fed.label_names.items()}
+    sites = {site.name: site_metadata_for_yaml(site) for site in fed.sites if site.meta}
+    if sites:
+        data["sites"] = sites
     (root / HEADER_FILE).write_text(yaml.safe_dump(data, sort_keys=False, default_flow_style=None), encoding="utf-8")
 
 
@@ -306,12 +331,15 @@ def write_header(root: Path, fed: Federation) -> None:
 
 @dataclass
 class SiteFiles:
-    """One site folder's paired files: ``cases`` maps case id -> (image path, label path), sorted by id."""
+    """One site folder's paired files: ``cases`` maps case id -> (image path, label path), sorted by id;
+    ``case_meta``: the case-level metadata read from ``cases_csv`` (case id -> column -> value)."""
 
     name: str
     dir: Path
     cases: dict[str, tuple[Path, Path]] = field(default_factory=dict)
     splits_csv: Path | None = None
+    cases_csv: Path | None = None
+    case_meta: dict[str, dict[str, str]] = field(default_factory=dict)
 
 
 def _list_files(
@@ -350,8 +378,15 @@ def scan_site(site_dir: Path) -> tuple[SiteFiles, list[str]]:
     cases = {cid: (images[cid], labels[cid]) for cid in sorted(set(images) & set(labels))}
     if not cases:
         problems.append(f"{site_dir}: empty site (no case with both an image and a label)")
-    splits_csv = site_dir / SPLITS_FILE
-    return SiteFiles(site_dir.name, site_dir, cases, splits_csv if splits_csv.is_file() else None), problems
+    splits_csv, cases_csv = site_dir / SPLITS_FILE, site_dir / CASES_FILE
+    site = SiteFiles(
+        site_dir.name,
+        site_dir,
+        cases,
+        splits_csv if splits_csv.is_file() else None,
+        cases_csv if cases_csv.is_file() else None,
+    )
+    return site, problems
 
 
 def scan_sites(root: str | Path) -> tuple[list[SiteFiles], list[str]]:
@@ -377,13 +412,16 @@ def build_federation(
 ) -> Federation:
     """Federation with lazy cases: each ``Case.loader`` is a picklable ``load_case`` partial.
 
-    ``Case.meta`` holds ``image`` and ``label`` (file paths as strings) plus ``meta[(site, case)]``.
+    ``Case.meta`` holds ``image`` and ``label`` (file paths as strings), the case's ``cases.csv``
+    columns (``site.case_meta``) and ``meta[(site, case)]``; ``Site.meta`` is the header's
+    ``sites:`` entry.
     """
     meta = meta or {}
 
     def case(site: SiteFiles, cid: str, image: Path, label: Path) -> Case:
         loader = functools.partial(load_case, image, label, header.kind, header.channels)
-        return Case(cid, loader, {"image": str(image), "label": str(label), **meta.get((site.name, cid), {})})
+        files = {"image": str(image), "label": str(label)}
+        return Case(cid, loader, {**files, **site.case_meta.get(cid, {}), **meta.get((site.name, cid), {})})
 
     return Federation(
         name=header.name,
@@ -391,27 +429,39 @@ def build_federation(
         channels=header.channels,
         regions=header.regions,
         sites=[
-            Site(s.name, [case(s, cid, *paths) for cid, paths in s.cases.items()], fixed_splits.get(s.name))
+            Site(
+                s.name,
+                [case(s, cid, *paths) for cid, paths in s.cases.items()],
+                fixed_splits.get(s.name),
+                dict(header.sites.get(s.name, {})),
+            )
             for s in sites
         ],
         label_names=header.label_names,
     )
 
 
-def scan_folder(root: str | Path) -> tuple[Header | None, list[SiteFiles], dict[str, dict[str, Split]], list[str]]:
-    """Read ``federation.yaml``, pair every site's files and read the sites' ``splits.csv``.
+def scan_folder(
+    root: str | Path, *, all_sites: bool = True
+) -> tuple[Header | None, list[SiteFiles], dict[str, dict[str, Split]], list[str]]:
+    """Read ``federation.yaml``, pair every site's files and read the sites' ``splits.csv`` and ``cases.csv``.
 
     Returns ``(header or None if invalid, sites, fixed splits per site, problems)``; a site whose
-    ``splits.csv`` is invalid gets no fixed splits. No image or label is read.
+    ``splits.csv`` is invalid gets no fixed splits, one whose ``cases.csv`` is invalid no case
+    metadata (``SiteFiles.case_meta``). A ``splits.csv`` that puts the cases of one ``group``
+    (``cases.csv``) in different splits is a problem. No image or label is read.
+
+    ``all_sites``: the folder holds every site of the federation, so ``federation.yaml``'s
+    ``sites:`` may only name site folders found here; ``False`` for a folder with only some of
+    them (a hospital's copy in a Flower deployment: the coordinator's ``federation.yaml`` and
+    its own site folder).
     """
     root = Path(root)
-    problems: list[str] = []
+    sites, problems = scan_sites(root)
     try:
-        header = read_header(root)
+        header = read_header(root, [s.name for s in sites] if sites and all_sites else None)
     except FederationError as e:
-        header, problems = None, str(e).splitlines()
-    sites, site_problems = scan_sites(root)
-    problems += site_problems
+        header, problems = None, str(e).splitlines() + problems
     fixed: dict[str, dict[str, Split]] = {}
     for site in sites:
         if site.splits_csv is not None:
@@ -419,6 +469,14 @@ def scan_folder(root: str | Path) -> tuple[Header | None, list[SiteFiles], dict[
                 fixed[site.name] = read_site_splits_csv(site.splits_csv, site.cases)
             except FederationError as e:
                 problems += str(e).splitlines()
+        if site.cases_csv is not None:
+            try:
+                site.case_meta = read_cases_csv(site.cases_csv, site.cases)
+            except FederationError as e:
+                problems += str(e).splitlines()
+        if site.splits_csv is not None and site.name in fixed and site.case_meta:
+            groups = {cid: cols[GROUP] for cid, cols in site.case_meta.items() if cols.get(GROUP)}
+            problems += [f"{site.splits_csv}: {p}" for p in group_split_problems(fixed[site.name], groups)]
     return header, sites, fixed, problems
 
 
@@ -455,14 +513,16 @@ def group_problems(problems: list[str], shown: int = SHOWN_PER_KIND) -> list[str
     return out
 
 
-def load_folder(root: str | Path) -> Federation:
-    """Read a federation folder lazily (only file names, ``federation.yaml`` and ``splits.csv`` are read).
+def load_folder(root: str | Path, *, all_sites: bool = True) -> Federation:
+    """Read a federation folder lazily (only file names, ``federation.yaml``, ``splits.csv`` and
+    ``cases.csv`` are read).
 
     Raises ``FederationError`` listing every structural problem (pairing, duplicates, empty
-    sites, bad ``federation.yaml`` or ``splits.csv``). Array contents are validated when a case
-    is loaded, or all at once by ``fedseg.data.check.check_folder``.
+    sites, bad ``federation.yaml``, ``splits.csv`` or ``cases.csv``). Array contents are validated
+    when a case is loaded, or all at once by ``fedseg.data.check.check_folder``. ``all_sites``: see
+    ``scan_folder``.
     """
-    header, sites, fixed, problems = scan_folder(root)
+    header, sites, fixed, problems = scan_folder(root, all_sites=all_sites)
     if problems:
         raise FederationError("\n".join(group_problems(problems)))
     assert header is not None  # scan_folder reports a problem whenever federation.yaml is invalid
@@ -536,6 +596,8 @@ def write_folder(fed: Federation, root: str | Path, splits: Splits | None = None
     2D images: PNG when uint8 with 1 or 3 channels, else ``.npy`` ``(C, H, W)``; 2D labels: PNG
     when uint8, else ``.npy``; 3D images and labels: ``.nii.gz`` (identity affine). Writes
     ``<site>/splits.csv`` from ``splits`` when given, else from each site's ``fixed_splits``.
+    Metadata: ``Site.meta`` goes to ``federation.yaml`` ``sites:``, ``Case.metadata`` to
+    ``<site>/cases.csv`` (values as strings; neither is written when there is none).
     Returns ``root``.
     """
     root = Path(root)
@@ -545,6 +607,8 @@ def write_folder(fed: Federation, root: str | Path, splits: Splits | None = None
         if len(set(ids)) != len(ids):
             dupes = sorted({i for i in ids if ids.count(i) > 1})
             raise FederationError(f"site {site.name!r}: duplicate case ids {dupes}")
+        site_metadata_for_yaml(site)  # refuse metadata that cannot be written before touching root
+        cases_csv_table(site)
     _prepare_root(root, overwrite)
     write_header(root, fed)
     for site in fed.sites:
@@ -558,4 +622,5 @@ def write_folder(fed: Federation, root: str | Path, splits: Splits | None = None
         site_split = splits.get(site.name) if splits is not None else site.fixed_splits
         if site_split:
             write_site_splits_csv(site_dir / SPLITS_FILE, site_split)
+        write_cases_csv(site_dir / CASES_FILE, site)
     return root

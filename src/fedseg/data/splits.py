@@ -1,10 +1,23 @@
 """Per-site train/val/test splits: ratio splits (FedSM), federated k-fold (FeTS), CSV I/O.
 
 Splits are computed per site and depend only on ``(seed, site name, the site's case
-ids)``: adding or removing a site never changes another site's split, and the order in
-which a site lists its cases does not matter (case ids are sorted before shuffling).
-A site's ``fixed_splits`` (its ``splits.csv`` in a folder federation) win over the
+ids and their groups)``: adding or removing a site never changes another site's split, and
+the order in which a site lists its cases does not matter (case ids are sorted before
+shuffling). A site's ``fixed_splits`` (its ``splits.csv`` in a folder federation) win over the
 computed split; cases it does not list are split by the run's settings.
+
+**Groups.** Cases with the same case-level ``group`` value (``cases.csv``; e.g. the patient a
+slice comes from) always land in the same split and the same k-fold fold; a case without a
+group is a group of its own. The site's groups (in order of their smallest case id) are
+shuffled as single cases would be, and the shuffled sequence is cut at the group boundaries
+nearest the case counts of the ratios (``ratio_counts``; k-fold: the near-equal fold sizes);
+ties go to the earlier boundary, and every split (fold) with a positive target gets at least
+one group as far as there are groups (train first, then val, then test). So the ratios hold as
+closely as whole groups allow: a site with a few large groups can end up far from them
+(``data check`` prints the counts).
+Without groups (or with groups of one case) this is exactly the ungrouped split. A group with
+cases in ``fixed_splits`` takes the fixed split of its smallest such case id for its other
+cases (``load_folder`` and ``data check`` refuse a ``splits.csv`` that splits a group).
 
 A *splits* mapping is ``{site name: {case id: "train" | "val" | "test"}}``.
 """
@@ -14,7 +27,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import math
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import cast
 
@@ -22,6 +35,7 @@ import numpy as np
 
 from fedseg.config import SplitConfig
 from fedseg.data.federation import SPLITS, Federation, FederationError, Site, Split
+from fedseg.data.metadata import case_groups
 
 Splits = dict[str, dict[str, Split]]
 
@@ -33,9 +47,46 @@ def _rng(seed: int, site: str, *salt: object) -> np.random.Generator:
     return np.random.default_rng(int.from_bytes(hashlib.sha256(key).digest()[:8], "little"))
 
 
-def _shuffled(case_ids: Iterable[str], rng: np.random.Generator) -> list[str]:
-    ids = sorted(case_ids)
-    return [ids[i] for i in rng.permutation(len(ids))]
+def _units(case_ids: Iterable[str], groups: Mapping[str, str]) -> list[list[str]]:
+    """The cases as units that are never split: the case ids of each group together, every case without
+    a group alone; ids sorted within a unit, units in order of their smallest id."""
+    units: dict[tuple[str, str], list[str]] = {}
+    for cid in sorted(case_ids):
+        units.setdefault(("group", groups[cid]) if cid in groups else ("case", cid), []).append(cid)
+    return list(units.values())
+
+
+def _shuffled(case_ids: Iterable[str], rng: np.random.Generator, groups: Mapping[str, str]) -> list[list[str]]:
+    """The units of ``case_ids`` (see ``_units``) in random order; single cases without groups."""
+    units = _units(case_ids, groups)
+    return [units[i] for i in rng.permutation(len(units))]
+
+
+def _cut_units(units: Sequence[list[str]], counts: Sequence[int]) -> list[list[str]]:
+    """Cut the ordered ``units`` into ``len(counts)`` consecutive parts whose case counts approximate
+    ``counts``: part ``j`` ends at the unit boundary nearest ``sum(counts[:j + 1])`` cases (ties: the
+    earlier one). A part with count 0 stays empty; the parts with a positive count get at least one
+    unit each, as far as there are units (the first parts first). Single-case units are cut at exactly
+    ``counts``."""
+    m = len(units)
+    cum = [0]
+    for unit in units:
+        cum.append(cum[-1] + len(unit))
+    required = [j for j, c in enumerate(counts) if c > 0][:m]  # parts that get at least one unit
+    cuts = [0]
+    for j in range(1, len(counts)):
+        prev = cuts[-1]
+        if counts[j - 1] == 0:
+            cuts.append(prev)
+        elif not any(counts[j:]):
+            cuts.append(m)
+        else:
+            lo = prev + (1 if j - 1 in required else 0)
+            hi = m - sum(1 for i in required if i >= j)
+            target = sum(counts[:j])
+            cuts.append(min(range(lo, hi + 1), key=lambda k: (abs(cum[k] - target), k)))
+    cuts.append(m)
+    return [[cid for unit in units[a:b] for cid in unit] for a, b in zip(cuts, cuts[1:])]
 
 
 def ratio_counts(n: int, ratios: tuple[float, float, float]) -> tuple[int, int, int]:
@@ -58,49 +109,76 @@ def ratio_counts(n: int, ratios: tuple[float, float, float]) -> tuple[int, int, 
     return counts[0], counts[1], counts[2]
 
 
-def _cut(ordered: list[str], counts: tuple[int, int, int]) -> dict[str, Split]:
-    """Assign the first ``counts[0]`` ids to train, the next ``counts[1]`` to val, the rest to test."""
-    n_train, n_val, _ = counts
-    return {
-        cid: ("train" if i < n_train else "val" if i < n_train + n_val else "test") for i, cid in enumerate(ordered)
-    }
+def _cut(ordered: list[list[str]], ratios: tuple[float, float, float]) -> dict[str, Split]:
+    """Assign the ordered units to train, val and test in ``ratios`` (see ``_cut_units``): single cases
+    get exactly ``ratio_counts``."""
+    parts = _cut_units(ordered, ratio_counts(sum(len(u) for u in ordered), ratios))
+    return {cid: split for split, part in zip(SPLITS, parts) for cid in part}
 
 
-def kfold_assignment(case_ids: Iterable[str], folds: int, seed: int, site: str) -> dict[str, int]:
+def kfold_assignment(
+    case_ids: Iterable[str], folds: int, seed: int, site: str, groups: Mapping[str, str] | None = None
+) -> dict[str, int]:
     """Assign each case id to one of ``folds`` near-equal folds (sizes differ by at most one).
 
     Deterministic from ``(seed, site)`` and the set of ids; independent of which fold is later
-    used as test, so running folds ``0..folds-1`` uses every case as test exactly once.
+    used as test, so running folds ``0..folds-1`` uses every case as test exactly once. With
+    ``groups`` (case id -> group), the cases of a group share a fold and fold sizes are as near
+    equal as whole groups allow (see the module docstring).
     """
     if folds < 1:
         raise ValueError(f"folds must be >= 1, got {folds}")
-    ordered = _shuffled(case_ids, _rng(seed, site, "kfold", folds))
-    return {
-        cid: int(fold)
-        for fold, chunk in enumerate(np.array_split(np.array(ordered, dtype=object), folds))
-        for cid in chunk
-    }
+    ordered = _shuffled(case_ids, _rng(seed, site, "kfold", folds), groups or {})
+    n = sum(len(u) for u in ordered)
+    sizes = [n // folds + (1 if k < n % folds else 0) for k in range(folds)]  # np.array_split's sizes
+    return {cid: fold for fold, part in enumerate(_cut_units(ordered, sizes)) for cid in part}
 
 
-def _computed_site_splits(case_ids: list[str], cfg: SplitConfig, seed: int, site: str) -> dict[str, Split]:
+def _computed_site_splits(
+    case_ids: list[str], cfg: SplitConfig, seed: int, site: str, groups: Mapping[str, str]
+) -> dict[str, Split]:
     if cfg.mode == "ratio":
-        ordered = _shuffled(case_ids, _rng(seed, site, "ratio"))
-        return _cut(ordered, ratio_counts(len(ordered), cfg.ratios))
-    folds = kfold_assignment(case_ids, cfg.folds, seed, site)
+        return _cut(_shuffled(case_ids, _rng(seed, site, "ratio"), groups), cfg.ratios)
+    folds = kfold_assignment(case_ids, cfg.folds, seed, site, groups)
     rest = [cid for cid in case_ids if folds[cid] != cfg.fold]
-    ordered = _shuffled(rest, _rng(seed, site, "trainval", cfg.folds, cfg.fold))
-    out = _cut(ordered, ratio_counts(len(ordered), (cfg.train_fraction, 1 - cfg.train_fraction, 0.0)))
+    ordered = _shuffled(rest, _rng(seed, site, "trainval", cfg.folds, cfg.fold), groups)
+    out = _cut(ordered, (cfg.train_fraction, 1 - cfg.train_fraction, 0.0))
     out.update({cid: "test" for cid in case_ids if folds[cid] == cfg.fold})
     return out
 
 
 def site_splits(site: Site, cfg: SplitConfig, seed: int) -> dict[str, Split]:
-    """Split one site: its ``fixed_splits`` win; the remaining cases are split by ``cfg``.
+    """Split one site: its ``fixed_splits`` win; the remaining cases are split by ``cfg``, the cases of
+    one ``group`` together (a group with fixed cases follows them; see the module docstring).
     Keys follow ``site.cases`` order."""
     fixed = site.fixed_splits or {}
     ids = [c.id for c in site.cases]
-    computed = _computed_site_splits([cid for cid in ids if cid not in fixed], cfg, seed, site.name)
-    return {cid: fixed[cid] if cid in fixed else computed[cid] for cid in ids}
+    groups = case_groups(site.cases)
+    fixed_group: dict[str, Split] = {}
+    for cid in sorted(c for c in fixed if c in groups):
+        fixed_group.setdefault(groups[cid], fixed[cid])
+    follow = {cid: fixed_group[groups[cid]] for cid in ids if cid not in fixed and groups.get(cid) in fixed_group}
+    free = [cid for cid in ids if cid not in fixed and cid not in follow]
+    computed = _computed_site_splits(free, cfg, seed, site.name, groups)
+    return {cid: fixed[cid] if cid in fixed else follow[cid] if cid in follow else computed[cid] for cid in ids}
+
+
+def group_split_problems(splits: Mapping[str, str], groups: Mapping[str, str]) -> list[str]:
+    """One line per group whose cases ``splits`` (case id -> split) puts in more than one split, naming
+    the first case in each split: ``group 'p1' is split: 'a' train, 'b' test (its cases must share one split)``."""
+    by_group: dict[str, dict[str, str]] = {}
+    for cid in sorted(splits):
+        if cid in groups:
+            by_group.setdefault(groups[cid], {})[cid] = splits[cid]
+    problems = []
+    for group, cases in by_group.items():
+        if len(set(cases.values())) > 1:
+            first: dict[str, str] = {}
+            for cid, split in cases.items():
+                first.setdefault(split, cid)
+            shown = ", ".join(f"{cid!r} {split}" for split, cid in first.items())
+            problems.append(f"group {group!r} is split: {shown} (its cases must share one split)")
+    return problems
 
 
 def make_splits(fed: Federation, cfg: SplitConfig, seed: int) -> Splits:

@@ -68,6 +68,20 @@ in this module, the same for every seed.
     spot around the rectum; noise: Rician, in units of full scale; blur in pixels
     at 64 x 64.)
 
+Site-level metadata (``Site.meta``; written to ``federation.yaml`` ``sites:`` by ``write_folder``),
+a known grouping of the sites for methods that read metadata (never a model input):
+
+- ``synthetic-retina``: ``collection: riga`` for site2, site3 and site4, modelled on the three
+  sub-collections of RIGA (BinRushed, Magrabia, MESSIDOR), and ``collection: other`` for site1,
+  site5 and site6 (Drishti-GS, RIM-ONE, REFUGE). In the real data one team of ophthalmologists
+  annotated all of RIGA; here the three RIGA-like sites keep the cup-annotation settings of the
+  table above, which differ from one another. The styles encode no camera, so there is no
+  camera key.
+- ``synthetic-prostate``: ``coil: endorectal`` for the sites whose style has an endorectal-coil
+  hot spot (``coil > 0``: site1, site3), ``coil: none`` for the others.
+
+There is no case-level metadata (every case is its own patient: no ``group``).
+
 Both federations share the drawing machinery: wobbly-ellipse outlines (``Blob``)
 painted with anti-aliased edges, smooth random fields as sums of plane waves, a
 Gaussian blur, additive or Rician noise and a tone-curve lookup table
@@ -134,7 +148,7 @@ def build_synthetic(name: str, scale: float, image_size: int, seed: int) -> Fede
             recipes = [spec.draw(case_rng(seed, SYNTHETIC_NAMES.index(name), s, c), style, image_size) for c in index]
             images, labels = spec.render(recipes, style, image_size)
             cases += [Case.from_arrays(f"{site}_{c:04d}", img, lab) for c, img, lab in zip(index, images, labels)]
-        sites.append(Site(site, cases))
+        sites.append(Site(site, cases, meta=dict(spec.site_meta[s]) if spec.site_meta else {}))
     return Federation(name, "2d", spec.channels, Regions.from_mapping(spec.regions), sites, spec.label_names)
 
 
@@ -599,6 +613,11 @@ RETINA_STYLES = (
     ),
 )
 
+# Which real collection each retina site is modelled on (site-level metadata ``collection``): sites 2-4
+# on the three RIGA sub-collections (BinRushed, Magrabia, MESSIDOR), sites 1, 5, 6 on Drishti-GS,
+# RIM-ONE and REFUGE.
+RETINA_COLLECTIONS = ("other", "riga", "riga", "riga", "other", "other")
+
 
 @dataclass(frozen=True)
 class OpticDisc:
@@ -932,6 +951,7 @@ class FederationSpec(Generic[StyleT, RecipeT]):
     draw: Callable[[np.random.Generator, StyleT, int], RecipeT]  # (rng, style, size) -> recipe
     # (recipes, style, size) -> arrays
     render: Callable[[Sequence[RecipeT], StyleT, int], tuple[np.ndarray, np.ndarray]]
+    site_meta: tuple[dict[str, object], ...] = ()  # site-level metadata, one mapping per style (or none)
 
 
 # each spec pairs its styles with its own draw/render: FederationSpec[RetinaStyle, FundusRecipe] and
@@ -945,6 +965,7 @@ FEDERATIONS: dict[str, FederationSpec[Any, Any]] = {
         {0: "background", 1: "rim", 2: "cup"},
         draw_fundus,
         render_fundus,
+        tuple({"collection": collection} for collection in RETINA_COLLECTIONS),
     ),
     "synthetic-prostate": FederationSpec(
         PROSTATE_TABLE,
@@ -954,5 +975,6 @@ FEDERATIONS: dict[str, FederationSpec[Any, Any]] = {
         {0: "background", 1: "prostate"},
         draw_slice,
         render_slices,
+        tuple({"coil": "endorectal" if style.coil > 0 else "none"} for style in PROSTATE_STYLES),
     ),
 }

@@ -44,16 +44,33 @@ def prefixed(prefix: str, tensors: Mapping[str, torch.Tensor]) -> dict[str, torc
     return {f"{prefix}/{k}": v for k, v in tensors.items()}
 
 
+def float_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The model's floating-point state entries (parameters and buffers such as BatchNorm
+    statistics), each tensor once: an entry that is another name of an earlier entry's tensor is
+    left out (MONAI's DynUNet registers its blocks twice, under ``skip_layers.*`` too; counting
+    those would double its traffic). Tensors are the model's own (not copies)."""
+    seen, entries = set(), {}
+    for name, value in model.state_dict().items():
+        if not value.is_floating_point():
+            continue
+        key = (value.data_ptr(), tuple(value.shape), value.stride(), value.dtype)
+        if value.numel() and key in seen:
+            continue
+        seen.add(key)
+        entries[name] = value
+    return entries
+
+
 def weights_of(model: nn.Module) -> dict[str, torch.Tensor]:
-    """A detached CPU copy of every floating-point entry of the model's state (parameters and
-    buffers such as BatchNorm statistics, so they are never silently left out of averaging)."""
-    return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items() if v.is_floating_point()}
+    """A detached CPU copy of every floating-point entry of the model's state (``float_state``:
+    parameters and buffers, so they are never silently left out of averaging)."""
+    return {k: v.detach().to("cpu", copy=True) for k, v in float_state(model).items()}
 
 
 def load_weights(model: nn.Module, weights: Mapping[str, torch.Tensor]) -> None:
     """Load ``weights`` (as produced by ``weights_of``) into ``model``; every float entry must be present."""
     state = model.state_dict()
-    missing = [k for k, v in state.items() if v.is_floating_point() and k not in weights]
+    missing = [k for k in float_state(model) if k not in weights]
     if missing:
         raise KeyError(f"weights are missing {len(missing)} entries, e.g. {missing[:3]}")
     with torch.no_grad():

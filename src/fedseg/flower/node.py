@@ -101,7 +101,11 @@ def load_site(settings: NodeSettings, cfg: RunConfig, check: bool) -> tuple[Fede
     from fedseg.data.check import check_folder
     from fedseg.data.folder import load_folder
 
-    fed = check_folder(settings.data, cfg.data.split, cfg.seed) if check else load_folder(settings.data)
+    # a hospital's folder holds the federation's federation.yaml and only its own site folder
+    if check:
+        fed = check_folder(settings.data, cfg.data.split, cfg.seed, all_sites=False)
+    else:
+        fed = load_folder(settings.data, all_sites=False)
     if settings.site not in fed.site_names:
         raise FederationError(
             f"{settings.data}: no folder for site {settings.site!r} "
@@ -215,7 +219,7 @@ def on_algorithm_message(
     fed, data = site_data(settings, cfg, to.site_index)
     forget_other_algorithms(context, to.algorithm)
     state = get_state(context, STATE + to.algorithm)
-    task = Task(cfg, fed.spatial_dims, fed.channels, fed.regions.names)
+    task = Task(spec.run_config(cfg), fed.spatial_dims, fed.channels, fed.regions.names)  # the method's rounds
     options = spec.parse_options(cfg.methods.get(to.algorithm))  # cached: parsed once per node process
     reply, seconds = answer(spec.client(), msg, to, data, state, task, options, settings.samples)
     put_state(context, STATE + to.algorithm, state)

@@ -46,5 +46,7 @@ def build_segmenter(cfg: ModelConfig, spatial_dims: int, in_channels: int, out_c
 
 
 def count_parameters(model: nn.Module) -> int:
-    """Number of floats in the model's state (parameters and buffers)."""
-    return sum(t.numel() for t in model.state_dict().values() if t.is_floating_point())
+    """Number of floats in the model's state (parameters and buffers; an aliased entry once)."""
+    from fedseg.engine.messages import float_state
+
+    return sum(t.numel() for t in float_state(model).values())

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from fedseg.engine.messages import float_state
+
 Parameterization = str  # "softmax" | "dirichlet"
 BETA_FLOOR = 1e-3  # smallest concentration a Dirichlet learning step may leave
 
@@ -41,7 +43,7 @@ class LayerGroups:
 
     @classmethod
     def of_model(cls, model: nn.Module, granularity: str) -> LayerGroups:
-        keys = [k for k, v in model.state_dict().items() if v.is_floating_point()]
+        keys = list(float_state(model))
         if granularity == "network":
             return cls(("network",), dict.fromkeys(keys, 0))
         owners = {name.rpartition(".")[0] for name, _ in model.named_parameters()}
