@@ -50,8 +50,10 @@ def cache_path(federation: str, seed: int, algorithm: str) -> Path:
 
 def run_overrides(federation: str, seed: int, algorithm: str, extra: list[str]) -> list[str]:
     """``algorithm``: one name, or a chain ``"fedavg+finetune"`` trained as one run (a method that
-    starts from an earlier one's model, ``start_from``)."""
-    return [*BUDGET[federation], f"seed={seed}", f"algorithms=[{algorithm.replace('+', ',')}]", *extra]
+    starts from an earlier one's model, ``start_from``); a suffix ``@tag`` names a cache of its own
+    (another benchmark's budget: ``local@p20`` does not replace ``local``)."""
+    names = algorithm.partition("@")[0].replace("+", ",")
+    return [*BUDGET[federation], f"seed={seed}", f"algorithms=[{names}]", *extra]
 
 
 def case_stats(rows: list[dict], algorithm: str, regions: list[str], own) -> dict:
