@@ -28,18 +28,32 @@ from fedseg.flower.launch import supernode_command
 pytestmark = pytest.mark.slow  # every test starts Flower processes (SuperLink, SuperNodes, apps)
 
 runner = CliRunner()
+# per-site payloads, models and state; personalized and clustered methods: site-held models, per-site
+# selection, cluster state on the coordinator (cfl splits at round 1), metadata asked of the sites
+# (prior-cfl), a start from fedavg's model (finetune, prior-cfl)
 DEMANDING = [
-    a for a in ("fedsm", "scaffold", "autofedavg-l-dirichlet") if a in ALGORITHMS
-]  # per-site payloads, models, state
+    a
+    for a in ("fedsm", "scaffold", "autofedavg-l-dirichlet", "ditto", "fedper", "cfl", "finetune", "prior-cfl")
+    if a in ALGORITHMS
+]
+METHODS = {
+    "fedsm": {"selector_width": 0.0625},
+    "cfl": {"split_round": 1},
+    "finetune": {"epochs": 2},
+    "prior-cfl": {"cluster_by": "grade", "rounds": 2},
+}
 
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory, disc_federation) -> Path:
-    return write_folder(disc_federation(n_sites=2, cases_per_site=8), tmp_path_factory.mktemp("flower") / "fed")
+    fed = disc_federation(n_sites=2, cases_per_site=8)
+    for site, grade in zip(fed.sites, ("HGG", "LGG")):  # site metadata for prior-cfl
+        site.meta = {"grade": grade}
+    return write_folder(fed, tmp_path_factory.mktemp("flower") / "fed")
 
 
 def _config(tiny: dict, path: Path, algorithms: list[str], rounds: int) -> Path:
-    cfg = {**tiny, "algorithms": algorithms, "fl": {"rounds": rounds}, "methods": {"fedsm": {"selector_width": 0.0625}}}
+    cfg = {**tiny, "algorithms": algorithms, "fl": {"rounds": rounds}, "methods": METHODS}
     path.write_text(yaml.safe_dump(cfg))
     return path
 
@@ -71,6 +85,7 @@ def _assert_same_run(flower: Path, sim: Path) -> None:
             assert got[metric] == pytest.approx(ref[metric], abs=1e-6, nan_ok=True), (name, metric)
         for key in ("floats_sent", "sgd_steps", "rounds", "best_round"):
             assert got[key] == ref[key], (name, key)
+        assert got.get("selected_rounds") == ref.get("selected_rounds"), name  # per-site selection
         ours, theirs = (
             load_file(flower / "model" / name / "weights.safetensors"),
             load_file(sim / "model" / name / "weights.safetensors"),
@@ -114,8 +129,8 @@ def _wait_for(log: Path, text: str, timeout: float = 180) -> None:
 
 
 def test_flower_local_gives_the_simulators_numbers_for_fedavg_and_the_demanding_methods(folder, tmp_path, tiny):
-    """FedAvg, FedSM, SCAFFOLD, Auto-FedAvg-L-Dirichlet, 2 rounds, 2 sites: identical results through Flower (warm
-    ClientApp workers)."""
+    """FedAvg and the DEMANDING methods, 2 rounds, 2 sites: identical results through Flower (warm ClientApp
+    workers)."""
     cfg = _config(tiny, tmp_path / "cfg.yaml", ["fedavg", *DEMANDING], rounds=2)
     sim = runner.invoke(app, ["run", "--config", str(cfg), "--data", str(folder), "--out", str(tmp_path / "sim")])
     assert sim.exit_code == 0, sim.output

@@ -147,8 +147,8 @@ def run_algorithm(
     cfg, earlier = prep.task.cfg, earlier or {}
     engine: Engine = (engine_factory or simulator_engine)(name, spec, options, prep, out, observers)
     server = spec.server(engine, prep.task, options)
-    if (start := start_weights(options, earlier, prep.task)) is not None:
-        server.global_weights = dict(start)
+    if (initial := start_weights(options, earlier, prep.task)) is not None:  # e.g. finetune: fedavg's model
+        server.global_weights = dict(initial)
     sites = engine.sites
     ckpt_path = out / "checkpoints" / f"{name}.pt"
     remove_temp_files(ckpt_path)  # left by a process killed mid-write
@@ -399,6 +399,8 @@ def run_experiment(
         check_resume(recorded, cfg.model_dump(mode="json"), str(out / "config.yaml"))
     prep = prepared or prepare(cfg, federation)
     check_sites(cfg, len(prep.federation.sites), f"federation {prep.federation.name!r}")
+    for name in cfg.algorithms:  # options that depend on the network (e.g. FedPer's private_layers)
+        get_algorithm(name).check_task(prep.task, cfg.methods.get(name))
     check_start_from(cfg, {n: get_algorithm(n).parse_options(cfg.methods.get(n)) for n in cfg.algorithms}, prep.task)
     if out.exists() and any(out.iterdir()) and not resume and (out / "checkpoints").exists():
         raise FileExistsError(f"{out}: already holds a run; use --resume to continue it or choose another --out")

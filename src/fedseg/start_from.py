@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from fedseg.algorithms import get_algorithm
 from fedseg.evaluate.cost import cost_table
 
 Weights = dict[str, torch.Tensor]
@@ -39,6 +40,10 @@ def check_start_from(cfg, algorithms_options: dict[str, object], task) -> None:
             continue
         where = f"methods.{name}.start_from={start!r}"
         if start in order[: order.index(name)]:
+            if getattr(get_algorithm(start).server, "SELECTS_PER_SITE", False):  # its bundle: one model per site
+                raise ValueError(
+                    f"{where}: {start} has no global model (its sites keep their own); start from a global method"
+                )
             continue
         if start in order or not is_folder(start):
             raise ValueError(not_run_before(where, name, start, order))

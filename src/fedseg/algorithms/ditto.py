@@ -8,8 +8,8 @@ where w* is the global model of ordinary FedAvg. Ditto can solve it in two forms
   first global model it receives) for ``personal_epochs`` / ``personal_steps`` on
   ``f_k(v) + (lambda / 2) ||v - w^t||^2`` with w^t the global model received this round (the
   proximal term of :class:`fedseg.algorithms.fedprox.ProximalTerm`, over the trainable parameters).
-  Only w travels: Ditto's traffic is FedAvg's. v_k is what site k is validated and tested with
-  (per-site selection, ``fedseg.algorithms.persite``).
+  Only w travels: Ditto's traffic is FedAvg's; its steps (ledger, cost table) are both trainings'.
+  v_k is what site k is validated and tested with (per-site selection, ``fedseg.algorithms.persite``).
 * **fine-tuning** (``ditto-ft``, ``fedseg.algorithms.finetune``): after a global method has
   trained w*, each site fine-tunes a copy of it on the same regularized objective. That is the
   form the FeTS 2022 benchmark implemented (its Table 1 "Ditto" row): Ditto's authors found the
@@ -74,7 +74,7 @@ class DittoClient(PerSiteClient):
         personal = self.own_model(msg, ctx)
         device = next(personal.parameters()).device
         anchor = {k: v.to(device) for k, v in msg.group(MODEL).items()}  # w^t, fixed during the round
-        self.fit(
+        personal_stats = self.fit(
             personal,
             msg,
             ctx,
@@ -84,7 +84,9 @@ class DittoClient(PerSiteClient):
             generator=personal_stream,
         )
         put_group(ctx.state, PERSONAL, weights_of(personal))
-        return super().on_train(msg, ctx)  # FedAvg's half, on the site's own stream
+        reply = super().on_train(msg, ctx)  # FedAvg's half, on the site's own stream
+        reply.meta["steps"] = int(reply.meta["steps"]) + personal_stats.steps  # the cost counts both trainings
+        return reply
 
 
 class DittoServer(PerSiteServer):

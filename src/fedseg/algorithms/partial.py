@@ -43,6 +43,13 @@ class SharingOptions(BudgetOptions):
         None, description="p_k = n_k / N (samples) or 1 / K (uniform); None = fl.weighting"
     )
 
+    def check_task(self, task: Task, algorithm: str) -> None:
+        """At least one block must stay federated (checked before any work)."""
+        try:
+            private_entries(task, self)  # type: ignore[arg-type]  # a FedPer or LG-FedAvg options model
+        except ValueError as e:
+            raise ValueError(f"methods.{algorithm}.{e}") from None
+
 
 class FedPerOptions(SharingOptions):
     private: Literal["last"] = Field("last", description="FedPer keeps the last P blocks private (fixed)")
@@ -52,7 +59,7 @@ class LGFedAvgOptions(SharingOptions):
     private: Literal["first"] = Field("first", description="LG-FedAvg keeps the first P blocks private (fixed)")
 
 
-def private_entries(task: Task, options: SharingOptions) -> frozenset[str]:
+def private_entries(task: Task, options: FedPerOptions | LGFedAvgOptions) -> frozenset[str]:
     """Names of the state entries in the P private blocks (first or last, ``options.private``)."""
     grouped = entries_by_block(task.new_model())
     blocks = list(grouped)

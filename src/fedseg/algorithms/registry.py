@@ -14,7 +14,8 @@ Options come from the config's ``methods.<name>`` section and are validated by t
 pydantic model before anything runs (errors name ``methods.<name>.<key>``). They are parsed
 once per distinct value (cached: a run, a study or a Flower node asking again gets the same
 frozen object). An options model may define ``check_sites(num_sites, algorithm)`` for rules
-that depend on the number of sites (FedSM's SoftPull ``lam >= 1/K``); it raises ValueError.
+that depend on the number of sites (FedSM's SoftPull ``lam >= 1/K``) and ``check_task(task,
+algorithm)`` for rules that depend on the network (FedPer's ``private_layers``); they raise ValueError.
 """
 
 from __future__ import annotations
@@ -131,6 +132,13 @@ class AlgorithmSpec:
                 check(num_sites, self.name)
             except ValueError as e:
                 raise ValueError(f"{where}: {e}") from None
+
+    def check_task(self, task: Task, raw_options: dict | None = None) -> None:
+        """Raise a ValueError before any work if the options do not fit the run's network and task
+        (an options model's ``check_task(task, algorithm)``, e.g. FedPer's ``private_layers``)."""
+        check = getattr(self.parse_options(raw_options), "check_task", None)
+        if check is not None:
+            check(task, self.name)
 
     def summary_fields(self) -> dict[str, Any]:
         """What ``summary.json`` records about the method, so readers never hard-code names: display

@@ -162,7 +162,7 @@ def check_site_folder(site: str, data: Path) -> Federation:
     """``data check`` of a SuperNode's folder (structure and every file); its site must be there."""
     from fedseg.data.check import check_folder
 
-    fed = check_folder(data)
+    fed = check_folder(data, all_sites=False)  # a hospital folder: its own site; sites: may name the others
     if site not in fed.site_names:
         raise FederationError(f"{data}: no folder for site {site!r} (site folders here: {', '.join(fed.site_names)})")
     return fed

@@ -23,12 +23,13 @@ from monai.networks.layers.simplelayers import SkipConnection
 from monai.networks.nets import DynUNet, UNet
 from torch import nn
 
-from fedseg.engine.messages import float_state
+from fedseg.models.state import float_state
 
 
 def network_blocks(model: nn.Module) -> list[str]:
     """Module paths of ``model``'s blocks in forward order (see the module docstring)."""
     if isinstance(model, UNet):
+        assert isinstance(model.model, nn.Sequential)
         return _unet_blocks(model.model, "model")
     if isinstance(model, DynUNet):
         names = [name for name, _ in model.named_children()]
@@ -43,9 +44,11 @@ def network_blocks(model: nn.Module) -> list[str]:
     raise ValueError(f"no block structure known for {type(model).__name__} (known: MONAI UNet, DynUNet)")
 
 
-def _unet_blocks(level: nn.Module, path: str) -> list[str]:
+def _unet_blocks(level: nn.Sequential, path: str) -> list[str]:
     """``level`` = ``Sequential(down, SkipConnection(inner), up)``; ``inner`` is the next level or the bottom layer."""
-    inner = level[1].submodule
+    skip = level[1]
+    assert isinstance(skip, SkipConnection), f"{path}.1 is a {type(skip).__name__}, not MONAI's SkipConnection"
+    inner = skip.submodule
     inner_path = f"{path}.1.submodule"
     if isinstance(inner, nn.Sequential) and len(inner) == 3 and isinstance(inner[1], SkipConnection):
         middle = _unet_blocks(inner, inner_path)

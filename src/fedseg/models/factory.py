@@ -11,6 +11,7 @@ from monai.networks.nets import DynUNet, UNet
 from torch import nn
 
 from fedseg.config import ModelConfig
+from fedseg.models.state import float_state
 
 
 def build_segmenter(cfg: ModelConfig, spatial_dims: int, in_channels: int, out_channels: int, seed: int) -> nn.Module:
@@ -47,6 +48,4 @@ def build_segmenter(cfg: ModelConfig, spatial_dims: int, in_channels: int, out_c
 
 def count_parameters(model: nn.Module) -> int:
     """Number of floats in the model's state (parameters and buffers; an aliased entry once)."""
-    from fedseg.engine.messages import float_state
-
     return sum(t.numel() for t in float_state(model).values())

@@ -28,10 +28,14 @@ __all__ = [
     "REGION_COLORS",
     "SERIES_COLORS",
     "series_color",
+    "series_hatch",
+    "series_style",
     "curve_with_selected_round",
     "legend_with_selected_round",
     "validation_curves",
     "cross_site_heatmap",
+    "sites_by_size",
+    "per_site_bars",
     "sample_grid",
     "display_image",
     "project_2d",
@@ -59,6 +63,18 @@ def series_color(i: int) -> str:
     """The ``i``-th series colour (per site, per method, per region), cycling through
     :data:`SERIES_COLORS`; used instead of matplotlib's default ``C0``… cycle."""
     return SERIES_COLORS[i % len(SERIES_COLORS)]
+
+
+def series_style(i: int) -> str:
+    """Line style of the ``i``-th series: solid for the first round of :data:`SERIES_COLORS`, then the
+    next of :data:`LINE_STYLES` each time the colours repeat (so series ``i`` and ``i + 7`` differ)."""
+    return LINE_STYLES[(i // len(SERIES_COLORS)) % len(LINE_STYLES)]
+
+
+def series_hatch(i: int) -> str:
+    """Bar hatch of the ``i``-th series: none for the first round of :data:`SERIES_COLORS`, then a
+    pattern each time the colours repeat."""
+    return ("", "//", "..", "xx")[(i // len(SERIES_COLORS)) % 4]
 
 
 def _region_color(i: int) -> str:
@@ -129,13 +145,13 @@ def validation_curves(
     fig = Figure(figsize=(11, 3.8))
     ax_val, ax_loss = fig.subplots(1, 2)
     for i, alg in enumerate(algs):
-        color = series_color(i)
+        color, ls = series_color(i), series_style(i)
         label = labels.get(alg, alg)
         if alg in val:
-            curve_with_selected_round(ax_val, *val[alg], color, label, (best_round or {}).get(alg))
+            curve_with_selected_round(ax_val, *val[alg], color, label, (best_round or {}).get(alg), ls)
         if alg in loss:
             x, y = loss[alg]
-            ax_loss.plot(x, y, marker="o", ms=3, lw=1.6, color=color, label=label)
+            ax_loss.plot(x, y, marker="o", ms=3, lw=1.6, color=color, ls=ls, label=label)
     round_axes(ax_val, "Validation Dice (mean over sites)", "Dice")
     round_axes(ax_loss, "Training loss (mean over sites)", "loss")
     legend_with_selected_round(ax_val, bool(best_round))
@@ -166,15 +182,19 @@ def cross_site_heatmap(
     metric_label: str = "Dice",
     vmin: float = 0.0,
     vmax: float = 1.0,
+    title: str | None = None,
+    ylabel: str = "training site (local model)",
 ) -> Path:
-    """Heatmap with numbers of local models across sites.
+    """Heatmap with numbers of per-site models across sites.
 
     Args:
-        matrix: ``(train site, test site)`` scores; NaN cells are left blank.
+        matrix: ``(model's site, test site)`` scores; NaN cells are left blank.
         sites: names for both axes.
         out: PNG path.
         metric_label: colour-bar label.
         vmin, vmax: colour range.
+        title: axes title (e.g. the method's name), if any.
+        ylabel: what a row is.
     """
     n = len(sites)
     size = max(3.6, 0.75 * n + 1.8)
@@ -199,10 +219,109 @@ def cross_site_heatmap(
     ax.set_xticks(range(n), sites, rotation=30, ha="right")
     ax.set_yticks(range(n), sites)
     ax.set_xlabel("test site")
-    ax.set_ylabel("training site (local model)")
+    ax.set_ylabel(ylabel)
+    if title:
+        ax.set_title(title, fontsize=10)
     fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label=metric_label)
     fig.tight_layout()
     return save(fig, out)
+
+
+def sites_by_size(sites: Sequence[str], sizes: Mapping[str, float]) -> list[str]:
+    """``sites`` by decreasing ``sizes`` (e.g. training cases), ties in the given order; sites without
+    a size last, in the given order."""
+    known = [s for s in sites if not math.isnan(_size(sizes, s))]
+    return sorted(known, key=lambda s: -_size(sizes, s)) + [s for s in sites if s not in known]
+
+
+def _size(sizes: Mapping[str, float], site: str) -> float:
+    v = sizes.get(site)
+    return math.nan if v is None or v == "" else float(v)
+
+
+def per_site_bars(
+    values: Mapping[str, Mapping[str, float]],
+    sites: Sequence[str],
+    sizes: Mapping[str, float],
+    out: Path,
+    references: Mapping[str, Mapping[str, float]] | None = None,
+    ylabel: str = "test Dice",
+    title: str | None = None,
+) -> Path | None:
+    """Grouped bars of a per-site score, one bar per series at each site (the FeTS 2022 paper's
+    Fig. 6), sites ordered by :func:`sites_by_size` and labelled with their size (``n=``), and
+    reference series drawn as a short horizontal line across each site's group.
+
+    Args:
+        values: ``{series (e.g. method name): {site: score}}``, in legend order; coloured by
+            :func:`series_color`; a NaN or missing score leaves a gap.
+        sites: the sites to draw.
+        sizes: ``{site: size}`` (e.g. training cases), for the order and the labels.
+        out: PNG path.
+        references: ``{name: {site: score}}``, drawn in black, one line style each
+            (:data:`LINE_STYLES`), e.g. Centralized and FedAvg.
+        ylabel, title: axis label and title.
+
+    Returns:
+        ``out``, or None when no series has a score.
+    """
+    references = references or {}
+    order = sites_by_size(sites, sizes)
+    scores = lambda series: np.array([_size(series, s) for s in order])  # noqa: E731 (NaN when missing)
+    bars = {name: scores(v) for name, v in values.items()}
+    refs = {name: scores(v) for name, v in references.items()}
+    if not order or not any(np.isfinite(v).any() for v in bars.values()):
+        return None
+    n, k = len(order), max(len(bars), 1)
+    group = 0.8  # width of a site's group of bars
+    width = group / k
+    fig = Figure(figsize=(min(18.0, max(6.0, 0.22 * n * k + 0.5 * n + 2.0)), 4.2))
+    ax = fig.subplots()
+    x = np.arange(n)
+    for i, (name, y) in enumerate(bars.items()):
+        ax.bar(
+            x - group / 2 + (i + 0.5) * width,
+            y,
+            width * 0.92,
+            color=series_color(i),
+            hatch=series_hatch(i),
+            edgecolor="white",
+            linewidth=0,
+            label=name,
+            zorder=2,
+        )
+    for j, (name, y) in enumerate(refs.items()):
+        ls = LINE_STYLES[j % len(LINE_STYLES)]
+        ok = np.isfinite(y)
+        ax.hlines(
+            y[ok],
+            x[ok] - group / 2 - 0.04,
+            x[ok] + group / 2 + 0.04,
+            colors="black",
+            linestyles=ls,  # type: ignore[arg-type]
+            lw=1.8,
+            zorder=3,
+        )
+        ax.plot([], [], color="black", ls=ls, lw=1.8, label=name)  # legend entry
+    labels = [f"{s}\nn={_fmt_size(_size(sizes, s))}" for s in order]
+    ax.set_xticks(x, labels, fontsize=8, rotation=0 if n <= 12 else 90)
+    ax.set_xlim(-0.6, n - 0.4)
+    top = max(float(np.nanmax(np.concatenate([*bars.values(), *refs.values()]))), 0.0)
+    ax.set_ylim(0.0, min(1.0, top * 1.12 + 0.02) if top <= 1.0 else top * 1.12)
+    ax.set_ylabel(ylabel)
+    sized = any(not math.isnan(_size(sizes, s)) for s in order)
+    ax.set_xlabel("site (largest training set first)" if sized else "site")
+    ax.grid(axis="y", alpha=0.3, zorder=0)
+    if title:
+        ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    fig.tight_layout()
+    return save(fig, out)
+
+
+def _fmt_size(v: float) -> str:
+    """A size for a tick label: an integer without decimals, "?" when unknown."""
+    return "?" if math.isnan(v) else f"{v:g}"
 
 
 def display_image(image: np.ndarray) -> tuple[np.ndarray, str | None]:

@@ -289,6 +289,8 @@ table.scores b { color: #0a58ca; }
 .note { color: #57606a; font-size: 0.88em; margin: 4px 0 0; max-width: 980px; }
 img { max-width: 100%; height: auto; display: block; margin: 10px 0; }
 img.square { max-width: 560px; }
+.tiles { display: flex; flex-wrap: wrap; gap: 4px 16px; align-items: flex-start; }
+.tiles img.tile { max-width: 540px; width: calc(50% - 8px); margin: 10px 0 0; }
 details { margin-top: 2em; }
 summary { cursor: pointer; font-weight: 600; }
 pre { background: #f6f8fa; padding: 12px; overflow-x: auto; font-size: 0.85em; }

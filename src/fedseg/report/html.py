@@ -22,10 +22,15 @@ Sections:
   Avg), "local avg" / "local gen" (diagonal / off-diagonal mean of the cross-site matrix of the
   sites' best local models; "–" for a method without them);
 * per-region mean +- std over test cases (FeTS Table 1 style);
-* validation Dice and training loss per round (paper Fig. 2);
+* validation Dice and training loss per round (paper Fig. 2; a star on the selected round, except for
+  the methods that select a round per site: ``selected_rounds``);
+* when the run has personalized or clustered methods, FeTS 2022's Table 1 layout, its Fig. 6-style
+  per-site bars and the clusters per round (:mod:`fedseg.report.persite`);
 * the sections of each method family present (``Family.report_sections``, e.g. FedSM's per-model
   curves and model selector, :mod:`fedseg.algorithms.fedsm.report`);
-* the local cross-site heatmap; example predictions;
+* a cross-site heatmap for every method with per-site models (Local, personalized, clustered, a
+  federated method's best local models; a run with Local only: Local's, as "Local training across
+  sites"); example predictions;
 * communication and compute totals from the ledger; the FeTS Table 2 cost table (summary.json
   ``cost``); the study tables of the directory (:mod:`fedseg.report.study_tables`); the
   configuration.
@@ -38,12 +43,13 @@ never the other way round.
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import numpy as np
 
 from fedseg.engine.ledger import EVAL_ACTIONS
-from fedseg.evaluate.tables import RowFilter, cross_site_matrix, own_site_model, region_summary, site_summary
+from fedseg.evaluate.tables import cross_site_matrix, site_summary
 from fedseg.presentation import figures
 from fedseg.presentation.kit import (
     RunFiles,
@@ -61,7 +67,9 @@ from fedseg.presentation.kit import (
     table,
     write_page,
 )
+from fedseg.report import persite
 from fedseg.report.methods import algorithm_order, display_name, families, is_federated
+from fedseg.report.own_scores import mean_std_text, own_region_stats
 from fedseg.report.study_tables import study_sections
 
 __all__ = ["BYTES_PER_FLOAT", "RunFiles", "algorithm_order", "load_run", "render_report"]
@@ -149,7 +157,9 @@ def table2_section(run: RunFiles) -> Section:
     ]
     note = (
         "Auto-FedAvg paper, Table 2. Sites: test Dice of the model each site uses (federated methods: the "
-        "global model of the round with the best mean validation Dice); Global test avg: their mean. Local avg "
+        "global model of the round with the best mean validation Dice; personalized and clustered methods: the "
+        "site's own model, or its cluster's, at the round it scored best on its own validation split); Global "
+        "test avg: their mean. Local avg "
         "/ Local gen: each site's own locally trained model (the one it held right after local training in "
         "the round where it scored best on its own validation split; for Local, its model of the selected "
         "round) on its own test split (diagonal mean) / on the other sites' (off-diagonal mean); – where a "
@@ -157,15 +167,6 @@ def table2_section(run: RunFiles) -> Section:
         "column."
     )
     return Section(title, score_table(table2_rows(run), columns, True, 4), note)
-
-
-def _own_model_filter(run: RunFiles, name: str) -> RowFilter:
-    """Row filter of the models ``name`` reports as its own: its shared model (a name without
-    ``:``, e.g. ``global``) if it has one — leaving out its local models' cross-site rows — else
-    each per-site model on its own site (``own_site_model``: Local)."""
-    if any(r["algorithm"] == name and ":" not in r["model"] for r in run.results):
-        return lambda r: ":" not in r["model"]
-    return own_site_model
 
 
 def region_table(run: RunFiles) -> str | None:
@@ -176,13 +177,10 @@ def region_table(run: RunFiles) -> str | None:
     head = "".join(f"<th>{esc(g)} Dice</th>" for g in regions) + "".join(f"<th>{esc(g)} HD95</th>" for g in regions)
     body = []
     for name in algorithm_order(run.summary):
-        cells, own = [], _own_model_filter(run, name)
+        cells = []
         for metric, digits in (("dice", 3), ("hd95", 2)):
-            stats = region_summary(run.results, name, metric, regions, model_filter=own)
-            for g in regions:
-                s = stats[g]
-                text = "–" if s["n"] == 0 else f"{fmt(s['mean'], digits)} ± {fmt(s['std'], digits)}"
-                cells.append(f"<td>{text}</td>")
+            stats = own_region_stats(run, name, metric, regions)
+            cells += [f"<td>{mean_std_text(stats[g], digits)}</td>" for g in regions]
         label = "Local (own site)" if name.lower() == "local" else run.label(name)
         body.append(f"<tr><th>{esc(label)}</th>{''.join(cells)}</tr>")
     return table(f"<tr><th>Method</th>{head}</tr>", body)
@@ -190,7 +188,8 @@ def region_table(run: RunFiles) -> str | None:
 
 # --------------------------------------------------------------------------- ledger
 def ledger_table(run: RunFiles) -> str | None:
-    """Totals per algorithm: floats down/up/total (+ MB), SGD steps, wall time, rounds, best round.
+    """Totals per algorithm: floats down/up/total (+ MB), SGD steps, wall time, rounds, selected round
+    (the best mean validation round; for a method that selects per site, the range of its sites' rounds).
 
     Floats and steps count training exchanges only (evaluation traffic excluded, as in
     ``summary.json``); wall time (seconds) counts all compute and depends on the machine and its
@@ -209,7 +208,7 @@ def ledger_table(run: RunFiles) -> str | None:
     head = [
         "Method",
         "Rounds",
-        "Best round",
+        "Selected round",
         "Floats down",
         "Floats up",
         "Floats sent",
@@ -227,7 +226,7 @@ def ledger_table(run: RunFiles) -> str | None:
         mb = sent * BYTES_PER_FLOAT / 1e6
         cells = [
             fmt_int(e.get("rounds")),
-            fmt_int(e.get("best_round")),
+            persite.rounds_cell(run, name),
             fmt_int(down),
             fmt_int(up),
             fmt_int(sent),
@@ -265,8 +264,11 @@ def cost_section(run: RunFiles) -> str | None:
         ]
         if measured:
             cells += [fmt(c.get("t_batch"), 4), fmt(c.get("t_eval"), 4)]
-        body.append(f"<tr><th>{esc(run.label(name))}</th>{''.join(f'<td>{x}</td>' for x in cells)}</tr>")
+        mark = f" {persite.BASE_MARK}" if persite.cost_bases(run, run.algorithms[name]) else ""
+        body.append(f"<tr><th>{esc(run.label(name))}{mark}</th>{''.join(f'<td>{x}</td>' for x in cells)}</tr>")
     c = next(iter(costs.values()))
+    bases = {run.label(n): persite.cost_bases(run, run.algorithms[n]) for n in costs}
+    based = "; ".join(f"{esc(a)}: {esc(', '.join(b))} + its own" for a, b in bases.items() if b)
     timing = (
         "t_batch and t_eval measured from this run's ledger (per algorithm, columns on the right)"
         if measured
@@ -281,39 +283,88 @@ def cost_section(run: RunFiles) -> str | None:
         f"validation cases × t_eval + its floats down / up × {esc(c.get('bytes_per_float', BYTES_PER_FLOAT))} "
         f"bytes at {fmt(c.get('download_mb_s'), 1)} / {fmt(c.get('upload_mb_s'), 1)} MB/s, summed over rounds; "
         f"{timing}."
+    ) + (
+        f" {persite.BASE_MARK}: the method starts from another method's trained model, and its numbers include "
+        f"that training ({based})."
+        if based
+        else ""
     )
     return table("<tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr>", body) + f'<p class="note">{note}</p>'
 
 
 # --------------------------------------------------------------------------- figures
-def _local_matrix(run: RunFiles) -> np.ndarray | None:
-    """Local cross-site Dice ``(train, test)`` from summary.json, else from results.csv."""
+CROSS_SITE_NOTE = "Rows: the site a local model was trained on; columns: the site whose test data it is scored on."
+
+
+def cross_site_of(run: RunFiles, name: str) -> np.ndarray | None:
+    """Cross-site Dice ``(model's site, test site)`` of ``name``'s per-site models (``local:<site>``):
+    from summary.json's ``cross_site``, else from its results.csv rows; None when it has none."""
     sites = run.sites
-    cross = run.algorithms.get("local", {}).get("cross_site", {}).get("dice")
+    cross = run.algorithms.get(name, {}).get("cross_site", {}).get("dice")
     if cross:
         return np.array([[num(cross.get(a, {}).get(b)) for b in sites] for a in sites], dtype=np.float64)
-    if run.results and any(r["model"].startswith("local:") for r in run.results):
-        return cross_site_matrix(run.results, "dice", sites)
+    if any(r["algorithm"] == name and r["model"].startswith("local:") for r in run.results):
+        return cross_site_matrix(run.results, "dice", sites, algorithm=name)
     return None
 
 
-def cross_site_section(run: RunFiles, fig_dir: Path) -> str | None:
-    """Heatmap of local models across sites with local avg (diagonal) / local gen (off-diagonal)."""
-    m = _local_matrix(run)
-    if m is None or not np.isfinite(m).any():
-        return None
-    figures.cross_site_heatmap(m, run.sites, fig_dir / "cross_site.png", "Dice")
-    local = run.algorithms.get("local", {})
-    off = ~np.eye(len(m), dtype=bool)
-    avg = metric_scalar(local, "local_avg")
-    gen = metric_scalar(local, "local_gen")
-    avg = nanmean(np.diag(m)) if math.isnan(avg) else avg
-    gen = nanmean(m[off]) if math.isnan(gen) else gen
-    return (
-        '<img src="figures/cross_site.png" alt="local cross-site Dice heatmap" class="square">'
-        f'<p class="note"><b>Local avg</b> (diagonal: each site\'s model on its own test data) = {fmt(avg, 4)}; '
-        f"<b>Local gen</b> (off-diagonal: on the other sites' test data) = {fmt(gen, 4)}.</p>"
+def _figure_stem(name: str) -> str:
+    """A file-name-safe form of an algorithm name."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", name)
+
+
+def cross_site_section(run: RunFiles, fig_dir: Path) -> Section:
+    """One heatmap per method with per-site models (Local, the personalized and clustered methods, a
+    federated method's best local models) across sites, each with its local avg (diagonal) / local gen
+    (off-diagonal). A run whose only such method is Local gets Local's section as before (one square
+    heatmap ``figures/cross_site.png``, no title)."""
+    matrices = {}
+    for name in algorithm_order(run.summary):
+        m = cross_site_of(run, name)
+        if m is not None and np.isfinite(m).any():
+            matrices[name] = m
+    only_local = list(matrices) == ["local"]
+    title = "Local training across sites" if only_local else "Per-site models across sites"
+    if not matrices:
+        return Section(title, None)
+    off = ~np.eye(len(run.sites), dtype=bool)
+    imgs, numbers = [], []
+    for name, m in matrices.items():
+        entry = run.algorithms.get(name, {})
+        avg, gen = metric_scalar(entry, "local_avg"), metric_scalar(entry, "local_gen")
+        avg = nanmean(np.diag(m)) if math.isnan(avg) else avg
+        gen = nanmean(m[off]) if math.isnan(gen) else gen
+        label = "Local" if name.lower() == "local" else run.label(name)
+        file = "cross_site.png" if name.lower() == "local" else f"cross_site_{_figure_stem(name)}.png"
+        figures.cross_site_heatmap(
+            m,
+            run.sites,
+            fig_dir / file,
+            "Dice",
+            title=None if only_local else f"{label}\nlocal avg {fmt(avg, 3)} · local gen {fmt(gen, 3)}",
+            ylabel="training site (local model)" if only_local else "site of the model",
+        )
+        alt = f"{label} cross-site Dice heatmap" if not only_local else "local cross-site Dice heatmap"
+        imgs.append(f'<img src="figures/{file}" alt="{esc(alt)}" class="{"square" if only_local else "tile"}">')
+        numbers.append((label, avg, gen))
+    if only_local:
+        _, avg, gen = numbers[0]
+        body = (
+            f"{imgs[0]}"
+            f'<p class="note"><b>Local avg</b> (diagonal: each site\'s model on its own test data) = {fmt(avg, 4)}; '
+            f"<b>Local gen</b> (off-diagonal: on the other sites' test data) = {fmt(gen, 4)}.</p>"
+        )
+        return Section(title, body, CROSS_SITE_NOTE)
+    listed = "; ".join(f"{esc(label)} {fmt(avg, 4)} / {fmt(gen, 4)}" for label, avg, gen in numbers)
+    note = (
+        "Rows: the site whose model it is — Local: the model trained on that site alone; personalized and "
+        "clustered methods: the model the site uses (its cluster's, for a clustered method), at the site's own "
+        "selected round; other federated methods: the site's best locally trained model (config "
+        "<code>eval.local_models</code>). Columns: the site whose test data it is scored on. <b>Local avg</b> "
+        "(diagonal, bold: each site's model on its own test data) / <b>local gen</b> (off-diagonal: on the other "
+        f"sites' test data): {listed}."
     )
+    return Section(title, f'<div class="tiles">{"".join(imgs)}</div>', note)
 
 
 # --------------------------------------------------------------------------- page
@@ -354,13 +405,22 @@ def _score_sections(run: RunFiles) -> list[Section]:
     """Dice and HD95 tables (same renderer; higher vs lower is better)."""
     regions = ", ".join(run.regions) or "regions"
     common = (
-        f"Per case: mean over regions ({esc(regions)}); per site: mean over its test cases. "
-        "Client Avg = mean of the site means; Global = mean over all test cases pooled. "
-    ) + (
-        "“Client <i>k</i> Local (<i>site</i>)”: the <i>k</i>-th site's locally trained model on every site's "
-        "test data; “Local (own site)”: each site's own model on its own data. "
-        if "local" in run.algorithms
-        else ""
+        (
+            f"Per case: mean over regions ({esc(regions)}); per site: mean over its test cases. "
+            "Client Avg = mean of the site means; Global = mean over all test cases pooled. "
+        )
+        + (
+            "“Client <i>k</i> Local (<i>site</i>)”: the <i>k</i>-th site's locally trained model on every site's "
+            "test data; “Local (own site)”: each site's own model on its own data. "
+            if "local" in run.algorithms
+            else ""
+        )
+        + (
+            "Personalized and clustered methods: each site with its own model (a clustered method: its cluster's), "
+            "selected at the round where it scored best on the site's own validation split. "
+            if persite.per_site_methods(run, list(run.algorithms))
+            else ""
+        )
     )
     out = []
     for metric, title, higher, digits, note in (
@@ -388,17 +448,50 @@ def _score_sections(run: RunFiles) -> list[Section]:
 
 def _unconverged(run: RunFiles) -> str:
     """A warning naming the methods whose selected (best-validation) round is their last one: their
-    validation Dice was still rising, so more rounds may change the comparison."""
-    late = [
-        run.label(a)
-        for a, e in run.algorithms.items()
-        if e.get("rounds") and e.get("best_round") == e.get("rounds") and e["rounds"] > 1
-    ]
+    validation Dice was still rising, so more rounds may change the comparison. A method that selects
+    per site (``selected_rounds``) is named when at least half its sites selected the last round."""
+    late, per_site = [], False
+    for a, e in run.algorithms.items():
+        if not (e.get("rounds") and e["rounds"] > 1):
+            continue
+        if persite.selected_rounds(e):
+            k, n = persite.late_sites(e)
+            if 2 * k >= n:
+                late.append(f"{run.label(a)} ({k} of {n} sites)")
+                per_site = True
+        elif e.get("best_round") == e.get("rounds"):
+            late.append(run.label(a))
     if not late:
         return ""
     return (
         f" <b>May not have converged</b>: {esc(', '.join(late))} — the round selected on validation is the "
-        "last one trained; more rounds may change these numbers."
+        "last one trained"
+        + (
+            " (for a method that selects a round per site, on its own validation split: at least half its "
+            "sites selected the last round)"
+            if per_site
+            else ""
+        )
+        + "; more rounds may change these numbers."
+    )
+
+
+def _validation_note(run: RunFiles, order: list[str]) -> str:
+    """How to read the validation curves; which methods have no star (per-site selection) and why."""
+    per_site = [run.label(a) for a in order if persite.selected_rounds(run.algorithms[a])]
+    if not per_site:
+        return (
+            "Mean over sites of the validation Dice; the star marks the round selected on validation "
+            "(whose model is tested above)."
+        )
+    return (
+        "Mean over sites of the validation Dice (each site's own model for the methods that have one); the star "
+        "marks the round selected on validation (whose model is tested above). "
+        f"No star for {esc(', '.join(per_site))}: they select a round <b>per site</b>, on each site's own "
+        "validation split, so no single round of this mean curve is the tested one; each site's round is in "
+        "the column “Selected round” of “Communication and compute”"
+        + (f" and of “{esc(persite.TABLE1_TITLE)}”" if persite.per_site_methods(run, order) else "")
+        + "."
     )
 
 
@@ -432,7 +525,11 @@ def render_report(run_dir: str | Path) -> Path:
         fig_dir / "validation.png",
         order,
         labels,
-        {a: int(e["best_round"]) for a, e in run.algorithms.items() if "best_round" in e},
+        {
+            a: int(e["best_round"])
+            for a, e in run.algorithms.items()
+            if "best_round" in e and not persite.selected_rounds(e)
+        },
     )
     samples = figures.sample_grid(run.samples, run.sites, order, run.regions, fig_dir / "samples.png", labels)
     extra = family_sections(run, order, fig_dir)
@@ -455,18 +552,10 @@ def render_report(run_dir: str | Path) -> Path:
             "models are not counted). "
             "Std over cases (sample std); HD95 over cases where it is defined.",
         ),
-        Section(
-            "Validation Dice per round",
-            VALIDATION_IMG if curves else None,
-            "Mean over sites of the validation Dice; the star marks the round selected on validation "
-            "(whose model is tested above).",
-        ),
+        Section("Validation Dice per round", VALIDATION_IMG if curves else None, _validation_note(run, order)),
+        *persite.sections(run, order, fig_dir),
         *(s for s in extra if s.body),
-        Section(
-            "Local training across sites",
-            cross_site_section(run, fig_dir),
-            "Rows: the site a local model was trained on; columns: the site whose test data it is scored on.",
-        ),
+        cross_site_section(run, fig_dir),
         Section(
             "Example test predictions",
             SAMPLES_IMG if samples else None,
@@ -480,7 +569,9 @@ def render_report(run_dir: str | Path) -> Path:
             f"Floats and SGD steps count training exchanges (evaluation traffic excluded); "
             f"MB = floats × {BYTES_PER_FLOAT} bytes / 10⁶. Wall time: seconds of all compute of the method, "
             "measured on the machine that ran it, so it depends on that machine and its load; "
-            "SGD steps (next column) compare the work done independently of the machine.",
+            "SGD steps (next column) compare the work done independently of the machine. Selected round: the "
+            "round whose model is tested (best mean validation Dice); for a method that selects per site (each "
+            "site on its own validation split), the range of its sites' rounds (hover for each site's).",
         ),
         Section("Cost (FeTS Table 2)", cost_section(run)),
     ]

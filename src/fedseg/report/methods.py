@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from fedseg.algorithms import ALGORITHMS, AlgorithmSpec
 from fedseg.algorithms.registry import Family
 
-__all__ = ["algorithm_order", "display_name", "families", "family_name", "is_federated"]
+__all__ = ["algorithm_order", "display_name", "families", "family_name", "is_federated", "method_kind"]
 
 
 def spec(name: str) -> AlgorithmSpec | None:
@@ -41,6 +41,15 @@ def is_federated(name: str, entry: Mapping | None = None) -> bool:
         return entry["kind"] != "baseline"
     s = spec(name)
     return s.federated if s else True
+
+
+def method_kind(name: str, entry: Mapping | None = None) -> str | None:
+    """``baseline`` | ``global`` | ``personalized`` | ``clustered``: summary.json's ``kind``, else the
+    registry's, else None (a name neither knows)."""
+    if entry and entry.get("kind"):
+        return str(entry["kind"])
+    s = spec(name)
+    return s.kind if s else None
 
 
 def family_name(name: str, entry: Mapping | None = None) -> str | None:

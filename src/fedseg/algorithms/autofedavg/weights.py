@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from fedseg.engine.messages import float_state
+from fedseg.models.state import float_state
 
 Parameterization = str  # "softmax" | "dirichlet"
 BETA_FLOOR = 1e-3  # smallest concentration a Dirichlet learning step may leave

@@ -1,0 +1,52 @@
+"""Each method's scores with its own models, mean ± std over test cases (FeTS Table 1 style).
+
+A method's "own" models are the ones its sites use: its shared model (a ``results.csv`` model name
+without ``:``, e.g. ``global``) when it has one, else each per-site model (``local:<site>``) on its
+own site (Local, the personalized and clustered methods). The per-region table and the FeTS
+Table 1 section of the run report (:mod:`fedseg.report.html`, :mod:`fedseg.report.persite`) read
+their numbers through here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from fedseg.evaluate.tables import RowFilter, case_means, own_site_model, region_summary
+from fedseg.presentation.kit import RunFiles, fmt
+
+__all__ = ["MeanStd", "mean_std_text", "own_case_stats", "own_model_filter", "own_region_stats"]
+
+MeanStd = dict[str, float]  # {"mean": x, "std": s, "n": counted cases}
+
+
+def own_model_filter(run: RunFiles, name: str) -> RowFilter:
+    """Row filter of the models ``name`` reports as its own: its shared model (a name without
+    ``:``, e.g. ``global``) if it has one — leaving out its local models' cross-site rows — else
+    each per-site model on its own site (``own_site_model``: Local, personalized, clustered)."""
+    if any(r["algorithm"] == name and ":" not in r["model"] for r in run.results):
+        return lambda r: ":" not in r["model"]
+    return own_site_model
+
+
+def own_region_stats(run: RunFiles, name: str, metric: str, regions: Sequence[str]) -> dict[str, MeanStd]:
+    """``{region: mean, std (sample), n}`` over the test cases of ``name``'s own models."""
+    return region_summary(run.results, name, metric, regions, model_filter=own_model_filter(run, name))
+
+
+def own_case_stats(run: RunFiles, name: str, metric: str) -> MeanStd:
+    """Mean and sample std over test cases (each case: mean over regions) of ``name``'s own models;
+    NaN mean / std when no case counts (std also with a single case)."""
+    v = np.array(list(case_means(run.results, name, metric, own_model_filter(run, name)).values()), dtype=np.float64)
+    return {
+        "mean": float(v.mean()) if v.size else math.nan,
+        "std": float(v.std(ddof=1)) if v.size > 1 else math.nan,
+        "n": int(v.size),
+    }
+
+
+def mean_std_text(s: MeanStd, digits: int) -> str:
+    """``"mean ± std"``; "–" when no case counts."""
+    return "–" if s["n"] == 0 else f"{fmt(s['mean'], digits)} ± {fmt(s['std'], digits)}"
