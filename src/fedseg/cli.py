@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from fedseg.cli_options import AlgorithmsHelp, device_option, threads_option
+from fedseg.cli_options import AlgorithmsHelp, device_option, threads_option, track_option
 from fedseg.config import ConfigError, config_from_cli, preset_description, preset_names, preset_yaml
 from fedseg.console_tables import print_dice, print_table
 from fedseg.data.federation import FederationError
@@ -128,6 +128,7 @@ def run(
     seed: int | None = typer.Option(None, "--seed"),
     device: str | None = device_option(),
     threads: int | None = threads_option(),
+    track: list[str] = track_option(),
     set_: list[str] = typer.Option([], "--set", help="override: key.sub=value (YAML value); repeatable"),
     resume: bool = typer.Option(False, "--resume", help="continue from the last checkpoint in --out"),
     holdout: str | None = typer.Option(
@@ -141,28 +142,45 @@ def run(
     sweep: str | None = typer.Option(
         None, "--sweep", help="key=v1,v2,...: one run per value, OUT/sweep/<key>=<value>/ + OUT/sweep.csv"
     ),
+    keep_checkpoints: bool = typer.Option(
+        False,
+        "--keep-checkpoints",
+        help="keep the trained models in each finished algorithm's checkpoints/<algorithm>.pt too "
+        "(default: a small record; the models are in OUT/model/)",
+    ),
 ) -> None:
     """Train and evaluate every configured algorithm; write summary.json, CSVs, model/ and report.html.
     With --holdout / --leave-one-out / --sweep: a study of several such runs (see README "Studies")."""
     try:
-        cfg = config_from_cli(preset, config, data, algorithms, rounds, seed, set_, device, threads)
+        cfg = config_from_cli(preset, config, data, algorithms, rounds, seed, set_, device, threads, track)
         from fedseg.progress import run_with_progress
 
         if holdout or leave_one_out or sweep:
-            return run_study(cfg, out, resume, holdout, leave_one_out, sweep)
+            return run_study(cfg, out, resume, holdout, leave_one_out, sweep, keep_checkpoints)
 
-        results = run_with_progress(cfg, out, resume, console)
+        results = run_with_progress(cfg, out, resume, console, keep_checkpoints=keep_checkpoints)
     except (ConfigError, FederationError, FileExistsError, KeyError, ValueError) as e:
         fail(str(e).strip("'\""))
         return
     from fedseg.report.html import render_report
 
     path = render_report(out)
+    from fedseg.tracking import log_report
+
+    log_report(out, cfg, path)  # the report to each algorithm's tracking run (when tracking is on)
     print_dice_table(results)
     console.print(f"report: {path}")
 
 
-def run_study(cfg, out: Path, resume: bool, holdout: str | None, leave_one_out: bool, sweep: str | None) -> None:
+def run_study(
+    cfg,
+    out: Path,
+    resume: bool,
+    holdout: str | None,
+    leave_one_out: bool,
+    sweep: str | None,
+    keep_checkpoints: bool = False,
+) -> None:
     """Plan the study (every site name / sweep value checked before any work), run it, print its table,
     render reports."""
     from fedseg import studies
@@ -177,7 +195,7 @@ def run_study(cfg, out: Path, resume: bool, holdout: str | None, leave_one_out: 
     result = studies.run_study(
         study,
         resume,
-        lambda c, o, r, fed: run_with_progress(c, o, r, console, fed),
+        lambda c, o, r, fed: run_with_progress(c, o, r, console, fed, keep_checkpoints),
         lambda sub: console.print(f"[bold]{sub.label}[/]: {sub.dir}", highlight=False),
     )
     for note in result.skipped:
@@ -185,6 +203,10 @@ def run_study(cfg, out: Path, resume: bool, holdout: str | None, leave_one_out: 
     title = f"{study.table}.csv" + (f" ({study.key})" if study.key else "")
     print_rows(title, [c for c in result.columns if c not in ("run", "key")], result.rows)
     console.print(f"report: {render_study(out)}")
+    from fedseg.tracking import log_report
+
+    for sub in study.runs:  # each sub-run's report (just re-rendered) to its tracking runs
+        log_report(sub.dir, sub.cfg)
 
 
 def print_rows(title: str, columns: list[str], rows: list[dict]) -> None:

@@ -13,6 +13,10 @@ ALGORITHMS_PLACEHOLDER = "{algorithms}"
 FLOWER_ALGORITHMS_PLACEHOLDER = "{flower_algorithms}"
 DEVICE_HELP = "torch device, overriding the config's `device` (e.g. cpu, cuda, cuda:1)"
 THREADS_HELP = "torch intra-op threads, overriding the config's `threads`"
+TRACK_HELP = (
+    "experiment tracker, overriding the config's `tracking`: tensorboard (OUT/tb/<algorithm>/) or mlflow "
+    "(OUT/mlruns, or the config's `tracking_uri`); repeatable or comma-separated; needs pip install 'fedseg[tracking]'"
+)
 
 
 def algorithm_names(flower: bool = False) -> str:
@@ -44,3 +48,7 @@ def device_option():
 
 def threads_option():
     return typer.Option(None, "--threads", min=1, help=THREADS_HELP)
+
+
+def track_option():
+    return typer.Option([], "--track", help=TRACK_HELP)

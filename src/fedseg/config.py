@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 
 class Strict(BaseModel):
@@ -159,6 +159,20 @@ class RunConfig(Strict):
     methods: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="per-algorithm options, e.g. {fedprox: {mu: 0.01}}"
     )
+    tracking: list[Literal["tensorboard", "mlflow"]] = Field(
+        default_factory=list,
+        description="experiment trackers (fedseg.tracking; extra fedseg[tracking]), one tracking run per "
+        "algorithm: tensorboard = event files in OUT/tb/<algorithm>/, mlflow = runs in tracking_uri; "
+        "empty = off",
+    )
+    tracking_uri: str | None = Field(
+        default=None, description="MLflow tracking URI (e.g. file:///path/mlruns); default: the file store OUT/mlruns"
+    )
+
+    @field_validator("tracking")
+    @classmethod
+    def _unique_trackers(cls, names: list[str]) -> list[str]:
+        return list(dict.fromkeys(names))
 
 
 class ConfigError(ValueError):
@@ -254,11 +268,21 @@ def dump_config(cfg: RunConfig) -> str:
 
 
 def config_from_cli(
-    preset, config, data, algorithms, rounds, seed, overrides, device: str | None = None, threads: int | None = None
+    preset,
+    config,
+    data,
+    algorithms,
+    rounds,
+    seed,
+    overrides,
+    device: str | None = None,
+    threads: int | None = None,
+    tracking: Sequence[str] = (),
 ) -> RunConfig:
     """The RunConfig of a ``run``-style command: preset or file, then ``--data``, ``--algorithms``,
-    ``--rounds``, ``--seed``, ``--device``, ``--threads`` and the ``--set`` overrides (the ``--set`` values
-    first, the named options win)."""
+    ``--rounds``, ``--seed``, ``--device``, ``--threads``, ``--track`` (each value a name or comma-separated
+    names; together they replace ``tracking``) and the ``--set`` overrides (the ``--set`` values first, the
+    named options win)."""
     overrides = list(overrides)
     if data is not None:
         overrides += ["data.source=folder", f"data.root={Path(data).resolve()}"]
@@ -272,4 +296,6 @@ def config_from_cli(
         overrides.append(f"device={yaml.safe_dump(device, default_style=chr(34)).strip()}")
     if threads is not None:
         overrides.append(f"threads={threads}")
+    if names := [n.strip() for value in tracking for n in value.split(",") if n.strip()]:
+        overrides.append(f"tracking={yaml.safe_dump(names, default_flow_style=True).strip()}")
     return load_config(preset=preset, file=config, overrides=overrides)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from fedseg.provenance import finish
 RESULTS_COLUMNS = ["algorithm", "model", "site", "case", "region", "metric", "value"]
 ROUNDS_COLUMNS = ["algorithm", "round", "site", "val_dice", "train_loss"]
 METRICS_COLUMNS = ["algorithm", "round", "site", "metric", "value"]
+BUNDLE_WEIGHTS, BUNDLE_MANIFEST = "weights.safetensors", "manifest.json"
 LEDGER_COLUMNS = ["algorithm", "round", "site", "action", "steps", "floats_down", "floats_up", "seconds"]
 
 
@@ -64,11 +66,17 @@ def write_outputs(out: Path, results: RunResults) -> None:
         write_bundle(out / "model" / a.name, a.bundle, results)
 
 
-def write_bundle(folder: Path, bundle: dict, results: RunResults) -> None:
-    """``model/<algorithm>/weights.safetensors`` (tensors named ``<model>/<param>``) + ``manifest.json``."""
-    cfg, fed = results.cfg, results.federation
+def write_bundle(folder: Path, bundle: dict, results: RunResults) -> str:
+    """``model/<algorithm>/weights.safetensors`` (tensors named ``<model>/<param>``) + ``manifest.json``;
+    returns the SHA-256 of the weights file (see ``read_bundle``)."""
+    return write_bundle_files(folder, bundle, results.cfg, results.federation)
+
+
+def write_bundle_files(folder: Path, bundle: dict, cfg: RunConfig, fed: Federation) -> str:
+    """``write_bundle`` from the run's config and federation; returns the weights file's SHA-256."""
     tensors = {f"{model}/{k}": v.contiguous() for model, weights in bundle.items() for k, v in weights.items()}
-    atomic_write_bytes(folder / "weights.safetensors", lambda f: f.write(save(tensors)))
+    data = save(tensors)
+    atomic_write_bytes(folder / BUNDLE_WEIGHTS, lambda f: f.write(data))
     manifest = {
         "models": sorted(bundle),
         "network": cfg.model.model_dump(mode="json"),
@@ -79,4 +87,41 @@ def write_bundle(folder: Path, bundle: dict, results: RunResults) -> None:
         "normalize": cfg.data.normalize,
         "threshold": cfg.eval.threshold,
     }
-    atomic_write_text(folder / "manifest.json", json.dumps(manifest, indent=2))
+    atomic_write_text(folder / BUNDLE_MANIFEST, json.dumps(manifest, indent=2))
+    return hashlib.sha256(data).hexdigest()
+
+
+def read_bundle(folder: Path, sha256: str | None = None, order: dict[str, list[str]] | None = None) -> dict:
+    """The bundle ``write_bundle`` wrote to ``folder``: ``{model: {param: tensor}}`` (the models its
+    manifest lists). ``sha256``: the weights file must have this digest (the one ``write_bundle``
+    returned), else a ValueError, as for a missing or unreadable file. ``order``: ``bundle_order`` of the
+    bundle that was written, to get back the same dicts, in the same order (the file sorts them).
+    See also ``fedseg.predict.load_bundle`` (manifest checks, for inference)."""
+    from safetensors.torch import load
+
+    weights, manifest = Path(folder) / BUNDLE_WEIGHTS, Path(folder) / BUNDLE_MANIFEST
+    try:
+        data = weights.read_bytes()
+        models = json.loads(manifest.read_text())["models"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{folder}: cannot read the model bundle ({type(e).__name__}: {e})") from None
+    if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
+        raise ValueError(f"{weights}: not the weights this run wrote (its SHA-256 differs)")
+    tensors = load(data)
+    if order is not None:
+        try:
+            return {m: {k: tensors[f"{m}/{k}"] for k in keys} for m, keys in order.items()}
+        except KeyError as e:
+            raise ValueError(f"{weights}: no tensor {e.args[0]!r}") from None
+    bundle: dict = {m: {} for m in models}
+    for key, value in tensors.items():
+        model = max((m for m in models if key.startswith(m + "/")), key=len, default=None)
+        if model is None:
+            raise ValueError(f"{weights}: tensor {key!r} belongs to no model of {manifest}")
+        bundle[model][key[len(model) + 1 :]] = value
+    return bundle
+
+
+def bundle_order(bundle: dict) -> dict[str, list[str]]:
+    """The models of ``bundle`` and each one's tensor names, in order (for ``read_bundle``)."""
+    return {model: list(weights) for model, weights in bundle.items()}

@@ -5,7 +5,8 @@
 * ``resume_conflicts`` / ``check_resume``: the one comparison of a run's (or study's) recorded
   configuration with the new one. On resume every key must be equal except:
 
-  - ``threads`` (torch intra-op threads) and ``name`` (a label nothing reads): they cannot change results;
+  - ``threads`` (torch intra-op threads), ``name`` (a label; the MLflow experiment), ``tracking`` and
+    ``tracking_uri`` (where metrics are copied to; ``fedseg.tracking``): they cannot change results;
   - ``algorithms`` may be extended at the end (the recorded list a prefix of the new one): the finished
     methods are reused, the new ones run after them.
 
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import yaml
 
-MAY_DIFFER_ON_RESUME = ("threads", "name")
+MAY_DIFFER_ON_RESUME = ("threads", "name", "tracking", "tracking_uri")
 
 
 def check_device(name: str):

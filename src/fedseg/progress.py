@@ -17,13 +17,20 @@ from fedseg.run import run_experiment
 
 
 def run_with_progress(
-    cfg: RunConfig, out: Path, resume: bool, console: Console, federation: Federation | None = None
+    cfg: RunConfig,
+    out: Path,
+    resume: bool,
+    console: Console,
+    federation: Federation | None = None,
+    keep_checkpoints: bool = False,
 ) -> RunResults:
     """``run_experiment`` with progress bars; ``federation``: an in-memory federation
-    (e.g. one without a held-out site). When stdout is not a terminal (CI, nohup, a pipe), no bar:
-    each round's ``run.log`` line is printed instead."""
+    (e.g. one without a held-out site); ``keep_checkpoints``: see ``fedseg.run.run_algorithm``. When stdout
+    is not a terminal (CI, nohup, a pipe), no bar: each round's ``run.log`` line is printed instead."""
     if not sys.stdout.isatty():
-        return run_experiment(cfg, out, resume, federation=federation, on_log_line=print_line)
+        return run_experiment(
+            cfg, out, resume, federation=federation, on_log_line=print_line, keep_checkpoints=keep_checkpoints
+        )
     columns = [
         TextColumn("{task.description}"),
         BarColumn(),
@@ -46,7 +53,16 @@ def run_with_progress(
             mean = sum(losses.values()) / max(len(losses), 1)
             progress.update(tasks[name], completed=rnd, status=f"round {rnd} mean loss {mean:.3f}")
 
-        return run_experiment(cfg, out, resume, [on_message], on_round_end, on_algorithm_start, federation)
+        return run_experiment(
+            cfg,
+            out,
+            resume,
+            [on_message],
+            on_round_end,
+            on_algorithm_start,
+            federation,
+            keep_checkpoints=keep_checkpoints,
+        )
 
 
 def print_line(line: str) -> None:

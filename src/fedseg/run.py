@@ -29,11 +29,12 @@ from fedseg.engine.context import Task
 from fedseg.engine.ledger import Ledger
 from fedseg.engine.simulator import Simulator
 from fedseg.evaluate.tables import site_summary
-from fedseg.outputs import RunResults, write_outputs
+from fedseg.outputs import RunResults, bundle_order, read_bundle, write_bundle_files, write_outputs
 from fedseg.preflight import check_device, check_out_dir, check_resume, recorded_config
 from fedseg.provenance import begin
 from fedseg.runlog import log_round, round_line
 from fedseg.start_from import check_start_from, combined_cost, start_weights
+from fedseg.tracking import Tracker, check_available, open_tracker, round_record
 
 RoundCallback = Callable[[str, int, dict], None]
 # (algorithm name, AlgorithmSpec, validated options, Prepared, out dir, observers) -> engine; see ``simulator_engine``
@@ -60,14 +61,15 @@ def folder_root(cfg: RunConfig) -> str | None:
 
 
 def load_federation(cfg: RunConfig) -> Federation:
-    """The federation named by ``cfg.data``: a folder (validated by ``data check``) or a built-in one."""
+    """The federation named by ``cfg.data``: a folder (validated by ``data check``), a built-in one or one
+    registered from user code (``fedseg.data.sources.register_federation``)."""
     if root := folder_root(cfg):
         from fedseg.data.check import check_folder
 
         return check_folder(root, cfg.data.split, cfg.seed)
-    from fedseg.data.synthetic import build_synthetic
+    from fedseg.data.sources import build_federation
 
-    return build_synthetic(cfg.data.source, cfg.data.scale, cfg.data.image_size, cfg.seed)
+    return build_federation(cfg)
 
 
 def count_sites(cfg: RunConfig) -> int:
@@ -77,9 +79,9 @@ def count_sites(cfg: RunConfig) -> int:
         from fedseg.data.folder import load_folder
 
         return len(load_folder(root).sites)
-    from fedseg.data.synthetic import synthetic_spec
+    from fedseg.data.sources import count_source_sites
 
-    return len(synthetic_spec(cfg.data.source).styles)
+    return count_source_sites(cfg)
 
 
 def prepare(cfg: RunConfig, federation: Federation | None = None) -> Prepared:
@@ -127,6 +129,8 @@ def run_algorithm(
     engine_factory: EngineFactory | None = None,
     on_log_line: Callable[[str], None] | None = None,
     earlier: dict[str, AlgorithmResult] | None = None,
+    keep_checkpoints: bool = False,
+    tracker: Tracker | None = None,
 ) -> AlgorithmResult:
     """Train ``name`` for ``fl.rounds`` rounds (resuming if asked), keep the best round by mean
     validation Dice over sites, evaluate it once on the test splits.
@@ -139,7 +143,14 @@ def run_algorithm(
     so a resumed round is never logged twice.
 
     ``earlier``: the results of the algorithms run before this one in the same run, for a method that
-    starts from one of their models (``fedseg.start_from``)."""
+    starts from one of their models (``fedseg.start_from``).
+
+    When it finishes, the trained models go to ``out/model/<name>/`` and the checkpoint becomes a small
+    "finished" record (results, the weights file's digest); a resume reuses it, reading the models back
+    from that folder. ``keep_checkpoints``: the finished checkpoint also holds the models (``--keep-checkpoints``).
+
+    ``tracker`` (``fedseg.tracking``): gets each round's metrics when its checkpoint is on disk (as run.log)
+    and the test results after the finished checkpoint, so a resumed run logs nothing twice."""
     spec = get_algorithm(name)
     options = spec.parse_options(prep.task.cfg.methods.get(name))
     if (method_cfg := spec.run_config(prep.task.cfg)) is not prep.task.cfg:  # the method's own rounds
@@ -161,7 +172,7 @@ def run_algorithm(
             ckpt["rounds_rows"],
             ckpt["ledger"],
             ckpt["summary"],
-            ckpt["bundle"],
+            finished_bundle(ckpt, ckpt_path, out / "model" / name),
             ckpt["metric_rows"],
         )
 
@@ -183,6 +194,8 @@ def run_algorithm(
         )
         best = restore_best(best, ckpt, ckpt_path, engine)
 
+    if tracker:  # one tracking run per algorithm; a resumed one is continued
+        tracker.start(name, cfg, start)
     validated: dict[int, float] = {}  # round -> mean validation Dice over sites
     with CheckpointWriter() as writer:
         for rnd in range(start, cfg.fl.rounds + 1):
@@ -224,9 +237,17 @@ def run_algorithm(
             )
             line = round_line(name, rnd, cfg.fl.rounds, validated.get(rnd), losses, time.perf_counter() - began)
 
-            def after_checkpoint(keep=best and best.get("file"), line=line) -> None:
+            tracked = (
+                None
+                if tracker is None
+                else round_record(name, rnd, rounds_rows, metric_rows, validated.get(rnd), losses, engine.ledger)
+            )
+
+            def after_checkpoint(keep=best and best.get("file"), line=line, tracked=tracked) -> None:
                 remove_best_files(ckpt_path, keep)
                 log_round(out, line, on_log_line)  # once the round's checkpoint is on disk: never twice
+                if tracker is not None and tracked is not None:
+                    tracker.log_round(tracked)  # likewise
 
             writer.then(after_checkpoint)
             if on_round_end:
@@ -260,20 +281,36 @@ def run_algorithm(
     summary.update(spec.summary_fields())
     summary["train_samples"] = {s: engine.num_samples(s, "train") for s in sites}  # n_k: FedAvg's weights
     result = AlgorithmResult(name, test_rows, rounds_rows, engine.ledger.as_dicts(), summary, bundle, metric_rows)
-    save_checkpoint(
-        ckpt_path,
-        {
-            "finished": True,
-            "test_rows": test_rows,
-            "rounds_rows": rounds_rows,
-            "ledger": result.ledger,
-            "summary": summary,
-            "bundle": bundle,
-            "metric_rows": metric_rows,
-        },
-    )
+    finished = {
+        "finished": True,
+        "test_rows": test_rows,
+        "rounds_rows": rounds_rows,
+        "ledger": result.ledger,
+        "summary": summary,
+        "metric_rows": metric_rows,
+        # the models, on disk before the checkpoint that relies on them (run_experiment rewrites them unchanged)
+        "bundle_sha256": write_bundle_files(out / "model" / name, bundle, cfg, prep.federation),
+        "bundle_order": bundle_order(bundle),
+    }
+    save_checkpoint(ckpt_path, {**finished, "bundle": bundle} if keep_checkpoints else finished)
     remove_best_files(ckpt_path, keep=None)  # only now: the checkpoint on disk no longer names them
+    if tracker:  # after the finished checkpoint: a resume never logs the test twice
+        tracker.finish(name, cfg, summary)
     return result
+
+
+def finished_bundle(ckpt: dict, ckpt_path: Path, folder: Path) -> dict:
+    """The trained models of a finished checkpoint: in it (``keep_checkpoints``, or a run of an older
+    fedseg), else read back from the run's ``model/<algorithm>/``, which must hold what was written then."""
+    if "bundle" in ckpt:
+        return ckpt["bundle"]
+    try:
+        return read_bundle(folder, ckpt.get("bundle_sha256"), ckpt.get("bundle_order"))
+    except ValueError as e:
+        raise ValueError(
+            f"{ckpt_path}: finished, but its trained models cannot be reused: {e}; "
+            f"delete {ckpt_path} to train it again, or start a new run (another --out)"
+        ) from None
 
 
 # --- the best round in the checkpoint -------------------------------------------------------
@@ -381,13 +418,15 @@ def run_experiment(
     prepared: Prepared | None = None,
     engine_factory: EngineFactory | None = None,
     on_log_line: Callable[[str], None] | None = None,
+    keep_checkpoints: bool = False,
 ) -> RunResults:
     """Check the device, ``out``, the options, the data and (``resume``) that the configuration equals the
     recorded one (``fedseg.preflight``) before writing anything; record ``config.yaml``; then run every
     algorithm and write the outputs.
 
     ``prepared`` skips loading data here (an engine whose sites hold their own data, e.g. Flower,
-    needs only the federation's header, site names and the Task); ``engine_factory``: see ``run_algorithm``."""
+    needs only the federation's header, site names and the Task); ``engine_factory``, ``keep_checkpoints``:
+    see ``run_algorithm``."""
     if prepared is None:  # else (Flower) the sites compute, on their machines: ``fedseg flower local`` checks
         check_device(cfg.device)
     out = Path(out)
@@ -395,6 +434,7 @@ def run_experiment(
     torch.set_num_threads(cfg.threads)
     for name in cfg.algorithms:  # unknown names and bad options fail before any work
         get_algorithm(name).parse_options(cfg.methods.get(name))
+    check_available(cfg.tracking)  # so does a tracker whose package is missing (fedseg.tracking)
     if resume and (recorded := recorded_config(out / "config.yaml")) is not None:
         check_resume(recorded, cfg.model_dump(mode="json"), str(out / "config.yaml"))
     prep = prepared or prepare(cfg, federation)
@@ -407,11 +447,24 @@ def run_experiment(
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "config.yaml", dump_config(cfg))  # recorded before training: resume compares with it
     results = RunResults(cfg, prep.federation, [], begin(out, resume, cfg.device))
+    tracker = open_tracker(cfg, out, resume)  # None: tracking is off
     for name in cfg.algorithms:
         if on_algorithm_start:
             on_algorithm_start(name)
         earlier = {r.name: r for r in results.algorithms}
-        result = run_algorithm(name, prep, out, resume, observers, on_round_end, engine_factory, on_log_line, earlier)
+        result = run_algorithm(
+            name,
+            prep,
+            out,
+            resume,
+            observers,
+            on_round_end,
+            engine_factory,
+            on_log_line,
+            earlier,
+            keep_checkpoints,
+            tracker,
+        )
         results.algorithms.append(result)
         family = get_algorithm(name).family
         if family and family.after_test:  # e.g. FedSM: the selector's features of the test images (Fig. 3)

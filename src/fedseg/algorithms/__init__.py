@@ -3,9 +3,13 @@
 Each method module holds a Server and a Client class, its options model and its ``SPECS``. This
 list is the one place that names them: adding a method is its module plus one entry here. The
 order is the order of the README's method table and of ``fedseg presets``-style listings.
+User code adds its own methods at run time with ``register_algorithm`` (after the built-in ones).
 """
 
 from __future__ import annotations
+
+import dataclasses
+import re
 
 from fedseg.algorithms import (
     centralized,
@@ -55,6 +59,50 @@ METHOD_MODULES = (
 ALGORITHMS: dict[str, AlgorithmSpec] = {spec.name: spec for module in METHOD_MODULES for spec in module.SPECS}
 
 
+BUILTIN_ALGORITHMS = frozenset(ALGORITHMS)
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+ON_FLOWER_REGISTERED = "registered from user code (register_algorithm): Flower nodes run other processes"
+
+
+def register_algorithm(spec: AlgorithmSpec, replace: bool = False) -> AlgorithmSpec:
+    """Add a method defined outside fedseg: its name then works in configs (``algorithms: [NAME]``,
+    ``methods.NAME``), in runs and in listings (``ALGORITHMS``), in this process. A built-in name is
+    refused; a name already registered is refused unless ``replace`` (e.g. a notebook cell run again).
+    Flower nodes are other processes, which do not know it: unless ``spec.on_flower`` says otherwise, the
+    registered entry refuses Flower with that reason. Returns the registered entry."""
+    if not isinstance(spec, AlgorithmSpec):
+        raise TypeError(f"register_algorithm expects an AlgorithmSpec, got {type(spec).__name__}")
+    if not NAME_PATTERN.fullmatch(spec.name):
+        raise ValueError(
+            f"algorithm name {spec.name!r}: use letters, digits, '.', '_' and '-' (not starting with one): "
+            "it names files (checkpoints/NAME.pt, model/NAME/) and a --algorithms list entry"
+        )
+    if spec.name in BUILTIN_ALGORITHMS:
+        raise ValueError(
+            f"algorithm {spec.name!r} is built in ({ALGORITHMS[spec.name].display_name}); choose another name"
+        )
+    if spec.name in ALGORITHMS and not replace:
+        raise ValueError(
+            f"algorithm {spec.name!r} is already registered ({ALGORITHMS[spec.name].display_name}); "
+            "choose another name or pass replace=True to replace it"
+        )
+    if not (isinstance(spec.server, type) and isinstance(spec.client, type)):
+        raise TypeError(f"algorithm {spec.name!r}: server and client must be classes (e.g. FedAvgServer subclasses)")
+    if spec.on_flower is None:
+        spec = dataclasses.replace(spec, on_flower=ON_FLOWER_REGISTERED)
+    ALGORITHMS[spec.name] = spec
+    return spec
+
+
+def unregister_algorithm(name: str) -> None:
+    """Remove an algorithm added with ``register_algorithm`` (built-in ones cannot be removed)."""
+    if name in BUILTIN_ALGORITHMS:
+        raise ValueError(f"algorithm {name!r} is built in; only registered algorithms can be removed")
+    if name not in ALGORITHMS:
+        raise KeyError(f"{name!r} is not a registered algorithm")
+    del ALGORITHMS[name]
+
+
 def get_algorithm(name: str) -> AlgorithmSpec:
     """The registry entry of ``name``; KeyError listing the known names otherwise."""
     if name not in ALGORITHMS:
@@ -68,4 +116,11 @@ def check_sites(cfg, num_sites: int, where: str) -> None:
         get_algorithm(name).check_sites(num_sites, where, cfg.methods.get(name))
 
 
-__all__ = ["ALGORITHMS", "AlgorithmSpec", "check_sites", "get_algorithm"]
+__all__ = [
+    "ALGORITHMS",
+    "AlgorithmSpec",
+    "check_sites",
+    "get_algorithm",
+    "register_algorithm",
+    "unregister_algorithm",
+]

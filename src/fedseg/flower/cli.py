@@ -68,7 +68,11 @@ def _finish(out: Path) -> None:
         summary["sites"],
         {name: entry["dice"] for name, entry in summary["algorithms"].items()},
     )
-    console.print(f"report: {render_report(out)}")
+    path = render_report(out)
+    console.print(f"report: {path}")
+    from fedseg.tracking import log_report
+
+    log_report(out, path=path)  # to each algorithm's tracking run (config.yaml's tracking; none: nothing)
 
 
 OUT = typer.Option(

@@ -402,7 +402,8 @@ def serve_experiment(
 
 
 def federation_folder(cfg: RunConfig, work: Path) -> tuple[Path, Federation]:
-    """The run's federation as a checked folder: ``data.root``, or the built-in one written under ``work``."""
+    """The run's federation as a checked folder: ``data.root``, or the built-in (or registered) one written
+    under ``work``."""
     from fedseg.data.check import check_folder
 
     if cfg.data.source == "folder" or cfg.data.root:
@@ -411,13 +412,9 @@ def federation_folder(cfg: RunConfig, work: Path) -> tuple[Path, Federation]:
         root = Path(cfg.data.root).resolve()
     else:
         from fedseg.data.folder import write_folder
-        from fedseg.data.synthetic import build_synthetic
+        from fedseg.data.sources import build_federation
 
-        root = write_folder(
-            build_synthetic(cfg.data.source, cfg.data.scale, cfg.data.image_size, cfg.seed),
-            work / "federation",
-            overwrite=True,
-        ).resolve()
+        root = write_folder(build_federation(cfg), work / "federation", overwrite=True).resolve()
     return root, check_folder(root, cfg.data.split, cfg.seed)
 
 

@@ -1,0 +1,109 @@
+"""Where a run's federation comes from (``data.source``): ``folder`` (``data.root``), a built-in
+synthetic federation, or a federation registered from user code with :func:`register_federation`.
+
+A registered source is a *builder*: a callable taking the run's ``RunConfig`` and returning a
+``Federation`` (it may read ``cfg.data.scale``, ``cfg.data.image_size``, ``cfg.seed``...), or a
+ready ``Federation``. Registration lives in the registering process only: a run that names the source
+(``data.source: NAME``), a resume of it and a study plan it must run where it was registered.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from fedseg.data.federation import Federation, FederationError
+from fedseg.data.synthetic import SYNTHETIC_NAMES
+
+if TYPE_CHECKING:
+    from fedseg.config import RunConfig
+
+FOLDER = "folder"
+FederationBuilder = Callable[["RunConfig"], Federation]
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+@dataclass(frozen=True)
+class RegisteredFederation:
+    name: str
+    builder: FederationBuilder
+    sites: int | None = None  # the number of sites, if known without building (study plans)
+
+
+REGISTERED: dict[str, RegisteredFederation] = {}
+
+
+def builtin_sources() -> tuple[str, ...]:
+    return (FOLDER, *SYNTHETIC_NAMES)
+
+
+def source_names() -> list[str]:
+    """Every name ``data.source`` accepts: ``folder``, the built-in federations, then the registered ones."""
+    return [*builtin_sources(), *REGISTERED]
+
+
+def register_federation(
+    name: str, builder: FederationBuilder | Federation, *, sites: int | None = None, replace: bool = False
+) -> None:
+    """Make ``data.source: NAME`` build a federation with ``builder(cfg)`` (or use a ready ``Federation``).
+
+    ``sites``: its number of sites, if known without building it (a study plan checks it before any
+    work; else the builder is called). A built-in name is refused; a name already registered is refused
+    unless ``replace`` (e.g. a notebook cell run again)."""
+    if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
+        raise ValueError(f"federation name {name!r}: use letters, digits, '.', '_' and '-' (not starting with one)")
+    if name in builtin_sources():
+        raise ValueError(f"federation name {name!r} is built in; choose another name")
+    if name in REGISTERED and not replace:
+        raise ValueError(
+            f"federation {name!r} is already registered; choose another name or pass replace=True to replace it"
+        )
+    if isinstance(builder, Federation):
+        ready = builder
+        REGISTERED[name] = RegisteredFederation(name, lambda cfg: ready, len(ready.sites) if sites is None else sites)
+        return
+    if not callable(builder):
+        raise TypeError(f"register_federation({name!r}, ...): expected a callable cfg -> Federation or a Federation")
+    REGISTERED[name] = RegisteredFederation(name, builder, sites)
+
+
+def unregister_federation(name: str) -> None:
+    """Forget a registered federation (a KeyError if ``name`` is not a registered one)."""
+    if name not in REGISTERED:
+        raise KeyError(f"{name!r} is not a registered federation; registered: {', '.join(REGISTERED) or 'none'}")
+    del REGISTERED[name]
+
+
+def unknown_source(name: str) -> FederationError:
+    return FederationError(f"unknown data.source {name!r}; available: {', '.join(source_names())}")
+
+
+def build_federation(cfg: RunConfig) -> Federation:
+    """The federation of a built-in or registered ``cfg.data.source`` (not ``folder``)."""
+    name = cfg.data.source
+    if name in REGISTERED:
+        fed = REGISTERED[name].builder(cfg)
+        if not isinstance(fed, Federation):
+            raise FederationError(f"federation builder {name!r} returned {type(fed).__name__}, not a Federation")
+        return fed
+    if name not in SYNTHETIC_NAMES:
+        raise unknown_source(name)
+    from fedseg.data.synthetic import build_synthetic
+
+    return build_synthetic(name, cfg.data.scale, cfg.data.image_size, cfg.seed)
+
+
+def count_source_sites(cfg: RunConfig) -> int:
+    """Number of sites of a built-in or registered ``cfg.data.source`` (a registered one without a
+    declared count is built)."""
+    name = cfg.data.source
+    if name in REGISTERED:
+        entry = REGISTERED[name]
+        return entry.sites if entry.sites is not None else len(build_federation(cfg).sites)
+    if name not in SYNTHETIC_NAMES:
+        raise unknown_source(name)
+    from fedseg.data.synthetic import synthetic_spec
+
+    return len(synthetic_spec(name).styles)
