@@ -144,6 +144,27 @@ def test_flower_local_gives_the_simulators_numbers_for_fedavg_and_the_demanding_
     assert not _survivors(out / "flower")
 
 
+def test_a_site_failing_on_flower_is_skipped_and_recorded_as_in_the_simulator(folder, tmp_path, tiny):
+    """fl.on_failure = skip with a crash injected on site2's SuperNode in round 2: the run completes with
+    site1 and records the failure; the simulator gives the same numbers and record."""
+    path = _config(tiny, tmp_path / "cfg.yaml", ["fedavg"], rounds=2)
+    cfg = yaml.safe_load(path.read_text())
+    cfg["fl"]["on_failure"] = "skip"
+    cfg["faults"] = [{"site": "site2", "round": 2, "kind": "crash"}]
+    path.write_text(yaml.safe_dump(cfg))
+    sim = runner.invoke(app, ["run", "--config", str(path), "--data", str(folder), "--out", str(tmp_path / "sim")])
+    assert sim.exit_code == 0, sim.output
+    out = tmp_path / "flower"
+    proc = _fedseg("flower", "local", "--config", str(path), "--data", str(folder), "--out", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    ours = json.loads((out / "summary.json").read_text())["algorithms"]["fedavg"]
+    theirs = json.loads((tmp_path / "sim" / "summary.json").read_text())["algorithms"]["fedavg"]
+    assert [(f["round"], f["site"]) for f in ours["failures"]] == [(2, "site2")]
+    assert "injected crash" in ours["failures"][0]["reason"]
+    assert ours["dice"] == pytest.approx(theirs["dice"], abs=1e-6)
+    assert not _survivors(out / "flower")
+
+
 def test_flower_local_with_tls_and_node_authentication_in_flowers_default_isolation(folder, tmp_path, tiny):
     """TLS, registered SuperNode keys, one ClientApp process per message: still the simulator's numbers."""
     cfg = _config(tiny, tmp_path / "cfg.yaml", ["fedavg"], rounds=1)

@@ -105,6 +105,32 @@ class FLConfig(Strict):
     rounds: int = Field(default=20, ge=1)
     weighting: Literal["samples", "uniform"] = "samples"
     validate_every: int = Field(default=1, ge=1)
+    on_failure: Literal["stop", "skip"] = Field(
+        default="stop",
+        description="a site that fails (raises, times out, replies NaN/Inf or wrong shapes): stop the run with a "
+        "message naming it (the last checkpoint stays intact), or skip it for that exchange (the round goes on "
+        "with the others, re-weighted; recorded in ledger.csv and summary.json)",
+    )
+    min_sites: int = Field(
+        default=1, ge=1, description="with on_failure=skip: fewest replies an exchange may go on with"
+    )
+    timeout_s: float | None = Field(
+        default=None, gt=0, description="seconds a site may take to answer one message (wall time); None = no limit"
+    )
+
+
+class FaultSpec(Strict):
+    """One injected fault (config ``faults``), applied where the site answers (every engine): ``crash``
+    (the site raises), ``hang`` (it answers only after ``fl.timeout_s``, which must be set), ``nan`` /
+    ``inf`` (one reply tensor filled with NaN / Inf), ``shape`` (one reply tensor loses an element),
+    ``scale`` (every reply tensor the site received moves ``factor`` times as far from what it received:
+    a crude model-poisoning attack)."""
+
+    site: str
+    round: int | None = Field(default=None, ge=1, description="the round it happens in; None = every round")
+    kind: Literal["crash", "hang", "nan", "inf", "shape", "scale"]
+    factor: float = Field(default=100.0, description="scale: the update's multiplier")
+    action: str = Field(default="train", description="the exchange it hits (train, evaluate, ...)")
 
 
 class EvalConfig(Strict):
@@ -159,6 +185,9 @@ class RunConfig(Strict):
     methods: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="per-algorithm options, e.g. {fedprox: {mu: 0.01}}"
     )
+    faults: list[FaultSpec] = Field(
+        default_factory=list, description="injected faults for robustness tests and studies (fedseg.engine.faults)"
+    )
     tracking: list[Literal["tensorboard", "mlflow"]] = Field(
         default_factory=list,
         description="experiment trackers (fedseg.tracking; extra fedseg[tracking]), one tracking run per "
@@ -168,6 +197,12 @@ class RunConfig(Strict):
     tracking_uri: str | None = Field(
         default=None, description="MLflow tracking URI (e.g. file:///path/mlruns); default: the file store OUT/mlruns"
     )
+
+    @model_validator(mode="after")
+    def _hang_needs_a_timeout(self) -> RunConfig:
+        if any(f.kind == "hang" for f in self.faults) and self.fl.timeout_s is None:
+            raise ValueError("faults: kind hang needs fl.timeout_s (how long the run waits for a site)")
+        return self
 
     @field_validator("tracking")
     @classmethod

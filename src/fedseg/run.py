@@ -157,6 +157,7 @@ def run_algorithm(
         prep = replace(prep, task=replace(prep.task, cfg=method_cfg))
     cfg, earlier = prep.task.cfg, earlier or {}
     engine: Engine = (engine_factory or simulator_engine)(name, spec, options, prep, out, observers)
+    engine.all_sites_required = spec.needs_every_site  # fl.on_failure = skip cannot apply to it
     server = spec.server(engine, prep.task, options)
     if (initial := start_weights(options, earlier, prep.task)) is not None:  # e.g. finetune: fedavg's model
         server.global_weights = dict(initial)
@@ -279,7 +280,9 @@ def run_algorithm(
     if server.SELECTS_PER_SITE:  # the round each site's tested model comes from (its own best on validation)
         summary["selected_rounds"] = dict(server.selected_rounds)
     summary.update(spec.summary_fields())
-    summary["train_samples"] = {s: engine.num_samples(s, "train") for s in sites}  # n_k: FedAvg's weights
+    summary.update(getattr(server, "summary_fields", dict)())  # a server's own, e.g. fedavg-dp's privacy
+    summary["train_samples"] = {s: engine.num_samples(s, "train") for s in sites}
+    summary["failures"] = engine.ledger.failures()  # replies left out (fl.on_failure = skip)
     result = AlgorithmResult(name, test_rows, rounds_rows, engine.ledger.as_dicts(), summary, bundle, metric_rows)
     finished = {
         "finished": True,

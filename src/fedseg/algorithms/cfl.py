@@ -47,6 +47,7 @@ from fedseg.engine.messages import Message
 
 
 class CFLOptions(FedAvgOptions):
+    OWN_MERGE = "CFL averages within each cluster of sites (fedseg.algorithms.clustered)"
     eps1: float = Field(1.0, ge=0, description="Eq. 26: split only if the mean update's norm is below eps1")
     eps2: float = Field(2.0, ge=0, description="Eq. 27: split only if the largest update's norm is above eps2")
     gamma_max: float = Field(
@@ -101,7 +102,8 @@ class CFLServer(ClusteredServer):
 
     def split(self, rnd: int, replies: dict[str, Message], sent: dict[str, dict[str, torch.Tensor]]) -> None:
         opts, self.stats = self.options, []
-        for c, sites in self.members().items():
+        for c, members in self.members().items():
+            sites = [s for s in members if s in replies]  # those that answered (fl.on_failure = skip)
             if len(sites) < 2:
                 continue
             updates = torch.stack([flat_update(replies[s].group(MODEL), sent[s]) for s in sites])

@@ -65,10 +65,12 @@ class ClusteredServer(PerSiteServer):
         replies = self.engine.exchange({s: Message(prefixed(MODEL, w)) for s, w in sent.items()}, "train")
         self.split(rnd, replies, sent)
         weights = self.aggregation_weights(replies)
-        self.models = {
-            c: weighted_average([replies[s].group(MODEL) for s in sites], [weights[s] for s in sites])
-            for c, sites in self.members().items()
-        }
+        for c, sites in self.members().items():  # a cluster none of whose sites answered keeps its model
+            answered = [s for s in sites if s in replies]  # (fl.on_failure = skip)
+            if answered:
+                self.models[c] = weighted_average(
+                    [replies[s].group(MODEL) for s in answered], [weights[s] for s in answered]
+                )
         return {s: float(r.meta["loss"]) for s, r in replies.items()}
 
     def split(self, rnd: int, replies: dict[str, Message], sent: dict[str, Weights]) -> None:
@@ -106,6 +108,7 @@ class ClusteredClient(PerSiteClient):
 
 # --- prior clustering ---------------------------------------------------------------------------
 class PriorCFLOptions(FedAvgOptions):
+    OWN_MERGE = "prior-cfl averages within each cluster of sites"
     cluster_by: str | None = Field(
         None, min_length=1, description="site metadata key whose values are the clusters (e.g. grade, collection)"
     )

@@ -29,6 +29,8 @@ Weights = dict[str, torch.Tensor]
 class FedAdamOptions(FedAvgOptions):
     """Defaults: FeTS appendix Table 4 (eta_s = 0.001; beta1, beta2, tau = 0.9, 0.999, 1e-8)."""
 
+    OWN_MERGE = "FedAdam's merge is its server Adam step on the weighted mean update (Eq. 10-12)"
+
     eta_s: float = Field(1e-3, gt=0, description="server learning rate")
     beta1: float = Field(0.9, ge=0, lt=1)
     beta2: float = Field(0.999, ge=0, lt=1)

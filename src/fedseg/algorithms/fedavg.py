@@ -28,6 +28,15 @@ round, whose kept models are only the best up to it. So the run asks the server 
 kept models (``collect_local_models``: one ``share_model`` exchange, evaluation traffic) after the
 last round and *before* that restore: each site's model is then its best over all rounds. The
 kept model lives in the checkpointed client state, so a resumed run collects the same models.
+
+Robust aggregation (``aggregator``, :class:`fedseg.algorithms.robust.RobustOptions`, part of
+``FedAvgOptions``): ``mean`` (default: ``weighted_average``, unchanged) | ``krum`` | ``multikrum`` |
+``bulyan`` | ``clipped``, with ``num_malicious`` (f), ``multikrum_keep`` (m) and ``clip_norm`` (C).
+``FedAvgServer.aggregate`` dispatches on it, so every method that merges through it has it (fedprox,
+ditto's global model, fedper, lg-fedavg, ...); methods whose merge is their own refuse anything but
+``mean`` (``RobustOptions.OWN_MERGE``). Buffers stay FedAvg's weighted average (``average_buffers``).
+With a robust aggregator, ``round_metrics`` reports per site ``update_norm`` and ``robust_kept``
+(Krum, Multi-Krum, Bulyan) or ``clip_factor`` (clipped) of the last merge.
 """
 
 from __future__ import annotations
@@ -44,6 +53,7 @@ from torch import nn
 
 from fedseg.algorithms.aggregate import weighted_average
 from fedseg.algorithms.registry import AlgorithmSpec
+from fedseg.algorithms.robust import RobustOptions, robust_merge
 from fedseg.config import BudgetConfig, TrainConfig
 from fedseg.engine.context import ClientContext, State, Task
 from fedseg.engine.messages import Message, MetaValue, load_weights, prefixed, weights_of
@@ -87,8 +97,9 @@ class BudgetOptions(BaseModel):
     )
 
 
-class FedAvgOptions(BudgetOptions):
-    """FedAvg variants (FeTS section 3.2.2): fixed epochs (default), fixed iterations, uniform averaging."""
+class FedAvgOptions(RobustOptions, BudgetOptions):
+    """FedAvg variants (FeTS section 3.2.2): fixed epochs (default), fixed iterations, uniform averaging;
+    the merge's ``aggregator`` (mean, krum, multikrum, bulyan, clipped: ``RobustOptions``)."""
 
     weighting: Literal["samples", "uniform"] | None = Field(
         None, description="p_k = n_k / N (samples) or 1 / K (uniform); None = fl.weighting"
@@ -319,6 +330,7 @@ class FedAvgServer:
         self.global_weights = weights_of(model)
         self.buffers = sorted(set(self.global_weights) - {name for name, _ in model.named_parameters()})
         self.local_models: dict[str, dict[str, torch.Tensor]] = {}  # site -> its best local model, for the test
+        self.robust_rows: list[dict] = []  # round_metrics rows of the last robust merge (aggregator != mean)
 
     # --- one round ---------------------------------------------------------------
     def run_round(self, rnd: int) -> dict[str, float]:
@@ -350,9 +362,16 @@ class FedAvgServer:
         return Message(prefixed(MODEL, self.global_weights))
 
     def aggregate(self, replies: dict[str, Message]) -> None:
+        """FedAvg's weighted average, or the robust merge of ``options.aggregator`` (module docstring)."""
         sites = list(replies)
         weights = self.aggregation_weights(replies)
-        self.global_weights = weighted_average([replies[s].group(MODEL) for s in sites], [weights[s] for s in sites])
+        models, p = [replies[s].group(MODEL) for s in sites], [weights[s] for s in sites]
+        aggregator = getattr(getattr(self, "options", None), "aggregator", "mean")
+        if aggregator == "mean":
+            self.global_weights = weighted_average(models, p)
+            return
+        merge = robust_merge(self.options, self.global_weights, models, p, getattr(self.engine, "algorithm", "fedavg"))
+        self.global_weights, self.robust_rows = merge.weights, merge.rows(sites)
 
     def aggregation_weights(self, replies: dict[str, Message]) -> dict[str, float]:
         """``samples``: n_k (the site's training-set size, as it reports); ``uniform``: 1 per site.
@@ -364,8 +383,9 @@ class FedAvgServer:
 
     def round_metrics(self) -> list[dict]:
         """Method-specific metrics of the round just validated: rows ``{site, metric, value}``
-        written to ``round_metrics.csv`` (e.g. FedSM's selector accuracy). Default: none."""
-        return []
+        written to ``round_metrics.csv`` (e.g. FedSM's selector accuracy). Default: none; with a robust
+        ``aggregator``, its per-site rows (module docstring)."""
+        return list(getattr(self, "robust_rows", []))
 
     def selectable(self, rnd: int) -> bool:
         """Whether round ``rnd``'s models may be chosen as the best round (on validation Dice)."""

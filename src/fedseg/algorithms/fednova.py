@@ -39,6 +39,7 @@ NORM = "nova_a"  # reply meta key of a_k
 
 
 class FedNovaOptions(FedAvgOptions):
+    OWN_MERGE = "FedNova's merge is its normalized average (updates divided by a_k, rescaled)"
     variant: Literal["general", "fets"] = Field(
         "fets",
         description="general: normalized by a_k, rescaled by tau_eff; fets: uniform + gamma = K sum p_k^2 (Eq. 4-5)",

@@ -49,6 +49,8 @@ HISTORY = "pid/history"  # server-state tensor (K, history): l_k^{t-j} in column
 class FedPIDAvgOptions(FedAvgOptions):
     """``methods.fedpidavg``: FedPIDAvg (FeTS Eq. 18-22); defaults from FeTS Table 4."""
 
+    OWN_MERGE = "FedPIDAvg's merge weights are its own (Eq. 18)"
+
     alpha: float = Field(0.45, ge=0, description="weight of the sample share p_k")
     beta: float = Field(0.45, ge=0, description="weight of the validation-loss improvement Delta l_k / L")
     gamma: float = Field(0.1, ge=0, description="weight of the summed recent losses m_k / M")

@@ -25,7 +25,7 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from fedseg.algorithms.fedavg import MODEL, BudgetOptions, put_group, state_group, train_meta
+from fedseg.algorithms.fedavg import MODEL, FedAvgOptions, put_group, state_group, train_meta
 from fedseg.algorithms.persite import PerSiteClient, PerSiteServer
 from fedseg.algorithms.registry import AlgorithmSpec
 from fedseg.engine.context import ClientContext, Task
@@ -35,13 +35,11 @@ from fedseg.models.blocks import entries_by_block
 PRIVATE = "private"  # client-state prefix of the site's private entries w_l
 
 
-class SharingOptions(BudgetOptions):
-    """``private_layers``: how many network blocks stay on the site (``fedseg.models.blocks``)."""
+class SharingOptions(FedAvgOptions):
+    """``private_layers``: how many network blocks stay on the site (``fedseg.models.blocks``); FedAvg's
+    ``weighting``, ``local_steps`` and ``aggregator`` (over the federated entries w_g)."""
 
     private_layers: int = Field(4, ge=1, description="P network blocks kept private (FeTS 2022: 4)")
-    weighting: Literal["samples", "uniform"] | None = Field(
-        None, description="p_k = n_k / N (samples) or 1 / K (uniform); None = fl.weighting"
-    )
 
     def check_task(self, task: Task, algorithm: str) -> None:
         """At least one block must stay federated (checked before any work)."""

@@ -66,6 +66,7 @@ SERVER_CONTROL = "control"  # server-state prefix of c
 
 
 class ScaffoldOptions(FedAvgOptions):
+    OWN_MERGE = "SCAFFOLD merges the models and the control variates with FedAvg's weights together (Eq. 3, 8)"
     global_lr: float = Field(1.0, gt=0, description="server learning rate eta_g on the averaged model update")
     correction: Literal["auto", "gradient", "step"] = Field(
         "auto",

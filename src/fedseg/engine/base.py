@@ -20,7 +20,8 @@ from typing import Protocol
 import torch
 
 from fedseg.engine.context import Delivery, Task
-from fedseg.engine.ledger import Ledger, LedgerRow
+from fedseg.engine.faults import SiteFailure, reply_problem
+from fedseg.engine.ledger import EVAL_ACTIONS, Ledger, LedgerRow
 from fedseg.engine.messages import Message
 
 Observer = Callable[[str, str, Message, Message], None]  # (site, action, message, reply)
@@ -36,6 +37,7 @@ class Engine(Protocol):
     round: int
     ledger: Ledger
     supports_resume: bool
+    all_sites_required: bool  # the method cannot skip a site (fl.on_failure = skip does not apply)
 
     def exchange(self, messages: dict[str, Message], action: str) -> dict[str, Message]: ...
 
@@ -66,6 +68,12 @@ class BaseEngine:
         self.observers = list(observers or [])
         self.ledger = Ledger()
         self.round = 0
+        self.all_sites_required = False  # the method cannot skip a site (AlgorithmSpec.needs_every_site)
+
+    @property
+    def skips_failures(self) -> bool:
+        """``fl.on_failure = skip``: a failed site is left out of the exchange (else the run stops)."""
+        return self.task.cfg.fl.on_failure == "skip"
 
     def delivery(self, site: str, action: str) -> Delivery:
         """The engine-side fields of ``site``'s ``ClientContext`` for ``action`` in the current round."""
@@ -81,9 +89,21 @@ class BaseEngine:
             raise ValueError(f"action {action!r} must be a Python identifier (it names a message type on every engine)")
         order = [s for s in self.sites if s in messages]
         answered = self.deliver(order, messages, action)
-        replies = {}
+        replies: dict[str, Message] = {}
+        failed: list[str] = []
+        timeout = self.task.cfg.fl.timeout_s
         for site in order:
-            msg, (reply, seconds) = messages[site], answered[site]
+            msg, answer = messages[site], answered[site]
+            if isinstance(answer, BaseException):
+                failed.append(self.failure(site, action, f"{type(answer).__name__}: {answer}", msg, 0.0, answer))
+                continue
+            reply, seconds = answer
+            problem = reply_problem(msg, reply, check_finite=action not in EVAL_ACTIONS)
+            if timeout is not None and seconds > timeout:
+                problem = f"no reply within fl.timeout_s = {timeout:g} s (took {seconds:.1f} s)"
+            if problem is not None:
+                failed.append(self.failure(site, action, problem, msg, seconds))
+                continue
             steps = int(reply.meta.get("steps", 0))
             self.ledger.record(
                 LedgerRow(self.round, site, action, steps, msg.num_floats(), reply.num_floats(), seconds)
@@ -91,8 +111,31 @@ class BaseEngine:
             for observe in self.observers:
                 observe(site, action, msg, reply)
             replies[site] = reply
+        if failed and self.all_sites_required:
+            raise SiteFailure(
+                f"{'; '.join(failed)}. {self.algorithm} needs every site's reply in each exchange, so it cannot skip "
+                "a site (fl.on_failure = skip does not apply to it)"
+            )
+        if failed and len(replies) < self.task.cfg.fl.min_sites:
+            raise SiteFailure(
+                f"{'; '.join(failed)}. Only {len(replies)} sites answered; fl.min_sites = {self.task.cfg.fl.min_sites}"
+            )
         return replies
 
-    def deliver(self, order: list[str], messages: dict[str, Message], action: str) -> dict[str, tuple[Message, float]]:
-        """``{site: (reply, compute seconds measured around the client's handle)}`` for every site of ``order``."""
+    def failure(
+        self, site: str, action: str, problem: str, msg: Message, seconds: float, error: BaseException | None = None
+    ) -> str:
+        """Handle one failed reply: raise under ``stop``; under ``skip`` record it in the ledger and return
+        its description (the exchange goes on without that site)."""
+        what = f"site {site!r}, round {self.round}, {self.algorithm} {action}: {problem}"
+        if not self.skips_failures:
+            raise SiteFailure(what) from error
+        self.ledger.record(LedgerRow(self.round, site, action, 0, msg.num_floats(), 0, seconds, problem))
+        return what
+
+    def deliver(
+        self, order: list[str], messages: dict[str, Message], action: str
+    ) -> dict[str, tuple[Message, float] | BaseException]:
+        """``{site: (reply, compute seconds measured around the client's handle)}`` for every site of ``order``;
+        under ``fl.on_failure = skip`` a site that failed maps to its exception (under ``stop`` it is raised)."""
         raise NotImplementedError

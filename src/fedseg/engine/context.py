@@ -23,6 +23,7 @@ from torch import nn
 
 from fedseg.config import RunConfig
 from fedseg.data.dataset import SiteData
+from fedseg.engine.faults import inject, matching_faults
 from fedseg.engine.messages import Message
 from fedseg.models import build_segmenter
 
@@ -131,6 +132,10 @@ def answer(
         artifacts=artifacts,
         options=options,
     )
+    faults = matching_faults(task.cfg, to.site, to.round, to.action)  # config ``faults``: injected ones
     start = time.perf_counter()
+    inject(faults, msg, None, task.cfg)
     reply = client.handle(to.action, msg, ctx)
+    if faults:
+        reply = inject(faults, msg, reply, task.cfg) or reply
     return reply, time.perf_counter() - start

@@ -17,6 +17,7 @@ class LedgerRow:
     floats_down: int
     floats_up: int
     seconds: float
+    failure: str = ""  # why the site's reply was skipped (fl.on_failure = skip; fedseg.engine.faults); "" = answered
 
 
 class Ledger:
@@ -41,6 +42,12 @@ class Ledger:
             "sgd_steps": sum(r.steps for r in train if r.action not in FORWARD_ONLY_ACTIONS),
             "seconds": sum(r.seconds for r in self.rows),
         }
+
+    def failures(self) -> list[dict]:
+        """The skipped replies: ``{round, site, action, reason}`` per ledger row with a failure."""
+        return [
+            {"round": r.round, "site": r.site, "action": r.action, "reason": r.failure} for r in self.rows if r.failure
+        ]
 
     def as_dicts(self) -> list[dict]:
         return [asdict(r) for r in self.rows]

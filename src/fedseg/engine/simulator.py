@@ -41,21 +41,29 @@ class Simulator(BaseEngine):
         """Size of a site's split: the sample count every site reports for weighting."""
         return len(self.site_data[site].split(split))
 
-    def deliver(self, order: list[str], messages: dict[str, Message], action: str) -> dict[str, tuple[Message, float]]:
-        """Each site in turn, in this process, with its state store kept here."""
-        return {
-            site: answer(
-                self.client,
-                messages[site],
-                self.delivery(site, action),
-                self.site_data[site],
-                self.client_states[site],
-                self.task,
-                self.options,
-                self.artifacts,
-            )
-            for site in order
-        }
+    def deliver(
+        self, order: list[str], messages: dict[str, Message], action: str
+    ) -> dict[str, tuple[Message, float] | BaseException]:
+        """Each site in turn, in this process, with its state store kept here. A site's exception is its answer
+        (``BaseEngine.exchange`` applies the failure policy); its state store is put back as it was."""
+        answered: dict[str, tuple[Message, float] | BaseException] = {}
+        for site in order:
+            kept = dict(self.client_states[site])
+            try:
+                answered[site] = answer(
+                    self.client,
+                    messages[site],
+                    self.delivery(site, action),
+                    self.site_data[site],
+                    self.client_states[site],
+                    self.task,
+                    self.options,
+                    self.artifacts,
+                )
+            except Exception as e:  # noqa: BLE001 - the failure policy decides (fedseg.engine.faults)
+                self.client_states[site] = kept
+                answered[site] = e
+        return answered
 
     # --- checkpointing -------------------------------------------------------------
     def snapshot_clients(self) -> ClientStates:

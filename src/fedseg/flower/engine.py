@@ -67,10 +67,14 @@ class Courier:
             raise RuntimeError(f"the SuperLink accepted only {sum(map(bool, ids))} of {len(messages)} messages")
         return ids
 
-    def collect(self, ids: list[str], what: str, names: list[str]) -> list[FlowerMessage]:
-        """Replies to ``ids`` (same order); ``names`` label the messages in a timeout error."""
+    def collect(
+        self, ids: list[str], what: str, names: list[str], timeout: float | None = None, partial: bool = False
+    ) -> list[FlowerMessage | None]:
+        """Replies to ``ids`` (same order); ``names`` label the messages in a timeout error. ``timeout``
+        (default: the courier's) ends the wait; with ``partial`` a missing reply is None instead of an error."""
         pending, replies = set(ids), {}
-        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        timeout = self.timeout if timeout is None else timeout
+        deadline = None if timeout is None else time.monotonic() + timeout
         while pending:
             for reply in self.grid.pull_messages(list(pending)):
                 replies[reply.metadata.reply_to_message_id] = reply
@@ -78,16 +82,25 @@ class Courier:
             if not pending:
                 break
             if deadline is not None and time.monotonic() > deadline:
+                if partial:
+                    break
                 late = [n for n, i in zip(names, ids) if i in pending]
-                raise TimeoutError(f"{what}: no reply from {', '.join(late)} within {self.timeout:.0f} s")
+                raise TimeoutError(f"{what}: no reply from {', '.join(late)} within {timeout:.0f} s")
             time.sleep(self.poll)
-        return [replies[i] for i in ids]
+        return [replies.get(i) for i in ids]
 
-    def send(self, messages: list[FlowerMessage], what: str, names: list[str]) -> list[FlowerMessage]:
+    def send(
+        self,
+        messages: list[FlowerMessage],
+        what: str,
+        names: list[str],
+        timeout: float | None = None,
+        partial: bool = False,
+    ) -> list[FlowerMessage | None]:
         start = time.perf_counter()
         ids = self.push(messages)
         pushed = time.perf_counter()
-        replies = self.collect(ids, what, names)
+        replies = self.collect(ids, what, names, timeout, partial)
         log.debug("%s: pushed in %.3f s, replies after %.3f s", what, pushed - start, time.perf_counter() - pushed)
         return replies
 
@@ -171,8 +184,11 @@ class FlowerEngine(BaseEngine):
     def num_samples(self, site: str, split: str = "train") -> int:
         return self.site_map.sizes[site][split]
 
-    def deliver(self, order: list[str], messages: dict[str, Message], action: str) -> dict[str, tuple[Message, float]]:
-        """One Flower message per site (all in parallel); ``seconds`` is what the site measured."""
+    def deliver(
+        self, order: list[str], messages: dict[str, Message], action: str
+    ) -> dict[str, tuple[Message, float] | BaseException]:
+        """One Flower message per site (all in parallel); ``seconds`` is what the site measured. A site's error
+        reply, or no reply within ``fl.timeout_s``, is its answer (``BaseEngine.exchange`` applies the policy)."""
         category = "evaluate" if action in EVAL_ACTIONS else "train"
         out = [
             FlowerMessage(
@@ -185,11 +201,16 @@ class FlowerEngine(BaseEngine):
         ]
         what = f"{self.algorithm} {action} (round {self.round})"
         self._exchanges += 1
-        answered = {}
-        for site, flower_reply in zip(order, self.courier.send(out, what, order)):
-            check_reply(flower_reply, f"site {site!r}", what)
-            reply, head = from_recorddict(flower_reply.content)
-            answered[site] = (reply, float(head.get("seconds", 0.0)))
+        answered: dict[str, tuple[Message, float] | BaseException] = {}
+        timeout = self.task.cfg.fl.timeout_s
+        for site, flower_reply in zip(order, self.courier.send(out, what, order, timeout, timeout is not None)):
+            if flower_reply is None:
+                answered[site] = TimeoutError(f"no reply within fl.timeout_s = {timeout:g} s")
+            elif flower_reply.has_error():
+                answered[site] = SiteError(flower_reply.error.reason)
+            else:
+                reply, head = from_recorddict(flower_reply.content)
+                answered[site] = (reply, float(head.get("seconds", 0.0)))
         return answered
 
     def _query_all(self, action: str, tag: dict[str, int]) -> None:
@@ -198,6 +219,7 @@ class FlowerEngine(BaseEngine):
         ]
         what = f"{self.algorithm} {action} (round {self.round})"
         for site, reply in zip(self.sites, self.courier.send(msgs, what, self.sites)):
+            assert reply is not None  # not partial: a missing reply raised TimeoutError
             check_reply(reply, f"site {site!r}", what)
 
     def snapshot_clients(self) -> dict[str, dict[str, torch.Tensor]]:

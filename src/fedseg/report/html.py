@@ -32,7 +32,8 @@ Sections:
   federated method's best local models; a run with Local only: Local's, as "Local training across
   sites"); example predictions;
 * communication and compute totals from the ledger; the FeTS Table 2 cost table (summary.json
-  ``cost``); the study tables of the directory (:mod:`fedseg.report.study_tables`); the
+  ``cost``); the (ε, δ) accounting of the methods with differential privacy (summary.json
+  ``privacy``, ``fedavg-dp``); the study tables of the directory (:mod:`fedseg.report.study_tables`); the
   configuration.
 
 Built from :mod:`fedseg.presentation.kit` (HTML, tables, the run's files) and
@@ -292,6 +293,41 @@ def cost_section(run: RunFiles) -> str | None:
     return table("<tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr>", body) + f'<p class="note">{note}</p>'
 
 
+def privacy_section(run: RunFiles) -> str | None:
+    """The (ε, δ) accounting of every algorithm with a summary.json ``privacy`` entry (``fedavg-dp``,
+    :mod:`fedseg.algorithms.privacy`), next to its test Dice; None when there is none."""
+    entries = {
+        n: run.algorithms[n]["privacy"] for n in algorithm_order(run.summary) if run.algorithms[n].get("privacy")
+    }
+    if not entries:
+        return None
+    eps = lambda x: "∞" if math.isinf(num(x)) else fmt(x, 2)  # noqa: E731
+    head = ["Method", "ε", "ε exact", "δ", "noise multiplier z", "clip norm C", "noise std", "rounds", "tested"]
+    head.append("Test Dice (Client Avg)")
+    body = []
+    for name, p in entries.items():
+        tested = "last round" if p.get("select_round") == "last" else "best round on validation (not covered)"
+        cells = [
+            eps(p.get("epsilon")),
+            eps(p.get("epsilon_exact")),
+            esc(p.get("delta")),
+            fmt(p.get("noise_multiplier"), 3),
+        ]
+        cells += [fmt(p.get("clip_norm"), 3), fmt(p.get("noise_std"), 5), fmt_int(p.get("rounds")), tested]
+        cells.append(fmt(metric_scalar(run.algorithms[name], "dice", "client_avg"), 4))
+        body.append(f"<tr><th>{esc(run.label(name))}</th>{''.join(f'<td>{c}</td>' for c in cells)}</tr>")
+    note = (
+        "Central differential privacy: each site's update w<sub>k</sub> − w clipped to L2 norm ≤ C, the clipped "
+        "updates averaged uniformly over the n sites, Gaussian noise of std z·C/n added to every coordinate, "
+        "every site in every round. ε: RDP accountant (Balle et al. 2020 conversion; Opacus's RDPAccountant with "
+        "sample rate 1); ε exact: the Gaussian-DP value, tight for this mechanism. The unit is a whole site "
+        "(user-level DP: adding or removing one hospital's data); it covers the global models only and assumes a "
+        "trusted server. This report's per-site scores and losses are computed from the sites' data without noise. "
+        "ε = ∞: no noise."
+    )
+    return table("<tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr>", body) + f'<p class="note">{note}</p>'
+
+
 # --------------------------------------------------------------------------- figures
 CROSS_SITE_NOTE = "Rows: the site a local model was trained on; columns: the site whose test data it is scored on."
 
@@ -459,7 +495,7 @@ def _unconverged(run: RunFiles) -> str:
             if 2 * k >= n:
                 late.append(f"{run.label(a)} ({k} of {n} sites)")
                 per_site = True
-        elif e.get("best_round") == e.get("rounds"):
+        elif e.get("best_round") == e.get("rounds") and (e.get("privacy") or {}).get("select_round") != "last":
             late.append(run.label(a))
     if not late:
         return ""
@@ -574,6 +610,7 @@ def render_report(run_dir: str | Path) -> Path:
             "site on its own validation split), the range of its sites' rounds (hover for each site's).",
         ),
         Section("Cost (FeTS Table 2)", cost_section(run)),
+        Section("Differential privacy", privacy_section(run)),
     ]
     parts = [_header(run), *(add_notes(s).html() for s in sections), *study_sections(run.dir)]
     if run.config is not None:

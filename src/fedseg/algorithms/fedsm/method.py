@@ -98,6 +98,8 @@ class SelectorOptions(FedAvgOptions, PersonalizationOptions):
     ``local_steps`` as for FedAvg (the selector trains for the same local budget as the models);
     ``personalization``, ``lam`` and each strategy's hyperparameters from ``PersonalizationOptions``."""
 
+    OWN_MERGE = "the FedSM family merges the global model, the selector and the personalized models itself"
+
     selector_width: float = Field(0.25, gt=0, description="VGG-11 channel multiplier (1 = VGG-11; 0.25: CPU default)")
     selector_input_size: int | None = Field(
         None, ge=1, description="side the selector resamples images to; None = model input"

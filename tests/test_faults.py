@@ -1,0 +1,131 @@
+"""Faults (fedseg.engine.faults): every injected kind under fl.on_failure = stop and skip, reply
+validation before any merge, the failure record, and nothing left half-written."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from fedseg.engine.faults import SiteFailure
+from fedseg.engine.messages import Message
+from fedseg.run import prepare, run_algorithm, run_experiment
+
+KINDS = ["crash", "nan", "inf", "shape", "hang"]
+EXPECTED = {  # what the failure message says for each kind
+    "crash": "InjectedCrash",
+    "nan": "holds NaN",
+    "inf": "holds Inf",
+    "shape": "has shape",
+    "hang": "no reply within fl.timeout_s",
+}
+
+
+def _cfg(tiny_config, kind: str, policy: str, rounds: int = 3, **extra):
+    fl = {"rounds": rounds, "on_failure": policy}
+    if kind == "hang":
+        fl["timeout_s"] = 0.5
+    return tiny_config(
+        algorithms=["fedavg"], fl=fl, faults=[{"site": "site2", "round": 2, "kind": kind, "factor": 100.0}], **extra
+    )
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_stop_names_site_round_and_kind_and_keeps_the_last_good_checkpoint(kind, tmp_path, tiny_config, discs):
+    out = tmp_path / "run"
+    with pytest.raises(SiteFailure, match=rf"site 'site2', round 2, fedavg train: .*{EXPECTED[kind]}"):
+        run_experiment(_cfg(tiny_config, kind, "stop"), out, federation=discs)
+    ckpt = torch.load(out / "checkpoints" / "fedavg.pt", weights_only=False)
+    assert ckpt["round"] == 1 and not ckpt.get("finished")  # round 1's checkpoint, intact and loadable
+    assert not list(out.rglob(".*.pt.*")), "a temporary checkpoint file was left behind"
+    assert not (out / "summary.json").exists()  # no half-written results
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_skip_completes_with_the_others_and_records_the_failure(kind, tmp_path, tiny_config, discs):
+    out = tmp_path / "run"
+    results = run_experiment(_cfg(tiny_config, kind, "skip"), out, federation=discs)
+    (result,) = results.algorithms
+    failures = result.summary["failures"]
+    assert [(f["round"], f["site"], f["action"]) for f in failures] == [(2, "site2", "train")]
+    assert EXPECTED[kind] in failures[0]["reason"]
+    rows = [r for r in result.ledger if r["round"] == 2 and r["action"] == "train"]
+    assert sorted(r["site"] for r in rows) == ["site1", "site2", "site3"]
+    assert [r["failure"] != "" for r in rows if r["site"] == "site2"] == [True]
+    assert all(torch.isfinite(w).all() for w in result.bundle["global"].values())
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["algorithms"]["fedavg"]["failures"] == failures
+    assert "site2" in (out / "ledger.csv").read_text()
+
+
+def test_a_skipped_site_is_left_out_of_the_merge_which_reweights_the_others(tmp_path, tiny_config, discs):
+    """Round 2's global model with site2 skipped = the sample-weighted average of site1 and site3's replies."""
+    cfg = _cfg(tiny_config, "nan", "skip", rounds=2)
+    rounds: list[dict[str, Message]] = []
+
+    def keep(site, action, msg, reply):
+        if action == "train":
+            if site == "site1":  # the first site of each round's train exchange
+                rounds.append({})
+            rounds[-1][site] = reply
+
+    result = run_algorithm("fedavg", prepare(cfg, discs), tmp_path / "r", resume=False, observers=[keep])
+    replies = rounds[-1]
+    assert sorted(replies) == ["site1", "site3"]  # observers see accepted replies only
+    n = {s: float(replies[s].meta["num_examples"]) for s in replies}
+    for name, value in result.bundle["global"].items():
+        expect = sum(n[s] * replies[s].group("model")[name].double() for s in replies) / sum(n.values())
+        assert torch.allclose(value.double(), expect, atol=1e-6), name
+
+
+def test_scale_attack_moves_the_update_factor_times(tmp_path, tiny_config, discs):
+    """kind scale: the site replies w + factor (w_k - w); FedAvg averages it in (nothing is invalid)."""
+    clean = run_algorithm("fedavg", prepare(tiny_config(fl={"rounds": 1}), discs), tmp_path / "a", resume=False)
+    cfg = tiny_config(fl={"rounds": 1}, faults=[{"site": "site2", "kind": "scale", "factor": 100.0}])
+    attacked = run_algorithm("fedavg", prepare(cfg, discs), tmp_path / "b", resume=False)
+    assert attacked.summary["failures"] == []
+    diff = max(
+        float((attacked.bundle["global"][k] - clean.bundle["global"][k]).abs().max()) for k in clean.bundle["global"]
+    )
+    assert diff > 1e-3
+
+
+def test_too_few_sites_left_stops_the_run(tmp_path, tiny_config, discs):
+    cfg = tiny_config(
+        fl={"rounds": 2, "on_failure": "skip", "min_sites": 3},
+        faults=[{"site": "site2", "round": 2, "kind": "crash"}],
+    )
+    with pytest.raises(SiteFailure, match=r"Only 2 sites answered; fl.min_sites = 3"):
+        run_experiment(cfg, tmp_path / "run", federation=discs)
+
+
+def test_a_method_that_needs_every_site_cannot_skip(tmp_path, tiny_config, discs):
+    cfg = tiny_config(
+        algorithms=["fedsm"],
+        fl={"rounds": 2, "on_failure": "skip"},
+        faults=[{"site": "site2", "round": 2, "kind": "crash"}],
+        methods={"fedsm": {"selector_width": 0.0625}},
+    )
+    with pytest.raises(SiteFailure, match=r"fedsm needs every site's reply"):
+        run_experiment(cfg, tmp_path / "run", federation=discs)
+
+
+@pytest.mark.parametrize("aggregator", ["mean", "krum", "multikrum", "bulyan", "clipped"])
+def test_a_nan_never_reaches_the_global_model_under_any_aggregator(aggregator, tmp_path, tiny_config, disc_federation):
+    options = {"aggregator": aggregator, "clip_norm": 1.0} if aggregator == "clipped" else {"aggregator": aggregator}
+    cfg = tiny_config(
+        fl={"rounds": 2, "on_failure": "skip"},
+        faults=[{"site": "site2", "kind": "nan"}],
+        methods={"fedavg": options},
+    )
+    sites = 8 if aggregator == "bulyan" else 6  # after the skip: Krum needs n > 2f + 2, Bulyan n >= 4f + 3 (f = 1)
+    fed = disc_federation(n_sites=sites, cases_per_site=8)
+    result = run_algorithm("fedavg", prepare(cfg, fed), tmp_path / "r", resume=False)
+    assert all(torch.isfinite(w).all() for w in result.bundle["global"].values())
+    assert {f["site"] for f in result.summary["failures"]} == {"site2"}
+
+
+def test_hang_needs_a_timeout(tiny_config):
+    with pytest.raises(ValueError, match="hang needs fl.timeout_s"):
+        tiny_config(faults=[{"site": "site2", "kind": "hang"}])
