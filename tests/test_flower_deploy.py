@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from safetensors.torch import load_file
 from typer.testing import CliRunner
@@ -309,4 +310,80 @@ def test_interrupting_flower_local_stops_every_process_it_started(folder, tmp_pa
     assert (
         len(json.loads((out / "flower" / "processes.json").read_text())["pids"]) >= 4
     )  # SuperLink, SuperExec, 2 SuperNodes
+    assert not _survivors(out / "flower")
+
+
+def _start_local(cfg: Path, folder: Path, out: Path, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "fedseg.cli", "flower", "local", "--config", str(cfg), "--data", str(folder)]
+        + ["--out", str(out), *extra],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def _checkpointed(out: Path, algorithm: str, rnd: int, proc: subprocess.Popen, timeout: float = 300) -> None:
+    """Wait until ``algorithm``'s checkpoint of round ``rnd`` (or later) is on disk."""
+    path, deadline = out / "checkpoints" / f"{algorithm}.pt", time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        if path.is_file():
+            try:
+                if torch.load(path, weights_only=False).get("round", 0) >= rnd:
+                    return
+            except (EOFError, RuntimeError):  # replaced while read: try again
+                pass
+        time.sleep(0.2)
+    raise TimeoutError(f"no checkpoint of round {rnd} in {out} (process alive: {proc.poll() is None})")
+
+
+def test_a_supernode_killed_mid_run_is_skipped_and_the_run_completes_with_the_rest(folder, tmp_path, tiny):
+    """fl.on_failure = skip, fl.timeout_s set: site2's SuperNode is killed (SIGKILL, with its worker) after
+    round 1's checkpoint; the run completes with site1 and records site2's failures."""
+    import os
+
+    path = _config(tiny, tmp_path / "cfg.yaml", ["fedavg"], rounds=2)
+    cfg = yaml.safe_load(path.read_text())
+    cfg["fl"].update(on_failure="skip", timeout_s=10)
+    path.write_text(yaml.safe_dump(cfg))
+    out = tmp_path / "flower"
+    proc = _start_local(path, folder, out)
+    try:
+        _checkpointed(out, "fedavg", 1, proc)
+        started = json.loads((out / "flower" / "processes.json").read_text())["started"]
+        (pid,) = [int(p) for p, name in started.items() if name == "supernode-site2"]
+        os.killpg(pid, signal.SIGKILL)  # the SuperNode and its warm ClientApp worker
+        said, _ = proc.communicate(timeout=600)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, said
+    assert "the SuperNode of site 'site2' exited" in said and "goes on without it" in said
+    summary = json.loads((out / "summary.json").read_text())["algorithms"]["fedavg"]
+    failed = {(f["round"], f["site"]) for f in summary["failures"]}
+    assert (2, "site2") in failed and all(site == "site2" for _, site in failed)
+    assert summary["dice"]["site1"] > 0 and summary["dice"]["site2"] != summary["dice"]["site2"]  # NaN: not tested
+    assert not _survivors(out / "flower")
+
+
+def test_flower_local_interrupted_after_a_checkpoint_resumes_to_the_uninterrupted_numbers(folder, tmp_path, tiny):
+    """The coordinator (and every SuperNode) stopped after round 1's checkpoint; `flower local --resume` goes on
+    from round 2, the sites restoring their state from their --state folders: the simulator's numbers."""
+    cfg = _config(tiny, tmp_path / "cfg.yaml", ["fedavg", "scaffold"], rounds=2)
+    sim = runner.invoke(app, ["run", "--config", str(cfg), "--data", str(folder), "--out", str(tmp_path / "sim")])
+    assert sim.exit_code == 0, sim.output
+    out = tmp_path / "flower"
+    proc = _start_local(cfg, folder, out)
+    try:
+        _checkpointed(out, "scaffold", 1, proc)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 130
+    finally:
+        proc.kill()
+    assert not _survivors(out / "flower")
+    assert list((out / "flower" / "state" / "site1").rglob("round-*.safetensors"))  # the site's own snapshots
+    again = _fedseg("flower", "local", "--config", str(cfg), "--data", str(folder), "--out", str(out), "--resume")
+    assert again.returncode == 0, again.stdout + again.stderr
+    log = (out / "flower" / "server.log").read_text()  # the resumed attempt's
+    assert "scaffold round 1/2" not in log and "scaffold round 2/2" in log and "fedavg round" not in log
+    _assert_same_run(out, tmp_path / "sim")
     assert not _survivors(out / "flower")

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from flwr.app import ConfigRecord, Context, Metadata, RecordDict
 from flwr.app import Message as FlowerMessage
 from flwr.app.message import make_message
@@ -112,12 +113,54 @@ def test_a_node_without_site_and_data_in_its_node_config_says_how_to_start_it(fo
     assert reply.has_error() and "fedseg flower supernode --site NAME --data ROOT" in reply.error.reason
 
 
-def test_restore_needs_the_snapshot_it_names(folder, tiny_config):
+def _snap(ctx, action: str, tag: int, keep: list[int] | None = None) -> FlowerMessage:
+    header = {"site": "site1", "algorithm": "fedavg", "tag": tag}
+    if keep is not None:
+        header["keep"] = json.dumps(keep)
+    return node.handle(_query(action, header), ctx)
+
+
+def _put(ctx, value: float) -> None:
+    node.put_state(ctx, node.STATE + "fedavg", {"w": torch.full((3,), value)})
+
+
+def test_restore_needs_the_snapshot_it_names_and_snapshots_not_kept_are_deleted(folder, tiny_config):
     ctx = _context("site1", folder, tiny_config())
-    assert not node.handle(_query(node.SNAPSHOT, {"site": "site1", "algorithm": "fedavg", "tag": 2}), ctx).has_error()
-    assert not node.handle(_query(node.RESTORE, {"site": "site1", "algorithm": "fedavg", "tag": 2}), ctx).has_error()
-    reply = node.handle(_query(node.RESTORE, {"site": "site1", "algorithm": "fedavg", "tag": 1}), ctx)
-    assert reply.has_error() and "no snapshot 1 of 'fedavg'" in reply.error.reason
+    for tag in (1, 2, 3):
+        _put(ctx, float(tag))
+        assert not _snap(ctx, node.SNAPSHOT, tag, keep=[1, tag]).has_error()  # round 1: the best so far
+    _put(ctx, 9.0)
+    assert not _snap(ctx, node.RESTORE, 1).has_error()
+    assert node.get_state(ctx, node.STATE + "fedavg")["w"].tolist() == [1.0] * 3
+    assert not _snap(ctx, node.RESTORE, 3).has_error()
+    assert node.get_state(ctx, node.STATE + "fedavg")["w"].tolist() == [3.0] * 3
+    reply = _snap(ctx, node.RESTORE, 2)  # neither kept nor the latest: deleted at snapshot 3
+    assert reply.has_error() and "no snapshot of round 2 of 'fedavg'" in reply.error.reason
+    assert "--state DIR" in reply.error.reason
+
+
+def test_snapshots_on_disk_outlive_the_flower_run_and_hold_only_the_sites_state(folder, tiny_config, tmp_path):
+    """A SuperNode with ``state=DIR``: a new Flower run (a resume: fresh Context) with the same run key
+    restores the snapshot; another run key does not see it."""
+    from safetensors.torch import load_file
+
+    def context(key: str) -> Context:
+        ctx = _context("site1", folder, tiny_config())
+        ctx.node_config["state"] = str(tmp_path / "state")
+        ctx.run_config["fedseg-run-key"] = key
+        return ctx
+
+    first = context("/runs/a#1")
+    _put(first, 4.0)
+    assert not _snap(first, node.SNAPSHOT, 5, keep=[5]).has_error()
+    files = list((tmp_path / "state").rglob("*.safetensors"))
+    assert [f.name for f in files] == ["round-5.safetensors"]
+    assert {k: v.tolist() for k, v in load_file(files[0]).items()} == {"w": [4.0] * 3}
+    resumed = context("/runs/a#1")
+    assert not _snap(resumed, node.RESTORE, 5).has_error()
+    assert node.get_state(resumed, node.STATE + "fedavg")["w"].tolist() == [4.0] * 3
+    other = _snap(context("/runs/b#2"), node.RESTORE, 5)
+    assert other.has_error() and "no snapshot of round 5 of 'fedavg'" in other.error.reason
 
 
 def test_the_coordinator_knows_the_federation_header_and_site_names_only(folder):
@@ -180,10 +223,8 @@ class _Stop(Exception):
     pass
 
 
-def test_a_half_done_run_cannot_be_resumed_on_flower_but_the_simulator_resumes_it(
-    tmp_path, tiny_config, disc_federation
-):
-    """run.py's checkpoints hold the simulator's client states; on Flower they live on the nodes."""
+def test_a_simulator_checkpoint_is_not_resumed_on_flower(tmp_path, tiny_config, disc_federation):
+    """The simulator's checkpoints hold the client states; Flower's name snapshots kept on the sites."""
     from fedseg.flower.engine import Courier, FlowerEngine, SiteMap
     from fedseg.run import prepare, run_algorithm, run_experiment
 
@@ -200,9 +241,9 @@ def test_a_half_done_run_cannot_be_resumed_on_flower_but_the_simulator_resumes_i
     def flower(name, spec, options, prep, out, observers):  # never reaches the network: refused before round 2
         return FlowerEngine(name, Courier(grid=None), SiteMap(fed.site_names), prep.task, options, observers)
 
-    with pytest.raises(ValueError, match="cannot resume 'fedavg' on this engine \\(FlowerEngine\\)"):
+    with pytest.raises(ValueError, match="names no snapshot on the sites"):
         run_algorithm("fedavg", prep, tmp_path, resume=True, engine_factory=flower)
-    assert run_algorithm("fedavg", prep, tmp_path, resume=True).summary["rounds"] == 2  # the default engine resumes
+    assert run_algorithm("fedavg", prep, tmp_path, resume=True).summary["rounds"] == 2  # the simulator resumes
 
 
 def test_the_coordinator_reads_the_header_and_site_names_never_an_image(folder, tmp_path):

@@ -10,7 +10,8 @@ from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
 from flwr.supercore.inflatable.inflatable_utils import inflate_object_from_contents
 
 from fedseg.engine.messages import Message
-from fedseg.flower.node import copy_slot, forget_other_algorithms, get_state, put_state
+from fedseg.flower.node import forget_other_algorithms, get_state, put_state
+from fedseg.flower.snapshots import ContextSnapshots
 from fedseg.flower.records import from_recorddict, to_recorddict
 
 
@@ -70,7 +71,7 @@ def test_exotic_dtypes_are_refused_by_name():
         to_recorddict(Message({"half": torch.zeros(2, dtype=torch.bfloat16)}))
 
 
-def test_client_state_survives_flower_context_state_and_snapshot_slots():
+def test_client_state_survives_flower_context_state_and_snapshots():
     state = {
         "opt/exp_avg.0": torch.randn(5, 2),
         "scaffold_c/w": torch.randn(3, dtype=torch.float64),
@@ -80,11 +81,13 @@ def test_client_state_survives_flower_context_state_and_snapshot_slots():
     put_state(context, "fedseg.state.x", state)
     context.state = _through_the_wire(context.state)
     _assert_same(get_state(context, "fedseg.state.x"), state)
-    copy_slot(context, "fedseg.state.x", "fedseg.best.x")
+    snapshots = ContextSnapshots(context)
+    snapshots.save("x", 3, get_state(context, "fedseg.state.x"))
+    context.state = _through_the_wire(context.state)
     put_state(context, "fedseg.state.x", {"other": torch.zeros(1)})
-    copy_slot(context, "fedseg.best.x", "fedseg.state.x")
+    put_state(context, "fedseg.state.x", snapshots.load("x", 3))
     _assert_same(get_state(context, "fedseg.state.x"), state)
     assert get_state(context, "fedseg.state.never") == {}
     put_state(context, "fedseg.state.y", {"other": torch.zeros(1)})
-    forget_other_algorithms(context, "y")  # the next algorithm of the run starts: x's stores go
+    forget_other_algorithms(context, "y", snapshots)  # the next algorithm of the run starts: x's stores go
     assert sorted(context.state) == ["fedseg.state.y", "fedseg.state.y.index"]

@@ -244,8 +244,11 @@ def run_algorithm(
                 else round_record(name, rnd, rounds_rows, metric_rows, validated.get(rnd), losses, engine.ledger)
             )
 
-            def after_checkpoint(keep=best and best.get("file"), line=line, tracked=tracked) -> None:
+            named = [state["clients"], best["clients"]] if best else [state["clients"]]
+
+            def after_checkpoint(keep=best and best.get("file"), line=line, tracked=tracked, named=named) -> None:
                 remove_best_files(ckpt_path, keep)
+                engine.checkpointed(named)  # e.g. Flower: the sites may drop older snapshots
                 log_round(out, line, on_log_line)  # once the round's checkpoint is on disk: never twice
                 if tracker is not None and tracked is not None:
                     tracker.log_round(tracked)  # likewise

@@ -47,6 +47,8 @@ class Engine(Protocol):
 
     def restore_clients(self, states: ClientStates) -> None: ...
 
+    def checkpointed(self, kept: list[ClientStates]) -> None: ...
+
 
 class BaseEngine:
     """The shared half of every engine; subclasses implement ``deliver`` and the client-state methods."""
@@ -132,6 +134,12 @@ class BaseEngine:
             raise SiteFailure(what) from error
         self.ledger.record(LedgerRow(self.round, site, action, 0, msg.num_floats(), 0, seconds, problem))
         return what
+
+    def checkpointed(self, kept: list[ClientStates]) -> None:
+        """A checkpoint is on disk that names the client states ``kept`` (``snapshot_clients`` results: its
+        round's and its best round's). Engines whose snapshots live elsewhere may release older ones
+        (Flower); here they are plain copies owned by the caller, so nothing to do. Called from the
+        checkpoint writer's thread."""
 
     def deliver(
         self, order: list[str], messages: dict[str, Message], action: str

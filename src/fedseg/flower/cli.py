@@ -1,8 +1,9 @@
 """``fedseg flower``: run fedseg's algorithms on a real Flower deployment.
 
-fedseg flower local     --preset NAME --out DIR [--tls]       everything on this machine
-fedseg flower server    --config FILE --out DIR --certs DIR   the coordinator (SuperLink + ServerApp)
-fedseg flower supernode --site NAME --data ROOT --superlink HOST:PORT [--root-certificates CA] [--auth-key KEY]
+fedseg flower local     --preset NAME --out DIR [--tls] [--resume]      everything on this machine
+fedseg flower server    --config FILE --out DIR --certs DIR [--resume]  the coordinator (SuperLink + ServerApp)
+fedseg flower supernode --site NAME --data ROOT --superlink HOST:PORT --state DIR
+                        [--root-certificates CA] [--auth-key KEY]
 fedseg flower certs     --out DIR --node NAME ...             CA, SuperLink certificate, SuperNode keys
 """
 
@@ -89,6 +90,12 @@ ISOLATION_HELP = (
     "subprocess: Flower's default, one ClientApp process per message; warm: one long-lived ClientApp "
     "worker per SuperNode (no per-message process start)"
 )
+RESUME = typer.Option(
+    False,
+    "--resume",
+    help="continue the run in --out from its last checkpoint (same config; every site's SuperNode keeps its "
+    "--state folder); a finished run is reused",
+)
 POLL_HELP = (
     "seconds for the waits inside Flower (SuperNode idle polling and object-pull backoff, SuperExec task polling, "
     "ServerApp reply polling); 0 = Flower's own (3 s, 1 s, 1 s, 3 s)"
@@ -113,13 +120,14 @@ def local(
     isolation: str = typer.Option("warm", "--isolation", help=ISOLATION_HELP),
     poll: float = typer.Option(DEFAULT_POLL, "--poll", help=POLL_HELP),
     wait: float = typer.Option(300, "--wait", help="seconds to wait for every SuperNode to connect"),
+    resume: bool = RESUME,
 ) -> None:
     """A SuperLink and one SuperNode per site on 127.0.0.1; the same outputs as `fedseg run`."""
     from fedseg.flower.launch import local as run_local
 
     try:
         cfg = _config(preset, config, data, algorithms, rounds, seed, set_, device, threads)
-        run_local(cfg, out, tls=tls, isolation=isolation, poll=poll, wait=wait, echo=_echo)
+        run_local(cfg, out, tls=tls, isolation=isolation, poll=poll, wait=wait, resume=resume, echo=_echo)
     except KeyboardInterrupt:
         _fail("interrupted; every Flower process was stopped", 130)
     except _errors() as e:
@@ -163,6 +171,7 @@ def server(
         help="the coordinator's waits inside Flower (SuperExec task polling, "
         "ServerApp reply polling and object-pull backoff), seconds; 0 = Flower's own",
     ),
+    resume: bool = RESUME,
 ) -> None:
     """The coordinator: a SuperLink on HOST:PORT, fedseg's ServerApp, the run's outputs in OUT."""
     from fedseg.flower.certs import TlsFiles
@@ -178,7 +187,7 @@ def server(
         if auth_keys is not None and not keys:
             raise FileNotFoundError(f"{auth_keys}: no *.pub SuperNode keys")
         link = LinkSettings(host, port, TlsFiles.in_folder(certs) if certs else None, auth=bool(keys))
-        run_server(cfg, fed, out, link, auth_keys=keys, wait=wait, poll=poll, echo=_echo)
+        run_server(cfg, fed, out, link, auth_keys=keys, wait=wait, poll=poll, resume=resume, echo=_echo)
     except KeyboardInterrupt:
         _fail("interrupted; the SuperLink was stopped", 130)
     except _errors() as e:
@@ -245,6 +254,12 @@ def supernode(
     max_wait: float | None = typer.Option(
         None, "--max-wait", help="give up connecting to the SuperLink after this many seconds"
     ),
+    state: Path | None = typer.Option(
+        None,
+        "--state",
+        help="folder where this site keeps the snapshots of its state store (only its own); keep it across "
+        "restarts: a run is resumed from it (`fedseg flower server --resume`). Default: in memory, no resume",
+    ),
 ) -> None:
     """A hospital: check the data, then serve it to the federation as a Flower SuperNode (data never leaves)."""
     from fedseg.flower.launch import run_supernode
@@ -262,6 +277,7 @@ def supernode(
             isolation=isolation,
             poll=poll,
             max_wait=max_wait,
+            state=state,
             echo=_echo,
         )
     except KeyboardInterrupt:

@@ -13,15 +13,20 @@ Algorithm servers see the same engine as in the simulator: ``sites``, ``algorith
 - the ledger counts the floats of the fedseg messages, as the simulator does; ``seconds`` is
   the compute time the site measured around ``Client.handle``;
 - client states live on the nodes (Flower's ``Context.state``): ``snapshot_clients`` asks every
-  node to copy its store to a ``best`` slot and returns a token naming that snapshot;
-  ``restore_clients`` puts it back. Nothing of a site's state reaches the server, so a run on
-  Flower cannot be resumed from a checkpoint (``supports_resume = False``).
+  node to save its store as the snapshot of the current round and returns a token naming it (the
+  checkpoint holds the token); ``restore_clients`` asks every node to put a snapshot back. Nothing of
+  a site's state reaches the server. Each snapshot request names the snapshots the coordinator may
+  still restore (those of the last checkpoint on disk, of its best round, and any taken since);
+  nodes delete the rest (``fedseg.flower.snapshots``). A run can be resumed from its checkpoint when
+  every SuperNode keeps its snapshots on disk (``--state DIR``): the coordinator then asks each site
+  to restore the snapshot of the checkpointed round.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -29,7 +34,7 @@ import torch
 from flwr.app import ConfigRecord, RecordDict
 from flwr.app import Message as FlowerMessage
 
-from fedseg.engine.base import BaseEngine
+from fedseg.engine.base import BaseEngine, ClientStates
 from fedseg.engine.context import Task
 from fedseg.engine.ledger import EVAL_ACTIONS
 from fedseg.engine.messages import Message
@@ -171,8 +176,6 @@ def connect_sites(courier: Courier, sites: list[str], header: dict, wait: float)
 class FlowerEngine(BaseEngine):
     """The engine for one algorithm run over Flower. See the module docstring."""
 
-    supports_resume = False
-
     def __init__(self, algorithm: str, courier: Courier, site_map: SiteMap, task: Task, options=None, observers=None):
         super().__init__(algorithm, site_map.sites, task, options, observers)
         self.courier = courier
@@ -180,6 +183,8 @@ class FlowerEngine(BaseEngine):
         self.client_states: dict = {}  # client states live on the SuperNodes
         self._exchanges = 0  # exchanges so far; a restore right after its snapshot changes nothing
         self._snapshot: tuple[int, int] | None = None  # (tag, exchanges at that time) of the last snapshot
+        self._taken: set[int] = set()  # snapshot tags the coordinator may still restore (see ``checkpointed``)
+        self._taken_lock = threading.Lock()  # ``checkpointed`` runs on the checkpoint writer's thread
 
     def num_samples(self, site: str, split: str = "train") -> int:
         return self.site_map.sizes[site][split]
@@ -213,27 +218,53 @@ class FlowerEngine(BaseEngine):
                 answered[site] = (reply, float(head.get("seconds", 0.0)))
         return answered
 
-    def _query_all(self, action: str, tag: dict[str, int]) -> None:
+    def _query_all(self, action: str, header: dict[str, dict]) -> None:
+        """Send query ``action`` with ``header[site]`` to every site; under ``fl.on_failure = skip`` a site that
+        fails or does not answer within ``fl.timeout_s`` is logged and left out (else the run stops)."""
         msgs = [
-            query(s, self.site_map.nodes[s], action, {"algorithm": self.algorithm, "tag": tag[s]}) for s in self.sites
+            query(s, self.site_map.nodes[s], action, {"algorithm": self.algorithm, **header[s]}) for s in self.sites
         ]
         what = f"{self.algorithm} {action} (round {self.round})"
-        for site, reply in zip(self.sites, self.courier.send(msgs, what, self.sites)):
-            assert reply is not None  # not partial: a missing reply raised TimeoutError
-            check_reply(reply, f"site {site!r}", what)
+        timeout = self.task.cfg.fl.timeout_s
+        skip = self.skips_failures
+        for site, reply in zip(self.sites, self.courier.send(msgs, what, self.sites, timeout, skip)):
+            try:
+                if reply is None:
+                    raise SiteError(f"site {site!r}: no reply to {what} within fl.timeout_s = {timeout:g} s")
+                check_reply(reply, f"site {site!r}", what)
+            except SiteError as e:
+                if not skip:
+                    raise
+                log.warning("%s (fl.on_failure = skip: left out)", e)
 
-    def snapshot_clients(self) -> dict[str, dict[str, torch.Tensor]]:
-        """Every node copies its store to its ``best`` slot; the token names the snapshot (its round)."""
-        self._query_all(SNAPSHOT, {s: self.round for s in self.sites})
+    def snapshot_clients(self) -> ClientStates:
+        """Every node saves its store as the snapshot of this round; the token names it (its round). Nodes
+        delete their snapshots the coordinator can no longer ask for."""
+        with self._taken_lock:
+            self._taken.add(self.round)
+            keep = json.dumps(sorted(self._taken))
+        self._query_all(SNAPSHOT, {s: {"tag": self.round, "keep": keep} for s in self.sites})
         self._snapshot = (self.round, self._exchanges)
         return {s: {SNAPSHOT_KEY: torch.tensor(self.round)} for s in self.sites}
+
+    def checkpointed(self, kept: list[ClientStates]) -> None:
+        """A checkpoint naming the snapshots ``kept`` (its round's and its best round's tokens) is on disk:
+        the snapshots taken before it that it does not name will never be restored (they are deleted at the
+        next snapshot). Runs on the checkpoint writer's thread: only updates the set of tags."""
+        named = {int(states[SNAPSHOT_KEY]) for token in kept for states in token.values() if SNAPSHOT_KEY in states}
+        if named:
+            with self._taken_lock:
+                self._taken = named | {t for t in self._taken if t > max(named)}
 
     def restore_clients(self, states: dict[str, dict[str, torch.Tensor]]) -> None:
         """Every node puts back the snapshot named by ``states`` (a token from ``snapshot_clients``).
         Skipped when that snapshot is the last one and no exchange happened since (the states are it)."""
         missing = [s for s in self.sites if SNAPSHOT_KEY not in states.get(s, {})]
         if missing:
-            raise ValueError(f"restore_clients needs the token of snapshot_clients for {missing}")
+            raise ValueError(
+                f"the checkpoint names no snapshot on the sites for {missing}: it was not written by a Flower run "
+                "(a run resumes on the engine that started it)"
+            )
         tags = {s: int(states[s][SNAPSHOT_KEY]) for s in self.sites}
         if (
             self._snapshot is not None
@@ -242,4 +273,6 @@ class FlowerEngine(BaseEngine):
         ):
             log.debug("%s restore of snapshot %d skipped: nothing changed since", self.algorithm, self._snapshot[0])
             return
-        self._query_all(RESTORE, tags)
+        self._query_all(RESTORE, {s: {"tag": tags[s]} for s in self.sites})
+        with self._taken_lock:
+            self._taken |= set(tags.values())

@@ -12,8 +12,13 @@
   config (``flwr run``), waits for it, and returns; the ServerApp writes the run's outputs.
 - ``local``: ``serve_experiment`` plus one ``fedseg flower supernode`` process per site on this
   machine (127.0.0.1, free ports). Each site gets a folder holding only its own data (a
-  ``federation.yaml`` copy and a link to its site folder); a built-in federation is written
-  to a folder first.
+  ``federation.yaml`` copy and a link to its site folder) and a ``--state`` folder
+  (``OUT/flower/state/<site>``); a built-in federation is written to a folder first.
+
+Resume (``--resume``): the coordinator checkpoints its state every round (``OUT/checkpoints``); each
+site keeps the snapshots of its state store in its SuperNode's ``--state`` folder. A resumed run is a
+new Flower run with the same run key (``OUT/flower/run-key``): the coordinator restores its checkpoint
+and asks every site to restore the snapshot that checkpoint names, then goes on with the next round.
 
 Every process started here is stopped on return, on error and on Ctrl-C / SIGTERM.
 """
@@ -147,11 +152,13 @@ def log_tail(path: Path, lines: int = 15) -> str:
 # --- a SuperNode ----------------------------------------------------------------------------------
 
 
-def node_config(site: str, data: Path, samples: Path | None) -> str:
-    """Flower node config ``site='..' data='..' samples='..'`` (TOML literal strings)."""
+def node_config(site: str, data: Path, samples: Path | None, state: Path | None = None) -> str:
+    """Flower node config ``site='..' data='..' samples='..' state='..'`` (TOML literal strings)."""
     values = {"site": site, "data": str(Path(data).resolve())}
     if samples is not None:
         values["samples"] = str(Path(samples).resolve())
+    if state is not None:
+        values["state"] = str(Path(state).resolve())
     for key, value in values.items():
         if "'" in value or "\n" in value:
             raise ValueError(f"{key} {value!r}: quotes and newlines cannot be passed in a Flower node config")
@@ -179,6 +186,7 @@ def supernode_argv(
     auth_key: Path | None,
     isolation: str,
     max_wait: float | None,
+    state: Path | None = None,
 ) -> list[str]:
     """Arguments of Flower's ``flower-supernode`` for one site."""
     argv = [
@@ -187,7 +195,7 @@ def supernode_argv(
         "--port",
         str(port),
         "--node-config",
-        node_config(site, data, samples),
+        node_config(site, data, samples, state),
         "--isolation",
         "process" if isolation == "warm" else "subprocess",
     ]
@@ -215,9 +223,11 @@ def run_supernode(
     isolation: str = "subprocess",
     poll: float | None = None,
     max_wait: float | None = None,
+    state: Path | None = None,
     echo: Callable[[str], None] = print,
 ) -> None:
-    """Check the data, then become this site's SuperNode (blocks until it stops). See the module docstring."""
+    """Check the data, then become this site's SuperNode (blocks until it stops). See the module docstring.
+    ``state``: folder for the snapshots of the site's state store (needed to resume a run; keep it)."""
     import os
     import subprocess
 
@@ -226,7 +236,7 @@ def run_supernode(
     fed = check_site_folder(site, data)
     echo(f"data check passed: site {site} of {fed.name!r}, {len(fed.site(site).cases)} cases in {data}")
     argv = supernode_argv(
-        site, data, superlink, port, samples, root_certificates, insecure, auth_key, isolation, max_wait
+        site, data, superlink, port, samples, root_certificates, insecure, auth_key, isolation, max_wait, state
     )
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
     os.environ["FLWR_DISABLE_UPDATE_CHECK"] = "1"
@@ -263,6 +273,7 @@ def supernode_command(
     auth_key: Path | None,
     isolation: str,
     poll: float | None,
+    state: Path | None = None,
 ) -> list[str]:
     """``fedseg flower supernode ...`` as a command line (what ``local`` starts per site)."""
     cmd = [
@@ -289,13 +300,17 @@ def supernode_command(
         cmd += ["--auth-key", str(auth_key)]
     if poll is not None:
         cmd += ["--poll", str(poll)]
+    if state is not None:
+        cmd += ["--state", str(state)]
     return cmd
 
 
 # --- the experiment -------------------------------------------------------------------------------
 
 
-def run_config(cfg: RunConfig, fed: Federation, out: Path, wait: float, poll: float) -> dict:
+def run_config(
+    cfg: RunConfig, fed: Federation, out: Path, wait: float, poll: float, resume: bool = False, run_key: str = ""
+) -> dict:
     """The run config fedseg's ServerApp reads (``fedseg.flower.server``)."""
     from fedseg.flower.server import federation_record
 
@@ -306,7 +321,31 @@ def run_config(cfg: RunConfig, fed: Federation, out: Path, wait: float, poll: fl
         "fedseg-wait": float(wait),
         "fedseg-poll": float(poll),
         "fedseg-version": fedseg.__version__,
+        "fedseg-resume": bool(resume),
+        "fedseg-run-key": run_key,
     }
+
+
+def run_key(out: Path, resume: bool) -> str:
+    """The experiment's name for the sites' snapshot folders: ``OUT/flower/run-key``, kept by a resume, new
+    (the output folder + a random id) for a new run, so a reused ``--state`` folder never mixes two runs."""
+    import uuid
+
+    from fedseg.engine.checkpoint import atomic_write_text
+
+    path = Path(out) / "flower" / "run-key"
+    if resume and path.is_file() and path.read_text().strip():
+        return path.read_text().strip()
+    key = f"{Path(out).resolve()}#{uuid.uuid4().hex}"
+    atomic_write_text(path, key + "\n")
+    return key
+
+
+def check_new_or_resumed(out: Path, resume: bool) -> None:
+    """A coordinator's ``--out``: a new run needs a folder without checkpoints; ``--resume`` continues one."""
+    check_out_dir(out)
+    if (out / "checkpoints").exists() and not resume:
+        raise FileExistsError(f"{out}: already holds a run; use --resume to continue it or choose another --out")
 
 
 LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \S+ (DEBUG|INFO|WARNING|ERROR|CRITICAL) \S+: (.*)$")  # server.log format
@@ -342,12 +381,14 @@ def serve_experiment(
     start_nodes: Callable[[], dict[str, Started]] | None = None,
     wait: float = 600,
     poll: float = DEFAULT_POLL,
+    resume: bool = False,
     echo: Callable[[str], None] = print,
 ) -> None:
     """Start the SuperLink, register keys, (start local nodes,) submit the run and wait for it to finish.
 
     Raises ``FlowerRunError`` with the coordinator's message if the run fails, or naming the
-    SuperNode that died and its log if one of ours exits first."""
+    SuperNode that died and its log if one of ours exits first (under ``fl.on_failure = skip`` a
+    SuperNode that exits is reported and the run goes on without its site)."""
     from fedseg.flower.apps import build_fab
 
     out = Path(out).resolve()
@@ -365,7 +406,8 @@ def serve_experiment(
         nodes = start_nodes() if start_nodes else {}
         for stale in ("server.log", "error.txt"):  # left by an earlier attempt in the same --out
             (out / "flower" / stale).unlink(missing_ok=True)
-        run_id = submit_run(client, build_fab(), run_config(cfg, fed, out, wait, poll))
+        config = run_config(cfg, fed, out, wait, poll, resume, run_key(out, resume))
+        run_id = submit_run(client, build_fab(), config)
         echo(f"run {run_id} submitted; sites: {', '.join(fed.site_names)}")
         tail, last_observe = LogTail(out / "flower" / "server.log"), 0.0
 
@@ -385,11 +427,13 @@ def serve_experiment(
                 raise FlowerRunError(
                     f"the SuperLink exited (code {link_proc.proc.returncode}):\n{log_tail(link_proc.log)}"
                 )
-            for site, node in nodes.items():
+            for site, node in list(nodes.items()):
                 if node.proc.poll() is not None:
-                    raise FlowerRunError(
-                        f"the SuperNode of site {site!r} exited (code {node.proc.returncode}):\n{log_tail(node.log)}"
-                    )
+                    said = f"the SuperNode of site {site!r} exited (code {node.proc.returncode})"
+                    if cfg.fl.on_failure != "skip":
+                        raise FlowerRunError(f"{said}:\n{log_tail(node.log)}")
+                    echo(f"{said}; fl.on_failure = skip: the run goes on without it")
+                    del nodes[site]
 
         status = wait_run(client, run_id, poll=0.25, tick=tick)
         show_progress()
@@ -445,12 +489,14 @@ def local(
     isolation: str = "warm",
     poll: float = DEFAULT_POLL,
     wait: float = 300,
+    resume: bool = False,
     echo: Callable[[str], None] = print,
 ) -> Path:
     """Run ``cfg`` on a Flower deployment on this machine; the same outputs as ``fedseg run`` in ``out``.
 
     ``poll`` > 0 shortens every wait inside Flower to that many seconds (``fedseg.flower.flwr_internals``);
-    0 keeps Flower's defaults."""
+    0 keeps Flower's defaults. ``resume``: continue the run in ``out`` from its last checkpoint (the sites'
+    snapshots are in ``out/flower/state``)."""
     from fedseg.flower.server import refuse_unsupported
 
     refuse_unsupported(cfg.algorithms)
@@ -458,9 +504,7 @@ def local(
         raise ValueError(f"isolation must be one of {ISOLATIONS}, got {isolation!r}")
     check_device(cfg.device)  # the sites compute on this machine
     out = Path(out).resolve()
-    check_out_dir(out)
-    if (out / "checkpoints").exists():
-        raise FileExistsError(f"{out}: already holds a run; choose another --out")
+    check_new_or_resumed(out, resume)
     work = out / "flower"
     root, fed = federation_folder(cfg, work)
     cfg = cfg.model_copy(update={"data": cfg.data.model_copy(update={"source": "folder", "root": str(root)})})
@@ -486,6 +530,7 @@ def local(
                     keys / f"{site}.key" if tls else None,
                     isolation,
                     node_poll,
+                    work / "state" / site,
                 ),
                 work / "logs" / f"supernode-{site}.log",
                 env,
@@ -505,6 +550,7 @@ def local(
             start_nodes=start_nodes,
             wait=wait,
             poll=poll,
+            resume=resume,
             echo=echo,
         )
     return out
@@ -519,17 +565,18 @@ def server(
     auth_keys: dict[str, Path] | None = None,
     poll: float = DEFAULT_POLL,
     wait: float = 600,
+    resume: bool = False,
     echo: Callable[[str], None] = print,
 ) -> Path:
     """The coordinator of a multi-machine deployment (SuperNodes started by the hospitals); ``poll``: the
-    coordinator's waits inside Flower (SuperExec, ServerApp; 0 = Flower's defaults)."""
+    coordinator's waits inside Flower (SuperExec, ServerApp; 0 = Flower's defaults). ``resume``: continue
+    the run in ``out``; every SuperNode must have been started with ``--state DIR`` and be restarted with
+    the same folder."""
     from fedseg.flower.server import refuse_unsupported
 
     refuse_unsupported(cfg.algorithms)
     out = Path(out).resolve()
-    check_out_dir(out)
-    if (out / "checkpoints").exists():
-        raise FileExistsError(f"{out}: already holds a run; choose another --out")
+    check_new_or_resumed(out, resume)
     work = out / "flower"
     env = flower_env(work / "home", waits(poll)[1])
     link = replace(link, auth=link.auth or bool(auth_keys))
@@ -537,7 +584,10 @@ def server(
         f"hospitals start: fedseg flower supernode --site NAME --data ROOT --superlink <this host>:{link.port}"
         + (" --root-certificates ca.crt" if link.tls else " --insecure")
         + (" --auth-key NAME.key" if link.auth else "")
+        + " --state DIR (a folder the site keeps: needed to resume the run)"
     )
     with terminate_on_signals(), flower_home(work / "home"), Processes(work / "processes.json") as procs:
-        serve_experiment(cfg, fed, out, link, procs, env, register=auth_keys, wait=wait, poll=poll, echo=echo)
+        serve_experiment(
+            cfg, fed, out, link, procs, env, register=auth_keys, wait=wait, poll=poll, resume=resume, echo=echo
+        )
     return out

@@ -1,8 +1,9 @@
 """The site side of a Flower deployment: what fedseg's ClientApp does with each message.
 
-A SuperNode is started with node config ``site=NAME data=ROOT [samples=DIR]``: ``ROOT`` is a
-folder federation (``federation.yaml`` + at least the folder of ``NAME``); data never leaves
-the node. For every message the ClientApp
+A SuperNode is started with node config ``site=NAME data=ROOT [samples=DIR] [state=DIR]``: ``ROOT``
+is a folder federation (``federation.yaml`` + at least the folder of ``NAME``); data never leaves
+the node; ``state`` keeps the snapshots of the site's state store on disk, so that the run can be
+resumed (``fedseg.flower.snapshots``). For every message the ClientApp
 
 1. reads the run's fedseg config (run config ``fedseg-config``) and the engine header of the
    message (algorithm, action, site index, round: the server's, so the random stream
@@ -16,9 +17,10 @@ the node. For every message the ClientApp
 
 Engine-level queries (not algorithm traffic, not in the ledger): ``info`` (full ``data check``
 of the node's folder for the run's split settings, header agreement, split sizes),
-``snapshot`` / ``restore`` (copy the state store to / from a ``best`` slot, for best-round
-selection). Every failure is answered with a Flower ``Error`` reply whose reason is the
-fedseg message (e.g. the data check's list of problems), not a traceback from inside Flower.
+``snapshot`` / ``restore`` (copy the state store to / from the snapshot of a round, for best-round
+selection and resume; ``fedseg.flower.snapshots``). Every failure is answered with a Flower
+``Error`` reply whose reason is the fedseg message (e.g. the data check's list of problems), not a
+traceback from inside Flower.
 """
 
 from __future__ import annotations
@@ -30,12 +32,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
 
-from flwr.app import ArrayRecord, ConfigRecord, Context, Error, RecordDict
+from flwr.app import ConfigRecord, Context, Error, RecordDict
 from flwr.app import Message as FlowerMessage
 from flwr.common.constant import ErrorCode
 
 from fedseg.config import RunConfig
 from fedseg.data.federation import Federation, FederationError, Site
+from fedseg.flower.snapshots import ContextSnapshots, DiskSnapshots, Snapshots, prune
 
 # PyTorch, MONAI and the algorithms are imported only by algorithm messages: in Flower's
 # one-process-per-message isolation, the engine's queries (info, snapshot, restore) then start
@@ -46,18 +49,19 @@ log = logging.getLogger("fedseg.flower.node")
 
 RUN_CONFIG_KEY = "fedseg-config"  # run config entry: the resolved RunConfig as JSON
 STATE = "fedseg.state."  # Context.state slot of a site's store, per algorithm (+ ".index")
-BEST = "fedseg.best."  # ... of its snapshot (best validation round so far)
-BEST_TAG = "fedseg.best-tag."  # ConfigRecord naming the snapshot (the round it was taken)
+RUN_KEY = "fedseg-run-key"  # run config entry: names the experiment across Flower runs (resume)
 INFO, SNAPSHOT, RESTORE = "info", "snapshot", "restore"  # query actions
 
 
 @dataclass(frozen=True)
 class NodeSettings:
-    """What the SuperNode's node config says: its site, its data folder, where samples go."""
+    """What the SuperNode's node config says: its site, its data folder, where samples go, where the
+    snapshots of its state store go (None: in the Flower run's memory only)."""
 
     site: str
     data: Path
     samples: Path | None
+    state: Path | None = None
 
     @classmethod
     def from_node_config(cls, node_config: dict) -> NodeSettings:
@@ -69,7 +73,19 @@ class NodeSettings:
                 'or flower-supernode --node-config \'site="NAME" data="ROOT"\')'
             )
         samples = str(node_config.get("samples", "")).strip()
-        return cls(str(node_config["site"]), Path(str(node_config["data"])), Path(samples) if samples else None)
+        state = str(node_config.get("state", "")).strip()
+        return cls(
+            str(node_config["site"]),
+            Path(str(node_config["data"])),
+            Path(samples) if samples else None,
+            Path(state) if state else None,
+        )
+
+    def snapshots(self, context: Context) -> Snapshots:
+        """This node's snapshot store for the run of ``context``."""
+        if self.state is None:
+            return ContextSnapshots(context)
+        return DiskSnapshots(self.state, str(context.run_config.get(RUN_KEY, "")))
 
 
 def run_config(context: Context) -> RunConfig:
@@ -129,24 +145,13 @@ def put_state(context: Context, slot: str, state: dict) -> None:
     context.state[slot], context.state[slot + ".index"] = pack(state)
 
 
-def copy_slot(context: Context, source: str, target: str) -> None:
-    """Copy a stored tensor store (records are not modified in place, so sharing their arrays is safe)."""
-    if source not in context.state:
-        for key in (target, target + ".index"):
-            if key in context.state:
-                del context.state[key]
-        return
-    context.state[target] = ArrayRecord(dict(context.state.array_records[source]))
-    context.state[target + ".index"] = ConfigRecord(dict(context.state.config_records[source + ".index"]))
-
-
-def forget_other_algorithms(context: Context, algorithm: str) -> None:
-    """Drop the stores of the run's earlier algorithms: ``run_experiment`` runs them one after another,
-    and the whole ``Context`` travels with every message."""
-    mine = {STATE + algorithm, BEST + algorithm, BEST_TAG + algorithm}
+def forget_other_algorithms(context: Context, algorithm: str, snapshots: Snapshots) -> None:
+    """Drop the stores and snapshots of the run's earlier algorithms: ``run_experiment`` runs them one after
+    another, and the whole ``Context`` travels with every message."""
     for key in list(context.state):
-        if key.startswith((STATE, BEST, BEST_TAG)) and key.removesuffix(".index") not in mine:
+        if key.startswith(STATE) and key.removesuffix(".index") != STATE + algorithm:
             del context.state[key]
+    snapshots.forget_others(algorithm)
 
 
 _SITE_CACHE: dict[tuple, tuple] = {}
@@ -217,7 +222,7 @@ def on_algorithm_message(
     )
     spec = get_algorithm(to.algorithm)
     fed, data = site_data(settings, cfg, to.site_index)
-    forget_other_algorithms(context, to.algorithm)
+    forget_other_algorithms(context, to.algorithm, settings.snapshots(context))
     state = get_state(context, STATE + to.algorithm)
     task = Task(spec.run_config(cfg), fed.spatial_dims, fed.channels, fed.regions.names)  # the method's rounds
     options = spec.parse_options(cfg.methods.get(to.algorithm))  # cached: parsed once per node process
@@ -244,23 +249,19 @@ def on_info(content: RecordDict, context: Context, settings: NodeSettings, cfg: 
 
 
 def on_snapshot(content: RecordDict, context: Context, settings: NodeSettings, cfg: RunConfig) -> RecordDict:
-    """Copy the algorithm's state store to the ``best`` slot, named by ``tag``."""
+    """Save the algorithm's state store as snapshot ``tag``; delete the snapshots not in ``keep`` (JSON list
+    of the tags the coordinator may still restore)."""
     head = dict(content.config_records[ENGINE])
-    algorithm = str(head["algorithm"])
-    copy_slot(context, STATE + algorithm, BEST + algorithm)
-    context.state[BEST_TAG + algorithm] = ConfigRecord({"tag": int(cast(int, head["tag"]))})
+    algorithm, tag = str(head["algorithm"]), int(cast(int, head["tag"]))
+    snapshots = settings.snapshots(context)
+    snapshots.save(algorithm, tag, get_state(context, STATE + algorithm))
+    prune(snapshots, algorithm, {tag, *json.loads(str(head.get("keep", "[]")))})
     return RecordDict({ENGINE: ConfigRecord({"site": settings.site})})
 
 
 def on_restore(content: RecordDict, context: Context, settings: NodeSettings, cfg: RunConfig) -> RecordDict:
-    """Put the ``best`` slot back as the algorithm's state store (it must be the snapshot ``tag``)."""
+    """Put snapshot ``tag`` back as the algorithm's state store (after a resume: from the ``--state`` folder)."""
     head = dict(content.config_records[ENGINE])
     algorithm, tag = str(head["algorithm"]), int(cast(int, head["tag"]))
-    have = context.state.config_records.get(BEST_TAG + algorithm)
-    if have is None or int(cast(int, have["tag"])) != tag:
-        raise ValueError(
-            f"no snapshot {tag} of {algorithm!r} on this node "
-            f"(have {None if have is None else int(cast(int, have['tag']))})"
-        )
-    copy_slot(context, BEST + algorithm, STATE + algorithm)
+    put_state(context, STATE + algorithm, settings.snapshots(context).load(algorithm, tag))
     return RecordDict({ENGINE: ConfigRecord({"site": settings.site})})

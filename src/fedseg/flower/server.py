@@ -9,7 +9,10 @@ coordinator needs and nothing of the sites' data:
   and the ordered site names (the order defines each site's index, as in the simulator);
 - ``fedseg-out``: the output directory on the coordinator (summary.json etc.);
 - ``fedseg-wait``: seconds to wait for every site's SuperNode; ``fedseg-poll``: reply polling and
-  object-pull backoff, seconds (0: Flower's own 3 s and 1 s, see ``fedseg.flower.flwr_internals``).
+  object-pull backoff, seconds (0: Flower's own 3 s and 1 s, see ``fedseg.flower.flwr_internals``);
+- ``fedseg-resume``: continue the run in ``fedseg-out`` from its checkpoints (``--resume``);
+  ``fedseg-run-key``: names the experiment across Flower runs, so that the sites find the snapshots
+  of their state stores kept on disk (``fedseg.flower.snapshots``).
 
 It maps sites to nodes, then runs ``fedseg.run.run_experiment`` with the ``FlowerEngine``:
 the same rounds, validation, best-round selection, single test evaluation and output files as
@@ -37,6 +40,8 @@ DEFAULTS = {
     "fedseg-wait": 120.0,
     "fedseg-poll": 0.2,
     "fedseg-version": "",
+    "fedseg-resume": False,
+    "fedseg-run-key": "",
 }
 FLOWER_REPLY_POLL = 3.0  # flwr's Grid.send_and_receive interval, used with fedseg-poll = 0
 
@@ -133,6 +138,7 @@ def serve(grid, run_config: dict) -> None:
         run_experiment(
             cfg,
             out,
+            resume=bool(run_config.get("fedseg-resume", False)),
             prepared=prep,
             engine_factory=engine,
             on_round_end=round_end,
