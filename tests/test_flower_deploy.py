@@ -6,6 +6,7 @@ processes started by the ``fedseg flower`` commands, compared number for number 
 from __future__ import annotations
 
 import csv
+import importlib.util
 import json
 import signal
 import subprocess
@@ -385,5 +386,23 @@ def test_flower_local_interrupted_after_a_checkpoint_resumes_to_the_uninterrupte
     assert again.returncode == 0, again.stdout + again.stderr
     log = (out / "flower" / "server.log").read_text()  # the resumed attempt's
     assert "scaffold round 1/2" not in log and "scaffold round 2/2" in log and "fedavg round" not in log
+    _assert_same_run(out, tmp_path / "sim")
+    assert not _survivors(out / "flower")
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("ray") is None,
+    reason="Flower's Simulation Runtime needs Ray: pip install 'fedseg[simulation]'",
+)
+def test_flower_simulate_gives_the_simulators_numbers(folder, tmp_path, tiny):
+    """`fedseg flower simulate`: Flower's Simulation Runtime (Ray actors as virtual SuperNodes) runs the same
+    app as a deployment: the simulator's numbers, and no process left behind."""
+    cfg = _config(tiny, tmp_path / "cfg.yaml", ["fedavg"], rounds=2)
+    sim = runner.invoke(app, ["run", "--config", str(cfg), "--data", str(folder), "--out", str(tmp_path / "sim")])
+    assert sim.exit_code == 0, sim.output
+    out = tmp_path / "flower"
+    proc = _fedseg("flower", "simulate", "--config", str(cfg), "--data", str(folder), "--out", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "site site2 -> SuperNode" in proc.stdout
     _assert_same_run(out, tmp_path / "sim")
     assert not _survivors(out / "flower")

@@ -11,8 +11,8 @@ from flwr.supercore.inflatable.inflatable_utils import inflate_object_from_conte
 
 from fedseg.engine.messages import Message
 from fedseg.flower.node import forget_other_algorithms, get_state, put_state
-from fedseg.flower.snapshots import ContextSnapshots
 from fedseg.flower.records import from_recorddict, to_recorddict
+from fedseg.flower.snapshots import ContextSnapshots
 
 
 def _through_the_wire(content: RecordDict) -> RecordDict:

@@ -30,6 +30,9 @@ MODULE = "fedseg_flower_app"  # the FAB's module
 DEFAULT_ACTION = "default"  # Flower's action of a bare "train" / "evaluate" (ClientApp.train's default)
 
 
+_REGISTERING = threading.Lock()  # module-level: the app itself is pickled to Ray actors (simulation runtime)
+
+
 class FedsegClientApp(ClientApp):
     """A ``ClientApp`` whose train/evaluate messages of any action name reach the fedseg Client;
     query actions are registered with ``@client_app.query(name)`` as usual.
@@ -42,14 +45,13 @@ class FedsegClientApp(ClientApp):
     def __init__(self) -> None:
         super().__init__()
         self._algorithm_actions: set[str] = set()
-        self._registering = threading.Lock()
 
     def __call__(self, message: Message, context: Context) -> Message:
         category, _, action = message.metadata.message_type.partition(".")
         register = {"train": self.train, "evaluate": self.evaluate}.get(category)
         name = f"{category}.{action or DEFAULT_ACTION}"  # "train" is Flower's "train.default"
         if register is not None and name not in self._algorithm_actions:
-            with self._registering:
+            with _REGISTERING:
                 if name not in self._algorithm_actions:
                     register(action or DEFAULT_ACTION)(algorithm_message)
                     self._algorithm_actions.add(name)
@@ -121,7 +123,8 @@ def build_fab() -> bytes:
     return build(
         {
             "pyproject.toml": pyproject().encode(),
+            # assignments, not an import: Flower's simulation runtime finds the apps by reading this file's syntax
             f"{MODULE}.py": b'"""fedseg on Flower (see fedseg.flower.apps)."""\n'
-            b"from fedseg.flower.apps import client_app, server_app  # noqa: F401\n",
+            b"from fedseg.flower import apps\n\nclient_app = apps.client_app\nserver_app = apps.server_app\n",
         }
     )

@@ -1,6 +1,7 @@
 """``fedseg flower``: run fedseg's algorithms on a real Flower deployment.
 
 fedseg flower local     --preset NAME --out DIR [--tls] [--resume]      everything on this machine
+fedseg flower simulate  --preset NAME --out DIR [--gpus-per-site F]   Flower's Simulation Runtime (Ray)
 fedseg flower server    --config FILE --out DIR --certs DIR [--resume]  the coordinator (SuperLink + ServerApp)
 fedseg flower supernode --site NAME --data ROOT --superlink HOST:PORT --state DIR
                         [--root-certificates CA] [--auth-key KEY]
@@ -128,6 +129,52 @@ def local(
     try:
         cfg = _config(preset, config, data, algorithms, rounds, seed, set_, device, threads)
         run_local(cfg, out, tls=tls, isolation=isolation, poll=poll, wait=wait, resume=resume, echo=_echo)
+    except KeyboardInterrupt:
+        _fail("interrupted; every Flower process was stopped", 130)
+    except _errors() as e:
+        _fail(str(e).strip("'\""))
+    _finish(out.resolve())
+
+
+@flower_app.command(cls=AlgorithmsHelp)
+def simulate(
+    out: Path = OUT,
+    preset: str | None = PRESET,
+    config: Path | None = CONFIG,
+    data: Path | None = DATA,
+    algorithms: str | None = ALGOS,
+    rounds: int | None = ROUNDS,
+    seed: int | None = SEED,
+    set_: list[str] = SET,
+    device: str | None = device_option(),
+    threads: int | None = threads_option(),
+    cpus: int = typer.Option(1, "--cpus-per-site", help="CPUs Ray reserves for each site's ClientApp", min=1),
+    gpus: float = typer.Option(
+        0.0, "--gpus-per-site", help="fraction of a GPU Ray reserves for each site's ClientApp (0.5: two per GPU)"
+    ),
+    ray_address: str | None = typer.Option(
+        None, "--ray-address", help="an existing Ray cluster (ray start --head ...) to spread the sites over"
+    ),
+    poll: float = typer.Option(DEFAULT_POLL, "--poll", help=POLL_HELP),
+    wait: float = typer.Option(300, "--wait", help="seconds to wait for every virtual SuperNode"),
+    resume: bool = RESUME,
+) -> None:
+    """Flower's Simulation Runtime (Ray): one virtual SuperNode per site; the same outputs as `fedseg run`."""
+    from fedseg.flower.launch import simulate as run_simulate
+
+    try:
+        cfg = _config(preset, config, data, algorithms, rounds, seed, set_, device, threads)
+        run_simulate(
+            cfg,
+            out,
+            cpus_per_site=cpus,
+            gpus_per_site=gpus,
+            ray_address=ray_address,
+            poll=poll,
+            wait=wait,
+            resume=resume,
+            echo=_echo,
+        )
     except KeyboardInterrupt:
         _fail("interrupted; every Flower process was stopped", 130)
     except _errors() as e:

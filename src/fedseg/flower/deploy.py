@@ -293,19 +293,23 @@ def register_node(client, public_key: Path, name: str | None = None) -> int:
     return int(res.node_id)
 
 
-def submit_run(client, fab: bytes, run_config: dict) -> int:
-    """``flwr run``: submit the FAB with ``run_config`` overrides; returns the run id."""
+def submit_run(client, fab: bytes, run_config: dict, simulation: dict | None = None) -> int:
+    """``flwr run``: submit the FAB with ``run_config`` overrides; returns the run id. ``simulation``: the
+    fields of Flower's ``SimulationConfig`` (``num_supernodes``, ``client_resources_num_cpus``, ...) for a
+    SuperLink started with ``--simulation``."""
     from flwr.common.serde import fab_to_proto, user_config_to_proto
     from flwr.proto.control_pb2 import StartRunRequest
+    from flwr.proto.federation_config_pb2 import SimulationConfig
     from flwr.supercore.fab import Fab
 
-    res = client.StartRun(
-        StartRunRequest(
-            fab=fab_to_proto(Fab(hashlib.sha256(fab).hexdigest(), fab, {})),
-            override_config=user_config_to_proto(run_config),
-            federation="",
-        )
+    request = StartRunRequest(
+        fab=fab_to_proto(Fab(hashlib.sha256(fab).hexdigest(), fab, {})),
+        override_config=user_config_to_proto(run_config),
+        federation="",
     )
+    if simulation is not None:
+        request.override_federation_config.CopyFrom(SimulationConfig(**simulation))
+    res = client.StartRun(request)
     if not res.HasField("run_id"):
         raise RuntimeError(f"the SuperLink did not start the run{': ' + res.note if res.HasField('note') else ''}")
     return int(res.run_id)

@@ -10,6 +10,8 @@
 - ``serve_experiment``: the coordinator. Starts a SuperLink (TLS and ``--enable-supernode-auth``
   as given), registers the SuperNodes' public keys, submits fedseg's app with the run's
   config (``flwr run``), waits for it, and returns; the ServerApp writes the run's outputs.
+- ``simulate``: ``serve_experiment`` on a SuperLink in simulation mode (Flower's Simulation Runtime, Ray):
+  one virtual SuperNode per site (``fedseg.flower.node.NodeSettings.of``), each ClientApp a Ray actor.
 - ``local``: ``serve_experiment`` plus one ``fedseg flower supernode`` process per site on this
   machine (127.0.0.1, free ports). Each site gets a folder holding only its own data (a
   ``federation.yaml`` copy and a link to its site folder) and a ``--state`` folder
@@ -26,6 +28,7 @@ Every process started here is stopped on return, on error and on Ctrl-C / SIGTER
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 import shutil
 import signal
@@ -75,6 +78,7 @@ class LinkSettings:
     port: int = 9092
     tls: TlsFiles | None = None
     auth: bool = False  # --enable-supernode-auth (needs TLS)
+    simulation: bool = False  # --simulation: runs are executed by Flower's Simulation Runtime (virtual SuperNodes)
 
     @property
     def address(self) -> str:
@@ -128,6 +132,8 @@ def superlink_command(link: LinkSettings) -> list[str]:
         ]
     if link.auth:
         cmd.append("--enable-supernode-auth")
+    if link.simulation:
+        cmd.append("--simulation")
     return cmd
 
 
@@ -382,9 +388,11 @@ def serve_experiment(
     wait: float = 600,
     poll: float = DEFAULT_POLL,
     resume: bool = False,
+    simulation: dict | None = None,
     echo: Callable[[str], None] = print,
 ) -> None:
     """Start the SuperLink, register keys, (start local nodes,) submit the run and wait for it to finish.
+    ``simulation``: run on Flower's Simulation Runtime (``submit_run``; the SuperLink has ``--simulation``).
 
     Raises ``FlowerRunError`` with the coordinator's message if the run fails, or naming the
     SuperNode that died and its log if one of ours exits first (under ``fl.on_failure = skip`` a
@@ -407,7 +415,9 @@ def serve_experiment(
         for stale in ("server.log", "error.txt"):  # left by an earlier attempt in the same --out
             (out / "flower" / stale).unlink(missing_ok=True)
         config = run_config(cfg, fed, out, wait, poll, resume, run_key(out, resume))
-        run_id = submit_run(client, build_fab(), config)
+        if simulation is not None:
+            config["fedseg-simulation"] = json.dumps(simulation.pop("fedseg"))
+        run_id = submit_run(client, build_fab(), config, simulation)
         echo(f"run {run_id} submitted; sites: {', '.join(fed.site_names)}")
         tail, last_observe = LogTail(out / "flower" / "server.log"), 0.0
 
@@ -589,5 +599,64 @@ def server(
     with terminate_on_signals(), flower_home(work / "home"), Processes(work / "processes.json") as procs:
         serve_experiment(
             cfg, fed, out, link, procs, env, register=auth_keys, wait=wait, poll=poll, resume=resume, echo=echo
+        )
+    return out
+
+
+def simulate(
+    cfg: RunConfig,
+    out: Path,
+    *,
+    cpus_per_site: int = 1,
+    gpus_per_site: float = 0.0,
+    ray_address: str | None = None,
+    poll: float = DEFAULT_POLL,
+    wait: float = 300,
+    resume: bool = False,
+    echo: Callable[[str], None] = print,
+) -> Path:
+    """Run ``cfg`` on Flower's Simulation Runtime (Ray): a SuperLink with ``--simulation`` runs fedseg's app with
+    one virtual SuperNode per site, each ClientApp a Ray actor with ``cpus_per_site`` CPUs and ``gpus_per_site``
+    of a GPU; ``ray_address``: an existing Ray cluster to spread them over (``RAY_ADDRESS``; its machines need
+    fedseg and this run's folders at the same paths). The same outputs as ``fedseg run`` in ``out``; sites keep
+    their snapshots in ``out/flower/state/<site>`` (``resume``)."""
+    import importlib.util
+
+    from fedseg.flower.server import refuse_unsupported
+
+    refuse_unsupported(cfg.algorithms)
+    if importlib.util.find_spec("ray") is None:
+        raise ValueError(
+            "Flower's Simulation Runtime needs Ray: pip install 'fedseg[simulation]' (flwr[simulation], ray 2.55.1)"
+        )
+    check_device(cfg.device)
+    out = Path(out).resolve()
+    check_new_or_resumed(out, resume)
+    work = out / "flower"
+    root, fed = federation_folder(cfg, work)
+    cfg = cfg.model_copy(update={"data": cfg.data.model_copy(update={"source": "folder", "root": str(root)})})
+    site_views(root, fed, work / "sites")
+    (link_port,) = free_ports(1)
+    link = LinkSettings("127.0.0.1", link_port, simulation=True)
+    env = flower_env(work / "home", waits(poll)[1], {"RAY_ADDRESS": ray_address} if ray_address else None)
+    simulation = {
+        "num_supernodes": len(fed.site_names),
+        "client_resources_num_cpus": cpus_per_site,
+        "client_resources_num_gpus": gpus_per_site,
+        "fedseg": {"data": str(work / "sites"), "samples": str(out / "samples"), "state": str(work / "state")},
+    }
+    with terminate_on_signals(), flower_home(work / "home"), Processes(work / "processes.json") as procs:
+        serve_experiment(
+            cfg,
+            fed,
+            out,
+            link,
+            procs,
+            env,
+            wait=wait,
+            poll=poll,
+            resume=resume,
+            simulation=simulation,
+            echo=echo,
         )
     return out

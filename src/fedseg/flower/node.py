@@ -50,6 +50,7 @@ log = logging.getLogger("fedseg.flower.node")
 RUN_CONFIG_KEY = "fedseg-config"  # run config entry: the resolved RunConfig as JSON
 STATE = "fedseg.state."  # Context.state slot of a site's store, per algorithm (+ ".index")
 RUN_KEY = "fedseg-run-key"  # run config entry: names the experiment across Flower runs (resume)
+SIMULATION = "fedseg-simulation"  # run config entry (Flower's simulation runtime): {data, samples, state} folders
 INFO, SNAPSHOT, RESTORE = "info", "snapshot", "restore"  # query actions
 
 
@@ -79,6 +80,28 @@ class NodeSettings:
             Path(str(node_config["data"])),
             Path(samples) if samples else None,
             Path(state) if state else None,
+        )
+
+    @classmethod
+    def of(cls, context: Context) -> NodeSettings:
+        """The settings of the node ``context`` belongs to. On Flower's simulation runtime the virtual nodes have
+        no node config of ours: node ``partition-id`` i serves the federation's i-th site (``fedseg-federation``,
+        sorted names, as site indices), with the folders of run config ``fedseg-simulation``."""
+        node_config = dict(context.node_config)
+        simulated = str(context.run_config.get(SIMULATION, ""))
+        if "site" in node_config or not simulated or "partition-id" not in node_config:
+            return cls.from_node_config(node_config)
+        sites = json.loads(str(context.run_config["fedseg-federation"]))["sites"]
+        index = int(cast(int, node_config["partition-id"]))
+        if not 0 <= index < len(sites):
+            raise ValueError(f"virtual SuperNode {index} has no site: the federation has {len(sites)} ({sites})")
+        folders = json.loads(simulated)
+        site = sites[index]
+        return cls(
+            site,
+            Path(folders["data"]) / site,  # a folder holding the federation.yaml and this site only
+            Path(folders["samples"]) if folders.get("samples") else None,
+            Path(folders["state"]) / site if folders.get("state") else None,
         )
 
     def snapshots(self, context: Context) -> Snapshots:
@@ -179,7 +202,7 @@ def handle(message: FlowerMessage, context: Context) -> FlowerMessage:
     category, _, action = message.metadata.message_type.partition(".")
     site = str(context.node_config.get("site", "?"))
     try:
-        settings = NodeSettings.from_node_config(dict(context.node_config))
+        settings = NodeSettings.of(context)
         cfg = run_config(context)
         if category == "query":
             handler = {INFO: on_info, SNAPSHOT: on_snapshot, RESTORE: on_restore}.get(action)

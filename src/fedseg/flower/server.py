@@ -12,7 +12,9 @@ coordinator needs and nothing of the sites' data:
   object-pull backoff, seconds (0: Flower's own 3 s and 1 s, see ``fedseg.flower.flwr_internals``);
 - ``fedseg-resume``: continue the run in ``fedseg-out`` from its checkpoints (``--resume``);
   ``fedseg-run-key``: names the experiment across Flower runs, so that the sites find the snapshots
-  of their state stores kept on disk (``fedseg.flower.snapshots``).
+  of their state stores kept on disk (``fedseg.flower.snapshots``);
+- ``fedseg-simulation`` (Flower's Simulation Runtime only): the folders of the virtual SuperNodes
+  (``fedseg.flower.node.NodeSettings.of``).
 
 It maps sites to nodes, then runs ``fedseg.run.run_experiment`` with the ``FlowerEngine``:
 the same rounds, validation, best-round selection, single test evaluation and output files as
@@ -42,6 +44,7 @@ DEFAULTS = {
     "fedseg-version": "",
     "fedseg-resume": False,
     "fedseg-run-key": "",
+    "fedseg-simulation": "",
 }
 FLOWER_REPLY_POLL = 3.0  # flwr's Grid.send_and_receive interval, used with fedseg-poll = 0
 
