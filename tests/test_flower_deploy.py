@@ -394,10 +394,15 @@ def test_flower_local_interrupted_after_a_checkpoint_resumes_to_the_uninterrupte
     importlib.util.find_spec("ray") is None,
     reason="Flower's Simulation Runtime needs Ray: pip install 'fedseg[simulation]'",
 )
-def test_flower_simulate_gives_the_simulators_numbers(folder, tmp_path, tiny):
+def test_flower_simulate_gives_the_simulators_numbers_with_patches_and_augmentation(folder, tmp_path, tiny):
     """`fedseg flower simulate`: Flower's Simulation Runtime (Ray actors as virtual SuperNodes) runs the same
-    app as a deployment: the simulator's numbers, and no process left behind."""
+    app as a deployment: the simulator's numbers, and no process left behind. With random patches, FeTS
+    augmentations and sliding-window evaluation on: their draws come from the same per-round streams."""
     cfg = _config(tiny, tmp_path / "cfg.yaml", ["fedavg"], rounds=2)
+    raw = yaml.safe_load(cfg.read_text())
+    raw["data"] = {**raw.get("data", {}), "volume": {"patch_size": 16, "sw_batch_size": 2}}
+    raw["train"] = {**raw.get("train", {}), "augment": {"enabled": True}}
+    cfg.write_text(yaml.safe_dump(raw))
     sim = runner.invoke(app, ["run", "--config", str(cfg), "--data", str(folder), "--out", str(tmp_path / "sim")])
     assert sim.exit_code == 0, sim.output
     out = tmp_path / "flower"

@@ -68,7 +68,10 @@ def test_empty_mask_rule():
     truth = torch.stack([empty, empty, full, full])
     dice, hd = case_metrics(pred, truth)
     np.testing.assert_allclose(dice, [1.0, 0.0, 0.0, 1.0], atol=1e-6)
-    assert np.isnan(hd[:3]).all()
+    # BraTS convention (was NaN = not counted, which rewarded misses): both empty -> 0, exactly one
+    # empty -> the worst value, by default the grid's diagonal (32 x 32 pixels -> 32 sqrt 2).
+    assert hd[0] == 0.0
+    assert hd[1] == hd[2] == pytest.approx(32 * np.sqrt(2))
     assert hd[3] == pytest.approx(0.0)
     assert dice.dtype == np.float64 and hd.dtype == np.float64
 
@@ -115,8 +118,9 @@ def test_batch_equals_per_case():
         np.testing.assert_allclose(dice[b], d)
         np.testing.assert_allclose(hd[b], h, equal_nan=True)
     assert dice[4, 1] == 1.0 and dice[1, 2] == 0.0 and dice[3, 0] == 0.0
-    assert np.isnan(hd[[1, 3, 4], [2, 0, 1]]).all()
-    assert np.isfinite(hd[0]).all()
+    # the empty-mask rule (was NaN before the BraTS convention): one empty -> the diagonal, both -> 0
+    np.testing.assert_allclose(hd[[1, 3, 4], [2, 0, 1]], [24 * np.sqrt(2), 24 * np.sqrt(2), 0.0])
+    assert np.isfinite(hd).all()
 
 
 def test_batch_without_hd95_is_nan():

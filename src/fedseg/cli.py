@@ -128,6 +128,13 @@ def run(
     seed: int | None = typer.Option(None, "--seed"),
     device: str | None = device_option(),
     threads: int | None = threads_option(),
+    workers: int | None = typer.Option(
+        None,
+        "--workers",
+        min=1,
+        help="sites in parallel in this many worker processes (config engine.workers; 1 = one after another); "
+        "results are the same for any number",
+    ),
     track: list[str] = track_option(),
     set_: list[str] = typer.Option([], "--set", help="override: key.sub=value (YAML value); repeatable"),
     resume: bool = typer.Option(False, "--resume", help="continue from the last checkpoint in --out"),
@@ -152,7 +159,7 @@ def run(
     """Train and evaluate every configured algorithm; write summary.json, CSVs, model/ and report.html.
     With --holdout / --leave-one-out / --sweep: a study of several such runs (see README "Studies")."""
     try:
-        cfg = config_from_cli(preset, config, data, algorithms, rounds, seed, set_, device, threads, track)
+        cfg = config_from_cli(preset, config, data, algorithms, rounds, seed, set_, device, threads, track, workers)
         from fedseg.progress import run_with_progress
 
         if holdout or leave_one_out or sweep:

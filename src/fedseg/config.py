@@ -35,14 +35,57 @@ class SplitConfig(Strict):
         return self
 
 
+class VolumeConfig(Strict):
+    """The volumetric pipeline (``fedseg.data.volumes``, ``fedseg.evaluate.sliding``; FeTS 2022 benchmark
+    Sec. 4.4.1-4.4.2, Auto-FedAvg Sec. 4.3), on when ``patch_size`` is set: each case keeps its own grid
+    (optionally resampled to ``spacing``), is cropped to its non-zero image mask, normalized and zero-padded
+    to at least the patch size; training draws one random patch per case and epoch, validation, test and
+    ``fedseg predict`` run a sliding window and map the prediction back to the case's original grid, where
+    the metrics are computed with the case's spacing (HD95 in mm). ``patch_size`` None: every case is
+    resized to ``data.image_size`` instead (the whole-image path). The same code serves 2D images."""
+
+    patch_size: int | tuple[int, ...] | None = Field(
+        default=None, description="voxels per spatial axis (one number = every axis; FeTS: 128); None = off"
+    )
+    spacing: float | tuple[float, ...] | None = Field(
+        default=None,
+        description="resample every case to this spacing, mm per spatial axis (MONAI Spacing); None = keep",
+    )
+    crop_foreground: bool = Field(default=True, description="crop to the bounding box of the non-zero image voxels")
+    foreground_oversample: float = Field(
+        default=0.0, ge=0, le=1, description="probability that a training patch is centred on a labelled voxel"
+    )
+    sw_overlap: float = Field(default=0.5, ge=0, lt=1, description="sliding window: overlap of adjacent windows")
+    sw_mode: Literal["gaussian", "constant"] = Field(default="gaussian", description="sliding window: blending")
+    sw_batch_size: int = Field(default=4, ge=1, description="sliding window: windows per forward pass")
+
+    @field_validator("patch_size", "spacing")
+    @classmethod
+    def _positive(cls, value, info):
+        values = value if isinstance(value, tuple) else (value,)
+        if value is not None and (not values or any(v <= 0 for v in values)):
+            raise ValueError(f"data.volume.{info.field_name} must be positive, got {value}")
+        return value
+
+
 class DataConfig(Strict):
     """Where the federation comes from. ``source`` is a built-in federation name or ``folder``."""
 
     source: str = "synthetic-retina"
     root: str | None = None
     scale: float = Field(default=1.0, gt=0, description="built-in federations: site sizes = paper sizes x scale")
-    image_size: int = Field(default=64, ge=8, description="side of the square/cubic model input, pixels")
-    normalize: Literal["minmax", "zscore", "none"] = "minmax"
+    image_size: int = Field(
+        default=64,
+        ge=8,
+        description="side of the square/cubic model input, pixels (with data.volume.patch_size: only FedSM's "
+        "selector view)",
+    )
+    normalize: Literal["minmax", "zscore", "zscore_foreground", "none"] = Field(
+        default="minmax",
+        description="intensities: minmax / zscore per image; zscore_foreground per channel (modality) within its "
+        "non-zero voxels (FeTS 2022 Sec. 4.4.2), background kept at 0",
+    )
+    volume: VolumeConfig = VolumeConfig()
     split: SplitConfig = SplitConfig()
 
 
@@ -60,6 +103,31 @@ class ModelConfig(Strict):
 class BudgetConfig(Strict):
     unit: Literal["epochs", "steps"] = "epochs"
     amount: int = Field(default=1, ge=1)
+
+
+class AugmentConfig(Strict):
+    """On-the-fly augmentations of every training sample (patch or whole image), in this order, each a MONAI
+    transform seeded from the site's per-(seed, site, round) stream (``fedseg.data.augment``). Defaults: the
+    FeTS 2022 benchmark, Sec. 4.4.3. Off unless ``enabled``."""
+
+    enabled: bool = False
+    flip_prob: float = Field(default=0.5, ge=0, le=1, description="flip along each spatial axis (RandFlip)")
+    noise_prob: float = Field(default=0.15, ge=0, le=1, description="additive Gaussian noise (RandGaussianNoise)")
+    noise_std: float = Field(default=0.25, ge=0, description="its standard deviation, normalized intensity units")
+    smooth_prob: float = Field(default=0.15, ge=0, le=1, description="Gaussian smoothing (RandGaussianSmooth)")
+    smooth_sigma: tuple[float, float] = Field(default=(0.5, 1.0), description="its sigma range per axis, voxels")
+    scale_prob: float = Field(default=0.15, ge=0, le=1, description="intensity scaling (RandScaleIntensity)")
+    scale_range: tuple[float, float] = Field(default=(0.7, 1.3), description="its factor range")
+    contrast_prob: float = Field(default=0.3, ge=0, le=1, description="gamma contrast (RandAdjustContrast)")
+    contrast_gamma: tuple[float, float] = Field(default=(0.5, 2.0), description="its gamma range")
+
+    @model_validator(mode="after")
+    def _ranges(self) -> AugmentConfig:
+        for name in ("smooth_sigma", "scale_range", "contrast_gamma"):
+            lo, hi = getattr(self, name)
+            if not 0 < lo <= hi:
+                raise ValueError(f"train.augment.{name} must be (low, high) with 0 < low <= high, got {[lo, hi]}")
+        return self
 
 
 class TrainConfig(Strict):
@@ -89,6 +157,13 @@ class TrainConfig(Strict):
         description="exponential: factor per round (FeTS 2022 benchmark, section 4.4.8: 0.995 per round)",
     )
     lr_min: float = Field(default=0.0, ge=0, description="cosine: the rate the schedule approaches in the last round")
+    dice_smooth: float | None = Field(
+        default=None,
+        gt=0,
+        description="soft-Dice smoothing epsilon added to numerator and denominator (FeTS 2022 Eq. 31: 1); "
+        "None = MONAI's defaults (1e-5)",
+    )
+    augment: AugmentConfig = AugmentConfig()
 
     @model_validator(mode="after")
     def _check(self) -> TrainConfig:
@@ -117,6 +192,53 @@ class FLConfig(Strict):
     timeout_s: float | None = Field(
         default=None, gt=0, description="seconds a site may take to answer one message (wall time); None = no limit"
     )
+    clients_per_round: int | float | None = Field(
+        default=None,
+        description="client sampling: the sites that train each round, a fraction in (0, 1] of the sites (at least "
+        "one) or a count (an integer >= 1); drawn per round from (seed, round) only (fedseg.engine.sampling); "
+        "None = every site. Validation and test always use every site",
+    )
+
+    @field_validator("clients_per_round")
+    @classmethod
+    def _sampled(cls, value: int | float | None) -> int | float | None:
+        if isinstance(value, bool):
+            raise ValueError("fl.clients_per_round must be a fraction in (0, 1] or a count >= 1, not a boolean")
+        if isinstance(value, float) and not 0 < value <= 1:
+            raise ValueError(f"fl.clients_per_round: a fraction must lie in (0, 1], got {value} (a count: an integer)")
+        if isinstance(value, int) and value < 1:
+            raise ValueError(f"fl.clients_per_round: a count must be >= 1, got {value}")
+        return value
+
+
+class EngineConfig(Strict):
+    """How the sites are run on this machine (``fedseg run``; Flower deployments run them on their nodes).
+
+    ``workers`` = 1: the in-process simulator, sites one after another. ``workers`` > 1: a pool of that
+    many worker processes (``fedseg.engine.pool``), each with ``threads`` torch threads, sites in parallel,
+    results bit-identical to ``workers`` = 1 on CPU. ``devices``: the workers' device slots, assigned
+    round-robin (``[cuda:0, cuda:0, cuda:1]``: two workers share GPU 0); None = the run's ``device``.
+    ``state``: where the sites' state stores live between rounds (``fedseg.engine.state``): ``memory``,
+    or ``disk`` (one safetensors file per site under OUT/states/<algorithm>/); ``memory_budget_mb`` (with
+    ``memory``): stores beyond that many MB go to disk."""
+
+    workers: int = Field(default=1, ge=1, description="worker processes; 1 = the in-process simulator")
+    devices: list[str] | None = Field(
+        default=None, description="device slot per worker, round-robin (e.g. [cuda:0, cuda:1]); None = `device`"
+    )
+    state: Literal["memory", "disk"] = Field(
+        default="memory", description="where the sites' state stores live between rounds: memory | disk"
+    )
+    memory_budget_mb: float | None = Field(
+        default=None, gt=0, description="state: memory: stores beyond this many MB (10^6 bytes) go to disk"
+    )
+
+    @field_validator("devices")
+    @classmethod
+    def _some_devices(cls, devices: list[str] | None) -> list[str] | None:
+        if devices is not None and not devices:
+            raise ValueError("engine.devices: give at least one device, or leave it unset (the run's `device`)")
+        return devices
 
 
 class FaultSpec(Strict):
@@ -136,6 +258,13 @@ class FaultSpec(Strict):
 class EvalConfig(Strict):
     threshold: float = Field(default=0.5, gt=0, lt=1)
     hd95: bool = True
+    hd95_worst: float | None = Field(
+        default=None,
+        gt=0,
+        description="HD95 of a region present in exactly one of truth and prediction (fedseg.evaluate.metrics), in "
+        "the HD95 unit (mm with a spacing, else pixels); None = the diagonal of the case's grid (BraTS: 373.13 mm "
+        "for 240x240x155 at 1 mm)",
+    )
     batch_size: int = Field(default=16, ge=1)
     local_models: bool = Field(
         default=True,
@@ -180,6 +309,7 @@ class RunConfig(Strict):
     model: ModelConfig = ModelConfig()
     train: TrainConfig = TrainConfig()
     fl: FLConfig = FLConfig()
+    engine: EngineConfig = EngineConfig()
     eval: EvalConfig = EvalConfig()
     cost: CostConfig = CostConfig()
     methods: dict[str, dict[str, Any]] = Field(
@@ -313,11 +443,12 @@ def config_from_cli(
     device: str | None = None,
     threads: int | None = None,
     tracking: Sequence[str] = (),
+    workers: int | None = None,
 ) -> RunConfig:
     """The RunConfig of a ``run``-style command: preset or file, then ``--data``, ``--algorithms``,
-    ``--rounds``, ``--seed``, ``--device``, ``--threads``, ``--track`` (each value a name or comma-separated
-    names; together they replace ``tracking``) and the ``--set`` overrides (the ``--set`` values first, the
-    named options win)."""
+    ``--rounds``, ``--seed``, ``--device``, ``--threads``, ``--workers``, ``--track`` (each value a name or
+    comma-separated names; together they replace ``tracking``) and the ``--set`` overrides (the ``--set`` values
+    first, the named options win)."""
     overrides = list(overrides)
     if data is not None:
         overrides += ["data.source=folder", f"data.root={Path(data).resolve()}"]
@@ -331,6 +462,8 @@ def config_from_cli(
         overrides.append(f"device={yaml.safe_dump(device, default_style=chr(34)).strip()}")
     if threads is not None:
         overrides.append(f"threads={threads}")
+    if workers is not None:
+        overrides.append(f"engine.workers={workers}")
     if names := [n.strip() for value in tracking for n in value.split(",") if n.strip()]:
         overrides.append(f"tracking={yaml.safe_dump(names, default_flow_style=True).strip()}")
     return load_config(preset=preset, file=config, overrides=overrides)

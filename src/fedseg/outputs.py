@@ -20,7 +20,9 @@ RESULTS_COLUMNS = ["algorithm", "model", "site", "case", "region", "metric", "va
 ROUNDS_COLUMNS = ["algorithm", "round", "site", "val_dice", "train_loss"]
 METRICS_COLUMNS = ["algorithm", "round", "site", "metric", "value"]
 BUNDLE_WEIGHTS, BUNDLE_MANIFEST = "weights.safetensors", "manifest.json"
+# exchange, wall_seconds: the number and wall time of the exchange a row belongs to (fedseg.engine.ledger)
 LEDGER_COLUMNS = ["algorithm", "round", "site", "action", "steps", "floats_down", "floats_up", "seconds", "failure"]
+LEDGER_COLUMNS += ["exchange", "wall_seconds"]
 
 
 @dataclass
@@ -85,6 +87,7 @@ def write_bundle_files(folder: Path, bundle: dict, cfg: RunConfig, fed: Federati
         "regions": fed.regions.as_dict(),
         "image_size": cfg.data.image_size,
         "normalize": cfg.data.normalize,
+        "volume": cfg.data.volume.model_dump(mode="json"),  # the volume pipeline (fedseg predict on patches)
         "threshold": cfg.eval.threshold,
     }
     atomic_write_text(folder / BUNDLE_MANIFEST, json.dumps(manifest, indent=2))

@@ -13,6 +13,11 @@ Pipeline, per image file (PNG/JPEG/NPY/NIfTI, read by ``fedseg.data.folder.read_
    exactly as evaluation computes them (``fedseg.evaluate.inference.predict_masks``);
 3. resize the masks back to the file's spatial shape (nearest, ``preprocess.restore_size``) and
    turn them into a label map with the federation's label values (``Regions.to_label``);
+   volume bundles (manifest ``volume.patch_size`` set, ``data.volume``): steps 1-3 are the volume
+   pipeline instead, exactly as evaluation runs it: the file is preprocessed on its own grid
+   (``fedseg.data.volumes.preprocess`` with its spacing, ``file_spacing``: NIfTI zooms, else 1),
+   predicted by sliding window and mapped back to its grid (``fedseg.evaluate.sliding.predict_on_grid``);
+   a selector still routes on the fixed-size view of step 1 (ensemble mode: the super model slides);
 4. write the label map in the input's format: PNG for PNG/JPEG (lossless), ``.npy``, or NIfTI
    with the input's affine; plus ``predictions.csv``: per image ``file``, ``mask``, ``model``
    (chosen candidate: ``global``, ``personal:<site>``, ``ensemble``, or the single model's
@@ -54,12 +59,14 @@ from fedseg.algorithms.fedsm.model import (
     route,
     super_model_from_bundle,
 )
-from fedseg.config import ModelConfig
+from fedseg.config import ModelConfig, VolumeConfig
 from fedseg.data.federation import FederationError, Regions
 from fedseg.data.folder import IMAGE_EXTS, _write_nifti, _write_png, read_image, split_name
 from fedseg.data.preprocess import case_tensors, restore_size
+from fedseg.data.volumes import Grid, file_spacing, preprocess
 from fedseg.engine.messages import Message, load_weights
 from fedseg.evaluate.inference import predict_masks
+from fedseg.evaluate.sliding import network_for, predict_on_grid
 from fedseg.models.factory import build_segmenter
 from fedseg.outputs import csv_text
 from fedseg.preflight import check_out_dir
@@ -96,6 +103,12 @@ class Bundle:
     @property
     def is_super_model(self) -> bool:
         return SELECTOR_SPEC in self.models
+
+    @property
+    def volume(self) -> VolumeConfig | None:
+        """The run's ``data.volume`` when it trained on patches (volume path), else None (older bundles too)."""
+        cfg = VolumeConfig.model_validate(self.manifest.get("volume") or {})
+        return cfg if cfg.patch_size is not None else None
 
     def new_segmenter(self) -> nn.Module:
         m = self.manifest
@@ -266,13 +279,15 @@ def weights_fit(bundle: Bundle):
 # --- inputs and outputs ----------------------------------------------------------------------------
 @dataclass
 class Input:
-    """One image file: ``x`` ``(C, *S)`` preprocessed, ``spatial`` its original spatial shape."""
+    """One image file: ``x`` ``(C, *S)`` preprocessed, ``spatial`` its original spatial shape; on the volume
+    path also ``volume``: the image on its own grid ``(C, *P)`` and the ``Grid`` to map back."""
 
     path: Path
     name: str  # as written in predictions.csv: relative to the input folder
     mask_name: str
     x: torch.Tensor
     spatial: tuple[int, ...]
+    volume: tuple[torch.Tensor, Grid] | None = None
 
 
 def mask_name(path: Path) -> str:
@@ -343,8 +358,13 @@ def read_input(path: Path, root: Path, bundle: Bundle) -> Input:
     if min(image.shape[1:]) < 1:
         raise PredictError(f"{path}: empty image (shape {tuple(image.shape)})")
     x, _ = case_tensors(image, None, bundle.regions, m["image_size"], m["normalize"])
+    volume = None
+    if bundle.volume is not None:
+        spacing = file_spacing(path, m["spatial_dims"])
+        xv, _, grid = preprocess(image, None, bundle.regions, spacing, bundle.volume, m["normalize"])
+        volume = (xv, grid)
     name = path.name if path == root else str(path.relative_to(root))
-    return Input(path, name, mask_name(path), x, tuple(image.shape[1:]))
+    return Input(path, name, mask_name(path), x, tuple(image.shape[1:]), volume)
 
 
 def read_inputs(path: Path, bundle: Bundle, overlay: bool = False) -> list[Input]:
@@ -445,14 +465,19 @@ def write_predictions(
     predictor: Predictor, bundle: Bundle, inputs: list[Input], folder: Path, batch_size: int, overlay: bool = False
 ) -> list[dict]:
     """Masks of every input and ``predictions.csv`` into ``folder``; returns the CSV rows."""
-    regions, threshold = bundle.regions, float(bundle.manifest["threshold"])
+    regions, threshold, cpu = bundle.regions, float(bundle.manifest["threshold"]), torch.device("cpu")
     rows = []
     for start in range(0, len(inputs), batch_size):
         batch = inputs[start : start + batch_size]
         x = torch.stack([i.x for i in batch])
-        masks = predict_masks(predictor.model, x, batch_size, threshold, torch.device("cpu"))  # (B, R, *S) bool
+        masks = [None] * len(batch) if bundle.volume else predict_masks(predictor.model, x, batch_size, threshold, cpu)
         for item, mask, choice in zip(batch, masks, predictor.choices(x)):
-            restored = restore_size(mask, item.spatial).numpy()
+            if item.volume is not None and bundle.volume is not None:  # sliding window, on the file's own grid
+                image, grid = item.volume
+                network = network_for(predictor.model, item.x, cpu)  # a selector routes on the fixed-size view
+                restored = predict_on_grid(network, image, grid, bundle.volume, threshold, cpu).numpy()
+            else:
+                restored = restore_size(mask, item.spatial).numpy()
             write_mask(folder / item.mask_name, regions.to_label(restored), item.path)
             if overlay:
                 picture = overlay_image(read_image(item.path, bundle.kind), restored)

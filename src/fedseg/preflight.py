@@ -6,7 +6,9 @@
   configuration with the new one. On resume every key must be equal except:
 
   - ``threads`` (torch intra-op threads), ``name`` (a label; the MLflow experiment), ``tracking`` and
-    ``tracking_uri`` (where metrics are copied to; ``fedseg.tracking``): they cannot change results;
+    ``tracking_uri`` (where metrics are copied to; ``fedseg.tracking``), ``engine.workers``, ``engine.state``
+    and ``engine.memory_budget_mb`` (how many processes answer, where client states wait): they cannot
+    change results;
   - ``algorithms`` may be extended at the end (the recorded list a prefix of the new one): the finished
     methods are reused, the new ones run after them.
 
@@ -19,7 +21,15 @@ from pathlib import Path
 
 import yaml
 
-MAY_DIFFER_ON_RESUME = ("threads", "name", "tracking", "tracking_uri")
+MAY_DIFFER_ON_RESUME = (
+    "threads",
+    "name",
+    "tracking",
+    "tracking_uri",
+    "engine.workers",
+    "engine.state",
+    "engine.memory_budget_mb",
+)
 
 
 def check_device(name: str):

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import numpy as np
 import torch
 
 from fedseg.algorithms import check_sites, get_algorithm
+from fedseg.algorithms.fedavg import sampling_refusal
 from fedseg.config import RunConfig, dump_config
 from fedseg.data.dataset import SiteData, build_site_data
 from fedseg.data.federation import Federation, Split
@@ -28,6 +30,7 @@ from fedseg.engine.checkpoint import (
 from fedseg.engine.context import Task
 from fedseg.engine.ledger import Ledger
 from fedseg.engine.simulator import Simulator
+from fedseg.engine.state import state_store
 from fedseg.evaluate.tables import site_summary
 from fedseg.outputs import RunResults, bundle_order, read_bundle, write_bundle_files, write_outputs
 from fedseg.preflight import check_device, check_out_dir, check_resume, recorded_config
@@ -115,8 +118,56 @@ def site_means(rows: list[dict], site_model: Callable[[str], str], sites: list[s
 
 
 def simulator_engine(name: str, spec, options, prep: Prepared, out: Path, observers: list | None) -> Simulator:
-    """The default engine: every site in this process, data from ``prep.site_data``."""
-    return Simulator(name, spec.client(), prep.site_data, prep.task, options, out / "samples", observers)
+    """The default engine: every site in this process, data from ``prep.site_data``; the sites' state stores
+    where ``engine.state`` says (``fedseg.engine.state``; disk: OUT/states/<name>/)."""
+    store = state_store(prep.task.cfg, [d.name for d in prep.site_data], out / "states" / name)
+    return Simulator(name, spec.client(), prep.site_data, prep.task, options, out / "samples", observers, store)
+
+
+@contextmanager
+def local_engines(
+    cfg: RunConfig, prep: Prepared, engine_factory: EngineFactory | None
+) -> Iterator[EngineFactory | None]:
+    """The engine factory of a run: ``engine_factory`` if given (e.g. Flower), else the simulator
+    (``engine.workers`` = 1: None, ``run_algorithm``'s default) or engines on one worker pool for the whole
+    run (``fedseg.engine.pool``), whose processes end when the context does (also on errors)."""
+    if engine_factory is not None or cfg.engine.workers == 1:
+        yield engine_factory
+        return
+    from fedseg.engine.pool import PoolEngine, WorkerPool
+
+    devices = cfg.engine.devices or [cfg.device]
+    with WorkerPool(prep.site_data, cfg.engine.workers, cfg.threads, devices) as pool:
+
+        def pool_engine(name: str, spec, options, prep: Prepared, out: Path, observers: list | None) -> PoolEngine:
+            store = state_store(prep.task.cfg, [d.name for d in prep.site_data], out / "states" / name)
+            client = spec.client()
+            return PoolEngine(name, client, pool, prep.site_data, prep.task, options, out / "samples", observers, store)
+
+        yield pool_engine
+
+
+def check_sampling(cfg: RunConfig, num_sites: int, where: str) -> None:
+    """Before any work: ``fl.clients_per_round`` fits the federation and every federated method of the run may
+    sample (``fedseg.algorithms.fedavg.sampling_refusal``); the baselines (centralized, local) do not sample."""
+    from fedseg.engine.sampling import sample_count
+
+    value = cfg.fl.clients_per_round
+    k = sample_count(num_sites, value)
+    if k == num_sites:
+        return
+    for name in cfg.algorithms:
+        spec = get_algorithm(name)
+        if not spec.federated:
+            continue
+        if (why := sampling_refusal(spec)) is not None:
+            raise ValueError(
+                f"fl.clients_per_round = {value}: {name} cannot train a sample of the sites per round: {why}. "
+                f"Remove {name} from algorithms or unset fl.clients_per_round"
+            )
+        spec.check_sites(
+            k, f"{where} sampled to {k} sites per round (fl.clients_per_round = {value})", cfg.methods.get(name)
+        )
 
 
 def run_algorithm(
@@ -135,9 +186,10 @@ def run_algorithm(
     """Train ``name`` for ``fl.rounds`` rounds (resuming if asked), keep the best round by mean
     validation Dice over sites, evaluate it once on the test splits.
 
-    ``engine_factory`` builds the engine (default: the in-process ``Simulator``; Flower:
-    ``fedseg.flower.engine``). An engine whose client states live elsewhere (``supports_resume``
-    False) can reuse a finished checkpoint but cannot resume a half-done one.
+    ``engine_factory`` builds the engine (default: the in-process ``Simulator``, whatever ``engine.workers``:
+    ``run_experiment`` opens the worker pool, ``local_engines``; Flower: ``fedseg.flower.engine``). An engine
+    whose client states live elsewhere (``supports_resume`` False) can reuse a finished checkpoint but cannot
+    resume a half-done one.
 
     Each round's line goes to ``out/run.log`` (and to ``on_log_line``) once its checkpoint is on disk,
     so a resumed round is never logged twice.
@@ -286,6 +338,8 @@ def run_algorithm(
     summary.update(getattr(server, "summary_fields", dict)())  # a server's own, e.g. fedavg-dp's privacy
     summary["train_samples"] = {s: engine.num_samples(s, "train") for s in sites}
     summary["failures"] = engine.ledger.failures()  # replies left out (fl.on_failure = skip)
+    if cfg.fl.clients_per_round is not None and spec.federated and sampling_refusal(spec) is None:  # who trained
+        summary["sampled_sites"] = {str(r): server.participants(r) for r in range(1, cfg.fl.rounds + 1)}
     result = AlgorithmResult(name, test_rows, rounds_rows, engine.ledger.as_dicts(), summary, bundle, metric_rows)
     finished = {
         "finished": True,
@@ -300,6 +354,8 @@ def run_algorithm(
     }
     save_checkpoint(ckpt_path, {**finished, "bundle": bundle} if keep_checkpoints else finished)
     remove_best_files(ckpt_path, keep=None)  # only now: the checkpoint on disk no longer names them
+    if (close := getattr(engine, "close", None)) is not None:  # e.g. the state files of engine.state: disk
+        close()
     if tracker:  # after the finished checkpoint: a resume never logs the test twice
         tracker.finish(name, cfg, summary)
     return result
@@ -445,6 +501,9 @@ def run_experiment(
         check_resume(recorded, cfg.model_dump(mode="json"), str(out / "config.yaml"))
     prep = prepared or prepare(cfg, federation)
     check_sites(cfg, len(prep.federation.sites), f"federation {prep.federation.name!r}")
+    check_sampling(cfg, len(prep.federation.sites), f"federation {prep.federation.name!r}")
+    for device in cfg.engine.devices or []:  # the worker pool's device slots
+        check_device(device)
     for name in cfg.algorithms:  # options that depend on the network (e.g. FedPer's private_layers)
         get_algorithm(name).check_task(prep.task, cfg.methods.get(name))
     check_start_from(cfg, {n: get_algorithm(n).parse_options(cfg.methods.get(n)) for n in cfg.algorithms}, prep.task)
@@ -454,26 +513,27 @@ def run_experiment(
     atomic_write_text(out / "config.yaml", dump_config(cfg))  # recorded before training: resume compares with it
     results = RunResults(cfg, prep.federation, [], begin(out, resume, cfg.device))
     tracker = open_tracker(cfg, out, resume)  # None: tracking is off
-    for name in cfg.algorithms:
-        if on_algorithm_start:
-            on_algorithm_start(name)
-        earlier = {r.name: r for r in results.algorithms}
-        result = run_algorithm(
-            name,
-            prep,
-            out,
-            resume,
-            observers,
-            on_round_end,
-            engine_factory,
-            on_log_line,
-            earlier,
-            keep_checkpoints,
-            tracker,
-        )
-        results.algorithms.append(result)
-        family = get_algorithm(name).family
-        if family and family.after_test:  # e.g. FedSM: the selector's features of the test images (Fig. 3)
-            family.after_test(out, name, result.bundle, prep.site_data, prep.task)
-        write_outputs(out, results)
+    with local_engines(cfg, prep, engine_factory) as factory:  # engine.workers > 1: one worker pool per run
+        for name in cfg.algorithms:
+            if on_algorithm_start:
+                on_algorithm_start(name)
+            earlier = {r.name: r for r in results.algorithms}
+            result = run_algorithm(
+                name,
+                prep,
+                out,
+                resume,
+                observers,
+                on_round_end,
+                factory,
+                on_log_line,
+                earlier,
+                keep_checkpoints,
+                tracker,
+            )
+            results.algorithms.append(result)
+            family = get_algorithm(name).family
+            if family and family.after_test:  # e.g. FedSM: the selector's features of the test images (Fig. 3)
+                family.after_test(out, name, result.bundle, prep.site_data, prep.task)
+            write_outputs(out, results)
     return results

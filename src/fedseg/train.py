@@ -16,6 +16,7 @@ from monai.losses import DiceCELoss, DiceLoss
 from torch import nn
 
 from fedseg.config import BudgetConfig, TrainConfig
+from fedseg.data.augment import augment_batch
 from fedseg.data.dataset import CaseSet
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -64,15 +65,19 @@ class TrainStats:
     mean_loss: float
 
 
-def segmentation_loss(kind: str) -> nn.Module:
+def segmentation_loss(kind: str, smooth: float | None = None) -> nn.Module:
     """Soft Dice over the region channels (no background channel exists), optionally + BCE.
 
     Input: logits ``(B, R, *S)``, target region masks ``(B, R, *S)`` in {0, 1}. Output: scalar.
+    ``smooth`` (``train.dice_smooth``): epsilon in ``1 - (2 sum p g + eps) / (sum p + sum g + eps)``
+    (FeTS 2022 Eq. 31, eps = 1: a case without a region gives a finite, useful gradient); None =
+    MONAI's defaults (1e-5 in numerator and denominator).
     """
+    eps = 1e-5 if smooth is None else float(smooth)  # MONAI's default smooth_nr = smooth_dr = 1e-5
     if kind == "dice":
-        return DiceLoss(sigmoid=True)
+        return DiceLoss(sigmoid=True, smooth_nr=eps, smooth_dr=eps)
     if kind == "dice_bce":
-        return DiceCELoss(sigmoid=True)
+        return DiceCELoss(sigmoid=True, smooth_nr=eps, smooth_dr=eps)
     raise ValueError(f"train.loss: unknown loss {kind!r} (dice | dice_bce)")
 
 
@@ -156,7 +161,24 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, device: torch.device):
         self.cfg = cfg
         self.device = device
-        self.loss_fn = segmentation_loss(cfg.loss)
+        self.loss_fn = segmentation_loss(cfg.loss, cfg.dice_smooth)
+
+    def draw(self, data, idx: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """The training batch of cases ``idx`` on the Trainer's device: ``data.batch`` (whole images),
+        or one random patch per case for a ``CaseSet`` with volumes (``CaseSet.patches``), then the
+        ``train.augment`` augmentations for a ``CaseSet`` (``fedseg.data.augment``). Patch positions and
+        augmentations draw from ``generator`` (the site's stream), in that order."""
+        segmentation = isinstance(data, CaseSet)
+        augment = segmentation and self.cfg.augment.enabled
+        if segmentation and data.volumes is not None:
+            x, y = data.patches(idx, generator)
+        elif not augment:
+            return data.batch(idx, self.device)
+        else:
+            x, y = data.batch(idx, torch.device("cpu"))
+        if augment:
+            x, y = augment_batch(x, y, self.cfg.augment, generator)
+        return x.to(self.device), y.to(self.device)
 
     def new_optimizer(self, model: nn.Module, hooks: TrainHooks = PLAIN) -> torch.optim.Optimizer:
         return make_optimizer(self.cfg, hooks.parameters(model))
@@ -175,7 +197,9 @@ class Trainer:
 
         ``loss_fn(output, target)`` replaces the segmentation loss (FedSM's selector trains with
         cross-entropy on ``data`` yielding ``(image, class index)``); ``data`` is anything with
-        ``len``, ``name`` and ``batch(idx, device) -> (x, target)`` (a ``CaseSet`` by default).
+        ``len``, ``name`` and ``batch(idx, device) -> (x, target)`` (a ``CaseSet`` by default; a
+        ``CaseSet`` with volumes trains on one random patch per case, :meth:`draw`). An epoch is one
+        pass over the cases (FeTS 2022 Sec. 4.4.1: one patch per case).
         Returns the steps done, samples seen and the mean loss per step (without ``extra_loss``).
         """
         if len(data) == 0:
@@ -192,7 +216,7 @@ class Trainer:
         steps, samples, loss_sum = 0, 0, 0.0
         # One pass of the endless sampler = one epoch, so both budget units share this loop.
         for idx in batches(len(data), self.cfg.batch_size, generator, endless=True):
-            x, y = data.batch(idx, self.device)
+            x, y = self.draw(data, idx, generator)
             optimizer.zero_grad(set_to_none=True)
             loss = loss_fn(hooks.forward(model, x), y)
             extra = hooks.extra_loss(model)

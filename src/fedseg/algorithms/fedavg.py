@@ -57,7 +57,8 @@ from fedseg.algorithms.robust import RobustOptions, robust_merge
 from fedseg.config import BudgetConfig, TrainConfig
 from fedseg.engine.context import ClientContext, State, Task
 from fedseg.engine.messages import Message, MetaValue, load_weights, prefixed, weights_of
-from fedseg.evaluate.inference import predict_masks, score_caseset
+from fedseg.engine.sampling import sample_sites
+from fedseg.evaluate.inference import sample_prediction, score_caseset
 from fedseg.evaluate.tables import eval_rows, site_dice
 from fedseg.train import (
     LossFn,
@@ -260,7 +261,7 @@ class FedAvgClient:
         model = self.eval_model(msg, ctx)
         data = ctx.data.split(str(msg.meta["split"]))
         ev = ctx.cfg.eval
-        dice, hd95 = score_caseset(model, data, ev.batch_size, ev.threshold, ev.hd95, ctx.task.device)
+        dice, hd95 = score_caseset(model, data, ev.batch_size, ev.threshold, ev.hd95, ctx.task.device, ev.hd95_worst)
         if msg.meta.get("sample") and ctx.artifacts is not None and len(data):
             write_sample(model, data, ctx, str(msg.meta["model"]))
         meta: dict[str, MetaValue] = {
@@ -294,8 +295,7 @@ def train_meta(stats: TrainStats, ctx: ClientContext) -> dict:
 
 def write_sample(model: nn.Module, data, ctx: ClientContext, model_name: str) -> None:
     """Write the site's first case with its prediction: ``samples/<algorithm>__<site>.npz`` (2D; 3D: middle slice)."""
-    pred = predict_masks(model, data.x[:1], 1, ctx.cfg.eval.threshold, ctx.task.device)[0]
-    image, truth = data.x[0], data.y[0]
+    image, truth, pred = sample_prediction(model, data, ctx.cfg.eval.threshold, ctx.task.device)
     if image.dim() == 4:  # (C, D, H, W): keep the middle slice
         mid = image.shape[1] // 2
         image, truth, pred = image[:, mid], truth[:, mid], pred[:, mid]
@@ -321,6 +321,9 @@ class FedAvgServer:
     # Whether each site is tested with its own model at its own best validation round
     # (fedseg.algorithms.persite); False: every site at the round with the best mean validation Dice.
     SELECTS_PER_SITE = False
+    # Client sampling (fl.clients_per_round, ``participants``): None if this method may train a sample of
+    # the sites per round, else why it cannot (checked before any work: ``sampling_refusal``).
+    NO_CLIENT_SAMPLING: str | None = None
 
     def __init__(self, engine, task: Task, options):
         self.engine = engine
@@ -334,11 +337,17 @@ class FedAvgServer:
 
     # --- one round ---------------------------------------------------------------
     def run_round(self, rnd: int) -> dict[str, float]:
-        """Train one round; return the mean local training loss per site."""
-        replies = self.engine.exchange({s: self.train_message(s) for s in self.engine.sites}, "train")
+        """Train one round on this round's ``participants``; return the mean local training loss per site."""
+        replies = self.engine.exchange({s: self.train_message(s) for s in self.participants(rnd)}, "train")
         self.aggregate(replies)
         self.average_buffers(replies)
         return {s: float(r.meta["loss"]) for s, r in replies.items()}
+
+    def participants(self, rnd: int) -> list[str]:
+        """The sites that train in round ``rnd``: every site, or the ``fl.clients_per_round`` sample drawn
+        from (seed, round) only (``fedseg.engine.sampling``); the others' state stores are not touched."""
+        cfg = self.task.cfg
+        return sample_sites(self.engine.sites, cfg.fl.clients_per_round, cfg.seed, rnd)
 
     def average_buffers(self, replies: dict[str, Message]) -> None:
         """Set the model's buffers (entries that are not parameters: BatchNorm's ``running_mean``,
@@ -452,6 +461,20 @@ class FedAvgServer:
     def bundle(self) -> dict[str, dict[str, torch.Tensor]]:
         """The trained models to ship: ``{model name: weights}``."""
         return {"global": self.global_weights}
+
+
+def sampling_refusal(spec: AlgorithmSpec) -> str | None:
+    """Why method ``spec`` cannot train a sample of the sites per round (``fl.clients_per_round``), or None:
+    it needs every site's reply (``needs_every_site``), its round is not FedAvg's (the one that samples:
+    ``FedAvgServer.run_round``), or its server says why not (``NO_CLIENT_SAMPLING``)."""
+    if spec.needs_every_site:
+        return "it needs every site's reply in each round"
+    server = spec.server
+    if not (isinstance(server, type) and issubclass(server, FedAvgServer)) or server.run_round is not (
+        FedAvgServer.run_round
+    ):
+        return "its rounds are its own (not FedAvg's broadcast and merge, which samples the sites)"
+    return server.NO_CLIENT_SAMPLING
 
 
 SPECS = (

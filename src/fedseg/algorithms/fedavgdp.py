@@ -107,6 +107,7 @@ class FedAvgDPServer(FedAvgServer):
     """FedAvg's server with the private merge (:func:`fedseg.algorithms.privacy.private_mean`)."""
 
     KEEPS_LOCAL_MODELS = False  # a site's own model would leave it unclipped and un-noised
+    NO_CLIENT_SAMPLING = "its noise and privacy accounting assume every site in every round"
 
     def __init__(self, engine, task: Task, options: FedAvgDPOptions):
         super().__init__(engine, task, options)

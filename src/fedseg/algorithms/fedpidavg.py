@@ -98,6 +98,8 @@ class FedPIDAvgClient(FedAvgClient):
 class FedPIDAvgServer(FedAvgServer):
     """FedAvg's server with the Eq. 18 weights; the validation-loss history is server state."""
 
+    NO_CLIENT_SAMPLING = "its Eq. 18 weights need every site's validation-loss history in every round"
+
     def __init__(self, engine, task, options):
         super().__init__(engine, task, options)
         self.history = torch.full((len(engine.sites), options.history), math.nan, dtype=torch.float64)

@@ -9,12 +9,17 @@ between sites under an epoch budget):
 
     c_k+ = c_k - c + (w - w_k) / (s_k * eta_l),    delta_c_k = c_k+ - c_k
 
-Up: ``w_k`` and ``delta_c_k``. The server (Eq. 3 and 8, full participation so |S| / N = 1):
+Up: ``w_k`` and ``delta_c_k``. The server (Eq. 3 and 8; Karimireddy et al.'s Algorithm 1 with the
+sites ``S`` that answered this round, of ``N``):
 
-    w <- w + eta_g * sum_k p_k (w_k - w),          c <- c + sum_k p_k delta_c_k
+    w <- w + eta_g * sum_{k in S} p_k (w_k - w),   c <- c + (|S| / N) sum_{k in S} p_k delta_c_k
 
-with ``p_k`` FedAvg's aggregation weights. Every message carries the model and one control
-variate, so training traffic is twice FedAvg's (measured by the ledger).
+with ``p_k`` FedAvg's aggregation weights over ``S`` (summing to 1). With every site (|S| = N) this is
+FeTS Eq. 3 and 8; under client sampling (``fl.clients_per_round``) or a skipped site it is the
+standard partial-participation update ``c <- c + (1/N) sum_{k in S} delta_c_k`` (uniform weights): the
+sites that did not train keep their ``c_k``, so ``c`` stays the mean of all ``N`` control variates.
+Every message carries the model and one control variate, so training traffic is twice FedAvg's
+(measured by the ledger).
 
 Sign convention: this is Karimireddy et al.'s (``c`` estimates the gradient). The FeTS paper's
 Eq. 6 and Algorithm 1 line 44 use the negated variates ``c' = -c`` (step ``+ eta_l (c' - c'_k)``,
@@ -168,13 +173,17 @@ class ScaffoldServer(FedAvgServer):
         return Message({**prefixed(MODEL, self.global_weights), **prefixed(CONTROL, self.control)})
 
     def aggregate(self, replies: dict[str, Message]) -> None:
-        """Eq. 3 with server rate ``eta_g`` and Eq. 8, both with FedAvg's ``p_k``."""
+        """Eq. 3 with server rate ``eta_g`` and Eq. 8, both with FedAvg's ``p_k``; ``c`` moves by the
+        answering fraction |S| / N of the mean ``delta_c_k`` (partial participation, module docstring)."""
         sites = list(replies)
         weights = self.aggregation_weights(replies)
         p = [weights[s] for s in sites]
         merged = weighted_average([replies[s].group(MODEL) for s in sites], p)
         self.global_weights = server_step(self.global_weights, merged, self.options.global_lr)
         delta_c = weighted_average([replies[s].group(CONTROL) for s in sites], p)
+        if len(sites) < len(self.engine.sites):  # |S| / N < 1 (with every site: Eq. 8 exactly, unscaled)
+            fraction = len(sites) / len(self.engine.sites)
+            delta_c = {n: d * fraction for n, d in delta_c.items()}
         self.control = {n: self.control[n] + delta_c[n] for n in self.control}
 
     def state_dict(self) -> dict[str, torch.Tensor]:

@@ -1,4 +1,4 @@
-"""``fedseg data``: validate a federation folder, write a built-in federation to disk."""
+"""``fedseg data``: validate a folder federation, write a built-in federation to disk, import a real dataset."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from fedseg.config import ConfigError, DataConfig, RunConfig, SplitConfig, load_
 from fedseg.data.federation import SPLITS, Federation, FederationError
 
 data_app = typer.Typer(
-    help="Federation data: validate a folder federation (check) or write a built-in one to disk (synth).",
+    help="Federation data: validate a folder federation (check), write a built-in one to disk (synth) or import a "
+    "real dataset (import).",
     no_args_is_help=True,
 )
 
@@ -106,11 +107,14 @@ def _synth_source(name: str) -> tuple[str, float, int, int, SplitConfig]:
 @data_app.command("synth")
 def synth(
     preset: Annotated[
-        str, typer.Option(help="built-in federation (synthetic-retina, synthetic-prostate) or run preset name")
+        str,
+        typer.Option(help="built-in federation (synthetic-retina, synthetic-prostate, synthetic-brats) or run preset"),
     ],
     out: Annotated[Path, typer.Option(help="folder to write the federation to")],
     scale: Annotated[float | None, typer.Option(help="site sizes = paper sizes x scale")] = None,
-    image_size: Annotated[int | None, typer.Option(help="side of the square/cubic images, pixels")] = None,
+    image_size: Annotated[
+        int | None, typer.Option(help="side of the square/cubic images, pixels (synthetic-brats: in-plane)")
+    ] = None,
     seed: Annotated[int | None, typer.Option(help="generator seed")] = None,
     force: Annotated[bool, typer.Option(help="replace an existing federation folder at --out")] = False,
 ) -> None:
@@ -120,18 +124,18 @@ def synth(
 
     try:
         source, default_scale, default_size, default_seed, split = _synth_source(preset)
-        from fedseg.data.synthetic import SYNTHETIC_NAMES, build_synthetic
+        from fedseg.data.sources import BUILTIN_NAMES, build_builtin
 
-        if source not in SYNTHETIC_NAMES:
+        if source not in BUILTIN_NAMES:
             raise ConfigError(
                 f"--preset {preset}: data source {source!r} is not a built-in federation "
-                f"({', '.join(SYNTHETIC_NAMES)}); "
+                f"({', '.join(BUILTIN_NAMES)}); "
                 f"run presets: {', '.join(preset_names())}"
             )
         scale = default_scale if scale is None else scale
         image_size = default_size if image_size is None else image_size
         seed = default_seed if seed is None else seed
-        fed = build_synthetic(source, scale=scale, image_size=image_size, seed=seed)
+        fed = build_builtin(source, scale, image_size, seed)
         write_folder(fed, out, overwrite=force)
         written = check_folder(out)
     except (FederationError, ConfigError) as e:
@@ -142,4 +146,35 @@ def synth(
         seed,
         f"wrote {source} (scale {scale}, image size {image_size}, seed {seed}): "
         f"{{sites}} sites, {{cases}} cases -> {out}",
+    )
+
+
+@data_app.command("import")
+def import_(
+    layout: Annotated[str, typer.Argument(help="dataset layout: fets2022, msd, prostate-6site or fundus")],
+    sources: Annotated[
+        list[Path],
+        typer.Argument(help="source folder(s): fets2022/prostate-6site one; msd/fundus one per site"),
+    ],
+    out: Annotated[Path, typer.Option(help="new (or empty) folder to write the federation to")],
+    copy: Annotated[bool, typer.Option("--copy/--link", help="copy files, or symlink those usable as is")] = False,
+    partitioning: Annotated[int | None, typer.Option(help="fets2022: partitioning_1.csv or _2.csv (default 1)")] = None,
+    regions: Annotated[
+        str | None, typer.Option(help="msd: regions from labels: auto (default), nested or disjoint")
+    ] = None,
+) -> None:
+    """Import a real multi-site dataset into a folder federation, then check it. Layouts: fets2022 SRC (FeTS2022_NNNNN/
+    folders, partitioning_N.csv), msd TASK... (Decathlon task folders), prostate-6site SRC (SRC/<SITE>/CaseNN.nii.gz,
+    CaseNN_segmentation.nii.gz), fundus SRC... (images/ + masks/, 0 cup, 128 rim, 255 background)."""
+    from fedseg.data.importers import ImportOptions, import_dataset
+
+    try:
+        options = ImportOptions(partitioning, regions)  # type: ignore[arg-type]  # plan_msd checks the value
+        fed = import_dataset(layout, sources, out, copy=copy, options=options)
+    except (FederationError, OSError) as e:  # OSError: e.g. a full disk, a folder that cannot be written
+        _fail(str(e))
+    split, seed = SplitConfig(), RunConfig().seed
+    how = "copied" if copy else "linked where usable as is"
+    _print_summary(
+        fed, split, seed, f"imported {layout} ({how}): {{sites}} sites, {{cases}} cases -> {out}; data check OK"
     )

@@ -7,35 +7,62 @@ from dataclasses import dataclass, field
 
 import torch
 
-from fedseg.config import DataConfig
+from fedseg.config import DataConfig, VolumeConfig
 from fedseg.data.federation import Federation, Site
 from fedseg.data.metadata import metadata_value
 from fedseg.data.preprocess import case_tensors
+from fedseg.data.volumes import Volume, build_volume, case_spacing, draw_patches, patch_size
 
 
 @dataclass
 class CaseSet:
-    """Cases of one split at model resolution.
+    """Cases of one split.
 
-    ``x``: ``(N, C, *S)`` float32 images, ``y``: ``(N, R, *S)`` float32 region masks, ``ids``: N case ids.
+    ``x``: ``(N, C, *S)`` float32 images, ``y``: ``(N, R, *S)`` float32 region masks, ``ids``: N case ids,
+    every case resized to ``S = (data.image_size,) * dims``: the model input on the whole-image path.
+
+    On the volume path (``data.volume.patch_size`` set) ``volumes`` holds every case on its own grid
+    (``fedseg.data.volumes.Volume``: variable-size tensors, the original-grid truth, the inverse mapping)
+    and ``volume`` the config they were built with: training draws patches from them (:meth:`patches`),
+    evaluation slides a window over them (``fedseg.evaluate.sliding``). ``x``/``y`` stay as a fixed-size
+    view for what needs one input size (FedSM's selector, which classifies whole images).
     """
 
     name: str
     ids: list[str]
     x: torch.Tensor
     y: torch.Tensor
+    volumes: list[Volume] | None = None
+    volume: VolumeConfig | None = None
 
     def __len__(self) -> int:
         return len(self.ids)
 
     def batch(self, idx: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The fixed-size view of cases ``idx``: ``(x (B, C, *S), y (B, R, *S))`` on ``device``."""
         return self.x[idx].to(device), self.y[idx].to(device)
+
+    def patches(self, idx: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """One random patch per case ``idx`` (volume path; ``fedseg.data.volumes.draw_patches``), CPU:
+        ``(x (B, C, *K), y (B, R, *K))`` with ``K`` the patch size."""
+        assert self.volumes is not None and self.volume is not None  # the volume path
+        vols = [self.volumes[i] for i in idx.tolist()]
+        size = patch_size(self.volume, self.x.dim() - 2)
+        return draw_patches(vols, size, self.volume.foreground_oversample, generator)
+
+    def subset(self, idx: torch.Tensor) -> CaseSet:
+        """Cases ``idx`` (a 1-D index tensor) as a set of the same name."""
+        vols = None if self.volumes is None else [self.volumes[i] for i in idx.tolist()]
+        return CaseSet(self.name, [self.ids[i] for i in idx.tolist()], self.x[idx], self.y[idx], vols, self.volume)
 
     @classmethod
     def concat(cls, name: str, sets: list[CaseSet]) -> CaseSet:
         """Pool several sets (centralized training); ids are prefixed with their set's name."""
         ids = [f"{s.name}/{i}" for s in sets for i in s.ids]
-        return cls(name, ids, torch.cat([s.x for s in sets]), torch.cat([s.y for s in sets]))
+        x, y = torch.cat([s.x for s in sets]), torch.cat([s.y for s in sets])
+        if not sets or any(s.volumes is None for s in sets):
+            return cls(name, ids, x, y)
+        return cls(name, ids, x, y, [v for s in sets for v in s.volumes or []], sets[0].volume)
 
 
 @dataclass
@@ -67,18 +94,23 @@ class SiteData:
 
 
 def build_site_data(fed: Federation, site: Site, index: int, splits: Mapping[str, str], cfg: DataConfig) -> SiteData:
-    """Load and preprocess one site's cases into its train/val/test ``CaseSet``s."""
+    """Load and preprocess one site's cases into its train/val/test ``CaseSet``s (with their volumes
+    when ``cfg.volume.patch_size`` is set: ``fedseg.data.volumes``)."""
     by_split: dict[str, list] = {"train": [], "val": [], "test": []}
     for case in site.cases:
         by_split[splits[case.id]].append(case)
+    on_grid = cfg.volume.patch_size is not None
     sets = {}
     for split, cases in by_split.items():
-        xs, ys = [], []
+        xs, ys, vols = [], [], []
         for case in cases:
             image, label = case.arrays()
             x, y = case_tensors(image, label, fed.regions, cfg.image_size, cfg.normalize)
             xs.append(x)
             ys.append(y)
+            if on_grid:
+                spacing = case_spacing(case, fed.spatial_dims)
+                vols.append(build_volume(image, label, fed.regions, spacing, cfg.volume, cfg.normalize))
         shape_x = (0, fed.channels) + (cfg.image_size,) * fed.spatial_dims
         shape_y = (0, len(fed.regions)) + (cfg.image_size,) * fed.spatial_dims
         sets[split] = CaseSet(
@@ -86,6 +118,8 @@ def build_site_data(fed: Federation, site: Site, index: int, splits: Mapping[str
             [c.id for c in cases],
             torch.stack(xs) if xs else torch.empty(shape_x),
             torch.stack(ys) if ys else torch.empty(shape_y),
+            vols if on_grid else None,
+            cfg.volume if on_grid else None,
         )
     return SiteData(
         site.name,

@@ -102,19 +102,35 @@ class Case:
     ``meta``: the case's case-level metadata (the columns of its site's ``cases.csv``, e.g.
     ``group``) plus, for folder federations, the reader's bookkeeping (``FILE_META_KEYS``: the
     file paths and, after ``data check``, the image shape); ``metadata`` is the former alone.
+
+    ``spacing``: the voxel size in mm along each spatial axis of the arrays, in array order (NIfTI:
+    the image's header zooms; built-in 3D federations: their generator's), or ``None`` when unknown;
+    ``voxel_spacing(dims)`` reads it with 1.0 mm per axis for ``None``.
     """
 
     id: str
     loader: Callable[[], tuple[np.ndarray, np.ndarray]] = field(repr=False, compare=False)
     meta: Mapping[str, object] = field(default_factory=dict, compare=False)
+    spacing: tuple[float, ...] | None = field(default=None, compare=False)
 
     @classmethod
-    def from_arrays(cls, id: str, image: np.ndarray, label: np.ndarray, **meta) -> Case:
-        return cls(id, lambda: (image, label), meta)
+    def from_arrays(
+        cls, id: str, image: np.ndarray, label: np.ndarray, *, spacing: tuple[float, ...] | None = None, **meta
+    ) -> Case:
+        return cls(id, lambda: (image, label), meta, None if spacing is None else tuple(float(s) for s in spacing))
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray]:
         """Return ``(image (C, *spatial), label (*spatial))``."""
         return self.loader()
+
+    def voxel_spacing(self, dims: int) -> tuple[float, ...]:
+        """Voxel size in mm per spatial axis, ``dims`` of them: ``spacing``, or ``(1.0,) * dims`` when unknown;
+        a ``ValueError`` when ``spacing`` has another length."""
+        if self.spacing is None:
+            return (1.0,) * dims
+        if len(self.spacing) != dims:
+            raise ValueError(f"case {self.id!r}: spacing {self.spacing} has {len(self.spacing)} axes, expected {dims}")
+        return tuple(self.spacing)
 
     @property
     def metadata(self) -> dict[str, object]:

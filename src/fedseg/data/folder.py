@@ -553,20 +553,26 @@ def _write_png(path: Path, data: np.ndarray) -> None:
     Image.fromarray(np.ascontiguousarray(data)).save(path)
 
 
-def _write_image(folder: Path, cid: str, image: np.ndarray, kind: str) -> None:
-    """PNG for 2D uint8 with 1 or 3 channels, NIfTI for 3D (``(C, X, Y, Z)`` -> ``(X, Y, Z[, C])``), npy otherwise."""
+def spacing_affine(spacing: tuple[float, ...] | None) -> np.ndarray | None:
+    """The NIfTI affine ``diag(sx, sy, sz, 1)`` of a case's ``spacing`` (mm per axis), ``None`` without one."""
+    return None if spacing is None else np.diag([*(float(s) for s in spacing), 1.0])
+
+
+def _write_image(folder: Path, cid: str, image: np.ndarray, kind: str, affine: np.ndarray | None = None) -> None:
+    """PNG for 2D uint8 with 1 or 3 channels, NIfTI for 3D (``(C, X, Y, Z)`` -> ``(X, Y, Z[, C])``, with
+    ``affine``, default identity), npy otherwise."""
     if kind == "3d":
-        _write_nifti(folder / f"{cid}.nii.gz", image[0] if image.shape[0] == 1 else np.moveaxis(image, 0, -1))
+        _write_nifti(folder / f"{cid}.nii.gz", image[0] if image.shape[0] == 1 else np.moveaxis(image, 0, -1), affine)
     elif image.dtype == np.uint8 and image.shape[0] in (1, 3):
         _write_png(folder / f"{cid}.png", image[0] if image.shape[0] == 1 else np.moveaxis(image, 0, -1))
     else:
         np.save(folder / f"{cid}.npy", image)
 
 
-def _write_label(folder: Path, cid: str, label: np.ndarray, kind: str) -> None:
-    """PNG for 2D uint8, NIfTI for 3D, npy otherwise."""
+def _write_label(folder: Path, cid: str, label: np.ndarray, kind: str, affine: np.ndarray | None = None) -> None:
+    """PNG for 2D uint8, NIfTI for 3D (with ``affine``, default identity), npy otherwise."""
     if kind == "3d":
-        _write_nifti(folder / f"{cid}.nii.gz", label)
+        _write_nifti(folder / f"{cid}.nii.gz", label, affine)
     elif label.dtype == np.uint8:
         _write_png(folder / f"{cid}.png", label)
     else:
@@ -594,7 +600,8 @@ def write_folder(fed: Federation, root: str | Path, splits: Splits | None = None
     """Write ``fed`` in the folder format; reading it back with ``load_folder`` gives equal arrays and dtypes.
 
     2D images: PNG when uint8 with 1 or 3 channels, else ``.npy`` ``(C, H, W)``; 2D labels: PNG
-    when uint8, else ``.npy``; 3D images and labels: ``.nii.gz`` (identity affine). Writes
+    when uint8, else ``.npy``; 3D images and labels: ``.nii.gz`` (affine ``diag(Case.spacing)``, identity for
+    a case without spacing). Writes
     ``<site>/splits.csv`` from ``splits`` when given, else from each site's ``fixed_splits``.
     Metadata: ``Site.meta`` goes to ``federation.yaml`` ``sites:``, ``Case.metadata`` to
     ``<site>/cases.csv`` (values as strings; neither is written when there is none).
@@ -617,8 +624,9 @@ def write_folder(fed: Federation, root: str | Path, splits: Splits | None = None
         (site_dir / "labels").mkdir()
         for case in site.cases:
             image, label = case.arrays()
-            _write_image(site_dir / "images", case.id, np.asarray(image), fed.kind)
-            _write_label(site_dir / "labels", case.id, np.asarray(label), fed.kind)
+            affine = spacing_affine(case.spacing)
+            _write_image(site_dir / "images", case.id, np.asarray(image), fed.kind, affine)
+            _write_label(site_dir / "labels", case.id, np.asarray(label), fed.kind, affine)
         site_split = splits.get(site.name) if splits is not None else site.fixed_splits
         if site_split:
             write_site_splits_csv(site_dir / SPLITS_FILE, site_split)

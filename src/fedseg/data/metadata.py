@@ -39,6 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fedseg.data.csv_rows import read_csv_rows
 from fedseg.data.federation import FILE_META_KEYS, Case, Federation, FederationError, Site
 
 CASES_FILE = "cases.csv"
@@ -129,15 +130,8 @@ def read_cases_csv(path: str | Path, case_ids: Collection[str] | None = None) ->
     duplicate or, given ``case_ids``, unknown case id) is collected and raised together as one
     ``FederationError``, one ``"<path>:<line>: <problem>"`` line each.
     """
-    path = Path(path)
-    try:
-        with path.open(newline="", encoding="utf-8-sig") as f:
-            lines = [(row, n + 1) for n, row in enumerate(csv.reader(f)) if any(cell.strip() for cell in row)]
-    except (OSError, UnicodeDecodeError, csv.Error) as e:
-        raise FederationError(f"{path}: cannot read ({type(e).__name__}: {e})") from None
-    if not lines:
-        raise FederationError(f"{path}: empty file, expected a header with a {CASE_COLUMN!r} column")
-    header, header_line = [cell.strip() for cell in lines[0][0]], lines[0][1]
+    table = read_csv_rows(path, f"a header with a {CASE_COLUMN!r} column")
+    path, header, header_line = table.path, table.header, table.header_line
     at = f"{path}:{header_line}"
     problems = []
     if CASE_COLUMN not in header:
@@ -158,8 +152,7 @@ def read_cases_csv(path: str | Path, case_ids: Collection[str] | None = None) ->
     known = None if case_ids is None else set(case_ids)
     rows: dict[str, dict[str, str]] = {}
     first_seen: dict[str, int] = {}
-    for row, line in lines[1:]:
-        cells = [cell.strip() for cell in row]
+    for cells, line in table.rows:
         if len(cells) > len(header):
             problems.append(
                 f"{path}:{line}: {len(cells)} cells but the header has {len(header)} columns "

@@ -14,16 +14,24 @@ import torch.nn.functional as F
 
 from fedseg.data.federation import Regions
 
-Normalize = Literal["minmax", "zscore", "none"]
+Normalize = Literal["minmax", "zscore", "zscore_foreground", "none"]
 
 
 def normalize_image(image: np.ndarray, mode: Normalize) -> np.ndarray:
-    """Per-image intensity normalization over all channels; returns float32 ``(C, *spatial)``.
+    """Intensity normalization; returns float32 ``(C, *spatial)``.
 
-    ``minmax`` maps the image's range to [0, 1] (colour differences between channels are kept);
-    ``zscore`` subtracts the mean and divides by the standard deviation; ``none`` only casts.
+    ``minmax`` maps the image's range to [0, 1] over all channels (colour differences between channels
+    are kept); ``zscore`` subtracts the image's mean and divides by its standard deviation (all channels
+    together); ``zscore_foreground`` normalizes each channel (modality) alone to mean 0 and standard
+    deviation 1 over its own non-zero voxels, leaving the zero background at 0 (MONAI
+    ``NormalizeIntensity(nonzero=True, channel_wise=True)``; FeTS 2022 benchmark Sec. 4.4.2, nnU-Net's
+    MRI scheme); ``none`` only casts.
     """
     x = image.astype(np.float32)
+    if mode == "zscore_foreground":
+        from monai.transforms import NormalizeIntensity
+
+        return np.asarray(NormalizeIntensity(nonzero=True, channel_wise=True)(x), dtype=np.float32)
     if mode == "minmax":
         lo, hi = float(x.min()), float(x.max())
         return (x - lo) / (hi - lo) if hi > lo else np.zeros_like(x)

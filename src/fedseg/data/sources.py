@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from fedseg.data.federation import Federation, FederationError
 from fedseg.data.synthetic import SYNTHETIC_NAMES
+from fedseg.data.synthetic_brats import SYNTHETIC_BRATS
 
 if TYPE_CHECKING:
     from fedseg.config import RunConfig
@@ -35,8 +36,23 @@ class RegisteredFederation:
 REGISTERED: dict[str, RegisteredFederation] = {}
 
 
+BUILTIN_NAMES = (*SYNTHETIC_NAMES, SYNTHETIC_BRATS)  # the built-in federations, 2D then 3D
+
+
 def builtin_sources() -> tuple[str, ...]:
-    return (FOLDER, *SYNTHETIC_NAMES)
+    return (FOLDER, *BUILTIN_NAMES)
+
+
+def build_builtin(name: str, scale: float, image_size: int, seed: int) -> Federation:
+    """The built-in federation ``name`` (one of ``BUILTIN_NAMES``) at ``scale`` with ``image_size`` voxels per
+    (in-plane) axis."""
+    if name == SYNTHETIC_BRATS:
+        from fedseg.data.synthetic_brats import build_synthetic_brats
+
+        return build_synthetic_brats(scale, image_size, seed)
+    from fedseg.data.synthetic import build_synthetic
+
+    return build_synthetic(name, scale, image_size, seed)
 
 
 def source_names() -> list[str]:
@@ -88,11 +104,9 @@ def build_federation(cfg: RunConfig) -> Federation:
         if not isinstance(fed, Federation):
             raise FederationError(f"federation builder {name!r} returned {type(fed).__name__}, not a Federation")
         return fed
-    if name not in SYNTHETIC_NAMES:
+    if name not in BUILTIN_NAMES:
         raise unknown_source(name)
-    from fedseg.data.synthetic import build_synthetic
-
-    return build_synthetic(name, cfg.data.scale, cfg.data.image_size, cfg.seed)
+    return build_builtin(name, cfg.data.scale, cfg.data.image_size, cfg.seed)
 
 
 def count_source_sites(cfg: RunConfig) -> int:
@@ -102,6 +116,10 @@ def count_source_sites(cfg: RunConfig) -> int:
     if name in REGISTERED:
         entry = REGISTERED[name]
         return entry.sites if entry.sites is not None else len(build_federation(cfg).sites)
+    if name == SYNTHETIC_BRATS:
+        from fedseg.data.synthetic_brats import INSTITUTIONS
+
+        return len(INSTITUTIONS)
     if name not in SYNTHETIC_NAMES:
         raise unknown_source(name)
     from fedseg.data.synthetic import synthetic_spec

@@ -34,6 +34,7 @@ from typing import cast
 import numpy as np
 
 from fedseg.config import SplitConfig
+from fedseg.data.csv_rows import read_csv_rows
 from fedseg.data.federation import SPLITS, Federation, FederationError, Site, Split
 from fedseg.data.metadata import case_groups
 
@@ -231,16 +232,9 @@ def _read_split_rows(path: Path, keys: tuple[str, ...]) -> list[tuple[tuple[str,
     Every problem (missing column, empty value, unknown split, duplicate key) is collected and
     raised together as one ``FederationError``, one ``"<path>:<line>: <problem>"`` line each.
     """
-    path = Path(path)
     columns = (*keys, "split")
-    try:
-        with path.open(newline="", encoding="utf-8-sig") as f:
-            lines = [(row, n + 1) for n, row in enumerate(csv.reader(f)) if any(cell.strip() for cell in row)]
-    except (OSError, UnicodeDecodeError, csv.Error) as e:
-        raise FederationError(f"{path}: cannot read ({type(e).__name__}: {e})") from None
-    if not lines:
-        raise FederationError(f"{path}: empty file, expected a header {','.join(columns)}")
-    header, header_line = [cell.strip() for cell in lines[0][0]], lines[0][1]
+    table = read_csv_rows(path, f"a header {','.join(columns)}")
+    path, header, header_line = table.path, table.header, table.header_line
     missing = [c for c in columns if c not in header]
     if missing:
         raise FederationError(
@@ -251,8 +245,8 @@ def _read_split_rows(path: Path, keys: tuple[str, ...]) -> list[tuple[tuple[str,
     rows: list[tuple[tuple[str, ...], Split, int]] = []
     problems: list[str] = []
     first_seen: dict[tuple[str, ...], int] = {}
-    for row, line in lines[1:]:
-        values = [row[i].strip() if i < len(row) else "" for i in index]
+    for row, line in table.rows:
+        values = [row[i] if i < len(row) else "" for i in index]
         empty = [c for c, v in zip(columns, values) if not v]
         if empty:
             problems.append(f"{path}:{line}: empty {', '.join(repr(c) for c in empty)}")

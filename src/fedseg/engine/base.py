@@ -14,6 +14,7 @@ sites and replies come back) to each engine: in this process (``Simulator``) or 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Protocol
 
@@ -90,25 +91,31 @@ class BaseEngine:
         if not action.isidentifier():
             raise ValueError(f"action {action!r} must be a Python identifier (it names a message type on every engine)")
         order = [s for s in self.sites if s in messages]
+        began = time.perf_counter()
         answered = self.deliver(order, messages, action)
+        wall, number = time.perf_counter() - began, self.ledger.next_exchange()
         replies: dict[str, Message] = {}
         failed: list[str] = []
         timeout = self.task.cfg.fl.timeout_s
         for site in order:
             msg, answer = messages[site], answered[site]
             if isinstance(answer, BaseException):
-                failed.append(self.failure(site, action, f"{type(answer).__name__}: {answer}", msg, 0.0, answer))
+                failed.append(
+                    self.failure(site, action, f"{type(answer).__name__}: {answer}", msg, 0.0, answer, (number, wall))
+                )
                 continue
             reply, seconds = answer
             problem = reply_problem(msg, reply, check_finite=action not in EVAL_ACTIONS)
             if timeout is not None and seconds > timeout:
                 problem = f"no reply within fl.timeout_s = {timeout:g} s (took {seconds:.1f} s)"
             if problem is not None:
-                failed.append(self.failure(site, action, problem, msg, seconds))
+                failed.append(self.failure(site, action, problem, msg, seconds, None, (number, wall)))
                 continue
             steps = int(reply.meta.get("steps", 0))
             self.ledger.record(
-                LedgerRow(self.round, site, action, steps, msg.num_floats(), reply.num_floats(), seconds)
+                LedgerRow(
+                    self.round, site, action, steps, msg.num_floats(), reply.num_floats(), seconds, "", number, wall
+                )
             )
             for observe in self.observers:
                 observe(site, action, msg, reply)
@@ -125,14 +132,21 @@ class BaseEngine:
         return replies
 
     def failure(
-        self, site: str, action: str, problem: str, msg: Message, seconds: float, error: BaseException | None = None
+        self,
+        site: str,
+        action: str,
+        problem: str,
+        msg: Message,
+        seconds: float,
+        error: BaseException | None = None,
+        exchange: tuple[int, float] = (0, 0.0),
     ) -> str:
-        """Handle one failed reply: raise under ``stop``; under ``skip`` record it in the ledger and return
-        its description (the exchange goes on without that site)."""
+        """Handle one failed reply: raise under ``stop``; under ``skip`` record it in the ledger (``exchange``:
+        the exchange's number and wall seconds) and return its description (the exchange goes on without it)."""
         what = f"site {site!r}, round {self.round}, {self.algorithm} {action}: {problem}"
         if not self.skips_failures:
             raise SiteFailure(what) from error
-        self.ledger.record(LedgerRow(self.round, site, action, 0, msg.num_floats(), 0, seconds, problem))
+        self.ledger.record(LedgerRow(self.round, site, action, 0, msg.num_floats(), 0, seconds, problem, *exchange))
         return what
 
     def checkpointed(self, kept: list[ClientStates]) -> None:

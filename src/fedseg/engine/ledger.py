@@ -1,4 +1,11 @@
-"""Traffic and compute accounting: one row per (round, site, exchange action)."""
+"""Traffic and compute accounting: one row per (round, site, exchange action).
+
+``seconds`` is the site's own compute time (measured around its client's ``handle``); ``wall_seconds``
+is the wall time of the whole exchange the row belongs to (numbered by ``exchange``, 1, 2, ... within
+one algorithm's run), the same on every row of that exchange: on the simulator about the sum of the
+sites' seconds (one after another), on the worker pool about the longest worker's share. A round's
+wall time is the sum of ``wall_seconds`` over its distinct exchanges (:meth:`Ledger.round_wall_seconds`).
+"""
 
 from __future__ import annotations
 
@@ -18,6 +25,8 @@ class LedgerRow:
     floats_up: int
     seconds: float
     failure: str = ""  # why the site's reply was skipped (fl.on_failure = skip; fedseg.engine.faults); "" = answered
+    exchange: int = 0  # which exchange of the run the row belongs to (1, 2, ...; 0: recorded by an older fedseg)
+    wall_seconds: float = 0.0  # wall time of that whole exchange, seconds (module docstring)
 
 
 class Ledger:
@@ -42,6 +51,17 @@ class Ledger:
             "sgd_steps": sum(r.steps for r in train if r.action not in FORWARD_ONLY_ACTIONS),
             "seconds": sum(r.seconds for r in self.rows),
         }
+
+    def next_exchange(self) -> int:
+        """The number of the next exchange (one more than the last recorded; resumed ledgers continue)."""
+        return 1 + max((r.exchange for r in self.rows), default=0)
+
+    def round_wall_seconds(self) -> dict[int, float]:
+        """Wall time per round, seconds: ``wall_seconds`` summed over the round's distinct exchanges."""
+        walls: dict[int, dict[int, float]] = {}
+        for r in self.rows:
+            walls.setdefault(r.round, {})[r.exchange] = r.wall_seconds
+        return {rnd: sum(w.values()) for rnd, w in walls.items()}
 
     def failures(self) -> list[dict]:
         """The skipped replies: ``{round, site, action, reason}`` per ledger row with a failure."""

@@ -3,9 +3,9 @@
 The engine contract (:mod:`fedseg.engine.base`): the server calls ``exchange({site: message},
 action)``; the simulator hands each message to the algorithm's client through
 :func:`fedseg.engine.context.answer` (the site's local data, its persistent state store kept
-here, a random stream derived from (seed, site, round, action)); ``BaseEngine`` records the
-traffic and compute time in the ledger and returns the replies. Nothing but ``Message``
-objects passes between server and client.
+here in a :class:`fedseg.engine.state.StateStore` (RAM, or disk with ``engine.state: disk``), a random
+stream derived from (seed, site, round, action)); ``BaseEngine`` records the traffic and compute time in
+the ledger and returns the replies. Nothing but ``Message`` objects passes between server and client.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from fedseg.data.dataset import SiteData
 from fedseg.engine.base import BaseEngine, ClientStates, Observer
 from fedseg.engine.context import Client, Task, answer
 from fedseg.engine.messages import Message
+from fedseg.engine.state import StateStore
 
 
 class Simulator(BaseEngine):
@@ -30,12 +31,18 @@ class Simulator(BaseEngine):
         options: object = None,
         artifacts: Path | None = None,
         observers: list[Observer] | None = None,
+        store: StateStore | None = None,
     ):
         super().__init__(algorithm, [d.name for d in site_data], task, options, observers)
         self.client = client
         self.site_data = {d.name: d for d in site_data}
         self.artifacts = artifacts
-        self.client_states: ClientStates = {s: {} for s in self.sites}
+        self.store = store or StateStore(self.sites)  # default: every site's state store in RAM
+
+    @property
+    def client_states(self) -> ClientStates:
+        """The state stores kept in RAM, live (``engine.state: memory``: every site's)."""
+        return self.store.memory
 
     def num_samples(self, site: str, split: str = "train") -> int:
         """Size of a site's split: the sample count every site reports for weighting."""
@@ -45,30 +52,35 @@ class Simulator(BaseEngine):
         self, order: list[str], messages: dict[str, Message], action: str
     ) -> dict[str, tuple[Message, float] | BaseException]:
         """Each site in turn, in this process, with its state store kept here. A site's exception is its answer
-        (``BaseEngine.exchange`` applies the failure policy); its state store is put back as it was."""
+        (``BaseEngine.exchange`` applies the failure policy); its state store stays as it was."""
         answered: dict[str, tuple[Message, float] | BaseException] = {}
         for site in order:
-            kept = dict(self.client_states[site])
+            state = self.store.load(site)
             try:
                 answered[site] = answer(
                     self.client,
                     messages[site],
                     self.delivery(site, action),
                     self.site_data[site],
-                    self.client_states[site],
+                    state,
                     self.task,
                     self.options,
                     self.artifacts,
                 )
             except Exception as e:  # noqa: BLE001 - the failure policy decides (fedseg.engine.faults)
-                self.client_states[site] = kept
                 answered[site] = e
+                continue
+            self.store.save(site, state)
         return answered
 
     # --- checkpointing -------------------------------------------------------------
     def snapshot_clients(self) -> ClientStates:
         """A deep copy of every site's state store (best-round selection keeps one)."""
-        return {s: {k: v.clone() for k, v in st.items()} for s, st in self.client_states.items()}
+        return self.store.snapshot()
 
     def restore_clients(self, states: ClientStates) -> None:
-        self.client_states = {s: {k: v.clone() for k, v in st.items()} for s, st in states.items()}
+        self.store.restore(states)
+
+    def close(self) -> None:
+        """Remove the state files of ``engine.state: disk`` (the checkpoints hold what a resume needs)."""
+        self.store.close()

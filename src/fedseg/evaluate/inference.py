@@ -1,4 +1,9 @@
-"""Run a segmentation model over a ``CaseSet`` and score it per case and region."""
+"""Run a segmentation model over a ``CaseSet`` and score it per case and region.
+
+Whole-image path: one forward pass per batch of resized images, metrics on the model grid.
+Volume path (the set has ``volumes``, ``data.volume.patch_size``): sliding window per case, mapped
+back to the original grid and scored there with the case's spacing (``fedseg.evaluate.sliding``).
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ from torch import nn
 from fedseg.config import EvalConfig
 from fedseg.data.dataset import CaseSet
 from fedseg.evaluate.metrics import batch_metrics, logits_to_masks
+from fedseg.evaluate.sliding import network_for, score_volumes, sliding_logits
 
 
 @torch.no_grad()
@@ -22,11 +28,37 @@ def predict_masks(
 
 
 def score_caseset(
-    model: nn.Module, data: CaseSet, batch_size: int, threshold: float, hd95: bool, device: torch.device
+    model: nn.Module,
+    data: CaseSet,
+    batch_size: int,
+    threshold: float,
+    hd95: bool,
+    device: torch.device,
+    worst: float | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Return ``(dice (N, R), hd95 (N, R))`` for every case of ``data`` (NaN = not counted)."""
+    """Return ``(dice (N, R), hd95 (N, R))`` for every case of ``data`` (module docstring for the two
+    paths; HD95 NaN only when ``hd95`` is False). ``worst``: ``eval.hd95_worst`` (the metrics'
+    empty-mask rule; None = the grid's diagonal)."""
+    if data.volumes is not None and data.volume is not None:
+        if not data.volumes:
+            return np.zeros((0, data.y.shape[1])), np.zeros((0, data.y.shape[1]))
+        return score_volumes(model, data.volumes, data.volume, threshold, hd95, device, worst, data.x)
     pred = predict_masks(model, data.x, batch_size, threshold, device)
-    return batch_metrics(pred, data.y.bool(), hd95=hd95)
+    return batch_metrics(pred, data.y.bool(), hd95=hd95, worst=worst)
+
+
+@torch.no_grad()
+def sample_prediction(
+    model: nn.Module, data: CaseSet, threshold: float, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The first case of ``data`` with its prediction, as the model sees it: ``(image (C, *S), truth
+    (R, *S), pred (R, *S) bool)`` on the CPU, the resized image on the whole-image path, the
+    preprocessed volume (sliding window) on the volume path."""
+    if data.volumes is not None and data.volume is not None:
+        vol, net = data.volumes[0], network_for(model, data.x[0], device)
+        pred = torch.sigmoid(sliding_logits(net, vol.image, data.volume, device)) > threshold
+        return vol.image, vol.label, pred
+    return data.x[0], data.y[0], predict_masks(model, data.x[:1], 1, threshold, device)[0]
 
 
 def candidate_dice(models: list[nn.Module], data: CaseSet, ev: EvalConfig, device: torch.device) -> np.ndarray:

@@ -12,20 +12,24 @@ scored (``include_background=True`` in MONAI terms).
   edges (the mask minus its binary erosion). Units are pixels/voxels, or physical units
   (e.g. mm) when ``spacing`` is given.
 
-Empty-mask rule (applied explicitly here, not left to MONAI's defaults):
+Empty-mask rule (BraTS convention; applied explicitly here, not left to MONAI's defaults):
 
 ====================  =========  ==========================
 truth / prediction    Dice       HD95
 ====================  =========  ==========================
-both empty            1.0        NaN (not counted)
-exactly one empty     0.0        NaN (not counted)
+both empty            1.0        0.0
+exactly one empty     0.0        ``worst``
 both non-empty        MONAI      MONAI
 ====================  =========  ==========================
 
-NaN means "not counted": HD95 aggregates ignore NaN, so HD95 averages are taken over the
-cases where both masks are non-empty, while Dice averages include every case. The FeTS
-2022 benchmark does the same ("we only include the Dice score in the average metrics,
-not the Hausdorff distance").
+``worst`` is ``eval.hd95_worst`` when set, else the diagonal of the case's grid in the HD95 unit,
+``sqrt(sum_i (n_i s_i)^2)`` for spatial shape ``n`` and spacing ``s`` (1 without a spacing): 373.13 mm
+for a BraTS volume (240 x 240 x 155 at 1 mm), the value the BraTS evaluation uses; 90.5 pixels for a
+64 x 64 image. So a missed region (truth present, nothing predicted) and a hallucinated one (nothing
+there, something predicted) cost the most an HD95 can, and every case counts in the HD95 averages:
+dropping such cases (NaN, as this module did before, and as the FeTS 2022 benchmark does, Sec. 4.4.5)
+rewards a model for predicting nothing where it is unsure. NaN now only means "not computed"
+(``hd95=False``).
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ import numpy as np
 import torch
 from monai.metrics import compute_dice, compute_hausdorff_distance
 
-__all__ = ["logits_to_masks", "case_metrics", "batch_metrics", "HD95_PERCENTILE"]
+__all__ = ["logits_to_masks", "case_metrics", "batch_metrics", "grid_diagonal", "HD95_PERCENTILE"]
 
 HD95_PERCENTILE = 95.0
 
@@ -66,6 +70,7 @@ def batch_metrics(
     truth: torch.Tensor | np.ndarray,
     hd95: bool = True,
     spacing: Sequence[float] | None = None,
+    worst: float | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Per-case, per-region Dice and HD95 for a batch, with the module's empty-mask rule.
 
@@ -76,6 +81,8 @@ def batch_metrics(
             much cheaper: HD95 needs a surface-distance computation per case and region).
         spacing: optional pixel/voxel spacing, one number per spatial dim (same for the
             whole batch); HD95 is then in physical units, otherwise in pixels/voxels.
+        worst: HD95 when exactly one of the masks is empty, in HD95 units; None = the grid's
+            diagonal (:func:`grid_diagonal`).
 
     Returns:
         ``(dice, hd95)``, both float64 numpy arrays of shape ``(B, R)``.
@@ -95,10 +102,13 @@ def batch_metrics(
     dice[(p_any ^ t_any).numpy()] = 0.0  # exactly one empty
 
     hd = np.full((b, r), np.nan, dtype=np.float64)
+    if hd95:
+        hd[(~p_any & ~t_any).numpy()] = 0.0  # both empty
+        hd[(p_any ^ t_any).numpy()] = grid_diagonal(p.shape[2:], spacing) if worst is None else float(worst)
     if hd95 and bool(both.any()):
         idx = both.nonzero(as_tuple=True)
         # Only pairs with both masks non-empty reach MONAI: one (N, 1, *S) call, no
-        # empty-mask warnings, and NaN stays the value for every other pair.
+        # empty-mask warnings; the other pairs got their value from the rule above.
         with warnings.catch_warnings():
             # MONAI 1.6 warns about its own internal use of a deprecated argument.
             warnings.filterwarnings("ignore", message=".*always_return_as_numpy.*", category=FutureWarning)
@@ -113,10 +123,18 @@ def batch_metrics(
     return dice, hd
 
 
+def grid_diagonal(shape: Sequence[int], spacing: Sequence[float] | None = None) -> float:
+    """Length of the diagonal of a grid of ``shape`` voxels with ``spacing`` (1 per axis when None):
+    ``sqrt(sum_i (shape_i * spacing_i)^2)``; the default ``worst`` HD95 (module docstring)."""
+    steps = [1.0] * len(shape) if spacing is None else [float(s) for s in spacing]
+    return float(np.sqrt(sum((n * s) ** 2 for n, s in zip(shape, steps))))
+
+
 def case_metrics(
     pred: torch.Tensor | np.ndarray,
     truth: torch.Tensor | np.ndarray,
-    spacing: tuple[float, ...] | None = None,
+    spacing: Sequence[float] | None = None,
+    worst: float | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Dice and HD95 per region for one case (see the module docstring for empty masks).
 
@@ -125,9 +143,10 @@ def case_metrics(
         truth: binary ground truth ``(R, *S)``.
         spacing: optional pixel/voxel spacing (one number per spatial dim); HD95 is
             then in those physical units, otherwise in pixels/voxels.
+        worst: HD95 when exactly one mask of a region is empty (None: the grid's diagonal).
 
     Returns:
         ``(dice, hd95)``, float64 arrays of shape ``(R,)``.
     """
-    dice, hd = batch_metrics(_as_bool(pred)[None], _as_bool(truth)[None], hd95=True, spacing=spacing)
+    dice, hd = batch_metrics(_as_bool(pred)[None], _as_bool(truth)[None], hd95=True, spacing=spacing, worst=worst)
     return dice[0], hd[0]

@@ -60,6 +60,18 @@ def _errors():
     )
 
 
+def _run_then_report(out: Path, run, interrupted: str) -> None:
+    """Call ``run()`` (which builds the config and runs on Flower); a known error or Ctrl-C becomes one
+    message and exit code; on success print the test Dice and render the report."""
+    try:
+        run()
+    except KeyboardInterrupt:
+        _fail(interrupted, 130)
+    except _errors() as e:
+        _fail(str(e).strip("'\""))
+    _finish(out.resolve())
+
+
 def _finish(out: Path) -> None:
     from fedseg.report.html import render_report
 
@@ -126,14 +138,11 @@ def local(
     """A SuperLink and one SuperNode per site on 127.0.0.1; the same outputs as `fedseg run`."""
     from fedseg.flower.launch import local as run_local
 
-    try:
+    def run() -> None:
         cfg = _config(preset, config, data, algorithms, rounds, seed, set_, device, threads)
         run_local(cfg, out, tls=tls, isolation=isolation, poll=poll, wait=wait, resume=resume, echo=_echo)
-    except KeyboardInterrupt:
-        _fail("interrupted; every Flower process was stopped", 130)
-    except _errors() as e:
-        _fail(str(e).strip("'\""))
-    _finish(out.resolve())
+
+    _run_then_report(out, run, "interrupted; every Flower process was stopped")
 
 
 @flower_app.command(cls=AlgorithmsHelp)
@@ -162,24 +171,14 @@ def simulate(
     """Flower's Simulation Runtime (Ray): one virtual SuperNode per site; the same outputs as `fedseg run`."""
     from fedseg.flower.launch import simulate as run_simulate
 
-    try:
+    def run() -> None:
         cfg = _config(preset, config, data, algorithms, rounds, seed, set_, device, threads)
         run_simulate(
-            cfg,
-            out,
-            cpus_per_site=cpus,
-            gpus_per_site=gpus,
-            ray_address=ray_address,
-            poll=poll,
-            wait=wait,
-            resume=resume,
-            echo=_echo,
-        )
-    except KeyboardInterrupt:
-        _fail("interrupted; every Flower process was stopped", 130)
-    except _errors() as e:
-        _fail(str(e).strip("'\""))
-    _finish(out.resolve())
+            cfg, out, cpus_per_site=cpus, gpus_per_site=gpus, ray_address=ray_address, poll=poll, wait=wait,
+            resume=resume, echo=_echo,
+        )  # fmt: skip
+
+    _run_then_report(out, run, "interrupted; every Flower process was stopped")
 
 
 @flower_app.command(cls=AlgorithmsHelp)
@@ -225,7 +224,7 @@ def server(
     from fedseg.flower.launch import LinkSettings
     from fedseg.flower.launch import server as run_server
 
-    try:
+    def run() -> None:
         cfg = _config(preset, config, None, algorithms, rounds, seed, set_)
         fed = coordinator_federation(federation or (Path(cfg.data.root) if cfg.data.root else None), sites)
         if certs is None and not insecure:
@@ -235,11 +234,8 @@ def server(
             raise FileNotFoundError(f"{auth_keys}: no *.pub SuperNode keys")
         link = LinkSettings(host, port, TlsFiles.in_folder(certs) if certs else None, auth=bool(keys))
         run_server(cfg, fed, out, link, auth_keys=keys, wait=wait, poll=poll, resume=resume, echo=_echo)
-    except KeyboardInterrupt:
-        _fail("interrupted; the SuperLink was stopped", 130)
-    except _errors() as e:
-        _fail(str(e).strip("'\""))
-    _finish(out.resolve())
+
+    _run_then_report(out, run, "interrupted; the SuperLink was stopped")
 
 
 def coordinator_federation(path: Path | None, sites: str | None):

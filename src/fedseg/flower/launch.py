@@ -486,6 +486,20 @@ def site_views(root: Path, fed: Federation, folder: Path) -> dict[str, Path]:
     return views
 
 
+def sites_on_this_machine(
+    cfg: RunConfig, out: Path, resume: bool
+) -> tuple[RunConfig, Path, Federation, dict[str, Path]]:
+    """For ``local`` and ``simulate`` (every site computes here): check the device and ``out``, write the
+    federation to a checked folder and one folder per site holding only its data (``site_views``); returns
+    the config reading that folder, the resolved ``out``, the federation and the site folders."""
+    check_device(cfg.device)
+    out = Path(out).resolve()
+    check_new_or_resumed(out, resume)
+    root, fed = federation_folder(cfg, out / "flower")
+    cfg = cfg.model_copy(update={"data": cfg.data.model_copy(update={"source": "folder", "root": str(root)})})
+    return cfg, out, fed, site_views(root, fed, out / "flower" / "sites")
+
+
 def waits(poll: float) -> tuple[float | None, float]:
     """``(SuperNode poll or None = Flower's, SuperExec task poll)`` for ``--poll`` (0 = Flower's defaults)."""
     return (poll, poll) if poll > 0 else (None, FLOWER_TASK_POLL)
@@ -512,13 +526,8 @@ def local(
     refuse_unsupported(cfg.algorithms)
     if isolation not in ISOLATIONS:
         raise ValueError(f"isolation must be one of {ISOLATIONS}, got {isolation!r}")
-    check_device(cfg.device)  # the sites compute on this machine
-    out = Path(out).resolve()
-    check_new_or_resumed(out, resume)
+    cfg, out, fed, views = sites_on_this_machine(cfg, out, resume)
     work = out / "flower"
-    root, fed = federation_folder(cfg, work)
-    cfg = cfg.model_copy(update={"data": cfg.data.model_copy(update={"source": "folder", "root": str(root)})})
-    views = site_views(root, fed, work / "sites")
     link_port, *node_ports = free_ports(1 + len(fed.site_names))
     certs = make_certs(work / "certs", nodes=fed.site_names) if tls else None
     link = LinkSettings("127.0.0.1", link_port, certs, auth=tls)
@@ -629,13 +638,8 @@ def simulate(
         raise ValueError(
             "Flower's Simulation Runtime needs Ray: pip install 'fedseg[simulation]' (flwr[simulation], ray 2.55.1)"
         )
-    check_device(cfg.device)
-    out = Path(out).resolve()
-    check_new_or_resumed(out, resume)
+    cfg, out, fed, _ = sites_on_this_machine(cfg, out, resume)
     work = out / "flower"
-    root, fed = federation_folder(cfg, work)
-    cfg = cfg.model_copy(update={"data": cfg.data.model_copy(update={"source": "folder", "root": str(root)})})
-    site_views(root, fed, work / "sites")
     (link_port,) = free_ports(1)
     link = LinkSettings("127.0.0.1", link_port, simulation=True)
     env = flower_env(work / "home", waits(poll)[1], {"RAY_ADDRESS": ray_address} if ray_address else None)

@@ -155,7 +155,7 @@ def new_selector(task: Task, options: SelectorOptions, num_classes: int) -> Sele
 
 
 def subset(data: CaseSet, idx: torch.Tensor) -> CaseSet:
-    return CaseSet(data.name, [data.ids[i] for i in idx.tolist()], data.x[idx], data.y[idx])
+    return data.subset(idx)
 
 
 def score_routed(
@@ -167,7 +167,9 @@ def score_routed(
     hd95 = dice.copy()
     for c in choice.unique().tolist():
         idx = (choice == c).nonzero().flatten()
-        d, h = score_caseset(models[c], subset(data, idx), ev.batch_size, ev.threshold, ev.hd95, ctx.task.device)
+        d, h = score_caseset(
+            models[c], subset(data, idx), ev.batch_size, ev.threshold, ev.hd95, ctx.task.device, ev.hd95_worst
+        )
         dice[idx.numpy()], hd95[idx.numpy()] = d, h
     return dice, hd95
 
@@ -268,7 +270,7 @@ class FedSMClient(FedAvgClient):
             dice, hd95 = score_routed(models, choice, data, ctx)
         else:
             ev = ctx.cfg.eval
-            dice, hd95 = score_caseset(sm, data, ev.batch_size, ev.threshold, ev.hd95, ctx.task.device)
+            dice, hd95 = score_caseset(sm, data, ev.batch_size, ev.threshold, ev.hd95, ctx.task.device, ev.hd95_worst)
         tensors.update({"dice": torch.from_numpy(dice), "hd95": torch.from_numpy(hd95)})
         if msg.meta.get("sample") and ctx.artifacts is not None and len(data):
             write_sample(sm, data, ctx, str(msg.meta["model"]))

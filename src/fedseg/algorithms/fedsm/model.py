@@ -18,7 +18,7 @@ The site an image came from is never used.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -57,6 +57,17 @@ def ensemble_logits(weights: torch.Tensor, logits: Sequence[torch.Tensor]) -> to
     return torch.logit((w * probs).sum(dim=1).clamp(EPS, 1 - EPS))
 
 
+class FixedEnsemble(nn.Module):
+    """The candidates' ensemble (Sec. 3.1.1) with fixed selector weights ``(1, K+1)``, for any batch."""
+
+    def __init__(self, candidates: Iterable[nn.Module], weights: torch.Tensor):
+        super().__init__()
+        self.candidates, self.weights = list(candidates), weights
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return ensemble_logits(self.weights.expand(len(x), -1), [c(x) for c in self.candidates])
+
+
 class SuperModel(nn.Module):
     """Global model, K personalized models and the selector, applied as in the module docstring."""
 
@@ -92,6 +103,17 @@ class SuperModel(nn.Module):
     def choose(self, x: torch.Tensor) -> torch.Tensor:
         """The candidate each image is routed to, ``(B,)`` (0 = global)."""
         return route(self.scores(x), self.mode, self.gamma)
+
+    @torch.no_grad()
+    def for_image(self, x: torch.Tensor) -> nn.Module:
+        """The network that segments one whole image ``x`` ``(1, C, *S)`` window by window (volume path,
+        ``fedseg.evaluate.sliding``): the selector routes once on the whole (fixed-size) image, not per
+        window; threshold/argmax: the chosen candidate; ensemble: the candidates blended with this image's
+        weights."""
+        probs = self.scores(x)
+        if self.mode == "ensemble":
+            return FixedEnsemble(self.candidates, probs)
+        return self.candidates[int(route(probs, self.mode, self.gamma)[0])]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         probs = self.scores(x)

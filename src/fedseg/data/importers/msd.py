@@ -1,0 +1,133 @@
+"""``msd``: Medical Segmentation Decathlon task folders, one site per folder.
+
+Expected layout of each ``SRC`` (e.g. ``Task07_Pancreas``; several may be given, e.g. MSD pancreas with
+other collections converted to the same layout, as Auto-FedAvg combines them)::
+
+    SRC/dataset.json      {"name": ..., "modality": {"0": "CT"}, "labels": {"0": "background", "1": "pancreas",
+                           "2": "cancer"}, "training": [{"image": "./imagesTr/x.nii.gz",
+                           "label": "./labelsTr/x.nii.gz"}, ...]}
+    SRC/imagesTr/*.nii.gz images, (X, Y, Z) or (X, Y, Z, C) for C modalities
+    SRC/labelsTr/*.nii.gz label maps with the values of "labels"
+
+Only the ``training`` entries are imported (the test images have no labels); files not listed (such as
+the ``._*`` files of the original archives) are ignored. Images and labels are linked as they are (NIfTI
+kept with its affine); case id = the image's file name without ``.nii.gz``; site = the folder's name, with
+site-level metadata ``task`` (dataset.json ``name``) and ``modality`` (its modalities, comma-separated).
+
+Regions, one per non-background label, named after it (spaces -> ``_``):
+
+- ``nested`` (the lesion lies inside the organ): label ``k``'s region holds every value ``>= k``: Pancreas
+  ``pancreas = [1, 2]``, ``cancer = [2]``; Liver ``liver = [1, 2]``, ``cancer = [2]``; BrainTumour (1 edema,
+  2 non-enhancing, 3 enhancing) becomes the BraTS regions ``WT = [1, 2, 3]``, ``TC = [2, 3]``, ``ET = [3]``;
+- ``disjoint``: label ``k``'s region is ``[k]`` (Prostate's PZ/TZ, Hippocampus's anterior/posterior,
+  HepaticVessel's vessel/tumour).
+
+``auto`` (the default) picks ``nested`` for the tasks named in ``NESTED_TASKS`` (matched in dataset.json
+``name`` or the folder name) and ``disjoint`` otherwise. Every task given must have the same modality
+count and the same labels (an error names the folders that differ).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal
+
+from fedseg.data.federation import FederationError
+from fedseg.data.folder import split_name
+from fedseg.data.importers.writer import Plan, PlannedCase, PlannedSite, Source, existing_folder, raise_problems
+
+RegionMode = Literal["auto", "nested", "disjoint"]
+REGION_MODES: tuple[RegionMode, ...] = ("auto", "nested", "disjoint")
+NESTED_TASKS = ("BrainTumour", "Liver", "Pancreas")
+BRATS_REGION_NAMES = ("WT", "TC", "ET")  # BrainTumour's nested regions, by BraTS convention
+DATASET_JSON = "dataset.json"
+
+
+def read_dataset_json(task: Path) -> dict:
+    """``TASK/dataset.json`` with ``labels``, ``modality`` and ``training`` checked; ``FederationError`` naming
+    the file and the key otherwise."""
+    path = task / DATASET_JSON
+    if not path.is_file():
+        raise FederationError(f"{path}: missing (an MSD task folder holds dataset.json, imagesTr/ and labelsTr/)")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise FederationError(f"{path}: cannot read ({type(e).__name__}: {e})") from None
+    if not isinstance(data, dict):
+        raise FederationError(f"{path}: expected a JSON object with labels, modality and training")
+    problems = []
+    labels, modality, training = data.get("labels"), data.get("modality"), data.get("training")
+    if not isinstance(labels, dict) or not labels or not all(str(k).isdigit() for k in labels):
+        problems.append(f'{path}: "labels": expected an object label value -> name, got {labels!r}')
+    if not isinstance(modality, dict) or not modality:
+        problems.append(f'{path}: "modality": expected an object channel -> modality name, got {modality!r}')
+    if not isinstance(training, list) or not training:
+        problems.append(f'{path}: "training": expected a non-empty list of {{"image": ..., "label": ...}}')
+    elif not all(
+        isinstance(t, dict) and isinstance(t.get("image"), str) and isinstance(t.get("label"), str) for t in training
+    ):
+        problems.append(f'{path}: "training": every entry needs "image" and "label" paths')
+    raise_problems(problems)
+    return data
+
+
+def msd_regions(labels: dict[int, str], mode: RegionMode, task_name: str) -> dict[str, list[int]]:
+    """Regions from a task's labels (see the module docstring); ``task_name`` decides ``auto``."""
+    values = sorted(v for v in labels if v > 0)
+    if not values:
+        raise FederationError(f"{task_name}: dataset.json labels have no foreground label (only {labels})")
+    nested = mode == "nested" or (mode == "auto" and any(t.lower() in task_name.lower() for t in NESTED_TASKS))
+    names = [labels[v].strip().replace(" ", "_") or f"label{v}" for v in values]
+    if nested and "braintumour" in task_name.lower() and len(values) == len(BRATS_REGION_NAMES):
+        names = list(BRATS_REGION_NAMES)
+    if nested:
+        return {name: [w for w in values if w >= v] for name, v in zip(names, values)}
+    return {name: [v] for name, v in zip(names, values)}
+
+
+def plan_msd(sources: list[Path], regions: RegionMode = "auto") -> Plan:
+    """Plan the import of MSD task folders ``sources`` (one site each; see the module docstring)."""
+    if not sources:
+        raise FederationError("msd: expected one or more task folders (dataset.json, imagesTr/, labelsTr/)")
+    if regions not in REGION_MODES:
+        raise FederationError(f"msd: --regions must be one of {', '.join(REGION_MODES)}, got {regions!r}")
+    tasks = [existing_folder(s, "an MSD task folder: dataset.json, imagesTr/, labelsTr/") for s in sources]
+    names = [t.name for t in tasks]
+    if len(set(names)) != len(names):
+        raise FederationError(f"msd: task folders must have distinct names (they become the sites), got {names}")
+    infos = [read_dataset_json(t) for t in tasks]
+    channels = {t: len(info["modality"]) for t, info in zip(tasks, infos)}
+    if len(set(channels.values())) > 1:
+        shown = ", ".join(f"{t} ({n})" for t, n in channels.items())
+        raise FederationError(f"msd: the task folders differ in their number of modalities: {shown}")
+    labels = [{int(k): str(v) for k, v in info["labels"].items()} for info in infos]
+    if any(lab != labels[0] for lab in labels):
+        shown = "; ".join(f"{t}: {lab}" for t, lab in zip(tasks, labels))
+        raise FederationError(f"msd: the task folders differ in their labels: {shown}")
+    problems: list[str] = []
+    sites = []
+    for task, info in zip(tasks, infos):
+        cases, seen = [], set()
+        for entry in info["training"]:
+            image, label = task / entry["image"], task / entry["label"]
+            for path in (image, label):
+                if not path.is_file():
+                    problems.append(f"{path}: missing (listed in {task / DATASET_JSON} training)")
+            parsed = split_name(image.name, ("nii.gz", "nii"))
+            if parsed is None:
+                problems.append(f"{image}: not a NIfTI file (listed in {task / DATASET_JSON} training)")
+                continue
+            if parsed[0] in seen:
+                problems.append(f"{image}: listed twice in {task / DATASET_JSON} training")
+                continue
+            seen.add(parsed[0])
+            cases.append(PlannedCase(parsed[0], Source(image), Source(label)))
+        modality = ",".join(str(info["modality"][k]) for k in sorted(info["modality"], key=str))
+        meta: dict[str, object] = {"task": str(info.get("name", task.name)), "modality": modality}
+        sites.append(PlannedSite(task.name, cases, meta))
+    raise_problems(problems)
+    task_names = [str(info.get("name", task.name)) for task, info in zip(tasks, infos)]
+    name = "+".join(dict.fromkeys(task_names))
+    region_map = msd_regions(labels[0], regions, f"{task_names[0]} {tasks[0].name}")
+    return Plan(name, "3d", channels[tasks[0]], region_map, sites, labels[0])

@@ -1,0 +1,202 @@
+"""The part every importer shares: a plan of files -> a checked folder federation, written atomically.
+
+An importer (one module per layout) reads a dataset's own layout and returns a ``Plan``: the
+federation's header (name, kind, channels, regions, label names, site metadata) and, per case, where
+its image and label come from (``Source``). ``write_plan`` then
+
+1. refuses an ``--out`` that exists and is not empty;
+2. writes everything into a temporary folder next to ``--out`` (``.<name>.importing-*``): a file usable
+   as is is symlinked (absolute path; ``copy=True``: copied), anything else is converted and written
+   (NIfTI with the source's affine, PNG for 2D);
+3. runs ``data check`` on it (``fedseg.data.check.check_folder``); a problem it finds names the *source*
+   file (the link's target) rather than the temporary copy;
+4. renames the folder to ``--out``.
+
+Any error removes the temporary folder: ``--out`` is either complete and checked, or untouched.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+from fedseg.data.federation import Case, Federation, FederationError, Regions, Site
+from fedseg.data.folder import _write_nifti, _write_png, load_folder, split_name, write_header
+from fedseg.data.metadata import CASES_FILE, write_cases_csv
+
+Writer = Callable[[Path], None]  # writes the converted file to the path it is given (extension included)
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where one file of a case comes from: ``path`` used as is (linked or copied, keeping its extension),
+    or, with ``convert``, a function that writes the converted data to a path ending in ``ext``
+    (``path`` is then the file it was made from, named in error messages)."""
+
+    path: Path
+    convert: Writer | None = None
+    ext: str | None = None
+
+    @classmethod
+    def nifti(cls, path: Path, read: Callable[[], tuple[np.ndarray, np.ndarray]]) -> Source:
+        """A NIfTI written from ``read() -> (array as stored, 4x4 affine)``."""
+        return cls(path, lambda dest: _write_nifti(dest, *read()), "nii.gz")
+
+    @classmethod
+    def png(cls, path: Path, read: Callable[[], np.ndarray]) -> Source:
+        """A PNG written from ``read() -> uint8 (H, W) or (H, W, 3)``."""
+        return cls(path, lambda dest: _write_png(dest, read()), "png")
+
+    def extension(self) -> str:
+        """The extension of the written file: ``ext``, else the source's own (``nii.gz``, ``png``...)."""
+        if self.ext is not None:
+            return self.ext
+        parsed = split_name(self.path.name)
+        if parsed is None:
+            raise FederationError(f"{self.path}: cannot be used as is (not a NIfTI, PNG, JPEG or npy file)")
+        return parsed[1].lower()
+
+
+@dataclass(frozen=True)
+class PlannedCase:
+    id: str
+    image: Source
+    label: Source
+    meta: dict[str, object] = field(default_factory=dict)  # case-level metadata (cases.csv)
+
+
+@dataclass(frozen=True)
+class PlannedSite:
+    name: str
+    cases: list[PlannedCase]
+    meta: dict[str, object] = field(default_factory=dict)  # site-level metadata (federation.yaml sites:)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What an importer found: the federation's header and, per site, its cases' sources."""
+
+    name: str
+    kind: Literal["2d", "3d"]
+    channels: int
+    regions: dict[str, list[int]]
+    sites: list[PlannedSite]
+    label_names: dict[int, str] | None = None
+
+
+def read_nifti(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """A NIfTI file's ``(data array as stored (scaling applied), 4x4 affine)``; ``FederationError`` naming it if
+    it cannot be read."""
+    import nibabel as nib
+
+    try:
+        image = nib.load(path)
+        return np.asanyarray(image.dataobj), np.asarray(image.affine)  # type: ignore[attr-defined]
+    except Exception as e:  # noqa: BLE001 — any decoder failure means "corrupt file" to the user
+        raise FederationError(f"{path}: cannot read ({type(e).__name__}: {e})") from None
+
+
+def single_source(sources: list[Path], layout: str, what: str) -> Path:
+    """The one folder a layout takes (``what`` describes it); ``FederationError`` for several or a missing one."""
+    if len(sources) != 1:
+        raise FederationError(f"{layout}: expected one source folder ({what}), got {len(sources)}")
+    return existing_folder(sources[0], what)
+
+
+def existing_folder(path: Path, what: str) -> Path:
+    if not path.is_dir():
+        raise FederationError(f"{path}: not a folder (expected {what})")
+    return path
+
+
+def raise_problems(problems: list[str]) -> None:
+    """One ``FederationError`` listing ``problems`` (the same problem on many files: the first 3, then a count)."""
+    from fedseg.data.folder import group_problems
+
+    if problems:
+        count = f"{len(problems)} problem{'s' if len(problems) != 1 else ''}"
+        raise FederationError(f"cannot import ({count}):\n" + "\n".join(f"  {p}" for p in group_problems(problems)))
+
+
+def _no_arrays() -> tuple[np.ndarray, np.ndarray]:
+    raise RuntimeError("a planned case only carries metadata")
+
+
+def header_federation(plan: Plan) -> Federation:
+    """The plan as a ``Federation`` whose cases carry only ids and metadata (for ``federation.yaml`` and
+    ``cases.csv``; their arrays are not readable)."""
+    sites = [Site(s.name, [Case(c.id, _no_arrays, c.meta) for c in s.cases], meta=s.meta) for s in plan.sites]
+    return Federation(plan.name, plan.kind, plan.channels, Regions.from_mapping(plan.regions), sites, plan.label_names)
+
+
+def check_out(out: Path) -> None:
+    """Refuse an ``--out`` that exists and is not an empty folder."""
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise FederationError(f"{out}: exists and is not an empty folder; importing needs a new or empty --out")
+
+
+def _place(source: Source, dest: Path, copy: bool) -> None:
+    if source.convert is not None:
+        source.convert(dest)
+    elif copy:
+        shutil.copy2(source.path, dest)
+    else:
+        os.symlink(source.path.resolve(), dest)
+
+
+def _sources_named(message: str, written: dict[str, Path], tmp: Path, out: Path) -> str:
+    """``message`` with each written file's path replaced by its source, the temporary folder by ``out``."""
+    for dest in sorted(written, key=len, reverse=True):
+        message = message.replace(dest, str(written[dest]))
+    return message.replace(str(tmp), str(out))
+
+
+def write_plan(plan: Plan, out: str | Path, *, copy: bool = False) -> Federation:
+    """Write ``plan`` as a folder federation at ``out`` (see the module docstring); returns the checked
+    federation (read from ``out``, its cases carrying ``meta["image_shape"]`` as ``check_folder`` gives it).
+    ``FederationError`` naming the file and
+    the problem for any bad input, leaving nothing at ``out``."""
+    from fedseg.data.check import check_folder
+
+    out = Path(out)
+    check_out(out)
+    fed = header_federation(plan)  # validates regions and metadata before anything is written
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.importing-", dir=out.parent))
+    written: dict[str, Path] = {}
+    try:
+        write_header(tmp, fed)
+        for site in plan.sites:
+            site_dir = tmp / site.name
+            (site_dir / "images").mkdir(parents=True)
+            (site_dir / "labels").mkdir()
+            for case in site.cases:
+                for folder, source in (("images", case.image), ("labels", case.label)):
+                    dest = site_dir / folder / f"{case.id}.{source.extension()}"
+                    _place(source, dest, copy)
+                    written[str(dest)] = source.path
+            write_cases_csv(site_dir / CASES_FILE, next(s for s in fed.sites if s.name == site.name))
+        try:
+            checked = check_folder(tmp)
+        except FederationError as e:
+            raise FederationError(_sources_named(str(e), written, tmp, out)) from None
+        if out.exists():
+            out.rmdir()  # empty (check_out)
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    shapes = {(s.name, c.id): c.meta["image_shape"] for s in checked.sites for c in s.cases}
+    final = load_folder(out)
+    for written_site in final.sites:
+        written_site.cases = [
+            replace(c, meta={**c.meta, "image_shape": shapes[(written_site.name, c.id)]}) for c in written_site.cases
+        ]
+    return final

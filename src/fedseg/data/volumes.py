@@ -1,0 +1,234 @@
+"""Cases on their own grid: the volumetric pre-processing, its exact inverse and random patches.
+
+On when ``data.volume.patch_size`` is set (``fedseg.config.VolumeConfig``); FeTS 2022 benchmark
+Sec. 4.4.1-4.4.2 and Auto-FedAvg Sec. 4.3. Every step is a MONAI transform, in this order:
+
+1. optional resampling to ``data.volume.spacing`` (mm per axis; MONAI ``Spacing``, bilinear for the
+   image, nearest for the label map), from the case's own spacing (:func:`case_spacing`);
+2. foreground crop to the bounding box of the voxels that are non-zero in any channel (MONAI
+   ``CropForeground`` / ``SpatialCrop``; ``crop_foreground``);
+3. intensity normalization ``data.normalize`` (``zscore_foreground``: per modality within its
+   non-zero voxels, :func:`fedseg.data.preprocess.normalize_image`);
+4. zero-padding to at least the patch size on every axis (MONAI ``SpatialPad``, symmetric).
+
+:class:`Grid` records what 1, 2 and 4 did, and :func:`restore` undoes them on a prediction: remove the
+padding, put the crop back into a zero array of the resampled shape, resample back to the original
+shape and spacing (MONAI ``Spacing`` with the original grid as output). Crop and padding are undone
+exactly (a prediction lands on the very voxels it was made for); resampling is undone by
+interpolation on the original grid. The same code serves 2D images (two spatial axes).
+
+Shapes: an image is ``(C, *S)``, region masks ``(R, *S)``; ``O`` is the original spatial shape, ``P``
+the preprocessed (padded) one, ``K`` the patch size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from fedseg.config import VolumeConfig
+from fedseg.data.federation import Case, Regions
+from fedseg.data.preprocess import Normalize, normalize_image
+
+NIFTI_SUFFIXES = (".nii", ".nii.gz")
+
+
+def axes(value: float | int | Sequence[float] | Sequence[int], dims: int, field: str) -> tuple:
+    """A config value given as one number or one per axis -> a tuple of ``dims`` numbers; a
+    ``ValueError`` naming ``field`` when the count does not fit the federation's spatial dims."""
+    values = tuple(value) if isinstance(value, (tuple, list)) else (value,) * dims
+    if len(values) != dims:
+        raise ValueError(f"{field}: {len(values)} values {list(values)} for a federation with {dims} spatial axes")
+    return values
+
+
+def patch_size(cfg: VolumeConfig, dims: int) -> tuple[int, ...]:
+    """``data.volume.patch_size`` as ``dims`` ints (voxels)."""
+    assert cfg.patch_size is not None  # callers use this on the volume path only
+    return tuple(int(v) for v in axes(cfg.patch_size, dims, "data.volume.patch_size"))
+
+
+def file_spacing(path: str | Path | None, dims: int) -> tuple[float, ...]:
+    """Spacing (mm per spatial axis) of an image file: a NIfTI file's voxel sizes (the lengths of its
+    affine's first ``dims`` columns, i.e. the header's zooms), 1.0 per axis for any other file (PNG,
+    JPEG, NPY carry none) or no file."""
+    if path is None or not str(path).lower().endswith(NIFTI_SUFFIXES):
+        return (1.0,) * dims
+    import nibabel as nib
+
+    affine = np.asarray(nib.load(str(path)).affine, dtype=np.float64)  # type: ignore[attr-defined]
+    return tuple(float(v) for v in np.linalg.norm(affine[:3, :dims], axis=0))
+
+
+def case_spacing(case: Case, dims: int) -> tuple[float, ...]:
+    """A case's spacing, mm per spatial axis: its ``spacing`` attribute or metadata when the federation
+    gives one, else that of its image file (:func:`file_spacing`: NIfTI affine, else 1.0)."""
+    given = getattr(case, "spacing", None) or case.meta.get("spacing")
+    if given is not None:
+        return tuple(float(v) for v in axes(given, dims, f"case {case.id}: spacing"))  # type: ignore[arg-type]
+    image = case.meta.get("image")
+    return file_spacing(str(image) if image is not None else None, dims)
+
+
+def spacing_affine(spacing: Sequence[float]) -> torch.Tensor:
+    """The 4x4 affine of a grid with ``spacing`` and its origin at 0 (MONAI's ``MetaTensor.affine``)."""
+    diag = [float(s) for s in spacing] + [1.0] * (4 - len(spacing))
+    return torch.diag(torch.tensor(diag, dtype=torch.float64))
+
+
+@dataclass(frozen=True)
+class Grid:
+    """What pre-processing did to one case, enough to map a prediction back (:func:`restore`).
+
+    ``shape``/``spacing``: the original grid (voxels, mm); ``resampled``: the shape after resampling
+    (``shape`` without it) and ``affine`` its 4x4 affine (None without resampling); ``start``/``end``:
+    the foreground box in the resampled grid (``end`` exclusive); ``pad``: (before, after) zero voxels
+    per axis added to the crop.
+    """
+
+    shape: tuple[int, ...]
+    spacing: tuple[float, ...]
+    resampled: tuple[int, ...]
+    affine: torch.Tensor | None
+    start: tuple[int, ...]
+    end: tuple[int, ...]
+    pad: tuple[tuple[int, int], ...]
+
+
+@dataclass
+class Volume:
+    """One case on its own grid: ``image`` ``(C, *P)`` float32 (model input), ``label`` ``(R, *P)``
+    float32 region masks on the same grid (training targets), ``truth`` ``(R, *O)`` bool region masks on
+    the original grid (metrics) and the ``grid`` to map predictions back."""
+
+    image: torch.Tensor
+    label: torch.Tensor
+    truth: torch.Tensor
+    grid: Grid
+
+    @property
+    def spacing(self) -> tuple[float, ...]:
+        """The original spacing (mm per axis), in which metrics are computed."""
+        return self.grid.spacing
+
+
+def _nonzero(x: torch.Tensor) -> torch.Tensor:
+    return x != 0
+
+
+def preprocess(
+    image: np.ndarray,
+    label: np.ndarray | None,
+    regions: Regions,
+    spacing: Sequence[float],
+    cfg: VolumeConfig,
+    normalize: Normalize,
+) -> tuple[torch.Tensor, torch.Tensor | None, Grid]:
+    """Steps 1-4 of the module docstring on ``image`` ``(C, *O)`` and integer ``label`` ``(*O)`` (or None)
+    with the case's ``spacing`` (mm per axis). Returns ``(image (C, *P) float32, region masks (R, *P)
+    float32 or None, grid)``, ``P >= patch size`` on every axis."""
+    from monai.data import MetaTensor
+    from monai.transforms import CropForeground, Spacing, SpatialCrop, SpatialPad
+
+    dims = image.ndim - 1
+    shape, spacing = tuple(int(n) for n in image.shape[1:]), tuple(float(s) for s in spacing)
+    x = torch.from_numpy(image.astype(np.float32))
+    lab = None if label is None else torch.from_numpy(label.astype(np.float32))[None]
+    affine = None
+    if cfg.spacing is not None:
+        target = axes(cfg.spacing, dims, "data.volume.spacing")
+        resampled = Spacing(pixdim=target, mode="bilinear")(MetaTensor(x, affine=spacing_affine(spacing)))
+        assert isinstance(resampled, MetaTensor)  # MONAI keeps the affine of a MetaTensor input
+        affine = resampled.affine.clone()
+        x = _plain(resampled)
+        if lab is not None:
+            lab = _plain(Spacing(pixdim=target, mode="nearest")(MetaTensor(lab, affine=spacing_affine(spacing))))
+    resampled_shape = tuple(int(n) for n in x.shape[1:])
+    start, end = (0,) * dims, resampled_shape
+    if cfg.crop_foreground:
+        box = CropForeground(select_fn=_nonzero, allow_smaller=True).compute_bounding_box(x)
+        if all(int(e) > int(s) for s, e in zip(*box)):  # an all-zero image keeps its whole grid
+            start, end = tuple(int(v) for v in box[0]), tuple(int(v) for v in box[1])
+            crop = SpatialCrop(roi_start=start, roi_end=end)
+            x = _plain(crop(x))
+            lab = None if lab is None else _plain(crop(lab))
+    x = torch.from_numpy(normalize_image(x.numpy(), normalize))
+    padder = SpatialPad(spatial_size=patch_size(cfg, dims), mode="constant")
+    widths: Sequence[tuple[int, int]] = padder.compute_pad_width(x.shape[1:])[1:]
+    pad = tuple((int(before), int(after)) for before, after in widths)
+    x = _plain(padder(x))
+    masks = None
+    if lab is not None:
+        lab = _plain(padder(lab))[0].round().long()
+        masks = torch.from_numpy(regions.one_hot(lab.numpy())).float()
+    return x, masks, Grid(shape, spacing, resampled_shape, affine, start, end, pad)
+
+
+def _plain(x) -> torch.Tensor:
+    """A MONAI output (``MetaTensor`` or tensor) as a plain contiguous tensor."""
+    from monai.data import MetaTensor
+
+    return (x.as_tensor() if isinstance(x, MetaTensor) else torch.as_tensor(x)).contiguous()
+
+
+def restore(values: torch.Tensor, grid: Grid) -> torch.Tensor:
+    """Map ``values`` ``(R, *P)`` (probabilities, or anything 0 outside the foreground) from the
+    preprocessed grid back to the original one, ``(R, *O)`` float32 (module docstring): padding removed,
+    the crop put back into zeros, resampling undone (bilinear onto the original grid)."""
+    values = values.float()
+    inner = tuple(slice(b, n - a) for (b, a), n in zip(grid.pad, values.shape[1:]))
+    crop = values[(slice(None), *inner)]
+    full = crop.new_zeros((values.shape[0], *grid.resampled))
+    full[(slice(None), *(slice(s, e) for s, e in zip(grid.start, grid.end)))] = crop
+    if grid.affine is None:
+        return full
+    from monai.data import MetaTensor
+    from monai.transforms import Spacing
+
+    back = Spacing(pixdim=grid.spacing, mode="bilinear")(
+        MetaTensor(full, affine=grid.affine), output_spatial_shape=grid.shape
+    )
+    return _plain(back).float()
+
+
+def build_volume(
+    image: np.ndarray, label: np.ndarray, regions: Regions, spacing: Sequence[float], cfg: VolumeConfig, normalize
+) -> Volume:
+    """One case's :class:`Volume` (pre-processing of the module docstring, plus the original-grid truth)."""
+    x, masks, grid = preprocess(image, label, regions, spacing, cfg, normalize)
+    assert masks is not None  # a label was given
+    truth = torch.from_numpy(regions.one_hot(label.astype(np.int64))).bool()
+    return Volume(x, masks, truth, grid)
+
+
+def draw_patches(
+    volumes: Sequence[Volume], size: Sequence[int], foreground: float, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One random patch of ``size`` voxels from each of ``volumes`` (FeTS Sec. 4.4.1-4.4.2: an epoch is
+    one patch per case): ``(x (B, C, *K), y (B, R, *K))``.
+
+    Per volume, from ``generator`` only (so the draw is a function of the site's random stream): a
+    uniform number ``u``; if ``u < foreground`` and the volume has a labelled voxel, the patch is centred
+    on a labelled voxel drawn uniformly (clipped to the volume), else its corner is uniform over all
+    positions. The crop is MONAI ``SpatialCrop``."""
+    from monai.transforms import SpatialCrop
+
+    xs, ys = [], []
+    for vol in volumes:
+        shape = vol.image.shape[1:]
+        top = [n - k for n, k in zip(shape, size)]
+        u = float(torch.rand((), generator=generator))
+        fg = vol.label.any(0).nonzero() if u < foreground else None
+        if fg is not None and len(fg):
+            centre = fg[int(torch.randint(len(fg), (), generator=generator))]
+            start = [min(max(int(c) - k // 2, 0), t) for c, k, t in zip(centre, size, top)]
+        else:
+            start = [int(torch.randint(t + 1, (), generator=generator)) for t in top]
+        crop = SpatialCrop(roi_start=start, roi_end=[s + k for s, k in zip(start, size)])
+        xs.append(_plain(crop(vol.image)))
+        ys.append(_plain(crop(vol.label)))
+    return torch.stack(xs), torch.stack(ys)

@@ -1,0 +1,147 @@
+"""Where the sites' state stores live: in RAM (default) or in one safetensors file per site on disk.
+
+A site's *state store* is what its client keeps between messages: personalized models, control
+variates, optimizer moments (``ClientContext.state``: ``{name: tensor}``). Every engine that keeps
+the stores itself (the in-process :class:`fedseg.engine.simulator.Simulator` and the worker pool
+:class:`fedseg.engine.pool.PoolEngine`; on Flower they live on the nodes) keeps them in one
+:class:`StateStore`:
+
+* ``load(site)`` hands out a fresh dict the client may change (add, replace, delete entries) while it
+  answers; ``save(site, state)`` makes it the site's store. An engine saves only after the client
+  returned, so a site that fails keeps the store it had (the simulator's semantics since issue 17).
+* ``engine.state: memory`` (default): the dicts stay in RAM (``memory``); no copy is made.
+* ``engine.state: disk``: every store is a file ``<folder>/<site>.safetensors`` holding exactly that
+  site's entries (nothing else: no other site's, no metadata of the run), written atomically (temp file
+  + rename, :func:`fedseg.engine.checkpoint.atomic_write_bytes`), so only the stores of the sites being
+  answered are in RAM. ``engine.memory_budget_mb``: stores stay in RAM while their total fits the
+  budget; a store that does not fit goes to disk.
+
+safetensors keeps every tensor's dtype, shape and bits, so where a store lives never changes a result.
+Checkpoints and best-round selection use ``snapshot`` / ``restore`` (deep copies), whatever the mode.
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save
+
+from fedseg.engine.checkpoint import atomic_write_bytes
+
+State = dict[str, torch.Tensor]
+ClientStates = dict[str, State]
+
+SUFFIX = ".safetensors"
+
+
+def state_bytes(state: State) -> int:
+    """Bytes held by the tensors of one store (``numel * element_size`` summed)."""
+    return sum(t.numel() * t.element_size() for t in state.values())
+
+
+def site_file_name(site: str) -> str:
+    """The file name of ``site``'s store: the site name, or where it has characters other than ``[A-Za-z0-9._-]``
+    those replaced by ``_`` and the name's CRC-32 appended (so two sites never share a file)."""
+    clean = re.sub(r"[^A-Za-z0-9._-]", "_", site)
+    return (clean if clean == site else f"{clean}-{zlib.crc32(site.encode()):08x}") + SUFFIX
+
+
+def _writable(state: State) -> State:
+    """``state`` as safetensors can write it: CPU, contiguous, no two entries sharing memory (copies
+    only where needed)."""
+    seen: set[int] = set()
+    out = {}
+    for name, t in state.items():
+        t = t.detach()
+        storage = t.untyped_storage()
+        ptr = storage.data_ptr()
+        whole = storage.nbytes() == t.numel() * t.element_size() and t.is_contiguous()
+        if t.device.type != "cpu" or not whole or (ptr in seen and t.numel()):
+            t = t.to("cpu").contiguous().clone()
+        seen.add(t.untyped_storage().data_ptr())
+        out[name] = t
+    return out
+
+
+class StateStore:
+    """Every site's state store, in RAM or on disk (module docstring).
+
+    ``folder`` None: RAM only. Else ``budget_bytes`` None or 0: every non-empty store on disk under
+    ``folder``; > 0: in RAM while the stores there total at most that many bytes, the rest on disk.
+    Stale files of these sites in ``folder`` (left by an earlier run) are removed."""
+
+    def __init__(self, sites: list[str], folder: Path | None = None, budget_bytes: int | None = None):
+        self.sites = list(sites)
+        self.folder = None if folder is None else Path(folder)
+        self.budget = budget_bytes or 0
+        self.memory: ClientStates = {s: {} for s in self.sites}  # the stores kept in RAM (live dicts)
+        self.on_disk: set[str] = set()
+        if self.folder is not None:
+            for site in self.sites:
+                self.path(site).unlink(missing_ok=True)
+
+    @property
+    def spills(self) -> bool:
+        """Whether stores may go to disk."""
+        return self.folder is not None
+
+    def path(self, site: str) -> Path:
+        assert self.folder is not None
+        return self.folder / site_file_name(site)
+
+    def load(self, site: str) -> State:
+        """A new dict with ``site``'s entries (tensors shared with the store in RAM: replace, never change
+        them in place)."""
+        if site in self.on_disk:
+            return load_file(self.path(site))
+        return dict(self.memory[site])
+
+    def save(self, site: str, state: State) -> None:
+        """Make ``state`` ``site``'s store (in RAM or, see the class docstring, in its file)."""
+        self.memory.pop(site, None)
+        in_ram = sum(state_bytes(s) for s in self.memory.values())
+        if not self.spills or not state or (self.budget > 0 and in_ram + state_bytes(state) <= self.budget):
+            self.memory[site] = state
+            if site in self.on_disk:
+                self.on_disk.discard(site)
+                self.path(site).unlink(missing_ok=True)
+            return
+        blob = save(_writable(state))
+        atomic_write_bytes(self.path(site), lambda f: f.write(blob))
+        self.on_disk.add(site)
+
+    def snapshot(self) -> ClientStates:
+        """A deep copy of every site's store (a checkpoint's ``clients``)."""
+        return {
+            s: self.load(s) if s in self.on_disk else {k: v.clone() for k, v in self.memory[s].items()}
+            for s in self.sites
+        }
+
+    def restore(self, states: ClientStates) -> None:
+        """Make ``states`` (e.g. from ``snapshot``) the stores; a site missing from it gets an empty store."""
+        for site in self.sites:
+            self.save(site, {k: v.clone() for k, v in states.get(site, {}).items()})
+
+    def close(self) -> None:
+        """Remove the store files, and their folder and its parent if that leaves them empty (the run keeps what
+        it needs in its checkpoints)."""
+        if self.folder is None:
+            return
+        for site in list(self.on_disk):
+            self.path(site).unlink(missing_ok=True)
+        self.on_disk.clear()
+        for folder in (self.folder, self.folder.parent):  # OUT/states/<algorithm>, then OUT/states, when empty
+            if folder.is_dir() and not any(folder.iterdir()):
+                folder.rmdir()
+
+
+def state_store(cfg, sites: list[str], folder: Path) -> StateStore:
+    """The store ``cfg.engine`` asks for (``state``, ``memory_budget_mb``); ``folder``: where files go."""
+    engine = cfg.engine
+    if engine.state == "memory" and engine.memory_budget_mb is None:
+        return StateStore(sites)
+    budget = 0 if engine.state == "disk" else int(engine.memory_budget_mb * 1e6)
+    return StateStore(sites, folder, budget)

@@ -1,0 +1,86 @@
+"""Sliding-window inference on cases kept on their own grid, mapped back to the original grid.
+
+FeTS 2022 benchmark Sec. 4.4.1 ("sliding window inference ... overlap of 0.5 ... gaussian mode")
+and Auto-FedAvg Sec. 4.3. MONAI's ``sliding_window_inference`` runs the network on windows of
+``data.volume.patch_size`` voxels (``sw_overlap``, ``sw_mode`` blending, ``sw_batch_size`` windows
+per forward pass) over the preprocessed volume ``(C, *P)``; the blended logits become probabilities,
+are mapped back to the original grid (``fedseg.data.volumes.restore``: padding removed, crop put
+back, resampling undone) and thresholded there. Metrics are then computed on the original grid with
+the case's spacing (HD95 in mm; ``fedseg.evaluate.metrics``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+from fedseg.config import VolumeConfig
+from fedseg.data.volumes import Grid, Volume, patch_size, restore
+from fedseg.evaluate.metrics import batch_metrics
+
+
+@torch.no_grad()
+def sliding_logits(model: nn.Module, image: torch.Tensor, cfg: VolumeConfig, device: torch.device) -> torch.Tensor:
+    """Blended logits ``(R, *P)`` (CPU float32) of ``model`` over ``image`` ``(C, *P)``, ``P >= patch`` per
+    axis. Windows run on ``device``; the blend is accumulated on the CPU (a whole volume need not fit
+    on the accelerator). Puts ``model`` in eval mode."""
+    from monai.inferers import sliding_window_inference
+
+    model.eval()
+    out = sliding_window_inference(
+        image[None],
+        roi_size=patch_size(cfg, image.dim() - 1),
+        sw_batch_size=cfg.sw_batch_size,
+        predictor=model,
+        overlap=cfg.sw_overlap,
+        mode=cfg.sw_mode,
+        sw_device=device,
+        device=torch.device("cpu"),
+    )
+    assert isinstance(out, torch.Tensor)  # the network returns one tensor
+    return out[0].float()
+
+
+def predict_on_grid(
+    model: nn.Module, image: torch.Tensor, grid: Grid, cfg: VolumeConfig, threshold: float, device: torch.device
+) -> torch.Tensor:
+    """Boolean region masks ``(R, *O)`` on the case's original grid: ``sigmoid(sliding logits)`` mapped
+    back by :func:`fedseg.data.volumes.restore`, then ``> threshold``."""
+    return restore(torch.sigmoid(sliding_logits(model, image, cfg, device)), grid) > threshold
+
+
+def network_for(model: nn.Module, view: torch.Tensor | None, device: torch.device) -> nn.Module:
+    """The network that slides over one case: ``model``, or for a model that routes whole images (FedSM's
+    super model: ``for_image``) the network it picks for the case's fixed-size ``view`` ``(C, *S)``."""
+    for_image = getattr(model, "for_image", None)
+    if for_image is None or view is None:
+        return model
+    model.eval()
+    return for_image(view[None].to(device))
+
+
+def score_volumes(
+    model: nn.Module,
+    volumes: list[Volume],
+    cfg: VolumeConfig,
+    threshold: float,
+    hd95: bool,
+    device: torch.device,
+    worst: float | None = None,
+    views: torch.Tensor | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(dice (N, R), hd95 (N, R))`` float64: every volume predicted by sliding window, scored on its
+    original grid against its original-grid truth with its own spacing (HD95 in mm), with the metrics'
+    empty-mask rule and ``worst`` (``eval.hd95_worst``; None = the case's grid diagonal in mm).
+    ``views``: the cases' fixed-size images ``(N, C, *S)`` a routing model decides on (:func:`network_for`)."""
+    dice, hd = [], []
+    for i, vol in enumerate(volumes):
+        net = network_for(model, None if views is None else views[i], device)
+        pred = predict_on_grid(net, vol.image, vol.grid, cfg, threshold, device)
+        d, h = batch_metrics(pred[None], vol.truth[None], hd95=hd95, spacing=vol.spacing, worst=worst)
+        dice.append(d[0])
+        hd.append(h[0])
+    if not volumes:
+        return np.zeros((0, 0)), np.zeros((0, 0))
+    return np.stack(dice), np.stack(hd)

@@ -1,0 +1,166 @@
+"""The worker pool (fedseg.engine.pool): bit-identical to the simulator for any number of workers, resumable
+across worker counts, faults as on the simulator, a dead worker named by its site, no worker left behind."""
+
+from __future__ import annotations
+
+import csv
+import json
+import multiprocessing
+import os
+
+import pytest
+import torch
+
+from fedseg.algorithms import register_algorithm, unregister_algorithm
+from fedseg.algorithms.fedavg import FedAvgClient, FedAvgOptions, FedAvgServer
+from fedseg.algorithms.registry import AlgorithmSpec
+from fedseg.engine.faults import SiteFailure
+from fedseg.run import run_experiment
+
+ALGORITHMS = ["fedavg", "fedsm", "scaffold"]
+WALL_CLOCK = {"seconds", "wall_seconds"}
+
+
+def _numbers(out) -> dict:
+    """summary.json without wall-clock seconds."""
+    summary = json.loads((out / "summary.json").read_text())
+    return {a: {k: v for k, v in e.items() if k != "seconds"} for a, e in summary["algorithms"].items()}
+
+
+def _ledger(out) -> list[dict]:
+    """ledger.csv rows without the wall-clock columns."""
+    with open(out / "ledger.csv") as f:
+        return [{k: v for k, v in row.items() if k not in WALL_CLOCK} for row in csv.DictReader(f)]
+
+
+def _weights(out, algorithm: str) -> bytes:
+    return (out / "model" / algorithm / "weights.safetensors").read_bytes()
+
+
+def _worker_pids() -> set[int]:
+    return {p.pid for p in multiprocessing.active_children() if p.name.startswith("fedseg-worker-") and p.pid}
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+@pytest.fixture(scope="module")
+def sequential(tmp_path_factory, tiny_config, disc_federation):
+    """fedavg, fedsm and scaffold, 2 rounds, on the simulator (workers = 1)."""
+    out = tmp_path_factory.mktemp("pool") / "w1"
+    run_experiment(tiny_config(algorithms=ALGORITHMS), out, federation=disc_federation())
+    return out
+
+
+def test_two_workers_give_bit_identical_summary_ledger_and_weights(sequential, tmp_path, tiny_config, disc_federation):
+    """W = 2 (with the state stores on disk, too) against W = 1: every number of summary.json, every ledger
+    row's floats and steps, and the saved weights' bytes."""
+    out = tmp_path / "w2"
+    pids: set[int] = set()
+    seen = lambda site, action, msg, reply: pids.update(_worker_pids())  # noqa: E731
+    cfg = tiny_config(algorithms=ALGORITHMS, engine={"workers": 2, "state": "disk"})
+    run_experiment(cfg, out, federation=disc_federation(), observers=[seen])
+    assert len(pids) == 2  # two workers answered, and no others were started
+    assert all(_gone(pid) for pid in pids), "a worker process outlived the run"
+    assert _numbers(out) == _numbers(sequential)
+    assert _ledger(out) == _ledger(sequential)
+    for algorithm in ALGORITHMS:
+        assert _weights(out, algorithm) == _weights(sequential, algorithm), algorithm
+    assert not (out / "states").exists()  # the disk stores are removed when each algorithm finishes
+
+
+class _Stop(Exception):
+    pass
+
+
+def test_a_checkpoint_written_with_two_workers_resumes_with_one_identically(
+    sequential, tmp_path, tiny_config, disc_federation
+):
+    out = tmp_path / "cut"
+
+    def stop(name, rnd, losses):
+        if rnd == 1:
+            raise _Stop
+
+    with pytest.raises(_Stop):
+        run_experiment(
+            tiny_config(algorithms=["scaffold"], engine={"workers": 2}),
+            out,
+            federation=disc_federation(),
+            on_round_end=stop,
+        )
+    run_experiment(tiny_config(algorithms=["scaffold"]), out, resume=True, federation=disc_federation())
+    assert _numbers(out)["scaffold"] == _numbers(sequential)["scaffold"]
+    assert _weights(out, "scaffold") == _weights(sequential, "scaffold")
+    assert _ledger(out) == [r for r in _ledger(sequential) if r["algorithm"] == "scaffold"]
+
+
+def test_faults_behave_as_on_the_simulator(tmp_path, tiny_config, disc_federation):
+    """An injected crash and NaN, skipped: same failures recorded, same models, with 1 and 2 workers."""
+    faults = [{"site": "site2", "round": 1, "kind": "crash"}, {"site": "site3", "round": 2, "kind": "nan"}]
+    results = {}
+    for workers in (1, 2):
+        cfg = tiny_config(algorithms=["fedavg"], fl={"on_failure": "skip"}, faults=faults, engine={"workers": workers})
+        results[workers] = run_experiment(cfg, tmp_path / str(workers), federation=disc_federation()).algorithms[0]
+    failures = [(f["round"], f["site"], f["action"]) for f in results[2].summary["failures"]]
+    assert failures == [(1, "site2", "train"), (2, "site3", "train")]
+    assert results[2].summary["failures"] == results[1].summary["failures"]
+    assert "InjectedCrash" in results[2].summary["failures"][0]["reason"]
+    for k, v in results[1].bundle["global"].items():
+        assert torch.equal(v, results[2].bundle["global"][k]), k
+
+
+class _ExitingClient(FedAvgClient):
+    """FedAvg's client whose process ends abruptly (no exception, no reply) at site2 in round 2."""
+
+    def on_train(self, msg, ctx):
+        if ctx.site == "site2" and ctx.round == 2:
+            os._exit(7)
+        return super().on_train(msg, ctx)
+
+
+@pytest.fixture
+def exiting():
+    spec = AlgorithmSpec("pool-exit", "Exits", FedAvgServer, _ExitingClient, "dies at site2, round 2", FedAvgOptions)
+    register_algorithm(spec, replace=True)
+    yield spec.name
+    unregister_algorithm(spec.name)
+
+
+@pytest.mark.slow
+def test_a_dead_worker_stops_the_run_naming_the_site_and_leaves_no_process(
+    exiting, tmp_path, tiny_config, disc_federation
+):
+    pids: set[int] = set()
+    seen = lambda site, action, msg, reply: pids.update(_worker_pids())  # noqa: E731
+    cfg = tiny_config(algorithms=[exiting], engine={"workers": 2}, eval={"local_models": False})
+    with pytest.raises(SiteFailure, match=r"site 'site2', round 2, pool-exit train: WorkerDied: .*site 'site2'.*7"):
+        run_experiment(cfg, tmp_path / "stop", federation=disc_federation(), observers=[seen])
+    assert len(pids) >= 2 and all(_gone(pid) for pid in pids), "a worker process outlived the failed run"
+    assert not _worker_pids()
+
+
+@pytest.mark.slow
+def test_under_skip_a_dead_workers_site_is_skipped_and_the_worker_replaced(
+    exiting, tmp_path, tiny_config, disc_federation
+):
+    pids: set[int] = set()
+    seen = lambda site, action, msg, reply: pids.update(_worker_pids())  # noqa: E731
+    cfg = tiny_config(
+        algorithms=[exiting], engine={"workers": 2}, fl={"on_failure": "skip"}, eval={"local_models": False}
+    )
+    (result,) = run_experiment(cfg, tmp_path / "skip", federation=disc_federation(), observers=[seen]).algorithms
+    (failure,) = result.summary["failures"]
+    assert (failure["round"], failure["site"]) == (2, "site2") and "WorkerDied" in failure["reason"]
+    assert len(pids) == 3  # the two started, and the one that replaced the dead worker
+    assert all(_gone(pid) for pid in pids), "a worker process outlived the run"
+    assert {r["site"] for r in result.ledger if r["round"] == 2 and r["action"] == "evaluate"} == {
+        "site1",
+        "site2",
+        "site3",
+    }  # the replacement serves site2 again
