@@ -113,3 +113,38 @@ def test_a_run_with_stores_on_disk_equals_the_in_memory_run(
     weights = "model/scaffold/weights.safetensors"
     assert (out / weights).read_bytes() == (memory_out / weights).read_bytes()
     assert not (out / "states").exists()  # removed once the algorithm finished
+
+
+def test_checkpoints_name_disk_stores_and_a_resumed_disk_run_equals_the_uninterrupted_one(
+    in_memory, tmp_path, tiny_config, disc_federation
+):
+    """engine.state: disk: a checkpoint holds a token per site (no tensor of the stores), the store files are
+    linked into OUT/states/<algorithm>/snapshots/<n>/ and only the snapshots a checkpoint on disk names are
+    kept; interrupted after round 1 and resumed, the run equals the uninterrupted in-memory one."""
+
+    class Stop(Exception):
+        pass
+
+    def stop(name, rnd, losses):
+        raise Stop
+
+    cfg = tiny_config(algorithms=["scaffold"], engine={"state": "disk"}, fl={"rounds": 3})
+    fed, out = disc_federation(), tmp_path / "disk"
+    with pytest.raises(Stop):
+        run_experiment(cfg, out, on_round_end=stop, federation=fed)
+    ckpt = torch.load(out / "checkpoints" / "scaffold.pt", weights_only=True)
+    assert {s: sorted(st) for s, st in ckpt["clients"].items()} == {s: ["disk_snapshot"] for s in fed.site_names}
+    snapshots = out / "states" / "scaffold" / "snapshots"
+    files = sorted(p.relative_to(snapshots).as_posix() for p in snapshots.rglob("*.safetensors"))
+    assert files == [f"1/{site_file_name(s)}" for s in fed.site_names]  # round 1's, one file per site
+    with safe_open(str(snapshots / "1" / site_file_name("site2")), "pt") as f:
+        assert all(not k.startswith(("site1", "site3")) for k in f.keys())  # nothing of the other sites
+    run_experiment(cfg, out, resume=True, federation=fed)
+    uninterrupted = tmp_path / "memory3"
+    run_experiment(tiny_config(algorithms=["scaffold"], fl={"rounds": 3}), uninterrupted, federation=fed)
+    summary = json.loads((out / "summary.json").read_text())["algorithms"]["scaffold"]
+    expect = json.loads((uninterrupted / "summary.json").read_text())["algorithms"]["scaffold"]
+    assert {k: v for k, v in summary.items() if k != "seconds"} == {k: v for k, v in expect.items() if k != "seconds"}
+    weights = "model/scaffold/weights.safetensors"
+    assert (out / weights).read_bytes() == (uninterrupted / weights).read_bytes()
+    assert not (out / "states").exists()  # snapshots removed once the algorithm finished

@@ -427,6 +427,10 @@ class PoolEngine(BaseEngine):
     def restore_clients(self, states: ClientStates) -> None:
         self.store.restore(states)
 
+    def checkpointed(self, kept: list[ClientStates]) -> None:
+        """Stores on disk: the snapshots no checkpoint on disk needs go (``StateStore.release``)."""
+        self.store.release(kept)
+
     def close(self) -> None:
         """Forget this algorithm on the workers; remove the state files of ``engine.state: disk``."""
         self.pool.forget(self.key)

@@ -81,6 +81,10 @@ class Simulator(BaseEngine):
     def restore_clients(self, states: ClientStates) -> None:
         self.store.restore(states)
 
+    def checkpointed(self, kept: list[ClientStates]) -> None:
+        """Stores on disk: the snapshots no checkpoint on disk needs go (``StateStore.release``)."""
+        self.store.release(kept)
+
     def close(self) -> None:
         """Remove the state files of ``engine.state: disk`` (the checkpoints hold what a resume needs)."""
         self.store.close()

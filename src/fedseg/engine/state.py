@@ -17,12 +17,21 @@ the stores itself (the in-process :class:`fedseg.engine.simulator.Simulator` and
   budget; a store that does not fit goes to disk.
 
 safetensors keeps every tensor's dtype, shape and bits, so where a store lives never changes a result.
-Checkpoints and best-round selection use ``snapshot`` / ``restore`` (deep copies), whatever the mode.
+
+Checkpoints and best-round selection use ``snapshot`` / ``restore``. A store in RAM is deep-copied; a
+store on disk is not read at all: its file is hard-linked (copied where links are impossible) into
+``<folder>/snapshots/<n>/`` and the snapshot holds only a token naming ``n`` for that site
+(``{SNAPSHOT_KEY: tensor(n)}``), so a checkpoint of 100 sites' stores on disk costs no RAM. A store file
+is never changed in place (``save`` writes a new file and renames it), so the link keeps the snapshot's
+bits. ``release(kept)`` deletes the snapshots taken before the ones a checkpoint on disk names
+(``BaseEngine.checkpointed``); ``close`` (the algorithm finished) deletes them all.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 import zlib
 from pathlib import Path
 
@@ -35,6 +44,7 @@ State = dict[str, torch.Tensor]
 ClientStates = dict[str, State]
 
 SUFFIX = ".safetensors"
+SNAPSHOT_KEY = "disk_snapshot"  # a site's entry in a snapshot of a store on disk: {SNAPSHOT_KEY: tensor(n)}
 
 
 def state_bytes(state: State) -> int:
@@ -79,9 +89,10 @@ class StateStore:
         self.budget = budget_bytes or 0
         self.memory: ClientStates = {s: {} for s in self.sites}  # the stores kept in RAM (live dicts)
         self.on_disk: set[str] = set()
-        if self.folder is not None:
+        if self.folder is not None:  # snapshots stay: a resumed run's checkpoint may name them
             for site in self.sites:
                 self.path(site).unlink(missing_ok=True)
+        self._next = 1 + max(self.snapshot_numbers(), default=0)
 
     @property
     def spills(self) -> bool:
@@ -113,17 +124,56 @@ class StateStore:
         atomic_write_bytes(self.path(site), lambda f: f.write(blob))
         self.on_disk.add(site)
 
+    # --- snapshots (module docstring) -----------------------------------------------------------------
+    def snapshot_folder(self, number: int) -> Path:
+        assert self.folder is not None
+        return self.folder / "snapshots" / str(number)
+
+    def snapshot_numbers(self) -> list[int]:
+        root = None if self.folder is None else self.folder / "snapshots"
+        return sorted(int(p.name) for p in root.iterdir() if p.name.isdigit()) if root and root.is_dir() else []
+
     def snapshot(self) -> ClientStates:
-        """A deep copy of every site's store (a checkpoint's ``clients``)."""
-        return {
-            s: self.load(s) if s in self.on_disk else {k: v.clone() for k, v in self.memory[s].items()}
-            for s in self.sites
-        }
+        """Every site's store as it is now (a checkpoint's ``clients``): a deep copy of a store in RAM, a token
+        naming a linked copy of a store's file on disk."""
+        number, states = self._next, {}
+        for site in self.sites:
+            if site not in self.on_disk:
+                states[site] = {k: v.clone() for k, v in self.memory[site].items()}
+                continue
+            target = self.snapshot_folder(number) / site_file_name(site)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.link(self.path(site), target)
+            except OSError:  # a file system without hard links
+                shutil.copyfile(self.path(site), target)
+            states[site] = {SNAPSHOT_KEY: torch.tensor(number)}
+        if any(SNAPSHOT_KEY in st for st in states.values()):
+            self._next += 1
+        return states
 
     def restore(self, states: ClientStates) -> None:
-        """Make ``states`` (e.g. from ``snapshot``) the stores; a site missing from it gets an empty store."""
+        """Make ``states`` (from ``snapshot``) the stores; a site missing from it gets an empty store."""
         for site in self.sites:
-            self.save(site, {k: v.clone() for k, v in states.get(site, {}).items()})
+            state = states.get(site, {})
+            if SNAPSHOT_KEY not in state:
+                self.save(site, {k: v.clone() for k, v in state.items()})
+                continue
+            source = self.snapshot_folder(int(state[SNAPSHOT_KEY])) / site_file_name(site)
+            if not source.is_file():
+                raise FileNotFoundError(
+                    f"{source}: missing (site {site!r}'s state store of a checkpoint); cannot resume"
+                )
+            self.memory.pop(site, None)
+            atomic_write_bytes(self.path(site), lambda f, source=source: f.write(source.read_bytes()))
+            self.on_disk.add(site)
+
+    def release(self, kept: list[ClientStates]) -> None:
+        """Delete the snapshots older than the newest one ``kept`` names, except those it names."""
+        named = {int(st[SNAPSHOT_KEY]) for token in kept for st in token.values() if SNAPSHOT_KEY in st}
+        for number in self.snapshot_numbers():
+            if named and number not in named and number < max(named):
+                shutil.rmtree(self.snapshot_folder(number), ignore_errors=True)
 
     def close(self) -> None:
         """Remove the store files, and their folder and its parent if that leaves them empty (the run keeps what
@@ -133,6 +183,7 @@ class StateStore:
         for site in list(self.on_disk):
             self.path(site).unlink(missing_ok=True)
         self.on_disk.clear()
+        shutil.rmtree(self.folder / "snapshots", ignore_errors=True)
         for folder in (self.folder, self.folder.parent):  # OUT/states/<algorithm>, then OUT/states, when empty
             if folder.is_dir() and not any(folder.iterdir()):
                 folder.rmdir()
