@@ -19,14 +19,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from flwr.app import Array, ArrayRecord, Metadata, MetricRecord, RecordDict
-from flwr.app import Message as FlwrMessage
+from flwr.app import ArrayRecord
 from flwr.serverapp.strategy import FedAdam, FedAvg, FedMedian, FedProx, FedTrimmedAvg
 from torch import nn
 
 from fedseg.algorithms import get_algorithm
 from fedseg.algorithms.fedavg import MODEL
 from fedseg.engine.messages import Message, prefixed
+from flower_messages import flower_replies
 
 SHAPES = {"enc.weight": (6, 3, 3), "enc.bias": (6,), "head.weight": (2, 6)}
 SAMPLES = [13, 40, 7, 25]  # unequal sample counts
@@ -44,30 +44,6 @@ def client_models(n_sites: int, seed: int, center: dict[str, np.ndarray] | None 
             }
         )
     return out
-
-
-def flower_replies(models: list[dict[str, np.ndarray]], samples: list[int]) -> list[FlwrMessage]:
-    replies = []
-    for i, (m, n) in enumerate(zip(models, samples)):
-        content = RecordDict(
-            {
-                "arrays": ArrayRecord({k: Array(v.copy()) for k, v in m.items()}),
-                "metrics": MetricRecord({"num-examples": n}),
-            }
-        )
-        metadata = Metadata(
-            run_id=1,
-            message_id=f"r{i}",
-            src_node_id=i + 1,
-            dst_node_id=0,
-            reply_to_message_id=f"i{i}",
-            group_id="1",
-            created_at=0.0,
-            ttl=60.0,
-            message_type="train",
-        )
-        replies.append(FlwrMessage(content, metadata=metadata))
-    return replies
 
 
 class _Params(nn.Module):

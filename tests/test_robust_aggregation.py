@@ -17,8 +17,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from flwr.app import Array, ArrayRecord, Metadata, MetricRecord, RecordDict
-from flwr.app import Message as FlwrMessage
+from flwr.app import ArrayRecord
 from flwr.server.strategy.aggregate import aggregate, aggregate_bulyan, aggregate_krum
 from flwr.serverapp.strategy import Bulyan, Krum, MultiKrum
 from flwr.supercore.differential_privacy import compute_clip_model_update
@@ -38,6 +37,7 @@ from fedseg.algorithms.robust import (
     update_norms,
 )
 from fedseg.engine.messages import Message, prefixed
+from flower_messages import flower_replies
 
 SHAPES = {"enc.weight": (4, 3, 3), "enc.bias": (4,), "head.weight": (2, 4)}
 
@@ -97,30 +97,6 @@ def server_merge(tiny_config, name: str, models, weights, options=None, start=No
     }
     server.aggregate(replies)
     return server
-
-
-def flower_replies(models: list[dict[str, np.ndarray]], weights: list[int]) -> list[FlwrMessage]:
-    out = []
-    for i, (m, n) in enumerate(zip(models, weights)):
-        content = RecordDict(
-            {
-                "arrays": ArrayRecord({k: Array(m[k].copy()) for k in SHAPES}),
-                "metrics": MetricRecord({"num-examples": n}),
-            }
-        )
-        metadata = Metadata(
-            run_id=1,
-            message_id=f"r{i}",
-            src_node_id=i + 1,
-            dst_node_id=0,
-            reply_to_message_id=f"i{i}",
-            group_id="1",
-            created_at=0.0,
-            ttl=60.0,
-            message_type="train",
-        )
-        out.append(FlwrMessage(content, metadata=metadata))
-    return out
 
 
 def flower_arrays(record: ArrayRecord) -> list[np.ndarray]:

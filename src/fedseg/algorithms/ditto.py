@@ -72,15 +72,13 @@ class DittoClient(PerSiteClient):
     def on_train(self, msg: Message, ctx: ClientContext) -> Message:
         personal_stream = torch.Generator().set_state(ctx.generator.get_state())  # local's batches
         personal = self.own_model(msg, ctx)
-        device = next(personal.parameters()).device
-        anchor = {k: v.to(device) for k, v in msg.group(MODEL).items()}  # w^t, fixed during the round
         personal_stats = self.fit(
             personal,
             msg,
             ctx,
             state_key=OPT_PERSONAL,
             budget=personal_budget(ctx.options),
-            hooks=ProximalTerm(anchor, ctx.options.lam),
+            hooks=ProximalTerm.towards(msg.group(MODEL), personal, ctx.options.lam),  # w^t, fixed this round
             generator=personal_stream,
         )
         put_group(ctx.state, PERSONAL, weights_of(personal))

@@ -35,15 +35,19 @@ class ProximalTerm(TrainHooks):
     def __init__(self, anchor: dict[str, torch.Tensor], mu: float):
         self.anchor, self.mu = anchor, mu
 
+    @classmethod
+    def towards(cls, weights: dict[str, torch.Tensor], model: nn.Module, mu: float) -> ProximalTerm:
+        """The term pulling ``model`` towards ``weights`` (detached, on the model's device: fixed while training)."""
+        device = next(model.parameters()).device
+        return cls({k: v.detach().to(device) for k, v in weights.items()}, float(mu))
+
     def extra_loss(self, model: nn.Module) -> torch.Tensor:
         return proximal_term(model, self.anchor, self.mu)
 
 
 class FedProxClient(FedAvgClient):
     def train_hooks(self, model: nn.Module, msg: Message, ctx: ClientContext) -> TrainHooks:
-        device = next(model.parameters()).device
-        anchor = {k: v.detach().to(device) for k, v in msg.group(MODEL).items()}  # w^t, fixed during the round
-        return ProximalTerm(anchor, float(ctx.options.mu))
+        return ProximalTerm.towards(msg.group(MODEL), model, ctx.options.mu)  # w^t, fixed during the round
 
 
 FedProxServer = FedAvgServer

@@ -63,9 +63,7 @@ class FinetuneClient(PerSiteClient):
     def train_hooks(self, model: nn.Module, msg: Message, ctx: ClientContext) -> TrainHooks:
         if not ctx.options.lam:
             return TrainHooks()
-        device = next(model.parameters()).device
-        anchor = {k: v.to(device) for k, v in state_group(ctx.state, START).items()}
-        return ProximalTerm(anchor, ctx.options.lam)
+        return ProximalTerm.towards(state_group(ctx.state, START), model, ctx.options.lam)
 
     def after_fit(self, model, stats, msg, ctx) -> Message:
         put_group(ctx.state, MODEL, weights_of(model))
