@@ -41,6 +41,8 @@ BUDGET = {
         f"fl.rounds={ROUNDS}",
         "threads=1",
     ],
+    # the preset's own budget (synthetic-brats at 48^3, 32^3 patches, SGD as FeTS), ROUNDS rounds
+    "fets-cpu": [f"fl.rounds={ROUNDS}", "threads=1"],
 }
 
 
