@@ -447,7 +447,8 @@ def main() -> None:
                 )
     summary = {name: summarize(name, rs) for name, rs in runs.items()}
     command = ("python benchmarks/scaling.py " + " ".join(sys.argv[1:])).strip()
-    commands = json.loads(out.read_text()).get("commands", []) if args.merge and out.exists() else []
+    previous = json.loads(out.read_text()) if args.merge and out.exists() else {}
+    commands = previous.get("commands", [previous["command"]] if "command" in previous else [])
     report = {
         "command": " ; ".join([*commands, command]),
         "commands": [*commands, command],
