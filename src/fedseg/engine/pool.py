@@ -58,9 +58,10 @@ import torch
 import torch.multiprocessing as tmp
 
 from fedseg.data.dataset import SiteData
-from fedseg.engine.base import BaseEngine, ClientStates, Observer
+from fedseg.engine.base import Observer
 from fedseg.engine.context import Client, Delivery, Task, answer
 from fedseg.engine.messages import Message
+from fedseg.engine.simulator import SitesHereEngine
 from fedseg.engine.state import StateStore
 
 # forkserver: one clean server process imports fedseg and torch once (before any torch thread runs) and
@@ -378,7 +379,7 @@ def _stop(worker: Worker, wait: float) -> None:
 _KEYS = count(1)
 
 
-class PoolEngine(BaseEngine):
+class PoolEngine(SitesHereEngine):
     """The engine of one algorithm on a :class:`WorkerPool` (see the module docstring)."""
 
     def __init__(
@@ -393,20 +394,10 @@ class PoolEngine(BaseEngine):
         observers: list[Observer] | None = None,
         store: StateStore | None = None,
     ):
-        super().__init__(algorithm, [d.name for d in site_data], task, options, observers)
+        super().__init__(algorithm, site_data, task, options, observers, store)
         self.pool = pool
-        self.site_data = {d.name: d for d in site_data}
-        self.store = store or StateStore(self.sites)
         self.key = f"{algorithm}#{next(_KEYS)}"
         pool.register(self.key, client, task, options, artifacts)
-
-    @property
-    def client_states(self) -> ClientStates:
-        """The state stores kept in RAM, live (``engine.state: memory``: every site's)."""
-        return self.store.memory
-
-    def num_samples(self, site: str, split: str = "train") -> int:
-        return len(self.site_data[site].split(split))
 
     def expected_cost(self, site: str, msg: Message) -> int:
         """How long ``site`` is expected to take with ``msg``: the size of the split it works on."""
@@ -420,18 +411,7 @@ class PoolEngine(BaseEngine):
         jobs = [(s, messages[s], self.delivery(s, action)) for s in ranked]
         return self.pool.run(self.key, jobs, self.store, self.task.cfg.fl.timeout_s)
 
-    # --- checkpointing -------------------------------------------------------------
-    def snapshot_clients(self) -> ClientStates:
-        return self.store.snapshot()
-
-    def restore_clients(self, states: ClientStates) -> None:
-        self.store.restore(states)
-
-    def checkpointed(self, kept: list[ClientStates]) -> None:
-        """Stores on disk: the snapshots no checkpoint on disk needs go (``StateStore.release``)."""
-        self.store.release(kept)
-
     def close(self) -> None:
         """Forget this algorithm on the workers; remove the state files of ``engine.state: disk``."""
         self.pool.forget(self.key)
-        self.store.close()
+        super().close()

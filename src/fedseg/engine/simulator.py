@@ -19,7 +19,51 @@ from fedseg.engine.messages import Message
 from fedseg.engine.state import StateStore
 
 
-class Simulator(BaseEngine):
+class SitesHereEngine(BaseEngine):
+    """The shared half of the engines whose sites' data and state stores are on this machine (``Simulator``,
+    ``fedseg.engine.pool.PoolEngine``): sample counts from ``site_data``, the stores in a ``StateStore``
+    (``store``; default: every site's in RAM), checkpoints through its snapshots."""
+
+    def __init__(
+        self,
+        algorithm: str,
+        site_data: list[SiteData],
+        task: Task,
+        options: object = None,
+        observers: list[Observer] | None = None,
+        store: StateStore | None = None,
+    ):
+        super().__init__(algorithm, [d.name for d in site_data], task, options, observers)
+        self.site_data = {d.name: d for d in site_data}
+        self.store = store or StateStore(self.sites)
+
+    @property
+    def client_states(self) -> ClientStates:
+        """The state stores kept in RAM, live (``engine.state: memory``: every site's)."""
+        return self.store.memory
+
+    def num_samples(self, site: str, split: str = "train") -> int:
+        """Size of a site's split: the sample count every site reports for weighting."""
+        return len(self.site_data[site].split(split))
+
+    # --- checkpointing -------------------------------------------------------------
+    def snapshot_clients(self) -> ClientStates:
+        """Every site's state store as it is now (``StateStore.snapshot``: copies, or tokens for stores on disk)."""
+        return self.store.snapshot()
+
+    def restore_clients(self, states: ClientStates) -> None:
+        self.store.restore(states)
+
+    def checkpointed(self, kept: list[ClientStates]) -> None:
+        """Stores on disk: the snapshots no checkpoint on disk needs go (``StateStore.release``)."""
+        self.store.release(kept)
+
+    def close(self) -> None:
+        """Remove the state files of ``engine.state: disk`` (the checkpoints hold what a resume needs)."""
+        self.store.close()
+
+
+class Simulator(SitesHereEngine):
     """The engine for one algorithm run on one machine. See the module docstring."""
 
     def __init__(
@@ -33,20 +77,9 @@ class Simulator(BaseEngine):
         observers: list[Observer] | None = None,
         store: StateStore | None = None,
     ):
-        super().__init__(algorithm, [d.name for d in site_data], task, options, observers)
+        super().__init__(algorithm, site_data, task, options, observers, store)
         self.client = client
-        self.site_data = {d.name: d for d in site_data}
         self.artifacts = artifacts
-        self.store = store or StateStore(self.sites)  # default: every site's state store in RAM
-
-    @property
-    def client_states(self) -> ClientStates:
-        """The state stores kept in RAM, live (``engine.state: memory``: every site's)."""
-        return self.store.memory
-
-    def num_samples(self, site: str, split: str = "train") -> int:
-        """Size of a site's split: the sample count every site reports for weighting."""
-        return len(self.site_data[site].split(split))
 
     def deliver(
         self, order: list[str], messages: dict[str, Message], action: str
@@ -72,19 +105,3 @@ class Simulator(BaseEngine):
                 continue
             self.store.save(site, state)
         return answered
-
-    # --- checkpointing -------------------------------------------------------------
-    def snapshot_clients(self) -> ClientStates:
-        """A deep copy of every site's state store (best-round selection keeps one)."""
-        return self.store.snapshot()
-
-    def restore_clients(self, states: ClientStates) -> None:
-        self.store.restore(states)
-
-    def checkpointed(self, kept: list[ClientStates]) -> None:
-        """Stores on disk: the snapshots no checkpoint on disk needs go (``StateStore.release``)."""
-        self.store.release(kept)
-
-    def close(self) -> None:
-        """Remove the state files of ``engine.state: disk`` (the checkpoints hold what a resume needs)."""
-        self.store.close()
