@@ -174,10 +174,31 @@ class TrainConfig(Strict):
         return self
 
 
+class StopConfig(Strict):
+    """When an algorithm stops before ``fl.rounds`` (which is then the most it may train), checked after each
+    round by ``fedseg.stopping``; a stop happens only in a round whose model may be selected (FedSM-extra's
+    model phase always runs in full) and is recorded in the checkpoint, so a resumed run stops at the same round.
+
+    ``patience``: the validation plateau, stop once the mean validation Dice over sites has not improved by more
+    than ``min_delta`` for ``patience`` rounds. ``sgd_steps`` / ``simulated_hours``: a budget (FeTS 2022 Sec. 4.4.6),
+    stop after the round in which this algorithm's own total local SGD steps (Eq. 34) / simulated training time
+    (Eq. 36-38 under the ``cost`` model) reach the value; the ledger's total then lies in [budget, budget + one
+    round's)."""
+
+    patience: int | None = Field(
+        default=None, ge=1, description="rounds without a validation gain > min_delta before stopping; None = never"
+    )
+    min_delta: float = Field(default=0.001, ge=0, description="the smallest validation Dice gain that counts")
+    sgd_steps: int | None = Field(default=None, ge=1, description="budget: total local SGD steps (FeTS Eq. 34)")
+    simulated_hours: float | None = Field(
+        default=None, gt=0, description="budget: simulated training time in hours (FeTS Eq. 36-38, the cost model)"
+    )
+
+
 class FLConfig(Strict):
     """Federation-level options shared by every method."""
 
-    rounds: int = Field(default=20, ge=1)
+    rounds: int = Field(default=20, ge=1, description="rounds to train (the most, with fl.stop)")
     weighting: Literal["samples", "uniform"] = "samples"
     validate_every: int = Field(default=1, ge=1)
     on_failure: Literal["stop", "skip"] = Field(
@@ -198,6 +219,7 @@ class FLConfig(Strict):
         "one) or a count (an integer >= 1); drawn per round from (seed, round) only (fedseg.engine.sampling); "
         "None = every site. Validation and test always use every site",
     )
+    stop: StopConfig = StopConfig()
 
     @field_validator("clients_per_round")
     @classmethod

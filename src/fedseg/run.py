@@ -37,6 +37,7 @@ from fedseg.preflight import check_device, check_out_dir, check_resume, recorded
 from fedseg.provenance import begin
 from fedseg.runlog import log_round, round_line
 from fedseg.start_from import check_start_from, combined_cost, start_weights
+from fedseg.stopping import budget_reached, budget_used, convergence, has_budget, stop_reason
 from fedseg.tracking import Tracker, check_available, open_tracker, round_record
 
 RoundCallback = Callable[[str, int, dict], None]
@@ -230,6 +231,8 @@ def run_algorithm(
         )
 
     start, rounds_rows, metric_rows, best = 1, [], [], None
+    stopped: str | None = None  # the fl.stop rule that ended training early (fedseg.stopping)
+    validated: dict[int, float] = {}  # round -> mean validation Dice over sites
     if ckpt and not getattr(engine, "supports_resume", True):
         raise ValueError(
             f"{ckpt_path}: cannot resume {name!r} on this engine ({type(engine).__name__}): "
@@ -246,16 +249,22 @@ def run_algorithm(
             ckpt["best"],
         )
         best = restore_best(best, ckpt, ckpt_path, engine)
+        stopped = ckpt.get("stopped")
+        validated = dict(ckpt.get("validated", {}))
 
     if tracker:  # one tracking run per algorithm; a resumed one is continued
         tracker.start(name, cfg, start)
-    validated: dict[int, float] = {}  # round -> mean validation Dice over sites
+    last = cfg.fl.rounds if stopped is None else start - 1  # a resumed run that had stopped trains no more
+    val_cases = {s: engine.num_samples(s, "val") for s in sites}
     with CheckpointWriter() as writer:
-        for rnd in range(start, cfg.fl.rounds + 1):
+        for rnd in range(start, last + 1):
             engine.round = rnd
             began = time.perf_counter()
             losses = server.run_round(rnd)
-            if rnd % cfg.fl.validate_every == 0 or rnd == cfg.fl.rounds:
+            over_budget = None  # a budget reached in this round makes it the last: validated (and checked again after)
+            if has_budget(cfg.fl.stop) and server.selectable(rnd):
+                over_budget = budget_reached(cfg.fl.stop, budget_used(engine.ledger.rows, cfg.cost, val_cases))
+            if rnd % cfg.fl.validate_every == 0 or rnd == cfg.fl.rounds or over_budget:
                 per_site = site_means(server.evaluate("val"), server.site_model, sites)
                 for site in sites:
                     rounds_rows.append(
@@ -276,6 +285,9 @@ def run_algorithm(
                 and (best is None or nan_low(validated[rnd]) > nan_low(best["score"]))
             ):
                 best = {"round": rnd, "score": validated[rnd], **state}
+            if best is not None and server.selectable(rnd) and rnd < cfg.fl.rounds:
+                used = budget_used(engine.ledger.rows, cfg.cost, val_cases) if has_budget(cfg.fl.stop) else None
+                stopped = stop_reason(cfg.fl.stop, selectable_scores(validated, server), rnd, used)
             writer.save(
                 ckpt_path,
                 {
@@ -285,6 +297,8 @@ def run_algorithm(
                     "rounds_rows": list(rounds_rows),
                     "metric_rows": list(metric_rows),
                     "best": stored_best(best, rnd, ckpt_path, writer),
+                    "stopped": stopped,
+                    "validated": dict(validated),
                 },
                 frozen=True,
             )
@@ -308,9 +322,12 @@ def run_algorithm(
             writer.then(after_checkpoint)
             if on_round_end:
                 on_round_end(name, rnd, losses)
+            if stopped:
+                last = rnd
+                break
 
     assert best is not None, "fl.rounds >= 1 and the last round is always validated"
-    engine.round = cfg.fl.rounds
+    engine.round = last
     # Before the restore: the sites' kept local models are then their best over *all* rounds (the
     # restored states hold only the best up to the selected round; fedseg.algorithms.fedavg).
     server.collect_local_models()
@@ -326,7 +343,7 @@ def run_algorithm(
         server.site_model,
         sites,
         engine.ledger,
-        cfg.fl.rounds,
+        last,
         best["round"],
         cost=combined_cost(
             options, earlier, engine.ledger.as_dicts(), cfg.cost, {s: engine.num_samples(s, "val") for s in sites}
@@ -337,9 +354,12 @@ def run_algorithm(
     summary.update(spec.summary_fields())
     summary.update(getattr(server, "summary_fields", dict)())  # a server's own, e.g. fedavg-dp's privacy
     summary["train_samples"] = {s: engine.num_samples(s, "train") for s in sites}
+    summary["convergence"] = convergence(
+        selectable_scores(validated, server), last, best["round"], cfg.fl.stop, stopped
+    )
     summary["failures"] = engine.ledger.failures()  # replies left out (fl.on_failure = skip)
     if cfg.fl.clients_per_round is not None and spec.federated and sampling_refusal(spec) is None:  # who trained
-        summary["sampled_sites"] = {str(r): server.participants(r) for r in range(1, cfg.fl.rounds + 1)}
+        summary["sampled_sites"] = {str(r): server.participants(r) for r in range(1, last + 1)}
     result = AlgorithmResult(name, test_rows, rounds_rows, engine.ledger.as_dicts(), summary, bundle, metric_rows)
     finished = {
         "finished": True,
@@ -418,6 +438,11 @@ def remove_best_files(ckpt_path: Path, keep: str | None) -> None:
         if path.name != keep:
             path.unlink(missing_ok=True)
     fsync_dir(ckpt_path.parent)
+
+
+def selectable_scores(validated: dict[int, float], server) -> dict[int, float]:
+    """The validated rounds' mean validation Dice, of the rounds whose model may be selected (the plateau rule's)."""
+    return {rnd: score for rnd, score in validated.items() if server.selectable(rnd)}
 
 
 def nan_low(score: float) -> float:

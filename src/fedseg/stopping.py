@@ -1,0 +1,96 @@
+"""When an algorithm stops training, and whether its run converged (``fl.stop``; FeTS 2022 Sec. 4.4.6-4.4.8).
+
+Three stop rules, checked after each round by :func:`fedseg.run.run_algorithm`:
+
+* **plateau** (``patience``, ``min_delta``): the *reference round* is the first validated round, replaced by any
+  later round whose mean validation Dice beats the reference's by more than ``min_delta``; training stops once
+  ``patience`` rounds have passed since it (:func:`plateau_round`);
+* **SGD-step budget** (``sgd_steps``): the algorithm's own total local SGD steps, Eq. 34 of the FeTS benchmark
+  (:func:`fedseg.evaluate.cost.cost_table`), reach the budget;
+* **simulated-time budget** (``simulated_hours``): its simulated training time, Eq. 36-38 under the run's
+  ``cost`` model, reaches the budget.
+
+Budgets are met at round granularity: the round in which the total reaches the budget is the last one, so the
+ledger's total lies in ``[budget, budget + one round's)``.
+
+Convergence (:func:`convergence`): a run whose selected round lies in the last 10% of the rounds it trained
+(``round > 0.9 * rounds``) is flagged ``late_best`` — it may not have converged; ``plateaued`` says whether its
+validation Dice had stopped improving (the plateau rule, with ``patience`` or, when that is unset, 10% of the
+rounds trained, at least 2).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+
+from fedseg.config import CostConfig, StopConfig
+from fedseg.evaluate.cost import cost_table
+
+PLATEAU, SGD_STEPS, SIMULATED_TIME = "plateau", "sgd_steps", "simulated_time"
+LATE_FRACTION = 0.1  # a selected round in the last 10% of the trained rounds: possibly not converged
+
+
+def plateau_round(scores: Mapping[int, float], min_delta: float) -> int | None:
+    """The reference round of the plateau rule over ``scores`` (round -> mean validation Dice, NaN = unscored):
+    the first scored round, replaced by each later round that beats it by more than ``min_delta``."""
+    ref: int | None = None
+    for rnd in sorted(scores):
+        score = scores[rnd]
+        if math.isnan(score):
+            continue
+        if ref is None or score > scores[ref] + min_delta:
+            ref = rnd
+    return ref
+
+
+def plateaued(scores: Mapping[int, float], rnd: int, patience: int, min_delta: float) -> bool:
+    """Whether, at round ``rnd``, ``patience`` rounds have passed since the plateau rule's reference round."""
+    ref = plateau_round(scores, min_delta)
+    return ref is not None and rnd - ref >= patience
+
+
+def budget_used(ledger_rows: Iterable, cost: CostConfig, val_cases: Mapping[str, int]) -> dict[str, float]:
+    """This algorithm's ``sgd_steps`` (Eq. 34) and ``simulated_hours`` (Eq. 36-38) so far, from its ledger rows."""
+    table = cost_table(ledger_rows, cost, val_cases)
+    return {SGD_STEPS: float(table["sgd_steps"]), SIMULATED_TIME: float(table["simulated_hours"])}
+
+
+def budget_reached(stop: StopConfig, used: Mapping[str, float]) -> str | None:
+    """The budget that ``used`` (:func:`budget_used`) has reached (``sgd_steps`` | ``simulated_time``), or None."""
+    if stop.sgd_steps is not None and used[SGD_STEPS] >= stop.sgd_steps:
+        return SGD_STEPS
+    if stop.simulated_hours is not None and used[SIMULATED_TIME] >= stop.simulated_hours:
+        return SIMULATED_TIME
+    return None
+
+
+def stop_reason(
+    stop: StopConfig, scores: Mapping[int, float], rnd: int, used: Mapping[str, float] | None
+) -> str | None:
+    """The rule that ends training after round ``rnd`` (``plateau`` | ``sgd_steps`` | ``simulated_time``) or None;
+    ``scores``: round -> mean validation Dice of the selectable validated rounds; ``used``: :func:`budget_used`
+    (None: no budget set)."""
+    if stop.patience is not None and rnd in scores and plateaued(scores, rnd, stop.patience, stop.min_delta):
+        return PLATEAU
+    return budget_reached(stop, used) if used is not None else None
+
+
+def has_budget(stop: StopConfig) -> bool:
+    return stop.sgd_steps is not None or stop.simulated_hours is not None
+
+
+def convergence(scores: Mapping[int, float], rounds: int, best_round: int, stop: StopConfig, stopped: str | None):
+    """The ``convergence`` entry of ``summary.json``: ``rounds`` trained, ``best_round``, ``stopped`` (the rule
+    that ended training early, or None), ``late_best`` (best round in the last 10% of the rounds trained: may not
+    have converged), ``plateaued`` and the plateau rule's ``patience`` / ``min_delta`` used for it."""
+    patience = stop.patience or max(2, math.ceil(LATE_FRACTION * rounds))
+    return {
+        "rounds": rounds,
+        "best_round": best_round,
+        "stopped": stopped,
+        "late_best": best_round > (1 - LATE_FRACTION) * rounds,
+        "plateaued": stopped == PLATEAU or plateaued(scores, rounds, patience, stop.min_delta),
+        "patience": patience,
+        "min_delta": stop.min_delta,
+    }

@@ -1,0 +1,89 @@
+"""fl.stop: the validation plateau and the SGD-step / simulated-time budgets (fedseg.stopping), on whole runs."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from fedseg.config import StopConfig
+from fedseg.run import run_experiment
+from fedseg.stopping import convergence, plateau_round, stop_reason
+
+
+def test_plateau_reference_moves_only_on_a_gain_above_min_delta():
+    scores = {1: 0.50, 2: 0.52, 3: 0.521, 4: float("nan"), 5: 0.6}
+    assert plateau_round(scores, 0.0) == 5
+    assert plateau_round({k: v for k, v in scores.items() if k < 5}, 0.005) == 2  # 0.521 is not 0.005 above 0.52
+    stop = StopConfig(patience=2, min_delta=0.005)
+    assert stop_reason(stop, {1: 0.5, 2: 0.52, 3: 0.521}, 3, None) is None  # 1 round since round 2
+    assert stop_reason(stop, {1: 0.5, 2: 0.52, 3: 0.521, 4: 0.52}, 4, None) == "plateau"
+    assert stop_reason(StopConfig(sgd_steps=10), {}, 4, {"sgd_steps": 10.0, "simulated_time": 0.0}) == "sgd_steps"
+
+
+def test_convergence_flags_a_best_round_in_the_last_tenth():
+    stop = StopConfig()
+    assert convergence({r: r / 30 for r in range(1, 31)}, 30, 28, stop, None)["late_best"]
+    flat = {r: min(r, 10) / 30 for r in range(1, 31)}
+    entry = convergence(flat, 30, 10, stop, None)
+    assert not entry["late_best"] and entry["plateaued"] and entry["patience"] == 3
+
+
+def _ledger_totals(result) -> tuple[int, int]:
+    train = [r for r in result.ledger if r["action"] not in ("evaluate",)]
+    return sum(int(r["steps"]) for r in train if r["action"] == "train"), max(int(r["round"]) for r in result.ledger)
+
+
+def test_patience_stops_on_the_plateau_and_a_resume_stays_stopped(tmp_path, tiny_config, disc_federation):
+    # min_delta 1: no gain ever counts, so the reference stays at round 1 and patience 2 stops after round 3
+    cfg = tiny_config(algorithms=["fedavg"], fl={"rounds": 6, "stop": {"patience": 2, "min_delta": 1.0}})
+    result = run_experiment(cfg, tmp_path, federation=disc_federation()).algorithms[0]
+    assert result.summary["rounds"] == 3 and result.summary["convergence"]["stopped"] == "plateau"
+    assert max(int(r["round"]) for r in result.ledger) == 3
+    assert sorted({int(r["round"]) for r in result.rounds_rows}) == [1, 2, 3]
+
+    def interrupt_at_the_stop(name, rnd, losses):
+        if rnd == 3:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):  # the stop round's checkpoint is on disk, the run not finished
+        run_experiment(cfg, tmp_path / "cut", on_round_end=interrupt_at_the_stop, federation=disc_federation())
+    again = run_experiment(cfg, tmp_path / "cut", resume=True, federation=disc_federation()).algorithms[0]
+    assert max(int(r["round"]) for r in again.ledger) == 3  # resumed stopped: no round 4
+    assert {k: v for k, v in again.summary.items() if k != "seconds"} == {
+        k: v for k, v in result.summary.items() if k != "seconds"
+    }
+
+
+def test_sgd_step_budget_gives_the_stated_total(tmp_path, tiny_config, disc_federation):
+    one = tiny_config(algorithms=["fedavg"], fl={"rounds": 1})
+    per_round, _ = _ledger_totals(run_experiment(one, tmp_path / "one", federation=disc_federation()).algorithms[0])
+    exact = tiny_config(algorithms=["fedavg"], fl={"rounds": 10, "stop": {"sgd_steps": 3 * per_round}})
+    result = run_experiment(exact, tmp_path / "exact", federation=disc_federation()).algorithms[0]
+    steps, rounds = _ledger_totals(result)
+    assert (steps, rounds) == (3 * per_round, 3) and result.summary["sgd_steps"] == 3 * per_round
+    assert result.summary["convergence"]["stopped"] == "sgd_steps"
+    # a budget between two rounds' totals: the round that reaches it is the last one
+    between = tiny_config(algorithms=["fedavg"], fl={"rounds": 10, "stop": {"sgd_steps": 2 * per_round + 1}})
+    steps, rounds = _ledger_totals(run_experiment(between, tmp_path / "b", federation=disc_federation()).algorithms[0])
+    assert rounds == 3 and 2 * per_round + 1 <= steps < 3 * per_round + per_round
+
+
+def test_simulated_time_budget_gives_the_stated_total(tmp_path, tiny_config, disc_federation):
+    free = tiny_config(algorithms=["fedavg"], fl={"rounds": 4})
+    hours = run_experiment(free, tmp_path / "free", federation=disc_federation()).algorithms[0].summary["cost"]
+    per_round = hours["simulated_hours"] / 4  # timing: config, identical FedAvg rounds
+    budget = 2 * per_round
+    capped = tiny_config(algorithms=["fedavg"], fl={"rounds": 10, "stop": {"simulated_hours": budget}})
+    result = run_experiment(capped, tmp_path / "capped", federation=disc_federation()).algorithms[0]
+    assert result.summary["rounds"] == 2 and result.summary["convergence"]["stopped"] == "simulated_time"
+    assert math.isclose(result.summary["cost"]["simulated_hours"], budget, rel_tol=1e-9)
+
+
+@pytest.mark.parametrize("rounds", [2])
+def test_a_run_without_stop_trains_every_round_and_records_its_convergence(
+    tmp_path, tiny_config, disc_federation, rounds
+):
+    result = run_experiment(tiny_config(algorithms=["fedavg"]), tmp_path, federation=disc_federation()).algorithms[0]
+    conv = result.summary["convergence"]
+    assert conv["rounds"] == rounds and conv["stopped"] is None and conv["best_round"] == result.summary["best_round"]
