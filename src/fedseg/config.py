@@ -68,6 +68,21 @@ class VolumeConfig(Strict):
         return value
 
 
+class RepartitionConfig(Strict):
+    """A synthetic repartition of the federation (``fedseg.data.repartition``; FeTS 2022 Sec. 4.3), applied before
+    training: ``iid`` deals every case i.i.d. and balanced to ``sites`` synthetic sites (each case keeps the split
+    it has on its own site); ``limited`` drops ``drop_sites``, the cases without the metadata value ``require`` and
+    caps each site at ``max_cases``."""
+
+    mode: Literal["none", "iid", "limited"] = "none"
+    sites: int = Field(default=5, ge=1, description="iid: number of synthetic sites (FeTS: 23, 10, 5)")
+    max_cases: int | None = Field(default=None, ge=1, description="limited: cases kept per site at most (FeTS: 35)")
+    drop_sites: list[str] = Field(default_factory=list, description="limited: sites removed")
+    require: str | None = Field(
+        default=None, description="limited: cases without a value for this metadata key are removed (FeTS: grade)"
+    )
+
+
 class DataConfig(Strict):
     """Where the federation comes from. ``source`` is a built-in federation name or ``folder``."""
 
@@ -87,6 +102,7 @@ class DataConfig(Strict):
     )
     volume: VolumeConfig = VolumeConfig()
     split: SplitConfig = SplitConfig()
+    repartition: RepartitionConfig = RepartitionConfig()
 
 
 class ModelConfig(Strict):

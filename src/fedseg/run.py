@@ -18,6 +18,7 @@ from fedseg.algorithms.fedavg import sampling_refusal
 from fedseg.config import RunConfig, dump_config
 from fedseg.data.dataset import SiteData, build_site_data
 from fedseg.data.federation import Federation, Split
+from fedseg.data.repartition import repartition, repartitioned_site_count
 from fedseg.engine.base import Engine
 from fedseg.engine.checkpoint import (
     CheckpointWriter,
@@ -82,17 +83,19 @@ def count_sites(cfg: RunConfig) -> int:
     if root := folder_root(cfg):
         from fedseg.data.folder import load_folder
 
-        return len(load_folder(root).sites)
-    from fedseg.data.sources import count_source_sites
+        count = len(load_folder(root).sites)
+    else:
+        from fedseg.data.sources import count_source_sites
 
-    return count_source_sites(cfg)
+        count = count_source_sites(cfg)
+    return repartitioned_site_count(cfg.data.repartition, count)
 
 
 def prepare(cfg: RunConfig, federation: Federation | None = None) -> Prepared:
     """Load (unless an in-memory ``federation`` is given) and validate everything before any file is written."""
     from fedseg.data.splits import check_splits, make_splits
 
-    fed = federation or load_federation(cfg)
+    fed = repartition(federation or load_federation(cfg), cfg.data.repartition, cfg.data.split, cfg.seed)
     splits = make_splits(fed, cfg.data.split, cfg.seed)
     check_splits(fed, splits)
     site_data = [build_site_data(fed, site, i, splits[site.name], cfg.data) for i, site in enumerate(fed.sites)]
