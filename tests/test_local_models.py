@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 
+import fedseg.run
 from fedseg.algorithms.fedavg import MODEL, FedAvgServer
 from fedseg.engine.messages import load_weights
 from fedseg.evaluate.inference import score_caseset
@@ -164,3 +165,40 @@ def test_report_shows_the_table2_layout(fedavg_run):
     row = section[section.index("<th>FedAvg</th>") :].split("</tr>")[0]
     for value in (entry["dice"]["client_avg"], entry["local_avg"], entry["local_gen"]):
         assert f"{value:.4f}" in row
+
+
+class StopAtFirstAlgorithm(Exception):
+    """Raised instead of training: the run's start is all the warning tests need."""
+
+
+def _start(cfg, out, federation, monkeypatch, **kwargs) -> str:
+    """Start a run of ``cfg`` and stop it before its first algorithm trains; returns ``out/run.log``."""
+
+    def stop(*args, **kw):
+        raise StopAtFirstAlgorithm
+
+    monkeypatch.setattr(fedseg.run, "run_algorithm", stop)
+    with pytest.raises(StopAtFirstAlgorithm):
+        run_experiment(cfg, out, federation=federation, **kwargs)
+    return (out / "run.log").read_text() if (out / "run.log").exists() else ""
+
+
+def test_many_sites_warn_once_of_the_k_by_k_local_model_evaluations(
+    tmp_path, tiny_config, disc_federation, monkeypatch, capsys
+):
+    """Above 20 sites, eval.local_models' K x K test evaluations are announced once at the start (run.log and the
+    run's line output, else stderr), naming the switch that turns them off; not at 20 sites, not when off."""
+    many = disc_federation(n_sites=21, cases_per_site=6)
+    cfg = tiny_config(algorithms=["local", "fedavg"])
+    shown: list[str] = []
+    log = _start(cfg, tmp_path / "a", many, monkeypatch, on_log_line=shown.append)
+    warning = [line for line in shown if "eval.local_models=false" in line]
+    assert len(warning) == 1 and "21 x 21 = 441" in warning[0] and "fedavg" in warning[0]
+    assert log.count("eval.local_models=false") == 1
+    _start(cfg, tmp_path / "b", many, monkeypatch)  # no line output: stderr
+    assert capsys.readouterr().err.count("eval.local_models=false") == 1
+    off = tiny_config(algorithms=["fedavg"], eval={"local_models": False})
+    assert "eval.local_models" not in _start(off, tmp_path / "c", many, monkeypatch)
+    few = disc_federation(n_sites=20, cases_per_site=6)
+    assert "eval.local_models" not in _start(cfg, tmp_path / "d", few, monkeypatch)
+    assert "eval.local_models" not in capsys.readouterr().err

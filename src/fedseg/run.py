@@ -4,6 +4,7 @@ validation, test once, write the run outputs. Resumable from per-algorithm check
 from __future__ import annotations
 
 import math
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -36,7 +37,7 @@ from fedseg.evaluate.tables import site_summary
 from fedseg.outputs import RunResults, bundle_order, read_bundle, write_bundle_files, write_outputs
 from fedseg.preflight import check_device, check_out_dir, check_resume, recorded_config
 from fedseg.provenance import begin
-from fedseg.runlog import log_round, round_line
+from fedseg.runlog import append_line, log_round, round_line
 from fedseg.start_from import check_start_from, combined_cost, start_weights
 from fedseg.stopping import budget_reached, budget_used, convergence, has_budget, stop_reason
 from fedseg.tracking import Tracker, check_available, open_tracker, round_record
@@ -172,6 +173,32 @@ def check_sampling(cfg: RunConfig, num_sites: int, where: str) -> None:
         spec.check_sites(
             k, f"{where} sampled to {k} sites per round (fl.clients_per_round = {value})", cfg.methods.get(name)
         )
+
+
+LOCAL_MODELS_WARN_SITES = 20  # above this many sites the K x K test evaluations of eval.local_models are announced
+
+
+def cost_warnings(cfg: RunConfig, num_sites: int) -> list[str]:
+    """Lines announcing what will make this run slow, shown once when it starts (``run_experiment``): with
+    ``eval.local_models`` on and more than ``LOCAL_MODELS_WARN_SITES`` sites, every method that keeps local
+    models scores each site's model on every site's test split, K x K evaluations (K = 100: 10,000)."""
+    keeping = [n for n in cfg.algorithms if getattr(get_algorithm(n).server, "KEEPS_LOCAL_MODELS", False)]
+    if not (cfg.eval.local_models and keeping and num_sites > LOCAL_MODELS_WARN_SITES):
+        return []
+    k = num_sites
+    return [
+        f"warning: eval.local_models is on: at test time {', '.join(keeping)} will score every site's local model on "
+        f"every site's test split ({k} x {k} = {k * k} evaluations each); set eval.local_models=false to turn it off"
+    ]
+
+
+def announce(out: Path, line: str, on_log_line: Callable[[str], None] | None) -> None:
+    """Append ``line`` to ``out/run.log`` and show it: through ``on_log_line`` if given, else on stderr."""
+    append_line(out, line)
+    if on_log_line is not None:
+        on_log_line(line)
+    else:
+        print(line, file=sys.stderr, flush=True)
 
 
 def run_algorithm(
@@ -539,6 +566,8 @@ def run_experiment(
         raise FileExistsError(f"{out}: already holds a run; use --resume to continue it or choose another --out")
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "config.yaml", dump_config(cfg))  # recorded before training: resume compares with it
+    for line in cost_warnings(cfg, len(prep.federation.sites)):
+        announce(out, line, on_log_line)
     results = RunResults(cfg, prep.federation, [], begin(out, resume, cfg.device))
     tracker = open_tracker(cfg, out, resume)  # None: tracking is off
     with local_engines(cfg, prep, engine_factory) as factory:  # engine.workers > 1: one worker pool per run
