@@ -233,6 +233,31 @@ def print_dice_table(results) -> None:
 
 
 @app.command()
+def bench(
+    config: Path = typer.Argument(..., help="bench file (YAML): federations, methods and grids, seeds, split, budget"),
+    out: Path = typer.Option(..., "--out", help="output directory of the bench"),
+    jobs: int = typer.Option(1, "--jobs", min=1, help="runs trained at once, each in its own process"),
+    resume: bool = typer.Option(False, "--resume", help="continue: finished runs are reused, half-done ones resumed"),
+) -> None:
+    """A declarative study (README "Benchmark protocol"): every method x fold x seed x federation as runs in
+    OUT/runs/, grids tuned on validation, equal budgets; OUT/tables.md, tables.json, results.csv, report.html."""
+    from fedseg.bench.execute import run_bench
+    from fedseg.bench.report import write_report
+    from fedseg.bench.spec import load_bench
+
+    try:
+        spec, root = load_bench(config)
+        runs = run_bench(
+            spec, root, out, jobs, resume, echo=lambda line: console.print(line, highlight=False, soft_wrap=True)
+        )
+        write_report(spec, runs, out)
+    except (ConfigError, FederationError, FileExistsError, KeyError, ValueError) as e:
+        fail(str(e).strip("'\""))
+        return
+    console.print(f"tables: {out / 'tables.md'}\nreport: {out / 'report.html'}", highlight=False)
+
+
+@app.command()
 def report(run_dir: Path = typer.Argument(..., help="output directory of a finished run")) -> None:
     """Re-render report.html and figures/ from the files of a run (or of a study and its sub-runs)."""
     from fedseg.report.studies import is_study_dir, render_study

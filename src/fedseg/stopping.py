@@ -81,13 +81,15 @@ def has_budget(stop: StopConfig) -> bool:
 
 
 def convergence(scores: Mapping[int, float], rounds: int, best_round: int, stop: StopConfig, stopped: str | None):
-    """The ``convergence`` entry of ``summary.json``: ``rounds`` trained, ``best_round``, ``stopped`` (the rule
+    """The ``convergence`` entry of ``summary.json``: ``rounds`` trained, ``best_round`` and its mean validation Dice
+    ``best_val_dice`` (the selection score: hyper-parameters are chosen on it), ``stopped`` (the rule
     that ended training early, or None), ``late_best`` (best round in the last 10% of the rounds trained: may not
     have converged), ``plateaued`` and the plateau rule's ``patience`` / ``min_delta`` used for it."""
     patience = stop.patience or max(2, math.ceil(LATE_FRACTION * rounds))
     return {
         "rounds": rounds,
         "best_round": best_round,
+        "best_val_dice": scores.get(best_round, math.nan),
         "stopped": stopped,
         "late_best": best_round > (1 - LATE_FRACTION) * rounds,
         "plateaued": stopped == PLATEAU or plateaued(scores, rounds, patience, stop.min_delta),

@@ -247,6 +247,7 @@ def per_site_bars(
     references: Mapping[str, Mapping[str, float]] | None = None,
     ylabel: str = "test Dice",
     title: str | None = None,
+    errors: Mapping[str, Mapping[str, float]] | None = None,
 ) -> Path | None:
     """Grouped bars of a per-site score, one bar per series at each site (the FeTS 2022 paper's
     Fig. 6), sites ordered by :func:`sites_by_size` and labelled with their size (``n=``), and
@@ -261,6 +262,8 @@ def per_site_bars(
         references: ``{name: {site: score}}``, drawn in black, one line style each
             (:data:`LINE_STYLES`), e.g. Centralized and FedAvg.
         ylabel, title: axis label and title.
+        errors: ``{series: {site: half-height}}`` of an error bar on each bar (e.g. the std over seeds);
+            NaN or missing: no bar.
 
     Returns:
         ``out``, or None when no series has a score.
@@ -279,10 +282,13 @@ def per_site_bars(
     ax = fig.subplots()
     x = np.arange(n)
     for i, (name, y) in enumerate(bars.items()):
+        yerr = scores((errors or {}).get(name, {}))
         ax.bar(
             x - group / 2 + (i + 0.5) * width,
             y,
             width * 0.92,
+            yerr=np.where(np.isfinite(yerr), yerr, 0.0) if errors else None,
+            error_kw={"elinewidth": 0.8, "capsize": 1.5, "ecolor": "#333333"},
             color=series_color(i),
             hatch=series_hatch(i),
             edgecolor="white",

@@ -1,0 +1,196 @@
+"""Running a bench: its three phases (``fedseg.bench.plan``), resumable, ``jobs`` runs at a time, with progress.
+
+A finished run leaves ``bench-run.json`` (its configuration) in its folder; a resumed bench reuses such a run
+without starting it, continues a half-done one from its last checkpoint (``fedseg run --resume``) and starts the
+rest. ``OUT/bench.json`` records the bench; resuming with a different bench is refused before any work.
+
+``jobs`` > 1 trains that many runs at once, each in a fresh process (``forkserver``; its own torch threads, as
+the run's ``threads`` says), so runs never share state and their numbers equal a ``jobs`` = 1 bench's.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import multiprocessing
+import time
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from fedseg.bench.plan import (
+    BenchRun,
+    Setting,
+    check_plan,
+    final_runs,
+    is_budget_reference,
+    reference_runs,
+    run_config,
+    tuning_runs,
+)
+from fedseg.bench.spec import BenchSpec
+from fedseg.config import RunConfig
+from fedseg.engine.checkpoint import atomic_write_text
+
+BENCH_FILE, DONE_FILE = "bench.json", "bench-run.json"
+Echo = Callable[[str], None]
+
+
+@dataclass
+class Finished:
+    """A finished run: its plan entry, folder and ``summary.json``, and the wall seconds it took here (0: reused)."""
+
+    run: BenchRun
+    dir: Path
+    summary: dict
+    seconds: float
+
+    def entry(self, name: str) -> dict:
+        return self.summary["algorithms"][name]
+
+
+def train(cfg_json: dict, out: str) -> float:
+    """Train one run (in this process) to completion, resuming what is on disk; mark it done; wall seconds."""
+    import torch
+
+    from fedseg.run import run_experiment
+
+    cfg = RunConfig.model_validate(cfg_json)
+    torch.set_num_threads(cfg.threads)
+    began = time.perf_counter()
+    run_experiment(cfg, Path(out), resume=True)
+    atomic_write_text(Path(out) / DONE_FILE, json.dumps({"config": cfg_json}, indent=1))
+    return time.perf_counter() - began
+
+
+def is_done(folder: Path, cfg: RunConfig) -> bool:
+    """Whether ``folder`` holds a finished bench run of exactly ``cfg``."""
+    marker = folder / DONE_FILE
+    if not marker.is_file() or not (folder / "summary.json").is_file():
+        return False
+    return json.loads(marker.read_text()).get("config") == cfg.model_dump(mode="json")
+
+
+class Runner:
+    """Executes lists of runs, ``jobs`` at a time, printing one line per finished run with an ETA."""
+
+    def __init__(self, bench: BenchSpec, root: Path, out: Path, jobs: int, echo: Echo):
+        self.bench, self.root, self.out, self.jobs, self.echo = bench, root, out, jobs, echo
+        self.trained_seconds: list[float] = []
+
+    def execute(self, runs: list[BenchRun], phase: str) -> dict[BenchRun, Finished]:
+        unique = list(dict.fromkeys(runs))
+        configs = {r: run_config(self.bench, self.root, r) for r in unique}
+        done = {r: self._finished(r, 0.0) for r in unique if is_done(r.dir(self.out), configs[r])}
+        todo = [r for r in unique if r not in done]
+        self.echo(f"{phase}: {len(unique)} runs, {len(done)} done, {len(todo)} to train")
+        if not todo:
+            return done
+        if self.jobs == 1:
+            for r in todo:
+                done[r] = self._finished(r, train(configs[r].model_dump(mode="json"), str(r.dir(self.out))))
+                self._report(done[r], len(todo) - sum(1 for t in todo if t in done))
+            return done
+        context = multiprocessing.get_context("forkserver")
+        with ProcessPoolExecutor(self.jobs, mp_context=context, max_tasks_per_child=1) as pool:
+            futures: dict[Future, BenchRun] = {
+                pool.submit(train, configs[r].model_dump(mode="json"), str(r.dir(self.out))): r for r in todo
+            }
+            pending = set(futures)
+            while pending:
+                finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+                for fut in finished:
+                    r = futures[fut]
+                    done[r] = self._finished(r, fut.result())
+                    self._report(done[r], len(pending))
+        return done
+
+    def _finished(self, run: BenchRun, seconds: float) -> Finished:
+        folder = run.dir(self.out)
+        return Finished(run, folder, json.loads((folder / "summary.json").read_text()), seconds)
+
+    def _report(self, fin: Finished, left: int) -> None:
+        self.trained_seconds.append(fin.seconds)
+        eta = sum(self.trained_seconds) / len(self.trained_seconds) * left / self.jobs
+        method = self.bench.method(fin.run.method) if fin.run.method in self.bench.method_names else None
+        entry = fin.entry(method.scored if method else fin.run.method)
+        conv = entry.get("convergence", {})
+        late = " (best round in the last 10%: may not have converged)" if conv.get("late_best") else ""
+        self.echo(
+            f"  done {fin.run.label}: test Dice {entry['dice']['client_avg']:.4f}, validation "
+            f"{conv.get('best_val_dice', math.nan):.4f} at round {conv.get('best_round')}/{conv.get('rounds')}"
+            f"{late} [{fin.seconds:.0f} s; {left} left, ETA {_duration(eta)}]"
+        )
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return (
+        f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
+    )
+
+
+def budget_caps(bench: BenchSpec, references: dict[BenchRun, Finished]) -> dict[tuple[str, int, int], tuple[str, ...]]:
+    """Per cell, the ``fl.stop`` budget every other run gets: the reference's cost per trained round x
+    ``budget.rounds`` (its SGD steps, Eq. 34, or simulated hours, Eq. 36-38)."""
+    caps: dict[tuple[str, int, int], tuple[str, ...]] = {}
+    for run, fin in references.items():
+        entry = next(iter(fin.summary["algorithms"].values()))
+        per_round = 1.0 / entry["convergence"]["rounds"]
+        if bench.budget.rule == "sgd_steps":
+            steps = math.ceil(entry["cost"]["sgd_steps"] * per_round * bench.budget.rounds)
+            caps[run.cell] = (f"fl.stop.sgd_steps={steps}",)
+        else:
+            hours = entry["cost"]["simulated_hours"] * per_round * bench.budget.rounds
+            caps[run.cell] = (f"fl.stop.simulated_hours={hours!r}",)
+    return caps
+
+
+def with_caps(bench: BenchSpec, runs: list[BenchRun], caps: dict) -> list[BenchRun]:
+    return [
+        r if is_budget_reference(bench, bench.method(r.method), r.setting) else replace(r, caps=caps.get(r.cell, ()))
+        for r in runs
+    ]
+
+
+def check_out(bench: BenchSpec, out: Path, resume: bool) -> None:
+    """``OUT`` holds no bench (or, with ``resume``, this same bench), before any work."""
+    recorded = out / BENCH_FILE
+    if not recorded.is_file():
+        return
+    if not resume:
+        raise FileExistsError(f"{out}: already holds a bench; use --resume to continue it or choose another --out")
+    old = json.loads(recorded.read_text())
+    new = bench.model_dump(mode="json")
+    if old != new:
+        keys = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+        raise ValueError(f"{recorded}: cannot resume a different bench; it differs in: {', '.join(keys)}")
+
+
+@dataclass
+class BenchRuns:
+    """Everything a bench ran: the tuning runs, the selection, the final runs."""
+
+    tuning: dict[BenchRun, Finished]
+    selected: dict[tuple[str, str], Setting]
+    final: dict[BenchRun, Finished]
+
+
+def run_bench(
+    bench: BenchSpec, root: Path, out: Path, jobs: int = 1, resume: bool = False, echo: Echo = print
+) -> BenchRuns:
+    """Run (or resume) every phase of ``bench`` into ``out``; the finished runs (tables: ``fedseg.bench.report``)."""
+    from fedseg.bench.select import select_settings
+
+    out = Path(out)
+    check_plan(bench, root)
+    check_out(bench, out, resume)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / BENCH_FILE, json.dumps(bench.model_dump(mode="json"), indent=1))
+    runner = Runner(bench, root, out, jobs, echo)
+    caps = budget_caps(bench, runner.execute(reference_runs(bench), "budget references"))
+    tuning = runner.execute(with_caps(bench, tuning_runs(bench), caps), "tuning on validation")
+    selected = select_settings(bench, tuning)
+    final = runner.execute(with_caps(bench, final_runs(bench, selected), caps), "final runs")
+    return BenchRuns(tuning, selected, final)

@@ -1,0 +1,188 @@
+"""A bench expanded into runs: each an ordinary ``fedseg run`` directory under ``OUT/runs/``.
+
+A *cell* is (federation, fold, seed). Three kinds of runs, in three phases (each waits for the one before):
+
+1. **budget references** (``budget.rule`` ``sgd_steps`` | ``simulated_time``): per cell, ``budget.reference``
+   with its base options for ``budget.rounds`` rounds; its cost per round x ``budget.rounds`` is the cell's budget;
+2. **tuning runs**: per method with a grid, every setting in every tuning cell (``tune.folds`` x ``tune.seeds``);
+3. **final runs**: every method in every cell, with its setting selected on validation (``fedseg.bench.select``).
+
+A run's folder is ``OUT/runs/<federation>/fold<f>/seed<s>/<method>/<setting>`` (``default`` = no grid value), so a
+final run whose setting and cell a tuning run already had is that run, and the reference method's budget run is
+its final run when it has no grid.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from fedseg.bench.spec import BenchSpec, FederationSpec, MethodSpec
+from fedseg.config import ConfigError, RunConfig, load_config
+from fedseg.studies import run_label
+
+DEFAULT = "default"  # the setting label of a run without grid values
+Setting = tuple[tuple[str, Any], ...]  # ((config key, value), ...) in the grid's key order
+
+
+@dataclass(frozen=True)
+class BenchRun:
+    """One run of a bench; ``caps``: the budget overrides computed from the references (phase 2 and 3)."""
+
+    federation: str
+    fold: int
+    seed: int
+    method: str
+    setting: Setting
+    overrides: tuple[str, ...]
+    caps: tuple[str, ...] = ()
+
+    @property
+    def setting_label(self) -> str:
+        return setting_label(self.setting)
+
+    @property
+    def cell(self) -> tuple[str, int, int]:
+        return self.federation, self.fold, self.seed
+
+    @property
+    def label(self) -> str:
+        return f"{self.federation}/fold{self.fold}/seed{self.seed}/{self.method}/{self.setting_label}"
+
+    def dir(self, out: Path) -> Path:
+        return Path(out) / "runs" / self.label
+
+
+def setting_label(setting: Setting) -> str:
+    """``default``, or ``key=value,key=value`` as a folder name (``fedseg.studies.run_label``)."""
+    if not setting:
+        return DEFAULT
+    return ",".join(run_label(key.split(".")[-1], _yaml(value)) for key, value in setting)
+
+
+def _yaml(value: Any) -> str:
+    return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
+
+
+def settings(method: MethodSpec) -> list[Setting]:
+    """Every combination of the method's grid values (the first key varies slowest); ``[()]`` without a grid."""
+    keys = list(method.grid)
+    return [tuple(zip(keys, values)) for values in itertools.product(*(method.grid[k] for k in keys))]
+
+
+def federation_overrides(fed: FederationSpec) -> list[str]:
+    """A federation's overrides; a name that is a built-in (or registered) federation sets ``data.source``."""
+    from fedseg.data.sources import source_names
+
+    named = [f"data.source={fed.name}"] if fed.name in source_names() else []
+    if not named and not fed.set:
+        raise ConfigError(
+            f"federations: {fed.name!r} is not a built-in federation ({', '.join(source_names())}); "
+            "give its data with set: [data.source=folder, data.root=PATH, ...]"
+        )
+    return [*named, *fed.set]
+
+
+def run_overrides(bench: BenchSpec, fed: FederationSpec, method: MethodSpec, fold: int, seed: int, setting: Setting):
+    """Every override of one run, in the order they apply: the bench's, the federation's, the split, the seed, the
+    method's algorithms and fixed options, its grid values, the stop rule and the round budget."""
+    split = [f"data.split.mode={bench.split.mode}"]
+    if bench.split.mode == "kfold":
+        split += [f"data.split.folds={bench.split.folds}", f"data.split.fold={fold}"]
+    stop = [f"fl.stop.patience={_yaml(bench.stop.patience)}", f"fl.stop.min_delta={bench.stop.min_delta}"]
+    rounds = bench.budget.rounds
+    if bench.budget.rule != "rounds" and not is_budget_reference(bench, method, setting):
+        rounds = math.ceil(bench.budget.rounds * bench.budget.max_factor)  # the most; the budget stops it
+    return (
+        *bench.set,
+        *federation_overrides(fed),
+        *split,
+        f"seed={seed}",
+        f"algorithms=[{','.join(method.trained)}]",
+        *method.set,
+        *(f"{key}={_yaml(value)}" for key, value in setting),
+        *stop,
+        f"fl.rounds={rounds}",
+    )
+
+
+def is_budget_reference(bench: BenchSpec, method: MethodSpec, setting: Setting) -> bool:
+    return bench.budget.rule != "rounds" and method.name == bench.budget.reference and not setting
+
+
+def make_run(bench: BenchSpec, fed: FederationSpec, method: MethodSpec, fold: int, seed: int, setting: Setting):
+    return BenchRun(
+        fed.name, fold, seed, method.name, setting, tuple(run_overrides(bench, fed, method, fold, seed, setting))
+    )
+
+
+def reference_method(bench: BenchSpec) -> MethodSpec:
+    """The budget's reference: that method of the bench, or a plain algorithm of that name."""
+    name = bench.budget.reference
+    return bench.method(name) if name in bench.method_names else MethodSpec(name=name)
+
+
+def reference_runs(bench: BenchSpec) -> list[BenchRun]:
+    """Phase 1: one budget reference per cell (none under ``budget.rule: rounds``)."""
+    if bench.budget.rule == "rounds":
+        return []
+    ref = reference_method(bench)
+    return [
+        make_run(bench, f, ref, fold, seed, ())
+        for f in bench.federations
+        for fold in bench.folds
+        for seed in bench.seeds
+    ]
+
+
+def tuning_runs(bench: BenchSpec) -> list[BenchRun]:
+    """Phase 2: every setting of every method with a grid, in every tuning cell."""
+    return [
+        make_run(bench, f, m, fold, seed, s)
+        for f in bench.federations
+        for m in bench.methods
+        if m.grid
+        for s in settings(m)
+        for fold in bench.tune_folds
+        for seed in bench.tune_seeds
+    ]
+
+
+def final_runs(bench: BenchSpec, selected: dict[tuple[str, str], Setting]) -> list[BenchRun]:
+    """Phase 3: every method in every cell; ``selected``: (federation, method) -> setting (methods with a grid)."""
+    return [
+        make_run(bench, f, m, fold, seed, selected.get((f.name, m.name), ()))
+        for f in bench.federations
+        for m in bench.methods
+        for fold in bench.folds
+        for seed in bench.seeds
+    ]
+
+
+def run_config(bench: BenchSpec, root: Path, run: BenchRun) -> RunConfig:
+    """The run's configuration: the bench's base, then the run's overrides and budget caps (a ConfigError naming
+    the run otherwise)."""
+    base = bench.base
+    file = None if base.config is None else (root / base.config)
+    try:
+        return load_config(preset=base.preset, file=file, overrides=[*run.overrides, *run.caps])
+    except ConfigError as e:
+        raise ConfigError(f"bench run {run.label}: {e}") from None
+
+
+def check_plan(bench: BenchSpec, root: Path) -> None:
+    """Every run the bench can make validates (each grid setting in the first cell), and every method's
+    algorithms and options exist, before any work."""
+    from fedseg.studies import check_algorithms
+
+    fold, seed = bench.folds[0], bench.seeds[0]
+    for fed in bench.federations:
+        for method in [*bench.methods, reference_method(bench)]:
+            for setting in settings(method):
+                run = make_run(bench, fed, method, fold, seed, setting)
+                check_algorithms(run_config(bench, root, run), f"bench run {run.label}")

@@ -1,0 +1,211 @@
+"""A bench's output files: ``results.csv``, ``tuning.csv``, ``tables.json``, ``tables.md``, ``report.html`` + figures.
+
+The tables, per federation (the papers' layouts):
+
+* **Test** (FeTS Table 1 / Table 3 for a limited or IID partition): Dice mean ± std over cases, per region, HD95,
+  client average ± std over seeds, Δ and paired Wilcoxon p against the reference († p < 0.05, as Auto-FedAvg's
+  Table 2), runs whose best round was in their last 10% ("not converged");
+* **Per site** (FedSM Tables 3-4, Auto-FedAvg Table 2): each site's Dice mean ± std over seeds († per-site
+  Wilcoxon p < 0.05), client average, local avg and local gen where a method has local models;
+* **Cost** (FeTS Table 2): rounds trained, SGD steps (Eq. 34), parallel SGD steps (Eq. 35), floats per site and
+  in total, simulated hours (Eq. 36-38);
+* **Tuning on validation** (FeTS Table 4, FedSM Table 7 for a λ grid): every setting's validation score (what
+  selects) next to its test score (reported, never used).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from fedseg.bench.execute import BenchRuns
+from fedseg.bench.select import tuning_rows
+from fedseg.bench.spec import BenchSpec
+from fedseg.bench.tables import RESULT_COLUMNS, federation_tables
+from fedseg.engine.checkpoint import atomic_write_text
+from fedseg.outputs import csv_text
+from fedseg.presentation import kit
+from fedseg.presentation.figures import per_site_bars
+
+TUNING_COLUMNS = ["federation", "method", "setting", "val_dice", "test_dice", "runs", "selected"]
+
+
+def ms(entry: dict | None, digits: int = 3) -> str:
+    """``mean ± std`` (std left out when undefined); ``–`` without a mean."""
+    if not entry or not _finite(entry.get("mean")):
+        return "–"
+    std = entry.get("std")
+    return f"{entry['mean']:.{digits}f}" + (f" ± {std:.{digits}f}" if _finite(std) else "")
+
+
+def _finite(x) -> bool:
+    return x is not None and isinstance(x, (int, float)) and math.isfinite(x)
+
+
+def p_text(test: dict | None) -> str:
+    if not test or not _finite(test.get("p")):
+        return "ref" if test is None else "–"
+    return f"{test['p']:.2g}" + (" †" if test["p"] < 0.05 else "")
+
+
+def _md_table(head: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
+
+
+def test_table(fed: dict, reference: str) -> tuple[list[str], list[list[str]]]:
+    head = ["method", "setting", "Dice", *fed["regions"], "HD95", "client avg", f"Δ vs {reference}", "p", "converged"]
+    rows = []
+    for name, s in fed["methods"].items():
+        test = s["wilcoxon"]
+        delta = f"{test['mean_diff']:+.3f}" if test and _finite(test["mean_diff"]) else ""
+        conv = s["convergence"]
+        rows.append(
+            [
+                name,
+                s["setting"],
+                ms(s["dice"]),
+                *(ms(s["regions"][r]) for r in fed["regions"]),
+                ms(s["hd95"], 2),
+                ms(s["client_avg"]),
+                delta,
+                p_text(test),
+                f"{conv['runs'] - conv['late_best']}/{conv['runs']}",
+            ]
+        )
+    return head, rows
+
+
+def site_table(fed: dict) -> tuple[list[str], list[list[str]]]:
+    head = ["method", *fed["sites"], "client avg", "local avg", "local gen"]
+    rows = []
+    for name, s in fed["methods"].items():
+        cells = []
+        for site in fed["sites"]:
+            test = s["site_wilcoxon"].get(site)
+            mark = " †" if test and _finite(test["p"]) and test["p"] < 0.05 else ""
+            cells.append(ms(s["sites"].get(site)) + mark)
+        rows.append([name, *cells, ms(s["client_avg"]), ms(s["local_avg"]), ms(s["local_gen"])])
+    return head, rows
+
+
+def cost_table(fed: dict) -> tuple[list[str], list[list[str]]]:
+    head = [
+        "method",
+        "rounds",
+        "SGD steps",
+        "parallel SGD steps",
+        "floats per site",
+        "floats (all sites)",
+        "sim. hours",
+    ]
+    rows = []
+    for name, s in fed["methods"].items():
+        c = s["cost"]
+        rows.append(
+            [
+                name,
+                ms(s["convergence"]["rounds"], 1),
+                kit.fmt_int(c["sgd_steps"]),
+                kit.fmt_int(c["parallel_sgd_steps"]),
+                f"{c['floats_per_site']:.3g}",
+                f"{c['floats']:.3g}",
+                kit.fmt(c["simulated_hours"], 3),
+            ]
+        )
+    return head, rows
+
+
+def tune_table(rows: list[dict], federation: str) -> tuple[list[str], list[list[str]]]:
+    head = ["method", "setting", "validation Dice (selects)", "test Dice (not used)", "runs", "selected"]
+    body = [
+        [
+            r["method"],
+            r["setting"],
+            kit.fmt(r["val_dice"], 4),
+            kit.fmt(r["test_dice"], 4),
+            str(r["runs"]),
+            "✓" if r["selected"] else "",
+        ]
+        for r in rows
+        if r["federation"] == federation
+    ]
+    return head, body
+
+
+def not_converged(fed: dict) -> str:
+    late = [f"{n} ({s['convergence']['late_best']}/{s['convergence']['runs']})" for n, s in fed["methods"].items()]
+    late = [x for x, s in zip(late, fed["methods"].values()) if s["convergence"]["late_best"]]
+    if not late:
+        return "Every run selected a round before the last 10% of the rounds it trained."
+    return (
+        "**May not have converged** (runs whose round selected on validation lies in the last 10% of the rounds they "
+        f"trained): {', '.join(late)}."
+    )
+
+
+NOTES = (
+    "Dice / HD95: mean ± std over the test cases of all folds (each case averaged over the seeds first); client avg: "
+    "mean of per-site means, ± std over seeds. p: two-sided paired Wilcoxon signed-rank test per case against the "
+    "reference († p < 0.05). Settings chosen on validation only (see the tuning table)."
+)
+
+
+def markdown(bench: BenchSpec, tables: dict, tuning: list[dict]) -> str:
+    parts = [f"# Bench {bench.name}", "", NOTES, ""]
+    for fed, t in tables.items():
+        parts += [f"## {fed}", "", "### Test (FeTS Table 1 layout)", "", _md_table(*test_table(t, bench.reference))]
+        parts += ["", not_converged(t), "", "### Per site (FedSM Tables 3-4, Auto-FedAvg Table 2 layout)", ""]
+        parts += [_md_table(*site_table(t)), "", "### Cost (FeTS Table 2 layout)", "", _md_table(*cost_table(t)), ""]
+        if any(r["federation"] == fed for r in tuning):
+            parts += ["### Tuning on validation", "", _md_table(*tune_table(tuning, fed)), ""]
+    return "\n".join(parts) + "\n"
+
+
+def _html_table(head: list[str], rows: list[list[str]]) -> str:
+    return kit.table(
+        "<tr>" + "".join(f"<th>{kit.esc(h)}</th>" for h in head) + "</tr>",
+        [
+            "<tr><th>" + kit.esc(r[0]) + "</th>" + "".join(f"<td>{kit.esc(c)}</td>" for c in r[1:]) + "</tr>"
+            for r in rows
+        ],
+    )
+
+
+def html_parts(bench: BenchSpec, tables: dict, tuning: list[dict], out: Path) -> list[str]:
+    parts = [f"<h1>Bench {kit.esc(bench.name)}</h1>", f'<p class="meta">{kit.esc(NOTES)}</p>']
+    for fed, t in tables.items():
+        parts.append(
+            kit.section(f"{fed}: test", _html_table(*test_table(t, bench.reference)), kit.esc(not_converged(t)))
+        )
+        fig = per_site_bars(
+            {n: {s: v["mean"] for s, v in m["sites"].items()} for n, m in t["methods"].items()},
+            t["sites"],
+            {},
+            out / "figures" / f"sites_{fed}.png",
+            errors={n: {s: v["std"] for s, v in m["sites"].items()} for n, m in t["methods"].items()},
+            title=f"{fed}: test Dice per site (mean ± std over seeds)",
+        )
+        parts.append(kit.section(f"{fed}: per site", _html_table(*site_table(t))))
+        if fig is not None:
+            parts.append(f'<img src="figures/{fig.name}" alt="per-site Dice">')
+        parts.append(kit.section(f"{fed}: cost", _html_table(*cost_table(t))))
+        if any(r["federation"] == fed for r in tuning):
+            parts.append(kit.section(f"{fed}: tuning on validation", _html_table(*tune_table(tuning, fed))))
+    return parts
+
+
+def write_report(bench: BenchSpec, runs: BenchRuns, out: Path) -> dict:
+    """Write every output file of a finished bench into ``out``; returns the ``tables.json`` content."""
+    out = Path(out)
+    tables, rows = federation_tables(bench, runs)
+    tuning = tuning_rows(bench, runs.tuning, runs.selected)
+    atomic_write_text(out / "results.csv", csv_text(RESULT_COLUMNS, rows))
+    atomic_write_text(out / "tuning.csv", csv_text(TUNING_COLUMNS, tuning))
+    content = {"bench": bench.model_dump(mode="json"), "tuning": tuning, "federations": tables}
+    atomic_write_text(out / "tables.json", json.dumps(content, indent=1, allow_nan=True, default=str))
+    atomic_write_text(out / "tables.md", markdown(bench, tables, tuning))
+    (out / "figures").mkdir(exist_ok=True)
+    kit.write_page(out / "report.html", f"fedseg bench {bench.name}", html_parts(bench, tables, tuning, out))
+    return content

@@ -1,0 +1,78 @@
+"""Hyper-parameters chosen on validation only (FeTS 2022 Table 4; FedSM Tables 6-7).
+
+A method's grid is searched in the tuning cells; each setting's score is the mean, over its tuning runs, of the
+run's selection score: the mean validation Dice over sites at its selected round (``convergence.best_val_dice`` in
+``summary.json``). The setting with the highest score is selected (ties: the earlier one in grid order); test
+scores of the tuning runs are reported next to it (:func:`tuning_rows`) and never used.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from fedseg.bench.execute import Finished
+from fedseg.bench.plan import BenchRun, Setting, setting_label, settings
+from fedseg.bench.spec import BenchSpec
+
+
+def validation_score(fin: Finished, algorithm: str) -> float:
+    return float(fin.entry(algorithm).get("convergence", {}).get("best_val_dice", math.nan))
+
+
+def test_score(fin: Finished, algorithm: str) -> float:
+    return float(fin.entry(algorithm)["dice"]["client_avg"])
+
+
+def _mean(values: list[float]) -> float:
+    finite = [v for v in values if np.isfinite(v)]
+    return float(np.mean(finite)) if finite else math.nan
+
+
+def setting_scores(bench: BenchSpec, tuning: dict[BenchRun, Finished]) -> dict[tuple[str, str], dict]:
+    """``{(federation, method): {setting: {"val": mean, "test": mean, "runs": n}}}`` over the tuning runs."""
+    scores: dict[tuple[str, str], dict] = {}
+    for run, fin in tuning.items():
+        scored = bench.method(run.method).scored
+        entry = scores.setdefault((run.federation, run.method), {}).setdefault(run.setting, {"val": [], "test": []})
+        entry["val"].append(validation_score(fin, scored))
+        entry["test"].append(test_score(fin, scored))
+    return {
+        key: {s: {"val": _mean(v["val"]), "test": _mean(v["test"]), "runs": len(v["val"])} for s, v in per.items()}
+        for key, per in scores.items()
+    }
+
+
+def select_settings(bench: BenchSpec, tuning: dict[BenchRun, Finished]) -> dict[tuple[str, str], Setting]:
+    """The setting each (federation, method with a grid) takes to its final runs: the best on validation."""
+    chosen = {}
+    for (fed, method), per in setting_scores(bench, tuning).items():
+        order = settings(bench.method(method))
+        chosen[(fed, method)] = max(order, key=lambda s: (_rank(per[s]["val"]), -order.index(s)))
+    return chosen
+
+
+def _rank(score: float) -> float:
+    return -math.inf if math.isnan(score) else score
+
+
+def tuning_rows(bench: BenchSpec, tuning: dict[BenchRun, Finished], chosen: dict) -> list[dict]:
+    """One row per (federation, method, setting): validation and test scores, runs, and whether it was selected."""
+    rows = []
+    for (fed, method), per in setting_scores(bench, tuning).items():
+        for setting in settings(bench.method(method)):
+            score = per.get(setting, {"val": math.nan, "test": math.nan, "runs": 0})
+            rows.append(
+                {
+                    "federation": fed,
+                    "method": method,
+                    "setting": setting_label(setting),
+                    "values": {k: v for k, v in setting},
+                    "val_dice": score["val"],
+                    "test_dice": score["test"],
+                    "runs": score["runs"],
+                    "selected": chosen.get((fed, method)) == setting,
+                }
+            )
+    return rows

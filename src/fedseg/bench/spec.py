@@ -1,0 +1,215 @@
+"""The declarative study of ``fedseg bench CONFIG.yaml``: federations x methods (with option grids) x folds x seeds.
+
+A bench file (YAML)::
+
+    name: headline
+    base: {preset: synthetic-retina}        # the run configuration every run starts from (preset: or config:)
+    set: [data.scale=0.25, threads=1]       # overrides for every run (``--set`` syntax)
+    federations:                            # one table each; a name alone = that built-in federation / preset
+      - synthetic-retina
+      - {name: retina-iid3, set: [data.repartition.mode=iid, data.repartition.sites=3]}
+    methods:
+      - centralized
+      - fedavg
+      - {name: fedprox, grid: {methods.fedprox.mu: [0.001, 0.01, 0.1]}}
+      - {name: fedsm-lam0.1, algorithms: [fedsm], set: [methods.fedsm.lam=0.1]}
+      - {name: finetune, algorithms: [fedavg, finetune]}   # a method that starts from another's model
+    seeds: [0, 1, 2]
+    split: {mode: kfold, folds: 5}          # or {mode: ratio} (the base config's ratios)
+    tune: {folds: [0], seeds: [0]}          # where grids are searched (validation only)
+    budget: {rule: rounds, rounds: 30}      # or sgd_steps / simulated_time: the cost of ``rounds`` reference rounds
+    stop: {patience: 10, min_delta: 0.001}  # early stop on the validation plateau (fl.stop)
+    reference: fedavg                       # what the Wilcoxon tests compare against
+
+Everything is validated when the file is read (every run's configuration included, ``fedseg.bench.plan``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from fedseg.config import ConfigError
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class BaseSpec(Strict):
+    """The run configuration every run starts from: a preset name or a config file (relative to the bench file)."""
+
+    preset: str | None = None
+    config: str | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> BaseSpec:
+        if (self.preset is None) == (self.config is None):
+            raise ValueError("base: give exactly one of preset or config")
+        return self
+
+
+class FederationSpec(Strict):
+    """One federation (a table of its own): ``set`` overrides on top of the bench's (``data.source``, ``data.root``,
+    ``data.repartition.*``, ``data.scale``...); a name alone that is a built-in federation sets ``data.source``."""
+
+    name: str
+    set: tuple[str, ...] = ()
+
+    @field_validator("name")
+    @classmethod
+    def _safe(cls, name: str) -> str:
+        return _folder_name(name, "federations")
+
+
+class MethodSpec(Strict):
+    """One row of the tables: ``algorithms`` trained in one run (default ``[name]``; the last one is scored),
+    ``set`` fixed overrides, ``grid`` values searched on validation (``key: [v1, v2]``, all combinations)."""
+
+    name: str
+    algorithms: tuple[str, ...] = ()
+    set: tuple[str, ...] = ()
+    grid: dict[str, tuple[Any, ...]] = Field(default_factory=dict)
+
+    @field_validator("name")
+    @classmethod
+    def _safe(cls, name: str) -> str:
+        return _folder_name(name, "methods")
+
+    @field_validator("grid")
+    @classmethod
+    def _values(cls, grid: dict[str, tuple[Any, ...]]) -> dict[str, tuple[Any, ...]]:
+        for key, values in grid.items():
+            if not values:
+                raise ValueError(f"grid: {key} has no value")
+            if len(set(map(repr, values))) != len(values):
+                raise ValueError(f"grid: {key} repeats a value")
+        return grid
+
+    @property
+    def trained(self) -> tuple[str, ...]:
+        return self.algorithms or (self.name,)
+
+    @property
+    def scored(self) -> str:
+        """The algorithm whose results are this method's (the last one trained)."""
+        return self.trained[-1]
+
+
+class SplitSpec(Strict):
+    """``kfold``: every fold of ``folds`` is run as test (federated k-fold, FeTS Sec. 4.4.4); ``ratio``: the base
+    configuration's ratio split (``data.split.ratios``), one "fold"."""
+
+    mode: Literal["ratio", "kfold"] = "ratio"
+    folds: int = Field(default=5, ge=2)
+
+
+class TuneSpec(Strict):
+    """Where grids are searched: these folds and seeds (None = the first fold / the first seed; FeTS: folds 1-4)."""
+
+    folds: tuple[int, ...] | None = None
+    seeds: tuple[int, ...] | None = None
+
+
+class BudgetSpec(Strict):
+    """Equal budgets (FeTS Sec. 4.4.6): ``rounds`` = every method trains ``rounds`` rounds; ``sgd_steps`` /
+    ``simulated_time`` = every method gets the total local SGD steps (Eq. 34) / simulated training time (Eq. 36-38)
+    of ``rounds`` rounds of ``reference`` (with its base options; measured by running it), and may train up to
+    ``max_factor`` x ``rounds`` rounds to spend it."""
+
+    rule: Literal["rounds", "sgd_steps", "simulated_time"] = "rounds"
+    rounds: int = Field(default=30, ge=1)
+    reference: str = "fedavg"
+    max_factor: float = Field(default=3.0, ge=1.0)
+
+
+class StopSpec(Strict):
+    patience: int | None = Field(default=None, ge=1)
+    min_delta: float = Field(default=0.001, ge=0)
+
+
+class BenchSpec(Strict):
+    name: str = "bench"
+    base: BaseSpec
+    set: tuple[str, ...] = ()
+    federations: tuple[FederationSpec, ...]
+    methods: tuple[MethodSpec, ...]
+    seeds: tuple[int, ...] = (0,)
+    split: SplitSpec = SplitSpec()
+    tune: TuneSpec = TuneSpec()
+    budget: BudgetSpec = BudgetSpec()
+    stop: StopSpec = StopSpec()
+    reference: str = "fedavg"
+
+    @field_validator("federations", "methods", mode="before")
+    @classmethod
+    def _names(cls, items: Any) -> Any:
+        """A plain string is ``{name: string}``."""
+        if not isinstance(items, (list, tuple)) or not items:
+            raise ValueError("give a non-empty list")
+        return [{"name": item} if isinstance(item, str) else item for item in items]
+
+    @model_validator(mode="after")
+    def _consistent(self) -> BenchSpec:
+        for what, names in (("federations", [f.name for f in self.federations]), ("methods", self.method_names)):
+            if len(set(names)) != len(names):
+                raise ValueError(f"{what}: a name appears twice ({names})")
+        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"seeds: give distinct seeds, got {list(self.seeds)}")
+        for fold in self.tune.folds or ():
+            if fold not in self.folds:
+                raise ValueError(f"tune.folds: {fold} is not a fold of this bench {list(self.folds)}")
+        for seed in self.tune.seeds or ():
+            if seed not in self.seeds:
+                raise ValueError(f"tune.seeds: {seed} is not among seeds {list(self.seeds)}")
+        if self.reference not in self.method_names:
+            raise ValueError(f"reference: {self.reference!r} is not among the methods {self.method_names}")
+        return self
+
+    @property
+    def method_names(self) -> list[str]:
+        return [m.name for m in self.methods]
+
+    @property
+    def folds(self) -> tuple[int, ...]:
+        """The folds run as test: every k-fold fold, or the one ratio split (0)."""
+        return tuple(range(self.split.folds)) if self.split.mode == "kfold" else (0,)
+
+    @property
+    def tune_folds(self) -> tuple[int, ...]:
+        return self.tune.folds if self.tune.folds is not None else self.folds[:1]
+
+    @property
+    def tune_seeds(self) -> tuple[int, ...]:
+        return self.tune.seeds if self.tune.seeds is not None else self.seeds[:1]
+
+    def method(self, name: str) -> MethodSpec:
+        return next(m for m in self.methods if m.name == name)
+
+
+def _folder_name(name: str, what: str) -> str:
+    if not name or any(ch in name for ch in "/\\") or name.startswith("."):
+        raise ValueError(f"{what}: {name!r} cannot name a folder (no '/', '\\', leading '.')")
+    return name
+
+
+def load_bench(path: str | Path) -> tuple[BenchSpec, Path]:
+    """The bench file at ``path`` and the folder relative paths in it are read from; a ConfigError naming the file
+    and every bad key otherwise."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: bench file not found")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level")
+    try:
+        return BenchSpec.model_validate(data), path.resolve().parent
+    except ValidationError as e:
+        problems = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
+        raise ConfigError(f"{path}: {problems}") from None

@@ -1,0 +1,154 @@
+"""A bench's numbers: per-case results pooled over folds, mean ± std, paired Wilcoxon tests, convergence, cost.
+
+For each federation and method (its final runs, ``fedseg.bench.execute``):
+
+* ``results.csv`` rows: the test rows of the model each site uses (``own_site_model``), one per (fold, seed, site,
+  case, region, metric); in a k-fold bench each case is tested in exactly one fold, so pooling the folds scores
+  every case once per seed (FeTS Sec. 4.4.4);
+* ``dice`` / ``hd95`` / ``regions``: mean ± std over cases of the per-case value (mean over regions; per region),
+  each case first averaged over the seeds (the FeTS Table 1 convention, "± std over samples of all folds");
+* ``client_avg``: the mean of per-site means, per seed, then mean ± std over seeds (Auto-FedAvg Table 2);
+  ``sites``: per-site mean ± std over seeds;
+* ``wilcoxon`` (pooled) and ``site_wilcoxon``: paired tests against the bench's reference method on the
+  seed-averaged case values (:mod:`fedseg.evaluate.stats`); ``dagger`` when p < 0.05;
+* ``convergence``: runs, how many selected a round in the last 10% of their rounds (not converged), stop rules;
+* ``cost``: the mean over runs of the FeTS Table 2 quantities, with the floats per site as the paper reports them
+  (``floats_per_site`` = total / K) next to the total over sites.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable
+
+import numpy as np
+
+from fedseg.bench.execute import BenchRuns, Finished
+from fedseg.bench.plan import BenchRun
+from fedseg.bench.spec import BenchSpec
+from fedseg.evaluate.stats import SIGNIFICANCE, mean_std, paired_wilcoxon, seed_averaged
+from fedseg.evaluate.tables import case_means, own_site_model, read_rows
+
+RESULT_COLUMNS = ["federation", "method", "fold", "seed", "site", "case", "region", "metric", "value"]
+COST_KEYS = ("sgd_steps", "parallel_sgd_steps", "floats", "simulated_hours")
+
+
+def method_rows(bench: BenchSpec, run: BenchRun, fin: Finished) -> list[dict]:
+    """The run's own-model test rows of the method's scored algorithm, labelled with the run's cell."""
+    scored = bench.method(run.method).scored
+    rows = [r for r in read_rows(fin.dir / "results.csv") if r["algorithm"] == scored and own_site_model(r)]
+    cell = {"federation": run.federation, "method": run.method, "fold": run.fold, "seed": run.seed}
+    return [
+        {**cell, **{k: r[k] for k in ("site", "case", "region", "metric", "value")}, "algorithm": scored} for r in rows
+    ]
+
+
+def per_seed_cases(rows: list[dict], metric: str, region: str | None = None) -> dict[int, dict]:
+    """``{seed: {(site, case): value}}``: per case the mean over regions (or ``region``'s value), folds pooled."""
+    by_seed: dict[int, list[dict]] = defaultdict(list)
+    for r in rows:
+        if region is None or r["region"] == region:
+            by_seed[int(r["seed"])].append(r)
+    return {seed: case_means(rs, rs[0]["algorithm"], metric) for seed, rs in by_seed.items() if rs}
+
+
+def site_means(cases: dict) -> dict[str, float]:
+    by_site: dict[str, list[float]] = defaultdict(list)
+    for (site, _), v in cases.items():
+        by_site[site].append(v)
+    return {s: float(np.mean(v)) for s, v in by_site.items()}
+
+
+def method_stats(rows: list[dict], runs: list[Finished], scored: str, regions: list[str]) -> dict:
+    """Every number of one method on one federation (module docstring), without the tests against the reference."""
+    dice_seeds = per_seed_cases(rows, "dice")
+    dice_cases = seed_averaged(dice_seeds)
+    per_seed_sites = {seed: site_means(cases) for seed, cases in dice_seeds.items()}
+    sites = sorted({s for m in per_seed_sites.values() for s in m}, key=_site_order(runs))
+    entries = [fin.entry(scored) for fin in runs]
+    return {
+        "dice": mean_std(dice_cases.values()),
+        "hd95": mean_std(seed_averaged(per_seed_cases(rows, "hd95")).values()),
+        "regions": {reg: mean_std(seed_averaged(per_seed_cases(rows, "dice", reg)).values()) for reg in regions},
+        "client_avg": mean_std(float(np.mean(list(m.values()))) for m in per_seed_sites.values()),
+        "sites": {s: mean_std(m.get(s, math.nan) for m in per_seed_sites.values()) for s in sites},
+        "local_avg": mean_std(e.get("local_avg", math.nan) for e in entries),
+        "local_gen": mean_std(e.get("local_gen", math.nan) for e in entries),
+        "convergence": convergence_counts(entries),
+        "cost": cost_means(entries, [len(fin.summary["sites"]) for fin in runs]),
+        "cases": len(dice_cases),
+        "_case_dice": dice_cases,
+    }
+
+
+def _site_order(runs: list[Finished]):
+    order = {s: i for fin in runs[:1] for i, s in enumerate(fin.summary["sites"])}
+    return lambda s: (order.get(s, len(order)), s)
+
+
+def convergence_counts(entries: list[dict]) -> dict:
+    conv = [e.get("convergence", {}) for e in entries]
+    stopped: dict[str, int] = defaultdict(int)
+    for c in conv:
+        if c.get("stopped"):
+            stopped[c["stopped"]] += 1
+    return {
+        "runs": len(conv),
+        "late_best": sum(1 for c in conv if c.get("late_best")),
+        "plateaued": sum(1 for c in conv if c.get("plateaued")),
+        "stopped": dict(stopped),
+        "rounds": mean_std(c.get("rounds", math.nan) for c in conv),
+        "best_round": mean_std(c.get("best_round", math.nan) for c in conv),
+    }
+
+
+def cost_means(entries: list[dict], sites: list[int]) -> dict:
+    costs = [e.get("cost", {}) for e in entries]
+    out = {key: _mean(c.get(key, math.nan) for c in costs) for key in COST_KEYS}
+    out["floats_per_site"] = _mean(c.get("floats", math.nan) / k for c, k in zip(costs, sites))
+    return out
+
+
+def _mean(values: Iterable[float]) -> float:
+    return mean_std(values)["mean"]
+
+
+def federation_tables(bench: BenchSpec, runs: BenchRuns) -> tuple[dict, list[dict]]:
+    """``{federation: {"sites": [...], "regions": [...], "methods": {method: stats}}}`` and the results rows."""
+    by_key: dict[tuple[str, str], list[tuple[BenchRun, Finished]]] = defaultdict(list)
+    for run, fin in runs.final.items():
+        by_key[(run.federation, run.method)].append((run, fin))
+    out: dict[str, dict] = {}
+    all_rows: list[dict] = []
+    for fed in bench.federations:
+        methods: dict[str, dict] = {}
+        regions: list[str] = []
+        for method in bench.methods:
+            pairs = sorted(by_key[(fed.name, method.name)], key=lambda p: (p[0].fold, p[0].seed))
+            rows = [r for run, fin in pairs for r in method_rows(bench, run, fin)]
+            all_rows += rows
+            regions = regions or list(pairs[0][1].summary["regions"])
+            stats = method_stats(rows, [fin for _, fin in pairs], method.scored, regions)
+            stats["setting"] = pairs[0][0].setting_label
+            methods[method.name] = stats
+        add_tests(methods, bench.reference)
+        first = next(iter(methods.values()))
+        out[fed.name] = {"sites": list(first["sites"]), "regions": regions, "methods": methods}
+    return out, all_rows
+
+
+def add_tests(methods: dict[str, dict], reference: str) -> None:
+    """Paired Wilcoxon tests of every method against ``reference``, pooled and per site (seed-averaged cases)."""
+    ref = methods[reference]["_case_dice"]
+    for name, stats in methods.items():
+        cases = stats.pop("_case_dice") if name != reference else stats["_case_dice"]
+        test = paired_wilcoxon(cases, ref) if name != reference else None
+        stats["wilcoxon"] = test
+        stats["dagger"] = bool(test and test["p"] < SIGNIFICANCE)
+        stats["site_wilcoxon"] = {
+            site: paired_wilcoxon({k: v for k, v in cases.items() if k[0] == site}, ref)
+            for site in stats["sites"]
+            if name != reference
+        }
+    methods[reference].pop("_case_dice")

@@ -1,0 +1,194 @@
+"""fedseg bench: the plan, resuming after a kill, paired tests read back from results.csv, validation-only
+selection, equal SGD-step budgets (real runs on a tiny built-in federation)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from scipy.stats import wilcoxon
+
+from fedseg.bench.plan import final_runs, reference_runs, settings, tuning_runs
+from fedseg.bench.spec import load_bench
+from fedseg.config import ConfigError
+
+TINY_SET = [
+    "data.scale=0.05",
+    "data.image_size=32",
+    "model.channels=[4,8,16]",
+    "train.batch_size=4",
+    "threads=1",
+    "eval.local_models=false",
+]
+
+
+def _bench(tmp_path: Path, **fields) -> Path:
+    spec = {
+        "name": "tiny",
+        "base": {"preset": "synthetic-retina"},
+        "set": TINY_SET,
+        "federations": ["synthetic-retina"],
+        "methods": ["fedavg", {"name": "fedprox", "grid": {"methods.fedprox.mu": [0.1, 1.0]}}],
+        "seeds": [0, 1],
+        "split": {"mode": "kfold", "folds": 2},
+        "budget": {"rule": "sgd_steps", "rounds": 2},
+        **fields,
+    }
+    path = tmp_path / "bench.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def test_plan_expands_cells_grids_and_budget_references(tmp_path):
+    spec, _ = load_bench(_bench(tmp_path))
+    assert [(r.fold, r.seed) for r in reference_runs(spec)] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    tuning = tuning_runs(spec)
+    assert [r.label for r in tuning] == [
+        "synthetic-retina/fold0/seed0/fedprox/mu=0.1",
+        "synthetic-retina/fold0/seed0/fedprox/mu=1.0",
+    ]
+    finals = final_runs(spec, {("synthetic-retina", "fedprox"): settings(spec.method("fedprox"))[1]})
+    assert len(finals) == 8 and {r.setting_label for r in finals if r.method == "fedprox"} == {"mu=1.0"}
+    assert "fl.rounds=6" in finals[-1].overrides and "fl.rounds=2" in finals[0].overrides  # max_factor 3; reference
+    assert "data.split.fold=1" in finals[-1].overrides and "seed=1" in finals[-1].overrides
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"reference": "scaffold"}, "reference"),
+        ({"tune": {"folds": [7]}}, "tune.folds"),
+        ({"methods": ["fedavg", "fedavg"]}, "appears twice"),
+        ({"methods": ["fedavg", {"name": "a/b"}]}, "cannot name a folder"),
+    ],
+)
+def test_a_bad_bench_file_names_the_key(tmp_path, change, message):
+    with pytest.raises(ConfigError, match=message):
+        load_bench(_bench(tmp_path, **change))
+
+
+def test_an_unknown_option_in_a_grid_fails_before_any_run(tmp_path):
+    path = _bench(tmp_path, methods=["fedavg", {"name": "fedprox", "grid": {"methods.fedprox.nu": [1]}}])
+    proc = subprocess.run(
+        [sys.executable, "-m", "fedseg.cli", "bench", str(path), "--out", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 1 and "fedprox" in proc.stdout and "nu" in proc.stdout, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr and not (tmp_path / "out" / "runs").exists()
+
+
+def _done_markers(out: Path) -> dict[str, int]:
+    return {str(p.parent.relative_to(out)): p.stat().st_mtime_ns for p in out.glob("runs/**/bench-run.json")}
+
+
+def _case_dice(rows: list[dict], method: str) -> dict[tuple[str, str], float]:
+    """Per (site, case): the mean over regions per seed, then over seeds (fedseg.evaluate.stats's pairing)."""
+    per: dict[tuple[str, str, str], list[float]] = defaultdict(list)
+    for r in rows:
+        if r["method"] == method and r["metric"] == "dice":
+            per[(r["seed"], r["site"], r["case"])].append(float(r["value"]))
+    seeds: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for (_, site, case), values in per.items():
+        seeds[(site, case)].append(float(np.nanmean(values)))
+    return {k: float(np.mean(v)) for k, v in seeds.items()}
+
+
+@pytest.mark.slow
+def test_bench_resumes_after_a_kill_and_its_tests_equal_scipys(tmp_path):
+    path, out = _bench(tmp_path), tmp_path / "out"
+    command = [sys.executable, "-m", "fedseg.cli", "bench", str(path), "--out", str(out)]
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 300
+    while len(_done_markers(out)) < 3 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    before = _done_markers(out)
+    # 9 runs in all: 4 budget references (= fedavg's final runs), 2 tuning runs, 3 more fedprox final runs (its
+    # selected setting's fold0/seed0 run is the tuning run)
+    assert 3 <= len(before) < 9, before  # killed part-way
+    resumed = subprocess.run([*command, "--resume"], capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    after = _done_markers(out)
+    assert len(after) == 9
+    assert all(after[run] == mtime for run, mtime in before.items())  # finished runs were not trained again
+
+    with open(out / "results.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    tables = json.loads((out / "tables.json").read_text())
+    fedprox = tables["federations"]["synthetic-retina"]["methods"]["fedprox"]
+    a, b = _case_dice(rows, "fedprox"), _case_dice(rows, "fedavg")
+    keys = sorted(set(a) & set(b))
+    assert len(keys) == fedprox["wilcoxon"]["n"] == fedprox["cases"]  # every case once, over both folds
+    assert fedprox["wilcoxon"]["p"] == pytest.approx(wilcoxon([a[k] - b[k] for k in keys]).pvalue, rel=1e-12)
+    for site, test in fedprox["site_wilcoxon"].items():
+        diffs = [a[k] - b[k] for k in keys if k[0] == site]
+        expected = 1.0 if not any(diffs) else wilcoxon(diffs).pvalue
+        assert test["p"] == pytest.approx(expected, rel=1e-12), site
+
+    # equal budgets: every fedprox run stopped on the SGD steps of 2 FedAvg rounds of its cell
+    for run in (out / "runs" / "synthetic-retina").glob("fold*/seed*"):
+        ref = json.loads((run / "fedavg" / "default" / "summary.json").read_text())["algorithms"]["fedavg"]
+        for summary in run.glob("fedprox/*/summary.json"):
+            entry = json.loads(summary.read_text())["algorithms"]["fedprox"]
+            per_round = ref["sgd_steps"] / 2
+            assert ref["sgd_steps"] <= entry["sgd_steps"] < ref["sgd_steps"] + per_round, summary
+            assert entry["convergence"]["stopped"] == "sgd_steps"
+    assert "Tuning on validation" in (out / "tables.md").read_text() and (out / "report.html").is_file()
+
+
+def _write_flipped_folder(root: Path, federation) -> None:
+    """``federation`` as a folder federation (one region, the disc) whose *test* labels are the complement of the
+    disc: the better a model finds discs (validation), the worse it scores on test."""
+    from PIL import Image
+
+    root.mkdir(parents=True)
+    (root / "federation.yaml").write_text(
+        yaml.safe_dump({"name": "flipped", "kind": "2d", "channels": 3, "regions": {"disc": [1]}})
+    )
+    for site in federation.sites:
+        (root / site.name / "images").mkdir(parents=True)
+        (root / site.name / "labels").mkdir()
+        lines = ["case,split"]
+        for i, case in enumerate(site.cases):
+            image, label = case.arrays()
+            split = ("train", "train", "val", "test")[i % 4]
+            disc = (label > 0).astype(np.uint8)
+            Image.fromarray(np.moveaxis(image, 0, -1)).save(root / site.name / "images" / f"{case.id}.png")
+            Image.fromarray(1 - disc if split == "test" else disc).save(root / site.name / "labels" / f"{case.id}.png")
+            lines.append(f"{case.id},{split}")
+        (root / site.name / "splits.csv").write_text("\n".join(lines) + "\n")
+
+
+def test_grids_are_tuned_on_validation_even_when_test_disagrees(tmp_path, disc_federation):
+    from fedseg.bench.execute import run_bench
+    from fedseg.bench.report import write_report
+
+    _write_flipped_folder(tmp_path / "flipped", disc_federation(n_sites=2, cases_per_site=8))
+    path = _bench(
+        tmp_path,
+        federations=[{"name": "flipped", "set": ["data.source=folder", f"data.root={tmp_path / 'flipped'}"]}],
+        methods=["fedavg", {"name": "fedprox", "grid": {"train.lr": [0.0003, 0.03]}}],
+        seeds=[0],
+        split={"mode": "ratio"},
+        budget={"rounds": 3},
+    )
+    spec, root = load_bench(path)
+    runs = run_bench(spec, root, tmp_path / "out", echo=lambda line: None)
+    tuning = write_report(spec, runs, tmp_path / "out")["tuning"]
+    best_val = max(tuning, key=lambda r: r["val_dice"])
+    best_test = max(tuning, key=lambda r: r["test_dice"])
+    assert best_val["setting"] != best_test["setting"], tuning  # the test split disagrees with validation
+    assert [r["setting"] for r in tuning if r["selected"]] == [best_val["setting"]]
+    assert {r.setting_label for r in runs.final if r.method == "fedprox"} == {best_val["setting"]}
