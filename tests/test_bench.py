@@ -192,3 +192,11 @@ def test_grids_are_tuned_on_validation_even_when_test_disagrees(tmp_path, disc_f
     assert best_val["setting"] != best_test["setting"], tuning  # the test split disagrees with validation
     assert [r["setting"] for r in tuning if r["selected"]] == [best_val["setting"]]
     assert {r.setting_label for r in runs.final if r.method == "fedprox"} == {best_val["setting"]}
+
+
+@pytest.mark.parametrize("name", ["bench-fets.yaml", "bench-fedsm.yaml"])
+def test_the_example_bench_files_validate_every_run(name):
+    from fedseg.bench.plan import check_plan
+
+    spec, root = load_bench(Path(__file__).resolve().parents[1] / "examples" / name)
+    check_plan(spec, root)  # every method, grid setting and federation of the bench makes a valid run

@@ -134,6 +134,7 @@ def test_sweep_runs_one_complete_run_per_value_with_that_value_in_its_config(tmp
         "key",
         "value",
         "algorithm",
+        "val_dice",
         *(f"dice_{s}" for s in SITES),
         "dice_client_avg",
         "dice_global",
@@ -147,6 +148,7 @@ def test_sweep_runs_one_complete_run_per_value_with_that_value_in_its_config(tmp
         summary = json.loads((sub / "summary.json").read_text())["algorithms"][r["algorithm"]]
         assert float(r["dice_client_avg"]) == pytest.approx(summary["dice"]["client_avg"])
         assert float(r["dice_site2"]) == pytest.approx(summary["dice"]["site2"])
+        assert float(r["val_dice"]) == pytest.approx(summary["convergence"]["best_val_dice"])
     assert json.loads((tmp_path / "sweep.json").read_text())["rows"][1]["dice_global"] == pytest.approx(
         float(rows[1]["dice_global"])
     )

@@ -15,8 +15,9 @@ like any run. A study directory ``OUT`` holds:
   applicable;
 * sweep (``--sweep key=v1,v2,...``): ``sweep/<key>=<value>/`` = a run with ``--set key=value``
   on top of the base configuration, then ``sweep.csv`` + ``sweep.json``: one row per value and
-  algorithm, columns ``key, value, algorithm, dice_<site>..., dice_client_avg, dice_global,
-  hd95_client_avg, run`` (the sub-run's summary.json test numbers).
+  algorithm, columns ``key, value, algorithm, val_dice, dice_<site>..., dice_client_avg, dice_global,
+  hd95_client_avg, run`` (``val_dice``: the mean validation Dice at the selected round, the score a choice
+  among the values must be made on; the rest: the sub-run's summary.json test numbers).
 
 The tables are rewritten after every sub-run. ``resume`` continues a study: finished sub-runs
 return from their checkpoints without training, a half-done one continues from its last round.
@@ -303,14 +304,14 @@ def write_table(out: Path, stem: str, columns: list[str], rows: list[dict]) -> N
 
 # --------------------------------------------------------------------------- sweep table
 def sweep_columns(rows: list[dict]) -> list[str]:
-    """``key, value, algorithm, dice_<site>... (every site seen, in order), dice_client_avg,
+    """``key, value, algorithm, val_dice, dice_<site>... (every site seen, in order), dice_client_avg,
     dice_global, hd95_client_avg, run``."""
     sites = list(
         dict.fromkeys(
             c for r in rows for c in r if c.startswith("dice_") and c not in ("dice_client_avg", "dice_global")
         )
     )
-    return ["key", "value", "algorithm", *sites, "dice_client_avg", "dice_global", "hd95_client_avg", "run"]
+    return ["key", "value", "algorithm", "val_dice", *sites, "dice_client_avg", "dice_global", "hd95_client_avg", "run"]
 
 
 def sweep_rows(results: RunResults, key: str, value: str, run: str) -> list[dict]:
@@ -323,6 +324,7 @@ def sweep_rows(results: RunResults, key: str, value: str, run: str) -> list[dict
                 "key": key,
                 "value": value,
                 "algorithm": algo.name,
+                "val_dice": _clean(algo.summary.get("convergence", {}).get("best_val_dice")),
                 **{f"dice_{s}": _clean(dice.get(s)) for s in results.federation.site_names},
                 "dice_client_avg": _clean(dice["client_avg"]),
                 "dice_global": _clean(dice["global"]),

@@ -121,6 +121,7 @@ def sweep_section(root: Path) -> str:
     for r in sorted(rows, key=lambda r: order.index(r["algorithm"])):  # one block per algorithm, values in order
         label, fed = f"{display_name(r['algorithm'])}: {r['value']}", is_federated(r["algorithm"])
         dice = {
+            "val": num(r.get("val_dice")),
             **{s: num(r[f"dice_{s}"]) for s in sites},
             "client_avg": num(r["dice_client_avg"]),
             "global": num(r["dice_global"]),
@@ -132,17 +133,17 @@ def sweep_section(root: Path) -> str:
         layout = "Auto-FedAvg Fig. 4"
     runs = dict.fromkeys((r.get("run", ""), r["value"]) for r in rows)  # one link per value, in order
     links = ", ".join(run_link(root, run, f"{key}={value}") for run, value in runs)
-    body = score_table(dice_rows, site_columns(sites), True, 4) + score_table(
-        hd_rows, [("hd95", "HD95 Client Avg")], False, 2
-    )
+    columns = [("val", "Validation (selects)"), *site_columns(sites)]
+    body = score_table(dice_rows, columns, True, 4) + score_table(hd_rows, [("hd95", "HD95 Client Avg")], False, 2)
     figure = sweep_figure(rows, key, root / "figures" / SWEEP_FIGURE, {a: display_name(a) for a in order})
     if figure is not None:
         body += f'<img src="figures/{SWEEP_FIGURE}" alt="test Dice (client average) vs {esc(key)}">'
     note = (
         f"One complete run per value of <code>{esc(key)}</code>, everything else as the base configuration. "
         "Test Dice per site (mean over regions per case, then over the site's cases), Client Avg = mean of the "
-        "site means, Global = all test cases pooled; HD95 Client Avg below (lower is better). Bold: best "
-        "federated number per column."
+        "site means, Global = all test cases pooled; HD95 Client Avg below (lower is better). Validation: the mean "
+        "validation Dice over sites at the run's selected round — choose a value on it, never on the test columns. "
+        "Bold: best federated number per column."
         + (" Figure: the Client Avg test Dice against the value, one line per method." if figure else "")
         + f" Runs: {links}."
     )
