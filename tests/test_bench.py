@@ -200,3 +200,23 @@ def test_the_example_bench_files_validate_every_run(name):
 
     spec, root = load_bench(Path(__file__).resolve().parents[1] / "examples" / name)
     check_plan(spec, root)  # every method, grid setting and federation of the bench makes a valid run
+
+
+def test_resume_accepts_appended_methods_and_refuses_other_changes(tmp_path):
+    from fedseg.bench.execute import BENCH_FILE, check_out
+
+    spec, _ = load_bench(_bench(tmp_path))
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / BENCH_FILE).write_text(json.dumps(spec.model_dump(mode="json")))
+    with pytest.raises(FileExistsError, match="--resume"):
+        check_out(spec, tmp_path / "out", resume=False)
+    grown, _ = load_bench(
+        _bench(
+            tmp_path, methods=["fedavg", {"name": "fedprox", "grid": {"methods.fedprox.mu": [0.1, 1.0]}}, "scaffold"]
+        )
+    )
+    check_out(grown, tmp_path / "out", resume=True)
+    for change in ({"seeds": [0, 1, 2]}, {"methods": ["scaffold", "fedavg"]}):
+        other, _ = load_bench(_bench(tmp_path, **change))
+        with pytest.raises(ValueError, match="cannot resume a different bench"):
+            check_out(other, tmp_path / "out", resume=True)

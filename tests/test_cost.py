@@ -49,6 +49,7 @@ def test_cost_table_by_hand_with_config_timing():
     assert c["parallel_sgd_steps"] == 10 + 12  # Eq. 35: per round the busiest site
     assert c["forward_batches"] == 3 + 1 + 3 + 1
     assert c["floats"] == 8 * M  # training exchanges only: 4 downloads + 4 uploads
+    assert c["eval_floats"] == 4 * M + 2 * 16 + 2 * 40 + M  # evaluate and share_model rows, reported apart
     assert (c["t_batch"], c["t_forward"], c["t_eval"]) == (2.0, 0.5, 0.5)
     # Eq. 36-38, t_batch 2 s, t_forward 0.5 s, t_eval 0.5 s, 1 s down + 2 s up per model:
     # round 1: a = 10*2 + 3*0.5 + 0 + 1 + 2 = 24.5, b = 4*2 + 0.5 + 3 = 11.5   -> 24.5

@@ -2,7 +2,8 @@
 
 A finished run leaves ``bench-run.json`` (its configuration) in its folder; a resumed bench reuses such a run
 without starting it, continues a half-done one from its last checkpoint (``fedseg run --resume``) and starts the
-rest. ``OUT/bench.json`` records the bench; resuming with a different bench is refused before any work.
+rest. ``OUT/bench.json`` records the bench; resuming with a different bench is refused before any work, except
+one with methods appended at the end of ``methods`` (a bench grown over several sittings).
 
 ``jobs`` > 1 trains that many runs at once, each in a fresh process (``forkserver``; its own torch threads, as
 the run's ``threads`` says), so runs never share state and their numbers equal a ``jobs`` = 1 bench's.
@@ -69,7 +70,11 @@ def is_done(folder: Path, cfg: RunConfig) -> bool:
     marker = folder / DONE_FILE
     if not marker.is_file() or not (folder / "summary.json").is_file():
         return False
-    return json.loads(marker.read_text()).get("config") == cfg.model_dump(mode="json")
+    try:  # normalized as a resume compares configurations: keys added by a later fedseg at their defaults
+        recorded = RunConfig.model_validate(json.loads(marker.read_text()).get("config", {}))
+    except (ValueError, TypeError):
+        return False
+    return recorded.model_dump(mode="json") == cfg.model_dump(mode="json")
 
 
 class Runner:
@@ -163,9 +168,14 @@ def check_out(bench: BenchSpec, out: Path, resume: bool) -> None:
         raise FileExistsError(f"{out}: already holds a bench; use --resume to continue it or choose another --out")
     old = json.loads(recorded.read_text())
     new = bench.model_dump(mode="json")
-    if old != new:
-        keys = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
-        raise ValueError(f"{recorded}: cannot resume a different bench; it differs in: {', '.join(keys)}")
+    keys = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+    if keys == ["methods"] and new["methods"][: len(old["methods"])] == old["methods"]:
+        return  # methods appended at the end: every finished run is still one of this bench's
+    if keys:
+        raise ValueError(
+            f"{recorded}: cannot resume a different bench (methods may only be appended at the end); "
+            f"it differs in: {', '.join(keys)}"
+        )
 
 
 @dataclass

@@ -13,7 +13,8 @@ For each federation and method (its final runs, ``fedseg.bench.execute``):
   seed-averaged case values (:mod:`fedseg.evaluate.stats`); ``dagger`` when p < 0.05;
 * ``convergence``: runs, how many selected a round in the last 10% of their rounds (not converged), stop rules;
 * ``cost``: the mean over runs of the FeTS Table 2 quantities, with the floats per site as the paper reports them
-  (``floats_per_site`` = total / K) next to the total over sites.
+  (``floats_per_site`` = total / K) next to the total over sites, and the evaluation traffic per site apart
+  (``eval_floats_per_site``: validation and test messages, e.g. FedSM's super model every validated round).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from fedseg.evaluate.stats import SIGNIFICANCE, mean_std, paired_wilcoxon, seed_
 from fedseg.evaluate.tables import case_means, own_site_model, read_rows
 
 RESULT_COLUMNS = ["federation", "method", "fold", "seed", "site", "case", "region", "metric", "value"]
-COST_KEYS = ("sgd_steps", "parallel_sgd_steps", "floats", "simulated_hours")
+COST_KEYS = ("sgd_steps", "parallel_sgd_steps", "floats", "eval_floats", "simulated_hours")
 
 
 def method_rows(bench: BenchSpec, run: BenchRun, fin: Finished) -> list[dict]:
@@ -107,6 +108,7 @@ def cost_means(entries: list[dict], sites: list[int]) -> dict:
     costs = [e.get("cost", {}) for e in entries]
     out = {key: _mean(c.get(key, math.nan) for c in costs) for key in COST_KEYS}
     out["floats_per_site"] = _mean(c.get("floats", math.nan) / k for c, k in zip(costs, sites))
+    out["eval_floats_per_site"] = _mean(c.get("eval_floats", math.nan) / k for c, k in zip(costs, sites))
     return out
 
 

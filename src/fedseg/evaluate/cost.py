@@ -80,7 +80,9 @@ def cost_table(rows: Iterable[LedgerRow | Mapping], cfg: CostConfig, val_cases: 
         cfg: the cost model (``RunConfig.cost``).
         val_cases: validation cases per site (``n^eval_k``).
     Returns:
-        ``sgd_steps`` (Eq. 34), ``parallel_sgd_steps`` (Eq. 35), ``forward_batches``, ``floats``,
+        ``sgd_steps`` (Eq. 34), ``parallel_sgd_steps`` (Eq. 35), ``forward_batches``, ``floats`` (training
+        exchanges, the paper's communication), ``eval_floats`` (validation and test exchanges: e.g. FedSM's super
+        model sent for every validation; reported apart, not in Eq. 38),
         ``simulated_seconds`` and ``simulated_hours`` (Eq. 36-38), and the inputs used:
         ``timing``, ``t_batch``, ``t_forward``, ``t_eval`` (s), ``download_mb_s``, ``upload_mb_s``,
         ``bytes_per_float``.
@@ -134,6 +136,7 @@ def cost_table(rows: Iterable[LedgerRow | Mapping], cfg: CostConfig, val_cases: 
         "parallel_sgd_steps": parallel,
         "forward_batches": sum(r["steps"] for r in forward),
         "floats": sum(r["floats_down"] + r["floats_up"] for r in train),
+        "eval_floats": sum(r["floats_down"] + r["floats_up"] for r in records if r["action"] in EVAL_ACTIONS),
         "simulated_seconds": total_seconds,
         "simulated_hours": total_seconds / 3600.0,
         "timing": cfg.timing,
