@@ -118,6 +118,12 @@ def test_bench_resumes_after_a_kill_and_its_tests_equal_scipys(tmp_path):
     # 9 runs in all: 4 budget references (= fedavg's final runs), 2 tuning runs, 3 more fedprox final runs (its
     # selected setting's fold0/seed0 run is the tuning run)
     assert 3 <= len(before) < 9, before  # killed part-way
+    partial = subprocess.run([*command, "--tables-only"], capture_output=True, text=True, timeout=300)
+    assert partial.returncode == 0 and _done_markers(out) == before, partial.stdout + partial.stderr  # trains nothing
+    done_refs = len([r for r in before if "/fedavg/" in r])
+    tables = json.loads((out / "tables.json").read_text())["federations"]
+    if done_refs:  # the finished FedAvg runs are in the partial tables, with how many of the 4 there are
+        assert tables["synthetic-retina"]["methods"]["fedavg"]["convergence"]["runs"] == done_refs
     resumed = subprocess.run([*command, "--resume"], capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     after = _done_markers(out)

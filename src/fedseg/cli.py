@@ -238,6 +238,9 @@ def bench(
     out: Path = typer.Option(..., "--out", help="output directory of the bench"),
     jobs: int = typer.Option(1, "--jobs", min=1, help="runs trained at once, each in its own process"),
     resume: bool = typer.Option(False, "--resume", help="continue: finished runs are reused, half-done ones resumed"),
+    tables_only: bool = typer.Option(
+        False, "--tables-only", help="train nothing: the tables of the runs finished so far (e.g. of a running bench)"
+    ),
 ) -> None:
     """A declarative study (README "Benchmark protocol"): every method x fold x seed x federation as runs in
     OUT/runs/, grids tuned on validation, equal budgets; OUT/tables.md, tables.json, results.csv, report.html."""
@@ -247,11 +250,10 @@ def bench(
 
     try:
         spec, root = load_bench(config)
-        runs = run_bench(
-            spec, root, out, jobs, resume, echo=lambda line: console.print(line, highlight=False, soft_wrap=True)
-        )
+        echo = lambda line: console.print(line, highlight=False, soft_wrap=True)  # noqa: E731
+        runs = run_bench(spec, root, out, jobs, resume, echo, train=not tables_only)
         write_report(spec, runs, out)
-    except (ConfigError, FederationError, FileExistsError, KeyError, ValueError) as e:
+    except (ConfigError, FederationError, FileExistsError, FileNotFoundError, KeyError, ValueError) as e:
         fail(str(e).strip("'\""))
         return
     console.print(f"tables: {out / 'tables.md'}\nreport: {out / 'report.html'}", highlight=False)

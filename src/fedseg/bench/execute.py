@@ -80,8 +80,8 @@ def is_done(folder: Path, cfg: RunConfig) -> bool:
 class Runner:
     """Executes lists of runs, ``jobs`` at a time, printing one line per finished run with an ETA."""
 
-    def __init__(self, bench: BenchSpec, root: Path, out: Path, jobs: int, echo: Echo):
-        self.bench, self.root, self.out, self.jobs, self.echo = bench, root, out, jobs, echo
+    def __init__(self, bench: BenchSpec, root: Path, out: Path, jobs: int, echo: Echo, train: bool = True):
+        self.bench, self.root, self.out, self.jobs, self.echo, self.train = bench, root, out, jobs, echo, train
         self.trained_seconds: list[float] = []
 
     def execute(self, runs: list[BenchRun], phase: str) -> dict[BenchRun, Finished]:
@@ -89,8 +89,8 @@ class Runner:
         configs = {r: run_config(self.bench, self.root, r) for r in unique}
         done = {r: self._finished(r, 0.0) for r in unique if is_done(r.dir(self.out), configs[r])}
         todo = [r for r in unique if r not in done]
-        self.echo(f"{phase}: {len(unique)} runs, {len(done)} done, {len(todo)} to train")
-        if not todo:
+        self.echo(f"{phase}: {len(unique)} runs, {len(done)} done, {len(todo)} {'to train' if self.train else 'left'}")
+        if not todo or not self.train:
             return done
         if self.jobs == 1:
             for r in todo:
@@ -188,17 +188,28 @@ class BenchRuns:
 
 
 def run_bench(
-    bench: BenchSpec, root: Path, out: Path, jobs: int = 1, resume: bool = False, echo: Echo = print
+    bench: BenchSpec,
+    root: Path,
+    out: Path,
+    jobs: int = 1,
+    resume: bool = False,
+    echo: Echo = print,
+    train: bool = True,
 ) -> BenchRuns:
-    """Run (or resume) every phase of ``bench`` into ``out``; the finished runs (tables: ``fedseg.bench.report``)."""
+    """Run (or resume) every phase of ``bench`` into ``out``; the finished runs (tables: ``fedseg.bench.report``).
+    ``train`` False: train nothing, collect the runs finished so far (a bench still running, or stopped): methods
+    whose tuning is not finished have no final runs, and the tables say how many runs each number rests on."""
     from fedseg.bench.select import select_settings
 
     out = Path(out)
     check_plan(bench, root)
-    check_out(bench, out, resume)
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out / BENCH_FILE, json.dumps(bench.model_dump(mode="json"), indent=1))
-    runner = Runner(bench, root, out, jobs, echo)
+    if train:
+        check_out(bench, out, resume)
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(out / BENCH_FILE, json.dumps(bench.model_dump(mode="json"), indent=1))
+    elif not (out / BENCH_FILE).is_file():
+        raise FileNotFoundError(f"{out}: holds no bench ({BENCH_FILE}); run `fedseg bench` first")
+    runner = Runner(bench, root, out, jobs, echo, train)
     caps = budget_caps(bench, runner.execute(reference_runs(bench), "budget references"))
     tuning = runner.execute(with_caps(bench, tuning_runs(bench), caps), "tuning on validation")
     selected = select_settings(bench, tuning)

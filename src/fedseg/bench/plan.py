@@ -154,11 +154,13 @@ def tuning_runs(bench: BenchSpec) -> list[BenchRun]:
 
 
 def final_runs(bench: BenchSpec, selected: dict[tuple[str, str], Setting]) -> list[BenchRun]:
-    """Phase 3: every method in every cell; ``selected``: (federation, method) -> setting (methods with a grid)."""
+    """Phase 3: every method in every cell; ``selected``: (federation, method) -> setting (methods with a grid; one
+    without an entry, whose tuning is not finished, has no final run yet)."""
     return [
         make_run(bench, f, m, fold, seed, selected.get((f.name, m.name), ()))
         for f in bench.federations
         for m in bench.methods
+        if not m.grid or (f.name, m.name) in selected
         for fold in bench.folds
         for seed in bench.seeds
     ]

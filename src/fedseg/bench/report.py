@@ -46,7 +46,7 @@ def _finite(x) -> bool:
 
 def p_text(test: dict | None) -> str:
     if not test or not _finite(test.get("p")):
-        return "ref" if test is None else "–"
+        return "–"
     return f"{test['p']:.2g}" + (" †" if test["p"] < 0.05 else "")
 
 
@@ -56,7 +56,8 @@ def _md_table(head: list[str], rows: list[list[str]]) -> str:
 
 
 def test_table(fed: dict, reference: str) -> tuple[list[str], list[list[str]]]:
-    head = ["method", "setting", "Dice", *fed["regions"], "HD95", "client avg", f"Δ vs {reference}", "p", "converged"]
+    head = ["method", "setting", "runs", "Dice", *fed["regions"], "HD95", "client avg", f"Δ vs {reference}", "p"]
+    head.append("converged")
     rows = []
     for name, s in fed["methods"].items():
         test = s["wilcoxon"]
@@ -66,12 +67,13 @@ def test_table(fed: dict, reference: str) -> tuple[list[str], list[list[str]]]:
             [
                 name,
                 s["setting"],
+                f"{conv['runs']}/{fed['runs']}",
                 ms(s["dice"]),
                 *(ms(s["regions"][r]) for r in fed["regions"]),
                 ms(s["hd95"], 2),
                 ms(s["client_avg"]),
                 delta,
-                p_text(test),
+                "ref" if name == reference else p_text(test),
                 f"{conv['runs'] - conv['late_best']}/{conv['runs']}",
             ]
         )

@@ -47,8 +47,11 @@ def setting_scores(bench: BenchSpec, tuning: dict[BenchRun, Finished]) -> dict[t
 def select_settings(bench: BenchSpec, tuning: dict[BenchRun, Finished]) -> dict[tuple[str, str], Setting]:
     """The setting each (federation, method with a grid) takes to its final runs: the best on validation."""
     chosen = {}
+    runs_per_setting = len(bench.tune_folds) * len(bench.tune_seeds)
     for (fed, method), per in setting_scores(bench, tuning).items():
         order = settings(bench.method(method))
+        if any(per.get(s, {}).get("runs", 0) < runs_per_setting for s in order):
+            continue  # tuning not finished (a bench collected while running): nothing selected yet
         chosen[(fed, method)] = max(order, key=lambda s: (_rank(per[s]["val"]), -order.index(s)))
     return chosen
 

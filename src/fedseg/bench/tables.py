@@ -128,20 +128,31 @@ def federation_tables(bench: BenchSpec, runs: BenchRuns) -> tuple[dict, list[dic
         regions: list[str] = []
         for method in bench.methods:
             pairs = sorted(by_key[(fed.name, method.name)], key=lambda p: (p[0].fold, p[0].seed))
+            if not pairs:  # a bench collected while running: no final run of this method yet
+                continue
             rows = [r for run, fin in pairs for r in method_rows(bench, run, fin)]
             all_rows += rows
             regions = regions or list(pairs[0][1].summary["regions"])
             stats = method_stats(rows, [fin for _, fin in pairs], method.scored, regions)
             stats["setting"] = pairs[0][0].setting_label
             methods[method.name] = stats
+        if not methods:
+            continue
         add_tests(methods, bench.reference)
         first = next(iter(methods.values()))
-        out[fed.name] = {"sites": list(first["sites"]), "regions": regions, "methods": methods}
+        expected = len(bench.folds) * len(bench.seeds)
+        out[fed.name] = {"sites": list(first["sites"]), "regions": regions, "methods": methods, "runs": expected}
     return out, all_rows
 
 
 def add_tests(methods: dict[str, dict], reference: str) -> None:
-    """Paired Wilcoxon tests of every method against ``reference``, pooled and per site (seed-averaged cases)."""
+    """Paired Wilcoxon tests of every method against ``reference``, pooled and per site (seed-averaged cases);
+    none while the reference has no run (a bench collected while running)."""
+    if reference not in methods:
+        for stats in methods.values():
+            stats.pop("_case_dice")
+            stats.update(wilcoxon=None, dagger=False, site_wilcoxon={})
+        return
     ref = methods[reference]["_case_dice"]
     for name, stats in methods.items():
         cases = stats.pop("_case_dice") if name != reference else stats["_case_dice"]
