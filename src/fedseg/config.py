@@ -387,7 +387,7 @@ def preset_names() -> list[str]:
 
 
 def preset_description(name: str) -> str:
-    return str(_read_yaml_text(_preset_text(name), f"preset {name}").get("description", ""))
+    return str(read_yaml_mapping(_preset_text(name), f"preset {name}").get("description", ""))
 
 
 def preset_yaml(name: str) -> str:
@@ -415,7 +415,8 @@ def _preset_text(name: str) -> str:
     return path.read_text()
 
 
-def _read_yaml_text(text: str, where: str) -> dict:
+def read_yaml_mapping(text: str, where: str) -> dict:
+    """``text`` parsed as a YAML mapping; a ConfigError naming ``where`` for bad YAML or another top level."""
     try:
         data = yaml.safe_load(text) or {}
     except yaml.YAMLError as e:
@@ -444,13 +445,13 @@ def load_config(preset: str | None = None, file: str | Path | None = None, overr
     if (preset is None) == (file is None):
         raise ConfigError("give exactly one of --preset NAME or --config FILE")
     if preset is not None:
-        data, where = _read_yaml_text(_preset_text(preset), f"preset {preset}"), f"preset {preset}"
+        data, where = read_yaml_mapping(_preset_text(preset), f"preset {preset}"), f"preset {preset}"
     else:
         assert file is not None  # exactly one of preset/file was given (checked above)
         path = Path(file)
         if not path.is_file():
             raise ConfigError(f"{path}: config file not found")
-        data, where = _read_yaml_text(path.read_text(), str(path)), str(path)
+        data, where = read_yaml_mapping(path.read_text(), str(path)), str(path)
     data.pop("description", None)
     for assignment in overrides:
         apply_override(data, assignment)
@@ -462,8 +463,12 @@ def validate_config(data: dict, where: str) -> RunConfig:
     try:
         return RunConfig.model_validate(data)
     except ValidationError as e:
-        problems = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
-        raise ConfigError(f"{where}: {problems}") from None
+        raise ConfigError(f"{where}: {validation_problems(e)}") from None
+
+
+def validation_problems(error: ValidationError, prefix: str = "") -> str:
+    """Every problem of a pydantic ``error`` as ``key.sub: message``, joined by ``; `` (``prefix``: before each key)."""
+    return "; ".join(f"{prefix}{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in error.errors())
 
 
 def dump_config(cfg: RunConfig) -> str:

@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from fedseg.config import validation_problems
+
 if TYPE_CHECKING:  # types only: the report kit and the data layer sit below the algorithms
     import torch
 
@@ -151,5 +153,5 @@ def _parse_options(name: str, model: type[BaseModel], raw_json: str) -> BaseMode
     try:
         return model.model_validate(json.loads(raw_json))
     except ValidationError as e:
-        problems = "; ".join(f"methods.{name}.{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
+        problems = validation_problems(e, f"methods.{name}.")
         raise ValueError(problems) from None

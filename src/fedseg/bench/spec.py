@@ -29,10 +29,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from fedseg.config import ConfigError
+from fedseg.config import ConfigError, read_yaml_mapping, validation_problems
 
 
 class Strict(BaseModel):
@@ -202,14 +201,8 @@ def load_bench(path: str | Path) -> tuple[BenchSpec, Path]:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: bench file not found")
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {e}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a mapping at the top level")
+    data = read_yaml_mapping(path.read_text(), str(path))
     try:
         return BenchSpec.model_validate(data), path.resolve().parent
     except ValidationError as e:
-        problems = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
-        raise ConfigError(f"{path}: {problems}") from None
+        raise ConfigError(f"{path}: {validation_problems(e)}") from None
