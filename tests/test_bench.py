@@ -178,7 +178,7 @@ def _write_flipped_folder(root: Path, federation) -> None:
 
 
 def test_grids_are_tuned_on_validation_even_when_test_disagrees(tmp_path, disc_federation):
-    from fedseg.bench.execute import run_bench
+    from fedseg.bench.phases import run_bench
     from fedseg.bench.report import write_report
 
     _write_flipped_folder(tmp_path / "flipped", disc_federation(n_sites=2, cases_per_site=8))
@@ -209,7 +209,7 @@ def test_the_example_bench_files_validate_every_run(name):
 
 
 def test_resume_accepts_appended_methods_and_refuses_other_changes(tmp_path):
-    from fedseg.bench.execute import BENCH_FILE, check_out
+    from fedseg.bench.phases import BENCH_FILE, check_out
 
     spec, _ = load_bench(_bench(tmp_path))
     (tmp_path / "out").mkdir()

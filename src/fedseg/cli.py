@@ -244,7 +244,7 @@ def bench(
 ) -> None:
     """A declarative study (README "Benchmark protocol"): every method x fold x seed x federation as runs in
     OUT/runs/, grids tuned on validation, equal budgets; OUT/tables.md, tables.json, results.csv, report.html."""
-    from fedseg.bench.execute import run_bench
+    from fedseg.bench.phases import run_bench
     from fedseg.bench.report import write_report
     from fedseg.bench.spec import load_bench
 

@@ -1,9 +1,8 @@
-"""Running a bench: its three phases (``fedseg.bench.plan``), resumable, ``jobs`` runs at a time, with progress.
+"""Running a bench's runs: resumable, ``jobs`` runs at a time, with progress (the phases: ``fedseg.bench.phases``).
 
 A finished run leaves ``bench-run.json`` (its configuration) in its folder; a resumed bench reuses such a run
 without starting it, continues a half-done one from its last checkpoint (``fedseg run --resume``) and starts the
-rest. ``OUT/bench.json`` records the bench; resuming with a different bench is refused before any work, except
-one with methods appended at the end of ``methods`` (a bench grown over several sittings).
+rest.
 
 ``jobs`` > 1 trains that many runs at once, each in a fresh process (``forkserver``; its own torch threads, as
 the run's ``threads`` says), so runs never share state and their numbers equal a ``jobs`` = 1 bench's.
@@ -17,24 +16,15 @@ import multiprocessing
 import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
-from fedseg.bench.plan import (
-    BenchRun,
-    Setting,
-    check_plan,
-    final_runs,
-    is_budget_reference,
-    reference_runs,
-    run_config,
-    tuning_runs,
-)
+from fedseg.bench.plan import BenchRun, run_config
 from fedseg.bench.spec import BenchSpec
 from fedseg.config import RunConfig
 from fedseg.engine.checkpoint import atomic_write_text
 
-BENCH_FILE, DONE_FILE = "bench.json", "bench-run.json"
+DONE_FILE = "bench-run.json"
 Echo = Callable[[str], None]
 
 
@@ -134,84 +124,3 @@ def _duration(seconds: float) -> str:
     return (
         f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
     )
-
-
-def budget_caps(bench: BenchSpec, references: dict[BenchRun, Finished]) -> dict[tuple[str, int, int], tuple[str, ...]]:
-    """Per cell, the ``fl.stop`` budget every other run gets: the reference's cost per trained round x
-    ``budget.rounds`` (its SGD steps, Eq. 34, or simulated hours, Eq. 36-38)."""
-    caps: dict[tuple[str, int, int], tuple[str, ...]] = {}
-    for run, fin in references.items():
-        entry = next(iter(fin.summary["algorithms"].values()))
-        per_round = 1.0 / entry["convergence"]["rounds"]
-        if bench.budget.rule == "sgd_steps":
-            steps = math.ceil(entry["cost"]["sgd_steps"] * per_round * bench.budget.rounds)
-            caps[run.cell] = (f"fl.stop.sgd_steps={steps}",)
-        else:
-            hours = entry["cost"]["simulated_hours"] * per_round * bench.budget.rounds
-            caps[run.cell] = (f"fl.stop.simulated_hours={hours!r}",)
-    return caps
-
-
-def with_caps(bench: BenchSpec, runs: list[BenchRun], caps: dict) -> list[BenchRun]:
-    return [
-        r if is_budget_reference(bench, bench.method(r.method), r.setting) else replace(r, caps=caps.get(r.cell, ()))
-        for r in runs
-    ]
-
-
-def check_out(bench: BenchSpec, out: Path, resume: bool) -> None:
-    """``OUT`` holds no bench (or, with ``resume``, this same bench), before any work."""
-    recorded = out / BENCH_FILE
-    if not recorded.is_file():
-        return
-    if not resume:
-        raise FileExistsError(f"{out}: already holds a bench; use --resume to continue it or choose another --out")
-    old = json.loads(recorded.read_text())
-    new = bench.model_dump(mode="json")
-    keys = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
-    if keys == ["methods"] and new["methods"][: len(old["methods"])] == old["methods"]:
-        return  # methods appended at the end: every finished run is still one of this bench's
-    if keys:
-        raise ValueError(
-            f"{recorded}: cannot resume a different bench (methods may only be appended at the end); "
-            f"it differs in: {', '.join(keys)}"
-        )
-
-
-@dataclass
-class BenchRuns:
-    """Everything a bench ran: the tuning runs, the selection, the final runs."""
-
-    tuning: dict[BenchRun, Finished]
-    selected: dict[tuple[str, str], Setting]
-    final: dict[BenchRun, Finished]
-
-
-def run_bench(
-    bench: BenchSpec,
-    root: Path,
-    out: Path,
-    jobs: int = 1,
-    resume: bool = False,
-    echo: Echo = print,
-    train: bool = True,
-) -> BenchRuns:
-    """Run (or resume) every phase of ``bench`` into ``out``; the finished runs (tables: ``fedseg.bench.report``).
-    ``train`` False: train nothing, collect the runs finished so far (a bench still running, or stopped): methods
-    whose tuning is not finished have no final runs, and the tables say how many runs each number rests on."""
-    from fedseg.bench.select import select_settings
-
-    out = Path(out)
-    check_plan(bench, root)
-    if train:
-        check_out(bench, out, resume)
-        out.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(out / BENCH_FILE, json.dumps(bench.model_dump(mode="json"), indent=1))
-    elif not (out / BENCH_FILE).is_file():
-        raise FileNotFoundError(f"{out}: holds no bench ({BENCH_FILE}); run `fedseg bench` first")
-    runner = Runner(bench, root, out, jobs, echo, train)
-    caps = budget_caps(bench, runner.execute(reference_runs(bench), "budget references"))
-    tuning = runner.execute(with_caps(bench, tuning_runs(bench), caps), "tuning on validation")
-    selected = select_settings(bench, tuning)
-    final = runner.execute(with_caps(bench, final_runs(bench, selected), caps), "final runs")
-    return BenchRuns(tuning, selected, final)

@@ -20,7 +20,7 @@ import json
 import math
 from pathlib import Path
 
-from fedseg.bench.execute import BenchRuns
+from fedseg.bench.phases import BenchRuns
 from fedseg.bench.select import tuning_rows
 from fedseg.bench.spec import BenchSpec
 from fedseg.bench.tables import RESULT_COLUMNS, federation_tables

@@ -25,7 +25,8 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from fedseg.bench.execute import BenchRuns, Finished
+from fedseg.bench.execute import Finished
+from fedseg.bench.phases import BenchRuns
 from fedseg.bench.plan import BenchRun
 from fedseg.bench.spec import BenchSpec
 from fedseg.evaluate.stats import SIGNIFICANCE, mean_std, paired_wilcoxon, seed_averaged

@@ -1,0 +1,108 @@
+"""A bench's three phases (``fedseg.bench.plan``) run one after another: budget references, tuning on validation,
+final runs; the budget each reference sets; what an existing ``OUT`` may hold.
+
+``OUT/bench.json`` records the bench; resuming with a different bench is refused before any work, except one
+with methods appended at the end of ``methods`` (a bench grown over several sittings).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from fedseg.bench.execute import Echo, Finished, Runner
+from fedseg.bench.plan import (
+    BenchRun,
+    Setting,
+    check_plan,
+    final_runs,
+    is_budget_reference,
+    reference_runs,
+    tuning_runs,
+)
+from fedseg.bench.select import select_settings
+from fedseg.bench.spec import BenchSpec
+from fedseg.engine.checkpoint import atomic_write_text
+
+BENCH_FILE = "bench.json"
+
+
+def budget_caps(bench: BenchSpec, references: dict[BenchRun, Finished]) -> dict[tuple[str, int, int], tuple[str, ...]]:
+    """Per cell, the ``fl.stop`` budget every other run gets: the reference's cost per trained round x
+    ``budget.rounds`` (its SGD steps, Eq. 34, or simulated hours, Eq. 36-38)."""
+    caps: dict[tuple[str, int, int], tuple[str, ...]] = {}
+    for run, fin in references.items():
+        entry = next(iter(fin.summary["algorithms"].values()))
+        per_round = 1.0 / entry["convergence"]["rounds"]
+        if bench.budget.rule == "sgd_steps":
+            steps = math.ceil(entry["cost"]["sgd_steps"] * per_round * bench.budget.rounds)
+            caps[run.cell] = (f"fl.stop.sgd_steps={steps}",)
+        else:
+            hours = entry["cost"]["simulated_hours"] * per_round * bench.budget.rounds
+            caps[run.cell] = (f"fl.stop.simulated_hours={hours!r}",)
+    return caps
+
+
+def with_caps(bench: BenchSpec, runs: list[BenchRun], caps: dict) -> list[BenchRun]:
+    return [
+        r if is_budget_reference(bench, bench.method(r.method), r.setting) else replace(r, caps=caps.get(r.cell, ()))
+        for r in runs
+    ]
+
+
+def check_out(bench: BenchSpec, out: Path, resume: bool) -> None:
+    """``OUT`` holds no bench (or, with ``resume``, this same bench), before any work."""
+    recorded = out / BENCH_FILE
+    if not recorded.is_file():
+        return
+    if not resume:
+        raise FileExistsError(f"{out}: already holds a bench; use --resume to continue it or choose another --out")
+    old = json.loads(recorded.read_text())
+    new = bench.model_dump(mode="json")
+    keys = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+    if keys == ["methods"] and new["methods"][: len(old["methods"])] == old["methods"]:
+        return  # methods appended at the end: every finished run is still one of this bench's
+    if keys:
+        raise ValueError(
+            f"{recorded}: cannot resume a different bench (methods may only be appended at the end); "
+            f"it differs in: {', '.join(keys)}"
+        )
+
+
+@dataclass
+class BenchRuns:
+    """Everything a bench ran: the tuning runs, the selection, the final runs."""
+
+    tuning: dict[BenchRun, Finished]
+    selected: dict[tuple[str, str], Setting]
+    final: dict[BenchRun, Finished]
+
+
+def run_bench(
+    bench: BenchSpec,
+    root: Path,
+    out: Path,
+    jobs: int = 1,
+    resume: bool = False,
+    echo: Echo = print,
+    train: bool = True,
+) -> BenchRuns:
+    """Run (or resume) every phase of ``bench`` into ``out``; the finished runs (tables: ``fedseg.bench.report``).
+    ``train`` False: train nothing, collect the runs finished so far (a bench still running, or stopped): methods
+    whose tuning is not finished have no final runs, and the tables say how many runs each number rests on."""
+    out = Path(out)
+    check_plan(bench, root)
+    if train:
+        check_out(bench, out, resume)
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(out / BENCH_FILE, json.dumps(bench.model_dump(mode="json"), indent=1))
+    elif not (out / BENCH_FILE).is_file():
+        raise FileNotFoundError(f"{out}: holds no bench ({BENCH_FILE}); run `fedseg bench` first")
+    runner = Runner(bench, root, out, jobs, echo, train)
+    caps = budget_caps(bench, runner.execute(reference_runs(bench), "budget references"))
+    tuning = runner.execute(with_caps(bench, tuning_runs(bench), caps), "tuning on validation")
+    selected = select_settings(bench, tuning)
+    final = runner.execute(with_caps(bench, final_runs(bench, selected), caps), "final runs")
+    return BenchRuns(tuning, selected, final)
