@@ -147,6 +147,7 @@ def test_a_per_site_method_is_flagged_when_half_its_sites_selected_the_last_roun
     summary = json.loads((run / "summary.json").read_text())
     for entry in summary["algorithms"].values():
         entry["rounds"], entry["best_round"] = 4, 2
+        entry["convergence"] = {**entry.get("convergence", {}), "converged": True}
         if "selected_rounds" in entry:
             entry["selected_rounds"] = {"site1": 1, "site2": 2, "site3": 3}
     summary["algorithms"]["fedper"]["selected_rounds"] = {"site1": 4, "site2": 2, "site3": 4}  # 2 of 3
@@ -161,6 +162,9 @@ def test_a_per_site_method_is_flagged_when_half_its_sites_selected_the_last_roun
     summary["algorithms"]["fedper"]["selected_rounds"]["site3"] = 3
     (run / "summary.json").write_text(json.dumps(summary))
     assert "May not have converged" not in render_report(run).read_text()
+    summary["algorithms"]["fedavg"]["convergence"]["converged"] = False  # fedseg.stopping's verdict is read
+    (run / "summary.json").write_text(json.dumps(summary))
+    assert "May not have converged</b>: FedAvg —" in render_report(run).read_text()
 
 
 def test_sites_are_ordered_by_training_set_size():

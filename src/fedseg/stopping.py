@@ -14,9 +14,9 @@ Budgets are met at round granularity: the round in which the total reaches the b
 ledger's total lies in ``[budget, budget + one round's)``.
 
 Convergence (:func:`convergence`): a run whose selected round lies in the last 10% of the rounds it trained
-(``round > 0.9 * rounds``) is flagged ``late_best`` — it may not have converged; ``plateaued`` says whether its
-validation Dice had stopped improving (the plateau rule, with ``patience`` or, when that is unset, 10% of the
-rounds trained, at least 2).
+(``round > 0.9 * rounds``) is flagged ``late_best``; ``plateaued`` says whether its validation Dice had stopped
+improving (the plateau rule, with ``patience`` or, when that is unset, 10% of the rounds trained, at least 2); a
+run with a late best round whose validation had not plateaued may not have converged (``converged`` False).
 """
 
 from __future__ import annotations
@@ -80,19 +80,28 @@ def has_budget(stop: StopConfig) -> bool:
     return stop.sgd_steps is not None or stop.simulated_hours is not None
 
 
+def not_converged(late_best: bool, plateaued: bool) -> bool:
+    """A run may not have converged when its selected round lies in the last 10% of its rounds and its validation
+    Dice had not plateaued (a plateau-stopped run's last gains were below ``min_delta``: converged to that)."""
+    return late_best and not plateaued
+
+
 def convergence(scores: Mapping[int, float], rounds: int, best_round: int, stop: StopConfig, stopped: str | None):
     """The ``convergence`` entry of ``summary.json``: ``rounds`` trained, ``best_round`` and its mean validation Dice
     ``best_val_dice`` (the selection score: hyper-parameters are chosen on it), ``stopped`` (the rule
     that ended training early, or None), ``late_best`` (best round in the last 10% of the rounds trained: may not
     have converged), ``plateaued`` and the plateau rule's ``patience`` / ``min_delta`` used for it."""
     patience = stop.patience or max(2, math.ceil(LATE_FRACTION * rounds))
+    late = best_round > (1 - LATE_FRACTION) * rounds
+    flat = stopped == PLATEAU or plateaued(scores, rounds, patience, stop.min_delta)
     return {
         "rounds": rounds,
         "best_round": best_round,
         "best_val_dice": scores.get(best_round, math.nan),
         "stopped": stopped,
-        "late_best": best_round > (1 - LATE_FRACTION) * rounds,
-        "plateaued": stopped == PLATEAU or plateaued(scores, rounds, patience, stop.min_delta),
+        "late_best": late,
+        "plateaued": flat,
+        "converged": not_converged(late, flat) is False,
         "patience": patience,
         "min_delta": stop.min_delta,
     }

@@ -23,6 +23,7 @@ from fedseg.bench.plan import BenchRun, run_config
 from fedseg.bench.spec import BenchSpec
 from fedseg.config import RunConfig
 from fedseg.engine.checkpoint import atomic_write_text
+from fedseg.stopping import not_converged
 
 DONE_FILE = "bench-run.json"
 Echo = Callable[[str], None]
@@ -111,7 +112,8 @@ class Runner:
         method = self.bench.method(fin.run.method) if fin.run.method in self.bench.method_names else None
         entry = fin.entry(method.scored if method else fin.run.method)
         conv = entry.get("convergence", {})
-        late = " (best round in the last 10%: may not have converged)" if conv.get("late_best") else ""
+        flagged = not_converged(bool(conv.get("late_best")), bool(conv.get("plateaued")))
+        late = " (best round in the last 10%, no plateau: may not have converged)" if flagged else ""
         self.echo(
             f"  done {fin.run.label}: test Dice {entry['dice']['client_avg']:.4f}, validation "
             f"{conv.get('best_val_dice', math.nan):.4f} at round {conv.get('best_round')}/{conv.get('rounds')}"

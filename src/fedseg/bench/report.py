@@ -74,7 +74,7 @@ def test_table(fed: dict, reference: str) -> tuple[list[str], list[list[str]]]:
                 ms(s["client_avg"]),
                 delta,
                 "ref" if name == reference else p_text(test),
-                f"{conv['runs'] - conv['late_best']}/{conv['runs']}",
+                f"{conv['runs'] - conv['not_converged']}/{conv['runs']}",
             ]
         )
     return head, rows
@@ -140,13 +140,18 @@ def tune_table(rows: list[dict], federation: str) -> tuple[list[str], list[list[
 
 
 def not_converged(fed: dict) -> str:
-    late = [f"{n} ({s['convergence']['late_best']}/{s['convergence']['runs']})" for n, s in fed["methods"].items()]
-    late = [x for x, s in zip(late, fed["methods"].values()) if s["convergence"]["late_best"]]
+    late = [
+        f"{n} ({s['convergence']['not_converged']}/{s['convergence']['runs']})"
+        for n, s in fed["methods"].items()
+        if s["convergence"]["not_converged"]
+    ]
     if not late:
-        return "Every run selected a round before the last 10% of the rounds it trained."
+        return (
+            "Every run converged: it selected a round before the last 10% of its rounds, or its validation plateaued."
+        )
     return (
         "**May not have converged** (runs whose round selected on validation lies in the last 10% of the rounds they "
-        f"trained): {', '.join(late)}."
+        f"trained, without a validation plateau): {', '.join(late)}."
     )
 
 

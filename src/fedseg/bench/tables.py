@@ -11,7 +11,8 @@ For each federation and method (its final runs, ``fedseg.bench.execute``):
   ``sites``: per-site mean ± std over seeds;
 * ``wilcoxon`` (pooled) and ``site_wilcoxon``: paired tests against the bench's reference method on the
   seed-averaged case values (:mod:`fedseg.evaluate.stats`); ``dagger`` when p < 0.05;
-* ``convergence``: runs, how many selected a round in the last 10% of their rounds (not converged), stop rules;
+* ``convergence``: runs, how many selected a round in the last 10% of their rounds without a validation plateau
+  (``not_converged``, ``fedseg.stopping.not_converged``), stop rules;
 * ``cost``: the mean over runs of the FeTS Table 2 quantities, with the floats per site as the paper reports them
   (``floats_per_site`` = total / K) next to the total over sites, and the evaluation traffic per site apart
   (``eval_floats_per_site``: validation and test messages, e.g. FedSM's super model every validated round).
@@ -31,6 +32,7 @@ from fedseg.bench.plan import BenchRun
 from fedseg.bench.spec import BenchSpec
 from fedseg.evaluate.stats import SIGNIFICANCE, mean_std, paired_wilcoxon, seed_averaged
 from fedseg.evaluate.tables import case_means, own_site_model, read_rows
+from fedseg.stopping import not_converged
 
 RESULT_COLUMNS = ["federation", "method", "fold", "seed", "site", "case", "region", "metric", "value"]
 COST_KEYS = ("sgd_steps", "parallel_sgd_steps", "floats", "eval_floats", "simulated_hours")
@@ -98,6 +100,7 @@ def convergence_counts(entries: list[dict]) -> dict:
     return {
         "runs": len(conv),
         "late_best": sum(1 for c in conv if c.get("late_best")),
+        "not_converged": sum(1 for c in conv if not_converged(bool(c.get("late_best")), bool(c.get("plateaued")))),
         "plateaued": sum(1 for c in conv if c.get("plateaued")),
         "stopped": dict(stopped),
         "rounds": mean_std(c.get("rounds", math.nan) for c in conv),

@@ -483,8 +483,10 @@ def _score_sections(run: RunFiles) -> list[Section]:
 
 
 def _unconverged(run: RunFiles) -> str:
-    """A warning naming the methods whose selected (best-validation) round is their last one: their
-    validation Dice was still rising, so more rounds may change the comparison. A method that selects
+    """A warning naming the methods that may not have converged (``fedseg.stopping.not_converged``: the round
+    selected on validation lies in the last 10% of the rounds trained and validation had not plateaued; runs
+    written before summary.json recorded it: the selected round is the last one), so more rounds may change the
+    comparison. A method that selects
     per site (``selected_rounds``) is named when at least half its sites selected the last round."""
     late, per_site = [], False
     for a, e in run.algorithms.items():
@@ -495,13 +497,16 @@ def _unconverged(run: RunFiles) -> str:
             if 2 * k >= n:
                 late.append(f"{run.label(a)} ({k} of {n} sites)")
                 per_site = True
+        elif "converged" in e.get("convergence", {}):  # fedseg.stopping: a late best round without a plateau
+            if not e["convergence"]["converged"] and (e.get("privacy") or {}).get("select_round") != "last":
+                late.append(run.label(a))
         elif e.get("best_round") == e.get("rounds") and (e.get("privacy") or {}).get("select_round") != "last":
-            late.append(run.label(a))
+            late.append(run.label(a))  # a run written before summary.json had its convergence entry
     if not late:
         return ""
     return (
-        f" <b>May not have converged</b>: {esc(', '.join(late))} — the round selected on validation is the "
-        "last one trained"
+        f" <b>May not have converged</b>: {esc(', '.join(late))} — the round selected on validation is among the "
+        "last 10% of the rounds trained and validation Dice had not plateaued"
         + (
             " (for a method that selects a round per site, on its own validation split: at least half its "
             "sites selected the last round)"
