@@ -55,8 +55,8 @@ from fedseg.algorithms.aggregate import weighted_average
 from fedseg.algorithms.registry import AlgorithmSpec
 from fedseg.algorithms.robust import RobustOptions, robust_merge
 from fedseg.config import BudgetConfig, TrainConfig
-from fedseg.engine.context import ClientContext, State, Task
-from fedseg.engine.messages import Message, MetaValue, load_weights, prefixed, weights_of
+from fedseg.engine.context import ClientContext, ReusedModels, State, Task
+from fedseg.engine.messages import Message, MetaValue, prefixed, weights_of
 from fedseg.engine.sampling import sample_sites
 from fedseg.evaluate.inference import sample_prediction, score_caseset
 from fedseg.evaluate.tables import eval_rows, site_dice
@@ -193,9 +193,13 @@ class FedAvgClient:
         return Message(prefixed(MODEL, state_group(ctx.state, LOCAL_BEST)))
 
     def start_model(self, msg: Message, ctx: ClientContext) -> nn.Module:
-        model = ctx.task.new_model()
-        load_weights(model, msg.group(MODEL))
-        return model
+        return self.reused_model("start", msg.group(MODEL), ctx)
+
+    def reused_model(self, slot: str, weights: dict[str, torch.Tensor], ctx: ClientContext) -> nn.Module:
+        """The segmentation network with ``weights``: this client's network of ``slot``, reused from message to
+        message (``fedseg.engine.context.ReusedModels``: equal to a fresh ``ctx.task.new_model()`` with the weights
+        loaded). Only for a network that is not kept after the message; one slot per network alive at once."""
+        return reused_models(self).get(slot, (ctx.task,), ctx.task.new_model, weights)
 
     def fit(
         self,
@@ -279,9 +283,15 @@ class FedAvgClient:
 
     def eval_model(self, msg: Message, ctx: ClientContext) -> nn.Module:
         """The model to score: the one in the message (a global or another site's model)."""
-        model = ctx.task.new_model()
-        load_weights(model, msg.group(MODEL))
-        return model
+        return self.reused_model("eval", msg.group(MODEL), ctx)
+
+
+def reused_models(client: object) -> ReusedModels:
+    """``client``'s reused networks (made on first use: clients are built without arguments)."""
+    held = client.__dict__.get("_reused_models")
+    if held is None:
+        held = client.__dict__["_reused_models"] = ReusedModels()
+    return held
 
 
 def train_meta(stats: TrainStats, ctx: ClientContext) -> dict:
