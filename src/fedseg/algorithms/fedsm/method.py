@@ -58,8 +58,10 @@ site), the fraction routed to the global model at the round's gamma, and the gam
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
+from functools import partial
 from typing import Literal
 
 import numpy as np
@@ -68,10 +70,19 @@ from pydantic import Field, field_validator
 from torch import nn
 
 from fedseg.algorithms.aggregate import weighted_average
-from fedseg.algorithms.fedavg import FedAvgClient, FedAvgOptions, FedAvgServer, put_group, state_group, write_sample
+from fedseg.algorithms.fedavg import (
+    FedAvgClient,
+    FedAvgOptions,
+    FedAvgServer,
+    put_group,
+    reused_models,
+    state_group,
+    write_sample,
+)
 from fedseg.algorithms.fedsm.family import FEDSM
 from fedseg.algorithms.fedsm.model import (
     GLOBAL_INDEX,
+    Deferred,
     LabeledImages,
     Mode,
     SuperModel,
@@ -181,24 +192,46 @@ class FedSMClient(FedAvgClient):
     EXTRA_CLASSES = 0  # selector classes beyond the K sites (1 for the global model in -extra/-ensemble)
 
     # --- models from messages ----------------------------------------------------------
-    def segmenter(self, weights: dict, ctx: ClientContext) -> nn.Module:
-        """A segmentation network with ``weights``."""
+    REUSED_CANDIDATES = 3  # candidate networks a client reuses across evaluations (the first ones built)
+
+    def segmenter(self, weights: dict, ctx: ClientContext, slot: str | None = None) -> nn.Module:
+        """A segmentation network with ``weights``: a new one, or this client's reused network of ``slot``
+        (``FedAvgClient.reused_model``: one that is not kept after the message)."""
+        if slot is not None:
+            return self.reused_model(slot, weights, ctx)
         model = ctx.task.new_model()
         load_weights(model, weights)
         return model
 
-    def selector(self, weights: dict, ctx: ClientContext) -> Selector:
-        model = new_selector(ctx.task, ctx.options, ctx.num_sites + self.EXTRA_CLASSES)
+    def selector(self, weights: dict, ctx: ClientContext, slot: str | None = None) -> Selector:
+        """The selector with ``weights``: a new one, or this client's reused selector of ``slot`` (as ``segmenter``)."""
+        classes = ctx.num_sites + self.EXTRA_CLASSES
+
+        def build() -> Selector:
+            return new_selector(ctx.task, ctx.options, classes)
+
+        if slot is not None:
+            return reused_models(self).get(f"{slot}/{classes}", (ctx.task, ctx.options), build, weights)  # type: ignore[return-value]
+        model = build()
         load_weights(model, weights)
         return model
 
     def super_model(self, msg: Message, ctx: ClientContext) -> SuperModel:
+        """The super model of an evaluation message. Its candidates are built when the selector first routes an
+        image to them (``Deferred``): threshold mode scores the global model and the argmax personalized models,
+        usually a few of the K + 1; the first ``REUSED_CANDIDATES`` built reuse this client's networks."""
         sites = json.loads(str(msg.meta["sites"]))
-        personal = [self.segmenter(msg.group(f"{PERSONAL}/{s}"), ctx) for s in sites]
+        built = itertools.count()
+
+        def build(group: str) -> nn.Module:
+            n = next(built)
+            return self.segmenter(msg.group(group), ctx, f"candidate/{n}" if n < self.REUSED_CANDIDATES else None)
+
+        candidates = [Deferred(partial(build, group)) for group in [GLOBAL, *(f"{PERSONAL}/{s}" for s in sites)]]
         return SuperModel(
-            self.segmenter(msg.group(GLOBAL), ctx),
-            personal,
-            self.selector(msg.group(SELECTOR), ctx),
+            candidates[0],
+            candidates[1:],
+            self.selector(msg.group(SELECTOR), ctx, slot="eval/selector"),
             float(msg.meta.get("gamma", 0.5)),
             self.MODE,
         ).eval()
@@ -208,13 +241,13 @@ class FedSMClient(FedAvgClient):
         stats: dict[str, TrainStats] = {}
         out: dict[str, torch.Tensor] = {}
         if msg.group(GLOBAL):  # the global model, then the personalized track (which always trains with it)
-            model = self.segmenter(msg.group(GLOBAL), ctx)
+            model = self.segmenter(msg.group(GLOBAL), ctx, slot=f"train/{GLOBAL}")
             stats[GLOBAL] = self.fit(model, msg, ctx, state_key=f"opt_{GLOBAL}")
             out.update(prefixed(GLOBAL, weights_of(model)))
             tensors, stats[PERSONAL] = personalization(ctx.options).train(self, msg, msg.group(GLOBAL), ctx)
             out.update(tensors)
         if msg.group(SELECTOR):
-            selector = self.selector(msg.group(SELECTOR), ctx)
+            selector = self.selector(msg.group(SELECTOR), ctx, slot=f"train/{SELECTOR}")
             key = f"opt_{SELECTOR}"
             if msg.group(SELECTOR_OPT):  # averaged moments from the server replace the local ones
                 put_group(ctx.state, key, msg.group(SELECTOR_OPT))

@@ -68,6 +68,24 @@ class FixedEnsemble(nn.Module):
         return ensemble_logits(self.weights.expand(len(x), -1), [c(x) for c in self.candidates])
 
 
+class Deferred(nn.Module):
+    """A network built at its first use (forward, or ``network()``) by ``build()``, in this module's train/eval
+    mode: a super model whose selector routes every image to a few candidates builds only those."""
+
+    def __init__(self, build: Callable[[], nn.Module]):
+        super().__init__()
+        self.build = build
+        self.net: nn.Module | None = None
+
+    def network(self) -> nn.Module:
+        if self.net is None:
+            self.net = self.build().train(self.training)
+        return self.net
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.network()(x)
+
+
 class SuperModel(nn.Module):
     """Global model, K personalized models and the selector, applied as in the module docstring."""
 

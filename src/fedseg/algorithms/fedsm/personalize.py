@@ -204,7 +204,7 @@ class SoftPull(Personalization):
         return prefixed(PERSONAL, personal[site])
 
     def train(self, client, msg, global_weights, ctx):
-        model = client.segmenter(msg.group(PERSONAL), ctx)
+        model = client.segmenter(msg.group(PERSONAL), ctx, slot=f"train/{PERSONAL}")
         stats = client.fit(model, msg, ctx, state_key=OPT_PERSONAL)
         return prefixed(PERSONAL, weights_of(model)), stats
 
