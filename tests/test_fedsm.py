@@ -20,7 +20,7 @@ from fedseg.engine.messages import Message, weights_of
 from fedseg.engine.simulator import Simulator
 from fedseg.evaluate.inference import score_caseset
 from fedseg.models import count_parameters
-from fedseg.run import prepare, run_algorithm, run_experiment
+from fedseg.run import cost_warnings, prepare, run_algorithm, run_experiment
 from fedseg.train import segmentation_loss
 
 SEL = {"selector_width": 0.0625}  # 4..32 channels: a tiny selector for tests
@@ -91,14 +91,19 @@ def test_server_softpull_with_lambda_1_over_k_averages_and_lambda_1_keeps(tmp_pa
         assert not torch.equal(sent["site1"]["model.0.conv.weight"], sent["site2"]["model.0.conv.weight"])
 
 
-def test_lambda_outside_range_and_single_site_are_rejected(make_cfg, disc_federation):
+def test_lambda_below_1_over_k_is_announced_and_out_of_range_values_and_single_site_are_rejected(
+    make_cfg, disc_federation
+):
     fed = disc_federation(n_sites=3, cases_per_site=8)
-    with pytest.raises(ValueError, match=r"methods\.fedsm\.lam = 0\.2 must lie in \[1/K, 1\]"):
-        _engine("fedsm", make_cfg(lam=0.2), fed)
+    _engine("fedsm", make_cfg(lam=0.2), fed)  # the paper's Table 7 runs lambda = 0.1 with K = 6: allowed
+    (line,) = cost_warnings(make_cfg(lam=0.2), 3)
+    assert "methods.fedsm.lam = 0.2 is below 1/K = 0.3333 for K = 3" in line
+    assert cost_warnings(make_cfg(lam=0.5), 3) == [] and cost_warnings(make_cfg(lam=0.2), 5) == []
+    assert "fedsm-extra.lam = 0.3" in cost_warnings(make_cfg("fedsm-extra", rounds=3, lam=0.3), 3)[0]
     with pytest.raises(ValueError, match=r"methods\.fedsm\.lam"):
         get_algorithm("fedsm").parse_options({"lam": 1.5})
-    with pytest.raises(ValueError, match=r"methods\.fedsm-extra\.lam = 0\.3"):
-        _engine("fedsm-extra", make_cfg("fedsm-extra", rounds=3, lam=0.3), fed)
+    with pytest.raises(ValueError, match=r"methods\.fedsm\.lam"):
+        get_algorithm("fedsm").parse_options({"lam": 0.0})
     with pytest.raises(ValueError, match="at least 2 sites"):
         _engine("fedsm", make_cfg(), disc_federation(n_sites=1, cases_per_site=8))
     with pytest.raises(ValueError, match=r"methods\.fedsm-extra\.extra_rounds = 2 must be smaller than fl\.rounds = 2"):

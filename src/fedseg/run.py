@@ -179,17 +179,27 @@ LOCAL_MODELS_WARN_SITES = 20  # above this many sites the K x K test evaluations
 
 
 def cost_warnings(cfg: RunConfig, num_sites: int) -> list[str]:
-    """Lines announcing what will make this run slow, shown once when it starts (``run_experiment``): with
+    """Lines announcing what will make this run slow or unusual, shown once when it starts (``run_experiment``):
+    each algorithm's option warnings (:func:`option_warnings`), and with
     ``eval.local_models`` on and more than ``LOCAL_MODELS_WARN_SITES`` sites, every method that keeps local
     models scores each site's model on every site's test split, K x K evaluations (K = 100: 10,000)."""
+    lines = [line for n in cfg.algorithms for line in option_warnings(n, cfg, num_sites)]
     keeping = [n for n in cfg.algorithms if getattr(get_algorithm(n).server, "KEEPS_LOCAL_MODELS", False)]
     if not (cfg.eval.local_models and keeping and num_sites > LOCAL_MODELS_WARN_SITES):
-        return []
+        return lines
     k = num_sites
-    return [
+    return lines + [
         f"warning: eval.local_models is on: at test time {', '.join(keeping)} will score every site's local model on "
         f"every site's test split ({k} x {k} = {k * k} evaluations each); set eval.local_models=false to turn it off"
     ]
+
+
+def option_warnings(name: str, cfg: RunConfig, num_sites: int) -> list[str]:
+    """What algorithm ``name``'s options say about running on ``num_sites`` sites (an options model's
+    ``site_warnings(num_sites, algorithm)``, e.g. SoftPull's lambda below 1/K)."""
+    options = get_algorithm(name).parse_options(cfg.methods.get(name))
+    warn = getattr(options, "site_warnings", None)
+    return list(warn(num_sites, name)) if warn is not None else []
 
 
 def announce(out: Path, line: str, on_log_line: Callable[[str], None] | None) -> None:

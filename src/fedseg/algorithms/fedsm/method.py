@@ -127,14 +127,12 @@ class SelectorOptions(FedAvgOptions, PersonalizationOptions):
 
     def check_sites(self, num_sites: int, algorithm: str) -> None:
         """FedSM needs K >= 2 sites (SoftPull averages the other K-1 personalized models, the selector
-        chooses among sites), then the personalization's own rule (SoftPull's lambda >= 1/K). Called
-        before any work (``AlgorithmSpec.check_sites``) and when a server starts."""
+        chooses among sites). Called before any work (``AlgorithmSpec.check_sites``) and when a server starts."""
         if num_sites < 2:
             raise ValueError(
                 f"{algorithm} needs at least 2 sites (SoftPull, Eq. 11, averages the other K-1 personalized "
                 f"models and the selector chooses among sites); this federation has {num_sites}"
             )
-        super().check_sites(num_sites, algorithm)
 
 
 class FedSMOptions(SelectorOptions):
