@@ -107,7 +107,7 @@ def test_lambda_below_1_over_k_is_announced_and_out_of_range_values_and_single_s
     with pytest.raises(ValueError, match="at least 2 sites"):
         _engine("fedsm", make_cfg(), disc_federation(n_sites=1, cases_per_site=8))
     with pytest.raises(ValueError, match=r"methods\.fedsm-extra\.extra_rounds = 2 must be smaller than fl\.rounds = 2"):
-        _engine("fedsm-extra", make_cfg("fedsm-extra", rounds=2, extra_rounds=2), fed)
+        _engine("fedsm-extra", make_cfg("fedsm-extra", rounds=2, extra_rounds=2, extra_on_top=False), fed)
 
 
 # --- selector -------------------------------------------------------------------------------
@@ -281,7 +281,7 @@ def test_end_to_end_fedsm_extra_and_ensemble(tmp_path, tiny_config, disc_federat
     names = ["fedsm", "fedsm-extra", "fedsm-ensemble"]
     cfg = tiny_config(
         algorithms=names,
-        fl={"rounds": 3},
+        fl={"rounds": 2},  # fedsm-extra / ensemble: 2 model rounds + 1 selector round on top
         eval={"hd95": False},
         methods={"fedsm": SEL, "fedsm-extra": {**SEL, "extra_rounds": 1}, "fedsm-ensemble": {**SEL, "extra_rounds": 1}},
     )
@@ -296,7 +296,8 @@ def test_end_to_end_fedsm_extra_and_ensemble(tmp_path, tiny_config, disc_federat
         assert all(0.0 <= v <= 1.0 for v in entry["dice"].values())
         assert {r["model"] for r in res.test_rows} == {"fedsm"}
         accuracy = [r for r in res.metric_rows if r["metric"] == "selector_acc"]
-        assert len(accuracy) == 3 * 3 and all(0.0 <= r["value"] <= 1.0 for r in accuracy)
+        assert entry["rounds"] == (2 if res.name == "fedsm" else 3)  # the selector round comes on top of fl.rounds
+        assert len(accuracy) == 3 * entry["rounds"] and all(0.0 <= r["value"] <= 1.0 for r in accuracy)
         assert set(res.bundle) == {
             "global",
             "personal:site1",

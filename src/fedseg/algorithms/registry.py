@@ -115,10 +115,13 @@ class AlgorithmSpec:
 
     def run_config(self, cfg):
         """The run config as this method sees it: ``fl.rounds`` replaced by the options' ``rounds`` where a
-        method sets its own (e.g. ``finetune``'s ``epochs``); ``cfg`` itself otherwise. The run and every
+        method sets its own (e.g. ``finetune``'s ``epochs``), or by ``run_rounds(fl.rounds)`` where its options
+        compute them (``fedsm-extra``: model rounds + selector rounds); ``cfg`` itself otherwise. The run and every
         site (Flower nodes too) build the method's ``Task`` from this, so the rounds, the validated rounds
         and the learning-rate schedule agree everywhere."""
-        rounds = getattr(self.parse_options(cfg.methods.get(self.name)), "rounds", None)
+        options = self.parse_options(cfg.methods.get(self.name))
+        own = getattr(options, "run_rounds", None)  # e.g. fedsm-extra: its selector rounds on top of fl.rounds
+        rounds = own(cfg.fl.rounds) if own is not None else getattr(options, "rounds", None)
         if rounds is None or rounds == cfg.fl.rounds:
             return cfg
         return cfg.model_copy(update={"fl": cfg.fl.model_copy(update={"rounds": rounds})})

@@ -1,13 +1,16 @@
 """FedSM-extra (paper Sec. 3.1.2, Eq. 1) and the ensemble selector (Sec. 3.1.1).
 
-Both train in two phases within the run's ``fl.rounds`` (which counts all rounds):
+Both train in two phases (the paper: 100 model rounds, then 50 selector rounds). By default
+(``extra_on_top``) the model phase has the run's ``fl.rounds`` rounds, like every other method's training,
+and the selector rounds come on top (``extra_rounds``, default ``fl.rounds // 2``: the run trains
+``fl.rounds + extra_rounds`` rounds; ``FedSMExtraOptions.run_rounds``); with ``extra_on_top: false`` both fit
+in ``fl.rounds`` (the last ``extra_rounds``, default ``fl.rounds // 3``, are the selector's):
 
-1. rounds ``1 .. R`` with ``R = fl.rounds - extra_rounds``: the global model (weighted
+1. rounds ``1 .. R`` (R model rounds): the global model (weighted
    averaging) and the personalized models (SoftPull, Eq. 11, or the ``personalization`` chosen,
    :mod:`fedseg.algorithms.fedsm.personalize`) as in FedSM, without the selector: per site and round
    ``2|w_g|`` down and up with SoftPull (other personalizations: their own traffic, counted).
-2. rounds ``R+1 .. fl.rounds``: only the selector trains (the paper: 100 + 50 rounds, so
-   ``extra_rounds`` defaults to ``fl.rounds // 3``). At round R+1 the server first sends every
+2. rounds ``R+1 .. R+E``: only the selector trains. At round R+1 the server first sends every
    site the K+1 frozen candidates (global + all personalized models; an ``install`` exchange,
    ``(K+1)|w_g|`` down per site, counted as training traffic); each selector round then moves
    ``|w_s|`` down and up (plus the selector's moments with ``average_selector_moments``, as in FedSM).
@@ -56,8 +59,35 @@ class FedSMExtraOptions(SelectorOptions):
     """``fedsm-extra`` / ``fedsm-ensemble``: the FedSM options plus the selector phase length."""
 
     extra_rounds: int | None = Field(
-        None, ge=1, description="selector-only rounds at the end of fl.rounds; None = fl.rounds // 3 (paper: 50 of 150)"
+        None,
+        ge=1,
+        description="selector-only rounds after the model rounds; None = fl.rounds // 2 on top (the paper: 50 after "
+        "100), fl.rounds // 3 within",
     )
+    extra_on_top: bool = Field(
+        True,
+        description="the selector rounds come after fl.rounds model rounds (the run trains fl.rounds + extra_rounds; "
+        "the model phase gets the rounds every other method gets); false: both phases within fl.rounds",
+    )
+
+    def selector_rounds(self, rounds: int) -> int:
+        """The selector phase's rounds for ``fl.rounds = rounds`` as configured (before ``run_rounds``)."""
+        if self.extra_rounds is not None:
+            return self.extra_rounds
+        return max(1, rounds // 2) if self.extra_on_top else max(1, rounds // 3)
+
+    def run_rounds(self, rounds: int) -> int:
+        """The rounds this method trains for ``fl.rounds = rounds`` (``AlgorithmSpec.run_config``)."""
+        return rounds + self.selector_rounds(rounds) if self.extra_on_top else rounds
+
+    def phases(self, total: int) -> tuple[int, int]:
+        """(model rounds, selector rounds) of a run of ``total`` rounds (= ``run_rounds(fl.rounds)``)."""
+        if not self.extra_on_top:
+            return total - self.selector_rounds(total), self.selector_rounds(total)
+        model = next((r for r in range(total, 0, -1) if self.run_rounds(r) == total), None)
+        if model is None:
+            raise ValueError(f"{total} rounds are not model + selector rounds of this method")
+        return model, total - model
 
 
 class FedSMEnsembleOptions(FedSMExtraOptions):
@@ -70,15 +100,14 @@ class FedSMExtraServer(FedSMServer):
 
     def __init__(self, engine, task: Task, options):
         super().__init__(engine, task, options)
-        rounds = task.cfg.fl.rounds
-        self.extra_rounds = options.extra_rounds or max(1, rounds // 3)
-        if self.extra_rounds >= rounds:
+        rounds = task.cfg.fl.rounds  # the method's own: model + selector rounds (AlgorithmSpec.run_config)
+        if not options.extra_on_top and options.selector_rounds(rounds) >= rounds:
             raise ValueError(
-                f"methods.{engine.algorithm}.extra_rounds = {self.extra_rounds} "
+                f"methods.{engine.algorithm}.extra_rounds = {options.selector_rounds(rounds)} "
                 f"must be smaller than fl.rounds = {rounds} "
-                "(fl.rounds counts the model-training rounds and the extra selector rounds)"
+                "(with extra_on_top: false, fl.rounds counts the model-training rounds and the extra selector rounds)"
             )
-        self.train_rounds = rounds - self.extra_rounds
+        self.train_rounds, self.extra_rounds = options.phases(rounds)
 
     def selectable(self, rnd: int) -> bool:
         """Only selector-phase rounds: a phase-1 super model has an untrained selector."""
