@@ -6,6 +6,7 @@ import json
 import math
 from collections import defaultdict
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -342,3 +343,41 @@ def test_end_to_end_fedsm_extra_and_ensemble(tmp_path, tiny_config, disc_federat
         for i, case in enumerate(data.test.ids):
             for j, region in enumerate(prep.task.regions):
                 assert dice[i, j] == pytest.approx(rows[(case, region)], abs=1e-9), (case, region)
+
+
+def test_fedsm_extra_installs_the_best_model_phase_round_on_validation_and_resumes_it(
+    tmp_path, tiny_config, disc_federation
+):
+    """The selector phase starts from the global and personalized models of the phase-1 round with the best
+    validation Dice (each image routed to its own site's personalized model), not the last one; a run interrupted
+    in phase 1 resumes to the same numbers (the kept candidates are in the checkpoint)."""
+    cfg = tiny_config(
+        algorithms=["fedsm-extra"],
+        fl={"rounds": 4},
+        eval={"hd95": False},
+        methods={"fedsm-extra": {**SEL, "extra_rounds": 1}},
+        faults=[{"site": "site1", "round": 4, "kind": "scale", "factor": -100.0}],  # round 4's models are wrecked
+    )
+    fed = disc_federation(n_sites=3, cases_per_site=8)
+    seen: list[tuple[str, Message]] = []
+    observe = lambda site, action, msg, reply: seen.append((action, msg)) if site == "site1" else None  # noqa: E731
+    result = run_experiment(cfg, tmp_path / "full", observers=[observe], federation=fed).algorithms[0]
+    val = defaultdict(list)
+    for r in result.rounds_rows:
+        val[r["round"]].append(r["val_dice"])
+    phase1 = {rnd: float(np.mean(v)) for rnd, v in val.items() if rnd <= 4}
+    best = result.summary["phase1_best_round"]
+    assert best == max(phase1, key=lambda r: (phase1[r], -r)) and best < 4  # not the last phase-1 round
+    evaluated = [msg for action, msg in seen if action == "evaluate"]  # one per validated round, in order
+    (install,) = [msg for action, msg in seen if action == "install"]
+    assert all(torch.equal(v, evaluated[best - 1].group("global")[k]) for k, v in install.group("candidate/0").items())
+    assert evaluated[best - 1].meta["route"] == "own" and "route" not in evaluated[4].meta  # round 5: the selector's
+
+    def stop_in_phase_one(name, rnd, losses):
+        if rnd == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment(cfg, tmp_path / "cut", on_round_end=stop_in_phase_one, federation=fed)
+    resumed = run_experiment(cfg, tmp_path / "cut", resume=True, federation=fed).algorithms[0]
+    assert resumed.summary["dice"] == result.summary["dice"] and resumed.summary["phase1_best_round"] == best

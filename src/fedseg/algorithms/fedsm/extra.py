@@ -25,15 +25,19 @@ in ``fl.rounds`` (the last ``extra_rounds``, default ``fl.rounds // 3``, are the
   segmentation loss, Dice by default); inference uses the same weighted ensemble. The paper
   reports this variant as hard to train; it is here so the claim can be checked.
 
-Validation each round scores the super model as it stands (in phase 1 with the untrained
-selector, reported in ``rounds.csv`` but never selected: the best round is chosen among the
-selector rounds, so the tested super model always has a trained selector); phase 2 starts from
-the last phase-1 models, as in the paper. ``round_metrics``: ``selector_acc`` is the fraction of a site's
+Validation in the model phase routes every image to its own site's personalized model (a perfect site
+classifier: the selector is not trained yet; reported in ``rounds.csv``, never selected as the best round):
+the server keeps the global and personalized models of the phase-1 round with the best such score, and the
+selector phase starts from them (the paper took the last phase-1 models; choosing on validation is the
+protocol every other method follows). The best round of the run is chosen among the selector rounds, so the
+tested super model always has a trained selector. ``round_metrics``: ``selector_acc`` is the fraction of a site's
 validation images whose selector argmax is that site's personalized model (not the Eq. 1
 target), ``global_frac`` the fraction given (argmax) to the global model.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from pydantic import Field
@@ -41,15 +45,25 @@ from torch import nn
 
 from fedseg.algorithms.fedavg import put_group, state_group
 from fedseg.algorithms.fedsm.family import FEDSM
-from fedseg.algorithms.fedsm.method import SELECTOR, SELECTOR_OPT, FedSMClient, FedSMServer, SelectorOptions
+from fedseg.algorithms.fedsm.method import (
+    OWN_SITE,
+    ROUTE,
+    SELECTOR,
+    SELECTOR_OPT,
+    FedSMClient,
+    FedSMServer,
+    SelectorOptions,
+)
 from fedseg.algorithms.fedsm.model import EnsembleForward, LabeledImages, Mode, extra_labels
 from fedseg.algorithms.fedsm.selector import Selector
 from fedseg.algorithms.registry import AlgorithmSpec
 from fedseg.engine.context import ClientContext, Task
 from fedseg.engine.messages import Message, prefixed
+from fedseg.evaluate.tables import site_summary
 from fedseg.train import TrainHooks, segmentation_loss
 
 INSTALL = "install"  # exchange action: the frozen K+1 candidates go to every site
+PHASE1_BEST, SCORE, ROUND = "phase1_best", "score", "round"  # server state: the best phase-1 round's candidates
 CANDIDATE = "candidate"  # message group: candidate/<c>/<param>, c = 0 (global), 1..K (personalized)
 LABELS = "extra_labels/value"  # client state: Eq. (1) labels of the site's training images
 FROZEN = "frozen"  # client state group of the ensemble's candidates
@@ -108,16 +122,37 @@ class FedSMExtraServer(FedSMServer):
                 "(with extra_on_top: false, fl.rounds counts the model-training rounds and the extra selector rounds)"
             )
         self.train_rounds, self.extra_rounds = options.phases(rounds)
+        self.phase1_best: dict[str, torch.Tensor] = {}  # score, round and the K+1 candidates of the best phase-1 round
 
     def selectable(self, rnd: int) -> bool:
         """Only selector-phase rounds: a phase-1 super model has an untrained selector."""
         return rnd > self.train_rounds
+
+    def eval_messages(self, split: str, sample: bool) -> dict[str, Message]:
+        msgs = super().eval_messages(split, sample)
+        if self.engine.round <= self.train_rounds:  # the model phase: each image to its own site's model
+            for msg in msgs.values():
+                msg.meta[ROUTE] = OWN_SITE
+        return msgs
+
+    def evaluate(self, split: str, sample: bool = False) -> list[dict]:
+        rows = super().evaluate(split, sample)
+        if split == "val" and self.engine.round <= self.train_rounds:
+            score = site_summary(rows, self.engine.algorithm, "dice", self.sites)["client_avg"]
+            if not self.phase1_best or (not math.isnan(score) and score > float(self.phase1_best[SCORE])):
+                self.phase1_best = {
+                    SCORE: torch.tensor(score, dtype=torch.float64),
+                    ROUND: torch.tensor(self.engine.round),
+                    **{k: v.clone() for k, v in self.candidate_tensors().items()},
+                }
+        return rows
 
     def run_round(self, rnd: int) -> dict[str, float]:
         if rnd <= self.train_rounds:
             msgs = {s: Message(self.model_tensors(s)) for s in self.sites}
         else:
             if rnd == self.train_rounds + 1:
+                self.restore_phase1_best()
                 self.engine.exchange({s: Message(self.candidate_tensors()) for s in self.sites}, INSTALL)
             msgs = {
                 s: Message(
@@ -132,6 +167,29 @@ class FedSMExtraServer(FedSMServer):
     def candidate_tensors(self) -> dict[str, torch.Tensor]:
         models = [self.global_weights] + [self.personal[s] for s in self.sites]
         return {k: v for c, w in enumerate(models) for k, v in prefixed(f"{CANDIDATE}/{c}", w).items()}
+
+    def restore_phase1_best(self) -> None:
+        """The global and personalized models of the best phase-1 round on validation become the candidates."""
+        if not self.phase1_best:
+            return
+        best = Message(self.phase1_best)
+        self.global_weights = best.group(f"{CANDIDATE}/0")
+        self.personal = {s: best.group(f"{CANDIDATE}/{c}") for c, s in enumerate(self.sites, start=1)}
+
+    @property
+    def phase1_best_round(self) -> int | None:
+        return int(self.phase1_best[ROUND]) if self.phase1_best else None
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {**super().state_dict(), **prefixed(PHASE1_BEST, self.phase1_best)}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        super().load_state_dict(state)
+        self.phase1_best = Message(state).group(PHASE1_BEST)
+
+    def summary_fields(self) -> dict:
+        """The phase-1 round whose models the selector phase started from (chosen on validation)."""
+        return {"phase1_best_round": self.phase1_best_round}
 
 
 class FedSMExtraClient(FedSMClient):

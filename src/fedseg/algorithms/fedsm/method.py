@@ -104,6 +104,9 @@ MODEL_NAME = "fedsm"  # the ``model`` of every result row: each site uses the su
 DEFAULT_GRID = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0)
 
 
+ROUTE, OWN_SITE = "route", "own"  # evaluation meta: route every image to its own site's personalized model
+
+
 class SelectorOptions(FedAvgOptions, PersonalizationOptions):
     """Options shared by the FedSM variants (config ``methods.<name>``); ``weighting`` and
     ``local_steps`` as for FedAvg (the selector trains for the same local budget as the models);
@@ -273,6 +276,14 @@ class FedSMClient(FedAvgClient):
         return LabeledImages(ctx.data.train.name, ctx.data.train.x, labels), nn.CrossEntropyLoss(), TrainHooks()
 
     # --- evaluation (Algorithm 2) ------------------------------------------------------
+    def choose(self, probs: torch.Tensor, sm: SuperModel, msg: Message, ctx: ClientContext) -> torch.Tensor:
+        """The candidate each image goes to ``(N,)``: the selector's (Algorithm 2), or with ``meta.route`` =
+        ``own`` this site's personalized model for every image (a perfect site classifier: FedSM-extra's model
+        phase, whose selector is not trained yet)."""
+        if msg.meta.get(ROUTE) == OWN_SITE:
+            return torch.full((probs.shape[0],), ctx.site_index + 1, dtype=torch.long)
+        return route(probs, sm.mode, sm.gamma)
+
     def on_evaluate(self, msg: Message, ctx: ClientContext) -> Message:
         """Score the super model on ``meta.split``. Replies ``probs`` ``(N, C)`` (selector softmax),
         ``choice`` ``(N,)`` and ``dice``/``hd95`` ``(N, R)`` at ``meta.gamma``; in threshold mode also
@@ -281,7 +292,7 @@ class FedSMClient(FedAvgClient):
         sm = self.super_model(msg, ctx)
         data = ctx.data.split(str(msg.meta["split"]))
         probs = sm.scores_of(data.x, ctx.cfg.eval.batch_size, ctx.task.device)
-        choice = route(probs, sm.mode, sm.gamma)
+        choice = self.choose(probs, sm, msg, ctx)
         models = list(sm.candidates)
         tensors = {"probs": probs, "choice": choice}
         if sm.mode == "threshold":
@@ -297,7 +308,7 @@ class FedSMClient(FedAvgClient):
                     "hd95_personal": torch.from_numpy(hd_p),
                 }
             )
-        elif sm.mode == "argmax":
+        elif sm.mode == "argmax" or msg.meta.get(ROUTE) == OWN_SITE:
             dice, hd95 = score_routed(models, choice, data, ctx)
         else:
             ev = ctx.cfg.eval
