@@ -113,8 +113,7 @@ class StateStore:
     def save(self, site: str, state: State) -> None:
         """Make ``state`` ``site``'s store (in RAM or, see the class docstring, in its file)."""
         self.memory.pop(site, None)
-        in_ram = sum(state_bytes(s) for s in self.memory.values())
-        if not self.spills or not state or (self.budget > 0 and in_ram + state_bytes(state) <= self.budget):
+        if not self.spills or not state or self.fits_in_ram(state):
             self.memory[site] = state
             if site in self.on_disk:
                 self.on_disk.discard(site)
@@ -123,6 +122,10 @@ class StateStore:
         blob = save(_writable(state))
         atomic_write_bytes(self.path(site), lambda f: f.write(blob))
         self.on_disk.add(site)
+
+    def fits_in_ram(self, state: State) -> bool:
+        """Whether ``state`` fits the memory budget beside the stores kept in RAM (never without a budget)."""
+        return self.budget > 0 and sum(state_bytes(s) for s in self.memory.values()) + state_bytes(state) <= self.budget
 
     # --- snapshots (module docstring) -----------------------------------------------------------------
     def snapshot_folder(self, number: int) -> Path:
