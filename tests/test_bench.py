@@ -226,3 +226,33 @@ def test_resume_accepts_appended_methods_and_refuses_other_changes(tmp_path):
         other, _ = load_bench(_bench(tmp_path, **change))
         with pytest.raises(ValueError, match="cannot resume a different bench"):
             check_out(other, tmp_path / "out", resume=True)
+
+
+def test_a_leave_one_out_federation_scores_every_site_unseen(tmp_path):
+    """Each fold trains without one site and scores the trained models on all of its cases (FedSM Table 5): the
+    pooled results hold every case of every site once per method, and a site's Dice is its unseen-site Dice."""
+    from fedseg.bench.phases import run_bench
+    from fedseg.bench.report import write_report
+
+    path = _bench(
+        tmp_path,
+        federations=[{"name": "unseen", "set": ["data.source=synthetic-retina"], "leave_one_out": True}],
+        methods=["fedavg", "local"],
+        seeds=[0],
+        split={"mode": "ratio"},
+        budget={"rounds": 1},
+    )
+    spec, root = load_bench(path)
+    runs = run_bench(spec, root, tmp_path / "out", echo=lambda line: None)
+    tables = write_report(spec, runs, tmp_path / "out")["federations"]["unseen"]
+    assert set(tables["methods"]) == {"fedavg"}  # local has no model for a site it never saw
+    sites = [f"site{k}" for k in range(1, 7)]
+    assert list(tables["sites"]) == sites and len({r.holdout for r in runs.final}) == 6
+    with open(tmp_path / "out" / "results.csv", newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r["method"] == "fedavg"]
+    for site in sites:
+        run = next(r for r in runs.final if r.holdout == site and r.method == "fedavg")
+        unseen = json.loads((run.dir(tmp_path / "out") / "unseen.json").read_text())["rows"][0]
+        assert unseen["unseen_site"] == site and site not in unseen["training_sites"]
+        assert {r["case"] for r in rows if r["site"] == site} == set(unseen["case_ids"])
+        assert tables["methods"]["fedavg"]["sites"][site]["mean"] == pytest.approx(unseen["dice"], rel=1e-9)

@@ -81,6 +81,11 @@ class RepartitionConfig(Strict):
     require: str | None = Field(
         default=None, description="limited: cases without a value for this metadata key are removed (FeTS: grade)"
     )
+    holdout: str | None = Field(
+        default=None,
+        description="leave this site out of training (after the mode's repartition): an unseen site, scored on all its "
+        "cases by `fedseg bench` (FedSM Table 5; `fedseg run --holdout` is the same as a study)",
+    )
 
 
 class DataConfig(Strict):

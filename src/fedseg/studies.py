@@ -380,6 +380,8 @@ def unseen_rows(results: RunResults, fed: Federation, site: str, run: str) -> tu
             "cases": len(data),
             "run": run,
             "training_sites": results.federation.site_names,
+            "case_ids": list(data.ids),
+            "regions": list(task.regions),
         }
         spec = get_algorithm(algo.name)
         hook = spec.family.unseen_cells if spec.family else None
@@ -390,7 +392,14 @@ def unseen_rows(results: RunResults, fed: Federation, site: str, run: str) -> tu
             model = task.new_model()
             load_weights(model, algo.bundle["global"])
             dice = candidate_dice([model], data, cfg.eval, task.device)[0]
-            rows.append({**base, "mode": "single", "dice": site_dice(dice, data.ids, site, task.regions)})
+            rows.append(
+                {
+                    **base,
+                    "mode": "single",
+                    "dice": site_dice(dice, data.ids, site, task.regions),
+                    "case_dice": dice.tolist(),
+                }
+            )
         else:
             skipped.append(f"{algo.name}: no global or super model in its bundle ({', '.join(sorted(algo.bundle))})")
     return rows, skipped

@@ -51,9 +51,24 @@ def train(cfg_json: dict, out: str) -> float:
     cfg = RunConfig.model_validate(cfg_json)
     torch.set_num_threads(cfg.threads)
     began = time.perf_counter()
-    run_experiment(cfg, Path(out), resume=True)
+    results = run_experiment(cfg, Path(out), resume=True)
+    if cfg.data.repartition.holdout is not None:
+        score_unseen(cfg, Path(out), results)
     atomic_write_text(Path(out) / DONE_FILE, json.dumps({"config": cfg_json}, indent=1))
     return time.perf_counter() - began
+
+
+def score_unseen(cfg: RunConfig, out: Path, results) -> None:
+    """A leave-one-out run: every trained model scored on all cases of the held-out site, ``out/unseen.csv`` +
+    ``unseen.json`` (``fedseg.studies.unseen_rows``: FedSM Table 5 cells, per-case Dice in the JSON)."""
+    from fedseg.data.repartition import repartition_all
+    from fedseg.run import load_federation
+    from fedseg.studies import UNSEEN, unseen_columns, unseen_rows, write_table
+
+    full = repartition_all(load_federation(cfg), cfg.data.repartition, cfg.data.split, cfg.seed)
+    assert cfg.data.repartition.holdout is not None  # the caller checks
+    rows, _ = unseen_rows(results, full, cfg.data.repartition.holdout, ".")
+    write_table(out, UNSEEN, unseen_columns(full.site_names), rows)
 
 
 def is_done(folder: Path, cfg: RunConfig) -> bool:

@@ -18,6 +18,7 @@ from fedseg.bench.plan import (
     Setting,
     check_plan,
     final_runs,
+    holdout_sites,
     is_budget_reference,
     reference_runs,
     tuning_runs,
@@ -101,8 +102,9 @@ def run_bench(
     elif not (out / BENCH_FILE).is_file():
         raise FileNotFoundError(f"{out}: holds no bench ({BENCH_FILE}); run `fedseg bench` first")
     runner = Runner(bench, root, out, jobs, echo, train)
-    caps = budget_caps(bench, runner.execute(reference_runs(bench), "budget references"))
-    tuning = runner.execute(with_caps(bench, tuning_runs(bench), caps), "tuning on validation")
+    holdouts = holdout_sites(bench, root)
+    caps = budget_caps(bench, runner.execute(reference_runs(bench, holdouts), "budget references"))
+    tuning = runner.execute(with_caps(bench, tuning_runs(bench, holdouts), caps), "tuning on validation")
     selected = select_settings(bench, tuning)
-    final = runner.execute(with_caps(bench, final_runs(bench, selected), caps), "final runs")
+    final = runner.execute(with_caps(bench, final_runs(bench, selected, holdouts), caps), "final runs")
     return BenchRuns(tuning, selected, final)

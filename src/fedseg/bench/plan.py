@@ -7,7 +7,11 @@ A *cell* is (federation, fold, seed). Three kinds of runs, in three phases (each
 2. **tuning runs**: per method with a grid, every setting in every tuning cell (``tune.folds`` x ``tune.seeds``);
 3. **final runs**: every method in every cell, with its setting selected on validation (``fedseg.bench.select``).
 
-A run's folder is ``OUT/runs/<federation>/fold<f>/seed<s>/<method>/<setting>`` (``default`` = no grid value), so a
+A leave-one-out federation's folds are its sites: fold ``k`` trains without site ``k`` (``data.repartition.holdout``)
+and scores every trained model on all of that site's cases (``unseen.json`` in the run's folder).
+
+A run's folder is ``OUT/runs/<federation>/fold<f>/seed<s>/<method>/<setting>`` (``holdout-<site>`` in place of
+``fold<f>`` for a leave-one-out federation; ``default`` = no grid value), so a
 final run whose setting and cell a tuning run already had is that run, and the reference method's budget run is
 its final run when it has no grid.
 """
@@ -41,6 +45,7 @@ class BenchRun:
     setting: Setting
     overrides: tuple[str, ...]
     caps: tuple[str, ...] = ()
+    holdout: str | None = None  # a leave-one-out federation's unseen site (the fold is its index)
 
     @property
     def setting_label(self) -> str:
@@ -52,7 +57,8 @@ class BenchRun:
 
     @property
     def label(self) -> str:
-        return f"{self.federation}/fold{self.fold}/seed{self.seed}/{self.method}/{self.setting_label}"
+        fold = f"holdout-{self.holdout}" if self.holdout is not None else f"fold{self.fold}"
+        return f"{self.federation}/{fold}/seed{self.seed}/{self.method}/{self.setting_label}"
 
     def dir(self, out: Path) -> Path:
         return Path(out) / "runs" / self.label
@@ -88,12 +94,23 @@ def federation_overrides(fed: FederationSpec) -> list[str]:
     return [*named, *fed.set]
 
 
-def run_overrides(bench: BenchSpec, fed: FederationSpec, method: MethodSpec, fold: int, seed: int, setting: Setting):
-    """Every override of one run, in the order they apply: the bench's, the federation's, the split, the seed, the
-    method's algorithms and fixed options, its grid values, the stop rule and the round budget."""
+def run_overrides(
+    bench: BenchSpec,
+    fed: FederationSpec,
+    method: MethodSpec,
+    fold: int,
+    seed: int,
+    setting: Setting,
+    holdout: str | None = None,
+):
+    """Every override of one run, in the order they apply: the bench's, the federation's (and its held-out site),
+    the split, the seed, the method's algorithms and fixed options, its grid values, the stop rule and the round
+    budget. A leave-one-out federation's runs split their training sites by the bench's split (k-fold: fold 0)."""
     split = [f"data.split.mode={bench.split.mode}"]
     if bench.split.mode == "kfold":
-        split += [f"data.split.folds={bench.split.folds}", f"data.split.fold={fold}"]
+        split += [f"data.split.folds={bench.split.folds}", f"data.split.fold={0 if holdout else fold}"]
+    if holdout is not None:
+        split.append(f"data.repartition.holdout={_yaml(holdout)}")
     stop = [f"fl.stop.patience={_yaml(bench.stop.patience)}", f"fl.stop.min_delta={bench.stop.min_delta}"]
     rounds = bench.budget.rounds
     if bench.budget.rule != "rounds" and not is_budget_reference(bench, method, setting):
@@ -115,10 +132,50 @@ def is_budget_reference(bench: BenchSpec, method: MethodSpec, setting: Setting) 
     return bench.budget.rule != "rounds" and method.name == bench.budget.reference and not setting
 
 
-def make_run(bench: BenchSpec, fed: FederationSpec, method: MethodSpec, fold: int, seed: int, setting: Setting):
-    return BenchRun(
-        fed.name, fold, seed, method.name, setting, tuple(run_overrides(bench, fed, method, fold, seed, setting))
-    )
+Holdouts = dict[str, list[str]]  # leave-one-out federation -> its sites: the folds of that federation
+
+
+def make_run(
+    bench: BenchSpec,
+    fed: FederationSpec,
+    method: MethodSpec,
+    fold: int,
+    seed: int,
+    setting: Setting,
+    holdouts: Holdouts | None = None,
+) -> BenchRun:
+    """The run of ``method`` in cell (``fed``, ``fold``, ``seed``); fold ``k`` of a leave-one-out federation holds out
+    its ``k``-th site (``holdouts``)."""
+    holdout = (holdouts or {})[fed.name][fold] if fed.leave_one_out else None
+    overrides = tuple(run_overrides(bench, fed, method, fold, seed, setting, holdout))
+    return BenchRun(fed.name, fold, seed, method.name, setting, overrides, holdout=holdout)
+
+
+def folds_of(bench: BenchSpec, fed: FederationSpec, holdouts: Holdouts | None, tuning: bool = False) -> tuple[int, ...]:
+    """The folds of ``fed``: the bench's (``tuning``: its tuning folds), or one per site of a leave-one-out
+    federation (``tuning``: the first site)."""
+    if fed.leave_one_out:
+        count = len((holdouts or {}).get(fed.name, []))
+        return tuple(range(min(1, count) if tuning else count))
+    return bench.tune_folds if tuning else bench.folds
+
+
+def holdout_sites(bench: BenchSpec, root: Path) -> Holdouts:
+    """The sites of every leave-one-out federation (its data loaded once, as its runs load it)."""
+    from fedseg.data.repartition import repartition_all
+    from fedseg.run import load_federation
+
+    out: Holdouts = {}
+    for fed in bench.federations:
+        if fed.leave_one_out:
+            cfg = run_config(
+                bench,
+                root,
+                make_run(bench, fed.model_copy(update={"leave_one_out": False}), bench.methods[0], 0, 0, ()),
+            )
+            full = repartition_all(load_federation(cfg), cfg.data.repartition, cfg.data.split, cfg.seed)
+            out[fed.name] = full.site_names
+    return out
 
 
 def reference_method(bench: BenchSpec) -> MethodSpec:
@@ -127,41 +184,43 @@ def reference_method(bench: BenchSpec) -> MethodSpec:
     return bench.method(name) if name in bench.method_names else MethodSpec(name=name)
 
 
-def reference_runs(bench: BenchSpec) -> list[BenchRun]:
+def reference_runs(bench: BenchSpec, holdouts: Holdouts | None = None) -> list[BenchRun]:
     """Phase 1: one budget reference per cell (none under ``budget.rule: rounds``)."""
     if bench.budget.rule == "rounds":
         return []
     ref = reference_method(bench)
     return [
-        make_run(bench, f, ref, fold, seed, ())
+        make_run(bench, f, ref, fold, seed, (), holdouts)
         for f in bench.federations
-        for fold in bench.folds
+        for fold in folds_of(bench, f, holdouts)
         for seed in bench.seeds
     ]
 
 
-def tuning_runs(bench: BenchSpec) -> list[BenchRun]:
+def tuning_runs(bench: BenchSpec, holdouts: Holdouts | None = None) -> list[BenchRun]:
     """Phase 2: every setting of every method with a grid, in every tuning cell."""
     return [
-        make_run(bench, f, m, fold, seed, s)
+        make_run(bench, f, m, fold, seed, s, holdouts)
         for f in bench.federations
         for m in bench.methods
         if m.grid
         for s in settings(m)
-        for fold in bench.tune_folds
+        for fold in folds_of(bench, f, holdouts, tuning=True)
         for seed in bench.tune_seeds
     ]
 
 
-def final_runs(bench: BenchSpec, selected: dict[tuple[str, str], Setting]) -> list[BenchRun]:
+def final_runs(
+    bench: BenchSpec, selected: dict[tuple[str, str], Setting], holdouts: Holdouts | None = None
+) -> list[BenchRun]:
     """Phase 3: every method in every cell; ``selected``: (federation, method) -> setting (methods with a grid; one
     without an entry, whose tuning is not finished, has no final run yet)."""
     return [
-        make_run(bench, f, m, fold, seed, selected.get((f.name, m.name), ()))
+        make_run(bench, f, m, fold, seed, selected.get((f.name, m.name), ()), holdouts)
         for f in bench.federations
         for m in bench.methods
         if not m.grid or (f.name, m.name) in selected
-        for fold in bench.folds
+        for fold in folds_of(bench, f, holdouts)
         for seed in bench.seeds
     ]
 
@@ -186,5 +245,5 @@ def check_plan(bench: BenchSpec, root: Path) -> None:
     for fed in bench.federations:
         for method in [*bench.methods, reference_method(bench)]:
             for setting in settings(method):
-                run = make_run(bench, fed, method, fold, seed, setting)
+                run = make_run(bench, fed.model_copy(update={"leave_one_out": False}), method, fold, seed, setting)
                 check_algorithms(run_config(bench, root, run), f"bench run {run.label}")

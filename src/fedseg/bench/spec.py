@@ -8,6 +8,7 @@ A bench file (YAML)::
     federations:                            # one table each; a name alone = that built-in federation / preset
       - synthetic-retina
       - {name: retina-iid3, set: [data.repartition.mode=iid, data.repartition.sites=3]}
+      - {name: retina-unseen, set: [data.source=synthetic-retina], leave_one_out: true}   # FedSM Table 5
     methods:
       - centralized
       - fedavg
@@ -57,6 +58,11 @@ class FederationSpec(Strict):
 
     name: str
     set: tuple[str, ...] = ()
+    leave_one_out: bool = Field(
+        default=False,
+        description="each site in turn is left out of training and every trained model is scored on all its cases "
+        "(an unseen site; FedSM Table 5): the folds of this federation are its sites",
+    )
 
     @field_validator("name")
     @classmethod

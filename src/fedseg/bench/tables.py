@@ -20,9 +20,11 @@ For each federation and method (its final runs, ``fedseg.bench.execute``):
 
 from __future__ import annotations
 
+import json
 import math
 from collections import defaultdict
 from collections.abc import Iterable
+from pathlib import Path
 
 import numpy as np
 
@@ -39,13 +41,35 @@ COST_KEYS = ("sgd_steps", "parallel_sgd_steps", "floats", "eval_floats", "simula
 
 
 def method_rows(bench: BenchSpec, run: BenchRun, fin: Finished) -> list[dict]:
-    """The run's own-model test rows of the method's scored algorithm, labelled with the run's cell."""
+    """The run's own-model test rows of the method's scored algorithm, labelled with the run's cell (a
+    leave-one-out run: its models' Dice on every case of the held-out site, :func:`unseen_case_rows`)."""
     scored = bench.method(run.method).scored
-    rows = [r for r in read_rows(fin.dir / "results.csv") if r["algorithm"] == scored and own_site_model(r)]
     cell = {"federation": run.federation, "method": run.method, "fold": run.fold, "seed": run.seed}
-    return [
-        {**cell, **{k: r[k] for k in ("site", "case", "region", "metric", "value")}, "algorithm": scored} for r in rows
-    ]
+    if run.holdout is not None:
+        return [{**cell, **r, "algorithm": scored} for r in unseen_case_rows(fin.dir, scored, run.holdout)]
+    rows = [r for r in read_rows(fin.dir / "results.csv") if r["algorithm"] == scored and own_site_model(r)]
+    keys = ("site", "case", "region", "metric", "value")
+    return [{**cell, **{k: r[k] for k in keys}, "algorithm": scored} for r in rows]
+
+
+def unseen_case_rows(folder: Path, algorithm: str, site: str) -> list[dict]:
+    """Per case and region, the Dice of ``algorithm``'s deployed model on the unseen ``site`` (``unseen.json``:
+    FedSM at the gamma chosen on validation, a global model as it is); none for a method without such a model."""
+    for row in json.loads((folder / "unseen.json").read_text())["rows"]:
+        if row["algorithm"] == algorithm:
+            dice = row.get("deployed_case_dice") or row["case_dice"]
+            return [
+                {
+                    "site": site,
+                    "case": case,
+                    "region": region,
+                    "metric": "dice",
+                    "value": math.nan if v is None else float(v),
+                }
+                for case, values in zip(row["case_ids"], dice)
+                for region, v in zip(row["regions"], values)
+            ]
+    return []
 
 
 def per_seed_cases(rows: list[dict], metric: str, region: str | None = None) -> dict[int, dict]:
@@ -87,7 +111,9 @@ def method_stats(rows: list[dict], runs: list[Finished], scored: str, regions: l
 
 
 def _site_order(runs: list[Finished]):
-    order = {s: i for fin in runs[:1] for i, s in enumerate(fin.summary["sites"])}
+    """Sites in the federation's order (a leave-one-out federation: the order its sites are held out)."""
+    held = list(dict.fromkeys(fin.run.holdout for fin in runs if fin.run.holdout is not None))
+    order = {s: i for i, s in enumerate(held or (runs[0].summary["sites"] if runs else []))}
     return lambda s: (order.get(s, len(order)), s)
 
 
@@ -135,6 +161,8 @@ def federation_tables(bench: BenchSpec, runs: BenchRuns) -> tuple[dict, list[dic
             if not pairs:  # a bench collected while running: no final run of this method yet
                 continue
             rows = [r for run, fin in pairs for r in method_rows(bench, run, fin)]
+            if not rows:  # e.g. local on a leave-one-out federation: no model for an unseen site
+                continue
             all_rows += rows
             regions = regions or list(pairs[0][1].summary["regions"])
             stats = method_stats(rows, [fin for _, fin in pairs], method.scored, regions)

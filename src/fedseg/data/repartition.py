@@ -12,8 +12,10 @@ before any training, and recorded in the run's ``config.yaml``.
   metadata key ``require`` (case-level, else site-level; the paper: the tumour grade), cap each site at
   ``max_cases`` cases drawn at random (a stream of ``(seed, site, "limited")``, whole groups), and drop the sites
   left empty.
+* ``holdout`` (any mode): the site left out of training after the repartition, an unseen site
+  (:func:`repartition_all` keeps it: its cases are what the trained models are scored on).
 
-Both are pure functions of the federation, the settings and the seed.
+All are pure functions of the federation, the settings and the seed.
 """
 
 from __future__ import annotations
@@ -30,7 +32,17 @@ SEPARATOR = "--"  # <origin site>--<case id>
 
 
 def repartition(fed: Federation, cfg: RepartitionConfig, split: SplitConfig, seed: int) -> Federation:
-    """``fed`` repartitioned as ``cfg`` says (``mode: none``: ``fed`` itself)."""
+    """``fed`` repartitioned as ``cfg`` says, then without the ``holdout`` site (the training federation)."""
+    full = repartition_all(fed, cfg, split, seed)
+    if cfg.holdout is None:
+        return full
+    if cfg.holdout not in full.site_names:
+        raise FederationError(f"data.repartition.holdout: no site named {cfg.holdout!r}; sites are {full.site_names}")
+    return full.without(cfg.holdout)
+
+
+def repartition_all(fed: Federation, cfg: RepartitionConfig, split: SplitConfig, seed: int) -> Federation:
+    """``fed`` repartitioned by ``cfg.mode``, every site kept (the held-out one too; ``mode: none``: ``fed``)."""
     if cfg.mode == "iid":
         return iid(fed, cfg.sites, split, seed)
     if cfg.mode == "limited":
@@ -40,9 +52,10 @@ def repartition(fed: Federation, cfg: RepartitionConfig, split: SplitConfig, see
 
 def repartitioned_site_count(cfg: RepartitionConfig, sites: int) -> int:
     """How many sites a repartition leaves of ``sites`` without reading any case (``limited``: an upper bound)."""
+    held = 1 if cfg.holdout is not None else 0
     if cfg.mode == "iid":
-        return cfg.sites
-    return sites - len(cfg.drop_sites) if cfg.mode == "limited" else sites
+        return cfg.sites - held
+    return (sites - len(cfg.drop_sites) if cfg.mode == "limited" else sites) - held
 
 
 def iid(fed: Federation, n_sites: int, split: SplitConfig, seed: int) -> Federation:

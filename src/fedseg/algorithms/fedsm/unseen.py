@@ -15,7 +15,8 @@ and the image gets its chosen candidate's Dice:
   of the most weighted candidate.
 
 Frequencies are returned as ``{"global": f, <training site>: f, ...}``; the study lays them out
-in its columns.
+in its columns. ``case_dice`` (``(N, R)`` as lists) is each case's Dice at the row's routing;
+``deployed_case_dice`` the same at the validation-chosen gamma (``fedseg bench`` pairs cases on it).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ def unseen_cells(bundle: dict, data: CaseSet, task: Task, options: BaseModel) ->
         freq = np.bincount(choice.numpy(), minlength=len(sites) + 1) / max(len(choice), 1)
         return {
             "dice": site_dice(dice, data.ids, data.name, task.regions),
+            "case_dice": dice.tolist(),
             "freq": {"global": float(freq[GLOBAL_INDEX]), **{s: float(freq[k + 1]) for k, s in enumerate(sites)}},
         }
 
@@ -66,6 +68,7 @@ def unseen_cells(bundle: dict, data: CaseSet, task: Task, options: BaseModel) ->
     grid = getattr(options, "gamma_grid", ())
     curve = [{"gamma": g, **at(g)} for g in sorted({0.0, *map(float, grid)})]
     best = max(reversed(curve), key=lambda p: -math.inf if math.isnan(p["dice"]) else p["dice"])  # ties: larger gamma
+    deployed = at(sm.gamma)  # the gamma chosen on the training sites' validation splits: what a deployment uses
     return {
         "mode": sm.mode,
         "gamma": 0.0,
@@ -73,6 +76,7 @@ def unseen_cells(bundle: dict, data: CaseSet, task: Task, options: BaseModel) ->
         "best_gamma": best["gamma"],
         "best_dice": best["dice"],
         "val_gamma": sm.gamma,
-        "val_dice": at(sm.gamma)["dice"],
-        "curve": curve,
+        "val_dice": deployed["dice"],
+        "deployed_case_dice": deployed["case_dice"],
+        "curve": [{k: v for k, v in p.items() if k != "case_dice"} for p in curve],
     }
