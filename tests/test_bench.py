@@ -256,3 +256,19 @@ def test_a_leave_one_out_federation_scores_every_site_unseen(tmp_path):
         assert unseen["unseen_site"] == site and site not in unseen["training_sites"]
         assert {r["case"] for r in rows if r["site"] == site} == set(unseen["case_ids"])
         assert tables["methods"]["fedavg"]["sites"][site]["mean"] == pytest.approx(unseen["dice"], rel=1e-9)
+
+
+@pytest.mark.slow
+def test_jobs_2_gives_the_numbers_of_jobs_1(tmp_path):
+    """Runs trained two at a time, each in its own process, give the same per-case results as one after another."""
+    from fedseg.bench.phases import run_bench
+    from fedseg.bench.report import write_report
+
+    path = _bench(tmp_path, methods=["fedavg", "fedprox"], seeds=[0, 1], split={"mode": "ratio"}, budget={"rounds": 1})
+    spec, root = load_bench(path)
+    results = []
+    for jobs in (1, 2):
+        out = tmp_path / f"jobs{jobs}"
+        write_report(spec, run_bench(spec, root, out, jobs=jobs, echo=lambda line: None), out)
+        results.append((out / "results.csv").read_text())
+    assert results[0] == results[1] and len(results[0].splitlines()) > 100
