@@ -66,6 +66,7 @@ class RawFedSM:
         lr = self.options.selector_lr or self.cfg.train.lr
         self.sel_trainer = Trainer(self.cfg.train.model_copy(update={"lr": lr}), self.task.device)
         self.opt_states: dict[tuple[str, str], dict] = {}
+        self.write_s = 0.0  # no checkpoint: raw compute only (module docstring)
 
     def fit(self, key: tuple[str, str], model, weights, trainer, data, gen, loss_fn=None) -> dict:
         load_weights(model, weights)
@@ -149,7 +150,7 @@ def main() -> None:
     RawFedSM(prep).round(1)  # warm-up (allocator, MONAI imports)
     pairs = []
     for i in range(args.repeats):
-        for p in paired_rounds(prep, args.rounds, RawFedSM, "fedsm"):
+        for p in paired_rounds(prep, args.rounds, lambda prep, folder: RawFedSM(prep), "fedsm"):
             if p["round"] > 1:
                 pairs.append({"repeat": i + 1, **p})
         print(f"repeat {i + 1}: {json.dumps(ratio_stats(pairs))}", flush=True)
