@@ -192,7 +192,7 @@ def html_parts(bench: BenchSpec, tables: dict, tuning: list[dict], out: Path) ->
         fig = per_site_bars(
             {n: {s: v["mean"] for s, v in m["sites"].items()} for n, m in t["methods"].items()},
             t["sites"],
-            {},
+            {} if t.get("leave_one_out") else t["methods"][next(iter(t["methods"]))]["train_samples"],
             out / "figures" / f"sites_{fed}.png",
             errors={n: {s: v["std"] for s, v in m["sites"].items()} for n, m in t["methods"].items()},
             title=f"{fed}: test Dice per site (mean ± std over seeds)",

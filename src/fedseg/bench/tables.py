@@ -106,8 +106,18 @@ def method_stats(rows: list[dict], runs: list[Finished], scored: str, regions: l
         "convergence": convergence_counts(entries),
         "cost": cost_means(entries, [len(fin.summary["sites"]) for fin in runs]),
         "cases": len(dice_cases),
+        "train_samples": _mean_sizes(entries),
         "_case_dice": dice_cases,
     }
+
+
+def _mean_sizes(entries: list[dict]) -> dict[str, float]:
+    """Each site's training-set size, averaged over the runs that trained on it (summary.json train_samples)."""
+    sizes: dict[str, list[float]] = defaultdict(list)
+    for e in entries:
+        for site, n in e.get("train_samples", {}).items():
+            sizes[site].append(float(n))
+    return {site: float(np.mean(v)) for site, v in sizes.items()}
 
 
 def _site_order(runs: list[Finished]):
@@ -172,8 +182,14 @@ def federation_tables(bench: BenchSpec, runs: BenchRuns) -> tuple[dict, list[dic
             continue
         add_tests(methods, bench.reference)
         first = next(iter(methods.values()))
-        expected = len(bench.folds) * len(bench.seeds)
-        out[fed.name] = {"sites": list(first["sites"]), "regions": regions, "methods": methods, "runs": expected}
+        expected = len({run.fold for run, _ in by_key[(fed.name, bench.reference)]} or bench.folds) * len(bench.seeds)
+        out[fed.name] = {
+            "sites": list(first["sites"]),
+            "regions": regions,
+            "methods": methods,
+            "runs": expected,
+            "leave_one_out": fed.leave_one_out,
+        }
     return out, all_rows
 
 

@@ -309,10 +309,11 @@ def per_site_bars(
             zorder=3,
         )
         ax.plot([], [], color="black", ls=ls, lw=1.8, label=name)  # legend entry
-    labels = [f"{s}\nn={_fmt_size(_size(sizes, s))}" for s in order]
+    labels = [s if math.isnan(_size(sizes, s)) else f"{s}\nn={_fmt_size(_size(sizes, s))}" for s in order]
     ax.set_xticks(x, labels, fontsize=8, rotation=0 if n <= 12 else 90)
     ax.set_xlim(-0.6, n - 0.4)
-    top = max(float(np.nanmax(np.concatenate([*bars.values(), *refs.values()]))), 0.0)
+    tops = [bars[name] + np.nan_to_num(scores((errors or {}).get(name, {}))) for name in bars]  # bar + its error
+    top = max(float(np.nanmax(np.concatenate([*tops, *refs.values()]))), 0.0)
     ax.set_ylim(0.0, min(1.0, top * 1.12 + 0.02) if top <= 1.0 else top * 1.12)
     ax.set_ylabel(ylabel)
     sized = any(not math.isnan(_size(sizes, s)) for s in order)
