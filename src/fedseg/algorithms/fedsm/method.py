@@ -92,6 +92,7 @@ from fedseg.algorithms.fedsm.model import (
 from fedseg.algorithms.fedsm.personalize import PERSONAL, TRACK, PersonalizationOptions, personalization
 from fedseg.algorithms.fedsm.selector import Selector, build_selector
 from fedseg.algorithms.registry import AlgorithmSpec
+from fedseg.config import BudgetConfig
 from fedseg.data.dataset import CaseSet
 from fedseg.engine.context import ClientContext, Task
 from fedseg.engine.messages import Message, MetaValue, load_weights, prefixed, weights_of
@@ -126,6 +127,18 @@ class SelectorOptions(FedAvgOptions, PersonalizationOptions):
     )
     average_selector_moments: bool = Field(
         True, description="send the selector's optimizer moments with w_s and average them (extra traffic, counted)"
+    )
+    selector_weighting: Literal["samples", "uniform"] = Field(
+        "uniform",
+        description="how the selector and its moments merge: uniform (default; every site's label weighs the same) "
+        "or samples (the paper's n_k/n, Alg. 1: with one label per site it favours the largest sites — the selector "
+        "collapsed to them on synthetic-prostate)",
+    )
+    selector_steps: int | None = Field(
+        10,
+        ge=1,
+        description="local selector steps per site and round (default 10: every site's label gets the same pull); "
+        "None = the round's local budget, as the models (the paper: steps grow with n_k)",
     )
 
     def check_sites(self, num_sites: int, algorithm: str) -> None:
@@ -254,8 +267,10 @@ class FedSMClient(FedAvgClient):
                 put_group(ctx.state, key, msg.group(SELECTOR_OPT))
             data, loss_fn, hooks = self.selector_task(selector, msg, ctx)
             train_cfg = ctx.cfg.train.model_copy(update={"lr": ctx.options.selector_lr or ctx.cfg.train.lr})
+            steps = ctx.options.selector_steps
+            budget = None if steps is None else BudgetConfig(unit="steps", amount=steps)
             stats[SELECTOR] = self.fit(
-                selector, msg, ctx, key, data=data, loss_fn=loss_fn, train_cfg=train_cfg, hooks=hooks
+                selector, msg, ctx, key, data=data, loss_fn=loss_fn, train_cfg=train_cfg, budget=budget, hooks=hooks
             )
             out.update(prefixed(SELECTOR, weights_of(selector)))
             if ctx.options.average_selector_moments:
@@ -375,8 +390,10 @@ class FedSMServer(FedAvgServer):
             s: {k[len("loss_") :]: float(v) for k, v in replies[s].meta.items() if k.startswith("loss_")} for s in sites
         }
 
-        def merge(group: str) -> dict[str, torch.Tensor]:
-            return weighted_average([replies[s].group(group) for s in sites], [weights[s] for s in sites])
+        def merge(group: str, by: dict[str, float] = weights) -> dict[str, torch.Tensor]:
+            return weighted_average([replies[s].group(group) for s in sites], [by[s] for s in sites])
+
+        selector_weights = {s: 1.0 for s in sites} if self.options.selector_weighting == "uniform" else weights
 
         first = replies[sites[0]]
         if first.group(GLOBAL):
@@ -385,9 +402,9 @@ class FedSMServer(FedAvgServer):
                 {s: replies[s] for s in sites}, weights, self.global_weights, self.track
             )
         if first.group(SELECTOR):
-            self.selector_weights = merge(SELECTOR)
+            self.selector_weights = merge(SELECTOR, selector_weights)
         if first.group(SELECTOR_OPT):
-            self.selector_moments = merge(SELECTOR_OPT)
+            self.selector_moments = merge(SELECTOR_OPT, selector_weights)
 
     # --- evaluation (Algorithm 2) ------------------------------------------------------
     def site_model(self, site: str) -> str:
