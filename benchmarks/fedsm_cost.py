@@ -3,10 +3,11 @@
 The engine side is a ``fedsm`` run (``run_algorithm`` on the in-process simulator: SoftPull, selector moments
 averaged, per-round validation with the gamma search, checkpoints). The raw side (:class:`RawFedSM`) does the
 same compute by hand, per round: at every site one local budget for each of the three models (global U-Net,
-the site's personalized U-Net, the selector with cross-entropy against the site's label), each with its own
-Adam state kept per site; the merges (weighted averages of the global model and the selector, SoftPull of the
-personalized models); and the validation passes (the selector's softmax, the global model and the site's
-personalized model scored on the site's validation split, Dice and HD95 per case). What it leaves out is what
+the site's personalized U-Net, the selector with cross-entropy against the site's label: ``selector_steps`` steps
+when set, as the FedSM client), each with its own Adam state kept per site; the merges (weighted averages of the
+global model and the selector, the selector's by ``selector_weighting``, SoftPull of the personalized models);
+and the validation passes (the selector's softmax, the global model and the site's personalized model scored on
+the site's validation split, Dice and HD95 per case). What it leaves out is what
 FedSM adds around that compute: messages, the super model sent to every site for validation, routing, the
 gamma search, ledger and checkpoints.
 
@@ -41,7 +42,7 @@ from fedseg.algorithms import get_algorithm
 from fedseg.algorithms.aggregate import softpull, weighted_average
 from fedseg.algorithms.fedsm.method import new_selector
 from fedseg.algorithms.fedsm.model import LabeledImages
-from fedseg.config import load_config
+from fedseg.config import BudgetConfig, load_config
 from fedseg.engine.context import seeded_generator, stream_seed
 from fedseg.engine.messages import load_weights, weights_of
 from fedseg.evaluate.inference import score_caseset
@@ -68,12 +69,12 @@ class RawFedSM:
         self.opt_states: dict[tuple[str, str], dict] = {}
         self.write_s = 0.0  # no checkpoint: raw compute only (module docstring)
 
-    def fit(self, key: tuple[str, str], model, weights, trainer, data, gen, loss_fn=None) -> dict:
+    def fit(self, key: tuple[str, str], model, weights, trainer, data, gen, loss_fn=None, budget=None) -> dict:
         load_weights(model, weights)
         opt = trainer.new_optimizer(model)
         if key in self.opt_states:
             opt.load_state_dict(self.opt_states[key])
-        trainer.fit(model, data, gen, opt, loss_fn=loss_fn)
+        trainer.fit(model, data, gen, opt, budget=budget, loss_fn=loss_fn)
         self.opt_states[key] = opt.state_dict()
         return weights_of(model)
 
@@ -90,11 +91,15 @@ class RawFedSM:
             )
             labels = torch.full((len(site.train),), label, dtype=torch.long)
             data = LabeledImages(site.train.name, site.train.x, labels)
-            ce = nn.CrossEntropyLoss()
-            sel.append(self.fit((site.name, "s"), self.selector, self.selector_w, self.sel_trainer, data, gen, ce))
+            ce, steps = nn.CrossEntropyLoss(), getattr(self.options, "selector_steps", None)
+            budget = None if steps is None else BudgetConfig(unit="steps", amount=steps)  # as the FedSM client
+            sel.append(
+                self.fit((site.name, "s"), self.selector, self.selector_w, self.sel_trainer, data, gen, ce, budget)
+            )
             sizes.append(len(site.train))
         self.global_w = weighted_average(glob, sizes)
-        self.selector_w = weighted_average(sel, sizes)
+        uniform = getattr(self.options, "selector_weighting", "samples") == "uniform"  # as the FedSM server
+        self.selector_w = weighted_average(sel, [1.0] * len(sel) if uniform else sizes)
         self.personal = softpull(pers, self.options.lam)
         load_weights(self.selector, self.selector_w)
         self.selector.eval()
