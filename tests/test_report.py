@@ -310,3 +310,14 @@ def test_a_method_selected_at_its_last_round_is_flagged_as_maybe_not_converged(t
     summary["algorithms"]["fedavg"]["best_round"] = 4
     (run / "summary.json").write_text(json.dumps(summary))
     assert "May not have converged" not in render_report(run).read_text()
+
+
+def test_cost_table_gives_floats_in_total_and_per_site_and_evaluation_floats_apart(tmp_path):
+    run = make_run(tmp_path / "run")
+    summary = json.loads((run / "summary.json").read_text())
+    cost = {"sgd_steps": 480, "parallel_sgd_steps": 160, "forward_batches": 0, "simulated_hours": 0.5}
+    summary["algorithms"]["fedavg"]["cost"] = {**cost, "floats": 6000 * len(SITES), "eval_floats": 300 * len(SITES)}
+    (run / "summary.json").write_text(json.dumps(summary))
+    cost_table = table(render_report(run).read_text(), "Cost (FeTS Table 2)")
+    assert "<th>Communicated floats (all sites)</th>" in cost_table and "<th>per site</th>" in cost_table
+    assert row_cells(cost_table, "FedAvg")[3:6] == [f"{6000 * len(SITES):,}", "6,000", "300"]
