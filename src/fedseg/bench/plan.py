@@ -94,40 +94,6 @@ def federation_overrides(fed: FederationSpec) -> list[str]:
     return [*named, *fed.set]
 
 
-def run_overrides(
-    bench: BenchSpec,
-    fed: FederationSpec,
-    method: MethodSpec,
-    fold: int,
-    seed: int,
-    setting: Setting,
-    holdout: str | None = None,
-):
-    """Every override of one run, in the order they apply: the bench's, the federation's (and its held-out site),
-    the split, the seed, the method's algorithms and fixed options, its grid values, the stop rule and the round
-    budget. A leave-one-out federation's runs split their training sites by the bench's split (k-fold: fold 0)."""
-    split = [f"data.split.mode={bench.split.mode}"]
-    if bench.split.mode == "kfold":
-        split += [f"data.split.folds={bench.split.folds}", f"data.split.fold={0 if holdout else fold}"]
-    if holdout is not None:
-        split.append(f"data.repartition.holdout={_yaml(holdout)}")
-    stop = [f"fl.stop.patience={_yaml(bench.stop.patience)}", f"fl.stop.min_delta={bench.stop.min_delta}"]
-    rounds = bench.budget.rounds
-    if bench.budget.rule != "rounds" and not is_budget_reference(bench, method, setting):
-        rounds = math.ceil(bench.budget.rounds * bench.budget.max_factor)  # the most; the budget stops it
-    return (
-        *bench.set,
-        *federation_overrides(fed),
-        *split,
-        f"seed={seed}",
-        f"algorithms=[{','.join(method.trained)}]",
-        *method.set,
-        *(f"{key}={_yaml(value)}" for key, value in setting),
-        *stop,
-        f"fl.rounds={rounds}",
-    )
-
-
 def is_budget_reference(bench: BenchSpec, method: MethodSpec, setting: Setting) -> bool:
     return bench.budget.rule != "rounds" and method.name == bench.budget.reference and not setting
 
@@ -145,9 +111,31 @@ def make_run(
     holdouts: Holdouts | None = None,
 ) -> BenchRun:
     """The run of ``method`` in cell (``fed``, ``fold``, ``seed``); fold ``k`` of a leave-one-out federation holds out
-    its ``k``-th site (``holdouts``)."""
+    its ``k``-th site (``holdouts``) and splits the other sites by the bench's split (k-fold: fold 0).
+
+    Its overrides, in the order they apply: the bench's, the federation's, the split (and the held-out site), the
+    seed, the method's algorithms and fixed options, its grid values, the stop rule and the round budget."""
     holdout = (holdouts or {})[fed.name][fold] if fed.leave_one_out else None
-    overrides = tuple(run_overrides(bench, fed, method, fold, seed, setting, holdout))
+    split = [f"data.split.mode={bench.split.mode}"]
+    if bench.split.mode == "kfold":
+        split += [f"data.split.folds={bench.split.folds}", f"data.split.fold={0 if holdout else fold}"]
+    if holdout is not None:
+        split.append(f"data.repartition.holdout={_yaml(holdout)}")
+    stop = [f"fl.stop.patience={_yaml(bench.stop.patience)}", f"fl.stop.min_delta={bench.stop.min_delta}"]
+    rounds = bench.budget.rounds
+    if bench.budget.rule != "rounds" and not is_budget_reference(bench, method, setting):
+        rounds = math.ceil(bench.budget.rounds * bench.budget.max_factor)  # the most; the budget stops it
+    overrides = (
+        *bench.set,
+        *federation_overrides(fed),
+        *split,
+        f"seed={seed}",
+        f"algorithms=[{','.join(method.trained)}]",
+        *method.set,
+        *(f"{key}={_yaml(value)}" for key, value in setting),
+        *stop,
+        f"fl.rounds={rounds}",
+    )
     return BenchRun(fed.name, fold, seed, method.name, setting, overrides, holdout=holdout)
 
 
