@@ -264,7 +264,7 @@ def test_jobs_2_gives_the_numbers_of_jobs_1(tmp_path):
     from fedseg.bench.phases import run_bench
     from fedseg.bench.report import write_report
 
-    path = _bench(tmp_path, methods=["fedavg", "fedprox"], seeds=[0, 1], split={"mode": "ratio"}, budget={"rounds": 1})
+    path = _bench(tmp_path, methods=["fedavg"], seeds=[0, 1], split={"mode": "ratio"}, budget={"rounds": 1})
     spec, root = load_bench(path)
     results = []
     for jobs in (1, 2):
