@@ -222,6 +222,11 @@ def test_resume_accepts_appended_methods_and_refuses_other_changes(tmp_path):
         )
     )
     check_out(grown, tmp_path / "out", resume=True)
+    older = spec.model_dump(mode="json")  # written by a fedseg without a field added since: compared at its default
+    for fed in older["federations"]:
+        del fed["leave_one_out"]
+    (tmp_path / "out" / BENCH_FILE).write_text(json.dumps(older))
+    check_out(spec, tmp_path / "out", resume=True)
     for change in ({"seeds": [0, 1, 2]}, {"methods": ["scaffold", "fedavg"]}):
         other, _ = load_bench(_bench(tmp_path, **change))
         with pytest.raises(ValueError, match="cannot resume a different bench"):

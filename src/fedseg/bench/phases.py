@@ -61,6 +61,10 @@ def check_out(bench: BenchSpec, out: Path, resume: bool) -> None:
     if not resume:
         raise FileExistsError(f"{out}: already holds a bench; use --resume to continue it or choose another --out")
     old = json.loads(recorded.read_text())
+    try:  # normalized: fields a later fedseg added compare at their defaults
+        old = BenchSpec.model_validate(old).model_dump(mode="json")
+    except ValueError:
+        pass  # compared as written
     new = bench.model_dump(mode="json")
     keys = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
     if keys == ["methods"] and new["methods"][: len(old["methods"])] == old["methods"]:
