@@ -321,3 +321,11 @@ def test_cost_table_gives_floats_in_total_and_per_site_and_evaluation_floats_apa
     cost_table = table(render_report(run).read_text(), "Cost (FeTS Table 2)")
     assert "<th>Communicated floats (all sites)</th>" in cost_table and "<th>per site</th>" in cost_table
     assert row_cells(cost_table, "FedAvg")[3:6] == [f"{6000 * len(SITES):,}", "6,000", "300"]
+
+
+def test_the_hd95_table_names_the_unit_summary_json_records(tmp_path):
+    run = make_run(tmp_path / "run")
+    summary = json.loads((run / "summary.json").read_text())
+    summary["hd95_unit"] = "mm"  # the volume path: each case's own grid and spacing
+    (run / "summary.json").write_text(json.dumps(summary))
+    assert "<h2>Test HD95 (mm)</h2>" in render_report(run).read_text()

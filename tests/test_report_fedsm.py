@@ -50,7 +50,7 @@ def test_table3_layout_from_a_real_run(fedsm_run):
     out, _, _, html = fedsm_run
     summary = json.loads((out / "summary.json").read_text())
     sites = summary["sites"]
-    for title in ("Test Dice", "Test HD95 (pixels / voxels)"):
+    for title in ("Test Dice", "Test HD95 (pixels)"):
         assert _body_labels(table(html, title)) == [
             "Client 1 Local (site1)",
             "Client 2 Local (site2)",

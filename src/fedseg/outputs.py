@@ -48,9 +48,16 @@ def summary_dict(results: RunResults) -> dict:
         "dataset": fed.name,
         "sites": fed.site_names,
         "regions": list(fed.regions.names),
+        "hd95_unit": hd95_unit(results.cfg),
         "algorithms": {a.name: a.summary for a in results.algorithms},
         **({"provenance": finish(results.provenance)} if results.provenance else {}),
     }
+
+
+def hd95_unit(cfg: RunConfig) -> str:
+    """What HD95 is measured in: mm on the volume path (each case's own grid and spacing,
+    ``fedseg.evaluate.sliding``), else pixels (voxels) of the resized model input."""
+    return "mm" if cfg.data.volume.patch_size is not None else "pixels"
 
 
 def write_outputs(out: Path, results: RunResults) -> None:

@@ -56,7 +56,8 @@ def _md_table(head: list[str], rows: list[list[str]]) -> str:
 
 
 def test_table(fed: dict, reference: str) -> tuple[list[str], list[list[str]]]:
-    head = ["method", "setting", "runs", "Dice", *fed["regions"], "HD95", "client avg", f"Δ vs {reference}", "p"]
+    hd95 = f"HD95 ({fed['hd95_unit']})" if fed.get("hd95_unit") else "HD95"
+    head = ["method", "setting", "runs", "Dice", *fed["regions"], hd95, "client avg", f"Δ vs {reference}", "p"]
     head.append("converged")
     rows = []
     for name, s in fed["methods"].items():

@@ -181,7 +181,7 @@ def federation_tables(bench: BenchSpec, runs: BenchRuns) -> tuple[dict, list[dic
         if not methods:
             continue
         add_tests(methods, bench.reference)
-        first = next(iter(methods.values()))
+        first_method, first = next(iter(methods.items()))
         expected = len({run.fold for run, _ in by_key[(fed.name, bench.reference)]} or bench.folds) * len(bench.seeds)
         out[fed.name] = {
             "sites": list(first["sites"]),
@@ -189,6 +189,7 @@ def federation_tables(bench: BenchSpec, runs: BenchRuns) -> tuple[dict, list[dic
             "methods": methods,
             "runs": expected,
             "leave_one_out": fed.leave_one_out,
+            "hd95_unit": by_key[(fed.name, first_method)][0][1].summary.get("hd95_unit", ""),
         }
     return out, all_rows
 

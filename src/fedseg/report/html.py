@@ -473,11 +473,12 @@ def _score_sections(run: RunFiles) -> list[Section]:
         ),
         (
             "hd95",
-            "Test HD95 (pixels / voxels)",
+            f"Test HD95 ({run.summary.get('hd95_unit', 'pixels / voxels')})",
             False,
             2,
-            "Bold: best federated number per column (lower is better). Cases with an empty predicted or true "
-            "mask have no HD95 and are not counted.",
+            "Bold: best federated number per column (lower is better). A region empty in both truth and prediction "
+            "scores 0; empty in exactly one, the worst value (eval.hd95_worst, by default the diagonal of the "
+            "case's grid).",
         ),
     ):
         rows = score_rows(run, metric)
