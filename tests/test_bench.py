@@ -277,3 +277,23 @@ def test_jobs_2_gives_the_numbers_of_jobs_1(tmp_path):
         write_report(spec, run_bench(spec, root, out, jobs=jobs, echo=lambda line: None), out)
         results.append((out / "results.csv").read_text())
     assert results[0] == results[1] and len(results[0].splitlines()) > 100
+
+
+def test_tables_score_each_case_with_the_model_its_site_uses(tmp_path):
+    """FedAvg with eval.local_models on also scores each site's local model on its own site: the bench keeps only
+    the global model's rows (summary.json site_models), so its numbers are the run's own."""
+    from fedseg.bench.phases import run_bench
+    from fedseg.bench.report import write_report
+
+    tiny = [s for s in TINY_SET if not s.startswith("eval.local_models")]
+    path = _bench(tmp_path, set=tiny, methods=["fedavg"], seeds=[0], split={"mode": "ratio"}, budget={"rounds": 1})
+    spec, root = load_bench(path)
+    runs = run_bench(spec, root, tmp_path / "out", echo=lambda line: None)
+    fedavg = write_report(spec, runs, tmp_path / "out")["federations"]["synthetic-retina"]["methods"]["fedavg"]
+    (fin,) = runs.final.values()
+    summary = fin.summary["algorithms"]["fedavg"]
+    assert "local_avg" in summary  # the local models were scored too
+    assert fedavg["client_avg"]["mean"] == pytest.approx(summary["dice"]["client_avg"], rel=1e-9)
+    with open(tmp_path / "out" / "results.csv", newline="") as f:
+        keys = [(r["site"], r["case"], r["region"], r["metric"]) for r in csv.DictReader(f)]
+    assert len(keys) == len(set(keys))

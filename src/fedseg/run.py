@@ -394,6 +394,7 @@ def run_algorithm(
     summary.update(spec.summary_fields())
     summary.update(getattr(server, "summary_fields", dict)())  # a server's own, e.g. fedavg-dp's privacy
     summary["train_samples"] = {s: engine.num_samples(s, "train") for s in sites}
+    summary["site_models"] = {s: server.site_model(s) for s in sites}  # the model each site's scores come from
     summary["convergence"] = convergence(
         selectable_scores(validated, server), last, best["round"], cfg.fl.stop, stopped
     )

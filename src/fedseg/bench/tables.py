@@ -2,9 +2,10 @@
 
 For each federation and method (its final runs, ``fedseg.bench.execute``):
 
-* ``results.csv`` rows: the test rows of the model each site uses (``own_site_model``), one per (fold, seed, site,
-  case, region, metric); in a k-fold bench each case is tested in exactly one fold, so pooling the folds scores
-  every case once per seed (FeTS Sec. 4.4.4);
+* ``results.csv`` rows: the test rows of the model each site uses (``site_models`` in summary.json), one per (fold,
+  seed, site, case, region, metric); on an IID repartition a case is listed under its original site (the synthetic
+  sites are dealt anew for every seed), so seeds and methods pair the same case; in a k-fold bench each case is
+  tested in exactly one fold, so pooling the folds scores every case once per seed (FeTS Sec. 4.4.4);
 * ``dice`` / ``hd95`` / ``regions``: mean ± std over cases of the per-case value (mean over regions; per region),
   each case first averaged over the seeds (the FeTS Table 1 convention, "± std over samples of all folds");
 * ``client_avg``: the mean of per-site means, per seed, then mean ± std over seeds (Auto-FedAvg Table 2);
@@ -27,11 +28,13 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
+import yaml
 
 from fedseg.bench.execute import Finished
 from fedseg.bench.phases import BenchRuns
 from fedseg.bench.plan import BenchRun
 from fedseg.bench.spec import BenchSpec
+from fedseg.data.repartition import SEPARATOR
 from fedseg.evaluate.stats import SIGNIFICANCE, mean_std, paired_wilcoxon, seed_averaged
 from fedseg.evaluate.tables import case_means, own_site_model, read_rows
 from fedseg.stopping import not_converged
@@ -47,9 +50,30 @@ def method_rows(bench: BenchSpec, run: BenchRun, fin: Finished) -> list[dict]:
     cell = {"federation": run.federation, "method": run.method, "fold": run.fold, "seed": run.seed}
     if run.holdout is not None:
         return [{**cell, **r, "algorithm": scored} for r in unseen_case_rows(fin.dir, scored, run.holdout)]
-    rows = [r for r in read_rows(fin.dir / "results.csv") if r["algorithm"] == scored and own_site_model(r)]
+    rows = [r for r in read_rows(fin.dir / "results.csv") if r["algorithm"] == scored]
+    used = site_model_filter(fin.entry(scored), rows)
     keys = ("site", "case", "region", "metric", "value")
-    return [{**cell, **{k: r[k] for k in keys}, "algorithm": scored} for r in rows]
+    out = [{**cell, **{k: r[k] for k in keys}, "algorithm": scored} for r in rows if used(r)]
+    if is_iid(fin):  # cases are dealt anew per seed: a case is known by its original site (FeTS Fig. 7)
+        for r in out:
+            r["site"] = r["case"].split(SEPARATOR, 1)[0]
+    return out
+
+
+def is_iid(fin: Finished) -> bool:
+    """Whether the run trained on an IID repartition (its config.yaml's data.repartition.mode)."""
+    cfg = yaml.safe_load((fin.dir / "config.yaml").read_text()) or {}
+    return cfg.get("data", {}).get("repartition", {}).get("mode") == "iid"
+
+
+def site_model_filter(entry: dict, rows: list[dict]):
+    """The rows of the model each site uses (``site_models`` in summary.json). A summary written before it was
+    recorded: the shared model where there is one (an FL method that also kept local models), else each site's own."""
+    if "site_models" in entry:
+        models = entry["site_models"]
+        return lambda r: r["model"] == models.get(r["site"])
+    shared = any(":" not in r["model"] for r in rows)
+    return lambda r: (":" not in r["model"]) if shared else own_site_model(r)
 
 
 def unseen_case_rows(folder: Path, algorithm: str, site: str) -> list[dict]:
@@ -107,7 +131,7 @@ def method_stats(rows: list[dict], runs: list[Finished], scored: str, regions: l
         "cost": cost_means(entries, [len(fin.summary["sites"]) for fin in runs]),
         "cases": len(dice_cases),
         "train_samples": _mean_sizes(entries),
-        "_case_dice": dice_cases,
+        "_seed_cases": dice_seeds,  # {seed: {(site, case): Dice}}: what the paired tests pair (add_tests)
     }
 
 
@@ -195,22 +219,20 @@ def federation_tables(bench: BenchSpec, runs: BenchRuns) -> tuple[dict, list[dic
 
 
 def add_tests(methods: dict[str, dict], reference: str) -> None:
-    """Paired Wilcoxon tests of every method against ``reference``, pooled and per site (seed-averaged cases);
-    none while the reference has no run (a bench collected while running)."""
-    if reference not in methods:
-        for stats in methods.values():
-            stats.pop("_case_dice")
-            stats.update(wilcoxon=None, dagger=False, site_wilcoxon={})
-        return
-    ref = methods[reference]["_case_dice"]
+    """Paired Wilcoxon tests of every method against ``reference``, pooled and per site: each case averaged over the
+    seeds *both* have finished (a bench collected while running may have more seeds of one), then paired over the
+    cases both scored; none while the reference has no run."""
+    per_seed = {name: stats.pop("_seed_cases") for name, stats in methods.items()}
     for name, stats in methods.items():
-        cases = stats.pop("_case_dice") if name != reference else stats["_case_dice"]
-        test = paired_wilcoxon(cases, ref) if name != reference else None
-        stats["wilcoxon"] = test
-        stats["dagger"] = bool(test and test["p"] < SIGNIFICANCE)
+        if name == reference or reference not in per_seed:
+            stats.update(wilcoxon=None, dagger=False, site_wilcoxon={})
+            continue
+        seeds = sorted(set(per_seed[name]) & set(per_seed[reference]))
+        cases = seed_averaged({s: per_seed[name][s] for s in seeds})
+        ref = seed_averaged({s: per_seed[reference][s] for s in seeds})
+        test = paired_wilcoxon(cases, ref)
+        stats["wilcoxon"] = {**test, "seeds": len(seeds)}
+        stats["dagger"] = test["p"] < SIGNIFICANCE
         stats["site_wilcoxon"] = {
-            site: paired_wilcoxon({k: v for k, v in cases.items() if k[0] == site}, ref)
-            for site in stats["sites"]
-            if name != reference
+            site: paired_wilcoxon({k: v for k, v in cases.items() if k[0] == site}, ref) for site in stats["sites"]
         }
-    methods[reference].pop("_case_dice")
