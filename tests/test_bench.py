@@ -297,3 +297,40 @@ def test_tables_score_each_case_with_the_model_its_site_uses(tmp_path):
     with open(tmp_path / "out" / "results.csv", newline="") as f:
         keys = [(r["site"], r["case"], r["region"], r["metric"]) for r in csv.DictReader(f)]
     assert len(keys) == len(set(keys))
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"split": {"mode": "kfold", "folds": 40}}, r"fold \d+: site 'site\d' gets no"),
+        (
+            {
+                "federations": [
+                    {"name": "x", "set": ["data.source=synthetic-retina", "data.repartition.holdout=nowhere"]}
+                ]
+            },
+            "holdout: no site named 'nowhere'",
+        ),
+    ],
+)
+def test_data_that_cannot_make_every_fold_fails_before_anything_is_written(tmp_path, change, message):
+    from fedseg.bench.phases import run_bench
+
+    spec, root = load_bench(_bench(tmp_path, **change))
+    with pytest.raises(ConfigError, match=message):
+        run_bench(spec, root, tmp_path / "out", echo=lambda line: None)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_leave_one_out_federation_tunes_on_its_first_site_whatever_tune_folds_says(tmp_path):
+    spec, _ = load_bench(
+        _bench(
+            tmp_path,
+            federations=[{"name": "unseen", "set": ["data.source=synthetic-retina"], "leave_one_out": True}],
+            tune={"folds": [0, 1]},
+        )
+    )
+    holdouts = {"unseen": ["site1", "site2", "site3"]}
+    tuning = tuning_runs(spec, holdouts)
+    assert [(r.holdout, r.setting_label) for r in tuning] == [("site1", "mu=0.1"), ("site1", "mu=1.0")]
+    assert {r.holdout for r in final_runs(spec, {}, holdouts)} == {"site1", "site2", "site3"}

@@ -60,8 +60,8 @@ def budget_reached(stop: StopConfig, used: Mapping[str, float]) -> str | None:
     """The budget that ``used`` (:func:`budget_used`) has reached (``sgd_steps`` | ``simulated_time``), or None."""
     if stop.sgd_steps is not None and used[SGD_STEPS] >= stop.sgd_steps:
         return SGD_STEPS
-    if stop.simulated_hours is not None and used[SIMULATED_TIME] >= stop.simulated_hours:
-        return SIMULATED_TIME
+    if stop.simulated_hours is not None and used[SIMULATED_TIME] >= stop.simulated_hours * (1 - 1e-9):
+        return SIMULATED_TIME  # (a float sum of per-round times: equal totals may differ in the last bits)
     return None
 
 

@@ -113,7 +113,12 @@ class Runner:
                 finished, pending = wait(pending, return_when=FIRST_COMPLETED)
                 for fut in finished:
                     r = futures[fut]
-                    done[r] = self._finished(r, fut.result())
+                    try:
+                        seconds = fut.result()
+                    except BaseException:
+                        pool.shutdown(cancel_futures=True)  # the queued runs are not trained before the error shows
+                        raise
+                    done[r] = self._finished(r, seconds)
                     self._report(done[r], len(pending))
         return done
 

@@ -8,7 +8,6 @@ with methods appended at the end of ``methods`` (a bench grown over several sitt
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from fedseg.bench.execute import Echo, Finished, Runner
 from fedseg.bench.plan import (
     BenchRun,
     Setting,
+    check_data,
     check_plan,
     final_runs,
     holdout_sites,
@@ -36,12 +36,12 @@ def budget_caps(bench: BenchSpec, references: dict[BenchRun, Finished]) -> dict[
     caps: dict[tuple[str, int, int], tuple[str, ...]] = {}
     for run, fin in references.items():
         entry = next(iter(fin.summary["algorithms"].values()))
-        per_round = 1.0 / entry["convergence"]["rounds"]
+        trained, rounds = entry["convergence"]["rounds"], bench.budget.rounds
         if bench.budget.rule == "sgd_steps":
-            steps = math.ceil(entry["cost"]["sgd_steps"] * per_round * bench.budget.rounds)
+            steps = -(-int(entry["cost"]["sgd_steps"]) * rounds // trained)  # ceil, exact in integers
             caps[run.cell] = (f"fl.stop.sgd_steps={steps}",)
         else:
-            hours = entry["cost"]["simulated_hours"] * per_round * bench.budget.rounds
+            hours = entry["cost"]["simulated_hours"] * rounds / trained
             caps[run.cell] = (f"fl.stop.simulated_hours={hours!r}",)
     return caps
 
@@ -99,16 +99,18 @@ def run_bench(
     whose tuning is not finished have no final runs, and the tables say how many runs each number rests on."""
     out = Path(out)
     check_plan(bench, root)
+    if not train and not (out / BENCH_FILE).is_file():
+        raise FileNotFoundError(f"{out}: holds no bench ({BENCH_FILE}); run `fedseg bench` first")
+    check_out(bench, out, resume or not train)  # --tables-only: the tables are of the bench recorded there
+    holdouts = holdout_sites(bench, root)
     if train:
-        check_out(bench, out, resume)
+        check_data(bench, root, holdouts)  # before anything is written: every federation, fold and site
         out.mkdir(parents=True, exist_ok=True)
         atomic_write_text(out / BENCH_FILE, json.dumps(bench.model_dump(mode="json"), indent=1))
-    elif not (out / BENCH_FILE).is_file():
-        raise FileNotFoundError(f"{out}: holds no bench ({BENCH_FILE}); run `fedseg bench` first")
     runner = Runner(bench, root, out, jobs, echo, train)
-    holdouts = holdout_sites(bench, root)
     caps = budget_caps(bench, runner.execute(reference_runs(bench, holdouts), "budget references"))
-    tuning = runner.execute(with_caps(bench, tuning_runs(bench, holdouts), caps), "tuning on validation")
-    selected = select_settings(bench, tuning)
+    planned = with_caps(bench, tuning_runs(bench, holdouts), caps)
+    tuning = runner.execute(planned, "tuning on validation")
+    selected = select_settings(bench, tuning, planned)
     final = runner.execute(with_caps(bench, final_runs(bench, selected, holdouts), caps), "final runs")
     return BenchRuns(tuning, selected, final)

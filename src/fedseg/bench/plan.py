@@ -94,6 +94,18 @@ def federation_overrides(fed: FederationSpec) -> list[str]:
     return [*named, *fed.set]
 
 
+def phased(method: MethodSpec) -> bool:
+    """Whether one of the method's algorithms trains in phases whose first rounds cannot be selected (FedSM-extra's
+    model phase, ``run_rounds``): a budget could stop it only after them, so under a budget it trains
+    ``budget.rounds`` model rounds (and its own phases on top) rather than up to ``max_factor`` times as many."""
+    from fedseg.algorithms import get_algorithm
+
+    try:
+        return any(hasattr(get_algorithm(name).options, "run_rounds") for name in method.trained)
+    except KeyError:  # an unknown name: check_plan reports it
+        return False
+
+
 def is_budget_reference(bench: BenchSpec, method: MethodSpec, setting: Setting) -> bool:
     return bench.budget.rule != "rounds" and method.name == bench.budget.reference and not setting
 
@@ -123,7 +135,7 @@ def make_run(
         split.append(f"data.repartition.holdout={_yaml(holdout)}")
     stop = [f"fl.stop.patience={_yaml(bench.stop.patience)}", f"fl.stop.min_delta={bench.stop.min_delta}"]
     rounds = bench.budget.rounds
-    if bench.budget.rule != "rounds" and not is_budget_reference(bench, method, setting):
+    if bench.budget.rule != "rounds" and not is_budget_reference(bench, method, setting) and not phased(method):
         rounds = math.ceil(bench.budget.rounds * bench.budget.max_factor)  # the most; the budget stops it
     overrides = (
         *bench.set,
@@ -222,6 +234,37 @@ def run_config(bench: BenchSpec, root: Path, run: BenchRun) -> RunConfig:
         return load_config(preset=base.preset, file=file, overrides=[*run.overrides, *run.caps])
     except ConfigError as e:
         raise ConfigError(f"bench run {run.label}: {e}") from None
+
+
+def check_data(bench: BenchSpec, root: Path, holdouts: Holdouts) -> None:
+    """Every federation of the bench loads, repartitions and splits with a training, a validation and a test case at
+    every site in every fold (a FederationError or ConfigError naming the federation, fold and site), before any
+    work: a bad site name or too many folds for a small site would otherwise fail after hours of training."""
+    from fedseg.data.federation import FederationError
+    from fedseg.data.repartition import repartition
+    from fedseg.data.splits import check_splits, make_splits
+    from fedseg.run import load_federation
+
+    for fed in bench.federations:
+        loaded = None
+        for fold in folds_of(bench, fed, holdouts):
+            run = make_run(bench, fed, bench.methods[0], fold, bench.seeds[0], (), holdouts)
+            cfg = run_config(bench, root, run)
+            where = f"bench federation {fed.name!r}, " + (f"holdout {run.holdout}" if run.holdout else f"fold {fold}")
+            try:
+                loaded = loaded or load_federation(cfg)
+                trained = repartition(loaded, cfg.data.repartition, cfg.data.split, cfg.seed)
+                splits = make_splits(trained, cfg.data.split, cfg.seed)
+                check_splits(trained, splits)
+            except (FederationError, ValueError) as e:
+                raise ConfigError(f"{where}: {e}") from None
+            for site, assigned in splits.items():
+                empty = [name for name in ("val", "test") if name not in assigned.values()]
+                if empty:
+                    raise ConfigError(
+                        f"{where}: site {site!r} gets no {' and no '.join(empty)} case ({len(assigned)} cases); use "
+                        "fewer folds or other split ratios"
+                    )
 
 
 def check_plan(bench: BenchSpec, root: Path) -> None:

@@ -9,6 +9,7 @@ scores of the tuning runs are reported next to it (:func:`tuning_rows`) and neve
 from __future__ import annotations
 
 import math
+from collections import Counter
 
 import numpy as np
 
@@ -44,14 +45,17 @@ def setting_scores(bench: BenchSpec, tuning: dict[BenchRun, Finished]) -> dict[t
     }
 
 
-def select_settings(bench: BenchSpec, tuning: dict[BenchRun, Finished]) -> dict[tuple[str, str], Setting]:
-    """The setting each (federation, method with a grid) takes to its final runs: the best on validation."""
+def select_settings(
+    bench: BenchSpec, tuning: dict[BenchRun, Finished], planned: list[BenchRun]
+) -> dict[tuple[str, str], Setting]:
+    """The setting each (federation, method with a grid) takes to its final runs: the best on validation, once
+    every ``planned`` tuning run of it has finished (a bench collected while running selects nothing before)."""
     chosen = {}
-    runs_per_setting = len(bench.tune_folds) * len(bench.tune_seeds)
+    expected = Counter((r.federation, r.method, r.setting) for r in planned)
     for (fed, method), per in setting_scores(bench, tuning).items():
         order = settings(bench.method(method))
-        if any(per.get(s, {}).get("runs", 0) < runs_per_setting for s in order):
-            continue  # tuning not finished (a bench collected while running): nothing selected yet
+        if any(per.get(s, {}).get("runs", 0) < expected[(fed, method, s)] for s in order):
+            continue  # tuning not finished: nothing selected yet
         chosen[(fed, method)] = max(order, key=lambda s: (_rank(per[s]["val"]), -order.index(s)))
     return chosen
 

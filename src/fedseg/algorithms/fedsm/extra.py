@@ -139,7 +139,8 @@ class FedSMExtraServer(FedSMServer):
         rows = super().evaluate(split, sample)
         if split == "val" and self.engine.round <= self.train_rounds:
             score = site_summary(rows, self.engine.algorithm, "dice", self.sites)["client_avg"]
-            if not self.phase1_best or (not math.isnan(score) and score > float(self.phase1_best[SCORE])):
+            best = float(self.phase1_best[SCORE]) if self.phase1_best else math.nan
+            if not self.phase1_best or (not math.isnan(score) and (math.isnan(best) or score > best)):
                 self.phase1_best = {
                     SCORE: torch.tensor(score, dtype=torch.float64),
                     ROUND: torch.tensor(self.engine.round),
