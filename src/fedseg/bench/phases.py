@@ -8,12 +8,13 @@ with methods appended at the end of ``methods`` (a bench grown over several sitt
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from fedseg.bench.execute import Echo, Finished, Runner
 from fedseg.bench.plan import (
     BenchRun,
+    Holdouts,
     Setting,
     check_data,
     check_plan,
@@ -83,6 +84,7 @@ class BenchRuns:
     tuning: dict[BenchRun, Finished]
     selected: dict[tuple[str, str], Setting]
     final: dict[BenchRun, Finished]
+    holdouts: Holdouts = field(default_factory=dict)  # a leave-one-out federation's sites: its folds
 
 
 def run_bench(
@@ -113,4 +115,4 @@ def run_bench(
     tuning = runner.execute(planned, "tuning on validation")
     selected = select_settings(bench, tuning, planned)
     final = runner.execute(with_caps(bench, final_runs(bench, selected, holdouts), caps), "final runs")
-    return BenchRuns(tuning, selected, final)
+    return BenchRuns(tuning, selected, final, holdouts)

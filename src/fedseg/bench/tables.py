@@ -32,7 +32,7 @@ import yaml
 
 from fedseg.bench.execute import Finished
 from fedseg.bench.phases import BenchRuns
-from fedseg.bench.plan import BenchRun
+from fedseg.bench.plan import BenchRun, folds_of
 from fedseg.bench.spec import BenchSpec
 from fedseg.data.repartition import SEPARATOR
 from fedseg.evaluate.stats import SIGNIFICANCE, mean_std, paired_wilcoxon, seed_averaged
@@ -206,7 +206,7 @@ def federation_tables(bench: BenchSpec, runs: BenchRuns) -> tuple[dict, list[dic
             continue
         add_tests(methods, bench.reference)
         first_method, first = next(iter(methods.items()))
-        expected = len({run.fold for run, _ in by_key[(fed.name, bench.reference)]} or bench.folds) * len(bench.seeds)
+        expected = len(folds_of(bench, fed, runs.holdouts)) * len(bench.seeds)  # final runs planned per method
         out[fed.name] = {
             "sites": list(first["sites"]),
             "regions": regions,
