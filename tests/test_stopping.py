@@ -87,3 +87,11 @@ def test_a_run_without_stop_trains_every_round_and_records_its_convergence(
     result = run_experiment(tiny_config(algorithms=["fedavg"]), tmp_path, federation=disc_federation()).algorithms[0]
     conv = result.summary["convergence"]
     assert conv["rounds"] == rounds and conv["stopped"] is None and conv["best_round"] == result.summary["best_round"]
+
+
+def test_validation_scores_are_rebuilt_from_the_rounds_rows_of_an_older_checkpoint():
+    from fedseg.run import validated_from_rows
+
+    rows = [{"round": 1, "val_dice": 0.5}, {"round": 1, "val_dice": float("nan")}, {"round": 2, "val_dice": 0.7}]
+    rows.append({"round": 2, "val_dice": 0.9})
+    assert validated_from_rows(rows) == {1: 0.5, 2: pytest.approx(0.8)}

@@ -290,7 +290,7 @@ def run_algorithm(
         )
         best = restore_best(best, ckpt, ckpt_path, engine)
         stopped = ckpt.get("stopped")
-        validated = dict(ckpt.get("validated", {}))
+        validated = dict(ckpt.get("validated") or validated_from_rows(rounds_rows))  # older checkpoints: from rows
 
     if tracker:  # one tracking run per algorithm; a resumed one is continued
         tracker.start(name, cfg, start)
@@ -479,6 +479,14 @@ def remove_best_files(ckpt_path: Path, keep: str | None) -> None:
         if path.name != keep:
             path.unlink(missing_ok=True)
     fsync_dir(ckpt_path.parent)
+
+
+def validated_from_rows(rounds_rows: list[dict]) -> dict[int, float]:
+    """round -> mean validation Dice over sites (NaN sites left out), rebuilt from ``rounds.csv`` rows."""
+    by_round: dict[int, list[float]] = {}
+    for row in rounds_rows:
+        by_round.setdefault(int(row["round"]), []).append(float(row["val_dice"]))
+    return {rnd: finite_mean(np.array(values)) for rnd, values in by_round.items()}
 
 
 def selectable_scores(validated: dict[int, float], server) -> dict[int, float]:
