@@ -202,10 +202,16 @@ def test_grids_are_tuned_on_validation_even_when_test_disagrees(tmp_path, disc_f
 
 @pytest.mark.parametrize("name", ["bench-fets.yaml", "bench-fedsm.yaml"])
 def test_the_example_bench_files_validate_every_run(name):
-    from fedseg.bench.plan import check_plan
+    from fedseg.bench.plan import check_plan, run_config
 
     spec, root = load_bench(Path(__file__).resolve().parents[1] / "examples" / name)
-    check_plan(spec, root)  # every method, grid setting and federation of the bench makes a valid run
+    check_plan(spec, root)  # raises unless every method, grid setting and federation of the bench makes a valid run
+    chosen = {(f.name, m.name): settings(m)[-1] for f in spec.federations for m in spec.methods if m.grid}
+    runs = final_runs(spec, chosen)
+    assert len(runs) == len(spec.federations) * len(spec.methods) * len(spec.folds) * len(spec.seeds)
+    for run in runs[:: max(1, len(runs) // 10)]:
+        cfg = run_config(spec, root, run)
+        assert (cfg.seed, cfg.algorithms) == (run.seed, list(spec.method(run.method).trained))
 
 
 def test_resume_accepts_appended_methods_and_refuses_other_changes(tmp_path):
