@@ -63,6 +63,29 @@ def test_plan_expands_cells_grids_and_budget_references(tmp_path):
     assert "data.split.fold=1" in finals[-1].overrides and "seed=1" in finals[-1].overrides
 
 
+def test_a_settings_from_method_is_tuned_after_its_source_at_the_setting_selected_for_it(tmp_path):
+    methods = [
+        {"name": "fedavg", "grid": {"train.lr": [0.001, 0.003]}},
+        {"name": "fedprox", "settings_from": "fedavg", "grid": {"methods.fedprox.mu": [0.1, 1.0]}},
+        {"name": "fedsm", "settings_from": "fedavg"},
+    ]
+    spec, _ = load_bench(_bench(tmp_path, methods=methods, budget={"rounds": 2}))
+    assert {r.method for r in tuning_runs(spec)} == {"fedavg"}  # stage 1 only
+    assert tuning_runs(spec, selected={}) == [] and {r.method for r in final_runs(spec, {})} == set()
+    lr = settings(spec.method("fedavg"))[1]
+    second = tuning_runs(spec, selected={("synthetic-retina", "fedavg"): lr})
+    assert [r.label for r in second] == [
+        "synthetic-retina/fold0/seed0/fedprox/lr=0.003,mu=0.1",
+        "synthetic-retina/fold0/seed0/fedprox/lr=0.003,mu=1.0",
+    ]
+    assert second[0].overrides.index("train.lr=0.003") < second[0].overrides.index("methods.fedprox.mu=0.1")
+    mu = settings(spec.method("fedprox"))[0]
+    finals = final_runs(spec, {("synthetic-retina", "fedavg"): lr, ("synthetic-retina", "fedprox"): mu})
+    labels = {(r.method, r.setting_label) for r in finals}
+    assert labels == {("fedavg", "lr=0.003"), ("fedprox", "lr=0.003,mu=0.1"), ("fedsm", "lr=0.003")}
+    assert len(finals) == 3 * 2 * 2  # 3 methods x 2 folds x 2 seeds
+
+
 @pytest.mark.parametrize(
     "change, message",
     [
@@ -70,6 +93,8 @@ def test_plan_expands_cells_grids_and_budget_references(tmp_path):
         ({"tune": {"folds": [7]}}, "tune.folds"),
         ({"methods": ["fedavg", "fedavg"]}, "appears twice"),
         ({"methods": ["fedavg", {"name": "a/b"}]}, "cannot name a folder"),
+        ({"methods": ["fedavg", {"name": "fedprox", "settings_from": "fedavg"}]}, "settings_from"),  # no grid
+        ({"methods": [{"name": "fedprox", "settings_from": "fedavg"}, "fedavg"]}, "listed before"),
     ],
 )
 def test_a_bad_bench_file_names_the_key(tmp_path, change, message):
@@ -185,19 +210,35 @@ def test_grids_are_tuned_on_validation_even_when_test_disagrees(tmp_path, disc_f
     path = _bench(
         tmp_path,
         federations=[{"name": "flipped", "set": ["data.source=folder", f"data.root={tmp_path / 'flipped'}"]}],
-        methods=["fedavg", {"name": "fedprox", "grid": {"train.lr": [0.0003, 0.03]}}],
+        methods=[
+            "fedavg",
+            {"name": "fedprox", "grid": {"train.lr": [0.0003, 0.03]}},
+            # two-stage tuning: mu searched at the learning rate selected (on validation) for fedprox
+            {
+                "name": "fedprox-mu",
+                "algorithms": ["fedprox"],
+                "settings_from": "fedprox",
+                "grid": {"methods.fedprox.mu": [0.01, 1.0]},
+            },
+        ],
         seeds=[0],
         split={"mode": "ratio"},
         budget={"rounds": 3},
     )
     spec, root = load_bench(path)
     runs = run_bench(spec, root, tmp_path / "out", echo=lambda line: None)
-    tuning = write_report(spec, runs, tmp_path / "out")["tuning"]
+    tuning = [r for r in write_report(spec, runs, tmp_path / "out")["tuning"] if r["method"] == "fedprox"]
     best_val = max(tuning, key=lambda r: r["val_dice"])
     best_test = max(tuning, key=lambda r: r["test_dice"])
     assert best_val["setting"] != best_test["setting"], tuning  # the test split disagrees with validation
     assert [r["setting"] for r in tuning if r["selected"]] == [best_val["setting"]]
     assert {r.setting_label for r in runs.final if r.method == "fedprox"} == {best_val["setting"]}
+    second = [r for r in runs.tuning if r.method == "fedprox-mu"]
+    assert len(second) == 2 and {r.setting_label.split(",")[0] for r in second} == {best_val["setting"]}
+    lr = best_val["values"]["train.lr"]
+    for run in second:
+        assert yaml.safe_load((run.dir(tmp_path / "out") / "config.yaml").read_text())["train"]["lr"] == lr
+    assert len([r for r in runs.final if r.method == "fedprox-mu"]) == 1
 
 
 @pytest.mark.parametrize("name", ["bench-fets.yaml", "bench-fedsm.yaml"])

@@ -329,3 +329,46 @@ def test_the_hd95_table_names_the_unit_summary_json_records(tmp_path):
     summary["hd95_unit"] = "mm"  # the volume path: each case's own grid and spacing
     (run / "summary.json").write_text(json.dumps(summary))
     assert "<h2>Test HD95 (mm)</h2>" in render_report(run).read_text()
+
+
+@pytest.mark.parametrize(
+    ("data", "shown", "absent"),
+    [
+        (
+            {"split": {"mode": "ratio"}, "repartition": {"mode": "none"}},
+            ["Data: synthetic-retina", "ratio split"],
+            ["IID"],
+        ),
+        (
+            {"split": {"mode": "kfold", "folds": 5, "fold": 2}, "repartition": {"mode": "iid", "sites": 10}},
+            ["federated 5-fold split, fold 2 tested", "IID repartition: every case dealt to 10 synthetic sites"],
+            ["limited"],
+        ),
+        (
+            {
+                "split": {"mode": "ratio"},
+                "repartition": {
+                    "mode": "limited",
+                    "max_cases": 35,
+                    "drop_sites": ["s1"],
+                    "require": "grade",
+                    "holdout": "s3",
+                },
+            },
+            [
+                "limited repartition (at most 35 cases per site; sites dropped: s1; "
+                "cases without &#x27;grade&#x27; dropped)",
+                "site s3 held out of training (unseen)",
+            ],
+            ["IID"],
+        ),
+    ],
+)
+def test_the_report_header_names_the_split_protocol_and_the_repartition(tmp_path, data, shown, absent):
+    run = make_run(tmp_path / "run")
+    (run / "config.yaml").write_text(json.dumps({"data": {"source": "synthetic-retina", **data}}))
+    header = render_report(run).read_text().split("<h2", 1)[0]
+    for text in shown:
+        assert text in header
+    for text in absent:
+        assert text not in header

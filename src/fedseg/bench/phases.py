@@ -114,5 +114,9 @@ def run_bench(
     planned = with_caps(bench, tuning_runs(bench, holdouts), caps)
     tuning = runner.execute(planned, "tuning on validation")
     selected = select_settings(bench, tuning, planned)
+    if any(m.settings_from and m.grid for m in bench.methods):  # two-stage tuning: at the selected settings
+        second = with_caps(bench, tuning_runs(bench, holdouts, selected), caps)
+        tuning.update(runner.execute(second, "tuning on validation, at the settings_from settings"))
+        selected.update(select_settings(bench, tuning, second))
     final = runner.execute(with_caps(bench, final_runs(bench, selected, holdouts), caps), "final runs")
     return BenchRuns(tuning, selected, final, holdouts)

@@ -5,13 +5,15 @@ A *cell* is (federation, fold, seed). Three kinds of runs, in three phases (each
 1. **budget references** (``budget.rule`` ``sgd_steps`` | ``simulated_time``): per cell, ``budget.reference``
    with its base options for ``budget.rounds`` rounds; its cost per round x ``budget.rounds`` is the cell's budget;
 2. **tuning runs**: per method with a grid, every setting in every tuning cell (``tune.folds`` x ``tune.seeds``);
+   a method with ``settings_from`` is tuned after the method it names, at that method's selected setting;
 3. **final runs**: every method in every cell, with its setting selected on validation (``fedseg.bench.select``).
 
 A leave-one-out federation's folds are its sites: fold ``k`` trains without site ``k`` (``data.repartition.holdout``)
 and scores every trained model on all of that site's cases (``unseen.json`` in the run's folder).
 
 A run's folder is ``OUT/runs/<federation>/fold<f>/seed<s>/<method>/<setting>`` (``holdout-<site>`` in place of
-``fold<f>`` for a leave-one-out federation; ``default`` = no grid value), so a
+``fold<f>`` for a leave-one-out federation; ``default`` = no grid value; a ``settings_from`` method's folder names
+the inherited values first, so a changed inheritance is a different run), so a
 final run whose setting and cell a tuning run already had is that run, and the reference method's budget run is
 its final run when it has no grid.
 """
@@ -46,10 +48,11 @@ class BenchRun:
     overrides: tuple[str, ...]
     caps: tuple[str, ...] = ()
     holdout: str | None = None  # a leave-one-out federation's unseen site (the fold is its index)
+    inherited: Setting = ()  # settings_from: the other method's selected setting, applied before this one's
 
     @property
     def setting_label(self) -> str:
-        return setting_label(self.setting)
+        return setting_label(self.inherited + self.setting)
 
     @property
     def cell(self) -> tuple[str, int, int]:
@@ -121,12 +124,14 @@ def make_run(
     seed: int,
     setting: Setting,
     holdouts: Holdouts | None = None,
+    inherited: Setting = (),
 ) -> BenchRun:
     """The run of ``method`` in cell (``fed``, ``fold``, ``seed``); fold ``k`` of a leave-one-out federation holds out
     its ``k``-th site (``holdouts``) and splits the other sites by the bench's split (k-fold: fold 0).
 
     Its overrides, in the order they apply: the bench's, the federation's, the split (and the held-out site), the
-    seed, the method's algorithms and fixed options, its grid values, the stop rule and the round budget."""
+    seed, the method's algorithms and fixed options, the ``inherited`` setting of its ``settings_from`` method, its
+    grid values, the stop rule and the round budget."""
     holdout = (holdouts or {})[fed.name][fold] if fed.leave_one_out else None
     split = [f"data.split.mode={bench.split.mode}"]
     if bench.split.mode == "kfold":
@@ -144,11 +149,11 @@ def make_run(
         f"seed={seed}",
         f"algorithms=[{','.join(method.trained)}]",
         *method.set,
-        *(f"{key}={_yaml(value)}" for key, value in setting),
+        *(f"{key}={_yaml(value)}" for key, value in inherited + setting),
         *stop,
         f"fl.rounds={rounds}",
     )
-    return BenchRun(fed.name, fold, seed, method.name, setting, overrides, holdout=holdout)
+    return BenchRun(fed.name, fold, seed, method.name, setting, overrides, holdout=holdout, inherited=inherited)
 
 
 def folds_of(bench: BenchSpec, fed: FederationSpec, holdouts: Holdouts | None, tuning: bool = False) -> tuple[int, ...]:
@@ -197,29 +202,45 @@ def reference_runs(bench: BenchSpec, holdouts: Holdouts | None = None) -> list[B
     ]
 
 
-def tuning_runs(bench: BenchSpec, holdouts: Holdouts | None = None) -> list[BenchRun]:
-    """Phase 2: every setting of every method with a grid, in every tuning cell."""
+def tuning_runs(
+    bench: BenchSpec, holdouts: Holdouts | None = None, selected: dict[tuple[str, str], Setting] | None = None
+) -> list[BenchRun]:
+    """Phase 2: every setting of every method with a grid, in every tuning cell. Without ``selected``: the methods
+    tuned first (no ``settings_from``); with it ((federation, method) -> setting chosen so far): the
+    ``settings_from`` methods whose source has a selected setting, each at that setting."""
     return [
-        make_run(bench, f, m, fold, seed, s, holdouts)
+        make_run(bench, f, m, fold, seed, s, holdouts, inherited)
         for f in bench.federations
         for m in bench.methods
-        if m.grid
+        if m.grid and (m.settings_from is None) == (selected is None)
+        for inherited in _inherited(m, f.name, selected or {})
         for s in settings(m)
         for fold in folds_of(bench, f, holdouts, tuning=True)
         for seed in bench.tune_seeds
     ]
 
 
+def _inherited(method: MethodSpec, federation: str, selected: dict[tuple[str, str], Setting]) -> list[Setting]:
+    """``[()]`` for a method without ``settings_from``; ``[its source's selected setting]``, or ``[]`` before that
+    source's tuning has finished (the method cannot run yet)."""
+    if method.settings_from is None:
+        return [()]
+    source = selected.get((federation, method.settings_from))
+    return [] if source is None else [source]
+
+
 def final_runs(
     bench: BenchSpec, selected: dict[tuple[str, str], Setting], holdouts: Holdouts | None = None
 ) -> list[BenchRun]:
     """Phase 3: every method in every cell; ``selected``: (federation, method) -> setting (methods with a grid; one
-    without an entry, whose tuning is not finished, has no final run yet)."""
+    without an entry, whose tuning is not finished, has no final run yet, nor has a method whose ``settings_from``
+    source has none)."""
     return [
-        make_run(bench, f, m, fold, seed, selected.get((f.name, m.name), ()), holdouts)
+        make_run(bench, f, m, fold, seed, selected.get((f.name, m.name), ()), holdouts, inherited)
         for f in bench.federations
         for m in bench.methods
         if not m.grid or (f.name, m.name) in selected
+        for inherited in _inherited(m, f.name, selected)
         for fold in folds_of(bench, f, holdouts)
         for seed in bench.seeds
     ]
@@ -275,6 +296,8 @@ def check_plan(bench: BenchSpec, root: Path) -> None:
     fold, seed = bench.folds[0], bench.seeds[0]
     for fed in bench.federations:
         for method in [*bench.methods, reference_method(bench)]:
-            for setting in settings(method):
-                run = make_run(bench, fed.model_copy(update={"leave_one_out": False}), method, fold, seed, setting)
+            source = [()] if method.settings_from is None else settings(bench.method(method.settings_from))
+            for inherited, setting in itertools.product(source, settings(method)):
+                plain = fed.model_copy(update={"leave_one_out": False})
+                run = make_run(bench, plain, method, fold, seed, setting, inherited=inherited)
                 check_algorithms(run_config(bench, root, run), f"bench run {run.label}")

@@ -32,15 +32,22 @@ def _mean(values: list[float]) -> float:
 
 
 def setting_scores(bench: BenchSpec, tuning: dict[BenchRun, Finished]) -> dict[tuple[str, str], dict]:
-    """``{(federation, method): {setting: {"val": mean, "test": mean, "runs": n}}}`` over the tuning runs."""
+    """``{(federation, method): {setting: {"val": mean, "test": mean, "runs": n, "label": folder label}}}`` over the
+    tuning runs."""
     scores: dict[tuple[str, str], dict] = {}
     for run, fin in tuning.items():
         scored = bench.method(run.method).scored
-        entry = scores.setdefault((run.federation, run.method), {}).setdefault(run.setting, {"val": [], "test": []})
+        entry = scores.setdefault((run.federation, run.method), {}).setdefault(
+            run.setting,
+            {"val": [], "test": [], "label": run.setting_label},  # label: with a settings_from setting
+        )
         entry["val"].append(validation_score(fin, scored))
         entry["test"].append(test_score(fin, scored))
     return {
-        key: {s: {"val": _mean(v["val"]), "test": _mean(v["test"]), "runs": len(v["val"])} for s, v in per.items()}
+        key: {
+            s: {"val": _mean(v["val"]), "test": _mean(v["test"]), "runs": len(v["val"]), "label": v["label"]}
+            for s, v in per.items()
+        }
         for key, per in scores.items()
     }
 
@@ -69,12 +76,12 @@ def tuning_rows(bench: BenchSpec, tuning: dict[BenchRun, Finished], chosen: dict
     rows = []
     for (fed, method), per in setting_scores(bench, tuning).items():
         for setting in settings(bench.method(method)):
-            score = per.get(setting, {"val": math.nan, "test": math.nan, "runs": 0})
+            score = per.get(setting, {"val": math.nan, "test": math.nan, "runs": 0, "label": setting_label(setting)})
             rows.append(
                 {
                     "federation": fed,
                     "method": method,
-                    "setting": setting_label(setting),
+                    "setting": score["label"],
                     "values": {k: v for k, v in setting},
                     "val_dice": score["val"],
                     "test_dice": score["test"],

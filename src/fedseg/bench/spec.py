@@ -11,8 +11,8 @@ A bench file (YAML)::
       - {name: retina-unseen, set: [data.source=synthetic-retina], leave_one_out: true}   # FedSM Table 5
     methods:
       - centralized
-      - fedavg
-      - {name: fedprox, grid: {methods.fedprox.mu: [0.001, 0.01, 0.1]}}
+      - {name: fedavg, grid: {train.lr: [0.001, 0.003, 0.01]}}
+      - {name: fedprox, settings_from: fedavg, grid: {methods.fedprox.mu: [0.001, 0.01, 0.1]}}  # at FedAvg's lr
       - {name: fedsm-lam0.1, algorithms: [fedsm], set: [methods.fedsm.lam=0.1]}
       - {name: finetune, algorithms: [fedavg, finetune]}   # a method that starts from another's model
     seeds: [0, 1, 2]
@@ -72,12 +72,16 @@ class FederationSpec(Strict):
 
 class MethodSpec(Strict):
     """One row of the tables: ``algorithms`` trained in one run (default ``[name]``; the last one is scored),
-    ``set`` fixed overrides, ``grid`` values searched on validation (``key: [v1, v2]``, all combinations)."""
+    ``set`` fixed overrides, ``grid`` values searched on validation (``key: [v1, v2]``, all combinations),
+    ``settings_from``: another method (listed before, with a grid of its own) whose setting selected on validation
+    in the same federation this one takes first (two-stage tuning: e.g. FedAvg's learning rate, then FedProx's mu
+    searched at it)."""
 
     name: str
     algorithms: tuple[str, ...] = ()
     set: tuple[str, ...] = ()
     grid: dict[str, tuple[Any, ...]] = Field(default_factory=dict)
+    settings_from: str | None = None
 
     @field_validator("name")
     @classmethod
@@ -170,6 +174,16 @@ class BenchSpec(Strict):
         for seed in self.tune.seeds or ():
             if seed not in self.seeds:
                 raise ValueError(f"tune.seeds: {seed} is not among seeds {list(self.seeds)}")
+        for i, m in enumerate(self.methods):
+            if m.settings_from is None:
+                continue
+            earlier = {e.name: e for e in self.methods[:i]}
+            source = earlier.get(m.settings_from)
+            if source is None or not source.grid or source.settings_from is not None:
+                raise ValueError(
+                    f"methods: {m.name}: settings_from: {m.settings_from!r} must name a method listed before it, "
+                    "with a grid of its own and no settings_from"
+                )
         if self.reference not in self.method_names:
             raise ValueError(f"reference: {self.reference!r} is not among the methods {self.method_names}")
         return self

@@ -48,6 +48,7 @@ import re
 from pathlib import Path
 
 import numpy as np
+import yaml
 
 from fedseg.engine.ledger import EVAL_ACTIONS
 from fedseg.evaluate.tables import cross_site_matrix, site_summary
@@ -420,8 +421,36 @@ def _header(run: RunFiles) -> str:
         f'<p class="meta">Run: <code>{esc(run.dir.resolve().name)}</code></p>'
         f'<p class="meta">Sites{" (test cases)" if counts else ""}: {sites}</p>'
         f'<p class="meta">Regions: {esc(", ".join(run.regions))} &nbsp;·&nbsp; Methods: {algs}</p>'
+        + _data_line(run)
         + _provenance_line(s.get("provenance"))
     )
+
+
+def _data_line(run: RunFiles) -> str:
+    """The split protocol and any repartition or held-out site (``config.yaml``'s ``data``; FeTS Sec. 4.3-4.4)."""
+    try:
+        data = (yaml.safe_load(run.config or "") or {}).get("data") or {}
+    except yaml.YAMLError:
+        return ""
+    split, part = data.get("split") or {}, data.get("repartition") or {}
+    parts = []
+    if split.get("mode") == "kfold":
+        parts.append(f"federated {split.get('folds')}-fold split, fold {split.get('fold')} tested")
+    elif split.get("mode"):
+        parts.append(f"{split['mode']} split")
+    mode = part.get("mode", "none")
+    if mode == "iid":
+        parts.append(f"IID repartition: every case dealt to {part.get('sites')} synthetic sites")
+    elif mode == "limited":
+        limits = [f"at most {part['max_cases']} cases per site" if part.get("max_cases") else ""]
+        limits += [f"sites dropped: {', '.join(map(str, part['drop_sites']))}" if part.get("drop_sites") else ""]
+        limits += [f"cases without {part['require']!r} dropped" if part.get("require") else ""]
+        parts.append("limited repartition (" + "; ".join(x for x in limits if x) + ")")
+    if part.get("holdout") is not None:
+        parts.append(f"site {part['holdout']} held out of training (unseen)")
+    if not parts:
+        return ""
+    return f'<p class="meta">Data: {esc(str(data.get("source", "?")))} · {esc(" · ".join(parts))}</p>'
 
 
 def _provenance_line(prov: dict | None) -> str:
