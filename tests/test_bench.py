@@ -95,6 +95,7 @@ def test_a_settings_from_method_is_tuned_after_its_source_at_the_setting_selecte
         ({"methods": ["fedavg", {"name": "a/b"}]}, "cannot name a folder"),
         ({"methods": ["fedavg", {"name": "fedprox", "settings_from": "fedavg"}]}, "settings_from"),  # no grid
         ({"methods": [{"name": "fedprox", "settings_from": "fedavg"}, "fedavg"]}, "listed before"),
+        ({"comparisons": [["fedavg", "scaffold"]]}, "comparisons"),
     ],
 )
 def test_a_bad_bench_file_names_the_key(tmp_path, change, message):
@@ -177,6 +178,17 @@ def test_bench_resumes_after_a_kill_and_its_tests_equal_scipys(tmp_path):
             assert ref["sgd_steps"] <= entry["sgd_steps"] < ref["sgd_steps"] + per_round, summary
             assert entry["convergence"]["stopped"] == "sgd_steps"
     assert "Tuning on validation" in (out / "tables.md").read_text() and (out / "report.html").is_file()
+
+    # further comparisons change only the tables: the finished bench takes them without training anything
+    _bench(tmp_path, comparisons=[["fedavg", "fedprox"]])
+    again = subprocess.run([*command, "--tables-only"], capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and _done_markers(out) == after, again.stdout + again.stderr
+    (pair,) = json.loads((out / "tables.json").read_text())["federations"]["synthetic-retina"]["comparisons"]
+    diffs = [b[k] - a[k] for k in keys]
+    assert (pair["method"], pair["against"], pair["n"], pair["seeds"]) == ("fedavg", "fedprox", len(keys), 2)
+    assert pair["p"] == pytest.approx(wilcoxon(diffs).pvalue, rel=1e-12)
+    assert pair["mean_diff"] == pytest.approx(float(np.mean(diffs)), rel=1e-9)
+    assert "### Paired comparisons" in (out / "tables.md").read_text()
 
 
 def _write_flipped_folder(root: Path, federation) -> None:

@@ -2,7 +2,8 @@
 final runs; the budget each reference sets; what an existing ``OUT`` may hold.
 
 ``OUT/bench.json`` records the bench; resuming with a different bench is refused before any work, except one
-with methods appended at the end of ``methods`` (a bench grown over several sittings).
+with methods appended at the end of ``methods`` (a bench grown over several sittings) or other ``comparisons``
+(they change only the tables).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from fedseg.bench.spec import BenchSpec
 from fedseg.engine.checkpoint import atomic_write_text
 
 BENCH_FILE = "bench.json"
+TABLES_ONLY = {"comparisons"}  # bench keys that change no run, only the tables: a resume may change them
 
 
 def budget_caps(bench: BenchSpec, references: dict[BenchRun, Finished]) -> dict[tuple[str, int, int], tuple[str, ...]]:
@@ -67,7 +69,7 @@ def check_out(bench: BenchSpec, out: Path, resume: bool) -> None:
     except ValueError:
         pass  # compared as written
     new = bench.model_dump(mode="json")
-    keys = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+    keys = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k) and k not in TABLES_ONLY)
     if keys == ["methods"] and new["methods"][: len(old["methods"])] == old["methods"]:
         return  # methods appended at the end: every finished run is still one of this bench's
     if keys:

@@ -10,6 +10,8 @@ The tables, per federation (the papers' layouts):
 * **Cost** (FeTS Table 2): rounds trained, SGD steps (Eq. 34), parallel SGD steps (Eq. 35), training floats per
   site (as FeTS reports them) and in total over sites, evaluation floats per site (validation and test messages,
   not in the paper's communication), simulated hours (Eq. 36-38);
+* **Paired comparisons** (the bench's ``comparisons``, e.g. FedSM against centralized, SoftPull against the other
+  personalization strategies of FedSM Table 6): Δ and Wilcoxon p per pair;
 * **Tuning on validation** (FeTS Table 4, FedSM Table 7 for a λ grid): every setting's validation score (what
   selects) next to its test score (reported, never used).
 """
@@ -44,6 +46,10 @@ def _finite(x) -> bool:
     return x is not None and isinstance(x, (int, float)) and math.isfinite(x)
 
 
+def _signed(x, digits: int = 3) -> str:
+    return f"{x:+.{digits}f}" if _finite(x) else ""
+
+
 def p_text(test: dict | None) -> str:
     if not test or not _finite(test.get("p")):
         return "–"
@@ -62,7 +68,7 @@ def test_table(fed: dict, reference: str) -> tuple[list[str], list[list[str]]]:
     rows = []
     for name, s in fed["methods"].items():
         test = s["wilcoxon"]
-        delta = f"{test['mean_diff']:+.3f}" if test and _finite(test["mean_diff"]) else ""
+        delta = _signed(test["mean_diff"]) if test else ""
         conv = s["convergence"]
         rows.append(
             [
@@ -123,6 +129,16 @@ def cost_table(fed: dict) -> tuple[list[str], list[list[str]]]:
     return head, rows
 
 
+def comparison_table(fed: dict) -> tuple[list[str], list[list[str]]]:
+    """The bench's ``comparisons``: Δ (mean over cases of the paired differences) and the Wilcoxon p."""
+    head = ["method", "against", "seeds", "cases", "Δ Dice", "p"]
+    rows = [
+        [c["method"], c["against"], str(c["seeds"]), str(c["n"]), _signed(c["mean_diff"]), p_text(c)]
+        for c in fed.get("comparisons", [])
+    ]
+    return head, rows
+
+
 def tune_table(rows: list[dict], federation: str) -> tuple[list[str], list[list[str]]]:
     head = ["method", "setting", "validation Dice (selects)", "test Dice (not used)", "runs", "selected"]
     body = [
@@ -162,6 +178,11 @@ NOTES = (
     "reference († p < 0.05). Settings chosen on validation only (see the tuning table)."
 )
 
+COMPARISONS = (
+    "The bench's comparisons: Δ = mean over cases of (method − against), each case averaged over the seeds both "
+    "finished; p: two-sided paired Wilcoxon signed-rank test († p < 0.05)."
+)
+
 
 def markdown(bench: BenchSpec, tables: dict, tuning: list[dict]) -> str:
     parts = [f"# Bench {bench.name}", "", NOTES, ""]
@@ -169,6 +190,8 @@ def markdown(bench: BenchSpec, tables: dict, tuning: list[dict]) -> str:
         parts += [f"## {fed}", "", "### Test (FeTS Table 1 layout)", "", _md_table(*test_table(t, bench.reference))]
         parts += ["", not_converged(t), "", "### Per site (FedSM Tables 3-4, Auto-FedAvg Table 2 layout)", ""]
         parts += [_md_table(*site_table(t)), "", "### Cost (FeTS Table 2 layout)", "", _md_table(*cost_table(t)), ""]
+        if t.get("comparisons"):
+            parts += ["### Paired comparisons", "", COMPARISONS, "", _md_table(*comparison_table(t)), ""]
         if any(r["federation"] == fed for r in tuning):
             parts += ["### Tuning on validation", "", _md_table(*tune_table(tuning, fed)), ""]
     return "\n".join(parts) + "\n"
@@ -202,6 +225,8 @@ def html_parts(bench: BenchSpec, tables: dict, tuning: list[dict], out: Path) ->
         if fig is not None:
             parts.append(f'<img src="figures/{fig.name}" alt="per-site Dice">')
         parts.append(kit.section(f"{fed}: cost", _html_table(*cost_table(t))))
+        if t.get("comparisons"):
+            parts.append(kit.section(f"{fed}: paired comparisons", _html_table(*comparison_table(t)), COMPARISONS))
         if any(r["federation"] == fed for r in tuning):
             parts.append(kit.section(f"{fed}: tuning on validation", _html_table(*tune_table(tuning, fed))))
     return parts

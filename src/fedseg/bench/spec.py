@@ -21,6 +21,7 @@ A bench file (YAML)::
     budget: {rule: rounds, rounds: 30}      # or sgd_steps / simulated_time: the cost of ``rounds`` reference rounds
     stop: {patience: 10, min_delta: 0.001}  # early stop on the validation plateau (fl.stop)
     reference: fedavg                       # what the Wilcoxon tests compare against
+    comparisons: [[fedsm, centralized]]     # further paired tests: [method, against]
 
 Everything is validated when the file is read (every run's configuration included, ``fedseg.bench.plan``).
 """
@@ -152,6 +153,11 @@ class BenchSpec(Strict):
     budget: BudgetSpec = BudgetSpec()
     stop: StopSpec = StopSpec()
     reference: str = "fedavg"
+    comparisons: tuple[tuple[str, str], ...] = Field(
+        default=(),
+        description="paired tests beyond the reference, each [method, against] (e.g. [fedsm, centralized]); they "
+        "change only the tables, so a resumed bench may add them",
+    )
 
     @field_validator("federations", "methods", mode="before")
     @classmethod
@@ -186,6 +192,12 @@ class BenchSpec(Strict):
                 )
         if self.reference not in self.method_names:
             raise ValueError(f"reference: {self.reference!r} is not among the methods {self.method_names}")
+        for pair in self.comparisons:
+            unknown = [name for name in pair if name not in self.method_names]
+            if unknown or pair[0] == pair[1]:
+                raise ValueError(
+                    f"comparisons: {list(pair)} must name two different methods of the bench {self.method_names}"
+                )
         return self
 
     @property

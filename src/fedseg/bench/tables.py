@@ -204,7 +204,8 @@ def federation_tables(bench: BenchSpec, runs: BenchRuns) -> tuple[dict, list[dic
             methods[method.name] = stats
         if not methods:
             continue
-        add_tests(methods, bench.reference)
+        per_seed = {name: stats.pop("_seed_cases") for name, stats in methods.items()}
+        add_tests(methods, per_seed, bench.reference)
         first_method, first = next(iter(methods.items()))
         expected = len(folds_of(bench, fed, runs.holdouts)) * len(bench.seeds)  # final runs planned per method
         out[fed.name] = {
@@ -213,26 +214,39 @@ def federation_tables(bench: BenchSpec, runs: BenchRuns) -> tuple[dict, list[dic
             "methods": methods,
             "runs": expected,
             "leave_one_out": fed.leave_one_out,
+            "comparisons": [
+                {"method": a, "against": b, **paired_test(per_seed[a], per_seed[b])}
+                for a, b in bench.comparisons
+                if a in per_seed and b in per_seed
+            ],
             "hd95_unit": by_key[(fed.name, first_method)][0][1].summary.get("hd95_unit", ""),
         }
     return out, all_rows
 
 
-def add_tests(methods: dict[str, dict], reference: str) -> None:
-    """Paired Wilcoxon tests of every method against ``reference``, pooled and per site: each case averaged over the
-    seeds *both* have finished (a bench collected while running may have more seeds of one), then paired over the
-    cases both scored; none while the reference has no run."""
-    per_seed = {name: stats.pop("_seed_cases") for name, stats in methods.items()}
+def seed_paired(a: dict[int, dict], b: dict[int, dict]) -> tuple[dict, dict, int]:
+    """Methods ``a`` and ``b`` (each ``{seed: {(site, case): Dice}}``) with each case averaged over the seeds *both*
+    have finished (a bench collected while running may have more seeds of one), and how many seeds that is."""
+    seeds = sorted(set(a) & set(b))
+    return seed_averaged({s: a[s] for s in seeds}), seed_averaged({s: b[s] for s in seeds}), len(seeds)
+
+
+def paired_test(a: dict[int, dict], b: dict[int, dict]) -> dict:
+    """Paired Wilcoxon test of ``a`` against ``b`` over the cases both scored (:func:`seed_paired`), with ``seeds``."""
+    cases, ref, seeds = seed_paired(a, b)
+    return {**paired_wilcoxon(cases, ref), "seeds": seeds}
+
+
+def add_tests(methods: dict[str, dict], per_seed: dict[str, dict], reference: str) -> None:
+    """Paired Wilcoxon tests of every method against ``reference``, pooled and per site (:func:`seed_paired`); none
+    while the reference has no run."""
     for name, stats in methods.items():
         if name == reference or reference not in per_seed:
             stats.update(wilcoxon=None, dagger=False, site_wilcoxon={})
             continue
-        seeds = sorted(set(per_seed[name]) & set(per_seed[reference]))
-        cases = seed_averaged({s: per_seed[name][s] for s in seeds})
-        ref = seed_averaged({s: per_seed[reference][s] for s in seeds})
-        test = paired_wilcoxon(cases, ref)
-        stats["wilcoxon"] = {**test, "seeds": len(seeds)}
-        stats["dagger"] = test["p"] < SIGNIFICANCE
+        cases, ref, seeds = seed_paired(per_seed[name], per_seed[reference])
+        stats["wilcoxon"] = {**paired_wilcoxon(cases, ref), "seeds": seeds}
+        stats["dagger"] = stats["wilcoxon"]["p"] < SIGNIFICANCE
         stats["site_wilcoxon"] = {
             site: paired_wilcoxon({k: v for k, v in cases.items() if k[0] == site}, ref) for site in stats["sites"]
         }
