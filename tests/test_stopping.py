@@ -21,6 +21,13 @@ def test_plateau_reference_moves_only_on_a_gain_above_min_delta():
     assert stop_reason(StopConfig(sgd_steps=10), {}, 4, {"sgd_steps": 10.0, "simulated_time": 0.0}) == "sgd_steps"
 
 
+def test_min_rounds_lets_no_plateau_stop_a_run_before_it():
+    warm_up = {1: 0.5, 2: 0.52, 3: 0.52, 4: 0.52, 5: 0.52, 6: 0.52}  # stalls after round 2
+    stop = StopConfig(patience=2, min_delta=0.005, min_rounds=5)
+    assert [stop_reason(stop, warm_up, r, None) for r in (4, 5)] == [None, "plateau"]
+    assert stop_reason(StopConfig(patience=2, min_delta=0.005), warm_up, 4, None) == "plateau"
+
+
 def test_convergence_flags_a_best_round_in_the_last_tenth():
     stop = StopConfig()
     assert convergence({r: r / 30 for r in range(1, 31)}, 30, 28, stop, None)["late_best"]

@@ -201,15 +201,21 @@ class StopConfig(Strict):
     model phase always runs in full) and is recorded in the checkpoint, so a resumed run stops at the same round.
 
     ``patience``: the validation plateau, stop once the mean validation Dice over sites has not improved by more
-    than ``min_delta`` for ``patience`` rounds. ``sgd_steps`` / ``simulated_hours``: a budget (FeTS 2022 Sec. 4.4.6),
-    stop after the round in which this algorithm's own total local SGD steps (Eq. 34) / simulated training time
-    (Eq. 36-38 under the ``cost`` model) reach the value; the ledger's total then lies in [budget, budget + one
-    round's)."""
+    than ``min_delta`` for ``patience`` rounds, but not before round ``min_rounds``. ``sgd_steps`` /
+    ``simulated_hours``: a budget (FeTS 2022 Sec. 4.4.6), stop after the round in which this algorithm's own total
+    local SGD steps (Eq. 34) / simulated training time (Eq. 36-38 under the ``cost`` model) reach the value; the
+    ledger's total then lies in [budget, budget + one round's)."""
 
     patience: int | None = Field(
         default=None, ge=1, description="rounds without a validation gain > min_delta before stopping; None = never"
     )
     min_delta: float = Field(default=0.001, ge=0, description="the smallest validation Dice gain that counts")
+    min_rounds: int = Field(
+        default=0,
+        ge=0,
+        description="the plateau rule stops no run before this round (a warm-up whose validation Dice stalls for a "
+        "while, e.g. before the smaller structures are found, is not a converged run)",
+    )
     sgd_steps: int | None = Field(default=None, ge=1, description="budget: total local SGD steps (FeTS Eq. 34)")
     simulated_hours: float | None = Field(
         default=None, gt=0, description="budget: simulated training time in hours (FeTS Eq. 36-38, the cost model)"

@@ -4,7 +4,7 @@ Three stop rules, checked after each round by :func:`fedseg.run.run_algorithm`:
 
 * **plateau** (``patience``, ``min_delta``): the *reference round* is the first validated round, replaced by any
   later round whose mean validation Dice beats the reference's by more than ``min_delta``; training stops once
-  ``patience`` rounds have passed since it (:func:`plateau_round`);
+  ``patience`` rounds have passed since it (:func:`plateau_round`), and not before round ``min_rounds``;
 * **SGD-step budget** (``sgd_steps``): the algorithm's own total local SGD steps, Eq. 34 of the FeTS benchmark
   (:func:`fedseg.evaluate.cost.cost_table`), reach the budget;
 * **simulated-time budget** (``simulated_hours``): its simulated training time, Eq. 36-38 under the run's
@@ -71,7 +71,12 @@ def stop_reason(
     """The rule that ends training after round ``rnd`` (``plateau`` | ``sgd_steps`` | ``simulated_time``) or None;
     ``scores``: round -> mean validation Dice of the selectable validated rounds; ``used``: :func:`budget_used`
     (None: no budget set)."""
-    if stop.patience is not None and rnd in scores and plateaued(scores, rnd, stop.patience, stop.min_delta):
+    if (
+        stop.patience is not None
+        and rnd in scores
+        and rnd >= stop.min_rounds
+        and plateaued(scores, rnd, stop.patience, stop.min_delta)
+    ):
         return PLATEAU
     return budget_reached(stop, used) if used is not None else None
 

@@ -139,6 +139,8 @@ def make_run(
     if holdout is not None:
         split.append(f"data.repartition.holdout={_yaml(holdout)}")
     stop = [f"fl.stop.patience={_yaml(bench.stop.patience)}", f"fl.stop.min_delta={bench.stop.min_delta}"]
+    if bench.stop.min_rounds:
+        stop.append(f"fl.stop.min_rounds={bench.stop.min_rounds}")
     rounds = bench.budget.rounds
     if bench.budget.rule != "rounds" and not is_budget_reference(bench, method, setting) and not phased(method):
         rounds = math.ceil(bench.budget.rounds * bench.budget.max_factor)  # the most; the budget stops it

@@ -137,8 +137,11 @@ class BudgetSpec(Strict):
 
 
 class StopSpec(Strict):
+    """``fl.stop``'s plateau rule for every run: ``patience``, ``min_delta`` and ``min_rounds`` (no stop before)."""
+
     patience: int | None = Field(default=None, ge=1)
     min_delta: float = Field(default=0.001, ge=0)
+    min_rounds: int = Field(default=0, ge=0)
 
 
 class BenchSpec(Strict):
