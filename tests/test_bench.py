@@ -253,11 +253,19 @@ def test_grids_are_tuned_on_validation_even_when_test_disagrees(tmp_path, disc_f
     assert len([r for r in runs.final if r.method == "fedprox-mu"]) == 1
 
 
-@pytest.mark.parametrize("name", ["bench-fets.yaml", "bench-fedsm.yaml"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "examples/bench-fets.yaml",
+        "examples/bench-fedsm.yaml",
+        "benchmarks/headline.yaml",
+        "benchmarks/headline-fedsm.yaml",
+    ],
+)
 def test_the_example_bench_files_validate_every_run(name):
     from fedseg.bench.plan import check_plan, run_config
 
-    spec, root = load_bench(Path(__file__).resolve().parents[1] / "examples" / name)
+    spec, root = load_bench(Path(__file__).resolve().parents[1] / name)
     check_plan(spec, root)  # raises unless every method, grid setting and federation of the bench makes a valid run
     chosen = {(f.name, m.name): settings(m)[-1] for f in spec.federations for m in spec.methods if m.grid}
     runs = final_runs(spec, chosen)
