@@ -297,9 +297,9 @@ def check_plan(bench: BenchSpec, root: Path) -> None:
 
     fold, seed = bench.folds[0], bench.seeds[0]
     for fed in bench.federations:
+        plain = fed.model_copy(update={"leave_one_out": False})
         for method in [*bench.methods, reference_method(bench)]:
             source = [()] if method.settings_from is None else settings(bench.method(method.settings_from))
             for inherited, setting in itertools.product(source, settings(method)):
-                plain = fed.model_copy(update={"leave_one_out": False})
                 run = make_run(bench, plain, method, fold, seed, setting, inherited=inherited)
                 check_algorithms(run_config(bench, root, run), f"bench run {run.label}")

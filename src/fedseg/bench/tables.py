@@ -215,7 +215,7 @@ def federation_tables(bench: BenchSpec, runs: BenchRuns) -> tuple[dict, list[dic
             "runs": expected,
             "leave_one_out": fed.leave_one_out,
             "comparisons": [
-                {"method": a, "against": b, **paired_test(per_seed[a], per_seed[b])}
+                {"method": a, "against": b, **paired_test(per_seed[a], per_seed[b])[0]}
                 for a, b in bench.comparisons
                 if a in per_seed and b in per_seed
             ],
@@ -224,28 +224,23 @@ def federation_tables(bench: BenchSpec, runs: BenchRuns) -> tuple[dict, list[dic
     return out, all_rows
 
 
-def seed_paired(a: dict[int, dict], b: dict[int, dict]) -> tuple[dict, dict, int]:
-    """Methods ``a`` and ``b`` (each ``{seed: {(site, case): Dice}}``) with each case averaged over the seeds *both*
-    have finished (a bench collected while running may have more seeds of one), and how many seeds that is."""
+def paired_test(a: dict[int, dict], b: dict[int, dict]) -> tuple[dict, dict, dict]:
+    """Paired Wilcoxon test of method ``a`` against ``b`` (each ``{seed: {(site, case): Dice}}``): each case averaged
+    over the seeds *both* have finished (a bench collected while running may have more seeds of one), then paired
+    over the cases both scored. Returns the test (with ``seeds``) and the two seed-averaged ``{(site, case): Dice}``."""
     seeds = sorted(set(a) & set(b))
-    return seed_averaged({s: a[s] for s in seeds}), seed_averaged({s: b[s] for s in seeds}), len(seeds)
-
-
-def paired_test(a: dict[int, dict], b: dict[int, dict]) -> dict:
-    """Paired Wilcoxon test of ``a`` against ``b`` over the cases both scored (:func:`seed_paired`), with ``seeds``."""
-    cases, ref, seeds = seed_paired(a, b)
-    return {**paired_wilcoxon(cases, ref), "seeds": seeds}
+    cases, ref = seed_averaged({s: a[s] for s in seeds}), seed_averaged({s: b[s] for s in seeds})
+    return {**paired_wilcoxon(cases, ref), "seeds": len(seeds)}, cases, ref
 
 
 def add_tests(methods: dict[str, dict], per_seed: dict[str, dict], reference: str) -> None:
-    """Paired Wilcoxon tests of every method against ``reference``, pooled and per site (:func:`seed_paired`); none
+    """Paired Wilcoxon tests (:func:`paired_test`) of every method against ``reference``, pooled and per site; none
     while the reference has no run."""
     for name, stats in methods.items():
         if name == reference or reference not in per_seed:
             stats.update(wilcoxon=None, dagger=False, site_wilcoxon={})
             continue
-        cases, ref, seeds = seed_paired(per_seed[name], per_seed[reference])
-        stats["wilcoxon"] = {**paired_wilcoxon(cases, ref), "seeds": seeds}
+        stats["wilcoxon"], cases, ref = paired_test(per_seed[name], per_seed[reference])
         stats["dagger"] = stats["wilcoxon"]["p"] < SIGNIFICANCE
         stats["site_wilcoxon"] = {
             site: paired_wilcoxon({k: v for k, v in cases.items() if k[0] == site}, ref) for site in stats["sites"]
