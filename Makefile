@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[test,tracking,privacy,simulation]'
+	$(BIN)/pip install -q -e '.[test,tracking,wandb,formats,privacy,simulation]'
 	touch $(STAMP)
 
 install: $(STAMP)
