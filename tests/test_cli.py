@@ -72,6 +72,27 @@ def test_bad_config_key_is_named(tmp_path):
     assert not (tmp_path / "x").exists()
 
 
+def test_error_lines_keep_their_quotes(tmp_path):
+    result = runner.invoke(app, ["run", "--preset", "demo", "--set", "train.optimizer=adamw", "--out", str(tmp_path)])
+    assert result.exit_code == 1
+    assert "Input should be 'adam' or 'sgd'" in " ".join(result.output.split())  # the closing quote too
+
+
+def test_misspelt_method_options_and_fault_sites_are_refused_before_anything_is_written(tmp_path, disc_federation):
+    root = write_folder(disc_federation(n_sites=2, cases_per_site=8), tmp_path / "fed")
+    out = tmp_path / "run"
+    base = ["run", "--preset", "demo", "--data", str(root), "--algorithms", "fedavg", "--out", str(out), *TINY_SETS]
+    result = runner.invoke(app, [*base, "--set", "methods.fedsmm.lam=0.5"])
+    assert result.exit_code == 1
+    assert "methods.fedsmm" in result.output and "did you mean 'fedsm'?" in result.output
+    result = runner.invoke(app, [*base, "--set", "faults=[{site: site9, kind: crash}]"])
+    assert result.exit_code == 1
+    assert "faults[0].site" in result.output and "'site9'" in result.output and "site1, site2" in result.output
+    assert not out.exists()
+    result = runner.invoke(app, [*base, "--rounds", "1", "--set", "methods.fedprox.mu=0.1"])  # another method's
+    assert result.exit_code == 0, result.output  # options are fine: a preset holds options for methods one may add
+
+
 def test_presets_lists_every_preset():
     result = runner.invoke(app, ["presets"])
     assert result.exit_code == 0

@@ -8,7 +8,7 @@ import typer
 from rich.console import Console
 
 from fedseg.cli_options import AlgorithmsHelp, device_option, threads_option, track_option
-from fedseg.config import ConfigError, config_from_cli, preset_description, preset_names, preset_yaml
+from fedseg.config import ConfigError, config_from_cli, error_text, preset_description, preset_names, preset_yaml
 from fedseg.console_tables import print_dice, print_table
 from fedseg.data.federation import FederationError
 
@@ -167,7 +167,7 @@ def run(
 
         results = run_with_progress(cfg, out, resume, console, keep_checkpoints=keep_checkpoints)
     except (ConfigError, FederationError, FileExistsError, KeyError, ValueError) as e:
-        fail(str(e).strip("'\""))
+        fail(error_text(e))
         return
     from fedseg.report.html import render_report
 
@@ -254,7 +254,7 @@ def bench(
         runs = run_bench(spec, root, out, jobs, resume, echo, train=not tables_only)
         write_report(spec, runs, out)
     except (ConfigError, FederationError, FileExistsError, FileNotFoundError, KeyError, ValueError) as e:
-        fail(str(e).strip("'\""))
+        fail(error_text(e))
         return
     console.print(f"tables: {out / 'tables.md'}\nreport: {out / 'report.html'}", highlight=False)
 

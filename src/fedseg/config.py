@@ -393,6 +393,15 @@ class ConfigError(ValueError):
     """A configuration file or override is invalid; the message names the key."""
 
 
+def error_text(error: BaseException) -> str:
+    """The one line a CLI prints for a known error: its message as written. ``str(KeyError("x"))`` quotes it
+    (``'x'``), so a KeyError gives its argument; stripping quotes from both ends instead cut the closing quote
+    of messages like ``Input should be 'adam' or 'sgd'``."""
+    if isinstance(error, KeyError) and len(error.args) == 1:
+        return str(error.args[0])
+    return str(error)
+
+
 def preset_names() -> list[str]:
     return sorted(p.name[:-5] for p in resources.files("fedseg.presets").iterdir() if p.name.endswith(".yaml"))
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedseg.algorithms import check_sites, get_algorithm
+from fedseg.algorithms import check_method_names, check_sites, get_algorithm
 from fedseg.algorithms.fedavg import sampling_refusal
 from fedseg.config import RunConfig, dump_config
 from fedseg.data.dataset import SiteData, build_site_data
@@ -30,6 +30,7 @@ from fedseg.engine.checkpoint import (
     save_checkpoint,
 )
 from fedseg.engine.context import Task
+from fedseg.engine.faults import check_fault_sites
 from fedseg.engine.ledger import Ledger
 from fedseg.engine.simulator import Simulator
 from fedseg.engine.state import state_store
@@ -570,11 +571,13 @@ def run_experiment(
     torch.set_num_threads(cfg.threads)
     for name in cfg.algorithms:  # unknown names and bad options fail before any work
         get_algorithm(name).parse_options(cfg.methods.get(name))
+    check_method_names(cfg.methods)
     check_available(cfg.tracking)  # so does a tracker whose package is missing (fedseg.tracking)
     if resume and (recorded := recorded_config(out / "config.yaml")) is not None:
         check_resume(recorded, cfg.model_dump(mode="json"), str(out / "config.yaml"))
     prep = prepared or prepare(cfg, federation)
     check_sites(cfg, len(prep.federation.sites), f"federation {prep.federation.name!r}")
+    check_fault_sites(cfg.faults, [s.name for s in prep.federation.sites], f"federation {prep.federation.name!r}")
     check_sampling(cfg, len(prep.federation.sites), f"federation {prep.federation.name!r}")
     for device in cfg.engine.devices or []:  # the worker pool's device slots
         check_device(device)

@@ -9,7 +9,9 @@ User code adds its own methods at run time with ``register_algorithm`` (after th
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import re
+from collections.abc import Mapping
 
 from fedseg.algorithms import (
     centralized,
@@ -35,6 +37,7 @@ from fedseg.algorithms.autofedavg import method as autofedavg
 from fedseg.algorithms.fedsm import extra as fedsm_extra
 from fedseg.algorithms.fedsm import method as fedsm_method
 from fedseg.algorithms.registry import AlgorithmSpec
+from fedseg.config import ConfigError
 
 METHOD_MODULES = (
     centralized,
@@ -120,9 +123,21 @@ def check_sites(cfg, num_sites: int, where: str) -> None:
         get_algorithm(name).check_sites(num_sites, where, cfg.methods.get(name))
 
 
+def check_method_names(methods: Mapping[str, object]) -> None:
+    """Every key of config ``methods`` names a registered algorithm: a misspelt one (``methods.fedsmm.lam``) would
+    otherwise be ignored and the run use the defaults. Keys of algorithms the run does not train are fine (a preset
+    holds options for methods one may add). ``ConfigError`` naming the key and the closest name."""
+    for key in methods:
+        if key not in ALGORITHMS:
+            close = difflib.get_close_matches(key, list(ALGORITHMS), n=1)
+            hint = f"did you mean {close[0]!r}?" if close else f"algorithms: {', '.join(sorted(ALGORITHMS))}"
+            raise ConfigError(f"methods.{key}: no algorithm is named {key!r}; {hint}")
+
+
 __all__ = [
     "ALGORITHMS",
     "AlgorithmSpec",
+    "check_method_names",
     "check_sites",
     "get_algorithm",
     "register_algorithm",

@@ -33,6 +33,16 @@ from fedseg.config import FaultSpec, RunConfig
 from fedseg.engine.messages import Message
 
 
+def check_fault_sites(faults: list[FaultSpec], site_names: list[str], where: str) -> None:
+    """Every ``faults`` entry names a site of the federation the run trains on (``where`` names it): a fault aimed
+    at a misspelt site would silently never happen. ValueError naming the entry and the sites."""
+    for i, fault in enumerate(faults):
+        if fault.site not in site_names:
+            raise ValueError(
+                f"faults[{i}].site: {where} has no site {fault.site!r}; its sites: {', '.join(site_names)}"
+            )
+
+
 class SiteFailure(ValueError):
     """One or more sites failed an exchange (``fl.on_failure = stop``, or too few left to skip them); the
     message names site, round, method, action and reason (a ValueError: the CLI prints it, no traceback)."""

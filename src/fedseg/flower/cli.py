@@ -17,6 +17,7 @@ import typer
 from rich.console import Console
 
 from fedseg.cli_options import AlgorithmsHelp, device_option, threads_option
+from fedseg.config import error_text
 from fedseg.console_tables import print_dice
 from fedseg.flower.launch import DEFAULT_POLL
 
@@ -68,7 +69,7 @@ def _run_then_report(out: Path, run, interrupted: str) -> None:
     except KeyboardInterrupt:
         _fail(interrupted, 130)
     except _errors() as e:
-        _fail(str(e).strip("'\""))
+        _fail(error_text(e))
     _finish(out.resolve())
 
 
@@ -326,7 +327,7 @@ def supernode(
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
     except _errors() as e:
-        _fail(str(e).strip("'\""))
+        _fail(error_text(e))
 
 
 @flower_app.command()
