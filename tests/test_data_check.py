@@ -51,6 +51,12 @@ def _rm(path: Path) -> None:
     path.unlink()
 
 
+def _with(image: np.ndarray, value: float) -> np.ndarray:
+    """``image`` with ``value`` (NaN or Inf) in two pixels."""
+    image[0, 0, :2] = value
+    return image
+
+
 # Each entry: (id, how to break a valid folder, the file (or site/key) the message must name, the problem).
 BROKEN = [
     ("image-without-label", lambda r: _rm(r / "s1/labels/a.png"), "s1/images/a.png", "image without label"),
@@ -144,6 +150,33 @@ BROKEN = [
         lambda r: (r / "s1/splits.csv").write_text("case,split\na,training\n"),
         "s1/splits.csv:2",
         "unknown split 'training'",
+    ),
+    (
+        "nan-pixels",
+        lambda r: (
+            _rm(r / "s1/images/a.png"),
+            _npy(r / "s1/images/a.npy", _with(np.zeros((3, 8, 8), np.float32), np.nan)),
+        ),
+        "s1/images/a.npy",
+        "image has 2 NaN and 0 Inf values (of 192)",
+    ),
+    (
+        "inf-pixels",
+        lambda r: (
+            _rm(r / "s2/images/e.png"),
+            _npy(r / "s2/images/e.npy", _with(np.zeros((3, 8, 8), np.float64), np.inf)),
+        ),
+        "s2/images/e.npy",
+        "image has 0 NaN and 2 Inf values (of 192)",
+    ),
+    (
+        "one-case-site",
+        lambda r: (
+            _png(r / "s3/images/z.png", np.zeros((8, 8, 3), np.uint8)),
+            _png(r / "s3/labels/z.png", np.zeros((8, 8), np.uint8)),
+        ),
+        "site 's3'",
+        "no validation cases after splitting (1 cases: 1 train, 0 val, 0 test)",
     ),
     (
         "no-training-cases",

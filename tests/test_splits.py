@@ -114,6 +114,13 @@ def test_check_splits_names_a_site_without_training_cases():
     check_splits(fed, make_splits(_fed(_site("a", 4), _site("lonely", 2)), SplitConfig(), seed=0))
 
 
+def test_check_splits_names_a_site_without_validation_cases():
+    """A site of one case trained, then failed on its empty validation split; now it is refused up front."""
+    fed = _fed(_site("a", 4), _site("single", 1))
+    with pytest.raises(FederationError, match=r"site 'single': no validation cases after splitting \(1 cases: 1 train"):
+        check_splits(fed, make_splits(fed, SplitConfig(), seed=0))
+
+
 def test_splits_csv_round_trip(tmp_path):
     fed = _fed(_site("a", 6), _site("b", 4))
     splits = make_splits(fed, SplitConfig(), seed=0)

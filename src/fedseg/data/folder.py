@@ -199,8 +199,12 @@ def read_label(path: Path, kind: Literal["2d", "3d"]) -> np.ndarray:
 
 
 def case_problems(image: np.ndarray, label: np.ndarray, image_path: Path, label_path: Path, channels: int) -> list[str]:
-    """Problems of one loaded case, one line each: wrong channel count, image/label spatial shape mismatch."""
+    """Problems of one loaded case, one line each: wrong channel count, NaN or Inf pixels (normalization would turn
+    the image to zeros, or training to NaN), image/label spatial shape mismatch."""
     problems = []
+    if np.issubdtype(image.dtype, np.floating) and not (finite := np.isfinite(image)).all():
+        nan, inf = int(np.isnan(image).sum()), int((~finite).sum() - np.isnan(image).sum())
+        problems.append(f"{image_path}: image has {nan} NaN and {inf} Inf values (of {image.size}); replace them")
     if image.shape[0] != channels:
         hint = (
             " (RGBA: store RGB, or set channels: 4)"

@@ -187,8 +187,13 @@ def make_splits(fed: Federation, cfg: SplitConfig, seed: int) -> Splits:
     return {site.name: site_splits(site, cfg, seed) for site in fed.sites}
 
 
+_SPLIT_WORDS = {"train": "training", "val": "validation"}
+
+
 def split_problems(fed: Federation, splits: Splits) -> list[str]:
-    """Problems of ``splits`` for ``fed``, one line each: a site without training cases, sites or cases not covered."""
+    """Problems of ``splits`` for ``fed``, one line each: a site without training or validation cases (a site of one
+    case: training failed on its empty validation split), sites or cases not covered. A site without test cases
+    trains; it has no test row."""
     problems = []
     for site in fed.sites:
         assigned = splits.get(site.name)
@@ -203,9 +208,14 @@ def split_problems(fed: Federation, splits: Splits) -> list[str]:
         if missing:
             problems.append(f"site {site.name!r}: {len(missing)} cases have no split, e.g. {_preview(missing)}")
         counts = {s: sum(1 for cid, v in assigned.items() if v == s and cid in ids) for s in SPLITS}
-        if ids and counts["train"] == 0:
+        empty = [s for s in ("train", "val") if counts[s] == 0]
+        if ids and empty:  # training needs train; the round selection and the local models score every site's val
             summary = ", ".join(f"{counts[s]} {s}" for s in SPLITS)
-            problems.append(f"site {site.name!r}: no training cases after splitting ({len(ids)} cases: {summary})")
+            problems.append(
+                f"site {site.name!r}: no {' and no '.join(_SPLIT_WORDS[s] + ' cases' for s in empty)} after splitting "
+                f"({len(ids)} cases: {summary}); every trained site needs training and validation cases "
+                "(more cases, another split, or a splits.csv)"
+            )
     for name in sorted(set(splits) - set(fed.site_names)):
         problems.append(f"site {name!r}: in the splits but not in federation {fed.name!r}")
     return problems
