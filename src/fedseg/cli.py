@@ -11,6 +11,7 @@ from fedseg.cli_options import AlgorithmsHelp, device_option, threads_option, tr
 from fedseg.config import ConfigError, config_from_cli, error_text, preset_description, preset_names, preset_yaml
 from fedseg.console_tables import print_dice, print_table
 from fedseg.data.federation import FederationError
+from fedseg.interrupts import INTERRUPTED_EXIT, resume_hint, terminate_on_signals
 
 app = typer.Typer(help="fedseg: cross-silo federated learning for medical image segmentation.", no_args_is_help=True)
 console = Console()
@@ -36,10 +37,10 @@ def _mount_flower_app() -> None:
 _mount_flower_app()
 
 
-def fail(message: str) -> None:
+def fail(message: str, code: int = 1) -> None:
     console.print("[bold red]error:[/] ", end="", highlight=False)
     console.print(message, highlight=False, markup=False, soft_wrap=True)  # "[a, b]" stays as written
-    raise typer.Exit(1)
+    raise typer.Exit(code)
 
 
 def _print_version(value: bool) -> None:
@@ -162,12 +163,15 @@ def run(
         cfg = config_from_cli(preset, config, data, algorithms, rounds, seed, set_, device, threads, track, workers)
         from fedseg.progress import run_with_progress
 
-        if holdout or leave_one_out or sweep:
-            return run_study(cfg, out, resume, holdout, leave_one_out, sweep, keep_checkpoints)
-
-        results = run_with_progress(cfg, out, resume, console, keep_checkpoints=keep_checkpoints)
+        with terminate_on_signals():
+            if holdout or leave_one_out or sweep:
+                return run_study(cfg, out, resume, holdout, leave_one_out, sweep, keep_checkpoints)
+            results = run_with_progress(cfg, out, resume, console, keep_checkpoints=keep_checkpoints)
     except (ConfigError, FederationError, FileExistsError, KeyError, ValueError) as e:
         fail(error_text(e))
+        return
+    except KeyboardInterrupt:
+        fail(resume_hint("it", out, "every finished round is checkpointed"), INTERRUPTED_EXIT)
         return
     from fedseg.report.html import render_report
 
@@ -251,10 +255,15 @@ def bench(
     try:
         spec, root = load_bench(config)
         echo = lambda line: console.print(line, highlight=False, soft_wrap=True)  # noqa: E731
-        runs = run_bench(spec, root, out, jobs, resume, echo, train=not tables_only)
+        with terminate_on_signals():
+            runs = run_bench(spec, root, out, jobs, resume, echo, train=not tables_only)
         write_report(spec, runs, out)
     except (ConfigError, FederationError, FileExistsError, FileNotFoundError, KeyError, ValueError) as e:
         fail(error_text(e))
+        return
+    except KeyboardInterrupt:
+        detail = "the running runs stopped at their last checkpoint, the queued ones did not start"
+        fail(resume_hint("the bench", out, detail), INTERRUPTED_EXIT)
         return
     console.print(f"tables: {out / 'tables.md'}\nreport: {out / 'report.html'}", highlight=False)
 

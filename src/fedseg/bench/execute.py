@@ -13,19 +13,29 @@ from __future__ import annotations
 import json
 import math
 import multiprocessing
+import os
+import pickle
+import queue
 import time
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 
 from fedseg.bench.plan import BenchRun, run_config
 from fedseg.bench.spec import BenchSpec
 from fedseg.config import RunConfig
 from fedseg.engine.checkpoint import atomic_write_text
+from fedseg.interrupts import INTERRUPTED_EXIT, stop_processes
 from fedseg.stopping import not_converged
 
 DONE_FILE = "bench-run.json"
+
+
+class RunFailed(ValueError):
+    """A bench run's process ended without an answer (killed, e.g. out of memory); the CLI prints one line."""
+
+
 Echo = Callable[[str], None]
 
 
@@ -40,6 +50,21 @@ class Finished:
 
     def entry(self, name: str) -> dict:
         return self.summary["algorithms"][name]
+
+
+def _train_in_process(cfg_json: dict, out: str, results) -> None:
+    """A bench process's target: ``train`` one run, then put ``(out, seconds, None)`` on ``results``, or
+    ``(out, None, exception)`` when it failed; interrupted (SIGINT from the bench or Ctrl-C), it leaves quietly."""
+    try:
+        results.put((out, train(cfg_json, out), None))
+    except KeyboardInterrupt:
+        os._exit(INTERRUPTED_EXIT)  # no traceback: the bench says what happened
+    except BaseException as e:
+        try:
+            pickle.dumps(e)
+        except Exception:
+            e = RuntimeError(f"{type(e).__name__}: {e}")
+        results.put((out, None, e))
 
 
 def train(cfg_json: dict, out: str) -> float:
@@ -103,23 +128,46 @@ class Runner:
                 done[r] = self._finished(r, train(configs[r].model_dump(mode="json"), str(r.dir(self.out))))
                 self._report(done[r], len(todo) - sum(1 for t in todo if t in done))
             return done
+        return self._execute_in_processes(todo, configs, done)
+
+    def _execute_in_processes(
+        self, todo: list[BenchRun], configs: dict[BenchRun, RunConfig], done: dict[BenchRun, Finished]
+    ) -> dict[BenchRun, Finished]:
+        """``jobs`` runs at a time, each in a fresh process; a failure, Ctrl-C or SIGTERM (the CLI turns it into
+        KeyboardInterrupt) starts no further run, stops the running ones (their last round's checkpoint stays)
+        and leaves no process behind, then re-raises."""
         context = multiprocessing.get_context("forkserver")
-        with ProcessPoolExecutor(self.jobs, mp_context=context, max_tasks_per_child=1) as pool:
-            futures: dict[Future, BenchRun] = {
-                pool.submit(train, configs[r].model_dump(mode="json"), str(r.dir(self.out))): r for r in todo
-            }
-            pending = set(futures)
-            while pending:
-                finished, pending = wait(pending, return_when=FIRST_COMPLETED)
-                for fut in finished:
-                    r = futures[fut]
-                    try:
-                        seconds = fut.result()
-                    except BaseException:
-                        pool.shutdown(cancel_futures=True)  # the queued runs are not trained before the error shows
-                        raise
-                    done[r] = self._finished(r, seconds)
-                    self._report(done[r], len(pending))
+        results = context.Queue()  # (run folder, wall seconds, None) or (run folder, None, the exception)
+        queued = list(todo)
+        running: dict[str, tuple[BaseProcess, BenchRun]] = {}
+        try:
+            while queued or running:
+                while queued and len(running) < self.jobs:
+                    r = queued.pop(0)
+                    folder = str(r.dir(self.out))
+                    child = context.Process(
+                        target=_train_in_process, args=(configs[r].model_dump(mode="json"), folder, results)
+                    )
+                    child.start()
+                    running[folder] = (child, r)
+                try:
+                    folder, seconds, error = results.get(timeout=1.0)
+                except queue.Empty:
+                    for process, r in running.values():
+                        if process.exitcode not in (None, 0):  # killed (e.g. out of memory) before it could answer
+                            raise RunFailed(f"run {r.label} ended with exit code {process.exitcode}") from None
+                    continue
+                process, r = running.pop(folder)
+                process.join()
+                if error is not None:
+                    raise error
+                done[r] = self._finished(r, seconds)
+                self._report(done[r], len(queued) + len(running))
+        except BaseException:
+            stop_processes([process.pid for process, _ in running.values() if process.pid is not None])
+            for process, _ in running.values():
+                process.join(timeout=1.0)
+            raise
         return done
 
     def _finished(self, run: BenchRun, seconds: float) -> Finished:

@@ -1,0 +1,104 @@
+"""Stopping a command cleanly: SIGTERM and SIGHUP act like Ctrl-C, and worker processes stop with their parent.
+
+A run writes a checkpoint only after a round completes (atomically), so stopping anywhere inside a round loses
+that round's unfinished work and nothing else: ``--resume`` continues from the last checkpoint. These helpers
+make every way of stopping take that path:
+
+* :func:`terminate_on_signals` turns SIGTERM / SIGHUP into ``KeyboardInterrupt`` in the main thread, so the
+  ``finally`` blocks and ``except KeyboardInterrupt`` handlers that Ctrl-C runs also run for ``kill`` or a
+  closed terminal (by default SIGTERM ends the process at once, leaving its workers training as orphans);
+* :func:`stop_processes` interrupts worker processes (SIGINT: each stops as Ctrl-C would stop it), waits a
+  little, then kills what is left, so no process outlives the command;
+* :func:`resume_hint` is the line an interrupted command prints: how to continue.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterable, Iterator
+
+__all__ = ["INTERRUPTED_EXIT", "resume_hint", "stop_processes", "terminate_on_signals"]
+
+INTERRUPTED_EXIT = 130  # the shell's code for a command ended by SIGINT (128 + 2)
+
+
+@contextlib.contextmanager
+def terminate_on_signals() -> Iterator[None]:
+    """SIGTERM / SIGHUP raise ``KeyboardInterrupt`` (like Ctrl-C) while the block runs, in the main thread only
+    (elsewhere signals cannot be handled, and the block runs unchanged)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    saved = {s: signal.signal(s, interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)
+
+
+def stop_processes(pids: Iterable[int], grace_s: float = 20.0) -> None:
+    """Interrupt each process of ``pids`` (SIGINT), wait up to ``grace_s`` seconds for all to exit, then SIGKILL
+    the rest. Further SIGINT/SIGTERM to this process are ignored meanwhile (a second Ctrl-C would otherwise
+    abandon the workers half-stopped); the caller re-raises its interrupt afterwards."""
+    pids = [p for p in pids if _alive(p)]
+    if not pids:
+        return
+    in_main = threading.current_thread() is threading.main_thread()
+    saved = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)} if in_main else {}
+    try:
+        for pid in pids:
+            _send(pid, signal.SIGINT)
+        deadline = time.monotonic() + grace_s
+        while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for pid in pids:
+            if _alive(pid):
+                _send(pid, signal.SIGKILL)
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)
+
+
+def resume_hint(what: str, out: os.PathLike | str, detail: str = "") -> str:
+    """``interrupted: <detail>; <what> continues from OUT with the same command and --resume`` (one line)."""
+    done = f"{detail}; " if detail else ""
+    return f"interrupted: {done}run the same command with --resume to continue {what} in {out}"
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie our own child left counts as gone: it is reaped here)."""
+    try:
+        waited, _ = os.waitpid(pid, os.WNOHANG)
+        if waited == pid:
+            return False
+    except ChildProcessError:
+        pass  # not our child (e.g. a forkserver's): ask the kernel below
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return not _is_zombie(pid)
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _send(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, sig)
