@@ -140,3 +140,27 @@ def test_a_failing_run_with_two_jobs_stops_the_bench_with_one_line_and_no_proces
     assert len(errors) == 1 and "site2" in errors[0] and "crash" in errors[0], output
     assert "Traceback" not in output, output
     assert len(list(out.glob("runs/**/config.yaml"))) <= 2, output  # the queued runs never started
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 300 kB tmpfs (root only; skipped elsewhere): a run's first checkpoint does not fit."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=300k", "tmpfs", str(mount)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_a_full_disk_ends_the_run_with_one_line_naming_the_file_and_no_temp_file(small_disk):
+    from typer.testing import CliRunner
+
+    from fedseg.cli import app
+
+    out = small_disk / "run"
+    args = ["run", "--preset", "demo", "--algorithms", "fedavg", "--rounds", "2", "--out", str(out)]
+    result = CliRunner().invoke(app, [*args, *(a for s in TINY_SET for a in ("--set", s))])
+    assert result.exit_code == 1, result.output
+    assert result.output.strip() == f"error: {out / 'checkpoints' / 'fedavg.pt'}: No space left on device"
+    assert not list((out / "checkpoints").iterdir())  # the half-written temp file was removed

@@ -13,7 +13,13 @@ from fedseg.console_tables import print_dice, print_table
 from fedseg.data.federation import FederationError
 from fedseg.interrupts import INTERRUPTED_EXIT, resume_hint, terminate_on_signals
 
-app = typer.Typer(help="fedseg: cross-silo federated learning for medical image segmentation.", no_args_is_help=True)
+# pretty_exceptions_show_locals=False: an unexpected error's traceback must not print every local variable (a full
+# disk once gave 207 MB of them, and locals may hold a site's data)
+app = typer.Typer(
+    help="fedseg: cross-silo federated learning for medical image segmentation.",
+    no_args_is_help=True,
+    pretty_exceptions_show_locals=False,
+)
 console = Console()
 
 
@@ -167,7 +173,7 @@ def run(
             if holdout or leave_one_out or sweep:
                 return run_study(cfg, out, resume, holdout, leave_one_out, sweep, keep_checkpoints)
             results = run_with_progress(cfg, out, resume, console, keep_checkpoints=keep_checkpoints)
-    except (ConfigError, FederationError, FileExistsError, KeyError, ValueError) as e:
+    except (ConfigError, FederationError, OSError, KeyError, ValueError) as e:  # OSError: full disk, read-only...
         fail(error_text(e))
         return
     except KeyboardInterrupt:
@@ -258,7 +264,7 @@ def bench(
         with terminate_on_signals():
             runs = run_bench(spec, root, out, jobs, resume, echo, train=not tables_only)
         write_report(spec, runs, out)
-    except (ConfigError, FederationError, FileExistsError, FileNotFoundError, KeyError, ValueError) as e:
+    except (ConfigError, FederationError, OSError, KeyError, ValueError) as e:
         fail(error_text(e))
         return
     except KeyboardInterrupt:

@@ -396,9 +396,12 @@ class ConfigError(ValueError):
 def error_text(error: BaseException) -> str:
     """The one line a CLI prints for a known error: its message as written. ``str(KeyError("x"))`` quotes it
     (``'x'``), so a KeyError gives its argument; stripping quotes from both ends instead cut the closing quote
-    of messages like ``Input should be 'adam' or 'sgd'``."""
+    of messages like ``Input should be 'adam' or 'sgd'``. An OSError with a file names it: ``PATH: No space left
+    on device``."""
     if isinstance(error, KeyError) and len(error.args) == 1:
         return str(error.args[0])
+    if isinstance(error, OSError) and error.filename is not None:  # a full disk, a read-only or forbidden folder
+        return f"{error.filename}: {error.strerror or error}"
     return str(error)
 
 

@@ -32,6 +32,12 @@ def atomic_write_bytes(path: Path, write) -> None:
             os.fsync(f.fileno())
         os.replace(tmp, path)
         fsync_dir(path.parent)
+    except OSError as e:  # e.g. a full disk: the error names the file it failed to write, not only errno
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        if e.filename is None:
+            raise OSError(e.errno, e.strerror or str(e), str(path)) from e
+        raise
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
