@@ -192,6 +192,22 @@ def test_every_label_format_reads_back_the_nifti_label_map(files, label, image):
     np.testing.assert_array_equal(got, reference)
 
 
+def test_a_seg_lands_on_a_flipped_nifti_by_patient_position(files, tmp_path):
+    """A dcm2niix-style NIfTI of the series with the row axis stored the other way round (a left-handed
+    grid no DICOM series has): the SEG's segments land on the same patient positions, so flipped too."""
+    flipped_origin = ORIGIN + (SHAPE[1] - 1) * SPACING[1] * DIRECTION[:, 1]
+    nifti = write_nifti(
+        tmp_path / "flipped.nii.gz",
+        VALUES[:, ::-1].copy(),
+        direction=DIRECTION * [1, -1, 1],
+        origin=flipped_origin,
+    )
+    handedness = [np.linalg.det(readers.volume_grid(path).affine) for path in (nifti, files["dicom"])]
+    assert handedness[0] < 0 < handedness[1]
+    np.testing.assert_array_equal(read_image(nifti, "3d"), VALUES[None, :, ::-1])  # as stored
+    np.testing.assert_array_equal(read_label(files["label_seg"], "3d", image=nifti), LABEL[:, ::-1])
+
+
 def test_vector_metaimage_gives_channels_like_a_4d_nifti(tmp_path):
     two = np.stack([VALUES, VALUES[::-1]], axis=-1)  # (X, Y, Z, C)
     nifti, mha = write_nifti(tmp_path / "x.nii.gz", two), write_itk(tmp_path / "x.mha", two, vector=True)
@@ -335,6 +351,34 @@ def test_data_check_and_load_folder_on_a_federation_mixing_formats(files, tmp_pa
     result = CliRunner().invoke(data_app, ["check", str(root)])
     assert result.exit_code == 1 and "Traceback" not in result.output
     assert f"{root}/b/images/d1: uneven slice spacing" in result.output
+
+
+def test_msd_import_links_nrrd_and_mha_files_and_refuses_a_lone_mhd_header(files, tmp_path):
+    import json
+    import shutil
+
+    from fedseg.data.importers import import_dataset
+    from fedseg.data.importers.writer import Source
+
+    task = tmp_path / "Task05_Prostate"
+    (task / "imagesTr").mkdir(parents=True)
+    (task / "labelsTr").mkdir()
+    shutil.copy(files["nrrd"], task / "imagesTr" / "p1.nrrd")
+    shutil.copy(files["label_mha"], task / "labelsTr" / "p1.mha")
+    dataset = {
+        "name": "Prostate",
+        "modality": {"0": "T2"},
+        "labels": {"0": "background", "1": "organ", "2": "lesion"},
+        "training": [{"image": "./imagesTr/p1.nrrd", "label": "./labelsTr/p1.mha"}],
+    }
+    (task / "dataset.json").write_text(json.dumps(dataset))
+    fed = import_dataset("msd", [task], tmp_path / "fed")
+    assert (tmp_path / "fed" / "Task05_Prostate" / "images" / "p1.nrrd").is_symlink()
+    image, label = fed.sites[0].cases[0].arrays()
+    np.testing.assert_array_equal(image, VALUES[None])
+    np.testing.assert_array_equal(label, LABEL)
+    with pytest.raises(FederationError, match=r"image\.mhd: a MetaImage \.mhd header cannot be linked"):
+        Source(files["mhd"]).extension()
 
 
 def test_reading_a_tiny_dicom_series_is_fast(files):

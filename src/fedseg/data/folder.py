@@ -575,8 +575,8 @@ def group_problems(problems: list[str], shown: int = SHOWN_PER_KIND) -> list[str
 
 
 def load_folder(root: str | Path, *, all_sites: bool = True) -> Federation:
-    """Read a federation folder lazily (only file names, ``federation.yaml``, ``splits.csv`` and
-    ``cases.csv`` are read).
+    """Read a federation folder lazily (only file names, ``federation.yaml``, ``splits.csv``,
+    ``cases.csv``, ``.mhd`` headers and the first bytes of one file per DICOM series folder are read).
 
     Raises ``FederationError`` listing every structural problem (pairing, duplicates, empty
     sites, bad ``federation.yaml``, ``splits.csv`` or ``cases.csv``). Array contents are validated

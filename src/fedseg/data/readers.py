@@ -20,7 +20,7 @@ this order (its third axis follows the normal), so a NIfTI whose affine is left-
 axis; fedseg reports the spacing of both correctly and metrics (Dice, HD95) are unaffected by the flip.
 
 Spacing: the voxel size in mm along each array axis (the lengths of the affine's columns: NIfTI zooms,
-ITK spacing, DICOM ``PixelSpacing`` and the distance between slice positions). The affine (``Grid.affine``)
+ITK spacing, DICOM ``PixelSpacing`` and the distance between slice positions). The affine (``VoxelGrid.affine``)
 maps voxel indices to RAS+ mm (nibabel's convention; ITK and DICOM's LPS are converted).
 """
 
@@ -61,7 +61,7 @@ def _require(module: str, path: Path, what: str) -> ModuleType:
 
 
 @dataclass(frozen=True)
-class Grid:
+class VoxelGrid:
     """Where a volume's voxels lie: ``shape`` the spatial shape (array order), ``affine`` 4x4 voxel index ->
     RAS+ mm (a 2D grid is embedded with a unit third axis)."""
 
@@ -128,7 +128,7 @@ def _plane(ds: Any, path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.
     return position, orientation[:3], orientation[3:], spacing
 
 
-def series_grid(folder: Path) -> Grid:
+def series_grid(folder: Path) -> VoxelGrid:
     """The grid of the DICOM series in ``folder``, from the headers alone (pydicom), after checking that
     the folder holds exactly one series of parallel, evenly spaced, single-frame slices.
 
@@ -185,7 +185,7 @@ def series_grid(folder: Path) -> Grid:
     lps = np.eye(4)
     lps[:3, 0], lps[:3, 1], lps[:3, 2] = row0 * spacing0[1], col0 * spacing0[0], normal * step
     lps[:3, 3] = order[0][1]
-    return Grid((size0[1], size0[0], len(order)), _LPS_TO_RAS @ lps)
+    return VoxelGrid((size0[1], size0[0], len(order)), _LPS_TO_RAS @ lps)
 
 
 # --- reading ------------------------------------------------------------------------------------------
@@ -210,7 +210,7 @@ def _itk_header(path: Path) -> Any:
     return io
 
 
-def _itk_grid(path: Path) -> Grid:
+def _itk_grid(path: Path) -> VoxelGrid:
     io = _itk_header(path)
     n = min(int(io.GetNumberOfDimensions()), 3)
     lps = np.eye(n + 1)
@@ -218,7 +218,7 @@ def _itk_grid(path: Path) -> Grid:
         lps[:n, axis] = np.asarray(io.GetDirection(axis), dtype=np.float64)[:n] * float(io.GetSpacing(axis))
         lps[axis, n] = float(io.GetOrigin(axis))
     shape = tuple(int(io.GetDimensions(axis)) for axis in range(int(io.GetNumberOfDimensions())))
-    return Grid(shape, _LPS_TO_RAS @ _embed(lps))
+    return VoxelGrid(shape, _LPS_TO_RAS @ _embed(lps))
 
 
 # the component types ITK Python wraps for multi-component (vector) images
@@ -242,10 +242,10 @@ def _itk_read_kwargs(path: Path) -> dict[str, Any]:
     return {"pixel_type": itk.VariableLengthVector[getattr(itk, _ITK_VECTOR_COMPONENTS[component])]}
 
 
-def volume_grid(path: Path) -> Grid:
+def volume_grid(path: Path) -> VoxelGrid:
     """The grid of a volume file or DICOM series folder from its header(s) alone (no voxel is read).
 
-    ``Grid.shape`` holds every axis of the file (channels of a NIfTI too); ``FederationError`` if unreadable.
+    ``VoxelGrid.shape`` holds every axis of the file (channels of a NIfTI too); ``FederationError`` if unreadable.
     """
     path = Path(path)
     fmt = volume_format(path)
@@ -256,7 +256,7 @@ def volume_grid(path: Path) -> Grid:
             import nibabel as nib
 
             image = cast("SpatialImage", nib.load(path))
-            return Grid(tuple(int(n) for n in image.shape), np.asarray(image.affine, dtype=np.float64))
+            return VoxelGrid(tuple(int(n) for n in image.shape), np.asarray(image.affine, dtype=np.float64))
         if fmt in ITK_EXTS:
             return _itk_grid(path)
     except FederationError:
@@ -293,10 +293,11 @@ def read_volume(path: Path) -> np.ndarray:
         if fmt == DICOM:
             grid = series_grid(path)
             data, affine = _itk_array(path, "a DICOM series")
-            if data.shape[:3] != grid.shape or not np.allclose(affine, grid.affine, atol=1e-3):
+            axes_itk, axes_headers = (a[:3, :3] / np.linalg.norm(a[:3, :3], axis=0) for a in (affine, grid.affine))
+            if data.shape[:3] != grid.shape or not np.allclose(axes_itk, axes_headers, atol=1e-3):
                 raise FederationError(
                     f"{path}: ITK read this series as shape {data.shape[:3]} but its headers describe {grid.shape} "
-                    "slices on another grid (the folder mixes slices that GDCM splits into several series)"
+                    "on another grid (GDCM splits the folder's slices into several series)"
                 )
             return data
     except FederationError:
@@ -334,7 +335,7 @@ def _functional(ds: Any, frame: Any, sequence: str, attribute: str, path: Path) 
     raise FederationError(f"{path}: DICOM-SEG frame without {sequence} > {attribute}")
 
 
-def read_dicom_seg(path: Path, grid: Grid, image: Path, label_names: dict[int, str] | None = None) -> np.ndarray:
+def read_dicom_seg(path: Path, grid: VoxelGrid, image: Path, label_names: dict[int, str] | None = None) -> np.ndarray:
     """A DICOM-SEG drawn on ``image`` (whose grid is ``grid``) as a label map of ``grid.shape[:3]``
     (array order, uint8 or uint16), each segment's pixels set to its label value (``segment_values``).
 
