@@ -118,8 +118,11 @@ def write_series(
     return written
 
 
-def write_seg(path: Path, sources: list, label: np.ndarray, segments: dict[int, str] = SEGMENTS) -> Path:
-    """A BINARY DICOM-SEG with highdicom, one frame per source slice (highdicom drops the empty ones)."""
+def write_seg(
+    path: Path, sources: list, label: np.ndarray, segments: dict[int, str] = SEGMENTS, kind: str = "BINARY"
+) -> Path:
+    """A DICOM-SEG (``kind`` BINARY or LABELMAP) with highdicom, one frame per source slice (highdicom drops
+    the empty ones)."""
     category = hd.sr.CodedConcept("91723000", "SCT", "Anatomical Structure")
     descriptions = [
         hd.seg.SegmentDescription(
@@ -134,7 +137,7 @@ def write_seg(path: Path, sources: list, label: np.ndarray, segments: dict[int, 
     seg = hd.seg.Segmentation(
         source_images=sources,
         pixel_array=np.stack([label[:, :, k].T for k in range(label.shape[2])]),  # (frames, rows, columns)
-        segmentation_type=hd.seg.SegmentationTypeValues.BINARY,
+        segmentation_type=getattr(hd.seg.SegmentationTypeValues, kind),
         segment_descriptions=descriptions,
         series_instance_uid=hd.UID(),
         series_number=2,
@@ -216,6 +219,14 @@ def test_vector_metaimage_gives_channels_like_a_4d_nifti(tmp_path):
     np.testing.assert_array_equal(image, read_image(nifti, "3d"))
 
 
+def test_a_labelmap_seg_reads_like_a_binary_one(files, tmp_path):
+    sources = [pydicom.dcmread(p) for p in sorted(files["dicom"].iterdir())]
+    sources.sort(key=lambda ds: int(ds.InstanceNumber))
+    seg = write_seg(tmp_path / "labelmap.dcm", sources, LABEL, kind="LABELMAP")
+    assert pydicom.dcmread(seg).SegmentationType == "LABELMAP"
+    np.testing.assert_array_equal(read_label(seg, "3d", image=files["nifti"]), LABEL)
+
+
 def test_dicom_seg_segments_take_the_values_of_matching_label_names(files):
     names = {0: "background", 1: "Lesion", 2: "organ"}  # "Organ" is segment 1 in the SEG, "lesion" 2
     got = read_label(files["label_seg"], "3d", image=files["dicom"], label_names=names)
@@ -287,13 +298,17 @@ def test_a_seg_drawn_on_another_grid_is_refused(files, tmp_path, grid, why):
         read_label(other, "3d", image=files["dicom"])
 
 
-def test_a_seg_for_a_png_image_or_without_image_is_refused(files, tmp_path):
+def test_a_seg_without_a_volume_image_or_a_dcm_that_is_no_seg_is_refused(files, tmp_path):
     with pytest.raises(FederationError, match=r"label\.dcm: a DICOM-SEG label is read on its case's image grid"):
         read_label(files["label_seg"], "3d")
     png = tmp_path / "a.png"
     png.write_bytes(b"")
     with pytest.raises(FederationError, match=r"label\.dcm: a DICOM-SEG label needs an image with a patient-space"):
         read_label(files["label_seg"], "2d", image=png)
+    ct_slice = tmp_path / "ct.dcm"
+    ct_slice.write_bytes(next(files["dicom"].iterdir()).read_bytes())
+    with pytest.raises(FederationError, match=rf"^{ct_slice}: not a DICOM-SEG \(Modality CT\); a \.dcm label must be"):
+        read_label(ct_slice, "3d", image=files["dicom"])
 
 
 def test_without_the_formats_extra_nifti_works_and_others_say_what_to_install(files, monkeypatch):

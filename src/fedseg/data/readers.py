@@ -46,7 +46,7 @@ SEG_EXT = "dcm"  # a DICOM-SEG label map: labels/<case>.dcm
 DICOM = "dicom"  # the format name of a DICOM series folder (images/<case>/)
 INSTALL_HINT = "pip install 'fedseg[formats]'"
 _LPS_TO_RAS = np.diag([-1.0, -1.0, 1.0, 1.0])
-_SEG_SOP_CLASS = "1.2.840.10008.5.1.4.1.1.66.4"
+_SEG_SOP_CLASSES = ("1.2.840.10008.5.1.4.1.1.66.4", "1.2.840.10008.5.1.4.1.1.66.7")  # Segmentation, Label Map
 _POSITION_TOL_MM = 0.01  # two slices closer than this along the normal share a position
 _SPACING_RTOL = 0.01  # slice gaps that differ by more than 1 % are uneven
 _GRID_TOL = 0.01  # a SEG pixel lands on an image voxel centre within 1 % of a voxel
@@ -114,15 +114,19 @@ def series_folder_problem(folder: Path) -> str | None:
 
 def _plane(ds: Any, path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """A slice's ``(position, row direction, column direction, (row spacing, column spacing))`` in LPS mm."""
-    missing = [a for a in ("ImagePositionPatient", "ImageOrientationPatient", "PixelSpacing") if a not in ds]
+    needed = ("ImagePositionPatient", "ImageOrientationPatient", "PixelSpacing", "Rows", "Columns")
+    missing = [a for a in needed if a not in ds]
     if missing:
         raise FederationError(
             f"{path}: not a slice of a volume (no {', '.join(missing)}); a DICOM series folder holds one "
             "single-frame image per slice"
         )
-    position = np.asarray(ds.ImagePositionPatient, dtype=np.float64)
-    orientation = np.asarray(ds.ImageOrientationPatient, dtype=np.float64)
-    spacing = np.asarray(ds.PixelSpacing, dtype=np.float64)
+    try:
+        position = np.asarray(ds.ImagePositionPatient, dtype=np.float64)
+        orientation = np.asarray(ds.ImageOrientationPatient, dtype=np.float64)
+        spacing = np.asarray(ds.PixelSpacing, dtype=np.float64)
+    except (TypeError, ValueError):
+        position = orientation = spacing = np.zeros(0)
     if position.shape != (3,) or orientation.shape != (6,) or spacing.shape != (2,):
         raise FederationError(f"{path}: malformed ImagePositionPatient, ImageOrientationPatient or PixelSpacing")
     return position, orientation[:3], orientation[3:], spacing
@@ -154,7 +158,7 @@ def series_grid(folder: Path) -> VoxelGrid:
         )
     planes = []
     for path, ds in headers:
-        if str(getattr(ds, "Modality", "")) == "SEG" or str(getattr(ds, "SOPClassUID", "")) == _SEG_SOP_CLASS:
+        if str(getattr(ds, "Modality", "")) == "SEG" or str(getattr(ds, "SOPClassUID", "")) in _SEG_SOP_CLASSES:
             raise FederationError(f"{path}: a DICOM-SEG is a label map; it belongs in labels/<case>.dcm")
         if int(getattr(ds, "NumberOfFrames", 1) or 1) > 1:
             raise FederationError(f"{path}: multi-frame DICOM is not supported; store one single-frame file per slice")
@@ -344,12 +348,21 @@ def read_dicom_seg(path: Path, grid: VoxelGrid, image: Path, label_names: dict[i
     BINARY and LABELMAP SEGs are read; FRACTIONAL ones are refused (a label map must be exact), as are
     overlapping segments. ``FederationError`` with one line naming the file otherwise.
     """
+    try:
+        return _read_dicom_seg(path, grid, image, label_names)
+    except FederationError:  # a ValueError too
+        raise
+    except (AttributeError, IndexError, KeyError, TypeError, ValueError) as e:
+        raise FederationError(f"{path}: malformed DICOM-SEG ({type(e).__name__}: {e})") from None
+
+
+def _read_dicom_seg(path: Path, grid: VoxelGrid, image: Path, label_names: dict[int, str] | None) -> np.ndarray:
     pydicom = _require("pydicom", path, "a DICOM-SEG")
     try:
         ds = pydicom.dcmread(path)
     except Exception as e:  # noqa: BLE001 — pydicom raises several types for a non-DICOM file
         raise FederationError(f"{path}: not a DICOM file ({type(e).__name__}); expected a DICOM-SEG") from None
-    if str(getattr(ds, "SOPClassUID", "")) != _SEG_SOP_CLASS:
+    if str(getattr(ds, "SOPClassUID", "")) not in _SEG_SOP_CLASSES:
         raise FederationError(
             f"{path}: not a DICOM-SEG (Modality {getattr(ds, 'Modality', '?')}); a .dcm label must be a DICOM "
             "Segmentation"
