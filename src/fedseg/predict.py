@@ -1,6 +1,6 @@
 """``fedseg predict``: apply a run's trained bundle (``RUN/model/<algorithm>/``) to new image files.
 
-Pipeline, per image file (PNG/JPEG/NPY/NIfTI, read by ``fedseg.data.folder.read_image``):
+Pipeline, per image file (PNG/JPEG/NPY/NIfTI/NRRD/MetaImage, read by ``fedseg.data.folder.read_image``):
 
 1. preprocess exactly as training did (``fedseg.data.preprocess.case_tensors`` with the
    manifest's ``image_size`` and ``normalize``): ``x`` ``(C, *S)``, ``S = (image_size,) * dims``;
@@ -15,11 +15,12 @@ Pipeline, per image file (PNG/JPEG/NPY/NIfTI, read by ``fedseg.data.folder.read_
    turn them into a label map with the federation's label values (``Regions.to_label``);
    volume bundles (manifest ``volume.patch_size`` set, ``data.volume``): steps 1-3 are the volume
    pipeline instead, exactly as evaluation runs it: the file is preprocessed on its own grid
-   (``fedseg.data.volumes.preprocess`` with its spacing, ``file_spacing``: NIfTI zooms, else 1),
+   (``fedseg.data.volumes.preprocess`` with its spacing, ``file_spacing``: the volume header's, else 1),
    predicted by sliding window and mapped back to its grid (``fedseg.evaluate.sliding.predict_on_grid``);
    a selector still routes on the fixed-size view of step 1 (ensemble mode: the super model slides);
 4. write the label map in the input's format: PNG for PNG/JPEG (lossless), ``.npy``, or NIfTI
-   with the input's affine; plus ``predictions.csv``: per image ``file``, ``mask``, ``model``
+   with the input's affine (NRRD/MetaImage inputs get a NIfTI mask on their grid); plus
+   ``predictions.csv``: per image ``file``, ``mask``, ``model``
    (chosen candidate: ``global``, ``personal:<site>``, ``ensemble``, or the single model's
    name), ``confidence`` (``max y_s``; empty without a selector) and ``prob:<candidate>`` (the
    selector's softmax: one column per site's personalized model, plus ``prob:global`` in the
@@ -60,6 +61,7 @@ from fedseg.algorithms.fedsm.model import (
     super_model_from_bundle,
 )
 from fedseg.config import ModelConfig, VolumeConfig
+from fedseg.data import readers
 from fedseg.data.federation import FederationError, Regions
 from fedseg.data.folder import IMAGE_EXTS, _write_nifti, _write_png, read_image, split_name
 from fedseg.data.preprocess import case_tensors, restore_size
@@ -295,6 +297,8 @@ def mask_name(path: Path) -> str:
     found = split_name(path.name, IMAGE_EXTS)
     assert found is not None  # inputs are image files of a supported type (list_inputs, read_image)
     stem, ext = found
+    if ext.lower() in readers.ITK_EXTS:
+        return f"{stem}.nii.gz"  # NRRD/MetaImage inputs: a NIfTI mask on the same grid
     return f"{stem}.{'png' if ext in ('jpg', 'jpeg') else ext}"
 
 
@@ -333,7 +337,10 @@ def list_inputs(path: Path) -> list[Path]:
     if path.is_file():
         files = [path]
     elif path.is_dir():
-        files = sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith("."))
+        companions = readers.mhd_data_files(path)  # the data files of .mhd headers are no inputs of their own
+        files = sorted(
+            p for p in path.iterdir() if p.is_file() and not p.name.startswith(".") and p.name not in companions
+        )
         if not files:
             raise PredictError(f"{path}: no image files (expected {', '.join(IMAGE_EXTS)})")
     else:
@@ -385,7 +392,8 @@ def read_inputs(path: Path, bundle: Bundle, overlay: bool = False) -> list[Input
 
 
 def write_mask(path: Path, label: np.ndarray, source: Path) -> None:
-    """``label`` ``(*spatial)`` in ``source``'s format: NIfTI (with ``source``'s affine), ``.npy`` or PNG."""
+    """``label`` ``(*spatial)`` in ``source``'s format: NIfTI (with ``source``'s affine; NIfTI too for NRRD and
+    MetaImage sources, with their grid's affine), ``.npy`` or PNG."""
     found = split_name(source.name, IMAGE_EXTS)
     assert found is not None  # ``source`` is an input image of a supported type (read_inputs)
     ext = found[1]
@@ -394,6 +402,8 @@ def write_mask(path: Path, label: np.ndarray, source: Path) -> None:
 
         # a NIfTI file: nib.load gives a Nifti1Image/Nifti2Image, typed as the FileBasedImage base
         _write_nifti(path, label, cast("SpatialImage", nib.load(source)).affine)
+    elif ext.lower() in readers.ITK_EXTS:
+        _write_nifti(path, label, readers.volume_grid(source).affine)
     elif ext == "npy":
         np.save(path, label)
     else:

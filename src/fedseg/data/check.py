@@ -59,7 +59,7 @@ def _check_case(image_path: Path, label_path: Path, header: Header | None) -> tu
     except FederationError as e:
         problems += str(e).splitlines()
     try:
-        label = read_label(label_path, header.kind)
+        label = read_label(label_path, header.kind, image=image_path, label_names=header.label_names)
     except FederationError as e:
         problems += str(e).splitlines()
     if label is not None:

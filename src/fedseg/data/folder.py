@@ -3,8 +3,8 @@
 ::
 
     ROOT/federation.yaml                       name, kind (2d|3d), channels, regions, [label_names], [sites]
-    ROOT/<site>/images/<case>.<png|jpg|jpeg|npy|nii|nii.gz>
-    ROOT/<site>/labels/<case>.<png|npy|nii|nii.gz>      integer label map, same case id
+    ROOT/<site>/images/<case>.<png|jpg|jpeg|npy|nii|nii.gz|nrrd|mha|mhd>, or images/<case>/ (a DICOM series)
+    ROOT/<site>/labels/<case>.<png|npy|nii|nii.gz|nrrd|mha|mhd|dcm>      integer label map (.dcm: DICOM-SEG)
     ROOT/<site>/splits.csv                     optional, header ``case,split``
     ROOT/<site>/cases.csv                      optional case-level metadata, header ``case,<any columns>``
 
@@ -19,9 +19,15 @@ label map with integer values becomes the smallest integer dtype that holds them
   palette PNGs are expanded to RGB for images and kept as indices for labels.
 - NumPy ``.npy``: images are stored channel-first ``(C, *spatial)``; an array with only the
   spatial axes is a single-channel image. Labels are ``(*spatial)``.
-- NIfTI: the data array as stored (no reorientation). The first 2 (kind 2d) or 3 (kind 3d)
-  axes are spatial, the remaining axes hold the channels (at most one of them longer than 1):
-  ``(X, Y, Z) -> (1, X, Y, Z)``, ``(X, Y, Z, C) -> (C, X, Y, Z)``, ``(X, Y, 1, C) -> (C, X, Y)``.
+- Volumes (NIfTI, NRRD, MetaImage ``.mha``/``.mhd`` + data file, a DICOM series folder): the voxel
+  grid in the file's index order, no reorientation or resampling (``fedseg.data.readers`` states the
+  rule and how DICOM slices are ordered). The first 2 (kind 2d) or 3 (kind 3d) axes are spatial, the
+  remaining axes (NIfTI's 4th/5th, vector components) hold the channels (at most one of them longer
+  than 1): ``(X, Y, Z) -> (1, X, Y, Z)``, ``(X, Y, Z, C) -> (C, X, Y, Z)``, ``(X, Y, 1, C) -> (C, X, Y)``.
+  Spacing (mm per array axis) comes from the header (``fedseg.data.volumes.file_spacing``).
+- DICOM-SEG labels (``labels/<case>.dcm``): drawn on the case's image grid, each segment's pixels get
+  its label value: the segment number, or, when every segment's label is one of ``label_names``, the
+  value of that name (``fedseg.data.readers.segment_values``).
 
 Every reader raises ``FederationError("<path>: <problem>")``; ``fedseg.data.check`` uses the
 same functions to validate a folder before training.
@@ -35,11 +41,12 @@ import shutil
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import Any, Literal
 
 import numpy as np
 import yaml
 
+from fedseg.data import readers
 from fedseg.data.federation import Case, Federation, FederationError, Regions, Site, Split
 from fedseg.data.metadata import (
     CASES_FILE,
@@ -53,16 +60,12 @@ from fedseg.data.metadata import (
 )
 from fedseg.data.splits import Splits, group_split_problems, read_site_splits_csv, write_site_splits_csv
 
-if TYPE_CHECKING:
-    from nibabel.spatialimages import SpatialImage
-
-IMAGE_EXTS = ("nii.gz", "nii", "png", "jpg", "jpeg", "npy")
-LABEL_EXTS = ("nii.gz", "nii", "png", "npy")
+IMAGE_EXTS = ("nii.gz", "nii", "png", "jpg", "jpeg", "npy", *readers.ITK_EXTS)  # and DICOM series folders
+LABEL_EXTS = ("nii.gz", "nii", "png", "npy", *readers.ITK_EXTS, readers.SEG_EXT)
 HEADER_FILE = "federation.yaml"
 SPLITS_FILE = "splits.csv"
 HEADER_KEYS = ("name", "kind", "channels", "regions", "label_names", "sites")
 _PIL_EXTS = ("png", "jpg", "jpeg")
-_NIFTI_EXTS = ("nii", "nii.gz")
 
 
 # --- file names --------------------------------------------------------------------------------
@@ -77,11 +80,22 @@ def split_name(filename: str, exts: tuple[str, ...] = IMAGE_EXTS) -> tuple[str, 
     return None
 
 
+DCM_IMAGE_HINT = "a DICOM image is a series folder images/<case>/ holding its .dcm files (a .dcm file is a label)"
+_ALL_EXTS = tuple(dict.fromkeys(IMAGE_EXTS + LABEL_EXTS))
+
+
 def _ext(path: Path) -> str:
-    found = split_name(path.name, IMAGE_EXTS)
+    """The format of ``path``: its extension (lower case), ``readers.DICOM`` for a folder."""
+    if path.is_dir():
+        return readers.DICOM
+    found = split_name(path.name, _ALL_EXTS)
     if found is None:
-        raise FederationError(f"{path}: unsupported file type (expected one of {', '.join(IMAGE_EXTS)})")
-    return found[1]
+        raise FederationError(f"{path}: unsupported file type (expected one of {', '.join(_ALL_EXTS)})")
+    return found[1].lower()
+
+
+def _is_volume(ext: str) -> bool:
+    return ext in readers.VOLUME_EXTS or ext == readers.DICOM
 
 
 # --- reading arrays ----------------------------------------------------------------------------
@@ -90,12 +104,18 @@ def _ext(path: Path) -> str:
 def read_array(path: Path, *, as_label: bool = False) -> np.ndarray:
     """Read a file's array as stored, dispatching on the extension.
 
-    PNG/JPEG -> ``(H, W)`` or ``(H, W, k)``; npy and NIfTI -> the stored array (NIfTI scaling,
-    if any, is applied). Palette PNGs give RGB for images and their indices for labels.
+    PNG/JPEG -> ``(H, W)`` or ``(H, W, k)``; npy -> the stored array; volumes (NIfTI, NRRD, MetaImage,
+    a DICOM series folder) -> ``(*spatial, *channels)`` in the file's index order (``readers.read_volume``;
+    NIfTI scaling applied); a DICOM-SEG -> its frames ``(frames, rows, columns)``. Palette PNGs give RGB
+    for images and their indices for labels.
     Raises ``FederationError`` for an unsupported extension or an unreadable/corrupt file.
     """
     path = Path(path)
     ext = _ext(path)
+    if _is_volume(ext):
+        return readers.read_volume(path)
+    if ext == readers.SEG_EXT:
+        return readers.read_seg_frames(path)
     try:
         if ext in _PIL_EXTS:
             from PIL import Image
@@ -106,12 +126,7 @@ def read_array(path: Path, *, as_label: bool = False) -> np.ndarray:
                 if img.mode == "1" or (img.mode == "P" and not as_label):
                     pixels = img.convert("L" if img.mode == "1" else "RGB")
                 return np.asarray(pixels)
-        if ext == "npy":
-            return np.load(path, allow_pickle=False)
-        import nibabel as nib
-
-        # only NIfTI files get here: nib.load gives a Nifti1Image/Nifti2Image, typed as the FileBasedImage base
-        return np.asanyarray(cast("SpatialImage", nib.load(path)).dataobj)
+        return np.load(path, allow_pickle=False)
     except Exception as e:  # noqa: BLE001 — any decoder failure means "corrupt file" to the user
         raise FederationError(f"{path}: cannot read ({type(e).__name__}: {e})") from None
 
@@ -120,12 +135,12 @@ def _spatial_dims(kind: str) -> int:
     return 2 if kind == "2d" else 3
 
 
-def _nifti_channels_last(data: np.ndarray, sd: int, path: Path, what: str) -> np.ndarray:
-    """NIfTI ``(*spatial, *rest)`` -> ``(*spatial, C)`` with ``C = prod(rest)``;
+def _channels_last(data: np.ndarray, sd: int, path: Path, what: str) -> np.ndarray:
+    """A volume's ``(*spatial, *rest)`` -> ``(*spatial, C)`` with ``C = prod(rest)``;
     at most one non-singleton ``rest`` axis."""
     rest = data.shape[sd:]
     if data.ndim < sd or sum(n > 1 for n in rest) > 1:
-        raise FederationError(f"{path}: cannot read a {sd}D {what} from NIfTI data of shape {data.shape}")
+        raise FederationError(f"{path}: cannot read a {sd}D {what} from volume data of shape {data.shape}")
     return data.reshape(data.shape[:sd] + (int(np.prod(rest, dtype=int)),))
 
 
@@ -135,6 +150,8 @@ def read_image(path: Path, kind: Literal["2d", "3d"]) -> np.ndarray:
     The channel count is not checked here (see ``case_problems``): an RGBA PNG gives 4 channels.
     """
     path = Path(path)
+    if _ext(path) == readers.SEG_EXT:
+        raise FederationError(f"{path}: {DCM_IMAGE_HINT}")
     data, ext, sd = read_array(path), _ext(path), _spatial_dims(kind)
     if not (np.issubdtype(data.dtype, np.number) or data.dtype == bool) or np.issubdtype(
         data.dtype, np.complexfloating
@@ -153,7 +170,7 @@ def read_image(path: Path, kind: Literal["2d", "3d"]) -> np.ndarray:
                 f"for kind {kind}, got shape {data.shape}"
             )
         return data
-    return np.moveaxis(_nifti_channels_last(data, sd, path, "image"), -1, 0)
+    return np.moveaxis(_channels_last(data, sd, path, "image"), -1, 0)
 
 
 def _as_integer_labels(label: np.ndarray, path: Path) -> np.ndarray:
@@ -180,22 +197,45 @@ def _as_integer_labels(label: np.ndarray, path: Path) -> np.ndarray:
     return label.astype(np.result_type(np.min_scalar_type(lo), np.min_scalar_type(hi)))
 
 
-def read_label(path: Path, kind: Literal["2d", "3d"]) -> np.ndarray:
-    """Read a label file as an integer map ``(*spatial)``. JPEG is refused (lossy)."""
+def read_label(
+    path: Path, kind: Literal["2d", "3d"], *, image: Path | None = None, label_names: dict[int, str] | None = None
+) -> np.ndarray:
+    """Read a label file as an integer map ``(*spatial)``. JPEG is refused (lossy).
+
+    A DICOM-SEG (``.dcm``) is drawn on ``image``'s grid (its case's image: a DICOM series, NIfTI, NRRD or
+    MetaImage), segment numbers mapped to label values with ``label_names`` (``readers.segment_values``).
+    """
     path = Path(path)
-    if split_name(path.name, LABEL_EXTS) is None:
+    if path.is_dir() or split_name(path.name, LABEL_EXTS) is None:
         raise FederationError(f"{path}: unsupported label file type (labels must be lossless: {', '.join(LABEL_EXTS)})")
-    data, ext, sd = read_array(path, as_label=True), _ext(path), _spatial_dims(kind)
-    if ext in _NIFTI_EXTS:
-        data = _nifti_channels_last(data, sd, path, "label map")
+    ext, sd = _ext(path), _spatial_dims(kind)
+    if ext == readers.SEG_EXT:
+        data = _seg_label(path, image, label_names)
+    else:
+        data = read_array(path, as_label=True)
+    if _is_volume(ext) or ext == readers.SEG_EXT:
+        data = _channels_last(data, sd, path, "label map")
         if data.shape[-1] != 1:
-            raise FederationError(f"{path}: label map must have one channel, NIfTI data has {data.shape[-1]}")
+            raise FederationError(f"{path}: label map must have one channel, the volume has {data.shape[-1]}")
         data = data[..., 0]
     if data.ndim != sd:
         raise FederationError(
             f"{path}: label map must be a single-channel {sd}D array for kind {kind}, got shape {data.shape}"
         )
     return _as_integer_labels(data, path)
+
+
+def _seg_label(path: Path, image: Path | None, label_names: dict[int, str] | None) -> np.ndarray:
+    """A DICOM-SEG label on ``image``'s grid (``readers.read_dicom_seg``)."""
+    if image is None:
+        raise FederationError(f"{path}: a DICOM-SEG label is read on its case's image grid, but no image was given")
+    image = Path(image)
+    if not _is_volume(_ext(image)):
+        raise FederationError(
+            f"{path}: a DICOM-SEG label needs an image with a patient-space grid (DICOM series, NIfTI, NRRD, "
+            f"MetaImage), but {image} is a {_ext(image).upper()} file"
+        )
+    return readers.read_dicom_seg(path, readers.volume_grid(image), image, label_names)
 
 
 def case_problems(image: np.ndarray, label: np.ndarray, image_path: Path, label_path: Path, channels: int) -> list[str]:
@@ -223,10 +263,16 @@ def case_problems(image: np.ndarray, label: np.ndarray, image_path: Path, label_
 
 
 def load_case(
-    image_path: Path, label_path: Path, kind: Literal["2d", "3d"], channels: int
+    image_path: Path,
+    label_path: Path,
+    kind: Literal["2d", "3d"],
+    channels: int,
+    label_names: dict[int, str] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Read one case -> ``(image (C, *spatial), label (*spatial))``; raises ``FederationError`` if malformed."""
-    image, label = read_image(image_path, kind), read_label(label_path, kind)
+    """Read one case -> ``(image (C, *spatial), label (*spatial))``; raises ``FederationError`` if malformed.
+    ``label_names``: the federation's, for a DICOM-SEG label's segments (``read_label``)."""
+    image = read_image(image_path, kind)
+    label = read_label(label_path, kind, image=image_path, label_names=label_names)
     problems = case_problems(image, label, image_path, label_path, channels)
     if problems:
         raise FederationError("\n".join(problems))
@@ -349,18 +395,33 @@ class SiteFiles:
 def _list_files(
     folder: Path, exts: tuple[str, ...], what: str, problems: list[str]
 ) -> tuple[dict[str, Path], set[str]]:
-    """Case id -> file in ``folder`` (hidden files ignored); returns ``(files, ambiguous ids)`` and appends problems."""
+    """Case id -> file in ``folder`` (hidden files ignored); returns ``(files, ambiguous ids)`` and appends problems.
+
+    In ``images/``, a sub-folder is a DICOM series whose case id is the folder's name; the data files
+    of ``.mhd`` headers are part of their header (``readers.mhd_data_files``)."""
     if not folder.is_dir():
         problems.append(f"{folder}: missing {folder.name}/ folder")
         return {}, set()
     found: dict[str, list[Path]] = {}
+    companions = readers.mhd_data_files(folder)
     for path in sorted(folder.iterdir()):
-        if path.name.startswith("."):
+        if path.name.startswith(".") or (path.name in companions and path.is_file()):
+            continue
+        if path.is_dir() and what == "image":
+            problem = readers.series_folder_problem(path)
+            if problem is not None:
+                problems.append(problem)
+            else:
+                found.setdefault(path.name, []).append(path)
+            continue
+        if not path.is_file() and not path.is_dir():
+            problems.append(f"{path}: neither a file nor a folder (a broken symbolic link or a link loop)")
             continue
         parsed = split_name(path.name, exts) if path.is_file() else None
         if parsed is None:
+            hint = f"; {DCM_IMAGE_HINT}" if path.name.lower().endswith(".dcm") else ""
             problems.append(
-                f"{path}: unsupported {what} file (expected a file ending in {', '.join('.' + e for e in exts)})"
+                f"{path}: unsupported {what} file (expected a file ending in {', '.join('.' + e for e in exts)}){hint}"
             )
             continue
         found.setdefault(parsed[0], []).append(path)
@@ -423,7 +484,7 @@ def build_federation(
     meta = meta or {}
 
     def case(site: SiteFiles, cid: str, image: Path, label: Path) -> Case:
-        loader = functools.partial(load_case, image, label, header.kind, header.channels)
+        loader = functools.partial(load_case, image, label, header.kind, header.channels, header.label_names)
         files = {"image": str(image), "label": str(label)}
         return Case(cid, loader, {**files, **site.case_meta.get(cid, {}), **meta.get((site.name, cid), {})})
 
@@ -518,8 +579,8 @@ def group_problems(problems: list[str], shown: int = SHOWN_PER_KIND) -> list[str
 
 
 def load_folder(root: str | Path, *, all_sites: bool = True) -> Federation:
-    """Read a federation folder lazily (only file names, ``federation.yaml``, ``splits.csv`` and
-    ``cases.csv`` are read).
+    """Read a federation folder lazily (only file names, ``federation.yaml``, ``splits.csv``,
+    ``cases.csv``, ``.mhd`` headers and the first bytes of one file per DICOM series folder are read).
 
     Raises ``FederationError`` listing every structural problem (pairing, duplicates, empty
     sites, bad ``federation.yaml``, ``splits.csv`` or ``cases.csv``). Array contents are validated

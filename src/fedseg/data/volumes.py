@@ -31,10 +31,9 @@ import numpy as np
 import torch
 
 from fedseg.config import VolumeConfig
+from fedseg.data import readers
 from fedseg.data.federation import Case, Regions
 from fedseg.data.preprocess import Normalize, normalize_image
-
-NIFTI_SUFFIXES = (".nii", ".nii.gz")
 
 
 def axes(value: float | int | Sequence[float] | Sequence[int], dims: int, field: str) -> tuple:
@@ -53,15 +52,13 @@ def patch_size(cfg: VolumeConfig, dims: int) -> tuple[int, ...]:
 
 
 def file_spacing(path: str | Path | None, dims: int) -> tuple[float, ...]:
-    """Spacing (mm per spatial axis) of an image file: a NIfTI file's voxel sizes (the lengths of its
-    affine's first ``dims`` columns, i.e. the header's zooms), 1.0 per axis for any other file (PNG,
-    JPEG, NPY carry none) or no file."""
-    if path is None or not str(path).lower().endswith(NIFTI_SUFFIXES):
+    """Spacing (mm per spatial axis, array order) of an image file or DICOM series folder: the voxel
+    sizes in its header (the lengths of its affine's first ``dims`` columns: NIfTI zooms, NRRD/MetaImage
+    spacing, DICOM pixel spacing and slice distance; ``fedseg.data.readers.volume_grid``), 1.0 per axis
+    for any other file (PNG, JPEG, NPY carry none) or no file."""
+    if path is None or readers.volume_format(Path(path)) is None:
         return (1.0,) * dims
-    import nibabel as nib
-
-    affine = np.asarray(nib.load(str(path)).affine, dtype=np.float64)  # type: ignore[attr-defined]
-    return tuple(float(v) for v in np.linalg.norm(affine[:3, :dims], axis=0))
+    return readers.volume_grid(Path(path)).spacing(dims)
 
 
 def case_spacing(case: Case, dims: int) -> tuple[float, ...]:

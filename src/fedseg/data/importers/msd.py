@@ -6,13 +6,14 @@ other collections converted to the same layout, as Auto-FedAvg combines them)::
     SRC/dataset.json      {"name": ..., "modality": {"0": "CT"}, "labels": {"0": "background", "1": "pancreas",
                            "2": "cancer"}, "training": [{"image": "./imagesTr/x.nii.gz",
                            "label": "./labelsTr/x.nii.gz"}, ...]}
-    SRC/imagesTr/*.nii.gz images, (X, Y, Z) or (X, Y, Z, C) for C modalities
-    SRC/labelsTr/*.nii.gz label maps with the values of "labels"
+    SRC/imagesTr/*.nii.gz images, (X, Y, Z) or (X, Y, Z, C) for C modalities (.nii, .nrrd, .mha as well)
+    SRC/labelsTr/*.nii.gz label maps with the values of "labels" (.nii, .nrrd, .mha as well)
 
 Only the ``training`` entries are imported (the test images have no labels); files not listed (such as
 the ``._*`` files of the original archives) are ignored. Images and labels are linked as they are (NIfTI
-kept with its affine); case id = the image's file name without ``.nii.gz``; site = the folder's name, with
-site-level metadata ``task`` (dataset.json ``name``) and ``modality`` (its modalities, comma-separated).
+kept with its affine); case id = the image's file name without ``.nii.gz`` (``.nrrd``, ...); site = the
+folder's name, with site-level metadata ``task`` (dataset.json ``name``) and ``modality`` (its modalities,
+comma-separated).
 
 Regions, one per non-background label, named after it (spaces -> ``_``):
 
@@ -42,6 +43,7 @@ REGION_MODES: tuple[RegionMode, ...] = ("auto", "nested", "disjoint")
 NESTED_TASKS = ("BrainTumour", "Liver", "Pancreas")
 BRATS_REGION_NAMES = ("WT", "TC", "ET")  # BrainTumour's nested regions, by BraTS convention
 DATASET_JSON = "dataset.json"
+MSD_EXTS = ("nii.gz", "nii", "nrrd", "mha")  # images and labels, linked as they are (read by fedseg.data.readers)
 
 
 def read_dataset_json(task: Path) -> dict:
@@ -114,9 +116,9 @@ def plan_msd(sources: list[Path], regions: RegionMode = "auto") -> Plan:
             for path in (image, label):
                 if not path.is_file():
                     problems.append(f"{path}: missing (listed in {task / DATASET_JSON} training)")
-            parsed = split_name(image.name, ("nii.gz", "nii"))
+            parsed = split_name(image.name, MSD_EXTS)
             if parsed is None:
-                problems.append(f"{image}: not a NIfTI file (listed in {task / DATASET_JSON} training)")
+                problems.append(f"{image}: not a NIfTI, NRRD or MHA file (listed in {task / DATASET_JSON} training)")
                 continue
             if parsed[0] in seen:
                 problems.append(f"{image}: listed twice in {task / DATASET_JSON} training")

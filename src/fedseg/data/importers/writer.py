@@ -28,7 +28,7 @@ from typing import Literal
 import numpy as np
 
 from fedseg.data.federation import Case, Federation, FederationError, Regions, Site
-from fedseg.data.folder import _write_nifti, _write_png, load_folder, split_name, write_header
+from fedseg.data.folder import IMAGE_EXTS, LABEL_EXTS, _write_nifti, _write_png, load_folder, split_name, write_header
 from fedseg.data.metadata import CASES_FILE, write_cases_csv
 
 Writer = Callable[[Path], None]  # writes the converted file to the path it is given (extension included)
@@ -55,12 +55,19 @@ class Source:
         return cls(path, lambda dest: _write_png(dest, read()), "png")
 
     def extension(self) -> str:
-        """The extension of the written file: ``ext``, else the source's own (``nii.gz``, ``png``...)."""
+        """The extension of the written file: ``ext``, else the source's own (``nii.gz``, ``nrrd``, ``png``...;
+        any of the folder format's ``IMAGE_EXTS`` and ``LABEL_EXTS``)."""
         if self.ext is not None:
             return self.ext
-        parsed = split_name(self.path.name)
+        parsed = split_name(self.path.name, tuple(dict.fromkeys(IMAGE_EXTS + LABEL_EXTS)))
         if parsed is None:
-            raise FederationError(f"{self.path}: cannot be used as is (not a NIfTI, PNG, JPEG or npy file)")
+            raise FederationError(
+                f"{self.path}: cannot be used as is (not a NIfTI, NRRD, MHA, PNG, JPEG, npy or DICOM-SEG file)"
+            )
+        if parsed[1].lower() == "mhd":  # a link to the header alone would lose its data file
+            raise FederationError(
+                f"{self.path}: a MetaImage .mhd header cannot be linked without its data file; store it as .mha"
+            )
         return parsed[1].lower()
 
 

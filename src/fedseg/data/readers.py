@@ -1,0 +1,449 @@
+"""Volume files: NIfTI, NRRD, MetaImage (``.mha``/``.mhd``), DICOM series and DICOM-SEG label maps.
+
+``fedseg.data.folder`` reads every format through this module: ``read_volume`` (the voxels),
+``volume_grid`` (where they lie, from the header alone) and ``read_dicom_seg`` (a DICOM-SEG drawn on an
+image's grid). Readers: NIfTI with nibabel (as before), NRRD/MetaImage and DICOM series with MONAI's
+``ITKReader`` (the reader ``monai.transforms.LoadImage`` uses; called directly so that the stored dtype is
+kept, where ``LoadImage``'s tensor turns uint16 into int32), DICOM headers and DICOM-SEG with pydicom.
+ITK and pydicom come with ``pip install 'fedseg[formats]'``; without them NIfTI, PNG, JPEG and NumPy
+files still work and these formats fail with one line saying what to install.
+
+Orientation rule, the same for every format: **the file's voxel grid in its own index order, never
+resampled or reoriented** (what fedseg has always done with NIfTI). Array axis 0 is the fastest index in
+the file (NIfTI ``i``, NRRD/MetaImage ``x``, a DICOM slice's column), axis 1 the next (NIfTI ``j``, a
+DICOM slice's row), axis 2 the slowest (NIfTI ``k``; a DICOM series' slices sorted by position along
+the slice normal ``row direction x column direction``, as ITK/GDCM sorts them), channels (NIfTI's 4th
+and 5th axes, NRRD/MetaImage vector components) last. The same grid stored as NIfTI, NRRD, MetaImage
+or a DICOM series reads back to the same array. One limit: a DICOM series is always right-handed in
+this order (its third axis follows the normal), so a NIfTI whose affine is left-handed
+(``det < 0``, e.g. a y-flipped dcm2niix output) and the DICOM series it came from differ by a flip of one
+axis; fedseg reports the spacing of both correctly and metrics (Dice, HD95) are unaffected by the flip.
+
+Spacing: the voxel size in mm along each array axis (the lengths of the affine's columns: NIfTI zooms,
+ITK spacing, DICOM ``PixelSpacing`` and the distance between slice positions). The affine (``VoxelGrid.affine``)
+maps voxel indices to RAS+ mm (nibabel's convention; ITK and DICOM's LPS are converted).
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, cast
+
+import numpy as np
+
+from fedseg.data.federation import FederationError
+
+if TYPE_CHECKING:
+    from nibabel.spatialimages import SpatialImage
+
+NIFTI_EXTS = ("nii.gz", "nii")
+ITK_EXTS = ("nrrd", "mha", "mhd")  # read with ITK
+VOLUME_EXTS = NIFTI_EXTS + ITK_EXTS  # single-file volumes (images and labels)
+SEG_EXT = "dcm"  # a DICOM-SEG label map: labels/<case>.dcm
+DICOM = "dicom"  # the format name of a DICOM series folder (images/<case>/)
+INSTALL_HINT = "pip install 'fedseg[formats]'"
+_LPS_TO_RAS = np.diag([-1.0, -1.0, 1.0, 1.0])
+_SEG_SOP_CLASSES = ("1.2.840.10008.5.1.4.1.1.66.4", "1.2.840.10008.5.1.4.1.1.66.7")  # Segmentation, Label Map
+_POSITION_TOL_MM = 0.01  # two slices closer than this along the normal share a position
+_SPACING_RTOL = 0.01  # slice gaps that differ by more than 1 % are uneven
+_GRID_TOL = 0.01  # a SEG pixel lands on an image voxel centre within 1 % of a voxel
+
+
+def _require(module: str, path: Path, what: str) -> ModuleType:
+    """Import ``module`` (an optional dependency); ``FederationError`` naming ``path`` and the install command."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise FederationError(f"{path}: reading {what} needs {module}: {INSTALL_HINT}") from None
+
+
+@dataclass(frozen=True)
+class VoxelGrid:
+    """Where a volume's voxels lie: ``shape`` the spatial shape (array order), ``affine`` 4x4 voxel index ->
+    RAS+ mm (a 2D grid is embedded with a unit third axis)."""
+
+    shape: tuple[int, ...]
+    affine: np.ndarray
+
+    def spacing(self, dims: int) -> tuple[float, ...]:
+        """Voxel size in mm along the first ``dims`` array axes."""
+        return tuple(float(v) for v in np.linalg.norm(self.affine[:3, :dims], axis=0))
+
+
+def _embed(affine: np.ndarray) -> np.ndarray:
+    """A ``(n+1, n+1)`` affine (n <= 3 spatial axes) as 4x4, the missing axes unit and orthogonal."""
+    n = affine.shape[0] - 1
+    out = np.eye(4)
+    out[:n, :n], out[:n, 3] = affine[:n, :n], affine[:n, n]
+    return out
+
+
+# --- DICOM series -------------------------------------------------------------------------------------
+
+
+def series_entries(folder: Path) -> list[Path]:
+    """The non-hidden entries of a DICOM series folder, sorted by name."""
+    return sorted(p for p in folder.iterdir() if not p.name.startswith("."))
+
+
+def series_folder_problem(folder: Path) -> str | None:
+    """Why ``folder`` (inside ``images/``) cannot be a DICOM series, from names and the first file's
+    preamble alone (cheap: ``load_folder`` reads no image); ``None`` if it looks like one."""
+    expected = "a case folder in images/ must hold the .dcm files of one DICOM series"
+    try:
+        entries = series_entries(folder)
+    except OSError as e:
+        return f"{folder}: cannot list this folder ({e.strerror}); {expected}"
+    if not entries:
+        return f"{folder}: empty folder; {expected}"
+    for entry in entries:
+        if not entry.is_file():
+            return f"{folder}: holds {entry.name!r}, which is not a file; {expected}"
+    try:
+        with open(entries[0], "rb") as f:
+            preamble = f.read(132)
+    except OSError as e:
+        return f"{entries[0]}: cannot read ({e.strerror}); {expected}"
+    if preamble[128:132] != b"DICM":
+        return f"{entries[0]}: not a DICOM file (no DICM preamble); {expected}"
+    return None
+
+
+def _plane(ds: Any, path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """A slice's ``(position, row direction, column direction, (row spacing, column spacing))`` in LPS mm."""
+    needed = ("ImagePositionPatient", "ImageOrientationPatient", "PixelSpacing", "Rows", "Columns")
+    missing = [a for a in needed if a not in ds]
+    if missing:
+        raise FederationError(
+            f"{path}: not a slice of a volume (no {', '.join(missing)}); a DICOM series folder holds one "
+            "single-frame image per slice"
+        )
+    try:
+        position = np.asarray(ds.ImagePositionPatient, dtype=np.float64)
+        orientation = np.asarray(ds.ImageOrientationPatient, dtype=np.float64)
+        spacing = np.asarray(ds.PixelSpacing, dtype=np.float64)
+    except (TypeError, ValueError):
+        position = orientation = spacing = np.zeros(0)
+    if position.shape != (3,) or orientation.shape != (6,) or spacing.shape != (2,):
+        raise FederationError(f"{path}: malformed ImagePositionPatient, ImageOrientationPatient or PixelSpacing")
+    return position, orientation[:3], orientation[3:], spacing
+
+
+def series_grid(folder: Path) -> VoxelGrid:
+    """The grid of the DICOM series in ``folder``, from the headers alone (pydicom), after checking that
+    the folder holds exactly one series of parallel, evenly spaced, single-frame slices.
+
+    Array axes: column, row, slice (slices sorted by position along the normal, as ITK reads them).
+    ``FederationError`` with one line naming the folder or file: not DICOM, several series, a DICOM-SEG,
+    a multi-frame file, slices with different orientations or sizes, two slices at one position, uneven
+    slice spacing (missing slices).
+    """
+    pydicom = _require("pydicom", folder, "a DICOM series")
+    problem = series_folder_problem(folder)
+    if problem is not None:
+        raise FederationError(problem)
+    headers = []
+    for path in series_entries(folder):
+        try:
+            headers.append((path, pydicom.dcmread(path, stop_before_pixels=True)))
+        except Exception as e:  # noqa: BLE001 — pydicom raises several types for a non-DICOM file
+            raise FederationError(f"{path}: not a DICOM file ({type(e).__name__}); expected one DICOM series") from None
+    series = sorted({str(getattr(ds, "SeriesInstanceUID", "")) for _, ds in headers})
+    if len(series) > 1:
+        raise FederationError(
+            f"{folder}: holds {len(series)} DICOM series ({', '.join(series)}); put each series in its own case folder"
+        )
+    planes = []
+    for path, ds in headers:
+        if str(getattr(ds, "Modality", "")) == "SEG" or str(getattr(ds, "SOPClassUID", "")) in _SEG_SOP_CLASSES:
+            raise FederationError(f"{path}: a DICOM-SEG is a label map; it belongs in labels/<case>.dcm")
+        if int(getattr(ds, "NumberOfFrames", 1) or 1) > 1:
+            raise FederationError(f"{path}: multi-frame DICOM is not supported; store one single-frame file per slice")
+        planes.append((path, *_plane(ds, path), (int(ds.Rows), int(ds.Columns))))
+    _, _, row0, col0, spacing0, size0 = planes[0]
+    for path, _, row, col, spacing, size in planes[1:]:
+        if not (np.allclose(row, row0, atol=1e-4) and np.allclose(col, col0, atol=1e-4)):
+            raise FederationError(f"{path}: its ImageOrientationPatient differs from {planes[0][0].name}'s")
+        if size != size0 or not np.allclose(spacing, spacing0, rtol=1e-4):
+            raise FederationError(f"{path}: its size or PixelSpacing differs from {planes[0][0].name}'s")
+    normal = np.cross(row0, col0)
+    order = sorted(planes, key=lambda p: float(p[1] @ normal))
+    heights = np.array([float(p[1] @ normal) for p in order])
+    gaps = np.diff(heights)
+    if gaps.size and gaps.min() < _POSITION_TOL_MM:
+        k = int(np.argmin(gaps))
+        raise FederationError(
+            f"{folder}: {order[k][0].name} and {order[k + 1][0].name} lie at the same position "
+            f"({heights[k]:g} mm along the slice normal); one file per slice"
+        )
+    if gaps.size > 1 and gaps.max() - gaps.min() > _SPACING_RTOL * gaps.min():
+        k = int(np.argmax(gaps))
+        raise FederationError(
+            f"{folder}: uneven slice spacing ({gaps.min():g} to {gaps.max():g} mm; the largest gap is between "
+            f"{order[k][0].name} and {order[k + 1][0].name}): missing slices?"
+        )
+    step = float(gaps.mean()) if gaps.size else float(getattr(headers[0][1], "SliceThickness", 1.0) or 1.0)
+    lps = np.eye(4)
+    lps[:3, 0], lps[:3, 1], lps[:3, 2] = row0 * spacing0[1], col0 * spacing0[0], normal * step
+    lps[:3, 3] = order[0][1]
+    return VoxelGrid((size0[1], size0[0], len(order)), _LPS_TO_RAS @ lps)
+
+
+# --- reading ------------------------------------------------------------------------------------------
+
+
+def volume_format(path: Path) -> str | None:
+    """``"nii.gz"``, ``"nii"``, ``"nrrd"``, ``"mha"``, ``"mhd"``, ``DICOM`` for a folder, ``None`` otherwise."""
+    if path.is_dir():
+        return DICOM
+    lower = path.name.lower()
+    return next((ext for ext in VOLUME_EXTS if lower.endswith("." + ext)), None)
+
+
+def _itk_header(path: Path) -> Any:
+    """ITK's ``ImageIOBase`` for ``path`` with the header read (no voxel)."""
+    itk = _require("itk", path, f"a {path.suffix} file")
+    io = itk.ImageIOFactory.CreateImageIO(str(path), itk.CommonEnums.IOFileMode_ReadMode)
+    if io is None:
+        raise FederationError(f"{path}: cannot read (ITK has no reader for this file)")
+    io.SetFileName(str(path))
+    io.ReadImageInformation()
+    return io
+
+
+def _itk_grid(path: Path) -> VoxelGrid:
+    io = _itk_header(path)
+    n = min(int(io.GetNumberOfDimensions()), 3)
+    lps = np.eye(n + 1)
+    for axis in range(n):
+        lps[:n, axis] = np.asarray(io.GetDirection(axis), dtype=np.float64)[:n] * float(io.GetSpacing(axis))
+        lps[axis, n] = float(io.GetOrigin(axis))
+    shape = tuple(int(io.GetDimensions(axis)) for axis in range(int(io.GetNumberOfDimensions())))
+    return VoxelGrid(shape, _LPS_TO_RAS @ _embed(lps))
+
+
+# the component types ITK Python wraps for multi-component (vector) images
+_ITK_VECTOR_COMPONENTS = {"unsigned_char": "UC", "unsigned_short": "US", "short": "SS", "float": "F", "double": "D"}
+
+
+def _itk_read_kwargs(path: Path) -> dict[str, Any]:
+    """``itk.imread`` arguments for a file: a multi-component file is read as a ``VectorImage`` of its own
+    component type (ITK Python's default pixel types cover few vector types)."""
+    io = _itk_header(path)
+    if int(io.GetNumberOfComponents()) == 1:
+        return {}
+    import itk
+
+    component = str(io.GetComponentTypeAsString(io.GetComponentType()))
+    if component not in _ITK_VECTOR_COMPONENTS:
+        raise FederationError(
+            f"{path}: ITK Python cannot read {io.GetNumberOfComponents()}-component {component} images "
+            f"(store the channels as {', '.join(_ITK_VECTOR_COMPONENTS)})"
+        )
+    return {"pixel_type": itk.VariableLengthVector[getattr(itk, _ITK_VECTOR_COMPONENTS[component])]}
+
+
+def volume_grid(path: Path) -> VoxelGrid:
+    """The grid of a volume file or DICOM series folder from its header(s) alone (no voxel is read).
+
+    ``VoxelGrid.shape`` holds every axis of the file (channels of a NIfTI too); ``FederationError`` if unreadable.
+    """
+    path = Path(path)
+    fmt = volume_format(path)
+    if fmt == DICOM:
+        return series_grid(path)
+    try:
+        if fmt in NIFTI_EXTS:
+            import nibabel as nib
+
+            image = cast("SpatialImage", nib.load(path))
+            return VoxelGrid(tuple(int(n) for n in image.shape), np.asarray(image.affine, dtype=np.float64))
+        if fmt in ITK_EXTS:
+            return _itk_grid(path)
+    except FederationError:
+        raise
+    except Exception as e:  # noqa: BLE001 — any decoder failure means "corrupt file" to the user
+        raise FederationError(f"{path}: cannot read ({type(e).__name__}: {e})") from None
+    raise FederationError(f"{path}: not a volume file (expected {', '.join(VOLUME_EXTS)} or a DICOM series folder)")
+
+
+def _itk_array(path: Path, what: str) -> tuple[np.ndarray, np.ndarray]:
+    """``(array, RAS affine)`` of a file or DICOM folder read by MONAI's ``ITKReader`` in index order
+    (``(*spatial)`` or ``(*spatial, components)``)."""
+    _require("itk", path, what)
+    from monai.data import ITKReader
+
+    reader = ITKReader(affine_lps_to_ras=True)
+    data, meta = reader.get_data(reader.read(str(path), **({} if path.is_dir() else _itk_read_kwargs(path))))
+    return np.asarray(data), _embed(np.asarray(meta["affine"], dtype=np.float64))
+
+
+def read_volume(path: Path) -> np.ndarray:
+    """The voxels of a volume file or DICOM series folder in the file's index order (module docstring):
+    ``(*spatial, *rest)`` with any channel axes last, in the stored dtype (NIfTI scaling and DICOM
+    rescale slope/intercept applied). ``FederationError`` naming the path if it cannot be read."""
+    path = Path(path)
+    fmt = volume_format(path)
+    try:
+        if fmt in NIFTI_EXTS:
+            import nibabel as nib
+
+            return np.asanyarray(cast("SpatialImage", nib.load(path)).dataobj)
+        if fmt in ITK_EXTS:
+            return _itk_array(path, f"a {path.suffix} file")[0]
+        if fmt == DICOM:
+            grid = series_grid(path)
+            data, affine = _itk_array(path, "a DICOM series")
+            axes_itk, axes_headers = (a[:3, :3] / np.linalg.norm(a[:3, :3], axis=0) for a in (affine, grid.affine))
+            if data.shape[:3] != grid.shape or not np.allclose(axes_itk, axes_headers, atol=1e-3):
+                raise FederationError(
+                    f"{path}: ITK read this series as shape {data.shape[:3]} but its headers describe {grid.shape} "
+                    "on another grid (GDCM splits the folder's slices into several series)"
+                )
+            return data
+    except FederationError:
+        raise
+    except Exception as e:  # noqa: BLE001 — any decoder failure means "corrupt file" to the user
+        raise FederationError(f"{path}: cannot read ({type(e).__name__}: {' '.join(str(e).split())[:300]})") from None
+    raise FederationError(f"{path}: not a volume file (expected {', '.join(VOLUME_EXTS)} or a DICOM series folder)")
+
+
+# --- DICOM-SEG ---------------------------------------------------------------------------------------------
+
+
+def _normalized(name: str) -> str:
+    return " ".join(name.replace("_", " ").split()).casefold()
+
+
+def segment_values(segments: dict[int, str], label_names: dict[int, str] | None) -> dict[int, int]:
+    """Segment number -> label value. When every segment's label names one of ``label_names`` (the
+    federation's; compared case-insensitively, ``_`` = space), that name's label value; otherwise the
+    segment number itself."""
+    by_name: dict[str, int] = {}
+    for value, name in (label_names or {}).items():
+        by_name[_normalized(name)] = -1 if _normalized(name) in by_name else value  # -1: ambiguous name
+    mapped = {n: by_name.get(_normalized(label), -1) for n, label in segments.items()}
+    if mapped and all(v >= 0 for v in mapped.values()):
+        return mapped
+    return {n: n for n in segments}
+
+
+def _functional(ds: Any, frame: Any, sequence: str, attribute: str, path: Path) -> Any:
+    """A frame's ``sequence[0].attribute``, per-frame first, then shared; ``FederationError`` if absent."""
+    for groups in (frame, getattr(ds, "SharedFunctionalGroupsSequence", [None])[0]):
+        if groups is not None and sequence in groups and attribute in getattr(groups, sequence)[0]:
+            return getattr(getattr(groups, sequence)[0], attribute)
+    raise FederationError(f"{path}: DICOM-SEG frame without {sequence} > {attribute}")
+
+
+def read_dicom_seg(path: Path, grid: VoxelGrid, image: Path, label_names: dict[int, str] | None = None) -> np.ndarray:
+    """A DICOM-SEG drawn on ``image`` (whose grid is ``grid``) as a label map of ``grid.shape[:3]``
+    (array order, uint8 or uint16), each segment's pixels set to its label value (``segment_values``).
+
+    Every frame of the SEG must lie on the image's voxel grid (same plane orientation and pixel spacing,
+    positions on voxel centres, inside the image): frames omitted by the SEG (empty ones) are background.
+    BINARY and LABELMAP SEGs are read; FRACTIONAL ones are refused (a label map must be exact), as are
+    overlapping segments. ``FederationError`` with one line naming the file otherwise.
+    """
+    try:
+        return _read_dicom_seg(path, grid, image, label_names)
+    except FederationError:  # a ValueError too
+        raise
+    except (AttributeError, IndexError, KeyError, TypeError, ValueError) as e:
+        raise FederationError(f"{path}: malformed DICOM-SEG ({type(e).__name__}: {e})") from None
+
+
+def _read_dicom_seg(path: Path, grid: VoxelGrid, image: Path, label_names: dict[int, str] | None) -> np.ndarray:
+    pydicom = _require("pydicom", path, "a DICOM-SEG")
+    try:
+        ds = pydicom.dcmread(path)
+    except Exception as e:  # noqa: BLE001 — pydicom raises several types for a non-DICOM file
+        raise FederationError(f"{path}: not a DICOM file ({type(e).__name__}); expected a DICOM-SEG") from None
+    if str(getattr(ds, "SOPClassUID", "")) not in _SEG_SOP_CLASSES:
+        raise FederationError(
+            f"{path}: not a DICOM-SEG (Modality {getattr(ds, 'Modality', '?')}); a .dcm label must be a DICOM "
+            "Segmentation"
+        )
+    kind = str(getattr(ds, "SegmentationType", ""))
+    if kind not in ("BINARY", "LABELMAP"):
+        raise FederationError(f"{path}: {kind or 'unknown'} DICOM-SEG not supported (store BINARY segments)")
+    segments = {int(s.SegmentNumber): str(getattr(s, "SegmentLabel", "")) for s in ds.SegmentSequence}
+    values = segment_values(segments, label_names)
+    top = max([0, *values.values()])
+    spatial = (grid.shape[:3] + (1, 1))[:3]  # a 2D image's grid gets a third axis of 1
+    label = np.zeros(spatial, dtype=np.uint8 if top < 256 else np.uint16)
+    try:
+        frames = np.asarray(ds.pixel_array)
+    except Exception as e:  # noqa: BLE001 — any decoder failure means "corrupt file" to the user
+        raise FederationError(f"{path}: cannot decode its pixel data ({type(e).__name__}: {e})") from None
+    frames = frames[None] if frames.ndim == 2 else frames
+    to_index = np.linalg.inv(_LPS_TO_RAS @ grid.affine)  # LPS mm -> voxel index
+    per_frame = getattr(ds, "PerFrameFunctionalGroupsSequence", None)
+    if per_frame is None or len(per_frame) != len(frames):
+        raise FederationError(f"{path}: DICOM-SEG without one PerFrameFunctionalGroupsSequence item per frame")
+    rows, cols = frames.shape[1:]
+    for f, (pixels, frame) in enumerate(zip(frames, per_frame)):
+        position = np.asarray(_functional(ds, frame, "PlanePositionSequence", "ImagePositionPatient", path), float)
+        orientation = np.asarray(_functional(ds, frame, "PlaneOrientationSequence", "ImageOrientationPatient", path))
+        spacing = np.asarray(_functional(ds, frame, "PixelMeasuresSequence", "PixelSpacing", path), float)
+        origin = to_index[:3] @ np.append(position, 1.0)
+        step_col = to_index[:3, :3] @ (np.asarray(orientation[:3], float) * spacing[1])  # one column to the right
+        step_row = to_index[:3, :3] @ (np.asarray(orientation[3:], float) * spacing[0])  # one row down
+        where = f"{path}: DICOM-SEG frame {f + 1} does not lie on the grid of {image}"
+        for step in (step_col, step_row):
+            if not (np.allclose(step, np.round(step), atol=_GRID_TOL) and np.abs(np.round(step)).sum() == 1):
+                raise FederationError(f"{where} (its orientation or pixel spacing differs from the image's)")
+        if not np.allclose(origin, np.round(origin), atol=_GRID_TOL):
+            raise FederationError(f"{where} (its position is {np.abs(origin - np.round(origin)).max():.2f} voxels off)")
+        o, sc, sr = (np.round(v).astype(int) for v in (origin, step_col, step_row))
+        corners = [o + sc * c + sr * r for c in (0, cols - 1) for r in (0, rows - 1)]
+        if any((c < 0).any() or (c >= np.array(label.shape)).any() for c in corners):
+            raise FederationError(f"{where} (it reaches voxel {corners[-1].tolist()}, outside shape {label.shape})")
+        r_idx, c_idx = np.nonzero(pixels)
+        if kind == "BINARY":
+            number = int(_functional(ds, frame, "SegmentIdentificationSequence", "ReferencedSegmentNumber", path))
+            written = np.full(r_idx.shape, values.get(number, number))
+        else:
+            written = np.array([values.get(int(v), int(v)) for v in pixels[r_idx, c_idx]], dtype=np.int64)
+        idx = tuple(o[:, None] + sc[:, None] * c_idx + sr[:, None] * r_idx)
+        clash = (label[idx] != 0) & (label[idx] != written)
+        if clash.any():
+            raise FederationError(
+                f"{path}: segments overlap in {int(clash.sum())} voxels of frame {f + 1} (label values "
+                f"{int(label[idx][clash][0])} and {int(written[clash][0])}); a label map holds one value per voxel"
+            )
+        label[idx] = written
+    return label.reshape(grid.shape[:3])
+
+
+def read_seg_frames(path: Path) -> np.ndarray:
+    """A DICOM-SEG's pixel frames as stored ``(frames, rows, columns)``, for a readability check."""
+    pydicom = _require("pydicom", path, "a DICOM-SEG")
+    try:
+        frames = np.asarray(pydicom.dcmread(path).pixel_array)
+    except Exception as e:  # noqa: BLE001 — any decoder failure means "corrupt file" to the user
+        raise FederationError(f"{path}: cannot read ({type(e).__name__}: {e})") from None
+    return frames[None] if frames.ndim == 2 else frames
+
+
+# --- MetaImage companions ----------------------------------------------------------------------------
+
+
+def mhd_data_files(folder: Path) -> set[str]:
+    """Names of the data files (``ElementDataFile``) that the ``.mhd`` headers in ``folder`` point to: they
+    belong to their header and are no case of their own."""
+    names = set()
+    for header in folder.glob("*"):
+        if header.name.lower().endswith(".mhd") and header.is_file():
+            try:
+                text = header.read_text(encoding="latin-1")[:10000]
+            except OSError:
+                continue
+            for line in text.splitlines():
+                key, _, value = line.partition("=")
+                if key.strip() == "ElementDataFile" and value.strip() not in ("LOCAL", "LIST"):
+                    names.add(Path(value.strip()).name)
+    return names

@@ -1,0 +1,403 @@
+"""Volume formats beyond NIfTI: NRRD, MetaImage, DICOM series and DICOM-SEG, read like NIfTI.
+
+Every file is written here by an independent writer (nibabel, pynrrd, ITK, pydicom, highdicom) from one
+tiny volume on a non-trivial grid: anisotropic spacing, x and y axes swapped and the slice axis running
+towards the feet. Reading any of them through ``fedseg.data.folder`` must give the NIfTI array, spacing
+and patient-space grid.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import nibabel as nib
+import numpy as np
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from fedseg.data import readers
+from fedseg.data.check import check_folder
+from fedseg.data.cli import data_app
+from fedseg.data.federation import FederationError
+from fedseg.data.folder import load_folder, read_image, read_label, scan_site
+from fedseg.data.volumes import case_spacing, file_spacing
+
+itk = pytest.importorskip("itk")
+pydicom = pytest.importorskip("pydicom")
+hd = pytest.importorskip("highdicom")
+nrrd = pytest.importorskip("nrrd")
+
+SHAPE = (8, 10, 6)  # array order: i (DICOM column), j (DICOM row), k (slice)
+SPACING = (0.7, 1.3, 2.5)  # mm
+DIRECTION = np.array([[0.0, 1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, -1.0]])  # LPS; columns = axis directions
+ORIGIN = np.array([10.0, -5.0, 3.0])  # LPS mm of voxel (0, 0, 0)
+LPS_TO_RAS = np.diag([-1.0, -1.0, 1.0, 1.0])
+VALUES = (np.arange(np.prod(SHAPE)).reshape(SHAPE) * 7 % 1000).astype(np.uint16)
+LABEL = np.zeros(SHAPE, np.uint8)
+LABEL[2:5, 3:7, 1:4] = 1
+LABEL[5:7, 1:3, 2:5] = 2
+LABEL[0, 9, 5] = 2  # a corner voxel: the last row, column and slice
+SEGMENTS = {1: "Organ", 2: "lesion"}
+
+
+def lps_affine(spacing=SPACING, direction=DIRECTION, origin=ORIGIN) -> np.ndarray:
+    affine = np.eye(4)
+    affine[:3, :3], affine[:3, 3] = np.asarray(direction) * np.asarray(spacing), origin
+    return affine
+
+
+# --- writers (each independent of the reader under test) -----------------------------------------------
+
+
+def write_nifti(path: Path, data: np.ndarray, **grid) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nib.save(nib.Nifti1Image(data, LPS_TO_RAS @ lps_affine(**grid), dtype=data.dtype), path)
+    return path
+
+
+def write_pynrrd(path: Path, data: np.ndarray) -> Path:
+    """NRRD with pynrrd: ``data`` in NRRD's index order (``index_order="F"``), LPS space."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    header = {
+        "space": "left-posterior-superior",
+        "space directions": (DIRECTION * np.array(SPACING)).T,  # one row per axis
+        "space origin": ORIGIN,
+    }
+    nrrd.write(str(path), data, header, index_order="F")
+    return path
+
+
+def write_itk(path: Path, data: np.ndarray, vector: bool = False) -> Path:
+    """MetaImage (or any ITK format) with ITK; ITK's NumPy view is (k, j, i[, components])."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    view = data.transpose(2, 1, 0, 3) if vector else data.T
+    image = itk.image_from_array(np.ascontiguousarray(view), is_vector=vector)
+    image.SetSpacing([float(s) for s in SPACING])
+    image.SetOrigin([float(o) for o in ORIGIN])
+    image.SetDirection(itk.matrix_from_array(DIRECTION.copy()))
+    itk.imwrite(image, str(path))
+    return path
+
+
+def write_series(
+    folder: Path, data: np.ndarray, *, spacing=SPACING, origin=ORIGIN, names=None, series_uid=None
+) -> list[pydicom.Dataset]:
+    """One single-frame CT file per slice ``data[:, :, k]``, written with pydicom in shuffled file-name order."""
+    from pydicom.dataset import Dataset, FileMetaDataset
+    from pydicom.uid import CTImageStorage, ExplicitVRLittleEndian, generate_uid
+
+    folder.mkdir(parents=True, exist_ok=True)
+    study, series, frame = "1.2.3.4", series_uid or generate_uid(), "1.2.3.5"
+    names = names or [f"IM{n:04d}" for n in np.random.default_rng(0).permutation(data.shape[2])]
+    written = []
+    for k in range(data.shape[2]):
+        uid = generate_uid()
+        ds = Dataset()
+        ds.file_meta = FileMetaDataset()
+        ds.file_meta.MediaStorageSOPClassUID, ds.file_meta.MediaStorageSOPInstanceUID = CTImageStorage, uid
+        ds.file_meta.TransferSyntaxUID = ExplicitVRLittleEndian
+        ds.SOPClassUID, ds.SOPInstanceUID, ds.Modality = CTImageStorage, uid, "CT"
+        ds.PatientName, ds.PatientID, ds.PatientBirthDate, ds.PatientSex = "Test^Case", "p1", "", "O"
+        ds.StudyInstanceUID, ds.SeriesInstanceUID, ds.FrameOfReferenceUID = study, series, frame
+        ds.StudyDate, ds.StudyTime, ds.StudyID = "20240101", "1200", "1"
+        ds.AccessionNumber, ds.ReferringPhysicianName = "", ""
+        ds.SeriesNumber, ds.InstanceNumber, ds.Manufacturer = 1, k + 1, "fedseg"
+        ds.ImageOrientationPatient = [float(v) for v in (*DIRECTION[:, 0], *DIRECTION[:, 1])]
+        ds.ImagePositionPatient = [float(v) for v in np.asarray(origin) + k * spacing[2] * DIRECTION[:, 2]]
+        ds.PixelSpacing, ds.SliceThickness = [float(spacing[1]), float(spacing[0])], float(spacing[2])
+        plane = np.ascontiguousarray(data[:, :, k].T.astype(np.uint16))  # rows = j, columns = i
+        ds.Rows, ds.Columns = plane.shape
+        ds.SamplesPerPixel, ds.PhotometricInterpretation = 1, "MONOCHROME2"
+        ds.BitsAllocated, ds.BitsStored, ds.HighBit, ds.PixelRepresentation = 16, 16, 15, 0
+        ds.PixelData = plane.tobytes()
+        ds.save_as(folder / names[k], enforce_file_format=True)
+        written.append(ds)
+    return written
+
+
+def write_seg(
+    path: Path, sources: list, label: np.ndarray, segments: dict[int, str] = SEGMENTS, kind: str = "BINARY"
+) -> Path:
+    """A DICOM-SEG (``kind`` BINARY or LABELMAP) with highdicom, one frame per source slice (highdicom drops
+    the empty ones)."""
+    category = hd.sr.CodedConcept("91723000", "SCT", "Anatomical Structure")
+    descriptions = [
+        hd.seg.SegmentDescription(
+            segment_number=number,
+            segment_label=name,
+            segmented_property_category=category,
+            segmented_property_type=hd.sr.CodedConcept("41216001", "SCT", "Prostate"),
+            algorithm_type=hd.seg.SegmentAlgorithmTypeValues.MANUAL,
+        )
+        for number, name in segments.items()
+    ]
+    seg = hd.seg.Segmentation(
+        source_images=sources,
+        pixel_array=np.stack([label[:, :, k].T for k in range(label.shape[2])]),  # (frames, rows, columns)
+        segmentation_type=getattr(hd.seg.SegmentationTypeValues, kind),
+        segment_descriptions=descriptions,
+        series_instance_uid=hd.UID(),
+        series_number=2,
+        sop_instance_uid=hd.UID(),
+        instance_number=1,
+        manufacturer="fedseg",
+        manufacturer_model_name="test",
+        software_versions="0",
+        device_serial_number="1",
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    seg.save_as(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> dict[str, Path]:
+    """The volume and its label map in every format (written once for the module)."""
+    d = tmp_path_factory.mktemp("formats")
+    sources = write_series(d / "dicom", VALUES)
+    return {
+        "nifti": write_nifti(d / "image.nii.gz", VALUES),
+        "nrrd": write_pynrrd(d / "image.nrrd", VALUES),
+        "mha": write_itk(d / "image.mha", VALUES),
+        "mhd": write_itk(d / "image.mhd", VALUES),
+        "dicom": d / "dicom",
+        "label_nifti": write_nifti(d / "label.nii.gz", LABEL),
+        "label_nrrd": write_pynrrd(d / "label.nrrd", LABEL),
+        "label_mha": write_itk(d / "label.mha", LABEL),
+        "label_seg": write_seg(d / "label.dcm", sources, LABEL),
+    }
+
+
+# --- the same data in every format ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fmt", ["nrrd", "mha", "mhd", "dicom"])
+def test_every_format_reads_back_the_nifti_array_spacing_and_grid(files, fmt):
+    reference = read_image(files["nifti"], "3d")
+    np.testing.assert_array_equal(reference, VALUES[None])  # NIfTI: as stored, channel-first
+    image = read_image(files[fmt], "3d")
+    assert image.dtype == reference.dtype == np.uint16 and image.shape == (1, *SHAPE)
+    np.testing.assert_array_equal(image, reference)
+    assert file_spacing(files[fmt], 3) == pytest.approx(SPACING) == file_spacing(files["nifti"], 3)
+    np.testing.assert_allclose(readers.volume_grid(files[fmt]).affine, LPS_TO_RAS @ lps_affine(), atol=1e-6)
+    np.testing.assert_allclose(readers.volume_grid(files["nifti"]).affine, LPS_TO_RAS @ lps_affine(), atol=1e-6)
+
+
+@pytest.mark.parametrize(("label", "image"), [("nrrd", "nrrd"), ("mha", "mha"), ("seg", "dicom"), ("seg", "nifti")])
+def test_every_label_format_reads_back_the_nifti_label_map(files, label, image):
+    reference = read_label(files["label_nifti"], "3d")
+    np.testing.assert_array_equal(reference, LABEL)
+    got = read_label(files[f"label_{label}"], "3d", image=files[image])
+    assert got.dtype == np.uint8
+    np.testing.assert_array_equal(got, reference)
+
+
+def test_a_seg_lands_on_a_flipped_nifti_by_patient_position(files, tmp_path):
+    """A dcm2niix-style NIfTI of the series with the row axis stored the other way round (a left-handed
+    grid no DICOM series has): the SEG's segments land on the same patient positions, so flipped too."""
+    flipped_origin = ORIGIN + (SHAPE[1] - 1) * SPACING[1] * DIRECTION[:, 1]
+    nifti = write_nifti(
+        tmp_path / "flipped.nii.gz",
+        VALUES[:, ::-1].copy(),
+        direction=DIRECTION * [1, -1, 1],
+        origin=flipped_origin,
+    )
+    handedness = [np.linalg.det(readers.volume_grid(path).affine) for path in (nifti, files["dicom"])]
+    assert handedness[0] < 0 < handedness[1]
+    np.testing.assert_array_equal(read_image(nifti, "3d"), VALUES[None, :, ::-1])  # as stored
+    np.testing.assert_array_equal(read_label(files["label_seg"], "3d", image=nifti), LABEL[:, ::-1])
+
+
+def test_vector_metaimage_gives_channels_like_a_4d_nifti(tmp_path):
+    two = np.stack([VALUES, VALUES[::-1]], axis=-1)  # (X, Y, Z, C)
+    nifti, mha = write_nifti(tmp_path / "x.nii.gz", two), write_itk(tmp_path / "x.mha", two, vector=True)
+    image = read_image(mha, "3d")
+    assert image.shape == (2, *SHAPE)
+    np.testing.assert_array_equal(image, read_image(nifti, "3d"))
+
+
+def test_a_labelmap_seg_reads_like_a_binary_one(files, tmp_path):
+    sources = [pydicom.dcmread(p) for p in sorted(files["dicom"].iterdir())]
+    sources.sort(key=lambda ds: int(ds.InstanceNumber))
+    seg = write_seg(tmp_path / "labelmap.dcm", sources, LABEL, kind="LABELMAP")
+    assert pydicom.dcmread(seg).SegmentationType == "LABELMAP"
+    np.testing.assert_array_equal(read_label(seg, "3d", image=files["nifti"]), LABEL)
+
+
+def test_dicom_seg_segments_take_the_values_of_matching_label_names(files):
+    names = {0: "background", 1: "Lesion", 2: "organ"}  # "Organ" is segment 1 in the SEG, "lesion" 2
+    got = read_label(files["label_seg"], "3d", image=files["dicom"], label_names=names)
+    np.testing.assert_array_equal(got, np.choose(LABEL, [0, 2, 1]))
+    partial = {0: "background", 1: "organ"}  # "lesion" is not a label name: segment numbers are kept
+    got = read_label(files["label_seg"], "3d", image=files["dicom"], label_names=partial)
+    np.testing.assert_array_equal(got, LABEL)
+    assert readers.segment_values({1: "a", 2: "b"}, {3: "A", 4: "b"}) == {1: 3, 2: 4}
+    assert readers.segment_values({1: "a"}, {3: "a", 4: "A"}) == {1: 1}  # an ambiguous name maps nothing
+
+
+# --- one clear line per problem ------------------------------------------------------------------------------
+
+
+def _site(tmp_path: Path) -> Path:
+    site = tmp_path / "s1"
+    (site / "images").mkdir(parents=True)
+    (site / "labels").mkdir()
+    return site
+
+
+def test_folders_in_images_that_are_not_a_dicom_series_are_named(tmp_path):
+    site = _site(tmp_path)
+    (site / "images" / "c4.png").mkdir()
+    (site / "images" / "c4.png" / "a.png").write_bytes(b"\x89PNG not dicom")
+    (site / "images" / "c5").mkdir()
+    (site / "images" / "c6").symlink_to(site / "images" / "c6")  # a link loop
+    (site / "images" / "c7.dcm").write_bytes(b"x")
+    _, problems = scan_site(site)
+    expected = "a case folder in images/ must hold the .dcm files of one DICOM series"
+    assert f"{site}/images/c4.png/a.png: not a DICOM file (no DICM preamble); {expected}" in problems
+    assert f"{site}/images/c5: empty folder; {expected}" in problems
+    assert f"{site}/images/c6: neither a file nor a folder (a broken symbolic link or a link loop)" in problems
+    assert any(p.startswith(f"{site}/images/c7.dcm: unsupported image file") and "series folder" in p for p in problems)
+
+
+def test_two_series_in_one_folder_are_refused(tmp_path):
+    write_series(tmp_path / "c1", VALUES, names=[f"a{k}" for k in range(SHAPE[2])], series_uid="1.2.3.100")
+    write_series(tmp_path / "c1", VALUES, names=[f"b{k}" for k in range(SHAPE[2])], series_uid="1.2.3.200")
+    with pytest.raises(FederationError) as e:
+        read_image(tmp_path / "c1", "3d")
+    assert str(e.value) == (
+        f"{tmp_path}/c1: holds 2 DICOM series (1.2.3.100, 1.2.3.200); put each series in its own case folder"
+    )
+
+
+def test_a_missing_slice_is_reported_as_uneven_spacing(tmp_path):
+    write_series(tmp_path / "c1", VALUES, names=[f"s{k}" for k in range(SHAPE[2])])
+    (tmp_path / "c1" / "s2").unlink()
+    uneven = r"c1: uneven slice spacing \(2\.5 to 5 mm; the largest gap is between s1 and s3\): missing slices\?$"
+    with pytest.raises(FederationError, match=uneven):
+        read_image(tmp_path / "c1", "3d")
+    with pytest.raises(FederationError, match=r"^[^\n]*uneven slice spacing[^\n]*$"):
+        file_spacing(tmp_path / "c1", 3)
+
+
+@pytest.mark.parametrize(
+    ("grid", "why"),
+    [
+        ({"origin": ORIGIN + [0.65, 0.0, 0.0]}, r"its position is 0\.50 voxels off"),
+        ({"spacing": (0.7, 2.6, 2.5)}, r"its orientation or pixel spacing differs from the image's"),
+        ({"origin": ORIGIN + [0.0, 0.0, -5.0]}, r"it reaches voxel .* outside shape \(8, 10, 6\)"),
+    ],
+)
+def test_a_seg_drawn_on_another_grid_is_refused(files, tmp_path, grid, why):
+    other = write_seg(tmp_path / "seg.dcm", write_series(tmp_path / "other", VALUES, **grid), LABEL)
+    where = r"seg\.dcm: DICOM-SEG frame \d+ does not lie on the grid of [^\n]*/dicom \("
+    with pytest.raises(FederationError, match=where + why):
+        read_label(other, "3d", image=files["dicom"])
+
+
+def test_a_seg_without_a_volume_image_or_a_dcm_that_is_no_seg_is_refused(files, tmp_path):
+    with pytest.raises(FederationError, match=r"label\.dcm: a DICOM-SEG label is read on its case's image grid"):
+        read_label(files["label_seg"], "3d")
+    png = tmp_path / "a.png"
+    png.write_bytes(b"")
+    with pytest.raises(FederationError, match=r"label\.dcm: a DICOM-SEG label needs an image with a patient-space"):
+        read_label(files["label_seg"], "2d", image=png)
+    ct_slice = tmp_path / "ct.dcm"
+    ct_slice.write_bytes(next(files["dicom"].iterdir()).read_bytes())
+    with pytest.raises(FederationError, match=rf"^{ct_slice}: not a DICOM-SEG \(Modality CT\); a \.dcm label must be"):
+        read_label(ct_slice, "3d", image=files["dicom"])
+
+
+def test_without_the_formats_extra_nifti_works_and_others_say_what_to_install(files, monkeypatch):
+    for module in ("itk", "pydicom"):
+        monkeypatch.setitem(sys.modules, module, None)  # as if not installed
+    np.testing.assert_array_equal(read_image(files["nifti"], "3d"), VALUES[None])
+    for path in (files["mha"], files["dicom"], files["label_seg"]):
+        with pytest.raises(FederationError) as e:
+            read_label(path, "3d", image=files["nifti"]) if path.suffix == ".dcm" else read_image(path, "3d")
+        assert str(e.value).startswith(f"{path}: reading ") and str(e.value).endswith(": pip install 'fedseg[formats]'")
+
+
+# --- a federation mixing formats --------------------------------------------------------------------------
+
+
+def test_data_check_and_load_folder_on_a_federation_mixing_formats(files, tmp_path):
+    import shutil
+
+    root = tmp_path / "fed"
+    root.mkdir()
+    header = {
+        "name": "mixed",
+        "kind": "3d",
+        "channels": 1,
+        "regions": {"organ": [1, 2], "lesion": [2]},
+        "label_names": {0: "background", 1: "organ", 2: "lesion"},
+    }
+    (root / "federation.yaml").write_text(yaml.safe_dump(header))
+    layout = {
+        "a": [("n1.nii.gz", "nifti", "n1.nii.gz", "label_nifti"), ("r1.nrrd", "nrrd", "r1.nrrd", "label_nrrd")],
+        "b": [("m1.mha", "mha", "m1.mha", "label_mha"), ("d1", "dicom", "d1.dcm", "label_seg")],
+    }
+    for site, cases in layout.items():
+        (root / site / "images").mkdir(parents=True)
+        (root / site / "labels").mkdir()
+        for image, key, label, label_key in cases:
+            copy = shutil.copytree if files[key].is_dir() else shutil.copy
+            copy(files[key], root / site / "images" / image)
+            shutil.copy(files[label_key], root / site / "labels" / label)
+    write_itk(root / "a" / "images" / "h1.mhd", VALUES)  # a MetaImage header and its .raw data file: one case
+    shutil.copy(files["label_mha"], root / "a" / "labels" / "h1.mha")
+    result = CliRunner().invoke(data_app, ["check", str(root)])
+    assert result.exit_code == 0, result.output
+    assert "2 sites, 5 cases" in result.output
+    fed = check_folder(root)
+    for site in fed.sites:
+        for case in site.cases:
+            image, label = case.arrays()
+            np.testing.assert_array_equal(image, VALUES[None], err_msg=case.id)
+            np.testing.assert_array_equal(label, LABEL, err_msg=case.id)
+            assert case_spacing(case, 3) == pytest.approx(SPACING)
+    assert [c.id for c in load_folder(root).site("b").cases] == ["d1", "m1"]
+    third = [p for p in (root / "b/images/d1").iterdir() if pydicom.dcmread(p).InstanceNumber == 3]
+    third[0].unlink()  # a slice in the middle
+    result = CliRunner().invoke(data_app, ["check", str(root)])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert f"{root}/b/images/d1: uneven slice spacing" in result.output
+
+
+def test_msd_import_links_nrrd_and_mha_files_and_refuses_a_lone_mhd_header(files, tmp_path):
+    import json
+    import shutil
+
+    from fedseg.data.importers import import_dataset
+    from fedseg.data.importers.writer import Source
+
+    task = tmp_path / "Task05_Prostate"
+    (task / "imagesTr").mkdir(parents=True)
+    (task / "labelsTr").mkdir()
+    shutil.copy(files["nrrd"], task / "imagesTr" / "p1.nrrd")
+    shutil.copy(files["label_mha"], task / "labelsTr" / "p1.mha")
+    dataset = {
+        "name": "Prostate",
+        "modality": {"0": "T2"},
+        "labels": {"0": "background", "1": "organ", "2": "lesion"},
+        "training": [{"image": "./imagesTr/p1.nrrd", "label": "./labelsTr/p1.mha"}],
+    }
+    (task / "dataset.json").write_text(json.dumps(dataset))
+    fed = import_dataset("msd", [task], tmp_path / "fed")
+    assert (tmp_path / "fed" / "Task05_Prostate" / "images" / "p1.nrrd").is_symlink()
+    image, label = fed.sites[0].cases[0].arrays()
+    np.testing.assert_array_equal(image, VALUES[None])
+    np.testing.assert_array_equal(label, LABEL)
+    with pytest.raises(FederationError, match=r"image\.mhd: a MetaImage \.mhd header cannot be linked"):
+        Source(files["mhd"]).extension()
+
+
+def test_reading_a_tiny_dicom_series_is_fast(files):
+    read_image(files["dicom"], "3d")  # ITK loads its DICOM module on first use
+    start = time.perf_counter()
+    read_image(files["dicom"], "3d")
+    assert time.perf_counter() - start < 1.0
