@@ -199,7 +199,8 @@ def test_pooled_export_then_import_keeps_regions_channels_cases_spacing_and_spli
     assert {p.name.removesuffix(".nii.gz") for p in (dataset_dir / "labelsTs").iterdir()} == test_ids
     assert dataset["numTraining"] == 12 - len(test_ids) == len(list((dataset_dir / "labelsTr").iterdir()))
     (fold,) = json.loads((dataset_dir / "splits_final.json").read_text())
-    assert fold["val"] == [f"{s}__{c}" for s, cases in splits.items() for c, split in cases.items() if split == "val"]
+    for part in ("train", "val"):
+        assert fold[part] == [f"{s}__{c}" for s, cases in splits.items() for c, split in cases.items() if split == part]
     # an nnU-Net channel file: one channel, the source's affine
     written = nib.load(dataset_dir / "imagesTr" / "AMC__AMC_000_0001.nii.gz")
     assert written.shape == SHAPE and np.allclose(written.affine, AFFINE)
@@ -232,7 +233,7 @@ def test_region_based_round_trip_one_site_and_every_kfold_fold(tmp_path):
         "export", "nnunet", str(fed_dir), "--site", "Y", "--all-folds", "--config", str(config), "--out", str(raw)
     )
     assert result.exit_code == 0, result.output
-    dataset_dir = raw / "Dataset500_Dataset502_Brats"
+    dataset_dir = raw / "Dataset500_Brats"  # the DatasetNNN_ of the imported name is dropped
     dataset = json.loads((dataset_dir / "dataset.json").read_text())
     assert dataset["labels"] == {
         "background": 0,
@@ -358,6 +359,13 @@ def _set_json(src: Path, **changes) -> None:
             "{src}/imagesTr/AMC_000_0002.nii.gz: channel 2 of case 'AMC_000' is not in {src}/dataset.json "
             "channel_names (0..1)",
         ),
+        (
+            lambda src: (src / "splits_final.json").write_text(
+                json.dumps([{"train": ["AMC_000"], "val": ["AMC_000"]}])
+            ),
+            None,
+            "{src}/splits_final.json: fold 0 lists case 'AMC_000' in both train and val",
+        ),
     ],
     ids=[
         "no-dataset-json",
@@ -370,6 +378,7 @@ def _set_json(src: Path, **changes) -> None:
         "ignore-label",
         "regions-order",
         "extra-channel",
+        "splits-final",
     ],
 )
 def test_bad_nnunet_input_fails_with_one_line_and_writes_nothing(tmp_path, breaks, site_by, expected):
@@ -405,3 +414,23 @@ def test_bad_export_requests_fail_with_one_line(tmp_path, disc_federation):
     taken = one_line_error(cli("export", "nnunet", fed, "--id", "12", "--name", "other", "--out", raw))
     assert taken == f"{raw}/Dataset012_discs: exists; nnU-Net dataset ids are unique, choose another --id"
     assert sorted(p.name for p in Path(raw).iterdir()) == ["Dataset012_discs"]  # no temporary folder left
+
+
+def test_a_built_in_federation_exports_with_the_split_a_run_uses(tmp_path):
+    from fedseg.data.cli import _synth_source
+    from fedseg.data.sources import build_builtin
+
+    # the demo run preset: synthetic-retina at scale 0.25
+    result = cli("export", "nnunet", "demo", "--site", "site2", "--id", "42", "--out", str(tmp_path))
+    assert result.exit_code == 0, result.output
+    source, scale, size, seed, split = _synth_source("demo")  # what `data synth --preset demo` and a run use
+    splits = make_splits(build_builtin(source, scale, size, seed), split, seed)["site2"]
+    dataset_dir = tmp_path / "Dataset042_synthetic-retina"
+    (fold,) = json.loads((dataset_dir / "splits_final.json").read_text())
+    assert fold == {
+        "train": [c for c, s in splits.items() if s == "train"],
+        "val": [c for c, s in splits.items() if s == "val"],
+    }
+    assert sorted(p.name for p in (dataset_dir / "labelsTs").iterdir()) == sorted(
+        f"{c}.png" for c, s in splits.items() if s == "test"
+    )

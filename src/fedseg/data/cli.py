@@ -224,13 +224,16 @@ def export(
     ],
     out: Annotated[Path, typer.Option(help="folder to write DatasetNNN_Name/ into (e.g. $nnUNet_raw)")],
     pooled: Annotated[
-        bool, typer.Option(help="every site in one dataset, case ids <site>__<case> (the default)")
+        bool, typer.Option("--pooled", help="every site in one dataset, case ids <site>__<case> (the default)")
     ] = False,
     site: Annotated[str | None, typer.Option(help="export this site only (case ids as they are)")] = None,
     dataset_id: Annotated[int, typer.Option("--id", help="nnU-Net dataset id, 1..999")] = 500,
     name: Annotated[str | None, typer.Option(help="dataset name (default: the federation's)")] = None,
     all_folds: Annotated[
-        bool, typer.Option(help="k-fold split: one nnU-Net fold per fedseg fold (val = that fold's test cases)")
+        bool,
+        typer.Option(
+            "--all-folds", help="k-fold split: one nnU-Net fold per fedseg fold (val = that fold's test cases)"
+        ),
     ] = False,
     preset: Annotated[str | None, typer.Option(help="take split settings and seed from this run preset")] = None,
     config: Annotated[Path | None, typer.Option(help="take split settings and seed from this run config file")] = None,

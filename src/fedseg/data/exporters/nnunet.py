@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 
 from fedseg.data.federation import Case, Federation, FederationError, Regions
-from fedseg.data.folder import _write_nifti, _write_png, spacing_affine, split_name
+from fedseg.data.folder import _write_nifti, _write_png, split_name
 from fedseg.data.importers.nnunet import DATASET_JSON, SPLITS_FINAL, channel_file
 from fedseg.data.splits import Splits
 
@@ -71,10 +71,11 @@ class ExportSummary:
 
 def dataset_folder_name(dataset_id: int, name: str) -> str:
     """``(500, "fets2022-partitioning1") -> "Dataset500_fets2022-partitioning1"``; other characters than letters,
-    digits, ``-`` and ``_`` become ``_``. ``FederationError`` for an id outside 1..999."""
+    digits, ``-`` and ``_`` become ``_``, a leading ``DatasetNNN_`` (a federation imported from nnU-Net) is
+    dropped. ``FederationError`` for an id outside 1..999."""
     if not 1 <= dataset_id <= 999:
         raise FederationError(f"--id {dataset_id}: an nnU-Net dataset id is 1..999")
-    clean = re.sub(r"[^A-Za-z0-9_-]+", "_", name).strip("_") or "fedseg"
+    clean = re.sub(r"[^A-Za-z0-9_-]+", "_", re.sub(r"^Dataset\d{3}_", "", name)).strip("_") or "fedseg"
     return f"Dataset{dataset_id:03d}_{clean}"
 
 
@@ -118,15 +119,16 @@ def channel_names(fed: Federation, sites: list[str]) -> list[str]:
 
 
 def case_affine(case: Case) -> np.ndarray:
-    """The 4x4 affine for a case's files: its image file's when that is a NIfTI, else ``diag(spacing)`` (identity
-    without spacing)."""
+    """The 4x4 affine for a 3D case's files: its image file's when that is a NIfTI (origin and directions kept),
+    else ``diag(spacing)`` with the case's spacing as ``volumes.case_spacing`` gives it."""
     image = case.meta.get("image")
     if image is not None and split_name(Path(str(image)).name, ("nii", "nii.gz")) is not None:
         import nibabel as nib
 
         return np.asarray(nib.load(str(image)).affine)  # type: ignore[attr-defined]
-    affine = spacing_affine(case.spacing)
-    return np.eye(4) if affine is None else affine
+    from fedseg.data.volumes import case_spacing
+
+    return np.diag([*case_spacing(case, 3), 1.0])
 
 
 def _renumbered(label: np.ndarray, renumber: dict[int, int], where: str) -> np.ndarray:
@@ -197,6 +199,7 @@ def export_nnunet(
 
     all_folds = len(folds) > 1
     test = set() if all_folds else {(s, c) for s in sites for c, split in folds[0][s].items() if split == "test"}
+    created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder_name}.exporting-", dir=out))
     try:
@@ -212,29 +215,21 @@ def export_nnunet(
                 where = f"site {site_name!r} case {case.id!r}"
                 _write_case(case, nn_id(site_name, case.id), kind, images_dir, labels_dir, renumber, where)
                 training += not is_test
-        entries = []
-        for splits in folds:
-            chosen = [(s, c, split) for s in sites for c, split in splits[s].items()]
-            if all_folds:
-                entries.append(
-                    {
-                        "train": [nn_id(s, c) for s, c, split in chosen if split != "test"],
-                        "val": [nn_id(s, c) for s, c, split in chosen if split == "test"],
-                    }
-                )
-            else:
-                entries.append(
-                    {
-                        "train": [nn_id(s, c) for s, c, split in chosen if split == "train"],
-                        "val": [nn_id(s, c) for s, c, split in chosen if split == "val"],
-                    }
-                )
+        # one fold: nnU-Net trains on train, validates on val; every fold: on train+val, "validates" on test
+        fit, held_out = (("train", "val"), ("test",)) if all_folds else (("train",), ("val",))
+        entries = [
+            {
+                "train": [nn_id(s, c) for s in sites for c, split in splits[s].items() if split in fit],
+                "val": [nn_id(s, c) for s in sites for c, split in splits[s].items() if split in held_out],
+            }
+            for splits in folds
+        ]
         description = f"exported by fedseg from federation {fed.name!r}" + (f", site {site!r}" if site else "")
         moved = {old: new for old, new in renumber.items() if old != new}
         if moved:
             description += f"; label values renumbered (fedseg -> nnU-Net): {moved}"
         dataset: dict[str, Any] = {
-            "name": fed.name,
+            "name": name or fed.name,
             "description": description,
             "channel_names": {str(c): n for c, n in enumerate(names)},
             "labels": labels,
@@ -248,5 +243,7 @@ def export_nnunet(
         tmp.rename(out / folder_name)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        if created and not any(out.iterdir()):
+            out.rmdir()  # made here, held only tmp
         raise
     return ExportSummary(out / folder_name, training, len(test), len(folds))

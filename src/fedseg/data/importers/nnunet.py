@@ -336,6 +336,9 @@ def read_splits_final(src: Path, fold: int, train_ids: set[str]) -> dict[str, Sp
     if not 0 <= fold < len(folds):
         raise FederationError(f"{path}: no fold {fold} (it holds {len(folds)} folds)")
     splits: dict[str, Split] = {str(c): "train" for c in folds[fold]["train"]}
+    both = sorted(set(splits) & {str(c) for c in folds[fold]["val"]})
+    if both:
+        raise FederationError(f"{path}: fold {fold} lists case {both[0]!r} in both train and val")
     splits.update({str(c): "val" for c in folds[fold]["val"]})
     unknown = sorted(set(splits) - train_ids)
     if unknown:
