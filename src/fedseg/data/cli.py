@@ -241,12 +241,13 @@ def export(
 ) -> None:
     """Export a federation as an nnU-Net v2 raw dataset (imagesTr/labelsTr = train+val, imagesTs/labelsTs = test,
     splits_final.json = the run's split), so a centralized nnU-Net baseline uses exactly the same cases and splits."""
+    from fedseg.data.exporters import FORMATS
     from fedseg.data.exporters.nnunet import IMPORT_REGEX, export_nnunet
     from fedseg.data.splits import make_splits
 
     try:
-        if format != "nnunet":
-            raise FederationError(f"unknown export format {format!r}; formats: nnunet")
+        if format not in FORMATS:
+            raise FederationError(f"unknown export format {format!r}; formats: {', '.join(FORMATS)}")
         if pooled and site is not None:
             raise FederationError("--pooled and --site exclude each other: export every site or one")
         federation, split, split_seed = _export_source(fed, preset, config, seed)
