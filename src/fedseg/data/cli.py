@@ -10,12 +10,12 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from fedseg.config import ConfigError, DataConfig, RunConfig, SplitConfig, load_config, preset_names
+from fedseg.config import ConfigError, DataConfig, RunConfig, SplitConfig, error_text, load_config, preset_names
 from fedseg.data.federation import SPLITS, Federation, FederationError
 
 data_app = typer.Typer(
-    help="Federation data: validate a folder federation (check), write a built-in one to disk (synth) or import a "
-    "real dataset (import).",
+    help="Federation data: validate a folder federation (check), write a built-in one to disk (synth), import a "
+    "real dataset (import) or export one for another tool (export).",
     no_args_is_help=True,
 )
 
@@ -73,7 +73,7 @@ def check(
         split, split_seed = _split_settings(preset, config, seed)
         fed = check_folder(root, split, split_seed)
     except (FederationError, ConfigError) as e:
-        _fail(str(e))
+        _fail(error_text(e))
     _print_summary(
         fed, split, split_seed, f"OK: {root} — {{sites}} sites, {{cases}} cases ({split.mode} split, seed {split_seed})"
     )
@@ -138,8 +138,8 @@ def synth(
         fed = build_builtin(source, scale, image_size, seed)
         write_folder(fed, out, overwrite=force)
         written = check_folder(out)
-    except (FederationError, ConfigError) as e:
-        _fail(str(e))
+    except (FederationError, ConfigError, OSError) as e:  # OSError: e.g. a read-only or full --out
+        _fail(error_text(e))
     _print_summary(
         written,
         split,
@@ -151,10 +151,10 @@ def synth(
 
 @data_app.command("import")
 def import_(
-    layout: Annotated[str, typer.Argument(help="dataset layout: fets2022, msd, prostate-6site or fundus")],
+    layout: Annotated[str, typer.Argument(help="dataset layout: fets2022, msd, prostate-6site, fundus or nnunet")],
     sources: Annotated[
         list[Path],
-        typer.Argument(help="source folder(s): fets2022/prostate-6site one; msd/fundus one per site"),
+        typer.Argument(help="source folder(s): fets2022/prostate-6site/nnunet one; msd/fundus one per site"),
     ],
     out: Annotated[Path, typer.Option(help="new (or empty) folder to write the federation to")],
     copy: Annotated[bool, typer.Option("--copy/--link", help="copy files, or symlink those usable as is")] = False,
@@ -162,19 +162,112 @@ def import_(
     regions: Annotated[
         str | None, typer.Option(help="msd: regions from labels: auto (default), nested or disjoint")
     ] = None,
+    site_by: Annotated[
+        str | None,
+        typer.Option(
+            help="nnunet: a regex on the case id whose group 'site' (else its first group) is the site (a group "
+            "'case' gives the case id), or a CSV file with header case,site (default: one site)"
+        ),
+    ] = None,
+    fold: Annotated[
+        int | None, typer.Option(help="nnunet: the fold of splits_final.json giving train/val (default 0)")
+    ] = None,
 ) -> None:
     """Import a real multi-site dataset into a folder federation, then check it. Layouts: fets2022 SRC (FeTS2022_NNNNN/
     folders, partitioning_N.csv), msd TASK... (Decathlon task folders), prostate-6site SRC (SRC/<SITE>/CaseNN.nii.gz,
-    CaseNN_segmentation.nii.gz), fundus SRC... (images/ + masks/, 0 cup, 128 rim, 255 background)."""
+    CaseNN_segmentation.nii.gz), fundus SRC... (images/ + masks/, 0 cup, 128 rim, 255 background), nnunet
+    DatasetNNN_Name (nnU-Net v2: dataset.json, imagesTr/<case>_XXXX.<ext>, labelsTr/; sites by --site-by)."""
     from fedseg.data.importers import ImportOptions, import_dataset
 
     try:
-        options = ImportOptions(partitioning, regions)  # type: ignore[arg-type]  # plan_msd checks the value
+        options = ImportOptions(partitioning, regions, site_by, fold)  # type: ignore[arg-type]  # plan_msd checks regions
         fed = import_dataset(layout, sources, out, copy=copy, options=options)
     except (FederationError, OSError) as e:  # OSError: e.g. a full disk, a folder that cannot be written
-        _fail(str(e))
+        _fail(error_text(e))
     split, seed = SplitConfig(), RunConfig().seed
     how = "copied" if copy else "linked where usable as is"
     _print_summary(
         fed, split, seed, f"imported {layout} ({how}): {{sites}} sites, {{cases}} cases -> {out}; data check OK"
     )
+
+
+def _export_source(
+    fed: str, preset: str | None, config: Path | None, seed: int | None
+) -> tuple[Federation, SplitConfig, int]:
+    """``FED`` of ``data export`` -> ``(federation, split settings, split seed)``: a federation folder (checked), or
+    a built-in federation / run preset as ``data synth --preset`` takes it (its generator settings)."""
+    from fedseg.data.check import check_folder
+    from fedseg.data.sources import BUILTIN_NAMES, build_builtin
+
+    split, split_seed = _split_settings(preset, config, seed)
+    if Path(fed).is_dir():
+        return check_folder(fed, split, split_seed), split, split_seed
+    if fed not in BUILTIN_NAMES and fed not in preset_names():
+        raise FederationError(
+            f"{fed}: not a federation folder, a built-in federation ({', '.join(BUILTIN_NAMES)}) nor a run preset"
+        )
+    source, scale, image_size, default_seed, default_split = _synth_source(fed)
+    if source not in BUILTIN_NAMES:
+        raise FederationError(f"{fed}: the preset's data source {source!r} is not a built-in federation")
+    generator_seed = default_seed if seed is None else seed
+    if preset is None and config is None:
+        split, split_seed = default_split, generator_seed
+    return build_builtin(source, scale, image_size, generator_seed), split, split_seed
+
+
+@data_app.command("export")
+def export(
+    format: Annotated[str, typer.Argument(help="target layout: nnunet (an nnU-Net v2 raw dataset)")],
+    fed: Annotated[
+        str,
+        typer.Argument(help="federation folder, or a built-in federation / run preset (as data synth --preset takes)"),
+    ],
+    out: Annotated[Path, typer.Option(help="folder to write DatasetNNN_Name/ into (e.g. $nnUNet_raw)")],
+    pooled: Annotated[
+        bool, typer.Option("--pooled", help="every site in one dataset, case ids <site>__<case> (the default)")
+    ] = False,
+    site: Annotated[str | None, typer.Option(help="export this site only (case ids as they are)")] = None,
+    dataset_id: Annotated[int, typer.Option("--id", help="nnU-Net dataset id, 1..999")] = 500,
+    name: Annotated[str | None, typer.Option(help="dataset name (default: the federation's)")] = None,
+    all_folds: Annotated[
+        bool,
+        typer.Option(
+            "--all-folds", help="k-fold split: one nnU-Net fold per fedseg fold (val = that fold's test cases)"
+        ),
+    ] = False,
+    preset: Annotated[str | None, typer.Option(help="take split settings and seed from this run preset")] = None,
+    config: Annotated[Path | None, typer.Option(help="take split settings and seed from this run config file")] = None,
+    seed: Annotated[int | None, typer.Option(help="split seed (default: the preset's, else 0)")] = None,
+) -> None:
+    """Export a federation as an nnU-Net v2 raw dataset (imagesTr/labelsTr = train+val, imagesTs/labelsTs = test,
+    splits_final.json = the run's split), so a centralized nnU-Net baseline uses exactly the same cases and splits."""
+    from fedseg.data.exporters import FORMATS
+    from fedseg.data.exporters.nnunet import IMPORT_REGEX, export_nnunet
+    from fedseg.data.splits import make_splits
+
+    try:
+        if format not in FORMATS:
+            raise FederationError(f"unknown export format {format!r}; formats: {', '.join(FORMATS)}")
+        if pooled and site is not None:
+            raise FederationError("--pooled and --site exclude each other: export every site or one")
+        federation, split, split_seed = _export_source(fed, preset, config, seed)
+        if all_folds and split.mode != "kfold":
+            raise FederationError(
+                f"--all-folds needs a k-fold split (split.mode: kfold), the split here is {split.mode}"
+            )
+        configs = [split.model_copy(update={"fold": k}) for k in range(split.folds)] if all_folds else [split]
+        folds = [make_splits(federation, c, split_seed) for c in configs]
+        written = export_nnunet(federation, folds, out, dataset_id=dataset_id, name=name, site=site)
+    except (FederationError, ConfigError, OSError) as e:
+        _fail(error_text(e))
+    typer.echo(
+        f"exported {federation.name} ({'site ' + site if site else 'pooled'}, {split.mode} split, seed {split_seed}): "
+        f"{written.training} training and {written.test} test cases, {written.folds} fold(s) -> {written.path}"
+    )
+    typer.echo(
+        f"  copy {written.path / 'splits_final.json'} to $nnUNet_preprocessed/{written.path.name}/ before training"
+    )
+    if site is None:
+        typer.echo(
+            f"  back to a federation: fedseg data import nnunet {written.path} --site-by '{IMPORT_REGEX}' --out DIR"
+        )

@@ -13,6 +13,9 @@ layout              expects                                                     
                     ``labelsTr/``
 ``prostate-6site``  ``<SITE>/CaseNN.nii.gz`` + ``CaseNN_segmentation.nii.gz``      one per sub-folder
 ``fundus``          ``images/`` + ``masks/`` (0 cup, 128 rim, 255 background)        one per source folder
+``nnunet``          nnU-Net v2 ``DatasetNNN_Name/``: ``dataset.json``,               ``--site-by`` regex on
+                    ``imagesTr/<case>_XXXX.<ext>``, ``labelsTr/``, [``imagesTs/``,  the case id, or a CSV
+                    ``labelsTs/``, ``splits_final.json``]                           ``case,site``
 ==================  ==============================================================  ======================
 """
 
@@ -26,16 +29,21 @@ from fedseg.data.federation import Federation, FederationError
 from fedseg.data.importers.fets2022 import plan_fets2022
 from fedseg.data.importers.fundus import plan_fundus
 from fedseg.data.importers.msd import RegionMode, plan_msd
+from fedseg.data.importers.nnunet import plan_nnunet
 from fedseg.data.importers.prostate import plan_prostate
 from fedseg.data.importers.writer import Plan, write_plan
 
 
 @dataclass(frozen=True)
 class ImportOptions:
-    """Layout-specific options: ``partitioning`` (fets2022: 1 or 2), ``regions`` (msd: auto, nested, disjoint)."""
+    """Layout-specific options: ``partitioning`` (fets2022: 1 or 2), ``regions`` (msd: auto, nested, disjoint),
+    ``site_by`` (nnunet: a regex on the case id or a ``case,site`` CSV), ``fold`` (nnunet: the fold of
+    ``splits_final.json`` that gives train/val, default 0)."""
 
     partitioning: int | None = None
     regions: RegionMode | None = None
+    site_by: str | None = None
+    fold: int | None = None
 
 
 LAYOUTS: dict[str, Callable[[list[Path], ImportOptions], Plan]] = {
@@ -43,8 +51,14 @@ LAYOUTS: dict[str, Callable[[list[Path], ImportOptions], Plan]] = {
     "msd": lambda sources, o: plan_msd(sources, o.regions or "auto"),
     "prostate-6site": lambda sources, o: plan_prostate(sources),
     "fundus": lambda sources, o: plan_fundus(sources),
+    "nnunet": lambda sources, o: plan_nnunet(sources, o.site_by, o.fold or 0),
 }
-OPTION_LAYOUTS = {"partitioning": "fets2022", "regions": "msd"}  # which layout each option belongs to
+OPTION_LAYOUTS = {
+    "partitioning": "fets2022",
+    "regions": "msd",
+    "site_by": "nnunet",
+    "fold": "nnunet",
+}  # which layout each option belongs to
 
 
 def plan_import(layout: str, sources: list[Path], options: ImportOptions = ImportOptions()) -> Plan:
@@ -54,7 +68,7 @@ def plan_import(layout: str, sources: list[Path], options: ImportOptions = Impor
         raise FederationError(f"unknown layout {layout!r}; layouts: {', '.join(LAYOUTS)}")
     for option, owner in OPTION_LAYOUTS.items():
         if getattr(options, option) is not None and layout != owner:
-            raise FederationError(f"--{option} applies to the {owner} layout only, not {layout}")
+            raise FederationError(f"--{option.replace('_', '-')} applies to the {owner} layout only, not {layout}")
     return LAYOUTS[layout](sources, options)
 
 

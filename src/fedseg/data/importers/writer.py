@@ -1,8 +1,9 @@
 """The part every importer shares: a plan of files -> a checked folder federation, written atomically.
 
 An importer (one module per layout) reads a dataset's own layout and returns a ``Plan``: the
-federation's header (name, kind, channels, regions, label names, site metadata) and, per case, where
-its image and label come from (``Source``). ``write_plan`` then
+federation's header (name, kind, channels, regions, label names, site metadata), per site its fixed
+splits if the layout gives them (``splits.csv``) and, per case, where its image and label come from
+(``Source``). ``write_plan`` then
 
 1. refuses an ``--out`` that exists and is not empty;
 2. writes everything into a temporary folder next to ``--out`` (``.<name>.importing-*``): a file usable
@@ -27,9 +28,19 @@ from typing import Literal
 
 import numpy as np
 
-from fedseg.data.federation import Case, Federation, FederationError, Regions, Site
-from fedseg.data.folder import IMAGE_EXTS, LABEL_EXTS, _write_nifti, _write_png, load_folder, split_name, write_header
+from fedseg.data.federation import Case, Federation, FederationError, Regions, Site, Split
+from fedseg.data.folder import (
+    IMAGE_EXTS,
+    LABEL_EXTS,
+    SPLITS_FILE,
+    _write_nifti,
+    _write_png,
+    load_folder,
+    split_name,
+    write_header,
+)
 from fedseg.data.metadata import CASES_FILE, write_cases_csv
+from fedseg.data.splits import write_site_splits_csv
 
 Writer = Callable[[Path], None]  # writes the converted file to the path it is given (extension included)
 
@@ -84,6 +95,7 @@ class PlannedSite:
     name: str
     cases: list[PlannedCase]
     meta: dict[str, object] = field(default_factory=dict)  # site-level metadata (federation.yaml sites:)
+    fixed_splits: dict[str, Split] = field(default_factory=dict)  # case id -> split (<site>/splits.csv), if any
 
 
 @dataclass(frozen=True)
@@ -139,7 +151,10 @@ def _no_arrays() -> tuple[np.ndarray, np.ndarray]:
 def header_federation(plan: Plan) -> Federation:
     """The plan as a ``Federation`` whose cases carry only ids and metadata (for ``federation.yaml`` and
     ``cases.csv``; their arrays are not readable)."""
-    sites = [Site(s.name, [Case(c.id, _no_arrays, c.meta) for c in s.cases], meta=s.meta) for s in plan.sites]
+    sites = [
+        Site(s.name, [Case(c.id, _no_arrays, c.meta) for c in s.cases], s.fixed_splits or None, s.meta)
+        for s in plan.sites
+    ]
     return Federation(plan.name, plan.kind, plan.channels, Regions.from_mapping(plan.regions), sites, plan.label_names)
 
 
@@ -190,6 +205,8 @@ def write_plan(plan: Plan, out: str | Path, *, copy: bool = False) -> Federation
                     _place(source, dest, copy)
                     written[str(dest)] = source.path
             write_cases_csv(site_dir / CASES_FILE, next(s for s in fed.sites if s.name == site.name))
+            if site.fixed_splits:
+                write_site_splits_csv(site_dir / SPLITS_FILE, site.fixed_splits)
         try:
             checked = check_folder(tmp)
         except FederationError as e:

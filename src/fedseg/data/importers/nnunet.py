@@ -1,0 +1,424 @@
+"""``nnunet``: an nnU-Net v2 raw dataset folder, split into sites by a regex on the case id or a CSV.
+
+Expected layout (``SRC`` = ``DatasetNNN_Name``, as under ``$nnUNet_raw``)::
+
+    SRC/dataset.json        {"channel_names": {"0": "T2", "1": "ADC"}, "labels": {"background": 0, "PZ": 1,
+                             "TZ": 2}, "numTraining": 32, "file_ending": ".nii.gz"}
+    SRC/imagesTr/<case>_<XXXX><file_ending>    one file per channel XXXX = 0000, 0001, ... (channel_names)
+    SRC/labelsTr/<case><file_ending>           integer label map
+    SRC/imagesTs/, SRC/labelsTs/               optional: test cases (imported only where labelsTs/ exists)
+    SRC/splits_final.json                      optional: nnU-Net's folds [{"train": [...], "val": [...]}]
+
+What it writes:
+
+- **sites** (``--site-by``): a regex searched in each case id whose named group ``site`` (else its first
+  group) is the site; a named group ``case`` (optional) is the case id within the site, else the whole
+  id (``fedseg data export nnunet --pooled`` writes ``<site>__<case>`` ids, which
+  ``'^(?P<site>.+?)__(?P<case>.+)$'`` undoes). Or a CSV file with header ``case,site``. Without
+  ``--site-by`` every case goes to one site named after the dataset. Site-level metadata ``dataset`` (the
+  folder's name) and ``channel_names`` (comma-separated).
+- **kind**: ``2d`` for a PNG/JPEG ``file_ending``, else ``3d``; any other ending is accepted when fedseg's
+  folder format reads it (``folder.IMAGE_EXTS`` and ``LABEL_EXTS``, read at run time).
+- **images**: a single-channel case's file is linked as is (a NIfTI keeps its affine, hence its spacing);
+  several channel files are stacked in channel order into one file: a 4D NIfTI ``(X, Y, Z, C)`` with the
+  ``_0000`` file's affine (3D), an ``.npy`` ``(C, H, W)`` (2D). A 2D dataset may keep all channels in its
+  ``_0000`` file (RGB PNG with ``channel_names`` R, G, B): ``data check`` then checks the channel count.
+- **labels**: ``labelsTr/<case>`` linked as is. **Regions**: plain labels (``"liver": 1``) give one region
+  per non-background label, ``liver = [1]`` (nnU-Net's classes are disjoint); region-based labels
+  (``"whole tumor": [1, 2, 3]``, with ``regions_class_order``) give those regions as listed. Region names
+  are the label names with spaces as ``_``.
+- **splits** (``<site>/splits.csv``): the imported ``imagesTs`` cases are ``test``; with
+  ``splits_final.json`` (fold ``FOLD``, default 0) its ``train`` and ``val`` lists give the split of every
+  ``imagesTr`` case; without it the ``imagesTr`` cases are left to the run's split settings.
+
+Errors (one line each, naming the file, field or case): a missing or malformed ``dataset.json``, an unknown
+``file_ending``, a case missing a channel file, a channel not in ``channel_names``, a missing label file,
+``numTraining`` not matching ``imagesTr``, a ``--site-by`` regex that does not match a case, a case the
+CSV does not list, an ``ignore`` label (partial annotations: not supported).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from fedseg.data import folder
+from fedseg.data.csv_rows import read_csv_rows
+from fedseg.data.federation import FederationError, Split
+from fedseg.data.importers.writer import Plan, PlannedCase, PlannedSite, Source, raise_problems, single_source
+
+DATASET_JSON = "dataset.json"
+SPLITS_FINAL = "splits_final.json"
+CHANNEL_DIGITS = 4  # nnU-Net's _XXXX channel suffix
+SITE_CSV_COLUMNS = ("case", "site")
+_CHANNEL_FILE = re.compile(rf"^(?P<case>.+)_(?P<channel>\d{{{CHANNEL_DIGITS}}})$")
+
+
+def fail(problems: list[str]) -> None:
+    """Raise ``problems``: one line for one problem, else ``raise_problems``' list."""
+    if len(problems) == 1:
+        raise FederationError(problems[0])
+    raise_problems(problems)
+
+
+def channel_file(case: str, channel: int, file_ending: str) -> str:
+    """nnU-Net's image file name of ``case``'s ``channel``: ``("la_003", 1, ".nii.gz") -> "la_003_0001.nii.gz"``."""
+    return f"{case}_{channel:0{CHANNEL_DIGITS}d}{file_ending}"
+
+
+def readable_endings() -> list[str]:
+    """The ``file_ending`` values fedseg can import now: the extensions the folder format reads as both
+    image and label (``folder.IMAGE_EXTS`` and ``LABEL_EXTS`` at call time), with their dot."""
+    return ["." + e for e in folder.IMAGE_EXTS if e in folder.LABEL_EXTS]
+
+
+def kind_of(file_ending: str) -> Literal["2d", "3d"]:
+    """``2d`` for the 2D image files the folder format reads with PIL (PNG, JPEG), ``3d`` for the rest (NIfTI...)."""
+    return "2d" if file_ending.lower().lstrip(".") in folder._PIL_EXTS else "3d"
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    """``dataset.json``, checked: ``channel_names`` in channel order, ``regions`` (name -> label values),
+    ``label_names`` (value -> name; plain labels only), ``file_ending`` (with its dot)."""
+
+    path: Path
+    name: str
+    channel_names: list[str]
+    regions: dict[str, list[int]]
+    label_names: dict[int, str] | None
+    file_ending: str
+    num_training: int
+
+
+def _label_values(name: str, value: Any, path: Path) -> list[int]:
+    values = value if isinstance(value, list) else [value]
+    if not values or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
+        raise FederationError(f'{path}: "labels": {name!r}: expected a label value or a list of them, got {value!r}')
+    return values
+
+
+def regions_from_labels(labels: dict[str, Any], path: Path) -> tuple[dict[str, list[int]], dict[int, str] | None]:
+    """nnU-Net ``labels`` -> ``(regions, label names or None for region-based labels)`` (see the module)."""
+    if any(str(k).lower() == "ignore" for k in labels):
+        raise FederationError(f'{path}: "labels": an "ignore" label (partial annotation) is not supported by fedseg')
+    parsed = {str(name): _label_values(str(name), value, path) for name, value in labels.items()}
+    background = [name for name, values in parsed.items() if values == [0]]
+    if len(background) != 1:
+        raise FederationError(f'{path}: "labels": expected one background entry with value 0, got {labels}')
+    region_based = any(len(values) > 1 for values in parsed.values())
+    regions: dict[str, list[int]] = {}
+    for name, values in parsed.items():
+        if name == background[0]:
+            continue
+        if 0 in values:
+            raise FederationError(f'{path}: "labels": {name!r} contains 0 (background) besides {background[0]!r}')
+        region = name.strip().replace(" ", "_")
+        if not region or region in regions:
+            raise FederationError(f'{path}: "labels": {name!r} gives an empty or duplicate region name {region!r}')
+        regions[region] = sorted(values) if region_based else values
+    if not regions:
+        raise FederationError(f'{path}: "labels": no foreground label (only {labels})')
+    if region_based:
+        return regions, None
+    names = {0: background[0], **{values[0]: name for name, values in parsed.items() if name != background[0]}}
+    if len(names) != len(parsed):
+        raise FederationError(f'{path}: "labels": two labels share a value ({labels})')
+    return regions, dict(sorted(names.items()))
+
+
+def read_dataset_json(src: Path) -> DatasetInfo:
+    """``SRC/dataset.json`` checked (``FederationError`` naming the file and field otherwise)."""
+    path = src / DATASET_JSON
+    if not path.is_file():
+        raise FederationError(
+            f"{path}: missing (an nnU-Net v2 dataset folder holds dataset.json, imagesTr/, labelsTr/)"
+        )
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise FederationError(f"{path}: cannot read ({type(e).__name__}: {e})") from None
+    if not isinstance(data, dict):
+        raise FederationError(f"{path}: expected a JSON object with channel_names, labels, numTraining, file_ending")
+    if "dataset" in data:
+        raise FederationError(f'{path}: "dataset" (explicit file lists) is not supported; use imagesTr/ and labelsTr/')
+    for key in ("channel_names", "labels", "numTraining", "file_ending"):
+        if key not in data:
+            hint = ' (an nnU-Net v1 / MSD dataset.json: use "fedseg data import msd")' if "modality" in data else ""
+            raise FederationError(f'{path}: missing "{key}"{hint}')
+    channels = data["channel_names"]
+    if not isinstance(channels, dict) or not channels or set(channels) != {str(i) for i in range(len(channels))}:
+        raise FederationError(f'{path}: "channel_names": expected {{"0": name, "1": name, ...}}, got {channels!r}')
+    if not isinstance(data["labels"], dict):
+        raise FederationError(f'{path}: "labels": expected an object name -> value, got {data["labels"]!r}')
+    regions, label_names = regions_from_labels(data["labels"], path)
+    order = data.get("regions_class_order")
+    if label_names is None and not (isinstance(order, list) and len(order) == len(regions)):
+        raise FederationError(
+            f'{path}: "regions_class_order": region-based labels need a list of {len(regions)} label values, '
+            f"got {order!r}"
+        )
+    ending = data["file_ending"]
+    if not isinstance(ending, str) or ending not in readable_endings():
+        raise FederationError(
+            f'{path}: "file_ending" {ending!r} is not a format fedseg reads (readable: {", ".join(readable_endings())})'
+        )
+    num = data["numTraining"]
+    if not isinstance(num, int) or isinstance(num, bool) or num < 1:
+        raise FederationError(f'{path}: "numTraining": expected a positive integer, got {num!r}')
+    names = [str(channels[str(i)]) for i in range(len(channels))]
+    return DatasetInfo(path, str(data.get("name") or src.name), names, regions, label_names, ending, num)
+
+
+@dataclass(frozen=True)
+class RawCase:
+    """One nnU-Net case: its id, channel files (channel order) and label file; ``test`` for imagesTs."""
+
+    id: str
+    images: list[Path]
+    label: Path
+    test: bool
+
+
+def _channel_files(
+    images_dir: Path, ending: str, info: DatasetInfo, problems: list[str]
+) -> tuple[dict[str, list[Path]], set[str]]:
+    """``imagesX/`` -> ``(case id -> its channel files in channel order, every case id seen)``; a missing channel,
+    a channel not in ``channel_names`` or a misnamed file is a problem (and the case is left out of the first)."""
+    found: dict[str, dict[int, Path]] = {}
+    for path in sorted(images_dir.iterdir()):
+        if path.name.startswith(".") or not path.name.endswith(ending):
+            continue
+        match = _CHANNEL_FILE.match(path.name[: -len(ending)])
+        if match is None:
+            problems.append(f"{path}: not named <case>_XXXX{ending} (XXXX: the channel, 0000 for the first)")
+            continue
+        found.setdefault(match["case"], {})[int(match["channel"])] = path
+    n = len(info.channel_names)
+    one_file_2d = kind_of(ending) == "2d" and n > 1  # e.g. an RGB PNG holding R, G, B in its _0000 file
+    cases = {}
+    for cid, files in sorted(found.items()):
+        for c in sorted(set(files) - set(range(n))):
+            problems.append(f"{files[c]}: channel {c} of case {cid!r} is not in {info.path} channel_names (0..{n - 1})")
+        expected = [0] if one_file_2d and set(files) == {0} else list(range(n))
+        for c in expected:
+            if c not in files:
+                problems.append(
+                    f"{images_dir / channel_file(cid, c, ending)}: missing (channel {c} {info.channel_names[c]!r} "
+                    f"of case {cid!r})"
+                )
+        if all(c in files for c in expected):
+            cases[cid] = [files[c] for c in expected]
+    return cases, set(found)
+
+
+def find_cases(src: Path, info: DatasetInfo) -> list[RawCase]:
+    """The training cases (``imagesTr``/``labelsTr``) and the labelled test cases (``imagesTs``/``labelsTs``)."""
+    problems: list[str] = []
+    cases: list[RawCase] = []
+    for images_name, labels_name, test in (("imagesTr", "labelsTr", False), ("imagesTs", "labelsTs", True)):
+        images_dir, labels_dir = src / images_name, src / labels_name
+        if test and not (images_dir.is_dir() and labels_dir.is_dir()):
+            continue  # test images without labels are not imported
+        for folder_path in (images_dir, labels_dir):
+            if not folder_path.is_dir():
+                problems.append(f"{folder_path}: missing folder (an nnU-Net dataset has imagesTr/ and labelsTr/)")
+        if problems:
+            fail(problems)
+        channel_files, seen = _channel_files(images_dir, info.file_ending, info, problems)
+        labelled = {
+            p.name[: -len(info.file_ending)]
+            for p in labels_dir.iterdir()
+            if p.name.endswith(info.file_ending) and not p.name.startswith(".")
+        }
+        for cid, images in channel_files.items():
+            label = labels_dir / f"{cid}{info.file_ending}"
+            if cid not in labelled:
+                problems.append(f"{label}: missing (the label of case {cid!r})")
+            else:
+                cases.append(RawCase(cid, images, label, test))
+        for cid in sorted(labelled - seen):
+            problems.append(f"{labels_dir / (cid + info.file_ending)}: label without images in {images_dir}")
+        if not test and not problems and len(seen) != info.num_training:
+            problems.append(
+                f'{info.path}: "numTraining" is {info.num_training} but {images_dir} holds {len(seen)} cases'
+            )
+    ids = [c.id for c in cases]
+    problems += [
+        f"{src}: case {cid!r} is in both imagesTr/ and imagesTs/"
+        for cid in sorted({i for i in ids if ids.count(i) > 1})
+    ]
+    fail(problems)
+    return cases
+
+
+SiteAssigner = Callable[[str], tuple[str, str]]  # nnU-Net case id -> (site, case id within the site)
+
+
+def site_assigner(site_by: str | None, default: str) -> SiteAssigner:
+    """``--site-by`` -> a function ``case id -> (site, case id within the site)``, raising ``FederationError``.
+
+    ``None``: every case in site ``default``; a ``.csv`` file: its ``case,site`` rows; else a regex (see the module)."""
+    if site_by is None:
+        return lambda cid: (default, cid)
+    if site_by.lower().endswith(".csv"):
+        return _csv_assigner(Path(site_by))
+    try:
+        pattern = re.compile(site_by)
+    except re.error as e:
+        raise FederationError(f"--site-by {site_by!r}: not a regular expression ({e})") from None
+    if pattern.groups == 0:
+        raise FederationError(f"--site-by {site_by!r}: needs a group that captures the site, e.g. '^([A-Za-z]+)_'")
+
+    def assign(cid: str) -> tuple[str, str]:
+        match = pattern.search(cid)
+        if match is None:
+            raise FederationError(f"--site-by {site_by!r}: does not match case {cid!r}")
+        site = match["site"] if "site" in pattern.groupindex else match[1]
+        case = match["case"] if "case" in pattern.groupindex else cid
+        if not site or not case:
+            raise FederationError(f"--site-by {site_by!r}: gives an empty site or case id for case {cid!r}")
+        folder._safe_name(site, f"--site-by {site_by!r}: case {cid!r} gets site")
+        return site, folder._safe_name(case, f"--site-by {site_by!r}: case {cid!r} gets case id")
+
+    return assign
+
+
+def _csv_assigner(path: Path) -> SiteAssigner:
+    if not path.is_file():
+        raise FederationError(f"{path}: missing (--site-by takes a regex or a CSV file with header case,site)")
+    table = read_csv_rows(path, "a header case,site")
+    missing = [c for c in SITE_CSV_COLUMNS if c not in table.header]
+    if missing:
+        raise FederationError(
+            f"{path}:{table.header_line}: missing column {', '.join(map(repr, missing))} (expected case,site)"
+        )
+    col_case, col_site = (table.header.index(c) for c in SITE_CSV_COLUMNS)
+    sites: dict[str, str] = {}
+    for cells, line in table.rows:
+        cid = cells[col_case] if col_case < len(cells) else ""
+        site = cells[col_site] if col_site < len(cells) else ""
+        if not cid or not site:
+            raise FederationError(f"{path}:{line}: empty case or site")
+        if cid in sites:
+            raise FederationError(f"{path}:{line}: case {cid!r} listed twice")
+        sites[cid] = folder._safe_name(site, f"{path}:{line}: site")
+
+    def assign(cid: str) -> tuple[str, str]:
+        if cid not in sites:
+            raise FederationError(f"{path}: no site for case {cid!r} (add a row {cid},<site>)")
+        return sites[cid], cid
+
+    return assign
+
+
+def read_splits_final(src: Path, fold: int, train_ids: set[str]) -> dict[str, Split]:
+    """``SRC/splits_final.json`` fold ``fold`` -> nnU-Net case id -> ``train``/``val`` (every ``imagesTr`` case);
+    ``{}`` without the file."""
+    path = src / SPLITS_FINAL
+    if not path.is_file():
+        return {}
+    try:
+        folds = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise FederationError(f"{path}: cannot read ({type(e).__name__}: {e})") from None
+    if not isinstance(folds, list) or not all(
+        isinstance(f, dict) and isinstance(f.get("train"), list) and isinstance(f.get("val"), list) for f in folds
+    ):
+        raise FederationError(f'{path}: expected a list of folds [{{"train": [...], "val": [...]}}, ...]')
+    if not 0 <= fold < len(folds):
+        raise FederationError(f"{path}: no fold {fold} (it holds {len(folds)} folds)")
+    splits: dict[str, Split] = {str(c): "train" for c in folds[fold]["train"]}
+    both = sorted(set(splits) & {str(c) for c in folds[fold]["val"]})
+    if both:
+        raise FederationError(f"{path}: fold {fold} lists case {both[0]!r} in both train and val")
+    splits.update({str(c): "val" for c in folds[fold]["val"]})
+    unknown = sorted(set(splits) - train_ids)
+    if unknown:
+        raise FederationError(f"{path}: fold {fold} names case {unknown[0]!r}, which is not in imagesTr/")
+    missing = sorted(train_ids - set(splits))
+    if missing:
+        raise FederationError(f"{path}: fold {fold} does not list imagesTr case {missing[0]!r} in train or val")
+    return splits
+
+
+def _stacked(paths: tuple[Path, ...], kind: Literal["2d", "3d"]) -> np.ndarray:
+    """The channel files ``paths`` (each ``(1, *spatial)`` as ``folder.read_image`` reads it) as one channel-first
+    array ``(C, *spatial)`` in their common dtype; ``FederationError`` naming a file of another shape."""
+    arrays = [folder.read_image(p, kind) for p in paths]
+    for path, array in zip(paths[1:], arrays[1:]):
+        if array.shape[1:] != arrays[0].shape[1:]:
+            raise FederationError(
+                f"{path}: shape {array.shape[1:]} differs from that of channel 0 {arrays[0].shape[1:]} ({paths[0]})"
+            )
+    dtype = np.result_type(*arrays)
+    return np.concatenate([a.astype(dtype, copy=False) for a in arrays])
+
+
+def _stacked_nifti(paths: tuple[Path, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """3D channel files -> ``((X, Y, Z, C) array, the first file's 4x4 affine)`` (NIfTI: its affine; other formats:
+    diag(spacing) as ``volumes.file_spacing`` reads it)."""
+    from fedseg.data.volumes import file_spacing
+
+    image = _stacked(paths, "3d")
+    if folder.split_name(paths[0].name, ("nii", "nii.gz")) is not None:
+        import nibabel as nib
+
+        affine = np.asarray(nib.load(paths[0]).affine)  # type: ignore[attr-defined]
+    else:
+        affine = np.diag([*file_spacing(paths[0], 3), 1.0])
+    return np.moveaxis(image, 0, -1), affine
+
+
+def _image_source(case: RawCase, kind: Literal["2d", "3d"]) -> Source:
+    if len(case.images) == 1:
+        return Source(case.images[0])
+    paths = tuple(case.images)
+    if kind == "3d":
+        return Source.nifti(paths[0], functools.partial(_stacked_nifti, paths))
+    return Source(paths[0], lambda dest: np.save(dest, _stacked(paths, "2d")), "npy")
+
+
+def plan_nnunet(sources: list[Path], site_by: str | None = None, fold: int = 0) -> Plan:
+    """Plan the import of an nnU-Net v2 dataset folder ``sources == [SRC]`` (see the module docstring)."""
+    src = single_source(sources, "nnunet", "an nnU-Net v2 dataset folder: dataset.json, imagesTr/, labelsTr/")
+    info = read_dataset_json(src)
+    cases = find_cases(src, info)
+    assign = site_assigner(site_by, src.name)
+    fixed = read_splits_final(src, fold, {c.id for c in cases if not c.test})
+    kind = kind_of(info.file_ending)
+    by_site: dict[str, list[PlannedCase]] = {}
+    splits: dict[str, dict[str, Split]] = {}
+    seen: dict[tuple[str, str], str] = {}
+    assigned, unassigned = [], []
+    for case in cases:
+        try:
+            assigned.append((case, *assign(case.id)))
+        except FederationError as e:
+            unassigned.append(str(e))
+    if unassigned:  # the first case in one line, with a count of the others
+        more = f" (and {len(unassigned) - 1} more cases)" if len(unassigned) > 1 else ""
+        raise FederationError(unassigned[0] + more)
+    for case, site, cid in assigned:
+        if (site, cid) in seen:
+            raise FederationError(
+                f"--site-by {site_by!r}: cases {seen[(site, cid)]!r} and {case.id!r} both become case {cid!r} "
+                f"of site {site!r}"
+            )
+        seen[(site, cid)] = case.id
+        by_site.setdefault(site, []).append(PlannedCase(cid, _image_source(case, kind), Source(case.label)))
+        split: Split | None = "test" if case.test else fixed.get(case.id)
+        if split is not None:
+            splits.setdefault(site, {})[cid] = split
+    meta: dict[str, object] = {"dataset": src.name, "channel_names": ",".join(info.channel_names)}
+    sites = [
+        PlannedSite(name, site_cases, dict(meta), splits.get(name, {})) for name, site_cases in sorted(by_site.items())
+    ]
+    return Plan(info.name, kind, len(info.channel_names), info.regions, sites, info.label_names)

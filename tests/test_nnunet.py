@@ -1,0 +1,437 @@
+"""nnU-Net v2 datasets in and out: ``fedseg data import nnunet`` reads the raw layout (written here in its real form:
+``dataset.json``, ``imagesTr/<case>_XXXX.nii.gz`` with spacing, ``labelsTr/``, ``imagesTs/``...) into a checked
+folder federation; ``fedseg data export nnunet`` writes a federation back with its splits, and the round trip keeps
+regions, channels, cases, spacing and splits. Bad input fails with one line naming the file, field or case."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import nibabel as nib
+import numpy as np
+import pytest
+import yaml
+from PIL import Image
+from typer.testing import CliRunner
+
+from fedseg.config import SplitConfig
+from fedseg.data.check import check_folder
+from fedseg.data.cli import data_app
+from fedseg.data.exporters.nnunet import IMPORT_REGEX, export_nnunet
+from fedseg.data.federation import Case, Federation, Regions, Site
+from fedseg.data.folder import load_folder, read_image, read_label, write_folder
+from fedseg.data.splits import make_splits
+from fedseg.data.volumes import case_spacing
+
+SHAPE = (10, 9, 6)
+SPACING = (0.8, 0.8, 2.5)
+AFFINE = np.diag([*SPACING, 1.0])
+AFFINE[:3, 3] = (-4.0, 7.0, 12.0)
+PLAIN_LABELS = {"background": 0, "liver": 1, "tumour": 2}
+REGION_LABELS = {"background": 0, "whole tumor": [1, 2, 3], "tumor core": [2, 3], "enhancing tumor": 3}
+
+
+def _nifti(path: Path, data: np.ndarray, affine: np.ndarray = AFFINE) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nib.save(nib.Nifti1Image(data, affine), path)
+
+
+def _label(rng: np.random.Generator, top: int) -> np.ndarray:
+    """Nested balls with values 1..top (the inner ball has the highest value)."""
+    grid = np.stack(np.meshgrid(*(np.arange(n) for n in SHAPE), indexing="ij"), -1)
+    dist = np.linalg.norm(grid - (np.array(SHAPE) / 2 + rng.uniform(-1, 1, 3)), axis=-1)
+    label = np.zeros(SHAPE, np.uint8)
+    for value in range(1, top + 1):
+        label[dist < 4.0 - 1.2 * (value - 1)] = value
+    return label
+
+
+def nnunet_dataset(
+    root: Path,
+    sites=("AMC", "BWH", "CHU"),
+    per_site: int = 3,
+    channels=("T2", "ADC"),
+    labels=None,
+    test_per_site: int = 1,
+) -> Path:
+    """``root`` = ``DatasetNNN_Name``: cases ``<site>_NNN``, one float32/int16 NIfTI per channel with AFFINE, uint8
+    labels; the last ``test_per_site`` cases of each site go to imagesTs/labelsTs."""
+    labels = PLAIN_LABELS if labels is None else labels
+    region_based = any(isinstance(v, list) for v in labels.values())
+    rng = np.random.default_rng(len(root.name))
+    training = 0
+    for site in sites:
+        for i in range(per_site + test_per_site):
+            cid = f"{site}_{i:03d}"
+            split = "Ts" if i >= per_site else "Tr"
+            label = _label(rng, len(labels) - 1)
+            for c in range(len(channels)):
+                dtype = np.float32 if c == 0 else np.int16
+                image = (rng.normal(100, 10, SHAPE) + 50 * (c + 1) * (label > 0)).astype(dtype)
+                _nifti(root / f"images{split}" / f"{cid}_{c:04d}.nii.gz", image)
+            _nifti(root / f"labels{split}" / f"{cid}.nii.gz", label)
+            training += split == "Tr"
+    dataset = {
+        "channel_names": {str(c): name for c, name in enumerate(channels)},
+        "labels": labels,
+        "numTraining": training,
+        "file_ending": ".nii.gz",
+    }
+    if region_based:
+        dataset["regions_class_order"] = [1, 2, 3]
+    (root / "dataset.json").write_text(json.dumps(dataset, indent=2))
+    return root
+
+
+def cli(*args: str):
+    return CliRunner().invoke(data_app, list(args))
+
+
+def one_line_error(result) -> str:
+    """The error of a failed command: exit 1, no traceback, one line."""
+    assert result.exit_code == 1, result.output
+    assert "Traceback" not in result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1, result.output
+    return lines[0]
+
+
+def splits_of(root: Path) -> dict[str, dict[str, str]]:
+    fed = load_folder(root)
+    return {s.name: dict(s.fixed_splits or {}) for s in fed.sites}
+
+
+# --- import ------------------------------------------------------------------------------------------------------
+
+
+def test_import_sites_channels_plain_regions_spacing_and_test_split(tmp_path):
+    src, out = nnunet_dataset(tmp_path / "Dataset501_Liver"), tmp_path / "fed"
+    result = cli("import", "nnunet", str(src), "--site-by", r"^([A-Z]+)_\d+$", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    assert "3 sites, 12 cases" in result.output and "data check OK" in result.output
+    header = yaml.safe_load((out / "federation.yaml").read_text())
+    assert header["kind"] == "3d" and header["channels"] == 2
+    assert header["regions"] == {"liver": [1], "tumour": [2]}  # nnU-Net's classes are disjoint
+    assert header["label_names"] == {0: "background", 1: "liver", 2: "tumour"}
+    assert header["sites"]["BWH"] == {"dataset": "Dataset501_Liver", "channel_names": "T2,ADC"}
+    # the two channel files stacked as one 4D NIfTI with the _0000 file's affine (so its spacing)
+    written = out / "BWH" / "images" / "BWH_001.nii.gz"
+    np.testing.assert_allclose(nib.load(written).affine, AFFINE)
+    image = read_image(written, "3d")
+    assert image.shape == (2, *SHAPE) and image.dtype == np.float32
+    for c in range(2):
+        source = nib.load(src / "imagesTr" / f"BWH_001_{c:04d}.nii.gz").get_fdata()
+        np.testing.assert_array_equal(image[c], source)
+    label = out / "BWH" / "labels" / "BWH_001.nii.gz"
+    assert label.is_symlink() and label.resolve() == (src / "labelsTr" / "BWH_001.nii.gz").resolve()
+    fed = check_folder(out)
+    assert case_spacing(fed.site("AMC").cases[0], 3) == pytest.approx(SPACING)
+    # imagesTs/labelsTs are the test cases; without splits_final.json the rest is left to the run's split
+    assert splits_of(out) == {s: {f"{s}_003": "test"} for s in ("AMC", "BWH", "CHU")}
+
+
+def test_import_region_based_labels_with_a_csv_of_sites_and_splits_final(tmp_path):
+    src = nnunet_dataset(tmp_path / "Dataset502_Brats", sites=("X", "Y"), per_site=2, labels=REGION_LABELS)
+    rows = [f"{s}_{i:03d},{'north' if s == 'X' else 'south'}" for s in ("X", "Y") for i in range(3)]
+    (tmp_path / "sites.csv").write_text("case,site\n" + "\n".join(rows) + "\n")
+    (src / "splits_final.json").write_text(
+        json.dumps([{"train": ["X_000", "Y_000"], "val": ["X_001", "Y_001"]}, {"train": [], "val": []}])
+    )
+    out = tmp_path / "fed"
+    result = cli("import", "nnunet", str(src), "--site-by", str(tmp_path / "sites.csv"), "--out", str(out))
+    assert result.exit_code == 0, result.output
+    fed = check_folder(out)
+    assert fed.regions.as_dict() == {"whole_tumor": [1, 2, 3], "tumor_core": [2, 3], "enhancing_tumor": [3]}
+    assert fed.label_names is None and fed.site_names == ["north", "south"]
+    assert splits_of(out)["north"] == {"X_000": "train", "X_001": "val", "X_002": "test"}
+
+
+def test_import_2d_pngs_rgb_in_one_file_and_grey_channels_stacked(tmp_path):
+    rng = np.random.default_rng(0)
+    for name, channels in (("Dataset503_Rgb", ["R", "G", "B"]), ("Dataset504_Grey", ["a", "b"])):
+        src = tmp_path / name
+        for i in range(3):
+            label = np.zeros((8, 7), np.uint8)
+            label[2:5, 2:5] = 1
+            if len(channels) == 3:
+                files = [rng.integers(0, 255, (8, 7, 3), dtype=np.uint8)]  # nnU-Net's RGB: one _0000 file
+            else:
+                files = [rng.integers(0, 255, (8, 7), dtype=np.uint8) for _ in channels]
+            for c, pixels in enumerate(files):
+                (src / "imagesTr").mkdir(parents=True, exist_ok=True)
+                Image.fromarray(pixels).save(src / "imagesTr" / f"s{i % 2}_{i:03d}_{c:04d}.png")
+            (src / "labelsTr").mkdir(exist_ok=True)
+            Image.fromarray(label).save(src / "labelsTr" / f"s{i % 2}_{i:03d}.png")
+        dataset = {
+            "channel_names": dict(enumerate(channels)),
+            "labels": {"background": 0, "road": 1},
+            "numTraining": 3,
+            "file_ending": ".png",
+        }
+        (src / "dataset.json").write_text(json.dumps(dataset))
+        out = tmp_path / f"fed-{name}"
+        result = cli("import", "nnunet", str(src), "--site-by", "^(s[0-9])_", "--out", str(out))
+        assert result.exit_code == 0, result.output
+        fed = check_folder(out)
+        assert fed.kind == "2d" and fed.channels == len(channels) and fed.site_names == ["s0", "s1"]
+        image = fed.site("s1").cases[0].arrays()[0]
+        first = np.asarray(Image.open(src / "imagesTr" / "s1_001_0000.png"))
+        np.testing.assert_array_equal(image[0], first if first.ndim == 2 else first[..., 0])
+        assert image.shape == (len(channels), 8, 7)
+
+
+# --- export and the round trip -------------------------------------------------------------------------------------
+
+
+def test_pooled_export_then_import_keeps_regions_channels_cases_spacing_and_splits(tmp_path):
+    src, fed_dir = nnunet_dataset(tmp_path / "Dataset501_Liver"), tmp_path / "fed"
+    assert cli("import", "nnunet", str(src), "--site-by", "^([A-Z]+)_", "--out", str(fed_dir)).exit_code == 0
+    result = cli("export", "nnunet", str(fed_dir), "--out", str(tmp_path / "raw"), "--id", "7", "--name", "liver 3")
+    assert result.exit_code == 0, result.output
+    dataset_dir = tmp_path / "raw" / "Dataset007_liver_3"
+    dataset = json.loads((dataset_dir / "dataset.json").read_text())
+    assert dataset["channel_names"] == {"0": "T2", "1": "ADC"} and dataset["file_ending"] == ".nii.gz"
+    assert dataset["labels"] == {"background": 0, "liver": 1, "tumour": 2} and "regions_class_order" not in dataset
+    original = load_folder(fed_dir)
+    splits = make_splits(original, SplitConfig(), 0)  # what a run with the default split uses
+    test_ids = {f"{s}__{c}" for s, cases in splits.items() for c, split in cases.items() if split == "test"}
+    assert {p.name.removesuffix(".nii.gz") for p in (dataset_dir / "labelsTs").iterdir()} == test_ids
+    assert dataset["numTraining"] == 12 - len(test_ids) == len(list((dataset_dir / "labelsTr").iterdir()))
+    (fold,) = json.loads((dataset_dir / "splits_final.json").read_text())
+    for part in ("train", "val"):
+        assert fold[part] == [f"{s}__{c}" for s, cases in splits.items() for c, split in cases.items() if split == part]
+    # an nnU-Net channel file: one channel, the source's affine
+    written = nib.load(dataset_dir / "imagesTr" / "AMC__AMC_000_0001.nii.gz")
+    assert written.shape == SHAPE and np.allclose(written.affine, AFFINE)
+
+    back = tmp_path / "back"
+    result = cli("import", "nnunet", str(dataset_dir), "--site-by", IMPORT_REGEX, "--out", str(back))
+    assert result.exit_code == 0, result.output
+    again = check_folder(back)
+    assert again.regions == original.regions and again.channels == original.channels
+    assert again.label_names == original.label_names and again.kind == original.kind
+    assert {s.name: [c.id for c in s.cases] for s in again.sites} == {
+        s.name: [c.id for c in s.cases] for s in original.sites
+    }
+    assert splits_of(back) == splits
+    for site in original.sites:
+        for case, case_again in zip(site.cases, again.site(site.name).cases):
+            assert case_spacing(case_again, 3) == pytest.approx(case_spacing(case, 3))
+            np.testing.assert_allclose(nib.load(case_again.meta["image"]).affine, AFFINE)
+            for a, b in zip(case.arrays(), case_again.arrays()):
+                np.testing.assert_array_equal(a, b)
+
+
+def test_region_based_round_trip_one_site_and_every_kfold_fold(tmp_path):
+    src = nnunet_dataset(tmp_path / "Dataset502_Brats", labels=REGION_LABELS, sites=("X", "Y"), per_site=6)
+    fed_dir = tmp_path / "f"  # 6 + 1 cases a site: each of 2 folds keeps training and validation cases
+    assert cli("import", "nnunet", str(src), "--site-by", "^([A-Z])_", "--out", str(fed_dir)).exit_code == 0
+    config = tmp_path / "kfold.yaml"
+    config.write_text(yaml.safe_dump({"data": {"split": {"mode": "kfold", "folds": 2}}}))
+    raw = tmp_path / "raw"
+    result = cli(
+        "export", "nnunet", str(fed_dir), "--site", "Y", "--all-folds", "--config", str(config), "--out", str(raw)
+    )
+    assert result.exit_code == 0, result.output
+    dataset_dir = raw / "Dataset500_Brats"  # the DatasetNNN_ of the imported name is dropped
+    dataset = json.loads((dataset_dir / "dataset.json").read_text())
+    assert dataset["labels"] == {
+        "background": 0,
+        "whole_tumor": [1, 2, 3],
+        "tumor_core": [2, 3],
+        "enhancing_tumor": [3],
+    }
+    assert dataset["regions_class_order"] == [1, 2, 3]
+    assert not (dataset_dir / "imagesTs").exists()  # every fold's test cases are its nnU-Net val cases
+    folds = json.loads((dataset_dir / "splits_final.json").read_text())
+    fed = load_folder(fed_dir)
+    cfg = SplitConfig(mode="kfold", folds=2)
+    for k, fold in enumerate(folds):
+        splits = make_splits(fed, cfg.model_copy(update={"fold": k}), 0)["Y"]
+        assert sorted(fold["val"]) == sorted(c for c, s in splits.items() if s == "test")
+        assert sorted(fold["train"]) == sorted(c for c, s in splits.items() if s != "test")
+    # Y's imagesTs case stays test in every fold (fixed in splits.csv), so it is val in both
+    assert all("Y_006" in fold["val"] for fold in folds)
+    back = tmp_path / "back"
+    result = cli("import", "nnunet", str(dataset_dir), "--site-by", "^([A-Z])_", "--fold", "1", "--out", str(back))
+    assert result.exit_code == 0, result.output
+    again = check_folder(back)
+    assert again.regions == fed.regions and again.site_names == ["Y"]
+    assert sorted(c for c, s in splits_of(back)["Y"].items() if s == "val") == sorted(folds[1]["val"])
+
+
+def test_export_renumbers_brats_labels_and_writes_spacing_of_in_memory_cases(tmp_path):
+    rng = np.random.default_rng(3)
+    cases = []
+    for i in range(4):
+        label = _label(rng, 3)
+        label[label == 3] = 4  # BraTS: 1, 2, 4
+        image = rng.normal(0, 1, (3, *SHAPE)).astype(np.float32)
+        cases.append(Case.from_arrays(f"c{i}", image, label, spacing=(1.0, 1.5, 3.0)))
+    regions = Regions.from_mapping({"WT": [1, 2, 4], "TC": [1, 4], "ET": [4]})
+    fed = Federation("brats", "3d", 3, regions, [Site("inst1", cases)])
+    splits = make_splits(fed, SplitConfig(ratios=(0.5, 0.5, 0.0)), 0)
+    written = export_nnunet(fed, [splits], tmp_path, dataset_id=999)
+    dataset = json.loads((written.path / "dataset.json").read_text())
+    assert dataset["labels"] == {"background": 0, "WT": [1, 2, 3], "TC": [1, 3], "ET": [3]}
+    assert dataset["regions_class_order"] == [2, 1, 3]  # WT alone is 2 (edema), TC without ET 1 (core), ET 3
+    assert "renumbered (fedseg -> nnU-Net): {4: 3}" in dataset["description"]
+    label = nib.load(written.path / "labelsTr" / "inst1__c0.nii.gz")
+    assert set(np.unique(np.asarray(label.dataobj)).tolist()) == {0, 1, 2, 3}
+    np.testing.assert_allclose(label.header.get_zooms(), (1.0, 1.5, 3.0))
+    assert written.training == 4 and written.test == 0
+
+
+def test_2d_federation_exports_rgb_pngs_and_comes_back(tmp_path, disc_federation):
+    fed = disc_federation(n_sites=2, cases_per_site=4, size=16)
+    write_folder(fed, tmp_path / "discs")
+    raw = tmp_path / "raw"
+    assert cli("export", "nnunet", str(tmp_path / "discs"), "--pooled", "--out", str(raw)).exit_code == 0
+    dataset_dir = raw / "Dataset500_discs"
+    dataset = json.loads((dataset_dir / "dataset.json").read_text())
+    assert dataset["channel_names"] == {"0": "R", "1": "G", "2": "B"} and dataset["file_ending"] == ".png"
+    assert dataset["labels"] == {"background": 0, "disc": [1, 2], "cup": [2]} and dataset["regions_class_order"] == [
+        1,
+        2,
+    ]
+    rgb = np.asarray(Image.open(dataset_dir / "imagesTr" / "site1__s1_000_0000.png"))
+    np.testing.assert_array_equal(np.moveaxis(rgb, -1, 0), fed.sites[0].cases[0].arrays()[0])
+    back = tmp_path / "back"
+    assert cli("import", "nnunet", str(dataset_dir), "--site-by", IMPORT_REGEX, "--out", str(back)).exit_code == 0
+    again = check_folder(back)
+    assert again.regions == fed.regions and again.kind == "2d" and again.channels == 3
+    label = read_label(back / "site2" / "labels" / "s2_003.png", "2d")
+    np.testing.assert_array_equal(label, fed.sites[1].cases[3].arrays()[1])
+
+
+# --- errors: one line, nothing written ------------------------------------------------------------------------------
+
+
+def _set_json(src: Path, **changes) -> None:
+    data = json.loads((src / "dataset.json").read_text())
+    data.update(changes)
+    (src / "dataset.json").write_text(json.dumps(data))
+
+
+@pytest.mark.parametrize(
+    ("breaks", "site_by", "expected"),
+    [
+        (lambda src: (src / "dataset.json").unlink(), None, "{src}/dataset.json: missing (an nnU-Net v2 dataset"),
+        (
+            lambda src: (src / "imagesTr" / "BWH_001_0001.nii.gz").unlink(),
+            None,
+            "{src}/imagesTr/BWH_001_0001.nii.gz: missing (channel 1 'ADC' of case 'BWH_001')",
+        ),
+        (
+            lambda src: (src / "labelsTr" / "AMC_002.nii.gz").unlink(),
+            None,
+            "{src}/labelsTr/AMC_002.nii.gz: missing (the label of case 'AMC_002')",
+        ),
+        (lambda src: None, "^(AMC|BWH)_", "--site-by '^(AMC|BWH)_': does not match case 'CHU_000' (and 3 more cases)"),
+        (
+            lambda src: None,
+            "{tmp}/sites.csv",
+            "{tmp}/sites.csv: no site for case 'CHU_000' (add a row CHU_000,<site>) (and 3 more cases)",
+        ),
+        (
+            lambda src: _set_json(src, file_ending=".tif"),
+            None,
+            "{src}/dataset.json: \"file_ending\" '.tif' is not a format fedseg reads (readable: .nii.gz, .nii",
+        ),
+        (
+            lambda src: _set_json(src, numTraining=8),
+            None,
+            '{src}/dataset.json: "numTraining" is 8 but {src}/imagesTr holds 9 cases',
+        ),
+        (
+            lambda src: _set_json(src, labels={"background": 0, "liver": 1, "ignore": 3}),
+            None,
+            '{src}/dataset.json: "labels": an "ignore" label (partial annotation) is not supported',
+        ),
+        (
+            lambda src: _set_json(src, labels={"background": 0, "a": [1, 2], "b": 2}),
+            None,
+            '{src}/dataset.json: "regions_class_order": region-based labels need a list of 2 label values, got None',
+        ),
+        (
+            lambda src: (src / "imagesTr" / "AMC_000_0002.nii.gz").write_bytes(b""),
+            None,
+            "{src}/imagesTr/AMC_000_0002.nii.gz: channel 2 of case 'AMC_000' is not in {src}/dataset.json "
+            "channel_names (0..1)",
+        ),
+        (
+            lambda src: (src / "splits_final.json").write_text(
+                json.dumps([{"train": ["AMC_000"], "val": ["AMC_000"]}])
+            ),
+            None,
+            "{src}/splits_final.json: fold 0 lists case 'AMC_000' in both train and val",
+        ),
+    ],
+    ids=[
+        "no-dataset-json",
+        "channel-file",
+        "label-file",
+        "regex",
+        "csv-site",
+        "file-ending",
+        "num-training",
+        "ignore-label",
+        "regions-order",
+        "extra-channel",
+        "splits-final",
+    ],
+)
+def test_bad_nnunet_input_fails_with_one_line_and_writes_nothing(tmp_path, breaks, site_by, expected):
+    src = nnunet_dataset(tmp_path / "Dataset501_Liver")
+    rows = [f"{s}_{i:03d},{s.lower()}" for s in ("AMC", "BWH") for i in range(4)]
+    (tmp_path / "sites.csv").write_text("case,site\n" + "\n".join(rows) + "\n")
+    breaks(src)
+    out = tmp_path / "fed"
+    args = ["import", "nnunet", str(src), "--out", str(out)]
+    if site_by is not None:
+        args += ["--site-by", site_by.format(tmp=tmp_path)]
+    line = one_line_error(cli(*args))
+    assert expected.format(src=src, tmp=tmp_path) in line, line
+    assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".fed.")]
+
+
+def test_bad_export_requests_fail_with_one_line(tmp_path, disc_federation):
+    write_folder(disc_federation(n_sites=2, cases_per_site=4, size=16), tmp_path / "discs")
+    fed, raw = str(tmp_path / "discs"), str(tmp_path / "raw")
+    assert one_line_error(cli("export", "nnunet", fed, "--id", "1000", "--out", raw)) == (
+        "--id 1000: an nnU-Net dataset id is 1..999"
+    )
+    assert "no such site" in one_line_error(cli("export", "nnunet", fed, "--site", "site9", "--out", raw))
+    assert "exclude each other" in one_line_error(
+        cli("export", "nnunet", fed, "--pooled", "--site", "site1", "--out", raw)
+    )
+    assert "--all-folds needs a k-fold split" in one_line_error(
+        cli("export", "nnunet", fed, "--all-folds", "--out", raw)
+    )
+    assert "unknown export format 'msd'" in one_line_error(cli("export", "msd", fed, "--out", raw))
+    assert "not a federation folder" in one_line_error(cli("export", "nnunet", str(tmp_path / "nope"), "--out", raw))
+    assert cli("export", "nnunet", fed, "--id", "12", "--out", raw).exit_code == 0
+    taken = one_line_error(cli("export", "nnunet", fed, "--id", "12", "--name", "other", "--out", raw))
+    assert taken == f"{raw}/Dataset012_discs: exists; nnU-Net dataset ids are unique, choose another --id"
+    assert sorted(p.name for p in Path(raw).iterdir()) == ["Dataset012_discs"]  # no temporary folder left
+
+
+def test_a_built_in_federation_exports_with_the_split_a_run_uses(tmp_path):
+    from fedseg.data.cli import _synth_source
+    from fedseg.data.sources import build_builtin
+
+    # the demo run preset: synthetic-retina at scale 0.25
+    result = cli("export", "nnunet", "demo", "--site", "site2", "--id", "42", "--out", str(tmp_path))
+    assert result.exit_code == 0, result.output
+    source, scale, size, seed, split = _synth_source("demo")  # what `data synth --preset demo` and a run use
+    splits = make_splits(build_builtin(source, scale, size, seed), split, seed)["site2"]
+    dataset_dir = tmp_path / "Dataset042_synthetic-retina"
+    (fold,) = json.loads((dataset_dir / "splits_final.json").read_text())
+    assert fold == {
+        "train": [c for c, s in splits.items() if s == "train"],
+        "val": [c for c, s in splits.items() if s == "val"],
+    }
+    assert sorted(p.name for p in (dataset_dir / "labelsTs").iterdir()) == sorted(
+        f"{c}.png" for c, s in splits.items() if s == "test"
+    )
