@@ -8,6 +8,7 @@ import os
 import re
 import stat
 import subprocess
+import time
 from pathlib import Path
 
 import flwr
@@ -125,8 +126,13 @@ def test_resumed_run_keeps_start_records_resume_and_logs_each_round_once(tmp_pat
     prov = json.loads((tmp_path / "summary.json").read_text())["provenance"]
     assert prov["start"] == first_start and len(prov["resumes"]) == 1
     assert prov["start"] <= prov["resumes"][0] <= prov["end"]
+    record = (tmp_path / ".provenance.json").read_text()
+    time.sleep(1.1)  # the provenance's clock counts seconds
     run_experiment(cfg, tmp_path, resume=True, federation=disc_federation())  # finished: nothing to log
     assert len(_log_rounds(tmp_path)) == 3
+    # a call that trains nothing is no resume: the run's end, wall time and resumes stay (make demo twice)
+    assert json.loads((tmp_path / "summary.json").read_text())["provenance"] == prov
+    assert (tmp_path / ".provenance.json").read_text() == record
 
 
 def test_cli_run_without_a_terminal_prints_round_lines(tmp_path, disc_federation):

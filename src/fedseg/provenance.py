@@ -107,9 +107,22 @@ def begin(out: Path, resume: bool, device: str) -> dict:
     }
 
 
+def unchanged(out: Path) -> dict | None:
+    """The provenance recorded in ``OUT/summary.json``, for a resumed call that trains nothing (every algorithm
+    finished): it keeps that run's end and wall time and records no resume (each such call used to add itself
+    as a resume and the idle time since the run ended to its wall time). None when there is none to keep."""
+    try:
+        prov = json.loads((Path(out) / "summary.json").read_text())["provenance"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return prov if isinstance(prov, dict) and "end" in prov and "start" in prov else None
+
+
 def finish(prov: dict) -> dict:
     """``prov`` (from :func:`begin`) with the end time (now) and the wall seconds since the first start
-    (a resumed run's pauses included)."""
+    (a resumed run's pauses included); one that has ended already (:func:`unchanged`) as it is."""
+    if "end" in prov:
+        return prov
     end = utc_now()
     wall = (datetime.now(UTC) - parse_utc(prov["start"])).total_seconds()
     return {**prov, "end": end, "wall_seconds": round(wall, 3)}

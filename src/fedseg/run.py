@@ -37,7 +37,7 @@ from fedseg.engine.state import state_store
 from fedseg.evaluate.tables import site_summary
 from fedseg.outputs import RunResults, bundle_order, read_bundle, write_bundle_files, write_outputs
 from fedseg.preflight import check_device, check_out_dir, check_resume, recorded_config
-from fedseg.provenance import begin
+from fedseg.provenance import begin, unchanged
 from fedseg.runlog import append_line, log_round, round_line
 from fedseg.start_from import check_start_from, combined_cost, start_weights
 from fedseg.stopping import budget_reached, budget_used, convergence, has_budget, stop_reason
@@ -423,6 +423,12 @@ def run_algorithm(
     return result
 
 
+def is_finished(ckpt_path: Path) -> bool:
+    """Whether ``ckpt_path`` is a finished algorithm's checkpoint (a resume reuses it without training)."""
+    ckpt = load_checkpoint(ckpt_path)
+    return bool(ckpt and ckpt.get("finished"))
+
+
 def finished_bundle(ckpt: dict, ckpt_path: Path, folder: Path) -> dict:
     """The trained models of a finished checkpoint: in it (``keep_checkpoints``, or a run of an older
     fedseg), else read back from the run's ``model/<algorithm>/``, which must hold what was written then."""
@@ -590,7 +596,9 @@ def run_experiment(
     atomic_write_text(out / "config.yaml", dump_config(cfg))  # recorded before training: resume compares with it
     for line in cost_warnings(cfg, len(prep.federation.sites)):
         announce(out, line, on_log_line)
-    results = RunResults(cfg, prep.federation, [], begin(out, resume, cfg.device))
+    finished = resume and all(is_finished(out / "checkpoints" / f"{name}.pt") for name in cfg.algorithms)
+    provenance = (finished and unchanged(out)) or begin(out, resume, cfg.device)
+    results = RunResults(cfg, prep.federation, [], provenance)
     tracker = open_tracker(cfg, out, resume)  # None: tracking is off
     with local_engines(cfg, prep, engine_factory) as factory:  # engine.workers > 1: one worker pool per run
         for name in cfg.algorithms:
