@@ -313,3 +313,17 @@ def test_group_problems_keeps_distinct_problems_apart():
     problems = [f"/d/s1/labels/{c}.png: label without image (no images/{c}.<png|npy>)" for c in "abcde"]
     problems += ["/d/federation.yaml: missing key 'name'", "/d/s2: empty site (no case with both an image and a label)"]
     assert group_problems(problems) == [*problems[:3], "... and 2 more like this", *problems[5:]]
+
+
+def test_cli_check_warns_about_large_images_once_per_kind_and_passes(root):
+    from typer.testing import CliRunner
+
+    from fedseg.cli import app
+
+    result = CliRunner().invoke(app, ["data", "check", str(root), "--max-image-mb", "0.0005"])  # 8x8x3 floats: 768 B
+    assert result.exit_code == 0, result.output
+    warnings = [line for line in result.output.splitlines() if line.startswith("warning:")]
+    assert "image is 0 MB as float32 (3x8x8), above 0.0005 MB" in warnings[0]
+    assert len(warnings) == 4 and "and 3 more like this" in warnings[-1]  # 6 images: 3 shown, then a count
+    quiet = CliRunner().invoke(app, ["data", "check", str(root)])
+    assert quiet.exit_code == 0 and "warning:" not in quiet.output

@@ -69,8 +69,29 @@ def _check_case(image_path: Path, label_path: Path, header: Header | None) -> tu
     return problems, None if image is None else tuple(image.shape)
 
 
+MAX_IMAGE_MB = 512.0  # data check's default: an image larger than this as float32 gets a warning
+
+
+def size_warning(path: Path, shape: tuple[int, ...], max_mb: float) -> list[str]:
+    """A warning line when an image of ``shape`` ``(C, *spatial)`` takes more than ``max_mb`` MB (10^6 bytes) as
+    float32, the dtype training holds it in (every case stays in memory; a 12000 x 12000 RGB PNG is 1728 MB)."""
+    mb = 4 * float(np.prod(shape)) / 1e6
+    if mb <= max_mb:
+        return []
+    size = "x".join(map(str, shape))
+    return [
+        f"{path}: image is {mb:.0f} MB as float32 ({size}), above {max_mb:g} MB; training keeps every case in memory"
+    ]
+
+
 def check_folder(
-    root: str | Path, split: SplitConfig | None = None, seed: int = 0, *, all_sites: bool = True
+    root: str | Path,
+    split: SplitConfig | None = None,
+    seed: int = 0,
+    *,
+    all_sites: bool = True,
+    max_image_mb: float = MAX_IMAGE_MB,
+    warnings: list[str] | None = None,
 ) -> Federation:
     """Validate the federation folder ``root`` and return it (lazy, as ``load_folder`` would).
 
@@ -89,6 +110,9 @@ def check_folder(
     ``all_sites=False``: the folder holds only some of the federation's sites (a hospital's copy),
     so ``federation.yaml``'s ``sites:`` may name sites that are not here (see ``scan_folder``).
 
+    ``warnings``, when given, receives a line per image above ``max_image_mb`` (:func:`size_warning`): a large
+    image is allowed, but a run holds every case in memory.
+
     Raises ``FederationError`` listing every problem, one per line (at most 3 of each kind, then
     ``... and N more like this``; the count in its first line is the total).
     """
@@ -101,6 +125,8 @@ def check_folder(
             problems += case_probs
             if shape is not None:
                 meta[(site.name, cid)] = {"image_shape": shape}
+                if warnings is not None:
+                    warnings += size_warning(image_path, shape, max_image_mb)
     fed = None if header is None else build_federation(header, sites, fixed, meta)
     if fed is not None and split is not None:
         problems += split_problems(fed, make_splits(fed, split, seed))

@@ -65,15 +65,22 @@ def check(
     preset: Annotated[str | None, typer.Option(help="take split settings and seed from this run preset")] = None,
     config: Annotated[Path | None, typer.Option(help="take split settings and seed from this run config file")] = None,
     seed: Annotated[int | None, typer.Option(help="split seed (default: the preset's, else 0)")] = None,
+    max_image_mb: Annotated[
+        float, typer.Option(help="warn about images larger than this as float32 (MB); a run holds every case in RAM")
+    ] = 512.0,
 ) -> None:
     """Validate a federation folder and list every problem; exit 1 if there is any."""
     from fedseg.data.check import check_folder
+    from fedseg.data.folder import group_problems
 
+    warnings: list[str] = []
     try:
         split, split_seed = _split_settings(preset, config, seed)
-        fed = check_folder(root, split, split_seed)
+        fed = check_folder(root, split, split_seed, max_image_mb=max_image_mb, warnings=warnings)
     except (FederationError, ConfigError) as e:
         _fail(error_text(e))
+    for line in group_problems(warnings):
+        typer.echo(f"warning: {line}", err=True)
     _print_summary(
         fed, split, split_seed, f"OK: {root} — {{sites}} sites, {{cases}} cases ({split.mode} split, seed {split_seed})"
     )
