@@ -3,11 +3,13 @@ no process behind (checked by PID, with real processes) and says how to resume; 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,6 +31,38 @@ def _session_processes(sid: int) -> list[int]:
     return pids
 
 
+def _bench_command(tmp_path: Path, name: str, extra_set: list[str], seeds: int, rounds: int) -> list[str]:
+    """``fedseg bench`` (``--jobs 2``) of FedAvg over ``seeds`` seeds on a tiny synthetic-retina, out: tmp_path/out."""
+    spec = {
+        "name": name,
+        "base": {"preset": "synthetic-retina"},
+        "set": [*TINY_SET, "eval.local_models=false", *extra_set],
+        "federations": ["synthetic-retina"],
+        "methods": ["fedavg"],
+        "seeds": list(range(seeds)),
+        "split": {"mode": "ratio"},
+        "budget": {"rounds": rounds},
+    }
+    (tmp_path / "bench.yaml").write_text(yaml.safe_dump(spec))
+    bench = ["bench", str(tmp_path / "bench.yaml"), "--out", str(tmp_path / "out"), "--jobs", "2"]
+    return [sys.executable, "-m", "fedseg.cli", *bench]
+
+
+@contextlib.contextmanager
+def _session(command: list[str]) -> Iterator[subprocess.Popen]:
+    """``command`` in a new session (its PID is the session id); on leaving, every process of that session is
+    killed, so a failing test leaves none behind either."""
+    proc = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None or _session_processes(proc.pid):
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
 def _wait_for(condition, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while not condition() and time.monotonic() < deadline:
@@ -39,42 +73,14 @@ def _wait_for(condition, timeout: float) -> bool:
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads sessions from /proc (Linux)")
 def test_sigterm_on_a_bench_with_two_jobs_stops_everything_and_says_how_to_resume(tmp_path):
-    spec = {
-        "name": "stoppable",
-        "base": {"preset": "synthetic-retina"},
-        "set": [*TINY_SET, "eval.local_models=false"],
-        "federations": ["synthetic-retina"],
-        "methods": ["fedavg"],
-        "seeds": [0, 1, 2, 3, 4, 5],
-        "split": {"mode": "ratio"},
-        "budget": {"rounds": 200},  # far longer than the test waits
-    }
-    (tmp_path / "bench.yaml").write_text(yaml.safe_dump(spec))
     out = tmp_path / "out"
-    command = [
-        sys.executable,
-        "-m",
-        "fedseg.cli",
-        "bench",
-        str(tmp_path / "bench.yaml"),
-        "--out",
-        str(out),
-        "--jobs",
-        "2",
-    ]
-    proc = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
-    )
-    try:
+    with _session(_bench_command(tmp_path, "stoppable", [], seeds=6, rounds=200)) as proc:  # longer than we wait
         started = lambda: list(out.glob("runs/**/checkpoints/*"))  # noqa: E731  a round finished: both are training
         assert _wait_for(lambda: len({p.parent.parent for p in started()}) >= 2, 240), "two runs never trained"
         assert len(_session_processes(proc.pid)) >= 3  # the bench, its forkserver and two workers
         proc.send_signal(signal.SIGTERM)
         output, _ = proc.communicate(timeout=90)
         assert _wait_for(lambda: not _session_processes(proc.pid), 30), _session_processes(proc.pid)
-    finally:
-        if _session_processes(proc.pid):
-            os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 130, output
     assert "interrupted:" in output and "--resume" in output and str(out) in " ".join(output.split()), output
     assert "Traceback" not in output, output
@@ -84,18 +90,11 @@ def test_sigterm_on_a_bench_with_two_jobs_stops_everything_and_says_how_to_resum
 
 def test_ctrl_c_on_a_run_says_that_resume_continues(tmp_path):
     out = tmp_path / "run"
-    command = [sys.executable, "-m", "fedseg.cli", "run", "--preset", "demo", "--algorithms", "fedavg", "--rounds",
-               "200", "--out", str(out), *(a for s in TINY_SET for a in ("--set", s))]  # fmt: skip
-    proc = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
-    )
-    try:
+    run = ["run", "--preset", "demo", "--algorithms", "fedavg", "--rounds", "200", "--out", str(out)]
+    with _session([sys.executable, "-m", "fedseg.cli", *run, *(a for s in TINY_SET for a in ("--set", s))]) as proc:
         assert _wait_for(lambda: any(out.glob("checkpoints/*")), 240), "no round finished"
         os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C does: the whole foreground process group
         output, _ = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 130, output
     assert "interrupted: every finished round is checkpointed; run the same command with --resume" in output, output
     assert "Traceback" not in output, output
@@ -103,43 +102,15 @@ def test_ctrl_c_on_a_run_says_that_resume_continues(tmp_path):
 
 @pytest.mark.slow
 def test_a_failing_run_with_two_jobs_stops_the_bench_with_one_line_and_no_process_left(tmp_path):
-    spec = {
-        "name": "failing",
-        "base": {"preset": "synthetic-retina"},
-        "set": [*TINY_SET, "eval.local_models=false", "faults=[{site: site2, kind: crash, round: 1}]"],
-        "federations": ["synthetic-retina"],
-        "methods": ["fedavg"],
-        "seeds": [0, 1, 2, 3],
-        "split": {"mode": "ratio"},
-        "budget": {"rounds": 2},
-    }
-    (tmp_path / "bench.yaml").write_text(yaml.safe_dump(spec))
-    out = tmp_path / "out"
-    command = [
-        sys.executable,
-        "-m",
-        "fedseg.cli",
-        "bench",
-        str(tmp_path / "bench.yaml"),
-        "--out",
-        str(out),
-        "--jobs",
-        "2",
-    ]
-    proc = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
-    )
-    try:
+    crash = "faults=[{site: site2, kind: crash, round: 1}]"
+    with _session(_bench_command(tmp_path, "failing", [crash], seeds=4, rounds=2)) as proc:
         output, _ = proc.communicate(timeout=300)
         assert _wait_for(lambda: not _session_processes(proc.pid), 30), _session_processes(proc.pid)
-    finally:
-        if _session_processes(proc.pid):
-            os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 1, output
     errors = [line for line in output.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "site2" in errors[0] and "crash" in errors[0], output
     assert "Traceback" not in output, output
-    assert len(list(out.glob("runs/**/config.yaml"))) <= 2, output  # the queued runs never started
+    assert len(list((tmp_path / "out").glob("runs/**/config.yaml"))) <= 2, output  # the queued runs never started
 
 
 @pytest.fixture

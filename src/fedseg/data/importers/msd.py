@@ -30,12 +30,12 @@ count and the same labels (an error names the folders that differ).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Literal
 
 from fedseg.data.federation import FederationError
 from fedseg.data.folder import split_name
+from fedseg.data.importers.jsonfile import read_json_object
 from fedseg.data.importers.writer import Plan, PlannedCase, PlannedSite, Source, existing_folder, raise_problems
 
 RegionMode = Literal["auto", "nested", "disjoint"]
@@ -50,14 +50,9 @@ def read_dataset_json(task: Path) -> dict:
     """``TASK/dataset.json`` with ``labels``, ``modality`` and ``training`` checked; ``FederationError`` naming
     the file and the key otherwise."""
     path = task / DATASET_JSON
-    if not path.is_file():
-        raise FederationError(f"{path}: missing (an MSD task folder holds dataset.json, imagesTr/ and labelsTr/)")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise FederationError(f"{path}: cannot read ({type(e).__name__}: {e})") from None
-    if not isinstance(data, dict):
-        raise FederationError(f"{path}: expected a JSON object with labels, modality and training")
+    data = read_json_object(
+        path, "an MSD task folder holds dataset.json, imagesTr/ and labelsTr/", "labels, modality and training"
+    )
     problems = []
     labels, modality, training = data.get("labels"), data.get("modality"), data.get("training")
     if not isinstance(labels, dict) or not labels or not all(str(k).isdigit() for k in labels):

@@ -52,6 +52,7 @@ import numpy as np
 from fedseg.data import folder
 from fedseg.data.csv_rows import read_csv_rows
 from fedseg.data.federation import FederationError, Split
+from fedseg.data.importers.jsonfile import read_json_object
 from fedseg.data.importers.writer import Plan, PlannedCase, PlannedSite, Source, raise_problems, single_source
 
 DATASET_JSON = "dataset.json"
@@ -137,16 +138,11 @@ def regions_from_labels(labels: dict[str, Any], path: Path) -> tuple[dict[str, l
 def read_dataset_json(src: Path) -> DatasetInfo:
     """``SRC/dataset.json`` checked (``FederationError`` naming the file and field otherwise)."""
     path = src / DATASET_JSON
-    if not path.is_file():
-        raise FederationError(
-            f"{path}: missing (an nnU-Net v2 dataset folder holds dataset.json, imagesTr/, labelsTr/)"
-        )
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise FederationError(f"{path}: cannot read ({type(e).__name__}: {e})") from None
-    if not isinstance(data, dict):
-        raise FederationError(f"{path}: expected a JSON object with channel_names, labels, numTraining, file_ending")
+    data = read_json_object(
+        path,
+        "an nnU-Net v2 dataset folder holds dataset.json, imagesTr/, labelsTr/",
+        "channel_names, labels, numTraining, file_ending",
+    )
     if "dataset" in data:
         raise FederationError(f'{path}: "dataset" (explicit file lists) is not supported; use imagesTr/ and labelsTr/')
     for key in ("channel_names", "labels", "numTraining", "file_ending"):
