@@ -277,9 +277,13 @@ def test_metric_names_keep_only_portable_characters():
 
 
 # --- Weights & Biases (offline) ----------------------------------------------------------------
+NO_SERVER = "http://127.0.0.1:9"  # a W&B server that refuses every connection: trying to reach one fails the test
+
+
 def _wandb_env() -> dict[str, str]:
-    """The environment without the user's W&B settings: what fedseg does by default (offline) is tested."""
-    return {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    """The environment without the user's W&B settings (what fedseg does by default, offline, is tested), and
+    W&B's server address at :data:`NO_SERVER`."""
+    return {**{k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}, "WANDB_BASE_URL": NO_SERVER}
 
 
 def _wandb_segments(out) -> dict[str, list[list[dict]]]:
@@ -407,6 +411,7 @@ def test_resumed_run_continues_the_same_wandb_run_without_repeating_a_round(
 
     for key in [k for k in os.environ if k.startswith("WANDB_")]:
         monkeypatch.delenv(key)
+    monkeypatch.setenv("WANDB_BASE_URL", NO_SERVER)
     cfg = tiny_config(algorithms=["fedavg"], eval={"hd95": False, "local_models": False}, tracking=["wandb"])
     out = tmp_path / "run"
     federation = disc_federation(n_sites=2, cases_per_site=8)

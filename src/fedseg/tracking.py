@@ -503,7 +503,10 @@ class WandbTracker:
             _OPEN_WANDB.pop((str(self.root.resolve()), algorithm), None)
 
     def _save(self, run: Any, name: str, write) -> None:
-        """``write(path)`` a file into the run's ``files/`` folder, then save it (uploaded as ``name``)."""
+        """``write(path)`` a file into the run's ``files/`` folder, then save it (uploaded as ``name``); nothing
+        when ``WANDB_MODE=disabled``."""
+        if run.disabled:
+            return
         path = Path(run.dir) / name
         write(path)
         run.save(str(path), base_path=run.dir, policy="now")
