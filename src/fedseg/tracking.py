@@ -520,6 +520,7 @@ class WandbTracker:
         run_id = ids.get(algorithm) if self.resume else None  # None: W&B makes a new one
         self.run, self.algorithm = self._open(algorithm, run_id, dict(config_params(cfg, algorithm))), algorithm
         if run_id is None:
+            self.root.mkdir(parents=True, exist_ok=True)
             atomic_write_text(self.root / WANDB_IDS, json.dumps({**ids, algorithm: self.run.id}, indent=1) + "\n")
 
     def log_round(self, record: RoundRecord) -> None:
