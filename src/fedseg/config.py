@@ -367,11 +367,11 @@ class RunConfig(Strict):
     faults: list[FaultSpec] = Field(
         default_factory=list, description="injected faults for robustness tests and studies (fedseg.engine.faults)"
     )
-    tracking: list[Literal["tensorboard", "mlflow"]] = Field(
+    tracking: list[Literal["tensorboard", "mlflow", "wandb"]] = Field(
         default_factory=list,
-        description="experiment trackers (fedseg.tracking; extra fedseg[tracking]), one tracking run per "
-        "algorithm: tensorboard = event files in OUT/tb/<algorithm>/, mlflow = runs in tracking_uri; "
-        "empty = off",
+        description="experiment trackers (fedseg.tracking; extras fedseg[tracking], fedseg[wandb]), one tracking "
+        "run per algorithm: tensorboard = event files in OUT/tb/<algorithm>/, mlflow = runs in tracking_uri, "
+        "wandb = offline W&B runs in OUT/wandb/ (wandb sync to upload); empty = off",
     )
     tracking_uri: str | None = Field(
         default=None, description="MLflow tracking URI (e.g. file:///path/mlruns); default: the file store OUT/mlruns"

@@ -1,13 +1,17 @@
-"""Experiment tracking: ``tracking: [tensorboard, mlflow]`` in the run config (``fedseg run --track NAME``).
+"""Experiment tracking: ``tracking: [tensorboard, mlflow, wandb]`` in the run config (``fedseg run --track NAME``).
 
 One tracking run per algorithm, named after it, so the methods' curves are comparable:
 
 * TensorBoard: event files in ``OUT/tb/<algorithm>/`` (``tensorboard --logdir OUT/tb``);
 * MLflow: a run named ``<algorithm>`` in the experiment ``cfg.name`` of the store ``tracking_uri``
   (default: the local file store ``OUT/mlruns``; no server, no network: MLflow's usage telemetry is
-  switched off), tagged ``fedseg.out`` (the run directory) and ``fedseg.algorithm``.
+  switched off), tagged ``fedseg.out`` (the run directory) and ``fedseg.algorithm``;
+* Weights & Biases: offline, a W&B run named ``<algorithm>`` in the project ``cfg.name``, grouped by the fedseg
+  run (group ``<OUT's name>-<8 hex digits of OUT's path>``), written to ``OUT/wandb/offline-run-*``; nothing
+  goes to a server (no login, no telemetry, no system metrics) unless ``WANDB_MODE`` is set (``online``: W&B's
+  own behaviour); upload later with ``wandb sync OUT/wandb/offline-run-*``. Details: :class:`WandbTracker`.
 
-What is logged (MLflow metric / TensorBoard scalar names; ``step`` = the round):
+What is logged (MLflow metric / TensorBoard scalar / W&B history key names; ``step`` = the round):
 
 * per round, once the round's checkpoint is on disk (as ``run.log``: a resumed run never logs a
   round twice and appends to the same tracking run): ``train_loss/<site>``, ``train_loss/mean`` and the
@@ -15,25 +19,31 @@ What is logged (MLflow metric / TensorBoard scalar names; ``step`` = the round):
   optimizer steps, compute seconds); in validated rounds also ``val_dice/<site>``, ``val_dice/mean``
   (the mean over sites that selects the best round) and the method's ``round_metrics`` as
   ``<metric>/<site>`` (FedSM's ``selector_acc/<site>``, Auto-FedAvg's ``alpha/<site>``, ...);
-* at the end of the algorithm (step = its last round), from its ``summary.json`` entry:
+* at the end of the algorithm (step = its last round; W&B: the run's summary), from its ``summary.json`` entry:
   ``test/dice/<site|client_avg|global>``, ``test/hd95/...``, ``test/local_avg``, ``test/local_gen``
   (when present), ``best_round``, ``selected_round/<site>`` (per-site selection), ``total/floats_sent``,
   ``total/sgd_steps``, ``total/seconds`` and the FeTS cost model's numbers ``cost/<key>``; the configuration
   as params with dotted keys (MLflow params, logged when the run is created; TensorBoard: HParams and
-  the YAML as text) and, on MLflow, ``config.yaml`` as an artifact;
-* the report: :func:`log_report` adds ``OUT/report.html`` to every algorithm's MLflow run once it is
-  rendered (``fedseg run`` calls it after the report). TensorBoard has no artifact store.
+  the YAML as text; W&B: the run's config) and, on MLflow, ``config.yaml`` as an artifact (W&B: the file
+  ``fedseg-config.yaml``);
+* the report: :func:`log_report` adds ``OUT/report.html`` to every algorithm's MLflow run (W&B: the run's
+  file ``report.html``) once it is rendered (``fedseg run`` calls it after the report). TensorBoard has no
+  artifact store.
 
 The packages are imported only when tracking is asked for; :func:`check_available` (called by
-``run_experiment`` before any work) fails naming the extra to install: ``pip install 'fedseg[tracking]'``.
+``run_experiment`` before any work) fails naming the extra to install: ``pip install 'fedseg[tracking]'``
+(TensorBoard, MLflow), ``pip install 'fedseg[wandb]'`` (W&B).
 A metric or param name keeps letters, digits, ``_ - . /`` and spaces; other characters become ``_``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
+import shutil
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -45,11 +55,14 @@ if TYPE_CHECKING:
     from fedseg.config import RunConfig
     from fedseg.engine.ledger import Ledger
 
-TRACKERS = ("tensorboard", "mlflow")
+TRACKERS = ("tensorboard", "mlflow", "wandb")
 EXTRA = "pip install 'fedseg[tracking]'"
-PACKAGES = {"tensorboard": "tensorboard", "mlflow": "mlflow-skinny (or mlflow)"}  # what each tracker needs
+EXTRAS = {"tensorboard": EXTRA, "mlflow": EXTRA, "wandb": "pip install 'fedseg[wandb]'"}  # what to install
+PACKAGES = {"tensorboard": "tensorboard", "mlflow": "mlflow-skinny (or mlflow)", "wandb": "wandb"}
 TB_DIR = "tb"
 MLRUNS_DIR = "mlruns"
+WANDB_DIR = "wandb"  # OUT/wandb/: W&B's own folder (offline-run-*), and fedseg's record of the run ids
+WANDB_IDS = "fedseg-runs.json"
 REPORT = "report.html"
 OUT_TAG, ALGORITHM_TAG = "fedseg.out", "fedseg.algorithm"
 
@@ -169,12 +182,14 @@ def check_available(names: Sequence[str]) -> None:
         try:
             if name == "tensorboard":
                 _summary_writer()
-            else:
+            elif name == "mlflow":
                 _mlflow_client_class()
+            else:
+                _wandb()
         except ImportError as e:
             raise TrackingUnavailable(
                 f"tracking: {name} needs the package {PACKAGES[name]}, which is not installed ({e}); "
-                f"install the extra: {EXTRA} (or remove {name} from tracking / --track)"
+                f"install the extra: {EXTRAS[name]} (or remove {name} from tracking / --track)"
             ) from None
 
 
@@ -187,6 +202,8 @@ def open_tracker(cfg: RunConfig, out: Path, resume: bool) -> Tracker | None:
             trackers.append(TensorBoardTracker(Path(out) / TB_DIR))
         elif name == "mlflow":
             trackers.append(MLflowTracker(mlflow_uri(cfg, out), cfg.name, Path(out), resume))
+        elif name == "wandb":
+            trackers.append(WandbTracker(Path(out), cfg.name, resume))
         else:
             raise ValueError(f"tracking: unknown tracker {name!r}; use {', '.join(TRACKERS)}")
     if not trackers:
@@ -391,3 +408,139 @@ class MLflowTracker:
 def _quoted(text: str) -> str:
     """``text`` as a string literal of MLflow's search syntax."""
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+# --- Weights & Biases --------------------------------------------------------------------------
+def _wandb():
+    # wandb-core reports its own errors and usage to W&B unless this is off (read when a run starts)
+    os.environ.setdefault("WANDB_ERROR_REPORTING", "false")
+    if os.environ.get("WANDB_MODE") == "":  # set but empty = not set (W&B would refuse it)
+        del os.environ["WANDB_MODE"]
+    import wandb
+
+    return wandb
+
+
+def wandb_mode() -> str:
+    """``WANDB_MODE`` when the user set it (``online``, ``disabled``...), else ``offline``."""
+    return os.environ.get("WANDB_MODE", "").strip() or "offline"
+
+
+def wandb_group(out: Path) -> str:
+    """The W&B group of the fedseg run in ``out``: its folder's name and 8 hex digits of its absolute path
+    (runs in folders of the same name stay apart)."""
+    path = str(Path(out).resolve())
+    return f"{Path(path).name[:100]}-{hashlib.sha1(path.encode()).hexdigest()[:8]}"
+
+
+def wandb_project(name: str) -> str:
+    """``WANDB_PROJECT`` when set, else ``name`` (the run config's ``name``) as W&B accepts it."""
+    return os.environ.get("WANDB_PROJECT") or re.sub(r"[/\\#?%:]", "_", name)[:128] or "fedseg"
+
+
+_OPEN_WANDB: dict[tuple[str, str], Any] = {}  # (OUT/wandb, algorithm) -> its W&B run, until finished
+_OPEN_LOCK = threading.Lock()
+
+
+class WandbTracker:
+    """A W&B run per algorithm, offline: ``wandb.init(mode="offline", dir=OUT)`` writes
+    ``OUT/wandb/offline-run-<time>-<id>/`` (the transaction log ``run-<id>.wandb`` and ``files/``).
+
+    * project ``cfg.name`` (or ``WANDB_PROJECT``), group :func:`wandb_group` (the fedseg run), name
+      ``<algorithm>``, notes = the run directory; config = :func:`config_params` (dotted keys, as MLflow's params);
+    * history: each round's :class:`RoundRecord` metrics with ``step`` = the round; summary: :func:`final_metrics`;
+      files: ``fedseg-config.yaml`` (the run's configuration) and ``report.html`` (by :meth:`log_report`).
+    * resume: the W&B run ids are kept in ``OUT/wandb/fedseg-runs.json`` (``{algorithm: id}``). A resumed fedseg
+      run continues the same W&B run (``resume="allow"``, same id): offline, W&B writes each continuation to a new
+      folder ``offline-run-<time>-<id>`` and ``wandb sync OUT/wandb/offline-run-*`` uploads the folders of one id
+      in order into one W&B run; its steps never repeat (a round is logged once, after its checkpoint). Adding
+      the report is such a continuation too.
+    * mode: ``offline`` unless the user sets ``WANDB_MODE`` (e.g. ``online``: logged in, live upload). Never any
+      login, W&B telemetry (``WANDB_ERROR_REPORTING=false`` unless set), system metrics, machine metadata or
+      console capture; W&B prints nothing (``silent``).
+    """
+
+    def __init__(self, out: Path, project: str, resume: bool):
+        self.out = Path(out)
+        self.root = self.out / WANDB_DIR
+        self.project, self.group, self.resume = wandb_project(project), wandb_group(self.out), resume
+        self.run: Any = None
+        self.algorithm: str | None = None
+
+    def run_ids(self) -> dict[str, str]:
+        """``{algorithm: W&B run id}`` of the run in ``out`` (empty when W&B never ran there)."""
+        file = self.root / WANDB_IDS
+        return json.loads(file.read_text()) if file.is_file() else {}
+
+    def _open(self, algorithm: str, run_id: str | None, config: dict | None = None) -> Any:
+        wandb = _wandb()
+        key = (str(self.root.resolve()), algorithm)
+        with _OPEN_LOCK:
+            stale = _OPEN_WANDB.pop(key, None)
+        if stale is not None:  # left open by a run that failed in this process: closed before continuing it
+            stale.finish(exit_code=1)
+        settings = wandb.Settings(silent=True, console="off", x_disable_stats=True, x_disable_meta=True)
+        run = wandb.init(
+            dir=str(self.out),
+            project=self.project,
+            group=self.group,
+            name=algorithm,
+            notes=f"fedseg run {self.out.resolve()}",
+            id=run_id,
+            resume="allow",
+            mode=wandb_mode(),
+            config=config,
+            settings=settings,
+            reinit="create_new",  # other W&B runs of the process (a notebook's own) are left alone
+        )
+        with _OPEN_LOCK:
+            _OPEN_WANDB[key] = run
+        return run
+
+    def _close(self, run: Any, algorithm: str) -> None:
+        run.finish()
+        with _OPEN_LOCK:
+            _OPEN_WANDB.pop((str(self.root.resolve()), algorithm), None)
+
+    def _save(self, run: Any, name: str, write) -> None:
+        """``write(path)`` a file into the run's ``files/`` folder, then save it (uploaded as ``name``); nothing
+        when ``WANDB_MODE=disabled``."""
+        if run.disabled:
+            return
+        path = Path(run.dir) / name
+        write(path)
+        run.save(str(path), base_path=run.dir, policy="now")
+
+    def start(self, algorithm: str, cfg: RunConfig, first_round: int | None = None) -> None:
+        from fedseg.engine.checkpoint import atomic_write_text
+
+        if self.run is not None:
+            self._close(self.run, self.algorithm or algorithm)
+        ids = self.run_ids()
+        run_id = ids.get(algorithm) if self.resume else None  # None: W&B makes a new one
+        self.run, self.algorithm = self._open(algorithm, run_id, dict(config_params(cfg, algorithm))), algorithm
+        if run_id is None:
+            self.root.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(self.root / WANDB_IDS, json.dumps({**ids, algorithm: self.run.id}, indent=1) + "\n")
+
+    def log_round(self, record: RoundRecord) -> None:
+        self.run.log(dict(record.metrics), step=record.round)
+
+    def finish(self, algorithm: str, cfg: RunConfig, summary: dict) -> None:
+        from fedseg.config import dump_config
+
+        if self.run is None:
+            self.start(algorithm, cfg)
+        self.run.summary.update(final_metrics(summary))
+        self._save(self.run, "fedseg-config.yaml", lambda p: p.write_text(dump_config(cfg)))
+        self._close(self.run, algorithm)
+        self.run = self.algorithm = None
+
+    def log_report(self, algorithms: Sequence[str], path: Path) -> None:
+        """``report.html`` to each algorithm's W&B run (a continuation of it: see the class docstring)."""
+        ids = self.run_ids()
+        for algorithm in dict.fromkeys(algorithms):
+            if (run_id := ids.get(algorithm)) is not None:
+                run = self._open(algorithm, run_id)
+                self._save(run, REPORT, lambda p: shutil.copyfile(path, p))
+                self._close(run, algorithm)
