@@ -401,3 +401,27 @@ def test_reading_a_tiny_dicom_series_is_fast(files):
     start = time.perf_counter()
     read_image(files["dicom"], "3d")
     assert time.perf_counter() - start < 1.0
+
+
+def test_a_label_on_another_grid_than_its_image_is_one_line(tmp_path):
+    """Equal shapes, voxels elsewhere: a label flipped along one axis, or moved by 50 mm, is refused; within half a
+    voxel (header rounding) it passes."""
+    import nibabel as nib
+
+    from fedseg.data.folder import grid_problems
+
+    affine = np.diag([0.7, 1.3, 2.5, 1.0])
+    data = np.zeros((8, 10, 6), np.uint8)
+    nib.save(nib.Nifti1Image(data, affine), tmp_path / "image.nii.gz")
+    for name, other in {
+        "flipped": affine @ np.array([[-1, 0, 0, 7], [0, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1.0]]),
+        "moved": affine + np.array([[0, 0, 0, 50.0]] + [[0, 0, 0, 0]] * 3),
+        "rounded": affine + np.array([[0, 0, 0, 0.2]] + [[0, 0, 0, 0]] * 3),
+    }.items():
+        nib.save(nib.Nifti1Image(data, other), tmp_path / f"{name}.nii.gz")
+    image = tmp_path / "image.nii.gz"
+    (flipped,) = grid_problems(image, tmp_path / "flipped.nii.gz")
+    assert flipped.startswith(f"{tmp_path / 'flipped.nii.gz'}: label grid does not match image {image}")
+    assert "resample the label onto the image" in flipped
+    assert len(grid_problems(image, tmp_path / "moved.nii.gz")) == 1
+    assert grid_problems(image, tmp_path / "rounded.nii.gz") == []

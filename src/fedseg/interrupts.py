@@ -24,6 +24,8 @@ from collections.abc import Iterable, Iterator
 __all__ = ["INTERRUPTED_EXIT", "resume_hint", "stop_processes", "terminate_on_signals"]
 
 INTERRUPTED_EXIT = 130  # the shell's code for a command ended by SIGINT (128 + 2)
+# what stops a command: Ctrl-C, kill, a closed terminal (Windows has no SIGHUP)
+_STOP_SIGNALS = tuple(s for s in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)) if s is not None)
 
 
 @contextlib.contextmanager
@@ -37,7 +39,7 @@ def terminate_on_signals() -> Iterator[None]:
     def interrupt(signum: int, frame: object) -> None:
         raise KeyboardInterrupt(f"signal {signum}")
 
-    saved = {s: signal.signal(s, interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
+    saved = {s: signal.signal(s, interrupt) for s in _STOP_SIGNALS if s != signal.SIGINT}
     try:
         yield
     finally:
@@ -47,13 +49,13 @@ def terminate_on_signals() -> Iterator[None]:
 
 def stop_processes(pids: Iterable[int], grace_s: float = 20.0) -> None:
     """Interrupt each process of ``pids`` (SIGINT), wait up to ``grace_s`` seconds for all to exit, then SIGKILL
-    the rest. Further SIGINT/SIGTERM to this process are ignored meanwhile (a second Ctrl-C would otherwise
+    the rest. Further SIGINT/SIGTERM/SIGHUP to this process are ignored meanwhile (a second Ctrl-C would otherwise
     abandon the workers half-stopped); the caller re-raises its interrupt afterwards."""
     pids = [p for p in pids if _alive(p)]
     if not pids:
         return
     in_main = threading.current_thread() is threading.main_thread()
-    saved = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)} if in_main else {}
+    saved = {s: signal.signal(s, signal.SIG_IGN) for s in _STOP_SIGNALS} if in_main else {}
     try:
         for pid in pids:
             _send(pid, signal.SIGINT)
@@ -62,7 +64,7 @@ def stop_processes(pids: Iterable[int], grace_s: float = 20.0) -> None:
             time.sleep(0.1)
         for pid in pids:
             if _alive(pid):
-                _send(pid, signal.SIGKILL)
+                _send(pid, getattr(signal, "SIGKILL", signal.SIGTERM))  # Windows has no SIGKILL
     finally:
         for s, handler in saved.items():
             signal.signal(s, handler)

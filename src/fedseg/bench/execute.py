@@ -16,7 +16,9 @@ import multiprocessing
 import os
 import pickle
 import queue
+import signal
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
@@ -54,17 +56,33 @@ class Finished:
 
 def _train_in_process(cfg_json: dict, out: str, results) -> None:
     """A bench process's target: ``train`` one run, then put ``(out, seconds, None)`` on ``results``, or
-    ``(out, None, exception)`` when it failed; interrupted (SIGINT from the bench or Ctrl-C), it leaves quietly."""
+    ``(out, None, exception)`` when it failed, and exit; interrupted (SIGINT from the bench or Ctrl-C) while training,
+    it leaves quietly. Once training is over, SIGINT is blocked, so an interrupt cannot cut the answer short."""
+    answer: tuple[str, float | None, BaseException | None]
     try:
-        results.put((out, train(cfg_json, out), None))
+        answer = (out, train(cfg_json, out), None)
     except KeyboardInterrupt:
         os._exit(INTERRUPTED_EXIT)  # no traceback: the bench says what happened
     except BaseException as e:
-        try:
-            pickle.dumps(e)
-        except Exception:
-            e = RuntimeError(f"{type(e).__name__}: {e}")
-        results.put((out, None, e))
+        answer = (out, None, _portable(e, traceback.format_exc()))
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    results.put(answer)
+    results.close()
+    results.join_thread()  # the answer is in the pipe before the process ends
+    os._exit(0)
+
+
+def _portable(error: BaseException, child_traceback: str) -> BaseException:
+    """``error`` as the bench process will read it back: itself if it survives pickling both ways (an exception
+    whose ``__init__`` takes other arguments pickles but does not load), else a RuntimeError with its text; with
+    the run process's traceback as a note, since the bench's own traceback ends at the queue."""
+    try:
+        portable = pickle.loads(pickle.dumps(error))
+    except Exception:
+        portable = RuntimeError(f"{type(error).__name__}: {error}")
+    portable.add_note(f"raised in the bench's run process:\n{child_traceback.rstrip()}")
+    return portable
 
 
 def train(cfg_json: dict, out: str) -> float:
@@ -140,6 +158,7 @@ class Runner:
         results = context.Queue()  # (run folder, wall seconds, None) or (run folder, None, the exception)
         queued = list(todo)
         running: dict[str, tuple[BaseProcess, BenchRun]] = {}
+        silent: dict[str, float] = {}  # run folder -> when its process was first seen ended without an answer
         try:
             while queued or running:
                 while queued and len(running) < self.jobs:
@@ -153,18 +172,22 @@ class Runner:
                 try:
                     folder, seconds, error = results.get(timeout=1.0)
                 except queue.Empty:
-                    for process, r in running.values():
-                        if process.exitcode not in (None, 0):  # killed (e.g. out of memory) before it could answer
+                    for where, (process, r) in running.items():
+                        if process.exitcode is None:
+                            continue
+                        ended = silent.setdefault(where, time.monotonic())
+                        if process.exitcode != 0 or time.monotonic() - ended > 30:  # its answer is not on the way
+                            # killed (e.g. out of memory) before it could answer, or gone without a word
                             raise RunFailed(f"run {r.label} ended with exit code {process.exitcode}") from None
                     continue
                 process, r = running.pop(folder)
-                process.join()
+                process.join(timeout=30)
                 if error is not None:
                     raise error
                 done[r] = self._finished(r, seconds)
                 self._report(done[r], len(queued) + len(running))
         except BaseException:
-            stop_processes([process.pid for process, _ in running.values() if process.pid is not None])
+            stop_processes([p.pid for p, _ in running.values() if p.pid is not None and p.exitcode is None])
             for process, _ in running.values():
                 process.join(timeout=1.0)
             raise

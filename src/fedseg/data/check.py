@@ -18,6 +18,7 @@ from fedseg.data.folder import (
     Header,
     build_federation,
     case_problems,
+    grid_problems,
     group_problems,
     read_array,
     read_image,
@@ -65,7 +66,9 @@ def _check_case(image_path: Path, label_path: Path, header: Header | None) -> tu
     if label is not None:
         problems += label_value_problems(label, header.regions, label_path)
     if image is not None and label is not None:
-        problems += case_problems(image, label, image_path, label_path, header.channels)
+        problems += case_problems(image, label, image_path, label_path, header.channels) or grid_problems(
+            image_path, label_path
+        )
     return problems, None if image is None else tuple(image.shape)
 
 

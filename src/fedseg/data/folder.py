@@ -262,6 +262,24 @@ def case_problems(image: np.ndarray, label: np.ndarray, image_path: Path, label_
     return problems
 
 
+def grid_problems(image_path: Path, label_path: Path) -> list[str]:
+    """A volume image and its label on different grids (an axis flipped, another origin or spacing), one line;
+    shapes can agree while the voxels do not. Compared from the headers (no voxel read): the voxel axes (direction
+    x spacing) to 0.1% and the origins to half the smallest voxel. Nothing for 2D files, or a DICOM-SEG label
+    (placed on its image's grid when read)."""
+    if not (_is_volume(_ext(image_path)) and _is_volume(_ext(label_path))) or _ext(label_path) == readers.DICOM:
+        return []
+    a, b = readers.volume_grid(image_path).affine, readers.volume_grid(label_path).affine
+    half_voxel = 0.5 * min(np.linalg.norm(a[:3, :3], axis=0))
+    if np.allclose(a[:3, :3], b[:3, :3], rtol=1e-3, atol=1e-3) and np.linalg.norm(a[:3, 3] - b[:3, 3]) <= half_voxel:
+        return []
+    axes = lambda m: np.array2string(m[:3, :3].round(3), separator=",").replace("\n", "")  # noqa: E731
+    return [
+        f"{label_path}: label grid does not match image {image_path} (voxel axes {axes(b)} vs {axes(a)}, origin "
+        f"{tuple(b[:3, 3].round(2))} vs {tuple(a[:3, 3].round(2))} mm): resample the label onto the image"
+    ]
+
+
 def load_case(
     image_path: Path,
     label_path: Path,
@@ -273,7 +291,7 @@ def load_case(
     ``label_names``: the federation's, for a DICOM-SEG label's segments (``read_label``)."""
     image = read_image(image_path, kind)
     label = read_label(label_path, kind, image=image_path, label_names=label_names)
-    problems = case_problems(image, label, image_path, label_path, channels)
+    problems = case_problems(image, label, image_path, label_path, channels) or grid_problems(image_path, label_path)
     if problems:
         raise FederationError("\n".join(problems))
     return image, label
