@@ -147,6 +147,25 @@ def test_import_region_based_labels_with_a_csv_of_sites_and_splits_final(tmp_pat
     assert splits_of(out)["north"] == {"X_000": "train", "X_001": "val", "X_002": "test"}
 
 
+def test_splits_final_is_found_where_nnunet_keeps_it_and_a_fold_without_one_is_refused(tmp_path, monkeypatch):
+    """nnU-Net v2 writes splits_final.json to $nnUNet_preprocessed/<dataset>/, not to the raw folder."""
+    src = nnunet_dataset(tmp_path / "raw" / "Dataset505_Pre", sites=("X",), per_site=2)
+    sites = ["--site-by", "^([A-Z])_"]
+    refused = cli("import", "nnunet", str(src), *sites, "--fold", "1", "--out", str(tmp_path / "none"))
+    assert "--fold 1: no splits_final.json in" in one_line_error(refused)
+    preprocessed = tmp_path / "preprocessed"
+    (preprocessed / src.name).mkdir(parents=True)
+    folds = [{"train": ["X_000"], "val": ["X_001"]}, {"train": ["X_001"], "val": ["X_000"]}]
+    (preprocessed / src.name / "splits_final.json").write_text(json.dumps(folds))
+    monkeypatch.setenv("nnUNet_preprocessed", str(preprocessed))
+    assert cli("import", "nnunet", str(src), *sites, "--fold", "1", "--out", str(tmp_path / "fed")).exit_code == 0
+    assert splits_of(tmp_path / "fed")["X"] == {"X_000": "val", "X_001": "train", "X_002": "test"}
+    monkeypatch.delenv("nnUNet_preprocessed")
+    given = ["--splits", str(preprocessed / src.name / "splits_final.json")]
+    assert cli("import", "nnunet", str(src), *sites, *given, "--out", str(tmp_path / "fed0")).exit_code == 0
+    assert splits_of(tmp_path / "fed0")["X"] == {"X_000": "train", "X_001": "val", "X_002": "test"}
+
+
 def test_import_2d_pngs_rgb_in_one_file_and_grey_channels_stacked(tmp_path):
     rng = np.random.default_rng(0)
     for name, channels in (("Dataset503_Rgb", ["R", "G", "B"]), ("Dataset504_Grey", ["a", "b"])):

@@ -179,6 +179,10 @@ def import_(
     fold: Annotated[
         int | None, typer.Option(help="nnunet: the fold of splits_final.json giving train/val (default 0)")
     ] = None,
+    splits: Annotated[
+        Path | None,
+        typer.Option(help="nnunet: splits_final.json (default: in the dataset folder, else $nnUNet_preprocessed/<it>)"),
+    ] = None,
 ) -> None:
     """Import a real multi-site dataset into a folder federation, then check it. Layouts: fets2022 SRC (FeTS2022_NNNNN/
     folders, partitioning_N.csv), msd TASK... (Decathlon task folders), prostate-6site SRC (SRC/<SITE>/CaseNN.nii.gz,
@@ -187,7 +191,7 @@ def import_(
     from fedseg.data.importers import ImportOptions, import_dataset
 
     try:
-        options = ImportOptions(partitioning, regions, site_by, fold)  # type: ignore[arg-type]  # plan_msd checks regions
+        options = ImportOptions(partitioning, regions, site_by, fold, splits)  # type: ignore[arg-type]  # plan_msd checks regions
         fed = import_dataset(layout, sources, out, copy=copy, options=options)
     except (FederationError, OSError) as e:  # OSError: e.g. a full disk, a folder that cannot be written
         _fail(error_text(e))

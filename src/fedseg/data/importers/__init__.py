@@ -38,12 +38,14 @@ from fedseg.data.importers.writer import Plan, write_plan
 class ImportOptions:
     """Layout-specific options: ``partitioning`` (fets2022: 1 or 2), ``regions`` (msd: auto, nested, disjoint),
     ``site_by`` (nnunet: a regex on the case id or a ``case,site`` CSV), ``fold`` (nnunet: the fold of
-    ``splits_final.json`` that gives train/val, default 0)."""
+    ``splits_final.json`` that gives train/val, default 0), ``splits`` (nnunet: that file, when it is neither in the
+    dataset folder nor in ``$nnUNet_preprocessed/<dataset>/``)."""
 
     partitioning: int | None = None
     regions: RegionMode | None = None
     site_by: str | None = None
     fold: int | None = None
+    splits: Path | None = None
 
 
 LAYOUTS: dict[str, Callable[[list[Path], ImportOptions], Plan]] = {
@@ -51,13 +53,14 @@ LAYOUTS: dict[str, Callable[[list[Path], ImportOptions], Plan]] = {
     "msd": lambda sources, o: plan_msd(sources, o.regions or "auto"),
     "prostate-6site": lambda sources, o: plan_prostate(sources),
     "fundus": lambda sources, o: plan_fundus(sources),
-    "nnunet": lambda sources, o: plan_nnunet(sources, o.site_by, o.fold or 0),
+    "nnunet": lambda sources, o: plan_nnunet(sources, o.site_by, o.fold, o.splits),
 }
 OPTION_LAYOUTS = {
     "partitioning": "fets2022",
     "regions": "msd",
     "site_by": "nnunet",
     "fold": "nnunet",
+    "splits": "nnunet",
 }  # which layout each option belongs to
 
 

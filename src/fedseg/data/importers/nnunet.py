@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -315,12 +316,33 @@ def _csv_assigner(path: Path) -> SiteAssigner:
     return assign
 
 
-def read_splits_final(src: Path, fold: int, train_ids: set[str]) -> dict[str, Split]:
-    """``SRC/splits_final.json`` fold ``fold`` -> nnU-Net case id -> ``train``/``val`` (every ``imagesTr`` case);
-    ``{}`` without the file."""
-    path = src / SPLITS_FINAL
-    if not path.is_file():
-        return {}
+def find_splits_final(src: Path, given: Path | None) -> Path | None:
+    """Where the dataset's ``splits_final.json`` is: ``given`` (``--splits``), else ``SRC/splits_final.json``, else
+    ``$nnUNet_preprocessed/<SRC's name>/splits_final.json``, where nnU-Net v2 writes and reads it; None if none."""
+    if given is not None:
+        if not given.is_file():
+            raise FederationError(f"{given}: missing (--splits names nnU-Net's splits_final.json)")
+        return given
+    candidates = [src / SPLITS_FINAL]
+    if preprocessed := os.environ.get("nnUNet_preprocessed"):
+        candidates.append(Path(preprocessed) / src.name / SPLITS_FINAL)
+    return next((p for p in candidates if p.is_file()), None)
+
+
+def read_splits_final(
+    src: Path, fold: int | None, train_ids: set[str], given: Path | None = None
+) -> tuple[dict[str, Split], Path | None]:
+    """Fold ``fold`` (default 0) of the dataset's ``splits_final.json`` (:func:`find_splits_final`) -> nnU-Net case
+    id -> ``train``/``val`` (every ``imagesTr`` case), and the file used; ``({}, None)`` without one (the run's split
+    then applies), unless a ``fold`` was asked for: then one line saying where it was looked for."""
+    path = find_splits_final(src, given)
+    if path is None:
+        if fold is not None:
+            raise FederationError(
+                f"--fold {fold}: no {SPLITS_FINAL} in {src} or $nnUNet_preprocessed/{src.name}/ (give it with --splits)"
+            )
+        return {}, None
+    fold = 0 if fold is None else fold
     try:
         folds = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -342,7 +364,7 @@ def read_splits_final(src: Path, fold: int, train_ids: set[str]) -> dict[str, Sp
     missing = sorted(train_ids - set(splits))
     if missing:
         raise FederationError(f"{path}: fold {fold} does not list imagesTr case {missing[0]!r} in train or val")
-    return splits
+    return (splits, path)
 
 
 def _stacked(paths: tuple[Path, ...], kind: Literal["2d", "3d"]) -> np.ndarray:
@@ -382,13 +404,15 @@ def _image_source(case: RawCase, kind: Literal["2d", "3d"]) -> Source:
     return Source(paths[0], lambda dest: np.save(dest, _stacked(paths, "2d")), "npy")
 
 
-def plan_nnunet(sources: list[Path], site_by: str | None = None, fold: int = 0) -> Plan:
+def plan_nnunet(
+    sources: list[Path], site_by: str | None = None, fold: int | None = None, splits_file: Path | None = None
+) -> Plan:
     """Plan the import of an nnU-Net v2 dataset folder ``sources == [SRC]`` (see the module docstring)."""
     src = single_source(sources, "nnunet", "an nnU-Net v2 dataset folder: dataset.json, imagesTr/, labelsTr/")
     info = read_dataset_json(src)
     cases = find_cases(src, info)
     assign = site_assigner(site_by, src.name)
-    fixed = read_splits_final(src, fold, {c.id for c in cases if not c.test})
+    fixed, _ = read_splits_final(src, fold, {c.id for c in cases if not c.test}, splits_file)
     kind = kind_of(info.file_ending)
     by_site: dict[str, list[PlannedCase]] = {}
     splits: dict[str, dict[str, Split]] = {}
