@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from fedseg.data.federation import Regions
 
-Normalize = Literal["minmax", "zscore", "zscore_foreground", "none"]
+Normalize = Literal["minmax", "zscore", "zscore_foreground", "zscore_channel", "none"]
 
 
 def normalize_image(image: np.ndarray, mode: Normalize) -> np.ndarray:
@@ -25,13 +25,15 @@ def normalize_image(image: np.ndarray, mode: Normalize) -> np.ndarray:
     together); ``zscore_foreground`` normalizes each channel (modality) alone to mean 0 and standard
     deviation 1 over its own non-zero voxels, leaving the zero background at 0 (MONAI
     ``NormalizeIntensity(nonzero=True, channel_wise=True)``; FeTS 2022 benchmark Sec. 4.4.2, nnU-Net's
-    MRI scheme); ``none`` only casts.
+    MRI scheme); ``zscore_channel`` normalizes each channel alone over all its voxels (nnU-Net's
+    ``ZScoreNormalization`` without a mask); ``none`` only casts.
     """
     x = image.astype(np.float32)
-    if mode == "zscore_foreground":
+    if mode in ("zscore_foreground", "zscore_channel"):
         from monai.transforms import NormalizeIntensity
 
-        return np.asarray(NormalizeIntensity(nonzero=True, channel_wise=True)(x), dtype=np.float32)
+        masked = mode == "zscore_foreground"
+        return np.asarray(NormalizeIntensity(nonzero=masked, channel_wise=True)(x), dtype=np.float32)
     if mode == "minmax":
         lo, hi = float(x.min()), float(x.max())
         return (x - lo) / (hi - lo) if hi > lo else np.zeros_like(x)
