@@ -156,6 +156,22 @@ def test_ct_and_unmasked_mr_normalization():
     ]
 
 
+def test_a_ct_plan_sets_ct_windows_that_clip_and_scale_each_channel():
+    from fedseg.config import ConfigError, validate_config
+    from fedseg.data.preprocess import normalization, normalize_image
+
+    stats = ChannelIntensity(100, 40.0, 12.0, -1000.0, 1500.0, -200.0, 35.0, 300.0, 2.5)
+    ct = make_plan(hand_fingerprint([(1.0,) * 3], [(32,) * 3], modality_stats=stats), PlanConfig(modality="CT"))
+    cfg = apply_plan(_cfg(PlanConfig(modality="CT")), ct)
+    assert cfg.data.normalize == "ct" and cfg.data.ct_windows == [(-200.0, 300.0, 40.0, 12.0)]
+    assert ct.applied["normalization"] == "data.normalize = ct, data.ct_windows"
+    image = np.array([[[-1000.0, 40.0, 52.0, 2000.0]]], np.float32)  # (C=1, 1, 4)
+    out = normalize_image(image, normalization(cfg.data.normalize, cfg.data.ct_windows))
+    np.testing.assert_allclose(out, [[[(-200 - 40) / 12, 0.0, 1.0, (300 - 40) / 12]]], rtol=1e-6)
+    with pytest.raises(ConfigError, match="data.normalize = ct needs data.ct_windows"):
+        validate_config({"data": {"normalize": "ct"}}, "test")
+
+
 def test_a_planned_dynunet_has_per_axis_kernels_and_strides():
     from fedseg.config import ModelConfig
 

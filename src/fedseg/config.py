@@ -100,14 +100,28 @@ class DataConfig(Strict):
         description="side of the square/cubic model input, pixels (with data.volume.patch_size: only FedSM's "
         "selector view)",
     )
-    normalize: Literal["minmax", "zscore", "zscore_foreground", "zscore_channel", "none"] = Field(
+    normalize: Literal["minmax", "zscore", "zscore_foreground", "zscore_channel", "ct", "none"] = Field(
         default="minmax",
         description="intensities: minmax / zscore per image; zscore_foreground per channel (modality) within its "
-        "non-zero voxels (FeTS 2022 Sec. 4.4.2), background kept at 0; zscore_channel per channel over all voxels",
+        "non-zero voxels (FeTS 2022 Sec. 4.4.2), background kept at 0; zscore_channel per channel over all voxels; "
+        "ct: each channel clipped and scaled with data.ct_windows (nnU-Net's CTNormalization)",
+    )
+    ct_windows: list[tuple[float, float, float, float]] | None = Field(
+        default=None,
+        description="normalize: ct: per channel (lower, upper, mean, std): clip to [lower, upper], subtract mean, "
+        "divide by std (a planned run sets them from the sites' fingerprints: fedseg.plan)",
     )
     volume: VolumeConfig = VolumeConfig()
     split: SplitConfig = SplitConfig()
     repartition: RepartitionConfig = RepartitionConfig()
+
+    @model_validator(mode="after")
+    def _ct_windows(self) -> DataConfig:
+        if self.normalize == "ct" and not self.ct_windows:
+            raise ValueError("data.normalize = ct needs data.ct_windows: (lower, upper, mean, std) per channel")
+        if any(w[3] <= 0 or w[0] > w[1] for w in self.ct_windows or []):
+            raise ValueError("data.ct_windows: each window needs lower <= upper and std > 0")
+        return self
 
 
 class PlanConfig(Strict):

@@ -104,6 +104,7 @@ def write_bundle_files(folder: Path, bundle: dict, cfg: RunConfig, fed: Federati
         "regions": fed.regions.as_dict(),
         "image_size": cfg.data.image_size,
         "normalize": cfg.data.normalize,
+        **({"ct_windows": cfg.data.ct_windows} if cfg.data.ct_windows else {}),  # normalize: ct
         "volume": cfg.data.volume.model_dump(mode="json"),  # the volume pipeline (fedseg predict on patches)
         "threshold": cfg.eval.threshold,
     }

@@ -10,7 +10,7 @@ import torch
 from fedseg.config import DataConfig, VolumeConfig
 from fedseg.data.federation import Case, Federation, Site
 from fedseg.data.metadata import metadata_value
-from fedseg.data.preprocess import case_tensors
+from fedseg.data.preprocess import case_tensors, normalization
 from fedseg.data.volumes import Volume, build_volume, case_spacing, draw_patches, patch_size
 
 
@@ -101,17 +101,18 @@ def build_site_data(fed: Federation, site: Site, index: int, splits: Mapping[str
     for case in site.cases:
         by_split[splits[case.id]].append(case)
     on_grid = cfg.volume.patch_size is not None
+    norm = normalization(cfg.normalize, cfg.ct_windows)
     sets = {}
     for split, cases in by_split.items():
         xs, ys, vols = [], [], []
         for case in cases:
             image, label = case.arrays()
-            x, y = case_tensors(image, label, fed.regions, cfg.image_size, cfg.normalize)
+            x, y = case_tensors(image, label, fed.regions, cfg.image_size, norm)
             xs.append(x)
             ys.append(y)
             if on_grid:
                 spacing = case_spacing(case, fed.spatial_dims)
-                vols.append(build_volume(image, label, fed.regions, spacing, cfg.volume, cfg.normalize))
+                vols.append(build_volume(image, label, fed.regions, spacing, cfg.volume, norm))
         shape_x = (0, fed.channels) + (cfg.image_size,) * fed.spatial_dims
         shape_y = (0, len(fed.regions)) + (cfg.image_size,) * fed.spatial_dims
         sets[split] = CaseSet(

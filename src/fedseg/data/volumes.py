@@ -32,7 +32,7 @@ import torch
 
 from fedseg.config import VolumeConfig
 from fedseg.data.federation import Case, Regions
-from fedseg.data.preprocess import Normalize, normalize_image
+from fedseg.data.preprocess import CTWindows, Normalize, normalize_image
 
 NIFTI_SUFFIXES = (".nii", ".nii.gz")
 
@@ -138,7 +138,7 @@ def preprocess(
     regions: Regions,
     spacing: Sequence[float],
     cfg: VolumeConfig,
-    normalize: Normalize,
+    normalize: Normalize | CTWindows,
 ) -> tuple[torch.Tensor, torch.Tensor | None, Grid]:
     """Steps 1-4 of the module docstring on ``image`` ``(C, *O)`` and integer ``label`` ``(*O)`` (or None)
     with the case's ``spacing`` (mm per axis). Returns ``(image (C, *P) float32, region masks (R, *P)

@@ -255,32 +255,34 @@ def make_plan(fingerprint: DatasetFingerprint, settings: PlanConfig) -> Plan:
     )
 
 
-def normalize_mode(plan: Plan) -> tuple[str | None, str]:
-    """The ``data.normalize`` that carries out the plan's normalization, and a note: ``zscore_foreground``
-    (z-score with the non-zero mask), ``zscore_channel`` (without), or None with the reason it cannot."""
+def normalize_settings(plan: Plan) -> tuple[dict, str]:
+    """The ``data`` settings that carry out the plan's normalization, and a note: ``normalize`` =
+    ``zscore_foreground`` (z-score with the non-zero mask), ``zscore_channel`` (without) or ``ct`` with
+    ``ct_windows``; none (and the reason) when the channels mix schemes, which one ``data.normalize`` cannot do."""
     schemes = {(n["scheme"], n["use_mask"]) for n in plan.normalization}
     if schemes == {("zscore", True)}:
-        return "zscore_foreground", "data.normalize = zscore_foreground"
+        return {"normalize": "zscore_foreground"}, "data.normalize = zscore_foreground"
     if schemes == {("zscore", False)}:
-        return "zscore_channel", "data.normalize = zscore_channel"
-    return None, (
-        "planned but not applied: CT normalization (clip + global mean/std) has no data.normalize mode yet; "
-        "the run keeps data.normalize"
-    )
+        return {"normalize": "zscore_channel"}, "data.normalize = zscore_channel"
+    if schemes == {("ct", False)}:
+        windows = [(n["lower"], n["upper"], n["mean"], n["std"]) for n in plan.normalization]
+        return {"normalize": "ct", "ct_windows": windows}, "data.normalize = ct, data.ct_windows"
+    return {}, "planned but not applied: the channels mix CT and MR schemes; the run keeps data.normalize"
 
 
 def apply_plan(cfg: RunConfig, plan: Plan) -> RunConfig:
     """The config the run trains with: ``cfg`` with the planned DynUNet (``model``: ``dynunet``, ``channels`` =
     filters, ``strides`` / ``kernel_sizes`` per stage), ``data.volume.patch_size`` and ``data.volume.spacing``
-    (the volume path resamples every case to it), and ``data.normalize`` where a mode carries out the planned
-    normalization. Records in ``plan.applied`` what was applied, and what not (and why)."""
+    (the volume path resamples every case to it), and ``data.normalize`` (and ``data.ct_windows``) where they can
+    carry out the planned normalization (:func:`normalize_settings`). Records in ``plan.applied`` what was
+    applied, and what not (and why)."""
     if len(plan.strides) < MIN_STAGES:
         raise ValueError(
             f"model.name planned: the plan has {len(plan.strides)} stages (patch {plan.patch_size}, bottleneck of at "
             f"least model.plan.min_edge = {plan.settings['min_edge']} voxels) and MONAI's DynUNet needs at least "
             f"{MIN_STAGES}: lower model.plan.min_edge or raise model.plan.voxel_budget"
         )
-    mode, note = normalize_mode(plan)
+    normalize, note = normalize_settings(plan)
     model = cfg.model.model_copy(
         update={
             "name": "dynunet",
@@ -292,7 +294,7 @@ def apply_plan(cfg: RunConfig, plan: Plan) -> RunConfig:
     volume = cfg.data.volume.model_copy(
         update={"patch_size": tuple(plan.patch_size), "spacing": tuple(plan.target_spacing)}
     )
-    data = cfg.data.model_copy(update={"volume": volume, **({"normalize": mode} if mode else {})})
+    data = cfg.data.model_copy(update={"volume": volume, **normalize})
     plan.applied = {
         "network": "model: dynunet (channels, strides, kernel_sizes)",
         "patch_size": "data.volume.patch_size",
