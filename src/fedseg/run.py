@@ -600,7 +600,12 @@ def run_experiment(
 
     ``prepared`` skips loading data here (an engine whose sites hold their own data, e.g. Flower,
     needs only the federation's header, site names and the Task); ``engine_factory``, ``keep_checkpoints``:
-    see ``run_algorithm``."""
+    see ``run_algorithm``.
+
+    ``model.name: planned`` (``fedseg.plan``): the sites' fingerprints are collected and the run planned before
+    any case is pre-processed (``prepare_planned``); every algorithm trains under the config with the plan
+    applied, ``config.yaml`` keeps the config as given, ``plan.json`` the plan (a resume reuses it) and
+    ``summary.json`` the plan with its traffic (``ledger.csv``: rows of algorithm ``plan``)."""
     if prepared is None:  # else (Flower) the sites compute, on their machines: ``fedseg flower local`` checks
         check_device(cfg.device)
     out = Path(out)
