@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from fedseg.data.volumes import foreground_box
+from fedseg.data.volumes import case_spacing, foreground_box
 from fedseg.engine.context import ClientContext
 from fedseg.engine.messages import Message
 
@@ -160,7 +160,8 @@ def histogram(values: np.ndarray, low: float, high: float, bins: int) -> np.ndar
 
 class FingerprintClient:
     """A site's planning client: answers ``fingerprint`` and ``histogram`` (module docstring) from the site's
-    training cases (``SiteData.sources``, read where the site is)."""
+    training cases (``SiteData.sources``, read where the site is), each with the spacing the volume path uses
+    (``fedseg.data.volumes.case_spacing``: the case's own, else its NIfTI header's)."""
 
     def handle(self, action: str, msg: Message, ctx: ClientContext) -> Message:
         channels = ctx.task.in_channels
@@ -168,7 +169,7 @@ class FingerprintClient:
             cases = []
             for case in ctx.data.sources:
                 image, label = case.arrays()
-                cases.append(case_fingerprint(image, label, case.voxel_spacing(ctx.task.spatial_dims)))
+                cases.append(case_fingerprint(image, label, case_spacing(case, ctx.task.spatial_dims)))
             for ch, values in enumerate(pooled_foreground(cases, channels)):
                 ctx.state[f"{KEPT}/{ch}"] = torch.from_numpy(values)  # the site's own store: never sent
             return site_fingerprint(cases, channels, ctx.task.spatial_dims).message()
