@@ -100,25 +100,94 @@ class DataConfig(Strict):
         description="side of the square/cubic model input, pixels (with data.volume.patch_size: only FedSM's "
         "selector view)",
     )
-    normalize: Literal["minmax", "zscore", "zscore_foreground", "none"] = Field(
+    normalize: Literal["minmax", "zscore", "zscore_foreground", "zscore_channel", "ct", "none"] = Field(
         default="minmax",
         description="intensities: minmax / zscore per image; zscore_foreground per channel (modality) within its "
-        "non-zero voxels (FeTS 2022 Sec. 4.4.2), background kept at 0",
+        "non-zero voxels (FeTS 2022 Sec. 4.4.2), background kept at 0; zscore_channel per channel over all voxels; "
+        "ct: each channel clipped and scaled with data.ct_windows (nnU-Net's CTNormalization)",
+    )
+    ct_windows: list[tuple[float, float, float, float]] | None = Field(
+        default=None,
+        description="normalize: ct: per channel (lower, upper, mean, std): clip to [lower, upper], subtract mean, "
+        "divide by std (a planned run sets them from the sites' fingerprints: fedseg.plan)",
     )
     volume: VolumeConfig = VolumeConfig()
     split: SplitConfig = SplitConfig()
     repartition: RepartitionConfig = RepartitionConfig()
 
+    @model_validator(mode="after")
+    def _ct_windows(self) -> DataConfig:
+        if self.normalize == "ct" and not self.ct_windows:
+            raise ValueError("data.normalize = ct needs data.ct_windows: (lower, upper, mean, std) per channel")
+        if any(w[3] <= 0 or w[0] > w[1] for w in self.ct_windows or []):
+            raise ValueError("data.ct_windows: each window needs lower <= upper and std > 0")
+        return self
+
+
+class PlanConfig(Strict):
+    """``model.name: planned``: the settings of federated planning (``fedseg.plan``, nnU-Net v2's rules).
+
+    Each site sends its training cases' fingerprint (spacings, shapes after the crop to non-zero, foreground
+    intensity statistics per channel; statistics only), the server merges them and plans the target spacing,
+    patch size, network and normalization."""
+
+    voxel_budget: int = Field(
+        default=128**3,
+        ge=64,
+        description="the patch holds at most this many voxels (nnU-Net shrinks the patch until its VRAM estimate "
+        "fits; this budget is fedseg's analogue). The fets preset's patch: 128^3, fets-cpu's: 32^3",
+    )
+    base_features: int = Field(default=32, ge=1, description="feature maps of the first stage (nnU-Net: 32)")
+    max_features: int = Field(
+        default=320, ge=1, description="feature maps double per stage up to this cap (nnU-Net 3D: 320, 2D: 512)"
+    )
+    min_edge: int = Field(
+        default=4, ge=1, description="the bottleneck keeps at least this many voxels per axis (nnU-Net: 4)"
+    )
+    anisotropy_threshold: float = Field(
+        default=3.0, gt=1, description="nnU-Net's ratio above which the low-resolution axis is anisotropic"
+    )
+    modality: Literal["MR", "CT"] | list[Literal["MR", "CT"]] = Field(
+        default="MR",
+        description="the modality of every channel, or one per channel: MR = z-score per image (nnU-Net "
+        "ZScoreNormalization), CT = clip to the 0.5/99.5 foreground percentiles, global mean/std (CTNormalization)",
+    )
+    bins: int = Field(
+        default=1000, ge=10, description="histogram bins per channel over the agreed intensity range (percentiles)"
+    )
+
+    @model_validator(mode="after")
+    def _cap(self) -> PlanConfig:
+        if self.max_features < self.base_features:
+            raise ValueError(
+                f"model.plan.max_features={self.max_features} must be >= base_features={self.base_features}"
+            )
+        return self
+
 
 class ModelConfig(Strict):
-    """MONAI network for segmentation. Output channels = number of regions (sigmoid)."""
+    """MONAI network for segmentation. Output channels = number of regions (sigmoid).
 
-    name: Literal["unet", "dynunet"] = "unet"
+    ``planned``: a DynUNet whose stages, kernels, strides and feature maps are planned from the sites'
+    fingerprints (``fedseg.plan``, settings in ``plan``); the run replaces it by the ``dynunet`` it planned
+    (``channels``, ``strides``, ``kernel_sizes`` filled in), which ``model/<algorithm>/manifest.json`` records."""
+
+    name: Literal["unet", "dynunet", "planned"] = "unet"
     channels: tuple[int, ...] = (16, 32, 64, 128, 256)
-    strides: tuple[int, ...] | None = None  # default: 2 between every level
+    strides: tuple[int | tuple[int, ...], ...] | None = Field(
+        default=None,
+        description="the downsampling between levels, len(channels) - 1 entries, each one number or one per axis; "
+        "None = 2 between every level",
+    )
+    kernel_sizes: tuple[int | tuple[int, ...], ...] | None = Field(
+        default=None,
+        description="dynunet: the convolution kernel of each level, len(channels) entries, each one number or one "
+        "per axis; None = 3 everywhere",
+    )
     num_res_units: int = Field(default=0, ge=0)
     norm: str = "instance"
     dropout: float = Field(default=0.0, ge=0, le=1)
+    plan: PlanConfig = PlanConfig()
 
 
 class BudgetConfig(Strict):

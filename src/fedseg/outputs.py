@@ -27,10 +27,18 @@ LEDGER_COLUMNS += ["exchange", "wall_seconds"]
 
 @dataclass
 class RunResults:
-    cfg: RunConfig
+    cfg: RunConfig  # as given (config.yaml; a resume compares with it)
     federation: Federation
     algorithms: list  # list[fedseg.run.AlgorithmResult]
     provenance: dict = field(default_factory=dict)  # fedseg.provenance.begin; summary.json adds the end
+    plan: dict | None = None  # model.name planned: the plan and its traffic (summary.json "plan"; fedseg.plan)
+    plan_ledger: list[dict] = field(default_factory=list)  # the planning exchanges' ledger rows (algorithm "plan")
+    planned_cfg: RunConfig | None = None  # model.name planned: the config the run trained with (the plan applied)
+
+    @property
+    def trained_cfg(self) -> RunConfig:
+        """The config the models were trained with: ``cfg``, or the planned one (what ``fedseg predict`` rebuilds)."""
+        return self.planned_cfg or self.cfg
 
 
 def csv_text(columns: list[str], rows: list[dict]) -> str:
@@ -48,8 +56,9 @@ def summary_dict(results: RunResults) -> dict:
         "dataset": fed.name,
         "sites": fed.site_names,
         "regions": list(fed.regions.names),
-        "hd95_unit": hd95_unit(results.cfg),
+        "hd95_unit": hd95_unit(results.trained_cfg),
         "algorithms": {a.name: a.summary for a in results.algorithms},
+        **({"plan": results.plan} if results.plan is not None else {}),
         **({"provenance": finish(results.provenance)} if results.provenance else {}),
     }
 
@@ -69,7 +78,8 @@ def write_outputs(out: Path, results: RunResults) -> None:
     atomic_write_text(out / "results.csv", csv_text(RESULTS_COLUMNS, [r for a in algos for r in a.test_rows]))
     atomic_write_text(out / "rounds.csv", csv_text(ROUNDS_COLUMNS, [r for a in algos for r in a.rounds_rows]))
     atomic_write_text(out / "round_metrics.csv", csv_text(METRICS_COLUMNS, [r for a in algos for r in a.metric_rows]))
-    ledger = [{"algorithm": a.name, **row} for a in algos for row in a.ledger]
+    ledger = [{"algorithm": "plan", **row} for row in results.plan_ledger]  # model.name planned: its exchanges
+    ledger += [{"algorithm": a.name, **row} for a in algos for row in a.ledger]
     atomic_write_text(out / "ledger.csv", csv_text(LEDGER_COLUMNS, ledger))
     for a in algos:
         write_bundle(out / "model" / a.name, a.bundle, results)
@@ -78,7 +88,7 @@ def write_outputs(out: Path, results: RunResults) -> None:
 def write_bundle(folder: Path, bundle: dict, results: RunResults) -> str:
     """``model/<algorithm>/weights.safetensors`` (tensors named ``<model>/<param>``) + ``manifest.json``;
     returns the SHA-256 of the weights file (see ``read_bundle``)."""
-    return write_bundle_files(folder, bundle, results.cfg, results.federation)
+    return write_bundle_files(folder, bundle, results.trained_cfg, results.federation)
 
 
 def write_bundle_files(folder: Path, bundle: dict, cfg: RunConfig, fed: Federation) -> str:
@@ -94,6 +104,7 @@ def write_bundle_files(folder: Path, bundle: dict, cfg: RunConfig, fed: Federati
         "regions": fed.regions.as_dict(),
         "image_size": cfg.data.image_size,
         "normalize": cfg.data.normalize,
+        **({"ct_windows": cfg.data.ct_windows} if cfg.data.ct_windows else {}),  # normalize: ct
         "volume": cfg.data.volume.model_dump(mode="json"),  # the volume pipeline (fedseg predict on patches)
         "threshold": cfg.eval.threshold,
     }

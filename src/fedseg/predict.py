@@ -64,7 +64,7 @@ from fedseg.config import ModelConfig, VolumeConfig
 from fedseg.data import readers
 from fedseg.data.federation import FederationError, Regions
 from fedseg.data.folder import IMAGE_EXTS, _write_nifti, _write_png, read_image, split_name
-from fedseg.data.preprocess import case_tensors, restore_size
+from fedseg.data.preprocess import case_tensors, normalization, restore_size
 from fedseg.data.volumes import Grid, file_spacing, preprocess
 from fedseg.engine.messages import Message, load_weights
 from fedseg.evaluate.inference import predict_masks
@@ -364,11 +364,12 @@ def read_input(path: Path, root: Path, bundle: Bundle) -> Input:
         )
     if min(image.shape[1:]) < 1:
         raise PredictError(f"{path}: empty image (shape {tuple(image.shape)})")
-    x, _ = case_tensors(image, None, bundle.regions, m["image_size"], m["normalize"])
+    norm = normalization(m["normalize"], m.get("ct_windows"))
+    x, _ = case_tensors(image, None, bundle.regions, m["image_size"], norm)
     volume = None
     if bundle.volume is not None:
         spacing = file_spacing(path, m["spatial_dims"])
-        xv, _, grid = preprocess(image, None, bundle.regions, spacing, bundle.volume, m["normalize"])
+        xv, _, grid = preprocess(image, None, bundle.regions, spacing, bundle.volume, norm)
         volume = (xv, grid)
     name = path.name if path == root else str(path.relative_to(root))
     return Input(path, name, mask_name(path), x, tuple(image.shape[1:]), volume)

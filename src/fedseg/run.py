@@ -3,6 +3,7 @@ validation, test once, write the run outputs. Resumable from per-algorithm check
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 import time
@@ -10,6 +11,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -43,6 +45,9 @@ from fedseg.start_from import check_start_from, combined_cost, start_weights
 from fedseg.stopping import budget_reached, budget_used, convergence, has_budget, stop_reason
 from fedseg.tracking import Tracker, check_available, open_tracker, round_record
 
+if TYPE_CHECKING:
+    from fedseg.plan.federated import PlannedRun
+
 RoundCallback = Callable[[str, int, dict], None]
 # (algorithm name, AlgorithmSpec, validated options, Prepared, out dir, observers) -> engine; see ``simulator_engine``
 EngineFactory = Callable[..., Engine]
@@ -50,12 +55,14 @@ EngineFactory = Callable[..., Engine]
 
 @dataclass
 class Prepared:
-    """A validated federation, its splits and every site's preprocessed data."""
+    """A validated federation, its splits and every site's preprocessed data; ``plan``: with ``model.name:
+    planned``, the plan the data and the task's config follow (``prepare_planned``)."""
 
     federation: Federation
     splits: dict[str, dict[str, Split]]
     site_data: list[SiteData]
     task: Task
+    plan: PlannedRun | None = None
 
 
 def folder_root(cfg: RunConfig) -> str | None:
@@ -93,16 +100,47 @@ def count_sites(cfg: RunConfig) -> int:
     return repartitioned_site_count(cfg.data.repartition, count)
 
 
-def prepare(cfg: RunConfig, federation: Federation | None = None) -> Prepared:
-    """Load (unless an in-memory ``federation`` is given) and validate everything before any file is written."""
+def federation_splits(cfg: RunConfig, federation: Federation | None) -> tuple[Federation, dict[str, dict[str, Split]]]:
+    """The (repartitioned) federation and its checked splits: ``{site: {case id: split}}``."""
     from fedseg.data.splits import check_splits, make_splits
 
     fed = repartition(federation or load_federation(cfg), cfg.data.repartition, cfg.data.split, cfg.seed)
     splits = make_splits(fed, cfg.data.split, cfg.seed)
     check_splits(fed, splits)
+    return fed, splits
+
+
+def prepare(cfg: RunConfig, federation: Federation | None = None) -> Prepared:
+    """Load (unless an in-memory ``federation`` is given) and validate everything before any file is written."""
+    return prepared_sites(cfg, *federation_splits(cfg, federation))
+
+
+def prepared_sites(cfg: RunConfig, fed: Federation, splits: dict[str, dict[str, Split]]) -> Prepared:
+    """Every site's data pre-processed under ``cfg.data``, and the task of ``cfg``."""
     site_data = [build_site_data(fed, site, i, splits[site.name], cfg.data) for i, site in enumerate(fed.sites)]
     task = Task(cfg, fed.spatial_dims, fed.channels, fed.regions.names)
     return Prepared(fed, splits, site_data, task)
+
+
+PLAN_FILE = "plan.json"
+
+
+def prepare_planned(cfg: RunConfig, out: Path, resume: bool, federation: Federation | None = None) -> Prepared:
+    """``model.name: planned``: the federation and splits, then the plan (``fedseg.plan``): the one in
+    ``out/plan.json`` when resuming a run that recorded one (reused, never planned again), else planned from the
+    sites' fingerprints collected through the planning exchanges; then every site's data pre-processed and the
+    task built under the config with the plan applied (``fedseg.plan.planner.apply_plan``)."""
+    from fedseg.plan.federated import PlannedRun, plan_federation, planning_engine
+    from fedseg.plan.planner import apply_plan
+
+    fed, splits = federation_splits(cfg, federation)
+    stored = out / PLAN_FILE
+    if resume and stored.is_file():
+        planned = PlannedRun.from_dict(json.loads(stored.read_text()))
+    else:
+        planned = plan_federation(planning_engine(cfg, fed, splits), cfg)
+    prep = prepared_sites(apply_plan(cfg, planned.plan), fed, splits)
+    return replace(prep, plan=planned)
 
 
 @dataclass
@@ -569,7 +607,12 @@ def run_experiment(
 
     ``prepared`` skips loading data here (an engine whose sites hold their own data, e.g. Flower,
     needs only the federation's header, site names and the Task); ``engine_factory``, ``keep_checkpoints``:
-    see ``run_algorithm``."""
+    see ``run_algorithm``.
+
+    ``model.name: planned`` (``fedseg.plan``): the sites' fingerprints are collected and the run planned before
+    any case is pre-processed (``prepare_planned``); every algorithm trains under the config with the plan
+    applied, ``config.yaml`` keeps the config as given, ``plan.json`` the plan (a resume reuses it) and
+    ``summary.json`` the plan with its traffic (``ledger.csv``: rows of algorithm ``plan``)."""
     if prepared is None:  # else (Flower) the sites compute, on their machines: ``fedseg flower local`` checks
         check_device(cfg.device)
     out = Path(out)
@@ -581,7 +624,16 @@ def run_experiment(
     check_available(cfg.tracking)  # so does a tracker whose package is missing (fedseg.tracking)
     if resume and (recorded := recorded_config(out / "config.yaml")) is not None:
         check_resume(recorded, cfg.model_dump(mode="json"), str(out / "config.yaml"))
-    prep = prepared or prepare(cfg, federation)
+    if cfg.model.name == "planned" and prepared is not None:
+        raise ValueError(
+            "model.name planned: the sites' fingerprints are collected before their data is pre-processed, which "
+            "this engine (sites holding their own data, e.g. Flower) does not do yet; run it with `fedseg run`, or "
+            "copy the model and data settings of a planned run's plan.json into the config"
+        )
+    if cfg.model.name == "planned":
+        prep = prepare_planned(cfg, out, resume, federation)
+    else:
+        prep = prepared or prepare(cfg, federation)
     check_sites(cfg, len(prep.federation.sites), f"federation {prep.federation.name!r}")
     check_fault_sites(cfg.faults, [s.name for s in prep.federation.sites], f"federation {prep.federation.name!r}")
     check_sampling(cfg, len(prep.federation.sites), f"federation {prep.federation.name!r}")
@@ -594,11 +646,15 @@ def run_experiment(
         raise FileExistsError(f"{out}: already holds a run; use --resume to continue it or choose another --out")
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "config.yaml", dump_config(cfg))  # recorded before training: resume compares with it
+    if prep.plan is not None:  # model.name planned: what the run trains with; a resume reuses it
+        atomic_write_text(out / PLAN_FILE, json.dumps(prep.plan.to_dict(), indent=2))
     for line in cost_warnings(cfg, len(prep.federation.sites)):
         announce(out, line, on_log_line)
     finished = resume and all(is_finished(out / "checkpoints" / f"{name}.pt") for name in cfg.algorithms)
     provenance = (finished and unchanged(out)) or begin(out, resume, cfg.device)
     results = RunResults(cfg, prep.federation, [], provenance)
+    if prep.plan is not None:
+        results.plan, results.plan_ledger, results.planned_cfg = prep.plan.summary(), prep.plan.ledger, prep.task.cfg
     tracker = open_tracker(cfg, out, resume)  # None: tracking is off
     with local_engines(cfg, prep, engine_factory) as factory:  # engine.workers > 1: one worker pool per run
         for name in cfg.algorithms:

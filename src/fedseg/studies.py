@@ -369,7 +369,7 @@ def unseen_rows(results: RunResults, fed: Federation, site: str, run: str) -> tu
     skipped algorithms (with the reason). A method's family may score its own bundles
     (``Family.unseen_cells``, e.g. FedSM's routed super model); any other bundle's global model
     is scored on every case."""
-    cfg = results.cfg
+    cfg = results.trained_cfg  # model.name planned: the planned network and data settings
     data = unseen_caseset(fed, site, cfg)
     task = Task(cfg, fed.spatial_dims, fed.channels, fed.regions.names)
     rows, skipped = [], []

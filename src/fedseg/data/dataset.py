@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 import torch
 
 from fedseg.config import DataConfig, VolumeConfig
-from fedseg.data.federation import Federation, Site
+from fedseg.data.federation import Case, Federation, Site
 from fedseg.data.metadata import metadata_value
-from fedseg.data.preprocess import case_tensors
+from fedseg.data.preprocess import case_tensors, normalization
 from fedseg.data.volumes import Volume, build_volume, case_spacing, draw_patches, patch_size
 
 
@@ -81,6 +81,7 @@ class SiteData:
     test: CaseSet
     metadata: dict[str, object] = field(default_factory=dict)
     case_metadata: dict[str, dict[str, object]] = field(default_factory=dict)
+    sources: list[Case] = field(default_factory=list)  # raw training cases, only for planning (fedseg.plan)
 
     def split(self, name: str) -> CaseSet:
         return {"train": self.train, "val": self.val, "test": self.test}[name]
@@ -100,17 +101,18 @@ def build_site_data(fed: Federation, site: Site, index: int, splits: Mapping[str
     for case in site.cases:
         by_split[splits[case.id]].append(case)
     on_grid = cfg.volume.patch_size is not None
+    norm = normalization(cfg.normalize, cfg.ct_windows)
     sets = {}
     for split, cases in by_split.items():
         xs, ys, vols = [], [], []
         for case in cases:
             image, label = case.arrays()
-            x, y = case_tensors(image, label, fed.regions, cfg.image_size, cfg.normalize)
+            x, y = case_tensors(image, label, fed.regions, cfg.image_size, norm)
             xs.append(x)
             ys.append(y)
             if on_grid:
                 spacing = case_spacing(case, fed.spatial_dims)
-                vols.append(build_volume(image, label, fed.regions, spacing, cfg.volume, cfg.normalize))
+                vols.append(build_volume(image, label, fed.regions, spacing, cfg.volume, norm))
         shape_x = (0, fed.channels) + (cfg.image_size,) * fed.spatial_dims
         shape_y = (0, len(fed.regions)) + (cfg.image_size,) * fed.spatial_dims
         sets[split] = CaseSet(
@@ -130,3 +132,12 @@ def build_site_data(fed: Federation, site: Site, index: int, splits: Mapping[str
         metadata=dict(site.meta),
         case_metadata={case.id: case.metadata for case in site.cases},
     )
+
+
+def raw_site_data(fed: Federation, site: Site, index: int, splits: Mapping[str, str]) -> SiteData:
+    """One site before any pre-processing: empty splits (nothing loaded) and its training cases as
+    ``sources`` (lazy arrays), what a site's planning client reads (``fedseg.plan.fingerprint``)."""
+    shape = (0, fed.channels) + (1,) * fed.spatial_dims
+    empty = lambda split: CaseSet(f"{site.name}:{split}", [], torch.empty(shape), torch.empty(shape))  # noqa: E731
+    train = [case for case in site.cases if splits[case.id] == "train"]
+    return SiteData(site.name, index, empty("train"), empty("val"), empty("test"), dict(site.meta), {}, train)

@@ -6,6 +6,8 @@ prediction on a file equals the evaluation of the same case.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Literal, overload
 
 import numpy as np
@@ -14,10 +16,29 @@ import torch.nn.functional as F
 
 from fedseg.data.federation import Regions
 
-Normalize = Literal["minmax", "zscore", "zscore_foreground", "none"]
+Normalize = Literal["minmax", "zscore", "zscore_foreground", "zscore_channel", "ct", "none"]
 
 
-def normalize_image(image: np.ndarray, mode: Normalize) -> np.ndarray:
+@dataclass(frozen=True)
+class CTWindows:
+    """nnU-Net's ``CTNormalization``, per channel ``(lower, upper, mean, std)``: clip to ``[lower, upper]`` (the
+    0.5 / 99.5 percentiles of the foreground intensities over every training case), subtract ``mean``, divide by
+    ``std`` (their mean and std); the same numbers for every case (``data.normalize: ct``, ``data.ct_windows``)."""
+
+    windows: tuple[tuple[float, float, float, float], ...]
+
+
+def normalization(mode: Normalize, ct_windows: Sequence[Sequence[float]] | None) -> Normalize | CTWindows:
+    """What :func:`normalize_image` takes for ``data.normalize`` / ``data.ct_windows``: the mode, or for ``ct`` the
+    windows (``ValueError`` without them)."""
+    if mode != "ct":
+        return mode
+    if not ct_windows:
+        raise ValueError("data.normalize = ct needs data.ct_windows: (lower, upper, mean, std) per channel")
+    return CTWindows(tuple((float(a), float(b), float(m), float(sd)) for a, b, m, sd in ct_windows))
+
+
+def normalize_image(image: np.ndarray, mode: Normalize | CTWindows) -> np.ndarray:
     """Intensity normalization; returns float32 ``(C, *spatial)``.
 
     ``minmax`` maps the image's range to [0, 1] over all channels (colour differences between channels
@@ -25,13 +46,25 @@ def normalize_image(image: np.ndarray, mode: Normalize) -> np.ndarray:
     together); ``zscore_foreground`` normalizes each channel (modality) alone to mean 0 and standard
     deviation 1 over its own non-zero voxels, leaving the zero background at 0 (MONAI
     ``NormalizeIntensity(nonzero=True, channel_wise=True)``; FeTS 2022 benchmark Sec. 4.4.2, nnU-Net's
-    MRI scheme); ``none`` only casts.
+    MRI scheme); ``zscore_channel`` normalizes each channel alone over all its voxels (nnU-Net's
+    ``ZScoreNormalization`` without a mask); :class:`CTWindows` clips and scales each channel with the
+    dataset's numbers (nnU-Net's ``CTNormalization``); ``none`` only casts.
     """
     x = image.astype(np.float32)
-    if mode == "zscore_foreground":
+    if isinstance(mode, CTWindows):
+        if len(mode.windows) != len(x):
+            raise ValueError(f"data.ct_windows: {len(mode.windows)} windows for an image of {len(x)} channels")
+        out = np.empty_like(x)
+        for c, (lower, upper, mean, std) in enumerate(mode.windows):
+            out[c] = (np.clip(x[c], lower, upper) - mean) / max(std, 1e-8)
+        return out
+    if mode == "ct":
+        raise ValueError("data.normalize = ct needs data.ct_windows: (lower, upper, mean, std) per channel")
+    if mode in ("zscore_foreground", "zscore_channel"):
         from monai.transforms import NormalizeIntensity
 
-        return np.asarray(NormalizeIntensity(nonzero=True, channel_wise=True)(x), dtype=np.float32)
+        masked = mode == "zscore_foreground"
+        return np.asarray(NormalizeIntensity(nonzero=masked, channel_wise=True)(x), dtype=np.float32)
     if mode == "minmax":
         lo, hi = float(x.min()), float(x.max())
         return (x - lo) / (hi - lo) if hi > lo else np.zeros_like(x)
@@ -56,18 +89,18 @@ def resize(image: torch.Tensor, label: torch.Tensor | None, size: int) -> tuple[
 
 @overload
 def case_tensors(
-    image: np.ndarray, label: np.ndarray, regions: Regions, size: int, normalize: Normalize
+    image: np.ndarray, label: np.ndarray, regions: Regions, size: int, normalize: Normalize | CTWindows
 ) -> tuple[torch.Tensor, torch.Tensor]: ...
 @overload
 def case_tensors(
-    image: np.ndarray, label: None, regions: Regions, size: int, normalize: Normalize
+    image: np.ndarray, label: None, regions: Regions, size: int, normalize: Normalize | CTWindows
 ) -> tuple[torch.Tensor, None]: ...
 @overload
 def case_tensors(
-    image: np.ndarray, label: np.ndarray | None, regions: Regions, size: int, normalize: Normalize
+    image: np.ndarray, label: np.ndarray | None, regions: Regions, size: int, normalize: Normalize | CTWindows
 ) -> tuple[torch.Tensor, torch.Tensor | None]: ...
 def case_tensors(
-    image: np.ndarray, label: np.ndarray | None, regions: Regions, size: int, normalize: Normalize
+    image: np.ndarray, label: np.ndarray | None, regions: Regions, size: int, normalize: Normalize | CTWindows
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Return ``(x (C, *S) float32, y (R, *S) float32 region masks or None)`` with ``S = (size,)*dims``."""
     x = torch.from_numpy(normalize_image(image, normalize))

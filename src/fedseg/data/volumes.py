@@ -33,7 +33,7 @@ import torch
 from fedseg.config import VolumeConfig
 from fedseg.data import readers
 from fedseg.data.federation import Case, Regions
-from fedseg.data.preprocess import Normalize, normalize_image
+from fedseg.data.preprocess import CTWindows, Normalize, normalize_image
 
 
 def axes(value: float | int | Sequence[float] | Sequence[int], dims: int, field: str) -> tuple:
@@ -117,19 +117,31 @@ def _nonzero(x: torch.Tensor) -> torch.Tensor:
     return x != 0
 
 
+def foreground_box(x: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """The bounding box ``(start, end)`` (``end`` exclusive, voxels per spatial axis) of the voxels of ``x``
+    ``(C, *S)`` that are non-zero in any channel (MONAI ``CropForeground``; nnU-Net's ``crop_to_nonzero``
+    box); None for an all-zero image."""
+    from monai.transforms import CropForeground
+
+    box = CropForeground(select_fn=_nonzero, allow_smaller=True).compute_bounding_box(x)
+    if not all(int(e) > int(s) for s, e in zip(*box)):
+        return None
+    return tuple(int(v) for v in box[0]), tuple(int(v) for v in box[1])
+
+
 def preprocess(
     image: np.ndarray,
     label: np.ndarray | None,
     regions: Regions,
     spacing: Sequence[float],
     cfg: VolumeConfig,
-    normalize: Normalize,
+    normalize: Normalize | CTWindows,
 ) -> tuple[torch.Tensor, torch.Tensor | None, Grid]:
     """Steps 1-4 of the module docstring on ``image`` ``(C, *O)`` and integer ``label`` ``(*O)`` (or None)
     with the case's ``spacing`` (mm per axis). Returns ``(image (C, *P) float32, region masks (R, *P)
     float32 or None, grid)``, ``P >= patch size`` on every axis."""
     from monai.data import MetaTensor
-    from monai.transforms import CropForeground, Spacing, SpatialCrop, SpatialPad
+    from monai.transforms import Spacing, SpatialCrop, SpatialPad
 
     dims = image.ndim - 1
     shape, spacing = tuple(int(n) for n in image.shape[1:]), tuple(float(s) for s in spacing)
@@ -147,9 +159,9 @@ def preprocess(
     resampled_shape = tuple(int(n) for n in x.shape[1:])
     start, end = (0,) * dims, resampled_shape
     if cfg.crop_foreground:
-        box = CropForeground(select_fn=_nonzero, allow_smaller=True).compute_bounding_box(x)
-        if all(int(e) > int(s) for s, e in zip(*box)):  # an all-zero image keeps its whole grid
-            start, end = tuple(int(v) for v in box[0]), tuple(int(v) for v in box[1])
+        box = foreground_box(x)
+        if box is not None:
+            start, end = box
             crop = SpatialCrop(roi_start=start, roi_end=end)
             x = _plain(crop(x))
             lab = None if lab is None else _plain(crop(lab))
