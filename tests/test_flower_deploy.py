@@ -217,7 +217,7 @@ def test_unregistered_supernode_is_refused_and_a_missing_site_fails_the_run_clea
     assert made.exit_code == 0, made.output
     rogue_key, _ = make_node_key(tmp_path / "rogue", "site2")
     cfg = _config(tiny, tmp_path / "cfg.yaml", ["fedavg"], rounds=1)
-    link_port, port1, port2 = free_ports(3)
+    link_port, port1, port2, control_port = free_ports(4)
     superlink = f"127.0.0.1:{link_port}"
     hospitals = tmp_path / "hospitals"
     env = flower_env(hospitals / "home")
@@ -240,6 +240,8 @@ def test_unregistered_supernode_is_refused_and_a_missing_site_fails_the_run_clea
                 "127.0.0.1",
                 "--port",
                 str(link_port),
+                "--control-address",
+                f"127.0.0.1:{control_port}",  # not the default 9093: tests run side by side
                 "--certs",
                 str(certs),
                 "--auth-keys",
