@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import importlib.util
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -95,10 +96,22 @@ def _assert_same_run(flower: Path, sim: Path) -> None:
         assert sorted(ours) == sorted(theirs) and all((ours[k] - theirs[k]).abs().max() <= 1e-6 for k in ours), name
     assert _ledger(flower) == _ledger(sim)
     assert _csv(flower / "rounds.csv") == _csv(sim / "rounds.csv")
-    assert _csv(flower / "results.csv") == _csv(sim / "results.csv")
+    assert _cases_back(flower, _csv(flower / "results.csv")) == _csv(sim / "results.csv")
     for name in ("config.yaml", "round_metrics.csv", "report.html"):
         assert (flower / name).is_file(), name
-    assert sorted(p.name for p in (flower / "samples").iterdir()) == sorted(p.name for p in (sim / "samples").iterdir())
+    samples = sorted(p.name for p in (flower / "samples").iterdir() if not p.name.startswith("case-ids__"))
+    assert samples == sorted(p.name for p in (sim / "samples").iterdir())
+
+
+def _cases_back(flower: Path, rows: list[dict]) -> list[dict]:
+    """``rows`` of a Flower run's results.csv with each opaque case id mapped back to the site's own, through the
+    mapping each site kept (``OUT/samples/case-ids__<site>.csv`` on this one machine)."""
+    back = {}
+    for path in (flower / "samples").glob("case-ids__*.csv"):
+        site = path.stem.removeprefix("case-ids__")
+        back.update({(site, r["opaque"]): r["case"] for r in _csv(path)})
+    assert all(re.fullmatch(r"case-\d{4}", r["case"]) for r in rows)  # what the coordinator got
+    return [{**r, "case": back[(r["site"], r["case"])]} for r in rows]
 
 
 def _survivors(work: Path, extra: list[int] = ()) -> list[str]:
@@ -204,7 +217,7 @@ def test_unregistered_supernode_is_refused_and_a_missing_site_fails_the_run_clea
     assert made.exit_code == 0, made.output
     rogue_key, _ = make_node_key(tmp_path / "rogue", "site2")
     cfg = _config(tiny, tmp_path / "cfg.yaml", ["fedavg"], rounds=1)
-    link_port, port1, port2 = free_ports(3)
+    link_port, port1, port2, control_port = free_ports(4)
     superlink = f"127.0.0.1:{link_port}"
     hospitals = tmp_path / "hospitals"
     env = flower_env(hospitals / "home")
@@ -227,6 +240,8 @@ def test_unregistered_supernode_is_refused_and_a_missing_site_fails_the_run_clea
                 "127.0.0.1",
                 "--port",
                 str(link_port),
+                "--control-address",
+                f"127.0.0.1:{control_port}",  # not the default 9093: tests run side by side
                 "--certs",
                 str(certs),
                 "--auth-keys",

@@ -262,3 +262,25 @@ def test_the_coordinator_reads_the_header_and_site_names_never_an_image(folder, 
     ]  # sorted, as a folder
     with pytest.raises(ValueError, match="name the sites: --sites a,b,c"):
         coordinator_federation(alone / "federation.yaml", None)
+
+
+def test_a_site_names_its_cases_by_opaque_ids_and_keeps_the_mapping(folder, tiny_config, tmp_path):
+    """What the algorithms see on a SuperNode (and so what it sends): ``case-0001``...; the site's own file names
+    only in ``<samples>/case-ids__<site>.csv``, with the same splits as the simulator's."""
+    import csv
+
+    from fedseg.data.splits import site_splits
+
+    cfg = tiny_config()
+    settings = node.NodeSettings("site1", folder, tmp_path / "samples")
+    _, data = node.site_data(settings, cfg, 0)
+    site = check_folder(folder).site("site1")
+    with open(tmp_path / "samples" / "case-ids__site1.csv") as f:
+        back = {r["opaque"]: r["case"] for r in csv.DictReader(f)}
+    assert sorted(back.values()) == sorted(c.id for c in site.cases)
+    splits = site_splits(site, cfg.data.split, cfg.seed)
+    for split in ("train", "val", "test"):
+        ids = data.split(split).ids
+        assert ids and all(i.startswith("case-") and i not in splits for i in ids)
+        assert sorted(back[i] for i in ids) == sorted(c for c, s in splits.items() if s == split)
+    assert set(data.case_metadata) == set(back)

@@ -326,3 +326,31 @@ def test_client_app_routes_any_action_through_public_registration(monkeypatch):
     assert events == ["enter", "exit"] * len(types_sent)
     with pytest.raises(ValueError, match="No query function registered"):
         app(delivered("query.other"), context)
+
+
+# -- superlink_app, fleet_routes, uvicorn_log_config (fedseg.flower.superlink_main) ------------------------
+
+
+def test_the_superlink_app_is_built_as_flower_superlink_builds_it():
+    cli = module("flwr.superlink.cli.flower_superlink", "superlink_app")
+    for name in ("_parse_superlink_lifespan_config", "SuperLinkLifespan"):
+        assert hasattr(cli, name), changed(f"flwr.superlink.cli.flower_superlink.{name} (gone)", "superlink_app")
+    assert_parameters(
+        attribute("flwr.superlink.main", "create_app", "superlink_app"),
+        ["config", "superlink_lifespan_class"],
+        "flwr.superlink.main.create_app",
+        "superlink_app",
+    )
+    source = inspect.getsource(cli._run_superlink_http_api)
+    assert "create_app(lifespan_config, SuperLinkLifespan)" in source and "uvicorn.run(" in source, changed(
+        "how flower-superlink serves its app", "superlink_app"
+    )
+
+
+def test_the_fleet_routes_are_the_supernodes_calls_and_nothing_else():
+    routes = flwr_internals.fleet_routes()
+    assert ("POST", "/v1/fleet/pull-messages") in routes and ("POST", "/v1/fleet/activate-node") in routes, changed(
+        "the Fleet API's routes", "fleet_routes"
+    )
+    assert all(path.startswith("/v1/fleet/") for _, path in routes)
+    assert isinstance(flwr_internals.uvicorn_log_config(), dict)

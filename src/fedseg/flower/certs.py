@@ -42,7 +42,8 @@ class TlsFiles:
 
     @classmethod
     def in_folder(cls, folder: Path) -> TlsFiles:
-        folder = Path(folder)
+        """The three files in ``folder``, as absolute paths (Flower refuses relative ones)."""
+        folder = Path(folder).resolve()
         files = cls(folder / "ca.crt", folder / "superlink.crt", folder / "superlink.key")
         missing = [str(p) for p in (files.ca, files.cert, files.key) if not p.is_file()]
         if missing:

@@ -201,7 +201,13 @@ def server(
     seed: int | None = SEED,
     set_: list[str] = SET,
     host: str = typer.Option("0.0.0.0", "--host", help="interface the SuperLink listens on"),
-    port: int = typer.Option(9092, "--port", help="the SuperLink's port (Fleet API for SuperNodes, Control API)"),
+    port: int = typer.Option(9092, "--port", help="the SuperLink's port for SuperNodes (Fleet API only)"),
+    control_address: str = typer.Option(
+        "127.0.0.1:9093",
+        "--control-address",
+        help="HOST:PORT of the SuperLink's Control API (register keys, start and list runs; unauthenticated in "
+        "Flower's open-source build): keep it on loopback, reach it remotely through an SSH tunnel",
+    ),
     certs: Path | None = typer.Option(
         None, "--certs", help="folder with ca.crt, superlink.crt, superlink.key (`fedseg flower certs`)"
     ),
@@ -233,7 +239,9 @@ def server(
         keys = {p.stem: p for p in sorted(auth_keys.glob("*.pub"))} if auth_keys else None
         if auth_keys is not None and not keys:
             raise FileNotFoundError(f"{auth_keys}: no *.pub SuperNode keys")
-        link = LinkSettings(host, port, TlsFiles.in_folder(certs) if certs else None, auth=bool(keys))
+        link = LinkSettings(
+            host, port, TlsFiles.in_folder(certs) if certs else None, auth=bool(keys), control=control_address
+        )
         run_server(cfg, fed, out, link, auth_keys=keys, wait=wait, poll=poll, resume=resume, echo=_echo)
 
     _run_then_report(out, run, "interrupted; the SuperLink was stopped")

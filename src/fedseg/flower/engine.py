@@ -122,7 +122,12 @@ def query(site: str, node: int, action: str, header: dict) -> FlowerMessage:
     )
 
 
-def connect_sites(courier: Courier, sites: list[str], header: dict, wait: float) -> SiteMap:
+REFUSED_RETRY = 5.0  # seconds before a refused node is asked again (its SuperNode may have been restarted)
+
+
+def connect_sites(
+    courier: Courier, sites: list[str], header: dict, wait: float, node_sites: dict[int, str] | None = None
+) -> SiteMap:
     """Map every site of the federation to the SuperNode that serves it.
 
     Every connected node gets an ``info`` query; it answers with the site of its node config
@@ -131,15 +136,37 @@ def connect_sites(courier: Courier, sites: list[str], header: dict, wait: float)
     message if one has not answered within ``wait`` seconds (e.g. its SuperNode is down or, with
     node authentication on, its public key is not registered). Nodes naming a site outside the
     federation are ignored (logged); two nodes naming the same site fail the run.
+
+    ``node_sites`` (with SuperNode authentication: node id -> the site whose public key was registered
+    under that id, ``fedseg flower server --auth-keys``): a node's identity is its key, not what it
+    declares. A node whose id is not there, or that declares another site than its key's, is refused
+    (a WARNING naming it in the coordinator's log and console) and asked again every ``REFUSED_RETRY`` seconds
+    (the hospital may restart it with the right settings).
     """
     grid = courier.grid
     found = SiteMap(list(sites))
     asked: dict[int, str] = {}  # node id -> message id of its info query
     pending: dict[str, int] = {}  # message id -> node id
+    refused: dict[int, tuple[float, str]] = {}  # node id -> (when to ask again, why it was refused)
     deadline = time.monotonic() + wait
     head = {"header": json.dumps(header)}
+
+    def refuse(node: int, why: str) -> None:
+        log.warning("SuperNode %s refused: %s", node, why)
+        refused[node] = (time.monotonic() + REFUSED_RETRY, why)
+
     while True:
-        new = [n for n in grid.get_node_ids() if n not in asked]
+        now = time.monotonic()
+        new = [
+            n
+            for n in grid.get_node_ids()
+            if (n not in asked or (n in refused and now >= refused[n][0])) and n not in found.nodes.values()
+        ]
+        for n in [n for n in new if node_sites is not None and n not in node_sites]:
+            new.remove(n)
+            asked[n] = ""
+            if n not in refused:
+                refuse(n, "its key is not among the registered sites' keys (--auth-keys)")
         if new:
             ids = courier.push([query("?", n, INFO, head) for n in new])
             asked.update(zip(new, ids))
@@ -149,6 +176,10 @@ def connect_sites(courier: Courier, sites: list[str], header: dict, wait: float)
             check_reply(reply, f"SuperNode {node}", "the data check before round 1")
             info = dict(reply.content[ENGINE])
             site = str(info.pop("site"))
+            if node_sites is not None and node_sites[node] != site:
+                refuse(node, f"it declares site {site!r} but authenticated with the key of site {node_sites[node]!r}")
+                continue
+            refused.pop(node, None)
             if site not in found.sites:
                 log.warning(
                     "SuperNode %s serves site %r, which is not in this federation (%s): ignored", node, site, sites
@@ -164,10 +195,11 @@ def connect_sites(courier: Courier, sites: list[str], header: dict, wait: float)
         if not missing:
             return found
         if time.monotonic() > deadline:
+            also = "".join(f"; SuperNode {n} was refused: {why}" for n, (_, why) in refused.items())
             raise SiteError(
                 f"site{'s' if len(missing) > 1 else ''} {', '.join(missing)} did not connect within {wait:.0f} s "
-                f"(connected: {', '.join(found.nodes) or 'none'}). Every site of the federation is required: start its "
-                "SuperNode (`fedseg flower supernode --site NAME ...`); "
+                f"(connected: {', '.join(found.nodes) or 'none'}{also}). Every site of the federation is required: "
+                "start its SuperNode (`fedseg flower supernode --site NAME ...`); "
                 "with node authentication on, register its public key."
             )
         time.sleep(courier.poll)

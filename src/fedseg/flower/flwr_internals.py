@@ -269,3 +269,41 @@ def push_task_output(client: RuntimeHttpClient, context: Context | None, complet
         sub_status=SubStatus.COMPLETED if completed else SubStatus.FAILED,
         details=details,
     )
+
+
+# -- the SuperLink on two addresses ---------------------------------------------------------------
+
+
+def superlink_app():
+    """``(app, config)``: the SuperLink's FastAPI app (Fleet, Control and Runtime routers, its lifespan
+    starting the SuperExec) and its ``SuperLinkLifespanConfig``, from ``flower-superlink``'s arguments in
+    ``sys.argv``, exactly as ``flower-superlink`` builds them before serving the app on one address.
+
+    Uses ``flwr.superlink.cli.flower_superlink._parse_superlink_lifespan_config`` and ``SuperLinkLifespan``,
+    and ``flwr.superlink.main.create_app``. No public way: flwr 1.41 serves the Fleet, Control and Runtime
+    APIs on one ``--host``/``--port`` (``--control-api-address`` / ``--fleet-api-address`` are deprecated
+    and ignored), so the unauthenticated Control API would share the SuperNodes' public port
+    (``fedseg.flower.superlink_main`` serves the routers on two addresses instead)."""
+    from flwr.superlink.cli.flower_superlink import SuperLinkLifespan, _parse_superlink_lifespan_config
+    from flwr.superlink.main import create_app
+
+    config = _parse_superlink_lifespan_config()
+    return create_app(config, SuperLinkLifespan), config
+
+
+def fleet_routes() -> frozenset[tuple[str, str]]:
+    """``(method, path)`` of every route of the SuperLink's Fleet API (``flwr.superlink.routers.fleet.router``):
+    what a SuperNode calls. No public way: the router is Flower's internal HTTP API."""
+    from flwr.superlink.routers.fleet.router import router
+
+    return frozenset(
+        (method, str(getattr(route, "path", ""))) for route in router.routes for method in getattr(route, "methods", ())
+    )
+
+
+def uvicorn_log_config() -> dict:
+    """The logging configuration ``flower-superlink`` gives uvicorn (``flwr.supercore.http_logging``)."""
+    from flwr.supercore.http_logging import get_uvicorn_log_config
+    from flwr.supercore.logger import console_handler
+
+    return get_uvicorn_log_config(console_handler.level)

@@ -72,19 +72,35 @@ class FlowerRunError(RuntimeError):
 
 @dataclass(frozen=True)
 class LinkSettings:
-    """How the SuperLink listens: ``host:port`` (Fleet, Control and Runtime APIs share it)."""
+    """How the SuperLink listens: SuperNodes reach its Fleet API on ``host:port``; the Control and Runtime
+    APIs (register keys, start runs, the ServerApp) answer only on ``control`` (loopback by default;
+    ``fedseg.flower.superlink_main``). ``control`` None: the next port on 127.0.0.1."""
 
     host: str = "127.0.0.1"
     port: int = 9092
     tls: TlsFiles | None = None
     auth: bool = False  # --enable-supernode-auth (needs TLS)
     simulation: bool = False  # --simulation: runs are executed by Flower's Simulation Runtime (virtual SuperNodes)
+    control: str | None = None  # HOST:PORT of the Control and Runtime APIs
 
     @property
     def address(self) -> str:
-        """Where processes on this machine reach it."""
+        """Where processes on this machine reach the Fleet API."""
         host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
         return f"{host}:{self.port}"
+
+    @property
+    def control_address(self) -> str:
+        """Where the coordinator (and an operator's SSH tunnel) reaches the Control API."""
+        return self.control or f"127.0.0.1:{self.port + 1}"
+
+
+def parse_address(address: str, what: str) -> tuple[str, int]:
+    """``(host, port)`` of ``HOST:PORT`` (``[v6]:PORT`` too); a malformed one is a one-line ``ValueError``."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{what} {address!r}: expected HOST:PORT, e.g. 127.0.0.1:9093")
+    return host.strip("[]"), int(port)
 
 
 @contextlib.contextmanager
@@ -109,12 +125,17 @@ def terminate_on_signals():
 
 
 def superlink_command(link: LinkSettings) -> list[str]:
-    cmd = [
-        str(BIN / "flower-superlink"),
+    """``fedseg.flower.superlink_main``: Flower's SuperLink with every API on the control address and only the
+    Fleet API on ``host:port`` (a simulation SuperLink has no SuperNodes: everything on the control address)."""
+    control_host, control_port = parse_address(link.control_address, "--control-address")
+    cmd = [sys.executable, "-m", "fedseg.flower.superlink_main"]
+    if not link.simulation:
+        cmd += ["--fleet-address", f"{link.host}:{link.port}"]
+    cmd += [
         "--host",
-        link.host,
+        control_host,
         "--port",
-        str(link.port),
+        str(control_port),
         "--disable-runtime-dependency-installation",
     ]
     if link.tls is None:
@@ -139,9 +160,10 @@ def superlink_command(link: LinkSettings) -> list[str]:
 
 def start_superlink(procs: Processes, link: LinkSettings, logs: Path, env: dict, timeout: float = 60) -> Started:
     started = procs.start("superlink", superlink_command(link), logs / "superlink.log", env)
-    host, port = link.address.rsplit(":", 1)
     try:
-        wait_for_port(host, int(port), timeout, alive=lambda: started.proc.poll() is None, what="the SuperLink")
+        for address in [link.control_address] if link.simulation else [link.control_address, link.address]:
+            host, port = parse_address(address, "address")
+            wait_for_port(host, port, timeout, alive=lambda: started.proc.poll() is None, what="the SuperLink")
     except (RuntimeError, TimeoutError) as e:
         raise RuntimeError(f"{e}:\n{log_tail(started.log)}") from None
     return started
@@ -207,10 +229,10 @@ def supernode_argv(
     ]
     if insecure:
         argv.append("--insecure")
-    if root_certificates is not None:
-        argv += ["--root-certificates", str(root_certificates)]
+    if root_certificates is not None:  # absolute: Flower refuses relative paths
+        argv += ["--root-certificates", str(Path(root_certificates).resolve())]
     if auth_key is not None:
-        argv += ["--auth-supernode-private-key", str(auth_key)]
+        argv += ["--auth-supernode-private-key", str(Path(auth_key).resolve())]
     if max_wait is not None:
         argv += ["--max-wait-time", str(max_wait)]
     return argv
@@ -402,19 +424,24 @@ def serve_experiment(
     out = Path(out).resolve()
     logs = out / "flower" / "logs"
     link_proc = start_superlink(procs, link, logs, env)
+    fleet = "no Fleet API (simulation)" if link.simulation else f"Fleet API (SuperNodes) on {link.host}:{link.port}"
     echo(
-        f"SuperLink listening on {link.host}:{link.port} ({'TLS' if link.tls else 'insecure'}"
-        f"{', SuperNode authentication' if link.auth else ''})"
+        f"SuperLink: {fleet} ({'TLS' if link.tls else 'insecure'}"
+        f"{', SuperNode authentication' if link.auth else ''}); Control API on {link.control_address} only"
     )
-    client = control_client(link.address, link.tls.ca if link.tls else None)
+    client = control_client(link.control_address, link.tls.ca if link.tls else None)
     try:
+        node_sites = {}  # node id -> site: with authentication, a node's site is that of its key
         for name, key in (register or {}).items():
             node_id = register_node(client, key, name)
+            node_sites[str(node_id)] = name
             echo(f"registered SuperNode key {key.name} ({name}): node id {node_id}")
         nodes = start_nodes() if start_nodes else {}
         for stale in ("server.log", "error.txt"):  # left by an earlier attempt in the same --out
             (out / "flower" / stale).unlink(missing_ok=True)
         config = run_config(cfg, fed, out, wait, poll, resume, run_key(out, resume))
+        if node_sites:
+            config["fedseg-node-sites"] = json.dumps(node_sites)
         if simulation is not None:
             config["fedseg-simulation"] = json.dumps(simulation.pop("fedseg"))
         run_id = submit_run(client, build_fab(), config, simulation)
@@ -528,9 +555,9 @@ def local(
         raise ValueError(f"isolation must be one of {ISOLATIONS}, got {isolation!r}")
     cfg, out, fed, views = sites_on_this_machine(cfg, out, resume)
     work = out / "flower"
-    link_port, *node_ports = free_ports(1 + len(fed.site_names))
+    link_port, control_port, *node_ports = free_ports(2 + len(fed.site_names))
     certs = make_certs(work / "certs", nodes=fed.site_names) if tls else None
-    link = LinkSettings("127.0.0.1", link_port, certs, auth=tls)
+    link = LinkSettings("127.0.0.1", link_port, certs, auth=tls, control=f"127.0.0.1:{control_port}")
     node_poll, task_poll = waits(poll)
     env = flower_env(work / "home", task_poll)
     keys = work / "certs" / "supernodes"  # <site>.key stays with the site, <site>.pub is registered
@@ -640,8 +667,8 @@ def simulate(
         )
     cfg, out, fed, _ = sites_on_this_machine(cfg, out, resume)
     work = out / "flower"
-    (link_port,) = free_ports(1)
-    link = LinkSettings("127.0.0.1", link_port, simulation=True)
+    (control_port,) = free_ports(1)
+    link = LinkSettings("127.0.0.1", 0, simulation=True, control=f"127.0.0.1:{control_port}")
     env = flower_env(work / "home", waits(poll)[1], {"RAY_ADDRESS": ray_address} if ray_address else None)
     simulation = {
         "num_supernodes": len(fed.site_names),

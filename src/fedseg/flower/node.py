@@ -9,7 +9,10 @@ resumed (``fedseg.flower.snapshots``). For every message the ClientApp
    message (algorithm, action, site index, round: the server's, so the random stream
    ``stream_seed(seed, site_index, round, action)`` is the simulator's);
 2. loads its site's splits (``site_splits``: they depend only on seed, site name and case ids,
-   so they equal the simulator's) at model resolution;
+   so they equal the simulator's) at model resolution; every case id (a hospital's file name) is then
+   replaced by an opaque one (``case-0001``, ...: ``opaque_case_ids``) before the algorithm sees the
+   data, so nothing the site sends names a file; the mapping stays on the site
+   (``<samples>/case-ids__<site>.csv``, ``case_ids_file``);
 3. restores the site's persistent state store for the algorithm from Flower's ``Context.state``
    (Flower runs one process per message: nothing else survives), builds the algorithm's
    Client, answers through ``Client.handle`` exactly as the simulator would, and writes the state
@@ -191,10 +194,54 @@ def site_data(settings: NodeSettings, cfg: RunConfig, index: int):
     key = (str(settings.data), settings.site, index, cfg.seed, cfg.data.model_dump_json())
     if key not in _SITE_CACHE:
         fed, site = load_site(settings, cfg, check=False)
-        splits = site_splits(site, cfg.data.split, cfg.seed)
+        splits = site_splits(site, cfg.data.split, cfg.seed)  # from the real ids: the simulator's splits
+        opaque = opaque_case_ids(site)
+        write_case_ids(settings, opaque)
         _SITE_CACHE.clear()
-        _SITE_CACHE[key] = (fed, build_site_data(fed, site, index, splits, cfg.data))
+        _SITE_CACHE[key] = (fed, with_case_ids(build_site_data(fed, site, index, splits, cfg.data), opaque))
     return _SITE_CACHE[key]
+
+
+def opaque_case_ids(site: Site) -> dict[str, str]:
+    """Real case id -> the id that leaves the site: ``case-0001``, ... (1-based position in the site's case
+    list, whose order is the folder's). Case ids are hospital file names; the coordinator sees only these."""
+    return {case.id: f"case-{i:04d}" for i, case in enumerate(site.cases, start=1)}
+
+
+def case_ids_file(settings: NodeSettings) -> Path | None:
+    """Where the site keeps its opaque-id mapping: ``<samples>/case-ids__<site>.csv`` (else in ``--state``);
+    None when the SuperNode has neither folder (the ids are then the positions in the site's case list)."""
+    folder = settings.samples or settings.state
+    return None if folder is None else Path(folder) / f"case-ids__{settings.site}.csv"
+
+
+def write_case_ids(settings: NodeSettings, opaque: dict[str, str]) -> None:
+    """Write the mapping (``opaque,case`` rows) on the site, so it can read the coordinator's results.csv."""
+    import csv
+    import io
+
+    from fedseg.engine.checkpoint import atomic_write_text
+
+    path = case_ids_file(settings)
+    if path is None:
+        return
+    text = io.StringIO()
+    writer = csv.writer(text, lineterminator="\n")
+    writer.writerow(["opaque", "case"])
+    writer.writerows((o, c) for c, o in opaque.items())
+    if not path.is_file() or path.read_text() != text.getvalue():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, text.getvalue())
+
+
+def with_case_ids(data, opaque: dict[str, str]):
+    """``data`` (a ``SiteData``) with every case id replaced by its opaque id: everything the site's Client
+    sends (per-case metrics, sample names) then names cases only by those."""
+    for split in ("train", "val", "test"):
+        cases = data.split(split)
+        cases.ids = [opaque[i] for i in cases.ids]
+    data.case_metadata = {opaque[i]: meta for i, meta in data.case_metadata.items()}
+    return data
 
 
 def handle(message: FlowerMessage, context: Context) -> FlowerMessage:

@@ -14,7 +14,10 @@ coordinator needs and nothing of the sites' data:
   ``fedseg-run-key``: names the experiment across Flower runs, so that the sites find the snapshots
   of their state stores kept on disk (``fedseg.flower.snapshots``);
 - ``fedseg-simulation`` (Flower's Simulation Runtime only): the folders of the virtual SuperNodes
-  (``fedseg.flower.node.NodeSettings.of``).
+  (``fedseg.flower.node.NodeSettings.of``);
+- ``fedseg-node-sites`` (with SuperNode authentication): ``{node id: site}``, the node id Flower gave each
+  registered public key (``--auth-keys``): a site is the holder of its key, whatever its SuperNode declares
+  (``fedseg.flower.engine.connect_sites``).
 
 It maps sites to nodes, then runs ``fedseg.run.run_experiment`` with the ``FlowerEngine``:
 the same rounds, validation, best-round selection, single test evaluation and output files as
@@ -45,6 +48,7 @@ DEFAULTS = {
     "fedseg-resume": False,
     "fedseg-run-key": "",
     "fedseg-simulation": "",
+    "fedseg-node-sites": "",
 }
 FLOWER_REPLY_POLL = 3.0  # flwr's Grid.send_and_receive interval, used with fedseg-poll = 0
 
@@ -128,7 +132,11 @@ def serve(grid, run_config: dict) -> None:
             cap_object_pull_backoff(poll)  # replies are pulled as soon as they appear
         courier = Courier(grid, poll=poll if poll > 0 else FLOWER_REPLY_POLL)
         log.info("waiting up to %.0f s for sites %s", float(run_config["fedseg-wait"]), fed.site_names)
-        site_map = connect_sites(courier, fed.site_names, federation_header(fed), float(run_config["fedseg-wait"]))
+        raw_nodes = str(run_config.get("fedseg-node-sites", ""))
+        node_sites = {int(k): str(v) for k, v in json.loads(raw_nodes).items()} if raw_nodes else None
+        site_map = connect_sites(
+            courier, fed.site_names, federation_header(fed), float(run_config["fedseg-wait"]), node_sites
+        )
         prep = Prepared(fed, {}, [], Task(cfg, fed.spatial_dims, fed.channels, fed.regions.names))
 
         def engine(name, spec, options, prep, out, observers):

@@ -1,0 +1,299 @@
+"""What a hospital's security officer asks of a deployment (issue 28), checked on real processes: a coordinator
+(`fedseg flower server`, TLS, the keys of site1 and site2 registered) and SuperNodes on 127.0.0.1.
+
+- the control plane is private: the Control API answers only on the loopback ``--control-address``; the
+  SuperNodes' port serves the Fleet API alone, so a caller holding ``ca.crt`` and a fresh key can neither
+  ``RegisterNode`` nor ``ListRuns`` through it;
+- a site is the holder of its key: a SuperNode with site2's key declaring site1 is refused, as is one whose key
+  is not listed (Flower refuses it at activation) or was registered behind fedseg's back;
+- what leaves a site names no case file: every byte between the sites and the SuperLink (recorded by a TLS
+  proxy in between) and the coordinator's results.csv carry opaque ids; the site keeps the mapping;
+- ``--certs`` may be relative.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import json
+import os
+import re
+import signal
+import ssl
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+from flwr.proto.control_pb2 import ListRunsRequest
+
+from fedseg.data.folder import write_folder
+from fedseg.flower.certs import TlsFiles, make_certs, make_node_key
+from fedseg.flower.deploy import (
+    Processes,
+    control_client,
+    descendants,
+    flower_env,
+    free_ports,
+    is_running,
+    register_node,
+    run_status,
+)
+from fedseg.flower.launch import LinkSettings, superlink_command, supernode_argv, supernode_command
+from fedseg.flower.superlink_main import FLEET_ONLY
+
+
+def test_the_control_api_defaults_to_loopback_and_the_public_port_serves_the_fleet_api_only():
+    """What `fedseg flower server` starts by default: Fleet API on 0.0.0.0:9092, every other API on 127.0.0.1:9093."""
+    cmd = superlink_command(LinkSettings("0.0.0.0", 9092))
+    assert cmd[1:3] == ["-m", "fedseg.flower.superlink_main"]
+    assert cmd[cmd.index("--fleet-address") + 1] == "0.0.0.0:9092"
+    assert (cmd[cmd.index("--host") + 1], cmd[cmd.index("--port") + 1]) == ("127.0.0.1", "9093")
+
+
+def test_a_malformed_control_address_is_one_clear_line():
+    with pytest.raises(ValueError, match=r"--control-address 'localhost': expected HOST:PORT"):
+        superlink_command(LinkSettings(control="localhost"))
+
+
+# --- one deployment: the coordinator, the attacks, then the real sites ------------------------------------
+
+
+def _listening(pids: set[int]) -> set[tuple[str, int]]:
+    """``(ip, port)`` of every IPv4/IPv6 TCP socket in LISTEN state held by ``pids`` (Linux /proc)."""
+    inodes = set()
+    for pid in pids:
+        try:
+            for fd in Path(f"/proc/{pid}/fd").iterdir():
+                with_link = os.readlink(fd)
+                if with_link.startswith("socket:["):
+                    inodes.add(with_link[8:-1])
+        except OSError:
+            continue
+    found = set()
+    for table, size in (("/proc/net/tcp", 4), ("/proc/net/tcp6", 16)):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] != "0A" or fields[9] not in inodes:  # 0A: LISTEN
+                continue
+            hex_ip, hex_port = fields[1].split(":")
+            raw = bytes.fromhex(hex_ip)
+            if size == 4:
+                ip = ".".join(str(b) for b in raw[::-1])
+            else:
+                ip = ":".join(raw[i : i + 4][::-1].hex() for i in range(0, 16, 4))
+            found.add((ip, int(hex_port, 16)))
+    return found
+
+
+class TlsRecorder:
+    """A TLS proxy on 127.0.0.1 in front of the SuperLink's Fleet port, presenting the SuperLink's own certificate
+    (so SuperNodes trusting ``ca.crt`` connect through it) and recording every byte both ways in plaintext."""
+
+    def __init__(self, upstream: int, certs: Path):
+        self.upstream, self.traffic, self.lock = upstream, [], threading.Lock()
+        self.server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self.server_ctx.load_cert_chain(certs / "superlink.crt", certs / "superlink.key")
+        self.client_ctx = ssl.create_default_context(cafile=str(certs / "ca.crt"))
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.server = asyncio.run_coroutine_threadsafe(
+            asyncio.start_server(self._handle, "127.0.0.1", 0, ssl=self.server_ctx), self.loop
+        ).result()
+        self.port = self.server.sockets[0].getsockname()[1]
+
+    async def _handle(self, reader, writer) -> None:
+        up_reader, up_writer = await asyncio.open_connection(
+            "127.0.0.1", self.upstream, ssl=self.client_ctx, server_hostname="127.0.0.1"
+        )
+        sent, received = bytearray(), bytearray()
+        with self.lock:
+            self.traffic += [sent, received]
+
+        async def pump(src, dst, record: bytearray) -> None:
+            try:
+                while data := await src.read(1 << 16):
+                    record += data
+                    dst.write(data)
+                    await dst.drain()
+            except (ConnectionError, ssl.SSLError):
+                pass
+            finally:
+                dst.close()
+
+        await asyncio.gather(pump(reader, up_writer, sent), pump(up_reader, writer, received))
+
+    def everything(self) -> bytes:
+        with self.lock:
+            return b"\n".join(bytes(t) for t in self.traffic)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.server.close)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
+
+
+def _wait_for(path: Path, text: str, timeout: float = 240, alive=lambda: True) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        said = " ".join(path.read_text().split()) if path.is_file() else ""
+        if text in said:
+            return said
+        assert alive(), f"exited before {text!r} appeared in {path}:\n{said[-3000:]}"
+        time.sleep(0.2)
+    raise TimeoutError(f"{text!r} not in {path} after {timeout} s:\n{path.read_text() if path.is_file() else ''}")
+
+
+def _stop(item) -> None:
+    """Stop one started SuperNode and its children (its process group)."""
+    os.killpg(item.proc.pid, signal.SIGTERM)
+    try:
+        item.proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(item.proc.pid, signal.SIGKILL)
+        item.proc.wait(timeout=10)
+
+
+@pytest.mark.slow
+def test_private_control_plane_key_bound_sites_and_opaque_case_ids_on_a_real_deployment(
+    tmp_path, disc_federation, tiny, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)  # --certs and --auth-keys given relative to the coordinator's folder
+    fed = disc_federation(n_sites=2, cases_per_site=6)
+    folder = write_folder(fed, tmp_path / "fed")
+    real_ids = {site.name: {case.id for case in site.cases} for site in fed.sites}
+    made = subprocess.run(
+        [sys.executable, "-m", "fedseg.cli", "flower", "certs", "--out", "certs", "--node", "site1", "--node", "site2"],
+        capture_output=True,
+        text=True,
+    )
+    assert made.returncode == 0, made.stdout + made.stderr
+    certs = tmp_path / "certs"
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(yaml.safe_dump({**tiny, "algorithms": ["fedavg"], "fl": {"rounds": 1}}))
+    fleet_port, control_port, *node_ports = free_ports(7)
+    fleet, control = f"127.0.0.1:{fleet_port}", f"127.0.0.1:{control_port}"
+    out, hospitals = tmp_path / "out", tmp_path / "hospitals"
+    env = flower_env(hospitals / "home")
+    recorder = TlsRecorder(fleet_port, certs)
+    try:
+        with Processes(hospitals / "processes.json") as procs:
+            coordinator = procs.start(
+                "coordinator",
+                [sys.executable, "-m", "fedseg.cli", "flower", "server", "--config", str(cfg)]
+                + ["--federation", str(folder), "--out", str(out), "--host", "127.0.0.1", "--port", str(fleet_port)]
+                + ["--control-address", control, "--certs", "certs", "--auth-keys", "certs/supernodes"]
+                + ["--wait", "240"],
+                hospitals / "coordinator.log",
+                env,
+            )
+            running = lambda: coordinator.proc.poll() is None  # noqa: E731
+            said = _wait_for(coordinator.log, "submitted", alive=running)
+            assert f"Control API on {control} only" in said
+            node_ids = dict(re.findall(r"registered SuperNode key \S+ \((\w+)\): node id (\d+)", said))
+
+            # 1. the control plane: what the SuperLink process listens on, and who answers Control calls where
+            started = json.loads((out / "flower" / "processes.json").read_text())["started"]
+            (link_pid,) = [int(pid) for pid, name in started.items() if name == "superlink"]
+            assert _listening({link_pid, *descendants(link_pid)}) == {
+                ("127.0.0.1", fleet_port),
+                ("127.0.0.1", control_port),
+            }
+            _, rogue_pub = make_node_key(tmp_path / "rogue", "intruder")
+            public = control_client(fleet, certs / "ca.crt")
+            try:
+                with pytest.raises(httpx.HTTPStatusError, match="404 Not Found"):
+                    register_node(public, rogue_pub, "site1")
+                with pytest.raises(httpx.HTTPStatusError, match="404 Not Found"):
+                    run_status(public, 1)
+            finally:
+                public.close()
+            raw = httpx.post(f"https://{fleet}/v1/control/list-runs", verify=str(certs / "ca.crt"), content=b"")
+            assert raw.status_code == 404 and FLEET_ONLY in raw.text
+            private = control_client(control, certs / "ca.crt")
+            try:  # on loopback the Control API answers (the coordinator's run is listed)
+                assert len(private.ListRuns(ListRunsRequest()).run_dict) == 1
+                # an insider on the coordinator's machine registers a key fedseg was not given
+                insider_key, insider_pub = make_node_key(tmp_path / "rogue", "insider")
+                insider_id = register_node(private, insider_pub, "site1")
+            finally:
+                private.close()
+
+            def node(name, site, key, port, via=fleet, state=None):
+                cmd = supernode_command(
+                    site, folder, via, port, hospitals / name, Path("certs/ca.crt"), key, "subprocess", 0.05, state
+                )
+                return procs.start(name, cmd, hospitals / f"{name}.log", env)
+
+            # 2. identity from keys: site2's key declaring site1; an unlisted key; a key registered behind our back
+            server_log = out / "flower" / "server.log"
+            wrong_site = node("wrong-site", "site1", Path("certs/supernodes/site2.key"), node_ports[0])
+            _wait_for(
+                server_log,
+                f"SuperNode {node_ids['site2']} refused: it declares site 'site1' but authenticated with the key of "
+                "site 'site2'",
+                alive=running,
+            )
+            _stop(wrong_site)
+            unlisted = node("unlisted", "site1", tmp_path / "rogue" / "intruder.key", node_ports[1])
+            assert unlisted.proc.wait(timeout=120) == 1
+            assert "Failed to activate SuperNode" in " ".join(unlisted.log.read_text().split())
+            insider = node("insider", "site1", insider_key, node_ports[2])
+            _wait_for(
+                server_log,
+                f"SuperNode {insider_id} refused: its key is not among the registered sites' keys",
+                alive=running,
+            )
+
+            # 3. the real hospitals, through the recording proxy
+            via = f"127.0.0.1:{recorder.port}"
+            sites = {
+                s: node(s, s, Path(f"certs/supernodes/{s}.key"), port, via)
+                for s, port in zip(("site1", "site2"), node_ports[3:])
+            }
+            assert coordinator.proc.wait(timeout=600) == 0, coordinator.log.read_text()[-5000:]
+            assert insider.proc.poll() is None  # still connected, never given any work
+            for item in sites.values():
+                assert item.proc.poll() is None
+    finally:
+        recorder.close()
+    said = " ".join(coordinator.log.read_text().split())
+    for site in ("site1", "site2"):
+        assert f"site {site} -> SuperNode {node_ids[site]}" in " ".join(server_log.read_text().split())
+    assert "SuperNode" in said and "refused" in said  # the console shows the refusals too
+
+    # what left the sites: opaque ids only, on the wire and in the coordinator's results
+    wire = recorder.everything()
+    leaked = sorted(i for ids in real_ids.values() for i in ids if i.encode() in wire)
+    assert not leaked, f"case ids on the wire: {leaked}"
+    with open(out / "results.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert rows and all(re.fullmatch(r"case-\d{4}", r["case"]) for r in rows)
+    assert all(f'"{r["case"]}"'.encode() in wire for r in rows)  # the proxy saw the per-case replies
+    for site in ("site1", "site2"):  # each site maps the coordinator's ids back to its own cases
+        with open(hospitals / site / f"case-ids__{site}.csv") as f:
+            mapping = {r["opaque"]: r["case"] for r in csv.DictReader(f)}
+        assert set(mapping.values()) == real_ids[site]
+        assert {mapping[r["case"]] for r in rows if r["site"] == site} <= real_ids[site]
+    record = json.loads((out / "flower" / "processes.json").read_text())["pids"]
+    assert not [p for p in {*procs.seen, *record} if is_running(p)]
+
+
+def test_relative_certificate_and_key_paths_reach_flower_absolute(tmp_path, monkeypatch):
+    """Flower refuses relative paths ("expected absolute path"): `--certs certs`, `--root-certificates ca.crt` and
+    `--auth-key site.key` are resolved first."""
+    make_certs(tmp_path / "certs", nodes=["site1"])
+    monkeypatch.chdir(tmp_path)
+    cmd = superlink_command(LinkSettings(tls=TlsFiles.in_folder(Path("certs")), auth=True))
+    argv = supernode_argv(
+        "site1", Path("fed"), "127.0.0.1:9092", 9094, None, Path("certs/ca.crt"), False,
+        Path("certs/supernodes/site1.key"), "subprocess", None,
+    )  # fmt: skip
+    given = [c[c.index(flag) + 1] for c in (cmd,) for flag in ("--ssl-ca-certfile", "--ssl-certfile", "--ssl-keyfile")]
+    given += [argv[argv.index(flag) + 1] for flag in ("--root-certificates", "--auth-supernode-private-key")]
+    assert all(Path(p).is_absolute() and Path(p).is_file() for p in given), given
