@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Iterable, Iterator
 
-__all__ = ["INTERRUPTED_EXIT", "resume_hint", "stop_processes", "terminate_on_signals"]
+__all__ = ["INTERRUPTED_EXIT", "is_running", "resume_hint", "stop_processes", "terminate_on_signals"]
 
 INTERRUPTED_EXIT = 130  # the shell's code for a command ended by SIGINT (128 + 2)
 # what stops a command: Ctrl-C, kill, a closed terminal (Windows has no SIGHUP)
@@ -76,29 +76,30 @@ def resume_hint(what: str, out: os.PathLike | str, detail: str = "") -> str:
     return f"interrupted: {done}run the same command with --resume to continue {what} in {out}"
 
 
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` is a live process (a zombie our own child left counts as gone: it is reaped here)."""
-    try:
-        waited, _ = os.waitpid(pid, os.WNOHANG)
-        if waited == pid:
-            return False
-    except ChildProcessError:
-        pass  # not our child (e.g. a forkserver's): ask the kernel below
+def is_running(pid: int) -> bool:
+    """True if ``pid`` exists and is not a zombie (Linux: read from /proc; elsewhere any existing process)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return not _is_zombie(pid)
-
-
-def _is_zombie(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except (OSError, IndexError):
-        return False
+        return True
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` still runs; a zombie our own child left is reaped here."""
+    try:
+        waited, _ = os.waitpid(pid, os.WNOHANG)
+        if waited == pid:
+            return False
+    except ChildProcessError:
+        pass  # not our child (e.g. a forkserver's)
+    return is_running(pid)
 
 
 def _send(pid: int, sig: int) -> None:

@@ -28,6 +28,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fedseg.interrupts import is_running
+
 BIN = Path(sys.executable).parent
 
 
@@ -129,21 +131,6 @@ def descendants(pid: int) -> list[int]:
             out.append(child)
             todo.append(child)
     return out
-
-
-def is_running(pid: int) -> bool:
-    """True if ``pid`` exists and is not a zombie."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return stat[stat.rindex(")") + 2] != "Z"
-    except OSError:
-        return True
 
 
 def _die_with_parent() -> None:

@@ -27,13 +27,10 @@ Every process started here is stopped on return, on error and on Ctrl-C / SIGTER
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
 import shutil
-import signal
 import sys
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -56,6 +53,7 @@ from fedseg.flower.deploy import (
     wait_for_port,
     wait_run,
 )
+from fedseg.interrupts import terminate_on_signals
 from fedseg.preflight import check_device, check_out_dir
 
 ISOLATIONS = ("subprocess", "warm")
@@ -101,24 +99,6 @@ def parse_address(address: str, what: str) -> tuple[str, int]:
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(f"{what} {address!r}: expected HOST:PORT, e.g. 127.0.0.1:9093")
     return host.strip("[]"), int(port)
-
-
-@contextlib.contextmanager
-def terminate_on_signals():
-    """SIGTERM / SIGHUP raise KeyboardInterrupt (like Ctrl-C), so ``finally`` blocks stop our processes."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    saved = {s: signal.signal(s, interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for s, handler in saved.items():
-            signal.signal(s, handler)
 
 
 # --- the SuperLink --------------------------------------------------------------------------------
