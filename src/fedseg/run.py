@@ -73,7 +73,7 @@ def load_federation(cfg: RunConfig) -> Federation:
     if root := folder_root(cfg):
         from fedseg.data.check import check_folder
 
-        return check_folder(root, cfg.data.split, cfg.seed)
+        return check_folder(root, cfg.data.split, cfg.data.seed)
     from fedseg.data.sources import build_federation
 
     return build_federation(cfg)
@@ -97,8 +97,8 @@ def prepare(cfg: RunConfig, federation: Federation | None = None) -> Prepared:
     """Load (unless an in-memory ``federation`` is given) and validate everything before any file is written."""
     from fedseg.data.splits import check_splits, make_splits
 
-    fed = repartition(federation or load_federation(cfg), cfg.data.repartition, cfg.data.split, cfg.seed)
-    splits = make_splits(fed, cfg.data.split, cfg.seed)
+    fed = repartition(federation or load_federation(cfg), cfg.data.repartition, cfg.data.split, cfg.data.seed)
+    splits = make_splits(fed, cfg.data.split, cfg.data.seed)
     check_splits(fed, splits)
     site_data = [build_site_data(fed, site, i, splits[site.name], cfg.data) for i, site in enumerate(fed.sites)]
     task = Task(cfg, fed.spatial_dims, fed.channels, fed.regions.names)

@@ -180,7 +180,7 @@ def holdout_sites(bench: BenchSpec, root: Path) -> Holdouts:
                 root,
                 make_run(bench, fed.model_copy(update={"leave_one_out": False}), bench.methods[0], 0, 0, ()),
             )
-            full = repartition_all(load_federation(cfg), cfg.data.repartition, cfg.data.split, cfg.seed)
+            full = repartition_all(load_federation(cfg), cfg.data.repartition, cfg.data.split, cfg.data.seed)
             out[fed.name] = full.site_names
     return out
 
@@ -276,8 +276,8 @@ def check_data(bench: BenchSpec, root: Path, holdouts: Holdouts) -> None:
             where = f"bench federation {fed.name!r}, " + (f"holdout {run.holdout}" if run.holdout else f"fold {fold}")
             try:
                 loaded = loaded or load_federation(cfg)
-                trained = repartition(loaded, cfg.data.repartition, cfg.data.split, cfg.seed)
-                splits = make_splits(trained, cfg.data.split, cfg.seed)
+                trained = repartition(loaded, cfg.data.repartition, cfg.data.split, cfg.data.seed)
+                splits = make_splits(trained, cfg.data.split, cfg.data.seed)
                 check_splits(trained, splits)
             except (FederationError, ValueError) as e:
                 raise ConfigError(f"{where}: {e}") from None
