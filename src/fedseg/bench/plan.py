@@ -130,8 +130,8 @@ def make_run(
     its ``k``-th site (``holdouts``) and splits the other sites by the bench's split (k-fold: fold 0).
 
     Its overrides, in the order they apply: the bench's, the federation's, the split (and the held-out site), the
-    seed, the method's algorithms and fixed options, the ``inherited`` setting of its ``settings_from`` method, its
-    grid values, the stop rule and the round budget."""
+    seed (and ``data.seed`` with ``data_seed: per-seed``), the method's algorithms and fixed options, the
+    ``inherited`` setting of its ``settings_from`` method, its grid values, the stop rule and the round budget."""
     holdout = (holdouts or {})[fed.name][fold] if fed.leave_one_out else None
     split = [f"data.split.mode={bench.split.mode}"]
     if bench.split.mode == "kfold":
@@ -149,6 +149,7 @@ def make_run(
         *federation_overrides(fed),
         *split,
         f"seed={seed}",
+        *([f"data.seed={seed}"] if bench.data_seed == "per-seed" else []),
         f"algorithms=[{','.join(method.trained)}]",
         *method.set,
         *(f"{key}={_yaml(value)}" for key, value in inherited + setting),
