@@ -1,5 +1,6 @@
-"""The bench's seeds and paired comparisons (issue 27), without training: the planned runs' data seed, resuming a
-bench recorded before data.seed, the CI-based mark, rendering tables that lack the new keys."""
+"""The bench's seeds, paired comparisons and tuning guards (issue 27), without training: the planned runs' data seed,
+resuming a bench recorded before data.seed, the CI-based mark, rendering tables that lack the new keys, grid-edge
+flags and the plateau rule's min_rounds in tuning runs."""
 
 from __future__ import annotations
 
@@ -13,10 +14,12 @@ import yaml
 
 from fedseg.bench import report
 from fedseg.bench.phases import BENCH_FILE, check_out
-from fedseg.bench.plan import final_runs, run_config, settings
+from fedseg.bench.plan import final_runs, run_config, settings, tuning_runs
+from fedseg.bench.select import edge_keys
 from fedseg.bench.spec import load_bench
 from fedseg.bench.tables import add_tests
 from fedseg.config import ConfigError
+from fedseg.stopping import PLATEAU, stop_reason
 
 
 def _bench(tmp_path: Path, **fields) -> Path:
@@ -107,3 +110,35 @@ def test_tables_without_the_new_keys_render_them_as_absent():
     assert row[1] == "lr=0.01" and "–" in row and "0.01" in row  # no CI, no mark, the p
     assert report.comparison_table(fed)[1][0][5:] == ["–", "–", "0.01"]
     assert report.rank_table(fed) == (["method"], [])
+
+
+def test_a_selected_value_at_the_grid_edge_is_flagged():
+    spec_path = {"methods.fedprox.mu": [0.1, 1.0, 10.0], "train.lr": [0.003, 0.001], "x.kind": ["a", "b"]}
+    from fedseg.bench.spec import MethodSpec
+
+    method = MethodSpec(name="fedprox", grid=spec_path)
+    inner = (("methods.fedprox.mu", 1.0), ("train.lr", 0.003), ("x.kind", "a"))
+    assert edge_keys(method, inner) == ["train.lr (high)"]  # the grid's order does not matter; categories have none
+    assert edge_keys(method, (("methods.fedprox.mu", 0.1),)) == ["methods.fedprox.mu (low)"]
+    assert edge_keys(method, (("methods.fedprox.mu", 1.0),)) == []
+    rows = [
+        {"federation": "f", "method": "fedprox", "setting": "mu=10.0", "val_dice": 0.9, "test_dice": 0.8, "runs": 1}
+        | {"selected": True, "at_edge": "methods.fedprox.mu (high)"},
+        {"federation": "f", "method": "fedprox", "setting": "mu=1.0", "val_dice": 0.8, "test_dice": 0.8, "runs": 1}
+        | {"selected": False, "at_edge": "", "plateau_stops": "24 29"},
+    ]
+    table = report.tune_table(rows, "f")[1]
+    assert [r[-1] for r in table] == ["✓ (grid edge): methods.fedprox.mu (high)", ""]
+    assert [r[-2] for r in table] == ["", "24 29"]  # where the plateau rule stopped the losing setting's runs
+
+
+def test_the_plateau_rule_does_not_stop_a_tuning_run_before_min_rounds(tmp_path):
+    spec, root = load_bench(_bench(tmp_path, stop={"patience": 5, "min_delta": 0.002, "min_rounds": 40}))
+    runs = tuning_runs(spec)
+    assert runs and all(r.method == "fedprox" for r in runs)
+    stalled = {r: 0.5 for r in range(1, 36)}  # a warm-up stall: no gain from round 1 to 35
+    for run in runs:
+        stop = run_config(spec, root, run).fl.stop
+        assert (stop.patience, stop.min_rounds) == (5, 40)
+        assert all(stop_reason(stop, stalled, rnd, None) is None for rnd in range(1, 36))
+        assert stop_reason(stop, {**stalled, 40: 0.5}, 40, None) == PLATEAU

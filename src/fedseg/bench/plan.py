@@ -131,7 +131,8 @@ def make_run(
 
     Its overrides, in the order they apply: the bench's, the federation's, the split (and the held-out site), the
     seed (and ``data.seed`` with ``data_seed: per-seed``), the method's algorithms and fixed options, the
-    ``inherited`` setting of its ``settings_from`` method, its grid values, the stop rule and the round budget."""
+    ``inherited`` setting of its ``settings_from`` method, its grid values, the stop rule (for tuning runs too: no
+    plateau stop before ``stop.min_rounds``) and the round budget."""
     holdout = (holdouts or {})[fed.name][fold] if fed.leave_one_out else None
     split = [f"data.split.mode={bench.split.mode}"]
     if bench.split.mode == "kfold":

@@ -33,7 +33,18 @@ from fedseg.outputs import csv_text
 from fedseg.presentation import kit
 from fedseg.presentation.figures import per_site_bars
 
-TUNING_COLUMNS = ["federation", "method", "setting", "val_dice", "test_dice", "runs", "selected"]
+TUNING_COLUMNS = [
+    "federation",
+    "method",
+    "setting",
+    "val_dice",
+    "test_dice",
+    "runs",
+    "plateau_stops",
+    "selected",
+    "at_edge",
+]
+EDGE = " (grid edge)"  # after a selected setting with a value at the edge of its grid
 
 
 def ms(entry: dict | None, digits: int = 3) -> str:
@@ -88,7 +99,7 @@ def test_table(fed: dict, reference: str) -> tuple[list[str], list[list[str]]]:
         rows.append(
             [
                 name,
-                s["setting"],
+                s["setting"] + (EDGE if s.get("at_edge") else ""),
                 f"{conv['runs']}/{fed['runs']}",
                 ms(s["dice"]),
                 *(ms(s["regions"][r]) for r in fed["regions"]),
@@ -176,7 +187,8 @@ def rank_table(fed: dict) -> tuple[list[str], list[list[str]]]:
 
 
 def tune_table(rows: list[dict], federation: str) -> tuple[list[str], list[list[str]]]:
-    head = ["method", "setting", "validation Dice (selects)", "test Dice (not used)", "runs", "selected"]
+    head = ["method", "setting", "validation Dice (selects)", "test Dice (not used)", "runs", "plateau stop at"]
+    head.append("selected")
     body = [
         [
             r["method"],
@@ -184,7 +196,8 @@ def tune_table(rows: list[dict], federation: str) -> tuple[list[str], list[list[
             kit.fmt(r["val_dice"], 4),
             kit.fmt(r["test_dice"], 4),
             str(r["runs"]),
-            "✓" if r["selected"] else "",
+            r.get("plateau_stops") or "",
+            ("✓" + (f"{EDGE}: {r['at_edge']}" if r.get("at_edge") else "")) if r["selected"] else "",
         ]
         for r in rows
         if r["federation"] == federation
@@ -215,7 +228,8 @@ NOTES = (
     "bootstrap samples (sites, then cases within the drawn sites, and seeds, all with replacement), so it carries "
     "case-to-case and run-to-run variance. † marks a comparison only where that CI excludes 0{side}. p: {alternative} "
     "paired Wilcoxon signed-rank test over cases (each case's differences averaged over the seeds), shown next to it. "
-    "Settings chosen on validation only (see the tuning table)."
+    "Settings chosen on validation only (see the tuning table); (grid edge): the selected value is the smallest or "
+    "largest of its grid, so the best one may lie outside it."
 )
 
 COMPARISONS = (

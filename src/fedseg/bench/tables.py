@@ -38,6 +38,7 @@ import yaml
 from fedseg.bench.execute import Finished
 from fedseg.bench.phases import BenchRuns
 from fedseg.bench.plan import BenchRun, folds_of
+from fedseg.bench.select import edge_keys
 from fedseg.bench.spec import BenchSpec
 from fedseg.data.repartition import SEPARATOR
 from fedseg.evaluate.stats import Alternative, compare, mean_std, rank_stability, seed_averaged
@@ -206,6 +207,7 @@ def federation_tables(bench: BenchSpec, runs: BenchRuns) -> tuple[dict, list[dic
             regions = regions or list(pairs[0][1].summary["regions"])
             stats = method_stats(rows, [fin for _, fin in pairs], method.scored, regions)
             stats["setting"] = pairs[0][0].setting_label
+            stats["at_edge"] = edge_keys(method, pairs[0][0].setting)  # the selected grid values at an edge
             methods[method.name] = stats
         if not methods:
             continue
