@@ -60,29 +60,26 @@ def entries_of(done: dict) -> dict[str, list[dict]]:
     return out
 
 
-def case_dice(fed: str, seed: int, job: str, algorithm: str) -> dict[tuple[int, str], float]:
-    """``{(seed, case): test Dice, mean over regions, of the model the case's site uses}``."""
-    per_case: dict[tuple[int, str], list[float]] = defaultdict(list)
+def case_dice(fed: str, seed: int, job: str, algorithm: str) -> dict[tuple[str, str], float]:
+    """``{(site, case): test Dice, mean over regions, of the model the case's site uses}``."""
+    per_case: dict[tuple[str, str], list[float]] = defaultdict(list)
     with open(HERE / "runs" / fed / f"seed{seed}" / job / "results.csv") as f:
         for r in csv.DictReader(f):
             own = r["model"] in ("global", f"local:{r['site']}")
             if r["algorithm"] == algorithm and r["metric"] == "dice" and own:
-                per_case[(seed, r["case"])].append(float(r["value"]))
+                per_case[(r["site"], r["case"])].append(float(r["value"]))
     return {k: float(np.nanmean(v)) for k, v in per_case.items()}
 
 
 def wilcoxon_vs_fedavg(fed: str, entries: dict[str, list[dict]], algorithm: str) -> dict:
-    from scipy.stats import wilcoxon
+    """Per-case test Dice against FedAvg's (``fedseg.evaluate.stats.compare``): a two-sided paired Wilcoxon test
+    over the test cases, each case's differences averaged over the seeds, and the hierarchical bootstrap CI."""
+    from fedseg.evaluate.stats import compare
 
-    ours, theirs = {}, {}
-    for e, f in zip(entries[algorithm], entries["fedavg"]):
-        ours |= case_dice(fed, e["seed"], e["job"], algorithm)
-        theirs |= case_dice(fed, f["seed"], f["job"], "fedavg")
-    keys = sorted(k for k in set(ours) & set(theirs) if not (math.isnan(ours[k]) or math.isnan(theirs[k])))
-    diff = np.array([ours[k] - theirs[k] for k in keys])
-    if not len(keys) or not np.any(diff):
-        return {"pairs": len(keys), "p": math.nan, "mean_difference": 0.0}
-    return {"pairs": len(keys), "p": float(wilcoxon(diff).pvalue), "mean_difference": float(diff.mean())}
+    ours = {e["seed"]: case_dice(fed, e["seed"], e["job"], algorithm) for e in entries[algorithm]}
+    theirs = {f["seed"]: case_dice(fed, f["seed"], f["job"], "fedavg") for f in entries["fedavg"]}
+    test = compare(ours, theirs)
+    return {"pairs": test["n"], "mean_difference": test["mean_diff"], **test}
 
 
 def mean_std(values: list[float]) -> dict:

@@ -63,7 +63,7 @@ print("report:", Results.load(run_dir).report())  # a finished run, opened again
 
 # %% 4. a custom federation: two sites of noisy squares (label 1), built in memory from numpy arrays
 def squares(cfg):
-    rng = np.random.default_rng(cfg.seed)
+    rng = np.random.default_rng(cfg.data.seed)  # the dataset's seed: the same squares in every run seed
     size, sites = cfg.data.image_size, []
     for s, brightness in enumerate((60, 120)):
         cases = []

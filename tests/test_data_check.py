@@ -259,7 +259,7 @@ def test_cli_synth_uses_the_run_preset_data_settings_and_writes_a_valid_folder(t
     result = CliRunner().invoke(data_app, ["synth", "--preset", "demo", "--out", str(out), "--scale", "0.02"])
     assert result.exit_code == 0, result.output
     written = load_folder(out)
-    expected = build_synthetic(demo.data.source, scale=0.02, image_size=demo.data.image_size, seed=demo.seed)
+    expected = build_synthetic(demo.data.source, scale=0.02, image_size=demo.data.image_size, seed=demo.data.seed)
     assert written.name == demo.data.source and written.site_names == expected.site_names
     first, again = expected.sites[0].cases[0], written.sites[0].cases[0]
     for x, y in zip(first.arrays(), again.arrays()):

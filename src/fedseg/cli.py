@@ -132,7 +132,9 @@ def run(
     data: Path | None = typer.Option(None, "--data", help="folder federation replacing the preset's data"),
     algorithms: str | None = typer.Option(None, "--algorithms", help="comma-separated algorithm names: {algorithms}"),
     rounds: int | None = typer.Option(None, "--rounds", help="federated rounds"),
-    seed: int | None = typer.Option(None, "--seed"),
+    seed: int | None = typer.Option(
+        None, "--seed", help="the run's seed: initial weights, batch order, augmentation (the data: data.seed)"
+    ),
     device: str | None = device_option(),
     threads: int | None = threads_option(),
     workers: int | None = typer.Option(

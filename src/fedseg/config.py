@@ -93,6 +93,13 @@ class DataConfig(Strict):
 
     source: str = "synthetic-retina"
     root: str | None = None
+    seed: int = Field(
+        default=0,
+        description="the dataset's seed, fixed across the seeds of a study: it generates the built-in federations "
+        "(case ids name the same image under every run seed), deals an IID repartition / caps a limited one, and "
+        "draws the train/val/test split (folder federations too). The run's `seed` seeds only the training: "
+        "initial weights, batch order, augmentation, client sampling",
+    )
     scale: float = Field(default=1.0, gt=0, description="built-in federations: site sizes = paper sizes x scale")
     image_size: int = Field(
         default=64,
@@ -419,7 +426,11 @@ class CostConfig(Strict):
 
 class RunConfig(Strict):
     name: str = "run"
-    seed: int = 0
+    seed: int = Field(
+        default=0,
+        description="the run's seed: initial weights, batch order, augmentation, client sampling; the data "
+        "(generation, repartition, split) comes from data.seed",
+    )
     device: str = "cpu"
     threads: int = Field(default=1, ge=1, description="torch intra-op threads")
     algorithms: list[str] = ["centralized", "local", "fedavg"]
@@ -456,6 +467,18 @@ class RunConfig(Strict):
     @classmethod
     def _unique_trackers(cls, names: list[str]) -> list[str]:
         return list(dict.fromkeys(names))
+
+
+def with_recorded_data_seed(recorded: dict) -> dict:
+    """A configuration recorded by a fedseg before ``data.seed`` existed (its ``data`` has no ``seed``), with the
+    ``data.seed`` its run really used: the run seed, which then generated the built-in federation, dealt the
+    repartition and drew the split. A copy; a newer configuration is returned as it is. So a resume (or a bench
+    finding its finished runs) of an old run of seed 0 matches the default ``data.seed: 0``, and one of another
+    seed differs in ``data.seed`` and is refused, rather than training on other images than its checkpoint's."""
+    data = recorded.get("data")
+    if not isinstance(data, dict) or "seed" in data:
+        return recorded
+    return {**recorded, "data": {**data, "seed": recorded.get("seed", 0)}}
 
 
 class ConfigError(ValueError):

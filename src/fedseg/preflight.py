@@ -125,8 +125,9 @@ def check_resume(recorded: dict, new: dict, where: str) -> None:
 
 def recorded_config(path: Path) -> dict | None:
     """The configuration recorded in a run's ``config.yaml`` (normalized through ``RunConfig``, so keys added
-    by a later fedseg compare at their defaults); None without one."""
-    from fedseg.config import RunConfig
+    by a later fedseg compare at their defaults, except ``data.seed``, which compares at the run seed that the
+    old run's data came from: ``fedseg.config.with_recorded_data_seed``); None without one."""
+    from fedseg.config import RunConfig, with_recorded_data_seed
 
     if not path.is_file():
         return None
@@ -136,6 +137,7 @@ def recorded_config(path: Path) -> dict | None:
         raise ValueError(f"{path}: not valid YAML ({e}); cannot check the configuration to resume") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path}: not a configuration mapping; cannot check the configuration to resume")
+    data = with_recorded_data_seed(data)
     try:
         return RunConfig.model_validate(data).model_dump(mode="json")
     except ValueError:  # pydantic's ValidationError: compare as written

@@ -80,7 +80,7 @@ def load_federation(cfg: RunConfig) -> Federation:
     if root := folder_root(cfg):
         from fedseg.data.check import check_folder
 
-        return check_folder(root, cfg.data.split, cfg.seed)
+        return check_folder(root, cfg.data.split, cfg.data.seed)
     from fedseg.data.sources import build_federation
 
     return build_federation(cfg)
@@ -104,8 +104,8 @@ def federation_splits(cfg: RunConfig, federation: Federation | None) -> tuple[Fe
     """The (repartitioned) federation and its checked splits: ``{site: {case id: split}}``."""
     from fedseg.data.splits import check_splits, make_splits
 
-    fed = repartition(federation or load_federation(cfg), cfg.data.repartition, cfg.data.split, cfg.seed)
-    splits = make_splits(fed, cfg.data.split, cfg.seed)
+    fed = repartition(federation or load_federation(cfg), cfg.data.repartition, cfg.data.split, cfg.data.seed)
+    splits = make_splits(fed, cfg.data.split, cfg.data.seed)
     check_splits(fed, splits)
     return fed, splits
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from fedseg.bench.plan import BenchRun, run_config
 from fedseg.bench.spec import BenchSpec
-from fedseg.config import RunConfig
+from fedseg.config import RunConfig, with_recorded_data_seed
 from fedseg.engine.checkpoint import atomic_write_text
 from fedseg.interrupts import INTERRUPTED_EXIT, stop_processes
 from fedseg.stopping import not_converged
@@ -108,7 +108,7 @@ def score_unseen(cfg: RunConfig, out: Path, results) -> None:
     from fedseg.run import load_federation
     from fedseg.studies import UNSEEN, unseen_columns, unseen_rows, write_table
 
-    full = repartition_all(load_federation(cfg), cfg.data.repartition, cfg.data.split, cfg.seed)
+    full = repartition_all(load_federation(cfg), cfg.data.repartition, cfg.data.split, cfg.data.seed)
     assert cfg.data.repartition.holdout is not None  # the caller checks
     rows, _ = unseen_rows(results, full, cfg.data.repartition.holdout, ".")
     write_table(out, UNSEEN, unseen_columns(full.site_names), rows)
@@ -120,7 +120,7 @@ def is_done(folder: Path, cfg: RunConfig) -> bool:
     if not marker.is_file() or not (folder / "summary.json").is_file():
         return False
     try:  # normalized as a resume compares configurations: keys added by a later fedseg at their defaults
-        recorded = RunConfig.model_validate(json.loads(marker.read_text()).get("config", {}))
+        recorded = RunConfig.model_validate(with_recorded_data_seed(json.loads(marker.read_text()).get("config", {})))
     except (ValueError, TypeError):
         return False
     return recorded.model_dump(mode="json") == cfg.model_dump(mode="json")

@@ -30,7 +30,7 @@ from fedseg.bench.spec import BenchSpec
 from fedseg.engine.checkpoint import atomic_write_text
 
 BENCH_FILE = "bench.json"
-TABLES_ONLY = {"comparisons"}  # bench keys that change no run, only the tables: a resume may change them
+TABLES_ONLY = {"comparisons", "tests"}  # bench keys that change no run, only the tables: a resume may change them
 
 
 def budget_caps(bench: BenchSpec, references: dict[BenchRun, Finished]) -> dict[tuple[str, int, int], tuple[str, ...]]:
@@ -64,7 +64,9 @@ def check_out(bench: BenchSpec, out: Path, resume: bool) -> None:
     if not resume:
         raise FileExistsError(f"{out}: already holds a bench; use --resume to continue it or choose another --out")
     old = json.loads(recorded.read_text())
-    try:  # normalized: fields a later fedseg added compare at their defaults
+    if isinstance(old, dict):  # recorded before data_seed existed: its runs took their data from their seed
+        old.setdefault("data_seed", "per-seed")
+    try:  # normalized: fields a later fedseg added compare at their defaults (data_seed: what those benches did)
         old = BenchSpec.model_validate(old).model_dump(mode="json")
     except ValueError:
         pass  # compared as written

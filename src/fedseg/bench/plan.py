@@ -130,8 +130,9 @@ def make_run(
     its ``k``-th site (``holdouts``) and splits the other sites by the bench's split (k-fold: fold 0).
 
     Its overrides, in the order they apply: the bench's, the federation's, the split (and the held-out site), the
-    seed, the method's algorithms and fixed options, the ``inherited`` setting of its ``settings_from`` method, its
-    grid values, the stop rule and the round budget."""
+    seed (and ``data.seed`` with ``data_seed: per-seed``), the method's algorithms and fixed options, the
+    ``inherited`` setting of its ``settings_from`` method, its grid values, the stop rule (for tuning runs too: no
+    plateau stop before ``stop.min_rounds``) and the round budget."""
     holdout = (holdouts or {})[fed.name][fold] if fed.leave_one_out else None
     split = [f"data.split.mode={bench.split.mode}"]
     if bench.split.mode == "kfold":
@@ -149,6 +150,7 @@ def make_run(
         *federation_overrides(fed),
         *split,
         f"seed={seed}",
+        *([f"data.seed={seed}"] if bench.data_seed == "per-seed" else []),
         f"algorithms=[{','.join(method.trained)}]",
         *method.set,
         *(f"{key}={_yaml(value)}" for key, value in inherited + setting),
@@ -180,7 +182,7 @@ def holdout_sites(bench: BenchSpec, root: Path) -> Holdouts:
                 root,
                 make_run(bench, fed.model_copy(update={"leave_one_out": False}), bench.methods[0], 0, 0, ()),
             )
-            full = repartition_all(load_federation(cfg), cfg.data.repartition, cfg.data.split, cfg.seed)
+            full = repartition_all(load_federation(cfg), cfg.data.repartition, cfg.data.split, cfg.data.seed)
             out[fed.name] = full.site_names
     return out
 
@@ -276,8 +278,8 @@ def check_data(bench: BenchSpec, root: Path, holdouts: Holdouts) -> None:
             where = f"bench federation {fed.name!r}, " + (f"holdout {run.holdout}" if run.holdout else f"fold {fold}")
             try:
                 loaded = loaded or load_federation(cfg)
-                trained = repartition(loaded, cfg.data.repartition, cfg.data.split, cfg.seed)
-                splits = make_splits(trained, cfg.data.split, cfg.seed)
+                trained = repartition(loaded, cfg.data.repartition, cfg.data.split, cfg.data.seed)
+                splits = make_splits(trained, cfg.data.split, cfg.data.seed)
                 check_splits(trained, splits)
             except (FederationError, ValueError) as e:
                 raise ConfigError(f"{where}: {e}") from None

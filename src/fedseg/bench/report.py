@@ -3,15 +3,16 @@
 The tables, per federation (the papers' layouts):
 
 * **Test** (FeTS Table 1 / Table 3 for a limited or IID partition): Dice mean ± std over cases, per region, HD95,
-  client average ± std over seeds, Δ and paired Wilcoxon p against the reference († p < 0.05, as Auto-FedAvg's
-  Table 2), runs whose best round was in their last 10% ("not converged");
-* **Per site** (FedSM Tables 3-4, Auto-FedAvg Table 2): each site's Dice mean ± std over seeds († per-site
-  Wilcoxon p < 0.05), client average, local avg and local gen where a method has local models;
+  client average ± std over seeds, Δ against the reference with its 95% hierarchical bootstrap CI and the paired
+  Wilcoxon p († where the CI excludes 0), runs whose best round was in their last 10% ("not converged");
+* **Per site** (FedSM Tables 3-4, Auto-FedAvg Table 2): each site's Dice mean ± std over seeds († where the
+  per-site CI excludes 0), client average, local avg and local gen where a method has local models;
 * **Cost** (FeTS Table 2): rounds trained, SGD steps (Eq. 34), parallel SGD steps (Eq. 35), training floats per
   site (as FeTS reports them) and in total over sites, evaluation floats per site (validation and test messages,
   not in the paper's communication), simulated hours (Eq. 36-38);
 * **Paired comparisons** (the bench's ``comparisons``, e.g. FedSM against centralized, SoftPull against the other
-  personalization strategies of FedSM Table 6): Δ and Wilcoxon p per pair;
+  personalization strategies of FedSM Table 6): Δ, its CI, the per-seed Δ and the Wilcoxon p per pair;
+* **Rank stability** (challengeR): how often each method ranks 1st, 2nd... by mean Dice over bootstrap samples;
 * **Tuning on validation** (FeTS Table 4, FedSM Table 7 for a λ grid): every setting's validation score (what
   selects) next to its test score (reported, never used).
 """
@@ -27,11 +28,23 @@ from fedseg.bench.select import tuning_rows
 from fedseg.bench.spec import BenchSpec
 from fedseg.bench.tables import RESULT_COLUMNS, federation_tables
 from fedseg.engine.checkpoint import atomic_write_text
+from fedseg.evaluate.stats import RESAMPLES
 from fedseg.outputs import csv_text
 from fedseg.presentation import kit
 from fedseg.presentation.figures import per_site_bars
 
-TUNING_COLUMNS = ["federation", "method", "setting", "val_dice", "test_dice", "runs", "selected"]
+TUNING_COLUMNS = [
+    "federation",
+    "method",
+    "setting",
+    "val_dice",
+    "test_dice",
+    "runs",
+    "plateau_stops",
+    "selected",
+    "at_edge",
+]
+EDGE = " (grid edge)"  # after a selected setting with a value at the edge of its grid
 
 
 def ms(entry: dict | None, digits: int = 3) -> str:
@@ -51,9 +64,21 @@ def _signed(x, digits: int = 3) -> str:
 
 
 def p_text(test: dict | None) -> str:
+    """The Wilcoxon p, with † where the bootstrap CI of the mean difference excludes 0 (``compare``)."""
     if not test or not _finite(test.get("p")):
         return "–"
-    return f"{test['p']:.2g}" + (" †" if test["p"] < 0.05 else "")
+    return f"{test['p']:.2g}" + _mark(test)
+
+
+def _mark(test: dict | None) -> str:
+    return " †" if test and test.get("ci_excludes_0") else ""
+
+
+def ci_text(test: dict | None, digits: int = 3) -> str:
+    """``[low, high]`` of the bootstrap CI; ``–`` without one."""
+    if not test or not _finite(test.get("ci_low")) or not _finite(test.get("ci_high")):
+        return "–"
+    return f"[{test['ci_low']:+.{digits}f}, {test['ci_high']:+.{digits}f}]"
 
 
 def _md_table(head: list[str], rows: list[list[str]]) -> str:
@@ -63,7 +88,8 @@ def _md_table(head: list[str], rows: list[list[str]]) -> str:
 
 def test_table(fed: dict, reference: str) -> tuple[list[str], list[list[str]]]:
     hd95 = f"HD95 ({fed['hd95_unit']})" if fed.get("hd95_unit") else "HD95"
-    head = ["method", "setting", "runs", "Dice", *fed["regions"], hd95, "client avg", f"Δ vs {reference}", "p"]
+    head = ["method", "setting", "runs", "Dice", *fed["regions"], hd95, "client avg", f"Δ vs {reference}", "95% CI"]
+    head.append("p")
     head.append("converged")
     rows = []
     for name, s in fed["methods"].items():
@@ -73,13 +99,14 @@ def test_table(fed: dict, reference: str) -> tuple[list[str], list[list[str]]]:
         rows.append(
             [
                 name,
-                s["setting"],
+                s["setting"] + (EDGE if s.get("at_edge") else ""),
                 f"{conv['runs']}/{fed['runs']}",
                 ms(s["dice"]),
                 *(ms(s["regions"][r]) for r in fed["regions"]),
                 ms(s["hd95"], 2),
                 ms(s["client_avg"]),
                 delta,
+                "" if name == reference else ci_text(test),
                 "ref" if name == reference else p_text(test),
                 f"{conv['runs'] - conv['not_converged']}/{conv['runs']}",
             ]
@@ -93,9 +120,7 @@ def site_table(fed: dict) -> tuple[list[str], list[list[str]]]:
     for name, s in fed["methods"].items():
         cells = []
         for site in fed["sites"]:
-            test = s["site_wilcoxon"].get(site)
-            mark = " †" if test and _finite(test["p"]) and test["p"] < 0.05 else ""
-            cells.append(ms(s["sites"].get(site)) + mark)
+            cells.append(ms(s["sites"].get(site)) + _mark(s["site_wilcoxon"].get(site)))
         rows.append([name, *cells, ms(s["client_avg"]), ms(s["local_avg"]), ms(s["local_gen"])])
     return head, rows
 
@@ -130,17 +155,40 @@ def cost_table(fed: dict) -> tuple[list[str], list[list[str]]]:
 
 
 def comparison_table(fed: dict) -> tuple[list[str], list[list[str]]]:
-    """The bench's ``comparisons``: Δ (mean over cases of the paired differences) and the Wilcoxon p."""
-    head = ["method", "against", "seeds", "cases", "Δ Dice", "p"]
+    """The bench's ``comparisons``: Δ (mean over cases of the paired differences), its bootstrap CI, Δ per seed
+    and the Wilcoxon p."""
+    head = ["method", "against", "seeds", "cases", "Δ Dice", "95% CI", "Δ per seed", "p"]
     rows = [
-        [c["method"], c["against"], str(c["seeds"]), str(c["n"]), _signed(c["mean_diff"]), p_text(c)]
+        [
+            c["method"],
+            c["against"],
+            str(c["seeds"]),
+            str(c["n"]),
+            _signed(c["mean_diff"]),
+            ci_text(c),
+            " / ".join(_signed(v) for v in c.get("per_seed_diff", {}).values()) or "–",
+            p_text(c),
+        ]
         for c in fed.get("comparisons", [])
     ]
     return head, rows
 
 
+def rank_table(fed: dict) -> tuple[list[str], list[list[str]]]:
+    """Rank stability: per method, the fraction of bootstrap samples in which it holds each rank (1 = best)."""
+    stability = fed.get("rank_stability") or {}
+    n = len(stability)
+    head = ["method", *(f"rank {r}" for r in range(1, n + 1))]
+    rows = [
+        [name, *(f"{float(ranks.get(r, ranks.get(str(r), 0.0))):.2f}" for r in range(1, n + 1))]
+        for name, ranks in stability.items()
+    ]
+    return head, rows
+
+
 def tune_table(rows: list[dict], federation: str) -> tuple[list[str], list[list[str]]]:
-    head = ["method", "setting", "validation Dice (selects)", "test Dice (not used)", "runs", "selected"]
+    head = ["method", "setting", "validation Dice (selects)", "test Dice (not used)", "runs", "plateau stop at"]
+    head.append("selected")
     body = [
         [
             r["method"],
@@ -148,7 +196,8 @@ def tune_table(rows: list[dict], federation: str) -> tuple[list[str], list[list[
             kit.fmt(r["val_dice"], 4),
             kit.fmt(r["test_dice"], 4),
             str(r["runs"]),
-            "✓" if r["selected"] else "",
+            r.get("plateau_stops") or "",
+            ("✓" + (f"{EDGE}: {r['at_edge']}" if r.get("at_edge") else "")) if r["selected"] else "",
         ]
         for r in rows
         if r["federation"] == federation
@@ -174,24 +223,54 @@ def not_converged(fed: dict) -> str:
 
 NOTES = (
     "Dice / HD95: mean ± std over the test cases of all folds (each case averaged over the seeds first); client avg: "
-    "mean of per-site means, ± std over seeds. p: two-sided paired Wilcoxon signed-rank test per case against the "
-    "reference († p < 0.05). Settings chosen on validation only (see the tuning table)."
+    "mean of per-site means, ± std over seeds. Δ: mean over cases of (method − reference), paired per case and seed "
+    "(the same images in every seed: data.seed). 95% CI: percentile interval of Δ over {resamples} hierarchical "
+    "bootstrap samples (sites, then cases within the drawn sites, and seeds, all with replacement), so it carries "
+    "case-to-case and run-to-run variance. † marks a comparison only where that CI excludes 0{side}. p: {alternative} "
+    "paired Wilcoxon signed-rank test over cases (each case's differences averaged over the seeds), shown next to it. "
+    "Settings chosen on validation only (see the tuning table); (grid edge): the selected value is the smallest or "
+    "largest of its grid, so the best one may lie outside it."
 )
 
 COMPARISONS = (
-    "The bench's comparisons: Δ = mean over cases of (method − against), each case averaged over the seeds both "
-    "finished; p: two-sided paired Wilcoxon signed-rank test († p < 0.05)."
+    "The bench's comparisons: Δ = mean over cases of (method − against), paired per case and seed over the seeds both "
+    "finished, its 95% bootstrap CI, Δ per seed, and the Wilcoxon p († where the CI excludes 0)."
+)
+
+RANKS = (
+    "Rank stability (as challengeR): the fraction of the same bootstrap samples in which each method holds each rank "
+    "by mean Dice (rank 1 = highest), over the cases and seeds every method scored."
+)
+
+
+def notes(bench: BenchSpec) -> str:
+    """The tables' legend, with the bench's test alternative."""
+    alternative = bench.tests.alternative
+    side = {"two-sided": "", "greater": " (lies above 0: the tests are one-tailed, method > reference)"}.get(
+        alternative, " (lies below 0: the tests are one-tailed, method < reference)"
+    )
+    one = "one-tailed (" + alternative + ")" if alternative != "two-sided" else "two-sided"
+    text = NOTES.format(resamples=RESAMPLES, side=side, alternative=one)
+    return text + (PER_SEED_DATA if bench.data_seed == "per-seed" else "")
+
+
+PER_SEED_DATA = (
+    " **This bench has data_seed: per-seed**: each run seed generated and split its own data, so a case id names "
+    "another image in each seed; Δ, CI and p pair methods within a seed, but averaging a case over the seeds "
+    "averages different images."
 )
 
 
 def markdown(bench: BenchSpec, tables: dict, tuning: list[dict]) -> str:
-    parts = [f"# Bench {bench.name}", "", NOTES, ""]
+    parts = [f"# Bench {bench.name}", "", notes(bench), ""]
     for fed, t in tables.items():
         parts += [f"## {fed}", "", "### Test (FeTS Table 1 layout)", "", _md_table(*test_table(t, bench.reference))]
         parts += ["", not_converged(t), "", "### Per site (FedSM Tables 3-4, Auto-FedAvg Table 2 layout)", ""]
         parts += [_md_table(*site_table(t)), "", "### Cost (FeTS Table 2 layout)", "", _md_table(*cost_table(t)), ""]
         if t.get("comparisons"):
             parts += ["### Paired comparisons", "", COMPARISONS, "", _md_table(*comparison_table(t)), ""]
+        if t.get("rank_stability"):
+            parts += ["### Rank stability", "", RANKS, "", _md_table(*rank_table(t)), ""]
         if any(r["federation"] == fed for r in tuning):
             parts += ["### Tuning on validation", "", _md_table(*tune_table(tuning, fed)), ""]
     return "\n".join(parts) + "\n"
@@ -208,7 +287,7 @@ def _html_table(head: list[str], rows: list[list[str]]) -> str:
 
 
 def html_parts(bench: BenchSpec, tables: dict, tuning: list[dict], out: Path) -> list[str]:
-    parts = [f"<h1>Bench {kit.esc(bench.name)}</h1>", f'<p class="meta">{kit.esc(NOTES)}</p>']
+    parts = [f"<h1>Bench {kit.esc(bench.name)}</h1>", f'<p class="meta">{kit.esc(notes(bench))}</p>']
     for fed, t in tables.items():
         parts.append(
             kit.section(f"{fed}: test", _html_table(*test_table(t, bench.reference)), kit.esc(not_converged(t)))
@@ -227,6 +306,8 @@ def html_parts(bench: BenchSpec, tables: dict, tuning: list[dict], out: Path) ->
         parts.append(kit.section(f"{fed}: cost", _html_table(*cost_table(t))))
         if t.get("comparisons"):
             parts.append(kit.section(f"{fed}: paired comparisons", _html_table(*comparison_table(t)), COMPARISONS))
+        if t.get("rank_stability"):
+            parts.append(kit.section(f"{fed}: rank stability", _html_table(*rank_table(t)), RANKS))
         if any(r["federation"] == fed for r in tuning):
             parts.append(kit.section(f"{fed}: tuning on validation", _html_table(*tune_table(tuning, fed))))
     return parts

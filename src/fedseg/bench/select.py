@@ -4,6 +4,10 @@ A method's grid is searched in the tuning cells; each setting's score is the mea
 run's selection score: the mean validation Dice over sites at its selected round (``convergence.best_val_dice`` in
 ``summary.json``). The setting with the highest score is selected (ties: the earlier one in grid order); test
 scores of the tuning runs are reported next to it (:func:`tuning_rows`) and never used.
+
+A selected value at the edge of its grid (the smallest or largest of a numeric key's values, :func:`edge_keys`) is
+flagged (``at_edge``): the best value may lie outside the grid, so the grid should be extended before the result
+is trusted.
 """
 
 from __future__ import annotations
@@ -15,7 +19,8 @@ import numpy as np
 
 from fedseg.bench.execute import Finished
 from fedseg.bench.plan import BenchRun, Setting, setting_label, settings
-from fedseg.bench.spec import BenchSpec
+from fedseg.bench.spec import BenchSpec, MethodSpec
+from fedseg.stopping import PLATEAU
 
 
 def validation_score(fin: Finished, algorithm: str) -> float:
@@ -32,20 +37,29 @@ def _mean(values: list[float]) -> float:
 
 
 def setting_scores(bench: BenchSpec, tuning: dict[BenchRun, Finished]) -> dict[tuple[str, str], dict]:
-    """``{(federation, method): {setting: {"val": mean, "test": mean, "runs": n, "label": folder label}}}`` over the
-    tuning runs."""
+    """``{(federation, method): {setting: {"val": mean, "test": mean, "runs": n, "label": folder label,
+    "plateau_stops": [the rounds at which the plateau rule stopped its tuning runs]}}}`` over the tuning runs."""
     scores: dict[tuple[str, str], dict] = {}
     for run, fin in tuning.items():
         scored = bench.method(run.method).scored
         entry = scores.setdefault((run.federation, run.method), {}).setdefault(
             run.setting,
-            {"val": [], "test": [], "label": run.setting_label},  # label: with a settings_from setting
+            {"val": [], "test": [], "label": run.setting_label, "stops": []},  # label: with a settings_from setting
         )
         entry["val"].append(validation_score(fin, scored))
         entry["test"].append(test_score(fin, scored))
+        conv = fin.entry(scored).get("convergence", {})
+        if conv.get("stopped") == PLATEAU:
+            entry["stops"].append(int(conv.get("rounds", 0)))
     return {
         key: {
-            s: {"val": _mean(v["val"]), "test": _mean(v["test"]), "runs": len(v["val"]), "label": v["label"]}
+            s: {
+                "val": _mean(v["val"]),
+                "test": _mean(v["test"]),
+                "runs": len(v["val"]),
+                "label": v["label"],
+                "plateau_stops": sorted(v["stops"]),
+            }
             for s, v in per.items()
         }
         for key, per in scores.items()
@@ -67,16 +81,36 @@ def select_settings(
     return chosen
 
 
+def edge_keys(method: MethodSpec, setting: Setting) -> list[str]:
+    """The grid keys of ``setting`` whose value is the smallest or the largest of that key's grid values, as
+    ``key (low)`` / ``key (high)``; numeric keys with at least two values only (a category has no edge)."""
+    out = []
+    for key, value in setting:
+        values = method.grid.get(key, ())
+        numeric = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        if len(numeric) < 2 or len(numeric) != len(values) or value not in numeric:
+            continue
+        if value == min(numeric):
+            out.append(f"{key} (low)")
+        elif value == max(numeric):
+            out.append(f"{key} (high)")
+    return out
+
+
 def _rank(score: float) -> float:
     return -math.inf if math.isnan(score) else score
 
 
 def tuning_rows(bench: BenchSpec, tuning: dict[BenchRun, Finished], chosen: dict) -> list[dict]:
-    """One row per (federation, method, setting): validation and test scores, runs, and whether it was selected."""
+    """One row per (federation, method, setting): validation and test scores, runs, the rounds at which the plateau
+    rule stopped its runs (``plateau_stops``: a losing setting stopped early may have lost to a warm-up stall, see
+    ``stop.min_rounds``), whether it was selected and, on the selected row, the grid keys at an edge (``at_edge``,
+    :func:`edge_keys`; empty when none)."""
     rows = []
     for (fed, method), per in setting_scores(bench, tuning).items():
         for setting in settings(bench.method(method)):
-            score = per.get(setting, {"val": math.nan, "test": math.nan, "runs": 0, "label": setting_label(setting)})
+            empty = {"val": math.nan, "test": math.nan, "runs": 0, "label": setting_label(setting), "plateau_stops": []}
+            score = per.get(setting, empty)
             rows.append(
                 {
                     "federation": fed,
@@ -86,7 +120,11 @@ def tuning_rows(bench: BenchSpec, tuning: dict[BenchRun, Finished], chosen: dict
                     "val_dice": score["val"],
                     "test_dice": score["test"],
                     "runs": score["runs"],
+                    "plateau_stops": " ".join(map(str, score["plateau_stops"])),
                     "selected": chosen.get((fed, method)) == setting,
+                    "at_edge": "; ".join(edge_keys(bench.method(method), setting))
+                    if chosen.get((fed, method)) == setting
+                    else "",
                 }
             )
     return rows

@@ -15,13 +15,14 @@ A bench file (YAML)::
       - {name: fedprox, settings_from: fedavg, grid: {methods.fedprox.mu: [0.001, 0.01, 0.1]}}  # at FedAvg's lr
       - {name: fedsm-lam0.1, algorithms: [fedsm], set: [methods.fedsm.lam=0.1]}
       - {name: finetune, algorithms: [fedavg, finetune]}   # a method that starts from another's model
-    seeds: [0, 1, 2]
+    seeds: [0, 1, 2]                        # run seeds: training only; the data comes from data.seed (fixed)
     split: {mode: kfold, folds: 5}          # or {mode: ratio} (the base config's ratios)
     tune: {folds: [0], seeds: [0]}          # where grids are searched (validation only)
     budget: {rule: rounds, rounds: 30}      # or sgd_steps / simulated_time: the cost of ``rounds`` reference rounds
     stop: {patience: 10, min_delta: 0.001}  # early stop on the validation plateau (fl.stop)
     reference: fedavg                       # what the Wilcoxon tests compare against
     comparisons: [[fedsm, centralized]]     # further paired tests: [method, against]
+    tests: {alternative: greater}           # one-tailed Wilcoxon (FeTS 2022); default two-sided
 
 Everything is validated when the file is read (every run's configuration included, ``fedseg.bench.plan``).
 """
@@ -34,6 +35,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from fedseg.config import ConfigError, read_yaml_mapping, validation_problems
+from fedseg.evaluate.stats import Alternative
 
 
 class Strict(BaseModel):
@@ -144,6 +146,15 @@ class StopSpec(Strict):
     min_rounds: int = Field(default=0, ge=0)
 
 
+class TestsSpec(Strict):
+    """The paired tests of the tables (``fedseg.evaluate.stats.compare``): the Wilcoxon test's ``alternative``
+    (``greater``: the method's Dice higher than the reference's / the compared one's, one-tailed as FeTS 2022
+    reports; ``less``; ``two-sided``), which also picks the side of 0 the bootstrap CI must lie on to mark a
+    comparison."""
+
+    alternative: Alternative = "two-sided"
+
+
 class BenchSpec(Strict):
     name: str = "bench"
     base: BaseSpec
@@ -151,11 +162,18 @@ class BenchSpec(Strict):
     federations: tuple[FederationSpec, ...]
     methods: tuple[MethodSpec, ...]
     seeds: tuple[int, ...] = (0,)
+    data_seed: Literal["fixed", "per-seed"] = Field(
+        default="fixed",
+        description="fixed: every run takes the base configuration's data.seed, so a case id is the same image and "
+        "split in every seed and the seeds vary only the training; per-seed: data.seed = the run's seed, as benches "
+        "ran before data.seed existed (a case id is another image in each seed), to render or resume such a bench",
+    )
     split: SplitSpec = SplitSpec()
     tune: TuneSpec = TuneSpec()
     budget: BudgetSpec = BudgetSpec()
     stop: StopSpec = StopSpec()
     reference: str = "fedavg"
+    tests: TestsSpec = Field(default=TestsSpec(), description="the paired tests' options; only the tables change")
     comparisons: tuple[tuple[str, str], ...] = Field(
         default=(),
         description="paired tests beyond the reference, each [method, against] (e.g. [fedsm, centralized]); they "

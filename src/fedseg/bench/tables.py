@@ -3,15 +3,20 @@
 For each federation and method (its final runs, ``fedseg.bench.execute``):
 
 * ``results.csv`` rows: the test rows of the model each site uses (``site_models`` in summary.json), one per (fold,
-  seed, site, case, region, metric); on an IID repartition a case is listed under its original site (the synthetic
-  sites are dealt anew for every seed), so seeds and methods pair the same case; in a k-fold bench each case is
+  seed, site, case, region, metric); on an IID repartition a case is listed under its original site (a run
+  recorded before ``data.seed`` dealt the synthetic sites anew for every seed), so seeds and methods pair the same
+  case; in a k-fold bench each case is
   tested in exactly one fold, so pooling the folds scores every case once per seed (FeTS Sec. 4.4.4);
 * ``dice`` / ``hd95`` / ``regions``: mean ± std over cases of the per-case value (mean over regions; per region),
   each case first averaged over the seeds (the FeTS Table 1 convention, "± std over samples of all folds");
 * ``client_avg``: the mean of per-site means, per seed, then mean ± std over seeds (Auto-FedAvg Table 2);
   ``sites``: per-site mean ± std over seeds;
-* ``wilcoxon`` (pooled) and ``site_wilcoxon``: paired tests against the bench's reference method on the
-  seed-averaged case values (:mod:`fedseg.evaluate.stats`); ``dagger`` when p < 0.05;
+* ``wilcoxon`` (pooled) and ``site_wilcoxon``: paired comparisons against the bench's reference method
+  (:func:`fedseg.evaluate.stats.compare`: the Wilcoxon test on the per-case differences averaged over the seeds,
+  ``tests.alternative`` sided, and the 95% CI of the mean difference from a hierarchical bootstrap over sites,
+  cases and seeds); ``dagger`` when that CI excludes 0 (on the alternative's side);
+* ``rank_stability`` (per federation): how often each method holds each rank by mean Dice over the same bootstrap
+  samples (:func:`fedseg.evaluate.stats.rank_stability`);
 * ``convergence``: runs, how many selected a round in the last 10% of their rounds without a validation plateau
   (``not_converged``, ``fedseg.stopping.not_converged``), stop rules;
 * ``cost``: the mean over runs of the FeTS Table 2 quantities, with the floats per site as the paper reports them
@@ -33,9 +38,10 @@ import yaml
 from fedseg.bench.execute import Finished
 from fedseg.bench.phases import BenchRuns
 from fedseg.bench.plan import BenchRun, folds_of
+from fedseg.bench.select import edge_keys
 from fedseg.bench.spec import BenchSpec
 from fedseg.data.repartition import SEPARATOR
-from fedseg.evaluate.stats import SIGNIFICANCE, mean_std, paired_wilcoxon, seed_averaged
+from fedseg.evaluate.stats import Alternative, compare, mean_std, rank_stability, seed_averaged
 from fedseg.evaluate.tables import case_means, own_site_model, read_rows
 from fedseg.stopping import not_converged
 
@@ -201,11 +207,13 @@ def federation_tables(bench: BenchSpec, runs: BenchRuns) -> tuple[dict, list[dic
             regions = regions or list(pairs[0][1].summary["regions"])
             stats = method_stats(rows, [fin for _, fin in pairs], method.scored, regions)
             stats["setting"] = pairs[0][0].setting_label
+            stats["at_edge"] = edge_keys(method, pairs[0][0].setting)  # the selected grid values at an edge
             methods[method.name] = stats
         if not methods:
             continue
         per_seed = {name: stats.pop("_seed_cases") for name, stats in methods.items()}
-        add_tests(methods, per_seed, bench.reference)
+        alternative = bench.tests.alternative
+        add_tests(methods, per_seed, bench.reference, alternative)
         first_method, first = next(iter(methods.items()))
         expected = len(folds_of(bench, fed, runs.holdouts)) * len(bench.seeds)  # final runs planned per method
         out[fed.name] = {
@@ -215,33 +223,28 @@ def federation_tables(bench: BenchSpec, runs: BenchRuns) -> tuple[dict, list[dic
             "runs": expected,
             "leave_one_out": fed.leave_one_out,
             "comparisons": [
-                {"method": a, "against": b, **paired_test(per_seed[a], per_seed[b])[0]}
+                {"method": a, "against": b, **compare(per_seed[a], per_seed[b], alternative)}
                 for a, b in bench.comparisons
                 if a in per_seed and b in per_seed
             ],
+            "rank_stability": rank_stability(per_seed),
             "hd95_unit": by_key[(fed.name, first_method)][0][1].summary.get("hd95_unit", ""),
         }
     return out, all_rows
 
 
-def paired_test(a: dict[int, dict], b: dict[int, dict]) -> tuple[dict, dict, dict]:
-    """Paired Wilcoxon test of method ``a`` against ``b`` (each ``{seed: {(site, case): Dice}}``): each case averaged
-    over the seeds *both* have finished (a bench collected while running may have more seeds of one), then paired
-    over the cases both scored. Returns the test (with ``seeds``) and the two seed-averaged ``{(site, case): Dice}``."""
-    seeds = sorted(set(a) & set(b))
-    cases, ref = seed_averaged({s: a[s] for s in seeds}), seed_averaged({s: b[s] for s in seeds})
-    return {**paired_wilcoxon(cases, ref), "seeds": len(seeds)}, cases, ref
-
-
-def add_tests(methods: dict[str, dict], per_seed: dict[str, dict], reference: str) -> None:
-    """Paired Wilcoxon tests (:func:`paired_test`) of every method against ``reference``, pooled and per site; none
-    while the reference has no run."""
+def add_tests(methods: dict[str, dict], per_seed: dict[str, dict], reference: str, alternative: Alternative) -> None:
+    """Paired comparisons (:func:`fedseg.evaluate.stats.compare`) of every method against ``reference``, pooled and
+    per site (the site's cases only); none while the reference has no run. ``dagger``: the pooled CI excludes 0."""
     for name, stats in methods.items():
         if name == reference or reference not in per_seed:
             stats.update(wilcoxon=None, dagger=False, site_wilcoxon={})
             continue
-        stats["wilcoxon"], cases, ref = paired_test(per_seed[name], per_seed[reference])
-        stats["dagger"] = stats["wilcoxon"]["p"] < SIGNIFICANCE
-        stats["site_wilcoxon"] = {
-            site: paired_wilcoxon({k: v for k, v in cases.items() if k[0] == site}, ref) for site in stats["sites"]
-        }
+        ours, ref = per_seed[name], per_seed[reference]
+        stats["wilcoxon"] = compare(ours, ref, alternative)
+        stats["dagger"] = stats["wilcoxon"]["ci_excludes_0"]
+        stats["site_wilcoxon"] = {site: compare(_of_site(ours, site), ref, alternative) for site in stats["sites"]}
+
+
+def _of_site(per_seed: dict[int, dict], site: str) -> dict[int, dict]:
+    return {seed: {k: v for k, v in cases.items() if k[0] == site} for seed, cases in per_seed.items()}

@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from fedseg.config import ConfigError, DataConfig, RunConfig, SplitConfig, error_text, load_config, preset_names
+from fedseg.config import ConfigError, DataConfig, SplitConfig, error_text, load_config, preset_names
 from fedseg.data.federation import SPLITS, Federation, FederationError
 
 data_app = typer.Typer(
@@ -54,17 +54,17 @@ def summary_table(fed: Federation, splits: Mapping[str, Mapping[str, str]]) -> T
 
 def _split_settings(preset: str | None, config: Path | None, seed: int | None) -> tuple[SplitConfig, int]:
     if preset is None and config is None:
-        return SplitConfig(), seed if seed is not None else RunConfig().seed
+        return SplitConfig(), seed if seed is not None else DataConfig().seed
     cfg = load_config(preset=preset, file=config)
-    return cfg.data.split, seed if seed is not None else cfg.seed
+    return cfg.data.split, seed if seed is not None else cfg.data.seed
 
 
 @data_app.command("check")
 def check(
     root: Annotated[Path, typer.Argument(help="federation folder (ROOT/federation.yaml, ROOT/<site>/images|labels)")],
-    preset: Annotated[str | None, typer.Option(help="take split settings and seed from this run preset")] = None,
-    config: Annotated[Path | None, typer.Option(help="take split settings and seed from this run config file")] = None,
-    seed: Annotated[int | None, typer.Option(help="split seed (default: the preset's, else 0)")] = None,
+    preset: Annotated[str | None, typer.Option(help="take split settings and data.seed from this run preset")] = None,
+    config: Annotated[Path | None, typer.Option(help="take split settings and data.seed from this run config")] = None,
+    seed: Annotated[int | None, typer.Option(help="split seed (default: the preset's data.seed, else 0)")] = None,
     max_image_mb: Annotated[
         float, typer.Option(help="warn about images larger than this as float32 (MB); a run holds every case in RAM")
     ] = 512.0,
@@ -102,13 +102,13 @@ def _print_summary(fed, split: SplitConfig, seed: int, line: str) -> None:
 
 
 def _synth_source(name: str) -> tuple[str, float, int, int, SplitConfig]:
-    """``--preset`` -> (source, scale, image size, seed, split): a run preset's settings,
+    """``--preset`` -> (source, scale, image size, data.seed, split): a run preset's settings,
     or a source name with defaults."""
     if name in preset_names():
         cfg = load_config(preset=name)
-        return cfg.data.source, cfg.data.scale, cfg.data.image_size, cfg.seed, cfg.data.split
+        return cfg.data.source, cfg.data.scale, cfg.data.image_size, cfg.data.seed, cfg.data.split
     defaults = DataConfig()
-    return name, defaults.scale, defaults.image_size, RunConfig().seed, defaults.split
+    return name, defaults.scale, defaults.image_size, defaults.seed, defaults.split
 
 
 @data_app.command("synth")
@@ -122,7 +122,7 @@ def synth(
     image_size: Annotated[
         int | None, typer.Option(help="side of the square/cubic images, pixels (synthetic-brats: in-plane)")
     ] = None,
-    seed: Annotated[int | None, typer.Option(help="generator seed")] = None,
+    seed: Annotated[int | None, typer.Option(help="generator seed (default: the preset's data.seed, else 0)")] = None,
     force: Annotated[bool, typer.Option(help="replace an existing federation folder at --out")] = False,
 ) -> None:
     """Generate a built-in federation and write it in the folder format (then check it)."""
@@ -195,7 +195,7 @@ def import_(
         fed = import_dataset(layout, sources, out, copy=copy, options=options)
     except (FederationError, OSError) as e:  # OSError: e.g. a full disk, a folder that cannot be written
         _fail(error_text(e))
-    split, seed = SplitConfig(), RunConfig().seed
+    split, seed = SplitConfig(), DataConfig().seed
     how = "copied" if copy else "linked where usable as is"
     _print_summary(
         fed, split, seed, f"imported {layout} ({how}): {{sites}} sites, {{cases}} cases -> {out}; data check OK"
@@ -246,9 +246,9 @@ def export(
             "--all-folds", help="k-fold split: one nnU-Net fold per fedseg fold (val = that fold's test cases)"
         ),
     ] = False,
-    preset: Annotated[str | None, typer.Option(help="take split settings and seed from this run preset")] = None,
-    config: Annotated[Path | None, typer.Option(help="take split settings and seed from this run config file")] = None,
-    seed: Annotated[int | None, typer.Option(help="split seed (default: the preset's, else 0)")] = None,
+    preset: Annotated[str | None, typer.Option(help="take split settings and data.seed from this run preset")] = None,
+    config: Annotated[Path | None, typer.Option(help="take split settings and data.seed from this run config")] = None,
+    seed: Annotated[int | None, typer.Option(help="split seed (default: the preset's data.seed, else 0)")] = None,
 ) -> None:
     """Export a federation as an nnU-Net v2 raw dataset (imagesTr/labelsTr = train+val, imagesTs/labelsTs = test,
     splits_final.json = the run's split), so a centralized nnU-Net baseline uses exactly the same cases and splits."""

@@ -2,7 +2,7 @@
 synthetic federation, or a federation registered from user code with :func:`register_federation`.
 
 A registered source is a *builder*: a callable taking the run's ``RunConfig`` and returning a
-``Federation`` (it may read ``cfg.data.scale``, ``cfg.data.image_size``, ``cfg.seed``...), or a
+``Federation`` (it may read ``cfg.data.scale``, ``cfg.data.image_size``, ``cfg.data.seed``...), or a
 ready ``Federation``. Registration lives in the registering process only: a run that names the source
 (``data.source: NAME``), a resume of it and a study plan it must run where it was registered.
 """
@@ -106,7 +106,7 @@ def build_federation(cfg: RunConfig) -> Federation:
         return fed
     if name not in BUILTIN_NAMES:
         raise unknown_source(name)
-    return build_builtin(name, cfg.data.scale, cfg.data.image_size, cfg.seed)
+    return build_builtin(name, cfg.data.scale, cfg.data.image_size, cfg.data.seed)
 
 
 def count_source_sites(cfg: RunConfig) -> int:

@@ -1,39 +1,206 @@
-"""Paired statistics between methods: Wilcoxon signed-rank tests on per-case scores (scipy), mean ± std.
+"""Paired statistics between methods: Wilcoxon signed-rank tests, a hierarchical bootstrap, rank stability.
 
-Comparisons are paired per case: two methods scored on the same test cases (same site, case id and, in a
-k-fold study, the fold that tested it). A case's score is its mean over regions (``fedseg.evaluate.tables``);
-with several seeds, each case's scores are averaged over the seeds first, so every case is one pair (seeds
-train on the same cases and are not independent samples). Cases a method could not score (NaN) are left out
-of that comparison.
+What is paired with what: two methods scored on the same test cases, a case known by ``(site, case id)`` (in a
+k-fold study the fold that tested it; the same image under every run seed since ``data.seed`` is the dataset's,
+``fedseg.config.DataConfig``), each case's score its mean over regions (``fedseg.evaluate.tables``), in the same
+run seed. Scores are per seed: ``{seed: {(site, case): score}}``; a difference is ``a - b`` of one case in one
+seed, in the score's unit (Dice: a fraction in [0, 1]). Cases a method could not score (NaN) are left out.
+
+* :func:`paired_wilcoxon`: Wilcoxon signed-rank test (scipy) over cases, each case's difference averaged over the
+  seeds first (seeds train on the same cases and are not independent samples); two-sided or one-tailed;
+* :func:`compare`: that test plus a **hierarchical paired bootstrap** of the mean difference (resample the sites,
+  then the cases within each sampled site, and the seeds, all with replacement) with a percentile CI and the
+  per-seed mean differences: the CI carries both the case-to-case and the run-to-run (seed) variance;
+* :func:`rank_stability`: how often each method holds each rank (by mean score, higher better) over the same
+  bootstrap samples (challengeR's rank stability).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Hashable, Iterable, Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import numpy as np
-from scipy.stats import wilcoxon
 
-SIGNIFICANCE = 0.05  # the dagger in the tables: p below this
+SIGNIFICANCE = 0.05  # the Wilcoxon p shown as significant below this; the tables' mark uses the CI (compare)
+LEVEL = 0.95  # the bootstrap CI's coverage
+RESAMPLES = 2000  # bootstrap samples
+RNG_SEED = 0  # the bootstrap's fixed random stream: the same numbers on every call
+Alternative = Literal["two-sided", "greater", "less"]
+ALTERNATIVES: tuple[Alternative, ...] = ("two-sided", "greater", "less")
+
+PerSeed = Mapping[Any, Mapping[Hashable, float]]  # {seed: {(site, case): score}}
 
 
-def paired_wilcoxon(scores: Mapping[Hashable, float], reference: Mapping[Hashable, float]) -> dict[str, float]:
-    """Two-sided Wilcoxon signed-rank test of ``scores`` against ``reference`` over the keys both score.
+def paired_wilcoxon(
+    scores: Mapping[Hashable, float], reference: Mapping[Hashable, float], alternative: Alternative = "two-sided"
+) -> dict[str, Any]:
+    """Wilcoxon signed-rank test of ``scores`` against ``reference`` over the keys both score.
 
     Args:
-        scores, reference: ``{case key: score}`` (e.g. ``(site, case)`` -> mean Dice over regions).
+        scores, reference: ``{case key: score}`` (e.g. ``(site, case)`` -> Dice averaged over regions and seeds).
+        alternative: ``two-sided``; ``greater`` (``scores`` higher) or ``less``: one-tailed, as FeTS 2022 reports.
     Returns:
         ``n`` (pairs), ``p`` (NaN with no pair; 1.0 when every difference is 0, where scipy cannot rank),
-        ``mean_diff`` and ``median_diff`` (scores - reference).
+        ``alternative``, ``mean_diff`` and ``median_diff`` (scores - reference).
     """
     keys = [k for k in scores if k in reference and np.isfinite(scores[k]) and np.isfinite(reference[k])]
-    diffs = np.array([scores[k] - reference[k] for k in keys], dtype=np.float64)
-    if not keys:
-        return {"n": 0, "p": math.nan, "mean_diff": math.nan, "median_diff": math.nan}
-    p = 1.0 if not np.any(diffs) else float(wilcoxon(diffs).pvalue)
-    return {"n": len(keys), "p": p, "mean_diff": float(diffs.mean()), "median_diff": float(np.median(diffs))}
+    return _wilcoxon(np.array([scores[k] - reference[k] for k in keys], dtype=np.float64), alternative)
+
+
+def _wilcoxon(diffs: np.ndarray, alternative: Alternative) -> dict[str, Any]:
+    if alternative not in ALTERNATIVES:
+        raise ValueError(f"alternative {alternative!r}: use one of {', '.join(ALTERNATIVES)}")
+    from scipy.stats import wilcoxon  # here: the bench spec imports this module
+
+    if not diffs.size:
+        return {"n": 0, "p": math.nan, "alternative": alternative, "mean_diff": math.nan, "median_diff": math.nan}
+    p = 1.0 if not np.any(diffs) else float(wilcoxon(diffs, alternative=alternative).pvalue)
+    return {
+        "n": int(diffs.size),
+        "p": p,
+        "alternative": alternative,
+        "mean_diff": float(diffs.mean()),
+        "median_diff": float(np.median(diffs)),
+    }
+
+
+@dataclass(frozen=True)
+class CaseTable:
+    """Per-seed scores of one or more methods on a common set of cases, as arrays.
+
+    ``keys``: the ``(site, case)`` keys, grouped by site; ``site_index[i]``: the site of case ``i`` (0..S-1);
+    ``seeds``: the seeds (columns); ``values[m]``: method ``m``'s ``cases x seeds`` scores, NaN where unscored."""
+
+    keys: list[Hashable]
+    site_index: np.ndarray
+    seeds: list[Any]
+    values: list[np.ndarray]
+
+
+def case_table(methods: list[PerSeed]) -> CaseTable:
+    """The seeds every method has and the cases every method scored in at least one of them."""
+    seeds = sorted(set.intersection(*(set(m) for m in methods))) if methods else []
+    scored = [{k for s in seeds for k, v in m[s].items() if np.isfinite(v)} for m in methods]
+    common = set.intersection(*scored) if scored else set()
+    keys = sorted(common, key=lambda k: (str(_site(k)), str(k)))
+    sites = list(dict.fromkeys(_site(k) for k in keys))
+    site_index = np.array([sites.index(_site(k)) for k in keys], dtype=np.int64)
+    values = [
+        np.array([[m[s].get(k, math.nan) for s in seeds] for k in keys], dtype=np.float64).reshape(
+            len(keys), len(seeds)
+        )
+        for m in methods
+    ]
+    return CaseTable(keys, site_index, seeds, values)
+
+
+def _site(key: Hashable) -> Hashable:
+    return key[0] if isinstance(key, tuple) else key
+
+
+def _nanmean_rows(values: np.ndarray) -> np.ndarray:
+    finite = np.isfinite(values)
+    count = finite.sum(axis=1)
+    return np.where(count > 0, np.where(finite, values, 0.0).sum(axis=1) / np.maximum(count, 1), np.nan)
+
+
+def bootstrap_means(
+    values: list[np.ndarray], site_index: np.ndarray, resamples: int = RESAMPLES, rng_seed: int = RNG_SEED
+) -> np.ndarray:
+    """Hierarchical bootstrap of the mean over cases and seeds, the same samples for every array of ``values``.
+
+    Each sample draws S sites with replacement out of the S sites, for each drawn site as many cases as it has
+    with replacement among its own cases, and K seeds with replacement out of the K columns; its statistic is the
+    mean over the drawn (case, seed) cells of each array (NaN cells left out). Returns ``len(values) x
+    resamples``. Vectorized: a ``resamples x S x (largest site)`` index array, then one matrix product per array."""
+    rng = np.random.default_rng(rng_seed)
+    n_sites = int(site_index.max()) + 1 if site_index.size else 0
+    if not n_sites or not values or not values[0].shape[1]:
+        return np.full((len(values), resamples), np.nan)
+    order = np.argsort(site_index, kind="stable")
+    counts = np.bincount(site_index, minlength=n_sites)
+    offsets = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    largest = int(counts.max())
+    drawn_sites = rng.integers(0, n_sites, size=(resamples, n_sites))
+    n_drawn = counts[drawn_sites][..., None]  # resamples x S x 1
+    within = np.floor(rng.random((resamples, n_sites, largest)) * n_drawn).astype(np.int64)
+    used = np.arange(largest)[None, None, :] < n_drawn
+    cases = order[offsets[drawn_sites][..., None] + np.minimum(within, n_drawn - 1)].reshape(resamples, -1)
+    used = used.reshape(resamples, -1)
+    n_seeds = values[0].shape[1]
+    drawn_seeds = rng.integers(0, n_seeds, (resamples, n_seeds))
+    seed_weights = (drawn_seeds[..., None] == np.arange(n_seeds)).sum(axis=1).astype(np.float64)  # resamples x K
+    out = np.empty((len(values), resamples))
+    for m, v in enumerate(values):
+        finite = np.isfinite(v)
+        totals = np.where(finite, v, 0.0) @ seed_weights.T  # cases x resamples: seed-weighted sums per case
+        cells = finite.astype(np.float64) @ seed_weights.T
+        rows = np.arange(resamples)[:, None]
+        num = np.where(used, totals.T[rows, cases], 0.0).sum(axis=1)
+        den = np.where(used, cells.T[rows, cases], 0.0).sum(axis=1)
+        out[m] = np.where(den > 0, num / np.maximum(den, 1), np.nan)
+    return out
+
+
+def compare(
+    a: PerSeed,
+    b: PerSeed,
+    alternative: Alternative = "two-sided",
+    resamples: int = RESAMPLES,
+    rng_seed: int = RNG_SEED,
+    level: float = LEVEL,
+) -> dict[str, Any]:
+    """Method ``a`` against ``b`` (each ``{seed: {(site, case): score}}``), paired per case and seed over the seeds
+    both have and the cases both scored.
+
+    Returns :func:`paired_wilcoxon`'s keys (the test on the per-case differences averaged over the seeds: ``n``
+    cases, ``p``, ``mean_diff``, ``median_diff``) plus ``seeds`` (how many), ``per_seed_diff`` (``{seed: mean over
+    cases of a - b}``), ``ci_low`` / ``ci_high`` (the ``level`` percentile interval of the hierarchical bootstrap
+    of the mean difference, :func:`bootstrap_means`) and ``ci_excludes_0``: the CI lies above 0 (``greater``),
+    below 0 (``less``) or on either side (``two-sided``): the tables' mark."""
+    table = case_table([a, b])
+    diffs = table.values[0] - table.values[1]  # cases x seeds, NaN where either is unscored in that seed
+    case_diffs = _nanmean_rows(diffs)
+    test = _wilcoxon(case_diffs[np.isfinite(case_diffs)], alternative)
+    per_seed = {
+        s: float(np.nanmean(diffs[:, j])) if np.isfinite(diffs[:, j]).any() else math.nan
+        for j, s in enumerate(table.seeds)
+    }
+    boot = bootstrap_means([diffs], table.site_index, resamples, rng_seed)[0]
+    boot = boot[np.isfinite(boot)]
+    tail = (1 - level) / 2
+    low, high = (float(q) for q in np.quantile(boot, [tail, 1 - tail])) if boot.size else (math.nan, math.nan)
+    excludes = {"two-sided": low > 0 or high < 0, "greater": low > 0, "less": high < 0}[alternative]
+    return {
+        **test,
+        "seeds": len(table.seeds),
+        "per_seed_diff": per_seed,
+        "ci_low": low,
+        "ci_high": high,
+        "ci_level": level,
+        "ci_excludes_0": bool(excludes),
+    }
+
+
+def rank_stability(
+    methods: Mapping[str, PerSeed], resamples: int = RESAMPLES, rng_seed: int = RNG_SEED
+) -> dict[str, dict[int, float]]:
+    """``{method: {rank: fraction of bootstrap samples}}``: each method's rank (1 = highest mean score, ties broken
+    by the order of ``methods``) in every hierarchical bootstrap sample (:func:`bootstrap_means`, the same samples
+    for all methods) over the seeds all have and the cases all scored. Empty with fewer than two methods."""
+    names = list(methods)
+    if len(names) < 2:
+        return {}
+    table = case_table([methods[n] for n in names])
+    means = bootstrap_means(table.values, table.site_index, resamples, rng_seed)  # methods x resamples
+    if not np.isfinite(means).all():
+        return {}
+    ranks = np.empty_like(means, dtype=np.int64)
+    ranks[np.argsort(-means, axis=0, kind="stable"), np.arange(resamples)] = np.arange(1, len(names) + 1)[:, None]
+    return {n: {r: float(np.mean(ranks[i] == r)) for r in range(1, len(names) + 1)} for i, n in enumerate(names)}
 
 
 def mean_std(values: Iterable[float]) -> dict[str, float]:
@@ -46,7 +213,7 @@ def mean_std(values: Iterable[float]) -> dict[str, float]:
     }
 
 
-def seed_averaged(per_seed: Mapping[Any, Mapping[Any, float]]) -> dict[Any, float]:
+def seed_averaged(per_seed: PerSeed) -> dict[Any, float]:
     """``{seed: {case key: score}}`` -> ``{case key: mean over the seeds that scored it}``."""
     sums: dict[Hashable, list[float]] = {}
     for cases in per_seed.values():

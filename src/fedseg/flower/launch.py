@@ -476,7 +476,7 @@ def federation_folder(cfg: RunConfig, work: Path) -> tuple[Path, Federation]:
         from fedseg.data.sources import build_federation
 
         root = write_folder(build_federation(cfg), work / "federation", overwrite=True).resolve()
-    return root, check_folder(root, cfg.data.split, cfg.seed)
+    return root, check_folder(root, cfg.data.split, cfg.data.seed)
 
 
 def site_views(root: Path, fed: Federation, folder: Path) -> dict[str, Path]:

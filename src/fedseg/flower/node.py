@@ -145,7 +145,7 @@ def load_site(settings: NodeSettings, cfg: RunConfig, check: bool) -> tuple[Fede
 
     # a hospital's folder holds the federation's federation.yaml and only its own site folder
     if check:
-        fed = check_folder(settings.data, cfg.data.split, cfg.seed, all_sites=False)
+        fed = check_folder(settings.data, cfg.data.split, cfg.data.seed, all_sites=False)
     else:
         fed = load_folder(settings.data, all_sites=False)
     if settings.site not in fed.site_names:
@@ -191,10 +191,10 @@ def site_data(settings: NodeSettings, cfg: RunConfig, index: int):
     from fedseg.data.dataset import build_site_data
     from fedseg.data.splits import site_splits
 
-    key = (str(settings.data), settings.site, index, cfg.seed, cfg.data.model_dump_json())
+    key = (str(settings.data), settings.site, index, cfg.data.model_dump_json())
     if key not in _SITE_CACHE:
         fed, site = load_site(settings, cfg, check=False)
-        splits = site_splits(site, cfg.data.split, cfg.seed)  # from the real ids: the simulator's splits
+        splits = site_splits(site, cfg.data.split, cfg.data.seed)  # from the real ids: the simulator's splits
         opaque = opaque_case_ids(site)
         write_case_ids(settings, opaque)
         _SITE_CACHE.clear()
@@ -313,7 +313,7 @@ def on_info(content: RecordDict, context: Context, settings: NodeSettings, cfg: 
         raise FederationError(
             f"{settings.data}/federation.yaml: {mine} does not match the coordinator's federation {expected}"
         )
-    splits = site_splits(site, cfg.data.split, cfg.seed)
+    splits = site_splits(site, cfg.data.split, cfg.data.seed)
     sizes = {s: sum(1 for v in splits.values() if v == s) for s in ("train", "val", "test")}
     return RecordDict({ENGINE: ConfigRecord({"site": settings.site, "cases": len(site.cases), **sizes})})
 

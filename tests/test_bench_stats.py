@@ -1,0 +1,144 @@
+"""The bench's seeds, paired comparisons and tuning guards (issue 27), without training: the planned runs' data seed,
+resuming a bench recorded before data.seed, the CI-based mark, rendering tables that lack the new keys, grid-edge
+flags and the plateau rule's min_rounds in tuning runs."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from fedseg.bench import report
+from fedseg.bench.phases import BENCH_FILE, check_out
+from fedseg.bench.plan import final_runs, run_config, settings, tuning_runs
+from fedseg.bench.select import edge_keys
+from fedseg.bench.spec import load_bench
+from fedseg.bench.tables import add_tests
+from fedseg.config import ConfigError
+from fedseg.stopping import PLATEAU, stop_reason
+
+
+def _bench(tmp_path: Path, **fields) -> Path:
+    spec = {
+        "name": "tiny",
+        "base": {"preset": "synthetic-retina"},
+        "set": ["data.scale=0.05", "data.image_size=16"],
+        "federations": ["synthetic-retina"],
+        "methods": ["fedavg", {"name": "fedprox", "grid": {"methods.fedprox.mu": [0.1, 1.0, 10.0]}}],
+        "seeds": [0, 1],
+        **fields,
+    }
+    path = tmp_path / "bench.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def _final_configs(tmp_path: Path, **fields):
+    spec, root = load_bench(_bench(tmp_path, **fields))
+    chosen = {("synthetic-retina", "fedprox"): settings(spec.method("fedprox"))[0]}
+    return [run_config(spec, root, run) for run in final_runs(spec, chosen)]
+
+
+def test_a_bench_varies_the_run_seed_only_unless_it_asks_for_per_seed_data(tmp_path):
+    fixed = _final_configs(tmp_path)
+    assert {c.seed for c in fixed} == {0, 1} and {c.data.seed for c in fixed} == {0}
+    per_seed = _final_configs(tmp_path, data_seed="per-seed")
+    assert all(c.data.seed == c.seed for c in per_seed)
+
+
+def test_a_bench_recorded_before_data_seed_resumes_only_as_per_seed(tmp_path):
+    spec, _ = load_bench(_bench(tmp_path, data_seed="per-seed"))
+    old = spec.model_dump(mode="json")
+    del old["data_seed"]  # written by a fedseg without it: its runs took their data from their seed
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / BENCH_FILE).write_text(json.dumps(old))
+    check_out(spec, tmp_path / "out", resume=True)
+    fixed, _ = load_bench(_bench(tmp_path))
+    with pytest.raises(ValueError, match="data_seed"):
+        check_out(fixed, tmp_path / "out", resume=True)
+    alternative, _ = load_bench(_bench(tmp_path, data_seed="per-seed", tests={"alternative": "greater"}))
+    check_out(alternative, tmp_path / "out", resume=True)  # the tests change only the tables
+    with pytest.raises(ConfigError, match="alternative"):
+        load_bench(_bench(tmp_path, tests={"alternative": "bigger"}))
+
+
+def _per_seed(rng, shift: float) -> dict[int, dict]:
+    base = rng.normal(0.8, 0.05, (2, 30))
+    return {
+        s: {(f"site{i}", f"c{j}"): base[i, j] + shift + rng.normal(0, 0.01) for i in range(2) for j in range(30)}
+        for s in range(3)
+    }
+
+
+def test_the_tables_mark_a_method_where_its_ci_excludes_0_on_the_alternatives_side():
+    rng = np.random.default_rng(0)
+    per_seed = {"ref": _per_seed(rng, 0.0), "better": _per_seed(rng, 0.05), "same": _per_seed(rng, 0.0)}
+    for alternative, marked in (("two-sided", {"better"}), ("greater", {"better"}), ("less", set())):
+        methods: dict[str, dict] = {name: {"sites": {"site0": {}, "site1": {}}} for name in per_seed}
+        add_tests(methods, per_seed, "ref", alternative)
+        assert {n for n, s in methods.items() if s["dagger"]} == marked, alternative
+        better = methods["better"]
+        assert better["wilcoxon"]["alternative"] == alternative and better["wilcoxon"]["ci_low"] > 0
+        assert set(better["site_wilcoxon"]) == {"site0", "site1"}
+        assert all(t["n"] == 30 for t in better["site_wilcoxon"].values())
+
+
+def test_tables_without_the_new_keys_render_them_as_absent():
+    fed = {  # a tables.json method entry written before the CI, the rank stability and the grid edge
+        "regions": ["disc"],
+        "hd95_unit": "pixels",
+        "runs": 1,
+        "sites": ["site1"],
+        "methods": {
+            "fedavg": {
+                "setting": "lr=0.01",
+                "dice": {"mean": 0.9, "std": 0.1},
+                "regions": {"disc": {"mean": 0.9, "std": 0.1}},
+                "hd95": {"mean": 1.0, "std": math.nan},
+                "client_avg": {"mean": 0.9, "std": math.nan},
+                "convergence": {"runs": 1, "not_converged": 0},
+                "wilcoxon": {"n": 5, "p": 0.01, "mean_diff": 0.01, "median_diff": 0.01},
+            }
+        },
+        "comparisons": [{"method": "a", "against": "b", "seeds": 1, "n": 5, "mean_diff": 0.01, "p": 0.01}],
+    }
+    row = report.test_table(fed, "ref")[1][0]
+    assert row[1] == "lr=0.01" and "–" in row and "0.01" in row  # no CI, no mark, the p
+    assert report.comparison_table(fed)[1][0][5:] == ["–", "–", "0.01"]
+    assert report.rank_table(fed) == (["method"], [])
+
+
+def test_a_selected_value_at_the_grid_edge_is_flagged():
+    spec_path = {"methods.fedprox.mu": [0.1, 1.0, 10.0], "train.lr": [0.003, 0.001], "x.kind": ["a", "b"]}
+    from fedseg.bench.spec import MethodSpec
+
+    method = MethodSpec(name="fedprox", grid=spec_path)
+    inner = (("methods.fedprox.mu", 1.0), ("train.lr", 0.003), ("x.kind", "a"))
+    assert edge_keys(method, inner) == ["train.lr (high)"]  # the grid's order does not matter; categories have none
+    assert edge_keys(method, (("methods.fedprox.mu", 0.1),)) == ["methods.fedprox.mu (low)"]
+    assert edge_keys(method, (("methods.fedprox.mu", 1.0),)) == []
+    rows = [
+        {"federation": "f", "method": "fedprox", "setting": "mu=10.0", "val_dice": 0.9, "test_dice": 0.8, "runs": 1}
+        | {"selected": True, "at_edge": "methods.fedprox.mu (high)"},
+        {"federation": "f", "method": "fedprox", "setting": "mu=1.0", "val_dice": 0.8, "test_dice": 0.8, "runs": 1}
+        | {"selected": False, "at_edge": "", "plateau_stops": "24 29"},
+    ]
+    table = report.tune_table(rows, "f")[1]
+    assert [r[-1] for r in table] == ["✓ (grid edge): methods.fedprox.mu (high)", ""]
+    assert [r[-2] for r in table] == ["", "24 29"]  # where the plateau rule stopped the losing setting's runs
+
+
+def test_the_plateau_rule_does_not_stop_a_tuning_run_before_min_rounds(tmp_path):
+    spec, root = load_bench(_bench(tmp_path, stop={"patience": 5, "min_delta": 0.002, "min_rounds": 40}))
+    runs = tuning_runs(spec)
+    assert runs and all(r.method == "fedprox" for r in runs)
+    stalled = {r: 0.5 for r in range(1, 36)}  # a warm-up stall: no gain from round 1 to 35
+    for run in runs:
+        stop = run_config(spec, root, run).fl.stop
+        assert (stop.patience, stop.min_rounds) == (5, 40)
+        assert all(stop_reason(stop, stalled, rnd, None) is None for rnd in range(1, 36))
+        assert stop_reason(stop, {**stalled, 40: 0.5}, 40, None) == PLATEAU
