@@ -56,7 +56,7 @@ def test_resampling_is_undone_onto_the_original_grid():
     back = restore(masks, grid) > 0.5
     truth = torch.from_numpy(BRATS.one_hot(label)).bool()
     assert back.shape == truth.shape
-    dice, _ = case_metrics(back, truth, spacing=(1.0, 1.0, 2.0))
+    dice = case_metrics(back, truth, spacing=(1.0, 1.0, 2.0))["dice"]
     assert dice[0] > 0.95  # the whole tumour lands where it was (interpolation costs only its border)
     centre = lambda m: torch.nonzero(m).float().mean(0)  # noqa: E731
     torch.testing.assert_close(centre(back[0]), centre(truth[0]), atol=0.5, rtol=0)
@@ -179,7 +179,7 @@ def test_fedavg_on_patches_reports_hd95_in_mm_on_the_original_grid(tmp_path, tin
         assert np.allclose(np.asarray(pred_img.header.get_zooms()), (1.0, 1.0, 2.5))
         pred = TUMOUR.one_hot(np.asarray(pred_img.dataobj))
         truth = TUMOUR.one_hot(np.asarray(truth_img.dataobj))
-        _, hd = case_metrics(pred, truth, spacing=(1.0, 1.0, 2.5))
+        hd = case_metrics(pred, truth, spacing=(1.0, 1.0, 2.5))["hd95"]
         for r, name in enumerate(TUMOUR.names):
             assert hd[r] == pytest.approx(expected[(c, name)], rel=1e-6), (c, name)
 

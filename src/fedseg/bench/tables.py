@@ -6,12 +6,13 @@ For each federation and method (its final runs, ``fedseg.bench.execute``):
   seed, site, case, region, metric); on an IID repartition a case is listed under its original site (the synthetic
   sites are dealt anew for every seed), so seeds and methods pair the same case; in a k-fold bench each case is
   tested in exactly one fold, so pooling the folds scores every case once per seed (FeTS Sec. 4.4.4);
-* ``dice`` / ``hd95`` / ``regions``: mean ± std over cases of the per-case value (mean over regions; per region),
-  each case first averaged over the seeds (the FeTS Table 1 convention, "± std over samples of all folds");
+* ``dice`` / ``hd95`` / ``nsd`` / ``regions``: mean ± std over cases of the per-case value (mean over regions; per
+  region), each case first averaged over the seeds (the FeTS Table 1 convention, "± std over samples of all folds");
 * ``client_avg``: the mean of per-site means, per seed, then mean ± std over seeds (Auto-FedAvg Table 2);
   ``sites``: per-site mean ± std over seeds;
 * ``wilcoxon`` (pooled) and ``site_wilcoxon``: paired tests against the bench's reference method on the
-  seed-averaged case values (:mod:`fedseg.evaluate.stats`); ``dagger`` when p < 0.05;
+  seed-averaged case values (:mod:`fedseg.evaluate.stats`); ``dagger`` when p < 0.05; ``nsd_wilcoxon``: the pooled
+  test on NSD (None when the method or the reference has no NSD, e.g. runs written before it existed);
 * ``convergence``: runs, how many selected a round in the last 10% of their rounds without a validation plateau
   (``not_converged``, ``fedseg.stopping.not_converged``), stop rules;
 * ``cost``: the mean over runs of the FeTS Table 2 quantities, with the floats per site as the paper reports them
@@ -122,6 +123,7 @@ def method_stats(rows: list[dict], runs: list[Finished], scored: str, regions: l
     return {
         "dice": mean_std(dice_cases.values()),
         "hd95": mean_std(seed_averaged(per_seed_cases(rows, "hd95")).values()),
+        "nsd": mean_std(seed_averaged(per_seed_cases(rows, "nsd")).values()),
         "regions": {reg: mean_std(seed_averaged(per_seed_cases(rows, "dice", reg)).values()) for reg in regions},
         "client_avg": mean_std(float(np.mean(list(m.values()))) for m in per_seed_sites.values()),
         "sites": {s: mean_std(m.get(s, math.nan) for m in per_seed_sites.values()) for s in sites},
@@ -132,6 +134,7 @@ def method_stats(rows: list[dict], runs: list[Finished], scored: str, regions: l
         "cases": len(dice_cases),
         "train_samples": _mean_sizes(entries),
         "_seed_cases": dice_seeds,  # {seed: {(site, case): Dice}}: what the paired tests pair (add_tests)
+        "_seed_nsd": per_seed_cases(rows, "nsd"),  # the same of NSD ({seed: {}} without NSD rows)
     }
 
 
@@ -206,6 +209,7 @@ def federation_tables(bench: BenchSpec, runs: BenchRuns) -> tuple[dict, list[dic
             continue
         per_seed = {name: stats.pop("_seed_cases") for name, stats in methods.items()}
         add_tests(methods, per_seed, bench.reference)
+        add_nsd_tests(methods, {name: stats.pop("_seed_nsd") for name, stats in methods.items()}, bench.reference)
         first_method, first = next(iter(methods.items()))
         expected = len(folds_of(bench, fed, runs.holdouts)) * len(bench.seeds)  # final runs planned per method
         out[fed.name] = {
@@ -220,6 +224,7 @@ def federation_tables(bench: BenchSpec, runs: BenchRuns) -> tuple[dict, list[dic
                 if a in per_seed and b in per_seed
             ],
             "hd95_unit": by_key[(fed.name, first_method)][0][1].summary.get("hd95_unit", ""),
+            "nsd_tolerance": by_key[(fed.name, first_method)][0][1].summary.get("nsd_tolerance"),  # in hd95_unit
         }
     return out, all_rows
 
@@ -245,3 +250,12 @@ def add_tests(methods: dict[str, dict], per_seed: dict[str, dict], reference: st
         stats["site_wilcoxon"] = {
             site: paired_wilcoxon({k: v for k, v in cases.items() if k[0] == site}, ref) for site in stats["sites"]
         }
+
+
+def add_nsd_tests(methods: dict[str, dict], per_seed: dict[str, dict], reference: str) -> None:
+    """``nsd_wilcoxon``: the pooled paired test (:func:`paired_test`) of every method's NSD against ``reference``'s
+    (``per_seed``: ``{method: {seed: {(site, case): NSD}}}``); None for the reference and where either has no NSD."""
+    has_nsd = {name: any(cases for cases in seeds.values()) for name, seeds in per_seed.items()}
+    for name, stats in methods.items():
+        ok = name != reference and has_nsd.get(name) and has_nsd.get(reference)
+        stats["nsd_wilcoxon"] = paired_test(per_seed[name], per_seed[reference])[0] if ok else None
