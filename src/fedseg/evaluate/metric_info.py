@@ -24,7 +24,8 @@ class Metric:
 
     ``name``: the ``metric`` of ``results.csv`` rows and the key in ``summary.json``; ``label``: the heading;
     ``higher_is_better``: the direction (bold best, the sign of a good difference); ``digits``: decimals of a
-    mean ± std, ``mean_digits``: of a lone mean; ``distance``: values are in the HD95 unit (``hd95_unit``)."""
+    mean ± std, ``mean_digits``: of a lone mean; ``distance``: values are in the HD95 unit (``hd95_unit``);
+    ``tolerance``: scored at a tolerance in that unit (NSD's ``eval.nsd_tolerance``)."""
 
     name: str
     label: str
@@ -32,20 +33,21 @@ class Metric:
     digits: int
     mean_digits: int
     distance: bool = False
+    tolerance: bool = False
 
     def title(self, unit: str = "", tolerance: float | Mapping[str, float] | None = None) -> str:
         """The heading with what a reader needs: HD95's ``unit`` (``"HD95 (mm)"``), NSD's ``tolerance`` in it
         (``"NSD (τ 1 mm)"``); the bare label when not known (a run written before it was recorded)."""
         if self.distance and unit:
             return f"{self.label} ({unit})"
-        if self.name == "nsd" and tolerance is not None:
+        if self.tolerance and tolerance is not None:
             return f"{self.label} (τ {tolerance_text(tolerance, unit)})"
         return self.label
 
 
 DICE = Metric("dice", "Dice", True, 3, 4)
 HD95 = Metric("hd95", "HD95", False, 2, 2, distance=True)
-NSD = Metric("nsd", "NSD", True, 3, 4)
+NSD = Metric("nsd", "NSD", True, 3, 4, tolerance=True)
 METRICS = (DICE, HD95, NSD)
 METRIC_NAMES = tuple(m.name for m in METRICS)
 

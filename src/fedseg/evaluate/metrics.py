@@ -112,8 +112,8 @@ def batch_metrics(
     if p.ndim not in (4, 5):
         raise ValueError(f"expected (B, R, H, W) or (B, R, H, W, D), got {tuple(p.shape)}")
     b, r = p.shape[:2]
-    taus = [float(tolerance)] * r if isinstance(tolerance, int | float) else [float(t) for t in tolerance]
-    if len(taus) != r or not all(np.isfinite(t) and t > 0 for t in taus):
+    taus = [float(v) for v in tolerance] if isinstance(tolerance, Sequence) else [float(tolerance)] * r
+    if len(taus) != r or not all(np.isfinite(v) and v > 0 for v in taus):
         raise ValueError(f"NSD tolerance: one finite number > 0, or one per region ({r}); got {tolerance!r}")
     p_any = p.reshape(b, r, -1).any(-1)
     t_any = t.reshape(b, r, -1).any(-1)

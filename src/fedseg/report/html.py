@@ -499,9 +499,9 @@ def _score_sections(run: RunFiles) -> list[Section]:
         "dice": _unconverged(run),
         "hd95": " A region empty in both truth and prediction scores 0; empty in exactly one, the worst value "
         "(eval.hd95_worst, by default the diagonal of the case's grid).",
-        "nsd": " Normalized surface Dice: the share of both regions' boundary points within the tolerance τ "
-        "(eval.nsd_tolerance) of the other's boundary; a region empty in both truth and prediction scores 1, "
-        "empty in exactly one 0.",
+        "nsd": " Normalized surface Dice: the share of the boundary points of truth and prediction that lie "
+        "within the tolerance τ (eval.nsd_tolerance) of the other's boundary; a region empty in both truth and "
+        "prediction scores 1, empty in exactly one 0.",
     }
     unit, tolerance = run.summary.get("hd95_unit", "pixels / voxels"), run.summary.get("nsd_tolerance")
     out = []
