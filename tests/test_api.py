@@ -4,6 +4,7 @@ register_federation, and examples/python_api.py run as a user would."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -205,3 +206,12 @@ def test_example_script(tmp_path):
     squares = json.loads((out / "squares" / "summary.json").read_text())
     assert squares["dataset"] == "squares" and squares["sites"] == ["hospital1", "hospital2"]
     assert any(line.startswith("test Dice fedavg-equal on squares: ") for line in lines)
+
+
+def test_results_nsd_reads_summary_json_and_is_nan_for_a_run_written_before_it(tmp_path):
+    entry = {"dice": {"client_avg": 0.8, "site1": 0.7}, "hd95": {"client_avg": 3.0, "site1": 4.0}}
+    summary = {"algorithms": {"fedavg": {**entry, "nsd": {"client_avg": 0.6, "site1": 0.5}}, "old": entry}}
+    results = Results(tmp_path, summary)
+    nsd = results.nsd()
+    assert nsd["fedavg"] == 0.6 and math.isnan(nsd["old"]) and results.nsd("site1")["fedavg"] == 0.5
+    assert results.hd95() == {"fedavg": 3.0, "old": 3.0}

@@ -179,10 +179,13 @@ def test_gamma_one_uses_global_gamma_zero_the_argmax_personalized_model():
             "dice_personal": torch.ones(4, 1),
             "hd95_global": torch.zeros(4, 1),
             "hd95_personal": torch.ones(4, 1),
+            "nsd_global": torch.zeros(4, 1),
+            "nsd_personal": torch.ones(4, 1),
         }
     )
     assert at_gamma(reply, 1.0).tensors["dice"].flatten().tolist() == [0, 0, 0, 0]
     assert at_gamma(reply, 0.0).tensors["dice"].flatten().tolist() == [1, 1, 1, 1]
+    assert at_gamma(reply, 0.0).tensors["nsd"].flatten().tolist() == [1, 1, 1, 1]
     # FedSM-extra routes by argmax over K+1 candidates (class 0 = global), with no threshold
     assert route(probs, "argmax", gamma=1.0).tolist() == [0, 1, 2, 2]
 
@@ -334,7 +337,7 @@ def test_end_to_end_fedsm_extra_and_ensemble(tmp_path, tiny_config, disc_federat
     assert sm.gamma == gamma and sm.mode == "threshold"
     ev = cfg.eval
     for data in prep.site_data:
-        dice, _ = score_caseset(sm, data.test, ev.batch_size, ev.threshold, False, prep.task.device)
+        dice = score_caseset(sm, data.test, ev.batch_size, ev.threshold, False, prep.task.device)["dice"]
         rows = {
             (r["case"], r["region"]): r["value"]
             for r in fedsm.test_rows

@@ -72,7 +72,7 @@ def _dice(weights: dict, data, task) -> float:
     model = task.new_model()
     load_weights(model, weights)
     ev = task.cfg.eval
-    dice, _ = score_caseset(model, data, ev.batch_size, ev.threshold, False, task.device)
+    dice = score_caseset(model, data, ev.batch_size, ev.threshold, False, task.device)["dice"]
     return site_dice(dice, data.ids, data.name, task.regions)
 
 

@@ -123,7 +123,7 @@ def _scores(weights: dict, data, task) -> np.ndarray:
     model = task.new_model()
     load_weights(model, weights)
     ev = task.cfg.eval
-    dice, _ = score_caseset(model, data, ev.batch_size, ev.threshold, False, task.device)
+    dice = score_caseset(model, data, ev.batch_size, ev.threshold, False, task.device)["dice"]
     return dice
 
 

@@ -84,7 +84,7 @@ def assert_written_masks(out, model, prep, expected_dice=None):
     regions, threshold = prep.federation.regions, prep.task.cfg.eval.threshold
     for data in prep.site_data:
         masks = predict_masks(model, data.test.x, 4, threshold, torch.device("cpu"))
-        dice, _ = batch_metrics(masks, data.test.y.bool(), hd95=False)
+        dice = batch_metrics(masks, data.test.y.bool(), hd95=False)["dice"]
         for i, case in enumerate(data.test.ids):
             np.testing.assert_array_equal(
                 read_label(out / f"{case}.png", "2d"), regions.to_label(masks[i].numpy()), err_msg=case

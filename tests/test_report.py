@@ -372,3 +372,40 @@ def test_the_report_header_names_the_split_protocol_and_the_repartition(tmp_path
         assert text in header
     for text in absent:
         assert text not in header
+
+
+def add_nsd(run, tolerance=1.5) -> None:
+    """``make_run``'s run as scored with NSD: per case and region NSD = Dice / 2 (site mean = Dice / 2)."""
+    with open(run / "results.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    rows += [{**r, "metric": "nsd", "value": float(r["value"]) / 2} for r in rows if r["metric"] == "dice"]
+    write_csv(run / "results.csv", list(rows[0]), rows)
+    summary = json.loads((run / "summary.json").read_text())
+    summary["nsd_tolerance"], summary["hd95_unit"] = tolerance, "mm"
+    for entry in summary["algorithms"].values():
+        entry["nsd"] = {k: v / 2 for k, v in entry["dice"].items()}
+    (run / "summary.json").write_text(json.dumps(summary))
+
+
+def test_nsd_gets_its_table_and_region_columns_and_an_old_run_renders_as_before(tmp_path):
+    old = make_run(tmp_path / "old")
+    before = render_report(old).read_text()
+    assert "<h2>Test NSD" not in before and "NSD</th>" not in before  # written before NSD existed: no NSD table
+    run = make_run(tmp_path / "run")
+    add_nsd(run)
+    html = render_report(run).read_text()
+    nsd = table(html, "Test NSD (τ 1.5 mm)")
+    fedavg = DICE[("fedavg", "global")]
+    # NSD = Dice / 2 here: the same best numbers in bold as Dice (higher is better for both)
+    dice_cells = row_cells(table(html, "Test Dice"), "FedAvg")[:3]
+    halved = [c.replace(f"{fedavg[s]:.4f}", f"{fedavg[s] / 2:.4f}") for c, s in zip(dice_cells, SITES)]
+    assert row_cells(nsd, "FedAvg")[:3] == halved and "<b>" in "".join(halved)
+    assert "(higher is better)" in html[html.index("<h2>Test NSD") :]
+    regions = table(html, "Per-region scores (mean ± std over test cases)")
+    assert "<th>disc NSD</th><th>cup NSD</th>" in regions
+    cases = [(fedavg[s] + d) / 2 for s in SITES for d in (0.01, -0.01)]
+    assert row_cells(regions, "FedAvg")[4] == f"{np.mean(cases):.3f} ± {np.std(cases, ddof=1):.3f}"  # disc NSD
+    # the Dice and HD95 tables as in the run without NSD
+    assert table(html, "Test Dice") == table(before, "Test Dice")
+    hd95, old_hd95 = table(html, "Test HD95 (mm)"), table(before, "Test HD95 (pixels / voxels)")
+    assert hd95[hd95.index("<table") :] == old_hd95[old_hd95.index("<table") :]

@@ -78,25 +78,27 @@ def test_table1_has_the_references_then_the_per_site_methods_with_their_selected
     labels = re.findall(r"<tr[^>]*><th>(.*?)</th>", t1.split("<tbody>")[1])
     assert labels == [LABELS[a] for a in ALGORITHMS]
     head = t1.split("<tbody>")[0]
-    for column in ("Dice", "disc Dice", "cup Dice", "HD95", "Selected round", "Total SGD steps"):
+    for column in ("Dice", "disc Dice", "cup Dice", "HD95", "NSD", "Selected round", "Total SGD steps"):
         assert f"<th>{column}</th>" in head
     for name in ("local", *PER_SITE):
         sel = summary["algorithms"][name]["selected_rounds"]
-        cell = row_cells(t1, LABELS[name])[4]
+        cell = row_cells(t1, LABELS[name])[5]
         tip = " · ".join(f"{s} {sel[s]}" for s in summary["sites"])
         assert f'title="{tip}"' in cell
         lo, hi = min(sel.values()), max(sel.values())
         assert (f"{lo} (every site)" if lo == hi else f"{lo}–{hi} (per site)") in cell
     # a global method: the round with the best mean validation Dice
-    assert row_cells(t1, "FedAvg")[4] == str(summary["algorithms"]["fedavg"]["best_round"])
+    assert row_cells(t1, "FedAvg")[5] == str(summary["algorithms"]["fedavg"]["best_round"])
     # mean over cases with std; the pooled mean is summary.json's Global
     mean, _, std = row_cells(t1, "FedPer")[0].removeprefix("<b>").removesuffix("</b>").partition(" ± ")
     assert mean == f"{summary['algorithms']['fedper']['dice']['global']:.4f}" and float(std) >= 0
+    nsd_mean = row_cells(t1, "FedPer")[4].removeprefix("<b>").removesuffix("</b>").partition(" ± ")[0]
+    assert nsd_mean == f"{summary['algorithms']['fedper']['nsd']['global']:.3f}"
     # the cost of a method started from FedAvg includes FedAvg's training, and says so
     ft = summary["algorithms"]["finetune"]["cost"]
     assert ft["includes"] == ["fedavg", "this method"]
-    assert row_cells(t1, "Local fine-tuning")[5] == f"{ft['sgd_steps']:,} †"
-    assert row_cells(t1, "FedPer")[5] == f"{summary['algorithms']['fedper']['cost']['sgd_steps']:,}"
+    assert row_cells(t1, "Local fine-tuning")[6] == f"{ft['sgd_steps']:,} †"
+    assert row_cells(t1, "FedPer")[6] == f"{summary['algorithms']['fedper']['cost']['sgd_steps']:,}"
     assert "Local fine-tuning: FedAvg + its own" in page and "Prior CFL: FedAvg + its own" in page
 
 
@@ -156,7 +158,7 @@ def test_a_per_site_method_is_flagged_when_half_its_sites_selected_the_last_roun
     (run / "summary.json").write_text(json.dumps(summary))
     page = render_report(run).read_text()
     assert "May not have converged</b>: FedPer (2 of 3 sites) —" in page
-    assert "2–4 (per site)</span>" in row_cells(table(page, persite.TABLE1_TITLE), "FedPer")[4]
+    assert "2–4 (per site)</span>" in row_cells(table(page, persite.TABLE1_TITLE), "FedPer")[5]
     assert "at least half its sites selected the last round" in page
     assert "CFL (" not in page.split("May not have converged")[1].split("</p>")[0]
     summary["algorithms"]["fedper"]["selected_rounds"]["site3"] = 3

@@ -138,3 +138,41 @@ def test_count_sites_agrees_with_the_loaded_federation_without_loading_it(
         }
     cfg = tiny_config(data=data)
     assert count_sites(cfg) == len(load_federation(cfg).sites) == (4 if source == "folder" else 6)
+
+
+def test_nsd_is_a_third_metric_of_results_and_summary(tmp_path, tiny_config, disc_federation):
+    """NSD rows next to Dice and HD95 in results.csv, its summary.json entry and tolerance; the tolerance changes
+    NSD only (per region: disc 0.5 px, cup 3 px vs 3 px everywhere)."""
+    runs = {}
+    for name, tol in (("tight", {"disc": 0.5, "cup": 3.0}), ("loose", 3.0)):
+        cfg = tiny_config(algorithms=["fedavg"], fl={"rounds": 1}, eval={"local_models": False, "nsd_tolerance": tol})
+        run_experiment(cfg, tmp_path / name, federation=disc_federation())
+        with open(tmp_path / name / "results.csv") as f:
+            rows = list(csv.DictReader(f))
+        runs[name] = ({(r["case"], r["region"], r["metric"]): float(r["value"]) for r in rows}, rows)
+    values, rows = runs["tight"]
+    metrics = [r["metric"] for r in rows]
+    assert metrics.count("nsd") == metrics.count("dice") == metrics.count("hd95") > 0
+    summary = json.loads((tmp_path / "tight" / "summary.json").read_text())
+    assert summary["nsd_tolerance"] == {"disc": 0.5, "cup": 3.0} and summary["hd95_unit"] == "pixels"
+    nsd = summary["algorithms"]["fedavg"]["nsd"]
+    assert set(nsd) == {"site1", "site2", "site3", "client_avg", "global"}
+    assert all(0.0 <= v <= 1.0 for v in nsd.values())
+    for (case, region, metric), v in values.items():
+        if metric == "nsd":
+            assert 0.0 <= v <= 1.0
+            if values[(case, region, "dice")] == 1.0:  # identical masks (or both empty): every boundary point fits
+                assert v == 1.0
+    loose = runs["loose"][0]
+    assert {k: v for k, v in values.items() if k[2] != "nsd"} == {k: v for k, v in loose.items() if k[2] != "nsd"}
+    disc = [k for k in values if k[2] == "nsd" and k[1] == "disc"]
+    cup = [k for k in values if k[2] == "nsd" and k[1] == "cup"]
+    assert all(loose[k] >= values[k] for k in disc) and any(loose[k] > values[k] for k in disc)
+    assert all(loose[k] == values[k] for k in cup)  # the same 3 px for the cup
+
+
+def test_an_nsd_tolerance_mapping_must_name_every_region_before_training(tmp_path, tiny_config, disc_federation):
+    cfg = tiny_config(algorithms=["fedavg"], eval={"nsd_tolerance": {"disc": 1.0}})
+    with pytest.raises(ValueError, match=r"eval.nsd_tolerance: .*missing \['cup'\]"):
+        run_experiment(cfg, tmp_path / "out", federation=disc_federation())
+    assert not (tmp_path / "out" / "summary.json").exists()

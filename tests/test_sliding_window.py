@@ -79,7 +79,8 @@ def test_concentric_spheres_give_the_analytic_hd95_in_mm_under_anisotropic_spaci
     outer, inner = ball(shape, spacing, 18.0), ball(shape, spacing, 12.0)
     image = inner.astype(np.float32)[None]  # the Threshold network predicts the inner ball
     vol = build_volume(image, outer.astype(np.uint8), ONE, spacing, VolumeConfig(patch_size=16), "none")
-    dice, hd = score_volumes(Threshold(), [vol], VolumeConfig(patch_size=16), 0.5, True, CPU)
+    scores = score_volumes(Threshold(), [vol], VolumeConfig(patch_size=16), 0.5, True, CPU)
+    dice, hd = scores["dice"], scores["hd95"]
     assert hd[0, 0] == pytest.approx(6.0, abs=0.75)
     assert dice[0, 0] == pytest.approx(2 * 12**3 / (12**3 + 18**3), abs=0.02)
 
@@ -97,10 +98,12 @@ def test_empty_prediction_rule_on_the_original_grid():
     net = Repeat(Threshold(), 3)
     diagonal = math.sqrt(sum((n * s) ** 2 for n, s in zip(shape, spacing)))
     cfg = VolumeConfig(patch_size=8)
-    dice, hd = score_volumes(net, [vol], cfg, 0.5, True, CPU)
+    scores = score_volumes(net, [vol], cfg, 0.5, True, CPU)
+    dice, hd = scores["dice"], scores["hd95"]
     assert dice[0].tolist() == [0.0, 0.0, 0.0]  # a, c: truth empty, prediction not; b: no overlap
     assert hd[0, 0] == hd[0, 2] == pytest.approx(diagonal)
     assert hd[0, 1] < diagonal
     empty = Repeat(Constant(-10.0), 3)
-    dice, hd = score_volumes(empty, [vol], cfg, 0.5, True, CPU, worst=373.13)
+    scores = score_volumes(empty, [vol], cfg, 0.5, True, CPU, worst=373.13)
+    dice, hd = scores["dice"], scores["hd95"]
     assert dice[0].tolist() == [1.0, 0.0, 1.0] and hd[0].tolist() == [0.0, 373.13, 0.0]

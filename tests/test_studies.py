@@ -91,7 +91,7 @@ def test_holdout_trains_without_the_site_and_scores_all_of_its_cases(tmp_path, m
     load_weights(model, {k.split("/", 1)[1]: v for k, v in tensors.items() if k.startswith("global/")})
     data = unseen_caseset(fed, "site2", cfg)
     assert sorted(data.ids) == sorted(c.id for c in fed.site("site2").cases)
-    dice, _ = score_caseset(model, data, 16, 0.5, False, torch.device("cpu"))
+    dice = score_caseset(model, data, 16, 0.5, False, torch.device("cpu"))["dice"]
     assert float(avg["dice"]) == pytest.approx(float(np.nanmean(dice, axis=1).mean()), abs=1e-9)
 
     sections = study_sections(tmp_path)
@@ -140,6 +140,7 @@ def test_sweep_runs_one_complete_run_per_value_with_that_value_in_its_config(tmp
         "dice_client_avg",
         "dice_global",
         "hd95_client_avg",
+        "nsd_client_avg",
         "run",
     ]
     for r in rows:
@@ -148,6 +149,7 @@ def test_sweep_runs_one_complete_run_per_value_with_that_value_in_its_config(tmp
         assert yaml.safe_load((sub / "config.yaml").read_text())["methods"]["fedsm"]["lam"] == float(r["value"])
         summary = json.loads((sub / "summary.json").read_text())["algorithms"][r["algorithm"]]
         assert float(r["dice_client_avg"]) == pytest.approx(summary["dice"]["client_avg"])
+        assert r["nsd_client_avg"] == "" and math.isnan(summary["nsd"]["client_avg"])  # eval.hd95 off: no NSD either
         assert float(r["dice_site2"]) == pytest.approx(summary["dice"]["site2"])
         assert float(r["val_dice"]) == pytest.approx(summary["convergence"]["best_val_dice"])
     assert json.loads((tmp_path / "sweep.json").read_text())["rows"][1]["dice_global"] == pytest.approx(

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from fedseg.config import ConfigError, config_from_cli, load_config
 from fedseg.run import run_experiment
-from fedseg.tracking import WANDB_DIR, WANDB_IDS, TrackingUnavailable, metric_name, wandb_group
+from fedseg.tracking import WANDB_DIR, WANDB_IDS, TrackingUnavailable, final_metrics, metric_name, wandb_group
 
 runner = CliRunner()
 needs_extra = pytest.mark.skipif(
@@ -430,3 +430,20 @@ def test_resumed_run_continues_the_same_wandb_run_without_repeating_a_round(
         assert _same(history[int(row["round"])][metric_name("val_dice", row["site"])], float(row["val_dice"]))
     final = _wandb_summary([before, after])
     assert "test/dice/client_avg" in final and "test/dice/client_avg" not in _wandb_summary([before])
+
+
+def test_final_metrics_log_nsd_next_to_dice_and_hd95_and_skip_it_for_an_old_summary():
+    entry = {
+        "dice": {"site1": 0.8, "client_avg": 0.8, "global": 0.8},
+        "hd95": {"site1": 3.0, "client_avg": 3.0, "global": 3.0},
+        "nsd": {"site1": 0.6, "client_avg": 0.65, "global": 0.7},
+    }
+    metrics = final_metrics(entry)
+    assert {k: v for k, v in metrics.items() if k.startswith("test/nsd/")} == {
+        "test/nsd/site1": 0.6,
+        "test/nsd/client_avg": 0.65,
+        "test/nsd/global": 0.7,
+    }
+    assert metrics["test/hd95/global"] == 3.0
+    old = final_metrics({k: v for k, v in entry.items() if k != "nsd"})
+    assert not any(k.startswith("test/nsd/") for k in old) and old["test/dice/site1"] == 0.8

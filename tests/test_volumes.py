@@ -56,7 +56,7 @@ def test_resampling_is_undone_onto_the_original_grid():
     back = restore(masks, grid) > 0.5
     truth = torch.from_numpy(BRATS.one_hot(label)).bool()
     assert back.shape == truth.shape
-    dice, _ = case_metrics(back, truth, spacing=(1.0, 1.0, 2.0))
+    dice = case_metrics(back, truth, spacing=(1.0, 1.0, 2.0))["dice"]
     assert dice[0] > 0.95  # the whole tumour lands where it was (interpolation costs only its border)
     centre = lambda m: torch.nonzero(m).float().mean(0)  # noqa: E731
     torch.testing.assert_close(centre(back[0]), centre(truth[0]), atol=0.5, rtol=0)
@@ -150,8 +150,9 @@ def _patch_cfg(tiny_config, root, rounds: int):
 
 
 def test_fedavg_on_patches_reports_hd95_in_mm_on_the_original_grid(tmp_path, tiny_config, tumour_folder):
-    """A 1-round FedAvg run on patches completes; its per-case HD95 equal the metrics of ``fedseg predict``'s
-    masks (sliding window, mapped back to each file's grid) against the truth with the file's spacing."""
+    """A 1-round FedAvg run on patches completes; its per-case HD95 and NSD (tolerance in mm) equal the metrics
+    of ``fedseg predict``'s masks (sliding window, mapped back to each file's grid) against the truth with the
+    file's spacing."""
     from fedseg.predict import predict
     from fedseg.run import run_experiment
 
@@ -159,13 +160,16 @@ def test_fedavg_on_patches_reports_hd95_in_mm_on_the_original_grid(tmp_path, tin
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     hd95 = summary["algorithms"]["fedavg"]["hd95"]
     assert np.isfinite(hd95["client_avg"]) and hd95["client_avg"] > 0  # every case counts (empty-mask rule)
+    assert summary["hd95_unit"] == "mm" and summary["nsd_tolerance"] == 1.0
     rows = [
         r
         for r in (line.split(",") for line in (tmp_path / "run" / "results.csv").read_text().splitlines()[1:])
-        if r[0] == "fedavg" and r[1] == "global" and r[5] == "hd95"
+        if r[0] == "fedavg" and r[1] == "global" and r[5] in ("hd95", "nsd")
     ]
     site = "b"  # anisotropic: HD95 in mm differs from voxels
-    expected = {(r[3], r[4]): float(r[6]) for r in rows if r[2] == site}
+    expected = {(r[3], r[4]): float(r[6]) for r in rows if r[2] == site and r[5] == "hd95"}
+    expected_nsd = {(r[3], r[4]): float(r[6]) for r in rows if r[2] == site and r[5] == "nsd"}
+    assert expected_nsd.keys() == expected.keys()
     assert expected
     cases = sorted({c for c, _ in expected})
     images = tmp_path / "in"
@@ -179,9 +183,10 @@ def test_fedavg_on_patches_reports_hd95_in_mm_on_the_original_grid(tmp_path, tin
         assert np.allclose(np.asarray(pred_img.header.get_zooms()), (1.0, 1.0, 2.5))
         pred = TUMOUR.one_hot(np.asarray(pred_img.dataobj))
         truth = TUMOUR.one_hot(np.asarray(truth_img.dataobj))
-        _, hd = case_metrics(pred, truth, spacing=(1.0, 1.0, 2.5))
+        scores = case_metrics(pred, truth, spacing=(1.0, 1.0, 2.5))
         for r, name in enumerate(TUMOUR.names):
-            assert hd[r] == pytest.approx(expected[(c, name)], rel=1e-6), (c, name)
+            assert scores["hd95"][r] == pytest.approx(expected[(c, name)], rel=1e-6), (c, name)
+            assert scores["nsd"][r] == pytest.approx(expected_nsd[(c, name)], abs=1e-6), (c, name)
 
 
 def test_resumed_patch_run_equals_an_uninterrupted_one(tmp_path, tiny_config, tumour_folder):

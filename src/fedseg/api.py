@@ -19,6 +19,7 @@ tested, the run's files and ``report.html``. Errors are raised (``ConfigError``,
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -166,11 +167,18 @@ class Results:
         """Test HD95 per algorithm (as :meth:`dice`)."""
         return {a: float(e["hd95"][average]) for a, e in self.summary.get("algorithms", {}).items()}
 
+    def nsd(self, average: str = "client_avg") -> dict[str, float]:
+        """Test normalized surface Dice per algorithm (as :meth:`dice`; tolerance: ``summary["nsd_tolerance"]``
+        in ``summary["hd95_unit"]``); NaN for a run written before NSD existed."""
+        return {
+            a: float(e.get("nsd", {}).get(average, math.nan)) for a, e in self.summary.get("algorithms", {}).items()
+        }
+
     # --- tables --------------------------------------------------------------------------------
     def cases(self, algorithm: str | None = None, metric: str | None = None, model: str | None = None) -> list[dict]:
         """``results.csv``: one dict per test case, region and metric (``algorithm, model, site, case,
         region, metric, value``; ``value`` a float, NaN where undefined), optionally only those of
-        ``algorithm`` / ``metric`` (``dice`` | ``hd95``) / ``model`` (e.g. ``global``, ``local:site1``)."""
+        ``algorithm`` / ``metric`` (``dice`` | ``hd95`` | ``nsd``) / ``model`` (e.g. ``global``, ``local:site1``)."""
         from fedseg.evaluate.tables import read_rows
 
         path = self.out / "results.csv"

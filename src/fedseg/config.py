@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
@@ -9,6 +10,8 @@ from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from fedseg.evaluate.metric_info import DEFAULT_NSD_TOLERANCE
 
 
 class Strict(BaseModel):
@@ -390,6 +393,13 @@ class EvalConfig(Strict):
         "the HD95 unit (mm with a spacing, else pixels); None = the diagonal of the case's grid (BraTS: 373.13 mm "
         "for 240x240x155 at 1 mm)",
     )
+    nsd_tolerance: float | dict[str, float] = Field(
+        default=DEFAULT_NSD_TOLERANCE,
+        description="normalized surface Dice's tolerance (fedseg.evaluate.metrics), in the HD95 unit (mm with a "
+        "spacing, else pixels): a boundary point counts as correct within this distance of the other mask's "
+        "boundary; one number, or a mapping region -> number naming every region of the task. 1.0 = 1 mm / "
+        "1 pixel (the MSD-derived surface Dice at 1 mm, FLARE 2021-22); computed with HD95 (eval.hd95)",
+    )
     batch_size: int = Field(default=16, ge=1)
     local_models: bool = Field(
         default=True,
@@ -399,6 +409,20 @@ class EvalConfig(Strict):
         "validated round (counted in the train rows' seconds), one model per site in the client state and "
         "checkpoints, and at test time K model uploads and K x K test evaluations (evaluation traffic)",
     )
+
+    @field_validator("nsd_tolerance", mode="before")
+    @classmethod
+    def _positive_tolerance(cls, value: Any) -> Any:
+        values = list(value.values()) if isinstance(value, dict) else [value]
+        ok = bool(values) and all(
+            isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v > 0 for v in values
+        )
+        if not ok:
+            raise ValueError(
+                "eval.nsd_tolerance must be a number > 0 (in the HD95 unit: mm with a spacing, else pixels) or a "
+                f"mapping region -> number > 0, got {value!r}"
+            )
+        return value
 
 
 class CostConfig(Strict):

@@ -57,6 +57,7 @@ def summary_dict(results: RunResults) -> dict:
         "sites": fed.site_names,
         "regions": list(fed.regions.names),
         "hd95_unit": hd95_unit(results.trained_cfg),
+        "nsd_tolerance": results.cfg.eval.nsd_tolerance,  # in hd95_unit; a number, or one per region
         "algorithms": {a.name: a.summary for a in results.algorithms},
         **({"plan": results.plan} if results.plan is not None else {}),
         **({"provenance": finish(results.provenance)} if results.provenance else {}),
@@ -64,7 +65,7 @@ def summary_dict(results: RunResults) -> dict:
 
 
 def hd95_unit(cfg: RunConfig) -> str:
-    """What HD95 is measured in: mm on the volume path (each case's own grid and spacing,
+    """What HD95 and NSD's tolerance are measured in: mm on the volume path (each case's own grid and spacing,
     ``fedseg.evaluate.sliding``), else pixels (voxels) of the resized model input."""
     return "mm" if cfg.data.volume.patch_size is not None else "pixels"
 

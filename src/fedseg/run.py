@@ -36,6 +36,7 @@ from fedseg.engine.faults import check_fault_sites
 from fedseg.engine.ledger import Ledger
 from fedseg.engine.simulator import Simulator
 from fedseg.engine.state import state_store
+from fedseg.evaluate.metric_info import METRIC_NAMES
 from fedseg.evaluate.tables import site_summary
 from fedseg.outputs import RunResults, bundle_order, read_bundle, write_bundle_files, write_outputs
 from fedseg.preflight import check_device, check_out_dir, check_resume, recorded_config
@@ -119,6 +120,7 @@ def prepared_sites(cfg: RunConfig, fed: Federation, splits: dict[str, dict[str, 
     """Every site's data pre-processed under ``cfg.data``, and the task of ``cfg``."""
     site_data = [build_site_data(fed, site, i, splits[site.name], cfg.data) for i, site in enumerate(fed.sites)]
     task = Task(cfg, fed.spatial_dims, fed.channels, fed.regions.names)
+    task.nsd_tolerances  # noqa: B018 - a mapping eval.nsd_tolerance must name the regions: fail before training
     return Prepared(fed, splits, site_data, task)
 
 
@@ -551,8 +553,7 @@ def summarize(
     FeTS Table 2 cost object (:func:`fedseg.evaluate.cost.cost_table`)."""
     own = lambda r: r["model"] == site_model(r["site"])  # noqa: E731
     entry = {
-        "dice": site_summary(test_rows, name, "dice", sites, model_filter=own),
-        "hd95": site_summary(test_rows, name, "hd95", sites, model_filter=own),
+        **{m: site_summary(test_rows, name, m, sites, model_filter=own) for m in METRIC_NAMES},
         "rounds": rounds,
         "best_round": best_round,
         **ledger.totals(),

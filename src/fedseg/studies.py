@@ -16,8 +16,8 @@ like any run. A study directory ``OUT`` holds:
 * sweep (``--sweep key=v1,v2,...``): ``sweep/<key>=<value>/`` = a run with ``--set key=value``
   on top of the base configuration, then ``sweep.csv`` + ``sweep.json``: one row per value and
   algorithm, columns ``key, value, algorithm, val_dice, dice_<site>..., dice_client_avg, dice_global,
-  hd95_client_avg, run`` (``val_dice``: the mean validation Dice at the selected round, the score a choice
-  among the values must be made on; the rest: the sub-run's summary.json test numbers).
+  hd95_client_avg, nsd_client_avg, run`` (``val_dice``: the mean validation Dice at the selected round, the
+  score a choice among the values must be made on; the rest: the sub-run's summary.json test numbers).
 
 The tables are rewritten after every sub-run. ``resume`` continues a study: finished sub-runs
 return from their checkpoints without training, a half-done one continues from its last round.
@@ -305,17 +305,19 @@ def write_table(out: Path, stem: str, columns: list[str], rows: list[dict]) -> N
 # --------------------------------------------------------------------------- sweep table
 def sweep_columns(rows: list[dict]) -> list[str]:
     """``key, value, algorithm, val_dice, dice_<site>... (every site seen, in order), dice_client_avg,
-    dice_global, hd95_client_avg, run``."""
+    dice_global, hd95_client_avg, nsd_client_avg, run``."""
     sites = list(
         dict.fromkeys(
             c for r in rows for c in r if c.startswith("dice_") and c not in ("dice_client_avg", "dice_global")
         )
     )
-    return ["key", "value", "algorithm", "val_dice", *sites, "dice_client_avg", "dice_global", "hd95_client_avg", "run"]
+    means = ["dice_client_avg", "dice_global", "hd95_client_avg", "nsd_client_avg"]
+    return ["key", "value", "algorithm", "val_dice", *sites, *means, "run"]
 
 
 def sweep_rows(results: RunResults, key: str, value: str, run: str) -> list[dict]:
-    """One row per algorithm: its summary's test Dice per site, client_avg and global, HD95 client_avg."""
+    """One row per algorithm: its summary's test Dice per site, client_avg and global, HD95 and NSD client_avg
+    (NSD empty for a run written before it existed)."""
     rows = []
     for algo in results.algorithms:
         dice, hd95 = algo.summary["dice"], algo.summary["hd95"]
@@ -329,6 +331,7 @@ def sweep_rows(results: RunResults, key: str, value: str, run: str) -> list[dict
                 "dice_client_avg": _clean(dice["client_avg"]),
                 "dice_global": _clean(dice["global"]),
                 "hd95_client_avg": _clean(hd95["client_avg"]),
+                "nsd_client_avg": _clean(algo.summary.get("nsd", {}).get("client_avg")),
                 "run": run,
             }
         )

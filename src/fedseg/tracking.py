@@ -20,7 +20,7 @@ What is logged (MLflow metric / TensorBoard scalar / W&B history key names; ``st
   (the mean over sites that selects the best round) and the method's ``round_metrics`` as
   ``<metric>/<site>`` (FedSM's ``selector_acc/<site>``, Auto-FedAvg's ``alpha/<site>``, ...);
 * at the end of the algorithm (step = its last round; W&B: the run's summary), from its ``summary.json`` entry:
-  ``test/dice/<site|client_avg|global>``, ``test/hd95/...``, ``test/local_avg``, ``test/local_gen``
+  ``test/dice/<site|client_avg|global>``, ``test/hd95/...``, ``test/nsd/...``, ``test/local_avg``, ``test/local_gen``
   (when present), ``best_round``, ``selected_round/<site>`` (per-site selection), ``total/floats_sent``,
   ``total/sgd_steps``, ``total/seconds`` and the FeTS cost model's numbers ``cost/<key>``; the configuration
   as params with dotted keys (MLflow params, logged when the run is created; TensorBoard: HParams and
@@ -50,6 +50,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlparse
+
+from fedseg.evaluate.metric_info import METRIC_NAMES
 
 if TYPE_CHECKING:
     from fedseg.config import RunConfig
@@ -130,7 +132,7 @@ def round_record(
 def final_metrics(summary: dict) -> dict[str, float]:
     """The numbers of an algorithm's ``summary.json`` entry that a tracker logs at its end."""
     metrics: dict[str, float] = {}
-    for metric in ("dice", "hd95"):
+    for metric in METRIC_NAMES:
         metrics.update({metric_name("test", metric, k): float(v) for k, v in summary.get(metric, {}).items()})
     for key in ("local_avg", "local_gen"):
         if key in summary:

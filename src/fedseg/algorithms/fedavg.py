@@ -184,7 +184,7 @@ class FedAvgClient:
         if not (cfg.eval.local_models and validated_round(ctx.round, cfg)):
             return
         data, ev, training = ctx.data.val, cfg.eval, model.training
-        dice, _ = score_caseset(model, data, ev.batch_size, ev.threshold, False, ctx.task.device)
+        dice = score_caseset(model, data, ev.batch_size, ev.threshold, False, ctx.task.device)["dice"]
         model.train(training)
         keep_if_better(ctx.state, LOCAL_BEST, model, site_dice(dice, data.ids, ctx.site, ctx.task.regions), ctx.round)
 
@@ -257,7 +257,7 @@ class FedAvgClient:
 
     # --- evaluation --------------------------------------------------------------
     def on_evaluate(self, msg: Message, ctx: ClientContext) -> Message:
-        """Score the model on ``meta.split``; reply with per-case Dice/HD95 ``(N, R)`` and case ids.
+        """Score the model on ``meta.split``; reply with per-case Dice/HD95/NSD ``(N, R)`` and case ids.
 
         With ``meta.sample = True`` the site also writes one example prediction to its own
         artifacts folder (images never travel in a message).
@@ -265,16 +265,18 @@ class FedAvgClient:
         model = self.eval_model(msg, ctx)
         data = ctx.data.split(str(msg.meta["split"]))
         ev = ctx.cfg.eval
-        dice, hd95 = score_caseset(model, data, ev.batch_size, ev.threshold, ev.hd95, ctx.task.device, ev.hd95_worst)
+        scores = score_caseset(
+            model, data, ev.batch_size, ev.threshold, ev.hd95, ctx.task.device, ev.hd95_worst, ctx.task.nsd_tolerances
+        )
         if msg.meta.get("sample") and ctx.artifacts is not None and len(data):
             write_sample(model, data, ctx, str(msg.meta["model"]))
         meta: dict[str, MetaValue] = {
             "cases": json.dumps(data.ids),
             "model": str(msg.meta["model"]),
             "split": str(msg.meta["split"]),
-            **self.after_evaluate(model, dice, msg, ctx),
+            **self.after_evaluate(model, scores["dice"], msg, ctx),
         }
-        return Message({"dice": torch.from_numpy(dice), "hd95": torch.from_numpy(hd95)}, meta)
+        return Message({m: torch.from_numpy(v) for m, v in scores.items()}, meta)
 
     def after_evaluate(self, model: nn.Module, dice: np.ndarray, msg: Message, ctx: ClientContext) -> dict:
         """What a site does after scoring ``model`` (per-case Dice ``(N, R)``): extra reply metadata

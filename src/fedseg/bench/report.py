@@ -4,7 +4,9 @@ The tables, per federation (the papers' layouts):
 
 * **Test** (FeTS Table 1 / Table 3 for a limited or IID partition): Dice mean ± std over cases, per region, HD95,
   client average ± std over seeds, Δ against the reference with its 95% hierarchical bootstrap CI and the paired
-  Wilcoxon p († where the CI excludes 0), runs whose best round was in their last 10% ("not converged");
+  Wilcoxon p († where the CI excludes 0), then NSD with its own Δ, CI and p (only where the runs scored NSD: a bench
+  of runs written before it existed keeps its old columns), runs whose best round was in their last 10% ("not
+  converged");
 * **Per site** (FedSM Tables 3-4, Auto-FedAvg Table 2): each site's Dice mean ± std over seeds († where the
   per-site CI excludes 0), client average, local avg and local gen where a method has local models;
 * **Cost** (FeTS Table 2): rounds trained, SGD steps (Eq. 34), parallel SGD steps (Eq. 35), training floats per
@@ -28,6 +30,7 @@ from fedseg.bench.select import tuning_rows
 from fedseg.bench.spec import BenchSpec
 from fedseg.bench.tables import RESULT_COLUMNS, federation_tables
 from fedseg.engine.checkpoint import atomic_write_text
+from fedseg.evaluate.metric_info import DICE, HD95, NSD
 from fedseg.evaluate.stats import RESAMPLES
 from fedseg.outputs import csv_text
 from fedseg.presentation import kit
@@ -86,32 +89,44 @@ def _md_table(head: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
 
 
+def has_nsd(fed: dict) -> bool:
+    """Whether any method of the federation has NSD numbers (not a bench of runs written before NSD existed)."""
+    return any((s.get("nsd") or {}).get("n") for s in fed["methods"].values())
+
+
 def test_table(fed: dict, reference: str) -> tuple[list[str], list[list[str]]]:
-    hd95 = f"HD95 ({fed['hd95_unit']})" if fed.get("hd95_unit") else "HD95"
-    head = ["method", "setting", "runs", "Dice", *fed["regions"], hd95, "client avg", f"Δ vs {reference}", "95% CI"]
-    head.append("p")
+    unit = fed.get("hd95_unit") or ""
+    nsd = has_nsd(fed)
+    head = ["method", "setting", "runs", DICE.label, *fed["regions"], HD95.title(unit), "client avg"]
+    head += [f"Δ vs {reference}", "95% CI", "p"]
+    if nsd:
+        head += [NSD.title(unit, fed.get("nsd_tolerance")), f"NSD Δ vs {reference}", "NSD 95% CI", "NSD p"]
     head.append("converged")
     rows = []
     for name, s in fed["methods"].items():
-        test = s["wilcoxon"]
-        delta = _signed(test["mean_diff"]) if test else ""
         conv = s["convergence"]
-        rows.append(
-            [
-                name,
-                s["setting"] + (EDGE if s.get("at_edge") else ""),
-                f"{conv['runs']}/{fed['runs']}",
-                ms(s["dice"]),
-                *(ms(s["regions"][r]) for r in fed["regions"]),
-                ms(s["hd95"], 2),
-                ms(s["client_avg"]),
-                delta,
-                "" if name == reference else ci_text(test),
-                "ref" if name == reference else p_text(test),
-                f"{conv['runs'] - conv['not_converged']}/{conv['runs']}",
-            ]
-        )
+        row = [
+            name,
+            s["setting"] + (EDGE if s.get("at_edge") else ""),
+            f"{conv['runs']}/{fed['runs']}",
+            ms(s["dice"], DICE.digits),
+            *(ms(s["regions"][r], DICE.digits) for r in fed["regions"]),
+            ms(s["hd95"], HD95.digits),
+            ms(s["client_avg"], DICE.digits),
+            *_test_cells(s["wilcoxon"], name == reference),
+        ]
+        if nsd:
+            row += [ms(s.get("nsd"), NSD.digits), *_test_cells(s.get("nsd_wilcoxon"), name == reference)]
+        rows.append(row + [f"{conv['runs'] - conv['not_converged']}/{conv['runs']}"])
     return head, rows
+
+
+def _test_cells(test: dict | None, is_reference: bool) -> list[str]:
+    """Δ (mean paired difference), its bootstrap CI and p of a comparison with the reference (``compare``); ``ref``
+    for the reference itself."""
+    if is_reference:
+        return ["", "", "ref"]
+    return [_signed(test["mean_diff"]) if test else "", ci_text(test), p_text(test)]
 
 
 def site_table(fed: dict) -> tuple[list[str], list[list[str]]]:
@@ -232,6 +247,11 @@ NOTES = (
     "largest of its grid, so the best one may lie outside it."
 )
 
+NSD_NOTE = (
+    " NSD: normalized surface Dice at the tolerance τ in its heading (eval.nsd_tolerance, in the HD95 unit), mean ± "
+    "std over cases as Dice, higher is better; its Δ and p: the same paired test on NSD."
+)
+
 COMPARISONS = (
     "The bench's comparisons: Δ = mean over cases of (method − against), paired per case and seed over the seeds both "
     "finished, its 95% bootstrap CI, Δ per seed, and the Wilcoxon p († where the CI excludes 0)."
@@ -243,14 +263,16 @@ RANKS = (
 )
 
 
-def notes(bench: BenchSpec) -> str:
-    """The tables' legend, with the bench's test alternative."""
+def notes(bench: BenchSpec, tables: dict) -> str:
+    """The tables' legend, with the bench's test alternative (NSD's only where a federation has NSD: an old bench
+    renders as it did)."""
     alternative = bench.tests.alternative
     side = {"two-sided": "", "greater": " (lies above 0: the tests are one-tailed, method > reference)"}.get(
         alternative, " (lies below 0: the tests are one-tailed, method < reference)"
     )
     one = "one-tailed (" + alternative + ")" if alternative != "two-sided" else "two-sided"
     text = NOTES.format(resamples=RESAMPLES, side=side, alternative=one)
+    text += NSD_NOTE if any(has_nsd(t) for t in tables.values()) else ""
     return text + (PER_SEED_DATA if bench.data_seed == "per-seed" else "")
 
 
@@ -262,7 +284,7 @@ PER_SEED_DATA = (
 
 
 def markdown(bench: BenchSpec, tables: dict, tuning: list[dict]) -> str:
-    parts = [f"# Bench {bench.name}", "", notes(bench), ""]
+    parts = [f"# Bench {bench.name}", "", notes(bench, tables), ""]
     for fed, t in tables.items():
         parts += [f"## {fed}", "", "### Test (FeTS Table 1 layout)", "", _md_table(*test_table(t, bench.reference))]
         parts += ["", not_converged(t), "", "### Per site (FedSM Tables 3-4, Auto-FedAvg Table 2 layout)", ""]
@@ -287,7 +309,7 @@ def _html_table(head: list[str], rows: list[list[str]]) -> str:
 
 
 def html_parts(bench: BenchSpec, tables: dict, tuning: list[dict], out: Path) -> list[str]:
-    parts = [f"<h1>Bench {kit.esc(bench.name)}</h1>", f'<p class="meta">{kit.esc(notes(bench))}</p>']
+    parts = [f"<h1>Bench {kit.esc(bench.name)}</h1>", f'<p class="meta">{kit.esc(notes(bench, tables))}</p>']
     for fed, t in tables.items():
         parts.append(
             kit.section(f"{fed}: test", _html_table(*test_table(t, bench.reference)), kit.esc(not_converged(t)))

@@ -7,8 +7,8 @@ For each federation and method (its final runs, ``fedseg.bench.execute``):
   recorded before ``data.seed`` dealt the synthetic sites anew for every seed), so seeds and methods pair the same
   case; in a k-fold bench each case is
   tested in exactly one fold, so pooling the folds scores every case once per seed (FeTS Sec. 4.4.4);
-* ``dice`` / ``hd95`` / ``regions``: mean ± std over cases of the per-case value (mean over regions; per region),
-  each case first averaged over the seeds (the FeTS Table 1 convention, "± std over samples of all folds");
+* ``dice`` / ``hd95`` / ``nsd`` / ``regions``: mean ± std over cases of the per-case value (mean over regions; per
+  region), each case first averaged over the seeds (the FeTS Table 1 convention, "± std over samples of all folds");
 * ``client_avg``: the mean of per-site means, per seed, then mean ± std over seeds (Auto-FedAvg Table 2);
   ``sites``: per-site mean ± std over seeds;
 * ``wilcoxon`` (pooled) and ``site_wilcoxon``: paired comparisons against the bench's reference method
@@ -17,6 +17,8 @@ For each federation and method (its final runs, ``fedseg.bench.execute``):
   cases and seeds); ``dagger`` when that CI excludes 0 (on the alternative's side);
 * ``rank_stability`` (per federation): how often each method holds each rank by mean Dice over the same bootstrap
   samples (:func:`fedseg.evaluate.stats.rank_stability`);
+* ``nsd_wilcoxon``: the same pooled comparison on NSD (None when the method or the reference has no NSD, e.g.
+  runs written before it existed);
 * ``convergence``: runs, how many selected a round in the last 10% of their rounds without a validation plateau
   (``not_converged``, ``fedseg.stopping.not_converged``), stop rules;
 * ``cost``: the mean over runs of the FeTS Table 2 quantities, with the floats per site as the paper reports them
@@ -128,6 +130,7 @@ def method_stats(rows: list[dict], runs: list[Finished], scored: str, regions: l
     return {
         "dice": mean_std(dice_cases.values()),
         "hd95": mean_std(seed_averaged(per_seed_cases(rows, "hd95")).values()),
+        "nsd": mean_std(seed_averaged(per_seed_cases(rows, "nsd")).values()),
         "regions": {reg: mean_std(seed_averaged(per_seed_cases(rows, "dice", reg)).values()) for reg in regions},
         "client_avg": mean_std(float(np.mean(list(m.values()))) for m in per_seed_sites.values()),
         "sites": {s: mean_std(m.get(s, math.nan) for m in per_seed_sites.values()) for s in sites},
@@ -138,6 +141,7 @@ def method_stats(rows: list[dict], runs: list[Finished], scored: str, regions: l
         "cases": len(dice_cases),
         "train_samples": _mean_sizes(entries),
         "_seed_cases": dice_seeds,  # {seed: {(site, case): Dice}}: what the paired tests pair (add_tests)
+        "_seed_nsd": per_seed_cases(rows, "nsd"),  # the same of NSD ({seed: {}} without NSD rows)
     }
 
 
@@ -214,6 +218,8 @@ def federation_tables(bench: BenchSpec, runs: BenchRuns) -> tuple[dict, list[dic
         per_seed = {name: stats.pop("_seed_cases") for name, stats in methods.items()}
         alternative = bench.tests.alternative
         add_tests(methods, per_seed, bench.reference, alternative)
+        nsd = {name: stats.pop("_seed_nsd") for name, stats in methods.items()}
+        add_nsd_tests(methods, nsd, bench.reference, alternative)
         first_method, first = next(iter(methods.items()))
         expected = len(folds_of(bench, fed, runs.holdouts)) * len(bench.seeds)  # final runs planned per method
         out[fed.name] = {
@@ -229,6 +235,7 @@ def federation_tables(bench: BenchSpec, runs: BenchRuns) -> tuple[dict, list[dic
             ],
             "rank_stability": rank_stability(per_seed),
             "hd95_unit": by_key[(fed.name, first_method)][0][1].summary.get("hd95_unit", ""),
+            "nsd_tolerance": by_key[(fed.name, first_method)][0][1].summary.get("nsd_tolerance"),  # in hd95_unit
         }
     return out, all_rows
 
@@ -248,3 +255,15 @@ def add_tests(methods: dict[str, dict], per_seed: dict[str, dict], reference: st
 
 def _of_site(per_seed: dict[int, dict], site: str) -> dict[int, dict]:
     return {seed: {k: v for k, v in cases.items() if k[0] == site} for seed, cases in per_seed.items()}
+
+
+def add_nsd_tests(
+    methods: dict[str, dict], per_seed: dict[str, dict], reference: str, alternative: Alternative
+) -> None:
+    """``nsd_wilcoxon``: the pooled comparison (:func:`fedseg.evaluate.stats.compare`) of every method's NSD against
+    ``reference``'s (``per_seed``: ``{method: {seed: {(site, case): NSD}}}``); None for the reference and where
+    either has no NSD."""
+    has_nsd = {name: any(cases for cases in seeds.values()) for name, seeds in per_seed.items()}
+    for name, stats in methods.items():
+        ok = name != reference and has_nsd.get(name) and has_nsd.get(reference)
+        stats["nsd_wilcoxon"] = compare(per_seed[name], per_seed[reference], alternative) if ok else None

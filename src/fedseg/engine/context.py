@@ -26,6 +26,7 @@ from fedseg.config import RunConfig
 from fedseg.data.dataset import SiteData
 from fedseg.engine.faults import inject, matching_faults
 from fedseg.engine.messages import Message, load_weights
+from fedseg.evaluate.metric_info import region_tolerances
 from fedseg.models import build_segmenter
 
 State = dict[str, torch.Tensor]
@@ -56,6 +57,12 @@ class Task:
     @property
     def device(self) -> torch.device:
         return torch.device(self.cfg.device)
+
+    @property
+    def nsd_tolerances(self) -> list[float]:
+        """``eval.nsd_tolerance`` per region, in ``regions``' order (a ValueError when a mapping does not name
+        exactly the task's regions; ``fedseg.evaluate.metrics.region_tolerances``)."""
+        return region_tolerances(self.cfg.eval.nsd_tolerance, self.regions)
 
 
 class ReusedModels:

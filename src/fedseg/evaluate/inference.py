@@ -7,13 +7,16 @@ back to the original grid and scored there with the case's spacing (``fedseg.eva
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import torch
 from torch import nn
 
 from fedseg.config import EvalConfig
 from fedseg.data.dataset import CaseSet
-from fedseg.evaluate.metrics import batch_metrics, logits_to_masks
+from fedseg.evaluate.metric_info import DEFAULT_NSD_TOLERANCE, METRIC_NAMES
+from fedseg.evaluate.metrics import Scores, batch_metrics, logits_to_masks
 from fedseg.evaluate.sliding import network_for, score_volumes, sliding_logits
 
 
@@ -35,16 +38,18 @@ def score_caseset(
     hd95: bool,
     device: torch.device,
     worst: float | None = None,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Return ``(dice (N, R), hd95 (N, R))`` for every case of ``data`` (module docstring for the two
-    paths; HD95 NaN only when ``hd95`` is False). ``worst``: ``eval.hd95_worst`` (the metrics'
-    empty-mask rule; None = the grid's diagonal)."""
+    tolerance: float | Sequence[float] = DEFAULT_NSD_TOLERANCE,
+) -> Scores:
+    """``{"dice", "hd95", "nsd"}`` -> ``(N, R)`` for every case of ``data`` (module docstring for the two
+    paths; HD95 and NSD NaN only when ``hd95`` is False). ``worst``: ``eval.hd95_worst`` (the metrics'
+    empty-mask rule; None = the grid's diagonal); ``tolerance``: NSD's, per region or one for all
+    (``Task.nsd_tolerances``), in the HD95 unit."""
     if data.volumes is not None and data.volume is not None:
         if not data.volumes:
-            return np.zeros((0, data.y.shape[1])), np.zeros((0, data.y.shape[1]))
-        return score_volumes(model, data.volumes, data.volume, threshold, hd95, device, worst, data.x)
+            return {m: np.zeros((0, data.y.shape[1])) for m in METRIC_NAMES}
+        return score_volumes(model, data.volumes, data.volume, threshold, hd95, device, worst, data.x, tolerance)
     pred = predict_masks(model, data.x, batch_size, threshold, device)
-    return batch_metrics(pred, data.y.bool(), hd95=hd95, worst=worst)
+    return batch_metrics(pred, data.y.bool(), hd95=hd95, worst=worst, tolerance=tolerance)
 
 
 @torch.no_grad()
@@ -63,4 +68,4 @@ def sample_prediction(
 
 def candidate_dice(models: list[nn.Module], data: CaseSet, ev: EvalConfig, device: torch.device) -> np.ndarray:
     """Dice of every model on every case, ``(M, N, R)`` (``score_caseset`` at ``ev``; HD95 not computed)."""
-    return np.stack([score_caseset(m, data, ev.batch_size, ev.threshold, False, device)[0] for m in models])
+    return np.stack([score_caseset(m, data, ev.batch_size, ev.threshold, False, device)["dice"] for m in models])

@@ -1,4 +1,4 @@
-"""Per-case segmentation metrics: Dice and HD95, computed with MONAI.
+"""Per-case segmentation metrics: Dice, HD95 and normalized surface Dice (NSD), computed with MONAI.
 
 Every task is a set of *regions* (see DESIGN.md, "Regions"); the network predicts one
 sigmoid channel per region, so predictions and ground truth are binary masks with one
@@ -11,16 +11,23 @@ scored (``include_background=True`` in MONAI terms).
   ``HausdorffDistanceMetric``) with ``percentile=95``, symmetric, Euclidean, on the mask
   edges (the mask minus its binary erosion). Units are pixels/voxels, or physical units
   (e.g. mm) when ``spacing`` is given.
+* NSD: :func:`monai.metrics.compute_surface_dice` (Nikolov et al. 2021, the function behind
+  ``SurfaceDiceMetric``): the fraction of both mask edges (same edges as HD95) lying within the
+  tolerance ``tau`` of the other mask's edge, in ``[0, 1]``, higher is better. ``tau`` is in the HD95
+  unit (``eval.nsd_tolerance``, default 1.0: 1 mm on the volume path, 1 pixel in 2D; one value, or one
+  per region). NSD counts boundary errors larger than ``tau`` no matter how large, which HD95 does not
+  (Metrics Reloaded recommends it next to Dice and HD95). It needs the same surface-distance work as
+  HD95 and is computed under the same gate (``hd95=True`` / ``eval.hd95``).
 
 Empty-mask rule (BraTS convention; applied explicitly here, not left to MONAI's defaults):
 
-====================  =========  ==========================
-truth / prediction    Dice       HD95
-====================  =========  ==========================
-both empty            1.0        0.0
-exactly one empty     0.0        ``worst``
-both non-empty        MONAI      MONAI
-====================  =========  ==========================
+====================  =========  ==========================  =========
+truth / prediction    Dice       HD95                        NSD
+====================  =========  ==========================  =========
+both empty            1.0        0.0                         1.0
+exactly one empty     0.0        ``worst``                   0.0
+both non-empty        MONAI      MONAI                       MONAI
+====================  =========  ==========================  =========
 
 ``worst`` is ``eval.hd95_worst`` when set, else the diagonal of the case's grid in the HD95 unit,
 ``sqrt(sum_i (n_i s_i)^2)`` for spatial shape ``n`` and spacing ``s`` (1 without a spacing): 373.13 mm
@@ -29,7 +36,11 @@ for a BraTS volume (240 x 240 x 155 at 1 mm), the value the BraTS evaluation use
 there, something predicted) cost the most an HD95 can, and every case counts in the HD95 averages:
 dropping such cases (NaN, as this module did before, and as the FeTS 2022 benchmark does, Sec. 4.4.5)
 rewards a model for predicting nothing where it is unsure. NaN now only means "not computed"
-(``hd95=False``).
+(``hd95=False``: neither HD95 nor NSD). NSD follows Dice's rule (MONAI itself returns NaN when both
+are empty, 0 when one is).
+
+:data:`fedseg.evaluate.metric_info.METRICS` describes the three for every table (name in ``results.csv``
+and ``summary.json``, heading, direction, decimals), so a table loops over them instead of naming each.
 """
 
 from __future__ import annotations
@@ -39,11 +50,14 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
-from monai.metrics import compute_dice, compute_hausdorff_distance
+from monai.metrics import compute_dice, compute_hausdorff_distance, compute_surface_dice
 
-__all__ = ["logits_to_masks", "case_metrics", "batch_metrics", "grid_diagonal", "HD95_PERCENTILE"]
+from fedseg.evaluate.metric_info import DEFAULT_NSD_TOLERANCE
+
+__all__ = ["logits_to_masks", "case_metrics", "batch_metrics", "grid_diagonal", "Scores", "HD95_PERCENTILE"]
 
 HD95_PERCENTILE = 95.0
+Scores = dict[str, np.ndarray]  # metric name (METRIC_NAMES) -> (B, R) float64
 
 
 def logits_to_masks(logits: torch.Tensor, threshold: float = 0.5) -> torch.Tensor:
@@ -71,21 +85,26 @@ def batch_metrics(
     hd95: bool = True,
     spacing: Sequence[float] | None = None,
     worst: float | None = None,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Per-case, per-region Dice and HD95 for a batch, with the module's empty-mask rule.
+    tolerance: float | Sequence[float] = DEFAULT_NSD_TOLERANCE,
+) -> Scores:
+    """Per-case, per-region Dice, HD95 and NSD for a batch, with the module's empty-mask rule.
 
     Args:
         pred: binary prediction ``(B, R, *S)`` (bool or 0/1), ``S`` 2D or 3D.
         truth: binary ground truth, same shape.
-        hd95: compute HD95; when False the returned HD95 array is all NaN (Dice only is
-            much cheaper: HD95 needs a surface-distance computation per case and region).
+        hd95: compute the surface metrics HD95 and NSD; when False they are all NaN (Dice only
+            is much cheaper: each needs a surface-distance computation per case and region).
         spacing: optional pixel/voxel spacing, one number per spatial dim (same for the
-            whole batch); HD95 is then in physical units, otherwise in pixels/voxels.
+            whole batch); HD95 and the NSD tolerance are then in physical units, otherwise in
+            pixels/voxels.
         worst: HD95 when exactly one of the masks is empty, in HD95 units; None = the grid's
             diagonal (:func:`grid_diagonal`).
+        tolerance: NSD's tolerance ``tau`` in the HD95 unit, one for all regions or one per
+            region (``metric_info.region_tolerances``); > 0.
 
     Returns:
-        ``(dice, hd95)``, both float64 numpy arrays of shape ``(B, R)``.
+        ``{"dice": ..., "hd95": ..., "nsd": ...}`` (``metric_info.METRIC_NAMES``), float64 numpy arrays
+        of shape ``(B, R)``.
     """
     p, t = _as_bool(pred).cpu(), _as_bool(truth).cpu()
     if p.shape != t.shape:
@@ -93,6 +112,9 @@ def batch_metrics(
     if p.ndim not in (4, 5):
         raise ValueError(f"expected (B, R, H, W) or (B, R, H, W, D), got {tuple(p.shape)}")
     b, r = p.shape[:2]
+    taus = [float(v) for v in tolerance] if isinstance(tolerance, Sequence) else [float(tolerance)] * r
+    if len(taus) != r or not all(np.isfinite(v) and v > 0 for v in taus):
+        raise ValueError(f"NSD tolerance: one finite number > 0, or one per region ({r}); got {tolerance!r}")
     p_any = p.reshape(b, r, -1).any(-1)
     t_any = t.reshape(b, r, -1).any(-1)
     both = p_any & t_any
@@ -102,25 +124,40 @@ def batch_metrics(
     dice[(p_any ^ t_any).numpy()] = 0.0  # exactly one empty
 
     hd = np.full((b, r), np.nan, dtype=np.float64)
+    nsd = np.full((b, r), np.nan, dtype=np.float64)
     if hd95:
         hd[(~p_any & ~t_any).numpy()] = 0.0  # both empty
         hd[(p_any ^ t_any).numpy()] = grid_diagonal(p.shape[2:], spacing) if worst is None else float(worst)
+        nsd[(~p_any & ~t_any).numpy()] = 1.0  # both empty
+        nsd[(p_any ^ t_any).numpy()] = 0.0  # exactly one empty
     if hd95 and bool(both.any()):
         idx = both.nonzero(as_tuple=True)
-        # Only pairs with both masks non-empty reach MONAI: one (N, 1, *S) call, no
-        # empty-mask warnings; the other pairs got their value from the rule above.
+        rows, cols = idx[0].numpy(), idx[1].numpy()
+        steps = None if spacing is None else [float(s) for s in spacing]
+        # Only pairs with both masks non-empty reach MONAI, no empty-mask warnings; the other
+        # pairs got their value from the rule above.
         with warnings.catch_warnings():
             # MONAI 1.6 warns about its own internal use of a deprecated argument.
             warnings.filterwarnings("ignore", message=".*always_return_as_numpy.*", category=FutureWarning)
+            # HD95: one (N, 1, *S) call.
             dist = compute_hausdorff_distance(
                 p[idx].unsqueeze(1).float(),
                 t[idx].unsqueeze(1).float(),
                 include_background=True,
                 percentile=HD95_PERCENTILE,
-                spacing=None if spacing is None else [float(s) for s in spacing],
+                spacing=steps,
             )
-        hd[idx[0].numpy(), idx[1].numpy()] = dist[:, 0].double().numpy()
-    return dice, hd
+            # NSD: the N pairs as the channels of one (1, N, *S) case, each with its region's tolerance.
+            surf = compute_surface_dice(
+                p[idx].unsqueeze(0).float(),
+                t[idx].unsqueeze(0).float(),
+                class_thresholds=[taus[c] for c in cols],
+                include_background=True,
+                spacing=steps,
+            )
+        hd[rows, cols] = dist[:, 0].double().numpy()
+        nsd[rows, cols] = surf[0].double().numpy()
+    return {"dice": dice, "hd95": hd, "nsd": nsd}
 
 
 def grid_diagonal(shape: Sequence[int], spacing: Sequence[float] | None = None) -> float:
@@ -135,18 +172,22 @@ def case_metrics(
     truth: torch.Tensor | np.ndarray,
     spacing: Sequence[float] | None = None,
     worst: float | None = None,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Dice and HD95 per region for one case (see the module docstring for empty masks).
+    tolerance: float | Sequence[float] = DEFAULT_NSD_TOLERANCE,
+) -> Scores:
+    """Dice, HD95 and NSD per region for one case (see the module docstring for empty masks).
 
     Args:
         pred: binary prediction ``(R, *S)``, ``S`` 2D or 3D.
         truth: binary ground truth ``(R, *S)``.
-        spacing: optional pixel/voxel spacing (one number per spatial dim); HD95 is
-            then in those physical units, otherwise in pixels/voxels.
+        spacing: optional pixel/voxel spacing (one number per spatial dim); HD95 and the NSD
+            tolerance are then in those physical units, otherwise in pixels/voxels.
         worst: HD95 when exactly one mask of a region is empty (None: the grid's diagonal).
+        tolerance: NSD's tolerance in the HD95 unit (one, or one per region).
 
     Returns:
-        ``(dice, hd95)``, float64 arrays of shape ``(R,)``.
+        ``{"dice": ..., "hd95": ..., "nsd": ...}``, float64 arrays of shape ``(R,)``.
     """
-    dice, hd = batch_metrics(_as_bool(pred)[None], _as_bool(truth)[None], hd95=True, spacing=spacing, worst=worst)
-    return dice[0], hd[0]
+    scores = batch_metrics(
+        _as_bool(pred)[None], _as_bool(truth)[None], hd95=True, spacing=spacing, worst=worst, tolerance=tolerance
+    )
+    return {k: v[0] for k, v in scores.items()}

@@ -11,13 +11,16 @@ the case's spacing (HD95 in mm; ``fedseg.evaluate.metrics``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import torch
 from torch import nn
 
 from fedseg.config import VolumeConfig
 from fedseg.data.volumes import Grid, Volume, patch_size, restore
-from fedseg.evaluate.metrics import batch_metrics
+from fedseg.evaluate.metric_info import DEFAULT_NSD_TOLERANCE, METRIC_NAMES
+from fedseg.evaluate.metrics import Scores, batch_metrics
 
 
 @torch.no_grad()
@@ -69,18 +72,22 @@ def score_volumes(
     device: torch.device,
     worst: float | None = None,
     views: torch.Tensor | None = None,
-) -> tuple[np.ndarray, np.ndarray]:
-    """``(dice (N, R), hd95 (N, R))`` float64: every volume predicted by sliding window, scored on its
-    original grid against its original-grid truth with its own spacing (HD95 in mm), with the metrics'
-    empty-mask rule and ``worst`` (``eval.hd95_worst``; None = the case's grid diagonal in mm).
-    ``views``: the cases' fixed-size images ``(N, C, *S)`` a routing model decides on (:func:`network_for`)."""
-    dice, hd = [], []
+    tolerance: float | Sequence[float] = DEFAULT_NSD_TOLERANCE,
+) -> Scores:
+    """``{"dice", "hd95", "nsd"}`` -> ``(N, R)`` float64: every volume predicted by sliding window, scored on
+    its original grid against its original-grid truth with its own spacing (HD95 and NSD's ``tolerance`` in
+    mm), with the metrics' empty-mask rule and ``worst`` (``eval.hd95_worst``; None = the case's grid diagonal
+    in mm). ``views``: the cases' fixed-size images ``(N, C, *S)`` a routing model decides on
+    (:func:`network_for`)."""
+    scores: dict[str, list[np.ndarray]] = {m: [] for m in METRIC_NAMES}
     for i, vol in enumerate(volumes):
         net = network_for(model, None if views is None else views[i], device)
         pred = predict_on_grid(net, vol.image, vol.grid, cfg, threshold, device)
-        d, h = batch_metrics(pred[None], vol.truth[None], hd95=hd95, spacing=vol.spacing, worst=worst)
-        dice.append(d[0])
-        hd.append(h[0])
+        case = batch_metrics(
+            pred[None], vol.truth[None], hd95=hd95, spacing=vol.spacing, worst=worst, tolerance=tolerance
+        )
+        for m in METRIC_NAMES:
+            scores[m].append(case[m][0])
     if not volumes:
-        return np.zeros((0, 0)), np.zeros((0, 0))
-    return np.stack(dice), np.stack(hd)
+        return {m: np.zeros((0, 0)) for m in METRIC_NAMES}
+    return {m: np.stack(v) for m, v in scores.items()}

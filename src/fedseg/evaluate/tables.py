@@ -1,7 +1,8 @@
 """Aggregations over the tidy results rows (``results.csv``).
 
 A row is a dict with keys ``algorithm, model, site, case, region, metric, value``:
-``metric`` is ``"dice"`` or ``"hd95"``, ``value`` a float where NaN means *not counted*
+``metric`` is ``"dice"``, ``"hd95"`` or ``"nsd"`` (:data:`fedseg.evaluate.metric_info.METRIC_NAMES`; a run
+written before NSD existed has no ``nsd`` rows), ``value`` a float where NaN means *not counted*
 (see :mod:`fedseg.evaluate.metrics` for the empty-mask rule). ``model`` names the model
 that produced the prediction; local training evaluates every site's model on every
 site's test data and marks those rows ``model = "local:<train site>"``, and so do the FL
@@ -32,6 +33,7 @@ import numpy as np
 import torch
 
 from fedseg.engine.messages import Message
+from fedseg.evaluate.metric_info import METRIC_NAMES
 
 __all__ = [
     "RESULT_COLUMNS",
@@ -139,7 +141,7 @@ def site_summary(
     Args:
         rows: results rows.
         algorithm: algorithm name to select.
-        metric: ``"dice"`` or ``"hd95"``.
+        metric: ``"dice"``, ``"hd95"`` or ``"nsd"``.
         sites: test sites to report, in table order; rows of other sites are ignored.
         model_filter: optional row predicate choosing the model each site uses.
 
@@ -191,7 +193,7 @@ def cross_site_matrix(
 
     Args:
         rows: results rows; those with ``model == "local:<train site>"`` are used.
-        metric: ``"dice"`` or ``"hd95"``.
+        metric: ``"dice"``, ``"hd95"`` or ``"nsd"``.
         sites: site order for both axes.
         algorithm: restrict to this algorithm name (None: any).
 
@@ -210,11 +212,12 @@ def cross_site_matrix(
 
 
 def eval_rows(algorithm: str, replies: dict[str, Message], regions: tuple[str, ...]) -> list[dict]:
-    """Turn evaluation replies into tidy rows (one per case, region and metric)."""
+    """Turn evaluation replies into tidy rows (one per case, region and metric of :data:`METRIC_NAMES` the
+    reply carries, each ``(N, R)``)."""
     rows = []
     for site, reply in replies.items():
         cases = json.loads(str(reply.meta["cases"]))
-        for metric in ("dice", "hd95"):
+        for metric in (m for m in METRIC_NAMES if m in reply.tensors):
             values = reply.tensors[metric].numpy()
             for i, case in enumerate(cases):
                 for j, region in enumerate(regions):
@@ -235,8 +238,5 @@ def eval_rows(algorithm: str, replies: dict[str, Message], regions: tuple[str, .
 def site_dice(dice: np.ndarray, cases: Sequence[str], site: str, regions: tuple[str, ...]) -> float:
     """Per-case Dice ``(N, R)`` of one site's ``cases`` -> the site's Dice (mean over regions, then over
     cases; NaN entries not counted), as ``site_summary`` computes it from result rows."""
-    reply = Message(
-        {"dice": torch.from_numpy(dice), "hd95": torch.full(dice.shape, math.nan, dtype=torch.float64)},
-        {"cases": json.dumps(list(cases)), "model": "scored"},
-    )
+    reply = Message({"dice": torch.from_numpy(dice)}, {"cases": json.dumps(list(cases)), "model": "scored"})
     return site_summary(eval_rows("scored", {site: reply}, regions), "scored", "dice", [site])[site]

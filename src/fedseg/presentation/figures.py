@@ -362,7 +362,7 @@ def _draw_panel(ax, image: np.ndarray, masks: np.ndarray | None) -> None:
 
 def _sample_dice(sample: Mapping[str, np.ndarray]) -> float:
     """Dice (mean over regions) of a stored sample's prediction against its truth."""
-    dice, _ = batch_metrics(np.asarray(sample["pred"])[None], np.asarray(sample["truth"])[None], hd95=False)
+    dice = batch_metrics(np.asarray(sample["pred"])[None], np.asarray(sample["truth"])[None], hd95=False)["dice"]
     return float(dice.mean())
 
 

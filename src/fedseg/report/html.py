@@ -51,6 +51,7 @@ import numpy as np
 import yaml
 
 from fedseg.engine.ledger import EVAL_ACTIONS
+from fedseg.evaluate.metric_info import METRICS
 from fedseg.evaluate.tables import cross_site_matrix, site_summary
 from fedseg.presentation import figures
 from fedseg.presentation.kit import (
@@ -71,7 +72,7 @@ from fedseg.presentation.kit import (
 )
 from fedseg.report import persite
 from fedseg.report.methods import algorithm_order, display_name, families, is_federated
-from fedseg.report.own_scores import mean_std_text, own_region_stats
+from fedseg.report.own_scores import mean_std_text, own_region_stats, scored_metrics
 from fedseg.report.study_tables import study_sections
 
 __all__ = ["BYTES_PER_FLOAT", "RunFiles", "algorithm_order", "load_run", "render_report"]
@@ -172,17 +173,19 @@ def table2_section(run: RunFiles) -> Section:
 
 
 def region_table(run: RunFiles) -> str | None:
-    """Per-region Dice and HD95, mean +- std over test cases (each algorithm's own models)."""
+    """Per-region Dice, HD95 and NSD (when the run has NSD rows), mean +- std over test cases (each algorithm's
+    own models)."""
     if not run.results:
         return None
     regions = run.regions or sorted({r["region"] for r in run.results})
-    head = "".join(f"<th>{esc(g)} Dice</th>" for g in regions) + "".join(f"<th>{esc(g)} HD95</th>" for g in regions)
+    metrics = scored_metrics(run)
+    head = "".join(f"<th>{esc(g)} {m.label}</th>" for m in metrics for g in regions)
     body = []
     for name in algorithm_order(run.summary):
         cells = []
-        for metric, digits in (("dice", 3), ("hd95", 2)):
-            stats = own_region_stats(run, name, metric, regions)
-            cells += [f"<td>{mean_std_text(stats[g], digits)}</td>" for g in regions]
+        for m in metrics:
+            stats = own_region_stats(run, name, m.name, regions)
+            cells += [f"<td>{mean_std_text(stats[g], m.digits)}</td>" for g in regions]
         label = "Local (own site)" if name.lower() == "local" else run.label(name)
         body.append(f"<tr><th>{esc(label)}</th>{''.join(cells)}</tr>")
     return table(f"<tr><th>Method</th>{head}</tr>", body)
@@ -471,7 +474,8 @@ def _provenance_line(prov: dict | None) -> str:
 
 
 def _score_sections(run: RunFiles) -> list[Section]:
-    """Dice and HD95 tables (same renderer; higher vs lower is better)."""
+    """Dice, HD95 and NSD tables (same renderer, :data:`METRICS`; a metric without numbers, e.g. NSD of a run
+    written before it existed, has none)."""
     regions = ", ".join(run.regions) or "regions"
     common = (
         (
@@ -491,28 +495,23 @@ def _score_sections(run: RunFiles) -> list[Section]:
             else ""
         )
     )
+    notes = {
+        "dice": _unconverged(run),
+        "hd95": " A region empty in both truth and prediction scores 0; empty in exactly one, the worst value "
+        "(eval.hd95_worst, by default the diagonal of the case's grid).",
+        "nsd": " Normalized surface Dice: the share of the boundary points of truth and prediction that lie "
+        "within the tolerance τ (eval.nsd_tolerance) of the other's boundary; a region empty in both truth and "
+        "prediction scores 1, empty in exactly one 0.",
+    }
+    unit, tolerance = run.summary.get("hd95_unit", "pixels / voxels"), run.summary.get("nsd_tolerance")
     out = []
-    for metric, title, higher, digits, note in (
-        (
-            "dice",
-            "Test Dice",
-            True,
-            4,
-            "Bold: best federated number per column (higher is better)." + _unconverged(run),
-        ),
-        (
-            "hd95",
-            f"Test HD95 ({run.summary.get('hd95_unit', 'pixels / voxels')})",
-            False,
-            2,
-            "Bold: best federated number per column (lower is better). A region empty in both truth and prediction "
-            "scores 0; empty in exactly one, the worst value (eval.hd95_worst, by default the diagonal of the "
-            "case's grid).",
-        ),
-    ):
-        rows = score_rows(run, metric)
+    for m in METRICS:
+        rows = score_rows(run, m.name)
         if any(not math.isnan(v) for r in rows for v in r.values.values()):  # e.g. no HD95 when eval.hd95 is off
-            out.append(Section(title, score_table(rows, site_columns(run.sites), higher, digits), common + note))
+            direction = "higher" if m.higher_is_better else "lower"
+            note = f"Bold: best federated number per column ({direction} is better).{notes[m.name]}"
+            table_html = score_table(rows, site_columns(run.sites), m.higher_is_better, m.mean_digits)
+            out.append(Section(f"Test {m.title(unit, tolerance)}", table_html, common + note))
     return out
 
 

@@ -14,12 +14,20 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from fedseg.evaluate.metric_info import METRICS, Metric
 from fedseg.evaluate.tables import RowFilter, case_means, own_site_model, region_summary
 from fedseg.presentation.kit import RunFiles, fmt
 
-__all__ = ["MeanStd", "mean_std_text", "own_case_stats", "own_model_filter", "own_region_stats"]
+__all__ = ["MeanStd", "mean_std_text", "own_case_stats", "own_model_filter", "own_region_stats", "scored_metrics"]
 
 MeanStd = dict[str, float]  # {"mean": x, "std": s, "n": counted cases}
+
+
+def scored_metrics(run: RunFiles) -> list[Metric]:
+    """The metrics (:data:`METRICS` order) the run has numbers of: rows in ``results.csv``, else entries in
+    ``summary.json`` (a run written before NSD existed: Dice and HD95 only)."""
+    have = {r["metric"] for r in run.results} if run.results else {k for e in run.algorithms.values() for k in e}
+    return [m for m in METRICS if m.name in have]
 
 
 def own_model_filter(run: RunFiles, name: str) -> RowFilter:

@@ -8,7 +8,7 @@ method:
 
 * "Personalized and clustered methods (FeTS Table 1)": the references (Centralized, Local, FedAvg
   when present) and each such method, with mean ± std over test cases of the mean Dice, the Dice
-  of each region and the mean HD95 (each site with its own model,
+  of each region, the mean HD95 and NSD (NSD when the run has it; each site with its own model,
   :mod:`fedseg.report.own_scores`), the selected rounds and the FeTS Table 2 cost (total SGD
   steps, estimated hours; marked when it includes the base method a method starts from);
 * "Per-institution test Dice (FeTS Fig. 6 style)": test Dice per site as grouped bars, sites
@@ -28,10 +28,11 @@ import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from fedseg.evaluate.metric_info import DICE
 from fedseg.presentation import figures
 from fedseg.presentation.kit import RunFiles, Section, esc, fmt, fmt_int, num, table
 from fedseg.report.methods import method_kind
-from fedseg.report.own_scores import MeanStd, mean_std_text, own_case_stats, own_region_stats
+from fedseg.report.own_scores import MeanStd, mean_std_text, own_case_stats, own_region_stats, scored_metrics
 
 __all__ = [
     "CLUSTERS_TITLE",
@@ -123,9 +124,11 @@ def table1(run: RunFiles, order: Sequence[str]) -> str | None:
     refs = [a for a in reference_methods(run, order) if a not in methods]
     rows = refs + methods
     regions = run.regions or sorted({r["region"] for r in run.results})
-    # columns: ("dice", None) = mean over regions; ("dice", region); ("hd95", None)
-    columns: list[tuple[str, str | None, int, bool]] = [("dice", None, 4, True)]
-    columns += [("dice", g, 3, True) for g in regions] + [("hd95", None, 2, False)]
+    # columns: ("dice", None) = mean over regions; ("dice", region); then each other metric's mean (HD95, NSD)
+    metrics = [m for m in scored_metrics(run) if m.name != DICE.name]
+    columns: list[tuple[str, str | None, int, bool]] = [("dice", None, DICE.mean_digits, True)]
+    columns += [("dice", g, DICE.digits, True) for g in regions]
+    columns += [(m.name, None, m.digits, m.higher_is_better) for m in metrics]
     stats: dict[str, list[MeanStd]] = {}
     for name in rows:
         per_region = own_region_stats(run, name, "dice", regions) if run.results else {}
@@ -146,7 +149,8 @@ def table1(run: RunFiles, order: Sequence[str]) -> str | None:
     head = (
         "<tr><th>Method</th><th>Dice</th>"
         + "".join(f"<th>{esc(g)} Dice</th>" for g in regions)
-        + "<th>HD95</th><th>Selected round</th><th>Total SGD steps</th><th>Estimated training time (h)</th></tr>"
+        + "".join(f"<th>{m.label}</th>" for m in metrics)
+        + "<th>Selected round</th><th>Total SGD steps</th><th>Estimated training time (h)</th></tr>"
     )
     body = []
     for i, name in enumerate(rows):
@@ -183,7 +187,7 @@ def _table1_note(run: RunFiles, order: Sequence[str]) -> str:
         "selected <b>per site</b> at the round where it scored best on that site's own validation split "
         "(Selected round: the range over sites; hover for each site's round). Centralized and FedAvg test one "
         "model, of the round with the best mean validation Dice. Mean ± std over all test cases (sample std; a "
-        "case's Dice and HD95: mean over regions; HD95 over cases where it is defined). Bold: best personalized "
+        "case's Dice, HD95 and NSD: mean over regions; HD95 over cases where it is defined). Bold: best personalized "
         "or clustered method per column. Total SGD steps and estimated training time: FeTS Table 2 (section "
         f"Cost).{cost}"
     )

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
+from fedseg.evaluate.metric_info import METRICS
 from fedseg.presentation.figures import LINE_STYLES, save, series_color
 from fedseg.presentation.kit import TableRow, esc, fmt, num, read_csv, score_table, section, site_columns, table
 from fedseg.report.methods import display_name, is_federated
@@ -108,7 +109,8 @@ def unseen_section(root: Path) -> str:
 
 # --------------------------------------------------------------------------- sweeps
 def sweep_section(root: Path) -> str:
-    """Test Dice per value (rows) and site (columns) from ``root/sweep.csv``, then HD95 Client Avg; "" when missing."""
+    """Test Dice per value (rows) and site (columns) from ``root/sweep.csv``, then HD95 and NSD Client Avg (NSD when
+    the sweep has it); "" when missing."""
     rows = read_csv(root / SWEEP_CSV)
     if not rows:
         return ""
@@ -117,7 +119,9 @@ def sweep_section(root: Path) -> str:
         c[len("dice_") :] for c in rows[0] if c.startswith("dice_") and c not in ("dice_client_avg", "dice_global")
     ]
     order = list(dict.fromkeys(r["algorithm"] for r in rows))
-    dice_rows, hd_rows = [], []
+    others = [m for m in METRICS if m.name != "dice" and f"{m.name}_client_avg" in rows[0]]
+    dice_rows: list[TableRow] = []
+    other_rows: dict[str, list[TableRow]] = {m.name: [] for m in others}
     for r in sorted(rows, key=lambda r: order.index(r["algorithm"])):  # one block per algorithm, values in order
         label, fed = f"{display_name(r['algorithm'])}: {r['value']}", is_federated(r["algorithm"])
         dice = {
@@ -127,14 +131,18 @@ def sweep_section(root: Path) -> str:
             "global": num(r["dice_global"]),
         }
         dice_rows.append(TableRow(label, dice, fed, r["algorithm"]))
-        hd_rows.append(TableRow(label, {"hd95": num(r["hd95_client_avg"])}, fed, r["algorithm"]))
+        for m in others:
+            other_rows[m.name].append(TableRow(label, {m.name: num(r[f"{m.name}_client_avg"])}, fed, r["algorithm"]))
     layout = "FedSM Table 6 layout" if key == PERSONALIZATION_KEY else "FedSM Table 7 layout"
     if key.startswith("methods.autofedavg") and key.endswith(".t0"):
         layout = "Auto-FedAvg Fig. 4"
     runs = dict.fromkeys((r.get("run", ""), r["value"]) for r in rows)  # one link per value, in order
     links = ", ".join(run_link(root, run, f"{key}={value}") for run, value in runs)
     columns = [("val", "Validation (selects)"), *site_columns(sites)]
-    body = score_table(dice_rows, columns, True, 4) + score_table(hd_rows, [("hd95", "HD95 Client Avg")], False, 2)
+    body = score_table(dice_rows, columns, True, 4) + "".join(
+        score_table(other_rows[m.name], [(m.name, f"{m.label} Client Avg")], m.higher_is_better, m.mean_digits)
+        for m in others
+    )
     figure = sweep_figure(rows, key, root / "figures" / SWEEP_FIGURE, {a: display_name(a) for a in order})
     if figure is not None:
         body += f'<img src="figures/{SWEEP_FIGURE}" alt="test Dice (client average) vs {esc(key)}">'

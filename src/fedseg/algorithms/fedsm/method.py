@@ -97,6 +97,8 @@ from fedseg.data.dataset import CaseSet
 from fedseg.engine.context import ClientContext, Task
 from fedseg.engine.messages import Message, MetaValue, load_weights, prefixed, weights_of
 from fedseg.evaluate.inference import score_caseset
+from fedseg.evaluate.metric_info import METRIC_NAMES
+from fedseg.evaluate.metrics import Scores
 from fedseg.evaluate.tables import eval_rows, site_summary
 from fedseg.train import LossFn, TrainHooks, TrainStats
 
@@ -183,20 +185,25 @@ def subset(data: CaseSet, idx: torch.Tensor) -> CaseSet:
     return data.subset(idx)
 
 
-def score_routed(
-    models: list[nn.Module], choice: torch.Tensor, data: CaseSet, ctx: ClientContext
-) -> tuple[np.ndarray, np.ndarray]:
-    """Dice and HD95 ``(N, R)`` of every case scored with the candidate ``choice[i]`` picks."""
+def score_routed(models: list[nn.Module], choice: torch.Tensor, data: CaseSet, ctx: ClientContext) -> Scores:
+    """Dice, HD95 and NSD ``(N, R)`` of every case scored with the candidate ``choice[i]`` picks."""
     ev = ctx.cfg.eval
-    dice = np.full((len(data), len(ctx.task.regions)), np.nan)
-    hd95 = dice.copy()
+    scores = {m: np.full((len(data), len(ctx.task.regions)), np.nan) for m in METRIC_NAMES}
     for c in choice.unique().tolist():
         idx = (choice == c).nonzero().flatten()
-        d, h = score_caseset(
-            models[c], subset(data, idx), ev.batch_size, ev.threshold, ev.hd95, ctx.task.device, ev.hd95_worst
+        part = score_caseset(
+            models[c],
+            subset(data, idx),
+            ev.batch_size,
+            ev.threshold,
+            ev.hd95,
+            ctx.task.device,
+            ev.hd95_worst,
+            ctx.task.nsd_tolerances,
         )
-        dice[idx.numpy()], hd95[idx.numpy()] = d, h
-    return dice, hd95
+        for m in METRIC_NAMES:
+            scores[m][idx.numpy()] = part[m]
+    return scores
 
 
 class FedSMClient(FedAvgClient):
@@ -301,9 +308,9 @@ class FedSMClient(FedAvgClient):
 
     def on_evaluate(self, msg: Message, ctx: ClientContext) -> Message:
         """Score the super model on ``meta.split``. Replies ``probs`` ``(N, C)`` (selector softmax),
-        ``choice`` ``(N,)`` and ``dice``/``hd95`` ``(N, R)`` at ``meta.gamma``; in threshold mode also
-        ``dice_global``/``hd95_global`` and ``dice_personal``/``hd95_personal`` (argmax personalized
-        model) from which the server scores any other gamma."""
+        ``choice`` ``(N,)`` and ``dice``/``hd95``/``nsd`` ``(N, R)`` at ``meta.gamma``; in threshold mode also
+        ``<metric>_global`` and ``<metric>_personal`` for each (argmax personalized model) from which the
+        server scores any other gamma."""
         sm = self.super_model(msg, ctx)
         data = ctx.data.split(str(msg.meta["split"]))
         probs = sm.scores_of(data.x, ctx.cfg.eval.batch_size, ctx.task.device)
@@ -311,24 +318,22 @@ class FedSMClient(FedAvgClient):
         models = list(sm.candidates)
         tensors = {"probs": probs, "choice": choice}
         if sm.mode == "threshold":
-            dice_g, hd_g = score_routed(models, torch.full_like(choice, GLOBAL_INDEX), data, ctx)
-            dice_p, hd_p = score_routed(models, probs.argmax(dim=1) + 1, data, ctx)
+            glob = score_routed(models, torch.full_like(choice, GLOBAL_INDEX), data, ctx)
+            personal = score_routed(models, probs.argmax(dim=1) + 1, data, ctx)
             use_p = (choice != GLOBAL_INDEX).numpy()[:, None]
-            dice, hd95 = np.where(use_p, dice_p, dice_g), np.where(use_p, hd_p, hd_g)
-            tensors.update(
-                {
-                    "dice_global": torch.from_numpy(dice_g),
-                    "hd95_global": torch.from_numpy(hd_g),
-                    "dice_personal": torch.from_numpy(dice_p),
-                    "hd95_personal": torch.from_numpy(hd_p),
-                }
-            )
+            scores = {m: np.where(use_p, personal[m], glob[m]) for m in METRIC_NAMES}
+            for m in METRIC_NAMES:
+                tensors.update(
+                    {f"{m}_global": torch.from_numpy(glob[m]), f"{m}_personal": torch.from_numpy(personal[m])}
+                )
         elif sm.mode == "argmax" or msg.meta.get(ROUTE) == OWN_SITE:
-            dice, hd95 = score_routed(models, choice, data, ctx)
+            scores = score_routed(models, choice, data, ctx)
         else:
             ev = ctx.cfg.eval
-            dice, hd95 = score_caseset(sm, data, ev.batch_size, ev.threshold, ev.hd95, ctx.task.device, ev.hd95_worst)
-        tensors.update({"dice": torch.from_numpy(dice), "hd95": torch.from_numpy(hd95)})
+            scores = score_caseset(
+                sm, data, ev.batch_size, ev.threshold, ev.hd95, ctx.task.device, ev.hd95_worst, ctx.task.nsd_tolerances
+            )
+        tensors.update({m: torch.from_numpy(v) for m, v in scores.items()})
         if msg.meta.get("sample") and ctx.artifacts is not None and len(data):
             write_sample(sm, data, ctx, str(msg.meta["model"]))
         meta: dict[str, MetaValue] = {
@@ -523,7 +528,7 @@ def at_gamma(reply: Message, gamma: float) -> Message:
     """An evaluation reply re-scored at threshold ``gamma`` (Algorithm 2 applied to the reported candidates)."""
     use_personal = (route(reply.tensors["probs"], "threshold", gamma) != GLOBAL_INDEX)[:, None]
     tensors = dict(reply.tensors)
-    for metric in ("dice", "hd95"):
+    for metric in METRIC_NAMES:
         tensors[metric] = torch.where(
             use_personal, reply.tensors[f"{metric}_personal"], reply.tensors[f"{metric}_global"]
         )

@@ -55,7 +55,7 @@ def unseen_cells(bundle: dict, data: CaseSet, task: Task, options: BaseModel) ->
 
     if sm.mode == "ensemble":
         ev = cfg.eval
-        dice = score_caseset(sm, data, ev.batch_size, ev.threshold, False, task.device)[0]
+        dice = score_caseset(sm, data, ev.batch_size, ev.threshold, False, task.device)["dice"]
         return {"mode": sm.mode, **point(route(probs, sm.mode), dice)}
     per_model = candidate_dice(list(sm.candidates), data, cfg.eval, task.device)  # (K+1, N, R)
 

@@ -1,0 +1,77 @@
+"""What the tables need to know about each per-case metric (no MONAI import: reports and trackers use it).
+
+:data:`METRICS` lists Dice, HD95 and normalized surface Dice (NSD) in table order (computed in
+:mod:`fedseg.evaluate.metrics`); a table loops over them instead of naming each. NSD's tolerance
+(``eval.nsd_tolerance``) is a number or one per region, in the HD95 unit (``summary.json`` ``hd95_unit``:
+mm on the volume path, else pixels).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+__all__ = ["Metric", "METRICS", "METRIC_NAMES", "DEFAULT_NSD_TOLERANCE", "region_tolerances", "tolerance_text"]
+
+# 1 mm: the MSD-derived "surface Dice at 1 mm" (COVID-19 lung lesion challenge 2020) and FLARE 2021-22's NSD;
+# Metrics Reloaded asks for a tolerance from the inter-rater variability of the structure, which a config sets.
+DEFAULT_NSD_TOLERANCE = 1.0
+
+
+@dataclass(frozen=True)
+class Metric:
+    """How tables show one metric.
+
+    ``name``: the ``metric`` of ``results.csv`` rows and the key in ``summary.json``; ``label``: the heading;
+    ``higher_is_better``: the direction (bold best, the sign of a good difference); ``digits``: decimals of a
+    mean ± std, ``mean_digits``: of a lone mean; ``distance``: values are in the HD95 unit (``hd95_unit``);
+    ``tolerance``: scored at a tolerance in that unit (NSD's ``eval.nsd_tolerance``)."""
+
+    name: str
+    label: str
+    higher_is_better: bool
+    digits: int
+    mean_digits: int
+    distance: bool = False
+    tolerance: bool = False
+
+    def title(self, unit: str = "", tolerance: float | Mapping[str, float] | None = None) -> str:
+        """The heading with what a reader needs: HD95's ``unit`` (``"HD95 (mm)"``), NSD's ``tolerance`` in it
+        (``"NSD (τ 1 mm)"``); the bare label when not known (a run written before it was recorded)."""
+        if self.distance and unit:
+            return f"{self.label} ({unit})"
+        if self.tolerance and tolerance is not None:
+            return f"{self.label} (τ {tolerance_text(tolerance, unit)})"
+        return self.label
+
+
+DICE = Metric("dice", "Dice", True, 3, 4)
+HD95 = Metric("hd95", "HD95", False, 2, 2, distance=True)
+NSD = Metric("nsd", "NSD", True, 3, 4, tolerance=True)
+METRICS = (DICE, HD95, NSD)
+METRIC_NAMES = tuple(m.name for m in METRICS)
+
+
+def tolerance_text(tolerance: float | Mapping[str, float], unit: str = "") -> str:
+    """``1 mm``, or per region ``WT 2, TC 1 mm``."""
+    text = (
+        ", ".join(f"{k} {v:g}" for k, v in tolerance.items())
+        if isinstance(tolerance, Mapping)
+        else f"{float(tolerance):g}"
+    )
+    return f"{text} {unit}".strip()
+
+
+def region_tolerances(tolerance: float | Mapping[str, float], regions: Sequence[str]) -> list[float]:
+    """``eval.nsd_tolerance`` -> one tolerance per region, in ``regions``' order (a ValueError naming the
+    missing or unknown regions when a mapping does not name exactly ``regions``)."""
+    if not isinstance(tolerance, Mapping):
+        return [float(tolerance)] * len(regions)
+    missing, unknown = [g for g in regions if g not in tolerance], [k for k in tolerance if k not in regions]
+    if missing or unknown:
+        raise ValueError(
+            f"eval.nsd_tolerance: a mapping needs exactly the task's regions {list(regions)}"
+            + (f"; missing {missing}" if missing else "")
+            + (f"; unknown {unknown}" if unknown else "")
+        )
+    return [float(tolerance[g]) for g in regions]
