@@ -166,7 +166,7 @@ BROKEN = [
         "group-split-by-splits-csv",
         lambda r: [
             _cases_csv("case,group\na,p1\nb,p1\nc,p2\n")(r),
-            (r / "s1/splits.csv").write_text("case,split\na,train\nb,test\n"),
+            (r / "s1/splits.csv").write_text("case,split\na,train\nb,test\nc,val\n"),  # c: s1 keeps a val case
         ],
         "s1/splits.csv: group 'p1' is split: 'a' train, 'b' test (its cases must share one split)",
     ),
