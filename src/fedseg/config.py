@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
@@ -11,7 +11,24 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from fedseg.evaluate.metric_info import DEFAULT_NSD_TOLERANCE
+# 1 mm: the MSD-derived "surface Dice at 1 mm" (COVID-19 lung lesion challenge 2020) and FLARE 2021-22's NSD;
+# Metrics Reloaded asks for a tolerance from the inter-rater variability of the structure, which a config sets.
+DEFAULT_NSD_TOLERANCE = 1.0
+
+
+def region_tolerances(tolerance: float | Mapping[str, float], regions: Sequence[str]) -> list[float]:
+    """``eval.nsd_tolerance`` -> one tolerance per region, in ``regions``' order (a ValueError naming the
+    missing or unknown regions when a mapping does not name exactly ``regions``)."""
+    if not isinstance(tolerance, Mapping):
+        return [float(tolerance)] * len(regions)
+    missing, unknown = [g for g in regions if g not in tolerance], [k for k in tolerance if k not in regions]
+    if missing or unknown:
+        raise ValueError(
+            f"eval.nsd_tolerance: a mapping needs exactly the task's regions {list(regions)}"
+            + (f"; missing {missing}" if missing else "")
+            + (f"; unknown {unknown}" if unknown else "")
+        )
+    return [float(tolerance[g]) for g in regions]
 
 
 class Strict(BaseModel):

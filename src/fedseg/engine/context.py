@@ -22,11 +22,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedseg.config import RunConfig
+from fedseg.config import RunConfig, region_tolerances
 from fedseg.data.dataset import SiteData
 from fedseg.engine.faults import inject, matching_faults
 from fedseg.engine.messages import Message, load_weights
-from fedseg.evaluate.metric_info import region_tolerances
 from fedseg.models import build_segmenter
 
 State = dict[str, torch.Tensor]
@@ -61,7 +60,7 @@ class Task:
     @property
     def nsd_tolerances(self) -> list[float]:
         """``eval.nsd_tolerance`` per region, in ``regions``' order (a ValueError when a mapping does not name
-        exactly the task's regions; ``fedseg.evaluate.metrics.region_tolerances``)."""
+        exactly the task's regions; ``fedseg.config.region_tolerances``)."""
         return region_tolerances(self.cfg.eval.nsd_tolerance, self.regions)
 
 

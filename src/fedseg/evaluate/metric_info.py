@@ -8,14 +8,12 @@ mm on the volume path, else pixels).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-__all__ = ["Metric", "METRICS", "METRIC_NAMES", "DEFAULT_NSD_TOLERANCE", "region_tolerances", "tolerance_text"]
+from fedseg.config import DEFAULT_NSD_TOLERANCE, region_tolerances  # eval.nsd_tolerance: config semantics
 
-# 1 mm: the MSD-derived "surface Dice at 1 mm" (COVID-19 lung lesion challenge 2020) and FLARE 2021-22's NSD;
-# Metrics Reloaded asks for a tolerance from the inter-rater variability of the structure, which a config sets.
-DEFAULT_NSD_TOLERANCE = 1.0
+__all__ = ["Metric", "METRICS", "METRIC_NAMES", "DEFAULT_NSD_TOLERANCE", "region_tolerances", "tolerance_text"]
 
 
 @dataclass(frozen=True)
@@ -60,18 +58,3 @@ def tolerance_text(tolerance: float | Mapping[str, float], unit: str = "") -> st
         else f"{float(tolerance):g}"
     )
     return f"{text} {unit}".strip()
-
-
-def region_tolerances(tolerance: float | Mapping[str, float], regions: Sequence[str]) -> list[float]:
-    """``eval.nsd_tolerance`` -> one tolerance per region, in ``regions``' order (a ValueError naming the
-    missing or unknown regions when a mapping does not name exactly ``regions``)."""
-    if not isinstance(tolerance, Mapping):
-        return [float(tolerance)] * len(regions)
-    missing, unknown = [g for g in regions if g not in tolerance], [k for k in tolerance if k not in regions]
-    if missing or unknown:
-        raise ValueError(
-            f"eval.nsd_tolerance: a mapping needs exactly the task's regions {list(regions)}"
-            + (f"; missing {missing}" if missing else "")
-            + (f"; unknown {unknown}" if unknown else "")
-        )
-    return [float(tolerance[g]) for g in regions]
