@@ -168,16 +168,12 @@ class Trainer:
         or one random patch per case for a ``CaseSet`` with volumes (``CaseSet.patches``), then the
         ``train.augment`` augmentations for a ``CaseSet`` (``fedseg.data.augment``). Patch positions and
         augmentations draw from ``generator`` (the site's stream), in that order."""
-        segmentation = isinstance(data, CaseSet)
-        augment = segmentation and self.cfg.augment.enabled
-        if segmentation and data.volumes is not None:
-            x, y = data.patches(idx, generator)
-        elif not augment:
+        if not isinstance(data, CaseSet):
             return data.batch(idx, self.device)
-        else:
-            x, y = data.batch(idx, torch.device("cpu"))
-        if augment:
-            x, y = augment_batch(x, y, self.cfg.augment, generator)
+        if not self.cfg.augment.enabled:
+            return data.training_batch(idx, self.device, generator)
+        x, y = data.training_batch(idx, torch.device("cpu"), generator)
+        x, y = augment_batch(x, y, self.cfg.augment, generator)
         return x.to(self.device), y.to(self.device)
 
     def new_optimizer(self, model: nn.Module, hooks: TrainHooks = PLAIN) -> torch.optim.Optimizer:

@@ -4,7 +4,8 @@ Fair objective (Eq. 13): ``min_w sum_k p_k / (q + 1) * F_k(w)^(q + 1)``; ``q = 0
 larger ``q`` gives more weight to the sites where the global model does worse. One round t:
 
 1. exchange ``"loss"`` (``LOSS_ACTION``): the server sends ``w^t``; site k computes
-   ``F_k(w^t)`` (Eq. 15) with a forward-only pass over its training split and keeps ``w^t`` and
+   ``F_k(w^t)`` (Eq. 15) with a forward-only pass over its training split (on the volume path:
+   one random training patch per case, from the stream of (seed, site, round, ``"loss"``)) and keeps ``w^t`` and
    ``F_k`` in its state until the train exchange of the same round. Reply: no tensors;
    ``meta.steps`` = the forward-only batches (``ceil(n_k / train.batch_size)``).
 2. exchange ``"train"``: an empty message; site k trains from the ``w^t`` it kept (the local
@@ -94,11 +95,21 @@ def lipschitz(options: QFedAvgOptions, lr: float) -> float:
 
 
 def dataset_loss(
-    model: nn.Module, data: CaseSet, loss: str, batch_size: int, device: torch.device
+    model: nn.Module,
+    data: CaseSet,
+    loss: str,
+    batch_size: int,
+    device: torch.device,
+    generator: torch.Generator | None = None,
 ) -> tuple[float, int]:
     """``sum_{(x, y) in data} l(w, x, y)`` (Eq. 15 / Eq. 19): the per-case segmentation loss
     ``train.loss`` summed over every case of ``data``, forward only (eval mode, no gradients), in
     order, ``batch_size`` cases per batch. Returns ``(sum, number of forward batches)``.
+
+    With a ``generator``, each case is the input training feeds the model (``CaseSet.training_batch``):
+    its whole fixed-size image, or on the volume path one random training patch per case drawn from
+    ``generator`` (the same draw as the Trainer's, without augmentation) — the loss of the model on
+    what it trains on. Without one, the fixed-size view (``CaseSet.batch``).
 
     The MONAI losses average per-case losses over a batch, so ``batch loss * batch length`` is
     the sum of that batch's per-case losses. An empty set gives ``(0.0, 0)``.
@@ -109,7 +120,7 @@ def dataset_loss(
     total, batches = 0.0, 0
     with torch.no_grad():
         for idx in torch.arange(len(data)).split(batch_size):
-            x, y = data.batch(idx, device)
+            x, y = data.batch(idx, device) if generator is None else data.training_batch(idx, device, generator)
             total += float(loss_fn(model(x), y).double()) * len(idx)
             batches += 1
     model.train(was_training)
@@ -156,7 +167,7 @@ class QFedAvgClient(FedAvgClient):
         """Eq. 15 on the received ``w^t``; keeps ``w^t`` and ``F_k`` for this round's train exchange."""
         model = super().start_model(msg, ctx)
         total, batches = dataset_loss(
-            model, ctx.data.train, ctx.cfg.train.loss, ctx.cfg.train.batch_size, ctx.task.device
+            model, ctx.data.train, ctx.cfg.train.loss, ctx.cfg.train.batch_size, ctx.task.device, ctx.generator
         )
         F = total if ctx.options.loss_reduction == "sum" else total / max(len(ctx.data.train), 1)
         put_group(ctx.state, START, msg.group(MODEL))

@@ -50,6 +50,19 @@ class CaseSet:
         size = patch_size(self.volume, self.x.dim() - 2)
         return draw_patches(vols, size, self.volume.foreground_oversample, generator)
 
+    def training_batch(
+        self, idx: torch.Tensor, device: torch.device, generator: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The input a training step of cases ``idx`` feeds the model (before augmentation), on ``device``:
+        the fixed-size view (:meth:`batch`, ``generator`` unused) on the whole-image path, one random patch
+        per case (:meth:`patches`, drawn from ``generator``) on the volume path. What the Trainer draws
+        (``fedseg.train.Trainer.draw``) and what the methods that score a model on training batches use
+        (Auto-FedAvg's beta steps, q-FedAvg's F_k, Per-FedAvg's second batch)."""
+        if self.volumes is None:
+            return self.batch(idx, device)
+        x, y = self.patches(idx, generator)
+        return x.to(device), y.to(device)
+
     def subset(self, idx: torch.Tensor) -> CaseSet:
         """Cases ``idx`` (a 1-D index tensor) as a set of the same name."""
         vols = None if self.volumes is None else [self.volumes[i] for i in idx.tolist()]

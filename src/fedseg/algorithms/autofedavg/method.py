@@ -11,7 +11,8 @@ group for layer-wise weights) instead of ``n_k / n``. In rounds t with ``t mod t
    traffic ``(K - 1) / (2 t0)`` of FedAvg's (Sec. 3.3); the reply is empty;
 2. S learning steps, ``sync_every`` per exchange ``learn_weights`` (``LEARN``; default 1: one
    exchange per step, the paper's algorithm): the server sends beta (``(G, K)`` floats), each
-   site takes ``count`` steps — sample a mini-batch of its training split, form
+   site takes ``count`` steps — sample a mini-batch of its training split (the input training feeds
+   the model: whole images, or on the volume path one random patch per case, ``CaseSet.training_batch``), form
    ``sum_k alpha_k w_k`` with alpha from its current beta (softmax, or a Dirichlet sample), compute
    the segmentation loss of that model (eval mode: the model as it will be deployed), step beta —
    and replies its beta; the server averages the K replies into the next beta. With
@@ -25,11 +26,12 @@ uniform. Options: ``methods.<name>.{t0, learn_steps, sync_every, beta_init, beta
 beta_optimizer, reinit, local_steps}``; the parameterization (softmax | dirichlet, Eq. 4-6) and
 granularity (network | layer) are fixed by the registered name (:mod:`.weights` defines both).
 
-Randomness: step s of a round uses the stream of (seed, site, round, ``"learn_weights/<s>"``)
-for both its mini-batch and its Dirichlet sample, so the numbers do not depend on the engine or
-on ``sync_every``'s grouping. The beta optimizer (Adam or SGD at ``beta_lr``) keeps its moments
-in the site's state across learning rounds. Model buffers (BatchNorm statistics) are merged with
-their layer's alpha like the weights (FedAvg's samples-weighted buffer average is not applied).
+Randomness: step s of a round uses the stream of (seed, site, round, ``"learn_weights/<s>"``) for
+its mini-batch (cases, then on the volume path their patch positions) and its Dirichlet sample, so
+the numbers do not depend on the engine or on ``sync_every``'s grouping. The beta optimizer (Adam or
+SGD at ``beta_lr``) keeps its moments in the site's state across learning rounds. Model buffers
+(BatchNorm statistics) are merged with their layer's alpha like the weights (FedAvg's
+samples-weighted buffer average is not applied).
 
 Round metrics (``round_metrics.csv``, per site): ``alpha`` and ``beta`` (layer-wise: the mean
 over groups), ``learned`` (1 in a learning round), and layer-wise ``alpha@<group>``,
@@ -244,8 +246,9 @@ class AutoFedAvgClient(FedAvgClient):
         losses = []
         for step in range(first, first + count):
             seed = stream_seed(ctx.cfg.seed, ctx.site_index, ctx.round, f"{LEARN}/{step}")
-            order = torch.randperm(len(ctx.data.train), generator=torch.Generator().manual_seed(seed))
-            x, y = ctx.data.train.batch(order[: ctx.cfg.train.batch_size], device)
+            generator = torch.Generator().manual_seed(seed)
+            order = torch.randperm(len(ctx.data.train), generator=generator)
+            x, y = ctx.data.train.training_batch(order[: ctx.cfg.train.batch_size], device, generator)
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(seed)
                 alpha = learning_alpha(beta, opts.parameterization)

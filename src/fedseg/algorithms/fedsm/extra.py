@@ -17,8 +17,9 @@ in ``fl.rounds`` (the last ``extra_rounds``, default ``fl.rounds // 3``, are the
 
 * ``fedsm-extra``: at ``install`` a site labels each training image with
   ``y_s = one_hot(argmin_k L(h_k, y))`` over the K+1 candidates (Eq. 1, against the ground
-  truth, :func:`fedseg.algorithms.fedsm.model.extra_labels`) and keeps only the labels; the
-  selector (K+1 classes) trains with cross-entropy on them. Inference: the argmax candidate,
+  truth, :func:`fedseg.algorithms.fedsm.model.extra_labels`; on the volume path ``h_k`` is the
+  candidate's sliding-window prediction over the whole case, ``FedSMExtraClient.on_install``) and
+  keeps only the labels; the selector (K+1 classes) trains with cross-entropy on them. Inference: the argmax candidate,
   no threshold.
 * ``fedsm-ensemble``: a site keeps the K+1 candidates and trains the selector through the loss
   of the soft ensemble ``h = sum_k softmax(s)_k sigmoid(h_k)`` against the ground truth (the
@@ -59,6 +60,7 @@ from fedseg.algorithms.fedsm.selector import Selector
 from fedseg.algorithms.registry import AlgorithmSpec
 from fedseg.engine.context import ClientContext, Task
 from fedseg.engine.messages import Message, prefixed
+from fedseg.evaluate.sliding import sliding_logits
 from fedseg.evaluate.tables import site_summary
 from fedseg.train import TrainHooks, segmentation_loss
 
@@ -201,14 +203,28 @@ class FedSMExtraClient(FedSMClient):
         return [self.segmenter(msg.group(f"{CANDIDATE}/{c}"), ctx).eval() for c in range(ctx.num_sites + 1)]
 
     def on_install(self, msg: Message, ctx: ClientContext) -> Message:
-        """Label every training image with Eq. (1) and keep the labels."""
+        """Label every training image with Eq. (1) and keep the labels.
+
+        The paper labels each training image x by the candidate whose output is closest to its ground
+        truth, ``y_s = one_hot(argmin_k L(h_k(x), y))``: one label per *case*. On the whole-image path
+        ``h_k(x)`` is candidate k on the case's fixed-size image. On the volume path a candidate never
+        sees a whole case (it trains on patches and is deployed by sliding window), so ``h_k(x)`` is its
+        sliding-window prediction over the whole preprocessed case (``fedseg.evaluate.sliding``: windows
+        of ``data.volume.patch_size``, the deployed output) and ``L`` is taken against the case's masks on
+        the same grid: the label is the candidate that segments the case best as it will be used.
+        Deterministic (no random patches), so the label does not depend on where a patch happened to fall."""
         models, data = self.candidates(msg, ctx), ctx.data.train
         loss_fn = segmentation_loss(ctx.cfg.train.loss)
         labels = []
         with torch.no_grad():
-            for idx in torch.arange(len(data)).split(ctx.cfg.eval.batch_size):
-                x, y = data.batch(idx, ctx.task.device)
-                labels.append(extra_labels([m(x) for m in models], y, loss_fn).cpu())
+            if data.volumes is not None and data.volume is not None:  # the volume path
+                for vol in data.volumes:
+                    outputs = [sliding_logits(m, vol.image, data.volume, ctx.task.device)[None] for m in models]
+                    labels.append(extra_labels(outputs, vol.label[None], loss_fn).cpu())
+            else:
+                for idx in torch.arange(len(data)).split(ctx.cfg.eval.batch_size):
+                    x, y = data.batch(idx, ctx.task.device)
+                    labels.append(extra_labels([m(x) for m in models], y, loss_fn).cpu())
         ctx.state[LABELS] = torch.cat(labels)
         return Message({}, {"steps": 0})
 

@@ -278,13 +278,16 @@ class APFL(Personalization):
 class FirstOrderMAML(TrainHooks):
     """Per-FedAvg's FO step: after the Trainer's backward at theta on batch D, ``after_backward``
     moves to ``temp = theta - alpha g`` (SGD), computes ``grad f(temp; D')`` on a fresh batch D',
-    and restores theta, leaving that gradient for the optimizer's step."""
+    and restores theta, leaving that gradient for the optimizer's step. D' is drawn like the Trainer's
+    D (``CaseSet.training_batch``, without augmentation) from the site's stream: whole images, or on
+    the volume path one random patch per case."""
 
     def __init__(self, ctx: ClientContext, alpha: float):
         self.alpha = alpha
         self.data = ctx.data.train
         self.device = ctx.task.device
         self.loss_fn = segmentation_loss(ctx.cfg.train.loss)
+        self.generator = ctx.generator
         self.second = batches(len(self.data), ctx.cfg.train.batch_size, ctx.generator, endless=True)
 
     def after_backward(self, model: nn.Module) -> None:
@@ -293,7 +296,7 @@ class FirstOrderMAML(TrainHooks):
         with torch.no_grad():
             for p in params:
                 p.sub_(self.alpha * p.grad)  # type: ignore[operator]  # params are those with a gradient
-        x, y = self.data.batch(next(self.second), self.device)
+        x, y = self.data.training_batch(next(self.second), self.device, self.generator)
         model.zero_grad(set_to_none=True)
         self.loss_fn(model(x), y).backward()
         with torch.no_grad():
