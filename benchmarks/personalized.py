@@ -10,9 +10,11 @@ paper's protocol scaled down:
   selected model; their cost includes FedAvg's) and ``prior-cfl`` (10 rounds of FedAvg per
   cluster from that model; clusters: ``collection`` riga | other on synthetic-retina, ``coil``
   endorectal | none on synthetic-prostate): the paper fine-tunes 30 epochs / rounds after 300;
-* ``ditto`` (concurrent form), ``fedper``, ``lg-fedavg`` (``private_layers`` = 4 of the default
-  UNet's 9 blocks), ``cfl`` with the paper's simplification (one split at round 20 of 30, as its
-  200 of 300) and ``local``, each its own run.
+* ``ditto`` (concurrent form), ``fedper``, ``lg-fedavg`` (``private_layers`` = 4 parameterized
+  layers, FeTS's reading, the default ``private_unit: layers``; the committed
+  ``results/personalized.*`` predate it and kept 4 of the default UNet's 9 blocks, which the override
+  ``methods.<name>.private_unit=blocks`` reproduces), ``cfl`` with the paper's simplification
+  (one split at round 20 of 30, as its 200 of 300) and ``local``, each its own run.
 
 Every personalized / clustered method is tested per site at its own best validation round. The
 paired test: two-sided Wilcoxon signed-rank on per-case test Dice (mean over regions, the model

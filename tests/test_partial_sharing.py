@@ -1,28 +1,40 @@
 """Partial model sharing (FedPer, LG-FedAvg): what travels, what stays on the site, how the shared
-part is merged, the traffic it costs, and the network blocks the split is made of."""
+part is merged, the traffic it costs, the parameterized layers (FeTS's reading, the default) or network
+blocks (``private_unit: blocks``) the split is made of, and the private share a run records."""
 
 from __future__ import annotations
 
+import json
 from itertools import combinations
 
 import pytest
 import torch
+import yaml
 
 from fedseg.algorithms import get_algorithm
 from fedseg.algorithms.aggregate import weighted_average
 from fedseg.algorithms.fedavg import MODEL, state_group
-from fedseg.algorithms.partial import PRIVATE, FedPerOptions, LGFedAvgOptions, private_entries
-from fedseg.config import ModelConfig
+from fedseg.algorithms.partial import (
+    PRIVATE,
+    FedPerOptions,
+    LGFedAvgOptions,
+    SharingOptions,
+    parameterized_layers,
+    private_entries,
+    private_fraction,
+)
+from fedseg.config import CHANGED_METHOD_DEFAULTS, ModelConfig, dump_config, load_config
 from fedseg.data.federation import Federation, Site
 from fedseg.engine.context import Task
 from fedseg.engine.messages import Message, float_state, prefixed, weights_of
 from fedseg.engine.simulator import Simulator
 from fedseg.models.blocks import entries_by_block, network_blocks
+from fedseg.preflight import check_resume, recorded_config, resume_conflicts
 from fedseg.run import prepare, run_algorithm, run_experiment
 
 SHARING = ("fedper", "lg-fedavg")
 FOUR_LEVELS = {"channels": [4, 8, 16, 32]}  # 7 blocks: 3 down, the bottom, 3 up
-P = 2  # private blocks in the runs below (nested module paths on both ends)
+P = 2  # private layers in the runs below (private_unit: layers, the default)
 
 
 @pytest.fixture
@@ -175,8 +187,8 @@ def test_fedper_keeps_the_last_blocks_and_lg_fedavg_the_first(p, tiny_config):
     model = task.new_model()
     blocks, grouped = network_blocks(model), entries_by_block(model)
     assert len(blocks) == 7
-    fedper = private_entries(task, FedPerOptions(private_layers=p))
-    lg = private_entries(task, LGFedAvgOptions(private_layers=p))
+    fedper = private_entries(task, FedPerOptions(private_layers=p, private_unit="blocks"))
+    lg = private_entries(task, LGFedAvgOptions(private_layers=p, private_unit="blocks"))
     assert fedper == {n for b in blocks[-p:] for n in grouped[b]}
     assert lg == {n for b in blocks[:p] for n in grouped[b]}
     assert not fedper & lg  # 2p < 7
@@ -188,7 +200,7 @@ def test_fedper_keeps_the_last_blocks_and_lg_fedavg_the_first(p, tiny_config):
     assert set(last) <= fedper and not set(last) & lg
     # more private blocks: a superset
     if p > 1:
-        assert private_entries(task, FedPerOptions(private_layers=p - 1)) < fedper
+        assert private_entries(task, FedPerOptions(private_layers=p - 1, private_unit="blocks")) < fedper
 
 
 BLOCK_CASES = [
@@ -242,17 +254,28 @@ def test_blocks_partition_the_state_in_forward_order(name, dims, model, n_blocks
 @pytest.mark.parametrize("options", [FedPerOptions, LGFedAvgOptions])
 def test_as_many_private_blocks_as_the_network_has_is_a_clear_error(options, tiny_config):
     task = _task(tiny_config, channels=[4, 8, 16])  # 5 blocks
-    assert private_entries(task, options(private_layers=4))
+    assert private_entries(task, options(private_layers=4, private_unit="blocks"))
     for p in (5, 6):
         with pytest.raises(ValueError, match=rf"private_layers={p} leaves no federated block: the unet has 5 blocks"):
-            private_entries(task, options(private_layers=p))
+            private_entries(task, options(private_layers=p, private_unit="blocks"))
     default = Task(tiny_config(model=ModelConfig().model_dump()), 2, 3, ("x",))  # 9 blocks
-    assert private_entries(default, options())  # the default private_layers = 4 fits the default network
+    assert private_entries(default, options(private_unit="blocks"))  # private_layers = 4 fits the default network
+    assert private_entries(default, options())  # so do 4 layers
+
+
+@pytest.mark.parametrize("options", [FedPerOptions, LGFedAvgOptions])
+def test_as_many_private_layers_as_the_network_has_is_a_clear_error(options, tiny_config):
+    task = _task(tiny_config, channels=[4, 8, 16])
+    n = len(parameterized_layers(task.new_model()))
+    assert n > 5 and private_entries(task, options(private_layers=n - 1))
+    for p in (n, n + 1):
+        with pytest.raises(ValueError, match=rf"private_layers={p} leaves no federated layer: the unet has {n} layers"):
+            private_entries(task, options(private_layers=p))
 
 
 @pytest.mark.parametrize("name", SHARING)
 def test_too_many_private_blocks_fails_before_any_round(name, tmp_path, tiny_config, disc_federation):
-    cfg = tiny_config(algorithms=[name], methods={name: {"private_layers": 5}})  # the tiny UNet has 5 blocks
+    cfg = tiny_config(algorithms=[name], methods={name: {"private_layers": 5, "private_unit": "blocks"}})  # 5 blocks
     seen = []
     with pytest.raises(ValueError, match=r"private_layers=5 leaves no federated block"):
         run_algorithm(
@@ -262,8 +285,163 @@ def test_too_many_private_blocks_fails_before_any_round(name, tmp_path, tiny_con
 
 
 def test_too_many_private_blocks_fails_before_any_work_in_a_run(tmp_path, tiny_config, disc_federation):
-    cfg = tiny_config(algorithms=["fedavg", "fedper"], methods={"fedper": {"private_layers": 5}})  # 5 blocks
+    cfg = tiny_config(
+        algorithms=["fedavg", "fedper"], methods={"fedper": {"private_layers": 5, "private_unit": "blocks"}}
+    )
     seen = []
     with pytest.raises(ValueError, match=r"private_layers=5 leaves no federated block"):
         run_experiment(cfg, tmp_path / "run", federation=disc_federation(), observers=[lambda *x: seen.append(x[1])])
     assert not seen, f"{len(seen)} exchanges (fedavg trained) before the error"
+
+
+# --- parameterized layers (FeTS's reading) and the private share -----------------------------------
+
+
+def _fets_task() -> Task:
+    """The ``fets`` preset's network (DynUNet 32 -> 512, 3D, the 4 FeTS modalities, 3 regions), built only."""
+    cfg = load_config("fets", overrides=["device=cpu"])
+    return Task(cfg, 3, 4, ("WT", "TC", "ET"))
+
+
+def _conv_params(shape: tuple[int, ...], bias: bool = False) -> int:
+    """Floats of a conv weight of ``shape`` (out, in, k, k, k), plus ``out`` biases."""
+    n = 1
+    for d in shape:
+        n *= d
+    return n + (shape[0] if bias else 0)
+
+
+def test_four_private_layers_of_the_fets_dynunet_are_under_one_percent_and_blocks_keep_the_old_share():
+    task = _fets_task()
+    model = task.new_model()
+    total = sum(p.numel() for p in model.parameters())
+    assert total == 22_574_563
+    layers = parameterized_layers(model)
+    # by hand from the module list: instance norm without weights owns nothing, so the layers are the convolutions
+    # (2 per encoder level and the bottleneck, transposed + 2 per decoder level, the 1x1 output)
+    assert len(layers) == 2 * 5 + 3 * 4 + 1 == 23
+    assert all(type(model.get_submodule(name)).__name__.startswith(("Conv", "ConvTranspose")) for name in layers)
+    assert layers[:4] == [
+        "input_block.conv1.conv",
+        "input_block.conv2.conv",
+        "downsamples.0.conv1.conv",
+        "downsamples.0.conv2.conv",
+    ]
+    assert layers[-4:] == [
+        "upsamples.3.transp_conv.conv",
+        "upsamples.3.conv_block.conv1.conv",
+        "upsamples.3.conv_block.conv2.conv",
+        "output_block.conv.conv",
+    ]
+    first4 = _conv_params((32, 4, 3, 3, 3)) + _conv_params((32, 32, 3, 3, 3))
+    first4 += _conv_params((64, 32, 3, 3, 3)) + _conv_params((64, 64, 3, 3, 3))
+    last4 = _conv_params((64, 32, 2, 2, 2)) + _conv_params((32, 64, 3, 3, 3)) + _conv_params((32, 32, 3, 3, 3))
+    last4 += _conv_params((3, 32, 1, 1, 1), bias=True)  # only the output convolution has a bias
+    fedper, lg = private_fraction(task, FedPerOptions()), private_fraction(task, LGFedAvgOptions())
+    assert (fedper["private_unit"], fedper["private_layers"]) == ("layers", 4)  # the defaults: FeTS 2022's setting
+    assert fedper["private_parameters"] == last4 == 99_427
+    assert lg["private_parameters"] == first4 == 196_992
+    assert fedper["parameters"] == lg["parameters"] == total
+    assert fedper["private_fraction"] == pytest.approx(last4 / total) and fedper["private_fraction"] < 0.01
+    assert lg["private_fraction"] == pytest.approx(first4 / total) and lg["private_fraction"] < 0.01
+    assert private_entries(task, FedPerOptions()) == {f"{name}.{p}" for name in layers[-4:] for p in ("weight",)} | {
+        "output_block.conv.conv.bias"
+    }
+    # private_unit: blocks gives fedseg's old split: 4 network blocks, 9.2% / 15.6% of the parameters
+    old_fedper = private_fraction(task, FedPerOptions(private_unit="blocks"))
+    old_lg = private_fraction(task, LGFedAvgOptions(private_unit="blocks"))
+    grouped = entries_by_block(model)
+    blocks, params = list(grouped), dict(model.named_parameters())
+    assert old_fedper["private_parameters"] == sum(params[n].numel() for b in blocks[-4:] for n in grouped[b])
+    assert old_lg["private_parameters"] == sum(params[n].numel() for b in blocks[:4] for n in grouped[b])
+    assert round(old_fedper["private_fraction"], 3) == 0.092 and round(old_lg["private_fraction"], 3) == 0.156
+
+
+def test_a_layer_is_a_module_owning_parameters_with_its_own_buffers(tiny_config):
+    """With BatchNorm a norm is a layer: its weights and running statistics are private together; a private
+    convolution does not take its sibling norm along."""
+    task = _task(tiny_config, name="dynunet", channels=[4, 8, 16], norm="batch")
+    model = task.new_model()
+    layers = parameterized_layers(model)
+    owning = [n for n, m in model.named_modules() if any(True for _ in m.parameters(recurse=False))]
+    # 2 convs + 2 norms per encoder level (input, 1 down, the bottleneck), a transposed conv + 2 convs + 2 norms
+    # per decoder level, the 1x1 output
+    assert layers == owning and len(layers) == 3 * 4 + 2 * 5 + 1
+    lg = private_entries(task, LGFedAvgOptions(private_layers=3))  # registration order: conv1, conv2, norm1
+    norm = layers[2]
+    assert isinstance(model.get_submodule(norm), torch.nn.BatchNorm2d)
+    assert lg == {
+        f"{layers[0]}.weight",
+        f"{layers[1]}.weight",
+        f"{norm}.weight",
+        f"{norm}.bias",
+        f"{norm}.running_mean",
+        f"{norm}.running_var",
+    }
+    fedper = private_entries(task, FedPerOptions(private_layers=1))
+    assert fedper == {f"{layers[-1]}.weight", f"{layers[-1]}.bias"}
+    assert private_entries(task, FedPerOptions(private_layers=2)) > fedper
+
+
+def test_the_default_private_unit_is_the_one_a_config_records():
+    """A RunConfig writes FedPer / LG-FedAvg's private_unit out at SharingOptions' default (so config.yaml says
+    which split a run had), and only for the sharing methods it names."""
+    default = SharingOptions.model_fields["private_unit"].default
+    assert default == "layers"
+    assert all(d["private_unit"] == ("blocks", default) for d in CHANGED_METHOD_DEFAULTS.values())
+    cfg = load_config("demo", overrides=["algorithms=[fedavg,fedper]", "methods.lg-fedavg.private_layers=2"])
+    assert cfg.methods["fedper"] == {"private_unit": "layers"}
+    assert cfg.methods["lg-fedavg"] == {"private_unit": "layers", "private_layers": 2}
+    assert "fedavg" not in cfg.methods
+    blocks = load_config("demo", overrides=["algorithms=[fedper]", "methods.fedper.private_unit=blocks"])
+    assert blocks.methods["fedper"] == {"private_unit": "blocks"}
+
+
+@pytest.mark.parametrize("name", SHARING)
+def test_a_run_records_its_private_fraction(name, tmp_path, tiny_config, disc_federation):
+    cfg = _cfg(tiny_config, name, rounds=1)
+    out = tmp_path / "run"
+    lines: list[str] = []
+    run_experiment(cfg, out, federation=disc_federation(), on_log_line=lines.append)
+    entry = json.loads((out / "summary.json").read_text())["algorithms"][name]
+    prep = prepare(cfg, disc_federation())
+    expected = private_fraction(prep.task, get_algorithm(name).parse_options(cfg.methods[name]))
+    assert (
+        entry["private_fraction"] == pytest.approx(expected["private_fraction"]) and 0 < entry["private_fraction"] < 1
+    )
+    assert entry["private_sharing"] == {**expected, "private_fraction": entry["private_fraction"]}
+    assert entry["private_sharing"]["private_unit"] == "layers"
+    end = "last" if name == "fedper" else "first"
+    note = [line for line in lines if line.startswith(f"{name}: the {end} {P} layers")]
+    assert len(note) == 1 and f"{expected['private_fraction']:.2%}" in note[0]
+    assert note[0] in (out / "run.log").read_text().splitlines()
+    recorded = yaml.safe_load((out / "config.yaml").read_text())
+    assert recorded["methods"][name] == {"private_unit": "layers", "private_layers": P}
+
+
+@pytest.mark.parametrize("name", SHARING)
+def test_resuming_a_run_recorded_before_private_unit_is_refused_unless_blocks_is_set(name, tmp_path, tiny_config):
+    """A config.yaml written before the option (no private_unit) ran with blocks: resuming it under the new
+    default would mix two splits, so it compares as ``blocks`` and is refused; setting blocks resumes it."""
+    cfg = tiny_config(algorithms=["fedavg", name], methods={name: {"private_layers": 2}})
+    old = cfg.model_dump(mode="json")
+    old["methods"][name].pop("private_unit")  # as an older fedseg wrote it
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(old))
+    recorded = recorded_config(path)
+    assert recorded is not None and recorded["methods"][name]["private_unit"] == "blocks"
+    assert resume_conflicts(recorded, cfg.model_dump(mode="json")) == [f"methods.{name}.private_unit: blocks -> layers"]
+    with pytest.raises(ValueError, match=rf"methods\.{name}\.private_unit: blocks -> layers"):
+        check_resume(recorded, cfg.model_dump(mode="json"), str(path))
+    pinned = tiny_config(algorithms=["fedavg", name], methods={name: {"private_layers": 2, "private_unit": "blocks"}})
+    assert resume_conflicts(recorded, pinned.model_dump(mode="json")) == []
+    # a method named only in algorithms (its options all default) was recorded with blocks too
+    bare = tiny_config(algorithms=[name]).model_dump(mode="json")
+    bare["methods"] = {}
+    path.write_text(yaml.safe_dump(bare))
+    assert resume_conflicts(recorded_config(path), tiny_config(algorithms=[name]).model_dump(mode="json")) == [
+        f"methods.{name}.private_unit: blocks -> layers"
+    ]
+    # a config.yaml this fedseg wrote compares as it is
+    path.write_text(dump_config(cfg))
+    assert resume_conflicts(recorded_config(path), cfg.model_dump(mode="json")) == []

@@ -499,6 +499,16 @@ class RunConfig(Strict):
     )
 
     @model_validator(mode="after")
+    def _record_behaviour_changing_defaults(self) -> RunConfig:
+        """Write out the method options whose default changed what a run does (``CHANGED_METHOD_DEFAULTS``), so
+        ``config.yaml`` says which behaviour the run had and an older record (without them) is told apart."""
+        for name, defaults in CHANGED_METHOD_DEFAULTS.items():
+            if name in self.algorithms or name in self.methods:
+                entry = self.methods.get(name) or {}
+                self.methods[name] = {**{k: new for k, (_, new) in defaults.items()}, **entry}
+        return self
+
+    @model_validator(mode="after")
     def _hang_needs_a_timeout(self) -> RunConfig:
         if any(f.kind == "hang" for f in self.faults) and self.fl.timeout_s is None:
             raise ValueError("faults: kind hang needs fl.timeout_s (how long the run waits for a site)")
@@ -520,6 +530,41 @@ def with_recorded_data_seed(recorded: dict) -> dict:
     if not isinstance(data, dict) or "seed" in data:
         return recorded
     return {**recorded, "data": {**data, "seed": recorded.get("seed", 0)}}
+
+
+# Method options added with a default that changed what the method does: {method: {key: (the behaviour a
+# configuration recorded before the key existed ran with, the default now)}}. A RunConfig writes them out for the
+# methods it names (so a newer config.yaml always holds them); ``with_recorded_defaults`` gives an older record the
+# value its run used, so resuming it under the new default is refused rather than mixing the two.
+# FedPer / LG-FedAvg's private_unit (issue 27): private_layers counted network blocks before, parameterized layers
+# now (FeTS 2022's reading; the default of fedseg.algorithms.partial.SharingOptions.private_unit).
+CHANGED_METHOD_DEFAULTS: dict[str, dict[str, tuple[Any, Any]]] = {
+    "fedper": {"private_unit": ("blocks", "layers")},
+    "lg-fedavg": {"private_unit": ("blocks", "layers")},
+}
+
+
+def with_recorded_method_defaults(recorded: dict) -> dict:
+    """A configuration recorded before an option of ``CHANGED_METHOD_DEFAULTS`` existed, with the value its run
+    used (e.g. ``methods.fedper.private_unit: blocks``) for each such method it names (in ``algorithms`` or
+    ``methods``). A copy; a configuration that needs nothing is returned as it is."""
+    algorithms = recorded.get("algorithms")
+    methods = recorded.get("methods") or {}
+    if not isinstance(methods, dict):
+        return recorded
+    named = set(methods) | (set(algorithms) if isinstance(algorithms, list) else set())
+    added = {}
+    for name, defaults in CHANGED_METHOD_DEFAULTS.items():
+        entry = methods.get(name) or {}
+        if name in named and isinstance(entry, dict) and any(k not in entry for k in defaults):
+            added[name] = {**{k: old for k, (old, _) in defaults.items()}, **entry}
+    return {**recorded, "methods": {**methods, **added}} if added else recorded
+
+
+def with_recorded_defaults(recorded: dict) -> dict:
+    """A recorded configuration with every key an older fedseg did not write at the value its run used:
+    ``with_recorded_data_seed`` and ``with_recorded_method_defaults``; what resumes and the bench compare."""
+    return with_recorded_method_defaults(with_recorded_data_seed(recorded))
 
 
 class ConfigError(ValueError):

@@ -126,8 +126,10 @@ def check_resume(recorded: dict, new: dict, where: str) -> None:
 def recorded_config(path: Path) -> dict | None:
     """The configuration recorded in a run's ``config.yaml`` (normalized through ``RunConfig``, so keys added
     by a later fedseg compare at their defaults, except ``data.seed``, which compares at the run seed that the
-    old run's data came from: ``fedseg.config.with_recorded_data_seed``); None without one."""
-    from fedseg.config import RunConfig, with_recorded_data_seed
+    old run's data came from, and method options whose default changed what the method does, which compare at
+    the old behaviour, e.g. ``methods.fedper.private_unit: blocks``: ``fedseg.config.with_recorded_defaults``);
+    None without one."""
+    from fedseg.config import RunConfig, with_recorded_defaults
 
     if not path.is_file():
         return None
@@ -137,7 +139,7 @@ def recorded_config(path: Path) -> dict | None:
         raise ValueError(f"{path}: not valid YAML ({e}); cannot check the configuration to resume") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path}: not a configuration mapping; cannot check the configuration to resume")
-    data = with_recorded_data_seed(data)
+    data = with_recorded_defaults(data)
     try:
         return RunConfig.model_validate(data).model_dump(mode="json")
     except ValueError:  # pydantic's ValidationError: compare as written

@@ -243,6 +243,13 @@ def option_warnings(name: str, cfg: RunConfig, num_sites: int) -> list[str]:
     return list(warn(num_sites, name)) if warn is not None else []
 
 
+def method_notes(cfg: RunConfig, task: Task) -> list[str]:
+    """Lines saying what a method's options mean on this run's network (an options model's ``run_note(task,
+    algorithm)``, e.g. FedPer's share of private parameters), shown once when the run starts."""
+    notes = (getattr(get_algorithm(n).parse_options(cfg.methods.get(n)), "run_note", None) for n in cfg.algorithms)
+    return [note(task, n) for n, note in zip(cfg.algorithms, notes) if note is not None]
+
+
 def announce(out: Path, line: str, on_log_line: Callable[[str], None] | None) -> None:
     """Append ``line`` to ``out/run.log`` and show it: through ``on_log_line`` if given, else on stderr."""
     append_line(out, line)
@@ -650,6 +657,8 @@ def run_experiment(
     if prep.plan is not None:  # model.name planned: what the run trains with; a resume reuses it
         atomic_write_text(out / PLAN_FILE, json.dumps(prep.plan.to_dict(), indent=2))
     for line in cost_warnings(cfg, len(prep.federation.sites)):
+        announce(out, line, on_log_line)
+    for line in method_notes(cfg, prep.task):
         announce(out, line, on_log_line)
     finished = resume and all(is_finished(out / "checkpoints" / f"{name}.pt") for name in cfg.algorithms)
     provenance = (finished and unchanged(out)) or begin(out, resume, cfg.device)

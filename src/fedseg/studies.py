@@ -53,7 +53,7 @@ from typing import Literal
 import numpy as np
 
 from fedseg.algorithms import check_sites, get_algorithm
-from fedseg.config import ConfigError, RunConfig, apply_override, validate_config, with_recorded_data_seed
+from fedseg.config import ConfigError, RunConfig, apply_override, validate_config, with_recorded_defaults
 from fedseg.data.dataset import CaseSet, build_site_data
 from fedseg.data.federation import Federation
 from fedseg.engine.checkpoint import atomic_write_text
@@ -236,7 +236,7 @@ def check_out(study: Study, resume: bool) -> None:
                 f"{meta}: holds a {old.get('kind')} study (key {old.get('key')}); "
                 f"cannot resume it as a {study.kind} study (key {study.key})"
             )
-        check_resume(with_recorded_data_seed(old.get("config", {})), study.cfg.model_dump(mode="json"), str(meta))
+        check_resume(with_recorded_defaults(old.get("config", {})), study.cfg.model_dump(mode="json"), str(meta))
 
 
 # --------------------------------------------------------------------------- running

@@ -1,9 +1,22 @@
-"""Partial model sharing (FeTS 2022 Sec. 3.3.5): FedPer keeps the last blocks private, LG-FedAvg the first.
+"""Partial model sharing (FeTS 2022 Sec. 3.3.5): FedPer keeps the last layers private, LG-FedAvg the first.
 
-The network's state w is split into federated entries w_g and private entries w_l (w = w_g U w_l)
-by block (``fedseg.models.blocks``: a block is a module path of the MONAI UNet / DynUNet, 2D or
-3D): ``private_layers`` P blocks (paper: 4) are private, the last P for FedPer (Arivazhagan et
-al.), the first P for LG-FedAvg (Liang et al.). What differs from FedAvg:
+The network's state w is split into federated entries w_g and private entries w_l (w = w_g U w_l):
+``private_layers`` P units (paper: 4) are private, the last P for FedPer (Arivazhagan et al.), the
+first P for LG-FedAvg (Liang et al.). ``private_unit`` says what a unit is:
+
+* ``layers`` (the default, FeTS's reading): a *parameterized layer*, a module that owns parameters
+  directly (a convolution, a normalization with affine weights), in the network's module order
+  (``parameterized_layers``); the layer's own parameters and buffers are private. On the ``fets``
+  preset's DynUNet (23 such layers, instance norm without weights) 4 layers are 0.44% of the
+  parameters for FedPer, 0.87% for LG-FedAvg, in line with FeTS's Table 2 traffic (under 1% kept);
+* ``blocks`` (fedseg before issue 27): a network block (``fedseg.models.blocks``: a module path of
+  the MONAI UNet / DynUNet, 2D or 3D, e.g. a whole encoder level); 4 blocks of that DynUNet are
+  9.2% (FedPer) and 15.6% (LG-FedAvg) of its parameters. Kept so old configurations reproduce old
+  numbers; a configuration recorded before the option existed resumes as ``blocks``
+  (``fedseg.config.with_recorded_defaults``).
+
+The run records the share it keeps (``private_fraction``: private parameters / all parameters) in
+``summary.json`` and in its log. What differs from FedAvg:
 
 * only w_g travels, down and up (the ledger counts it: FedAvg's traffic times |w_g| / |w|), and
   only w_g is averaged (sample-weighted, ``weighting`` as FedAvg);
@@ -12,9 +25,11 @@ al.), the first P for LG-FedAvg (Liang et al.). What differs from FedAvg:
 * site k's model is w_g (received) with its own w_l: it is validated and tested as a per-site
   model (``fedseg.algorithms.persite``: each site at its own best validation round).
 
-Normalization layers belong to their block: a BatchNorm's affine weights and running statistics
-are private in a private block and averaged in a federated one. With the default instance
-normalization (no affine weights, no running statistics) there is nothing to decide.
+Normalization layers: with ``blocks`` they belong to their block (a BatchNorm's affine weights and
+running statistics are private in a private block, averaged in a federated one); with ``layers`` an
+affine norm is a layer of its own, and a norm without weights (buffers only, or nothing) is no layer:
+its running statistics, if any, are averaged. With the default instance normalization (no affine
+weights, no running statistics) there is nothing to decide.
 """
 
 from __future__ import annotations
@@ -31,44 +46,101 @@ from fedseg.algorithms.registry import AlgorithmSpec
 from fedseg.engine.context import ClientContext, Task
 from fedseg.engine.messages import Message, load_weights, prefixed, weights_of
 from fedseg.models.blocks import entries_by_block
+from fedseg.models.state import float_state
 
 PRIVATE = "private"  # client-state prefix of the site's private entries w_l
 
 
 class SharingOptions(FedAvgOptions):
-    """``private_layers``: how many network blocks stay on the site (``fedseg.models.blocks``); FedAvg's
-    ``weighting``, ``local_steps`` and ``aggregator`` (over the federated entries w_g)."""
+    """``private_layers``: how many units stay on the site, ``private_unit``: parameterized layers (FeTS's
+    reading) or network blocks (``fedseg.models.blocks``); FedAvg's ``weighting``, ``local_steps`` and
+    ``aggregator`` (over the federated entries w_g)."""
 
-    private_layers: int = Field(4, ge=1, description="P network blocks kept private (FeTS 2022: 4)")
+    private_layers: int = Field(4, ge=1, description="P units (private_unit) kept private (FeTS 2022: 4 layers)")
+    private_unit: Literal["layers", "blocks"] = Field(
+        "layers",
+        description="what private_layers counts: layers = parameterized layers (a conv or norm module owning "
+        "weights, in module order), FeTS 2022's reading (4 layers: under 1% of the fets DynUNet kept private); "
+        "blocks = network blocks (a whole encoder/decoder level; fedseg before issue 27, 9-16% kept private)",
+    )
 
     def check_task(self, task: Task, algorithm: str) -> None:
-        """At least one block must stay federated (checked before any work)."""
+        """At least one layer (block) must stay federated (checked before any work)."""
         try:
             private_entries(task, self)  # type: ignore[arg-type]  # a FedPer or LG-FedAvg options model
         except ValueError as e:
             raise ValueError(f"methods.{algorithm}.{e}") from None
 
+    def run_note(self, task: Task, algorithm: str) -> str:
+        """The run log's line on the private share, e.g. ``fedper: the last 4 layers (private_unit layers) stay
+        private, 0.44% of the dynunet's parameters (...)``."""
+        info = private_fraction(task, self)  # type: ignore[arg-type]  # a FedPer or LG-FedAvg options model
+        end, k = getattr(self, "private", "last"), self.private_layers
+        units = self.private_unit if k > 1 else self.private_unit[:-1]
+        return (
+            f"{algorithm}: the {end} {k} {units} (private_unit {self.private_unit}) stay private, "
+            f"{info['private_fraction']:.2%} of the {task.cfg.model.name}'s parameters "
+            f"({info['private_parameters']:,} of {info['parameters']:,}); the rest is averaged"
+        )
+
 
 class FedPerOptions(SharingOptions):
-    private: Literal["last"] = Field("last", description="FedPer keeps the last P blocks private (fixed)")
+    private: Literal["last"] = Field("last", description="FedPer keeps the last P units private (fixed)")
 
 
 class LGFedAvgOptions(SharingOptions):
-    private: Literal["first"] = Field("first", description="LG-FedAvg keeps the first P blocks private (fixed)")
+    private: Literal["first"] = Field("first", description="LG-FedAvg keeps the first P units private (fixed)")
+
+
+def parameterized_layers(model: nn.Module) -> list[str]:
+    """Module paths of ``model``'s parameterized layers (modules owning parameters directly), in module order."""
+    return [name for name, m in model.named_modules() if any(True for _ in m.parameters(recurse=False))]
+
+
+def entries_by_layer(model: nn.Module) -> dict[str, list[str]]:
+    """``{layer: [state entry names]}``: each parameterized layer's own floating-point entries (its
+    parameters and buffers, not its children's), layers in module order."""
+    layers = parameterized_layers(model)
+    grouped: dict[str, list[str]] = {name: [] for name in layers}
+    for entry in float_state(model):
+        owner = entry.rpartition(".")[0]
+        if owner in grouped:
+            grouped[owner].append(entry)
+    return grouped
 
 
 def private_entries(task: Task, options: FedPerOptions | LGFedAvgOptions) -> frozenset[str]:
-    """Names of the state entries in the P private blocks (first or last, ``options.private``)."""
-    grouped = entries_by_block(task.new_model())
-    blocks = list(grouped)
+    """Names of the state entries in the P private units (first or last, ``options.private``; layers or
+    blocks, ``options.private_unit``)."""
+    model = task.new_model()
+    unit = "layer" if options.private_unit == "layers" else "block"
+    grouped = entries_by_layer(model) if unit == "layer" else entries_by_block(model)
+    units = list(grouped)
     p = options.private_layers
-    if p >= len(blocks):
+    if p >= len(units):
+        listed = f"{', '.join(units[:3])}, ..., {units[-1]}" if len(units) > 8 else ", ".join(units)
         raise ValueError(
-            f"private_layers={p} leaves no federated block: the {task.cfg.model.name} has {len(blocks)} blocks "
-            f"({', '.join(blocks)})"
+            f"private_layers={p} leaves no federated {unit}: the {task.cfg.model.name} has {len(units)} "
+            f"{options.private_unit} ({listed})"
         )
-    chosen = blocks[-p:] if options.private == "last" else blocks[:p]
-    return frozenset(name for b in chosen for name in grouped[b])
+    chosen = units[-p:] if options.private == "last" else units[:p]
+    return frozenset(name for u in chosen for name in grouped[u])
+
+
+def private_fraction(task: Task, options: FedPerOptions | LGFedAvgOptions) -> dict:
+    """``{private_fraction, private_parameters, parameters, private_unit, private_layers}``: the share of the
+    network's parameters kept private (buffers not counted)."""
+    private = private_entries(task, options)
+    params = dict(task.new_model().named_parameters())
+    total = sum(p.numel() for p in params.values())
+    kept = sum(p.numel() for name, p in params.items() if name in private)
+    return {
+        "private_fraction": kept / total,
+        "private_parameters": kept,
+        "parameters": total,
+        "private_unit": options.private_unit,
+        "private_layers": options.private_layers,
+    }
 
 
 def split_weights(weights: dict[str, torch.Tensor], private: frozenset[str]) -> tuple[dict, dict]:
@@ -101,6 +173,11 @@ class PartialSharingServer(PerSiteServer):
         super().__init__(engine, task, options)
         self.global_weights, _ = split_weights(self.global_weights, private_entries(task, options))
 
+    def summary_fields(self) -> dict:
+        """summary.json's ``private_fraction`` (private parameters / all) and ``private_sharing`` (the counts)."""
+        info = private_fraction(self.task, self.options)
+        return {"private_fraction": info["private_fraction"], "private_sharing": info}
+
 
 SPECS = (
     AlgorithmSpec(
@@ -108,7 +185,7 @@ SPECS = (
         "FedPer",
         PartialSharingServer,
         PartialSharingClient,
-        "FedPer (Arivazhagan et al.): the last private_layers network blocks stay on each site",
+        "FedPer (Arivazhagan et al.): the last private_layers layers (private_unit) stay on each site",
         FedPerOptions,
         kind="personalized",
     ),
@@ -117,7 +194,7 @@ SPECS = (
         "LG-FedAvg",
         PartialSharingServer,
         PartialSharingClient,
-        "LG-FedAvg (Liang et al.): the first private_layers network blocks stay on each site",
+        "LG-FedAvg (Liang et al.): the first private_layers layers (private_unit) stay on each site",
         LGFedAvgOptions,
         kind="personalized",
     ),

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from fedseg.bench.plan import BenchRun, run_config
 from fedseg.bench.spec import BenchSpec
-from fedseg.config import RunConfig, with_recorded_data_seed
+from fedseg.config import RunConfig, with_recorded_defaults
 from fedseg.engine.checkpoint import atomic_write_text
 from fedseg.interrupts import INTERRUPTED_EXIT, stop_processes
 from fedseg.stopping import not_converged
@@ -120,7 +120,7 @@ def is_done(folder: Path, cfg: RunConfig) -> bool:
     if not marker.is_file() or not (folder / "summary.json").is_file():
         return False
     try:  # normalized as a resume compares configurations: keys added by a later fedseg at their defaults
-        recorded = RunConfig.model_validate(with_recorded_data_seed(json.loads(marker.read_text()).get("config", {})))
+        recorded = RunConfig.model_validate(with_recorded_defaults(json.loads(marker.read_text()).get("config", {})))
     except (ValueError, TypeError):
         return False
     return recorded.model_dump(mode="json") == cfg.model_dump(mode="json")
