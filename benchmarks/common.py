@@ -147,3 +147,12 @@ def run_all(jobs: list[tuple[str, int, str]], extra: list[str], workers: int) ->
                 flush=True,
             )
     return done
+
+
+def not_converged_line(rows: list[dict], name_key: str) -> str:
+    """The Markdown line naming the rows (``name_key``: their label) whose round selected on validation lies in the
+    last 10% of the rounds trained (still improving), or "none"."""
+    late = [r[name_key] for r in rows if r["best_round"] > 0.9 * r["rounds"]]
+    return "Not converged (selected round in the last 10% of the rounds, so still improving): " + (
+        ", ".join(late) or "none"
+    )

@@ -25,7 +25,7 @@ import json
 import math
 from pathlib import Path
 
-from common import HERE, RESULTS, ROUNDS, case_stats, run_all
+from common import HERE, RESULTS, ROUNDS, case_stats, not_converged_line, run_all
 
 FEDERATION, SEED = "fets-cpu", 0
 # FedAvg's shared model only: results.csv also holds each site's kept local model on its own test cases
@@ -126,8 +126,7 @@ def main() -> None:
         f"{plan['filters']}, normalization {plan['applied']['normalization']}. Planning traffic: "
         f"{plan['traffic']['floats_up']:,} floats up, {plan['traffic']['floats_down']:,} down (two exchanges).",
         "",
-        "Not converged (selected round in the last 10% of the rounds, so still improving): "
-        + (", ".join(r["arm"] for r in results if r["best_round"] > 0.9 * r["rounds"]) or "none")
+        not_converged_line(results, "arm")
         + ". One seed: differences of a few Dice points are within seed noise at this budget.",
         "",
         "Reproduce: `.venv/bin/python benchmarks/planning.py`.",

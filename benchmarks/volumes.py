@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import RESULTS, ROUNDS, run_all
+from common import RESULTS, ROUNDS, not_converged_line, run_all
 
 FEDERATION = "fets-cpu"
 METHODS = ["centralized", "local", "fedavg", "fedprox", "fedadam", "scaffold", "fednova", "fedsm"]
@@ -145,8 +145,7 @@ def methods(jobs: int) -> None:
         "|---|---|---|---|---|---|---|",
         *table,
         "",
-        "Not converged (selected round in the last 10% of the rounds, so still improving): "
-        + (", ".join(r["algorithm"] for r in rows if r["best_round"] > 0.9 * r["rounds"]) or "none")
+        not_converged_line(rows, "algorithm")
         + ". At this CPU budget the table compares early training, not final accuracy.",
         "",
         "Reproduce: `.venv/bin/python benchmarks/volumes.py methods`.",

@@ -156,17 +156,20 @@ def test_mlflow_has_one_run_per_algorithm_with_rounds_test_results_and_params(tr
         assert _same(history[int(row["round"])], float(row["value"]))
 
 
+class Stop(Exception):
+    """Raised by :func:`stop` to interrupt a run after FedAvg's first round (the resume tests)."""
+
+
+def stop(name, rnd, losses):
+    """``on_round_end`` observer: stop the run once FedAvg's round 1 is checkpointed."""
+    if (name, rnd) == ("fedavg", 1):
+        raise Stop
+
+
 @needs_extra
 def test_resumed_run_continues_the_same_tracking_runs_without_repeating_a_round(
     tmp_path, tiny_config, disc_federation, monkeypatch
 ):
-    class Stop(Exception):
-        pass
-
-    def stop(name, rnd, losses):
-        if (name, rnd) == ("fedavg", 1):
-            raise Stop
-
     cfg = _cfg(tiny_config, algorithms=["fedavg"])
     out = tmp_path / "run"
     with pytest.raises(Stop):
@@ -402,13 +405,6 @@ def test_wandb_offline_runs_hold_each_round_the_test_results_config_and_report(w
 def test_resumed_run_continues_the_same_wandb_run_without_repeating_a_round(
     tmp_path, tiny_config, disc_federation, monkeypatch
 ):
-    class Stop(Exception):
-        pass
-
-    def stop(name, rnd, losses):
-        if (name, rnd) == ("fedavg", 1):
-            raise Stop
-
     for key in [k for k in os.environ if k.startswith("WANDB_")]:
         monkeypatch.delenv(key)
     monkeypatch.setenv("WANDB_BASE_URL", NO_SERVER)
