@@ -9,6 +9,7 @@ ready ``Federation``. Registration lives in the registering process only: a run 
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -43,16 +44,43 @@ def builtin_sources() -> tuple[str, ...]:
     return (FOLDER, *BUILTIN_NAMES)
 
 
-def build_builtin(name: str, scale: float, image_size: int, seed: int) -> Federation:
+def build_builtin(name: str, scale: float, image_size: int, seed: int, *, cache: bool = True) -> Federation:
     """The built-in federation ``name`` (one of ``BUILTIN_NAMES``) at ``scale`` with ``image_size`` voxels per
-    (in-plane) axis."""
+    (in-plane) axis: from the on-disk cache, else generated in parallel (``fedseg.data.cache``; ``cache=False``:
+    generated, the cache neither read nor written). Identical arrays either way."""
+    from fedseg.data.cache import BuiltinParams, cached_builtin, generate
+
+    if name not in BUILTIN_NAMES:
+        raise unknown_source(name)
+    check_builtin(name, scale, image_size)
+    params = BuiltinParams(name, scale, image_size, seed)
+    return cached_builtin(params) if cache else generate(params)
+
+
+def check_builtin(name: str, scale: float, image_size: int) -> None:
+    """``FederationError`` for a non-positive ``scale`` or an ``image_size`` below the generator's minimum
+    (before any cache lookup or process pool)."""
+    from fedseg.data import synthetic, synthetic_brats
+
+    minimum = synthetic_brats.MIN_IMAGE_SIZE if name == SYNTHETIC_BRATS else synthetic.MIN_IMAGE_SIZE
+    if not scale > 0:
+        raise FederationError(f"synthetic federation scale must be > 0, got {scale}")
+    if image_size < minimum:
+        raise FederationError(f"{name}: image_size must be >= {minimum}, got {image_size}")
+
+
+def builtin_voxels(name: str, scale: float, image_size: int) -> tuple[int, int]:
+    """``(cases, voxels)`` of built-in federation ``name`` (its size, without generating it)."""
     if name == SYNTHETIC_BRATS:
-        from fedseg.data.synthetic_brats import build_synthetic_brats
+        from fedseg.data.synthetic_brats import INSTITUTIONS, site_sizes, volume_shape
 
-        return build_synthetic_brats(scale, image_size, seed)
-    from fedseg.data.synthetic import build_synthetic
+        sizes = site_sizes(scale)
+        return sum(sizes), sum(n * math.prod(volume_shape(image_size, i.slice_factor)) for i, n in zip(INSTITUTIONS, sizes))
+    from fedseg.data.synthetic import site_sizes as sizes_2d
+    from fedseg.data.synthetic import synthetic_spec
 
-    return build_synthetic(name, scale, image_size, seed)
+    cases = sum(sizes_2d(synthetic_spec(name).table, scale))
+    return cases, cases * image_size**2
 
 
 def source_names() -> list[str]:

@@ -92,7 +92,7 @@ rendered in small vectorized batches (``render_*``).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any, Generic, TypedDict, TypeVar
@@ -100,6 +100,9 @@ from typing import Any, Generic, TypedDict, TypeVar
 import numpy as np
 
 from fedseg.data.federation import Case, Federation, FederationError, Regions, Site
+
+# how a builder evaluates its generation jobs: ``map`` (serial) or a process pool's ``map`` (fedseg.data.cache)
+JobMap = Callable[..., Iterable[Any]]
 
 SYNTHETIC_NAMES = ("synthetic-retina", "synthetic-prostate")
 
@@ -128,11 +131,13 @@ def synthetic_spec(name: str) -> FederationSpec[Any, Any]:
     return FEDERATIONS[name]
 
 
-def build_synthetic(name: str, scale: float, image_size: int, seed: int) -> Federation:
+def build_synthetic(name: str, scale: float, image_size: int, seed: int, map_jobs: JobMap = map) -> Federation:
     """Generate the built-in federation ``name`` with ``image_size`` x ``image_size`` images.
 
     ``scale`` multiplies the paper's site sizes (at least ``MIN_CASES_PER_SITE`` per
     site); the same ``(name, scale, image_size, seed)`` always gives identical arrays.
+    ``map_jobs``: how the rendering jobs (:func:`render_job`, one batch of one site's cases each) are
+    evaluated, ``map`` or a process pool's ``map`` (``fedseg.data.cache``): the same arrays either way.
     """
     spec = synthetic_spec(name)
     if not scale > 0:
@@ -140,16 +145,31 @@ def build_synthetic(name: str, scale: float, image_size: int, seed: int) -> Fede
     if image_size < MIN_IMAGE_SIZE:
         raise FederationError(f"synthetic image_size must be >= {MIN_IMAGE_SIZE}, got {image_size}")
     batch = max(1, BATCH_PIXELS // image_size**2)
-    sites = []
-    for s, (style, n_cases) in enumerate(zip(spec.styles, site_sizes(spec.table, scale))):
-        site, cases = f"site{s + 1}", []
-        for start in range(0, n_cases, batch):
-            index = range(start, min(start + batch, n_cases))
-            recipes = [spec.draw(case_rng(seed, SYNTHETIC_NAMES.index(name), s, c), style, image_size) for c in index]
-            images, labels = spec.render(recipes, style, image_size)
-            cases += [Case.from_arrays(f"{site}_{c:04d}", img, lab) for c, img, lab in zip(index, images, labels)]
-        sites.append(Site(site, cases, meta=dict(spec.site_meta[s]) if spec.site_meta else {}))
+    sizes = site_sizes(spec.table, scale)
+    jobs = [
+        (name, s, start, min(start + batch, n_cases), image_size, seed)
+        for s, n_cases in enumerate(sizes)
+        for start in range(0, n_cases, batch)
+    ]
+    cases: list[list[Case]] = [[] for _ in sizes]
+    for (_, s, start, stop, _, _), (images, labels) in zip(jobs, map_jobs(render_job, jobs)):
+        site = f"site{s + 1}"
+        cases[s] += [Case.from_arrays(f"{site}_{c:04d}", img, lab) for c, img, lab in zip(range(start, stop), images, labels)]
+    sites = [
+        Site(f"site{s + 1}", cases[s], meta=dict(spec.site_meta[s]) if spec.site_meta else {}) for s in range(len(sizes))
+    ]
     return Federation(name, "2d", spec.channels, Regions.from_mapping(spec.regions), sites, spec.label_names)
+
+
+def render_job(job: tuple[str, int, int, int, int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """Cases ``start..stop-1`` of site ``s`` of federation ``name``: ``job = (name, s, start, stop, image_size,
+    seed)`` -> images ``(N, C, size, size)`` and labels ``(N, size, size)``, uint8 (a module-level function, so a
+    process pool can run it)."""
+    name, s, start, stop, image_size, seed = job
+    spec = synthetic_spec(name)
+    style = spec.styles[s]
+    recipes = [spec.draw(case_rng(seed, SYNTHETIC_NAMES.index(name), s, c), style, image_size) for c in range(start, stop)]
+    return spec.render(recipes, style, image_size)
 
 
 def site_sizes(table: tuple[tuple[int, int, int], ...], scale: float) -> list[int]:

@@ -1,0 +1,292 @@
+"""Built-in federations generated in parallel and kept in an on-disk cache.
+
+Generation. The cases of a built-in federation are drawn from their own random streams (``case_rng``: seeded by
+``(seed, federation, site, case)``), so they can be generated in any order and any process: :func:`generate`
+runs the builder's jobs (2D: one batch of one site's cases; 3D: one case) on a ``spawn`` process pool of
+:func:`generate_workers` processes (the CPUs this process may use, at most :data:`MAX_GENERATE_WORKERS`) when
+the federation is large enough to pay for the pool's start (:data:`PARALLEL_MIN_VOXELS`), else serially. The
+arrays are bit-identical either way (the same job function computes the same batch).
+
+Cache. ``$FEDSEG_CACHE_DIR`` (``off``: no cache), else ``~/.cache/fedseg/federations``; one entry per
+:func:`entry_key` (the generator version :data:`GENERATOR_VERSION` and every parameter that changes the data:
+source, scale, image size, seed), a folder ``<key>/`` holding per site ``<site>.images.npy`` ``(N, C, *spatial)``
+and ``<site>.labels.npy`` ``(N, *spatial)`` (uint8) and ``manifest.json`` (the parameters, the federation's
+structure: regions, site and case metadata, spacings; per array file its shape, dtype and CRC-32 of its bytes).
+The raw generated cases are cached, not the pre-processed tensors: pre-processing the ``demo`` federation takes
+0.1 s against 0.4 s to generate it (and the tensors depend on every ``data.*`` setting).
+
+Written atomically: into ``<key>.tmp-<pid>-<random>/``, renamed to ``<key>/`` when complete, so an interrupted
+write leaves no entry (only a temp folder, removed by ``fedseg data cache clear``). Read with every check: a
+missing file, an unreadable or truncated array, a CRC mismatch or parameters other than the key's (stale) make
+the entry invalid: one log line names it and the problem, and it is removed and rebuilt, never trusted. A cache
+folder that cannot be written (read-only HOME) gives one log line and the run goes on without the cache.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+import zlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fedseg.data.federation import Case, Federation, Regions, Site
+
+log = logging.getLogger("fedseg.data.cache")
+
+GENERATOR_VERSION = 1  # bump when a generator's output changes: every older entry becomes unused (a new key)
+CACHE_ENV = "FEDSEG_CACHE_DIR"
+CACHE_OFF = "off"  # FEDSEG_CACHE_DIR=off: no cache
+MANIFEST = "manifest.json"
+MAX_GENERATE_WORKERS = 16  # processes generating one federation, at most
+PARALLEL_MIN_VOXELS = 4_000_000  # below this many voxels in all (~1 s serial) a pool costs more than it saves
+_warned: set[str] = set()  # cache folders already reported unwritable (one line per process)
+
+
+class CacheEntryError(ValueError):
+    """A cache entry that cannot be trusted (missing file, bad array, digest mismatch, stale parameters)."""
+
+
+@dataclass(frozen=True)
+class BuiltinParams:
+    """Everything that changes a built-in federation's arrays."""
+
+    source: str
+    scale: float
+    image_size: int
+    seed: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "generator_version": GENERATOR_VERSION,
+            "source": self.source,
+            "scale": float(self.scale),
+            "image_size": int(self.image_size),
+            "seed": int(self.seed),
+        }
+
+
+def entry_key(params: BuiltinParams) -> str:
+    """The entry's folder name: readable parameters plus a hash of all of them (``synthetic-retina-s0.25-i64-seed0-
+    v1-<12 hex>``)."""
+    digest = zlib.crc32(json.dumps(params.as_dict(), sort_keys=True).encode())
+    return (
+        f"{params.source}-s{params.scale:g}-i{params.image_size}-seed{params.seed}-v{GENERATOR_VERSION}-{digest:08x}"
+    )
+
+
+def cache_root() -> Path | None:
+    """``$FEDSEG_CACHE_DIR`` (None for ``off``), else ``~/.cache/fedseg/federations``."""
+    env = os.environ.get(CACHE_ENV, "").strip()
+    if env.lower() == CACHE_OFF:
+        return None
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "fedseg" / "federations"
+
+
+def writable_root() -> Path | None:
+    """:func:`cache_root` if it can be created and written; else None, with one log line (per folder)."""
+    root = cache_root()
+    if root is None:
+        return None
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=root, prefix=".probe-"):
+            pass
+    except OSError as e:
+        if str(root) not in _warned:
+            _warned.add(str(root))
+            log.warning(
+                f"federation cache {root}: cannot write there ({e.strerror or e}); generating without the cache "
+                f"(set {CACHE_ENV} to a writable folder, or {CACHE_ENV}=off)"
+            )
+        return None
+    return root
+
+
+# --- generation ---------------------------------------------------------------------------------------------
+def generate_workers(jobs: int, voxels: int) -> int:
+    """Processes for generating ``jobs`` jobs of ``voxels`` voxels in all: 1 below ``PARALLEL_MIN_VOXELS``, else
+    the CPUs this process may use, at most ``MAX_GENERATE_WORKERS`` and ``jobs``."""
+    if voxels < PARALLEL_MIN_VOXELS or jobs < 2:
+        return 1
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(cpus, MAX_GENERATE_WORKERS, jobs))
+
+
+def generate(params: BuiltinParams) -> Federation:
+    """The built-in federation ``params`` names, every case in memory, generated by :func:`generate_workers`
+    processes (bit-identical to serial generation)."""
+    from fedseg.data.sources import builtin_voxels
+
+    cases, voxels = builtin_voxels(params.source, params.scale, params.image_size)
+    workers = generate_workers(cases, voxels)
+    if workers == 1:
+        return _build(params, map)
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+
+    # spawn: the parent may run torch threads (a fork of it is unsafe); a child imports only numpy and the generator
+    try:
+        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+            return _build(params, pool.map)
+    except BrokenProcessPool:  # e.g. a script without `if __name__ == "__main__":` (its children re-run it)
+        log.warning(f"{params.source}: the generation processes failed to start; generating in this process")
+        return _build(params, map)
+
+
+def _build(params: BuiltinParams, map_jobs: Callable[..., Iterable[Any]]) -> Federation:
+    from fedseg.data.synthetic_brats import SYNTHETIC_BRATS, build_synthetic_brats
+
+    if params.source == SYNTHETIC_BRATS:
+        return build_synthetic_brats(params.scale, params.image_size, params.seed, map_jobs)
+    from fedseg.data.synthetic import build_synthetic
+
+    return build_synthetic(params.source, params.scale, params.image_size, params.seed, map_jobs)
+
+
+# --- the cache ----------------------------------------------------------------------------------------------
+def cached_builtin(params: BuiltinParams) -> Federation:
+    """The built-in federation ``params`` names: from its cache entry if valid, else generated (and written to the
+    cache, when it can be written)."""
+    root = writable_root()
+    if root is None:
+        return generate(params)
+    entry = root / entry_key(params)
+    if entry.is_dir():
+        try:
+            return read_entry(entry, params)
+        except CacheEntryError as e:
+            log.warning(f"federation cache entry {entry}: {e}; rebuilding it")
+            shutil.rmtree(entry, ignore_errors=True)
+    fed = generate(params)
+    try:
+        write_entry(fed, entry, params)
+    except OSError as e:  # e.g. a full disk: the run goes on with the generated federation
+        log.warning(f"federation cache entry {entry}: could not be written ({e.strerror or e}); not cached")
+    return fed
+
+
+def _crc(array: np.ndarray) -> int:
+    return zlib.crc32(np.ascontiguousarray(array).view(np.uint8).reshape(-1))
+
+
+def write_entry(fed: Federation, entry: Path, params: BuiltinParams) -> None:
+    """Write ``fed`` as cache entry ``entry`` atomically (a temp folder renamed when complete); an entry written
+    meanwhile by another process is kept (theirs holds the same arrays)."""
+    tmp = Path(tempfile.mkdtemp(prefix=f"{entry.name}.tmp-{os.getpid()}-", dir=entry.parent))
+    try:
+        arrays: dict[str, dict[str, Any]] = {}
+        sites = []
+        for site in fed.sites:
+            pairs = [case.arrays() for case in site.cases]
+            for kind, stacked in (("images", [p[0] for p in pairs]), ("labels", [p[1] for p in pairs])):
+                array = np.stack(stacked)
+                file = f"{site.name}.{kind}.npy"
+                np.save(tmp / file, array)
+                arrays[file] = {"shape": list(array.shape), "dtype": array.dtype.str, "crc32": _crc(array)}
+            sites.append(
+                {
+                    "name": site.name,
+                    "meta": site.meta,
+                    "fixed_splits": site.fixed_splits,
+                    "cases": [{"id": c.id, "meta": dict(c.meta), "spacing": c.spacing} for c in site.cases],
+                }
+            )
+        manifest = {
+            "params": params.as_dict(),
+            "name": fed.name,
+            "kind": fed.kind,
+            "channels": fed.channels,
+            "regions": fed.regions.as_dict(),
+            "label_names": None if fed.label_names is None else {str(k): v for k, v in fed.label_names.items()},
+            "sites": sites,
+            "arrays": arrays,
+        }
+        (tmp / MANIFEST).write_text(json.dumps(manifest))
+        try:
+            tmp.rename(entry)
+        except OSError:
+            if not entry.is_dir():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def read_entry(entry: Path, params: BuiltinParams) -> Federation:
+    """The federation of cache entry ``entry``, every array checked against the manifest (``CacheEntryError``)."""
+    try:
+        manifest = json.loads((entry / MANIFEST).read_text())
+    except (OSError, ValueError) as e:
+        raise CacheEntryError(f"{MANIFEST} unreadable ({e})") from None
+    if manifest.get("params") != params.as_dict():
+        raise CacheEntryError(f"stale: made for {manifest.get('params')}, expected {params.as_dict()}")
+    try:
+        sites = [_read_site(entry, site, manifest["arrays"]) for site in manifest["sites"]]
+        label_names = manifest["label_names"]
+        return Federation(
+            manifest["name"],
+            manifest["kind"],
+            int(manifest["channels"]),
+            Regions.from_mapping(manifest["regions"]),
+            sites,
+            None if label_names is None else {int(k): v for k, v in label_names.items()},
+        )
+    except (KeyError, TypeError) as e:
+        raise CacheEntryError(f"{MANIFEST} malformed ({type(e).__name__}: {e})") from None
+
+
+def _read_site(entry: Path, site: dict, index: dict) -> Site:
+    images = _read_array(entry, f"{site['name']}.images.npy", index)
+    labels = _read_array(entry, f"{site['name']}.labels.npy", index)
+    if len(images) != len(site["cases"]) or len(labels) != len(site["cases"]):
+        raise CacheEntryError(f"site {site['name']}: {len(site['cases'])} cases but {len(images)} images")
+    cases = [
+        Case.from_arrays(case["id"], image, label, spacing=case["spacing"], **case["meta"])
+        for case, image, label in zip(site["cases"], images, labels)
+    ]
+    return Site(site["name"], cases, site["fixed_splits"], site["meta"])
+
+
+def _read_array(entry: Path, file: str, index: dict) -> np.ndarray:
+    """Array ``file`` of ``entry``, checked against its manifest record (shape, dtype, CRC-32)."""
+    if file not in index:
+        raise CacheEntryError(f"{file}: not in {MANIFEST}")
+    try:
+        array = np.load(entry / file, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as e:
+        raise CacheEntryError(f"{file}: unreadable ({e})") from None
+    record = index[file]
+    if list(array.shape) != record["shape"] or array.dtype.str != record["dtype"]:
+        raise CacheEntryError(f"{file}: {array.dtype.str} {list(array.shape)}, expected {record['dtype']} {record['shape']}")
+    if _crc(array) != record["crc32"]:
+        raise CacheEntryError(f"{file}: content digest mismatch (corrupt)")
+    return array
+
+
+# --- fedseg data cache list / clear -------------------------------------------------------------------------
+def entries(root: Path) -> list[tuple[str, int, bool]]:
+    """``(name, bytes, complete)`` per folder under ``root``: entries, and temp folders of interrupted writes."""
+    if not root.is_dir():
+        return []
+    out = []
+    for path in sorted(root.iterdir()):
+        if path.is_dir():
+            size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+            out.append((path.name, size, ".tmp-" not in path.name and (path / MANIFEST).is_file()))
+    return out
+
+
+def clear(root: Path) -> tuple[int, int]:
+    """Remove every entry (and temp folder) under ``root``: ``(folders removed, bytes freed)``."""
+    found = entries(root)
+    for name, _, _ in found:
+        shutil.rmtree(root / name, ignore_errors=True)
+    return len(found), sum(size for _, size, _ in found)
