@@ -7,12 +7,16 @@ Tests request them as arguments (never ``from conftest import``):
 - ``disc_federation``: the factory ``disc_federation(n_sites=3, cases_per_site=12, size=32, seed=0) -> Federation``;
 - ``discs``: ``disc_federation()``.
 
+Every test session writes built-in federations to a temporary cache folder of its own (``FEDSEG_CACHE_DIR``, set
+for the whole session, subprocesses included): never the user's ``~/.cache``; tests in one session share it.
+
 The two factories are session-scoped (they hold no state), so module-scoped fixtures can use them too.
 """
 
 from __future__ import annotations
 
 import copy
+import os
 
 import numpy as np
 import pytest
@@ -66,6 +70,19 @@ def _disc_federation(n_sites: int = 3, cases_per_site: int = 12, size: int = 32,
             cases.append(Case.from_arrays(f"s{s + 1}_{i:03d}", image.astype(np.uint8), label))
         sites.append(Site(f"site{s + 1}", cases))
     return Federation("discs", "2d", 3, Regions.from_mapping({"disc": [1, 2], "cup": [2]}), sites)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def federation_cache(tmp_path_factory):
+    """The session's cache folder for built-in federations (``fedseg.data.cache``), in ``FEDSEG_CACHE_DIR``."""
+    path = tmp_path_factory.mktemp("federation-cache")
+    previous = os.environ.get("FEDSEG_CACHE_DIR")
+    os.environ["FEDSEG_CACHE_DIR"] = str(path)
+    yield path
+    if previous is None:
+        os.environ.pop("FEDSEG_CACHE_DIR", None)
+    else:
+        os.environ["FEDSEG_CACHE_DIR"] = previous
 
 
 @pytest.fixture

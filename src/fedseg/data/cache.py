@@ -77,9 +77,7 @@ def entry_key(params: BuiltinParams) -> str:
     """The entry's folder name: readable parameters plus a hash of all of them (``synthetic-retina-s0.25-i64-seed0-
     v1-<12 hex>``)."""
     digest = zlib.crc32(json.dumps(params.as_dict(), sort_keys=True).encode())
-    return (
-        f"{params.source}-s{params.scale:g}-i{params.image_size}-seed{params.seed}-v{GENERATOR_VERSION}-{digest:08x}"
-    )
+    return f"{params.source}-s{params.scale:g}-i{params.image_size}-seed{params.seed}-v{GENERATOR_VERSION}-{digest:08x}"
 
 
 def cache_root() -> Path | None:
@@ -175,7 +173,7 @@ def cached_builtin(params: BuiltinParams) -> Federation:
 
 
 def _crc(array: np.ndarray) -> int:
-    return zlib.crc32(np.ascontiguousarray(array).view(np.uint8).reshape(-1))
+    return zlib.crc32(np.ascontiguousarray(array).reshape(-1).view(np.uint8).data)
 
 
 def write_entry(fed: Federation, entry: Path, params: BuiltinParams) -> None:
@@ -265,7 +263,9 @@ def _read_array(entry: Path, file: str, index: dict) -> np.ndarray:
         raise CacheEntryError(f"{file}: unreadable ({e})") from None
     record = index[file]
     if list(array.shape) != record["shape"] or array.dtype.str != record["dtype"]:
-        raise CacheEntryError(f"{file}: {array.dtype.str} {list(array.shape)}, expected {record['dtype']} {record['shape']}")
+        raise CacheEntryError(
+            f"{file}: {array.dtype.str} {list(array.shape)}, expected {record['dtype']} {record['shape']}"
+        )
     if _crc(array) != record["crc32"]:
         raise CacheEntryError(f"{file}: content digest mismatch (corrupt)")
     return array

@@ -15,7 +15,7 @@ from fedseg.data.federation import SPLITS, Federation, FederationError
 
 data_app = typer.Typer(
     help="Federation data: validate a folder federation (check), write a built-in one to disk (synth), import a "
-    "real dataset (import) or export one for another tool (export).",
+    "real dataset (import), export one for another tool (export) or manage the cache of built-in ones (cache).",
     no_args_is_help=True,
 )
 
@@ -282,3 +282,46 @@ def export(
         typer.echo(
             f"  back to a federation: fedseg data import nnunet {written.path} --site-by '{IMPORT_REGEX}' --out DIR"
         )
+
+
+cache_app = typer.Typer(
+    help="The on-disk cache of built-in federations ($FEDSEG_CACHE_DIR, else ~/.cache/fedseg/federations): "
+    "list its entries with their sizes, or clear it.",
+    no_args_is_help=True,
+)
+data_app.add_typer(cache_app, name="cache")
+
+
+def _cache_root() -> Path:
+    from fedseg.data.cache import CACHE_ENV, cache_root
+
+    root = cache_root()
+    if root is None:
+        _fail(f"the federation cache is off ({CACHE_ENV}=off)")
+    return root
+
+
+def _mb(size: int) -> str:
+    return f"{size / 1e6:.1f} MB"
+
+
+@cache_app.command("list")
+def cache_list() -> None:
+    """Every cached federation (key = source, scale, image size, seed, generator version) and its size on disk."""
+    from fedseg.data.cache import entries
+
+    root = _cache_root()
+    found = entries(root)
+    for name, size, complete in found:
+        typer.echo(f"{_mb(size):>10}  {name}{'' if complete else '  (incomplete: removed by clear)'}")
+    typer.echo(f"{len(found)} entries, {_mb(sum(size for _, size, _ in found))} in {root}")
+
+
+@cache_app.command("clear")
+def cache_clear() -> None:
+    """Remove every cached federation (they are generated again when a run needs them)."""
+    from fedseg.data.cache import clear
+
+    root = _cache_root()
+    removed, size = clear(root)
+    typer.echo(f"removed {removed} entries ({_mb(size)}) from {root}")

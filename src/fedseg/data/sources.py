@@ -75,7 +75,9 @@ def builtin_voxels(name: str, scale: float, image_size: int) -> tuple[int, int]:
         from fedseg.data.synthetic_brats import INSTITUTIONS, site_sizes, volume_shape
 
         sizes = site_sizes(scale)
-        return sum(sizes), sum(n * math.prod(volume_shape(image_size, i.slice_factor)) for i, n in zip(INSTITUTIONS, sizes))
+        return sum(sizes), sum(
+            n * math.prod(volume_shape(image_size, i.slice_factor)) for i, n in zip(INSTITUTIONS, sizes)
+        )
     from fedseg.data.synthetic import site_sizes as sizes_2d
     from fedseg.data.synthetic import synthetic_spec
 

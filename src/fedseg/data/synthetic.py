@@ -154,9 +154,12 @@ def build_synthetic(name: str, scale: float, image_size: int, seed: int, map_job
     cases: list[list[Case]] = [[] for _ in sizes]
     for (_, s, start, stop, _, _), (images, labels) in zip(jobs, map_jobs(render_job, jobs)):
         site = f"site{s + 1}"
-        cases[s] += [Case.from_arrays(f"{site}_{c:04d}", img, lab) for c, img, lab in zip(range(start, stop), images, labels)]
+        cases[s] += [
+            Case.from_arrays(f"{site}_{c:04d}", img, lab) for c, img, lab in zip(range(start, stop), images, labels)
+        ]
     sites = [
-        Site(f"site{s + 1}", cases[s], meta=dict(spec.site_meta[s]) if spec.site_meta else {}) for s in range(len(sizes))
+        Site(f"site{s + 1}", cases[s], meta=dict(spec.site_meta[s]) if spec.site_meta else {})
+        for s in range(len(sizes))
     ]
     return Federation(name, "2d", spec.channels, Regions.from_mapping(spec.regions), sites, spec.label_names)
 
@@ -168,7 +171,9 @@ def render_job(job: tuple[str, int, int, int, int, int]) -> tuple[np.ndarray, np
     name, s, start, stop, image_size, seed = job
     spec = synthetic_spec(name)
     style = spec.styles[s]
-    recipes = [spec.draw(case_rng(seed, SYNTHETIC_NAMES.index(name), s, c), style, image_size) for c in range(start, stop)]
+    recipes = [
+        spec.draw(case_rng(seed, SYNTHETIC_NAMES.index(name), s, c), style, image_size) for c in range(start, stop)
+    ]
     return spec.render(recipes, style, image_size)
 
 
