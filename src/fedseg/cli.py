@@ -169,6 +169,10 @@ def run(
     With --holdout / --leave-one-out / --sweep: a study of several such runs (see README "Studies")."""
     try:
         cfg = config_from_cli(preset, config, data, algorithms, rounds, seed, set_, device, threads, track, workers)
+        if cfg.engine.workers > 1:  # the pool's process server imports torch on another core while this one does
+            from fedseg.engine.forkserver import start_forkserver
+
+            start_forkserver()
         from fedseg.progress import run_with_progress
 
         with terminate_on_signals():

@@ -33,6 +33,7 @@ from fedseg.engine.checkpoint import (
 )
 from fedseg.engine.context import Task
 from fedseg.engine.faults import check_fault_sites
+from fedseg.engine.forkserver import start_forkserver
 from fedseg.engine.ledger import Ledger
 from fedseg.engine.simulator import Simulator
 from fedseg.engine.state import state_store
@@ -621,6 +622,8 @@ def run_experiment(
     any case is pre-processed (``prepare_planned``); every algorithm trains under the config with the plan
     applied, ``config.yaml`` keeps the config as given, ``plan.json`` the plan (a resume reuses it) and
     ``summary.json`` the plan with its traffic (``ledger.csv``: rows of algorithm ``plan``)."""
+    if engine_factory is None and cfg.engine.workers > 1:  # the worker pool's server imports while we prepare
+        start_forkserver()
     if prepared is None:  # else (Flower) the sites compute, on their machines: ``fedseg flower local`` checks
         check_device(cfg.device)
     out = Path(out)

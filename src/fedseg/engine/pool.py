@@ -60,16 +60,11 @@ import torch.multiprocessing as tmp
 from fedseg.data.dataset import SiteData
 from fedseg.engine.base import Observer
 from fedseg.engine.context import Client, Delivery, Task, answer
+from fedseg.engine.forkserver import PRELOAD, START_METHOD
 from fedseg.engine.messages import Message
 from fedseg.engine.simulator import SitesHereEngine
 from fedseg.engine.state import StateStore
 
-# forkserver: one clean server process imports fedseg and torch once (before any torch thread runs) and
-# forks every worker from it, so a worker (or a replacement) starts in milliseconds, not after seconds of
-# imports; spawn where there is no forkserver. Never fork the parent: its torch threads make that unsafe.
-START_METHOD = "forkserver" if "forkserver" in tmp.get_all_start_methods() else "spawn"
-PRELOAD = ["fedseg.engine.pool", "fedseg.algorithms", "torch._dynamo"]  # imported once, before any fork (the
-# optimizers import torch._dynamo at their first step: ~800 modules, 2 s per worker otherwise)
 KILL_GRACE_S = 30.0  # seconds past 2 * fl.timeout_s before a silent worker is killed (module docstring)
 STOP_WAIT_S = 5.0  # seconds a worker gets to exit when the pool closes, before it is terminated
 
