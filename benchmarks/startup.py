@@ -1,0 +1,151 @@
+"""Start-up and end-to-end: ``fedseg run`` from process start to the first algorithm, and to its exit, W = 1 vs 2.
+
+Every measurement is one real ``fedseg run`` (the CLI, in a fresh subprocess) of the ``demo`` preset with
+``--algorithms fedavg,fedsm --rounds 2 --threads 1``, its built-in federation read from a cache folder of this
+script's own (``FEDSEG_CACHE_DIR``, filled before the timed runs: the warm case; ``--cold`` also times runs with
+the cache emptied before each). Measured from the parent's launch of the subprocess: ``startup_s`` to the first
+call of ``fedseg.run.run_algorithm`` (round 1 starts after that algorithm's engine and server are built; recorded
+by a thread of the child harness that wraps the function once ``fedseg.run`` is imported, so the CLI's import
+order is unchanged) and ``total_s`` to the process's exit. W = 1 and W = 2 runs alternate (which goes first
+flips every pair) so slow phases of the shared machine hit both; reported: median, min, max over ``--pairs``
+pairs, and the speed-up W=1 total / W=2 total per pair.
+
+    .venv/bin/python benchmarks/startup.py [--pairs 3] [--cold]
+
+Writes ``benchmarks/results/startup.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+HERE = Path(__file__).parent
+RESULTS = HERE / "results"
+RUN_ARGS = ["run", "--preset", "demo", "--algorithms", "fedavg,fedsm", "--rounds", "2", "--threads", "1"]
+MARKS_ENV = "FEDSEG_BENCH_MARKS"  # the child writes its time marks (JSON) to this file
+
+
+def spread(values: list[float]) -> dict:
+    if not values:
+        return {}
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+
+
+# --- the child: the CLI with a timer on fedseg.run.run_algorithm ----------------------------------------------
+def child(argv: list[str]) -> None:
+    marks: dict[str, float] = {}
+    done = threading.Event()
+
+    def wrap() -> None:  # wrap run_algorithm as soon as fedseg.run has defined it (run_experiment calls it late)
+        while not done.is_set():
+            module = sys.modules.get("fedseg.run")
+            original = getattr(module, "run_algorithm", None)
+            if original is not None:
+
+                def timed(*args, **kwargs):
+                    marks.setdefault("first_algorithm", time.time())
+                    return original(*args, **kwargs)
+
+                module.run_algorithm = timed  # type: ignore[union-attr]
+                return
+            time.sleep(0.002)
+
+    threading.Thread(target=wrap, daemon=True).start()
+    from fedseg.cli import app
+
+    try:
+        app(argv, standalone_mode=False)
+    finally:
+        done.set()
+        marks["exit"] = time.time()
+        Path(os.environ[MARKS_ENV]).write_text(json.dumps(marks))
+
+
+def launch(workers: int, cache: Path, clear_cache: bool = False) -> dict:
+    """One ``fedseg run`` W = ``workers`` in a fresh subprocess: its start-up and total seconds."""
+    if clear_cache:
+        subprocess.run([sys.executable, "-m", "fedseg.cli", "data", "cache", "clear"], env=_env(cache), check=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        marks_file = Path(tmp) / "marks.json"
+        argv = [*RUN_ARGS, "--workers", str(workers), "--out", str(Path(tmp) / "run")]
+        env = {**_env(cache), MARKS_ENV: str(marks_file)}
+        start = time.time()
+        proc = subprocess.run([sys.executable, __file__, "--child", *argv], env=env, capture_output=True, text=True)
+        end = time.time()
+        if proc.returncode != 0:
+            raise RuntimeError(f"W={workers} failed:\n{proc.stderr[-4000:]}")
+        marks = json.loads(marks_file.read_text())
+    return {"workers": workers, "startup_s": marks["first_algorithm"] - start, "total_s": end - start}
+
+
+def _env(cache: Path) -> dict[str, str]:
+    return {**os.environ, "FEDSEG_CACHE_DIR": str(cache)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--child", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    ap.add_argument("--pairs", type=int, default=3)
+    ap.add_argument("--cold", action="store_true", help="also one W=1 and one W=2 run with an empty cache")
+    ap.add_argument("--out", default=str(RESULTS / "startup.json"))
+    args = ap.parse_args()
+    if args.child is not None:
+        child(args.child)
+        return
+    runs: list[dict] = []
+    with tempfile.TemporaryDirectory() as cache_dir:
+        cache = Path(cache_dir)
+        if args.cold:
+            for w in (1, 2):
+                runs.append({**launch(w, cache, clear_cache=True), "cache": "cold"})
+                print(runs[-1], flush=True)
+        else:  # fill the cache (not timed)
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-c",
+                    "from fedseg.data.sources import build_builtin as b; "
+                    "from fedseg.config import load_config as c; d = c(preset='demo').data; "
+                    "b(d.source, d.scale, d.image_size, d.seed)",
+                ],
+                env=_env(cache),
+                check=True,
+            )
+        for i in range(args.pairs):
+            for w in (1, 2) if i % 2 == 0 else (2, 1):
+                runs.append({**launch(w, cache), "cache": "warm", "pair": i})
+                print(runs[-1], flush=True)
+    warm = [r for r in runs if r["cache"] == "warm"]
+    by_pair = {i: {r["workers"]: r for r in warm if r["pair"] == i} for i in range(args.pairs)}
+    summary = {
+        f"W{w}": {
+            "startup_s": spread([r["startup_s"] for r in warm if r["workers"] == w]),
+            "total_s": spread([r["total_s"] for r in warm if r["workers"] == w]),
+        }
+        for w in (1, 2)
+    }
+    summary["speedup_w2_total"] = spread([p[1]["total_s"] / p[2]["total_s"] for p in by_pair.values()])
+    report = {
+        "command": ("python benchmarks/startup.py " + " ".join(sys.argv[1:])).strip(),
+        "cpus": os.cpu_count(),
+        "run": "fedseg " + " ".join(RUN_ARGS) + " --workers W",
+        "summary": summary,
+        "runs": runs,
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1))
+    print(json.dumps(summary, indent=1))
+
+
+if __name__ == "__main__":
+    main()
