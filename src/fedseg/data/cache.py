@@ -85,7 +85,12 @@ def cache_root() -> Path | None:
     env = os.environ.get(CACHE_ENV, "").strip()
     if env.lower() == CACHE_OFF:
         return None
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "fedseg" / "federations"
+    if env:
+        return Path(env).expanduser()
+    try:
+        return Path.home() / ".cache" / "fedseg" / "federations"
+    except RuntimeError:  # no home folder to be found: no cache (``writable_root`` would say so for a folder)
+        return None
 
 
 def writable_root() -> Path | None:
