@@ -152,6 +152,7 @@ def worker_main(conn: Any, threads: int, device: str) -> None:
                 if task.cfg.device != device:  # this worker's device slot
                     task = replace(task, cfg=task.cfg.model_copy(update={"device": device}))
                 contexts[key] = (client, task, options, artifacts)
+                warm_up(task)
             elif kind == "forget":
                 contexts.pop(item[1], None)
             elif kind == "answer":
@@ -169,6 +170,16 @@ def worker_main(conn: Any, threads: int, device: str) -> None:
                 conn.send(result)
     except KeyboardInterrupt:  # Ctrl-C reaches the whole process group: the parent closes the pool
         return
+
+
+def warm_up(task: Task) -> None:
+    """Build ``task``'s network template now (``Task.new_model``; seeded in a forked RNG, so results are unchanged),
+    while the parent still sets the algorithm up, instead of at the worker's first message. A failure is left
+    for that message to report."""
+    try:
+        task.new_model()
+    except Exception:  # noqa: BLE001 - reported where the site answers
+        pass
 
 
 def portable(error: Exception) -> BaseException:
