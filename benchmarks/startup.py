@@ -11,8 +11,9 @@ flips every pair) so slow phases of the shared machine hit both; reported: media
 pairs, and the speed-up W=1 total / W=2 total per pair.
 
     .venv/bin/python benchmarks/startup.py [--pairs 3] [--cold]
+    .venv/bin/python benchmarks/startup.py --generation   # synthetic-retina scale 1 at 128^2: serial vs pool
 
-Writes ``benchmarks/results/startup.json``.
+Writes ``benchmarks/results/startup.json`` (``--generation``: ``generation.json``).
 """
 
 from __future__ import annotations
@@ -87,6 +88,27 @@ def launch(workers: int, cache: Path, clear_cache: bool = False) -> dict:
     return {"workers": workers, "startup_s": marks["first_algorithm"] - start, "total_s": end - start}
 
 
+def generation(source: str, scale: float, size: int, repeats: int) -> dict:
+    """Seconds to generate ``source`` (no cache) serially and with the process pool, alternating."""
+    from fedseg.data import cache
+    from fedseg.data.sources import build_builtin
+
+    seconds: dict[str, list[float]] = {"serial": [], "parallel": []}
+    for i in range(repeats):
+        for mode in ("serial", "parallel") if i % 2 == 0 else ("parallel", "serial"):
+            cache.PARALLEL_MIN_VOXELS = 10**15 if mode == "serial" else 0
+            start = time.perf_counter()
+            build_builtin(source, scale, size, 0, cache=False)
+            seconds[mode].append(time.perf_counter() - start)
+    cache.PARALLEL_MIN_VOXELS = 0
+    return {
+        "federation": f"{source} scale {scale} image_size {size}",
+        "workers": cache.generate_workers(10**6, 10**12),
+        **{mode: spread(values) for mode, values in seconds.items()},
+        "speedup": spread([a / b for a, b in zip(seconds["serial"], seconds["parallel"])]),
+    }
+
+
 def _env(cache: Path) -> dict[str, str]:
     return {**os.environ, "FEDSEG_CACHE_DIR": str(cache)}
 
@@ -97,9 +119,16 @@ def main() -> None:
     ap.add_argument("--pairs", type=int, default=3)
     ap.add_argument("--cold", action="store_true", help="also one W=1 and one W=2 run with an empty cache")
     ap.add_argument("--out", default=str(RESULTS / "startup.json"))
+    ap.add_argument("--generation", action="store_true", help="only: serial vs pool generation")
     args = ap.parse_args()
     if args.child is not None:
         child(args.child)
+        return
+    if args.generation:
+        report = generation("synthetic-retina", 1.0, 128, 3)
+        report["command"] = ("python benchmarks/startup.py " + " ".join(sys.argv[1:])).strip()
+        (RESULTS / "generation.json").write_text(json.dumps(report, indent=1))
+        print(json.dumps(report, indent=1))
         return
     runs: list[dict] = []
     with tempfile.TemporaryDirectory() as cache_dir:

@@ -139,7 +139,8 @@ def generate(params: BuiltinParams) -> Federation:
     # spawn: the parent may run torch threads (a fork of it is unsafe); a child imports only numpy and the generator
     try:
         with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-            return _build(params, pool.map)
+            # about 4 chunks per process: one message per job costs more than a small job (2 cases at 128^2)
+            return _build(params, lambda fn, jobs: pool.map(fn, jobs, chunksize=max(1, len(jobs) // (4 * workers))))
     except BrokenProcessPool:  # e.g. a script without `if __name__ == "__main__":` (its children re-run it)
         log.warning(f"{params.source}: the generation processes failed to start; generating in this process")
         return _build(params, map)
