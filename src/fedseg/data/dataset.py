@@ -61,13 +61,15 @@ class CaseSet:
             self._resident[key] = (self.x.to(device), self.y.to(device))
         return True
 
-    def patches(self, idx: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        """One random patch per case ``idx`` (volume path; ``fedseg.data.volumes.draw_patches``), CPU:
-        ``(x (B, C, *K), y (B, R, *K))`` with ``K`` the patch size."""
+    def patches(
+        self, idx: torch.Tensor, generator: torch.Generator, pin: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One random patch per case ``idx`` (volume path; ``fedseg.data.volumes.draw_patches``), CPU (pinned
+        memory if ``pin``): ``(x (B, C, *K), y (B, R, *K))`` with ``K`` the patch size."""
         assert self.volumes is not None and self.volume is not None  # the volume path
         vols = [self.volumes[i] for i in idx.tolist()]
         size = patch_size(self.volume, self.x.dim() - 2)
-        return draw_patches(vols, size, self.volume.foreground_oversample, generator)
+        return draw_patches(vols, size, self.volume.foreground_oversample, generator, pin)
 
     def training_batch(
         self, idx: torch.Tensor, device: torch.device, generator: torch.Generator
@@ -79,7 +81,7 @@ class CaseSet:
         (Auto-FedAvg's beta steps, q-FedAvg's F_k, Per-FedAvg's second batch)."""
         if self.volumes is None:
             return self.batch(idx, device)
-        x, y = self.patches(idx, generator)
+        x, y = self.patches(idx, generator, pin=device.type == "cuda")
         return to_device(x, device), to_device(y, device)
 
     def subset(self, idx: torch.Tensor) -> CaseSet:
@@ -101,7 +103,7 @@ def to_device(x: torch.Tensor, device: torch.device) -> torch.Tensor:
     """``x`` on ``device``: a CPU tensor bound for CUDA goes through pinned memory and is copied without
     blocking (ordered on the current stream before any kernel that reads it); otherwise ``x.to(device)``."""
     if device.type == "cuda" and x.device.type == "cpu":
-        return x.pin_memory().to(device, non_blocking=True)
+        return (x if x.is_pinned() else x.pin_memory()).to(device, non_blocking=True)
     return x.to(device)
 
 
