@@ -6,8 +6,10 @@
    with ``train.amp=fp16`` (GradScaler).
 2. Timing, the ``fets`` preset's training step (DynUNet 32->512 on 128^3 patches, batch 4, FeTS augmentations)
    on synthetic 150^3 cases: steps/s of (amp off, channels-last off, 0 workers) = the loop before issue 26,
-   then bf16 + channels-last with 0, 2 and 4 workers; and the device-only step time (one batch kept on the
-   device), whose ratio to the step time is the share of time the GPU is busy.
+   then the defaults (bf16; 3D stays contiguous) with 0, 2 and 4 workers (``--more``: channels-last on, 8
+   workers); and the device-only step time (one batch kept on the device), whose ratio to the step time is the
+   share of time the GPU is busy. Results: ``benchmarks/results/accel_gpu_h100*.json`` (their variant names
+   say what ran: those files were written while ``channels_last: auto`` still meant on for 3D).
 
 Usage: ``PYTHONPATH=src python benchmarks/accel_gpu.py OUT [--steps 20]`` -> ``OUT/accel_gpu.json``.
 """
@@ -116,6 +118,10 @@ def main() -> None:
     parser.add_argument("--device", default="cuda", help="cpu: a dry run of this script")
     parser.add_argument("--size", type=int, default=150, help="voxels per axis of the timing cases")
     parser.add_argument("--patch", type=int, default=128)
+    parser.add_argument(
+        "--more", action="store_true", help="also: channels-last off, float32 + channels-last, 8 workers"
+    )
+    parser.add_argument("--compile-check", action="store_true", help="also: 3 steps with train.compile=true")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(4)
@@ -139,10 +145,21 @@ def main() -> None:
     report["timing"] = {}
     variants = {
         "before: amp off, channels-last off, 0 workers": ["train.amp=off", "train.channels_last=off"],
-        "bf16, channels-last, 0 workers": [],
-        "bf16, channels-last, 2 workers": ["train.loader_workers=2"],
-        "bf16, channels-last, 4 workers": ["train.loader_workers=4"],
+        "defaults (bf16, 3D contiguous), 0 workers": ["train.loader_workers=0"],
+        "defaults, 2 workers": ["train.loader_workers=2"],
+        "defaults, 4 workers": ["train.loader_workers=4"],
     }
+    if args.more:
+        variants = {
+            "float32, channels-last on, 4 workers": [
+                "train.amp=off",
+                "train.channels_last=on",
+                "train.loader_workers=4",
+            ],
+            "bf16, channels-last on, 4 workers": ["train.channels_last=on", "train.loader_workers=4"],
+            **variants,
+            "defaults, 8 workers": ["train.loader_workers=8"],
+        }
     for name, sets in variants.items():
         cfg = config_from_cli("fets", None, None, None, None, None, [*patch, *sets], args.device, None)
         try:
@@ -151,6 +168,30 @@ def main() -> None:
             traceback.print_exc()
             report["timing"][name] = {"error": f"{type(exc).__name__}: {exc}"}
         save()
+    if args.compile_check:
+        report["compile"] = compile_check(
+            config_from_cli("fets", None, None, None, None, None, [*patch, "train.compile=true"], args.device, None),
+            data,
+        )
+        save()
+
+
+def compile_check(cfg, data: CaseSet) -> dict:
+    """Seconds and mean loss of two 3-step fits with ``train.compile`` (the first compiles)."""
+    model = Task(cfg, 3, 4, BRATS.names).new_model()
+    trainer = Trainer(cfg.train, torch.device(cfg.device))
+    out = {}
+    for name in ("first", "second"):
+        start = time.perf_counter()
+        try:
+            stats = trainer.fit(
+                model, data, torch.Generator().manual_seed(0), budget=BudgetConfig(unit="steps", amount=3)
+            )
+        except Exception as exc:
+            traceback.print_exc()
+            return {"error": f"{type(exc).__name__}: {exc}"}
+        out[name] = {"seconds": round(time.perf_counter() - start, 2), "mean_loss": stats.mean_loss}
+    return out
 
 
 if __name__ == "__main__":

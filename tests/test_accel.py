@@ -67,18 +67,21 @@ def _volume_cfg(tiny_config, **train):
     )
 
 
-def test_defaults_resolve_to_float32_on_the_cpu_and_bf16_channels_last_on_cuda():
+def test_defaults_resolve_to_float32_on_the_cpu_and_bf16_2d_channels_last_on_cuda():
     cfg = TrainConfig()
     assert resolve(cfg, "cpu").record() == {
         "amp": "off",
-        "channels_last": False,
+        "channels_last_2d": False,
+        "channels_last_3d": False,
         "cudnn_benchmark": False,
         "compile": False,
     }
     cuda = resolve(cfg, "cuda:0")
-    assert cuda.amp == torch.bfloat16 and cuda.channels_last and cuda.cudnn_benchmark and not cuda.compile
-    assert resolve(TrainConfig(amp="fp16", channels_last=False), "cuda").record()["amp"] == "fp16"
-    assert resolve(TrainConfig(amp="bf16", channels_last="on"), "cpu").channels_last
+    assert cuda.amp == torch.bfloat16 and cuda.channels_last_2d and not cuda.channels_last_3d
+    assert cuda.cudnn_benchmark and not cuda.compile
+    assert resolve(TrainConfig(amp="fp16", channels_last="off"), "cuda").record()["amp"] == "fp16"
+    on = resolve(TrainConfig(amp="bf16", channels_last="on"), "cpu")
+    assert on.channels_last_2d and on.channels_last_3d and on.amp == torch.bfloat16
     assert TrainConfig.model_validate({"amp": False, "channels_last": True}).channels_last == "on"  # YAML's on
     assert TrainConfig.model_validate({"amp": False}).amp == "off"
 
@@ -167,3 +170,16 @@ def test_a_run_with_two_loader_workers_equals_one_without(tiny_config, volumes, 
     assert summaries[0]["sgd_steps"] == 2 * 4 and math.isfinite(summaries[0]["dice"]["global"])
     assert summaries[0]["dice"] == summaries[2]["dice"]
     assert summaries[0]["convergence"]["best_val_dice"] == summaries[2]["convergence"]["best_val_dice"]
+
+
+def test_channels_last_on_keeps_the_values_and_trains_like_contiguous(tiny_config):
+    """The CUDA default for 2D networks, run on the CPU: weights and inputs in channels-last order, same numbers
+    up to the kernels' summation order."""
+    data, losses = _images(), {}
+    for order in ("off", "on"):
+        cfg = tiny_config(train={"channels_last": order})
+        model = Task(cfg, 2, 3, ("a", "b")).new_model()
+        convs = [p for p in model.parameters() if p.dim() == 4]
+        assert convs and all(p.is_contiguous(memory_format=torch.channels_last) == (order == "on") for p in convs)
+        losses[order] = Trainer(cfg.train, CPU).fit(model, data, torch.Generator().manual_seed(0)).mean_loss
+    assert losses["on"] == pytest.approx(losses["off"], abs=1e-4)

@@ -2,8 +2,10 @@
 ``train.cudnn_benchmark``, ``train.compile``), resolved once for a device.
 
 What holds: on the CPU the defaults resolve to float32, contiguous tensors and no compilation, so CPU
-results are bit-identical to a run without these switches. On CUDA ``auto`` means bf16 autocast and
-channels-last weights/inputs; GPU numbers then differ from float32 within the precision of bf16.
+results are bit-identical to a run without these switches. On CUDA ``auto`` means bf16 autocast and, for 2D
+networks, channels-last weights/inputs (3D stays contiguous: ``channels_last_3d`` made the ``fets`` DynUNet's
+bf16 step 1.44x slower on an H100, ``benchmarks/results/accel_gpu_h100_more.json``); GPU numbers then differ
+from float32 within the precision of bf16.
 
 Where they act: :func:`prepare_model` where a network is built for the device (``Task.new_model``:
 weights' memory format, cuDNN autotuning, the precision inference runs at), :class:`fedseg.train.Trainer`
@@ -28,10 +30,12 @@ _COMPILED_ATTR = "_fedseg_compiled"
 
 @dataclass(frozen=True)
 class Accel:
-    """The effective switches for one device: ``amp`` the autocast dtype (None = float32)."""
+    """The effective switches for one device: ``amp`` the autocast dtype (None = float32); channels-last memory
+    order for 2D (4-D tensors) and 3D (5-D tensors) networks."""
 
     amp: torch.dtype | None
-    channels_last: bool
+    channels_last_2d: bool
+    channels_last_3d: bool
     cudnn_benchmark: bool
     compile: bool
 
@@ -40,19 +44,22 @@ class Accel:
         names = {dtype: name for name, dtype in AMP_DTYPES.items()}
         return {
             "amp": names[self.amp] if self.amp is not None else "off",
-            "channels_last": self.channels_last,
+            "channels_last_2d": self.channels_last_2d,
+            "channels_last_3d": self.channels_last_3d,
             "cudnn_benchmark": self.cudnn_benchmark,
             "compile": self.compile,
         }
 
 
 def resolve(cfg: TrainConfig, device: torch.device | str) -> Accel:
-    """``cfg``'s switches on ``device``: ``auto`` = bf16 autocast and channels-last on CUDA, off elsewhere;
+    """``cfg``'s switches on ``device``: ``auto`` = bf16 autocast and 2D channels-last on CUDA, off elsewhere;
     cuDNN autotuning only on CUDA."""
     cuda = torch.device(device).type == "cuda"
     amp = ("bf16" if cuda else "off") if cfg.amp == "auto" else cfg.amp
-    channels_last = cuda if cfg.channels_last == "auto" else cfg.channels_last == "on"
-    return Accel(AMP_DTYPES.get(amp), channels_last, cuda and cfg.cudnn_benchmark, cfg.compile)
+    on = cfg.channels_last == "on"
+    return Accel(
+        AMP_DTYPES.get(amp), on or (cfg.channels_last == "auto" and cuda), on, cuda and cfg.cudnn_benchmark, cfg.compile
+    )
 
 
 def autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
@@ -62,22 +69,23 @@ def autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.Abst
     return torch.autocast(device.type, dtype=dtype)
 
 
-def memory_format(tensor: torch.Tensor, channels_last: bool) -> torch.Tensor:
-    """``tensor`` in channels-last order if ``channels_last`` and it is 4-D (``channels_last``) or 5-D
-    (``channels_last_3d``); otherwise ``tensor`` itself. Values unchanged."""
-    if not channels_last or tensor.dim() not in (4, 5):
-        return tensor
-    fmt = torch.channels_last if tensor.dim() == 4 else torch.channels_last_3d
-    return tensor.contiguous(memory_format=fmt)
+def memory_format(tensor: torch.Tensor, accel: Accel) -> torch.Tensor:
+    """``tensor`` in channels-last order if it is 4-D and ``accel.channels_last_2d`` (``channels_last``) or 5-D
+    and ``accel.channels_last_3d`` (``channels_last_3d``); otherwise ``tensor`` itself. Values unchanged."""
+    if tensor.dim() == 4 and accel.channels_last_2d:
+        return tensor.contiguous(memory_format=torch.channels_last)
+    if tensor.dim() == 5 and accel.channels_last_3d:
+        return tensor.contiguous(memory_format=torch.channels_last_3d)
+    return tensor
 
 
 def prepare_model(model: nn.Module, accel: Accel) -> nn.Module:
     """``model`` (already on its device) made ready for ``accel``, in place: 4-D/5-D weights channels-last,
     cuDNN autotuning switched on, and the inference precision recorded on the module (read by
     :func:`inference_autocast`; a deep copy keeps it). Returns ``model``."""
-    if accel.channels_last:
+    if accel.channels_last_2d or accel.channels_last_3d:
         for tensor in (*model.parameters(), *model.buffers()):
-            tensor.data = memory_format(tensor.data, True)
+            tensor.data = memory_format(tensor.data, accel)
     if accel.cudnn_benchmark:
         torch.backends.cudnn.benchmark = True
     setattr(model, _AMP_ATTR, accel.amp)

@@ -290,7 +290,8 @@ class TrainConfig(Strict):
     channels_last: Literal["auto", "on", "off"] = Field(
         default="auto",
         description="channels-last memory format for the network's weights and inputs (channels_last_3d for 3D): "
-        "auto = on for CUDA, off elsewhere; the same values in another memory order (faster cuDNN kernels)",
+        "auto = on for 2D networks on CUDA, off elsewhere (3D: 1.44x slower bf16 steps of the fets DynUNet on an "
+        "H100); on = 2D and 3D; the same values in another memory order",
     )
     cudnn_benchmark: bool = Field(
         default=True,

@@ -191,7 +191,7 @@ class Trainer:
             x, y = data.training_batch(idx, self.device, generator)
             if self.cfg.augment.enabled:
                 x, y = augment_batch(x, y, self.cfg.augment, generator)
-        return memory_format(x, self.accel.channels_last), y
+        return memory_format(x, self.accel), y
 
     def new_optimizer(self, model: nn.Module, hooks: TrainHooks = PLAIN) -> torch.optim.Optimizer:
         return make_optimizer(self.cfg, hooks.parameters(model))
