@@ -102,7 +102,8 @@ def inference_autocast(model: nn.Module, device: torch.device) -> contextlib.Abs
 
 def compile_once(model: nn.Module) -> None:
     """``torch.compile`` ``model`` in place (``nn.Module.compile``: parameters and state-dict names
-    unchanged) unless it is already."""
+    unchanged) unless it is already. A deep copy of a compiled network would still run the original's compiled
+    forward: fedseg deep-copies only ``Task.new_model``'s template, which is never compiled."""
     if not getattr(model, _COMPILED_ATTR, False):
         model.compile()
         setattr(model, _COMPILED_ATTR, True)
