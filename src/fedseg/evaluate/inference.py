@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from fedseg.accel import inference_autocast
 from fedseg.config import EvalConfig
 from fedseg.data.dataset import CaseSet
 from fedseg.evaluate.metric_info import DEFAULT_NSD_TOLERANCE, METRIC_NAMES
@@ -24,9 +25,15 @@ from fedseg.evaluate.sliding import network_for, score_volumes, sliding_logits
 def predict_masks(
     model: nn.Module, x: torch.Tensor, batch_size: int, threshold: float, device: torch.device
 ) -> torch.Tensor:
-    """Images ``(N, C, *S)`` -> boolean region masks ``(N, R, *S)`` on the CPU."""
+    """Images ``(N, C, *S)`` -> boolean region masks ``(N, R, *S)`` on the CPU. The forward pass runs at the
+    model's ``train.amp`` precision (``fedseg.accel.inference_autocast``), the logits cast to float32 before
+    thresholding."""
     model.eval()
-    out = [logits_to_masks(model(xb.to(device)), threshold).cpu() for xb in x.split(batch_size)]
+    out = []
+    for xb in x.split(batch_size):
+        with inference_autocast(model, device):
+            logits = model(xb.to(device))
+        out.append(logits_to_masks(logits.float(), threshold).cpu())
     return torch.cat(out) if out else torch.empty(0, dtype=torch.bool)
 
 

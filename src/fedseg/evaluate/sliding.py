@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from fedseg.accel import inference_autocast
 from fedseg.config import VolumeConfig
 from fedseg.data.volumes import Grid, Volume, patch_size, restore
 from fedseg.evaluate.metric_info import DEFAULT_NSD_TOLERANCE, METRIC_NAMES
@@ -27,15 +28,22 @@ from fedseg.evaluate.metrics import Scores, batch_metrics
 def sliding_logits(model: nn.Module, image: torch.Tensor, cfg: VolumeConfig, device: torch.device) -> torch.Tensor:
     """Blended logits ``(R, *P)`` (CPU float32) of ``model`` over ``image`` ``(C, *P)``, ``P >= patch`` per
     axis. Windows run on ``device``; the blend is accumulated on the CPU (a whole volume need not fit
-    on the accelerator). Puts ``model`` in eval mode."""
+    on the accelerator). Puts ``model`` in eval mode. Windows run at the model's ``train.amp`` precision
+    (``fedseg.accel.inference_autocast``); their logits are cast to float32 before blending."""
     from monai.inferers import sliding_window_inference
 
     model.eval()
+
+    def predictor(window: torch.Tensor) -> torch.Tensor:
+        with inference_autocast(model, device):
+            logits = model(window)
+        return logits.float()
+
     out = sliding_window_inference(
         image[None],
         roi_size=patch_size(cfg, image.dim() - 1),
         sw_batch_size=cfg.sw_batch_size,
-        predictor=model,
+        predictor=predictor,
         overlap=cfg.sw_overlap,
         mode=cfg.sw_mode,
         sw_device=device,
