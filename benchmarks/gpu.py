@@ -61,6 +61,7 @@ import json
 import math
 import os
 import platform
+import pty
 import shutil
 import signal
 import statistics
@@ -226,7 +227,7 @@ def kernel_microseconds(prof, device_type: str) -> float:
     from torch.autograd import DeviceType
 
     if device_type == "cuda":
-        return float(sum(e.device_time_total for e in prof.events() if e.device_type == DeviceType.CUDA))
+        return float(sum(e.time_range.elapsed_us() for e in prof.events() if e.device_type == DeviceType.CUDA))
     return float(sum(e.self_cpu_time_total for e in prof.events() if e.device_type == DeviceType.CPU))
 
 
@@ -345,13 +346,14 @@ def launch(args: list[str], limit_s: float, log_path: Path) -> dict:
 
 # --- GPU sampling --------------------------------------------------------------------------------------------
 class GpuSampler:
-    """Utilization (%) and memory used (MiB) of the GPU every ``SAMPLE_MS``: nvidia-smi in the background
-    (its lines to a file, parsed when asked), else ``torch.cuda.utilization`` polled by a thread, else nothing
-    (``source`` None)."""
+    """Utilization (%) and memory used (MiB) of the GPU every ``SAMPLE_MS``: nvidia-smi in the background, its
+    output read through a pseudo-terminal (so it writes each line at once, not in 4 KB blocks) by a thread;
+    else ``torch.cuda.utilization`` polled by a thread; else nothing (``source`` None)."""
 
-    def __init__(self, path: Path, index: int) -> None:
-        self.path, self.index = path, index
+    def __init__(self, index: int) -> None:
+        self.index = index
         self.proc: subprocess.Popen | None = None
+        self.lines: list[str] = []
         self.polled: list[tuple[float, float, float | None]] = []
         self.stop_event = threading.Event()
         self.thread: threading.Thread | None = None
@@ -361,47 +363,67 @@ class GpuSampler:
         smi = shutil.which("nvidia-smi")
         if smi:
             query = "--query-gpu=index,timestamp,utilization.gpu,memory.used"
-            cmd = [smi, query, "--format=csv,noheader,nounits", f"-lms={SAMPLE_MS}"]
-            self.proc = subprocess.Popen(cmd, stdout=open(self.path, "w"), stderr=subprocess.DEVNULL)  # noqa: SIM115
+            master, slave = pty.openpty()
+            cmd = [smi, query, "--format=csv,noheader,nounits", "-lms", str(SAMPLE_MS)]
+            self.proc = subprocess.Popen(cmd, stdout=slave, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+            os.close(slave)
+            self.thread = threading.Thread(target=self._read, args=(master,), daemon=True)
             self.source = "nvidia-smi"
-        elif torch_utilization(self.index) is not None:
+        elif torch_utilization() is not None:
             self.thread = threading.Thread(target=self._poll, daemon=True)
-            self.thread.start()
             self.source = "torch.cuda.utilization"
+        if self.thread is not None:
+            self.thread.start()
+
+    def _read(self, fd: int) -> None:
+        pending = b""
+        while True:
+            try:
+                chunk = os.read(fd, 4096)
+            except OSError:  # the pty closes when nvidia-smi ends
+                break
+            if not chunk:
+                break
+            *complete, pending = (pending + chunk).split(b"\n")
+            self.lines += [line.decode(errors="replace").strip() for line in complete]
+        os.close(fd)
 
     def _poll(self) -> None:
         while not self.stop_event.wait(SAMPLE_MS / 1000):
-            util = torch_utilization(self.index)
+            util = torch_utilization()
             if util is not None:
-                self.polled.append((time.time(), float(util), None))
+                self.polled.append((time.time(), util, None))
 
     def samples(self) -> list[tuple[float, float, float | None]]:
         """``(unix time, utilization %, memory used MiB or None)`` so far."""
         if self.source != "nvidia-smi":
             return list(self.polled)
-        return parse_smi(self.path.read_text(errors="replace"), self.index)
+        return parse_smi(list(self.lines), self.index)
 
     def stop(self) -> None:
         self.stop_event.set()
         if self.proc is not None:
             self.proc.terminate()
             self.proc.wait()
+        if self.thread is not None:
+            self.thread.join(timeout=5)
 
 
-def torch_utilization(index: int) -> float | None:
+def torch_utilization() -> float | None:
+    """``torch.cuda.utilization`` of cuda:0 (it needs pynvml), None where it does not work."""
     try:
         import torch
 
-        return float(torch.cuda.utilization(index))
+        return float(torch.cuda.utilization(0))
     except Exception:  # no pynvml, no driver: the fallback does not work here
         return None
 
 
-def parse_smi(text: str, index: int) -> list[tuple[float, float, float | None]]:
+def parse_smi(lines: list[str], index: int) -> list[tuple[float, float, float | None]]:
     """nvidia-smi CSV lines ``index, YYYY/MM/DD HH:MM:SS.mmm, util, memory`` of GPU ``index`` as samples (local
     time, as nvidia-smi writes it); malformed lines (e.g. one cut by the kill) are left out."""
     samples = []
-    for line in text.splitlines():
+    for line in lines:
         parts = [p.strip() for p in line.split(",")]
         if len(parts) != 4 or parts[0] != str(index):
             continue
@@ -582,13 +604,16 @@ def in_windows(samples: list, windows: list[Window]) -> list:
     return [s for s in samples if any(a <= s[0] <= b for a, b in windows)]
 
 
-def busy(samples: list, windows: list[Window]) -> tuple[float | None, float | None]:
-    """Mean utilization / 100 and the largest memory used (MiB) of the samples inside ``windows``."""
+def busy(samples: list, windows: list[Window]) -> dict:
+    """Of the samples inside ``windows``: ``gpu_busy`` (mean utilization / 100), ``gpu_memory_used_mib_max`` and
+    ``gpu_samples`` (their number; None where there are none)."""
     inside = in_windows(samples, windows)
-    if not inside:
-        return None, None
     memory = [s[2] for s in inside if s[2] is not None]
-    return statistics.fmean(s[1] for s in inside) / 100, (max(memory) if memory else None)
+    return {
+        "gpu_busy": statistics.fmean(s[1] for s in inside) / 100 if inside else None,
+        "gpu_memory_used_mib_max": max(memory) if memory else None,
+        "gpu_samples": len(inside),
+    }
 
 
 def ratio(a: float | None, b: float | None) -> float | None:
@@ -631,28 +656,24 @@ def algorithm_numbers(algo: dict, kernel_s: float | None) -> dict:
     }
 
 
-def case_numbers(case: Case, launch: dict, work: Path, samples: list, kernel: dict | None) -> dict:
-    """The case's JSON entry from its child's events, ledger.csv and the GPU samples."""
+def case_numbers(case: Case, launch: dict, work: Path, samples: list) -> dict:
+    """The case's JSON entry from its child's events, ledger.csv, kernel measurement and the GPU samples."""
     from fedseg.presentation.kit import read_csv
 
+    kernel_file = work / "kernel" / f"{case.name}.json"
+    kernel = json.loads(kernel_file.read_text()) if kernel_file.is_file() else None
     events = read_events(work / f"{case.name}.events.jsonl")
     tl = timeline(events, launch, read_csv(work / case.name / "ledger.csv"))
     total = launch["ended"] - launch["launched"]
     phases = {}
     for p in PHASES:
         w = tl["windows"][p]
-        fraction, memory = busy(samples, w)
         seconds = span(w) if w else None
-        phases[p] = {
-            "seconds": seconds,
-            "share": ratio(seconds, total) if p != "total" else 1.0,
-            "gpu_busy": fraction,
-            "gpu_memory_used_mib_max": memory,
-        }
+        phases[p] = {"seconds": seconds, "share": ratio(seconds, total), **busy(samples, w)}
     kernel_s = (kernel or {}).get("kernel_s_per_step")
     algos = {a["name"]: algorithm_numbers(a, kernel_s) for a in tl["algorithms"]}
     cuda = next((e for e in events if e["event"] == "cuda_memory"), None)
-    entry = {
+    return {
         "preset": case.preset,
         "overrides": case.all_overrides(),
         "what": case.what,
@@ -664,7 +685,6 @@ def case_numbers(case: Case, launch: dict, work: Path, samples: list, kernel: di
         "run_max_allocated_mib": cuda["max_allocated_mib"] if cuda else None,
         "derived": case_derived(phases, algos),
     }
-    return entry
 
 
 def case_derived(phases: dict, algos: dict[str, dict]) -> dict:
@@ -741,12 +761,6 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write(report: dict, out: Path, stem: str) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{stem}.json").write_text(json.dumps(report, indent=1, allow_nan=True))
-    (out / f"{stem}.md").write_text(markdown(report))
-
-
 # --- main ---------------------------------------------------------------------------------------------------
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
@@ -796,88 +810,106 @@ def machine_info(work: Path) -> dict:
     }
 
 
+class Bench:
+    """One invocation: the cases, the work folder (children's specs, events, logs, runs), the GPU sampler and
+    the report, written to ``out/stem.json`` + ``.md`` whenever something was measured."""
+
+    def __init__(self, args: argparse.Namespace, cases: list[Case], budget: float) -> None:
+        self.cases, self.out = cases, args.out
+        self.stem = ("gpu-cpu" if args.cpu else "gpu") + (f"-{args.label}" if args.label else "")
+        self.began = time.time()
+        self.deadline = self.began + budget
+        self.kernel_share = 0.3 if args.cpu else 0.15  # CPU mode: imports are most of its time
+        self.work = Path(tempfile.mkdtemp(prefix="fedseg-gpu-bench-"))
+        (self.work / "kernel").mkdir()
+        self.sampler = GpuSampler(gpu_index())
+        if not args.cpu:
+            self.sampler.start()
+        self.launched: dict[str, dict] = {}  # case -> its child's launch record (``launch``) and time limit
+        self.report: dict = {
+            "benchmark": "benchmarks/gpu.py",
+            "mode": "cpu" if args.cpu else "gpu",
+            "label": args.label,
+            "command": " ".join(sys.argv),
+            "started_utc": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "budget_s": budget,
+            "user_set": list(args.set_),
+            "machine": machine_info(self.work),
+            "sampling": {"source": self.sampler.source, "interval_ms": SAMPLE_MS, "samples": 0},
+            "kernel_process": None,
+            "cases": {c.name: {"preset": c.preset, "overrides": c.all_overrides(), "status": "pending"} for c in cases},
+        }
+
+    def write(self) -> None:
+        """Every finished case's numbers again from all GPU samples so far, then the JSON and Markdown."""
+        samples = self.sampler.samples()
+        self.report["sampling"]["samples"] = len(samples)
+        for case in self.cases:
+            if case.name in self.launched:
+                self.report["cases"][case.name] = case_numbers(case, self.launched[case.name], self.work, samples)
+        self.report["seconds"] = time.time() - self.began
+        self.out.mkdir(parents=True, exist_ok=True)
+        (self.out / f"{self.stem}.json").write_text(json.dumps(self.report, indent=1, allow_nan=True))
+        (self.out / f"{self.stem}.md").write_text(markdown(self.report))
+
+    def kernels(self) -> None:
+        """Every case's kernel measurement in one child process (``kernel_share`` of the budget, at most
+        ``KERNEL_CAP_S``)."""
+        cases = [{"name": c.name, "preset": c.preset, "overrides": c.all_overrides()} for c in self.cases]
+        (self.work / "kernel.json").write_text(json.dumps({"dir": str(self.work / "kernel"), "cases": cases}))
+        limit = min(self.kernel_share * (self.deadline - time.time()), KERNEL_CAP_S)
+        print(f"kernel times: limit {limit:.0f} s", flush=True)
+        launched = launch(["--child-kernel", str(self.work / "kernel.json")], limit, self.work / "kernel.log")
+        self.report["kernel_process"] = {
+            **launched,
+            "limit_s": limit,
+            "seconds": launched["ended"] - launched["launched"],
+        }
+        self.report["machine"] = machine_info(self.work)
+
+    def run_case(self, i: int) -> None:
+        """Case ``i`` in its child, limited to its weight's share of the time left (skipped below ``MIN_CASE_S``)."""
+        case = self.cases[i]
+        left = self.deadline - time.time()
+        limit = left * case.weight / sum(c.weight for c in self.cases[i:])
+        if limit < MIN_CASE_S:
+            self.report["cases"][case.name].update(status="skipped", reason=f"budget spent ({left:.0f} s left)")
+            return
+        print(f"{case.name}: limit {limit:.0f} s", flush=True)
+        spec = {
+            "preset": case.preset,
+            "overrides": case.all_overrides(),
+            "events": str(self.work / f"{case.name}.events.jsonl"),
+            "run_dir": str(self.work / case.name),
+        }
+        (self.work / f"{case.name}.spec.json").write_text(json.dumps(spec))
+        args = ["--child-run", str(self.work / f"{case.name}.spec.json")]
+        self.launched[case.name] = {**launch(args, limit, self.work / f"{case.name}.log"), "limit_s": limit}
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.child_run:
         return child_run(json.loads(Path(args.child_run).read_text()))
     if args.child_kernel:
         return child_kernel(json.loads(Path(args.child_kernel).read_text()))
-    began = time.time()
     budget = args.budget_s if args.budget_s is not None else (90.0 if args.cpu else 300.0)
-    deadline = began + budget
-    cases = select_cases(args)
-    stem = "gpu-cpu" if args.cpu else "gpu"
-    stem += f"-{args.label}" if args.label else ""
-    work = Path(tempfile.mkdtemp(prefix="fedseg-gpu-bench-"))
-    (work / "kernel").mkdir()
-    sampler = GpuSampler(work / "smi.csv", gpu_index())
-    if not args.cpu:
-        sampler.start()
-    report: dict = {
-        "benchmark": "benchmarks/gpu.py",
-        "mode": "cpu" if args.cpu else "gpu",
-        "label": args.label,
-        "command": " ".join(sys.argv),
-        "started_utc": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "budget_s": budget,
-        "user_set": list(args.set_),
-        "machine": machine_info(work),
-        "sampling": {"source": sampler.source, "interval_ms": SAMPLE_MS, "samples": 0},
-        "kernel_process": None,
-        "cases": {c.name: {"preset": c.preset, "overrides": c.all_overrides(), "status": "pending"} for c in cases},
-    }
-    write(report, args.out, stem)
+    bench = Bench(args, select_cases(args), budget)
+    bench.write()
     try:
-        run_all(cases, report, work, sampler, deadline, args.out, stem, 0.3 if args.cpu else 0.15)
+        bench.kernels()
+        bench.write()
+        for i in range(len(bench.cases)):
+            bench.run_case(i)
+            bench.write()
     finally:
-        sampler.stop()
-        report["sampling"]["samples"] = len(sampler.samples())
-        report["seconds"] = time.time() - began
-        write(report, args.out, stem)
+        bench.sampler.stop()
+        bench.write()
         if args.keep_runs:
-            print(f"runs kept in {work}")
+            print(f"runs kept in {bench.work}")
         else:
-            shutil.rmtree(work, ignore_errors=True)
-    print(f"wrote {args.out / stem}.json and .md ({report['seconds']:.0f} s)")
-
-
-def run_all(
-    cases: list[Case], report: dict, work: Path, sampler, deadline: float, out: Path, stem: str, kernel_share: float
-) -> None:
-    """The kernel process (``kernel_share`` of the budget, at most ``KERNEL_CAP_S``), then every case in turn, the
-    report written after each."""
-    spec = {"dir": str(work / "kernel"), "cases": [{"name": c.name, "preset": c.preset, "overrides": c.all_overrides()} for c in cases]}
-    (work / "kernel.json").write_text(json.dumps(spec))
-    limit = min(kernel_share * (deadline - time.time()), KERNEL_CAP_S)
-    print(f"kernel times: limit {limit:.0f} s", flush=True)
-    launched = launch(["--child-kernel", str(work / "kernel.json")], limit, work / "kernel.log")
-    report["kernel_process"] = {**launched, "limit_s": limit, "seconds": launched["ended"] - launched["launched"]}
-    report["machine"] = machine_info(work)
-    write(report, out, stem)
-    for i, case in enumerate(cases):
-        left = deadline - time.time()
-        share = left * case.weight / sum(c.weight for c in cases[i:])
-        if share < MIN_CASE_S:
-            report["cases"][case.name].update(status="skipped", reason=f"budget spent ({left:.0f} s left)")
-            continue
-        print(f"{case.name}: limit {share:.0f} s", flush=True)
-        run_case(case, share, work, report, sampler)
-        write(report, out, stem)
-
-
-def run_case(case: Case, limit: float, work: Path, report: dict, sampler) -> None:
-    spec = {
-        "preset": case.preset,
-        "overrides": case.all_overrides(),
-        "events": str(work / f"{case.name}.events.jsonl"),
-        "run_dir": str(work / case.name),
-    }
-    (work / f"{case.name}.spec.json").write_text(json.dumps(spec))
-    launched = launch(["--child-run", str(work / f"{case.name}.spec.json")], limit, work / f"{case.name}.log")
-    kernel_file = work / "kernel" / f"{case.name}.json"
-    kernel = json.loads(kernel_file.read_text()) if kernel_file.is_file() else None
-    entry = case_numbers(case, launched, work, sampler.samples(), kernel)
-    report["cases"][case.name] = {**entry, "limit_s": limit, "status": launched["status"]}
+            shutil.rmtree(bench.work, ignore_errors=True)
+    print(f"wrote {args.out / bench.stem}.json and .md ({bench.report['seconds']:.0f} s)")
 
 
 if __name__ == "__main__":
