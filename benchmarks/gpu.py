@@ -57,6 +57,7 @@ after every case, so a later failure or kill loses nothing measured before. On t
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import math
 import os
@@ -81,7 +82,6 @@ PROJECTED_ROUNDS = 100
 WARMUP_STEPS, PROFILED_STEPS, TIMED_STEPS = 3, 5, 5
 KERNEL_CAP_S = 60.0  # the kernel process's limit at most
 MIN_CASE_S = 10.0  # a case with less time left than this is skipped
-KILL_GRACE_S = 5.0
 PHASES = ["startup", "train", "validation", "round_other", "final_eval", "algorithm_setup", "report", "exit", "total"]
 
 
@@ -165,6 +165,7 @@ def child_run(spec: dict) -> None:
 
     log("imported")
     cfg = load_config(preset=spec["preset"], overrides=spec["overrides"])
+    log("config", rounds=cfg.fl.rounds)
     current = {"algorithm": ""}
 
     def on_algorithm_start(name: str) -> None:
@@ -313,7 +314,7 @@ def child_kernel(spec: dict) -> None:
 
 # --- launching a child with a time limit --------------------------------------------------------------------
 def launch(args: list[str], limit_s: float, log_path: Path) -> dict:
-    """``python gpu.py ARGS`` in a new session, killed (SIGTERM, then SIGKILL) after ``limit_s``; its launch and
+    """``python gpu.py ARGS`` in a new session, killed with its children (SIGKILL) after ``limit_s``; its launch and
     exit times, status (ok | timeout | failed) and, when failed, the last lines of its output."""
     launched = time.time()
     with open(log_path, "w") as log:
@@ -326,14 +327,10 @@ def launch(args: list[str], limit_s: float, log_path: Path) -> dict:
         status = "ok"
         try:
             proc.wait(timeout=max(limit_s, 1.0))
-        except subprocess.TimeoutExpired:
+        except subprocess.TimeoutExpired:  # its events are on disk line by line: nothing to wait for
             status = "timeout"
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=KILL_GRACE_S)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
     ended = time.time()
     if status == "ok" and proc.returncode != 0:
         status = "failed"
@@ -472,6 +469,14 @@ def read_events(path: Path) -> list[dict]:
     return events
 
 
+def read_ledger(path: Path) -> list[dict]:
+    """``ledger.csv`` rows as dicts of strings; [] before the first algorithm finished (no file yet)."""
+    if not path.is_file():
+        return []
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
 def group_exchanges(replies: list[dict]) -> list[dict]:
     """Reply events of one algorithm -> exchanges ``{action, end, sites}``: a new exchange begins where the
     action changes or a site answers again (an exchange's sites answer once each, in federation order)."""
@@ -516,11 +521,13 @@ def exchange_windows(exchanges: list[dict], ledger: list[dict], begin: float) ->
         previous = ex["end"]
 
 
-def algorithm_timeline(name: str, events: list[dict], ledger_rows: list[dict], end: float | None) -> dict:
-    """One algorithm's rounds ``[{round, start, end, train, validation, steps, train_windows, val_windows}]``,
-    its first round's start and its final evaluation window (``end``: when its summary existed; None: never)."""
-    from fedseg.engine.ledger import EVAL_ACTIONS
-
+def algorithm_timeline(
+    name: str, events: list[dict], ledger_rows: list[dict], end: float | None, rounds_planned: int
+) -> dict:
+    """One algorithm's rounds ``[{round, start, end, steps, train_windows, val_windows}]``, its first round's start,
+    its final evaluation window (``end``: when its summary existed; None: never) and, when it was killed before
+    its last round (``rounds_planned``: ``fl.rounds``), ``unfinished``: the windows of the exchanges after its
+    last round's end (train, validation); those after the last round are its unfinished final evaluation."""
     mine = [e for e in events if e.get("algorithm") == name]
     begin = next(e["t"] for e in mine if e["event"] == "algorithm_start")
     exchanges = group_exchanges([e for e in mine if e["event"] == "reply"])
@@ -529,23 +536,31 @@ def algorithm_timeline(name: str, events: list[dict], ledger_rows: list[dict], e
     first = exchanges[0]["start"] if exchanges else None
     rounds, start = [], first
     for r in ends:
-        inside = [x for x in exchanges if start is not None and start <= x["end"] <= r["t"]]
-        train = [(x["start"], x["end"]) for x in inside if x["action"] not in EVAL_ACTIONS]
-        val = [(x["start"], x["end"]) for x in inside if x["action"] in EVAL_ACTIONS]
-        steps = [x["steps"] for x in inside if x["action"] not in EVAL_ACTIONS]
-        rounds.append(
-            {
-                "round": r["round"],
-                "start": start,
-                "end": r["t"],
-                "train_windows": train,
-                "val_windows": val,
-                "steps": sum(steps) if steps and None not in steps else None,
-            }
-        )
+        train, val, steps = split_exchanges([x for x in exchanges if start is not None and start <= x["end"] <= r["t"]])
+        rounds.append({"round": r["round"], "start": start, "end": r["t"], "train_windows": train, "val_windows": val})
+        rounds[-1]["steps"] = sum(steps) if steps and None not in steps else None
         start = r["t"]
     final = (ends[-1]["t"], end) if ends and end is not None else None
-    return {"name": name, "begin": begin, "first_round_start": first, "rounds": rounds, "final": final}
+    after = ends[-1]["t"] if ends else begin
+    in_rounds = end is None and (not ends or ends[-1]["round"] < rounds_planned)  # killed before its last round
+    unfinished = split_exchanges([x for x in exchanges if x["end"] > after])[:2] if in_rounds else ([], [])
+    return {
+        "name": name,
+        "begin": begin,
+        "first_round_start": first,
+        "rounds": rounds,
+        "final": final,
+        "unfinished": unfinished,
+    }
+
+
+def split_exchanges(exchanges: list[dict]) -> tuple[list[Window], list[Window], list[int | None]]:
+    """The windows of the training exchanges, of the evaluation exchanges, and the training exchanges' steps."""
+    from fedseg.engine.ledger import EVAL_ACTIONS
+
+    train = [x for x in exchanges if x["action"] not in EVAL_ACTIONS]
+    val = [(x["start"], x["end"]) for x in exchanges if x["action"] in EVAL_ACTIONS]
+    return [(x["start"], x["end"]) for x in train], val, [x["steps"] for x in train]
 
 
 def span(windows: list[Window]) -> float:
@@ -559,13 +574,16 @@ def timeline(events: list[dict], launch: dict, ledger_rows: list[dict]) -> dict:
     marks = {e["event"]: e["t"] for e in events if e["event"] in ("imported", "run_done", "report_done")}
     starts = [next(e["t"] for e in events if e["event"] == "algorithm_start" and e["algorithm"] == n) for n in names]
     summary_at = [*starts[1:], marks.get("run_done")]
-    algos = [algorithm_timeline(n, events, ledger_rows, summary_at[i]) for i, n in enumerate(names)]
+    planned = next((e["rounds"] for e in events if e["event"] == "config"), 0)
+    algos = [algorithm_timeline(n, events, ledger_rows, summary_at[i], planned) for i, n in enumerate(names)]
     windows: dict[str, list[Window]] = {p: [] for p in PHASES}
     first = algos[0]["first_round_start"] if algos else None
     last_event = max((e["t"] for e in events), default=launch["launched"])
     windows["startup"] = [(launch["launched"], first if first is not None else last_event)]
     windows["total"] = [(launch["launched"], launch["ended"])]
     for a in algos:
+        windows["train"] += a["unfinished"][0]  # a killed algorithm's exchanges after its last round
+        windows["validation"] += a["unfinished"][1]
         for r in a["rounds"]:
             windows["train"] += r["train_windows"]
             windows["validation"] += r["val_windows"]
@@ -658,12 +676,10 @@ def algorithm_numbers(algo: dict, kernel_s: float | None) -> dict:
 
 def case_numbers(case: Case, launch: dict, work: Path, samples: list) -> dict:
     """The case's JSON entry from its child's events, ledger.csv, kernel measurement and the GPU samples."""
-    from fedseg.presentation.kit import read_csv
-
     kernel_file = work / "kernel" / f"{case.name}.json"
     kernel = json.loads(kernel_file.read_text()) if kernel_file.is_file() else None
     events = read_events(work / f"{case.name}.events.jsonl")
-    tl = timeline(events, launch, read_csv(work / case.name / "ledger.csv"))
+    tl = timeline(events, launch, read_ledger(work / case.name / "ledger.csv"))
     total = launch["ended"] - launch["launched"]
     phases = {}
     for p in PHASES:
