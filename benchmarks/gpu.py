@@ -19,12 +19,14 @@ Phases (seconds; the parent stamps the child's launch and its exit):
 - ``algorithm_setup``: a later algorithm's start -> its first round (the first algorithm's is in ``startup``);
 - ``report``: ``report.html`` rendered; ``exit``: report -> process exit; ``total``: launch -> exit.
 
-An exchange ends at its first reply event and starts ``wall_seconds`` (ledger.csv, written when an algorithm
-finishes) before that; an algorithm without a ledger.csv (killed) starts each exchange where the previous one
-ended. A round starts where the previous one ended (round 1: at its first exchange's start).
+An exchange ends at its first reply event and starts ``wall_seconds`` before that (ledger.csv, written when an
+algorithm finishes; its rows match the reply events one to one); an algorithm without a ledger.csv (killed)
+starts each exchange where the previous one ended. A round starts where the previous one ended (round 1: at its
+first exchange's start); a killed algorithm's exchanges after its last finished round count for train and
+validation too. Nothing is added to the run's own records.
 
 GPU busy fraction: ``nvidia-smi --query-gpu=index,timestamp,utilization.gpu,memory.used -lms 200`` runs in the
-background for the whole script; each sample (utilization: the share of the last sample period in which a
+background for the whole script (read through a pseudo-terminal, so its lines come at once); each sample (utilization: the share of the last sample period in which a
 kernel ran) counts for the phase whose time windows hold its timestamp; a phase's busy fraction is its
 samples' mean / 100 (null: no sample fell in it, or no sampler). Without nvidia-smi: ``torch.cuda.utilization``
 polled every 200 ms if it works (it needs pynvml), else null. CPU mode: null.
@@ -57,6 +59,7 @@ after every case, so a later failure or kill loses nothing measured before. On t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import json
 import math
@@ -329,7 +332,8 @@ def launch(args: list[str], limit_s: float, log_path: Path) -> dict:
             proc.wait(timeout=max(limit_s, 1.0))
         except subprocess.TimeoutExpired:  # its events are on disk line by line: nothing to wait for
             status = "timeout"
-            os.killpg(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):  # it ended just now
+                os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     ended = time.time()
     if status == "ok" and proc.returncode != 0:
@@ -477,48 +481,42 @@ def read_ledger(path: Path) -> list[dict]:
         return list(csv.DictReader(f))
 
 
-def group_exchanges(replies: list[dict]) -> list[dict]:
-    """Reply events of one algorithm -> exchanges ``{action, end, sites}``: a new exchange begins where the
-    action changes or a site answers again (an exchange's sites answer once each, in federation order)."""
-    exchanges: list[dict] = []
+def exchanges_of(replies: list[dict], rows: list[dict], begin: float) -> list[dict]:
+    """One algorithm's exchanges ``{action, start, end, steps}`` from its reply events (``begin``: its start) and
+    ledger.csv rows. The engine records a ledger row and then calls the observers for each answered reply, in
+    order, so when the answered rows (exchange > 0, no failure) match the events site by site, each exchange ends
+    at its first reply event and starts ``wall_seconds`` before, with its optimizer steps (forward-only rows
+    left out); else (no ledger yet: killed) a new exchange begins where the action changes or a site answers
+    again, and starts where the previous one ended (steps None)."""
+    answered = [r for r in rows if int(r["exchange"]) > 0 and not r["failure"]]
+    if answered and [(r["site"], r["action"]) for r in answered] == [(e["site"], e["action"]) for e in replies]:
+        return ledger_exchanges(replies, answered, begin)
+    out: list[dict] = []
     for e in replies:
-        last = exchanges[-1] if exchanges else None
+        last = out[-1] if out else None
         if last is None or last["action"] != e["action"] or e["site"] in last["sites"]:
-            exchanges.append({"action": e["action"], "end": e["t"], "sites": [e["site"]]})
+            start = last["end"] if last else begin
+            out.append({"action": e["action"], "start": start, "end": e["t"], "sites": [e["site"]], "steps": None})
         else:
             last["sites"].append(e["site"])
-    return exchanges
+    return out
 
 
-def ledger_exchanges(rows: list[dict]) -> list[dict]:
-    """One algorithm's ledger.csv rows -> its answered exchanges in order ``{action, round, wall, steps, sites}``
-    (rows of exchange 0, recorded outside any exchange, and failed replies left out)."""
+def ledger_exchanges(replies: list[dict], answered: list[dict], begin: float) -> list[dict]:
+    """``exchanges_of`` where the ledger's rows match the reply events one to one."""
     from fedseg.engine.ledger import FORWARD_ONLY_ACTIONS
 
     by_number: dict[int, dict] = {}
-    for r in rows:
-        if int(r["exchange"]) == 0 or r["failure"]:
-            continue
-        ex = by_number.setdefault(
-            int(r["exchange"]),
-            {"action": r["action"], "round": int(r["round"]), "wall": float(r["wall_seconds"]), "steps": 0, "sites": 0},
-        )
-        ex["sites"] += 1
-        if r["action"] not in FORWARD_ONLY_ACTIONS:
-            ex["steps"] += int(r["steps"])
-    return [by_number[k] for k in sorted(by_number)]
-
-
-def exchange_windows(exchanges: list[dict], ledger: list[dict], begin: float) -> None:
-    """Give each exchange a ``start``: ``end - wall`` when the ledger's exchanges match the observed ones (same
-    actions and site counts, in order), else the previous exchange's end (the first: ``begin``); and the
-    ledger's ``steps`` (None without one)."""
-    matched = [(e["action"], len(e["sites"])) for e in exchanges] == [(x["action"], x["sites"]) for x in ledger]
     previous = begin
-    for i, ex in enumerate(exchanges):
-        ex["start"] = max(ex["end"] - ledger[i]["wall"], previous) if matched else previous
-        ex["steps"] = ledger[i]["steps"] if matched else None
-        previous = ex["end"]
+    for e, r in zip(replies, answered):
+        number = int(r["exchange"])
+        if number not in by_number:
+            start = max(e["t"] - float(r["wall_seconds"]), previous)
+            by_number[number] = {"action": r["action"], "start": start, "end": e["t"], "steps": 0}
+            previous = e["t"]
+        if r["action"] not in FORWARD_ONLY_ACTIONS:
+            by_number[number]["steps"] += int(r["steps"])
+    return list(by_number.values())
 
 
 def algorithm_timeline(
@@ -530,8 +528,8 @@ def algorithm_timeline(
     last round's end (train, validation); those after the last round are its unfinished final evaluation."""
     mine = [e for e in events if e.get("algorithm") == name]
     begin = next(e["t"] for e in mine if e["event"] == "algorithm_start")
-    exchanges = group_exchanges([e for e in mine if e["event"] == "reply"])
-    exchange_windows(exchanges, ledger_exchanges([r for r in ledger_rows if r["algorithm"] == name]), begin)
+    replies = [e for e in mine if e["event"] == "reply"]
+    exchanges = exchanges_of(replies, [r for r in ledger_rows if r["algorithm"] == name], begin)
     ends = [e for e in mine if e["event"] == "round_end"]
     first = exchanges[0]["start"] if exchanges else None
     rounds, start = [], first
@@ -784,7 +782,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--set", dest="set_", action="append", default=[], metavar="KEY=VALUE", help="to every case")
     ap.add_argument("--label", default="", help="names the output gpu-LABEL.json / .md")
     ap.add_argument("--out", type=Path, default=RESULTS)
-    ap.add_argument("--budget-s", type=float, default=None, help="the whole script's time (default 300; --cpu 90)")
+    ap.add_argument("--budget-s", type=float, default=None, help="the whole script's time (default 300; --cpu 240)")
     ap.add_argument("--cases", default="", help="comma-separated case names (default: all)")
     ap.add_argument("--keep-runs", action="store_true", help="keep the runs' folders (printed)")
     ap.add_argument("--child-run", help=argparse.SUPPRESS)
@@ -909,7 +907,7 @@ def main(argv: list[str] | None = None) -> None:
         return child_run(json.loads(Path(args.child_run).read_text()))
     if args.child_kernel:
         return child_kernel(json.loads(Path(args.child_kernel).read_text()))
-    budget = args.budget_s if args.budget_s is not None else (90.0 if args.cpu else 300.0)
+    budget = args.budget_s if args.budget_s is not None else (240.0 if args.cpu else 300.0)
     bench = Bench(args, select_cases(args), budget)
     bench.write()
     try:
