@@ -26,10 +26,11 @@ first exchange's start); a killed algorithm's exchanges after its last finished 
 validation too. Nothing is added to the run's own records.
 
 GPU busy fraction: ``nvidia-smi --query-gpu=index,timestamp,utilization.gpu,memory.used -lms 200`` runs in the
-background for the whole script (read through a pseudo-terminal, so its lines come at once); each sample (utilization: the share of the last sample period in which a
-kernel ran) counts for the phase whose time windows hold its timestamp; a phase's busy fraction is its
-samples' mean / 100 (null: no sample fell in it, or no sampler). Without nvidia-smi: ``torch.cuda.utilization``
-polled every 200 ms if it works (it needs pynvml), else null. CPU mode: null.
+background for the whole script (read through a pseudo-terminal, so its lines come at once); each sample
+(utilization: the share of the last sample period in which a kernel ran) counts for the phase whose time
+windows hold its timestamp; a phase's busy fraction is its samples' mean / 100 (null: no sample fell in it, or
+no sampler). Without nvidia-smi: ``torch.cuda.utilization`` polled every 200 ms if it works (it needs pynvml),
+else null. CPU mode: null.
 
 Kernel time (``--child-kernel``, one process for every case, before the runs): the case's network
 (``Task.new_model``), optimizer and loss through ``Trainer.fit`` on one fixed random batch already on the
