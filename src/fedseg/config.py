@@ -418,6 +418,17 @@ class EvalConfig(Strict):
         "1 pixel (the MSD-derived surface Dice at 1 mm, FLARE 2021-22); computed with HD95 (eval.hd95)",
     )
     batch_size: int = Field(default=16, ge=1)
+    cross_site_hd95: bool = Field(
+        default=False,
+        description="the test's cross-site rows (local:<site> models on every site, eval.local_models) also get "
+        "HD95 and NSD (with eval.hd95); off: Dice only there (their HD95/NSD are NaN and render as a dash). "
+        "Validation exchanges always score Dice only; the final test of the selected model gets HD95/NSD",
+    )
+    surface_device: Literal["auto", "cpu"] = Field(
+        default="auto",
+        description="where HD95 and NSD are computed: auto = where the model ran (a CUDA device: torch, "
+        "fedseg.evaluate.surface, ~1e-5 relative to MONAI; the CPU: MONAI), cpu = always MONAI on the CPU",
+    )
     local_models: bool = Field(
         default=True,
         description="each site keeps its best locally trained model (scored on its own validation split "
