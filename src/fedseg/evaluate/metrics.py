@@ -19,6 +19,11 @@ scored (``include_background=True`` in MONAI terms).
   (Metrics Reloaded recommends it next to Dice and HD95). It needs the same surface-distance work as
   HD95 and is computed under the same gate (``hd95=True`` / ``eval.hd95``).
 
+HD95 and NSD are MONAI's definitions, computed by :mod:`fedseg.evaluate.surface`: on the CPU bit-identical
+to the two MONAI functions (``cpu_surface_pairs``: the same edges, frame and KD-tree, each pair's distances
+computed once for both metrics; tests/test_surface.py compares them with MONAI), on a CUDA device in torch
+(``surface_pairs``, ~1e-5 relative; ``eval.surface_device``). Dice is computed where the masks live.
+
 Empty-mask rule (BraTS convention; applied explicitly here, not left to MONAI's defaults):
 
 ====================  =========  ==========================  =========
@@ -45,15 +50,14 @@ and ``summary.json``, heading, direction, decimals), so a table loops over them 
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 
 import numpy as np
 import torch
-from monai.metrics import compute_dice, compute_hausdorff_distance, compute_surface_dice
+from monai.metrics import compute_dice
 
 from fedseg.evaluate.metric_info import DEFAULT_NSD_TOLERANCE
-from fedseg.evaluate.surface import surface_pairs
+from fedseg.evaluate.surface import cpu_surface_pairs, surface_pairs
 
 __all__ = [
     "logits_to_masks",
@@ -124,8 +128,8 @@ def batch_metrics(
         tolerance: NSD's tolerance ``tau`` in the HD95 unit, one for all regions or one per
             region (``metric_info.region_tolerances``); > 0.
         surface_device: ``auto``: HD95/NSD in torch on ``pred``'s device when that is not the CPU
-            (:mod:`fedseg.evaluate.surface`, ~1e-5 relative to MONAI), MONAI on the CPU otherwise;
-            ``cpu``: always MONAI on the CPU (``eval.surface_device``).
+            (``surface_pairs``, ~1e-5 relative to MONAI), on the CPU otherwise (``cpu_surface_pairs``,
+            MONAI's numbers bit for bit); ``cpu``: always on the CPU (``eval.surface_device``).
 
     Returns:
         ``{"dice": ..., "hd95": ..., "nsd": ...}`` (``metric_info.METRIC_NAMES``), float64 numpy arrays
@@ -159,45 +163,13 @@ def batch_metrics(
         steps = None if spacing is None else [float(s) for s in spacing]
         # Only pairs with both masks non-empty are measured; the other pairs got their value from the rule above.
         on_device = surface_device == "auto" and p.device.type != "cpu"
-        measure = _surface_torch if on_device else _surface_monai
-        pair_hd, pair_nsd = measure(p[rows, cols], t[rows, cols], steps, [taus[c] for c in cols.tolist()])
+        measure = surface_pairs if on_device else cpu_surface_pairs
+        pair_hd, pair_nsd = measure(
+            p[rows, cols], t[rows, cols], steps, HD95_PERCENTILE, [taus[c] for c in cols.tolist()]
+        )
         hd[rows.numpy(), cols.numpy()] = pair_hd.numpy()
         nsd[rows.numpy(), cols.numpy()] = pair_nsd.numpy()
     return {"dice": dice, "hd95": hd, "nsd": nsd}
-
-
-def _surface_torch(
-    p: torch.Tensor, t: torch.Tensor, steps: list[float] | None, taus: list[float]
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """HD95 and NSD of ``N`` non-empty mask pairs ``(N, *S)`` on their device (:mod:`fedseg.evaluate.surface`)."""
-    return surface_pairs(p, t, steps, HD95_PERCENTILE, taus)
-
-
-def _surface_monai(
-    p: torch.Tensor, t: torch.Tensor, steps: list[float] | None, taus: list[float]
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """HD95 and NSD of ``N`` non-empty mask pairs ``(N, *S)`` with MONAI on the CPU: float64 ``(N,)`` each."""
-    p, t = p.cpu(), t.cpu()
-    with warnings.catch_warnings():
-        # MONAI 1.6 warns about its own internal use of a deprecated argument.
-        warnings.filterwarnings("ignore", message=".*always_return_as_numpy.*", category=FutureWarning)
-        # HD95: one (N, 1, *S) call.
-        dist = compute_hausdorff_distance(
-            p.unsqueeze(1).float(),
-            t.unsqueeze(1).float(),
-            include_background=True,
-            percentile=HD95_PERCENTILE,
-            spacing=steps,
-        )
-        # NSD: the N pairs as the channels of one (1, N, *S) case, each with its region's tolerance.
-        surf = compute_surface_dice(
-            p.unsqueeze(0).float(),
-            t.unsqueeze(0).float(),
-            class_thresholds=taus,
-            include_background=True,
-            spacing=steps,
-        )
-    return dist[:, 0].double(), surf[0].double()
 
 
 def grid_diagonal(shape: Sequence[int], spacing: Sequence[float] | None = None) -> float:

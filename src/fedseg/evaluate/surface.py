@@ -27,10 +27,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
+from scipy.ndimage import binary_erosion
+from scipy.spatial import KDTree
 
-__all__ = ["CHUNK_PAIRS", "mask_edges", "nearest_distances", "surface_pairs"]
+__all__ = ["CHUNK_PAIRS", "mask_edges", "nearest_distances", "surface_pairs", "cpu_surface_pairs"]
 
 CHUNK_PAIRS = 1 << 24  # at most this many (edge voxel, edge voxel) distances at once: 64 MiB of float32
 
@@ -86,4 +89,48 @@ def surface_pairs(
         hd[i] = float(torch.maximum(torch.quantile(d_ab, q), torch.quantile(d_ba, q)))
         within = (d_ab <= taus[i]).sum() + (d_ba <= taus[i]).sum()
         nsd[i] = float((within / (d_ab.numel() + d_ba.numel())).to(torch.float32))
+    return hd, nsd
+
+
+def _cpu_edge_points(pred: np.ndarray, truth: np.ndarray, scale: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """MONAI's edge voxels of a non-empty pair ``(*S)`` as float64 coordinates, in MONAI's frame: the union's
+    bounding box grown by 1 voxel (``CropForeground(margin=1, allow_smaller=False)``, zero padding outside the
+    grid), edges = mask XOR ``scipy.ndimage.binary_erosion(mask)``, indices times ``scale`` (spacing)."""
+    union = pred | truth
+    lo = [
+        int(np.flatnonzero(union.any(axis=tuple(a for a in range(union.ndim) if a != d)))[0]) for d in range(union.ndim)
+    ]
+    hi = [
+        int(np.flatnonzero(union.any(axis=tuple(a for a in range(union.ndim) if a != d)))[-1])
+        for d in range(union.ndim)
+    ]
+    box = tuple(slice(lo_d, hi_d + 3) for lo_d, hi_d in zip(lo, hi))  # [lo - 1, hi + 2) in the padded grid
+    out = []
+    for mask in (pred, truth):
+        crop = np.pad(mask, 1)[box]
+        pts = np.argwhere(binary_erosion(crop) ^ crop).astype(np.float64)
+        out.append(pts if scale is None else pts * scale)
+    return out[0], out[1]
+
+
+def cpu_surface_pairs(
+    pred: torch.Tensor, truth: torch.Tensor, spacing: Sequence[float] | None, percentile: float, taus: Sequence[float]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """HD (at ``percentile``) and NSD of ``N`` non-empty mask pairs ``(N, *S)`` on the CPU, bit-identical to
+    MONAI's ``compute_hausdorff_distance`` and ``compute_surface_dice`` (same edges, frame, float64 KD-tree
+    distances cast to float32, ``torch.quantile``, NSD ratio in float32) but with each pair's edges and
+    distances computed once for both metrics and without MONAI's per-pair transform machinery.
+    Returns two float64 CPU tensors ``(N,)``."""
+    p, t = pred.cpu().numpy(), truth.cpu().numpy()
+    scale = None if spacing is None else np.asarray([float(s) for s in spacing], dtype=np.float64)
+    n = p.shape[0]
+    hd, nsd = torch.empty(n, dtype=torch.float64), torch.empty(n, dtype=torch.float64)
+    q = percentile / 100
+    for i in range(n):
+        a, b = _cpu_edge_points(p[i], t[i], scale)
+        d_ab = torch.from_numpy(KDTree(b, leafsize=32).query(a, k=1)[0].astype(np.float32))
+        d_ba = torch.from_numpy(KDTree(a, leafsize=32).query(b, k=1)[0].astype(np.float32))
+        hd[i] = float(torch.maximum(torch.quantile(d_ab, q), torch.quantile(d_ba, q)))
+        within = torch.sum(d_ab <= taus[i]) + torch.sum(d_ba <= taus[i])
+        nsd[i] = float(within / (len(d_ab) + len(d_ba)))  # a float32 tensor, as MONAI's
     return hd, nsd
