@@ -1,7 +1,8 @@
-"""HD95 and NSD in torch, on whatever device the masks live (used for CUDA masks; the CPU keeps MONAI).
+"""HD95 and NSD of mask pairs: in torch on any device (:func:`surface_pairs`, used for CUDA masks) and on the
+CPU bit-identical to MONAI (:func:`cpu_surface_pairs`, used for CPU masks).
 
 The same definitions as MONAI's ``compute_hausdorff_distance(percentile=95)`` and
-``compute_surface_dice`` (``use_subvoxels=False``), which :mod:`fedseg.evaluate.metrics` calls on the CPU:
+``compute_surface_dice`` (``use_subvoxels=False``), the reference of tests/test_surface.py:
 
 * edges: a mask minus its binary erosion with the face-connected cross (``scipy.ndimage.binary_erosion``'s
   default structure), the outside of the grid counting as background (MONAI crops to the foreground with a
