@@ -64,7 +64,11 @@ def main() -> None:
             row["nsd_max_abs_diff"] = float((nsd_g - nsd_c).abs().max())
         rows.append(row)
         print(row, flush=True)
-    result = {"shape": SHAPE, "regions": 3, "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"}
+    result = {
+        "shape": SHAPE,
+        "regions": 3,
+        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+    }
     result["cases"] = rows
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")

@@ -80,11 +80,15 @@ def test_nearest_distances_in_small_chunks_equal_one_chunk():
     torch.testing.assert_close(nearest_distances(a, b), expected, rtol=1e-6, atol=1e-6)
 
 
-def test_batch_metrics_surface_device_cpu_keeps_monai_numbers():
-    """On CPU tensors ``auto`` is MONAI: the batch's HD95/NSD are exactly MONAI's on the measured pairs."""
+def test_batch_metrics_on_the_cpu_keep_monai_numbers():
+    """On CPU tensors (either setting) the batch's HD95/NSD are exactly MONAI's on the measured pairs."""
     p, t = random_pairs((6, 30, 30), seed=5)
     pb, tb = p.view(3, 2, 30, 30), t.view(3, 2, 30, 30)
     scores = batch_metrics(pb, tb, spacing=[1.0, 1.5], tolerance=1.0)
+    assert all(
+        np.array_equal(v, batch_metrics(pb, tb, spacing=[1.0, 1.5], tolerance=1.0, surface_device="auto")[k])
+        for k, v in scores.items()
+    )
     hd = compute_hausdorff_distance(
         p[:, None].float(), t[:, None].float(), include_background=True, percentile=HD95_PERCENTILE, spacing=[1.0, 1.5]
     )
@@ -118,7 +122,7 @@ def test_dice_scores_equal_monai_compute_dice_with_the_empty_rule():
 def test_batch_metrics_on_cuda_match_the_cpu():
     p, t = random_pairs((4, 3, 64, 64), seed=9)
     cpu = batch_metrics(p, t, spacing=[0.8, 1.2], tolerance=1.3)
-    gpu = batch_metrics(p.cuda(), t, spacing=[0.8, 1.2], tolerance=1.3)
+    gpu = batch_metrics(p.cuda(), t, spacing=[0.8, 1.2], tolerance=1.3, surface_device="auto")
     assert np.array_equal(cpu["dice"], gpu["dice"])
     np.testing.assert_allclose(gpu["hd95"], cpu["hd95"], rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(gpu["nsd"], cpu["nsd"], rtol=0, atol=1e-6)

@@ -46,7 +46,7 @@ def score_caseset(
     device: torch.device,
     worst: float | None = None,
     tolerance: float | Sequence[float] = DEFAULT_NSD_TOLERANCE,
-    surface_device: str = "auto",
+    surface_device: str = "cpu",
 ) -> Scores:
     """``{"dice", "hd95", "nsd"}`` -> ``(N, R)`` for every case of ``data`` (module docstring for the two
     paths; HD95 and NSD NaN only when ``hd95`` is False). ``worst``: ``eval.hd95_worst`` (the metrics'

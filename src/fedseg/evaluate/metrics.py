@@ -22,7 +22,8 @@ scored (``include_background=True`` in MONAI terms).
 HD95 and NSD are MONAI's definitions, computed by :mod:`fedseg.evaluate.surface`: on the CPU bit-identical
 to the two MONAI functions (``cpu_surface_pairs``: the same edges, frame and KD-tree, each pair's distances
 computed once for both metrics; tests/test_surface.py compares them with MONAI), on a CUDA device in torch
-(``surface_pairs``, ~1e-5 relative; ``eval.surface_device``). Dice is computed where the masks live.
+(``surface_pairs``, ~1e-5 relative; ``eval.surface_device: auto``, not the default: brute force, slower than
+the CPU's KD-tree on BraTS-sized masks). Dice is computed where the masks live.
 
 Empty-mask rule (BraTS convention; applied explicitly here, not left to MONAI's defaults):
 
@@ -110,7 +111,7 @@ def batch_metrics(
     spacing: Sequence[float] | None = None,
     worst: float | None = None,
     tolerance: float | Sequence[float] = DEFAULT_NSD_TOLERANCE,
-    surface_device: str = "auto",
+    surface_device: str = "cpu",
 ) -> Scores:
     """Per-case, per-region Dice, HD95 and NSD for a batch, with the module's empty-mask rule.
 
@@ -127,9 +128,9 @@ def batch_metrics(
             diagonal (:func:`grid_diagonal`).
         tolerance: NSD's tolerance ``tau`` in the HD95 unit, one for all regions or one per
             region (``metric_info.region_tolerances``); > 0.
-        surface_device: ``auto``: HD95/NSD in torch on ``pred``'s device when that is not the CPU
-            (``surface_pairs``, ~1e-5 relative to MONAI), on the CPU otherwise (``cpu_surface_pairs``,
-            MONAI's numbers bit for bit); ``cpu``: always on the CPU (``eval.surface_device``).
+        surface_device: ``cpu``: HD95/NSD on the CPU (``cpu_surface_pairs``, MONAI's numbers bit for bit);
+            ``auto``: in torch on ``pred``'s device when that is not the CPU (``surface_pairs``, ~1e-5
+            relative to MONAI; ``eval.surface_device``).
 
     Returns:
         ``{"dice": ..., "hd95": ..., "nsd": ...}`` (``metric_info.METRIC_NAMES``), float64 numpy arrays

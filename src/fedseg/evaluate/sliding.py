@@ -73,7 +73,7 @@ def score_volumes(
     worst: float | None = None,
     views: torch.Tensor | None = None,
     tolerance: float | Sequence[float] = DEFAULT_NSD_TOLERANCE,
-    surface_device: str = "auto",
+    surface_device: str = "cpu",
 ) -> Scores:
     """``{"dice", "hd95", "nsd"}`` -> ``(N, R)`` float64: every volume predicted by sliding window, scored on
     its original grid against its original-grid truth with its own spacing (HD95 and NSD's ``tolerance`` in

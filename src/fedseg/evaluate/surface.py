@@ -1,5 +1,6 @@
-"""HD95 and NSD of mask pairs: in torch on any device (:func:`surface_pairs`, used for CUDA masks) and on the
-CPU bit-identical to MONAI (:func:`cpu_surface_pairs`, used for CPU masks).
+"""HD95 and NSD of mask pairs: on the CPU bit-identical to MONAI (:func:`cpu_surface_pairs`, the default) and
+in torch on any device (:func:`surface_pairs`, ``eval.surface_device: auto``: brute-force nearest edge voxel,
+on an H100 16x slower than the CPU's KD-tree for BraTS-sized masks, benchmarks/results/surface_speed.json).
 
 The same definitions as MONAI's ``compute_hausdorff_distance(percentile=95)`` and
 ``compute_surface_dice`` (``use_subvoxels=False``), the reference of tests/test_surface.py:
