@@ -5,8 +5,8 @@ process each) and reads each run's ``ledger.csv`` (one ``wall_seconds`` per exch
 
 * ``train``: the last round's train exchange (warm; round 1 includes warm-up);
 * ``val``: the last round's validation exchange (the first ``evaluate`` of that round);
-* ``final``: everything after it: ``share_model``, the test of the selected model and the K cross-site
-  exchanges of the sites' local models (``eval.local_models``).
+* ``final``: everything after it: ``share_model``, the test of the selected model (``test``) and the K
+  cross-site exchanges of the sites' local models (``cross_site``, ``eval.local_models``).
 
 Targets (issue 26, item 4): ``val / train <= 0.25`` and ``final / train <= 2``. Writes medians and
 spreads to ``benchmarks/results/eval_cost.json``.
@@ -50,8 +50,19 @@ def costs(ledger: Path) -> dict[str, float]:
     train = sum(r["wall_seconds"] for r in tail if r["action"] == "train")
     first_eval = next(i for i, r in enumerate(tail) if r["action"] == "evaluate")
     val = tail[first_eval]["wall_seconds"]
-    final = sum(r["wall_seconds"] for r in tail[first_eval + 1 :])
-    return {"train": train, "val": val, "final": final, "val_ratio": val / train, "final_ratio": final / train}
+    after = tail[first_eval + 1 :]
+    final = sum(r["wall_seconds"] for r in after)
+    evals = [r["wall_seconds"] for r in after if r["action"] == "evaluate"]
+    test = evals[0] if evals else 0.0  # the selected model's test (fedavg: before the cross-site rows)
+    return {
+        "train": train,
+        "val": val,
+        "final": final,
+        "test": test,
+        "cross_site": sum(evals[1:]),
+        "val_ratio": val / train,
+        "final_ratio": final / train,
+    }
 
 
 def one_run(preset: str, rounds: int, extra: list[str]) -> dict[str, float]:
