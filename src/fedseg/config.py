@@ -459,6 +459,19 @@ class EvalConfig(Strict):
         "1 pixel (the MSD-derived surface Dice at 1 mm, FLARE 2021-22); computed with HD95 (eval.hd95)",
     )
     batch_size: int = Field(default=16, ge=1)
+    cross_site_hd95: bool = Field(
+        default=False,
+        description="the test's cross-site rows (local:<site> models on every site, eval.local_models) also get "
+        "HD95 and NSD (with eval.hd95); off: Dice only there (their HD95/NSD are NaN and render as a dash). "
+        "Validation exchanges always score Dice only; the final test of the selected model gets HD95/NSD",
+    )
+    surface_device: Literal["cpu", "auto"] = Field(
+        default="cpu",
+        description="where HD95 and NSD are computed: cpu = on the CPU, MONAI's numbers bit for bit "
+        "(fedseg.evaluate.surface.cpu_surface_pairs, a KD-tree); auto = where the model ran, in torch "
+        "(surface_pairs: brute-force nearest edge voxel, ~1e-5 relative to MONAI). On an H100 auto was 16x "
+        "slower than cpu on BraTS-sized masks (benchmarks/results/surface_speed.json), so cpu is the default",
+    )
     local_models: bool = Field(
         default=True,
         description="each site keeps its best locally trained model (scored on its own validation split "
