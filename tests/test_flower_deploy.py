@@ -180,7 +180,7 @@ def test_a_site_failing_on_flower_is_skipped_and_recorded_as_in_the_simulator(fo
     assert not _survivors(out / "flower")
 
 
-def test_flower_local_with_tls_and_node_authentication_in_flowers_default_isolation(folder, tmp_path, tiny):
+def test_flower_local_with_tls_and_node_authentication_in_subprocess_isolation(folder, tmp_path, tiny):
     """TLS, registered SuperNode keys, one ClientApp process per message: still the simulator's numbers."""
     cfg = _config(tiny, tmp_path / "cfg.yaml", ["fedavg"], rounds=1)
     sim = runner.invoke(app, ["run", "--config", str(cfg), "--data", str(folder), "--out", str(tmp_path / "sim")])

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import csv
+import hashlib
 import json
 import os
 import re
@@ -42,6 +43,8 @@ from fedseg.flower.deploy import (
     is_running,
     register_node,
     run_status,
+    submit_run,
+    wait_run,
 )
 from fedseg.flower.launch import LinkSettings, superlink_command, supernode_argv, supernode_command
 from fedseg.flower.superlink_main import FLEET_ONLY
@@ -297,3 +300,163 @@ def test_relative_certificate_and_key_paths_reach_flower_absolute(tmp_path, monk
     given = [c[c.index(flag) + 1] for c in (cmd,) for flag in ("--ssl-ca-certfile", "--ssl-certfile", "--ssl-keyfile")]
     given += [argv[argv.index(flag) + 1] for flag in ("--root-certificates", "--auth-supernode-private-key")]
     assert all(Path(p).is_absolute() and Path(p).is_file() for p in given), given
+
+
+# --- only the coordinator's code runs on a site (fedseg.flower.bundles) ---------------------------------------
+
+
+def foreign_fab(marker: Path) -> bytes:
+    """A benign foreign app bundle (Flower's build function): its ClientApp module creates ``marker``/imported when
+    imported and ``marker``/ran when it answers; its ServerApp sends every node a query and writes the replies'
+    errors to the run config's ``report``."""
+    from fedseg.flower.flwr_internals import build_fab
+
+    pyproject = """[build-system]
+requires = ["hatchling"]
+build-backend = "hatchling.build"
+
+[project]
+name = "friendly-app"
+version = "1.0.0"
+license = "Apache-2.0"
+dependencies = ["flwr"]
+
+[tool.flwr.app]
+publisher = "someone"
+
+[tool.flwr.app.components]
+serverapp = "friendly.server:app"
+clientapp = "friendly.client:app"
+
+[tool.flwr.app.config]
+report = ""
+nodes = 2
+"""
+    client = f"""from pathlib import Path
+from flwr.app import Message, RecordDict
+from flwr.clientapp import ClientApp
+
+MARKER = Path({str(marker)!r})
+MARKER.mkdir(parents=True, exist_ok=True)
+(MARKER / "imported").touch()
+app = ClientApp()
+
+
+@app.query()
+def hello(message, context):
+    (MARKER / "ran").touch()
+    return Message(RecordDict(), reply_to=message)
+"""
+    server = """import json, time
+from pathlib import Path
+from flwr.app import Message, RecordDict
+from flwr.serverapp import ServerApp
+
+app = ServerApp()
+
+
+@app.main()
+def main(grid, context):
+    deadline, nodes = time.monotonic() + 240, []
+    while len(nodes) < int(context.run_config["nodes"]) and time.monotonic() < deadline:
+        nodes = list(grid.get_node_ids())
+        time.sleep(0.2)
+    asks = [Message(RecordDict(), dst_node_id=n, message_type="query") for n in nodes]
+    replies = grid.send_and_receive(asks, timeout=180)
+    said = {r.metadata.src_node_id: r.error.reason if r.has_error() else "answered" for r in replies}
+    Path(str(context.run_config["report"])).write_text(json.dumps(said))
+"""
+    return build_fab(
+        {
+            "pyproject.toml": pyproject.encode(),
+            "friendly/__init__.py": b"",
+            "friendly/client.py": client.encode(),
+            "friendly/server.py": server.encode(),
+        }
+    )
+
+
+def test_a_site_refuses_every_bundle_but_fedseg_own_app_and_says_why(tmp_path):
+    from fedseg import __version__
+    from fedseg.flower.apps import MODULE, build_fab, pyproject
+    from fedseg.flower.bundles import BundleRefused, check_bundle, refusal
+    from fedseg.flower.flwr_internals import build_fab as build
+
+    assert refusal(build_fab()) is None
+    check_bundle(1, build_fab())
+    assert refusal(foreign_fab(tmp_path / "m")) == "it is not fedseg's app (someone/friendly-app 1.0.0)"
+    module = {f"{MODULE}.py": b"from fedseg.flower import apps\nclient_app = apps.client_app  # and more\n"}
+    modified = build({"pyproject.toml": pyproject().encode(), **module})
+    assert "claims to be fedseg/fedseg-flower" in refusal(modified) and "(modified)" in refusal(modified)
+    older = build({"pyproject.toml": pyproject().replace(f'"{__version__}"', '"0.0.1"').encode(), **module})
+    assert refusal(older).startswith("it is fedseg's app of another version (fedseg/fedseg-flower 0.0.1)")
+    assert refusal(b"PK\x03\x04 not a zip") == "it is not a readable Flower app bundle"
+    with pytest.raises(BundleRefused, match=r"^run 42 refused: its app bundle \(FAB sha256 [0-9a-f]{64}\)"):
+        check_bundle(42, modified)
+    assert not (tmp_path / "m").exists()
+
+
+def test_every_isolation_runs_the_supernode_with_fedsegs_checking_runner():
+    """Flower's own executor (`flwr-clientapp`, its `subprocess` isolation) imports any bundle: never used."""
+    from fedseg.flower.launch import runner_command
+
+    for isolation in ("subprocess", "warm"):
+        argv = supernode_argv("s", Path("f"), "127.0.0.1:1", 9094, None, None, True, None, isolation, None)
+        assert argv[argv.index("--isolation") + 1] == "process"
+    assert "--fresh" in runner_command(9094, "subprocess", None)
+    assert "--fresh" not in runner_command(9094, "warm", 0.2)
+
+
+@pytest.mark.slow
+def test_a_foreign_app_bundle_is_refused_in_both_isolations_and_fedseg_still_trains(tmp_path, disc_federation, tiny):
+    """A coordinator and two sites (site1 in `subprocess`, site2 in `warm` isolation); while fedseg's run waits for
+    them, someone with the (loopback) Control API submits a foreign bundle. Each site refuses it (a log line naming
+    the run and the FAB hash), the foreign ServerApp receives the refusal, nothing of the bundle ran on a site,
+    and fedseg's run on the same deployment trains to the end."""
+    folder = write_folder(disc_federation(n_sites=2, cases_per_site=6), tmp_path / "fed")
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(yaml.safe_dump({**tiny, "algorithms": ["fedavg"], "fl": {"rounds": 1}}))
+    fleet_port, control_port, *node_ports = free_ports(4)
+    fleet, control = f"127.0.0.1:{fleet_port}", f"127.0.0.1:{control_port}"
+    out, hospitals, marker = tmp_path / "out", tmp_path / "hospitals", tmp_path / "ran-on-a-site"
+    env = flower_env(hospitals / "home")
+    fab = foreign_fab(marker)
+    with Processes(hospitals / "processes.json") as procs:
+        coordinator = procs.start(
+            "coordinator",
+            [sys.executable, "-m", "fedseg.cli", "flower", "server", "--config", str(cfg), "--insecure"]
+            + ["--federation", str(folder), "--out", str(out), "--host", "127.0.0.1", "--port", str(fleet_port)]
+            + ["--control-address", control, "--wait", "240"],
+            hospitals / "coordinator.log",
+            env,
+        )
+        _wait_for(coordinator.log, "submitted", alive=lambda: coordinator.proc.poll() is None)
+        client = control_client(control, None)
+        try:
+            report = tmp_path / "foreign-replies.json"
+            foreign = submit_run(client, fab, {"report": str(report), "nodes": 2})
+            sites = {
+                site: procs.start(
+                    site,
+                    supernode_command(site, folder, fleet, port, hospitals / site, None, None, isolation, 0.05),
+                    hospitals / f"{site}.log",
+                    env,
+                )
+                for site, port, isolation in zip(("site1", "site2"), node_ports, ("subprocess", "warm"))
+            }
+            status = wait_run(client, foreign, poll=0.5, tick=lambda: time.sleep(0.5))
+        finally:
+            client.close()
+        assert status.sub_status == "completed", status.details
+        assert coordinator.proc.wait(timeout=600) == 0, coordinator.log.read_text()[-5000:]
+        for item in sites.values():
+            assert item.proc.poll() is None  # refusing a bundle leaves the site up
+    digest = hashlib.sha256(fab).hexdigest()
+    refused = f"run {foreign} refused: its app bundle (FAB sha256 {digest}) is not the one this site runs"
+    for site in ("site1", "site2"):
+        said = " ".join((hospitals / f"{site}.log").read_text().split())
+        assert refused in said and "it is not fedseg's app (someone/friendly-app 1.0.0)" in said, said[-3000:]
+    replies = json.loads(report.read_text())
+    assert len(replies) == 2 and all(refused in reason for reason in replies.values()), replies
+    assert not marker.exists(), sorted(p.name for p in marker.iterdir())
+    assert json.loads((out / "summary.json").read_text())["algorithms"]["fedavg"]["dice"]

@@ -228,20 +228,13 @@ def test_task_input_and_output_parts():
         assert hasattr(sub_status, status), changed(f"SubStatus.{status}", "push_task_output")
 
 
-def test_client_app_loading_parts():
-    install = attribute("flwr.cli.install", "install_from_fab", "load_client_app")
-    assert_parameters(install, ["fab_file", "skip_prompt"], "flwr.cli.install.install_from_fab", "load_client_app")
-    loader = attribute("flwr.clientapp.utils", "get_load_client_app_fn", "load_client_app")
-    assert_parameters(loader, ["default_app_ref", "app_path", "multi_app"], "get_load_client_app_fn", "load_client_app")
-    load = loader(default_app_ref="", app_path=None, multi_app=True)
-    assert len(inspect.signature(load).parameters) == 3, changed(
-        "the loader get_load_client_app_fn returns (fab_id, fab_version, fab_hash)", "load_client_app"
-    )
-    run = attribute("flwr.supercore.run", "Run", "load_client_app")
-    fab = attribute("flwr.supercore.fab", "Fab", "load_client_app")
-    for cls, fields in ((run, ("fab_id", "fab_version")), (fab, ("hash_str", "content"))):
+def test_task_input_fields_the_runner_reads():
+    """The runner checks the task's FAB bytes against fedseg's app (``fedseg.flower.bundles``), naming the run."""
+    run = attribute("flwr.supercore.run", "Run", "pull_task_input")
+    fab = attribute("flwr.supercore.fab", "Fab", "pull_task_input")
+    for cls, fields in ((run, ("run_id",)), (fab, ("content",))):
         have = set(inspect.signature(cls).parameters)
-        assert set(fields) <= have, changed(f"{cls.__qualname__}'s fields {fields}", "load_client_app")
+        assert set(fields) <= have, changed(f"{cls.__qualname__}'s fields {fields}", "pull_task_input")
 
 
 def test_client_app_error_code():
@@ -251,6 +244,8 @@ def test_client_app_error_code():
         assert hasattr(error_code, code), changed(f"ErrorCode.{code}", "client_app_error_code")
     assert flwr_internals.client_app_error_code(load_error("x")) == error_code.LOAD_CLIENT_APP_EXCEPTION
     assert flwr_internals.client_app_error_code(ValueError("x")) == error_code.CLIENT_APP_RAISED_EXCEPTION
+    assert hasattr(error_code, "INVALID_FAB"), changed("ErrorCode.INVALID_FAB", "invalid_fab_error_code")
+    assert flwr_internals.invalid_fab_error_code() == error_code.INVALID_FAB
 
 
 # -- public API fedseg relies on instead of internals ---------------------------------------------

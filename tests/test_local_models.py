@@ -202,3 +202,46 @@ def test_many_sites_warn_once_of_the_k_by_k_local_model_evaluations(
     few = disc_federation(n_sites=20, cases_per_site=6)
     assert "eval.local_models" not in _start(cfg, tmp_path / "d", few, monkeypatch)
     assert "eval.local_models" not in capsys.readouterr().err
+
+
+class EvalRecorder:
+    """Observer keeping every evaluate exchange: ``(split, model, meta surface, reply hd95, reply nsd)``."""
+
+    def __init__(self):
+        self.seen: list[tuple] = []
+
+    def __call__(self, site, action, msg, reply):
+        if action == "evaluate":
+            m = msg.meta
+            self.seen.append((m["split"], m["model"], m.get("surface"), reply.tensors["hd95"], reply.tensors["nsd"]))
+
+
+@pytest.mark.parametrize("cross_site_hd95", [False, True])
+def test_surface_metrics_only_where_a_table_reports_them(
+    cross_site_hd95, fedavg_run, tmp_path, tiny_config, disc_federation
+):
+    """Validation: Dice only; the test of the selected model: HD95/NSD; the cross-site rows only with
+    eval.cross_site_hd95. Dice (and so the selection and every Dice number) is the same either way."""
+    rec = EvalRecorder()
+    cfg = _config(tiny_config, cross_site_hd95=cross_site_hd95)
+    _run(cfg, tmp_path, disc_federation(), observers=[rec])
+    surfaced = {
+        (split, model.split(":")[0]): bool(torch.isfinite(torch.cat([hd.flatten(), nsd.flatten()])).all())
+        for split, model, _, hd, nsd in rec.seen
+    }
+    nan = {
+        (split, model.split(":")[0]): bool(torch.isnan(torch.cat([hd.flatten(), nsd.flatten()])).all())
+        for split, model, _, hd, nsd in rec.seen
+    }
+    assert nan[("val", "global")] and surfaced[("test", "global")]
+    assert (surfaced if cross_site_hd95 else nan)[("test", "local")]
+    assert {(s, m.split(":")[0], f) for s, m, f, _, _ in rec.seen} == {
+        ("val", "global", False),
+        ("test", "global", True),
+        ("test", "local", cross_site_hd95),
+    }
+    base = json.loads((fedavg_run[1] / "summary.json").read_text())["algorithms"]["fedavg"]
+    entry = json.loads((tmp_path / "summary.json").read_text())["algorithms"]["fedavg"]
+    assert entry["dice"] == base["dice"] and entry["cross_site"] == base["cross_site"]
+    assert entry["hd95"] == base["hd95"] and entry["nsd"] == base["nsd"]  # the selected model's, as before
+    assert "Auto-FedAvg Table 2 layout" in render_report(tmp_path).read_text()  # renders with NaN local HD95

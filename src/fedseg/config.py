@@ -281,6 +281,47 @@ class TrainConfig(Strict):
         "None = MONAI's defaults (1e-5)",
     )
     augment: AugmentConfig = AugmentConfig()
+    amp: Literal["auto", "bf16", "fp16", "off"] = Field(
+        default="auto",
+        description="mixed precision of training and evaluation forward passes (torch.autocast; loss, extra "
+        "loss terms and the logits' sigmoid/blending stay float32): auto = bf16 on CUDA, off elsewhere; fp16 adds "
+        "a GradScaler per local training run; off (and auto on the CPU) keeps results bit-identical to float32",
+    )
+    channels_last: Literal["auto", "on", "off"] = Field(
+        default="auto",
+        description="channels-last memory format for the network's weights and inputs (channels_last_3d for 3D): "
+        "auto = on for 2D networks on CUDA, off elsewhere (3D: 1.44x slower bf16 steps of the fets DynUNet on an "
+        "H100); on = 2D and 3D; the same values in another memory order",
+    )
+    cudnn_benchmark: bool = Field(
+        default=True,
+        description="on CUDA, let cuDNN time its convolution algorithms once per input shape "
+        "(torch.backends.cudnn.benchmark; GPU results are then not bit-reproducible); no effect elsewhere",
+    )
+    compile: bool = Field(
+        default=False,
+        description="torch.compile the network before local training (nn.Module.compile: weights and their names "
+        "unchanged); the first steps of each network pay the compilation",
+    )
+    loader_workers: int = Field(
+        default=0,
+        ge=0,
+        le=32,
+        description="background threads preparing the next training batches (patch crops, augmentation) while "
+        "the model trains; 0 = on the training thread. Results are identical for any value: step k draws from "
+        "its own stream (fedseg.train.step_generator)",
+    )
+    resident_mb: float = Field(
+        default=1024.0,
+        ge=0,
+        description="on CUDA, a whole-image training set (no volumes) up to this many MiB (images + masks) is "
+        "copied to the device once and batches are indexed there; 0 = never",
+    )
+
+    @field_validator("amp", "channels_last", mode="before")
+    @classmethod
+    def _on_off(cls, value: object) -> object:
+        return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value  # YAML's on/off
 
     @model_validator(mode="after")
     def _check(self) -> TrainConfig:
@@ -418,6 +459,19 @@ class EvalConfig(Strict):
         "1 pixel (the MSD-derived surface Dice at 1 mm, FLARE 2021-22); computed with HD95 (eval.hd95)",
     )
     batch_size: int = Field(default=16, ge=1)
+    cross_site_hd95: bool = Field(
+        default=False,
+        description="the test's cross-site rows (local:<site> models on every site, eval.local_models) also get "
+        "HD95 and NSD (with eval.hd95); off: Dice only there (their HD95/NSD are NaN and render as a dash). "
+        "Validation exchanges always score Dice only; the final test of the selected model gets HD95/NSD",
+    )
+    surface_device: Literal["cpu", "auto"] = Field(
+        default="cpu",
+        description="where HD95 and NSD are computed: cpu = on the CPU, MONAI's numbers bit for bit "
+        "(fedseg.evaluate.surface.cpu_surface_pairs, a KD-tree); auto = where the model ran, in torch "
+        "(surface_pairs: brute-force nearest edge voxel, ~1e-5 relative to MONAI). On an H100 auto was 16x "
+        "slower than cpu on BraTS-sized masks (benchmarks/results/surface_speed.json), so cpu is the default",
+    )
     local_models: bool = Field(
         default=True,
         description="each site keeps its best locally trained model (scored on its own validation split "

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from fedseg.accel import resolve
 from fedseg.algorithms import check_method_names, check_sites, get_algorithm
 from fedseg.algorithms.fedavg import sampling_refusal
 from fedseg.config import RunConfig, dump_config
@@ -664,7 +665,10 @@ def run_experiment(
     for line in method_notes(cfg, prep.task):
         announce(out, line, on_log_line)
     finished = resume and all(is_finished(out / "checkpoints" / f"{name}.pt") for name in cfg.algorithms)
-    provenance = (finished and unchanged(out)) or begin(out, resume, cfg.device)
+    provenance = (finished and unchanged(out)) or {  # accel: the effective train.amp / channels_last / ...
+        **begin(out, resume, cfg.device),
+        "accel": resolve(cfg.train, cfg.device).record(),
+    }
     results = RunResults(cfg, prep.federation, [], provenance)
     if prep.plan is not None:
         results.plan, results.plan_ledger, results.planned_cfg = prep.plan.summary(), prep.plan.ledger, prep.task.cfg

@@ -9,15 +9,19 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import closing
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from monai.losses import DiceCELoss, DiceLoss
 from torch import nn
 
+from fedseg.accel import autocast, compile_once, memory_format, resolve
 from fedseg.config import BudgetConfig, TrainConfig
 from fedseg.data.augment import augment_batch
 from fedseg.data.dataset import CaseSet
+from fedseg.data.prefetch import ordered_map
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -155,26 +159,39 @@ def batches(n: int, batch_size: int, generator: torch.Generator, endless: bool) 
             return
 
 
+def step_generator(base: int, *path: int) -> torch.Generator:
+    """A generator seeded from ``(base, *path)`` (numpy ``SeedSequence``, 63 bits), ``base`` >= 0: the streams
+    of one local training run. ``Trainer.fit`` draws ``base`` from the site's stream and uses ``(base, 0)`` for
+    the batch order and ``(base, 1, k)`` for step k's patch positions and augmentations, so every draw of a
+    step is a function of (seed, site, round, action, step) whatever thread prepares it."""
+    entropy = [base, *path]
+    seed = np.random.SeedSequence(entropy).generate_state(2, dtype=np.uint64)[0] >> np.uint64(1)
+    return torch.Generator().manual_seed(int(seed))
+
+
 class Trainer:
-    """Local training of a segmentation model on one ``CaseSet``."""
+    """Local training of a segmentation model on one ``CaseSet``, under the device switches of ``cfg``
+    (``fedseg.accel``: ``train.amp``, ``channels_last``, ``compile``) on ``device``."""
 
     def __init__(self, cfg: TrainConfig, device: torch.device):
         self.cfg = cfg
         self.device = device
+        self.accel = resolve(cfg, device)
         self.loss_fn = segmentation_loss(cfg.loss, cfg.dice_smooth)
 
     def draw(self, data, idx: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         """The training batch of cases ``idx`` on the Trainer's device: ``data.batch`` (whole images),
-        or one random patch per case for a ``CaseSet`` with volumes (``CaseSet.patches``), then the
-        ``train.augment`` augmentations for a ``CaseSet`` (``fedseg.data.augment``). Patch positions and
-        augmentations draw from ``generator`` (the site's stream), in that order."""
+        or one random patch per case for a ``CaseSet`` with volumes (``CaseSet.training_batch``: cropped on the
+        CPU, then copied), then the ``train.augment`` augmentations for a ``CaseSet`` (``fedseg.data.augment``,
+        on the device's tensors: on the GPU for CUDA). Patch positions and augmentations draw from
+        ``generator``, in that order. Images channels-last when ``train.channels_last`` is in effect."""
         if not isinstance(data, CaseSet):
-            return data.batch(idx, self.device)
-        if not self.cfg.augment.enabled:
-            return data.training_batch(idx, self.device, generator)
-        x, y = data.training_batch(idx, torch.device("cpu"), generator)
-        x, y = augment_batch(x, y, self.cfg.augment, generator)
-        return x.to(self.device), y.to(self.device)
+            x, y = data.batch(idx, self.device)
+        else:
+            x, y = data.training_batch(idx, self.device, generator)
+            if self.cfg.augment.enabled:
+                x, y = augment_batch(x, y, self.cfg.augment, generator)
+        return memory_format(x, self.accel), y
 
     def new_optimizer(self, model: nn.Module, hooks: TrainHooks = PLAIN) -> torch.optim.Optimizer:
         return make_optimizer(self.cfg, hooks.parameters(model))
@@ -196,6 +213,13 @@ class Trainer:
         ``len``, ``name`` and ``batch(idx, device) -> (x, target)`` (a ``CaseSet`` by default; a
         ``CaseSet`` with volumes trains on one random patch per case, :meth:`draw`). An epoch is one
         pass over the cases (FeTS 2022 Sec. 4.4.1: one patch per case).
+
+        Randomness: one draw from ``generator`` (the site's stream) seeds the run's batch order and each
+        step's own stream (:func:`step_generator`); hooks may draw from ``generator`` further. The batches
+        are prepared by :meth:`draw` on ``train.loader_workers`` background threads (0: this thread), in
+        order, with the same result for any number. The forward pass runs under ``train.amp`` autocast; the
+        loss (on float32 outputs) and ``extra_loss`` are float32; fp16 scales the loss (GradScaler) and
+        unscales the gradients before ``after_backward``.
         Returns the steps done, samples seen and the mean loss per step (without ``extra_loss``).
         """
         if len(data) == 0:
@@ -204,29 +228,64 @@ class Trainer:
         optimizer = optimizer or self.new_optimizer(model, hooks)
         loss_fn = loss_fn or self.loss_fn
         model.train()
+        if self.accel.compile:
+            compile_once(model)
+        if isinstance(data, CaseSet):
+            data.resident(self.device, self.cfg.resident_mb)
         max_steps = (
             budget.amount
             if budget.unit == "steps"
             else budget.amount * _batches_per_epoch(len(data), self.cfg.batch_size)
         )
-        steps, samples, loss_sum = 0, 0, 0.0
+        base = int(torch.randint(0, 2**62, (), generator=generator))
         # One pass of the endless sampler = one epoch, so both budget units share this loop.
-        for idx in batches(len(data), self.cfg.batch_size, generator, endless=True):
-            x, y = self.draw(data, idx, generator)
-            optimizer.zero_grad(set_to_none=True)
-            loss = loss_fn(hooks.forward(model, x), y)
-            extra = hooks.extra_loss(model)
-            total = loss if extra is None else loss + extra
+        order = zip(range(max_steps), batches(len(data), self.cfg.batch_size, step_generator(base, 0), endless=True))
+
+        def prepare(step: tuple[int, torch.Tensor]) -> tuple[int, torch.Tensor, torch.Tensor]:
+            k, idx = step
+            with torch.no_grad():
+                return (len(idx), *self.draw(data, idx, step_generator(base, 1, k)))
+
+        scaler = torch.amp.GradScaler(self.device.type) if self.accel.amp == torch.float16 else None
+        steps, samples = 0, 0
+        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)  # float64: as a Python sum; no sync
+        with closing(ordered_map(prepare, order, self.cfg.loader_workers)) as prepared:
+            for n, x, y in prepared:
+                loss_sum += self._step(model, optimizer, hooks, loss_fn, scaler, x, y).double()
+                steps += 1
+                samples += n
+        return TrainStats(steps=steps, samples=samples, mean_loss=float(loss_sum) / max(steps, 1))
+
+    def _step(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        hooks: TrainHooks,
+        loss_fn: LossFn,
+        scaler: torch.amp.GradScaler | None,
+        x: torch.Tensor,
+        y: torch.Tensor,
+    ) -> torch.Tensor:
+        """One optimizer step on batch ``(x, y)`` (order of the hooks: ``TrainHooks``); returns its loss (a
+        detached float32 scalar on the device)."""
+        optimizer.zero_grad(set_to_none=True)
+        with autocast(self.device, self.accel.amp):
+            out = hooks.forward(model, x)
+        loss = loss_fn(out.float(), y)
+        extra = hooks.extra_loss(model)
+        total = loss if extra is None else loss + extra
+        if scaler is None:
             total.backward()
             hooks.after_backward(model)
             optimizer.step()
-            hooks.after_step(model)
-            steps += 1
-            samples += len(idx)
-            loss_sum += float(loss.detach())
-            if steps >= max_steps:
-                break
-        return TrainStats(steps=steps, samples=samples, mean_loss=loss_sum / max(steps, 1))
+        else:
+            scaler.scale(total).backward()
+            scaler.unscale_(optimizer)  # the hooks see true gradients
+            hooks.after_backward(model)
+            scaler.step(optimizer)
+            scaler.update()
+        hooks.after_step(model)
+        return loss.detach()
 
 
 def _batches_per_epoch(n: int, batch_size: int) -> int:

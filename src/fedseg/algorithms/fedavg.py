@@ -77,6 +77,19 @@ SCORE, ROUND = "_score", "_round"  # suffixes of a kept model's entries: validat
 LOCAL_BEST_SCORE = LOCAL_BEST + SCORE  # client-state entry: the kept local model's validation Dice
 LOCAL_BEST_ROUND = LOCAL_BEST + ROUND  # client-state entry: the round it was trained in
 SHARE_MODEL = "share_model"  # the action that uploads a site's own model (evaluation traffic)
+SURFACE = "surface"  # evaluate meta (bool): also compute HD95 and NSD (with eval.hd95); absent = Dice only
+
+
+def surface_meta(split: str) -> dict[str, MetaValue]:
+    """The ``surface`` entry of an evaluate message scoring a method's own model on ``split``: HD95/NSD only
+    for the test (the tables report them for it); validation selects on Dice alone. The site decides nothing
+    itself, so every engine (simulator, worker pool, Flower) scores the same metrics."""
+    return {SURFACE: split == "test"}
+
+
+def wants_surface(msg: Message, ctx: ClientContext) -> bool:
+    """Whether an evaluate message asks for HD95/NSD: its ``surface`` meta and ``eval.hd95``."""
+    return bool(msg.meta.get(SURFACE, False)) and ctx.cfg.eval.hd95
 
 
 def local_model_name(site: str) -> str:
@@ -257,7 +270,8 @@ class FedAvgClient:
 
     # --- evaluation --------------------------------------------------------------
     def on_evaluate(self, msg: Message, ctx: ClientContext) -> Message:
-        """Score the model on ``meta.split``; reply with per-case Dice/HD95/NSD ``(N, R)`` and case ids.
+        """Score the model on ``meta.split``; reply with per-case Dice/HD95/NSD ``(N, R)`` and case ids
+        (HD95/NSD NaN unless ``meta.surface``: :func:`wants_surface`).
 
         With ``meta.sample = True`` the site also writes one example prediction to its own
         artifacts folder (images never travel in a message).
@@ -266,7 +280,15 @@ class FedAvgClient:
         data = ctx.data.split(str(msg.meta["split"]))
         ev = ctx.cfg.eval
         scores = score_caseset(
-            model, data, ev.batch_size, ev.threshold, ev.hd95, ctx.task.device, ev.hd95_worst, ctx.task.nsd_tolerances
+            model,
+            data,
+            ev.batch_size,
+            ev.threshold,
+            wants_surface(msg, ctx),
+            ctx.task.device,
+            ev.hd95_worst,
+            ctx.task.nsd_tolerances,
+            ev.surface_device,
         )
         if msg.meta.get("sample") and ctx.artifacts is not None and len(data):
             write_sample(model, data, ctx, str(msg.meta["model"]))
@@ -422,7 +444,7 @@ class FedAvgServer:
         return "global"
 
     def eval_messages(self, split: str, sample: bool) -> dict[str, Message]:
-        meta: dict[str, MetaValue] = {"split": split, "model": "global", "sample": sample}
+        meta: dict[str, MetaValue] = {"split": split, "model": "global", "sample": sample, **surface_meta(split)}
         return {s: Message(prefixed(MODEL, self.global_weights), dict(meta)) for s in self.engine.sites}
 
     def evaluate(self, split: str, sample: bool = False) -> list[dict]:
@@ -451,10 +473,16 @@ class FedAvgServer:
 
     def cross_site_rows(self, models: dict[str, dict[str, torch.Tensor]], skip_own: bool = False) -> list[dict]:
         """``models[owner]`` scored on every site's test split, one ``evaluate`` exchange per owner;
-        rows ``model = "local:<owner>"``. ``skip_own``: not on the owner's own split (already scored)."""
+        rows ``model = "local:<owner>"``. ``skip_own``: not on the owner's own split (already scored). Dice
+        only unless ``eval.cross_site_hd95`` (HD95/NSD NaN: the tables show a dash)."""
         rows = []
         for owner, weights in models.items():
-            meta: dict[str, MetaValue] = {"split": "test", "model": local_model_name(owner), "sample": False}
+            meta: dict[str, MetaValue] = {
+                "split": "test",
+                "model": local_model_name(owner),
+                "sample": False,
+                SURFACE: self.task.cfg.eval.cross_site_hd95,
+            }
             msgs = {
                 s: Message(prefixed(MODEL, weights), dict(meta))
                 for s in self.engine.sites

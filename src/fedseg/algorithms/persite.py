@@ -43,6 +43,7 @@ from fedseg.algorithms.fedavg import (
     keep_if_better,
     local_model_name,
     state_group,
+    surface_meta,
 )
 from fedseg.engine.context import ClientContext
 from fedseg.engine.messages import Message, MetaValue, load_weights, prefixed
@@ -114,7 +115,12 @@ class PerSiteServer(FedAvgServer):
     def eval_messages(self, split: str, sample: bool) -> dict[str, Message]:
         messages = {}
         for s in self.engine.sites:
-            meta: dict[str, MetaValue] = {"split": split, "model": self.site_model(s), "sample": sample}
+            meta: dict[str, MetaValue] = {
+                "split": split,
+                "model": self.site_model(s),
+                "sample": sample,
+                **surface_meta(split),
+            }
             if split == "test":
                 messages[s] = Message({}, {**meta, USE_BEST: True})
             else:

@@ -34,21 +34,42 @@ class CaseSet:
     y: torch.Tensor
     volumes: list[Volume] | None = None
     volume: VolumeConfig | None = None
+    _resident: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict, repr=False, compare=False)
 
     def __len__(self) -> int:
         return len(self.ids)
 
-    def batch(self, idx: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """The fixed-size view of cases ``idx``: ``(x (B, C, *S), y (B, R, *S))`` on ``device``."""
-        return self.x[idx].to(device), self.y[idx].to(device)
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_resident": {}}  # a device copy stays in its process
 
-    def patches(self, idx: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        """One random patch per case ``idx`` (volume path; ``fedseg.data.volumes.draw_patches``), CPU:
-        ``(x (B, C, *K), y (B, R, *K))`` with ``K`` the patch size."""
+    def batch(self, idx: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The fixed-size view of cases ``idx``: ``(x (B, C, *S), y (B, R, *S))`` on ``device`` (indexed on the
+        device when the set is resident there, :meth:`resident`)."""
+        x, y = self._resident.get(str(device), (self.x, self.y))
+        idx = idx.to(x.device)
+        return to_device(x[idx], device), to_device(y[idx], device)
+
+    def resident(self, device: torch.device, budget_mb: float) -> bool:
+        """Keep a copy of the fixed-size view ``x``, ``y`` on CUDA ``device`` (copied once, kept with the set) if
+        the set has no volumes and ``x`` + ``y`` take at most ``budget_mb`` MiB; :meth:`batch` then indexes
+        there. Returns whether the set is resident on ``device``. Values unchanged (a copy)."""
+        key = str(device)
+        if key not in self._resident:
+            size_mb = (self.x.nbytes + self.y.nbytes) / 2**20
+            if device.type != "cuda" or self.volumes is not None or size_mb > budget_mb or not len(self):
+                return False
+            self._resident[key] = (self.x.to(device), self.y.to(device))
+        return True
+
+    def patches(
+        self, idx: torch.Tensor, generator: torch.Generator, pin: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One random patch per case ``idx`` (volume path; ``fedseg.data.volumes.draw_patches``), CPU (pinned
+        memory if ``pin``): ``(x (B, C, *K), y (B, R, *K))`` with ``K`` the patch size."""
         assert self.volumes is not None and self.volume is not None  # the volume path
         vols = [self.volumes[i] for i in idx.tolist()]
         size = patch_size(self.volume, self.x.dim() - 2)
-        return draw_patches(vols, size, self.volume.foreground_oversample, generator)
+        return draw_patches(vols, size, self.volume.foreground_oversample, generator, pin)
 
     def training_batch(
         self, idx: torch.Tensor, device: torch.device, generator: torch.Generator
@@ -60,8 +81,8 @@ class CaseSet:
         (Auto-FedAvg's beta steps, q-FedAvg's F_k, Per-FedAvg's second batch)."""
         if self.volumes is None:
             return self.batch(idx, device)
-        x, y = self.patches(idx, generator)
-        return x.to(device), y.to(device)
+        x, y = self.patches(idx, generator, pin=device.type == "cuda")
+        return to_device(x, device), to_device(y, device)
 
     def subset(self, idx: torch.Tensor) -> CaseSet:
         """Cases ``idx`` (a 1-D index tensor) as a set of the same name."""
@@ -76,6 +97,14 @@ class CaseSet:
         if not sets or any(s.volumes is None for s in sets):
             return cls(name, ids, x, y)
         return cls(name, ids, x, y, [v for s in sets for v in s.volumes or []], sets[0].volume)
+
+
+def to_device(x: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``x`` on ``device``: a CPU tensor bound for CUDA goes through pinned memory and is copied without
+    blocking (ordered on the current stream before any kernel that reads it); otherwise ``x.to(device)``."""
+    if device.type == "cuda" and x.device.type == "cpu":
+        return (x if x.is_pinned() else x.pin_memory()).to(device, non_blocking=True)
+    return x.to(device)
 
 
 @dataclass

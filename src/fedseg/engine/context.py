@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from fedseg.accel import prepare_model, resolve
 from fedseg.config import RunConfig, region_tolerances
 from fedseg.data.dataset import SiteData
 from fedseg.engine.faults import inject, matching_faults
@@ -50,6 +51,7 @@ class Task:
             template = build_segmenter(
                 self.cfg.model, self.spatial_dims, self.in_channels, len(self.regions), self.cfg.seed
             ).to(self.device)
+            prepare_model(template, resolve(self.cfg.train, self.device))  # train.amp, channels_last, cuDNN
             object.__setattr__(self, "_template", template)  # a cache on a frozen dataclass
         return copy.deepcopy(template)
 

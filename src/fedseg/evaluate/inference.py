@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from fedseg.accel import inference_autocast
 from fedseg.config import EvalConfig
 from fedseg.data.dataset import CaseSet
 from fedseg.evaluate.metric_info import DEFAULT_NSD_TOLERANCE, METRIC_NAMES
@@ -22,11 +23,23 @@ from fedseg.evaluate.sliding import network_for, score_volumes, sliding_logits
 
 @torch.no_grad()
 def predict_masks(
-    model: nn.Module, x: torch.Tensor, batch_size: int, threshold: float, device: torch.device
+    model: nn.Module,
+    x: torch.Tensor,
+    batch_size: int,
+    threshold: float,
+    device: torch.device,
+    on_device: bool = False,
 ) -> torch.Tensor:
-    """Images ``(N, C, *S)`` -> boolean region masks ``(N, R, *S)`` on the CPU."""
+    """Images ``(N, C, *S)`` -> boolean region masks ``(N, R, *S)`` on the CPU (``on_device``: left on
+    ``device``, where the model ran). The forward pass runs at the model's ``train.amp`` precision
+    (``fedseg.accel.inference_autocast``), the logits cast to float32 before thresholding."""
     model.eval()
-    out = [logits_to_masks(model(xb.to(device)), threshold).cpu() for xb in x.split(batch_size)]
+    out = []
+    for xb in x.split(batch_size):
+        with inference_autocast(model, device):
+            logits = model(xb.to(device))
+        masks = logits_to_masks(logits.float(), threshold)
+        out.append(masks if on_device else masks.cpu())
     return torch.cat(out) if out else torch.empty(0, dtype=torch.bool)
 
 
@@ -39,17 +52,36 @@ def score_caseset(
     device: torch.device,
     worst: float | None = None,
     tolerance: float | Sequence[float] = DEFAULT_NSD_TOLERANCE,
+    surface_device: str = "cpu",
 ) -> Scores:
     """``{"dice", "hd95", "nsd"}`` -> ``(N, R)`` for every case of ``data`` (module docstring for the two
     paths; HD95 and NSD NaN only when ``hd95`` is False). ``worst``: ``eval.hd95_worst`` (the metrics'
     empty-mask rule; None = the grid's diagonal); ``tolerance``: NSD's, per region or one for all
-    (``Task.nsd_tolerances``), in the HD95 unit."""
+    (``Task.nsd_tolerances``), in the HD95 unit; ``surface_device``: ``eval.surface_device``
+    (:func:`fedseg.evaluate.metrics.batch_metrics`).
+
+    Whole-image path: each batch of ``batch_size`` is scored where the model ran (Dice on the device;
+    HD95/NSD there too unless ``surface_device`` is ``cpu``); only the ``(B, R)`` scores come back."""
     if data.volumes is not None and data.volume is not None:
         if not data.volumes:
             return {m: np.zeros((0, data.y.shape[1])) for m in METRIC_NAMES}
-        return score_volumes(model, data.volumes, data.volume, threshold, hd95, device, worst, data.x, tolerance)
-    pred = predict_masks(model, data.x, batch_size, threshold, device)
-    return batch_metrics(pred, data.y.bool(), hd95=hd95, worst=worst, tolerance=tolerance)
+        return score_volumes(
+            model, data.volumes, data.volume, threshold, hd95, device, worst, data.x, tolerance, surface_device
+        )
+    parts = [
+        batch_metrics(
+            predict_masks(model, xb, batch_size, threshold, device, on_device=True),
+            yb.bool(),
+            hd95=hd95,
+            worst=worst,
+            tolerance=tolerance,
+            surface_device=surface_device,
+        )
+        for xb, yb in zip(data.x.split(batch_size), data.y.split(batch_size))
+    ]
+    if not parts:
+        return {m: np.zeros((0, data.y.shape[1])) for m in METRIC_NAMES}
+    return {m: np.concatenate([part[m] for part in parts]) for m in METRIC_NAMES}
 
 
 @torch.no_grad()

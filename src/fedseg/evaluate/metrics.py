@@ -19,6 +19,12 @@ scored (``include_background=True`` in MONAI terms).
   (Metrics Reloaded recommends it next to Dice and HD95). It needs the same surface-distance work as
   HD95 and is computed under the same gate (``hd95=True`` / ``eval.hd95``).
 
+HD95 and NSD are MONAI's definitions, computed by :mod:`fedseg.evaluate.surface`: on the CPU bit-identical
+to the two MONAI functions (``cpu_surface_pairs``: the same edges, frame and KD-tree, each pair's distances
+computed once for both metrics; tests/test_surface.py compares them with MONAI), on a CUDA device in torch
+(``surface_pairs``, ~1e-5 relative; ``eval.surface_device: auto``, not the default: brute force, slower than
+the CPU's KD-tree on BraTS-sized masks). Dice is computed where the masks live.
+
 Empty-mask rule (BraTS convention; applied explicitly here, not left to MONAI's defaults):
 
 ====================  =========  ==========================  =========
@@ -45,16 +51,24 @@ and ``summary.json``, heading, direction, decimals), so a table loops over them 
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 
 import numpy as np
 import torch
-from monai.metrics import compute_dice, compute_hausdorff_distance, compute_surface_dice
+from monai.metrics import compute_dice
 
 from fedseg.evaluate.metric_info import DEFAULT_NSD_TOLERANCE
+from fedseg.evaluate.surface import cpu_surface_pairs, surface_pairs
 
-__all__ = ["logits_to_masks", "case_metrics", "batch_metrics", "grid_diagonal", "Scores", "HD95_PERCENTILE"]
+__all__ = [
+    "logits_to_masks",
+    "case_metrics",
+    "batch_metrics",
+    "dice_scores",
+    "grid_diagonal",
+    "Scores",
+    "HD95_PERCENTILE",
+]
 
 HD95_PERCENTILE = 95.0
 Scores = dict[str, np.ndarray]  # metric name (METRIC_NAMES) -> (B, R) float64
@@ -74,9 +88,20 @@ def logits_to_masks(logits: torch.Tensor, threshold: float = 0.5) -> torch.Tenso
 
 
 def _as_bool(x: torch.Tensor | np.ndarray) -> torch.Tensor:
-    """Binary mask (any dtype, nonzero = foreground) -> bool CPU tensor."""
+    """Binary mask (any dtype, nonzero = foreground) -> bool tensor on the device it lives on."""
     x = torch.as_tensor(x)
     return (x != 0) if x.dtype != torch.bool else x
+
+
+def dice_scores(p: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """Dice ``(B, R)`` float32 of bool masks ``(B, R, *S)`` on their own device (MONAI ``compute_dice``)
+    with the module's empty-mask rule: only these ``B x R`` numbers need to leave an accelerator."""
+    b, r = p.shape[:2]
+    p_any, t_any = p.reshape(b, r, -1).any(-1), t.reshape(b, r, -1).any(-1)
+    dice = compute_dice(p.float(), t.float(), include_background=True, ignore_empty=False)
+    dice[~p_any & ~t_any] = 1.0  # both empty
+    dice[p_any ^ t_any] = 0.0  # exactly one empty
+    return dice
 
 
 def batch_metrics(
@@ -86,11 +111,13 @@ def batch_metrics(
     spacing: Sequence[float] | None = None,
     worst: float | None = None,
     tolerance: float | Sequence[float] = DEFAULT_NSD_TOLERANCE,
+    surface_device: str = "cpu",
 ) -> Scores:
     """Per-case, per-region Dice, HD95 and NSD for a batch, with the module's empty-mask rule.
 
     Args:
-        pred: binary prediction ``(B, R, *S)`` (bool or 0/1), ``S`` 2D or 3D.
+        pred: binary prediction ``(B, R, *S)`` (bool or 0/1), ``S`` 2D or 3D; on any device (Dice is
+            computed where it lives; ``truth`` is moved there).
         truth: binary ground truth, same shape.
         hd95: compute the surface metrics HD95 and NSD; when False they are all NaN (Dice only
             is much cheaper: each needs a surface-distance computation per case and region).
@@ -101,12 +128,16 @@ def batch_metrics(
             diagonal (:func:`grid_diagonal`).
         tolerance: NSD's tolerance ``tau`` in the HD95 unit, one for all regions or one per
             region (``metric_info.region_tolerances``); > 0.
+        surface_device: ``cpu``: HD95/NSD on the CPU (``cpu_surface_pairs``, MONAI's numbers bit for bit);
+            ``auto``: in torch on ``pred``'s device when that is not the CPU (``surface_pairs``, ~1e-5
+            relative to MONAI; ``eval.surface_device``).
 
     Returns:
         ``{"dice": ..., "hd95": ..., "nsd": ...}`` (``metric_info.METRIC_NAMES``), float64 numpy arrays
         of shape ``(B, R)``.
     """
-    p, t = _as_bool(pred).cpu(), _as_bool(truth).cpu()
+    p = _as_bool(pred)
+    t = _as_bool(truth).to(p.device)
     if p.shape != t.shape:
         raise ValueError(f"pred and truth shapes differ: {tuple(p.shape)} vs {tuple(t.shape)}")
     if p.ndim not in (4, 5):
@@ -115,48 +146,30 @@ def batch_metrics(
     taus = [float(v) for v in tolerance] if isinstance(tolerance, Sequence) else [float(tolerance)] * r
     if len(taus) != r or not all(np.isfinite(v) and v > 0 for v in taus):
         raise ValueError(f"NSD tolerance: one finite number > 0, or one per region ({r}); got {tolerance!r}")
-    p_any = p.reshape(b, r, -1).any(-1)
-    t_any = t.reshape(b, r, -1).any(-1)
-    both = p_any & t_any
-
-    dice = compute_dice(p.float(), t.float(), include_background=True, ignore_empty=False).double().numpy()
-    dice[(~p_any & ~t_any).numpy()] = 1.0  # both empty
-    dice[(p_any ^ t_any).numpy()] = 0.0  # exactly one empty
+    dice = dice_scores(p, t).double().cpu().numpy()
 
     hd = np.full((b, r), np.nan, dtype=np.float64)
     nsd = np.full((b, r), np.nan, dtype=np.float64)
-    if hd95:
-        hd[(~p_any & ~t_any).numpy()] = 0.0  # both empty
-        hd[(p_any ^ t_any).numpy()] = grid_diagonal(p.shape[2:], spacing) if worst is None else float(worst)
-        nsd[(~p_any & ~t_any).numpy()] = 1.0  # both empty
-        nsd[(p_any ^ t_any).numpy()] = 0.0  # exactly one empty
-    if hd95 and bool(both.any()):
-        idx = both.nonzero(as_tuple=True)
-        rows, cols = idx[0].numpy(), idx[1].numpy()
+    if not hd95:
+        return {"dice": dice, "hd95": hd, "nsd": nsd}
+    p_any = p.reshape(b, r, -1).any(-1).cpu()
+    t_any = t.reshape(b, r, -1).any(-1).cpu()
+    both = p_any & t_any
+    hd[(~p_any & ~t_any).numpy()] = 0.0  # both empty
+    hd[(p_any ^ t_any).numpy()] = grid_diagonal(p.shape[2:], spacing) if worst is None else float(worst)
+    nsd[(~p_any & ~t_any).numpy()] = 1.0  # both empty
+    nsd[(p_any ^ t_any).numpy()] = 0.0  # exactly one empty
+    if bool(both.any()):
+        rows, cols = both.nonzero(as_tuple=True)
         steps = None if spacing is None else [float(s) for s in spacing]
-        # Only pairs with both masks non-empty reach MONAI, no empty-mask warnings; the other
-        # pairs got their value from the rule above.
-        with warnings.catch_warnings():
-            # MONAI 1.6 warns about its own internal use of a deprecated argument.
-            warnings.filterwarnings("ignore", message=".*always_return_as_numpy.*", category=FutureWarning)
-            # HD95: one (N, 1, *S) call.
-            dist = compute_hausdorff_distance(
-                p[idx].unsqueeze(1).float(),
-                t[idx].unsqueeze(1).float(),
-                include_background=True,
-                percentile=HD95_PERCENTILE,
-                spacing=steps,
-            )
-            # NSD: the N pairs as the channels of one (1, N, *S) case, each with its region's tolerance.
-            surf = compute_surface_dice(
-                p[idx].unsqueeze(0).float(),
-                t[idx].unsqueeze(0).float(),
-                class_thresholds=[taus[c] for c in cols],
-                include_background=True,
-                spacing=steps,
-            )
-        hd[rows, cols] = dist[:, 0].double().numpy()
-        nsd[rows, cols] = surf[0].double().numpy()
+        # Only pairs with both masks non-empty are measured; the other pairs got their value from the rule above.
+        on_device = surface_device == "auto" and p.device.type != "cpu"
+        measure = surface_pairs if on_device else cpu_surface_pairs
+        pair_hd, pair_nsd = measure(
+            p[rows, cols], t[rows, cols], steps, HD95_PERCENTILE, [taus[c] for c in cols.tolist()]
+        )
+        hd[rows.numpy(), cols.numpy()] = pair_hd.numpy()
+        nsd[rows.numpy(), cols.numpy()] = pair_nsd.numpy()
     return {"dice": dice, "hd95": hd, "nsd": nsd}
 
 

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from fedseg.accel import inference_autocast
 from fedseg.config import VolumeConfig
 from fedseg.data.volumes import Grid, Volume, patch_size, restore
 from fedseg.evaluate.metric_info import DEFAULT_NSD_TOLERANCE, METRIC_NAMES
@@ -27,15 +28,22 @@ from fedseg.evaluate.metrics import Scores, batch_metrics
 def sliding_logits(model: nn.Module, image: torch.Tensor, cfg: VolumeConfig, device: torch.device) -> torch.Tensor:
     """Blended logits ``(R, *P)`` (CPU float32) of ``model`` over ``image`` ``(C, *P)``, ``P >= patch`` per
     axis. Windows run on ``device``; the blend is accumulated on the CPU (a whole volume need not fit
-    on the accelerator). Puts ``model`` in eval mode."""
+    on the accelerator). Puts ``model`` in eval mode. Windows run at the model's ``train.amp`` precision
+    (``fedseg.accel.inference_autocast``); their logits are cast to float32 before blending."""
     from monai.inferers import sliding_window_inference
 
     model.eval()
+
+    def predictor(window: torch.Tensor) -> torch.Tensor:
+        with inference_autocast(model, device):
+            logits = model(window)
+        return logits.float()
+
     out = sliding_window_inference(
         image[None],
         roi_size=patch_size(cfg, image.dim() - 1),
         sw_batch_size=cfg.sw_batch_size,
-        predictor=model,
+        predictor=predictor,
         overlap=cfg.sw_overlap,
         mode=cfg.sw_mode,
         sw_device=device,
@@ -73,18 +81,28 @@ def score_volumes(
     worst: float | None = None,
     views: torch.Tensor | None = None,
     tolerance: float | Sequence[float] = DEFAULT_NSD_TOLERANCE,
+    surface_device: str = "cpu",
 ) -> Scores:
     """``{"dice", "hd95", "nsd"}`` -> ``(N, R)`` float64: every volume predicted by sliding window, scored on
     its original grid against its original-grid truth with its own spacing (HD95 and NSD's ``tolerance`` in
     mm), with the metrics' empty-mask rule and ``worst`` (``eval.hd95_worst``; None = the case's grid diagonal
     in mm). ``views``: the cases' fixed-size images ``(N, C, *S)`` a routing model decides on
-    (:func:`network_for`)."""
+    (:func:`network_for`). The restored masks live on the CPU; they go to ``device`` for the metrics when
+    ``device`` is an accelerator and ``surface_device`` is ``auto`` (HD95/NSD there,
+    :mod:`fedseg.evaluate.surface`)."""
+    to = device if surface_device == "auto" and hd95 else torch.device("cpu")
     scores: dict[str, list[np.ndarray]] = {m: [] for m in METRIC_NAMES}
     for i, vol in enumerate(volumes):
         net = network_for(model, None if views is None else views[i], device)
         pred = predict_on_grid(net, vol.image, vol.grid, cfg, threshold, device)
         case = batch_metrics(
-            pred[None], vol.truth[None], hd95=hd95, spacing=vol.spacing, worst=worst, tolerance=tolerance
+            pred[None].to(to),
+            vol.truth[None],
+            hd95=hd95,
+            spacing=vol.spacing,
+            worst=worst,
+            tolerance=tolerance,
+            surface_device=surface_device,
         )
         for m in METRIC_NAMES:
             scores[m].append(case[m][0])

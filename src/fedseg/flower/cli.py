@@ -101,8 +101,8 @@ ROUNDS = typer.Option(None, "--rounds", help="federated rounds")
 SEED = typer.Option(None, "--seed")
 SET = typer.Option([], "--set", help="override: key.sub=value (YAML value); repeatable")
 ISOLATION_HELP = (
-    "subprocess: Flower's default, one ClientApp process per message; warm: one long-lived ClientApp "
-    "worker per SuperNode (no per-message process start)"
+    "subprocess: one ClientApp process per message; warm: one long-lived ClientApp worker per SuperNode (no "
+    "per-message process start). Either runs fedseg's own app only: a run bringing another app bundle is refused"
 )
 RESUME = typer.Option(
     False,

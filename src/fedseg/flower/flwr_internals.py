@@ -28,9 +28,10 @@ process (they replace a module's ``time`` and two functions' keyword defaults; n
 Flower changes). fedseg applies them in its SuperNode wrapper (``supernode_main``) and warm
 worker when ``--poll`` is given, and in its ServerApp.
 
-**The warm ClientApp worker** (``fedseg.flower.worker``) runs ClientApp tasks the way
-``flwr-clientapp`` does (``flwr.supernode.runtime.run_clientapp``), but many in one process:
-Flower's only public runner exits after one task. The steps it takes from Flower are here.
+**The ClientApp runner** (``fedseg.flower.worker``) runs ClientApp tasks the way
+``flwr-clientapp`` does (``flwr.supernode.runtime.run_clientapp``), but many in one process (warm),
+and only for fedseg's own app (``fedseg.flower.bundles``): Flower's only public runner exits after
+one task and runs whatever FAB the run brings. The steps it takes from Flower are here.
 
 **Also:** the SuperNode's log timestamps (``show_log_timestamps``) and the in-memory FAB build
 (``build_fab``).
@@ -47,7 +48,6 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from flwr.app import Context, Message
-    from flwr.clientapp import ClientApp
     from flwr.supercore.fab import Fab
     from flwr.supercore.run import Run
     from flwr.supercore.runtime import RuntimeHttpClient
@@ -124,7 +124,7 @@ def build_fab(files: Mapping[str, bytes]) -> bytes:
     return build_fab_from_files(dict(files))[0]
 
 
-# -- the warm ClientApp worker --------------------------------------------------------------------
+# -- the ClientApp runner (fedseg.flower.worker) -------------------------------------------------
 
 
 def _runtime_client(
@@ -219,19 +219,6 @@ def pull_task_input(client: RuntimeHttpClient) -> tuple[Message, Context, Run, F
     return pull(client)
 
 
-def load_client_app(run: Run, fab: Fab) -> ClientApp:
-    """Install the run's FAB and load its ClientApp, as ``flwr-clientapp`` does (no dependency installation).
-
-    Uses ``flwr.cli.install.install_from_fab`` and ``flwr.clientapp.utils.get_load_client_app_fn``. No
-    public way: ``flwr install`` is a command (a process per task again) and Flower exports no app loader."""
-    from flwr.cli.install import install_from_fab
-    from flwr.clientapp.utils import get_load_client_app_fn
-
-    install_from_fab(fab.content, skip_prompt=True)
-    load = get_load_client_app_fn(default_app_ref="", app_path=None, multi_app=True)
-    return load(run.fab_id, run.fab_version, fab.hash_str)
-
-
 def client_app_error_code(error: BaseException) -> int:
     """The ``Error`` code ``flwr-clientapp`` replies with when loading (``LOAD_CLIENT_APP_EXCEPTION``) or
     running (``CLIENT_APP_RAISED_EXCEPTION``) the ClientApp raised ``error``.
@@ -244,6 +231,16 @@ def client_app_error_code(error: BaseException) -> int:
     if isinstance(error, LoadClientAppError):
         return int(ErrorCode.LOAD_CLIENT_APP_EXCEPTION)
     return int(ErrorCode.CLIENT_APP_RAISED_EXCEPTION)
+
+
+def invalid_fab_error_code() -> int:
+    """The ``Error`` code a SuperNode replies with when it refuses a run's FAB (``INVALID_FAB``, as Flower's
+    own ``--trusted-entities`` check does): fedseg's runner refuses any FAB but fedseg's app.
+
+    Uses ``flwr.common.constant.ErrorCode``. No public way: it is not exported by ``flwr.app``."""
+    from flwr.common.constant import ErrorCode
+
+    return int(ErrorCode.INVALID_FAB)
 
 
 def push_reply(client: RuntimeHttpClient, reply: Message, context: Context) -> None:

@@ -4,9 +4,11 @@
   folder fails here, with the data check's message, before anything connects), then runs
   Flower's SuperNode with node config ``site=NAME data=ROOT samples=DIR``; TLS to the SuperLink
   (``--root-certificates``) and SuperNode authentication (``--auth-supernode-private-key``) as
-  given. Isolation ``subprocess`` (Flower's default: one ``flwr-clientapp`` process per
-  message) or ``warm`` (the SuperNode in ``process`` isolation + fedseg's warm worker,
-  ``fedseg.flower.worker``).
+  given. The SuperNode runs in Flower's ``process`` isolation with fedseg's ClientApp runner
+  (``fedseg.flower.worker``), which runs fedseg's own app only (``fedseg.flower.bundles``: any other
+  app bundle is refused before any of it runs): ``warm``, every message in one long-lived process,
+  or ``subprocess``, a new process per message (as Flower's ``subprocess`` isolation, whose
+  ``flwr-clientapp`` would import whatever bundle a run brings).
 - ``serve_experiment``: the coordinator. Starts a SuperLink (TLS and ``--enable-supernode-auth``
   as given), registers the SuperNodes' public keys, submits fedseg's app with the run's
   config (``flwr run``), waits for it, and returns; the ServerApp writes the run's outputs.
@@ -205,7 +207,7 @@ def supernode_argv(
         "--node-config",
         node_config(site, data, samples, state),
         "--isolation",
-        "process" if isolation == "warm" else "subprocess",
+        "process",  # every isolation: fedseg's runner (run_supernode), never Flower's flwr-clientapp
     ]
     if insecure:
         argv.append("--insecure")
@@ -216,6 +218,17 @@ def supernode_argv(
     if max_wait is not None:
         argv += ["--max-wait-time", str(max_wait)]
     return argv
+
+
+def runner_command(port: int, isolation: str, poll: float | None) -> list[str]:
+    """fedseg's ClientApp runner for the SuperNode whose Runtime API is on 127.0.0.1:``port``: it runs fedseg's
+    app only, every message in itself (``warm``) or in a new process each (``subprocess``)."""
+    import os
+
+    cmd = [sys.executable, "-m", "fedseg.flower.worker", "--runtime-api-address", f"127.0.0.1:{port}", "--insecure"]
+    cmd += ["--parent-pid", str(os.getpid())]
+    cmd += ["--fresh"] if isolation == "subprocess" else []
+    return cmd + (["--poll", str(poll)] if poll is not None else [])
 
 
 def run_supernode(
@@ -251,20 +264,7 @@ def run_supernode(
     os.environ["PATH"] = f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"
     if poll is not None:
         os.environ["FEDSEG_FLOWER_NODE_POLL"] = str(poll)
-    if isolation == "warm":
-        worker = [
-            sys.executable,
-            "-m",
-            "fedseg.flower.worker",
-            "--runtime-api-address",
-            f"127.0.0.1:{port}",
-            "--insecure",
-            "--parent-pid",
-            str(os.getpid()),
-        ]
-        if poll is not None:
-            worker += ["--poll", str(poll)]
-        subprocess.Popen(worker)  # noqa: S603 - exits with this process (--parent-pid)
+    subprocess.Popen(runner_command(port, isolation, poll))  # noqa: S603 - exits with this process (--parent-pid)
     from fedseg.flower import supernode_main
 
     sys.argv = ["flower-supernode", *argv]

@@ -1,19 +1,23 @@
-"""A warm ClientApp worker: Flower's SuperExec + ``flwr-clientapp`` in one long-lived process.
+"""A site's ClientApp runner: Flower's SuperExec + ``flwr-clientapp``, running fedseg's app only.
 
-In Flower's default ``subprocess`` isolation, the SuperNode's SuperExec starts one
-``flwr-clientapp`` process per message; each imports Flower, PyTorch and MONAI again (several
-seconds on a busy CPU) before doing a few hundred milliseconds of work. With the SuperNode in
-``--isolation process``, Flower expects the ClientApp executor to be run separately; this
-module is that executor, kept warm: it polls the SuperNode's Runtime API for ClientApp tasks
-(``AcquireTask``) and runs each one in this process through the same steps as
-``flwr.supernode.runtime.run_clientapp`` (pull the task input, install the FAB, load its
-ClientApp, call it, push the reply and the updated ``Context``, task heartbeats). Only the
-process start is saved: messages, contexts and FABs go through the SuperNode as before, the
-ClientApp still keeps its state in ``Context.state`` only. Per-run dependency installation is
-not supported (the node's environment is used). Flower has no public way to run ClientApp
-tasks in a process of one's own: the steps taken from Flower are in ``fedseg.flower.flwr_internals``.
+The SuperNode runs in Flower's ``--isolation process``: it expects its ClientApp executor to be
+run separately, and this module is that executor. It polls the SuperNode's Runtime API for
+ClientApp tasks (``AcquireTask``) and runs each one through the same steps as
+``flwr.supernode.runtime.run_clientapp`` (pull the task input, call the ClientApp, push the reply
+and the updated ``Context``, task heartbeats) -- except that it never installs or imports the
+task's FAB: a task whose FAB is not fedseg's own app is refused (``fedseg.flower.bundles``), any
+other is answered by ``fedseg.flower.apps.client_app``, the ClientApp that FAB names. Flower's own
+executor (``flower-superexec`` / ``flwr-clientapp``) would import whatever FAB a run brings.
 
-Run by ``fedseg flower supernode --isolation warm``; exits when its parent process exits.
+- warm (``fedseg flower supernode --isolation warm``): every task in this long-lived process, so
+  PyTorch and MONAI are imported once, not per message;
+- fresh (``--isolation subprocess``): every task in a new process (``--task TOKEN``), as Flower's
+  default isolation runs ``flwr-clientapp``.
+
+Messages and contexts go through the SuperNode as with Flower's executor; the ClientApp keeps its
+state in ``Context.state`` only. Per-run dependency installation is not supported (the node's
+environment is used). Flower has no public way to run ClientApp tasks in a process of one's own:
+the steps taken from Flower are in ``fedseg.flower.flwr_internals``. Exits when its parent exits.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -39,10 +45,12 @@ def _watch_parent(parent: int) -> None:
 
 
 def run_task(address: str, insecure: bool, root_certificates: str | None, token: str) -> None:
-    """One ClientApp task, as ``flwr-clientapp --token TOKEN`` would run it, without exiting."""
+    """One ClientApp task, as ``flwr-clientapp --token TOKEN`` would run it (without exiting), if its FAB is
+    fedseg's app; otherwise an error reply naming the refusal (``fedseg.flower.bundles``)."""
     from flwr.app import Error, Message
 
     from fedseg.flower import flwr_internals as internals
+    from fedseg.flower.bundles import BundleRefused, check_bundle
 
     client = internals.clientapp_runtime_client(address, insecure, root_certificates, token)
     stop_heartbeat: Callable[[], None] | None = None
@@ -53,18 +61,25 @@ def run_task(address: str, insecure: bool, root_certificates: str | None, token:
         t0 = time.perf_counter()
         message, context, run, fab = internals.pull_task_input(client)
         t1 = time.perf_counter()
-        app = internals.load_client_app(run, fab)
+        check_bundle(run.run_id, fab.content)  # before anything of the run's app is used
+        from fedseg.flower.apps import client_app
+
         t2 = time.perf_counter()
-        reply = app(message=message, context=context)
+        reply = client_app(message=message, context=context)
         t3 = time.perf_counter()
         completed, details = True, ""
         log.info(
-            "%s: pulled in %.3f s, app loaded in %.3f s, handled in %.3f s",
+            "%s: pulled in %.3f s, app checked in %.3f s, handled in %.3f s",
             message.metadata.message_type,
             t1 - t0,
             t2 - t1,
             t3 - t2,
         )
+    except BundleRefused as ex:  # the run's ServerApp gets the reason; the site's log names it once
+        log.error("%s", ex)
+        details = str(ex)
+        if message is not None:  # always: the bundle is checked once the message is pulled
+            reply = Message(Error(code=internals.invalid_fab_error_code(), reason=details), reply_to=message)
     except Exception as ex:  # noqa: BLE001 - reported to the SuperNode like flwr-clientapp does
         log.exception("ClientApp raised an exception")
         details = f"{type(ex)}:<'{ex}'>"
@@ -82,19 +97,29 @@ def run_task(address: str, insecure: bool, root_certificates: str | None, token:
             client.close()
 
 
-def serve(address: str, insecure: bool, root_certificates: str | None, poll: float) -> None:
-    """Poll the SuperNode's Runtime API for ClientApp tasks forever; run each in this process."""
-    import fedseg.algorithms  # noqa: F401  (warm: PyTorch, MONAI and fedseg are imported once, here)
-    import fedseg.flower.apps  # noqa: F401
+def task_command(address: str, insecure: bool, root_certificates: str | None, poll: float, token: str) -> list[str]:
+    """This module as a command running the one task ``token`` in a fresh process (``--isolation subprocess``)."""
+    cmd = [sys.executable, "-m", "fedseg.flower.worker", "--runtime-api-address", address, "--task", token]
+    cmd += ["--insecure"] if insecure else []
+    cmd += ["--root-certificates", root_certificates] if root_certificates else []
+    return [*cmd, "--poll", str(poll), "--parent-pid", str(os.getpid())]
+
+
+def serve(address: str, insecure: bool, root_certificates: str | None, poll: float, fresh: bool = False) -> None:
+    """Poll the SuperNode's Runtime API for ClientApp tasks forever; run each in this process (warm) or, with
+    ``fresh``, in a new process each (the SuperNode hands out one message at a time: it waits for it)."""
     from fedseg.flower import flwr_internals as internals
 
-    internals.cap_object_pull_backoff(poll)
-
+    if not fresh:
+        import fedseg.algorithms  # noqa: F401  (warm: PyTorch, MONAI and fedseg are imported once, here)
+        import fedseg.flower.apps  # noqa: F401
     client = internals.superexec_runtime_client(address, insecure, root_certificates)
-    log.info("warm ClientApp worker polling %s every %.2f s", address, poll)
+    log.info("%s ClientApp runner polling %s every %.2f s", "fresh" if fresh else "warm", address, poll)
     while True:
         token = internals.acquire_client_app_task(client)
-        if token:
+        if token and fresh:
+            subprocess.run(task_command(address, insecure, root_certificates, poll, token), check=False)  # noqa: S603
+        elif token:
             run_task(address, insecure, root_certificates, token)
         else:
             time.sleep(poll)
@@ -105,14 +130,24 @@ def main() -> None:
     parser.add_argument("--runtime-api-address", required=True, help="the SuperNode's Runtime API, host:port")
     parser.add_argument("--insecure", action="store_true")
     parser.add_argument("--root-certificates", default=None)
-    parser.add_argument("--poll", type=float, default=1.0, help="seconds between task polls (Flower's SuperExec: 1)")
+    parser.add_argument(
+        "--poll", type=float, default=1.0, help="seconds between task polls, first object-pull backoff (Flower's: 1)"
+    )
     parser.add_argument("--parent-pid", type=int, default=None)
+    parser.add_argument("--fresh", action="store_true", help="run every task in a new process")
+    parser.add_argument("--task", default=None, help="run this one task (its token) and exit")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     if args.parent_pid:
         _watch_parent(args.parent_pid)
-    serve(args.runtime_api_address, args.insecure, args.root_certificates, args.poll)
+    from fedseg.flower.flwr_internals import cap_object_pull_backoff
+
+    cap_object_pull_backoff(args.poll)
+    if args.task:
+        run_task(args.runtime_api_address, args.insecure, args.root_certificates, args.task)
+    else:
+        serve(args.runtime_api_address, args.insecure, args.root_certificates, args.poll, args.fresh)
 
 
 if __name__ == "__main__":

@@ -77,6 +77,8 @@ from fedseg.algorithms.fedavg import (
     put_group,
     reused_models,
     state_group,
+    surface_meta,
+    wants_surface,
     write_sample,
 )
 from fedseg.algorithms.fedsm.family import FEDSM
@@ -185,8 +187,11 @@ def subset(data: CaseSet, idx: torch.Tensor) -> CaseSet:
     return data.subset(idx)
 
 
-def score_routed(models: list[nn.Module], choice: torch.Tensor, data: CaseSet, ctx: ClientContext) -> Scores:
-    """Dice, HD95 and NSD ``(N, R)`` of every case scored with the candidate ``choice[i]`` picks."""
+def score_routed(
+    models: list[nn.Module], choice: torch.Tensor, data: CaseSet, ctx: ClientContext, surface: bool
+) -> Scores:
+    """Dice, HD95 and NSD ``(N, R)`` of every case scored with the candidate ``choice[i]`` picks (HD95/NSD
+    NaN unless ``surface``)."""
     ev = ctx.cfg.eval
     scores = {m: np.full((len(data), len(ctx.task.regions)), np.nan) for m in METRIC_NAMES}
     for c in choice.unique().tolist():
@@ -196,10 +201,11 @@ def score_routed(models: list[nn.Module], choice: torch.Tensor, data: CaseSet, c
             subset(data, idx),
             ev.batch_size,
             ev.threshold,
-            ev.hd95,
+            surface,
             ctx.task.device,
             ev.hd95_worst,
             ctx.task.nsd_tolerances,
+            ev.surface_device,
         )
         for m in METRIC_NAMES:
             scores[m][idx.numpy()] = part[m]
@@ -315,11 +321,11 @@ class FedSMClient(FedAvgClient):
         data = ctx.data.split(str(msg.meta["split"]))
         probs = sm.scores_of(data.x, ctx.cfg.eval.batch_size, ctx.task.device)
         choice = self.choose(probs, sm, msg, ctx)
-        models = list(sm.candidates)
+        models, surface = list(sm.candidates), wants_surface(msg, ctx)
         tensors = {"probs": probs, "choice": choice}
         if sm.mode == "threshold":
-            glob = score_routed(models, torch.full_like(choice, GLOBAL_INDEX), data, ctx)
-            personal = score_routed(models, probs.argmax(dim=1) + 1, data, ctx)
+            glob = score_routed(models, torch.full_like(choice, GLOBAL_INDEX), data, ctx, surface)
+            personal = score_routed(models, probs.argmax(dim=1) + 1, data, ctx, surface)
             use_p = (choice != GLOBAL_INDEX).numpy()[:, None]
             scores = {m: np.where(use_p, personal[m], glob[m]) for m in METRIC_NAMES}
             for m in METRIC_NAMES:
@@ -327,11 +333,19 @@ class FedSMClient(FedAvgClient):
                     {f"{m}_global": torch.from_numpy(glob[m]), f"{m}_personal": torch.from_numpy(personal[m])}
                 )
         elif sm.mode == "argmax" or msg.meta.get(ROUTE) == OWN_SITE:
-            scores = score_routed(models, choice, data, ctx)
+            scores = score_routed(models, choice, data, ctx, surface)
         else:
             ev = ctx.cfg.eval
             scores = score_caseset(
-                sm, data, ev.batch_size, ev.threshold, ev.hd95, ctx.task.device, ev.hd95_worst, ctx.task.nsd_tolerances
+                sm,
+                data,
+                ev.batch_size,
+                ev.threshold,
+                surface,
+                ctx.task.device,
+                ev.hd95_worst,
+                ctx.task.nsd_tolerances,
+                ev.surface_device,
             )
         tensors.update({m: torch.from_numpy(v) for m, v in scores.items()})
         if msg.meta.get("sample") and ctx.artifacts is not None and len(data):
@@ -431,6 +445,7 @@ class FedSMServer(FedAvgServer):
             "sample": sample,
             "gamma": self.gamma,
             "sites": json.dumps(self.sites),
+            **surface_meta(split),
         }
         return {s: Message(dict(tensors), dict(meta)) for s in self.sites}
 
