@@ -9,7 +9,6 @@ ready ``Federation``. Registration lives in the registering process only: a run 
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -67,22 +66,6 @@ def check_builtin(name: str, scale: float, image_size: int) -> None:
         raise FederationError(f"synthetic federation scale must be > 0, got {scale}")
     if image_size < minimum:
         raise FederationError(f"{name}: image_size must be >= {minimum}, got {image_size}")
-
-
-def builtin_voxels(name: str, scale: float, image_size: int) -> tuple[int, int]:
-    """``(cases, voxels)`` of built-in federation ``name`` (its size, without generating it)."""
-    if name == SYNTHETIC_BRATS:
-        from fedseg.data.synthetic_brats import INSTITUTIONS, site_sizes, volume_shape
-
-        sizes = site_sizes(scale)
-        return sum(sizes), sum(
-            n * math.prod(volume_shape(image_size, i.slice_factor)) for i, n in zip(INSTITUTIONS, sizes)
-        )
-    from fedseg.data.synthetic import site_sizes as sizes_2d
-    from fedseg.data.synthetic import synthetic_spec
-
-    cases = sum(sizes_2d(synthetic_spec(name).table, scale))
-    return cases, cases * image_size**2
 
 
 def source_names() -> list[str]:
