@@ -1,9 +1,9 @@
 """Engine overhead: FedAvg rounds through fedseg vs the same rounds in a plain PyTorch loop, paired per round.
 
 Both sides use the same model, data, splits, batch order (the same per-(seed, site, round) streams),
-optimizer (Adam, moments kept per site), loss, FedAvg merge and per-round validation (Dice/HD95 per
-case). The plain loop keeps one model object and per-site optimizer states in dicts: what a researcher
-would write by hand. Target: ratio <= 1.05.
+optimizer (Adam, moments kept per site), loss, FedAvg merge and per-round validation (Dice per case: the
+engine's validation exchanges score Dice only). The plain loop keeps one model object and per-site optimizer
+states in dicts: what a researcher would write by hand. Target: ratio <= 1.05.
 
 The same work on both sides, so the ratio is the engine's overhead:
 
@@ -105,7 +105,7 @@ class PlainFedAvg:
         self.global_w = weighted_average(local, sizes)
         load_weights(model, self.global_w)
         for site in self.prep.site_data:
-            score_caseset(model, site.val, cfg.eval.batch_size, cfg.eval.threshold, cfg.eval.hd95, self.task.device)
+            score_caseset(model, site.val, cfg.eval.batch_size, cfg.eval.threshold, False, self.task.device)
         return time.perf_counter() - start
 
 
