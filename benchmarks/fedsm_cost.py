@@ -107,9 +107,9 @@ class RawFedSM:
             with torch.no_grad():
                 batches = site.val.x.split(ev.batch_size)
                 torch.cat([torch.softmax(self.selector(xb.to(device)), 1).cpu() for xb in batches])
-            for weights in (self.global_w, self.personal[site.name]):
+            for weights in (self.global_w, self.personal[site.name]):  # Dice only, as the engine's validation
                 load_weights(self.segmenter, weights)
-                score_caseset(self.segmenter, site.val, ev.batch_size, ev.threshold, ev.hd95, device, ev.hd95_worst)
+                score_caseset(self.segmenter, site.val, ev.batch_size, ev.threshold, False, device)
         return time.perf_counter() - start
 
 
