@@ -55,10 +55,12 @@ from fedseg.algorithms.aggregate import weighted_average
 from fedseg.algorithms.registry import AlgorithmSpec
 from fedseg.algorithms.robust import RobustOptions, robust_merge
 from fedseg.config import BudgetConfig, TrainConfig
+from fedseg.data.dataset import CaseSet
 from fedseg.engine.context import ClientContext, ReusedModels, State, Task
 from fedseg.engine.messages import Message, MetaValue, prefixed, weights_of
 from fedseg.engine.sampling import sample_sites
 from fedseg.evaluate.inference import sample_prediction, score_caseset
+from fedseg.evaluate.metrics import Scores
 from fedseg.evaluate.tables import eval_rows, site_dice
 from fedseg.train import (
     LossFn,
@@ -278,18 +280,7 @@ class FedAvgClient:
         """
         model = self.eval_model(msg, ctx)
         data = ctx.data.split(str(msg.meta["split"]))
-        ev = ctx.cfg.eval
-        scores = score_caseset(
-            model,
-            data,
-            ev.batch_size,
-            ev.threshold,
-            wants_surface(msg, ctx),
-            ctx.task.device,
-            ev.hd95_worst,
-            ctx.task.nsd_tolerances,
-            ev.surface_device,
-        )
+        scores = score_at_site(model, data, ctx, wants_surface(msg, ctx))
         if msg.meta.get("sample") and ctx.artifacts is not None and len(data):
             write_sample(model, data, ctx, str(msg.meta["model"]))
         meta: dict[str, MetaValue] = {
@@ -316,6 +307,23 @@ def reused_models(client: object) -> ReusedModels:
     if held is None:
         held = client.__dict__["_reused_models"] = ReusedModels()
     return held
+
+
+def score_at_site(model: nn.Module, data: CaseSet, ctx: ClientContext, surface: bool) -> Scores:
+    """``score_caseset`` of ``model`` on ``data`` at the run's ``eval`` settings on the site's device: Dice
+    ``(N, R)``, and HD95/NSD when ``surface`` (else NaN)."""
+    ev = ctx.cfg.eval
+    return score_caseset(
+        model,
+        data,
+        ev.batch_size,
+        ev.threshold,
+        surface,
+        ctx.task.device,
+        ev.hd95_worst,
+        ctx.task.nsd_tolerances,
+        ev.surface_device,
+    )
 
 
 def train_meta(stats: TrainStats, ctx: ClientContext) -> dict:

@@ -76,6 +76,7 @@ from fedseg.algorithms.fedavg import (
     FedAvgServer,
     put_group,
     reused_models,
+    score_at_site,
     state_group,
     surface_meta,
     wants_surface,
@@ -98,7 +99,6 @@ from fedseg.config import BudgetConfig
 from fedseg.data.dataset import CaseSet
 from fedseg.engine.context import ClientContext, Task
 from fedseg.engine.messages import Message, MetaValue, load_weights, prefixed, weights_of
-from fedseg.evaluate.inference import score_caseset
 from fedseg.evaluate.metric_info import METRIC_NAMES
 from fedseg.evaluate.metrics import Scores
 from fedseg.evaluate.tables import eval_rows, site_summary
@@ -192,21 +192,10 @@ def score_routed(
 ) -> Scores:
     """Dice, HD95 and NSD ``(N, R)`` of every case scored with the candidate ``choice[i]`` picks (HD95/NSD
     NaN unless ``surface``)."""
-    ev = ctx.cfg.eval
     scores = {m: np.full((len(data), len(ctx.task.regions)), np.nan) for m in METRIC_NAMES}
     for c in choice.unique().tolist():
         idx = (choice == c).nonzero().flatten()
-        part = score_caseset(
-            models[c],
-            subset(data, idx),
-            ev.batch_size,
-            ev.threshold,
-            surface,
-            ctx.task.device,
-            ev.hd95_worst,
-            ctx.task.nsd_tolerances,
-            ev.surface_device,
-        )
+        part = score_at_site(models[c], subset(data, idx), ctx, surface)
         for m in METRIC_NAMES:
             scores[m][idx.numpy()] = part[m]
     return scores
@@ -335,18 +324,7 @@ class FedSMClient(FedAvgClient):
         elif sm.mode == "argmax" or msg.meta.get(ROUTE) == OWN_SITE:
             scores = score_routed(models, choice, data, ctx, surface)
         else:
-            ev = ctx.cfg.eval
-            scores = score_caseset(
-                sm,
-                data,
-                ev.batch_size,
-                ev.threshold,
-                surface,
-                ctx.task.device,
-                ev.hd95_worst,
-                ctx.task.nsd_tolerances,
-                ev.surface_device,
-            )
+            scores = score_at_site(sm, data, ctx, surface)
         tensors.update({m: torch.from_numpy(v) for m, v in scores.items()})
         if msg.meta.get("sample") and ctx.artifacts is not None and len(data):
             write_sample(sm, data, ctx, str(msg.meta["model"]))
