@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -22,6 +21,7 @@ from fedseg.engine.context import Task
 from fedseg.evaluate.inference import predict_masks
 from fedseg.run import prepare, run_experiment
 from fedseg.train import Trainer
+from volume_cases import boxed_case
 
 CPU = torch.device("cpu")
 TUMOUR = Regions.from_mapping({"tumour": [1, 2]})
@@ -34,24 +34,11 @@ def _images(n=8) -> CaseSet:
     return CaseSet("toy", [str(i) for i in range(n)], x, y)
 
 
-def _case(shape, seed) -> tuple[np.ndarray, np.ndarray]:
-    """A 2-modality volume (noise inside a zero border) with a labelled box in the middle."""
-    rng = np.random.default_rng(seed)
-    image = np.zeros((2, *shape), np.float32)
-    inner = tuple(slice(2, n - 2) for n in shape)
-    image[(slice(None), *inner)] = rng.normal(50.0, 10.0, (2, *image[0][inner].shape))
-    label = np.zeros(shape, np.uint8)
-    c = [n // 2 for n in shape]
-    label[c[0] - 3 : c[0] + 3, c[1] - 3 : c[1] + 3, c[2] - 2 : c[2] + 2] = 2
-    label[c[0] - 1 : c[0] + 1, c[1] - 1 : c[1] + 1, c[2] - 1 : c[2] + 1] = 1
-    return image, label
-
-
 @pytest.fixture(scope="module")
 def volumes() -> Federation:
     """2 sites x 4 cases of their own sizes, each larger than an 8^3 patch."""
     sites = [
-        Site(name, [Case.from_arrays(f"{name}{i}", *_case((14 + i, 16, 12 + k), 10 * k + i)) for i in range(4)])
+        Site(name, [Case.from_arrays(f"{name}{i}", *boxed_case((14 + i, 16, 12 + k), 10 * k + i, 1)) for i in range(4)])
         for k, name in enumerate(("a", "b"))
     ]
     return Federation("boxes", "3d", 2, TUMOUR, sites)

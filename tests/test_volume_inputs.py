@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-import numpy as np
 import pytest
 import torch
 from monai.networks.nets import UNet
@@ -23,23 +22,11 @@ from fedseg.algorithms.qfedavg import QFedAvgClient
 from fedseg.data.federation import Case, Federation, Regions, Site
 from fedseg.engine.simulator import Simulator
 from fedseg.run import prepare
+from volume_cases import boxed_case
 
 torch.set_num_threads(1)
 TUMOUR = Regions.from_mapping({"tumour": [1, 2, 4]})
 CUBE, PATCH = (32, 32, 32), (8, 8, 8)  # data.image_size = 32 (the resized view), data.volume.patch_size = 8
-
-
-def _case(shape, seed) -> tuple[np.ndarray, np.ndarray]:
-    """A 2-modality 'head' (non-zero box inside a zero border) with a small tumour in the middle."""
-    rng = np.random.default_rng(seed)
-    image = np.zeros((2, *shape), np.float32)
-    head = tuple(slice(2, n - 2) for n in shape)
-    image[(slice(None), *head)] = rng.normal(50.0, 10.0, (2, *image[0][head].shape))
-    label = np.zeros(shape, np.uint8)
-    c = [n // 2 for n in shape]
-    label[c[0] - 3 : c[0] + 3, c[1] - 3 : c[1] + 3, c[2] - 2 : c[2] + 2] = 2
-    label[c[0] - 1 : c[0] + 1, c[1] - 1 : c[1] + 1, c[2] - 1 : c[2] + 1] = 4
-    return image, label
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +35,7 @@ def tumours() -> Federation:
     sites = []
     for k, name in enumerate(("a", "b")):
         cases = [
-            Case.from_arrays(f"{name}{i}", *_case((14 + i, 16, 12 + k), 10 * k + i), spacing=(1.0, 1.0, 1.0))
+            Case.from_arrays(f"{name}{i}", *boxed_case((14 + i, 16, 12 + k), 10 * k + i, 4), spacing=(1.0, 1.0, 1.0))
             for i in range(4)
         ]
         sites.append(Site(name, cases))
