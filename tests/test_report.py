@@ -157,6 +157,12 @@ def table(html, title):
     return html[start : html.index("</table>", start)]
 
 
+def local_models(html, title):
+    """The table under ``<h3>title</h3>`` of the section of the "Client k Local" rows."""
+    start = html.index("<h3>" + title + "</h3>", html.index("<h2>Local models on every site (Client k Local)</h2>"))
+    return html[start : html.index("</table>", start)]
+
+
 def row_cells(table_html, label):
     m = re.search(rf"<tr[^>]*><th>{re.escape(label)}</th>(.*?)</tr>", table_html)
     assert m, f"no row {label!r}"
@@ -171,14 +177,13 @@ def test_full_report(tmp_path):
 
     dice = table(html, "Test Dice")
     labels = re.findall(r"<tr[^>]*><th>(.*?)</th>", dice.split("<tbody>")[1])
-    assert labels == [
-        "Centralized",
+    assert labels == ["Centralized", "Local (own site)", "FedAvg", "FedProx"]  # "Client k Local": own section
+    local_dice = local_models(html, "Test Dice")
+    assert re.findall(r"<tr[^>]*><th>(.*?)</th>", local_dice.split("<tbody>")[1]) == [
         "Client 1 Local (A)",
         "Client 2 Local (B)",
         "Client 3 Local (C)",
         "Local (own site)",
-        "FedAvg",
-        "FedProx",
     ]
     # federated rows: best per column bold (FedAvg wins A, C and the averages; FedProx wins B)
     assert row_cells(dice, "FedAvg")[:3] == ["<b>0.8123</b>", "0.8456", "<b>0.7789</b>"]
@@ -186,7 +191,7 @@ def test_full_report(tmp_path):
     # centralized is better everywhere but is a baseline: never bold
     assert row_cells(dice, "Centralized")[:3] == ["0.9511", "0.9422", "0.9333"]
     # cross-site rows come from results.csv, with Client Avg and Global
-    b_local = row_cells(dice, "Client 2 Local (B)")
+    b_local = row_cells(local_dice, "Client 2 Local (B)")
     assert b_local[:3] == ["0.2718", "0.8828", "0.4142"]
     assert b_local[3] == f"{np.mean([0.2718, 0.8828, 0.4142]):.4f}"
     assert b_local[4] == b_local[3]  # equal case counts: global = client avg
@@ -195,7 +200,8 @@ def test_full_report(tmp_path):
     hd = table(html, "Test HD95 (pixels / voxels)")
     assert row_cells(hd, "FedProx")[0] == "<b>3.75</b>"  # lower is better
     assert row_cells(hd, "FedAvg")[0] == "4.25"
-    assert row_cells(hd, "Client 1 Local (A)")[:2] == ["6.00", "7.00"]  # off-diagonal cells have +1 in the rows
+    local_hd = local_models(html, "Test HD95 (pixels / voxels)")
+    assert row_cells(local_hd, "Client 1 Local (A)")[:2] == ["6.00", "7.00"]  # off-diagonal cells have +1 in the rows
 
     regions = table(html, "Per-region scores (mean ± std over test cases)")
     assert (
@@ -232,8 +238,7 @@ def test_missing_optional_files(tmp_path):
     assert "figures/validation.png" not in html and "figures/samples.png" not in html
     assert "Per-region" not in html and "<details>" not in html
     # cross-site rows fall back to summary.json (Dice only; no Global without results.csv)
-    dice = table(html, "Test Dice")
-    assert row_cells(dice, "Client 2 Local (B)") == [
+    assert row_cells(local_models(html, "Test Dice"), "Client 2 Local (B)") == [
         "0.2718",
         "0.8828",
         "0.4142",

@@ -18,7 +18,7 @@ from fedseg.algorithms.fedsm.model import super_model_from_bundle
 from fedseg.algorithms.fedsm.selector import build_selector
 from fedseg.report.html import algorithm_order, render_report
 from fedseg.run import prepare, run_experiment
-from test_report import embedded, make_run, row_cells, table
+from test_report import embedded, local_models, make_run, row_cells, table
 
 SEL = {"selector_width": 0.0625}
 
@@ -51,18 +51,17 @@ def test_table3_layout_from_a_real_run(fedsm_run):
     summary = json.loads((out / "summary.json").read_text())
     sites = summary["sites"]
     for title in ("Test Dice", "Test HD95 (pixels)"):
-        assert _body_labels(table(html, title)) == [
+        assert _body_labels(table(html, title)) == ["Local (own site)", "FedAvg", "FedSM"]
+        assert _body_labels(local_models(html, title)) == [
             "Client 1 Local (site1)",
             "Client 2 Local (site2)",
             "Client 3 Local (site3)",
             "Local (own site)",
-            "FedAvg",
-            "FedSM",
         ]
     dice = table(html, "Test Dice")
     cross = summary["algorithms"]["local"]["cross_site"]["dice"]
     for k, train in enumerate(sites, start=1):
-        cells = row_cells(dice, f"Client {k} Local ({train})")
+        cells = row_cells(local_models(html, "Test Dice"), f"Client {k} Local ({train})")
         assert cells[:3] == [f"{cross[train][s]:.4f}" for s in sites]
         assert cells[4] != "–"  # Global: pooled over test cases, from results.csv
     fedsm = [c.replace("<b>", "").replace("</b>", "") for c in row_cells(dice, "FedSM")]

@@ -100,10 +100,19 @@ def show(name: str = typer.Argument(..., help="preset name (see `fedseg presets`
 
 
 @app.command()
-def algorithms() -> None:
-    """List the registered methods: name, display name, kind, family, minimum sites, description."""
+def algorithms(
+    long: bool = typer.Option(
+        False, "--long", help="every column: display name, family, minimum sites, Flower, the full description"
+    ),
+) -> None:
+    """List the registered methods, one line each: name, kind, summary (fits the terminal); --long: every column."""
     from fedseg.algorithms import ALGORITHMS
 
+    if not long:
+        rows = [(s.name, s.kind, s.display_name, s.description) for s in ALGORITHMS.values()]
+        for line in algorithm_lines(rows, console.width):
+            console.print(line, highlight=False, markup=False, soft_wrap=True)
+        return
     rows = [
         [
             s.name,
@@ -122,6 +131,31 @@ def algorithms() -> None:
         ["name", "display name", "kind", "family", "min sites", "Flower", "description"],
         rows,
     )
+
+
+def algorithm_lines(rows: list[tuple[str, str, str, str]], width: int) -> list[str]:
+    """``fedseg algorithms``: a header, one line per ``(name, kind, display name, description)`` and a footer, no
+    line longer than ``width`` (at least 40). The summary is the description without a leading "<display name>
+    (authors):", cut at a word with "…" where it would pass ``width`` (``--long`` prints it whole)."""
+    width = max(width, 40)
+    name_w = max(len("name"), *(len(r[0]) for r in rows)) if rows else 4
+    kind_w = max(len("kind"), *(len(r[1]) for r in rows)) if rows else 4
+    room = max(width - name_w - kind_w - 4, 8)
+
+    def summary(display: str, text: str) -> str:
+        head, sep, rest = text.partition(": ")
+        if sep and rest and head.split(" (")[0] == display:  # "FedAvg (McMahan et al.): ..." -> "..."
+            text = rest
+        text = text[:1].upper() + text[1:]
+        if len(text) <= room:
+            return text
+        cut = text[: room - 1].rsplit(" ", 1)[0] if " " in text[: room - 1] else text[: room - 1]
+        return cut.rstrip(" ,;:(") + "…"
+
+    lines = [f"{'name':<{name_w}}  {'kind':<{kind_w}}  summary"]
+    lines += [f"{n:<{name_w}}  {k:<{kind_w}}  {summary(d, t)}".rstrip() for n, k, d, t in rows]
+    footer = ["Use: --algorithms NAME,...; options: methods.NAME.KEY.", "Every column: fedseg algorithms --long."]
+    return [line[:width] for line in lines + footer]
 
 
 @app.command(cls=AlgorithmsHelp)
@@ -192,6 +226,7 @@ def run(
 
     log_report(out, cfg, path)  # the report to each algorithm's tracking run (when tracking is on)
     print_dice_table(results)
+    print_verdict(out)
     console.print(f"report: {path}")
 
 
@@ -246,6 +281,20 @@ def print_dice_table(results) -> None:
         results.federation.site_names,
         {a.name: a.summary["dice"] for a in results.algorithms},
     )
+
+
+def print_verdict(run_dir: Path) -> None:
+    """Under the Dice table: the report's verdict (best method on test Dice Client Avg, its paired differences,
+    what is within noise, convergence) and routing notes (FedSM sending every test image to its global model)."""
+    import textwrap
+
+    from fedseg.report.verdict import summary_lines
+
+    for k, line in enumerate(summary_lines(run_dir)):
+        text = textwrap.fill(
+            line, max(console.width, 40), initial_indent="verdict: " if k == 0 else "- ", subsequent_indent="  "
+        )
+        console.print(text, highlight=False, markup=False, soft_wrap=True)
 
 
 @app.command()

@@ -53,10 +53,17 @@ PALETTE = ("#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#C
 #: The palette's colours for series and regions: all but black, which is kept for reference lines
 #: (means, baselines, "uniform") and would vanish as a contour on a dark MR background.
 SERIES_COLORS = PALETTE[:-1]
-#: Contour colours per region: the palette's blues first (sky blue, then dark blue: told apart by
-#: lightness, also without colour vision), which stand out on the orange/red fundus photographs where
-#: the palette's orange and vermillion vanish, and on grey MR/CT.
-REGION_COLORS = ("#56B4E9", "#0072B2", "#009E73", "#CC79A7", "#F0E442", "#D55E00", "#E69F00")
+#: Contour colours per region: sky blue, then yellow (opposite ends of the blue-yellow axis that every
+#: common colour-vision deficiency keeps, and far apart in lightness), then bluish green and reddish
+#: purple; orange and vermillion last, as they vanish on the orange/red fundus photographs. Every
+#: contour is drawn over a dark halo (:data:`CONTOUR_HALO`), so it stands out on bright discs and on
+#: dark MR/CT backgrounds alike.
+REGION_COLORS = ("#56B4E9", "#F0E442", "#009E73", "#CC79A7", "#0072B2", "#D55E00", "#E69F00")
+#: Line styles telling truth from prediction in the same panel, also in grey-scale print: the ground
+#: truth dashed and thinner, a prediction solid.
+TRUTH_STYLE = {"linestyles": "--", "linewidths": 1.1}
+PREDICTION_STYLE = {"linestyles": "-", "linewidths": 1.6}
+CONTOUR_HALO = "#1f2328"
 
 
 def series_color(i: int) -> str:
@@ -348,14 +355,27 @@ def display_image(image: np.ndarray) -> tuple[np.ndarray, str | None]:
     return (np.transpose(img, (1, 2, 0)), None) if img.shape[0] == 3 else (img[0], "gray")
 
 
-def _draw_panel(ax, image: np.ndarray, masks: np.ndarray | None) -> None:
-    """Image with one coloured contour per region mask ``(R, H, W)``."""
+def _contours(ax, masks: np.ndarray | None, style: Mapping) -> None:
+    """One contour per region mask ``(R, H, W)`` in the region's colour, over a dark halo."""
+    from matplotlib import patheffects
+
+    for r, m in enumerate(np.asarray(masks) if masks is not None else []):
+        if m.any() and not m.all():
+            cs = ax.contour(m.astype(float), levels=[0.5], colors=[_region_color(r)], **style)
+            halo = [
+                patheffects.Stroke(linewidth=style["linewidths"] + 1.2, foreground=CONTOUR_HALO),
+                patheffects.Normal(),
+            ]
+            cs.set_path_effects(halo)
+
+
+def _draw_panel(ax, image: np.ndarray, masks: np.ndarray | None, truth: np.ndarray | None = None) -> None:
+    """Image with one coloured contour per region mask ``(R, H, W)``: ``masks`` solid (a prediction), ``truth``
+    dashed (the ground truth; in a prediction panel, drawn under the prediction for comparison)."""
     img, cmap = display_image(image)
     ax.imshow(img, cmap=cmap, interpolation="nearest")
-    if masks is not None:
-        for r, m in enumerate(np.asarray(masks)):
-            if m.any() and not m.all():
-                ax.contour(m.astype(float), levels=[0.5], colors=[_region_color(r)], linewidths=1.4)
+    _contours(ax, truth, TRUTH_STYLE)
+    _contours(ax, masks, PREDICTION_STYLE)
     ax.set_xticks([])
     ax.set_yticks([])
 
@@ -375,6 +395,9 @@ def sample_grid(
     labels: Mapping[str, str] | None = None,
 ) -> Path | None:
     """One row per site: image, ground truth, then each algorithm's prediction as contours.
+
+    One colour per region (:data:`REGION_COLORS`); the ground truth dashed (also under each prediction, to compare),
+    a prediction solid.
 
     Args:
         samples: ``{site: {algorithm: {"image" (C,H,W), "truth" (R,H,W), "pred" (R,H,W),
@@ -403,21 +426,25 @@ def sample_grid(
         first = next(samples[site][a] for a in algorithms if a in samples[site])
         case = str(np.asarray(first.get("case", "")))
         _draw_panel(axes[i, 0], first["image"], None)
-        _draw_panel(axes[i, 1], first["image"], first["truth"])
+        _draw_panel(axes[i, 1], first["image"], None, truth=first["truth"])
         axes[i, 0].set_ylabel(f"{site}\n{case}", fontsize=9)
         for j, alg in enumerate(algorithms, start=2):
             s = samples[site].get(alg)
             if s is None:
                 axes[i, j].axis("off")
                 continue
-            _draw_panel(axes[i, j], s["image"], s["pred"])
+            _draw_panel(axes[i, j], s["image"], s["pred"], truth=s["truth"])
             axes[i, j].set_xlabel(f"Dice {_sample_dice(s):.3f}", fontsize=9, labelpad=2)
-    handles = [Line2D([], [], color=_region_color(r), lw=2) for r in range(len(regions))]
+    handles = [Line2D([], [], color=_region_color(r), lw=2.5) for r in range(len(regions))]
+    handles += [
+        Line2D([], [], color="#57606a", ls="--", lw=TRUTH_STYLE["linewidths"]),
+        Line2D([], [], color="#57606a", ls="-", lw=PREDICTION_STYLE["linewidths"]),
+    ]
     fig.legend(
         handles,
-        list(regions),
+        [*regions, "ground truth (dashed)", "prediction (solid)"],
         loc="upper center",
-        ncol=max(1, len(regions)),
+        ncol=len(handles),
         fontsize=9,
         frameon=False,
         bbox_to_anchor=(0.5, 1.0),

@@ -41,6 +41,8 @@ __all__ = [
     "RunFiles",
     "Section",
     "TableRow",
+    "bold_legend",
+    "bold_line",
     "embed_figures",
     "esc",
     "fmt",
@@ -214,12 +216,14 @@ def score_table(
     columns: Sequence[tuple[str, str]],
     higher_is_better: bool,
     digits: int,
+    legend: str | None = None,
 ) -> str:
-    """HTML table of ``rows`` over ``columns`` (``(key, header)``), best federated value bold."""
+    """HTML table of ``rows`` over ``columns`` (``(key, header)``), best federated value bold; when a cell is bold,
+    a legend line under the table says what bold marks (``legend``, HTML: by default :func:`bold_legend`)."""
     to_text = lambda v: fmt(v, digits)  # noqa: E731
     best = {key: _best(rows, key, higher_is_better, to_text) for key, _ in columns}
     head = "".join(f"<th>{esc(h)}</th>" for _, h in columns)
-    body, prev_group = [], None
+    body, prev_group, bolded = [], None, False
     for r in rows:
         cls = ' class="group"' if prev_group is not None and r.group != prev_group else ""
         prev_group = r.group
@@ -227,13 +231,30 @@ def score_table(
         for key, _ in columns:
             text = to_text(r.values.get(key, math.nan))
             bold = r.federated and text in best[key]
+            bolded |= bold
             cells.append(f"<td>{'<b>' + text + '</b>' if bold else text}</td>")
         body.append(f"<tr{cls}><th>{esc(r.label)}</th>{''.join(cells)}</tr>")
-    return table(f"<tr><th>Method</th>{head}</tr>", body)
+    out = table(f"<tr><th>Method</th>{head}</tr>", body)
+    return out + bold_line(legend or bold_legend(higher_is_better)) if bolded else out
+
+
+def bold_legend(higher_is_better: bool = True) -> str:
+    """What :func:`score_table` bolds: the best federated method's number in each column."""
+    direction = "higher" if higher_is_better else "lower"
+    return (
+        f"the best number of each column among the federated methods ({direction} is better); ties at the "
+        "shown precision are all bold, and baselines such as Centralized and Local never are"
+    )
+
+
+def bold_line(what: str) -> str:
+    """The legend line under a table that bolds something: "<b>Bold</b>: ``what``." (``what``: HTML)."""
+    return f'<p class="legend"><b>Bold</b>: {what}.</p>'
 
 
 def table(head_row: str, body_rows: Sequence[str]) -> str:
-    """A score table (scrolls sideways inside the page when there are many sites)."""
+    """A score table: long headers wrap, and with very many columns it scrolls sideways inside its own box
+    rather than widening the page."""
     return (
         f'<div class="wide"><table class="scores"><thead>{head_row}</thead>'
         f"<tbody>{''.join(body_rows)}</tbody></table></div>"
@@ -275,25 +296,34 @@ body { font-family: -apple-system, "Segoe UI", Roboto, "Helvetica Neue", Arial, 
        max-width: 1200px; margin: 24px auto; padding: 0 20px; line-height: 1.45; }
 h1 { font-size: 1.6em; margin-bottom: 0.2em; }
 h2 { font-size: 1.2em; margin-top: 2em; border-bottom: 1px solid #d0d7de; padding-bottom: 4px; }
-.meta { color: #57606a; margin: 0.2em 0; }
-.wide { overflow-x: auto; }
-table.scores { border-collapse: collapse; margin: 10px 0 4px; font-size: 0.92em;
+h3 { font-size: 1.02em; margin: 1.2em 0 0; }
+.meta { color: #57606a; margin: 0.2em 0; overflow-wrap: anywhere; }
+.verdict { border: 1px solid #d0d7de; border-left: 5px solid #0072B2; background: #f6f8fa; padding: 8px 16px;
+           margin: 18px 0 8px; }
+.verdict .headline { font-size: 1.08em; margin: 4px 0; }
+.verdict ul { margin: 4px 0; padding-left: 20px; }
+.wide { max-width: 100%; overflow-x: auto; }
+table.scores { border-collapse: collapse; margin: 10px 0 4px; font-size: 0.88em;
                 font-variant-numeric: tabular-nums; }
-table.scores th, table.scores td { padding: 4px 10px; border-bottom: 1px solid #eaeef2; text-align: right;
-                                   white-space: nowrap; }
-table.scores thead th { background: #f6f8fa; border-bottom: 2px solid #d0d7de; }
-table.scores tbody th { text-align: left; font-weight: 600; }
+table.scores th, table.scores td { padding: 4px 8px; border-bottom: 1px solid #eaeef2; text-align: right; }
+table.scores td { white-space: nowrap; }
+table.scores thead th { background: #f6f8fa; border-bottom: 2px solid #d0d7de; vertical-align: bottom;
+                        max-width: 9em; overflow-wrap: anywhere; hyphens: auto; }
+table.scores tbody th { text-align: left; font-weight: 600; max-width: 16em; overflow-wrap: anywhere; }
 table.scores thead th:first-child { text-align: left; }
 table.scores tr.group th, table.scores tr.group td { border-top: 2px solid #d0d7de; }
 table.scores b { color: #0a58ca; }
 .note { color: #57606a; font-size: 0.88em; margin: 4px 0 0; max-width: 980px; }
+.legend { color: #57606a; font-size: 0.85em; margin: 2px 0 0; }
+.legend b { color: #0a58ca; }
 img { max-width: 100%; height: auto; display: block; margin: 10px 0; }
 img.square { max-width: 560px; }
 .tiles { display: flex; flex-wrap: wrap; gap: 4px 16px; align-items: flex-start; }
 .tiles img.tile { max-width: 540px; width: calc(50% - 8px); margin: 10px 0 0; }
 details { margin-top: 2em; }
 summary { cursor: pointer; font-weight: 600; }
-pre { background: #f6f8fa; padding: 12px; overflow-x: auto; font-size: 0.85em; }
+pre { background: #f6f8fa; padding: 12px; overflow-x: auto; font-size: 0.85em; white-space: pre-wrap; }
+code { overflow-wrap: anywhere; }
 """
 
 

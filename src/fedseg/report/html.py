@@ -11,10 +11,15 @@ it is deleted before a render, so none survives from an earlier one).
 
 Sections:
 
-* test Dice and HD95 tables in the layout of the FedSM paper's Table 3: Centralized, one
-  "Client k Local" row per site (the k-th site's local model on every site's test data) and
+* a verdict (:mod:`fedseg.report.verdict`): the best federated method on test Dice (Client Avg), its
+  paired differences from the runner-up and FedAvg with a 95% interval, which differences are within
+  noise, which methods may not have converged, and routing notes (FedSM: every image to the global model);
+* test Dice, HD95 and NSD tables in the layout of the FedSM paper's Table 3: Centralized,
   Local's own-site row, FedAvg, the other federated methods, then the method families (FedSM,
-  FedSM-extra, ...); columns = sites, Client Avg, Global; best federated number per column bold.
+  FedSM-extra, ...); columns = sites, Client Avg, Global; best federated number per column bold (a
+  legend line under every table that bolds says what bold marks);
+* the paper's "Client k Local" rows (the k-th site's local model on every site's test data) in a
+  section of their own;
   Names, baseline-or-federated and families come from summary.json and the algorithm registry
   (:mod:`fedseg.report.methods`);
 * the Auto-FedAvg paper's Table 2 layout, when some method has local models (summary.json
@@ -74,6 +79,7 @@ from fedseg.report import persite
 from fedseg.report.methods import algorithm_order, display_name, families, is_federated
 from fedseg.report.own_scores import mean_std_text, own_region_stats, scored_metrics
 from fedseg.report.study_tables import study_sections
+from fedseg.report.verdict import routing_notes, unconverged_methods, verdict, verdict_html
 
 __all__ = ["BYTES_PER_FLOAT", "RunFiles", "algorithm_order", "load_run", "render_report"]
 
@@ -110,21 +116,56 @@ def local_label(k: int, site: str) -> str:
 
 
 def score_rows(run: RunFiles, metric: str) -> list[TableRow]:
-    """Rows of the Dice / HD95 table: baselines, "Client k Local" rows + own-site local, federated."""
+    """Rows of the main Dice / HD95 / NSD table: baselines (Local: its own-site row), FedAvg, the other federated
+    methods; the "Client k Local" rows are in :func:`local_models_rows`."""
     rows = []
     for name in algorithm_order(run.summary):
         entry = run.algorithms[name]
         own = {k: num(v) for k, v in entry.get(metric, {}).items()}
         if name.lower() == "local":
-            for k, train in enumerate(run.sites, start=1):
-                cross = _cross_site_row(run, train, metric)
-                if cross is not None:
-                    rows.append(TableRow(local_label(k, train), cross, False, "local"))
             rows.append(TableRow("Local (own site)", own, False, "local"))
         else:
             fed = is_federated(name, entry)
             rows.append(TableRow(run.label(name), own, fed, "federated" if fed else "baseline"))
     return rows
+
+
+def local_models_rows(run: RunFiles, metric: str) -> list[TableRow]:
+    """One "Client k Local" row per site (the k-th site's local model on every site, FedSM paper Table 3) and
+    Local's own-site row; [] without a Local method."""
+    entry = run.algorithms.get("local")
+    if entry is None:
+        return []
+    rows = []
+    for k, train in enumerate(run.sites, start=1):
+        cross = _cross_site_row(run, train, metric)
+        if cross is not None:
+            rows.append(TableRow(local_label(k, train), cross, False, "local"))
+    if rows:
+        rows.append(TableRow("Local (own site)", {k: num(v) for k, v in entry.get(metric, {}).items()}, False, "own"))
+    return rows
+
+
+LOCAL_MODELS_TITLE = "Local models on every site (Client k Local)"
+
+
+def local_models_section(run: RunFiles) -> Section:
+    """The "Client k Local" rows of each metric (FedSM paper Table 3's cross-site rows), out of the main table:
+    how each site's locally trained model does on the other sites' test data."""
+    unit, tolerance = run.summary.get("hd95_unit", "pixels / voxels"), run.summary.get("nsd_tolerance")
+    parts = []
+    for m in METRICS:
+        rows = local_models_rows(run, m.name)
+        if any(not math.isnan(v) for r in rows for v in r.values.values()):
+            head = f"<h3>Test {esc(m.title(unit, tolerance))}</h3>"
+            parts.append(head + score_table(rows, site_columns(run.sites), m.higher_is_better, m.mean_digits))
+    note = (
+        "“Client <i>k</i> Local (<i>site</i>)”: the <i>k</i>-th site's locally trained model (Local, at the round "
+        "selected on its own validation split) on every site's test data; its own site's column is the diagonal of "
+        "the cross-site heatmap below. “Local (own site)”: each site's own model on its own data, the Local row "
+        "of the main tables. Nothing is bold: these are references, not federated methods."
+    )
+    return Section(LOCAL_MODELS_TITLE, "".join(parts) or None, note)
 
 
 def table2_rows(run: RunFiles) -> list[TableRow]:
@@ -166,8 +207,7 @@ def table2_section(run: RunFiles) -> Section:
         "/ Local gen: each site's own locally trained model (the one it held right after local training in "
         "the round where it scored best on its own validation split; for Local, its model of the selected "
         "round) on its own test split (diagonal mean) / on the other sites' (off-diagonal mean); – where a "
-        "method has no local models (config <code>eval.local_models</code>). Bold: best federated number per "
-        "column."
+        "method has no local models (config <code>eval.local_models</code>)."
     )
     return Section(title, score_table(table2_rows(run), columns, True, 4), note)
 
@@ -483,8 +523,8 @@ def _score_sections(run: RunFiles) -> list[Section]:
             "Client Avg = mean of the site means; Global = mean over all test cases pooled. "
         )
         + (
-            "“Client <i>k</i> Local (<i>site</i>)”: the <i>k</i>-th site's locally trained model on every site's "
-            "test data; “Local (own site)”: each site's own model on its own data. "
+            "“Local (own site)”: each site's own model on its own data (each site's model on every site: "
+            f"“{esc(LOCAL_MODELS_TITLE)}” below). "
             if "local" in run.algorithms
             else ""
         )
@@ -508,33 +548,16 @@ def _score_sections(run: RunFiles) -> list[Section]:
     for m in METRICS:
         rows = score_rows(run, m.name)
         if any(not math.isnan(v) for r in rows for v in r.values.values()):  # e.g. no HD95 when eval.hd95 is off
-            direction = "higher" if m.higher_is_better else "lower"
-            note = f"Bold: best federated number per column ({direction} is better).{notes[m.name]}"
+            note = notes[m.name].lstrip()
             table_html = score_table(rows, site_columns(run.sites), m.higher_is_better, m.mean_digits)
             out.append(Section(f"Test {m.title(unit, tolerance)}", table_html, common + note))
     return out
 
 
 def _unconverged(run: RunFiles) -> str:
-    """A warning naming the methods that may not have converged (``fedseg.stopping.not_converged``: the round
-    selected on validation lies in the last 10% of the rounds trained and validation had not plateaued; runs
-    written before summary.json recorded it: the selected round is the last one), so more rounds may change the
-    comparison. A method that selects
-    per site (``selected_rounds``) is named when at least half its sites selected the last round."""
-    late, per_site = [], False
-    for a, e in run.algorithms.items():
-        if not (e.get("rounds") and e["rounds"] > 1):
-            continue
-        if persite.selected_rounds(e):
-            k, n = persite.late_sites(e)
-            if 2 * k >= n:
-                late.append(f"{run.label(a)} ({k} of {n} sites)")
-                per_site = True
-        elif "converged" in e.get("convergence", {}):  # fedseg.stopping: a late best round without a plateau
-            if not e["convergence"]["converged"] and (e.get("privacy") or {}).get("select_round") != "last":
-                late.append(run.label(a))
-        elif e.get("best_round") == e.get("rounds") and (e.get("privacy") or {}).get("select_round") != "last":
-            late.append(run.label(a))  # a run written before summary.json had its convergence entry
+    """A warning naming the methods that may not have converged (:func:`fedseg.report.verdict.unconverged_methods`),
+    so more rounds may change the comparison."""
+    late, per_site = unconverged_methods(run)
     if not late:
         return ""
     return (
@@ -618,6 +641,7 @@ def render_report(run_dir: str | Path) -> Path:
 
     sections = [
         *_score_sections(run),
+        local_models_section(run),
         table2_section(run),
         Section(
             "Per-region scores (mean ± std over test cases)",
@@ -650,7 +674,9 @@ def render_report(run_dir: str | Path) -> Path:
         Section("Cost (FeTS Table 2)", cost_section(run)),
         Section("Differential privacy", privacy_section(run)),
     ]
-    parts = [_header(run), *(add_notes(s).html() for s in sections), *study_sections(run.dir)]
+    best = verdict(run)
+    top = verdict_html(best, routing_notes(run)) if best is not None else ""
+    parts = [_header(run), top, *(add_notes(s).html() for s in sections), *study_sections(run.dir)]
     if run.config is not None:
         parts.append(f"<details><summary>config.yaml</summary><pre>{esc(run.config)}</pre></details>")
     return write_page(run.dir / "report.html", f"fedseg report — {run.summary.get('dataset', '')}", parts)

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from fedseg.evaluate.metric_info import DICE
 from fedseg.presentation import figures
-from fedseg.presentation.kit import RunFiles, Section, esc, fmt, fmt_int, num, table
+from fedseg.presentation.kit import RunFiles, Section, bold_line, esc, fmt, fmt_int, num, table
 from fedseg.report.methods import method_kind
 from fedseg.report.own_scores import MeanStd, mean_std_text, own_case_stats, own_region_stats, scored_metrics
 
@@ -168,7 +168,8 @@ def table1(run: RunFiles, order: Sequence[str]) -> str | None:
         label = "Local (own site)" if name.lower() == "local" else run.label(name)
         cls = ' class="group"' if i == len(refs) and refs else ""
         body.append(f"<tr{cls}><th>{esc(label)}</th>{''.join(cells)}</tr>")
-    return table(head, body)
+    legend = "the best personalized or clustered method of each column (references above the rule never are)"
+    return table(head, body) + (bold_line(legend) if any("<b>" in row for row in body) else "")
 
 
 def _table1_note(run: RunFiles, order: Sequence[str]) -> str:
@@ -187,9 +188,8 @@ def _table1_note(run: RunFiles, order: Sequence[str]) -> str:
         "selected <b>per site</b> at the round where it scored best on that site's own validation split "
         "(Selected round: the range over sites; hover for each site's round). Centralized and FedAvg test one "
         "model, of the round with the best mean validation Dice. Mean ± std over all test cases (sample std; a "
-        "case's Dice, HD95 and NSD: mean over regions; HD95 over cases where it is defined). Bold: best personalized "
-        "or clustered method per column. Total SGD steps and estimated training time: FeTS Table 2 (section "
-        f"Cost).{cost}"
+        "case's Dice, HD95 and NSD: mean over regions; HD95 over cases where it is defined). Total SGD steps and "
+        f"estimated training time: FeTS Table 2 (section Cost).{cost}"
     )
 
 
@@ -294,14 +294,15 @@ def clusters_table(run: RunFiles, order: Sequence[str]) -> str | None:
     if not body:
         return None
     head = "<tr><th>Method, round</th>" + "".join(f"<th>{esc(s)}</th>" for s in sites) + "<th>Clusters</th></tr>"
-    return table(head, body)
+    moved = any("<b>" in row for row in body)
+    return table(head, body) + (bold_line("a site that moved to another cluster since the row above") if moved else "")
 
 
 CLUSTERS_NOTE = (
     "Cluster number of each site (clusters are numbered 0, 1, …; a split keeps the number for the part "
     "holding the cluster's first site) at each validated round where the membership changed, recorded "
-    "after that round's training and merge (<code>round_metrics.csv</code>, metric <code>cluster</code>); "
-    "bold: the sites that moved. Final: the clusters after the last round. A site is tested with its "
+    "after that round's training and merge (<code>round_metrics.csv</code>, metric <code>cluster</code>). "
+    "Final: the clusters after the last round. A site is tested with its "
     "cluster's model at the site's own selected round; where that cluster differs from the final one, the "
     "“tested model” row gives it."
 )

@@ -150,8 +150,7 @@ def sweep_section(root: Path) -> str:
         f"One complete run per value of <code>{esc(key)}</code>, everything else as the base configuration. "
         "Test Dice per site (mean over regions per case, then over the site's cases), Client Avg = mean of the "
         "site means, Global = all test cases pooled; HD95 Client Avg below (lower is better). Validation: the mean "
-        "validation Dice over sites at the run's selected round — choose a value on it, never on the test columns. "
-        "Bold: best federated number per column."
+        "validation Dice over sites at the run's selected round — choose a value on it, never on the test columns."
         + (" Figure: the Client Avg test Dice against the value, one line per method." if figure else "")
         + f" Runs: {links}."
     )

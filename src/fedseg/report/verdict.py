@@ -1,0 +1,282 @@
+"""The verdict: the report's answer to its reader's first question, "which method won, and is it real?".
+
+:func:`verdict` reads a run's files (:class:`~fedseg.presentation.kit.RunFiles`) and names the best method on the
+run's primary metric, **test Dice, Client Avg** (summary.json ``dice.client_avg``: the figure of the main table),
+among the federated methods (the rows that compete for bold; baselines such as Centralized and Local are
+references, not contenders), and compares it with the runner-up and with FedAvg.
+
+What is paired with what: a run has one seed, so the comparison is over **test cases**. Each test case (site, case
+id) is scored by both methods' own models (a shared model, or the site's own model for personalized methods;
+:func:`fedseg.report.own_scores.own_model_filter`), a case's score being its Dice averaged over regions; the
+difference best − other of every case is tested with :func:`fedseg.evaluate.stats.compare`: a Wilcoxon
+signed-rank test over the cases and a 95% interval from the hierarchical bootstrap of the mean difference
+(sites resampled, then cases within each; the seed-to-seed variance is not in it, having one seed). A difference is
+*within noise* when that interval includes 0 or the test's p ≥ 0.05.
+
+Also: which methods may not have converged (summary.json ``convergence``), and routing notes of a method family
+whose test images all went to one model (FedSM: every image to the global model). The HTML form
+(:func:`verdict_html`) opens the report; the plain lines (:func:`verdict_lines`, :func:`summary_lines`) end the
+terminal summary of ``fedseg run``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fedseg.evaluate.stats import LEVEL, RESAMPLES, SIGNIFICANCE, compare
+from fedseg.evaluate.tables import case_means
+from fedseg.presentation.kit import RunFiles, esc, fmt, load_npz, load_run, num
+from fedseg.report import persite
+from fedseg.report.methods import algorithm_order, display_name, is_federated
+from fedseg.report.own_scores import own_model_filter
+
+__all__ = [
+    "Difference",
+    "Verdict",
+    "routing_notes",
+    "summary_lines",
+    "unconverged_methods",
+    "verdict",
+    "verdict_html",
+    "verdict_lines",
+]
+
+METRIC = "dice"
+METRIC_TEXT = "test Dice, Client Avg"
+DIGITS = 4  # as the main table
+FEDAVG = "fedavg"
+SELECTOR_DIR = "selector_features"  # FedSM's test routing (fedseg.algorithms.fedsm.features.FEATURES_DIR)
+
+
+@dataclass(frozen=True)
+class Difference:
+    """The best method against ``other``: ``table_diff`` = best − other on the table's Client Avg; ``test`` =
+    :func:`fedseg.evaluate.stats.compare` of the per-case scores (best − other), None without ``results.csv``."""
+
+    other: str
+    table_diff: float
+    test: dict[str, Any] | None
+
+    @property
+    def identical(self) -> bool:
+        """Every paired case scored the same (e.g. two methods that tested the same model)."""
+        t = self.test
+        return t is not None and t["n"] > 0 and t["ci_low"] == 0 == t["ci_high"] and t["mean_diff"] == 0
+
+    @property
+    def within_noise(self) -> bool | None:
+        """The 95% CI includes 0 or p ≥ 0.05; None when there is no per-case test."""
+        t = self.test
+        if t is None or not t["n"] or math.isnan(t["p"]):
+            return None
+        return not t["ci_excludes_0"] or t["p"] >= SIGNIFICANCE
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The best federated method of a run on test Dice (Client Avg) and its differences from the others."""
+
+    best: str
+    score: float
+    ranked: list[tuple[str, float]]  # contenders by score, best first (table order among equal scores)
+    ties: list[str]  # contenders with the best score at the table's precision
+    differences: dict[str, Difference]  # best against every other contender
+    runner_up: str | None  # the first contender below the best's score
+    fedavg: str | None  # FedAvg when it is a contender and neither the best nor tied with it
+    unconverged: list[str]  # display names (with "k of n sites" for per-site selection)
+    baselines: list[str]  # display names of the methods not ranked
+    labels: dict[str, str] = field(default_factory=dict)
+
+    def label(self, name: str) -> str:
+        return self.labels.get(name, name)
+
+    @property
+    def within_noise(self) -> list[str]:
+        return [n for n, d in self.differences.items() if n not in self.ties and d.within_noise]
+
+    @property
+    def clear(self) -> list[str]:
+        return [n for n, d in self.differences.items() if n not in self.ties and d.within_noise is False]
+
+
+# --------------------------------------------------------------------------- convergence
+def unconverged_methods(run: RunFiles) -> tuple[list[str], bool]:
+    """Display names of the methods that may not have converged (``fedseg.stopping.not_converged``: the round
+    selected on validation lies in the last 10% of the rounds trained and validation had not plateaued; runs
+    written before summary.json recorded it: the selected round is the last one), and whether one of them
+    selects per site (``selected_rounds``: named when at least half its sites selected the last round, with
+    "k of n sites")."""
+    late, per_site = [], False
+    for a, e in run.algorithms.items():
+        if not (e.get("rounds") and e["rounds"] > 1):
+            continue
+        if persite.selected_rounds(e):
+            k, n = persite.late_sites(e)
+            if 2 * k >= n:
+                late.append(f"{run.label(a)} ({k} of {n} sites)")
+                per_site = True
+        elif "converged" in e.get("convergence", {}):  # fedseg.stopping: a late best round without a plateau
+            if not e["convergence"]["converged"] and (e.get("privacy") or {}).get("select_round") != "last":
+                late.append(run.label(a))
+        elif e.get("best_round") == e.get("rounds") and (e.get("privacy") or {}).get("select_round") != "last":
+            late.append(run.label(a))  # a run written before summary.json had its convergence entry
+    return late, per_site
+
+
+# --------------------------------------------------------------------------- the verdict
+def _cases(run: RunFiles, name: str) -> dict:
+    return case_means(run.results, name, METRIC, own_model_filter(run, name)) if run.results else {}
+
+
+def verdict(run: RunFiles, resamples: int = RESAMPLES) -> Verdict | None:
+    """The verdict of ``run`` (its ``names`` give the display names); None when no method has a test Dice
+    Client Avg. Contenders: the federated methods, or every method when the run has none."""
+    order = algorithm_order(run.summary)
+    labels = {a: run.label(a) for a in order}
+    scores = {a: num((run.algorithms[a].get(METRIC) or {}).get("client_avg")) for a in order}
+    scored = [a for a in order if not math.isnan(scores[a])]
+    if not scored:
+        return None
+    contenders = [a for a in scored if is_federated(a, run.algorithms[a])] or scored
+    ranked = sorted(((a, scores[a]) for a in contenders), key=lambda x: -x[1])  # stable: table order on ties
+    best, top = ranked[0]
+    shown = lambda v: fmt(v, DIGITS)  # noqa: E731
+    ties = [a for a, v in ranked[1:] if shown(v) == shown(top)]
+    best_cases = _cases(run, best)
+    differences = {}
+    for a, v in ranked[1:]:
+        other = _cases(run, a)
+        test = compare({0: best_cases}, {0: other}, resamples=resamples) if best_cases and other else None
+        differences[a] = Difference(a, top - v, test)
+    runner_up = next((a for a, _ in ranked[1:] if a not in ties), None)
+    fedavg = next((a for a in contenders if a.lower() == FEDAVG and a != best and a not in ties), None)
+    late, _ = unconverged_methods(run)
+    baselines = [labels[a] for a in order if a not in contenders]
+    return Verdict(best, top, ranked, ties, differences, runner_up, fedavg, late, baselines, labels)
+
+
+def _signed(x: float) -> str:
+    return "–" if math.isnan(x) else f"{x:+.{DIGITS}f}".replace("-", "−")
+
+
+def _test_text(d: Difference) -> str:
+    """``per test case +0.0015, 95% CI [−0.0010, +0.0041], Wilcoxon p = 0.31 (113 cases): within noise``."""
+    t = d.test
+    if t is None or not t["n"]:
+        return "no per-case scores (results.csv) to test it"
+    if d.identical:
+        return f"identical scores on all {t['n']} test cases"
+    ci = f"{round(100 * t['ci_level'])}% CI [{_signed(t['ci_low'])}, {_signed(t['ci_high'])}]"
+    call = "within noise" if d.within_noise else "beyond noise"
+    return f"per test case {_signed(t['mean_diff'])}, {ci}, Wilcoxon p = {t['p']:.2g} ({t['n']} cases): {call}"
+
+
+def _against(v: Verdict, name: str, role: str) -> str:
+    d = v.differences[name]
+    score = next(s for a, s in v.ranked if a == name)
+    return f"Over {role}{v.label(name)} ({fmt(score, DIGITS)}): {_signed(d.table_diff)}; {_test_text(d)}."
+
+
+def _listed(v: Verdict, names: list[str], with_diff: bool = False) -> str:
+    return ", ".join(
+        f"{v.label(n)} ({_signed(-v.differences[n].table_diff)})" if with_diff else v.label(n) for n in names
+    )
+
+
+def verdict_lines(v: Verdict, notes: list[str] | None = None) -> list[str]:
+    """The verdict as plain sentences, the headline first (the terminal's form; :func:`verdict_html` the page's)."""
+    head = f"Best on {METRIC_TEXT}: {v.label(v.best)} at {fmt(v.score, DIGITS)}"
+    if v.ties:
+        same = [n for n in v.ties if v.differences[n].identical]
+        head += f", tied with {_listed(v, v.ties)}" + (
+            f" ({'identical' if len(same) == len(v.ties) else _listed(v, same) + ': identical'} scores on every "
+            "test case)"
+            if same
+            else ""
+        )
+    if len(v.ranked) == 1:
+        head += " (the only method ranked)"
+    lines = [head + "."]
+    if v.runner_up:
+        lines.append(_against(v, v.runner_up, "the runner-up "))
+    if v.fedavg and v.fedavg != v.runner_up:
+        lines.append(_against(v, v.fedavg, ""))
+    noise, clear = v.within_noise, v.clear
+    if noise:
+        lines.append(f"Within noise of the best (CI includes 0 or p ≥ {SIGNIFICANCE:g}): {_listed(v, noise)}.")
+    if clear:
+        lines.append(f"Below the best beyond noise: {_listed(v, clear, with_diff=True)}.")
+    if v.unconverged:
+        if 1 < len(v.unconverged) == len(v.ranked) + len(v.baselines):
+            lines.append(
+                f"Not converged: none of the {len(v.unconverged)} methods had reached a plateau (the round "
+                "selected on validation is among the last ones trained, validation Dice still rising); more "
+                "rounds may change this ranking."
+            )
+        else:
+            lines.append(
+                f"May not have converged: {', '.join(v.unconverged)} (the round selected on validation is among "
+                "the last ones trained, validation Dice still rising); more rounds may change this ranking."
+            )
+    lines += notes or []
+    return lines
+
+
+PAIRING_NOTE = (
+    "Each difference pairs the two methods' own models on the same test cases (a case's score: its Dice averaged "
+    "over regions) of this run; {level}% CI: bootstrap of the mean paired difference, resampling the sites and "
+    "then the cases within each ({resamples} samples; one run seed, so the variance between seeds is not in it); "
+    "Wilcoxon signed-rank test over the cases. Within noise: the CI includes 0 or p ≥ {sig:g}."
+)
+
+
+def verdict_html(v: Verdict, notes: list[str] | None = None) -> str:
+    """The verdict block that opens the report: the headline in bold, the rest as plain lines, then how the
+    differences were tested and which methods are not ranked."""
+    lines = [esc(x) for x in verdict_lines(v, notes)]
+    how = PAIRING_NOTE.format(level=round(100 * LEVEL), resamples=RESAMPLES, sig=SIGNIFICANCE)
+    if v.baselines:
+        how += f" Not ranked (baselines, references only): {esc(', '.join(v.baselines))}."
+    items = "".join(f"<li>{x}</li>" for x in lines[1:])
+    return (
+        f'<div class="verdict"><p class="headline"><b>Verdict.</b> {lines[0]}</p>'
+        + (f"<ul>{items}</ul>" if items else "")
+        + f'<p class="note">{esc(how)}</p></div>'
+    )
+
+
+# --------------------------------------------------------------------------- routing
+def routing_notes(run: RunFiles) -> list[str]:
+    """One sentence per method whose selector routed every test image to the global model (FedSM's
+    ``selector_features/<algorithm>.npz``: ``chosen`` 0 = the global model), whose scores are then the global
+    model's; with a threshold γ, the one chosen on validation."""
+    out = []
+    for name, arrays in load_npz(run.dir / SELECTOR_DIR, "*.npz", {"chosen"}).items():
+        chosen = np.asarray(arrays["chosen"])
+        if name not in run.algorithms or not chosen.size or np.any(chosen != 0):
+            continue
+        gamma = num(arrays["gamma"]) if "gamma" in arrays else math.nan
+        why = "" if math.isnan(gamma) else f" (threshold γ = {gamma:.2f}, chosen on validation)"
+        same = ""
+        fedavg = next((a for a in run.algorithms if a.lower() == FEDAVG), None)
+        if fedavg and run.results and _cases(run, name) == _cases(run, fedavg):
+            same = f", equal to {run.label(fedavg)}'s"
+        out.append(
+            f"{run.label(name)} routed all {chosen.size} test images to its global model{why}: its test scores "
+            f"are the global model's{same}; its personalized models were never used."
+        )
+    return out
+
+
+def summary_lines(run_dir: str | Path) -> list[str]:
+    """The verdict and routing notes of a finished run directory as plain lines (the terminal summary)."""
+    run = load_run(run_dir)
+    run.names = {a: display_name(a, e) for a, e in run.algorithms.items()}
+    notes = routing_notes(run)
+    v = verdict(run)
+    return verdict_lines(v, notes) if v is not None else notes
