@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import typer
@@ -109,8 +110,8 @@ def algorithms(
     from fedseg.algorithms import ALGORITHMS
 
     if not long:
-        rows = [(s.name, s.kind, s.display_name, s.description) for s in ALGORITHMS.values()]
-        for line in algorithm_lines(rows, console.width):
+        brief = [(s.name, s.kind, s.display_name, s.description) for s in ALGORITHMS.values()]
+        for line in algorithm_lines(brief, console.width):
             console.print(line, highlight=False, markup=False, soft_wrap=True)
         return
     rows = [
@@ -133,7 +134,7 @@ def algorithms(
     )
 
 
-def algorithm_lines(rows: list[tuple[str, str, str, str]], width: int) -> list[str]:
+def algorithm_lines(rows: Sequence[tuple[str, str, str, str]], width: int) -> list[str]:
     """``fedseg algorithms``: a header, one line per ``(name, kind, display name, description)`` and a footer, no
     line longer than ``width`` (at least 40). The summary is the description without a leading "<display name>
     (authors):", cut at a word with "…" where it would pass ``width`` (``--long`` prints it whole)."""

@@ -657,7 +657,8 @@ def render_report(run_dir: str | Path) -> Path:
         Section(
             "Example test predictions",
             SAMPLES_IMG if samples else None,
-            "One test case per site; coloured contours, one colour per region. The Dice under each "
+            "One test case per site; contours in one colour per region (colour-blind-safe Okabe–Ito), the "
+            "ground truth dashed (also under each prediction, for comparison), a prediction solid. The Dice under each "
             "prediction is for that single case. 3-channel images are shown as RGB, others by their "
             "first channel; 3D cases by their middle slice.",
         ),

@@ -1,0 +1,162 @@
+"""The report's verdict, its legend lines and layout, the sample contours and ``fedseg algorithms`` at 80 columns
+(hand-made run folders of ``test_report.make_run``: no training)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+
+import numpy as np
+import pytest
+from matplotlib.figure import Figure
+from typer.testing import CliRunner
+
+from fedseg.cli import app, print_verdict
+from fedseg.presentation import figures
+from fedseg.presentation.kit import CSS
+from fedseg.report.html import load_run, render_report
+from fedseg.report.verdict import routing_notes, summary_lines, verdict
+from test_report import make_run, table
+
+FEDAVG, FEDPROX = (
+    np.mean([0.8123, 0.8456, 0.7789]),
+    np.mean([0.8011, 0.8567, 0.7655]),
+)  # Client Avg of test_report's FedAvg and FedProx rows
+
+
+def add_fedsm_routed_to_global(run):
+    """A FedSM entry whose scores are FedAvg's (every test image routed to the global model: selector_features)."""
+    summary = json.loads((run / "summary.json").read_text())
+    summary["algorithms"]["fedsm"] = {**summary["algorithms"]["fedavg"], "display_name": "FedSM", "family": "FedSM"}
+    (run / "summary.json").write_text(json.dumps(summary))
+    with open(run / "results.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    copied = [{**r, "algorithm": "fedsm", "model": "fedsm"} for r in rows if r["algorithm"] == "fedavg"]
+    with open(run / "results.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows + copied)
+    (run / "selector_features").mkdir()
+    n = 6
+    np.savez(
+        run / "selector_features" / "fedsm.npz",
+        features=np.random.default_rng(0).random((n, 4)),
+        probs=np.full((n, 3), 1 / 3),
+        chosen=np.zeros(n, dtype=np.int64),
+        site=np.repeat(np.arange(3), 2),
+        sites=np.array(["A", "B", "C"]),
+        gamma=np.array(1.0),
+    )
+
+
+def test_verdict_names_the_best_federated_method_and_tests_the_runner_up(tmp_path):
+    run = make_run(tmp_path / "run")
+    v = verdict(load_run(run))
+    assert (
+        v is not None and v.best == "fedavg" and v.score == pytest.approx(FEDAVG)
+    )  # Centralized scores higher: a baseline
+    assert v.runner_up == "fedprox" and v.differences["fedprox"].table_diff == pytest.approx(FEDAVG - FEDPROX)
+    test = v.differences["fedprox"].test
+    # 6 cases paired (site, case): FedAvg - FedProx = +0.0112 (A), -0.0111 (B), +0.0134 (C), two cases each
+    assert test["n"] == 6 and test["mean_diff"] == pytest.approx(np.mean([0.0112, -0.0111, 0.0134]))
+    assert test["ci_low"] < 0 < test["ci_high"] and v.within_noise == ["fedprox"] and not v.clear
+
+    html = render_report(run).read_text()
+    top = html[: html.index("<h2>")]
+    assert '<div class="verdict">' in top
+    assert f"Best on test Dice, Client Avg: FedAvg at {FEDAVG:.4f}." in top
+    assert f"Over the runner-up FedProx ({FEDPROX:.4f}): +{FEDAVG - FEDPROX:.4f}; per test case" in top
+    assert "(6 cases): within noise" in top and "Within noise of the best (CI includes 0 or p ≥ 0.05): FedProx" in top
+    assert "Not ranked (baselines, references only): Centralized, Local." in top
+    assert "converged" not in top  # best round 3 of 4: no warning
+
+
+def test_verdict_says_when_methods_have_not_converged(tmp_path):
+    run = make_run(tmp_path / "run")
+    summary = json.loads((run / "summary.json").read_text())
+    summary["algorithms"]["fedprox"]["convergence"] = {"converged": False}
+    (run / "summary.json").write_text(json.dumps(summary))
+    lines = summary_lines(run)
+    assert lines[-1].startswith("May not have converged: FedProx (the round selected on validation")
+    for e in summary["algorithms"].values():
+        e["convergence"] = {"converged": False}
+    (run / "summary.json").write_text(json.dumps(summary))
+    assert summary_lines(run)[-1].startswith("Not converged: none of the 4 methods had reached a plateau")
+
+
+def test_fedsm_routed_to_the_global_model_is_said_in_the_terminal_summary(tmp_path, capsys):
+    run = make_run(tmp_path / "run")
+    add_fedsm_routed_to_global(run)
+    assert routing_notes(load_run(run)) == [
+        "FedSM routed all 6 test images to its global model (threshold γ = 1.00, chosen on validation): its test "
+        "scores are the global model's, equal to fedavg's; its personalized models were never used."
+    ]
+    print_verdict(run)
+    out = " ".join(capsys.readouterr().out.split())
+    assert out.startswith(f"verdict: Best on test Dice, Client Avg: FedAvg at {FEDAVG:.4f}, tied with FedSM")
+    assert "(identical scores on every test case)" in out
+    assert "FedSM routed all 6 test images to its global model (threshold γ = 1.00" in out
+    assert "equal to FedAvg's; its personalized models were never used." in out
+    html = render_report(run).read_text()
+    assert "FedSM routed all 6 test images to its global model" in html[: html.index("<h2>")]
+
+
+def test_no_verdict_without_scores(tmp_path):
+    run = make_run(tmp_path / "run")
+    summary = json.loads((run / "summary.json").read_text())
+    for e in summary["algorithms"].values():
+        e.pop("dice")
+    (run / "summary.json").write_text(json.dumps(summary))
+    assert verdict(load_run(run)) is None and summary_lines(run) == []
+
+
+def test_every_table_that_bolds_has_a_legend_and_client_k_local_rows_have_their_own_section(tmp_path):
+    html = render_report(make_run(tmp_path / "run")).read_text()
+    tables = re.findall(r"<table.*?</table></div>(.{0,80})", html, flags=re.S)
+    bolding = [
+        t for t in re.findall(r"<table.*?</table></div>.{0,80}", html, flags=re.S) if "<b>" in t.split("</table>")[0]
+    ]
+    assert tables and bolding
+    for t in bolding:
+        assert t.split("</table></div>")[1].startswith('<p class="legend"><b>Bold</b>: the best number of each column')
+    assert "Client 1 Local" not in table(html, "Test Dice") + table(html, "Test HD95 (pixels / voxels)")
+    section = html[html.index("<h2>Local models on every site (Client k Local)</h2>") :]
+    assert "<h3>Test Dice</h3>" in section and "Client 3 Local (C)" in section
+    assert "Nothing is bold" in section and "<b>0." not in section[: section.index("</table>")]
+
+
+def test_tables_wrap_their_headers_instead_of_widening_the_page():
+    th = re.search(r"table\.scores thead th \{([^}]*)\}", CSS).group(1)
+    assert "max-width" in th and "overflow-wrap: anywhere" in th
+    assert "white-space: nowrap" not in re.search(r"table\.scores th, table\.scores td \{([^}]*)\}", CSS).group(1)
+    assert re.search(r"\.wide \{[^}]*overflow-x: auto", CSS)
+
+
+def test_sample_contours_tell_regions_and_truth_from_prediction_apart():
+    assert figures.REGION_COLORS[:2] == ("#56B4E9", "#F0E442")  # Okabe–Ito sky blue and yellow
+    assert set(figures.REGION_COLORS) <= set(figures.PALETTE)
+    yy, xx = np.mgrid[:32, :32]
+    truth = np.stack([(yy - 16) ** 2 + (xx - 16) ** 2 < 100, (yy - 16) ** 2 + (xx - 16) ** 2 < 25]).astype(np.uint8)
+    ax = Figure().subplots()
+    figures._draw_panel(ax, np.random.default_rng(0).random((3, 32, 32)), np.roll(truth, 2, axis=2), truth=truth)
+    drawn = [(c.get_linestyle()[0][1] is not None, tuple(c.get_edgecolor()[0].round(3))) for c in ax.collections]
+    assert len(drawn) == 4  # truth of 2 regions (dashed), then the prediction's (solid)
+    assert [dashed for dashed, _ in drawn] == [True, True, False, False]
+    assert drawn[0][1] == drawn[2][1] != drawn[1][1] == drawn[3][1]  # one colour per region
+
+
+def test_algorithms_fits_80_columns_and_long_prints_everything():
+    from fedseg.algorithms import ALGORITHMS
+
+    result = CliRunner().invoke(app, ["algorithms"], env={"COLUMNS": "80"})
+    assert result.exit_code == 0
+    lines = result.output.splitlines()
+    assert lines[0].split() == ["name", "kind", "summary"] and max(map(len, lines)) <= 80
+    assert [line.split()[:2] for line in lines[1 : 1 + len(ALGORITHMS)]] == [[n, s.kind] for n, s in ALGORITHMS.items()]
+    assert "fedseg algorithms --long" in result.output
+    wide = CliRunner().invoke(app, ["algorithms"], env={"COLUMNS": "250"})
+    assert ALGORITHMS["fedavg"].description.split(": ", 1)[1][1:] in wide.output  # whole when it fits
+    long = CliRunner().invoke(app, ["algorithms", "--long"], env={"COLUMNS": "400"})
+    assert long.exit_code == 0 and "display name" in long.output and "min sites" in long.output
+    assert ALGORITHMS["bulyan"].description in long.output
