@@ -160,3 +160,29 @@ def test_algorithms_fits_80_columns_and_long_prints_everything():
     long = CliRunner().invoke(app, ["algorithms", "--long"], env={"COLUMNS": "400"})
     assert long.exit_code == 0 and "display name" in long.output and "min sites" in long.output
     assert ALGORITHMS["bulyan"].description in long.output
+
+
+def test_verdict_compares_with_fedavg_when_it_is_not_the_runner_up(tmp_path):
+    run = make_run(tmp_path / "run")
+    summary = json.loads((run / "summary.json").read_text())
+    with open(run / "results.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    fedprox = summary["algorithms"]["fedprox"]
+    for name, gain in (("scaffold", 0.05), ("fedadam", 0.04)):  # FedProx's scores + gain: above FedAvg
+        summary["algorithms"][name] = {**fedprox, "dice": {k: v + gain for k, v in fedprox["dice"].items()}}
+        rows += [
+            {**r, "algorithm": name, "value": float(r["value"]) + gain * (r["metric"] == "dice")}
+            for r in rows
+            if r["algorithm"] == "fedprox"
+        ]
+    (run / "summary.json").write_text(json.dumps(summary))
+    with open(run / "results.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    lines = summary_lines(run)
+    assert lines[0] == f"Best on test Dice, Client Avg: SCAFFOLD at {FEDPROX + 0.05:.4f}."
+    # every case 0.01 better than FedAdam's: a constant paired difference, its CI a single point above 0
+    assert lines[1].startswith(f"Over the runner-up FedAdam ({FEDPROX + 0.04:.4f}): +0.0100; per test case +0.0100, ")
+    assert lines[1].endswith("(6 cases): beyond noise.")
+    assert lines[2].startswith(f"Over FedAvg ({FEDAVG:.4f}): +{FEDPROX + 0.05 - FEDAVG:.4f}; per test case ")
