@@ -10,6 +10,8 @@ import io
 import re
 from pathlib import Path
 
+from fedseg.algorithms import ALGORITHMS, BUILTIN_ALGORITHMS
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -27,11 +29,18 @@ def test_methods_page_is_what_the_registry_generates():
 
 
 def test_methods_page_has_one_section_per_registered_method():
-    from fedseg.algorithms import BUILTIN_ALGORITHMS
-
     text = (ROOT / "docs" / "methods.md").read_text()
     for name in BUILTIN_ALGORITHMS:
         assert f"\n## `{name}`\n" in text
+
+
+def test_the_algorithms_page_has_one_row_per_registered_method_in_registry_order():
+    text = (ROOT / "docs" / "algorithms.md").read_text()
+    section = text[text.index("## Algorithms\n") : text.index("\n## ", text.index("## Algorithms\n") + 1)]
+    builtin = [name for name in ALGORITHMS if name in BUILTIN_ALGORITHMS]
+    assert re.findall(r"^\| `([a-z0-9-]+)` \|", section, flags=re.MULTILINE) == builtin, (
+        "docs/algorithms.md's table and the registry disagree: add / remove / reorder its rows"
+    )
 
 
 def test_the_readme_python_example_runs_as_printed(tmp_path, monkeypatch):
