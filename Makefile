@@ -1,5 +1,6 @@
 # Two-command quickstart: `make demo` (main job) and `make test` (test suite).
 # Before a commit: `make check test` (ruff lint + format check, mypy on src/, then the tests).
+# `make docs`: the documentation site (mkdocs build --strict, warnings are errors) -> build/site/index.html.
 # Each target creates .venv and installs what it needs; torch is pinned to the CPU wheel.
 # `make demo` passes --resume: a second `make demo` re-uses the finished run in runs/demo (no
 # retraining) and re-renders its report; an interrupted one continues from its last checkpoint.
@@ -10,7 +11,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test check format install dist-check clean distclean
+.PHONY: demo test check docs format install dist-check clean distclean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -28,8 +29,8 @@ test: $(STAMP)
 	$(BIN)/python -m pytest
 
 check: $(STAMP)
-	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks docs/gen_methods.py
+	$(BIN)/ruff format --check src tests benchmarks docs/gen_methods.py
 	$(BIN)/mypy
 
 # The package as users get it: `python -m build` makes the sdist, then the wheel from the sdist (so a file missing
@@ -50,9 +51,18 @@ dist-check: $(STAMP)
 	  "import fedseg.presets, importlib.resources as r; assert r.files('fedseg.presets').joinpath('demo.yaml').is_file()"
 	@echo "dist-check: wheel and sdist install and run in a clean venv"
 
+# The docs extra goes into the same .venv, behind its own stamp (the main install does not need MkDocs).
+DOCS_STAMP := $(VENV)/.installed-docs
+$(DOCS_STAMP): $(STAMP) pyproject.toml
+	$(BIN)/pip install -q -e '.[docs]'
+	touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
+	$(BIN)/mkdocs build --strict -d build/site
+
 format: $(STAMP)
-	$(BIN)/ruff check --fix src tests benchmarks
-	$(BIN)/ruff format src tests benchmarks
+	$(BIN)/ruff check --fix src tests benchmarks docs/gen_methods.py
+	$(BIN)/ruff format src tests benchmarks docs/gen_methods.py
 
 clean:
 	rm -rf runs

@@ -1,8 +1,8 @@
-"""Malformed input and what it gets: every row of the README's table "Malformed input" is run here for real.
+"""Malformed input and what it gets: every row of the table "Malformed input" in docs/data.md is run here for real.
 
 Each case breaks a small valid folder federation (or the command line), runs the CLI in-process and checks that the
 command fails (or warns) with exactly the line in ``CASES``: one line naming the file, field or site, never a
-traceback. The README's table is rendered from ``CASES`` (``python tests/test_malformed_inputs.py`` prints it) and
+traceback. The table is rendered from ``CASES`` (``python tests/test_malformed_inputs.py`` prints it) and
 ``test_the_readme_table_is_this_catalogue`` keeps the two equal, so the table lists what the tests saw.
 """
 
@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 
 from fedseg.cli import app
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[1] / "docs" / "data.md"  # the table lives on the "Your own data" page
 BEGIN, END = "<!-- malformed-inputs: begin -->", "<!-- malformed-inputs: end -->"
 TINY = ["model.channels=[4,8,16]", "data.image_size=32", "train.batch_size=4", "threads=1", "eval.hd95=false"]
 RUN = ["run", "--preset", "demo", "--data", "fed", "--algorithms", "fedavg", "--rounds", "1", "--out", "out"]
@@ -132,7 +132,7 @@ CASES = [
 
 
 def markdown_table() -> str:
-    """The README's table, from ``CASES``."""
+    """The docs/data.md table, from ``CASES``."""
     rows = ["| malformed input | command | what it gets (exit code) |", "|---|---|---|"]
     for case in CASES:
         args = " ".join(a if " " not in a else f"'{a}'" for a in case.args)
@@ -172,9 +172,9 @@ def test_each_malformed_input_gets_its_one_line(workdir, case):
 
 def test_the_readme_table_is_this_catalogue():
     text = README.read_text()
-    assert BEGIN in text and END in text, f"README.md lacks the {BEGIN} ... {END} block"
+    assert BEGIN in text and END in text, f"docs/data.md lacks the {BEGIN} ... {END} block"
     table = text.split(BEGIN, 1)[1].split(END, 1)[0].strip()
-    assert table == markdown_table(), "README's malformed-input table is stale: python tests/test_malformed_inputs.py"
+    assert table == markdown_table(), "docs/data.md's table is stale: python tests/test_malformed_inputs.py"
 
 
 if __name__ == "__main__":
