@@ -2,7 +2,8 @@
 
 Every benchmark trains each algorithm as its own run (``algorithms=[name]``) under
 ``benchmarks/runs/<federation>/seed<S>/<name>/`` and keeps what the tables need in
-``benchmarks/results/runs/<federation>/seed<S>/<name>.json`` (committed, small). A run whose
+``benchmarks/runs/<federation>/seed<S>/<name>.json`` (git-ignored, as the run folders: only the aggregate tables
+under ``benchmarks/results/`` are committed). A run whose
 JSON exists with the same overrides is not trained again, so ``heterogeneity.py`` and
 ``methods.py`` share their centralized and local runs, an interrupted benchmark continues
 where it stopped, and ``--jobs 2`` trains two runs at once (one torch thread each).
@@ -24,7 +25,8 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).parent
-RESULTS = HERE / "results"
+RESULTS = HERE / "results"  # the aggregates (committed)
+RUNS = HERE / "runs"  # run folders and the per-run cache (git-ignored)
 ROUNDS = 30
 BUDGET = {
     "synthetic-retina": [
@@ -47,7 +49,7 @@ BUDGET = {
 
 
 def cache_path(federation: str, seed: int, algorithm: str) -> Path:
-    return RESULTS / "runs" / federation / f"seed{seed}" / f"{algorithm}.json"
+    return RUNS / federation / f"seed{seed}" / f"{algorithm}.json"
 
 
 def run_overrides(federation: str, seed: int, algorithm: str, extra: list[str]) -> list[str]:
@@ -84,7 +86,7 @@ def train_one(federation: str, seed: int, algorithm: str, extra: list[str]) -> d
 
     overrides = run_overrides(federation, seed, algorithm, extra)
     cfg = load_config(preset=federation, overrides=overrides)
-    out = HERE / "runs" / federation / f"seed{seed}" / algorithm
+    out = RUNS / federation / f"seed{seed}" / algorithm
     shutil.rmtree(out, ignore_errors=True)
     torch.set_num_threads(cfg.threads)
     start = time.perf_counter()

@@ -8,8 +8,8 @@
     .venv/bin/python benchmarks/fedsm_studies.py [--seeds 0 1 2] [--studies table5 table6 table7-retina table7-prostate]
 
 Each (study, seed) runs through fedseg's own study runner into ``benchmarks/runs/studies/`` (with
-``--resume``) and its table is kept in ``benchmarks/results/studies/<study>/seed<S>.json``
-(committed; a study whose JSON exists is not run again). Writes ``benchmarks/results/fedsm_studies.json``
+``--resume``) and its table is kept in ``benchmarks/runs/studies/<study>/seed<S>.json``
+(git-ignored; a study whose JSON exists is not run again). Writes ``benchmarks/results/fedsm_studies.json``
 and ``.md`` with the tables averaged over the seeds that are done.
 """
 
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common import BUDGET, HERE, RESULTS
+from common import BUDGET, RESULTS, RUNS
 
 # The paper's Table 7 grid is 0.1, 0.3, ..., 0.9, but 0.1 < 1/K = 1/6 lies outside SoftPull's
 # range [1/K, 1] (Sec. 3.2), which fedseg enforces: the lowest value here is 1/K itself (FedAvg-like).
@@ -45,7 +45,7 @@ def run_one(study: str, seed: int) -> dict:
     federation, kind, spec = STUDIES[study]
     cfg = load_config(preset=federation, overrides=[*BUDGET[federation], f"seed={seed}", "algorithms=[fedsm]"])
     torch.set_num_threads(cfg.threads)
-    out = HERE / "runs" / "studies" / study / f"seed{seed}"
+    out = RUNS / "studies" / study / f"seed{seed}"
     plan = plan_holdout(cfg, out) if kind == "holdout" else plan_sweep(cfg, out, spec)
     result = run_study(plan, resume=True)
     entry = {
@@ -129,7 +129,7 @@ def main() -> None:
             print(f"done {study} seed {seed}", flush=True)
     tables = {}  # every study and seed done so far (also by other invocations running at the same time)
     for study, (federation, kind, _) in STUDIES.items():
-        entries = [json.loads(p.read_text()) for p in sorted((RESULTS / "studies" / study).glob("seed*.json"))]
+        entries = [json.loads(p.read_text()) for p in sorted((RUNS / "studies" / study).glob("seed*.json"))]
         if entries:
             tables[study] = {
                 "federation": federation,
@@ -142,7 +142,7 @@ def main() -> None:
 
 
 def seed_path(study: str, seed: int) -> Path:
-    return RESULTS / "studies" / study / f"seed{seed}.json"
+    return RUNS / "studies" / study / f"seed{seed}.json"
 
 
 if __name__ == "__main__":

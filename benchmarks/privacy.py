@@ -18,7 +18,7 @@ C from. Besides Dice, each row gives the expected noise norm over the whole netw
 so this ratio says how much larger the noise is than the signal, whatever C is.
 
 Writes ``benchmarks/results/privacy.json`` and ``benchmarks/results/privacy.md``; finished runs are
-cached in ``benchmarks/results/runs/privacy/<tag>.json`` (reused when their overrides match).
+cached in ``benchmarks/runs/privacy/<tag>.json`` (reused when their overrides match).
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-HERE = Path(__file__).parent
-RESULTS = HERE / "results"
+from common import RESULTS, RUNS
+
 PRESET = "demo"
 DELTA = 1e-5
 METHOD = "fedavg-dp"
@@ -57,7 +57,7 @@ def plan(rounds: int, multipliers: list[float], clip: float | None) -> dict[str,
 
 
 def cache_path(tag: str) -> Path:
-    return RESULTS / "runs" / "privacy" / f"{tag}.json"
+    return RUNS / "privacy" / f"{tag}.json"
 
 
 def train(tag: str, overrides: list[str]) -> dict:
@@ -68,7 +68,7 @@ def train(tag: str, overrides: list[str]) -> dict:
     from fedseg.run import run_experiment
 
     cfg = load_config(preset=PRESET, overrides=overrides)
-    out = HERE / "runs" / "privacy" / tag
+    out = RUNS / "privacy" / tag
     shutil.rmtree(out, ignore_errors=True)
     torch.set_num_threads(cfg.threads)
     start = time.perf_counter()
