@@ -22,8 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
-from common import HERE, RESULTS, cache_path, cached, run_all
+from common import RESULTS, RUNS, cache_path, cached, run_all
 from fedseg.algorithms import get_algorithm
+from fedseg.evaluate.stats import mean_std as stats_mean_std
 
 BASELINES = ["fedavg", "fedavg-uniform"]
 VARIANTS = ["autofedavg-n-dirichlet", "autofedavg-n-softmax", "autofedavg-l-dirichlet", "autofedavg-l-softmax"]
@@ -31,8 +32,9 @@ FEDERATIONS = ["synthetic-retina", "synthetic-prostate"]
 
 
 def mean_std(values: list[float]) -> tuple[float, float]:
-    v = np.array([x for x in values if not math.isnan(x)], dtype=np.float64)
-    return (float(v.mean()) if v.size else math.nan, float(v.std(ddof=1)) if v.size > 1 else math.nan)
+    """Mean and sample std over the finite ``values`` (``fedseg.evaluate.stats.mean_std``)."""
+    ms = stats_mean_std(values)
+    return ms["mean"], ms["std"]
 
 
 def table_row(name: str, entries: list[dict], fedavg_floats: float) -> dict:
@@ -62,7 +64,7 @@ def case_dice(fed: str, seed: int, algorithm: str) -> dict[tuple[str, str], floa
     from collections import defaultdict
 
     per_case: dict[tuple[str, str], list[float]] = defaultdict(list)
-    with open(HERE / "runs" / fed / f"seed{seed}" / algorithm / "results.csv") as f:
+    with open(RUNS / fed / f"seed{seed}" / algorithm / "results.csv") as f:
         for r in csv.DictReader(f):
             if r["metric"] == "dice" and r["model"] == "global":
                 per_case[(r["site"], r["case"])].append(float(r["value"]))
@@ -153,7 +155,7 @@ def alpha_figure(fed: str, seed: int) -> Path | None:
 
     weights, titles, shares = {}, {}, {}
     for name in VARIANTS:
-        folder = HERE / "runs" / fed / f"seed{seed}" / name
+        folder = RUNS / fed / f"seed{seed}" / name
         if not (folder / "summary.json").is_file():
             continue
         run = load_run(folder)

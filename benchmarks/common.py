@@ -16,7 +16,6 @@ scale 0.25 (the demo's federation: 227 training images) and ``synthetic-prostate
 from __future__ import annotations
 
 import json
-import math
 import shutil
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -63,16 +62,12 @@ def run_overrides(federation: str, seed: int, algorithm: str, extra: list[str]) 
 def case_stats(rows: list[dict], algorithm: str, regions: list[str], own) -> dict:
     """FeTS Table 1 numbers over the test cases each site scores with its own model: per region
     Dice mean/std, and per case (mean over regions) Dice and HD95 mean/std (sample std)."""
+    from fedseg.evaluate.stats import mean_std
     from fedseg.evaluate.tables import case_means, region_summary
 
     out = {"region_dice": region_summary(rows, algorithm, "dice", regions, model_filter=own)}
     for metric in ("dice", "hd95"):
-        v = np.array(list(case_means(rows, algorithm, metric, own).values()), dtype=np.float64)
-        out[f"case_{metric}"] = {
-            "mean": float(v.mean()) if v.size else math.nan,
-            "std": float(v.std(ddof=1)) if v.size > 1 else math.nan,
-            "n": int(v.size),
-        }
+        out[f"case_{metric}"] = mean_std(case_means(rows, algorithm, metric, own).values())
     return out
 
 

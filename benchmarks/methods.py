@@ -18,19 +18,11 @@ import numpy as np
 
 from common import RESULTS, ROUNDS, run_all
 from fedseg.algorithms import ALGORITHMS as REGISTRY
+from fedseg.evaluate.stats import mean_std
 
 ALGORITHMS = list(REGISTRY)  # every registered method, in registry order
 FEDERATIONS = ["synthetic-retina", "synthetic-prostate"]
 COST_KEYS = ["sgd_steps", "parallel_sgd_steps", "floats", "simulated_seconds"]
-
-
-def mean_std(values: list[float]) -> dict:
-    v = np.array([x for x in values if not math.isnan(x)], dtype=np.float64)
-    return {
-        "mean": float(v.mean()) if v.size else math.nan,
-        "std": float(v.std(ddof=1)) if v.size > 1 else math.nan,
-        "n": int(v.size),
-    }
 
 
 def algorithm_table(entries: list[dict]) -> dict:

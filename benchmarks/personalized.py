@@ -32,7 +32,8 @@ from collections import defaultdict
 
 import numpy as np
 
-from common import HERE, RESULTS, ROUNDS, run_all
+from common import RESULTS, ROUNDS, RUNS, run_all
+from fedseg.evaluate.stats import mean_std
 
 TAG = "@personalized"  # a cache of its own (common.run_overrides): this budget is not methods.py's
 CHAIN = "fedavg+finetune+ditto-ft+prior-cfl" + TAG
@@ -65,7 +66,7 @@ def entries_of(done: dict) -> dict[str, list[dict]]:
 def case_dice(fed: str, seed: int, job: str, algorithm: str) -> dict[tuple[str, str], float]:
     """``{(site, case): test Dice, mean over regions, of the model the case's site uses}``."""
     per_case: dict[tuple[str, str], list[float]] = defaultdict(list)
-    with open(HERE / "runs" / fed / f"seed{seed}" / job / "results.csv") as f:
+    with open(RUNS / fed / f"seed{seed}" / job / "results.csv") as f:
         for r in csv.DictReader(f):
             own = r["model"] in ("global", f"local:{r['site']}")
             if r["algorithm"] == algorithm and r["metric"] == "dice" and own:
@@ -82,11 +83,6 @@ def wilcoxon_vs_fedavg(fed: str, entries: dict[str, list[dict]], algorithm: str)
     theirs = {f["seed"]: case_dice(fed, f["seed"], f["job"], "fedavg") for f in entries["fedavg"]}
     test = compare(ours, theirs)
     return {"pairs": test["n"], "mean_difference": test["mean_diff"], **test}
-
-
-def mean_std(values: list[float]) -> dict:
-    v = np.array([x for x in values if not math.isnan(x)], dtype=np.float64)
-    return {"mean": float(v.mean()) if v.size else math.nan, "std": float(v.std(ddof=1)) if v.size > 1 else math.nan}
 
 
 def row(entries: list[dict], regions: list[str]) -> dict:

@@ -25,7 +25,7 @@ import json
 import math
 from pathlib import Path
 
-from common import HERE, RESULTS, ROUNDS, case_stats, not_converged_line, run_all
+from common import RESULTS, ROUNDS, RUNS, case_stats, not_converged_line, run_all
 
 FEDERATION, SEED = "fets-cpu", 0
 # FedAvg's shared model only: results.csv also holds each site's kept local model on its own test cases
@@ -45,7 +45,7 @@ ARMS = {
 
 
 def run_dir(arm: str) -> Path:
-    return HERE / "runs" / FEDERATION / f"seed{SEED}" / f"fedavg@planning-{arm}"
+    return RUNS / FEDERATION / f"seed{SEED}" / f"fedavg@planning-{arm}"
 
 
 def arm_result(arm: str) -> dict:
