@@ -16,10 +16,12 @@ scale 0.25 (the demo's federation: 227 training images) and ``synthetic-prostate
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -144,6 +146,71 @@ def run_all(jobs: list[tuple[str, int, str]], extra: list[str], workers: int) ->
                 flush=True,
             )
     return done
+
+
+SPECS = HERE / "specs"  # bench files (``fedseg bench``) of the scripts that compose runs
+
+
+def bench_entries(spec_file: Path, jobs: int, out: Path | None = None) -> tuple[Any, dict[tuple[str, int, str], dict]]:
+    """Every final run of a bench file, trained (or reused) by ``fedseg bench`` itself, as the scripts' entries.
+
+    The one way the benchmark scripts compose runs: the bench plans, trains ``jobs`` runs at a time in fresh
+    processes and resumes (``--resume``: finished runs are reused, a half-done one continues). Its runs go to
+    ``out`` (default ``benchmarks/runs/<bench name>/``, git-ignored); ``fedseg bench SPEC --out OUT --resume``
+    on the command line is the same bench. Returns the bench and ``{(federation, seed, method): entry}``, each
+    entry what :func:`train_one` records: ``summary`` (the run's ``summary.json`` entry of the method's last
+    algorithm), ``stats`` (:func:`case_stats`), ``round_metrics``, ``val_dice_per_round``, ``overrides``,
+    ``wall_seconds``; a method of several algorithms (a chain) also has ``chain`` (one entry per algorithm)."""
+    from fedseg.bench.phases import run_bench
+    from fedseg.bench.spec import load_bench
+
+    bench, root = load_bench(spec_file)
+    runs = run_bench(bench, root, out or RUNS / bench.name, jobs, resume=True, echo=_echo)
+    return bench, {(r.federation, r.seed, r.method): run_entry(r, fin.dir) for r, fin in runs.final.items()}
+
+
+def _echo(line: str) -> None:
+    print(line, flush=True)
+
+
+def run_entry(run, folder: Path) -> dict:
+    """A finished bench run's entry (:func:`bench_entries`), read from its folder."""
+    import csv
+
+    from fedseg.evaluate.tables import own_site_model, read_rows
+
+    def table(name: str) -> list[dict]:
+        path = folder / name
+        if not path.is_file():
+            return []
+        with open(path, newline="") as f:
+            return list(csv.DictReader(f))
+
+    summary = json.loads((folder / "summary.json").read_text())
+    rows = read_rows(folder / "results.csv")
+    metric_rows = [
+        {**r, "round": int(r["round"]), "value": float(r["value"]) if r.get("value") not in (None, "") else math.nan}
+        for r in table("round_metrics.csv")
+    ]
+    rounds_rows = table("rounds.csv")
+    seconds = float(summary.get("provenance", {}).get("wall_seconds", math.nan))
+    entries = [
+        {
+            "federation": run.federation,
+            "seed": run.seed,
+            "algorithm": name,
+            "overrides": list(run.overrides),
+            "sites": summary["sites"],
+            "regions": summary["regions"],
+            "summary": algo,
+            "stats": case_stats(rows, name, summary["regions"], own_site_model),
+            "round_metrics": [r for r in metric_rows if r.get("algorithm", name) == name],
+            "val_dice_per_round": _val_curve([r for r in rounds_rows if r.get("algorithm", name) == name]),
+            "wall_seconds": seconds,
+        }
+        for name, algo in summary["algorithms"].items()
+    ]
+    return entries[0] if len(entries) == 1 else {**entries[-1], "algorithm": run.method, "chain": entries}
 
 
 def not_converged_line(rows: list[dict], name_key: str) -> str:

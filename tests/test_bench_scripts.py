@@ -1,0 +1,74 @@
+"""The benchmark scripts compose runs through ``fedseg bench``: their bench files (benchmarks/specs) plan valid runs
+at the benchmark budget, and ``benchmarks/common.bench_entries`` gives the entries the scripts' tables read."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fedseg.bench.plan import check_plan, final_runs, run_config
+from fedseg.bench.spec import load_bench
+from fedseg.config import load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+SPECS = sorted((ROOT / "benchmarks" / "specs").glob("*.yaml"))
+
+
+@pytest.fixture
+def common(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import common
+
+    return common
+
+
+@pytest.mark.parametrize("path", SPECS, ids=lambda p: p.name)
+def test_script_bench_files_plan_the_benchmark_budget(path, common):
+    """Every run of a script's bench file is the run the script trained before (benchmarks/common.py's budget
+    on the federation's own preset): the same configuration but for the preset's name."""
+    spec, root = load_bench(path)
+    check_plan(spec, root)
+    runs = final_runs(spec, {})
+    assert len(runs) == len(spec.federations) * len(spec.methods) * len(spec.seeds)
+    for run in runs[:: max(1, len(runs) // 6)]:
+        ours = run_config(spec, root, run).model_dump()
+        before = load_config(
+            preset=run.federation, overrides=common.run_overrides(run.federation, run.seed, run.method, [])
+        ).model_dump()
+        ours.pop("name"), before.pop("name")
+        assert ours == before, run.label
+
+
+def test_bench_entries_feed_the_scripts_tables(tmp_path, common, monkeypatch):
+    import heterogeneity
+    import methods
+
+    spec = {
+        "name": "tiny",
+        "base": {"preset": "synthetic-retina"},
+        "set": ["data.scale=0.05", "data.image_size=32", "model.channels=[4,8,16]", "train.batch_size=4", "threads=1"],
+        "federations": ["synthetic-retina"],
+        "methods": ["local", "centralized"],
+        "seeds": [0],
+        "budget": {"rule": "rounds", "rounds": 1},
+        "reference": "local",
+    }
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    bench, done = common.bench_entries(path, jobs=1, out=tmp_path / "runs")
+    assert set(done) == {("synthetic-retina", 0, "local"), ("synthetic-retina", 0, "centralized")}
+    local, central = done[("synthetic-retina", 0, "local")], done[("synthetic-retina", 0, "centralized")]
+    assert local["sites"] and local["regions"] and local["summary"]["rounds"] == 1
+    assert local["stats"]["case_dice"]["n"] > 0 and 0 <= local["stats"]["case_dice"]["mean"] <= 1
+    assert len(local["val_dice_per_round"]) == 1 and math.isfinite(local["wall_seconds"])
+    row = heterogeneity.seed_entry(local, central)
+    assert len(row["matrix"]) == len(local["sites"]) and row["gap"] == pytest.approx(
+        row["diagonal_mean"] - row["off_diagonal_mean"]
+    )
+    table = methods.algorithm_table([central])
+    assert table["client_avg_dice"]["n"] == 1
+    again, _ = common.bench_entries(path, jobs=1, out=tmp_path / "runs")  # resumed: nothing trains again
+    assert again.name == "tiny"
