@@ -160,7 +160,8 @@ def bench_entries(spec_file: Path, jobs: int, out: Path | None = None) -> tuple[
     on the command line is the same bench. Returns the bench and ``{(federation, seed, method): entry}``, each
     entry what :func:`train_one` records: ``summary`` (the run's ``summary.json`` entry of the method's last
     algorithm), ``stats`` (:func:`case_stats`), ``round_metrics``, ``val_dice_per_round``, ``overrides``,
-    ``wall_seconds``; a method of several algorithms (a chain) also has ``chain`` (one entry per algorithm)."""
+    ``wall_seconds``, ``dir`` (the run folder); a method of several algorithms (a chain) also has ``chain``
+    (one entry per algorithm)."""
     from fedseg.bench.phases import run_bench
     from fedseg.bench.spec import load_bench
 
@@ -207,6 +208,7 @@ def run_entry(run, folder: Path) -> dict:
             "round_metrics": [r for r in metric_rows if r.get("algorithm", name) == name],
             "val_dice_per_round": _val_curve([r for r in rounds_rows if r.get("algorithm", name) == name]),
             "wall_seconds": seconds,
+            "dir": str(folder),
         }
         for name, algo in summary["algorithms"].items()
     ]

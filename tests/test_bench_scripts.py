@@ -43,6 +43,7 @@ def test_script_bench_files_plan_the_benchmark_budget(path, common):
 
 
 def test_bench_entries_feed_the_scripts_tables(tmp_path, common, monkeypatch):
+    import autofedavg
     import heterogeneity
     import methods
 
@@ -70,5 +71,7 @@ def test_bench_entries_feed_the_scripts_tables(tmp_path, common, monkeypatch):
     )
     table = methods.algorithm_table([central])
     assert table["client_avg_dice"]["n"] == 1
+    cases = autofedavg.case_dice(central, "centralized")  # the per-case Dice the paired tests read from the run
+    assert cases and all(0 <= v <= 1 for v in cases.values())
     again, _ = common.bench_entries(path, jobs=1, out=tmp_path / "runs")  # resumed: nothing trains again
     assert again.name == "tiny"
