@@ -28,7 +28,10 @@ def common(monkeypatch):
 @pytest.mark.parametrize("path", SPECS, ids=lambda p: p.name)
 def test_script_bench_files_plan_the_benchmark_budget(path, common):
     """Every run of a script's bench file is the run the script trained before (benchmarks/common.py's budget
-    on the federation's own preset): the same configuration but for the preset's name."""
+    on the federation's own preset, with the script's options): the same configuration but for the preset's name."""
+    import personalized
+
+    extra = {"personalized": personalized.extra}.get(path.stem, lambda federation: [])
     spec, root = load_bench(path)
     check_plan(spec, root)
     runs = final_runs(spec, {})
@@ -36,7 +39,8 @@ def test_script_bench_files_plan_the_benchmark_budget(path, common):
     for run in runs[:: max(1, len(runs) // 6)]:
         ours = run_config(spec, root, run).model_dump()
         before = load_config(
-            preset=run.federation, overrides=common.run_overrides(run.federation, run.seed, run.method, [])
+            preset=run.federation,
+            overrides=common.run_overrides(run.federation, run.seed, run.method, extra(run.federation)),
         ).model_dump()
         ours.pop("name"), before.pop("name")
         assert ours == before, run.label
