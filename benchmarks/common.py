@@ -170,6 +170,16 @@ def bench_entries(spec_file: Path, jobs: int, out: Path | None = None) -> tuple[
     return bench, {(r.federation, r.seed, r.method): run_entry(r, fin.dir) for r, fin in runs.final.items()}
 
 
+def parameters(manifest: Path) -> int:
+    """Floats in a trained network's state (``count_parameters``), rebuilt from its bundle's ``manifest.json``."""
+    from fedseg.config import ModelConfig
+    from fedseg.models.factory import build_segmenter, count_parameters
+
+    m = json.loads(manifest.read_text())
+    net = build_segmenter(ModelConfig.model_validate(m["network"]), m["spatial_dims"], m["in_channels"], 3, 0)
+    return count_parameters(net)
+
+
 def _echo(line: str) -> None:
     print(line, flush=True)
 

@@ -30,18 +30,26 @@ def test_script_bench_files_plan_the_benchmark_budget(path, common):
     """Every run of a script's bench file is the run the script trained before (benchmarks/common.py's budget
     on the federation's own preset, with the script's options): the same configuration but for the preset's name."""
     import personalized
+    import planning
+    import privacy
 
-    extra = {"personalized": personalized.extra}.get(path.stem, lambda federation: [])
+    def former(run) -> tuple[str, list[str]]:
+        """The preset and overrides the script trained this run with before its bench file."""
+        if path.stem == "planning":
+            return "fets-cpu", common.run_overrides("fets-cpu", run.seed, "fedavg", planning.ARMS[run.method])
+        if path.stem == "privacy":
+            return "demo", [*privacy.plan(10, [0.01, 0.1, 0.5, 1.0, 2.0], None)[run.method], f"seed={run.seed}"]
+        extra = personalized.extra(run.federation) if path.stem == "personalized" else []
+        return run.federation, common.run_overrides(run.federation, run.seed, run.method, extra)
+
     spec, root = load_bench(path)
     check_plan(spec, root)
     runs = final_runs(spec, {})
     assert len(runs) == len(spec.federations) * len(spec.methods) * len(spec.seeds)
-    for run in runs[:: max(1, len(runs) // 6)]:
+    for run in runs[:: max(1, len(runs) // 8)]:
         ours = run_config(spec, root, run).model_dump()
-        before = load_config(
-            preset=run.federation,
-            overrides=common.run_overrides(run.federation, run.seed, run.method, extra(run.federation)),
-        ).model_dump()
+        preset, overrides = former(run)
+        before = load_config(preset=preset, overrides=overrides).model_dump()
         ours.pop("name"), before.pop("name")
         assert ours == before, run.label
 
@@ -77,5 +85,7 @@ def test_bench_entries_feed_the_scripts_tables(tmp_path, common, monkeypatch):
     assert table["client_avg_dice"]["n"] == 1
     cases = autofedavg.case_dice(central, "centralized")  # the per-case Dice the paired tests read from the run
     assert cases and all(0 <= v <= 1 for v in cases.values())
+    manifest = Path(central["dir"]) / "model" / "centralized" / "manifest.json"  # as planning/privacy read it
+    assert common.parameters(manifest) > 0
     again, _ = common.bench_entries(path, jobs=1, out=tmp_path / "runs")  # resumed: nothing trains again
     assert again.name == "tiny"
