@@ -37,6 +37,8 @@ def test_script_bench_files_plan_the_benchmark_budget(path, common):
         """The preset and overrides the script trained this run with before its bench file."""
         if path.stem == "planning":
             return "fets-cpu", common.run_overrides("fets-cpu", run.seed, "fedavg", planning.ARMS[run.method])
+        if path.stem == "volumes":
+            return "fets-cpu", common.run_overrides("fets-cpu", run.seed, run.method, [])
         if path.stem == "privacy":
             return "demo", [*privacy.plan(10, [0.01, 0.1, 0.5, 1.0, 2.0], None)[run.method], f"seed={run.seed}"]
         extra = personalized.extra(run.federation) if path.stem == "personalized" else []
