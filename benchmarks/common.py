@@ -81,20 +81,29 @@ SPECS = HERE / "specs"  # bench files (``fedseg bench``) of the scripts that com
 def bench_entries(spec_file: Path, jobs: int, out: Path | None = None) -> tuple[Any, dict[tuple[str, int, str], dict]]:
     """Every final run of a bench file, trained (or reused) by ``fedseg bench`` itself, as the scripts' entries.
 
-    The one way the benchmark scripts compose runs: the bench plans, trains ``jobs`` runs at a time in fresh
-    processes and resumes (``--resume``: finished runs are reused, a half-done one continues). Its runs go to
-    ``out`` (default ``benchmarks/runs/<bench name>/``, git-ignored); ``fedseg bench SPEC --out OUT --resume``
-    on the command line is the same bench. Returns the bench and ``{(federation, seed, method): entry}``, each
-    entry: ``summary`` (the run's ``summary.json`` entry of the method's last
-    algorithm), ``stats`` (:func:`case_stats`), ``round_metrics``, ``val_dice_per_round``, ``overrides``,
-    ``wall_seconds``, ``dir`` (the run folder); a method of several algorithms (a chain) also has ``chain``
-    (one entry per algorithm)."""
+        The one way the benchmark scripts compose runs: the bench plans, trains ``jobs`` runs at a time in fresh
+        processes and resumes (``--resume``: finished runs are reused, a half-done one continues). Its runs go to
+        ``out`` (default ``benchmarks/runs/<bench name>/``, git-ignored); ``fedseg bench SPEC --out OUT --resume``
+        on the command line is the same bench. Returns the bench and ``{(federation, seed, method): entry}``
+    (``federation``: :func:`cell_name`), each
+        entry: ``summary`` (the run's ``summary.json`` entry of the method's last
+        algorithm), ``stats`` (:func:`case_stats`), ``round_metrics``, ``val_dice_per_round``, ``overrides``,
+        ``wall_seconds``, ``dir`` (the run folder); a method of several algorithms (a chain) also has ``chain``
+        (one entry per algorithm)."""
     from fedseg.bench.phases import run_bench
     from fedseg.bench.spec import load_bench
 
     bench, root = load_bench(spec_file)
     runs = run_bench(bench, root, out or RUNS / bench.name, jobs, resume=True, echo=_echo)
-    return bench, {(r.federation, r.seed, r.method): run_entry(r, fin.dir) for r, fin in runs.final.items()}
+    return bench, {(cell_name(r), r.seed, r.method): run_entry(r, fin.dir) for r, fin in runs.final.items()}
+
+
+def cell_name(run) -> str:
+    """The federation of a bench run as :func:`bench_entries` keys it: its name, or with a k-fold split or a
+    leave-one-out federation ``<name>/fold<k>`` / ``<name>/holdout-<site>`` (each fold its own entry)."""
+    if run.holdout is not None:
+        return f"{run.federation}/holdout-{run.holdout}"
+    return run.federation if run.fold == 0 else f"{run.federation}/fold{run.fold}"
 
 
 def parameters(manifest: Path) -> int:

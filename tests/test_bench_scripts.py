@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fedseg.bench.plan import check_plan, final_runs, run_config
+from fedseg.bench.plan import check_plan, final_runs, holdout_sites, run_config
 from fedseg.bench.spec import load_bench
 from fedseg.config import load_config
 
@@ -37,6 +37,11 @@ def test_script_bench_files_plan_the_benchmark_budget(path, common):
         """The preset and overrides the script trained this run with before its bench file."""
         if path.stem == "planning":
             return "fets-cpu", common.run_overrides("fets-cpu", run.seed, "fedavg", planning.ARMS[run.method])
+        if path.stem.startswith("fedsm_table"):  # fedseg study --sweep KEY=VALUE on the budget
+            return run.federation, [
+                *common.run_overrides(run.federation, run.seed, "fedsm", []),
+                *spec.method(run.method).set,
+            ]
         if path.stem == "volumes":
             return "fets-cpu", common.run_overrides("fets-cpu", run.seed, run.method, [])
         if path.stem == "privacy":
@@ -46,9 +51,13 @@ def test_script_bench_files_plan_the_benchmark_budget(path, common):
 
     spec, root = load_bench(path)
     check_plan(spec, root)
-    runs = final_runs(spec, {})
-    assert len(runs) == len(spec.federations) * len(spec.methods) * len(spec.seeds)
+    holdouts = holdout_sites(spec, root)
+    runs = final_runs(spec, {}, holdouts)
+    cells = sum(len(holdouts[f.name]) if f.leave_one_out else 1 for f in spec.federations)
+    assert len(runs) == cells * len(spec.methods) * len(spec.seeds)
     for run in runs[:: max(1, len(runs) // 8)]:
+        if run.holdout is not None:  # fedseg study --leave-one-out: the federation without the site, not comparable
+            continue
         ours = run_config(spec, root, run).model_dump()
         preset, overrides = former(run)
         before = load_config(preset=preset, overrides=overrides).model_dump()
@@ -87,7 +96,37 @@ def test_bench_entries_feed_the_scripts_tables(tmp_path, common, monkeypatch):
     assert table["client_avg_dice"]["n"] == 1
     cases = autofedavg.case_dice(central, "centralized")  # the per-case Dice the paired tests read from the run
     assert cases and all(0 <= v <= 1 for v in cases.values())
+    fedsm_studies = __import__("fedsm_studies")
+    monkeypatch.setitem(fedsm_studies.STUDIES, "tiny", ("synthetic-retina", "sweep", "train.lr", "tiny.yaml"))
+    (seed0,) = fedsm_studies.study_entries("tiny", bench, done)
+    assert [r["value"] for r in seed0["rows"]] == ["local", "centralized"] and "dice_client_avg" in seed0["columns"]
+    assert fedsm_studies.average([seed0], "value")[0]["dice_client_avg"] == pytest.approx(
+        local["summary"]["dice"]["client_avg"]
+    )
     manifest = Path(central["dir"]) / "model" / "centralized" / "manifest.json"  # as planning/privacy read it
     assert common.parameters(manifest) > 0
     again, _ = common.bench_entries(path, jobs=1, out=tmp_path / "runs")  # resumed: nothing trains again
     assert again.name == "tiny"
+
+
+def test_fedsm_studies_reads_the_unseen_tables_of_a_leave_one_out_bench(tmp_path, common, monkeypatch):
+    import fedsm_studies
+
+    spec = {
+        "name": "tiny-unseen",
+        "base": {"preset": "synthetic-retina"},
+        "set": ["data.scale=0.05", "data.image_size=32", "model.channels=[4,8,16]", "train.batch_size=4", "threads=1"],
+        "federations": [{"name": "synthetic-retina", "leave_one_out": True}],
+        "methods": ["fedavg"],
+        "seeds": [0],
+        "budget": {"rule": "rounds", "rounds": 1},
+    }
+    path = tmp_path / "unseen.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    bench, done = common.bench_entries(path, jobs=1, out=tmp_path / "runs")
+    monkeypatch.setitem(fedsm_studies.STUDIES, "tiny", ("synthetic-retina", "holdout", None, "unseen.yaml"))
+    (seed0,) = fedsm_studies.study_entries("tiny", bench, done)
+    assert len(seed0["rows"]) == 6  # every site of synthetic-retina unseen once, each fold its own entry
+    assert {fed for fed, _, _ in done} == {f"synthetic-retina/holdout-{r['unseen_site']}" for r in seed0["rows"]}
+    rows = fedsm_studies.average([seed0], "unseen_site")
+    assert len(rows) == len(seed0["rows"]) and all(0 <= r["dice"] <= 1 for r in rows)
