@@ -67,7 +67,7 @@ def case_stats(rows: list[dict], algorithm: str, regions: list[str], own) -> dic
     return out
 
 
-def _val_curve(rounds_rows: list[dict]) -> list[float]:
+def val_curve(rounds_rows: list[dict]) -> list[float]:
     """Mean validation Dice over sites per round."""
     by_round: dict[int, list[float]] = {}
     for r in rounds_rows:
@@ -152,7 +152,7 @@ def run_entry(run, folder: Path) -> dict:
             "summary": algo,
             "stats": case_stats(rows, name, summary["regions"], own_site_model),
             "round_metrics": [r for r in metric_rows if r.get("algorithm", name) == name],
-            "val_dice_per_round": _val_curve([r for r in rounds_rows if r.get("algorithm", name) == name]),
+            "val_dice_per_round": val_curve([r for r in rounds_rows if r.get("algorithm", name) == name]),
             "wall_seconds": seconds,
             "dir": str(folder),
         }

@@ -39,7 +39,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 
-from common import RESULTS, RUNS
+from common import RESULTS, RUNS, val_curve
 
 PRESET = "demo"
 AGGREGATORS = {  # label -> (algorithm, methods.<algorithm> options)
@@ -108,14 +108,6 @@ def train_cell(label: str, condition: str, sets: list[str], seed: int) -> dict:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(entry, indent=1, allow_nan=True))
     return entry
-
-
-def val_curve(rounds_rows: list[dict]) -> list[float]:
-    """Mean validation Dice over sites per round."""
-    by_round: dict[int, list[float]] = {}
-    for r in rounds_rows:
-        by_round.setdefault(int(r["round"]), []).append(float(r["val_dice"]))
-    return [float(np.nanmean(by_round[k])) for k in sorted(by_round)]
 
 
 def cached(label: str, condition: str, args) -> dict | None:
