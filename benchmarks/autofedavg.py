@@ -3,11 +3,12 @@
 over seeds, local avg, local gen) and the extra communication cost against the paper's
 ``(K - 1) / (2 t0)``.
 
-    .venv/bin/python benchmarks/autofedavg.py [--seeds 0 1 2] [--federations ...] [--jobs 2]
+    .venv/bin/python benchmarks/autofedavg.py [--spec benchmarks/specs/autofedavg.yaml] [--jobs 2]
 
-Budget and run cache: ``benchmarks/common.py`` (the methods benchmark's budget; completed runs are
-reused). Every method runs with its defaults (Auto-FedAvg: t0 = 1, S = 10 beta steps, beta_init 6,
-Adam at 0.005, chosen on validation once: results/autofedavg_beta_lr.json): nothing else is tuned.
+The runs are the bench file ``benchmarks/specs/autofedavg.yaml`` (the methods benchmark's budget), trained and
+resumed by ``fedseg bench`` (``common.bench_entries``; runs under ``benchmarks/runs/autofedavg/``). Every method
+runs with its defaults (Auto-FedAvg: t0 = 1, S = 10 beta steps, beta_init 6, Adam at 0.005, chosen on validation
+once: results/autofedavg_beta_lr.json): nothing else is tuned.
 Writes ``benchmarks/results/autofedavg.json``,
 ``benchmarks/results/autofedavg.md`` and, per federation, the alpha curves of seed 0
 (``benchmarks/results/autofedavg_alpha_<federation>.png``, the report's Fig. 3a panel).
@@ -22,17 +23,18 @@ from pathlib import Path
 
 import numpy as np
 
-from common import HERE, RESULTS, cache_path, cached, run_all
+from common import RESULTS, SPECS, bench_entries
 from fedseg.algorithms import get_algorithm
+from fedseg.evaluate.stats import mean_std as stats_mean_std
 
 BASELINES = ["fedavg", "fedavg-uniform"]
 VARIANTS = ["autofedavg-n-dirichlet", "autofedavg-n-softmax", "autofedavg-l-dirichlet", "autofedavg-l-softmax"]
-FEDERATIONS = ["synthetic-retina", "synthetic-prostate"]
 
 
 def mean_std(values: list[float]) -> tuple[float, float]:
-    v = np.array([x for x in values if not math.isnan(x)], dtype=np.float64)
-    return (float(v.mean()) if v.size else math.nan, float(v.std(ddof=1)) if v.size > 1 else math.nan)
+    """Mean and sample std over the finite ``values`` (``fedseg.evaluate.stats.mean_std``)."""
+    ms = stats_mean_std(values)
+    return ms["mean"], ms["std"]
 
 
 def table_row(name: str, entries: list[dict], fedavg_floats: float) -> dict:
@@ -56,26 +58,27 @@ def table_row(name: str, entries: list[dict], fedavg_floats: float) -> dict:
     }
 
 
-def case_dice(fed: str, seed: int, algorithm: str) -> dict[tuple[str, str], float]:
+def case_dice(entry: dict, algorithm: str) -> dict[tuple[str, str], float]:
     """``{(site, case): Dice of the model the site uses, mean over regions}`` from the run's results.csv."""
     import csv
     from collections import defaultdict
 
     per_case: dict[tuple[str, str], list[float]] = defaultdict(list)
-    with open(HERE / "runs" / fed / f"seed{seed}" / algorithm / "results.csv") as f:
+    with open(Path(entry["dir"]) / "results.csv") as f:
         for r in csv.DictReader(f):
-            if r["metric"] == "dice" and r["model"] == "global":
+            if r["algorithm"] == algorithm and r["metric"] == "dice" and r["model"] == "global":
                 per_case[(r["site"], r["case"])].append(float(r["value"]))
     return {k: float(np.mean(v)) for k, v in per_case.items()}
 
 
-def wilcoxon_vs_fedavg(fed: str, seeds: list[int], algorithm: str) -> dict:
+def wilcoxon_vs_fedavg(done: dict, fed: str, seeds: list[int], algorithm: str) -> dict:
     """Per-case test Dice against FedAvg's (``fedseg.evaluate.stats.compare``): a two-sided paired Wilcoxon test
     over the test cases, each case's differences averaged over the seeds, and the hierarchical bootstrap CI of the
     mean difference (the paper's dagger: p < 0.05)."""
     from fedseg.evaluate.stats import compare
 
-    test = compare({s: case_dice(fed, s, algorithm) for s in seeds}, {s: case_dice(fed, s, "fedavg") for s in seeds})
+    ours = {s: case_dice(done[(fed, s, algorithm)], algorithm) for s in seeds}
+    test = compare(ours, {s: case_dice(done[(fed, s, "fedavg")], "fedavg") for s in seeds})
     return {"pairs": test["n"], "median_difference": test["median_diff"], **test}
 
 
@@ -146,15 +149,15 @@ def markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
-def alpha_figure(fed: str, seed: int) -> Path | None:
+def alpha_figure(done: dict, fed: str, seed: int) -> Path | None:
     """The report's alpha-per-round panels (Fig. 3a) of the four variants' runs of one seed."""
     from fedseg.algorithms.autofedavg.report import alpha_curves, load_weights, sample_shares
     from fedseg.presentation.kit import load_run
 
     weights, titles, shares = {}, {}, {}
     for name in VARIANTS:
-        folder = HERE / "runs" / fed / f"seed{seed}" / name
-        if not (folder / "summary.json").is_file():
+        folder = Path(done[(fed, seed, name)]["dir"]) if (fed, seed, name) in done else None
+        if folder is None or not (folder / "summary.json").is_file():
             continue
         run = load_run(folder)
         if (w := load_weights(run, name)) is not None:
@@ -165,34 +168,32 @@ def alpha_figure(fed: str, seed: int) -> Path | None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--federations", nargs="+", default=FEDERATIONS)
+    ap.add_argument("--spec", type=Path, default=SPECS / "autofedavg.yaml", help="the bench file of the runs")
     ap.add_argument("--jobs", type=int, default=2)
     args = ap.parse_args()
-    methods = BASELINES + VARIANTS
-    jobs = [(f, s, a) for f in args.federations for s in args.seeds for a in methods]
-    for job in jobs:  # runs cached before sites kept their local models have no local avg / gen: train again
-        entry = cached(*job, [])
-        if entry and "local_avg" not in entry["summary"]:
-            cache_path(*job).unlink()
-    done = run_all(jobs, [], args.jobs)
+    bench, done = bench_entries(args.spec, args.jobs)
+    seeds, methods, federations = (
+        list(bench.seeds),
+        [m.name for m in bench.methods],
+        [f.name for f in bench.federations],
+    )
     report = {}
-    for fed in args.federations:
-        fedavg_floats = mean_std([done[(fed, s, "fedavg")]["summary"]["floats_sent"] for s in args.seeds])[0]
-        rows = {a: table_row(a, [done[(fed, s, a)] for s in args.seeds], fedavg_floats) for a in methods}
+    for fed in federations:
+        fedavg_floats = mean_std([done[(fed, s, "fedavg")]["summary"]["floats_sent"] for s in seeds])[0]
+        rows = {a: table_row(a, [done[(fed, s, a)] for s in seeds], fedavg_floats) for a in methods}
         for name in methods[1:]:
-            rows[name]["wilcoxon_vs_fedavg"] = wilcoxon_vs_fedavg(fed, args.seeds, name)
+            rows[name]["wilcoxon_vs_fedavg"] = wilcoxon_vs_fedavg(done, fed, seeds, name)
         report[fed] = {
-            "seeds": args.seeds,
-            "sites": done[(fed, args.seeds[0], "fedavg")]["sites"],
+            "seeds": seeds,
+            "sites": done[(fed, seeds[0], "fedavg")]["sites"],
             "methods": rows,
             "orderings": orderings(rows),
         }
     (RESULTS / "autofedavg.json").write_text(json.dumps(report, indent=1, allow_nan=True))
     (RESULTS / "autofedavg.md").write_text(markdown(report))
     print(markdown(report))
-    for fed in args.federations:
-        path = alpha_figure(fed, args.seeds[0])
+    for fed in federations:
+        path = alpha_figure(done, fed, seeds[0])
         if path:
             print("alpha curves:", path)
 

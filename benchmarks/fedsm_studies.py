@@ -5,17 +5,20 @@
   on ``synthetic-retina``;
 * Table 7 (SoftPull lambda): ``--sweep methods.fedsm.lam=...`` on both federations.
 
-    .venv/bin/python benchmarks/fedsm_studies.py [--seeds 0 1 2] [--studies table5 table6 table7-retina table7-prostate]
+    .venv/bin/python benchmarks/fedsm_studies.py [--studies table5 table6 table7-retina table7-prostate] [--jobs 2]
 
-Each (study, seed) runs through fedseg's own study runner into ``benchmarks/runs/studies/`` (with
-``--resume``) and its table is kept in ``benchmarks/results/studies/<study>/seed<S>.json``
-(committed; a study whose JSON exists is not run again). Writes ``benchmarks/results/fedsm_studies.json``
-and ``.md`` with the tables averaged over the seeds that are done.
+The runs are three bench files (``benchmarks/specs/fedsm_table5.yaml``: a leave-one-out federation;
+``fedsm_table6.yaml`` and ``fedsm_table7.yaml``: one method per swept value), trained and resumed by ``fedseg bench``
+(``common.bench_entries``; runs under ``benchmarks/runs/fedsm-table<N>/``). Each (study, seed) table is read from
+the runs' folders (Table 5: each held-out run's ``unseen.csv``; Tables 6 and 7: the ``fedseg study --sweep`` row of
+each run, ``fedseg.studies.sweep_rows``). Writes ``benchmarks/results/fedsm_studies.json`` and ``.md`` with the
+tables averaged over the seeds.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import math
 from collections import defaultdict
@@ -23,44 +26,46 @@ from pathlib import Path
 
 import numpy as np
 
-from common import BUDGET, HERE, RESULTS
+from common import RESULTS, SPECS, bench_entries
 
-# The paper's Table 7 grid is 0.1, 0.3, ..., 0.9, but 0.1 < 1/K = 1/6 lies outside SoftPull's
-# range [1/K, 1] (Sec. 3.2), which fedseg enforces: the lowest value here is 1/K itself (FedAvg-like).
-LAMBDAS = "0.1667,0.3,0.5,0.7,0.9"
-STUDIES = {
-    "table5": ("synthetic-retina", "holdout", None),
-    "table6": ("synthetic-retina", "sweep", "methods.fedsm.personalization=softpull,ft,apfl,perfedavg,pfedme"),
-    "table7-retina": ("synthetic-retina", "sweep", f"methods.fedsm.lam={LAMBDAS}"),
-    "table7-prostate": ("synthetic-prostate", "sweep", f"methods.fedsm.lam={LAMBDAS}"),
+STUDIES = {  # study -> (federation, kind, swept key, bench file in benchmarks/specs)
+    "table5": ("synthetic-retina", "holdout", None, "fedsm_table5.yaml"),
+    "table6": ("synthetic-retina", "sweep", "methods.fedsm.personalization", "fedsm_table6.yaml"),
+    "table7-retina": ("synthetic-retina", "sweep", "methods.fedsm.lam", "fedsm_table7.yaml"),
+    "table7-prostate": ("synthetic-prostate", "sweep", "methods.fedsm.lam", "fedsm_table7.yaml"),
 }
 
 
-def run_one(study: str, seed: int) -> dict:
-    import torch
+def study_entries(study: str, bench, done: dict) -> list[dict]:
+    """One entry per seed of ``study`` (its ``columns`` and ``rows``, as ``fedseg study`` writes them)."""
+    from types import SimpleNamespace
 
-    from fedseg.config import load_config
-    from fedseg.studies import plan_holdout, plan_sweep, run_study
+    from fedseg.studies import sweep_columns, sweep_rows, unseen_columns
 
-    federation, kind, spec = STUDIES[study]
-    cfg = load_config(preset=federation, overrides=[*BUDGET[federation], f"seed={seed}", "algorithms=[fedsm]"])
-    torch.set_num_threads(cfg.threads)
-    out = HERE / "runs" / "studies" / study / f"seed{seed}"
-    plan = plan_holdout(cfg, out) if kind == "holdout" else plan_sweep(cfg, out, spec)
-    result = run_study(plan, resume=True)
-    entry = {
-        "study": study,
-        "federation": federation,
-        "seed": seed,
-        "spec": spec,
-        "overrides": BUDGET[federation],
-        "columns": result.columns,
-        "rows": result.rows,
-    }
-    path = seed_path(study, seed)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(entry, indent=1, allow_nan=True, default=str))
-    return entry
+    federation, kind, key, _ = STUDIES[study]
+    out = []
+    for seed in bench.seeds:
+        runs = [e for (fed, s, _), e in done.items() if fed.startswith(f"{federation}/holdout-") and s == seed]
+        if kind == "holdout":
+            rows = []
+            for e in runs:
+                with open(Path(e["dir"]) / "unseen.csv", newline="") as f:
+                    rows += list(csv.DictReader(f))
+            sites = sorted({r["unseen_site"] for r in rows})
+            columns = unseen_columns(sites)
+        else:
+            rows = []
+            for (fed, s, method), e in done.items():
+                if fed == federation and s == seed:
+                    value = method.partition("=")[2] or method
+                    result = SimpleNamespace(
+                        algorithms=[SimpleNamespace(name=e["algorithm"], summary=e["summary"])],
+                        federation=SimpleNamespace(site_names=e["sites"]),
+                    )
+                    rows += sweep_rows(result, key, value, method)  # type: ignore[arg-type]
+            columns = sweep_columns(rows)
+        out.append({"study": study, "federation": federation, "seed": seed, "columns": columns, "rows": rows})
+    return out
 
 
 def number(x) -> float:
@@ -119,30 +124,27 @@ def markdown(tables: dict) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--studies", nargs="+", default=list(STUDIES), choices=list(STUDIES))
+    ap.add_argument("--jobs", type=int, default=2, help="runs trained at once (one torch thread each)")
     args = ap.parse_args()
+    path = RESULTS / "fedsm_studies.json"
+    tables = json.loads(path.read_text()) if path.exists() else {}  # the studies not asked for stay as they are
+    benches: dict[str, tuple] = {}
     for study in args.studies:
-        for seed in args.seeds:
-            if not seed_path(study, seed).exists():
-                run_one(study, seed)
-            print(f"done {study} seed {seed}", flush=True)
-    tables = {}  # every study and seed done so far (also by other invocations running at the same time)
-    for study, (federation, kind, _) in STUDIES.items():
-        entries = [json.loads(p.read_text()) for p in sorted((RESULTS / "studies" / study).glob("seed*.json"))]
-        if entries:
-            tables[study] = {
-                "federation": federation,
-                "seeds": [e["seed"] for e in entries],
-                "rows": average(entries, "unseen_site" if kind == "holdout" else "value"),
-            }
-    (RESULTS / "fedsm_studies.json").write_text(json.dumps(tables, indent=1))
+        federation, kind, _, spec = STUDIES[study]
+        if spec not in benches:
+            benches[spec] = bench_entries(SPECS / spec, args.jobs)
+        entries = study_entries(study, *benches[spec])
+        tables[study] = {
+            "federation": federation,
+            "seeds": [e["seed"] for e in entries],
+            "rows": average(entries, "unseen_site" if kind == "holdout" else "value"),
+        }
+        print(f"done {study}", flush=True)
+    tables = {study: tables[study] for study in STUDIES if study in tables}
+    path.write_text(json.dumps(tables, indent=1))
     (RESULTS / "fedsm_studies.md").write_text(markdown(tables))
     print(markdown(tables))
-
-
-def seed_path(study: str, seed: int) -> Path:
-    return RESULTS / "studies" / study / f"seed{seed}.json"
 
 
 if __name__ == "__main__":

@@ -8,19 +8,22 @@ Table 3) and centralized training, at the benchmark budget of ``benchmarks/commo
   synthetic-prostate: mean off-diagonal Dice <= 0.08 below the mean diagonal Dice
   both:               centralized mean test Dice (client_avg) >= 0.80
 
-    .venv/bin/python benchmarks/heterogeneity.py [--seeds 0 1 2] [--federations ...] [--jobs 2]
+    .venv/bin/python benchmarks/heterogeneity.py [--spec benchmarks/specs/heterogeneity.yaml] [--jobs 2]
 
-Writes benchmarks/results/heterogeneity.json (runs are cached and shared with methods.py).
+The runs are the bench file ``benchmarks/specs/heterogeneity.yaml``, trained and resumed by ``fedseg bench``
+(``common.bench_entries``; runs under ``benchmarks/runs/heterogeneity/``). Writes
+benchmarks/results/heterogeneity.json.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 import numpy as np
 
-from common import RESULTS, run_all
+from common import RESULTS, SPECS, bench_entries
 
 CRITERIA = {"synthetic-retina": ("gap_at_least", 0.15), "synthetic-prostate": ("gap_at_most", 0.08)}
 CENTRALIZED_AT_LEAST = 0.80
@@ -42,21 +45,20 @@ def seed_entry(local: dict, central: dict) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--federations", nargs="+", default=list(CRITERIA))
+    ap.add_argument("--spec", type=Path, default=SPECS / "heterogeneity.yaml", help="the bench file of the runs")
     ap.add_argument("--jobs", type=int, default=2, help="runs trained at once (one torch thread each)")
     args = ap.parse_args()
-    jobs = [(fed, seed, algo) for seed in args.seeds for fed in args.federations for algo in ("local", "centralized")]
-    done = run_all(jobs, [], args.jobs)
+    bench, done = bench_entries(args.spec, args.jobs)
+    seeds = list(bench.seeds)
     report = {}
-    for fed in args.federations:
-        runs = [seed_entry(done[(fed, s, "local")], done[(fed, s, "centralized")]) for s in args.seeds]
+    for fed in (f.name for f in bench.federations):
+        runs = [seed_entry(done[(fed, s, "local")], done[(fed, s, "centralized")]) for s in seeds]
         kind, bound = CRITERIA[fed]
         gap = float(np.mean([r["gap"] for r in runs]))
         central = float(np.mean([r["centralized_dice"] for r in runs]))
         gap_ok = gap >= bound if kind == "gap_at_least" else gap <= bound
         report[fed] = {
-            "sites": done[(fed, args.seeds[0], "local")]["sites"],
+            "sites": done[(fed, seeds[0], "local")]["sites"],
             "runs": runs,
             "mean_diagonal": float(np.mean([r["diagonal_mean"] for r in runs])),
             "mean_off_diagonal": float(np.mean([r["off_diagonal_mean"] for r in runs])),

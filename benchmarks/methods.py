@@ -1,9 +1,10 @@
 """Every method on both built-in federations, 3 seeds: the FedSM paper's Table 3/4 layout and the
 FeTS benchmark's Table 1 (accuracy) and Table 2 (cost) layouts.
 
-    .venv/bin/python benchmarks/methods.py [--seeds 0 1 2] [--federations ...] [--algorithms ...] [--jobs 2]
+    .venv/bin/python benchmarks/methods.py [--spec benchmarks/specs/methods.yaml] [--jobs 2]
 
-Budget and run cache: see ``benchmarks/common.py`` (completed runs are reused). Writes
+The runs (federations, methods, seeds, budget) are the bench file ``benchmarks/specs/methods.yaml``, trained and
+resumed by ``fedseg bench`` (``common.bench_entries``; runs under ``benchmarks/runs/methods/``). Writes
 ``benchmarks/results/methods.json`` and a readable ``benchmarks/results/methods.md``.
 Numbers are what the runs give: nothing is tuned per method beyond the config defaults.
 """
@@ -13,24 +14,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 
-from common import RESULTS, ROUNDS, run_all
-from fedseg.algorithms import ALGORITHMS as REGISTRY
+from common import RESULTS, ROUNDS, SPECS, bench_entries
+from fedseg.evaluate.stats import mean_std
 
-ALGORITHMS = list(REGISTRY)  # every registered method, in registry order
-FEDERATIONS = ["synthetic-retina", "synthetic-prostate"]
 COST_KEYS = ["sgd_steps", "parallel_sgd_steps", "floats", "simulated_seconds"]
-
-
-def mean_std(values: list[float]) -> dict:
-    v = np.array([x for x in values if not math.isnan(x)], dtype=np.float64)
-    return {
-        "mean": float(v.mean()) if v.size else math.nan,
-        "std": float(v.std(ddof=1)) if v.size > 1 else math.nan,
-        "n": int(v.size),
-    }
 
 
 def algorithm_table(entries: list[dict]) -> dict:
@@ -134,22 +125,20 @@ def markdown(report: dict) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--federations", nargs="+", default=FEDERATIONS)
-    ap.add_argument("--algorithms", nargs="+", default=ALGORITHMS)
+    ap.add_argument("--spec", type=Path, default=SPECS / "methods.yaml", help="the bench file of the runs")
     ap.add_argument("--jobs", type=int, default=2, help="runs trained at once (one torch thread each)")
     args = ap.parse_args()
-    jobs = [(fed, seed, algo) for seed in args.seeds for fed in args.federations for algo in args.algorithms]
-    done = run_all(jobs, [], args.jobs)
+    bench, done = bench_entries(args.spec, args.jobs)
+    seeds, methods = list(bench.seeds), [m.name for m in bench.methods]
     report = {}
-    for fed in args.federations:
-        first = done[(fed, args.seeds[0], args.algorithms[0])]
+    for fed in (f.name for f in bench.federations):
+        first = done[(fed, seeds[0], methods[0])]
         report[fed] = {
-            "seeds": args.seeds,
+            "seeds": seeds,
             "sites": first["sites"],
             "regions": first["regions"],
             "overrides": first["overrides"],
-            "algorithms": {a: algorithm_table([done[(fed, s, a)] for s in args.seeds]) for a in args.algorithms},
+            "algorithms": {a: algorithm_table([done[(fed, s, a)] for s in seeds]) for a in methods},
         }
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "methods.json").write_text(json.dumps(report, indent=1, allow_nan=True))

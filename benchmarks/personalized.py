@@ -1,10 +1,11 @@
 """FeTS 2022's personalized and clustered methods next to FedAvg and local training, both built-in
 federations, 3 seeds: Table 1 (Dice per region, HD95) and Table 2 (cost) rows.
 
-    .venv/bin/python benchmarks/personalized.py [--seeds 0 1 2] [--federations ...] [--jobs 2]
+    .venv/bin/python benchmarks/personalized.py [--spec benchmarks/specs/personalized.yaml] [--jobs 2]
 
-Budget: ``benchmarks/common.py``'s (64x64, batch 4, one local epoch per round, 30 rounds), with the
-paper's protocol scaled down:
+The runs are the bench file ``benchmarks/specs/personalized.yaml``, trained and resumed by ``fedseg bench``
+(``common.bench_entries``; runs under ``benchmarks/runs/personalized/``). Budget: ``benchmarks/common.py``'s
+(64x64, batch 4, one local epoch per round, 30 rounds), with the paper's protocol scaled down:
 
 * ``fedavg``, then in the same run ``finetune`` and ``ditto-ft`` (10 local epochs from FedAvg's
   selected model; their cost includes FedAvg's) and ``prior-cfl`` (10 rounds of FedAvg per
@@ -29,21 +30,20 @@ import csv
 import json
 import math
 from collections import defaultdict
+from pathlib import Path
 
 import numpy as np
 
-from common import HERE, RESULTS, ROUNDS, run_all
+from common import RESULTS, ROUNDS, SPECS, bench_entries
+from fedseg.evaluate.stats import mean_std
 
-TAG = "@personalized"  # a cache of its own (common.run_overrides): this budget is not methods.py's
-CHAIN = "fedavg+finetune+ditto-ft+prior-cfl" + TAG
-SINGLE = [name + TAG for name in ("local", "ditto", "fedper", "lg-fedavg", "cfl")]
 ORDER = ["fedavg", "local", "finetune", "ditto-ft", "ditto", "fedper", "lg-fedavg", "cfl", "prior-cfl"]
 PRIOR = {"synthetic-retina": "collection", "synthetic-prostate": "coil"}
-FEDERATIONS = list(PRIOR)
 COST_KEYS = ["sgd_steps", "parallel_sgd_steps", "floats", "simulated_hours"]
 
 
 def extra(federation: str) -> list[str]:
+    """The options on top of the budget (``specs/personalized.yaml`` sets them: the bench's and the federation's)."""
     return [
         "methods.finetune.epochs=10",
         "methods.ditto-ft.epochs=10",
@@ -54,7 +54,7 @@ def extra(federation: str) -> list[str]:
 
 
 def entries_of(done: dict) -> dict[str, list[dict]]:
-    """``{algorithm: [entry per seed]}`` from run_all's ``{(fed, seed, job): entry}`` (chains unpacked)."""
+    """``{algorithm: [entry per seed]}`` from bench_entries' ``{(fed, seed, method): entry}`` (chains unpacked)."""
     out: dict[str, list[dict]] = defaultdict(list)
     for (_, _, job), entry in sorted(done.items(), key=lambda kv: kv[0][1]):
         for e in entry.get("chain", [entry]):
@@ -62,10 +62,10 @@ def entries_of(done: dict) -> dict[str, list[dict]]:
     return out
 
 
-def case_dice(fed: str, seed: int, job: str, algorithm: str) -> dict[tuple[str, str], float]:
-    """``{(site, case): test Dice, mean over regions, of the model the case's site uses}``."""
+def case_dice(entry: dict, algorithm: str) -> dict[tuple[str, str], float]:
+    """``{(site, case): test Dice, mean over regions, of the model the case's site uses}``, from the run's folder."""
     per_case: dict[tuple[str, str], list[float]] = defaultdict(list)
-    with open(HERE / "runs" / fed / f"seed{seed}" / job / "results.csv") as f:
+    with open(Path(entry["dir"]) / "results.csv") as f:
         for r in csv.DictReader(f):
             own = r["model"] in ("global", f"local:{r['site']}")
             if r["algorithm"] == algorithm and r["metric"] == "dice" and own:
@@ -73,20 +73,15 @@ def case_dice(fed: str, seed: int, job: str, algorithm: str) -> dict[tuple[str, 
     return {k: float(np.nanmean(v)) for k, v in per_case.items()}
 
 
-def wilcoxon_vs_fedavg(fed: str, entries: dict[str, list[dict]], algorithm: str) -> dict:
+def wilcoxon_vs_fedavg(entries: dict[str, list[dict]], algorithm: str) -> dict:
     """Per-case test Dice against FedAvg's (``fedseg.evaluate.stats.compare``): a two-sided paired Wilcoxon test
     over the test cases, each case's differences averaged over the seeds, and the hierarchical bootstrap CI."""
     from fedseg.evaluate.stats import compare
 
-    ours = {e["seed"]: case_dice(fed, e["seed"], e["job"], algorithm) for e in entries[algorithm]}
-    theirs = {f["seed"]: case_dice(fed, f["seed"], f["job"], "fedavg") for f in entries["fedavg"]}
+    ours = {e["seed"]: case_dice(e, algorithm) for e in entries[algorithm]}
+    theirs = {f["seed"]: case_dice(f, "fedavg") for f in entries["fedavg"]}
     test = compare(ours, theirs)
     return {"pairs": test["n"], "mean_difference": test["mean_diff"], **test}
-
-
-def mean_std(values: list[float]) -> dict:
-    v = np.array([x for x in values if not math.isnan(x)], dtype=np.float64)
-    return {"mean": float(v.mean()) if v.size else math.nan, "std": float(v.std(ddof=1)) if v.size > 1 else math.nan}
 
 
 def row(entries: list[dict], regions: list[str]) -> dict:
@@ -172,24 +167,23 @@ def markdown(report: dict) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--federations", nargs="+", default=FEDERATIONS)
+    parser.add_argument("--spec", type=Path, default=SPECS / "personalized.yaml", help="the bench file of the runs")
     parser.add_argument("--jobs", type=int, default=2)
     args = parser.parse_args()
+    bench, done = bench_entries(args.spec, args.jobs)
     report = {
-        "command": f"python benchmarks/personalized.py --seeds {' '.join(map(str, args.seeds))} --jobs {args.jobs}",
+        "command": f"python benchmarks/personalized.py --jobs {args.jobs}",
         "budget": f"64x64, batch 4, 1 local epoch per round, {ROUNDS} rounds; " + "; ".join(extra("synthetic-retina")),
-        "seeds": args.seeds,
+        "seeds": list(bench.seeds),
         "federations": {},
     }
-    for fed in args.federations:
-        jobs = [(fed, seed, job) for seed in args.seeds for job in [CHAIN, *SINGLE]]
-        entries = entries_of(run_all(jobs, extra(fed), args.jobs))
+    for fed in (f.name for f in bench.federations):
+        entries = entries_of({key: entry for key, entry in done.items() if key[0] == fed})
         regions = entries["fedavg"][0]["regions"]
         report["federations"][fed] = {
             "regions": regions,
             "rows": {name: row(entries[name], regions) for name in ORDER},
-            "wilcoxon": {name: wilcoxon_vs_fedavg(fed, entries, name) for name in ORDER if name != "fedavg"},
+            "wilcoxon": {name: wilcoxon_vs_fedavg(entries, name) for name in ORDER if name != "fedavg"},
             "clusters": {name: clusters(entries[name]) for name in ("cfl", "prior-cfl")},
         }
     (RESULTS / "personalized.json").write_text(json.dumps(report, indent=1, allow_nan=True))

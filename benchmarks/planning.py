@@ -1,10 +1,11 @@
 """Federated planning (``model.name: planned``, ``fedseg.plan``) against the fixed FeTS setup, on ``synthetic-brats``.
 
-    .venv/bin/python benchmarks/planning.py   # -> results/planning.{json,md}
+    .venv/bin/python benchmarks/planning.py [--jobs 1]   # -> results/planning.{json,md}
 
 FedAvg, seed 0, ``ROUNDS`` rounds, the ``fets-cpu`` preset's budget (synthetic-brats at 48^3, 11 sites, Adam
-3e-3, batch 4, one patch per case and epoch, sliding-window test, HD95 in mm), three arms, each its own cached
-run (``common.run_all``):
+3e-3, batch 4, one patch per case and epoch, sliding-window test, HD95 in mm), three arms, each a method of the
+bench file ``benchmarks/specs/planning.yaml`` (``common.bench_entries``: trained and resumed by ``fedseg bench``,
+runs under ``benchmarks/runs/planning/``; ``ARMS`` below are the overrides it sets, kept for the test):
 
 - ``fixed``: the ``fets-cpu`` preset as shipped: a UNet 8-64 on 32^3 patches, every case on its own grid
   (the thick-slice sites keep 10 / 15 mm slices), z-score within the brain;
@@ -20,14 +21,15 @@ selected round; the network's parameters; the run's wall seconds; the plan (plan
 
 from __future__ import annotations
 
+import argparse
 import csv
 import json
 import math
 from pathlib import Path
 
-from common import HERE, RESULTS, ROUNDS, case_stats, not_converged_line, run_all
+from common import RESULTS, ROUNDS, SPECS, bench_entries, case_stats, not_converged_line, parameters
 
-FEDERATION, SEED = "fets-cpu", 0
+FEDERATION, SEED = "fets-cpu", 0  # the preset whose budget the arms share; the seed
 # FedAvg's shared model only: results.csv also holds each site's kept local model on its own test cases
 # (eval.local_models), which ``own_site_model`` (common.case_stats' filter) would count as well
 GLOBAL = lambda row: row["model"] == "global"  # noqa: E731
@@ -44,19 +46,9 @@ ARMS = {
 }
 
 
-def run_dir(arm: str) -> Path:
-    return HERE / "runs" / FEDERATION / f"seed{SEED}" / f"fedavg@planning-{arm}"
-
-
-def arm_result(arm: str) -> dict:
-    """Train (or reuse) one arm and read what the table needs from its run folder."""
-    job = (FEDERATION, SEED, f"fedavg@planning-{arm}")
-    if not (run_dir(arm) / "summary.json").is_file():  # the cache alone lacks the per-region HD95 and the plan
-        from common import cache_path
-
-        cache_path(*job).unlink(missing_ok=True)
-    entry = run_all([job], ARMS[arm], 1)[job]
-    folder = run_dir(arm)
+def arm_result(arm: str, entry: dict) -> dict:
+    """What the table needs of one arm, read from its run folder."""
+    folder = Path(entry["dir"])
     summary = json.loads((folder / "summary.json").read_text())
     with open(folder / "results.csv") as f:
         rows = [{**r, "value": float(r["value"])} for r in csv.DictReader(f)]
@@ -80,23 +72,19 @@ def arm_result(arm: str) -> dict:
     }
 
 
-def parameters(manifest: Path) -> int:
-    """Floats in the trained network's state (``count_parameters``), rebuilt from the bundle's manifest."""
-    from fedseg.config import ModelConfig
-    from fedseg.models.factory import build_segmenter, count_parameters
-
-    m = json.loads(manifest.read_text())
-    net = build_segmenter(ModelConfig.model_validate(m["network"]), m["spatial_dims"], m["in_channels"], 3, 0)
-    return count_parameters(net)
-
-
 def fmt(stat: dict, digits: int = 3) -> str:
     mean, std = stat["mean"], stat["std"]
     return "nan" if math.isnan(mean) else f"{mean:.{digits}f} ± {std:.{digits}f}"
 
 
 def main() -> None:
-    results = [arm_result(arm) for arm in ARMS]
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--spec", type=Path, default=SPECS / "planning.yaml", help="the bench file of the runs")
+    ap.add_argument("--jobs", type=int, default=1, help="runs trained at once (one torch thread each)")
+    args = ap.parse_args()
+    bench, done = bench_entries(args.spec, args.jobs)
+    fed = bench.federations[0].name
+    results = [arm_result(m.name, done[(fed, SEED, m.name)]) for m in bench.methods]
     (RESULTS / "planning.json").write_text(json.dumps(results, indent=1, allow_nan=True))
     table = []
     for r in results:

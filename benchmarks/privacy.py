@@ -2,23 +2,24 @@
 (``demo`` preset: synthetic-retina, 6 sites, scale 0.25, 64x64, batch 4, one local epoch per round)
 at a small budget, for a few noise multipliers z, with ε at δ = 1e-5.
 
-    .venv/bin/python benchmarks/privacy.py [--rounds 10] [--multipliers 0.01 0.1 0.5 1 2] [--clip C] [--jobs 2]
+    .venv/bin/python benchmarks/privacy.py [--spec benchmarks/specs/privacy.yaml] [--jobs 2]
 
-Runs (each its own run, one torch thread, ``--jobs`` at a time; about 10 minutes on 2 cores):
+Runs (the methods of the bench file ``benchmarks/specs/privacy.yaml``: rounds, seed and multipliers are set there;
+each its own run, one torch thread, ``--jobs`` at a time; about 10 minutes on 2 cores):
 
 * ``off``: ``clip_norm: null, noise_multiplier: 0`` -- no mechanism: FedAvg's uniform average bit for
   bit, the last round's model tested (the reference: the same release rule as every private run);
 * ``clip``: clipping only (``noise_multiplier: 0``, ε = ∞): what clipping alone costs;
 * ``z=<z>``: clipping and noise at each multiplier.
 
-Every private run uses the method's default ``clip_norm`` unless ``--clip`` is given; ``off`` records
+Every private run uses the method's default ``clip_norm`` unless the bench file sets one; ``off`` records
 the sites' update norms before clipping (``round_metrics.csv`` ``update_norm``), the numbers to choose
 C from. Besides Dice, each row gives the expected noise norm over the whole network relative to C:
 σ·√d / C = z·√d / n (d parameters, n sites) -- the average of n clipped updates has norm at most C,
 so this ratio says how much larger the noise is than the signal, whatever C is.
 
-Writes ``benchmarks/results/privacy.json`` and ``benchmarks/results/privacy.md``; finished runs are
-cached in ``benchmarks/results/runs/privacy/<tag>.json`` (reused when their overrides match).
+Writes ``benchmarks/results/privacy.json`` and ``benchmarks/results/privacy.md``; the runs are trained and resumed
+by ``fedseg bench`` (``common.bench_entries``: finished runs under ``benchmarks/runs/privacy/`` are reused).
 """
 
 from __future__ import annotations
@@ -26,14 +27,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import shutil
 import statistics
-import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-HERE = Path(__file__).parent
-RESULTS = HERE / "results"
+from common import RESULTS, SPECS, bench_entries
+
 PRESET = "demo"
 DELTA = 1e-5
 METHOD = "fedavg-dp"
@@ -44,7 +42,8 @@ def budget(rounds: int) -> list[str]:
 
 
 def plan(rounds: int, multipliers: list[float], clip: float | None) -> dict[str, list[str]]:
-    """``{tag: overrides}`` of every run."""
+    """``{tag: overrides}`` of every run, as the script planned them before ``specs/privacy.yaml`` (the test checks
+    that the bench file plans the same configurations)."""
     key = f"methods.{METHOD}"
     c = [] if clip is None else [f"{key}.clip_norm={clip}"]
     runs = {
@@ -56,52 +55,24 @@ def plan(rounds: int, multipliers: list[float], clip: float | None) -> dict[str,
     return runs
 
 
-def cache_path(tag: str) -> Path:
-    return RESULTS / "runs" / "privacy" / f"{tag}.json"
+def cache_entry(tag: str, entry: dict) -> dict:
+    """What the table needs of one run (``common.bench_entries``' entry), read from its folder."""
+    from common import parameters
 
-
-def train(tag: str, overrides: list[str]) -> dict:
-    """One run in this process; its cache entry."""
-    import torch
-
-    from fedseg.config import load_config
-    from fedseg.run import run_experiment
-
-    cfg = load_config(preset=PRESET, overrides=overrides)
-    out = HERE / "runs" / "privacy" / tag
-    shutil.rmtree(out, ignore_errors=True)
-    torch.set_num_threads(cfg.threads)
-    start = time.perf_counter()
-    results = run_experiment(cfg, out)
-    seconds = time.perf_counter() - start
-    result = results.algorithms[0]
     norms: dict[int, list[float]] = {}
-    for r in result.metric_rows:
+    for r in entry["round_metrics"]:
         if r["metric"] == "update_norm":
             norms.setdefault(int(r["round"]), []).append(float(r["value"]))
-    val = [r["val_dice"] for r in result.rounds_rows if r["round"] == cfg.fl.rounds]
-    entry = {
+    return {
         "tag": tag,
-        "overrides": overrides,
-        "sites": results.federation.site_names,
-        "parameters": sum(v.numel() for v in result.bundle["global"].values()),  # d: every float entry is one
-        "summary": result.summary,
+        "overrides": entry["overrides"],
+        "sites": entry["sites"],
+        "parameters": parameters(Path(entry["dir"]) / "model" / METHOD / "manifest.json"),  # d: floats sent
+        "summary": entry["summary"],
         "update_norms": {str(k): v for k, v in sorted(norms.items())},
-        "val_dice_last_round": statistics.fmean(val),
-        "wall_seconds": seconds,
+        "val_dice_last_round": entry["val_dice_per_round"][-1],
+        "wall_seconds": entry["wall_seconds"],
     }
-    path = cache_path(tag)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(entry, indent=1, allow_nan=True))
-    return entry
-
-
-def cached(tag: str, overrides: list[str]) -> dict | None:
-    path = cache_path(tag)
-    if not path.exists():
-        return None
-    entry = json.loads(path.read_text())
-    return entry if entry["overrides"] == overrides else None
 
 
 def z_for_epsilon(eps: float, rounds: int) -> float:
@@ -186,30 +157,18 @@ def markdown(report: dict) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=10)
-    parser.add_argument("--multipliers", type=float, nargs="+", default=[0.01, 0.1, 0.5, 1.0, 2.0])
-    parser.add_argument("--clip", type=float, default=None, help="clip norm C (default: the method's)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--spec", type=Path, default=SPECS / "privacy.yaml", help="the bench file of the runs")
     parser.add_argument("--jobs", type=int, default=2)
     args = parser.parse_args()
 
-    runs = {tag: [*o, f"seed={args.seed}"] for tag, o in plan(args.rounds, args.multipliers, args.clip).items()}
-    done = {tag: cached(tag, o) for tag, o in runs.items()}
-    todo = [tag for tag, entry in done.items() if entry is None]
-    print(f"{len(runs) - len(todo)} cached, {len(todo)} to train", flush=True)
-    with ProcessPoolExecutor(max_workers=args.jobs, max_tasks_per_child=1) as pool:
-        futures = {tag: pool.submit(train, tag, runs[tag]) for tag in todo}
-        for tag, fut in futures.items():
-            done[tag] = entry = fut.result()
-            dice = entry["summary"]["dice"]["client_avg"]
-            print(f"done {tag}: client_avg Dice {dice:.4f} ({entry['wall_seconds']:.0f} s)", flush=True)
-
-    entries = [done[tag] for tag in runs]
+    bench, done = bench_entries(args.spec, args.jobs)
+    fed, seed, rounds = bench.federations[0].name, bench.seeds[0], bench.budget.rounds
+    entries = [cache_entry(m.name, done[(fed, seed, m.name)]) for m in bench.methods]
     d, n = entries[0]["parameters"], len(entries[0]["sites"])
     report = {
         "preset": PRESET,
-        "rounds": args.rounds,
-        "seed": args.seed,
+        "rounds": rounds,
+        "seed": seed,
         "sites": n,
         "parameters": d,
         "delta": DELTA,
@@ -217,7 +176,7 @@ def main() -> None:
         "what_it_takes": [
             {
                 "epsilon": eps,
-                "noise_multiplier": (z := z_for_epsilon(eps, args.rounds)),
+                "noise_multiplier": (z := z_for_epsilon(eps, rounds)),
                 "sites_for_unit_noise_to_signal": z * math.sqrt(d),
             }
             for eps in (1.0, 3.0, 10.0)

@@ -24,7 +24,7 @@ round (``round_metrics.csv``), which the table summarizes for the attacker.
 
 About 18 runs of ``--rounds`` rounds at the demo budget: ~10 min on 2 cores with 10 rounds and
 ``--jobs 2`` (one torch thread each). Runs are cached in
-``benchmarks/results/runs/demo/seed<S>/robustness/<aggregator>@<condition>.json`` (reused when the
+``benchmarks/runs/demo/seed<S>/robustness/<aggregator>@<condition>.json`` (reused when the
 overrides match). Writes ``benchmarks/results/robustness.json`` and ``robustness.md``.
 """
 
@@ -39,7 +39,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 
-from common import HERE, RESULTS
+from common import RESULTS, RUNS, val_curve
 
 PRESET = "demo"
 AGGREGATORS = {  # label -> (algorithm, methods.<algorithm> options)
@@ -72,7 +72,7 @@ def overrides(label: str, condition: str, args) -> list[str]:
 
 
 def cache_file(label: str, condition: str, seed: int):
-    return RESULTS / "runs" / PRESET / f"seed{seed}" / "robustness" / f"{slug(label)}@{condition}.json"
+    return RUNS / PRESET / f"seed{seed}" / "robustness" / f"{slug(label)}@{condition}.json"
 
 
 def train_cell(label: str, condition: str, sets: list[str], seed: int) -> dict:
@@ -84,7 +84,7 @@ def train_cell(label: str, condition: str, sets: list[str], seed: int) -> dict:
     from fedseg.run import run_experiment
 
     cfg = load_config(preset=PRESET, overrides=sets)
-    out = HERE / "runs" / PRESET / f"seed{seed}" / "robustness" / f"{slug(label)}@{condition}"
+    out = RUNS / PRESET / f"seed{seed}" / "robustness" / f"{slug(label)}@{condition}"
     shutil.rmtree(out, ignore_errors=True)
     torch.set_num_threads(cfg.threads)
     entry: dict = {"aggregator": label, "condition": condition, "overrides": sets}
@@ -108,14 +108,6 @@ def train_cell(label: str, condition: str, sets: list[str], seed: int) -> dict:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(entry, indent=1, allow_nan=True))
     return entry
-
-
-def val_curve(rounds_rows: list[dict]) -> list[float]:
-    """Mean validation Dice over sites per round."""
-    by_round: dict[int, list[float]] = {}
-    for r in rounds_rows:
-        by_round.setdefault(int(r["round"]), []).append(float(r["val_dice"]))
-    return [float(np.nanmean(by_round[k])) for k in sorted(by_round)]
 
 
 def cached(label: str, condition: str, args) -> dict | None:

@@ -12,8 +12,9 @@ CPU: seconds per SGD step (forward + backward + step) at batch 1, median of 3 af
 trains at batch 4 on a GPU).
 
 ``methods``: the FeTS 2022 benchmark's global methods and FedSM on ``fets-cpu`` (``ROUNDS`` rounds, seed
-0), each its own cached run (``common.run_all``): FeTS Table 1 layout, Dice per region (WT, TC, ET) and
-HD95 (mm) per case, mean +- std over the test cases, and the selected round (validation).
+0), each a method of the bench file ``benchmarks/specs/volumes.yaml``, trained and resumed by ``fedseg bench``
+(``common.bench_entries``; runs under ``benchmarks/runs/volumes/``): FeTS Table 1 layout, Dice per region (WT,
+TC, ET) and HD95 (mm) per case, mean +- std over the test cases, and the selected round (validation).
 """
 
 from __future__ import annotations
@@ -29,10 +30,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import RESULTS, ROUNDS, not_converged_line, run_all
+from common import RESULTS, ROUNDS, SPECS, bench_entries, not_converged_line
 
 FEDERATION = "fets-cpu"
-METHODS = ["centralized", "local", "fedavg", "fedprox", "fedadam", "scaffold", "fednova", "fedsm"]
 
 
 def one_round() -> dict:
@@ -112,10 +112,11 @@ def fmt(stat: dict) -> str:
 
 
 def methods(jobs: int) -> None:
-    done = run_all([(FEDERATION, 0, m) for m in METHODS], [], jobs)
+    bench, done = bench_entries(SPECS / "volumes.yaml", jobs)
+    fed, seed = bench.federations[0].name, bench.seeds[0]
     rows, table = [], []
-    for m in METHODS:
-        entry = done[(FEDERATION, 0, m)]
+    for m in (method.name for method in bench.methods):
+        entry = done[(fed, seed, m)]
         stats, summary = entry["stats"], entry["summary"]
         region = stats["region_dice"]
         rows.append(
