@@ -516,7 +516,7 @@ def _score_sections(run: RunFiles) -> list[Section]:
 
 
 def _unconverged(run: RunFiles) -> str:
-    """A warning naming the methods that may not have converged (``fedseg.stopping.not_converged``: the round
+    """A warning naming the methods that may not have converged (``fedseg.run.stopping.not_converged``: the round
     selected on validation lies in the last 10% of the rounds trained and validation had not plateaued; runs
     written before summary.json recorded it: the selected round is the last one), so more rounds may change the
     comparison. A method that selects
@@ -530,7 +530,7 @@ def _unconverged(run: RunFiles) -> str:
             if 2 * k >= n:
                 late.append(f"{run.label(a)} ({k} of {n} sites)")
                 per_site = True
-        elif "converged" in e.get("convergence", {}):  # fedseg.stopping: a late best round without a plateau
+        elif "converged" in e.get("convergence", {}):  # fedseg.run.stopping: a late best round without a plateau
             if not e["convergence"]["converged"] and (e.get("privacy") or {}).get("select_round") != "last":
                 late.append(run.label(a))
         elif e.get("best_round") == e.get("rounds") and (e.get("privacy") or {}).get("select_round") != "last":
