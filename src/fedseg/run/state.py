@@ -49,10 +49,12 @@ class AlgorithmRun:
 
     @property
     def cfg(self) -> RunConfig:
+        """The config the method trains under (its own rounds: ``AlgorithmSpec.run_config``)."""
         return self.prep.task.cfg
 
     @property
     def sites(self) -> list[str]:
+        """The engine's sites, in federation order."""
         return self.engine.sites
 
     def val_cases(self) -> dict[str, int]:
