@@ -52,7 +52,7 @@ from pathlib import Path
 
 import torch
 
-import fedseg.run
+import fedseg.run.loop
 from fedseg.algorithms.aggregate import weighted_average
 from fedseg.config import load_config
 from fedseg.engine.checkpoint import CheckpointWriter, save_checkpoint
@@ -146,14 +146,14 @@ def _paired_rounds(prep, rounds: int, plain, algorithm: str) -> list[dict]:
                 plain_s[rnd + 1], write_s[rnd + 1] = plain.round(rnd + 1), plain.write_s
         mark[0] = time.perf_counter()
 
-    original = fedseg.run.CheckpointWriter
-    fedseg.run.CheckpointWriter = RecordingWriter
+    original = fedseg.run.loop.CheckpointWriter
+    fedseg.run.loop.CheckpointWriter = RecordingWriter
     try:
         with tempfile.TemporaryDirectory() as out:
             mark[0] = time.perf_counter()
             run_algorithm(algorithm, prep, Path(out), resume=False, on_round_end=on_round_end)
     finally:
-        fedseg.run.CheckpointWriter = original
+        fedseg.run.loop.CheckpointWriter = original
     return [
         {"round": r, "engine_s": engine_s[r], "plain_s": plain_s[r], "plain_write_s": write_s[r], "first": first[r]}
         for r in sorted(engine_s)
@@ -201,7 +201,7 @@ def profile(prep, rounds: int, top: int = 45) -> str:
 
     cfg = prep.task.cfg.model_copy(update={"fl": prep.task.cfg.fl.model_copy(update={"rounds": rounds + 2})})
     prep = replace(prep, task=replace(prep.task, cfg=cfg))
-    original, fedseg.run.CheckpointWriter = fedseg.run.CheckpointWriter, RecordingWriter
+    original, fedseg.run.loop.CheckpointWriter = fedseg.run.loop.CheckpointWriter, RecordingWriter
     try:
         with tempfile.TemporaryDirectory() as out:
             run_algorithm("fedavg", prep, Path(out), resume=False, on_round_end=on_round_end)
@@ -214,7 +214,7 @@ def profile(prep, rounds: int, top: int = 45) -> str:
             loop.disable()
             plain_seconds = time.perf_counter() - start
     finally:
-        fedseg.run.CheckpointWriter = original
+        fedseg.run.loop.CheckpointWriter = original
     text = io.StringIO()
     for side, prof, seconds in (("engine", engine, mark["seconds"]), ("plain", loop, plain_seconds)):
         for order, only in (("cumulative", "fedseg/|overhead.py"), ("cumulative", ""), ("tottime", "")):

@@ -5,7 +5,7 @@ Every measurement is one real ``fedseg run`` (the CLI, in a fresh subprocess) of
 script's own (``FEDSEG_CACHE_DIR``, filled before the timed runs: the warm case; ``--cold`` also times runs with
 the cache emptied before each). Measured from the parent's launch of the subprocess: ``startup_s`` to the first
 call of ``fedseg.run.run_algorithm`` (round 1 starts after that algorithm's engine and server are built; recorded
-by a thread of the child harness that wraps the function once ``fedseg.run`` is imported, so the CLI's import
+by a thread of the child harness that wraps the function once ``fedseg.run.experiment`` has it, so the CLI's import
 order is unchanged) and ``total_s`` to the process's exit. W = 1 and W = 2 runs alternate (which goes first
 flips every pair) so slow phases of the shared machine hit both; reported: median, min, max over ``--pairs``
 pairs, and the speed-up W=1 total / W=2 total per pair.
@@ -41,14 +41,14 @@ def spread(values: list[float]) -> dict:
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
 
 
-# --- the child: the CLI with a timer on fedseg.run.run_algorithm ----------------------------------------------
+# --- the child: the CLI with a timer on run_algorithm (as fedseg.run.experiment calls it) ---------------------
 def child(argv: list[str]) -> None:
     marks: dict[str, float] = {}
     done = threading.Event()
 
-    def wrap() -> None:  # wrap run_algorithm as soon as fedseg.run has defined it (run_experiment calls it late)
+    def wrap() -> None:  # wrap run_algorithm once fedseg.run.experiment has imported it (run_experiment calls it late)
         while not done.is_set():
-            module = sys.modules.get("fedseg.run")
+            module = sys.modules.get("fedseg.run.experiment")
             original = getattr(module, "run_algorithm", None)
             if original is not None:
 

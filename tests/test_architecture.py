@@ -37,8 +37,9 @@ LOWER = (
     "fedseg.presentation.*",
 )
 ALGORITHMS = ("fedseg.algorithms.*",)
-# TOP: every other module (fedseg.run, fedseg.outputs, fedseg.studies, fedseg.predict, fedseg.progress, fedseg.cli,
-# fedseg.flower.*, fedseg.report (its __init__), fedseg.report.html, fedseg.report.studies, ...).
+# TOP: every other module (fedseg.run and the run wing fedseg.run.*: outputs, progress, ...; fedseg.studies,
+# fedseg.predict, fedseg.cli, fedseg.flower.*, fedseg.report (its __init__), fedseg.report.html, fedseg.report.studies,
+# ...).
 LAYERS = {"LOWER": LOWER, "ALGORITHMS": ALGORITHMS, "TOP": ()}  # from the bottom up
 
 

@@ -19,7 +19,7 @@ from fedseg.bench.select import edge_keys
 from fedseg.bench.spec import load_bench
 from fedseg.bench.tables import add_tests
 from fedseg.config import ConfigError
-from fedseg.stopping import PLATEAU, stop_reason
+from fedseg.run.stopping import PLATEAU, stop_reason
 
 
 def _bench(tmp_path: Path, **fields) -> Path:

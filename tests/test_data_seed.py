@@ -9,8 +9,8 @@ import torch
 
 from fedseg.config import RunConfig, load_config, with_recorded_data_seed
 from fedseg.models.factory import build_segmenter
-from fedseg.preflight import resume_conflicts
 from fedseg.run import prepare
+from fedseg.run.preflight import resume_conflicts
 
 SMALL = ["data.scale=0.05", "data.image_size=16"]
 

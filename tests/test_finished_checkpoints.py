@@ -12,8 +12,8 @@ from typer.testing import CliRunner
 
 from fedseg.cli import app
 from fedseg.engine.checkpoint import load_checkpoint
-from fedseg.outputs import read_bundle
 from fedseg.run import run_experiment
+from fedseg.run.outputs import read_bundle
 
 ALGORITHMS = ["local", "fedavg"]
 

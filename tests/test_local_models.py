@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-import fedseg.run
+import fedseg.run.experiment
 from fedseg.algorithms.fedavg import MODEL, FedAvgServer
 from fedseg.engine.messages import load_weights
 from fedseg.evaluate.inference import score_caseset
@@ -177,7 +177,7 @@ def _start(cfg, out, federation, monkeypatch, **kwargs) -> str:
     def stop(*args, **kw):
         raise StopAtFirstAlgorithm
 
-    monkeypatch.setattr(fedseg.run, "run_algorithm", stop)
+    monkeypatch.setattr(fedseg.run.experiment, "run_algorithm", stop)
     with pytest.raises(StopAtFirstAlgorithm):
         run_experiment(cfg, out, federation=federation, **kwargs)
     return (out / "run.log").read_text() if (out / "run.log").exists() else ""

@@ -29,8 +29,8 @@ from fedseg.engine.context import Task
 from fedseg.engine.messages import Message, float_state, prefixed, weights_of
 from fedseg.engine.simulator import Simulator
 from fedseg.models.blocks import entries_by_block, network_blocks
-from fedseg.preflight import check_resume, recorded_config, resume_conflicts
 from fedseg.run import prepare, run_algorithm, run_experiment
+from fedseg.run.preflight import check_resume, recorded_config, resume_conflicts
 
 SHARING = ("fedper", "lg-fedavg")
 FOUR_LEVELS = {"channels": [4, 8, 16, 32]}  # 7 blocks: 3 down, the bottom, 3 up

@@ -28,9 +28,9 @@ from fedseg.algorithms.privacy import (
     rdp_to_dp,
     update_norm,
 )
-from fedseg.outputs import read_bundle
 from fedseg.report.html import render_report
 from fedseg.run import prepare, run_algorithm, run_experiment
+from fedseg.run.outputs import read_bundle
 
 SHAPES = {"conv.weight": (8, 3, 3, 3), "conv.bias": (8,), "head.weight": (2, 8)}
 

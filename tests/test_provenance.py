@@ -21,10 +21,10 @@ from typer.testing import CliRunner
 import fedseg
 from fedseg.cli import app
 from fedseg.data.folder import write_folder
-from fedseg.provenance import git_state
 from fedseg.report.html import render_report
 from fedseg.run import run_experiment
-from fedseg.runlog import round_line
+from fedseg.run.provenance import git_state
+from fedseg.run.runlog import round_line
 
 runner = CliRunner()
 LINE = re.compile(

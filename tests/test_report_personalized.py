@@ -164,7 +164,7 @@ def test_a_per_site_method_is_flagged_when_half_its_sites_selected_the_last_roun
     summary["algorithms"]["fedper"]["selected_rounds"]["site3"] = 3
     (run / "summary.json").write_text(json.dumps(summary))
     assert "May not have converged" not in render_report(run).read_text()
-    summary["algorithms"]["fedavg"]["convergence"]["converged"] = False  # fedseg.stopping's verdict is read
+    summary["algorithms"]["fedavg"]["convergence"]["converged"] = False  # fedseg.run.stopping's verdict is read
     (run / "summary.json").write_text(json.dumps(summary))
     assert "May not have converged</b>: FedAvg —" in render_report(run).read_text()
 

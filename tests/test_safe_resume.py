@@ -1,4 +1,4 @@
-"""Checks before any work (fedseg.preflight): resume only with the recorded configuration, a usable device,
+"""Checks before any work (fedseg.run.preflight): resume only with the recorded configuration, a usable device,
 an ``--out`` that is (or can become) a folder."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from PIL import Image
 from typer.testing import CliRunner
 
 from fedseg.cli import app
-from fedseg.preflight import check_device, resume_conflicts
 from fedseg.run import run_experiment
+from fedseg.run.preflight import check_device, resume_conflicts
 
 runner = CliRunner()
 DEMO = ["run", "--preset", "demo", "--set", "model.channels=[4,8,16]", "--set", "data.image_size=32"]

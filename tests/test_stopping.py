@@ -1,4 +1,4 @@
-"""fl.stop: the validation plateau and the SGD-step / simulated-time budgets (fedseg.stopping), on whole runs."""
+"""fl.stop: the validation plateau and the SGD-step / simulated-time budgets (fedseg.run.stopping), on whole runs."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from fedseg.config import StopConfig
 from fedseg.run import run_experiment
-from fedseg.stopping import convergence, plateau_round, stop_reason
+from fedseg.run.stopping import convergence, plateau_round, stop_reason
 
 
 def test_plateau_reference_moves_only_on_a_gain_above_min_delta():

@@ -29,7 +29,7 @@ from fedseg.config import ConfigError, RunConfig, load_config, validate_config
 from fedseg.data.federation import Federation
 
 if TYPE_CHECKING:
-    from fedseg.outputs import RunResults
+    from fedseg.run.outputs import RunResults
 
 __all__ = ["Experiment", "Results", "as_config", "render_run_report"]
 
@@ -94,7 +94,7 @@ class Experiment:
         if self.progress:
             from rich.console import Console
 
-            from fedseg.progress import run_with_progress
+            from fedseg.run.progress import run_with_progress
 
             raw = run_with_progress(
                 self.config, self.out, resume, Console(), self.federation, keep_checkpoints=self.keep_checkpoints
@@ -223,7 +223,7 @@ class Results:
 
     def bundle(self, algorithm: str) -> dict:
         """The trained models of ``algorithm``: ``{model name: {parameter: tensor}}``."""
-        from fedseg.outputs import read_bundle
+        from fedseg.run.outputs import read_bundle
 
         return read_bundle(self.model_dir(algorithm))
 

@@ -52,7 +52,7 @@ def fail(message: str, code: int = 1) -> None:
 
 def _print_version(value: bool) -> None:
     if value:
-        from fedseg.provenance import version_text
+        from fedseg.run.provenance import version_text
 
         print(version_text())
         raise typer.Exit()
@@ -71,7 +71,7 @@ def main(
     """fedseg: cross-silo federated learning for medical image segmentation."""
     import sys
 
-    from fedseg import provenance
+    from fedseg.run import provenance
 
     provenance.COMMAND_LINE = list(sys.argv)  # recorded in summary.json's provenance
 
@@ -208,7 +208,7 @@ def run(
             from fedseg.engine.forkserver import start_forkserver
 
             start_forkserver()
-        from fedseg.progress import run_with_progress
+        from fedseg.run.progress import run_with_progress
 
         with terminate_on_signals():
             if holdout or leave_one_out or sweep:
@@ -243,8 +243,8 @@ def run_study(
     """Plan the study (every site name / sweep value checked before any work), run it, print its table,
     render reports."""
     from fedseg import studies
-    from fedseg.progress import run_with_progress
     from fedseg.report.studies import render_study
+    from fedseg.run.progress import run_with_progress
 
     if sum(map(bool, (holdout, leave_one_out, sweep))) > 1:
         raise ValueError("--holdout, --leave-one-out and --sweep cannot be combined; run them separately")

@@ -334,7 +334,7 @@ class TrainConfig(Strict):
 
 class StopConfig(Strict):
     """When an algorithm stops before ``fl.rounds`` (which is then the most it may train), checked after each
-    round by ``fedseg.stopping``; a stop happens only in a round whose model may be selected (FedSM-extra's
+    round by ``fedseg.run.stopping``; a stop happens only in a round whose model may be selected (FedSM-extra's
     model phase always runs in full) and is recorded in the checkpoint, so a resumed run stops at the same round.
 
     ``patience``: the validation plateau, stop once the mean validation Dice over sites has not improved by more

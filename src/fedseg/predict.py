@@ -70,8 +70,8 @@ from fedseg.engine.messages import Message, load_weights
 from fedseg.evaluate.inference import predict_masks
 from fedseg.evaluate.sliding import network_for, predict_on_grid
 from fedseg.models.factory import build_segmenter
-from fedseg.outputs import csv_text
-from fedseg.preflight import check_out_dir
+from fedseg.run.outputs import csv_text
+from fedseg.run.preflight import check_out_dir
 
 if TYPE_CHECKING:
     from nibabel.spatialimages import SpatialImage

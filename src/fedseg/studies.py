@@ -61,9 +61,9 @@ from fedseg.engine.context import Task
 from fedseg.engine.messages import load_weights
 from fedseg.evaluate.inference import candidate_dice
 from fedseg.evaluate.tables import site_dice
-from fedseg.outputs import RunResults, csv_text
-from fedseg.preflight import check_device, check_out_dir, check_resume
 from fedseg.run import count_sites, load_federation, run_experiment
+from fedseg.run.outputs import RunResults, csv_text
+from fedseg.run.preflight import check_device, check_out_dir, check_resume
 
 STUDY_FILE = "study.json"
 UNSEEN, SWEEP = "unseen", "sweep"  # table stems: OUT/unseen.csv|json, OUT/sweep.csv|json

@@ -29,7 +29,7 @@ from fedseg.bench.spec import BenchSpec
 from fedseg.config import RunConfig, with_recorded_defaults
 from fedseg.engine.checkpoint import atomic_write_text
 from fedseg.interrupts import INTERRUPTED_EXIT, stop_processes
-from fedseg.stopping import not_converged
+from fedseg.run.stopping import not_converged
 
 DONE_FILE = "bench-run.json"
 

@@ -32,9 +32,9 @@ from fedseg.bench.tables import RESULT_COLUMNS, federation_tables
 from fedseg.engine.checkpoint import atomic_write_text
 from fedseg.evaluate.metric_info import DICE, HD95, NSD
 from fedseg.evaluate.stats import RESAMPLES
-from fedseg.outputs import csv_text
 from fedseg.presentation import kit
 from fedseg.presentation.figures import per_site_bars
+from fedseg.run.outputs import csv_text
 
 TUNING_COLUMNS = [
     "federation",

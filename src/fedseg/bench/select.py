@@ -20,7 +20,7 @@ import numpy as np
 from fedseg.bench.execute import Finished
 from fedseg.bench.plan import BenchRun, Setting, setting_label, settings
 from fedseg.bench.spec import BenchSpec, MethodSpec
-from fedseg.stopping import PLATEAU
+from fedseg.run.stopping import PLATEAU
 
 
 def validation_score(fin: Finished, algorithm: str) -> float:

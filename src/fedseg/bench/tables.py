@@ -20,7 +20,7 @@ For each federation and method (its final runs, ``fedseg.bench.execute``):
 * ``nsd_wilcoxon``: the same pooled comparison on NSD (None when the method or the reference has no NSD, e.g.
   runs written before it existed);
 * ``convergence``: runs, how many selected a round in the last 10% of their rounds without a validation plateau
-  (``not_converged``, ``fedseg.stopping.not_converged``), stop rules;
+  (``not_converged``, ``fedseg.run.stopping.not_converged``), stop rules;
 * ``cost``: the mean over runs of the FeTS Table 2 quantities, with the floats per site as the paper reports them
   (``floats_per_site`` = total / K) next to the total over sites, and the evaluation traffic per site apart
   (``eval_floats_per_site``: validation and test messages, e.g. FedSM's super model every validated round).
@@ -45,7 +45,7 @@ from fedseg.bench.spec import BenchSpec
 from fedseg.data.repartition import SEPARATOR
 from fedseg.evaluate.stats import Alternative, compare, mean_std, rank_stability, seed_averaged
 from fedseg.evaluate.tables import case_means, own_site_model, read_rows
-from fedseg.stopping import not_converged
+from fedseg.run.stopping import not_converged
 
 RESULT_COLUMNS = ["federation", "method", "fold", "seed", "site", "case", "region", "metric", "value"]
 COST_KEYS = ("sgd_steps", "parallel_sgd_steps", "floats", "eval_floats", "simulated_hours")

@@ -50,6 +50,8 @@ class Engine(Protocol):
 
     def checkpointed(self, kept: list[ClientStates]) -> None: ...
 
+    def close(self) -> None: ...
+
 
 class BaseEngine:
     """The shared half of every engine; subclasses implement ``deliver`` and the client-state methods."""
@@ -154,6 +156,9 @@ class BaseEngine:
         round's and its best round's). Engines whose snapshots live elsewhere may release older ones
         (Flower); here they are plain copies owned by the caller, so nothing to do. Called from the
         checkpoint writer's thread."""
+
+    def close(self) -> None:
+        """The algorithm is done: release what the engine holds for it (e.g. state files). Here: nothing."""
 
     def deliver(
         self, order: list[str], messages: dict[str, Message], action: str

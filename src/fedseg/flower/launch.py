@@ -56,7 +56,7 @@ from fedseg.flower.deploy import (
     wait_run,
 )
 from fedseg.interrupts import terminate_on_signals
-from fedseg.preflight import check_device, check_out_dir
+from fedseg.run.preflight import check_device, check_out_dir
 
 ISOLATIONS = ("subprocess", "warm")
 # Waits inside Flower with --poll (fedseg.flower.flwr_internals). Measured on 2 busy cores with 6 sites

@@ -12,8 +12,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from fedseg.config import RunConfig
 from fedseg.data.federation import Federation
 from fedseg.engine.messages import Message
-from fedseg.outputs import RunResults
-from fedseg.run import run_experiment
+from fedseg.run.experiment import run_experiment
+from fedseg.run.outputs import RunResults
 
 
 def run_with_progress(
@@ -49,7 +49,7 @@ def run_with_progress(
                 task = list(tasks.values())[-1]
                 progress.update(task, status=f"{site} loss {float(reply.meta['loss']):.3f}")
 
-        def on_round_end(name: str, rnd: int, losses: dict) -> None:
+        def on_round_end(name: str, rnd: int, losses: dict[str, float]) -> None:
             mean = sum(losses.values()) / max(len(losses), 1)
             progress.update(tasks[name], completed=rnd, status=f"round {rnd} mean loss {mean:.3f}")
 

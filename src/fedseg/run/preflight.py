@@ -18,8 +18,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import yaml
+
+if TYPE_CHECKING:
+    import torch
 
 MAY_DIFFER_ON_RESUME = (
     "threads",
@@ -32,7 +36,7 @@ MAY_DIFFER_ON_RESUME = (
 )
 
 
-def check_device(name: str):
+def check_device(name: str) -> torch.device:
     """``torch.device(name)`` after checking that this torch can use it; a ValueError naming ``device``
     and what to do otherwise."""
     import torch
@@ -72,7 +76,7 @@ def check_out_dir(out: Path, option: str = "--out") -> None:
             return
 
 
-def _flat(d: dict, prefix: str = "") -> dict:
+def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     flat = {}
     for k, v in d.items():
         key = f"{prefix}{k}"
@@ -83,7 +87,7 @@ def _flat(d: dict, prefix: str = "") -> dict:
     return flat
 
 
-def _show(v) -> str:
+def _show(v: object) -> str:
     if isinstance(v, (list, tuple)):
         return "[" + ", ".join(map(_show, v)) + "]"
     if v is None:
@@ -96,7 +100,7 @@ def _show(v) -> str:
 _UNSET = object()
 
 
-def resume_conflicts(recorded: dict, new: dict) -> list[str]:
+def resume_conflicts(recorded: dict[str, Any], new: dict[str, Any]) -> list[str]:
     """``key: recorded -> new`` (dotted keys, sorted) for every difference that forbids resuming ``recorded``
     with ``new`` (both ``RunConfig.model_dump(mode="json")``-like dicts); see the module docstring."""
     old_flat, new_flat = _flat(recorded), _flat(new)
@@ -111,7 +115,7 @@ def resume_conflicts(recorded: dict, new: dict) -> list[str]:
     return lines
 
 
-def check_resume(recorded: dict, new: dict, where: str) -> None:
+def check_resume(recorded: dict[str, Any], new: dict[str, Any], where: str) -> None:
     """A ValueError listing ``resume_conflicts`` (``where``: the file holding ``recorded``) if there are any."""
     lines = resume_conflicts(recorded, new)
     if lines:
@@ -123,7 +127,7 @@ def check_resume(recorded: dict, new: dict, where: str) -> None:
         )
 
 
-def recorded_config(path: Path) -> dict | None:
+def recorded_config(path: Path) -> dict[str, Any] | None:
     """The configuration recorded in a run's ``config.yaml`` (normalized through ``RunConfig``, so keys added
     by a later fedseg compare at their defaults, except ``data.seed``, which compares at the run seed that the
     old run's data came from, and method options whose default changed what the method does, which compare at

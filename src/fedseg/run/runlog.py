@@ -7,12 +7,14 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from fedseg.provenance import utc_now
+from fedseg.run.provenance import utc_now
 
 RUN_LOG = "run.log"
 
 
-def round_line(name: str, rnd: int, rounds: int, val_dice: float | None, losses: dict, seconds: float) -> str:
+def round_line(
+    name: str, rnd: int, rounds: int, val_dice: float | None, losses: dict[str, float], seconds: float
+) -> str:
     """``<UTC time> <algorithm> round r/R mean val Dice 0.xxxx loss 0.xxxx <seconds> s``
     (``val Dice -`` for a round that was not validated, ``loss -`` when no site trained)."""
     values = [float(v) for v in losses.values()]

@@ -8,13 +8,18 @@ import io
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+import torch
 from safetensors.torch import save
 
 from fedseg.config import RunConfig, dump_config
 from fedseg.data.federation import Federation
 from fedseg.engine.checkpoint import atomic_write_bytes, atomic_write_text
-from fedseg.provenance import finish
+from fedseg.run.provenance import finish
+from fedseg.run.result import AlgorithmResult, Row
+
+Bundle = dict[str, dict[str, torch.Tensor]]  # the trained models, by name
 
 RESULTS_COLUMNS = ["algorithm", "model", "site", "case", "region", "metric", "value"]
 ROUNDS_COLUMNS = ["algorithm", "round", "site", "val_dice", "train_loss"]
@@ -29,10 +34,10 @@ LEDGER_COLUMNS += ["exchange", "wall_seconds"]
 class RunResults:
     cfg: RunConfig  # as given (config.yaml; a resume compares with it)
     federation: Federation
-    algorithms: list  # list[fedseg.run.AlgorithmResult]
-    provenance: dict = field(default_factory=dict)  # fedseg.provenance.begin; summary.json adds the end
-    plan: dict | None = None  # model.name planned: the plan and its traffic (summary.json "plan"; fedseg.plan)
-    plan_ledger: list[dict] = field(default_factory=list)  # the planning exchanges' ledger rows (algorithm "plan")
+    algorithms: list[AlgorithmResult]
+    provenance: dict[str, Any] = field(default_factory=dict)  # fedseg.run.provenance.begin; summary.json adds the end
+    plan: dict[str, Any] | None = None  # model.name planned: the plan, its traffic (summary.json "plan"; fedseg.plan)
+    plan_ledger: list[Row] = field(default_factory=list)  # the planning exchanges' ledger rows (algorithm "plan")
     planned_cfg: RunConfig | None = None  # model.name planned: the config the run trained with (the plan applied)
 
     @property
@@ -41,7 +46,7 @@ class RunResults:
         return self.planned_cfg or self.cfg
 
 
-def csv_text(columns: list[str], rows: list[dict]) -> str:
+def csv_text(columns: list[str], rows: list[Row]) -> str:
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
     writer.writeheader()
@@ -50,7 +55,7 @@ def csv_text(columns: list[str], rows: list[dict]) -> str:
     return buf.getvalue()
 
 
-def summary_dict(results: RunResults) -> dict:
+def summary_dict(results: RunResults) -> dict[str, Any]:
     fed = results.federation
     return {
         "dataset": fed.name,
@@ -86,13 +91,13 @@ def write_outputs(out: Path, results: RunResults) -> None:
         write_bundle(out / "model" / a.name, a.bundle, results)
 
 
-def write_bundle(folder: Path, bundle: dict, results: RunResults) -> str:
+def write_bundle(folder: Path, bundle: Bundle, results: RunResults) -> str:
     """``model/<algorithm>/weights.safetensors`` (tensors named ``<model>/<param>``) + ``manifest.json``;
     returns the SHA-256 of the weights file (see ``read_bundle``)."""
     return write_bundle_files(folder, bundle, results.trained_cfg, results.federation)
 
 
-def write_bundle_files(folder: Path, bundle: dict, cfg: RunConfig, fed: Federation) -> str:
+def write_bundle_files(folder: Path, bundle: Bundle, cfg: RunConfig, fed: Federation) -> str:
     """``write_bundle`` from the run's config and federation; returns the weights file's SHA-256."""
     tensors = {f"{model}/{k}": v.contiguous() for model, weights in bundle.items() for k, v in weights.items()}
     data = save(tensors)
@@ -113,7 +118,7 @@ def write_bundle_files(folder: Path, bundle: dict, cfg: RunConfig, fed: Federati
     return hashlib.sha256(data).hexdigest()
 
 
-def read_bundle(folder: Path, sha256: str | None = None, order: dict[str, list[str]] | None = None) -> dict:
+def read_bundle(folder: Path, sha256: str | None = None, order: dict[str, list[str]] | None = None) -> Bundle:
     """The bundle ``write_bundle`` wrote to ``folder``: ``{model: {param: tensor}}`` (the models its
     manifest lists). ``sha256``: the weights file must have this digest (the one ``write_bundle``
     returned), else a ValueError, as for a missing or unreadable file. ``order``: ``bundle_order`` of the
@@ -135,7 +140,7 @@ def read_bundle(folder: Path, sha256: str | None = None, order: dict[str, list[s
             return {m: {k: tensors[f"{m}/{k}"] for k in keys} for m, keys in order.items()}
         except KeyError as e:
             raise ValueError(f"{weights}: no tensor {e.args[0]!r}") from None
-    bundle: dict = {m: {} for m in models}
+    bundle: Bundle = {m: {} for m in models}
     for key, value in tensors.items():
         model = max((m for m in models if key.startswith(m + "/")), key=len, default=None)
         if model is None:
@@ -144,6 +149,6 @@ def read_bundle(folder: Path, sha256: str | None = None, order: dict[str, list[s
     return bundle
 
 
-def bundle_order(bundle: dict) -> dict[str, list[str]]:
+def bundle_order(bundle: Bundle) -> dict[str, list[str]]:
     """The models of ``bundle`` and each one's tensor names, in order (for ``read_bundle``)."""
     return {model: list(weights) for model, weights in bundle.items()}

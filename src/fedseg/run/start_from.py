@@ -16,21 +16,27 @@ Everything is checked before any training (:func:`check_start_from`).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from fedseg.algorithms import get_algorithm
 from fedseg.evaluate.cost import cost_table
 
+if TYPE_CHECKING:
+    from fedseg.config import CostConfig, RunConfig
+    from fedseg.engine.context import Task
+    from fedseg.run.result import AlgorithmResult, Row
+
 Weights = dict[str, torch.Tensor]
 
 
-def start_name(options) -> str | None:
+def start_name(options: object) -> str | None:
     """The ``start_from`` value of a method's options (None: the method starts from the initial model)."""
     return getattr(options, "start_from", None)
 
 
-def check_start_from(cfg, algorithms_options: dict[str, object], task) -> None:
+def check_start_from(cfg: RunConfig, algorithms_options: dict[str, object], task: Task) -> None:
     """Raise a ValueError naming ``methods.<name>.start_from`` if it names an algorithm that is not run
     before it in ``cfg.algorithms``, or a folder that is not a compatible trained bundle with a global model."""
     order = list(cfg.algorithms)
@@ -62,7 +68,7 @@ def not_run_before(where: str, name: str, start: str, order: list[str]) -> str:
     )
 
 
-def folder_weights(folder: Path, task, where: str) -> Weights:
+def folder_weights(folder: Path, task: Task, where: str) -> Weights:
     """The ``global`` model of a ``model/<algorithm>/`` folder, checked against this run's network."""
     from fedseg.predict import PredictError, load_bundle
 
@@ -88,7 +94,7 @@ def folder_weights(folder: Path, task, where: str) -> Weights:
     return bundle.models["global"]
 
 
-def start_weights(options, earlier: dict, task) -> Weights | None:
+def start_weights(options: object, earlier: dict[str, AlgorithmResult], task: Task) -> Weights | None:
     """The weights a method starts from: ``earlier[name].bundle["global"]`` (an ``AlgorithmResult`` of
     this run) or a folder's global model; None without ``start_from``."""
     start = start_name(options)
@@ -104,13 +110,20 @@ def start_weights(options, earlier: dict, task) -> Weights | None:
     return folder_weights(Path(start), task, f"start_from={start!r}")
 
 
-def combined_cost(options, earlier: dict, ledger_rows: list[dict], cost_cfg, val_cases: dict) -> dict:
+def combined_cost(
+    options: object,
+    earlier: dict[str, AlgorithmResult],
+    ledger_rows: list[Row],
+    cost_cfg: CostConfig,
+    val_cases: dict[str, int],
+) -> dict[str, Any]:
     """FeTS Table 2 cost of a method, including the training of the algorithm it started from when that
     ran in this run (its ledger first, then this method's rounds after its last round)."""
-    base = earlier.get(start_name(options)) if start_name(options) else None
+    start = start_name(options)
+    base = earlier.get(start) if start else None
     if base is None:
         cost = cost_table(ledger_rows, cost_cfg, val_cases)
-        if start_name(options):
+        if start:
             cost["includes"] = ["this method only: the cost of the model it started from is unknown"]
         return cost
     offset = max((int(r["round"]) for r in base.ledger), default=0)

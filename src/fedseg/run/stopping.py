@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 from fedseg.config import CostConfig, StopConfig
 from fedseg.evaluate.cost import cost_table
@@ -50,7 +51,7 @@ def plateaued(scores: Mapping[int, float], rnd: int, patience: int, min_delta: f
     return ref is not None and rnd - ref >= patience
 
 
-def budget_used(ledger_rows: Iterable, cost: CostConfig, val_cases: Mapping[str, int]) -> dict[str, float]:
+def budget_used(ledger_rows: Iterable[Any], cost: CostConfig, val_cases: Mapping[str, int]) -> dict[str, float]:
     """This algorithm's ``sgd_steps`` (Eq. 34) and ``simulated_hours`` (Eq. 36-38) so far, from its ledger rows."""
     table = cost_table(ledger_rows, cost, val_cases)
     return {SGD_STEPS: float(table["sgd_steps"]), SIMULATED_TIME: float(table["simulated_hours"])}
@@ -91,7 +92,9 @@ def not_converged(late_best: bool, plateaued: bool) -> bool:
     return late_best and not plateaued
 
 
-def convergence(scores: Mapping[int, float], rounds: int, best_round: int, stop: StopConfig, stopped: str | None):
+def convergence(
+    scores: Mapping[int, float], rounds: int, best_round: int, stop: StopConfig, stopped: str | None
+) -> dict[str, Any]:
     """The ``convergence`` entry of ``summary.json``: ``rounds`` trained, ``best_round`` and its mean validation Dice
     ``best_val_dice`` (the selection score: hyper-parameters are chosen on it), ``stopped`` (the rule
     that ended training early, or None), ``late_best`` (best round in the last 10% of the rounds trained: may not

@@ -10,6 +10,7 @@ import socket
 import subprocess
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import fedseg
 
@@ -73,7 +74,7 @@ def git_state(path: Path | None = None) -> tuple[str | None, bool | None]:
     return head.strip(), (bool(status.strip()) if status is not None else None)
 
 
-def begin(out: Path, resume: bool, device: str) -> dict:
+def begin(out: Path, resume: bool, device: str) -> dict[str, Any]:
     """The provenance of a run starting (or resuming) now; keeps the first start and records every
     resume in ``OUT/.provenance.json`` (read back on ``--resume``)."""
     now = utc_now()
@@ -107,7 +108,7 @@ def begin(out: Path, resume: bool, device: str) -> dict:
     }
 
 
-def unchanged(out: Path) -> dict | None:
+def unchanged(out: Path) -> dict[str, Any] | None:
     """The provenance recorded in ``OUT/summary.json``, for a resumed call that trains nothing (every algorithm
     finished): it keeps that run's end and wall time and records no resume (each such call used to add itself
     as a resume and the idle time since the run ended to its wall time). None when there is none to keep."""
@@ -118,7 +119,7 @@ def unchanged(out: Path) -> dict | None:
     return prov if isinstance(prov, dict) and "end" in prov and "start" in prov else None
 
 
-def finish(prov: dict) -> dict:
+def finish(prov: dict[str, Any]) -> dict[str, Any]:
     """``prov`` (from :func:`begin`) with the end time (now) and the wall seconds since the first start
     (a resumed run's pauses included); one that has ended already (:func:`unchanged`) as it is."""
     if "end" in prov:

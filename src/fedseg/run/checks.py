@@ -1,0 +1,65 @@
+"""Checks and notices of a run's algorithms made before any training: client sampling, the cost warnings and
+the options' notes on this federation and network."""
+
+from __future__ import annotations
+
+from fedseg.algorithms import get_algorithm
+from fedseg.algorithms.fedavg import sampling_refusal
+from fedseg.config import RunConfig
+from fedseg.engine.context import Task
+
+LOCAL_MODELS_WARN_SITES = 20  # above this many sites the K x K test evaluations of eval.local_models are announced
+
+
+def check_sampling(cfg: RunConfig, num_sites: int, where: str) -> None:
+    """Before any work: ``fl.clients_per_round`` fits the federation and every federated method of the run may
+    sample (``fedseg.algorithms.fedavg.sampling_refusal``); the baselines (centralized, local) do not sample."""
+    from fedseg.engine.sampling import sample_count
+
+    value = cfg.fl.clients_per_round
+    k = sample_count(num_sites, value)
+    if k == num_sites:
+        return
+    for name in cfg.algorithms:
+        spec = get_algorithm(name)
+        if not spec.federated:
+            continue
+        if (why := sampling_refusal(spec)) is not None:
+            raise ValueError(
+                f"fl.clients_per_round = {value}: {name} cannot train a sample of the sites per round: {why}. "
+                f"Remove {name} from algorithms or unset fl.clients_per_round"
+            )
+        spec.check_sites(
+            k, f"{where} sampled to {k} sites per round (fl.clients_per_round = {value})", cfg.methods.get(name)
+        )
+
+
+def cost_warnings(cfg: RunConfig, num_sites: int) -> list[str]:
+    """Lines announcing what will make this run slow or unusual, shown once when it starts (``run_experiment``):
+    each algorithm's option warnings (:func:`option_warnings`), and with
+    ``eval.local_models`` on and more than ``LOCAL_MODELS_WARN_SITES`` sites, every method that keeps local
+    models scores each site's model on every site's test split, K x K evaluations (K = 100: 10,000)."""
+    lines = [line for n in cfg.algorithms for line in option_warnings(n, cfg, num_sites)]
+    keeping = [n for n in cfg.algorithms if getattr(get_algorithm(n).server, "KEEPS_LOCAL_MODELS", False)]
+    if not (cfg.eval.local_models and keeping and num_sites > LOCAL_MODELS_WARN_SITES):
+        return lines
+    k = num_sites
+    return lines + [
+        f"warning: eval.local_models is on: at test time {', '.join(keeping)} will score every site's local model on "
+        f"every site's test split ({k} x {k} = {k * k} evaluations each); set eval.local_models=false to turn it off"
+    ]
+
+
+def option_warnings(name: str, cfg: RunConfig, num_sites: int) -> list[str]:
+    """What algorithm ``name``'s options say about running on ``num_sites`` sites (an options model's
+    ``site_warnings(num_sites, algorithm)``, e.g. SoftPull's lambda below 1/K)."""
+    options = get_algorithm(name).parse_options(cfg.methods.get(name))
+    warn = getattr(options, "site_warnings", None)
+    return list(warn(num_sites, name)) if warn is not None else []
+
+
+def method_notes(cfg: RunConfig, task: Task) -> list[str]:
+    """Lines saying what a method's options mean on this run's network (an options model's ``run_note(task,
+    algorithm)``, e.g. FedPer's share of private parameters), shown once when the run starts."""
+    notes = (getattr(get_algorithm(n).parse_options(cfg.methods.get(n)), "run_note", None) for n in cfg.algorithms)
+    return [note(task, n) for n, note in zip(cfg.algorithms, notes) if note is not None]

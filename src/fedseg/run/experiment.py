@@ -1,0 +1,175 @@
+"""A whole run: every check before any work, ``config.yaml`` recorded, then every algorithm trained in turn
+(``fedseg.run.loop.run_algorithm``) and the run's outputs written after each."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fedseg.accel import resolve
+from fedseg.algorithms import check_method_names, check_sites, get_algorithm
+from fedseg.config import RunConfig, dump_config
+from fedseg.data.federation import Federation
+from fedseg.engine.base import Observer
+from fedseg.engine.checkpoint import atomic_write_text
+from fedseg.engine.faults import check_fault_sites
+from fedseg.engine.forkserver import start_forkserver
+from fedseg.run.checks import check_sampling, cost_warnings, method_notes
+from fedseg.run.engines import EngineFactory, local_engines
+from fedseg.run.loop import run_algorithm
+from fedseg.run.outputs import RunResults, write_outputs
+from fedseg.run.preflight import check_device, check_out_dir, check_resume, recorded_config
+from fedseg.run.preparation import PLAN_FILE, Prepared, prepare, prepare_planned
+from fedseg.run.provenance import begin, unchanged
+from fedseg.run.resume import checkpoint_path, is_finished
+from fedseg.run.runlog import append_line
+from fedseg.run.start_from import check_start_from
+from fedseg.run.state import RoundCallback
+from fedseg.tracking import check_available, open_tracker
+
+
+def run_experiment(
+    cfg: RunConfig,
+    out: Path,
+    resume: bool = False,
+    observers: list[Observer] | None = None,
+    on_round_end: RoundCallback | None = None,
+    on_algorithm_start: Callable[[str], None] | None = None,
+    federation: Federation | None = None,
+    prepared: Prepared | None = None,
+    engine_factory: EngineFactory | None = None,
+    on_log_line: Callable[[str], None] | None = None,
+    keep_checkpoints: bool = False,
+) -> RunResults:
+    """Check the device, ``out``, the options, the data and (``resume``) that the configuration equals the
+    recorded one (``fedseg.run.preflight``) before writing anything; record ``config.yaml``; then run every
+    algorithm and write the outputs.
+
+    ``prepared`` skips loading data here (an engine whose sites hold their own data, e.g. Flower,
+    needs only the federation's header, site names and the Task); ``engine_factory``, ``keep_checkpoints``:
+    see ``run_algorithm``.
+
+    ``model.name: planned`` (``fedseg.plan``): the sites' fingerprints are collected and the run planned before
+    any case is pre-processed (``prepare_planned``); every algorithm trains under the config with the plan
+    applied, ``config.yaml`` keeps the config as given, ``plan.json`` the plan (a resume reuses it) and
+    ``summary.json`` the plan with its traffic (``ledger.csv``: rows of algorithm ``plan``)."""
+    if engine_factory is None and cfg.engine.workers > 1:  # the worker pool's server imports while we prepare
+        start_forkserver()
+    out = Path(out)
+    check_before_data(cfg, out, resume, check_compute=prepared is None)
+    prep = prepare_run(cfg, out, resume, federation, prepared)
+    check_prepared(cfg, prep)
+    record_start(cfg, out, resume, prep, on_log_line)
+    results = RunResults(cfg, prep.federation, [], run_provenance(cfg, out, resume))
+    if prep.plan is not None:
+        results.plan, results.plan_ledger, results.planned_cfg = prep.plan.summary(), prep.plan.ledger, prep.task.cfg
+    tracker = open_tracker(cfg, out, resume)  # None: tracking is off
+    with local_engines(cfg, prep, engine_factory) as factory:  # engine.workers > 1: one worker pool per run
+        for name in cfg.algorithms:
+            if on_algorithm_start:
+                on_algorithm_start(name)
+            earlier = {r.name: r for r in results.algorithms}
+            result = run_algorithm(
+                name,
+                prep,
+                out,
+                resume,
+                observers,
+                on_round_end,
+                factory,
+                on_log_line,
+                earlier,
+                keep_checkpoints,
+                tracker,
+            )
+            results.algorithms.append(result)
+            family = get_algorithm(name).family
+            if family and family.after_test:  # e.g. FedSM: the selector's features of the test images (Fig. 3)
+                family.after_test(out, name, result.bundle, prep.site_data, prep.task)
+            write_outputs(out, results)
+    return results
+
+
+def check_before_data(cfg: RunConfig, out: Path, resume: bool, check_compute: bool) -> None:
+    """The device (``check_compute``: unless the sites compute on their machines, e.g. Flower, where ``fedseg
+    flower local`` checks), ``out``, every algorithm's options, the trackers and (``resume``) the recorded config."""
+    if check_compute:
+        check_device(cfg.device)
+    check_out_dir(out)
+    torch.set_num_threads(cfg.threads)
+    for name in cfg.algorithms:  # unknown names and bad options fail before any work
+        get_algorithm(name).parse_options(cfg.methods.get(name))
+    check_method_names(cfg.methods)
+    check_available(cfg.tracking)  # so does a tracker whose package is missing (fedseg.tracking)
+    if resume and (recorded := recorded_config(out / "config.yaml")) is not None:
+        check_resume(recorded, cfg.model_dump(mode="json"), str(out / "config.yaml"))
+
+
+def prepare_run(
+    cfg: RunConfig, out: Path, resume: bool, federation: Federation | None, prepared: Prepared | None
+) -> Prepared:
+    """The run's data: ``prepared`` as given, planned first (``model.name: planned``), or loaded here."""
+    if cfg.model.name == "planned" and prepared is not None:
+        raise ValueError(
+            "model.name planned: the sites' fingerprints are collected before their data is pre-processed, which "
+            "this engine (sites holding their own data, e.g. Flower) does not do yet; run it with `fedseg run`, or "
+            "copy the model and data settings of a planned run's plan.json into the config"
+        )
+    if cfg.model.name == "planned":
+        return prepare_planned(cfg, out, resume, federation)
+    return prepared or prepare(cfg, federation)
+
+
+def check_prepared(cfg: RunConfig, prep: Prepared) -> None:
+    """What depends on the federation and the network: site counts, fault sites, sampling, the pool's device
+    slots, the methods' task options (e.g. FedPer's private_layers) and ``start_from``."""
+    where = f"federation {prep.federation.name!r}"
+    check_sites(cfg, len(prep.federation.sites), where)
+    check_fault_sites(cfg.faults, [s.name for s in prep.federation.sites], where)
+    check_sampling(cfg, len(prep.federation.sites), where)
+    for device in cfg.engine.devices or []:  # the worker pool's device slots
+        check_device(device)
+    for name in cfg.algorithms:
+        get_algorithm(name).check_task(prep.task, cfg.methods.get(name))
+    check_start_from(cfg, {n: get_algorithm(n).parse_options(cfg.methods.get(n)) for n in cfg.algorithms}, prep.task)
+
+
+def record_start(
+    cfg: RunConfig, out: Path, resume: bool, prep: Prepared, on_log_line: Callable[[str], None] | None
+) -> None:
+    """Refuse an ``out`` that holds another run; record ``config.yaml`` (a resume compares with it) and the plan
+    (``model.name: planned``; a resume reuses it); announce the cost warnings and the methods' notes."""
+    if out.exists() and any(out.iterdir()) and not resume and (out / "checkpoints").exists():
+        raise FileExistsError(f"{out}: already holds a run; use --resume to continue it or choose another --out")
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / "config.yaml", dump_config(cfg))
+    if prep.plan is not None:
+        atomic_write_text(out / PLAN_FILE, json.dumps(prep.plan.to_dict(), indent=2))
+    for line in cost_warnings(cfg, len(prep.federation.sites)):
+        announce(out, line, on_log_line)
+    for line in method_notes(cfg, prep.task):
+        announce(out, line, on_log_line)
+
+
+def run_provenance(cfg: RunConfig, out: Path, resume: bool) -> dict[str, Any]:
+    """The run's provenance: unchanged when a resume finds every algorithm finished, else begun now (``accel``:
+    the effective train.amp / channels_last / ...)."""
+    finished = resume and all(is_finished(checkpoint_path(out, name)) for name in cfg.algorithms)
+    return (finished and unchanged(out)) or {
+        **begin(out, resume, cfg.device),
+        "accel": resolve(cfg.train, cfg.device).record(),
+    }
+
+
+def announce(out: Path, line: str, on_log_line: Callable[[str], None] | None) -> None:
+    """Append ``line`` to ``out/run.log`` and show it: through ``on_log_line`` if given, else on stderr."""
+    append_line(out, line)
+    if on_log_line is not None:
+        on_log_line(line)
+    else:
+        print(line, file=sys.stderr, flush=True)

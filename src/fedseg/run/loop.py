@@ -1,0 +1,103 @@
+"""One algorithm's training: its engine and server, then round by round (resumable from its checkpoint),
+keeping the best round on validation, and its test once training ends (``fedseg.run.finish``)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+from fedseg.algorithms import get_algorithm
+from fedseg.engine.base import Observer
+from fedseg.engine.checkpoint import CheckpointWriter, load_checkpoint, remove_temp_files
+from fedseg.run.engines import EngineFactory, simulator_engine
+from fedseg.run.finish import finish
+from fedseg.run.preparation import Prepared
+from fedseg.run.result import AlgorithmResult
+from fedseg.run.resume import checkpoint_path, clone, finished_result
+from fedseg.run.start_from import start_weights
+from fedseg.run.state import AlgorithmRun, RoundCallback, RoundState, RunHooks
+from fedseg.run.steps import checkpoint_round, must_validate, resume_state, update_best, update_stop, validate_round
+from fedseg.tracking import Tracker
+
+
+def run_algorithm(
+    name: str,
+    prep: Prepared,
+    out: Path,
+    resume: bool,
+    observers: list[Observer] | None = None,
+    on_round_end: RoundCallback | None = None,
+    engine_factory: EngineFactory | None = None,
+    on_log_line: Callable[[str], None] | None = None,
+    earlier: dict[str, AlgorithmResult] | None = None,
+    keep_checkpoints: bool = False,
+    tracker: Tracker | None = None,
+) -> AlgorithmResult:
+    """Train ``name`` for ``fl.rounds`` rounds (resuming if asked), keep the best round by mean
+    validation Dice over sites, evaluate it once on the test splits.
+
+    ``engine_factory`` builds the engine (default: the in-process ``Simulator``, whatever ``engine.workers``:
+    ``run_experiment`` opens the worker pool, ``local_engines``; Flower: ``fedseg.flower.engine``). An engine
+    whose client states live elsewhere (``supports_resume`` False) can reuse a finished checkpoint but cannot
+    resume a half-done one.
+
+    Each round's line goes to ``out/run.log`` (and to ``on_log_line``) once its checkpoint is on disk,
+    so a resumed round is never logged twice.
+
+    ``earlier``: the results of the algorithms run before this one in the same run, for a method that
+    starts from one of their models (``fedseg.run.start_from``).
+
+    When it finishes, the trained models go to ``out/model/<name>/`` and the checkpoint becomes a small
+    "finished" record (results, the weights file's digest); a resume reuses it, reading the models back
+    from that folder. ``keep_checkpoints``: the finished checkpoint also holds the models (``--keep-checkpoints``).
+
+    ``tracker`` (``fedseg.tracking``): gets each round's metrics when its checkpoint is on disk (as run.log)
+    and the test results after the finished checkpoint, so a resumed run logs nothing twice."""
+    spec = get_algorithm(name)
+    options = spec.parse_options(prep.task.cfg.methods.get(name))
+    method_cfg = spec.run_config(prep.task.cfg)  # type: ignore[no-untyped-call]  # the algorithms' own typing
+    if method_cfg is not prep.task.cfg:  # the method's own rounds
+        prep = replace(prep, task=replace(prep.task, cfg=method_cfg))
+    earlier = earlier or {}
+    engine = (engine_factory or simulator_engine)(name, spec, options, prep, out, observers)
+    engine.all_sites_required = spec.needs_every_site  # fl.on_failure = skip cannot apply to it
+    server = spec.server(engine, prep.task, options)
+    if (initial := start_weights(options, earlier, prep.task)) is not None:  # e.g. finetune: fedavg's model
+        server.global_weights = dict(initial)
+    hooks = RunHooks(on_round_end, on_log_line, tracker)
+    run = AlgorithmRun(
+        name, spec, options, prep, engine, server, out, checkpoint_path(out, name), earlier, keep_checkpoints, hooks
+    )
+    remove_temp_files(run.ckpt_path)  # left by a process killed mid-write
+    ckpt = load_checkpoint(run.ckpt_path) if resume else None
+    if ckpt and ckpt.get("finished"):
+        return finished_result(name, ckpt, run.ckpt_path, out)
+    state = resume_state(run, ckpt)
+    if tracker:  # one tracking run per algorithm; a resumed one is continued
+        tracker.start(name, run.cfg, state.start)
+    return finish(run, state, train_rounds(run, state))
+
+
+def train_rounds(run: AlgorithmRun, state: RoundState) -> int:
+    """The round loop: train, validate when due, keep the best round, apply the stop rules, checkpoint; returns
+    the last round trained (a resumed run that had stopped trains no more)."""
+    cfg, engine, server, hooks = run.cfg, run.engine, run.server, run.hooks
+    last = cfg.fl.rounds if state.stopped is None else state.start - 1
+    with CheckpointWriter() as writer:
+        for rnd in range(state.start, last + 1):
+            engine.round = rnd
+            began = time.perf_counter()
+            losses = server.run_round(rnd)
+            if must_validate(run, rnd):
+                validate_round(run, state, rnd, losses)
+            snapshot = {"server": clone(server.state_dict()), "clients": engine.snapshot_clients()}  # copies: frozen
+            update_best(run, state, rnd, snapshot)
+            update_stop(run, state, rnd)
+            checkpoint_round(writer, run, state, rnd, snapshot, losses, began)
+            if hooks.on_round_end:
+                hooks.on_round_end(run.name, rnd, losses)
+            if state.stopped:
+                return rnd
+    return last

@@ -1,0 +1,68 @@
+"""The ``summary.json`` entry of one algorithm: test metrics per site, the cross-site matrix of local models."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from fedseg.engine.ledger import Ledger
+from fedseg.evaluate.metric_info import METRIC_NAMES
+from fedseg.evaluate.tables import site_summary
+
+Row = dict[str, Any]  # a row of results.csv
+
+
+def site_means(rows: list[Row], site_model: Callable[[str], str], sites: list[str]) -> dict[str, float]:
+    """Mean Dice per site over the cases scored with the model that site uses."""
+    return site_summary(
+        rows, rows[0]["algorithm"], "dice", sites, model_filter=lambda r: r["model"] == site_model(r["site"])
+    )
+
+
+def summarize(
+    name: str,
+    test_rows: list[Row],
+    site_model: Callable[[str], str],
+    sites: list[str],
+    ledger: Ledger,
+    rounds: int,
+    best_round: int,
+    cost: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The ``summary.json`` entry of one algorithm; ``cost``: the FeTS Table 2 cost object
+    (:func:`fedseg.evaluate.cost.cost_table`)."""
+    own = lambda r: r["model"] == site_model(r["site"])  # noqa: E731
+    entry = {
+        **{m: site_summary(test_rows, name, m, sites, model_filter=own) for m in METRIC_NAMES},
+        "rounds": rounds,
+        "best_round": best_round,
+        **ledger.totals(),
+    }
+    if any(r["model"] != site_model(r["site"]) for r in test_rows):
+        entry.update(cross_site_summary(test_rows, sites))
+    if cost is not None:
+        entry["cost"] = cost
+    return entry
+
+
+def cross_site_summary(rows: list[Row], sites: list[str]) -> dict[str, Any]:
+    """Cross-site matrix of per-site models ("local:<site>" on every test site; ``rows``: one
+    algorithm's) with its diagonal/off-diagonal means."""
+    from fedseg.evaluate.tables import cross_site_matrix
+
+    matrix = cross_site_matrix(rows, "dice", sites, algorithm=None)
+    off = ~np.eye(len(sites), dtype=bool)
+    return {
+        "cross_site": {"dice": {a: {b: float(matrix[i, j]) for j, b in enumerate(sites)} for i, a in enumerate(sites)}},
+        "local_avg": finite_mean(np.diag(matrix)),
+        "local_gen": finite_mean(matrix[off]),  # NaN with one site (no off-diagonal)
+    }
+
+
+def finite_mean(values: np.ndarray) -> float:
+    """Mean of the non-NaN ``values``; NaN (without numpy's empty-slice warning) when there are none."""
+    kept = values[~np.isnan(values)]
+    return float(kept.mean()) if kept.size else math.nan
