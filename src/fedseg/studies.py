@@ -217,7 +217,7 @@ def check_out(study: Study, resume: bool) -> None:
     """Before any work: every sub-run's device usable and ``out`` a folder (or creatable); without ``resume``
     the study folder must not hold a study or run; with it, ``study.json`` (if present) must describe the same
     kind of study and key, and its base configuration may differ only as a run's may
-    (``fedseg.preflight.check_resume``)."""
+    (``fedseg.run.preflight.check_resume``)."""
     out = study.out
     for device in dict.fromkeys(r.cfg.device for r in study.runs):
         check_device(device)

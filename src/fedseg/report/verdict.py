@@ -106,7 +106,7 @@ class Verdict:
 
 # --------------------------------------------------------------------------- convergence
 def unconverged_methods(run: RunFiles) -> tuple[list[str], bool]:
-    """Display names of the methods that may not have converged (``fedseg.stopping.not_converged``: the round
+    """Display names of the methods that may not have converged (``fedseg.run.stopping.not_converged``: the round
     selected on validation lies in the last 10% of the rounds trained and validation had not plateaued; runs
     written before summary.json recorded it: the selected round is the last one), and whether one of them
     selects per site (``selected_rounds``: named when at least half its sites selected the last round, with
@@ -120,7 +120,7 @@ def unconverged_methods(run: RunFiles) -> tuple[list[str], bool]:
             if 2 * k >= n:
                 late.append(f"{run.label(a)} ({k} of {n} sites)")
                 per_site = True
-        elif "converged" in e.get("convergence", {}):  # fedseg.stopping: a late best round without a plateau
+        elif "converged" in e.get("convergence", {}):  # fedseg.run.stopping: a late best round without a plateau
             if not e["convergence"]["converged"] and (e.get("privacy") or {}).get("select_round") != "last":
                 late.append(run.label(a))
         elif e.get("best_round") == e.get("rounds") and (e.get("privacy") or {}).get("select_round") != "last":
