@@ -633,6 +633,10 @@ def run_experiment(
     for name in cfg.algorithms:  # unknown names and bad options fail before any work
         get_algorithm(name).parse_options(cfg.methods.get(name))
     check_method_names(cfg.methods)
+    if engine_factory is None and cfg.fl.secure_aggregation != "off":  # only Flower masks (fedseg.flower.secure)
+        from fedseg.flower.secure import SIMULATOR_REFUSAL
+
+        raise ValueError(SIMULATOR_REFUSAL)
     check_available(cfg.tracking)  # so does a tracker whose package is missing (fedseg.tracking)
     if resume and (recorded := recorded_config(out / "config.yaml")) is not None:
         check_resume(recorded, cfg.model_dump(mode="json"), str(out / "config.yaml"))

@@ -20,6 +20,7 @@ import json
 import threading
 
 from flwr.app import Context, Message
+from flwr.client.mod import secaggplus_mod
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
@@ -65,6 +66,19 @@ def algorithm_message(message: Message, context: Context) -> Message:
 
 client_app = FedsegClientApp()
 server_app = ServerApp()
+
+
+@client_app.train(mods=[secaggplus_mod])
+def secure_train(message: Message, context: Context) -> Message:
+    """A bare ``train`` message is a stage of SecAgg+ (``fl.secure_aggregation``; fedseg's own training
+    messages are ``train.<action>``): Flower's ``secaggplus_mod`` answers the key stages itself and calls this
+    for the masked-vector stage (``fedseg.flower.secure.site_train``)."""
+    from fedseg.flower.secure import site_train
+
+    return site_train(message, context)
+
+
+client_app._algorithm_actions.add(f"train.{DEFAULT_ACTION}")  # registered above: not an algorithm action
 
 
 @client_app.query(node.INFO)
