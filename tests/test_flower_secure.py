@@ -1,0 +1,124 @@
+"""Secure aggregation (``fl.secure_aggregation: secagg+``, ``fedseg.flower.secure``): which methods may use it
+(the others are refused before any work, one line with the reason), the simulator's refusal, and a real
+``fedseg flower local`` deployment with Flower's SecAgg+ whose merged model matches the plain run's up to the
+quantization error."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from safetensors.torch import load_file
+from typer.testing import CliRunner
+
+from fedseg.algorithms import ALGORITHMS
+from fedseg.cli import app
+from fedseg.data.folder import write_folder
+from fedseg.flower.secure import REFUSALS, SECURE, SIMULATOR_REFUSAL, check, refusal
+
+runner = CliRunner()
+SECURE_CFG = {"fl": {"secure_aggregation": "secagg+"}, "eval": {"local_models": False}}
+
+
+def test_only_methods_that_merge_the_weighted_sum_may_use_it_the_others_say_why(tiny_config):
+    cfg = tiny_config(**SECURE_CFG)
+    for name in ALGORITHMS:
+        why = refusal(name, cfg)
+        assert (why is None) == (name in SECURE), name
+        if name in REFUSALS:
+            assert why == REFUSALS[name]
+    assert (
+        refusal("autofedavg-l-dirichlet", cfg) == "it learns the aggregation weights from every site's individual model"
+    )
+    for name in SECURE:
+        check(cfg.model_copy(update={"algorithms": [name]}))  # no error
+    with pytest.raises(ValueError) as e:
+        check(cfg.model_copy(update={"algorithms": ["fedavg", "krum", "scaffold"]}))
+    text = str(e.value)
+    assert "\n" not in text and "fedavg cannot" not in text
+    assert "krum cannot use it: Krum scores each site's update" in text and "scaffold cannot use it" in text
+
+
+def test_a_robust_aggregator_and_uploaded_local_models_are_refused(tiny_config):
+    cfg = tiny_config(fl={"secure_aggregation": "secagg+"}, methods={"fedprox": {"aggregator": "krum"}})
+    assert "aggregator 'krum' needs every site's update" in refusal("fedprox", cfg)
+    assert "eval.local_models sends every site's own trained model" in refusal("fedavg", cfg)  # on by default
+    assert refusal("ditto", cfg) is None  # its sites' own models never leave them
+    check(tiny_config(algorithms=["krum"]))  # secure aggregation off: nothing refused
+
+
+def test_flowers_own_checks_of_the_secagg_parameters_are_config_errors(tiny_config):
+    cfg = tiny_config(**SECURE_CFG, algorithms=["fedavg"])
+    bad = cfg.model_copy(
+        update={"fl": cfg.fl.model_copy(update={"secagg": cfg.fl.secagg.model_copy(update={"modulus_range": 1000})})}
+    )
+    with pytest.raises(ValueError, match="fl.secagg: `modulus_range` must be"):
+        check(bad)
+
+
+def test_the_simulator_refuses_secure_aggregation_in_one_line(tmp_path, tiny, discs):
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump({**tiny, "algorithms": ["fedavg"], **SECURE_CFG}))
+    folder = write_folder(discs, tmp_path / "fed")
+    res = runner.invoke(app, ["run", "--config", str(path), "--data", str(folder), "--out", str(tmp_path / "o")])
+    assert res.exit_code != 0
+    assert SIMULATOR_REFUSAL in " ".join(res.output.split())
+    assert not (tmp_path / "o" / "ledger.csv").exists()
+
+
+def _fedseg(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "fedseg.cli", *args], capture_output=True, text=True, timeout=900)
+
+
+def _rows(run: Path) -> list[dict]:
+    with open(run / "ledger.csv") as f:
+        return list(csv.DictReader(f))
+
+
+QUANTIZATION_ATOL = 1e-4  # |secure - plain| per weight after 2 rounds (measured ~4e-6; step 2*8/2**22 = 3.8e-6)
+DICE_ATOL = 1e-3
+
+
+@pytest.mark.slow
+def test_secagg_plus_on_flower_local_matches_the_plain_run_to_the_quantization_error(tmp_path, tiny, disc_federation):
+    """FedAvg, 3 sites, 2 rounds on ``fedseg flower local``, with and without SecAgg+: same model up to
+    ``QUANTIZATION_ATOL`` per weight, same test Dice to ``DICE_ATOL``; the SecAgg+ stages are in the ledger."""
+    folder = write_folder(disc_federation(n_sites=3, cases_per_site=6), tmp_path / "fed")
+    runs = {}
+    for mode in ("off", "secagg+"):
+        cfg = {**tiny, "algorithms": ["fedavg"], "fl": {"rounds": 2, "secure_aggregation": mode}}
+        cfg["eval"] = {**cfg.get("eval", {}), "local_models": False}
+        path = tmp_path / f"{mode}.yaml"
+        path.write_text(yaml.safe_dump(cfg))
+        out = tmp_path / mode.replace("+", "")
+        proc = _fedseg("flower", "local", "--config", str(path), "--data", str(folder), "--out", str(out))
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        runs[mode] = out
+    plain, secure = (load_file(runs[m] / "model" / "fedavg" / "weights.safetensors") for m in ("off", "secagg+"))
+    assert sorted(plain) == sorted(secure)
+    worst = max(float((plain[k].double() - secure[k].double()).abs().max()) for k in plain)
+    assert 0 < worst <= QUANTIZATION_ATOL, worst  # quantized (not bit-identical), but within the bound
+    a, b = (json.loads((runs[m] / "summary.json").read_text())["algorithms"]["fedavg"] for m in ("off", "secagg+"))
+    assert b["dice"] == pytest.approx(a["dice"], abs=DICE_ATOL)
+
+    rows = _rows(runs["secagg+"])
+    stages = {(r["round"], r["action"]) for r in rows}
+    for rnd in ("1", "2"):
+        for action in ("secagg_setup", "secagg_share_keys", "train", "secagg_unmask"):
+            assert (rnd, action) in stages
+    train = [r for r in rows if r["action"] == "train"]
+    plain_train = [r for r in _rows(runs["off"]) if r["action"] == "train"]
+    assert len(train) == len(plain_train) == 6
+    for r, p in zip(
+        sorted(train, key=lambda r: (r["round"], r["site"])), sorted(plain_train, key=lambda r: (r["round"], r["site"]))
+    ):
+        assert r["floats_down"] == p["floats_down"] and r["steps"] == p["steps"]
+        assert int(r["floats_up"]) == int(p["floats_up"]) + 1  # the masked vector carries the weight factor too
+    assert all(int(r["bytes_down"]) > 0 and int(r["bytes_up"]) > 0 for r in rows if r["action"].startswith("secagg"))
+    assert all(int(r["bytes_up"]) > 0 for r in plain_train)
+    assert b["floats_sent"] == a["floats_sent"] + 6
