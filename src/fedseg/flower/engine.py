@@ -39,8 +39,7 @@ from fedseg.engine.context import Task
 from fedseg.engine.ledger import EVAL_ACTIONS
 from fedseg.engine.messages import Message
 from fedseg.flower.node import INFO, RESTORE, SNAPSHOT
-from fedseg.flower.records import ENGINE, from_recorddict, to_recorddict
-from fedseg.flower.secure import record_bytes
+from fedseg.flower.records import ENGINE, from_recorddict, record_bytes, to_recorddict
 
 log = logging.getLogger("fedseg.flower.engine")
 

@@ -39,6 +39,7 @@ from flwr.app import Message as FlowerMessage
 
 from fedseg.engine.ledger import LedgerRow
 from fedseg.engine.messages import Message
+from fedseg.flower.records import record_bytes
 
 log = logging.getLogger("fedseg.flower.secure")
 
@@ -121,26 +122,6 @@ def check(cfg) -> None:
         )
 
 
-def record_bytes(content: RecordDict) -> int:
-    """Bytes a Flower ``RecordDict`` carries: array data, plus config/metric values (numbers 8 bytes each)."""
-
-    def size(v: Any) -> int:
-        if isinstance(v, (bytes, str)):
-            return len(v)
-        if isinstance(v, list):
-            return sum(size(x) for x in v)
-        return 8
-
-    total = 0
-    for rec in content.array_records.values():
-        total += sum(len(a.data) for a in rec.values())
-    for crec in content.config_records.values():
-        total += sum(len(k) + size(v) for k, v in crec.items())
-    for mrec in content.metric_records.values():
-        total += sum(len(k) + size(v) for k, v in mrec.items())
-    return total
-
-
 # --- the site ------------------------------------------------------------------------------------------------
 def site_train(message: FlowerMessage, context: Context) -> FlowerMessage:
     """The masked-vector stage on a site (called by ``secaggplus_mod``): train as the plain ``train`` message
@@ -221,9 +202,9 @@ class MeteredGrid:
             if r is None or r.has_error():
                 why = "no reply" if r is None else r.error.reason
                 if not self.skip:
-                    from fedseg.flower.engine import SiteError
+                    from fedseg.engine.faults import SiteFailure
 
-                    raise SiteError(f"site {site!r} failed during secure aggregation ({stage}):\n{why}")
+                    raise SiteFailure(f"site {site!r} failed during secure aggregation ({stage}):\n{why}")
                 row["failure"] = why
             else:
                 row["bytes_up"] = record_bytes(r.content)
