@@ -122,3 +122,7 @@ def test_secagg_plus_on_flower_local_matches_the_plain_run_to_the_quantization_e
     assert all(int(r["bytes_down"]) > 0 and int(r["bytes_up"]) > 0 for r in rows if r["action"].startswith("secagg"))
     assert all(int(r["bytes_up"]) > 0 for r in plain_train)
     assert b["floats_sent"] == a["floats_sent"] + 6
+
+
+def test_a_bare_yaml_off_turns_it_off(tiny_config):
+    assert tiny_config(fl={"secure_aggregation": False}).fl.secure_aggregation == "off"

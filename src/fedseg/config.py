@@ -418,6 +418,11 @@ class FLConfig(Strict):
     )
     secagg: SecAggPlusConfig = SecAggPlusConfig()
 
+    @field_validator("secure_aggregation", mode="before")
+    @classmethod
+    def _off(cls, value: object) -> object:
+        return "off" if value is False or value is None else value  # YAML reads a bare `off` as false
+
     @field_validator("clients_per_round")
     @classmethod
     def _sampled(cls, value: int | float | None) -> int | float | None:

@@ -39,7 +39,7 @@ from flwr.app import Message as FlowerMessage
 
 from fedseg.engine.ledger import LedgerRow
 from fedseg.engine.messages import Message
-from fedseg.flower.records import record_bytes
+from fedseg.flower.records import ENGINE, record_bytes
 
 log = logging.getLogger("fedseg.flower.secure")
 
@@ -132,6 +132,7 @@ def site_train(message: FlowerMessage, context: Context) -> FlowerMessage:
     import flwr.compat.common.recorddict_compat as compat
     from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
 
+    from fedseg.engine.context import stream_seed
     from fedseg.flower import node
 
     settings = node.NodeSettings.of(context)
@@ -150,6 +151,10 @@ def site_train(message: FlowerMessage, context: Context) -> FlowerMessage:
         arrays.append(value.numpy())
         index.append([name, str(t.dtype).removeprefix("torch."), list(t.shape), delta])
     weight = 1 if head["weighting"] == "uniform" else int(reply.meta["num_examples"])
+    # the mod's stochastic rounding draws from NumPy's global stream: seeded per (seed, site, round), so a run
+    # (and its resume) quantizes the same way every time; the masks stay os.urandom's
+    engine_head = dict(message.content.config_records[ENGINE])
+    np.random.seed(stream_seed(cfg.seed, int(engine_head["site_index"]), int(engine_head["round"]), HEADER) % 2**32)
     metrics = {"fedseg.meta": json.dumps(reply.meta), "fedseg.index": json.dumps(index), "fedseg.seconds": seconds}
     fitres = FitRes(Status(Code.OK, ""), ndarrays_to_parameters(arrays), weight, cast(dict, metrics))
     content = compat.fitres_to_recorddict(fitres, keep_input=True)
