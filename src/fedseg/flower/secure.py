@@ -148,12 +148,20 @@ def site_train(message: FlowerMessage, context: Context) -> FlowerMessage:
         value = t.to(torch.float64) - (base.to(torch.float64) if delta else 0.0)
         if not torch.isfinite(value).all():
             raise ValueError(f"reply tensor {name!r} has NaN or Inf entries: not sent")
+        if float(value.abs().max()) > cfg.fl.secagg.clipping_range:
+            log.warning(
+                "site %s: update of %r reaches %.3g, beyond fl.secagg.clipping_range = %g: clipped before masking",
+                settings.site,
+                name,
+                float(value.abs().max()),
+                cfg.fl.secagg.clipping_range,
+            )
         arrays.append(value.numpy())
         index.append([name, str(t.dtype).removeprefix("torch."), list(t.shape), delta])
     weight = 1 if head["weighting"] == "uniform" else int(reply.meta["num_examples"])
     # the mod's stochastic rounding draws from NumPy's global stream: seeded per (seed, site, round), so a run
     # (and its resume) quantizes the same way every time; the masks stay os.urandom's
-    engine_head = dict(message.content.config_records[ENGINE])
+    engine_head: dict[str, Any] = dict(message.content.config_records[ENGINE])
     np.random.seed(stream_seed(cfg.seed, int(engine_head["site_index"]), int(engine_head["round"]), HEADER) % 2**32)
     metrics = {"fedseg.meta": json.dumps(reply.meta), "fedseg.index": json.dumps(index), "fedseg.seconds": seconds}
     fitres = FitRes(Status(Code.OK, ""), ndarrays_to_parameters(arrays), weight, cast(dict, metrics))
