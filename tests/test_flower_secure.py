@@ -95,9 +95,13 @@ def _flower_local(tmp_path: Path, tiny: dict, folder: Path, name: str, fl: dict,
     return out
 
 
+def _federation(disc_federation):
+    return disc_federation(n_sites=3, cases_per_site=6)
+
+
 @pytest.fixture(scope="module")
 def three_sites(tmp_path_factory, disc_federation) -> Path:
-    return write_folder(disc_federation(n_sites=3, cases_per_site=6), tmp_path_factory.mktemp("secure") / "fed")
+    return write_folder(_federation(disc_federation), tmp_path_factory.mktemp("secure") / "fed")
 
 
 @pytest.mark.slow
@@ -153,3 +157,34 @@ def test_a_site_dropping_out_mid_protocol_is_skipped_and_the_others_sum_is_unmas
 
 def test_a_bare_yaml_off_turns_it_off(tiny_config):
     assert tiny_config(fl={"secure_aggregation": False}).fl.secure_aggregation == "off"
+
+
+@pytest.mark.slow
+def test_local_dp_clips_every_sites_update_before_it_is_masked(tmp_path, tiny, three_sites, disc_federation):
+    """``fl.local_dp`` (Flower's LocalDpMod) with no noise and clipping norm C: every site's update has L2 norm
+    at most C, so the merged model is within C of the initial one (SecAgg+'s quantization made negligible)."""
+    from fedseg.config import RunConfig
+    from fedseg.engine.context import Task
+    from fedseg.engine.messages import weights_of
+
+    clip = 1e-4
+    fl = {
+        "rounds": 1,
+        "secure_aggregation": "secagg+",
+        "secagg": {"clipping_range": 0.01},  # quantization step 4.8e-9
+        "local_dp": {"clipping_norm": clip, "sensitivity": 0.0, "epsilon": 1.0, "delta": 1e-5},
+    }
+    out = _flower_local(tmp_path, tiny, three_sites, "dp", fl)
+    merged = load_file(out / "model" / "fedavg" / "weights.safetensors")
+    fed = _federation(disc_federation)
+    cfg = RunConfig.model_validate(yaml.safe_load((out / "config.yaml").read_text()))
+    start = weights_of(Task(cfg, fed.spatial_dims, fed.channels, fed.regions.names).new_model())
+    moved = sum(float((merged[f"global/{k}"].double() - v.double()).square().sum()) for k, v in start.items()) ** 0.5
+    assert 0 < moved <= clip * 1.01, moved
+
+
+def test_local_dp_without_secure_aggregation_is_a_config_error(tiny_config):
+    dp = {"clipping_norm": 1.0, "sensitivity": 1.0, "epsilon": 1.0, "delta": 1e-5}
+    with pytest.raises(ValueError, match="fl.local_dp runs inside the SecAgg"):
+        tiny_config(fl={"local_dp": dp})
+    assert tiny_config(fl={"local_dp": dp, "secure_aggregation": "secagg+"}).fl.local_dp.epsilon == 1.0

@@ -385,6 +385,17 @@ class SecAggPlusConfig(Strict):
     )
 
 
+class LocalDPConfig(Strict):
+    """Flower's ``LocalDpMod`` (same names): each site clips its update to L2 norm ``clipping_norm`` and adds
+    Gaussian noise of std ``sensitivity * sqrt(2 ln(1.25 / delta)) / epsilon`` to every entry before SecAgg+
+    masks it (``fl.local_dp``; needs ``fl.secure_aggregation: secagg+``)."""
+
+    clipping_norm: float = Field(gt=0)
+    sensitivity: float = Field(ge=0)
+    epsilon: float = Field(gt=0)
+    delta: float = Field(gt=0, lt=1)
+
+
 class FLConfig(Strict):
     """Federation-level options shared by every method."""
 
@@ -417,6 +428,19 @@ class FLConfig(Strict):
         "nothing else (fedseg.flower.secure)",
     )
     secagg: SecAggPlusConfig = SecAggPlusConfig()
+    local_dp: LocalDPConfig | None = Field(
+        default=None,
+        description="local differential privacy on each site's update (Flower's LocalDpMod), inside the SecAgg+ "
+        "train exchange; None = off",
+    )
+
+    @model_validator(mode="after")
+    def _local_dp_needs_secagg(self) -> FLConfig:
+        if self.local_dp is not None and self.secure_aggregation != "secagg+":
+            raise ValueError(
+                "fl.local_dp runs inside the SecAgg+ train exchange on Flower: set fl.secure_aggregation=secagg+"
+            )
+        return self
 
     @field_validator("secure_aggregation", mode="before")
     @classmethod

@@ -68,11 +68,19 @@ client_app = FedsegClientApp()
 server_app = ServerApp()
 
 
-@client_app.train(mods=[secaggplus_mod])
+def local_dp_mod(message: Message, context: Context, call_next) -> Message:
+    """``fedseg.flower.secure.local_dp_mod`` (imported on use: queries never load PyTorch)."""
+    from fedseg.flower.secure import local_dp_mod as mod
+
+    return mod(message, context, call_next)
+
+
+@client_app.train(mods=[secaggplus_mod, local_dp_mod])
 def secure_train(message: Message, context: Context) -> Message:
     """A bare ``train`` message is a stage of SecAgg+ (``fl.secure_aggregation``; fedseg's own training
     messages are ``train.<action>``): Flower's ``secaggplus_mod`` answers the key stages itself and calls this
-    for the masked-vector stage (``fedseg.flower.secure.site_train``)."""
+    for the masked-vector stage (``fedseg.flower.secure.site_train``), through Flower's ``LocalDpMod`` when
+    ``fl.local_dp`` is set (``fedseg.flower.secure.local_dp_mod``)."""
     from fedseg.flower.secure import site_train
 
     return site_train(message, context)

@@ -158,6 +158,8 @@ def site_train(message: FlowerMessage, context: Context) -> FlowerMessage:
             )
         arrays.append(value.numpy())
         index.append([name, str(t.dtype).removeprefix("torch."), list(t.shape), delta])
+    if cfg.fl.local_dp is not None and [i[0] for i in index] != list(received.tensors):
+        raise ValueError("fl.local_dp needs the reply to carry exactly the tensors the site received, in order")
     weight = 1 if head["weighting"] == "uniform" else int(reply.meta["num_examples"])
     # the mod's stochastic rounding draws from NumPy's global stream: seeded per (seed, site, round), so a run
     # (and its resume) quantizes the same way every time; the masks stay os.urandom's
@@ -167,6 +169,33 @@ def site_train(message: FlowerMessage, context: Context) -> FlowerMessage:
     fitres = FitRes(Status(Code.OK, ""), ndarrays_to_parameters(arrays), weight, cast(dict, metrics))
     content = compat.fitres_to_recorddict(fitres, keep_input=True)
     return FlowerMessage(content, reply_to=message)
+
+
+def local_dp_mod(message: FlowerMessage, context: Context, call_next) -> FlowerMessage:
+    """Flower's ``LocalDpMod`` with the run's ``fl.local_dp`` (nothing when it is None), between ``secaggplus_mod``
+    and ``site_train``: it clips ``reply - base`` and adds noise. ``site_train``'s parameters are already the update,
+    so the base it is given is zeros shaped like the received tensors (on the site only; nothing travels)."""
+    from flwr.client.mod import LocalDpMod
+    from flwr.common import FitIns, ndarrays_to_parameters
+
+    from fedseg.flower import node
+    from fedseg.flower.records import from_recorddict
+
+    dp = node.run_config(context).fl.local_dp
+    if dp is None:
+        return call_next(message, context)
+    received, _ = from_recorddict(message.content)
+    zeros = [np.zeros(tuple(t.shape)) for t in received.tensors.values()]
+    base = compat_fitins(FitIns(ndarrays_to_parameters(zeros), {}))
+    for key, rec in base.items():
+        message.content[key] = rec
+    return LocalDpMod(dp.clipping_norm, dp.sensitivity, dp.epsilon, dp.delta)(message, context, call_next)
+
+
+def compat_fitins(fitins) -> RecordDict:
+    import flwr.compat.common.recorddict_compat as compat
+
+    return compat.fitins_to_recorddict(fitins, keep_input=True)
 
 
 # --- the coordinator -----------------------------------------------------------------------------------------
