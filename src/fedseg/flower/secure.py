@@ -18,6 +18,9 @@ defaults), so the merged model differs from the plain run's by about that step (
 ``tests/test_flower_secure.py`` holds the measured bound). A site that fails under ``fl.on_failure = skip``
 is dropped by SecAgg+ itself (its masks are reconstructed from the others' shares).
 
+Local differential privacy (``fl.local_dp``, Flower's ``LocalDpMod``; ``local_dp_mod``): each site clips its
+update to L2 norm ``clipping_norm`` and adds Gaussian noise before SecAgg+ quantizes and masks it.
+
 The ledger gets one row per site and stage (``secagg_setup``, ``secagg_share_keys``, ``train``,
 ``secagg_unmask``) with the bytes each message carried; the ``train`` row's ``floats_up`` counts the masked
 vector's entries.
