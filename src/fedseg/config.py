@@ -359,6 +359,43 @@ class StopConfig(Strict):
     )
 
 
+class SecAggPlusConfig(Strict):
+    """Flower's SecAgg+ parameters (``flwr.server.workflow.SecAggPlusWorkflow``, same names and meanings), for
+    ``fl.secure_aggregation: secagg+``. What is summed is each site's update (its reply minus what it received),
+    clipped to ``[-clipping_range, clipping_range]`` and stochastically quantized to ``quantization_range`` levels."""
+
+    num_shares: int | float = Field(
+        default=1.0,
+        description="shares each site's secret is split into: a count (> 2) or a fraction of the round's sites "
+        "(1.0: every site, i.e. SecAgg)",
+    )
+    reconstruction_threshold: int | float = Field(
+        default=0.5,
+        description="shares needed to reconstruct a secret: a count (< num_shares) or a fraction of num_shares "
+        "(at least 2)",
+    )
+    clipping_range: float = Field(default=8.0, gt=0, description="each update entry is clipped to +- this")
+    quantization_range: int = Field(default=4194304, gt=0, description="quantization levels (2**22)")
+    modulus_range: int = Field(default=4294967296, gt=0, description="the masks' modulus, a power of 2 (2**32)")
+    max_weight: float | None = Field(
+        default=None,
+        gt=0,
+        description="the largest aggregation weight a site may have (Flower: 1000); None = the largest weight of "
+        "the round's sites (known to the coordinator), which keeps the weighting exact",
+    )
+
+
+class LocalDPConfig(Strict):
+    """Flower's ``LocalDpMod`` (same names): each site clips its update to L2 norm ``clipping_norm`` and adds
+    Gaussian noise of std ``sensitivity * sqrt(2 ln(1.25 / delta)) / epsilon`` to every entry before SecAgg+
+    masks it (``fl.local_dp``; needs ``fl.secure_aggregation: secagg+``)."""
+
+    clipping_norm: float = Field(gt=0)
+    sensitivity: float = Field(ge=0)
+    epsilon: float = Field(gt=0)
+    delta: float = Field(gt=0, lt=1)
+
+
 class FLConfig(Strict):
     """Federation-level options shared by every method."""
 
@@ -384,6 +421,31 @@ class FLConfig(Strict):
         "None = every site. Validation and test always use every site",
     )
     stop: StopConfig = StopConfig()
+    secure_aggregation: Literal["off", "secagg+"] = Field(
+        default="off",
+        description="secagg+: on Flower, the coordinator learns only the weighted sum of the sites' training "
+        "updates (Flower's SecAgg+ workflow; fl.secagg), never one site's; only for methods whose server needs "
+        "nothing else (fedseg.flower.secure)",
+    )
+    secagg: SecAggPlusConfig = SecAggPlusConfig()
+    local_dp: LocalDPConfig | None = Field(
+        default=None,
+        description="local differential privacy on each site's update (Flower's LocalDpMod), inside the SecAgg+ "
+        "train exchange; None = off",
+    )
+
+    @model_validator(mode="after")
+    def _local_dp_needs_secagg(self) -> FLConfig:
+        if self.local_dp is not None and self.secure_aggregation != "secagg+":
+            raise ValueError(
+                "fl.local_dp runs inside the SecAgg+ train exchange on Flower: set fl.secure_aggregation=secagg+"
+            )
+        return self
+
+    @field_validator("secure_aggregation", mode="before")
+    @classmethod
+    def _off(cls, value: object) -> object:
+        return "off" if value is False or value is None else value  # YAML reads a bare `off` as false
 
     @field_validator("clients_per_round")
     @classmethod

@@ -27,6 +27,8 @@ class LedgerRow:
     failure: str = ""  # why the site's reply was skipped (fl.on_failure = skip; fedseg.engine.faults); "" = answered
     exchange: int = 0  # which exchange of the run the row belongs to (1, 2, ...; 0: recorded by an older fedseg)
     wall_seconds: float = 0.0  # wall time of that whole exchange, seconds (module docstring)
+    bytes_down: int = 0  # bytes of the message as it travelled (Flower only; 0 where not measured)
+    bytes_up: int = 0  # bytes of the reply as it travelled (Flower only; SecAgg+'s key exchanges: fedseg.flower.secure)
 
 
 class Ledger:
@@ -50,6 +52,7 @@ class Ledger:
             "floats_sent": sum(r.floats_down + r.floats_up for r in train),
             "sgd_steps": sum(r.steps for r in train if r.action not in FORWARD_ONLY_ACTIONS),
             "seconds": sum(r.seconds for r in self.rows),
+            "bytes_sent": sum(r.bytes_down + r.bytes_up for r in train),
         }
 
     def next_exchange(self) -> int:

@@ -20,6 +20,7 @@ import json
 import threading
 
 from flwr.app import Context, Message
+from flwr.client.mod import secaggplus_mod
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
@@ -65,6 +66,27 @@ def algorithm_message(message: Message, context: Context) -> Message:
 
 client_app = FedsegClientApp()
 server_app = ServerApp()
+
+
+def local_dp_mod(message: Message, context: Context, call_next) -> Message:
+    """``fedseg.flower.secure.local_dp_mod`` (imported on use: queries never load PyTorch)."""
+    from fedseg.flower.secure import local_dp_mod as mod
+
+    return mod(message, context, call_next)
+
+
+@client_app.train(mods=[secaggplus_mod, local_dp_mod])
+def secure_train(message: Message, context: Context) -> Message:
+    """A bare ``train`` message is a stage of SecAgg+ (``fl.secure_aggregation``; fedseg's own training
+    messages are ``train.<action>``): Flower's ``secaggplus_mod`` answers the key stages itself and calls this
+    for the masked-vector stage (``fedseg.flower.secure.site_train``), through Flower's ``LocalDpMod`` when
+    ``fl.local_dp`` is set (``fedseg.flower.secure.local_dp_mod``)."""
+    from fedseg.flower.secure import site_train
+
+    return site_train(message, context)
+
+
+client_app._algorithm_actions.add(f"train.{DEFAULT_ACTION}")  # registered above: not an algorithm action
 
 
 @client_app.query(node.INFO)

@@ -39,7 +39,7 @@ from fedseg.engine.context import Task
 from fedseg.engine.ledger import EVAL_ACTIONS
 from fedseg.engine.messages import Message
 from fedseg.flower.node import INFO, RESTORE, SNAPSHOT
-from fedseg.flower.records import ENGINE, from_recorddict, to_recorddict
+from fedseg.flower.records import ENGINE, from_recorddict, record_bytes, to_recorddict
 
 log = logging.getLogger("fedseg.flower.engine")
 
@@ -217,9 +217,49 @@ class FlowerEngine(BaseEngine):
         self._snapshot: tuple[int, int] | None = None  # (tag, exchanges at that time) of the last snapshot
         self._taken: set[int] = set()  # snapshot tags the coordinator may still restore (see ``checkpointed``)
         self._taken_lock = threading.Lock()  # ``checkpointed`` runs on the checkpoint writer's thread
+        self._bytes: dict[str, tuple[int, int]] = {}  # site -> bytes (down, up) of the exchange under way
 
     def num_samples(self, site: str, split: str = "train") -> int:
         return self.site_map.sizes[site][split]
+
+    @property
+    def secure(self) -> bool:
+        """Whether the ``train`` exchanges run Flower's SecAgg+ (``fl.secure_aggregation``; fedseg.flower.secure)."""
+        from fedseg.flower.secure import SECAGG, SECURE
+
+        return self.task.cfg.fl.secure_aggregation == SECAGG and self.algorithm in SECURE
+
+    def exchange(self, messages: dict[str, Message], action: str) -> dict[str, Message]:
+        """``BaseEngine.exchange``; under secure aggregation the ``train`` exchange is SecAgg+'s (every reply is
+        the weighted average; ``fedseg.flower.secure``). Rows of plain exchanges get the bytes each message had."""
+        if action == "train" and self.secure:
+            return self.secure_exchange(messages)
+        number = self.ledger.next_exchange()
+        self._bytes = {}
+        replies = super().exchange(messages, action)
+        for row in self.ledger.rows:
+            if row.exchange == number and row.site in self._bytes:
+                row.bytes_down, row.bytes_up = self._bytes[row.site]
+        return replies
+
+    def secure_exchange(self, messages: dict[str, Message]) -> dict[str, Message]:
+        from fedseg.engine.faults import SiteFailure
+        from fedseg.flower.secure import secure_train
+
+        unknown = sorted(set(messages) - set(self.sites))
+        if unknown:
+            raise KeyError(f"messages for unknown sites {unknown}; sites are {self.sites}")
+        order = [s for s in self.sites if s in messages]
+        self._exchanges += 1
+        replies = secure_train(self, order, messages)
+        if len(replies) < len(order) and (self.all_sites_required or len(replies) < self.task.cfg.fl.min_sites):
+            raise SiteFailure(
+                f"round {self.round}: only {len(replies)} of {len(order)} sites took part in the secure aggregation"
+            )
+        for site, reply in replies.items():
+            for observe in self.observers:
+                observe(site, "train", messages[site], reply)
+        return replies
 
     def deliver(
         self, order: list[str], messages: dict[str, Message], action: str
@@ -240,7 +280,8 @@ class FlowerEngine(BaseEngine):
         self._exchanges += 1
         answered: dict[str, tuple[Message, float] | BaseException] = {}
         timeout = self.task.cfg.fl.timeout_s
-        for site, flower_reply in zip(order, self.courier.send(out, what, order, timeout, timeout is not None)):
+        replies = self.courier.send(out, what, order, timeout, timeout is not None)
+        for site, sent, flower_reply in zip(order, out, replies):
             if flower_reply is None:
                 answered[site] = TimeoutError(f"no reply within fl.timeout_s = {timeout:g} s")
             elif flower_reply.has_error():
@@ -248,6 +289,7 @@ class FlowerEngine(BaseEngine):
             else:
                 reply, head = from_recorddict(flower_reply.content)
                 answered[site] = (reply, float(head.get("seconds", 0.0)))
+                self._bytes[site] = (record_bytes(sent.content), record_bytes(flower_reply.content))
         return answered
 
     def _query_all(self, action: str, header: dict[str, dict]) -> None:

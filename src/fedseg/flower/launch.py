@@ -528,9 +528,9 @@ def local(
     ``poll`` > 0 shortens every wait inside Flower to that many seconds (``fedseg.flower.flwr_internals``);
     0 keeps Flower's defaults. ``resume``: continue the run in ``out`` from its last checkpoint (the sites'
     snapshots are in ``out/flower/state``)."""
-    from fedseg.flower.server import refuse_unsupported
+    from fedseg.flower.server import check_run
 
-    refuse_unsupported(cfg.algorithms)
+    check_run(cfg)
     if isolation not in ISOLATIONS:
         raise ValueError(f"isolation must be one of {ISOLATIONS}, got {isolation!r}")
     cfg, out, fed, views = sites_on_this_machine(cfg, out, resume)
@@ -598,9 +598,9 @@ def server(
     coordinator's waits inside Flower (SuperExec, ServerApp; 0 = Flower's defaults). ``resume``: continue
     the run in ``out``; every SuperNode must have been started with ``--state DIR`` and be restarted with
     the same folder."""
-    from fedseg.flower.server import refuse_unsupported
+    from fedseg.flower.server import check_run
 
-    refuse_unsupported(cfg.algorithms)
+    check_run(cfg)
     out = Path(out).resolve()
     check_new_or_resumed(out, resume)
     work = out / "flower"
@@ -638,9 +638,9 @@ def simulate(
     their snapshots in ``out/flower/state/<site>`` (``resume``)."""
     import importlib.util
 
-    from fedseg.flower.server import refuse_unsupported
+    from fedseg.flower.server import check_run
 
-    refuse_unsupported(cfg.algorithms)
+    check_run(cfg)
     if importlib.util.find_spec("ray") is None:
         raise ValueError(
             "Flower's Simulation Runtime needs Ray: pip install 'fedseg[simulation]' (flwr[simulation], ray 2.55.1)"

@@ -272,11 +272,19 @@ def on_algorithm_message(
     action: str, content: RecordDict, context: Context, settings: NodeSettings, cfg: RunConfig
 ) -> RecordDict:
     """Run the algorithm's Client on one message, with the simulator's ClientContext (``answer``)."""
+    from fedseg.flower.records import to_recorddict
+
+    reply, seconds, _ = answer_algorithm(action, content, context, settings, cfg)
+    return to_recorddict(reply, {"seconds": seconds})
+
+
+def answer_algorithm(action: str, content: RecordDict, context: Context, settings: NodeSettings, cfg: RunConfig):
+    """``(reply, compute seconds, received message)`` of the algorithm's Client for one fedseg message."""
     import torch
 
     from fedseg.algorithms import get_algorithm
     from fedseg.engine.context import Delivery, Task, answer
-    from fedseg.flower.records import from_recorddict, to_recorddict
+    from fedseg.flower.records import from_recorddict
 
     torch.set_num_threads(cfg.threads)
     msg, head = from_recorddict(content)
@@ -298,7 +306,7 @@ def on_algorithm_message(
     options = spec.parse_options(cfg.methods.get(to.algorithm))  # cached: parsed once per node process
     reply, seconds = answer(spec.client(), msg, to, data, state, task, options, settings.samples)
     put_state(context, STATE + to.algorithm, state)
-    return to_recorddict(reply, {"seconds": seconds})
+    return reply, seconds, msg
 
 
 def on_info(content: RecordDict, context: Context, settings: NodeSettings, cfg: RunConfig) -> RecordDict:

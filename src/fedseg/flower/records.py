@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import torch
@@ -93,3 +94,23 @@ def from_recorddict(content: RecordDict) -> tuple[Message, dict]:
     arrays, configs = content.array_records, content.config_records
     meta: dict = dict(configs[META])  # numbers, strings and bools only: written by to_recorddict
     return Message(unpack(arrays[TENSORS], configs[INDEX]), meta), dict(configs[ENGINE])
+
+
+def record_bytes(content: RecordDict) -> int:
+    """Bytes a Flower ``RecordDict`` carries: array data, plus config/metric values (numbers 8 bytes each)."""
+
+    def size(v: Any) -> int:
+        if isinstance(v, (bytes, str)):
+            return len(v)
+        if isinstance(v, list):
+            return sum(size(x) for x in v)
+        return 8
+
+    total = 0
+    for rec in content.array_records.values():
+        total += sum(len(a.data) for a in rec.values())
+    for crec in content.config_records.values():
+        total += sum(len(k) + size(v) for k, v in crec.items())
+    for mrec in content.metric_records.values():
+        total += sum(len(k) + size(v) for k, v in mrec.items())
+    return total

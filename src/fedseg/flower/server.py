@@ -69,6 +69,15 @@ def refuse_unsupported(algorithms: list[str]) -> None:
         )
 
 
+def check_run(cfg: RunConfig) -> None:
+    """Before any work: every algorithm of ``cfg`` runs on Flower, and under ``fl.secure_aggregation`` keeps the
+    sites' updates hidden (``fedseg.flower.secure.check``). ``ValueError`` names the reason."""
+    from fedseg.flower.secure import check
+
+    refuse_unsupported(cfg.algorithms)
+    check(cfg)
+
+
 def federation_record(fed: Federation) -> str:
     """The federation header + ordered site names, as the ``fedseg-federation`` run config value."""
     return json.dumps(
@@ -123,7 +132,7 @@ def serve(grid, run_config: dict) -> None:
                 f"the run was submitted by fedseg {version} but the coordinator runs fedseg {fedseg.__version__}"
             )
         cfg = RunConfig.model_validate(json.loads(str(run_config["fedseg-config"])))
-        refuse_unsupported(cfg.algorithms)
+        check_run(cfg)
         fed = federation_from_record(str(run_config["fedseg-federation"]))
         from fedseg.flower.flwr_internals import cap_object_pull_backoff
 

@@ -61,7 +61,7 @@ def run_experiment(
     if engine_factory is None and cfg.engine.workers > 1:  # the worker pool's server imports while we prepare
         start_forkserver()
     out = Path(out)
-    check_before_data(cfg, out, resume, check_compute=prepared is None)
+    check_before_data(cfg, out, resume, check_compute=prepared is None, in_process=engine_factory is None)
     prep = prepare_run(cfg, out, resume, federation, prepared)
     check_prepared(cfg, prep)
     record_start(cfg, out, resume, prep, on_log_line)
@@ -95,9 +95,10 @@ def run_experiment(
     return results
 
 
-def check_before_data(cfg: RunConfig, out: Path, resume: bool, check_compute: bool) -> None:
+def check_before_data(cfg: RunConfig, out: Path, resume: bool, check_compute: bool, in_process: bool) -> None:
     """The device (``check_compute``: unless the sites compute on their machines, e.g. Flower, where ``fedseg
-    flower local`` checks), ``out``, every algorithm's options, the trackers and (``resume``) the recorded config."""
+    flower local`` checks), ``out``, every algorithm's options, secure aggregation (``in_process``: the simulator or
+    the worker pool, which refuse it), the trackers and (``resume``) the recorded config."""
     if check_compute:
         check_device(cfg.device)
     check_out_dir(out)
@@ -105,6 +106,10 @@ def check_before_data(cfg: RunConfig, out: Path, resume: bool, check_compute: bo
     for name in cfg.algorithms:  # unknown names and bad options fail before any work
         get_algorithm(name).parse_options(cfg.methods.get(name))
     check_method_names(cfg.methods)
+    if in_process and cfg.fl.secure_aggregation != "off":  # only Flower masks (fedseg.flower.secure)
+        from fedseg.flower.secure import SIMULATOR_REFUSAL
+
+        raise ValueError(SIMULATOR_REFUSAL)
     check_available(cfg.tracking)  # so does a tracker whose package is missing (fedseg.tracking)
     if resume and (recorded := recorded_config(out / "config.yaml")) is not None:
         check_resume(recorded, cfg.model_dump(mode="json"), str(out / "config.yaml"))

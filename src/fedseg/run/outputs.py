@@ -25,9 +25,10 @@ RESULTS_COLUMNS = ["algorithm", "model", "site", "case", "region", "metric", "va
 ROUNDS_COLUMNS = ["algorithm", "round", "site", "val_dice", "train_loss"]
 METRICS_COLUMNS = ["algorithm", "round", "site", "metric", "value"]
 BUNDLE_WEIGHTS, BUNDLE_MANIFEST = "weights.safetensors", "manifest.json"
-# exchange, wall_seconds: the number and wall time of the exchange a row belongs to (fedseg.engine.ledger)
+# exchange, wall_seconds: the number and wall time of the exchange a row belongs to (fedseg.engine.ledger);
+# bytes_down, bytes_up: what each message weighed on the wire (Flower; 0 elsewhere)
 LEDGER_COLUMNS = ["algorithm", "round", "site", "action", "steps", "floats_down", "floats_up", "seconds", "failure"]
-LEDGER_COLUMNS += ["exchange", "wall_seconds"]
+LEDGER_COLUMNS += ["exchange", "wall_seconds", "bytes_down", "bytes_up"]  # bytes: measured on Flower only
 
 
 @dataclass

@@ -1,0 +1,383 @@
+"""Secure aggregation on Flower (config ``fl.secure_aggregation: secagg+``, parameters ``fl.secagg``).
+
+With it, the ``train`` exchange of each round runs Flower's SecAgg+ protocol
+(``flwr.server.workflow.SecAggPlusWorkflow`` on the coordinator, ``flwr.client.mod.secaggplus_mod`` on the
+sites) instead of one plain message per site: four round trips (setup: public keys; share keys: encrypted
+key shares, forwarded by the coordinator; masked vectors: the training message and each site's masked,
+quantized ``weight x update``; unmask: the key shares that remove the masks). The coordinator learns
+only ``sum_k w_k (r_k - m)`` and ``sum_k w_k`` (``r_k``: site k's reply tensors, ``m``: what it received,
+``w_k``: its aggregation weight, ``fl.weighting`` / the method's ``weighting``), i.e. the weighted average
+update, plus each site's plain training metrics (loss, steps, sample count). Every site's reply is then
+handed to the method's server as that average (``m`` + average update), so the server's weighted merge gives
+it back unchanged: methods whose server needs nothing but that average (``SECURE``) may use it; every other
+method is refused before any work with the reason (``refusal``).
+
+The update is clipped to ``[-clipping_range, clipping_range]`` and stochastically rounded to
+``quantization_range`` levels (step ``2 clipping_range / quantization_range``, 3.8e-6 with Flower's
+defaults), so the merged model differs from the plain run's by about that step (fedseg's
+``tests/test_flower_secure.py`` holds the measured bound). A site that fails under ``fl.on_failure = skip``
+is dropped by SecAgg+ itself (its masks are reconstructed from the others' shares).
+
+Local differential privacy (``fl.local_dp``, Flower's ``LocalDpMod``; ``local_dp_mod``): each site clips its
+update to L2 norm ``clipping_norm`` and adds Gaussian noise before SecAgg+ quantizes and masks it.
+
+The ledger gets one row per site and stage (``secagg_setup``, ``secagg_share_keys``, ``train``,
+``secagg_unmask``) with the bytes each message carried; the ``train`` row's ``floats_up`` counts the masked
+vector's entries.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from types import SimpleNamespace
+from typing import Any, cast
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
+from flwr.app import Message as FlowerMessage
+
+from fedseg.engine.ledger import LedgerRow
+from fedseg.engine.messages import Message
+from fedseg.flower.records import ENGINE, record_bytes
+
+log = logging.getLogger("fedseg.flower.secure")
+
+SECAGG = "secagg+"
+HEADER = "fedseg.secagg"  # ConfigRecord of the masked-vector stage: the site's weighting and the update's names
+# The methods whose server merges only the weighted average of the train replies (FedAvg's weights).
+SECURE = frozenset({"fedavg", "fedavg-steps", "fedavg-uniform", "fedprox", "fedadam", "ditto", "fedper", "lg-fedavg"})
+REFUSALS = {
+    "centralized": "it pools every site's data in one place",
+    "local": "each site's own model is sent to the coordinator for the cross-site test",
+    "finetune": "its sites train alone and nothing is merged",
+    "ditto-ft": "its sites train alone and nothing is merged",
+    "fedavg-dp": "its server clips each site's update before adding the noise (central DP needs every update)",
+    "scaffold": "its server needs the control-variate updates c_k, averaged over all sites, beside the model's sum",
+    "fednova": "its server normalizes each site's update by that site's own step count tau_k",
+    "fedmedian": "its coordinate-wise median needs every site's update",
+    "fedtrimmedavg": "its trimmed mean sorts every site's update per coordinate",
+    "krum": "Krum scores each site's update by its distances to the others'",
+    "multikrum": "Multi-Krum scores each site's update by its distances to the others'",
+    "bulyan": "Bulyan selects and trims individual updates",
+    "qfedavg": "its server weights each site's update by that site's own loss (q-FFL's Delta_k and h_k)",
+    "fedpidavg": "its server weights each site by that site's own validation-loss history (PID terms)",
+    "cfl": "it splits clusters by the cosine similarity of individual updates",
+    "prior-cfl": "it averages within clusters of sites (one sum per cluster, not one per round)",
+    "fedsm": "its server SoftPulls every site's personalized model and trains the selector on individual replies",
+    "fedsm-extra": "its server SoftPulls every site's personalized model and trains the selector on individual replies",
+    "fedsm-ensemble": "its server SoftPulls every site's personalized model",
+}
+AUTOFEDAVG = "it learns the aggregation weights from every site's individual model"
+SIMULATOR_REFUSAL = (
+    "fl.secure_aggregation = secagg+ runs only on Flower (`fedseg flower local|server`): in the simulator and the "
+    "worker pool the coordinator holds every site's update in its own memory, so masking would protect nothing"
+)
+
+
+def refusal(name: str, cfg) -> str | None:
+    """Why method ``name`` cannot run under ``fl.secure_aggregation = secagg+`` with run config ``cfg``, or None."""
+    from fedseg.algorithms import ALGORITHMS
+
+    if name.startswith("autofedavg"):
+        return AUTOFEDAVG
+    if name in REFUSALS:
+        return REFUSALS[name]
+    if name not in SECURE:
+        return "it is not one of the methods whose server merges only the weighted sum of the updates"
+    options = ALGORITHMS[name].parse_options(cfg.methods.get(name))
+    aggregator = getattr(options, "aggregator", "mean")
+    if aggregator != "mean":
+        return f"its aggregator {aggregator!r} needs every site's update (only 'mean' works on their sum)"
+    keeps = getattr(ALGORITHMS[name].server, "KEEPS_LOCAL_MODELS", False)
+    if keeps and cfg.eval.local_models:
+        return "eval.local_models sends every site's own trained model to the coordinator; set eval.local_models=false"
+    return None
+
+
+def check(cfg) -> None:
+    """Raise ``ValueError`` (one line per refused method) if ``fl.secure_aggregation`` is on and a method of the run
+    cannot keep its sites' updates hidden."""
+    if cfg.fl.secure_aggregation != SECAGG:
+        return
+    from flwr.server.workflow import SecAggPlusWorkflow
+
+    sa = cfg.fl.secagg
+    try:  # Flower's own checks of its parameters
+        SecAggPlusWorkflow(
+            sa.num_shares,
+            sa.reconstruction_threshold,
+            max_weight=sa.max_weight or 1.0,
+            clipping_range=sa.clipping_range,
+            quantization_range=sa.quantization_range,
+            modulus_range=sa.modulus_range,
+        )
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"fl.secagg: {e}") from None
+    bad = [(a, why) for a in cfg.algorithms if (why := refusal(a, cfg)) is not None]
+    if bad:
+        raise ValueError(
+            "; ".join(f"fl.secure_aggregation = secagg+: {a} cannot use it: {why}" for a, why in bad)
+            + f". Supported: {', '.join(sorted(SECURE))}"
+        )
+
+
+# --- the site ------------------------------------------------------------------------------------------------
+def site_train(message: FlowerMessage, context: Context) -> FlowerMessage:
+    """The masked-vector stage on a site (called by ``secaggplus_mod``): train as the plain ``train`` message
+    would, then answer a Flower ``FitRes`` whose parameters are the update ``reply - received`` (float64, one
+    array per reply tensor, float entries only) and whose weight is the site's aggregation weight. The mod
+    masks the parameters and removes them from the reply; the metrics (the reply's meta, the compute seconds,
+    the update's names, dtypes and shapes) travel in plain."""
+    import flwr.compat.common.recorddict_compat as compat
+    from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
+
+    from fedseg.engine.context import stream_seed
+    from fedseg.flower import node
+
+    settings = node.NodeSettings.of(context)
+    cfg = node.run_config(context)
+    reply, seconds, received = node.answer_algorithm("train", message.content, context, settings, cfg)
+    head = dict(message.content.config_records[HEADER])
+    arrays, index = [], []
+    for name, t in reply.tensors.items():
+        if not t.is_floating_point():
+            raise TypeError(f"secure aggregation sums float tensors only; reply tensor {name!r} is {t.dtype}")
+        base = received.tensors.get(name)
+        delta = base is not None and base.shape == t.shape
+        value = t.to(torch.float64) - (base.to(torch.float64) if delta else 0.0)
+        if not torch.isfinite(value).all():
+            raise ValueError(f"reply tensor {name!r} has NaN or Inf entries: not sent")
+        if float(value.abs().max()) > cfg.fl.secagg.clipping_range:
+            log.warning(
+                "site %s: update of %r reaches %.3g, beyond fl.secagg.clipping_range = %g: clipped before masking",
+                settings.site,
+                name,
+                float(value.abs().max()),
+                cfg.fl.secagg.clipping_range,
+            )
+        arrays.append(value.numpy())
+        index.append([name, str(t.dtype).removeprefix("torch."), list(t.shape), delta])
+    if cfg.fl.local_dp is not None and [i[0] for i in index] != list(received.tensors):
+        raise ValueError("fl.local_dp needs the reply to carry exactly the tensors the site received, in order")
+    weight = 1 if head["weighting"] == "uniform" else int(reply.meta["num_examples"])
+    # the mod's stochastic rounding draws from NumPy's global stream: seeded per (seed, site, round), so a run
+    # (and its resume) quantizes the same way every time; the masks stay os.urandom's
+    engine_head: dict[str, Any] = dict(message.content.config_records[ENGINE])
+    np.random.seed(stream_seed(cfg.seed, int(engine_head["site_index"]), int(engine_head["round"]), HEADER) % 2**32)
+    metrics = {"fedseg.meta": json.dumps(reply.meta), "fedseg.index": json.dumps(index), "fedseg.seconds": seconds}
+    fitres = FitRes(Status(Code.OK, ""), ndarrays_to_parameters(arrays), weight, cast(dict, metrics))
+    content = compat.fitres_to_recorddict(fitres, keep_input=True)
+    return FlowerMessage(content, reply_to=message)
+
+
+def local_dp_mod(message: FlowerMessage, context: Context, call_next) -> FlowerMessage:
+    """Flower's ``LocalDpMod`` with the run's ``fl.local_dp`` (nothing when it is None), between ``secaggplus_mod``
+    and ``site_train``: it clips ``reply - base`` and adds noise. ``site_train``'s parameters are already the update,
+    so the base it is given is zeros shaped like the received tensors (on the site only; nothing travels)."""
+    from flwr.client.mod import LocalDpMod
+    from flwr.common import FitIns, ndarrays_to_parameters
+
+    from fedseg.flower import node
+    from fedseg.flower.records import from_recorddict
+
+    dp = node.run_config(context).fl.local_dp
+    if dp is None:
+        return call_next(message, context)
+    received, _ = from_recorddict(message.content)
+    zeros = [np.zeros(tuple(t.shape)) for t in received.tensors.values()]
+    base = compat_fitins(FitIns(ndarrays_to_parameters(zeros), {}))
+    for key, rec in base.items():
+        message.content[key] = rec
+    return LocalDpMod(dp.clipping_norm, dp.sensitivity, dp.epsilon, dp.delta)(message, context, call_next)
+
+
+def compat_fitins(fitins) -> RecordDict:
+    import flwr.compat.common.recorddict_compat as compat
+
+    return compat.fitins_to_recorddict(fitins, keep_input=True)
+
+
+# --- the coordinator -----------------------------------------------------------------------------------------
+STAGE_ACTIONS = {"setup": "secagg_setup", "share_keys": "secagg_share_keys", "collect_masked_vectors": "train"}
+UNMASK_ACTION = "secagg_unmask"
+
+
+@dataclass
+class Traffic:
+    """What one SecAgg+ exchange moved, per stage and site: bytes down/up, floats down/up, wall seconds."""
+
+    rows: list[dict] = field(default_factory=list)
+
+
+class MeteredGrid:
+    """The Grid as SecAgg+'s workflow sees it: ``send_and_receive`` through fedseg's courier (its poll interval,
+    not Flower's 3 s), every message measured; the masked-vector stage's messages get the fedseg message of
+    each site (``fedseg.flower.records``) and the secure-aggregation header."""
+
+    def __init__(
+        self, courier, node_sites: dict[int, str], payload: dict[int, RecordDict], floats: dict[int, int], skip: bool
+    ):
+        self.courier, self.node_sites, self.payload, self.skip = courier, node_sites, payload, skip
+        self.floats = floats  # node -> floats of its fedseg training message
+        self.traffic = Traffic()
+
+    def send_and_receive(self, messages, *, timeout: float | None = None):
+        from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key
+
+        messages = list(messages)
+        stage = str(messages[0].content.config_records[RECORD_KEY_CONFIGS][Key.STAGE]) if messages else ""
+        action = STAGE_ACTIONS.get(stage, UNMASK_ACTION)
+        for m in messages:
+            if action == "train":
+                for key, rec in self.payload[m.metadata.dst_node_id].items():
+                    m.content[key] = rec
+        names = [self.node_sites[m.metadata.dst_node_id] for m in messages]
+        began = time.perf_counter()
+        replies = self.courier.send(messages, f"secure aggregation, {stage}", names, timeout, timeout is not None)
+        wall = time.perf_counter() - began
+        out = []
+        for m, site, r in zip(messages, names, replies):
+            down = record_bytes(m.content)
+            floats_down = self.floats.get(m.metadata.dst_node_id, 0) if action == "train" else 0
+            row = {"site": site, "action": action, "bytes_down": down, "floats_down": floats_down, "wall": wall}
+            if r is None or r.has_error():
+                why = "no reply" if r is None else r.error.reason
+                if not self.skip:
+                    from fedseg.engine.faults import SiteFailure
+
+                    raise SiteFailure(f"site {site!r} failed during secure aggregation ({stage}):\n{why}")
+                row["failure"] = why
+            else:
+                row["bytes_up"] = record_bytes(r.content)
+                configs = r.content.config_records.get(RECORD_KEY_CONFIGS)
+                if action == "train" and configs is not None:
+                    from flwr.common import bytes_to_ndarray
+
+                    row["floats_up"] = sum(bytes_to_ndarray(b).size for b in cast(list, configs[Key.MASKED_PARAMETERS]))
+                out.append(r)
+            self.traffic.rows.append(row)
+        return out
+
+
+class _Capture:
+    """The Strategy SecAgg+'s workflow talks to: hands out the round's fit instructions and keeps the results
+    (each result's parameters are the unmasked weighted average)."""
+
+    def __init__(self, nodes: list[int]):
+        self.nodes = nodes
+        self.results: list = []
+        self.failures: list = []
+
+    def configure_fit(self, server_round, parameters, client_manager):
+        from flwr.common import FitIns, Parameters
+
+        return [(SimpleNamespace(node_id=n), FitIns(Parameters([], "numpy.ndarray"), {})) for n in self.nodes]
+
+    def aggregate_fit(self, server_round, results, failures):
+        self.results, self.failures = list(results), list(failures)
+        return None, {}
+
+
+def secure_train(engine, order: list[str], messages: dict[str, Message]) -> dict[str, Message]:
+    """One ``train`` exchange under SecAgg+ (module docstring): ``{site: reply}``, every reply carrying the
+    weighted average of the sites' replies; ledger rows recorded on ``engine.ledger``."""
+    from flwr.common import parameters_to_ndarrays
+    from flwr.server.compat.legacy_context import LegacyContext
+    from flwr.server.workflow import SecAggPlusWorkflow
+    from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD
+    from flwr.server.workflow.constant import Key as WorkflowKey
+
+    from fedseg.engine.faults import SiteFailure
+    from fedseg.flower.records import to_recorddict
+
+    cfg, sa = engine.task.cfg, engine.task.cfg.fl.secagg
+    if len(order) < 2:
+        raise SiteFailure(f"secure aggregation needs at least 2 sites in a round; round {engine.round} has {order}")
+    first = messages[order[0]].tensors
+    for s in order[1:]:
+        t = messages[s].tensors
+        if t.keys() != first.keys() or not all(torch.equal(t[k], first[k]) for k in first):
+            raise ValueError(f"secure aggregation needs one broadcast message per round; {s!r} got another one")
+    weighting = getattr(engine.options, "weighting", None) or cfg.fl.weighting
+    weights = {s: 1 if weighting == "uniform" else engine.num_samples(s) for s in order}
+    nodes = {engine.site_map.nodes[s]: s for s in order}
+    payload = {}
+    for n, s in nodes.items():
+        rd = to_recorddict(messages[s], asdict(engine.delivery(s, "train")))
+        rd[HEADER] = ConfigRecord({"weighting": weighting})
+        payload[n] = rd
+    floats = {n: messages[s].num_floats() for n, s in nodes.items()}
+    grid = MeteredGrid(engine.courier, nodes, payload, floats, engine.skips_failures)
+    strategy = _Capture(list(nodes))
+    state = RecordDict(
+        {
+            MAIN_CONFIGS_RECORD: ConfigRecord({WorkflowKey.CURRENT_ROUND: engine.round}),
+            MAIN_PARAMS_RECORD: ArrayRecord(),
+        }
+    )
+    context = LegacyContext(Context(0, 0, {}, state, {}), strategy=cast(Any, strategy))
+    workflow = SecAggPlusWorkflow(
+        sa.num_shares,
+        sa.reconstruction_threshold,
+        max_weight=float(sa.max_weight or max(weights.values())),
+        clipping_range=sa.clipping_range,
+        quantization_range=sa.quantization_range,
+        modulus_range=sa.modulus_range,
+        timeout=cfg.fl.timeout_s,
+    )
+    workflow(cast(Any, grid), context)
+    if not strategy.results:
+        record_traffic(engine, grid.traffic, {}, {})
+        raise SiteFailure(
+            f"round {engine.round}: secure aggregation halted (too few sites answered to unmask the sum; "
+            f"fl.secagg.reconstruction_threshold); see the coordinator's log"
+        )
+    average = parameters_to_ndarrays(strategy.results[0][1].parameters)
+    replies: dict[str, Message] = {}
+    seconds: dict[str, float] = {}
+    for proxy, fitres in strategy.results:
+        site = nodes[proxy.node_id]
+        metrics = fitres.metrics
+        index = json.loads(str(metrics["fedseg.index"]))
+        if len(index) != len(average):
+            raise ValueError(f"site {site!r} sent {len(index)} tensors, the sum has {len(average)}")
+        tensors = {}
+        for (name, dtype, shape, delta), value in zip(index, average):
+            v = torch.from_numpy(np.asarray(value, dtype=np.float64).reshape(shape))
+            if delta:
+                v = first[name].to(torch.float64) + v
+            tensors[name] = v.to(getattr(torch, dtype))
+        replies[site] = Message(tensors, json.loads(str(metrics["fedseg.meta"])))
+        seconds[site] = float(cast(float, metrics["fedseg.seconds"]))
+    record_traffic(engine, grid.traffic, replies, seconds)
+    return replies
+
+
+def record_traffic(engine, traffic: Traffic, replies: dict[str, Message], seconds: dict[str, float]) -> None:
+    """One ledger row per site and SecAgg+ stage; the train row has the site's steps and compute seconds."""
+    stages: dict[str, int] = {}
+    for row in traffic.rows:
+        if row["action"] not in stages:
+            stages[row["action"]] = engine.ledger.next_exchange() + len(stages)
+    for row in traffic.rows:
+        site, train = row["site"], row["action"] == "train" and not row.get("failure")
+        engine.ledger.record(
+            LedgerRow(
+                engine.round,
+                site,
+                row["action"],
+                int(replies[site].meta.get("steps", 0)) if train and site in replies else 0,
+                int(row.get("floats_down", 0)),
+                int(row.get("floats_up", 0)),
+                seconds.get(site, 0.0) if train else 0.0,
+                str(row.get("failure", "")),
+                stages[row["action"]],
+                float(row["wall"]),
+                int(row["bytes_down"]),
+                int(row.get("bytes_up", 0)),
+            )
+        )

@@ -1,0 +1,190 @@
+"""Secure aggregation (``fl.secure_aggregation: secagg+``, ``fedseg.flower.secure``): which methods may use it
+(the others are refused before any work, one line with the reason), the simulator's refusal, and a real
+``fedseg flower local`` deployment with Flower's SecAgg+ whose merged model matches the plain run's up to the
+quantization error."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from safetensors.torch import load_file
+from typer.testing import CliRunner
+
+from fedseg.algorithms import ALGORITHMS
+from fedseg.cli import app
+from fedseg.data.folder import write_folder
+from fedseg.flower.secure import REFUSALS, SECURE, SIMULATOR_REFUSAL, check, refusal
+
+runner = CliRunner()
+SECURE_CFG = {"fl": {"secure_aggregation": "secagg+"}, "eval": {"local_models": False}}
+
+
+def test_only_methods_that_merge_the_weighted_sum_may_use_it_the_others_say_why(tiny_config):
+    cfg = tiny_config(**SECURE_CFG)
+    for name in ALGORITHMS:
+        why = refusal(name, cfg)
+        assert (why is None) == (name in SECURE), name
+        if name in REFUSALS:
+            assert why == REFUSALS[name]
+    assert (
+        refusal("autofedavg-l-dirichlet", cfg) == "it learns the aggregation weights from every site's individual model"
+    )
+    for name in SECURE:
+        check(cfg.model_copy(update={"algorithms": [name]}))  # no error
+    with pytest.raises(ValueError) as e:
+        check(cfg.model_copy(update={"algorithms": ["fedavg", "krum", "scaffold"]}))
+    text = str(e.value)
+    assert "\n" not in text and "fedavg cannot" not in text
+    assert "krum cannot use it: Krum scores each site's update" in text and "scaffold cannot use it" in text
+
+
+def test_a_robust_aggregator_and_uploaded_local_models_are_refused(tiny_config):
+    cfg = tiny_config(fl={"secure_aggregation": "secagg+"}, methods={"fedprox": {"aggregator": "krum"}})
+    assert "aggregator 'krum' needs every site's update" in refusal("fedprox", cfg)
+    assert "eval.local_models sends every site's own trained model" in refusal("fedavg", cfg)  # on by default
+    assert refusal("ditto", cfg) is None  # its sites' own models never leave them
+    check(tiny_config(algorithms=["krum"]))  # secure aggregation off: nothing refused
+
+
+def test_flowers_own_checks_of_the_secagg_parameters_are_config_errors(tiny_config):
+    cfg = tiny_config(**SECURE_CFG, algorithms=["fedavg"])
+    bad = cfg.model_copy(
+        update={"fl": cfg.fl.model_copy(update={"secagg": cfg.fl.secagg.model_copy(update={"modulus_range": 1000})})}
+    )
+    with pytest.raises(ValueError, match="fl.secagg: `modulus_range` must be"):
+        check(bad)
+
+
+def test_the_simulator_refuses_secure_aggregation_in_one_line(tmp_path, tiny, discs):
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump({**tiny, "algorithms": ["fedavg"], **SECURE_CFG}))
+    folder = write_folder(discs, tmp_path / "fed")
+    res = runner.invoke(app, ["run", "--config", str(path), "--data", str(folder), "--out", str(tmp_path / "o")])
+    assert res.exit_code != 0
+    assert SIMULATOR_REFUSAL in " ".join(res.output.split())
+    assert not (tmp_path / "o" / "ledger.csv").exists()
+
+
+def _fedseg(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "fedseg.cli", *args], capture_output=True, text=True, timeout=900)
+
+
+def _rows(run: Path) -> list[dict]:
+    with open(run / "ledger.csv") as f:
+        return list(csv.DictReader(f))
+
+
+QUANTIZATION_ATOL = 2e-5  # |secure - plain| per weight after one merge (step 2*8/2**22 = 3.8e-6; measured 7.5e-6)
+DICE_ATOL = 1e-4
+
+
+def _flower_local(tmp_path: Path, tiny: dict, folder: Path, name: str, fl: dict, **extra) -> Path:
+    cfg = {**tiny, "algorithms": ["fedavg"], "fl": {**tiny.get("fl", {}), **fl}, **extra}
+    cfg["eval"] = {**cfg.get("eval", {}), "local_models": False}
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    out = tmp_path / name
+    proc = _fedseg("flower", "local", "--config", str(path), "--data", str(folder), "--out", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return out
+
+
+def _federation(disc_federation):
+    return disc_federation(n_sites=3, cases_per_site=6)
+
+
+@pytest.fixture(scope="module")
+def three_sites(tmp_path_factory, disc_federation) -> Path:
+    return write_folder(_federation(disc_federation), tmp_path_factory.mktemp("secure") / "fed")
+
+
+@pytest.mark.slow
+def test_secagg_plus_on_flower_local_matches_the_plain_run_to_the_quantization_error(tmp_path, tiny, three_sites):
+    """FedAvg, 3 sites, one round on ``fedseg flower local``, with and without SecAgg+: the same merged model up to
+    ``QUANTIZATION_ATOL`` per weight, the same test Dice to ``DICE_ATOL``; the SecAgg+ stages are in the ledger."""
+    runs = {}
+    for mode in ("off", "secagg+"):
+        fl = {"rounds": 1, "secure_aggregation": mode}
+        runs[mode] = _flower_local(tmp_path, tiny, three_sites, mode.replace("+", ""), fl)
+    plain, secure = (load_file(runs[m] / "model" / "fedavg" / "weights.safetensors") for m in ("off", "secagg+"))
+    assert sorted(plain) == sorted(secure)
+    worst = max(float((plain[k].double() - secure[k].double()).abs().max()) for k in plain)
+    assert 0 < worst <= QUANTIZATION_ATOL, worst  # quantized (not bit-identical), but within the bound
+    a, b = (json.loads((runs[m] / "summary.json").read_text())["algorithms"]["fedavg"] for m in ("off", "secagg+"))
+    assert b["dice"] == pytest.approx(a["dice"], abs=DICE_ATOL)
+
+    rows = _rows(runs["secagg+"])
+    assert [r["action"] for r in rows if r["round"] == "1"][:12] == (
+        ["secagg_setup"] * 3 + ["secagg_share_keys"] * 3 + ["train"] * 3 + ["secagg_unmask"] * 3
+    )
+    key = lambda r: r["site"]  # noqa: E731
+    train = sorted((r for r in rows if r["action"] == "train"), key=key)
+    plain_train = sorted((r for r in _rows(runs["off"]) if r["action"] == "train"), key=key)
+    assert len(train) == len(plain_train) == 3
+    for r, p in zip(train, plain_train):
+        assert r["floats_down"] == p["floats_down"] and r["steps"] == p["steps"]
+        assert int(r["floats_up"]) == int(p["floats_up"]) + 1  # the masked vector carries the weight factor too
+        assert int(r["bytes_up"]) > int(p["bytes_up"])  # 8-byte masked integers instead of 4-byte floats
+    assert all(int(r["bytes_down"]) > 0 and int(r["bytes_up"]) > 0 for r in rows if r["action"].startswith("secagg"))
+    assert b["floats_sent"] == a["floats_sent"] + 3 and b["bytes_sent"] > a["bytes_sent"] > 0
+
+
+@pytest.mark.slow
+def test_a_site_dropping_out_mid_protocol_is_skipped_and_the_others_sum_is_unmasked(tmp_path, tiny, three_sites):
+    """Two rounds; site1 crashes in round 2 after the key exchange (fl.on_failure = skip): SecAgg+ reconstructs
+    its masks from the other sites' shares and the round merges the other two."""
+    fault = [{"site": "site1", "round": 2, "kind": "crash"}]
+    out = _flower_local(
+        tmp_path,
+        tiny,
+        three_sites,
+        "drop",
+        {"rounds": 2, "secure_aggregation": "secagg+", "on_failure": "skip"},
+        faults=fault,
+    )
+    rows = _rows(out)
+    failed = [r for r in rows if r["failure"]]
+    assert [(r["round"], r["site"], r["action"]) for r in failed] == [("2", "site1", "train")]
+    assert {r["site"] for r in rows if r["round"] == "2" and r["action"] == "secagg_unmask"} == {"site2", "site3"}
+    assert json.loads((out / "summary.json").read_text())["algorithms"]["fedavg"]["rounds"] == 2
+
+
+def test_a_bare_yaml_off_turns_it_off(tiny_config):
+    assert tiny_config(fl={"secure_aggregation": False}).fl.secure_aggregation == "off"
+
+
+@pytest.mark.slow
+def test_local_dp_clips_every_sites_update_before_it_is_masked(tmp_path, tiny, three_sites, disc_federation):
+    """``fl.local_dp`` (Flower's LocalDpMod) with no noise and clipping norm C: every site's update has L2 norm
+    at most C, so the merged model is within C of the initial one (SecAgg+'s quantization made negligible)."""
+    from fedseg.config import RunConfig
+    from fedseg.engine.context import Task
+    from fedseg.engine.messages import weights_of
+
+    clip = 1e-4
+    fl = {
+        "rounds": 1,
+        "secure_aggregation": "secagg+",
+        "secagg": {"clipping_range": 0.01},  # quantization step 4.8e-9
+        "local_dp": {"clipping_norm": clip, "sensitivity": 0.0, "epsilon": 1.0, "delta": 1e-5},
+    }
+    out = _flower_local(tmp_path, tiny, three_sites, "dp", fl)
+    merged = load_file(out / "model" / "fedavg" / "weights.safetensors")
+    fed = _federation(disc_federation)
+    cfg = RunConfig.model_validate(yaml.safe_load((out / "config.yaml").read_text()))
+    start = weights_of(Task(cfg, fed.spatial_dims, fed.channels, fed.regions.names).new_model())
+    moved = sum(float((merged[f"global/{k}"].double() - v.double()).square().sum()) for k, v in start.items()) ** 0.5
+    assert 0 < moved <= clip * 1.01, moved
+
+
+def test_local_dp_without_secure_aggregation_is_a_config_error(tiny_config):
+    dp = {"clipping_norm": 1.0, "sensitivity": 1.0, "epsilon": 1.0, "delta": 1e-5}
+    with pytest.raises(ValueError, match="fl.local_dp runs inside the SecAgg"):
+        tiny_config(fl={"local_dp": dp})
+    assert tiny_config(fl={"local_dp": dp, "secure_aggregation": "secagg+"}).fl.local_dp.epsilon == 1.0
