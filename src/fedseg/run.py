@@ -18,7 +18,7 @@ import torch
 
 from fedseg.accel import resolve
 from fedseg.algorithms import check_method_names, check_sites, get_algorithm
-from fedseg.algorithms.fedavg import sampling_refusal
+from fedseg.algorithms.sampling import sampling_refusal
 from fedseg.config import RunConfig, dump_config
 from fedseg.data.dataset import SiteData, build_site_data
 from fedseg.data.federation import Federation, Split

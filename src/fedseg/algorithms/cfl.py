@@ -41,7 +41,8 @@ import torch
 from pydantic import Field
 
 from fedseg.algorithms.clustered import ClusteredClient, ClusteredServer
-from fedseg.algorithms.fedavg import MODEL, FedAvgOptions
+from fedseg.algorithms.fedavg import FedAvgOptions
+from fedseg.algorithms.prefixes import MODEL
 from fedseg.algorithms.registry import AlgorithmSpec
 from fedseg.engine.messages import Message
 

@@ -27,8 +27,9 @@ import torch
 from pydantic import Field
 
 from fedseg.algorithms.aggregate import weighted_average
-from fedseg.algorithms.fedavg import MODEL, FedAvgOptions
+from fedseg.algorithms.fedavg import FedAvgOptions
 from fedseg.algorithms.persite import PerSiteClient, PerSiteServer
+from fedseg.algorithms.prefixes import MODEL
 from fedseg.algorithms.registry import AlgorithmSpec
 from fedseg.engine.context import ClientContext
 from fedseg.engine.messages import Message, prefixed

@@ -7,7 +7,7 @@ where w* is the global model of ordinary FedAvg. Ditto can solve it in two forms
   every round site k also trains its v_k (kept in its state store, ``personal/``; it starts as the
   first global model it receives) for ``personal_epochs`` / ``personal_steps`` on
   ``f_k(v) + (lambda / 2) ||v - w^t||^2`` with w^t the global model received this round (the
-  proximal term of :class:`fedseg.algorithms.fedprox.ProximalTerm`, over the trainable parameters).
+  proximal term of :class:`fedseg.algorithms.proximal.ProximalTerm`, over the trainable parameters).
   Only w travels: Ditto's traffic is FedAvg's; its steps (ledger, cost table) are both trainings'.
   v_k is what site k is validated and tested with (per-site selection, ``fedseg.algorithms.persite``).
 * **fine-tuning** (``ditto-ft``, ``fedseg.algorithms.finetune``): after a global method has
@@ -27,9 +27,11 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from fedseg.algorithms.fedavg import MODEL, FedAvgOptions, local_budget, put_group, state_group
-from fedseg.algorithms.fedprox import ProximalTerm
+from fedseg.algorithms.client_state import put_group, state_group
+from fedseg.algorithms.fedavg import FedAvgOptions, local_budget
 from fedseg.algorithms.persite import PerSiteClient, PerSiteServer
+from fedseg.algorithms.prefixes import MODEL
+from fedseg.algorithms.proximal import ProximalTerm
 from fedseg.algorithms.registry import AlgorithmSpec
 from fedseg.config import BudgetConfig
 from fedseg.engine.context import ClientContext

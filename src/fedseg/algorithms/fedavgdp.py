@@ -50,7 +50,8 @@ from pydantic import Field, model_validator
 from torch import nn
 
 from fedseg.algorithms.aggregate import weighted_average
-from fedseg.algorithms.fedavg import MODEL, BudgetOptions, FedAvgClient, FedAvgServer
+from fedseg.algorithms.fedavg import BudgetOptions, FedAvgClient, FedAvgServer
+from fedseg.algorithms.prefixes import MODEL
 from fedseg.algorithms.privacy import accounting, epsilon, noise_generator, private_mean
 from fedseg.algorithms.registry import AlgorithmSpec
 from fedseg.engine.context import ClientContext, Task

@@ -29,7 +29,8 @@ from typing import Literal
 from pydantic import Field
 
 from fedseg.algorithms.aggregate import server_step, weighted_average
-from fedseg.algorithms.fedavg import MODEL, FedAvgClient, FedAvgOptions, FedAvgServer
+from fedseg.algorithms.fedavg import FedAvgClient, FedAvgOptions, FedAvgServer
+from fedseg.algorithms.prefixes import MODEL
 from fedseg.algorithms.registry import AlgorithmSpec
 from fedseg.config import TrainConfig
 from fedseg.engine.context import ClientContext

@@ -36,7 +36,8 @@ import torch
 from pydantic import Field
 
 from fedseg.algorithms.aggregate import weighted_average
-from fedseg.algorithms.fedavg import MODEL, FedAvgClient, FedAvgOptions, FedAvgServer
+from fedseg.algorithms.fedavg import FedAvgClient, FedAvgOptions, FedAvgServer
+from fedseg.algorithms.prefixes import MODEL
 from fedseg.algorithms.qfedavg import dataset_loss
 from fedseg.algorithms.registry import AlgorithmSpec
 from fedseg.engine.context import ClientContext

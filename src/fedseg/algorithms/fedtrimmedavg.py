@@ -7,7 +7,8 @@ from __future__ import annotations
 from pydantic import Field
 
 from fedseg.algorithms.aggregate import trimmed_mean
-from fedseg.algorithms.fedavg import MODEL, BudgetOptions, FedAvgClient, FedAvgServer
+from fedseg.algorithms.fedavg import BudgetOptions, FedAvgClient, FedAvgServer
+from fedseg.algorithms.prefixes import MODEL
 from fedseg.algorithms.registry import AlgorithmSpec
 from fedseg.engine.messages import Message
 

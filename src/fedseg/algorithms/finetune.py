@@ -19,9 +19,11 @@ from __future__ import annotations
 from pydantic import Field
 from torch import nn
 
-from fedseg.algorithms.fedavg import MODEL, BudgetOptions, put_group, state_group, train_meta
-from fedseg.algorithms.fedprox import ProximalTerm
+from fedseg.algorithms.client_state import put_group, state_group
+from fedseg.algorithms.fedavg import BudgetOptions, train_meta
 from fedseg.algorithms.persite import PerSiteClient, PerSiteServer
+from fedseg.algorithms.prefixes import MODEL
+from fedseg.algorithms.proximal import ProximalTerm
 from fedseg.algorithms.registry import AlgorithmSpec
 from fedseg.engine.context import ClientContext
 from fedseg.engine.messages import Message, load_weights, prefixed, weights_of

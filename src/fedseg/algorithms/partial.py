@@ -40,8 +40,10 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from fedseg.algorithms.fedavg import MODEL, FedAvgOptions, put_group, state_group, train_meta
+from fedseg.algorithms.client_state import put_group, state_group
+from fedseg.algorithms.fedavg import FedAvgOptions, train_meta
 from fedseg.algorithms.persite import PerSiteClient, PerSiteServer
+from fedseg.algorithms.prefixes import MODEL
 from fedseg.algorithms.registry import AlgorithmSpec
 from fedseg.engine.context import ClientContext, Task
 from fedseg.engine.messages import Message, load_weights, prefixed, weights_of

@@ -50,15 +50,9 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from fedseg.algorithms.fedavg import (
-    MODEL,
-    BudgetOptions,
-    FedAvgClient,
-    FedAvgServer,
-    put_group,
-    state_group,
-    train_meta,
-)
+from fedseg.algorithms.client_state import put_group, state_group
+from fedseg.algorithms.fedavg import BudgetOptions, FedAvgClient, FedAvgServer, train_meta
+from fedseg.algorithms.prefixes import MODEL
 from fedseg.algorithms.registry import AlgorithmSpec
 from fedseg.data.dataset import CaseSet
 from fedseg.engine.context import ClientContext

@@ -8,7 +8,7 @@ these entries; nothing else keeps a list of methods.
 A *family* of methods (FedSM and its variants) may add what its Server/Client cannot express:
 files written after the test evaluation, report sections, unseen-site scoring. It does so with
 one ``Family`` object shared by its specs; every hook is optional and the callers (``run``,
-``report``, ``studies``) know nothing about a particular family.
+``report``, ``studies``, ``predict``) know nothing about a particular family.
 
 Options come from the config's ``methods.<name>`` section and are validated by the method's
 pydantic model before anything runs (errors name ``methods.<name>.<key>``). They are parsed
@@ -21,11 +21,11 @@ algorithm)`` for rules that depend on the network (FedPer's ``private_layers``);
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -33,6 +33,7 @@ from fedseg.config import validation_problems
 
 if TYPE_CHECKING:  # types only: the report kit and the data layer sit below the algorithms
     import torch
+    from torch import nn
 
     from fedseg.data.dataset import SiteData
     from fedseg.engine.context import Task
@@ -40,6 +41,38 @@ if TYPE_CHECKING:  # types only: the report kit and the data layer sit below the
 
 Kind = Literal["baseline", "global", "personalized", "clustered"]
 Bundle = dict[str, dict[str, "torch.Tensor"]]
+
+
+class RoutedModel(Protocol):
+    """A trained bundle that routes each image among several of its networks (FedSM's super model), as
+    ``fedseg predict`` applies it: ``network`` maps images ``(B, C, *S)`` to region logits ``(B, R, *S)``;
+    ``candidates`` are the networks' bundle names and ``prob_names`` the candidate of each routing score;
+    ``choices(x)`` is, per image, the ``model`` chosen, its ``confidence`` and one ``prob:<candidate>`` per score."""
+
+    @property
+    def network(self) -> nn.Module: ...
+
+    @property
+    def candidates(self) -> list[str]: ...
+
+    @property
+    def prob_names(self) -> list[str]: ...
+
+    def choices(self, x: torch.Tensor) -> list[dict[str, Any]]: ...
+
+
+@dataclass(frozen=True)
+class BundleRouting:
+    """How ``fedseg predict`` applies a family's bundle that routes images among its networks.
+
+    ``owns(model_names)``: whether a bundle listing ``model_names`` is such a bundle.
+    ``option_problem(bundle, gamma, folder)``: why the ``--gamma`` override does not apply to it (a message
+    naming ``folder`` or the option), or None. ``build(bundle, new_segmenter, in_channels, spatial_dims,
+    gamma)``: the ``RoutedModel`` (``gamma``: None = the stored routing threshold)."""
+
+    owns: Callable[[Collection[str]], bool]
+    option_problem: Callable[[Bundle, float | None, str], str | None]
+    build: Callable[[Bundle, Callable[[], nn.Module], int, int, float | None], RoutedModel]
 
 
 class NoOptions(BaseModel):
@@ -62,12 +95,15 @@ class Family:
     ``unseen_cells(bundle, data, task, options)``: the unseen-site table cells (FedSM paper
     Table 5) of a trained bundle on all cases of a site it never saw, or None to score the
     bundle's global model like any other method.
+
+    ``routing``: how ``fedseg predict`` applies the family's bundles that route images among their networks.
     """
 
     name: str
     after_test: Callable[[Path, str, Bundle, Sequence[SiteData], Task], None] | None = None
     report_sections: Callable[[RunFiles, Sequence[str], Path], list[Section]] | None = None
     unseen_cells: Callable[[Bundle, Any, Task, BaseModel], dict | None] | None = None
+    routing: BundleRouting | None = None
 
 
 @dataclass(frozen=True)

@@ -375,3 +375,9 @@ def robust_merge(
         ) from None
     kept = set(chosen)
     return RobustMerge(merged, norms, kept=[i in kept for i in range(n)])
+
+
+def robust_aggregator(options: object) -> RobustOptions | None:
+    """``options`` when they ask for a robust merge (an ``aggregator`` other than ``mean``), else None:
+    the FedAvg pair then merges by its weighted average."""
+    return options if isinstance(options, RobustOptions) and options.aggregator != "mean" else None

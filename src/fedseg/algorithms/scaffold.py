@@ -50,15 +50,9 @@ from pydantic import Field
 from torch import nn
 
 from fedseg.algorithms.aggregate import server_step, weighted_average
-from fedseg.algorithms.fedavg import (
-    MODEL,
-    FedAvgClient,
-    FedAvgOptions,
-    FedAvgServer,
-    put_group,
-    state_group,
-    train_meta,
-)
+from fedseg.algorithms.client_state import put_group, state_group
+from fedseg.algorithms.fedavg import FedAvgClient, FedAvgOptions, FedAvgServer, train_meta
+from fedseg.algorithms.prefixes import MODEL
 from fedseg.algorithms.registry import AlgorithmSpec
 from fedseg.config import TrainConfig
 from fedseg.engine.context import ClientContext

@@ -57,7 +57,9 @@ from fedseg.algorithms.autofedavg.weights import (
     merge_alpha,
     stack_models,
 )
-from fedseg.algorithms.fedavg import MODEL, BudgetOptions, FedAvgClient, FedAvgServer, put_group, state_group
+from fedseg.algorithms.client_state import put_group, state_group
+from fedseg.algorithms.fedavg import BudgetOptions, FedAvgClient, FedAvgServer
+from fedseg.algorithms.prefixes import MODEL
 from fedseg.algorithms.registry import AlgorithmSpec
 from fedseg.engine.context import ClientContext, State, Task, stream_seed
 from fedseg.engine.messages import Message, prefixed

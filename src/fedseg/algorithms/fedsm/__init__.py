@@ -7,5 +7,6 @@
 - ``personalize``: how the personalized models are made (SoftPull and paper Table 6's alternatives);
 - ``family``: the family's hooks on a run (``fedseg.algorithms.registry.Family``):
   ``features`` (the selector's view of the test images, Fig. 3), ``report`` (its report
-  sections), ``unseen`` (scoring on a site never seen, Table 5).
+  sections), ``unseen`` (scoring on a site never seen, Table 5), ``routing`` (how ``fedseg predict``
+  applies a trained super model).
 """

@@ -44,7 +44,7 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from fedseg.algorithms.fedavg import put_group, state_group
+from fedseg.algorithms.client_state import put_group, state_group
 from fedseg.algorithms.fedsm.family import FEDSM
 from fedseg.algorithms.fedsm.method import (
     OWN_SITE,

@@ -70,18 +70,8 @@ from pydantic import Field, field_validator
 from torch import nn
 
 from fedseg.algorithms.aggregate import weighted_average
-from fedseg.algorithms.fedavg import (
-    FedAvgClient,
-    FedAvgOptions,
-    FedAvgServer,
-    put_group,
-    reused_models,
-    score_at_site,
-    state_group,
-    surface_meta,
-    wants_surface,
-    write_sample,
-)
+from fedseg.algorithms.client_state import put_group, state_group
+from fedseg.algorithms.fedavg import FedAvgClient, FedAvgOptions, FedAvgServer, reused_models
 from fedseg.algorithms.fedsm.family import FEDSM
 from fedseg.algorithms.fedsm.model import (
     GLOBAL_INDEX,
@@ -95,6 +85,7 @@ from fedseg.algorithms.fedsm.model import (
 from fedseg.algorithms.fedsm.personalize import PERSONAL, TRACK, PersonalizationOptions, personalization
 from fedseg.algorithms.fedsm.selector import Selector, build_selector
 from fedseg.algorithms.registry import AlgorithmSpec
+from fedseg.algorithms.site_scoring import score_at_site, surface_meta, wants_surface, write_sample
 from fedseg.config import BudgetConfig
 from fedseg.data.dataset import CaseSet
 from fedseg.engine.context import ClientContext, Task

@@ -71,7 +71,8 @@ from torch import nn
 from torch.func import functional_call
 
 from fedseg.algorithms.aggregate import server_step, softpull, weighted_average
-from fedseg.algorithms.fedavg import local_budget, put_group, state_group
+from fedseg.algorithms.client_state import put_group, state_group
+from fedseg.algorithms.fedavg import local_budget
 from fedseg.config import BudgetConfig
 from fedseg.engine.context import ClientContext
 from fedseg.engine.messages import Message, prefixed, weights_of
