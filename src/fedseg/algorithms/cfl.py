@@ -97,6 +97,8 @@ def max_cross(similarity: torch.Tensor, a: list[int], b: list[int]) -> float:
 class CFLServer(ClusteredServer):
     """Splits clusters by Eq. 26-30 (or at ``split_round``); records the split statistics per cluster."""
 
+    options: CFLOptions  # this method's options (``FedAvgServer.options``)
+
     def __init__(self, engine, task, options):
         super().__init__(engine, task, options)
         self.stats: list[dict] = []  # round_metrics rows of the last round's split tests

@@ -28,7 +28,7 @@ from pydantic import Field
 from torch import nn
 
 from fedseg.algorithms.client_state import put_group, state_group
-from fedseg.algorithms.fedavg import FedAvgOptions, local_budget
+from fedseg.algorithms.fedavg import FedAvgOptions
 from fedseg.algorithms.persite import PerSiteClient, PerSiteServer
 from fedseg.algorithms.prefixes import MODEL
 from fedseg.algorithms.proximal import ProximalTerm
@@ -59,7 +59,7 @@ def personal_budget(options: DittoOptions) -> BudgetConfig | None:
         return BudgetConfig(unit="steps", amount=options.personal_steps)
     if options.personal_epochs:
         return BudgetConfig(unit="epochs", amount=options.personal_epochs)
-    return local_budget(options)
+    return options.local_budget()
 
 
 class DittoClient(PerSiteClient):
@@ -73,14 +73,14 @@ class DittoClient(PerSiteClient):
 
     def on_train(self, msg: Message, ctx: ClientContext) -> Message:
         personal_stream = torch.Generator().set_state(ctx.generator.get_state())  # local's batches
-        personal = self.own_model(msg, ctx)
+        personal, opts = self.own_model(msg, ctx), ctx.options_as(DittoOptions)
         personal_stats = self.fit(
             personal,
             msg,
             ctx,
             state_key=OPT_PERSONAL,
-            budget=personal_budget(ctx.options),
-            hooks=ProximalTerm.towards(msg.group(MODEL), personal, ctx.options.lam),  # w^t, fixed this round
+            budget=personal_budget(opts),
+            hooks=ProximalTerm.towards(msg.group(MODEL), personal, opts.lam),  # w^t, fixed this round
             generator=personal_stream,
         )
         put_group(ctx.state, PERSONAL, weights_of(personal))

@@ -55,6 +55,8 @@ def adam_server_step(
 
 
 class FedAdamServer(FedAvgServer):
+    options: FedAdamOptions  # this method's options (``FedAvgServer.options``)
+
     def __init__(self, engine, task, options):
         super().__init__(engine, task, options)
         self.m: Weights = {}

@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 from torch import nn
 
 from fedseg.algorithms.aggregate import weighted_average
@@ -42,7 +42,8 @@ from fedseg.algorithms.registry import AlgorithmSpec
 from fedseg.algorithms.robust import RobustOptions, robust_aggregator, robust_merge
 from fedseg.algorithms.site_scoring import score_at_site, surface_meta, wants_surface, write_sample
 from fedseg.config import BudgetConfig, TrainConfig
-from fedseg.engine.context import ClientContext, ReusedModels, Task
+from fedseg.engine.base import Engine
+from fedseg.engine.context import ClientContext, MethodOptions, ReusedModels, Task
 from fedseg.engine.messages import Message, MetaValue, prefixed, weights_of
 from fedseg.engine.sampling import sample_sites
 from fedseg.evaluate.tables import eval_rows
@@ -57,13 +58,16 @@ from fedseg.train import (
 )
 
 
-class BudgetOptions(BaseModel):
+class BudgetOptions(MethodOptions):
     """Local-budget option shared by every method built on the FedAvg pair."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
     local_steps: int | None = Field(
         None, ge=1, description="U optimizer steps per round (FedAvg w/ fixed iterations); None = train.budget"
     )
+
+    def local_budget(self) -> BudgetConfig | None:
+        """``local_steps`` steps if set, else None (the Trainer's own ``budget``, i.e. ``train.budget``)."""
+        return BudgetConfig(unit="steps", amount=self.local_steps) if self.local_steps else None
 
 
 class FedAvgOptions(RobustOptions, BudgetOptions):
@@ -86,13 +90,6 @@ class FedAvgUniformOptions(FedAvgOptions):
     """``fedavg-uniform``: fixed epochs, uniform averaging (p_k = 1 / K)."""
 
     weighting: Literal["samples", "uniform"] | None = "uniform"
-
-
-def local_budget(options) -> BudgetConfig | None:
-    """The local budget of one round: ``options.local_steps`` steps if the method's options set it,
-    else None (the Trainer's own ``budget``, i.e. ``train.budget``)."""
-    steps = getattr(options, "local_steps", None)
-    return BudgetConfig(unit="steps", amount=steps) if steps else None
 
 
 class FedAvgClient:
@@ -164,7 +161,7 @@ class FedAvgClient:
             ctx.data.train if data is None else data,
             ctx.generator if generator is None else generator,
             optimizer,
-            budget=budget or local_budget(ctx.options),
+            budget=budget or ctx.options.local_budget(),
             hooks=hooks,
             loss_fn=loss_fn,
         )
@@ -246,11 +243,11 @@ class FedAvgServer:
     NO_CLIENT_SAMPLING: str | None = None
     # What a server made without ``__init__`` (a bare merge, e.g. in a test) merges with: no options
     # (FedAvg's weighted mean at ``fl.weighting``), errors naming "fedavg", no robust rows yet.
-    options: Any = None
+    options: MethodOptions = MethodOptions()
     algorithm = "fedavg"
     robust_rows: Sequence[dict] = ()
 
-    def __init__(self, engine, task: Task, options):
+    def __init__(self, engine: Engine, task: Task, options: MethodOptions):
         self.engine = engine
         self.task = task
         self.options = options

@@ -58,7 +58,7 @@ class FedNovaClient(FedAvgClient):
     def keeps_optimizer_state(self, train: TrainConfig, ctx: ClientContext) -> bool:
         """FedAvg's rule, except that the general variant with SGD momentum starts each round from a zero
         momentum buffer (module doc)."""
-        if ctx.options.variant == "general" and train.optimizer == "sgd" and train.momentum > 0:
+        if ctx.options_as(FedNovaOptions).variant == "general" and train.optimizer == "sgd" and train.momentum > 0:
             return False
         return super().keeps_optimizer_state(train, ctx)
 
@@ -71,6 +71,8 @@ class FedNovaClient(FedAvgClient):
 
 
 class FedNovaServer(FedAvgServer):
+    options: FedNovaOptions  # this method's options (``FedAvgServer.options``)
+
     def aggregate(self, replies: dict[str, Message]) -> None:
         sites = list(replies)
         models = [replies[s].group(MODEL) for s in sites]

@@ -99,6 +99,8 @@ class FedPIDAvgClient(FedAvgClient):
 class FedPIDAvgServer(FedAvgServer):
     """FedAvg's server with the Eq. 18 weights; the validation-loss history is server state."""
 
+    options: FedPIDAvgOptions  # this method's options (``FedAvgServer.options``)
+
     NO_CLIENT_SAMPLING = "its Eq. 18 weights need every site's validation-loss history in every round"
 
     def __init__(self, engine, task, options):

@@ -25,7 +25,9 @@ class FedProxOptions(FedAvgOptions):
 
 class FedProxClient(FedAvgClient):
     def train_hooks(self, model: nn.Module, msg: Message, ctx: ClientContext) -> TrainHooks:
-        return ProximalTerm.towards(msg.group(MODEL), model, ctx.options.mu)  # w^t, fixed during the round
+        return ProximalTerm.towards(
+            msg.group(MODEL), model, ctx.options_as(FedProxOptions).mu
+        )  # w^t, fixed during the round
 
 
 FedProxServer = FedAvgServer

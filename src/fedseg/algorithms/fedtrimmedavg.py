@@ -18,6 +18,8 @@ class FedTrimmedAvgOptions(BudgetOptions):
 
 
 class FedTrimmedAvgServer(FedAvgServer):
+    options: FedTrimmedAvgOptions  # this method's options (``FedAvgServer.options``)
+
     def aggregate(self, replies: dict[str, Message]) -> None:
         self.global_weights = trimmed_mean([r.group(MODEL) for r in replies.values()], self.options.beta)
 

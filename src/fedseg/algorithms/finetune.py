@@ -39,8 +39,7 @@ class FinetuneOptions(BudgetOptions):
     epochs: int = Field(30, ge=1, description="fine-tuning rounds of one local budget each (FeTS 2022: 30 epochs)")
     lam: float = Field(0.0, ge=0, description="Ditto's pull (lam/2)||v - w*||^2 towards the start model; 0 = none")
 
-    @property
-    def rounds(self) -> int:
+    def run_rounds(self, rounds: int) -> int:
         """This method's number of rounds (``AlgorithmSpec.run_config``): one per fine-tuning epoch."""
         return self.epochs
 
@@ -63,9 +62,10 @@ class FinetuneClient(PerSiteClient):
         return self.own_model(msg, ctx)
 
     def train_hooks(self, model: nn.Module, msg: Message, ctx: ClientContext) -> TrainHooks:
-        if not ctx.options.lam:
+        lam = ctx.options_as(FinetuneOptions).lam
+        if not lam:
             return TrainHooks()
-        return ProximalTerm.towards(state_group(ctx.state, START), model, ctx.options.lam)
+        return ProximalTerm.towards(state_group(ctx.state, START), model, lam)
 
     def after_fit(self, model, stats, msg, ctx) -> Message:
         put_group(ctx.state, MODEL, weights_of(model))

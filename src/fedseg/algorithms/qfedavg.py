@@ -163,7 +163,7 @@ class QFedAvgClient(FedAvgClient):
         total, batches = dataset_loss(
             model, ctx.data.train, ctx.cfg.train.loss, ctx.cfg.train.batch_size, ctx.task.device, ctx.generator
         )
-        F = total if ctx.options.loss_reduction == "sum" else total / max(len(ctx.data.train), 1)
+        F = total if ctx.options_as(QFedAvgOptions).loss_reduction == "sum" else total / max(len(ctx.data.train), 1)
         put_group(ctx.state, START, msg.group(MODEL))
         ctx.state[F_KEY] = torch.tensor(F, dtype=torch.float64)
         return Message({}, {"steps": batches, "F": F})
@@ -181,7 +181,7 @@ class QFedAvgClient(FedAvgClient):
         start = state_group(ctx.state, START)
         F = float(ctx.state.pop(F_KEY))
         put_group(ctx.state, START, {})  # w^t is only needed within the round
-        opts = ctx.options
+        opts = ctx.options_as(QFedAvgOptions)
         L = lipschitz(opts, round_lr(ctx.cfg.train, ctx.round, ctx.cfg.fl.rounds))  # 1 / the round's eta_l
         deltas, h = delta_and_h(start, weights_of(model), F, opts.q, L, opts.h_norm)
         tensors = {**prefixed(DELTA, deltas), H: torch.tensor([h], dtype=torch.float64)}

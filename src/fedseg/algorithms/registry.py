@@ -11,11 +11,10 @@ one ``Family`` object shared by its specs; every hook is optional and the caller
 ``report``, ``studies``, ``predict``) know nothing about a particular family.
 
 Options come from the config's ``methods.<name>`` section and are validated by the method's
-pydantic model before anything runs (errors name ``methods.<name>.<key>``). They are parsed
-once per distinct value (cached: a run, a study or a Flower node asking again gets the same
-frozen object). An options model may define ``check_sites(num_sites, algorithm)`` for rules
-that depend on the number of sites (FedSM's SoftPull ``lam >= 1/K``) and ``check_task(task,
-algorithm)`` for rules that depend on the network (FedPer's ``private_layers``); they raise ValueError.
+pydantic model, a ``fedseg.engine.context.MethodOptions``, before anything runs (errors name
+``methods.<name>.<key>``). They are parsed once per distinct value (cached: a run, a study or a
+Flower node asking again gets the same frozen object). The options' hooks (``check_sites``,
+``check_task``, ``run_rounds``, ``local_budget``) are the typed members of ``MethodOptions``.
 """
 
 from __future__ import annotations
@@ -27,15 +26,16 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import ValidationError
 
-from fedseg.config import validation_problems
+from fedseg.config import RunConfig, validation_problems
+from fedseg.engine.context import MethodOptions
 
 if TYPE_CHECKING:  # types only: the report kit and the data layer sit below the algorithms
     import torch
     from torch import nn
 
-    from fedseg.data.dataset import SiteData
+    from fedseg.data.dataset import CaseSet, SiteData
     from fedseg.engine.context import Task
     from fedseg.presentation.kit import RunFiles, Section
 
@@ -75,10 +75,8 @@ class BundleRouting:
     build: Callable[[Bundle, Callable[[], nn.Module], int, int, float | None], RoutedModel]
 
 
-class NoOptions(BaseModel):
+class NoOptions(MethodOptions):
     """Options model of a method without options (``methods.<name>`` must be empty)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 @dataclass(frozen=True)
@@ -102,7 +100,7 @@ class Family:
     name: str
     after_test: Callable[[Path, str, Bundle, Sequence[SiteData], Task], None] | None = None
     report_sections: Callable[[RunFiles, Sequence[str], Path], list[Section]] | None = None
-    unseen_cells: Callable[[Bundle, Any, Task, BaseModel], dict | None] | None = None
+    unseen_cells: Callable[[Bundle, CaseSet, Task, MethodOptions], dict[str, Any] | None] | None = None
     routing: BundleRouting | None = None
 
 
@@ -121,13 +119,13 @@ class AlgorithmSpec:
     server: type
     client: type
     description: str
-    options: type[BaseModel] = NoOptions
+    options: type[MethodOptions] = NoOptions
     kind: Kind = "global"
     family: Family | None = None
     min_sites: int = 1
     needs_every_site: bool = False
     on_flower: str | None = None
-    extra: dict = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def federated(self) -> bool:
@@ -145,41 +143,35 @@ class AlgorithmSpec:
     def family_name(self) -> str | None:
         return self.family.name if self.family else None
 
-    def parse_options(self, raw: dict | None) -> BaseModel:
+    def parse_options(self, raw: dict[str, Any] | None) -> MethodOptions:
         """The validated options of ``methods.<name>`` (cached per distinct value; do not mutate)."""
         return _parse_options(self.name, self.options, json.dumps(raw or {}, sort_keys=True, default=str))
 
-    def run_config(self, cfg):
+    def run_config(self, cfg: RunConfig) -> RunConfig:
         """The run config as this method sees it: ``fl.rounds`` replaced by the options' ``rounds`` where a
         method sets its own (e.g. ``finetune``'s ``epochs``), or by ``run_rounds(fl.rounds)`` where its options
         compute them (``fedsm-extra``: model rounds + selector rounds); ``cfg`` itself otherwise. The run and every
         site (Flower nodes too) build the method's ``Task`` from this, so the rounds, the validated rounds
         and the learning-rate schedule agree everywhere."""
-        options = self.parse_options(cfg.methods.get(self.name))
-        own = getattr(options, "run_rounds", None)  # e.g. fedsm-extra: its selector rounds on top of fl.rounds
-        rounds = own(cfg.fl.rounds) if own is not None else getattr(options, "rounds", None)
-        if rounds is None or rounds == cfg.fl.rounds:
+        rounds = self.parse_options(cfg.methods.get(self.name)).run_rounds(cfg.fl.rounds)
+        if rounds == cfg.fl.rounds:
             return cfg
         return cfg.model_copy(update={"fl": cfg.fl.model_copy(update={"rounds": rounds})})
 
-    def check_sites(self, num_sites: int, where: str, raw_options: dict | None = None) -> None:
+    def check_sites(self, num_sites: int, where: str, raw_options: dict[str, Any] | None = None) -> None:
         """Raise a ValueError before any work if ``where`` (a federation of ``num_sites`` sites) has too
         few sites for this method, or if its options do not hold for that many sites."""
         if num_sites < self.min_sites:
             raise ValueError(f"{self.name} needs at least {self.min_sites} sites; {where} has {num_sites}")
-        check = getattr(self.parse_options(raw_options), "check_sites", None)
-        if check is not None:
-            try:
-                check(num_sites, self.name)
-            except ValueError as e:
-                raise ValueError(f"{where}: {e}") from None
+        try:
+            self.parse_options(raw_options).check_sites(num_sites, self.name)
+        except ValueError as e:
+            raise ValueError(f"{where}: {e}") from None
 
-    def check_task(self, task: Task, raw_options: dict | None = None) -> None:
+    def check_task(self, task: Task, raw_options: dict[str, Any] | None = None) -> None:
         """Raise a ValueError before any work if the options do not fit the run's network and task
         (an options model's ``check_task(task, algorithm)``, e.g. FedPer's ``private_layers``)."""
-        check = getattr(self.parse_options(raw_options), "check_task", None)
-        if check is not None:
-            check(task, self.name)
+        self.parse_options(raw_options).check_task(task, self.name)
 
     def summary_fields(self) -> dict[str, Any]:
         """What ``summary.json`` records about the method, so readers never hard-code names: display
@@ -188,7 +180,7 @@ class AlgorithmSpec:
 
 
 @lru_cache(maxsize=256)
-def _parse_options(name: str, model: type[BaseModel], raw_json: str) -> BaseModel:
+def _parse_options(name: str, model: type[MethodOptions], raw_json: str) -> MethodOptions:
     try:
         return model.model_validate(json.loads(raw_json))
     except ValidationError as e:

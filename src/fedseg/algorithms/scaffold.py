@@ -77,7 +77,7 @@ class ScaffoldOptions(FedAvgOptions):
 
 def correction_mode(ctx: ClientContext) -> str:
     """``gradient`` or ``step``: the option, with ``auto`` resolved by the local optimizer."""
-    mode = ctx.options.correction
+    mode = ctx.options_as(ScaffoldOptions).correction
     if mode == "auto":
         return "gradient" if plain_sgd(ctx.cfg.train) else "step"
     if mode == "gradient" and not plain_sgd(ctx.cfg.train):
@@ -159,6 +159,8 @@ class ScaffoldClient(FedAvgClient):
 
 
 class ScaffoldServer(FedAvgServer):
+    options: ScaffoldOptions  # this method's options (``FedAvgServer.options``)
+
     def __init__(self, engine, task, options):
         super().__init__(engine, task, options)
         self.control = zeros_like_parameters(task.new_model())

@@ -127,6 +127,8 @@ def learns(options: AutoFedAvgOptions, rnd: int) -> bool:
 class AutoFedAvgServer(FedAvgServer):
     """FedAvg's server with a learned merge (see the module docstring). State: the global model and beta."""
 
+    options: AutoFedAvgOptions  # this method's options (``FedAvgServer.options``)
+
     def __init__(self, engine, task: Task, options: AutoFedAvgOptions):
         super().__init__(engine, task, options)
         self.groups = LayerGroups.of_model(task.new_model(), options.granularity)
@@ -217,7 +219,9 @@ class AutoFedAvgClient(FedAvgClient):
 
     def after_fit(self, model: nn.Module, stats: TrainStats, msg: Message, ctx: ClientContext) -> Message:
         reply = super().after_fit(model, stats, msg, ctx)
-        if learns(ctx.options, ctx.round):  # its own w_k, for LearnAggWeight (the server sends the others)
+        if learns(
+            ctx.options_as(AutoFedAvgOptions), ctx.round
+        ):  # its own w_k, for LearnAggWeight (the server sends the others)
             put_group(ctx.state, f"{MODELS}/{ctx.site_index}", reply.group(MODEL))
         return reply
 
@@ -230,7 +234,7 @@ class AutoFedAvgClient(FedAvgClient):
 
     def on_learn_weights(self, msg: Message, ctx: ClientContext) -> Message:
         """``count`` beta steps from the received beta on mini-batches of the site's training split."""
-        opts: AutoFedAvgOptions = ctx.options
+        opts = ctx.options_as(AutoFedAvgOptions)
         models = [state_group(ctx.state, f"{MODELS}/{j}") for j in range(ctx.num_sites)]
         if not all(models):
             raise ValueError(

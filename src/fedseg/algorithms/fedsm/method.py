@@ -215,7 +215,7 @@ class FedSMClient(FedAvgClient):
         classes = ctx.num_sites + self.EXTRA_CLASSES
 
         def build() -> Selector:
-            return new_selector(ctx.task, ctx.options, classes)
+            return new_selector(ctx.task, ctx.options_as(SelectorOptions), classes)
 
         if slot is not None:
             return reused_models(self).get(f"{slot}/{classes}", (ctx.task, ctx.options), build, weights)  # type: ignore[return-value]
@@ -251,7 +251,9 @@ class FedSMClient(FedAvgClient):
             model = self.segmenter(msg.group(GLOBAL), ctx, slot=f"train/{GLOBAL}")
             stats[GLOBAL] = self.fit(model, msg, ctx, state_key=f"opt_{GLOBAL}")
             out.update(prefixed(GLOBAL, weights_of(model)))
-            tensors, stats[PERSONAL] = personalization(ctx.options).train(self, msg, msg.group(GLOBAL), ctx)
+            tensors, stats[PERSONAL] = personalization(ctx.options_as(SelectorOptions)).train(
+                self, msg, msg.group(GLOBAL), ctx
+            )
             out.update(tensors)
         if msg.group(SELECTOR):
             selector = self.selector(msg.group(SELECTOR), ctx, slot=f"train/{SELECTOR}")
@@ -259,14 +261,15 @@ class FedSMClient(FedAvgClient):
             if msg.group(SELECTOR_OPT):  # averaged moments from the server replace the local ones
                 put_group(ctx.state, key, msg.group(SELECTOR_OPT))
             data, loss_fn, hooks = self.selector_task(selector, msg, ctx)
-            train_cfg = ctx.cfg.train.model_copy(update={"lr": ctx.options.selector_lr or ctx.cfg.train.lr})
-            steps = ctx.options.selector_steps
+            opts = ctx.options_as(SelectorOptions)
+            train_cfg = ctx.cfg.train.model_copy(update={"lr": opts.selector_lr or ctx.cfg.train.lr})
+            steps = opts.selector_steps
             budget = None if steps is None else BudgetConfig(unit="steps", amount=steps)
             stats[SELECTOR] = self.fit(
                 selector, msg, ctx, key, data=data, loss_fn=loss_fn, train_cfg=train_cfg, budget=budget, hooks=hooks
             )
             out.update(prefixed(SELECTOR, weights_of(selector)))
-            if ctx.options.average_selector_moments:
+            if opts.average_selector_moments:
                 out.update(prefixed(SELECTOR_OPT, state_group(ctx.state, key)))
         meta: dict[str, MetaValue] = {
             "steps": sum(s.steps for s in stats.values()),  # optimizer steps of every model trained
@@ -331,6 +334,8 @@ class FedSMServer(FedAvgServer):
     """Keeps w_g, every w_p,k, w_s (and optionally the selector's averaged moments), gamma and the
     personalization's shared track model (Per-FedAvg's meta-model, pFedMe's w; else empty)."""
 
+    options: SelectorOptions  # this method's options (``FedAvgServer.options``)
+
     MODE: Mode = "threshold"
     EXTRA_CLASSES = 0
     KEEPS_LOCAL_MODELS = False  # the personalized models are the family's own; no FedAvg local models
@@ -348,12 +353,22 @@ class FedSMServer(FedAvgServer):
         self.last_eval: dict[str, dict[str, Message]] = {}  # split -> site -> evaluation reply
         self.last_train_losses: dict[str, dict[str, float]] = {}  # site -> trained group -> mean loss
 
+    @property
+    def threshold_options(self) -> FedSMOptions:
+        """The options of threshold routing (``MODE = "threshold"``: FedSM's own, with ``gamma_grid``)."""
+        if not isinstance(self.options, FedSMOptions):
+            raise TypeError(
+                f"{self.algorithm}: threshold routing needs FedSMOptions, got {type(self.options).__name__}"
+            )
+        return self.options
+
     def fixed_gamma(self) -> float:
         """The gamma before any validation: ``val_gamma``, else the middle of the grid; NaN without a threshold."""
         if self.MODE != "threshold":
             return math.nan
-        grid = self.options.gamma_grid
-        return float(grid[len(grid) // 2]) if self.options.val_gamma is None else float(self.options.val_gamma)
+        opts = self.threshold_options
+        grid = opts.gamma_grid
+        return float(grid[len(grid) // 2]) if opts.val_gamma is None else float(opts.val_gamma)
 
     # --- one round (Algorithm 1) -------------------------------------------------------
     def model_tensors(self, site: str) -> dict[str, torch.Tensor]:
@@ -422,15 +437,16 @@ class FedSMServer(FedAvgServer):
         replies = self.engine.exchange(self.eval_messages(split, sample), "evaluate")
         self.last_eval[split] = replies
         if self.MODE == "threshold":
-            if split == "val" and getattr(self.options, "val_gamma", None) is None:
+            if split == "val" and isinstance(self.options, FedSMOptions) and self.options.val_gamma is None:
                 self.gamma = self.best_gamma(replies)
             replies = {s: at_gamma(r, self.gamma) for s, r in replies.items()}
         return eval_rows(self.engine.algorithm, replies, self.task.regions)
 
     def best_gamma(self, replies: dict[str, Message]) -> float:
         """The gamma of ``gamma_grid`` with the best mean validation Dice over sites (ties: the larger)."""
-        best, best_score = float(self.options.gamma_grid[-1]), -math.inf
-        for gamma in self.options.gamma_grid:
+        grid = self.threshold_options.gamma_grid
+        best, best_score = float(grid[-1]), -math.inf
+        for gamma in grid:
             rows = eval_rows(
                 self.engine.algorithm, {s: at_gamma(r, gamma) for s, r in replies.items()}, self.task.regions
             )
