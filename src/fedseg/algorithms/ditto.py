@@ -34,7 +34,7 @@ from fedseg.algorithms.prefixes import MODEL
 from fedseg.algorithms.proximal import ProximalTerm
 from fedseg.algorithms.registry import AlgorithmSpec
 from fedseg.config import BudgetConfig
-from fedseg.engine.context import ClientContext
+from fedseg.engine.context import ClientContext, options_as
 from fedseg.engine.messages import Message, load_weights, weights_of
 
 PERSONAL = "personal"  # client-state prefix of v_k
@@ -73,7 +73,7 @@ class DittoClient(PerSiteClient):
 
     def on_train(self, msg: Message, ctx: ClientContext) -> Message:
         personal_stream = torch.Generator().set_state(ctx.generator.get_state())  # local's batches
-        personal, opts = self.own_model(msg, ctx), ctx.options_as(DittoOptions)
+        personal, opts = self.own_model(msg, ctx), options_as(ctx.options, DittoOptions)
         personal_stats = self.fit(
             personal,
             msg,

@@ -14,7 +14,7 @@ from fedseg.algorithms.fedavg import FedAvgClient, FedAvgOptions, FedAvgServer
 from fedseg.algorithms.prefixes import MODEL
 from fedseg.algorithms.proximal import ProximalTerm
 from fedseg.algorithms.registry import AlgorithmSpec
-from fedseg.engine.context import ClientContext
+from fedseg.engine.context import ClientContext, options_as
 from fedseg.engine.messages import Message
 from fedseg.train import TrainHooks
 
@@ -26,7 +26,7 @@ class FedProxOptions(FedAvgOptions):
 class FedProxClient(FedAvgClient):
     def train_hooks(self, model: nn.Module, msg: Message, ctx: ClientContext) -> TrainHooks:
         return ProximalTerm.towards(
-            msg.group(MODEL), model, ctx.options_as(FedProxOptions).mu
+            msg.group(MODEL), model, options_as(ctx.options, FedProxOptions).mu
         )  # w^t, fixed during the round
 
 

@@ -25,7 +25,7 @@ from fedseg.algorithms.persite import PerSiteClient, PerSiteServer
 from fedseg.algorithms.prefixes import MODEL
 from fedseg.algorithms.proximal import ProximalTerm
 from fedseg.algorithms.registry import AlgorithmSpec
-from fedseg.engine.context import ClientContext
+from fedseg.engine.context import ClientContext, options_as
 from fedseg.engine.messages import Message, load_weights, prefixed, weights_of
 from fedseg.train import TrainHooks
 
@@ -62,7 +62,7 @@ class FinetuneClient(PerSiteClient):
         return self.own_model(msg, ctx)
 
     def train_hooks(self, model: nn.Module, msg: Message, ctx: ClientContext) -> TrainHooks:
-        lam = ctx.options_as(FinetuneOptions).lam
+        lam = options_as(ctx.options, FinetuneOptions).lam
         if not lam:
             return TrainHooks()
         return ProximalTerm.towards(state_group(ctx.state, START), model, lam)

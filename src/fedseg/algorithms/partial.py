@@ -45,7 +45,7 @@ from fedseg.algorithms.fedavg import FedAvgOptions, train_meta
 from fedseg.algorithms.persite import PerSiteClient, PerSiteServer
 from fedseg.algorithms.prefixes import MODEL
 from fedseg.algorithms.registry import AlgorithmSpec
-from fedseg.engine.context import ClientContext, Task
+from fedseg.engine.context import ClientContext, Task, options_as
 from fedseg.engine.messages import Message, load_weights, prefixed, weights_of
 from fedseg.models.blocks import entries_by_block
 from fedseg.models.state import float_state
@@ -165,7 +165,9 @@ class PartialSharingClient(PerSiteClient):
         return self.own_model(msg, ctx)
 
     def after_fit(self, model, stats, msg, ctx) -> Message:
-        federated, private = split_weights(weights_of(model), private_entries(ctx.task, ctx.options_as(SharingOptions)))
+        federated, private = split_weights(
+            weights_of(model), private_entries(ctx.task, options_as(ctx.options, SharingOptions))
+        )
         put_group(ctx.state, PRIVATE, private)
         return Message(prefixed(MODEL, federated), train_meta(stats, ctx))
 

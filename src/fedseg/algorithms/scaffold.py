@@ -55,7 +55,7 @@ from fedseg.algorithms.fedavg import FedAvgClient, FedAvgOptions, FedAvgServer, 
 from fedseg.algorithms.prefixes import MODEL
 from fedseg.algorithms.registry import AlgorithmSpec
 from fedseg.config import TrainConfig
-from fedseg.engine.context import ClientContext
+from fedseg.engine.context import ClientContext, options_as
 from fedseg.engine.messages import Message, prefixed, weights_of
 from fedseg.train import TrainHooks, TrainStats, round_lr
 
@@ -77,7 +77,7 @@ class ScaffoldOptions(FedAvgOptions):
 
 def correction_mode(ctx: ClientContext) -> str:
     """``gradient`` or ``step``: the option, with ``auto`` resolved by the local optimizer."""
-    mode = ctx.options_as(ScaffoldOptions).correction
+    mode = options_as(ctx.options, ScaffoldOptions).correction
     if mode == "auto":
         return "gradient" if plain_sgd(ctx.cfg.train) else "step"
     if mode == "gradient" and not plain_sgd(ctx.cfg.train):

@@ -168,15 +168,17 @@ class ClientContext:
     artifacts: Path | None = None  # site-local folder for files the site writes itself (report samples)
     options: MethodOptions = field(default_factory=MethodOptions)  # config ``methods.<name>``, validated
 
-    def options_as(self, kind: type[Options]) -> Options:
-        """The method's options as its own options model ``kind`` (a TypeError for another method's)."""
-        if not isinstance(self.options, kind):
-            raise TypeError(f"{self.algorithm}: options are {type(self.options).__name__}, not {kind.__name__}")
-        return self.options
-
     @property
     def cfg(self) -> RunConfig:
         return self.task.cfg
+
+
+def options_as(options: MethodOptions, kind: type[Options]) -> Options:
+    """A method's ``options`` (e.g. ``ctx.options``) as its own options model ``kind``: a client reads its fields
+    through this; a TypeError for another method's options."""
+    if not isinstance(options, kind):
+        raise TypeError(f"the options are {type(options).__name__}, not {kind.__name__}")
+    return options
 
 
 class Client(Protocol):

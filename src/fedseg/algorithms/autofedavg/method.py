@@ -61,7 +61,7 @@ from fedseg.algorithms.client_state import put_group, state_group
 from fedseg.algorithms.fedavg import BudgetOptions, FedAvgClient, FedAvgServer
 from fedseg.algorithms.prefixes import MODEL
 from fedseg.algorithms.registry import AlgorithmSpec
-from fedseg.engine.context import ClientContext, State, Task, stream_seed
+from fedseg.engine.context import ClientContext, State, Task, options_as, stream_seed
 from fedseg.engine.messages import Message, prefixed
 from fedseg.train import TrainStats, load_optimizer_state, optimizer_state, segmentation_loss
 
@@ -220,7 +220,7 @@ class AutoFedAvgClient(FedAvgClient):
     def after_fit(self, model: nn.Module, stats: TrainStats, msg: Message, ctx: ClientContext) -> Message:
         reply = super().after_fit(model, stats, msg, ctx)
         if learns(
-            ctx.options_as(AutoFedAvgOptions), ctx.round
+            options_as(ctx.options, AutoFedAvgOptions), ctx.round
         ):  # its own w_k, for LearnAggWeight (the server sends the others)
             put_group(ctx.state, f"{MODELS}/{ctx.site_index}", reply.group(MODEL))
         return reply
@@ -234,7 +234,7 @@ class AutoFedAvgClient(FedAvgClient):
 
     def on_learn_weights(self, msg: Message, ctx: ClientContext) -> Message:
         """``count`` beta steps from the received beta on mini-batches of the site's training split."""
-        opts = ctx.options_as(AutoFedAvgOptions)
+        opts = options_as(ctx.options, AutoFedAvgOptions)
         models = [state_group(ctx.state, f"{MODELS}/{j}") for j in range(ctx.num_sites)]
         if not all(models):
             raise ValueError(

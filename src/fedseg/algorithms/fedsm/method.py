@@ -88,7 +88,7 @@ from fedseg.algorithms.registry import AlgorithmSpec
 from fedseg.algorithms.site_scoring import score_at_site, surface_meta, wants_surface, write_sample
 from fedseg.config import BudgetConfig
 from fedseg.data.dataset import CaseSet
-from fedseg.engine.context import ClientContext, Task
+from fedseg.engine.context import ClientContext, Task, options_as
 from fedseg.engine.messages import Message, MetaValue, load_weights, prefixed, weights_of
 from fedseg.evaluate.metric_info import METRIC_NAMES
 from fedseg.evaluate.metrics import Scores
@@ -215,7 +215,7 @@ class FedSMClient(FedAvgClient):
         classes = ctx.num_sites + self.EXTRA_CLASSES
 
         def build() -> Selector:
-            return new_selector(ctx.task, ctx.options_as(SelectorOptions), classes)
+            return new_selector(ctx.task, options_as(ctx.options, SelectorOptions), classes)
 
         if slot is not None:
             return reused_models(self).get(f"{slot}/{classes}", (ctx.task, ctx.options), build, weights)  # type: ignore[return-value]
@@ -251,7 +251,7 @@ class FedSMClient(FedAvgClient):
             model = self.segmenter(msg.group(GLOBAL), ctx, slot=f"train/{GLOBAL}")
             stats[GLOBAL] = self.fit(model, msg, ctx, state_key=f"opt_{GLOBAL}")
             out.update(prefixed(GLOBAL, weights_of(model)))
-            tensors, stats[PERSONAL] = personalization(ctx.options_as(SelectorOptions)).train(
+            tensors, stats[PERSONAL] = personalization(options_as(ctx.options, SelectorOptions)).train(
                 self, msg, msg.group(GLOBAL), ctx
             )
             out.update(tensors)
@@ -261,7 +261,7 @@ class FedSMClient(FedAvgClient):
             if msg.group(SELECTOR_OPT):  # averaged moments from the server replace the local ones
                 put_group(ctx.state, key, msg.group(SELECTOR_OPT))
             data, loss_fn, hooks = self.selector_task(selector, msg, ctx)
-            opts = ctx.options_as(SelectorOptions)
+            opts = options_as(ctx.options, SelectorOptions)
             train_cfg = ctx.cfg.train.model_copy(update={"lr": opts.selector_lr or ctx.cfg.train.lr})
             steps = opts.selector_steps
             budget = None if steps is None else BudgetConfig(unit="steps", amount=steps)
