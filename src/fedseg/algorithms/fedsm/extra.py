@@ -53,9 +53,9 @@ from fedseg.algorithms.fedsm.method import (
     SELECTOR_OPT,
     FedSMClient,
     FedSMServer,
-    SelectorOptions,
 )
 from fedseg.algorithms.fedsm.model import EnsembleForward, LabeledImages, Mode, extra_labels
+from fedseg.algorithms.fedsm.options import SelectorOptions
 from fedseg.algorithms.fedsm.selector import Selector
 from fedseg.algorithms.registry import AlgorithmSpec
 from fedseg.engine.context import ClientContext, Task
