@@ -201,7 +201,9 @@ class FedAvgClient:
         }
         return Message({m: torch.from_numpy(v) for m, v in scores.items()}, meta)
 
-    def after_evaluate(self, model: nn.Module, dice: np.ndarray, msg: Message, ctx: ClientContext) -> dict:
+    def after_evaluate(
+        self, model: nn.Module, dice: np.ndarray, msg: Message, ctx: ClientContext
+    ) -> dict[str, MetaValue]:
         """What a site does after scoring ``model`` (per-case Dice ``(N, R)``): extra reply metadata
         (default: nothing; per-site selection keeps its best model, ``fedseg.algorithms.persite``)."""
         return {}
@@ -219,7 +221,7 @@ def reused_models(client: object) -> ReusedModels:
     return held
 
 
-def train_meta(stats: TrainStats, ctx: ClientContext) -> dict:
+def train_meta(stats: TrainStats, ctx: ClientContext) -> dict[str, MetaValue]:
     return {
         "steps": stats.steps,
         "samples": stats.samples,

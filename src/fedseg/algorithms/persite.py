@@ -75,7 +75,9 @@ class PerSiteClient(FedAvgClient):
             return self.own_model(msg, ctx)
         return super().eval_model(msg, ctx)
 
-    def after_evaluate(self, model: nn.Module, dice: np.ndarray, msg: Message, ctx: ClientContext) -> dict:
+    def after_evaluate(
+        self, model: nn.Module, dice: np.ndarray, msg: Message, ctx: ClientContext
+    ) -> dict[str, MetaValue]:
         if msg.meta.get(KEEP_BEST):
             data = ctx.data.split(str(msg.meta["split"]))
             keep_if_better(
