@@ -14,7 +14,7 @@ from fedseg.algorithms import get_algorithm
 from fedseg.algorithms.aggregate import combine, weighted_average
 from fedseg.algorithms.autofedavg.method import INSTALL, LEARN
 from fedseg.algorithms.autofedavg.weights import LayerGroups, learning_alpha, merge_alpha
-from fedseg.algorithms.fedavg import MODEL
+from fedseg.algorithms.prefixes import MODEL
 from fedseg.config import BudgetConfig
 from fedseg.engine.messages import Message, prefixed, weights_of
 from fedseg.engine.simulator import Simulator

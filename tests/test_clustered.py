@@ -13,7 +13,7 @@ import torch
 from fedseg.algorithms import get_algorithm
 from fedseg.algorithms.aggregate import weighted_average
 from fedseg.algorithms.cfl import bipartition, cosine_matrix, flat_update, max_cross
-from fedseg.algorithms.fedavg import MODEL
+from fedseg.algorithms.prefixes import MODEL
 from fedseg.config import SplitConfig
 from fedseg.data.federation import Case, Federation, Regions, Site
 from fedseg.data.splits import site_splits

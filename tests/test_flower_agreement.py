@@ -24,7 +24,7 @@ from flwr.serverapp.strategy import FedAdam, FedAvg, FedMedian, FedProx, FedTrim
 from torch import nn
 
 from fedseg.algorithms import get_algorithm
-from fedseg.algorithms.fedavg import MODEL
+from fedseg.algorithms.prefixes import MODEL
 from fedseg.engine.messages import Message, prefixed
 from flower_messages import flower_replies
 

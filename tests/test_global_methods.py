@@ -12,11 +12,11 @@ from torch import nn
 from fedseg.algorithms import get_algorithm
 from fedseg.algorithms.aggregate import coordinate_median, trimmed_mean
 from fedseg.algorithms.fedadam import FedAdamOptions, FedAdamServer
-from fedseg.algorithms.fedavg import MODEL, OPT
 from fedseg.algorithms.fedmedian import FedMedianOptions, FedMedianServer
 from fedseg.algorithms.fednova import FedNovaOptions, FedNovaServer, momentum_norm
-from fedseg.algorithms.fedprox import proximal_term
 from fedseg.algorithms.fedtrimmedavg import FedTrimmedAvgOptions, FedTrimmedAvgServer
+from fedseg.algorithms.prefixes import MODEL, OPT
+from fedseg.algorithms.proximal import proximal_term
 from fedseg.algorithms.scaffold import CONTROL, LOCAL_CONTROL, correction_mode
 from fedseg.data.federation import Federation, Site
 from fedseg.engine.messages import Message, prefixed

@@ -16,7 +16,8 @@ import pytest
 import torch
 
 import fedseg.run.experiment
-from fedseg.algorithms.fedavg import MODEL, FedAvgServer
+from fedseg.algorithms.fedavg import FedAvgServer
+from fedseg.algorithms.prefixes import MODEL
 from fedseg.engine.messages import load_weights
 from fedseg.evaluate.inference import score_caseset
 from fedseg.evaluate.tables import site_dice

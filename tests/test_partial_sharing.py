@@ -13,7 +13,7 @@ import yaml
 
 from fedseg.algorithms import get_algorithm
 from fedseg.algorithms.aggregate import weighted_average
-from fedseg.algorithms.fedavg import MODEL, state_group
+from fedseg.algorithms.client_state import state_group
 from fedseg.algorithms.partial import (
     PRIVATE,
     FedPerOptions,
@@ -23,6 +23,7 @@ from fedseg.algorithms.partial import (
     private_entries,
     private_fraction,
 )
+from fedseg.algorithms.prefixes import MODEL
 from fedseg.config import CHANGED_METHOD_DEFAULTS, ModelConfig, dump_config, load_config
 from fedseg.data.federation import Federation, Site
 from fedseg.engine.context import Task

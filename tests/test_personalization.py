@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from fedseg.algorithms import get_algorithm
-from fedseg.algorithms.fedavg import state_group
+from fedseg.algorithms.client_state import state_group
 from fedseg.algorithms.fedsm.method import new_selector
 from fedseg.algorithms.fedsm.personalize import APFL_ALPHA, APFL_V, PERSONAL, TRACK, personalization
 from fedseg.engine.messages import Message, load_weights, prefixed

@@ -11,9 +11,11 @@ import pytest
 import torch
 
 from fedseg.algorithms import get_algorithm
+from fedseg.algorithms.client_state import state_group
 from fedseg.algorithms.ditto import PERSONAL
-from fedseg.algorithms.fedavg import MODEL, local_model_name, state_group
+from fedseg.algorithms.local_models import local_model_name
 from fedseg.algorithms.partial import PRIVATE
+from fedseg.algorithms.prefixes import MODEL
 from fedseg.engine.messages import load_weights
 from fedseg.engine.simulator import Simulator
 from fedseg.evaluate.inference import score_caseset

@@ -12,8 +12,8 @@ import torch
 from monai.losses import DiceLoss
 
 from fedseg.algorithms import get_algorithm
-from fedseg.algorithms.fedavg import MODEL
 from fedseg.algorithms.fedpidavg import FedPIDAvgOptions, FedPIDAvgServer, pid_terms
+from fedseg.algorithms.prefixes import MODEL
 from fedseg.algorithms.qfedavg import DELTA, LOSS_ACTION, H, QFedAvgOptions, QFedAvgServer, delta_and_h
 from fedseg.data.federation import Federation, Site
 from fedseg.engine.messages import Message, prefixed

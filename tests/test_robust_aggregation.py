@@ -25,7 +25,8 @@ from torch import nn
 
 from fedseg.algorithms import get_algorithm
 from fedseg.algorithms.aggregate import weighted_average
-from fedseg.algorithms.fedavg import MODEL, FedAvgClient, FedAvgOptions, FedAvgServer
+from fedseg.algorithms.fedavg import FedAvgClient, FedAvgOptions, FedAvgServer
+from fedseg.algorithms.prefixes import MODEL
 from fedseg.algorithms.registry import AlgorithmSpec
 from fedseg.algorithms.robust import (
     bulyan,

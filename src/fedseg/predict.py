@@ -4,10 +4,9 @@ Pipeline, per image file (PNG/JPEG/NPY/NIfTI/NRRD/MetaImage, read by ``fedseg.da
 
 1. preprocess exactly as training did (``fedseg.data.preprocess.case_tensors`` with the
    manifest's ``image_size`` and ``normalize``): ``x`` ``(C, *S)``, ``S = (image_size,) * dims``;
-2. FedSM-family bundles (``selector_spec`` entry): the ``SuperModel`` of
-   ``fedseg.algorithms.fedsm.model.super_model_from_bundle`` applies Algorithm 2 -- selector softmax ``y_s``;
-   threshold mode: personalized model ``argmax y_s`` if ``max y_s > gamma`` else the global model;
-   argmax mode: the argmax candidate; ensemble mode: the weighted ensemble. Single-model bundles
+2. bundles that route each image among their networks (a family's ``routing``, e.g. FedSM's super model,
+   ``fedseg.algorithms.fedsm.routing``: the selector picks a network per image, ``gamma`` overrides its
+   threshold) apply that routing. Single-model bundles
    (``global``: FedAvg and relatives, centralized; ``local:<site>``: pick one with ``site``) apply
    that network. Masks = ``sigmoid(logits) > threshold`` (manifest ``threshold``), ``(R, *S)``,
    exactly as evaluation computes them (``fedseg.evaluate.inference.predict_masks``);
@@ -21,10 +20,8 @@ Pipeline, per image file (PNG/JPEG/NPY/NIfTI/NRRD/MetaImage, read by ``fedseg.da
 4. write the label map in the input's format: PNG for PNG/JPEG (lossless), ``.npy``, or NIfTI
    with the input's affine (NRRD/MetaImage inputs get a NIfTI mask on their grid); plus
    ``predictions.csv``: per image ``file``, ``mask``, ``model``
-   (chosen candidate: ``global``, ``personal:<site>``, ``ensemble``, or the single model's
-   name), ``confidence`` (``max y_s``; empty without a selector) and ``prob:<candidate>`` (the
-   selector's softmax: one column per site's personalized model, plus ``prob:global`` in the
-   K+1-class modes);
+   (the routed bundle's chosen candidate, or the single model's name), ``confidence`` (empty without
+   routing) and the routing's ``prob:<candidate>`` scores;
 5. with ``overlay``: ``<name>_overlay.png`` per input, the image (3D: its middle slice) with the
    predicted regions filled and outlined in the Okabe-Ito colours (``overlay_image``).
 
@@ -42,6 +39,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Collection
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,14 +50,8 @@ import torch
 from pydantic import ValidationError
 from torch import nn
 
-from fedseg.algorithms.fedsm.model import (
-    MODES,
-    SELECTOR_SPEC,
-    SuperModel,
-    candidate_names,
-    route,
-    super_model_from_bundle,
-)
+from fedseg.algorithms import ALGORITHMS
+from fedseg.algorithms.registry import BundleRouting, RoutedModel
 from fedseg.config import ModelConfig, VolumeConfig
 from fedseg.data import readers
 from fedseg.data.federation import FederationError, Regions
@@ -103,8 +95,9 @@ class Bundle:
         return Regions.from_mapping(self.manifest["regions"])
 
     @property
-    def is_super_model(self) -> bool:
-        return SELECTOR_SPEC in self.models
+    def routing(self) -> BundleRouting | None:
+        """How the bundle routes each image among its networks (its family's), None for a single-model bundle."""
+        return routing_of(self.models)
 
     @property
     def volume(self) -> VolumeConfig | None:
@@ -116,6 +109,13 @@ class Bundle:
         m = self.manifest
         cfg = ModelConfig.model_validate(m["network"])
         return build_segmenter(cfg, m["spatial_dims"], m["in_channels"], len(m["regions"]), seed=0)
+
+
+def routing_of(model_names: Collection[str]) -> BundleRouting | None:
+    """The routing (``fedseg.algorithms.registry.BundleRouting``) of the registered family that owns a bundle
+    listing ``model_names``, or None."""
+    families = [spec.family for spec in ALGORITHMS.values() if spec.family is not None]
+    return next((f.routing for f in families if f.routing is not None and f.routing.owns(model_names)), None)
 
 
 def _bundle_folders(folder: Path) -> list[Path]:
@@ -133,7 +133,7 @@ def _manifest_models(path: Path) -> list[str]:
 
 def find_bundle(path: Path, algorithm: str | None = None) -> Path:
     """The bundle folder ``path`` names: ``RUN/model/<algorithm>`` itself, or one inside ``RUN/model``
-    (or ``RUN``): ``algorithm`` if given, else the only bundle, else the only FedSM-family one."""
+    (or ``RUN``): ``algorithm`` if given, else the only bundle, else the only one that routes (FedSM's)."""
     path = Path(path)
     if (path / MANIFEST).is_file():
         if algorithm is not None and algorithm != path.name:
@@ -154,7 +154,7 @@ def find_bundle(path: Path, algorithm: str | None = None) -> Path:
         return path / algorithm
     if len(found) == 1:
         return found[0]
-    supers = [p for p in found if SELECTOR_SPEC in _manifest_models(p / MANIFEST)]
+    supers = [p for p in found if routing_of(_manifest_models(p / MANIFEST)) is not None]
     if len(supers) == 1:
         return supers[0]
     raise PredictError(f"{path}: holds the bundles {names}; choose one with --algorithm")
@@ -197,14 +197,14 @@ def load_bundle(folder: Path) -> Bundle:
 # --- the predictor ---------------------------------------------------------------------------------
 @dataclass
 class Predictor:
-    """``model`` maps images ``(B, C, *S)`` to region logits ``(B, R, *S)``. With a selector
-    (``model`` is a ``SuperModel``): ``candidates`` are the candidate names (0 = global) and
-    ``prob_names`` the candidate of each selector class; without one, ``candidates = [the model's
-    name]`` and ``prob_names = []``."""
+    """``model`` maps images ``(B, C, *S)`` to region logits ``(B, R, *S)``. A routed bundle (``routed``):
+    ``candidates`` are its networks' names and ``prob_names`` the candidate of each routing score; a
+    single model: ``candidates = [the model's name]`` and ``prob_names = []``."""
 
     model: nn.Module
     candidates: list[str]
     prob_names: list[str]
+    routed: RoutedModel | None = None
 
     @property
     def columns(self) -> list[str]:
@@ -213,41 +213,28 @@ class Predictor:
     @torch.no_grad()
     def choices(self, x: torch.Tensor) -> list[dict]:
         """Per image of ``x`` ``(B, C, *S)``: ``model``, ``confidence`` and ``prob:<candidate>``."""
-        if not self.prob_names:
+        if self.routed is None:
             return [{"model": self.candidates[0], "confidence": ""} for _ in range(len(x))]
-        sm = cast(SuperModel, self.model)  # prob_names is non-empty only for a selector bundle (build_predictor)
-        probs = sm.scores(x)  # (B, classes)
-        chosen = route(probs, sm.mode, sm.gamma)
-        rows = []
-        for p, c in zip(probs.tolist(), chosen.tolist()):
-            model = "ensemble" if sm.mode == "ensemble" else self.candidates[c]
-            rows.append({"model": model, "confidence": max(p), **{f"prob:{n}": v for n, v in zip(self.prob_names, p)}})
-        return rows
+        return self.routed.choices(x)
 
 
 def build_predictor(bundle: Bundle, gamma: float | None = None, site: str | None = None) -> Predictor:
     """The network(s) of ``bundle``; ``gamma`` overrides a threshold bundle's gamma, ``site`` picks
     the model of a bundle with one model per site (``local``)."""
     m = bundle.manifest
-    if bundle.is_super_model:
+    routing = bundle.routing
+    if routing is not None:
         if site is not None:
             raise PredictError(
                 f"{bundle.folder}: --site applies to bundles with one model per site (local); "
                 "this one routes every image with its selector"
             )
-        mode = MODES[int(bundle.models[SELECTOR_SPEC]["mode"])]
-        if gamma is not None and mode != "threshold":
-            raise PredictError(
-                f"{bundle.folder}: --gamma applies to threshold routing (fedsm); this bundle routes by {mode}"
-            )
-        if gamma is not None and not 0.0 <= gamma <= 1.0:
-            raise PredictError(f"--gamma {gamma}: must lie in [0, 1]")
+        problem = routing.option_problem(bundle.models, gamma, str(bundle.folder))
+        if problem is not None:
+            raise PredictError(problem)
         with weights_fit(bundle):
-            sm = super_model_from_bundle(
-                bundle.models, bundle.new_segmenter, m["in_channels"], m["spatial_dims"], gamma
-            )
-        candidates = candidate_names(bundle.models)
-        return Predictor(sm, candidates, candidates[1:] if mode == "threshold" else candidates)
+            routed = routing.build(bundle.models, bundle.new_segmenter, m["in_channels"], m["spatial_dims"], gamma)
+        return Predictor(routed.network, routed.candidates, routed.prob_names, routed)
     if gamma is not None:
         raise PredictError(f"{bundle.folder}: --gamma applies to FedSM bundles; this one has no selector")
     names = list(bundle.models)

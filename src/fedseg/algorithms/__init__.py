@@ -38,6 +38,7 @@ from fedseg.algorithms.fedsm import extra as fedsm_extra
 from fedseg.algorithms.fedsm import method as fedsm_method
 from fedseg.algorithms.registry import AlgorithmSpec
 from fedseg.config import ConfigError
+from fedseg.engine.context import MethodOptions
 
 METHOD_MODULES = (
     centralized,
@@ -95,6 +96,11 @@ def register_algorithm(spec: AlgorithmSpec, replace: bool = False) -> AlgorithmS
         )
     if not (isinstance(spec.server, type) and isinstance(spec.client, type)):
         raise TypeError(f"algorithm {spec.name!r}: server and client must be classes (e.g. FedAvgServer subclasses)")
+    if not (isinstance(spec.options, type) and issubclass(spec.options, MethodOptions)):
+        raise TypeError(
+            f"algorithm {spec.name!r}: options must be a MethodOptions model (fedseg.engine.context), "
+            "e.g. FedAvgOptions"
+        )
     if spec.on_flower is None:
         spec = dataclasses.replace(spec, on_flower=ON_FLOWER_REGISTERED)
     ALGORITHMS[spec.name] = spec

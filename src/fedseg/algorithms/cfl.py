@@ -41,7 +41,8 @@ import torch
 from pydantic import Field
 
 from fedseg.algorithms.clustered import ClusteredClient, ClusteredServer
-from fedseg.algorithms.fedavg import MODEL, FedAvgOptions
+from fedseg.algorithms.fedavg import FedAvgOptions
+from fedseg.algorithms.prefixes import MODEL
 from fedseg.algorithms.registry import AlgorithmSpec
 from fedseg.engine.messages import Message
 
@@ -95,6 +96,8 @@ def max_cross(similarity: torch.Tensor, a: list[int], b: list[int]) -> float:
 
 class CFLServer(ClusteredServer):
     """Splits clusters by Eq. 26-30 (or at ``split_round``); records the split statistics per cluster."""
+
+    options: CFLOptions  # this method's options (``FedAvgServer.options``)
 
     def __init__(self, engine, task, options):
         super().__init__(engine, task, options)

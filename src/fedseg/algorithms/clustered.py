@@ -27,8 +27,9 @@ import torch
 from pydantic import Field
 
 from fedseg.algorithms.aggregate import weighted_average
-from fedseg.algorithms.fedavg import MODEL, FedAvgOptions
+from fedseg.algorithms.fedavg import FedAvgOptions
 from fedseg.algorithms.persite import PerSiteClient, PerSiteServer
+from fedseg.algorithms.prefixes import MODEL
 from fedseg.algorithms.registry import AlgorithmSpec
 from fedseg.engine.context import ClientContext
 from fedseg.engine.messages import Message, prefixed
@@ -117,6 +118,10 @@ class PriorCFLOptions(FedAvgOptions):
     )
     rounds: int | None = Field(None, ge=1, description="federated fine-tuning rounds; None = fl.rounds (paper: 30)")
 
+    def run_rounds(self, rounds: int) -> int:
+        """``rounds`` if set, else ``fl.rounds`` (``AlgorithmSpec.run_config``)."""
+        return rounds if self.rounds is None else self.rounds
+
     def check_sites(self, num_sites: int, algorithm: str) -> None:
         """``cluster_by`` is required (checked before any work; no key is right for every federation)."""
         if self.cluster_by is None:
@@ -129,8 +134,11 @@ class PriorCFLOptions(FedAvgOptions):
 class PriorCFLServer(ClusteredServer):
     """Clusters = the distinct values of ``cluster_by`` the sites report, numbered in sorted value order."""
 
+    options: PriorCFLOptions  # this method's options (``FedAvgServer.options``)
+
     def initial_clusters(self) -> dict[str, int]:
         key = self.options.cluster_by
+        assert key is not None  # the options refuse a run without it (check_sites)
         replies = self.engine.exchange({s: Message({}, {"key": key}) for s in self.engine.sites}, METADATA)
         values = {s: str(r.meta["value"]) for s, r in replies.items()}
         number = {v: i for i, v in enumerate(sorted(set(values.values())))}

@@ -7,7 +7,7 @@ where w* is the global model of ordinary FedAvg. Ditto can solve it in two forms
   every round site k also trains its v_k (kept in its state store, ``personal/``; it starts as the
   first global model it receives) for ``personal_epochs`` / ``personal_steps`` on
   ``f_k(v) + (lambda / 2) ||v - w^t||^2`` with w^t the global model received this round (the
-  proximal term of :class:`fedseg.algorithms.fedprox.ProximalTerm`, over the trainable parameters).
+  proximal term of :class:`fedseg.algorithms.proximal.ProximalTerm`, over the trainable parameters).
   Only w travels: Ditto's traffic is FedAvg's; its steps (ledger, cost table) are both trainings'.
   v_k is what site k is validated and tested with (per-site selection, ``fedseg.algorithms.persite``).
 * **fine-tuning** (``ditto-ft``, ``fedseg.algorithms.finetune``): after a global method has
@@ -27,12 +27,14 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from fedseg.algorithms.fedavg import MODEL, FedAvgOptions, local_budget, put_group, state_group
-from fedseg.algorithms.fedprox import ProximalTerm
+from fedseg.algorithms.client_state import put_group, state_group
+from fedseg.algorithms.fedavg import FedAvgOptions
 from fedseg.algorithms.persite import PerSiteClient, PerSiteServer
+from fedseg.algorithms.prefixes import MODEL
+from fedseg.algorithms.proximal import ProximalTerm
 from fedseg.algorithms.registry import AlgorithmSpec
 from fedseg.config import BudgetConfig
-from fedseg.engine.context import ClientContext
+from fedseg.engine.context import ClientContext, options_as
 from fedseg.engine.messages import Message, load_weights, weights_of
 
 PERSONAL = "personal"  # client-state prefix of v_k
@@ -57,7 +59,7 @@ def personal_budget(options: DittoOptions) -> BudgetConfig | None:
         return BudgetConfig(unit="steps", amount=options.personal_steps)
     if options.personal_epochs:
         return BudgetConfig(unit="epochs", amount=options.personal_epochs)
-    return local_budget(options)
+    return options.local_budget()
 
 
 class DittoClient(PerSiteClient):
@@ -71,14 +73,14 @@ class DittoClient(PerSiteClient):
 
     def on_train(self, msg: Message, ctx: ClientContext) -> Message:
         personal_stream = torch.Generator().set_state(ctx.generator.get_state())  # local's batches
-        personal = self.own_model(msg, ctx)
+        personal, opts = self.own_model(msg, ctx), options_as(ctx.options, DittoOptions)
         personal_stats = self.fit(
             personal,
             msg,
             ctx,
             state_key=OPT_PERSONAL,
-            budget=personal_budget(ctx.options),
-            hooks=ProximalTerm.towards(msg.group(MODEL), personal, ctx.options.lam),  # w^t, fixed this round
+            budget=personal_budget(opts),
+            hooks=ProximalTerm.towards(msg.group(MODEL), personal, opts.lam),  # w^t, fixed this round
             generator=personal_stream,
         )
         put_group(ctx.state, PERSONAL, weights_of(personal))

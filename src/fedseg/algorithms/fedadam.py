@@ -19,7 +19,8 @@ import torch
 from pydantic import Field
 
 from fedseg.algorithms.aggregate import weighted_average
-from fedseg.algorithms.fedavg import MODEL, FedAvgClient, FedAvgOptions, FedAvgServer
+from fedseg.algorithms.fedavg import FedAvgClient, FedAvgOptions, FedAvgServer
+from fedseg.algorithms.prefixes import MODEL
 from fedseg.algorithms.registry import AlgorithmSpec
 from fedseg.engine.messages import Message, prefixed
 
@@ -54,6 +55,8 @@ def adam_server_step(
 
 
 class FedAdamServer(FedAvgServer):
+    options: FedAdamOptions  # this method's options (``FedAvgServer.options``)
+
     def __init__(self, engine, task, options):
         super().__init__(engine, task, options)
         self.m: Weights = {}

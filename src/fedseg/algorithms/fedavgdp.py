@@ -50,7 +50,8 @@ from pydantic import Field, model_validator
 from torch import nn
 
 from fedseg.algorithms.aggregate import weighted_average
-from fedseg.algorithms.fedavg import MODEL, BudgetOptions, FedAvgClient, FedAvgServer
+from fedseg.algorithms.fedavg import BudgetOptions, FedAvgClient, FedAvgServer
+from fedseg.algorithms.prefixes import MODEL
 from fedseg.algorithms.privacy import accounting, epsilon, noise_generator, private_mean
 from fedseg.algorithms.registry import AlgorithmSpec
 from fedseg.engine.context import ClientContext, Task
@@ -106,6 +107,8 @@ def buffer_problem(algorithm: str, norm: str, buffers: list[str]) -> str:
 class FedAvgDPServer(FedAvgServer):
     """FedAvg's server with the private merge (:func:`fedseg.algorithms.privacy.private_mean`)."""
 
+    options: FedAvgDPOptions  # this method's options (``FedAvgServer.options``)
+
     KEEPS_LOCAL_MODELS = False  # a site's own model would leave it unclipped and un-noised
     NO_CLIENT_SAMPLING = "its noise and privacy accounting assume every site in every round"
 
@@ -116,7 +119,7 @@ class FedAvgDPServer(FedAvgServer):
         self.norms: dict[str, float] = {}  # the last round's update norms before clipping, per site
 
     def aggregate(self, replies: dict[str, Message]) -> None:
-        opts: FedAvgDPOptions = self.options
+        opts = self.options
         models = {s: r.group(MODEL) for s, r in replies.items()}
         num_sites = len(self.engine.sites)
         merged = private_mean(
@@ -141,14 +144,14 @@ class FedAvgDPServer(FedAvgServer):
 
     def round_metrics(self) -> list[dict]:
         """ε spent up to this round (site ``server``) and each site's update norm before clipping."""
-        opts: FedAvgDPOptions = self.options
+        opts = self.options
         spent = epsilon(opts.noise_multiplier, self.engine.round, opts.delta)
         rows = [{"site": SERVER_ROW, "metric": "epsilon", "value": spent}]
         return rows + [{"site": s, "metric": "update_norm", "value": n} for s, n in self.norms.items()]
 
     def summary_fields(self) -> dict:
         """summary.json's ``privacy`` entry: the accounting of the run's rounds."""
-        opts: FedAvgDPOptions = self.options
+        opts = self.options
         rounds = self.task.cfg.fl.rounds
         privacy = accounting(opts.noise_multiplier, opts.clip_norm, opts.delta, rounds, len(self.engine.sites))
         return {"privacy": {**privacy, "select_round": opts.select_round}}

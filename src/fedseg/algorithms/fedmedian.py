@@ -5,7 +5,8 @@ local models (unweighted; robust to a minority of outlying sites). Clients are F
 from __future__ import annotations
 
 from fedseg.algorithms.aggregate import coordinate_median
-from fedseg.algorithms.fedavg import MODEL, BudgetOptions, FedAvgClient, FedAvgServer
+from fedseg.algorithms.fedavg import BudgetOptions, FedAvgClient, FedAvgServer
+from fedseg.algorithms.prefixes import MODEL
 from fedseg.algorithms.registry import AlgorithmSpec
 from fedseg.engine.messages import Message
 

@@ -29,10 +29,11 @@ from typing import Literal
 from pydantic import Field
 
 from fedseg.algorithms.aggregate import server_step, weighted_average
-from fedseg.algorithms.fedavg import MODEL, FedAvgClient, FedAvgOptions, FedAvgServer
+from fedseg.algorithms.fedavg import FedAvgClient, FedAvgOptions, FedAvgServer
+from fedseg.algorithms.prefixes import MODEL
 from fedseg.algorithms.registry import AlgorithmSpec
 from fedseg.config import TrainConfig
-from fedseg.engine.context import ClientContext
+from fedseg.engine.context import ClientContext, options_as
 from fedseg.engine.messages import Message
 
 NORM = "nova_a"  # reply meta key of a_k
@@ -57,7 +58,11 @@ class FedNovaClient(FedAvgClient):
     def keeps_optimizer_state(self, train: TrainConfig, ctx: ClientContext) -> bool:
         """FedAvg's rule, except that the general variant with SGD momentum starts each round from a zero
         momentum buffer (module doc)."""
-        if ctx.options.variant == "general" and train.optimizer == "sgd" and train.momentum > 0:
+        if (
+            options_as(ctx.options, FedNovaOptions).variant == "general"
+            and train.optimizer == "sgd"
+            and train.momentum > 0
+        ):
             return False
         return super().keeps_optimizer_state(train, ctx)
 
@@ -70,6 +75,8 @@ class FedNovaClient(FedAvgClient):
 
 
 class FedNovaServer(FedAvgServer):
+    options: FedNovaOptions  # this method's options (``FedAvgServer.options``)
+
     def aggregate(self, replies: dict[str, Message]) -> None:
         sites = list(replies)
         models = [replies[s].group(MODEL) for s in sites]

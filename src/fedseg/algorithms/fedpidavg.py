@@ -36,7 +36,8 @@ import torch
 from pydantic import Field
 
 from fedseg.algorithms.aggregate import weighted_average
-from fedseg.algorithms.fedavg import MODEL, FedAvgClient, FedAvgOptions, FedAvgServer
+from fedseg.algorithms.fedavg import FedAvgClient, FedAvgOptions, FedAvgServer
+from fedseg.algorithms.prefixes import MODEL
 from fedseg.algorithms.qfedavg import dataset_loss
 from fedseg.algorithms.registry import AlgorithmSpec
 from fedseg.engine.context import ClientContext
@@ -97,6 +98,8 @@ class FedPIDAvgClient(FedAvgClient):
 
 class FedPIDAvgServer(FedAvgServer):
     """FedAvg's server with the Eq. 18 weights; the validation-loss history is server state."""
+
+    options: FedPIDAvgOptions  # this method's options (``FedAvgServer.options``)
 
     NO_CLIENT_SAMPLING = "its Eq. 18 weights need every site's validation-loss history in every round"
 

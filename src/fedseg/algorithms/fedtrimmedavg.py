@@ -7,7 +7,8 @@ from __future__ import annotations
 from pydantic import Field
 
 from fedseg.algorithms.aggregate import trimmed_mean
-from fedseg.algorithms.fedavg import MODEL, BudgetOptions, FedAvgClient, FedAvgServer
+from fedseg.algorithms.fedavg import BudgetOptions, FedAvgClient, FedAvgServer
+from fedseg.algorithms.prefixes import MODEL
 from fedseg.algorithms.registry import AlgorithmSpec
 from fedseg.engine.messages import Message
 
@@ -17,6 +18,8 @@ class FedTrimmedAvgOptions(BudgetOptions):
 
 
 class FedTrimmedAvgServer(FedAvgServer):
+    options: FedTrimmedAvgOptions  # this method's options (``FedAvgServer.options``)
+
     def aggregate(self, replies: dict[str, Message]) -> None:
         self.global_weights = trimmed_mean([r.group(MODEL) for r in replies.values()], self.options.beta)
 

@@ -1,7 +1,7 @@
 """Local fine-tuning of a trained global model (FeTS 2022 Sec. 3.3.3, 4.4), and Ditto in that form.
 
 ``finetune`` starts from another method's trained global model w* (``start_from``, default: the
-``fedavg`` of the same run, or a ``RUN/model/<algorithm>/`` folder; ``fedseg.start_from``). Site
+``fedavg`` of the same run, or a ``RUN/model/<algorithm>/`` folder; ``fedseg.run.start_from``). Site
 k receives w* once (round 1: the only traffic) and then trains its copy alone, one local budget
 (``train.budget``, default one epoch) per round, for ``epochs`` rounds (paper: 30 epochs). Each
 site keeps its best epoch on its own validation split (per-site selection,
@@ -19,11 +19,13 @@ from __future__ import annotations
 from pydantic import Field
 from torch import nn
 
-from fedseg.algorithms.fedavg import MODEL, BudgetOptions, put_group, state_group, train_meta
-from fedseg.algorithms.fedprox import ProximalTerm
+from fedseg.algorithms.client_state import put_group, state_group
+from fedseg.algorithms.fedavg import BudgetOptions, train_meta
 from fedseg.algorithms.persite import PerSiteClient, PerSiteServer
+from fedseg.algorithms.prefixes import MODEL
+from fedseg.algorithms.proximal import ProximalTerm
 from fedseg.algorithms.registry import AlgorithmSpec
-from fedseg.engine.context import ClientContext
+from fedseg.engine.context import ClientContext, options_as
 from fedseg.engine.messages import Message, load_weights, prefixed, weights_of
 from fedseg.train import TrainHooks
 
@@ -37,8 +39,7 @@ class FinetuneOptions(BudgetOptions):
     epochs: int = Field(30, ge=1, description="fine-tuning rounds of one local budget each (FeTS 2022: 30 epochs)")
     lam: float = Field(0.0, ge=0, description="Ditto's pull (lam/2)||v - w*||^2 towards the start model; 0 = none")
 
-    @property
-    def rounds(self) -> int:
+    def run_rounds(self, rounds: int) -> int:
         """This method's number of rounds (``AlgorithmSpec.run_config``): one per fine-tuning epoch."""
         return self.epochs
 
@@ -61,9 +62,10 @@ class FinetuneClient(PerSiteClient):
         return self.own_model(msg, ctx)
 
     def train_hooks(self, model: nn.Module, msg: Message, ctx: ClientContext) -> TrainHooks:
-        if not ctx.options.lam:
+        lam = options_as(ctx.options, FinetuneOptions).lam
+        if not lam:
             return TrainHooks()
-        return ProximalTerm.towards(state_group(ctx.state, START), model, ctx.options.lam)
+        return ProximalTerm.towards(state_group(ctx.state, START), model, lam)
 
     def after_fit(self, model, stats, msg, ctx) -> Message:
         put_group(ctx.state, MODEL, weights_of(model))

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 from torch import nn
 
-from fedseg.algorithms.fedavg import MODEL, put_group, state_group, train_meta
+from fedseg.algorithms.client_state import put_group, state_group
+from fedseg.algorithms.fedavg import train_meta
 from fedseg.algorithms.persite import PerSiteClient, PerSiteServer
+from fedseg.algorithms.prefixes import MODEL
 from fedseg.algorithms.registry import AlgorithmSpec
 from fedseg.engine.context import ClientContext
 from fedseg.engine.messages import Message, load_weights, weights_of

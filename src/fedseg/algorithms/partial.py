@@ -40,10 +40,12 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from fedseg.algorithms.fedavg import MODEL, FedAvgOptions, put_group, state_group, train_meta
+from fedseg.algorithms.client_state import put_group, state_group
+from fedseg.algorithms.fedavg import FedAvgOptions, train_meta
 from fedseg.algorithms.persite import PerSiteClient, PerSiteServer
+from fedseg.algorithms.prefixes import MODEL
 from fedseg.algorithms.registry import AlgorithmSpec
-from fedseg.engine.context import ClientContext, Task
+from fedseg.engine.context import ClientContext, Task, options_as
 from fedseg.engine.messages import Message, load_weights, prefixed, weights_of
 from fedseg.models.blocks import entries_by_block
 from fedseg.models.state import float_state
@@ -64,18 +66,20 @@ class SharingOptions(FedAvgOptions):
         "blocks = network blocks (a whole encoder/decoder level; fedseg before issue 27, 9-16% kept private)",
     )
 
+    private: Literal["last", "first"] = Field("last", description="which end of the network stays private")
+
     def check_task(self, task: Task, algorithm: str) -> None:
         """At least one layer (block) must stay federated (checked before any work)."""
         try:
-            private_entries(task, self)  # type: ignore[arg-type]  # a FedPer or LG-FedAvg options model
+            private_entries(task, self)
         except ValueError as e:
             raise ValueError(f"methods.{algorithm}.{e}") from None
 
     def run_note(self, task: Task, algorithm: str) -> str:
         """The run log's line on the private share, e.g. ``fedper: the last 4 layers (private_unit layers) stay
         private, 0.44% of the dynunet's parameters (...)``."""
-        info = private_fraction(task, self)  # type: ignore[arg-type]  # a FedPer or LG-FedAvg options model
-        end, k = getattr(self, "private", "last"), self.private_layers
+        info = private_fraction(task, self)
+        end, k = self.private, self.private_layers
         units = self.private_unit if k > 1 else self.private_unit[:-1]
         return (
             f"{algorithm}: the {end} {k} {units} (private_unit {self.private_unit}) stay private, "
@@ -109,7 +113,7 @@ def entries_by_layer(model: nn.Module) -> dict[str, list[str]]:
     return grouped
 
 
-def private_entries(task: Task, options: FedPerOptions | LGFedAvgOptions) -> frozenset[str]:
+def private_entries(task: Task, options: SharingOptions) -> frozenset[str]:
     """Names of the state entries in the P private units (first or last, ``options.private``; layers or
     blocks, ``options.private_unit``)."""
     model = task.new_model()
@@ -127,7 +131,7 @@ def private_entries(task: Task, options: FedPerOptions | LGFedAvgOptions) -> fro
     return frozenset(name for u in chosen for name in grouped[u])
 
 
-def private_fraction(task: Task, options: FedPerOptions | LGFedAvgOptions) -> dict:
+def private_fraction(task: Task, options: SharingOptions) -> dict:
     """``{private_fraction, private_parameters, parameters, private_unit, private_layers}``: the share of the
     network's parameters kept private (buffers not counted)."""
     private = private_entries(task, options)
@@ -161,13 +165,17 @@ class PartialSharingClient(PerSiteClient):
         return self.own_model(msg, ctx)
 
     def after_fit(self, model, stats, msg, ctx) -> Message:
-        federated, private = split_weights(weights_of(model), private_entries(ctx.task, ctx.options))
+        federated, private = split_weights(
+            weights_of(model), private_entries(ctx.task, options_as(ctx.options, SharingOptions))
+        )
         put_group(ctx.state, PRIVATE, private)
         return Message(prefixed(MODEL, federated), train_meta(stats, ctx))
 
 
 class PartialSharingServer(PerSiteServer):
     """FedAvg over the federated entries w_g only."""
+
+    options: SharingOptions  # this method's options (``FedAvgServer.options``)
 
     def __init__(self, engine, task, options):
         super().__init__(engine, task, options)

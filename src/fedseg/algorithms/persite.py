@@ -8,7 +8,8 @@ The selection happens on the site, so it works on every engine and survives a re
 
 * in every validated round the server asks each site to score its current model on its validation
   split (``evaluate`` with ``meta.keep_best``); the site keeps the model in its state store
-  (``sitebest/`` weights, ``sitebest_score``, ``sitebest_round``, :func:`~fedseg.algorithms.fedavg.keep_if_better`)
+  (``sitebest/`` weights, ``sitebest_score``, ``sitebest_round``,
+  :func:`~fedseg.algorithms.client_state.keep_if_better`)
   when its mean validation Dice beats the kept one (NaN ranks lowest; ties keep the earlier round);
 * at test time (``meta.use_best``; the message carries no weights) each site scores its kept
   model on its test split and replies the round it was kept in (``selected_round``, recorded per
@@ -35,16 +36,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedseg.algorithms.fedavg import (
-    MODEL,
-    ROUND,
-    FedAvgClient,
-    FedAvgServer,
-    keep_if_better,
-    local_model_name,
-    state_group,
-    surface_meta,
-)
+from fedseg.algorithms.client_state import ROUND, keep_if_better, state_group
+from fedseg.algorithms.fedavg import FedAvgClient, FedAvgServer
+from fedseg.algorithms.local_models import collect_models, cross_site_rows, kept_model_reply, local_model_name
+from fedseg.algorithms.prefixes import MODEL
+from fedseg.algorithms.site_scoring import surface_meta
 from fedseg.engine.context import ClientContext
 from fedseg.engine.messages import Message, MetaValue, load_weights, prefixed
 from fedseg.evaluate.tables import eval_rows, site_dice
@@ -79,7 +75,9 @@ class PerSiteClient(FedAvgClient):
             return self.own_model(msg, ctx)
         return super().eval_model(msg, ctx)
 
-    def after_evaluate(self, model: nn.Module, dice: np.ndarray, msg: Message, ctx: ClientContext) -> dict:
+    def after_evaluate(
+        self, model: nn.Module, dice: np.ndarray, msg: Message, ctx: ClientContext
+    ) -> dict[str, MetaValue]:
         if msg.meta.get(KEEP_BEST):
             data = ctx.data.split(str(msg.meta["split"]))
             keep_if_better(
@@ -91,7 +89,7 @@ class PerSiteClient(FedAvgClient):
 
     def on_share_model(self, msg: Message, ctx: ClientContext) -> Message:
         """Reply with the site's selected model (empty before any validated round)."""
-        return Message(prefixed(MODEL, state_group(ctx.state, SITE_BEST)))
+        return kept_model_reply(ctx, SITE_BEST)
 
 
 class PerSiteServer(FedAvgServer):
@@ -134,11 +132,11 @@ class PerSiteServer(FedAvgServer):
         rows = eval_rows(self.engine.algorithm, replies, self.task.regions)
         if split == "test":
             self.selected_rounds = {s: int(r.meta[SELECTED_ROUND]) for s, r in replies.items()}
-            self.selected_models = self.collect_models()
-            rows += self.cross_site_rows(self.selected_models, skip_own=True)
+            self.selected_models = collect_models(self.engine)
+            rows += cross_site_rows(self.engine, self.task, self.selected_models, skip_own=True)
         return rows
 
     def bundle(self) -> dict[str, dict[str, torch.Tensor]]:
         """Every site's tested model, ``local:<site>`` (fetched now if the test has not run)."""
-        models = self.selected_models or self.collect_models()
+        models = self.selected_models or collect_models(self.engine)
         return {local_model_name(s): w for s, w in models.items()}

@@ -50,18 +50,12 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from fedseg.algorithms.fedavg import (
-    MODEL,
-    BudgetOptions,
-    FedAvgClient,
-    FedAvgServer,
-    put_group,
-    state_group,
-    train_meta,
-)
+from fedseg.algorithms.client_state import put_group, state_group
+from fedseg.algorithms.fedavg import BudgetOptions, FedAvgClient, FedAvgServer, train_meta
+from fedseg.algorithms.prefixes import MODEL
 from fedseg.algorithms.registry import AlgorithmSpec
 from fedseg.data.dataset import CaseSet
-from fedseg.engine.context import ClientContext
+from fedseg.engine.context import ClientContext, options_as
 from fedseg.engine.messages import Message, load_weights, prefixed, weights_of
 from fedseg.train import TrainStats, round_lr, segmentation_loss
 
@@ -169,7 +163,11 @@ class QFedAvgClient(FedAvgClient):
         total, batches = dataset_loss(
             model, ctx.data.train, ctx.cfg.train.loss, ctx.cfg.train.batch_size, ctx.task.device, ctx.generator
         )
-        F = total if ctx.options.loss_reduction == "sum" else total / max(len(ctx.data.train), 1)
+        F = (
+            total
+            if options_as(ctx.options, QFedAvgOptions).loss_reduction == "sum"
+            else total / max(len(ctx.data.train), 1)
+        )
         put_group(ctx.state, START, msg.group(MODEL))
         ctx.state[F_KEY] = torch.tensor(F, dtype=torch.float64)
         return Message({}, {"steps": batches, "F": F})
@@ -187,7 +185,7 @@ class QFedAvgClient(FedAvgClient):
         start = state_group(ctx.state, START)
         F = float(ctx.state.pop(F_KEY))
         put_group(ctx.state, START, {})  # w^t is only needed within the round
-        opts = ctx.options
+        opts = options_as(ctx.options, QFedAvgOptions)
         L = lipschitz(opts, round_lr(ctx.cfg.train, ctx.round, ctx.cfg.fl.rounds))  # 1 / the round's eta_l
         deltas, h = delta_and_h(start, weights_of(model), F, opts.q, L, opts.h_norm)
         tensors = {**prefixed(DELTA, deltas), H: torch.tensor([h], dtype=torch.float64)}

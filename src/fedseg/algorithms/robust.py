@@ -54,9 +54,10 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import Field, ValidationInfo, field_validator
 
 from fedseg.algorithms.aggregate import _stacked, combine, weighted_average
+from fedseg.engine.context import MethodOptions
 
 Weights = dict[str, torch.Tensor]
 Aggregator = Literal["mean", "krum", "multikrum", "bulyan", "clipped"]
@@ -254,7 +255,7 @@ def clipped_merge(
 
 
 # --- the FedAvg pair's option ----------------------------------------------------------------
-class RobustOptions(BaseModel):
+class RobustOptions(MethodOptions):
     """``aggregator`` and its parameters, part of ``FedAvgOptions`` (so of every method built on the
     FedAvg pair's merge: fedavg and its variants, fedprox, ditto's global model, fedper, lg-fedavg).
 
@@ -264,7 +265,6 @@ class RobustOptions(BaseModel):
     q-FedAvg, Auto-FedAvg, FedMedian and FedTrimmedAvg have no ``aggregator`` option (their merge is
     the method)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
     OWN_MERGE: ClassVar[str | None] = None  # set by a method that merges otherwise: why only "mean" is allowed
 
     aggregator: Aggregator = Field(
@@ -312,9 +312,7 @@ class RobustOptions(BaseModel):
                 check_bulyan(num_sites, self.num_malicious)
         except ValueError as e:
             raise ValueError(f"methods.{algorithm}.aggregator = {self.aggregator}: {e}") from None
-        parent = getattr(super(), "check_sites", None)
-        if parent is not None:
-            parent(num_sites, algorithm)
+        super().check_sites(num_sites, algorithm)
 
 
 @dataclass
@@ -375,3 +373,9 @@ def robust_merge(
         ) from None
     kept = set(chosen)
     return RobustMerge(merged, norms, kept=[i in kept for i in range(n)])
+
+
+def robust_aggregator(options: object) -> RobustOptions | None:
+    """``options`` when they ask for a robust merge (an ``aggregator`` other than ``mean``), else None:
+    the FedAvg pair then merges by its weighted average."""
+    return options if isinstance(options, RobustOptions) and options.aggregator != "mean" else None

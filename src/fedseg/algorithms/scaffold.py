@@ -50,18 +50,12 @@ from pydantic import Field
 from torch import nn
 
 from fedseg.algorithms.aggregate import server_step, weighted_average
-from fedseg.algorithms.fedavg import (
-    MODEL,
-    FedAvgClient,
-    FedAvgOptions,
-    FedAvgServer,
-    put_group,
-    state_group,
-    train_meta,
-)
+from fedseg.algorithms.client_state import put_group, state_group
+from fedseg.algorithms.fedavg import FedAvgClient, FedAvgOptions, FedAvgServer, train_meta
+from fedseg.algorithms.prefixes import MODEL
 from fedseg.algorithms.registry import AlgorithmSpec
 from fedseg.config import TrainConfig
-from fedseg.engine.context import ClientContext
+from fedseg.engine.context import ClientContext, options_as
 from fedseg.engine.messages import Message, prefixed, weights_of
 from fedseg.train import TrainHooks, TrainStats, round_lr
 
@@ -83,7 +77,7 @@ class ScaffoldOptions(FedAvgOptions):
 
 def correction_mode(ctx: ClientContext) -> str:
     """``gradient`` or ``step``: the option, with ``auto`` resolved by the local optimizer."""
-    mode = ctx.options.correction
+    mode = options_as(ctx.options, ScaffoldOptions).correction
     if mode == "auto":
         return "gradient" if plain_sgd(ctx.cfg.train) else "step"
     if mode == "gradient" and not plain_sgd(ctx.cfg.train):
@@ -165,6 +159,8 @@ class ScaffoldClient(FedAvgClient):
 
 
 class ScaffoldServer(FedAvgServer):
+    options: ScaffoldOptions  # this method's options (``FedAvgServer.options``)
+
     def __init__(self, engine, task, options):
         super().__init__(engine, task, options)
         self.control = zeros_like_parameters(task.new_model())

@@ -20,7 +20,7 @@ from typing import Protocol
 
 import torch
 
-from fedseg.engine.context import Delivery, Task
+from fedseg.engine.context import Delivery, MethodOptions, Task
 from fedseg.engine.faults import SiteFailure, reply_problem
 from fedseg.engine.ledger import EVAL_ACTIONS, Ledger, LedgerRow
 from fedseg.engine.messages import Message
@@ -63,7 +63,7 @@ class BaseEngine:
         algorithm: str,
         sites: list[str],
         task: Task,
-        options: object = None,
+        options: MethodOptions | None = None,
         observers: list[Observer] | None = None,
     ):
         self.algorithm = algorithm

@@ -14,13 +14,18 @@ import os
 import tempfile
 import threading
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from types import TracebackType
+from typing import Any, BinaryIO, TypeVar, cast
 
 import torch
 
+T = TypeVar("T")
 
-def atomic_write_bytes(path: Path, write) -> None:
+
+def atomic_write_bytes(path: Path, write: Callable[[BinaryIO], object]) -> None:
     """Call ``write(file)`` on a temp file next to ``path`` and atomically replace ``path`` with it."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
@@ -67,20 +72,21 @@ def atomic_write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, lambda f: f.write(text.encode()))
 
 
-def save_checkpoint(path: Path, payload: dict) -> None:
+def save_checkpoint(path: Path, payload: dict[str, Any]) -> None:
     atomic_write_bytes(path, lambda f: torch.save(payload, f))
 
 
-def snapshot(obj):
+def snapshot(obj: T) -> T:
     """A copy of ``obj`` that later in-place changes cannot reach: tensors cloned, dicts/lists/tuples
     copied recursively; anything else (numbers, strings) is immutable and shared."""
+    copied: object = obj
     if isinstance(obj, torch.Tensor):
-        return obj.detach().clone()
-    if isinstance(obj, dict):
-        return {k: snapshot(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(snapshot(v) for v in obj)
-    return obj
+        copied = obj.detach().clone()
+    elif isinstance(obj, dict):
+        copied = {k: snapshot(v) for k, v in obj.items()}
+    elif isinstance(obj, (list, tuple)):
+        copied = type(obj)(snapshot(v) for v in obj)
+    return cast(T, copied)
 
 
 class CheckpointWriter:
@@ -93,18 +99,18 @@ class CheckpointWriter:
 
     def __init__(self) -> None:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
-        self._queue: deque[Future] = deque()
+        self._queue: deque[Future[None]] = deque()
 
-    def save(self, path: Path, payload: dict, frozen: bool = False) -> None:
+    def save(self, path: Path, payload: dict[str, Any], frozen: bool = False) -> None:
         """Queue an atomic write of ``payload``; ``frozen``: the caller guarantees nothing in it will
         change (fresh copies), so it is not copied again."""
         self._submit(save_checkpoint, path, payload if frozen else snapshot(payload))
 
-    def then(self, fn) -> None:
+    def then(self, fn: Callable[[], object]) -> None:
         """Call ``fn()`` on the writer thread after the tasks queued so far (e.g. delete files they replace)."""
         self._submit(fn)
 
-    def _submit(self, fn, *args) -> None:
+    def _submit(self, fn: Callable[..., object], *args: Any) -> None:
         while self._queue and (len(self._queue) >= self.MAX_QUEUED or self._queue[0].done()):
             self._queue.popleft().result()  # bounds the payloads held in memory; re-raises a failure
         previous = self._queue[-1] if self._queue else None
@@ -124,7 +130,9 @@ class CheckpointWriter:
     def __enter__(self) -> CheckpointWriter:
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         if exc is None:
             self.close()
             return
@@ -134,7 +142,7 @@ class CheckpointWriter:
             exc.add_note(f"also, a checkpoint write failed: {type(write_error).__name__}: {write_error}")
 
 
-def _after(previous: Future | None, fn, *args) -> None:
+def _after(previous: Future[None] | None, fn: Callable[..., object], *args: Any) -> None:
     """Run ``fn(*args)`` once ``previous`` (already run: one worker, FIFO) succeeded; else re-raise its error."""
     if previous is not None:
         previous.result()
@@ -161,8 +169,9 @@ def remove_temp_files(path: Path) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def load_checkpoint(path: Path) -> dict | None:
+def load_checkpoint(path: Path) -> dict[str, Any] | None:
     """The checkpoint at ``path``, or None if there is none."""
     if not path.is_file():
         return None
-    return torch.load(path, map_location="cpu", weights_only=True)
+    loaded: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=True)
+    return loaded

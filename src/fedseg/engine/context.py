@@ -13,17 +13,18 @@ from __future__ import annotations
 import copy
 import time
 import zlib
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol, TypeVar
 
 import numpy as np
 import torch
+from pydantic import BaseModel, ConfigDict
 from torch import nn
 
 from fedseg.accel import prepare_model, resolve
-from fedseg.config import RunConfig, region_tolerances
+from fedseg.config import BudgetConfig, RunConfig, region_tolerances
 from fedseg.data.dataset import SiteData
 from fedseg.engine.faults import inject, matching_faults
 from fedseg.engine.messages import Message, load_weights
@@ -66,6 +67,39 @@ class Task:
         return region_tolerances(self.cfg.eval.nsd_tolerance, self.regions)
 
 
+class MethodOptions(BaseModel):
+    """A method's validated options (config ``methods.<name>``; every method's options model extends this
+    one) and the hooks through which they shape a run. Each hook defaults to "nothing differs"; built once
+    per run from the config (``AlgorithmSpec.parse_options``) and handed to the server and every client.
+
+    ``check_sites(num_sites, algorithm)`` and ``check_task(task, algorithm)`` raise a ValueError before any
+    work when the options do not hold for that many sites (FedSM's SoftPull ``lam >= 1/K``) or for the
+    run's network (FedPer's ``private_layers``); ``run_rounds(rounds)`` is the number of rounds the method
+    trains for ``fl.rounds = rounds`` (``finetune``'s ``epochs``); ``local_budget()`` is a site's local
+    budget of one round, None for ``train.budget``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    def check_sites(self, num_sites: int, algorithm: str) -> None:
+        """Raise a ValueError if the options do not hold for a federation of ``num_sites`` sites."""
+
+    def check_task(self, task: Task, algorithm: str) -> None:
+        """Raise a ValueError if the options do not fit the run's network and task."""
+
+    def run_rounds(self, rounds: int) -> int:
+        """The rounds this method trains for ``fl.rounds = rounds`` (default: those)."""
+        return rounds
+
+    def local_budget(self) -> BudgetConfig | None:
+        """A site's local budget of one round; None: the Trainer's own (``train.budget``)."""
+        return None
+
+    def run_note(self, task: Task, algorithm: str) -> str | None:
+        """A line the run shows once when it starts, saying what the options mean on this run's network (e.g.
+        FedPer's share of private parameters); None: nothing to say."""
+        return None
+
+
 class ReusedModels:
     """Networks a client keeps from one message to the next, one per slot name, instead of building one per
     message (``Task.new_model`` deep-copies a template: about 15 ms for the default U-Net, ten times loading its
@@ -82,10 +116,12 @@ class ReusedModels:
     def __init__(self) -> None:
         self._slots: dict[str, _Slot] = {}
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[type[ReusedModels], tuple[()]]:
         return (ReusedModels, ())
 
-    def get(self, slot: str, owner: tuple, build: Callable[[], nn.Module], weights) -> nn.Module:
+    def get(
+        self, slot: str, owner: tuple[object, ...], build: Callable[[], nn.Module], weights: Mapping[str, torch.Tensor]
+    ) -> nn.Module:
         held = self._slots.get(slot)
         if held is None or len(held.owner) != len(owner) or any(a is not b for a, b in zip(held.owner, owner)):
             held = self._slots[slot] = _Slot(owner, build())
@@ -98,7 +134,7 @@ class ReusedModels:
 class _Slot:
     """One reused network and what ``reset`` puts back (``ReusedModels``)."""
 
-    def __init__(self, owner: tuple, model: nn.Module):
+    def __init__(self, owner: tuple[object, ...], model: nn.Module):
         self.owner, self.model = owner, model
         self.modes = [m.training for m in model.modules()]
         self.requires_grad = [p.requires_grad for p in model.parameters()]
@@ -118,6 +154,9 @@ class _Slot:
                     state[k].copy_(v)
 
 
+Options = TypeVar("Options", bound=MethodOptions)
+
+
 @dataclass
 class ClientContext:
     """Everything a client may use while answering one message; all of it is local to the site."""
@@ -132,11 +171,19 @@ class ClientContext:
     task: Task
     generator: torch.Generator
     artifacts: Path | None = None  # site-local folder for files the site writes itself (report samples)
-    options: Any = None  # the algorithm's validated options model (config ``methods.<name>``)
+    options: MethodOptions = field(default_factory=MethodOptions)  # config ``methods.<name>``, validated
 
     @property
     def cfg(self) -> RunConfig:
         return self.task.cfg
+
+
+def options_as(options: MethodOptions, kind: type[Options]) -> Options:
+    """A method's ``options`` (e.g. ``ctx.options``) as its own options model ``kind``: a client reads its fields
+    through this; a TypeError for another method's options."""
+    if not isinstance(options, kind):
+        raise TypeError(f"the options are {type(options).__name__}, not {kind.__name__}")
+    return options
 
 
 class Client(Protocol):
@@ -174,7 +221,7 @@ def answer(
     data: SiteData,
     state: State,
     task: Task,
-    options: Any = None,
+    options: MethodOptions | None = None,
     artifacts: Path | None = None,
 ) -> tuple[Message, float]:
     """Build the site's ``ClientContext`` (its random stream from (seed, site index, round, action)),
@@ -191,7 +238,7 @@ def answer(
         task=task,
         generator=seeded_generator(stream_seed(task.cfg.seed, to.site_index, to.round, to.action)),
         artifacts=artifacts,
-        options=options,
+        options=MethodOptions() if options is None else options,
     )
     faults = matching_faults(task.cfg, to.site, to.round, to.action)  # config ``faults``: injected ones
     start = time.perf_counter()

@@ -10,6 +10,7 @@ wall time is the sum of ``wall_seconds`` over its distinct exchanges (:meth:`Led
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import Any
 
 EVAL_ACTIONS = frozenset({"evaluate", "share_model"})  # evaluation traffic, not training
 FORWARD_ONLY_ACTIONS = frozenset({"loss"})  # steps of these rows are forward-only batches (q-FedAvg's F_k pass)
@@ -66,15 +67,15 @@ class Ledger:
             walls.setdefault(r.round, {})[r.exchange] = r.wall_seconds
         return {rnd: sum(w.values()) for rnd, w in walls.items()}
 
-    def failures(self) -> list[dict]:
+    def failures(self) -> list[dict[str, Any]]:
         """The skipped replies: ``{round, site, action, reason}`` per ledger row with a failure."""
         return [
             {"round": r.round, "site": r.site, "action": r.action, "reason": r.failure} for r in self.rows if r.failure
         ]
 
-    def as_dicts(self) -> list[dict]:
+    def as_dicts(self) -> list[dict[str, Any]]:
         return [asdict(r) for r in self.rows]
 
     @classmethod
-    def from_dicts(cls, rows: list[dict]) -> Ledger:
+    def from_dicts(cls, rows: list[dict[str, Any]]) -> Ledger:
         return cls([LedgerRow(**r) for r in rows])

@@ -59,9 +59,9 @@ import torch.multiprocessing as tmp
 
 from fedseg.data.dataset import SiteData
 from fedseg.engine.base import Observer
-from fedseg.engine.context import Client, Delivery, Task, answer
+from fedseg.engine.context import Client, Delivery, MethodOptions, Task, answer
 from fedseg.engine.forkserver import PRELOAD, START_METHOD
-from fedseg.engine.messages import Message
+from fedseg.engine.messages import Message, MetaValue
 from fedseg.engine.simulator import SitesHereEngine
 from fedseg.engine.state import StateStore
 
@@ -112,11 +112,11 @@ def unpack(packed: Packed) -> dict[str, torch.Tensor]:
     return out
 
 
-def pack_message(msg: Message) -> tuple[Packed, dict]:
+def pack_message(msg: Message) -> tuple[Packed, dict[str, MetaValue]]:
     return pack(msg.tensors), dict(msg.meta)
 
 
-def unpack_message(packed: tuple[Packed, dict]) -> Message:
+def unpack_message(packed: tuple[Packed, dict[str, MetaValue]]) -> Message:
     return Message(unpack(packed[0]), packed[1])
 
 
@@ -135,7 +135,7 @@ def worker_main(conn: Any, threads: int, device: str) -> None:
     ``("ok", reply, seconds, state)`` or ``("error", exception)``), ``("forget", key)``; ``None`` ends it."""
     torch.set_num_threads(threads)
     data: dict[str, SiteData] = {}
-    contexts: dict[str, tuple] = {}
+    contexts: dict[str, tuple[Any, ...]] = {}
     try:
         while True:
             try:
@@ -157,7 +157,7 @@ def worker_main(conn: Any, threads: int, device: str) -> None:
                 contexts.pop(item[1], None)
             elif kind == "answer":
                 key, site, msg, to, state = item[1:]
-                result: tuple
+                result: tuple[Any, ...]
                 try:
                     client, task, options, artifacts = contexts[key]
                     state = unpack(state)
@@ -218,7 +218,9 @@ class WorkerPool:
     threads: int = 1
     devices: Sequence[str] = ("cpu",)
     slots: list[Worker] = field(default_factory=list, init=False)
-    contexts: dict[str, tuple] = field(default_factory=dict, init=False)  # key -> (client, task, options, artifacts)
+    contexts: dict[str, tuple[Any, ...]] = field(
+        default_factory=dict, init=False
+    )  # key -> (client, task, options, artifacts)
     replaced: int = field(default=0, init=False)  # workers started to replace dead ones
 
     def __post_init__(self) -> None:
@@ -265,7 +267,9 @@ class WorkerPool:
         self._setup(new)
         return new
 
-    def register(self, key: str, client: Client, task: Task, options: Any, artifacts: Path | None) -> None:
+    def register(
+        self, key: str, client: Client, task: Task, options: MethodOptions | None, artifacts: Path | None
+    ) -> None:
         """Make an algorithm's client known to every worker (and to the workers started later)."""
         context = (client, replace(task), options, artifacts)  # replace: without the parent's model cache
         self.contexts[key] = context
@@ -277,7 +281,7 @@ class WorkerPool:
             for worker in list(self.slots):
                 self._send(worker, ("forget", key))
 
-    def _send(self, worker: Worker, item: tuple) -> Worker:
+    def _send(self, worker: Worker, item: tuple[Any, ...]) -> Worker:
         """Send ``item`` to ``worker``; a dead worker is replaced first (the item goes to its successor)."""
         for _ in range(2):
             if worker.process.is_alive():
@@ -306,7 +310,7 @@ class WorkerPool:
     def __enter__(self) -> WorkerPool:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     # --- one exchange -------------------------------------------------------------------------------------
@@ -316,7 +320,9 @@ class WorkerPool:
         """Answer every ``(site, message, delivery)`` of ``jobs`` (in that order as workers free up) with
         context ``key``; each site's store is loaded from ``store`` and saved back when its client returned."""
         queue, answered = list(jobs), dict[str, Answer]()
-        packed: dict[int, tuple[Packed, dict]] = {}  # id(message) -> packed once (one model sent to every site)
+        packed: dict[
+            int, tuple[Packed, dict[str, MetaValue]]
+        ] = {}  # id(message) -> packed once (one model sent to every site)
         for _, msg, _ in jobs:
             if id(msg) not in packed:
                 packed[id(msg)] = pack_message(msg)
@@ -362,7 +368,8 @@ class WorkerPool:
                 + (f" with exit code {code}" if code is not None else "")
             )
         if result[0] == "error":
-            return result[1]
+            error: BaseException = result[1]
+            return error
         _, reply, seconds, state = result
         store.save(site, unpack(state))
         return unpack_message(reply), seconds
@@ -395,7 +402,7 @@ class PoolEngine(SitesHereEngine):
         pool: WorkerPool,
         site_data: list[SiteData],
         task: Task,
-        options: object = None,
+        options: MethodOptions | None = None,
         artifacts: Path | None = None,
         observers: list[Observer] | None = None,
         store: StateStore | None = None,

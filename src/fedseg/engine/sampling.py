@@ -7,7 +7,7 @@ exchange and the merge see them in the same order as without sampling. ``fl.clie
 is a fraction ``q`` in (0, 1] (``K = max(1, round(q N))``) or a count ``K`` (at most ``N``); None or
 ``K = N`` means every site (no draw).
 
-Which methods may sample is the servers' business (``fedseg.algorithms.fedavg.sampling_refusal``):
+Which methods may sample is the servers' business (``fedseg.algorithms.sampling.sampling_refusal``):
 the sampling itself is this one function.
 """
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from fedseg.data.dataset import SiteData
 from fedseg.engine.base import BaseEngine, ClientStates, Observer
-from fedseg.engine.context import Client, Task, answer
+from fedseg.engine.context import Client, MethodOptions, Task, answer
 from fedseg.engine.messages import Message
 from fedseg.engine.state import StateStore
 
@@ -29,7 +29,7 @@ class SitesHereEngine(BaseEngine):
         algorithm: str,
         site_data: list[SiteData],
         task: Task,
-        options: object = None,
+        options: MethodOptions | None = None,
         observers: list[Observer] | None = None,
         store: StateStore | None = None,
     ):
@@ -72,7 +72,7 @@ class Simulator(SitesHereEngine):
         client: Client,
         site_data: list[SiteData],
         task: Task,
-        options: object = None,
+        options: MethodOptions | None = None,
         artifacts: Path | None = None,
         observers: list[Observer] | None = None,
         store: StateStore | None = None,

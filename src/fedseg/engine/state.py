@@ -34,10 +34,12 @@ import re
 import shutil
 import zlib
 from pathlib import Path
+from typing import BinaryIO
 
 import torch
 from safetensors.torch import load_file, save
 
+from fedseg.config import RunConfig
 from fedseg.engine.checkpoint import atomic_write_bytes
 
 State = dict[str, torch.Tensor]
@@ -168,7 +170,11 @@ class StateStore:
                     f"{source}: missing (site {site!r}'s state store of a checkpoint); cannot resume"
                 )
             self.memory.pop(site, None)
-            atomic_write_bytes(self.path(site), lambda f, source=source: f.write(source.read_bytes()))
+
+            def copy(f: BinaryIO, source: Path = source) -> None:
+                f.write(source.read_bytes())
+
+            atomic_write_bytes(self.path(site), copy)
             self.on_disk.add(site)
 
     def release(self, kept: list[ClientStates]) -> None:
@@ -192,10 +198,10 @@ class StateStore:
                 folder.rmdir()
 
 
-def state_store(cfg, sites: list[str], folder: Path) -> StateStore:
+def state_store(cfg: RunConfig, sites: list[str], folder: Path) -> StateStore:
     """The store ``cfg.engine`` asks for (``state``, ``memory_budget_mb``); ``folder``: where files go."""
-    engine = cfg.engine
-    if engine.state == "memory" and engine.memory_budget_mb is None:
+    engine, budget_mb = cfg.engine, cfg.engine.memory_budget_mb
+    if engine.state == "memory" and budget_mb is None:
         return StateStore(sites)
-    budget = 0 if engine.state == "disk" else int(engine.memory_budget_mb * 1e6)
+    budget = 0 if engine.state == "disk" or budget_mb is None else int(budget_mb * 1e6)
     return StateStore(sites, folder, budget)

@@ -4,7 +4,7 @@ the options' notes on this federation and network."""
 from __future__ import annotations
 
 from fedseg.algorithms import get_algorithm
-from fedseg.algorithms.fedavg import sampling_refusal
+from fedseg.algorithms.sampling import sampling_refusal
 from fedseg.config import RunConfig
 from fedseg.engine.context import Task
 
@@ -13,7 +13,7 @@ LOCAL_MODELS_WARN_SITES = 20  # above this many sites the K x K test evaluations
 
 def check_sampling(cfg: RunConfig, num_sites: int, where: str) -> None:
     """Before any work: ``fl.clients_per_round`` fits the federation and every federated method of the run may
-    sample (``fedseg.algorithms.fedavg.sampling_refusal``); the baselines (centralized, local) do not sample."""
+    sample (``fedseg.algorithms.sampling.sampling_refusal``); the baselines (centralized, local) do not sample."""
     from fedseg.engine.sampling import sample_count
 
     value = cfg.fl.clients_per_round
@@ -61,5 +61,5 @@ def option_warnings(name: str, cfg: RunConfig, num_sites: int) -> list[str]:
 def method_notes(cfg: RunConfig, task: Task) -> list[str]:
     """Lines saying what a method's options mean on this run's network (an options model's ``run_note(task,
     algorithm)``, e.g. FedPer's share of private parameters), shown once when the run starts."""
-    notes = (getattr(get_algorithm(n).parse_options(cfg.methods.get(n)), "run_note", None) for n in cfg.algorithms)
-    return [note(task, n) for n, note in zip(cfg.algorithms, notes) if note is not None]
+    notes = (get_algorithm(n).parse_options(cfg.methods.get(n)).run_note(task, n) for n in cfg.algorithms)
+    return [note for note in notes if note is not None]

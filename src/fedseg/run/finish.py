@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fedseg.algorithms.fedavg import sampling_refusal
+from fedseg.algorithms.sampling import sampling_refusal
 from fedseg.engine.checkpoint import save_checkpoint
 from fedseg.run.outputs import bundle_order, write_bundle_files
 from fedseg.run.result import AlgorithmResult, Row
@@ -62,7 +62,7 @@ def training_summary(run: AlgorithmRun, state: RoundState, last: int, test_rows:
     if server.SELECTS_PER_SITE:  # the round each site's tested model comes from (its own best on validation)
         summary["selected_rounds"] = dict(server.selected_rounds)
     summary.update(spec.summary_fields())
-    summary.update(getattr(server, "summary_fields", dict)())  # a server's own, e.g. fedavg-dp's privacy
+    summary.update(server.summary_fields())  # a server's own, e.g. fedavg-dp's privacy
     summary["train_samples"] = {s: engine.num_samples(s, "train") for s in sites}
     summary["site_models"] = {s: server.site_model(s) for s in sites}  # the model each site's scores come from
     summary["convergence"] = convergence(

@@ -57,7 +57,7 @@ def run_algorithm(
     and the test results after the finished checkpoint, so a resumed run logs nothing twice."""
     spec = get_algorithm(name)
     options = spec.parse_options(prep.task.cfg.methods.get(name))
-    method_cfg = spec.run_config(prep.task.cfg)  # type: ignore[no-untyped-call]  # the algorithms' own typing
+    method_cfg = spec.run_config(prep.task.cfg)
     if method_cfg is not prep.task.cfg:  # the method's own rounds
         prep = replace(prep, task=replace(prep.task, cfg=method_cfg))
     earlier = earlier or {}

@@ -57,9 +57,11 @@ from fedseg.algorithms.autofedavg.weights import (
     merge_alpha,
     stack_models,
 )
-from fedseg.algorithms.fedavg import MODEL, BudgetOptions, FedAvgClient, FedAvgServer, put_group, state_group
+from fedseg.algorithms.client_state import put_group, state_group
+from fedseg.algorithms.fedavg import BudgetOptions, FedAvgClient, FedAvgServer
+from fedseg.algorithms.prefixes import MODEL
 from fedseg.algorithms.registry import AlgorithmSpec
-from fedseg.engine.context import ClientContext, State, Task, stream_seed
+from fedseg.engine.context import ClientContext, State, Task, options_as, stream_seed
 from fedseg.engine.messages import Message, prefixed
 from fedseg.train import TrainStats, load_optimizer_state, optimizer_state, segmentation_loss
 
@@ -124,6 +126,8 @@ def learns(options: AutoFedAvgOptions, rnd: int) -> bool:
 
 class AutoFedAvgServer(FedAvgServer):
     """FedAvg's server with a learned merge (see the module docstring). State: the global model and beta."""
+
+    options: AutoFedAvgOptions  # this method's options (``FedAvgServer.options``)
 
     def __init__(self, engine, task: Task, options: AutoFedAvgOptions):
         super().__init__(engine, task, options)
@@ -215,7 +219,9 @@ class AutoFedAvgClient(FedAvgClient):
 
     def after_fit(self, model: nn.Module, stats: TrainStats, msg: Message, ctx: ClientContext) -> Message:
         reply = super().after_fit(model, stats, msg, ctx)
-        if learns(ctx.options, ctx.round):  # its own w_k, for LearnAggWeight (the server sends the others)
+        if learns(
+            options_as(ctx.options, AutoFedAvgOptions), ctx.round
+        ):  # its own w_k, for LearnAggWeight (the server sends the others)
             put_group(ctx.state, f"{MODELS}/{ctx.site_index}", reply.group(MODEL))
         return reply
 
@@ -228,7 +234,7 @@ class AutoFedAvgClient(FedAvgClient):
 
     def on_learn_weights(self, msg: Message, ctx: ClientContext) -> Message:
         """``count`` beta steps from the received beta on mini-batches of the site's training split."""
-        opts: AutoFedAvgOptions = ctx.options
+        opts = options_as(ctx.options, AutoFedAvgOptions)
         models = [state_group(ctx.state, f"{MODELS}/{j}") for j in range(ctx.num_sites)]
         if not all(models):
             raise ValueError(

@@ -44,7 +44,7 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from fedseg.algorithms.fedavg import put_group, state_group
+from fedseg.algorithms.client_state import put_group, state_group
 from fedseg.algorithms.fedsm.family import FEDSM
 from fedseg.algorithms.fedsm.method import (
     OWN_SITE,
@@ -53,9 +53,9 @@ from fedseg.algorithms.fedsm.method import (
     SELECTOR_OPT,
     FedSMClient,
     FedSMServer,
-    SelectorOptions,
 )
 from fedseg.algorithms.fedsm.model import EnsembleForward, LabeledImages, Mode, extra_labels
+from fedseg.algorithms.fedsm.options import SelectorOptions
 from fedseg.algorithms.fedsm.selector import Selector
 from fedseg.algorithms.registry import AlgorithmSpec
 from fedseg.engine.context import ClientContext, Task

@@ -62,26 +62,14 @@ import itertools
 import json
 import math
 from functools import partial
-from typing import Literal
 
 import numpy as np
 import torch
-from pydantic import Field, field_validator
 from torch import nn
 
 from fedseg.algorithms.aggregate import weighted_average
-from fedseg.algorithms.fedavg import (
-    FedAvgClient,
-    FedAvgOptions,
-    FedAvgServer,
-    put_group,
-    reused_models,
-    score_at_site,
-    state_group,
-    surface_meta,
-    wants_surface,
-    write_sample,
-)
+from fedseg.algorithms.client_state import put_group, state_group
+from fedseg.algorithms.fedavg import FedAvgClient, FedAvgServer, reused_models
 from fedseg.algorithms.fedsm.family import FEDSM
 from fedseg.algorithms.fedsm.model import (
     GLOBAL_INDEX,
@@ -92,12 +80,14 @@ from fedseg.algorithms.fedsm.model import (
     bundle_entries,
     route,
 )
-from fedseg.algorithms.fedsm.personalize import PERSONAL, TRACK, PersonalizationOptions, personalization
+from fedseg.algorithms.fedsm.options import FedSMOptions, SelectorOptions
+from fedseg.algorithms.fedsm.personalize import PERSONAL, TRACK, personalization
 from fedseg.algorithms.fedsm.selector import Selector, build_selector
 from fedseg.algorithms.registry import AlgorithmSpec
+from fedseg.algorithms.site_scoring import score_at_site, surface_meta, wants_surface, write_sample
 from fedseg.config import BudgetConfig
 from fedseg.data.dataset import CaseSet
-from fedseg.engine.context import ClientContext, Task
+from fedseg.engine.context import ClientContext, Task, options_as
 from fedseg.engine.messages import Message, MetaValue, load_weights, prefixed, weights_of
 from fedseg.evaluate.metric_info import METRIC_NAMES
 from fedseg.evaluate.metrics import Scores
@@ -106,69 +96,9 @@ from fedseg.train import LossFn, TrainHooks, TrainStats
 
 GLOBAL, SELECTOR, SELECTOR_OPT = "global", "selector", "selector_opt"  # message groups (and PERSONAL, TRACK)
 MODEL_NAME = "fedsm"  # the ``model`` of every result row: each site uses the super model
-DEFAULT_GRID = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0)
 
 
 ROUTE, OWN_SITE = "route", "own"  # evaluation meta: route every image to its own site's personalized model
-
-
-class SelectorOptions(FedAvgOptions, PersonalizationOptions):
-    """Options shared by the FedSM variants (config ``methods.<name>``); ``weighting`` and
-    ``local_steps`` as for FedAvg (the selector trains for the same local budget as the models);
-    ``personalization``, ``lam`` and each strategy's hyperparameters from ``PersonalizationOptions``."""
-
-    OWN_MERGE = "the FedSM family merges the global model, the selector and the personalized models itself"
-
-    selector_width: float = Field(0.25, gt=0, description="VGG-11 channel multiplier (1 = VGG-11; 0.25: CPU default)")
-    selector_input_size: int | None = Field(
-        None, ge=1, description="side the selector resamples images to; None = model input"
-    )
-    selector_norm: Literal["batch", "instance"] = Field(
-        "instance", description="selector normalization layers (see module doc)"
-    )
-    selector_lr: float | None = Field(
-        None, gt=0, description="selector learning rate eta_s; None = train.lr (scaled per round by train.lr_schedule)"
-    )
-    average_selector_moments: bool = Field(
-        True, description="send the selector's optimizer moments with w_s and average them (extra traffic, counted)"
-    )
-    selector_weighting: Literal["samples", "uniform"] = Field(
-        "uniform",
-        description="how the selector and its moments merge: uniform (default; every site's label weighs the same) "
-        "or samples (the paper's n_k/n, Alg. 1: with one label per site it favours the largest sites — the selector "
-        "collapsed to them on synthetic-prostate)",
-    )
-    selector_steps: int | None = Field(
-        10,
-        ge=1,
-        description="local selector steps per site and round (default 10: every site's label gets the same pull); "
-        "None = the round's local budget, as the models (the paper: steps grow with n_k)",
-    )
-
-    def check_sites(self, num_sites: int, algorithm: str) -> None:
-        """FedSM needs K >= 2 sites (SoftPull averages the other K-1 personalized models, the selector
-        chooses among sites). Called before any work (``AlgorithmSpec.check_sites``) and when a server starts."""
-        if num_sites < 2:
-            raise ValueError(
-                f"{algorithm} needs at least 2 sites (SoftPull, Eq. 11, averages the other K-1 personalized "
-                f"models and the selector chooses among sites); this federation has {num_sites}"
-            )
-
-
-class FedSMOptions(SelectorOptions):
-    """``fedsm``: Algorithm 1 training, Algorithm 2 inference with threshold gamma."""
-
-    gamma_grid: tuple[float, ...] = Field(DEFAULT_GRID, min_length=1, description="thresholds tried on validation data")
-    val_gamma: float | None = Field(
-        None, ge=0, le=1, description="fixed gamma for per-round validation; None = best on the grid"
-    )
-
-    @field_validator("gamma_grid")
-    @classmethod
-    def _grid(cls, grid: tuple[float, ...]) -> tuple[float, ...]:
-        if any(not 0.0 <= g <= 1.0 for g in grid):
-            raise ValueError(f"every gamma must lie in [0, 1], got {list(grid)}")
-        return tuple(sorted(set(grid)))
 
 
 def new_selector(task: Task, options: SelectorOptions, num_classes: int) -> Selector:
@@ -224,7 +154,7 @@ class FedSMClient(FedAvgClient):
         classes = ctx.num_sites + self.EXTRA_CLASSES
 
         def build() -> Selector:
-            return new_selector(ctx.task, ctx.options, classes)
+            return new_selector(ctx.task, options_as(ctx.options, SelectorOptions), classes)
 
         if slot is not None:
             return reused_models(self).get(f"{slot}/{classes}", (ctx.task, ctx.options), build, weights)  # type: ignore[return-value]
@@ -260,7 +190,9 @@ class FedSMClient(FedAvgClient):
             model = self.segmenter(msg.group(GLOBAL), ctx, slot=f"train/{GLOBAL}")
             stats[GLOBAL] = self.fit(model, msg, ctx, state_key=f"opt_{GLOBAL}")
             out.update(prefixed(GLOBAL, weights_of(model)))
-            tensors, stats[PERSONAL] = personalization(ctx.options).train(self, msg, msg.group(GLOBAL), ctx)
+            tensors, stats[PERSONAL] = personalization(options_as(ctx.options, SelectorOptions)).train(
+                self, msg, msg.group(GLOBAL), ctx
+            )
             out.update(tensors)
         if msg.group(SELECTOR):
             selector = self.selector(msg.group(SELECTOR), ctx, slot=f"train/{SELECTOR}")
@@ -268,14 +200,15 @@ class FedSMClient(FedAvgClient):
             if msg.group(SELECTOR_OPT):  # averaged moments from the server replace the local ones
                 put_group(ctx.state, key, msg.group(SELECTOR_OPT))
             data, loss_fn, hooks = self.selector_task(selector, msg, ctx)
-            train_cfg = ctx.cfg.train.model_copy(update={"lr": ctx.options.selector_lr or ctx.cfg.train.lr})
-            steps = ctx.options.selector_steps
+            opts = options_as(ctx.options, SelectorOptions)
+            train_cfg = ctx.cfg.train.model_copy(update={"lr": opts.selector_lr or ctx.cfg.train.lr})
+            steps = opts.selector_steps
             budget = None if steps is None else BudgetConfig(unit="steps", amount=steps)
             stats[SELECTOR] = self.fit(
                 selector, msg, ctx, key, data=data, loss_fn=loss_fn, train_cfg=train_cfg, budget=budget, hooks=hooks
             )
             out.update(prefixed(SELECTOR, weights_of(selector)))
-            if ctx.options.average_selector_moments:
+            if opts.average_selector_moments:
                 out.update(prefixed(SELECTOR_OPT, state_group(ctx.state, key)))
         meta: dict[str, MetaValue] = {
             "steps": sum(s.steps for s in stats.values()),  # optimizer steps of every model trained
@@ -340,6 +273,8 @@ class FedSMServer(FedAvgServer):
     """Keeps w_g, every w_p,k, w_s (and optionally the selector's averaged moments), gamma and the
     personalization's shared track model (Per-FedAvg's meta-model, pFedMe's w; else empty)."""
 
+    options: SelectorOptions  # this method's options (``FedAvgServer.options``)
+
     MODE: Mode = "threshold"
     EXTRA_CLASSES = 0
     KEEPS_LOCAL_MODELS = False  # the personalized models are the family's own; no FedAvg local models
@@ -357,12 +292,22 @@ class FedSMServer(FedAvgServer):
         self.last_eval: dict[str, dict[str, Message]] = {}  # split -> site -> evaluation reply
         self.last_train_losses: dict[str, dict[str, float]] = {}  # site -> trained group -> mean loss
 
+    @property
+    def threshold_options(self) -> FedSMOptions:
+        """The options of threshold routing (``MODE = "threshold"``: FedSM's own, with ``gamma_grid``)."""
+        if not isinstance(self.options, FedSMOptions):
+            raise TypeError(
+                f"{self.algorithm}: threshold routing needs FedSMOptions, got {type(self.options).__name__}"
+            )
+        return self.options
+
     def fixed_gamma(self) -> float:
         """The gamma before any validation: ``val_gamma``, else the middle of the grid; NaN without a threshold."""
         if self.MODE != "threshold":
             return math.nan
-        grid = self.options.gamma_grid
-        return float(grid[len(grid) // 2]) if self.options.val_gamma is None else float(self.options.val_gamma)
+        opts = self.threshold_options
+        grid = opts.gamma_grid
+        return float(grid[len(grid) // 2]) if opts.val_gamma is None else float(opts.val_gamma)
 
     # --- one round (Algorithm 1) -------------------------------------------------------
     def model_tensors(self, site: str) -> dict[str, torch.Tensor]:
@@ -431,15 +376,16 @@ class FedSMServer(FedAvgServer):
         replies = self.engine.exchange(self.eval_messages(split, sample), "evaluate")
         self.last_eval[split] = replies
         if self.MODE == "threshold":
-            if split == "val" and getattr(self.options, "val_gamma", None) is None:
+            if split == "val" and isinstance(self.options, FedSMOptions) and self.options.val_gamma is None:
                 self.gamma = self.best_gamma(replies)
             replies = {s: at_gamma(r, self.gamma) for s, r in replies.items()}
         return eval_rows(self.engine.algorithm, replies, self.task.regions)
 
     def best_gamma(self, replies: dict[str, Message]) -> float:
         """The gamma of ``gamma_grid`` with the best mean validation Dice over sites (ties: the larger)."""
-        best, best_score = float(self.options.gamma_grid[-1]), -math.inf
-        for gamma in self.options.gamma_grid:
+        grid = self.threshold_options.gamma_grid
+        best, best_score = float(grid[-1]), -math.inf
+        for gamma in grid:
             rows = eval_rows(
                 self.engine.algorithm, {s: at_gamma(r, gamma) for s, r in replies.items()}, self.task.regions
             )

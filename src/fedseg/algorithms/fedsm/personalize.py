@@ -66,14 +66,14 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 from torch import nn
 from torch.func import functional_call
 
 from fedseg.algorithms.aggregate import server_step, softpull, weighted_average
-from fedseg.algorithms.fedavg import local_budget, put_group, state_group
+from fedseg.algorithms.client_state import put_group, state_group
 from fedseg.config import BudgetConfig
-from fedseg.engine.context import ClientContext
+from fedseg.engine.context import ClientContext, MethodOptions
 from fedseg.engine.messages import Message, prefixed, weights_of
 from fedseg.train import TrainHooks, TrainStats, batches, round_lr, segmentation_loss
 
@@ -89,11 +89,10 @@ APFL_V, APFL_ALPHA = (
 OPT_PERSONAL = "opt_personal"  # client-state prefix of the personalized track's optimizer moments
 
 
-class PersonalizationOptions(BaseModel):
+class PersonalizationOptions(MethodOptions):
     """The ``personalization`` choice and each strategy's hyperparameters (defaults from the cited
     papers where they fit a small Adam-trained UNet, see each description)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
     personalization: Strategy = Field(
         "softpull", description="how the personalized models are produced: softpull | ft | apfl | perfedavg | pfedme"
     )
@@ -167,7 +166,7 @@ def combined(main: TrainStats, *others: TrainStats) -> TrainStats:
 
 def round_budget(ctx: ClientContext) -> BudgetConfig:
     """The local budget of one round: ``local_steps`` if set, else ``train.budget``."""
-    return local_budget(ctx.options) or ctx.cfg.train.budget
+    return ctx.options.local_budget() or ctx.cfg.train.budget
 
 
 def round_rate(ctx: ClientContext, rate: float) -> float:

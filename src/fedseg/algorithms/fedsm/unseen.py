@@ -25,16 +25,16 @@ import math
 
 import numpy as np
 import torch
-from pydantic import BaseModel
 
 from fedseg.algorithms.fedsm.model import GLOBAL_INDEX, SELECTOR_SPEC, candidate_names, route, super_model_from_bundle
+from fedseg.algorithms.fedsm.options import FedSMOptions
 from fedseg.data.dataset import CaseSet
-from fedseg.engine.context import Task
+from fedseg.engine.context import MethodOptions, Task
 from fedseg.evaluate.inference import candidate_dice, score_caseset
 from fedseg.evaluate.tables import site_dice
 
 
-def unseen_cells(bundle: dict, data: CaseSet, task: Task, options: BaseModel) -> dict | None:
+def unseen_cells(bundle: dict, data: CaseSet, task: Task, options: MethodOptions) -> dict | None:
     """The Table 5 cells of a FedSM-family ``bundle`` on the unseen site's ``data`` (module doc);
     None for a bundle without a selector."""
     if SELECTOR_SPEC not in bundle:
@@ -65,7 +65,7 @@ def unseen_cells(bundle: dict, data: CaseSet, task: Task, options: BaseModel) ->
 
     if sm.mode != "threshold":
         return {"mode": sm.mode, **at()}
-    grid = getattr(options, "gamma_grid", ())
+    grid = options.gamma_grid if isinstance(options, FedSMOptions) else ()
     curve = [{"gamma": g, **at(g)} for g in sorted({0.0, *map(float, grid)})]
     best = max(reversed(curve), key=lambda p: -math.inf if math.isnan(p["dice"]) else p["dice"])  # ties: larger gamma
     deployed = at(sm.gamma)  # the gamma chosen on the training sites' validation splits: what a deployment uses

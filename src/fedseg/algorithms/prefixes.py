@@ -1,0 +1,6 @@
+"""Names shared by the methods' messages and client state stores."""
+
+from __future__ import annotations
+
+MODEL = "model"  # message prefix of model weights
+OPT = "opt"  # client-state prefix of optimizer moments
