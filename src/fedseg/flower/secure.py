@@ -43,6 +43,7 @@ from flwr.app import Message as FlowerMessage
 from fedseg.engine.ledger import LedgerRow
 from fedseg.engine.messages import Message
 from fedseg.flower.records import ENGINE, record_bytes
+from fedseg.run.checks import SIMULATOR_REFUSAL as SIMULATOR_REFUSAL  # re-exported: the refusals in one place
 
 log = logging.getLogger("fedseg.flower.secure")
 
@@ -72,10 +73,6 @@ REFUSALS = {
     "fedsm-ensemble": "its server SoftPulls every site's personalized model",
 }
 AUTOFEDAVG = "it learns the aggregation weights from every site's individual model"
-SIMULATOR_REFUSAL = (
-    "fl.secure_aggregation = secagg+ runs only on Flower (`fedseg flower local|server`): in the simulator and the "
-    "worker pool the coordinator holds every site's update in its own memory, so masking would protect nothing"
-)
 
 
 def refusal(name: str, cfg) -> str | None:

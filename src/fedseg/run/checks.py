@@ -8,6 +8,11 @@ from fedseg.algorithms.sampling import sampling_refusal
 from fedseg.config import RunConfig
 from fedseg.engine.context import Task
 
+SIMULATOR_REFUSAL = (
+    "fl.secure_aggregation = secagg+ runs only on Flower (`fedseg flower local|server`): in the simulator and the "
+    "worker pool the coordinator holds every site's update in its own memory, so masking would protect nothing"
+)
+
 LOCAL_MODELS_WARN_SITES = 20  # above this many sites the K x K test evaluations of eval.local_models are announced
 
 
@@ -63,3 +68,10 @@ def method_notes(cfg: RunConfig, task: Task) -> list[str]:
     algorithm)``, e.g. FedPer's share of private parameters), shown once when the run starts."""
     notes = (get_algorithm(n).parse_options(cfg.methods.get(n)).run_note(task, n) for n in cfg.algorithms)
     return [note for note in notes if note is not None]
+
+
+def check_secure_aggregation(cfg: RunConfig, in_process: bool) -> None:
+    """Refuse ``fl.secure_aggregation`` on an in-process engine (the simulator or the worker pool): only Flower
+    masks the sites' updates (``fedseg.flower.secure``)."""
+    if in_process and cfg.fl.secure_aggregation != "off":
+        raise ValueError(SIMULATOR_REFUSAL)

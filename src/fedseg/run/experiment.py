@@ -19,7 +19,7 @@ from fedseg.engine.base import Observer
 from fedseg.engine.checkpoint import atomic_write_text
 from fedseg.engine.faults import check_fault_sites
 from fedseg.engine.forkserver import start_forkserver
-from fedseg.run.checks import check_sampling, cost_warnings, method_notes
+from fedseg.run.checks import check_sampling, check_secure_aggregation, cost_warnings, method_notes
 from fedseg.run.engines import EngineFactory, local_engines
 from fedseg.run.loop import run_algorithm
 from fedseg.run.outputs import RunResults, write_outputs
@@ -106,10 +106,7 @@ def check_before_data(cfg: RunConfig, out: Path, resume: bool, check_compute: bo
     for name in cfg.algorithms:  # unknown names and bad options fail before any work
         get_algorithm(name).parse_options(cfg.methods.get(name))
     check_method_names(cfg.methods)
-    if in_process and cfg.fl.secure_aggregation != "off":  # only Flower masks (fedseg.flower.secure)
-        from fedseg.flower.secure import SIMULATOR_REFUSAL
-
-        raise ValueError(SIMULATOR_REFUSAL)
+    check_secure_aggregation(cfg, in_process)
     check_available(cfg.tracking)  # so does a tracker whose package is missing (fedseg.tracking)
     if resume and (recorded := recorded_config(out / "config.yaml")) is not None:
         check_resume(recorded, cfg.model_dump(mode="json"), str(out / "config.yaml"))

@@ -124,7 +124,7 @@ def read_bundle(folder: Path, sha256: str | None = None, order: dict[str, list[s
     manifest lists). ``sha256``: the weights file must have this digest (the one ``write_bundle``
     returned), else a ValueError, as for a missing or unreadable file. ``order``: ``bundle_order`` of the
     bundle that was written, to get back the same dicts, in the same order (the file sorts them).
-    See also ``fedseg.predict.load_bundle`` (manifest checks, for inference)."""
+    See also ``fedseg.run.bundles.load_bundle`` (manifest checks, for inference)."""
     from safetensors.torch import load
 
     weights, manifest = Path(folder) / BUNDLE_WEIGHTS, Path(folder) / BUNDLE_MANIFEST

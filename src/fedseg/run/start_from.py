@@ -70,11 +70,11 @@ def not_run_before(where: str, name: str, start: str, order: list[str]) -> str:
 
 def folder_weights(folder: Path, task: Task, where: str) -> Weights:
     """The ``global`` model of a ``model/<algorithm>/`` folder, checked against this run's network."""
-    from fedseg.predict import PredictError, load_bundle
+    from fedseg.run.bundles import BundleError, load_bundle
 
     try:
         bundle = load_bundle(folder)
-    except PredictError as e:
+    except BundleError as e:
         raise ValueError(f"{where}: {e}") from None
     if "global" not in bundle.models:
         raise ValueError(f"{where}: {folder} holds no global model (models: {', '.join(bundle.models)})")

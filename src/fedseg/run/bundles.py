@@ -1,0 +1,149 @@
+"""A trained model bundle, ``RUN/model/<algorithm>/`` (``manifest.json`` + ``weights.safetensors``, written by
+``fedseg.run.outputs.write_bundle_files``), found and read with its manifest checked: for ``fedseg predict`` and for
+methods that start from another run's model (``fedseg.run.start_from``)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Collection
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from pydantic import ValidationError
+from torch import nn
+
+from fedseg.algorithms import ALGORITHMS
+from fedseg.algorithms.registry import BundleRouting
+from fedseg.config import ModelConfig, VolumeConfig
+from fedseg.data.federation import FederationError, Regions
+from fedseg.engine.messages import Message
+from fedseg.models.factory import build_segmenter
+from fedseg.run.outputs import BUNDLE_MANIFEST, BUNDLE_WEIGHTS
+
+MANIFEST, WEIGHTS = BUNDLE_MANIFEST, BUNDLE_WEIGHTS
+
+MANIFEST_KEYS = ("models", "network", "spatial_dims", "in_channels", "regions", "image_size", "normalize", "threshold")
+
+
+class BundleError(ValueError):
+    """A bad model folder (or, raised by ``fedseg.predict`` as ``BundleError``, option or input file); the
+    message names the file or option."""
+
+
+# --- the bundle ------------------------------------------------------------------------------------
+@dataclass
+class Bundle:
+    """A loaded ``model/<algorithm>/`` folder: its manifest and ``{model name: weights}``."""
+
+    folder: Path
+    manifest: dict[str, Any]
+    models: dict[str, dict[str, torch.Tensor]]
+
+    @property
+    def kind(self) -> Literal["2d", "3d"]:
+        return "2d" if self.manifest["spatial_dims"] == 2 else "3d"
+
+    @property
+    def regions(self) -> Regions:
+        return Regions.from_mapping(self.manifest["regions"])
+
+    @property
+    def routing(self) -> BundleRouting | None:
+        """How the bundle routes each image among its networks (its family's), None for a single-model bundle."""
+        return routing_of(self.models)
+
+    @property
+    def volume(self) -> VolumeConfig | None:
+        """The run's ``data.volume`` when it trained on patches (volume path), else None (older bundles too)."""
+        cfg = VolumeConfig.model_validate(self.manifest.get("volume") or {})
+        return cfg if cfg.patch_size is not None else None
+
+    def new_segmenter(self) -> nn.Module:
+        m = self.manifest
+        cfg = ModelConfig.model_validate(m["network"])
+        return build_segmenter(cfg, m["spatial_dims"], m["in_channels"], len(m["regions"]), seed=0)
+
+
+def routing_of(model_names: Collection[str]) -> BundleRouting | None:
+    """The routing (``fedseg.algorithms.registry.BundleRouting``) of the registered family that owns a bundle
+    listing ``model_names``, or None."""
+    families = [spec.family for spec in ALGORITHMS.values() if spec.family is not None]
+    return next((f.routing for f in families if f.routing is not None and f.routing.owns(model_names)), None)
+
+
+def _bundle_folders(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.iterdir() if (p / MANIFEST).is_file()) if folder.is_dir() else []
+
+
+def _manifest_models(path: Path) -> list[str]:
+    """The ``models`` a manifest lists; none if it cannot be read (``load_bundle`` reports that)."""
+    try:
+        models = json.loads(path.read_text(encoding="utf-8")).get("models", [])
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+        return []
+    return models if isinstance(models, list) else []
+
+
+def find_bundle(path: Path, algorithm: str | None = None) -> Path:
+    """The bundle folder ``path`` names: ``RUN/model/<algorithm>`` itself, or one inside ``RUN/model``
+    (or ``RUN``): ``algorithm`` if given, else the only bundle, else the only one that routes (FedSM's)."""
+    path = Path(path)
+    if (path / MANIFEST).is_file():
+        if algorithm is not None and algorithm != path.name:
+            raise BundleError(f"{path}: is the bundle of {path.name!r}, not of --algorithm {algorithm!r}")
+        return path
+    if (path / "model").is_dir() and not _bundle_folders(path):
+        path = path / "model"
+    found = _bundle_folders(path)
+    if not found:
+        raise BundleError(
+            f"{path}: no {MANIFEST} here or in its sub-folders "
+            "(expected RUN/model or RUN/model/<algorithm> of a finished run)"
+        )
+    names = ", ".join(p.name for p in found)
+    if algorithm is not None:
+        if not (path / algorithm / MANIFEST).is_file():
+            raise BundleError(f"{path}: no bundle for --algorithm {algorithm!r} (available: {names})")
+        return path / algorithm
+    if len(found) == 1:
+        return found[0]
+    supers = [p for p in found if routing_of(_manifest_models(p / MANIFEST)) is not None]
+    if len(supers) == 1:
+        return supers[0]
+    raise BundleError(f"{path}: holds the bundles {names}; choose one with --algorithm")
+
+
+def load_bundle(folder: Path) -> Bundle:
+    """Read and check ``manifest.json`` and ``weights.safetensors`` of one bundle folder."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    manifest_path, weights_path = folder / MANIFEST, folder / WEIGHTS
+    if not manifest_path.is_file():
+        raise BundleError(f"{manifest_path}: missing (expected RUN/model/<algorithm>/{MANIFEST})")
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise BundleError(f"{manifest_path}: cannot read ({type(e).__name__}: {e})") from None
+    missing = [k for k in MANIFEST_KEYS if not isinstance(manifest, dict) or k not in manifest]
+    if missing:
+        raise BundleError(f"{manifest_path}: missing keys {', '.join(missing)}")
+    try:
+        ModelConfig.model_validate(manifest["network"])
+        Regions.from_mapping(manifest["regions"])
+    except (ValidationError, FederationError) as e:
+        raise BundleError(f"{manifest_path}: invalid network or regions ({' '.join(str(e).split())})") from None
+    if not weights_path.is_file():
+        raise BundleError(f"{weights_path}: missing")
+    try:
+        tensors = Message(load_file(weights_path))
+    except (OSError, SafetensorError) as e:
+        raise BundleError(f"{weights_path}: cannot read ({type(e).__name__}: {e})") from None
+    models = {name: tensors.group(name) for name in manifest["models"]}
+    empty = [name for name, w in models.items() if not w]
+    if empty:
+        raise BundleError(f"{weights_path}: no tensors for the models {', '.join(empty)} listed in {manifest_path}")
+    return Bundle(folder, manifest, models)
