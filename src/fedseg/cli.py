@@ -136,8 +136,9 @@ def algorithms(
 
 def algorithm_lines(rows: Sequence[tuple[str, str, str, str]], width: int) -> list[str]:
     """``fedseg algorithms``: a header, one line per ``(name, kind, display name, description)`` and a footer, no
-    line longer than ``width`` (at least 40). The summary is the description without a leading "<display name>
-    (authors):", cut at a word with "…" where it would pass ``width`` (``--long`` prints it whole)."""
+    line longer than ``width`` (at least 40). The summary is "<display name>: " and the description without a
+    leading "<display name> (authors):", cut at a word with "…" where it would pass ``width`` (``--long`` prints
+    it whole)."""
     width = max(width, 40)
     name_w = max(len("name"), *(len(r[0]) for r in rows)) if rows else 4
     kind_w = max(len("kind"), *(len(r[1]) for r in rows)) if rows else 4
@@ -147,7 +148,7 @@ def algorithm_lines(rows: Sequence[tuple[str, str, str, str]], width: int) -> li
         head, sep, rest = text.partition(": ")
         if sep and rest and head.split(" (")[0] == display:  # "FedAvg (McMahan et al.): ..." -> "..."
             text = rest
-        text = text[:1].upper() + text[1:]
+        text = f"{display}: {text[:1].upper() + text[1:]}"  # the name the report and tables show, first
         if len(text) <= room:
             return text
         cut = text[: room - 1].rsplit(" ", 1)[0] if " " in text[: room - 1] else text[: room - 1]
