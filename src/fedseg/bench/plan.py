@@ -104,7 +104,7 @@ def phased(method: MethodSpec) -> bool:
     from fedseg.algorithms import get_algorithm
 
     try:
-        return any(hasattr(get_algorithm(name).options, "run_rounds") for name in method.trained)
+        return any(get_algorithm(name).options.PHASED for name in method.trained)
     except KeyError:  # an unknown name: check_plan reports it
         return False
 

@@ -16,7 +16,7 @@ import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import ClassVar, Protocol, TypeVar
 
 import numpy as np
 import torch
@@ -79,6 +79,9 @@ class MethodOptions(BaseModel):
     budget of one round, None for ``train.budget``."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+    # Whether the method trains in phases whose first rounds cannot be selected (FedSM-extra's model phase before its
+    # selector phase, ``run_rounds``): a bench's budget could stop it only after them (``fedseg.bench.plan.phased``).
+    PHASED: ClassVar[bool] = False
 
     def check_sites(self, num_sites: int, algorithm: str) -> None:
         """Raise a ValueError if the options do not hold for a federation of ``num_sites`` sites."""

@@ -74,6 +74,8 @@ FROZEN = "frozen"  # client state group of the ensemble's candidates
 class FedSMExtraOptions(SelectorOptions):
     """``fedsm-extra`` / ``fedsm-ensemble``: the FedSM options plus the selector phase length."""
 
+    PHASED = True  # the model rounds, then the selector rounds
+
     extra_rounds: int | None = Field(
         None,
         ge=1,
