@@ -86,6 +86,10 @@ class MethodOptions(BaseModel):
     def check_sites(self, num_sites: int, algorithm: str) -> None:
         """Raise a ValueError if the options do not hold for a federation of ``num_sites`` sites."""
 
+    def site_warnings(self, num_sites: int, algorithm: str) -> list[str]:
+        """Warnings (not errors) about these options on ``num_sites`` sites, e.g. SoftPull's λ below 1/K."""
+        return []
+
     def check_task(self, task: Task, algorithm: str) -> None:
         """Raise a ValueError if the options do not fit the run's network and task."""
 

@@ -58,9 +58,7 @@ def cost_warnings(cfg: RunConfig, num_sites: int) -> list[str]:
 def option_warnings(name: str, cfg: RunConfig, num_sites: int) -> list[str]:
     """What algorithm ``name``'s options say about running on ``num_sites`` sites (an options model's
     ``site_warnings(num_sites, algorithm)``, e.g. SoftPull's lambda below 1/K)."""
-    options = get_algorithm(name).parse_options(cfg.methods.get(name))
-    warn = getattr(options, "site_warnings", None)
-    return list(warn(num_sites, name)) if warn is not None else []
+    return get_algorithm(name).parse_options(cfg.methods.get(name)).site_warnings(num_sites, name)
 
 
 def method_notes(cfg: RunConfig, task: Task) -> list[str]:
