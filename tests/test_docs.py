@@ -28,6 +28,13 @@ def test_methods_page_is_what_the_registry_generates():
     assert committed == _generator().render(), "docs/methods.md is stale: run python docs/gen_methods.py"
 
 
+def test_readme_method_table_is_what_the_registry_generates():
+    readme = (ROOT / "README.md").read_text()
+    assert _generator().render_readme(readme) == readme, (
+        "README.md's method table is stale: run python docs/gen_methods.py"
+    )
+
+
 def test_methods_page_has_one_section_per_registered_method():
     text = (ROOT / "docs" / "methods.md").read_text()
     for name in BUILTIN_ALGORITHMS:
