@@ -117,7 +117,7 @@ def test_selector_shapes_buffers_and_width():
     assert sel(torch.rand(2, 3, 40, 40)).shape == (2, 4)
     w = weights_of(sel)
     assert any(k.endswith("running_mean") for k in w) and not any("num_batches_tracked" in k for k in w)
-    assert 0.55e6 < count_parameters(sel) < 0.65e6  # DESIGN.md: 0.61M at width 0.25
+    assert 0.55e6 < count_parameters(sel) < 0.65e6  # docs/design.md §6: 0.61M at width 0.25
     inst = build_selector(1, 3, width=0.0625, norm="instance", spatial_dims=3)
     assert inst(torch.rand(2, 1, 32, 32, 32)).shape == (2, 3)
 

@@ -1,6 +1,6 @@
 """fedseg: cross-silo federated learning for medical image segmentation.
 
-The Python API (see README "Python API" and :mod:`fedseg.api`)::
+The Python API (see docs/api.md and :mod:`fedseg.api`)::
 
     from fedseg import Experiment, load_config
 

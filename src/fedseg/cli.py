@@ -202,7 +202,7 @@ def run(
     ),
 ) -> None:
     """Train and evaluate every configured algorithm; write summary.json, CSVs, model/ and report.html.
-    With --holdout / --leave-one-out / --sweep: a study of several such runs (see README "Studies")."""
+    With --holdout / --leave-one-out / --sweep: a study of several such runs (see docs/benchmark-protocol.md)."""
     try:
         cfg = config_from_cli(preset, config, data, algorithms, rounds, seed, set_, device, threads, track, workers)
         if cfg.engine.workers > 1:  # the pool's process server imports torch on another core while this one does
@@ -309,7 +309,7 @@ def bench(
         False, "--tables-only", help="train nothing: the tables of the runs finished so far (e.g. of a running bench)"
     ),
 ) -> None:
-    """A declarative study (README "Benchmark protocol"): every method x fold x seed x federation as runs in
+    """A declarative study (docs/benchmark-protocol.md): every method x fold x seed x federation as runs in
     OUT/runs/, grids tuned on validation, equal budgets; OUT/tables.md, tables.json, results.csv, report.html."""
     from fedseg.bench.phases import run_bench
     from fedseg.bench.report import write_report

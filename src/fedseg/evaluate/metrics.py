@@ -1,6 +1,6 @@
 """Per-case segmentation metrics: Dice, HD95 and normalized surface Dice (NSD), computed with MONAI.
 
-Every task is a set of *regions* (see DESIGN.md, "Regions"); the network predicts one
+Every task is a set of *regions* (see docs/design.md §2 "Regions"); the network predicts one
 sigmoid channel per region, so predictions and ground truth are binary masks with one
 channel per region, ``(R, *S)`` for one case or ``(B, R, *S)`` for a batch, where ``S``
 is 2D ``(H, W)`` or 3D ``(H, W, D)``. There is no background channel: every channel is

@@ -1,6 +1,6 @@
 """The run report: one self-contained ``report.html`` plus PNGs in ``figures/``.
 
-:func:`render_report` reads only the run's own files (DESIGN.md "Run outputs"):
+:func:`render_report` reads only the run's own files (docs/design.md §3 "Run outputs"):
 ``summary.json`` (required), and optionally ``results.csv``, ``rounds.csv``,
 ``round_metrics.csv``, ``ledger.csv``, ``samples/<algorithm>__<site>.npz``, ``config.yaml``,
 the files a method family reads for its own sections (FedSM: ``selector_features/``) and the

@@ -1,4 +1,4 @@
-"""The run output files (names and schemas from DESIGN.md "Run outputs"; other tools read them)."""
+"""The run output files (names and schemas from docs/design.md §3 "Run outputs"; other tools read them)."""
 
 from __future__ import annotations
 

@@ -87,7 +87,7 @@ class AutoFedAvgOptions(BudgetOptions):
     beta_lr: float = Field(
         0.005,
         gt=0,
-        description="learning rate of the beta optimizer (chosen on validation, see the README)",
+        description="learning rate of the beta optimizer (chosen on validation, see docs/algorithms.md)",
     )
     beta_optimizer: Literal["adam", "sgd"] = Field("adam", description="optimizer of beta on the sites")
     reinit: bool = Field(False, description="restart beta at beta_init before every learning round (paper's *)")
