@@ -12,8 +12,9 @@ pairs, and the speed-up W=1 total / W=2 total per pair.
 
     .venv/bin/python benchmarks/startup.py [--pairs 3] [--cold]
     .venv/bin/python benchmarks/startup.py --generation   # synthetic-retina scale 1 at 128^2: serial vs pool
+    .venv/bin/python benchmarks/startup.py --imports 5    # MONAI's import with and without fedseg.lean_monai
 
-Writes ``benchmarks/results/startup.json`` (``--generation``: ``generation.json``).
+Writes ``benchmarks/results/startup.json`` (``--generation``: ``generation.json``; ``--imports``: ``imports.json``).
 """
 
 from __future__ import annotations
@@ -109,6 +110,35 @@ def generation(source: str, scale: float, size: int, repeats: int) -> dict:
     }
 
 
+IMPORT_CHILD = """
+import resource, sys, time
+start = time.perf_counter()
+if sys.argv[1] == "lean":
+    from fedseg import lean_monai
+    lean_monai.install()
+import monai.networks.nets, monai.losses, monai.inferers, monai.transforms
+r = resource.getrusage(resource.RUSAGE_SELF)
+print(r.ru_utime + r.ru_stime, time.perf_counter() - start)
+"""
+
+
+def imports(pairs: int) -> dict:
+    """CPU and wall seconds of importing MONAI's parts fedseg uses, with and without ``fedseg.lean_monai``'s hook
+    (each in a fresh interpreter, the two alternating; CPU time is the steadier figure on a shared machine)."""
+    seconds: dict[str, dict[str, list[float]]] = {m: {"cpu_s": [], "wall_s": []} for m in ("full", "lean")}
+    for i in range(pairs):
+        for mode in ("full", "lean") if i % 2 == 0 else ("lean", "full"):
+            out = subprocess.run([sys.executable, "-c", IMPORT_CHILD, mode], capture_output=True, text=True, check=True)
+            cpu, wall = map(float, out.stdout.split())
+            seconds[mode]["cpu_s"].append(cpu)
+            seconds[mode]["wall_s"].append(wall)
+    return {
+        "what": "import monai.networks.nets, monai.losses, monai.inferers, monai.transforms (fresh interpreter)",
+        **{m: {k: spread(v) for k, v in values.items()} for m, values in seconds.items()},
+        "cpu_saved_s": spread([a - b for a, b in zip(seconds["full"]["cpu_s"], seconds["lean"]["cpu_s"])]),
+    }
+
+
 def _env(cache: Path) -> dict[str, str]:
     return {**os.environ, "FEDSEG_CACHE_DIR": str(cache)}
 
@@ -120,9 +150,16 @@ def main() -> None:
     ap.add_argument("--cold", action="store_true", help="also one W=1 and one W=2 run with an empty cache")
     ap.add_argument("--out", default=str(RESULTS / "startup.json"))
     ap.add_argument("--generation", action="store_true", help="only: serial vs pool generation")
+    ap.add_argument("--imports", type=int, metavar="PAIRS", help="only: MONAI's import with/without fedseg.lean_monai")
     args = ap.parse_args()
     if args.child is not None:
         child(args.child)
+        return
+    if args.imports:
+        report = {"command": ("python benchmarks/startup.py " + " ".join(sys.argv[1:])).strip(), "cpus": os.cpu_count()}
+        report.update(imports(args.imports))
+        (RESULTS / "imports.json").write_text(json.dumps(report, indent=1))
+        print(json.dumps(report, indent=1))
         return
     if args.generation:
         report = generation("synthetic-retina", 1.0, 128, 3)

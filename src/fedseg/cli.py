@@ -71,7 +71,10 @@ def main(
     """fedseg: cross-silo federated learning for medical image segmentation."""
     import sys
 
+    from fedseg import lean_monai
     from fedseg.run import provenance
+
+    lean_monai.install()  # before anything imports MONAI: ~1 s less start-up (fedseg.lean_monai)
 
     provenance.COMMAND_LINE = list(sys.argv)  # recorded in summary.json's provenance
 

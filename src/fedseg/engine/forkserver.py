@@ -15,8 +15,9 @@ import multiprocessing
 # forks every worker from it, so a worker (or a replacement) starts in milliseconds, not after seconds of
 # imports; spawn where there is no forkserver. Never fork the parent: its torch threads make that unsafe.
 START_METHOD = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
-PRELOAD = ["fedseg.engine.pool", "fedseg.algorithms", "torch._dynamo"]  # imported once, before any fork (the
-# optimizers import torch._dynamo at their first step: ~800 modules, 2 s per worker otherwise)
+# Imported once, before any fork: server_preload first (fedseg.lean_monai's hook, before MONAI's import); the
+# optimizers import torch._dynamo at their first step (~800 modules, 2 s per worker otherwise).
+PRELOAD = ["fedseg.engine.server_preload", "fedseg.engine.pool", "fedseg.algorithms", "torch._dynamo"]
 
 
 def start_forkserver() -> None:

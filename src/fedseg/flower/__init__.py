@@ -9,3 +9,7 @@
 - ``certs``: CA, SuperLink certificate and SuperNode keys; ``worker``: the warm ClientApp worker;
 - ``tuning``: shorter waits inside Flower for low-latency links; ``cli``: the ``fedseg flower`` commands.
 """
+
+from fedseg import lean_monai
+
+lean_monai.install()  # every Flower process fedseg starts (apps, warm worker, SuperNode) imports this package first
