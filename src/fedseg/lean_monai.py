@@ -3,24 +3,24 @@
 ``import monai`` (so any ``from monai.x import y``) imports every MONAI subpackage (MONAI's ``load_submodules``),
 and with them, when they are installed, the packages of integrations fedseg never uses through MONAI:
 
-============  =====================================  ================================================
-package       pulled in by                           CPU seconds (2-core machine, ``tracking`` extra)
-============  =====================================  ================================================
-mlflow        ``monai.handlers.mlflow_handler``      ~1.0 (with FastAPI), via ``monai.apps.pathology``
-sklearn       ``monai.metrics.embedding_collapse``   ~0.15
-matplotlib    ``monai.utils.jupyter_utils``          ~0.15
-============  =====================================  ================================================
+==============  ==========================================  ==========================================
+package         pulled in by                                CPU seconds (2-core machine, all extras)
+==============  ==========================================  ==========================================
+mlflow          ``monai.handlers.mlflow_handler``           ~1.0 (with FastAPI), via monai.apps.pathology
+sklearn         ``monai.metrics.embedding_collapse``        ~0.15
+matplotlib      ``monai.utils.jupyter_utils``               ~0.15
+scipy.signal    ``monai.data.ultrasound_confidence_map``    ~0.4 (with scipy.stats)
+==============  ==========================================  ==========================================
 
-``python -c "import monai.networks.nets"`` costs about 4.0 s of CPU with them and 2.8 s without
-(``benchmarks/startup.py --imports``). Every fedseg process pays MONAI's import once: the command line, each
-worker pool's process server, each Flower process.
+Every fedseg process pays MONAI's import once: the command line, each worker pool's process server, each Flower
+process (``benchmarks/startup.py --imports`` measures it with and without this module: ``imports.json``).
 
 :func:`install` adds an import hook that answers "not installed" for these packages **only while MONAI's own
-``__init__`` runs**; MONAI's ``optional_import`` then records its MLflow handler, embedding-collapse metric and
-notebook plots as unavailable (fedseg uses none of them). After MONAI's import the hook lets everything through, so
-fedseg's tracking (mlflow), FedSM's t-SNE (scikit-learn) and the report's figures (matplotlib) import the real
-packages as before. Nothing MONAI computes for fedseg changes (networks, losses, metrics, transforms, inferers, the
-ITK and NIfTI readers).
+``__init__`` runs**; MONAI's ``optional_import`` then records its MLflow handler, embedding-collapse metric,
+notebook plots and ultrasound confidence maps as unavailable (fedseg uses none of them). After MONAI's import the
+hook lets everything through, so fedseg's tracking (mlflow), FedSM's t-SNE (scikit-learn), the report's figures
+(matplotlib) and the statistics (scipy.stats) import the real packages as before. Nothing MONAI computes for
+fedseg changes (networks, losses, metrics, transforms, inferers, the ITK and NIfTI readers).
 
 Only fedseg's own entry points install it (``fedseg.cli``, the worker pool's process server, the Flower apps);
 ``import fedseg`` does not, so a program that uses fedseg as a library keeps every MONAI integration.
@@ -34,7 +34,7 @@ import sys
 from collections.abc import Sequence
 from types import ModuleType
 
-UNUSED_BY_FEDSEG = ("mlflow", "sklearn", "matplotlib")  # top-level packages, see the table above
+UNUSED_BY_FEDSEG = ("mlflow", "sklearn", "matplotlib", "scipy.signal")  # packages (and their submodules), see above
 
 
 def monai_initializing() -> bool:
@@ -50,7 +50,7 @@ class SkipDuringMonaiImport(importlib.abc.MetaPathFinder):
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
     ) -> importlib.machinery.ModuleSpec | None:
-        if fullname.split(".", 1)[0] in UNUSED_BY_FEDSEG and monai_initializing():
+        if any(fullname == p or fullname.startswith(p + ".") for p in UNUSED_BY_FEDSEG) and monai_initializing():
             raise ModuleNotFoundError(f"{fullname}: not imported during MONAI's import (fedseg.lean_monai)")
         return None  # the normal finders decide
 
