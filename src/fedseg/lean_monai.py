@@ -10,6 +10,7 @@ mlflow          ``monai.handlers.mlflow_handler``           ~1.0 (with FastAPI),
 sklearn         ``monai.metrics.embedding_collapse``        ~0.15
 matplotlib      ``monai.utils.jupyter_utils``               ~0.15
 scipy.signal    ``monai.data.ultrasound_confidence_map``    ~0.4 (with scipy.stats)
+requests        ``monai.apps.tcia`` (TCIA downloads)        ~0.1
 ==============  ==========================================  ==========================================
 
 Every fedseg process pays MONAI's import once: the command line, each worker pool's process server, each Flower
@@ -17,10 +18,10 @@ process (``benchmarks/startup.py --imports`` measures it with and without this m
 
 :func:`install` adds an import hook that answers "not installed" for these packages **only while MONAI's own
 ``__init__`` runs**; MONAI's ``optional_import`` then records its MLflow handler, embedding-collapse metric,
-notebook plots and ultrasound confidence maps as unavailable (fedseg uses none of them). After MONAI's import the
-hook lets everything through, so fedseg's tracking (mlflow), FedSM's t-SNE (scikit-learn), the report's figures
-(matplotlib) and the statistics (scipy.stats) import the real packages as before. Nothing MONAI computes for
-fedseg changes (networks, losses, metrics, transforms, inferers, the ITK and NIfTI readers).
+notebook plots, ultrasound confidence maps and TCIA downloads as unavailable (fedseg uses none of them). After
+MONAI's import the hook lets everything through, so fedseg's tracking (mlflow), FedSM's t-SNE (scikit-learn), the
+report's figures (matplotlib) and the statistics (scipy.stats) import the real packages as before. Nothing MONAI
+computes for fedseg changes (networks, losses, metrics, transforms, inferers, the ITK and NIfTI readers).
 
 Only fedseg's own entry points install it (``fedseg.cli``, the worker pool's process server, the Flower apps);
 ``import fedseg`` does not, so a program that uses fedseg as a library keeps every MONAI integration.
@@ -34,7 +35,8 @@ import sys
 from collections.abc import Sequence
 from types import ModuleType
 
-UNUSED_BY_FEDSEG = ("mlflow", "sklearn", "matplotlib", "scipy.signal")  # packages (and their submodules), see above
+# the packages (and their submodules) of the table above
+UNUSED_BY_FEDSEG = ("mlflow", "sklearn", "matplotlib", "scipy.signal", "requests")
 
 
 def monai_initializing() -> bool:
