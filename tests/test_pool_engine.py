@@ -164,3 +164,30 @@ def test_under_skip_a_dead_workers_site_is_skipped_and_the_worker_replaced(
         "site2",
         "site3",
     }  # the replacement serves site2 again
+
+
+def test_a_store_the_client_left_unchanged_is_not_sent_back_or_rewritten(tmp_path, tiny_config, disc_federation):
+    """With the stores on disk (a save writes a new file and renames it over the old), every site's store file is
+    rewritten by a train exchange (FedSM keeps its personalized model and moments there) and left as it was by the
+    validation exchanges, whose clients change nothing: the worker sends an unchanged store back as None."""
+    out = tmp_path / "w2"
+    files = out / "states" / "fedsm"
+    seen: list[tuple[str, str, tuple[int, int] | None]] = []
+
+    def record(site, action, msg, reply):
+        path = files / f"{site}.safetensors"
+        seen.append((site, action, (path.stat().st_ino, path.stat().st_mtime_ns) if path.exists() else None))
+
+    cfg = tiny_config(algorithms=["fedsm"], engine={"workers": 2, "state": "disk"})
+    run_experiment(cfg, out, federation=disc_federation(), observers=[record])
+    previous: dict[str, tuple[str, tuple[int, int] | None]] = {}  # site -> its last (action, file stamp)
+    rewritten = {"train": 0, "evaluate": 0}
+    for site, action, stamp in seen:
+        before = previous.get(site)
+        # a validation right after training (the final test follows a best-round restore, which rewrites files)
+        if before is not None and (action == "train" or before[0] == "train"):
+            rewritten[action] += stamp != before[1]
+        previous[site] = (action, stamp)
+    sites = len(disc_federation().sites)
+    assert rewritten["train"] >= sites  # round 2's train exchange rewrote every site's store
+    assert rewritten["evaluate"] == 0, "\n".join(map(str, seen))

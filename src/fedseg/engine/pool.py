@@ -22,8 +22,9 @@ Where the state stores live. In this process, in the run's :class:`fedseg.engine
 (RAM or disk, as for the simulator): a site's store travels with its message to the worker and back
 with the reply, and is saved only when the client returned (a site that fails keeps its store). So
 any worker can serve any site, and checkpoints, resume and best-round restores work unchanged. Cost:
-per message, the store crosses twice as shared memory (for FedAvg with Adam moments that is 3x the
-model each way; the messages themselves are 1x).
+per message, the store crosses to the worker as shared memory (for FedAvg with Adam moments that is 3x the
+model; the messages themselves are 1x), and back only if the client changed it (:func:`changed`; an
+evaluation usually does not).
 
 Transport. A message's tensors (and a store's) are packed into one buffer (:func:`pack`: one copy, 64-byte
 aligned) and unpacked as views of it (no copy, same dtypes, shapes and bits). A buffer of at least
@@ -132,7 +133,8 @@ class RemoteError(RuntimeError):
 def worker_main(conn: Any, threads: int, device: str) -> None:
     """A worker's loop: ``("data", [SiteData])`` once, then ``("context", key, client, task, options,
     artifacts)`` per algorithm, ``("answer", key, site, message, delivery, state)`` per message (replies
-    ``("ok", reply, seconds, state)`` or ``("error", exception)``), ``("forget", key)``; ``None`` ends it."""
+    ``("ok", reply, seconds, state)``, ``state`` None when the client left it unchanged, or ``("error",
+    exception)``), ``("forget", key)``; ``None`` ends it."""
     torch.set_num_threads(threads)
     data: dict[str, SiteData] = {}
     contexts: dict[str, tuple[Any, ...]] = {}
@@ -161,15 +163,27 @@ def worker_main(conn: Any, threads: int, device: str) -> None:
                 try:
                     client, task, options, artifacts = contexts[key]
                     state = unpack(state)
+                    received = {k: (t, t._version) for k, t in state.items()}
                     reply, seconds = answer(
                         client, unpack_message(msg), to, data[site], state, task, options, artifacts
                     )
-                    result = ("ok", pack_message(reply), seconds, pack(state))
+                    result = ("ok", pack_message(reply), seconds, pack(state) if changed(state, received) else None)
                 except Exception as e:  # noqa: BLE001 - the site's failure: the parent applies the policy
                     result = ("error", portable(e))
                 conn.send(result)
     except KeyboardInterrupt:  # Ctrl-C reaches the whole process group: the parent closes the pool
         return
+
+
+def changed(state: dict[str, torch.Tensor], received: dict[str, tuple[torch.Tensor, int]]) -> bool:
+    """Whether a client changed its store while answering: an entry added, removed or replaced (the store's
+    contract, ``fedseg.engine.state``: a client changes the dict, never a stored tensor in place), or, to be safe,
+    a received tensor changed in place (its version counter moved). An unchanged store is not sent back (an
+    evaluation usually changes nothing: FedSM's stores, 3 models and their moments, crossed twice per site).
+    ``received``: name -> (tensor, its version counter) as the worker received the store."""
+    return state.keys() != received.keys() or any(
+        state[k] is not t or t._version != version for k, (t, version) in received.items()
+    )
 
 
 def warm_up(task: Task) -> None:
@@ -371,7 +385,8 @@ class WorkerPool:
             error: BaseException = result[1]
             return error
         _, reply, seconds, state = result
-        store.save(site, unpack(state))
+        if state is not None:  # None: the client left its store as it was (``changed``)
+            store.save(site, unpack(state))
         return unpack_message(reply), seconds
 
 
