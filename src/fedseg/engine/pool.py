@@ -175,15 +175,21 @@ def worker_main(conn: Any, threads: int, device: str) -> None:
         return
 
 
+def same_tensors(state: dict[str, torch.Tensor], recorded: dict[str, tuple[torch.Tensor, int]]) -> bool:
+    """Whether ``state`` holds exactly the ``recorded`` tensors (name -> (tensor, its version counter)): no entry
+    added, removed or replaced, none changed in place."""
+    return state.keys() == recorded.keys() and all(
+        state[k] is t and t._version == version for k, (t, version) in recorded.items()
+    )
+
+
 def changed(state: dict[str, torch.Tensor], received: dict[str, tuple[torch.Tensor, int]]) -> bool:
     """Whether a client changed its store while answering: an entry added, removed or replaced (the store's
     contract, ``fedseg.engine.state``: a client changes the dict, never a stored tensor in place), or, to be safe,
     a received tensor changed in place (its version counter moved). An unchanged store is not sent back (an
     evaluation usually changes nothing: FedSM's stores, 3 models and their moments, crossed twice per site).
     ``received``: name -> (tensor, its version counter) as the worker received the store."""
-    return state.keys() != received.keys() or any(
-        state[k] is not t or t._version != version for k, (t, version) in received.items()
-    )
+    return not same_tensors(state, received)
 
 
 def warm_up(task: Task) -> None:
@@ -236,6 +242,11 @@ class WorkerPool:
         default_factory=dict, init=False
     )  # key -> (client, task, options, artifacts)
     replaced: int = field(default=0, init=False)  # workers started to replace dead ones
+    # (engine key, site) -> the store a worker sent back, as saved (views of its buffer), and that buffer: sent
+    # again as it is while the site's store is still exactly that (no copy; ``store_payload``)
+    returned: dict[tuple[str, str], tuple[dict[str, tuple[torch.Tensor, int]], Packed]] = field(
+        default_factory=dict, init=False
+    )
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -291,6 +302,7 @@ class WorkerPool:
             self._send(worker, ("context", key, *context))
 
     def forget(self, key: str) -> None:
+        self.returned = {k: v for k, v in self.returned.items() if k[0] != key}
         if self.contexts.pop(key, None) is not None:
             for worker in list(self.slots):
                 self._send(worker, ("forget", key))
@@ -347,7 +359,8 @@ class WorkerPool:
                     break
                 if worker.site is None:
                     site, msg, to = queue.pop(0)
-                    worker = self._send(worker, ("answer", key, site, packed[id(msg)], to, pack(store.load(site))))
+                    payload = self.store_payload(key, site, store)
+                    worker = self._send(worker, ("answer", key, site, packed[id(msg)], to, payload))
                     worker.site, worker.sent = site, time.monotonic()
             busy = [w for w in self.slots if w.site is not None]
             ready = set(mpc.wait([w.conn for w in busy] + [w.process.sentinel for w in busy], timeout=1.0))
@@ -355,7 +368,7 @@ class WorkerPool:
                 current = worker.site
                 assert current is not None
                 if worker.conn in ready or worker.process.sentinel in ready:
-                    answered[current] = self._receive(worker, current, store)
+                    answered[current] = self._receive(worker, current, store, key)
                 elif limit is not None and time.monotonic() - worker.sent > limit:
                     worker.site = None
                     answered[current] = TimeoutError(
@@ -365,7 +378,19 @@ class WorkerPool:
                     self.replace(worker)
         return answered
 
-    def _receive(self, worker: Worker, site: str, store: StateStore) -> Answer:
+    def store_payload(self, key: str, site: str, store: StateStore) -> Packed:
+        """``site``'s store packed for a worker: the buffer a worker sent it back in, while the store still holds
+        exactly the tensors saved from it (same objects, unchanged: as the simulator, the pool relies on clients
+        changing a store's entries, never its tensors in place); otherwise a fresh copy (after a restore, a
+        resume, a store on disk). Workers only read the buffer, so sending it again costs no copy."""
+        state = store.load(site)
+        kept = self.returned.get((key, site))
+        if kept is not None and same_tensors(state, kept[0]):
+            return kept[1]
+        self.returned.pop((key, site), None)
+        return pack(state)
+
+    def _receive(self, worker: Worker, site: str, store: StateStore, key: str) -> Answer:
         """The answer ``worker`` sent for ``site`` (its store saved if the client returned); a dead worker is
         replaced and its death is the answer."""
         worker.site = None
@@ -386,7 +411,11 @@ class WorkerPool:
             return error
         _, reply, seconds, state = result
         if state is not None:  # None: the client left its store as it was (``changed``)
-            store.save(site, unpack(state))
+            saved = unpack(state)
+            store.save(site, saved)
+            # in shared memory and kept in RAM (not in a file: the buffer would defeat the memory budget)
+            if isinstance(state.data, torch.Tensor) and site not in store.on_disk:
+                self.returned[(key, site)] = ({k: (t, t._version) for k, t in saved.items()}, state)
         return unpack_message(reply), seconds
 
 
