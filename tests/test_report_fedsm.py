@@ -243,3 +243,16 @@ def test_per_model_curves_from_round_metrics(tmp_path):
     (run / "round_metrics.csv").unlink()
     render_report(run)
     assert not (run / "figures" / "curves_fedsm.png").exists()
+
+
+def test_t_sne_map_is_skipped_for_degenerate_features():
+    """All-zero (identical) or non-finite selector features have no neighbourhoods: no map, not a crash (the
+    Barnes-Hut t-SNE used to take the process down on them); real features get one."""
+    import numpy as np
+
+    from fedseg.presentation.figures import project_2d
+
+    assert project_2d(np.zeros((20, 64))) is None
+    assert project_2d(np.full((20, 4), np.nan)) is None
+    xy = project_2d(np.random.default_rng(0).normal(size=(30, 8)))
+    assert xy is not None and xy.shape == (30, 2) and np.isfinite(xy).all()
