@@ -4,6 +4,7 @@ selection, equal SGD-step budgets (real runs on a tiny built-in federation)."""
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 import os
 import signal
@@ -178,6 +179,7 @@ def test_bench_resumes_after_a_kill_and_its_tests_equal_scipys(tmp_path):
             assert ref["sgd_steps"] <= entry["sgd_steps"] < ref["sgd_steps"] + per_round, summary
             assert entry["convergence"]["stopped"] == "sgd_steps"
     assert "Tuning on validation" in (out / "tables.md").read_text() and (out / "report.html").is_file()
+    _tables_show_rounds_and_steps_next_to_dice(out)
 
     # further comparisons change only the tables: the finished bench takes them without training anything
     _bench(tmp_path, comparisons=[["fedavg", "fedprox"]])
@@ -189,6 +191,41 @@ def test_bench_resumes_after_a_kill_and_its_tests_equal_scipys(tmp_path):
     assert pair["p"] == pytest.approx(wilcoxon(diffs).pvalue, rel=1e-12)
     assert pair["mean_diff"] == pytest.approx(float(np.mean(diffs)), rel=1e-9)
     assert "### Paired comparisons" in (out / "tables.md").read_text()
+
+
+def _md_rows(text: str, heading: str) -> list[dict[str, str]]:
+    """The rows of the first Markdown table after ``heading`` in ``text``, as {column: cell}."""
+    lines = text[text.index(heading) :].splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    table = [line for line in itertools.takewhile(lambda line: line.startswith("|"), lines[start:])]
+    head = [c.strip() for c in table[0].strip("|").split("|")]
+    return [dict(zip(head, (c.strip() for c in line.strip("|").split("|")))) for line in table[2:]]
+
+
+def _tables_show_rounds_and_steps_next_to_dice(out: Path) -> None:
+    """Every table of tables.md with a Dice column shows the rounds trained and the SGD steps next to it: the means
+    over the runs behind that row (final runs: every cell; tuning rows: the setting's tuning runs)."""
+    text = (out / "tables.md").read_text()
+    runs = out / "runs" / "synthetic-retina"
+    chosen = {r["method"]: r["setting"].removesuffix(" (grid edge)") for r in _md_rows(text, "### Test")}
+    assert set(chosen) == {"fedavg", "fedprox"}
+    for heading in ("### Test", "### Per site", "### Cost"):
+        for row in _md_rows(text, heading):
+            method = row["method"]
+            summaries = runs.glob(f"fold*/seed*/{method}/{chosen[method]}/summary.json")
+            entries = [json.loads(p.read_text())["algorithms"][method] for p in summaries]
+            assert len(entries) == 4, (method, chosen[method])
+            steps = float(np.mean([e["cost"]["sgd_steps"] for e in entries]))
+            rounds = float(np.mean([e["convergence"]["rounds"] for e in entries]))
+            assert row["SGD steps"] == f"{round(steps):,}", (heading, row)
+            assert row["rounds"].split(" ± ")[0] == f"{rounds:.1f}", (heading, row)
+    tuning = _md_rows(text, "### Tuning on validation")
+    assert len(tuning) == 2
+    for row in tuning:
+        (summary,) = runs.glob(f"fold0/seed0/fedprox/{row['setting']}/summary.json")
+        entry = json.loads(summary.read_text())["algorithms"]["fedprox"]
+        assert row["SGD steps"] == f"{round(entry['cost']['sgd_steps']):,}", row
+        assert row["rounds"] == f"{entry['convergence']['rounds']:.1f}", row
 
 
 def _write_flipped_folder(root: Path, federation) -> None:
@@ -260,6 +297,8 @@ def test_grids_are_tuned_on_validation_even_when_test_disagrees(tmp_path, disc_f
         "examples/bench-fedsm.yaml",
         "benchmarks/headline.yaml",
         "benchmarks/headline-fedsm.yaml",
+        "benchmarks/headline-equal.yaml",
+        "benchmarks/headline-fedsm-equal.yaml",
     ],
 )
 def test_the_example_bench_files_validate_every_run(name):

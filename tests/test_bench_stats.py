@@ -108,7 +108,9 @@ def test_tables_without_the_new_keys_render_them_as_absent():
     }
     row = report.test_table(fed, "ref")[1][0]
     assert row[1] == "lr=0.01" and "–" in row and "0.01" in row  # no CI, no mark, the p
-    assert report.comparison_table(fed)[1][0][5:] == ["–", "–", "0.01"]
+    assert row[3:5] == ["–", "–"]  # no rounds, no SGD steps recorded
+    assert report.comparison_table(fed)[1][0][2:4] == ["– / –", "– / –"]
+    assert report.comparison_table(fed)[1][0][7:] == ["–", "–", "0.01"]
     assert report.rank_table(fed) == (["method"], [])
 
 

@@ -1,8 +1,8 @@
 """On the volume path (``data.volume.patch_size`` set) the computations that run a model on training data
 outside the Trainer feed it what it trains on — patches (or sliding windows of patch size) — never the
-fixed-size resized cube: Auto-FedAvg's beta steps, q-FedAvg's F_k, Per-FedAvg's second batch and
-FedSM-extra's Eq. (1) labels. A forward pre-hook on the real MONAI UNet records the input shapes while the
-computation runs (issue 27, item 5)."""
+fixed-size resized cube: Auto-FedAvg's beta steps, q-FedAvg's F_k, Per-FedAvg's second batch, FedSM-extra's
+Eq. (1) labels and FedPIDAvg's validation loss (Eq. 19: sliding windows over each whole case). A forward
+pre-hook on the real MONAI UNet records the input shapes while the computation runs (issue 27, item 5)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from torch.nn.modules.module import register_module_forward_pre_hook
 
 from fedseg.algorithms import get_algorithm
 from fedseg.algorithms.autofedavg.method import AutoFedAvgClient
+from fedseg.algorithms.fedpidavg import FedPIDAvgClient
 from fedseg.algorithms.fedsm.extra import FedSMExtraClient
 from fedseg.algorithms.fedsm.personalize import FirstOrderMAML
 from fedseg.algorithms.qfedavg import QFedAvgClient
@@ -143,3 +144,22 @@ def test_fedsm_extra_labels_come_from_sliding_windows(monkeypatch, tiny_config, 
     assert len(labels) == 2  # one install per site
     for n, y in labels:
         assert y.shape == (n,) and y.dtype == torch.int64 and int(y.max()) <= 2  # one label per case, K + 1 = 3
+
+
+def test_fedpidavg_validation_loss_comes_from_sliding_windows(monkeypatch, tiny_config, tumours):
+    cfg = _cfg(tiny_config, "fedpidavg")
+    replies = []
+    original = FedPIDAvgClient.after_fit
+
+    def keep(self, model, stats, msg, ctx):
+        reply = original(self, model, stats, msg, ctx)
+        replies.append((len(ctx.data.val), reply.meta))
+        return reply
+
+    monkeypatch.setattr(FedPIDAvgClient, "after_fit", keep)
+    with unet_inputs(monkeypatch, FedPIDAvgClient, "after_fit") as shapes:
+        _run(cfg, tumours, 1)
+    assert len(replies) == 2 and all(n > 0 for n, _ in replies)  # every site validates
+    assert shapes and set(shapes) <= {PATCH}  # windows of the patch size over the whole case, never the cube
+    assert sum(meta["val_batches"] for _, meta in replies) == len(shapes)  # the forward passes it reports
+    assert all(meta["val_loss"] > 0 for _, meta in replies)

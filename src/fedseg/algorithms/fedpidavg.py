@@ -11,7 +11,11 @@ Aggregation (Eq. 18), per round t over the K sites:
   (Algorithm 1, line 52: ``Local_Validation(w_k^t)``, returned with ``Delta w_k^t`` and used in
   the same round's merge; Eq. 19 writes the model as ``w_k^{t-1}``, an index shifted by one).
   The site computes it and sends it as ``meta.val_loss`` (its forward batches as
-  ``meta.val_batches``; they run inside the train exchange and are not ledger steps);
+  ``meta.val_batches``; they run inside the train exchange and are not ledger steps). Each case is
+  the model's real prediction over the whole validation case: its fixed-size image on the whole-image
+  path (``ceil(n_val / train.batch_size)`` forward batches), and on the volume path its sliding-window
+  prediction as evaluation makes it (``qfedavg.sliding_loss``: ``ceil(windows / sw_batch_size)`` forward
+  passes per case, one evaluation of the validation split per site and round), never a resized cube;
 * ``Delta l_k^t = max(0, l_k^{t-1} - l_k^t)`` (Eq. 22, the benchmark's version,
   ``positive_only = True``) or ``l_k^{t-1} - l_k^t`` (Eq. 20, the original); ``L = sum_k Delta l_k``;
 * ``m_k^t = sum_{j=0}^{history-1} l_k^{t-j}`` (Eq. 21, history 6: this round's loss and the 5
@@ -90,7 +94,7 @@ class FedPIDAvgClient(FedAvgClient):
     def after_fit(self, model, stats: TrainStats, msg: Message, ctx: ClientContext) -> Message:
         reply = super().after_fit(model, stats, msg, ctx)
         val_loss, batches = dataset_loss(
-            model, ctx.data.val, ctx.cfg.train.loss, ctx.cfg.train.batch_size, ctx.task.device
+            model, ctx.data.val, ctx.cfg.train.loss, ctx.cfg.train.batch_size, ctx.task.device, whole_cases=True
         )
         reply.meta.update({"val_loss": val_loss, "val_batches": batches})
         return reply

@@ -95,6 +95,7 @@ def dataset_loss(
     batch_size: int,
     device: torch.device,
     generator: torch.Generator | None = None,
+    whole_cases: bool = False,
 ) -> tuple[float, int]:
     """``sum_{(x, y) in data} l(w, x, y)`` (Eq. 15 / Eq. 19): the per-case segmentation loss
     ``train.loss`` summed over every case of ``data``, forward only (eval mode, no gradients), in
@@ -105,10 +106,16 @@ def dataset_loss(
     ``generator`` (the same draw as the Trainer's, without augmentation) — the loss of the model on
     what it trains on. Without one, the fixed-size view (``CaseSet.batch``).
 
+    With ``whole_cases`` (a validation loss: the model as it is deployed), on the volume path each case is
+    the model's prediction over the whole case, :func:`sliding_loss`; on the whole-image path it changes
+    nothing (the fixed-size image is the whole case and the model's input).
+
     The MONAI losses average per-case losses over a batch, so ``batch loss * batch length`` is
     the sum of that batch's per-case losses. An empty set gives ``(0.0, 0)``.
     """
     loss_fn = segmentation_loss(loss)
+    if whole_cases and data.volumes is not None and data.volume is not None:
+        return sliding_loss(model, data, loss_fn, device)
     was_training = model.training
     model.eval()
     total, batches = 0.0, 0
@@ -119,6 +126,32 @@ def dataset_loss(
             batches += 1
     model.train(was_training)
     return total, batches
+
+
+def sliding_loss(model: nn.Module, data: CaseSet, loss_fn: nn.Module, device: torch.device) -> tuple[float, int]:
+    """Volume path: ``sum_case l(sliding(w, image), label)``, the loss ``loss_fn`` of the model's sliding-window
+    prediction over each whole preprocessed case (``fedseg.evaluate.sliding.sliding_logits``, as evaluation runs
+    it: windows of ``data.volume.patch_size``, ``sw_overlap``, ``sw_mode`` blending) against the case's region
+    masks on the same grid ``(1, R, *P)``, one case at a time, eval mode, no gradients.
+
+    Returns ``(sum, forward passes)``. Cost: per case ``ceil(windows / sw_batch_size)`` forward passes, with
+    ``windows = prod_axes (ceil((P_a - k_a) / (k_a (1 - sw_overlap))) + 1)`` for a case of ``P_a`` voxels and a
+    patch of ``k_a`` per axis (MONAI's scan), i.e. one evaluation of the set; a patch-sized case takes 1."""
+    from fedseg.evaluate.sliding import sliding_logits
+
+    assert data.volumes is not None and data.volume is not None  # the volume path
+    was_training = model.training
+    passes = [0]
+    handle = model.register_forward_pre_hook(lambda *_: passes.__setitem__(0, passes[0] + 1))
+    total = 0.0
+    try:
+        for vol in data.volumes:
+            logits = sliding_logits(model, vol.image, data.volume, device)[None]  # (1, R, *P), CPU
+            total += float(loss_fn(logits, vol.label[None]).double())
+    finally:
+        handle.remove()
+        model.train(was_training)
+    return total, passes[0]
 
 
 def delta_and_h(

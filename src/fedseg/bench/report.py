@@ -1,6 +1,9 @@
 """A bench's output files: ``results.csv``, ``tuning.csv``, ``tables.json``, ``tables.md``, ``report.html`` + figures.
 
-The tables, per federation (the papers' layouts):
+The tables, per federation (the papers' layouts). Every table of methods or settings (all but rank stability)
+shows, next to its Dice, the rounds each trained (mean ± std over runs) and its SGD steps (Eq. 34, mean over runs):
+a budget rule of ``rounds`` with a plateau stop leaves the methods' steps unequal, and a reader should see by how
+much.
 
 * **Test** (FeTS Table 1 / Table 3 for a limited or IID partition): Dice mean ± std over cases, per region, HD95,
   client average ± std over seeds, Δ against the reference with its 95% hierarchical bootstrap CI and the paired
@@ -43,6 +46,8 @@ TUNING_COLUMNS = [
     "val_dice",
     "test_dice",
     "runs",
+    "rounds",
+    "sgd_steps",
     "plateau_stops",
     "selected",
     "at_edge",
@@ -94,10 +99,26 @@ def has_nsd(fed: dict) -> bool:
     return any((s.get("nsd") or {}).get("n") for s in fed["methods"].values())
 
 
+BUDGET_HEAD = ["rounds", "SGD steps"]  # next to Dice in every table of methods: what each number was trained with
+
+
+def budget_cells(rounds: dict | float | None, sgd_steps: float | None) -> list[str]:
+    """The rounds trained (``mean ± std`` over runs, or a mean) and the mean SGD steps (Eq. 34) of a method or a
+    setting; ``–`` where unknown (tables of runs that did not record them)."""
+    text = ms(rounds, 1) if isinstance(rounds, dict) else (f"{rounds:.1f}" if _finite(rounds) else "–")
+    return [text, kit.fmt_int(sgd_steps) if _finite(sgd_steps) else "–"]
+
+
+def _method_budget(s: dict | None) -> list[str]:
+    """:func:`budget_cells` of a method's tables.json entry (``–`` for what it lacks)."""
+    s = s or {}
+    return budget_cells(s.get("convergence", {}).get("rounds"), s.get("cost", {}).get("sgd_steps"))
+
+
 def test_table(fed: dict, reference: str) -> tuple[list[str], list[list[str]]]:
     unit = fed.get("hd95_unit") or ""
     nsd = has_nsd(fed)
-    head = ["method", "setting", "runs", DICE.label, *fed["regions"], HD95.title(unit), "client avg"]
+    head = ["method", "setting", "runs", *BUDGET_HEAD, DICE.label, *fed["regions"], HD95.title(unit), "client avg"]
     head += [f"Δ vs {reference}", "95% CI", "p"]
     if nsd:
         head += [NSD.title(unit, fed.get("nsd_tolerance")), f"NSD Δ vs {reference}", "NSD 95% CI", "NSD p"]
@@ -109,6 +130,7 @@ def test_table(fed: dict, reference: str) -> tuple[list[str], list[list[str]]]:
             name,
             s["setting"] + (EDGE if s.get("at_edge") else ""),
             f"{conv['runs']}/{fed['runs']}",
+            *_method_budget(s),
             ms(s["dice"], DICE.digits),
             *(ms(s["regions"][r], DICE.digits) for r in fed["regions"]),
             ms(s["hd95"], HD95.digits),
@@ -130,21 +152,20 @@ def _test_cells(test: dict | None, is_reference: bool) -> list[str]:
 
 
 def site_table(fed: dict) -> tuple[list[str], list[list[str]]]:
-    head = ["method", *fed["sites"], "client avg", "local avg", "local gen"]
+    head = ["method", *BUDGET_HEAD, *fed["sites"], "client avg", "local avg", "local gen"]
     rows = []
     for name, s in fed["methods"].items():
         cells = []
         for site in fed["sites"]:
             cells.append(ms(s["sites"].get(site)) + _mark(s["site_wilcoxon"].get(site)))
-        rows.append([name, *cells, ms(s["client_avg"]), ms(s["local_avg"]), ms(s["local_gen"])])
+        rows.append([name, *_method_budget(s), *cells, ms(s["client_avg"]), ms(s["local_avg"]), ms(s["local_gen"])])
     return head, rows
 
 
 def cost_table(fed: dict) -> tuple[list[str], list[list[str]]]:
     head = [
         "method",
-        "rounds",
-        "SGD steps",
+        *BUDGET_HEAD,
         "parallel SGD steps",
         "floats per site",
         "floats (all sites)",
@@ -157,8 +178,7 @@ def cost_table(fed: dict) -> tuple[list[str], list[list[str]]]:
         rows.append(
             [
                 name,
-                ms(s["convergence"]["rounds"], 1),
-                kit.fmt_int(c["sgd_steps"]),
+                *_method_budget(s),
                 kit.fmt_int(c["parallel_sgd_steps"]),
                 f"{c['floats_per_site']:.3g}",
                 f"{c['floats']:.3g}",
@@ -172,11 +192,14 @@ def cost_table(fed: dict) -> tuple[list[str], list[list[str]]]:
 def comparison_table(fed: dict) -> tuple[list[str], list[list[str]]]:
     """The bench's ``comparisons``: Δ (mean over cases of the paired differences), its bootstrap CI, Δ per seed
     and the Wilcoxon p."""
-    head = ["method", "against", "seeds", "cases", "Δ Dice", "95% CI", "Δ per seed", "p"]
+    head = ["method", "against", "rounds (method / against)", "SGD steps (method / against)", "seeds", "cases"]
+    head += ["Δ Dice", "95% CI", "Δ per seed", "p"]
+    methods = fed["methods"]
     rows = [
         [
             c["method"],
             c["against"],
+            *(" / ".join(pair) for pair in zip(*(_method_budget(methods.get(n)) for n in (c["method"], c["against"])))),
             str(c["seeds"]),
             str(c["n"]),
             _signed(c["mean_diff"]),
@@ -202,12 +225,13 @@ def rank_table(fed: dict) -> tuple[list[str], list[list[str]]]:
 
 
 def tune_table(rows: list[dict], federation: str) -> tuple[list[str], list[list[str]]]:
-    head = ["method", "setting", "validation Dice (selects)", "test Dice (not used)", "runs", "plateau stop at"]
-    head.append("selected")
+    head = ["method", "setting", *BUDGET_HEAD, "validation Dice (selects)", "test Dice (not used)", "runs"]
+    head += ["plateau stop at", "selected"]
     body = [
         [
             r["method"],
             r["setting"],
+            *budget_cells(r.get("rounds"), r.get("sgd_steps")),
             kit.fmt(r["val_dice"], 4),
             kit.fmt(r["test_dice"], 4),
             str(r["runs"]),

@@ -38,17 +38,20 @@ def _mean(values: list[float]) -> float:
 
 def setting_scores(bench: BenchSpec, tuning: dict[BenchRun, Finished]) -> dict[tuple[str, str], dict]:
     """``{(federation, method): {setting: {"val": mean, "test": mean, "runs": n, "label": folder label,
-    "plateau_stops": [the rounds at which the plateau rule stopped its tuning runs]}}}`` over the tuning runs."""
+    "plateau_stops": [the rounds at which the plateau rule stopped its tuning runs], "rounds": mean rounds trained,
+    "sgd_steps": mean SGD steps (Eq. 34)}}}`` over the tuning runs."""
     scores: dict[tuple[str, str], dict] = {}
     for run, fin in tuning.items():
         scored = bench.method(run.method).scored
         entry = scores.setdefault((run.federation, run.method), {}).setdefault(
             run.setting,
-            {"val": [], "test": [], "label": run.setting_label, "stops": []},  # label: with a settings_from setting
-        )
+            {"val": [], "test": [], "label": run.setting_label, "stops": [], "rounds": [], "steps": []},  # label:
+        )  # with a settings_from setting
         entry["val"].append(validation_score(fin, scored))
         entry["test"].append(test_score(fin, scored))
         conv = fin.entry(scored).get("convergence", {})
+        entry["rounds"].append(float(conv.get("rounds", math.nan)))
+        entry["steps"].append(float(fin.entry(scored).get("cost", {}).get("sgd_steps", math.nan)))
         if conv.get("stopped") == PLATEAU:
             entry["stops"].append(int(conv.get("rounds", 0)))
     return {
@@ -59,6 +62,8 @@ def setting_scores(bench: BenchSpec, tuning: dict[BenchRun, Finished]) -> dict[t
                 "runs": len(v["val"]),
                 "label": v["label"],
                 "plateau_stops": sorted(v["stops"]),
+                "rounds": _mean(v["rounds"]),
+                "sgd_steps": _mean(v["steps"]),
             }
             for s, v in per.items()
         }
@@ -102,14 +107,23 @@ def _rank(score: float) -> float:
 
 
 def tuning_rows(bench: BenchSpec, tuning: dict[BenchRun, Finished], chosen: dict) -> list[dict]:
-    """One row per (federation, method, setting): validation and test scores, runs, the rounds at which the plateau
+    """One row per (federation, method, setting): validation and test scores, runs, the mean rounds trained and SGD
+    steps (Eq. 34) of its runs, the rounds at which the plateau
     rule stopped its runs (``plateau_stops``: a losing setting stopped early may have lost to a warm-up stall, see
     ``stop.min_rounds``), whether it was selected and, on the selected row, the grid keys at an edge (``at_edge``,
     :func:`edge_keys`; empty when none)."""
     rows = []
     for (fed, method), per in setting_scores(bench, tuning).items():
         for setting in settings(bench.method(method)):
-            empty = {"val": math.nan, "test": math.nan, "runs": 0, "label": setting_label(setting), "plateau_stops": []}
+            empty = {
+                "val": math.nan,
+                "test": math.nan,
+                "runs": 0,
+                "label": setting_label(setting),
+                "plateau_stops": [],
+                "rounds": math.nan,
+                "sgd_steps": math.nan,
+            }
             score = per.get(setting, empty)
             rows.append(
                 {
@@ -120,6 +134,8 @@ def tuning_rows(bench: BenchSpec, tuning: dict[BenchRun, Finished], chosen: dict
                     "val_dice": score["val"],
                     "test_dice": score["test"],
                     "runs": score["runs"],
+                    "rounds": score["rounds"],
+                    "sgd_steps": score["sgd_steps"],
                     "plateau_stops": " ".join(map(str, score["plateau_stops"])),
                     "selected": chosen.get((fed, method)) == setting,
                     "at_edge": "; ".join(edge_keys(bench.method(method), setting))
