@@ -1,4 +1,4 @@
-"""Command line: ``fedseg run | report | presets | algorithms | predict | data | flower``."""
+"""Command line: ``fedseg run | report | presets | algorithms | predict | loss-surface | data | flower``."""
 
 from __future__ import annotations
 
@@ -376,6 +376,28 @@ def predict(
         fail(str(e))
         return
     console.print(f"{len(rows)} mask(s) and predictions.csv written to {out}", highlight=False)
+
+
+@app.command("loss-surface")
+def loss_surface(
+    runs: list[Path] = typer.Argument(..., help="finished run folders (e.g. of --algorithms local,fedavg,fedsm)"),
+    site: str = typer.Option(..., "--site", help="whose training data the loss is computed on, and whose models"),
+    out: Path = typer.Option(..., "--out", help="folder for loss_surface_<site>.csv and .png"),
+    directions: int = typer.Option(10, "--directions", min=1, help="random filter-normalized directions"),
+    seed: int = typer.Option(0, "--seed", help="seed of the random directions"),
+    device: str = typer.Option("cpu", "--device", help="torch device the losses are computed on"),
+) -> None:
+    """FedSM's Figure 4: the training loss of SITE near each trained model (global, local:SITE, personal:SITE) along
+    random filter-normalized directions (t in -1..1), and along the line from FedSM's global to its personalized
+    model; writes OUT/loss_surface_<SITE>.csv and .png (docs/benchmark-protocol.md)."""
+    from fedseg.loss_surface import loss_surface as compute_surface
+
+    try:
+        csv_path, png = compute_surface(runs, site, out, directions, seed, device)
+    except (FederationError, OSError, KeyError, ValueError) as e:  # ConfigError, BundleError: ValueErrors
+        fail(error_text(e))
+        return
+    console.print(f"loss surface: {csv_path}" + (f"\nfigure: {png}" if png else ""), highlight=False, soft_wrap=True)
 
 
 if __name__ == "__main__":

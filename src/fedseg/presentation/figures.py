@@ -43,6 +43,7 @@ __all__ = [
     "mean_per_round",
     "round_axes",
     "save",
+    "loss_surface_figure",
 ]
 
 DPI = 110
@@ -511,5 +512,51 @@ def feature_map(
         ax.set_xticks([])
         ax.set_yticks([])
     axes[-1].legend(fontsize=8, loc="center left", bbox_to_anchor=(1.02, 0.5), frameon=False, title="site")
+    fig.tight_layout()
+    return save(fig, out)
+
+
+def loss_surface_figure(
+    curves: Mapping[str, np.ndarray],
+    ts: Sequence[float],
+    out: Path,
+    title: str,
+    lines: Mapping[str, np.ndarray] | None = None,
+    line_ts: Sequence[float] = (),
+    ylabel: str = "training loss",
+) -> Path | None:
+    """A 1-D loss-surface figure in the style of FedSM's Figure 4 (``fedseg.evaluate.loss_surface``).
+
+    Left panel: per series of ``curves`` (``{label: losses (directions, len(ts))}``) the mean over the directions
+    against the step ``t`` with the min-max band of the directions. Right panel (when ``lines`` has any:
+    ``{label: losses (len(line_ts),)}``): each interpolation line, with dotted verticals at ``t = 0`` and 1 (the
+    two models). Writes ``out``; None when there is nothing to draw."""
+    lines = lines or {}
+    if not curves and not lines:
+        return None
+    panels = int(bool(curves)) + int(bool(lines))
+    fig = Figure(figsize=(5.2 * panels, 4.0))
+    axes = [fig.add_subplot(1, panels, k + 1) for k in range(panels)]
+    if curves:
+        ax = axes[0]
+        x = np.asarray(ts, dtype=float)
+        for i, (label, losses) in enumerate(curves.items()):
+            losses = np.atleast_2d(np.asarray(losses, dtype=float))
+            color = series_color(i)
+            ax.fill_between(x, losses.min(axis=0), losses.max(axis=0), color=color, alpha=0.2, linewidth=0)
+            ax.plot(x, losses.mean(axis=0), color=color, ls=series_style(i), lw=1.6, label=label)
+        ax.set(title=f"{title}: random directions", xlabel="step t along a filter-normalized direction", ylabel=ylabel)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    if lines:
+        ax = axes[-1]
+        x = np.asarray(line_ts, dtype=float)
+        for i, (label, losses) in enumerate(lines.items()):
+            ax.plot(x, np.asarray(losses, dtype=float), color=series_color(i), ls=series_style(i), lw=1.6, label=label)
+        for t in (0.0, 1.0):
+            ax.axvline(t, color=PALETTE[-1], ls=":", lw=0.8)
+        ax.set(title=f"{title}: global -> personalized", xlabel="t ((1 - t) global + t personalized)", ylabel=ylabel)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
     fig.tight_layout()
     return save(fig, out)

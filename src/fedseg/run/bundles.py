@@ -77,6 +77,11 @@ def _bundle_folders(folder: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if (p / MANIFEST).is_file()) if folder.is_dir() else []
 
 
+def run_bundles(run_dir: Path) -> list[Path]:
+    """Every bundle folder of a finished run, ``RUN/model/<algorithm>/``, by algorithm name (none: ``[]``)."""
+    return _bundle_folders(Path(run_dir) / "model")
+
+
 def _manifest_models(path: Path) -> list[str]:
     """The ``models`` a manifest lists; none if it cannot be read (``load_bundle`` reports that)."""
     try:
