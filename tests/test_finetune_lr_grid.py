@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 from fedseg.algorithms import get_algorithm
 from fedseg.cli import app
 from fedseg.run import prepare, run_algorithm, run_experiment
+from fedseg.tracking import final_metrics
 
 SITES = ["site1", "site2", "site3"]
 LR = 1e-3  # train.lr
@@ -91,6 +92,8 @@ def test_each_site_selects_the_rate_of_its_best_validated_candidate(gridded):
     log = (out / "run.log").read_text()
     expected = ", ".join(f"{s} {result.summary['selected_lrs'][s]:g}" for s in SITES)
     assert f"finetune selected lr per site: {expected}" in log
+    tracked = final_metrics(result.summary)  # what a tracker (MLflow, ...) logs at the end
+    assert {s: tracked[f"selected_lr/{s}"] for s in SITES} == result.summary["selected_lrs"]
 
 
 def test_the_steps_counted_grow_with_the_grid(plain, gridded):
@@ -141,3 +144,20 @@ def test_resume_after_interruption_equals_uninterrupted_run(plain, gridded, tmp_
     assert full.summary["dice"] == resumed.summary["dice"]
     assert full.summary["selected_lrs"] == resumed.summary["selected_lrs"]
     assert full.summary["sgd_steps"] == resumed.summary["sgd_steps"]
+
+
+def test_ditto_ft_takes_the_grid_too(plain, gridded, tmp_path, tiny_config, disc_federation):
+    """lam = 0: ``ditto-ft`` with the grid is ``finetune`` with the grid, bit for bit."""
+    _, ft = gridded
+    cfg = tiny_config(
+        algorithms=["ditto-ft"],
+        fl={"rounds": 2},
+        train={"lr": LR},
+        eval={"hd95": False},
+        methods={"ditto-ft": {"epochs": 2, "lam": 0.0, "lr_grid": GRID}},
+    )
+    prep = prepare(cfg, disc_federation())
+    ditto = run_algorithm("ditto-ft", prep, tmp_path, resume=False, earlier={"fedavg": plain["fedavg"]})
+    assert ditto.summary["selected_lrs"] == ft.summary["selected_lrs"]
+    assert all(_same(ditto.bundle[m], ft.bundle[m]) for m in ft.bundle)
+    assert [r["value"] for r in ditto.metric_rows] == [r["value"] for r in ft.metric_rows]
