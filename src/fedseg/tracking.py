@@ -140,6 +140,7 @@ def final_metrics(summary: dict) -> dict[str, float]:
     if "best_round" in summary:
         metrics["best_round"] = float(summary["best_round"])
     metrics.update({metric_name("selected_round", s): float(r) for s, r in summary.get("selected_rounds", {}).items()})
+    metrics.update({metric_name("selected_lr", s): float(r) for s, r in summary.get("selected_lrs", {}).items()})
     metrics.update({f"total/{k}": float(summary[k]) for k in ("floats_sent", "sgd_steps", "seconds") if k in summary})
     metrics.update({metric_name("cost", k): float(v) for k, v in (summary.get("cost") or {}).items() if is_number(v)})
     return metrics

@@ -30,13 +30,19 @@ def put_group(state: State, prefix: str, tensors: dict[str, torch.Tensor]) -> No
     state.update(prefixed(prefix, tensors))
 
 
+def beats(score: float, best: float | None) -> bool:
+    """Whether validation Dice ``score`` beats the kept ``best`` (None: nothing kept). A NaN score ranks
+    below every number; a tie does not beat (the earlier one stays)."""
+    low = lambda x: -math.inf if math.isnan(x) else x  # noqa: E731
+    return best is None or low(score) > low(best)
+
+
 def keep_if_better(state: State, prefix: str, model: nn.Module, score: float, rnd: int) -> bool:
     """Keep ``model``'s weights under ``prefix/`` in a client state store, with ``score`` (a mean
     validation Dice) and round ``rnd`` (``prefix_score``, ``prefix_round``), if ``score`` beats the
     kept one. A NaN score ranks below every number; ties keep the earlier round. Returns whether it kept."""
     best = state.get(prefix + SCORE)
-    low = lambda x: -math.inf if math.isnan(x) else x  # noqa: E731
-    if best is not None and not low(score) > low(float(best)):
+    if not beats(score, None if best is None else float(best)):
         return False
     put_group(state, prefix, weights_of(model))
     state[prefix + SCORE] = torch.tensor(score, dtype=torch.float64)

@@ -80,11 +80,18 @@ class PerSiteClient(FedAvgClient):
     ) -> dict[str, MetaValue]:
         if msg.meta.get(KEEP_BEST):
             data = ctx.data.split(str(msg.meta["split"]))
-            keep_if_better(
-                ctx.state, SITE_BEST, model, site_dice(dice, data.ids, ctx.site, ctx.task.regions), ctx.round
-            )
+            score = site_dice(dice, data.ids, ctx.site, ctx.task.regions)
+            if keep_if_better(ctx.state, SITE_BEST, model, score, ctx.round):
+                self.on_kept(msg, ctx)
         if msg.meta.get(USE_BEST):
-            return {SELECTED_ROUND: int(ctx.state[SITE_BEST + ROUND])}
+            return {SELECTED_ROUND: int(ctx.state[SITE_BEST + ROUND]), **self.selected_meta(ctx)}
+        return {}
+
+    def on_kept(self, msg: Message, ctx: ClientContext) -> None:
+        """After the scored model (of ``msg``) became the site's kept one: what else to keep (default: nothing)."""
+
+    def selected_meta(self, ctx: ClientContext) -> dict[str, MetaValue]:
+        """More of the kept model's record for the test reply, besides its round (default: nothing)."""
         return {}
 
     def on_share_model(self, msg: Message, ctx: ClientContext) -> Message:
@@ -130,11 +137,16 @@ class PerSiteServer(FedAvgServer):
         kept model; then each kept model on every other site's test split (cross-site rows)."""
         replies = self.engine.exchange(self.eval_messages(split, sample), "evaluate")
         rows = eval_rows(self.engine.algorithm, replies, self.task.regions)
+        self.read_replies(split, replies)
         if split == "test":
-            self.selected_rounds = {s: int(r.meta[SELECTED_ROUND]) for s, r in replies.items()}
             self.selected_models = collect_models(self.engine)
             rows += cross_site_rows(self.engine, self.task, self.selected_models, skip_own=True)
         return rows
+
+    def read_replies(self, split: str, replies: dict[str, Message]) -> None:
+        """What the server notes of the sites' ``evaluate`` replies on ``split``: the test's ``selected_round``s."""
+        if split == "test":
+            self.selected_rounds = {s: int(r.meta[SELECTED_ROUND]) for s, r in replies.items()}
 
     def bundle(self) -> dict[str, dict[str, torch.Tensor]]:
         """Every site's tested model, ``local:<site>`` (fetched now if the test has not run)."""

@@ -10,6 +10,7 @@ from fedseg.engine.checkpoint import save_checkpoint
 from fedseg.run.outputs import bundle_order, write_bundle_files
 from fedseg.run.result import AlgorithmResult, Row
 from fedseg.run.resume import remove_best_files
+from fedseg.run.runlog import log_round, selected_lrs_line
 from fedseg.run.selection import selectable_scores
 from fedseg.run.start_from import combined_cost
 from fedseg.run.state import AlgorithmRun, BestRound, RoundState
@@ -32,6 +33,8 @@ def finish(run: AlgorithmRun, state: RoundState, last: int) -> AlgorithmResult:
     )
     save_finished(run, result)
     engine.close()  # e.g. the state files of engine.state: disk
+    if summary.get("selected_lrs"):  # lr_grid (finetune): the rate each site's tested model was trained at
+        log_round(run.out, selected_lrs_line(run.name, summary["selected_lrs"]), run.hooks.on_log_line)
     if run.hooks.tracker:
         run.hooks.tracker.finish(run.name, run.cfg, summary)
     return result

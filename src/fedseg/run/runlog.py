@@ -23,6 +23,11 @@ def round_line(
     return f"{utc_now()} {name} round {rnd}/{rounds} mean val Dice {dice} loss {loss} {seconds:.1f} s"
 
 
+def selected_lrs_line(name: str, lrs: dict[str, float]) -> str:
+    """``<UTC time> <algorithm> selected lr per site: <site> <lr>, ...`` (a method with ``lr_grid``)."""
+    return f"{utc_now()} {name} selected lr per site: " + ", ".join(f"{s} {lr:g}" for s, lr in lrs.items())
+
+
 def log_round(out: Path, line: str, echo: Callable[[str], None] | None = None) -> None:
     """Append ``line`` to ``out/run.log``, then pass it to ``echo`` (e.g. a print when stdout is no terminal)."""
     append_line(out, line)
