@@ -57,13 +57,17 @@ def sequential(tmp_path_factory, tiny_config, disc_federation):
     return out
 
 
-def test_two_workers_give_bit_identical_summary_ledger_and_weights(sequential, tmp_path, tiny_config, disc_federation):
-    """W = 2 (with the state stores on disk, too) against W = 1: every number of summary.json, every ledger
-    row's floats and steps, and the saved weights' bytes."""
+@pytest.mark.parametrize("state", ["memory", "disk"])
+def test_two_workers_give_bit_identical_summary_ledger_and_weights(
+    state, sequential, tmp_path, tiny_config, disc_federation
+):
+    """W = 2 against W = 1, with the state stores in RAM (where an unchanged store a worker returned is sent again
+    as its buffer, ``WorkerPool.store_payload``) and on disk: every number of summary.json, every ledger row's
+    floats and steps, and the saved weights' bytes."""
     out = tmp_path / "w2"
     pids: set[int] = set()
     seen = lambda site, action, msg, reply: pids.update(_worker_pids())  # noqa: E731
-    cfg = tiny_config(algorithms=ALGORITHMS, engine={"workers": 2, "state": "disk"})
+    cfg = tiny_config(algorithms=ALGORITHMS, engine={"workers": 2, "state": state})
     run_experiment(cfg, out, federation=disc_federation(), observers=[seen])
     assert len(pids) == 2  # two workers answered, and no others were started
     assert all(_gone(pid) for pid in pids), "a worker process outlived the run"
