@@ -24,19 +24,29 @@ def _scores(result) -> list[dict]:
     return [{k: repr(v) for k, v in row.items() if k != "algorithm"} for row in result.test_rows]
 
 
+def _federation(disc_federation):
+    fed = disc_federation(n_sites=3, cases_per_site=8)
+    for site in fed.sites:
+        site.meta = {"scanner": "X"}  # one value: prior-cfl's one cluster is every site
+    return fed
+
+
+def _config(tiny_config, algorithms, **overrides):
+    return tiny_config(
+        algorithms=algorithms,
+        fl={"rounds": 2},
+        eval={"hd95": False},
+        methods={"prior-cfl": {"cluster_by": "scanner", "rounds": 1}, "fedavg-continue": {"rounds": 1}},
+        **overrides,
+    )
+
+
 @pytest.fixture(scope="module")
 def chain(tmp_path_factory, tiny_config, disc_federation):
     """fedavg (2 rounds), then prior-cfl clustering by a key every site shares, then fedavg-continue (1 round
     each from fedavg's selected model); every message each method sent, in order."""
-    fed = disc_federation(n_sites=3, cases_per_site=8)
-    for site in fed.sites:
-        site.meta = {"scanner": "X"}  # one value: prior-cfl's one cluster is every site
-    cfg = tiny_config(
-        algorithms=CHAIN,
-        fl={"rounds": 2},
-        eval={"hd95": False},
-        methods={"prior-cfl": {"cluster_by": "scanner", "rounds": 1}, "fedavg-continue": {"rounds": 1}},
-    )
+    fed = _federation(disc_federation)
+    cfg = _config(tiny_config, CHAIN)
     sent: dict[str, list] = {name: [] for name in CHAIN}
     current: list[str] = []
     results = run_experiment(
@@ -67,6 +77,15 @@ def test_fedavg_continue_starts_from_fedavgs_selected_model(chain):
     assert all(_same(msg.group(MODEL), start) for _, msg in train)
     assert not any(action == "metadata" for action, *_ in sent["fedavg-continue"])  # no clustering prior asked
     assert results["fedavg-continue"].summary["cost"]["includes"] == ["fedavg", "this method"]  # FeTS Table 2
+
+
+def test_fedavg_continue_on_the_worker_pool_gives_the_simulators_rows(chain, tmp_path, tiny_config, disc_federation):
+    """Two worker processes (engine.workers = 2, site states on disk): the same start and the same rows."""
+    results, _ = chain
+    cfg = _config(tiny_config, ["fedavg", "fedavg-continue"], engine={"workers": 2, "state": "disk"})
+    pool = run_experiment(cfg, tmp_path / "run", federation=_federation(disc_federation))
+    assert pool.algorithms[1].name == "fedavg-continue"
+    assert _scores(pool.algorithms[1]) == _scores(results["fedavg-continue"])
 
 
 def test_fedavg_continue_options_are_prior_cfls_without_the_clusters():
