@@ -344,7 +344,9 @@ def test_site_count_is_checked_before_any_work_and_at_merge_time(tmp_path, tiny_
         server_merge(tiny_config, "fedavg", models_np(4, 0), [1] * 4, {"aggregator": "krum"})
 
 
-@pytest.mark.parametrize("name", ["fedadam", "fednova", "scaffold", "fedpidavg", "cfl", "prior-cfl", "fedsm"])
+@pytest.mark.parametrize(
+    "name", ["fedadam", "fednova", "scaffold", "fedpidavg", "cfl", "prior-cfl", "fedavg-continue", "fedsm"]
+)
 def test_methods_with_a_merge_of_their_own_refuse_a_robust_aggregator(name):
     with pytest.raises(ValueError, match=rf"methods\.{name}\.aggregator: .*'krum' is not available: .*only 'mean'"):
         get_algorithm(name).parse_options({"aggregator": "krum"})

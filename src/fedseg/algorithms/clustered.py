@@ -11,6 +11,11 @@ buffers included. What decides the clusters is the method's:
   FedAvg model). Sites report their own value (a ``metadata`` exchange before the first round,
   no floats): a site that lacks the key fails the run there, before any training, with a message
   naming the site and key;
+* ``fedavg-continue`` ("FedAvg continued"): the same start, rounds and per-site selection as
+  ``prior-cfl`` with one cluster of every site, i.e. FedAvg resumed from the start model for
+  ``rounds`` more rounds: the control that tells what prior-CFL owes to its clusters rather than to
+  its extra rounds. Its kind is ``clustered`` (one cluster), not ``global``: like prior-CFL, each site
+  is tested with its own selected model, and the reports must put both in the same per-site table;
 * ``cfl`` (Sattler et al., Eq. 26-30): ``fedseg.algorithms.cfl``.
 
 Clusters are numbered 0, 1, ...; a split keeps the number for the part holding the cluster's
@@ -107,20 +112,31 @@ class ClusteredClient(PerSiteClient):
         return Message({}, {"value": ctx.data.metadata_value(str(msg.meta["key"]))})
 
 
-# --- prior clustering ---------------------------------------------------------------------------
-class PriorCFLOptions(FedAvgOptions):
-    OWN_MERGE = "prior-cfl averages within each cluster of sites"
-    cluster_by: str | None = Field(
-        None, min_length=1, description="site metadata key whose values are the clusters (e.g. grade, collection)"
-    )
+# --- prior clustering and its control -----------------------------------------------------------
+class ContinuedOptions(FedAvgOptions):
+    """Federated training resumed from a trained global model: ``prior-cfl`` and ``fedavg-continue``."""
+
     start_from: str = Field(
         "fedavg", description="algorithm of the same run (listed before) or RUN/model/<algorithm> folder to start from"
     )
-    rounds: int | None = Field(None, ge=1, description="federated fine-tuning rounds; None = fl.rounds (paper: 30)")
+    rounds: int | None = Field(
+        None, ge=1, description="federated rounds from the start model; None = fl.rounds (prior-CFL paper: 30)"
+    )
 
     def run_rounds(self, rounds: int) -> int:
         """``rounds`` if set, else ``fl.rounds`` (``AlgorithmSpec.run_config``)."""
         return rounds if self.rounds is None else self.rounds
+
+
+class FedAvgContinueOptions(ContinuedOptions):
+    OWN_MERGE = "fedavg-continue averages within its one cluster of all sites, as prior-cfl does"
+
+
+class PriorCFLOptions(ContinuedOptions):
+    OWN_MERGE = "prior-cfl averages within each cluster of sites"
+    cluster_by: str | None = Field(
+        None, min_length=1, description="site metadata key whose values are the clusters (e.g. grade, collection)"
+    )
 
     def check_sites(self, num_sites: int, algorithm: str) -> None:
         """``cluster_by`` is required (checked before any work; no key is right for every federation)."""
@@ -153,6 +169,16 @@ SPECS = (
         ClusteredClient,
         "FedAvg fine-tuning per cluster of sites fixed by metadata (cluster_by), from a trained global model",
         PriorCFLOptions,
+        kind="clustered",
+    ),
+    AlgorithmSpec(  # ClusteredServer's default clusters: every site in cluster 0
+        "fedavg-continue",
+        "FedAvg continued",
+        ClusteredServer,
+        ClusteredClient,
+        "FedAvg resumed from a trained global model (start_from) for rounds more rounds, per-site selection: "
+        "prior-cfl's control (one cluster)",
+        FedAvgContinueOptions,
         kind="clustered",
     ),
 )

@@ -261,7 +261,7 @@ class RobustOptions(MethodOptions):
 
     A method whose merge is its own sets ``OWN_MERGE`` (why) and refuses every aggregator but
     ``mean``: FedAdam (server Adam step), FedNova (normalized average), SCAFFOLD (control variates),
-    FedPIDAvg (its Eq. 18 weights), FedSM and its variants, CFL and prior-CFL (per-cluster averages).
+    FedPIDAvg (its Eq. 18 weights), FedSM and its variants, CFL, prior-CFL and FedAvg continued (per-cluster averages).
     q-FedAvg, Auto-FedAvg, FedMedian and FedTrimmedAvg have no ``aggregator`` option (their merge is
     the method)."""
 

@@ -68,6 +68,7 @@ REFUSALS = {
     "fedpidavg": "its server weights each site by that site's own validation-loss history (PID terms)",
     "cfl": "it splits clusters by the cosine similarity of individual updates",
     "prior-cfl": "it averages within clusters of sites (one sum per cluster, not one per round)",
+    "fedavg-continue": "it merges as prior-cfl does (per cluster, from the individual replies)",
     "fedsm": "its server SoftPulls every site's personalized model and trains the selector on individual replies",
     "fedsm-extra": "its server SoftPulls every site's personalized model and trains the selector on individual replies",
     "fedsm-ensemble": "its server SoftPulls every site's personalized model",
