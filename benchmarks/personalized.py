@@ -47,6 +47,10 @@ PRIOR = {"synthetic-retina": "collection", "synthetic-prostate": "coil"}
 COST_KEYS = ["sgd_steps", "parallel_sgd_steps", "floats", "simulated_hours"]
 
 
+# FeTS 2022 searched the fine-tuning learning rate per institution: each site picks its rate on its own validation
+LR_GRIDS = ["methods.finetune.lr_grid=[0.0003,0.001,0.003]", "methods.ditto-ft.lr_grid=[0.0003,0.001,0.003]"]
+
+
 def extra(federation: str) -> list[str]:
     """The options on top of the budget (``specs/personalized.yaml`` sets them: the bench's and the federation's)."""
     return [
@@ -56,6 +60,7 @@ def extra(federation: str) -> list[str]:
         "methods.fedavg-continue.rounds=10",
         f"methods.prior-cfl.cluster_by={PRIOR[federation]}",
         "methods.cfl.split_round=20",
+        *LR_GRIDS,
     ]
 
 

@@ -299,8 +299,8 @@ def test_grids_are_tuned_on_validation_even_when_test_disagrees(tmp_path, disc_f
         "benchmarks/headline-fedsm.yaml",
         "benchmarks/headline-equal.yaml",
         "benchmarks/headline-fedsm-equal.yaml",
-        "benchmarks/specs/fets_setups.yaml",
-        "benchmarks/specs/fets_limited.yaml",
+        "benchmarks/fets-setups.yaml",
+        "benchmarks/fets-limited.yaml",
     ],
 )
 def test_the_example_bench_files_validate_every_run(name):

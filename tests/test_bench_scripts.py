@@ -67,15 +67,16 @@ def test_script_bench_files_plan_the_benchmark_budget(path, common):
 
 def test_personalized_bench_differs_from_its_former_runs_only_by_the_continuation_control(common):
     """Issue 27: the personalized chain gained ``fedavg-continue`` (the control of the methods that start from
-    FedAvg's model, for prior-cfl's 10 rounds); every other run and option is the one the committed tables came from."""
+    FedAvg's model, for prior-cfl's 10 rounds) and per-site fine-tuning learning rates (``lr_grid``, FeTS); every
+    other run and option is the one the committed tables came from."""
     import personalized
 
     spec, _ = load_bench(ROOT / "benchmarks" / "specs" / "personalized.yaml")
     former_methods = ["fedavg+finetune+ditto-ft+prior-cfl", "local", "ditto", "fedper", "lg-fedavg", "cfl"]
     assert spec.method_names == [f"{former_methods[0]}+fedavg-continue", *former_methods[1:]]
     assert spec.methods[0].algorithms == ("fedavg", "finetune", "ditto-ft", "prior-cfl", "fedavg-continue")
-    added = "methods.fedavg-continue.rounds=10"
-    assert [x for x in spec.set if x != added] == [
+    added = ["methods.fedavg-continue.rounds=10", *personalized.LR_GRIDS]  # the control; per-site fine-tuning lr
+    assert [x for x in spec.set if x not in added] == [
         "data.image_size=64",
         "train.batch_size=4",
         "threads=1",
@@ -84,7 +85,7 @@ def test_personalized_bench_differs_from_its_former_runs_only_by_the_continuatio
         "methods.prior-cfl.rounds=10",
         "methods.cfl.split_round=20",
     ]
-    assert added in spec.set and added in personalized.extra("synthetic-retina")
+    assert all(x in spec.set and x in personalized.extra("synthetic-retina") for x in added)
     assert personalized.CONTROLLED == ["finetune", "ditto-ft", "prior-cfl"]
 
 
