@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-SKIPPED = ("mlflow", "sklearn", "matplotlib", "scipy.signal", "requests")  # lean_monai.UNUSED_BY_FEDSEG, spelled out
+SKIPPED = ("mlflow", "sklearn", "matplotlib", "scipy.signal")  # lean_monai.UNUSED_BY_FEDSEG, spelled out
 
 PROBE = """
 import json, sys
@@ -23,7 +23,7 @@ from monai.data import ITKReader
 from monai.metrics import compute_dice
 from monai.networks.nets import UNet
 during = {m: m in sys.modules for m in SKIPPED}
-import matplotlib, mlflow, requests, scipy.signal, sklearn.manifold  # the real packages, after MONAI's import
+import matplotlib, mlflow, scipy.signal, sklearn.manifold  # the real packages, after MONAI's import
 torch.manual_seed(0)
 net = UNet(2, 1, 2, (4, 8), (2,), num_res_units=0).eval()
 with torch.no_grad():

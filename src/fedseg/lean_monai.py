@@ -10,21 +10,23 @@ mlflow          ``monai.handlers.mlflow_handler``           ~1.0 (with FastAPI),
 sklearn         ``monai.metrics.embedding_collapse``        ~0.15
 matplotlib      ``monai.utils.jupyter_utils``               ~0.15
 scipy.signal    ``monai.data.ultrasound_confidence_map``    ~0.4 (with scipy.stats)
-requests        ``monai.apps.tcia`` (TCIA downloads)        ~0.1
 ==============  ==========================================  ==========================================
 
 Every fedseg process pays MONAI's import once: the command line, each worker pool's process server, each Flower
 process (``benchmarks/startup.py --imports`` measures it with and without this module: ``imports.json``).
 
 :func:`install` adds an import hook that answers "not installed" for these packages **only while MONAI's own
-``__init__`` runs**; MONAI's ``optional_import`` then records its MLflow handler, embedding-collapse metric,
-notebook plots, ultrasound confidence maps and TCIA downloads as unavailable (fedseg uses none of them). After
-MONAI's import the hook lets everything through, so fedseg's tracking (mlflow), FedSM's t-SNE (scikit-learn), the
-report's figures (matplotlib) and the statistics (scipy.stats) import the real packages as before. Nothing MONAI
-computes for fedseg changes (networks, losses, metrics, transforms, inferers, the ITK and NIfTI readers).
+``__init__`` runs** (in any thread of the process); MONAI's ``optional_import`` then records its MLflow handler,
+embedding-collapse metric, notebook plots, ultrasound confidence maps and signal filters (``iirnotch``) as
+unavailable for the rest of the process (fedseg uses none of them). After MONAI's import the hook lets everything
+through, so fedseg's tracking (mlflow), FedSM's t-SNE (scikit-learn), the report's figures (matplotlib) and the
+statistics (scipy.stats) import the real packages. Nothing MONAI computes for fedseg changes (networks, losses,
+metrics, transforms, inferers, the ITK and NIfTI readers).
 
-Only fedseg's own entry points install it (``fedseg.cli``, the worker pool's process server, the Flower apps);
-``import fedseg`` does not, so a program that uses fedseg as a library keeps every MONAI integration.
+Only fedseg's own processes install it: the ``fedseg`` command, the worker pool's process server (so also a pool
+that a Python program starts through ``engine.workers``: its workers lack the MONAI integrations above) and the
+Flower apps. ``import fedseg`` does not, so a program that uses fedseg as a library in its own process keeps every
+MONAI integration.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from collections.abc import Sequence
 from types import ModuleType
 
 # the packages (and their submodules) of the table above
-UNUSED_BY_FEDSEG = ("mlflow", "sklearn", "matplotlib", "scipy.signal", "requests")
+UNUSED_BY_FEDSEG = ("mlflow", "sklearn", "matplotlib", "scipy.signal")
 
 
 def monai_initializing() -> bool:

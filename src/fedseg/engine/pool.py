@@ -332,6 +332,7 @@ class WorkerPool:
         for worker in self.slots:
             _stop(worker, wait=max(0.0, deadline - time.monotonic()))
         self.contexts.clear()
+        self.returned.clear()
 
     def __enter__(self) -> WorkerPool:
         return self
@@ -411,6 +412,7 @@ class WorkerPool:
             return error
         _, reply, seconds, state = result
         if state is not None:  # None: the client left its store as it was (``changed``)
+            self.returned.pop((key, site), None)  # the buffer of the store it replaces is freed with it
             saved = unpack(state)
             store.save(site, saved)
             # in shared memory and kept in RAM (not in a file: the buffer would defeat the memory budget)

@@ -32,7 +32,8 @@ def parse_utc(text: str) -> datetime:
 def package_version(module: str) -> str | None:
     """``module.__version__`` when the process has imported it, else its distribution's version (the same string
     for torch, MONAI, flwr and numpy; no import: a plain run need not load flwr, 0.2 s with grpc and ssl, for a
-    version); None when it is not installed."""
+    version), else (a distribution of another name, e.g. a nightly build) the module's ``__version__`` after
+    importing it; None when it is not installed."""
     import sys
     from importlib.metadata import PackageNotFoundError
     from importlib.metadata import version as dist_version
@@ -42,8 +43,11 @@ def package_version(module: str) -> str | None:
         try:
             version = dist_version(module)
         except PackageNotFoundError:
-            return None
-    return str(version)
+            try:
+                version = getattr(__import__(module), "__version__", None)
+            except Exception:  # noqa: BLE001 - any import failure: not usable here
+                return None
+    return None if version is None else str(version)
 
 
 def versions() -> dict[str, str | None]:
