@@ -291,6 +291,12 @@ def test_unregistered_supernode_is_refused_and_a_missing_site_fails_the_run_clea
     assert not _survivors(hospitals) and not _survivors(tmp_path / "out" / "flower")
 
 
+def interruptible() -> None:
+    """In the child before it runs: SIGINT at its default. A shell starts background jobs with SIGINT ignored and
+    Python keeps an ignored SIGINT ignored, so a suite launched in the background would see Ctrl-C do nothing."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_interrupting_flower_local_stops_every_process_it_started(folder, tmp_path, sig, tiny):
     cfg = _config(tiny, tmp_path / "cfg.yaml", ["fedavg"], rounds=2)
@@ -309,6 +315,7 @@ def test_interrupting_flower_local_stops_every_process_it_started(folder, tmp_pa
             "--out",
             str(out),
         ],
+        preexec_fn=interruptible,  # as a terminal's foreground job, even when pytest runs in the background
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

@@ -48,12 +48,24 @@ def _bench_command(tmp_path: Path, name: str, extra_set: list[str], seeds: int, 
     return [sys.executable, "-m", "fedseg.cli", *bench]
 
 
+def interruptible() -> None:
+    """In the child before it runs: SIGINT at its default, as for a terminal's foreground job. A shell starts
+    background jobs with SIGINT ignored and Python keeps an ignored SIGINT ignored, so a suite launched in the
+    background would otherwise see Ctrl-C do nothing."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @contextlib.contextmanager
 def _session(command: list[str]) -> Iterator[subprocess.Popen]:
     """``command`` in a new session (its PID is the session id); on leaving, every process of that session is
     killed, so a failing test leaves none behind either."""
     proc = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        preexec_fn=interruptible,
     )
     try:
         yield proc
