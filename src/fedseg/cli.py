@@ -400,5 +400,17 @@ def loss_surface(
     console.print(f"loss surface: {csv_path}" + (f"\nfigure: {png}" if png else ""), highlight=False, soft_wrap=True)
 
 
+def entry() -> None:
+    """The ``fedseg`` command: the app, then :func:`fedseg.process_exit.exit_now` with its status (no
+    interpreter teardown: 1.2-1.5 s saved after every command)."""
+    from fedseg.process_exit import exit_now
+
+    try:
+        app()
+    except SystemExit as e:  # Typer ends every command with one
+        exit_now(e.code)
+    exit_now(0)
+
+
 if __name__ == "__main__":
-    app()
+    entry()

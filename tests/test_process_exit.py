@@ -1,0 +1,72 @@
+"""The ``fedseg`` command's quick exit (``fedseg.process_exit``): what a normal exit does outside the process
+still happens (atexit handlers, flushed output, the status, a running thread's work), in real interpreters."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from fedseg.config import preset_names
+
+
+def python(code: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], cwd=cwd, capture_output=True, text=True, timeout=60
+    )
+
+
+def test_atexit_handlers_run_output_is_flushed_and_the_status_kept(tmp_path):
+    done = python(
+        """
+        import atexit, pathlib, sys
+        from fedseg.process_exit import exit_now
+        atexit.register(lambda: pathlib.Path("atexit-ran").write_text("yes"))
+        sys.stdout.write("unflushed to a pipe, no newline")
+        sys.stderr.write("and to stderr")
+        exit_now(3)
+        raise AssertionError("exit_now returned")
+        """,
+        tmp_path,
+    )
+    assert done.returncode == 3, done.stderr
+    assert done.stdout == "unflushed to a pipe, no newline"
+    assert done.stderr == "and to stderr"
+    assert (tmp_path / "atexit-ran").read_text() == "yes"
+
+
+def test_a_message_status_is_printed_and_exits_1(tmp_path):
+    done = python("from fedseg.process_exit import exit_now\nexit_now('error: it went wrong')", tmp_path)
+    assert (done.returncode, done.stderr.strip()) == (1, "error: it went wrong")
+
+
+def test_a_running_non_daemon_thread_finishes_its_work(tmp_path):
+    """With another thread still working, the normal exit (which waits for it) is taken."""
+    done = python(
+        """
+        import pathlib, threading, time
+        from fedseg.process_exit import exit_now
+        def upload():
+            time.sleep(0.5)
+            pathlib.Path("uploaded").write_text("all of it")
+        threading.Thread(target=upload).start()
+        exit_now(0)
+        """,
+        tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "uploaded").read_text() == "all of it"
+
+
+def test_the_command_keeps_its_error_status_and_line(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "fedseg.cli", "run", "--preset", "no-such", "--out", str(tmp_path / "run")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1
+    lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+    assert lines == [f"error: unknown preset 'no-such'; available: {', '.join(preset_names())}"]
+    assert not (tmp_path / "run").exists()
