@@ -44,7 +44,8 @@ import torch
 from fedseg.config import load_config
 from fedseg.data.folder import write_folder
 from fedseg.data.synthetic import build_synthetic
-from fedseg.flower.launch import DEFAULT_POLL, local
+from fedseg.flower.deploy import DEFAULT_POLL
+from fedseg.flower.launch import local
 from fedseg.run import run_experiment
 
 VARIANTS = {

@@ -10,7 +10,8 @@ import sys
 
 import pytest
 
-SKIPPED = ("mlflow", "sklearn", "matplotlib", "scipy.signal")  # lean_monai.UNUSED_BY_FEDSEG, spelled out
+# lean_monai.UNUSED_BY_FEDSEG, spelled out
+SKIPPED = ("mlflow", "sklearn", "matplotlib", "scipy.signal", "requests", "tensorboard", "jsonschema")
 
 PROBE = """
 import json, sys
@@ -24,13 +25,15 @@ from monai.metrics import compute_dice
 from monai.networks.nets import UNet
 during = {m: m in sys.modules for m in SKIPPED}
 import matplotlib, mlflow, scipy.signal, sklearn.manifold  # the real packages, after MONAI's import
+import jsonschema, requests, torch.utils.tensorboard
 torch.manual_seed(0)
 net = UNet(2, 1, 2, (4, 8), (2,), num_res_units=0).eval()
 with torch.no_grad():
     pred = net(torch.rand(1, 1, 16, 16)).argmax(1, keepdim=True)
 truth = (torch.rand(1, 1, 16, 16) > 0.5).long()
 dice = compute_dice(torch.cat([pred == 0, pred == 1], 1).float(), torch.cat([truth == 0, truth == 1], 1).float())
-print(json.dumps({"during": during, "later": [matplotlib.__name__, mlflow.__name__, sklearn.manifold.__name__],
+later = [matplotlib, mlflow, sklearn.manifold, jsonschema, requests, torch.utils.tensorboard]
+print(json.dumps({"during": during, "later": [m.__name__ for m in later],
                   "itk_reader": ITKReader.__name__, "dice": dice.tolist()}))
 """
 

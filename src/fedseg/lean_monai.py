@@ -10,6 +10,9 @@ mlflow          ``monai.handlers.mlflow_handler``           ~1.0 (with FastAPI),
 sklearn         ``monai.metrics.embedding_collapse``        ~0.15
 matplotlib      ``monai.utils.jupyter_utils``               ~0.15
 scipy.signal    ``monai.data.ultrasound_confidence_map``    ~0.4 (with scipy.stats)
+requests        ``monai.apps`` (dataset downloads)          ~0.13 (with urllib3)
+tensorboard     ``monai.visualize.img2tensorboard``         ~0.06 (with protobuf, fsspec)
+jsonschema      ``monai.bundle`` (bundle validation)        ~0.04
 ==============  ==========================================  ==========================================
 
 Every fedseg process pays MONAI's import once: the command line, each worker pool's process server, each Flower
@@ -18,10 +21,11 @@ process (``benchmarks/startup.py --imports`` measures it with and without this m
 :func:`install` adds an import hook that answers "not installed" for these packages **only while MONAI's own
 ``__init__`` runs** (in any thread of the process); MONAI's ``optional_import`` then records its MLflow handler,
 embedding-collapse metric, notebook plots, ultrasound confidence maps and signal filters (``iirnotch``) as
-unavailable for the rest of the process (fedseg uses none of them). After MONAI's import the hook lets everything
-through, so fedseg's tracking (mlflow), FedSM's t-SNE (scikit-learn), the report's figures (matplotlib) and the
-statistics (scipy.stats) import the real packages. Nothing MONAI computes for fedseg changes (networks, losses,
-metrics, transforms, inferers, the ITK and NIfTI readers).
+unavailable for the rest of the process, and likewise MONAI's downloads, TensorBoard image summaries and bundle
+schema checks (fedseg uses none of them). After MONAI's import the hook lets everything through, so fedseg's
+tracking (mlflow, tensorboard, wandb's requests), FedSM's t-SNE (scikit-learn), the report's figures (matplotlib)
+and the statistics (scipy.stats) import the real packages. Nothing MONAI computes for fedseg changes (networks,
+losses, metrics, transforms, inferers, the ITK and NIfTI readers).
 
 Only fedseg's own processes install it: the ``fedseg`` command, the worker pool's process server (so also a pool
 that a Python program starts through ``engine.workers``: its workers lack the MONAI integrations above) and the
@@ -38,7 +42,7 @@ from collections.abc import Sequence
 from types import ModuleType
 
 # the packages (and their submodules) of the table above
-UNUSED_BY_FEDSEG = ("mlflow", "sklearn", "matplotlib", "scipy.signal")
+UNUSED_BY_FEDSEG = ("mlflow", "sklearn", "matplotlib", "scipy.signal", "requests", "tensorboard", "jsonschema")
 
 
 def monai_initializing() -> bool:

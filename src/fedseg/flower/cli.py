@@ -19,7 +19,7 @@ from rich.console import Console
 from fedseg.cli_options import AlgorithmsHelp, device_option, threads_option
 from fedseg.config import error_text
 from fedseg.console_tables import print_dice
-from fedseg.flower.launch import DEFAULT_POLL
+from fedseg.flower.deploy import DEFAULT_POLL
 
 flower_app = typer.Typer(
     help="Run on a real Flower deployment (SuperLink + one SuperNode per site).", no_args_is_help=True

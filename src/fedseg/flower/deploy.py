@@ -31,6 +31,10 @@ from pathlib import Path
 from fedseg.interrupts import is_running
 
 BIN = Path(sys.executable).parent
+# Waits inside Flower with --poll (fedseg.flower.flwr_internals). Measured on 2 busy cores with 6 sites
+# (benchmarks/flower_overhead.py): 0.05 s made a dozen processes poll 20x a second each and
+# slowed the SuperLink more than it saved; 0.2 s keeps most of the gain over Flower's 3 s / 1 s.
+DEFAULT_POLL = 0.2  # here, not in launch: `fedseg flower --help` needs it without launch's imports
 
 
 def flower_env(home: Path, task_poll: float = 0.1, extra: dict | None = None) -> dict[str, str]:

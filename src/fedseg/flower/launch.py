@@ -44,6 +44,7 @@ from fedseg.data.federation import Federation, FederationError
 from fedseg.flower.certs import TlsFiles, make_certs
 from fedseg.flower.deploy import (
     BIN,
+    DEFAULT_POLL,
     Processes,
     Started,
     control_client,
@@ -59,10 +60,6 @@ from fedseg.interrupts import terminate_on_signals
 from fedseg.run.preflight import check_device, check_out_dir
 
 ISOLATIONS = ("subprocess", "warm")
-# Waits inside Flower with --poll (fedseg.flower.flwr_internals). Measured on 2 busy cores with 6 sites
-# (benchmarks/flower_overhead.py): 0.05 s made a dozen processes poll 20x a second each and
-# slowed the SuperLink more than it saved; 0.2 s keeps most of the gain over Flower's 3 s / 1 s.
-DEFAULT_POLL = 0.2
 FLOWER_TASK_POLL = 1.0  # flwr's default SuperExec task polling interval (FLWR_SUPEREXEC_TASK_POLL_INTERVAL)
 
 
