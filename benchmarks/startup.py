@@ -70,6 +70,9 @@ def child(argv: list[str]) -> None:
         done.set()
         marks["exit"] = time.time()
         Path(os.environ[MARKS_ENV]).write_text(json.dumps(marks))
+    from fedseg.process_exit import exit_now
+
+    exit_now(0)  # as the ``fedseg`` command ends (``fedseg.cli.entry``)
 
 
 def launch(workers: int, cache: Path, clear_cache: bool = False) -> dict:

@@ -1,0 +1,262 @@
+"""The three papers' claims read off a bench's tables: one row per (claim, federation) with Δ, its 95% CI, p and a
+verdict, for the README's claims table and a closing note.
+
+    .venv/bin/python benchmarks/claims.py benchmarks/results/headline-equal benchmarks/results/headline-fedsm-equal
+
+Each folder is a ``fedseg bench --out`` folder; only its ``tables.json`` is read (so it works on a committed bench
+too). A claim names two methods; its difference is found, per federation, as the first of: the comparison
+``[method, against]`` of the bench's ``comparisons``, the reverse one (Δ, CI negated; p unchanged: the Wilcoxon
+test is symmetric when two-sided), or a method's test against the bench's reference. Everything comes from
+``fedseg.evaluate.stats.compare`` run by the bench: Δ = mean over the test cases (each averaged over the seeds) of
+(method − against), its 95% hierarchical bootstrap CI (sites, cases within sites, seeds) and the paired Wilcoxon p.
+
+The verdict follows the tables' rule, the CI (not p):
+
+- ``better`` (the paper says the method beats the other): **holds** when the CI lies above 0, **fails** when it
+  lies below 0, **not shown** when it covers 0; ``worse`` mirrors it;
+- ``matches`` (the paper says the two are equal, e.g. FedSM-extra and FedSM): **holds** when the CI lies within
+  ± ``margin``, **fails** when it lies wholly outside, **not shown** otherwise;
+- ``not worse`` (at most ``margin`` below): **holds** when the CI's low end is above −``margin``, **fails** when its
+  high end is below −``margin``;
+- **cannot test** when a method or the federation is not in any of the tables.
+
+The margins are this script's (stated in every row), not the papers': they read "the same performance" as a
+Dice difference under 0.01. Writes ``claims.json`` and ``claims.md`` into ``--out`` (default: the first folder).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+RETINA, PROSTATE = "synthetic-retina", "synthetic-prostate"
+MARGIN = 0.01  # Dice: "the same performance" (module docstring)
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One claim of a paper: ``method`` against ``against`` is ``kind`` on each of ``federations``."""
+
+    paper: str
+    where: str  # table / figure / section of the paper
+    text: str
+    method: str
+    against: str
+    kind: str  # better | worse | matches | not worse
+    federations: tuple[str, ...] = (RETINA, PROSTATE)
+    margin: float = MARGIN
+
+
+# retina: low similarity (the sites differ in appearance); prostate: high similarity (FedSM Tables 3 and 4)
+CLAIMS = [
+    Claim("FedSM", "Tables 3-4", "FedSM beats FedAvg", "fedsm", "fedavg", "better"),
+    Claim(
+        "FedSM",
+        "Table 3, Sec. 4.2",
+        "FedSM matches centralized training (low similarity)",
+        "fedsm",
+        "centralized",
+        "matches",
+        (RETINA,),
+    ),
+    Claim("FedSM", "Tables 3-4", "FedSM beats FedProx", "fedsm", "fedprox", "better"),
+    Claim("FedSM", "Tables 3-4", "FedSM beats SCAFFOLD", "fedsm", "scaffold", "better"),
+    Claim(
+        "FedSM",
+        "Tables 3-4",
+        "FedSM beats local training (here: each site's own model on its own cases)",
+        "fedsm",
+        "local",
+        "better",
+    ),
+    Claim(
+        "FedSM",
+        "Sec. 4.2",
+        "FedSM-extra performs as FedSM (the simplification of Eq. 1 to Eq. 2 costs nothing)",
+        "fedsm-extra",
+        "fedsm",
+        "matches",
+    ),
+    Claim("FedSM", "Table 6", "SoftPull beats fine-tuning", "fedsm", "fedsm-ft", "better", (RETINA,)),
+    Claim("FedSM", "Table 6", "SoftPull beats APFL", "fedsm", "fedsm-apfl", "better", (RETINA,)),
+    Claim("FedSM", "Table 6", "SoftPull beats Per-FedAvg", "fedsm", "fedsm-perfedavg", "better", (RETINA,)),
+    Claim("FedSM", "Table 6", "SoftPull beats pFedMe", "fedsm", "fedsm-pfedme", "better", (RETINA,)),
+    Claim(
+        "Auto-FedAvg",
+        "Tables 1-3",
+        "learned aggregation weights beat FedAvg",
+        "autofedavg-n-dirichlet",
+        "fedavg",
+        "better",
+    ),
+    Claim(
+        "Auto-FedAvg",
+        "Tables 1-3",
+        "learned aggregation weights beat uniform weights",
+        "autofedavg-n-dirichlet",
+        "fedavg-uniform",
+        "better",
+    ),
+    Claim(
+        "Auto-FedAvg",
+        "Fig. 4",
+        "learning the weights every t0 = 10 rounds costs little against every round",
+        "autofedavg-t0-10",
+        "autofedavg-n-dirichlet",
+        "not worse",
+    ),
+    Claim(
+        "Auto-FedAvg",
+        "Table 2",
+        "re-initializing β before each learning round is worse than continuing it",
+        "autofedavg-reinit",
+        "autofedavg-n-dirichlet",
+        "worse",
+    ),
+    Claim("FeTS 2022", "Table 1", "centralized training beats FedAvg", "centralized", "fedavg", "better"),
+    Claim(
+        "FeTS 2022",
+        "Table 1",
+        "uniform aggregation is worse than FedAvg's weighted one",
+        "fedavg-uniform",
+        "fedavg",
+        "worse",
+    ),
+    Claim("FeTS 2022", "Table 1, Sec. 5.1", "SCAFFOLD beats FedAvg", "scaffold", "fedavg", "better"),
+    Claim("FeTS 2022", "Table 1, Sec. 5.1", "FedNova is worse than FedAvg", "fednova", "fedavg", "worse"),
+]
+
+
+def read_tables(folders: list[Path]) -> list[dict]:
+    """Every folder's ``tables.json`` (a missing one is one clear line, not a traceback)."""
+    tables = []
+    for folder in folders:
+        path = folder / "tables.json"
+        if not path.is_file():
+            raise SystemExit(f"error: {path}: no such file (run `fedseg bench ... --out {folder}` first)")
+        tables.append(json.loads(path.read_text()))
+    return tables
+
+
+def negated(test: dict) -> dict:
+    """``test`` of (a − b) as the test of (b − a): the differences and the CI negated, p as it is (two-sided)."""
+    out = dict(test)
+    for key in ("mean_diff", "median_diff"):
+        if out.get(key) is not None:
+            out[key] = -out[key]
+    out["ci_low"], out["ci_high"] = -test["ci_high"], -test["ci_low"]
+    out["per_seed_diff"] = {s: -d for s, d in test.get("per_seed_diff", {}).items()}
+    if test.get("alternative", "two-sided") != "two-sided":  # a one-tailed p is of the other side once reversed
+        out["p"] = None
+    return out
+
+
+def find_test(tables: list[dict], federation: str, method: str, against: str) -> tuple[dict, dict] | None:
+    """``(test of method − against, the federation's table)`` from the first table that has it, else None."""
+    for table in tables:
+        fed = table.get("federations", {}).get(federation)
+        if fed is None:
+            continue
+        reference = table.get("bench", {}).get("reference")
+        for c in fed.get("comparisons", []):
+            if (c["method"], c["against"]) == (method, against):
+                return c, fed
+            if (c["method"], c["against"]) == (against, method):
+                return negated(c), fed
+        methods = fed.get("methods", {})
+        if against == reference and method in methods and methods[method].get("wilcoxon"):
+            return methods[method]["wilcoxon"], fed
+        if method == reference and against in methods and methods[against].get("wilcoxon"):
+            return negated(methods[against]["wilcoxon"]), fed
+    return None
+
+
+def verdict(kind: str, low: float, high: float, margin: float) -> str:
+    """The claim's verdict from the 95% CI ``[low, high]`` of (method − against) (module docstring)."""
+    if kind in ("worse",):
+        low, high, kind = -high, -low, "better"
+    if kind == "better":
+        return "holds" if low > 0 else "fails" if high < 0 else "not shown"
+    if kind == "matches":
+        return (
+            "holds" if -margin <= low and high <= margin else "fails" if high < -margin or low > margin else "not shown"
+        )
+    if kind == "not worse":
+        return "holds" if low > -margin else "fails" if high < -margin else "not shown"
+    raise ValueError(f"unknown claim kind {kind!r}")
+
+
+def assess(claims: list[Claim], tables: list[dict]) -> list[dict]:
+    """One row per (claim, federation)."""
+    rows = []
+    for claim in claims:
+        for federation in claim.federations:
+            row = {**asdict(claim), "federation": federation}
+            del row["federations"]
+            found = find_test(tables, federation, claim.method, claim.against)
+            if found is None or found[0].get("ci_low") is None or math.isnan(found[0]["ci_low"]):
+                rows.append({**row, "verdict": "cannot test"})
+                continue
+            test, fed = found
+            rows.append(
+                {
+                    **row,
+                    "verdict": verdict(claim.kind, test["ci_low"], test["ci_high"], claim.margin),
+                    "dice": fed["methods"].get(claim.method, {}).get("dice", {}).get("mean"),
+                    "dice_against": fed["methods"].get(claim.against, {}).get("dice", {}).get("mean"),
+                    **{k: test.get(k) for k in ("mean_diff", "ci_low", "ci_high", "p", "n", "seeds", "per_seed_diff")},
+                }
+            )
+    return rows
+
+
+def markdown(rows: list[dict], sources: list[str]) -> str:
+    def num(x: float | None, fmt: str = "+.3f") -> str:
+        return "" if x is None else format(x, fmt)
+
+    lines = [
+        "# The papers' claims against the headline re-run",
+        "",
+        f"From {', '.join(f'`{s}`' for s in sources)} (`python benchmarks/claims.py`). Δ: mean over the test cases "
+        "(each averaged over the seeds) of (method − against); CI: its 95% hierarchical bootstrap interval (sites, "
+        "cases within sites, seeds); p: the paired Wilcoxon test. Verdict from the CI: a better/worse claim holds "
+        "when the CI excludes 0 on its side and fails when it excludes 0 on the other; a 'matches' claim holds "
+        "when the CI lies within ± the margin; 'not worse' when its low end is above −margin; otherwise not shown.",
+        "",
+        "| paper | where | claim | federation | Δ | 95% CI | p | verdict |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        kind = r["kind"] + (f" (margin {r['margin']:g})" if r["kind"] in ("matches", "not worse") else "")
+        ci = f"[{num(r.get('ci_low'))}, {num(r.get('ci_high'))}]" if r.get("ci_low") is not None else ""
+        p = "" if r.get("p") is None else f"{r['p']:.2g}"
+        lines.append(
+            f"| {r['paper']} | {r['where']} | {r['text']}: {r['method']} vs {r['against']}, {kind} | "
+            f"{r['federation']} | {num(r.get('mean_diff'))} | {ci} | {p} | **{r['verdict']}** |"
+        )
+    counts = {v: sum(r["verdict"] == v for r in rows) for v in ("holds", "fails", "not shown", "cannot test")}
+    lines += ["", "Verdicts: " + ", ".join(f"{n} {v}" for v, n in counts.items()) + "."]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("folders", nargs="+", type=Path, help="fedseg bench --out folders (their tables.json)")
+    parser.add_argument("--out", type=Path, default=None, help="where claims.json/.md go (default: the first folder)")
+    args = parser.parse_args()
+    rows = assess(CLAIMS, read_tables(args.folders))
+    out = args.out or args.folders[0]
+    out.mkdir(parents=True, exist_ok=True)
+    sources = [str(f) for f in args.folders]
+    (out / "claims.json").write_text(json.dumps({"sources": sources, "claims": rows}, indent=1) + "\n")
+    (out / "claims.md").write_text(markdown(rows, sources))
+    for r in rows:
+        print(f"{r['verdict']:>11}  {r['federation']:<18} {r['method']} vs {r['against']} ({r['kind']})")
+    print(f"wrote {out / 'claims.md'}")
+
+
+if __name__ == "__main__":
+    main()

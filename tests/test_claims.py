@@ -1,0 +1,92 @@
+"""benchmarks/claims.py: the papers' claims read off a bench's tables.json, on the committed headline tables (real
+bench output), with the verdict rule and the reversal of a comparison checked against the tables' own numbers."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+HEADLINE, HEADLINE_FEDSM = ROOT / "benchmarks/results/headline", ROOT / "benchmarks/results/headline-fedsm"
+
+
+@pytest.fixture
+def claims(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import claims
+
+    return claims
+
+
+def test_verdicts_follow_the_ci(claims):
+    v = claims.verdict
+    assert [v("better", 0.001, 0.02, 0.01), v("better", -0.02, -0.001, 0.01), v("better", -0.001, 0.02, 0.01)] == [
+        "holds",
+        "fails",
+        "not shown",
+    ]
+    assert [v("worse", -0.02, -0.001, 0.01), v("worse", 0.001, 0.02, 0.01)] == ["holds", "fails"]
+    assert [v("matches", -0.009, 0.009, 0.01), v("matches", -0.009, 0.011, 0.01), v("matches", 0.011, 0.03, 0.01)] == [
+        "holds",
+        "not shown",
+        "fails",
+    ]
+    assert [v("not worse", -0.009, 0.5, 0.01), v("not worse", -0.03, -0.011, 0.01), v("not worse", -0.03, 0, 0.01)] == [
+        "holds",
+        "fails",
+        "not shown",
+    ]
+
+
+def test_claims_on_the_committed_headline_tables(claims, tmp_path):
+    tables = [json.loads((f / "tables.json").read_text()) for f in (HEADLINE, HEADLINE_FEDSM)]
+    rows = {(r["method"], r["against"], r["federation"]): r for r in claims.assess(claims.CLAIMS, tables)}
+    retina = tables[0]["federations"]["synthetic-retina"]
+    # a method against the bench's reference: the method's own test, as the tables give it
+    fedsm = rows[("fedsm", "fedavg", "synthetic-retina")]
+    test = retina["methods"]["fedsm"]["wilcoxon"]
+    assert (fedsm["mean_diff"], fedsm["ci_low"], fedsm["ci_high"], fedsm["p"]) == (
+        test["mean_diff"],
+        test["ci_low"],
+        test["ci_high"],
+        test["p"],
+    )
+    assert fedsm["verdict"] == ("holds" if test["ci_low"] > 0 else "not shown")
+    # a listed comparison read the other way round: [scaffold, fedsm] gives fedsm - scaffold
+    listed = next(c for c in retina["comparisons"] if (c["method"], c["against"]) == ("scaffold", "fedsm"))
+    reversed_ = rows[("fedsm", "scaffold", "synthetic-retina")]
+    assert (reversed_["mean_diff"], reversed_["ci_low"], reversed_["ci_high"]) == (
+        -listed["mean_diff"],
+        -listed["ci_high"],
+        -listed["ci_low"],
+    )
+    # the bench's reference against another method (headline-fedsm: reference fedsm, APFL's test against it)
+    apfl = tables[1]["federations"]["synthetic-retina"]["methods"]["fedsm-apfl"]["wilcoxon"]
+    assert rows[("fedsm", "fedsm-apfl", "synthetic-retina")]["mean_diff"] == -apfl["mean_diff"]
+    # methods that bench did not run cannot be tested (no number is made up)
+    assert rows[("autofedavg-reinit", "autofedavg-n-dirichlet", "synthetic-retina")]["verdict"] == "cannot test"
+    assert "mean_diff" not in rows[("autofedavg-reinit", "autofedavg-n-dirichlet", "synthetic-retina")]
+
+
+def test_script_writes_its_tables_and_refuses_a_folder_without_tables(claims, tmp_path):
+    script = ROOT / "benchmarks/claims.py"
+    done = subprocess.run(
+        [sys.executable, script, str(HEADLINE), str(HEADLINE_FEDSM), "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    written = json.loads((tmp_path / "claims.json").read_text())
+    assert len(written["claims"]) == sum(len(c.federations) for c in claims.CLAIMS)
+    assert "| FedSM | Tables 3-4 | FedSM beats FedAvg" in (tmp_path / "claims.md").read_text()
+    missing = subprocess.run([sys.executable, script, str(tmp_path / "nothing")], capture_output=True, text=True)
+    assert missing.returncode != 0
+    assert missing.stderr.strip().splitlines() == [
+        f"error: {tmp_path / 'nothing' / 'tables.json'}: no such file "
+        f"(run `fedseg bench ... --out {tmp_path / 'nothing'}` first)"
+    ]
