@@ -32,6 +32,7 @@ LOWER = (
     "fedseg.engine.*",
     "fedseg.train",
     "fedseg.lean_monai",  # stdlib only: MONAI's unused integrations kept out of fedseg's processes
+    "fedseg.interrupts",  # stdlib only: stopping cleanly, whether a process runs (the data cache's prune too)
     "fedseg.accel",  # the device switches (train.amp, channels-last, ...) of training and inference
     "fedseg.evaluate.*",
     "fedseg.presentation",  # presentation primitives that a method's own report sections may use

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -154,3 +157,29 @@ def test_cache_list_and_clear(own_cache):
     cleared = runner.invoke(app, ["data", "cache", "clear"])
     assert cleared.exit_code == 0 and "removed 1 entries" in cleared.output
     assert list(own_cache.iterdir()) == []
+
+
+def test_older_generator_versions_and_dead_writes_are_pruned_after_a_new_entry(own_cache, caplog):
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(gone.stdout)  # a process that has ended: its temp folder can never be completed
+    version = cache.GENERATOR_VERSION
+    folders = {
+        f"synthetic-retina-s1-i64-seed0-v{version - 1}-0000abcd": "pruned",  # an older generator's entry
+        f"synthetic-retina-s1-i64-seed0-v{version + 1}-0000abcd": "kept",  # a newer fedseg's entry
+        f"synthetic-retina-s1-i64-seed0-v{version - 1}-0000abcd.tmp-{dead_pid}-x1": "pruned",  # an interrupted write
+        f"synthetic-retina-s1-i64-seed0-v{version}-0000abcd.tmp-{os.getpid()}-x2": "kept",  # a write under way
+        "notes-of-a-user": "kept",  # not fedseg's
+    }
+    for name in folders:
+        (own_cache / name).mkdir(parents=True)
+        (own_cache / name / "manifest.json").write_text("{}")
+    with caplog.at_level(logging.INFO, logger="fedseg.data.cache"):
+        cached_builtin(RETINA)
+    left = {p.name for p in own_cache.iterdir()}
+    assert left == {name for name, fate in folders.items() if fate == "kept"} | {entry_key(RETINA)}
+    pruned = [r.getMessage() for r in caplog.records if "removed" in r.getMessage()]
+    assert len(pruned) == 1 and "removed 2 unused folders" in pruned[0]
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="fedseg.data.cache"):
+        cached_builtin(RETINA)  # read from the cache: nothing written, nothing pruned
+    assert not [r for r in caplog.records if "removed" in r.getMessage()]

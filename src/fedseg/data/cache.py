@@ -15,11 +15,13 @@ structure: regions, site and case metadata, spacings; per array file its shape, 
 The raw generated cases are cached, not the pre-processed tensors: pre-processing the ``demo`` federation takes
 0.1 s against 0.4 s to generate it (and the tensors depend on every ``data.*`` setting).
 
-Written atomically: into ``<key>.tmp-<pid>-<random>/``, renamed to ``<key>/`` when complete, so an interrupted
-write leaves no entry (only a temp folder, removed by ``fedseg data cache clear``). Read with every check: a
-missing file, an unreadable or truncated array, a CRC mismatch or parameters other than the key's (stale) make
-the entry invalid: one log line names it and the problem, and it is removed and rebuilt, never trusted. A cache
-folder that cannot be written (read-only HOME) gives one log line and the run goes on without the cache.
+Written atomically: into ``<key>.tmp-<pid>-<random>/``, renamed to ``<key>/`` when complete, so an interrupted write
+leaves no entry (only a temp folder: removed by ``fedseg data cache clear``, or by :func:`prune` once its process is
+gone). Read with every check: a missing file, an unreadable or truncated array, a CRC mismatch or parameters other
+than the key's (stale) make the entry invalid: one log line names it and the problem, and it is removed and rebuilt,
+never trusted. A cache folder that cannot be written (read-only HOME) gives one log line and the run goes on without
+the cache. After each new entry, :func:`prune` removes the entries of older generator versions (never read again:
+their key differs) and the temp folders of dead processes.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import json
 import logging
 import math
 import os
+import re
 import shutil
 import tempfile
 import zlib
@@ -192,6 +195,10 @@ def cached_builtin(params: BuiltinParams) -> Federation:
         write_entry(fed, entry, params)
     except OSError as e:  # e.g. a full disk: the run goes on with the generated federation
         log.warning(f"federation cache entry {entry}: could not be written ({e.strerror or e}); not cached")
+        return fed
+    removed, freed = prune(root)
+    if removed:
+        log.info(f"federation cache {root}: removed {removed} unused folders ({freed / 1e6:.1f} MB): {PRUNED}")
     return fed
 
 
@@ -305,6 +312,33 @@ def entries(root: Path) -> list[tuple[str, int, bool]]:
             size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
             out.append((path.name, size, ".tmp-" not in path.name and (path / MANIFEST).is_file()))
     return out
+
+
+PRUNED = "entries of older generator versions and the temp folders of interrupted writes"
+_VERSIONED = re.compile(r"-v(\d+)-[0-9a-f]{8}$")  # entry_key's tail: -v<generator version>-<digest>
+_TEMP = re.compile(r"\.tmp-(\d+)-")  # write_entry's temp folder: <key>.tmp-<pid>-<random>
+
+
+def unused(name: str) -> bool:
+    """Whether the cache folder ``name`` can never be read again: an entry of a generator version older than
+    :data:`GENERATOR_VERSION` (a newer one may belong to a newer fedseg sharing the folder: kept), or the temp
+    folder of a write whose process is gone (an interrupted or killed run)."""
+    from fedseg.interrupts import is_running
+
+    temp = _TEMP.search(name)
+    if temp:
+        return not is_running(int(temp.group(1)))
+    versioned = _VERSIONED.search(name)
+    return versioned is not None and int(versioned.group(1)) < GENERATOR_VERSION
+
+
+def prune(root: Path) -> tuple[int, int]:
+    """Remove the :func:`unused` folders under ``root`` (after each new entry is written, so a cache does not grow
+    with every generator version): ``(folders removed, bytes freed)``."""
+    found = [(name, size) for name, size, _ in entries(root) if unused(name)]
+    for name, _ in found:
+        shutil.rmtree(root / name, ignore_errors=True)
+    return len(found), sum(size for _, size in found)
 
 
 def clear(root: Path) -> tuple[int, int]:
