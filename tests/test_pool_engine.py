@@ -195,3 +195,18 @@ def test_a_store_the_client_left_unchanged_is_not_sent_back_or_rewritten(tmp_pat
     sites = len(disc_federation().sites)
     assert rewritten["train"] >= sites  # round 2's train exchange rewrote every site's store
     assert rewritten["evaluate"] == 0, "\n".join(map(str, seen))
+
+
+def test_messages_with_the_same_tensors_share_one_pack():
+    """The sites' messages of an exchange usually hold the same model: ``WorkerPool.run`` packs (copies into
+    shared memory) each distinct set of tensors once. Same tensor objects -> same key; another object with equal
+    values, or the same object changed in place, -> another key (so it is packed anew)."""
+    from fedseg.engine.pool import tensors_key
+
+    weights = {"w": torch.ones(3), "b": torch.zeros(1)}
+    per_site = [dict(weights) for _ in range(3)]  # one dict per site, the same tensors
+    assert len({tensors_key(t) for t in per_site}) == 1
+    assert tensors_key({"w": torch.ones(3), "b": torch.zeros(1)}) != tensors_key(weights)  # equal, not the same
+    before = tensors_key(weights)
+    weights["w"].add_(1)
+    assert tensors_key(weights) != before

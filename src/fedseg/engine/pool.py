@@ -117,6 +117,15 @@ def pack_message(msg: Message) -> tuple[Packed, dict[str, MetaValue]]:
     return pack(msg.tensors), dict(msg.meta)
 
 
+TensorsKey = tuple[tuple[str, int, int], ...]  # (name, id, version) per tensor
+
+
+def tensors_key(tensors: dict[str, torch.Tensor]) -> TensorsKey:
+    """What makes two messages' tensors the same (while both are alive): the same tensor objects under the same
+    names, unchanged (version counters)."""
+    return tuple((name, id(t), t._version) for name, t in tensors.items())
+
+
 def unpack_message(packed: tuple[Packed, dict[str, MetaValue]]) -> Message:
     return Message(unpack(packed[0]), packed[1])
 
@@ -347,12 +356,12 @@ class WorkerPool:
         """Answer every ``(site, message, delivery)`` of ``jobs`` (in that order as workers free up) with
         context ``key``; each site's store is loaded from ``store`` and saved back when its client returned."""
         queue, answered = list(jobs), dict[str, Answer]()
-        packed: dict[
-            int, tuple[Packed, dict[str, MetaValue]]
-        ] = {}  # id(message) -> packed once (one model sent to every site)
+        # each distinct set of tensors packed once: the sites' messages of an exchange usually carry the same
+        # model (one Message per site, the same tensors), so it is copied and shared once, not once per site
+        packed: dict[TensorsKey, Packed] = {}
         for _, msg, _ in jobs:
-            if id(msg) not in packed:
-                packed[id(msg)] = pack_message(msg)
+            if tensors_key(msg.tensors) not in packed:
+                packed[tensors_key(msg.tensors)] = pack(msg.tensors)
         limit = None if timeout is None else 2 * timeout + KILL_GRACE_S
         while queue or any(w.site is not None for w in self.slots):
             for worker in list(self.slots):
@@ -361,7 +370,8 @@ class WorkerPool:
                 if worker.site is None:
                     site, msg, to = queue.pop(0)
                     payload = self.store_payload(key, site, store)
-                    worker = self._send(worker, ("answer", key, site, packed[id(msg)], to, payload))
+                    message = (packed[tensors_key(msg.tensors)], dict(msg.meta))
+                    worker = self._send(worker, ("answer", key, site, message, to, payload))
                     worker.site, worker.sent = site, time.monotonic()
             busy = [w for w in self.slots if w.site is not None]
             ready = set(mpc.wait([w.conn for w in busy] + [w.process.sentinel for w in busy], timeout=1.0))
