@@ -210,3 +210,25 @@ def test_messages_with_the_same_tensors_share_one_pack():
     before = tensors_key(weights)
     weights["w"].add_(1)
     assert tensors_key(weights) != before
+
+
+def test_the_pool_imports_what_the_run_will_need_while_its_server_starts():
+    """``start_forkserver(while_waiting=...)``: the modules named are imported (in a thread) by the time the pool
+    has started; a provider that fails changes nothing else (a fresh interpreter: imports are global)."""
+    import subprocess
+    import sys
+
+    code = """
+import sys
+from fedseg.engine.forkserver import start_forkserver
+from fedseg.engine.pool import WorkerPool
+seen = []
+for names in (lambda: 1 / 0, lambda: ["fedseg.report.html"]):
+    start_forkserver(while_waiting=names)
+    with WorkerPool([], 1, 1, ["cpu"]) as pool:
+        seen.append(("fedseg.report.html" in sys.modules, len(pool.pids)))
+print(seen)
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[(False, 1), (True, 1)]"

@@ -211,7 +211,7 @@ def run(
         if cfg.engine.workers > 1:  # the pool's process server imports torch on another core while this one does
             from fedseg.engine.forkserver import start_forkserver
 
-            start_forkserver()
+            start_forkserver(while_waiting=lambda: report_modules(cfg.algorithms))
         from fedseg.run.progress import run_with_progress
 
         with terminate_on_signals():
@@ -233,6 +233,14 @@ def run(
     print_dice_table(results)
     print_verdict(out)
     console.print(f"report: {path}")
+
+
+def report_modules(algorithms: Sequence[str]) -> list[str]:
+    """The modules a run's report imports (the report, its methods' families' sections)."""
+    from fedseg.algorithms import get_algorithm
+
+    families = {get_algorithm(name).family for name in algorithms}
+    return ["fedseg.report.html", *(m for f in families if f is not None for m in f.report_imports)]
 
 
 def run_study(

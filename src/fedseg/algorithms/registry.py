@@ -95,6 +95,9 @@ class Family:
     bundle's global model like any other method.
 
     ``routing``: how ``fedseg predict`` applies the family's bundles that route images among their networks.
+
+    ``report_imports``: the modules ``report_sections`` imports (``fedseg run`` loads them while its worker pool
+    starts, time it would otherwise wait).
     """
 
     name: str
@@ -102,6 +105,7 @@ class Family:
     report_sections: Callable[[RunFiles, Sequence[str], Path], list[Section]] | None = None
     unseen_cells: Callable[[Bundle, CaseSet, Task, MethodOptions], dict[str, Any] | None] | None = None
     routing: BundleRouting | None = None
+    report_imports: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

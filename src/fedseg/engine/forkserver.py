@@ -9,7 +9,10 @@ imports torch), so its imports run on another core while the parent imports and 
 
 from __future__ import annotations
 
+import importlib
 import multiprocessing
+import threading
+from collections.abc import Callable, Sequence
 
 # forkserver: one clean server process imports fedseg and torch once (before any torch thread runs) and
 # forks every worker from it, so a worker (or a replacement) starts in milliseconds, not after seconds of
@@ -20,9 +23,19 @@ START_METHOD = "forkserver" if "forkserver" in multiprocessing.get_all_start_met
 PRELOAD = ["fedseg.engine.server_preload", "fedseg.engine.pool", "fedseg.algorithms", "torch._dynamo"]
 
 
-def start_forkserver() -> None:
+# What the parent may import while its pool starts (``start_forkserver``'s ``while_waiting``; empty: nothing).
+_while_waiting: list[Callable[[], Sequence[str]]] = []
+
+
+def start_forkserver(while_waiting: Callable[[], Sequence[str]] | None = None) -> None:
     """Start the process server with ``PRELOAD`` now, if this platform has one and it does not run yet; returns
-    at once (the server imports in the background). The pool's workers are forked from it later."""
+    at once (the server imports in the background). The pool's workers are forked from it later.
+
+    ``while_waiting``: gives the names of modules this process will need after the run (``fedseg run``: its
+    report's, ~1 s); the pool imports them in a thread while it waits for the server to finish its imports (the
+    server has one more to do than the parent, ``torch._dynamo``, so the parent otherwise idles ~1 s there)."""
+    if while_waiting is not None:
+        _while_waiting[:] = [while_waiting]
     if START_METHOD != "forkserver":
         return
     context = multiprocessing.get_context("forkserver")
@@ -30,3 +43,21 @@ def start_forkserver() -> None:
     from multiprocessing import forkserver
 
     forkserver.ensure_running()
+
+
+def import_while_waiting() -> threading.Thread:
+    """Import the modules of ``start_forkserver``'s ``while_waiting`` in a daemon thread (started; join it before
+    going on, so that no other import runs beside it). Best effort: a module that fails to import is left for
+    its real import to report."""
+
+    def load() -> None:
+        try:
+            names = [name for provider in _while_waiting for name in provider()]
+            for name in names:
+                importlib.import_module(name)
+        except Exception:  # noqa: BLE001, S110 - the real import reports it
+            pass
+
+    thread = threading.Thread(target=load, name="fedseg-import-while-waiting", daemon=True)
+    thread.start()
+    return thread

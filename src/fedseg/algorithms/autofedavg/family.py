@@ -22,4 +22,6 @@ def report_sections(run: RunFiles, algorithms: Sequence[str], fig_dir: Path) -> 
     return sections(run, algorithms, fig_dir)
 
 
-AUTOFEDAVG = Family("Auto-FedAvg", report_sections=report_sections)
+AUTOFEDAVG = Family(
+    "Auto-FedAvg", report_sections=report_sections, report_imports=("fedseg.algorithms.autofedavg.report",)
+)

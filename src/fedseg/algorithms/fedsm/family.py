@@ -30,4 +30,5 @@ FEDSM = Family(
     report_sections=report_sections,
     unseen_cells=unseen_cells,
     routing=ROUTING,
+    report_imports=("fedseg.algorithms.fedsm.report", "sklearn.manifold"),  # the selector's t-SNE map
 )
