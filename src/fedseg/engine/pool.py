@@ -251,8 +251,8 @@ class WorkerPool:
         default_factory=dict, init=False
     )  # key -> (client, task, options, artifacts)
     replaced: int = field(default=0, init=False)  # workers started to replace dead ones
-    # (engine key, site) -> the store a worker sent back, as saved (views of its buffer), and that buffer: sent
-    # again as it is while the site's store is still exactly that (no copy; ``store_payload``)
+    # (engine key, site) -> the store as last packed (a worker's reply or ``store_payload``), as saved (views of
+    # its buffer), and that buffer: sent again as it is while the site's store is still exactly that (no copy)
     returned: dict[tuple[str, str], tuple[dict[str, tuple[torch.Tensor, int]], Packed]] = field(
         default_factory=dict, init=False
     )
@@ -393,16 +393,31 @@ class WorkerPool:
         return answered
 
     def store_payload(self, key: str, site: str, store: StateStore) -> Packed:
-        """``site``'s store packed for a worker: the buffer a worker sent it back in, while the store still holds
-        exactly the tensors saved from it (same objects, unchanged: as the simulator, the pool relies on clients
-        changing a store's entries, never its tensors in place); otherwise a fresh copy (after a restore, a
-        resume, a store on disk). Workers only read the buffer, so sending it again costs no copy."""
+        """``site``'s store packed for a worker: the buffer it was last packed in (by a worker's reply or here),
+        while the store still holds exactly the tensors of that buffer (same objects, unchanged: as the
+        simulator, the pool relies on clients changing a store's entries, never its tensors in place); otherwise
+        a fresh copy (after a restore, a resume, a store on disk), which the store then holds (``keep``).
+        Workers only read the buffer, so sending it again costs no copy: an evaluation after a best-round
+        restore packs each site's store once, not once per exchange."""
         state = store.load(site)
         kept = self.returned.get((key, site))
         if kept is not None and same_tensors(state, kept[0]):
             return kept[1]
         self.returned.pop((key, site), None)
-        return pack(state)
+        payload = pack(state)
+        self.keep(key, site, store, payload)
+        return payload
+
+    def keep(self, key: str, site: str, store: StateStore, payload: Packed) -> None:
+        """Make the tensors packed in ``payload`` (views of its buffer, the same values) ``site``'s store and
+        remember the buffer for ``store_payload``; only for a buffer in shared memory and a store in RAM (in a
+        file, keeping the buffer would defeat the memory budget)."""
+        if not isinstance(payload.data, torch.Tensor) or site in store.on_disk:
+            return
+        views = unpack(payload)
+        store.save(site, views)
+        if site not in store.on_disk:
+            self.returned[(key, site)] = ({k: (t, t._version) for k, t in views.items()}, payload)
 
     def _receive(self, worker: Worker, site: str, store: StateStore, key: str) -> Answer:
         """The answer ``worker`` sent for ``site`` (its store saved if the client returned); a dead worker is
@@ -426,11 +441,10 @@ class WorkerPool:
         _, reply, seconds, state = result
         if state is not None:  # None: the client left its store as it was (``changed``)
             self.returned.pop((key, site), None)  # the buffer of the store it replaces is freed with it
-            saved = unpack(state)
-            store.save(site, saved)
-            # in shared memory and kept in RAM (not in a file: the buffer would defeat the memory budget)
             if isinstance(state.data, torch.Tensor) and site not in store.on_disk:
-                self.returned[(key, site)] = ({k: (t, t._version) for k, t in saved.items()}, state)
+                self.keep(key, site, store, state)
+            else:
+                store.save(site, unpack(state))
         return unpack_message(reply), seconds
 
 
