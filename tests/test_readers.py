@@ -425,3 +425,42 @@ def test_a_label_on_another_grid_than_its_image_is_one_line(tmp_path):
     assert "resample the label onto the image" in flipped
     assert len(grid_problems(image, tmp_path / "moved.nii.gz")) == 1
     assert grid_problems(image, tmp_path / "rounded.nii.gz") == []
+
+
+def test_predict_takes_dicom_series_folders_as_it_takes_the_same_volume_in_nifti(tmp_path, tiny_config):
+    """``fedseg predict`` on a DICOM series folder (given itself, or inside the input folder) gives the mask it
+    gives for the same voxels in a NIfTI file on the same grid, written as NIfTI with the series' affine."""
+    from fedseg.data.federation import Case, Federation, Site
+    from fedseg.data.folder import write_folder
+    from fedseg.predict import predict
+    from fedseg.run import run_experiment
+    from test_volumes import TUMOUR, _patch_cfg, tumour_case
+
+    def one_channel(seed: int) -> tuple[np.ndarray, np.ndarray]:
+        image, label = tumour_case(shape=(20, 22, 14), seed=seed)
+        return np.clip(np.rint(image[:1]), 0, 4000).astype(np.uint16), label  # CT-like: what DICOM stores
+
+    sites = [
+        Site(s, [Case.from_arrays(f"{s}{i}", *one_channel(10 * k + i)) for i in range(4)]) for k, s in enumerate("ab")
+    ]
+    root = write_folder(Federation("ct", "3d", 1, TUMOUR, sites), tmp_path / "fed")
+    run_experiment(_patch_cfg(tiny_config, root, 1), tmp_path / "run")
+
+    image, _ = one_channel(99)
+    nifti = tmp_path / "nifti"
+    nifti.mkdir()
+    nib.save(nib.Nifti1Image(image[0], np.diag([1.0, 1.0, 1.0, 1.0])), nifti / "case.nii.gz")
+    series = tmp_path / "dicom" / "case"
+    write_series(series, image[0], spacing=(1.0, 1.0, 1.0))
+    assert np.array_equal(read_image(series, "3d"), image)  # the same voxels, in the same index order
+
+    predict(tmp_path / "run", nifti, tmp_path / "from_nifti")
+    predict(tmp_path / "run", series, tmp_path / "from_series")  # the series folder itself
+    predict(tmp_path / "run", series.parent, tmp_path / "from_folder")  # a folder holding the series
+    expected = np.asarray(nib.load(tmp_path / "from_nifti" / "case.nii.gz").dataobj)
+    assert expected.any()
+    for out in ("from_series", "from_folder"):
+        mask = nib.load(tmp_path / out / "case.nii.gz")
+        assert np.array_equal(np.asarray(mask.dataobj), expected), out
+        assert np.allclose(mask.affine, readers.volume_grid(series).affine), out
+        assert "case" in (tmp_path / out / "predictions.csv").read_text()

@@ -361,7 +361,9 @@ def report(run_dir: Path = typer.Argument(..., help="output directory of a finis
 def predict(
     model: Path = typer.Option(..., "--model", help="RUN/model (or RUN/model/<algorithm>) of a finished run"),
     input_: Path = typer.Option(
-        ..., "--input", help="an image file or a folder of images (png, jpg, npy, nii, nii.gz)"
+        ...,
+        "--input",
+        help="an image file, a DICOM series folder, or a folder of them (png, jpg, npy, nii, nii.gz, nrrd, mha, mhd)",
     ),
     out: Path = typer.Option(..., "--out", help="folder for the masks and predictions.csv"),
     gamma: float | None = typer.Option(None, "--gamma", help="FedSM threshold overriding the bundle's (0..1)"),

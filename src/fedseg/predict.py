@@ -1,6 +1,7 @@
 """``fedseg predict``: apply a run's trained bundle (``RUN/model/<algorithm>/``) to new image files.
 
-Pipeline, per image file (PNG/JPEG/NPY/NIfTI/NRRD/MetaImage, read by ``fedseg.data.folder.read_image``):
+Pipeline, per image file (PNG/JPEG/NPY/NIfTI/NRRD/MetaImage) or DICOM series folder (read by
+``fedseg.data.folder.read_image``):
 
 1. preprocess exactly as training did (``fedseg.data.preprocess.case_tensors`` with the
    manifest's ``image_size`` and ``normalize``): ``x`` ``(C, *S)``, ``S = (image_size,) * dims``;
@@ -18,7 +19,7 @@ Pipeline, per image file (PNG/JPEG/NPY/NIfTI/NRRD/MetaImage, read by ``fedseg.da
    predicted by sliding window and mapped back to its grid (``fedseg.evaluate.sliding.predict_on_grid``);
    a selector still routes on the fixed-size view of step 1 (ensemble mode: the super model slides);
 4. write the label map in the input's format: PNG for PNG/JPEG (lossless), ``.npy``, or NIfTI
-   with the input's affine (NRRD/MetaImage inputs get a NIfTI mask on their grid); plus
+   with the input's affine (NRRD/MetaImage inputs and DICOM series get a NIfTI mask on their grid); plus
    ``predictions.csv``: per image ``file``, ``mask``, ``model``
    (the routed bundle's chosen candidate, or the single model's name), ``confidence`` (empty without
    routing) and the routing's ``prob:<candidate>`` scores;
@@ -156,7 +157,10 @@ class Input:
 
 
 def mask_name(path: Path) -> str:
-    """Output file name of ``path``'s mask: the same name, PNG for JPEG (masks must be lossless)."""
+    """Output file name of ``path``'s mask: the same name, PNG for JPEG (masks must be lossless), NIfTI for a
+    DICOM series folder (named after the folder)."""
+    if path.is_dir():
+        return f"{path.name}.nii.gz"
     found = split_name(path.name, IMAGE_EXTS)
     assert found is not None  # inputs are image files of a supported type (list_inputs, read_image)
     stem, ext = found
@@ -194,21 +198,26 @@ def overlay_image(image: np.ndarray, masks: np.ndarray, alpha: float = 0.4) -> n
     return np.clip(np.rint(rgb), 0, 255).astype(np.uint8)
 
 
+def is_series(path: Path) -> bool:
+    """Whether ``path`` is a DICOM series folder (its files, by name, the first with a DICOM preamble)."""
+    return path.is_dir() and readers.series_folder_problem(path) is None
+
+
 def list_inputs(path: Path) -> list[Path]:
-    """``path`` itself, or the image files of folder ``path`` (not recursive; hidden files ignored)."""
+    """``path`` itself (an image file or a DICOM series folder), or the inputs of folder ``path``: its image
+    files and the DICOM series folders in it (not recursive; hidden entries and other folders ignored)."""
     path = Path(path)
-    if path.is_file():
+    if path.is_file() or is_series(path):
         files = [path]
     elif path.is_dir():
         companions = readers.mhd_data_files(path)  # the data files of .mhd headers are no inputs of their own
-        files = sorted(
-            p for p in path.iterdir() if p.is_file() and not p.name.startswith(".") and p.name not in companions
-        )
+        entries = [p for p in sorted(path.iterdir()) if not p.name.startswith(".") and p.name not in companions]
+        files = [p for p in entries if p.is_file() or is_series(p)]
         if not files:
-            raise PredictError(f"{path}: no image files (expected {', '.join(IMAGE_EXTS)})")
+            raise PredictError(f"{path}: no image files (expected {', '.join(IMAGE_EXTS)}) or DICOM series folders")
     else:
         raise PredictError(f"{path}: no such file or folder")
-    bad = [p for p in files if split_name(p.name, IMAGE_EXTS) is None]
+    bad = [p for p in files if p.is_file() and split_name(p.name, IMAGE_EXTS) is None]
     if bad:
         raise PredictError(
             "\n".join(f"{p}: unsupported file type (expected one of {', '.join(IMAGE_EXTS)})" for p in bad)
@@ -256,8 +265,11 @@ def read_inputs(path: Path, bundle: Bundle, overlay: bool = False) -> list[Input
 
 
 def write_mask(path: Path, label: np.ndarray, source: Path) -> None:
-    """``label`` ``(*spatial)`` in ``source``'s format: NIfTI (with ``source``'s affine; NIfTI too for NRRD and
-    MetaImage sources, with their grid's affine), ``.npy`` or PNG."""
+    """``label`` ``(*spatial)`` in ``source``'s format: NIfTI (with ``source``'s affine; NIfTI too for NRRD,
+    MetaImage and DICOM series sources, with their grid's affine), ``.npy`` or PNG."""
+    if source.is_dir():  # a DICOM series
+        _write_nifti(path, label, readers.volume_grid(source).affine)
+        return
     found = split_name(source.name, IMAGE_EXTS)
     assert found is not None  # ``source`` is an input image of a supported type (read_inputs)
     ext = found[1]
