@@ -167,3 +167,23 @@ def test_cli_writes_csv_and_png_and_refuses_bad_input(run, tmp_path):
     assert three.output.strip().count("\n") == 0, three.output
     assert "2D runs only" in three.output
     assert not any((tmp_path / d).exists() for d in "xyz")
+
+
+def test_a_case_sample_is_the_same_for_every_model_and_changes_the_loss(run, rows):
+    from fedseg.loss_surface import case_sample, open_run
+
+    train = open_run(run, SITE).train
+    sample = case_sample(train, 3, seed=0)
+    assert (
+        len(sample) == 3 and set(sample.ids) <= set(train.ids) and sample.ids == sorted(sample.ids, key=train.ids.index)
+    )
+    assert case_sample(train, 3, seed=0).ids == sample.ids and case_sample(train, len(train) + 5, 0) is train
+    sampled = compute([run], SITE, directions=2, seed=0, cases=3)
+    assert [(r["model"], r["direction"], r["t"]) for r in sampled] == [
+        (r["model"], r["direction"], r["t"]) for r in rows
+    ]
+    assert [r["loss"] for r in sampled] != [r["loss"] for r in rows]  # other cases, other losses
+    everything = compute([run], SITE, directions=2, seed=0, cases=len(train))
+    assert [r["loss"] for r in everything] == [r["loss"] for r in rows]
+    with pytest.raises(ValueError, match="--cases 0"):
+        compute([run], SITE, directions=2, cases=0)

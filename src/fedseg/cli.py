@@ -396,6 +396,9 @@ def loss_surface(
     directions: int = typer.Option(10, "--directions", min=1, help="random filter-normalized directions"),
     seed: int = typer.Option(0, "--seed", help="seed of the random directions"),
     device: str = typer.Option("cpu", "--device", help="torch device the losses are computed on"),
+    cases: int | None = typer.Option(
+        None, "--cases", min=1, help="the loss on this many of SITE's training cases (drawn by --seed); default all"
+    ),
 ) -> None:
     """FedSM's Figure 4: the training loss of SITE near each trained model (global, local:SITE, personal:SITE) along
     random filter-normalized directions (t in -1..1), and along the line from FedSM's global to its personalized
@@ -403,7 +406,7 @@ def loss_surface(
     from fedseg.loss_surface import loss_surface as compute_surface
 
     try:
-        csv_path, png = compute_surface(runs, site, out, directions, seed, device)
+        csv_path, png = compute_surface(runs, site, out, directions, seed, device, cases)
     except (FederationError, OSError, KeyError, ValueError) as e:  # ConfigError, BundleError: ValueErrors
         fail(error_text(e))
         return

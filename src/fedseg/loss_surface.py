@@ -116,13 +116,20 @@ def compute(
     line_ts: tuple[float, ...] = LINE_TS,
     seed: int = 0,
     device: str = "cpu",
+    cases: int | None = None,
 ) -> list[dict]:
-    """The CSV rows (module doc) of every model of ``runs`` that concerns ``site``."""
+    """The CSV rows (module doc) of every model of ``runs`` that concerns ``site``; ``cases``: the loss on that
+    many of the site's training cases (:func:`case_sample`) instead of all of them."""
     if directions < 1:
         raise ValueError(f"--directions {directions}: must be at least 1")
+    if cases is not None and cases < 1:
+        raise ValueError(f"--cases {cases}: must be at least 1")
     if len({Path(r).resolve() for r in runs}) != len(runs):
         raise ValueError("a run is given twice")
     opened = [open_run(Path(r), site) for r in runs]  # every run checked before any work
+    if cases is not None:
+        for m in opened:
+            m.train = case_sample(m.train, cases, seed)
     dev = torch.device(device)
     rows: list[dict] = []
     for m in opened:
@@ -146,6 +153,18 @@ def compute(
                 label = f"{algorithm}/global->personal:{site}"
                 rows += [_row(label, m.run, site, "line", t, line[i]) for i, t in enumerate(line_ts)]
     return rows
+
+
+def case_sample(train: CaseSet, cases: int, seed: int) -> CaseSet:
+    """``cases`` of ``train``'s cases drawn without replacement by ``seed`` (in their order; all of them when
+    there are no more): every model of a run, every direction and the line see the same cases. The loss of
+    each point costs a pass over the cases, ``21 * directions`` passes per model and 13 per line (``DIRECTION_TS``,
+    ``LINE_TS``), so a large site's curves are drawn on a sample."""
+    if cases >= len(train):
+        return train
+    generator = torch.Generator().manual_seed(seed)
+    idx = torch.randperm(len(train), generator=generator)[:cases].sort().values
+    return train.subset(idx)
 
 
 def _row(model: str, run: Path, site: str, direction: str, t: float, loss: float) -> dict:
@@ -182,12 +201,18 @@ def figure(rows: list[dict], site: str, path: Path) -> Path | None:
 
 
 def loss_surface(
-    runs: list[Path], site: str, out: Path, directions: int = 10, seed: int = 0, device: str = "cpu"
+    runs: list[Path],
+    site: str,
+    out: Path,
+    directions: int = 10,
+    seed: int = 0,
+    device: str = "cpu",
+    cases: int | None = None,
 ) -> tuple[Path, Path | None]:
     """Compute (:func:`compute`) and write ``OUT/loss_surface_<site>.csv`` and ``.png``; returns both paths.
     Errors (bad site, run, device, config) are ValueErrors (``ConfigError`` is one) naming the run or option."""
     from fedseg.run.preflight import check_device
 
-    rows = compute([Path(r) for r in runs], site, directions, seed=seed, device=str(check_device(device)))
+    rows = compute([Path(r) for r in runs], site, directions, seed=seed, device=str(check_device(device)), cases=cases)
     stem = f"loss_surface_{site}"
     return write_csv(rows, Path(out) / f"{stem}.csv"), figure(rows, site, Path(out) / f"{stem}.png")
