@@ -121,6 +121,74 @@ def test_fp16_with_a_grad_scaler_runs_on_the_cpu(tiny_config):
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
 
 
+def test_fp16_scaler_continues_from_the_scale_it_is_given(tiny_config):
+    """A local run starts its GradScaler where the last one ended (not at 2^16): the scale and the growth
+    tracker (steps since the last overflow) continue from ``grad_scale``."""
+    cfg = tiny_config(train={"amp": "fp16"})
+    runs = {}
+    for carried in (None, (256.0, 7)):
+        model = Task(cfg, 2, 3, ("a", "b")).new_model()
+        runs[carried] = (
+            Trainer(cfg.train, CPU)
+            .fit(
+                model,
+                _images(),
+                torch.Generator().manual_seed(0),
+                budget=BudgetConfig(unit="steps", amount=3),
+                grad_scale=carried,
+            )
+            .grad_scale
+        )
+    fresh, continued = runs[None], runs[(256.0, 7)]
+    assert fresh is not None and continued is not None
+    assert continued[0] <= 256.0 and fresh[0] != continued[0]  # from 256 (halved on an overflow), not 65536
+    if continued[0] == 256.0:  # no overflow at 256: the tracker counted on from 7
+        assert continued[1] == 7 + 3
+    off = Trainer(tiny_config().train, CPU).fit(
+        Task(tiny_config(), 2, 3, ("a", "b")).new_model(),
+        _images(),
+        torch.Generator().manual_seed(0),
+        budget=BudgetConfig(unit="steps", amount=1),
+    )
+    assert off.grad_scale is None  # float32 (and bf16): no scaler
+
+
+def test_each_site_carries_its_fp16_scale_from_round_to_round(tiny_config, disc_federation):
+    """FedAvg under fp16 on a simulator: after each round every site's store holds its scaler state
+    (``grad_scale/opt``); round 2 starts from round 1's, so its tracker counts round 1's steps too (or, after
+    an overflow in round 2, its scale is below round 1's)."""
+    from fedseg.algorithms import get_algorithm
+    from fedseg.algorithms.prefixes import GRAD_SCALE
+    from fedseg.engine.simulator import Simulator
+
+    cfg = tiny_config(train={"amp": "fp16"}, fl={"rounds": 2})
+    prep = prepare(cfg, disc_federation())
+    spec = get_algorithm("fedavg")
+    options = spec.parse_options(cfg.methods.get("fedavg"))
+    steps: dict[tuple[int, str], int] = {}
+    engine = Simulator(
+        "fedavg",
+        spec.client(),
+        prep.site_data,
+        prep.task,
+        options,
+        observers=[lambda site, action, msg, reply: steps.update({(engine.round, site): int(reply.meta["steps"])})],
+    )
+    server = spec.server(engine, prep.task, options)
+    scales = {}
+    for rnd in (1, 2):
+        engine.round = rnd
+        server.run_round(rnd)
+        scales[rnd] = {s: engine.store.load(s)[f"{GRAD_SCALE}/opt"].tolist() for s in engine.sites}
+    for site in engine.sites:
+        (scale_1, tracker_1), (scale_2, tracker_2) = scales[1][site], scales[2][site]
+        assert tracker_1 <= steps[(1, site)]
+        if scale_2 == scale_1:  # no overflow in round 2: its steps counted on from round 1's tracker
+            assert tracker_2 == tracker_1 + steps[(2, site)], site
+        else:
+            assert scale_2 < scale_1, site
+
+
 def _fit_weights(cfg, data, workers: int, steps: int) -> tuple[float, list[torch.Tensor]]:
     train = cfg.train.model_copy(update={"loader_workers": workers})
     model = Task(cfg, data.x.dim() - 2, data.x.shape[1], ("tumour",) * data.y.shape[1]).new_model()

@@ -285,7 +285,8 @@ class TrainConfig(Strict):
         default="auto",
         description="mixed precision of training and evaluation forward passes (torch.autocast; loss, extra "
         "loss terms and the logits' sigmoid/blending stay float32): auto = bf16 on CUDA, off elsewhere; fp16 adds "
-        "a GradScaler per local training run; off (and auto on the CPU) keeps results bit-identical to float32",
+        "a GradScaler, whose scale each site (and each of its models) carries from round to round; off (and auto "
+        "on the CPU) keeps results bit-identical to float32",
     )
     channels_last: Literal["auto", "on", "off"] = Field(
         default="auto",

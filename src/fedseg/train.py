@@ -62,11 +62,30 @@ class TrainHooks:
 PLAIN = TrainHooks()
 
 
+# A GradScaler's (scale, growth tracker): what fp16 training carries from one local run to the next, so a
+# round starts at the scale the last one found instead of 2^16 (whose first steps overflow and are skipped)
+GradScale = tuple[float, int]
+
+
 @dataclass
 class TrainStats:
     steps: int
     samples: int
     mean_loss: float
+    grad_scale: GradScale | None = None  # fp16 (``train.amp``): the GradScaler's state at the end
+
+
+def new_grad_scaler(device: torch.device, carried: GradScale | None) -> torch.amp.GradScaler:
+    """An fp16 GradScaler on ``device``, continuing from ``carried`` (None: PyTorch's initial 2^16)."""
+    scaler = torch.amp.GradScaler(device.type)
+    if carried is not None:
+        scaler.load_state_dict({**scaler.state_dict(), "scale": float(carried[0]), "_growth_tracker": int(carried[1])})
+    return scaler
+
+
+def grad_scale_of(scaler: torch.amp.GradScaler) -> GradScale:
+    state = scaler.state_dict()
+    return float(state["scale"]), int(state["_growth_tracker"])
 
 
 def segmentation_loss(kind: str, smooth: float | None = None) -> nn.Module:
@@ -205,6 +224,7 @@ class Trainer:
         budget: BudgetConfig | None = None,
         hooks: TrainHooks = PLAIN,
         loss_fn: LossFn | None = None,
+        grad_scale: GradScale | None = None,
     ) -> TrainStats:
         """Train ``model`` in place for ``budget`` (epochs over ``data`` or optimizer steps), changed by ``hooks``.
 
@@ -219,8 +239,10 @@ class Trainer:
         are prepared by :meth:`draw` on ``train.loader_workers`` background threads (0: this thread), in
         order, with the same result for any number. The forward pass runs under ``train.amp`` autocast; the
         loss (on float32 outputs) and ``extra_loss`` are float32; fp16 scales the loss (GradScaler) and
-        unscales the gradients before ``after_backward``.
-        Returns the steps done, samples seen and the mean loss per step (without ``extra_loss``).
+        unscales the gradients before ``after_backward``; its scaler starts from ``grad_scale`` (the last run's,
+        ``TrainStats.grad_scale``) where given.
+        Returns the steps done, samples seen, the mean loss per step (without ``extra_loss``) and, under fp16,
+        the scaler's final state.
         """
         if len(data) == 0:
             raise ValueError(f"no training cases for {data.name}")
@@ -246,7 +268,7 @@ class Trainer:
             with torch.no_grad():
                 return (len(idx), *self.draw(data, idx, step_generator(base, 1, k)))
 
-        scaler = torch.amp.GradScaler(self.device.type) if self.accel.amp == torch.float16 else None
+        scaler = new_grad_scaler(self.device, grad_scale) if self.accel.amp == torch.float16 else None
         steps, samples = 0, 0
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)  # float64: as a Python sum; no sync
         with closing(ordered_map(prepare, order, self.cfg.loader_workers)) as prepared:
@@ -254,7 +276,12 @@ class Trainer:
                 loss_sum += self._step(model, optimizer, hooks, loss_fn, scaler, x, y).double()
                 steps += 1
                 samples += n
-        return TrainStats(steps=steps, samples=samples, mean_loss=float(loss_sum) / max(steps, 1))
+        return TrainStats(
+            steps=steps,
+            samples=samples,
+            mean_loss=float(loss_sum) / max(steps, 1),
+            grad_scale=None if scaler is None else grad_scale_of(scaler),
+        )
 
     def _step(
         self,

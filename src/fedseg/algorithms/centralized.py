@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import time
 
+import torch
+
 from fedseg.algorithms.fedavg import FedAvgClient, FedAvgServer
+from fedseg.algorithms.prefixes import GRAD_SCALE
 from fedseg.algorithms.registry import AlgorithmSpec
 from fedseg.data.dataset import CaseSet
 from fedseg.engine.context import seeded_generator, stream_seed
 from fedseg.engine.ledger import LedgerRow
 from fedseg.engine.messages import Message, load_weights, prefixed, weights_of
-from fedseg.train import Trainer, load_optimizer_state, optimizer_state, round_train_config
+from fedseg.train import GradScale, Trainer, load_optimizer_state, optimizer_state, round_train_config
 
 POOLED = "pooled"
 
@@ -26,6 +29,7 @@ class CentralizedServer(FedAvgServer):
         super().__init__(engine, task, options)
         self.pooled = CaseSet.concat(POOLED, [engine.site_data[s].train for s in engine.sites])
         self.optimizer_moments: dict = {}
+        self.grad_scale: GradScale | None = None
 
     def run_round(self, rnd: int) -> dict[str, float]:
         cfg = self.task.cfg
@@ -37,18 +41,22 @@ class CentralizedServer(FedAvgServer):
         optimizer = trainer.new_optimizer(model)
         if cfg.train.keep_optimizer_state and self.optimizer_moments:
             load_optimizer_state(optimizer, self.optimizer_moments)
-        stats = trainer.fit(model, self.pooled, generator, optimizer)
+        stats = trainer.fit(model, self.pooled, generator, optimizer, grad_scale=self.grad_scale)
+        self.grad_scale = stats.grad_scale  # fp16: the next round's scaler starts where this one ended
         self.optimizer_moments = optimizer_state(optimizer) if cfg.train.keep_optimizer_state else {}
         self.global_weights = weights_of(model)
         self.engine.ledger.record(LedgerRow(rnd, POOLED, "train", stats.steps, 0, 0, time.perf_counter() - start))
         return {POOLED: stats.mean_loss}
 
     def state_dict(self) -> dict:
-        return {**super().state_dict(), **prefixed("opt", self.optimizer_moments)}
+        scale = {} if self.grad_scale is None else {GRAD_SCALE: torch.tensor(self.grad_scale, dtype=torch.float64)}
+        return {**super().state_dict(), **prefixed("opt", self.optimizer_moments), **scale}
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         self.optimizer_moments = Message(state).group("opt")
+        scale = state.get(GRAD_SCALE)
+        self.grad_scale = None if scale is None else (float(scale[0]), int(scale[1]))
 
 
 CentralizedClient = FedAvgClient

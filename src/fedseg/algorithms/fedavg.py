@@ -37,7 +37,7 @@ from fedseg.algorithms.local_models import (
     keep_best_local,
     kept_model_reply,
 )
-from fedseg.algorithms.prefixes import MODEL, OPT
+from fedseg.algorithms.prefixes import GRAD_SCALE, MODEL, OPT
 from fedseg.algorithms.registry import AlgorithmSpec
 from fedseg.algorithms.robust import RobustOptions, robust_aggregator, robust_merge
 from fedseg.algorithms.site_scoring import score_at_site, surface_meta, wants_surface, write_sample
@@ -156,6 +156,8 @@ class FedAvgClient:
         keep = self.keeps_optimizer_state(trainer.cfg, ctx)
         if keep and state_group(ctx.state, state_key):
             load_optimizer_state(optimizer, state_group(ctx.state, state_key))
+        scale_key = f"{GRAD_SCALE}/{state_key}"  # fp16: the scaler's state carried to the next round
+        carried = ctx.state.get(scale_key)
         stats = trainer.fit(
             model,
             ctx.data.train if data is None else data,
@@ -164,9 +166,12 @@ class FedAvgClient:
             budget=budget or ctx.options.local_budget(),
             hooks=hooks,
             loss_fn=loss_fn,
+            grad_scale=None if carried is None else (float(carried[0]), int(carried[1])),
         )
         if keep:
             put_group(ctx.state, state_key, optimizer_state(optimizer))
+        if stats.grad_scale is not None:
+            ctx.state[scale_key] = torch.tensor(stats.grad_scale, dtype=torch.float64)
         return stats
 
     def keeps_optimizer_state(self, train: TrainConfig, ctx: ClientContext) -> bool:
