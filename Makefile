@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml
 # fedseg's modules compiled to bytecode, as pip does for a wheel: an editable install imports src/, and where
 # PYTHONDONTWRITEBYTECODE is set every process (the command, each pool worker's server, each test subprocess)
 # would compile them anew, ~0.2 s each. Incremental: only changed files are compiled again.
-BYTECODE := $(BIN)/python -m compileall -q src > /dev/null
+BYTECODE := $(BIN)/python -m compileall -q src
 
 install: $(STAMP)
 	@$(BYTECODE)

@@ -207,7 +207,10 @@ def assess(claims: list[Claim], tables: list[dict]) -> list[dict]:
                     "verdict": verdict(claim.kind, test["ci_low"], test["ci_high"], claim.margin),
                     "dice": fed["methods"].get(claim.method, {}).get("dice", {}).get("mean"),
                     "dice_against": fed["methods"].get(claim.against, {}).get("dice", {}).get("mean"),
-                    **{k: test.get(k) for k in ("mean_diff", "ci_low", "ci_high", "p", "n", "seeds", "per_seed_diff")},
+                    **{
+                        k: test.get(k)
+                        for k in ("mean_diff", "ci_low", "ci_high", "p", "alternative", "n", "seeds", "per_seed_diff")
+                    },
                 }
             )
     return rows
@@ -233,6 +236,8 @@ def markdown(rows: list[dict], sources: list[str]) -> str:
         kind = r["kind"] + (f" (margin {r['margin']:g})" if r["kind"] in ("matches", "not worse") else "")
         ci = f"[{num(r.get('ci_low'))}, {num(r.get('ci_high'))}]" if r.get("ci_low") is not None else ""
         p = "" if r.get("p") is None else f"{r['p']:.2g}"
+        if p and r.get("alternative", "two-sided") != "two-sided":  # one-tailed: say for which side
+            p += f" ({r['alternative']}, {r['method']} − {r['against']})"
         lines.append(
             f"| {r['paper']} | {r['where']} | {r['text']}: {r['method']} vs {r['against']}, {kind} | "
             f"{r['federation']} | {num(r.get('mean_diff'))} | {ci} | {p} | **{r['verdict']}** |"

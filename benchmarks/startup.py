@@ -65,14 +65,14 @@ def child(argv: list[str]) -> None:
     from fedseg.cli import app
 
     try:
-        app(argv, standalone_mode=False)
+        code = app(argv, standalone_mode=False)  # a typer.Exit's code (a failed run's 1), else the command's None
     finally:
         done.set()
         marks["exit"] = time.time()
         Path(os.environ[MARKS_ENV]).write_text(json.dumps(marks))
     from fedseg.process_exit import exit_now
 
-    exit_now(0)  # as the ``fedseg`` command ends (``fedseg.cli.entry``)
+    exit_now(code if isinstance(code, int) else 0)  # as the ``fedseg`` command ends (``fedseg.cli.entry``)
 
 
 def launch(workers: int, cache: Path, clear_cache: bool = False) -> dict:

@@ -163,20 +163,26 @@ def test_older_generator_versions_and_dead_writes_are_pruned_after_a_new_entry(o
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     dead_pid = int(gone.stdout)  # a process that has ended: its temp folder can never be completed
     version = cache.GENERATOR_VERSION
-    folders = {
-        f"synthetic-retina-s1-i64-seed0-v{version - 1}-0000abcd": "pruned",  # an older generator's entry
-        f"synthetic-retina-s1-i64-seed0-v{version + 1}-0000abcd": "kept",  # a newer fedseg's entry
-        f"synthetic-retina-s1-i64-seed0-v{version - 1}-0000abcd.tmp-{dead_pid}-x1": "pruned",  # an interrupted write
-        f"synthetic-retina-s1-i64-seed0-v{version}-0000abcd.tmp-{os.getpid()}-x2": "kept",  # a write under way
-        "notes-of-a-user": "kept",  # not fedseg's
+    old, newer = (
+        f"synthetic-retina-s1-i64-seed0-v{version - 1}-0000abcd",
+        f"synthetic-retina-s1-i64-seed0-v{version + 1}-0000abcd",
+    )
+    folders = {  # name -> (what its manifest says, its fate)
+        old: ({"params": {"generator_version": version - 1}}, "pruned"),  # an older generator's entry
+        newer: ({"params": {"generator_version": version + 1}}, "kept"),  # a newer fedseg's entry
+        f"{old}.tmp-{dead_pid}-x1": ({}, "pruned"),  # an interrupted write
+        f"synthetic-retina-s1-i64-seed0-v{version}-0000abcd.tmp-{os.getpid()}-x2": ({}, "kept"),  # a write under way
+        f"synthetic-retina-s2-i64-seed0-v{version - 1}-0000abcd": ({"note": "mine"}, "kept"),  # named so, not ours
+        f"backup.tmp-{dead_pid}-x3": ({}, "kept"),  # not an entry's name
+        "notes-of-a-user": ({}, "kept"),
     }
-    for name in folders:
+    for name, (manifest, _) in folders.items():
         (own_cache / name).mkdir(parents=True)
-        (own_cache / name / "manifest.json").write_text("{}")
+        (own_cache / name / "manifest.json").write_text(json.dumps(manifest))
     with caplog.at_level(logging.INFO, logger="fedseg.data.cache"):
         cached_builtin(RETINA)
     left = {p.name for p in own_cache.iterdir()}
-    assert left == {name for name, fate in folders.items() if fate == "kept"} | {entry_key(RETINA)}
+    assert left == {name for name, (_, fate) in folders.items() if fate == "kept"} | {entry_key(RETINA)}
     pruned = [r.getMessage() for r in caplog.records if "removed" in r.getMessage()]
     assert len(pruned) == 1 and "removed 2 unused folders" in pruned[0]
     caplog.clear()

@@ -332,3 +332,16 @@ def test_overlay_image_fills_and_outlines_regions():
     assert tuple(picture[0, 0]) == (0, 0, 0)
     volume = overlay_image(np.random.default_rng(0).random((1, 5, 7, 9)), np.zeros((2, 5, 7, 9), bool))
     assert volume.shape == (5, 7, 3)
+
+
+def test_out_inside_a_dicom_series_input_is_refused(tmp_path):
+    """--out inside (or equal to) a series folder given as input: the masks would join its slices."""
+    from fedseg.predict import Input, PredictError, check_out
+
+    series = tmp_path / "series"
+    series.mkdir()
+    item = Input(series, "series", "series.nii.gz", torch.zeros(1, 4, 4), (4, 4), None)
+    for out in (series, series / "masks"):
+        with pytest.raises(PredictError, match="inside the DICOM series folder"):
+            check_out(out, [item], force=False)
+    check_out(tmp_path / "elsewhere", [item], force=False)  # anywhere else is fine

@@ -70,3 +70,43 @@ def test_the_command_keeps_its_error_status_and_line(tmp_path):
     lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
     assert lines == [f"error: unknown preset 'no-such'; available: {', '.join(preset_names())}"]
     assert not (tmp_path / "run").exists()
+
+
+def _no_unbuffered_env() -> dict:
+    import os
+
+    return {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # output stays in the buffer
+
+
+def test_closed_standard_streams_are_no_error(tmp_path):
+    """stdout / stderr closed before start (Python sets them to None): the command still ends with its status."""
+    code = "from fedseg.process_exit import exit_now\nprint('lost')\nexit_now(0)"
+    for closed in (1, 2):
+        done = subprocess.run(
+            [sys.executable, "-c", code],
+            pass_fds=(),
+            stdin=subprocess.DEVNULL,
+            timeout=60,
+            preexec_fn=lambda fd=closed: __import__("os").close(fd),
+        )
+        assert done.returncode == 0, closed
+
+
+def test_output_that_cannot_be_written_is_reported_and_fails_the_command(tmp_path):
+    """A final flush that fails (here: a file size limit of 0, as a full disk) gives a message on stderr and
+    status 120, as Python's own exit does, not a silent success."""
+    import resource
+
+    out = tmp_path / "out.txt"
+    with out.open("w") as stdout:
+        done = subprocess.run(
+            [sys.executable, "-c", "from fedseg.process_exit import exit_now\nprint('x' * 100)\nexit_now(0)"],
+            stdout=stdout,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+            env=_no_unbuffered_env(),
+            preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (0, resource.RLIM_INFINITY)),
+        )
+    assert done.returncode == 120
+    assert done.stderr.strip().startswith("error: could not write the command's output:"), done.stderr

@@ -298,6 +298,9 @@ def check_out(out: Path, inputs: list[Input], force: bool, overlay: bool = False
         check_out_dir(out)
     except ValueError as e:
         raise PredictError(str(e)) from None
+    inside = [i.path for i in inputs if i.path.is_dir() and out.resolve().is_relative_to(i.path.resolve())]
+    if inside:  # the masks would join the series' files (and the folder would no longer read as one series)
+        raise PredictError(f"{out}: is inside the DICOM series folder {inside[0]} (an input); choose another --out")
     targets = [out / name for name in output_names(inputs, overlay)]
     sources = {i.path.resolve() for i in inputs}
     overwrite_input = [t for t in targets if t.resolve() in sources]

@@ -9,17 +9,23 @@ once with ``os._exit``:
    tracker's upload thread, a Flower client's: the normal exit, which joins them, is used instead);
 2. ``atexit`` handlers run (``logging.shutdown``, multiprocessing's pool and process-server shutdown,
    ``weakref.finalize`` callbacks, trackers' ``finish``), in the normal order;
-3. ``sys.stdout`` and ``sys.stderr`` are flushed (a closed pipe, as in ``fedseg ... | head``, is ignored).
+3. ``sys.stdout``, ``sys.stderr`` and the C library's stdio buffers are flushed (a closed pipe, as in
+   ``fedseg ... | head``, is ignored; a failed write, e.g. to a full disk, is reported and gives status 120).
 
 fedseg writes every output file inside a ``with`` block (closed when the command returns) and moves finished
 files into place atomically, so nothing is left for teardown to flush. Shared-memory tensors (the worker pool's)
 are file descriptors the kernel frees with the process. Library use (``import fedseg``, ``fedseg.api``) never
-goes through here.
+goes through here. What is skipped besides the teardown: tools that run the ``fedseg`` script inside their own
+process and write their data after it returns (``python -m cProfile``, ``coverage run``; those that save from
+an ``atexit`` handler, as pytest-cov does, are fine), and the clean-up of temporary files third-party code left
+open (a ``NamedTemporaryFile`` is deleted when it is closed or collected).
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
+import ctypes
 import os
 import sys
 import threading
@@ -27,12 +33,13 @@ import threading
 
 def exit_status(code: str | int | None) -> int:
     """The process status of ``SystemExit(code)``: None -> 0, an int as is, anything else (a message, which
-    is printed to stderr as Python does) -> 1."""
+    is printed to stderr as Python does, where there is one) -> 1."""
     if code is None:
         return 0
     if isinstance(code, int):
         return code
-    print(code, file=sys.stderr)
+    if sys.stderr is not None:
+        print(code, file=sys.stderr)
     return 1
 
 
@@ -42,6 +49,29 @@ def other_threads_running() -> bool:
     return any(t is not main and not t.daemon and t.is_alive() for t in threading.enumerate())
 
 
+def flush_streams(status: int) -> int:
+    """Flush ``sys.stdout`` and ``sys.stderr`` (either may be None: a closed descriptor at start), then the C
+    library's stdio buffers (output of C/C++ extensions). A reader that went away (``fedseg ... | head``) is not
+    an error; any other failure (a full disk, an I/O error) is reported on stderr and turns a status of 0 into
+    120, as Python's own exit does. Returns the status."""
+    for stream in (sys.stdout, sys.stderr):
+        if stream is None:
+            continue
+        try:
+            stream.flush()
+        except BrokenPipeError:
+            pass
+        except ValueError:  # closed already: nothing more can reach it
+            pass
+        except OSError as e:
+            status = status or 120
+            with contextlib.suppress(Exception):
+                os.write(2, f"error: could not write the command's output: {e}\n".encode())
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None).fflush(None)
+    return status
+
+
 def exit_now(code: str | int | None = 0) -> None:
     """End the process with ``SystemExit(code)``'s status: at once (module docstring) unless another
     non-daemon thread still runs, then by the normal exit."""
@@ -49,9 +79,4 @@ def exit_now(code: str | int | None = 0) -> None:
         sys.exit(code)
     status = exit_status(code)
     atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):  # a closed pipe or stream: nothing more can reach it
-            pass
-    os._exit(status)
+    os._exit(flush_streams(status))

@@ -26,6 +26,7 @@ their key differs) and the temp folders of dead processes.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -196,7 +197,11 @@ def cached_builtin(params: BuiltinParams) -> Federation:
     except OSError as e:  # e.g. a full disk: the run goes on with the generated federation
         log.warning(f"federation cache entry {entry}: could not be written ({e.strerror or e}); not cached")
         return fed
-    removed, freed = prune(root)
+    try:
+        removed, freed = prune(root)
+    except OSError as e:  # pruning is housekeeping: the run goes on
+        log.warning(f"federation cache {root}: could not remove unused folders ({e.strerror or e})")
+        return fed
     if removed:
         log.info(f"federation cache {root}: removed {removed} unused folders ({freed / 1e6:.1f} MB): {PRUNED}")
     return fed
@@ -303,39 +308,60 @@ def _read_array(entry: Path, file: str, index: dict) -> np.ndarray:
 
 # --- fedseg data cache list / clear -------------------------------------------------------------------------
 def entries(root: Path) -> list[tuple[str, int, bool]]:
-    """``(name, bytes, complete)`` per folder under ``root``: entries, and temp folders of interrupted writes."""
+    """``(name, bytes, complete)`` per folder under ``root``: entries, and temp folders of interrupted writes
+    (a file or folder another process removes meanwhile is not counted)."""
     if not root.is_dir():
         return []
     out = []
     for path in sorted(root.iterdir()):
         if path.is_dir():
-            size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
-            out.append((path.name, size, ".tmp-" not in path.name and (path / MANIFEST).is_file()))
+            out.append((path.name, _size(path), ".tmp-" not in path.name and (path / MANIFEST).is_file()))
     return out
 
 
+def _size(folder: Path) -> int:
+    total = 0
+    for f in folder.rglob("*"):
+        with contextlib.suppress(OSError):  # gone meanwhile (another run pruning or rebuilding)
+            total += f.stat().st_size if f.is_file() else 0
+    return total
+
+
 PRUNED = "entries of older generator versions and the temp folders of interrupted writes"
-_VERSIONED = re.compile(r"-v(\d+)-[0-9a-f]{8}$")  # entry_key's tail: -v<generator version>-<digest>
-_TEMP = re.compile(r"\.tmp-(\d+)-")  # write_entry's temp folder: <key>.tmp-<pid>-<random>
+# entry_key's grammar: <source>-s<scale>-i<size>-seed<seed>-v<generator version>-<8 hex>, and write_entry's temp
+# folder <key>.tmp-<pid>-<random>; nothing else in the cache folder is ever pruned
+_KEY = r"[a-z0-9][a-z0-9-]*-s[0-9.e+-]+-i\d+-seed-?\d+-v(\d+)-[0-9a-f]{8}"
+_ENTRY = re.compile(rf"^{_KEY}$")
+_TEMP = re.compile(rf"^{_KEY}\.tmp-(\d{{1,9}})-[A-Za-z0-9_]+$")
 
 
-def unused(name: str) -> bool:
-    """Whether the cache folder ``name`` can never be read again: an entry of a generator version older than
-    :data:`GENERATOR_VERSION` (a newer one may belong to a newer fedseg sharing the folder: kept), or the temp
-    folder of a write whose process is gone (an interrupted or killed run)."""
+def unused(root: Path, name: str) -> bool:
+    """Whether the cache folder ``root/name`` can never be read again: an entry whose key and manifest both say
+    a generator version older than :data:`GENERATOR_VERSION` (a newer one may belong to a newer fedseg sharing
+    the folder: kept), or the temp folder of a write whose process is gone (an interrupted or killed run; a
+    cache shared by several machines cannot tell, so there a folder is only removed by ``fedseg data cache
+    clear``: set ``$FEDSEG_CACHE_DIR`` per machine). A name that does not follow :func:`entry_key` is never
+    unused."""
     from fedseg.interrupts import is_running
 
-    temp = _TEMP.search(name)
+    temp = _TEMP.match(name)
     if temp:
-        return not is_running(int(temp.group(1)))
-    versioned = _VERSIONED.search(name)
-    return versioned is not None and int(versioned.group(1)) < GENERATOR_VERSION
+        return not is_running(int(temp.group(2)))
+    entry = _ENTRY.match(name)
+    if entry is None or int(entry.group(1)) >= GENERATOR_VERSION:
+        return False
+    try:
+        recorded = json.loads((root / name / MANIFEST).read_text())["params"]["generator_version"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False  # not an entry fedseg wrote: left alone
+    return isinstance(recorded, int) and recorded == int(entry.group(1))
 
 
 def prune(root: Path) -> tuple[int, int]:
     """Remove the :func:`unused` folders under ``root`` (after each new entry is written, so a cache does not grow
-    with every generator version): ``(folders removed, bytes freed)``."""
-    found = [(name, size) for name, size, _ in entries(root) if unused(name)]
+    with every generator version): ``(folders removed, bytes freed)``. Best effort: a folder that another process
+    removes meanwhile, or that cannot be removed, is skipped."""
+    found = [(name, size) for name, size, _ in entries(root) if unused(root, name)]
     for name, _ in found:
         shutil.rmtree(root / name, ignore_errors=True)
     return len(found), sum(size for _, size in found)

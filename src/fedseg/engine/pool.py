@@ -122,8 +122,8 @@ TensorsKey = tuple[tuple[str, int, int], ...]  # (name, id, version) per tensor
 
 def tensors_key(tensors: dict[str, torch.Tensor]) -> TensorsKey:
     """What makes two messages' tensors the same (while both are alive): the same tensor objects under the same
-    names, unchanged (version counters)."""
-    return tuple((name, id(t), t._version) for name, t in tensors.items())
+    names, unchanged (version counters; an inference-mode tensor has none and cannot change outside it)."""
+    return tuple((name, id(t), -1 if t.is_inference() else t._version) for name, t in tensors.items())
 
 
 def unpack_message(packed: tuple[Packed, dict[str, MetaValue]]) -> Message:
