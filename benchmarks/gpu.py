@@ -47,7 +47,13 @@ final evaluation s / one round's training s; ``final_eval_share_100_rounds`` = F
 training rows, forward-only rows excluded; FedSM's steps include its selector's, the kernel time is the
 segmentation network's), ``train_over_kernel`` likewise with the training exchanges only.
 
-    python benchmarks/gpu.py [--cpu] [--set KEY=VALUE ...] [--label NAME] [--out DIR] [--budget-s 300]
+Comparisons (``comparisons`` in the JSON, a table in the Markdown): a case with ``compare_to`` against that case,
+per algorithm both ran: the difference of their global test Dice and their rounds' speed-up. GPU: ``fets-2slots``
+(two sites at once on the one GPU, ``engine.devices: [cuda:0, cuda:0]``) against ``fets``, ``retina256-again``
+(the same run again: the run-to-run tolerance under bf16 and cuDNN autotuning) against ``retina256``. CPU:
+``demo32-2workers`` against ``demo32`` (the difference must be 0: results are bit-identical for any W).
+
+    python benchmarks/gpu.py [--cpu] [--set KEY=VALUE ...] [--label NAME] [--out DIR] [--budget-s 420]
         [--cases NAME,...] [--keep-runs]
 
 Writes ``OUT/gpu.json`` + ``gpu.md`` (``--cpu``: ``gpu-cpu.*``; ``--label L``: ``gpu-L.*`` / ``gpu-cpu-L.*``)
@@ -100,9 +106,14 @@ class Case:
     weight: float
     what: str = ""
     extra: list[str] = field(default_factory=list)
+    compare_to: str | None = None  # a case of the same run with one thing changed: ``comparisons`` in the JSON
 
     def all_overrides(self) -> list[str]:
         return [*self.overrides, *self.extra]
+
+
+RETINA_GPU = ["data.image_size=256", "algorithms=[fedavg,fedsm]", "fl.rounds=2", "device=cuda"]
+FETS_GPU = ["data.image_size=128", "data.scale=0.1", "algorithms=[fedavg]", "fl.rounds=2", "device=cuda"]
 
 
 def gpu_cases() -> list[Case]:
@@ -110,7 +121,7 @@ def gpu_cases() -> list[Case]:
         Case(
             "retina256",
             "synthetic-retina",
-            ["data.image_size=256", "algorithms=[fedavg,fedsm]", "fl.rounds=2", "device=cuda"],
+            RETINA_GPU,
             0.4,
             "2D UNet at 256^2, FedAvg and FedSM (3 networks), full-size synthetic-retina (904 training images)",
         ),
@@ -118,11 +129,30 @@ def gpu_cases() -> list[Case]:
             "fets",
             "fets",
             # scale 0.1: 3 cases per institution (the minimum), 33 volumes: data generation ~0.6 of scale 1's
-            ["data.image_size=128", "data.scale=0.1", "algorithms=[fedavg]", "fl.rounds=2", "device=cuda"],
+            FETS_GPU,
             0.6,
             "FeTS DynUNet (22.5M parameters) on 128^3 patches of 128^3 synthetic-brats volumes, FedAvg",
         ),
+        Case(
+            "fets-2slots",
+            "fets",
+            [*FETS_GPU, "engine.workers=2", "engine.devices=[cuda:0,cuda:0]"],
+            0.5,
+            "fets with two sites at once on the one GPU (two worker processes, one device slot each)",
+            compare_to="fets",
+        ),
+        Case(
+            "retina256-again",
+            "synthetic-retina",
+            RETINA_GPU,
+            0.3,
+            "retina256 once more: the GPU's run-to-run difference of the test Dice (bf16, cuDNN autotuning)",
+            compare_to="retina256",
+        ),
     ]
+
+
+DEMO32 = ["data.image_size=32", "data.scale=0.05", "model.channels=[8,16,32]", "fl.rounds=2", "device=cpu"]
 
 
 def cpu_cases() -> list[Case]:
@@ -130,8 +160,7 @@ def cpu_cases() -> list[Case]:
         Case(
             "demo32",
             "demo",
-            ["data.image_size=32", "data.scale=0.05", "model.channels=[8,16,32]", "algorithms=[fedavg,fedsm]"]
-            + ["fl.rounds=2", "device=cpu"],
+            [*DEMO32, "algorithms=[fedavg,fedsm]"],
             0.5,
             "synthetic-retina at 32^2, 8 images per site, a 3-level UNet, FedAvg and FedSM",
         ),
@@ -141,6 +170,14 @@ def cpu_cases() -> list[Case]:
             ["data.image_size=32", "data.scale=0.1", "model.channels=[4,8,16]", "fl.rounds=1", "device=cpu"],
             0.5,
             "fets-cpu at 32^3 (32^3 patches), 33 volumes, a 3-level UNet, one round of FedAvg",
+        ),
+        Case(
+            "demo32-2workers",
+            "demo",
+            [*DEMO32, "algorithms=[fedavg]", "engine.workers=2", "engine.devices=[cpu,cpu]"],
+            0.3,
+            "demo32's FedAvg with two sites at once (two worker processes): the same Dice to the last bit",
+            compare_to="demo32",
         ),
     ]
 
@@ -688,6 +725,8 @@ def case_numbers(case: Case, launch: dict, work: Path, samples: list) -> dict:
     kernel_s = (kernel or {}).get("kernel_s_per_step")
     algos = {a["name"]: algorithm_numbers(a, kernel_s) for a in tl["algorithms"]}
     cuda = next((e for e in events if e["event"] == "cuda_memory"), None)
+    summary_file = work / case.name / "summary.json"
+    summary = json.loads(summary_file.read_text()) if summary_file.is_file() else {}
     return {
         "preset": case.preset,
         "overrides": case.all_overrides(),
@@ -699,7 +738,36 @@ def case_numbers(case: Case, launch: dict, work: Path, samples: list) -> dict:
         "kernel": kernel,
         "run_max_allocated_mib": cuda["max_allocated_mib"] if cuda else None,
         "derived": case_derived(phases, algos),
+        # global test Dice (the run's own figure); a killed case has none
+        "test_dice": {a: e.get("dice", {}).get("global") for a, e in summary.get("algorithms", {}).items()},
     }
+
+
+def comparisons(cases: list[Case], report_cases: dict) -> list[dict]:
+    """Each case with ``compare_to`` against that case, per algorithm both ran: the difference of their test
+    Dice (a repeat: the run-to-run tolerance; 2 slots on one device: must match on CPU) and the ratio of their
+    rounds' seconds (baseline / case: > 1 when the case is faster)."""
+    out = []
+    for case in cases:
+        base, this = report_cases.get(case.compare_to or ""), report_cases.get(case.name)
+        if case.compare_to is None or not base or not this or "algorithms" not in base or "algorithms" not in this:
+            continue
+        for a in this["algorithms"]:
+            if a not in base["algorithms"]:
+                continue
+            d0, d1 = base.get("test_dice", {}).get(a), this.get("test_dice", {}).get(a)
+            out.append(
+                {
+                    "case": case.name,
+                    "against": case.compare_to,
+                    "algorithm": a,
+                    "test_dice": d1,
+                    "test_dice_against": d0,
+                    "dice_diff": None if d0 is None or d1 is None else d1 - d0,
+                    "round_speedup": ratio(base["algorithms"][a]["round_s"], this["algorithms"][a]["round_s"]),
+                }
+            )
+    return out
 
 
 def case_derived(phases: dict, algos: dict[str, dict]) -> dict:
@@ -773,6 +841,20 @@ def markdown(report: dict) -> str:
                 f"| {fmt(n['round_over_kernel'], 1)} | {fmt(n['train_over_kernel'], 1)} |"
             )
         lines.append("")
+    if report.get("comparisons"):
+        lines += [
+            "## Comparisons",
+            "",
+            "| case | against | algorithm | test Dice | against | difference | round speed-up |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for c in report["comparisons"]:
+            diff = "" if c["dice_diff"] is None else f"{c['dice_diff']:+.2e}"
+            lines.append(
+                f"| {c['case']} | {c['against']} | {c['algorithm']} | {fmt(c['test_dice'], 4)} | "
+                f"{fmt(c['test_dice_against'], 4)} | {diff} | {fmt(c['round_speedup'])} |"
+            )
+        lines.append("")
     return "\n".join(lines) + "\n"
 
 
@@ -783,7 +865,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--set", dest="set_", action="append", default=[], metavar="KEY=VALUE", help="to every case")
     ap.add_argument("--label", default="", help="names the output gpu-LABEL.json / .md")
     ap.add_argument("--out", type=Path, default=RESULTS)
-    ap.add_argument("--budget-s", type=float, default=None, help="the whole script's time (default 300; --cpu 240)")
+    ap.add_argument("--budget-s", type=float, default=None, help="the whole script's time (default 420; --cpu 240)")
     ap.add_argument("--cases", default="", help="comma-separated case names (default: all)")
     ap.add_argument("--keep-runs", action="store_true", help="keep the runs' folders (printed)")
     ap.add_argument("--child-run", help=argparse.SUPPRESS)
@@ -862,6 +944,7 @@ class Bench:
         for case in self.cases:
             if case.name in self.launched:
                 self.report["cases"][case.name] = case_numbers(case, self.launched[case.name], self.work, samples)
+        self.report["comparisons"] = comparisons(self.cases, self.report["cases"])
         self.report["seconds"] = time.time() - self.began
         self.out.mkdir(parents=True, exist_ok=True)
         (self.out / f"{self.stem}.json").write_text(json.dumps(self.report, indent=1, allow_nan=True))
@@ -908,7 +991,7 @@ def main(argv: list[str] | None = None) -> None:
         return child_run(json.loads(Path(args.child_run).read_text()))
     if args.child_kernel:
         return child_kernel(json.loads(Path(args.child_kernel).read_text()))
-    budget = args.budget_s if args.budget_s is not None else (240.0 if args.cpu else 300.0)
+    budget = args.budget_s if args.budget_s is not None else (240.0 if args.cpu else 420.0)
     bench = Bench(args, select_cases(args), budget)
     bench.write()
     try:

@@ -45,7 +45,7 @@ def cpu_report(tmp_path_factory) -> tuple[dict, Path]:
 
 def test_cpu_mode_reports_every_case_and_phase(cpu_report):
     report, out = cpu_report
-    assert report["mode"] == "cpu" and set(report["cases"]) == {"demo32", "fets-cpu"}
+    assert report["mode"] == "cpu" and set(report["cases"]) == {"demo32", "fets-cpu", "demo32-2workers"}
     assert report["machine"]["torch"] and report["kernel_process"]["status"] == "ok"
     for name, case in report["cases"].items():
         assert case["status"] == "ok", (name, case)
@@ -74,6 +74,11 @@ def test_cpu_mode_reports_every_case_and_phase(cpu_report):
     assert demo["derived"]["training_gpu_busy"] is None
     md = (out / "gpu-cpu.md").read_text()
     assert "## demo32: ok" in md and "## fets-cpu: ok" in md
+    # two sites at once in two workers: the same test Dice to the last bit (CPU), compared in the report
+    (compared,) = report["comparisons"]
+    assert (compared["case"], compared["against"], compared["algorithm"]) == ("demo32-2workers", "demo32", "fedavg")
+    assert compared["test_dice"] == demo["test_dice"]["fedavg"] and compared["dice_diff"] == 0.0
+    assert compared["round_speedup"] > 0 and "## Comparisons" in md
 
 
 def test_killed_case_keeps_what_it_measured(tmp_path):
