@@ -59,6 +59,7 @@ from fedseg.data.metadata import (
     write_cases_csv,
 )
 from fedseg.data.splits import Splits, group_split_problems, read_site_splits_csv, write_site_splits_csv
+from fedseg.data.structured import read_mapping
 
 IMAGE_EXTS = ("nii.gz", "nii", "png", "jpg", "jpeg", "npy", *readers.ITK_EXTS)  # and DICOM series folders
 LABEL_EXTS = ("nii.gz", "nii", "png", "npy", *readers.ITK_EXTS, readers.SEG_EXT)
@@ -355,16 +356,12 @@ def read_header(root: str | Path, site_names: Collection[str] | None = None) -> 
     With ``site_names`` (the site folders found), ``sites:`` may only name those sites.
     """
     path = Path(root) / HEADER_FILE
-    if not path.is_file():
-        raise FederationError(f"{path}: missing (every federation folder needs a {HEADER_FILE})")
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
-        raise FederationError(f"{path}: cannot read ({type(e).__name__}: {' '.join(str(e).split())})") from None
-    if not isinstance(data, dict):
-        raise FederationError(
-            f"{path}: expected a mapping with keys {', '.join(HEADER_KEYS)}, got {type(data).__name__}"
-        )
+    data = read_mapping(
+        path,
+        f"every federation folder needs a {HEADER_FILE}",
+        f"a mapping with keys {', '.join(HEADER_KEYS)}",
+        parse=yaml.safe_load,
+    )
     problems = _header_problems(data, site_names)
     if problems:
         raise FederationError("\n".join(f"{path}: {p}" for p in problems))

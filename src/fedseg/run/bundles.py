@@ -18,6 +18,7 @@ from fedseg.algorithms import ALGORITHMS
 from fedseg.algorithms.registry import BundleRouting
 from fedseg.config import ModelConfig, VolumeConfig
 from fedseg.data.federation import FederationError, Regions
+from fedseg.data.structured import read_mapping
 from fedseg.engine.messages import Message
 from fedseg.models.factory import build_segmenter
 from fedseg.run.outputs import BUNDLE_MANIFEST, BUNDLE_WEIGHTS
@@ -127,13 +128,10 @@ def load_bundle(folder: Path) -> Bundle:
 
     folder = Path(folder)
     manifest_path, weights_path = folder / MANIFEST, folder / WEIGHTS
-    if not manifest_path.is_file():
-        raise BundleError(f"{manifest_path}: missing (expected RUN/model/<algorithm>/{MANIFEST})")
-    try:
-        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise BundleError(f"{manifest_path}: cannot read ({type(e).__name__}: {e})") from None
-    missing = [k for k in MANIFEST_KEYS if not isinstance(manifest, dict) or k not in manifest]
+    manifest = read_mapping(
+        manifest_path, f"expected RUN/model/<algorithm>/{MANIFEST}", "a JSON object", error=BundleError
+    )
+    missing = [k for k in MANIFEST_KEYS if k not in manifest]
     if missing:
         raise BundleError(f"{manifest_path}: missing keys {', '.join(missing)}")
     try:

@@ -35,8 +35,8 @@ from typing import Literal
 
 from fedseg.data.federation import FederationError
 from fedseg.data.folder import split_name
-from fedseg.data.importers.jsonfile import read_json_object
 from fedseg.data.importers.writer import Plan, PlannedCase, PlannedSite, Source, existing_folder, raise_problems
+from fedseg.data.structured import read_mapping
 
 RegionMode = Literal["auto", "nested", "disjoint"]
 REGION_MODES: tuple[RegionMode, ...] = ("auto", "nested", "disjoint")
@@ -50,8 +50,10 @@ def read_dataset_json(task: Path) -> dict:
     """``TASK/dataset.json`` with ``labels``, ``modality`` and ``training`` checked; ``FederationError`` naming
     the file and the key otherwise."""
     path = task / DATASET_JSON
-    data = read_json_object(
-        path, "an MSD task folder holds dataset.json, imagesTr/ and labelsTr/", "labels, modality and training"
+    data = read_mapping(
+        path,
+        "an MSD task folder holds dataset.json, imagesTr/ and labelsTr/",
+        "a JSON object with labels, modality and training",
     )
     problems = []
     labels, modality, training = data.get("labels"), data.get("modality"), data.get("training")

@@ -53,8 +53,8 @@ import numpy as np
 from fedseg.data import folder
 from fedseg.data.csv_rows import read_csv_rows
 from fedseg.data.federation import FederationError, Split
-from fedseg.data.importers.jsonfile import read_json_object
 from fedseg.data.importers.writer import Plan, PlannedCase, PlannedSite, Source, raise_problems, single_source
+from fedseg.data.structured import read_mapping
 
 DATASET_JSON = "dataset.json"
 SPLITS_FINAL = "splits_final.json"
@@ -139,10 +139,10 @@ def regions_from_labels(labels: dict[str, Any], path: Path) -> tuple[dict[str, l
 def read_dataset_json(src: Path) -> DatasetInfo:
     """``SRC/dataset.json`` checked (``FederationError`` naming the file and field otherwise)."""
     path = src / DATASET_JSON
-    data = read_json_object(
+    data = read_mapping(
         path,
         "an nnU-Net v2 dataset folder holds dataset.json, imagesTr/, labelsTr/",
-        "channel_names, labels, numTraining, file_ending",
+        "a JSON object with channel_names, labels, numTraining, file_ending",
     )
     if "dataset" in data:
         raise FederationError(f'{path}: "dataset" (explicit file lists) is not supported; use imagesTr/ and labelsTr/')
