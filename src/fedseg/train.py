@@ -88,6 +88,16 @@ def grad_scale_of(scaler: torch.amp.GradScaler) -> GradScale:
     return float(state["scale"]), int(state["_growth_tracker"])
 
 
+def grad_scale_tensor(scale: GradScale) -> torch.Tensor:
+    """``scale`` as a float64 tensor ``(2,)`` (scale, growth tracker), for a state store or checkpoint."""
+    return torch.tensor(scale, dtype=torch.float64)
+
+
+def grad_scale_from(tensor: torch.Tensor | None) -> GradScale | None:
+    """The :func:`grad_scale_tensor` ``tensor`` as a ``GradScale`` (None stays None)."""
+    return None if tensor is None else (float(tensor[0]), int(tensor[1]))
+
+
 def segmentation_loss(kind: str, smooth: float | None = None) -> nn.Module:
     """Soft Dice over the region channels (no background channel exists), optionally + BCE.
 

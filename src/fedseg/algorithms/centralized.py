@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import time
 
-import torch
-
 from fedseg.algorithms.fedavg import FedAvgClient, FedAvgServer
 from fedseg.algorithms.prefixes import GRAD_SCALE
 from fedseg.algorithms.registry import AlgorithmSpec
@@ -17,7 +15,15 @@ from fedseg.data.dataset import CaseSet
 from fedseg.engine.context import seeded_generator, stream_seed
 from fedseg.engine.ledger import LedgerRow
 from fedseg.engine.messages import Message, load_weights, prefixed, weights_of
-from fedseg.train import GradScale, Trainer, load_optimizer_state, optimizer_state, round_train_config
+from fedseg.train import (
+    GradScale,
+    Trainer,
+    grad_scale_from,
+    grad_scale_tensor,
+    load_optimizer_state,
+    optimizer_state,
+    round_train_config,
+)
 
 POOLED = "pooled"
 
@@ -49,14 +55,13 @@ class CentralizedServer(FedAvgServer):
         return {POOLED: stats.mean_loss}
 
     def state_dict(self) -> dict:
-        scale = {} if self.grad_scale is None else {GRAD_SCALE: torch.tensor(self.grad_scale, dtype=torch.float64)}
+        scale = {} if self.grad_scale is None else {GRAD_SCALE: grad_scale_tensor(self.grad_scale)}
         return {**super().state_dict(), **prefixed("opt", self.optimizer_moments), **scale}
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         self.optimizer_moments = Message(state).group("opt")
-        scale = state.get(GRAD_SCALE)
-        self.grad_scale = None if scale is None else (float(scale[0]), int(scale[1]))
+        self.grad_scale = grad_scale_from(state.get(GRAD_SCALE))
 
 
 CentralizedClient = FedAvgClient

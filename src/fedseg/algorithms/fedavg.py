@@ -52,6 +52,8 @@ from fedseg.train import (
     Trainer,
     TrainHooks,
     TrainStats,
+    grad_scale_from,
+    grad_scale_tensor,
     load_optimizer_state,
     optimizer_state,
     round_train_config,
@@ -157,7 +159,6 @@ class FedAvgClient:
         if keep and state_group(ctx.state, state_key):
             load_optimizer_state(optimizer, state_group(ctx.state, state_key))
         scale_key = f"{GRAD_SCALE}/{state_key}"  # fp16: the scaler's state carried to the next round
-        carried = ctx.state.get(scale_key)
         stats = trainer.fit(
             model,
             ctx.data.train if data is None else data,
@@ -166,12 +167,12 @@ class FedAvgClient:
             budget=budget or ctx.options.local_budget(),
             hooks=hooks,
             loss_fn=loss_fn,
-            grad_scale=None if carried is None else (float(carried[0]), int(carried[1])),
+            grad_scale=grad_scale_from(ctx.state.get(scale_key)),
         )
         if keep:
             put_group(ctx.state, state_key, optimizer_state(optimizer))
         if stats.grad_scale is not None:
-            ctx.state[scale_key] = torch.tensor(stats.grad_scale, dtype=torch.float64)
+            ctx.state[scale_key] = grad_scale_tensor(stats.grad_scale)
         return stats
 
     def keeps_optimizer_state(self, train: TrainConfig, ctx: ClientContext) -> bool:

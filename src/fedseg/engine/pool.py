@@ -172,7 +172,7 @@ def worker_main(conn: Any, threads: int, device: str) -> None:
                 try:
                     client, task, options, artifacts = contexts[key]
                     state = unpack(state)
-                    received = {k: (t, t._version) for k, t in state.items()}
+                    received = versions(state)
                     reply, seconds = answer(
                         client, unpack_message(msg), to, data[site], state, task, options, artifacts
                     )
@@ -182,6 +182,17 @@ def worker_main(conn: Any, threads: int, device: str) -> None:
                 conn.send(result)
     except KeyboardInterrupt:  # Ctrl-C reaches the whole process group: the parent closes the pool
         return
+
+
+def versions(state: dict[str, torch.Tensor]) -> dict[str, tuple[torch.Tensor, int]]:
+    """name -> (tensor, its version counter): what :func:`same_tensors` and :func:`changed` compare against."""
+    return {k: (t, t._version) for k, t in state.items()}
+
+
+def kept_in_ram(payload: Packed, site: str, store: StateStore) -> bool:
+    """Whether ``site``'s store may keep ``payload``'s buffer: one in shared memory, for a store in RAM (in a file,
+    keeping the buffer would defeat the memory budget)."""
+    return isinstance(payload.data, torch.Tensor) and site not in store.on_disk
 
 
 def same_tensors(state: dict[str, torch.Tensor], recorded: dict[str, tuple[torch.Tensor, int]]) -> bool:
@@ -361,10 +372,11 @@ class WorkerPool:
         queue, answered = list(jobs), dict[str, Answer]()
         # each distinct set of tensors packed once: the sites' messages of an exchange usually carry the same
         # model (one Message per site, the same tensors), so it is copied and shared once, not once per site
+        keys = {id(msg): tensors_key(msg.tensors) for _, msg, _ in jobs}
         packed: dict[TensorsKey, Packed] = {}
         for _, msg, _ in jobs:
-            if tensors_key(msg.tensors) not in packed:
-                packed[tensors_key(msg.tensors)] = pack(msg.tensors)
+            if keys[id(msg)] not in packed:
+                packed[keys[id(msg)]] = pack(msg.tensors)
         limit = None if timeout is None else 2 * timeout + KILL_GRACE_S
         while queue or any(w.site is not None for w in self.slots):
             for worker in list(self.slots):
@@ -373,7 +385,7 @@ class WorkerPool:
                 if worker.site is None:
                     site, msg, to = queue.pop(0)
                     payload = self.store_payload(key, site, store)
-                    message = (packed[tensors_key(msg.tensors)], dict(msg.meta))
+                    message = (packed[keys[id(msg)]], dict(msg.meta))
                     worker = self._send(worker, ("answer", key, site, message, to, payload))
                     worker.site, worker.sent = site, time.monotonic()
             busy = [w for w in self.slots if w.site is not None]
@@ -405,19 +417,17 @@ class WorkerPool:
             return kept[1]
         self.returned.pop((key, site), None)
         payload = pack(state)
-        self.keep(key, site, store, payload)
+        if kept_in_ram(payload, site, store):
+            self.keep(key, site, store, payload)
         return payload
 
     def keep(self, key: str, site: str, store: StateStore, payload: Packed) -> None:
-        """Make the tensors packed in ``payload`` (views of its buffer, the same values) ``site``'s store and
-        remember the buffer for ``store_payload``; only for a buffer in shared memory and a store in RAM (in a
-        file, keeping the buffer would defeat the memory budget)."""
-        if not isinstance(payload.data, torch.Tensor) or site in store.on_disk:
-            return
+        """Make the tensors packed in ``payload`` (views of its buffer, the same values) ``site``'s store, and
+        remember the buffer for ``store_payload`` where :func:`kept_in_ram`."""
         views = unpack(payload)
         store.save(site, views)
-        if site not in store.on_disk:
-            self.returned[(key, site)] = ({k: (t, t._version) for k, t in views.items()}, payload)
+        if kept_in_ram(payload, site, store):
+            self.returned[(key, site)] = (versions(views), payload)
 
     def _receive(self, worker: Worker, site: str, store: StateStore, key: str) -> Answer:
         """The answer ``worker`` sent for ``site`` (its store saved if the client returned); a dead worker is
@@ -441,10 +451,7 @@ class WorkerPool:
         _, reply, seconds, state = result
         if state is not None:  # None: the client left its store as it was (``changed``)
             self.returned.pop((key, site), None)  # the buffer of the store it replaces is freed with it
-            if isinstance(state.data, torch.Tensor) and site not in store.on_disk:
-                self.keep(key, site, store, state)
-            else:
-                store.save(site, unpack(state))
+            self.keep(key, site, store, state)
         return unpack_message(reply), seconds
 
 
