@@ -22,7 +22,9 @@ The runs are the bench file ``benchmarks/specs/personalized.yaml``, trained and 
 Every personalized / clustered method is tested per site at its own best validation round. The
 paired test: two-sided Wilcoxon signed-rank on per-case test Dice (mean over regions, the model
 each site uses) against FedAvg's, pooled over seeds; and the methods that start from FedAvg's model
-(``CONTROLLED``) against ``fedavg-continue``'s, the same extra training without their prior. Writes
+(``CONTROLLED``) against ``fedavg-continue``'s, the same extra training without their prior; and the ``PAIRS``.
+Next to each p, the 95% hierarchical bootstrap CI of the mean difference (sites, cases within sites, seeds); † marks
+a difference whose CI excludes 0 (the bench's rule). Writes
 ``benchmarks/results/personalized.json`` and ``personalized.md``.
 """
 
@@ -43,6 +45,9 @@ from fedseg.evaluate.stats import mean_std
 CONTINUED = "fedavg-continue"  # the control: FedAvg continued from the model the CONTROLLED methods start from
 ORDER = ["fedavg", "local", "finetune", "ditto-ft", "ditto", "fedper", "lg-fedavg", "cfl", "prior-cfl", CONTINUED]
 CONTROLLED = ["finetune", "ditto-ft", "prior-cfl"]
+# FeTS Sec. 5.2: "the regularization in Ditto does not enable solving the problems of local finetuning, giving very
+# similar performances" -- Ditto-FT tested against fine-tuning on the same cases
+PAIRS = [("ditto-ft", "finetune")]
 PRIOR = {"synthetic-retina": "collection", "synthetic-prostate": "coil"}
 COST_KEYS = ["sgd_steps", "parallel_sgd_steps", "floats", "simulated_hours"]
 
@@ -131,19 +136,29 @@ def fmt(x: dict, digits: int = 3) -> str:
     return f"{m:.{digits}f}" + ("" if math.isnan(s) else f" ± {s:.{digits}f}")
 
 
+def test_cells(w: dict) -> list[str]:
+    """Δ (with † when the CI excludes 0), the 95% CI and p of one ``wilcoxon_vs`` result, as table cells."""
+    dagger = " †" if w.get("ci_excludes_0") else ""
+    ci = "" if w.get("ci_low") is None else f"[{w['ci_low']:+.4f}, {w['ci_high']:+.4f}]"
+    return [f"{w['mean_difference']:+.4f}{dagger}", ci, "" if math.isnan(w["p"]) else f"{w['p']:.2g}"]
+
+
 def markdown(report: dict) -> str:
     lines = [
         "# FeTS 2022 personalized and clustered methods (`benchmarks/personalized.py`)",
         "",
         f"Command: `{report['command']}`. Budget: {report['budget']}. Mean ± std over seeds {report['seeds']};",
         "Dice/HD95 per test case with the model each site uses (personalized/clustered: each site at its own",
-        "best validation round); p: two-sided paired Wilcoxon on per-case Dice vs FedAvg, pooled over seeds.",
+        "best validation round). Δ: mean over the test cases (each averaged over the seeds) of the per-case Dice",
+        "difference; 95% CI: its hierarchical bootstrap interval (sites, cases within sites, seeds); † the CI excludes",
+        "0; p: two-sided paired Wilcoxon over the same cases (`fedseg.evaluate.stats.compare`).",
         "",
     ]
     for fed, block in report["federations"].items():
         regions = block["regions"]
         lines += [f"## {fed}", "", "### Table 1", ""]
-        head = ["method", "Dice", *[f"Dice {r}" for r in regions], "HD95", "local avg", "local gen", "Δ vs FedAvg", "p"]
+        head = ["method", "Dice", *[f"Dice {r}" for r in regions], "HD95", "local avg", "local gen", "Δ vs FedAvg"]
+        head += ["95% CI", "p"]
         lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for name, r in block["rows"].items():
             w = block["wilcoxon"].get(name, {})
@@ -154,15 +169,17 @@ def markdown(report: dict) -> str:
                 fmt(r["hd95"], 2),
                 fmt(r["local_avg"]),
                 fmt(r["local_gen"]),
-                "" if not w else f"{w['mean_difference']:+.4f}",
-                "" if not w or math.isnan(w["p"]) else f"{w['p']:.2g}",
+                *(test_cells(w) if w else ["", "", ""]),
             ]
             lines.append("| " + " | ".join(cells) + " |")
         lines += ["", f"### Against the continuation control ({CONTINUED}: the same start and extra training)", ""]
-        lines += ["| method | Δ Dice vs " + CONTINUED + " | p | pairs |", "|---|---|---|---|"]
+        lines += ["| method | Δ Dice vs " + CONTINUED + " | 95% CI | p | pairs |", "|---|---|---|---|---|"]
         for name, w in block.get("vs_continued", {}).items():
-            p = "" if math.isnan(w["p"]) else f"{w['p']:.2g}"
-            lines.append(f"| {name} | {w['mean_difference']:+.4f} | {p} | {w['pairs']} |")
+            lines.append(f"| {name} | " + " | ".join(test_cells(w)) + f" | {w['pairs']} |")
+        if block.get("pairs"):
+            lines += ["", "### Pairs", "", "| method | against | Δ Dice | 95% CI | p | pairs |", "|" + "---|" * 6]
+            for w in block["pairs"]:
+                lines.append(f"| {w['method']} | {w['against']} | " + " | ".join(test_cells(w)) + f" | {w['pairs']} |")
         lines += ["", "### Table 2 (cost; fine-tuning methods include FedAvg's)", ""]
         head = ["method", "rounds", "SGD steps", "max parallel steps", "floats", "simulated h"]
         lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -201,6 +218,7 @@ def main() -> None:
             "rows": {name: row(entries[name], regions) for name in ORDER},
             "wilcoxon": {name: wilcoxon_vs(entries, name) for name in ORDER if name != "fedavg"},
             "vs_continued": {name: wilcoxon_vs(entries, name, CONTINUED) for name in CONTROLLED},
+            "pairs": [{"method": a, "against": b, **wilcoxon_vs(entries, a, b)} for a, b in PAIRS],
             "clusters": {name: clusters(entries[name]) for name in ("cfl", "prior-cfl")},
         }
     (RESULTS / "personalized.json").write_text(json.dumps(report, indent=1, allow_nan=True))
