@@ -1,10 +1,14 @@
 """The three papers' claims read off a bench's tables: one row per (claim, federation) with Δ, its 95% CI, p and a
 verdict, for the README's claims table and a closing note.
 
-    .venv/bin/python benchmarks/claims.py benchmarks/results/headline-equal benchmarks/results/headline-fedsm-equal
+    .venv/bin/python benchmarks/claims.py benchmarks/results/headline-equal benchmarks/results/headline-fedsm-equal \
+        benchmarks/results/personalized.json benchmarks/results/fets_limited benchmarks/results/fets_setups_iid.json
 
-Each folder is a ``fedseg bench --out`` folder; only its ``tables.json`` is read (so it works on a committed bench
-too). A claim names two methods; its difference is found, per federation, as the first of: the comparison
+Each source is a ``fedseg bench --out`` folder, of which only ``tables.json`` is read (so it works on a committed
+bench too), or the JSON of ``benchmarks/personalized.py`` (FeTS's personalized and clustered methods) or of
+``benchmarks/fets_setups.py`` (FeTS Sec. 4.3: FedAvg on the challenge partition against IID ones, federation
+``synthetic-brats partitions``, methods ``<method>@<partition>``), read as the same tables (:func:`as_table`). A
+claim names two methods; its difference is found, per federation, as the first of: the comparison
 ``[method, against]`` of the bench's ``comparisons``, the reverse one (Δ, CI negated; p unchanged: the Wilcoxon
 test is symmetric when two-sided), or a method's test against the bench's reference. Everything comes from
 ``fedseg.evaluate.stats.compare`` run by the bench: Δ = mean over the test cases (each averaged over the seeds) of
@@ -17,7 +21,8 @@ The verdict follows the tables' rule, the CI (not p):
 - ``matches`` (the paper says the two are equal, e.g. FedSM-extra and FedSM): **holds** when the CI lies within
   ± ``margin``, **fails** when it lies wholly outside, **not shown** otherwise;
 - ``not worse`` (at most ``margin`` below): **holds** when the CI's low end is above −``margin``, **fails** when its
-  high end is below −``margin``;
+  high end is below −``margin``; ``not better`` (the paper finds no significant gain) mirrors it: **holds** when the
+  CI's high end is below +``margin``, **fails** when its low end is above +``margin``;
 - **cannot test** when a method or the federation is not in any of the tables.
 
 The margins are this script's (stated in every row), not the papers': they read "the same performance" as a
@@ -33,6 +38,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 RETINA, PROSTATE = "synthetic-retina", "synthetic-prostate"
+BRATS_LIMITED = "synthetic-brats"  # benchmarks/results/fets_limited: FeTS's limited setup (Sec. 4.3) at CPU scale
+BRATS_PARTITIONS = "synthetic-brats partitions"  # benchmarks/results/fets_setups_iid.json (as_table)
 MARGIN = 0.01  # Dice: "the same performance" (module docstring)
 
 
@@ -45,7 +52,7 @@ class Claim:
     text: str
     method: str
     against: str
-    kind: str  # better | worse | matches | not worse
+    kind: str  # better | worse | matches | not worse | not better
     federations: tuple[str, ...] = (RETINA, PROSTATE)
     margin: float = MARGIN
 
@@ -116,29 +123,131 @@ CLAIMS = [
         "autofedavg-n-dirichlet",
         "worse",
     ),
-    Claim("FeTS 2022", "Table 1", "centralized training beats FedAvg", "centralized", "fedavg", "better"),
+    Claim("FeTS 2022", "Table 1, Sec. 5.2.1", "centralized training beats FedAvg", "centralized", "fedavg", "better"),
     Claim(
         "FeTS 2022",
-        "Table 1",
+        "Table 1, Sec. 5.2.1",
         "uniform aggregation is worse than FedAvg's weighted one",
         "fedavg-uniform",
         "fedavg",
         "worse",
     ),
-    Claim("FeTS 2022", "Table 1, Sec. 5.1", "SCAFFOLD beats FedAvg", "scaffold", "fedavg", "better"),
-    Claim("FeTS 2022", "Table 1, Sec. 5.1", "FedNova is worse than FedAvg", "fednova", "fedavg", "worse"),
+    Claim("FeTS 2022", "Table 1, Sec. 5.2.2", "SCAFFOLD beats FedAvg", "scaffold", "fedavg", "better"),
+    Claim("FeTS 2022", "Table 1, Sec. 5.2.2", "FedNova is worse than FedAvg", "fednova", "fedavg", "worse"),
+    # FeTS's personalized and clustered methods (benchmarks/personalized.py: 30 FedAvg rounds, then 10 more)
+    Claim("FeTS 2022", "Table 1, Sec. 5.2.3", "local fine-tuning beats FedAvg", "finetune", "fedavg", "better"),
+    Claim(
+        "FeTS 2022",
+        "Sec. 5.2.3",
+        "Ditto gives performance very similar to local fine-tuning",
+        "ditto-ft",
+        "finetune",
+        "matches",
+    ),
+    Claim(
+        "FeTS 2022", "Table 1, Sec. 5.2.3", "CFL gives no significant gain over FedAvg", "cfl", "fedavg", "not better"
+    ),
+    Claim("FeTS 2022", "Table 1, Sec. 5.2.3", "prior-knowledge clusters beat FedAvg", "prior-cfl", "fedavg", "better"),
+    Claim(
+        "FeTS 2022 (our control)",
+        "Sec. 5.2.3",
+        "prior CFL's gain is the clustering's, not its 10 extra rounds (against FedAvg continued as long)",
+        "prior-cfl",
+        "fedavg-continue",
+        "better",
+        (RETINA, PROSTATE, BRATS_LIMITED),
+    ),
+    Claim(
+        "FeTS 2022 (our control)",
+        "Sec. 5.2.3",
+        "fine-tuning's gain is the personalization's, not its extra epochs (against FedAvg continued)",
+        "finetune",
+        "fedavg-continue",
+        "better",
+    ),
+    # FeTS Sec. 4.3 setups at CPU scale (synthetic-brats, one seed)
+    Claim(
+        "FeTS 2022",
+        "Table 3, Sec. 5.5",
+        "centralized beats FedAvg in the limited setup",
+        "centralized",
+        "fedavg",
+        "better",
+        (BRATS_LIMITED,),
+    ),
+    Claim(
+        "FeTS 2022",
+        "Table 3, Sec. 5.5",
+        "SCAFFOLD is worse than FedAvg in the limited setup",
+        "scaffold",
+        "fedavg",
+        "worse",
+        (BRATS_LIMITED,),
+    ),
+    Claim(
+        "FeTS 2022",
+        "Table 3, Sec. 5.5",
+        "prior CFL gives no significant gain over FedAvg in the limited setup",
+        "prior-cfl",
+        "fedavg",
+        "not better",
+        (BRATS_LIMITED,),
+    ),
+    Claim(
+        "FeTS 2022",
+        "Table 1 (IID rows), Sec. 5.4",
+        "FedAvg on 5 IID institutions does at least as well as on the challenge partition",
+        "fedavg@iid-5",
+        "fedavg@challenge",
+        "not worse",
+        (BRATS_PARTITIONS,),
+    ),
 ]
 
 
-def read_tables(folders: list[Path]) -> list[dict]:
-    """Every folder's ``tables.json`` (a missing one is one clear line, not a traceback)."""
+def read_tables(sources: list[Path]) -> list[dict]:
+    """Every source as a bench's tables (module docstring; a missing one is one clear line, not a traceback)."""
     tables = []
-    for folder in folders:
-        path = folder / "tables.json"
+    for source in sources:
+        path = source if source.suffix == ".json" else source / "tables.json"
         if not path.is_file():
-            raise SystemExit(f"error: {path}: no such file (run `fedseg bench ... --out {folder}` first)")
-        tables.append(json.loads(path.read_text()))
+            hint = "" if source.suffix == ".json" else f" (run `fedseg bench ... --out {source}` first)"
+            raise SystemExit(f"error: {path}: no such file{hint}")
+        try:
+            tables.append(as_table(json.loads(path.read_text())))
+        except (ValueError, KeyError, TypeError) as e:
+            why = f"not a bench's tables.json nor a benchmark script's results ({e})"
+            raise SystemExit(f"error: {path}: {why}") from None
     return tables
+
+
+def as_table(data: dict) -> dict:
+    """A source's JSON in the shape of a bench's ``tables.json``: ``{"bench": {"reference"}, "federations": {name:
+    {"methods": {m: {"dice": {"mean"}}}, "comparisons": [compare(...) + method, against]}}}``.
+
+    ``personalized.json``: its tests against FedAvg, against ``fedavg-continue`` and its pairs become comparisons;
+    ``fets_setups_iid.json``: each partition's test against the challenge partition, as ``m@partition`` against
+    ``m@challenge`` in the federation ``BRATS_PARTITIONS``."""
+    if "bench" in data and "federations" in data:  # a bench's tables.json
+        return data
+    if "federations" in data:  # benchmarks/personalized.py
+        feds = {}
+        for name, block in data["federations"].items():
+            tests = [{"method": m, "against": "fedavg", **t} for m, t in block["wilcoxon"].items()]
+            tests += [{"method": m, "against": "fedavg-continue", **t} for m, t in block["vs_continued"].items()]
+            tests += block.get("pairs", [])
+            methods = {m: {"dice": {"mean": row["dice"]["mean"]}} for m, row in block["rows"].items()}
+            feds[name] = {"methods": methods, "comparisons": tests}
+        return {"bench": {"reference": "fedavg"}, "federations": feds}
+    if "rows" in data:  # benchmarks/fets_setups.py
+        methods = {f"{r['method']}@{r['federation']}": {"dice": {"mean": r["dice"]}} for r in data["rows"]}
+        tests = [
+            {**r, "method": f"{r['method']}@{r['federation']}", "against": f"{r['method']}@challenge"}
+            for r in data["rows"]
+            if "mean_diff" in r
+        ]
+        return {"bench": {}, "federations": {BRATS_PARTITIONS: {"methods": methods, "comparisons": tests}}}
+    raise ValueError("no 'federations' or 'rows'")
 
 
 def negated(test: dict) -> dict:
@@ -176,8 +285,8 @@ def find_test(tables: list[dict], federation: str, method: str, against: str) ->
 
 def verdict(kind: str, low: float, high: float, margin: float) -> str:
     """The claim's verdict from the 95% CI ``[low, high]`` of (method − against) (module docstring)."""
-    if kind in ("worse",):
-        low, high, kind = -high, -low, "better"
+    if kind in ("worse", "not better"):  # mirrored: (against − method) is better / not worse
+        low, high, kind = -high, -low, {"worse": "better", "not better": "not worse"}[kind]
     if kind == "better":
         return "holds" if low > 0 else "fails" if high < 0 else "not shown"
     if kind == "matches":
@@ -221,22 +330,24 @@ def markdown(rows: list[dict], sources: list[str]) -> str:
         return "" if x is None else format(x, fmt)
 
     lines = [
-        "# The papers' claims against the headline re-run",
+        "# The papers' claims against fedseg's benchmarks",
         "",
         f"From {', '.join(f'`{s}`' for s in sources)} (`python benchmarks/claims.py`). Δ: mean over the test cases "
         "(each averaged over the seeds) of (method − against); CI: its 95% hierarchical bootstrap interval (sites, "
         "cases within sites, seeds); p: the paired Wilcoxon test. Verdict from the CI: a better/worse claim holds "
         "when the CI excludes 0 on its side and fails when it excludes 0 on the other; a 'matches' claim holds "
-        "when the CI lies within ± the margin; 'not worse' when its low end is above −margin; otherwise not shown.",
+        "when the CI lies within ± the margin; 'not worse' when its low end is above −margin, 'not better' when its "
+        "high end is below +margin; otherwise not shown.",
         "",
         "| paper | where | claim | federation | Δ | 95% CI | p | verdict |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        kind = r["kind"] + (f" (margin {r['margin']:g})" if r["kind"] in ("matches", "not worse") else "")
+        margined = r["kind"] in ("matches", "not worse", "not better")
+        kind = r["kind"] + (f" (margin {r['margin']:g})" if margined else "")
         ci = f"[{num(r.get('ci_low'))}, {num(r.get('ci_high'))}]" if r.get("ci_low") is not None else ""
         p = "" if r.get("p") is None else f"{r['p']:.2g}"
-        if p and r.get("alternative", "two-sided") != "two-sided":  # one-tailed: say for which side
+        if p and (r.get("alternative") or "two-sided") != "two-sided":  # one-tailed: say for which side
             p += f" ({r['alternative']}, {r['method']} − {r['against']})"
         lines.append(
             f"| {r['paper']} | {r['where']} | {r['text']}: {r['method']} vs {r['against']}, {kind} | "
@@ -249,13 +360,15 @@ def markdown(rows: list[dict], sources: list[str]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("folders", nargs="+", type=Path, help="fedseg bench --out folders (their tables.json)")
+    parser.add_argument(
+        "sources", nargs="+", type=Path, help="fedseg bench --out folders (their tables.json) or benchmark JSONs"
+    )
     parser.add_argument("--out", type=Path, default=None, help="where claims.json/.md go (default: the first folder)")
     args = parser.parse_args()
-    rows = assess(CLAIMS, read_tables(args.folders))
-    out = args.out or args.folders[0]
+    rows = assess(CLAIMS, read_tables(args.sources))
+    out = args.out or (args.sources[0].parent if args.sources[0].suffix == ".json" else args.sources[0])
     out.mkdir(parents=True, exist_ok=True)
-    sources = [str(f) for f in args.folders]
+    sources = [str(f) for f in args.sources]
     (out / "claims.json").write_text(json.dumps({"sources": sources, "claims": rows}, indent=1) + "\n")
     (out / "claims.md").write_text(markdown(rows, sources))
     for r in rows:

@@ -40,6 +40,11 @@ def test_verdicts_follow_the_ci(claims):
         "fails",
         "not shown",
     ]
+    assert [v("not better", -0.5, 0.009, 0.01), v("not better", 0.011, 0.03, 0.01), v("not better", 0, 0.03, 0.01)] == [
+        "holds",
+        "fails",
+        "not shown",
+    ]
 
 
 def test_claims_on_the_committed_headline_tables(claims, tmp_path):
@@ -90,3 +95,42 @@ def test_script_writes_its_tables_and_refuses_a_folder_without_tables(claims, tm
         f"error: {tmp_path / 'nothing' / 'tables.json'}: no such file "
         f"(run `fedseg bench ... --out {tmp_path / 'nothing'}` first)"
     ]
+
+
+def test_benchmark_script_results_read_as_tables(claims):
+    """personalized.json (FeTS's personalized methods), a FeTS bench folder and fets_setups_iid.json (partitions)
+    give their own tests, unchanged, to the claims that name their methods."""
+    results = ROOT / "benchmarks/results"
+    sources = [results / "personalized.json", results / "fets_limited", results / "fets_setups_iid.json"]
+    rows = {
+        (r["method"], r["against"], r["federation"]): r
+        for r in claims.assess(claims.CLAIMS, claims.read_tables(sources))
+    }
+    personalized = json.loads(sources[0].read_text())["federations"]
+    for fed in ("synthetic-retina", "synthetic-prostate"):
+        expected = {
+            ("finetune", "fedavg"): personalized[fed]["wilcoxon"]["finetune"],
+            ("prior-cfl", "fedavg-continue"): personalized[fed]["vs_continued"]["prior-cfl"],
+            ("ditto-ft", "finetune"): next(t for t in personalized[fed]["pairs"] if t["against"] == "finetune"),
+        }
+        for (method, against), test in expected.items():
+            row = rows[(method, against, fed)]
+            assert (row["mean_diff"], row["ci_low"], row["ci_high"], row["p"]) == (
+                test["mean_diff"],
+                test["ci_low"],
+                test["ci_high"],
+                test["p"],
+            )
+        assert rows[("finetune", "fedavg", fed)]["dice"] == personalized[fed]["rows"]["finetune"]["dice"]["mean"]
+    limited = json.loads((sources[1] / "tables.json").read_text())["federations"]["synthetic-brats"]
+    scaffold = rows[("scaffold", "fedavg", "synthetic-brats")]
+    assert scaffold["mean_diff"] == limited["methods"]["scaffold"]["wilcoxon"]["mean_diff"]
+    iid5 = next(r for r in json.loads(sources[2].read_text())["rows"] if r["federation"] == "iid-5")
+    partitions = rows[("fedavg@iid-5", "fedavg@challenge", "synthetic-brats partitions")]
+    assert (partitions["mean_diff"], partitions["ci_low"], partitions["dice"]) == (
+        iid5["mean_diff"],
+        iid5["ci_low"],
+        iid5["dice"],
+    )
+    # the headline's claims are not in these sources: nothing is made up for them
+    assert rows[("fedsm", "fedavg", "synthetic-retina")]["verdict"] == "cannot test"
