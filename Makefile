@@ -37,8 +37,8 @@ test: $(STAMP)
 	$(BIN)/python -m pytest
 
 check: $(STAMP)
-	$(BIN)/ruff check src tests benchmarks docs/gen_methods.py
-	$(BIN)/ruff format --check src tests benchmarks docs/gen_methods.py
+	$(BIN)/ruff check src tests benchmarks docs/gen_methods.py docs/gen_results.py
+	$(BIN)/ruff format --check src tests benchmarks docs/gen_methods.py docs/gen_results.py
 	$(BIN)/mypy
 
 # The package as users get it: `python -m build` makes the sdist, then the wheel from the sdist (so a file missing
@@ -69,8 +69,8 @@ docs: $(DOCS_STAMP)
 	$(BIN)/mkdocs build --strict -d build/site
 
 format: $(STAMP)
-	$(BIN)/ruff check --fix src tests benchmarks docs/gen_methods.py
-	$(BIN)/ruff format src tests benchmarks docs/gen_methods.py
+	$(BIN)/ruff check --fix src tests benchmarks docs/gen_methods.py docs/gen_results.py
+	$(BIN)/ruff format src tests benchmarks docs/gen_methods.py docs/gen_results.py
 
 clean:
 	rm -rf runs

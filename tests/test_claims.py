@@ -122,9 +122,21 @@ def test_benchmark_script_results_read_as_tables(claims):
                 test["p"],
             )
         assert rows[("finetune", "fedavg", fed)]["dice"] == personalized[fed]["rows"]["finetune"]["dice"]["mean"]
+    # verdicts from the CI, checked on the numbers the source gives: a "better" and a "not better" (margin) claim
+    finetune = personalized["synthetic-retina"]["wilcoxon"]["finetune"]
+    assert rows[("finetune", "fedavg", "synthetic-retina")]["verdict"] == (
+        "holds" if finetune["ci_low"] > 0 else "fails" if finetune["ci_high"] < 0 else "not shown"
+    )
+    cfl = personalized["synthetic-prostate"]["wilcoxon"]["cfl"]
+    assert rows[("cfl", "fedavg", "synthetic-prostate")]["verdict"] == (
+        "holds" if cfl["ci_high"] < claims.MARGIN else "fails" if cfl["ci_low"] > claims.MARGIN else "not shown"
+    )
+    # the limited-setup bench answers only the limited setup's claims, under its own federation name
     limited = json.loads((sources[1] / "tables.json").read_text())["federations"]["synthetic-brats"]
-    scaffold = rows[("scaffold", "fedavg", "synthetic-brats")]
+    scaffold = rows[("scaffold", "fedavg", claims.BRATS_LIMITED)]
     assert scaffold["mean_diff"] == limited["methods"]["scaffold"]["wilcoxon"]["mean_diff"]
+    control = next(c for c in limited["comparisons"] if c["against"] == "fedavg-continue")
+    assert rows[("prior-cfl", "fedavg-continue", claims.BRATS_LIMITED)]["ci_high"] == control["ci_high"]
     iid5 = next(r for r in json.loads(sources[2].read_text())["rows"] if r["federation"] == "iid-5")
     partitions = rows[("fedavg@iid-5", "fedavg@challenge", "synthetic-brats partitions")]
     assert (partitions["mean_diff"], partitions["ci_low"], partitions["dice"]) == (
@@ -134,3 +146,32 @@ def test_benchmark_script_results_read_as_tables(claims):
     )
     # the headline's claims are not in these sources: nothing is made up for them
     assert rows[("fedsm", "fedavg", "synthetic-retina")]["verdict"] == "cannot test"
+
+
+def test_table_renders_a_missing_p_and_a_one_tailed_p_and_reversal_swaps_the_side(claims):
+    test = {"mean_diff": 0.02, "ci_low": 0.01, "ci_high": 0.03, "p": 0.004, "alternative": "greater"}
+    reversed_ = claims.negated(test)
+    assert (reversed_["mean_diff"], reversed_["ci_low"], reversed_["ci_high"]) == (-0.02, -0.03, -0.01)
+    assert (reversed_["p"], reversed_["alternative"]) == (0.004, "less")
+    tables = [
+        {
+            "bench": {"reference": "fedavg"},
+            "federations": {
+                claims.RETINA: {
+                    "methods": {"fedsm": {"dice": {"mean": 0.93}}, "fedavg": {"dice": {"mean": float("nan")}}},
+                    "comparisons": [
+                        {"method": "fedavg", "against": "fedsm", **test},
+                        {"method": "scaffold", "against": "fedavg", **test, "p": float("nan")},
+                    ],
+                }
+            },
+        }
+    ]
+    rows = claims.assess(claims.CLAIMS, tables)
+    fedsm = next(r for r in rows if (r["method"], r["against"], r["federation"]) == ("fedsm", "fedavg", claims.RETINA))
+    scaffold = next(r for r in rows if (r["method"], r["federation"]) == ("scaffold", claims.RETINA))
+    assert (fedsm["verdict"], fedsm["dice_against"], scaffold["p"]) == ("fails", None, None)
+    json.dumps(rows, allow_nan=False)  # strict JSON: no NaN left
+    text = claims.table(rows)
+    assert "| -0.0200 | [-0.0300, -0.0100] | 0.004 (less, fedsm − fedavg) | **fails** |" in text
+    assert "| +0.0200 | [+0.0100, +0.0300] |  | **holds** |" in text  # SCAFFOLD beats FedAvg, no p to show

@@ -1,0 +1,166 @@
+"""Write the generated tables of docs/results.md from the committed benchmark results.
+
+docs/results.md is prose around tables; the tables between its markers ``<!-- generated: NAME -->`` and
+``<!-- end of NAME -->`` are this script's, read from the committed aggregates under ``benchmarks/results/``, so a
+number in them is the number the bench wrote (tests/test_docs.py checks the page equals this script's output):
+
+- ``headline <folder> <federation>``: one bench folder's test table for one federation, condensed from its
+  ``tables.json`` (the full layout is the folder's ``tables.md``): setting chosen on validation (grid edges
+  flagged), rounds and SGD steps (the budget), test Dice, client average, Δ against the bench's reference with its
+  95% hierarchical bootstrap CI and Wilcoxon p, and how often the method held its most frequent rank across the
+  bootstrap samples;
+- ``personalized <personalized.json>``: ``benchmarks/personalized.py``'s methods, one row each, per federation the
+  test Dice, Δ against FedAvg and Δ against the continuation control ``fedavg-continue`` with their 95% CIs;
+- ``claims <claims.json>``: the papers' claims table that ``benchmarks/claims.py`` wrote.
+
+    python docs/gen_results.py            # rewrite the generated tables of docs/results.md
+    python docs/gen_results.py --check    # exit 1 if any differs
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGE = ROOT / "docs" / "results.md"
+BLOCK = re.compile(r"(<!-- generated: (?P<what>[^>]*?) -->\n)(?P<body>.*?)(<!-- end of (?P=what) -->)", re.DOTALL)
+
+
+def claims_module():
+    """``benchmarks/claims.py`` (one renderer of the claims table: its ``table``)."""
+    spec = importlib.util.spec_from_file_location("claims", ROOT / "benchmarks" / "claims.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("claims", module)  # its dataclasses look their module up while it executes
+    spec.loader.exec_module(module)
+    return module
+
+
+def read_json(path: Path) -> dict:
+    """A committed result file; a missing one is one clear line (the bench or script that writes it has not run)."""
+    if not path.is_file():
+        raise SystemExit(f"error: {path.relative_to(ROOT)}: no such file (run the benchmark that writes it first)")
+    return json.loads(path.read_text())
+
+
+def mean_std(x: dict, digits: int = 3) -> str:
+    """``mean ± std`` of a tables.json summary (``{"mean", "std", "n"}``); no ± where the std is undefined."""
+    if x is None or x.get("mean") is None or math.isnan(x["mean"]):
+        return "–"
+    std = x.get("std")
+    return f"{x['mean']:.{digits}f}" + ("" if std is None or math.isnan(std) else f" ± {std:.{digits}f}")
+
+
+def headline(folder: str, federation: str) -> str:
+    """The condensed test table of one federation of one bench folder (module docstring)."""
+    tables = read_json(ROOT / folder / "tables.json")
+    reference = tables["bench"]["reference"]
+    fed = tables["federations"][federation]
+    ranks = fed.get("rank_stability", {})
+    head = ["method", "setting", "rounds", "SGD steps", "Dice", "client avg", f"Δ vs {reference}", "95% CI", "p"]
+    head.append("most frequent rank")
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, m in fed["methods"].items():
+        setting = m.get("setting") or ""
+        if m.get("at_edge"):
+            setting += " (grid edge: " + ", ".join(m["at_edge"]) + ")"
+        conv = m["convergence"]
+        rounds = f"{conv['rounds']['mean']:.0f}"
+        if conv.get("not_converged"):
+            rounds += f" ({conv['not_converged']}/{conv['runs']} may not have converged)"
+        test = m.get("wilcoxon") or {}
+        delta, ci = split_delta_ci(test)
+        p = number(test.get("p"), ".2g") if test else "ref"
+        shares = ranks.get(name, {})
+        top = max(shares, key=lambda r: shares[r]) if shares else None
+        rank = f"{top} ({shares[top]:.0%})" if top is not None else ""
+        steps = f"{m['cost']['sgd_steps']:,.0f}"
+        cells = [name, setting, rounds, steps, mean_std(m["dice"]), mean_std(m["client_avg"]), delta, ci, p, rank]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def number(x: float | None, fmt: str = "+.4f") -> str:
+    """``x`` formatted; "–" where it is missing or NaN (a test that could not be run)."""
+    return "–" if x is None or math.isnan(x) else format(x, fmt)
+
+
+def split_delta_ci(test: dict | None) -> tuple[str, str]:
+    """``(Δ, "[low, high]")`` of a ``fedseg.evaluate.stats.compare`` result to 4 decimals (so that a † never sits
+    next to a bound that prints as 0), Δ with † when the CI excludes 0; empty strings where there is no test."""
+    if not test:
+        return "", ""
+    dagger = " †" if test.get("ci_excludes_0") else ""
+    ci = f"[{number(test.get('ci_low'))}, {number(test.get('ci_high'))}]"
+    return number(test.get("mean_diff")) + dagger, ci
+
+
+def delta_ci(test: dict | None) -> str:
+    """``Δ [low, high]`` in one cell (``split_delta_ci``)."""
+    delta, ci = split_delta_ci(test)
+    return f"{delta} {ci}" if delta else ""
+
+
+def personalized(path: str) -> str:
+    """``benchmarks/personalized.py``'s methods by federation (module docstring)."""
+    feds = read_json(ROOT / path)["federations"]
+    head = ["method"]
+    for fed in feds:
+        head += [f"{fed}: Dice", f"{fed}: Δ vs fedavg [95% CI]", f"{fed}: Δ vs fedavg-continue [95% CI]"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    names = dict.fromkeys(name for block in feds.values() for name in block["rows"])  # every method, in order
+    for name in names:
+        cells = [name]
+        for block in feds.values():
+            row = block["rows"].get(name)
+            cells += [mean_std(row["dice"]) if row else "–", delta_ci(block["wilcoxon"].get(name))]
+            cells.append(delta_ci(block["vs_continued"].get(name)))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def claims(path: str) -> str:
+    """The claims table of a ``claims.json`` written by ``benchmarks/claims.py``."""
+    return claims_module().table(read_json(ROOT / path)["claims"])
+
+
+def generated(what: str) -> str:
+    kind, *args = what.split()
+    if kind == "headline":
+        return headline(*args)
+    if kind == "personalized":
+        return personalized(*args)
+    if kind == "claims":
+        return claims(*args)
+    raise SystemExit(f"error: {PAGE}: unknown generated block {what!r} (headline, personalized or claims)")
+
+
+def render(page: str) -> str:
+    """``page`` with every generated block rewritten (a start marker without its end marker is refused)."""
+    starts = re.findall(r"<!-- generated: ([^>]*?) -->", page)
+    matched = [m.group("what") for m in BLOCK.finditer(page)]
+    if starts != matched:
+        unmatched = next(w for w in starts if w not in matched)
+        raise SystemExit(f"error: {PAGE}: '<!-- generated: {unmatched} -->' has no '<!-- end of {unmatched} -->'")
+    return BLOCK.sub(lambda m: m.group(1) + generated(m.group("what")) + m.group(4), page)
+
+
+def main() -> None:
+    page = PAGE.read_text()
+    out = render(page)
+    if "--check" in sys.argv[1:]:
+        if out != page:
+            print(f"{PAGE.relative_to(ROOT)} is stale: run python docs/gen_results.py", file=sys.stderr)
+            raise SystemExit(1)
+        return
+    PAGE.write_text(out)
+    print(f"wrote {PAGE.relative_to(ROOT)} ({len(BLOCK.findall(out))} generated tables)")
+
+
+if __name__ == "__main__":
+    main()
