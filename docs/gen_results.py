@@ -11,6 +11,11 @@ number in them is the number the bench wrote (tests/test_docs.py checks the page
   bootstrap samples;
 - ``personalized <personalized.json>``: ``benchmarks/personalized.py``'s methods, one row each, per federation the
   test Dice, Δ against FedAvg and Δ against the continuation control ``fedavg-continue`` with their 95% CIs;
+- ``surface <folder>``: FedSM's Figure 4 read off the ``loss_surface_<site>.csv`` files ``fedseg loss-surface``
+  wrote into the folder: per model (rows) and site (columns), the site's training loss at the model (t = 0, mean
+  over the random directions) and how much it rises half a step away (the mean over directions and both sides of
+  loss(t = ±0.5) − loss(0): larger is sharper), and for each global → personalized line its barrier (the highest
+  loss for t in [0, 1] minus the higher of its two ends; 0: no barrier);
 - ``claims <claims.json>``: the papers' claims table that ``benchmarks/claims.py`` wrote.
 
     python docs/gen_results.py            # rewrite the generated tables of docs/results.md
@@ -19,6 +24,7 @@ number in them is the number the bench wrote (tests/test_docs.py checks the page
 
 from __future__ import annotations
 
+import csv
 import importlib.util
 import json
 import math
@@ -124,6 +130,39 @@ def personalized(path: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def surface(folder: str) -> str:
+    """FedSM Figure 4's numbers per model and site (module docstring)."""
+    files = sorted((ROOT / folder).glob("loss_surface_*.csv"))
+    if not files:
+        raise SystemExit(f"error: {folder}: no loss_surface_<site>.csv (run fedseg loss-surface --out {folder})")
+    cells: dict[str, dict[str, str]] = {}
+    sites = []
+    for path in files:
+        with open(path, newline="") as f:
+            rows = list(csv.DictReader(f))
+        site = rows[0]["site"]
+        sites.append(site)
+        curves: dict[tuple[str, str], dict[float, list[float]]] = {}
+        for r in rows:
+            label = f"{r['model'].replace(site, 'SITE')} ({Path(r['run']).name})"
+            kind = "line" if r["direction"] == "line" else "directions"
+            curves.setdefault((label, kind), {}).setdefault(float(r["t"]), []).append(float(r["loss"]))
+        for (label, kind), by_t in curves.items():
+            if kind == "line":
+                inside = max(sum(v) / len(v) for t, v in by_t.items() if 0 <= t <= 1)
+                ends = max(sum(by_t[0.0]) / len(by_t[0.0]), sum(by_t[1.0]) / len(by_t[1.0]))
+                cells.setdefault(label, {})[site] = f"barrier {inside - ends:+.3f}"
+            else:
+                at = sum(by_t[0.0]) / len(by_t[0.0])
+                rise = sum(by_t[-0.5] + by_t[0.5]) / len(by_t[-0.5] + by_t[0.5]) - at
+                cells.setdefault(label, {})[site] = f"{at:.3f} ({rise:+.3f})"
+    head = ["model (run)", *sites]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for label in sorted(cells):
+        lines.append("| " + " | ".join([label, *(cells[label].get(site, "–") for site in sites)]) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def claims(path: str) -> str:
     """The claims table of a ``claims.json`` written by ``benchmarks/claims.py``."""
     return claims_module().table(read_json(ROOT / path)["claims"])
@@ -135,9 +174,11 @@ def generated(what: str) -> str:
         return headline(*args)
     if kind == "personalized":
         return personalized(*args)
+    if kind == "surface":
+        return surface(*args)
     if kind == "claims":
         return claims(*args)
-    raise SystemExit(f"error: {PAGE}: unknown generated block {what!r} (headline, personalized or claims)")
+    raise SystemExit(f"error: {PAGE}: unknown generated block {what!r} (headline, personalized, surface or claims)")
 
 
 def render(page: str) -> str:
