@@ -19,6 +19,7 @@ import pytest
 import yaml
 from scipy.stats import wilcoxon
 
+from fedseg.bench.phases import with_caps
 from fedseg.bench.plan import final_runs, reference_runs, settings, tuning_runs
 from fedseg.bench.spec import load_bench
 from fedseg.config import ConfigError
@@ -62,6 +63,16 @@ def test_plan_expands_cells_grids_and_budget_references(tmp_path):
     assert len(finals) == 8 and {r.setting_label for r in finals if r.method == "fedprox"} == {"mu=1.0"}
     assert "fl.rounds=6" in finals[-1].overrides and "fl.rounds=2" in finals[0].overrides  # max_factor 3; reference
     assert "data.split.fold=1" in finals[-1].overrides and "seed=1" in finals[-1].overrides
+
+
+def test_the_budget_caps_every_run_but_the_reference_and_a_phased_method(tmp_path):
+    """FedSM-extra's model phase cannot be stopped: a cap would end it at its first selector round (the selector
+    trained once), so it trains budget.rounds model rounds and its selector rounds on top, uncapped."""
+    methods = ["fedavg", "fedprox", "fedsm-extra"]
+    spec, _ = load_bench(_bench(tmp_path, methods=methods, seeds=[0], split={"mode": "ratio"}))
+    caps = {run.cell: ("fl.stop.sgd_steps=99",) for run in reference_runs(spec)}
+    capped = {r.method: r.caps for r in with_caps(spec, final_runs(spec, {}), caps)}
+    assert capped == {"fedavg": (), "fedprox": ("fl.stop.sgd_steps=99",), "fedsm-extra": ()}
 
 
 def test_a_settings_from_method_is_tuned_after_its_source_at_the_setting_selected_for_it(tmp_path):

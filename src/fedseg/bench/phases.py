@@ -22,6 +22,7 @@ from fedseg.bench.plan import (
     final_runs,
     holdout_sites,
     is_budget_reference,
+    phased,
     reference_runs,
     tuning_runs,
 )
@@ -50,10 +51,15 @@ def budget_caps(bench: BenchSpec, references: dict[BenchRun, Finished]) -> dict[
 
 
 def with_caps(bench: BenchSpec, runs: list[BenchRun], caps: dict) -> list[BenchRun]:
-    return [
-        r if is_budget_reference(bench, bench.method(r.method), r.setting) else replace(r, caps=caps.get(r.cell, ()))
-        for r in runs
-    ]
+    """``runs`` with their cell's budget cap; none for the budget reference and for a phased method (FedSM-extra):
+    its first phase cannot be stopped, so a cap would stop it at the start of its second phase (its selector after
+    one round), not at the budget; it trains ``budget.rounds`` model rounds and its own phases on top instead."""
+    return [r if uncapped(bench, r) else replace(r, caps=caps.get(r.cell, ())) for r in runs]
+
+
+def uncapped(bench: BenchSpec, run: BenchRun) -> bool:
+    method = bench.method(run.method)
+    return is_budget_reference(bench, method, run.setting) or phased(method)
 
 
 def check_out(bench: BenchSpec, out: Path, resume: bool) -> None:
