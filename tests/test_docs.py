@@ -1,12 +1,14 @@
 """The documentation cannot go stale where it is generated or executable: docs/methods.md is what
 docs/gen_methods.py writes from the method registry (run ``python docs/gen_methods.py`` after changing a method or
-its options), and the README's Python example runs as printed."""
+its options), docs/results.md's tables are what docs/gen_results.py writes from the committed benchmark results, and
+the README's Python example runs as printed."""
 
 from __future__ import annotations
 
 import contextlib
 import importlib.util
 import io
+import json
 import re
 from pathlib import Path
 
@@ -61,3 +63,34 @@ def test_the_readme_python_example_runs_as_printed(tmp_path, monkeypatch):
     lines = printed.getvalue().splitlines()
     assert lines[0].startswith("{'local': ") and "'fedavg': " in lines[0]  # results.dice()
     assert lines[-1] == "runs/quick/report.html" and (tmp_path / lines[-1]).is_file()
+
+
+def test_results_page_tables_are_what_the_benchmarks_wrote():
+    """docs/results.md's tables between its generated markers equal docs/gen_results.py's rendering of the committed
+    benchmark results (bench tables.json, personalized.json, claims.json), so no number there is copied by hand."""
+    spec = importlib.util.spec_from_file_location("gen_results", ROOT / "docs" / "gen_results.py")
+    assert spec is not None and spec.loader is not None
+    gen_results = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen_results)
+    page = (ROOT / "docs" / "results.md").read_text()
+    blocks = [m.group("what").split()[0] for m in gen_results.BLOCK.finditer(page)]
+    assert {"headline", "personalized", "claims"} <= set(blocks)
+    assert page.count("<!-- generated: ") == len(blocks)  # every block closed, none skipped
+    assert gen_results.render(page) == page, "docs/results.md's tables are stale: run python docs/gen_results.py"
+    # each headline column holds the tables.json field it names
+    for match in gen_results.BLOCK.finditer(page):
+        kind, *args = match.group("what").split()
+        if kind != "headline":
+            continue
+        methods = json.loads((ROOT / args[0] / "tables.json").read_text())["federations"][args[1]]["methods"]
+        head, _, *body = match.group("body").strip().splitlines()
+        names = [h.strip() for h in head.strip("|").split("|")]
+        for line in body:
+            row = dict(zip(names, (c.strip() for c in line.strip("|").split("|")), strict=True))
+            m = methods[row["method"]]
+            assert row["Dice"].startswith(f"{m['dice']['mean']:.3f} ± {m['dice']['std']:.3f}")
+            assert row["SGD steps"] == f"{m['cost']['sgd_steps']:,.0f}"
+            delta = next(v for k, v in row.items() if k.startswith("Δ vs"))
+            if m.get("wilcoxon"):
+                assert delta.startswith(f"{m['wilcoxon']['mean_diff']:+.4f}")
+                assert delta.endswith("†") == bool(m["wilcoxon"]["ci_excludes_0"])
