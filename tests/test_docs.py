@@ -15,6 +15,7 @@ from pathlib import Path
 from fedseg.algorithms import ALGORITHMS, BUILTIN_ALGORITHMS
 
 ROOT = Path(__file__).resolve().parents[1]
+CLAIMS = "benchmarks/results/headline-equal/claims.json"  # the claims the README and docs/results.md count
 
 
 def _generator():
@@ -94,3 +95,18 @@ def test_results_page_tables_are_what_the_benchmarks_wrote():
             if m.get("wilcoxon"):
                 assert delta.startswith(f"{m['wilcoxon']['mean_diff']:+.4f}")
                 assert delta.endswith("†") == bool(m["wilcoxon"]["ci_excludes_0"])
+
+
+def test_the_verdict_counts_in_prose_are_the_committed_claims():
+    """The README's and docs/results.md's sentences that count the claims' verdicts (written by hand around the
+    generated table) say what the committed claims.json says, so a new claim or a re-run cannot leave them stale."""
+    verdicts = [c["verdict"] for c in json.loads((ROOT / CLAIMS).read_text())["claims"]]
+    counts = {v: verdicts.count(v) for v in ("holds", "fails", "not shown")}
+    readme = (ROOT / "README.md").read_text()
+    said = re.search(r"give (\d+) \(claim, federation\) pairs[^.]*\. Here (\d+) hold, (\d+) fail and (\d+)", readme)
+    assert said is not None, "README: the claims' count sentence is gone"
+    assert tuple(map(int, said.groups())) == (len(verdicts), counts["holds"], counts["fails"], counts["not shown"])
+    page = (ROOT / "docs" / "results.md").read_text()
+    said = re.search(r"Reading the verdicts: (\d+) of the (\d+) .*? rows hold, (\d+) fail and (\d+) are", page)
+    assert said is not None, "docs/results.md: the verdicts' count sentence is gone"
+    assert tuple(map(int, said.groups())) == (counts["holds"], len(verdicts), counts["fails"], counts["not shown"])

@@ -161,7 +161,7 @@ def test_bulyan_is_flowers_aggregate_bulyan_with_recursive_krum(n, f, seed):
 
 
 @pytest.mark.parametrize("n, f, seed", BULYAN_CASES)
-def test_bulyan_multikrum_selection_is_flowers_message_api_bulyan(n, f, seed, tiny_config):
+def test_bulyan_multikrum_selection_is_flowers_message_api_bulyan(n, f, seed, frozen_heap):
     models, counts = models_np(n, seed), samples(n, seed)
     theirs, _ = Bulyan(num_malicious_nodes=f).aggregate_train(1, flower_replies(models, counts))
     assert_close(bulyan(as_torch(models), f, selection="multikrum"), flower_arrays(theirs))
