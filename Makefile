@@ -32,9 +32,11 @@ demo: $(STAMP)
 	@$(BYTECODE)
 	$(BIN)/fedseg run --preset demo --out runs/demo --resume
 
+# The suite in 2 processes, one test module per process at a time (loadscope: a module's fixtures are built once):
+# 13 min on 2 cores against 21 min in one process, as the Flower tests wait on their processes' polling.
 test: $(STAMP)
 	@$(BYTECODE)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n 2 --dist loadscope
 
 check: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks docs/gen_methods.py docs/gen_results.py

@@ -1,16 +1,16 @@
 """Start-up and end-to-end: ``fedseg run`` from process start to the first algorithm, and to its exit, W = 1 vs 2.
 
 Every measurement is one real ``fedseg run`` (the CLI, in a fresh subprocess) of the ``demo`` preset with
-``--algorithms fedavg,fedsm --rounds 2 --threads 1``, its built-in federation read from a cache folder of this
-script's own (``FEDSEG_CACHE_DIR``, filled before the timed runs: the warm case; ``--cold`` also times runs with
-the cache emptied before each). Measured from the parent's launch of the subprocess: ``startup_s`` to the first
-call of ``fedseg.run.run_algorithm`` (round 1 starts after that algorithm's engine and server are built; recorded
-by a thread of the child harness that wraps the function once ``fedseg.run.experiment`` has it, so the CLI's import
-order is unchanged) and ``total_s`` to the process's exit. W = 1 and W = 2 runs alternate (which goes first
-flips every pair) so slow phases of the shared machine hit both; reported: median, min, max over ``--pairs``
-pairs, and the speed-up W=1 total / W=2 total per pair.
+``--algorithms fedavg,fedsm --rounds 2 --threads 1`` (``--rounds N``: N rounds), its built-in federation read
+from a cache folder of this script's own (``FEDSEG_CACHE_DIR``, filled before the timed runs: the warm case;
+``--cold`` also times runs with the cache emptied before each). Measured from the parent's launch of the
+subprocess: ``startup_s`` to the first call of ``fedseg.run.run_algorithm`` (round 1 starts after that
+algorithm's engine and server are built; recorded by a thread of the child harness that wraps the function once
+``fedseg.run.experiment`` has it, so the CLI's import order is unchanged) and ``total_s`` to the process's exit.
+W = 1 and W = 2 runs alternate (which goes first flips every pair) so slow phases of the shared machine hit
+both; reported: median, min, max over ``--pairs`` pairs, and the speed-up W=1 total / W=2 total per pair.
 
-    .venv/bin/python benchmarks/startup.py [--pairs 3] [--cold]
+    .venv/bin/python benchmarks/startup.py [--pairs 3] [--cold] [--rounds 2] [--out PATH]
     .venv/bin/python benchmarks/startup.py --generation   # synthetic-retina scale 1 at 128^2: serial vs pool
     .venv/bin/python benchmarks/startup.py --imports 5    # MONAI's import with and without fedseg.lean_monai
 
@@ -32,7 +32,7 @@ from pathlib import Path
 
 HERE = Path(__file__).parent
 RESULTS = HERE / "results"
-RUN_ARGS = ["run", "--preset", "demo", "--algorithms", "fedavg,fedsm", "--rounds", "2", "--threads", "1"]
+RUN_ARGS = ["run", "--preset", "demo", "--algorithms", "fedavg,fedsm", "--threads", "1"]  # + --rounds N
 MARKS_ENV = "FEDSEG_BENCH_MARKS"  # the child writes its time marks (JSON) to this file
 
 
@@ -75,13 +75,13 @@ def child(argv: list[str]) -> None:
     exit_now(code if isinstance(code, int) else 0)  # as the ``fedseg`` command ends (``fedseg.cli.entry``)
 
 
-def launch(workers: int, cache: Path, clear_cache: bool = False) -> dict:
+def launch(workers: int, cache: Path, clear_cache: bool = False, rounds: int = 2) -> dict:
     """One ``fedseg run`` W = ``workers`` in a fresh subprocess: its start-up and total seconds."""
     if clear_cache:
         subprocess.run([sys.executable, "-m", "fedseg.cli", "data", "cache", "clear"], env=_env(cache), check=True)
     with tempfile.TemporaryDirectory() as tmp:
         marks_file = Path(tmp) / "marks.json"
-        argv = [*RUN_ARGS, "--workers", str(workers), "--out", str(Path(tmp) / "run")]
+        argv = [*RUN_ARGS, "--rounds", str(rounds), "--workers", str(workers), "--out", str(Path(tmp) / "run")]
         env = {**_env(cache), MARKS_ENV: str(marks_file)}
         start = time.time()
         proc = subprocess.run([sys.executable, __file__, "--child", *argv], env=env, capture_output=True, text=True)
@@ -150,6 +150,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--child", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     ap.add_argument("--pairs", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=2, help="rounds of each run (the issue's measure: 2)")
     ap.add_argument("--cold", action="store_true", help="also one W=1 and one W=2 run with an empty cache")
     ap.add_argument("--out", default=str(RESULTS / "startup.json"))
     ap.add_argument("--generation", action="store_true", help="only: serial vs pool generation")
@@ -175,7 +176,7 @@ def main() -> None:
         cache = Path(cache_dir)
         if args.cold:
             for w in (1, 2):
-                runs.append({**launch(w, cache, clear_cache=True), "cache": "cold"})
+                runs.append({**launch(w, cache, clear_cache=True, rounds=args.rounds), "cache": "cold"})
                 print(runs[-1], flush=True)
         else:  # fill the cache (not timed)
             subprocess.run(
@@ -191,7 +192,7 @@ def main() -> None:
             )
         for i in range(args.pairs):
             for w in (1, 2) if i % 2 == 0 else (2, 1):
-                runs.append({**launch(w, cache), "cache": "warm", "pair": i})
+                runs.append({**launch(w, cache, rounds=args.rounds), "cache": "warm", "pair": i})
                 print(runs[-1], flush=True)
     warm = [r for r in runs if r["cache"] == "warm"]
     by_pair = {i: {r["workers"]: r for r in warm if r["pair"] == i} for i in range(args.pairs)}
@@ -206,7 +207,7 @@ def main() -> None:
     report = {
         "command": ("python benchmarks/startup.py " + " ".join(sys.argv[1:])).strip(),
         "cpus": os.cpu_count(),
-        "run": "fedseg " + " ".join(RUN_ARGS) + " --workers W",
+        "run": "fedseg " + " ".join(RUN_ARGS) + f" --rounds {args.rounds} --workers W",
         "summary": summary,
         "runs": runs,
     }

@@ -33,6 +33,8 @@ from fedseg.algorithms.qfedavg import delta_and_h, qffl_update
 SHAPES = {"enc.weight": (3, 4), "enc.bias": (5,), "dec.weight": (2, 2, 3)}
 LOSSES = [0.8, 0.35, 1.7, 0.5]  # F_k, unequal
 LR = 0.1  # L = 1 / lr = 10
+# Flower's message-API strategies collect garbage once per reply (conftest's ``frozen_heap``)
+pytestmark = pytest.mark.usefixtures("frozen_heap")
 
 
 def _updates(seed: int = 0) -> tuple[dict, list[dict]]:
@@ -76,15 +78,6 @@ def _flower(glob, local, losses, q, lr) -> dict:
     strategy.current_arrays = ArrayRecord({k: Array(v.numpy()) for k, v in glob.items()})
     arrays, _ = strategy.aggregate_train(1, [_reply(w, F, i) for i, (w, F) in enumerate(zip(local, losses))])
     return {k: torch.from_numpy(np.asarray(v)) for k, v in zip(glob, arrays.to_numpy_ndarrays())}
-
-
-@pytest.fixture(autouse=True)
-def _no_full_gc(monkeypatch):
-    """Flower's ``to_numpy_ndarrays(keep_input=False)`` runs ``gc.collect()`` per record (~0.2 s
-    in a process holding torch and MONAI); skipping it changes no number."""
-    import flwr.app.message.arrayrecord as arrayrecord
-
-    monkeypatch.setattr(arrayrecord.gc, "collect", lambda *a: 0)
 
 
 def _assert_close(a: dict, b: dict, atol: float = 1e-6):

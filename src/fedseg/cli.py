@@ -112,10 +112,11 @@ def algorithms(
     """List the registered methods, one line each: name, kind, summary (fits the terminal); --long: every column."""
     from fedseg.algorithms import ALGORITHMS
 
+    terminal = Console()  # the width now (the module's console keeps a COLUMNS set when fedseg.cli was imported)
     if not long:
         brief = [(s.name, s.kind, s.display_name, s.description) for s in ALGORITHMS.values()]
-        for line in algorithm_lines(brief, console.width):
-            console.print(line, highlight=False, markup=False, soft_wrap=True)
+        for line in algorithm_lines(brief, terminal.width):
+            terminal.print(line, highlight=False, markup=False, soft_wrap=True)
         return
     rows = [
         [
@@ -130,7 +131,7 @@ def algorithms(
         for s in ALGORITHMS.values()
     ]
     print_table(
-        console,
+        terminal,
         "Algorithms (config: --algorithms NAME,...; options: methods.NAME.KEY)",
         ["name", "display name", "kind", "family", "min sites", "Flower", "description"],
         rows,
