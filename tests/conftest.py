@@ -89,9 +89,10 @@ def federation_cache(tmp_path_factory):
 @pytest.fixture
 def frozen_heap():
     """``gc.freeze()`` for the test: the collector then skips every object that existed before it. Flower's
-    message-API strategies (Bulyan, q-FedAvg) run ``gc.collect()`` once per reply (``ArrayRecord.to_numpy_ndarrays(keep_input=False)``);
-    in the suite's process, which has imported and built everything by then, one collection takes ~0.2 s, so a
-    test of 10 replies spent 2 s collecting. Nothing such a test compares depends on the collector."""
+    message-API strategies (Bulyan, q-FedAvg) run ``gc.collect()`` once per reply
+    (``ArrayRecord.to_numpy_ndarrays(keep_input=False)``); in the suite's process, which has imported and built
+    everything by then, one collection takes ~0.2 s, so a test of 10 replies spent 2 s collecting. Nothing such a
+    test compares depends on the collector."""
     gc.freeze()
     yield
     gc.unfreeze()
