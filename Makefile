@@ -10,13 +10,19 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# torch's CPU wheel: on Linux, PyPI's torch 2.13.0 is the multi-GB CUDA build. Where pytorch.org's CPU index answers,
+# pip also looks there and takes its 2.13.0+cpu (a local version sorts above 2.13.0); where it does not (an offline
+# mirror that holds the CPU wheel, as on this project's CI), the plain pin. Checked when a recipe needs it.
+TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
+TORCH_INDEX = $(shell $(PY) -c "import urllib.request as u; u.urlopen('$(TORCH_CPU_INDEX)/torch/', timeout=5)" \
+  2>/dev/null && echo --extra-index-url $(TORCH_CPU_INDEX))
 
 .PHONY: demo test check docs format install dist-check clean distclean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q torch==2.13.0 $(TORCH_INDEX)
 	$(BIN)/pip install -q -e '.[test,tracking,wandb,formats,privacy,simulation]'
 	touch $(STAMP)
 
@@ -33,7 +39,7 @@ demo: $(STAMP)
 	$(BIN)/fedseg run --preset demo --out runs/demo --resume
 
 # The suite in 2 processes, one test module per process at a time (loadscope: a module's fixtures are built once):
-# 13 min on 2 cores against 21 min in one process, as the Flower tests wait on their processes' polling.
+# 11-13 min on 2 cores against 21 min in one process, as the Flower tests wait on their processes' polling.
 test: $(STAMP)
 	@$(BYTECODE)
 	$(BIN)/python -m pytest -n 2 --dist loadscope
@@ -52,7 +58,7 @@ dist-check: $(STAMP)
 	$(BIN)/python -m build -q -o dist . > /dev/null
 	$(PY) -m venv $(DIST_VENV)
 	$(DIST_VENV)/bin/pip install -q --upgrade pip
-	$(DIST_VENV)/bin/pip install -q torch==2.13.0
+	$(DIST_VENV)/bin/pip install -q torch==2.13.0 $(TORCH_INDEX)
 	$(DIST_VENV)/bin/pip install -q dist/fedseg-*.whl
 	cd build && ../$(DIST_VENV)/bin/fedseg --version && ../$(DIST_VENV)/bin/fedseg run --preset demo \
 	  --algorithms fedavg --rounds 1 --set data.scale=0.1 --out wheel-run > /dev/null && test -s wheel-run/summary.json

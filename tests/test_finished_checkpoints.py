@@ -72,7 +72,13 @@ def test_finished_checkpoints_hold_no_models(finished):
 def test_resume_of_a_finished_run_reads_the_models_back_unchanged(finished, tmp_path, tiny_config, disc_federation):
     out, results = finished
     copy = shutil.copytree(out, tmp_path / "run")
-    resumed = run_experiment(_cfg(tiny_config), copy, resume=True, federation=_fed(disc_federation))
+    said: list[str] = []
+    resumed = run_experiment(
+        _cfg(tiny_config), copy, resume=True, federation=_fed(disc_federation), on_log_line=said.append
+    )
+    reused = "resume: every algorithm of this run has finished; nothing is trained, its outputs are written again"
+    assert said.count(reused) == 1 and not any("round" in line for line in said)  # said once, and no round trained
+    assert (copy / "run.log").read_text().splitlines()[-1].endswith(reused)
     assert _summary(copy) == _summary(out)
     for name in ("results.csv", "rounds.csv", "ledger.csv"):
         assert (copy / name).read_bytes() == (out / name).read_bytes(), name

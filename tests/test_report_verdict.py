@@ -70,6 +70,11 @@ def test_verdict_names_the_best_federated_method_and_tests_the_runner_up(tmp_pat
     assert "(6 cases): within noise" in top and "Within noise of the best (CI includes 0 or p ≥ 0.05): FedProx" in top
     assert "Not ranked (baselines, references only): Centralized, Local." in top
     assert "converged" not in top  # best round 3 of 4: no warning
+    # the terminal says so right under the headline: the Dice table above it shows Centralized higher
+    assert summary_lines(run)[:2] == [
+        f"Best on test Dice, Client Avg: FedAvg at {FEDAVG:.4f}.",
+        "Not ranked (baselines, references only): Centralized, Local.",
+    ]
 
 
 def test_verdict_says_when_methods_have_not_converged(tmp_path):
@@ -180,8 +185,10 @@ def test_verdict_compares_with_fedavg_when_it_is_not_the_runner_up(tmp_path):
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
-    lines = summary_lines(run)
-    assert lines[0] == f"Best on test Dice, Client Avg: SCAFFOLD at {FEDPROX + 0.05:.4f}."
+    head, baselines, *lines = summary_lines(run)
+    assert head == f"Best on test Dice, Client Avg: SCAFFOLD at {FEDPROX + 0.05:.4f}."
+    assert baselines == "Not ranked (baselines, references only): Centralized, Local."
+    lines = [head, *lines]
     # every case 0.01 better than FedAdam's: a constant paired difference, its CI a single point above 0
     assert lines[1].startswith(f"Over the runner-up FedAdam ({FEDPROX + 0.04:.4f}): +0.0100; per test case +0.0100, ")
     assert lines[1].endswith("(6 cases): beyond noise.")

@@ -241,7 +241,7 @@ def verdict_html(v: Verdict, notes: list[str] | None = None) -> str:
     lines = [esc(x) for x in verdict_lines(v, notes)]
     how = PAIRING_NOTE.format(level=round(100 * LEVEL), resamples=RESAMPLES, sig=SIGNIFICANCE)
     if v.baselines:
-        how += f" Not ranked (baselines, references only): {esc(', '.join(v.baselines))}."
+        how += " " + esc(not_ranked(v))
     items = "".join(f"<li>{x}</li>" for x in lines[1:])
     return (
         f'<div class="verdict"><p class="headline"><b>Verdict.</b> {lines[0]}</p>'
@@ -273,10 +273,19 @@ def routing_notes(run: RunFiles) -> list[str]:
     return out
 
 
+def not_ranked(v: Verdict) -> str:
+    """The sentence naming the methods left out of the ranking (a table shows them, possibly above the best)."""
+    return f"Not ranked (baselines, references only): {', '.join(v.baselines)}."
+
+
 def summary_lines(run_dir: str | Path) -> list[str]:
-    """The verdict and routing notes of a finished run directory as plain lines (the terminal summary)."""
+    """The verdict and routing notes of a finished run directory as plain lines (the terminal summary); the
+    baselines left out of the ranking are named under the headline, as the table above it shows them too."""
     run = load_run(run_dir)
     run.names = {a: display_name(a, e) for a, e in run.algorithms.items()}
     notes = routing_notes(run)
     v = verdict(run)
-    return verdict_lines(v, notes) if v is not None else notes
+    if v is None:
+        return notes
+    head, *rest = verdict_lines(v, notes)
+    return [head, *([not_ranked(v)] if v.baselines else []), *rest]

@@ -26,7 +26,7 @@ from fedseg.run.outputs import RunResults, write_outputs
 from fedseg.run.preflight import check_device, check_out_dir, check_resume, recorded_config
 from fedseg.run.preparation import PLAN_FILE, Prepared, prepare, prepare_planned
 from fedseg.run.provenance import begin, unchanged
-from fedseg.run.resume import checkpoint_path, is_finished
+from fedseg.run.resume import all_finished
 from fedseg.run.runlog import append_line
 from fedseg.run.start_from import check_start_from
 from fedseg.run.state import RoundCallback
@@ -152,6 +152,9 @@ def record_start(
     atomic_write_text(out / "config.yaml", dump_config(cfg))
     if prep.plan is not None:
         atomic_write_text(out / PLAN_FILE, json.dumps(prep.plan.to_dict(), indent=2))
+    if resume and all_finished(out, cfg.algorithms):
+        line = "resume: every algorithm of this run has finished; nothing is trained, its outputs are written again"
+        announce(out, line, on_log_line)
     for line in cost_warnings(cfg, len(prep.federation.sites)):
         announce(out, line, on_log_line)
     for line in method_notes(cfg, prep.task):
@@ -161,8 +164,7 @@ def record_start(
 def run_provenance(cfg: RunConfig, out: Path, resume: bool) -> dict[str, Any]:
     """The run's provenance: unchanged when a resume finds every algorithm finished, else begun now (``accel``:
     the effective train.amp / channels_last / ...)."""
-    finished = resume and all(is_finished(checkpoint_path(out, name)) for name in cfg.algorithms)
-    return (finished and unchanged(out)) or {
+    return (resume and all_finished(out, cfg.algorithms) and unchanged(out)) or {
         **begin(out, resume, cfg.device),
         "accel": resolve(cfg.train, cfg.device).record(),
     }

@@ -36,6 +36,11 @@ def is_finished(ckpt_path: Path) -> bool:
     return bool(ckpt and ckpt.get("finished"))
 
 
+def all_finished(out: Path, algorithms: list[str]) -> bool:
+    """Whether every one of ``algorithms`` has a finished checkpoint in ``out`` (a resume then trains nothing)."""
+    return all(is_finished(checkpoint_path(out, name)) for name in algorithms)
+
+
 def finished_bundle(ckpt: Checkpoint, ckpt_path: Path, folder: Path) -> Bundle:
     """The trained models of a finished checkpoint: in it (``keep_checkpoints``, or a run of an older
     fedseg), else read back from the run's ``model/<algorithm>/``, which must hold what was written then."""
