@@ -157,10 +157,14 @@ def connect_sites(
 
     while True:
         now = time.monotonic()
+        awaiting = set(pending.values())  # a node is asked again only once it answered: two queries in flight to
+        # a refused node both answered by its restarted SuperNode would name that one node twice for its site
         new = [
             n
             for n in grid.get_node_ids()
-            if (n not in asked or (n in refused and now >= refused[n][0])) and n not in found.nodes.values()
+            if n not in awaiting
+            and (n not in asked or (n in refused and now >= refused[n][0]))
+            and n not in found.nodes.values()
         ]
         for n in [n for n in new if node_sites is not None and n not in node_sites]:
             new.remove(n)

@@ -152,9 +152,11 @@ def record_start(
     atomic_write_text(out / "config.yaml", dump_config(cfg))
     if prep.plan is not None:
         atomic_write_text(out / PLAN_FILE, json.dumps(prep.plan.to_dict(), indent=2))
-    if resume and all_finished(out, cfg.algorithms):
-        line = "resume: every algorithm of this run has finished; nothing is trained, its outputs are written again"
-        announce(out, line, on_log_line)
+    if resume and all_finished(out, cfg.algorithms):  # shown, not logged: run.log holds what was trained
+        show(
+            "resume: every algorithm of this run has finished; nothing is trained, its outputs are written again",
+            on_log_line,
+        )
     for line in cost_warnings(cfg, len(prep.federation.sites)):
         announce(out, line, on_log_line)
     for line in method_notes(cfg, prep.task):
@@ -171,8 +173,13 @@ def run_provenance(cfg: RunConfig, out: Path, resume: bool) -> dict[str, Any]:
 
 
 def announce(out: Path, line: str, on_log_line: Callable[[str], None] | None) -> None:
-    """Append ``line`` to ``out/run.log`` and show it: through ``on_log_line`` if given, else on stderr."""
+    """Append ``line`` to ``out/run.log`` and :func:`show` it."""
     append_line(out, line)
+    show(line, on_log_line)
+
+
+def show(line: str, on_log_line: Callable[[str], None] | None) -> None:
+    """Show ``line``: through ``on_log_line`` if given, else on stderr."""
     if on_log_line is not None:
         on_log_line(line)
     else:
