@@ -38,11 +38,12 @@ demo: $(STAMP)
 	@$(BYTECODE)
 	$(BIN)/fedseg run --preset demo --out runs/demo --resume
 
-# The suite in 2 processes, one test module per process at a time (loadscope: a module's fixtures are built once):
-# 11-13 min on 2 cores against 21 min in one process, as the Flower tests wait on their processes' polling.
+# The suite in one process (about 20 min on 2 cores). `$(BIN)/python -m pytest -n 2 --dist loadscope` runs it in
+# two (11-13 min), but under that load a Ray actor of `fedseg flower simulate` has outlived the command by a moment
+# (tests/test_flower_deploy.py's no-survivor check), so CI keeps one process until that is understood.
 test: $(STAMP)
 	@$(BYTECODE)
-	$(BIN)/python -m pytest -n 2 --dist loadscope
+	$(BIN)/python -m pytest
 
 check: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks docs/gen_methods.py docs/gen_results.py
