@@ -113,6 +113,18 @@ def _proc_table() -> list[tuple[int, int, int]]:
     return table
 
 
+def carrying(variable: str) -> list[int]:
+    """Processes whose environment holds ``variable`` (``NAME=value``; Linux ``/proc``, empty elsewhere; processes of
+    other users are not readable and not counted)."""
+    entry, found = variable.encode(), []
+    for proc in Path("/proc").iterdir() if Path("/proc").is_dir() else []:
+        if proc.name.isdigit():
+            with contextlib.suppress(OSError):
+                if entry in (proc / "environ").read_bytes().split(b"\0"):
+                    found.append(int(proc.name))
+    return found
+
+
 def _proc_children() -> dict[int, list[int]]:
     children: dict[int, list[int]] = {}
     for pid, ppid, _ in _proc_table():
@@ -158,6 +170,9 @@ class Processes:
     """The processes of one deployment; a context manager that always stops them."""
 
     record: Path | None = None  # JSON file listing every PID seen (for checks that none survived)
+    # the deployment's private FLWR_HOME, which every process it starts inherits: how its processes are found once
+    # the process between us and them has exited (Ray's actors, after Flower's simulation process shut Ray down)
+    home: Path | None = None
     started: list[Started] = field(default_factory=list)
     seen: set[int] = field(default_factory=set)
 
@@ -183,12 +198,14 @@ class Processes:
 
     def current(self) -> set[int]:
         """Our processes alive now: started ones not yet reaped, their descendants, members of their
-        process groups (children that outlived their parent stay in its group). Never a recorded PID
-        that may have been reused since."""
+        process groups (children that outlived their parent stay in its group), and (``home``) every process
+        whose environment names the deployment's FLWR_HOME. Never a recorded PID that may have been reused since."""
         live = {item.proc.pid for item in self.started if item.proc.poll() is None}
         for pid in list(live):
             live.update(descendants(pid))
         live.update(group_members({item.proc.pid for item in self.started}))
+        if self.home is not None:
+            live.update(carrying(f"FLWR_HOME={self.home}"))
         live.discard(os.getpid())
         return {pid for pid in live if is_running(pid)}
 

@@ -34,7 +34,8 @@ import re
 import shutil
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -504,6 +505,14 @@ def sites_on_this_machine(
     return cfg, out, fed, site_views(root, fed, out / "flower" / "sites")
 
 
+@contextmanager
+def deployment(work: Path) -> Iterator[Processes]:
+    """A deployment's processes in ``work`` (stopped on the way out, also on SIGTERM / SIGHUP), Flower's CLI state in
+    ``work/home``, which every process it starts inherits as its FLWR_HOME (how ``Processes`` finds them all)."""
+    with terminate_on_signals(), flower_home(work / "home"), Processes(work / "processes.json", work / "home") as procs:
+        yield procs
+
+
 def waits(poll: float) -> tuple[float | None, float]:
     """``(SuperNode poll or None = Flower's, SuperExec task poll)`` for ``--poll`` (0 = Flower's defaults)."""
     return (poll, poll) if poll > 0 else (None, FLOWER_TASK_POLL)
@@ -561,7 +570,7 @@ def local(
             for site, port in zip(fed.site_names, node_ports)
         }
 
-    with terminate_on_signals(), flower_home(work / "home"), Processes(work / "processes.json") as procs:
+    with deployment(work) as procs:
         serve_experiment(
             cfg,
             fed,
@@ -609,7 +618,7 @@ def server(
         + (" --auth-key NAME.key" if link.auth else "")
         + " --state DIR (a folder the site keeps: needed to resume the run)"
     )
-    with terminate_on_signals(), flower_home(work / "home"), Processes(work / "processes.json") as procs:
+    with deployment(work) as procs:
         serve_experiment(
             cfg, fed, out, link, procs, env, register=auth_keys, wait=wait, poll=poll, resume=resume, echo=echo
         )
@@ -653,7 +662,7 @@ def simulate(
         "client_resources_num_gpus": gpus_per_site,
         "fedseg": {"data": str(work / "sites"), "samples": str(out / "samples"), "state": str(work / "state")},
     }
-    with terminate_on_signals(), flower_home(work / "home"), Processes(work / "processes.json") as procs:
+    with deployment(work) as procs:
         serve_experiment(
             cfg,
             fed,
