@@ -39,8 +39,8 @@ demo: $(STAMP)
 	$(BIN)/fedseg run --preset demo --out runs/demo --resume
 
 # The suite in one process (about 20 min on 2 cores). `$(BIN)/python -m pytest -n 2 --dist loadscope` runs it in
-# two (11-13 min), but under that load a Ray actor of `fedseg flower simulate` has outlived the command by a moment
-# (tests/test_flower_deploy.py's no-survivor check), so CI keeps one process until that is understood.
+# two (11-13 min); under that load a Ray actor of `fedseg flower simulate` once outlived the command (now fixed:
+# fedseg.flower.deploy.Processes finds orphans by their FLWR_HOME), so CI keeps one process until two pass again.
 test: $(STAMP)
 	@$(BYTECODE)
 	$(BIN)/python -m pytest
