@@ -48,6 +48,8 @@ import threading
 import time
 from pathlib import Path
 
+from fedseg.flower.deploy import descendants
+
 HERE = Path(__file__).parent
 RESULTS = HERE / "results"
 MANY_SITES = "many-sites"
@@ -88,22 +90,7 @@ def many_sites(num_sites: int, cases_per_site: int = 12, size: int = 64, seed: i
 # --- memory of the process tree -----------------------------------------------------------------------------
 def _tree(root: int) -> list[int]:
     """``root`` and all its descendants (from ``/proc/*/stat``)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        out.append(pid)
-        todo += children.get(pid, [])
-    return out
+    return [root, *descendants(root)]
 
 
 def _kb(path: str, field: str) -> int:

@@ -96,11 +96,23 @@ def wait_for_port(host: str, port: int, timeout: float, alive=lambda: True, what
     raise TimeoutError(f"{what} is not listening on {host}:{port} after {timeout:.0f} s")
 
 
-def _proc_table() -> list[tuple[int, int, int]]:
-    """``(pid, ppid, pgid)`` of every process (Linux ``/proc``; empty elsewhere)."""
-    table: list[tuple[int, int, int]] = []
+@dataclass(frozen=True)
+class ProcEntry:
+    """One process as ``/proc`` shows it: ``carries`` is whether its environment holds the entry asked for."""
+
+    pid: int
+    ppid: int
+    pgid: int
+    carries: bool = False
+
+
+def proc_table(environ_entry: str | None = None) -> list[ProcEntry]:
+    """Every process, in one pass over ``/proc`` (Linux; empty elsewhere). ``environ_entry`` (``NAME=value``):
+    also read each environment to fill ``carries`` (processes of other users are not readable: False)."""
+    table: list[ProcEntry] = []
     if not Path("/proc").is_dir():
         return table
+    wanted = None if environ_entry is None else environ_entry.encode()
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -108,45 +120,33 @@ def _proc_table() -> list[tuple[int, int, int]]:
             stat = (entry / "stat").read_text()
         except OSError:
             continue
+        carries = False
+        if wanted is not None:
+            with contextlib.suppress(OSError):
+                carries = wanted in (entry / "environ").read_bytes().split(b"\0")
         fields = stat[stat.rindex(")") + 2 :].split()
-        table.append((int(entry.name), int(fields[1]), int(fields[2])))
+        table.append(ProcEntry(int(entry.name), int(fields[1]), int(fields[2]), carries))
     return table
 
 
-def carrying(variable: str) -> list[int]:
-    """Processes whose environment holds ``variable`` (``NAME=value``; Linux ``/proc``, empty elsewhere; processes of
-    other users are not readable and not counted)."""
-    entry, found = variable.encode(), []
-    for proc in Path("/proc").iterdir() if Path("/proc").is_dir() else []:
-        if proc.name.isdigit():
-            with contextlib.suppress(OSError):
-                if entry in (proc / "environ").read_bytes().split(b"\0"):
-                    found.append(int(proc.name))
-    return found
-
-
-def _proc_children() -> dict[int, list[int]]:
+def descendants_in(table: list[ProcEntry], roots: set[int]) -> set[int]:
+    """Every descendant of ``roots`` in ``table`` (``roots`` themselves not included)."""
     children: dict[int, list[int]] = {}
-    for pid, ppid, _ in _proc_table():
-        children.setdefault(ppid, []).append(pid)
-    return children
-
-
-def group_members(pgids: set[int]) -> list[int]:
-    """Processes in the process groups ``pgids`` (children that outlived their parent stay in its group)."""
-    return [pid for pid, _, pgid in _proc_table() if pgid in pgids]
+    for proc in table:
+        children.setdefault(proc.ppid, []).append(proc.pid)
+    out: set[int] = set()
+    todo = list(roots)
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in out:
+                out.add(child)
+                todo.append(child)
+    return out
 
 
 def descendants(pid: int) -> list[int]:
     """Every living descendant of ``pid`` (Linux ``/proc``; empty elsewhere)."""
-    if not Path("/proc").is_dir():
-        return []
-    children, out, todo = _proc_children(), [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
+    return sorted(descendants_in(proc_table(), {pid}))
 
 
 def _die_with_parent() -> None:
@@ -199,13 +199,13 @@ class Processes:
     def current(self) -> set[int]:
         """Our processes alive now: started ones not yet reaped, their descendants, members of their
         process groups (children that outlived their parent stay in its group), and (``home``) every process
-        whose environment names the deployment's FLWR_HOME. Never a recorded PID that may have been reused since."""
+        whose environment names the deployment's FLWR_HOME (one pass over ``/proc``). Never a recorded PID that may
+        have been reused since."""
+        started = {item.proc.pid for item in self.started}
+        table = proc_table(None if self.home is None else f"FLWR_HOME={self.home}")
         live = {item.proc.pid for item in self.started if item.proc.poll() is None}
-        for pid in list(live):
-            live.update(descendants(pid))
-        live.update(group_members({item.proc.pid for item in self.started}))
-        if self.home is not None:
-            live.update(carrying(f"FLWR_HOME={self.home}"))
+        live |= descendants_in(table, live)
+        live |= {proc.pid for proc in table if proc.pgid in started or proc.carries}
         live.discard(os.getpid())
         return {pid for pid in live if is_running(pid)}
 
