@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from common import RESULTS, ROUNDS, SPECS, bench_entries
-from fedseg.evaluate.stats import mean_std
+from fedseg.evaluate.stats import ci_text, dagger, mean_std
 
 CONTINUED = "fedavg-continue"  # the control: FedAvg continued from the model the CONTROLLED methods start from
 ORDER = ["fedavg", "local", "finetune", "ditto-ft", "ditto", "fedper", "lg-fedavg", "cfl", "prior-cfl", CONTINUED]
@@ -138,9 +138,11 @@ def fmt(x: dict, digits: int = 3) -> str:
 
 def test_cells(w: dict) -> list[str]:
     """Δ (with † when the CI excludes 0), the 95% CI and p of one ``wilcoxon_vs`` result, as table cells."""
-    dagger = " †" if w.get("ci_excludes_0") else ""
-    ci = "" if w.get("ci_low") is None else f"[{w['ci_low']:+.4f}, {w['ci_high']:+.4f}]"
-    return [f"{w['mean_difference']:+.4f}{dagger}", ci, "" if math.isnan(w["p"]) else f"{w['p']:.2g}"]
+    return [
+        f"{w['mean_difference']:+.4f}{dagger(w)}",
+        ci_text(w, digits=4),
+        "" if math.isnan(w["p"]) else f"{w['p']:.2g}",
+    ]
 
 
 def markdown(report: dict) -> str:

@@ -32,6 +32,8 @@ import re
 import sys
 from pathlib import Path
 
+from fedseg.evaluate.stats import ci_text, dagger
+
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "results.md"
 BLOCK = re.compile(r"(<!-- generated: (?P<what>[^>]*?) -->\n)(?P<body>.*?)(<!-- end of (?P=what) -->)", re.DOTALL)
@@ -101,9 +103,7 @@ def split_delta_ci(test: dict | None) -> tuple[str, str]:
     next to a bound that prints as 0), Δ with † when the CI excludes 0; empty strings where there is no test."""
     if not test:
         return "", ""
-    dagger = " †" if test.get("ci_excludes_0") else ""
-    ci = f"[{number(test.get('ci_low'))}, {number(test.get('ci_high'))}]"
-    return number(test.get("mean_diff")) + dagger, ci
+    return number(test.get("mean_diff")) + dagger(test), ci_text(test, digits=4)
 
 
 def delta_ci(test: dict | None) -> str:

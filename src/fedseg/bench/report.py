@@ -34,7 +34,7 @@ from fedseg.bench.spec import BenchSpec
 from fedseg.bench.tables import RESULT_COLUMNS, federation_tables
 from fedseg.engine.checkpoint import atomic_write_text
 from fedseg.evaluate.metric_info import DICE, HD95, NSD
-from fedseg.evaluate.stats import RESAMPLES
+from fedseg.evaluate.stats import RESAMPLES, ci_text, dagger
 from fedseg.presentation import kit
 from fedseg.presentation.figures import per_site_bars
 from fedseg.run.outputs import csv_text
@@ -75,18 +75,7 @@ def p_text(test: dict | None) -> str:
     """The Wilcoxon p, with † where the bootstrap CI of the mean difference excludes 0 (``compare``)."""
     if not test or not _finite(test.get("p")):
         return "–"
-    return f"{test['p']:.2g}" + _mark(test)
-
-
-def _mark(test: dict | None) -> str:
-    return " †" if test and test.get("ci_excludes_0") else ""
-
-
-def ci_text(test: dict | None, digits: int = 3) -> str:
-    """``[low, high]`` of the bootstrap CI; ``–`` without one."""
-    if not test or not _finite(test.get("ci_low")) or not _finite(test.get("ci_high")):
-        return "–"
-    return f"[{test['ci_low']:+.{digits}f}, {test['ci_high']:+.{digits}f}]"
+    return f"{test['p']:.2g}" + dagger(test)
 
 
 def _md_table(head: list[str], rows: list[list[str]]) -> str:
@@ -157,7 +146,7 @@ def site_table(fed: dict) -> tuple[list[str], list[list[str]]]:
     for name, s in fed["methods"].items():
         cells = []
         for site in fed["sites"]:
-            cells.append(ms(s["sites"].get(site)) + _mark(s["site_wilcoxon"].get(site)))
+            cells.append(ms(s["sites"].get(site)) + dagger(s["site_wilcoxon"].get(site)))
         rows.append([name, *_method_budget(s), *cells, ms(s["client_avg"]), ms(s["local_avg"]), ms(s["local_gen"])])
     return head, rows
 

@@ -221,3 +221,18 @@ def seed_averaged(per_seed: PerSeed) -> dict[Any, float]:
             if np.isfinite(value):
                 sums.setdefault(key, []).append(value)
     return {key: float(np.mean(v)) for key, v in sums.items()}
+
+
+# --- the text of a comparison (``compare``'s result: ``mean_diff``/``mean_difference``, ``ci_low``, ``ci_high``,
+# ``ci_excludes_0``), one way in every table: the run and bench reports, docs/results.md, benchmarks' Markdown
+def dagger(test: Mapping[str, Any] | None) -> str:
+    """`` †`` after a number whose comparison ``test`` has a 95% CI that excludes 0; empty otherwise."""
+    return " †" if test and test.get("ci_excludes_0") else ""
+
+
+def ci_text(test: Mapping[str, Any] | None, digits: int = 3) -> str:
+    """``[low, high]`` of ``test``'s bootstrap CI, signed, to ``digits`` decimals; ``–`` without one."""
+    low, high = (None, None) if not test else (test.get("ci_low"), test.get("ci_high"))
+    if not all(isinstance(x, (int, float)) and math.isfinite(x) for x in (low, high)):
+        return "–"
+    return f"[{low:+.{digits}f}, {high:+.{digits}f}]"
