@@ -38,12 +38,12 @@ demo: $(STAMP)
 	@$(BYTECODE)
 	$(BIN)/fedseg run --preset demo --out runs/demo --resume
 
-# The suite in one process (about 20 min on 2 cores). `$(BIN)/python -m pytest -n 2 --dist loadscope` runs it in
-# two (11-13 min); under that load a Ray actor of `fedseg flower simulate` once outlived the command (now fixed:
-# fedseg.flower.deploy.Processes finds orphans by their FLWR_HOME), so CI keeps one process until two pass again.
+# The suite in two processes (pytest-xdist; about 13 min on 2 cores, 20 min in one: `$(BIN)/python -m pytest`).
+# --dist loadscope keeps a module's tests (and its module-scoped fixtures: trained runs, Flower deployments) in one
+# process. Two timing bugs this load exposed are fixed (a Flower node asked twice; a Ray actor outliving its command).
 test: $(STAMP)
 	@$(BYTECODE)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n 2 --dist loadscope
 
 check: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks docs/gen_methods.py docs/gen_results.py
