@@ -147,3 +147,27 @@ def test_a_full_disk_ends_the_run_with_one_line_naming_the_file_and_no_temp_file
     assert result.exit_code == 1, result.output
     assert result.output.strip() == f"error: {out / 'checkpoints' / 'fedavg.pt'}: No space left on device"
     assert not list((out / "checkpoints").iterdir())  # the half-written temp file was removed
+
+
+def _process_server_of(sid: int) -> int | None:
+    """The PID of the worker pool's process server in session ``sid`` while it starts or imports, else None."""
+    for pid in _session_processes(sid):
+        with contextlib.suppress(OSError):
+            if b"server_preload" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                return pid
+    return None
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads sessions from /proc (Linux)")
+def test_ctrl_c_while_the_worker_pool_starts_prints_one_line_and_leaves_no_process(tmp_path):
+    out = tmp_path / "run"
+    run = ["run", "--preset", "demo", "--algorithms", "fedavg", "--rounds", "200", "--workers", "2", "--out", str(out)]
+    with _session([sys.executable, "-m", "fedseg.cli", *run, *(a for s in TINY_SET for a in ("--set", s))]) as proc:
+        # Ctrl-C as soon as the pool's process server exists: it imports torch and MONAI for seconds after that
+        assert _wait_for(lambda: _process_server_of(proc.pid) is not None, 60), "no process server started"
+        os.killpg(proc.pid, signal.SIGINT)
+        output, _ = proc.communicate(timeout=60)
+        assert _wait_for(lambda: not _session_processes(proc.pid), 30), _session_processes(proc.pid)
+    assert proc.returncode == 130, output
+    assert "interrupted:" in output and "--resume" in output, output
+    assert "Traceback" not in output and "KeyboardInterrupt" not in output, output

@@ -225,9 +225,7 @@ def run(
     except KeyboardInterrupt:
         fail(resume_hint("it", out, "every finished round is checkpointed"), INTERRUPTED_EXIT)
         return
-    from fedseg.report.html import render_report
-
-    path = render_report(out)
+    path = report_or_fail(out)
     from fedseg.tracking import log_report
 
     log_report(out, cfg, path)  # the report to each algorithm's tracking run (when tracking is on)
@@ -353,9 +351,23 @@ def report(run_dir: Path = typer.Argument(..., help="output directory of a finis
             fail(f"{run_dir}: no summary.json, study.json, unseen.csv or sweep.csv (not a run or study directory?)")
         console.print(f"report: {render_study(run_dir)}")
         return
+    console.print(f"report: {report_or_fail(run_dir)}")
+
+
+def report_or_fail(run_dir: Path) -> Path:
+    """Render ``run_dir``'s report.html (``fedseg.report.html.render_report``); one error line if a file of the run
+    cannot be read or the report cannot be written (a full disk: nothing half-written is left, the run's results
+    stay as they are)."""
     from fedseg.report.html import render_report
 
-    console.print(f"report: {render_report(run_dir)}")
+    try:
+        return render_report(run_dir)
+    except OSError as e:  # writing it (a full disk): the same command draws it once there is room
+        fail(f"the report was not written: {error_text(e)}; `fedseg report {run_dir}` draws it again")
+        raise  # fail() exits; for the type checker
+    except (ValueError, KeyError) as e:  # a damaged file of the run (the message says which and what to do)
+        fail(f"the report was not drawn: {error_text(e)}")
+        raise
 
 
 @app.command()

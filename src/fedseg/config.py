@@ -631,6 +631,15 @@ class RunConfig(Strict):
             raise ValueError("faults: kind hang needs fl.timeout_s (how long the run waits for a site)")
         return self
 
+    @field_validator("algorithms")
+    @classmethod
+    def _each_algorithm_once(cls, names: list[str]) -> list[str]:
+        if not names:
+            raise ValueError("name at least one algorithm")
+        if twice := sorted({name for name in names if names.count(name) > 1}):
+            raise ValueError(f"{', '.join(twice)} named more than once")
+        return names
+
     @field_validator("tracking")
     @classmethod
     def _unique_trackers(cls, names: list[str]) -> list[str]:
@@ -744,18 +753,28 @@ def read_yaml_mapping(text: str, where: str) -> dict:
     return data
 
 
-def apply_override(data: dict, assignment: str) -> None:
-    """Apply ``key.sub=value`` to a nested dict in place; the value is parsed as YAML."""
+def apply_override(data: dict, assignment: str, option: str = "--set") -> None:
+    """Apply ``key.sub=value`` to a nested dict in place; the value is parsed as YAML. ``option``: the command-line
+    option the assignment came from, for the error message."""
     if "=" not in assignment:
-        raise ConfigError(f"--set {assignment!r}: expected key.sub=value")
+        raise ConfigError(f"{option} {assignment!r}: expected key.sub=value")
     key, raw = assignment.split("=", 1)
     parts = key.strip().split(".")
     node = data
     for part in parts[:-1]:
         node = node.setdefault(part, {})
         if not isinstance(node, dict):
-            raise ConfigError(f"--set {key}: {part!r} is not a section")
-    node[parts[-1]] = yaml.safe_load(raw)
+            raise ConfigError(f"{option} {key}: {part!r} is not a section")
+    try:
+        node[parts[-1]] = yaml.safe_load(raw)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{option} {key.strip()}: {raw!r} is not a valid YAML value ({yaml_problem(e)})") from None
+
+
+def yaml_problem(error: yaml.YAMLError) -> str:
+    """What the YAML parser found wrong, in one line (e.g. "expected ',' or ']', but got '<stream end>'")."""
+    problem = getattr(error, "problem", None)
+    return str(problem or error).splitlines()[0]
 
 
 def load_config(preset: str | None = None, file: str | Path | None = None, overrides: Sequence[str] = ()) -> RunConfig:
@@ -769,7 +788,13 @@ def load_config(preset: str | None = None, file: str | Path | None = None, overr
         path = Path(file)
         if not path.is_file():
             raise ConfigError(f"{path}: config file not found")
-        data, where = read_yaml_mapping(path.read_text(), str(path)), str(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"{path}: not UTF-8 text (at byte offset {e.start}); save the config as UTF-8") from None
+        if not text.strip():
+            raise ConfigError(f"{path}: the config file is empty (start from `fedseg presets show demo > {path.name}`)")
+        data, where = read_yaml_mapping(text, str(path)), str(path)
     data.pop("description", None)
     for assignment in overrides:
         apply_override(data, assignment)
@@ -786,7 +811,10 @@ def validate_config(data: dict, where: str) -> RunConfig:
 
 def validation_problems(error: ValidationError, prefix: str = "") -> str:
     """Every problem of a pydantic ``error`` as ``key.sub: message``, joined by ``; `` (``prefix``: before each key)."""
-    return "; ".join(f"{prefix}{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in error.errors())
+    return "; ".join(
+        f"{prefix}{'.'.join(map(str, err['loc']))}: {err['msg'].removeprefix('Value error, ')}"
+        for err in error.errors()
+    )
 
 
 def dump_config(cfg: RunConfig) -> str:
@@ -813,8 +841,13 @@ def config_from_cli(
     overrides = list(overrides)
     if data is not None:
         overrides += ["data.source=folder", f"data.root={Path(data).resolve()}"]
-    if algorithms:
-        overrides.append(f"algorithms=[{algorithms}]")
+    if algorithms is not None:
+        names = [name.strip() for name in algorithms.split(",")]
+        if not algorithms.strip():
+            raise ConfigError("--algorithms is empty: name at least one algorithm (comma-separated)")
+        if not all(names):
+            raise ConfigError(f"--algorithms {algorithms!r}: an empty name (two commas in a row, or one at an end)")
+        overrides.append(f"algorithms={yaml.safe_dump(names, default_flow_style=True).strip()}")
     if rounds is not None:
         overrides.append(f"fl.rounds={rounds}")
     if seed is not None:

@@ -172,10 +172,7 @@ def sweep_config(cfg: RunConfig, key: str, value: str) -> RunConfig:
     checked too, and a ``methods.<name>.*`` key must name one of the run's algorithms."""
     where = f"--sweep {key}={value}"
     data = cfg.model_dump(mode="json")
-    try:
-        apply_override(data, f"{key}={value}")
-    except ConfigError as e:
-        raise ConfigError(f"{where}: {e}") from None
+    apply_override(data, f"{key}={value}", option="--sweep")
     variant = validate_config(data, where)
     parts = key.split(".")
     if parts[0] == "methods" and len(parts) > 1 and parts[1] not in variant.algorithms:

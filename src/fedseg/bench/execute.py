@@ -56,17 +56,21 @@ class Finished:
 
 def _train_in_process(cfg_json: dict, out: str, results) -> None:
     """A bench process's target: ``train`` one run, then put ``(out, seconds, None)`` on ``results``, or
-    ``(out, None, exception)`` when it failed, and exit; interrupted (SIGINT from the bench or Ctrl-C) while training,
-    it leaves quietly. Once training is over, SIGINT is blocked, so an interrupt cannot cut the answer short."""
+    ``(out, None, exception)`` when it failed, and exit; interrupted (SIGINT from the bench or Ctrl-C) before its
+    answer is ready, it leaves quietly. Once the answer is ready, SIGINT is ignored, so an interrupt cannot cut it
+    short (ignored, not blocked: blocking holds it back from this thread only, and Python runs its handler in the
+    main thread whichever thread received it; the bench stops the other runs with SIGINT as soon as one fails)."""
     answer: tuple[str, float | None, BaseException | None]
     try:
-        answer = (out, train(cfg_json, out), None)
+        try:
+            answer = (out, train(cfg_json, out), None)
+        except KeyboardInterrupt:
+            raise
+        except BaseException as e:
+            answer = (out, None, _portable(e, traceback.format_exc()))
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     except KeyboardInterrupt:
         os._exit(INTERRUPTED_EXIT)  # no traceback: the bench says what happened
-    except BaseException as e:
-        answer = (out, None, _portable(e, traceback.format_exc()))
-    if hasattr(signal, "pthread_sigmask"):
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     results.put(answer)
     results.close()
     results.join_thread()  # the answer is in the pipe before the process ends

@@ -11,6 +11,7 @@ loss cannot reorder a checkpoint and the files it names.
 from __future__ import annotations
 
 import os
+import pickle
 import tempfile
 import threading
 from collections import deque
@@ -170,8 +171,16 @@ def remove_temp_files(path: Path) -> None:
 
 
 def load_checkpoint(path: Path) -> dict[str, Any] | None:
-    """The checkpoint at ``path``, or None if there is none."""
+    """The checkpoint at ``path``, or None if there is none; a ValueError naming ``path`` if it cannot be read
+    (checkpoints are written atomically, so a damaged one was truncated or changed by something else)."""
     if not path.is_file():
         return None
-    loaded: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=True)
+    try:
+        loaded: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=True)
+    except (RuntimeError, EOFError, pickle.UnpicklingError, ValueError) as e:
+        reason = str(e).strip().splitlines()[0].split(". ")[0][:160] if str(e).strip() else type(e).__name__
+        raise ValueError(
+            f"{path}: the checkpoint is damaged ({reason}); delete it and run again with --resume to train "
+            "that algorithm again from its first round"
+        ) from None
     return loaded

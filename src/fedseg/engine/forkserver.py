@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import multiprocessing
+import signal
 import threading
 from collections.abc import Callable, Sequence
 
@@ -18,9 +19,9 @@ from collections.abc import Callable, Sequence
 # forks every worker from it, so a worker (or a replacement) starts in milliseconds, not after seconds of
 # imports; spawn where there is no forkserver. Never fork the parent: its torch threads make that unsafe.
 START_METHOD = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
-# Imported once, before any fork: server_preload first (fedseg.lean_monai's hook, before MONAI's import); the
-# optimizers import torch._dynamo at their first step (~800 modules, 2 s per worker otherwise).
-PRELOAD = ["fedseg.engine.server_preload", "fedseg.engine.pool", "fedseg.algorithms", "torch._dynamo"]
+# Imported once, before any fork: fedseg.engine.server_preload imports the rest (MONAI's lean import, the pool,
+# every method, torch._dynamo) and ends the server quietly on a Ctrl-C during those imports.
+PRELOAD = ["fedseg.engine.server_preload"]
 
 
 # What the parent may import while its pool starts (``start_forkserver``'s ``while_waiting``; empty: nothing).
@@ -36,13 +37,23 @@ def start_forkserver(while_waiting: Callable[[], Sequence[str]] | None = None) -
     server has one more to do than the parent, ``torch._dynamo``, so the parent otherwise idles ~1 s there)."""
     if while_waiting is not None:
         _while_waiting[:] = [while_waiting]
+    ensure_server()
+
+
+def ensure_server() -> None:
+    """Start the process server with ``PRELOAD`` if this platform has one and it does not run yet (returns at once).
+    It starts with Ctrl-C (SIGINT) blocked, a mask it inherits: ``fedseg.engine.server_preload`` unblocks it once
+    it can end the server quietly, so a Ctrl-C in the server's first moments prints no traceback."""
     if START_METHOD != "forkserver":
         return
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(PRELOAD)
+    multiprocessing.get_context("forkserver").set_forkserver_preload(PRELOAD)
     from multiprocessing import forkserver
 
-    forkserver.ensure_running()
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        forkserver.ensure_running()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 def import_while_waiting() -> threading.Thread:

@@ -61,7 +61,7 @@ import torch.multiprocessing as tmp
 from fedseg.data.dataset import SiteData
 from fedseg.engine.base import Observer
 from fedseg.engine.context import Client, Delivery, MethodOptions, Task, answer
-from fedseg.engine.forkserver import PRELOAD, START_METHOD, import_while_waiting
+from fedseg.engine.forkserver import START_METHOD, ensure_server, import_while_waiting
 from fedseg.engine.messages import Message, MetaValue
 from fedseg.engine.simulator import SitesHereEngine
 from fedseg.engine.state import StateStore
@@ -274,8 +274,7 @@ class WorkerPool:
         if not self.devices:
             raise ValueError("engine.devices: give at least one device")
         self._mp: Any = tmp.get_context(START_METHOD)
-        if START_METHOD == "forkserver":
-            self._mp.set_forkserver_preload(PRELOAD)
+        ensure_server()  # started early by `fedseg run`; here for any other caller
         loading = import_while_waiting()  # the workers start once the process server has imported PRELOAD
         try:
             self.slots = [self._start(i) for i in range(self.workers)]

@@ -20,6 +20,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
+from fedseg.engine.checkpoint import atomic_write_bytes
 from fedseg.evaluate.metrics import batch_metrics
 
 __all__ = [
@@ -90,9 +91,10 @@ def _region_color(i: int) -> str:
 
 
 def save(fig: Figure, out: Path) -> Path:
-    """Write ``fig`` to ``out`` (PNG, white background, folders created); returns ``out``."""
+    """Write ``fig`` to ``out`` (PNG, white background, folders created; atomically: never half a file); returns
+    ``out``."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=DPI, bbox_inches="tight", facecolor="white")
+    atomic_write_bytes(out, lambda f: fig.savefig(f, format="png", dpi=DPI, bbox_inches="tight", facecolor="white"))
     return out
 
 

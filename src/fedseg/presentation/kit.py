@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fedseg.engine.checkpoint import atomic_write_text
 from fedseg.evaluate.tables import read_rows
 
 __all__ = [
@@ -179,9 +180,15 @@ def load_run(run_dir: str | Path) -> RunFiles:
     if not summary_path.is_file():
         raise FileNotFoundError(f"{summary_path} not found: is {run_dir} a fedseg run directory?")
     config = run_dir / "config.yaml"
+    try:
+        summary = json.loads(summary_path.read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ValueError(
+            f"{summary_path}: not valid JSON ({e}); `fedseg run` with the run's command and --resume writes it again"
+        ) from None
     return RunFiles(
         dir=run_dir,
-        summary=json.loads(summary_path.read_text()),
+        summary=summary,
         results=read_rows(run_dir / "results.csv") if (run_dir / "results.csv").is_file() else [],
         rounds=read_csv(run_dir / "rounds.csv"),
         ledger=read_csv(run_dir / "ledger.csv"),
@@ -360,5 +367,5 @@ def write_page(out: str | Path, title: str, parts: Iterable[str]) -> Path:
     """Write :func:`page` to ``out`` with its figures embedded (:func:`embed_figures`, relative to
     ``out``'s folder); returns ``out``. The one place every fedseg page is written."""
     out = Path(out)
-    out.write_text(embed_figures(page(title, parts), out.parent), encoding="utf-8")
+    atomic_write_text(out, embed_figures(page(title, parts), out.parent))  # never half a page (a full disk)
     return out

@@ -1,0 +1,111 @@
+"""Bad input on the command line gets one line naming the option, file or field and what is wrong: no traceback,
+no output folder (options and config files), nothing half-written (a report on a full disk). Found by an audit that
+tried a researcher's usual mistakes; each case here printed a traceback or trained silently before."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from fedseg.cli import app
+
+TINY_SET = ["data.scale=0.05", "data.image_size=32", "model.channels=[4,8]", "model.strides=[2]", "threads=1"]
+
+
+def _run(args: list[str]):
+    return CliRunner().invoke(app, args)
+
+
+def _one_error_line(result) -> str:
+    lines = [line for line in result.output.strip().splitlines() if line.strip()]
+    assert result.exit_code == 1, result.output
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
+    assert "Traceback" not in result.output
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--set", "model.channels=[4,8"], "--set model.channels: '[4,8' is not a valid YAML value (expected ','"),
+        (["--sweep", "train.lr=[0.1,0.2"], "--sweep train.lr: '[0.1,0.2' is not a valid YAML value"),
+        (["--algorithms", "fedavg,,local"], "--algorithms 'fedavg,,local': an empty name"),
+        (["--algorithms", "fedavg,"], "--algorithms 'fedavg,': an empty name"),
+        (["--algorithms", ""], "--algorithms is empty: name at least one algorithm"),
+        (["--algorithms", "fedavg,local,fedavg"], "algorithms: fedavg named more than once"),
+    ],
+)
+def test_a_bad_option_value_gets_one_line_and_no_output_folder(tmp_path, args, expected):
+    out = tmp_path / "run"
+    line = _one_error_line(_run(["run", "--preset", "demo", "--rounds", "1", *args, "--out", str(out)]))
+    assert expected in line, line
+    assert not out.exists()
+
+
+def test_an_empty_or_non_utf8_config_file_is_refused_not_trained_with_the_defaults(tmp_path):
+    empty, binary = tmp_path / "empty.yaml", tmp_path / "latin1.yaml"
+    empty.write_text("\n  \n")
+    binary.write_bytes("name: caf\xe9\n".encode("latin-1"))
+    out = tmp_path / "run"
+    line = _one_error_line(_run(["run", "--config", str(empty), "--out", str(out)]))
+    assert line == f"error: {empty}: the config file is empty (start from `fedseg presets show demo > empty.yaml`)"
+    line = _one_error_line(_run(["run", "--config", str(binary), "--out", str(out)]))
+    assert line == f"error: {binary}: not UTF-8 text (at byte offset 9); save the config as UTF-8"
+    assert not out.exists()
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory) -> tuple[Path, list[str]]:
+    """A finished 1-round FedAvg run of ``demo`` (tiny) and the arguments that made it."""
+    out = tmp_path_factory.mktemp("bad_input") / "run"
+    args = ["run", "--preset", "demo", "--algorithms", "fedavg", "--rounds", "1", "--out", str(out)]
+    args += [a for s in TINY_SET for a in ("--set", s)]
+    result = _run(args)
+    assert result.exit_code == 0, result.output
+    return out, args
+
+
+def test_a_damaged_checkpoint_on_resume_is_named_with_what_to_do(finished_run, tmp_path):
+    run, args = finished_run
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    checkpoint = copy / "checkpoints" / "fedavg.pt"
+    checkpoint.write_bytes(checkpoint.read_bytes()[:100])  # truncated, as by a disk fault or a bad copy
+    line = _one_error_line(
+        _run([*args[: args.index("--out")], "--out", str(copy), *args[args.index("--out") + 2 :], "--resume"])
+    )
+    assert line.startswith(f"error: {checkpoint}: the checkpoint is damaged ("), line
+    assert line.endswith("delete it and run again with --resume to train that algorithm again from its first round")
+
+
+def test_the_report_of_a_damaged_summary_names_the_file(finished_run, tmp_path):
+    run, _ = finished_run
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    (copy / "summary.json").write_text('{"algorithms": ')
+    line = _one_error_line(_run(["report", str(copy)]))
+    assert line.startswith(f"error: the report was not drawn: {copy / 'summary.json'}: not valid JSON ("), line
+
+
+def test_a_report_that_does_not_fit_on_the_disk_leaves_no_half_page(finished_run, tmp_path):
+    run, _ = finished_run
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(disk)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    try:
+        copy = disk / "run"
+        shutil.copytree(run, copy, ignore=shutil.ignore_patterns("report.html", "figures"))
+        with open(disk / "filler", "wb") as f:  # leave about 20 kB: less than one figure
+            f.write(b"\0" * (shutil.disk_usage(disk).free - 20_000))
+        line = _one_error_line(_run(["report", str(copy)]))
+        assert "No space left on device" in line and f"`fedseg report {copy}` draws it again" in line, line
+        assert not (copy / "report.html").exists()
+        leftovers = [p.name for p in copy.rglob(".*") if p.is_file() and p.name != ".provenance.json"]
+        assert not leftovers, leftovers  # no temp file of a figure or of the page
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
