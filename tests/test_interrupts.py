@@ -171,3 +171,17 @@ def test_ctrl_c_while_the_worker_pool_starts_prints_one_line_and_leaves_no_proce
     assert proc.returncode == 130, output
     assert "interrupted:" in output and "--resume" in output, output
     assert "Traceback" not in output and "KeyboardInterrupt" not in output, output
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads sessions from /proc (Linux)")
+def test_ctrl_c_while_data_synth_writes_leaves_no_half_federation(tmp_path):
+    out = tmp_path / "fed"
+    synth = ["data", "synth", "--preset", "synthetic-brats", "--out", str(out)]  # 55 volumes: seconds of writing
+    with _session([sys.executable, "-m", "fedseg.cli", *synth]) as proc:
+        writing = lambda: list(tmp_path.glob(".fed.writing-*/site1/images/*"))  # noqa: E731  cases being written
+        assert _wait_for(writing, 120), "data synth never wrote a case"
+        os.killpg(proc.pid, signal.SIGINT)
+        output, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, output
+    assert output.strip() == f"interrupted: nothing was written to {out}; run the same command again", output
+    assert not out.exists() and not list(tmp_path.iterdir()), list(tmp_path.iterdir())

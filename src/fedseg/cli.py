@@ -398,6 +398,9 @@ def predict(
     except (FederationError, ValueError) as e:
         fail(str(e))
         return
+    except KeyboardInterrupt:  # the masks are staged and moved into --out at the end
+        fail(f"interrupted: no mask was written to {out}; run the same command again", INTERRUPTED_EXIT)
+        return
     console.print(f"{len(rows)} mask(s) and predictions.csv written to {out}", highlight=False)
 
 

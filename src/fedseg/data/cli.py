@@ -12,6 +12,7 @@ from rich.table import Table
 
 from fedseg.config import ConfigError, DataConfig, SplitConfig, error_text, load_config, preset_names
 from fedseg.data.federation import SPLITS, Federation, FederationError
+from fedseg.interrupts import INTERRUPTED_EXIT
 
 data_app = typer.Typer(
     help="Federation data: validate a folder federation (check), write a built-in one to disk (synth), import a "
@@ -20,10 +21,16 @@ data_app = typer.Typer(
 )
 
 
-def _fail(message: str) -> NoReturn:
-    """Print ``message`` to stderr (no traceback) and exit with status 1."""
+def _fail(message: str, code: int = 1) -> NoReturn:
+    """Print ``message`` to stderr (no traceback) and exit with status ``code``."""
     typer.echo(message, err=True)
-    raise typer.Exit(1)
+    raise typer.Exit(code)
+
+
+def _interrupted(out: Path) -> NoReturn:
+    """Ctrl-C (or SIGTERM) while writing ``out``: these commands write into a temporary folder next to it and rename
+    it at the end, so nothing was written; one line says so."""
+    _fail(f"interrupted: nothing was written to {out}; run the same command again", INTERRUPTED_EXIT)
 
 
 def _shape_text(shapes: list[tuple[int, ...]]) -> str:
@@ -147,6 +154,8 @@ def synth(
         written = check_folder(out)
     except (FederationError, ConfigError, OSError) as e:  # OSError: e.g. a read-only or full --out
         _fail(error_text(e))
+    except KeyboardInterrupt:
+        _interrupted(out)
     _print_summary(
         written,
         split,
@@ -195,6 +204,8 @@ def import_(
         fed = import_dataset(layout, sources, out, copy=copy, options=options)
     except (FederationError, OSError) as e:  # OSError: e.g. a full disk, a folder that cannot be written
         _fail(error_text(e))
+    except KeyboardInterrupt:
+        _interrupted(out)
     split, seed = SplitConfig(), DataConfig().seed
     how = "copied" if copy else "linked where usable as is"
     _print_summary(
@@ -271,6 +282,8 @@ def export(
         written = export_nnunet(federation, folds, out, dataset_id=dataset_id, name=name, site=site)
     except (FederationError, ConfigError, OSError) as e:
         _fail(error_text(e))
+    except KeyboardInterrupt:
+        _interrupted(out)
     typer.echo(
         f"exported {federation.name} ({'site ' + site if site else 'pooled'}, {split.mode} split, seed {split_seed}): "
         f"{written.training} training and {written.test} test cases, {written.folds} fold(s) -> {written.path}"

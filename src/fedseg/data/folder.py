@@ -38,6 +38,7 @@ from __future__ import annotations
 import functools
 import re
 import shutil
+import tempfile
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -659,9 +660,8 @@ def _write_label(folder: Path, cid: str, label: np.ndarray, kind: str, affine: n
         np.save(folder / f"{cid}.npy", label)
 
 
-def _prepare_root(root: Path, overwrite: bool) -> None:
-    """Create ``root``; a non-empty ``root`` is refused unless ``overwrite`` and it is a federation folder,
-    in which case its ``federation.yaml`` and site folders (those with ``images/`` or ``labels/``) are removed."""
+def _check_root(root: Path, overwrite: bool) -> None:
+    """Refuse a non-empty ``root`` unless ``overwrite`` and it is a federation folder (``FederationError``)."""
     if root.exists() and any(root.iterdir()):
         if not overwrite:
             raise FederationError(f"{root}: exists and is not empty (overwrite it with --force / overwrite=True)")
@@ -669,11 +669,24 @@ def _prepare_root(root: Path, overwrite: bool) -> None:
             raise FederationError(
                 f"{root}: not empty and not a federation folder (no {HEADER_FILE}); refusing to overwrite"
             )
-        for sub in root.iterdir():
-            if sub.is_dir() and ((sub / "images").is_dir() or (sub / "labels").is_dir()):
-                shutil.rmtree(sub)
-        (root / HEADER_FILE).unlink()
-    root.mkdir(parents=True, exist_ok=True)
+
+
+def _move_into_root(written: Path, root: Path) -> None:
+    """Put the federation written in ``written`` at ``root``: renamed there if ``root`` is new or empty; else the
+    federation in ``root`` (its ``federation.yaml`` and site folders: those with ``images/`` or ``labels/``) is
+    removed and ``written``'s entries are moved in (other files in ``root`` stay)."""
+    if root.exists() and not any(root.iterdir()):
+        root.rmdir()
+    if not root.exists():
+        written.rename(root)
+        return
+    for sub in root.iterdir():
+        if sub.is_dir() and ((sub / "images").is_dir() or (sub / "labels").is_dir()):
+            shutil.rmtree(sub)
+    (root / HEADER_FILE).unlink(missing_ok=True)
+    for entry in written.iterdir():
+        entry.rename(root / entry.name)
+    written.rmdir()
 
 
 def write_folder(fed: Federation, root: str | Path, splits: Splits | None = None, *, overwrite: bool = False) -> Path:
@@ -696,19 +709,27 @@ def write_folder(fed: Federation, root: str | Path, splits: Splits | None = None
             raise FederationError(f"site {site.name!r}: duplicate case ids {dupes}")
         site_metadata_for_yaml(site)  # refuse metadata that cannot be written before touching root
         cases_csv_table(site)
-    _prepare_root(root, overwrite)
-    write_header(root, fed)
-    for site in fed.sites:
-        site_dir = root / site.name
-        (site_dir / "images").mkdir(parents=True)
-        (site_dir / "labels").mkdir()
-        for case in site.cases:
-            image, label = case.arrays()
-            affine = spacing_affine(case.spacing)
-            _write_image(site_dir / "images", case.id, np.asarray(image), fed.kind, affine)
-            _write_label(site_dir / "labels", case.id, np.asarray(label), fed.kind, affine)
-        site_split = splits.get(site.name) if splits is not None else site.fixed_splits
-        if site_split:
-            write_site_splits_csv(site_dir / SPLITS_FILE, site_split)
-        write_cases_csv(site_dir / CASES_FILE, site)
+    _check_root(root, overwrite)
+    root.parent.mkdir(parents=True, exist_ok=True)
+    # written next to root first, so an interrupted or failed write (Ctrl-C, a full disk) leaves no half federation
+    tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.writing-", dir=root.parent))
+    try:
+        write_header(tmp, fed)
+        for site in fed.sites:
+            site_dir = tmp / site.name
+            (site_dir / "images").mkdir(parents=True)
+            (site_dir / "labels").mkdir()
+            for case in site.cases:
+                image, label = case.arrays()
+                affine = spacing_affine(case.spacing)
+                _write_image(site_dir / "images", case.id, np.asarray(image), fed.kind, affine)
+                _write_label(site_dir / "labels", case.id, np.asarray(label), fed.kind, affine)
+            site_split = splits.get(site.name) if splits is not None else site.fixed_splits
+            if site_split:
+                write_site_splits_csv(site_dir / SPLITS_FILE, site_split)
+            write_cases_csv(site_dir / CASES_FILE, site)
+        _move_into_root(tmp, root)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     return root
