@@ -109,3 +109,20 @@ def test_a_report_that_does_not_fit_on_the_disk_leaves_no_half_page(finished_run
         assert not leftovers, leftovers  # no temp file of a figure or of the page
     finally:
         subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def test_the_report_of_a_stopped_run_says_which_methods_did_not_finish(finished_run, tmp_path):
+    import yaml
+
+    run, _ = finished_run
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    config = yaml.safe_load((copy / "config.yaml").read_text())
+    config["algorithms"] = ["fedavg", "local", "fedsm"]  # as if stopped after fedavg: summary.json holds fedavg only
+    (copy / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    result = _run(["report", str(copy)])
+    assert result.exit_code == 0, result.output
+    assert "note: incomplete run: local, fedsm did not finish" in result.output, result.output
+    assert "Incomplete run: local, fedsm did not finish" in (copy / "report.html").read_text()
+    complete = _run(["report", str(run)])
+    assert complete.exit_code == 0 and "incomplete" not in complete.output.lower(), complete.output

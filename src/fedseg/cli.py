@@ -352,6 +352,11 @@ def report(run_dir: Path = typer.Argument(..., help="output directory of a finis
         console.print(f"report: {render_study(run_dir)}")
         return
     console.print(f"report: {report_or_fail(run_dir)}")
+    from fedseg.presentation.kit import load_run
+    from fedseg.report.html import unfinished_text
+
+    if text := unfinished_text(load_run(run_dir)):
+        console.print(f"note: {text}", highlight=False, soft_wrap=True)
 
 
 def report_or_fail(run_dir: Path) -> Path:

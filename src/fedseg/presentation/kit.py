@@ -166,6 +166,18 @@ class RunFiles:
     def algorithms(self) -> dict[str, dict]:
         return self.summary.get("algorithms", {})
 
+    @property
+    def unfinished(self) -> list[str]:
+        """The algorithms ``config.yaml`` names that ``summary.json`` does not hold (the run was stopped before they
+        finished: ``fedseg run --resume`` trains them), in the config's order; empty without a readable config."""
+        import yaml
+
+        try:
+            configured = (yaml.safe_load(self.config or "") or {}).get("algorithms") or []
+        except (yaml.YAMLError, AttributeError):
+            return []
+        return [a for a in configured if isinstance(a, str) and a not in self.algorithms]
+
     def label(self, algorithm: str) -> str:
         """Display name of ``algorithm`` (``names``, else summary.json's ``display_name``, else the name)."""
         if algorithm in self.names:

@@ -464,9 +464,25 @@ def _header(run: RunFiles) -> str:
         f'<p class="meta">Run: <code>{esc(run.dir.resolve().name)}</code></p>'
         f'<p class="meta">Sites{" (test cases)" if counts else ""}: {sites}</p>'
         f'<p class="meta">Regions: {esc(", ".join(run.regions))} &nbsp;·&nbsp; Methods: {algs}</p>'
+        + _unfinished_line(run)
         + _data_line(run)
         + _provenance_line(s.get("provenance"))
     )
+
+
+def unfinished_text(run: RunFiles) -> str | None:
+    """One sentence naming the configured methods this run has not finished (None when it finished every one)."""
+    if not (missing := run.unfinished):
+        return None
+    return (
+        f"incomplete run: {', '.join(missing)} did not finish (the run was stopped); this report holds the finished "
+        f"methods only, and `fedseg run` with the run's command and --resume trains the rest"
+    )
+
+
+def _unfinished_line(run: RunFiles) -> str:
+    text = unfinished_text(run)
+    return f'<p class="meta"><b>{esc(text[0].upper() + text[1:])}.</b></p>' if text else ""
 
 
 def _data_line(run: RunFiles) -> str:
