@@ -464,3 +464,31 @@ def test_predict_takes_dicom_series_folders_as_it_takes_the_same_volume_in_nifti
         assert np.array_equal(np.asarray(mask.dataobj), expected), out
         assert np.allclose(mask.affine, readers.volume_grid(series).affine), out
         assert "case" in (tmp_path / out / "predictions.csv").read_text()
+
+
+def _nifti_with_zero_voxel_size(path: Path, with_sform: bool) -> Path:
+    """A NIfTI whose second pixdim is 0, written byte by byte (nibabel's writer refuses it); ``with_sform``: the
+    header also holds an sform, which then gives the voxel size."""
+    import gzip
+    import struct
+
+    import nibabel as nib
+
+    plain = path.with_suffix("").with_suffix(".nii")
+    nib.save(nib.Nifti1Image(np.zeros((4, 4, 4), np.float32), np.eye(4) if with_sform else None), plain)
+    raw = bytearray(plain.read_bytes())
+    raw[80:84] = struct.pack("<f", 0.0)  # pixdim[1] (pixdim starts at byte 76)
+    path.write_bytes(gzip.compress(bytes(raw)))
+    return path
+
+
+def test_a_nifti_without_a_voxel_size_is_refused_by_name_and_nibabels_fix_messages_stay_quiet(tmp_path, capfd):
+    from fedseg.data.readers import read_volume, volume_grid
+
+    bad = _nifti_with_zero_voxel_size(tmp_path / "no_size.nii.gz", with_sform=False)
+    for read in (volume_grid, read_volume):
+        with pytest.raises(FederationError, match=r"no_size\.nii\.gz: voxel size \[0\.0, 1\.0, 1\.0\] \(NIfTI pixdim"):
+            read(bad)
+    good = _nifti_with_zero_voxel_size(tmp_path / "sform.nii.gz", with_sform=True)  # the sform gives the size
+    assert volume_grid(good).shape == (4, 4, 4) and read_volume(good).shape == (4, 4, 4)
+    assert "pixdim" not in capfd.readouterr().err  # nibabel's "setting 0 dims to 1", once per file read

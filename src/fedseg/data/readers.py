@@ -27,6 +27,7 @@ maps voxel indices to RAS+ mm (nibabel's convention; ITK and DICOM's LPS are con
 from __future__ import annotations
 
 import importlib
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -246,6 +247,33 @@ def _itk_read_kwargs(path: Path) -> dict[str, Any]:
     return {"pixel_type": itk.VariableLengthVector[getattr(itk, _ITK_VECTOR_COMPONENTS[component])]}
 
 
+def load_nifti(path: Path) -> SpatialImage:
+    """``nibabel.load(path)`` without nibabel's header-fix messages (one per load, so a flood over a dataset), and a
+    ``FederationError`` where nibabel would invent the voxel size: the header has no qform or sform, and a spatial
+    ``pixdim`` is zero, negative or not a number (nibabel sets it to 1 mm; HD95 and NSD in mm would be wrong)."""
+    import nibabel as nib
+    from nibabel.openers import ImageOpener
+
+    fixes = nib.imageglobals.logger  # nibabel reports each header fix there (its own suppressor leaves Python's
+    level, fixes.level = fixes.level, logging.CRITICAL + 1  # last-resort handler printing them)
+    try:
+        image = cast("SpatialImage", nib.load(path))
+    finally:
+        fixes.level = level
+    header = image.header
+    if int(header.get("qform_code", 0)) == 0 and int(header.get("sform_code", 0)) == 0:
+        with ImageOpener(path) as f:
+            raw = type(header).from_fileobj(f, check=False)
+        spatial = min(3, len(image.shape))
+        pixdim = [float(x) for x in raw["pixdim"][1 : 1 + spatial]]
+        if not all(np.isfinite(x) and x > 0 for x in pixdim):
+            raise FederationError(
+                f"{path}: voxel size {pixdim} (NIfTI pixdim, no qform or sform) is not positive; set the voxel size "
+                "in mm in the header (nibabel: image.header.set_zooms)"
+            )
+    return image
+
+
 def volume_grid(path: Path) -> VoxelGrid:
     """The grid of a volume file or DICOM series folder from its header(s) alone (no voxel is read).
 
@@ -257,9 +285,7 @@ def volume_grid(path: Path) -> VoxelGrid:
         return series_grid(path)
     try:
         if fmt in NIFTI_EXTS:
-            import nibabel as nib
-
-            image = cast("SpatialImage", nib.load(path))
+            image = load_nifti(path)
             return VoxelGrid(tuple(int(n) for n in image.shape), np.asarray(image.affine, dtype=np.float64))
         if fmt in ITK_EXTS:
             return _itk_grid(path)
@@ -289,9 +315,7 @@ def read_volume(path: Path) -> np.ndarray:
     fmt = volume_format(path)
     try:
         if fmt in NIFTI_EXTS:
-            import nibabel as nib
-
-            return np.asanyarray(cast("SpatialImage", nib.load(path)).dataobj)
+            return np.asanyarray(load_nifti(path).dataobj)
         if fmt in ITK_EXTS:
             return _itk_array(path, f"a {path.suffix} file")[0]
         if fmt == DICOM:
