@@ -260,9 +260,9 @@ def load_nifti(path: Path) -> SpatialImage:
         image = cast("SpatialImage", nib.load(path))
     finally:
         fixes.level = level
-    header = image.header
+    header: Any = image.header  # a NIfTI-1 or NIfTI-2 header (nibabel's stubs type it as the generic one)
     if int(header.get("qform_code", 0)) == 0 and int(header.get("sform_code", 0)) == 0:
-        with ImageOpener(path) as f:
+        with ImageOpener(str(path)) as f:
             raw = type(header).from_fileobj(f, check=False)
         spatial = min(3, len(image.shape))
         pixdim = [float(x) for x in raw["pixdim"][1 : 1 + spatial]]
