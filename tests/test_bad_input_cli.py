@@ -37,6 +37,7 @@ def _one_error_line(result) -> str:
         (["--algorithms", "fedavg,"], "--algorithms 'fedavg,': an empty name"),
         (["--algorithms", ""], "--algorithms is empty: name at least one algorithm"),
         (["--algorithms", "fedavg,local,fedavg"], "algorithms: fedavg named more than once"),
+        (["--algorithms", "fedavg", "--set", "methods.fedprox.mu=abc"], "methods.fedprox.mu: Input should be a valid"),
     ],
 )
 def test_a_bad_option_value_gets_one_line_and_no_output_folder(tmp_path, args, expected):
@@ -55,6 +56,23 @@ def test_an_empty_or_non_utf8_config_file_is_refused_not_trained_with_the_defaul
     assert line == f"error: {empty}: the config file is empty (start from `fedseg presets show demo > empty.yaml`)"
     line = _one_error_line(_run(["run", "--config", str(binary), "--out", str(out)]))
     assert line == f"error: {binary}: not UTF-8 text (at byte offset 9); save the config as UTF-8"
+    assert not out.exists()
+
+
+LAYOUT = "a federation is a folder with federation.yaml and a folder per site"
+
+
+def test_a_data_path_that_is_not_a_federation_folder_gets_one_line(tmp_path):
+    out = tmp_path / "run"
+    missing = tmp_path / "nowhere"
+    line = _one_error_line(_run(["run", "--preset", "demo", "--data", str(missing), "--out", str(out)]))
+    assert (
+        line == f"error: {missing}: does not exist; a federation is a folder with federation.yaml and a folder per site"
+    )
+    header = tmp_path / "federation.yaml"  # the file given instead of its folder
+    header.write_text("kind: 2d\n")
+    line = _one_error_line(_run(["run", "--preset", "demo", "--data", str(header), "--out", str(out)]))
+    assert line.endswith(f"is a file; {LAYOUT} (give the folder that holds it: {tmp_path})"), line
     assert not out.exists()
 
 

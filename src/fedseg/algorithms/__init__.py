@@ -132,12 +132,14 @@ def check_sites(cfg, num_sites: int, where: str) -> None:
 def check_method_names(methods: Mapping[str, object]) -> None:
     """Every key of config ``methods`` names a registered algorithm: a misspelt one (``methods.fedsmm.lam``) would
     otherwise be ignored and the run use the defaults. Keys of algorithms the run does not train are fine (a preset
-    holds options for methods one may add). ``ConfigError`` naming the key and the closest name."""
-    for key in methods:
+    holds options for methods one may add), and their options are checked as well (a bad value would otherwise
+    surface only in the run that adds the method). ``ConfigError`` naming the key and the closest name."""
+    for key, options in methods.items():
         if key not in ALGORITHMS:
             close = difflib.get_close_matches(key, list(ALGORITHMS), n=1)
             hint = f"did you mean {close[0]!r}?" if close else f"algorithms: {', '.join(sorted(ALGORITHMS))}"
             raise ConfigError(f"methods.{key}: no algorithm is named {key!r}; {hint}")
+        ALGORITHMS[key].parse_options(options)  # type: ignore[arg-type]
 
 
 __all__ = [

@@ -15,6 +15,7 @@ import numpy as np
 from fedseg.config import SplitConfig
 from fedseg.data.federation import Federation, FederationError, Regions
 from fedseg.data.folder import (
+    HEADER_FILE,
     Header,
     build_federation,
     case_problems,
@@ -118,6 +119,11 @@ def check_folder(
     ``... and N more like this``; the count in its first line is the total).
     """
     root = Path(root)
+    if not root.is_dir():  # one line, not the problems of a folder that is not there
+        what = "does not exist" if not root.exists() else "is a file"
+        hint = f" (give the folder that holds it: {root.parent})" if root.name == HEADER_FILE else ""
+        layout = f"a federation is a folder with {HEADER_FILE} and a folder per site"
+        raise FederationError(f"{root}: {what}; {layout}{hint}")
     header, sites, fixed, problems = scan_folder(root, all_sites=all_sites)
     meta: dict[tuple[str, str], dict[str, object]] = {}
     for site in sites:

@@ -29,7 +29,10 @@ T = TypeVar("T")
 def atomic_write_bytes(path: Path, write: Callable[[BinaryIO], object]) -> None:
     """Call ``write(file)`` on a temp file next to ``path`` and atomically replace ``path`` with it."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    except OSError as e:  # e.g. a read-only folder: named by the file we write, not by the temp name
+        raise OSError(e.errno, e.strerror or str(e), str(path)) from e
     try:
         os.fchmod(fd, 0o666 & ~current_umask())  # mkstemp's 0600 -> the mode of a normally created file
         with os.fdopen(fd, "wb") as f:
@@ -41,7 +44,7 @@ def atomic_write_bytes(path: Path, write: Callable[[BinaryIO], object]) -> None:
     except OSError as e:  # e.g. a full disk: the error names the file it failed to write, not only errno
         if os.path.exists(tmp):
             os.unlink(tmp)
-        if e.filename is None:
+        if e.filename is None or e.filename == tmp:
             raise OSError(e.errno, e.strerror or str(e), str(path)) from e
         raise
     except BaseException:
