@@ -144,3 +144,28 @@ def test_the_report_of_a_stopped_run_says_which_methods_did_not_finish(finished_
     assert "Incomplete run: local, fedsm did not finish" in (copy / "report.html").read_text()
     complete = _run(["report", str(run)])
     assert complete.exit_code == 0 and "incomplete" not in complete.output.lower(), complete.output
+
+
+def test_resume_refuses_a_federation_folder_changed_since_the_run_started(tmp_path):
+    fed, out = tmp_path / "fed", tmp_path / "run"
+    assert (
+        _run(["data", "synth", "--preset", "demo", "--scale", "0.1", "--image-size", "32", "--out", str(fed)]).exit_code
+        == 0
+    )
+    args = ["run", "--preset", "demo", "--algorithms", "fedavg", "--rounds", "1", "--data", str(fed), "--out", str(out)]
+    args += [a for s in TINY_SET for a in ("--set", s)]
+    assert _run(args).exit_code == 0
+    assert _run([*args, "--resume"]).exit_code == 0  # unchanged: resumes (nothing left to train)
+    label = sorted((fed / "site1" / "labels").iterdir())[0]
+    label.write_bytes(label.read_bytes())  # rewritten (a corrected label): another modification time
+    case = sorted((fed / "site2" / "labels").iterdir())[-1].name
+    for folder in ("images", "labels"):  # a case taken out
+        (fed / "site2" / folder / case).unlink()
+    line = _one_error_line(_run([*args, "--resume"]))
+    assert f"error: {fed}: the data changed since this run started (changed: site1/labels/{label.name}; " in line, line
+    assert (
+        f"removed: site2/images/{case}, site2/labels/{case})" in line
+        and "resuming would mix results of two datasets" in line
+    ), line
+    (out / ".data-files.json").unlink()  # accepting the data as it is now, as the message says
+    assert _run([*args, "--resume"]).exit_code == 0

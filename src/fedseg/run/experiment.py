@@ -20,11 +20,13 @@ from fedseg.engine.checkpoint import atomic_write_text
 from fedseg.engine.faults import check_fault_sites
 from fedseg.engine.forkserver import start_forkserver
 from fedseg.run.checks import check_sampling, check_secure_aggregation, cost_warnings, method_notes
+from fedseg.run.data_record import RECORD as DATA_RECORD
+from fedseg.run.data_record import check_data_files, record_data_files
 from fedseg.run.engines import EngineFactory, local_engines
 from fedseg.run.loop import run_algorithm
 from fedseg.run.outputs import RunResults, write_outputs
 from fedseg.run.preflight import check_device, check_out_dir, check_resume, recorded_config
-from fedseg.run.preparation import PLAN_FILE, Prepared, prepare, prepare_planned
+from fedseg.run.preparation import PLAN_FILE, Prepared, folder_root, prepare, prepare_planned
 from fedseg.run.provenance import begin, unchanged
 from fedseg.run.resume import all_finished
 from fedseg.run.runlog import append_line
@@ -110,6 +112,8 @@ def check_before_data(cfg: RunConfig, out: Path, resume: bool, check_compute: bo
     check_available(cfg.tracking)  # so does a tracker whose package is missing (fedseg.tracking)
     if resume and (recorded := recorded_config(out / "config.yaml")) is not None:
         check_resume(recorded, cfg.model_dump(mode="json"), str(out / "config.yaml"))
+    if resume:
+        check_data_files(out, folder_root(cfg))  # the same config, but a federation folder edited since
 
 
 def prepare_run(
@@ -150,6 +154,8 @@ def record_start(
         raise FileExistsError(f"{out}: already holds a run; use --resume to continue it or choose another --out")
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "config.yaml", dump_config(cfg))
+    if not resume or not (out / DATA_RECORD).is_file():
+        record_data_files(out, folder_root(cfg))
     if prep.plan is not None:
         atomic_write_text(out / PLAN_FILE, json.dumps(prep.plan.to_dict(), indent=2))
     if resume and all_finished(out, cfg.algorithms):  # shown, not logged: run.log holds what was trained

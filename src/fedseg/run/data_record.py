@@ -1,0 +1,87 @@
+"""The files of a run's federation folder, recorded when the run starts and checked when it resumes.
+
+``--resume`` compares the configuration (``fedseg.run.preflight.check_resume``), but a federation folder can change
+under the same configuration: a label corrected, a case added or removed. Resuming then would train the remaining
+rounds (and test) on other images than the finished ones, and mix the two in one table. So a run on a federation
+folder writes ``OUT/.data-files.json`` at its start: every file of the folder (``federation.yaml``, each site's
+images, labels, ``splits.csv`` and ``cases.csv``; hidden files left out; links followed) with its size in bytes and
+modification time in ns. A resume reads the folder again and refuses to continue if any file was changed, added or
+removed, naming them.
+
+Sizes and times, not contents: a stat per file costs nothing even for thousands of volumes, where hashing their
+contents would read the whole dataset at every start. A copy that does not keep modification times (``cp -r``
+without ``-p``) therefore looks changed; the message says how to accept the data as it is now (delete the record).
+A built-in federation needs no record: the configuration (source, scale, size, seed) determines its images.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from fedseg.engine.checkpoint import atomic_write_text
+
+RECORD = ".data-files.json"
+SHOWN = 3  # files named in the message, per kind of change
+
+
+def folder_files(root: Path) -> dict[str, list[int]]:
+    """``{path relative to root: [size in bytes, modification time in ns]}`` of every file under ``root``, hidden
+    files and folders left out, links followed (an imported federation links to its source files)."""
+    files: dict[str, list[int]] = {}
+    for folder, subfolders, names in os.walk(root, followlinks=True):
+        subfolders[:] = sorted(d for d in subfolders if not d.startswith("."))
+        for name in sorted(names):
+            if name.startswith("."):
+                continue
+            path = Path(folder) / name
+            try:
+                stat = path.stat()
+            except OSError:  # a broken link: the federation check names it
+                continue
+            files[path.relative_to(root).as_posix()] = [stat.st_size, stat.st_mtime_ns]
+    return files
+
+
+def record_data_files(out: Path, root: str | Path | None) -> None:
+    """Write ``out/.data-files.json`` for a run on the federation folder ``root`` (nothing for a built-in one)."""
+    if root is None:
+        return
+    record = {"root": str(Path(root).resolve()), "files": folder_files(Path(root))}
+    atomic_write_text(Path(out) / RECORD, json.dumps(record))
+
+
+def changes(recorded: dict[str, list[int]], now: dict[str, list[int]]) -> list[str]:
+    """``changed: a, b`` / ``added: c`` / ``removed: d`` (each at most ``SHOWN`` names, then how many more), for the
+    files whose size or time differ, that are new, or that are gone."""
+    kinds = {
+        "changed": [f for f in recorded if f in now and now[f] != recorded[f]],
+        "added": [f for f in now if f not in recorded],
+        "removed": [f for f in recorded if f not in now],
+    }
+    parts = []
+    for kind, names in kinds.items():
+        if names:
+            more = f" and {len(names) - SHOWN} more" if len(names) > SHOWN else ""
+            parts.append(f"{kind}: {', '.join(names[:SHOWN])}{more}")
+    return parts
+
+
+def check_data_files(out: Path, root: str | Path | None) -> None:
+    """On ``--resume``: a ValueError if the federation folder ``root`` is not as ``out``'s record says (a run of an
+    older fedseg has no record: nothing to compare; a record is written when the run goes on)."""
+    record_path = Path(out) / RECORD
+    if root is None or not record_path.is_file():
+        return
+    try:
+        recorded = json.loads(record_path.read_text())["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise ValueError(f"{record_path}: unreadable; delete it to resume with the data as it is now") from None
+    found = changes(recorded, folder_files(Path(root)))
+    if found:
+        raise ValueError(
+            f"{root}: the data changed since this run started ({'; '.join(found)}); resuming would mix results of "
+            f"two datasets: restore the files, or start a new run (another --out); if only their times changed "
+            f"(a copy), delete {record_path} to resume with the data as it is now"
+        )
