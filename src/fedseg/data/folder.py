@@ -35,11 +35,12 @@ same functions to validate a folder before training.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
 import shutil
 import tempfile
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -660,6 +661,28 @@ def _write_label(folder: Path, cid: str, label: np.ndarray, kind: str, affine: n
         np.save(folder / f"{cid}.npy", label)
 
 
+@contextlib.contextmanager
+def staging_folder(final: Path, purpose: str) -> Iterator[Path]:
+    """A new temporary folder next to ``final`` (``.<name>.<purpose>-*``) to write a federation into before it is
+    moved into place, so an interrupted or failed write (Ctrl-C, a full disk, a bad file) leaves no half federation:
+    removed with its contents if the block raises; the block moves it to ``final`` at its end."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.{purpose}-", dir=final.parent))
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def new_site_folder(root: Path, site: str) -> Path:
+    """Create ``root/<site>/images`` and ``root/<site>/labels``; returns ``root/<site>``."""
+    site_dir = root / site
+    (site_dir / "images").mkdir(parents=True)
+    (site_dir / "labels").mkdir()
+    return site_dir
+
+
 def _check_root(root: Path, overwrite: bool) -> None:
     """Refuse a non-empty ``root`` unless ``overwrite`` and it is a federation folder (``FederationError``)."""
     if root.exists() and any(root.iterdir()):
@@ -710,15 +733,10 @@ def write_folder(fed: Federation, root: str | Path, splits: Splits | None = None
         site_metadata_for_yaml(site)  # refuse metadata that cannot be written before touching root
         cases_csv_table(site)
     _check_root(root, overwrite)
-    root.parent.mkdir(parents=True, exist_ok=True)
-    # written next to root first, so an interrupted or failed write (Ctrl-C, a full disk) leaves no half federation
-    tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.writing-", dir=root.parent))
-    try:
+    with staging_folder(root, "writing") as tmp:
         write_header(tmp, fed)
         for site in fed.sites:
-            site_dir = tmp / site.name
-            (site_dir / "images").mkdir(parents=True)
-            (site_dir / "labels").mkdir()
+            site_dir = new_site_folder(tmp, site.name)
             for case in site.cases:
                 image, label = case.arrays()
                 affine = spacing_affine(case.spacing)
@@ -729,7 +747,4 @@ def write_folder(fed: Federation, root: str | Path, splits: Splits | None = None
                 write_site_splits_csv(site_dir / SPLITS_FILE, site_split)
             write_cases_csv(site_dir / CASES_FILE, site)
         _move_into_root(tmp, root)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return root

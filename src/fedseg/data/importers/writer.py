@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -36,7 +35,9 @@ from fedseg.data.folder import (
     _write_nifti,
     _write_png,
     load_folder,
+    new_site_folder,
     split_name,
+    staging_folder,
     write_header,
 )
 from fedseg.data.metadata import CASES_FILE, write_cases_csv
@@ -190,15 +191,11 @@ def write_plan(plan: Plan, out: str | Path, *, copy: bool = False) -> Federation
     out = Path(out)
     check_out(out)
     fed = header_federation(plan)  # validates regions and metadata before anything is written
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.importing-", dir=out.parent))
     written: dict[str, Path] = {}
-    try:
+    with staging_folder(out, "importing") as tmp:
         write_header(tmp, fed)
         for site in plan.sites:
-            site_dir = tmp / site.name
-            (site_dir / "images").mkdir(parents=True)
-            (site_dir / "labels").mkdir()
+            site_dir = new_site_folder(tmp, site.name)
             for case in site.cases:
                 for folder, source in (("images", case.image), ("labels", case.label)):
                     dest = site_dir / folder / f"{case.id}.{source.extension()}"
@@ -214,9 +211,6 @@ def write_plan(plan: Plan, out: str | Path, *, copy: bool = False) -> Federation
         if out.exists():
             out.rmdir()  # empty (check_out)
         tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     shapes = {(s.name, c.id): c.meta["image_shape"] for s in checked.sites for c in s.cases}
     final = load_folder(out)
     for written_site in final.sites:
