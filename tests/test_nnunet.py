@@ -364,6 +364,12 @@ def _set_json(src: Path, **changes) -> None:
             '{src}/dataset.json: "numTraining" is 8 but {src}/imagesTr holds 9 cases',
         ),
         (
+            lambda src: _set_json(src, file_ending=".nii"),  # the files are .nii.gz
+            None,
+            "{src}/dataset.json: \"numTraining\" is 9 but {src}/imagesTr holds 0 cases (none ends with its "
+            "\"file_ending\" '.nii'; the files there end with '.nii.gz')",
+        ),
+        (
             lambda src: _set_json(src, labels={"background": 0, "liver": 1, "ignore": 3}),
             None,
             '{src}/dataset.json: "labels": an "ignore" label (partial annotation) is not supported',
@@ -395,6 +401,7 @@ def _set_json(src: Path, **changes) -> None:
         "csv-site",
         "file-ending",
         "num-training",
+        "wrong-file-ending",
         "ignore-label",
         "regions-order",
         "extra-channel",

@@ -70,6 +70,16 @@ def fail(problems: list[str]) -> None:
     raise_problems(problems)
 
 
+def _ending(name: str) -> str:
+    """A file name's ending as nnU-Net's ``file_ending`` writes it: ``.nii.gz`` for ``x_0000.nii.gz``, ``.png``."""
+    parts = name.split(".")
+    return (
+        "." + ".".join(parts[-2:])
+        if len(parts) > 2 and parts[-1] == "gz"
+        else ("." + parts[-1] if len(parts) > 1 else "")
+    )
+
+
 def channel_file(case: str, channel: int, file_ending: str) -> str:
     """nnU-Net's image file name of ``case``'s ``channel``: ``("la_003", 1, ".nii.gz") -> "la_003_0001.nii.gz"``."""
     return f"{case}_{channel:0{CHANNEL_DIGITS}d}{file_ending}"
@@ -244,8 +254,15 @@ def find_cases(src: Path, info: DatasetInfo) -> list[RawCase]:
         for cid in sorted(labelled - seen):
             problems.append(f"{labels_dir / (cid + info.file_ending)}: label without images in {images_dir}")
         if not test and not problems and len(seen) != info.num_training:
+            others = sorted({_ending(p.name) for p in images_dir.iterdir() if not p.name.endswith(info.file_ending)})
+            hint = (
+                f' (none ends with its "file_ending" {info.file_ending!r}; the files there end with '
+                f"{', '.join(repr(e) for e in others if e)})"
+                if not seen and any(others)
+                else ""
+            )
             problems.append(
-                f'{info.path}: "numTraining" is {info.num_training} but {images_dir} holds {len(seen)} cases'
+                f'{info.path}: "numTraining" is {info.num_training} but {images_dir} holds {len(seen)} cases{hint}'
             )
     ids = [c.id for c in cases]
     problems += [
