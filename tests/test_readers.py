@@ -423,6 +423,7 @@ def test_a_label_on_another_grid_than_its_image_is_one_line(tmp_path):
     (flipped,) = grid_problems(image, tmp_path / "flipped.nii.gz")
     assert flipped.startswith(f"{tmp_path / 'flipped.nii.gz'}: label grid does not match image {image}")
     assert "resample the label onto the image" in flipped
+    assert "np.float64" not in flipped and " mm)" in flipped  # origins as plain numbers, not numpy reprs
     assert len(grid_problems(image, tmp_path / "moved.nii.gz")) == 1
     assert grid_problems(image, tmp_path / "rounded.nii.gz") == []
 

@@ -277,9 +277,10 @@ def grid_problems(image_path: Path, label_path: Path) -> list[str]:
     if np.allclose(a[:3, :3], b[:3, :3], rtol=1e-3, atol=1e-3) and np.linalg.norm(a[:3, 3] - b[:3, 3]) <= half_voxel:
         return []
     axes = lambda m: np.array2string(m[:3, :3].round(3), separator=",").replace("\n", "")  # noqa: E731
+    origin = lambda m: "(" + ", ".join(f"{x:g}" for x in m[:3, 3].round(2)) + ")"  # noqa: E731
     return [
         f"{label_path}: label grid does not match image {image_path} (voxel axes {axes(b)} vs {axes(a)}, origin "
-        f"{tuple(b[:3, 3].round(2))} vs {tuple(a[:3, 3].round(2))} mm): resample the label onto the image"
+        f"{origin(b)} vs {origin(a)} mm): resample the label onto the image"
     ]
 
 
