@@ -169,3 +169,23 @@ def test_resume_refuses_a_federation_folder_changed_since_the_run_started(tmp_pa
     ), line
     (out / ".data-files.json").unlink()  # accepting the data as it is now, as the message says
     assert _run([*args, "--resume"]).exit_code == 0
+
+
+def test_predict_with_a_hand_edited_manifest_names_the_key(finished_run, tmp_path):
+    import json
+
+    import numpy as np
+    from PIL import Image
+
+    run, _ = finished_run
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    manifest = copy / "model" / "fedavg" / "manifest.json"
+    manifest.write_text(json.dumps({**json.loads(manifest.read_text()), "in_channels": "one"}))
+    image = tmp_path / "in" / "eye.png"
+    image.parent.mkdir()
+    Image.fromarray(np.zeros((32, 32, 3), np.uint8)).save(image)
+    line = _one_error_line(
+        _run(["predict", "--model", str(copy / "model"), "--input", str(image.parent), "--out", str(tmp_path / "out")])
+    )
+    assert line == f"error: {manifest}: in_channels is 'one'; expected a positive integer", line

@@ -134,6 +134,13 @@ def load_bundle(folder: Path) -> Bundle:
     missing = [k for k in MANIFEST_KEYS if k not in manifest]
     if missing:
         raise BundleError(f"{manifest_path}: missing keys {', '.join(missing)}")
+    for key, allowed in (("spatial_dims", (2, 3)), ("in_channels", None)):
+        value = manifest[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1 or (allowed and value not in allowed):
+            expected = " or ".join(map(str, allowed)) if allowed else "a positive integer"
+            raise BundleError(f"{manifest_path}: {key} is {value!r}; expected {expected}")
+    if not isinstance(manifest["models"], list) or not all(isinstance(m, str) for m in manifest["models"]):
+        raise BundleError(f"{manifest_path}: models is {manifest['models']!r}; expected a list of model names")
     try:
         ModelConfig.model_validate(manifest["network"])
         Regions.from_mapping(manifest["regions"])
