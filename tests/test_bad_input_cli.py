@@ -189,3 +189,18 @@ def test_predict_with_a_hand_edited_manifest_names_the_key(finished_run, tmp_pat
         _run(["predict", "--model", str(copy / "model"), "--input", str(image.parent), "--out", str(tmp_path / "out")])
     )
     assert line == f"error: {manifest}: in_channels is 'one'; expected a positive integer", line
+
+
+def test_predict_says_when_a_volume_is_given_to_a_2d_model(finished_run, tmp_path):
+    import nibabel as nib
+    import numpy as np
+
+    run, _ = finished_run
+    volume = tmp_path / "in" / "ct.nii.gz"
+    volume.parent.mkdir()
+    nib.save(nib.Nifti1Image(np.zeros((32, 32, 12), np.float32), np.eye(4)), volume)
+    line = _one_error_line(
+        _run(["predict", "--model", str(run / "model"), "--input", str(volume), "--out", str(tmp_path / "out")])
+    )
+    assert line.startswith(f"error: {volume}: image has 12 channels but the model expects 3"), line
+    assert line.endswith("this model segments 2D images: a 3D volume's third axis reads as channels"), line

@@ -51,6 +51,7 @@ from torch import nn
 from fedseg.algorithms.registry import RoutedModel
 from fedseg.data import readers
 from fedseg.data.federation import FederationError
+from fedseg.data.folder import _PIL_EXTS as PLANE_EXTS
 from fedseg.data.folder import IMAGE_EXTS, _write_nifti, _write_png, read_image, split_name
 from fedseg.data.preprocess import case_tensors, normalization, restore_size
 from fedseg.data.volumes import Grid, file_spacing, preprocess
@@ -228,11 +229,20 @@ def list_inputs(path: Path) -> list[Path]:
 def read_input(path: Path, root: Path, bundle: Bundle) -> Input:
     """Read one image and preprocess it as training did; raises naming ``path`` if it does not fit the bundle."""
     m = bundle.manifest
+    named = split_name(path.name, IMAGE_EXTS)
+    flat = named is not None and named[1] in PLANE_EXTS
+    if flat and bundle.kind == "3d":
+        raise PredictError(
+            f"{path}: a 2D {path.suffix[1:].upper()} image, but this model segments 3D volumes "
+            f"({bundle.folder / MANIFEST}: spatial_dims 3)"
+        )
     image = read_image(path, bundle.kind)
     if image.shape[0] != m["in_channels"]:
+        a_volume = bundle.kind == "2d" and not flat and named is not None and named[1] != "npy"
         raise PredictError(
             f"{path}: image has {image.shape[0]} channels but the model expects {m['in_channels']} "
             f"({bundle.folder / MANIFEST}: in_channels)"
+            + ("; this model segments 2D images: a 3D volume's third axis reads as channels" if a_volume else "")
         )
     if min(image.shape[1:]) < 1:
         raise PredictError(f"{path}: empty image (shape {tuple(image.shape)})")
