@@ -493,3 +493,15 @@ def test_a_nifti_without_a_voxel_size_is_refused_by_name_and_nibabels_fix_messag
     good = _nifti_with_zero_voxel_size(tmp_path / "sform.nii.gz", with_sform=True)  # the sform gives the size
     assert volume_grid(good).shape == (4, 4, 4) and read_volume(good).shape == (4, 4, 4)
     assert "pixdim" not in capfd.readouterr().err  # nibabel's "setting 0 dims to 1", once per file read
+
+
+def test_a_truncated_dicom_file_of_a_series_is_named(tmp_path):
+    from fedseg.data.readers import series_grid
+
+    write_series(tmp_path / "series", VALUES)
+    broken = sorted((tmp_path / "series").iterdir())[0]
+    broken.write_bytes(broken.read_bytes()[:300])  # cut inside its header, as by an interrupted copy
+    with pytest.raises(FederationError) as error:
+        series_grid(tmp_path / "series")
+    message = str(error.value)
+    assert message.startswith(f"{broken}: ") and "\n" not in message, message

@@ -152,7 +152,10 @@ def series_grid(folder: Path) -> VoxelGrid:
             headers.append((path, pydicom.dcmread(path, stop_before_pixels=True)))
         except Exception as e:  # noqa: BLE001 — pydicom raises several types for a non-DICOM file
             raise FederationError(f"{path}: not a DICOM file ({type(e).__name__}); expected one DICOM series") from None
-    series = sorted({str(getattr(ds, "SeriesInstanceUID", "")) for _, ds in headers})
+    for path, ds in headers:  # a truncated or damaged file parses with its header cut short
+        if not str(getattr(ds, "SeriesInstanceUID", "")):
+            raise FederationError(f"{path}: DICOM header without a SeriesInstanceUID (a damaged or truncated file?)")
+    series = sorted({str(ds.SeriesInstanceUID) for _, ds in headers})
     if len(series) > 1:
         raise FederationError(
             f"{folder}: holds {len(series)} DICOM series ({', '.join(series)}); put each series in its own case folder"
