@@ -366,7 +366,7 @@ def _set_json(src: Path, **changes) -> None:
         (
             lambda src: _set_json(src, file_ending=".nii"),  # the files are .nii.gz
             None,
-            "{src}/dataset.json: \"numTraining\" is 9 but {src}/imagesTr holds 0 cases (none ends with its "
+            '{src}/dataset.json: "numTraining" is 9 but {src}/imagesTr holds 0 cases (none ends with its '
             "\"file_ending\" '.nii'; the files there end with '.nii.gz')",
         ),
         (
