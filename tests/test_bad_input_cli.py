@@ -49,7 +49,7 @@ def test_a_bad_option_value_gets_one_line_and_no_output_folder(tmp_path, args, e
 
 def test_an_empty_or_non_utf8_config_file_is_refused_not_trained_with_the_defaults(tmp_path):
     empty, binary = tmp_path / "empty.yaml", tmp_path / "latin1.yaml"
-    empty.write_text("\n  \n")
+    empty.write_text("\n  # only a comment\n")
     binary.write_bytes("name: caf\xe9\n".encode("latin-1"))
     out = tmp_path / "run"
     line = _one_error_line(_run(["run", "--config", str(empty), "--out", str(out)]))
@@ -96,8 +96,10 @@ def test_a_damaged_checkpoint_on_resume_is_named_with_what_to_do(finished_run, t
     line = _one_error_line(
         _run([*args[: args.index("--out")], "--out", str(copy), *args[args.index("--out") + 2 :], "--resume"])
     )
-    assert line.startswith(f"error: {checkpoint}: the checkpoint is damaged ("), line
-    assert line.endswith("delete it and run again with --resume to train that algorithm again from its first round")
+    assert line.startswith(f"error: {checkpoint}: the checkpoint cannot be read ("), line
+    assert line.endswith(
+        "if it is damaged, delete it and run again with --resume to train that algorithm again from its first round"
+    )
 
 
 def test_the_report_of_a_damaged_summary_names_the_file(finished_run, tmp_path):
@@ -204,3 +206,42 @@ def test_predict_says_when_a_volume_is_given_to_a_2d_model(finished_run, tmp_pat
     )
     assert line.startswith(f"error: {volume}: image has 12 channels but the model expects 3"), line
     assert line.endswith("this model segments 2D images: a 3D volume's third axis reads as channels"), line
+
+
+def test_the_data_record_leaves_out_fedsegs_own_folders(tmp_path):
+    from fedseg.run.data_record import RECORD, check_data_files, record_data_files
+
+    out = tmp_path / "run"
+    inside = out / "flower" / "federation"  # fedseg flower local writes a built-in federation here at every start
+    inside.mkdir(parents=True)
+    (inside / "federation.yaml").write_text("kind: 2d\n")
+    record_data_files(out, inside)
+    assert not (out / RECORD).exists()
+    data = tmp_path / "data"  # a run folder inside the data folder: its files are not the data
+    (data / "site1").mkdir(parents=True)
+    (data / "site1" / "a.png").write_bytes(b"x")
+    run = data / "runs" / "r1"
+    run.mkdir(parents=True)
+    record_data_files(run, data)
+    (run / "summary.json").write_text("{}")  # the run writes its outputs
+    check_data_files(run, data)  # not a change of the data
+    (data / "site1" / "a.png").write_bytes(b"xy")
+    with pytest.raises(ValueError, match=r"changed: site1/a\.png\)"):
+        check_data_files(run, data)
+
+
+def test_a_forced_rewrite_that_fails_puts_the_old_federation_back(discs, tmp_path):
+    from fedseg.data.folder import write_folder
+
+    root = write_folder(discs, tmp_path / "fed")
+    before = sorted(p.relative_to(root).as_posix() for p in root.rglob("*"))
+    blocker = root / "notes"  # a folder of the user's in the way of a new site's name, not a site: not replaced
+    blocker.mkdir()
+    (blocker / "keep.txt").write_text("mine")
+    renamed = type(discs)(discs.name, discs.kind, discs.channels, discs.regions, discs.sites[:1])
+    renamed.sites[0].name = "notes"
+    with pytest.raises(OSError):
+        write_folder(renamed, root, overwrite=True)
+    after = sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if not p.is_relative_to(blocker))
+    assert after == before  # the old federation as it was, no temporary folder left
+    assert (blocker / "keep.txt").read_text() == "mine"

@@ -178,7 +178,7 @@ def test_ctrl_c_while_data_synth_writes_leaves_no_half_federation(tmp_path):
     out = tmp_path / "fed"
     synth = ["data", "synth", "--preset", "synthetic-brats", "--out", str(out)]  # 55 volumes: seconds of writing
     with _session([sys.executable, "-m", "fedseg.cli", *synth]) as proc:
-        writing = lambda: list(tmp_path.glob(".fed.writing-*/site1/images/*"))  # noqa: E731  cases being written
+        writing = lambda: list(out.glob(".writing-*/site1/images/*"))  # noqa: E731  cases being written
         assert _wait_for(writing, 120), "data synth never wrote a case"
         os.killpg(proc.pid, signal.SIGINT)
         output, _ = proc.communicate(timeout=60)

@@ -742,6 +742,14 @@ def _preset_text(name: str) -> str:
     return path.read_text()
 
 
+def _no_settings(text: str) -> bool:
+    """Whether YAML ``text`` holds nothing but blanks and comments (bad YAML is left to the parser to report)."""
+    try:
+        return yaml.safe_load(text) is None
+    except yaml.YAMLError:
+        return False
+
+
 def read_yaml_mapping(text: str, where: str) -> dict:
     """``text`` parsed as a YAML mapping; a ConfigError naming ``where`` for bad YAML or another top level."""
     try:
@@ -792,7 +800,7 @@ def load_config(preset: str | None = None, file: str | Path | None = None, overr
             text = path.read_text(encoding="utf-8")
         except UnicodeDecodeError as e:
             raise ConfigError(f"{path}: not UTF-8 text (at byte offset {e.start}); save the config as UTF-8") from None
-        if not text.strip():
+        if _no_settings(text):
             raise ConfigError(f"{path}: the config file is empty (start from `fedseg presets show demo > {path.name}`)")
         data, where = read_yaml_mapping(text, str(path)), str(path)
     data.pop("description", None)

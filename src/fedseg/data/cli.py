@@ -28,8 +28,8 @@ def _fail(message: str, code: int = 1) -> NoReturn:
 
 
 def _interrupted(out: Path) -> NoReturn:
-    """Ctrl-C (or SIGTERM) while writing ``out``: these commands write into a temporary folder next to it and rename
-    it at the end, so nothing was written; one line says so."""
+    """Ctrl-C (or SIGTERM) while writing ``out``: these commands write into a temporary folder and move it into
+    place at the end, so nothing was written; one line says so."""
     _fail(f"interrupted: nothing was written to {out}; run the same command again", INTERRUPTED_EXIT)
 
 

@@ -40,7 +40,7 @@ import functools
 import re
 import shutil
 import tempfile
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -664,16 +664,47 @@ def _write_label(folder: Path, cid: str, label: np.ndarray, kind: str, affine: n
 
 @contextlib.contextmanager
 def staging_folder(final: Path, purpose: str) -> Iterator[Path]:
-    """A new temporary folder next to ``final`` (``.<name>.<purpose>-*``) to write a federation into before it is
-    moved into place, so an interrupted or failed write (Ctrl-C, a full disk, a bad file) leaves no half federation:
-    removed with its contents if the block raises; the block moves it to ``final`` at its end."""
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.{purpose}-", dir=final.parent))
+    """A new hidden folder inside ``final`` (``.<purpose>-*``; ``final`` is created if needed) to write a federation
+    into before :func:`move_in` puts it in place, so an interrupted or failed write (Ctrl-C, a full disk, a bad
+    file) leaves no half federation: if the block raises, the folder is removed with its contents, and ``final``
+    too if this created it and it is empty. Inside ``final``, not next to it: the same file system as ``final``
+    (a mount point, a link to another disk) and no need to write to its parent."""
+    created = not final.exists()
+    final.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{purpose}-", dir=final))
     try:
         yield tmp
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        if created:
+            with contextlib.suppress(OSError):
+                final.rmdir()
         raise
+
+
+def move_in(written: Path, root: Path, replace: Sequence[Path] = ()) -> None:
+    """Move the entries of ``written`` (a :func:`staging_folder` of ``root``) into ``root``, replacing the entries
+    ``replace`` (an older federation's ``federation.yaml`` and site folders): those are first moved aside, so if a
+    move fails (an entry of that name that is not replaced) or is interrupted, everything is put back as it was."""
+    aside = Path(tempfile.mkdtemp(prefix=".replaced-", dir=root))
+    moved_aside: list[Path] = []
+    moved_in: list[Path] = []
+    try:
+        for entry in replace:
+            entry.rename(aside / entry.name)
+            moved_aside.append(entry)
+        for entry in sorted(written.iterdir()):
+            entry.rename(root / entry.name)
+            moved_in.append(root / entry.name)
+    except BaseException:
+        for entry in moved_in:
+            entry.rename(written / entry.name)
+        for entry in moved_aside:
+            (aside / entry.name).rename(entry)
+        aside.rmdir()
+        raise
+    shutil.rmtree(aside)
+    written.rmdir()
 
 
 def new_site_folder(root: Path, site: str) -> Path:
@@ -695,22 +726,11 @@ def _check_root(root: Path, overwrite: bool) -> None:
             )
 
 
-def _move_into_root(written: Path, root: Path) -> None:
-    """Put the federation written in ``written`` at ``root``: renamed there if ``root`` is new or empty; else the
-    federation in ``root`` (its ``federation.yaml`` and site folders: those with ``images/`` or ``labels/``) is
-    removed and ``written``'s entries are moved in (other files in ``root`` stay)."""
-    if root.exists() and not any(root.iterdir()):
-        root.rmdir()
-    if not root.exists():
-        written.rename(root)
-        return
-    for sub in root.iterdir():
-        if sub.is_dir() and ((sub / "images").is_dir() or (sub / "labels").is_dir()):
-            shutil.rmtree(sub)
-    (root / HEADER_FILE).unlink(missing_ok=True)
-    for entry in written.iterdir():
-        entry.rename(root / entry.name)
-    written.rmdir()
+def _federation_entries(root: Path) -> list[Path]:
+    """The federation in ``root`` that ``--force`` replaces: its ``federation.yaml`` and site folders (those with
+    ``images/`` or ``labels/``); other files stay."""
+    sites = [p for p in root.iterdir() if p.is_dir() and ((p / "images").is_dir() or (p / "labels").is_dir())]
+    return [*sites, *([root / HEADER_FILE] if (root / HEADER_FILE).is_file() else [])]
 
 
 def write_folder(fed: Federation, root: str | Path, splits: Splits | None = None, *, overwrite: bool = False) -> Path:
@@ -747,5 +767,5 @@ def write_folder(fed: Federation, root: str | Path, splits: Splits | None = None
             if site_split:
                 write_site_splits_csv(site_dir / SPLITS_FILE, site_split)
             write_cases_csv(site_dir / CASES_FILE, site)
-        _move_into_root(tmp, root)
+        move_in(tmp, root, replace=_federation_entries(root))
     return root

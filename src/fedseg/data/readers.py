@@ -27,7 +27,6 @@ maps voxel indices to RAS+ mm (nibabel's convention; ITK and DICOM's LPS are con
 from __future__ import annotations
 
 import importlib
-import logging
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -252,26 +251,27 @@ def _itk_read_kwargs(path: Path) -> dict[str, Any]:
 
 def load_nifti(path: Path) -> SpatialImage:
     """``nibabel.load(path)`` without nibabel's header-fix messages (one per load, so a flood over a dataset), and a
-    ``FederationError`` where nibabel would invent the voxel size: the header has no qform or sform, and a spatial
-    ``pixdim`` is zero, negative or not a number (nibabel sets it to 1 mm; HD95 and NSD in mm would be wrong)."""
+    ``FederationError`` where nibabel would invent the voxel size: the header has no sform (the affine then comes
+    from ``pixdim``, rotated by the qform if there is one), and a spatial ``pixdim`` is zero or not a
+    number (nibabel sets it to 1 mm; HD95 and NSD in mm would be wrong)."""
     import nibabel as nib
     from nibabel.openers import ImageOpener
 
-    fixes = nib.imageglobals.logger  # nibabel reports each header fix there (its own suppressor leaves Python's
-    level, fixes.level = fixes.level, logging.CRITICAL + 1  # last-resort handler printing them)
+    fixes = nib.imageglobals.logger  # nibabel reports each header fix there; its own LoggingOutputSuppressor
+    quiet, fixes.disabled = fixes.disabled, True  # leaves Python's last-resort handler printing them
     try:
         image = cast("SpatialImage", nib.load(path))
     finally:
-        fixes.level = level
+        fixes.disabled = quiet
     header: Any = image.header  # a NIfTI-1 or NIfTI-2 header (nibabel's stubs type it as the generic one)
-    if int(header.get("qform_code", 0)) == 0 and int(header.get("sform_code", 0)) == 0:
+    if int(header.get("sform_code", 0)) == 0:  # the affine comes from pixdim (with the qform's rotation, if any)
         with ImageOpener(str(path)) as f:
             raw = type(header).from_fileobj(f, check=False)
         spatial = min(3, len(image.shape))
         pixdim = [float(x) for x in raw["pixdim"][1 : 1 + spatial]]
-        if not all(np.isfinite(x) and x > 0 for x in pixdim):
+        if not all(np.isfinite(x) and x != 0 for x in pixdim):  # a negative one: nibabel takes its size, fine
             raise FederationError(
-                f"{path}: voxel size {pixdim} (NIfTI pixdim, no qform or sform) is not positive; set the voxel size "
+                f"{path}: voxel size {pixdim} (NIfTI pixdim, no sform) is zero or not a number; set the voxel size "
                 "in mm in the header (nibabel: image.header.set_zooms)"
             )
     return image

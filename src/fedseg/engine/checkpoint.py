@@ -183,7 +183,7 @@ def load_checkpoint(path: Path) -> dict[str, Any] | None:
     except (RuntimeError, EOFError, pickle.UnpicklingError, ValueError) as e:
         reason = str(e).strip().splitlines()[0].split(". ")[0][:160] if str(e).strip() else type(e).__name__
         raise ValueError(
-            f"{path}: the checkpoint is damaged ({reason}); delete it and run again with --resume to train "
-            "that algorithm again from its first round"
+            f"{path}: the checkpoint cannot be read ({reason}); if it is damaged, delete it and run again with "
+            "--resume to train that algorithm again from its first round"
         ) from None
     return loaded

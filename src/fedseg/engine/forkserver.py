@@ -47,8 +47,11 @@ def ensure_server() -> None:
     if START_METHOD != "forkserver":
         return
     multiprocessing.get_context("forkserver").set_forkserver_preload(PRELOAD)
-    from multiprocessing import forkserver
+    from multiprocessing import forkserver, resource_tracker
 
+    # the resource tracker first: starting it unblocks SIGINT in this thread (CPython 3.11-3.13), which would
+    # undo the block below before the server is spawned
+    resource_tracker.ensure_running()
     held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         forkserver.ensure_running()

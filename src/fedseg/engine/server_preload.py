@@ -27,12 +27,16 @@ def _exit_quietly(signum: int, frame: object) -> None:
     os._exit(INTERRUPTED_EXIT)
 
 
-# the server started with Ctrl-C held back (fedseg.engine.forkserver.ensure_server): one that came meanwhile arrives now
-signal.signal(signal.SIGINT, _exit_quietly)
+# the server started with Ctrl-C held back (fedseg.engine.forkserver.ensure_server): one that came meanwhile arrives
+# now. A SIGINT ignored by the command (a background job of a script) stays ignored, here and in the workers.
+ignored = signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+if not ignored:
+    signal.signal(signal.SIGINT, _exit_quietly)
 signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 try:
     lean_monai.install()
     for name in MODULES:
         importlib.import_module(name)
 finally:
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # what the workers forked from the server get
+    if not ignored:
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # what the workers forked from the server get

@@ -11,7 +11,9 @@ removed, naming them.
 Sizes and times, not contents: a stat per file costs nothing even for thousands of volumes, where hashing their
 contents would read the whole dataset at every start. A copy that does not keep modification times (``cp -r``
 without ``-p``) therefore looks changed; the message says how to accept the data as it is now (delete the record).
-A built-in federation needs no record: the configuration (source, scale, size, seed) determines its images.
+A built-in federation needs no record: the configuration (source, scale, size, seed) determines its images; nor
+does a folder inside ``OUT`` (fedseg's own output: ``fedseg flower local`` writes a built-in federation there at
+every start). A run folder inside the data folder is left out of the record.
 """
 
 from __future__ import annotations
@@ -26,12 +28,14 @@ RECORD = ".data-files.json"
 SHOWN = 3  # files named in the message, per kind of change
 
 
-def folder_files(root: Path) -> dict[str, list[int]]:
+def folder_files(root: Path, leave_out: Path | None = None) -> dict[str, list[int]]:
     """``{path relative to root: [size in bytes, modification time in ns]}`` of every file under ``root``, hidden
-    files and folders left out, links followed (an imported federation links to its source files)."""
+    files and folders left out, and ``leave_out`` (the run's own folder, when it lies inside the data), links
+    followed (an imported federation links to its source files)."""
     files: dict[str, list[int]] = {}
+    skip = None if leave_out is None else Path(leave_out).resolve()
     for folder, subfolders, names in os.walk(root, followlinks=True):
-        subfolders[:] = sorted(d for d in subfolders if not d.startswith("."))
+        subfolders[:] = sorted(d for d in subfolders if not d.startswith(".") and (Path(folder) / d).resolve() != skip)
         for name in sorted(names):
             if name.startswith("."):
                 continue
@@ -44,11 +48,21 @@ def folder_files(root: Path) -> dict[str, list[int]]:
     return files
 
 
+def watched(out: Path, root: str | Path | None) -> Path | None:
+    """The federation folder a run's record covers: ``root``, unless there is none (a built-in federation) or it
+    lies inside ``out`` (fedseg wrote it there, e.g. ``fedseg flower local`` writes a built-in federation to
+    ``OUT/flower/federation`` at every start: its own output, not the researcher's data)."""
+    if root is None:
+        return None
+    folder = Path(root).resolve()
+    return None if folder.is_relative_to(Path(out).resolve()) else folder
+
+
 def record_data_files(out: Path, root: str | Path | None) -> None:
     """Write ``out/.data-files.json`` for a run on the federation folder ``root`` (nothing for a built-in one)."""
-    if root is None:
+    if (folder := watched(out, root)) is None:
         return
-    record = {"root": str(Path(root).resolve()), "files": folder_files(Path(root))}
+    record = {"root": str(folder), "files": folder_files(folder, leave_out=out)}
     atomic_write_text(Path(out) / RECORD, json.dumps(record))
 
 
@@ -72,13 +86,14 @@ def check_data_files(out: Path, root: str | Path | None) -> None:
     """On ``--resume``: a ValueError if the federation folder ``root`` is not as ``out``'s record says (a run of an
     older fedseg has no record: nothing to compare; a record is written when the run goes on)."""
     record_path = Path(out) / RECORD
-    if root is None or not record_path.is_file():
+    folder = watched(out, root)
+    if folder is None or not record_path.is_file():
         return
     try:
         recorded = json.loads(record_path.read_text())["files"]
     except (OSError, ValueError, KeyError, TypeError):
         raise ValueError(f"{record_path}: unreadable; delete it to resume with the data as it is now") from None
-    found = changes(recorded, folder_files(Path(root)))
+    found = changes(recorded, folder_files(folder, leave_out=out))
     if found:
         raise ValueError(
             f"{root}: the data changed since this run started ({'; '.join(found)}); resuming would mix results of "

@@ -6,12 +6,12 @@ splits if the layout gives them (``splits.csv``) and, per case, where its image 
 (``Source``). ``write_plan`` then
 
 1. refuses an ``--out`` that exists and is not empty;
-2. writes everything into a temporary folder next to ``--out`` (``.<name>.importing-*``): a file usable
+2. writes everything into a hidden temporary folder inside ``--out`` (``.importing-*``): a file usable
    as is is symlinked (absolute path; ``copy=True``: copied), anything else is converted and written
    (NIfTI with the source's affine, PNG for 2D);
 3. runs ``data check`` on it (``fedseg.data.check.check_folder``); a problem it finds names the *source*
    file (the link's target) rather than the temporary copy;
-4. renames the folder to ``--out``.
+4. moves its contents into ``--out`` (``fedseg.data.folder.move_in``).
 
 Any error removes the temporary folder: ``--out`` is either complete and checked, or untouched.
 """
@@ -35,6 +35,7 @@ from fedseg.data.folder import (
     _write_nifti,
     _write_png,
     load_folder,
+    move_in,
     new_site_folder,
     split_name,
     staging_folder,
@@ -208,9 +209,7 @@ def write_plan(plan: Plan, out: str | Path, *, copy: bool = False) -> Federation
             checked = check_folder(tmp)
         except FederationError as e:
             raise FederationError(_sources_named(str(e), written, tmp, out)) from None
-        if out.exists():
-            out.rmdir()  # empty (check_out)
-        tmp.rename(out)
+        move_in(tmp, out)  # out is empty (check_out) but for tmp
     shapes = {(s.name, c.id): c.meta["image_shape"] for s in checked.sites for c in s.cases}
     final = load_folder(out)
     for written_site in final.sites:
