@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
@@ -13,6 +14,9 @@ from fedseg.config import ConfigError, config_from_cli, error_text, preset_descr
 from fedseg.console_tables import print_dice, print_table
 from fedseg.data.federation import FederationError
 from fedseg.interrupts import INTERRUPTED_EXIT, resume_hint, terminate_on_signals
+
+if TYPE_CHECKING:  # the report's modules are imported where a command needs them (start-up time)
+    from fedseg.presentation.kit import RunFiles
 
 # pretty_exceptions_show_locals=False: an unexpected error's traceback must not print every local variable (a full
 # disk once gave 207 MB of them, and locals may hold a site's data)
@@ -225,7 +229,7 @@ def run(
     except KeyboardInterrupt:
         fail(resume_hint("it", out, "every finished round is checkpointed"), INTERRUPTED_EXIT)
         return
-    path = report_or_fail(out)
+    path, _ = report_or_fail(out)
     from fedseg.tracking import log_report
 
     log_report(out, cfg, path)  # the report to each algorithm's tracking run (when tracking is on)
@@ -351,22 +355,24 @@ def report(run_dir: Path = typer.Argument(..., help="output directory of a finis
             fail(f"{run_dir}: no summary.json, study.json, unseen.csv or sweep.csv (not a run or study directory?)")
         console.print(f"report: {render_study(run_dir)}")
         return
-    console.print(f"report: {report_or_fail(run_dir)}")
-    from fedseg.presentation.kit import load_run
     from fedseg.report.html import unfinished_text
 
-    if text := unfinished_text(load_run(run_dir)):
+    path, run = report_or_fail(run_dir)
+    console.print(f"report: {path}")
+    if text := unfinished_text(run):
         console.print(f"note: {text}", highlight=False, soft_wrap=True)
 
 
-def report_or_fail(run_dir: Path) -> Path:
-    """Render ``run_dir``'s report.html (``fedseg.report.html.render_report``); one error line if a file of the run
-    cannot be read or the report cannot be written (a full disk: nothing half-written is left, the run's results
-    stay as they are)."""
+def report_or_fail(run_dir: Path) -> tuple[Path, RunFiles]:
+    """Render ``run_dir``'s report.html (``fedseg.report.html.render_report``); returns its path and the run's files
+    as read. One error line if a file of the run cannot be read or the report cannot be written (a full disk:
+    nothing half-written is left, the run's results stay as they are)."""
+    from fedseg.presentation.kit import load_run
     from fedseg.report.html import render_report
 
     try:
-        return render_report(run_dir)
+        run = load_run(run_dir)
+        return render_report(run_dir, run), run
     except OSError as e:  # writing it (a full disk): the same command draws it once there is room
         fail(f"the report was not written: {error_text(e)}; `fedseg report {run_dir}` draws it again")
         raise  # fail() exits; for the type checker

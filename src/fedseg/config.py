@@ -742,20 +742,16 @@ def _preset_text(name: str) -> str:
     return path.read_text()
 
 
-def _no_settings(text: str) -> bool:
-    """Whether YAML ``text`` holds nothing but blanks and comments (bad YAML is left to the parser to report)."""
+def read_yaml_mapping(text: str, where: str, empty: str | None = None) -> dict:
+    """``text`` parsed as a YAML mapping; a ConfigError naming ``where`` for bad YAML or another top level, and
+    (``empty``: the rest of that message) for text of blanks and comments only."""
     try:
-        return yaml.safe_load(text) is None
-    except yaml.YAMLError:
-        return False
-
-
-def read_yaml_mapping(text: str, where: str) -> dict:
-    """``text`` parsed as a YAML mapping; a ConfigError naming ``where`` for bad YAML or another top level."""
-    try:
-        data = yaml.safe_load(text) or {}
+        loaded = yaml.safe_load(text)
     except yaml.YAMLError as e:
         raise ConfigError(f"{where}: not valid YAML: {e}") from e
+    if loaded is None and empty is not None:
+        raise ConfigError(f"{where}: {empty}")
+    data = loaded or {}
     if not isinstance(data, dict):
         raise ConfigError(f"{where}: expected a mapping at the top level")
     return data
@@ -800,9 +796,8 @@ def load_config(preset: str | None = None, file: str | Path | None = None, overr
             text = path.read_text(encoding="utf-8")
         except UnicodeDecodeError as e:
             raise ConfigError(f"{path}: not UTF-8 text (at byte offset {e.start}); save the config as UTF-8") from None
-        if _no_settings(text):
-            raise ConfigError(f"{path}: the config file is empty (start from `fedseg presets show demo > {path.name}`)")
-        data, where = read_yaml_mapping(text, str(path)), str(path)
+        empty = f"the config file is empty (start from `fedseg presets show demo > {path.name}`)"
+        data, where = read_yaml_mapping(text, str(path), empty), str(path)
     data.pop("description", None)
     for assignment in overrides:
         apply_override(data, assignment)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import base64
 import csv
+import functools
 import html
 import json
 import math
@@ -30,6 +31,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -166,17 +168,24 @@ class RunFiles:
     def algorithms(self) -> dict[str, dict]:
         return self.summary.get("algorithms", {})
 
+    @functools.cached_property
+    def settings(self) -> dict[str, Any]:
+        """``config.yaml`` parsed ({} when the run has none, or it is not a readable mapping)."""
+        import yaml
+
+        try:
+            loaded = yaml.safe_load(self.config or "")
+        except yaml.YAMLError:
+            return {}
+        return loaded if isinstance(loaded, dict) else {}
+
     @property
     def unfinished(self) -> list[str]:
         """The algorithms ``config.yaml`` names that ``summary.json`` does not hold (the run was stopped before they
         finished: ``fedseg run --resume`` trains them), in the config's order; empty without a readable config."""
-        import yaml
-
-        try:
-            configured = (yaml.safe_load(self.config or "") or {}).get("algorithms") or []
-        except (yaml.YAMLError, AttributeError):
-            return []
-        return [a for a in configured if isinstance(a, str) and a not in self.algorithms]
+        configured = self.settings.get("algorithms")
+        names = configured if isinstance(configured, list) else []
+        return [a for a in names if isinstance(a, str) and a not in self.algorithms]
 
     def label(self, algorithm: str) -> str:
         """Display name of ``algorithm`` (``names``, else summary.json's ``display_name``, else the name)."""

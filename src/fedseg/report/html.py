@@ -53,7 +53,6 @@ import re
 from pathlib import Path
 
 import numpy as np
-import yaml
 
 from fedseg.engine.ledger import EVAL_ACTIONS
 from fedseg.evaluate.metric_info import METRICS
@@ -487,10 +486,7 @@ def _unfinished_line(run: RunFiles) -> str:
 
 def _data_line(run: RunFiles) -> str:
     """The split protocol and any repartition or held-out site (``config.yaml``'s ``data``; FeTS Sec. 4.3-4.4)."""
-    try:
-        data = (yaml.safe_load(run.config or "") or {}).get("data") or {}
-    except yaml.YAMLError:
-        return ""
+    data = run.settings.get("data") or {}
     split, part = data.get("split") or {}, data.get("repartition") or {}
     parts = []
     if split.get("mode") == "kfold":
@@ -619,13 +615,14 @@ def family_sections(run: RunFiles, order: list[str], fig_dir: Path) -> list[Sect
     ]
 
 
-def render_report(run_dir: str | Path) -> Path:
-    """Write ``run_dir/report.html`` and ``run_dir/figures/*.png`` from the run's files.
+def render_report(run_dir: str | Path, run: RunFiles | None = None) -> Path:
+    """Write ``run_dir/report.html`` and ``run_dir/figures/*.png`` from the run's files (``run``: already read with
+    ``load_run``).
 
     Returns:
         path of ``report.html``.
     """
-    run = load_run(run_dir)
+    run = run or load_run(run_dir)
     order = algorithm_order(run.summary)
     run.names = {a: display_name(a, run.algorithms[a]) for a in order}
     fig_dir = run.dir / "figures"

@@ -40,7 +40,6 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 import torch
-import yaml
 from matplotlib.figure import Figure
 from matplotlib.tri import Triangulation
 
@@ -201,13 +200,7 @@ def sample_shares(run: RunFiles, algorithm: str, sites: Sequence[str]) -> dict[s
 
 def method_options(run: RunFiles, algorithm: str) -> dict:
     """``methods.<algorithm>`` of the run's ``config.yaml`` ({} when absent or unreadable)."""
-    if not run.config:
-        return {}
-    try:
-        cfg = yaml.safe_load(run.config)
-    except yaml.YAMLError:
-        return {}
-    methods = cfg.get("methods") if isinstance(cfg, dict) else None
+    methods = run.settings.get("methods")
     options = methods.get(algorithm) if isinstance(methods, dict) else None
     return options if isinstance(options, dict) else {}
 
