@@ -38,6 +38,9 @@ def _one_error_line(result) -> str:
         (["--algorithms", ""], "--algorithms is empty: name at least one algorithm"),
         (["--algorithms", "fedavg,local,fedavg"], "algorithms: fedavg named more than once"),
         (["--algorithms", "fedavg", "--set", "methods.fedprox.mu=abc"], "methods.fedprox.mu: Input should be a valid"),
+        (["--set", "train.batch_size=true"], "train.batch_size: expects a number, not a yes/no value (true)"),
+        (["--set", "model.channels=[4,yes]"], "model.channels: expects a number, not a yes/no value ([4, true])"),
+        (["--set", "methods.fedprox.mu=false"], "methods.fedprox.mu: expects a number, not a yes/no value (false)"),
     ],
 )
 def test_a_bad_option_value_gets_one_line_and_no_output_folder(tmp_path, args, expected):

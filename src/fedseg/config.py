@@ -6,7 +6,7 @@ import math
 from collections.abc import Mapping, Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -31,7 +31,31 @@ def region_tolerances(tolerance: float | Mapping[str, float], regions: Sequence[
     return [float(tolerance[g]) for g in regions]
 
 
-class Strict(BaseModel):
+def _takes_bool(annotation: Any) -> bool:
+    """Whether a field's annotation admits a bool anywhere (``bool``, ``bool | None``, ``Any``, ``dict[str, Any]``)."""
+    if annotation is bool or annotation is Any:
+        return True
+    return any(_takes_bool(arg) for arg in get_args(annotation))
+
+
+class NoBoolNumbers(BaseModel):
+    """Refuses ``true``/``false`` for a number: pydantic's lax mode reads ``fl.rounds=true`` as 1 round and
+    ``lr: false`` as 0.0 (a YAML ``yes`` is a bool too), where strict mode would also refuse a list for a tuple
+    and a string for a path or a Literal. Checked on the value and on the items of a list or tuple."""
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_a_number(cls, value: Any, info: Any) -> Any:
+        items = value if isinstance(value, list | tuple) else [value]
+        if any(isinstance(item, bool) for item in items):
+            field = cls.model_fields.get(info.field_name) if info.field_name else None
+            if field is not None and not _takes_bool(field.annotation):
+                shown = yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("\n...")
+                raise ValueError(f"expects a number, not a yes/no value ({shown})")
+        return value
+
+
+class Strict(NoBoolNumbers):
     model_config = ConfigDict(extra="forbid")
 
 

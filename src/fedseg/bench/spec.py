@@ -32,13 +32,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from fedseg.config import ConfigError, read_yaml_mapping, validation_problems
+from fedseg.config import ConfigError, NoBoolNumbers, read_yaml_mapping, validation_problems
 from fedseg.evaluate.stats import Alternative
 
 
-class Strict(BaseModel):
+class Strict(NoBoolNumbers):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 

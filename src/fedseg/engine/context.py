@@ -20,11 +20,11 @@ from typing import ClassVar, Protocol, TypeVar
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict
+from pydantic import ConfigDict
 from torch import nn
 
 from fedseg.accel import prepare_model, resolve
-from fedseg.config import BudgetConfig, RunConfig, region_tolerances
+from fedseg.config import BudgetConfig, NoBoolNumbers, RunConfig, region_tolerances
 from fedseg.data.dataset import SiteData
 from fedseg.engine.faults import inject, matching_faults
 from fedseg.engine.messages import Message, load_weights
@@ -67,7 +67,7 @@ class Task:
         return region_tolerances(self.cfg.eval.nsd_tolerance, self.regions)
 
 
-class MethodOptions(BaseModel):
+class MethodOptions(NoBoolNumbers):
     """A method's validated options (config ``methods.<name>``; every method's options model extends this
     one) and the hooks through which they shape a run. Each hook defaults to "nothing differs"; built once
     per run from the config (``AlgorithmSpec.parse_options``) and handed to the server and every client.
