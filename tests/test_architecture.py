@@ -31,6 +31,7 @@ LOWER = (
     "fedseg.models.*",
     "fedseg.engine.*",
     "fedseg.train",
+    "fedseg.atomic_files",  # stdlib only: atomic file writes (a report writes its page without importing torch)
     "fedseg.lean_monai",  # stdlib only: MONAI's unused integrations kept out of fedseg's processes
     "fedseg.interrupts",  # stdlib only: stopping cleanly, whether a process runs (the data cache's prune too)
     "fedseg.accel",  # the device switches (train.amp, channels-last, ...) of training and inference

@@ -29,9 +29,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from fedseg.atomic_files import atomic_write_text
 from fedseg.config import RunConfig, load_config
 from fedseg.data.dataset import CaseSet, build_site_data
-from fedseg.engine.checkpoint import atomic_write_text
 from fedseg.evaluate.loss_surface import DIRECTION_TS, LINE_TS, direction_losses, line_losses
 from fedseg.presentation.figures import loss_surface_figure
 from fedseg.run.bundles import Bundle, load_bundle, run_bundles

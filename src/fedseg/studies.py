@@ -53,10 +53,10 @@ from typing import Literal
 import numpy as np
 
 from fedseg.algorithms import check_sites, get_algorithm
+from fedseg.atomic_files import atomic_write_text
 from fedseg.config import ConfigError, RunConfig, apply_override, validate_config, with_recorded_defaults
 from fedseg.data.dataset import CaseSet, build_site_data
 from fedseg.data.federation import Federation
-from fedseg.engine.checkpoint import atomic_write_text
 from fedseg.engine.context import Task
 from fedseg.engine.messages import load_weights
 from fedseg.evaluate.inference import candidate_dice

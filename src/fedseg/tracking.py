@@ -515,7 +515,7 @@ class WandbTracker:
         run.save(str(path), base_path=run.dir, policy="now")
 
     def start(self, algorithm: str, cfg: RunConfig, first_round: int | None = None) -> None:
-        from fedseg.engine.checkpoint import atomic_write_text
+        from fedseg.atomic_files import atomic_write_text
 
         if self.run is not None:
             self._close(self.run, self.algorithm or algorithm)

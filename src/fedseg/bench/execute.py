@@ -24,10 +24,10 @@ from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 
+from fedseg.atomic_files import atomic_write_text
 from fedseg.bench.plan import BenchRun, run_config
 from fedseg.bench.spec import BenchSpec
 from fedseg.config import RunConfig, with_recorded_defaults
-from fedseg.engine.checkpoint import atomic_write_text
 from fedseg.interrupts import INTERRUPTED_EXIT, stop_processes
 from fedseg.run.stopping import not_converged
 

@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from fedseg.atomic_files import atomic_write_text
 from fedseg.bench.execute import Echo, Finished, Runner
 from fedseg.bench.plan import (
     BenchRun,
@@ -28,7 +29,6 @@ from fedseg.bench.plan import (
 )
 from fedseg.bench.select import select_settings
 from fedseg.bench.spec import BenchSpec
-from fedseg.engine.checkpoint import atomic_write_text
 
 BENCH_FILE = "bench.json"
 TABLES_ONLY = {"comparisons", "tests"}  # bench keys that change no run, only the tables: a resume may change them

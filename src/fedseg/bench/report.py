@@ -28,11 +28,11 @@ import json
 import math
 from pathlib import Path
 
+from fedseg.atomic_files import atomic_write_text
 from fedseg.bench.phases import BenchRuns
 from fedseg.bench.select import tuning_rows
 from fedseg.bench.spec import BenchSpec
 from fedseg.bench.tables import RESULT_COLUMNS, federation_tables
-from fedseg.engine.checkpoint import atomic_write_text
 from fedseg.evaluate.metric_info import DICE, HD95, NSD
 from fedseg.evaluate.stats import RESAMPLES, ci_text, dagger
 from fedseg.presentation import kit

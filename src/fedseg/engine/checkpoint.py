@@ -10,70 +10,19 @@ loss cannot reorder a checkpoint and the files it names.
 
 from __future__ import annotations
 
-import os
 import pickle
-import tempfile
-import threading
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
-from typing import Any, BinaryIO, TypeVar, cast
+from typing import Any, TypeVar, cast
 
 import torch
 
+from fedseg.atomic_files import atomic_write_bytes
+
 T = TypeVar("T")
-
-
-def atomic_write_bytes(path: Path, write: Callable[[BinaryIO], object]) -> None:
-    """Call ``write(file)`` on a temp file next to ``path`` and atomically replace ``path`` with it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    except OSError as e:  # e.g. a read-only folder: named by the file we write, not by the temp name
-        raise OSError(e.errno, e.strerror or str(e), str(path)) from e
-    try:
-        os.fchmod(fd, 0o666 & ~current_umask())  # mkstemp's 0600 -> the mode of a normally created file
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        fsync_dir(path.parent)
-    except OSError as e:  # e.g. a full disk: the error names the file it failed to write, not only errno
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        if e.filename is None or e.filename == tmp:
-            raise OSError(e.errno, e.strerror or str(e), str(path)) from e
-        raise
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-_UMASK_LOCK = threading.Lock()
-
-
-def current_umask() -> int:
-    """The process umask: from /proc/self/status (Linux; no change to the process), else read by
-    setting it and restoring it at once."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    with _UMASK_LOCK:
-        mask = os.umask(0o022)
-        os.umask(mask)
-    return mask
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write_bytes(path, lambda f: f.write(text.encode()))
 
 
 def save_checkpoint(path: Path, payload: dict[str, Any]) -> None:
@@ -151,20 +100,6 @@ def _after(previous: Future[None] | None, fn: Callable[..., object], *args: Any)
     if previous is not None:
         previous.result()
     fn(*args)
-
-
-def fsync_dir(folder: Path) -> None:
-    """Make renames and deletions in ``folder`` durable (POSIX; a no-op where directories cannot be opened)."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def remove_temp_files(path: Path) -> None:

@@ -12,7 +12,7 @@ the stores itself (the in-process :class:`fedseg.engine.simulator.Simulator` and
 * ``engine.state: memory`` (default): the dicts stay in RAM (``memory``); no copy is made.
 * ``engine.state: disk``: every store is a file ``<folder>/<site>.safetensors`` holding exactly that
   site's entries (nothing else: no other site's, no metadata of the run), written atomically (temp file
-  + rename, :func:`fedseg.engine.checkpoint.atomic_write_bytes`), so only the stores of the sites being
+  + rename, :func:`fedseg.atomic_files.atomic_write_bytes`), so only the stores of the sites being
   answered are in RAM. ``engine.memory_budget_mb``: stores stay in RAM while their total fits the
   budget; a store that does not fit goes to disk.
 
@@ -39,8 +39,8 @@ from typing import BinaryIO
 import torch
 from safetensors.torch import load_file, save
 
+from fedseg.atomic_files import atomic_write_bytes
 from fedseg.config import RunConfig
-from fedseg.engine.checkpoint import atomic_write_bytes
 
 State = dict[str, torch.Tensor]
 ClientStates = dict[str, State]

@@ -26,14 +26,16 @@ import csv
 import json
 import math
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
-from fedseg.engine.messages import Message
 from fedseg.evaluate.metric_info import METRIC_NAMES
+
+if TYPE_CHECKING:
+    from fedseg.engine.messages import Message
 
 __all__ = [
     "RESULT_COLUMNS",
@@ -212,31 +214,45 @@ def cross_site_matrix(
 
 
 def eval_rows(algorithm: str, replies: dict[str, Message], regions: tuple[str, ...]) -> list[dict]:
-    """Turn evaluation replies into tidy rows (one per case, region and metric of :data:`METRIC_NAMES` the
-    reply carries, each ``(N, R)``)."""
+    """Turn evaluation replies into tidy rows (:func:`case_rows` of each site's reply: its ``cases`` and every
+    metric of :data:`METRIC_NAMES` it carries, each ``(N, R)``)."""
     rows = []
     for site, reply in replies.items():
-        cases = json.loads(str(reply.meta["cases"]))
-        for metric in (m for m in METRIC_NAMES if m in reply.tensors):
-            values = reply.tensors[metric].numpy()
-            for i, case in enumerate(cases):
-                for j, region in enumerate(regions):
-                    rows.append(
-                        {
-                            "algorithm": algorithm,
-                            "model": reply.meta["model"],
-                            "site": site,
-                            "case": case,
-                            "region": region,
-                            "metric": metric,
-                            "value": float(values[i, j]),
-                        }
-                    )
+        values = {metric: reply.tensors[metric].numpy() for metric in METRIC_NAMES if metric in reply.tensors}
+        rows += case_rows(
+            algorithm, str(reply.meta["model"]), site, json.loads(str(reply.meta["cases"])), values, regions
+        )
     return rows
+
+
+def case_rows(
+    algorithm: str,
+    model: str,
+    site: str,
+    cases: Sequence[str],
+    values: Mapping[str, np.ndarray],
+    regions: tuple[str, ...],
+) -> list[dict]:
+    """One tidy row per case, region and metric: ``values[metric]`` is ``(N, R)`` for the N ``cases`` and R
+    ``regions`` of ``model`` on ``site``."""
+    return [
+        {
+            "algorithm": algorithm,
+            "model": model,
+            "site": site,
+            "case": case,
+            "region": region,
+            "metric": metric,
+            "value": float(scores[i, j]),
+        }
+        for metric, scores in values.items()
+        for i, case in enumerate(cases)
+        for j, region in enumerate(regions)
+    ]
 
 
 def site_dice(dice: np.ndarray, cases: Sequence[str], site: str, regions: tuple[str, ...]) -> float:
     """Per-case Dice ``(N, R)`` of one site's ``cases`` -> the site's Dice (mean over regions, then over
     cases; NaN entries not counted), as ``site_summary`` computes it from result rows."""
-    reply = Message({"dice": torch.from_numpy(dice)}, {"cases": json.dumps(list(cases)), "model": "scored"})
-    return site_summary(eval_rows("scored", {site: reply}, regions), "scored", "dice", [site])[site]
+    rows = case_rows("scored", "scored", site, cases, {"dice": dice}, regions)
+    return site_summary(rows, "scored", "dice", [site])[site]

@@ -337,7 +337,7 @@ def run_key(out: Path, resume: bool) -> str:
     (the output folder + a random id) for a new run, so a reused ``--state`` folder never mixes two runs."""
     import uuid
 
-    from fedseg.engine.checkpoint import atomic_write_text
+    from fedseg.atomic_files import atomic_write_text
 
     path = Path(out) / "flower" / "run-key"
     if resume and path.is_file() and path.read_text().strip():

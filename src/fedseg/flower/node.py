@@ -220,7 +220,7 @@ def write_case_ids(settings: NodeSettings, opaque: dict[str, str]) -> None:
     import csv
     import io
 
-    from fedseg.engine.checkpoint import atomic_write_text
+    from fedseg.atomic_files import atomic_write_text
 
     path = case_ids_file(settings)
     if path is None:

@@ -106,7 +106,7 @@ class DiskSnapshots:
     def save(self, algorithm: str, tag: int, state: dict[str, torch.Tensor]) -> None:
         from safetensors.torch import save
 
-        from fedseg.engine.checkpoint import atomic_write_bytes
+        from fedseg.atomic_files import atomic_write_bytes
 
         data = save({k: v.contiguous() for k, v in state.items()}) if state else save({})
         atomic_write_bytes(self._path(algorithm, tag), lambda f: f.write(data))

@@ -20,7 +20,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from fedseg.engine.checkpoint import atomic_write_bytes
+from fedseg.atomic_files import atomic_write_bytes
 from fedseg.evaluate.metrics import batch_metrics
 
 __all__ = [

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from fedseg.engine.checkpoint import atomic_write_text
+from fedseg.atomic_files import atomic_write_text
 from fedseg.evaluate.tables import read_rows
 
 __all__ = [

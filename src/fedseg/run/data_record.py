@@ -22,7 +22,7 @@ import json
 import os
 from pathlib import Path
 
-from fedseg.engine.checkpoint import atomic_write_text
+from fedseg.atomic_files import atomic_write_text
 
 RECORD = ".data-files.json"
 SHOWN = 3  # files named in the message, per kind of change

@@ -13,10 +13,10 @@ import torch
 
 from fedseg.accel import resolve
 from fedseg.algorithms import check_method_names, check_sites, get_algorithm
+from fedseg.atomic_files import atomic_write_text
 from fedseg.config import RunConfig, dump_config
 from fedseg.data.federation import Federation
 from fedseg.engine.base import Observer
-from fedseg.engine.checkpoint import atomic_write_text
 from fedseg.engine.faults import check_fault_sites
 from fedseg.engine.forkserver import start_forkserver
 from fedseg.run.checks import check_sampling, check_secure_aggregation, cost_warnings, method_notes

@@ -13,9 +13,9 @@ from typing import Any
 import torch
 from safetensors.torch import save
 
+from fedseg.atomic_files import atomic_write_bytes, atomic_write_text
 from fedseg.config import RunConfig, dump_config
 from fedseg.data.federation import Federation
-from fedseg.engine.checkpoint import atomic_write_bytes, atomic_write_text
 from fedseg.run.provenance import finish
 from fedseg.run.result import AlgorithmResult, Row
 

@@ -90,7 +90,7 @@ def begin(out: Path, resume: bool, device: str) -> dict[str, Any]:
         except (OSError, ValueError, KeyError, TypeError):
             pass  # no record (e.g. a run of an older fedseg): this resume counts as the start
     try:
-        from fedseg.engine.checkpoint import atomic_write_text
+        from fedseg.atomic_files import atomic_write_text
 
         atomic_write_text(record, json.dumps({"start": started, "resumes": resumes}))
     except OSError:

@@ -13,8 +13,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedseg.atomic_files import fsync_dir
 from fedseg.engine.base import Engine
-from fedseg.engine.checkpoint import CheckpointWriter, fsync_dir, load_checkpoint
+from fedseg.engine.checkpoint import CheckpointWriter, load_checkpoint
 from fedseg.run.outputs import read_bundle
 from fedseg.run.result import AlgorithmResult
 from fedseg.run.summary import finite_mean

@@ -25,8 +25,8 @@ import numpy as np
 import torch
 
 from fedseg.algorithms.fedsm.model import SELECTOR_SPEC, route, super_model_from_bundle
+from fedseg.atomic_files import atomic_write_bytes
 from fedseg.data.dataset import SiteData
-from fedseg.engine.checkpoint import atomic_write_bytes
 from fedseg.engine.context import Task
 
 FEATURES_DIR = "selector_features"
