@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from common import RESULTS, ROUNDS, SPECS, bench_entries
-from fedseg.evaluate.stats import ci_text, dagger, mean_std
+from fedseg.evaluate.stats import ci_text, correct_family, dagger, mean_std, p_value_text
 
 CONTINUED = "fedavg-continue"  # the control: FedAvg continued from the model the CONTROLLED methods start from
 ORDER = ["fedavg", "local", "finetune", "ditto-ft", "ditto", "fedper", "lg-fedavg", "cfl", "prior-cfl", CONTINUED]
@@ -137,12 +137,17 @@ def fmt(x: dict, digits: int = 3) -> str:
 
 
 def test_cells(w: dict) -> list[str]:
-    """Δ (with † when the CI excludes 0), the 95% CI and p of one ``wilcoxon_vs`` result, as table cells."""
-    return [
-        f"{w['mean_difference']:+.4f}{dagger(w)}",
-        ci_text(w, digits=4),
-        "" if math.isnan(w["p"]) else f"{w['p']:.2g}",
-    ]
+    """Δ (with † where significant: the CI excludes 0 and the Holm-adjusted p < 0.05), the 95% CI and that p of
+    one ``wilcoxon_vs`` result, as table cells."""
+    return [f"{w['mean_difference']:+.4f}{dagger(w)}", ci_text(w, digits=4), p_value_text(w)]
+
+
+def correct_families(block: dict) -> None:
+    """Holm within each table of a federation (``fedseg.evaluate.stats.correct_family``): the comparisons with
+    FedAvg, those with the continuation control, the pairs; idempotent (a stored report is corrected again)."""
+    correct_family(block["wilcoxon"].values())
+    correct_family(block.get("vs_continued", {}).values())
+    correct_family(block.get("pairs", []))
 
 
 def markdown(report: dict) -> str:
@@ -152,15 +157,17 @@ def markdown(report: dict) -> str:
         f"Command: `{report['command']}`. Budget: {report['budget']}. Mean ± std over seeds {report['seeds']};",
         "Dice/HD95 per test case with the model each site uses (personalized/clustered: each site at its own",
         "best validation round). Δ: mean over the test cases (each averaged over the seeds) of the per-case Dice",
-        "difference; 95% CI: its hierarchical bootstrap interval (sites, cases within sites, seeds); † the CI excludes",
-        "0; p: two-sided paired Wilcoxon over the same cases (`fedseg.evaluate.stats.compare`).",
+        "difference; 95% CI: its hierarchical bootstrap interval (sites, cases within sites, seeds); p: two-sided",
+        "paired Wilcoxon over the same cases (`fedseg.evaluate.stats.compare`), Holm-adjusted within each table; †",
+        "the CI excludes 0 and that p < 0.05.",
         "",
     ]
     for fed, block in report["federations"].items():
+        correct_families(block)
         regions = block["regions"]
         lines += [f"## {fed}", "", "### Table 1", ""]
         head = ["method", "Dice", *[f"Dice {r}" for r in regions], "HD95", "local avg", "local gen", "Δ vs FedAvg"]
-        head += ["95% CI", "p"]
+        head += ["95% CI", "p (Holm)"]
         lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for name, r in block["rows"].items():
             w = block["wilcoxon"].get(name, {})
@@ -175,11 +182,17 @@ def markdown(report: dict) -> str:
             ]
             lines.append("| " + " | ".join(cells) + " |")
         lines += ["", f"### Against the continuation control ({CONTINUED}: the same start and extra training)", ""]
-        lines += ["| method | Δ Dice vs " + CONTINUED + " | 95% CI | p | pairs |", "|---|---|---|---|---|"]
+        lines += ["| method | Δ Dice vs " + CONTINUED + " | 95% CI | p (Holm) | pairs |", "|---|---|---|---|---|"]
         for name, w in block.get("vs_continued", {}).items():
             lines.append(f"| {name} | " + " | ".join(test_cells(w)) + f" | {w['pairs']} |")
         if block.get("pairs"):
-            lines += ["", "### Pairs", "", "| method | against | Δ Dice | 95% CI | p | pairs |", "|" + "---|" * 6]
+            lines += [
+                "",
+                "### Pairs",
+                "",
+                "| method | against | Δ Dice | 95% CI | p (Holm) | pairs |",
+                "|" + "---|" * 6,
+            ]
             for w in block["pairs"]:
                 lines.append(f"| {w['method']} | {w['against']} | " + " | ".join(test_cells(w)) + f" | {w['pairs']} |")
         lines += ["", "### Table 2 (cost; fine-tuning methods include FedAvg's)", ""]
@@ -223,6 +236,7 @@ def main() -> None:
             "pairs": [{"method": a, "against": b, **wilcoxon_vs(entries, a, b)} for a, b in PAIRS],
             "clusters": {name: clusters(entries[name]) for name in ("cfl", "prior-cfl")},
         }
+        correct_families(report["federations"][fed])
     (RESULTS / "personalized.json").write_text(json.dumps(report, indent=1, allow_nan=True))
     (RESULTS / "personalized.md").write_text(markdown(report))
     print(markdown(report))

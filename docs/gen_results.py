@@ -7,8 +7,8 @@ number in them is the number the bench wrote (tests/test_docs.py checks the page
 - ``headline <folder> <federation>``: one bench folder's test table for one federation, condensed from its
   ``tables.json`` (the full layout is the folder's ``tables.md``): setting chosen on validation (grid edges
   flagged), rounds and SGD steps (the budget), test Dice, client average, Δ against the bench's reference with its
-  95% hierarchical bootstrap CI and Wilcoxon p, and how often the method held its most frequent rank across the
-  bootstrap samples;
+  95% hierarchical bootstrap CI and Wilcoxon p (Holm-adjusted over the table), and how often the method held its
+  most frequent rank across the bootstrap samples;
 - ``personalized <personalized.json>``: ``benchmarks/personalized.py``'s methods, one row each, per federation the
   test Dice, Δ against FedAvg and Δ against the continuation control ``fedavg-continue`` with their 95% CIs;
 - ``surface <folder>``: FedSM's Figure 4 read off the ``loss_surface_<site>.csv`` files ``fedseg loss-surface``
@@ -32,7 +32,8 @@ import re
 import sys
 from pathlib import Path
 
-from fedseg.evaluate.stats import ci_text, dagger
+from fedseg.bench.tables import correct_tests
+from fedseg.evaluate.stats import ci_text, correct_family, dagger, p_value_text
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "results.md"
@@ -69,8 +70,10 @@ def headline(folder: str, federation: str) -> str:
     tables = read_json(ROOT / folder / "tables.json")
     reference = tables["bench"]["reference"]
     fed = tables["federations"][federation]
+    correct_tests(fed)  # Holm within the table (a tables.json written before the correction gains it here)
     ranks = fed.get("rank_stability", {})
-    head = ["method", "setting", "rounds", "SGD steps", "Dice", "client avg", f"Δ vs {reference}", "95% CI", "p"]
+    head = ["method", "setting", "rounds", "SGD steps", "Dice", "client avg", f"Δ vs {reference}", "95% CI"]
+    head.append("p (Holm)")
     head.append("most frequent rank")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, m in fed["methods"].items():
@@ -83,7 +86,7 @@ def headline(folder: str, federation: str) -> str:
             rounds += f" ({conv['not_converged']}/{conv['runs']} may not have converged)"
         test = m.get("wilcoxon") or {}
         delta, ci = split_delta_ci(test)
-        p = number(test.get("p"), ".2g") if test else "ref"
+        p = p_value_text(test) if test else "ref"
         shares = ranks.get(name, {})
         top = max(shares, key=lambda r: shares[r]) if shares else None
         rank = f"{top} ({shares[top]:.0%})" if top is not None else ""
@@ -100,7 +103,8 @@ def number(x: float | None, fmt: str = "+.4f") -> str:
 
 def split_delta_ci(test: dict | None) -> tuple[str, str]:
     """``(Δ, "[low, high]")`` of a ``fedseg.evaluate.stats.compare`` result to 4 decimals (so that a † never sits
-    next to a bound that prints as 0), Δ with † when the CI excludes 0; empty strings where there is no test."""
+    next to a bound that prints as 0), Δ with † where the comparison is significant (the CI excludes 0 and the
+    Holm-adjusted p < 0.05: ``fedseg.evaluate.stats.significant``); empty strings where there is no test."""
     if not test:
         return "", ""
     return number(test.get("mean_diff")) + dagger(test), ci_text(test, digits=4)
@@ -115,6 +119,9 @@ def delta_ci(test: dict | None) -> str:
 def personalized(path: str) -> str:
     """``benchmarks/personalized.py``'s methods by federation (module docstring)."""
     feds = read_json(ROOT / path)["federations"]
+    for block in feds.values():  # Holm within each column of the table
+        correct_family(block["wilcoxon"].values())
+        correct_family(block["vs_continued"].values())
     head = ["method"]
     for fed in feds:
         head += [f"{fed}: Dice", f"{fed}: Δ vs fedavg [95% CI]", f"{fed}: Δ vs fedavg-continue [95% CI]"]

@@ -483,7 +483,7 @@ def test_nsd_is_tabled_and_tested_like_dice_and_a_bench_without_it_renders_as_be
     assert fedprox["nsd_wilcoxon"]["mean_diff"] == pytest.approx(float(np.mean(diffs)), rel=1e-9)
     assert fedprox["nsd_wilcoxon"]["p"] == pytest.approx(wilcoxon(diffs).pvalue, rel=1e-12)
     md = (out / "tables.md").read_text()
-    assert "| NSD (τ 2 pixels) | NSD Δ vs fedavg | NSD 95% CI | NSD p |" in md
+    assert "| NSD (τ 2 pixels) | NSD Δ vs fedavg | NSD 95% CI | NSD p (Holm) |" in md
 
     # the same bench as written before NSD: no nsd rows, no summary entries
     for run in out.glob("runs/**/results.csv"):

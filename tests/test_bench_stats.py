@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -17,8 +18,9 @@ from fedseg.bench.phases import BENCH_FILE, check_out
 from fedseg.bench.plan import final_runs, run_config, settings, tuning_runs
 from fedseg.bench.select import edge_keys
 from fedseg.bench.spec import load_bench
-from fedseg.bench.tables import add_tests
+from fedseg.bench.tables import add_tests, correct_tests
 from fedseg.config import ConfigError
+from fedseg.evaluate.stats import significant
 from fedseg.run.stopping import PLATEAU, stop_reason
 
 
@@ -80,6 +82,7 @@ def test_the_tables_mark_a_method_where_its_ci_excludes_0_on_the_alternatives_si
     for alternative, marked in (("two-sided", {"better"}), ("greater", {"better"}), ("less", set())):
         methods: dict[str, dict] = {name: {"sites": {"site0": {}, "site1": {}}} for name in per_seed}
         add_tests(methods, per_seed, "ref", alternative)
+        correct_tests({"methods": methods})
         assert {n for n, s in methods.items() if s["dagger"]} == marked, alternative
         better = methods["better"]
         assert better["wilcoxon"]["alternative"] == alternative and better["wilcoxon"]["ci_low"] > 0
@@ -144,3 +147,31 @@ def test_the_plateau_rule_does_not_stop_a_tuning_run_before_min_rounds(tmp_path)
         assert (stop.patience, stop.min_rounds) == (5, 40)
         assert all(stop_reason(stop, stalled, rnd, None) is None for rnd in range(1, 36))
         assert stop_reason(stop, {**stalled, 40: 0.5}, 40, None) == PLATEAU
+
+
+def test_fedseg_report_renders_a_bench_again_from_its_tables_json_by_the_current_rules(tmp_path):
+    """A committed bench folder without its runs: the comparisons gain their Holm-adjusted p, the tables say so."""
+    from typer.testing import CliRunner
+
+    from fedseg.cli import app
+
+    bench = tmp_path / "bench"
+    shutil.copytree(Path(__file__).parents[1] / "benchmarks" / "results" / "headline-fedsm", bench)
+    content = json.loads((bench / "tables.json").read_text())
+    for fed in content["federations"].values():  # as a bench written before the correction
+        for s in fed["methods"].values():
+            for test in [s.get("wilcoxon"), s.get("nsd_wilcoxon"), *(s.get("site_wilcoxon") or {}).values()]:
+                if test:
+                    test.pop("p_holm", None), test.pop("family", None)
+    (bench / "tables.json").write_text(json.dumps(content))
+    result = CliRunner().invoke(app, ["report", str(bench)])
+    assert result.exit_code == 0, result.output
+    fed = next(iter(json.loads((bench / "tables.json").read_text())["federations"].values()))
+    tests = [s["wilcoxon"] for s in fed["methods"].values() if s.get("wilcoxon")]
+    assert tests and all(t["family"] == len(tests) and t["p_holm"] >= t["p"] for t in tests)
+    assert all(s["dagger"] == significant(s.get("wilcoxon")) for s in fed["methods"].values())
+    assert "p (Holm)" in (bench / "tables.md").read_text()
+    (bench / "tables.json").write_text("{not json")
+    result = CliRunner().invoke(app, ["report", str(bench)])
+    assert result.exit_code == 1 and result.output.count("\n") == 1, result.output
+    assert "tables.json: not a bench's tables" in result.output and "Traceback" not in result.output

@@ -3,13 +3,24 @@ the nominal rate, the one-tailed Wilcoxon p is scipy's, rank stability finds a c
 
 from __future__ import annotations
 
+import math
 import time
 
 import numpy as np
 import pytest
 from scipy.stats import wilcoxon
 
-from fedseg.evaluate.stats import bootstrap_means, compare, paired_wilcoxon, rank_stability
+from fedseg.evaluate.stats import (
+    bootstrap_means,
+    compare,
+    correct_family,
+    dagger,
+    holm,
+    p_value_text,
+    paired_wilcoxon,
+    rank_stability,
+    significant,
+)
 
 
 def simulated(rng, delta: float, sites: int = 8, cases: int = 40, seeds: int = 3, base: float = 0.8):
@@ -93,3 +104,34 @@ def test_the_bootstrap_resamples_sites_then_cases_within_them():
     # a sample holds sites {0,0} (mean 0), {1,1} (mean 1) or one of each (2 of 3 cells at 0): 1/4, 1/4, 1/2
     assert set(np.round(means, 6)) == {0.0, 1.0, round(1 / 3, 6)}
     assert np.mean(means == 0) == pytest.approx(0.25, abs=0.03) and np.mean(means == 1) == pytest.approx(0.25, abs=0.03)
+
+
+def test_holm_matches_the_step_down_definition_and_keeps_nan_out_of_the_count():
+    # sorted 0.005, 0.01, 0.03, 0.04 (m = 4): x4, x3, x2, x1, made non-decreasing
+    assert holm([0.01, 0.04, 0.03, math.nan, 0.005]) == pytest.approx([0.03, 0.06, 0.06, math.nan, 0.02], nan_ok=True)
+    assert holm([0.5, 0.9]) == [1.0, 1.0] and holm([]) == []
+
+
+def test_a_dagger_needs_both_the_ci_and_the_holm_adjusted_p():
+    three_cases = {0: {("s", "a"): 0.9, ("s", "b"): 0.8, ("s", "c"): 0.7}}
+    better = {0: {k: v + 0.02 for k, v in three_cases[0].items()}}
+    test = compare(better, three_cases)
+    # every difference +0.02: the bootstrap CI is a point above 0, but 3 pairs cannot give a two-sided p below 0.25
+    assert test["ci_excludes_0"] and test["p"] == pytest.approx(0.25) and not significant(test) and dagger(test) == ""
+    rng = np.random.default_rng(1)
+    cases = {0: {("s", str(i)): float(v) for i, v in enumerate(rng.random(40))}}
+    clear = compare({0: {k: v + 0.05 + 0.01 * rng.standard_normal() for k, v in cases[0].items()}}, cases)
+    assert significant(clear) and dagger(clear) == " †"
+    family = [clear, {**clear, "p": 0.03}, {**clear, "p": 0.04}]  # each below 0.05 alone
+    correct_family(family)
+    assert [t["family"] for t in family] == [3, 3, 3] and family[2]["p_holm"] == pytest.approx(0.06)
+    assert significant(family[0]) and not significant(family[1]) and not significant(family[2])
+    assert p_value_text(family[2]) == "0.06"
+
+
+def test_the_wilcoxon_counts_the_pairs_that_differ():
+    ref = {("s", str(i)): 0.5 for i in range(10)}
+    ours = {**ref, ("s", "0"): 0.6, ("s", "1"): 0.7}
+    test = paired_wilcoxon(ours, ref)
+    assert test["n"] == 10 and test["n_nonzero"] == 2
+    assert test["p"] == pytest.approx(wilcoxon([0.1, 0.2] + [0.0] * 8).pvalue)

@@ -346,13 +346,25 @@ def bench(
 
 
 @app.command()
-def report(run_dir: Path = typer.Argument(..., help="output directory of a finished run")) -> None:
-    """Re-render report.html and figures/ from the files of a run (or of a study and its sub-runs)."""
+def report(run_dir: Path = typer.Argument(..., help="output directory of a finished run, study or bench")) -> None:
+    """Re-render report.html and figures/ from the files of a run (or of a study and its sub-runs; or of a bench:
+    tables.md and report.html from its tables.json, by the current statistics rules)."""
     from fedseg.report.studies import is_study_dir, render_study
 
+    if not (run_dir / "summary.json").is_file() and (run_dir / "tables.json").is_file():
+        from fedseg.bench.report import rewrite_report
+
+        try:
+            console.print(f"tables: {run_dir / 'tables.md'}\nreport: {rewrite_report(run_dir)}", highlight=False)
+        except (ValueError, OSError) as e:
+            fail(error_text(e))
+        return
     if not (run_dir / "summary.json").is_file():
         if not is_study_dir(run_dir):
-            fail(f"{run_dir}: no summary.json, study.json, unseen.csv or sweep.csv (not a run or study directory?)")
+            fail(
+                f"{run_dir}: no summary.json, study.json, unseen.csv, sweep.csv or tables.json (not a run, study or "
+                "bench directory?)"
+            )
         console.print(f"report: {render_study(run_dir)}")
         return
     from fedseg.report.html import unfinished_text

@@ -7,11 +7,13 @@ much.
 
 * **Test** (FeTS Table 1 / Table 3 for a limited or IID partition): Dice mean ± std over cases, per region, HD95,
   client average ± std over seeds, Δ against the reference with its 95% hierarchical bootstrap CI and the paired
-  Wilcoxon p († where the CI excludes 0), then NSD with its own Δ, CI and p (only where the runs scored NSD: a bench
+  Wilcoxon p, Holm-adjusted within the table († where the CI excludes 0 and that p < 0.05; ‡ where Δ pairs fewer
+  cases than the columns average), then NSD with its own Δ, CI and p (only where the runs scored NSD: a bench
   of runs written before it existed keeps its old columns), runs whose best round was in their last 10% ("not
   converged");
 * **Per site** (FedSM Tables 3-4, Auto-FedAvg Table 2): each site's Dice mean ± std over seeds († where the
-  per-site CI excludes 0), client average, local avg and local gen where a method has local models;
+  site's comparison is significant, Holm-adjusted over every cell of the table), client average, local avg and
+  local gen where a method has local models;
 * **Cost** (FeTS Table 2): rounds trained, SGD steps (Eq. 34), parallel SGD steps (Eq. 35), training floats per
   site (as FeTS reports them) and in total over sites, evaluation floats per site (validation and test messages,
   not in the paper's communication), simulated hours (Eq. 36-38);
@@ -32,9 +34,9 @@ from fedseg.atomic_files import atomic_write_text
 from fedseg.bench.phases import BenchRuns
 from fedseg.bench.select import tuning_rows
 from fedseg.bench.spec import BenchSpec
-from fedseg.bench.tables import RESULT_COLUMNS, federation_tables
+from fedseg.bench.tables import RESULT_COLUMNS, correct_tests, federation_tables
 from fedseg.evaluate.metric_info import DICE, HD95, NSD
-from fedseg.evaluate.stats import RESAMPLES, ci_text, dagger
+from fedseg.evaluate.stats import RESAMPLES, ci_text, dagger, p_value_text
 from fedseg.presentation import kit
 from fedseg.presentation.figures import per_site_bars
 from fedseg.run.outputs import csv_text
@@ -72,10 +74,9 @@ def _signed(x, digits: int = 3) -> str:
 
 
 def p_text(test: dict | None) -> str:
-    """The Wilcoxon p, with † where the bootstrap CI of the mean difference excludes 0 (``compare``)."""
-    if not test or not _finite(test.get("p")):
-        return "–"
-    return f"{test['p']:.2g}" + dagger(test)
+    """The Wilcoxon p, Holm-adjusted within its table (``fedseg.bench.tables.correct_tests``), with † where the
+    comparison is significant (``fedseg.evaluate.stats.significant``)."""
+    return p_value_text(test) + dagger(test)
 
 
 def _md_table(head: list[str], rows: list[list[str]]) -> str:
@@ -108,9 +109,9 @@ def test_table(fed: dict, reference: str) -> tuple[list[str], list[list[str]]]:
     unit = fed.get("hd95_unit") or ""
     nsd = has_nsd(fed)
     head = ["method", "setting", "runs", *BUDGET_HEAD, DICE.label, *fed["regions"], HD95.title(unit), "client avg"]
-    head += [f"Δ vs {reference}", "95% CI", "p"]
+    head += [f"Δ vs {reference}", "95% CI", "p (Holm)"]
     if nsd:
-        head += [NSD.title(unit, fed.get("nsd_tolerance")), f"NSD Δ vs {reference}", "NSD 95% CI", "NSD p"]
+        head += [NSD.title(unit, fed.get("nsd_tolerance")), f"NSD Δ vs {reference}", "NSD 95% CI", "NSD p (Holm)"]
     head.append("converged")
     rows = []
     for name, s in fed["methods"].items():
@@ -124,20 +125,31 @@ def test_table(fed: dict, reference: str) -> tuple[list[str], list[list[str]]]:
             *(ms(s["regions"][r], DICE.digits) for r in fed["regions"]),
             ms(s["hd95"], HD95.digits),
             ms(s["client_avg"], DICE.digits),
-            *_test_cells(s["wilcoxon"], name == reference),
+            *_test_cells(s["wilcoxon"], name == reference, _own_cases(s, fed["methods"].get(reference))),
         ]
         if nsd:
-            row += [ms(s.get("nsd"), NSD.digits), *_test_cells(s.get("nsd_wilcoxon"), name == reference)]
+            nsd_cases = _own_cases(s, fed["methods"].get(reference), "nsd")
+            row += [ms(s.get("nsd"), NSD.digits), *_test_cells(s.get("nsd_wilcoxon"), name == reference, nsd_cases)]
         rows.append(row + [f"{conv['runs'] - conv['not_converged']}/{conv['runs']}"])
     return head, rows
 
 
-def _test_cells(test: dict | None, is_reference: bool) -> list[str]:
+FEWER_CASES = " ‡"  # after a Δ paired over fewer cases than a method's own columns average
+
+
+def _own_cases(s: dict, reference: dict | None, metric: str = "dice") -> tuple[int, ...]:
+    """How many cases the method's and the reference's own ``metric`` columns average (mean ± std over cases)."""
+    return tuple(int((e.get(metric) or {}).get("n") or 0) for e in (s, reference or {}))
+
+
+def _test_cells(test: dict | None, is_reference: bool, own_cases: tuple[int, ...] = ()) -> list[str]:
     """Δ (mean paired difference), its bootstrap CI and p of a comparison with the reference (``compare``); ``ref``
-    for the reference itself."""
+    for the reference itself. ‡ after Δ where it pairs fewer cases than ``own_cases`` (the method's and the
+    reference's own columns: a run missing or a site failed): the columns then describe other cases than Δ."""
     if is_reference:
         return ["", "", "ref"]
-    return [_signed(test["mean_diff"]) if test else "", ci_text(test), p_text(test)]
+    fewer = test is not None and any(test["n"] < n for n in own_cases)
+    return [(_signed(test["mean_diff"]) + (FEWER_CASES if fewer else "")) if test else "", ci_text(test), p_text(test)]
 
 
 def site_table(fed: dict) -> tuple[list[str], list[list[str]]]:
@@ -182,7 +194,7 @@ def comparison_table(fed: dict) -> tuple[list[str], list[list[str]]]:
     """The bench's ``comparisons``: Δ (mean over cases of the paired differences), its bootstrap CI, Δ per seed
     and the Wilcoxon p."""
     head = ["method", "against", "rounds (method / against)", "SGD steps (method / against)", "seeds", "cases"]
-    head += ["Δ Dice", "95% CI", "Δ per seed", "p"]
+    head += ["Δ Dice", "95% CI", "Δ per seed", "p (Holm)"]
     methods = fed["methods"]
     rows = [
         [
@@ -254,20 +266,26 @@ NOTES = (
     "mean of per-site means, ± std over seeds. Δ: mean over cases of (method − reference), paired per case and seed "
     "(the same images in every seed: data.seed). 95% CI: percentile interval of Δ over {resamples} hierarchical "
     "bootstrap samples (sites, then cases within the drawn sites, and seeds, all with replacement), so it carries "
-    "case-to-case and run-to-run variance. † marks a comparison only where that CI excludes 0{side}. p: {alternative} "
-    "paired Wilcoxon signed-rank test over cases (each case's differences averaged over the seeds), shown next to it. "
-    "Settings chosen on validation only (see the tuning table); (grid edge): the selected value is the smallest or "
-    "largest of its grid, so the best one may lie outside it."
+    "case-to-case and run-to-run variance (with fewer than 5 seeds the run-to-run part cannot show its full size: read "
+    "the per-seed Δ). p: {alternative} paired Wilcoxon signed-rank test over cases (each case's differences averaged "
+    "over the seeds), Holm-adjusted within its table (the Δ column's comparisons; every cell of the per-site "
+    "table; the bench's comparisons). † marks a comparison only where both hold: the CI excludes 0{side} and "
+    "the adjusted p < 0.05 (a CI of a handful of cases excludes 0 whenever they differ the same way; the p does not "
+    "carry the seeds' variance). ‡: Δ, CI and p pair fewer cases than the Dice columns average (a run missing or a "
+    "site failed): the columns describe other cases than Δ. Settings chosen on validation only (see the tuning table); "
+    "(grid edge): the selected value is the smallest or largest of its grid, so the best one may lie outside it."
 )
 
 NSD_NOTE = (
     " NSD: normalized surface Dice at the tolerance τ in its heading (eval.nsd_tolerance, in the HD95 unit), mean ± "
-    "std over cases as Dice, higher is better; its Δ and p: the same paired test on NSD."
+    "std over cases as Dice, higher is better; its Δ and p: the same paired test on NSD, Holm-adjusted over the NSD "
+    "column."
 )
 
 COMPARISONS = (
     "The bench's comparisons: Δ = mean over cases of (method − against), paired per case and seed over the seeds both "
-    "finished, its 95% bootstrap CI, Δ per seed, and the Wilcoxon p († where the CI excludes 0)."
+    "finished, its 95% bootstrap CI, Δ per seed, and the Wilcoxon p, Holm-adjusted over these comparisons († where the "
+    "CI excludes 0 and that p < 0.05)."
 )
 
 RANKS = (
@@ -356,8 +374,35 @@ def write_report(bench: BenchSpec, runs: BenchRuns, out: Path) -> dict:
     atomic_write_text(out / "results.csv", csv_text(RESULT_COLUMNS, rows))
     atomic_write_text(out / "tuning.csv", csv_text(TUNING_COLUMNS, tuning))
     content = {"bench": bench.model_dump(mode="json"), "tuning": tuning, "federations": tables}
-    atomic_write_text(out / "tables.json", json.dumps(content, indent=1, allow_nan=True, default=str))
+    _write_tables(bench, content, out)
+    return content
+
+
+TABLES_JSON = "tables.json"
+
+
+def rewrite_report(out: Path) -> Path:
+    """Render a bench's ``tables.md`` and ``report.html`` again from its ``tables.json`` alone (``fedseg report``
+    on a bench folder), each family of comparisons Holm-corrected by the current rules
+    (:func:`fedseg.bench.tables.correct_tests`; a bench written before them gains ``p_holm``). The runs are not
+    read: their folders may be gone. A ValueError naming the file where it cannot be read."""
+    out = Path(out)
+    path = out / TABLES_JSON
+    try:
+        content = json.loads(path.read_text())
+        bench = BenchSpec.model_validate(content["bench"])
+        for fed in content["federations"].values():
+            correct_tests(fed)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"{path}: not a bench's tables ({type(e).__name__}: {str(e).splitlines()[0][:160]})") from None
+    _write_tables(bench, content, out)
+    return out / "report.html"
+
+
+def _write_tables(bench: BenchSpec, content: dict, out: Path) -> None:
+    """``tables.json``, ``tables.md`` and ``report.html`` (+ figures) of ``content`` into ``out``."""
+    tables, tuning = content["federations"], content["tuning"]
+    atomic_write_text(out / TABLES_JSON, json.dumps(content, indent=1, allow_nan=True, default=str))
     atomic_write_text(out / "tables.md", markdown(bench, tables, tuning))
     (out / "figures").mkdir(exist_ok=True)
     kit.write_page(out / "report.html", f"fedseg bench {bench.name}", html_parts(bench, tables, tuning, out))
-    return content

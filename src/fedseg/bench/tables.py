@@ -14,7 +14,8 @@ For each federation and method (its final runs, ``fedseg.bench.execute``):
 * ``wilcoxon`` (pooled) and ``site_wilcoxon``: paired comparisons against the bench's reference method
   (:func:`fedseg.evaluate.stats.compare`: the Wilcoxon test on the per-case differences averaged over the seeds,
   ``tests.alternative`` sided, and the 95% CI of the mean difference from a hierarchical bootstrap over sites,
-  cases and seeds); ``dagger`` when that CI excludes 0 (on the alternative's side);
+  cases and seeds); ``dagger`` when the comparison is :func:`fedseg.evaluate.stats.significant` (the CI excludes 0
+  on the alternative's side and the Holm-adjusted p < 0.05; families: :func:`correct_tests`);
 * ``rank_stability`` (per federation): how often each method holds each rank by mean Dice over the same bootstrap
   samples (:func:`fedseg.evaluate.stats.rank_stability`);
 * ``nsd_wilcoxon``: the same pooled comparison on NSD (None when the method or the reference has no NSD, e.g.
@@ -43,7 +44,15 @@ from fedseg.bench.plan import BenchRun, folds_of
 from fedseg.bench.select import edge_keys
 from fedseg.bench.spec import BenchSpec
 from fedseg.data.repartition import SEPARATOR
-from fedseg.evaluate.stats import Alternative, compare, mean_std, rank_stability, seed_averaged
+from fedseg.evaluate.stats import (
+    Alternative,
+    compare,
+    correct_family,
+    mean_std,
+    rank_stability,
+    seed_averaged,
+    significant,
+)
 from fedseg.evaluate.tables import case_means, own_site_model, read_rows
 from fedseg.run.stopping import not_converged
 
@@ -237,19 +246,33 @@ def federation_tables(bench: BenchSpec, runs: BenchRuns) -> tuple[dict, list[dic
             "hd95_unit": by_key[(fed.name, first_method)][0][1].summary.get("hd95_unit", ""),
             "nsd_tolerance": by_key[(fed.name, first_method)][0][1].summary.get("nsd_tolerance"),  # in hd95_unit
         }
+        correct_tests(out[fed.name])
     return out, all_rows
+
+
+def correct_tests(fed: dict) -> None:
+    """Holm-adjust (:func:`fedseg.evaluate.stats.correct_family`) each family of a federation's comparisons, the
+    tests a reader scans together: the pooled Dice comparisons of every method against the reference (the test
+    table's Δ column), the NSD ones, every cell of the per-site table, and the bench's ``comparisons``; then set each
+    method's ``dagger``. Works on a ``tables.json`` entry read back too (a bench written before the correction)."""
+    methods = fed["methods"].values()
+    correct_family(s.get("wilcoxon") for s in methods)
+    correct_family(s.get("nsd_wilcoxon") for s in methods)
+    correct_family(t for s in methods for t in (s.get("site_wilcoxon") or {}).values())
+    correct_family(fed.get("comparisons") or [])
+    for s in methods:
+        s["dagger"] = significant(s.get("wilcoxon"))
 
 
 def add_tests(methods: dict[str, dict], per_seed: dict[str, dict], reference: str, alternative: Alternative) -> None:
     """Paired comparisons (:func:`fedseg.evaluate.stats.compare`) of every method against ``reference``, pooled and
-    per site (the site's cases only); none while the reference has no run. ``dagger``: the pooled CI excludes 0."""
+    per site (the site's cases only); none while the reference has no run (``dagger``: :func:`correct_tests`)."""
     for name, stats in methods.items():
         if name == reference or reference not in per_seed:
             stats.update(wilcoxon=None, dagger=False, site_wilcoxon={})
             continue
         ours, ref = per_seed[name], per_seed[reference]
         stats["wilcoxon"] = compare(ours, ref, alternative)
-        stats["dagger"] = stats["wilcoxon"]["ci_excludes_0"]
         stats["site_wilcoxon"] = {site: compare(_of_site(ours, site), ref, alternative) for site in stats["sites"]}
 
 

@@ -12,7 +12,17 @@ seed, in the score's unit (Dice: a fraction in [0, 1]). Cases a method could not
   then the cases within each sampled site, and the seeds, all with replacement) with a percentile CI and the
   per-seed mean differences: the CI carries both the case-to-case and the run-to-run (seed) variance;
 * :func:`rank_stability`: how often each method holds each rank (by mean score, higher better) over the same
-  bootstrap samples (challengeR's rank stability).
+  bootstrap samples (challengeR's rank stability);
+* :func:`correct_family`: Holm's step-down adjustment of the p values of a family of comparisons (every method
+  against the reference in one table, every cell of a per-site table), and :func:`significant`, the one rule of
+  every table's † and of the run report's "beyond noise": the bootstrap CI excludes 0 on the tested side **and**
+  the (Holm-adjusted) Wilcoxon p < 0.05. Both, because each fails alone: the percentile bootstrap of a handful of
+  cases excludes 0 whenever their differences share a sign (3 cases: p = 0.25), and the Wilcoxon test ignores the
+  seed-to-seed variance that the bootstrap carries.
+
+What the p and CI say: whether these trained models differ on these test images (the cases are the sample); the
+run-to-run variance enters only through the seeds' resampling, which with few seeds (under 5) cannot show its full
+size: the per-seed differences are listed beside each comparison for that reason.
 """
 
 from __future__ import annotations
@@ -24,7 +34,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-SIGNIFICANCE = 0.05  # the Wilcoxon p shown as significant below this; the tables' mark uses the CI (compare)
+SIGNIFICANCE = 0.05  # the (Holm-adjusted) Wilcoxon p below which a difference can be significant (significant)
 LEVEL = 0.95  # the bootstrap CI's coverage
 RESAMPLES = 2000  # bootstrap samples
 RNG_SEED = 0  # the bootstrap's fixed random stream: the same numbers on every call
@@ -43,7 +53,8 @@ def paired_wilcoxon(
         scores, reference: ``{case key: score}`` (e.g. ``(site, case)`` -> Dice averaged over regions and seeds).
         alternative: ``two-sided``; ``greater`` (``scores`` higher) or ``less``: one-tailed, as FeTS 2022 reports.
     Returns:
-        ``n`` (pairs), ``p`` (NaN with no pair; 1.0 when every difference is 0, where scipy cannot rank),
+        ``n`` (pairs), ``n_nonzero`` (pairs that differ: scipy's default drops the zero differences, so the test
+        rests on these), ``p`` (NaN with no pair; 1.0 when every difference is 0, where scipy cannot rank),
         ``alternative``, ``mean_diff`` and ``median_diff`` (scores - reference).
     """
     keys = [k for k in scores if k in reference and np.isfinite(scores[k]) and np.isfinite(reference[k])]
@@ -56,10 +67,18 @@ def _wilcoxon(diffs: np.ndarray, alternative: Alternative) -> dict[str, Any]:
     from scipy.stats import wilcoxon  # here: the bench spec imports this module
 
     if not diffs.size:
-        return {"n": 0, "p": math.nan, "alternative": alternative, "mean_diff": math.nan, "median_diff": math.nan}
+        return {
+            "n": 0,
+            "n_nonzero": 0,
+            "p": math.nan,
+            "alternative": alternative,
+            "mean_diff": math.nan,
+            "median_diff": math.nan,
+        }
     p = 1.0 if not np.any(diffs) else float(wilcoxon(diffs, alternative=alternative).pvalue)
     return {
         "n": int(diffs.size),
+        "n_nonzero": int(np.count_nonzero(diffs)),
         "p": p,
         "alternative": alternative,
         "mean_diff": float(diffs.mean()),
@@ -160,7 +179,8 @@ def compare(
     cases, ``p``, ``mean_diff``, ``median_diff``) plus ``seeds`` (how many), ``per_seed_diff`` (``{seed: mean over
     cases of a - b}``), ``ci_low`` / ``ci_high`` (the ``level`` percentile interval of the hierarchical bootstrap
     of the mean difference, :func:`bootstrap_means`) and ``ci_excludes_0``: the CI lies above 0 (``greater``),
-    below 0 (``less``) or on either side (``two-sided``): the tables' mark."""
+    below 0 (``less``) or on either side (``two-sided``), one half of :func:`significant`. With a one-tailed
+    ``alternative`` the CI stays the two-sided ``level`` one: its side tested at 2.5%, the p at 5% (conservative)."""
     table = case_table([a, b])
     diffs = table.values[0] - table.values[1]  # cases x seeds, NaN where either is unscored in that seed
     case_diffs = _nanmean_rows(diffs)
@@ -223,11 +243,55 @@ def seed_averaged(per_seed: PerSeed) -> dict[Any, float]:
     return {key: float(np.mean(v)) for key, v in sums.items()}
 
 
+def holm(p_values: Iterable[float]) -> list[float]:
+    """Holm's step-down adjusted p values (Holm 1979), in the order given: the i-th smallest of the m finite p
+    values times (m - i + 1), made non-decreasing, at most 1; a NaN stays NaN and does not count in m."""
+    values = list(p_values)
+    finite = sorted((p, i) for i, p in enumerate(values) if math.isfinite(p))
+    adjusted = [math.nan] * len(values)
+    running, m = 0.0, len(finite)
+    for rank, (p, i) in enumerate(finite):
+        running = max(running, min(1.0, (m - rank) * p))
+        adjusted[i] = running
+    return adjusted
+
+
+def correct_family(tests: Iterable[dict[str, Any] | None]) -> None:
+    """Add ``p_holm`` (:func:`holm` over the family's finite p values) and ``family`` (how many) to every
+    comparison of ``tests`` (``compare`` results; None and those without a p are skipped): one table's
+    comparisons, which a reader scans together for a †."""
+    family = [t for t in tests if t is not None and isinstance(t.get("p"), (int, float)) and math.isfinite(t["p"])]
+    for t, adjusted in zip(family, holm(t["p"] for t in family)):
+        t["p_holm"], t["family"] = adjusted, len(family)
+
+
+def adjusted_p(test: Mapping[str, Any]) -> float:
+    """The p a comparison is judged by: Holm-adjusted within its family where :func:`correct_family` ran, else
+    the Wilcoxon p (a comparison on its own)."""
+    return float(test.get("p_holm", test.get("p", math.nan)))
+
+
+def significant(test: Mapping[str, Any] | None) -> bool:
+    """The bootstrap CI excludes 0 on the tested side and :func:`adjusted_p` < ``SIGNIFICANCE``: the † of every
+    table and the run report's "beyond noise" (see the module docstring for why both)."""
+    if not test or not test.get("n") or not test.get("ci_excludes_0"):
+        return False
+    p = adjusted_p(test)
+    return math.isfinite(p) and p < SIGNIFICANCE
+
+
 # --- the text of a comparison (``compare``'s result: ``mean_diff``/``mean_difference``, ``ci_low``, ``ci_high``,
-# ``ci_excludes_0``), one way in every table: the run and bench reports, docs/results.md, benchmarks' Markdown
+# ``ci_excludes_0``, ``p``/``p_holm``), one way in every table: the run and bench reports, docs/results.md,
+# benchmarks' Markdown
 def dagger(test: Mapping[str, Any] | None) -> str:
-    """`` †`` after a number whose comparison ``test`` has a 95% CI that excludes 0; empty otherwise."""
-    return " †" if test and test.get("ci_excludes_0") else ""
+    """`` †`` after a number whose comparison ``test`` is :func:`significant`; empty otherwise."""
+    return " †" if significant(test) else ""
+
+
+def p_value_text(test: Mapping[str, Any] | None) -> str:
+    """The p a comparison is judged by (:func:`adjusted_p`), to 2 significant digits; ``–`` without one."""
+    p = adjusted_p(test) if test else math.nan
+    return f"{p:.2g}" if math.isfinite(p) else "–"
 
 
 def ci_text(test: Mapping[str, Any] | None, digits: int = 3) -> str:

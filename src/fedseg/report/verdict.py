@@ -11,7 +11,10 @@ id) is scored by both methods' own models (a shared model, or the site's own mod
 difference best − other of every case is tested with :func:`fedseg.evaluate.stats.compare`: a Wilcoxon
 signed-rank test over the cases and a 95% interval from the hierarchical bootstrap of the mean difference
 (sites resampled, then cases within each; the seed-to-seed variance is not in it, having one seed). A difference is
-*within noise* when that interval includes 0 or the test's p ≥ 0.05.
+*beyond noise* when it is :func:`fedseg.evaluate.stats.significant`: the interval excludes 0 and the test's p,
+Holm-adjusted over the best's comparisons with every other contender, is below 0.05; else *within noise*. The rank
+is on Client Avg (a mean of site means) and the test pools the cases (a large site weighs more): where the test finds
+the other method better beyond noise, the verdict says the two disagree instead of ranking one above the other.
 
 Also: which methods may not have converged (summary.json ``convergence``), and routing notes of a method family
 whose test images all went to one model (FedSM: every image to the global model). The HTML form
@@ -28,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from fedseg.evaluate.stats import LEVEL, RESAMPLES, SIGNIFICANCE, compare
+from fedseg.evaluate.stats import LEVEL, RESAMPLES, SIGNIFICANCE, adjusted_p, compare, correct_family, significant
 from fedseg.evaluate.tables import case_means
 from fedseg.presentation.kit import RunFiles, esc, fmt, load_npz, load_run, num
 from fedseg.report import persite
@@ -70,11 +73,18 @@ class Difference:
 
     @property
     def within_noise(self) -> bool | None:
-        """The 95% CI includes 0 or p ≥ 0.05; None when there is no per-case test."""
+        """Not :func:`~fedseg.evaluate.stats.significant` (the 95% CI includes 0 or the adjusted p ≥ 0.05); None
+        when there is no per-case test."""
         t = self.test
         if t is None or not t["n"] or math.isnan(t["p"]):
             return None
-        return not t["ci_excludes_0"] or t["p"] >= SIGNIFICANCE
+        return not significant(t)
+
+    @property
+    def disagrees(self) -> bool:
+        """The per-case test finds ``other`` better beyond noise although it ranks below on Client Avg (sites of
+        different sizes weigh differently in the two)."""
+        return self.within_noise is False and self.test is not None and self.test["mean_diff"] * self.table_diff < 0
 
 
 @dataclass(frozen=True)
@@ -101,7 +111,13 @@ class Verdict:
 
     @property
     def clear(self) -> list[str]:
-        return [n for n, d in self.differences.items() if n not in self.ties and d.within_noise is False]
+        return [
+            n for n, d in self.differences.items() if n not in self.ties and d.within_noise is False and not d.disagrees
+        ]
+
+    @property
+    def disagreeing(self) -> list[str]:
+        return [n for n, d in self.differences.items() if n not in self.ties and d.disagrees]
 
 
 # --------------------------------------------------------------------------- convergence
@@ -153,6 +169,7 @@ def verdict(run: RunFiles, resamples: int = RESAMPLES) -> Verdict | None:
         other = _cases(run, a)
         test = compare({0: best_cases}, {0: other}, resamples=resamples) if best_cases and other else None
         differences[a] = Difference(a, top - v, test)
+    correct_family(d.test for d in differences.values())
     runner_up = next((a for a, _ in ranked[1:] if a not in ties), None)
     fedavg = next((a for a in contenders if a.lower() == FEDAVG and a != best and a not in ties), None)
     late, _ = unconverged_methods(run)
@@ -172,8 +189,14 @@ def _test_text(d: Difference) -> str:
     if d.identical:
         return f"identical scores on all {t['n']} test cases"
     ci = f"{round(100 * t['ci_level'])}% CI [{_signed(t['ci_low'])}, {_signed(t['ci_high'])}]"
+    p = f"Wilcoxon p = {adjusted_p(t):.2g}" + (f" (Holm, {t['family']} comparisons)" if t.get("family", 1) > 1 else "")
+    cases = f"{t['n']} cases" + (f", {t['n_nonzero']} differ" if t.get("n_nonzero", t["n"]) < t["n"] else "")
     call = "within noise" if d.within_noise else "beyond noise"
-    return f"per test case {_signed(t['mean_diff'])}, {ci}, Wilcoxon p = {t['p']:.2g} ({t['n']} cases): {call}"
+    if d.disagrees:
+        call = (
+            "the per-case test points the other way, beyond noise (it pools the cases, Client Avg averages the sites)"
+        )
+    return f"per test case {_signed(t['mean_diff'])}, {ci}, {p} ({cases}): {call}"
 
 
 def _against(v: Verdict, name: str, role: str) -> str:
@@ -206,11 +229,16 @@ def verdict_lines(v: Verdict, notes: list[str] | None = None) -> list[str]:
         lines.append(_against(v, v.runner_up, "the runner-up "))
     if v.fedavg and v.fedavg != v.runner_up:
         lines.append(_against(v, v.fedavg, ""))
-    noise, clear = v.within_noise, v.clear
+    noise, clear, disagreeing = v.within_noise, v.clear, v.disagreeing
     if noise:
         lines.append(f"Within noise of the best (CI includes 0 or p ≥ {SIGNIFICANCE:g}): {_listed(v, noise)}.")
     if clear:
         lines.append(f"Below the best beyond noise: {_listed(v, clear, with_diff=True)}.")
+    if disagreeing:
+        lines.append(
+            f"Below the best on Client Avg but better per test case beyond noise: {_listed(v, disagreeing)} (the test "
+            "pools the cases, so large sites weigh more; Client Avg weighs every site the same): neither wins."
+        )
     if v.unconverged:
         if 1 < len(v.unconverged) == len(v.ranked) + len(v.baselines):
             lines.append(
@@ -231,7 +259,8 @@ PAIRING_NOTE = (
     "Each difference pairs the two methods' own models on the same test cases (a case's score: its Dice averaged "
     "over regions) of this run; {level}% CI: bootstrap of the mean paired difference, resampling the sites and "
     "then the cases within each ({resamples} samples; one run seed, so the variance between seeds is not in it); "
-    "Wilcoxon signed-rank test over the cases. Within noise: the CI includes 0 or p ≥ {sig:g}."
+    "Wilcoxon signed-rank test over the cases, its p Holm-adjusted over the best's comparisons with the other "
+    "methods. Beyond noise: the CI excludes 0 and that p < {sig:g}; within noise otherwise."
 )
 
 
