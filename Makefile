@@ -20,6 +20,7 @@ TORCH_INDEX = $(shell $(PY) -c "import urllib.request as u; u.urlopen('$(TORCH_C
 .PHONY: demo test check docs format install dist-check clean distclean
 
 $(STAMP): pyproject.toml
+	@echo "installing fedseg and its dependencies into $(VENV) (2-4 minutes the first time; pip prints nothing meanwhile)"
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0 $(TORCH_INDEX)

@@ -41,6 +41,9 @@ def _one_error_line(result) -> str:
         (["--set", "train.batch_size=true"], "train.batch_size: expects a number, not a yes/no value (true)"),
         (["--set", "model.channels=[4,yes]"], "model.channels: expects a number, not a yes/no value ([4, true])"),
         (["--set", "methods.fedprox.mu=false"], "methods.fedprox.mu: expects a number, not a yes/no value (false)"),
+        (["--set", "fl.round=3"], "error: --set fl.round: unknown key (did you mean 'rounds'?)"),
+        (["--set", "trian.lr=0.1"], "error: --set trian: unknown key (did you mean 'train'?)"),
+        (["--algorithms", "fedavgg"], "unknown algorithm 'fedavgg'; did you mean 'fedavg'?"),
     ],
 )
 def test_a_bad_option_value_gets_one_line_and_no_output_folder(tmp_path, args, expected):

@@ -176,7 +176,7 @@ BROKEN = [
             _png(r / "s3/labels/z.png", np.zeros((8, 8), np.uint8)),
         ),
         "site 's3'",
-        "no validation cases after splitting (1 cases: 1 train, 0 val, 0 test)",
+        "no validation cases and no test cases after splitting (1 cases: 1 train, 0 val, 0 test)",
     ),
     (
         "no-training-cases",
@@ -323,7 +323,7 @@ def test_cli_check_warns_about_large_images_once_per_kind_and_passes(root):
     result = CliRunner().invoke(app, ["data", "check", str(root), "--max-image-mb", "0.0005"])  # 8x8x3 floats: 768 B
     assert result.exit_code == 0, result.output
     warnings = [line for line in result.output.splitlines() if line.startswith("warning:")]
-    assert "image is 0 MB as float32 (3x8x8), above 0.0005 MB" in warnings[0]
+    assert "image is 0.000768 MB as float32 (3x8x8), above 0.0005 MB" in warnings[0]
     assert len(warnings) == 4 and "and 3 more like this" in warnings[-1]  # 6 images: 3 shown, then a count
     quiet = CliRunner().invoke(app, ["data", "check", str(root)])
     assert quiet.exit_code == 0 and "warning:" not in quiet.output

@@ -82,8 +82,8 @@ CASES = [
     Case(
         "a site with one case",
         ["data", "check", "fed"],
-        "site 'site3': no validation cases after splitting (1 cases: 1 train, 0 val, 0 test); every trained site "
-        "needs training and validation cases (more cases, another split, or a splits.csv)",
+        "site 'site3': no validation cases and no test cases after splitting (1 cases: 1 train, 0 val, 0 test); "
+        "every trained site needs training, validation and test cases (more cases, another split, or a splits.csv)",
         _one_case_site,
     ),
     Case(
@@ -102,7 +102,7 @@ CASES = [
     Case(
         "an image above `--max-image-mb` (a warning; the check passes)",
         ["data", "check", "fed", "--max-image-mb", "0.01"],
-        "warning: fed/site1/images/s1_000.png: image is 0 MB as float32 (3x32x32), above 0.01 MB; a run keeps "
+        "warning: fed/site1/images/s1_000.png: image is 0.0123 MB as float32 (3x32x32), above 0.01 MB; a run keeps "
         "every case in memory",
         code=0,
     ),
@@ -119,7 +119,7 @@ CASES = [
     Case(
         "a value outside a choice (the message keeps its quotes)",
         [*RUN, "--set", "train.optimizer=adamw"],
-        "error: preset demo: train.optimizer: Input should be 'adam' or 'sgd'",
+        "error: --set train.optimizer: Input should be 'adam' or 'sgd'",
     ),
     Case(
         "a read-only `--out`",

@@ -211,11 +211,11 @@ def test_site_names_are_checked_against_folders_only_where_there_are_folders(tmp
 def test_cli_check_mentions_the_metadata_keys(tmp_path):
     root = _folder(tmp_path)
     _set_header(root, sites={"s1": {"grade": "LGG", "vendor": "X"}, "s2": {"vendor": "Y"}})
-    (root / "s2/cases.csv").write_text("case,group\nd,p1\ne,p1\n")
+    (root / "s2/cases.csv").write_text("case,group\nd,p1\n")  # 3 cases in 3 groups: a train, a val, a test case
     result = CliRunner().invoke(app, ["data", "check", str(root)])
     assert result.exit_code == 0, result.output
     assert "OK:" in result.output
-    assert "metadata: site-level grade (1/2 sites), vendor (2/2 sites); case-level group (2/6 cases)" in result.output
+    assert "metadata: site-level grade (1/2 sites), vendor (2/2 sites); case-level group (1/6 cases)" in result.output
     plain = CliRunner().invoke(app, ["data", "check", str(_folder(tmp_path / "plain"))])
     assert plain.exit_code == 0 and "metadata" not in plain.output
 

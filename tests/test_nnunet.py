@@ -147,6 +147,20 @@ def test_import_region_based_labels_with_a_csv_of_sites_and_splits_final(tmp_pat
     assert splits_of(out)["north"] == {"X_000": "train", "X_001": "val", "X_002": "test"}
 
 
+def test_a_splits_final_fold_that_leaves_a_site_without_test_cases_is_refused_at_import(tmp_path):
+    """nnU-Net's folds split imagesTr into train and val; without labelled imagesTs the sites had no test case, and
+    the run failed its final evaluation after all the training."""
+    src = nnunet_dataset(tmp_path / "Dataset509_NoTs", sites=("X", "Y"), per_site=4, test_per_site=0)
+    fold = {"train": ["X_000", "X_001", "Y_000", "Y_001"], "val": ["X_002", "X_003", "Y_002", "Y_003"]}
+    (src / "splits_final.json").write_text(json.dumps([fold]))
+    out = tmp_path / "fed"
+    line = one_line_error(cli("import", "nnunet", str(src), "--site-by", "^([A-Z])_", "--out", str(out)))
+    assert "splits_final.json: fold 0 puts every imagesTr case of site 'X' in train or val" in line
+    assert "no test cases" in line and not out.exists()
+    (src / "splits_final.json").unlink()  # the run's split then draws the test cases
+    assert cli("import", "nnunet", str(src), "--site-by", "^([A-Z])_", "--out", str(out)).exit_code == 0
+
+
 def test_splits_final_is_found_where_nnunet_keeps_it_and_a_fold_without_one_is_refused(tmp_path, monkeypatch):
     """nnU-Net v2 writes splits_final.json to $nnUNet_preprocessed/<dataset>/, not to the raw folder."""
     src = nnunet_dataset(tmp_path / "raw" / "Dataset505_Pre", sites=("X",), per_site=2)
@@ -273,11 +287,14 @@ def test_region_based_round_trip_one_site_and_every_kfold_fold(tmp_path):
     # Y's imagesTs case stays test in every fold (fixed in splits.csv), so it is val in both
     assert all("Y_006" in fold["val"] for fold in folds)
     back = tmp_path / "back"
-    result = cli("import", "nnunet", str(dataset_dir), "--site-by", "^([A-Z])_", "--fold", "1", "--out", str(back))
+    # every case in a fold's train or val, none test: a fedseg run on it would have no test case, so it is refused
+    refused = cli("import", "nnunet", str(dataset_dir), "--site-by", "^([A-Z])_", "--fold", "1", "--out", str(back))
+    assert "fold 1 puts every imagesTr case of site 'Y' in train or val" in one_line_error(refused)
+    (dataset_dir / "splits_final.json").rename(tmp_path / "splits_final.json")  # aside: the run's split applies
+    result = cli("import", "nnunet", str(dataset_dir), "--site-by", "^([A-Z])_", "--out", str(back))
     assert result.exit_code == 0, result.output
     again = check_folder(back)
-    assert again.regions == fed.regions and again.site_names == ["Y"]
-    assert sorted(c for c, s in splits_of(back)["Y"].items() if s == "val") == sorted(folds[1]["val"])
+    assert again.regions == fed.regions and again.site_names == ["Y"] and not splits_of(back)["Y"]
 
 
 def test_export_renumbers_brats_labels_and_writes_spacing_of_in_memory_cases(tmp_path):

@@ -111,13 +111,28 @@ def test_check_splits_names_a_site_without_training_cases():
     one_case = _fed(_site("single", 1))
     with pytest.raises(FederationError, match="site 'single': no training cases"):
         check_splits(one_case, make_splits(one_case, SplitConfig(mode="kfold", folds=2, fold=0), seed=0))
-    check_splits(fed, make_splits(_fed(_site("a", 4), _site("lonely", 2)), SplitConfig(), seed=0))
+    lonely_two = _fed(_site("a", 4), _site("lonely", 2))  # 2 cases: a train and a val case, no test case
+    with pytest.raises(FederationError, match=r"site 'lonely': no test cases after splitting \(2 cases: 1 train"):
+        check_splits(lonely_two, make_splits(lonely_two, SplitConfig(), seed=0))
+    check_splits(
+        _fed(_site("a", 4), _site("three", 3)),
+        make_splits(_fed(_site("a", 4), _site("three", 3)), SplitConfig(), seed=0),
+    )
+
+
+def test_a_site_without_test_cases_is_refused_before_training_not_after(tmp_path):
+    """It trained, then failed the final evaluation (an nnU-Net import whose splits_final.json fold gives every case
+    to train or val, a splits.csv without test rows): refused by the check every run makes first."""
+    fed = _fed(_site("a", 4), _site("b", 4, {f"b-00{i}": "train" if i % 2 else "val" for i in range(4)}))
+    with pytest.raises(FederationError, match=r"site 'b': no test cases after splitting \(4 cases: 2 train, 2 val, 0"):
+        check_splits(fed, make_splits(fed, SplitConfig(), seed=0))
 
 
 def test_check_splits_names_a_site_without_validation_cases():
     """A site of one case trained, then failed on its empty validation split; now it is refused up front."""
     fed = _fed(_site("a", 4), _site("single", 1))
-    with pytest.raises(FederationError, match=r"site 'single': no validation cases after splitting \(1 cases: 1 train"):
+    expected = r"site 'single': no validation cases and no test cases after splitting \(1 cases: 1 train"
+    with pytest.raises(FederationError, match=expected):
         check_splits(fed, make_splits(fed, SplitConfig(), seed=0))
 
 

@@ -41,7 +41,9 @@ def _mount_flower_app() -> None:
     from fedseg.flower.cli import flower_app
 
     app.add_typer(
-        flower_app, name="flower", help="Run on a real Flower deployment: local | server | supernode | certs."
+        flower_app,
+        name="flower",
+        help="Run on a real Flower deployment: local | simulate | server | supernode | certs.",
     )
 
 

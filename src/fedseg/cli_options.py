@@ -15,8 +15,8 @@ DEVICE_HELP = "torch device, overriding the config's `device` (e.g. cpu, cuda, c
 THREADS_HELP = "torch intra-op threads, overriding the config's `threads`"
 TRACK_HELP = (
     "experiment tracker, overriding the config's `tracking`: tensorboard (OUT/tb/<algorithm>/), mlflow "
-    "(OUT/mlruns, or the config's `tracking_uri`; both need pip install 'fedseg[tracking]') or wandb (offline "
-    "runs in OUT/wandb/, upload with `wandb sync OUT/wandb/offline-run-*`; needs pip install 'fedseg[wandb]'); "
+    "(OUT/mlruns, or the config's `tracking_uri`; both need pip install 'fedseg\\[tracking]') or wandb (offline "
+    "runs in OUT/wandb/, upload with `wandb sync OUT/wandb/offline-run-*`; needs pip install 'fedseg\\[wandb]'); "
     "repeatable or comma-separated"
 )
 

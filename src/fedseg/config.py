@@ -825,23 +825,65 @@ def load_config(preset: str | None = None, file: str | Path | None = None, overr
     data.pop("description", None)
     for assignment in overrides:
         apply_override(data, assignment)
-    return validate_config(data, where)
+    return validate_config(data, where, overrides)
 
 
-def validate_config(data: dict, where: str) -> RunConfig:
-    """``data`` as a RunConfig; a ConfigError naming ``where`` and every bad key otherwise."""
+def validate_config(data: dict, where: str, overridden: Sequence[str] = ()) -> RunConfig:
+    """``data`` as a RunConfig; a ConfigError naming ``where`` and every bad key otherwise (a key that one of the
+    ``--set`` assignments ``overridden`` wrote, or a key inside it, is named as ``--set key`` instead)."""
     try:
         return RunConfig.model_validate(data)
     except ValidationError as e:
-        raise ConfigError(f"{where}: {validation_problems(e)}") from None
+        raise ConfigError(validation_problems(e, model=RunConfig, where=where, overridden=overridden)) from None
 
 
-def validation_problems(error: ValidationError, prefix: str = "") -> str:
-    """Every problem of a pydantic ``error`` as ``key.sub: message``, joined by ``; `` (``prefix``: before each key)."""
-    return "; ".join(
-        f"{prefix}{'.'.join(map(str, err['loc']))}: {err['msg'].removeprefix('Value error, ')}"
-        for err in error.errors()
-    )
+def validation_problems(
+    error: ValidationError,
+    prefix: str = "",
+    model: type[BaseModel] | None = None,
+    where: str = "",
+    overridden: Sequence[str] = (),
+) -> str:
+    """Every problem of a pydantic ``error`` as ``key.sub: message``, joined by ``; `` (``prefix``: before each key).
+
+    An unknown key says so, with the closest known key of ``model`` (the validated model) where one is close; a
+    problem of a key an assignment of ``overridden`` (``key.sub=value``) wrote is named ``--set key.sub``; ``where``
+    (a preset or file) opens the line unless every problem came from ``--set``."""
+    problems, from_set = [], []
+    for err in error.errors():
+        key = prefix + ".".join(map(str, err["loc"]))
+        message = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            message = "unknown key" + _known_keys_hint(model, err["loc"])
+        came = any(  # the key an assignment wrote, a key inside it, or the (unknown) section it created
+            key == o or key.startswith(o + ".") or o.startswith(key + ".")
+            for o in (a.split("=", 1)[0].strip() for a in overridden)
+        )
+        from_set.append(came)
+        problems.append(f"{'--set ' if came else ''}{key}: {message}" if key else message)
+    text = "; ".join(problems)
+    return text if not where or all(from_set) else f"{where}: {text}"
+
+
+def _known_keys_hint(model: type[BaseModel] | None, loc: Sequence[Any]) -> str:
+    """`` (did you mean 'rounds'?)`` or `` (known keys: ...)`` for the unknown last key of ``loc`` in ``model``."""
+    import difflib
+
+    for part in loc[:-1]:  # down to the section holding the unknown key
+        field = model.model_fields.get(str(part)) if model is not None else None
+        model = _model_in(field.annotation) if field is not None else None
+    if model is None:
+        return ""
+    known = list(model.model_fields)
+    close = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else f" (known keys: {', '.join(known)})"
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model a field's annotation holds (``SplitConfig``, ``StopConfig | None``), if any."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    return next((m for m in map(_model_in, get_args(annotation)) if m is not None), None)
 
 
 def dump_config(cfg: RunConfig) -> str:

@@ -117,10 +117,16 @@ def unregister_algorithm(name: str) -> None:
 
 
 def get_algorithm(name: str) -> AlgorithmSpec:
-    """The registry entry of ``name``; KeyError listing the known names otherwise."""
+    """The registry entry of ``name``; KeyError naming the closest known name, or listing them all, otherwise."""
     if name not in ALGORITHMS:
-        raise KeyError(f"unknown algorithm {name!r}; available: {', '.join(sorted(ALGORITHMS))}")
+        raise KeyError(f"unknown algorithm {name!r}; {_closest_name(name)}")
     return ALGORITHMS[name]
+
+
+def _closest_name(name: str) -> str:
+    """``did you mean 'fedavg'?`` for a near miss, else the list of every algorithm."""
+    close = difflib.get_close_matches(name, list(ALGORITHMS), n=1)
+    return f"did you mean {close[0]!r}?" if close else f"algorithms: {', '.join(sorted(ALGORITHMS))}"
 
 
 def check_sites(cfg, num_sites: int, where: str) -> None:
@@ -136,9 +142,7 @@ def check_method_names(methods: Mapping[str, object]) -> None:
     surface only in the run that adds the method). ``ConfigError`` naming the key and the closest name."""
     for key, options in methods.items():
         if key not in ALGORITHMS:
-            close = difflib.get_close_matches(key, list(ALGORITHMS), n=1)
-            hint = f"did you mean {close[0]!r}?" if close else f"algorithms: {', '.join(sorted(ALGORITHMS))}"
-            raise ConfigError(f"methods.{key}: no algorithm is named {key!r}; {hint}")
+            raise ConfigError(f"methods.{key}: no algorithm is named {key!r}; {_closest_name(key)}")
         ALGORITHMS[key].parse_options(options)  # type: ignore[arg-type]
 
 

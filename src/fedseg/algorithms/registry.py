@@ -188,5 +188,5 @@ def _parse_options(name: str, model: type[MethodOptions], raw_json: str) -> Meth
     try:
         return model.model_validate(json.loads(raw_json))
     except ValidationError as e:
-        problems = validation_problems(e, f"methods.{name}.")
+        problems = validation_problems(e, f"methods.{name}.", model)
         raise ValueError(problems) from None

@@ -258,4 +258,4 @@ def load_bench(path: str | Path) -> tuple[BenchSpec, Path]:
     try:
         return BenchSpec.model_validate(data), path.resolve().parent
     except ValidationError as e:
-        raise ConfigError(f"{path}: {validation_problems(e)}") from None
+        raise ConfigError(validation_problems(e, model=BenchSpec, where=str(path))) from None

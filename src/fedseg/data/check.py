@@ -83,7 +83,7 @@ def size_warning(path: Path, shape: tuple[int, ...], max_mb: float) -> list[str]
     if mb <= max_mb:
         return []
     size = "x".join(map(str, shape))
-    return [f"{path}: image is {mb:.0f} MB as float32 ({size}), above {max_mb:g} MB; a run keeps every case in memory"]
+    return [f"{path}: image is {mb:.3g} MB as float32 ({size}), above {max_mb:g} MB; a run keeps every case in memory"]
 
 
 def check_folder(

@@ -187,13 +187,13 @@ def make_splits(fed: Federation, cfg: SplitConfig, seed: int) -> Splits:
     return {site.name: site_splits(site, cfg, seed) for site in fed.sites}
 
 
-_SPLIT_WORDS = {"train": "training", "val": "validation"}
+_SPLIT_WORDS = {"train": "training", "val": "validation", "test": "test"}
 
 
 def split_problems(fed: Federation, splits: Splits) -> list[str]:
-    """Problems of ``splits`` for ``fed``, one line each: a site without training or validation cases (a site of one
-    case: training failed on its empty validation split), sites or cases not covered. A site without test cases
-    trains; it has no test row."""
+    """Problems of ``splits`` for ``fed``, one line each: a site without training, validation or test cases (a site
+    of one case: training failed on its empty validation split; one without test cases failed the final evaluation,
+    after all the training, in every method that scores per site), sites or cases not covered."""
     problems = []
     for site in fed.sites:
         assigned = splits.get(site.name)
@@ -208,12 +208,14 @@ def split_problems(fed: Federation, splits: Splits) -> list[str]:
         if missing:
             problems.append(f"site {site.name!r}: {len(missing)} cases have no split, e.g. {_preview(missing)}")
         counts = {s: sum(1 for cid, v in assigned.items() if v == s and cid in ids) for s in SPLITS}
-        empty = [s for s in ("train", "val") if counts[s] == 0]
-        if ids and empty:  # training needs train; the round selection and the local models score every site's val
+        # training needs train; the round selection and the local models score every site's val; the final
+        # evaluation every site's test
+        empty = [s for s in SPLITS if counts[s] == 0]
+        if ids and empty:
             summary = ", ".join(f"{counts[s]} {s}" for s in SPLITS)
             problems.append(
                 f"site {site.name!r}: no {' and no '.join(_SPLIT_WORDS[s] + ' cases' for s in empty)} after splitting "
-                f"({len(ids)} cases: {summary}); every trained site needs training and validation cases "
+                f"({len(ids)} cases: {summary}); every trained site needs training, validation and test cases "
                 "(more cases, another split, or a splits.csv)"
             )
     for name in sorted(set(splits) - set(fed.site_names)):

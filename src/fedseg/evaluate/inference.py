@@ -62,9 +62,9 @@ def score_caseset(
 
     Whole-image path: each batch of ``batch_size`` is scored where the model ran (Dice on the device;
     HD95/NSD there too unless ``surface_device`` is ``cpu``); only the ``(B, R)`` scores come back."""
+    if not len(data):  # a site without cases in this split (e.g. no test cases): no scores, not an error
+        return {m: np.zeros((0, data.y.shape[1])) for m in METRIC_NAMES}
     if data.volumes is not None and data.volume is not None:
-        if not data.volumes:
-            return {m: np.zeros((0, data.y.shape[1])) for m in METRIC_NAMES}
         return score_volumes(
             model, data.volumes, data.volume, threshold, hd95, device, worst, data.x, tolerance, surface_device
         )
@@ -79,8 +79,6 @@ def score_caseset(
         )
         for xb, yb in zip(data.x.split(batch_size), data.y.split(batch_size))
     ]
-    if not parts:
-        return {m: np.zeros((0, data.y.shape[1])) for m in METRIC_NAMES}
     return {m: np.concatenate([part[m] for part in parts]) for m in METRIC_NAMES}
 
 

@@ -29,7 +29,9 @@ What it writes:
   are the label names with spaces as ``_``.
 - **splits** (``<site>/splits.csv``): the imported ``imagesTs`` cases are ``test``; with
   ``splits_final.json`` (fold ``FOLD``, default 0) its ``train`` and ``val`` lists give the split of every
-  ``imagesTr`` case; without it the ``imagesTr`` cases are left to the run's split settings.
+  ``imagesTr`` case; without it the ``imagesTr`` cases are left to the run's split settings (which draw test
+  cases from them too). A fold that leaves a site without any test case (every ``imagesTr`` case in train or
+  val, no labelled ``imagesTs`` case) is refused: a run needs every site's test cases.
 
 Errors (one line each, naming the file, field or case): a missing or malformed ``dataset.json``, an unknown
 ``file_ending``, a case missing a channel file, a channel not in ``channel_names``, a missing label file,
@@ -429,7 +431,7 @@ def plan_nnunet(
     info = read_dataset_json(src)
     cases = find_cases(src, info)
     assign = site_assigner(site_by, src.name)
-    fixed, _ = read_splits_final(src, fold, {c.id for c in cases if not c.test}, splits_file)
+    fixed, splits_path = read_splits_final(src, fold, {c.id for c in cases if not c.test}, splits_file)
     kind = kind_of(info.file_ending)
     by_site: dict[str, list[PlannedCase]] = {}
     splits: dict[str, dict[str, Split]] = {}
@@ -454,6 +456,17 @@ def plan_nnunet(
         split: Split | None = "test" if case.test else fixed.get(case.id)
         if split is not None:
             splits.setdefault(site, {})[cid] = split
+    untested = [  # every case given a split, none of them test: the run's split has nothing left to draw one from
+        site
+        for site, site_cases in by_site.items()
+        if len(splits.get(site, {})) == len(site_cases) and "test" not in splits[site].values()
+    ]
+    if untested:
+        raise FederationError(
+            f"{splits_path}: fold {fold or 0} puts every imagesTr case of site {untested[0]!r} in train or val and the "
+            "site has no labelled imagesTs case: it would have no test cases (add its test cases to imagesTs/ and "
+            f"labelsTs/, or move {SPLITS_FINAL} aside: the run's split then draws train, val and test cases)"
+        )
     meta: dict[str, object] = {"dataset": src.name, "channel_names": ",".join(info.channel_names)}
     sites = [
         PlannedSite(name, site_cases, dict(meta), splits.get(name, {})) for name, site_cases in sorted(by_site.items())
