@@ -80,6 +80,12 @@ BROKEN = [
         "empty site",
     ),
     (
+        "a-folder-that-is-not-a-site",
+        lambda r: ((r / "notes").mkdir(), (r / "notes" / "readme.txt").write_text("to do")),
+        "notes",
+        "not a site folder (no images/ and no labels/); every folder of a federation is a site: move it out, or hide",
+    ),
+    (
         "corrupt-png",
         lambda r: (r / "s1/images/a.png").write_bytes(b"\x89PNG garbage"),
         "s1/images/a.png",

@@ -450,8 +450,15 @@ def _list_files(
 
 
 def scan_site(site_dir: Path) -> tuple[SiteFiles, list[str]]:
-    """Pair ``images/`` and ``labels/`` of one site folder by case id; returns the pairs and every problem found."""
+    """Pair ``images/`` and ``labels/`` of one site folder by case id; returns the pairs and every problem found
+    (a folder with neither: one line saying it is not a site, e.g. a ``notes/`` folder beside the sites)."""
     problems: list[str] = []
+    if not (site_dir / "images").exists() and not (site_dir / "labels").exists():
+        problems.append(
+            f"{site_dir}: not a site folder (no images/ and no labels/); every folder of a federation is a site: move "
+            "it out, or hide it with a name starting with '.'"
+        )
+        return SiteFiles(site_dir.name, site_dir), problems
     images, bad_images = _list_files(site_dir / "images", IMAGE_EXTS, "image", problems)
     labels, bad_labels = _list_files(site_dir / "labels", LABEL_EXTS, "label", problems)
     for cid in sorted(set(images) - set(labels) - bad_labels):
