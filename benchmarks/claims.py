@@ -14,7 +14,8 @@ test is symmetric when two-sided), or a method's test against the bench's refere
 ``fedseg.evaluate.stats.compare`` run by the bench: Δ = mean over the test cases (each averaged over the seeds) of
 (method − against), its 95% hierarchical bootstrap CI (sites, cases within sites, seeds) and the paired Wilcoxon p.
 
-The verdict follows the tables' rule, the CI (not p):
+The verdict follows the CI (the tables' † also needs the Holm-adjusted p; each claim here is one pre-stated
+hypothesis, and every better/worse claim that holds or fails on the committed tables has p <= 2e-6):
 
 - ``better`` (the paper says the method beats the other): **holds** when the CI lies above 0, **fails** when it
   lies below 0, **not shown** when it covers 0; ``worse`` mirrors it;

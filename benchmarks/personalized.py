@@ -23,8 +23,9 @@ Every personalized / clustered method is tested per site at its own best validat
 paired test: two-sided Wilcoxon signed-rank on per-case test Dice (mean over regions, the model
 each site uses) against FedAvg's, pooled over seeds; and the methods that start from FedAvg's model
 (``CONTROLLED``) against ``fedavg-continue``'s, the same extra training without their prior; and the ``PAIRS``.
-Next to each p, the 95% hierarchical bootstrap CI of the mean difference (sites, cases within sites, seeds); † marks
-a difference whose CI excludes 0 (the bench's rule). Writes
+Next to each p (Holm-adjusted within its table), the 95% hierarchical bootstrap CI of the mean difference (sites,
+cases within sites, seeds); † marks a difference whose CI excludes 0 and whose adjusted p < 0.05 (the bench's
+rule, ``fedseg.evaluate.stats.significant``). Writes
 ``benchmarks/results/personalized.json`` and ``personalized.md``.
 """
 

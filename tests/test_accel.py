@@ -85,7 +85,7 @@ def test_an_invalid_switch_gets_one_line(tmp_path, setting, line):
     result = CliRunner().invoke(app, ["run", "--preset", "demo", "--set", setting, "--out", str(tmp_path / "out")])
     assert result.exit_code != 0 and "Traceback" not in result.output
     lines = result.output.strip().splitlines()
-    assert lines == [f"error: preset demo: {line}"], result.output
+    assert lines == [f"error: --set {line}"], result.output
 
 
 def _conv_output_dtypes(model: nn.Module) -> set[torch.dtype]:

@@ -36,7 +36,7 @@ def _one_error_line(result) -> str:
         (["--algorithms", "fedavg,,local"], "--algorithms 'fedavg,,local': an empty name"),
         (["--algorithms", "fedavg,"], "--algorithms 'fedavg,': an empty name"),
         (["--algorithms", ""], "--algorithms is empty: name at least one algorithm"),
-        (["--algorithms", "fedavg,local,fedavg"], "algorithms: fedavg named more than once"),
+        (["--algorithms", "fedavg,local,fedavg"], "error: --algorithms: fedavg named more than once"),
         (["--algorithms", "fedavg", "--set", "methods.fedprox.mu=abc"], "methods.fedprox.mu: Input should be a valid"),
         (["--set", "train.batch_size=true"], "train.batch_size: expects a number, not a yes/no value (true)"),
         (["--set", "model.channels=[4,yes]"], "model.channels: expects a number, not a yes/no value ([4, true])"),
@@ -251,3 +251,24 @@ def test_a_forced_rewrite_that_fails_puts_the_old_federation_back(discs, tmp_pat
     after = sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if not p.is_relative_to(blocker))
     assert after == before  # the old federation as it was, no temporary folder left
     assert (blocker / "keep.txt").read_text() == "mine"
+
+
+def test_a_config_problem_names_the_option_or_file_it_came_from(tmp_path):
+    """A --set key, a typed option (--rounds) and a problem of the file itself are each named by their source."""
+    out = tmp_path / "run"
+    cases = [
+        (
+            ["--preset", "demo", "--rounds", "0"],
+            "error: --rounds (fl.rounds): Input should be greater than or equal to 1",
+        ),
+        (["--preset", "demo", "--set", "data.normalize=off"], "error: --set data.normalize: Input should be 'minmax'"),
+    ]
+    config = tmp_path / "mine.yaml"
+    config.write_text("train:\n  lr: 0.001\n  lr_min: 0.01\n  lr_schedule: cosine\n")
+    cases.append(
+        (["--config", str(config), "--set", "train.batch_size=4"], f"error: {config}: train: train.lr_min=0.01 must be")
+    )
+    for args, expected in cases:
+        line = _one_error_line(_run(["run", *args, "--out", str(out)]))
+        assert line.startswith(expected), line
+        assert not out.exists()

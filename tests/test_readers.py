@@ -339,7 +339,11 @@ def test_data_check_and_load_folder_on_a_federation_mixing_formats(files, tmp_pa
     (root / "federation.yaml").write_text(yaml.safe_dump(header))
     layout = {
         "a": [("n1.nii.gz", "nifti", "n1.nii.gz", "label_nifti"), ("r1.nrrd", "nrrd", "r1.nrrd", "label_nrrd")],
-        "b": [("m1.mha", "mha", "m1.mha", "label_mha"), ("d1", "dicom", "d1.dcm", "label_seg")],
+        "b": [
+            ("m1.mha", "mha", "m1.mha", "label_mha"),
+            ("d1", "dicom", "d1.dcm", "label_seg"),
+            ("n2.nii.gz", "nifti", "n2.nii.gz", "label_nifti"),  # a third case: every site keeps a test case
+        ],
     }
     for site, cases in layout.items():
         (root / site / "images").mkdir(parents=True)
@@ -352,7 +356,7 @@ def test_data_check_and_load_folder_on_a_federation_mixing_formats(files, tmp_pa
     shutil.copy(files["label_mha"], root / "a" / "labels" / "h1.mha")
     result = CliRunner().invoke(data_app, ["check", str(root)])
     assert result.exit_code == 0, result.output
-    assert "2 sites, 5 cases" in result.output
+    assert "2 sites, 6 cases" in result.output
     fed = check_folder(root)
     for site in fed.sites:
         for case in site.cases:
@@ -360,7 +364,7 @@ def test_data_check_and_load_folder_on_a_federation_mixing_formats(files, tmp_pa
             np.testing.assert_array_equal(image, VALUES[None], err_msg=case.id)
             np.testing.assert_array_equal(label, LABEL, err_msg=case.id)
             assert case_spacing(case, 3) == pytest.approx(SPACING)
-    assert [c.id for c in load_folder(root).site("b").cases] == ["d1", "m1"]
+    assert [c.id for c in load_folder(root).site("b").cases] == ["d1", "m1", "n2"]
     third = [p for p in (root / "b/images/d1").iterdir() if pydicom.dcmread(p).InstanceNumber == 3]
     third[0].unlink()  # a slice in the middle
     result = CliRunner().invoke(data_app, ["check", str(root)])

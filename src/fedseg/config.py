@@ -31,25 +31,33 @@ def region_tolerances(tolerance: float | Mapping[str, float], regions: Sequence[
     return [float(tolerance[g]) for g in regions]
 
 
-def _takes_bool(annotation: Any) -> bool:
-    """Whether a field's annotation admits a bool anywhere (``bool``, ``bool | None``, ``Any``, ``dict[str, Any]``)."""
-    if annotation is bool or annotation is Any:
+def _admits(annotation: Any, kinds: tuple[Any, ...]) -> bool:
+    """Whether a field's annotation admits one of ``kinds`` anywhere (``int | None``, ``tuple[float, ...]``;
+    ``Any`` and ``dict[str, Any]`` admit everything)."""
+    if annotation is Any or annotation in kinds:
         return True
-    return any(_takes_bool(arg) for arg in get_args(annotation))
+    return any(_admits(arg, kinds) for arg in get_args(annotation))
+
+
+def _bools_in(value: Any) -> bool:
+    """Whether ``value`` is a bool or a (nested) list or tuple holding one."""
+    if isinstance(value, list | tuple):
+        return any(_bools_in(item) for item in value)
+    return isinstance(value, bool)
 
 
 class NoBoolNumbers(BaseModel):
     """Refuses ``true``/``false`` for a number: pydantic's lax mode reads ``fl.rounds=true`` as 1 round and
     ``lr: false`` as 0.0 (a YAML ``yes`` is a bool too), where strict mode would also refuse a list for a tuple
-    and a string for a path or a Literal. Checked on the value and on the items of a list or tuple."""
+    and a string for a path or a Literal. Checked on the value and inside its lists and tuples, for fields that
+    take a number and no bool (a text field's yes/no is pydantic's to refuse, naming what it takes)."""
 
     @field_validator("*", mode="before")
     @classmethod
     def _no_bool_for_a_number(cls, value: Any, info: Any) -> Any:
-        items = value if isinstance(value, list | tuple) else [value]
-        if any(isinstance(item, bool) for item in items):
+        if _bools_in(value):
             field = cls.model_fields.get(info.field_name) if info.field_name else None
-            if field is not None and not _takes_bool(field.annotation):
+            if field is not None and _admits(field.annotation, (int, float)) and not _admits(field.annotation, (bool,)):
                 shown = yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("\n...")
                 raise ValueError(f"expects a number, not a yes/no value ({shown})")
         return value
@@ -805,8 +813,15 @@ def yaml_problem(error: yaml.YAMLError) -> str:
     return str(problem or error).splitlines()[0]
 
 
-def load_config(preset: str | None = None, file: str | Path | None = None, overrides: Sequence[str] = ()) -> RunConfig:
-    """Build a RunConfig from a preset name or a YAML file, then apply overrides in order."""
+def load_config(
+    preset: str | None = None,
+    file: str | Path | None = None,
+    overrides: Sequence[str] = (),
+    labels: Mapping[str, str] | None = None,
+) -> RunConfig:
+    """Build a RunConfig from a preset name or a YAML file, then apply overrides (``key.sub=value``) in order.
+    ``labels``: the option that wrote an override's key (``{"fl.rounds": "--rounds"}``), for the error message; an
+    override without one is a ``--set``."""
     if (preset is None) == (file is None):
         raise ConfigError("give exactly one of --preset NAME or --config FILE")
     if preset is not None:
@@ -825,12 +840,13 @@ def load_config(preset: str | None = None, file: str | Path | None = None, overr
     data.pop("description", None)
     for assignment in overrides:
         apply_override(data, assignment)
-    return validate_config(data, where, overrides)
+    keys = [a.split("=", 1)[0].strip() for a in overrides]
+    return validate_config(data, where, {key: (labels or {}).get(key, "--set") for key in keys})
 
 
-def validate_config(data: dict, where: str, overridden: Sequence[str] = ()) -> RunConfig:
-    """``data`` as a RunConfig; a ConfigError naming ``where`` and every bad key otherwise (a key that one of the
-    ``--set`` assignments ``overridden`` wrote, or a key inside it, is named as ``--set key`` instead)."""
+def validate_config(data: dict, where: str, overridden: Mapping[str, str] | None = None) -> RunConfig:
+    """``data`` as a RunConfig; a ConfigError naming ``where`` and every bad key otherwise (a key an override wrote,
+    ``overridden``: key -> the option that wrote it, is named by that option instead)."""
     try:
         return RunConfig.model_validate(data)
     except ValidationError as e:
@@ -842,34 +858,52 @@ def validation_problems(
     prefix: str = "",
     model: type[BaseModel] | None = None,
     where: str = "",
-    overridden: Sequence[str] = (),
+    overridden: Mapping[str, str] | None = None,
 ) -> str:
     """Every problem of a pydantic ``error`` as ``key.sub: message``, joined by ``; `` (``prefix``: before each key).
 
     An unknown key says so, with the closest known key of ``model`` (the validated model) where one is close; a
-    problem of a key an assignment of ``overridden`` (``key.sub=value``) wrote is named ``--set key.sub``; ``where``
-    (a preset or file) opens the line unless every problem came from ``--set``."""
-    problems, from_set = [], []
+    problem of a key an override wrote (``overridden``: key -> the option, ``--set``, ``--rounds``...), or of a key
+    inside it, or an unknown section an override created, is named by that option (``--set fl.round``); ``where``
+    (a preset or file) opens the line unless every problem came from an option."""
+    problems, from_option = [], []
     for err in error.errors():
         key = prefix + ".".join(map(str, err["loc"]))
         message = err["msg"].removeprefix("Value error, ")
-        if err["type"] == "extra_forbidden":
+        unknown = err["type"] == "extra_forbidden"
+        if unknown:
             message = "unknown key" + _known_keys_hint(model, err["loc"])
-        came = any(  # the key an assignment wrote, a key inside it, or the (unknown) section it created
-            key == o or key.startswith(o + ".") or o.startswith(key + ".")
-            for o in (a.split("=", 1)[0].strip() for a in overridden)
+        option = next(
+            (
+                label
+                for o, label in (overridden or {}).items()
+                if key == o or key.startswith(o + ".") or (unknown and o.startswith(key + "."))
+            ),
+            None,
         )
-        from_set.append(came)
-        problems.append(f"{'--set ' if came else ''}{key}: {message}" if key else message)
+        from_option.append(option is not None)
+        problems.append(f"{_named(key, option)}: {message}" if key else message)
     text = "; ".join(problems)
-    return text if not where or all(from_set) else f"{where}: {text}"
+    return text if not where or all(from_option) else f"{where}: {text}"
+
+
+def _named(key: str, option: str | None) -> str:
+    """``key`` as the message names it: by itself, after ``--set`` or the bench, or as the option that wrote it
+    (``--algorithms``; ``--rounds (fl.rounds)``)."""
+    if option is None:
+        return key
+    if option in ("--set", "the bench's"):
+        return f"{option} {key}"
+    return option if key == option.lstrip("-") else f"{option} ({key})"
 
 
 def _known_keys_hint(model: type[BaseModel] | None, loc: Sequence[Any]) -> str:
     """`` (did you mean 'rounds'?)`` or `` (known keys: ...)`` for the unknown last key of ``loc`` in ``model``."""
     import difflib
 
-    for part in loc[:-1]:  # down to the section holding the unknown key
+    for part in loc[:-1]:  # down to the section holding the unknown key (a list's index: the same item model)
+        if isinstance(part, int):
+            continue
         field = model.model_fields.get(str(part)) if model is not None else None
         model = _model_in(field.annotation) if field is not None else None
     if model is None:
@@ -908,8 +942,10 @@ def config_from_cli(
     comma-separated names; together they replace ``tracking``) and the ``--set`` overrides (the ``--set`` values
     first, the named options win)."""
     overrides = list(overrides)
+    labels = {}  # key -> the option that wrote it, for the error message
     if data is not None:
         overrides += ["data.source=folder", f"data.root={Path(data).resolve()}"]
+        labels.update({"data.source": "--data", "data.root": "--data"})
     if algorithms is not None:
         names = [name.strip() for name in algorithms.split(",")]
         if not algorithms.strip():
@@ -917,16 +953,18 @@ def config_from_cli(
         if not all(names):
             raise ConfigError(f"--algorithms {algorithms!r}: an empty name (two commas in a row, or one at an end)")
         overrides.append(f"algorithms={yaml.safe_dump(names, default_flow_style=True).strip()}")
-    if rounds is not None:
-        overrides.append(f"fl.rounds={rounds}")
-    if seed is not None:
-        overrides.append(f"seed={seed}")
-    if device is not None:
-        overrides.append(f"device={yaml.safe_dump(device, default_style=chr(34)).strip()}")
-    if threads is not None:
-        overrides.append(f"threads={threads}")
-    if workers is not None:
-        overrides.append(f"engine.workers={workers}")
+        labels["algorithms"] = "--algorithms"
+    for option, key, value in (
+        ("--rounds", "fl.rounds", rounds),
+        ("--seed", "seed", seed),
+        ("--device", "device", None if device is None else yaml.safe_dump(device, default_style=chr(34)).strip()),
+        ("--threads", "threads", threads),
+        ("--workers", "engine.workers", workers),
+    ):
+        if value is not None:
+            overrides.append(f"{key}={value}")
+            labels[key] = option
     if names := [n.strip() for value in tracking for n in value.split(",") if n.strip()]:
         overrides.append(f"tracking={yaml.safe_dump(names, default_flow_style=True).strip()}")
-    return load_config(preset=preset, file=config, overrides=overrides)
+        labels["tracking"] = "--track"
+    return load_config(preset=preset, file=config, overrides=overrides, labels=labels)

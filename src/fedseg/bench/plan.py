@@ -256,7 +256,9 @@ def run_config(bench: BenchSpec, root: Path, run: BenchRun) -> RunConfig:
     base = bench.base
     file = None if base.config is None else (root / base.config)
     try:
-        return load_config(preset=base.preset, file=file, overrides=[*run.overrides, *run.caps])
+        overrides = [*run.overrides, *run.caps]
+        labels = {a.split("=", 1)[0].strip(): "the bench's" for a in overrides}  # its set:, grid, seed, budget
+        return load_config(preset=base.preset, file=file, overrides=overrides, labels=labels)
     except ConfigError as e:
         raise ConfigError(f"bench run {run.label}: {e}") from None
 
@@ -280,16 +282,19 @@ def check_data(bench: BenchSpec, root: Path, holdouts: Holdouts) -> None:
                 loaded = loaded or load_federation(cfg)
                 trained = repartition(loaded, cfg.data.repartition, cfg.data.split, cfg.data.seed)
                 splits = make_splits(trained, cfg.data.split, cfg.data.seed)
-                check_splits(trained, splits)
             except (FederationError, ValueError) as e:
                 raise ConfigError(f"{where}: {e}") from None
-            for site, assigned in splits.items():
+            for site, assigned in splits.items():  # first: what a bench can change (its folds, its ratios)
                 empty = [name for name in ("val", "test") if name not in assigned.values()]
                 if empty:
                     raise ConfigError(
                         f"{where}: site {site!r} gets no {' and no '.join(empty)} case ({len(assigned)} cases); use "
                         "fewer folds or other split ratios"
                     )
+            try:
+                check_splits(trained, splits)
+            except FederationError as e:
+                raise ConfigError(f"{where}: {e}") from None
 
 
 def check_plan(bench: BenchSpec, root: Path) -> None:

@@ -8,7 +8,7 @@ much.
 * **Test** (FeTS Table 1 / Table 3 for a limited or IID partition): Dice mean ± std over cases, per region, HD95,
   client average ± std over seeds, Δ against the reference with its 95% hierarchical bootstrap CI and the paired
   Wilcoxon p, Holm-adjusted within the table († where the CI excludes 0 and that p < 0.05; ‡ where Δ pairs fewer
-  cases than the columns average), then NSD with its own Δ, CI and p (only where the runs scored NSD: a bench
+  cases or runs than the columns average), then NSD with its own Δ, CI and p (only where the runs scored NSD: a bench
   of runs written before it existed keeps its old columns), runs whose best round was in their last 10% ("not
   converged");
 * **Per site** (FedSM Tables 3-4, Auto-FedAvg Table 2): each site's Dice mean ± std over seeds († where the
@@ -114,8 +114,10 @@ def test_table(fed: dict, reference: str) -> tuple[list[str], list[list[str]]]:
         head += [NSD.title(unit, fed.get("nsd_tolerance")), f"NSD Δ vs {reference}", "NSD 95% CI", "NSD p (Holm)"]
     head.append("converged")
     rows = []
+    ref_runs = (fed["methods"].get(reference) or {}).get("convergence", {}).get("runs")
     for name, s in fed["methods"].items():
         conv = s["convergence"]
+        runs = (conv.get("runs"), ref_runs)  # a seed or fold one of the two lacks: the columns average other runs
         row = [
             name,
             s["setting"] + (EDGE if s.get("at_edge") else ""),
@@ -125,16 +127,17 @@ def test_table(fed: dict, reference: str) -> tuple[list[str], list[list[str]]]:
             *(ms(s["regions"][r], DICE.digits) for r in fed["regions"]),
             ms(s["hd95"], HD95.digits),
             ms(s["client_avg"], DICE.digits),
-            *_test_cells(s["wilcoxon"], name == reference, _own_cases(s, fed["methods"].get(reference))),
+            *_test_cells(s["wilcoxon"], name == reference, _own_cases(s, fed["methods"].get(reference)), runs),
         ]
         if nsd:
             nsd_cases = _own_cases(s, fed["methods"].get(reference), "nsd")
-            row += [ms(s.get("nsd"), NSD.digits), *_test_cells(s.get("nsd_wilcoxon"), name == reference, nsd_cases)]
+            nsd_cells = _test_cells(s.get("nsd_wilcoxon"), name == reference, nsd_cases, runs)
+            row += [ms(s.get("nsd"), NSD.digits), *nsd_cells]
         rows.append(row + [f"{conv['runs'] - conv['not_converged']}/{conv['runs']}"])
     return head, rows
 
 
-FEWER_CASES = " ‡"  # after a Δ paired over fewer cases than a method's own columns average
+FEWER_CASES = " ‡"  # after a Δ paired over fewer cases or runs than a method's own columns average
 
 
 def _own_cases(s: dict, reference: dict | None, metric: str = "dice") -> tuple[int, ...]:
@@ -142,13 +145,16 @@ def _own_cases(s: dict, reference: dict | None, metric: str = "dice") -> tuple[i
     return tuple(int((e.get(metric) or {}).get("n") or 0) for e in (s, reference or {}))
 
 
-def _test_cells(test: dict | None, is_reference: bool, own_cases: tuple[int, ...] = ()) -> list[str]:
+def _test_cells(
+    test: dict | None, is_reference: bool, own_cases: tuple[int, ...] = (), runs: tuple[object, ...] = ()
+) -> list[str]:
     """Δ (mean paired difference), its bootstrap CI and p of a comparison with the reference (``compare``); ``ref``
     for the reference itself. ‡ after Δ where it pairs fewer cases than ``own_cases`` (the method's and the
-    reference's own columns: a run missing or a site failed): the columns then describe other cases than Δ."""
+    reference's own columns: a site failed) or the two finished different numbers of ``runs`` (a seed or fold one
+    lacks): the columns then describe other cases or runs than Δ."""
     if is_reference:
         return ["", "", "ref"]
-    fewer = test is not None and any(test["n"] < n for n in own_cases)
+    fewer = test is not None and (any(test["n"] < n for n in own_cases) or len(set(runs)) > 1)
     return [(_signed(test["mean_diff"]) + (FEWER_CASES if fewer else "")) if test else "", ci_text(test), p_text(test)]
 
 
@@ -271,8 +277,9 @@ NOTES = (
     "over the seeds), Holm-adjusted within its table (the Δ column's comparisons; every cell of the per-site "
     "table; the bench's comparisons). † marks a comparison only where both hold: the CI excludes 0{side} and "
     "the adjusted p < 0.05 (a CI of a handful of cases excludes 0 whenever they differ the same way; the p does not "
-    "carry the seeds' variance). ‡: Δ, CI and p pair fewer cases than the Dice columns average (a run missing or a "
-    "site failed): the columns describe other cases than Δ. Settings chosen on validation only (see the tuning table); "
+    "carry the seeds' variance). ‡: Δ, CI and p pair fewer cases than the Dice columns average (a site failed), or "
+    "the method and the reference finished different runs (a seed or fold missing): the columns describe other cases "
+    "or runs than Δ. Settings chosen on validation only (see the tuning table); "
     "(grid edge): the selected value is the smallest or largest of its grid, so the best one may lie outside it."
 )
 

@@ -231,7 +231,9 @@ def verdict_lines(v: Verdict, notes: list[str] | None = None) -> list[str]:
         lines.append(_against(v, v.fedavg, ""))
     noise, clear, disagreeing = v.within_noise, v.clear, v.disagreeing
     if noise:
-        lines.append(f"Within noise of the best (CI includes 0 or p ≥ {SIGNIFICANCE:g}): {_listed(v, noise)}.")
+        lines.append(
+            f"Within noise of the best (CI includes 0 or Holm-adjusted p ≥ {SIGNIFICANCE:g}): {_listed(v, noise)}."
+        )
     if clear:
         lines.append(f"Below the best beyond noise: {_listed(v, clear, with_diff=True)}.")
     if disagreeing:
