@@ -478,3 +478,82 @@ def test_a_built_in_federation_exports_with_the_split_a_run_uses(tmp_path):
     assert sorted(p.name for p in (dataset_dir / "labelsTs").iterdir()) == sorted(
         f"{c}.png" for c, s in splits.items() if s == "test"
     )
+
+
+# --- predict on an nnU-Net images folder --------------------------------------------------------------------------
+
+
+def _two_channel_png_dataset(src: Path) -> Path:
+    """A 2D nnU-Net dataset of two grey channels (``_0000`` bright where the square is, ``_0001`` noise), sites
+    ``s0``/``s1``: 4 training and 2 labelled test cases each, 24x20 pixels."""
+    rng = np.random.default_rng(3)
+    for i in range(12):
+        split, cid = ("Ts" if i % 6 >= 4 else "Tr"), f"s{i // 6}_{i:03d}"
+        label = np.zeros((24, 20), np.uint8)
+        top, left = rng.integers(2, 12, 2)
+        label[top : top + 9, left : left + 7] = 1
+        channels = [rng.integers(0, 60, (24, 20)) + 150 * label, rng.integers(0, 255, (24, 20))]
+        for c, pixels in enumerate(channels):
+            (src / f"images{split}").mkdir(parents=True, exist_ok=True)
+            Image.fromarray(pixels.astype(np.uint8)).save(src / f"images{split}" / f"{cid}_{c:04d}.png")
+        (src / f"labels{split}").mkdir(exist_ok=True)
+        Image.fromarray(label).save(src / f"labels{split}" / f"{cid}.png")
+    dataset = {"channel_names": {"0": "a", "1": "b"}, "labels": {"background": 0, "square": 1}, "numTraining": 8}
+    (src / "dataset.json").write_text(json.dumps({**dataset, "file_ending": ".png"}))
+    return src
+
+
+def test_predict_reads_an_imagests_folder_case_by_case_as_the_import_stacked_it(tmp_path, tiny_config):
+    from fedseg.cli import app
+    from fedseg.config import dump_config
+
+    src, fed = _two_channel_png_dataset(tmp_path / "Dataset505_Squares"), tmp_path / "fed"
+    assert cli("import", "nnunet", str(src), "--site-by", "^(s[0-9])_", "--out", str(fed)).exit_code == 0
+    (tmp_path / "cfg.yaml").write_text(dump_config(tiny_config(algorithms=["fedavg"], fl={"rounds": 1})))
+    run = tmp_path / "run"
+    runner = CliRunner()
+    args = ["run", "--config", str(tmp_path / "cfg.yaml"), "--data", str(fed), "--out", str(run)]
+    assert runner.invoke(app, args).exit_code == 0
+
+    def predict(folder: Path, out: Path):
+        return runner.invoke(app, ["predict", "--model", str(run / "model"), "--input", str(folder), "--out", str(out)])
+
+    # the imagesTs folder: one input per case, named as nnU-Net names its predictions
+    assert predict(src / "imagesTs", tmp_path / "from-nnunet").exit_code == 0
+    test_cases = ["s0_004", "s0_005", "s1_010", "s1_011"]
+    assert sorted(p.name for p in (tmp_path / "from-nnunet").iterdir()) == sorted(
+        [f"{c}.png" for c in test_cases] + ["predictions.csv"]
+    )
+    rows = (tmp_path / "from-nnunet" / "predictions.csv").read_text().splitlines()
+    assert rows[1].startswith("s0_004_0000.png+s0_004_0001.png,s0_004.png,global")
+    # the same masks as from the imported federation's stacked images
+    imported = tmp_path / "imported"
+    imported.mkdir()
+    for c in test_cases:
+        (imported / f"{c}.npy").symlink_to(fed / c[:2] / "images" / f"{c}.npy")
+    assert predict(imported, tmp_path / "from-fed").exit_code == 0
+    for c in test_cases:
+        mask = np.asarray(Image.open(tmp_path / "from-nnunet" / f"{c}.png"))
+        assert mask.shape == (24, 20)
+        np.testing.assert_array_equal(mask, np.load(tmp_path / "from-fed" / f"{c}.npy"))
+
+    # a case without its second channel file, then every case without it: one line naming a missing file
+    (src / "imagesTs" / "s1_011_0001.png").unlink()
+    result = predict(src / "imagesTs", tmp_path / "broken")
+    assert one_line_error(result) and not (tmp_path / "broken").exists()
+    assert "s1_011_0001.png: missing (channel 1 of nnU-Net case 's1_011'" in " ".join(result.output.split())
+    for c in test_cases[:-1]:
+        (src / "imagesTs" / f"{c}_0001.png").unlink()
+    result = predict(src / "imagesTs", tmp_path / "broken")
+    assert one_line_error(result) and "s0_004_0001.png: missing" in " ".join(result.output.split())
+    # numbered images that are not channels (img_0000, img_0001) are predicted one by one
+    frames = tmp_path / "frames"
+    frames.mkdir()
+    for i, c in enumerate(test_cases[:2]):
+        (frames / f"img_{i:04d}.npy").symlink_to(fed / c[:2] / "images" / f"{c}.npy")
+    assert predict(frames, tmp_path / "from-frames").exit_code == 0
+    assert sorted(p.name for p in (tmp_path / "from-frames").iterdir()) == [
+        "img_0000.npy",
+        "img_0001.npy",
+        "predictions.csv",
+    ]

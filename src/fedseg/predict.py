@@ -1,7 +1,10 @@
 """``fedseg predict``: apply a run's trained bundle (``RUN/model/<algorithm>/``) to new image files.
 
 Pipeline, per image file (PNG/JPEG/NPY/NIfTI/NRRD/MetaImage) or DICOM series folder (read by
-``fedseg.data.folder.read_image``):
+``fedseg.data.folder.read_image``), or per nnU-Net case: a folder such as a dataset's ``imagesTs/`` whose files are
+all ``<case>_XXXX.<ext>`` channel files, every case with the model's channels (or only ``_0000``), is read one case
+at a time, its channel files stacked as ``fedseg data import nnunet`` stacks them, its mask named ``<case>.<ext>``
+(``nnunet_cases``):
 
 1. preprocess exactly as training did (``fedseg.data.preprocess.case_tensors`` with the
    manifest's ``image_size`` and ``normalize``): ``x`` ``(C, *S)``, ``S = (image_size,) * dims``;
@@ -42,7 +45,7 @@ import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Literal, cast
 
 import numpy as np
 import torch
@@ -52,7 +55,8 @@ from fedseg.algorithms.registry import RoutedModel
 from fedseg.data import readers
 from fedseg.data.federation import FederationError
 from fedseg.data.folder import _PIL_EXTS as PLANE_EXTS
-from fedseg.data.folder import IMAGE_EXTS, _write_nifti, _write_png, read_image, split_name
+from fedseg.data.folder import IMAGE_EXTS, _write_nifti, _write_png, group_problems, read_image, split_name
+from fedseg.data.importers.nnunet import CHANNEL_DIGITS, CHANNEL_FILE, stacked_channels
 from fedseg.data.preprocess import case_tensors, normalization, restore_size
 from fedseg.data.volumes import Grid, file_spacing, preprocess
 from fedseg.engine.messages import load_weights
@@ -149,22 +153,73 @@ class Input:
     """One image file: ``x`` ``(C, *S)`` preprocessed, ``spatial`` its original spatial shape; on the volume
     path also ``volume``: the image on its own grid ``(C, *P)`` and the ``Grid`` to map back."""
 
-    path: Path
-    name: str  # as written in predictions.csv: relative to the input folder
+    path: Path  # the image file or DICOM series folder; an nnU-Net case's _0000 file (its grid and affine)
+    name: str  # as written in predictions.csv: relative to the input folder (a case's channel files joined by +)
     mask_name: str
     x: torch.Tensor
     spatial: tuple[int, ...]
     volume: tuple[torch.Tensor, Grid] | None = None
+    channel_files: tuple[Path, ...] = ()  # an nnU-Net case of several channel files: all of them, in channel order
+
+    @property
+    def files(self) -> tuple[Path, ...]:
+        """Every file this input was read from."""
+        return self.channel_files or (self.path,)
 
 
-def mask_name(path: Path) -> str:
-    """Output file name of ``path``'s mask: the same name, PNG for JPEG (masks must be lossless), NIfTI for a
-    DICOM series folder (named after the folder)."""
+@dataclass(frozen=True)
+class Source:
+    """What one input is read from: ``files``, one image file or DICOM series folder, or an nnU-Net case's channel
+    files in channel order; ``case``: the nnU-Net case id its mask is named after (else ``None``)."""
+
+    files: tuple[Path, ...]
+    case: str | None = None
+
+
+def nnunet_cases(paths: list[Path], channels: int, kind: Literal["2d", "3d"]) -> list[Source]:
+    """``paths`` (``list_inputs``) as inputs: one per path, unless every path is an nnU-Net channel file
+    (``<case>_XXXX.<ext>``, as in a dataset's ``imagesTs/``) and every case has the ``channels`` of the model, each
+    file holding one (or every case only its ``_0000`` file): then one input per case, its channel files stacked in
+    channel order and its mask named ``<case>.<ext>``, as nnU-Net names its predictions. Anything else is one input
+    per file: ``img_0000.png, img_0001.png`` whose first file already holds the model's channels are numbered
+    images, not the channels of case ``img``. A case missing a channel file raises ``PredictError`` naming it."""
+    one_each = [Source((p,)) for p in paths]
+    cases: dict[tuple[str, str], dict[int, Path]] = {}
+    for path in paths:
+        named = split_name(path.name, IMAGE_EXTS) if path.is_file() else None
+        match = CHANNEL_FILE.match(named[0]) if named else None
+        if named is None or match is None:
+            return one_each
+        cases.setdefault((match["case"], named[1]), {})[int(match["channel"])] = path
+    grouped = [Source(tuple(found[c] for c in sorted(found)), case) for (case, _), found in cases.items()]
+    firsts_only = all(set(found) == {0} for found in cases.values())  # one file per case: only mask names change
+    if channels == 1 or any(not set(found) <= set(range(channels)) for found in cases.values()):
+        return grouped if firsts_only else one_each
+    try:
+        holds_one = read_image(paths[0], kind).shape[0] == 1
+    except FederationError:
+        return one_each  # read_inputs names the unreadable file
+    if not holds_one:  # an RGB _0000 file, or numbered images holding their channels
+        return grouped if firsts_only else one_each
+    for (case, ext), found in cases.items():
+        if len(found) < channels:
+            missing = min(set(range(channels)) - set(found))
+            raise PredictError(
+                f"{paths[0].parent / f'{case}_{missing:0{CHANNEL_DIGITS}d}.{ext}'}: missing (channel {missing} of "
+                f"nnU-Net case {case!r}: the model reads {channels} channels, _0000 to _{channels - 1:04d}, which "
+                "predict reads together from their folder)"
+            )
+    return grouped
+
+
+def mask_name(path: Path, case: str | None = None) -> str:
+    """Output file name of ``path``'s mask: the same name (an nnU-Net channel file: its ``case``'s, without the
+    ``_XXXX``), PNG for JPEG (masks must be lossless), NIfTI for a DICOM series folder (named after the folder)."""
     if path.is_dir():
         return f"{path.name}.nii.gz"
     found = split_name(path.name, IMAGE_EXTS)
     assert found is not None  # inputs are image files of a supported type (list_inputs, read_image)
-    stem, ext = found
+    stem, ext = case or found[0], found[1]
     if ext.lower() in readers.ITK_EXTS:
         return f"{stem}.nii.gz"  # NRRD/MetaImage inputs: a NIfTI mask on the same grid
     return f"{stem}.{'png' if ext in ('jpg', 'jpeg') else ext}"
@@ -226,9 +281,10 @@ def list_inputs(path: Path) -> list[Path]:
     return files
 
 
-def read_input(path: Path, root: Path, bundle: Bundle) -> Input:
-    """Read one image and preprocess it as training did; raises naming ``path`` if it does not fit the bundle."""
-    m = bundle.manifest
+def read_input(source: Source, root: Path, bundle: Bundle) -> Input:
+    """Read one image (an nnU-Net case: its channel files, stacked) and preprocess it as training did; raises naming
+    the file if it does not fit the bundle."""
+    m, path = bundle.manifest, source.files[0]
     named = split_name(path.name, IMAGE_EXTS)
     flat = named is not None and named[1] in PLANE_EXTS
     if flat and bundle.kind == "3d":
@@ -236,7 +292,7 @@ def read_input(path: Path, root: Path, bundle: Bundle) -> Input:
             f"{path}: a 2D {path.suffix[1:].upper()} image, but this model segments 3D volumes "
             f"({bundle.folder / MANIFEST}: spatial_dims 3)"
         )
-    image = read_image(path, bundle.kind)
+    image = read_source(source, bundle.kind)
     if image.shape[0] != m["in_channels"]:
         a_volume = bundle.kind == "2d" and not flat and named is not None and named[1] != "npy"
         raise PredictError(
@@ -253,20 +309,27 @@ def read_input(path: Path, root: Path, bundle: Bundle) -> Input:
         spacing = file_spacing(path, m["spatial_dims"])
         xv, _, grid = preprocess(image, None, bundle.regions, spacing, bundle.volume, norm)
         volume = (xv, grid)
-    name = path.name if path == root else str(path.relative_to(root))
-    return Input(path, name, mask_name(path), x, tuple(image.shape[1:]), volume)
+    name = "+".join(p.name if p == root else str(p.relative_to(root)) for p in source.files)
+    channel_files = source.files if len(source.files) > 1 else ()
+    return Input(path, name, mask_name(path, source.case), x, tuple(image.shape[1:]), volume, channel_files)
+
+
+def read_source(source: Source, kind: Literal["2d", "3d"]) -> np.ndarray:
+    """The image ``(C, *spatial)`` of one input: its file's, or an nnU-Net case's channel files stacked in channel
+    order (as ``fedseg data import nnunet`` stacks them)."""
+    return read_image(source.files[0], kind) if len(source.files) == 1 else stacked_channels(source.files, kind)
 
 
 def read_inputs(path: Path, bundle: Bundle, overlay: bool = False) -> list[Input]:
     """Every input of ``path``, all checked before any is used; one error lists every bad file."""
     inputs, problems = [], []
-    for p in list_inputs(path):
+    for source in nnunet_cases(list_inputs(path), bundle.manifest["in_channels"], bundle.kind):
         try:
-            inputs.append(read_input(p, Path(path), bundle))
+            inputs.append(read_input(source, Path(path), bundle))
         except (FederationError, PredictError) as e:
             problems += str(e).splitlines()
-    if problems:
-        raise PredictError("\n".join(problems))
+    if problems:  # the same problem on many files: the first few, then a count
+        raise PredictError("\n".join(group_problems(problems)))
     names = [i.mask_name for i in inputs] + ([overlay_name(i.mask_name) for i in inputs] if overlay else [])
     clashes = sorted({n for n in names if names.count(n) > 1})
     if clashes:
@@ -312,7 +375,7 @@ def check_out(out: Path, inputs: list[Input], force: bool, overlay: bool = False
     if inside:  # the masks would join the series' files (and the folder would no longer read as one series)
         raise PredictError(f"{out}: is inside the DICOM series folder {inside[0]} (an input); choose another --out")
     targets = [out / name for name in output_names(inputs, overlay)]
-    sources = {i.path.resolve() for i in inputs}
+    sources = {f.resolve() for i in inputs for f in i.files}
     overwrite_input = [t for t in targets if t.resolve() in sources]
     if overwrite_input:
         raise PredictError(f"{overwrite_input[0]}: is an input image; choose another --out")
@@ -379,7 +442,7 @@ def write_predictions(
                 restored = restore_size(mask, item.spatial).numpy()
             write_mask(folder / item.mask_name, regions.to_label(restored), item.path)
             if overlay:
-                picture = overlay_image(read_image(item.path, bundle.kind), restored)
+                picture = overlay_image(read_source(Source(item.files), bundle.kind), restored)
                 _write_png(folder / overlay_name(item.mask_name), picture)
             rows.append({"file": item.name, "mask": item.mask_name, **choice})
     (folder / CSV_NAME).write_text(csv_text(predictor.columns, rows), encoding="utf-8")

@@ -62,7 +62,8 @@ DATASET_JSON = "dataset.json"
 SPLITS_FINAL = "splits_final.json"
 CHANNEL_DIGITS = 4  # nnU-Net's _XXXX channel suffix
 SITE_CSV_COLUMNS = ("case", "site")
-_CHANNEL_FILE = re.compile(rf"^(?P<case>.+)_(?P<channel>\d{{{CHANNEL_DIGITS}}})$")
+# a channel file's name without its ending: <case>_XXXX
+CHANNEL_FILE = re.compile(rf"^(?P<case>.+)_(?P<channel>\d{{{CHANNEL_DIGITS}}})$")
 
 
 def fail(problems: list[str]) -> None:
@@ -205,7 +206,7 @@ def _channel_files(
     for path in sorted(images_dir.iterdir()):
         if path.name.startswith(".") or not path.name.endswith(ending):
             continue
-        match = _CHANNEL_FILE.match(path.name[: -len(ending)])
+        match = CHANNEL_FILE.match(path.name[: -len(ending)])
         if match is None:
             problems.append(f"{path}: not named <case>_XXXX{ending} (XXXX: the channel, 0000 for the first)")
             continue
@@ -386,7 +387,7 @@ def read_splits_final(
     return (splits, path)
 
 
-def _stacked(paths: tuple[Path, ...], kind: Literal["2d", "3d"]) -> np.ndarray:
+def stacked_channels(paths: tuple[Path, ...], kind: Literal["2d", "3d"]) -> np.ndarray:
     """The channel files ``paths`` (each ``(1, *spatial)`` as ``folder.read_image`` reads it) as one channel-first
     array ``(C, *spatial)`` in their common dtype; ``FederationError`` naming a file of another shape."""
     arrays = [folder.read_image(p, kind) for p in paths]
@@ -404,7 +405,7 @@ def _stacked_nifti(paths: tuple[Path, ...]) -> tuple[np.ndarray, np.ndarray]:
     diag(spacing) as ``volumes.file_spacing`` reads it)."""
     from fedseg.data.volumes import file_spacing
 
-    image = _stacked(paths, "3d")
+    image = stacked_channels(paths, "3d")
     if folder.split_name(paths[0].name, ("nii", "nii.gz")) is not None:
         import nibabel as nib
 
@@ -420,7 +421,7 @@ def _image_source(case: RawCase, kind: Literal["2d", "3d"]) -> Source:
     paths = tuple(case.images)
     if kind == "3d":
         return Source.nifti(paths[0], functools.partial(_stacked_nifti, paths))
-    return Source(paths[0], lambda dest: np.save(dest, _stacked(paths, "2d")), "npy")
+    return Source(paths[0], lambda dest: np.save(dest, stacked_channels(paths, "2d")), "npy")
 
 
 def plan_nnunet(
