@@ -176,6 +176,9 @@ def test_fets2022_imports_checks_and_trains(tmp_path, tiny_config):
     assert set(np.unique(read_label(seg, "3d")).tolist()) == {0, 1, 2, 4}
     summary = one_round(out, tmp_path / "run", tiny_config, image_size=12)
     assert summary["sites"] == ["inst01", "inst02"] and summary["regions"] == ["WT", "TC", "ET"]
+    # the whole-image path on 3D data says what it does to the volumes, once
+    log = (tmp_path / "run" / "run.log").read_text()
+    assert log.count("note: every volume is resized to 12x12x12 voxels (data.image_size") == 1
 
 
 def test_fets2022_partitioning_2_and_copy(tmp_path):

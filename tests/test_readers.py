@@ -450,6 +450,7 @@ def test_predict_takes_dicom_series_folders_as_it_takes_the_same_volume_in_nifti
     ]
     root = write_folder(Federation("ct", "3d", 1, TUMOUR, sites), tmp_path / "fed")
     run_experiment(_patch_cfg(tiny_config, root, 1), tmp_path / "run")
+    assert "resized" not in (tmp_path / "run" / "run.log").read_text()  # patches of each volume's own grid
 
     image, _ = one_channel(99)
     nifti = tmp_path / "nifti"

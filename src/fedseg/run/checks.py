@@ -68,6 +68,20 @@ def method_notes(cfg: RunConfig, task: Task) -> list[str]:
     return [note for note in notes if note is not None]
 
 
+def data_notes(cfg: RunConfig, kind: str) -> list[str]:
+    """Lines saying how a folder federation's images reach the network, shown once when the run starts: 3D volumes
+    on the whole-image path (``data.volume.patch_size`` unset) are resized to ``data.image_size`` per axis and scored
+    on that grid (``fedseg.data.dataset``), which a preset made for 2D images (``demo``) does without saying so."""
+    if cfg.data.source != "folder" or kind != "3d" or cfg.data.volume.patch_size is not None:
+        return []
+    side = cfg.data.image_size
+    return [
+        f"note: every volume is resized to {side}x{side}x{side} voxels (data.image_size, the whole-image path) and "
+        "scored on that grid, not on its own; set data.volume.patch_size (as the fets preset does) to train on "
+        "patches of each volume's own grid and score there, with its spacing"
+    ]
+
+
 def check_secure_aggregation(cfg: RunConfig, in_process: bool) -> None:
     """Refuse ``fl.secure_aggregation`` on an in-process engine (the simulator or the worker pool): only Flower
     masks the sites' updates (``fedseg.flower.secure``)."""

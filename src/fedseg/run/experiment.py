@@ -19,7 +19,7 @@ from fedseg.data.federation import Federation
 from fedseg.engine.base import Observer
 from fedseg.engine.faults import check_fault_sites
 from fedseg.engine.forkserver import start_forkserver
-from fedseg.run.checks import check_sampling, check_secure_aggregation, cost_warnings, method_notes
+from fedseg.run.checks import check_sampling, check_secure_aggregation, cost_warnings, data_notes, method_notes
 from fedseg.run.data_record import RECORD as DATA_RECORD
 from fedseg.run.data_record import check_data_files, record_data_files
 from fedseg.run.engines import EngineFactory, local_engines
@@ -165,7 +165,7 @@ def record_start(
         )
     for line in cost_warnings(cfg, len(prep.federation.sites)):
         announce(out, line, on_log_line)
-    for line in method_notes(cfg, prep.task):
+    for line in method_notes(cfg, prep.task) + data_notes(cfg, prep.federation.kind):
         announce(out, line, on_log_line)
 
 
