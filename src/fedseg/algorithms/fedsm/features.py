@@ -45,9 +45,9 @@ def selector_features(
     features, probs, site, cases = [], [], [], []
     for i, sd in enumerate(site_data):
         for xb in sd.test.x.split(batch):
-            xb = xb.to(task.device)
-            features.append(sm.selector.embed(xb).cpu())
-            probs.append(sm.scores(xb).cpu())
+            embedded = sm.selector.embed(xb.to(task.device))  # one pass: the softmax is the head's last layer on it
+            features.append(embedded.cpu())
+            probs.append(torch.softmax(sm.selector.head[-1](embedded), dim=1).cpu())  # = sm.scores(xb)
         site += [i] * len(sd.test)
         cases += list(sd.test.ids)
     if not features:
