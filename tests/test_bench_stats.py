@@ -28,7 +28,7 @@ def _bench(tmp_path: Path, **fields) -> Path:
     spec = {
         "name": "tiny",
         "base": {"preset": "synthetic-retina"},
-        "set": ["data.scale=0.05", "data.image_size=16"],
+        "set": ["data.scale=0.05", "data.image_size=16", "model.channels=[4,8,16]"],
         "federations": ["synthetic-retina"],
         "methods": ["fedavg", {"name": "fedprox", "grid": {"methods.fedprox.mu": [0.1, 1.0, 10.0]}}],
         "seeds": [0, 1],

@@ -12,7 +12,7 @@ from fedseg.models.factory import build_segmenter
 from fedseg.run import prepare
 from fedseg.run.preflight import resume_conflicts
 
-SMALL = ["data.scale=0.05", "data.image_size=16"]
+SMALL = ["data.scale=0.05", "data.image_size=16", "model.channels=[4,8,16]"]
 
 
 def _prepared(*overrides: str):

@@ -122,6 +122,19 @@ CASES = [
         "error: --set train.optimizer: Input should be 'adam' or 'sgd'",
     ),
     Case(
+        "an image size the network cannot halve down to its bottom level",
+        [*RUN, "--set", "data.image_size=40"],
+        "error: --set data.image_size=40: 40 is not a multiple of 16, the product of the strides of the unet's 4 "
+        "downsampling levels (model.channels, model.strides), so its decoder cannot meet the skip connections; use 32 "
+        "or 48",
+    ),
+    Case(
+        "an image size that leaves one voxel at the network's bottom",
+        [*RUN, "--set", "data.image_size=16"],
+        "error: --set data.image_size=16: the unet's 4 downsampling levels (model.channels, model.strides) leave one "
+        "voxel at the bottom, where instance norm needs more than one; use at least 32, or fewer levels",
+    ),
+    Case(
         "a read-only `--out`",
         [*RUN[:-1], "ro/out"],
         "error: ro/out: Read-only file system",

@@ -209,3 +209,32 @@ def test_resumed_patch_run_equals_an_uninterrupted_one(tmp_path, tiny_config, tu
         assert torch.equal(v, resumed.algorithms[0].bundle["global"][k]), k
     numbers = lambda p: {k: v for k, v in json.loads(p.read_text())["algorithms"]["fedavg"].items() if k != "seconds"}  # noqa: E731
     assert numbers(tmp_path / "full" / "summary.json") == numbers(tmp_path / "cut" / "summary.json")
+
+
+@pytest.mark.parametrize("name", ["unet", "dynunet"])
+@pytest.mark.parametrize(
+    "strides, sizes",
+    [
+        (None, [(n, n) for n in (4, 6, 8, 12, 14, 16)]),  # 2 levels of stride 2: multiples of 4, more than one voxel
+        (((2, 2, 1), 2), [(8, 8, 4), (8, 8, 6), (12, 8, 2), (4, 4, 2), (8, 8, 3)]),  # anisotropic: z pooled once
+    ],
+)
+def test_the_input_size_check_refuses_exactly_the_sizes_the_network_cannot_train_on(name, strides, sizes):
+    import torch
+
+    from fedseg.config import DataConfig, ModelConfig, network_input_problem
+    from fedseg.models.factory import build_segmenter
+
+    model = ModelConfig(name=name, channels=(2, 4, 8), strides=strides)
+    for size in sizes:
+        data = DataConfig(volume={"patch_size": size})
+        problem = network_input_problem(model, data)
+        net = build_segmenter(model, len(size), 1, 1, 0).train()
+        try:
+            net(torch.zeros(2, 1, *size)).sum().backward()
+            trains = True
+        except (RuntimeError, ValueError):
+            trains = False
+        assert (problem is None) == trains, (size, problem)
+        if problem is not None:
+            assert problem.startswith(f"data.volume.patch_size={list(size)}: ")

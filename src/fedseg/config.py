@@ -658,6 +658,12 @@ class RunConfig(Strict):
         return self
 
     @model_validator(mode="after")
+    def _input_fits_the_network(self) -> RunConfig:
+        if (problem := network_input_problem(self.model, self.data)) is not None:
+            raise ValueError(problem)
+        return self
+
+    @model_validator(mode="after")
     def _hang_needs_a_timeout(self) -> RunConfig:
         if any(f.kind == "hang" for f in self.faults) and self.fl.timeout_s is None:
             raise ValueError("faults: kind hang needs fl.timeout_s (how long the run waits for a site)")
@@ -676,6 +682,48 @@ class RunConfig(Strict):
     @classmethod
     def _unique_trackers(cls, names: list[str]) -> list[str]:
         return list(dict.fromkeys(names))
+
+
+def network_input_problem(model: ModelConfig, data: DataConfig) -> str | None:
+    """Why the network's input (``data.volume.patch_size`` on the volume path, else ``data.image_size`` per axis)
+    does not fit ``model`` (``unet``/``dynunet``; a ``planned`` one is sized by its planner), or None. Each axis must
+    be a multiple of the product ``f`` of the strides between ``model.channels`` levels (the decoder upsamples by
+    exactly ``f`` and must meet every skip connection), and with instance norm the bottom level must keep more than
+    one voxel (PyTorch's ``InstanceNorm`` refuses a single one in training)."""
+    if model.name == "planned":
+        return None
+    key, size = (
+        ("data.volume.patch_size", data.volume.patch_size)
+        if data.volume.patch_size is not None
+        else ("data.image_size", data.image_size)
+    )
+    strides = model.strides or (2,) * (len(model.channels) - 1)
+    lengths = {len(x) for x in (size, *strides) if isinstance(x, tuple)}
+    if len(lengths) > 1:
+        return None  # axes that disagree: the federation's dimensions decide which is wrong (checked when it runs)
+    axes = lengths.pop() if lengths else 1
+    sizes = size if isinstance(size, tuple) else (size,) * axes
+    factors = [math.prod(s if isinstance(s, int) else s[a] for s in strides) for a in range(axes)]
+    levels = f"the {model.name}'s {len(strides)} downsampling levels (model.channels, model.strides)"
+    instance = "instance" in str(model.norm).lower()
+    for n, f in zip(sizes, factors):
+        if n % f:
+            fits = " or ".join(str(k * f) for k in (n // f, n // f + 1) if k >= 1 + instance)
+            return (
+                f"{key}={_plain(size)}: {n} is not a multiple of {f}, the product of the strides of {levels}, so its "
+                f"decoder cannot meet the skip connections; use {fits}"
+            )
+    if instance and all(n == f for n, f in zip(sizes, factors)):
+        return (
+            f"{key}={_plain(size)}: {levels} leave one voxel at the bottom, where instance norm needs more than one; "
+            f"use at least {2 * max(factors)}, or fewer levels"
+        )
+    return None
+
+
+def _plain(value: object) -> str:
+    """A config value as the user writes it: ``(16, 16)`` -> ``[16, 16]``."""
+    return str(list(value)) if isinstance(value, tuple) else str(value)
 
 
 def with_recorded_data_seed(recorded: dict) -> dict:
@@ -866,23 +914,28 @@ def validation_problems(
     problem of a key an override wrote (``overridden``: key -> the option, ``--set``, ``--rounds``...), or of a key
     inside it, or an unknown section an override created, is named by that option (``--set fl.round``); ``where``
     (a preset or file) opens the line unless every problem came from an option."""
-    problems, from_option = [], []
+    problems, from_option, overridden = [], [], overridden or {}
     for err in error.errors():
         key = prefix + ".".join(map(str, err["loc"]))
         message = err["msg"].removeprefix("Value error, ")
         unknown = err["type"] == "extra_forbidden"
         if unknown:
             message = "unknown key" + _known_keys_hint(model, err["loc"])
+        if not key:  # a check across sections whose message opens with the key it blames ("data.image_size=16: ...")
+            named = next((o for o in overridden if message.startswith((o + "=", o + ":"))), None)
+            from_option.append(named is not None)
+            problems.append(message if named is None else _named(named, overridden[named]) + message[len(named) :])
+            continue
         option = next(
             (
                 label
-                for o, label in (overridden or {}).items()
+                for o, label in overridden.items()
                 if key == o or key.startswith(o + ".") or (unknown and o.startswith(key + "."))
             ),
             None,
         )
         from_option.append(option is not None)
-        problems.append(f"{_named(key, option)}: {message}" if key else message)
+        problems.append(f"{_named(key, option)}: {message}")
     text = "; ".join(problems)
     return text if not where or all(from_option) else f"{where}: {text}"
 
