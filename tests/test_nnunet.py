@@ -19,7 +19,7 @@ from fedseg.config import SplitConfig
 from fedseg.data.check import check_folder
 from fedseg.data.cli import data_app
 from fedseg.data.exporters.nnunet import IMPORT_REGEX, export_nnunet
-from fedseg.data.federation import Case, Federation, Regions, Site
+from fedseg.data.federation import Case, Federation, FederationError, Regions, Site
 from fedseg.data.folder import load_folder, read_image, read_label, write_folder
 from fedseg.data.splits import make_splits
 from fedseg.data.volumes import case_spacing
@@ -537,7 +537,35 @@ def test_predict_reads_an_imagests_folder_case_by_case_as_the_import_stacked_it(
         assert mask.shape == (24, 20)
         np.testing.assert_array_equal(mask, np.load(tmp_path / "from-fed" / f"{c}.npy"))
 
-    # a case without its second channel file, then every case without it: one line naming a missing file
+    # one channel file given: its case, read from its folder
+    assert predict(src / "imagesTs" / "s0_004_0001.png", tmp_path / "one").exit_code == 0
+    assert sorted(p.name for p in (tmp_path / "one").iterdir()) == ["predictions.csv", "s0_004.png"]
+    assert (tmp_path / "one" / "predictions.csv").read_text().splitlines()[1].startswith(rows[1].split(",global")[0])
+    np.testing.assert_array_equal(
+        np.asarray(Image.open(tmp_path / "one" / "s0_004.png")), np.load(tmp_path / "from-fed" / "s0_004.npy")
+    )
+    # nnU-Net cases beside an image of another name: each case, and the image
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    for f in (src / "imagesTs").iterdir():
+        (mixed / f.name).symlink_to(f)
+    (mixed / "extra.npy").symlink_to(imported / "s0_004.npy")
+    assert predict(mixed, tmp_path / "from-mixed").exit_code == 0
+    assert sorted(p.name for p in (tmp_path / "from-mixed").iterdir()) == sorted(
+        [f"{c}.png" for c in test_cases] + ["extra.npy", "predictions.csv"]
+    )
+    # a channel the model does not read, a dataset's root instead of its images: one line each, nothing written
+    (mixed / "s1_010_0002.png").symlink_to(src / "imagesTs" / "s1_010_0001.png")
+    result = predict(mixed, tmp_path / "broken")
+    assert "s1_010_0002.png: channel 2 of nnU-Net case 's1_010', but the model reads 2 channels" in one_line_error(
+        result
+    )
+    result = predict(src, tmp_path / "broken")
+    assert f"a dataset folder (dataset.json); give the folder of images: --input {src / 'imagesTs'}" in " ".join(
+        result.output.split()
+    )
+    assert one_line_error(result) and not (tmp_path / "broken").exists()
+    # a case without its second channel file: named; every case without it: the first three, then a count
     (src / "imagesTs" / "s1_011_0001.png").unlink()
     result = predict(src / "imagesTs", tmp_path / "broken")
     assert one_line_error(result) and not (tmp_path / "broken").exists()
@@ -545,7 +573,9 @@ def test_predict_reads_an_imagests_folder_case_by_case_as_the_import_stacked_it(
     for c in test_cases[:-1]:
         (src / "imagesTs" / f"{c}_0001.png").unlink()
     result = predict(src / "imagesTs", tmp_path / "broken")
-    assert one_line_error(result) and "s0_004_0001.png: missing" in " ".join(result.output.split())
+    output = " ".join(result.output.split())
+    assert result.exit_code == 1 and "Traceback" not in output
+    assert "s0_004_0001.png: missing" in output and output.endswith("... and 1 more like this")
     # numbered images that are not channels (img_0000, img_0001) are predicted one by one
     frames = tmp_path / "frames"
     frames.mkdir()
@@ -557,3 +587,30 @@ def test_predict_reads_an_imagests_folder_case_by_case_as_the_import_stacked_it(
         "img_0001.npy",
         "predictions.csv",
     ]
+
+
+def test_a_raw_dataset_given_as_a_federation_says_which_import_makes_one(tmp_path):
+    src = nnunet_dataset(tmp_path / "Dataset506_Raw", sites=("AMC",), per_site=2)
+    line = one_line_error(cli("check", str(src)))
+    assert line == (
+        f"{src}: a raw nnU-Net v2 dataset (dataset.json, imagesTr/), not a federation folder (no federation.yaml); "
+        f"import it first: fedseg data import nnunet {src} --site-by REGEX --out FED, then use FED"
+    )
+    (src / "dataset.json").write_text(json.dumps({"name": "Prostate", "modality": {"0": "T2"}, "training": []}))
+    with pytest.raises(FederationError, match=r"a raw Medical Segmentation Decathlon task .* data import msd "):
+        load_folder(src)
+
+
+def test_test_images_without_labels_are_left_out_with_a_note_that_says_how_to_segment_them(tmp_path):
+    import shutil
+
+    src = nnunet_dataset(tmp_path / "Dataset507_NoLabelsTs", sites=("AMC", "BWH"), per_site=3)
+    shutil.rmtree(src / "labelsTs")
+    result = cli("import", "nnunet", str(src), "--site-by", r"^([A-Z]+)_\d+$", "--out", str(tmp_path / "fed"))
+    assert result.exit_code == 0, result.output
+    output = " ".join(result.output.split())
+    assert "2 sites, 6 cases" in output
+    assert (
+        f"note: {src / 'imagesTs'}: its 2 case(s) are not imported (no labelsTs/: a test case needs its label); to "
+        f"segment them after training: fedseg predict --model RUN/model --input {src / 'imagesTs'} --out MASKS"
+    ) in output

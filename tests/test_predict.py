@@ -310,6 +310,7 @@ def test_cli_predict_overlay_writes_a_picture_per_input(trained, tmp_path):
     args = ["predict", "--model", str(run / "model"), "--input", str(new), "--out", str(out), "--overlay"]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
+    assert f"{len(cases)} mask(s), {len(cases)} overlay(s) and predictions.csv written" in result.output
     assert sorted(p.name for p in out.iterdir()) == sorted(
         [f"{c}.png" for c in cases] + [f"{c}_overlay.png" for c in cases] + ["predictions.csv"]
     )

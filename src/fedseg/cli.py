@@ -426,7 +426,8 @@ def predict(
     except KeyboardInterrupt:  # the masks are staged and moved into --out at the end
         fail(f"interrupted: no mask was written to {out}; run the same command again", INTERRUPTED_EXIT)
         return
-    console.print(f"{len(rows)} mask(s) and predictions.csv written to {out}", highlight=False)
+    overlays = f", {len(rows)} overlay(s)" if overlay else ""
+    console.print(f"{len(rows)} mask(s){overlays} and predictions.csv written to {out}", highlight=False)
 
 
 @app.command("loss-surface")

@@ -176,40 +176,56 @@ class Source:
     case: str | None = None
 
 
+def channel_file(path: Path) -> tuple[str, int, str] | None:
+    """``(case, channel, ext)`` of an nnU-Net channel file ``<case>_XXXX.<ext>``, else None."""
+    named = split_name(path.name, IMAGE_EXTS) if path.is_file() else None
+    match = CHANNEL_FILE.match(named[0]) if named else None
+    return None if named is None or match is None else (match["case"], int(match["channel"]), named[1])
+
+
 def nnunet_cases(paths: list[Path], channels: int, kind: Literal["2d", "3d"]) -> list[Source]:
-    """``paths`` (``list_inputs``) as inputs: one per path, unless every path is an nnU-Net channel file
-    (``<case>_XXXX.<ext>``, as in a dataset's ``imagesTs/``) and every case has the ``channels`` of the model, each
-    file holding one (or every case only its ``_0000`` file): then one input per case, its channel files stacked in
-    channel order and its mask named ``<case>.<ext>``, as nnU-Net names its predictions. Anything else is one input
-    per file: ``img_0000.png, img_0001.png`` whose first file already holds the model's channels are numbered
-    images, not the channels of case ``img``. A case missing a channel file raises ``PredictError`` naming it."""
-    one_each = [Source((p,)) for p in paths]
+    """``paths`` (``list_inputs``) as inputs. The nnU-Net channel files among them (``<case>_XXXX.<ext>``, as in a
+    dataset's ``imagesTs/``) are read one case at a time, its channel files stacked in channel order and its mask
+    named ``<case>.<ext>`` as nnU-Net names its predictions, where the model reads several channels and the first
+    such file holds one; every other path is one input. Where a file already holds the model's channels (an RGB
+    ``_0000`` file; ``img_0000.png, img_0001.png``: numbered images, not the channels of case ``img``), or the model
+    reads one, only cases of a lone ``_0000`` file are named after the case. A case missing a channel file, or with
+    one the model does not read, raises ``PredictError`` naming the files (the first few of each kind)."""
     cases: dict[tuple[str, str], dict[int, Path]] = {}
     for path in paths:
-        named = split_name(path.name, IMAGE_EXTS) if path.is_file() else None
-        match = CHANNEL_FILE.match(named[0]) if named else None
-        if named is None or match is None:
-            return one_each
-        cases.setdefault((match["case"], named[1]), {})[int(match["channel"])] = path
+        if (named := channel_file(path)) is not None:
+            cases.setdefault((named[0], named[2]), {})[named[1]] = path
+    channel_files = {p for found in cases.values() for p in found.values()}
+    others = [Source((p,)) for p in paths if p not in channel_files]
     grouped = [Source(tuple(found[c] for c in sorted(found)), case) for (case, _), found in cases.items()]
-    firsts_only = all(set(found) == {0} for found in cases.values())  # one file per case: only mask names change
-    if channels == 1 or any(not set(found) <= set(range(channels)) for found in cases.values()):
-        return grouped if firsts_only else one_each
+    if not cases:
+        return others
+    first = min(channel_files)
     try:
-        holds_one = read_image(paths[0], kind).shape[0] == 1
+        one_channel_files = channels > 1 and read_image(first, kind).shape[0] == 1
     except FederationError:
-        return one_each  # read_inputs names the unreadable file
-    if not holds_one:  # an RGB _0000 file, or numbered images holding their channels
-        return grouped if firsts_only else one_each
+        return [Source((p,)) for p in paths]  # read_inputs names the unreadable file
+    if not one_channel_files:
+        if all(set(found) == {0} for found in cases.values()):
+            return sorted(grouped + others, key=lambda s: s.files[0])
+        return [Source((p,)) for p in paths]
+    problems = []
     for (case, ext), found in cases.items():
-        if len(found) < channels:
-            missing = min(set(range(channels)) - set(found))
-            raise PredictError(
-                f"{paths[0].parent / f'{case}_{missing:0{CHANNEL_DIGITS}d}.{ext}'}: missing (channel {missing} of "
-                f"nnU-Net case {case!r}: the model reads {channels} channels, _0000 to _{channels - 1:04d}, which "
-                "predict reads together from their folder)"
-            )
-    return grouped
+        folder = found[min(found)].parent
+        problems += [
+            f"{folder / f'{case}_{c:0{CHANNEL_DIGITS}d}.{ext}'}: missing (channel {c} of nnU-Net case {case!r}: the "
+            f"model reads {channels} channels, _0000 to _{channels - 1:04d})"
+            for c in range(channels)
+            if c not in found
+        ]
+        problems += [
+            f"{found[c]}: channel {c} of nnU-Net case {case!r}, but the model reads {channels} channels, _0000 to "
+            f"_{channels - 1:04d} (move the file out of the folder)"
+            for c in sorted(set(found) - set(range(channels)))
+        ]
+    if problems:  # the same problem in many cases: the first few, then a count
+        raise PredictError("\n".join(group_problems(problems)))
+    return sorted(grouped + others, key=lambda s: s.files[0])
 
 
 def mask_name(path: Path, case: str | None = None) -> str:
@@ -266,6 +282,11 @@ def list_inputs(path: Path) -> list[Path]:
     if path.is_file() or is_series(path):
         files = [path]
     elif path.is_dir():
+        images = [path / d for d in ("imagesTs", "imagesTr") if (path / d).is_dir()]
+        if (path / "dataset.json").is_file() and images:  # an nnU-Net (or MSD) dataset's root
+            raise PredictError(
+                f"{path}: a dataset folder (dataset.json); give the folder of images: --input {images[0]}"
+            )
         companions = readers.mhd_data_files(path)  # the data files of .mhd headers are no inputs of their own
         entries = [p for p in sorted(path.iterdir()) if not p.name.startswith(".") and p.name not in companions]
         files = [p for p in entries if p.is_file() or is_series(p)]
@@ -309,7 +330,8 @@ def read_input(source: Source, root: Path, bundle: Bundle) -> Input:
         spacing = file_spacing(path, m["spatial_dims"])
         xv, _, grid = preprocess(image, None, bundle.regions, spacing, bundle.volume, norm)
         volume = (xv, grid)
-    name = "+".join(p.name if p == root else str(p.relative_to(root)) for p in source.files)
+    base = root if root.is_dir() else root.parent  # a file given itself: named as in its folder
+    name = "+".join(p.name if p == root else str(p.relative_to(base)) for p in source.files)
     channel_files = source.files if len(source.files) > 1 else ()
     return Input(path, name, mask_name(path, source.case), x, tuple(image.shape[1:]), volume, channel_files)
 
@@ -323,7 +345,10 @@ def read_source(source: Source, kind: Literal["2d", "3d"]) -> np.ndarray:
 def read_inputs(path: Path, bundle: Bundle, overlay: bool = False) -> list[Input]:
     """Every input of ``path``, all checked before any is used; one error lists every bad file."""
     inputs, problems = [], []
-    for source in nnunet_cases(list_inputs(path), bundle.manifest["in_channels"], bundle.kind):
+    paths = list_inputs(path)
+    if Path(path).is_file() and (found := channel_file(Path(path))) is not None:  # one channel file: its whole case
+        paths = sorted(p for p in Path(path).parent.iterdir() if (c := channel_file(p)) and c[::2] == found[::2])
+    for source in nnunet_cases(paths, bundle.manifest["in_channels"], bundle.kind):
         try:
             inputs.append(read_input(source, Path(path), bundle))
         except (FederationError, PredictError) as e:

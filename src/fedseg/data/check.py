@@ -21,6 +21,7 @@ from fedseg.data.folder import (
     case_problems,
     grid_problems,
     group_problems,
+    raw_dataset_problem,
     read_array,
     read_image,
     read_label,
@@ -124,6 +125,8 @@ def check_folder(
         hint = f" (give the folder that holds it: {root.parent})" if root.name == HEADER_FILE else ""
         layout = f"a federation is a folder with {HEADER_FILE} and a folder per site"
         raise FederationError(f"{root}: {what}; {layout}{hint}")
+    if (raw := raw_dataset_problem(root)) is not None:
+        raise FederationError(raw)
     header, sites, fixed, problems = scan_folder(root, all_sites=all_sites)
     meta: dict[tuple[str, str], dict[str, object]] = {}
     for site in sites:

@@ -88,21 +88,20 @@ def check(
         _fail(error_text(e))
     for line in group_problems(warnings):
         typer.echo(f"warning: {line}", err=True)
-    _print_summary(
-        fed, split, split_seed, f"OK: {root} — {{sites}} sites, {{cases}} cases ({split.mode} split, seed {split_seed})"
-    )
+    _print_summary(fed, split, split_seed, f"OK: {root} — {{sites}}, {{cases}} ({split.mode} split, seed {split_seed})")
 
 
 def _print_summary(fed, split: SplitConfig, seed: int, line: str) -> None:
-    """Print the per-site table, then ``line`` with ``{sites}`` and ``{cases}`` filled in, then the
-    metadata keys present (if any)."""
+    """Print the per-site table, then ``line`` with ``{sites}`` and ``{cases}`` filled in ("3 sites", "1 case"), then
+    the metadata keys present (if any)."""
     from fedseg.data.metadata import metadata_summary
     from fedseg.data.splits import make_splits
 
     console = Console()
     console.print(summary_table(fed, make_splits(fed, split, seed)))
     n_cases = sum(len(s.cases) for s in fed.sites)
-    console.print(line.format(sites=len(fed.sites), cases=n_cases), highlight=False, soft_wrap=True)
+    sites, cases = f"{len(fed.sites)} site{'s' * (len(fed.sites) != 1)}", f"{n_cases} case{'s' * (n_cases != 1)}"
+    console.print(line.format(sites=sites, cases=cases), highlight=False, soft_wrap=True)
     metadata = metadata_summary(fed)
     if metadata:
         console.print(metadata, highlight=False, soft_wrap=True)
@@ -160,8 +159,7 @@ def synth(
         written,
         split,
         seed,
-        f"wrote {source} (scale {scale}, image size {image_size}, seed {seed}): "
-        f"{{sites}} sites, {{cases}} cases -> {out}",
+        f"wrote {source} (scale {scale}, image size {image_size}, seed {seed}): {{sites}}, {{cases}} -> {out}",
     )
 
 
@@ -199,18 +197,19 @@ def import_(
     DatasetNNN_Name (nnU-Net v2: dataset.json, imagesTr/<case>_XXXX.<ext>, labelsTr/; sites by --site-by)."""
     from fedseg.data.importers import ImportOptions, import_dataset
 
+    notes: list[str] = []
     try:
         options = ImportOptions(partitioning, regions, site_by, fold, splits)  # type: ignore[arg-type]  # plan_msd checks regions
-        fed = import_dataset(layout, sources, out, copy=copy, options=options)
+        fed = import_dataset(layout, sources, out, copy=copy, options=options, notes=notes)
     except (FederationError, OSError) as e:  # OSError: e.g. a full disk, a folder that cannot be written
         _fail(error_text(e))
     except KeyboardInterrupt:
         _interrupted(out)
     split, seed = SplitConfig(), DataConfig().seed
     how = "copied" if copy else "linked where usable as is"
-    _print_summary(
-        fed, split, seed, f"imported {layout} ({how}): {{sites}} sites, {{cases}} cases -> {out}; data check OK"
-    )
+    _print_summary(fed, split, seed, f"imported {layout} ({how}): {{sites}}, {{cases}} -> {out}; data check OK")
+    for line in notes:
+        typer.echo(f"note: {line}")
 
 
 def _export_source(

@@ -603,6 +603,26 @@ def group_problems(problems: list[str], shown: int = SHOWN_PER_KIND) -> list[str
     return out
 
 
+def raw_dataset_problem(root: Path) -> str | None:
+    """One line for a raw nnU-Net v2 or Medical Segmentation Decathlon dataset (``dataset.json`` and ``imagesTr/``,
+    no ``federation.yaml``) given where a federation folder is expected: which import makes one of it; else None."""
+    if (root / HEADER_FILE).exists() or not ((root / "dataset.json").is_file() and (root / "imagesTr").is_dir()):
+        return None
+    import json
+
+    try:
+        keys = json.loads((root / "dataset.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        keys = {}
+    msd = isinstance(keys, dict) and "channel_names" not in keys and ("modality" in keys or "training" in keys)
+    what, command = ("Medical Segmentation Decathlon task", "msd") if msd else ("nnU-Net v2 dataset", "nnunet")
+    site_by = "" if msd else " --site-by REGEX"
+    return (
+        f"{root}: a raw {what} (dataset.json, imagesTr/), not a federation folder (no {HEADER_FILE}); import it "
+        f"first: fedseg data import {command} {root}{site_by} --out FED, then use FED"
+    )
+
+
 def load_folder(root: str | Path, *, all_sites: bool = True) -> Federation:
     """Read a federation folder lazily (only file names, ``federation.yaml``, ``splits.csv``,
     ``cases.csv``, ``.mhd`` headers and the first bytes of one file per DICOM series folder are read).
@@ -612,6 +632,8 @@ def load_folder(root: str | Path, *, all_sites: bool = True) -> Federation:
     when a case is loaded, or all at once by ``fedseg.data.check.check_folder``. ``all_sites``: see
     ``scan_folder``.
     """
+    if (raw := raw_dataset_problem(Path(root))) is not None:
+        raise FederationError(raw)
     header, sites, fixed, problems = scan_folder(root, all_sites=all_sites)
     if problems:
         raise FederationError("\n".join(group_problems(problems)))

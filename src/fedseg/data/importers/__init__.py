@@ -76,11 +76,22 @@ def plan_import(layout: str, sources: list[Path], options: ImportOptions = Impor
 
 
 def import_dataset(
-    layout: str, sources: list[Path], out: str | Path, *, copy: bool = False, options: ImportOptions = ImportOptions()
+    layout: str,
+    sources: list[Path],
+    out: str | Path,
+    *,
+    copy: bool = False,
+    options: ImportOptions = ImportOptions(),
+    notes: list[str] | None = None,
 ) -> Federation:
     """Import ``sources`` in ``layout`` as a folder federation at ``out`` (links, or copies with ``copy``),
-    checked by ``data check``; returns it. Nothing is written at ``out`` on error."""
+    checked by ``data check``; returns it. Nothing is written at ``out`` on error. ``notes``, when given, receives
+    a line per thing the import left out on purpose (e.g. nnU-Net test images without labels)."""
     from fedseg.data.importers.writer import check_out
 
     check_out(Path(out))  # before reading any source
-    return write_plan(plan_import(layout, sources, options), out, copy=copy)
+    plan = plan_import(layout, sources, options)
+    fed = write_plan(plan, out, copy=copy)
+    if notes is not None:
+        notes += plan.notes
+    return fed

@@ -229,6 +229,20 @@ def _channel_files(
     return cases, set(found)
 
 
+def unlabelled_note(src: Path) -> list[str]:
+    """A note on ``imagesTs/`` without ``labelsTs/``: its cases are not imported (a test case needs its label)."""
+    images = src / "imagesTs"
+    if not images.is_dir() or (src / "labelsTs").is_dir():
+        return []
+    cases = {m["case"] for p in images.iterdir() if (m := CHANNEL_FILE.match(p.name.split(".")[0]))}
+    if not cases:
+        return []
+    return [
+        f"{images}: its {len(cases)} case(s) are not imported (no labelsTs/: a test case needs its label); to "
+        f"segment them after training: fedseg predict --model RUN/model --input {images} --out MASKS"
+    ]
+
+
 def find_cases(src: Path, info: DatasetInfo) -> list[RawCase]:
     """The training cases (``imagesTr``/``labelsTr``) and the labelled test cases (``imagesTs``/``labelsTs``)."""
     problems: list[str] = []
@@ -472,4 +486,4 @@ def plan_nnunet(
     sites = [
         PlannedSite(name, site_cases, dict(meta), splits.get(name, {})) for name, site_cases in sorted(by_site.items())
     ]
-    return Plan(info.name, kind, len(info.channel_names), info.regions, sites, info.label_names)
+    return Plan(info.name, kind, len(info.channel_names), info.regions, sites, info.label_names, unlabelled_note(src))

@@ -110,6 +110,7 @@ class Plan:
     regions: dict[str, list[int]]
     sites: list[PlannedSite]
     label_names: dict[int, str] | None = None
+    notes: list[str] = field(default_factory=list)  # what the import leaves out on purpose, said once
 
 
 def read_nifti(path: Path) -> tuple[np.ndarray, np.ndarray]:
