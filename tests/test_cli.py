@@ -138,3 +138,29 @@ def test_presets_show_round_trips_through_run_config(tmp_path):
     result = runner.invoke(app, ["presets", "show", "nope"])
     assert result.exit_code == 1
     assert "unknown preset 'nope'" in result.output and "synthetic-retina" in result.output
+
+
+def test_a_run_that_fails_says_why_in_its_run_log_too(tmp_path, disc_federation):
+    root = write_folder(disc_federation(n_sites=2, cases_per_site=8), tmp_path / "fed")
+    out = tmp_path / "run"
+    crash = "faults=[{site: site2, kind: crash, round: 2}]"
+    args = [
+        "run",
+        "--preset",
+        "demo",
+        "--data",
+        str(root),
+        "--algorithms",
+        "fedavg",
+        "--rounds",
+        "2",
+        "--out",
+        str(out),
+    ]
+    result = runner.invoke(app, [*args, *TINY_SETS, "--set", crash])
+    assert result.exit_code == 1 and "injected crash" in result.output
+    lines = (out / "run.log").read_text().splitlines()
+    assert " fedavg round 1/2 " in lines[0]
+    assert lines[-1].endswith(
+        " stopped: site 'site2', round 2, fedavg train: InjectedCrash: injected crash (faults: site2, round 2)"
+    )

@@ -110,6 +110,7 @@ def test_ctrl_c_on_a_run_says_that_resume_continues(tmp_path):
     assert proc.returncode == 130, output
     assert "interrupted: every finished round is checkpointed; run the same command with --resume" in output, output
     assert "Traceback" not in output, output
+    assert (out / "run.log").read_text().splitlines()[-1].endswith(" stopped: interrupted")  # the log says why it ends
 
 
 @pytest.mark.slow

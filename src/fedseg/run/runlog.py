@@ -41,3 +41,14 @@ def append_line(out: Path, line: str) -> None:
         f.write(line + "\n")
         f.flush()
         os.fsync(f.fileno())
+
+
+def log_stop(out: Path, text: str) -> None:
+    """``<UTC time> stopped: <text>`` (the error or interruption that ended the run) appended to ``out/run.log``,
+    where the run began one (its ``config.yaml`` is written); nothing otherwise, and never an error of its own."""
+    if not (Path(out) / "config.yaml").is_file():
+        return
+    try:
+        append_line(out, f"{utc_now()} stopped: {' '.join(text.split())}")
+    except OSError:  # a full disk or a read-only folder: the terminal has the line
+        pass
