@@ -164,3 +164,6 @@ def test_a_run_that_fails_says_why_in_its_run_log_too(tmp_path, disc_federation)
     assert lines[-1].endswith(
         " stopped: site 'site2', round 2, fedavg train: InjectedCrash: injected crash (faults: site2, round 2)"
     )
+    # a command refused on that folder (it holds a run) does not write into the run's log
+    assert runner.invoke(app, [*args, *TINY_SETS]).exit_code == 1
+    assert (out / "run.log").read_text().splitlines() == lines

@@ -550,10 +550,18 @@ def test_predict_reads_an_imagests_folder_case_by_case_as_the_import_stacked_it(
     for f in (src / "imagesTs").iterdir():
         (mixed / f.name).symlink_to(f)
     (mixed / "extra.npy").symlink_to(imported / "s0_004.npy")
+    (mixed / "scan_2019.npy").symlink_to(imported / "s0_005.npy")  # named like a channel file, without a _0000
     assert predict(mixed, tmp_path / "from-mixed").exit_code == 0
     assert sorted(p.name for p in (tmp_path / "from-mixed").iterdir()) == sorted(
-        [f"{c}.png" for c in test_cases] + ["extra.npy", "predictions.csv"]
+        [f"{c}.png" for c in test_cases] + ["extra.npy", "scan_2019.npy", "predictions.csv"]
     )
+    # a dataset.json of another channel count than the model's: one line
+    other = tmp_path / "Dataset509_Other"
+    (other / "imagesTs").mkdir(parents=True)
+    (other / "dataset.json").write_text(json.dumps({"channel_names": {"0": "CT"}, "file_ending": ".png"}))
+    (other / "imagesTs" / "x_0000.png").symlink_to(src / "imagesTs" / "s0_004_0000.png")
+    line = one_line_error(predict(other / "imagesTs", tmp_path / "broken"))
+    assert f"{other / 'dataset.json'}: lists 1 channels (CT) but the model reads 2" in line
     # a channel the model does not read, a dataset's root instead of its images: one line each, nothing written
     (mixed / "s1_010_0002.png").symlink_to(src / "imagesTs" / "s1_010_0001.png")
     result = predict(mixed, tmp_path / "broken")
@@ -587,6 +595,8 @@ def test_predict_reads_an_imagests_folder_case_by_case_as_the_import_stacked_it(
         "img_0001.npy",
         "predictions.csv",
     ]
+    assert predict(frames / "img_0001.npy", tmp_path / "one-frame").exit_code == 0  # that image only
+    assert sorted(p.name for p in (tmp_path / "one-frame").iterdir()) == ["img_0001.npy", "predictions.csv"]
 
 
 def test_a_raw_dataset_given_as_a_federation_says_which_import_makes_one(tmp_path):
@@ -606,11 +616,13 @@ def test_test_images_without_labels_are_left_out_with_a_note_that_says_how_to_se
 
     src = nnunet_dataset(tmp_path / "Dataset507_NoLabelsTs", sites=("AMC", "BWH"), per_site=3)
     shutil.rmtree(src / "labelsTs")
+    for c in range(2):  # a case id with a dot
+        shutil.copy(src / "imagesTs" / f"AMC_003_{c:04d}.nii.gz", src / "imagesTs" / f"la.001_{c:04d}.nii.gz")
     result = cli("import", "nnunet", str(src), "--site-by", r"^([A-Z]+)_\d+$", "--out", str(tmp_path / "fed"))
     assert result.exit_code == 0, result.output
     output = " ".join(result.output.split())
     assert "2 sites, 6 cases" in output
     assert (
-        f"note: {src / 'imagesTs'}: its 2 case(s) are not imported (no labelsTs/: a test case needs its label); to "
+        f"note: {src / 'imagesTs'}: its 3 case(s) are not imported (no labelsTs/: a test case needs its label); to "
         f"segment them after training: fedseg predict --model RUN/model --input {src / 'imagesTs'} --out MASKS"
     ) in output

@@ -226,15 +226,9 @@ def run(
                 return run_study(cfg, out, resume, holdout, leave_one_out, sweep, keep_checkpoints)
             results = run_with_progress(cfg, out, resume, console, keep_checkpoints=keep_checkpoints)
     except (ConfigError, FederationError, OSError, KeyError, ValueError) as e:  # OSError: full disk, read-only...
-        from fedseg.run.runlog import log_stop
-
-        log_stop(out, error_text(e))
         fail(error_text(e))
         return
     except KeyboardInterrupt:
-        from fedseg.run.runlog import log_stop
-
-        log_stop(out, "interrupted")
         fail(resume_hint("it", out, "every finished round is checkpointed"), INTERRUPTED_EXIT)
         return
     path, _ = report_or_fail(out)

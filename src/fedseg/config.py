@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from importlib import resources
 from pathlib import Path
@@ -708,7 +709,7 @@ def network_input_problem(model: ModelConfig, data: DataConfig) -> str | None:
     instance = "instance" in str(model.norm).lower()
     for n, f in zip(sizes, factors):
         if n % f:
-            fits = " or ".join(str(k * f) for k in (n // f, n // f + 1) if k >= 1 + instance)
+            fits = " or ".join(str(k * f) for k in sorted({max(k, 1 + instance) for k in (n // f, n // f + 1)}))
             return (
                 f"{key}={_plain(size)}: {n} is not a multiple of {f}, the product of the strides of {levels}, so its "
                 f"decoder cannot meet the skip connections; use {fits}"
@@ -921,10 +922,14 @@ def validation_problems(
         unknown = err["type"] == "extra_forbidden"
         if unknown:
             message = "unknown key" + _known_keys_hint(model, err["loc"])
-        if not key:  # a check across sections whose message opens with the key it blames ("data.image_size=16: ...")
-            named = next((o for o in overridden if message.startswith((o + "=", o + ":"))), None)
+        if not key:  # a check across sections: named by the option of a key it opens with or names in its text
+            opens = next((o for o in overridden if message.startswith((o + "=", o + ":", o + "."))), None)
+            named = opens or next((o for o in overridden if re.search(rf"\b{re.escape(o)}\b", message)), None)
             from_option.append(named is not None)
-            problems.append(message if named is None else _named(named, overridden[named]) + message[len(named) :])
+            if opens is not None:
+                problems.append(_named(opens, overridden[opens]) + message[len(opens) :])
+            else:
+                problems.append(message if named is None else f"{_named(named, overridden[named])}: {message}")
             continue
         option = next(
             (

@@ -1,10 +1,9 @@
 """``fedseg predict``: apply a run's trained bundle (``RUN/model/<algorithm>/``) to new image files.
 
 Pipeline, per image file (PNG/JPEG/NPY/NIfTI/NRRD/MetaImage) or DICOM series folder (read by
-``fedseg.data.folder.read_image``), or per nnU-Net case: a folder such as a dataset's ``imagesTs/`` whose files are
-all ``<case>_XXXX.<ext>`` channel files, every case with the model's channels (or only ``_0000``), is read one case
-at a time, its channel files stacked as ``fedseg data import nnunet`` stacks them, its mask named ``<case>.<ext>``
-(``nnunet_cases``):
+``fedseg.data.folder.read_image``), or per nnU-Net case: the ``<case>_XXXX.<ext>`` channel files of a folder such
+as a dataset's ``imagesTs/`` are read one case at a time, stacked as ``fedseg data import nnunet`` stacks them, the
+mask named ``<case>.<ext>`` (``nnunet_cases``; one channel file given alone brings its case):
 
 1. preprocess exactly as training did (``fedseg.data.preprocess.case_tensors`` with the
    manifest's ``image_size`` and ``normalize``): ``x`` ``(C, *S)``, ``S = (image_size,) * dims``;
@@ -39,6 +38,7 @@ others not: each file itself is always complete). Errors are ``PredictError``
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -180,7 +180,9 @@ def channel_file(path: Path) -> tuple[str, int, str] | None:
     """``(case, channel, ext)`` of an nnU-Net channel file ``<case>_XXXX.<ext>``, else None."""
     named = split_name(path.name, IMAGE_EXTS) if path.is_file() else None
     match = CHANNEL_FILE.match(named[0]) if named else None
-    return None if named is None or match is None else (match["case"], int(match["channel"]), named[1])
+    if named is None or match is None:
+        return None
+    return match["case"], int(match["channel"]), path.name[-len(named[1]) :]  # the extension as spelt
 
 
 def nnunet_cases(paths: list[Path], channels: int, kind: Literal["2d", "3d"]) -> list[Source]:
@@ -189,12 +191,14 @@ def nnunet_cases(paths: list[Path], channels: int, kind: Literal["2d", "3d"]) ->
     named ``<case>.<ext>`` as nnU-Net names its predictions, where the model reads several channels and the first
     such file holds one; every other path is one input. Where a file already holds the model's channels (an RGB
     ``_0000`` file; ``img_0000.png, img_0001.png``: numbered images, not the channels of case ``img``), or the model
-    reads one, only cases of a lone ``_0000`` file are named after the case. A case missing a channel file, or with
-    one the model does not read, raises ``PredictError`` naming the files (the first few of each kind)."""
+    reads one, only cases of a lone ``_0000`` file are named after the case; a name without a ``_0000`` file of its
+    own (``scan_2019.png``) is an image. A case missing a channel file, or with one the model does not read, raises
+    ``PredictError`` naming the files (the first few of each kind)."""
     cases: dict[tuple[str, str], dict[int, Path]] = {}
     for path in paths:
         if (named := channel_file(path)) is not None:
             cases.setdefault((named[0], named[2]), {})[named[1]] = path
+    cases = {key: found for key, found in cases.items() if 0 in found}  # scan_2019.png: no case without its _0000
     channel_files = {p for found in cases.values() for p in found.values()}
     others = [Source((p,)) for p in paths if p not in channel_files]
     grouped = [Source(tuple(found[c] for c in sorted(found)), case) for (case, _), found in cases.items()]
@@ -342,13 +346,34 @@ def read_source(source: Source, kind: Literal["2d", "3d"]) -> np.ndarray:
     return read_image(source.files[0], kind) if len(source.files) == 1 else stacked_channels(source.files, kind)
 
 
+def check_dataset_channels(path: Path, channels: int, bundle: Bundle) -> None:
+    """Refuse the images of an nnU-Net dataset (``path`` or its folder, in a ``DatasetNNN_Name/`` whose
+    ``dataset.json`` lists ``channel_names``) for a model that reads another number of channels: under a one-channel
+    model the files of a two-channel case would pass as two images. An RGB dataset's three names fit a 3-channel
+    model (they are the three channels of one file)."""
+    folder = path if path.is_dir() else path.parent
+    try:
+        names = json.loads((folder.parent / "dataset.json").read_text(encoding="utf-8")).get("channel_names")
+    except (OSError, ValueError, AttributeError):
+        return
+    if isinstance(names, dict) and names and len(names) != channels:
+        raise PredictError(
+            f"{folder.parent / 'dataset.json'}: lists {len(names)} channels ({', '.join(map(str, names.values()))}) "
+            f"but the model reads {channels} ({bundle.folder / MANIFEST}: in_channels)"
+        )
+
+
 def read_inputs(path: Path, bundle: Bundle, overlay: bool = False) -> list[Input]:
-    """Every input of ``path``, all checked before any is used; one error lists every bad file."""
-    inputs, problems = [], []
-    paths = list_inputs(path)
-    if Path(path).is_file() and (found := channel_file(Path(path))) is not None:  # one channel file: its whole case
-        paths = sorted(p for p in Path(path).parent.iterdir() if (c := channel_file(p)) and c[::2] == found[::2])
-    for source in nnunet_cases(paths, bundle.manifest["in_channels"], bundle.kind):
+    """Every input of ``path``, all checked before any is used; one error names the bad files (the first few of each
+    kind of problem, then a count)."""
+    inputs, problems, channels = [], [], bundle.manifest["in_channels"]
+    check_dataset_channels(Path(path), channels, bundle)
+    sources = nnunet_cases(list_inputs(path), channels, bundle.kind)
+    if Path(path).is_file() and (found := channel_file(Path(path))) is not None:  # a channel file: its case, if any
+        siblings = sorted(p for p in Path(path).parent.iterdir() if (c := channel_file(p)) and c[::2] == found[::2])
+        case = nnunet_cases(siblings, channels, bundle.kind)
+        sources = case if len(case) == 1 and len(case[0].files) > 1 else sources
+    for source in sources:
         try:
             inputs.append(read_input(source, Path(path), bundle))
         except (FederationError, PredictError) as e:

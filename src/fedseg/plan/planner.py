@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from fedseg.config import PlanConfig, RunConfig
+from fedseg.config import PlanConfig, RunConfig, network_input_problem
 from fedseg.plan.merge import DatasetFingerprint
 
 INITIAL_PATCH_VOXELS = {2: 2048**2, 3: 256**3}  # nnU-Net's initial patch volume before its VRAM loop
@@ -302,4 +302,7 @@ def apply_plan(cfg: RunConfig, plan: Plan) -> RunConfig:
         "normalization": note,
         "batch_size": f"not planned: train.batch_size = {cfg.train.batch_size} kept",
     }
-    return RunConfig.model_validate(cfg.model_copy(update={"model": model, "data": data}).model_dump())
+    planned = cfg.model_copy(update={"model": model, "data": data})
+    if (problem := network_input_problem(planned.model, planned.data)) is not None:  # e.g. model.plan.min_edge 1
+        raise ValueError(f"the planned network does not fit its planned patch: {problem}; raise model.plan.min_edge")
+    return RunConfig.model_validate(planned.model_dump())

@@ -14,7 +14,7 @@ import torch
 from fedseg.accel import resolve
 from fedseg.algorithms import check_method_names, check_sites, get_algorithm
 from fedseg.atomic_files import atomic_write_text
-from fedseg.config import RunConfig, dump_config
+from fedseg.config import RunConfig, dump_config, error_text
 from fedseg.data.federation import Federation
 from fedseg.engine.base import Observer
 from fedseg.engine.faults import check_fault_sites
@@ -29,7 +29,7 @@ from fedseg.run.preflight import check_device, check_out_dir, check_resume, reco
 from fedseg.run.preparation import PLAN_FILE, Prepared, folder_root, prepare, prepare_planned
 from fedseg.run.provenance import begin, unchanged
 from fedseg.run.resume import all_finished
-from fedseg.run.runlog import append_line
+from fedseg.run.runlog import append_line, log_stop
 from fedseg.run.start_from import check_start_from
 from fedseg.run.state import RoundCallback
 from fedseg.tracking import check_available, open_tracker
@@ -67,33 +67,41 @@ def run_experiment(
     prep = prepare_run(cfg, out, resume, federation, prepared)
     check_prepared(cfg, prep)
     record_start(cfg, out, resume, prep, on_log_line)
-    results = RunResults(cfg, prep.federation, [], run_provenance(cfg, out, resume))
-    if prep.plan is not None:
-        results.plan, results.plan_ledger, results.planned_cfg = prep.plan.summary(), prep.plan.ledger, prep.task.cfg
-    tracker = open_tracker(cfg, out, resume)  # None: tracking is off
-    with local_engines(cfg, prep, engine_factory) as factory:  # engine.workers > 1: one worker pool per run
-        for name in cfg.algorithms:
-            if on_algorithm_start:
-                on_algorithm_start(name)
-            earlier = {r.name: r for r in results.algorithms}
-            result = run_algorithm(
-                name,
-                prep,
-                out,
-                resume,
-                observers,
-                on_round_end,
-                factory,
-                on_log_line,
-                earlier,
-                keep_checkpoints,
-                tracker,
+    try:
+        results = RunResults(cfg, prep.federation, [], run_provenance(cfg, out, resume))
+        if prep.plan is not None:
+            results.plan, results.plan_ledger, results.planned_cfg = (
+                prep.plan.summary(),
+                prep.plan.ledger,
+                prep.task.cfg,
             )
-            results.algorithms.append(result)
-            family = get_algorithm(name).family
-            if family and family.after_test:  # e.g. FedSM: the selector's features of the test images (Fig. 3)
-                family.after_test(out, name, result.bundle, prep.site_data, prep.task)
-            write_outputs(out, results)
+        tracker = open_tracker(cfg, out, resume)  # None: tracking is off
+        with local_engines(cfg, prep, engine_factory) as factory:  # engine.workers > 1: one worker pool per run
+            for name in cfg.algorithms:
+                if on_algorithm_start:
+                    on_algorithm_start(name)
+                earlier = {r.name: r for r in results.algorithms}
+                result = run_algorithm(
+                    name,
+                    prep,
+                    out,
+                    resume,
+                    observers,
+                    on_round_end,
+                    factory,
+                    on_log_line,
+                    earlier,
+                    keep_checkpoints,
+                    tracker,
+                )
+                results.algorithms.append(result)
+                family = get_algorithm(name).family
+                if family and family.after_test:  # e.g. FedSM: the selector's features of the test images (Fig. 3)
+                    family.after_test(out, name, result.bundle, prep.site_data, prep.task)
+                write_outputs(out, results)
+    except BaseException as e:  # the run began here: its run.log says why it ends (an error, Ctrl-C)
+        log_stop(out, "interrupted" if isinstance(e, KeyboardInterrupt) else error_text(e) or type(e).__name__)
+        raise
     return results
 
 

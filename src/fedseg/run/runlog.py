@@ -44,10 +44,8 @@ def append_line(out: Path, line: str) -> None:
 
 
 def log_stop(out: Path, text: str) -> None:
-    """``<UTC time> stopped: <text>`` (the error or interruption that ended the run) appended to ``out/run.log``,
-    where the run began one (its ``config.yaml`` is written); nothing otherwise, and never an error of its own."""
-    if not (Path(out) / "config.yaml").is_file():
-        return
+    """``<UTC time> stopped: <text>`` (the error or interruption that ended the run) appended to ``out/run.log``
+    (``fedseg.run.run_experiment``, once the run has begun); never an error of its own."""
     try:
         append_line(out, f"{utc_now()} stopped: {' '.join(text.split())}")
     except OSError:  # a full disk or a read-only folder: the terminal has the line

@@ -229,12 +229,14 @@ def _channel_files(
     return cases, set(found)
 
 
-def unlabelled_note(src: Path) -> list[str]:
-    """A note on ``imagesTs/`` without ``labelsTs/``: its cases are not imported (a test case needs its label)."""
+def unlabelled_note(src: Path, ending: str) -> list[str]:
+    """A note on ``imagesTs/`` without ``labelsTs/``: its cases (files ending ``ending``) are not imported (a test
+    case needs its label)."""
     images = src / "imagesTs"
     if not images.is_dir() or (src / "labelsTs").is_dir():
         return []
-    cases = {m["case"] for p in images.iterdir() if (m := CHANNEL_FILE.match(p.name.split(".")[0]))}
+    names = [p.name[: -len(ending)] for p in images.iterdir() if p.name.endswith(ending)]
+    cases = {m["case"] for name in names if (m := CHANNEL_FILE.match(name))}
     if not cases:
         return []
     return [
@@ -486,4 +488,5 @@ def plan_nnunet(
     sites = [
         PlannedSite(name, site_cases, dict(meta), splits.get(name, {})) for name, site_cases in sorted(by_site.items())
     ]
-    return Plan(info.name, kind, len(info.channel_names), info.regions, sites, info.label_names, unlabelled_note(src))
+    notes = unlabelled_note(src, info.file_ending)
+    return Plan(info.name, kind, len(info.channel_names), info.regions, sites, info.label_names, notes)
