@@ -144,19 +144,8 @@ def test_a_run_that_fails_says_why_in_its_run_log_too(tmp_path, disc_federation)
     root = write_folder(disc_federation(n_sites=2, cases_per_site=8), tmp_path / "fed")
     out = tmp_path / "run"
     crash = "faults=[{site: site2, kind: crash, round: 2}]"
-    args = [
-        "run",
-        "--preset",
-        "demo",
-        "--data",
-        str(root),
-        "--algorithms",
-        "fedavg",
-        "--rounds",
-        "2",
-        "--out",
-        str(out),
-    ]
+    args = ["run", "--preset", "demo", "--data", str(root), "--algorithms", "fedavg", "--rounds", "2", "--out"]
+    args.append(str(out))
     result = runner.invoke(app, [*args, *TINY_SETS, "--set", crash])
     assert result.exit_code == 1 and "injected crash" in result.output
     lines = (out / "run.log").read_text().splitlines()
