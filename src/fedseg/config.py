@@ -202,7 +202,10 @@ class PlanConfig(Strict):
         default=320, ge=1, description="feature maps double per stage up to this cap (nnU-Net 3D: 320, 2D: 512)"
     )
     min_edge: int = Field(
-        default=4, ge=1, description="the bottleneck keeps at least this many voxels per axis (nnU-Net: 4)"
+        default=4,
+        ge=2,
+        description="the bottleneck keeps at least this many voxels per axis (nnU-Net: 4; 1 would leave instance "
+        "norm a single voxel, and the planner's patch search would not end)",
     )
     anisotropy_threshold: float = Field(
         default=3.0, gt=1, description="nnU-Net's ratio above which the low-resolution axis is anisotropic"

@@ -303,6 +303,6 @@ def apply_plan(cfg: RunConfig, plan: Plan) -> RunConfig:
         "batch_size": f"not planned: train.batch_size = {cfg.train.batch_size} kept",
     }
     planned = cfg.model_copy(update={"model": model, "data": data})
-    if (problem := network_input_problem(planned.model, planned.data)) is not None:  # e.g. model.plan.min_edge 1
+    if (problem := network_input_problem(planned.model, planned.data)) is not None:  # a check of the planner
         raise ValueError(f"the planned network does not fit its planned patch: {problem}; raise model.plan.min_edge")
     return RunConfig.model_validate(planned.model_dump())
