@@ -31,6 +31,7 @@ LINE = re.compile(
     r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ (\S+) round (\d+)/(\d+) mean val Dice (\d\.\d{4}|nan|-) "
     r"loss (\d+\.\d{4}|-) \d+\.\d s$"
 )
+STOPPED = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ stopped: \S.*$")
 
 
 def _in_git_checkout() -> bool:
@@ -44,9 +45,10 @@ def _in_git_checkout() -> bool:
 
 
 def _log_rounds(out: Path) -> list[tuple[str, int]]:
+    """The rounds ``out/run.log`` logs; every other line must be a run's ``stopped:`` line."""
     lines = (out / "run.log").read_text().splitlines()
     for line in lines:
-        assert LINE.match(line), line
+        assert LINE.match(line) or STOPPED.match(line), line
     return [(m[1], int(m[2])) for m in map(LINE.match, lines) if m]
 
 
@@ -120,6 +122,7 @@ def test_resumed_run_keeps_start_records_resume_and_logs_each_round_once(tmp_pat
     with pytest.raises(_Stop):
         run_experiment(cfg, tmp_path, on_round_end=stop, federation=disc_federation())
     assert _log_rounds(tmp_path) == [("fedavg", 1), ("fedavg", 2)]
+    assert (tmp_path / "run.log").read_text().splitlines()[-1].endswith(" stopped: _Stop")  # why the run ended
     first_start = json.loads((tmp_path / ".provenance.json").read_text())["start"]
     run_experiment(cfg, tmp_path, resume=True, federation=disc_federation())
     assert _log_rounds(tmp_path) == [("fedavg", 1), ("fedavg", 2), ("fedavg", 3)]
