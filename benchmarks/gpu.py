@@ -107,13 +107,14 @@ class Case:
     what: str = ""
     extra: list[str] = field(default_factory=list)
     compare_to: str | None = None  # a case of the same run with one thing changed: ``comparisons`` in the JSON
+    optional: bool = False  # run only when ``--cases`` names it
 
     def all_overrides(self) -> list[str]:
         return [*self.overrides, *self.extra]
 
 
 RETINA_GPU = ["data.image_size=256", "algorithms=[fedavg,fedsm]", "fl.rounds=2", "device=cuda"]
-FETS_GPU = ["data.image_size=128", "data.scale=0.1", "algorithms=[fedavg]", "fl.rounds=2", "device=cuda"]
+FETS_GPU = ["data.image_size=128", "algorithms=[fedavg]", "fl.rounds=3", "device=cuda"]
 
 
 def gpu_cases() -> list[Case]:
@@ -128,9 +129,8 @@ def gpu_cases() -> list[Case]:
         Case(
             "fets",
             "fets",
-            # scale 0.1: 3 cases per institution (the minimum), 33 volumes: data generation ~0.6 of scale 1's
-            FETS_GPU,
-            0.6,
+            FETS_GPU,  # issue 26's command with one more round: rounds 2 and 3 are past the warm-up
+            0.7,
             "FeTS DynUNet (22.5M parameters) on 128^3 patches of 128^3 synthetic-brats volumes, FedAvg",
         ),
         Case(
@@ -144,10 +144,20 @@ def gpu_cases() -> list[Case]:
         Case(
             "retina256-again",
             "synthetic-retina",
-            RETINA_GPU,
-            0.3,
-            "retina256 once more: the GPU's run-to-run difference of the test Dice (bf16, cuDNN autotuning)",
+            [*RETINA_GPU, "algorithms=[fedavg]"],
+            0.2,
+            "retina256's FedAvg once more (the data cached): the GPU's run-to-run difference of the test Dice "
+            "(bf16, cuDNN autotuning)",
             compare_to="retina256",
+        ),
+        Case(
+            "retina256-compile",
+            "synthetic-retina",
+            [*RETINA_GPU, "algorithms=[fedavg]", "train.compile=true"],
+            0.5,
+            "retina256-again with train.compile (torch.compile): at 256^2 a step's wall time is ~4.5x its kernels",
+            compare_to="retina256-again",
+            optional=True,
         ),
     ]
 
@@ -378,7 +388,7 @@ def launch(args: list[str], limit_s: float, log_path: Path) -> dict:
         status = "failed"
     result = {"status": status, "launched": launched, "ended": ended, "returncode": proc.returncode}
     if status == "failed":
-        tail = [line for line in log_path.read_text(errors="replace").splitlines() if line.strip()][-5:]
+        tail = [line for line in log_path.read_text(errors="replace").splitlines() if line.strip()][-20:]
         result["output_tail"] = tail
     return result
 
@@ -674,8 +684,9 @@ def ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
-def algorithm_numbers(algo: dict, kernel_s: float | None) -> dict:
-    """Per-round seconds and the derived ratios of one algorithm (module docstring)."""
+def algorithm_numbers(algo: dict, kernel_s: float | None, samples: list) -> dict:
+    """Per-round seconds, the derived ratios and the steady rounds' GPU busy fractions of one algorithm (module
+    docstring)."""
     rounds = [r for r in algo["rounds"] if r["start"] is not None]
     rows = [
         {
@@ -688,6 +699,7 @@ def algorithm_numbers(algo: dict, kernel_s: float | None) -> dict:
         for r in rounds
     ]
     steady = [r for r in rows if r["round"] >= 2] or rows
+    steady_windows = [r for r in rounds if r["round"] in {row["round"] for row in steady}]
     mean = {k: statistics.fmean(r[k] for r in steady) if steady else None for k in ("seconds", "train_s")}
     val = statistics.fmean(r["validation_s"] for r in steady) if steady else None
     steps = [r["steps"] for r in steady if r["steps"] is not None]
@@ -707,6 +719,9 @@ def algorithm_numbers(algo: dict, kernel_s: float | None) -> dict:
         "final_eval_share_100_rounds": ratio(final, projected),
         "round_over_kernel": ratio(mean["seconds"], step_s),
         "train_over_kernel": ratio(mean["train_s"], step_s),
+        # nvidia-smi's busy fraction in the steady rounds alone (round 1 carries cuDNN autotuning and warm-up)
+        "steady_train_gpu_busy": busy(samples, [w for r in steady_windows for w in r["train_windows"]])["gpu_busy"],
+        "steady_round_gpu_busy": busy(samples, [(r["start"], r["end"]) for r in steady_windows])["gpu_busy"],
     }
 
 
@@ -723,7 +738,7 @@ def case_numbers(case: Case, launch: dict, work: Path, samples: list) -> dict:
         seconds = span(w) if w else None
         phases[p] = {"seconds": seconds, "share": ratio(seconds, total), **busy(samples, w)}
     kernel_s = (kernel or {}).get("kernel_s_per_step")
-    algos = {a["name"]: algorithm_numbers(a, kernel_s) for a in tl["algorithms"]}
+    algos = {a["name"]: algorithm_numbers(a, kernel_s, samples) for a in tl["algorithms"]}
     cuda = next((e for e in events if e["event"] == "cuda_memory"), None)
     summary_file = work / case.name / "summary.json"
     summary = json.loads(summary_file.read_text()) if summary_file.is_file() else {}
@@ -830,15 +845,16 @@ def markdown(report: dict) -> str:
             f"(run: {fmt(c['run_max_allocated_mib'], 0)} MiB){'; ' + k['error'] if 'error' in k else ''}",
             "",
             "| algorithm | round s | train s | val s | steps | val/train | final s | final/train | final share "
-            f"@{PROJECTED_ROUNDS} | round/kernel | train/kernel |",
-            "|---|---|---|---|---|---|---|---|---|---|---|",
+            f"@{PROJECTED_ROUNDS} | round/kernel | train/kernel | GPU busy: train, round (rounds >= 2) |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for a, n in c["algorithms"].items():
             lines.append(
                 f"| {a} | {fmt(n['round_s'])} | {fmt(n['train_s_per_round'])} | {fmt(n['validation_s_per_round'])} "
                 f"| {fmt(n['steps_per_round'], 0)} | {fmt(n['validation_over_training'])} | {fmt(n['final_eval_s'])} "
                 f"| {fmt(n['final_eval_over_round_training'])} | {fmt(n['final_eval_share_100_rounds'], pct=True)} "
-                f"| {fmt(n['round_over_kernel'], 1)} | {fmt(n['train_over_kernel'], 1)} |"
+                f"| {fmt(n['round_over_kernel'], 1)} | {fmt(n['train_over_kernel'], 1)} "
+                f"| {fmt(n['steady_train_gpu_busy'], pct=True)}, {fmt(n['steady_round_gpu_busy'], pct=True)} |"
             )
         lines.append("")
     if report.get("comparisons"):
@@ -866,7 +882,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--label", default="", help="names the output gpu-LABEL.json / .md")
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--budget-s", type=float, default=None, help="the whole script's time (default 420; --cpu 240)")
-    ap.add_argument("--cases", default="", help="comma-separated case names (default: all)")
+    ap.add_argument("--cases", default="", help="comma-separated case names (default: all but retina256-compile)")
     ap.add_argument("--keep-runs", action="store_true", help="keep the runs' folders (printed)")
     ap.add_argument("--child-run", help=argparse.SUPPRESS)
     ap.add_argument("--child-kernel", help=argparse.SUPPRESS)
@@ -884,6 +900,8 @@ def select_cases(args: argparse.Namespace) -> list[Case]:
         if unknown:
             sys.exit(f"--cases: unknown {', '.join(unknown)}; this mode has {', '.join(c.name for c in cases)}")
         cases = [c for c in cases if c.name in wanted]
+    else:
+        cases = [c for c in cases if not c.optional]
     for c in cases:
         c.extra = list(args.set_)
         try:
@@ -941,6 +959,8 @@ class Bench:
         """Every finished case's numbers again from all GPU samples so far, then the JSON and Markdown."""
         samples = self.sampler.samples()
         self.report["sampling"]["samples"] = len(samples)
+        # every sample, for analyses the tables do not make: [seconds since the script began, busy %, MiB]
+        self.report["sampling"]["series"] = [[round(t - self.began, 2), u, m] for t, u, m in samples]
         for case in self.cases:
             if case.name in self.launched:
                 self.report["cases"][case.name] = case_numbers(case, self.launched[case.name], self.work, samples)

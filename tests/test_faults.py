@@ -129,3 +129,20 @@ def test_a_nan_never_reaches_the_global_model_under_any_aggregator(aggregator, t
 def test_hang_needs_a_timeout(tiny_config):
     with pytest.raises(ValueError, match="hang needs fl.timeout_s"):
         tiny_config(faults=[{"site": "site2", "kind": "hang"}])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
+def test_all_finite_agrees_with_isfinite_value_by_value(dtype):
+    """The one-sum check against ``isfinite(t).all()`` on clean tensors, the dtype's largest values (which must
+    not overflow into a false alarm), and one NaN, +Inf, -Inf or both infinities anywhere."""
+    from fedseg.engine.faults import all_finite
+
+    big = torch.finfo(dtype).max
+    cases = [torch.randn(5000).to(dtype), torch.full((5000,), big, dtype=dtype), -torch.full((77,), big, dtype=dtype)]
+    for bad in ([float("nan")], [float("inf")], [float("-inf")], [float("inf"), float("-inf")]):
+        t = torch.randn(5000).to(dtype)
+        t[torch.randperm(5000)[: len(bad)]] = torch.tensor(bad, dtype=dtype)
+        cases.append(t)
+    for t in cases:
+        assert all_finite(t) == bool(torch.isfinite(t).all())
+    assert [all_finite(t) for t in cases] == [True, True, True, False, False, False, False]

@@ -376,3 +376,20 @@ def test_parameters_belong_to_their_aggregator():
         get_algorithm("krum").parse_options({"multikrum_keep": 2})
     with pytest.raises(ValueError, match=r"methods\.fedavg\.num_malicious"):
         fedavg.parse_options({"aggregator": "krum", "num_malicious": -1})
+
+
+def test_weighted_average_is_the_float64_sum_of_weighted_updates_to_the_last_bit():
+    """The merge reuses one float64 buffer per tensor (no new tensors per update): its rounding must stay that
+    of the plain formula, or results would move between versions."""
+    gen = torch.Generator().manual_seed(3)
+    updates = [
+        {"w": torch.randn(1000, generator=gen), "b": torch.randn(3, 4, generator=gen).half(), "n": torch.tensor(k)}
+        for k in range(7)
+    ]
+    weights = [float(k) + 0.3 for k in range(7)]
+    merged = weighted_average(updates, weights)
+    shares = [w / sum(weights) for w in weights]
+    for name, first in updates[0].items():
+        plain = sum(u[name].to(torch.float64) * c for u, c in zip(updates, shares)).to(first.dtype)
+        assert merged[name].dtype == first.dtype
+        assert torch.equal(merged[name], plain), name

