@@ -219,19 +219,20 @@ def test_resumed_patch_run_equals_an_uninterrupted_one(tmp_path, tiny_config, tu
         (((2, 2, 1), 2), [(8, 8, 4), (8, 8, 6), (12, 8, 2), (4, 4, 2), (8, 8, 3)]),  # anisotropic: z pooled once
     ],
 )
-def test_the_input_size_check_refuses_exactly_the_sizes_the_network_cannot_train_on(name, strides, sizes):
+@pytest.mark.parametrize("norm, batch", [("instance", 2), ("batch", 1)])  # batch norm fails on a batch of one
+def test_the_input_size_check_refuses_exactly_the_sizes_the_network_cannot_train_on(name, strides, sizes, norm, batch):
     import torch
 
     from fedseg.config import DataConfig, ModelConfig, network_input_problem
     from fedseg.models.factory import build_segmenter
 
-    model = ModelConfig(name=name, channels=(2, 4, 8), strides=strides)
+    model = ModelConfig(name=name, channels=(2, 4, 8), strides=strides, norm=norm)
     for size in sizes:
         data = DataConfig(volume={"patch_size": size})
         problem = network_input_problem(model, data)
         net = build_segmenter(model, len(size), 1, 1, 0).train()
         try:
-            net(torch.zeros(2, 1, *size)).sum().backward()
+            net(torch.zeros(batch, 1, *size)).sum().backward()
             trains = True
         except (RuntimeError, ValueError):
             trains = False

@@ -692,8 +692,9 @@ def network_input_problem(model: ModelConfig, data: DataConfig) -> str | None:
     """Why the network's input (``data.volume.patch_size`` on the volume path, else ``data.image_size`` per axis)
     does not fit ``model`` (``unet``/``dynunet``; a ``planned`` one is sized by its planner), or None. Each axis must
     be a multiple of the product ``f`` of the strides between ``model.channels`` levels (the decoder upsamples by
-    exactly ``f`` and must meet every skip connection), and with instance norm the bottom level must keep more than
-    one voxel (PyTorch's ``InstanceNorm`` refuses a single one in training)."""
+    exactly ``f`` and must meet every skip connection), and with instance or batch norm the bottom level must keep
+    more than one voxel (PyTorch's norms refuse a single value per channel in training: instance norm always, batch
+    norm on a batch of one image, which ``train.batch_size: 1`` or an epoch's last batch gives)."""
     if model.name == "planned":
         return None
     key, size = (
@@ -709,18 +710,23 @@ def network_input_problem(model: ModelConfig, data: DataConfig) -> str | None:
     sizes = size if isinstance(size, tuple) else (size,) * axes
     factors = [math.prod(s if isinstance(s, int) else s[a] for s in strides) for a in range(axes)]
     levels = f"the {model.name}'s {len(strides)} downsampling levels (model.channels, model.strides)"
-    instance = "instance" in str(model.norm).lower()
+    norm = next((kind for kind in ("instance", "batch") if kind in str(model.norm).lower()), None)
     for n, f in zip(sizes, factors):
         if n % f:
-            fits = " or ".join(str(k * f) for k in sorted({max(k, 1 + instance) for k in (n // f, n // f + 1)}))
+            fits = " or ".join(str(k * f) for k in sorted({max(k, 1 + bool(norm)) for k in (n // f, n // f + 1)}))
             return (
                 f"{key}={_plain(size)}: {n} is not a multiple of {f}, the product of the strides of {levels}, so its "
                 f"decoder cannot meet the skip connections; use {fits}"
             )
-    if instance and all(n == f for n, f in zip(sizes, factors)):
+    if norm and all(n == f for n, f in zip(sizes, factors)):
+        needs = {
+            "instance": "instance norm needs more than one",
+            "batch": "batch norm needs more than one when a batch holds one image (train.batch_size 1, or an epoch's "
+            "last batch)",
+        }[norm]
         return (
-            f"{key}={_plain(size)}: {levels} leave one voxel at the bottom, where instance norm needs more than one; "
-            f"use at least {2 * max(factors)}, or fewer levels"
+            f"{key}={_plain(size)}: {levels} leave one voxel at the bottom, where {needs}; use at least "
+            f"{2 * max(factors)}, or fewer levels"
         )
     return None
 
