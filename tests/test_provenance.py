@@ -32,6 +32,7 @@ LINE = re.compile(
     r"loss (\d+\.\d{4}|-) \d+\.\d s$"
 )
 STOPPED = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ stopped: \S.*$")
+EVENT = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ (resumed|finished)$")
 
 
 def _in_git_checkout() -> bool:
@@ -45,10 +46,10 @@ def _in_git_checkout() -> bool:
 
 
 def _log_rounds(out: Path) -> list[tuple[str, int]]:
-    """The rounds ``out/run.log`` logs; every other line must be a run's ``stopped:`` line."""
+    """The rounds ``out/run.log`` logs; every other line must be a run's ``stopped:``, ``resumed`` or ``finished``."""
     lines = (out / "run.log").read_text().splitlines()
     for line in lines:
-        assert LINE.match(line) or STOPPED.match(line), line
+        assert LINE.match(line) or STOPPED.match(line) or EVENT.match(line), line
     return [(m[1], int(m[2])) for m in map(LINE.match, lines) if m]
 
 
@@ -126,13 +127,17 @@ def test_resumed_run_keeps_start_records_resume_and_logs_each_round_once(tmp_pat
     first_start = json.loads((tmp_path / ".provenance.json").read_text())["start"]
     run_experiment(cfg, tmp_path, resume=True, federation=disc_federation())
     assert _log_rounds(tmp_path) == [("fedavg", 1), ("fedavg", 2), ("fedavg", 3)]
+    events = [m[1] for m in map(EVENT.match, (tmp_path / "run.log").read_text().splitlines()) if m]
+    assert events == ["resumed", "finished"]  # the log does not end on the stopped line of a run that went on
+    assert (tmp_path / "run.log").read_text().splitlines()[-1].endswith(" finished")
     prov = json.loads((tmp_path / "summary.json").read_text())["provenance"]
     assert prov["start"] == first_start and len(prov["resumes"]) == 1
     assert prov["start"] <= prov["resumes"][0] <= prov["end"]
     record = (tmp_path / ".provenance.json").read_text()
     time.sleep(1.1)  # the provenance's clock counts seconds
+    log = (tmp_path / "run.log").read_text()
     run_experiment(cfg, tmp_path, resume=True, federation=disc_federation())  # finished: nothing to log
-    assert len(_log_rounds(tmp_path)) == 3
+    assert (tmp_path / "run.log").read_text() == log
     # a call that trains nothing is no resume: the run's end, wall time and resumes stay (make demo twice)
     assert json.loads((tmp_path / "summary.json").read_text())["provenance"] == prov
     assert (tmp_path / ".provenance.json").read_text() == record
@@ -146,7 +151,8 @@ def test_cli_run_without_a_terminal_prints_round_lines(tmp_path, disc_federation
     result = runner.invoke(app, [*args, "--out", str(out), *[x for s in sets for x in ("--set", s)]])
     assert result.exit_code == 0, result.output
     printed = [line for line in result.output.splitlines() if LINE.match(line)]
-    assert printed == (out / "run.log").read_text().splitlines()
+    logged = (out / "run.log").read_text().splitlines()
+    assert printed == logged[:-1] and EVENT.match(logged[-1])[1] == "finished"
     assert [LINE.match(line)[2] for line in printed] == ["1", "2"]
     prov = json.loads((out / "summary.json").read_text())["provenance"]
     assert isinstance(prov["command"], list)

@@ -43,6 +43,13 @@ def append_line(out: Path, line: str) -> None:
         os.fsync(f.fileno())
 
 
+def log_event(out: Path, event: str) -> None:
+    """``<UTC time> <event>`` appended to ``out/run.log``, not shown (``fedseg.run.run_experiment``): ``resumed``
+    when ``--resume`` continues an unfinished run, ``finished`` when a run has written its outputs, so a log whose
+    run was stopped and then resumed does not end on its ``stopped:`` line."""
+    append_line(out, f"{utc_now()} {event}")
+
+
 def log_stop(out: Path, text: str) -> None:
     """``<UTC time> stopped: <text>`` (the error or interruption that ended the run) appended to ``out/run.log``
     (``fedseg.run.run_experiment``, once the run has begun); never an error of its own."""
