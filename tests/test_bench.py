@@ -190,6 +190,7 @@ def test_bench_resumes_after_a_kill_and_its_tests_equal_scipys(tmp_path):
             assert ref["sgd_steps"] <= entry["sgd_steps"] < ref["sgd_steps"] + per_round, summary
             assert entry["convergence"]["stopped"] == "sgd_steps"
     assert "Tuning on validation" in (out / "tables.md").read_text() and (out / "report.html").is_file()
+    assert "**" not in (out / "report.html").read_text()  # tables.md's bold notes are <b> in the page
     _tables_show_rounds_and_steps_next_to_dice(out)
 
     # further comparisons change only the tables: the finished bench takes them without training anything
@@ -506,3 +507,10 @@ def test_nsd_is_tabled_and_tested_like_dice_and_a_bench_without_it_renders_as_be
         assert old_fed["methods"][name]["nsd"]["n"] == 0 and old_fed["methods"][name]["nsd_wilcoxon"] is None
     old_md = (out / "tables.md").read_text()
     assert "NSD" not in old_md and old_md.count("\n") == md.count("\n")
+
+
+def test_bench_notes_keep_their_bold_in_the_page_and_escape_the_rest():
+    from fedseg.presentation.kit import esc_md
+
+    note = "**May not have converged** (rounds < 10% & more): fedavg (3/3), **b**"
+    assert esc_md(note) == "<b>May not have converged</b> (rounds &lt; 10% &amp; more): fedavg (3/3), <b>b</b>"

@@ -347,10 +347,10 @@ def _html_table(head: list[str], rows: list[list[str]]) -> str:
 
 
 def html_parts(bench: BenchSpec, tables: dict, tuning: list[dict], out: Path) -> list[str]:
-    parts = [f"<h1>Bench {kit.esc(bench.name)}</h1>", f'<p class="meta">{kit.esc(notes(bench, tables))}</p>']
+    parts = [f"<h1>Bench {kit.esc(bench.name)}</h1>", f'<p class="meta">{kit.esc_md(notes(bench, tables))}</p>']
     for fed, t in tables.items():
         parts.append(
-            kit.section(f"{fed}: test", _html_table(*test_table(t, bench.reference)), kit.esc(not_converged(t)))
+            kit.section(f"{fed}: test", _html_table(*test_table(t, bench.reference)), kit.esc_md(not_converged(t)))
         )
         fig = per_site_bars(
             {n: {s: v["mean"] for s, v in m["sites"].items()} for n, m in t["methods"].items()},

@@ -91,6 +91,12 @@ def esc(x) -> str:
     return html.escape(str(x))
 
 
+def esc_md(text: str) -> str:
+    """``text`` escaped for HTML, with its Markdown ``**bold**`` spans as ``<b>`` (a note written once for
+    ``tables.md`` and for ``report.html``)."""
+    return re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", esc(text))
+
+
 def nanmean(xs: Iterable) -> float:
     """Mean of the numbers among ``xs`` (NaN when there is none)."""
     v = [x for x in (num(x) for x in xs) if not math.isnan(x)]
