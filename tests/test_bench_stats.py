@@ -175,3 +175,36 @@ def test_fedseg_report_renders_a_bench_again_from_its_tables_json_by_the_current
     result = CliRunner().invoke(app, ["report", str(bench)])
     assert result.exit_code == 1 and result.output.count("\n") == 1, result.output
     assert "tables.json: not a bench's tables" in result.output and "Traceback" not in result.output
+
+
+def test_no_dagger_from_one_seed_and_the_test_table_shows_each_seeds_delta():
+    """With one seed the hierarchical bootstrap has no run-to-run variance to draw: the comparison is of two
+    trained models, so the bench tables mark nothing, however small p is; with 3 seeds the same numbers get †.
+    The test table shows Δ per seed next to the CI (with fewer than 5 seeds the CI cannot show their spread)."""
+    test = {"n": 30, "p": 1e-6, "p_holm": 1e-6, "ci_excludes_0": True, "ci_low": 0.01, "ci_high": 0.02}
+    one = {**test, "mean_diff": 0.015, "seeds": 1, "per_seed_diff": {"0": 0.015}}
+    three = {**test, "mean_diff": 0.015, "seeds": 3, "per_seed_diff": {"0": 0.02, "1": -0.004, "2": 0.029}}
+    assert report.mark(one) == "" and report.p_text(one) == "1e-06"
+    assert report.mark(three) == " †" and report.p_text(three) == "1e-06 †"
+    fed = {
+        "regions": ["disc"],
+        "runs": 3,
+        "sites": ["site1"],
+        "methods": {
+            name: {
+                "setting": "default",
+                "dice": {"mean": 0.9, "std": 0.1},
+                "regions": {"disc": {"mean": 0.9, "std": 0.1}},
+                "hd95": {"mean": 1.0, "std": 0.5},
+                "client_avg": {"mean": 0.9, "std": 0.01},
+                "convergence": {"runs": 3, "not_converged": 0},
+                "wilcoxon": wilcoxon,
+            }
+            for name, wilcoxon in (("fedavg", None), ("fedprox", three))
+        },
+    }
+    head, rows = report.test_table(fed, "fedavg")
+    assert head[head.index("95% CI") + 1] == "Δ per seed"
+    cells = dict(zip(head, rows[1], strict=True))
+    assert cells["Δ per seed"] == "+0.020 / -0.004 / +0.029" and cells["p (Holm)"] == "1e-06 †"
+    assert dict(zip(head, rows[0], strict=True))["Δ per seed"] == ""  # the reference

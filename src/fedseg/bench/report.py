@@ -74,9 +74,21 @@ def _signed(x, digits: int = 3) -> str:
 
 
 def p_text(test: dict | None) -> str:
-    """The Wilcoxon p, Holm-adjusted within its table (``fedseg.bench.tables.correct_tests``), with † where the
-    comparison is significant (``fedseg.evaluate.stats.significant``)."""
-    return p_value_text(test) + dagger(test)
+    """The Wilcoxon p, Holm-adjusted within its table (``fedseg.bench.tables.correct_tests``), with :func:`mark`."""
+    return p_value_text(test) + mark(test)
+
+
+def mark(test: dict | None) -> str:
+    """† where the comparison is significant (``fedseg.evaluate.stats.significant``) over at least 2 seeds: with
+    one seed the bootstrap has no run-to-run variance to draw, so a "beats" would speak of two trained models, not
+    of two methods (``SINGLE_SEED``)."""
+    seeds = (test or {}).get("seeds")
+    return "" if isinstance(seeds, int) and seeds < 2 else dagger(test)
+
+
+def per_seed_text(test: dict | None) -> str:
+    """Δ of each seed (``per_seed_diff``, seed order) joined by " / "; "–" without them."""
+    return " / ".join(_signed(v) for v in ((test or {}).get("per_seed_diff") or {}).values()) or "–"
 
 
 def _md_table(head: list[str], rows: list[list[str]]) -> str:
@@ -109,7 +121,7 @@ def test_table(fed: dict, reference: str) -> tuple[list[str], list[list[str]]]:
     unit = fed.get("hd95_unit") or ""
     nsd = has_nsd(fed)
     head = ["method", "setting", "runs", *BUDGET_HEAD, DICE.label, *fed["regions"], HD95.title(unit), "client avg"]
-    head += [f"Δ vs {reference}", "95% CI", "p (Holm)"]
+    head += [f"Δ vs {reference}", "95% CI", "Δ per seed", "p (Holm)"]
     if nsd:
         head += [NSD.title(unit, fed.get("nsd_tolerance")), f"NSD Δ vs {reference}", "NSD 95% CI", "NSD p (Holm)"]
     head.append("converged")
@@ -127,7 +139,7 @@ def test_table(fed: dict, reference: str) -> tuple[list[str], list[list[str]]]:
             *(ms(s["regions"][r], DICE.digits) for r in fed["regions"]),
             ms(s["hd95"], HD95.digits),
             ms(s["client_avg"], DICE.digits),
-            *_test_cells(s["wilcoxon"], name == reference, _own_cases(s, fed["methods"].get(reference)), runs),
+            *_test_cells(s["wilcoxon"], name == reference, _own_cases(s, fed["methods"].get(reference)), runs, True),
         ]
         if nsd:
             nsd_cases = _own_cases(s, fed["methods"].get(reference), "nsd")
@@ -146,16 +158,21 @@ def _own_cases(s: dict, reference: dict | None, metric: str = "dice") -> tuple[i
 
 
 def _test_cells(
-    test: dict | None, is_reference: bool, own_cases: tuple[int, ...] = (), runs: tuple[object, ...] = ()
+    test: dict | None,
+    is_reference: bool,
+    own_cases: tuple[int, ...] = (),
+    runs: tuple[object, ...] = (),
+    per_seed: bool = False,
 ) -> list[str]:
-    """Δ (mean paired difference), its bootstrap CI and p of a comparison with the reference (``compare``); ``ref``
-    for the reference itself. ‡ after Δ where it pairs fewer cases than ``own_cases`` (the method's and the
-    reference's own columns: a site failed) or the two finished different numbers of ``runs`` (a seed or fold one
-    lacks): the columns then describe other cases or runs than Δ."""
+    """Δ (mean paired difference), its bootstrap CI, (``per_seed``) Δ per seed and p of a comparison with the
+    reference (``compare``); ``ref`` for the reference itself. ‡ after Δ where it pairs fewer cases than
+    ``own_cases`` (the method's and the reference's own columns: a site failed) or the two finished different
+    numbers of ``runs`` (a seed or fold one lacks): the columns then describe other cases or runs than Δ."""
     if is_reference:
-        return ["", "", "ref"]
+        return ["", "", *([""] if per_seed else []), "ref"]
     fewer = test is not None and (any(test["n"] < n for n in own_cases) or len(set(runs)) > 1)
-    return [(_signed(test["mean_diff"]) + (FEWER_CASES if fewer else "")) if test else "", ci_text(test), p_text(test)]
+    delta = (_signed(test["mean_diff"]) + (FEWER_CASES if fewer else "")) if test else ""
+    return [delta, ci_text(test), *([per_seed_text(test)] if per_seed else []), p_text(test)]
 
 
 def site_table(fed: dict) -> tuple[list[str], list[list[str]]]:
@@ -164,7 +181,7 @@ def site_table(fed: dict) -> tuple[list[str], list[list[str]]]:
     for name, s in fed["methods"].items():
         cells = []
         for site in fed["sites"]:
-            cells.append(ms(s["sites"].get(site)) + dagger(s["site_wilcoxon"].get(site)))
+            cells.append(ms(s["sites"].get(site)) + mark(s["site_wilcoxon"].get(site)))
         rows.append([name, *_method_budget(s), *cells, ms(s["client_avg"]), ms(s["local_avg"]), ms(s["local_gen"])])
     return head, rows
 
@@ -211,7 +228,7 @@ def comparison_table(fed: dict) -> tuple[list[str], list[list[str]]]:
             str(c["n"]),
             _signed(c["mean_diff"]),
             ci_text(c),
-            " / ".join(_signed(v) for v in c.get("per_seed_diff", {}).values()) or "–",
+            per_seed_text(c),
             p_text(c),
         ]
         for c in fed.get("comparisons", [])
@@ -273,11 +290,13 @@ NOTES = (
     "(the same images in every seed: data.seed). 95% CI: percentile interval of Δ over {resamples} hierarchical "
     "bootstrap samples (sites, then cases within the drawn sites, and seeds, all with replacement), so it carries "
     "case-to-case and run-to-run variance (with fewer than 5 seeds the run-to-run part cannot show its full size: read "
-    "the per-seed Δ). p: {alternative} paired Wilcoxon signed-rank test over cases (each case's differences averaged "
-    "over the seeds), Holm-adjusted within its table (the Δ column's comparisons; every cell of the per-site "
+    "the Δ per seed column). p: {alternative} paired Wilcoxon signed-rank test over cases (each case's differences "
+    "averaged over the seeds), Holm-adjusted within its table (the Δ column's comparisons; every cell of the per-site "
     "table; the bench's comparisons). † marks a comparison only where both hold: the CI excludes 0{side} and "
     "the adjusted p < 0.05 (a CI of a handful of cases excludes 0 whenever they differ the same way; the p does not "
-    "carry the seeds' variance). ‡: Δ, CI and p pair fewer cases than the Dice columns average (a site failed), or "
+    "carry the seeds' variance); never with one seed, whose CI has no run-to-run variance to draw: a difference "
+    "between two trained models, not yet between two methods. ‡: Δ, CI and p pair fewer cases than the Dice columns "
+    "average (a site failed), or "
     "the method and the reference finished different runs (a seed or fold missing): the columns describe other cases "
     "or runs than Δ. Settings chosen on validation only (see the tuning table); "
     "(grid edge): the selected value is the smallest or largest of its grid, so the best one may lie outside it."
