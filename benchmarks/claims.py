@@ -383,7 +383,10 @@ def table(rows: list[dict]) -> str:
     def num(x: float | None, fmt: str = "+.4f") -> str:
         return "" if x is None else format(x, fmt)
 
-    lines = ["| paper | where | claim | federation | Δ | 95% CI | p (unadjusted) | verdict |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| paper | where | claim | federation | Δ | 95% CI | p (unadjusted) | verdict |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         margined = r["kind"] in ("matches", "not worse", "not better")
         kind = r["kind"] + (f" (margin {r['margin']:g})" if margined else "")

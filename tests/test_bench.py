@@ -7,6 +7,7 @@ import csv
 import itertools
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -203,6 +204,14 @@ def test_bench_resumes_after_a_kill_and_its_tests_equal_scipys(tmp_path):
     assert pair["p"] == pytest.approx(wilcoxon(diffs).pvalue, rel=1e-12)
     assert pair["mean_diff"] == pytest.approx(float(np.mean(diffs)), rel=1e-9)
     assert "### Paired comparisons" in (out / "tables.md").read_text()
+    # ... but a reader is told: a comparison or a test's side chosen after the results is a choice made on them
+    (change,) = (out / "analysis-changes.txt").read_text().splitlines()
+    assert re.search(r' comparisons: \[\] -> \[\["fedavg", "fedprox"\]\] \(after \d+ finished runs\)$', change), change
+    assert "note: changed after results existed" in again.stdout and change in again.stdout
+    assert f"**Changed after results existed** ({change})" in (out / "tables.md").read_text()
+    assert json.loads((out / "tables.json").read_text())["analysis_changes"] == [change]
+    subprocess.run([*command, "--tables-only"], capture_output=True, text=True, timeout=300, check=True)
+    assert (out / "analysis-changes.txt").read_text().splitlines() == [change]  # the same change is kept once
 
 
 def _md_rows(text: str, heading: str) -> list[dict[str, str]]:

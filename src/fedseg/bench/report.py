@@ -28,10 +28,11 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
 
 from fedseg.atomic_files import atomic_write_text
-from fedseg.bench.phases import BenchRuns
+from fedseg.bench.phases import BenchRuns, analysis_changes
 from fedseg.bench.select import tuning_rows
 from fedseg.bench.spec import BenchSpec
 from fedseg.bench.tables import RESULT_COLUMNS, correct_tests, federation_tables
@@ -320,9 +321,9 @@ RANKS = (
 )
 
 
-def notes(bench: BenchSpec, tables: dict) -> str:
+def notes(bench: BenchSpec, tables: dict, changes: Sequence[str] = ()) -> str:
     """The tables' legend, with the bench's test alternative (NSD's only where a federation has NSD: an old bench
-    renders as it did)."""
+    renders as it did) and the ``changes`` of its tests or comparisons made after runs had finished."""
     alternative = bench.tests.alternative
     side = {"two-sided": "", "greater": " (lies above 0: the tests are one-tailed, method > reference)"}.get(
         alternative, " (lies below 0: the tests are one-tailed, method < reference)"
@@ -330,7 +331,10 @@ def notes(bench: BenchSpec, tables: dict) -> str:
     one = "one-tailed (" + alternative + ")" if alternative != "two-sided" else "two-sided"
     text = NOTES.format(resamples=RESAMPLES, side=side, alternative=one)
     text += NSD_NOTE if any(has_nsd(t) for t in tables.values()) else ""
-    return text + (PER_SEED_DATA if bench.data_seed == "per-seed" else "")
+    text += PER_SEED_DATA if bench.data_seed == "per-seed" else ""
+    if changes:
+        text += " **Changed after results existed** (" + "; ".join(changes) + "): the p-values and † follow the change."
+    return text
 
 
 PER_SEED_DATA = (
@@ -340,8 +344,8 @@ PER_SEED_DATA = (
 )
 
 
-def markdown(bench: BenchSpec, tables: dict, tuning: list[dict]) -> str:
-    parts = [f"# Bench {bench.name}", "", notes(bench, tables), ""]
+def markdown(bench: BenchSpec, tables: dict, tuning: list[dict], changes: Sequence[str] = ()) -> str:
+    parts = [f"# Bench {bench.name}", "", notes(bench, tables, changes), ""]
     for fed, t in tables.items():
         parts += [f"## {fed}", "", "### Test (FeTS Table 1 layout)", "", _md_table(*test_table(t, bench.reference))]
         parts += ["", not_converged(t), "", "### Per site (FedSM Tables 3-4, Auto-FedAvg Table 2 layout)", ""]
@@ -365,8 +369,17 @@ def _html_table(head: list[str], rows: list[list[str]]) -> str:
     )
 
 
-def html_parts(bench: BenchSpec, tables: dict, tuning: list[dict], out: Path) -> list[str]:
-    parts = [f"<h1>Bench {kit.esc(bench.name)}</h1>", f'<p class="meta">{kit.esc_md(notes(bench, tables))}</p>']
+def html_parts(
+    bench: BenchSpec,
+    tables: dict,
+    tuning: list[dict],
+    out: Path,
+    changes: Sequence[str] = (),
+) -> list[str]:
+    parts = [
+        f"<h1>Bench {kit.esc(bench.name)}</h1>",
+        f'<p class="meta">{kit.esc_md(notes(bench, tables, changes))}</p>',
+    ]
     for fed, t in tables.items():
         parts.append(
             kit.section(f"{fed}: test", _html_table(*test_table(t, bench.reference)), kit.esc_md(not_converged(t)))
@@ -400,6 +413,8 @@ def write_report(bench: BenchSpec, runs: BenchRuns, out: Path) -> dict:
     atomic_write_text(out / "results.csv", csv_text(RESULT_COLUMNS, rows))
     atomic_write_text(out / "tuning.csv", csv_text(TUNING_COLUMNS, tuning))
     content = {"bench": bench.model_dump(mode="json"), "tuning": tuning, "federations": tables}
+    if changes := analysis_changes(out):
+        content["analysis_changes"] = changes
     _write_tables(bench, content, out)
     return content
 
@@ -427,8 +442,8 @@ def rewrite_report(out: Path) -> Path:
 
 def _write_tables(bench: BenchSpec, content: dict, out: Path) -> None:
     """``tables.json``, ``tables.md`` and ``report.html`` (+ figures) of ``content`` into ``out``."""
-    tables, tuning = content["federations"], content["tuning"]
+    tables, tuning, changes = content["federations"], content["tuning"], content.get("analysis_changes", [])
     atomic_write_text(out / TABLES_JSON, json.dumps(content, indent=1, allow_nan=True, default=str))
-    atomic_write_text(out / "tables.md", markdown(bench, tables, tuning))
+    atomic_write_text(out / "tables.md", markdown(bench, tables, tuning, changes))
     (out / "figures").mkdir(exist_ok=True)
-    kit.write_page(out / "report.html", f"fedseg bench {bench.name}", html_parts(bench, tables, tuning, out))
+    kit.write_page(out / "report.html", f"fedseg bench {bench.name}", html_parts(bench, tables, tuning, out, changes))
