@@ -109,6 +109,9 @@ def test_a_settings_from_method_is_tuned_after_its_source_at_the_setting_selecte
         ({"methods": ["fedavg", {"name": "fedprox", "settings_from": "fedavg"}]}, "settings_from"),  # no grid
         ({"methods": [{"name": "fedprox", "settings_from": "fedavg"}, "fedavg"]}, "listed before"),
         ({"comparisons": [["fedavg", "scaffold"]]}, "comparisons"),
+        ({"seeds": 3}, r"seeds: give a list: \[3\] for seed 3 alone, \[0, 1, 2\] for three seeds"),
+        ({"seeds": "0-2"}, "seeds: give a list of integers such as"),
+        ({"methods": ["fedavg", {"name": "fedprox", "sett": []}]}, r"methods\.1 \(fedprox\)\.sett: unknown key"),
     ],
 )
 def test_a_bad_bench_file_names_the_key(tmp_path, change, message):
@@ -116,14 +119,25 @@ def test_a_bad_bench_file_names_the_key(tmp_path, change, message):
         load_bench(_bench(tmp_path, **change))
 
 
-def test_an_unknown_option_in_a_grid_fails_before_any_run(tmp_path):
-    path = _bench(tmp_path, methods=["fedavg", {"name": "fedprox", "grid": {"methods.fedprox.nu": [1]}}])
+def test_seeds_written_as_a_comma_separated_string_are_a_list(tmp_path):
+    assert load_bench(_bench(tmp_path, seeds="0,1,2"))[0].seeds == (0, 1, 2)
+
+
+@pytest.mark.parametrize(
+    "methods, said",
+    [
+        (["fedavg", {"name": "fedprox", "grid": {"methods.fedprox.nu": [1]}}], "methods.fedprox.nu: unknown key"),
+        (["fedavg", "scafold"], "/scafold/default: unknown algorithm 'scafold'; did you mean 'scaffold'?\n"),  # unquoted
+    ],
+)
+def test_an_unknown_option_in_a_grid_fails_before_any_run(tmp_path, methods, said):
+    path = _bench(tmp_path, methods=methods)
     proc = subprocess.run(
         [sys.executable, "-m", "fedseg.cli", "bench", str(path), "--out", str(tmp_path / "out")],
         capture_output=True,
         text=True,
     )
-    assert proc.returncode == 1 and "fedprox" in proc.stdout and "nu" in proc.stdout, proc.stdout + proc.stderr
+    assert proc.returncode == 1 and said in proc.stdout, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stdout + proc.stderr and not (tmp_path / "out" / "runs").exists()
 
 
@@ -358,8 +372,10 @@ def test_resume_accepts_appended_methods_and_refuses_other_changes(tmp_path):
     check_out(spec, tmp_path / "out", resume=True)
     for change in ({"seeds": [0, 1, 2]}, {"methods": ["scaffold", "fedavg"]}):
         other, _ = load_bench(_bench(tmp_path, **change))
-        with pytest.raises(ValueError, match="cannot resume a different bench"):
+        with pytest.raises(ValueError, match="cannot resume a different bench") as refused:
             check_out(other, tmp_path / "out", resume=True)
+        if "seeds" in change:  # the refusal shows what was recorded and what was asked
+            assert str(refused.value).endswith("it differs in: seeds: [0, 1] -> [0, 1, 2]")
 
 
 def test_a_leave_one_out_federation_scores_every_site_unseen(tmp_path):

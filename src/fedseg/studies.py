@@ -54,7 +54,7 @@ import numpy as np
 
 from fedseg.algorithms import check_sites, get_algorithm
 from fedseg.atomic_files import atomic_write_text
-from fedseg.config import ConfigError, RunConfig, apply_override, validate_config, with_recorded_defaults
+from fedseg.config import ConfigError, RunConfig, apply_override, error_text, validate_config, with_recorded_defaults
 from fedseg.data.dataset import CaseSet, build_site_data
 from fedseg.data.federation import Federation
 from fedseg.engine.context import Task
@@ -187,7 +187,7 @@ def check_algorithms(cfg: RunConfig, where: str) -> None:
         try:
             get_algorithm(name).parse_options(cfg.methods.get(name))
         except (KeyError, ValueError) as e:
-            raise ConfigError(f"{where}: {str(e).strip(chr(39))}") from None
+            raise ConfigError(f"{where}: {error_text(e)}") from None
 
 
 def plan_sweep(cfg: RunConfig, out: Path, spec: str, federation: Federation | None = None) -> Study:

@@ -84,12 +84,19 @@ def check_out(bench: BenchSpec, out: Path, resume: bool) -> list[str]:
     if keys and not (keys == ["methods"] and new["methods"][: len(old["methods"])] == old["methods"]):
         raise ValueError(  # (methods appended at the end: every finished run is still one of this bench's)
             f"{recorded}: cannot resume a different bench (methods may only be appended at the end); "
-            f"it differs in: {', '.join(keys)}"
+            f"it differs in: {'; '.join(_change(k, old, new, 80) for k in keys)}"
         )
-    compact = lambda value: json.dumps(value, separators=(", ", ": "))  # noqa: E731
-    return [
-        f"{k}: {compact(old.get(k))} -> {compact(new.get(k))}" for k in sorted(TABLES_ONLY) if old.get(k) != new.get(k)
-    ]
+    return [_change(k, old, new) for k in sorted(TABLES_ONLY) if old.get(k) != new.get(k)]
+
+
+def _change(key: str, old: dict, new: dict, width: int | None = None) -> str:
+    """``key: old -> new`` of two bench specs (JSON values, each cut to ``width`` characters)."""
+
+    def text(value: object) -> str:
+        s = json.dumps(value, separators=(", ", ": "))
+        return s if width is None or len(s) <= width else s[: width - 1] + "…"
+
+    return f"{key}: {text(old.get(key))} -> {text(new.get(key))}"
 
 
 def record_analysis_changes(out: Path, changes: list[str], echo: Echo) -> None:

@@ -29,6 +29,7 @@ Everything is validated when the file is read (every run's configuration include
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -188,6 +189,19 @@ class BenchSpec(Strict):
             raise ValueError("give a non-empty list")
         return [{"name": item} if isinstance(item, str) else item for item in items]
 
+    @field_validator("seeds", mode="before")
+    @classmethod
+    def _seed_list(cls, value: Any) -> Any:
+        """``seeds: 0,1,2`` (YAML reads a string) is [0, 1, 2]; a bare number is refused: seed 3, or 3 seeds?"""
+        if isinstance(value, int) and not isinstance(value, bool):
+            raise ValueError(f"give a list: [{value}] for seed {value} alone, [0, 1, 2] for three seeds")
+        if isinstance(value, str):
+            try:
+                return [int(seed) for seed in value.split(",")]
+            except ValueError:
+                raise ValueError(f"give a list of integers such as [0, 1, 2], got {value!r}") from None
+        return value
+
     @model_validator(mode="after")
     def _consistent(self) -> BenchSpec:
         for what, names in (("federations", [f.name for f in self.federations]), ("methods", self.method_names)):
@@ -258,4 +272,16 @@ def load_bench(path: str | Path) -> tuple[BenchSpec, Path]:
     try:
         return BenchSpec.model_validate(data), path.resolve().parent
     except ValidationError as e:
-        raise ConfigError(validation_problems(e, model=BenchSpec, where=str(path))) from None
+        raise ConfigError(_method_names(validation_problems(e, model=BenchSpec, where=str(path)), data)) from None
+
+
+def _method_names(text: str, data: dict) -> str:
+    """``methods.1.sett`` in a problem's text as ``methods.1 (fedprox).sett``: the entry's method named."""
+    methods = data.get("methods") if isinstance(data.get("methods"), list) else []
+    names = [m if isinstance(m, str) else m.get("name") if isinstance(m, dict) else None for m in methods]
+
+    def named(m: re.Match[str]) -> str:
+        i = int(m[1])
+        return m[0] + (f" ({names[i]})" if i < len(names) and isinstance(names[i], str) else "")
+
+    return re.sub(r"\bmethods\.(\d+)(?=[.:])", named, text)
