@@ -277,8 +277,9 @@ def load_bench(path: str | Path) -> tuple[BenchSpec, Path]:
 
 def _method_names(text: str, data: dict) -> str:
     """``methods.1.sett`` in a problem's text as ``methods.1 (fedprox).sett``: the entry's method named."""
-    methods = data.get("methods") if isinstance(data.get("methods"), list) else []
-    names = [m if isinstance(m, str) else m.get("name") if isinstance(m, dict) else None for m in methods]
+    methods = data.get("methods")
+    entries = methods if isinstance(methods, list) else []
+    names = [m if isinstance(m, str) else m.get("name") if isinstance(m, dict) else None for m in entries]
 
     def named(m: re.Match[str]) -> str:
         i = int(m[1])
