@@ -281,7 +281,8 @@ def not_converged(fed: dict) -> str:
         )
     return (
         "**May not have converged** (runs whose round selected on validation lies in the last 10% of the rounds they "
-        f"trained, without a validation plateau): {', '.join(late)}."
+        f"trained, without a validation plateau): {', '.join(late)}. Their Δ, CI and † compare models that more rounds "
+        "may still change: a † there says which method was ahead at this budget, not which converges higher."
     )
 
 
