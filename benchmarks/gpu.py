@@ -123,21 +123,21 @@ def gpu_cases() -> list[Case]:
             "retina256",
             "synthetic-retina",
             RETINA_GPU,
-            0.4,
+            1.0,  # weights ~ the seconds each took on an H100 (gpu.json, gpu-run1.json): 97, 88, 73, ~50, 112+
             "2D UNet at 256^2, FedAvg and FedSM (3 networks), full-size synthetic-retina (904 training images)",
         ),
         Case(
             "fets",
             "fets",
             FETS_GPU,  # issue 26's command with one more round: rounds 2 and 3 are past the warm-up
-            0.7,
+            0.9,
             "FeTS DynUNet (22.5M parameters) on 128^3 patches of 128^3 synthetic-brats volumes, FedAvg",
         ),
         Case(
             "fets-2slots",
             "fets",
             [*FETS_GPU, "engine.workers=2", "engine.devices=[cuda:0,cuda:0]"],
-            0.5,
+            0.75,
             "fets with two sites at once on the one GPU (two worker processes, one device slot each)",
             compare_to="fets",
         ),
@@ -145,7 +145,7 @@ def gpu_cases() -> list[Case]:
             "retina256-again",
             "synthetic-retina",
             [*RETINA_GPU, "algorithms=[fedavg]"],
-            0.2,
+            0.5,
             "retina256's FedAvg once more (the data cached): the GPU's run-to-run difference of the test Dice "
             "(bf16, cuDNN autotuning)",
             compare_to="retina256",
@@ -154,7 +154,7 @@ def gpu_cases() -> list[Case]:
             "retina256-compile",
             "synthetic-retina",
             [*RETINA_GPU, "algorithms=[fedavg]", "train.compile=true"],
-            0.5,
+            1.0,
             "retina256-again with train.compile (torch.compile): at 256^2 a step's wall time is ~4.5x its kernels",
             compare_to="retina256-again",
             optional=True,
