@@ -138,6 +138,14 @@ def test_resumed_run_keeps_start_records_resume_and_logs_each_round_once(tmp_pat
     log = (tmp_path / "run.log").read_text()
     run_experiment(cfg, tmp_path, resume=True, federation=disc_federation())  # finished: nothing to log
     assert (tmp_path / "run.log").read_text() == log
+    # stopped after its last checkpoint, while writing its outputs (Ctrl-C during the report): a resume finds every
+    # algorithm finished, rewrites the outputs, and the log says so rather than ending on the stopped line
+    (tmp_path / "run.log").write_text(log + "2026-01-01T00:00:00Z stopped: interrupted\n")
+    run_experiment(cfg, tmp_path, resume=True, federation=disc_federation())
+    assert [m[1] for m in map(EVENT.match, (tmp_path / "run.log").read_text().splitlines()[-2:])] == [
+        "resumed",
+        "finished",
+    ]
     # a call that trains nothing is no resume: the run's end, wall time and resumes stay (make demo twice)
     assert json.loads((tmp_path / "summary.json").read_text())["provenance"] == prov
     assert (tmp_path / ".provenance.json").read_text() == record

@@ -29,7 +29,7 @@ from fedseg.run.preflight import check_device, check_out_dir, check_resume, reco
 from fedseg.run.preparation import PLAN_FILE, Prepared, folder_root, prepare, prepare_planned
 from fedseg.run.provenance import begin, unchanged
 from fedseg.run.resume import all_finished
-from fedseg.run.runlog import RUN_LOG, append_line, log_event, log_stop
+from fedseg.run.runlog import RUN_LOG, append_line, last_event, log_event, log_stop
 from fedseg.run.start_from import check_start_from
 from fedseg.run.state import RoundCallback
 from fedseg.tracking import check_available, open_tracker
@@ -66,7 +66,7 @@ def run_experiment(
     check_before_data(cfg, out, resume, check_compute=prepared is None, in_process=engine_factory is None)
     prep = prepare_run(cfg, out, resume, federation, prepared)
     check_prepared(cfg, prep)
-    already_finished = record_start(cfg, out, resume, prep, on_log_line)
+    record_start(cfg, out, resume, prep, on_log_line)
     try:
         results = RunResults(cfg, prep.federation, [], run_provenance(cfg, out, resume))
         if prep.plan is not None:
@@ -99,7 +99,7 @@ def run_experiment(
                 if family and family.after_test:  # e.g. FedSM: the selector's features of the test images (Fig. 3)
                     family.after_test(out, name, result.bundle, prep.site_data, prep.task)
                 write_outputs(out, results)
-        if not already_finished:  # a finished run resumed only rewrites its outputs: its log stays as it was
+        if last_event(out) != "finished":  # a finished run resumed only rewrites its outputs: its log stays
             log_event(out, "finished")
     except BaseException as e:  # the run began here: its run.log says why it ends (an error, Ctrl-C)
         log_stop(out, "interrupted" if isinstance(e, KeyboardInterrupt) else error_text(e) or type(e).__name__)
@@ -157,10 +157,10 @@ def check_prepared(cfg: RunConfig, prep: Prepared) -> None:
 
 def record_start(
     cfg: RunConfig, out: Path, resume: bool, prep: Prepared, on_log_line: Callable[[str], None] | None
-) -> bool:
+) -> None:
     """Refuse an ``out`` that holds another run; record ``config.yaml`` (a resume compares with it) and the plan
-    (``model.name: planned``; a resume reuses it); log a resume in ``run.log``; announce the cost warnings and the
-    methods' notes. Returns whether every algorithm of a resumed run had already finished."""
+    (``model.name: planned``; a resume reuses it); log a resume in ``run.log`` (unless its log ends finished);
+    announce the cost warnings and the methods' notes."""
     if out.exists() and any(out.iterdir()) and not resume and (out / "checkpoints").exists():
         raise FileExistsError(f"{out}: already holds a run; use --resume to continue it or choose another --out")
     out.mkdir(parents=True, exist_ok=True)
@@ -169,19 +169,17 @@ def record_start(
         record_data_files(out, folder_root(cfg))
     if prep.plan is not None:
         atomic_write_text(out / PLAN_FILE, json.dumps(prep.plan.to_dict(), indent=2))
-    already_finished = resume and all_finished(out, cfg.algorithms)
-    if already_finished:  # shown, not logged: run.log holds what was trained
+    if resume and all_finished(out, cfg.algorithms):  # shown, not logged: run.log holds what was trained
         show(
             "resume: every algorithm of this run has finished; nothing is trained, its outputs are written again",
             on_log_line,
         )
-    elif resume and (out / RUN_LOG).is_file():
+    if resume and (out / RUN_LOG).is_file() and last_event(out) != "finished":  # e.g. stopped while writing outputs
         log_event(out, "resumed")
     for line in cost_warnings(cfg, len(prep.federation.sites)):
         announce(out, line, on_log_line)
     for line in method_notes(cfg, prep.task) + data_notes(cfg, prep.federation.kind):
         announce(out, line, on_log_line)
-    return already_finished
 
 
 def run_provenance(cfg: RunConfig, out: Path, resume: bool) -> dict[str, Any]:

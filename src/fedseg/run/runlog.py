@@ -45,9 +45,26 @@ def append_line(out: Path, line: str) -> None:
 
 def log_event(out: Path, event: str) -> None:
     """``<UTC time> <event>`` appended to ``out/run.log``, not shown (``fedseg.run.run_experiment``): ``resumed``
-    when ``--resume`` continues an unfinished run, ``finished`` when a run has written its outputs, so a log whose
-    run was stopped and then resumed does not end on its ``stopped:`` line."""
-    append_line(out, f"{utc_now()} {event}")
+    when ``--resume`` continues a run whose log does not end finished, ``finished`` when a run has written its
+    outputs, so a run stopped and then resumed does not end its log on the ``stopped:`` line. Never an error of its
+    own (a full disk or a read-only folder: the outputs are what matter)."""
+    try:
+        append_line(out, f"{utc_now()} {event}")
+    except OSError:
+        pass
+
+
+def last_event(out: Path) -> str | None:
+    """The last ``resumed``, ``finished`` or ``stopped`` of ``out/run.log`` (None: no log, or none yet)."""
+    try:
+        lines = (Path(out) / RUN_LOG).read_text().splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        word = line.split(" ", 2)[1] if line.count(" ") >= 1 else ""
+        if word in ("resumed", "finished", "stopped:"):
+            return word.rstrip(":")
+    return None
 
 
 def log_stop(out: Path, text: str) -> None:
