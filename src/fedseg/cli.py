@@ -336,7 +336,7 @@ def bench(
         echo = lambda line: console.print(line, highlight=False, soft_wrap=True)  # noqa: E731
         with terminate_on_signals():
             runs = run_bench(spec, root, out, jobs, resume, echo, train=not tables_only)
-        write_report(spec, runs, out)
+        write_report(spec, runs, out, echo)
     except (ConfigError, FederationError, OSError, KeyError, ValueError) as e:
         fail(error_text(e))
         return

@@ -29,11 +29,9 @@ from fedseg.bench.plan import (
 )
 from fedseg.bench.select import select_settings
 from fedseg.bench.spec import BenchSpec
-from fedseg.run.provenance import utc_now
 
 BENCH_FILE = "bench.json"
 TABLES_ONLY = {"comparisons", "tests"}  # bench keys that change no run, only the tables: a resume may change them
-ANALYSIS_CHANGES = "analysis-changes.txt"  # one line per such change made after runs had finished (read: the tables)
 
 
 def budget_caps(bench: BenchSpec, references: dict[BenchRun, Finished]) -> dict[tuple[str, int, int], tuple[str, ...]]:
@@ -64,12 +62,12 @@ def uncapped(bench: BenchSpec, run: BenchRun) -> bool:
     return is_budget_reference(bench, method, run.setting) or phased(method)
 
 
-def check_out(bench: BenchSpec, out: Path, resume: bool) -> list[str]:
-    """``OUT`` holds no bench (or, with ``resume``, this same bench), before any work. Returns the changes of the
-    keys that only shape the tables (``TABLES_ONLY``), as ``key: old -> new``."""
+def check_out(bench: BenchSpec, out: Path, resume: bool) -> None:
+    """``OUT`` holds no bench (or, with ``resume``, this same bench, but for ``TABLES_ONLY`` keys), before any
+    work."""
     recorded = out / BENCH_FILE
     if not recorded.is_file():
-        return []
+        return
     if not resume:
         raise FileExistsError(f"{out}: already holds a bench; use --resume to continue it or choose another --out")
     old = json.loads(recorded.read_text())
@@ -84,12 +82,11 @@ def check_out(bench: BenchSpec, out: Path, resume: bool) -> list[str]:
     if keys and not (keys == ["methods"] and new["methods"][: len(old["methods"])] == old["methods"]):
         raise ValueError(  # (methods appended at the end: every finished run is still one of this bench's)
             f"{recorded}: cannot resume a different bench (methods may only be appended at the end); "
-            f"it differs in: {'; '.join(_change(k, old, new, 80) for k in keys)}"
+            f"it differs in: {'; '.join(spec_change(k, old, new, 80) for k in keys)}"
         )
-    return [_change(k, old, new) for k in sorted(TABLES_ONLY) if old.get(k) != new.get(k)]
 
 
-def _change(key: str, old: dict, new: dict, width: int | None = None) -> str:
+def spec_change(key: str, old: dict, new: dict, width: int | None = None) -> str:
     """``key: old -> new`` of two bench specs (JSON values, each cut to ``width`` characters)."""
 
     def text(value: object) -> str:
@@ -97,28 +94,6 @@ def _change(key: str, old: dict, new: dict, width: int | None = None) -> str:
         return s if width is None or len(s) <= width else s[: width - 1] + "…"
 
     return f"{key}: {text(old.get(key))} -> {text(new.get(key))}"
-
-
-def record_analysis_changes(out: Path, changes: list[str], echo: Echo) -> None:
-    """Keep each change of the tables' tests or comparisons made after runs had finished in ``ANALYSIS_CHANGES``
-    (UTC time, the change, the finished runs), which the tables print: choosing a test's side or a comparison
-    after seeing results is a choice a reader must be told of. A change before any run finished is not one."""
-    finished = sum(1 for _ in (out / "runs").rglob("summary.json")) if (out / "runs").is_dir() else 0
-    last = {line.split(" ", 1)[1].split(":", 1)[0]: line for line in analysis_changes(out)}  # per key
-    changes = [c for c in changes if f" {c} (after " not in last.get(c.split(":", 1)[0], "")]  # --tables-only again
-    if not changes or not finished:
-        return
-    lines = [f"{utc_now()} {change} (after {finished} finished runs)" for change in changes]
-    with open(out / ANALYSIS_CHANGES, "a") as f:
-        f.write("".join(line + "\n" for line in lines))
-    for line in lines:
-        echo(f"note: changed after results existed, and the tables say so ({out / ANALYSIS_CHANGES}): {line}")
-
-
-def analysis_changes(out: Path) -> list[str]:
-    """The lines of ``ANALYSIS_CHANGES`` (none: the tables' tests and comparisons are as first written)."""
-    path = out / ANALYSIS_CHANGES
-    return path.read_text().splitlines() if path.is_file() else []
 
 
 @dataclass
@@ -147,8 +122,7 @@ def run_bench(
     check_plan(bench, root)
     if not train and not (out / BENCH_FILE).is_file():
         raise FileNotFoundError(f"{out}: holds no bench ({BENCH_FILE}); run `fedseg bench` first")
-    changes = check_out(bench, out, resume or not train)  # --tables-only: the tables are of the bench recorded there
-    record_analysis_changes(out, changes, echo)
+    check_out(bench, out, resume or not train)  # --tables-only: the tables are of the bench recorded there
     holdouts = holdout_sites(bench, root)
     if train:
         check_data(bench, root, holdouts)  # before anything is written: every federation, fold and site

@@ -32,7 +32,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from fedseg.atomic_files import atomic_write_text
-from fedseg.bench.phases import BenchRuns, analysis_changes
+from fedseg.bench.execute import Echo
+from fedseg.bench.phases import TABLES_ONLY, BenchRuns, spec_change
 from fedseg.bench.select import tuning_rows
 from fedseg.bench.spec import BenchSpec
 from fedseg.bench.tables import RESULT_COLUMNS, correct_tests, federation_tables
@@ -41,6 +42,7 @@ from fedseg.evaluate.stats import RESAMPLES, ci_text, dagger, p_value_text
 from fedseg.presentation import kit
 from fedseg.presentation.figures import per_site_bars
 from fedseg.run.outputs import csv_text
+from fedseg.run.provenance import utc_now
 
 TUNING_COLUMNS = [
     "federation",
@@ -406,18 +408,48 @@ def html_parts(
     return parts
 
 
-def write_report(bench: BenchSpec, runs: BenchRuns, out: Path) -> dict:
-    """Write every output file of a finished bench into ``out``; returns the ``tables.json`` content."""
+def write_report(bench: BenchSpec, runs: BenchRuns, out: Path, echo: Echo | None = None) -> dict:
+    """Write every output file of a finished bench into ``out``; returns the ``tables.json`` content. A change of
+    its tests or comparisons since the tables were last written is recorded first (:func:`record_analysis_changes`,
+    its notes to ``echo``)."""
     out = Path(out)
     tables, rows = federation_tables(bench, runs)
     tuning = tuning_rows(bench, runs.tuning, runs.selected)
+    changes = record_analysis_changes(bench, len(runs.tuning) + len(runs.final), out, echo)
     atomic_write_text(out / "results.csv", csv_text(RESULT_COLUMNS, rows))
     atomic_write_text(out / "tuning.csv", csv_text(TUNING_COLUMNS, tuning))
     content = {"bench": bench.model_dump(mode="json"), "tuning": tuning, "federations": tables}
-    if changes := analysis_changes(out):
+    if changes:
         content["analysis_changes"] = changes
     _write_tables(bench, content, out)
     return content
+
+
+ANALYSIS_CHANGES = "analysis-changes.txt"
+
+
+def record_analysis_changes(bench: BenchSpec, finished: int, out: Path, echo: Echo | None = None) -> list[str]:
+    """Every change of the tables' tests or comparisons (``TABLES_ONLY``) made after runs had finished, as lines of
+    ``OUT/analysis-changes.txt`` (UTC time, ``key: old -> new``, the ``finished`` runs), this one appended when
+    ``bench`` differs from the bench of the tables last written (``tables.json``: what readers last saw; a resume
+    refused before, or the same ``--tables-only`` again, adds nothing), its note to ``echo``. Choosing a test's side
+    or a comparison after seeing results is a choice the tables must tell their reader of."""
+    path = out / ANALYSIS_CHANGES
+    try:
+        shown = json.loads((out / TABLES_JSON).read_text())["bench"]
+        shown = BenchSpec.model_validate(shown).model_dump(mode="json")  # keys added since, at their defaults
+    except (OSError, ValueError, KeyError, TypeError):
+        shown = None  # no tables yet (or unreadable ones): nothing was shown to change
+    new = bench.model_dump(mode="json")
+    changed = [spec_change(k, shown, new) for k in sorted(TABLES_ONLY) if shown and shown.get(k) != new.get(k)]
+    if changed and finished:
+        lines = [f"{utc_now()} {change} (after {finished} finished runs)" for change in changed]
+        with open(path, "a") as f:
+            f.write("".join(line + "\n" for line in lines))
+        for line in lines:
+            if echo:
+                echo(f"note: changed after results existed, and the tables say so ({path}): {line}")
+    return path.read_text().splitlines() if path.is_file() else []
 
 
 TABLES_JSON = "tables.json"
