@@ -133,8 +133,8 @@ def test_hang_needs_a_timeout(tiny_config):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
 def test_all_finite_agrees_with_isfinite_value_by_value(dtype):
-    """The one-sum check against ``isfinite(t).all()`` on clean tensors, the dtype's largest values (which must
-    not overflow into a false alarm), and one NaN, +Inf, -Inf or both infinities anywhere."""
+    """The sum-first check against ``isfinite(t).all()`` on clean tensors, the dtype's largest values (whose sum
+    overflows: checked value by value, no false alarm), and one NaN, +Inf, -Inf or both infinities anywhere."""
     from fedseg.engine.faults import all_finite
 
     big = torch.finfo(dtype).max
