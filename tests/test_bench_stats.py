@@ -186,6 +186,9 @@ def test_no_dagger_from_one_seed_and_the_test_table_shows_each_seeds_delta():
     three = {**test, "mean_diff": 0.015, "seeds": 3, "per_seed_diff": {"0": 0.02, "1": -0.004, "2": 0.029}}
     assert report.mark(one) == "" and report.p_text(one) == "1e-06"
     assert report.mark(three) == " †" and report.p_text(three) == "1e-06 †"
+    from fedseg.evaluate.stats import significant, significant_over_seeds
+
+    assert significant(one) and not significant_over_seeds(one) and significant_over_seeds(three)  # tables.json
     fed = {
         "regions": ["disc"],
         "runs": 3,

@@ -38,7 +38,7 @@ from fedseg.bench.select import tuning_rows
 from fedseg.bench.spec import BenchSpec
 from fedseg.bench.tables import RESULT_COLUMNS, correct_tests, federation_tables
 from fedseg.evaluate.metric_info import DICE, HD95, NSD
-from fedseg.evaluate.stats import RESAMPLES, ci_text, dagger, p_value_text
+from fedseg.evaluate.stats import RESAMPLES, ci_text, p_value_text, significant_over_seeds
 from fedseg.presentation import kit
 from fedseg.presentation.figures import per_site_bars
 from fedseg.run.outputs import csv_text
@@ -82,11 +82,9 @@ def p_text(test: dict | None) -> str:
 
 
 def mark(test: dict | None) -> str:
-    """† where the comparison is significant (``fedseg.evaluate.stats.significant``) over at least 2 seeds: with
-    one seed the bootstrap has no run-to-run variance to draw, so a "beats" would speak of two trained models, not
-    of two methods (``SINGLE_SEED``)."""
-    seeds = (test or {}).get("seeds")
-    return "" if isinstance(seeds, int) and seeds < 2 else dagger(test)
+    """`` †`` where the comparison is significant over at least 2 seeds
+    (``fedseg.evaluate.stats.significant_over_seeds``); empty otherwise."""
+    return " †" if significant_over_seeds(test) else ""
 
 
 def per_seed_text(test: dict | None) -> str:

@@ -14,8 +14,9 @@ For each federation and method (its final runs, ``fedseg.bench.execute``):
 * ``wilcoxon`` (pooled) and ``site_wilcoxon``: paired comparisons against the bench's reference method
   (:func:`fedseg.evaluate.stats.compare`: the Wilcoxon test on the per-case differences averaged over the seeds,
   ``tests.alternative`` sided, and the 95% CI of the mean difference from a hierarchical bootstrap over sites,
-  cases and seeds); ``dagger`` when the comparison is :func:`fedseg.evaluate.stats.significant` (the CI excludes 0
-  on the alternative's side and the Holm-adjusted p < 0.05; families: :func:`correct_tests`);
+  cases and seeds); ``dagger`` when the comparison is :func:`fedseg.evaluate.stats.significant_over_seeds` (the CI
+  excludes 0 on the alternative's side, the Holm-adjusted p < 0.05 and 2 seeds or more; families:
+  :func:`correct_tests`);
 * ``rank_stability`` (per federation): how often each method holds each rank by mean Dice over the same bootstrap
   samples (:func:`fedseg.evaluate.stats.rank_stability`);
 * ``nsd_wilcoxon``: the same pooled comparison on NSD (None when the method or the reference has no NSD, e.g.
@@ -51,7 +52,7 @@ from fedseg.evaluate.stats import (
     mean_std,
     rank_stability,
     seed_averaged,
-    significant,
+    significant_over_seeds,
 )
 from fedseg.evaluate.tables import case_means, own_site_model, read_rows
 from fedseg.run.stopping import not_converged
@@ -261,7 +262,7 @@ def correct_tests(fed: dict) -> None:
     correct_family(t for s in methods for t in (s.get("site_wilcoxon") or {}).values())
     correct_family(fed.get("comparisons") or [])
     for s in methods:
-        s["dagger"] = significant(s.get("wilcoxon"))
+        s["dagger"] = significant_over_seeds(s.get("wilcoxon"))
 
 
 def add_tests(methods: dict[str, dict], per_seed: dict[str, dict], reference: str, alternative: Alternative) -> None:

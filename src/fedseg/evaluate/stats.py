@@ -280,6 +280,15 @@ def significant(test: Mapping[str, Any] | None) -> bool:
     return math.isfinite(p) and p < SIGNIFICANCE
 
 
+def significant_over_seeds(test: Mapping[str, Any] | None) -> bool:
+    """:func:`significant` over at least 2 seeds: a bench's †. With one seed the hierarchical bootstrap has no
+    run-to-run variance to draw, so the difference is one of two trained models, not yet of two methods (a single
+    run's report says "beyond noise" of its one seed instead). A test without ``seeds`` (an old tables.json) is
+    judged by :func:`significant` alone."""
+    seeds = (test or {}).get("seeds")
+    return significant(test) and not (isinstance(seeds, int) and seeds < 2)
+
+
 # --- the text of a comparison (``compare``'s result: ``mean_diff``/``mean_difference``, ``ci_low``, ``ci_high``,
 # ``ci_excludes_0``, ``p``/``p_holm``), one way in every table: the run and bench reports, docs/results.md,
 # benchmarks' Markdown
