@@ -111,6 +111,8 @@ def test_a_settings_from_method_is_tuned_after_its_source_at_the_setting_selecte
         ({"comparisons": [["fedavg", "scaffold"]]}, "comparisons"),
         ({"seeds": 3}, r"seeds: give a list: \[3\] for seed 3 alone, \[0, 1, 2\] for three seeds"),
         ({"seeds": "0-2"}, "seeds: give a list of integers such as"),
+        ({"seeds": "3"}, r"seeds: give a list: \[3\] for seed 3 alone"),
+        ({"tune": {"seeds": 1}}, r"tune.seeds: give a list: \[1\] for seed 1 alone"),
         ({"methods": ["fedavg", {"name": "fedprox", "sett": []}]}, r"methods\.1 \(fedprox\)\.sett: unknown key"),
     ],
 )
@@ -120,7 +122,8 @@ def test_a_bad_bench_file_names_the_key(tmp_path, change, message):
 
 
 def test_seeds_written_as_a_comma_separated_string_are_a_list(tmp_path):
-    assert load_bench(_bench(tmp_path, seeds="0,1,2"))[0].seeds == (0, 1, 2)
+    spec = load_bench(_bench(tmp_path, seeds="0,1,2", tune={"seeds": "0,1"}))[0]
+    assert spec.seeds == (0, 1, 2) and spec.tune.seeds == (0, 1)
 
 
 @pytest.mark.parametrize(

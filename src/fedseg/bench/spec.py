@@ -120,11 +120,28 @@ class SplitSpec(Strict):
     folds: int = Field(default=5, ge=2)
 
 
+def seed_list(cls: type, value: Any) -> Any:
+    """A ``seeds`` field's input: ``0,1,2`` (YAML reads a string) is [0, 1, 2]; a bare number (``3`` or ``"3"``) is
+    refused, being seed 3 or 3 seeds."""
+    if isinstance(value, bool):
+        return value  # refused by the field's own type
+    if isinstance(value, int) or (isinstance(value, str) and value.strip().isdigit()):
+        raise ValueError(f"give a list: [{value}] for seed {value} alone, [0, 1, 2] for three seeds")
+    if isinstance(value, str):
+        try:
+            return [int(seed) for seed in value.split(",")]
+        except ValueError:
+            raise ValueError(f"give a list of integers such as [0, 1, 2], got {value!r}") from None
+    return value
+
+
 class TuneSpec(Strict):
     """Where grids are searched: these folds and seeds (None = the first fold / the first seed; FeTS: folds 1-4)."""
 
     folds: tuple[int, ...] | None = None
     seeds: tuple[int, ...] | None = None
+
+    _seed_list = field_validator("seeds", mode="before")(seed_list)
 
 
 class BudgetSpec(Strict):
@@ -189,18 +206,7 @@ class BenchSpec(Strict):
             raise ValueError("give a non-empty list")
         return [{"name": item} if isinstance(item, str) else item for item in items]
 
-    @field_validator("seeds", mode="before")
-    @classmethod
-    def _seed_list(cls, value: Any) -> Any:
-        """``seeds: 0,1,2`` (YAML reads a string) is [0, 1, 2]; a bare number is refused: seed 3, or 3 seeds?"""
-        if isinstance(value, int) and not isinstance(value, bool):
-            raise ValueError(f"give a list: [{value}] for seed {value} alone, [0, 1, 2] for three seeds")
-        if isinstance(value, str):
-            try:
-                return [int(seed) for seed in value.split(",")]
-            except ValueError:
-                raise ValueError(f"give a list of integers such as [0, 1, 2], got {value!r}") from None
-        return value
+    _seed_list = field_validator("seeds", mode="before")(seed_list)
 
     @model_validator(mode="after")
     def _consistent(self) -> BenchSpec:
