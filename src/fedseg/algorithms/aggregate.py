@@ -31,8 +31,10 @@ def combine(updates: Sequence[Mapping[str, torch.Tensor]], coefficients: Callabl
     merged = {}
     for name, first in updates[0].items():
         acc = torch.zeros_like(first, dtype=torch.float64)
-        term = torch.empty_like(acc)  # reused: the same float64 rounding as ``acc += u.double() * c``, with no
-        for update, c in zip(updates, coefficients(name)):  # new tensors per update (1.3-4.5x faster on 22.5M weights, 2 CPUs)
+        # one buffer reused: the rounding of ``acc += u.double() * c`` without two new tensors per update
+        # (1.3-4.5x faster on 22.5M weights, 2 CPUs)
+        term = torch.empty_like(acc)
+        for update, c in zip(updates, coefficients(name)):
             term.copy_(update[name])
             acc += term.mul_(c)
         merged[name] = acc.to(first.dtype)
