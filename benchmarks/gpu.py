@@ -152,6 +152,15 @@ def gpu_cases() -> list[Case]:
             compare_to="retina256",
         ),
         Case(
+            "fets-25steps",
+            "fets",
+            [*FETS_GPU, "train.budget.unit=steps", "train.budget.amount=25"],
+            1.5,
+            "fets with 25 SGD steps per site and round (a FeTS site of ~100 cases, one epoch at batch 4): whether the "
+            "per-site fixed cost (first batch, weights in and out) still keeps the GPU from 70% busy at that size",
+            optional=True,
+        ),
+        Case(
             "retina256-compile",
             "synthetic-retina",
             [*RETINA_GPU, "algorithms=[fedavg]", "train.compile=true"],
@@ -883,7 +892,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--label", default="", help="names the output gpu-LABEL.json / .md")
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--budget-s", type=float, default=None, help="the whole script's time (default 420; --cpu 240)")
-    ap.add_argument("--cases", default="", help="comma-separated case names (default: all but retina256-compile)")
+    ap.add_argument(
+        "--cases", default="", help="comma-separated case names (default: all but fets-25steps, retina256-compile)"
+    )
     ap.add_argument("--keep-runs", action="store_true", help="keep the runs' folders (printed)")
     ap.add_argument("--child-run", help=argparse.SUPPRESS)
     ap.add_argument("--child-kernel", help=argparse.SUPPRESS)
