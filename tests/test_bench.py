@@ -194,6 +194,9 @@ def test_bench_resumes_after_a_kill_and_its_tests_equal_scipys(tmp_path):
     keys = sorted(set(a) & set(b))
     assert len(keys) == fedprox["wilcoxon"]["n"] == fedprox["cases"]  # every case once, over both folds
     assert fedprox["wilcoxon"]["p"] == pytest.approx(wilcoxon([a[k] - b[k] for k in keys]).pvalue, rel=1e-12)
+    kept = fedprox["wilcoxon"]["case_diffs"]  # tables.json alone recomputes it: results.csv is not committed
+    assert kept == pytest.approx({f"{s}/{c}": a[(s, c)] - b[(s, c)] for s, c in keys}, rel=1e-9, abs=1e-12)
+    assert wilcoxon(list(kept.values())).pvalue == pytest.approx(fedprox["wilcoxon"]["p"], rel=1e-12)
     for site, test in fedprox["site_wilcoxon"].items():
         diffs = [a[k] - b[k] for k in keys if k[0] == site]
         expected = 1.0 if not any(diffs) else wilcoxon(diffs).pvalue

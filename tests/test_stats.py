@@ -135,3 +135,18 @@ def test_the_wilcoxon_counts_the_pairs_that_differ():
     test = paired_wilcoxon(ours, ref)
     assert test["n"] == 10 and test["n_nonzero"] == 2
     assert test["p"] == pytest.approx(wilcoxon([0.1, 0.2] + [0.0] * 8).pvalue)
+
+
+@pytest.mark.parametrize("alternative", ["two-sided", "greater"])
+def test_the_case_differences_a_table_keeps_recompute_its_p(alternative):
+    """``with_cases``: the per-case differences (averaged over the seeds) the Wilcoxon test ranked, keyed
+    ``site/case``: scipy's test of them is the reported p, so a reader can check a table's p from tables.json."""
+    a, b = simulated(np.random.default_rng(5), 0.01, sites=3, cases=7)
+    b[1][("site0", "c2")] = math.nan  # scored in one seed only: averaged over the seed it has
+    test = compare(a, b, alternative, resamples=200, with_cases=True)
+    diffs = test["case_diffs"]
+    assert len(diffs) == 21 and next(iter(diffs)) == "site0/c0"
+    mean_over_seeds = np.mean([a[s][("site0", "c2")] - b[s][("site0", "c2")] for s in (0, 2)])
+    assert diffs["site0/c2"] == pytest.approx(mean_over_seeds, abs=1e-15)
+    assert test["p"] == wilcoxon(list(diffs.values()), alternative=alternative).pvalue
+    assert "case_diffs" not in compare(a, b, alternative, resamples=200)  # only where asked (tables' pooled tests)

@@ -239,7 +239,7 @@ def federation_tables(bench: BenchSpec, runs: BenchRuns) -> tuple[dict, list[dic
             "runs": expected,
             "leave_one_out": fed.leave_one_out,
             "comparisons": [
-                {"method": a, "against": b, **compare(per_seed[a], per_seed[b], alternative)}
+                {"method": a, "against": b, **compare(per_seed[a], per_seed[b], alternative, with_cases=True)}
                 for a, b in bench.comparisons
                 if a in per_seed and b in per_seed
             ],
@@ -273,7 +273,7 @@ def add_tests(methods: dict[str, dict], per_seed: dict[str, dict], reference: st
             stats.update(wilcoxon=None, dagger=False, site_wilcoxon={})
             continue
         ours, ref = per_seed[name], per_seed[reference]
-        stats["wilcoxon"] = compare(ours, ref, alternative)
+        stats["wilcoxon"] = compare(ours, ref, alternative, with_cases=True)  # its p recomputable from tables.json
         stats["site_wilcoxon"] = {site: compare(_of_site(ours, site), ref, alternative) for site in stats["sites"]}
 
 

@@ -171,9 +171,12 @@ def compare(
     resamples: int = RESAMPLES,
     rng_seed: int = RNG_SEED,
     level: float = LEVEL,
+    with_cases: bool = False,
 ) -> dict[str, Any]:
     """Method ``a`` against ``b`` (each ``{seed: {(site, case): score}}``), paired per case and seed over the seeds
-    both have and the cases both scored.
+    both have and the cases both scored. ``with_cases``: also ``case_diffs``, ``{"site/case": a - b averaged over
+    the seeds}`` (the numbers the Wilcoxon test ranks, in the table's case order), so the p can be recomputed from
+    the table alone (``scipy.stats.wilcoxon`` of the values, NaN left out).
 
     Returns :func:`paired_wilcoxon`'s keys (the test on the per-case differences averaged over the seeds: ``n``
     cases, ``p``, ``mean_diff``, ``median_diff``) plus ``seeds`` (how many), ``per_seed_diff`` (``{seed: mean over
@@ -202,7 +205,13 @@ def compare(
         "ci_high": high,
         "ci_level": level,
         "ci_excludes_0": bool(excludes),
+        **({"case_diffs": {_case_name(k): float(d) for k, d in zip(table.keys, case_diffs)}} if with_cases else {}),
     }
+
+
+def _case_name(key: Hashable) -> str:
+    """``site/case`` of a ``(site, case)`` key (any other key as its text)."""
+    return "/".join(map(str, key)) if isinstance(key, tuple) else str(key)
 
 
 def rank_stability(
