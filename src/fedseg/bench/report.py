@@ -444,9 +444,9 @@ def record_analysis_changes(bench: BenchSpec, finished: int, out: Path, echo: Ec
         lines = [f"{utc_now()} {change} (after {finished} finished runs)" for change in changed]
         with open(path, "a") as f:
             f.write("".join(line + "\n" for line in lines))
+        say = echo or (lambda _: None)
         for line in lines:
-            if echo:
-                echo(f"note: changed after results existed, and the tables say so ({path}): {line}")
+            say(f"note: changed after results existed, and the tables say so ({path}): {line}")
     return path.read_text().splitlines() if path.is_file() else []
 
 

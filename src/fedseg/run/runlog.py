@@ -60,17 +60,11 @@ def last_event(out: Path) -> str | None:
         lines = (Path(out) / RUN_LOG).read_text().splitlines()
     except OSError:
         return None
-    for line in reversed(lines):
-        word = line.split(" ", 2)[1] if line.count(" ") >= 1 else ""
-        if word in ("resumed", "finished", "stopped:"):
-            return word.rstrip(":")
-    return None
+    words = (line.split(" ", 2)[1:2] for line in reversed(lines))  # the word after the time
+    return next((w[0].rstrip(":") for w in words if w and w[0] in ("resumed", "finished", "stopped:")), None)
 
 
 def log_stop(out: Path, text: str) -> None:
     """``<UTC time> stopped: <text>`` (the error or interruption that ended the run) appended to ``out/run.log``
-    (``fedseg.run.run_experiment``, once the run has begun); never an error of its own."""
-    try:
-        append_line(out, f"{utc_now()} stopped: {' '.join(text.split())}")
-    except OSError:  # a full disk or a read-only folder: the terminal has the line
-        pass
+    (``fedseg.run.run_experiment``, once the run has begun); never an error of its own (:func:`log_event`)."""
+    log_event(out, f"stopped: {' '.join(text.split())}")
