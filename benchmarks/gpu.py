@@ -161,6 +161,17 @@ def gpu_cases() -> list[Case]:
             optional=True,
         ),
         Case(
+            "fets-host-crops",
+            "fets",
+            [*FETS_GPU, "train.resident_mb=0"],
+            0.9,
+            "fets with its patches cropped on the CPU and copied (train.resident_mb=0, as before volumes were kept "
+            "on the GPU): what cropping on the device saves per site and round; the same crops, so the same Dice up "
+            "to the GPU's run-to-run tolerance",
+            compare_to="fets",
+            optional=True,
+        ),
+        Case(
             "retina256-compile",
             "synthetic-retina",
             [*RETINA_GPU, "algorithms=[fedavg]", "train.compile=true"],
@@ -893,7 +904,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--budget-s", type=float, default=None, help="the whole script's time (default 420; --cpu 240)")
     ap.add_argument(
-        "--cases", default="", help="comma-separated case names (default: all but fets-25steps, retina256-compile)"
+        "--cases",
+        default="",
+        help="comma-separated case names (default: all but the optional fets-25steps, fets-host-crops, "
+        "retina256-compile)",
     )
     ap.add_argument("--keep-runs", action="store_true", help="keep the runs' folders (printed)")
     ap.add_argument("--child-run", help=argparse.SUPPRESS)

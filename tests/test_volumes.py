@@ -97,6 +97,44 @@ def test_patches_and_augmentations_are_deterministic_per_seed():
     assert all(y[i, 0].any() for i in range(3))  # foreground_oversample = 1: every patch holds tumour
 
 
+def reference_patches(vols, size, foreground, generator):
+    """The patch draw as its docstring states it, with ``label.any(0).nonzero()`` listing the labelled voxels
+    at every draw (what draw_patches did before it cached them)."""
+    xs, ys = [], []
+    for vol in vols:
+        top = [n - k for n, k in zip(vol.image.shape[1:], size)]
+        u = float(torch.rand((), generator=generator))
+        fg = vol.label.any(0).nonzero() if u < foreground else None
+        if fg is not None and len(fg):
+            centre = fg[int(torch.randint(len(fg), (), generator=generator))]
+            start = [min(max(int(c) - k // 2, 0), t) for c, k, t in zip(centre, size, top)]
+        else:
+            start = [int(torch.randint(t + 1, (), generator=generator)) for t in top]
+        box = (slice(None), *(slice(s, s + k) for s, k in zip(start, size)))
+        xs.append(vol.image[box])
+        ys.append(vol.label[box])
+    return torch.stack(xs), torch.stack(ys)
+
+
+@pytest.mark.parametrize("where", ["host", "copies with bool masks"])
+def test_patches_are_the_crops_the_step_stream_draws_wherever_they_are_cut(where):
+    """draw_patches (cached foreground positions; on the GPU cut from the resident copies, masks as bool) gives
+    the very crops of the stated algorithm, for the same stream, over many draws and oversampling rates."""
+    vols = [
+        build_volume(*tumour_case(seed=s, offset=(s, -s, 0)), BRATS, (1.0,) * 3, VolumeConfig(patch_size=8), "none")
+        for s in range(3)
+    ]
+    sources = None if where == "host" else [(v.image.clone(), v.label.bool()) for v in vols]
+    for foreground, seed in [(0.0, 0), (0.5, 1), (1.0, 2), (0.66, 3)]:
+        g, ref_g = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed)
+        for _ in range(20):
+            x, y = draw_patches(vols, (8, 7, 6), foreground, g, sources=sources)
+            ref_x, ref_y = reference_patches(vols, (8, 7, 6), foreground, ref_g)
+            assert x.dtype == y.dtype == torch.float32
+            assert torch.equal(x, ref_x) and torch.equal(y, ref_y)
+        assert torch.equal(g.get_state(), ref_g.get_state())  # the same number of draws from the stream
+
+
 def test_config_errors_name_the_field():
     with pytest.raises(ConfigError, match="data.volume.patch_size"):
         load_config(preset="demo", overrides=["data.volume.patch_size=0"])

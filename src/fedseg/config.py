@@ -351,8 +351,9 @@ class TrainConfig(Strict):
     resident_mb: float = Field(
         default=1024.0,
         ge=0,
-        description="on CUDA, a whole-image training set (no volumes) up to this many MiB (images + masks) is "
-        "copied to the device once and batches are indexed there; 0 = never",
+        description="on CUDA, a site's training set up to this many MiB is copied to the device once and its "
+        "batches are made there: whole images (images + masks) are indexed, volumes (images + masks as bool) "
+        "are cropped to patches on the device; 0 = never. Results are the same either way",
     )
 
     @field_validator("amp", "channels_last", mode="before")

@@ -35,12 +35,15 @@ class CaseSet:
     volumes: list[Volume] | None = None
     volume: VolumeConfig | None = None
     _resident: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict, repr=False, compare=False)
+    _resident_volumes: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = field(
+        default_factory=dict, repr=False, compare=False
+    )
 
     def __len__(self) -> int:
         return len(self.ids)
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_resident": {}}  # a device copy stays in its process
+        return {**self.__dict__, "_resident": {}, "_resident_volumes": {}}  # a device copy stays in its process
 
     def batch(self, idx: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """The fixed-size view of cases ``idx``: ``(x (B, C, *S), y (B, R, *S))`` on ``device`` (indexed on the
@@ -50,26 +53,40 @@ class CaseSet:
         return to_device(x[idx], device), to_device(y[idx], device)
 
     def resident(self, device: torch.device, budget_mb: float) -> bool:
-        """Keep a copy of the fixed-size view ``x``, ``y`` on CUDA ``device`` (copied once, kept with the set) if
-        the set has no volumes and ``x`` + ``y`` take at most ``budget_mb`` MiB; :meth:`batch` then indexes
-        there. Returns whether the set is resident on ``device``. Values unchanged (a copy)."""
+        """Keep a copy of the training input on CUDA ``device`` (copied once, kept with the set) if it takes at most
+        ``budget_mb`` MiB (``train.resident_mb``; each set has its own budget): the fixed-size view ``x``, ``y`` on
+        the whole-image path (:meth:`batch` then indexes there), or every volume's image and label on the volume
+        path (the label as bool, a quarter of its float32 size; :meth:`patches` then crops there, so a training
+        batch is never copied from the host). Returns whether the set is resident on ``device``. Values
+        unchanged (copies; a 0/1 mask converts exactly)."""
         key = str(device)
-        if key not in self._resident:
-            size_mb = (self.x.nbytes + self.y.nbytes) / 2**20
-            if device.type != "cuda" or self.volumes is not None or size_mb > budget_mb or not len(self):
+        if key in self._resident or key in self._resident_volumes:
+            return True
+        if device.type != "cuda" or not len(self):
+            return False
+        if self.volumes is None:
+            if (self.x.nbytes + self.y.nbytes) / 2**20 > budget_mb:
                 return False
             self._resident[key] = (self.x.to(device), self.y.to(device))
+        else:
+            if sum(v.image.nbytes + v.label.numel() for v in self.volumes) / 2**20 > budget_mb:
+                return False
+            self._resident_volumes[key] = [(v.image.to(device), v.label.to(device, torch.bool)) for v in self.volumes]
         return True
 
     def patches(
-        self, idx: torch.Tensor, generator: torch.Generator, pin: bool = False
+        self, idx: torch.Tensor, generator: torch.Generator, pin: bool = False, device: torch.device | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One random patch per case ``idx`` (volume path; ``fedseg.data.volumes.draw_patches``), CPU (pinned
-        memory if ``pin``): ``(x (B, C, *K), y (B, R, *K))`` with ``K`` the patch size."""
+        """One random patch per case ``idx`` (volume path; ``fedseg.data.volumes.draw_patches``):
+        ``(x (B, C, *K), y (B, R, *K))`` with ``K`` the patch size, cropped on ``device`` where the set is
+        resident there (:meth:`resident`), else on the CPU (in pinned memory if ``pin``)."""
         assert self.volumes is not None and self.volume is not None  # the volume path
-        vols = [self.volumes[i] for i in idx.tolist()]
+        cases = idx.tolist()
+        vols = [self.volumes[i] for i in cases]
+        resident = self._resident_volumes.get(str(device))
+        sources = None if resident is None else [resident[i] for i in cases]
         size = patch_size(self.volume, self.x.dim() - 2)
-        return draw_patches(vols, size, self.volume.foreground_oversample, generator, pin)
+        return draw_patches(vols, size, self.volume.foreground_oversample, generator, pin, sources)
 
     def training_batch(
         self, idx: torch.Tensor, device: torch.device, generator: torch.Generator
@@ -81,7 +98,7 @@ class CaseSet:
         (Auto-FedAvg's beta steps, q-FedAvg's F_k, Per-FedAvg's second batch)."""
         if self.volumes is None:
             return self.batch(idx, device)
-        x, y = self.patches(idx, generator, pin=device.type == "cuda")
+        x, y = self.patches(idx, generator, pin=device.type == "cuda", device=device)
         return to_device(x, device), to_device(y, device)
 
     def subset(self, idx: torch.Tensor) -> CaseSet:

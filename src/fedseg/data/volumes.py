@@ -24,7 +24,7 @@ the preprocessed (padded) one, ``K`` the patch size.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -106,11 +106,22 @@ class Volume:
     label: torch.Tensor
     truth: torch.Tensor
     grid: Grid
+    _foreground: torch.Tensor | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_foreground": None}  # recomputed where needed, not sent
 
     @property
     def spacing(self) -> tuple[float, ...]:
         """The original spacing (mm per axis), in which metrics are computed."""
         return self.grid.spacing
+
+    def foreground(self) -> torch.Tensor:
+        """Flat (row-major over ``P``) indices of the voxels of ``label`` in any region, ascending, int64 ``(F,)``
+        on the CPU: what ``label.any(0).nonzero()`` lists, computed once (a patch draw reads it every step)."""
+        if self._foreground is None:
+            self._foreground = self.label.any(0).flatten().nonzero().flatten().cpu()
+        return self._foreground
 
 
 def _nonzero(x: torch.Tensor) -> torch.Tensor:
@@ -215,30 +226,41 @@ def build_volume(
 
 
 def draw_patches(
-    volumes: Sequence[Volume], size: Sequence[int], foreground: float, generator: torch.Generator, pin: bool = False
+    volumes: Sequence[Volume],
+    size: Sequence[int],
+    foreground: float,
+    generator: torch.Generator,
+    pin: bool = False,
+    sources: Sequence[tuple[torch.Tensor, torch.Tensor]] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One random patch of ``size`` voxels from each of ``volumes`` (FeTS Sec. 4.4.1-4.4.2: an epoch is
-    one patch per case): ``(x (B, C, *K), y (B, R, *K))``, in pinned memory if ``pin`` (a CUDA copy then
-    needs no staging copy).
+    one patch per case): ``(x (B, C, *K), y (B, R, *K))`` float32, in pinned memory if ``pin`` (a CUDA copy
+    then needs no staging copy). ``sources``: copies of each volume's ``(image, label)`` to crop from instead
+    (``CaseSet.resident``: on the GPU, the label may be bool); the batch is then on their device. The values
+    are the same either way (crops are copies; a 0/1 mask converts exactly).
 
     Per volume, from ``generator`` only (so the draw is a function of the step's random stream): a
     uniform number ``u``; if ``u < foreground`` and the volume has a labelled voxel, the patch is centred
     on a labelled voxel drawn uniformly (clipped to the volume), else its corner is uniform over all
-    positions. Each crop is copied straight into the batch (the voxels MONAI ``SpatialCrop`` gives)."""
+    positions. Each crop is copied straight into the batch (the voxels MONAI ``SpatialCrop`` gives).
+    Nothing here waits for a device: positions come from the CPU (``Volume.foreground``)."""
     first = volumes[0]
-    x = torch.empty((len(volumes), first.image.shape[0], *size), dtype=first.image.dtype, pin_memory=pin)
-    y = torch.empty((len(volumes), first.label.shape[0], *size), dtype=first.label.dtype, pin_memory=pin)
+    device = first.image.device if sources is None else sources[0][0].device
+    pin = pin and device.type == "cpu"
+    x = torch.empty((len(volumes), first.image.shape[0], *size), dtype=first.image.dtype, device=device, pin_memory=pin)
+    y = torch.empty((len(volumes), first.label.shape[0], *size), dtype=first.label.dtype, device=device, pin_memory=pin)
     for i, vol in enumerate(volumes):
         shape = vol.image.shape[1:]
         top = [n - k for n, k in zip(shape, size)]
         u = float(torch.rand((), generator=generator))
-        fg = vol.label.any(0).nonzero() if u < foreground else None
+        fg = vol.foreground() if u < foreground else None
         if fg is not None and len(fg):
-            centre = fg[int(torch.randint(len(fg), (), generator=generator))]
+            centre = np.unravel_index(int(fg[int(torch.randint(len(fg), (), generator=generator))]), shape)
             start = [min(max(int(c) - k // 2, 0), t) for c, k, t in zip(centre, size, top)]
         else:
             start = [int(torch.randint(t + 1, (), generator=generator)) for t in top]
         box = (slice(None), *(slice(s, s + k) for s, k in zip(start, size)))
-        x[i].copy_(vol.image[box])
-        y[i].copy_(vol.label[box])
+        image, label = (vol.image, vol.label) if sources is None else sources[i]
+        x[i].copy_(image[box])
+        y[i].copy_(label[box])
     return x, y
