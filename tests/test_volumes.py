@@ -135,6 +135,21 @@ def test_patches_are_the_crops_the_step_stream_draws_wherever_they_are_cut(where
         assert torch.equal(g.get_state(), ref_g.get_state())  # the same number of draws from the stream
 
 
+def test_a_case_is_blended_on_the_accelerator_only_where_its_output_fits(monkeypatch):
+    """Sliding-window blending stays on the GPU for a case whose (R + 1) float32 maps fit the bound, else the
+    CPU; on the CPU it is always the CPU (results there unchanged: the blend device is the CPU as before)."""
+    from fedseg.evaluate import sliding
+
+    vol = build_volume(*tumour_case(), BRATS, (1.0,) * 3, VolumeConfig(patch_size=8), "none")
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    assert sliding.blend_device(vol, cuda) == cuda and sliding.blend_device(vol, cpu) == cpu
+    output_mb = 4 * vol.label[0].numel() * 4 / 2**20  # 3 regions + the count map, float32
+    monkeypatch.setattr(sliding, "BLEND_ON_DEVICE_MAX_MB", output_mb)
+    assert sliding.blend_device(vol, cuda) == cuda
+    monkeypatch.setattr(sliding, "BLEND_ON_DEVICE_MAX_MB", output_mb * 0.99)
+    assert sliding.blend_device(vol, cuda) == cpu
+
+
 def test_config_errors_name_the_field():
     with pytest.raises(ConfigError, match="data.volume.patch_size"):
         load_config(preset="demo", overrides=["data.volume.patch_size=0"])

@@ -23,13 +23,32 @@ from fedseg.data.volumes import Grid, Volume, patch_size, restore
 from fedseg.evaluate.metric_info import DEFAULT_NSD_TOLERANCE, METRIC_NAMES
 from fedseg.evaluate.metrics import Scores, batch_metrics
 
+# The largest whole-case output (MiB) blended on an accelerator: (R + 1) float32 maps of the padded grid (the logits
+# and MONAI's count map). 2 GiB holds 3 regions of a 512 x 512 x 400 CT; a larger case is blended on the CPU.
+BLEND_ON_DEVICE_MAX_MB = 2048.0
+
+
+def blend_device(vol: Volume, device: torch.device) -> torch.device:
+    """Where :func:`sliding_logits` accumulates case ``vol``'s blended logits: on ``device`` when it is an
+    accelerator and the output fits :data:`BLEND_ON_DEVICE_MAX_MB`, else on the CPU."""
+    voxels = vol.label[0].numel()
+    fits = (vol.label.shape[0] + 1) * voxels * 4 / 2**20 <= BLEND_ON_DEVICE_MAX_MB
+    return device if device.type != "cpu" and fits else torch.device("cpu")
+
 
 @torch.no_grad()
-def sliding_logits(model: nn.Module, image: torch.Tensor, cfg: VolumeConfig, device: torch.device) -> torch.Tensor:
-    """Blended logits ``(R, *P)`` (CPU float32) of ``model`` over ``image`` ``(C, *P)``, ``P >= patch`` per
-    axis. Windows run on ``device``; the blend is accumulated on the CPU (a whole volume need not fit
-    on the accelerator). Puts ``model`` in eval mode. Windows run at the model's ``train.amp`` precision
-    (``fedseg.accel.inference_autocast``); their logits are cast to float32 before blending."""
+def sliding_logits(
+    model: nn.Module,
+    image: torch.Tensor,
+    cfg: VolumeConfig,
+    device: torch.device,
+    blend: torch.device = torch.device("cpu"),
+) -> torch.Tensor:
+    """Blended logits ``(R, *P)`` float32 of ``model`` over ``image`` ``(C, *P)``, ``P >= patch`` per axis, on
+    ``blend``. Windows run on ``device``; the blend is accumulated on ``blend`` (the CPU by default: a whole
+    volume need not fit on the accelerator; :func:`blend_device` chooses the accelerator where it fits, and
+    the image is then sliced there too). Puts ``model`` in eval mode. Windows run at the model's ``train.amp``
+    precision (``fedseg.accel.inference_autocast``); their logits are cast to float32 before blending."""
     from monai.inferers import sliding_window_inference
 
     model.eval()
@@ -40,25 +59,31 @@ def sliding_logits(model: nn.Module, image: torch.Tensor, cfg: VolumeConfig, dev
         return logits.float()
 
     out = sliding_window_inference(
-        image[None],
+        image[None].to(blend),
         roi_size=patch_size(cfg, image.dim() - 1),
         sw_batch_size=cfg.sw_batch_size,
         predictor=predictor,
         overlap=cfg.sw_overlap,
         mode=cfg.sw_mode,
         sw_device=device,
-        device=torch.device("cpu"),
+        device=blend,
     )
     assert isinstance(out, torch.Tensor)  # the network returns one tensor
     return out[0].float()
 
 
 def predict_on_grid(
-    model: nn.Module, image: torch.Tensor, grid: Grid, cfg: VolumeConfig, threshold: float, device: torch.device
+    model: nn.Module,
+    image: torch.Tensor,
+    grid: Grid,
+    cfg: VolumeConfig,
+    threshold: float,
+    device: torch.device,
+    blend: torch.device = torch.device("cpu"),
 ) -> torch.Tensor:
-    """Boolean region masks ``(R, *O)`` on the case's original grid: ``sigmoid(sliding logits)`` mapped
-    back by :func:`fedseg.data.volumes.restore`, then ``> threshold``."""
-    return restore(torch.sigmoid(sliding_logits(model, image, cfg, device)), grid) > threshold
+    """Boolean region masks ``(R, *O)`` on the case's original grid, on ``blend``: ``sigmoid(sliding logits)``
+    mapped back by :func:`fedseg.data.volumes.restore`, then ``> threshold`` (all on ``blend``)."""
+    return restore(torch.sigmoid(sliding_logits(model, image, cfg, device, blend)), grid) > threshold
 
 
 def network_for(model: nn.Module, view: torch.Tensor | None, device: torch.device) -> nn.Module:
@@ -87,14 +112,15 @@ def score_volumes(
     its original grid against its original-grid truth with its own spacing (HD95 and NSD's ``tolerance`` in
     mm), with the metrics' empty-mask rule and ``worst`` (``eval.hd95_worst``; None = the case's grid diagonal
     in mm). ``views``: the cases' fixed-size images ``(N, C, *S)`` a routing model decides on
-    (:func:`network_for`). The restored masks live on the CPU; they go to ``device`` for the metrics when
-    ``device`` is an accelerator and ``surface_device`` is ``auto`` (HD95/NSD there,
-    :mod:`fedseg.evaluate.surface`)."""
+    (:func:`network_for`). A case is blended, restored and thresholded on ``device`` where it fits
+    (:func:`blend_device`), else on the CPU; the masks go to ``device`` for the metrics when ``device`` is an
+    accelerator and ``surface_device`` is ``auto`` (HD95/NSD there, :mod:`fedseg.evaluate.surface`), else to
+    the CPU."""
     to = device if surface_device == "auto" and hd95 else torch.device("cpu")
     scores: dict[str, list[np.ndarray]] = {m: [] for m in METRIC_NAMES}
     for i, vol in enumerate(volumes):
         net = network_for(model, None if views is None else views[i], device)
-        pred = predict_on_grid(net, vol.image, vol.grid, cfg, threshold, device)
+        pred = predict_on_grid(net, vol.image, vol.grid, cfg, threshold, device, blend_device(vol, device))
         case = batch_metrics(
             pred[None].to(to),
             vol.truth[None],
