@@ -34,6 +34,7 @@ LOWER = (
     "fedseg.atomic_files",  # stdlib only: atomic file writes (a report writes its page without importing torch)
     "fedseg.lean_monai",  # stdlib only: MONAI's unused integrations kept out of fedseg's processes
     "fedseg.interrupts",  # stdlib only: stopping cleanly, whether a process runs (the data cache's prune too)
+    "fedseg.cli_errors",  # typer and rich only: the one error line every command prints
     "fedseg.accel",  # the device switches (train.amp, channels-last, ...) of training and inference
     "fedseg.evaluate.*",
     "fedseg.presentation",  # presentation primitives that a method's own report sections may use

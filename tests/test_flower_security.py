@@ -460,3 +460,33 @@ def test_a_foreign_app_bundle_is_refused_in_both_isolations_and_fedseg_still_tra
     assert len(replies) == 2 and all(refused in reason for reason in replies.values()), replies
     assert not marker.exists(), sorted(p.name for p in marker.iterdir())
     assert json.loads((out / "summary.json").read_text())["algorithms"]["fedavg"]["dice"]
+
+
+def _certs(*args: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "fedseg.cli", "flower", "certs", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+
+
+def test_certs_that_fail_while_writing_leave_the_folder_as_it_was(tmp_path):
+    """A key that cannot be written (a site name too long for the file system: a real OSError after the CA and
+    the SuperLink certificate were made) leaves no new folder, and with --force over an existing CA not one file
+    changed; a name that is not a plain file name is refused before anything is made. One error line each."""
+    long_name = "s" * 300
+    fresh = tmp_path / "fresh"
+    done = _certs("--out", str(fresh), "--node", "site1", "--node", long_name)
+    assert (done.returncode, done.stdout) == (1, ""), done.stderr
+    assert done.stderr.startswith("error: ") and "File name too long" in done.stderr and "Traceback" not in done.stderr
+    assert done.stderr.strip().endswith(f"nothing was written to {fresh}") and len(done.stderr.splitlines()) == 1
+    assert not fresh.exists()
+
+    kept = tmp_path / "kept"
+    assert _certs("--out", str(kept), "--node", "site1").returncode == 0
+    before = {p: p.read_bytes() for p in kept.rglob("*") if p.is_file()}
+    assert _certs("--out", str(kept), "--node", "site1", "--node", long_name, "--force").returncode == 1
+    assert {p: p.read_bytes() for p in kept.rglob("*") if p.is_file()} == before  # no file replaced, none added
+    assert not [p for p in kept.iterdir() if p.name.startswith(".")]  # no staging folder left
+
+    for bad in ["../outside", ".hidden", ""]:
+        done = _certs("--out", str(tmp_path / "named"), "--node", bad)
+        assert done.returncode == 1 and done.stderr.startswith(f"error: --node {bad!r}: not a site name"), done.stderr
+    assert not (tmp_path / "named").exists() and not (tmp_path / "outside.key").exists()

@@ -184,5 +184,5 @@ def test_ctrl_c_while_data_synth_writes_leaves_no_half_federation(tmp_path):
         os.killpg(proc.pid, signal.SIGINT)
         output, _ = proc.communicate(timeout=60)
     assert proc.returncode == 130, output
-    assert output.strip() == f"interrupted: nothing was written to {out}; run the same command again", output
+    assert output.strip() == f"error: interrupted: nothing was written to {out}; run the same command again", output
     assert not out.exists() and not list(tmp_path.iterdir()), list(tmp_path.iterdir())

@@ -8,6 +8,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from fedseg.config import preset_names
 
 
@@ -67,9 +69,30 @@ def test_the_command_keeps_its_error_status_and_line(tmp_path):
         timeout=120,
     )
     assert done.returncode == 1
-    lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+    assert done.stdout == ""  # the error goes to stderr: a redirected output holds no error text
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert lines == [f"error: unknown preset 'no-such'; available: {', '.join(preset_names())}"]
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["data", "check", "{missing}"], "error: {missing}: does not exist"),
+        (["flower", "certs", "--out", "{file}"], "error: {file}:"),
+        (["predict", "--model", "{missing}", "--input", "{missing}", "--out", "{out}"], "error: {missing}"),
+    ],
+)
+def test_every_command_family_prints_its_error_line_to_stderr(tmp_path, args, message):
+    """fedseg run/predict, fedseg data and fedseg flower stop on a bad input the same way: one ``error:`` line
+    on stderr, nothing on stdout, status 1."""
+    (tmp_path / "file").write_text("not a folder")
+    names = {"missing": tmp_path / "missing", "file": tmp_path / "file", "out": tmp_path / "out"}
+    argv = [a.format(**names) for a in args]
+    done = subprocess.run([sys.executable, "-m", "fedseg.cli", *argv], capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stdout) == (1, ""), (done.stdout, done.stderr)
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith(message.format(**names)), done.stderr
 
 
 def _no_unbuffered_env() -> dict:

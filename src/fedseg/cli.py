@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import typer
 from rich.console import Console
 
+from fedseg.cli_errors import fail
 from fedseg.cli_options import AlgorithmsHelp, device_option, threads_option, track_option
 from fedseg.config import ConfigError, config_from_cli, error_text, preset_description, preset_names, preset_yaml
 from fedseg.console_tables import print_dice, print_table
@@ -48,12 +49,6 @@ def _mount_flower_app() -> None:
 
 
 _mount_flower_app()
-
-
-def fail(message: str, code: int = 1) -> None:
-    console.print("[bold red]error:[/] ", end="", highlight=False)
-    console.print(message, highlight=False, markup=False, soft_wrap=True)  # "[a, b]" stays as written
-    raise typer.Exit(code)
 
 
 def _print_version(value: bool) -> None:

@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from fedseg.cli_errors import fail
 from fedseg.config import ConfigError, DataConfig, SplitConfig, error_text, load_config, preset_names
 from fedseg.data.federation import SPLITS, Federation, FederationError
 from fedseg.interrupts import INTERRUPTED_EXIT
@@ -21,16 +22,10 @@ data_app = typer.Typer(
 )
 
 
-def _fail(message: str, code: int = 1) -> NoReturn:
-    """Print ``message`` to stderr (no traceback) and exit with status ``code``."""
-    typer.echo(message, err=True)
-    raise typer.Exit(code)
-
-
 def _interrupted(out: Path) -> NoReturn:
     """Ctrl-C (or SIGTERM) while writing ``out``: these commands write into a temporary folder and move it into
     place at the end, so nothing was written; one line says so."""
-    _fail(f"interrupted: nothing was written to {out}; run the same command again", INTERRUPTED_EXIT)
+    fail(f"interrupted: nothing was written to {out}; run the same command again", INTERRUPTED_EXIT)
 
 
 def _shape_text(shapes: list[tuple[int, ...]]) -> str:
@@ -85,7 +80,7 @@ def check(
         split, split_seed = _split_settings(preset, config, seed)
         fed = check_folder(root, split, split_seed, max_image_mb=max_image_mb, warnings=warnings)
     except (FederationError, ConfigError) as e:
-        _fail(error_text(e))
+        fail(error_text(e))
     for line in group_problems(warnings):
         typer.echo(f"warning: {line}", err=True)
     _print_summary(fed, split, split_seed, f"OK: {root} — {{sites}}, {{cases}} ({split.mode} split, seed {split_seed})")
@@ -152,7 +147,7 @@ def synth(
         write_folder(fed, out, overwrite=force)
         written = check_folder(out)
     except (FederationError, ConfigError, OSError) as e:  # OSError: e.g. a read-only or full --out
-        _fail(error_text(e))
+        fail(error_text(e))
     except KeyboardInterrupt:
         _interrupted(out)
     _print_summary(
@@ -202,7 +197,7 @@ def import_(
         options = ImportOptions(partitioning, regions, site_by, fold, splits)  # type: ignore[arg-type]  # plan_msd checks regions
         fed = import_dataset(layout, sources, out, copy=copy, options=options, notes=notes)
     except (FederationError, OSError) as e:  # OSError: e.g. a full disk, a folder that cannot be written
-        _fail(error_text(e))
+        fail(error_text(e))
     except KeyboardInterrupt:
         _interrupted(out)
     split, seed = SplitConfig(), DataConfig().seed
@@ -280,7 +275,7 @@ def export(
         folds = [make_splits(federation, c, split_seed) for c in configs]
         written = export_nnunet(federation, folds, out, dataset_id=dataset_id, name=name, site=site)
     except (FederationError, ConfigError, OSError) as e:
-        _fail(error_text(e))
+        fail(error_text(e))
     except KeyboardInterrupt:
         _interrupted(out)
     typer.echo(
@@ -309,7 +304,7 @@ def _cache_root() -> Path:
 
     root = cache_root()
     if root is None:
-        _fail(f"the federation cache is off ({CACHE_ENV}=off)")
+        fail(f"the federation cache is off ({CACHE_ENV}=off)")
     return root
 
 

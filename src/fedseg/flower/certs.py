@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
+import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -155,11 +156,22 @@ def make_node_key(folder: Path, name: str) -> tuple[Path, Path]:
 
 
 def make_certs(out: Path, hosts: Sequence[str] = (), nodes: Sequence[str] = ()) -> TlsFiles:
-    """CA + SuperLink certificate (+ one authentication key pair per name in ``nodes``) in ``out``."""
+    """CA + SuperLink certificate (+ one authentication key pair per name in ``nodes``) in ``out``.
+
+    Written into a hidden staging folder inside ``out`` first (``fedseg.data.folder.staging_folder``, mode 0700)
+    and moved into place file by file at the end, so a failure or an interrupt while writing (a full disk, a
+    forbidden folder, Ctrl-C) leaves ``out`` as it was: never a CA without its SuperLink certificate."""
+    from fedseg.data.folder import staging_folder
+
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    ca_key, ca_cert = make_ca(out)
-    make_server_cert(out, ca_key, ca_cert, list(hosts))
-    for name in nodes:
-        make_node_key(out / "supernodes", name)
+    with staging_folder(out, "certs") as tmp:
+        ca_key, ca_cert = make_ca(tmp)
+        make_server_cert(tmp, ca_key, ca_cert, list(hosts))
+        for name in nodes:
+            make_node_key(tmp / "supernodes", name)
+        for path in sorted(p for p in tmp.rglob("*") if p.is_file()):
+            target = out / path.relative_to(tmp)
+            target.parent.mkdir(exist_ok=True)
+            path.replace(target)
+        shutil.rmtree(tmp)
     return TlsFiles.in_folder(out)

@@ -16,6 +16,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
+from fedseg.cli_errors import fail
 from fedseg.cli_options import AlgorithmsHelp, device_option, threads_option
 from fedseg.config import error_text
 from fedseg.console_tables import print_dice
@@ -25,12 +26,6 @@ flower_app = typer.Typer(
     help="Run on a real Flower deployment (SuperLink + one SuperNode per site).", no_args_is_help=True
 )
 console = Console()
-
-
-def _fail(message: str, code: int = 1) -> None:
-    console.print("[bold red]error:[/] ", end="", highlight=False)
-    console.print(message, highlight=False, markup=False, soft_wrap=True)  # paths stay copyable
-    raise typer.Exit(code)
 
 
 def _echo(line: str) -> None:
@@ -67,9 +62,9 @@ def _run_then_report(out: Path, run, interrupted: str) -> None:
     try:
         run()
     except KeyboardInterrupt:
-        _fail(interrupted, 130)
+        fail(interrupted, 130)
     except _errors() as e:
-        _fail(error_text(e))
+        fail(error_text(e))
     _finish(out.resolve())
 
 
@@ -335,7 +330,7 @@ def supernode(
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
     except _errors() as e:
-        _fail(error_text(e))
+        fail(error_text(e))
 
 
 @flower_app.command()
@@ -356,9 +351,17 @@ def certs(
     """Create a CA, the SuperLink's TLS certificate and SuperNode authentication keys (cryptography)."""
     from fedseg.flower.certs import make_certs
 
+    if out.exists() and not out.is_dir():
+        fail(f"{out}: not a folder (--out names the folder to write the certificates and keys into)")
+    for name in node:  # its key is written to supernodes/<name>.key: a plain file name, as a site's folder is
+        if not name or name.startswith(".") or any(c in name for c in "/\\\0"):
+            fail(f"--node {name!r}: not a site name (a file name: no '/' or '\\', not starting with '.')")
     if (out / "ca.key").exists() and not force:
-        _fail(f"{out}: already holds a CA (use --force to replace it)")
-    files = make_certs(out, hosts=host, nodes=node)
+        fail(f"{out}: already holds a CA (use --force to replace it)")
+    try:
+        files = make_certs(out, hosts=host, nodes=node)
+    except OSError as e:  # a forbidden folder, a full disk: nothing was written
+        fail(f"{error_text(e)}; nothing was written to {out}")
     _echo(f"CA: {files.ca}\nSuperLink certificate: {files.cert} (+ {files.key.name})")
     for name in node:
         _echo(
