@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from fedseg.config import SplitConfig
 from fedseg.data.check import check_folder
 from fedseg.data.cli import data_app
-from fedseg.data.exporters.nnunet import IMPORT_REGEX, export_nnunet
+from fedseg.data.exporters.nnunet import IMPORT_REGEX, export_nnunet, labels_for
 from fedseg.data.federation import Case, Federation, FederationError, Regions, Site
 from fedseg.data.folder import load_folder, read_image, read_label, write_folder
 from fedseg.data.splits import make_splits
@@ -89,12 +89,12 @@ def cli(*args: str):
 
 
 def one_line_error(result) -> str:
-    """The error of a failed command: exit 1, no traceback, one line."""
+    """The error of a failed command (exit 1, no traceback, one line ``error: <message>``): its message."""
     assert result.exit_code == 1, result.output
     assert "Traceback" not in result.output
     lines = result.output.strip().splitlines()
-    assert len(lines) == 1, result.output
-    return lines[0]
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
+    return lines[0].removeprefix("error: ")
 
 
 def splits_of(root: Path) -> dict[str, dict[str, str]]:
@@ -317,6 +317,15 @@ def test_export_renumbers_brats_labels_and_writes_spacing_of_in_memory_cases(tmp
     assert set(np.unique(np.asarray(label.dataobj)).tolist()) == {0, 1, 2, 3}
     np.testing.assert_allclose(label.header.get_zooms(), (1.0, 1.5, 3.0))
     assert written.training == 4 and written.test == 0
+
+
+def test_nested_regions_listed_smallest_first_are_exported_largest_first():
+    """nnU-Net paints regions in the order listed: ET, TC, WT as a federation may list them (a YAML mapping dumped
+    with sorted keys) go out as WT, TC, ET; regions that cannot be painted in any order are still refused."""
+    labels, order, _ = labels_for(Regions.from_mapping({"ET": [4], "TC": [1, 4], "WT": [1, 2, 4]}))
+    assert list(labels) == ["background", "WT", "TC", "ET"] and order == [2, 1, 3]
+    with pytest.raises(FederationError, match="every value lies in a smaller region"):
+        labels_for(Regions.from_mapping({"a": [1, 2], "b": [1], "c": [2]}))
 
 
 def test_2d_federation_exports_rgb_pngs_and_comes_back(tmp_path, disc_federation):

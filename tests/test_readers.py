@@ -18,6 +18,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from fedseg.atomic_files import current_umask
 from fedseg.data import readers
 from fedseg.data.check import check_folder
 from fedseg.data.cli import data_app
@@ -365,6 +366,19 @@ def test_data_check_and_load_folder_on_a_federation_mixing_formats(files, tmp_pa
             np.testing.assert_array_equal(label, LABEL, err_msg=case.id)
             assert case_spacing(case, 3) == pytest.approx(SPACING)
     assert [c.id for c in load_folder(root).site("b").cases] == ["d1", "m1", "n2"]
+    # exported for nnU-Net, every format's case lies where its source lies (origin and directions, not only the
+    # spacing), as fedseg predict's masks do; the voxels unchanged
+    result = CliRunner().invoke(data_app, ["export", "nnunet", str(root), "--out", str(tmp_path / "raw")])
+    assert result.exit_code == 0, result.output
+    (dataset,) = (tmp_path / "raw").iterdir()
+    assert dataset.stat().st_mode & 0o777 == 0o777 & ~current_umask()  # readable as the umask says, not 0700
+    for site in fed.sites:
+        for case in site.cases:
+            (written,) = dataset.glob(f"images*/{site.name}__{case.id}_0000.nii.gz")
+            source = readers.volume_grid(case.meta["image"]).affine
+            np.testing.assert_allclose(nib.load(written).affine, source, atol=1e-5, err_msg=case.id)
+            np.testing.assert_array_equal(np.asarray(nib.load(written).dataobj), VALUES, err_msg=case.id)
+            assert np.abs(source[:3, 3]).max() > 1  # a real origin: diag(spacing) would not pass
     third = [p for p in (root / "b/images/d1").iterdir() if pydicom.dcmread(p).InstanceNumber == 3]
     third[0].unlink()  # a slice in the middle
     result = CliRunner().invoke(data_app, ["check", str(root)])

@@ -23,15 +23,17 @@ What ``export_nnunet`` writes under ``OUT`` (``$nnUNet_raw``)::
 - **Channels**: ``channel_names`` from the sites' ``channel_names`` metadata (as ``import nnunet`` writes
   it), else their ``modality`` (``import msd``), else ``R, G, B`` for a 2D 3-channel federation, else
   ``channel0``, ``channel1``...
-- **Files**: 3D: ``.nii.gz``, one per channel, with the case's NIfTI affine (its image file's; else
-  ``diag(spacing)``), so the spacing is kept; labels the same. 2D: ``.png``; 3-channel uint8 images as one RGB
+- **Files**: 3D: ``.nii.gz``, one per channel, with the affine of the case's image (NIfTI, NRRD, MetaImage or
+  DICOM series: origin, directions and spacing kept, so the files lie where the source and fedseg's predictions
+  lie; NPY: ``diag(spacing)``, :func:`case_affine`); labels the same. 2D: ``.png``; 3-channel uint8 images as one RGB
   ``_0000`` file (nnU-Net's natural-image reader), other channel counts one grey PNG per channel (uint8 or
   uint16); labels uint8 PNGs.
 - **Labels**: disjoint one-value regions (``PZ = [1]``, ``TZ = [2]``) become plain labels ``{"background": 0,
   "PZ": 1, "TZ": 2}``; any other regions (nested ``WT = [1, 2, 3]``, ``TC = [2, 3]``, ``ET = [3]``)
-  nnU-Net's region-based labels with ``regions_class_order`` (region ``i``'s smallest value in no later
-  region). nnU-Net needs consecutive label values: others (BraTS ``1, 2, 4``) are renumbered ``1, 2, 3`` in
-  order, in the label files too, and ``description`` says so.
+  nnU-Net's region-based labels, listed from the largest region to the smallest (nnU-Net paints them in that
+  order), with ``regions_class_order`` (region ``i``'s smallest value in no later region). nnU-Net needs
+  consecutive label values: others (BraTS ``1, 2, 4``) are renumbered ``1, 2, 3`` in order, in the label files
+  too, and ``description`` says so.
 
 Everything is written into a temporary folder next to the dataset and renamed at the end: on any error
 nothing is left at ``OUT/DatasetNNN_Name``.
@@ -49,8 +51,10 @@ from typing import Any
 
 import numpy as np
 
+from fedseg.atomic_files import current_umask
+from fedseg.data import readers
 from fedseg.data.federation import Case, Federation, FederationError, Regions
-from fedseg.data.folder import _write_nifti, _write_png, split_name
+from fedseg.data.folder import _write_nifti, _write_png
 from fedseg.data.importers.nnunet import DATASET_JSON, SPLITS_FINAL, channel_file
 from fedseg.data.splits import Splits
 
@@ -92,14 +96,17 @@ def labels_for(regions: Regions) -> tuple[dict[str, Any], list[int] | None, dict
         raise FederationError(f"regions {regions.as_dict()}: two regions hold the same single label; nnU-Net cannot")
     labels: dict[str, Any] = {"background": 0}
     order = []
-    for i, (name, vals) in enumerate(zip(regions.names, regions.values)):
+    # nnU-Net paints the regions in the order listed, a later one over an earlier one: the largest first (WT, TC, ET
+    # whatever order the federation lists them in; ties keep the federation's order)
+    painted = sorted(zip(regions.names, regions.values), key=lambda region: -len(region[1]))
+    for i, (name, vals) in enumerate(painted):
         labels[name] = sorted(renumber[v] for v in vals)
-        later = {v for other in regions.values[i + 1 :] for v in other}
+        later = {v for _, other in painted[i + 1 :] for v in other}
         own = sorted(set(vals) - later)
         if not own:
             raise FederationError(
-                f"region {name!r} {list(vals)}: every value lies in a later region, so nnU-Net's regions_class_order "
-                "cannot paint it; list the regions from the largest to the smallest"
+                f"region {name!r} {list(vals)}: every value lies in a smaller region, so nnU-Net's regions_class_order "
+                "cannot paint it"
             )
         order.append(renumber[own[0]])
     return labels, order, renumber
@@ -119,13 +126,13 @@ def channel_names(fed: Federation, sites: list[str]) -> list[str]:
 
 
 def case_affine(case: Case) -> np.ndarray:
-    """The 4x4 affine for a 3D case's files: its image file's when that is a NIfTI (origin and directions kept),
-    else ``diag(spacing)`` with the case's spacing as ``volumes.case_spacing`` gives it."""
+    """The 4x4 affine (voxel index -> RAS+ mm) for a 3D case's files: its image's grid when the image is a volume
+    file or DICOM series (NIfTI, NRRD, MetaImage, DICOM: origin and directions kept, ``readers.volume_grid``, the
+    grid ``fedseg predict`` writes its masks on), else ``diag(spacing)`` with the case's spacing as
+    ``volumes.case_spacing`` gives it (NPY files carry no grid)."""
     image = case.meta.get("image")
-    if image is not None and split_name(Path(str(image)).name, ("nii", "nii.gz")) is not None:
-        import nibabel as nib
-
-        return np.asarray(nib.load(str(image)).affine)  # type: ignore[attr-defined]
+    if image is not None and readers.volume_format(Path(str(image))) is not None:
+        return readers.volume_grid(Path(str(image))).affine
     from fedseg.data.volumes import case_spacing
 
     return np.diag([*case_spacing(case, 3), 1.0])
@@ -240,6 +247,7 @@ def export_nnunet(
             dataset["regions_class_order"] = order
         (tmp / DATASET_JSON).write_text(json.dumps(dataset, indent=2) + "\n", encoding="utf-8")
         (tmp / SPLITS_FINAL).write_text(json.dumps(entries, indent=2) + "\n", encoding="utf-8")
+        tmp.chmod(0o777 & ~current_umask())  # mkdtemp's 0700 would hide the dataset from the other users of $nnUNet_raw
         tmp.rename(out / folder_name)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
