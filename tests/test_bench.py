@@ -140,7 +140,7 @@ def test_an_unknown_option_in_a_grid_fails_before_any_run(tmp_path, methods, sai
         capture_output=True,
         text=True,
     )
-    assert proc.returncode == 1 and said in proc.stdout, proc.stdout + proc.stderr
+    assert proc.returncode == 1 and said in proc.stderr and proc.stdout == "", proc.stdout + proc.stderr
     assert "Traceback" not in proc.stdout + proc.stderr and not (tmp_path / "out" / "runs").exists()
 
 
