@@ -12,12 +12,15 @@ from fedseg.engine.faults import SiteFailure
 from fedseg.engine.messages import Message
 from fedseg.run import prepare, run_algorithm, run_experiment
 
-KINDS = ["crash", "nan", "inf", "shape", "hang"]
+KINDS = ["crash", "nan", "inf", "shape", "missing", "extra", "weight", "hang"]
 EXPECTED = {  # what the failure message says for each kind
     "crash": "InjectedCrash",
     "nan": "holds NaN",
     "inf": "holds Inf",
     "shape": "has shape",
+    "missing": "tensors sent as model/ are missing",
+    "extra": "was not sent as part of model/",
+    "weight": "but the site holds 6 training cases",
     "hang": "no reply within fl.timeout_s",
 }
 

@@ -242,7 +242,12 @@ def test_private_control_plane_key_bound_sites_and_opaque_case_ids_on_a_real_dep
                 "site 'site2'",
                 alive=running,
             )
-            _stop(wrong_site)
+            _wait_for(  # the hospital sees why in its own SuperNode's log, not only the coordinator
+                wrong_site.log,
+                "this SuperNode was refused: it declares site 'site1' but authenticated with the key of site 'site2'",
+                timeout=60,
+            )
+            _stop(wrong_site)  # stopped right after a refusal, as a hospital restarting it: the run goes on
             unlisted = node("unlisted", "site1", tmp_path / "rogue" / "intruder.key", node_ports[1])
             assert unlisted.proc.wait(timeout=120) == 1
             assert "Failed to activate SuperNode" in " ".join(unlisted.log.read_text().split())

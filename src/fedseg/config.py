@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+import shlex
 from collections.abc import Mapping, Sequence
 from importlib import resources
 from pathlib import Path
@@ -410,7 +411,7 @@ class SecAggPlusConfig(Strict):
     reconstruction_threshold: int | float = Field(
         default=0.5,
         description="shares needed to reconstruct a secret: a count (< num_shares) or a fraction of num_shares "
-        "(at least 2)",
+        "(at least 2); as in Flower, the count 1 means 1.0: every share (a dropped site then stops the round)",
     )
     clipping_range: float = Field(default=8.0, gt=0, description="each update entry is clipped to +- this")
     quantization_range: int = Field(default=4194304, gt=0, description="quantization levels (2**22)")
@@ -531,13 +532,15 @@ class FaultSpec(Strict):
     """One injected fault (config ``faults``), applied where the site answers (every engine): ``crash``
     (the site raises), ``hang`` (it answers only after ``fl.timeout_s``, which must be set), ``nan`` /
     ``inf`` (one reply tensor filled with NaN / Inf), ``shape`` (one reply tensor loses an element),
-    ``scale`` (every reply tensor the site received moves ``factor`` times as far from what it received:
-    a crude model-poisoning attack)."""
+    ``missing`` (one reply tensor left out), ``extra`` (a tensor of a name it was not sent added to the reply's
+    group), ``weight`` (its ``num_examples``, the aggregation weight it reports, times ``factor``), ``scale``
+    (every reply tensor the site received moves ``factor`` times as far from what it received: a crude
+    model-poisoning attack)."""
 
     site: str
     round: int | None = Field(default=None, ge=1, description="the round it happens in; None = every round")
-    kind: Literal["crash", "hang", "nan", "inf", "shape", "scale"]
-    factor: float = Field(default=100.0, description="scale: the update's multiplier")
+    kind: Literal["crash", "hang", "nan", "inf", "shape", "missing", "extra", "weight", "scale"]
+    factor: float = Field(default=100.0, description="scale: the update's multiplier; weight: num_examples' one")
     action: str = Field(default="train", description="the exchange it hits (train, evaluate, ...)")
 
 
@@ -894,7 +897,7 @@ def load_config(
             text = path.read_text(encoding="utf-8")
         except UnicodeDecodeError as e:
             raise ConfigError(f"{path}: not UTF-8 text (at byte offset {e.start}); save the config as UTF-8") from None
-        empty = f"the config file is empty (start from `fedseg presets show demo > {path.name}`)"
+        empty = f"the config file is empty (start from `fedseg presets show demo > {shlex.quote(path.name)}`)"
         data, where = read_yaml_mapping(text, str(path), empty), str(path)
     data.pop("description", None)
     for assignment in overrides:

@@ -107,7 +107,7 @@ class BaseEngine:
                 )
                 continue
             reply, seconds = answer
-            problem = reply_problem(msg, reply, check_finite=action not in EVAL_ACTIONS)
+            problem = reply_problem(msg, reply, action not in EVAL_ACTIONS, self.num_samples(site))
             if timeout is not None and seconds > timeout:
                 problem = f"no reply within fl.timeout_s = {timeout:g} s (took {seconds:.1f} s)"
             if problem is not None:
@@ -159,6 +159,10 @@ class BaseEngine:
 
     def close(self) -> None:
         """The algorithm is done: release what the engine holds for it (e.g. state files). Here: nothing."""
+
+    def num_samples(self, site: str, split: str = "train") -> int:
+        """The size of ``site``'s ``split`` (cases), as the site declared it: its aggregation weight n_k."""
+        raise NotImplementedError
 
     def deliver(
         self, order: list[str], messages: dict[str, Message], action: str

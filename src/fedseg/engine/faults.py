@@ -7,7 +7,9 @@ Detection, in :meth:`fedseg.engine.base.BaseEngine.exchange` for every reply bef
   seconds of wall time (an injected ``hang``; on Flower, no reply by then);
 * a reply tensor of a training exchange holds NaN or Inf (evaluation replies may: an HD95 with an
   empty mask is NaN);
-* a reply tensor named like a tensor of the message the site received has another shape or dtype.
+* a reply tensor named like a tensor of the message the site received has another shape or dtype;
+* a group of tensors the site received (e.g. ``model/``) comes back incomplete or with names it was not sent;
+* the reply's ``num_examples`` (the site's aggregation weight) is not the training-set size the site declared.
 
 ``fl.on_failure = stop`` (default): the exchange raises :class:`SiteFailure` naming site, round,
 action and reason; the run stops with the last round's checkpoint intact (a checkpoint is written
@@ -58,7 +60,7 @@ def matching_faults(cfg: RunConfig, site: str, rnd: int, action: str) -> list[Fa
 
 def inject(faults: list[FaultSpec], msg: Message, reply: Message | None, cfg: RunConfig) -> Message | None:
     """Apply ``faults`` to a site's answer: ``reply`` None means before the client runs (crash, hang);
-    otherwise returns the changed reply (nan, inf, shape, scale)."""
+    otherwise returns the changed reply (nan, inf, shape, missing, extra, weight, scale)."""
     for fault in faults:
         if reply is None:
             if fault.kind == "crash":
@@ -67,12 +69,18 @@ def inject(faults: list[FaultSpec], msg: Message, reply: Message | None, cfg: Ru
                 assert cfg.fl.timeout_s is not None  # RunConfig refuses a hang without a timeout
                 time.sleep(cfg.fl.timeout_s * 1.2 + 0.05)
             continue
-        tensors = dict(reply.tensors)
+        tensors, meta = dict(reply.tensors), dict(reply.meta)
         floats = sorted(k for k, t in tensors.items() if t.is_floating_point() and t.numel())
         if fault.kind in ("nan", "inf") and floats:
             tensors[floats[0]] = torch.full_like(tensors[floats[0]], math.nan if fault.kind == "nan" else math.inf)
         elif fault.kind == "shape" and floats:
             tensors[floats[0]] = tensors[floats[0]].flatten()[1:]
+        elif fault.kind == "missing" and floats:
+            del tensors[floats[0]]
+        elif fault.kind == "extra" and floats:
+            tensors[f"{_group(floats[0])}/../injected"] = torch.zeros(1)
+        elif fault.kind == "weight" and "num_examples" in meta:
+            meta["num_examples"] = int(float(meta["num_examples"]) * fault.factor)
         elif fault.kind == "scale":
             for k in floats:
                 sent = msg.tensors.get(k)
@@ -80,7 +88,7 @@ def inject(faults: list[FaultSpec], msg: Message, reply: Message | None, cfg: Ru
                     tensors[k] = sent + fault.factor * (tensors[k] - sent)
                 else:
                     tensors[k] = tensors[k] * fault.factor
-        reply = Message(tensors, dict(reply.meta))
+        reply = Message(tensors, meta)
     return reply
 
 
@@ -92,9 +100,13 @@ def all_finite(tensor: torch.Tensor) -> bool:
     return bool(torch.isfinite(tensor.sum())) or bool(torch.isfinite(tensor).all())
 
 
-def reply_problem(msg: Message, reply: Message, check_finite: bool) -> str | None:
-    """Why ``reply`` cannot be used, or None: a tensor with NaN/Inf (if ``check_finite``), or one named
-    like a tensor of ``msg`` with another shape or dtype."""
+def reply_problem(msg: Message, reply: Message, check_finite: bool, train_cases: int) -> str | None:
+    """Why ``reply`` cannot be used, or None (module docstring, **Detection**): a tensor with NaN/Inf (if
+    ``check_finite``); one named like a tensor of ``msg`` with another shape or dtype; a group of tensors that
+    ``msg`` sent (``model/...``) returned incomplete or with names that were not sent (a merge would silently
+    lose the tensor, or fail at every site's next evaluation); a ``num_examples`` (the site's aggregation weight
+    n_k) that is not ``train_cases``, the training-set size the site declared (its split; on Flower its answer
+    to the data check before round 1)."""
     for name, tensor in reply.tensors.items():
         sent = msg.tensors.get(name)
         if sent is not None and (sent.shape != tensor.shape or sent.dtype != tensor.dtype):
@@ -105,4 +117,20 @@ def reply_problem(msg: Message, reply: Message, check_finite: bool) -> str | Non
         if check_finite and tensor.is_floating_point() and not all_finite(tensor):
             bad = "NaN" if bool(torch.isnan(tensor).any()) else "Inf"
             return f"tensor {name!r} holds {bad}"
+    for group in sorted({_group(n) for n in reply.tensors} & {_group(n) for n in msg.tensors} - {""}):
+        sent_names = {n for n in msg.tensors if _group(n) == group}
+        returned = {n for n in reply.tensors if _group(n) == group}
+        if sent_names - returned:
+            missing = sorted(sent_names - returned)
+            return f"{len(missing)} of the {len(sent_names)} tensors sent as {group}/ are missing, e.g. {missing[0]!r}"
+        if returned - sent_names:
+            return f"tensor {sorted(returned - sent_names)[0]!r} was not sent as part of {group}/ (an unknown name)"
+    n_k = reply.meta.get("num_examples")
+    if n_k is not None and n_k != train_cases:
+        return f"num_examples = {n_k!r} (its aggregation weight), but the site holds {train_cases} training cases"
     return None
+
+
+def _group(name: str) -> str:
+    """The group of a tensor name: ``"model/conv.weight"`` -> ``"model"`` (``""`` for a name without one)."""
+    return name.split("/", 1)[0] if "/" in name else ""

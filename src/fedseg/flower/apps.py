@@ -6,7 +6,7 @@
   of the run's algorithm (actions are the algorithms' own names, e.g. ``train.train``,
   ``train.loss``, ``train.install``, ``evaluate.evaluate``, ``evaluate.share_model``); the
   engine's own messages are named query actions (``query.info``, ``query.snapshot``,
-  ``query.restore``). See ``fedseg.flower.node``.
+  ``query.restore``, ``query.refused``). See ``fedseg.flower.node``.
 
 ``build_fab()`` bundles them as a Flower App Bundle (a ``pyproject.toml`` and a one-line
 module importing this one): what ``flwr run`` would submit. fedseg itself is not inside the
@@ -101,6 +101,11 @@ def snapshot(message: Message, context: Context) -> Message:
 
 @client_app.query(node.RESTORE)
 def restore(message: Message, context: Context) -> Message:
+    return node.handle(message, context)
+
+
+@client_app.query(node.REFUSED)
+def refused(message: Message, context: Context) -> Message:
     return node.handle(message, context)
 
 

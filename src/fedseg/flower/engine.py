@@ -38,7 +38,7 @@ from fedseg.engine.base import BaseEngine, ClientStates
 from fedseg.engine.context import Task
 from fedseg.engine.ledger import EVAL_ACTIONS
 from fedseg.engine.messages import Message
-from fedseg.flower.node import INFO, RESTORE, SNAPSHOT
+from fedseg.flower.node import INFO, REFUSED, RESTORE, SNAPSHOT
 from fedseg.flower.records import ENGINE, from_recorddict, record_bytes, to_recorddict
 
 log = logging.getLogger("fedseg.flower.engine")
@@ -122,6 +122,18 @@ def query(site: str, node: int, action: str, header: dict) -> FlowerMessage:
     )
 
 
+def split_sizes(info: dict, who: str) -> dict[str, int]:
+    """A node's answer to the data check, ``{split: number of cases}`` (the sizes its aggregation weights are checked
+    against, ``fedseg.engine.faults.reply_problem``); ``SiteError`` naming ``who`` for a size that is not a whole
+    number >= 0."""
+    sizes = {}
+    for split, value in info.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise SiteError(f"{who} reported {split} = {value!r} cases; a split's size is a whole number >= 0")
+        sizes[split] = value
+    return sizes
+
+
 REFUSED_RETRY = 5.0  # seconds before a refused node is asked again (its SuperNode may have been restarted)
 
 
@@ -132,7 +144,9 @@ def connect_sites(
 
     Every connected node gets an ``info`` query; it answers with the site of its node config
     after a full data check of its folder (an error reply -- e.g. the data check's list of
-    problems -- fails the run at once). Every site is required: the run fails with a clear
+    problems -- fails the run at once; a node that stops before it answers is forgotten, logged once, and its
+    site waited for, e.g. a refused SuperNode the hospital stops to restart it). Every site is required: the run
+    fails with a clear
     message if one has not answered within ``wait`` seconds (e.g. its SuperNode is down or, with
     node authentication on, its public key is not registered). Nodes naming a site outside the
     federation are ignored (logged); two nodes naming the same site fail the run.
@@ -140,9 +154,12 @@ def connect_sites(
     ``node_sites`` (with SuperNode authentication: node id -> the site whose public key was registered
     under that id, ``fedseg flower server --auth-keys``): a node's identity is its key, not what it
     declares. A node whose id is not there, or that declares another site than its key's, is refused
-    (a WARNING naming it in the coordinator's log and console) and asked again every ``REFUSED_RETRY`` seconds
-    (the hospital may restart it with the right settings).
+    (a WARNING naming it in the coordinator's log and console and in the node's own log, once per node and reason)
+    and asked again every
+    ``REFUSED_RETRY`` seconds (the hospital may restart it with the right settings).
     """
+    from fedseg.flower.flwr_internals import node_left_error_code
+
     grid = courier.grid
     found = SiteMap(list(sites))
     asked: dict[int, str] = {}  # node id -> message id of its info query
@@ -151,9 +168,18 @@ def connect_sites(
     deadline = time.monotonic() + wait
     head = {"header": json.dumps(header)}
 
-    def refuse(node: int, why: str) -> None:
-        log.warning("SuperNode %s refused: %s", node, why)
+    notices: set[str] = set()  # message ids of refusal notices (their replies are not info answers)
+
+    def refuse(node: int, why: str, notify: bool = True) -> None:
+        """Not (yet) this site's node: ask again in ``REFUSED_RETRY`` s. The first time for this reason a WARNING here
+        and, if ``notify``, the same line in the node's own log (a ``refused`` query), so its hospital sees why."""
+        repeated = refused.get(node, (0.0, ""))[1] == why  # asked again and refused for the same reason: no new line
+        (log.debug if repeated else log.warning)("SuperNode %s %s", node, why)
         refused[node] = (time.monotonic() + REFUSED_RETRY, why)
+        if notify and not repeated:
+            (notice,) = courier.push([query("?", node, REFUSED, {"why": why})])
+            notices.add(notice)
+            pending[notice] = node
 
     while True:
         now = time.monotonic()
@@ -170,18 +196,24 @@ def connect_sites(
             new.remove(n)
             asked[n] = ""
             if n not in refused:
-                refuse(n, "its key is not among the registered sites' keys (--auth-keys)")
+                refuse(n, "refused: its key is not among the registered sites' keys (--auth-keys)")
         if new:
             ids = courier.push([query("?", n, INFO, head) for n in new])
             asked.update(zip(new, ids))
             pending.update(zip(ids, new))
         for reply in grid.pull_messages(list(pending)) if pending else []:
             node = pending.pop(reply.metadata.reply_to_message_id)
+            if reply.metadata.reply_to_message_id in notices:
+                continue  # the node logged its refusal
+            if reply.has_error() and reply.error.code == node_left_error_code():
+                refuse(node, "stopped before it answered; its site is waited for (a restart is asked again)", False)
+                continue
             check_reply(reply, f"SuperNode {node}", "the data check before round 1")
             info = dict(reply.content[ENGINE])
             site = str(info.pop("site"))
             if node_sites is not None and node_sites[node] != site:
-                refuse(node, f"it declares site {site!r} but authenticated with the key of site {node_sites[node]!r}")
+                key_site = node_sites[node]
+                refuse(node, f"refused: it declares site {site!r} but authenticated with the key of site {key_site!r}")
                 continue
             refused.pop(node, None)
             if site not in found.sites:
@@ -193,13 +225,13 @@ def connect_sites(
                 raise SiteError(
                     f"two SuperNodes ({found.nodes[site]} and {node}) both serve site {site!r}; stop one of them"
                 )
-            found.nodes[site], found.sizes[site] = node, {k: int(v) for k, v in info.items()}
+            found.nodes[site], found.sizes[site] = node, split_sizes(info, f"SuperNode {node} (site {site!r})")
             log.info("site %s -> SuperNode %s (%s)", site, node, found.sizes[site])
         missing = [s for s in found.sites if s not in found.nodes]
         if not missing:
             return found
         if time.monotonic() > deadline:
-            also = "".join(f"; SuperNode {n} was refused: {why}" for n, (_, why) in refused.items())
+            also = "".join(f"; SuperNode {n} {why}" for n, (_, why) in refused.items())
             raise SiteError(
                 f"site{'s' if len(missing) > 1 else ''} {', '.join(missing)} did not connect within {wait:.0f} s "
                 f"(connected: {', '.join(found.nodes) or 'none'}{also}). Every site of the federation is required: "

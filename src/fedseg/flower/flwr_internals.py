@@ -304,3 +304,13 @@ def uvicorn_log_config() -> dict:
     from flwr.supercore.logger import console_handler
 
     return get_uvicorn_log_config(console_handler.level)
+
+
+def node_left_error_code() -> int:
+    """The ``Error`` code the SuperLink replies with for a message whose destination SuperNode stopped sending
+    heartbeats before it answered (``NODE_UNAVAILABLE``): the node left, it did not fail.
+
+    Uses ``flwr.common.constant.ErrorCode``. No public way: it is not exported by ``flwr.app``."""
+    from flwr.common.constant import ErrorCode
+
+    return int(ErrorCode.NODE_UNAVAILABLE)

@@ -54,7 +54,7 @@ RUN_CONFIG_KEY = "fedseg-config"  # run config entry: the resolved RunConfig as 
 STATE = "fedseg.state."  # Context.state slot of a site's store, per algorithm (+ ".index")
 RUN_KEY = "fedseg-run-key"  # run config entry: names the experiment across Flower runs (resume)
 SIMULATION = "fedseg-simulation"  # run config entry (Flower's simulation runtime): {data, samples, state} folders
-INFO, SNAPSHOT, RESTORE = "info", "snapshot", "restore"  # query actions
+INFO, SNAPSHOT, RESTORE, REFUSED = "info", "snapshot", "restore", "refused"  # query actions
 
 
 @dataclass(frozen=True)
@@ -252,7 +252,7 @@ def handle(message: FlowerMessage, context: Context) -> FlowerMessage:
         settings = NodeSettings.of(context)
         cfg = run_config(context)
         if category == "query":
-            handler = {INFO: on_info, SNAPSHOT: on_snapshot, RESTORE: on_restore}.get(action)
+            handler = {INFO: on_info, SNAPSHOT: on_snapshot, RESTORE: on_restore, REFUSED: on_refused}.get(action)
             if handler is None:
                 raise ValueError(f"unknown fedseg query {action!r}")
             content = handler(message.content, context, settings, cfg)
@@ -324,6 +324,14 @@ def on_info(content: RecordDict, context: Context, settings: NodeSettings, cfg: 
     splits = site_splits(site, cfg.data.split, cfg.data.seed)
     sizes = {s: sum(1 for v in splits.values() if v == s) for s in ("train", "val", "test")}
     return RecordDict({ENGINE: ConfigRecord({"site": settings.site, "cases": len(site.cases), **sizes})})
+
+
+def on_refused(content: RecordDict, context: Context, settings: NodeSettings, cfg: RunConfig) -> RecordDict:
+    """The coordinator refused this SuperNode (``fedseg.flower.engine.connect_sites``): say why in this site's log,
+    where its operator looks (the coordinator's log is not theirs)."""
+    why = str(content.config_records[ENGINE]["why"])
+    log.warning("site %s: this SuperNode was %s", settings.site, why)
+    return RecordDict()
 
 
 def on_snapshot(content: RecordDict, context: Context, settings: NodeSettings, cfg: RunConfig) -> RecordDict:
