@@ -179,7 +179,18 @@ def test_resume_refuses_a_federation_folder_changed_since_the_run_started(tmp_pa
     assert _run([*args, "--resume"]).exit_code == 0
 
 
-def test_predict_with_a_hand_edited_manifest_names_the_key(finished_run, tmp_path):
+@pytest.mark.parametrize(
+    ("key", "value", "expected"),
+    [
+        ("in_channels", "one", "in_channels is 'one'; expected a positive integer"),
+        ("image_size", -5, "image_size is -5; expected a positive integer"),  # was a traceback from the resize
+        ("image_size", 0, "image_size is 0; expected a positive integer"),
+        ("threshold", 1.5, "threshold is 1.5; expected a number between 0 and 1"),
+        ("normalize", "zscor", "normalize is 'zscor'; expected one of minmax, zscore, zscore_foreground,"),
+        ("volume", {"patch_size": -1}, "invalid network, regions or volume (1 validation error for VolumeConfig"),
+    ],
+)
+def test_predict_with_a_hand_edited_manifest_names_the_key(finished_run, tmp_path, key, value, expected):
     import json
 
     import numpy as np
@@ -189,14 +200,14 @@ def test_predict_with_a_hand_edited_manifest_names_the_key(finished_run, tmp_pat
     copy = tmp_path / "run"
     shutil.copytree(run, copy)
     manifest = copy / "model" / "fedavg" / "manifest.json"
-    manifest.write_text(json.dumps({**json.loads(manifest.read_text()), "in_channels": "one"}))
+    manifest.write_text(json.dumps({**json.loads(manifest.read_text()), key: value}))
     image = tmp_path / "in" / "eye.png"
     image.parent.mkdir()
     Image.fromarray(np.zeros((32, 32, 3), np.uint8)).save(image)
     line = _one_error_line(
         _run(["predict", "--model", str(copy / "model"), "--input", str(image.parent), "--out", str(tmp_path / "out")])
     )
-    assert line == f"error: {manifest}: in_channels is 'one'; expected a positive integer", line
+    assert line.startswith(f"error: {manifest}: {expected}"), line
 
 
 def test_predict_says_when_a_volume_is_given_to_a_2d_model(finished_run, tmp_path):

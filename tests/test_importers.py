@@ -219,8 +219,17 @@ def test_fets2022_partitioning_2_and_copy(tmp_path):
             lambda src: (src / "partitioning_1.csv").unlink(),
             r"partitioning_1\.csv: missing \(FeTS2022 ships partitioning_1\.csv and partitioning_2\.csv",
         ),
+        (
+            lambda src: _nifti(
+                src / "FeTS2022_00003" / "FeTS2022_00003_flair.nii.gz",
+                np.zeros(SHAPE, np.int16),
+                AFFINE @ np.diag([1, 1, 2, 1]),
+            ),  # twice the t1's slice spacing
+            r"FeTS2022_00003/FeTS2022_00003_flair\.nii\.gz: not on the grid of the first channel "
+            r"FeTS2022_00003_t1\.nii\.gz \(spacing \(0\.9, 0\.9, 5\) vs \(0\.9, 0\.9, 2\.5\) mm\)",
+        ),
     ],
-    ids=["missing-modality", "subject-not-in-csv", "label-value", "csv-column", "no-csv"],
+    ids=["missing-modality", "subject-not-in-csv", "label-value", "csv-column", "no-csv", "modality-grid"],
 )
 def test_fets2022_bad_input_names_the_file_and_writes_nothing(tmp_path, breaks, expected):
     src, out = fets_layout(tmp_path / "FeTS2022"), tmp_path / "fed"

@@ -61,6 +61,16 @@ def _folder_named_like_an_image(fed: Path) -> None:
     (fed / "site1" / "images" / "c4.png" / "a.png").write_bytes(b"\x89PNG not dicom")
 
 
+def _links_to_a_moved_dataset(fed: Path) -> None:
+    """Link ``site1``'s images to a raw dataset (as an import without ``--copy`` does), then move that dataset."""
+    raw = fed.parent / "raw"
+    raw.mkdir()
+    for image in sorted((fed / "site1" / "images").iterdir()):
+        image.rename(raw / image.name)
+        image.symlink_to(raw / image.name)
+    raw.rename(fed.parent / "raw-moved")
+
+
 def _read_only(root: Path) -> None:
     (root / "ro").mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(root / "ro")], check=True)
@@ -98,6 +108,13 @@ CASES = [
         ["data", "check", "fed"],
         "fed/site1/images/c6: neither a file nor a folder (a broken symbolic link or a link loop)",
         lambda fed: (fed / "site1" / "images" / "c6").symlink_to(fed / "site1" / "images" / "c6"),
+    ),
+    Case(
+        "an import's links to a raw dataset that moved (not a line per link and its follow-on problems)",
+        ["data", "check", "fed"],
+        "error: 8 files of fed link to raw, which no longer exists (e.g. site1/images/s1_000.png -> raw/s1_000.png); "
+        "the raw data moved? import it again, or restore it where it was",
+        _links_to_a_moved_dataset,
     ),
     Case(
         "an image above `--max-image-mb` (a warning; the check passes)",

@@ -5,6 +5,7 @@ regions, channels, cases, spacing and splits. Bad input fails with one line nami
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -359,6 +360,15 @@ def _set_json(src: Path, **changes) -> None:
     (src / "dataset.json").write_text(json.dumps(data))
 
 
+_FLIP_X = np.array([[-1, 0, 0, SHAPE[0] - 1], [0, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1.0]])  # the x axis reversed
+_SHIFT_Y = np.array([[0, 0, 0, 0], [0, 0, 0, 5.0], [0, 0, 0, 0], [0, 0, 0, 0]])  # the origin 5 mm along y
+
+
+def _second_channel_of_bwh_001(src: Path, shape: tuple[int, ...], affine: np.ndarray) -> None:
+    """Rewrite case BWH_001's ``_0001`` file with ``shape`` and ``affine`` (its ``_0000`` keeps SHAPE and AFFINE)."""
+    _nifti(src / "imagesTr" / "BWH_001_0001.nii.gz", np.zeros(shape, np.int16), affine)
+
+
 @pytest.mark.parametrize(
     ("breaks", "site_by", "expected"),
     [
@@ -418,6 +428,19 @@ def _set_json(src: Path, **changes) -> None:
             None,
             "{src}/splits_final.json: fold 0 lists case 'AMC_000' in both train and val",
         ),
+        *(
+            (
+                functools.partial(_second_channel_of_bwh_001, shape=shape, affine=affine),
+                None,
+                "{src}/imagesTr/BWH_001_0001.nii.gz: not on the grid of the first channel BWH_001_0000.nii.gz (" + why,
+            )
+            for shape, affine, why in (
+                (SHAPE, AFFINE @ np.diag([1, 1, 2, 1]), "spacing (0.8, 0.8, 5) vs (0.8, 0.8, 2.5) mm)"),
+                (SHAPE, AFFINE @ _FLIP_X, "an axis flipped or rotated: voxel axes [[-0.8,"),
+                (SHAPE, AFFINE + _SHIFT_Y, "origin (-4, 12, 12) vs (-4, 7, 12) mm)"),
+                ((10, 9, 5), AFFINE, "shape (10, 9, 5) vs (10, 9, 6))"),
+            )
+        ),
     ],
     ids=[
         "no-dataset-json",
@@ -432,6 +455,10 @@ def _set_json(src: Path, **changes) -> None:
         "regions-order",
         "extra-channel",
         "splits-final",
+        "channel-spacing",
+        "channel-flipped",
+        "channel-origin",
+        "channel-shape",
     ],
 )
 def test_bad_nnunet_input_fails_with_one_line_and_writes_nothing(tmp_path, breaks, site_by, expected):
@@ -608,6 +635,44 @@ def test_predict_reads_an_imagests_folder_case_by_case_as_the_import_stacked_it(
     assert sorted(p.name for p in (tmp_path / "one-frame").iterdir()) == ["img_0001.npy", "predictions.csv"]
 
 
+def test_a_one_channel_model_refuses_a_second_volume_channel_but_reads_numbered_2d_frames_as_images(tmp_path):
+    """For a one-channel model, 3D ``<case>_0000``, ``<case>_0001`` files are a case's channels (a CT model given a T1
+    and a T2): the file it does not read is named, as a two-channel model's ``_0002`` is, rather than each volume
+    segmented as an image. 2D ``frame_0000.png``, ``frame_0001.png`` are frames: each an image, as before."""
+    from fedseg.predict import PredictError, Source, nnunet_cases
+
+    src = nnunet_dataset(tmp_path / "Dataset508_Ct", sites=("AMC",), per_site=1)  # T2 and ADC channel files
+    volumes = sorted((src / "imagesTs").glob("AMC_001_*.nii.gz"))
+    with pytest.raises(PredictError) as e:
+        nnunet_cases(volumes, 1, "3d")
+    assert str(e.value) == (
+        f"{volumes[1]}: channel 1 of nnU-Net case 'AMC_001', but the model reads one channel, _0000 (move the file "
+        "out of the folder)"
+    )
+    assert nnunet_cases(volumes, 2, "3d") == [Source(tuple(volumes), "AMC_001")]
+    frames = []
+    for k in range(2):
+        frames.append(tmp_path / f"frame_{k:04d}.png")
+        Image.fromarray(np.full((8, 8), 10 * k, np.uint8)).save(frames[-1])
+    assert nnunet_cases(frames, 1, "2d") == [Source((frames[0],)), Source((frames[1],))]
+
+
+def test_stacked_channel_files_must_share_one_grid(tmp_path):
+    """``fedseg predict`` stacks an nnU-Net case's channel files as the import does: only on one grid."""
+    from fedseg.data.importers.nnunet import stacked_channels
+
+    src = nnunet_dataset(tmp_path / "Dataset510_Grid", sites=("AMC",), per_site=1)
+    channels = tuple(src / "imagesTs" / f"AMC_001_{c:04d}.nii.gz" for c in range(2))
+    assert stacked_channels(channels, "3d").shape == (2, *SHAPE)
+    _nifti(channels[1], np.zeros(SHAPE, np.int16), AFFINE + _SHIFT_Y)
+    with pytest.raises(FederationError) as e:
+        stacked_channels(channels, "3d")
+    assert str(e.value).startswith(
+        f"{channels[1]}: not on the grid of the first channel AMC_001_0000.nii.gz "
+        "(origin (-4, 12, 12) vs (-4, 7, 12) mm)"
+    )
+
+
 def test_a_raw_dataset_given_as_a_federation_says_which_import_makes_one(tmp_path):
     src = nnunet_dataset(tmp_path / "Dataset506_Raw", sites=("AMC",), per_site=2)
     line = one_line_error(cli("check", str(src)))
@@ -618,12 +683,38 @@ def test_a_raw_dataset_given_as_a_federation_says_which_import_makes_one(tmp_pat
     (src / "dataset.json").write_text(json.dumps({"name": "Prostate", "modality": {"0": "T2"}, "training": []}))
     with pytest.raises(FederationError, match=r"a raw Medical Segmentation Decathlon task .* data import msd "):
         load_folder(src)
+    # a path with a space: quoted in the command, so that it pastes into a shell as one argument
+    spaced = nnunet_dataset(tmp_path / "raw data" / "Dataset506_Raw", sites=("AMC",), per_site=2)
+    line = one_line_error(cli("check", str(spaced)))
+    assert f"import it first: fedseg data import nnunet '{spaced}' --site-by REGEX --out FED, then use FED" in line
+
+
+def test_a_linked_import_whose_raw_dataset_moved_is_one_line_naming_where_it_was(tmp_path):
+    """The import links the source files; moving the raw dataset afterwards breaks every link at once: one line that
+    says where the files were, not a line per link and the images without labels and empty sites that follow."""
+    src, fed = (
+        nnunet_dataset(tmp_path / "Dataset511_Moved", sites=("AMC", "BWH"), per_site=2, channels=("CT",)),
+        tmp_path / "fed",
+    )
+    assert cli("import", "nnunet", str(src), "--site-by", r"^([A-Z]+)_\d+$", "--out", str(fed)).exit_code == 0
+    src.rename(tmp_path / "elsewhere")
+    where = src.resolve()
+    expected = (
+        f"12 files of {fed} link to {where}, which no longer exists (e.g. AMC/images/AMC_000.nii.gz -> "
+        f"{where}/imagesTr/AMC_000_0000.nii.gz); the raw data moved? import it again, or restore it where it was"
+    )
+    assert one_line_error(cli("check", str(fed))) == expected
+    with pytest.raises(FederationError) as e:
+        load_folder(fed)  # what a run reads
+    assert str(e.value) == expected
+    (tmp_path / "elsewhere").rename(src)
+    assert cli("check", str(fed)).exit_code == 0
 
 
 def test_test_images_without_labels_are_left_out_with_a_note_that_says_how_to_segment_them(tmp_path):
     import shutil
 
-    src = nnunet_dataset(tmp_path / "Dataset507_NoLabelsTs", sites=("AMC", "BWH"), per_site=3)
+    src = nnunet_dataset(tmp_path / "raw data" / "Dataset507_NoLabelsTs", sites=("AMC", "BWH"), per_site=3)
     shutil.rmtree(src / "labelsTs")
     for c in range(2):  # a case id with a dot
         shutil.copy(src / "imagesTs" / f"AMC_003_{c:04d}.nii.gz", src / "imagesTs" / f"la.001_{c:04d}.nii.gz")
@@ -633,5 +724,5 @@ def test_test_images_without_labels_are_left_out_with_a_note_that_says_how_to_se
     assert "2 sites, 6 cases" in output
     assert (
         f"note: {src / 'imagesTs'}: its 3 case(s) are not imported (no labelsTs/: a test case needs its label); to "
-        f"segment them after training: fedseg predict --model RUN/model --input {src / 'imagesTs'} --out MASKS"
-    ) in output
+        f"segment them after training: fedseg predict --model RUN/model --input '{src / 'imagesTs'}' --out MASKS"
+    ) in output  # the path quoted: it holds a space

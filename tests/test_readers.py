@@ -299,6 +299,28 @@ def test_a_seg_drawn_on_another_grid_is_refused(files, tmp_path, grid, why):
         read_label(other, "3d", image=files["dicom"])
 
 
+def test_a_seg_of_another_scan_on_the_same_grid_is_refused(files, tmp_path):
+    """Scans of one protocol share their grid, so a SEG drawn on another patient's series lands on this one's voxels:
+    its UIDs tell (the series it references, its frame of reference), and it is refused, not read as this label."""
+    other_series = write_series(tmp_path / "other", VALUES)  # the same grid and frame of reference, another series
+    seg = write_seg(tmp_path / "other.dcm", other_series, LABEL)
+    series = pydicom.dcmread(next(files["dicom"].iterdir())).SeriesInstanceUID
+    with pytest.raises(FederationError) as e:
+        read_label(seg, "3d", image=files["dicom"])
+    assert str(e.value) == (
+        f"{seg}: drawn on another scan: it references series {other_series[0].SeriesInstanceUID}, but its image "
+        f"{files['dicom']} is series {series}; a segmentation of another series?"
+    )
+    moved = pydicom.dcmread(files["label_seg"])
+    moved.FrameOfReferenceUID = "1.2.3.999"
+    moved.save_as(tmp_path / "moved.dcm")
+    with pytest.raises(
+        FederationError, match=r"moved\.dcm: drawn on another scan: its FrameOfReferenceUID 1\.2\.3\.999 "
+    ):
+        read_label(tmp_path / "moved.dcm", "3d", image=files["dicom"])
+    np.testing.assert_array_equal(read_label(seg, "3d", image=files["nifti"]), LABEL)  # a NIfTI has no UIDs to compare
+
+
 def test_a_seg_without_a_volume_image_or_a_dcm_that_is_no_seg_is_refused(files, tmp_path):
     with pytest.raises(FederationError, match=r"label\.dcm: a DICOM-SEG label is read on its case's image grid"):
         read_label(files["label_seg"], "3d")
@@ -384,6 +406,8 @@ def test_data_check_and_load_folder_on_a_federation_mixing_formats(files, tmp_pa
     result = CliRunner().invoke(data_app, ["check", str(root)])
     assert result.exit_code == 1 and "Traceback" not in result.output
     assert f"{root}/b/images/d1: uneven slice spacing" in result.output
+    output = " ".join(result.output.split())  # once, though its DICOM-SEG label is read on the same series
+    assert "(1 problem):" in output and output.count("uneven slice spacing") == 1, result.output
 
 
 def test_msd_import_links_nrrd_and_mha_files_and_refuses_a_lone_mhd_header(files, tmp_path):

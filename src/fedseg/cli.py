@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -383,7 +384,7 @@ def report_or_fail(run_dir: Path) -> tuple[Path, RunFiles]:
         run = load_run(run_dir)
         return render_report(run_dir, run), run
     except OSError as e:  # writing it (a full disk): the same command draws it once there is room
-        fail(f"the report was not written: {error_text(e)}; `fedseg report {run_dir}` draws it again")
+        fail(f"the report was not written: {error_text(e)}; `fedseg report {shlex.quote(str(run_dir))}` draws it again")
         raise  # fail() exits; for the type checker
     except (ValueError, KeyError) as e:  # a damaged file of the run (the message says which and what to do)
         fail(f"the report was not drawn: {error_text(e)}")

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import tempfile
 from contextlib import contextmanager
@@ -188,12 +189,14 @@ def channel_file(path: Path) -> tuple[str, int, str] | None:
 def nnunet_cases(paths: list[Path], channels: int, kind: Literal["2d", "3d"]) -> list[Source]:
     """``paths`` (``list_inputs``) as inputs. The nnU-Net channel files among them (``<case>_XXXX.<ext>``, as in a
     dataset's ``imagesTs/``) are read one case at a time, its channel files stacked in channel order and its mask
-    named ``<case>.<ext>`` as nnU-Net names its predictions, where the model reads several channels and the first
-    such file holds one; every other path is one input. Where a file already holds the model's channels (an RGB
-    ``_0000`` file; ``img_0000.png, img_0001.png``: numbered images, not the channels of case ``img``), or the model
-    reads one, only cases of a lone ``_0000`` file are named after the case; a name without a ``_0000`` file of its
-    own (``scan_2019.png``) is an image. A case missing a channel file, or with one the model does not read, raises
-    ``PredictError`` naming the files (the first few of each kind)."""
+    named ``<case>.<ext>`` as nnU-Net names its predictions, where the first such file holds one channel; every
+    other path is one input. Where a file already holds the model's several channels (an RGB ``_0000`` file;
+    ``img_0000.npy, img_0001.npy`` of two channels each for a two-channel model: numbered images, not the channels of
+    case ``img``), only cases of a lone ``_0000`` file are named after the case; a name without a ``_0000`` file of
+    its own (``scan_2019.png``) is an image. A case missing a channel file, or with one the model does not read,
+    raises ``PredictError`` naming the files (the first few of each kind). For a one-channel model 3D volumes
+    ``<case>_0000``, ``<case>_0001`` are a case's channels (a T2 beside the CT, refused: nnU-Net reads the folder so
+    too), 2D images so numbered are frames, each an image (``frame_0000.png``, ``frame_0001.png``)."""
     cases: dict[tuple[str, str], dict[int, Path]] = {}
     for path in paths:
         if (named := channel_file(path)) is not None:
@@ -206,7 +209,7 @@ def nnunet_cases(paths: list[Path], channels: int, kind: Literal["2d", "3d"]) ->
         return others
     first = min(channel_files)
     try:
-        one_channel_files = channels > 1 and read_image(first, kind).shape[0] == 1
+        one_channel_files = read_image(first, kind).shape[0] == 1 and (channels > 1 or kind == "3d")
     except FederationError:
         return [Source((p,)) for p in paths]  # read_inputs names the unreadable file
     if not one_channel_files:
@@ -214,17 +217,18 @@ def nnunet_cases(paths: list[Path], channels: int, kind: Literal["2d", "3d"]) ->
             return sorted(grouped + others, key=lambda s: s.files[0])
         return [Source((p,)) for p in paths]
     problems = []
+    reads = "one channel, _0000" if channels == 1 else f"{channels} channels, _0000 to _{channels - 1:04d}"
     for (case, ext), found in cases.items():
         folder = found[min(found)].parent
         problems += [
             f"{folder / f'{case}_{c:0{CHANNEL_DIGITS}d}.{ext}'}: missing (channel {c} of nnU-Net case {case!r}: the "
-            f"model reads {channels} channels, _0000 to _{channels - 1:04d})"
+            f"model reads {reads})"
             for c in range(channels)
             if c not in found
         ]
         problems += [
-            f"{found[c]}: channel {c} of nnU-Net case {case!r}, but the model reads {channels} channels, _0000 to "
-            f"_{channels - 1:04d} (move the file out of the folder)"
+            f"{found[c]}: channel {c} of nnU-Net case {case!r}, but the model reads {reads} (move the file out of "
+            "the folder)"
             for c in sorted(set(found) - set(range(channels)))
         ]
     if problems:  # the same problem in many cases: the first few, then a count
@@ -288,9 +292,8 @@ def list_inputs(path: Path) -> list[Path]:
     elif path.is_dir():
         images = [path / d for d in ("imagesTs", "imagesTr") if (path / d).is_dir()]
         if (path / "dataset.json").is_file() and images:  # an nnU-Net (or MSD) dataset's root
-            raise PredictError(
-                f"{path}: a dataset folder (dataset.json); give the folder of images: --input {images[0]}"
-            )
+            given = shlex.quote(str(images[0]))
+            raise PredictError(f"{path}: a dataset folder (dataset.json); give the folder of images: --input {given}")
         companions = readers.mhd_data_files(path)  # the data files of .mhd headers are no inputs of their own
         entries = [p for p in sorted(path.iterdir()) if not p.name.startswith(".") and p.name not in companions]
         files = [p for p in entries if p.is_file() or is_series(p)]

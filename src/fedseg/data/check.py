@@ -21,6 +21,7 @@ from fedseg.data.folder import (
     case_problems,
     grid_problems,
     group_problems,
+    moved_links_problem,
     raw_dataset_problem,
     read_array,
     read_image,
@@ -44,7 +45,8 @@ def label_value_problems(label: np.ndarray, regions: Regions, path: Path) -> lis
 
 
 def _check_case(image_path: Path, label_path: Path, header: Header | None) -> tuple[list[str], tuple[int, ...] | None]:
-    """Load one case and return ``(problems, image shape (C, *spatial) or None)``.
+    """Load one case and return ``(problems, image shape (C, *spatial) or None)``, each problem once (a DICOM-SEG
+    label is read on its image's grid, so a broken DICOM series fails the label with the image's own line).
 
     Without a valid header only readability is checked (kind, channels and regions are unknown).
     """
@@ -71,7 +73,7 @@ def _check_case(image_path: Path, label_path: Path, header: Header | None) -> tu
         problems += case_problems(image, label, image_path, label_path, header.channels) or grid_problems(
             image_path, label_path
         )
-    return problems, None if image is None else tuple(image.shape)
+    return list(dict.fromkeys(problems)), None if image is None else tuple(image.shape)
 
 
 MAX_IMAGE_MB = 512.0  # data check's default: an image larger than this as float32 gets a warning
@@ -113,6 +115,9 @@ def check_folder(
     ``all_sites=False``: the folder holds only some of the federation's sites (a hospital's copy),
     so ``federation.yaml``'s ``sites:`` may name sites that are not here (see ``scan_folder``).
 
+    Links whose targets no longer exist (an import's source dataset moved) stop the check at once with one line
+    (``folder.moved_links_problem``), as a raw nnU-Net or MSD dataset given instead of a federation does.
+
     ``warnings``, when given, receives a line per image above ``max_image_mb`` (:func:`size_warning`): a large
     image is allowed, but a run holds every case in memory.
 
@@ -125,8 +130,9 @@ def check_folder(
         hint = f" (give the folder that holds it: {root.parent})" if root.name == HEADER_FILE else ""
         layout = f"a federation is a folder with {HEADER_FILE} and a folder per site"
         raise FederationError(f"{root}: {what}; {layout}{hint}")
-    if (raw := raw_dataset_problem(root)) is not None:
-        raise FederationError(raw)
+    for problem in (raw_dataset_problem(root), moved_links_problem(root)):
+        if problem is not None:  # one line: the problems that follow from it would bury it
+            raise FederationError(problem)
     header, sites, fixed, problems = scan_folder(root, all_sites=all_sites)
     meta: dict[tuple[str, str], dict[str, object]] = {}
     for site in sites:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Annotated, NoReturn, cast
@@ -287,7 +288,8 @@ def export(
     )
     if site is None:
         typer.echo(
-            f"  back to a federation: fedseg data import nnunet {written.path} --site-by '{IMPORT_REGEX}' --out DIR"
+            f"  back to a federation: fedseg data import nnunet {shlex.quote(str(written.path))} --site-by "
+            f"{shlex.quote(IMPORT_REGEX)} --out DIR"
         )
 
 

@@ -37,7 +37,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import re
+import shlex
 import shutil
 import tempfile
 from collections.abc import Collection, Iterator, Sequence
@@ -267,20 +269,15 @@ def case_problems(image: np.ndarray, label: np.ndarray, image_path: Path, label_
 
 def grid_problems(image_path: Path, label_path: Path) -> list[str]:
     """A volume image and its label on different grids (an axis flipped, another origin or spacing), one line;
-    shapes can agree while the voxels do not. Compared from the headers (no voxel read): the voxel axes (direction
-    x spacing) to 0.1% and the origins to half the smallest voxel. Nothing for 2D files, or a DICOM-SEG label
-    (placed on its image's grid when read)."""
+    shapes can agree while the voxels do not. Compared from the headers (no voxel read) by ``readers.grid_mismatch``.
+    Nothing for 2D files, or a DICOM-SEG label (placed on its image's grid when read)."""
     if not (_is_volume(_ext(image_path)) and _is_volume(_ext(label_path))) or _ext(label_path) == readers.DICOM:
         return []
-    a, b = readers.volume_grid(image_path).affine, readers.volume_grid(label_path).affine
-    half_voxel = 0.5 * min(np.linalg.norm(a[:3, :3], axis=0))
-    if np.allclose(a[:3, :3], b[:3, :3], rtol=1e-3, atol=1e-3) and np.linalg.norm(a[:3, 3] - b[:3, 3]) <= half_voxel:
+    mismatch = readers.grid_mismatch(readers.volume_grid(label_path), readers.volume_grid(image_path))
+    if mismatch is None:
         return []
-    axes = lambda m: np.array2string(m[:3, :3].round(3), separator=",").replace("\n", "")  # noqa: E731
-    origin = lambda m: "(" + ", ".join(f"{x:g}" for x in m[:3, 3].round(2)) + ")"  # noqa: E731
     return [
-        f"{label_path}: label grid does not match image {image_path} (voxel axes {axes(b)} vs {axes(a)}, origin "
-        f"{origin(b)} vs {origin(a)} mm): resample the label onto the image"
+        f"{label_path}: label grid does not match image {image_path} ({mismatch}): resample the label onto the image"
     ]
 
 
@@ -619,7 +616,47 @@ def raw_dataset_problem(root: Path) -> str | None:
     site_by = "" if msd else " --site-by REGEX"
     return (
         f"{root}: a raw {what} (dataset.json, imagesTr/), not a federation folder (no {HEADER_FILE}); import it "
-        f"first: fedseg data import {command} {root}{site_by} --out FED, then use FED"
+        f"first: fedseg data import {command} {shlex.quote(str(root))}{site_by} --out FED, then use FED"
+    )
+
+
+def _link_target(link: Path) -> Path:
+    """Where symbolic link ``link`` points, as an absolute path (not resolved further)."""
+    target = Path(os.readlink(link))
+    return target if target.is_absolute() else link.parent / target
+
+
+def _first_missing(path: Path) -> Path:
+    """The outermost part of ``path`` that does not exist: the folder that moved, or the file itself."""
+    return next(p for p in [*reversed(path.parents), path] if not os.path.lexists(p))
+
+
+def moved_links_problem(root: Path) -> str | None:
+    """One line for the files of the federation ``root`` that link to files which no longer exist (a linked import,
+    ``fedseg data import`` without ``--copy``, whose source dataset was moved or deleted): how many, where they
+    pointed and what to do; else None. Said once, instead of a line per link and the lines that follow from them
+    (images without labels, empty sites, cases ``splits.csv`` no longer finds). A link loop is not counted (the site
+    scan names it)."""
+    if not root.is_dir():
+        return None
+    dangling = [
+        entry
+        for site in sorted(root.iterdir())
+        if site.is_dir() and not site.name.startswith(".")
+        for folder in (site / "images", site / "labels")
+        if folder.is_dir()
+        for entry in sorted(folder.iterdir())
+        if entry.is_symlink() and not os.path.lexists(_link_target(entry))
+    ]
+    if not dangling:
+        return None
+    places = list(dict.fromkeys(_first_missing(_link_target(link)) for link in dangling))
+    shown = ", ".join(map(str, places[:3])) + (f" and {len(places) - 3} more" if len(places) > 3 else "")
+    files = f"{len(dangling)} file{'s' if len(dangling) > 1 else ''}"
+    example = f"{dangling[0].relative_to(root)} -> {_link_target(dangling[0])}"
+    return (
+        f"{files} of {root} link to {shown}, which no longer exist{'s' if len(places) == 1 else ''} (e.g. {example}); "
+        "the raw data moved? import it again, or restore it where it was"
     )
 
 
@@ -628,12 +665,14 @@ def load_folder(root: str | Path, *, all_sites: bool = True) -> Federation:
     ``cases.csv``, ``.mhd`` headers and the first bytes of one file per DICOM series folder are read).
 
     Raises ``FederationError`` listing every structural problem (pairing, duplicates, empty
-    sites, bad ``federation.yaml``, ``splits.csv`` or ``cases.csv``). Array contents are validated
+    sites, bad ``federation.yaml``, ``splits.csv`` or ``cases.csv``), or one line for links whose source moved
+    (``moved_links_problem``). Array contents are validated
     when a case is loaded, or all at once by ``fedseg.data.check.check_folder``. ``all_sites``: see
     ``scan_folder``.
     """
-    if (raw := raw_dataset_problem(Path(root))) is not None:
-        raise FederationError(raw)
+    for problem in (raw_dataset_problem(Path(root)), moved_links_problem(Path(root))):
+        if problem is not None:
+            raise FederationError(problem)
     header, sites, fixed, problems = scan_folder(root, all_sites=all_sites)
     if problems:
         raise FederationError("\n".join(group_problems(problems)))

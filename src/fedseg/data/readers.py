@@ -27,6 +27,7 @@ maps voxel indices to RAS+ mm (nibabel's convention; ITK and DICOM's LPS are con
 from __future__ import annotations
 
 import importlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -71,6 +72,27 @@ class VoxelGrid:
     def spacing(self, dims: int) -> tuple[float, ...]:
         """Voxel size in mm along the first ``dims`` array axes."""
         return tuple(float(v) for v in np.linalg.norm(self.affine[:3, :dims], axis=0))
+
+
+def _numbers(values: np.ndarray) -> str:
+    """``(0.8, 0.8, 2.5)``: numbers as a reader writes them (rounded, no numpy reprs)."""
+    return "(" + ", ".join(f"{float(x):g}" for x in np.round(values, 3)) + ")"
+
+
+def grid_mismatch(grid: VoxelGrid, reference: VoxelGrid) -> str | None:
+    """How ``grid``'s voxels lie elsewhere than ``reference``'s, in words ending in ``mm`` (its spacing, an axis
+    flipped or rotated, its origin), or ``None`` when they agree: voxel axes (direction x spacing) to 0.1 %, origins
+    to half the smallest voxel (header rounding). Shapes are not compared."""
+    a, b = grid.affine, reference.affine
+    spacing_a, spacing_b = np.linalg.norm(a[:3, :3], axis=0), np.linalg.norm(b[:3, :3], axis=0)
+    if not np.allclose(spacing_a, spacing_b, rtol=1e-3, atol=1e-3):
+        return f"spacing {_numbers(spacing_a)} vs {_numbers(spacing_b)} mm"
+    if not np.allclose(a[:3, :3], b[:3, :3], rtol=1e-3, atol=1e-3):
+        axes = lambda m: np.array2string(m[:3, :3].round(3) + 0.0, separator=",").replace("\n", "")  # noqa: E731
+        return f"an axis flipped or rotated: voxel axes {axes(a)} vs {axes(b)} mm"
+    if np.linalg.norm(a[:3, 3] - b[:3, 3]) > 0.5 * min(spacing_b):
+        return f"origin {_numbers(a[:3, 3])} vs {_numbers(b[:3, 3])} mm"
+    return None
 
 
 def _embed(affine: np.ndarray) -> np.ndarray:
@@ -299,6 +321,26 @@ def volume_grid(path: Path) -> VoxelGrid:
     raise FederationError(f"{path}: not a volume file (expected {', '.join(VOLUME_EXTS)} or a DICOM series folder)")
 
 
+def channels_grid_problem(paths: Sequence[Path]) -> str | None:
+    """One line naming the first of an image's channel files ``paths`` (one file per channel, the first channel first,
+    as nnU-Net and FeTS store them) whose grid differs from the first file's: its shape, spacing, an axis flipped or
+    its origin (``grid_mismatch``), as nnU-Net's own dataset check refuses it. From the headers alone (no voxel is
+    read); ``None`` when they agree, for a single file, or when the first file is no volume (PNG, JPEG, npy: no grid,
+    their shapes are compared when stacked). ``FederationError`` if a header cannot be read."""
+    if len(paths) < 2 or volume_format(Path(paths[0])) is None:
+        return None
+    first = volume_grid(paths[0])
+    for path in paths[1:]:
+        grid = volume_grid(path)
+        mismatch = f"shape {grid.shape} vs {first.shape}" if grid.shape != first.shape else grid_mismatch(grid, first)
+        if mismatch is not None:
+            return (
+                f"{path}: not on the grid of the first channel {Path(paths[0]).name} ({mismatch}); the channel files "
+                "of a case must share one grid (resample it onto the first)"
+            )
+    return None
+
+
 def _itk_array(path: Path, what: str) -> tuple[np.ndarray, np.ndarray]:
     """``(array, RAS affine)`` of a file or DICOM folder read by MONAI's ``ITKReader`` in index order
     (``(*spatial)`` or ``(*spatial, components)``)."""
@@ -371,7 +413,9 @@ def read_dicom_seg(path: Path, grid: VoxelGrid, image: Path, label_names: dict[i
     (array order, uint8 or uint16), each segment's pixels set to its label value (``segment_values``).
 
     Every frame of the SEG must lie on the image's voxel grid (same plane orientation and pixel spacing,
-    positions on voxel centres, inside the image): frames omitted by the SEG (empty ones) are background.
+    positions on voxel centres, inside the image): frames omitted by the SEG (empty ones) are background. A
+    DICOM series image must be the one the SEG was drawn on: the same FrameOfReferenceUID, and a series its
+    ReferencedSeriesSequence names (a SEG of another patient can lie on the same grid).
     BINARY and LABELMAP SEGs are read; FRACTIONAL ones are refused (a label map must be exact), as are
     overlapping segments. ``FederationError`` with one line naming the file otherwise.
     """
@@ -443,7 +487,33 @@ def _read_dicom_seg(path: Path, grid: VoxelGrid, image: Path, label_names: dict[
                 f"{int(label[idx][clash][0])} and {int(written[clash][0])}); a label map holds one value per voxel"
             )
         label[idx] = written
+    if (other := _other_series(ds, path, image)) is not None:
+        raise FederationError(other)
     return label.reshape(grid.shape[:3])
+
+
+def _other_series(seg: Any, path: Path, image: Path) -> str | None:
+    """Why the DICOM-SEG ``seg`` (file ``path``) was drawn on another scan than the DICOM series ``image``: another
+    FrameOfReferenceUID (another patient or position), or a ReferencedSeriesSequence that does not name the series
+    (a SEG of another series can lie on the same grid); ``None`` when they agree, or for an image that is no DICOM
+    series (a NIfTI has no UIDs)."""
+    if volume_format(image) != DICOM:
+        return None
+    pydicom = _require("pydicom", image, "a DICOM series")
+    series = pydicom.dcmread(series_entries(image)[0], stop_before_pixels=True)
+    frame, image_frame = str(getattr(seg, "FrameOfReferenceUID", "")), str(getattr(series, "FrameOfReferenceUID", ""))
+    if frame and image_frame and frame != image_frame:
+        return (
+            f"{path}: drawn on another scan: its FrameOfReferenceUID {frame} is not that of its image {image} "
+            f"({image_frame}); a segmentation of another patient or study?"
+        )
+    referenced = [str(item.SeriesInstanceUID) for item in getattr(seg, "ReferencedSeriesSequence", [])]
+    if referenced and str(series.SeriesInstanceUID) not in referenced:
+        return (
+            f"{path}: drawn on another scan: it references series {', '.join(referenced)}, but its image {image} is "
+            f"series {series.SeriesInstanceUID}; a segmentation of another series?"
+        )
+    return None
 
 
 def read_seg_frames(path: Path) -> np.ndarray:

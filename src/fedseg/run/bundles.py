@@ -8,7 +8,7 @@ import json
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import torch
 from pydantic import ValidationError
@@ -18,6 +18,7 @@ from fedseg.algorithms import ALGORITHMS
 from fedseg.algorithms.registry import BundleRouting
 from fedseg.config import ModelConfig, VolumeConfig
 from fedseg.data.federation import FederationError, Regions
+from fedseg.data.preprocess import Normalize
 from fedseg.data.structured import read_mapping
 from fedseg.engine.messages import Message
 from fedseg.models.factory import build_segmenter
@@ -134,18 +135,26 @@ def load_bundle(folder: Path) -> Bundle:
     missing = [k for k in MANIFEST_KEYS if k not in manifest]
     if missing:
         raise BundleError(f"{manifest_path}: missing keys {', '.join(missing)}")
-    for key, allowed in (("spatial_dims", (2, 3)), ("in_channels", None)):
+    for key, allowed in (("spatial_dims", (2, 3)), ("in_channels", None), ("image_size", None)):
         value = manifest[key]
         if isinstance(value, bool) or not isinstance(value, int) or value < 1 or (allowed and value not in allowed):
             expected = " or ".join(map(str, allowed)) if allowed else "a positive integer"
             raise BundleError(f"{manifest_path}: {key} is {value!r}; expected {expected}")
+    threshold = manifest["threshold"]
+    if isinstance(threshold, bool) or not isinstance(threshold, int | float) or not 0 < threshold < 1:
+        raise BundleError(f"{manifest_path}: threshold is {threshold!r}; expected a number between 0 and 1")
+    if manifest["normalize"] not in get_args(Normalize):
+        raise BundleError(
+            f"{manifest_path}: normalize is {manifest['normalize']!r}; expected one of {', '.join(get_args(Normalize))}"
+        )
     if not isinstance(manifest["models"], list) or not all(isinstance(m, str) for m in manifest["models"]):
         raise BundleError(f"{manifest_path}: models is {manifest['models']!r}; expected a list of model names")
     try:
         ModelConfig.model_validate(manifest["network"])
         Regions.from_mapping(manifest["regions"])
+        VolumeConfig.model_validate(manifest.get("volume") or {})
     except (ValidationError, FederationError) as e:
-        raise BundleError(f"{manifest_path}: invalid network or regions ({' '.join(str(e).split())})") from None
+        raise BundleError(f"{manifest_path}: invalid network, regions or volume ({' '.join(str(e).split())})") from None
     if not weights_path.is_file():
         raise BundleError(f"{weights_path}: missing")
     try:

@@ -19,7 +19,8 @@ four files and the affine of the t1, and whose label is the ``_seg`` file as is 
 
 Errors (all collected, then raised as one): a missing partitioning file or column, a partition ID that is
 not an integer, a subject listed twice, a subject listed without a folder, a subject folder that the
-partitioning does not list, a missing modality or segmentation file, modalities of different shapes.
+partitioning does not list, a missing modality or segmentation file, a modality on another grid than the t1 (shape,
+spacing, a flipped axis or origin, from the headers).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fedseg.data import readers
 from fedseg.data.csv_rows import read_csv_rows
 from fedseg.data.federation import FederationError
 from fedseg.data.importers.writer import (
@@ -133,7 +135,11 @@ def plan_fets2022(sources: list[Path], partitioning: int = 1) -> Plan:
         problems += missing
         if missing:
             continue
-        image = Source.nifti(files["t1"], functools.partial(stack_modalities, tuple(files[m] for m in MODALITIES)))
+        modalities = tuple(files[m] for m in MODALITIES)
+        if (off_grid := readers.channels_grid_problem(modalities)) is not None:
+            problems.append(off_grid)
+            continue
+        image = Source.nifti(files["t1"], functools.partial(stack_modalities, modalities))
         by_site.setdefault(partition[sid], []).append(PlannedCase(sid, image, Source(files[SEGMENTATION])))
     raise_problems(problems)
     if not by_site:

@@ -34,7 +34,8 @@ What it writes:
   val, no labelled ``imagesTs`` case) is refused: a run needs every site's test cases.
 
 Errors (one line each, naming the file, field or case): a missing or malformed ``dataset.json``, an unknown
-``file_ending``, a case missing a channel file, a channel not in ``channel_names``, a missing label file,
+``file_ending``, a case missing a channel file, a channel not in ``channel_names``, a channel file on another grid
+than the case's ``_0000`` file (shape, spacing, a flipped axis or origin, from the headers), a missing label file,
 ``numTraining`` not matching ``imagesTr``, a ``--site-by`` regex that does not match a case, a case the
 CSV does not list, an ``ignore`` label (partial annotations: not supported).
 """
@@ -45,6 +46,7 @@ import functools
 import json
 import os
 import re
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,7 +54,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from fedseg.data import folder
+from fedseg.data import folder, readers
 from fedseg.data.csv_rows import read_csv_rows
 from fedseg.data.federation import FederationError, Split
 from fedseg.data.importers.writer import Plan, PlannedCase, PlannedSite, Source, raise_problems, single_source
@@ -229,6 +231,15 @@ def _channel_files(
     return cases, set(found)
 
 
+def _off_grid_channel(images: list[Path]) -> str | None:
+    """A case's channel file on another grid than its ``_0000`` file (``readers.channels_grid_problem``), or an
+    unreadable header: one line; ``None`` when its channels share one grid."""
+    try:
+        return readers.channels_grid_problem(images)
+    except FederationError as e:
+        return str(e)
+
+
 def unlabelled_note(src: Path, ending: str) -> list[str]:
     """A note on ``imagesTs/`` without ``labelsTs/``: its cases (files ending ``ending``) are not imported (a test
     case needs its label)."""
@@ -241,7 +252,7 @@ def unlabelled_note(src: Path, ending: str) -> list[str]:
         return []
     return [
         f"{images}: its {len(cases)} case(s) are not imported (no labelsTs/: a test case needs its label); to "
-        f"segment them after training: fedseg predict --model RUN/model --input {images} --out MASKS"
+        f"segment them after training: fedseg predict --model RUN/model --input {shlex.quote(str(images))} --out MASKS"
     ]
 
 
@@ -268,6 +279,8 @@ def find_cases(src: Path, info: DatasetInfo) -> list[RawCase]:
             label = labels_dir / f"{cid}{info.file_ending}"
             if cid not in labelled:
                 problems.append(f"{label}: missing (the label of case {cid!r})")
+            elif (off_grid := _off_grid_channel(images)) is not None:
+                problems.append(off_grid)
             else:
                 cases.append(RawCase(cid, images, label, test))
         for cid in sorted(labelled - seen):
@@ -405,7 +418,10 @@ def read_splits_final(
 
 def stacked_channels(paths: tuple[Path, ...], kind: Literal["2d", "3d"]) -> np.ndarray:
     """The channel files ``paths`` (each ``(1, *spatial)`` as ``folder.read_image`` reads it) as one channel-first
-    array ``(C, *spatial)`` in their common dtype; ``FederationError`` naming a file of another shape."""
+    array ``(C, *spatial)`` in their common dtype; ``FederationError`` naming a file of another shape, or on another
+    grid (``readers.channels_grid_problem``, from the headers before any voxel is read)."""
+    if (off_grid := readers.channels_grid_problem(paths)) is not None:
+        raise FederationError(off_grid)
     arrays = [folder.read_image(p, kind) for p in paths]
     for path, array in zip(paths[1:], arrays[1:]):
         if array.shape[1:] != arrays[0].shape[1:]:
