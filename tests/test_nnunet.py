@@ -726,3 +726,22 @@ def test_test_images_without_labels_are_left_out_with_a_note_that_says_how_to_se
         f"note: {src / 'imagesTs'}: its 3 case(s) are not imported (no labelsTs/: a test case needs its label); to "
         f"segment them after training: fedseg predict --model RUN/model --input '{src / 'imagesTs'}' --out MASKS"
     ) in output  # the path quoted: it holds a space
+
+
+def test_an_unlabelled_test_image_beside_labelled_ones_is_left_out_with_a_note(tmp_path):
+    """imagesTs/ with labelsTs/ where one case has no label (a case kept for inference): the labelled test cases are
+    imported, that one is named in a note, as an imagesTs/ without any labels is (it used to stop the import)."""
+    import shutil
+
+    src = nnunet_dataset(tmp_path / "Dataset509_OneUnlabelled", sites=("AMC", "BWH"), per_site=3)
+    for c in range(2):
+        shutil.copy(src / "imagesTs" / f"AMC_003_{c:04d}.nii.gz", src / "imagesTs" / f"AMC_new_{c:04d}.nii.gz")
+    result = cli("import", "nnunet", str(src), "--site-by", r"^([A-Z]+)_", "--out", str(tmp_path / "fed"))
+    assert result.exit_code == 0, result.output
+    output = " ".join(result.output.split())
+    assert "2 sites, 8 cases" in output, output
+    assert (
+        f"note: {src / 'imagesTs'}: its 1 case(s) without a label in labelsTs/ (AMC_new) are not imported (a test "
+        "case needs its label); to segment them after training:"
+    ) in output
+    assert "AMC_new" not in {c.id for s in load_folder(tmp_path / "fed").sites for c in s.cases}

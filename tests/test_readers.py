@@ -235,8 +235,17 @@ def test_dicom_seg_segments_take_the_values_of_matching_label_names(files):
     partial = {0: "background", 1: "organ"}  # "lesion" is not a label name: segment numbers are kept
     got = read_label(files["label_seg"], "3d", image=files["dicom"], label_names=partial)
     np.testing.assert_array_equal(got, LABEL)
-    assert readers.segment_values({1: "a", 2: "b"}, {3: "A", 4: "b"}) == {1: 3, 2: 4}
-    assert readers.segment_values({1: "a"}, {3: "a", 4: "A"}) == {1: 1}  # an ambiguous name maps nothing
+    seg = Path("seg.dcm")
+    assert readers.segment_values({1: "a", 2: "b"}, {3: "A", 4: "b"}, seg) == {1: 3, 2: 4}
+    assert readers.segment_values({1: "a"}, {3: "a", 4: "A"}, seg) == {1: 1}  # an ambiguous name maps nothing
+    swapped = {0: "background", 1: "lesion", 3: "liver"}  # "Lesion" is segment 2, "Organ" names nothing here
+    with pytest.raises(FederationError) as e:
+        read_label(files["label_seg"], "3d", image=files["dicom"], label_names=swapped)
+    assert str(e.value) == (
+        f"{files['label_seg']}: segment 2 is labelled 'lesion', which label_names gives the value 1, but 'Organ' "
+        "names no label, so segment numbers would be used and 'lesion' read as label value 2; name every segment as "
+        "in label_names (federation.yaml), or none"
+    )
 
 
 # --- one clear line per problem ------------------------------------------------------------------------------

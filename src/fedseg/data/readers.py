@@ -387,16 +387,27 @@ def _normalized(name: str) -> str:
     return " ".join(name.replace("_", " ").split()).casefold()
 
 
-def segment_values(segments: dict[int, str], label_names: dict[int, str] | None) -> dict[int, int]:
+def segment_values(segments: dict[int, str], label_names: dict[int, str] | None, path: Path) -> dict[int, int]:
     """Segment number -> label value. When every segment's label names one of ``label_names`` (the
     federation's; compared case-insensitively, ``_`` = space), that name's label value; otherwise the
-    segment number itself."""
+    segment number itself, unless a segment's label names a label of another value than its number (segment 1
+    "Lesion" where ``label_names`` has 2: lesion): neither reading can be trusted then, and ``FederationError``
+    names the SEG ``path`` and the segment (the numbers would paint the lesion as the organ)."""
     by_name: dict[str, int] = {}
     for value, name in (label_names or {}).items():
         by_name[_normalized(name)] = -1 if _normalized(name) in by_name else value  # -1: ambiguous name
     mapped = {n: by_name.get(_normalized(label), -1) for n, label in segments.items()}
     if mapped and all(v >= 0 for v in mapped.values()):
         return mapped
+    for number, value in mapped.items():
+        if value >= 0 and value != number:
+            unnamed = sorted(segments[n] for n, v in mapped.items() if v < 0)
+            raise FederationError(
+                f"{path}: segment {number} is labelled {segments[number]!r}, which label_names gives the value "
+                f"{value}, but {', '.join(map(repr, unnamed))} names no label, so segment numbers would be used and "
+                f"{segments[number]!r} read as label value {number}; name every segment as in label_names "
+                "(federation.yaml), or none"
+            )
     return {n: n for n in segments}
 
 
@@ -442,7 +453,7 @@ def _read_dicom_seg(path: Path, grid: VoxelGrid, image: Path, label_names: dict[
     if kind not in ("BINARY", "LABELMAP"):
         raise FederationError(f"{path}: {kind or 'unknown'} DICOM-SEG not supported (store BINARY segments)")
     segments = {int(s.SegmentNumber): str(getattr(s, "SegmentLabel", "")) for s in ds.SegmentSequence}
-    values = segment_values(segments, label_names)
+    values = segment_values(segments, label_names, path)
     top = max([0, *values.values()])
     spatial = (grid.shape[:3] + (1, 1))[:3]  # a 2D image's grid gets a third axis of 1
     label = np.zeros(spatial, dtype=np.uint8 if top < 256 else np.uint16)

@@ -241,18 +241,24 @@ def _off_grid_channel(images: list[Path]) -> str | None:
 
 
 def unlabelled_note(src: Path, ending: str) -> list[str]:
-    """A note on ``imagesTs/`` without ``labelsTs/``: its cases (files ending ``ending``) are not imported (a test
-    case needs its label)."""
-    images = src / "imagesTs"
-    if not images.is_dir() or (src / "labelsTs").is_dir():
+    """A note on the ``imagesTs/`` cases (files ending ``ending``) without a label in ``labelsTs/`` (all of them
+    when there is no ``labelsTs/``): they are not imported (a test case needs its label)."""
+    images, labels = src / "imagesTs", src / "labelsTs"
+    if not images.is_dir():
         return []
     names = [p.name[: -len(ending)] for p in images.iterdir() if p.name.endswith(ending)]
-    cases = {m["case"] for name in names if (m := CHANNEL_FILE.match(name))}
+    cases = sorted({m["case"] for name in names if (m := CHANNEL_FILE.match(name))})
+    if labels.is_dir():
+        cases = [c for c in cases if not (labels / f"{c}{ending}").exists()]
+        shown = ", ".join(cases[:3]) + (", ..." if len(cases) > 3 else "")
+        what = f"without a label in labelsTs/ ({shown}) are not imported (a test case needs its label)"
+    else:
+        what = "are not imported (no labelsTs/: a test case needs its label)"
     if not cases:
         return []
     return [
-        f"{images}: its {len(cases)} case(s) are not imported (no labelsTs/: a test case needs its label); to "
-        f"segment them after training: fedseg predict --model RUN/model --input {shlex.quote(str(images))} --out MASKS"
+        f"{images}: its {len(cases)} case(s) {what}; to segment them after training: fedseg predict --model "
+        f"RUN/model --input {shlex.quote(str(images))} --out MASKS"
     ]
 
 
@@ -277,6 +283,8 @@ def find_cases(src: Path, info: DatasetInfo) -> list[RawCase]:
         }
         for cid, images in channel_files.items():
             label = labels_dir / f"{cid}{info.file_ending}"
+            if cid not in labelled and test:
+                continue  # an unlabelled test image: left out, with a note (unlabelled_note)
             if cid not in labelled:
                 problems.append(f"{label}: missing (the label of case {cid!r})")
             elif (off_grid := _off_grid_channel(images)) is not None:
