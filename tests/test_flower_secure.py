@@ -188,3 +188,21 @@ def test_local_dp_without_secure_aggregation_is_a_config_error(tiny_config):
     with pytest.raises(ValueError, match="fl.local_dp runs inside the SecAgg"):
         tiny_config(fl={"local_dp": dp})
     assert tiny_config(fl={"local_dp": dp, "secure_aggregation": "secagg+"}).fl.local_dp.epsilon == 1.0
+
+
+@pytest.mark.slow
+def test_under_secagg_a_site_masks_with_the_coordinators_weight_and_a_false_report_stops_the_round(
+    tmp_path, tiny, three_sites
+):
+    """A site whose reply reports 100x its training-set size as num_examples (fault ``weight``): under SecAgg+ its
+    update was masked with the weight the coordinator sent (its declared size), and the coordinator, seeing the false
+    report in its plain metrics, stops the round naming it (its update is in the sum: it cannot be left out)."""
+    cfg = {**tiny, "algorithms": ["fedavg"], "fl": {**tiny.get("fl", {}), "rounds": 1, "secure_aggregation": "secagg+"}}
+    cfg["eval"], cfg["faults"] = {**cfg.get("eval", {}), "local_models": False}, [{"site": "site2", "kind": "weight"}]
+    path = tmp_path / "weight.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    proc = _fedseg("flower", "local", "--config", str(path), "--data", str(three_sites), "--out", str(tmp_path / "o"))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    said = " ".join(proc.stderr.split())
+    assert "site 'site2', round 1, fedavg train (secure aggregation): num_examples = " in said, said
+    assert "but the site holds" in said and "Traceback" not in said

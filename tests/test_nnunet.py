@@ -635,10 +635,13 @@ def test_predict_reads_an_imagests_folder_case_by_case_as_the_import_stacked_it(
     assert sorted(p.name for p in (tmp_path / "one-frame").iterdir()) == ["img_0001.npy", "predictions.csv"]
 
 
-def test_a_one_channel_model_refuses_a_second_volume_channel_but_reads_numbered_2d_frames_as_images(tmp_path):
-    """For a one-channel model, 3D ``<case>_0000``, ``<case>_0001`` files are a case's channels (a CT model given a T1
-    and a T2): the file it does not read is named, as a two-channel model's ``_0002`` is, rather than each volume
-    segmented as an image. 2D ``frame_0000.png``, ``frame_0001.png`` are frames: each an image, as before."""
+def test_a_one_channel_model_refuses_a_second_volume_channel_but_reads_numbered_series_as_images(tmp_path):
+    """For a one-channel model, 3D ``<case>_0000``, ``<case>_0001`` files in an nnU-Net ``imagesTs/`` are a case's
+    channels (a CT model given a T1 and a T2): the file it does not read is named, as a two-channel model's ``_0002``
+    is, rather than each volume segmented as an image. Elsewhere numbered volumes, and 2D ``frame_0000.png``,
+    ``frame_0001.png``, are a series: each an image, as before."""
+    import shutil
+
     from fedseg.predict import PredictError, Source, nnunet_cases
 
     src = nnunet_dataset(tmp_path / "Dataset508_Ct", sites=("AMC",), per_site=1)  # T2 and ADC channel files
@@ -650,6 +653,10 @@ def test_a_one_channel_model_refuses_a_second_volume_channel_but_reads_numbered_
         "out of the folder)"
     )
     assert nnunet_cases(volumes, 2, "3d") == [Source(tuple(volumes), "AMC_001")]
+    series = tmp_path / "series"
+    series.mkdir()
+    scans = [Path(shutil.copy(v, series / f"scan_{k:04d}.nii.gz")) for k, v in enumerate(volumes)]
+    assert nnunet_cases(scans, 1, "3d") == [Source((scans[0],)), Source((scans[1],))]
     frames = []
     for k in range(2):
         frames.append(tmp_path / f"frame_{k:04d}.png")

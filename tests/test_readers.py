@@ -84,14 +84,14 @@ def write_itk(path: Path, data: np.ndarray, vector: bool = False) -> Path:
 
 
 def write_series(
-    folder: Path, data: np.ndarray, *, spacing=SPACING, origin=ORIGIN, names=None, series_uid=None
+    folder: Path, data: np.ndarray, *, spacing=SPACING, origin=ORIGIN, names=None, series_uid=None, frame="1.2.3.5"
 ) -> list[pydicom.Dataset]:
     """One single-frame CT file per slice ``data[:, :, k]``, written with pydicom in shuffled file-name order."""
     from pydicom.dataset import Dataset, FileMetaDataset
     from pydicom.uid import CTImageStorage, ExplicitVRLittleEndian, generate_uid
 
     folder.mkdir(parents=True, exist_ok=True)
-    study, series, frame = "1.2.3.4", series_uid or generate_uid(), "1.2.3.5"
+    study, series = "1.2.3.4", series_uid or generate_uid()
     names = names or [f"IM{n:04d}" for n in np.random.default_rng(0).permutation(data.shape[2])]
     written = []
     for k in range(data.shape[2]):
@@ -310,16 +310,29 @@ def test_a_seg_drawn_on_another_grid_is_refused(files, tmp_path, grid, why):
 
 def test_a_seg_of_another_scan_on_the_same_grid_is_refused(files, tmp_path):
     """Scans of one protocol share their grid, so a SEG drawn on another patient's series lands on this one's voxels:
-    its UIDs tell (the series it references, its frame of reference), and it is refused, not read as this label."""
-    other_series = write_series(tmp_path / "other", VALUES)  # the same grid and frame of reference, another series
-    seg = write_seg(tmp_path / "other.dcm", other_series, LABEL)
-    series = pydicom.dcmread(next(files["dicom"].iterdir())).SeriesInstanceUID
+    its frame of reference tells, and it is refused, not read as this label; without frames of reference, the series
+    it references. A SEG drawn on a co-registered series (the same frame of reference) is read."""
+    other_patient = write_series(tmp_path / "other", VALUES, frame="1.2.3.77")  # the same grid, another patient
+    seg = write_seg(tmp_path / "other.dcm", other_patient, LABEL)
     with pytest.raises(FederationError) as e:
         read_label(seg, "3d", image=files["dicom"])
     assert str(e.value) == (
-        f"{seg}: drawn on another scan: it references series {other_series[0].SeriesInstanceUID}, but its image "
-        f"{files['dicom']} is series {series}; a segmentation of another series?"
+        f"{seg}: drawn on another scan: its FrameOfReferenceUID 1.2.3.77 is not that of its image {files['dicom']} "
+        "(1.2.3.5); a segmentation of another patient or study?"
     )
+    no_frame = pydicom.dcmread(seg)
+    del no_frame.FrameOfReferenceUID
+    no_frame.save_as(tmp_path / "no-frame.dcm")
+    series = pydicom.dcmread(next(files["dicom"].iterdir())).SeriesInstanceUID
+    with pytest.raises(FederationError) as e:
+        read_label(tmp_path / "no-frame.dcm", "3d", image=files["dicom"])
+    assert str(e.value) == (
+        f"{tmp_path / 'no-frame.dcm'}: drawn on another scan: it references series "
+        f"{other_patient[0].SeriesInstanceUID}, but its image {files['dicom']} is series {series}; a segmentation of "
+        "another series?"
+    )
+    registered = write_seg(tmp_path / "registered.dcm", write_series(tmp_path / "t2", VALUES), LABEL)  # same frame
+    np.testing.assert_array_equal(read_label(registered, "3d", image=files["dicom"]), LABEL)
     moved = pydicom.dcmread(files["label_seg"])
     moved.FrameOfReferenceUID = "1.2.3.999"
     moved.save_as(tmp_path / "moved.dcm")

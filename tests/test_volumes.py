@@ -136,18 +136,23 @@ def test_patches_are_the_crops_the_step_stream_draws_wherever_they_are_cut(where
 
 
 def test_a_case_is_blended_on_the_accelerator_only_where_its_output_fits(monkeypatch):
-    """Sliding-window blending stays on the GPU for a case whose (R + 1) float32 maps fit the bound, else the
-    CPU; on the CPU it is always the CPU (results there unchanged: the blend device is the CPU as before)."""
+    """Sliding-window blending and the mapping back stay on the GPU for a case whose estimated memory fits the bound,
+    else the CPU; on the CPU it is always the CPU (results there unchanged: the blend device is the CPU as before)."""
     from fedseg.evaluate import sliding
 
     vol = build_volume(*tumour_case(), BRATS, (1.0,) * 3, VolumeConfig(patch_size=8), "none")
     cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
     assert sliding.blend_device(vol, cuda) == cuda and sliding.blend_device(vol, cpu) == cpu
-    output_mb = 4 * vol.label[0].numel() * 4 / 2**20  # 3 regions + the count map, float32
-    monkeypatch.setattr(sliding, "BLEND_ON_DEVICE_MAX_MB", output_mb)
+    padded, original = vol.label[0].numel(), vol.truth[0].numel()  # no resampling: the resampled grid is the original
+    expected_mb = 4 * (padded * (2 + 2 * 3 + 1) + 3 * original) / 2**20  # image, logits, count, sigmoid; restored
+    assert sliding.case_mapping_mb(vol) == pytest.approx(expected_mb)
+    monkeypatch.setattr(sliding, "BLEND_ON_DEVICE_MAX_MB", expected_mb)
     assert sliding.blend_device(vol, cuda) == cuda
-    monkeypatch.setattr(sliding, "BLEND_ON_DEVICE_MAX_MB", output_mb * 0.99)
+    monkeypatch.setattr(sliding, "BLEND_ON_DEVICE_MAX_MB", expected_mb * 0.99)
     assert sliding.blend_device(vol, cuda) == cpu
+    resampled = build_volume(*tumour_case(), BRATS, (1.0,) * 3, VolumeConfig(patch_size=8, spacing=2.0), "none")
+    assert resampled.grid.affine is not None  # float64 resampling counted too
+    assert sliding.case_mapping_mb(resampled) > 4 * resampled.label[0].numel() * (2 + 2 * 3 + 1) / 2**20
 
 
 def test_config_errors_name_the_field():
@@ -292,3 +297,33 @@ def test_the_input_size_check_refuses_exactly_the_sizes_the_network_cannot_train
         assert (problem is None) == trains, (size, problem)
         if problem is not None:
             assert problem.startswith(f"data.volume.patch_size={list(size)}: ")
+
+
+def test_training_sets_share_one_budget_on_a_device_and_give_it_back_when_freed():
+    """train.resident_mb bounds the training sets one process keeps on a device in all (it was per set: 33 sites
+    could each keep 1 GiB), first come first served, given back when a set is freed; never on the CPU. The meta
+    device stands in for a GPU here (copies without memory): the same code path, no data."""
+    import gc
+
+    from fedseg.data import dataset
+    from fedseg.data.dataset import CaseSet
+
+    vols = [build_volume(*tumour_case(seed=s), BRATS, (1.0,) * 3, VolumeConfig(patch_size=8), "none") for s in range(2)]
+    x = torch.zeros(2, 2, 8, 8, 8)
+
+    def new_set() -> CaseSet:
+        return CaseSet("site", ["a", "b"], x, x[:, :1], vols, VolumeConfig(patch_size=8))
+
+    one_mb = sum(v.image.nbytes + v.label.numel() for v in vols) / 2**20  # images float32, masks as bool
+    meta, cpu = torch.device("meta"), torch.device("cpu")
+    dataset.RESIDENT_MB.clear()
+    first, second = new_set(), new_set()
+    assert not first.resident(cpu, 1e9)
+    assert first.resident(meta, 1.5 * one_mb) and first.resident(meta, 0.0)  # kept once copied
+    assert [label.dtype for _, label in first._resident_volumes["meta"]] == [torch.bool, torch.bool]
+    assert dataset.RESIDENT_MB["meta"] == pytest.approx(one_mb)
+    assert not second.resident(meta, 1.5 * one_mb)  # both would exceed the budget
+    del first
+    gc.collect()
+    assert dataset.RESIDENT_MB["meta"] == pytest.approx(0.0)
+    assert second.resident(meta, 1.5 * one_mb)

@@ -350,11 +350,12 @@ class TrainConfig(Strict):
         "its own stream (fedseg.train.step_generator)",
     )
     resident_mb: float = Field(
-        default=1024.0,
+        default=4096.0,
         ge=0,
-        description="on CUDA, a site's training set up to this many MiB is copied to the device once and its "
-        "batches are made there: whole images (images + masks) are indexed, volumes (images + masks as bool) "
-        "are cropped to patches on the device; 0 = never. Results are the same either way",
+        description="on CUDA, the sites' training sets are copied to the device once, while those of one process "
+        "take at most this many MiB there in all (first come, first served), and their batches are made there: "
+        "whole images (images + masks) are indexed, volumes (images + masks as bool) are cropped to patches on the "
+        "device; 0 = never. Results are the same either way",
     )
 
     @field_validator("amp", "channels_last", mode="before")

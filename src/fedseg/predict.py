@@ -186,6 +186,9 @@ def channel_file(path: Path) -> tuple[str, int, str] | None:
     return match["case"], int(match["channel"]), path.name[-len(named[1]) :]  # the extension as spelt
 
 
+NNUNET_IMAGE_FOLDERS = ("imagesTs", "imagesTr")  # where a one-channel model's numbered volumes are a case's channels
+
+
 def nnunet_cases(paths: list[Path], channels: int, kind: Literal["2d", "3d"]) -> list[Source]:
     """``paths`` (``list_inputs``) as inputs. The nnU-Net channel files among them (``<case>_XXXX.<ext>``, as in a
     dataset's ``imagesTs/``) are read one case at a time, its channel files stacked in channel order and its mask
@@ -194,9 +197,10 @@ def nnunet_cases(paths: list[Path], channels: int, kind: Literal["2d", "3d"]) ->
     ``img_0000.npy, img_0001.npy`` of two channels each for a two-channel model: numbered images, not the channels of
     case ``img``), only cases of a lone ``_0000`` file are named after the case; a name without a ``_0000`` file of
     its own (``scan_2019.png``) is an image. A case missing a channel file, or with one the model does not read,
-    raises ``PredictError`` naming the files (the first few of each kind). For a one-channel model 3D volumes
-    ``<case>_0000``, ``<case>_0001`` are a case's channels (a T2 beside the CT, refused: nnU-Net reads the folder so
-    too), 2D images so numbered are frames, each an image (``frame_0000.png``, ``frame_0001.png``)."""
+    raises ``PredictError`` naming the files (the first few of each kind). For a one-channel model, 3D volumes
+    ``<case>_0000``, ``<case>_0001`` in an nnU-Net dataset's ``imagesTs/`` or ``imagesTr/`` are a case's channels (a
+    T2 beside the CT, refused: nnU-Net reads the folder so too); anywhere else, and 2D images anywhere, files so
+    numbered are a series, each an image (``scan_0000.nii.gz``, ``frame_0001.png``)."""
     cases: dict[tuple[str, str], dict[int, Path]] = {}
     for path in paths:
         if (named := channel_file(path)) is not None:
@@ -209,7 +213,8 @@ def nnunet_cases(paths: list[Path], channels: int, kind: Literal["2d", "3d"]) ->
         return others
     first = min(channel_files)
     try:
-        one_channel_files = read_image(first, kind).shape[0] == 1 and (channels > 1 or kind == "3d")
+        nnunet_folder = kind == "3d" and first.parent.name in NNUNET_IMAGE_FOLDERS
+        one_channel_files = read_image(first, kind).shape[0] == 1 and (channels > 1 or nnunet_folder)
     except FederationError:
         return [Source((p,)) for p in paths]  # read_inputs names the unreadable file
     if not one_channel_files:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -12,6 +13,12 @@ from fedseg.data.federation import Case, Federation, Site
 from fedseg.data.metadata import metadata_value
 from fedseg.data.preprocess import case_tensors, normalization
 from fedseg.data.volumes import Volume, build_volume, case_spacing, draw_patches, patch_size
+
+RESIDENT_MB: dict[str, float] = {}  # device -> MiB of training sets this process keeps there (CaseSet.resident)
+
+
+def _give_back(device: str, size_mb: float) -> None:
+    RESIDENT_MB[device] -= size_mb
 
 
 @dataclass
@@ -53,25 +60,30 @@ class CaseSet:
         return to_device(x[idx], device), to_device(y[idx], device)
 
     def resident(self, device: torch.device, budget_mb: float) -> bool:
-        """Keep a copy of the training input on CUDA ``device`` (copied once, kept with the set) if it takes at most
-        ``budget_mb`` MiB (``train.resident_mb``; each set has its own budget): the fixed-size view ``x``, ``y`` on
-        the whole-image path (:meth:`batch` then indexes there), or every volume's image and label on the volume
-        path (the label as bool, a quarter of its float32 size; :meth:`patches` then crops there, so a training
-        batch is never copied from the host). Returns whether the set is resident on ``device``. Values
-        unchanged (copies; a 0/1 mask converts exactly)."""
+        """Keep a copy of the training input on accelerator ``device`` (CUDA; copied once, kept with the set) while
+        the sets this process keeps there take at most ``budget_mb`` MiB in all (``train.resident_mb``; first come,
+        first served: sites train in a fixed order, so the same sets each time): the fixed-size view ``x``, ``y`` on
+        the whole-image path (:meth:`batch` then indexes there), or every volume's image and label on the volume path
+        (the label as bool, a quarter of its float32 size; :meth:`patches` then crops there, so a training batch is
+        never copied from the host). Returns whether the set is resident on ``device``. Values unchanged (copies; a
+        0/1 mask converts exactly). A set's share of the budget is given back when the set is freed."""
         key = str(device)
         if key in self._resident or key in self._resident_volumes:
             return True
-        if device.type != "cuda" or not len(self):
+        if device.type == "cpu" or not len(self):
             return False
         if self.volumes is None:
-            if (self.x.nbytes + self.y.nbytes) / 2**20 > budget_mb:
-                return False
+            size_mb = (self.x.nbytes + self.y.nbytes) / 2**20
+        else:
+            size_mb = sum(v.image.nbytes + v.label.numel() for v in self.volumes) / 2**20
+        if RESIDENT_MB.get(key, 0.0) + size_mb > budget_mb:
+            return False
+        if self.volumes is None:
             self._resident[key] = (self.x.to(device), self.y.to(device))
         else:
-            if sum(v.image.nbytes + v.label.numel() for v in self.volumes) / 2**20 > budget_mb:
-                return False
             self._resident_volumes[key] = [(v.image.to(device), v.label.to(device, torch.bool)) for v in self.volumes]
+        RESIDENT_MB[key] = RESIDENT_MB.get(key, 0.0) + size_mb
+        weakref.finalize(self, _give_back, key, size_mb)
         return True
 
     def patches(

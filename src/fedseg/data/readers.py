@@ -326,12 +326,16 @@ def channels_grid_problem(paths: Sequence[Path]) -> str | None:
     as nnU-Net and FeTS store them) whose grid differs from the first file's: its shape, spacing, an axis flipped or
     its origin (``grid_mismatch``), as nnU-Net's own dataset check refuses it. From the headers alone (no voxel is
     read); ``None`` when they agree, for a single file, or when the first file is no volume (PNG, JPEG, npy: no grid,
-    their shapes are compared when stacked). ``FederationError`` if a header cannot be read."""
+    their shapes are compared when stacked). A header that cannot be read is that file's one line too (so an import
+    collects it with its other problems)."""
     if len(paths) < 2 or volume_format(Path(paths[0])) is None:
         return None
-    first = volume_grid(paths[0])
-    for path in paths[1:]:
-        grid = volume_grid(path)
+    try:
+        grids = [volume_grid(path) for path in paths]
+    except FederationError as e:
+        return str(e)
+    first = grids[0]
+    for path, grid in zip(paths[1:], grids[1:]):
         mismatch = f"shape {grid.shape} vs {first.shape}" if grid.shape != first.shape else grid_mismatch(grid, first)
         if mismatch is not None:
             return (
@@ -425,8 +429,8 @@ def read_dicom_seg(path: Path, grid: VoxelGrid, image: Path, label_names: dict[i
 
     Every frame of the SEG must lie on the image's voxel grid (same plane orientation and pixel spacing,
     positions on voxel centres, inside the image): frames omitted by the SEG (empty ones) are background. A
-    DICOM series image must be the one the SEG was drawn on: the same FrameOfReferenceUID, and a series its
-    ReferencedSeriesSequence names (a SEG of another patient can lie on the same grid).
+    DICOM series image must be the one the SEG was drawn on: the same FrameOfReferenceUID, or without one, a series
+    its ReferencedSeriesSequence names (a SEG of another patient can lie on the same grid).
     BINARY and LABELMAP SEGs are read; FRACTIONAL ones are refused (a label map must be exact), as are
     overlapping segments. ``FederationError`` with one line naming the file otherwise.
     """
@@ -505,24 +509,28 @@ def _read_dicom_seg(path: Path, grid: VoxelGrid, image: Path, label_names: dict[
 
 def _other_series(seg: Any, path: Path, image: Path) -> str | None:
     """Why the DICOM-SEG ``seg`` (file ``path``) was drawn on another scan than the DICOM series ``image``: another
-    FrameOfReferenceUID (another patient or position), or a ReferencedSeriesSequence that does not name the series
-    (a SEG of another series can lie on the same grid); ``None`` when they agree, or for an image that is no DICOM
-    series (a NIfTI has no UIDs)."""
+    FrameOfReferenceUID (another patient or position); where either lacks one, a ReferencedSeriesSequence that does
+    not name the series (a SEG of another series can lie on the same grid). ``None`` when they agree (a SEG drawn on
+    a co-registered series of the same frame of reference is fine: frame and grid place its voxels), or for an image
+    that is no DICOM series (a NIfTI has no UIDs)."""
     if volume_format(image) != DICOM:
         return None
     pydicom = _require("pydicom", image, "a DICOM series")
     series = pydicom.dcmread(series_entries(image)[0], stop_before_pixels=True)
     frame, image_frame = str(getattr(seg, "FrameOfReferenceUID", "")), str(getattr(series, "FrameOfReferenceUID", ""))
-    if frame and image_frame and frame != image_frame:
+    if frame and image_frame:
+        if frame == image_frame:
+            return None
         return (
             f"{path}: drawn on another scan: its FrameOfReferenceUID {frame} is not that of its image {image} "
             f"({image_frame}); a segmentation of another patient or study?"
         )
-    referenced = [str(item.SeriesInstanceUID) for item in getattr(seg, "ReferencedSeriesSequence", [])]
-    if referenced and str(series.SeriesInstanceUID) not in referenced:
+    referenced = [str(getattr(item, "SeriesInstanceUID", "")) for item in getattr(seg, "ReferencedSeriesSequence", [])]
+    own = str(getattr(series, "SeriesInstanceUID", ""))
+    if own and any(referenced) and own not in referenced:
         return (
             f"{path}: drawn on another scan: it references series {', '.join(referenced)}, but its image {image} is "
-            f"series {series.SeriesInstanceUID}; a segmentation of another series?"
+            f"series {own}; a segmentation of another series?"
         )
     return None
 

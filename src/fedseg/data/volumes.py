@@ -117,10 +117,12 @@ class Volume:
         return self.grid.spacing
 
     def foreground(self) -> torch.Tensor:
-        """Flat (row-major over ``P``) indices of the voxels of ``label`` in any region, ascending, int64 ``(F,)``
-        on the CPU: what ``label.any(0).nonzero()`` lists, computed once (a patch draw reads it every step)."""
+        """Flat (row-major over ``P``) indices of the voxels of ``label`` in any region, ascending, ``(F,)`` on the
+        CPU (int32 when ``P`` allows: half the memory of a large organ's list): what ``label.any(0).nonzero()`` lists,
+        computed once (a patch draw reads it every step)."""
         if self._foreground is None:
-            self._foreground = self.label.any(0).flatten().nonzero().flatten().cpu()
+            flat = self.label.any(0).flatten().nonzero().flatten().cpu()
+            self._foreground = flat.int() if self.label[0].numel() < 2**31 else flat
         return self._foreground
 
 

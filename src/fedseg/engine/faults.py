@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Collection, Mapping
 
 import torch
 
@@ -117,15 +118,29 @@ def reply_problem(msg: Message, reply: Message, check_finite: bool, train_cases:
         if check_finite and tensor.is_floating_point() and not all_finite(tensor):
             bad = "NaN" if bool(torch.isnan(tensor).any()) else "Inf"
             return f"tensor {name!r} holds {bad}"
-    for group in sorted({_group(n) for n in reply.tensors} & {_group(n) for n in msg.tensors} - {""}):
-        sent_names = {n for n in msg.tensors if _group(n) == group}
-        returned = {n for n in reply.tensors if _group(n) == group}
-        if sent_names - returned:
-            missing = sorted(sent_names - returned)
+    return group_problem(msg.tensors, reply.tensors) or weight_problem(reply.meta, train_cases)
+
+
+def group_problem(sent: Collection[str], returned: Collection[str]) -> str | None:
+    """Why the tensor names ``returned`` do not answer the names ``sent``: a group both use (``model/...``) with a
+    name missing or one that was not sent; None when every shared group comes back whole."""
+    for group in sorted({_group(n) for n in returned} & {_group(n) for n in sent} - {""}):
+        sent_names = {n for n in sent if _group(n) == group}
+        returned_names = {n for n in returned if _group(n) == group}
+        if sent_names - returned_names:
+            missing = sorted(sent_names - returned_names)
             return f"{len(missing)} of the {len(sent_names)} tensors sent as {group}/ are missing, e.g. {missing[0]!r}"
-        if returned - sent_names:
-            return f"tensor {sorted(returned - sent_names)[0]!r} was not sent as part of {group}/ (an unknown name)"
-    n_k = reply.meta.get("num_examples")
+        if returned_names - sent_names:
+            return (
+                f"tensor {sorted(returned_names - sent_names)[0]!r} was not sent as part of {group}/ (an unknown name)"
+            )
+    return None
+
+
+def weight_problem(meta: Mapping[str, object], train_cases: int) -> str | None:
+    """Why a reply's ``num_examples`` (the site's aggregation weight n_k) cannot be used: it is not ``train_cases``,
+    the training-set size the site declared; None when it is, or when the reply reports none."""
+    n_k = meta.get("num_examples")
     if n_k is not None and n_k != train_cases:
         return f"num_examples = {n_k!r} (its aggregation weight), but the site holds {train_cases} training cases"
     return None

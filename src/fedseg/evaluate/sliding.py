@@ -11,6 +11,7 @@ the case's spacing (HD95 in mm; ``fedseg.evaluate.metrics``).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -23,16 +24,28 @@ from fedseg.data.volumes import Grid, Volume, patch_size, restore
 from fedseg.evaluate.metric_info import DEFAULT_NSD_TOLERANCE, METRIC_NAMES
 from fedseg.evaluate.metrics import Scores, batch_metrics
 
-# The largest whole-case output (MiB) blended on an accelerator: (R + 1) float32 maps of the padded grid (the logits
-# and MONAI's count map). 2 GiB holds 3 regions of a 512 x 512 x 400 CT; a larger case is blended on the CPU.
+# The most GPU memory (MiB) one case's blending and mapping back may take on an accelerator (:func:`case_mapping_mb`);
+# a larger case runs on the CPU, as every case did before. 2 GiB: a BraTS case (4 x 240 x 240 x 155) takes ~0.5 GiB.
 BLEND_ON_DEVICE_MAX_MB = 2048.0
 
 
+def case_mapping_mb(vol: Volume) -> float:
+    """GPU memory (MiB) that blending case ``vol`` and mapping it back take at once, estimated from its shapes (C
+    channels, R regions, P padded voxels, S resampled and O original voxels, D axes): the image (C x P), MONAI's
+    logits and count map and their sigmoid (2R + 1 x P) in float32; the restored regions (R x S); with resampling
+    (``grid.affine`` set), MONAI ``Spacing``'s float64 input, output and sampling grid (R x S + R x O + (D + 1) x O)."""
+    channels, regions, padded = vol.image.shape[0], vol.label.shape[0], vol.label[0].numel()
+    grid = vol.grid
+    resampled, original = math.prod(grid.resampled), math.prod(grid.shape)
+    floats32 = padded * (channels + 2 * regions + 1) + regions * resampled
+    floats64 = 0 if grid.affine is None else regions * (resampled + original) + (len(grid.shape) + 1) * original
+    return (4 * floats32 + 8 * floats64) / 2**20
+
+
 def blend_device(vol: Volume, device: torch.device) -> torch.device:
-    """Where :func:`sliding_logits` accumulates case ``vol``'s blended logits: on ``device`` when it is an
-    accelerator and the output fits :data:`BLEND_ON_DEVICE_MAX_MB`, else on the CPU."""
-    voxels = vol.label[0].numel()
-    fits = (vol.label.shape[0] + 1) * voxels * 4 / 2**20 <= BLEND_ON_DEVICE_MAX_MB
+    """Where case ``vol`` is blended, restored and thresholded (:func:`predict_on_grid`): on ``device`` when it is an
+    accelerator and :func:`case_mapping_mb` fits :data:`BLEND_ON_DEVICE_MAX_MB`, else on the CPU."""
+    fits = case_mapping_mb(vol) <= BLEND_ON_DEVICE_MAX_MB
     return device if device.type != "cpu" and fits else torch.device("cpu")
 
 
@@ -96,6 +109,19 @@ def network_for(model: nn.Module, view: torch.Tensor | None, device: torch.devic
     return for_image(view[None].to(device))
 
 
+def _prediction(net: nn.Module, vol: Volume, cfg: VolumeConfig, threshold: float, device: torch.device) -> torch.Tensor:
+    """:func:`predict_on_grid` of ``vol``, blended where :func:`blend_device` says; a case whose mapping runs out of
+    the accelerator's memory (the estimate is rough, other work holds memory too) is done again on the CPU."""
+    blend = blend_device(vol, device)
+    try:
+        return predict_on_grid(net, vol.image, vol.grid, cfg, threshold, device, blend)
+    except torch.OutOfMemoryError:
+        if blend.type == "cpu":
+            raise
+        torch.cuda.empty_cache()
+        return predict_on_grid(net, vol.image, vol.grid, cfg, threshold, device)
+
+
 def score_volumes(
     model: nn.Module,
     volumes: list[Volume],
@@ -120,7 +146,7 @@ def score_volumes(
     scores: dict[str, list[np.ndarray]] = {m: [] for m in METRIC_NAMES}
     for i, vol in enumerate(volumes):
         net = network_for(model, None if views is None else views[i], device)
-        pred = predict_on_grid(net, vol.image, vol.grid, cfg, threshold, device, blend_device(vol, device))
+        pred = _prediction(net, vol, cfg, threshold, device)
         case = batch_metrics(
             pred[None].to(to),
             vol.truth[None],

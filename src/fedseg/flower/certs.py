@@ -159,9 +159,11 @@ def make_certs(out: Path, hosts: Sequence[str] = (), nodes: Sequence[str] = ()) 
     """CA + SuperLink certificate (+ one authentication key pair per name in ``nodes``) in ``out``.
 
     Written into a hidden staging folder inside ``out`` first (``fedseg.data.folder.staging_folder``, mode 0700)
-    and moved into place file by file at the end, so a failure or an interrupt while writing (a full disk, a
-    forbidden folder, Ctrl-C) leaves ``out`` as it was: never a CA without its SuperLink certificate."""
-    from fedseg.data.folder import staging_folder
+    and moved into place at the end (``fedseg.data.folder.move_in``: the entries it replaces are moved aside first
+    and put back if a move fails), so a failure or an interrupt (a full disk, a forbidden folder, Ctrl-C) leaves
+    ``out`` as it was: never a new CA beside an old SuperLink certificate. Keys of other sites already in
+    ``out/supernodes/`` are kept."""
+    from fedseg.data.folder import move_in, staging_folder
 
     out = Path(out)
     with staging_folder(out, "certs") as tmp:
@@ -169,9 +171,9 @@ def make_certs(out: Path, hosts: Sequence[str] = (), nodes: Sequence[str] = ()) 
         make_server_cert(tmp, ca_key, ca_cert, list(hosts))
         for name in nodes:
             make_node_key(tmp / "supernodes", name)
-        for path in sorted(p for p in tmp.rglob("*") if p.is_file()):
-            target = out / path.relative_to(tmp)
-            target.parent.mkdir(exist_ok=True)
-            path.replace(target)
-        shutil.rmtree(tmp)
+        if nodes and (out / "supernodes").is_dir():  # the folder is replaced as a whole: the other sites' keys too
+            for key in (out / "supernodes").iterdir():
+                if not (tmp / "supernodes" / key.name).exists():
+                    shutil.copy2(key, tmp / "supernodes" / key.name)
+        move_in(tmp, out, [out / entry.name for entry in tmp.iterdir() if (out / entry.name).exists()])
     return TlsFiles.in_folder(out)

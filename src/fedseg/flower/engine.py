@@ -177,7 +177,11 @@ def connect_sites(
         (log.debug if repeated else log.warning)("SuperNode %s %s", node, why)
         refused[node] = (time.monotonic() + REFUSED_RETRY, why)
         if notify and not repeated:
-            (notice,) = courier.push([query("?", node, REFUSED, {"why": why})])
+            try:  # a courtesy: a node the SuperLink no longer knows cannot be told, and the run goes on
+                (notice,) = courier.push([query("?", node, REFUSED, {"why": why})])
+            except RuntimeError as e:
+                log.debug("SuperNode %s: refusal notice not sent (%s)", node, e)
+                return
             notices.add(notice)
             pending[notice] = node
 

@@ -161,7 +161,9 @@ def site_train(message: FlowerMessage, context: Context) -> FlowerMessage:
         index.append([name, str(t.dtype).removeprefix("torch."), list(t.shape), delta])
     if cfg.fl.local_dp is not None and [i[0] for i in index] != list(received.tensors):
         raise ValueError("fl.local_dp needs the reply to carry exactly the tensors the site received, in order")
-    weight = 1 if head["weighting"] == "uniform" else int(reply.meta["num_examples"])
+    weight = int(
+        cast(int, head["weight"])
+    )  # the coordinator's: its declared training-set size (or 1), never what it reports
     # the mod's stochastic rounding draws from NumPy's global stream: seeded per (seed, site, round), so a run
     # (and its resume) quantizes the same way every time; the masks stay os.urandom's
     engine_head: dict[str, Any] = dict(message.content.config_records[ENGINE])
@@ -289,7 +291,7 @@ def secure_train(engine, order: list[str], messages: dict[str, Message]) -> dict
     from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD
     from flwr.server.workflow.constant import Key as WorkflowKey
 
-    from fedseg.engine.faults import SiteFailure
+    from fedseg.engine.faults import SiteFailure, group_problem, weight_problem
     from fedseg.flower.records import to_recorddict
 
     cfg, sa = engine.task.cfg, engine.task.cfg.fl.secagg
@@ -306,7 +308,7 @@ def secure_train(engine, order: list[str], messages: dict[str, Message]) -> dict
     payload = {}
     for n, s in nodes.items():
         rd = to_recorddict(messages[s], asdict(engine.delivery(s, "train")))
-        rd[HEADER] = ConfigRecord({"weighting": weighting})
+        rd[HEADER] = ConfigRecord({"weighting": weighting, "weight": weights[s]})
         payload[n] = rd
     floats = {n: messages[s].num_floats() for n, s in nodes.items()}
     grid = MeteredGrid(engine.courier, nodes, payload, floats, engine.skips_failures)
@@ -341,6 +343,13 @@ def secure_train(engine, order: list[str], messages: dict[str, Message]) -> dict
         site = nodes[proxy.node_id]
         metrics = fitres.metrics
         index = json.loads(str(metrics["fedseg.index"]))
+        meta = json.loads(str(metrics["fedseg.meta"]))
+        problem = group_problem(first, [entry[0] for entry in index]) or weight_problem(meta, engine.num_samples(site))
+        if problem is not None:  # its masked update is in the sum already: the round cannot leave it out
+            record_traffic(engine, grid.traffic, {}, {})
+            raise SiteFailure(
+                f"site {site!r}, round {engine.round}, {engine.algorithm} train (secure aggregation): {problem}"
+            )
         if len(index) != len(average):
             raise ValueError(f"site {site!r} sent {len(index)} tensors, the sum has {len(average)}")
         tensors = {}
@@ -349,7 +358,7 @@ def secure_train(engine, order: list[str], messages: dict[str, Message]) -> dict
             if delta:
                 v = first[name].to(torch.float64) + v
             tensors[name] = v.to(getattr(torch, dtype))
-        replies[site] = Message(tensors, json.loads(str(metrics["fedseg.meta"])))
+        replies[site] = Message(tensors, meta)
         seconds[site] = float(cast(float, metrics["fedseg.seconds"]))
     record_traffic(engine, grid.traffic, replies, seconds)
     return replies

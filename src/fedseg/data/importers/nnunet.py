@@ -231,15 +231,6 @@ def _channel_files(
     return cases, set(found)
 
 
-def _off_grid_channel(images: list[Path]) -> str | None:
-    """A case's channel file on another grid than its ``_0000`` file (``readers.channels_grid_problem``), or an
-    unreadable header: one line; ``None`` when its channels share one grid."""
-    try:
-        return readers.channels_grid_problem(images)
-    except FederationError as e:
-        return str(e)
-
-
 def unlabelled_note(src: Path, ending: str) -> list[str]:
     """A note on the ``imagesTs/`` cases (files ending ``ending``) without a label in ``labelsTs/`` (all of them
     when there is no ``labelsTs/``): they are not imported (a test case needs its label)."""
@@ -287,7 +278,7 @@ def find_cases(src: Path, info: DatasetInfo) -> list[RawCase]:
                 continue  # an unlabelled test image: left out, with a note (unlabelled_note)
             if cid not in labelled:
                 problems.append(f"{label}: missing (the label of case {cid!r})")
-            elif (off_grid := _off_grid_channel(images)) is not None:
+            elif (off_grid := readers.channels_grid_problem(images)) is not None:
                 problems.append(off_grid)
             else:
                 cases.append(RawCase(cid, images, label, test))
