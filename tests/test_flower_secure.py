@@ -206,3 +206,27 @@ def test_under_secagg_a_site_masks_with_the_coordinators_weight_and_a_false_repo
     said = " ".join(proc.stderr.split())
     assert "site 'site2', round 1, fedavg train (secure aggregation): num_examples = " in said, said
     assert "but the site holds" in said and "Traceback" not in said
+
+
+@pytest.mark.slow
+def test_a_halted_secure_aggregation_says_why_and_which_site_failed(tmp_path, tiny, three_sites):
+    """Every share needed (reconstruction_threshold 1.0) and site1 crashing after the key exchange: SecAgg+ cannot
+    unmask the sum. The run stops with one line giving Flower's reason and the failed site (it pointed at a log that
+    held only a traceback)."""
+    cfg = {**tiny, "algorithms": ["fedavg"]}
+    cfg["fl"] = {
+        **tiny.get("fl", {}),
+        "rounds": 1,
+        "secure_aggregation": "secagg+",
+        "on_failure": "skip",
+        "secagg": {"reconstruction_threshold": 1.0},
+    }
+    cfg["eval"], cfg["faults"] = {**cfg.get("eval", {}), "local_models": False}, [{"site": "site1", "kind": "crash"}]
+    path = tmp_path / "halt.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    proc = _fedseg("flower", "local", "--config", str(path), "--data", str(three_sites), "--out", str(tmp_path / "o"))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    said = " ".join(proc.stderr.split())
+    assert "round 1: secure aggregation halted: Insufficient available nodes. " in said, said  # Flower's reason
+    assert "(fl.secagg.reconstruction_threshold = 1.0 of the shares must survive); failed: site1 (train): " in said
+    assert "InjectedCrash" in said and "Traceback" not in said

@@ -282,6 +282,27 @@ class _Capture:
         return None, {}
 
 
+class FlowerErrors(logging.Handler):
+    """The ERROR lines Flower's logger (``flwr``) writes while the block runs, once each: the SecAgg+ workflow says
+    why it halted only there (e.g. "Not enough shares to recover secret in unmask vectors stage")."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        line = " ".join(record.getMessage().split())
+        if line not in self.lines:
+            self.lines.append(line)
+
+    def __enter__(self) -> FlowerErrors:
+        logging.getLogger("flwr").addHandler(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        logging.getLogger("flwr").removeHandler(self)
+
+
 def secure_train(engine, order: list[str], messages: dict[str, Message]) -> dict[str, Message]:
     """One ``train`` exchange under SecAgg+ (module docstring): ``{site: reply}``, every reply carrying the
     weighted average of the sites' replies; ledger rows recorded on ``engine.ledger``."""
@@ -329,12 +350,15 @@ def secure_train(engine, order: list[str], messages: dict[str, Message]) -> dict
         modulus_range=sa.modulus_range,
         timeout=cfg.fl.timeout_s,
     )
-    workflow(cast(Any, grid), context)
+    with FlowerErrors() as errors:
+        workflow(cast(Any, grid), context)
     if not strategy.results:
         record_traffic(engine, grid.traffic, {}, {})
+        failed = "; ".join(f"{r['site']} ({r['action']}): {r['failure']}" for r in grid.traffic.rows if "failure" in r)
         raise SiteFailure(
-            f"round {engine.round}: secure aggregation halted (too few sites answered to unmask the sum; "
-            f"fl.secagg.reconstruction_threshold); see the coordinator's log"
+            f"round {engine.round}: secure aggregation halted: {'; '.join(errors.lines) or 'no sum to unmask'} "
+            f"(fl.secagg.reconstruction_threshold = {sa.reconstruction_threshold} of the shares must survive)"
+            + (f"; failed: {failed}" if failed else "")
         )
     average = parameters_to_ndarrays(strategy.results[0][1].parameters)
     replies: dict[str, Message] = {}
