@@ -84,15 +84,30 @@ QUANTIZATION_ATOL = 2e-5  # |secure - plain| per weight after one merge (step 2*
 DICE_ATOL = 1e-4
 
 
-def _flower_local(tmp_path: Path, tiny: dict, folder: Path, name: str, fl: dict, **extra) -> Path:
+def _start_flower_local(
+    tmp_path: Path, tiny: dict, folder: Path, name: str, fl: dict, **extra
+) -> tuple[subprocess.CompletedProcess, Path]:
+    """``fedseg flower local`` of FedAvg on ``folder`` with ``fl`` (and ``extra`` config keys): the process, its OUT."""
     cfg = {**tiny, "algorithms": ["fedavg"], "fl": {**tiny.get("fl", {}), **fl}, **extra}
     cfg["eval"] = {**cfg.get("eval", {}), "local_models": False}
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     out = tmp_path / name
-    proc = _fedseg("flower", "local", "--config", str(path), "--data", str(folder), "--out", str(out))
+    return _fedseg("flower", "local", "--config", str(path), "--data", str(folder), "--out", str(out)), out
+
+
+def _flower_local(tmp_path: Path, tiny: dict, folder: Path, name: str, fl: dict, **extra) -> Path:
+    proc, out = _start_flower_local(tmp_path, tiny, folder, name, fl, **extra)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return out
+
+
+def _failed_flower_local(tmp_path: Path, tiny: dict, folder: Path, name: str, fl: dict, **extra) -> str:
+    """The error a failing ``fedseg flower local`` prints (status 1, no traceback), whitespace folded."""
+    proc, _ = _start_flower_local(tmp_path, tiny, folder, name, fl, **extra)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    return " ".join(proc.stderr.split())
 
 
 def _federation(disc_federation):
@@ -197,15 +212,10 @@ def test_under_secagg_a_site_masks_with_the_coordinators_weight_and_a_false_repo
     """A site whose reply reports 100x its training-set size as num_examples (fault ``weight``): under SecAgg+ its
     update was masked with the weight the coordinator sent (its declared size), and the coordinator, seeing the false
     report in its plain metrics, stops the round naming it (its update is in the sum: it cannot be left out)."""
-    cfg = {**tiny, "algorithms": ["fedavg"], "fl": {**tiny.get("fl", {}), "rounds": 1, "secure_aggregation": "secagg+"}}
-    cfg["eval"], cfg["faults"] = {**cfg.get("eval", {}), "local_models": False}, [{"site": "site2", "kind": "weight"}]
-    path = tmp_path / "weight.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    proc = _fedseg("flower", "local", "--config", str(path), "--data", str(three_sites), "--out", str(tmp_path / "o"))
-    assert proc.returncode == 1, proc.stdout + proc.stderr
-    said = " ".join(proc.stderr.split())
+    fl = {"rounds": 1, "secure_aggregation": "secagg+"}
+    said = _failed_flower_local(tmp_path, tiny, three_sites, "weight", fl, faults=[{"site": "site2", "kind": "weight"}])
     assert "site 'site2', round 1, fedavg train (secure aggregation): num_examples = " in said, said
-    assert "but the site holds" in said and "Traceback" not in said
+    assert "but the site holds" in said
 
 
 @pytest.mark.slow
@@ -213,20 +223,13 @@ def test_a_halted_secure_aggregation_says_why_and_which_site_failed(tmp_path, ti
     """Every share needed (reconstruction_threshold 1.0) and site1 crashing after the key exchange: SecAgg+ cannot
     unmask the sum. The run stops with one line giving Flower's reason and the failed site (it pointed at a log that
     held only a traceback)."""
-    cfg = {**tiny, "algorithms": ["fedavg"]}
-    cfg["fl"] = {
-        **tiny.get("fl", {}),
+    fl = {
         "rounds": 1,
         "secure_aggregation": "secagg+",
         "on_failure": "skip",
         "secagg": {"reconstruction_threshold": 1.0},
     }
-    cfg["eval"], cfg["faults"] = {**cfg.get("eval", {}), "local_models": False}, [{"site": "site1", "kind": "crash"}]
-    path = tmp_path / "halt.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    proc = _fedseg("flower", "local", "--config", str(path), "--data", str(three_sites), "--out", str(tmp_path / "o"))
-    assert proc.returncode == 1, proc.stdout + proc.stderr
-    said = " ".join(proc.stderr.split())
+    said = _failed_flower_local(tmp_path, tiny, three_sites, "halt", fl, faults=[{"site": "site1", "kind": "crash"}])
     assert "round 1: secure aggregation halted: Insufficient available nodes. " in said, said  # Flower's reason
     assert "(fl.secagg.reconstruction_threshold = 1.0 of the shares must survive); failed: site1 (train): " in said
-    assert "InjectedCrash" in said and "Traceback" not in said
+    assert "InjectedCrash" in said
