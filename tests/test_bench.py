@@ -491,15 +491,21 @@ def test_a_leave_one_out_federation_tunes_on_its_first_site_whatever_tune_folds_
     assert {r.holdout for r in final_runs(spec, {}, holdouts)} == {"site1", "site2", "site3"}
 
 
-def test_nsd_is_tabled_and_tested_like_dice_and_a_bench_without_it_renders_as_before(tmp_path):
-    """NSD in tables.json (mean ± std over the seed-averaged cases, a paired Wilcoxon test against the reference
-    equal to scipy's on the NSD differences) and in tables.md; the same runs with their NSD rows and summary
-    entries removed (a bench written before NSD existed) render with Dice and HD95 unchanged and no NSD column."""
+def test_hd95_and_nsd_are_tested_like_dice_hd95_on_its_better_side_and_a_bench_without_nsd_renders_as_before(
+    tmp_path,
+):
+    """NSD and HD95 in tables.json (mean ± std over the seed-averaged cases, a paired Wilcoxon test against the
+    reference equal to scipy's on the per-case differences, which tables.json keeps): with a one-tailed
+    ``greater`` bench (the method better), NSD is tested ``greater`` and HD95 ``less`` (lower is better); both in
+    tables.md. The same runs with their NSD rows and summary entries removed (a bench written before NSD existed)
+    render with Dice and HD95 unchanged and no NSD column."""
     from fedseg.bench.phases import run_bench
     from fedseg.bench.report import write_report
 
     tiny = [*TINY_SET, "eval.nsd_tolerance=2"]
-    path = _bench(tmp_path, set=tiny, seeds=[0], split={"mode": "ratio"}, budget={"rounds": 1})
+    path = _bench(
+        tmp_path, set=tiny, seeds=[0], split={"mode": "ratio"}, budget={"rounds": 1}, tests={"alternative": "greater"}
+    )
     path.write_text(path.read_text().replace("[0.1, 1.0]", "[0.1]"))  # one fedprox setting: no tuning runs
     spec, root = load_bench(path)
     out = tmp_path / "out"
@@ -507,18 +513,24 @@ def test_nsd_is_tabled_and_tested_like_dice_and_a_bench_without_it_renders_as_be
     fed = write_report(spec, runs, out)["federations"]["synthetic-retina"]
     with open(out / "results.csv", newline="") as f:
         rows = list(csv.DictReader(f))
-    a = _case_dice([{**r, "metric": "dice" if r["metric"] == "nsd" else "-"} for r in rows], "fedprox")
-    b = _case_dice([{**r, "metric": "dice" if r["metric"] == "nsd" else "-"} for r in rows], "fedavg")
-    keys = sorted(set(a) & set(b))
     fedprox, fedavg = fed["methods"]["fedprox"], fed["methods"]["fedavg"]
-    assert fed["nsd_tolerance"] == 2.0 and fedavg["nsd_wilcoxon"] is None  # the reference
-    assert fedprox["nsd"]["n"] == len(keys) > 0
-    assert fedprox["nsd"]["mean"] == pytest.approx(float(np.mean([a[k] for k in keys])), rel=1e-12)
-    diffs = [a[k] - b[k] for k in keys]
-    assert fedprox["nsd_wilcoxon"]["n"] == len(keys)
-    assert fedprox["nsd_wilcoxon"]["mean_diff"] == pytest.approx(float(np.mean(diffs)), rel=1e-9)
-    assert fedprox["nsd_wilcoxon"]["p"] == pytest.approx(wilcoxon(diffs).pvalue, rel=1e-12)
+    assert fed["nsd_tolerance"] == 2.0
+    for metric, side in (("nsd", "greater"), ("hd95", "less")):
+        as_dice = [{**r, "metric": "dice" if r["metric"] == metric else "-"} for r in rows]
+        a, b = _case_dice(as_dice, "fedprox"), _case_dice(as_dice, "fedavg")
+        keys = sorted(set(a) & set(b))
+        test = fedprox[f"{metric}_wilcoxon"]
+        assert fedavg[f"{metric}_wilcoxon"] is None  # the reference
+        assert fedprox[metric]["n"] == len(keys) > 0
+        assert fedprox[metric]["mean"] == pytest.approx(float(np.mean([a[k] for k in keys])), rel=1e-12)
+        diffs = [a[k] - b[k] for k in keys]
+        assert test["n"] == len(keys)
+        assert test["mean_diff"] == pytest.approx(float(np.mean(diffs)), rel=1e-9)
+        assert test["p"] == pytest.approx(wilcoxon(diffs, alternative=side).pvalue, rel=1e-12), metric
+        kept = [v for v in test["case_diffs"].values() if np.isfinite(v)]  # the p recomputable from tables.json
+        assert wilcoxon(kept, alternative=side).pvalue == pytest.approx(test["p"], rel=1e-12)
     md = (out / "tables.md").read_text()
+    assert "| HD95 Δ vs fedavg | HD95 95% CI | HD95 p (Holm) |" in md and "lower is better: one-tailed" in md
     assert "| NSD (τ 2 pixels) | NSD Δ vs fedavg | NSD 95% CI | NSD p (Holm) |" in md
 
     # the same bench as written before NSD: no nsd rows, no summary entries
@@ -537,7 +549,7 @@ def test_nsd_is_tabled_and_tested_like_dice_and_a_bench_without_it_renders_as_be
     old = write_report(spec, run_bench(spec, root, out, echo=lambda line: None, train=False), out)
     old_fed = old["federations"]["synthetic-retina"]
     for name in ("fedavg", "fedprox"):
-        for key in ("dice", "hd95", "regions", "client_avg", "sites", "wilcoxon"):
+        for key in ("dice", "hd95", "regions", "client_avg", "sites", "wilcoxon", "hd95_wilcoxon"):
             assert old_fed["methods"][name][key] == fed["methods"][name][key], (name, key)
         assert old_fed["methods"][name]["nsd"]["n"] == 0 and old_fed["methods"][name]["nsd_wilcoxon"] is None
     old_md = (out / "tables.md").read_text()

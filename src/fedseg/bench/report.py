@@ -102,6 +102,12 @@ def has_nsd(fed: dict) -> bool:
     return any((s.get("nsd") or {}).get("n") for s in fed["methods"].values())
 
 
+def has_hd95_tests(fed: dict) -> bool:
+    """Whether any method of the federation has an HD95 test against the reference (not a ``tables.json`` written
+    before HD95 was tested, nor a bench without HD95: ``eval.hd95`` off)."""
+    return any(s.get("hd95_wilcoxon") for s in fed["methods"].values())
+
+
 BUDGET_HEAD = ["rounds", "SGD steps"]  # next to Dice in every table of methods: what each number was trained with
 
 
@@ -120,9 +126,11 @@ def _method_budget(s: dict | None) -> list[str]:
 
 def test_table(fed: dict, reference: str) -> tuple[list[str], list[list[str]]]:
     unit = fed.get("hd95_unit") or ""
-    nsd = has_nsd(fed)
+    nsd, hd95 = has_nsd(fed), has_hd95_tests(fed)
     head = ["method", "setting", "runs", *BUDGET_HEAD, DICE.label, *fed["regions"], HD95.title(unit), "client avg"]
     head += [f"Δ vs {reference}", "95% CI", "Δ per seed", "p (Holm)"]
+    if hd95:
+        head += [f"HD95 Δ vs {reference}", "HD95 95% CI", "HD95 p (Holm)"]
     if nsd:
         head += [NSD.title(unit, fed.get("nsd_tolerance")), f"NSD Δ vs {reference}", "NSD 95% CI", "NSD p (Holm)"]
     head.append("converged")
@@ -142,6 +150,9 @@ def test_table(fed: dict, reference: str) -> tuple[list[str], list[list[str]]]:
             ms(s["client_avg"], DICE.digits),
             *_test_cells(s["wilcoxon"], name == reference, _own_cases(s, fed["methods"].get(reference)), runs, True),
         ]
+        if hd95:
+            hd95_cases = _own_cases(s, fed["methods"].get(reference), "hd95")
+            row += _test_cells(s.get("hd95_wilcoxon"), name == reference, hd95_cases, runs, digits=HD95.digits)
         if nsd:
             nsd_cases = _own_cases(s, fed["methods"].get(reference), "nsd")
             nsd_cells = _test_cells(s.get("nsd_wilcoxon"), name == reference, nsd_cases, runs)
@@ -164,6 +175,7 @@ def _test_cells(
     own_cases: tuple[int, ...] = (),
     runs: tuple[object, ...] = (),
     per_seed: bool = False,
+    digits: int = DICE.digits,
 ) -> list[str]:
     """Δ (mean paired difference), its bootstrap CI, (``per_seed``) Δ per seed and p of a comparison with the
     reference (``compare``); ``ref`` for the reference itself. ‡ after Δ where it pairs fewer cases than
@@ -172,8 +184,8 @@ def _test_cells(
     if is_reference:
         return ["", "", *([""] if per_seed else []), "ref"]
     fewer = test is not None and (any(test["n"] < n for n in own_cases) or len(set(runs)) > 1)
-    delta = (_signed(test["mean_diff"]) + (FEWER_CASES if fewer else "")) if test else ""
-    return [delta, ci_text(test), *([per_seed_text(test)] if per_seed else []), p_text(test)]
+    delta = (_signed(test["mean_diff"], digits) + (FEWER_CASES if fewer else "")) if test else ""
+    return [delta, ci_text(test, digits), *([per_seed_text(test)] if per_seed else []), p_text(test)]
 
 
 def site_table(fed: dict) -> tuple[list[str], list[list[str]]]:
@@ -304,6 +316,14 @@ NOTES = (
     "(grid edge): the selected value is the smallest or largest of its grid, so the best one may lie outside it."
 )
 
+HD95_SIDE = {"two-sided": "", "greater": ": one-tailed, method < reference", "less": ": one-tailed, method > reference"}
+HD95_NOTE = (
+    " HD95 Δ: mean over cases of (method − reference) in the HD95 unit, negative where the method's boundaries lie "
+    "closer; its CI and p: the same paired test on HD95 with the alternative reversed (lower is better{side}), "
+    "Holm-adjusted over the HD95 Δ column; a missed or hallucinated region counts at the worst HD95 "
+    "(eval.hd95_worst), so every case is paired."
+)
+
 NSD_NOTE = (
     " NSD: normalized surface Dice at the tolerance τ in its heading (eval.nsd_tolerance, in the HD95 unit), mean ± "
     "std over cases as Dice, higher is better; its Δ and p: the same paired test on NSD, Holm-adjusted over the NSD "
@@ -331,6 +351,8 @@ def notes(bench: BenchSpec, tables: dict, changes: Sequence[str] = ()) -> str:
     )
     one = "one-tailed (" + alternative + ")" if alternative != "two-sided" else "two-sided"
     text = NOTES.format(resamples=RESAMPLES, side=side, alternative=one)
+    if any(has_hd95_tests(t) for t in tables.values()):
+        text += HD95_NOTE.format(side=HD95_SIDE[alternative])
     text += NSD_NOTE if any(has_nsd(t) for t in tables.values()) else ""
     text += PER_SEED_DATA if bench.data_seed == "per-seed" else ""
     if changes:

@@ -19,8 +19,9 @@ For each federation and method (its final runs, ``fedseg.bench.execute``):
   :func:`correct_tests`);
 * ``rank_stability`` (per federation): how often each method holds each rank by mean Dice over the same bootstrap
   samples (:func:`fedseg.evaluate.stats.rank_stability`);
-* ``nsd_wilcoxon``: the same pooled comparison on NSD (None when the method or the reference has no NSD, e.g.
-  runs written before it existed);
+* ``hd95_wilcoxon`` / ``nsd_wilcoxon``: the same pooled comparison on HD95 / NSD (None when the method or the
+  reference has none: ``eval.hd95`` off, or NSD of runs written before it existed); HD95's alternative is the
+  reverse of ``tests.alternative`` (:func:`metric_alternative`: lower is better), its Δ in the HD95 unit;
 * ``convergence``: runs, how many selected a round in the last 10% of their rounds without a validation plateau
   (``not_converged``, ``fedseg.run.stopping.not_converged``), stop rules;
 * ``cost``: the mean over runs of the FeTS Table 2 quantities, with the floats per site as the paper reports them
@@ -45,6 +46,7 @@ from fedseg.bench.plan import BenchRun, folds_of
 from fedseg.bench.select import edge_keys
 from fedseg.bench.spec import BenchSpec
 from fedseg.data.repartition import SEPARATOR
+from fedseg.evaluate.metric_info import HD95, NSD, Metric
 from fedseg.evaluate.stats import (
     Alternative,
     compare,
@@ -58,6 +60,7 @@ from fedseg.evaluate.tables import case_means, own_site_model, read_rows
 from fedseg.run.stopping import not_converged
 
 RESULT_COLUMNS = ["federation", "method", "fold", "seed", "site", "case", "region", "metric", "value"]
+TESTED_METRICS = (HD95, NSD)  # tested against the reference besides Dice (whose tests also run per site)
 COST_KEYS = ("sgd_steps", "parallel_sgd_steps", "floats", "eval_floats", "simulated_hours")
 
 
@@ -133,14 +136,14 @@ def site_means(cases: dict) -> dict[str, float]:
 def method_stats(rows: list[dict], runs: list[Finished], scored: str, regions: list[str]) -> dict:
     """Every number of one method on one federation (module docstring), without the tests against the reference."""
     dice_seeds = per_seed_cases(rows, "dice")
+    surface_seeds = {m.name: per_seed_cases(rows, m.name) for m in TESTED_METRICS}  # {seed: {}} without its rows
     dice_cases = seed_averaged(dice_seeds)
     per_seed_sites = {seed: site_means(cases) for seed, cases in dice_seeds.items()}
     sites = sorted({s for m in per_seed_sites.values() for s in m}, key=_site_order(runs))
     entries = [fin.entry(scored) for fin in runs]
     return {
         "dice": mean_std(dice_cases.values()),
-        "hd95": mean_std(seed_averaged(per_seed_cases(rows, "hd95")).values()),
-        "nsd": mean_std(seed_averaged(per_seed_cases(rows, "nsd")).values()),
+        **{name: mean_std(seed_averaged(seeds).values()) for name, seeds in surface_seeds.items()},
         "regions": {reg: mean_std(seed_averaged(per_seed_cases(rows, "dice", reg)).values()) for reg in regions},
         "client_avg": mean_std(float(np.mean(list(m.values()))) for m in per_seed_sites.values()),
         "sites": {s: mean_std(m.get(s, math.nan) for m in per_seed_sites.values()) for s in sites},
@@ -151,7 +154,7 @@ def method_stats(rows: list[dict], runs: list[Finished], scored: str, regions: l
         "cases": len(dice_cases),
         "train_samples": _mean_sizes(entries),
         "_seed_cases": dice_seeds,  # {seed: {(site, case): Dice}}: what the paired tests pair (add_tests)
-        "_seed_nsd": per_seed_cases(rows, "nsd"),  # the same of NSD ({seed: {}} without NSD rows)
+        **{f"_seed_{name}": seeds for name, seeds in surface_seeds.items()},  # the same of HD95 and NSD
     }
 
 
@@ -228,8 +231,9 @@ def federation_tables(bench: BenchSpec, runs: BenchRuns) -> tuple[dict, list[dic
         per_seed = {name: stats.pop("_seed_cases") for name, stats in methods.items()}
         alternative = bench.tests.alternative
         add_tests(methods, per_seed, bench.reference, alternative)
-        nsd = {name: stats.pop("_seed_nsd") for name, stats in methods.items()}
-        add_nsd_tests(methods, nsd, bench.reference, alternative)
+        for metric in TESTED_METRICS:
+            scores = {name: stats.pop(f"_seed_{metric.name}") for name, stats in methods.items()}
+            add_metric_tests(methods, scores, bench.reference, alternative, metric)
         first_method, first = next(iter(methods.items()))
         expected = len(folds_of(bench, fed, runs.holdouts)) * len(bench.seeds)  # final runs planned per method
         out[fed.name] = {
@@ -254,11 +258,13 @@ def federation_tables(bench: BenchSpec, runs: BenchRuns) -> tuple[dict, list[dic
 def correct_tests(fed: dict) -> None:
     """Holm-adjust (:func:`fedseg.evaluate.stats.correct_family`) each family of a federation's comparisons, the
     tests a reader scans together: the pooled Dice comparisons of every method against the reference (the test
-    table's Δ column), the NSD ones, every cell of the per-site table, and the bench's ``comparisons``; then set each
-    method's ``dagger``. Works on a ``tables.json`` entry read back too (a bench written before the correction)."""
+    table's Δ column), the HD95 ones, the NSD ones, every cell of the per-site table, and the bench's
+    ``comparisons``; then set each method's ``dagger``. Works on a ``tables.json`` entry read back too (a bench
+    written before the correction)."""
     methods = fed["methods"].values()
     correct_family(s.get("wilcoxon") for s in methods)
-    correct_family(s.get("nsd_wilcoxon") for s in methods)
+    for metric in TESTED_METRICS:
+        correct_family(s.get(f"{metric.name}_wilcoxon") for s in methods)
     correct_family(t for s in methods for t in (s.get("site_wilcoxon") or {}).values())
     correct_family(fed.get("comparisons") or [])
     for s in methods:
@@ -281,13 +287,24 @@ def _of_site(per_seed: dict[int, dict], site: str) -> dict[int, dict]:
     return {seed: {k: v for k, v in cases.items() if k[0] == site} for seed, cases in per_seed.items()}
 
 
-def add_nsd_tests(
-    methods: dict[str, dict], per_seed: dict[str, dict], reference: str, alternative: Alternative
+def metric_alternative(alternative: Alternative, metric: Metric) -> Alternative:
+    """The Wilcoxon alternative of ``metric``'s tests: ``tests.alternative`` is said of Dice (``greater``: the
+    method scores higher, i.e. better); for a metric where lower is better (HD95) the better side is ``less``."""
+    if metric.higher_is_better or alternative == "two-sided":
+        return alternative
+    return "less" if alternative == "greater" else "greater"
+
+
+def add_metric_tests(
+    methods: dict[str, dict], per_seed: dict[str, dict], reference: str, alternative: Alternative, metric: Metric
 ) -> None:
-    """``nsd_wilcoxon``: the pooled comparison (:func:`fedseg.evaluate.stats.compare`) of every method's NSD against
-    ``reference``'s (``per_seed``: ``{method: {seed: {(site, case): NSD}}}``); None for the reference and where
-    either has no NSD."""
-    has_nsd = {name: any(cases for cases in seeds.values()) for name, seeds in per_seed.items()}
+    """``<metric>_wilcoxon``: the pooled comparison (:func:`fedseg.evaluate.stats.compare`, with the case
+    differences) of every method's ``metric`` against ``reference``'s (``per_seed``: ``{method: {seed: {(site,
+    case): value}}}``), on the better side of :func:`metric_alternative`; None for the reference and where either
+    has no values of ``metric``."""
+    has = {name: any(cases for cases in seeds.values()) for name, seeds in per_seed.items()}
+    side = metric_alternative(alternative, metric)
     for name, stats in methods.items():
-        ok = name != reference and has_nsd.get(name) and has_nsd.get(reference)
-        stats["nsd_wilcoxon"] = compare(per_seed[name], per_seed[reference], alternative) if ok else None
+        ok = name != reference and has.get(name) and has.get(reference)
+        test = compare(per_seed[name], per_seed[reference], side, with_cases=True) if ok else None
+        stats[f"{metric.name}_wilcoxon"] = test
