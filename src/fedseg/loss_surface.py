@@ -70,7 +70,7 @@ def site_training_data(run: Path, cfg: RunConfig, site: str) -> tuple[RunConfig,
     plan applied for ``model.name: planned``)."""
     from fedseg.run import federation_splits
 
-    fed, splits = federation_splits(cfg, None)
+    fed, splits, _ = federation_splits(cfg, None)
     if site not in fed.site_names:
         raise ValueError(f"{run}: no site {site!r} (sites: {', '.join(fed.site_names)})")
     if fed.spatial_dims != 2:

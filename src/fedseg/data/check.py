@@ -31,8 +31,9 @@ from fedseg.data.folder import (
 from fedseg.data.splits import make_splits, split_problems
 
 
-def label_value_problems(label: np.ndarray, regions: Regions, path: Path) -> list[str]:
-    """Label values that are neither background (0) nor part of any region."""
+def label_value_problems(label: np.ndarray, regions: Regions, path: Path | str) -> list[str]:
+    """Label values that are neither background (0) nor part of any region (``path``: the file, or where the
+    label is, at the start of the line)."""
     allowed = regions.label_values | {0}
     unknown = [int(v) for v in np.unique(label) if int(v) not in allowed]
     if not unknown:

@@ -11,9 +11,15 @@ removed, naming them.
 Sizes and times, not contents: a stat per file costs nothing even for thousands of volumes, where hashing their
 contents would read the whole dataset at every start. A copy that does not keep modification times (``cp -r``
 without ``-p``) therefore looks changed; the message says how to accept the data as it is now (delete the record).
-A built-in federation needs no record: the configuration (source, scale, size, seed) determines its images; nor
-does a folder inside ``OUT`` (fedseg's own output: ``fedseg flower local`` writes a built-in federation there at
+A built-in federation needs no list of files: the configuration (source, scale, size, seed) determines its images;
+nor does a folder inside ``OUT`` (fedseg's own output: ``fedseg flower local`` writes a built-in federation there at
 every start). A run folder inside the data folder is left out of the record.
+
+A federation given by user code (``Experiment(..., federation=fed)``, or a builder registered under
+``data.source``) is recorded by the fingerprint of its arrays (``fedseg.data.user_federation``), and ``data`` in the
+record says where the data came from (``folder``, ``memory`` or ``config``; a record without it is a folder's), so a
+resume given other data, or data from elsewhere (an in-memory run resumed without its federation would otherwise
+train on the config's built-in ``data.source``), is refused (:func:`check_data_origin`).
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 from fedseg.atomic_files import atomic_write_text
 
@@ -58,12 +65,60 @@ def watched(out: Path, root: str | Path | None) -> Path | None:
     return None if folder.is_relative_to(Path(out).resolve()) else folder
 
 
-def record_data_files(out: Path, root: str | Path | None) -> None:
-    """Write ``out/.data-files.json`` for a run on the federation folder ``root`` (nothing for a built-in one)."""
-    if (folder := watched(out, root)) is None:
-        return
-    record = {"root": str(folder), "files": folder_files(folder, leave_out=out)}
+def record_data_files(out: Path, root: str | Path | None, fingerprint: str | None = None) -> None:
+    """Write ``out/.data-files.json``: the files of the federation folder ``root``, the ``fingerprint`` of a
+    federation from user code, or that the configuration determines the data (a built-in federation)."""
+    if fingerprint is not None:
+        record: dict[str, object] = {"data": "memory", "fingerprint": fingerprint}
+    elif (folder := watched(out, root)) is None:
+        record = {"data": "config"}
+    else:
+        record = {"data": "folder", "root": str(folder), "files": folder_files(folder, leave_out=out)}
     atomic_write_text(Path(out) / RECORD, json.dumps(record))
+
+
+ORIGINS = {
+    "folder": "a federation folder",
+    "memory": "a federation given by your code (federation=, or a registered builder)",
+    "config": "the configuration's built-in data.source",
+}
+
+
+def _origin(out: Path, root: str | Path | None, fingerprint: str | None) -> str:
+    return "memory" if fingerprint is not None else ("config" if watched(out, root) is None else "folder")
+
+
+def _read_record(record_path: Path) -> dict[str, Any]:
+    try:
+        record = json.loads(record_path.read_text())
+        if not isinstance(record, dict):
+            raise TypeError
+        return record
+    except (OSError, ValueError, TypeError):
+        raise ValueError(f"{record_path}: unreadable; delete it to resume with the data as it is now") from None
+
+
+def check_data_origin(out: Path, root: str | Path | None, fingerprint: str | None) -> None:
+    """On ``--resume``, once the data is loaded: a ValueError if it comes from elsewhere than the run's record says
+    (a folder, user code, the config), or, from user code, is not the same (another fingerprint). Nothing to compare
+    without a record (a run of an older fedseg)."""
+    record_path = Path(out) / RECORD
+    if not record_path.is_file():
+        return
+    record = _read_record(record_path)
+    then, now = record.get("data", "folder"), _origin(out, root, fingerprint)
+    if then != now:
+        raise ValueError(
+            f"{out}: this run started on {ORIGINS.get(then, then)}, not {ORIGINS[now]}; resuming would mix results "
+            "of two datasets: resume it with the same data (an in-memory federation: pass it again), or start a new "
+            "run (another out)"
+        )
+    if now == "memory" and record.get("fingerprint") != fingerprint:
+        raise ValueError(
+            f"{out}: the federation given is not the one this run started on (other sites, case ids, spacing or "
+            "arrays); resuming would mix results of two datasets: pass the same federation, or start a new run "
+            "(another out)"
+        )
 
 
 def changes(recorded: dict[str, list[int]], now: dict[str, list[int]]) -> list[str]:
@@ -89,10 +144,12 @@ def check_data_files(out: Path, root: str | Path | None) -> None:
     folder = watched(out, root)
     if folder is None or not record_path.is_file():
         return
-    try:
-        recorded = json.loads(record_path.read_text())["files"]
-    except (OSError, ValueError, KeyError, TypeError):
-        raise ValueError(f"{record_path}: unreadable; delete it to resume with the data as it is now") from None
+    record = _read_record(record_path)
+    if record.get("data", "folder") != "folder":  # the run started on other data: check_data_origin says so
+        return
+    recorded = record.get("files")
+    if not isinstance(recorded, dict):
+        raise ValueError(f"{record_path}: unreadable; delete it to resume with the data as it is now")
     found = changes(recorded, folder_files(folder, leave_out=out))
     if found:
         raise ValueError(

@@ -21,7 +21,7 @@ from fedseg.engine.faults import check_fault_sites
 from fedseg.engine.forkserver import start_forkserver
 from fedseg.run.checks import check_sampling, check_secure_aggregation, cost_warnings, data_notes, method_notes
 from fedseg.run.data_record import RECORD as DATA_RECORD
-from fedseg.run.data_record import check_data_files, record_data_files
+from fedseg.run.data_record import check_data_files, check_data_origin, record_data_files
 from fedseg.run.engines import EngineFactory, local_engines
 from fedseg.run.loop import run_algorithm
 from fedseg.run.outputs import RunResults, write_outputs
@@ -158,15 +158,18 @@ def check_prepared(cfg: RunConfig, prep: Prepared) -> None:
 def record_start(
     cfg: RunConfig, out: Path, resume: bool, prep: Prepared, on_log_line: Callable[[str], None] | None
 ) -> None:
-    """Refuse an ``out`` that holds another run; record ``config.yaml`` (a resume compares with it) and the plan
-    (``model.name: planned``; a resume reuses it); log a resume in ``run.log`` (unless its log ends finished);
-    announce the cost warnings and the methods' notes."""
+    """Refuse an ``out`` that holds another run, or (``resume``) data from elsewhere than the run's record says;
+    record ``config.yaml`` (a resume compares with it), where the data came from (``fedseg.run.data_record``) and
+    the plan (``model.name: planned``; a resume reuses it); log a resume in ``run.log`` (unless its log ends
+    finished); announce the cost warnings and the methods' notes."""
     if out.exists() and any(out.iterdir()) and not resume and (out / "checkpoints").exists():
         raise FileExistsError(f"{out}: already holds a run; use --resume to continue it or choose another --out")
+    if resume:
+        check_data_origin(out, folder_root(cfg), prep.fingerprint)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "config.yaml", dump_config(cfg))
     if not resume or not (out / DATA_RECORD).is_file():
-        record_data_files(out, folder_root(cfg))
+        record_data_files(out, folder_root(cfg), prep.fingerprint)
     if prep.plan is not None:
         atomic_write_text(out / PLAN_FILE, json.dumps(prep.plan.to_dict(), indent=2))
     if resume and all_finished(out, cfg.algorithms):  # shown, not logged: run.log holds what was trained

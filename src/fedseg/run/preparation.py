@@ -23,13 +23,15 @@ PLAN_FILE = "plan.json"
 @dataclass
 class Prepared:
     """A validated federation, its splits and every site's preprocessed data; ``plan``: with ``model.name:
-    planned``, the plan the data and the task's config follow (``prepare_planned``)."""
+    planned``, the plan the data and the task's config follow (``prepare_planned``); ``fingerprint``: of a
+    federation given by user code, which a resume must be given again (``fedseg.run.data_record``)."""
 
     federation: Federation
     splits: Splits
     site_data: list[SiteData]
     task: Task
     plan: PlannedRun | None = None
+    fingerprint: str | None = None  # of a federation from user code (fedseg.data.user_federation), else None
 
 
 def folder_root(cfg: RunConfig) -> str | None:
@@ -67,19 +69,25 @@ def count_sites(cfg: RunConfig) -> int:
     return repartitioned_site_count(cfg.data.repartition, count)
 
 
-def federation_splits(cfg: RunConfig, federation: Federation | None) -> tuple[Federation, Splits]:
-    """The (repartitioned) federation and its checked splits: ``{site: {case id: split}}``."""
+def federation_splits(cfg: RunConfig, federation: Federation | None) -> tuple[Federation, Splits, str | None]:
+    """The (repartitioned) federation, its checked splits (``{site: {case id: split}}``) and, for a federation
+    from user code (in memory or a registered builder), the fingerprint of its check
+    (:func:`fedseg.data.user_federation.check_user_federation`; None for a folder or a built-in one)."""
     from fedseg.data.splits import check_splits, make_splits
+    from fedseg.data.user_federation import check_user_federation, is_user_federation
 
-    fed = repartition(federation or load_federation(cfg), cfg.data.repartition, cfg.data.split, cfg.data.seed)
+    given = federation or load_federation(cfg)
+    fingerprint = check_user_federation(given) if is_user_federation(cfg.data.source, federation) else None
+    fed = repartition(given, cfg.data.repartition, cfg.data.split, cfg.data.seed)
     splits = make_splits(fed, cfg.data.split, cfg.data.seed)
     check_splits(fed, splits)
-    return fed, splits
+    return fed, splits, fingerprint
 
 
 def prepare(cfg: RunConfig, federation: Federation | None = None) -> Prepared:
     """Load (unless an in-memory ``federation`` is given) and validate everything before any file is written."""
-    return prepared_sites(cfg, *federation_splits(cfg, federation))
+    fed, splits, fingerprint = federation_splits(cfg, federation)
+    return replace(prepared_sites(cfg, fed, splits), fingerprint=fingerprint)
 
 
 def prepared_sites(cfg: RunConfig, fed: Federation, splits: Splits) -> Prepared:
@@ -98,11 +106,11 @@ def prepare_planned(cfg: RunConfig, out: Path, resume: bool, federation: Federat
     from fedseg.plan.federated import PlannedRun, plan_federation, planning_engine
     from fedseg.plan.planner import apply_plan
 
-    fed, splits = federation_splits(cfg, federation)
+    fed, splits, fingerprint = federation_splits(cfg, federation)
     stored = out / PLAN_FILE
     if resume and stored.is_file():
         planned = PlannedRun.from_dict(json.loads(stored.read_text()))
     else:
         planned = plan_federation(planning_engine(cfg, fed, splits), cfg)
     prep = prepared_sites(apply_plan(cfg, planned.plan), fed, splits)
-    return replace(prep, plan=planned)
+    return replace(prep, plan=planned, fingerprint=fingerprint)
