@@ -4,6 +4,7 @@ tried a researcher's usual mistakes; each case here printed a traceback or train
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -12,6 +13,8 @@ import pytest
 from typer.testing import CliRunner
 
 from fedseg.cli import app
+
+RUN_RECORDS = (".provenance.json", ".data-files.json")  # a run's own hidden files (provenance, where its data came from)
 
 TINY_SET = ["data.scale=0.05", "data.image_size=32", "model.channels=[4,8]", "model.strides=[2]", "threads=1"]
 
@@ -131,7 +134,7 @@ def test_a_report_that_does_not_fit_on_the_disk_leaves_no_half_page(finished_run
         line = _one_error_line(_run(["report", str(copy)]))
         assert "No space left on device" in line and f"`fedseg report {copy}` draws it again" in line, line
         assert not (copy / "report.html").exists()
-        leftovers = [p.name for p in copy.rglob(".*") if p.is_file() and p.name != ".provenance.json"]
+        leftovers = [p.name for p in copy.rglob(".*") if p.is_file() and p.name not in RUN_RECORDS]
         assert not leftovers, leftovers  # no temp file of a figure or of the page
     finally:
         subprocess.run(["umount", "-l", str(disk)], check=False)
@@ -233,7 +236,7 @@ def test_the_data_record_leaves_out_fedsegs_own_folders(tmp_path):
     inside.mkdir(parents=True)
     (inside / "federation.yaml").write_text("kind: 2d\n")
     record_data_files(out, inside)
-    assert not (out / RECORD).exists()
+    assert json.loads((out / RECORD).read_text()) == {"data": "config"}  # no files: fedseg's own output
     data = tmp_path / "data"  # a run folder inside the data folder: its files are not the data
     (data / "site1").mkdir(parents=True)
     (data / "site1" / "a.png").write_bytes(b"x")
