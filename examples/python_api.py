@@ -55,7 +55,7 @@ results = Experiment(cfg, run_dir, progress=False).run(resume=(run_dir / "config
 # %% 3. the results
 for algorithm, dice in results.dice().items():
     print(f"test Dice {algorithm}: {dice:.4f}")
-rows = results.cases(algorithm="fedavg-equal", metric="dice", model="global")
+rows = results.cases(algorithm="fedavg-equal", metric="dice", scored=True)  # the rows results.dice() averages
 print(f"{len(rows)} per-case Dice rows of fedavg-equal, e.g. {rows[0]}")
 print("models:", {a: str(p) for a, p in results.model_dirs.items()})
 print("report:", Results.load(run_dir).report())  # a finished run, opened again; its report re-rendered

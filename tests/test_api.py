@@ -6,10 +6,15 @@ from __future__ import annotations
 import json
 import math
 import os
+import pickle
+import random
 import subprocess
 import sys
+import warnings
+from collections import defaultdict
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from typer.testing import CliRunner
@@ -28,6 +33,7 @@ from fedseg import (
 )
 from fedseg.algorithms import ALGORITHMS, unregister_algorithm
 from fedseg.cli import app
+from fedseg.config import dump_config
 from fedseg.data.sources import REGISTERED, unregister_federation
 from fedseg.run import count_sites, load_federation
 
@@ -81,6 +87,19 @@ def test_register_algorithm_refuses_duplicates_builtins_and_bad_names(registry):
         register_algorithm(equal_spec("a/b"))
     with pytest.raises(TypeError, match="AlgorithmSpec"):
         register_algorithm("test-x")
+    swapped = AlgorithmSpec("test-x", "X", FedAvgClient, EqualServer, "server and client swapped")
+    with pytest.raises(TypeError, match=r"'test-x': server and client are swapped: .*server class \(EqualServer\)"):
+        register_algorithm(swapped)
+    with pytest.raises(
+        TypeError, match="'test-x': client must be a subclass of fedseg's FedAvgClient, got EqualServer"
+    ):
+        register_algorithm(AlgorithmSpec("test-x", "X", EqualServer, EqualServer, "two servers"))
+    with pytest.raises(TypeError, match="'test-x': server must be a subclass of fedseg's FedAvgServer, got a str"):
+        register_algorithm(AlgorithmSpec("test-x", "X", "EqualServer", FedAvgClient, "a name, not a class"))
+    glob = AlgorithmSpec("test-x", "X", EqualServer, FedAvgClient, "a misspelt kind", kind="glob")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="'test-x': kind 'glob' is not one of baseline, global, personalized, clust"):
+        register_algorithm(glob)
+    assert "test-x" not in ALGORITHMS
     result = CliRunner().invoke(app, ["algorithms"], terminal_width=300)
     assert result.exit_code == 0 and "test-equal" in result.output and "Test equal" in result.output
     with pytest.raises(ValueError, match="built in"):
@@ -135,6 +154,21 @@ def test_experiment_results_round_trip_custom_algorithm_and_federation(
     rows = results.cases(algorithm="test-equal", metric="dice", model="global")
     assert rows and all(isinstance(r["value"], float) and r["algorithm"] == "test-equal" for r in rows)
     assert {r["site"] for r in rows} == {"site1", "site2"} and len(results.cases()) > len(rows)
+    # eval.local_models: results.csv also holds fedavg's local:siteN rows; scored=True gives those dice() averages
+    every = results.cases(algorithm="fedavg", metric="dice")
+    scored = results.cases(algorithm="fedavg", metric="dice", scored=True)
+    assert {r["model"] for r in every} == {"global", "local:site1", "local:site2"}
+    assert {r["model"] for r in scored} == {"global"} and results.site_models("fedavg") == dict.fromkeys(
+        results.sites, "global"
+    )
+    assert _client_avg(scored) == pytest.approx(results.dice()["fedavg"], abs=1e-9)
+    assert {r["algorithm"] for r in results.cases(metric="dice", scored=True)} == {"fedavg", "test-equal"}
+    with pytest.raises(
+        ValueError, match=r"dice\('site9'\): .* has no site 'site9'; choose one of client_avg, global, site1, site2$"
+    ):
+        results.dice("site9")
+    with pytest.raises(ValueError, match="hd95.*choose one of client_avg, global, site1, site2"):
+        results.hd95("Site1")
     assert {r["round"] for r in results.rounds()} == {1}
     assert results.raw is not None
     for result in results.raw.algorithms:
@@ -159,19 +193,58 @@ def test_experiment_results_round_trip_custom_algorithm_and_federation(
     assert _without_provenance(resumed.summary) == _without_provenance(results.summary)
     with pytest.raises(FileExistsError, match="resume"):
         Experiment(config, out, progress=False).run()
+    unregister_algorithm("test-equal")  # as in a new process (a restarted kernel) that did not register it again
+    with pytest.raises(
+        ValueError, match=r"unknown algorithm 'test-equal'; .*register it again before resuming its run"
+    ):
+        loaded.resume(progress=False)
+
+
+def _client_avg(rows: list[dict]) -> float:
+    """The mean over sites of the mean over cases of the mean over regions (summary.json's client_avg)."""
+    cases: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for r in rows:
+        cases[r["site"], r["case"]].append(r["value"])
+    sites: dict[str, list[float]] = defaultdict(list)
+    for (site, _), values in cases.items():
+        sites[site].append(float(np.nanmean(values)))
+    return float(np.mean([np.mean(v) for v in sites.values()]))
 
 
 def _without_provenance(summary: dict) -> dict:
     return {k: v for k, v in summary.items() if k != "provenance"}
 
 
-def test_experiment_with_an_in_memory_federation(tmp_path, tiny_config, disc_federation):
+def test_experiment_with_an_in_memory_federation_leaves_the_process_as_it_was(tmp_path, tiny_config, disc_federation):
     cfg = tiny_config(algorithms=["fedavg"], fl={"rounds": 1}, eval={"hd95": False, "local_models": False})
     fed = disc_federation(n_sites=2, cases_per_site=8)
-    results = Experiment(cfg, tmp_path / "run", federation=fed, progress=False).run(report=False)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)  # the run sets threads=1 (cfg.threads)
+        _seed_everything(1234)
+        results = Experiment(cfg, tmp_path / "run", federation=fed, progress=False).run(report=False)
+        assert torch.get_num_threads() == 2 and torch.initial_seed() == 1234
+        after = _draws()
+        _seed_everything(1234)
+        assert after == _draws()  # the generators continue as if no run had happened
+        with pytest.raises(FileExistsError):  # fails after the run set torch's threads: restored all the same
+            Experiment(cfg, tmp_path / "run", federation=fed, progress=False).run()
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(threads)
     assert results.summary["dataset"] == "discs" and not results.report_path.exists()
     again = Experiment.from_run(tmp_path / "run", federation=fed, progress=False).run(resume=True)
     assert _without_provenance(again.summary) == _without_provenance(results.summary)
+
+
+def _seed_everything(seed: int) -> None:
+    torch.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed)
+
+
+def _draws() -> tuple[float, float, float]:
+    return float(torch.rand(1)), random.random(), float(np.random.rand())
 
 
 def test_bad_configs_and_missing_runs_are_named(tmp_path, tiny):
@@ -185,6 +258,59 @@ def test_bad_configs_and_missing_runs_are_named(tmp_path, tiny):
         Results.load(tmp_path)
     with pytest.raises(FileNotFoundError, match="config.yaml"):
         Experiment.from_run(tmp_path)
+    with pytest.raises(ValueError, match=r"unknown algorithm 'fedavgg'; did you mean 'fedavg'\?$") as raised:
+        Experiment({**tiny, "algorithms": ["fedavgg"]}, tmp_path / "typo", progress=False).run()
+    assert not (tmp_path / "typo").exists() and isinstance(raised.value, KeyError)  # also what a look-up raises
+    copy = pickle.loads(pickle.dumps(raised.value))  # as from a worker process
+    assert type(copy) is type(raised.value) and str(copy) == str(raised.value) and copy.name == "fedavgg"
+
+
+def test_a_runconfig_changed_after_it_was_built_is_validated_again_before_anything_is_written(tmp_path, tiny_config):
+    cfg = tiny_config()
+    cfg.fl.rounds = 0  # pydantic does not check an assignment
+    with pytest.raises(ConfigError, match=r"^config: fl\.rounds: Input should be greater than or equal to 1$"):
+        Experiment(cfg, tmp_path / "run")
+    experiment = Experiment(tiny_config(), tmp_path / "run", progress=False)
+    experiment.config.fl.rounds = "abc"  # type: ignore[assignment]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no pydantic serializer warning on the way
+        with pytest.raises(ConfigError, match=r"^config: fl\.rounds: Input should be a valid integer"):
+            experiment.run()
+    assert not (tmp_path / "run").exists()
+    assert Experiment(tiny_config(), tmp_path).config == tiny_config()  # a valid one: an equal copy
+
+
+def test_results_load_names_a_bad_summary_and_shows_an_interrupted_run(tmp_path, tiny_config):
+    path = tmp_path / "summary.json"
+    entry = {"dice": {"client_avg": 0.5, "global": 0.5, "site1": 0.5}, "hd95": {"client_avg": 2.0}}
+    bad = {
+        "": r"summary.json: empty, not a complete run summary \(resuming the run writes it again\)$",
+        '{"algorithms": {"local"': r"summary.json: not valid JSON \(Expecting ':' delimiter at line 1, column 24\)",
+        "[1, 2]": "summary.json: expected a JSON object .*, got list$",
+        '{"algorithms": ["local"]}': "summary.json: 'algorithms' should map each algorithm to its results, got list$",
+        '{"algorithms": {"local": 0.5}}': "summary.json: algorithms.local holds no 'dice' object",
+        json.dumps({"algorithms": {"local": entry}, "sites": "site1"}): "summary.json: 'sites' should be a list",
+    }
+    for text, message in bad.items():
+        path.write_text(text)
+        with pytest.raises(ValueError, match=message):
+            Results.load(tmp_path)
+    path.write_bytes(b"\xff\xfe{}")
+    with pytest.raises(ValueError, match="summary.json: not UTF-8 text"):
+        Results.load(tmp_path)
+
+    # an interrupted run: config.yaml lists two algorithms, summary.json holds the one that finished
+    (tmp_path / "config.yaml").write_text(dump_config(tiny_config(algorithms=["local", "fedavg"])))
+    path.write_text(json.dumps({"dataset": "discs", "sites": ["site1"], "algorithms": {"local": entry}}))
+    half = Results.load(tmp_path)
+    assert half.algorithms == ["local"] and half.missing == ["fedavg"] and not half.finished
+    assert repr(half).endswith("test Dice local 0.5000; not finished: fedavg)")
+    path.write_text(
+        json.dumps({"dataset": "discs", "sites": ["site1"], "algorithms": {"local": entry, "fedavg": entry}})
+    )
+    whole = Results.load(tmp_path)
+    assert whole.missing == [] and whole.finished and "not finished" not in repr(whole)
+    assert math.isnan(whole.hd95("site1")["local"]) and math.isnan(whole.nsd()["local"])
 
 
 def test_example_script(tmp_path):

@@ -94,7 +94,7 @@ def test_every_notebook_in_examples_is_executed_below():
     assert NOTEBOOKS == ["01_your_federation.ipynb", "02_compare_methods.ipynb"]  # a new one gets a test here
 
 
-def test_your_federation_notebook_checks_the_folder_trains_two_methods_and_prints_their_test_dice(tmp_path):
+def test_your_federation_notebook_checks_the_folder_trains_two_methods_prints_their_test_dice_and_reruns(tmp_path):
     from fedseg import Results
 
     book = _execute("01_your_federation.ipynb", tmp_path)
@@ -109,6 +109,14 @@ def test_your_federation_notebook_checks_the_folder_trains_two_methods_and_print
     for algorithm, dice in results.dice().items():
         assert 0.0 <= dice <= 1.0 and printed[algorithm] == f"{dice:.3f}"
     assert results.report_path.is_file()
+
+    # "Run All" again in the same folder: the federation is kept as written (a resume refuses rewritten data files)
+    # and the finished run is resumed, nothing trained again
+    federation = tmp_path / "runs" / "notebook-01" / "federation"
+    written = {p: p.stat().st_mtime_ns for p in federation.rglob("*")}
+    again = [_text(c) for c in _execute("01_your_federation.ipynb", tmp_path).cells if c.cell_type == "code"]
+    assert {p: p.stat().st_mtime_ns for p in federation.rglob("*")} == written
+    assert again[-1] == shown[-1]
 
 
 def test_compare_methods_notebook_runs_the_bench_and_prints_the_paired_test(tmp_path):

@@ -5,14 +5,15 @@
     cfg = fedseg.load_config(preset="demo", overrides=["fl.rounds=2"])   # or a dict, or a RunConfig
     results = fedseg.Experiment(cfg, "runs/demo").run()                 # = fedseg run --preset demo ...
     results.dice()              # {"centralized": 0.52, "local": 0.32, "fedavg": 0.41}: test Dice, client avg
-    results.cases()             # results.csv's per-case rows (list of dicts; .dataframe() with pandas)
+    results.cases(scored=True)  # the per-case rows those scores average (list of dicts; .dataframe() with pandas)
     results.report()            # re-render report.html
     fedseg.Results.load("runs/demo")                                     # a finished run, later
 
 ``Experiment.run`` does what ``fedseg run`` does (the same functions): the checks made before any work
 (device, output folder, options, data, a resume's recorded configuration), every algorithm trained and
 tested, the run's files and ``report.html``. Errors are raised (``ConfigError``, ``FederationError``,
-``ValueError``, ``FileExistsError``...), not printed. Custom methods and federations: see
+``ValueError``, ``FileExistsError``...), not printed. A run leaves the calling process as it found it: torch's
+thread count and every global random generator are restored afterwards. Custom methods and federations: see
 ``fedseg.algorithms.register_algorithm`` and ``fedseg.data.sources.register_federation``.
 """
 
@@ -20,7 +21,8 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -37,10 +39,14 @@ ConfigLike = RunConfig | Mapping[str, Any] | str | Path
 
 
 def as_config(config: ConfigLike) -> RunConfig:
-    """A ``RunConfig`` from a RunConfig (as is), a dict (validated like a YAML config file: every bad key
-    named in a ``ConfigError``) or the path of a YAML config file. A preset: ``load_config(preset=NAME)``."""
+    """A validated ``RunConfig`` from a RunConfig, a dict (both validated like a YAML config file: every bad key
+    named in a ``ConfigError``) or the path of a YAML config file. A preset: ``load_config(preset=NAME)``.
+
+    A RunConfig is validated again (a copy is returned): pydantic does not check an assignment, so one changed
+    after it was built (``cfg.fl.rounds = 0`` in a notebook) would otherwise reach the run unchecked."""
     if isinstance(config, RunConfig):
-        return config
+        # python mode: whatever was assigned reaches the validator as it is (no serializer warning, no conversion)
+        return validate_config(config.model_dump(warnings=False), "config")
     if isinstance(config, Mapping):
         data = json.loads(
             json.dumps(config, default=str)
@@ -60,7 +66,11 @@ class Experiment:
     ``federation``: an in-memory :class:`~fedseg.data.federation.Federation` replacing ``data.source``
     (give the same one to resume; ``register_federation`` lets the config name it instead).
     ``keep_checkpoints``: keep the trained models in the finished checkpoints too (``--keep-checkpoints``).
-    ``progress``: print each round's line (progress bars on a terminal), as ``fedseg run`` does."""
+    ``progress``: print each round's line (progress bars on a terminal), as ``fedseg run`` does; without it
+    the rounds go to ``out/run.log`` only, and the run's one-line notes (cost warnings, a resume of a finished
+    run) to stderr.
+
+    The config is validated here and again by :meth:`run` (``experiment.config`` may be changed in between)."""
 
     def __init__(
         self,
@@ -88,21 +98,46 @@ class Experiment:
 
     def run(self, resume: bool = False, report: bool = True) -> Results:
         """Run (``resume``: continue the run in ``out`` from its checkpoints; finished algorithms are
-        reused), render ``report.html`` (unless ``report`` is False) and return the results."""
+        reused), render ``report.html`` (unless ``report`` is False) and return the results.
+
+        The config is validated first (a ``ConfigError`` before anything is written). Torch's thread count
+        (``threads``), its CPU (and initialized CUDA) random generators, cuDNN autotuning, Python's ``random``
+        and numpy's global generator are restored when the run ends, however it ends."""
+        from fedseg.algorithms import UnknownAlgorithm
         from fedseg.run import run_experiment
 
-        if self.progress:
-            from rich.console import Console
+        self.config = as_config(self.config)
+        try:
+            with process_state_kept():
+                if self.progress:
+                    from rich.console import Console
 
-            from fedseg.run.progress import run_with_progress
+                    from fedseg.run.progress import run_with_progress
 
-            raw = run_with_progress(
-                self.config, self.out, resume, Console(), self.federation, keep_checkpoints=self.keep_checkpoints
-            )
-        else:
-            raw = run_experiment(
-                self.config, self.out, resume, federation=self.federation, keep_checkpoints=self.keep_checkpoints
-            )
+                    raw = run_with_progress(
+                        self.config,
+                        self.out,
+                        resume,
+                        Console(),
+                        self.federation,
+                        keep_checkpoints=self.keep_checkpoints,
+                    )
+                else:
+                    raw = run_experiment(
+                        self.config,
+                        self.out,
+                        resume,
+                        federation=self.federation,
+                        keep_checkpoints=self.keep_checkpoints,
+                    )
+        except UnknownAlgorithm as e:
+            if not resume:
+                raise
+            raise UnknownAlgorithm(
+                e.name,
+                f"{e}; a method added with register_algorithm exists only in the process that registered it: "
+                "register it again before resuming its run",
+            ) from None
         results = Results.load(self.out)
         results.raw = raw
         if report:
@@ -111,6 +146,32 @@ class Experiment:
 
     def __repr__(self) -> str:
         return f"Experiment({', '.join(self.config.algorithms)} on {self.config.data.source!r}, out={str(self.out)!r})"
+
+
+@contextmanager
+def process_state_kept() -> Iterator[None]:
+    """Restore, after the block (however it ends), the process-wide state a run sets: torch's intra-op thread
+    count, ``torch.backends.cudnn.benchmark``, torch's CPU random generator (its seed too: ``torch.initial_seed``),
+    the CUDA generators where CUDA was initialized before the block, Python's ``random`` and numpy's global
+    generator (``np.random``)."""
+    import random
+
+    import numpy as np
+    import torch
+
+    threads, benchmark = torch.get_num_threads(), torch.backends.cudnn.benchmark
+    cpu, python, numpy = torch.get_rng_state(), random.getstate(), np.random.get_state()
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+        torch.backends.cudnn.benchmark = benchmark
+        torch.set_rng_state(cpu)
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)
+        random.setstate(python)
+        np.random.set_state(numpy)
 
 
 def render_run_report(out: Path, cfg: RunConfig | None = None) -> Path:
@@ -126,10 +187,11 @@ def render_run_report(out: Path, cfg: RunConfig | None = None) -> Path:
 
 @dataclass
 class Results:
-    """The files of a finished run, read back: ``summary`` (``summary.json`` as a dict), ``config``
+    """The files of a run, read back: ``summary`` (``summary.json`` as a dict), ``config``
     (``config.yaml``), per-case scores (:meth:`cases`), paths (:attr:`out`, :attr:`report_path`,
     :meth:`model_dir`). ``raw``: the in-memory results (models included) when it comes from
-    :meth:`Experiment.run`, else None."""
+    :meth:`Experiment.run`, else None. An interrupted run opens too, with the algorithms it finished:
+    :attr:`missing` names the configured ones it did not (``finished`` is False, the repr says so)."""
 
     out: Path
     summary: dict
@@ -138,21 +200,37 @@ class Results:
 
     @classmethod
     def load(cls, out: str | Path) -> Results:
-        """Open a finished run (its ``summary.json``; a FileNotFoundError if there is none)."""
+        """Open a run (its ``summary.json``, written after each algorithm; a FileNotFoundError if there is none,
+        a ValueError naming the file if it is not a run summary, e.g. cut short)."""
         out = Path(out)
         path = out / "summary.json"
         if not path.is_file():
             raise FileNotFoundError(f"{path} not found: is {out} a finished fedseg run?")
+        summary = read_summary(path)
         try:
             config = load_config(file=out / "config.yaml")
         except ConfigError:  # none, or one this fedseg cannot read
             config = None
-        return cls(out, json.loads(path.read_text()), config)
+        return cls(out, summary, config)
 
     # --- what was run ------------------------------------------------------------------------
     @property
     def algorithms(self) -> list[str]:
+        """The algorithms with results (``summary.json``), in the run's order."""
         return list(self.summary.get("algorithms", {}))
+
+    @property
+    def missing(self) -> list[str]:
+        """The algorithms ``config.yaml`` lists that have no results in ``summary.json``: those an interrupted
+        run did not finish (:meth:`resume` continues it). Empty for a finished run, or without a readable
+        ``config.yaml``."""
+        configured = self.config.algorithms if self.config is not None else []
+        return [a for a in configured if a not in self.summary.get("algorithms", {})]
+
+    @property
+    def finished(self) -> bool:
+        """Whether every configured algorithm has results (:attr:`missing` is empty)."""
+        return not self.missing
 
     @property
     def sites(self) -> list[str]:
@@ -160,31 +238,71 @@ class Results:
 
     def dice(self, average: str = "client_avg") -> dict[str, float]:
         """Test Dice per algorithm: ``client_avg`` (mean of the site means), ``global`` (mean over all
-        test cases) or a site name."""
-        return {a: float(e["dice"][average]) for a, e in self.summary.get("algorithms", {}).items()}
+        test cases) or a site name (a ValueError listing them for another name). Each site's scores are those
+        of the model it uses (summary.json's ``site_models``): :meth:`cases` with ``scored=True``."""
+        return self._scores("dice", average)
 
     def hd95(self, average: str = "client_avg") -> dict[str, float]:
-        """Test HD95 per algorithm (as :meth:`dice`)."""
-        return {a: float(e["hd95"][average]) for a, e in self.summary.get("algorithms", {}).items()}
+        """Test HD95 per algorithm, in ``summary["hd95_unit"]`` (as :meth:`dice`; NaN where it was not computed)."""
+        return self._scores("hd95", average)
 
     def nsd(self, average: str = "client_avg") -> dict[str, float]:
         """Test normalized surface Dice per algorithm (as :meth:`dice`; tolerance: ``summary["nsd_tolerance"]``
         in ``summary["hd95_unit"]``); NaN for a run written before NSD existed."""
-        return {
-            a: float(e.get("nsd", {}).get(average, math.nan)) for a, e in self.summary.get("algorithms", {}).items()
-        }
+        return self._scores("nsd", average)
+
+    def _scores(self, metric: str, average: str) -> dict[str, float]:
+        """``{algorithm: summary.json's metric at average}`` (NaN where an algorithm's entry lacks it); a
+        ValueError naming the known averages and sites for an unknown ``average``."""
+        entries = self.summary.get("algorithms", {})
+        known = dict.fromkeys(
+            ["client_avg", "global", *self.sites, *(k for e in entries.values() for k in e.get("dice", {}))]
+        )
+        if average not in known:
+            raise ValueError(
+                f"{metric}({average!r}): {self.out} has no site {average!r}; choose one of {', '.join(known)}"
+            )
+        return {a: float(e.get(metric, {}).get(average, math.nan)) for a, e in entries.items()}
 
     # --- tables --------------------------------------------------------------------------------
-    def cases(self, algorithm: str | None = None, metric: str | None = None, model: str | None = None) -> list[dict]:
+    def cases(
+        self,
+        algorithm: str | None = None,
+        metric: str | None = None,
+        model: str | None = None,
+        scored: bool = False,
+    ) -> list[dict]:
         """``results.csv``: one dict per test case, region and metric (``algorithm, model, site, case,
         region, metric, value``; ``value`` a float, NaN where undefined), optionally only those of
-        ``algorithm`` / ``metric`` (``dice`` | ``hd95`` | ``nsd``) / ``model`` (e.g. ``global``, ``local:site1``)."""
+        ``algorithm`` / ``metric`` (``dice`` | ``hd95`` | ``nsd``) / ``model`` (e.g. ``global``, ``local:site1``).
+
+        ``results.csv`` holds every model an algorithm tested: besides the one each site uses, e.g. FedAvg's
+        ``local:siteN`` models (``eval.local_models``) and ``local``'s models on the other sites. ``scored``: only
+        the rows of the model each site uses (summary.json's ``site_models``), those :meth:`dice`, :meth:`hd95`
+        and :meth:`nsd` average (per case: the mean over regions; per site: the mean over cases)."""
         from fedseg.evaluate.tables import read_rows
 
         path = self.out / "results.csv"
         rows = read_rows(path) if path.is_file() else []
         want = {"algorithm": algorithm, "metric": metric, "model": model}
-        return [r for r in rows if all(v is None or r[k] == v for k, v in want.items())]
+        rows = [r for r in rows if all(v is None or r[k] == v for k, v in want.items())]
+        if not scored:
+            return rows
+        used = {a: self.site_models(a) for a in {r["algorithm"] for r in rows}}
+        return [r for r in rows if r["model"] == used[r["algorithm"]].get(r["site"])]
+
+    def site_models(self, algorithm: str) -> dict[str, str]:
+        """``{site: the model its test scores come from}`` of ``algorithm`` (summary.json's ``site_models``:
+        ``global`` for a method with one model, ``local:site1``... for each site's own); a ValueError for a run
+        written before fedseg recorded it."""
+        self.model_dir(algorithm)  # a KeyError naming the run's algorithms for another name
+        models = self.summary["algorithms"][algorithm].get("site_models")
+        if not isinstance(models, dict):
+            raise ValueError(
+                f"{self.out / 'summary.json'}: {algorithm} records no site_models (written by an older fedseg); "
+                "select the rows with cases(model=...) instead"
+            )
+        return models
 
     def rounds(self) -> list[dict]:
         """``rounds.csv``: validation Dice and training loss per algorithm, round and site (numbers as floats)."""
@@ -240,4 +358,31 @@ class Results:
 
     def __repr__(self) -> str:
         scores = ", ".join(f"{a} {d:.4f}" for a, d in self.dice().items())
-        return f"Results({str(self.out)!r}: {self.summary.get('dataset', '?')}, test Dice {scores})"
+        unfinished = f"; not finished: {', '.join(self.missing)}" if self.missing else ""
+        return f"Results({str(self.out)!r}: {self.summary.get('dataset', '?')}, test Dice {scores}{unfinished})"
+
+
+def read_summary(path: Path) -> dict:
+    """A run's ``summary.json``: a JSON object whose ``algorithms`` (if any) maps each name to an object holding
+    its ``dice``, and whose ``sites`` (if any) is a list; a ValueError naming ``path`` and what is wrong otherwise
+    (e.g. an empty or cut-short copy; a resume of the run writes the file again from its checkpoints)."""
+    try:
+        summary = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text (at byte offset {e.start}); is it a fedseg summary.json?") from None
+    except json.JSONDecodeError as e:
+        what = "empty" if not e.doc.strip() else f"not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})"
+        raise ValueError(f"{path}: {what}, not a complete run summary (resuming the run writes it again)") from None
+    if not isinstance(summary, dict):
+        raise ValueError(f"{path}: expected a JSON object (a fedseg run summary), got {type(summary).__name__}")
+    algorithms = summary.get("algorithms", {})
+    if not isinstance(algorithms, dict):
+        raise ValueError(
+            f"{path}: 'algorithms' should map each algorithm to its results, got {type(algorithms).__name__}"
+        )
+    for name, entry in algorithms.items():
+        if not (isinstance(entry, dict) and isinstance(entry.get("dice"), dict)):
+            raise ValueError(f"{path}: algorithms.{name} holds no 'dice' object; is it a fedseg summary.json?")
+    if not isinstance(summary.get("sites", []), list):
+        raise ValueError(f"{path}: 'sites' should be a list of site names, got {type(summary['sites']).__name__}")
+    return summary

@@ -12,6 +12,7 @@ import dataclasses
 import difflib
 import re
 from collections.abc import Mapping
+from typing import get_args
 
 from fedseg.algorithms import (
     centralized,
@@ -36,7 +37,7 @@ from fedseg.algorithms import (
 from fedseg.algorithms.autofedavg import method as autofedavg
 from fedseg.algorithms.fedsm import extra as fedsm_extra
 from fedseg.algorithms.fedsm import method as fedsm_method
-from fedseg.algorithms.registry import AlgorithmSpec
+from fedseg.algorithms.registry import AlgorithmSpec, Kind
 from fedseg.config import ConfigError
 from fedseg.engine.context import MethodOptions
 
@@ -72,12 +73,32 @@ NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 ON_FLOWER_REGISTERED = "registered from user code (register_algorithm): Flower nodes run other processes"
 
 
+class UnknownAlgorithm(KeyError, ValueError):
+    """An algorithm ``name`` neither built in nor registered in this process. A KeyError (a failed look-up in
+    ``ALGORITHMS``, as code catching one expects) and a ValueError (bad input, as the API documents); its text is
+    the message as written (a plain KeyError's would be quoted)."""
+
+    def __init__(self, name: str, message: str) -> None:
+        super().__init__(message)
+        self.name = name
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+    def __reduce__(self):  # pickled as built (a worker process's error reaches the run)
+        return type(self), (self.name, self.args[0])
+
+
 def register_algorithm(spec: AlgorithmSpec, replace: bool = False) -> AlgorithmSpec:
     """Add a method defined outside fedseg: its name then works in configs (``algorithms: [NAME]``,
     ``methods.NAME``), in runs and in listings (``ALGORITHMS``), in this process. A built-in name is
     refused; a name already registered is refused unless ``replace`` (e.g. a notebook cell run again).
     Flower nodes are other processes, which do not know it: unless ``spec.on_flower`` says otherwise, the
-    registered entry refuses Flower with that reason. Returns the registered entry."""
+    registered entry refuses Flower with that reason. Returns the registered entry.
+
+    Checked here, with one line naming the method: its name, its ``server`` and ``client`` (subclasses of
+    ``FedAvgServer`` and ``FedAvgClient``, in that order), its ``kind`` and its ``options`` model. Another process
+    (a fresh kernel resuming the run) knows the method only once it registers it again; ``fedseg`` commands never."""
     if not isinstance(spec, AlgorithmSpec):
         raise TypeError(f"register_algorithm expects an AlgorithmSpec, got {type(spec).__name__}")
     if not NAME_PATTERN.fullmatch(spec.name):
@@ -94,8 +115,20 @@ def register_algorithm(spec: AlgorithmSpec, replace: bool = False) -> AlgorithmS
             f"algorithm {spec.name!r} is already registered ({ALGORITHMS[spec.name].display_name}); "
             "choose another name or pass replace=True to replace it"
         )
-    if not (isinstance(spec.server, type) and isinstance(spec.client, type)):
-        raise TypeError(f"algorithm {spec.name!r}: server and client must be classes (e.g. FedAvgServer subclasses)")
+    server_base, client_base = fedavg.FedAvgServer, fedavg.FedAvgClient
+    if _subclass(spec.server, client_base) and _subclass(spec.client, server_base):
+        raise TypeError(
+            f"algorithm {spec.name!r}: server and client are swapped: AlgorithmSpec(name, display_name, "
+            f"server, client, description) takes the server class ({spec.client.__name__}) first"
+        )
+    for role, value, base in (("server", spec.server, server_base), ("client", spec.client, client_base)):
+        if not _subclass(value, base):
+            got = value.__name__ if isinstance(value, type) else f"a {type(value).__name__}"
+            raise TypeError(
+                f"algorithm {spec.name!r}: {role} must be a subclass of fedseg's {base.__name__}, got {got}"
+            )
+    if spec.kind not in get_args(Kind):
+        raise ValueError(f"algorithm {spec.name!r}: kind {spec.kind!r} is not one of {', '.join(get_args(Kind))}")
     if not (isinstance(spec.options, type) and issubclass(spec.options, MethodOptions)):
         raise TypeError(
             f"algorithm {spec.name!r}: options must be a MethodOptions model (fedseg.engine.context), "
@@ -105,6 +138,10 @@ def register_algorithm(spec: AlgorithmSpec, replace: bool = False) -> AlgorithmS
         spec = dataclasses.replace(spec, on_flower=ON_FLOWER_REGISTERED)
     ALGORITHMS[spec.name] = spec
     return spec
+
+
+def _subclass(value: object, base: type) -> bool:
+    return isinstance(value, type) and issubclass(value, base)
 
 
 def unregister_algorithm(name: str) -> None:
@@ -117,9 +154,10 @@ def unregister_algorithm(name: str) -> None:
 
 
 def get_algorithm(name: str) -> AlgorithmSpec:
-    """The registry entry of ``name``; KeyError naming the closest known name, or listing them all, otherwise."""
+    """The registry entry of ``name``; an :class:`UnknownAlgorithm` (a KeyError and a ValueError) naming the closest
+    known name, or listing them all, otherwise."""
     if name not in ALGORITHMS:
-        raise KeyError(f"unknown algorithm {name!r}; {_closest_name(name)}")
+        raise UnknownAlgorithm(name, f"unknown algorithm {name!r}; {_closest_name(name)}")
     return ALGORITHMS[name]
 
 
@@ -149,6 +187,7 @@ def check_method_names(methods: Mapping[str, object]) -> None:
 __all__ = [
     "ALGORITHMS",
     "AlgorithmSpec",
+    "UnknownAlgorithm",
     "check_method_names",
     "check_sites",
     "get_algorithm",
