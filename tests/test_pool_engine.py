@@ -232,3 +232,114 @@ print(seen)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "[(False, 1), (True, 1)]"
+
+
+# --- what the workers cannot import: one line, before they have to --------------------------------------------
+_NOTEBOOK = """
+import sys
+from fedseg import AlgorithmSpec, FedAvgClient, FedAvgServer, load_config, register_algorithm
+from fedseg.run import run_experiment
+
+class MyClient(FedAvgClient):
+    pass
+
+register_algorithm(AlgorithmSpec("myclient", "Mine", FedAvgServer, MyClient, "x"), replace=True)
+overrides = ["fl.rounds=1", "data.scale=0.1", "data.image_size=32", "threads=1", "engine.workers=2"]
+cfg = load_config(preset="demo", overrides=overrides + [f"algorithms=[{sys.argv[2]}]"])
+try:
+    run_experiment(cfg, sys.argv[1])
+except ValueError as e:
+    print("ERROR:", e)
+"""
+
+
+def _script_run(tmp_path, args: list[str], stdin: str | None = None) -> tuple[list[str], str]:
+    """Run ``python ARGS`` (in ``tmp_path``); its stdout's ``ERROR:`` lines and its stderr. Output goes to files, not
+    pipes: the pool's process server, still importing when the run is refused, holds them open a few seconds."""
+    import subprocess
+    import sys
+
+    out, err = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
+    with open(out, "w") as o, open(err, "w") as e:
+        subprocess.run([sys.executable, *args], input=stdin, stdout=o, stderr=e, text=True, cwd=tmp_path, timeout=120)
+    return [line for line in out.read_text().splitlines() if line.startswith("ERROR:")], err.read_text()
+
+
+def test_a_method_defined_in_a_sessions_main_is_refused_in_one_line(tmp_path):
+    """A method registered from a notebook or ``python -c`` (its client class in a ``__main__`` the workers do not
+    load): one ValueError naming the method, the class and the fix, before any worker tried to import it; no
+    worker traceback, no WorkerDied."""
+    errors, stderr = _script_run(tmp_path, ["-c", _NOTEBOOK, str(tmp_path / "run"), "myclient"])
+    assert len(errors) == 1, stderr[-3000:]
+    assert "method 'myclient': class MyClient is defined in __main__" in errors[0]
+    assert "importable by the workers, or use engine.workers: 1" in errors[0]
+    assert "Traceback" not in stderr and "WorkerDied" not in stderr, stderr[-3000:]
+
+
+def test_a_script_that_starts_the_run_at_its_top_level_is_refused_in_one_line(tmp_path):
+    """Each worker runs a script's top level again as it starts: a run started there, not under ``if __name__ ==
+    "__main__":``, would start again in every worker (each printing a traceback); refused before any starts."""
+    script = tmp_path / "unguarded.py"
+    script.write_text(_NOTEBOOK.replace("class MyClient(FedAvgClient):\n    pass", "MyClient = FedAvgClient"))
+    errors, stderr = _script_run(tmp_path, [str(script), str(tmp_path / "run"), "fedavg"])
+    assert len(errors) == 1, stderr[-3000:]
+    assert "unguarded.py starts the run at its top level (line 12)" in errors[0]
+    assert 'put the run under `if __name__ == "__main__":`' in errors[0]
+    assert "Traceback" not in stderr, stderr[-3000:]
+
+
+@pytest.mark.parametrize(
+    ("source", "unconditional"),
+    [
+        ("run()\n", True),
+        ("with ctx():\n    for a in b:\n        run()\n", True),
+        ("try:\n    run()\nfinally:\n    pass\n", True),
+        ('if __name__ == "__main__":\n    run()\n', False),
+        ("if main():\n    run()\n", False),  # some other condition: let through
+        ("try:\n    pass\nexcept E:\n    run()\n", False),
+        ('run() if __name__ == "__main__" else None\n', False),
+    ],
+)
+def test_only_a_statement_under_no_condition_counts_as_unguarded(tmp_path, source, unconditional):
+    from fedseg.engine.worker_imports import _unconditional
+
+    path = tmp_path / "script.py"
+    path.write_text("import x\n" + source)
+    line = 1 + next(i for i, text in enumerate(source.splitlines(), 1) if "run()" in text)
+    assert _unconditional(str(path), line) is unconditional
+
+
+def test_a_class_defined_inside_a_function_is_refused_naming_it():
+    from fedseg.engine.worker_imports import check_sendable
+
+    def make():
+        class Local(FedAvgClient):
+            pass
+
+        return Local()
+
+    with pytest.raises(ValueError, match=r"method 'loc': class .*make.<locals>.Local is defined inside a function"):
+        check_sendable("loc", (make(), None, FedAvgOptions(), None))
+    check_sendable("fedavg", (FedAvgClient(), None, FedAvgOptions(), None))  # importable: nothing to say
+
+
+def test_a_client_a_worker_cannot_load_is_each_sites_error_not_a_worker_traceback(
+    tmp_path, tiny_config, disc_federation, capfd
+):
+    """A class the parent has and the workers cannot import (here a module made in memory) gets past the checks:
+    the workers report it as the method's error at each site (the run stops with one line), they do not die."""
+    import sys
+    import types
+
+    module = types.ModuleType("fedseg_parent_only")
+    exec("from fedseg.algorithms.fedavg import FedAvgClient\nclass Client(FedAvgClient):\n    pass\n", vars(module))
+    sys.modules[module.__name__] = module
+    register_algorithm(AlgorithmSpec("parent-only", "P", FedAvgServer, module.Client, "x", FedAvgOptions), replace=True)
+    try:
+        cfg = tiny_config(algorithms=["parent-only"], engine={"workers": 2})
+        with pytest.raises(SiteFailure, match=r"could not load method 'parent-only' \(ModuleNotFoundError"):
+            run_experiment(cfg, tmp_path / "run", federation=disc_federation())
+    finally:
+        unregister_algorithm("parent-only")
+        del sys.modules[module.__name__]
+    assert "Traceback" not in capfd.readouterr().err

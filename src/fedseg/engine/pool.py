@@ -40,6 +40,13 @@ is skipped and a new worker takes the dead one's place. ``fl.timeout_s`` works a
 reply later than that is refused); in addition a site still silent ``2 * fl.timeout_s +``
 :data:`KILL_GRACE_S` seconds after it was sent has its worker killed and replaced. No worker outlives
 the pool (``close``: asked to stop, then terminated, then killed; also on errors and Ctrl-C).
+
+Imports. A worker imports every class of what it receives (a method's client, task, options) by module and name.
+What it could not import is refused before it has to, in one ValueError (``fedseg.engine.worker_imports``): a
+method whose classes are defined in a notebook's ``__main__`` or inside a function (``register``), a script that
+starts the run at its top level, not under ``if __name__ == "__main__":`` (each worker runs the script's top level
+again as it starts), or one read from standard input (``WorkerPool``). A context a worker still fails to load is
+that method's error at every site it is asked to answer (one line), not a traceback from each worker.
 """
 
 from __future__ import annotations
@@ -52,6 +59,7 @@ import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from itertools import count
+from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +73,7 @@ from fedseg.engine.forkserver import START_METHOD, ensure_server, import_while_w
 from fedseg.engine.messages import Message, MetaValue
 from fedseg.engine.simulator import SitesHereEngine
 from fedseg.engine.state import StateStore
+from fedseg.engine.worker_imports import check_main, check_sendable
 
 KILL_GRACE_S = 30.0  # seconds past 2 * fl.timeout_s before a silent worker is killed (module docstring)
 STOP_WAIT_S = 5.0  # seconds a worker gets to exit when the pool closes, before it is terminated
@@ -140,13 +149,16 @@ class RemoteError(RuntimeError):
 
 # --- the worker process -------------------------------------------------------------------------------------
 def worker_main(conn: Any, threads: int, device: str) -> None:
-    """A worker's loop: ``("data", [SiteData])`` once, then ``("context", key, client, task, options,
-    artifacts)`` per algorithm, ``("answer", key, site, message, delivery, state)`` per message (replies
-    ``("ok", reply, seconds, state)``, ``state`` None when the client left it unchanged, or ``("error",
-    exception)``), ``("forget", key)``; ``None`` ends it."""
+    """A worker's loop: ``("data", [SiteData])`` once, then ``("context", key, pickled)`` per algorithm
+    (``pickled``: its ``(client, task, options, artifacts)``, :meth:`WorkerPool.context_item`),
+    ``("answer", key, site, message, delivery, state)`` per message (replies ``("ok", reply, seconds, state)``,
+    ``state`` None when the client left it unchanged, or ``("error", exception)``), ``("forget", key)``; ``None``
+    ends it. A context this process cannot load (a class it cannot import) is every answer's error for that
+    algorithm (one line per site in the parent), not a traceback and the end of the worker."""
     torch.set_num_threads(threads)
     data: dict[str, SiteData] = {}
     contexts: dict[str, tuple[Any, ...]] = {}
+    unloadable: dict[str, str] = {}  # key -> why its context could not be loaded here
     try:
         while True:
             try:
@@ -159,17 +171,25 @@ def worker_main(conn: Any, threads: int, device: str) -> None:
             if kind == "data":
                 data = {d.name: d for d in item[1]}
             elif kind == "context":
-                key, client, task, options, artifacts = item[1:]
+                key, pickled = item[1:]
+                try:
+                    client, task, options, artifacts = ForkingPickler.loads(pickled)
+                except Exception as e:  # noqa: BLE001 - reported by every answer of that algorithm
+                    unloadable[key] = unloadable_text(key, e)
+                    continue
                 if task.cfg.device != device:  # this worker's device slot
                     task = replace(task, cfg=task.cfg.model_copy(update={"device": device}))
                 contexts[key] = (client, task, options, artifacts)
                 warm_up(task)
             elif kind == "forget":
                 contexts.pop(item[1], None)
+                unloadable.pop(item[1], None)
             elif kind == "answer":
                 key, site, msg, to, state = item[1:]
                 result: tuple[Any, ...]
                 try:
+                    if key in unloadable:
+                        raise RuntimeError(unloadable[key])
                     client, task, options, artifacts = contexts[key]
                     state = unpack(state)
                     received = versions(state)
@@ -182,6 +202,19 @@ def worker_main(conn: Any, threads: int, device: str) -> None:
                 conn.send(result)
     except KeyboardInterrupt:  # Ctrl-C reaches the whole process group: the parent closes the pool
         return
+
+
+def algorithm_of(key: str) -> str:
+    """The algorithm's name in a pool key (``PoolEngine``: ``name#n``)."""
+    return key.rsplit("#", 1)[0]
+
+
+def unloadable_text(key: str, error: Exception) -> str:
+    """The one line a site answers with when its worker could not load algorithm ``key``'s client, task, options."""
+    return (
+        f"the worker process could not load method {algorithm_of(key)!r} ({type(error).__name__}: {error}); "
+        "define its classes in a .py module importable by the workers, or use engine.workers: 1"
+    )
 
 
 def versions(state: dict[str, torch.Tensor]) -> dict[str, tuple[torch.Tensor, int]]:
@@ -273,6 +306,7 @@ class WorkerPool:
             raise ValueError(f"engine.workers must be >= 1, got {self.workers}")
         if not self.devices:
             raise ValueError("engine.devices: give at least one device")
+        check_main()  # a script every worker would fail to load (``fedseg.engine.worker_imports``)
         self._mp: Any = tmp.get_context(START_METHOD)
         ensure_server()  # started early by `fedseg run`; here for any other caller
         loading = import_while_waiting()  # the workers start once the process server has imported PRELOAD
@@ -302,8 +336,8 @@ class WorkerPool:
 
     def _setup(self, worker: Worker) -> None:
         worker.conn.send(("data", list(self.site_data)))
-        for key, context in self.contexts.items():
-            worker.conn.send(("context", key, *context))
+        for key in self.contexts:
+            worker.conn.send(self.context_item(key))
 
     def replace(self, worker: Worker) -> Worker:
         """Kill ``worker`` (if still alive) and start a new one in its slot."""
@@ -317,11 +351,28 @@ class WorkerPool:
     def register(
         self, key: str, client: Client, task: Task, options: MethodOptions | None, artifacts: Path | None
     ) -> None:
-        """Make an algorithm's client known to every worker (and to the workers started later)."""
+        """Make an algorithm's client known to every worker (and to the workers started later). A ValueError, before
+        any worker has it, where a worker could not load it (``fedseg.engine.worker_imports.check_sendable``: a
+        class defined in a notebook's ``__main__`` or inside a function) or it cannot be pickled."""
         context = (client, replace(task), options, artifacts)  # replace: without the parent's model cache
+        check_sendable(algorithm_of(key), context)
         self.contexts[key] = context
-        for worker in list(self.slots):
-            self._send(worker, ("context", key, *context))
+        try:
+            item = self.context_item(key)
+        except Exception as e:
+            del self.contexts[key]
+            raise ValueError(
+                f"engine.workers > 1: method {algorithm_of(key)!r} cannot be sent to the worker processes "
+                f"({type(e).__name__}: {e}); use engine.workers: 1"
+            ) from e
+        for i, worker in enumerate(list(self.slots)):
+            self._send(worker, item if i == 0 else self.context_item(key))
+
+    def context_item(self, key: str) -> tuple[str, str, bytes]:
+        """The message that gives a worker context ``key``: pickled here, unpickled by the worker where it can
+        report a failure (a class it cannot import) as the algorithm's error instead of dying. Pickled anew for
+        each worker: a tensor crossing as a file descriptor can be taken once."""
+        return ("context", key, bytes(ForkingPickler.dumps(self.contexts[key])))
 
     def forget(self, key: str) -> None:
         self.returned = {k: v for k, v in self.returned.items() if k[0] != key}

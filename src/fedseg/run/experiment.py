@@ -110,7 +110,8 @@ def run_experiment(
 def check_before_data(cfg: RunConfig, out: Path, resume: bool, check_compute: bool, in_process: bool) -> None:
     """The device (``check_compute``: unless the sites compute on their machines, e.g. Flower, where ``fedseg
     flower local`` checks), ``out``, every algorithm's options, secure aggregation (``in_process``: the simulator or
-    the worker pool, which refuse it), the trackers and (``resume``) the recorded config."""
+    the worker pool, which refuse it), what the worker pool's processes must import (``engine.workers`` > 1), the
+    trackers and (``resume``) the recorded config."""
     if check_compute:
         check_device(cfg.device)
     check_out_dir(out)
@@ -119,11 +120,25 @@ def check_before_data(cfg: RunConfig, out: Path, resume: bool, check_compute: bo
         get_algorithm(name).parse_options(cfg.methods.get(name))
     check_method_names(cfg.methods)
     check_secure_aggregation(cfg, in_process)
+    if in_process and cfg.engine.workers > 1:  # what the worker pool's processes could not load, before any data
+        check_worker_imports(cfg.algorithms)
     check_available(cfg.tracking)  # so does a tracker whose package is missing (fedseg.tracking)
     if resume and (recorded := recorded_config(out / "config.yaml")) is not None:
         check_resume(recorded, cfg.model_dump(mode="json"), str(out / "config.yaml"))
     if resume:
         check_data_files(out, folder_root(cfg))  # the same config, but a federation folder edited since
+
+
+def check_worker_imports(algorithms: list[str]) -> None:
+    """``engine.workers`` > 1: a ValueError naming the method and class a worker process could not import (defined
+    in a notebook's ``__main__``) or the script line that starts the run unguarded (``fedseg.engine.worker_imports``);
+    the pool checks each method's whole context again when it is sent."""
+    from fedseg.engine.worker_imports import check_main, check_sendable
+
+    check_main()
+    for name in algorithms:
+        spec = get_algorithm(name)
+        check_sendable(name, (spec.client, spec.options))
 
 
 def prepare_run(
