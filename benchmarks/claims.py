@@ -298,14 +298,15 @@ def as_table(data: dict) -> dict:
 
 
 def negated(test: dict) -> dict:
-    """``test`` of (a − b) as the test of (b − a): the differences and the CI negated; p as it is, a one-tailed
-    test's side swapped (``greater`` of a − b is ``less`` of b − a)."""
+    """``test`` of (a − b) as the test of (b − a): the differences and the CI negated (a ``null`` of tables.json,
+    a number that was not finite, stays None); p as it is, a one-tailed test's side swapped (``greater`` of a − b is
+    ``less`` of b − a)."""
     out = dict(test)
     for key in ("mean_diff", "median_diff"):
         if out.get(key) is not None:
             out[key] = -out[key]
-    out["ci_low"], out["ci_high"] = -test["ci_high"], -test["ci_low"]
-    out["per_seed_diff"] = {s: -d for s, d in test.get("per_seed_diff", {}).items()}
+    out["ci_low"], out["ci_high"] = (None if v is None else -v for v in (test["ci_high"], test["ci_low"]))
+    out["per_seed_diff"] = {s: None if d is None else -d for s, d in test.get("per_seed_diff", {}).items()}
     swapped = {"greater": "less", "less": "greater"}
     alternative = str(test.get("alternative") or "two-sided")
     out["alternative"] = swapped.get(alternative, alternative)  # one-tailed: the other side

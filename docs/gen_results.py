@@ -33,7 +33,8 @@ import sys
 from pathlib import Path
 
 from fedseg.bench.tables import correct_tests
-from fedseg.evaluate.stats import ci_text, correct_family, dagger, p_value_text
+from fedseg.evaluate.stats import DIFF_DIGITS, ci_text, correct_family, dagger, p_value_text, signed_text
+from fedseg.presentation.kit import fmt, fmt_int
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "results.md"
@@ -51,7 +52,9 @@ def claims_module():
 
 
 def read_json(path: Path) -> dict:
-    """A committed result file; a missing one is one clear line (the bench or script that writes it has not run)."""
+    """A committed result file; a missing one is one clear line (the bench or script that writes it has not run). A
+    number that is not finite reads as ``null`` (None: a bench's tables.json from this version on) or ``NaN`` (one
+    written before); every cell below shows either as missing."""
     if not path.is_file():
         raise SystemExit(f"error: {path.relative_to(ROOT)}: no such file (run the benchmark that writes it first)")
     return json.loads(path.read_text())
@@ -81,7 +84,7 @@ def headline(folder: str, federation: str) -> str:
         if m.get("at_edge"):
             setting += " (grid edge: " + ", ".join(m["at_edge"]) + ")"
         conv = m["convergence"]
-        rounds = f"{conv['rounds']['mean']:.0f}"
+        rounds = fmt(conv["rounds"]["mean"], 0)
         if conv.get("not_converged"):
             rounds += f" ({conv['not_converged']}/{conv['runs']} may not have converged)"
         test = m.get("wilcoxon") or {}
@@ -90,24 +93,21 @@ def headline(folder: str, federation: str) -> str:
         shares = ranks.get(name, {})
         top = max(shares, key=lambda r: shares[r]) if shares else None
         rank = f"{top} ({shares[top]:.0%})" if top is not None else ""
-        steps = f"{m['cost']['sgd_steps']:,.0f}"
+        steps = fmt_int(m["cost"]["sgd_steps"])
         cells = [name, setting, rounds, steps, mean_std(m["dice"]), mean_std(m["client_avg"]), delta, ci, p, rank]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
-def number(x: float | None, fmt: str = "+.4f") -> str:
-    """``x`` formatted; "–" where it is missing or NaN (a test that could not be run)."""
-    return "–" if x is None or math.isnan(x) else format(x, fmt)
-
-
 def split_delta_ci(test: dict | None) -> tuple[str, str]:
-    """``(Δ, "[low, high]")`` of a ``fedseg.evaluate.stats.compare`` result to 4 decimals (so that a † never sits
-    next to a bound that prints as 0), Δ with † where the comparison is significant (the CI excludes 0 and the
-    Holm-adjusted p < 0.05: ``fedseg.evaluate.stats.significant``); empty strings where there is no test."""
+    """``(Δ, "[low, high]")`` of a ``fedseg.evaluate.stats.compare`` result to 4 decimals, as the bench tables print
+    them (``fedseg.evaluate.stats.signed_text``: a nonzero number never prints as ±0.0000, so a † never sits next to
+    a bound that reads as 0), Δ with † where the comparison is significant (the CI excludes 0 and the Holm-adjusted
+    p < 0.05: ``fedseg.evaluate.stats.significant``); "–" for a missing Δ, empty strings where there is no test."""
     if not test:
         return "", ""
-    return number(test.get("mean_diff")) + dagger(test), ci_text(test, digits=4)
+    delta = signed_text(test.get("mean_diff"), DIFF_DIGITS) or "–"
+    return delta + dagger(test), ci_text(test, DIFF_DIGITS)
 
 
 def delta_ci(test: dict | None) -> str:

@@ -144,6 +144,12 @@ def test_an_unknown_option_in_a_grid_fails_before_any_run(tmp_path, methods, sai
     assert "Traceback" not in proc.stdout + proc.stderr and not (tmp_path / "out" / "runs").exists()
 
 
+def _p(diffs, test: dict) -> float:
+    """scipy's p of ``diffs`` with the test's recorded alternative and method (docs/benchmark-protocol.md)."""
+    method = test["p_method"]
+    return wilcoxon(diffs, alternative=test["alternative"], method=method, correction=method == "asymptotic").pvalue
+
+
 def _done_markers(out: Path) -> dict[str, int]:
     return {str(p.parent.relative_to(out)): p.stat().st_mtime_ns for p in out.glob("runs/**/bench-run.json")}
 
@@ -193,13 +199,13 @@ def test_bench_resumes_after_a_kill_and_its_tests_equal_scipys(tmp_path):
     a, b = _case_dice(rows, "fedprox"), _case_dice(rows, "fedavg")
     keys = sorted(set(a) & set(b))
     assert len(keys) == fedprox["wilcoxon"]["n"] == fedprox["cases"]  # every case once, over both folds
-    assert fedprox["wilcoxon"]["p"] == pytest.approx(wilcoxon([a[k] - b[k] for k in keys]).pvalue, rel=1e-12)
+    assert fedprox["wilcoxon"]["p"] == pytest.approx(_p([a[k] - b[k] for k in keys], fedprox["wilcoxon"]), rel=1e-12)
     kept = fedprox["wilcoxon"]["case_diffs"]  # tables.json alone recomputes it: results.csv is not committed
     assert kept == pytest.approx({f"{s}/{c}": a[(s, c)] - b[(s, c)] for s, c in keys}, rel=1e-9, abs=1e-12)
-    assert wilcoxon(list(kept.values())).pvalue == pytest.approx(fedprox["wilcoxon"]["p"], rel=1e-12)
+    assert _p(list(kept.values()), fedprox["wilcoxon"]) == pytest.approx(fedprox["wilcoxon"]["p"], rel=1e-12)
     for site, test in fedprox["site_wilcoxon"].items():
         diffs = [a[k] - b[k] for k in keys if k[0] == site]
-        expected = 1.0 if not any(diffs) else wilcoxon(diffs).pvalue
+        expected = 1.0 if not any(diffs) else _p(diffs, test)
         assert test["p"] == pytest.approx(expected, rel=1e-12), site
 
     # equal budgets: every fedprox run stopped on the SGD steps of 2 FedAvg rounds of its cell
@@ -221,7 +227,7 @@ def test_bench_resumes_after_a_kill_and_its_tests_equal_scipys(tmp_path):
     (pair,) = json.loads((out / "tables.json").read_text())["federations"]["synthetic-retina"]["comparisons"]
     diffs = [b[k] - a[k] for k in keys]
     assert (pair["method"], pair["against"], pair["n"], pair["seeds"]) == ("fedavg", "fedprox", len(keys), 2)
-    assert pair["p"] == pytest.approx(wilcoxon(diffs).pvalue, rel=1e-12)
+    assert pair["p"] == pytest.approx(_p(diffs, pair), rel=1e-12)
     assert pair["mean_diff"] == pytest.approx(float(np.mean(diffs)), rel=1e-9)
     assert "### Paired comparisons" in (out / "tables.md").read_text()
     # ... but a reader is told: a comparison or a test's side chosen after the results is a choice made on them
@@ -478,17 +484,16 @@ def test_data_that_cannot_make_every_fold_fails_before_anything_is_written(tmp_p
 
 
 def test_a_leave_one_out_federation_tunes_on_its_first_site_whatever_tune_folds_says(tmp_path):
-    spec, _ = load_bench(
-        _bench(
-            tmp_path,
-            federations=[{"name": "unseen", "set": ["data.source=synthetic-retina"], "leave_one_out": True}],
-            tune={"folds": [0, 1]},
-        )
-    )
+    unseen = {"name": "unseen", "set": ["data.source=synthetic-retina"], "leave_one_out": True}
+    spec, _ = load_bench(_bench(tmp_path, federations=["synthetic-retina", unseen], tune={"folds": [0, 1]}))
     holdouts = {"unseen": ["site1", "site2", "site3"]}
-    tuning = tuning_runs(spec, holdouts)
+    tuning = [r for r in tuning_runs(spec, holdouts) if r.federation == "unseen"]
     assert [(r.holdout, r.setting_label) for r in tuning] == [("site1", "mu=0.1"), ("site1", "mu=1.0")]
-    assert {r.holdout for r in final_runs(spec, {}, holdouts)} == {"site1", "site2", "site3"}
+    assert {r.fold for r in tuning_runs(spec, holdouts) if r.federation == "synthetic-retina"} == {0, 1}
+    finals = final_runs(spec, {}, holdouts)
+    assert {r.holdout for r in finals if r.federation == "unseen"} == {"site1", "site2", "site3"}
+    with pytest.raises(ConfigError, match="tune.folds: unused, a leave-one-out federation tunes on its first site"):
+        load_bench(_bench(tmp_path, federations=[unseen], tune={"folds": [0, 1]}))  # no federation would use them
 
 
 def test_hd95_and_nsd_are_tested_like_dice_hd95_on_its_better_side_and_a_bench_without_nsd_renders_as_before(
@@ -524,11 +529,11 @@ def test_hd95_and_nsd_are_tested_like_dice_hd95_on_its_better_side_and_a_bench_w
         assert fedprox[metric]["n"] == len(keys) > 0
         assert fedprox[metric]["mean"] == pytest.approx(float(np.mean([a[k] for k in keys])), rel=1e-12)
         diffs = [a[k] - b[k] for k in keys]
-        assert test["n"] == len(keys)
+        assert test["n"] == len(keys) and test["alternative"] == side
         assert test["mean_diff"] == pytest.approx(float(np.mean(diffs)), rel=1e-9)
-        assert test["p"] == pytest.approx(wilcoxon(diffs, alternative=side).pvalue, rel=1e-12), metric
+        assert test["p"] == pytest.approx(_p(diffs, test), rel=1e-12), metric
         kept = [v for v in test["case_diffs"].values() if np.isfinite(v)]  # the p recomputable from tables.json
-        assert wilcoxon(kept, alternative=side).pvalue == pytest.approx(test["p"], rel=1e-12)
+        assert _p(kept, test) == pytest.approx(test["p"], rel=1e-12)
     md = (out / "tables.md").read_text()
     assert "| HD95 Δ vs fedavg | HD95 95% CI | HD95 p (Holm) |" in md and "lower is better: one-tailed" in md
     assert "| NSD (τ 2 pixels) | NSD Δ vs fedavg | NSD 95% CI | NSD p (Holm) |" in md

@@ -209,5 +209,34 @@ def test_no_dagger_from_one_seed_and_the_test_table_shows_each_seeds_delta():
     head, rows = report.test_table(fed, "fedavg")
     assert head[head.index("95% CI") + 1] == "Δ per seed"
     cells = dict(zip(head, rows[1], strict=True))
-    assert cells["Δ per seed"] == "+0.020 / -0.004 / +0.029" and cells["p (Holm)"] == "1e-06 †"
+    assert cells["Δ per seed"] == "s0 +0.0200 / s1 -0.0040 / s2 +0.0290" and cells["p (Holm)"] == "1e-06 †"
+    assert cells["Δ vs fedavg"] == "+0.0150" and cells["95% CI"] == "[+0.0100, +0.0200]"
     assert dict(zip(head, rows[0], strict=True))["Δ per seed"] == ""  # the reference
+
+
+def test_a_test_side_changed_after_runs_finished_but_before_any_tables_is_recorded(tmp_path, monkeypatch):
+    """The side chosen before the first result stays in bench.json, so a change made on a resume before any tables
+    exist is recorded (as one made after results), however often that resume is interrupted; one made while no run
+    had finished is not (no result had been seen)."""
+    from fedseg.bench import phases
+    from fedseg.bench.execute import DONE_FILE
+
+    def interrupted(self, runs, phase):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(phases.Runner, "execute", interrupted)  # every sitting stops before its first run ends
+    out, quiet = tmp_path / "out", lambda line: None
+    sitting = {}
+    for side in ("two-sided", "less", "greater", "greater"):
+        sitting[side], root = load_bench(_bench(tmp_path, tests={"alternative": side}))
+        with pytest.raises(KeyboardInterrupt):
+            phases.run_bench(sitting[side], root, out, resume=out.exists(), echo=quiet)
+        if side == "less":  # a run finished in the sitting that chose less
+            marker = out / "runs" / "synthetic-retina" / "fold0" / "seed0" / "fedavg" / "default" / DONE_FILE
+            marker.parent.mkdir(parents=True)
+            marker.write_text("{}")
+    assert json.loads((out / BENCH_FILE).read_text())["tests"] == {"alternative": "less"}
+    (line,) = report.record_analysis_changes(sitting["greater"], 1, out)
+    assert line.endswith(' tests: {"alternative": "less"} -> {"alternative": "greater"} (after 1 finished runs)'), line
+    (out / report.TABLES_JSON).write_text(json.dumps({"bench": sitting["greater"].model_dump(mode="json")}))
+    assert report.record_analysis_changes(sitting["greater"], 1, out) == [line]  # tables with it: nothing new

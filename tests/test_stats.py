@@ -1,5 +1,7 @@
 """fedseg.evaluate.stats on simulated data with a known difference: the hierarchical bootstrap CI covers it at about
-the nominal rate, the one-tailed Wilcoxon p is scipy's, rank stability finds a clear winner."""
+the nominal rate, the one-tailed Wilcoxon p is scipy's with the method the stated rule names (R's wilcox.test
+default: the same p in every scipy version and in R), rank stability finds a clear winner; a difference's text never
+reads as 0 unless it is 0."""
 
 from __future__ import annotations
 
@@ -11,7 +13,9 @@ import pytest
 from scipy.stats import wilcoxon
 
 from fedseg.evaluate.stats import (
+    EXACT_BELOW,
     bootstrap_means,
+    ci_text,
     compare,
     correct_family,
     dagger,
@@ -19,6 +23,7 @@ from fedseg.evaluate.stats import (
     p_value_text,
     paired_wilcoxon,
     rank_stability,
+    signed_text,
     significant,
 )
 
@@ -72,11 +77,14 @@ def test_compare_reports_the_pairs_the_per_seed_means_and_a_mark_only_when_the_c
 
 def test_the_one_tailed_p_is_scipys():
     rng = np.random.default_rng(3)
-    x = {i: v for i, v in enumerate(rng.normal(0.8, 0.1, 50))}
-    y = {i: x[i] - d for i, d in enumerate(rng.normal(0.01, 0.05, 50))}
-    diffs = np.array([x[i] - y[i] for i in range(50)])
+    x = {i: v for i, v in enumerate(rng.normal(0.8, 0.1, 49))}
+    y = {i: x[i] - d for i, d in enumerate(rng.normal(0.01, 0.05, 49))}
+    diffs = np.array([x[i] - y[i] for i in range(49)])
+    assert np.unique(np.abs(diffs)).size == 49  # 49 distinct nonzero differences: the exact distribution
     for alternative in ("greater", "less", "two-sided"):
-        assert paired_wilcoxon(x, y, alternative)["p"] == pytest.approx(wilcoxon(diffs, alternative=alternative).pvalue)
+        test = paired_wilcoxon(x, y, alternative)
+        assert test["p_method"] == "exact"
+        assert test["p"] == pytest.approx(wilcoxon(diffs, alternative=alternative, method="exact").pvalue)
     assert paired_wilcoxon(x, y, "greater")["p"] < paired_wilcoxon(x, y)["p"] < paired_wilcoxon(x, y, "less")["p"]
     with pytest.raises(ValueError, match="alternative"):
         paired_wilcoxon(x, y, "bigger")  # type: ignore[arg-type]
@@ -114,10 +122,11 @@ def test_holm_matches_the_step_down_definition_and_keeps_nan_out_of_the_count():
 
 def test_a_dagger_needs_both_the_ci_and_the_holm_adjusted_p():
     three_cases = {0: {("s", "a"): 0.9, ("s", "b"): 0.8, ("s", "c"): 0.7}}
-    better = {0: {k: v + 0.02 for k, v in three_cases[0].items()}}
+    better = {0: {("s", "a"): 0.93, ("s", "b"): 0.82, ("s", "c"): 0.71}}
     test = compare(better, three_cases)
-    # every difference +0.02: the bootstrap CI is a point above 0, but 3 pairs cannot give a two-sided p below 0.25
-    assert test["ci_excludes_0"] and test["p"] == pytest.approx(0.25) and not significant(test) and dagger(test) == ""
+    # every difference above 0: the bootstrap CI lies above 0, but 3 pairs cannot give a two-sided p below 0.25
+    assert test["ci_excludes_0"] and test["p_method"] == "exact" and test["p"] == pytest.approx(0.25)
+    assert not significant(test) and dagger(test) == ""
     rng = np.random.default_rng(1)
     cases = {0: {("s", str(i)): float(v) for i, v in enumerate(rng.random(40))}}
     clear = compare({0: {k: v + 0.05 + 0.01 * rng.standard_normal() for k, v in cases[0].items()}}, cases)
@@ -133,8 +142,76 @@ def test_the_wilcoxon_counts_the_pairs_that_differ():
     ref = {("s", str(i)): 0.5 for i in range(10)}
     ours = {**ref, ("s", "0"): 0.6, ("s", "1"): 0.7}
     test = paired_wilcoxon(ours, ref)
-    assert test["n"] == 10 and test["n_nonzero"] == 2
-    assert test["p"] == pytest.approx(wilcoxon([0.1, 0.2] + [0.0] * 8).pvalue)
+    assert test["n"] == 10 and test["n_nonzero"] == 2 and test["p_method"] == "asymptotic"  # zeros: not exact
+    # the zeros dropped, ranks 1 and 2, both positive: V = 3, mean 1.5, variance 2 * 3 * 5 / 24 = 1.25, continuity
+    # correction 0.5: z = 1 / sqrt(1.25)
+    assert test["p"] == pytest.approx(math.erfc(1 / math.sqrt(1.25) / math.sqrt(2)), rel=1e-12)
+    assert test["p"] == pytest.approx(wilcoxon([0.1, 0.2], method="asymptotic", correction=True).pvalue, rel=1e-12)
+    same = paired_wilcoxon(ref, ref)
+    assert (same["n"], same["n_nonzero"], same["p"], same["p_method"]) == (10, 0, 1.0, None)
+    empty = paired_wilcoxon({}, ref)
+    assert empty["n"] == 0 and math.isnan(empty["p"]) and empty["p_method"] is None
+
+
+def _normal_p(diffs: list[float]) -> float:
+    """The two-sided p of the normal approximation written out as R's wilcox.test computes it (zeros dropped,
+    average ranks, the tie correction, the continuity correction), independent of scipy."""
+    d = np.array([x for x in diffs if x != 0])
+    magnitudes = np.abs(d)
+    ranks = np.array([np.sum(magnitudes < m) + (np.sum(magnitudes == m) + 1) / 2 for m in magnitudes])
+    n = d.size
+    _, ties = np.unique(magnitudes, return_counts=True)
+    var = n * (n + 1) * (2 * n + 1) / 24 - np.sum(ties**3 - ties) / 48
+    low = min(ranks[d > 0].sum(), ranks[d < 0].sum())
+    return math.erfc((abs(low - n * (n + 1) / 4) - 0.5) / math.sqrt(var) / math.sqrt(2))
+
+
+def test_the_wilcoxon_method_is_exact_below_50_differences_without_zeros_or_ties_else_the_normal_approximation():
+    """R's wilcox.test default, not scipy's ``auto`` (whose choice changed across scipy versions: 1.17 runs a
+    permutation test for a small sample with ties or zeros): the recorded method recomputes the p."""
+    rng = np.random.default_rng(7)
+    distinct = list(rng.normal(0.01, 0.05, EXACT_BELOW))
+    zeros = dict.fromkeys(range(EXACT_BELOW + 1), 0.0)
+    below = paired_wilcoxon(dict(enumerate(distinct[:-1])), zeros)
+    assert (below["n"], below["p_method"]) == (EXACT_BELOW - 1, "exact")
+    assert below["p"] == wilcoxon(distinct[:-1], method="exact").pvalue
+    at = paired_wilcoxon(dict(enumerate(distinct)), zeros)
+    assert at["p_method"] == "asymptotic" and at["p"] == pytest.approx(_normal_p(distinct), rel=1e-9)
+    with_a_zero = distinct[:10] + [0.0]
+    test = paired_wilcoxon(dict(enumerate(with_a_zero)), zeros)
+    assert (test["n"], test["n_nonzero"], test["p_method"]) == (11, 10, "asymptotic")
+    assert test["p"] == pytest.approx(_normal_p(with_a_zero), rel=1e-9)
+    tied = [0.25, 0.25, 0.25, -0.5]  # ties in |d| (exactly representable): the exact distribution does not apply
+    test = paired_wilcoxon(dict(enumerate(tied)), zeros)
+    # ranks 2, 2, 2 | 4; V- = 4, mean 5, variance 4*5*9/24 - (3^3 - 3)/48 = 7; |4 - 5| - 0.5 = 0.5
+    assert test["p_method"] == "asymptotic"
+    assert test["p"] == pytest.approx(math.erfc(0.5 / math.sqrt(7) / math.sqrt(2)), rel=1e-12)
+    assert test["p"] == pytest.approx(_normal_p(tied), rel=1e-12) == pytest.approx(0.85010674, abs=1e-8)
+    for alternative in ("greater", "less"):  # one-tailed: the continuity correction toward the mean, as in R
+        one = paired_wilcoxon(dict(enumerate(tied)), zeros, alternative)
+        z = (6 - 5 - 0.5) / math.sqrt(7) if alternative == "greater" else (6 - 5 + 0.5) / math.sqrt(7)
+        expected = 0.5 * math.erfc(z / math.sqrt(2)) if alternative == "greater" else 1 - 0.5 * math.erfc(z / 2**0.5)
+        assert one["p"] == pytest.approx(expected, rel=1e-12), alternative
+
+
+def test_the_normal_approximation_is_asked_for_by_its_old_name_where_scipy_predates_asymptotic(monkeypatch):
+    """scipy before 1.15 calls it ``approx`` and rejects ``asymptotic``: the same p either way."""
+    import scipy.stats
+
+    real = scipy.stats.wilcoxon
+    calls = []
+
+    def old_scipy(x, *args, method="auto", **kwargs):
+        calls.append(method)
+        if method not in ("auto", "exact", "approx"):
+            raise ValueError("method must be either 'auto', 'exact' or 'approx'")
+        return real(x, *args, method="asymptotic" if method == "approx" else method, **kwargs)
+
+    tied = {i: v for i, v in enumerate([0.25, 0.25, 0.25, -0.5])}
+    zeros = dict.fromkeys(range(4), 0.0)
+    now = paired_wilcoxon(tied, zeros)["p"]
+    monkeypatch.setattr(scipy.stats, "wilcoxon", old_scipy)
+    assert paired_wilcoxon(tied, zeros)["p"] == pytest.approx(now, rel=1e-15) and calls == ["asymptotic", "approx"]
 
 
 @pytest.mark.parametrize("alternative", ["two-sided", "greater"])
@@ -148,5 +225,30 @@ def test_the_case_differences_a_table_keeps_recompute_its_p(alternative):
     assert len(diffs) == 21 and next(iter(diffs)) == "site0/c0"
     mean_over_seeds = np.mean([a[s][("site0", "c2")] - b[s][("site0", "c2")] for s in (0, 2)])
     assert diffs["site0/c2"] == pytest.approx(mean_over_seeds, abs=1e-15)
-    assert test["p"] == wilcoxon(list(diffs.values()), alternative=alternative).pvalue
+    kept = [d for d in diffs.values() if np.isfinite(d)]  # the documented recomputation, with the recorded method
+    method = test["p_method"]
+    assert test["p"] == pytest.approx(
+        wilcoxon(kept, alternative=alternative, method=method, correction=method == "asymptotic").pvalue, rel=1e-12
+    )
     assert "case_diffs" not in compare(a, b, alternative, resamples=200)  # only where asked (tables' pooled tests)
+
+
+def test_a_difference_prints_as_zero_only_where_it_is_zero():
+    """4 decimals, always signed; a nonzero number that would print as +0.0000 / -0.0000 shows its first significant
+    digit instead, so a CI bound always shows its side of 0."""
+    assert [signed_text(x) for x in (0.0012, -0.0012, 0.0, -0.0, 0.00004, -0.000032, 1e-17)] == [
+        "+0.0012",
+        "-0.0012",
+        "+0.0000",
+        "+0.0000",
+        "+4e-05",
+        "-3e-05",
+        "+1e-17",
+    ]
+    assert signed_text(math.nan) == signed_text(None) == ""
+    assert signed_text(0.004, 2) == "+0.004" and signed_text(-1.234, 2) == "-1.23"  # HD95: its own digits
+    assert ci_text({"ci_low": 0.00002, "ci_high": 0.0041}) == "[+2e-05, +0.0041]"  # excludes 0, and reads so
+    assert ci_text({"ci_low": -0.00002, "ci_high": 0.0041}) == "[-2e-05, +0.0041]"
+    assert ci_text({"ci_low": 0.0, "ci_high": 0.0041}) == "[+0.0000, +0.0041]"  # a bound at exactly 0
+    assert ci_text({"ci_low": None, "ci_high": 0.1}) == "–"  # null in tables.json, as NaN
+    assert p_value_text({"p": None}) == "–" and p_value_text({"p": math.nan}) == "–"

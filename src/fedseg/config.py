@@ -838,18 +838,57 @@ def _preset_text(name: str) -> str:
 
 
 def read_yaml_mapping(text: str, where: str, empty: str | None = None) -> dict:
-    """``text`` parsed as a YAML mapping; a ConfigError naming ``where`` for bad YAML or another top level, and
-    (``empty``: the rest of that message) for text of blanks and comments only."""
+    """``text`` parsed as a YAML mapping; a ConfigError naming ``where`` for bad YAML, a key given twice in one
+    mapping (YAML would keep the last silently) or another top level, and (``empty``: the rest of that message) for
+    text of blanks and comments only."""
+    loader = yaml.SafeLoader(text)  # yaml.safe_load's steps, with a look at the nodes between them
     try:
-        loaded = yaml.safe_load(text)
+        root = loader.get_single_node()
+        twice = _key_given_twice(root)
+        loaded = None if root is None else loader.construct_document(root)
     except yaml.YAMLError as e:
-        raise ConfigError(f"{where}: not valid YAML: {e}") from e
+        context, mark = getattr(e, "context", None), getattr(e, "problem_mark", None)
+        line = f" (line {mark.line + 1})" if mark is not None else ""
+        raise ConfigError(
+            f"{where}: not valid YAML: {context + ', ' if context else ''}{yaml_problem(e)}{line}"
+        ) from None
+    finally:
+        loader.dispose()
+    if twice:
+        raise ConfigError(f"{where}: {twice}")
     if loaded is None and empty is not None:
         raise ConfigError(f"{where}: {empty}")
     data = loaded or {}
     if not isinstance(data, dict):
         raise ConfigError(f"{where}: expected a mapping at the top level")
     return data
+
+
+def _key_given_twice(root: yaml.Node | None) -> str | None:
+    """``key 'a.b' given twice (lines 3 and 9); keep one`` for a key that appears twice in one mapping of the
+    composed YAML ``root`` (but a merge key ``<<``, whose keys the mapping may override), or None."""
+    stack: list[tuple[yaml.Node, str]] = [] if root is None else [(root, "")]
+    walked: set[int] = set()  # an alias is the node it names: walked once
+    while stack:
+        node, path = stack.pop()
+        if id(node) in walked:
+            continue
+        walked.add(id(node))
+        if isinstance(node, yaml.SequenceNode):
+            stack += [(item, f"{path}{i}.") for i, item in enumerate(node.value)]
+        elif isinstance(node, yaml.MappingNode):
+            lines: dict[tuple[str, str], int] = {}
+            for key, value in node.value:
+                if not isinstance(key, yaml.ScalarNode) or key.tag == "tag:yaml.org,2002:merge":
+                    continue
+                line = key.start_mark.line + 1
+                if (key.tag, key.value) in lines:
+                    first = lines[(key.tag, key.value)]
+                    at = f"line {line}" if first == line else f"lines {first} and {line}"
+                    return f"key {path + key.value!r} given twice ({at}); keep one"
+                lines[(key.tag, key.value)] = line
+                stack.append((value, f"{path}{key.value}."))
+    return None
 
 
 def apply_override(data: dict, assignment: str, option: str = "--set") -> None:

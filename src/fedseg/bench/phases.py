@@ -2,8 +2,10 @@
 final runs; the budget each reference sets; what an existing ``OUT`` may hold.
 
 ``OUT/bench.json`` records the bench; resuming with a different bench is refused before any work, except one
-with methods appended at the end of ``methods`` (a bench grown over several sittings) or other ``comparisons``
-(they change only the tables).
+with methods appended at the end of ``methods`` (a bench grown over several sittings) or other ``comparisons`` or
+``tests`` (they change only the tables). Once a run has finished, ``bench.json`` keeps the ``comparisons`` and
+``tests`` it had (chosen before any result): a later choice is recorded as one made after results existed
+(``fedseg.bench.report.record_analysis_changes``), even if the bench is interrupted again before its tables.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from fedseg.atomic_files import atomic_write_text
-from fedseg.bench.execute import Echo, Finished, Runner
+from fedseg.bench.execute import DONE_FILE, Echo, Finished, Runner
 from fedseg.bench.plan import (
     BenchRun,
     Holdouts,
@@ -62,21 +64,20 @@ def uncapped(bench: BenchSpec, run: BenchRun) -> bool:
     return is_budget_reference(bench, method, run.setting) or phased(method)
 
 
-def check_out(bench: BenchSpec, out: Path, resume: bool) -> None:
+def check_out(bench: BenchSpec, out: Path, resume: bool) -> dict | None:
     """``OUT`` holds no bench (or, with ``resume``, this same bench, but for ``TABLES_ONLY`` keys), before any
-    work."""
+    work; the bench recorded there (:func:`as_recorded`), or None."""
     recorded = out / BENCH_FILE
     if not recorded.is_file():
-        return
+        return None
     if not resume:
         raise FileExistsError(f"{out}: already holds a bench; use --resume to continue it or choose another --out")
-    old = json.loads(recorded.read_text())
-    if isinstance(old, dict):  # recorded before data_seed existed: its runs took their data from their seed
-        old.setdefault("data_seed", "per-seed")
-    try:  # normalized: fields a later fedseg added compare at their defaults (data_seed: what those benches did)
-        old = BenchSpec.model_validate(old).model_dump(mode="json")
-    except ValueError:
-        pass  # compared as written
+    try:
+        old = as_recorded(json.loads(recorded.read_text()))
+    except ValueError as e:
+        raise ValueError(f"{recorded}: not a bench record ({e})") from None
+    if not isinstance(old, dict):
+        raise ValueError(f"{recorded}: not a bench record (a JSON object expected)")
     new = bench.model_dump(mode="json")
     keys = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k) and k not in TABLES_ONLY)
     if keys and not (keys == ["methods"] and new["methods"][: len(old["methods"])] == old["methods"]):
@@ -84,16 +85,68 @@ def check_out(bench: BenchSpec, out: Path, resume: bool) -> None:
             f"{recorded}: cannot resume a different bench (methods may only be appended at the end); "
             f"it differs in: {'; '.join(spec_change(k, old, new, 80) for k in keys)}"
         )
+    return old
+
+
+def as_recorded(spec: object) -> object:
+    """A bench recorded by some fedseg (``bench.json``, the ``bench`` of ``tables.json``) as this one records it:
+    fields added since at their defaults, but ``data_seed`` at per-seed (a bench recorded before it existed took its
+    runs' data from their seed); as written where it does not validate."""
+    if isinstance(spec, dict):
+        spec = {"data_seed": "per-seed", **spec}
+    try:
+        return BenchSpec.model_validate(spec).model_dump(mode="json")
+    except ValueError:
+        return spec
+
+
+def record_bench(bench: BenchSpec, out: Path, recorded: dict | None) -> None:
+    """Write ``OUT/bench.json``: ``bench``, but once a run has finished, with the ``TABLES_ONLY`` keys of the bench
+    ``recorded`` there before (:func:`check_out`): the tests and comparisons chosen before any result, which
+    :func:`fedseg.bench.report.record_analysis_changes` compares a later choice with until tables exist."""
+    content = bench.model_dump(mode="json")
+    if recorded is not None and any((out / "runs").rglob(DONE_FILE)):
+        content.update({key: recorded[key] for key in TABLES_ONLY if key in recorded})
+    atomic_write_text(out / BENCH_FILE, json.dumps(content, indent=1))
 
 
 def spec_change(key: str, old: dict, new: dict, width: int | None = None) -> str:
-    """``key: old -> new`` of two bench specs (JSON values, each cut to ``width`` characters)."""
+    """``key: old -> new`` of two bench specs (JSON values). With ``width``: only what differs, each value cut to
+    ``width`` characters: a mapping's keys (``budget.rounds: 30 -> 20``), a list's elements (``set[5]: "a" -> "b"``;
+    entries with a name by it: ``methods[fedprox].set[0]``), or what only one side of a list has (``set: without
+    "a", with "b"``); a list that fits in ``width`` whole (``seeds: [0, 1] -> [0, 1, 2]``)."""
+    return "; ".join(_changes(key, old.get(key), new.get(key), width))
 
-    def text(value: object) -> str:
-        s = json.dumps(value, separators=(", ", ": "))
-        return s if width is None or len(s) <= width else s[: width - 1] + "…"
 
-    return f"{key}: {text(old.get(key))} -> {text(new.get(key))}"
+def _changes(path: str, old: object, new: object, width: int | None) -> list[str]:
+    if old == new:
+        return []
+    if width is not None and isinstance(old, dict) and isinstance(new, dict):
+        return [c for k in dict.fromkeys([*old, *new]) for c in _changes(f"{path}.{k}", old.get(k), new.get(k), width)]
+    if (
+        width is None
+        or not (isinstance(old, list) and isinstance(new, list))
+        or max(len(_json(old)), len(_json(new))) <= width
+    ):
+        return [f"{path}: {_cut(old, width)} -> {_cut(new, width)}"]
+    labels = [
+        [e["name"] if isinstance(e, dict) and "name" in e else i for i, e in enumerate(side)] for side in (old, new)
+    ]
+    if labels[0] == labels[1]:  # element by element (a list of the same length, or of the same named entries)
+        return [c for label, a, b in zip(labels[0], old, new) for c in _changes(f"{path}[{label}]", a, b, width)]
+    sides = (("without", [e for e in old if e not in new]), ("with", [e for e in new if e not in old]))
+    parts = [f"{word} {', '.join(_cut(e, width) for e in only)}" for word, only in sides if only]
+    return [f"{path}: {', '.join(parts) or 'the same elements in another order'}"]
+
+
+def _json(value: object) -> str:
+    return json.dumps(value, separators=(", ", ": "))
+
+
+def _cut(value: object, width: int | None) -> str:
+    """``value`` as JSON, cut to ``width`` characters."""
+    s = _json(value)
+    return s if width is None or len(s) <= width else s[: width - 1] + "…"
 
 
 @dataclass
@@ -122,12 +175,12 @@ def run_bench(
     check_plan(bench, root)
     if not train and not (out / BENCH_FILE).is_file():
         raise FileNotFoundError(f"{out}: holds no bench ({BENCH_FILE}); run `fedseg bench` first")
-    check_out(bench, out, resume or not train)  # --tables-only: the tables are of the bench recorded there
+    recorded = check_out(bench, out, resume or not train)  # --tables-only: the tables are of the bench recorded there
     holdouts = holdout_sites(bench, root)
     if train:
         check_data(bench, root, holdouts)  # before anything is written: every federation, fold and site
         out.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(out / BENCH_FILE, json.dumps(bench.model_dump(mode="json"), indent=1))
+        record_bench(bench, out, recorded)
     runner = Runner(bench, root, out, jobs, echo, train)
     caps = budget_caps(bench, runner.execute(reference_runs(bench, holdouts), "budget references"))
     planned = with_caps(bench, tuning_runs(bench, holdouts), caps)

@@ -132,7 +132,9 @@ def make_run(
     Its overrides, in the order they apply: the bench's, the federation's, the split (and the held-out site), the
     seed (and ``data.seed`` with ``data_seed: per-seed``), the method's algorithms and fixed options, the
     ``inherited`` setting of its ``settings_from`` method, its grid values, the stop rule (for tuning runs too: no
-    plateau stop before ``stop.min_rounds``) and the round budget."""
+    plateau stop before ``stop.min_rounds``) and the round budget. Every key it sets after the ``set:`` lists and
+    grid values is one of ``bench.run_keys(fed)``, which a bench file may not give in them (it would be
+    overwritten)."""
     holdout = (holdouts or {})[fed.name][fold] if fed.leave_one_out else None
     split = [f"data.split.mode={bench.split.mode}"]
     if bench.split.mode == "kfold":

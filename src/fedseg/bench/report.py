@@ -6,11 +6,11 @@ a budget rule of ``rounds`` with a plateau stop leaves the methods' steps unequa
 much.
 
 * **Test** (FeTS Table 1 / Table 3 for a limited or IID partition): Dice mean ± std over cases, per region, HD95,
-  client average ± std over seeds, Δ against the reference with its 95% hierarchical bootstrap CI and the paired
-  Wilcoxon p, Holm-adjusted within the table († where the CI excludes 0 and that p < 0.05; ‡ where Δ pairs fewer
-  cases or runs than the columns average), then NSD with its own Δ, CI and p (only where the runs scored NSD: a bench
-  of runs written before it existed keeps its old columns), runs whose best round was in their last 10% ("not
-  converged");
+  client average ± std over seeds, Δ against the reference with the cases it pairs, its 95% hierarchical bootstrap
+  CI, Δ per seed and the paired Wilcoxon p, Holm-adjusted within the table († where the CI excludes 0 and that p <
+  0.05; ‡ where Δ pairs fewer cases or runs than the columns average), then NSD with its own Δ, CI and p (only
+  where the runs scored NSD: a bench of runs written before it existed keeps its old columns), runs whose best
+  round was in their last 10% ("not converged");
 * **Per site** (FedSM Tables 3-4, Auto-FedAvg Table 2): each site's Dice mean ± std over seeds († where the
   site's comparison is significant, Holm-adjusted over every cell of the table), client average, local avg and
   local gen where a method has local models;
@@ -21,7 +21,13 @@ much.
   personalization strategies of FedSM Table 6): Δ, its CI, the per-seed Δ and the Wilcoxon p per pair;
 * **Rank stability** (challengeR): how often each method ranks 1st, 2nd... by mean Dice over bootstrap samples;
 * **Tuning on validation** (FeTS Table 4, FedSM Table 7 for a λ grid): every setting's validation score (what
-  selects) next to its test score (reported, never used).
+  selects) next to its test score (reported, never used), and how many of its tuning runs may not have converged.
+
+Differences of fractions (Dice, NSD) print to 4 decimals, HD95's to its own 2, always signed, by
+:func:`fedseg.evaluate.stats.signed_text` (a nonzero one that would print as ±0.0000 gets one significant digit).
+``tables.json`` is strict JSON: a number that is not finite (NaN: no std of one seed, no p without a pair) is
+``null`` (:func:`json_ready`), read back as missing exactly as NaN was (a ``tables.json`` written before, with bare
+``NaN``, still reads).
 """
 
 from __future__ import annotations
@@ -33,12 +39,20 @@ from pathlib import Path
 
 from fedseg.atomic_files import atomic_write_text
 from fedseg.bench.execute import Echo
-from fedseg.bench.phases import TABLES_ONLY, BenchRuns, spec_change
+from fedseg.bench.phases import BENCH_FILE, TABLES_ONLY, BenchRuns, as_recorded, spec_change
 from fedseg.bench.select import tuning_rows
 from fedseg.bench.spec import BenchSpec
 from fedseg.bench.tables import RESULT_COLUMNS, correct_tests, federation_tables
 from fedseg.evaluate.metric_info import DICE, HD95, NSD
-from fedseg.evaluate.stats import RESAMPLES, ci_text, p_value_text, significant_over_seeds
+from fedseg.evaluate.stats import (
+    DIFF_DIGITS,
+    EXACT_BELOW,
+    RESAMPLES,
+    ci_text,
+    p_value_text,
+    signed_text,
+    significant_over_seeds,
+)
 from fedseg.presentation import kit
 from fedseg.presentation.figures import per_site_bars
 from fedseg.run.outputs import csv_text
@@ -54,6 +68,7 @@ TUNING_COLUMNS = [
     "rounds",
     "sgd_steps",
     "plateau_stops",
+    "not_converged",
     "selected",
     "at_edge",
 ]
@@ -72,8 +87,9 @@ def _finite(x) -> bool:
     return x is not None and isinstance(x, (int, float)) and math.isfinite(x)
 
 
-def _signed(x, digits: int = 3) -> str:
-    return f"{x:+.{digits}f}" if _finite(x) else ""
+def _fmt3(x) -> str:
+    """``x`` to 3 significant digits; ``–`` where it is not a number (NaN, or null in tables.json)."""
+    return f"{x:.3g}" if _finite(x) else "–"
 
 
 def p_text(test: dict | None) -> str:
@@ -87,9 +103,11 @@ def mark(test: dict | None) -> str:
     return " †" if significant_over_seeds(test) else ""
 
 
-def per_seed_text(test: dict | None) -> str:
-    """Δ of each seed (``per_seed_diff``, seed order) joined by " / "; "–" without them."""
-    return " / ".join(_signed(v) for v in ((test or {}).get("per_seed_diff") or {}).values()) or "–"
+def per_seed_text(test: dict | None, digits: int = DIFF_DIGITS) -> str:
+    """Δ of each seed (``per_seed_diff``, seed order), labelled with its run seed: ``s0 +0.0012 / s1 -0.0004``; "–"
+    without them (a seed without a Δ: ``s2 –``)."""
+    per_seed = (test or {}).get("per_seed_diff") or {}
+    return " / ".join(f"s{seed} {signed_text(v, digits) or '–'}" for seed, v in per_seed.items()) or "–"
 
 
 def _md_table(head: list[str], rows: list[list[str]]) -> str:
@@ -128,7 +146,7 @@ def test_table(fed: dict, reference: str) -> tuple[list[str], list[list[str]]]:
     unit = fed.get("hd95_unit") or ""
     nsd, hd95 = has_nsd(fed), has_hd95_tests(fed)
     head = ["method", "setting", "runs", *BUDGET_HEAD, DICE.label, *fed["regions"], HD95.title(unit), "client avg"]
-    head += [f"Δ vs {reference}", "95% CI", "Δ per seed", "p (Holm)"]
+    head += [f"Δ vs {reference}", PAIRED, "95% CI", "Δ per seed", "p (Holm)"]
     if hd95:
         head += [f"HD95 Δ vs {reference}", "HD95 95% CI", "HD95 p (Holm)"]
     if nsd:
@@ -148,20 +166,25 @@ def test_table(fed: dict, reference: str) -> tuple[list[str], list[list[str]]]:
             *(ms(s["regions"][r], DICE.digits) for r in fed["regions"]),
             ms(s["hd95"], HD95.digits),
             ms(s["client_avg"], DICE.digits),
-            *_test_cells(s["wilcoxon"], name == reference, _own_cases(s, fed["methods"].get(reference)), runs, True),
         ]
+        dice_test = s.get("wilcoxon")
+        dice_cells = _test_cells(dice_test, name == reference, _own_cases(s, fed["methods"].get(reference)), runs, True)
+        paired = "" if name == reference else str(dice_test["n"]) if dice_test else "–"
+        row += [dice_cells[0], paired, *dice_cells[1:]]
+        dice_n = (dice_test or {}).get("n")
         if hd95:
             hd95_cases = _own_cases(s, fed["methods"].get(reference), "hd95")
-            row += _test_cells(s.get("hd95_wilcoxon"), name == reference, hd95_cases, runs, digits=HD95.digits)
+            row += _test_cells(s.get("hd95_wilcoxon"), name == reference, hd95_cases, runs, False, HD95.digits, dice_n)
         if nsd:
             nsd_cases = _own_cases(s, fed["methods"].get(reference), "nsd")
-            nsd_cells = _test_cells(s.get("nsd_wilcoxon"), name == reference, nsd_cases, runs)
+            nsd_cells = _test_cells(s.get("nsd_wilcoxon"), name == reference, nsd_cases, runs, paired_as=dice_n)
             row += [ms(s.get("nsd"), NSD.digits), *nsd_cells]
-        rows.append(row + [f"{conv['runs'] - conv['not_converged']}/{conv['runs']}"])
+        rows.append(row + [_converged_text(conv["not_converged"], conv["runs"])])
     return head, rows
 
 
 FEWER_CASES = " ‡"  # after a Δ paired over fewer cases or runs than a method's own columns average
+PAIRED = "cases paired"  # the test table's column of how many cases the Dice Δ, its CI and p pair
 
 
 def _own_cases(s: dict, reference: dict | None, metric: str = "dice") -> tuple[int, ...]:
@@ -175,17 +198,23 @@ def _test_cells(
     own_cases: tuple[int, ...] = (),
     runs: tuple[object, ...] = (),
     per_seed: bool = False,
-    digits: int = DICE.digits,
+    digits: int = DIFF_DIGITS,
+    paired_as: int | None = None,
 ) -> list[str]:
-    """Δ (mean paired difference), its bootstrap CI, (``per_seed``) Δ per seed and p of a comparison with the
-    reference (``compare``); ``ref`` for the reference itself. ‡ after Δ where it pairs fewer cases than
-    ``own_cases`` (the method's and the reference's own columns: a site failed) or the two finished different
-    numbers of ``runs`` (a seed or fold one lacks): the columns then describe other cases or runs than Δ."""
+    """Δ (mean paired difference, to ``digits`` decimals), its bootstrap CI, (``per_seed``) Δ per seed and p of a
+    comparison with the reference (``compare``); ``ref`` for the reference itself. ‡ after Δ where it pairs fewer
+    cases than ``own_cases`` (the method's and the reference's own columns: a site failed) or the two finished
+    different numbers of ``runs`` (a seed or fold one lacks): the columns then describe other cases or runs than Δ.
+    ``(n=…)`` after Δ where it pairs another number of cases than ``paired_as`` (the Dice Δ's, in the "cases paired"
+    column: an HD95 or NSD comparison shows its own only where it differs)."""
     if is_reference:
         return ["", "", *([""] if per_seed else []), "ref"]
     fewer = test is not None and (any(test["n"] < n for n in own_cases) or len(set(runs)) > 1)
-    delta = (_signed(test["mean_diff"], digits) + (FEWER_CASES if fewer else "")) if test else ""
-    return [delta, ci_text(test, digits), *([per_seed_text(test)] if per_seed else []), p_text(test)]
+    delta = ""
+    if test:
+        delta = signed_text(test["mean_diff"], digits) + (FEWER_CASES if fewer else "")
+        delta += f" (n={test['n']})" if paired_as is not None and test["n"] != paired_as else ""
+    return [delta, ci_text(test, digits), *([per_seed_text(test, digits)] if per_seed else []), p_text(test)]
 
 
 def site_table(fed: dict) -> tuple[list[str], list[list[str]]]:
@@ -217,9 +246,9 @@ def cost_table(fed: dict) -> tuple[list[str], list[list[str]]]:
                 name,
                 *_method_budget(s),
                 kit.fmt_int(c["parallel_sgd_steps"]),
-                f"{c['floats_per_site']:.3g}",
-                f"{c['floats']:.3g}",
-                f"{c['eval_floats_per_site']:.3g}",
+                _fmt3(c["floats_per_site"]),
+                _fmt3(c["floats"]),
+                _fmt3(c["eval_floats_per_site"]),
                 kit.fmt(c["simulated_hours"], 3),
             ]
         )
@@ -239,7 +268,7 @@ def comparison_table(fed: dict) -> tuple[list[str], list[list[str]]]:
             *(" / ".join(pair) for pair in zip(*(_method_budget(methods.get(n)) for n in (c["method"], c["against"])))),
             str(c["seeds"]),
             str(c["n"]),
-            _signed(c["mean_diff"]),
+            signed_text(c["mean_diff"]),
             ci_text(c),
             per_seed_text(c),
             p_text(c),
@@ -262,8 +291,13 @@ def rank_table(fed: dict) -> tuple[list[str], list[list[str]]]:
 
 
 def tune_table(rows: list[dict], federation: str) -> tuple[list[str], list[list[str]]]:
+    """Every setting of the federation's grids: its validation score (what selects), test score (not used), runs,
+    the rounds where the plateau rule stopped them, and (rows that record it: ``not_converged``, tables written from
+    this version on) how many of its runs converged, as the test table's "converged" column counts them."""
+    counted = _tuning_counted(rows, federation)
+    rows = [r for r in rows if r["federation"] == federation]
     head = ["method", "setting", *BUDGET_HEAD, "validation Dice (selects)", "test Dice (not used)", "runs"]
-    head += ["plateau stop at", "selected"]
+    head += ["plateau stop at", *(["converged"] if counted else []), "selected"]
     body = [
         [
             r["method"],
@@ -273,12 +307,31 @@ def tune_table(rows: list[dict], federation: str) -> tuple[list[str], list[list[
             kit.fmt(r["test_dice"], 4),
             str(r["runs"]),
             r.get("plateau_stops") or "",
+            *([_converged_text(r.get("not_converged"), r["runs"])] if counted else []),
             ("✓" + (f"{EDGE}: {r['at_edge']}" if r.get("at_edge") else "")) if r["selected"] else "",
         ]
         for r in rows
-        if r["federation"] == federation
     ]
     return head, body
+
+
+TUNING_CONVERGED = (
+    "converged: the setting's tuning runs that selected a round before the last 10% of their rounds or whose "
+    "validation plateaued (as the test table counts them); a setting whose runs may not have converged was compared "
+    "on validation at a budget that may have cut it short."
+)
+
+
+def _tuning_counted(rows: list[dict], federation: str) -> bool:
+    """Whether the federation's tuning rows count their not-converged runs (rows written before do not)."""
+    return any("not_converged" in r for r in rows if r["federation"] == federation)
+
+
+def _converged_text(not_converged: object, runs: int) -> str:
+    """``converged/runs``, the test and tuning tables' "converged" (``not_converged``: runs whose selected round
+    lies in the last 10% of their rounds without a validation plateau, ``fedseg.run.stopping.not_converged``);
+    ``–`` where unknown or without runs."""
+    return f"{runs - not_converged}/{runs}" if isinstance(not_converged, int) and runs else "–"
 
 
 def not_converged(fed: dict) -> str:
@@ -301,20 +354,28 @@ def not_converged(fed: dict) -> str:
 NOTES = (
     "Dice / HD95: mean ± std over the test cases of all folds (each case averaged over the seeds first); client avg: "
     "mean of per-site means, ± std over seeds. Δ: mean over cases of (method − reference), paired per case and seed "
-    "(the same images in every seed: data.seed). 95% CI: percentile interval of Δ over {resamples} hierarchical "
-    "bootstrap samples (sites, then cases within the drawn sites, and seeds, all with replacement), so it carries "
-    "case-to-case and run-to-run variance (with fewer than 5 seeds the run-to-run part cannot show its full size: read "
-    "the Δ per seed column). p: {alternative} paired Wilcoxon signed-rank test over cases (each case's differences "
-    "averaged over the seeds), Holm-adjusted within its table (the Δ column's comparisons; every cell of the per-site "
-    "table; the bench's comparisons). † marks a comparison only where both hold: the CI excludes 0{side} and "
-    "the adjusted p < 0.05 (a CI of a handful of cases excludes 0 whenever they differ the same way; the p does not "
-    "carry the seeds' variance); never with one seed, whose CI has no run-to-run variance to draw: a difference "
-    "between two trained models, not yet between two methods. ‡: Δ, CI and p pair fewer cases than the Dice columns "
-    "average (a site failed), or "
-    "the method and the reference finished different runs (a seed or fold missing): the columns describe other cases "
-    "or runs than Δ. Settings chosen on validation only (see the tuning table); "
-    "(grid edge): the selected value is the smallest or largest of its grid, so the best one may lie outside it."
+    "(the same images in every seed: data.seed), over the cases in the cases paired column. 95% CI: percentile "
+    "interval of Δ over {resamples} hierarchical bootstrap samples (sites, then cases within the drawn sites, and "
+    "seeds, all with replacement), so it carries case-to-case and run-to-run variance (with fewer than 5 seeds the "
+    "run-to-run part cannot show its full size: read the Δ per seed column: s0 is run seed 0's Δ). p: {alternative} "
+    "paired Wilcoxon signed-rank test over cases (each case's differences averaged over the seeds; {method}), "
+    "Holm-adjusted within its table (the Δ column's comparisons; every cell of the per-site table; the bench's "
+    "comparisons). † marks a comparison only where both hold: the CI excludes 0{side} and the adjusted p < 0.05 (a CI "
+    "of a handful of cases excludes 0 whenever they differ the same way; the p does not carry the seeds' variance); "
+    "never with one seed, whose CI has no run-to-run variance to draw: a difference between two trained models, not "
+    "yet between two methods. ‡: Δ, CI and p pair fewer cases than the Dice columns average (a site failed), or the "
+    "method and the reference finished different runs (a seed or fold missing): the columns describe other cases or "
+    "runs than Δ. Settings chosen on validation only (see the tuning table); (grid edge): the selected value is the "
+    "smallest or largest of its grid, so the best one may lie outside it. Differences of Dice (as of any score in [0, "
+    "1]) to 4 decimals, of HD95 to 2; a nonzero one that would round to ±0.0000 is shown to one significant digit "
+    "(+3e-05), so a bound printed as 0 is exactly 0."
 )
+
+WILCOXON_METHOD = (
+    "as R's wilcox.test: exact for fewer than {exact_below} differences, none 0 and no ties, else the normal "
+    "approximation with the tie and continuity corrections; tables.json names it (p_method)"
+)
+WILCOXON_AUTO = "by scipy's method='auto' of the scipy that computed it: these tables predate the recorded method"
 
 HD95_SIDE = {"two-sided": "", "greater": ": one-tailed, method < reference", "less": ": one-tailed, method > reference"}
 HD95_NOTE = (
@@ -332,14 +393,22 @@ NSD_NOTE = (
 
 COMPARISONS = (
     "The bench's comparisons: Δ = mean over cases of (method − against), paired per case and seed over the seeds both "
-    "finished, its 95% bootstrap CI, Δ per seed, and the Wilcoxon p, Holm-adjusted over these comparisons († where the "
-    "CI excludes 0 and that p < 0.05)."
+    "finished, its 95% bootstrap CI, Δ per seed (s0: run seed 0), and the Wilcoxon p, Holm-adjusted over these "
+    "comparisons († where the CI excludes 0 and that p < 0.05)."
 )
 
 RANKS = (
     "Rank stability (as challengeR): the fraction of the same bootstrap samples in which each method holds each rank "
     "by mean Dice (rank 1 = highest), over the cases and seeds every method scored."
 )
+
+
+def methods_recorded(tables: dict) -> bool:
+    """Whether the tables' pooled Dice tests record their Wilcoxon ``p_method`` (``fedseg.evaluate.stats.
+    wilcoxon_method``): tables written before it hold p values of scipy's ``method="auto"``, whose rule depends on
+    the scipy version."""
+    tests = [s["wilcoxon"] for t in tables.values() for s in t["methods"].values() if s.get("wilcoxon")]
+    return all("p_method" in test for test in tests)
 
 
 def notes(bench: BenchSpec, tables: dict, changes: Sequence[str] = ()) -> str:
@@ -350,15 +419,19 @@ def notes(bench: BenchSpec, tables: dict, changes: Sequence[str] = ()) -> str:
         alternative, " (lies below 0: the tests are one-tailed, method < reference)"
     )
     one = "one-tailed (" + alternative + ")" if alternative != "two-sided" else "two-sided"
-    text = NOTES.format(resamples=RESAMPLES, side=side, alternative=one)
-    if any(has_hd95_tests(t) for t in tables.values()):
-        text += HD95_NOTE.format(side=HD95_SIDE[alternative])
-    text += NSD_NOTE if any(has_nsd(t) for t in tables.values()) else ""
+    method = WILCOXON_METHOD.format(exact_below=EXACT_BELOW) if methods_recorded(tables) else WILCOXON_AUTO
+    text = NOTES.format(resamples=RESAMPLES, side=side, alternative=one, method=method)
+    hd95, nsd = any(has_hd95_tests(t) for t in tables.values()), any(has_nsd(t) for t in tables.values())
+    text += HD95_NOTE.format(side=HD95_SIDE[alternative]) if hd95 else ""
+    text += NSD_NOTE if nsd else ""
+    text += OWN_PAIRS if hd95 or nsd else ""
     text += PER_SEED_DATA if bench.data_seed == "per-seed" else ""
     if changes:
         text += " **Changed after results existed** (" + "; ".join(changes) + "): the p-values and † follow the change."
     return text
 
+
+OWN_PAIRS = " (n=…) after a Δ: the cases it pairs, where they are not the cases paired of the Dice Δ."
 
 PER_SEED_DATA = (
     " **This bench has data_seed: per-seed**: each run seed generated and split its own data, so a case id names "
@@ -379,6 +452,7 @@ def markdown(bench: BenchSpec, tables: dict, tuning: list[dict], changes: Sequen
             parts += ["### Rank stability", "", RANKS, "", _md_table(*rank_table(t)), ""]
         if any(r["federation"] == fed for r in tuning):
             parts += ["### Tuning on validation", "", _md_table(*tune_table(tuning, fed)), ""]
+            parts += [TUNING_CONVERGED, ""] if _tuning_counted(tuning, fed) else []
     return "\n".join(parts) + "\n"
 
 
@@ -424,7 +498,8 @@ def html_parts(
         if t.get("rank_stability"):
             parts.append(kit.section(f"{fed}: rank stability", _html_table(*rank_table(t)), RANKS))
         if any(r["federation"] == fed for r in tuning):
-            parts.append(kit.section(f"{fed}: tuning on validation", _html_table(*tune_table(tuning, fed))))
+            note = TUNING_CONVERGED if _tuning_counted(tuning, fed) else ""
+            parts.append(kit.section(f"{fed}: tuning on validation", _html_table(*tune_table(tuning, fed)), note))
     return parts
 
 
@@ -438,11 +513,18 @@ def write_report(bench: BenchSpec, runs: BenchRuns, out: Path, echo: Echo | None
     changes = record_analysis_changes(bench, len(runs.tuning) + len(runs.final), out, echo)
     atomic_write_text(out / "results.csv", csv_text(RESULT_COLUMNS, rows))
     atomic_write_text(out / "tuning.csv", csv_text(TUNING_COLUMNS, tuning))
-    content = {"bench": bench.model_dump(mode="json"), "tuning": tuning, "federations": tables}
+    content = {"bench": bench.model_dump(mode="json"), "tuning": tuning, "federations": tables, "scipy": _scipy()}
     if changes:
         content["analysis_changes"] = changes
     _write_tables(bench, content, out)
     return content
+
+
+def _scipy() -> str:
+    """The scipy version that computed the tables' p values (their method is recorded with each test)."""
+    import scipy
+
+    return str(scipy.__version__)
 
 
 ANALYSIS_CHANGES = "analysis-changes.txt"
@@ -452,14 +534,12 @@ def record_analysis_changes(bench: BenchSpec, finished: int, out: Path, echo: Ec
     """Every change of the tables' tests or comparisons (``TABLES_ONLY``) made after runs had finished, as lines of
     ``OUT/analysis-changes.txt`` (UTC time, ``key: old -> new``, the ``finished`` runs), this one appended when
     ``bench`` differs from the bench of the tables last written (``tables.json``: what readers last saw; a resume
-    refused before, or the same ``--tables-only`` again, adds nothing), its note to ``echo``. Choosing a test's side
-    or a comparison after seeing results is a choice the tables must tell their reader of."""
+    refused before, or the same ``--tables-only`` again, adds nothing) or, before any tables, from the bench recorded
+    in ``bench.json`` (whose tests and comparisons a resumed bench keeps from before its first finished run:
+    ``fedseg.bench.phases.record_bench``), its note to ``echo``. Choosing a test's side or a comparison after seeing
+    results is a choice the tables must tell their reader of."""
     path = out / ANALYSIS_CHANGES
-    try:
-        shown = json.loads((out / TABLES_JSON).read_text())["bench"]
-        shown = BenchSpec.model_validate(shown).model_dump(mode="json")  # keys added since, at their defaults
-    except (OSError, ValueError, KeyError, TypeError):
-        shown = None  # no tables yet (or unreadable ones): nothing was shown to change
+    shown = _analysis_shown(out)
     new = bench.model_dump(mode="json")
     changed = [spec_change(k, shown, new) for k in sorted(TABLES_ONLY) if shown and shown.get(k) != new.get(k)]
     if changed and finished:
@@ -472,6 +552,21 @@ def record_analysis_changes(bench: BenchSpec, finished: int, out: Path, echo: Ec
     return path.read_text().splitlines() if path.is_file() else []
 
 
+def _analysis_shown(out: Path) -> dict | None:
+    """The bench a change of tests or comparisons is measured from (:func:`record_analysis_changes`): that of the
+    tables last written, else the one recorded in ``bench.json`` (both as this fedseg records them); None where
+    neither can be read."""
+    for path, key in ((out / TABLES_JSON, "bench"), (out / BENCH_FILE, None)):
+        try:
+            content = json.loads(path.read_text())
+            spec = as_recorded(content[key] if key else content)
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if isinstance(spec, dict):
+            return spec
+    return None
+
+
 TABLES_JSON = "tables.json"
 
 
@@ -481,22 +576,43 @@ def rewrite_report(out: Path) -> Path:
     (:func:`fedseg.bench.tables.correct_tests`; a bench written before them gains ``p_holm``). The runs are not
     read: their folders may be gone. A ValueError naming the file where it cannot be read."""
     out = Path(out)
-    path = out / TABLES_JSON
+    bench, content = read_tables(out / TABLES_JSON)
+    _write_tables(bench, content, out)
+    return out / "report.html"
+
+
+def read_tables(path: Path) -> tuple[BenchSpec, dict]:
+    """A bench's ``tables.json`` (its spec and content), each family of comparisons Holm-corrected by the current
+    rules (:func:`fedseg.bench.tables.correct_tests`). A non-finite number reads as it was written: ``null``
+    (:func:`json_ready`) or, in a file written before, ``NaN``; the tables render either as missing. A ValueError
+    naming the file where it cannot be read."""
     try:
-        content = json.loads(path.read_text())
+        content = json.loads(Path(path).read_text())
         bench = BenchSpec.model_validate(content["bench"])
         for fed in content["federations"].values():
             correct_tests(fed)
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise ValueError(f"{path}: not a bench's tables ({type(e).__name__}: {str(e).splitlines()[0][:160]})") from None
-    _write_tables(bench, content, out)
-    return out / "report.html"
+    return bench, content
+
+
+def json_ready(value: object) -> object:
+    """``value`` (dicts, lists and tuples within) with every non-finite float as None: ``json.dumps`` writes it as
+    ``null``, valid JSON for any reader (R, JavaScript's ``JSON.parse``), where ``NaN`` is not."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: json_ready(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_ready(v) for v in value]
+    return value
 
 
 def _write_tables(bench: BenchSpec, content: dict, out: Path) -> None:
-    """``tables.json``, ``tables.md`` and ``report.html`` (+ figures) of ``content`` into ``out``."""
+    """``tables.json`` (strict JSON: :func:`json_ready`), ``tables.md`` and ``report.html`` (+ figures) of
+    ``content`` into ``out``."""
     tables, tuning, changes = content["federations"], content["tuning"], content.get("analysis_changes", [])
-    atomic_write_text(out / TABLES_JSON, json.dumps(content, indent=1, allow_nan=True, default=str))
+    atomic_write_text(out / TABLES_JSON, json.dumps(json_ready(content), indent=1, allow_nan=False, default=str))
     atomic_write_text(out / "tables.md", markdown(bench, tables, tuning, changes))
     (out / "figures").mkdir(exist_ok=True)
     kit.write_page(out / "report.html", f"fedseg bench {bench.name}", html_parts(bench, tables, tuning, out, changes))

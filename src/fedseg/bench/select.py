@@ -20,7 +20,7 @@ import numpy as np
 from fedseg.bench.execute import Finished
 from fedseg.bench.plan import BenchRun, Setting, setting_label, settings
 from fedseg.bench.spec import BenchSpec, MethodSpec
-from fedseg.run.stopping import PLATEAU
+from fedseg.run.stopping import PLATEAU, not_converged
 
 
 def validation_score(fin: Finished, algorithm: str) -> float:
@@ -31,6 +31,12 @@ def test_score(fin: Finished, algorithm: str) -> float:
     return float(fin.entry(algorithm)["dice"]["client_avg"])
 
 
+def run_not_converged(convergence: dict) -> bool:
+    """Whether a run may not have converged (:func:`fedseg.run.stopping.not_converged`) by its summary.json
+    ``convergence`` entry (``late_best``, ``plateaued``; a run that recorded neither counts as converged)."""
+    return not_converged(bool(convergence.get("late_best")), bool(convergence.get("plateaued")))
+
+
 def _mean(values: list[float]) -> float:
     finite = [v for v in values if np.isfinite(v)]
     return float(np.mean(finite)) if finite else math.nan
@@ -39,14 +45,15 @@ def _mean(values: list[float]) -> float:
 def setting_scores(bench: BenchSpec, tuning: dict[BenchRun, Finished]) -> dict[tuple[str, str], dict]:
     """``{(federation, method): {setting: {"val": mean, "test": mean, "runs": n, "label": folder label,
     "plateau_stops": [the rounds at which the plateau rule stopped its tuning runs], "rounds": mean rounds trained,
-    "sgd_steps": mean SGD steps (Eq. 34)}}}`` over the tuning runs."""
+    "sgd_steps": mean SGD steps (Eq. 34), "not_converged": how many of its runs may not have converged
+    (:func:`run_not_converged`)}}}`` over the tuning runs."""
     scores: dict[tuple[str, str], dict] = {}
     for run, fin in tuning.items():
         scored = bench.method(run.method).scored
         entry = scores.setdefault((run.federation, run.method), {}).setdefault(
             run.setting,
-            {"val": [], "test": [], "label": run.setting_label, "stops": [], "rounds": [], "steps": []},  # label:
-        )  # with a settings_from setting
+            {"val": [], "test": [], "label": run.setting_label, "stops": [], "rounds": [], "steps": [], "late": 0},
+        )  # label: with a settings_from setting
         entry["val"].append(validation_score(fin, scored))
         entry["test"].append(test_score(fin, scored))
         conv = fin.entry(scored).get("convergence", {})
@@ -54,6 +61,7 @@ def setting_scores(bench: BenchSpec, tuning: dict[BenchRun, Finished]) -> dict[t
         entry["steps"].append(float(fin.entry(scored).get("cost", {}).get("sgd_steps", math.nan)))
         if conv.get("stopped") == PLATEAU:
             entry["stops"].append(int(conv.get("rounds", 0)))
+        entry["late"] += run_not_converged(conv)
     return {
         key: {
             s: {
@@ -64,6 +72,7 @@ def setting_scores(bench: BenchSpec, tuning: dict[BenchRun, Finished]) -> dict[t
                 "plateau_stops": sorted(v["stops"]),
                 "rounds": _mean(v["rounds"]),
                 "sgd_steps": _mean(v["steps"]),
+                "not_converged": v["late"],
             }
             for s, v in per.items()
         }
@@ -108,10 +117,11 @@ def _rank(score: float) -> float:
 
 def tuning_rows(bench: BenchSpec, tuning: dict[BenchRun, Finished], chosen: dict) -> list[dict]:
     """One row per (federation, method, setting): validation and test scores, runs, the mean rounds trained and SGD
-    steps (Eq. 34) of its runs, the rounds at which the plateau
-    rule stopped its runs (``plateau_stops``: a losing setting stopped early may have lost to a warm-up stall, see
-    ``stop.min_rounds``), whether it was selected and, on the selected row, the grid keys at an edge (``at_edge``,
-    :func:`edge_keys`; empty when none)."""
+    steps (Eq. 34) of its runs, the rounds at which the plateau rule stopped its runs (``plateau_stops``: a losing
+    setting stopped early may have lost to a warm-up stall, see ``stop.min_rounds``), how many of its runs may not
+    have converged (``not_converged``: a setting compared on runs the budget cut short may not be the best one),
+    whether it was selected and, on the selected row, the grid keys at an edge (``at_edge``, :func:`edge_keys`;
+    empty when none)."""
     rows = []
     for (fed, method), per in setting_scores(bench, tuning).items():
         for setting in settings(bench.method(method)):
@@ -123,6 +133,7 @@ def tuning_rows(bench: BenchSpec, tuning: dict[BenchRun, Finished], chosen: dict
                 "plateau_stops": [],
                 "rounds": math.nan,
                 "sgd_steps": math.nan,
+                "not_converged": 0,
             }
             score = per.get(setting, empty)
             rows.append(
@@ -137,6 +148,7 @@ def tuning_rows(bench: BenchSpec, tuning: dict[BenchRun, Finished], chosen: dict
                     "rounds": score["rounds"],
                     "sgd_steps": score["sgd_steps"],
                     "plateau_stops": " ".join(map(str, score["plateau_stops"])),
+                    "not_converged": score["not_converged"],
                     "selected": chosen.get((fed, method)) == setting,
                     "at_edge": "; ".join(edge_keys(bench.method(method), setting))
                     if chosen.get((fed, method)) == setting

@@ -24,16 +24,24 @@ A bench file (YAML)::
     comparisons: [[fedsm, centralized]]     # further paired tests: [method, against]
     tests: {alternative: greater}           # one-tailed Wilcoxon (FeTS 2022); default two-sided
 
-Everything is validated when the file is read (every run's configuration included, ``fedseg.bench.plan``).
+Everything is validated when the file is read (every run's configuration included, ``fedseg.bench.plan``). A bench
+file is also refused what no run would use (``split.folds`` without ``mode: kfold``, ``budget.reference`` under
+``rule: rounds``, ``tune`` without a grid...) and, in any ``set:`` or grid, a run configuration key the bench sets
+itself in every run (``BenchSpec.run_keys``: ``fl.rounds`` is ``budget.rounds``, ``seed`` is ``seeds``...), which
+would be overwritten; a recorded bench (``bench.json``, ``tables.json``: every field dumped, perhaps by an older
+fedseg) is validated without these checks (``AS_WRITTEN``).
 """
 
 from __future__ import annotations
 
+import json
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
+import yaml
+from pydantic import ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from fedseg.config import ConfigError, NoBoolNumbers, read_yaml_mapping, validation_problems
 from fedseg.evaluate.stats import Alternative
@@ -41,6 +49,16 @@ from fedseg.evaluate.stats import Alternative
 
 class Strict(NoBoolNumbers):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+AS_WRITTEN = {"as_written": True}  # the validation context of a bench file as a person wrote it (load_bench)
+
+
+def as_written(info: ValidationInfo) -> bool:
+    """Whether a bench is validated as written (``AS_WRITTEN``): then a field given that no run would use, or a run
+    key the bench overwrites, is refused. A recorded bench holds every field (``model_dump``), so it cannot tell a
+    field given from a default, and keeps what an older fedseg accepted."""
+    return bool(info.context and info.context.get("as_written"))
 
 
 class BaseSpec(Strict):
@@ -119,6 +137,15 @@ class SplitSpec(Strict):
     mode: Literal["ratio", "kfold"] = "ratio"
     folds: int = Field(default=5, ge=2)
 
+    @model_validator(mode="after")
+    def _used(self, info: ValidationInfo) -> SplitSpec:
+        if as_written(info) and self.mode != "kfold" and "folds" in self.model_fields_set:
+            raise ValueError(
+                f"folds applies only to mode: kfold (mode: {self.mode} is one split, by the base configuration's "
+                "data.split.ratios); add mode: kfold or remove folds"
+            )
+        return self
+
 
 def seed_list(cls: type, value: Any) -> Any:
     """A ``seeds`` field's input: ``0,1,2`` (YAML reads a string) is [0, 1, 2]; a bare number (``3`` or ``"3"``) is
@@ -155,6 +182,16 @@ class BudgetSpec(Strict):
     reference: str = "fedavg"
     max_factor: float = Field(default=3.0, ge=1.0)
 
+    @model_validator(mode="after")
+    def _used(self, info: ValidationInfo) -> BudgetSpec:
+        unused = [k for k in ("reference", "max_factor") if k in self.model_fields_set]
+        if as_written(info) and self.rule == "rounds" and unused:
+            raise ValueError(
+                f"{' and '.join(unused)}: used only by rule: sgd_steps or simulated_time (rule: rounds trains every "
+                "method budget.rounds rounds, with no reference run)"
+            )
+        return self
+
 
 class StopSpec(Strict):
     """``fl.stop``'s plateau rule for every run: ``patience``, ``min_delta`` and ``min_rounds`` (no stop before)."""
@@ -162,6 +199,12 @@ class StopSpec(Strict):
     patience: int | None = Field(default=None, ge=1)
     min_delta: float = Field(default=0.001, ge=0)
     min_rounds: int = Field(default=0, ge=0)
+
+    @model_validator(mode="after")
+    def _used(self, info: ValidationInfo) -> StopSpec:
+        if as_written(info) and self.patience is None and "min_rounds" in self.model_fields_set:
+            raise ValueError("min_rounds applies only with patience (it delays the plateau rule, off without one)")
+        return self
 
 
 class TestsSpec(Strict):
@@ -241,6 +284,75 @@ class BenchSpec(Strict):
                 )
         return self
 
+    @model_validator(mode="after")
+    def _written(self, info: ValidationInfo) -> BenchSpec:
+        """A bench file: no ``set:`` or grid key the bench sets itself, nothing given that no run uses, a known
+        ``budget.reference`` (all problems in one line)."""
+        if not as_written(info):
+            return self
+        problems = self._overwritten()
+        if self.tune.model_fields_set and not any(m.grid for m in self.methods):
+            problems.append("tune: unused, no method has a grid to tune")
+        elif self.tune.folds is not None and all(f.leave_one_out for f in self.federations):
+            problems.append("tune.folds: unused, a leave-one-out federation tunes on its first site (fold 0)")
+        if self.budget.rule != "rounds" and self.budget.reference not in self.method_names:
+            from fedseg.algorithms import get_algorithm
+
+            try:
+                get_algorithm(self.budget.reference)
+            except KeyError as e:
+                problems.append(f"budget.reference: {e.args[0]} (give a method of the bench or an algorithm)")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    def run_keys(self, federation: FederationSpec | None = None) -> dict[str, str]:
+        """The run configuration keys the bench sets in every run of ``federation`` (None: of any), after every
+        ``set:`` and grid value (``fedseg.bench.plan.make_run``, and the budget caps), each with the bench field that
+        sets it: a ``set:`` or grid giving one would be overwritten."""
+        keys = dict(RUN_KEYS)
+        if self.data_seed == "per-seed":
+            keys["data.seed"] = "data_seed: fixed to give it (per-seed makes it each run's seed)"
+        if federation.leave_one_out if federation else any(f.leave_one_out for f in self.federations):
+            keys["data.repartition.holdout"] = (
+                "it in a federation without leave_one_out (one holds out each site in turn)"
+            )
+        if self.budget.rule != "rounds":
+            for key in BUDGET_KEYS:
+                keys[key] = f"budget (rule: {self.budget.rule} caps every run from budget.reference)"
+        return keys
+
+    def _overwritten(self) -> list[str]:
+        """``WHERE: KEY: ...`` for each key of a ``set:`` or grid that the bench sets itself (``run_keys``) or that
+        its split mode does not use, and for a ``data.source`` of the bench's ``set:`` that a federation named by a
+        built-in federation overwrites (``fedseg.bench.plan.federation_overrides``)."""
+        places: list[tuple[str, tuple[str, ...], FederationSpec | None]] = [("set", self.set, None)]
+        places += [(f"federation {f.name}: set", f.set, f) for f in self.federations]  # None: in every federation
+        for m in self.methods:
+            grid = tuple(f"{key}={json.dumps(v, default=str)}" for key, values in m.grid.items() for v in values)
+            places += [(f"method {m.name}: set", m.set, None), (f"method {m.name}: grid", grid, None)]
+        unused = SPLIT_UNUSED[self.split.mode]
+        problems = []
+        for where, assignments, federation in places:
+            keys = self.run_keys(federation)
+            for key in dict.fromkeys(k for a in assignments for k in assigned_keys(a)):
+                if key in keys:
+                    problems.append(
+                        f"{where}: {key}: the bench sets it in every run, overwriting this; use {keys[key]}"
+                    )
+                elif key in unused:
+                    problems.append(f"{where}: {key}: {unused[key]}")
+        if "data.source" in {k for a in self.set for k in assigned_keys(a)}:  # a built-in's name sets it after
+            from fedseg.data.sources import source_names
+
+            named = [f.name for f in self.federations if f.name in source_names()]
+            if named:
+                problems.append(
+                    f"set: data.source: federation {named[0]} sets it (its name is a built-in federation), "
+                    "overwriting this; use the set: of the federations it is for"
+                )
+        return problems
+
     @property
     def method_names(self) -> list[str]:
         return [m.name for m in self.methods]
@@ -262,6 +374,42 @@ class BenchSpec(Strict):
         return next(m for m in self.methods if m.name == name)
 
 
+RUN_KEYS = {  # run configuration key -> the bench field that sets it in every run (see BenchSpec.run_keys)
+    "seed": "seeds",
+    "algorithms": "a method's algorithms (default: its name)",
+    "fl.rounds": "budget.rounds",
+    "fl.stop.patience": "stop.patience",
+    "fl.stop.min_delta": "stop.min_delta",
+    "fl.stop.min_rounds": "stop.min_rounds",
+    "data.split.mode": "split.mode",
+    "data.split.folds": "split.folds",
+    "data.split.fold": "split (mode: kfold tests every fold)",
+}
+BUDGET_KEYS = ("fl.stop.sgd_steps", "fl.stop.simulated_hours")  # the caps of a budget rule other than rounds
+SPLIT_UNUSED = {  # split mode -> run configuration keys of data.split no run of that mode uses, and why
+    "ratio": {"data.split.train_fraction": "used only by split mode: kfold (mode: ratio splits by data.split.ratios)"},
+    "kfold": {"data.split.ratios": "used only by split mode: ratio (kfold splits by data.split.train_fraction)"},
+}
+
+
+def assigned_keys(assignment: str) -> Iterator[str]:
+    """The run configuration keys a ``key=value`` override sets: ``key``, and every key of a mapping value
+    (``fl.stop={patience: 3}`` sets ``fl.stop.patience``); a value that is not YAML: its key only (the run's
+    configuration reports it)."""
+    key, _, raw = assignment.partition("=")
+    yield key.strip()
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError:
+        return
+    stack = [(key.strip(), value)]
+    while stack:
+        prefix, value = stack.pop()
+        for sub, inner in value.items() if isinstance(value, dict) else ():
+            yield f"{prefix}.{sub}"
+            stack.append((f"{prefix}.{sub}", inner))
+
+
 def _folder_name(name: str, what: str) -> str:
     if not name or any(ch in name for ch in "/\\") or name.startswith("."):
         raise ValueError(f"{what}: {name!r} cannot name a folder (no '/', '\\', leading '.')")
@@ -276,7 +424,7 @@ def load_bench(path: str | Path) -> tuple[BenchSpec, Path]:
         raise ConfigError(f"{path}: bench file not found")
     data = read_yaml_mapping(path.read_text(), str(path))
     try:
-        return BenchSpec.model_validate(data), path.resolve().parent
+        return BenchSpec.model_validate(data, context=AS_WRITTEN), path.resolve().parent
     except ValidationError as e:
         raise ConfigError(_method_names(validation_problems(e, model=BenchSpec, where=str(path)), data)) from None
 

@@ -43,7 +43,7 @@ import yaml
 from fedseg.bench.execute import Finished
 from fedseg.bench.phases import BenchRuns
 from fedseg.bench.plan import BenchRun, folds_of
-from fedseg.bench.select import edge_keys
+from fedseg.bench.select import edge_keys, run_not_converged
 from fedseg.bench.spec import BenchSpec
 from fedseg.data.repartition import SEPARATOR
 from fedseg.evaluate.metric_info import HD95, NSD, Metric
@@ -57,7 +57,6 @@ from fedseg.evaluate.stats import (
     significant_over_seeds,
 )
 from fedseg.evaluate.tables import case_means, own_site_model, read_rows
-from fedseg.run.stopping import not_converged
 
 RESULT_COLUMNS = ["federation", "method", "fold", "seed", "site", "case", "region", "metric", "value"]
 TESTED_METRICS = (HD95, NSD)  # tested against the reference besides Dice (whose tests also run per site)
@@ -183,7 +182,7 @@ def convergence_counts(entries: list[dict]) -> dict:
     return {
         "runs": len(conv),
         "late_best": sum(1 for c in conv if c.get("late_best")),
-        "not_converged": sum(1 for c in conv if not_converged(bool(c.get("late_best")), bool(c.get("plateaued")))),
+        "not_converged": sum(1 for c in conv if run_not_converged(c)),
         "plateaued": sum(1 for c in conv if c.get("plateaued")),
         "stopped": dict(stopped),
         "rounds": mean_std(c.get("rounds", math.nan) for c in conv),

@@ -7,7 +7,9 @@ run seed. Scores are per seed: ``{seed: {(site, case): score}}``; a difference i
 seed, in the score's unit (Dice: a fraction in [0, 1]). Cases a method could not score (NaN) are left out.
 
 * :func:`paired_wilcoxon`: Wilcoxon signed-rank test (scipy) over cases, each case's difference averaged over the
-  seeds first (seeds train on the same cases and are not independent samples); two-sided or one-tailed;
+  seeds first (seeds train on the same cases and are not independent samples); two-sided or one-tailed; its method
+  chosen by :func:`wilcoxon_method` (recorded with the p), never scipy's ``auto``, whose meaning changed between
+  scipy versions;
 * :func:`compare`: that test plus a **hierarchical paired bootstrap** of the mean difference (resample the sites,
   then the cases within each sampled site, and the seeds, all with replacement) with a percentile CI and the
   per-seed mean differences: the CI carries both the case-to-case and the run-to-run (seed) variance;
@@ -42,6 +44,8 @@ Alternative = Literal["two-sided", "greater", "less"]
 ALTERNATIVES: tuple[Alternative, ...] = ("two-sided", "greater", "less")
 
 PerSeed = Mapping[Any, Mapping[Hashable, float]]  # {seed: {(site, case): score}}
+EXACT_BELOW = 50  # fewer differences than this (none 0, no ties) get the exact Wilcoxon p (wilcoxon_method)
+DIFF_DIGITS = 4  # decimals of a difference of fractions (Dice, NSD) in every table (signed_text)
 
 
 def paired_wilcoxon(
@@ -53,36 +57,61 @@ def paired_wilcoxon(
         scores, reference: ``{case key: score}`` (e.g. ``(site, case)`` -> Dice averaged over regions and seeds).
         alternative: ``two-sided``; ``greater`` (``scores`` higher) or ``less``: one-tailed, as FeTS 2022 reports.
     Returns:
-        ``n`` (pairs), ``n_nonzero`` (pairs that differ: scipy's default drops the zero differences, so the test
-        rests on these), ``p`` (NaN with no pair; 1.0 when every difference is 0, where scipy cannot rank),
+        ``n`` (pairs), ``n_nonzero`` (pairs that differ: the zero differences are dropped, Wilcoxon's treatment,
+        scipy's and R's default, so the test rests on these), ``p`` (NaN with no pair; 1.0 when every difference is
+        0, where nothing can be ranked), ``p_method`` (:func:`wilcoxon_method`; None where nothing was ranked),
         ``alternative``, ``mean_diff`` and ``median_diff`` (scores - reference).
     """
     keys = [k for k in scores if k in reference and np.isfinite(scores[k]) and np.isfinite(reference[k])]
     return _wilcoxon(np.array([scores[k] - reference[k] for k in keys], dtype=np.float64), alternative)
 
 
+def wilcoxon_method(diffs: np.ndarray) -> Literal["exact", "asymptotic"]:
+    """The method of the Wilcoxon p of the differences ``diffs``, R's ``wilcox.test`` default: ``exact`` (the exact
+    null distribution of the signed-rank statistic) for fewer than :data:`EXACT_BELOW` differences where none is 0
+    and no two have the same absolute value, else ``asymptotic``: the normal approximation with the tie correction
+    and the continuity correction, over the nonzero differences (Wilcoxon's treatment of zeros).
+
+    Chosen here, not by scipy's ``method="auto"``, whose rule changed between the versions fedseg allows (scipy 1.17
+    runs a permutation test for up to 13 differences with ties or zeros): the p is :func:`wilcoxon_p`'s call, the
+    same in every scipy since 1.11, and ``wilcox.test(d, alternative=...)`` in R gives it too."""
+    nonzero = diffs[diffs != 0]
+    ties = np.unique(np.abs(nonzero)).size < nonzero.size
+    return "exact" if nonzero.size < EXACT_BELOW and nonzero.size == diffs.size and not ties else "asymptotic"
+
+
+def wilcoxon_p(diffs: np.ndarray, alternative: Alternative, method: Literal["exact", "asymptotic"]) -> float:
+    """``scipy.stats.wilcoxon(diffs, alternative=alternative, method=method, correction=method == "asymptotic")``'s
+    p (zeros dropped: scipy's default ``zero_method="wilcox"``); scipy before 1.15 names the normal approximation
+    ``approx``."""
+    from scipy.stats import wilcoxon  # here: the bench spec imports this module
+
+    correction = method == "asymptotic"
+    try:
+        return float(wilcoxon(diffs, alternative=alternative, method=method, correction=correction).pvalue)
+    except ValueError:
+        if method != "asymptotic":
+            raise
+        return float(wilcoxon(diffs, alternative=alternative, method="approx", correction=correction).pvalue)
+
+
 def _wilcoxon(diffs: np.ndarray, alternative: Alternative) -> dict[str, Any]:
     if alternative not in ALTERNATIVES:
         raise ValueError(f"alternative {alternative!r}: use one of {', '.join(ALTERNATIVES)}")
-    from scipy.stats import wilcoxon  # here: the bench spec imports this module
-
+    nonzero = diffs[diffs != 0]
+    method = wilcoxon_method(diffs) if nonzero.size else None
     if not diffs.size:
-        return {
-            "n": 0,
-            "n_nonzero": 0,
-            "p": math.nan,
-            "alternative": alternative,
-            "mean_diff": math.nan,
-            "median_diff": math.nan,
-        }
-    p = 1.0 if not np.any(diffs) else float(wilcoxon(diffs, alternative=alternative).pvalue)
+        p = math.nan
+    else:
+        p = wilcoxon_p(nonzero, alternative, method) if method else 1.0
     return {
         "n": int(diffs.size),
-        "n_nonzero": int(np.count_nonzero(diffs)),
+        "n_nonzero": int(nonzero.size),
         "p": p,
+        "p_method": method,
         "alternative": alternative,
-        "mean_diff": float(diffs.mean()),
-        "median_diff": float(np.median(diffs)),
+        "mean_diff": float(diffs.mean()) if diffs.size else math.nan,
+        "median_diff": float(np.median(diffs)) if diffs.size else math.nan,
     }
 
 
@@ -176,14 +205,16 @@ def compare(
     """Method ``a`` against ``b`` (each ``{seed: {(site, case): score}}``), paired per case and seed over the seeds
     both have and the cases both scored. ``with_cases``: also ``case_diffs``, ``{"site/case": a - b averaged over
     the seeds}`` (the numbers the Wilcoxon test ranks, in the table's case order), so the p can be recomputed from
-    the table alone (``scipy.stats.wilcoxon`` of the values, NaN left out).
+    the table alone: :func:`wilcoxon_p`'s call of the values (NaN, or null in tables.json, left out) with the
+    recorded ``p_method`` (:func:`wilcoxon_method`), or R's ``wilcox.test`` of them with its defaults.
 
     Returns :func:`paired_wilcoxon`'s keys (the test on the per-case differences averaged over the seeds: ``n``
-    cases, ``p``, ``mean_diff``, ``median_diff``) plus ``seeds`` (how many), ``per_seed_diff`` (``{seed: mean over
-    cases of a - b}``), ``ci_low`` / ``ci_high`` (the ``level`` percentile interval of the hierarchical bootstrap
-    of the mean difference, :func:`bootstrap_means`) and ``ci_excludes_0``: the CI lies above 0 (``greater``),
-    below 0 (``less``) or on either side (``two-sided``), one half of :func:`significant`. With a one-tailed
-    ``alternative`` the CI stays the two-sided ``level`` one: its side tested at 2.5%, the p at 5% (conservative)."""
+    cases, ``p``, ``p_method``, ``mean_diff``, ``median_diff``) plus ``seeds`` (how many), ``per_seed_diff``
+    (``{seed: mean over cases of a - b}``), ``ci_low`` / ``ci_high`` (the ``level`` percentile interval of the
+    hierarchical bootstrap of the mean difference, :func:`bootstrap_means`) and ``ci_excludes_0``: the CI lies
+    above 0 (``greater``), below 0 (``less``) or on either side (``two-sided``), one half of :func:`significant`.
+    With a one-tailed ``alternative`` the CI stays the two-sided ``level`` one: its side tested at 2.5%, the p at
+    5% (conservative)."""
     table = case_table([a, b])
     diffs = table.values[0] - table.values[1]  # cases x seeds, NaN where either is unscored in that seed
     case_diffs = _nanmean_rows(diffs)
@@ -277,7 +308,8 @@ def correct_family(tests: Iterable[dict[str, Any] | None]) -> None:
 def adjusted_p(test: Mapping[str, Any]) -> float:
     """The p a comparison is judged by: Holm-adjusted within its family where :func:`correct_family` ran, else
     the Wilcoxon p (a comparison on its own)."""
-    return float(test.get("p_holm", test.get("p", math.nan)))
+    p = test.get("p_holm", test.get("p"))
+    return float(p) if isinstance(p, (int, float)) else math.nan  # None: a p tables.json holds as null (NaN)
 
 
 def significant(test: Mapping[str, Any] | None) -> bool:
@@ -312,9 +344,21 @@ def p_value_text(test: Mapping[str, Any] | None) -> str:
     return f"{p:.2g}" if math.isfinite(p) else "–"
 
 
-def ci_text(test: Mapping[str, Any] | None, digits: int = 3) -> str:
-    """``[low, high]`` of ``test``'s bootstrap CI, signed, to ``digits`` decimals; ``–`` without one."""
+def signed_text(x: object, digits: int = DIFF_DIGITS) -> str:
+    """``x`` with its sign to ``digits`` decimals; "" where it is not a number (None, NaN). A nonzero ``x`` that
+    would print as ``+0.0000`` / ``-0.0000`` is written with one significant digit instead (``+3e-05``), so a
+    printed zero is exactly 0 and a CI bound always shows its side of 0."""
+    if not (isinstance(x, (int, float)) and math.isfinite(x)):
+        return ""
+    x = float(x) + 0.0  # -0.0: 0.0
+    text = f"{x:+.{digits}f}"
+    return f"{x:+.1g}" if x and not float(text) else text
+
+
+def ci_text(test: Mapping[str, Any] | None, digits: int = DIFF_DIGITS) -> str:
+    """``[low, high]`` of ``test``'s bootstrap CI, each bound by :func:`signed_text` to ``digits`` decimals; ``–``
+    without one."""
     low, high = (None, None) if not test else (test.get("ci_low"), test.get("ci_high"))
     if not all(isinstance(x, (int, float)) and math.isfinite(x) for x in (low, high)):
         return "–"
-    return f"[{low:+.{digits}f}, {high:+.{digits}f}]"
+    return f"[{signed_text(low, digits)}, {signed_text(high, digits)}]"

@@ -1,0 +1,178 @@
+"""What a bench's tables print and what its tables.json holds, so that a published number is readable and
+recomputable: differences of fractions to 4 decimals (never a nonzero one as ±0.0000), the cases each Δ pairs, Δ per
+seed labelled with its seed, the not-converged tuning runs of each setting, and tables.json as strict JSON (null, not
+NaN) that renders the same tables as the NaN it replaced."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from fedseg.bench import report
+from fedseg.bench.execute import Finished
+from fedseg.bench.plan import tuning_runs
+from fedseg.bench.select import tuning_rows
+from fedseg.bench.spec import load_bench
+from fedseg.evaluate.stats import compare
+
+RESULTS = Path(__file__).parents[1] / "benchmarks" / "results"
+BENCHES = sorted(p.parent.name for p in RESULTS.glob("*/tables.json"))
+
+
+def _no_nan(constant: str):
+    raise ValueError(f"{constant} is not JSON")
+
+
+def _strict(text: str) -> dict:
+    """``text`` parsed as JSON.parse or R's jsonlite would: a bare NaN / Infinity is an error."""
+    return json.loads(text, parse_constant=_no_nan)
+
+
+def test_the_committed_benches_tables_md_is_the_rendering_of_their_tables_json():
+    """Every committed bench's tables.md is what ``fedseg report`` renders from its tables.json by the current rules
+    (the tables.json files are the NaN-holding ones written before null: they still read)."""
+    assert BENCHES
+    for name in BENCHES:
+        bench, content = report.read_tables(RESULTS / name / "tables.json")
+        md = report.markdown(bench, content["federations"], content["tuning"], content.get("analysis_changes", []))
+        assert md == (RESULTS / name / "tables.md").read_text(), f"{name}: run fedseg report on a copy of it"
+
+
+def test_tables_json_is_strict_json_and_a_round_trip_renders_the_same_tables(tmp_path):
+    """A committed tables.json with NaN (a one-seed bench: no std over seeds) re-rendered: the new tables.json has
+    null where NaN was and parses as strict JSON; rendered again from it, tables.md and report.html are unchanged."""
+    source = RESULTS / "fets_limited"
+    old = (source / "tables.json").read_text()
+    assert "NaN" in old
+    with pytest.raises(ValueError, match="NaN"):
+        _strict(old)
+    folder = tmp_path / "bench"
+    shutil.copytree(source, folder)
+    report.rewrite_report(folder)
+    first = {f: (folder / f).read_text() for f in ("tables.md", "report.html")}
+    written = (folder / "tables.json").read_text()
+    strict = _strict(written)
+    assert "NaN" not in written and written.count("null") >= old.count("NaN")
+    nan = json.loads(old)["federations"]["synthetic-brats"]["methods"]["fedavg"]["client_avg"]
+    null = strict["federations"]["synthetic-brats"]["methods"]["fedavg"]["client_avg"]
+    assert math.isnan(nan["std"]) and null["std"] is None and null["mean"] == nan["mean"]
+    assert first["tables.md"] == (source / "tables.md").read_text()
+    report.rewrite_report(folder)
+    assert {f: (folder / f).read_text() for f in first} == first
+    assert (folder / "tables.json").read_text() == written
+
+
+def test_json_ready_writes_every_non_finite_float_as_null():
+    value = {"a": [1.0, math.nan, (math.inf, np.float64("nan"))], "b": {"c": -math.inf, "d": 2, "e": None, "f": "x"}}
+    text = json.dumps(report.json_ready(value), allow_nan=False)
+    assert _strict(text) == {"a": [1.0, None, [None, None]], "b": {"c": None, "d": 2, "e": None, "f": "x"}}
+
+
+def _test(mean_diff: float, low: float, high: float, n: int, **more) -> dict:
+    per_seed = more.pop("per_seed", {"0": mean_diff, "1": mean_diff})
+    test = {"n": n, "p": 0.5, "mean_diff": mean_diff, "ci_low": low, "ci_high": high, "ci_excludes_0": low > 0}
+    return {**test, "seeds": len(per_seed), "per_seed_diff": per_seed, **more}
+
+
+def _fed(**tests) -> dict:
+    summary = {"mean": 0.9, "std": 0.01, "n": 40}
+    method = {
+        "setting": "default",
+        "dice": summary,
+        "regions": {"disc": summary},
+        "hd95": {"mean": 2.0, "std": 1.0, "n": 40},
+        "nsd": summary,
+        "client_avg": summary,
+        "convergence": {"runs": 2, "not_converged": 0},
+    }
+    return {
+        "regions": ["disc"],
+        "runs": 2,
+        "sites": ["site1"],
+        "hd95_unit": "pixels",
+        "nsd_tolerance": 1.0,
+        "methods": {
+            "fedavg": {**method, "wilcoxon": None, "hd95_wilcoxon": None, "nsd_wilcoxon": None},
+            "fedprox": {**method, **tests},
+        },
+    }
+
+
+def test_a_comparison_keeps_the_names_of_its_methods_next_to_the_test_keys():
+    """The bench's comparisons are ``{"method": a, "against": b, **compare(...)}``: the test records its Wilcoxon
+    method as ``p_method``, so the method's name is not overwritten."""
+    a = {0: {("s", str(i)): 0.5 + 0.01 * i for i in range(6)}}
+    b = {0: {("s", str(i)): 0.5 for i in range(6)}}
+    test = compare(a, b, resamples=50)
+    assert not {"method", "against"} & set(test) and test["p_method"] == "asymptotic"  # a zero difference: not exact
+    assert {"method": "fedprox", "against": "fedavg", **test}["method"] == "fedprox"
+
+
+def test_the_test_table_prints_dice_differences_to_4_decimals_with_the_cases_they_pair():
+    """A CI bound that is above 0 but below 0.00005 reads as above 0, Δ per seed names its seed, the cases paired
+    are a column (HD95's and NSD's Δ say theirs only where they differ), HD95 keeps its own 2 decimals."""
+    dice = _test(0.00213, 0.00002, 0.0041, 40, per_seed={"0": 0.0018, "1": -0.00003, "2": 0.0028})
+    hd95 = _test(-0.234, -0.5, 0.004, 40)
+    nsd = _test(0.0, -0.0031, 0.0, 38)
+    head, rows = report.test_table(_fed(wilcoxon=dice, hd95_wilcoxon=hd95, nsd_wilcoxon=nsd), "fedavg")
+    ref, row = (dict(zip(head, r, strict=True)) for r in rows)
+    assert head[head.index("Δ vs fedavg") :][:5] == ["Δ vs fedavg", "cases paired", "95% CI", "Δ per seed", "p (Holm)"]
+    assert row["Δ vs fedavg"] == "+0.0021" and row["cases paired"] == "40"
+    assert row["95% CI"] == "[+2e-05, +0.0041]"  # not [+0.0000, +0.0041]: it excludes 0, and reads so
+    assert row["Δ per seed"] == "s0 +0.0018 / s1 -3e-05 / s2 +0.0028"
+    assert row["HD95 Δ vs fedavg"] == "-0.23" and row["HD95 95% CI"] == "[-0.50, +0.004]"
+    assert row["NSD Δ vs fedavg"] == "+0.0000 ‡ (n=38)" and row["NSD 95% CI"] == "[-0.0031, +0.0000]"
+    assert ref["cases paired"] == "" and ref["p (Holm)"] == "ref"
+    fed = _fed(wilcoxon=dice, hd95_wilcoxon=hd95, nsd_wilcoxon=nsd)
+    fed["comparisons"] = [{"method": "fedprox", "against": "fedavg", **dice}]
+    head, (pair,) = report.comparison_table(fed)
+    cells = dict(zip(head, pair, strict=True))
+    assert (cells["cases"], cells["Δ Dice"], cells["95% CI"]) == ("40", "+0.0021", "[+2e-05, +0.0041]")
+    assert cells["Δ per seed"] == "s0 +0.0018 / s1 -3e-05 / s2 +0.0028"
+
+
+def test_a_test_read_back_with_null_renders_as_the_nan_it_was():
+    """null where NaN was (no pair in a seed, no CI): the cells are the missing ones NaN gave."""
+    nan = _test(0.001, math.nan, math.nan, 3, per_seed={"0": 0.001, "1": math.nan})
+    null = json.loads(json.dumps(report.json_ready(nan)))
+    assert null["ci_low"] is None and null["per_seed_diff"]["1"] is None
+    cells = [report.test_table(_fed(wilcoxon=t), "fedavg")[1][1] for t in (nan, null)]
+    assert cells[0] == cells[1]
+    assert "s0 +0.0010 / s1 –" in cells[1] and "–" in cells[1]
+    assert report.p_text({**null, "p": None}) == "–"
+
+
+def _finished(run, late_best: bool, plateaued: bool) -> Finished:
+    convergence = {"late_best": late_best, "plateaued": plateaued, "rounds": 30, "best_val_dice": 0.8}
+    entry = {"convergence": convergence, "dice": {"client_avg": 0.7}, "cost": {"sgd_steps": 100}}
+    return Finished(run, Path("."), {"algorithms": {"fedprox": entry}}, 0.0)
+
+
+def test_the_tuning_table_counts_the_runs_of_each_setting_that_may_not_have_converged(tmp_path):
+    spec = {
+        "name": "tiny",
+        "base": {"preset": "synthetic-retina"},
+        "federations": ["synthetic-retina"],
+        "methods": ["fedavg", {"name": "fedprox", "grid": {"methods.fedprox.mu": [0.1, 1.0, 10.0]}}],
+        "seeds": [0],
+    }
+    (tmp_path / "bench.yaml").write_text(yaml.safe_dump(spec))
+    bench, _ = load_bench(tmp_path / "bench.yaml")
+    low, mid, high = tuning_runs(bench)
+    # late best without a plateau: may not have converged; with a plateau, or a best round before the end: converged
+    tuning = {low: _finished(low, True, False), mid: _finished(mid, True, True), high: _finished(high, False, False)}
+    rows = tuning_rows(bench, tuning, {("synthetic-retina", "fedprox"): mid.setting})
+    assert [r["not_converged"] for r in rows] == [1, 0, 0]
+    assert "not_converged" in report.TUNING_COLUMNS
+    head, body = report.tune_table(rows, "synthetic-retina")
+    assert [dict(zip(head, r, strict=True))["converged"] for r in body] == ["0/1", "1/1", "1/1"]
+    md = report._md_table(head, body)
+    assert "| converged | selected |" in md
+    old = [{k: v for k, v in r.items() if k != "not_converged"} for r in rows]  # a tables.json written before
+    assert "converged" not in report.tune_table(old, "synthetic-retina")[0]
