@@ -35,8 +35,7 @@ def _strict(text: str) -> dict:
 
 
 def test_the_committed_benches_tables_md_is_the_rendering_of_their_tables_json():
-    """Every committed bench's tables.md is what ``fedseg report`` renders from its tables.json by the current rules
-    (the tables.json files are the NaN-holding ones written before null: they still read)."""
+    """Every committed bench's tables.md is what ``fedseg report`` renders from its tables.json by the current rules."""
     assert BENCHES
     for name in BENCHES:
         bench, content = report.read_tables(RESULTS / name / "tables.json")
@@ -45,15 +44,19 @@ def test_the_committed_benches_tables_md_is_the_rendering_of_their_tables_json()
 
 
 def test_tables_json_is_strict_json_and_a_round_trip_renders_the_same_tables(tmp_path):
-    """A committed tables.json with NaN (a one-seed bench: no std over seeds) re-rendered: the new tables.json has
-    null where NaN was and parses as strict JSON; rendered again from it, tables.md and report.html are unchanged."""
+    """A tables.json as written before null (bare NaN: a one-seed bench has no std over seeds) re-rendered: the new
+    tables.json has null where NaN was and parses as strict JSON; rendered again from it, tables.md and report.html
+    are unchanged."""
     source = RESULTS / "fets_limited"
-    old = (source / "tables.json").read_text()
+    content = json.loads((source / "tables.json").read_text())
+    content["federations"]["synthetic-brats"]["methods"]["fedavg"]["client_avg"]["std"] = math.nan
+    old = json.dumps(content, indent=1)
     assert "NaN" in old
     with pytest.raises(ValueError, match="NaN"):
         _strict(old)
     folder = tmp_path / "bench"
     shutil.copytree(source, folder)
+    (folder / "tables.json").write_text(old)
     report.rewrite_report(folder)
     first = {f: (folder / f).read_text() for f in ("tables.md", "report.html")}
     written = (folder / "tables.json").read_text()
