@@ -31,7 +31,7 @@ from fedseg import (
     register_algorithm,
     register_federation,
 )
-from fedseg.algorithms import ALGORITHMS, unregister_algorithm
+from fedseg.algorithms import ALGORITHMS, get_algorithm, unregister_algorithm
 from fedseg.cli import app
 from fedseg.config import dump_config
 from fedseg.data.sources import REGISTERED, unregister_federation
@@ -100,6 +100,8 @@ def test_register_algorithm_refuses_duplicates_builtins_and_bad_names(registry):
     with pytest.raises(ValueError, match="'test-x': kind 'glob' is not one of baseline, global, personalized, clust"):
         register_algorithm(glob)
     assert "test-x" not in ALGORITHMS
+    with pytest.raises(ValueError, match=r"methods\.test-equal\.lr: unknown key \(this section takes no keys\)"):
+        get_algorithm("test-equal").parse_options({"lr": 1})  # a method without options (was "known keys: ")
     result = CliRunner().invoke(app, ["algorithms"], terminal_width=300)
     assert result.exit_code == 0 and "test-equal" in result.output and "Test equal" in result.output
     with pytest.raises(ValueError, match="built in"):

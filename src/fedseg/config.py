@@ -1020,6 +1020,8 @@ def _known_keys_hint(model: type[BaseModel] | None, loc: Sequence[Any]) -> str:
     if model is None:
         return ""
     known = list(model.model_fields)
+    if not known:
+        return " (this section takes no keys)"
     close = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.6)
     return f" (did you mean {close[0]!r}?)" if close else f" (known keys: {', '.join(known)})"
 
