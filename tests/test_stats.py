@@ -142,11 +142,9 @@ def test_the_wilcoxon_counts_the_pairs_that_differ():
     ref = {("s", str(i)): 0.5 for i in range(10)}
     ours = {**ref, ("s", "0"): 0.6, ("s", "1"): 0.7}
     test = paired_wilcoxon(ours, ref)
-    assert test["n"] == 10 and test["n_nonzero"] == 2 and test["p_method"] == "asymptotic"  # zeros: not exact
-    # the zeros dropped, ranks 1 and 2, both positive: V = 3, mean 1.5, variance 2 * 3 * 5 / 24 = 1.25, continuity
-    # correction 0.5: z = 1 / sqrt(1.25)
-    assert test["p"] == pytest.approx(math.erfc(1 / math.sqrt(1.25) / math.sqrt(2)), rel=1e-12)
-    assert test["p"] == pytest.approx(wilcoxon([0.1, 0.2], method="asymptotic", correction=True).pvalue, rel=1e-12)
+    assert test["n"] == 10 and test["n_nonzero"] == 2 and test["p_method"] == "exact"  # of the 2 that differ
+    # the zeros dropped, ranks 1 and 2, both positive: R+ = 3, reached by 1 of the 4 sign assignments: 2 x 1/4
+    assert test["p"] == 0.5 == wilcoxon([0.1, 0.2], method="exact").pvalue
     same = paired_wilcoxon(ref, ref)
     assert (same["n"], same["n_nonzero"], same["p"], same["p_method"]) == (10, 0, 1.0, None)
     empty = paired_wilcoxon({}, ref)
@@ -166,9 +164,11 @@ def _normal_p(diffs: list[float]) -> float:
     return math.erfc((abs(low - n * (n + 1) / 4) - 0.5) / math.sqrt(var) / math.sqrt(2))
 
 
-def test_the_wilcoxon_method_is_exact_below_50_differences_without_zeros_or_ties_else_the_normal_approximation():
-    """R's wilcox.test default, not scipy's ``auto`` (whose choice changed across scipy versions: 1.17 runs a
-    permutation test for a small sample with ties or zeros): the recorded method recomputes the p."""
+def test_the_wilcoxon_method_is_exact_without_ties_below_50_exact_given_the_ties_up_to_13_else_the_normal_one():
+    """Stated here, not scipy's ``auto`` (whose choice changed across the scipy versions fedseg allows): the zeros
+    dropped, exact for fewer than 50 untied differences, the exact distribution given tied ranks up to 13 (every sign
+    assignment, worked out by hand below), else the normal approximation with the tie and continuity corrections
+    (written out as R computes it)."""
     rng = np.random.default_rng(7)
     distinct = list(rng.normal(0.01, 0.05, EXACT_BELOW))
     zeros = dict.fromkeys(range(EXACT_BELOW + 1), 0.0)
@@ -177,21 +177,30 @@ def test_the_wilcoxon_method_is_exact_below_50_differences_without_zeros_or_ties
     assert below["p"] == wilcoxon(distinct[:-1], method="exact").pvalue
     at = paired_wilcoxon(dict(enumerate(distinct)), zeros)
     assert at["p_method"] == "asymptotic" and at["p"] == pytest.approx(_normal_p(distinct), rel=1e-9)
-    with_a_zero = distinct[:10] + [0.0]
+    with_a_zero = distinct[:10] + [0.0]  # the zero dropped: 10 untied differences
     test = paired_wilcoxon(dict(enumerate(with_a_zero)), zeros)
-    assert (test["n"], test["n_nonzero"], test["p_method"]) == (11, 10, "asymptotic")
-    assert test["p"] == pytest.approx(_normal_p(with_a_zero), rel=1e-9)
-    tied = [0.25, 0.25, 0.25, -0.5]  # ties in |d| (exactly representable): the exact distribution does not apply
-    test = paired_wilcoxon(dict(enumerate(tied)), zeros)
-    # ranks 2, 2, 2 | 4; V- = 4, mean 5, variance 4*5*9/24 - (3^3 - 3)/48 = 7; |4 - 5| - 0.5 = 0.5
-    assert test["p_method"] == "asymptotic"
-    assert test["p"] == pytest.approx(math.erfc(0.5 / math.sqrt(7) / math.sqrt(2)), rel=1e-12)
-    assert test["p"] == pytest.approx(_normal_p(tied), rel=1e-12) == pytest.approx(0.85010674, abs=1e-8)
+    assert (test["n"], test["n_nonzero"], test["p_method"]) == (11, 10, "exact")
+    assert test["p"] == wilcoxon(distinct[:10], method="exact").pvalue
+
+    tied = [0.25, 0.25, 0.25, -0.5]  # ranks 2, 2, 2 | 4; R+ = 6. Of the 16 sign assignments, R+ >= 6 in 8
+    # (positive: {2,4} x3, {2,2,4} x3, all four, {2,2,2}); R+ <= 6 in 12 ({}, {2} x3, {4}, {2,2} x3, {2,2,2}, {2,4} x3)
+    expected = {"two-sided": 1.0, "greater": 8 / 16, "less": 12 / 16}
+    for alternative, p in expected.items():
+        test = paired_wilcoxon(dict(enumerate(tied)), zeros, alternative)
+        assert (test["p_method"], test["p"]) == ("permutation", p), alternative
+    six = paired_wilcoxon(dict(enumerate([0.01] * 6)), zeros)  # all tied: only 1 of the 64 assignments is as large
+    assert (six["p_method"], six["p"]) == ("permutation", 2 / 64)
+    # 13 differences, still enumerated: twelve 0.25 (rank 6.5 each) and -0.5 (rank 13), R+ = 78; R+ >= 78 where
+    # k of the twelve are positive and b of the 13: k = 12 (b either), k = 11 with b, k = 10 with b (C(12, 10) = 66)
+    assert paired_wilcoxon(dict(enumerate([0.25] * 12 + [-0.5])), zeros, "greater")["p"] == (2 + 12 + 66) / 2**13
+
+    many = [0.25] * 7 + [-0.5] * 7  # 14 tied differences: the normal approximation
+    test = paired_wilcoxon(dict(enumerate(many)), zeros)
+    assert test["p_method"] == "asymptotic" and test["p"] == pytest.approx(_normal_p(many), rel=1e-12)
     for alternative in ("greater", "less"):  # one-tailed: the continuity correction toward the mean, as in R
-        one = paired_wilcoxon(dict(enumerate(tied)), zeros, alternative)
-        z = (6 - 5 - 0.5) / math.sqrt(7) if alternative == "greater" else (6 - 5 + 0.5) / math.sqrt(7)
-        expected = 0.5 * math.erfc(z / math.sqrt(2)) if alternative == "greater" else 1 - 0.5 * math.erfc(z / 2**0.5)
-        assert one["p"] == pytest.approx(expected, rel=1e-12), alternative
+        one = paired_wilcoxon(dict(enumerate(many)), zeros, alternative)
+        scipy_p = wilcoxon(many, alternative=alternative, method="asymptotic", correction=True).pvalue
+        assert one["p"] == pytest.approx(scipy_p, rel=1e-12), alternative
 
 
 def test_the_normal_approximation_is_asked_for_by_its_old_name_where_scipy_predates_asymptotic(monkeypatch):
@@ -207,8 +216,8 @@ def test_the_normal_approximation_is_asked_for_by_its_old_name_where_scipy_preda
             raise ValueError("method must be either 'auto', 'exact' or 'approx'")
         return real(x, *args, method="asymptotic" if method == "approx" else method, **kwargs)
 
-    tied = {i: v for i, v in enumerate([0.25, 0.25, 0.25, -0.5])}
-    zeros = dict.fromkeys(range(4), 0.0)
+    tied = {i: v for i, v in enumerate([0.25] * 7 + [-0.5] * 7)}
+    zeros = dict.fromkeys(range(14), 0.0)
     now = paired_wilcoxon(tied, zeros)["p"]
     monkeypatch.setattr(scipy.stats, "wilcoxon", old_scipy)
     assert paired_wilcoxon(tied, zeros)["p"] == pytest.approx(now, rel=1e-15) and calls == ["asymptotic", "approx"]

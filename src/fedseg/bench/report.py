@@ -47,6 +47,7 @@ from fedseg.evaluate.metric_info import DICE, HD95, NSD
 from fedseg.evaluate.stats import (
     DIFF_DIGITS,
     EXACT_BELOW,
+    PERMUTATION_UP_TO,
     RESAMPLES,
     ci_text,
     p_value_text,
@@ -372,8 +373,9 @@ NOTES = (
 )
 
 WILCOXON_METHOD = (
-    "as R's wilcox.test: exact for fewer than {exact_below} differences, none 0 and no ties, else the normal "
-    "approximation with the tie and continuity corrections; tables.json names it (p_method)"
+    "over the nonzero differences: exact for fewer than {exact_below} of them without ties; with ties, up to "
+    "{permutation_up_to}, exact given the tied ranks (every sign assignment); else the normal approximation with the "
+    "tie and continuity corrections; tables.json names it (p_method)"
 )
 WILCOXON_AUTO = "by scipy's method='auto' of the scipy that computed it: these tables predate the recorded method"
 
@@ -419,7 +421,9 @@ def notes(bench: BenchSpec, tables: dict, changes: Sequence[str] = ()) -> str:
         alternative, " (lies below 0: the tests are one-tailed, method < reference)"
     )
     one = "one-tailed (" + alternative + ")" if alternative != "two-sided" else "two-sided"
-    method = WILCOXON_METHOD.format(exact_below=EXACT_BELOW) if methods_recorded(tables) else WILCOXON_AUTO
+    method = WILCOXON_AUTO
+    if methods_recorded(tables):
+        method = WILCOXON_METHOD.format(exact_below=EXACT_BELOW, permutation_up_to=PERMUTATION_UP_TO)
     text = NOTES.format(resamples=RESAMPLES, side=side, alternative=one, method=method)
     hd95, nsd = any(has_hd95_tests(t) for t in tables.values()), any(has_nsd(t) for t in tables.values())
     text += HD95_NOTE.format(side=HD95_SIDE[alternative]) if hd95 else ""

@@ -44,7 +44,8 @@ Alternative = Literal["two-sided", "greater", "less"]
 ALTERNATIVES: tuple[Alternative, ...] = ("two-sided", "greater", "less")
 
 PerSeed = Mapping[Any, Mapping[Hashable, float]]  # {seed: {(site, case): score}}
-EXACT_BELOW = 50  # fewer differences than this (none 0, no ties) get the exact Wilcoxon p (wilcoxon_method)
+EXACT_BELOW = 50  # fewer nonzero differences than this, none tied, get the exact Wilcoxon p (wilcoxon_method)
+PERMUTATION_UP_TO = 13  # up to this many nonzero differences with ties: every one of their 2^n sign assignments
 DIFF_DIGITS = 4  # decimals of a difference of fractions (Dice, NSD) in every table (signed_text)
 
 
@@ -66,26 +67,38 @@ def paired_wilcoxon(
     return _wilcoxon(np.array([scores[k] - reference[k] for k in keys], dtype=np.float64), alternative)
 
 
-def wilcoxon_method(diffs: np.ndarray) -> Literal["exact", "asymptotic"]:
-    """The method of the Wilcoxon p of the differences ``diffs``, R's ``wilcox.test`` default: ``exact`` (the exact
-    null distribution of the signed-rank statistic) for fewer than :data:`EXACT_BELOW` differences where none is 0
-    and no two have the same absolute value, else ``asymptotic``: the normal approximation with the tie correction
-    and the continuity correction, over the nonzero differences (Wilcoxon's treatment of zeros).
+WilcoxonMethod = Literal["exact", "permutation", "asymptotic"]
 
-    Chosen here, not by scipy's ``method="auto"``, whose rule changed between the versions fedseg allows (scipy 1.17
-    runs a permutation test for up to 13 differences with ties or zeros): the p is :func:`wilcoxon_p`'s call, the
-    same in every scipy since 1.11, and ``wilcox.test(d, alternative=...)`` in R gives it too."""
+
+def wilcoxon_method(diffs: np.ndarray) -> WilcoxonMethod:
+    """The method of the Wilcoxon p of the differences ``diffs``, over the nonzero ones (Wilcoxon's treatment of
+    zeros, scipy's and R's default):
+
+    * ``exact``: the exact null distribution of the signed-rank statistic, for fewer than :data:`EXACT_BELOW`
+      nonzero differences of which no two have the same absolute value;
+    * ``permutation``: with ties, for up to :data:`PERMUTATION_UP_TO` of them, the exact distribution given the
+      tied (average) ranks: every one of the 2^n sign assignments (scipy >= 1.13's ``method="auto"`` gives the same
+      p there; the normal approximation is poor at such sizes: 6 equal differences, exact 0.031, normal 0.020);
+    * ``asymptotic`` otherwise: the normal approximation with the tie and the continuity corrections.
+
+    Chosen here, not by scipy's ``method="auto"``, whose rule changed between the versions fedseg allows: the p is
+    :func:`wilcoxon_p`'s, the same in every scipy since 1.11."""
     nonzero = diffs[diffs != 0]
     ties = np.unique(np.abs(nonzero)).size < nonzero.size
-    return "exact" if nonzero.size < EXACT_BELOW and nonzero.size == diffs.size and not ties else "asymptotic"
+    if not ties:
+        return "exact" if nonzero.size < EXACT_BELOW else "asymptotic"
+    return "permutation" if nonzero.size <= PERMUTATION_UP_TO else "asymptotic"
 
 
-def wilcoxon_p(diffs: np.ndarray, alternative: Alternative, method: Literal["exact", "asymptotic"]) -> float:
-    """``scipy.stats.wilcoxon(diffs, alternative=alternative, method=method, correction=method == "asymptotic")``'s
-    p (zeros dropped: scipy's default ``zero_method="wilcox"``); scipy before 1.15 names the normal approximation
-    ``approx``."""
+def wilcoxon_p(diffs: np.ndarray, alternative: Alternative, method: WilcoxonMethod) -> float:
+    """The Wilcoxon signed-rank p of the nonzero differences ``diffs`` by ``method`` (:func:`wilcoxon_method`):
+    ``scipy.stats.wilcoxon(diffs, alternative=alternative, method=method, correction=method == "asymptotic")``
+    (scipy before 1.15 names the normal approximation ``approx``), or for ``permutation``
+    :func:`permutation_wilcoxon_p`."""
     from scipy.stats import wilcoxon  # here: the bench spec imports this module
 
+    if method == "permutation":
+        return permutation_wilcoxon_p(diffs, alternative)
     correction = method == "asymptotic"
     try:
         return float(wilcoxon(diffs, alternative=alternative, method=method, correction=correction).pvalue)
@@ -93,6 +106,24 @@ def wilcoxon_p(diffs: np.ndarray, alternative: Alternative, method: Literal["exa
         if method != "asymptotic":
             raise
         return float(wilcoxon(diffs, alternative=alternative, method="approx", correction=correction).pvalue)
+
+
+def permutation_wilcoxon_p(diffs: np.ndarray, alternative: Alternative) -> float:
+    """The exact p of the signed-rank statistic R+ (the sum of the ranks of ``|diffs|``, ties averaged, over the
+    positive ``diffs``; none 0) under its null distribution given those ranks: each of the 2^n sign assignments
+    equally likely (n <= :data:`PERMUTATION_UP_TO`). ``greater``: P(R+ >= observed); ``less``: P(R+ <= observed);
+    two-sided: twice the smaller, at most 1 (scipy's permutation test)."""
+    from scipy.stats import rankdata
+
+    n = diffs.size
+    if not 0 < n <= PERMUTATION_UP_TO or not np.all(diffs != 0):
+        raise ValueError(f"permutation p: 1 to {PERMUTATION_UP_TO} nonzero differences, got {diffs.tolist()}")
+    ranks = rankdata(np.abs(diffs))  # multiples of 0.5: the sums below are exact in float64
+    observed = float(ranks[diffs > 0].sum())
+    signs = (np.arange(2**n)[:, None] >> np.arange(n)) & 1  # every assignment: 1 = positive
+    null = signs @ ranks
+    greater, less = float(np.mean(null >= observed)), float(np.mean(null <= observed))
+    return {"greater": greater, "less": less, "two-sided": min(1.0, 2 * min(greater, less))}[alternative]
 
 
 def _wilcoxon(diffs: np.ndarray, alternative: Alternative) -> dict[str, Any]:
