@@ -327,6 +327,27 @@ def test_nested_regions_listed_smallest_first_are_exported_largest_first():
     assert list(labels) == ["background", "WT", "TC", "ET"] and order == [2, 1, 3]
     with pytest.raises(FederationError, match="every value lies in a smaller region"):
         labels_for(Regions.from_mapping({"a": [1, 2], "b": [1], "c": [2]}))
+    with pytest.raises(FederationError, match="overlap without one containing the other"):
+        labels_for(Regions.from_mapping({"a": [1, 3], "b": [2, 3]}))
+
+
+def test_predicted_regions_become_a_label_map_in_the_paint_order_the_export_uses():
+    """``Regions.to_label`` paints nested regions largest first, as nnU-Net writes region-based predictions and the
+    export orders them: each pixel gets the value of the smallest region predicted there, so the written map's
+    innermost region is exactly the predicted one (an ET voxel the WT and TC channels missed is 4; the closest-value
+    rule used before wrote 0 there); regions that overlap without nesting keep the closest-value rule."""
+    brats = Regions.from_mapping({"ET": [4], "TC": [1, 4], "WT": [1, 2, 4]})
+    _, order, renumber = labels_for(brats)
+    assert [renumber[v] for _, v in brats.paint_order()] == order  # one order for the export and the masks
+    # per pixel (columns): ET only, TC only, TC+ET, WT+TC+ET, WT only, WT+ET, none
+    masks = np.array([[1, 0, 1, 1, 0, 1, 0], [0, 1, 1, 1, 0, 0, 0], [0, 0, 0, 1, 1, 1, 0]], bool)
+    label = brats.to_label(masks)
+    np.testing.assert_array_equal(label, [4, 1, 4, 4, 2, 4, 0])
+    np.testing.assert_array_equal(brats.one_hot(label)[0], masks[0])  # ET written as predicted
+    every = np.array([0, 1, 2, 4])
+    np.testing.assert_array_equal(brats.to_label(brats.one_hot(every)), every)  # a consistent mask maps back
+    crossing = Regions.from_mapping({"a": [1, 3], "b": [2, 3]})  # no paint order: the closest value
+    np.testing.assert_array_equal(crossing.to_label(np.array([[1, 1, 0, 0], [1, 0, 1, 0]], bool)), [3, 1, 2, 0])
 
 
 def test_2d_federation_exports_rgb_pngs_and_comes_back(tmp_path, disc_federation):

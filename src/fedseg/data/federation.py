@@ -65,21 +65,62 @@ class Regions:
         """Label map ``(*spatial)`` -> region masks ``(R, *spatial)`` of dtype uint8."""
         return np.stack([np.isin(label, vals) for vals in self.values]).astype(np.uint8)
 
+    def paint_order(self) -> list[tuple[int, int]]:
+        """nnU-Net's ``regions_class_order``: ``(region index, label value)`` pairs, the largest region first (ties
+        keep this order), each region painted with its own value, the smallest of its values that lies in no later
+        (smaller) region. Painting a label map in this order over background gives every pixel the value of the
+        smallest region it is predicted in, whatever the larger ones say (BraTS: an ET voxel is 4 even where TC or WT
+        missed it). A ValueError where no order paints them: two regions that overlap without one containing the
+        other, or a region whose every value lies in a smaller region."""
+        sets = [set(v) for v in self.values]
+        for i in range(len(self)):
+            for j in range(i + 1, len(self)):
+                if sets[i] & sets[j] and not (sets[i] <= sets[j] or sets[j] <= sets[i]):
+                    raise ValueError(
+                        f"regions {self.names[i]!r} {list(self.values[i])} and {self.names[j]!r} "
+                        f"{list(self.values[j])} overlap without one containing the other"
+                    )
+        order = sorted(range(len(self)), key=lambda i: -len(self.values[i]))
+        painted = []
+        for pos, i in enumerate(order):
+            later = {v for j in order[pos + 1 :] for v in sets[j]}
+            own = sorted(sets[i] - later)
+            if not own:
+                raise ValueError(
+                    f"region {self.names[i]!r} {list(self.values[i])}: every value lies in a smaller region"
+                )
+            painted.append((i, own[0]))
+        return painted
+
     def to_label(self, masks: np.ndarray) -> np.ndarray:
         """Region masks ``(R, *spatial)`` (bool or 0/1) -> label map ``(*spatial)``, the inverse of ``one_hot``.
 
-        Every pixel gets the label value (0 = background included) whose set of regions differs
-        from the pixel's predicted regions in the fewest regions; ties go to the value that lies in
-        more of the predicted regions, then to the smaller value. So every mask ``one_hot`` can
-        produce maps back exactly (nested disc [1, 2] / cup [2]: disc only -> 1, disc and cup -> 2)
-        and an inconsistent one gets the closest value (cup without disc -> 2). dtype: the smallest
-        unsigned integer type that holds the largest label value.
+        Regions that are nested or disjoint (BraTS WT/TC/ET, disc/cup, separate organs) are painted in
+        :meth:`paint_order`, as nnU-Net writes region-based predictions and ``data export nnunet`` orders them: a
+        pixel gets the value of the smallest region it is predicted in (an ET voxel without TC or WT -> 4; cup
+        without disc -> 2). Other regions (overlapping without nesting) get, per pixel, the label value (0 =
+        background included) whose set of regions differs from the predicted ones in the fewest regions; ties go to
+        the value that lies in more of the predicted regions, then to the smaller value. Either way every mask
+        ``one_hot`` can produce maps back exactly. dtype: the smallest unsigned integer type that holds the largest
+        label value.
         """
         m = np.asarray(masks).astype(bool)
         if m.shape[0] != len(self):
             raise ValueError(f"expected {len(self)} region masks ({', '.join(self.names)}), got {m.shape[0]}")
-        flat = m.reshape(len(self), -1)  # (R, P)
         values = [0, *sorted(self.label_values)]
+        dtype = np.min_scalar_type(values[-1])
+        try:
+            order = self.paint_order()
+        except ValueError:
+            return self._closest_label(m, values).astype(dtype)
+        label = np.zeros(m.shape[1:], dtype)
+        for region, value in order:
+            label[m[region]] = value
+        return label
+
+    def _closest_label(self, m: np.ndarray, values: list[int]) -> np.ndarray:
+        """Per pixel the label value whose regions differ least from ``m``'s (:meth:`to_label`)."""
+        flat = m.reshape(len(self), -1)  # (R, P)
         best = np.zeros(flat.shape[1], np.int64)
         best_key = np.full(flat.shape[1], np.iinfo(np.int64).max)
         for i, v in enumerate(values):
@@ -89,7 +130,7 @@ class Regions:
             key = (differ * (len(self) + 1) - hits) * len(values) + i  # lexicographic: differ, -hits, value
             better = key < best_key
             best[better], best_key[better] = v, key[better]
-        return best.astype(np.min_scalar_type(values[-1])).reshape(m.shape[1:])
+        return best.reshape(m.shape[1:])
 
     def __len__(self) -> int:
         return len(self.names)

@@ -94,22 +94,14 @@ def labels_for(regions: Regions) -> tuple[dict[str, Any], list[int] | None, dict
         return {"background": 0, **{n: renumber[v[0]] for n, v in zip(regions.names, regions.values)}}, None, renumber
     if all(len(vals) == 1 for vals in regions.values):
         raise FederationError(f"regions {regions.as_dict()}: two regions hold the same single label; nnU-Net cannot")
+    try:
+        painted = regions.paint_order()  # nnU-Net paints a later region over an earlier one: the largest first
+    except ValueError as e:
+        raise FederationError(f"{e}, so nnU-Net's regions_class_order cannot paint it") from None
     labels: dict[str, Any] = {"background": 0}
-    order = []
-    # nnU-Net paints the regions in the order listed, a later one over an earlier one: the largest first (WT, TC, ET
-    # whatever order the federation lists them in; ties keep the federation's order)
-    painted = sorted(zip(regions.names, regions.values), key=lambda region: -len(region[1]))
-    for i, (name, vals) in enumerate(painted):
-        labels[name] = sorted(renumber[v] for v in vals)
-        later = {v for _, other in painted[i + 1 :] for v in other}
-        own = sorted(set(vals) - later)
-        if not own:
-            raise FederationError(
-                f"region {name!r} {list(vals)}: every value lies in a smaller region, so nnU-Net's regions_class_order "
-                "cannot paint it"
-            )
-        order.append(renumber[own[0]])
-    return labels, order, renumber
+    for i, _ in painted:
+        labels[regions.names[i]] = sorted(renumber[v] for v in regions.values[i])
+    return labels, [renumber[value] for _, value in painted], renumber
 
 
 def channel_names(fed: Federation, sites: list[str]) -> list[str]:
