@@ -235,6 +235,11 @@ def test_experiment_with_an_in_memory_federation_leaves_the_process_as_it_was(tm
     finally:
         torch.set_num_threads(threads)
     assert results.summary["dataset"] == "discs" and not results.report_path.exists()
+    # eval.hd95 off: no HD95. summary.json is strict JSON (null, not NaN: R's jsonlite and JSON.parse refuse NaN)
+    text = (tmp_path / "run" / "summary.json").read_text()
+    strict = json.loads(text, parse_constant=lambda name: pytest.fail(f"summary.json holds {name}"))
+    assert strict["algorithms"]["fedavg"]["hd95"]["client_avg"] is None and math.isnan(results.hd95()["fedavg"])
+    assert results.report().is_file()  # the report reads the nulls as missing
     again = Experiment.from_run(tmp_path / "run", federation=fed, progress=False).run(resume=True)
     assert _without_provenance(again.summary) == _without_provenance(results.summary)
 

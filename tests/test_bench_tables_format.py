@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import yaml
 
+from fedseg.atomic_files import json_ready
 from fedseg.bench import report
 from fedseg.bench.execute import Finished
 from fedseg.bench.plan import tuning_runs
@@ -73,7 +74,7 @@ def test_tables_json_is_strict_json_and_a_round_trip_renders_the_same_tables(tmp
 
 def test_json_ready_writes_every_non_finite_float_as_null():
     value = {"a": [1.0, math.nan, (math.inf, np.float64("nan"))], "b": {"c": -math.inf, "d": 2, "e": None, "f": "x"}}
-    text = json.dumps(report.json_ready(value), allow_nan=False)
+    text = json.dumps(json_ready(value), allow_nan=False)
     assert _strict(text) == {"a": [1.0, None, [None, None]], "b": {"c": None, "d": 2, "e": None, "f": "x"}}
 
 
@@ -143,7 +144,7 @@ def test_the_test_table_prints_dice_differences_to_4_decimals_with_the_cases_the
 def test_a_test_read_back_with_null_renders_as_the_nan_it_was():
     """null where NaN was (no pair in a seed, no CI): the cells are the missing ones NaN gave."""
     nan = _test(0.001, math.nan, math.nan, 3, per_seed={"0": 0.001, "1": math.nan})
-    null = json.loads(json.dumps(report.json_ready(nan)))
+    null = json.loads(json.dumps(json_ready(nan)))
     assert null["ci_low"] is None and null["per_seed_diff"]["1"] is None
     cells = [report.test_table(_fed(wilcoxon=t), "fedavg")[1][1] for t in (nan, null)]
     assert cells[0] == cells[1]

@@ -262,7 +262,8 @@ class Results:
             raise ValueError(
                 f"{metric}({average!r}): {self.out} has no site {average!r}; choose one of {', '.join(known)}"
             )
-        return {a: float(e.get(metric, {}).get(average, math.nan)) for a, e in entries.items()}
+        values = {a: e.get(metric, {}).get(average) for a, e in entries.items()}
+        return {a: math.nan if v is None else float(v) for a, v in values.items()}  # null in summary.json: NaN
 
     # --- tables --------------------------------------------------------------------------------
     def cases(

@@ -5,6 +5,8 @@ removes those next to a checkpoint)."""
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import tempfile
 import threading
@@ -75,3 +77,21 @@ def fsync_dir(folder: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def json_ready(value: object) -> object:
+    """``value`` (dicts, lists and tuples within) with every non-finite float as None: ``json.dumps`` writes it as
+    ``null``, valid JSON for any reader (R's jsonlite, JavaScript's ``JSON.parse``), where ``NaN`` is not."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: json_ready(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_ready(v) for v in value]
+    return value
+
+
+def strict_json_text(value: object, indent: int | None = None) -> str:
+    """``value`` as strict JSON (:func:`json_ready`: a number that is not finite is ``null``); other objects as
+    their text."""
+    return json.dumps(json_ready(value), indent=indent, allow_nan=False, default=str)

@@ -26,8 +26,8 @@ much.
 Differences of fractions (Dice, NSD) print to 4 decimals, HD95's to its own 2, always signed, by
 :func:`fedseg.evaluate.stats.signed_text` (a nonzero one that would print as ±0.0000 gets one significant digit).
 ``tables.json`` is strict JSON: a number that is not finite (NaN: no std of one seed, no p without a pair) is
-``null`` (:func:`json_ready`), read back as missing exactly as NaN was (a ``tables.json`` written before, with bare
-``NaN``, still reads).
+``null`` (:func:`fedseg.atomic_files.json_ready`), read back as missing exactly as NaN was (a ``tables.json``
+written before, with bare ``NaN``, still reads).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
-from fedseg.atomic_files import atomic_write_text
+from fedseg.atomic_files import atomic_write_text, strict_json_text
 from fedseg.bench.execute import Echo
 from fedseg.bench.phases import BENCH_FILE, TABLES_ONLY, BenchRuns, as_recorded, spec_change
 from fedseg.bench.select import tuning_rows
@@ -588,8 +588,8 @@ def rewrite_report(out: Path) -> Path:
 def read_tables(path: Path) -> tuple[BenchSpec, dict]:
     """A bench's ``tables.json`` (its spec and content), each family of comparisons Holm-corrected by the current
     rules (:func:`fedseg.bench.tables.correct_tests`). A non-finite number reads as it was written: ``null``
-    (:func:`json_ready`) or, in a file written before, ``NaN``; the tables render either as missing. A ValueError
-    naming the file where it cannot be read."""
+    (:func:`fedseg.atomic_files.json_ready`) or, in a file written before, ``NaN``; the tables render either as
+    missing. A ValueError naming the file where it cannot be read."""
     try:
         content = json.loads(Path(path).read_text())
         bench = BenchSpec.model_validate(content["bench"])
@@ -600,23 +600,11 @@ def read_tables(path: Path) -> tuple[BenchSpec, dict]:
     return bench, content
 
 
-def json_ready(value: object) -> object:
-    """``value`` (dicts, lists and tuples within) with every non-finite float as None: ``json.dumps`` writes it as
-    ``null``, valid JSON for any reader (R, JavaScript's ``JSON.parse``), where ``NaN`` is not."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: json_ready(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [json_ready(v) for v in value]
-    return value
-
-
 def _write_tables(bench: BenchSpec, content: dict, out: Path) -> None:
-    """``tables.json`` (strict JSON: :func:`json_ready`), ``tables.md`` and ``report.html`` (+ figures) of
-    ``content`` into ``out``."""
+    """``tables.json`` (strict JSON: :func:`fedseg.atomic_files.json_ready`), ``tables.md`` and ``report.html``
+    (+ figures) of ``content`` into ``out``."""
     tables, tuning, changes = content["federations"], content["tuning"], content.get("analysis_changes", [])
-    atomic_write_text(out / TABLES_JSON, json.dumps(json_ready(content), indent=1, allow_nan=False, default=str))
+    atomic_write_text(out / TABLES_JSON, strict_json_text(content, indent=1))
     atomic_write_text(out / "tables.md", markdown(bench, tables, tuning, changes))
     (out / "figures").mkdir(exist_ok=True)
     kit.write_page(out / "report.html", f"fedseg bench {bench.name}", html_parts(bench, tables, tuning, out, changes))

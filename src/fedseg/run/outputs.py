@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from safetensors.torch import save
 
-from fedseg.atomic_files import atomic_write_bytes, atomic_write_text
+from fedseg.atomic_files import atomic_write_bytes, atomic_write_text, strict_json_text
 from fedseg.config import RunConfig, dump_config
 from fedseg.data.federation import Federation
 from fedseg.run.provenance import finish
@@ -81,7 +81,7 @@ def write_outputs(out: Path, results: RunResults) -> None:
     per-round metrics, e.g. FedSM's selector accuracy), ledger.csv and model/ (each atomically)."""
     algos = results.algorithms
     atomic_write_text(out / "config.yaml", dump_config(results.cfg))
-    atomic_write_text(out / "summary.json", json.dumps(summary_dict(results), indent=2, allow_nan=True))
+    atomic_write_text(out / "summary.json", strict_json_text(summary_dict(results), indent=2))  # NaN: null
     atomic_write_text(out / "results.csv", csv_text(RESULTS_COLUMNS, [r for a in algos for r in a.test_rows]))
     atomic_write_text(out / "rounds.csv", csv_text(ROUNDS_COLUMNS, [r for a in algos for r in a.rounds_rows]))
     atomic_write_text(out / "round_metrics.csv", csv_text(METRICS_COLUMNS, [r for a in algos for r in a.metric_rows]))
