@@ -20,8 +20,17 @@ from fedseg.engine.context import Task
 from fedseg.engine.messages import load_weights
 from fedseg.evaluate.inference import score_caseset
 from fedseg.report.studies import render_study, study_sections
-from fedseg.run import cost_warnings
-from fedseg.studies import parse_sweep, plan_holdout, plan_sweep, run_label, run_study, unseen_caseset, unseen_columns
+from fedseg.run import cost_warnings, run_experiment
+from fedseg.studies import (
+    STUDY_FILE,
+    parse_sweep,
+    plan_holdout,
+    plan_sweep,
+    run_label,
+    run_study,
+    unseen_caseset,
+    unseen_columns,
+)
 from test_cli import TINY_SETS as TINY
 
 SITES = ["site1", "site2", "site3"]
@@ -47,6 +56,11 @@ def make_cfg(tiny_config):
 def _rows(path):
     with open(path, newline="") as f:
         return list(csv.DictReader(f))
+
+
+def _files(folder):
+    """``{relative path: (size, mtime_ns)}`` of every file under ``folder``: what a refused command must not touch."""
+    return {p.relative_to(folder).as_posix(): (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.rglob("*")}
 
 
 def _freq_sum(row, unseen):
@@ -119,6 +133,12 @@ def test_leave_one_out_resumes_finished_holdouts_and_writes_one_row_per_site(tmp
             s for s in SITES if s != r["unseen_site"]
         ]
 
+    # the leave-one-out resumed as a holdout of one site would drop site2 and site3 from the study: refused
+    before = _files(tmp_path)
+    with pytest.raises(ValueError, match=r"holdout sites site1, site2, site3 -> site1 .*drops site2, site3"):
+        run_study(plan_holdout(cfg, tmp_path, ["site1"], fed), resume=True)
+    assert _files(tmp_path) == before
+
 
 # --- sweep ------------------------------------------------------------------------------------
 def test_sweep_runs_one_complete_run_per_value_with_that_value_in_its_config(tmp_path, make_cfg, disc_federation):
@@ -149,7 +169,8 @@ def test_sweep_runs_one_complete_run_per_value_with_that_value_in_its_config(tmp
         assert yaml.safe_load((sub / "config.yaml").read_text())["methods"]["fedsm"]["lam"] == float(r["value"])
         summary = json.loads((sub / "summary.json").read_text())["algorithms"][r["algorithm"]]
         assert float(r["dice_client_avg"]) == pytest.approx(summary["dice"]["client_avg"])
-        assert r["nsd_client_avg"] == "" and math.isnan(summary["nsd"]["client_avg"])  # eval.hd95 off: no NSD either
+        nsd = summary["nsd"]["client_avg"]  # eval.hd95 off: no NSD either (summary.json: null, or NaN before that)
+        assert r["nsd_client_avg"] == "" and (nsd is None or math.isnan(nsd))
         assert float(r["dice_site2"]) == pytest.approx(summary["dice"]["site2"])
         assert float(r["val_dice"]) == pytest.approx(summary["convergence"]["best_val_dice"])
     assert json.loads((tmp_path / "sweep.json").read_text())["rows"][1]["dice_global"] == pytest.approx(
@@ -157,6 +178,40 @@ def test_sweep_runs_one_complete_run_per_value_with_that_value_in_its_config(tmp
     )
     (section,) = study_sections(tmp_path)
     assert "Sweep over methods.fedsm.lam (FedSM Table 7 layout)" in section
+
+
+def test_sweep_resumed_with_other_values_is_refused_and_may_only_add_values(tmp_path, make_cfg, disc_federation):
+    """A resume that drops a recorded value would leave its sub-run out of sweep.csv and study.json: refused (old ->
+    new) before anything is written; a resume that keeps every recorded value may add new ones."""
+    fed = disc_federation(n_sites=3, cases_per_site=4)
+    cfg = make_cfg(["fedavg"])
+    run_study(plan_sweep(cfg, tmp_path, "train.lr=0.001", fed))
+    before = _files(tmp_path)
+    with pytest.raises(ValueError, match=r"train.lr=0.001 -> train.lr=0.01,0.1 .*drops 0.001.*train.lr=0.001,0.01,0.1"):
+        run_study(plan_sweep(cfg, tmp_path, "train.lr=0.01,0.1", fed), resume=True)
+    assert _files(tmp_path) == before
+
+    run_study(plan_sweep(cfg, tmp_path, "train.lr=0.01,0.001", fed), resume=True)  # 0.001 reused, 0.01 added
+    assert [r["value"] for r in _rows(tmp_path / "sweep.csv")] == ["0.01", "0.001"]
+    assert json.loads((tmp_path / STUDY_FILE).read_text())["values"] == ["0.01", "0.001"]
+
+
+def test_a_study_and_a_plain_run_refuse_each_others_folders(tmp_path, make_cfg, disc_federation):
+    """A study on a run's folder would add its tables and replace the run's report; a run on a study's folder would
+    train into it and replace the study's report: each is refused, with or without --resume, before writing."""
+    fed = disc_federation(n_sites=3, cases_per_site=4)
+    plain, study = tmp_path / "plain", tmp_path / "study"
+    run_experiment(make_cfg(["fedavg"]), plain, federation=fed)
+    run_study(plan_sweep(make_cfg(["fedavg"]), study, "train.lr=0.01", fed))
+    runs, studies = _files(plain), _files(study)
+    cfg = make_cfg(["fedavg", "fedsm"])
+    for resume in (False, True):
+        for plan in (plan_sweep(cfg, plain, "train.lr=0.01", fed), plan_holdout(cfg, plain, ["site1"], fed)):
+            with pytest.raises(FileExistsError, match=r"plain: holds a run \(config.yaml\), not a study; .*--out"):
+                run_study(plan, resume)
+        with pytest.raises(FileExistsError, match=r"study: holds a study \(study.json\), not a run; .*another --out"):
+            run_experiment(cfg, study, resume, federation=fed)
+    assert _files(plain) == runs and _files(study) == studies
 
 
 @pytest.mark.parametrize(

@@ -62,10 +62,9 @@ from fedseg.engine.messages import load_weights
 from fedseg.evaluate.inference import candidate_dice
 from fedseg.evaluate.tables import site_dice
 from fedseg.run import count_sites, load_federation, run_experiment
-from fedseg.run.outputs import RunResults, csv_text
+from fedseg.run.outputs import STUDY_FILE, RunResults, csv_text
 from fedseg.run.preflight import check_device, check_out_dir, check_resume
 
-STUDY_FILE = "study.json"
 UNSEEN, SWEEP = "unseen", "sweep"  # table stems: OUT/unseen.csv|json, OUT/sweep.csv|json
 HOLDOUT_DIR, SWEEP_DIR = "holdout", "sweep"
 GM = "freq_GM"
@@ -211,19 +210,27 @@ def plan_sweep(cfg: RunConfig, out: Path, spec: str, federation: Federation | No
 
 
 def check_out(study: Study, resume: bool) -> None:
-    """Before any work: every sub-run's device usable and ``out`` a folder (or creatable); without ``resume``
-    the study folder must not hold a study or run; with it, ``study.json`` (if present) must describe the same
-    kind of study and key, and its base configuration may differ only as a run's may
+    """Before any work: every sub-run's device usable and ``out`` a folder (or creatable) that holds no plain run
+    (``config.yaml`` or ``checkpoints/``: a run is refused a study's folder in turn, ``fedseg.run.experiment.
+    record_start``); without ``resume`` the study folder must not hold a study or sub-run; with it, ``study.json``
+    (if present) must describe the same kind of study and key, keep every recorded value or site (new ones may be
+    added: ``check_same_variants``), and its base configuration may differ only as a run's may
     (``fedseg.run.preflight.check_resume``)."""
     out = study.out
     for device in dict.fromkeys(r.cfg.device for r in study.runs):
         check_device(device)
     check_out_dir(out)
     meta = out / STUDY_FILE
+    run_marks = [name for name in ("config.yaml", "checkpoints") if (out / name).exists()]
+    if run_marks and not meta.exists():
+        raise FileExistsError(
+            f"{out}: holds a run ({run_marks[0]}), not a study; a study cannot be added to it: choose another --out"
+        )
     if not resume:
-        if meta.exists() or (out / "checkpoints").exists() or any((r.dir / "checkpoints").exists() for r in study.runs):
+        if meta.exists() or any((r.dir / "checkpoints").exists() for r in study.runs):
             raise FileExistsError(
-                f"{out}: already holds a study or run; use --resume to continue it or choose another --out"
+                f"{out}: already holds a study; use --resume with the same study options to continue it "
+                "or choose another --out"
             )
         return
     if meta.is_file():
@@ -233,7 +240,34 @@ def check_out(study: Study, resume: bool) -> None:
                 f"{meta}: holds a {old.get('kind')} study (key {old.get('key')}); "
                 f"cannot resume it as a {study.kind} study (key {study.key})"
             )
+        check_same_variants(study, old, meta)
         check_resume(with_recorded_defaults(old.get("config", {})), study.cfg.model_dump(mode="json"), str(meta))
+
+
+def check_same_variants(study: Study, old: dict, meta: Path) -> None:
+    """A resume keeps every sweep value / held-out site ``study.json`` records (a dropped one would vanish from the
+    table and ``study.json`` while its sub-run stays in the folder); new ones may be added, in any order. A
+    ValueError naming recorded -> given, what is dropped and what to give."""
+    if study.kind == "sweep":
+        recorded, given = old.get("values"), [r.value or "" for r in study.runs]
+        if recorded is None:  # a study.json without its values: compare the sub-run folders
+            recorded, given = list(old.get("runs", {})), [r.label for r in study.runs]
+    else:
+        recorded, given = old.get("holdout") or list(old.get("runs", {})), [r.label for r in study.runs]
+    dropped = [v for v in recorded if v not in given]
+    if not dropped:
+        return
+    if study.kind == "sweep":
+        both = ",".join([*recorded, *(v for v in given if v not in recorded)])
+        raise ValueError(
+            f"{meta}: sweep {study.key}={','.join(recorded)} -> {study.key}={','.join(given)} drops "
+            f"{', '.join(dropped)}; a resume may add values but must keep every recorded one: "
+            f"use --sweep {study.key}={both} or choose another --out"
+        )
+    raise ValueError(
+        f"{meta}: holdout sites {', '.join(recorded)} -> {', '.join(given)} drops {', '.join(dropped)}; a resume may "
+        "add sites but must keep every recorded one: use --leave-one-out (every site) or choose another --out"
+    )
 
 
 # --------------------------------------------------------------------------- running
