@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import math
 import shutil
+from pathlib import Path
 
 import nibabel as nib
 import numpy as np
@@ -227,7 +228,7 @@ def test_bad_inputs_fail_naming_the_file_and_write_nothing(trained, tmp_path):
     with pytest.raises(PredictError, match="no manifest.json"):
         predict(tmp_path / "empty", new, out)
     assert not out.exists()
-    with pytest.raises(PredictError, match="is an input image"):
+    with pytest.raises(PredictError, match="is the input folder"):
         predict(run / "model", new, new)
     two = tmp_path / "two"
     shutil.copytree(run / "model", two)
@@ -346,3 +347,245 @@ def test_out_inside_a_dicom_series_input_is_refused(tmp_path):
         with pytest.raises(PredictError, match="inside the DICOM series folder"):
             check_out(out, [item], force=False)
     check_out(tmp_path / "elsewhere", [item], force=False)  # anywhere else is fine
+
+
+# --- bad inputs and outputs: one line each, nothing half-written ---------------------------------------------------
+def test_images_with_nan_or_inf_are_refused_naming_the_file_and_the_count(trained, tmp_path):
+    """As training and ``fedseg data check`` refuse them: normalization would turn such an image into another one and
+    the mask would be silently wrong. An nnU-Net case names the channel file that holds them."""
+    run = trained[0]
+    new = tmp_path / "new"
+    copy_test_images(trained, new)
+    image = np.random.default_rng(0).random((3, 32, 32)).astype(np.float32)
+    image[:, :5, :5] = np.nan
+    np.save(new / "corner.npy", image)
+    nib.save(nib.Nifti1Image(np.full((32, 32, 3), np.nan, np.float32), np.eye(4)), new / "blank.nii.gz")
+    channels = np.random.default_rng(1).random((3, 32, 32)).astype(np.float32)
+    channels[1, 0, :2] = [np.inf, np.nan]
+    for c in range(3):
+        np.save(new / f"case_{c:04d}.npy", channels[c])
+    out = tmp_path / "out"
+    with pytest.raises(PredictError) as e:
+        predict(run / "model", new, out)
+    assert str(e.value).splitlines() == [
+        f"{new / 'blank.nii.gz'}: image has 3072 NaN and 0 Inf values (of 3072); replace them",
+        f"{new / 'case_0001.npy'}: image has 1 NaN and 1 Inf values (of 1024); replace them",
+        f"{new / 'corner.npy'}: image has 75 NaN and 0 Inf values (of 3072); replace them",
+    ]
+    assert not out.exists()
+    (new / "blank.nii.gz").unlink()
+    for c in range(3):
+        (new / f"case_{c:04d}.npy").unlink()
+    result = runner.invoke(app, ["predict", "--model", str(run / "model"), "--input", str(new), "--out", str(out)])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert " ".join(result.output.split()) == f"error: {new / 'corner.npy'}: image has 75 NaN and 0 Inf values " + (
+        "(of 3072); replace them"
+    )
+    assert not out.exists()
+
+
+def fake_series(folder, slices=4):
+    """A folder of files that read as DICOM slices by name and preamble (``readers.series_folder_problem``)."""
+    folder.mkdir(parents=True)
+    for k in range(slices):
+        (folder / f"slice{k:02d}.dcm").write_bytes(bytes(128) + b"DICM" + bytes(16))
+    return folder
+
+
+def test_inputs_that_cannot_be_read_are_reported_not_skipped_and_grouped(tmp_path):
+    from fedseg.predict import list_inputs
+
+    pngs = tmp_path / "pngs"
+    pngs.mkdir()
+    for name in ("a.png", "b.png"):
+        (pngs / name).write_bytes(b"")
+    (pngs / "gone.png").symlink_to(tmp_path / "nowhere.png")
+    (pngs / "notes").mkdir()  # a folder without DICOM files is no input: ignored, as before
+    (pngs / "notes" / "todo.txt").write_text("later")
+    with pytest.raises(PredictError) as e:
+        list_inputs(pngs)
+    assert str(e.value) == f"{pngs / 'gone.png'}: neither a file nor a folder (a broken symbolic link or a link loop)"
+    (pngs / "gone.png").unlink()
+    assert list_inputs(pngs) == [pngs / "a.png", pngs / "b.png"]
+
+    series = tmp_path / "series"
+    fake_series(series / "ok")
+    (fake_series(series / "readme") / "README.txt").write_text("scanner notes")
+    (fake_series(series / "nested") / "extra").mkdir()
+    with pytest.raises(PredictError) as e:
+        list_inputs(series)
+    lines = str(e.value).splitlines()
+    assert len(lines) == 2, lines
+    assert lines[0].startswith(f"{series / 'nested'}: holds 'extra', which is not a file; ")
+    assert lines[1].startswith(f"{series / 'readme' / 'README.txt'}: not a DICOM file (no DICM preamble); ")
+    assert "images/" not in str(e.value)  # the reader's text, without the federation's wording
+    # a series folder given itself: why it is no series, one line (not one "unsupported file type" per slice)
+    for folder, line in (("readme", lines[1]), ("nested", lines[0])):
+        with pytest.raises(PredictError) as e:
+            list_inputs(series / folder)
+        assert str(e.value) == line
+    assert list_inputs(series / "ok") == [series / "ok"]
+
+    tifs = tmp_path / "tifs"
+    tifs.mkdir()
+    for i in range(50):
+        (tifs / f"scan{i:02d}.tif").write_bytes(b"II*\x00")
+    with pytest.raises(PredictError) as e:
+        list_inputs(tifs)
+    lines = str(e.value).splitlines()
+    assert len(lines) == 4 and lines[-1] == "... and 47 more like this", lines
+    assert lines[0].startswith(f"{tifs / 'scan00.tif'}: unsupported file type")
+
+
+def test_an_out_that_cannot_be_written_is_one_error_line(trained, tmp_path):
+    run = trained[0]
+    new = tmp_path / "new"
+    copy_test_images(trained, new)
+    if not Path("/proc/self").is_dir():
+        pytest.skip("needs /proc, where no folder can be made")
+    args = ["predict", "--model", str(run / "model"), "--input", str(new), "--out", "/proc/fedseg-no-such"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 1
+    assert result.output.strip() == "error: /proc/fedseg-no-such: No such file or directory"
+
+
+def test_a_folder_where_a_mask_goes_is_refused_before_anything_is_written(trained, tmp_path):
+    run = trained[0]
+    new = tmp_path / "new"
+    cases = copy_test_images(trained, new)
+    out = tmp_path / "out"
+    taken = out / sorted(f"{c}.png" for c in cases)[1]
+    taken.mkdir(parents=True)
+    for force in ([], ["--force"]):
+        args = ["predict", "--model", str(run / "model"), "--input", str(new), "--out", str(out), *force]
+        result = runner.invoke(app, args)
+        assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+        output = " ".join(result.output.split())
+        assert output.startswith(f"error: {taken}: is a folder, not a file") and output.count("error:") == 1, output
+        assert [p.name for p in out.iterdir()] == [taken.name]
+
+
+def test_a_failure_while_moving_the_masks_in_puts_the_previous_ones_back(trained, tmp_path, monkeypatch):
+    """--force replaces the masks of an earlier predict all together or not at all."""
+    run = trained[0]
+    new = tmp_path / "new"
+    copy_test_images(trained, new)
+    out = tmp_path / "out"
+    predict(run / "model", new, out)
+    for path in out.iterdir():
+        path.write_bytes(f"earlier {path.name}".encode())
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    rename, moved = Path.rename, []
+
+    def full_disk_on_the_third(self, target):
+        if self.parent.name.startswith(".predict-") and Path(target).parent == out:
+            moved.append(self.name)
+            if len(moved) == 3:
+                raise OSError(28, "No space left on device", str(target))
+        return rename(self, target)
+
+    monkeypatch.setattr(Path, "rename", full_disk_on_the_third)
+    with pytest.raises(OSError, match="No space left"):
+        predict(run / "model", new, out, force=True)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # no hidden folder left either
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="POSIX signals (Linux)")
+@pytest.mark.parametrize("stop", ["SIGTERM", "SIGHUP"])
+def test_kill_or_a_closed_terminal_stops_predict_like_ctrl_c(trained, tmp_path, stop):
+    """A real ``fedseg predict`` process, stopped by a real signal while it writes its masks: the staging folder is
+    removed, ``out`` (which it created) with it, and it says how to resume, as Ctrl-C does."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    run, root, _, prep = trained
+    new = tmp_path / "new"
+    new.mkdir()
+    image = root / prep.site_data[0].name / "images" / f"{prep.site_data[0].test.ids[0]}.png"
+    for i in range(1500):
+        (new / f"img{i:04d}.png").symlink_to(image)
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "fedseg.cli", "predict", "--model", str(run / "model"), "--input", str(new)]
+    proc = subprocess.Popen([*command, "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not any(out.glob(".predict-*/*")) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert proc.poll() is None, "predict ended before it was stopped"
+        proc.send_signal(getattr(signal, stop))
+        output, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, output
+    assert " ".join(output.split()) == f"error: interrupted: no mask was written to {out}; run the same command again"
+    assert not out.exists()
+
+
+def test_an_out_that_is_or_lies_inside_the_input_folder_is_refused(trained, tmp_path):
+    """The masks and predictions.csv would join the images (a site's images/, an imagesTs/): the next predict or
+    data check would read them. A folder that holds the input folder is fine: the masks lie beside it."""
+    run = trained[0]
+    new = tmp_path / "fed" / "site1" / "images"
+    copy_test_images(trained, new)
+    for out, relation in ((new, "is"), (new / "masks", "is inside")):
+        with pytest.raises(PredictError) as e:
+            predict(run / "model", new, out)
+        assert str(e.value).startswith(f"--out {out}: {relation} the input folder {new}; "), str(e.value)
+        assert len(str(e.value).splitlines()) == 1
+    assert [p.name for p in new.parent.iterdir()] == ["images"] and not (new / "masks").exists()
+    predict(run / "model", new, new.parent)  # beside the images
+    masks = list(new.parent.glob("*.png"))
+    assert (new.parent / "predictions.csv").is_file() and len(masks) == len(list(new.iterdir()))
+    one = next(new.iterdir())
+    shutil.copy(one, new / "photo.jpg")
+    with pytest.raises(PredictError, match="is the input folder"):  # a file given: its PNG mask would join them
+        predict(run / "model", new / "photo.jpg", new)
+    predict(run / "model", new / "photo.jpg", tmp_path / "masks")
+
+
+def test_a_numbered_file_given_alone_gets_the_mask_name_it_gets_in_its_folder(trained, tmp_path):
+    """``site1_0000.png`` beside ``site1_0001.png`` (images of a numbered series, each holding the model's three
+    channels) keeps its name, given alone or with its folder; a lone ``_0000`` file is named after its case both
+    ways, as nnU-Net names it."""
+    run, root, _, prep = trained
+    image = root / prep.site_data[0].name / "images" / f"{prep.site_data[0].test.ids[0]}.png"
+    frames, lone = tmp_path / "frames", tmp_path / "lone"
+    frames.mkdir()
+    lone.mkdir()
+    for i in range(2):
+        shutil.copy(image, frames / f"site1_{i:04d}.png")
+    shutil.copy(image, lone / "site2_0000.png")
+    written = {}
+    for given in (frames, frames / "site1_0000.png", lone, lone / "site2_0000.png"):
+        out = tmp_path / "out" / given.name
+        written[given.name] = sorted(r["mask"] for r in predict(run / "model", given, out))
+        assert sorted(p.name for p in out.iterdir()) == sorted([*written[given.name], "predictions.csv"])
+    assert written["frames"] == ["site1_0000.png", "site1_0001.png"]
+    assert written["site1_0000.png"] == ["site1_0000.png"]
+    assert written["lone"] == written["site2_0000.png"] == ["site2.png"]
+
+
+def test_a_study_folder_as_model_lists_its_sub_runs_models(trained, tmp_path):
+    run = trained[0]
+    new = tmp_path / "new"
+    copy_test_images(trained, new)
+    study = tmp_path / "study"
+    study.mkdir()
+    (study / "study.json").write_text("{}")
+    with pytest.raises(PredictError, match="is a study, not a run; none of its sub-runs has a model yet"):
+        predict(study, new, tmp_path / "out")
+    for site in ("site1", "site2"):
+        (study / "holdout" / site).mkdir(parents=True)
+        (study / "holdout" / site / "model").symlink_to(run / "model", target_is_directory=True)
+    with pytest.raises(PredictError) as e:
+        predict(study, new, tmp_path / "out")
+    assert str(e.value) == (
+        f"{study}: is a study, not a run; choose the model of one of its sub-runs: holdout/site1/model, "
+        f"holdout/site2/model (e.g. --model {study / 'holdout' / 'site1' / 'model'})"
+    )
+    assert not (tmp_path / "out").exists()
+    predict(study / "holdout" / "site1" / "model", new, tmp_path / "out")

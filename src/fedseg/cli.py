@@ -412,14 +412,15 @@ def predict(
 ) -> None:
     """Segment new images with a trained bundle (FedSM: Algorithm 2); writes masks in the input's format
     + predictions.csv (+ overlay pictures with --overlay)."""
-    from fedseg.predict import predict as predict_images
-
     try:
-        rows = predict_images(model, input_, out, gamma, algorithm, site, force, overlay=overlay)
-    except (FederationError, ValueError) as e:
-        fail(str(e))
+        with terminate_on_signals():  # kill, a closed terminal: as Ctrl-C, the staged masks are removed
+            from fedseg.predict import predict as predict_images
+
+            rows = predict_images(model, input_, out, gamma, algorithm, site, force, overlay=overlay)
+    except (FederationError, OSError, ValueError) as e:  # OSError: an --out that cannot be made, a full disk...
+        fail(error_text(e))
         return
-    except KeyboardInterrupt:  # the masks are staged and moved into --out at the end
+    except KeyboardInterrupt:  # the masks are staged and moved into --out all together at the end
         fail(f"interrupted: no mask was written to {out}; run the same command again", INTERRUPTED_EXIT)
         return
     overlays = f", {len(rows)} overlay(s)" if overlay else ""

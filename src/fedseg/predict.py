@@ -28,21 +28,21 @@ mask named ``<case>.<ext>`` (``nnunet_cases``; one channel file given alone brin
 5. with ``overlay``: ``<name>_overlay.png`` per input, the image (3D: its middle slice) with the
    predicted regions filled and outlined in the Okabe-Ito colours (``overlay_image``).
 
-Every input is read and checked (readable, channel count, spatial dimensions) before any model
-runs; outputs go to a hidden staging folder inside ``out`` and are moved into place only when
-all of them are written, so a failure while reading, predicting or writing leaves ``out`` as it
-was (an interruption during the final moves, with ``--force``, can leave some files replaced and
-others not: each file itself is always complete). Errors are ``PredictError``
-(or ``FederationError`` from the readers), each naming the file.
+Every input is listed and read and checked (readable, channel count, spatial dimensions, no NaN or Inf pixels)
+before any model runs: an entry of the input folder that cannot be an input (another file type, a broken link, a
+folder of DICOM files that is no series) is reported, never skipped. ``out`` must not be, lie inside or hold the
+input folder, and no folder may sit where an output file goes. Outputs go to a hidden staging folder inside
+``out`` (``folder.staging_folder``) and are moved into place only when all of them are written, all together
+(``folder.move_in``: files they replace, with ``--force``, are put back if a move fails or is interrupted), so a
+failure or interruption while reading, predicting or writing leaves ``out`` as it was. Errors are ``PredictError``
+(or ``FederationError`` from the readers, ``OSError`` from the file system), each naming the file; the same problem
+on many files is grouped (``folder.group_problems``).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shlex
-import shutil
-import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,14 +56,24 @@ from fedseg.algorithms.registry import RoutedModel
 from fedseg.data import readers
 from fedseg.data.federation import FederationError
 from fedseg.data.folder import _PIL_EXTS as PLANE_EXTS
-from fedseg.data.folder import IMAGE_EXTS, _write_nifti, _write_png, group_problems, read_image, split_name
+from fedseg.data.folder import (
+    IMAGE_EXTS,
+    _write_nifti,
+    _write_png,
+    case_problems,
+    group_problems,
+    move_in,
+    read_image,
+    split_name,
+    staging_folder,
+)
 from fedseg.data.importers.nnunet import CHANNEL_DIGITS, CHANNEL_FILE, stacked_channels
 from fedseg.data.preprocess import case_tensors, normalization, restore_size
 from fedseg.data.volumes import Grid, file_spacing, preprocess
 from fedseg.engine.messages import load_weights
 from fedseg.evaluate.inference import predict_masks
 from fedseg.evaluate.sliding import network_for, predict_on_grid
-from fedseg.run.bundles import MANIFEST, WEIGHTS, Bundle, BundleError, find_bundle, load_bundle
+from fedseg.run.bundles import MANIFEST, WEIGHTS, Bundle, BundleError, find_bundle, load_bundle, run_bundles
 from fedseg.run.outputs import csv_text
 from fedseg.run.preflight import check_out_dir
 
@@ -99,6 +109,35 @@ class Predictor:
         if self.routed is None:
             return [{"model": self.candidates[0], "confidence": ""} for _ in range(len(x))]
         return self.routed.choices(x)
+
+
+def find_model(model: Path, algorithm: str | None = None) -> Path:
+    """The bundle folder ``--model`` names (``run.bundles.find_bundle``); a study folder (or another folder of runs),
+    whose bundles lie deeper, is refused naming the model folders of its runs to choose from."""
+    try:
+        return find_bundle(model, algorithm)
+    except BundleError:
+        if (deeper := runs_below(Path(model))) is not None:
+            raise PredictError(deeper) from None
+        raise
+
+
+def runs_below(path: Path, shown: int = 4) -> str | None:
+    """Why ``path`` is no run although runs lie below it (a study's ``holdout/<site>/``, ``sweep/<key>=<value>/``):
+    one line listing their model folders (the first ``shown``); None where ``path`` is no study and holds none."""
+    if not path.is_dir() or (path / MANIFEST).is_file() or run_bundles(path):
+        return None
+    models = sorted({m for pattern in ("*/model", "*/*/model") for m in path.glob(pattern) if run_bundles(m.parent)})
+    from fedseg.report.study_tables import is_study_dir  # only here: it imports the report's figures
+
+    study = is_study_dir(path)
+    if not models:
+        return f"{path}: is a study, not a run; none of its sub-runs has a model yet" if study else None
+    what, runs = ("is a study, not a run", "of its sub-runs") if study else ("is not a run", "of the runs in it")
+    listed = ", ".join(str(m.relative_to(path)) for m in models[:shown])
+    more = f" and {len(models) - shown} more" if len(models) > shown else ""
+    example = shlex.quote(str(models[0]))
+    return f"{path}: {what}; choose the model of one {runs}: {listed}{more} (e.g. --model {example})"
 
 
 def build_predictor(bundle: Bundle, gamma: float | None = None, site: str | None = None) -> Predictor:
@@ -241,6 +280,23 @@ def nnunet_cases(paths: list[Path], channels: int, kind: Literal["2d", "3d"]) ->
     return sorted(grouped + others, key=lambda s: s.files[0])
 
 
+def given_source(path: Path, channels: int, kind: Literal["2d", "3d"]) -> Source:
+    """What channel file ``path`` (``<case>_XXXX.<ext>``), given alone, is read as: as in its folder given as the input
+    (``nnunet_cases`` of the folder's channel files), so its mask has the same name either way: its case (all its
+    channel files, or a lone ``_0000`` file), or, among numbered images that are no case's channels
+    (``site1_0000.png``, ``site1_0001.png``), the file itself under its own name. Where another case of the folder
+    is incomplete, from its own case's files alone."""
+    found = channel_file(path)
+    entries = sorted(p for p in path.parent.iterdir() if not p.name.startswith("."))
+    named = {p: c for p in entries if (c := channel_file(p)) is not None}
+    try:
+        sources = nnunet_cases(list(named), channels, kind)
+    except PredictError:  # another case's problem, not this input's (its own case's are raised here)
+        same_case = [p for p, c in named.items() if found is not None and c[::2] == found[::2]]
+        sources = nnunet_cases(same_case, channels, kind)
+    return next((s for s in sources if path.name in {f.name for f in s.files}), Source((path,)))
+
+
 def mask_name(path: Path, case: str | None = None) -> str:
     """Output file name of ``path``'s mask: the same name (an nnU-Net channel file: its ``case``'s, without the
     ``_XXXX``), PNG for JPEG (masks must be lossless), NIfTI for a DICOM series folder (named after the folder)."""
@@ -288,10 +344,44 @@ def is_series(path: Path) -> bool:
     return path.is_dir() and readers.series_folder_problem(path) is None
 
 
+def series_problem(folder: Path) -> str | None:
+    """Why ``folder`` is no DICOM series (``readers.series_folder_problem``'s text, without its advice for a
+    federation's ``images/``), or None."""
+    problem = readers.series_folder_problem(folder)
+    if problem is None:
+        return None
+    why, sep, _ = problem.rpartition("; ")
+    return f"{why if sep else problem}; a DICOM series folder holds the .dcm files of one series and nothing else"
+
+
+def holds_dicom(folder: Path) -> bool:
+    """Whether ``folder`` holds a DICOM file (by its ``.dcm`` name, or the DICM preamble of a file of no image
+    type): meant as a series, so when it is none, predict says why rather than ignoring it."""
+    try:
+        files = [p for p in readers.series_entries(folder) if p.is_file()]
+    except OSError:
+        return False
+    if any(p.name.lower().endswith(".dcm") for p in files):
+        return True
+    for p in files:
+        if split_name(p.name, IMAGE_EXTS) is None:
+            try:
+                with open(p, "rb") as f:
+                    if f.read(132)[128:] == b"DICM":
+                        return True
+            except OSError:
+                continue
+    return False
+
+
 def list_inputs(path: Path) -> list[Path]:
     """``path`` itself (an image file or a DICOM series folder), or the inputs of folder ``path``: its image
-    files and the DICOM series folders in it (not recursive; hidden entries and other folders ignored)."""
+    files and the DICOM series folders in it (not recursive; hidden entries and folders without DICOM files ignored).
+    Every entry that cannot be an input is reported in one ``PredictError``, the same problem on many entries grouped
+    (``group_problems``): a file of another type, a broken link, a folder of DICOM files that is no series (a stray
+    file or sub-folder in it: ``series_problem``); ``path`` itself such a folder: why it is no series."""
     path = Path(path)
+    problems: list[str] = []
     if path.is_file() or is_series(path):
         files = [path]
     elif path.is_dir():
@@ -301,16 +391,32 @@ def list_inputs(path: Path) -> list[Path]:
             raise PredictError(f"{path}: a dataset folder (dataset.json); give the folder of images: --input {given}")
         companions = readers.mhd_data_files(path)  # the data files of .mhd headers are no inputs of their own
         entries = [p for p in sorted(path.iterdir()) if not p.name.startswith(".") and p.name not in companions]
-        files = [p for p in entries if p.is_file() or is_series(p)]
-        if not files:
+        files = []
+        for entry in entries:
+            if entry.is_file():
+                files.append(entry)
+            elif entry.is_dir():
+                if (problem := series_problem(entry)) is None:
+                    files.append(entry)
+                elif holds_dicom(entry):
+                    problems.append(problem)
+            else:
+                problems.append(f"{entry}: neither a file nor a folder (a broken symbolic link or a link loop)")
+        images_in = [p for p in files if p.is_dir() or split_name(p.name, IMAGE_EXTS) is not None]
+        if not images_in and holds_dicom(path):  # the folder of a series, with something else in it
+            raise PredictError(series_problem(path) or f"{path}: not a DICOM series folder")
+        if not files and not problems:
             raise PredictError(f"{path}: no image files (expected {', '.join(IMAGE_EXTS)}) or DICOM series folders")
+    elif path.is_symlink():
+        raise PredictError(f"{path}: a broken symbolic link")
     else:
         raise PredictError(f"{path}: no such file or folder")
-    bad = [p for p in files if p.is_file() and split_name(p.name, IMAGE_EXTS) is None]
-    if bad:
-        raise PredictError(
-            "\n".join(f"{p}: unsupported file type (expected one of {', '.join(IMAGE_EXTS)})" for p in bad)
-        )
+    for p in files:
+        if p.is_file() and split_name(p.name, IMAGE_EXTS) is None:
+            dicom = "; a DICOM image is given as its series' folder" if p.suffix.lower() == ".dcm" else ""
+            problems.append(f"{p}: unsupported file type (expected one of {', '.join(IMAGE_EXTS)}){dicom}")
+    if problems:  # the same problem on many entries: the first few, then a count
+        raise PredictError("\n".join(group_problems(problems)))
     return files
 
 
@@ -335,6 +441,8 @@ def read_input(source: Source, root: Path, bundle: Bundle) -> Input:
         )
     if min(image.shape[1:]) < 1:
         raise PredictError(f"{path}: empty image (shape {tuple(image.shape)})")
+    if problems := nonfinite_problems(image, source.files):
+        raise PredictError("\n".join(problems))
     norm = normalization(m["normalize"], m.get("ct_windows"))
     x, _ = case_tensors(image, None, bundle.regions, m["image_size"], norm)
     volume = None
@@ -346,6 +454,19 @@ def read_input(source: Source, root: Path, bundle: Bundle) -> Input:
     name = "+".join(p.name if p == root else str(p.relative_to(base)) for p in source.files)
     channel_files = source.files if len(source.files) > 1 else ()
     return Input(path, name, mask_name(path, source.case), x, tuple(image.shape[1:]), volume, channel_files)
+
+
+def nonfinite_problems(image: np.ndarray, files: tuple[Path, ...]) -> list[str]:
+    """NaN or Inf pixels of ``image`` ``(C, *spatial)``, read from ``files`` (one file, or an nnU-Net case's channel
+    files: the one holding them is named), refused as training and ``fedseg data check`` refuse them: the check of
+    ``folder.case_problems``, given a label of the image's own shape and channel count (nothing else to report)."""
+    per_file = 1 < len(files) == image.shape[0]
+    parts = [(image[c : c + 1], f) for c, f in enumerate(files)] if per_file else [(image, files[0])]
+    problems = []
+    for part, path in parts:
+        fits = np.broadcast_to(np.uint8(0), part.shape[1:])
+        problems += case_problems(part, fits, path, path, part.shape[0])
+    return problems
 
 
 def read_source(source: Source, kind: Literal["2d", "3d"]) -> np.ndarray:
@@ -377,10 +498,8 @@ def read_inputs(path: Path, bundle: Bundle, overlay: bool = False) -> list[Input
     inputs, problems, channels = [], [], bundle.manifest["in_channels"]
     check_dataset_channels(Path(path), channels, bundle)
     sources = nnunet_cases(list_inputs(path), channels, bundle.kind)
-    if Path(path).is_file() and (found := channel_file(Path(path))) is not None:  # a channel file: its case, if any
-        siblings = sorted(p for p in Path(path).parent.iterdir() if (c := channel_file(p)) and c[::2] == found[::2])
-        case = nnunet_cases(siblings, channels, bundle.kind)
-        sources = case if len(case) == 1 and len(case[0].files) > 1 else sources
+    if Path(path).is_file() and channel_file(Path(path)) is not None:  # a channel file: as its folder reads it
+        sources = [given_source(Path(path), channels, bundle.kind)]
     for source in sources:
         try:
             inputs.append(read_input(source, Path(path), bundle))
@@ -422,9 +541,26 @@ def output_names(inputs: list[Input], overlay: bool) -> list[str]:
     return [i.mask_name for i in inputs] + ([overlay_name(i.mask_name) for i in inputs] if overlay else []) + [CSV_NAME]
 
 
-def check_out(out: Path, inputs: list[Input], force: bool, overlay: bool = False) -> None:
-    """Refuse an ``out`` that is a file or under one, that would overwrite an input, or (without ``force``)
-    existing outputs."""
+def input_folder_problem(out: Path, given: Path) -> str | None:
+    """One line if ``out`` is the input folder ``given`` (``given`` a file: its folder) or lies inside it (``given``
+    a folder): the masks and predictions.csv would join the images (a site's ``images/``, an ``imagesTs/``), where the
+    next predict or ``fedseg data check`` reads them; else None. A folder holding the input folder is fine (``--input
+    scans --out .``): the masks lie beside the scans, not among them."""
+    folder = given if given.is_dir() else given.parent
+    where, inputs = out.resolve(), folder.resolve()
+    if where == inputs:
+        relation, why = "is", f"the masks and {CSV_NAME} would join its images, and the next predict read them"
+    elif given.is_dir() and where.is_relative_to(inputs):
+        relation, why = "is inside", "a folder of masks would sit among its images (data check refuses such a folder)"
+    else:
+        return None
+    return f"--out {out}: {relation} the input folder {folder}; {why}: choose an --out outside it"
+
+
+def check_out(out: Path, inputs: list[Input], force: bool, overlay: bool = False, given: Path | None = None) -> None:
+    """Refuse an ``out`` that is a file or under one, that is or lies inside the input folder ``given``
+    (``input_folder_problem``) or a DICOM series input, that would overwrite an input, where a folder (or anything but
+    a file) sits where an output file goes, or (without ``force``) existing outputs."""
     try:
         check_out_dir(out)
     except ValueError as e:
@@ -432,11 +568,17 @@ def check_out(out: Path, inputs: list[Input], force: bool, overlay: bool = False
     inside = [i.path for i in inputs if i.path.is_dir() and out.resolve().is_relative_to(i.path.resolve())]
     if inside:  # the masks would join the series' files (and the folder would no longer read as one series)
         raise PredictError(f"{out}: is inside the DICOM series folder {inside[0]} (an input); choose another --out")
+    if given is not None and (problem := input_folder_problem(out, Path(given))) is not None:
+        raise PredictError(problem)
     targets = [out / name for name in output_names(inputs, overlay)]
     sources = {f.resolve() for i in inputs for f in i.files}
     overwrite_input = [t for t in targets if t.resolve() in sources]
     if overwrite_input:
         raise PredictError(f"{overwrite_input[0]}: is an input image; choose another --out")
+    not_files = [t for t in targets if t.exists() and not t.is_file()]
+    if not_files:  # no file can replace it, even with --force: refused before anything is written
+        what = "a folder" if not_files[0].is_dir() else "not a regular file"
+        raise PredictError(f"{not_files[0]}: is {what}, not a file predict writes; remove it or choose another --out")
     existing = [t for t in targets if t.exists()]
     if existing and not force:
         raise PredictError(
@@ -460,24 +602,15 @@ def predict(
     """Predict a mask for every image of ``input`` (a file or a folder) into ``out``; returns the
     rows of ``predictions.csv``. Nothing is written unless every input is valid. ``overlay``: also
     ``<name>_overlay.png`` per input, the image with its predicted regions drawn on it (``overlay_image``)."""
-    bundle = load_bundle(find_bundle(model, algorithm))
+    bundle = load_bundle(find_model(model, algorithm))
     predictor = build_predictor(bundle, gamma, site)
     inputs = read_inputs(input, bundle, overlay)
     out = Path(out)
-    check_out(out, inputs, force, overlay)
-    created = not out.exists()
-    out.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=out, prefix=".predict-"))
-    try:
+    check_out(out, inputs, force, overlay, Path(input))
+    replaced = [t for t in (out / n for n in output_names(inputs, overlay)) if t.exists() or t.is_symlink()]
+    with staging_folder(out, "predict") as staging:  # removed, and out if it made it, on any error or interruption
         rows = write_predictions(predictor, bundle, inputs, staging, batch_size, overlay)
-        for name in output_names(inputs, overlay):
-            os.replace(staging / name, out / name)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        if created and not any(out.iterdir()):
-            out.rmdir()
-        raise
-    shutil.rmtree(staging, ignore_errors=True)
+        move_in(staging, out, replaced)  # all together: a failed or interrupted move puts back what it replaced
     return rows
 
 
