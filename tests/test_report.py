@@ -283,7 +283,7 @@ def test_nan_values_render_as_dash(tmp_path):
             }
         },
     }
-    (run / "summary.json").write_text(json.dumps(summary))  # json writes NaN, as run outputs do
+    (run / "summary.json").write_text(json.dumps(summary))  # NaN, as run outputs wrote it before null
     hd = table(render_report(run).read_text(), "Test HD95 (pixels / voxels)")
     assert row_cells(hd, "FedAvg")[:2] == ["–", "<b>3.00</b>"]
 

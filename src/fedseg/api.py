@@ -20,13 +20,13 @@ thread count and every global random generator are restored afterwards. Custom m
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fedseg.atomic_files import json_number
 from fedseg.config import ConfigError, RunConfig, load_config, validate_config
 from fedseg.data.federation import Federation
 
@@ -262,8 +262,7 @@ class Results:
             raise ValueError(
                 f"{metric}({average!r}): {self.out} has no site {average!r}; choose one of {', '.join(known)}"
             )
-        values = {a: e.get(metric, {}).get(average) for a, e in entries.items()}
-        return {a: math.nan if v is None else float(v) for a, v in values.items()}  # null in summary.json: NaN
+        return {a: json_number(e.get(metric, {}).get(average)) for a, e in entries.items()}  # null: NaN
 
     # --- tables --------------------------------------------------------------------------------
     def cases(

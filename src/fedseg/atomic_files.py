@@ -95,3 +95,9 @@ def strict_json_text(value: object, indent: int | None = None) -> str:
     """``value`` as strict JSON (:func:`json_ready`: a number that is not finite is ``null``); other objects as
     their text."""
     return json.dumps(json_ready(value), indent=indent, allow_nan=False, default=str)
+
+
+def json_number(value: object) -> float:
+    """A number read back from strict JSON (:func:`strict_json_text`): ``null`` (or a missing value) as NaN, the
+    value it stood for."""
+    return math.nan if value is None else float(value)  # type: ignore[arg-type]

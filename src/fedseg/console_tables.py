@@ -6,8 +6,12 @@ truncated numbers to ``0.95…``; these helpers print on a console at least as w
 
 from __future__ import annotations
 
+import math
+
 from rich.console import Console
 from rich.table import Table
+
+from fedseg.atomic_files import json_number
 
 CELL_WIDTH = 12  # characters per column, enough for "0.9096" or a short site name plus padding
 
@@ -24,8 +28,14 @@ def print_table(console: Console, title: str, columns: list[str], rows: list[lis
 
 
 def print_dice(console: Console, title: str, sites: list[str], dice: dict[str, dict[str, float]]) -> None:
-    """Test Dice per algorithm: ``dice[algorithm]`` = a summary's ``dice`` entry (sites, client_avg, global)."""
+    """Test Dice per algorithm: ``dice[algorithm]`` = a summary's ``dice`` entry (sites, client_avg, global); ``–``
+    where there is none (NaN, or ``null`` in summary.json: a site that failed)."""
     keys = [*sites, "client_avg", "global"]
     print_table(
-        console, title, ["algorithm", *keys], [[name, *(f"{d[k]:.4f}" for k in keys)] for name, d in dice.items()]
+        console, title, ["algorithm", *keys], [[name, *(_cell(d.get(k)) for k in keys)] for name, d in dice.items()]
     )
+
+
+def _cell(value: float | None) -> str:
+    number = json_number(value)
+    return "–" if math.isnan(number) else f"{number:.4f}"

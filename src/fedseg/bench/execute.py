@@ -11,7 +11,6 @@ the run's ``threads`` says), so runs never share state and their numbers equal a
 from __future__ import annotations
 
 import json
-import math
 import multiprocessing
 import os
 import pickle
@@ -24,7 +23,7 @@ from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 
-from fedseg.atomic_files import atomic_write_text
+from fedseg.atomic_files import atomic_write_text, json_number
 from fedseg.bench.plan import BenchRun, run_config
 from fedseg.bench.spec import BenchSpec
 from fedseg.config import RunConfig, with_recorded_defaults
@@ -210,8 +209,8 @@ class Runner:
         flagged = not_converged(bool(conv.get("late_best")), bool(conv.get("plateaued")))
         late = " (best round in the last 10%, no plateau: may not have converged)" if flagged else ""
         self.echo(
-            f"  done {fin.run.label}: test Dice {entry['dice']['client_avg']:.4f}, validation "
-            f"{conv.get('best_val_dice', math.nan):.4f} at round {conv.get('best_round')}/{conv.get('rounds')}"
+            f"  done {fin.run.label}: test Dice {json_number(entry['dice'].get('client_avg')):.4f}, validation "
+            f"{json_number(conv.get('best_val_dice')):.4f} at round {conv.get('best_round')}/{conv.get('rounds')}"
             f"{late} [{fin.seconds:.0f} s; {left} left, ETA {_duration(eta)}]"
         )
 

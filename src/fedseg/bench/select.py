@@ -17,6 +17,7 @@ from collections import Counter
 
 import numpy as np
 
+from fedseg.atomic_files import json_number
 from fedseg.bench.execute import Finished
 from fedseg.bench.plan import BenchRun, Setting, setting_label, settings
 from fedseg.bench.spec import BenchSpec, MethodSpec
@@ -24,11 +25,11 @@ from fedseg.run.stopping import PLATEAU, not_converged
 
 
 def validation_score(fin: Finished, algorithm: str) -> float:
-    return float(fin.entry(algorithm).get("convergence", {}).get("best_val_dice", math.nan))
+    return json_number(fin.entry(algorithm).get("convergence", {}).get("best_val_dice"))
 
 
 def test_score(fin: Finished, algorithm: str) -> float:
-    return float(fin.entry(algorithm)["dice"]["client_avg"])
+    return json_number(fin.entry(algorithm)["dice"].get("client_avg"))
 
 
 def run_not_converged(convergence: dict) -> bool:
