@@ -81,7 +81,10 @@ def fsync_dir(folder: Path) -> None:
 
 def json_ready(value: object) -> object:
     """``value`` (dicts, lists and tuples within) with every non-finite float as None: ``json.dumps`` writes it as
-    ``null``, valid JSON for any reader (R's jsonlite, JavaScript's ``JSON.parse``), where ``NaN`` is not."""
+    ``null``, valid JSON for any reader (R's jsonlite, JavaScript's ``JSON.parse``), where ``NaN`` is not (and a CSV
+    writer an empty cell). A numpy scalar becomes the Python number it holds."""
+    if type(value).__module__ == "numpy" and hasattr(value, "item") and getattr(value, "ndim", None) == 0:
+        value = value.item()
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, dict):

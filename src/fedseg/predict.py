@@ -30,8 +30,8 @@ mask named ``<case>.<ext>`` (``nnunet_cases``; one channel file given alone brin
 
 Every input is listed and read and checked (readable, channel count, spatial dimensions, no NaN or Inf pixels)
 before any model runs: an entry of the input folder that cannot be an input (another file type, a broken link, a
-folder of DICOM files that is no series) is reported, never skipped. ``out`` must not be, lie inside or hold the
-input folder, and no folder may sit where an output file goes. Outputs go to a hidden staging folder inside
+folder of DICOM files that is no series) is reported, never skipped. ``out`` must not be or lie inside the input
+folder, and no folder may sit where an output file goes. Outputs go to a hidden staging folder inside
 ``out`` (``folder.staging_folder``) and are moved into place only when all of them are written, all together
 (``folder.move_in``: files they replace, with ``--force``, are put back if a move fails or is interrupted), so a
 failure or interruption while reading, predicting or writing leaves ``out`` as it was. Errors are ``PredictError``

@@ -43,17 +43,14 @@ Dice: per case the mean over regions, then the mean over the site's cases
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-import numpy as np
-
 from fedseg.algorithms import check_sites, get_algorithm
-from fedseg.atomic_files import atomic_write_text
+from fedseg.atomic_files import atomic_write_text, json_ready, strict_json_text
 from fedseg.config import ConfigError, RunConfig, apply_override, error_text, validate_config, with_recorded_defaults
 from fedseg.data.dataset import CaseSet, build_site_data
 from fedseg.data.federation import Federation
@@ -314,23 +311,12 @@ def write_study_file(study: Study) -> None:
     atomic_write_text(study.out / STUDY_FILE, json.dumps(meta, indent=2))
 
 
-def _clean(x):
-    """NaN -> None (an empty CSV cell, JSON null) and numpy scalars -> Python numbers, inside dicts and lists too."""
-    if isinstance(x, dict):
-        return {k: _clean(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_clean(v) for v in x]
-    if isinstance(x, (float, np.floating)):
-        return None if math.isnan(float(x)) else float(x)
-    return int(x) if isinstance(x, np.integer) else x
-
-
 def write_table(out: Path, stem: str, columns: list[str], rows: list[dict]) -> None:
     """``OUT/<stem>.csv`` (``columns`` only; empty = not applicable) and ``OUT/<stem>.json``
     (``{"columns", "rows"}``, rows with any extra detail keys)."""
-    flat = [{c: _clean(r.get(c)) for c in columns} for r in rows]
+    flat = [{c: json_ready(r.get(c)) for c in columns} for r in rows]
     atomic_write_text(out / f"{stem}.csv", csv_text(columns, flat))
-    atomic_write_text(out / f"{stem}.json", json.dumps({"columns": columns, "rows": _clean(rows)}, indent=2))
+    atomic_write_text(out / f"{stem}.json", strict_json_text({"columns": columns, "rows": rows}, indent=2))
 
 
 # --------------------------------------------------------------------------- sweep table
@@ -357,12 +343,12 @@ def sweep_rows(results: RunResults, key: str, value: str, run: str) -> list[dict
                 "key": key,
                 "value": value,
                 "algorithm": algo.name,
-                "val_dice": _clean(algo.summary.get("convergence", {}).get("best_val_dice")),
-                **{f"dice_{s}": _clean(dice.get(s)) for s in results.federation.site_names},
-                "dice_client_avg": _clean(dice["client_avg"]),
-                "dice_global": _clean(dice["global"]),
-                "hd95_client_avg": _clean(hd95["client_avg"]),
-                "nsd_client_avg": _clean(algo.summary.get("nsd", {}).get("client_avg")),
+                "val_dice": json_ready(algo.summary.get("convergence", {}).get("best_val_dice")),
+                **{f"dice_{s}": json_ready(dice.get(s)) for s in results.federation.site_names},
+                "dice_client_avg": json_ready(dice["client_avg"]),
+                "dice_global": json_ready(dice["global"]),
+                "hd95_client_avg": json_ready(hd95["client_avg"]),
+                "nsd_client_avg": json_ready(algo.summary.get("nsd", {}).get("client_avg")),
                 "run": run,
             }
         )
