@@ -19,6 +19,7 @@ from fedseg.data.folder import write_folder
 from fedseg.engine.context import Task
 from fedseg.engine.messages import load_weights
 from fedseg.evaluate.inference import score_caseset
+from fedseg.flower.launch import check_new_or_resumed
 from fedseg.report.studies import render_study, study_sections
 from fedseg.run import cost_warnings, run_experiment
 from fedseg.studies import (
@@ -211,6 +212,8 @@ def test_a_study_and_a_plain_run_refuse_each_others_folders(tmp_path, make_cfg, 
                 run_study(plan, resume)
         with pytest.raises(FileExistsError, match=r"study: holds a study \(study.json\), not a run; .*another --out"):
             run_experiment(cfg, study, resume, federation=fed)
+        with pytest.raises(FileExistsError, match=r"study: holds a study"):  # the Flower coordinator's check
+            check_new_or_resumed(study, resume)
     assert _files(plain) == runs and _files(study) == studies
 
 

@@ -59,8 +59,8 @@ from fedseg.engine.messages import load_weights
 from fedseg.evaluate.inference import candidate_dice
 from fedseg.evaluate.tables import site_dice
 from fedseg.run import count_sites, load_federation, run_experiment
-from fedseg.run.outputs import STUDY_FILE, RunResults, csv_text
-from fedseg.run.preflight import check_device, check_out_dir, check_resume
+from fedseg.run.outputs import RunResults, csv_text
+from fedseg.run.preflight import STUDY_FILE, check_device, check_out_dir, check_resume
 
 UNSEEN, SWEEP = "unseen", "sweep"  # table stems: OUT/unseen.csv|json, OUT/sweep.csv|json
 HOLDOUT_DIR, SWEEP_DIR = "holdout", "sweep"

@@ -24,8 +24,8 @@ from fedseg.run.data_record import RECORD as DATA_RECORD
 from fedseg.run.data_record import check_data_files, check_data_origin, record_data_files
 from fedseg.run.engines import EngineFactory, local_engines
 from fedseg.run.loop import run_algorithm
-from fedseg.run.outputs import STUDY_FILE, RunResults, write_outputs
-from fedseg.run.preflight import check_device, check_out_dir, check_resume, recorded_config
+from fedseg.run.outputs import RunResults, write_outputs
+from fedseg.run.preflight import check_device, check_not_a_study, check_out_dir, check_resume, recorded_config
 from fedseg.run.preparation import PLAN_FILE, Prepared, folder_root, prepare, prepare_planned
 from fedseg.run.provenance import begin, unchanged
 from fedseg.run.resume import all_finished
@@ -115,6 +115,7 @@ def check_before_data(cfg: RunConfig, out: Path, resume: bool, check_compute: bo
     if check_compute:
         check_device(cfg.device)
     check_out_dir(out)
+    check_not_a_study(out)  # a study's folder, resumed or not: before any data is prepared
     torch.set_num_threads(cfg.threads)
     for name in cfg.algorithms:  # unknown names and bad options fail before any work
         get_algorithm(name).parse_options(cfg.methods.get(name))
@@ -176,13 +177,7 @@ def record_start(
     """Refuse an ``out`` that holds another run, or (``resume``) data from elsewhere than the run's record says;
     record ``config.yaml`` (a resume compares with it), where the data came from (``fedseg.run.data_record``) and
     the plan (``model.name: planned``; a resume reuses it); log a resume in ``run.log`` (unless its log ends
-    finished); announce the cost warnings and the methods' notes. A study's folder (``STUDY_FILE``) is refused,
-    resumed or not."""
-    if (out / STUDY_FILE).exists():  # a study refuses a run's folder in turn (fedseg.studies.check_out)
-        raise FileExistsError(
-            f"{out}: holds a study (study.json), not a run; resume it with the same study options "
-            "(--sweep, --holdout or --leave-one-out) or choose another --out"
-        )
+    finished); announce the cost warnings and the methods' notes."""
     if out.exists() and any(out.iterdir()) and not resume and (out / "checkpoints").exists():
         raise FileExistsError(f"{out}: already holds a run; use --resume to continue it or choose another --out")
     if resume:

@@ -21,7 +21,6 @@ from fedseg.run.result import AlgorithmResult, Row
 
 Bundle = dict[str, dict[str, torch.Tensor]]  # the trained models, by name
 
-STUDY_FILE = "study.json"  # a study's record (fedseg.studies): the folder holding it is a study's, not a run's
 RESULTS_COLUMNS = ["algorithm", "model", "site", "case", "region", "metric", "value"]
 ROUNDS_COLUMNS = ["algorithm", "round", "site", "val_dice", "train_loss"]
 METRICS_COLUMNS = ["algorithm", "round", "site", "metric", "value"]

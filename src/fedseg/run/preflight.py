@@ -1,7 +1,8 @@
 """Checks made before a run does any work (nothing is created when one fails):
 
 * ``check_device``: ``device`` parses and this torch can use it (CUDA / MPS available, index in range);
-* ``check_out_dir``: ``--out`` is a folder or can become one (not a file, not under a file);
+* ``check_out_dir``: ``--out`` is a folder or can become one (not a file, not under a file); ``check_not_a_study``:
+  it holds no study;
 * ``resume_conflicts`` / ``check_resume``: the one comparison of a run's (or study's) recorded
   configuration with the new one. On resume every key must be equal except:
 
@@ -63,6 +64,19 @@ def check_device(name: str) -> torch.device:
     elif device.type != "cpu":
         raise ValueError(f"device {name!r}: fedseg runs on cpu, cuda[:N] or mps {fix}")
     return device
+
+
+STUDY_FILE = "study.json"  # a study's record (fedseg.studies): the folder holding it is a study's, not a run's
+
+
+def check_not_a_study(out: Path) -> None:
+    """A FileExistsError where ``out`` holds a study (``STUDY_FILE``): a run there would overwrite its report (a
+    study refuses a run's folder in turn, ``fedseg.studies.check_out``)."""
+    if (Path(out) / STUDY_FILE).exists():
+        raise FileExistsError(
+            f"{out}: holds a study ({STUDY_FILE}), not a run; resume it with the same study options "
+            "(--sweep, --holdout or --leave-one-out) or choose another --out"
+        )
 
 
 def check_out_dir(out: Path, option: str = "--out") -> None:
