@@ -104,7 +104,15 @@ def test_a_set_or_grid_key_the_bench_sets_itself_is_refused_naming_where_and_wha
     ],
 )
 def test_keys_the_bench_leaves_alone_are_accepted(tmp_path, change):
-    load_bench(_write(tmp_path, **change))
+    """Accepted, kept as written, and none of them is a key the bench sets in its runs (``run_keys``)."""
+    spec, _ = load_bench(_write(tmp_path, **change))
+    fed_sets = [a for f in change.get("federations", []) if isinstance(f, dict) for a in f["set"]]
+    written = [*change.get("set", []), *fed_sets]
+    given = [*spec.set, *(a for f in spec.federations for a in federation_overrides(f))]
+    assert written and all(a in given for a in written), (written, given)
+    keys = {k for a in written for k in assigned_keys(a)}
+    for fed in spec.federations:
+        assert not keys & set(spec.run_keys(fed)), (fed.name, keys & set(spec.run_keys(fed)))
 
 
 def test_assigned_keys_reach_into_a_mapping_value():
