@@ -389,6 +389,48 @@ def test_a_supernode_killed_mid_run_is_skipped_and_the_run_completes_with_the_re
     assert not _survivors(out / "flower")
 
 
+def test_a_site_whose_clientapp_runner_dies_stops_its_supernode_and_the_run_does_not_wait_for_ever(
+    folder, tmp_path, tiny
+):
+    """fl.on_failure = skip and no fl.timeout_s: site2's warm ClientApp runner (``fedseg.flower.worker``, not its
+    SuperNode) is killed after round 1's checkpoint. Its SuperNode stops with it, saying why, so the SuperLink
+    answers site2's messages with node-unavailable and the run completes with site1 (a SuperNode left without its
+    runner held its messages unanswered and the run waited for ever: a CI run hung 900 s on it)."""
+    import contextlib
+    import os
+
+    from fedseg.flower.deploy import descendants
+
+    path = _config(tiny, tmp_path / "cfg.yaml", ["fedavg"], rounds=2)
+    cfg = yaml.safe_load(path.read_text())
+    cfg["fl"].update(on_failure="skip")
+    path.write_text(yaml.safe_dump(cfg))
+    out = tmp_path / "flower"
+    proc = _start_local(path, folder, out)
+    try:
+        _checkpointed(out, "fedavg", 1, proc)
+        started = json.loads((out / "flower" / "processes.json").read_text())["started"]
+        (node,) = [int(p) for p, name in started.items() if name == "supernode-site2"]
+        runners = []
+        for pid in descendants(node):
+            with contextlib.suppress(OSError):  # a process that has exited meanwhile
+                if b"fedseg.flower.worker" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    runners.append(pid)
+        assert len(runners) == 1, runners
+        os.kill(runners[0], signal.SIGKILL)
+        said, _ = proc.communicate(timeout=600)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, said
+    assert "the SuperNode of site 'site2' exited (code 1)" in said and "goes on without it" in said
+    log = (out / "flower" / "logs" / "supernode-site2.log").read_text()
+    assert "site 'site2': the ClientApp runner exited (code -9); this process stops with it" in log
+    summary = json.loads((out / "summary.json").read_text())["algorithms"]["fedavg"]
+    assert {(f["round"], f["site"]) for f in summary["failures"]} >= {(2, "site2")}
+    assert summary["dice"]["site1"] > 0
+    assert not _survivors(out / "flower")
+
+
 def test_flower_local_interrupted_after_a_checkpoint_resumes_to_the_uninterrupted_numbers(folder, tmp_path, tiny):
     """The coordinator (and every SuperNode) stopped after round 1's checkpoint; `flower local --resume` goes on
     from round 2, the sites restoring their state from their --state folders: the simulator's numbers."""

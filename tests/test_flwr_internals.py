@@ -189,6 +189,32 @@ def test_runtime_client_parts():
         opened.close()
 
 
+def test_a_refused_task_token_fails_the_call_and_sends_no_sigint(monkeypatch):
+    """A 401 from the Runtime API (a task the SuperNode expired or failed): Flower's HTTP retry would SIGINT its own
+    process, ending the warm runner that serves every task of the site; the runner's clients raise it instead,
+    and keep Flower's decision for every other error (a 503 is retried)."""
+    import os
+    import signal
+
+    import httpx
+
+    signals: list[int] = []
+    monkeypatch.setattr(os, "kill", lambda pid, sig: signals.append(sig))
+    monkeypatch.setattr(time, "sleep", lambda seconds: None)  # Flower sleeps through its own SIGINT
+    request = httpx.Request("POST", "http://127.0.0.1:1/v1/runtime/send-task-heartbeat")
+    for opened in (
+        flwr_internals.superexec_runtime_client("127.0.0.1:1", True, None),
+        flwr_internals.clientapp_runtime_client("127.0.0.1:1", True, None, "token"),
+    ):
+        give_up = opened._retry_invoker.should_giveup
+        refused = httpx.HTTPStatusError("401", request=request, response=httpx.Response(401, request=request))
+        assert give_up(refused) is True
+        busy = httpx.HTTPStatusError("503", request=request, response=httpx.Response(503, request=request))
+        assert give_up(busy) is False
+        opened.close()
+    assert signal.SIGINT not in signals, signals
+
+
 def test_acquire_task_parts():
     request = attribute("flwr.proto.runtime_pb2", "AcquireTaskRequest", "acquire_client_app_task")
     response = attribute("flwr.proto.runtime_pb2", "AcquireTaskResponse", "acquire_client_app_task")

@@ -158,6 +158,34 @@ def _die_with_parent() -> None:
             ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
 
 
+def stop_when_child_exits(child: subprocess.Popen, what: str, grace: float = 10.0) -> threading.Event:
+    """Once ``child`` exits, stop this process; the returned event is set when that happened (the caller then exits
+    with a failure code).
+
+    A site's SuperNode and its ClientApp runner (``fedseg.flower.worker``) live and die together: a SuperNode whose
+    runner has gone holds every message it receives unanswered, and a coordinator without ``fl.timeout_s`` waits
+    for them for ever; a SuperNode that has stopped is seen by the SuperLink, which answers its messages with
+    Flower's node-unavailable error (``fl.on_failure`` then applies), and by ``fedseg flower local``.
+
+    While the process has a SIGTERM handler of its own (Flower's SuperNode, which then tells the SuperLink it
+    leaves) it gets SIGTERM, with one line on stderr naming ``what`` and its exit code; without one it is starting
+    or already stopping (a Ctrl-C or SIGTERM reaches the runner too): a second signal would cut its shutdown short,
+    so it only gets ``os._exit(1)`` if it still runs ``grace`` s later."""
+    died = threading.Event()
+
+    def watch() -> None:
+        code = child.wait()
+        if callable(signal.getsignal(signal.SIGTERM)):
+            died.set()
+            print(f"{what} exited (code {code}); this process stops with it", file=sys.stderr, flush=True)
+            os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(grace)
+        os._exit(1)
+
+    threading.Thread(target=watch, name=f"watch {what}", daemon=True).start()
+    return died
+
+
 @dataclass
 class Started:
     name: str

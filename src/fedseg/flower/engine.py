@@ -31,7 +31,7 @@ import time
 from dataclasses import asdict, dataclass, field
 
 import torch
-from flwr.app import ConfigRecord, RecordDict
+from flwr.app import ConfigRecord, Error, RecordDict
 from flwr.app import Message as FlowerMessage
 
 from fedseg.engine.base import BaseEngine, ClientStates
@@ -66,9 +66,11 @@ class Courier:
     def __init__(self, grid, poll: float = 0.05, timeout: float | None = None):
         self.grid, self.poll, self.timeout = grid, poll, timeout
 
-    def push(self, messages: list[FlowerMessage]) -> list[str]:
-        ids = list(self.grid.push_messages(messages))
-        if len(ids) != len(messages) or not all(ids):
+    def push(self, messages: list[FlowerMessage], refusals: bool = False) -> list[str]:
+        """The ids of ``messages`` once pushed. The SuperLink refuses a message for a SuperNode it no longer
+        counts as connected (one that stopped): its id is ``""`` with ``refusals``, else a RuntimeError."""
+        ids = [i or "" for i in self.grid.push_messages(messages)]
+        if len(ids) != len(messages) or (not refusals and not all(ids)):
             raise RuntimeError(f"the SuperLink accepted only {sum(map(bool, ids))} of {len(messages)} messages")
         return ids
 
@@ -102,12 +104,23 @@ class Courier:
         timeout: float | None = None,
         partial: bool = False,
     ) -> list[FlowerMessage | None]:
+        """The reply to each of ``messages`` (same order), None where none came within ``timeout`` (with
+        ``partial``, else a TimeoutError). A message the SuperLink refused gets an error reply saying so, as a
+        message to a SuperNode that stopped after it was sent gets Flower's node-unavailable error: the site
+        failed (``fl.on_failure`` applies), not the run."""
+        from fedseg.flower.flwr_internals import node_left_error_code
+
         start = time.perf_counter()
-        ids = self.push(messages)
+        ids = self.push(messages, refusals=True)
         pushed = time.perf_counter()
-        replies = self.collect(ids, what, names, timeout, partial)
+        accepted = [(i, n) for i, n in zip(ids, names) if i]
+        replies = iter(self.collect([i for i, _ in accepted], what, [n for _, n in accepted], timeout, partial))
         log.debug("%s: pushed in %.3f s, replies after %.3f s", what, pushed - start, time.perf_counter() - pushed)
-        return replies
+        refused = Error(
+            code=node_left_error_code(),
+            reason="the SuperLink refused the message: it no longer counts this site's SuperNode as connected",
+        )
+        return [next(replies) if i else FlowerMessage(refused, reply_to=m) for i, m in zip(ids, messages)]
 
 
 def check_reply(reply: FlowerMessage, who: str, what: str) -> None:
@@ -202,9 +215,10 @@ def connect_sites(
             if n not in refused:
                 refuse(n, "refused: its key is not among the registered sites' keys (--auth-keys)")
         if new:
-            ids = courier.push([query("?", n, INFO, head) for n in new])
-            asked.update(zip(new, ids))
-            pending.update(zip(ids, new))
+            ids = courier.push([query("?", n, INFO, head) for n in new], refusals=True)
+            sent = [(n, i) for n, i in zip(new, ids) if i]  # a node gone since it was listed is not asked
+            asked.update(sent)
+            pending.update((i, n) for n, i in sent)
         for reply in grid.pull_messages(list(pending)) if pending else []:
             node = pending.pop(reply.metadata.reply_to_message_id)
             if reply.metadata.reply_to_message_id in notices:

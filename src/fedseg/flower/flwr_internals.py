@@ -130,16 +130,30 @@ def build_fab(files: Mapping[str, bytes]) -> bytes:
 def _runtime_client(
     address: str, insecure: bool, root_certificates: str | None, interceptors: list
 ) -> RuntimeHttpClient:
+    """A Runtime API client with Flower's HTTP retries, except on a refused token (401): Flower's retry then sends
+    SIGINT to its own process (``flwr.supercore.retry.http_retry``, ``_should_giveup``) -- the end of a one-task
+    ``flwr-clientapp``, but here the end of a warm runner serving every task of the site. A 401 (a task the
+    SuperNode expired or failed) is raised to the caller instead: that task fails, the runner goes on."""
+    import httpx
     from flwr.supercore.retry import make_simple_http_retry_invoker
     from flwr.supercore.runtime import RuntimeHttpClient
     from flwr.supercore.tls import validate_and_resolve_root_certificates
 
+    invoker = make_simple_http_retry_invoker()
+    flower_giveup = invoker.should_giveup
+
+    def give_up(exc: Exception) -> bool:
+        if isinstance(exc, httpx.HTTPStatusError) and exc.response.status_code == httpx.codes.UNAUTHORIZED:
+            return True
+        return flower_giveup(exc) if flower_giveup is not None else False
+
+    invoker.should_giveup = give_up
     return RuntimeHttpClient.from_server_address(
         server_address=address,
         insecure=insecure,
         root_certificates=validate_and_resolve_root_certificates(root_certificates, insecure),
         interceptors=interceptors,
-        retry_invoker=make_simple_http_retry_invoker(),
+        retry_invoker=invoker,
     )
 
 

@@ -53,6 +53,7 @@ from fedseg.flower.deploy import (
     flower_home,
     free_ports,
     register_node,
+    stop_when_child_exits,
     submit_run,
     wait_for_port,
     wait_run,
@@ -262,11 +263,17 @@ def run_supernode(
     os.environ["PATH"] = f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"
     if poll is not None:
         os.environ["FEDSEG_FLOWER_NODE_POLL"] = str(poll)
-    subprocess.Popen(runner_command(port, isolation, poll))  # noqa: S603 - exits with this process (--parent-pid)
+    runner = subprocess.Popen(runner_command(port, isolation, poll))  # noqa: S603 - exits with this process (--parent-pid)
+    runner_died = stop_when_child_exits(runner, f"site {site!r}: the ClientApp runner")
     from fedseg.flower import supernode_main
 
     sys.argv = ["flower-supernode", *argv]
-    supernode_main.main()
+    try:
+        supernode_main.main()
+    except SystemExit:  # Flower exits with 0 on SIGTERM; a supervisor must see the failure
+        if runner_died.is_set():
+            raise SystemExit(1) from None
+        raise
 
 
 def supernode_command(

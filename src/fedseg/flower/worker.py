@@ -87,13 +87,20 @@ def run_task(address: str, insecure: bool, root_certificates: str | None, token:
             reply = Message(Error(code=internals.client_app_error_code(ex), reason=details), reply_to=message)
     finally:
         try:
-            if reply is not None and context is not None:
-                internals.push_reply(client, reply, context)
+            try:
+                if reply is not None and context is not None:
+                    internals.push_reply(client, reply, context)
+            finally:
+                # Heartbeats stop before the task output is pushed: that push ends the task and its token, and a
+                # heartbeat sent after it is refused (401), on which Flower's HTTP retry sends SIGINT to this
+                # process -- harmless to flwr-clientapp, which exits anyway, but it ended a warm runner and left
+                # the site's SuperNode with no one to answer its messages (a run waiting forever). A short task on
+                # a loaded machine hit it: the heartbeat thread's first beat came after the task had finished.
+                if stop_heartbeat is not None:
+                    stop_heartbeat()
             internals.push_task_output(client, context, completed, details)
             log.info("reply pushed")
         finally:
-            if stop_heartbeat is not None:
-                stop_heartbeat()
             client.close()
 
 
@@ -120,7 +127,10 @@ def serve(address: str, insecure: bool, root_certificates: str | None, poll: flo
         if token and fresh:
             subprocess.run(task_command(address, insecure, root_certificates, poll, token), check=False)  # noqa: S603
         elif token:
-            run_task(address, insecure, root_certificates, token)
+            try:
+                run_task(address, insecure, root_certificates, token)
+            except Exception:  # noqa: BLE001 - one task's failure (e.g. its reply not pushed) is not the runner's
+                log.exception("ClientApp task not completed; the runner goes on with the next one")
         else:
             time.sleep(poll)
 
