@@ -360,14 +360,12 @@ def _checkpointed(out: Path, algorithm: str, rnd: int, proc: subprocess.Popen, t
     raise TimeoutError(f"no checkpoint of round {rnd} in {out} (process alive: {proc.poll() is None})")
 
 
-def test_a_supernode_killed_mid_run_is_skipped_and_the_run_completes_with_the_rest(folder, tmp_path, tiny):
-    """fl.on_failure = skip, fl.timeout_s set: site2's SuperNode is killed (SIGKILL, with its worker) after
-    round 1's checkpoint; the run completes with site1 and records site2's failures."""
-    import os
-
+def _skip_run_killing_site2_after_round_1(folder, tmp_path, tiny, fl: dict, kill) -> tuple[int, str, Path]:
+    """A 2-round FedAvg ``flower local`` run with ``fl.on_failure = skip`` (and ``fl``) on which ``kill(pid)`` is
+    called with site2's SuperNode's PID once round 1's checkpoint is on disk: its exit code, output and OUT."""
     path = _config(tiny, tmp_path / "cfg.yaml", ["fedavg"], rounds=2)
     cfg = yaml.safe_load(path.read_text())
-    cfg["fl"].update(on_failure="skip", timeout_s=10)
+    cfg["fl"].update(on_failure="skip", **fl)
     path.write_text(yaml.safe_dump(cfg))
     out = tmp_path / "flower"
     proc = _start_local(path, folder, out)
@@ -375,11 +373,23 @@ def test_a_supernode_killed_mid_run_is_skipped_and_the_run_completes_with_the_re
         _checkpointed(out, "fedavg", 1, proc)
         started = json.loads((out / "flower" / "processes.json").read_text())["started"]
         (pid,) = [int(p) for p, name in started.items() if name == "supernode-site2"]
-        os.killpg(pid, signal.SIGKILL)  # the SuperNode and its warm ClientApp worker
+        kill(pid)
         said, _ = proc.communicate(timeout=600)
     finally:
         proc.kill()
-    assert proc.returncode == 0, said
+    return proc.returncode, said, out
+
+
+def test_a_supernode_killed_mid_run_is_skipped_and_the_run_completes_with_the_rest(folder, tmp_path, tiny):
+    """fl.on_failure = skip, fl.timeout_s set: site2's SuperNode is killed (SIGKILL, with its worker) after
+    round 1's checkpoint; the run completes with site1 and records site2's failures."""
+    import os
+
+    def kill(pid: int) -> None:
+        os.killpg(pid, signal.SIGKILL)  # the SuperNode and its warm ClientApp worker
+
+    code, said, out = _skip_run_killing_site2_after_round_1(folder, tmp_path, tiny, {"timeout_s": 10}, kill)
+    assert code == 0, said
     assert "the SuperNode of site 'site2' exited" in said and "goes on without it" in said
     summary = json.loads((out / "summary.json").read_text())["algorithms"]["fedavg"]
     failed = {(f["round"], f["site"]) for f in summary["failures"]}
@@ -401,16 +411,7 @@ def test_a_site_whose_clientapp_runner_dies_stops_its_supernode_and_the_run_does
 
     from fedseg.flower.deploy import descendants
 
-    path = _config(tiny, tmp_path / "cfg.yaml", ["fedavg"], rounds=2)
-    cfg = yaml.safe_load(path.read_text())
-    cfg["fl"].update(on_failure="skip")
-    path.write_text(yaml.safe_dump(cfg))
-    out = tmp_path / "flower"
-    proc = _start_local(path, folder, out)
-    try:
-        _checkpointed(out, "fedavg", 1, proc)
-        started = json.loads((out / "flower" / "processes.json").read_text())["started"]
-        (node,) = [int(p) for p, name in started.items() if name == "supernode-site2"]
+    def kill_runner(node: int) -> None:
         runners = []
         for pid in descendants(node):
             with contextlib.suppress(OSError):  # a process that has exited meanwhile
@@ -418,10 +419,9 @@ def test_a_site_whose_clientapp_runner_dies_stops_its_supernode_and_the_run_does
                     runners.append(pid)
         assert len(runners) == 1, runners
         os.kill(runners[0], signal.SIGKILL)
-        said, _ = proc.communicate(timeout=600)
-    finally:
-        proc.kill()
-    assert proc.returncode == 0, said
+
+    code, said, out = _skip_run_killing_site2_after_round_1(folder, tmp_path, tiny, {}, kill_runner)
+    assert code == 0, said
     assert "the SuperNode of site 'site2' exited (code 1)" in said and "goes on without it" in said
     log = (out / "flower" / "logs" / "supernode-site2.log").read_text()
     assert "site 'site2': the ClientApp runner exited (code -9); this process stops with it" in log

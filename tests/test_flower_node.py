@@ -164,14 +164,17 @@ def test_snapshots_on_disk_outlive_the_flower_run_and_hold_only_the_sites_state(
 
 
 def test_the_coordinator_knows_the_federation_header_and_site_names_only(folder):
-    fed = check_folder(folder)
+    import dataclasses
+
+    fed = dataclasses.replace(check_folder(folder), channel_names=["R", "G", "B"])  # a Flower run's bundle has them
     back = federation_from_record(federation_record(fed))
-    assert (back.name, back.kind, back.channels, back.regions, back.site_names) == (
+    assert (back.name, back.kind, back.channels, back.regions, back.site_names, back.channel_names) == (
         fed.name,
         fed.kind,
         fed.channels,
         fed.regions,
         fed.site_names,
+        ["R", "G", "B"],
     )
     assert all(site.cases == [] for site in back.sites)
 

@@ -238,3 +238,46 @@ def test_write_folder_refuses_a_non_empty_folder_unless_overwriting(tmp_path):
     (tmp_path / "other/notes.txt").write_text("keep me")
     with pytest.raises(FederationError, match="not a federation folder"):
         write_folder(fed, tmp_path / "other", overwrite=True)
+
+
+def test_channel_names_round_trip_and_old_folders_without_them_read_as_unknown(tmp_path):
+    """``federation.yaml`` ``channel_names`` (optional): written from ``Federation.channel_names`` and read back in
+    order; a folder without the field (every folder written before it) reads as before, with ``None``."""
+    case = Case.from_arrays("a", np.zeros((2, 4, 4), np.float32), np.zeros((4, 4), np.uint8))
+    fed = Federation(
+        "t", "2d", 2, Regions.from_mapping({"fg": [1]}), [Site("s", [case])], channel_names=["T1", "FLAIR"]
+    )
+    write_folder(fed, tmp_path / "named")
+    assert yaml.safe_load((tmp_path / "named/federation.yaml").read_text())["channel_names"] == ["T1", "FLAIR"]
+    assert load_folder(tmp_path / "named").channel_names == ["T1", "FLAIR"]
+    old = tmp_path / "old"
+    _header(old, channels=1)
+    _put(old, "s", "images", "a.png", np.zeros((4, 4), np.uint8))
+    _put(old, "s", "labels", "a.png", np.zeros((4, 4), np.uint8))
+    assert load_folder(old).channel_names is None
+    fed.channel_names = ["T1"]  # one name for two channels: refused before anything is written
+    with pytest.raises(FederationError, match=r"channel_names: lists 1 names \(T1\) but channels is 2"):
+        write_folder(fed, tmp_path / "wrong")
+    assert not (tmp_path / "wrong").exists()
+
+
+@pytest.mark.parametrize(
+    ("names", "expected"),
+    [
+        (["T1"], "channel_names: lists 1 names (T1) but channels is 2"),
+        (["T1", 2], "channel_names: expected a list of 2 channel names, one per channel in channel order"),
+        ("T1,FLAIR", "channel_names: expected a list of 2 channel names"),
+        (["T1", " "], "channel_names: expected a list of 2 channel names"),
+    ],
+    ids=["wrong-length", "not-a-string", "not-a-list", "empty-name"],
+)
+def test_a_malformed_channel_names_is_one_line_naming_federation_yaml_and_the_field(tmp_path, names, expected):
+    root = tmp_path / "r"
+    _header(root, channels=2, channel_names=names)
+    _put(root, "s", "images", "a.npy", np.zeros((2, 4, 4), np.float32))
+    _put(root, "s", "labels", "a.png", np.zeros((4, 4), np.uint8))
+    with pytest.raises(FederationError) as e:
+        load_folder(root)
+    message = str(e.value)
+    assert len(message.splitlines()) == 1, message
+    assert message.startswith(f"{root / 'federation.yaml'}: {expected}"), message

@@ -187,6 +187,7 @@ def test_fets2022_partitioning_2_and_copy(tmp_path):
     assert result.exit_code == 0, result.output
     fed = check_folder(out)
     assert fed.site_names == ["inst01", "inst02", "inst11"]
+    assert fed.channel_names == ["t1", "t1ce", "t2", "flair"]  # the order the 4D image stacks them in
     assert [len(s.cases) for s in fed.sites] == [2, 3, 1]
     assert not any(p.is_symlink() for p in out.rglob("*"))
 
@@ -268,6 +269,19 @@ def test_msd_disjoint_regions_and_multimodal_task(tmp_path):
     assert result.exit_code == 0, result.output
     fed = check_folder(out)
     assert fed.channels == 2 and fed.regions.as_dict() == {"pancreas": [1], "cancer": [2]}
+    assert fed.channel_names == ["T2", "ADC"]  # dataset.json "modality", in channel order
+
+
+def test_msd_channel_names_only_where_every_task_names_them_alike(tmp_path):
+    """Two tasks whose one modality is named alike (case aside) give ``channel_names``; named otherwise, none
+    (which name would a model trained on both read?)."""
+    a = msd_task(tmp_path / "Task07_Pancreas", modalities=("CT",))
+    b = msd_task(tmp_path / "NIH_Pancreas", modalities=("ct",), seed=1)
+    c = msd_task(tmp_path / "Other_Pancreas", modalities=("portal-venous CT",), seed=2)
+    assert run_import("msd", str(a), str(b), "--out", str(tmp_path / "alike")).exit_code == 0
+    assert yaml.safe_load((tmp_path / "alike" / "federation.yaml").read_text())["channel_names"] == ["CT"]
+    assert run_import("msd", str(a), str(c), "--out", str(tmp_path / "unlike")).exit_code == 0
+    assert "channel_names" not in yaml.safe_load((tmp_path / "unlike" / "federation.yaml").read_text())
 
 
 def test_msd_tasks_must_agree_on_modalities(tmp_path):

@@ -350,6 +350,19 @@ def test_predicted_regions_become_a_label_map_in_the_paint_order_the_export_uses
     np.testing.assert_array_equal(crossing.to_label(np.array([[1, 1, 0, 0], [1, 0, 1, 0]], bool)), [3, 1, 2, 0])
 
 
+def test_the_federations_channel_names_are_what_the_export_names_the_channels(tmp_path, disc_federation):
+    """``channel_names`` of ``federation.yaml`` (a FeTS import's t1, t1ce, ...; here a 2D federation's) name the
+    exported dataset's channels, ahead of the R, G, B a 3-channel 2D federation otherwise gets."""
+    import dataclasses
+
+    fed = dataclasses.replace(disc_federation(n_sites=2, cases_per_site=4, size=16), channel_names=["fundus", "a", "b"])
+    write_folder(fed, tmp_path / "discs")
+    raw = tmp_path / "raw"
+    assert cli("export", "nnunet", str(tmp_path / "discs"), "--pooled", "--out", str(raw)).exit_code == 0
+    dataset = json.loads((raw / "Dataset500_discs" / "dataset.json").read_text())
+    assert dataset["channel_names"] == {"0": "fundus", "1": "a", "2": "b"}
+
+
 def test_2d_federation_exports_rgb_pngs_and_comes_back(tmp_path, disc_federation):
     fed = disc_federation(n_sites=2, cases_per_site=4, size=16)
     write_folder(fed, tmp_path / "discs")
@@ -654,6 +667,79 @@ def test_predict_reads_an_imagests_folder_case_by_case_as_the_import_stacked_it(
     ]
     assert predict(frames / "img_0001.npy", tmp_path / "one-frame").exit_code == 0  # that image only
     assert sorted(p.name for p in (tmp_path / "one-frame").iterdir()) == ["img_0001.npy", "predictions.csv"]
+
+
+def _bundle_of(fed_root: Path, folder: Path, tiny_config) -> Path:
+    """A ``global`` bundle (untrained weights) written by the run's own ``write_bundle_files`` from the federation
+    at ``fed_root``, as a run on it writes ``RUN/model/fedavg/``; returns ``folder``."""
+    from fedseg.engine.messages import weights_of
+    from fedseg.models.factory import build_segmenter
+    from fedseg.run.outputs import write_bundle_files
+
+    fed, cfg = load_folder(fed_root), tiny_config(algorithms=["fedavg"])
+    network = build_segmenter(cfg.model, fed.spatial_dims, fed.channels, len(fed.regions), seed=0)
+    write_bundle_files(folder, {"global": weights_of(network)}, cfg, fed)
+    return folder
+
+
+def test_channel_names_go_from_dataset_json_to_federation_yaml_and_the_bundle_manifest(tmp_path, tiny_config):
+    src, fed = nnunet_dataset(tmp_path / "Dataset511_Brain", channels=("T1", "FLAIR")), tmp_path / "fed"
+    assert cli("import", "nnunet", str(src), "--site-by", r"^([A-Z]+)_\d+$", "--out", str(fed)).exit_code == 0
+    assert yaml.safe_load((fed / "federation.yaml").read_text())["channel_names"] == ["T1", "FLAIR"]
+    assert load_folder(fed).channel_names == ["T1", "FLAIR"]
+    bundle = _bundle_of(fed, tmp_path / "model" / "fedavg", tiny_config)
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    assert manifest["in_channels"] == 2 and manifest["channel_names"] == ["T1", "FLAIR"]
+
+
+def test_predict_refuses_a_dataset_that_numbers_the_channels_otherwise_and_reads_one_that_matches(
+    tmp_path, tiny_config
+):
+    """The model read channel ``a`` from ``_0000`` and ``b`` from ``_0001`` (the training dataset's
+    ``channel_names``, carried by the import into the bundle). A test set whose ``dataset.json`` says ``_0000`` is
+    ``b`` is refused before anything is predicted, in one line giving both orders; one that says ``a, b`` (case and
+    spaces aside) is predicted, and the channel order the model reads is said."""
+    from fedseg.cli import app
+    from fedseg.predict import predict
+
+    src, fed = _two_channel_png_dataset(tmp_path / "Dataset512_Squares"), tmp_path / "fed"
+    assert cli("import", "nnunet", str(src), "--site-by", "^(s[0-9])_", "--out", str(fed)).exit_code == 0
+    bundle = _bundle_of(fed, tmp_path / "model" / "fedavg", tiny_config)
+    dataset_json = json.loads((src / "dataset.json").read_text())
+
+    _set_json(src, channel_names={"0": "b", "1": "a"})
+    result = CliRunner().invoke(
+        app, ["predict", "--model", str(bundle), "--input", str(src / "imagesTs"), "--out", str(tmp_path / "swapped")]
+    )
+    assert " ".join(one_line_error(result).split()) == (
+        f"{src / 'dataset.json'}: channel_names are b, a but the model reads a, b (channel _0000 = a, _0001 = b; "
+        f"{bundle / 'manifest.json'}: channel_names): renumber the files (and dataset.json) to the model's order, "
+        "or use a model trained on this one"
+    )
+    assert not (tmp_path / "swapped").exists()
+    one_file = src / "imagesTs" / "s0_004_0000.png"  # a channel file given alone: its dataset.json found too
+    with pytest.raises(ValueError, match="channel_names are b, a but the model reads a, b"):
+        predict(bundle, one_file, tmp_path / "one")
+
+    _set_json(src, channel_names={"0": " A", "1": "b"})
+    notes: list[str] = []
+    rows = predict(bundle, src / "imagesTs", tmp_path / "matching", notes=notes)
+    assert [r["mask"] for r in rows] == ["s0_004.png", "s0_005.png", "s1_010.png", "s1_011.png"]
+    assert notes == [
+        "the model reads 2 channels in this order: _0000 = a, _0001 = b (an nnU-Net case's files; a file holding "
+        f"them all, in the same order), as {src / 'dataset.json'} lists them"
+    ]
+    said = CliRunner().invoke(
+        app, ["predict", "--model", str(bundle), "--input", str(src / "imagesTs"), "--out", str(tmp_path / "cli")]
+    )
+    assert said.exit_code == 0 and notes[0] in " ".join(said.output.split()), said.output  # the command says it too
+    (src / "dataset.json").write_text(json.dumps({**dataset_json, "channel_names": None}))  # names nothing: as before
+    notes = []
+    assert len(predict(bundle, src / "imagesTs", tmp_path / "unnamed", notes=notes)) == 4
+    assert notes == [
+        "the model reads 2 channels in this order: _0000 = a, _0001 = b (an nnU-Net case's files; a file holding "
+        "them all, in the same order)"
+    ]
 
 
 def test_a_one_channel_model_refuses_a_second_volume_channel_but_reads_numbered_series_as_images(tmp_path):

@@ -589,3 +589,37 @@ def test_a_study_folder_as_model_lists_its_sub_runs_models(trained, tmp_path):
     )
     assert not (tmp_path / "out").exists()
     predict(study / "holdout" / "site1" / "model", new, tmp_path / "out")
+
+
+def test_a_manifest_without_channel_names_still_loads_and_predicts_and_a_malformed_one_is_refused(
+    tmp_path, tiny_config, disc_federation
+):
+    """Bundles written before ``channel_names`` existed have no such key: they load, with the channels unknown, and
+    predict as before (no channel line). A manifest whose ``channel_names`` does not fit ``in_channels`` is refused
+    naming the file and the key."""
+    import json
+
+    from fedseg.run.outputs import write_bundle_files
+
+    cfg, fed = tiny_config(algorithms=["fedavg"]), disc_federation(n_sites=1, cases_per_site=1)
+    folder = tmp_path / "model" / "fedavg"
+    network = build_segmenter(cfg.model, 2, fed.channels, len(fed.regions), seed=0)
+    write_bundle_files(folder, {"global": weights_of(network)}, cfg, fed)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["channel_names"] is None  # the federation names no channels
+    del manifest["channel_names"]  # as every bundle written before the field
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    assert load_bundle(folder).channel_names is None
+    scans = tmp_path / "scans"
+    scans.mkdir()
+    Image.fromarray(np.full((32, 32, 3), 90, np.uint8)).save(scans / "a.png")
+    notes: list[str] = []
+    assert [r["mask"] for r in predict(folder, scans, tmp_path / "out", notes=notes)] == ["a.png"]
+    assert notes == []
+    (folder / "manifest.json").write_text(json.dumps({**manifest, "channel_names": ["R", "G"]}))
+    with pytest.raises(PredictError) as e:
+        load_bundle(folder)
+    assert str(e.value) == (
+        f"{folder / 'manifest.json'}: channel_names is ['R', 'G']; expected null or a list of 3 channel names "
+        "(in_channels)"
+    )

@@ -416,7 +416,8 @@ def predict(
         with terminate_on_signals():  # kill, a closed terminal: as Ctrl-C, the staged masks are removed
             from fedseg.predict import predict as predict_images
 
-            rows = predict_images(model, input_, out, gamma, algorithm, site, force, overlay=overlay)
+            notes: list[str] = []  # the channel order the model reads, where it knows it
+            rows = predict_images(model, input_, out, gamma, algorithm, site, force, overlay=overlay, notes=notes)
     except (FederationError, OSError, ValueError) as e:  # OSError: an --out that cannot be made, a full disk...
         fail(error_text(e))
         return
@@ -424,6 +425,8 @@ def predict(
         fail(f"interrupted: no mask was written to {out}; run the same command again", INTERRUPTED_EXIT)
         return
     overlays = f", {len(rows)} overlay(s)" if overlay else ""
+    for note in notes:
+        console.print(note, highlight=False, soft_wrap=True)  # a path is not broken mid-name
     console.print(f"{len(rows)} mask(s){overlays} and predictions.csv written to {out}", highlight=False)
 
 

@@ -28,6 +28,11 @@ mask named ``<case>.<ext>`` (``nnunet_cases``; one channel file given alone brin
 5. with ``overlay``: ``<name>_overlay.png`` per input, the image (3D: its middle slice) with the
    predicted regions filled and outlined in the Okabe-Ito colours (``overlay_image``).
 
+Channel order: a bundle whose federation named its channels (manifest ``channel_names``) reads them in that order;
+where the input belongs to an nnU-Net dataset whose ``dataset.json`` names them too (``check_dataset_channels``),
+the two orders must agree (names compared trimmed and case-insensitive), else nothing is predicted and one line says
+both orders; ``notes`` receives the order the model reads, for the user to check inputs that name no channels.
+
 Every input is listed and read and checked (readable, channel count, spatial dimensions, no NaN or Inf pixels)
 before any model runs: an entry of the input folder that cannot be an input (another file type, a broken link, a
 folder of DICOM files that is no series) is reported, never skipped. ``out`` must not be or lie inside the input
@@ -67,7 +72,7 @@ from fedseg.data.folder import (
     split_name,
     staging_folder,
 )
-from fedseg.data.importers.nnunet import CHANNEL_DIGITS, CHANNEL_FILE, stacked_channels
+from fedseg.data.importers.nnunet import CHANNEL_DIGITS, CHANNEL_FILE, DATASET_JSON, stacked_channels
 from fedseg.data.preprocess import case_tensors, normalization, restore_size
 from fedseg.data.volumes import Grid, file_spacing, preprocess
 from fedseg.engine.messages import load_weights
@@ -475,29 +480,79 @@ def read_source(source: Source, kind: Literal["2d", "3d"]) -> np.ndarray:
     return read_image(source.files[0], kind) if len(source.files) == 1 else stacked_channels(source.files, kind)
 
 
-def check_dataset_channels(path: Path, channels: int, bundle: Bundle) -> None:
-    """Refuse the images of an nnU-Net dataset (``path`` or its folder, in a ``DatasetNNN_Name/`` whose
-    ``dataset.json`` lists ``channel_names``) for a model that reads another number of channels: under a one-channel
-    model the files of a two-channel case would pass as two images. An RGB dataset's three names fit a 3-channel
-    model (they are the three channels of one file)."""
+def input_dataset_json(path: Path) -> Path | None:
+    """The nnU-Net ``dataset.json`` that describes the input ``path``: in its folder (``path`` itself, or a file's
+    folder), else in that folder's parent (the ``DatasetNNN_Name/`` holding ``imagesTs/``); None without one."""
     folder = path if path.is_dir() else path.parent
+    return next((f / DATASET_JSON for f in (folder, folder.parent) if (f / DATASET_JSON).is_file()), None)
+
+
+def same_channel_names(ours: list[str], theirs: list[str]) -> bool:
+    """Whether two channel orders agree: name by name, whitespace trimmed and case ignored (``T1`` = ``t1 ``; a
+    FeTS ``t1ce`` federation = an nnU-Net ``T1ce`` dataset), nothing else (``T1`` is not ``T1w``)."""
+    return [n.strip().casefold() for n in ours] == [n.strip().casefold() for n in theirs]
+
+
+def check_dataset_channels(path: Path, channels: int, bundle: Bundle) -> Path | None:
+    """Refuse the images of an nnU-Net dataset (``path`` or its folder, in a ``DatasetNNN_Name/`` whose
+    ``dataset.json`` lists ``channel_names``, ``input_dataset_json``) for a model that reads another number of
+    channels: under a one-channel model the files of a two-channel case would pass as two images. An RGB dataset's
+    three names fit a 3-channel model (they are the three channels of one file). Where the model knows its channel
+    names too (``Bundle.channel_names``), they must come in the same order (``same_channel_names``): a test set that
+    numbers FLAIR ``_0000`` where the model read T1 from ``_0000`` would be segmented silently wrong. Returns that
+    ``dataset.json`` where its names matched the model's, else None (nothing to compare: as before)."""
+    found = input_dataset_json(path)
+    if found is None:
+        return None
     try:
-        names = json.loads((folder.parent / "dataset.json").read_text(encoding="utf-8")).get("channel_names")
+        names = json.loads(found.read_text(encoding="utf-8")).get("channel_names")
     except (OSError, ValueError, AttributeError):
-        return
-    if isinstance(names, dict) and names and len(names) != channels:
+        return None
+    if not isinstance(names, dict) or not names:
+        return None
+    if len(names) != channels:
         raise PredictError(
-            f"{folder.parent / 'dataset.json'}: lists {len(names)} channels ({', '.join(map(str, names.values()))}) "
+            f"{found}: lists {len(names)} channels ({', '.join(map(str, names.values()))}) "
             f"but the model reads {channels} ({bundle.folder / MANIFEST}: in_channels)"
         )
+    ours = bundle.channel_names
+    if ours is None or set(names) != {str(c) for c in range(channels)}:
+        return None  # the model does not know its channels, or the dataset gives no order
+    theirs = [str(names[str(c)]) for c in range(channels)]
+    if same_channel_names(ours, theirs):
+        return found
+    files = ", ".join(f"_{c:0{CHANNEL_DIGITS}d} = {n}" for c, n in enumerate(ours))
+    raise PredictError(
+        f"{found}: channel_names are {', '.join(theirs)} but the model reads {', '.join(ours)} (channel {files}; "
+        f"{bundle.folder / MANIFEST}: channel_names): renumber the files (and dataset.json) to the model's order, or "
+        "use a model trained on this one"
+    )
 
 
-def read_inputs(path: Path, bundle: Bundle, overlay: bool = False) -> list[Input]:
+def channels_note(bundle: Bundle, matched: Path | None) -> str | None:
+    """One line saying which channel the model reads where, for a user to check the inputs against (``predict``'s
+    ``notes``), where the bundle knows its channel names; None where it does not."""
+    names = bundle.channel_names
+    if names is None:
+        return None
+    order = ", ".join(f"_{c:0{CHANNEL_DIGITS}d} = {n}" for c, n in enumerate(names))
+    checked = f", as {matched} lists them" if matched is not None else ""
+    return (
+        f"the model reads {len(names)} channel{'s' if len(names) != 1 else ''} in this order: {order} (an nnU-Net "
+        f"case's files; a file holding them all, in the same order){checked}"
+    )
+
+
+def read_inputs(path: Path, bundle: Bundle, overlay: bool = False, notes: list[str] | None = None) -> list[Input]:
     """Every input of ``path``, all checked before any is used; one error names the bad files (the first few of each
-    kind of problem, then a count)."""
+    kind of problem, then a count). An nnU-Net dataset's channels are checked against the model's first
+    (``check_dataset_channels``); ``notes``, when given, receives the line of ``channels_note``."""
     inputs, problems, channels = [], [], bundle.manifest["in_channels"]
-    check_dataset_channels(Path(path), channels, bundle)
-    sources = nnunet_cases(list_inputs(path), channels, bundle.kind)
+    listed = list_inputs(path)  # a dataset's root given as the input: said before its channels are compared
+    matched = check_dataset_channels(Path(path), channels, bundle)
+    if notes is not None and (note := channels_note(bundle, matched)) is not None:
+        notes.append(note)
+    sources = nnunet_cases(listed, channels, bundle.kind)
     if Path(path).is_file() and channel_file(Path(path)) is not None:  # a channel file: as its folder reads it
         sources = [given_source(Path(path), channels, bundle.kind)]
     for source in sources:
@@ -598,13 +653,16 @@ def predict(
     force: bool = False,
     batch_size: int = 8,
     overlay: bool = False,
+    notes: list[str] | None = None,
 ) -> list[dict]:
     """Predict a mask for every image of ``input`` (a file or a folder) into ``out``; returns the
     rows of ``predictions.csv``. Nothing is written unless every input is valid. ``overlay``: also
-    ``<name>_overlay.png`` per input, the image with its predicted regions drawn on it (``overlay_image``)."""
+    ``<name>_overlay.png`` per input, the image with its predicted regions drawn on it (``overlay_image``).
+    ``notes``, when given, receives lines for the user: the channel order the model reads, where it knows it
+    (``channels_note``)."""
     bundle = load_bundle(find_model(model, algorithm))
     predictor = build_predictor(bundle, gamma, site)
-    inputs = read_inputs(input, bundle, overlay)
+    inputs = read_inputs(input, bundle, overlay, notes)
     out = Path(out)
     check_out(out, inputs, force, overlay, Path(input))
     replaced = [t for t in (out / n for n in output_names(inputs, overlay)) if t.exists() or t.is_symlink()]

@@ -197,7 +197,12 @@ class Site:
 
 @dataclass
 class Federation:
-    """An ordered list of sites sharing one task (kind, channels, regions)."""
+    """An ordered list of sites sharing one task (kind, channels, regions).
+
+    ``channel_names``: what each image channel holds, in channel order (``["T1", "FLAIR"]``), where the source says
+    it (``federation.yaml`` ``channel_names``, filled by the importers of layouts that name their channels), else
+    ``None``. A trained bundle records them, so ``fedseg predict`` can refuse images whose channels come in
+    another order (an nnU-Net ``dataset.json`` that numbers them otherwise)."""
 
     name: str
     kind: Literal["2d", "3d"]
@@ -205,6 +210,7 @@ class Federation:
     regions: Regions
     sites: list[Site]
     label_names: dict[int, str] | None = None
+    channel_names: list[str] | None = None
 
     @property
     def spatial_dims(self) -> int:

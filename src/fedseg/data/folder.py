@@ -2,14 +2,18 @@
 
 ::
 
-    ROOT/federation.yaml                       name, kind (2d|3d), channels, regions, [label_names], [sites]
+    ROOT/federation.yaml                       name, kind (2d|3d), channels, regions, [label_names],
+                                               [channel_names], [sites]
     ROOT/<site>/images/<case>.<png|jpg|jpeg|npy|nii|nii.gz|nrrd|mha|mhd>, or images/<case>/ (a DICOM series)
     ROOT/<site>/labels/<case>.<png|npy|nii|nii.gz|nrrd|mha|mhd|dcm>      integer label map (.dcm: DICOM-SEG)
     ROOT/<site>/splits.csv                     optional, header ``case,split``
     ROOT/<site>/cases.csv                      optional case-level metadata, header ``case,<any columns>``
 
 ``sites:`` in ``federation.yaml`` holds optional site-level metadata (``sites: {site1: {grade: LGG}}``);
-see ``fedseg.data.metadata`` for both kinds of metadata.
+see ``fedseg.data.metadata`` for both kinds of metadata. ``channel_names`` (optional) names what each image channel
+holds, in channel order (``[T1, FLAIR]``: one non-empty name per channel): a trained bundle records it, and
+``fedseg predict`` refuses nnU-Net images whose ``dataset.json`` orders the channels otherwise. Without it (older
+folders, sources that do not say) the channels are known by their number only.
 
 Array conventions (what a case loader returns): image ``(C, *spatial)`` channel-first,
 label ``(*spatial)`` integer, both in their stored dtype (a uint8 PNG stays uint8; a float
@@ -69,7 +73,7 @@ IMAGE_EXTS = ("nii.gz", "nii", "png", "jpg", "jpeg", "npy", *readers.ITK_EXTS)  
 LABEL_EXTS = ("nii.gz", "nii", "png", "npy", *readers.ITK_EXTS, readers.SEG_EXT)
 HEADER_FILE = "federation.yaml"
 SPLITS_FILE = "splits.csv"
-HEADER_KEYS = ("name", "kind", "channels", "regions", "label_names", "sites")
+HEADER_KEYS = ("name", "kind", "channels", "regions", "label_names", "channel_names", "sites")
 _PIL_EXTS = ("png", "jpg", "jpeg")
 
 
@@ -311,6 +315,7 @@ class Header:
     regions: Regions
     label_names: dict[int, str] | None = None
     sites: dict[str, dict[str, object]] = field(default_factory=dict)  # site-level metadata, by site name
+    channel_names: list[str] | None = None  # what each channel holds, in channel order; None: not said
 
 
 def _is_int(x: Any) -> bool:
@@ -345,9 +350,24 @@ def _header_problems(data: dict, site_names: Collection[str] | None = None) -> l
             _is_int(k) and k >= 0 and isinstance(v, str) for k, v in names.items()
         ):
             problems.append(f"label_names: expected a mapping label value (integer >= 0) -> name, got {names!r}")
+    if data.get("channel_names") is not None:
+        problems += channel_names_problems(data["channel_names"], data.get("channels"))
     if data.get("sites") is not None:
         problems += site_metadata_problems(data["sites"], site_names)
     return problems
+
+
+def channel_names_problems(names: Any, channels: Any) -> list[str]:
+    """``channel_names`` that is not a list of ``channels`` non-empty strings (one per channel, in channel order; two
+    may be equal, as an nnU-Net dataset's ``noNorm, noNorm``): one line saying what was expected and what was found;
+    the count is checked only against a valid ``channels``."""
+    count = channels if _is_int(channels) and channels > 0 else None
+    expected = f"a list of {count if count else 'the'} channel names, one per channel in channel order"
+    if not isinstance(names, list) or not all(isinstance(n, str) and n.strip() for n in names):
+        return [f"channel_names: expected {expected} (e.g. [T1, FLAIR]), got {names!r}"]
+    if count is not None and len(names) != count:
+        return [f"channel_names: lists {len(names)} names ({', '.join(names)}) but channels is {count}"]
+    return []
 
 
 def read_header(root: str | Path, site_names: Collection[str] | None = None) -> Header:
@@ -373,10 +393,13 @@ def read_header(root: str | Path, site_names: Collection[str] | None = None) -> 
         regions=Regions.from_mapping(data["regions"]),
         label_names={int(k): v for k, v in names.items()} if names else None,
         sites=read_site_metadata(data.get("sites")),
+        channel_names=list(data["channel_names"]) if data.get("channel_names") is not None else None,
     )
 
 
 def write_header(root: Path, fed: Federation) -> None:
+    """``ROOT/federation.yaml`` of ``fed``; ``channel_names`` written when known (checked as ``read_header`` checks
+    it: ``FederationError`` before anything is written)."""
     data: dict[str, Any] = {
         "name": fed.name,
         "kind": fed.kind,
@@ -385,6 +408,11 @@ def write_header(root: Path, fed: Federation) -> None:
     }
     if fed.label_names:
         data["label_names"] = {int(k): str(v) for k, v in fed.label_names.items()}
+    if fed.channel_names is not None:
+        names = list(fed.channel_names)
+        if problems := channel_names_problems(names, int(fed.channels)):
+            raise FederationError(f"federation {fed.name!r}: {problems[0]}")
+        data["channel_names"] = [str(n) for n in names]
     sites = {site.name: site_metadata_for_yaml(site) for site in fed.sites if site.meta}
     if sites:
         data["sites"] = sites
@@ -525,6 +553,7 @@ def build_federation(
             for s in sites
         ],
         label_names=header.label_names,
+        channel_names=None if header.channel_names is None else list(header.channel_names),
     )
 
 

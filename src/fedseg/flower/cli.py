@@ -270,6 +270,7 @@ def coordinator_federation(path: Path | None, sites: str | None):
         header.regions,
         [Site(n, []) for n in sorted(names)],
         header.label_names,
+        channel_names=header.channel_names,
     )
 
 

@@ -87,6 +87,7 @@ def federation_record(fed: Federation) -> str:
             "channels": int(fed.channels),
             "regions": [[k, v] for k, v in fed.regions.as_dict().items()],
             "label_names": {str(k): v for k, v in (fed.label_names or {}).items()} or None,
+            "channel_names": fed.channel_names,
             "sites": fed.site_names,
         }
     )
@@ -103,6 +104,7 @@ def federation_from_record(raw: str) -> Federation:
         Regions.from_mapping(dict(map(tuple, d["regions"]))),
         [Site(s, []) for s in d["sites"]],
         names,
+        channel_names=d.get("channel_names"),
     )
 
 

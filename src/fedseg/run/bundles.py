@@ -52,6 +52,13 @@ class Bundle:
         return Regions.from_mapping(self.manifest["regions"])
 
     @property
+    def channel_names(self) -> list[str] | None:
+        """What each input channel holds, in order (the training federation's ``channel_names``); None where the
+        federation did not say, or the bundle predates the field."""
+        names = self.manifest.get("channel_names")
+        return None if names is None else [str(n) for n in names]
+
+    @property
     def routing(self) -> BundleRouting | None:
         """How the bundle routes each image among its networks (its family's), None for a single-model bundle."""
         return routing_of(self.models)
@@ -149,6 +156,16 @@ def load_bundle(folder: Path) -> Bundle:
         )
     if not isinstance(manifest["models"], list) or not all(isinstance(m, str) for m in manifest["models"]):
         raise BundleError(f"{manifest_path}: models is {manifest['models']!r}; expected a list of model names")
+    names = manifest.get("channel_names")  # absent in bundles written before it: read as unknown
+    if names is not None and not (
+        isinstance(names, list)
+        and len(names) == manifest["in_channels"]
+        and all(isinstance(n, str) and n.strip() for n in names)
+    ):
+        raise BundleError(
+            f"{manifest_path}: channel_names is {names!r}; expected null or a list of {manifest['in_channels']} "
+            "channel names (in_channels)"
+        )
     try:
         ModelConfig.model_validate(manifest["network"])
         Regions.from_mapping(manifest["regions"])

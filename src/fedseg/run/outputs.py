@@ -99,7 +99,9 @@ def write_bundle(folder: Path, bundle: Bundle, results: RunResults) -> str:
 
 
 def write_bundle_files(folder: Path, bundle: Bundle, cfg: RunConfig, fed: Federation) -> str:
-    """``write_bundle`` from the run's config and federation; returns the weights file's SHA-256."""
+    """``write_bundle`` from the run's config and federation; returns the weights file's SHA-256. The manifest's
+    ``channel_names`` are the federation's (what each input channel holds, in order; null when the federation does
+    not say), so ``fedseg predict`` can refuse images whose channels come in another order."""
     tensors = {f"{model}/{k}": v.contiguous() for model, weights in bundle.items() for k, v in weights.items()}
     data = save(tensors)
     atomic_write_bytes(folder / BUNDLE_WEIGHTS, lambda f: f.write(data))
@@ -108,6 +110,7 @@ def write_bundle_files(folder: Path, bundle: Bundle, cfg: RunConfig, fed: Federa
         "network": cfg.model.model_dump(mode="json"),
         "spatial_dims": fed.spatial_dims,
         "in_channels": fed.channels,
+        "channel_names": None if fed.channel_names is None else [str(n) for n in fed.channel_names],
         "regions": fed.regions.as_dict(),
         "image_size": cfg.data.image_size,
         "normalize": cfg.data.normalize,

@@ -20,9 +20,9 @@ What ``export_nnunet`` writes under ``OUT`` (``$nnUNet_raw``)::
   on what fedseg fold ``k`` trains on (train+val; nnU-Net selects nothing on its val fold) and predicts
   exactly fedseg fold ``k``'s test cases. ``splits_final.json`` belongs in
   ``$nnUNet_preprocessed/DatasetNNN_Name/`` (copy it there after ``nnUNetv2_plan_and_preprocess``).
-- **Channels**: ``channel_names`` from the sites' ``channel_names`` metadata (as ``import nnunet`` writes
-  it), else their ``modality`` (``import msd``), else ``R, G, B`` for a 2D 3-channel federation, else
-  ``channel0``, ``channel1``...
+- **Channels**: the federation's ``channel_names`` (``federation.yaml``), else the sites' ``channel_names``
+  metadata (as older ``import nnunet`` folders hold it), else their ``modality`` (``import msd``), else ``R, G, B``
+  for a 2D 3-channel federation, else ``channel0``, ``channel1``...
 - **Files**: 3D: ``.nii.gz``, one per channel, with the affine of the case's image (NIfTI, NRRD, MetaImage or
   DICOM series: origin, directions and spacing kept, so the files lie where the source and fedseg's predictions
   lie; NPY: ``diag(spacing)``, :func:`case_affine`); labels the same. 2D: ``.png``; 3-channel uint8 images as one RGB
@@ -106,6 +106,8 @@ def labels_for(regions: Regions) -> tuple[dict[str, Any], list[int] | None, dict
 
 def channel_names(fed: Federation, sites: list[str]) -> list[str]:
     """The channel names (module docstring, **Channels**)."""
+    if fed.channel_names is not None and len(fed.channel_names) == fed.channels:
+        return list(fed.channel_names)
     for key in ("channel_names", "modality"):
         found = {str(fed.site(s).meta.get(key, "")) for s in sites}
         if len(found) == 1:

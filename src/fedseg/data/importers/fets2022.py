@@ -13,8 +13,9 @@ Expected layout (``SRC`` = the folder holding the subjects, e.g. ``MICCAI_FeTS20
 (``.nii`` is accepted as well as ``.nii.gz``.) What it writes: one site per partition ID of the chosen
 partitioning, ``inst01``, ``inst02``... (zero-padded so they sort numerically; site-level metadata
 ``partition_id`` and ``partitioning``); per subject one case of that id whose image is a 4D NIfTI
-``(X, Y, Z, 4)`` with the channels ``t1, t1ce, t2, flair`` (``MODALITIES``), the common dtype of the
-four files and the affine of the t1, and whose label is the ``_seg`` file as is (linked). Regions
+``(X, Y, Z, 4)`` with the channels ``t1, t1ce, t2, flair`` (``MODALITIES``; ``federation.yaml``
+``channel_names``), the common dtype of the four files and the affine of the t1, and whose label is the ``_seg``
+file as is (linked). Regions
 ``WT = [1, 2, 4]``, ``TC = [1, 4]``, ``ET = [4]``; a label value outside ``{0, 1, 2, 4}`` fails ``data check``.
 
 Errors (all collected, then raised as one): a missing partitioning file or column, a partition ID that is
@@ -149,4 +150,5 @@ def plan_fets2022(sources: list[Path], partitioning: int = 1) -> Plan:
         PlannedSite(f"inst{pid:0{width}d}", cases, {"partition_id": pid, "partitioning": partitioning})
         for pid, cases in sorted(by_site.items())
     ]
-    return Plan(f"fets2022-partitioning{partitioning}", "3d", len(MODALITIES), REGIONS, sites, LABEL_NAMES)
+    name = f"fets2022-partitioning{partitioning}"
+    return Plan(name, "3d", len(MODALITIES), REGIONS, sites, LABEL_NAMES, channel_names=list(MODALITIES))

@@ -13,7 +13,8 @@ Only the ``training`` entries are imported (the test images have no labels); fil
 the ``._*`` files of the original archives) are ignored. Images and labels are linked as they are (NIfTI
 kept with its affine); case id = the image's file name without ``.nii.gz`` (``.nrrd``, ...); site = the
 folder's name, with site-level metadata ``task`` (dataset.json ``name``) and ``modality`` (its modalities,
-comma-separated).
+comma-separated). ``federation.yaml`` ``channel_names``: the ``modality`` names in channel order, where every task
+gives the same ones (else none: the channels are then known by number only).
 
 Regions, one per non-background label, named after it (spaces -> ``_``):
 
@@ -129,4 +130,19 @@ def plan_msd(sources: list[Path], regions: RegionMode = "auto") -> Plan:
     task_names = [str(info.get("name", task.name)) for task, info in zip(tasks, infos)]
     name = "+".join(dict.fromkeys(task_names))
     region_map = msd_regions(labels[0], regions, f"{task_names[0]} {tasks[0].name}")
-    return Plan(name, "3d", channels[tasks[0]], region_map, sites, labels[0])
+    return Plan(name, "3d", channels[tasks[0]], region_map, sites, labels[0], channel_names=modality_names(infos))
+
+
+def modality_names(infos: list[dict]) -> list[str] | None:
+    """The channel names the tasks' ``modality`` objects give, in channel order (``"0"``, ``"1"``, ...), where every
+    task gives the same ones (compared as ``fedseg predict`` compares them: trimmed, case-insensitive); else None."""
+    named = []
+    for info in infos:
+        modality = info["modality"]
+        keys = sorted(modality, key=lambda k: int(k) if str(k).isdigit() else -1)
+        if [str(k) for k in keys] != [str(i) for i in range(len(keys))]:
+            return None  # not numbered 0, 1, ...: no order to trust
+        named.append([str(modality[k]).strip() for k in keys])
+    if not all(named[0]) or any([n.casefold() for n in names] != [n.casefold() for n in named[0]] for names in named):
+        return None
+    return named[0]

@@ -17,6 +17,9 @@ What it writes:
   ``'^(?P<site>.+?)__(?P<case>.+)$'`` undoes). Or a CSV file with header ``case,site``. Without
   ``--site-by`` every case goes to one site named after the dataset. Site-level metadata ``dataset`` (the
   folder's name) and ``channel_names`` (comma-separated).
+- **channel names**: ``channel_names`` in ``federation.yaml``, in channel order (``"0"``, ``"1"``, ...), so a
+  trained bundle knows which file is which channel and ``fedseg predict`` refuses a test set that numbers them
+  otherwise.
 - **kind**: ``2d`` for a PNG/JPEG ``file_ending``, else ``3d``; any other ending is accepted when fedseg's
   folder format reads it (``folder.IMAGE_EXTS`` and ``LABEL_EXTS``, read at run time).
 - **images**: a single-channel case's file is linked as is (a NIfTI keeps its affine, hence its spacing);
@@ -504,4 +507,5 @@ def plan_nnunet(
         PlannedSite(name, site_cases, dict(meta), splits.get(name, {})) for name, site_cases in sorted(by_site.items())
     ]
     notes = unlabelled_note(src, info.file_ending)
-    return Plan(info.name, kind, len(info.channel_names), info.regions, sites, info.label_names, notes)
+    channel_names = info.channel_names if all(n.strip() for n in info.channel_names) else None
+    return Plan(info.name, kind, len(info.channel_names), info.regions, sites, info.label_names, notes, channel_names)

@@ -1,7 +1,8 @@
 """The part every importer shares: a plan of files -> a checked folder federation, written atomically.
 
 An importer (one module per layout) reads a dataset's own layout and returns a ``Plan``: the
-federation's header (name, kind, channels, regions, label names, site metadata), per site its fixed
+federation's header (name, kind, channels, regions, label names, channel names where the layout says them, site
+metadata), per site its fixed
 splits if the layout gives them (``splits.csv``) and, per case, where its image and label come from
 (``Source``). ``write_plan`` then
 
@@ -111,6 +112,7 @@ class Plan:
     sites: list[PlannedSite]
     label_names: dict[int, str] | None = None
     notes: list[str] = field(default_factory=list)  # what the import leaves out on purpose, said once
+    channel_names: list[str] | None = None  # what each channel holds, in order, where the layout says it
 
 
 def read_nifti(path: Path) -> tuple[np.ndarray, np.ndarray]:
@@ -158,7 +160,8 @@ def header_federation(plan: Plan) -> Federation:
         Site(s.name, [Case(c.id, _no_arrays, c.meta) for c in s.cases], s.fixed_splits or None, s.meta)
         for s in plan.sites
     ]
-    return Federation(plan.name, plan.kind, plan.channels, Regions.from_mapping(plan.regions), sites, plan.label_names)
+    regions = Regions.from_mapping(plan.regions)
+    return Federation(plan.name, plan.kind, plan.channels, regions, sites, plan.label_names, plan.channel_names)
 
 
 def check_out(out: Path) -> None:
