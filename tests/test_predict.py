@@ -166,6 +166,7 @@ def test_masks_keep_the_input_size_and_format(trained, tmp_path):
     np.save(new / "array.npy", np.moveaxis(rgb, -1, 0))  # (C, H, W)
     affine = np.diag([0.5, 0.25, 1.0, 1.0])
     nib.save(nib.Nifti1Image(rgb.copy(), affine), new / "scan.nii.gz")  # 2D NIfTI: (X, Y, C)
+    nib.save(nib.Nifti1Image(rgb[:, :, None, :].copy(), affine), new / "slice.nii.gz")  # 2D as nnU-Net: (X, Y, 1, C)
     shutil.copy(src, new / "same.png")
     rows = predict(run / "model", new, tmp_path / "out")
     assert {r["file"]: r["mask"] for r in rows} == {
@@ -174,6 +175,7 @@ def test_masks_keep_the_input_size_and_format(trained, tmp_path):
         "photo.jpg": "photo.png",
         "same.png": "same.png",
         "scan.nii.gz": "scan.nii.gz",
+        "slice.nii.gz": "slice.nii.gz",
     }
     out = tmp_path / "out"
     same = read_label(out / "same.png", "2d")
@@ -183,6 +185,9 @@ def test_masks_keep_the_input_size_and_format(trained, tmp_path):
     scan = nib.load(out / "scan.nii.gz")
     np.testing.assert_array_equal(np.asarray(scan.dataobj), same)
     np.testing.assert_array_equal(scan.affine, affine)
+    one_slice = nib.load(out / "slice.nii.gz")  # the mask lies on the image's (X, Y, 1) grid, as nnU-Net's would
+    assert one_slice.shape == (32, 32, 1)
+    np.testing.assert_array_equal(np.asarray(one_slice.dataobj)[:, :, 0], same)
     assert same.dtype == np.uint8 and set(np.unique(same)) <= {0, 1, 2}
 
 

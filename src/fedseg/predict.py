@@ -570,8 +570,9 @@ def read_inputs(path: Path, bundle: Bundle, overlay: bool = False, notes: list[s
 
 
 def write_mask(path: Path, label: np.ndarray, source: Path) -> None:
-    """``label`` ``(*spatial)`` in ``source``'s format: NIfTI (with ``source``'s affine; NIfTI too for NRRD,
-    MetaImage and DICOM series sources, with their grid's affine), ``.npy`` or PNG."""
+    """``label`` ``(*spatial)`` in ``source``'s format: NIfTI (with ``source``'s affine, and its ``(X, Y, 1)`` shape
+    for a 2D image stored so; NIfTI too for NRRD, MetaImage and DICOM series sources, with their grid's affine),
+    ``.npy`` or PNG."""
     if source.is_dir():  # a DICOM series
         _write_nifti(path, label, readers.volume_grid(source).affine)
         return
@@ -582,7 +583,10 @@ def write_mask(path: Path, label: np.ndarray, source: Path) -> None:
         import nibabel as nib
 
         # a NIfTI file: nib.load gives a Nifti1Image/Nifti2Image, typed as the FileBasedImage base
-        _write_nifti(path, label, cast("SpatialImage", nib.load(source)).affine)
+        image = cast("SpatialImage", nib.load(source))
+        if label.ndim == 2 and len(image.shape) > 2 and image.shape[2] == 1:
+            label = label[:, :, None]  # a 2D image stored (X, Y, 1[, C]), as nnU-Net's 2D NIfTI: its mask (X, Y, 1)
+        _write_nifti(path, label, image.affine)
     elif ext.lower() in readers.ITK_EXTS:
         _write_nifti(path, label, readers.volume_grid(source).affine)
     elif ext == "npy":
