@@ -336,6 +336,29 @@ def test_start_from_a_folder_of_another_network_is_refused(finetune_run, tmp_pat
         run_experiment(missing, tmp_path / "run", federation=disc_federation())
 
 
+def test_start_from_a_folder_that_reads_the_channels_in_another_order_is_refused(
+    finetune_run, tmp_path, tiny_config, disc_federation
+):
+    """A bundle that read R, G, B fine-tuned on a federation whose federation.yaml says its channels are B, G, R:
+    the same network and channel count, swapped inputs; refused before any work, naming both orders."""
+    import dataclasses
+    import shutil
+
+    out, _, _ = finetune_run
+    folder = shutil.copytree(out / "model" / "fedavg", tmp_path / "model" / "fedavg")
+    manifest = json.loads((folder / "manifest.json").read_text())
+    (folder / "manifest.json").write_text(json.dumps({**manifest, "channel_names": ["R", "G", "B"]}))
+    cfg = _finetune_cfg(tiny_config, start_from=str(folder)).model_copy(update={"algorithms": ["finetune"]})
+    swapped = dataclasses.replace(disc_federation(), channel_names=["B", "G", "R"])
+    seen = []
+    with pytest.raises(
+        ValueError,
+        match=r"methods\.finetune\.start_from=.* reads the channels as R, G, B; this run's federation holds B, G, R",
+    ):
+        run_experiment(cfg, tmp_path / "run", federation=swapped, observers=[lambda *x: seen.append(x)])
+    assert not seen and not (tmp_path / "run").exists()
+
+
 def test_ditto_ft_pulls_towards_the_start_model_and_is_finetune_without_the_pull(
     finetune_run, tmp_path, tiny_config, disc_federation
 ):

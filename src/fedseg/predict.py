@@ -78,7 +78,16 @@ from fedseg.data.volumes import Grid, file_spacing, preprocess
 from fedseg.engine.messages import load_weights
 from fedseg.evaluate.inference import predict_masks
 from fedseg.evaluate.sliding import network_for, predict_on_grid
-from fedseg.run.bundles import MANIFEST, WEIGHTS, Bundle, BundleError, find_bundle, load_bundle, run_bundles
+from fedseg.run.bundles import (
+    MANIFEST,
+    WEIGHTS,
+    Bundle,
+    BundleError,
+    find_bundle,
+    load_bundle,
+    run_bundles,
+    same_channel_names,
+)
 from fedseg.run.outputs import csv_text
 from fedseg.run.preflight import check_out_dir
 
@@ -485,12 +494,6 @@ def input_dataset_json(path: Path) -> Path | None:
     folder), else in that folder's parent (the ``DatasetNNN_Name/`` holding ``imagesTs/``); None without one."""
     folder = path if path.is_dir() else path.parent
     return next((f / DATASET_JSON for f in (folder, folder.parent) if (f / DATASET_JSON).is_file()), None)
-
-
-def same_channel_names(ours: list[str], theirs: list[str]) -> bool:
-    """Whether two channel orders agree: name by name, whitespace trimmed and case ignored (``T1`` = ``t1 ``; a
-    FeTS ``t1ce`` federation = an nnU-Net ``T1ce`` dataset), nothing else (``T1`` is not ``T1w``)."""
-    return [n.strip().casefold() for n in ours] == [n.strip().casefold() for n in theirs]
 
 
 def check_dataset_channels(path: Path, channels: int, bundle: Bundle) -> Path | None:

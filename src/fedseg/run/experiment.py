@@ -168,7 +168,8 @@ def check_prepared(cfg: RunConfig, prep: Prepared) -> None:
         check_device(device)
     for name in cfg.algorithms:
         get_algorithm(name).check_task(prep.task, cfg.methods.get(name))
-    check_start_from(cfg, {n: get_algorithm(n).parse_options(cfg.methods.get(n)) for n in cfg.algorithms}, prep.task)
+    options: dict[str, object] = {n: get_algorithm(n).parse_options(cfg.methods.get(n)) for n in cfg.algorithms}
+    check_start_from(cfg, options, prep.task, prep.federation.channel_names)
 
 
 def record_start(

@@ -36,9 +36,12 @@ def start_name(options: object) -> str | None:
     return getattr(options, "start_from", None)
 
 
-def check_start_from(cfg: RunConfig, algorithms_options: dict[str, object], task: Task) -> None:
+def check_start_from(
+    cfg: RunConfig, algorithms_options: dict[str, object], task: Task, channel_names: list[str] | None = None
+) -> None:
     """Raise a ValueError naming ``methods.<name>.start_from`` if it names an algorithm that is not run
-    before it in ``cfg.algorithms``, or a folder that is not a compatible trained bundle with a global model."""
+    before it in ``cfg.algorithms``, or a folder that is not a compatible trained bundle with a global model
+    (``channel_names``: this run's federation's, checked against the bundle's where both are known)."""
     order = list(cfg.algorithms)
     for name, options in algorithms_options.items():
         start = start_name(options)
@@ -53,7 +56,7 @@ def check_start_from(cfg: RunConfig, algorithms_options: dict[str, object], task
             continue
         if start in order or not is_folder(start):
             raise ValueError(not_run_before(where, name, start, order))
-        folder_weights(Path(start), task, where)
+        folder_weights(Path(start), task, where, channel_names)
 
 
 def is_folder(start: str) -> bool:
@@ -68,9 +71,11 @@ def not_run_before(where: str, name: str, start: str, order: list[str]) -> str:
     )
 
 
-def folder_weights(folder: Path, task: Task, where: str) -> Weights:
-    """The ``global`` model of a ``model/<algorithm>/`` folder, checked against this run's network."""
-    from fedseg.run.bundles import BundleError, load_bundle
+def folder_weights(folder: Path, task: Task, where: str, channel_names: list[str] | None = None) -> Weights:
+    """The ``global`` model of a ``model/<algorithm>/`` folder, checked against this run's network and, where the
+    bundle and this run's federation both name their channels (``channel_names``), their order: a model that read
+    T1 from channel 0 fine-tuned on data holding FLAIR there would train on swapped inputs without a word."""
+    from fedseg.run.bundles import BundleError, load_bundle, same_channel_names
 
     try:
         bundle = load_bundle(folder)
@@ -90,6 +95,12 @@ def folder_weights(folder: Path, task: Task, where: str) -> Weights:
             f"{where}: {folder} was trained with another network or task ({theirs}, regions "
             f"{list(m.get('regions', {}))}, {m.get('spatial_dims')}D); this run: {mine}, regions {list(task.regions)}, "
             f"{task.spatial_dims}D"
+        )
+    read_as = bundle.channel_names
+    if channel_names is not None and read_as is not None and not same_channel_names(read_as, channel_names):
+        raise ValueError(
+            f"{where}: {folder} reads the channels as {', '.join(read_as)}; this run's federation holds "
+            f"{', '.join(channel_names)} (federation.yaml channel_names): the same images in another channel order"
         )
     return bundle.models["global"]
 
