@@ -211,6 +211,92 @@ def test_supernode_with_an_invalid_folder_fails_with_the_data_check_message_befo
     assert "Starting Flower SuperNode" not in output
 
 
+def test_retry_warnings_while_the_superlink_is_unreachable_are_one_line_then_one_every_few_minutes():
+    """Flower's own retry lines (``flwr.common.logger.log``, as its retry invoker writes them), 20 minutes of
+    attempts ~10 s apart: one line with the reason, then one every 5 minutes with the count; another reason is said
+    at once; after a success the next failure is said again."""
+    import logging
+
+    from flwr.common.logger import log
+
+    from fedseg.flower.supernode_main import QuietRetries
+
+    now = [0.0]
+    shown: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.levelno >= logging.INFO:
+                shown.append(record.getMessage())
+
+    flower, keep, quiet = logging.getLogger("flwr"), Keep(), QuietRetries("10.0.0.5:9092", clock=lambda: now[0])
+    flower.addHandler(keep)
+    flower.addFilter(quiet)
+    try:
+
+        def attempt(reason: str = "[Errno 111] Connection refused") -> None:
+            log(logging.DEBUG, "Connection attempt failed with exception: %s", reason)
+            log(logging.WARNING, "Connection attempt failed, retrying in %.2f seconds", 10.0)
+            now[0] += 10.0
+
+        for _ in range(120):
+            attempt()
+        assert shown == [
+            "cannot reach the SuperLink at 10.0.0.5:9092 ([Errno 111] Connection refused); retrying quietly until it "
+            "connects (a line every 5 min)",
+            "still cannot reach the SuperLink at 10.0.0.5:9092: 31 attempts in 5 min; retrying",
+            "still cannot reach the SuperLink at 10.0.0.5:9092: 61 attempts in 10 min; retrying",
+            "still cannot reach the SuperLink at 10.0.0.5:9092: 91 attempts in 15 min; retrying",
+        ]
+        shown.clear()
+        attempt("certificate verify failed")  # the coordinator is up, with another certificate: said at once
+        attempt("certificate verify failed")
+        log(logging.INFO, "Connection successful after %.2f seconds and %s tries.", 30.0, 3)
+        log(logging.INFO, "Starting Flower SuperNode")
+        attempt()
+        assert shown == [
+            "cannot reach the SuperLink at 10.0.0.5:9092 (certificate verify failed); retrying quietly until it "
+            "connects (a line every 5 min)",
+            "Connection successful after 30.00 seconds and 3 tries.",
+            "Starting Flower SuperNode",
+            "cannot reach the SuperLink at 10.0.0.5:9092 ([Errno 111] Connection refused); retrying quietly until it "
+            "connects (a line every 5 min)",
+        ]
+    finally:
+        flower.removeHandler(keep)
+        flower.removeFilter(quiet)
+
+
+@pytest.mark.slow  # starts a `fedseg flower supernode` process
+def test_a_supernode_waiting_for_its_superlink_says_so_once_and_stops_cleanly_on_ctrl_c(folder):
+    """Nothing listens at its --superlink: one line saying so (not one per retry), and Ctrl-C (SIGINT to the
+    terminal's process group) stops the SuperNode and its ClientApp runner without a traceback."""
+    import os
+    import signal
+
+    from fedseg.flower.deploy import free_ports
+
+    (port,) = free_ports(1)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fedseg.cli", "flower", "supernode", "--site", "site1", "--data", str(folder)]
+        + ["--superlink", "127.0.0.1:9", "--insecure", "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        time.sleep(20)  # Flower's backoff: a handful of attempts by now
+        os.killpg(proc.pid, signal.SIGINT)
+        said, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert said.count("cannot reach the SuperLink at 127.0.0.1:9 (") == 1, said
+    assert "retrying in" not in said and "Traceback" not in said, said
+    assert "SuperNode terminated gracefully" in said, said
+
+
 def test_flower_local_refuses_centralized_before_starting_anything(tmp_path):
     result = runner.invoke(app, ["flower", "local", "--preset", "demo", "--out", str(tmp_path / "out")])
     assert result.exit_code == 1

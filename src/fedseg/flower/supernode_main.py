@@ -5,16 +5,87 @@ With ``FEDSEG_FLOWER_NODE_POLL=<seconds>`` set, the SuperNode's idle polling (3 
 object-pull backoff (1 s doubling to 10 s) start at that value (``fedseg.flower.flwr_internals``);
 everything else is the unmodified ``flower-supernode``. Worth it on a LAN or loopback, where a
 poll costs microseconds; on a WAN with many sites, Flower's defaults keep the SuperLink's load low.
+
+Flower's retry warnings while the SuperLink cannot be reached (one per attempt, for as long as the coordinator is
+not up) become one line with the reason and one every 5 minutes (``QuietRetries``).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
+import time
 from collections.abc import Callable
 from importlib.metadata import distribution
 
 from fedseg.flower.flwr_internals import cap_node_polling, cap_object_pull_backoff, show_log_timestamps
+
+RETRYING = "Connection attempt failed, retrying in"  # Flower's retry warning (flwr.supercore.retry)
+RETRY_REASON = "Connection attempt failed with exception: "  # its DEBUG line before it, with the reason
+CONNECTED = "Connection successful after"
+
+
+class QuietRetries(logging.Filter):
+    """Flower's retry warnings while the SuperLink cannot be reached, as a few lines instead of one per attempt.
+
+    A hospital starts its SuperNode before the coordinator is up, and Flower logs every attempt (backing off to
+    ~20 s apart: some 200 identical lines an hour). The first failure becomes one line with the reason (Flower's
+    DEBUG line: connection refused, a certificate problem...), then one line every ``every`` seconds with the count
+    of attempts; a success or another reason starts afresh. Installed on Flower's logger (``flwr``)."""
+
+    def __init__(self, address: str, every: float = 300.0, clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__()
+        self.address, self.every, self.clock = address, every, clock
+        self.reason, self.said_reason = "", ""
+        self.first: float | None = None
+        self.last_said, self.attempts = 0.0, 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        if text.startswith(RETRY_REASON):
+            self.reason = text[len(RETRY_REASON) :].strip()
+            return True  # DEBUG: its handler decides (not shown at Flower's default level)
+        if text.startswith(CONNECTED):
+            self.first, self.said_reason = None, ""
+            return True
+        if not text.startswith(RETRYING):
+            return True
+        now = self.clock()
+        self.attempts += 1
+        if self.first is None or self.reason != self.said_reason:
+            self.first, self.last_said, self.attempts, self.said_reason = now, now, 1, self.reason
+            because = f" ({self.reason})" if self.reason else ""
+            self._say(
+                record,
+                f"cannot reach the SuperLink at {self.address}{because}; retrying quietly until it connects "
+                f"(a line every {self.every / 60:g} min)",
+            )
+            return True
+        if now - self.last_said >= self.every:
+            self.last_said = now
+            minutes = (now - self.first) / 60
+            self._say(
+                record,
+                f"still cannot reach the SuperLink at {self.address}: {self.attempts} attempts in "
+                f"{minutes:.0f} min; retrying",
+            )
+            return True
+        return False
+
+    @staticmethod
+    def _say(record: logging.LogRecord, text: str) -> None:
+        record.msg, record.args = text, ()
+
+
+def superlink_address(argv: list[str]) -> str:
+    """The ``--superlink`` value of a ``flower-supernode`` command line ("the SuperLink" if absent)."""
+    for i, arg in enumerate(argv):
+        if arg == "--superlink" and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith("--superlink="):
+            return arg.split("=", 1)[1]
+    return "(its --superlink)"
 
 
 def flower_supernode_command() -> Callable[[], object]:
@@ -32,6 +103,7 @@ def main() -> None:
     flower_supernode = flower_supernode_command()
     show_log_timestamps()  # a site's log is read later, next to the coordinator's
 
+    logging.getLogger("flwr").addFilter(QuietRetries(superlink_address(sys.argv)))
     sys.argv[0] = "flower-supernode"
     flower_supernode()
 

@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable
 
 log = logging.getLogger("fedseg.flower.worker")
+RUNTIME_API_WAIT = 300.0  # s for the SuperNode started next to the runner to listen (it starts in a few seconds)
 
 
 def _watch_parent(parent: int) -> None:
@@ -120,6 +121,10 @@ def serve(address: str, insecure: bool, root_certificates: str | None, poll: flo
     if not fresh:
         import fedseg.algorithms  # noqa: F401  (warm: PyTorch, MONAI and fedseg are imported once, here)
         import fedseg.flower.apps  # noqa: F401
+    from fedseg.flower.deploy import wait_for_port
+
+    host, _, port = address.rpartition(":")
+    wait_for_port(host, int(port), RUNTIME_API_WAIT, what="the SuperNode's Runtime API")  # no retry lines meanwhile
     client = internals.superexec_runtime_client(address, insecure, root_certificates)
     log.info("%s ClientApp runner polling %s every %.2f s", "fresh" if fresh else "warm", address, poll)
     while True:
@@ -154,10 +159,13 @@ def main() -> None:
     from fedseg.flower.flwr_internals import cap_object_pull_backoff
 
     cap_object_pull_backoff(args.poll)
-    if args.task:
-        run_task(args.runtime_api_address, args.insecure, args.root_certificates, args.task)
-    else:
-        serve(args.runtime_api_address, args.insecure, args.root_certificates, args.poll, args.fresh)
+    try:
+        if args.task:
+            run_task(args.runtime_api_address, args.insecure, args.root_certificates, args.task)
+        else:
+            serve(args.runtime_api_address, args.insecure, args.root_certificates, args.poll, args.fresh)
+    except KeyboardInterrupt:  # Ctrl-C in the terminal reaches the whole group: the SuperNode says it stops
+        sys.exit(130)
 
 
 if __name__ == "__main__":
