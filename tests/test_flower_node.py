@@ -101,6 +101,29 @@ def test_info_refuses_a_missing_site_and_a_different_federation(folder, tiny_con
     assert reply.has_error() and "does not match the coordinator's federation" in reply.error.reason
 
 
+def test_info_refuses_a_site_whose_channel_names_are_the_coordinators_reordered(folder, tiny_config):
+    """The site's federation.yaml says B, G, R where the coordinator's says R, G, B: the same channels swapped,
+    refused; other names (or none) give no order to compare and are accepted."""
+    import dataclasses
+
+    import yaml
+
+    header = folder / "federation.yaml"
+    yaml_data = yaml.safe_load(header.read_text())
+    header.write_text(yaml.safe_dump({**yaml_data, "channel_names": ["B", "G", "R"]}))
+    fed = check_folder(folder)
+    coordinator = dataclasses.replace(fed, channel_names=["r", "g", "b"])
+    reply = node.handle(_info(coordinator), _context("site1", folder, tiny_config()))
+    assert reply.has_error() and (
+        "federation.yaml: channel_names B, G, R are the coordinator's r, g, b in another order" in reply.error.reason
+    )
+    for names in (["B", "G", "R"], ["red", "green", "blue"], None):
+        reply = node.handle(
+            _info(dataclasses.replace(fed, channel_names=names)), _context("site1", folder, tiny_config())
+        )
+        assert not reply.has_error(), (names, reply.error.reason)
+
+
 def test_a_node_without_site_and_data_in_its_node_config_says_how_to_start_it(folder, tiny_config):
     ctx = Context(
         run_id=1,
@@ -213,8 +236,9 @@ def test_supernode_with_an_invalid_folder_fails_with_the_data_check_message_befo
 
 def test_retry_warnings_while_the_superlink_is_unreachable_are_one_line_then_one_every_few_minutes():
     """Flower's own retry lines (``flwr.common.logger.log``, as its retry invoker writes them), 20 minutes of
-    attempts ~10 s apart: one line with the reason, then one every 5 minutes with the count; another reason is said
-    at once; after a success the next failure is said again."""
+    attempts ~10 s apart: one line with the reason, then one every 5 minutes with the count; another kind of reason
+    is said at once (one line for HTTP errors naming different URLs); after a success the next failure is said
+    again."""
     import logging
 
     from flwr.common.logger import log
@@ -249,14 +273,17 @@ def test_retry_warnings_while_the_superlink_is_unreachable_are_one_line_then_one
             "still cannot reach the SuperLink at 10.0.0.5:9092: 91 attempts in 15 min; retrying",
         ]
         shown.clear()
-        attempt("certificate verify failed")  # the coordinator is up, with another certificate: said at once
-        attempt("certificate verify failed")
+        for url in ("pull-messages", "send-node-heartbeat", "pull-messages"):  # a proxy up before the SuperLink
+            attempt(
+                f"Server error '503 Service Unavailable' for url 'https://10.0.0.5:9092/api/v0/fleet/{url}'\n"
+                "For more information check: https://developer.mozilla.org/en-US/docs/Web/HTTP/Status/503"
+            )
         log(logging.INFO, "Connection successful after %.2f seconds and %s tries.", 30.0, 3)
         log(logging.INFO, "Starting Flower SuperNode")
         attempt()
         assert shown == [
-            "cannot reach the SuperLink at 10.0.0.5:9092 (certificate verify failed); retrying quietly until it "
-            "connects (a line every 5 min)",
+            "cannot reach the SuperLink at 10.0.0.5:9092 (Server error '503 Service Unavailable'); retrying quietly "
+            "until it connects (a line every 5 min)",
             "Connection successful after 30.00 seconds and 3 tries.",
             "Starting Flower SuperNode",
             "cannot reach the SuperLink at 10.0.0.5:9092 ([Errno 111] Connection refused); retrying quietly until it "

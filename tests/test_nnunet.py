@@ -669,6 +669,17 @@ def test_predict_reads_an_imagests_folder_case_by_case_as_the_import_stacked_it(
     assert sorted(p.name for p in (tmp_path / "one-frame").iterdir()) == ["img_0001.npy", "predictions.csv"]
 
 
+def test_channel_order_is_same_reordered_other_names_or_unknown():
+    from fedseg.data.federation import channel_order
+
+    assert channel_order(["T1", "FLAIR"], [" t1", "Flair "]) == "same"
+    assert channel_order(["T1", "FLAIR"], ["FLAIR", "T1"]) == "reordered"
+    assert channel_order(["T1", "FLAIR"], ["T1w", "FLAIR"]) == "other names"
+    assert channel_order(["T2"], ["MRI"]) == "other names"  # one channel: never reordered
+    assert channel_order(["T1", "FLAIR"], ["channel0", "channel1"]) == "unknown"  # an export's placeholders
+    assert channel_order(["T1", "FLAIR"], ["T1"]) == "unknown"
+
+
 def _bundle_of(fed_root: Path, folder: Path, tiny_config) -> Path:
     """A ``global`` bundle (untrained weights) written by the run's own ``write_bundle_files`` from the federation
     at ``fed_root``, as a run on it writes ``RUN/model/fedavg/``; returns ``folder``."""
@@ -712,13 +723,13 @@ def test_predict_refuses_a_dataset_that_numbers_the_channels_otherwise_and_reads
         app, ["predict", "--model", str(bundle), "--input", str(src / "imagesTs"), "--out", str(tmp_path / "swapped")]
     )
     assert " ".join(one_line_error(result).split()) == (
-        f"{src / 'dataset.json'}: channel_names are b, a but the model reads a, b (channel _0000 = a, _0001 = b; "
+        f"{src / 'dataset.json'}: channel names b, a but the model reads a, b (channel _0000 = a, _0001 = b; "
         f"{bundle / 'manifest.json'}: channel_names): renumber the files (and dataset.json) to the model's order, "
         "or use a model trained on this one"
     )
     assert not (tmp_path / "swapped").exists()
     one_file = src / "imagesTs" / "s0_004_0000.png"  # a channel file given alone: its dataset.json found too
-    with pytest.raises(ValueError, match="channel_names are b, a but the model reads a, b"):
+    with pytest.raises(ValueError, match="channel names b, a but the model reads a, b"):
         predict(bundle, one_file, tmp_path / "one")
 
     _set_json(src, channel_names={"0": " A", "1": "b"})
@@ -733,6 +744,10 @@ def test_predict_refuses_a_dataset_that_numbers_the_channels_otherwise_and_reads
         app, ["predict", "--model", str(bundle), "--input", str(src / "imagesTs"), "--out", str(tmp_path / "cli")]
     )
     assert said.exit_code == 0 and notes[0] in " ".join(said.output.split()), said.output  # the command says it too
+    _set_json(src, channel_names={"0": "a2", "1": "b"})  # other names: no order to compare; said, not refused
+    notes = []
+    assert len(predict(bundle, src / "imagesTs", tmp_path / "other-names", notes=notes)) == 4
+    assert notes[0].endswith(f"; {src / 'dataset.json'} names them a2, b: check they are these, in this order")
     (src / "dataset.json").write_text(json.dumps({**dataset_json, "channel_names": None}))  # names nothing: as before
     notes = []
     assert len(predict(bundle, src / "imagesTs", tmp_path / "unnamed", notes=notes)) == 4

@@ -29,9 +29,10 @@ mask named ``<case>.<ext>`` (``nnunet_cases``; one channel file given alone brin
    predicted regions filled and outlined in the Okabe-Ito colours (``overlay_image``).
 
 Channel order: a bundle whose federation named its channels (manifest ``channel_names``) reads them in that order;
-where the input belongs to an nnU-Net dataset whose ``dataset.json`` names them too (``check_dataset_channels``),
-the two orders must agree (names compared trimmed and case-insensitive), else nothing is predicted and one line says
-both orders; ``notes`` receives the order the model reads, for the user to check inputs that name no channels.
+where the input belongs to an nnU-Net dataset whose ``dataset.json`` names them too (``check_dataset_channels``;
+an MSD task's ``modality``), the same names in another order are refused (nothing is predicted; one line says both
+orders); ``notes`` receives the order the model reads, and what the dataset.json says where its names are others
+(``T1w`` for ``T1``: no order can be read from them), for the user to check.
 
 Every input is listed and read and checked (readable, channel count, spatial dimensions, no NaN or Inf pixels)
 before any model runs: an entry of the input folder that cannot be an input (another file type, a broken link, a
@@ -59,7 +60,7 @@ from torch import nn
 
 from fedseg.algorithms.registry import RoutedModel
 from fedseg.data import readers
-from fedseg.data.federation import FederationError
+from fedseg.data.federation import FederationError, channel_order
 from fedseg.data.folder import _PIL_EXTS as PLANE_EXTS
 from fedseg.data.folder import (
     IMAGE_EXTS,
@@ -86,7 +87,6 @@ from fedseg.run.bundles import (
     find_bundle,
     load_bundle,
     run_bundles,
-    same_channel_names,
 )
 from fedseg.run.outputs import csv_text
 from fedseg.run.preflight import check_out_dir
@@ -496,19 +496,31 @@ def input_dataset_json(path: Path) -> Path | None:
     return next((f / DATASET_JSON for f in (folder, folder.parent) if (f / DATASET_JSON).is_file()), None)
 
 
-def check_dataset_channels(path: Path, channels: int, bundle: Bundle) -> Path | None:
+@dataclass
+class DatasetChannels:
+    """What an input's nnU-Net ``dataset.json`` says of its channels, compared with the model's
+    (``fedseg.data.federation.channel_order``)."""
+
+    path: Path
+    names: list[str]
+    order: str  # same | other names | unknown (reordered is refused)
+
+
+def check_dataset_channels(path: Path, channels: int, bundle: Bundle) -> DatasetChannels | None:
     """Refuse the images of an nnU-Net dataset (``path`` or its folder, in a ``DatasetNNN_Name/`` whose
-    ``dataset.json`` lists ``channel_names``, ``input_dataset_json``) for a model that reads another number of
-    channels: under a one-channel model the files of a two-channel case would pass as two images. An RGB dataset's
-    three names fit a 3-channel model (they are the three channels of one file). Where the model knows its channel
-    names too (``Bundle.channel_names``), they must come in the same order (``same_channel_names``): a test set that
-    numbers FLAIR ``_0000`` where the model read T1 from ``_0000`` would be segmented silently wrong. Returns that
-    ``dataset.json`` where its names matched the model's, else None (nothing to compare: as before)."""
+    ``dataset.json`` lists ``channel_names``, or an MSD task's ``modality``; ``input_dataset_json``) for a model that
+    reads another number of channels: under a one-channel model the files of a two-channel case would pass as two
+    images. An RGB dataset's three names fit a 3-channel model (they are the three channels of one file). Where the
+    model knows its channel names too (``Bundle.channel_names``) and the dataset lists the same names in another
+    order (``channel_order``: ``reordered``), they are refused: a test set that numbers FLAIR ``_0000`` where the
+    model read T1 from ``_0000`` would be segmented silently wrong. Other names (``T1w`` for ``T1``) give no order to
+    compare: said in the note (``channels_note``), not refused. None where no dataset.json names channels."""
     found = input_dataset_json(path)
     if found is None:
         return None
     try:
-        names = json.loads(found.read_text(encoding="utf-8")).get("channel_names")
+        data = json.loads(found.read_text(encoding="utf-8"))
+        names = data.get("channel_names") or data.get("modality")
     except (OSError, ValueError, AttributeError):
         return None
     if not isinstance(names, dict) or not names:
@@ -518,31 +530,37 @@ def check_dataset_channels(path: Path, channels: int, bundle: Bundle) -> Path | 
             f"{found}: lists {len(names)} channels ({', '.join(map(str, names.values()))}) "
             f"but the model reads {channels} ({bundle.folder / MANIFEST}: in_channels)"
         )
-    ours = bundle.channel_names
-    if ours is None or set(names) != {str(c) for c in range(channels)}:
-        return None  # the model does not know its channels, or the dataset gives no order
+    if set(names) != {str(c) for c in range(channels)}:
+        return None  # not numbered 0, 1, ...: no order to read
     theirs = [str(names[str(c)]) for c in range(channels)]
-    if same_channel_names(ours, theirs):
-        return found
-    files = ", ".join(f"_{c:0{CHANNEL_DIGITS}d} = {n}" for c, n in enumerate(ours))
-    raise PredictError(
-        f"{found}: channel_names are {', '.join(theirs)} but the model reads {', '.join(ours)} (channel {files}; "
-        f"{bundle.folder / MANIFEST}: channel_names): renumber the files (and dataset.json) to the model's order, or "
-        "use a model trained on this one"
-    )
+    ours = bundle.channel_names
+    order = "unknown" if ours is None else channel_order(ours, theirs)
+    if order == "reordered" and ours is not None:
+        files = ", ".join(f"_{c:0{CHANNEL_DIGITS}d} = {n}" for c, n in enumerate(ours))
+        raise PredictError(
+            f"{found}: channel names {', '.join(theirs)} but the model reads {', '.join(ours)} (channel {files}; "
+            f"{bundle.folder / MANIFEST}: channel_names): renumber the files (and dataset.json) to the model's "
+            "order, or use a model trained on this one"
+        )
+    return DatasetChannels(found, theirs, order)
 
 
-def channels_note(bundle: Bundle, matched: Path | None) -> str | None:
+def channels_note(bundle: Bundle, dataset: DatasetChannels | None) -> str | None:
     """One line saying which channel the model reads where, for a user to check the inputs against (``predict``'s
-    ``notes``), where the bundle knows its channel names; None where it does not."""
+    ``notes``), where the bundle knows its channel names; with what the input's dataset.json says of them. None
+    where the bundle does not know them."""
     names = bundle.channel_names
     if names is None:
         return None
     order = ", ".join(f"_{c:0{CHANNEL_DIGITS}d} = {n}" for c, n in enumerate(names))
-    checked = f", as {matched} lists them" if matched is not None else ""
+    said = ""
+    if dataset is not None and dataset.order == "same":
+        said = f", as {dataset.path} lists them"
+    elif dataset is not None:
+        said = f"; {dataset.path} names them {', '.join(dataset.names)}: check they are these, in this order"
     return (
         f"the model reads {len(names)} channel{'s' if len(names) != 1 else ''} in this order: {order} (an nnU-Net "
-        f"case's files; a file holding them all, in the same order){checked}"
+        f"case's files; a file holding them all, in the same order){said}"
     )
 
 
@@ -552,8 +570,8 @@ def read_inputs(path: Path, bundle: Bundle, overlay: bool = False, notes: list[s
     (``check_dataset_channels``); ``notes``, when given, receives the line of ``channels_note``."""
     inputs, problems, channels = [], [], bundle.manifest["in_channels"]
     listed = list_inputs(path)  # a dataset's root given as the input: said before its channels are compared
-    matched = check_dataset_channels(Path(path), channels, bundle)
-    if notes is not None and (note := channels_note(bundle, matched)) is not None:
+    dataset = check_dataset_channels(Path(path), channels, bundle)
+    if notes is not None and (note := channels_note(bundle, dataset)) is not None:
         notes.append(note)
     sources = nnunet_cases(listed, channels, bundle.kind)
     if Path(path).is_file() and channel_file(Path(path)) is not None:  # a channel file: as its folder reads it

@@ -16,6 +16,7 @@ method says so.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Literal
@@ -193,6 +194,24 @@ class Site:
     cases: list[Case]
     fixed_splits: dict[str, Split] | None = None
     meta: dict[str, object] = field(default_factory=dict)
+
+
+PLACEHOLDER_CHANNEL = re.compile(r"channel\d+")  # what an export writes for channels it cannot name
+
+
+def channel_order(model: list[str], data: list[str]) -> Literal["same", "reordered", "other names", "unknown"]:
+    """How the channel names of ``data`` (a dataset, a federation) stand to the ``model``'s, name by name with
+    whitespace trimmed and case ignored (``T1`` = ``t1 ``; FeTS's ``t1ce`` = an nnU-Net ``T1ce``): ``same``;
+    ``reordered``, the same names in another order (FLAIR, T1 for a model that read T1, FLAIR: the inputs would be
+    swapped); ``other names`` (``T1w`` for ``T1``, ``MRI`` for ``T2``: no order can be read from them); ``unknown``
+    where a list is missing, of another length, or holds the ``channel0``, ``channel1`` placeholders an export
+    writes for unnamed channels."""
+    ours, theirs = ([n.strip().casefold() for n in names] for names in (model, data))
+    if len(ours) != len(theirs) or any(PLACEHOLDER_CHANNEL.fullmatch(n) for n in ours + theirs):
+        return "unknown"
+    if ours == theirs:
+        return "same"
+    return "reordered" if sorted(ours) == sorted(theirs) else "other names"
 
 
 @dataclass

@@ -40,7 +40,7 @@ from flwr.app import Message as FlowerMessage
 from flwr.common.constant import ErrorCode
 
 from fedseg.config import RunConfig
-from fedseg.data.federation import Federation, FederationError, Site
+from fedseg.data.federation import Federation, FederationError, Site, channel_order
 from fedseg.flower.snapshots import ContextSnapshots, DiskSnapshots, Snapshots, prune
 
 # PyTorch, MONAI and the algorithms are imported only by algorithm messages: in Flower's
@@ -130,11 +130,13 @@ def run_config(context: Context) -> RunConfig:
 
 def federation_header(fed: Federation) -> dict:
     """The parts of a federation every participant must agree on (JSON-safe; region order matters:
-    it is the order of the network's output channels)."""
+    it is the order of the network's output channels), and its channel names (``on_info`` refuses a site whose
+    ``channel_names`` are the coordinator's in another order)."""
     return {
         "kind": fed.kind,
         "channels": int(fed.channels),
         "regions": [[k, list(v)] for k, v in fed.regions.as_dict().items()],
+        "channel_names": fed.channel_names,
     }
 
 
@@ -317,9 +319,16 @@ def on_info(content: RecordDict, context: Context, settings: NodeSettings, cfg: 
     fed, site = load_site(settings, cfg, check=True)
     expected = json.loads(str(head["header"]))
     mine = federation_header(fed)
+    names, theirs = mine.pop("channel_names"), expected.pop("channel_names", None)
     if mine != expected:
         raise FederationError(
             f"{settings.data}/federation.yaml: {mine} does not match the coordinator's federation {expected}"
+        )
+    if names and theirs and channel_order(theirs, names) == "reordered":  # other names: no order to compare
+        raise FederationError(
+            f"{settings.data}/federation.yaml: channel_names {', '.join(names)} are the coordinator's "
+            f"{', '.join(theirs)} in another order: this site's images would reach the model with their channels "
+            "swapped; reorder this site's channels (and channel_names) to the coordinator's"
         )
     splits = site_splits(site, cfg.data.split, cfg.data.seed)
     sizes = {s: sum(1 for v in splits.values() if v == s) for s in ("train", "val", "test")}

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
+import threading
 import time
 from collections.abc import Callable
 from importlib.metadata import distribution
@@ -31,8 +33,11 @@ class QuietRetries(logging.Filter):
 
     A hospital starts its SuperNode before the coordinator is up, and Flower logs every attempt (backing off to
     ~20 s apart: some 200 identical lines an hour). The first failure becomes one line with the reason (Flower's
-    DEBUG line: connection refused, a certificate problem...), then one line every ``every`` seconds with the count
-    of attempts; a success or another reason starts afresh. Installed on Flower's logger (``flwr``)."""
+    DEBUG line before it: connection refused, no route to host, a 503 from a proxy...), then one line every
+    ``every`` seconds with the count of attempts; a success, or another kind of reason (its first line, without the
+    URL an HTTP error names), starts afresh: a connection lost mid-run is said at once. Certificate errors are not
+    retried by Flower (it gives up and says so). Installed on Flower's logger (``flwr``), whose records can come from
+    several threads: one lock."""
 
     def __init__(self, address: str, every: float = 300.0, clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__()
@@ -40,11 +45,17 @@ class QuietRetries(logging.Filter):
         self.reason, self.said_reason = "", ""
         self.first: float | None = None
         self.last_said, self.attempts = 0.0, 0
+        self.lock = threading.Lock()
 
     def filter(self, record: logging.LogRecord) -> bool:
+        with self.lock:
+            return self._filter(record)
+
+    def _filter(self, record: logging.LogRecord) -> bool:
         text = record.getMessage()
         if text.startswith(RETRY_REASON):
-            self.reason = text[len(RETRY_REASON) :].strip()
+            reason = text[len(RETRY_REASON) :].strip().splitlines()
+            self.reason = re.sub(r" for url '[^']*'", "", reason[0]) if reason else ""
             return True  # DEBUG: its handler decides (not shown at Flower's default level)
         if text.startswith(CONNECTED):
             self.first, self.said_reason = None, ""
@@ -79,7 +90,7 @@ class QuietRetries(logging.Filter):
 
 
 def superlink_address(argv: list[str]) -> str:
-    """The ``--superlink`` value of a ``flower-supernode`` command line ("the SuperLink" if absent)."""
+    """The ``--superlink`` value of a ``flower-supernode`` command line ("(its --superlink)" if absent)."""
     for i, arg in enumerate(argv):
         if arg == "--superlink" and i + 1 < len(argv):
             return argv[i + 1]

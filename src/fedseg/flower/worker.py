@@ -166,6 +166,9 @@ def main() -> None:
             serve(args.runtime_api_address, args.insecure, args.root_certificates, args.poll, args.fresh)
     except KeyboardInterrupt:  # Ctrl-C in the terminal reaches the whole group: the SuperNode says it stops
         sys.exit(130)
+    except (OSError, RuntimeError) as e:  # TimeoutError: its SuperNode's Runtime API never listened
+        print(f"ClientApp runner: {e}", file=sys.stderr, flush=True)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

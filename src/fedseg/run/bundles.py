@@ -91,12 +91,6 @@ def run_bundles(run_dir: Path) -> list[Path]:
     return _bundle_folders(Path(run_dir) / "model")
 
 
-def same_channel_names(ours: list[str], theirs: list[str]) -> bool:
-    """Whether two channel orders agree: name by name, whitespace trimmed and case ignored (``T1`` = ``t1 ``; a
-    FeTS ``t1ce`` federation = an nnU-Net ``T1ce`` dataset), nothing else (``T1`` is not ``T1w``)."""
-    return [n.strip().casefold() for n in ours] == [n.strip().casefold() for n in theirs]
-
-
 def _manifest_models(path: Path) -> list[str]:
     """The ``models`` a manifest lists; none if it cannot be read (``load_bundle`` reports that)."""
     try:

@@ -73,9 +73,11 @@ def not_run_before(where: str, name: str, start: str, order: list[str]) -> str:
 
 def folder_weights(folder: Path, task: Task, where: str, channel_names: list[str] | None = None) -> Weights:
     """The ``global`` model of a ``model/<algorithm>/`` folder, checked against this run's network and, where the
-    bundle and this run's federation both name their channels (``channel_names``), their order: a model that read
-    T1 from channel 0 fine-tuned on data holding FLAIR there would train on swapped inputs without a word."""
-    from fedseg.run.bundles import BundleError, load_bundle, same_channel_names
+    bundle and this run's federation both name their channels (``channel_names``), their order (``channel_order``:
+    the same names reordered are refused): a model that read T1 from channel 0 fine-tuned on data holding FLAIR
+    there would train on swapped inputs without a word."""
+    from fedseg.data.federation import channel_order
+    from fedseg.run.bundles import BundleError, load_bundle
 
     try:
         bundle = load_bundle(folder)
@@ -97,7 +99,7 @@ def folder_weights(folder: Path, task: Task, where: str, channel_names: list[str
             f"{task.spatial_dims}D"
         )
     read_as = bundle.channel_names
-    if channel_names is not None and read_as is not None and not same_channel_names(read_as, channel_names):
+    if channel_names is not None and read_as is not None and channel_order(read_as, channel_names) == "reordered":
         raise ValueError(
             f"{where}: {folder} reads the channels as {', '.join(read_as)}; this run's federation holds "
             f"{', '.join(channel_names)} (federation.yaml channel_names): the same images in another channel order"
