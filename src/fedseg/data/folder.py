@@ -5,7 +5,8 @@
     ROOT/federation.yaml                       name, kind (2d|3d), channels, regions, [label_names],
                                                [channel_names], [sites]
     ROOT/<site>/images/<case>.<png|jpg|jpeg|npy|nii|nii.gz|nrrd|mha|mhd>, or images/<case>/ (a DICOM series)
-    ROOT/<site>/labels/<case>.<png|npy|nii|nii.gz|nrrd|mha|mhd|dcm>      integer label map (.dcm: DICOM-SEG)
+    ROOT/<site>/labels/<case>.<png|npy|nii|nii.gz|nrrd|mha|mhd|dcm>      integer label map (.dcm: DICOM-SEG or
+                                                                          RTSTRUCT)
     ROOT/<site>/splits.csv                     optional, header ``case,split``
     ROOT/<site>/cases.csv                      optional case-level metadata, header ``case,<any columns>``
 
@@ -32,6 +33,8 @@ label map with integer values becomes the smallest integer dtype that holds them
 - DICOM-SEG labels (``labels/<case>.dcm``): drawn on the case's image grid, each segment's pixels get
   its label value: the segment number, or, when every segment's label is one of ``label_names``, the
   value of that name (``fedseg.data.readers.segment_values``).
+- RT Structure Set labels (``labels/<case>.dcm``, Modality RTSTRUCT): the contours of the ROIs that ``label_names``
+  names, painted on the case's image grid (``fedseg.data.rtstruct``).
 
 Every reader raises ``FederationError("<path>: <problem>")``; ``fedseg.data.check`` uses the
 same functions to validate a folder before training.
@@ -54,7 +57,7 @@ from typing import Any, Literal
 import numpy as np
 import yaml
 
-from fedseg.data import readers
+from fedseg.data import readers, rtstruct
 from fedseg.data.federation import Case, Federation, FederationError, Regions, Site, Split
 from fedseg.data.metadata import (
     CASES_FILE,
@@ -115,7 +118,8 @@ def read_array(path: Path, *, as_label: bool = False) -> np.ndarray:
 
     PNG/JPEG -> ``(H, W)`` or ``(H, W, k)``; npy -> the stored array; volumes (NIfTI, NRRD, MetaImage,
     a DICOM series folder) -> ``(*spatial, *channels)`` in the file's index order (``readers.read_volume``;
-    NIfTI scaling applied); a DICOM-SEG -> its frames ``(frames, rows, columns)``. Palette PNGs give RGB
+    NIfTI scaling applied); a DICOM-SEG -> its frames ``(frames, rows, columns)``; an RTSTRUCT -> its contour
+    points ``(n, 3)`` in LPS mm (it has no voxels without its image). Palette PNGs give RGB
     for images and their indices for labels.
     Raises ``FederationError`` for an unsupported extension or an unreadable/corrupt file.
     """
@@ -124,7 +128,7 @@ def read_array(path: Path, *, as_label: bool = False) -> np.ndarray:
     if _is_volume(ext):
         return readers.read_volume(path)
     if ext == readers.SEG_EXT:
-        return readers.read_seg_frames(path)
+        return rtstruct.contour_points(path) if rtstruct.is_rtstruct(path) else readers.read_seg_frames(path)
     try:
         if ext in _PIL_EXTS:
             from PIL import Image
@@ -212,7 +216,9 @@ def read_label(
     """Read a label file as an integer map ``(*spatial)``. JPEG is refused (lossy).
 
     A DICOM-SEG (``.dcm``) is drawn on ``image``'s grid (its case's image: a DICOM series, NIfTI, NRRD or
-    MetaImage), segment numbers mapped to label values with ``label_names`` (``readers.segment_values``).
+    MetaImage), segment numbers mapped to label values with ``label_names`` (``readers.segment_values``); an RT
+    Structure Set (``.dcm``, Modality RTSTRUCT) is painted on the same grid, its ROIs named in ``label_names``
+    taking their values (``rtstruct.read_rtstruct``).
     """
     path = Path(path)
     if path.is_dir() or split_name(path.name, LABEL_EXTS) is None:
@@ -235,15 +241,20 @@ def read_label(
 
 
 def _seg_label(path: Path, image: Path | None, label_names: dict[int, str] | None) -> np.ndarray:
-    """A DICOM-SEG label on ``image``'s grid (``readers.read_dicom_seg``)."""
+    """A DICOM-SEG (``readers.read_dicom_seg``) or RT Structure Set (``rtstruct.read_rtstruct``) label on ``image``'s
+    grid."""
+    structures = rtstruct.is_rtstruct(path)
+    what = "an RTSTRUCT" if structures else "a DICOM-SEG"
     if image is None:
-        raise FederationError(f"{path}: a DICOM-SEG label is read on its case's image grid, but no image was given")
+        raise FederationError(f"{path}: {what} label is read on its case's image grid, but no image was given")
     image = Path(image)
     if not _is_volume(_ext(image)):
         raise FederationError(
-            f"{path}: a DICOM-SEG label needs an image with a patient-space grid (DICOM series, NIfTI, NRRD, "
+            f"{path}: {what} label needs an image with a patient-space grid (DICOM series, NIfTI, NRRD, "
             f"MetaImage), but {image} is a {_ext(image).upper()} file"
         )
+    if structures:
+        return rtstruct.read_rtstruct(path, readers.volume_grid(image), image, label_names)
     return readers.read_dicom_seg(path, readers.volume_grid(image), image, label_names)
 
 

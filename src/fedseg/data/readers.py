@@ -451,7 +451,7 @@ def _read_dicom_seg(path: Path, grid: VoxelGrid, image: Path, label_names: dict[
     if str(getattr(ds, "SOPClassUID", "")) not in _SEG_SOP_CLASSES:
         raise FederationError(
             f"{path}: not a DICOM-SEG (Modality {getattr(ds, 'Modality', '?')}); a .dcm label must be a DICOM "
-            "Segmentation"
+            "Segmentation or an RT Structure Set (RTSTRUCT)"
         )
     kind = str(getattr(ds, "SegmentationType", ""))
     if kind not in ("BINARY", "LABELMAP"):

@@ -1,0 +1,261 @@
+"""DICOM RT Structure Sets (Modality RTSTRUCT) as label maps: ``labels/<case>.dcm`` painted on its image's grid.
+
+Radiotherapy planning systems store contours as an RT Structure Set: one ROI per structure (GTV, CTV, BODY, a
+couch...), each a stack of polygons in patient coordinates (mm, DICOM LPS), one or more per image slice.
+``read_rtstruct`` rasterizes the ROIs that ``label_names`` (federation.yaml) names onto the case image's voxel grid
+(a 3D volume with a patient-space grid: a DICOM series, NIfTI, NRRD or MetaImage; ``readers.volume_grid``):
+
+- **ROI -> label value**: an ROI whose ``ROIName`` names a ``label_names`` entry (compared as DICOM-SEG segment
+  labels are, ``readers.segment_values``: case-insensitive, ``_`` = space) gets that entry's value; ROIs named in
+  no entry (BODY, External, couch, markers) are skipped unread. No ROI named so, or no ``label_names``: refused.
+- **Paint order**: ascending label value, so where structures overlap the higher value wins (a GTV nested in its
+  CTV stays visible when the GTV has the higher value). Two ROIs naming one label are painted as their union.
+- **Contours**: ``CLOSED_PLANAR`` (and ``CLOSEDPLANAR_XOR``) contours are filled. ``POINT``, ``OPEN_PLANAR`` and
+  ``OPEN_NONPLANAR`` contours enclose no area, so a labelled ROI holding one is refused rather than read as
+  silently smaller (an ROI that names no label may hold any). The contours of one ROI on one slice combine by XOR
+  (even-odd rule, the convention of most planning systems): a contour inside another is a hole.
+- **Voxel-centre rule**: a voxel belongs to a contour when its centre lies inside the polygon (even-odd crossing
+  number in the slice plane); a centre exactly on an edge counts on one side only (positions are taken to 1/1000
+  of a voxel, so a point written with a few decimals of mm lies on the centre it was drawn on), so a contour drawn
+  along voxel centres covers as many voxels as its area.
+- **Planes**: each contour must lie in one slice plane of the image (the grid's third axis, a DICOM series'
+  slices): every point within 0.1 slice spacing of the same slice centre; a contour between slices (drawn on
+  another scan or on reformatted slices) and one outside the image are refused, naming the ROI and contour.
+- On a DICOM series image the structure set must share its FrameOfReferenceUID (without one on either side: name
+  the series among its referenced series), as a DICOM-SEG must: another patient's contours can land on the same
+  grid.
+
+Every problem is one ``FederationError`` line naming the file; a malformed file (missing sequences, bad
+``ContourData``) is one line too.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fedseg.data import readers
+from fedseg.data.federation import FederationError
+
+RTSTRUCT_SOP_CLASS = "1.2.840.10008.5.1.4.1.1.481.3"  # RT Structure Set Storage
+_FILLED = ("CLOSED_PLANAR", "CLOSEDPLANAR_XOR")  # contour types that enclose an area
+_PLANE_TOL = 0.1  # slice spacings: a contour's points lie this close to a slice centre
+_EDGE_TOL = 0.1  # voxels: how far beyond the image's edge (half a voxel past the last centre) a point may lie
+_SNAP = 3  # decimals of a voxel kept in index coordinates: a vertex written to 0.0001 mm stays on its centre
+
+
+def is_rtstruct(path: Path) -> bool:
+    """Whether ``path`` is a DICOM RT Structure Set (Modality RTSTRUCT or its SOP class), from its header alone;
+    ``False`` for anything else, an unreadable file or without pydicom (the DICOM-SEG reader then says why)."""
+    try:
+        import pydicom
+
+        ds = pydicom.dcmread(path, stop_before_pixels=True, specific_tags=["Modality", "SOPClassUID"])
+    except Exception:  # noqa: BLE001 — not DICOM, or no pydicom: not an RTSTRUCT
+        return False
+    return str(getattr(ds, "Modality", "")) == "RTSTRUCT" or str(getattr(ds, "SOPClassUID", "")) == RTSTRUCT_SOP_CLASS
+
+
+def read_rtstruct(path: Path, grid: readers.VoxelGrid, image: Path, label_names: dict[int, str] | None) -> np.ndarray:
+    """The RT Structure Set ``path`` painted on ``image`` (whose grid is ``grid``) as a label map of ``grid``'s
+    spatial shape (uint8, or uint16 for a label value above 255): the ROIs ``label_names`` names, in ascending label
+    value (a higher value overwrites a lower one where they overlap), each contour filled by the voxel-centre rule
+    and one ROI's contours on a slice combined by XOR (holes); see the module docstring.
+    ``FederationError`` with one line naming the file otherwise."""
+    try:
+        return _read_rtstruct(path, grid, image, label_names)
+    except FederationError:
+        raise
+    except (AttributeError, IndexError, KeyError, TypeError, ValueError) as e:  # LinAlgError is a ValueError
+        raise _malformed(path, e) from None
+
+
+def contour_points(path: Path) -> np.ndarray:
+    """Every contour point of an RT Structure Set ``(n, 3)`` in LPS mm, for a readability check (no image)."""
+    ds = _dataset(path)
+    try:
+        points = [
+            _points(contour, path, str(roi.ReferencedROINumber), c)
+            for roi in _sequence(ds, "ROIContourSequence", path)
+            for c, contour in enumerate(getattr(roi, "ContourSequence", None) or [], start=1)
+        ]
+    except FederationError:
+        raise
+    except (AttributeError, IndexError, KeyError, TypeError, ValueError) as e:
+        raise _malformed(path, e) from None
+    return np.concatenate(points) if points else np.zeros((0, 3))
+
+
+def _malformed(path: Path, e: Exception) -> FederationError:
+    return FederationError(f"{path}: malformed RTSTRUCT ({type(e).__name__}: {' '.join(str(e).split())[:200]})")
+
+
+def _dataset(path: Path) -> Any:
+    pydicom = readers._require("pydicom", path, "an RTSTRUCT")
+    try:
+        return pydicom.dcmread(path)
+    except Exception as e:  # noqa: BLE001 — pydicom raises several types for a non-DICOM file
+        raise FederationError(f"{path}: not a DICOM file ({type(e).__name__}); expected an RTSTRUCT") from None
+
+
+def _sequence(ds: Any, name: str, path: Path) -> Any:
+    if name not in ds:
+        raise FederationError(f"{path}: malformed RTSTRUCT: no {name}")
+    return getattr(ds, name)
+
+
+def _points(contour: Any, path: Path, roi: str, number: int) -> np.ndarray:
+    """A contour's ``ContourData`` as ``(n, 3)`` LPS mm; one line naming the ROI and contour if malformed."""
+    data = np.asarray(getattr(contour, "ContourData", None) or [], dtype=np.float64)
+    if data.size == 0 or data.size % 3 or not np.isfinite(data).all():
+        raise FederationError(
+            f"{path}: ROI {roi} contour {number}: malformed ContourData ({data.size} numbers; expected x, y, z "
+            "triplets in mm)"
+        )
+    return data.reshape(-1, 3)
+
+
+def _roi_values(
+    names: dict[int, str], label_names: dict[int, str] | None, path: Path
+) -> dict[int, int]:  # ROI number -> label value, for the ROIs label_names names
+    listed = ", ".join(repr(n) for n in names.values()) or "none"
+    if not label_names:
+        raise FederationError(
+            f"{path}: an RTSTRUCT's ROIs get their label values by name, but federation.yaml has no label_names; "
+            f"its ROIs: {listed}"
+        )
+    by_name: dict[str, list[int]] = {}
+    for value, name in sorted(label_names.items()):
+        if value > 0:  # background is what no ROI paints
+            by_name.setdefault(readers._normalized(name), []).append(value)
+    values = {}
+    for number, name in names.items():
+        matches = by_name.get(readers._normalized(name), [])
+        if len(matches) > 1:
+            raise FederationError(
+                f"{path}: ROI {name!r} names label_names entries of several values ({', '.join(map(str, matches))})"
+            )
+        if matches:
+            values[number] = matches[0]
+    if not values:
+        expected = ", ".join(f"{v}: {n}" for v, n in sorted(label_names.items()) if v > 0)
+        raise FederationError(
+            f"{path}: no ROI of this RTSTRUCT names a label of label_names (federation.yaml); its ROIs: {listed}; "
+            f"label_names: {expected}"
+        )
+    return values
+
+
+def _other_frame(ds: Any, rois: list[Any], path: Path, image: Path) -> str | None:
+    """Why the structure set ``ds`` was drawn on another scan than ``image`` (a DICOM series; ``None`` for other
+    images): its labelled ROIs' frame of reference (else the ReferencedFrameOfReferenceSequence's) is not the
+    series'; where either has none, a referenced series list that does not name it."""
+    if readers.volume_format(image) != readers.DICOM:
+        return None
+    pydicom = readers._require("pydicom", image, "a DICOM series")
+    series = pydicom.dcmread(readers.series_entries(image)[0], stop_before_pixels=True)
+    image_frame = str(getattr(series, "FrameOfReferenceUID", ""))
+    referenced = list(getattr(ds, "ReferencedFrameOfReferenceSequence", None) or [])
+    frames = {str(getattr(roi, "ReferencedFrameOfReferenceUID", "")) for roi in rois} - {""}
+    frames = frames or {str(getattr(item, "FrameOfReferenceUID", "")) for item in referenced} - {""}
+    if frames and image_frame:
+        if frames == {image_frame}:
+            return None
+        return (
+            f"{path}: drawn on another scan: its FrameOfReferenceUID {', '.join(sorted(frames))} is not that of its "
+            f"image {image} ({image_frame}); contours of another patient or study?"
+        )
+    own = str(getattr(series, "SeriesInstanceUID", ""))
+    uids = [
+        str(getattr(s, "SeriesInstanceUID", ""))
+        for item in referenced
+        for study in getattr(item, "RTReferencedStudySequence", None) or []
+        for s in getattr(study, "RTReferencedSeriesSequence", None) or []
+    ]
+    if own and any(uids) and own not in uids:
+        return (
+            f"{path}: drawn on another scan: it references series {', '.join(u for u in uids if u)}, but its image "
+            f"{image} is series {own}; contours of another series?"
+        )
+    return None
+
+
+def _fill(polygons: list[np.ndarray], size: tuple[int, int]) -> tuple[tuple[slice, slice], np.ndarray] | None:
+    """The voxels of one slice (``size`` = its two axes) whose centres lie inside ``polygons`` (``(n, 2)`` index
+    coordinates each) by the even-odd rule over all of them together: ``(index, mask)`` of their bounding box, or
+    ``None`` if it holds no voxel centre. For each voxel row (a centre line ``j``), the crossings of every edge with
+    that line (an edge counts for ``min(y) <= j < max(y)``, so a vertex on the line is crossed once) toggle every
+    centre right of them: a centre with an odd number of crossings to its left is inside."""
+    points = np.concatenate(polygons)
+    i0, j0 = (max(0, math.ceil(v)) for v in points.min(axis=0))
+    i1, j1 = (min(n - 1, math.floor(v)) for v, n in zip(points.max(axis=0), size))
+    if i1 < i0 or j1 < j0:
+        return None
+    rows = np.arange(j0, j1 + 1, dtype=np.float64)
+    toggles = np.zeros((rows.size, i1 - i0 + 2), dtype=np.int64)  # per row: voxels i0..i1, one column beyond
+    for polygon in polygons:
+        (xa, ya), (xb, yb) = polygon.T, np.roll(polygon, -1, axis=0).T
+        r, e = np.nonzero((ya[None, :] > rows[:, None]) != (yb[None, :] > rows[:, None]))
+        x = np.round(xa[e] + (rows[r] - ya[e]) * (xb[e] - xa[e]) / (yb[e] - ya[e]), _SNAP)
+        np.add.at(toggles, (r, np.clip(np.floor(x).astype(np.int64) + 1 - i0, 0, toggles.shape[1] - 1)), 1)
+    inside = np.cumsum(toggles, axis=1)[:, :-1] % 2 == 1  # (rows j, columns i)
+    return (slice(i0, i1 + 1), slice(j0, j1 + 1)), inside.T
+
+
+def _read_rtstruct(path: Path, grid: readers.VoxelGrid, image: Path, label_names: dict[int, str] | None) -> np.ndarray:
+    if len(grid.shape) < 3:
+        raise FederationError(
+            f"{path}: an RTSTRUCT label is painted on a 3D image volume, but {image} is a 2D image {grid.shape}"
+        )
+    ds = _dataset(path)
+    rois = {int(item.ROINumber): item for item in _sequence(ds, "StructureSetROISequence", path)}
+    names = {number: str(getattr(item, "ROIName", "")) for number, item in rois.items()}
+    values = _roi_values(names, label_names, path)
+    if (other := _other_frame(ds, [rois[n] for n in values], path, image)) is not None:
+        raise FederationError(other)
+    nx, ny, nz = (int(n) for n in grid.shape[:3])
+    shape = (nx, ny, nz)
+    to_index = np.linalg.inv(readers._LPS_TO_RAS @ grid.affine)  # LPS mm -> voxel index (VoxelGrid.affine is RAS)
+    masks = {number: np.zeros(shape, dtype=bool) for number in values}
+    for item in _sequence(ds, "ROIContourSequence", path):
+        number = int(item.ReferencedROINumber)
+        if number not in values:
+            continue  # an ROI naming no label (BODY, couch): not read
+        roi = repr(names[number])
+        slices: dict[int, list[np.ndarray]] = {}
+        for c, contour in enumerate(getattr(item, "ContourSequence", None) or [], start=1):
+            kind = str(getattr(contour, "ContourGeometricType", ""))
+            if kind not in _FILLED:
+                raise FederationError(
+                    f"{path}: ROI {roi} contour {c} is {kind or 'of no ContourGeometricType'}: only closed planar "
+                    "contours enclose an area to paint (rename the ROI if it is no label)"
+                )
+            index = np.round(_points(contour, path, roi, c) @ to_index[:3, :3].T + to_index[:3, 3], _SNAP)
+            k = int(np.round(np.median(index[:, 2])))
+            off = float(np.abs(index[:, 2] - k).max())
+            if off > _PLANE_TOL:
+                raise FederationError(
+                    f"{path}: ROI {roi} contour {c} does not lie in a slice plane of {image}: its points lie up to "
+                    f"{off:.2f} slice spacings from slice {k}'s centre (at most {_PLANE_TOL:g}); drawn on another grid "
+                    "or on reformatted slices?"
+                )
+            low, high = index[:, :2].min(axis=0), index[:, :2].max(axis=0)
+            if not 0 <= k < nz or (low < -0.5 - _EDGE_TOL).any() or (high > np.array([nx, ny]) - 0.5 + _EDGE_TOL).any():
+                raise FederationError(
+                    f"{path}: ROI {roi} contour {c} lies outside the grid of {image} (slice {k}, voxels "
+                    f"{readers._numbers(low)} to {readers._numbers(high)} in a {shape} image)"
+                )
+            slices.setdefault(k, []).append(index[:, :2])
+        for k, polygons in slices.items():
+            filled = _fill(polygons, (nx, ny))
+            if filled is not None:
+                (si, sj), inside = filled
+                masks[number][si, sj, k] |= inside
+    top = max(values.values())
+    label = np.zeros(shape, dtype=np.uint8 if top < 256 else np.uint16)
+    for number in sorted(values, key=lambda n: (values[n], n)):  # ascending value: the higher one wins overlaps
+        label[masks[number]] = values[number]
+    return label

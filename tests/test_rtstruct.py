@@ -1,0 +1,315 @@
+"""DICOM RT Structure Sets as labels: ``labels/<case>.dcm`` holding an RTSTRUCT, painted on its image's grid.
+
+A 6-slice 32 x 32 CT series (0.7 x 0.7 x 2.5 mm, rows rotated 30 degrees in the axial plane, slices running towards
+the feet, a non-zero origin) and a structure set written with pydicom; the expected label map is computed
+independently: every voxel centre in patient coordinates (from the series' own geometry) tested against each contour
+with matplotlib's ``Path.contains_points``.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import nibabel as nib
+import numpy as np
+import pytest
+import yaml
+from matplotlib.path import Path as MplPath
+from typer.testing import CliRunner
+
+from fedseg.data import readers
+from fedseg.data.check import check_folder
+from fedseg.data.cli import data_app
+from fedseg.data.federation import FederationError
+from fedseg.data.folder import load_folder, read_label
+
+pydicom = pytest.importorskip("pydicom")
+
+SHAPE = (32, 32, 6)  # array order: column, row, slice
+SPACING = (0.7, 0.7, 2.5)  # mm
+_T = np.deg2rad(30.0)
+ROW = np.array([np.cos(_T), np.sin(_T), 0.0])  # LPS direction of array axis 0 (along a DICOM row)
+COL = np.array([np.sin(_T), -np.cos(_T), 0.0])  # LPS direction of array axis 1 (down a DICOM column)
+NORMAL = np.cross(ROW, COL)  # (0, 0, -1): slices towards the feet
+ORIGIN = np.array([-40.5, 25.25, 112.0])  # LPS mm of voxel (0, 0, 0)
+FRAME = "1.2.826.0.1.3680043.8.498.1"
+LABEL_NAMES = {0: "background", 1: "CTV", 2: "gtv_primary"}
+RTSTRUCT_CLASS = "1.2.840.10008.5.1.4.1.1.481.3"
+
+
+def mm(ij, k: float) -> np.ndarray:
+    """Patient (LPS) mm of in-plane voxel coordinates ``ij`` ``(n, 2)`` on slice ``k``."""
+    ij = np.asarray(ij, dtype=np.float64)
+    return (
+        ORIGIN + np.outer(ij[:, 0] * SPACING[0], ROW) + np.outer(ij[:, 1] * SPACING[1], COL) + k * SPACING[2] * NORMAL
+    )
+
+
+# contours in voxel coordinates (off the voxel centres: no centre lies on an edge, where the two fills may differ)
+CTV = [(5.3, 8.2), (14.6, 4.1), (25.8, 7.7), (27.2, 18.4), (21.5, 27.3), (9.9, 26.6), (4.2, 17.9)]
+HOLE = [(8.4, 12.3), (15.7, 10.6), (12.2, 19.1)]  # inside CTV on slice 3
+GTV = [(12.6, 13.1), (19.4, 11.8), (22.1, 19.6), (16.3, 23.4), (11.1, 20.2)]  # inside CTV, overlapping HOLE
+CENTRE = mm([(15.5, 15.5)], 4)[0]
+SQUARE = [CENTRE + d for d in ([-4, -4, 0], [4, -4, 0], [4, 4, 0], [-4, 4, 0])]  # 8 x 8 mm along LPS x, y: oblique
+
+
+def structures() -> dict[str, list[tuple[str, np.ndarray]]]:
+    """ROI name -> its contours ``(ContourGeometricType, (n, 3) LPS mm)``."""
+    body = [(-9.5, -9.5), (41.5, -9.5), (41.5, 41.5), (-9.5, 41.5)]  # beyond the image: never read
+    return {
+        "BODY": [("CLOSED_PLANAR", mm(body, k)) for k in range(6)],
+        "ctv": [("CLOSED_PLANAR", mm(CTV, k)) for k in range(1, 5)] + [("CLOSED_PLANAR", mm(HOLE, 3))],
+        "GTV Primary": [("CLOSED_PLANAR", mm(GTV, k)) for k in (2, 3)] + [("CLOSED_PLANAR", np.array(SQUARE))],
+        "Couch": [("OPEN_PLANAR", mm([(0.0, 30.0), (31.0, 30.0)], 0))],
+        "Isocenter": [("POINT", mm([(16.0, 16.0)], 2))],
+    }
+
+
+def expected_label() -> np.ndarray:
+    """The label map by matplotlib: each ROI's contours on a slice XOR-ed, ascending label values painted."""
+    i, j = np.meshgrid(np.arange(SHAPE[0]), np.arange(SHAPE[1]), indexing="ij")
+    centres = np.stack([i.ravel(), j.ravel()], axis=1)
+    label = np.zeros(SHAPE, np.uint8)
+    for name, value in (("ctv", 1), ("GTV Primary", 2)):
+        mask = np.zeros(SHAPE, bool)
+        for _, points in structures()[name]:
+            k = int(round(float((points[0] - ORIGIN) @ NORMAL) / SPACING[2]))
+            centre_mm = mm(centres, k)
+            plane = lambda p: np.stack([(p - ORIGIN) @ ROW, (p - ORIGIN) @ COL], axis=1)  # noqa: E731
+            inside = MplPath(plane(points)).contains_points(plane(centre_mm))
+            mask[:, :, k] ^= inside.reshape(SHAPE[:2])
+        label[mask] = value
+    return label
+
+
+# --- writers ---------------------------------------------------------------------------------------------------
+
+
+def _dataset(sop_class: str, uid: str, modality: str, series: str) -> pydicom.Dataset:
+    from pydicom.dataset import Dataset, FileMetaDataset
+    from pydicom.uid import ExplicitVRLittleEndian
+
+    ds = Dataset()
+    ds.file_meta = FileMetaDataset()
+    ds.file_meta.MediaStorageSOPClassUID, ds.file_meta.MediaStorageSOPInstanceUID = sop_class, uid
+    ds.file_meta.TransferSyntaxUID = ExplicitVRLittleEndian
+    ds.SOPClassUID, ds.SOPInstanceUID, ds.Modality = sop_class, uid, modality
+    ds.PatientName, ds.PatientID, ds.PatientBirthDate, ds.PatientSex = "Test^Case", "p1", "", "O"
+    ds.StudyInstanceUID, ds.SeriesInstanceUID, ds.StudyID = "1.2.3.4", series, "1"
+    ds.StudyDate, ds.StudyTime, ds.AccessionNumber, ds.ReferringPhysicianName = "20240101", "1200", "", ""
+    ds.SeriesNumber, ds.InstanceNumber, ds.Manufacturer = 1, 1, "fedseg"
+    return ds
+
+
+def write_series(folder: Path, frame: str = FRAME) -> str:
+    """One CT file per slice (shuffled names); returns the SeriesInstanceUID."""
+    from pydicom.uid import CTImageStorage, generate_uid
+
+    folder.mkdir(parents=True, exist_ok=True)
+    series = generate_uid()
+    values = (np.arange(np.prod(SHAPE)).reshape(SHAPE) % 997).astype(np.uint16)
+    for n, k in enumerate(np.random.default_rng(0).permutation(SHAPE[2])):
+        ds = _dataset(CTImageStorage, generate_uid(), "CT", series)
+        ds.FrameOfReferenceUID, ds.InstanceNumber = frame, int(k) + 1
+        ds.ImageOrientationPatient = [float(v) for v in (*ROW, *COL)]
+        ds.ImagePositionPatient = [float(v) for v in ORIGIN + k * SPACING[2] * NORMAL]
+        ds.PixelSpacing, ds.SliceThickness = [SPACING[1], SPACING[0]], SPACING[2]  # row spacing, column spacing
+        plane = np.ascontiguousarray(values[:, :, k].T)  # rows = axis 1, columns = axis 0
+        ds.Rows, ds.Columns = plane.shape
+        ds.SamplesPerPixel, ds.PhotometricInterpretation = 1, "MONOCHROME2"
+        ds.BitsAllocated, ds.BitsStored, ds.HighBit, ds.PixelRepresentation = 16, 16, 15, 0
+        ds.PixelData = plane.tobytes()
+        ds.save_as(folder / f"IM{n:04d}", enforce_file_format=True)
+    return series
+
+
+def write_rtstruct(path: Path, rois=None, frame: str = FRAME, series: str = "1.2.3.9") -> Path:
+    """An RT Structure Set of ``rois`` (name -> contours, default ``structures()``) with pydicom."""
+    from pydicom.dataset import Dataset
+    from pydicom.sequence import Sequence
+    from pydicom.uid import generate_uid
+
+    ds = _dataset(RTSTRUCT_CLASS, generate_uid(), "RTSTRUCT", generate_uid())
+    ds.StructureSetLabel, ds.StructureSetDate, ds.StructureSetTime = "plan", "20240101", "1200"
+    referenced_series = Dataset()
+    referenced_series.SeriesInstanceUID = series
+    study = Dataset()
+    study.ReferencedSOPClassUID, study.ReferencedSOPInstanceUID = "1.2.840.10008.3.1.2.3.1", "1.2.3.4"
+    study.RTReferencedSeriesSequence = Sequence([referenced_series])
+    reference = Dataset()
+    reference.FrameOfReferenceUID, reference.RTReferencedStudySequence = frame, Sequence([study])
+    ds.ReferencedFrameOfReferenceSequence = Sequence([reference])
+    ds.StructureSetROISequence, ds.ROIContourSequence = Sequence(), Sequence()
+    for number, (name, contours) in enumerate((rois or structures()).items(), start=1):
+        roi = Dataset()
+        roi.ROINumber, roi.ReferencedFrameOfReferenceUID, roi.ROIName = number, frame, name
+        roi.ROIGenerationAlgorithm = "MANUAL"
+        ds.StructureSetROISequence.append(roi)
+        item = Dataset()
+        item.ReferencedROINumber, item.ROIDisplayColor = number, [255, 0, 0]
+        item.ContourSequence = Sequence()
+        for kind, points in contours:
+            contour = Dataset()
+            contour.ContourGeometricType, contour.NumberOfContourPoints = kind, len(points)
+            contour.ContourData = [round(float(v), 4) for v in np.asarray(points).ravel()]  # as a TPS writes them
+            item.ContourSequence.append(contour)
+        ds.ROIContourSequence.append(item)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ds.save_as(path, enforce_file_format=True)
+    return path
+
+
+@pytest.fixture(scope="module")
+def case(tmp_path_factory) -> tuple[Path, Path]:
+    """``(series folder, RTSTRUCT)``, written once for the module."""
+    d = tmp_path_factory.mktemp("rtstruct")
+    series = write_series(d / "ct")
+    return d / "ct", write_rtstruct(d / "rs.dcm", series=series)
+
+
+# --- tests -------------------------------------------------------------------------------------------------------
+
+
+def test_an_rtstruct_is_painted_as_matplotlib_fills_its_contours_on_an_oblique_series(case):
+    image, rs = case
+    affine = np.eye(4)
+    affine[:3, 0], affine[:3, 1], affine[:3, 2], affine[:3, 3] = ROW * 0.7, COL * 0.7, NORMAL * 2.5, ORIGIN
+    np.testing.assert_allclose(readers.volume_grid(image).affine, np.diag([-1, -1, 1, 1]) @ affine, atol=1e-6)
+    expected = expected_label()
+    assert {int(v): int(n) for v, n in zip(*np.unique(expected, return_counts=True))}.keys() == {0, 1, 2}
+    assert (expected[:, :, 3] == 0).sum() > (expected[:, :, 2] == 0).sum()  # the hole is there
+    assert not expected[:, :, [0, 5]].any()  # BODY, the couch and the marker painted nothing
+    label = read_label(rs, "3d", image=image, label_names=LABEL_NAMES)
+    assert label.dtype == np.uint8 and label.shape == SHAPE
+    np.testing.assert_array_equal(label, expected)
+
+
+def test_the_same_structures_land_on_a_nifti_of_the_same_grid(case, tmp_path):
+    """A NIfTI (RAS affine, written by nibabel) has no UIDs: the contours are placed by its affine alone."""
+    _, rs = case
+    affine = np.eye(4)
+    affine[:3, 0], affine[:3, 1], affine[:3, 2], affine[:3, 3] = ROW * 0.7, COL * 0.7, NORMAL * 2.5, ORIGIN
+    nifti = tmp_path / "ct.nii.gz"
+    nib.save(nib.Nifti1Image(np.zeros(SHAPE, np.int16), np.diag([-1, -1, 1, 1]) @ affine), nifti)
+    np.testing.assert_array_equal(read_label(rs, "3d", image=nifti, label_names=LABEL_NAMES), expected_label())
+
+
+def test_a_square_covers_its_area_in_voxels(case, tmp_path):
+    """An 8 x 8 mm square oblique to the voxel rows covers its area within its boundary voxels; one drawn through
+    voxel centres along the rows covers exactly its area (a centre on an edge counts on one side only)."""
+    image, _ = case
+    aligned = mm([(4.0, 4.0), (12.0, 4.0), (12.0, 12.0), (4.0, 12.0)], 1)  # 8 x 8 voxels between centres
+    rois = {"gtv_primary": [("CLOSED_PLANAR", np.array(SQUARE)), ("CLOSED_PLANAR", aligned)]}
+    label = read_label(write_rtstruct(tmp_path / "square.dcm", rois), "3d", image=image, label_names=LABEL_NAMES)
+    pixel = SPACING[0] * SPACING[1]
+    oblique = int(label[:, :, 4].sum()) // 2
+    boundary = 4 * 8.0 / SPACING[0]  # the perimeter in voxel lengths
+    assert abs(oblique - 64.0 / pixel) < boundary / 2, oblique
+    assert int(label[:, :, 1].sum()) // 2 == 64
+    assert int((label != 0).sum()) == oblique + 64
+
+
+def test_data_check_and_load_folder_read_an_rtstruct_label(case, tmp_path):
+    pytest.importorskip("itk")  # the series' voxels
+    image, rs = case
+    root = tmp_path / "fed"
+    header = {
+        "name": "rt",
+        "kind": "3d",
+        "channels": 1,
+        "regions": {"ctv": [1, 2], "gtv": [2]},
+        "label_names": LABEL_NAMES,
+    }
+    root.mkdir()
+    (root / "federation.yaml").write_text(yaml.safe_dump(header))
+    for cid in ("c1", "c2", "c3"):  # every site keeps a training and a test case
+        shutil.copytree(image, root / "site1" / "images" / cid)
+        (root / "site1" / "labels").mkdir(exist_ok=True)
+        shutil.copy(rs, root / "site1" / "labels" / f"{cid}.dcm")
+    result = CliRunner().invoke(data_app, ["check", str(root)])
+    assert result.exit_code == 0, result.output
+    assert "1 site, 3 cases" in result.output
+    check_folder(root)
+    expected = expected_label()
+    for case_ in load_folder(root).site("site1").cases:
+        image_array, label = case_.arrays()
+        assert image_array.shape == (1, *SHAPE)
+        np.testing.assert_array_equal(label, expected, err_msg=case_.id)
+    # without a valid federation.yaml only readability is checked: the RTSTRUCT reads (it has no pixel data)
+    (root / "federation.yaml").write_text(yaml.safe_dump({**header, "kind": "4d"}))
+    result = CliRunner().invoke(data_app, ["check", str(root)])
+    assert result.exit_code == 1 and "kind" in result.output
+    assert ".dcm" not in result.output, result.output
+
+
+def test_an_rtstruct_of_another_frame_of_reference_is_refused(case, tmp_path):
+    image, _ = case
+    other = write_rtstruct(tmp_path / "other.dcm", frame="1.2.3.77")  # the same grid, another patient
+    with pytest.raises(FederationError) as e:
+        read_label(other, "3d", image=image, label_names=LABEL_NAMES)
+    assert str(e.value) == (
+        f"{other}: drawn on another scan: its FrameOfReferenceUID 1.2.3.77 is not that of its image {image} "
+        f"({FRAME}); contours of another patient or study?"
+    )
+
+
+def test_a_contour_off_the_slice_planes_or_outside_the_image_is_refused(case, tmp_path):
+    image, _ = case
+    between = mm(GTV, 2) + 0.3 * SPACING[2] * NORMAL  # 0.3 slice spacings off slice 2
+    gtv = [("CLOSED_PLANAR", mm(GTV, 3)), ("CLOSED_PLANAR", between)]
+    rs = write_rtstruct(tmp_path / "between.dcm", {"CTV": [("CLOSED_PLANAR", mm(CTV, 1))], "GTV_primary": gtv})
+    with pytest.raises(FederationError) as e:
+        read_label(rs, "3d", image=image, label_names=LABEL_NAMES)
+    assert str(e.value) == (
+        f"{rs}: ROI 'GTV_primary' contour 2 does not lie in a slice plane of {image}: its points lie up to 0.30 slice "
+        "spacings from slice 2's centre (at most 0.1); drawn on another grid or on reformatted slices?"
+    )
+    for name, points in (("below", mm(CTV, 6)), ("beside", mm(CTV, 2) + 20.0 * ROW)):
+        rs = write_rtstruct(tmp_path / f"{name}.dcm", {"ctv": [("CLOSED_PLANAR", points)]})
+        with pytest.raises(FederationError, match=rf"^{rs}: ROI 'ctv' contour 1 lies outside the grid of {image} "):
+            read_label(rs, "3d", image=image, label_names=LABEL_NAMES)
+    rs = write_rtstruct(tmp_path / "open.dcm", {"ctv": [("CLOSED_PLANAR", mm(CTV, 1)), ("OPEN_PLANAR", mm(CTV, 2))]})
+    with pytest.raises(FederationError, match=rf"^{rs}: ROI 'ctv' contour 2 is OPEN_PLANAR: only closed planar"):
+        read_label(rs, "3d", image=image, label_names=LABEL_NAMES)
+
+
+def test_an_rtstruct_whose_rois_name_no_label_lists_them(case, tmp_path):
+    image, rs = case
+    with pytest.raises(FederationError) as e:
+        read_label(rs, "3d", image=image, label_names={0: "background", 1: "prostate", 2: "bladder"})
+    rois = "'BODY', 'ctv', 'GTV Primary', 'Couch', 'Isocenter'"
+    assert str(e.value) == (
+        f"{rs}: no ROI of this RTSTRUCT names a label of label_names (federation.yaml); its ROIs: {rois}; "
+        "label_names: 1: prostate, 2: bladder"
+    )
+    with pytest.raises(FederationError) as e:
+        read_label(rs, "3d", image=image)
+    assert str(e.value) == (
+        f"{rs}: an RTSTRUCT's ROIs get their label values by name, but federation.yaml has no label_names; "
+        f"its ROIs: {rois}"
+    )
+
+
+def test_a_malformed_rtstruct_is_one_line_naming_it(case, tmp_path):
+    image, rs = case
+    ds = pydicom.dcmread(rs)
+    del ds.ROIContourSequence
+    ds.save_as(tmp_path / "no-contours.dcm")
+    with pytest.raises(FederationError, match=rf"^{tmp_path / 'no-contours.dcm'}: malformed RTSTRUCT: no ROIContour"):
+        read_label(tmp_path / "no-contours.dcm", "3d", image=image, label_names=LABEL_NAMES)
+    ds = pydicom.dcmread(rs)
+    ds.ROIContourSequence[1].ContourSequence[0].ContourData = [1.0, 2.0]
+    ds.save_as(tmp_path / "bad-points.dcm")
+    with pytest.raises(FederationError) as e:
+        read_label(tmp_path / "bad-points.dcm", "3d", image=image, label_names=LABEL_NAMES)
+    assert str(e.value).startswith(f"{tmp_path / 'bad-points.dcm'}: ROI 'ctv' contour 1: malformed ContourData")
+    ds = pydicom.dcmread(rs)
+    del ds.StructureSetROISequence[0].ROINumber
+    ds.save_as(tmp_path / "no-number.dcm")
+    with pytest.raises(FederationError) as e:
+        read_label(tmp_path / "no-number.dcm", "3d", image=image, label_names=LABEL_NAMES)
+    assert str(e.value).startswith(f"{tmp_path / 'no-number.dcm'}: malformed RTSTRUCT (AttributeError: ")
+    assert "\n" not in str(e.value)
+    with pytest.raises(FederationError, match=r"rs\.dcm: an RTSTRUCT label is read on its case's image grid"):
+        read_label(rs, "3d", label_names=LABEL_NAMES)
