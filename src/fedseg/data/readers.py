@@ -50,6 +50,7 @@ _LPS_TO_RAS = np.diag([-1.0, -1.0, 1.0, 1.0])
 _SEG_SOP_CLASSES = ("1.2.840.10008.5.1.4.1.1.66.4", "1.2.840.10008.5.1.4.1.1.66.7")  # Segmentation, Label Map
 _POSITION_TOL_MM = 0.01  # two slices closer than this along the normal share a position
 _SPACING_RTOL = 0.01  # slice gaps that differ by more than 1 % are uneven
+_TILT_VOXELS = 0.25  # the last slice further sideways than this (in-plane voxels) of a grid through the first: tilted
 _GRID_TOL = 0.01  # a SEG pixel lands on an image voxel centre within 1 % of a voxel
 
 
@@ -161,7 +162,9 @@ def series_grid(folder: Path) -> VoxelGrid:
     Array axes: column, row, slice (slices sorted by position along the normal, as ITK reads them).
     ``FederationError`` with one line naming the folder or file: not DICOM, several series, a DICOM-SEG,
     a multi-frame file, slices with different orientations or sizes, two slices at one position, uneven
-    slice spacing (missing slices).
+    slice spacing (missing slices), slices stacked off their normal (a gantry-tilted CT: the last slice more than
+    ``_TILT_VOXELS`` sideways of a grid through the first; ITK would read it sheared, every voxel misplaced by up
+    to that much).
     """
     pydicom = _require("pydicom", folder, "a DICOM series")
     problem = series_folder_problem(folder)
@@ -209,6 +212,16 @@ def series_grid(folder: Path) -> VoxelGrid:
         raise FederationError(
             f"{folder}: uneven slice spacing ({gaps.min():g} to {gaps.max():g} mm; the largest gap is between "
             f"{order[k][0].name} and {order[k + 1][0].name}): missing slices?"
+        )
+    drift = order[-1][1] - order[0][1]
+    drift = drift - (drift @ normal) * normal  # in the slice plane: zero when the slices stack along their normal
+    voxels = float(np.linalg.norm(drift / np.asarray([spacing0[1], spacing0[0]]).mean()))
+    if voxels > _TILT_VOXELS:
+        angle = float(np.degrees(np.arctan2(np.linalg.norm(drift), heights[-1] - heights[0])))
+        raise FederationError(
+            f"{folder}: the slices are stacked {angle:.1f} degrees off their normal (a gantry-tilted CT?): the last "
+            f"lies {voxels:.1f} voxels sideways of a grid through the first, so no voxel grid holds them; resample "
+            "the series first (dcm2niix corrects gantry tilt) and give the NIfTI"
         )
     step = float(gaps.mean()) if gaps.size else float(getattr(headers[0][1], "SliceThickness", 1.0) or 1.0)
     lps = np.eye(4)
