@@ -409,15 +409,22 @@ def predict(
     overlay: bool = typer.Option(
         False, "--overlay", help="also write <name>_overlay.png: the image (3D: middle slice) with the regions drawn"
     ),
+    dicom_seg: bool = typer.Option(
+        False,
+        "--dicom-seg",
+        help="also write <name>.dcm per DICOM series input: a DICOM-SEG of the regions referencing the series (PACS)",
+    ),
 ) -> None:
     """Segment new images with a trained bundle (FedSM: Algorithm 2); writes masks in the input's format
-    + predictions.csv (+ overlay pictures with --overlay)."""
+    + predictions.csv (+ overlay pictures with --overlay, DICOM-SEGs of DICOM series with --dicom-seg)."""
     try:
         with terminate_on_signals():  # kill, a closed terminal: as Ctrl-C, the staged masks are removed
             from fedseg.predict import predict as predict_images
 
             notes: list[str] = []  # the channel order the model reads, where it knows it
-            rows = predict_images(model, input_, out, gamma, algorithm, site, force, overlay=overlay, notes=notes)
+            rows = predict_images(
+                model, input_, out, gamma, algorithm, site, force, overlay=overlay, notes=notes, dicom_seg=dicom_seg
+            )
     except (FederationError, OSError, ValueError) as e:  # OSError: an --out that cannot be made, a full disk...
         fail(error_text(e))
         return
@@ -425,6 +432,7 @@ def predict(
         fail(f"interrupted: no mask was written to {out}; run the same command again", INTERRUPTED_EXIT)
         return
     overlays = f", {len(rows)} overlay(s)" if overlay else ""
+    overlays += f", {sum(bool(r['dicom_seg']) for r in rows)} DICOM-SEG(s)" if dicom_seg else ""
     for note in notes:
         console.print(note, highlight=False, soft_wrap=True)  # a path is not broken mid-name
     console.print(f"{len(rows)} mask(s){overlays} and predictions.csv written to {out}", highlight=False)

@@ -26,7 +26,10 @@ mask named ``<case>.<ext>`` (``nnunet_cases``; one channel file given alone brin
    (the routed bundle's chosen candidate, or the single model's name), ``confidence`` (empty without
    routing) and the routing's ``prob:<candidate>`` scores;
 5. with ``overlay``: ``<name>_overlay.png`` per input, the image (3D: its middle slice) with the
-   predicted regions filled and outlined in the Okabe-Ito colours (``overlay_image``).
+   predicted regions filled and outlined in the Okabe-Ito colours (``overlay_image``);
+6. with ``dicom_seg``: ``<name>.dcm`` per DICOM series input, a DICOM-SEG of the region masks of step 3 (before they
+   are painted to a label map) referencing the source slices (``fedseg.predict_seg``; other inputs get none, and
+   ``predictions.csv`` gains a ``dicom_seg`` column after ``mask``, empty for them).
 
 Channel order: a bundle whose federation named its channels (manifest ``channel_names``) reads them in that order;
 where the input belongs to an nnU-Net dataset whose ``dataset.json`` names them too (``check_dataset_channels``;
@@ -79,6 +82,7 @@ from fedseg.data.volumes import Grid, file_spacing, preprocess
 from fedseg.engine.messages import load_weights
 from fedseg.evaluate.inference import predict_masks
 from fedseg.evaluate.sliding import network_for, predict_on_grid
+from fedseg.predict_seg import SegWriter, seg_name, seg_writer
 from fedseg.run.bundles import (
     MANIFEST,
     WEIGHTS,
@@ -616,9 +620,12 @@ def write_mask(path: Path, label: np.ndarray, source: Path) -> None:
         _write_png(path, label)
 
 
-def output_names(inputs: list[Input], overlay: bool) -> list[str]:
-    """The files ``predict`` writes into ``out``: masks, overlays (``overlay``) and predictions.csv."""
-    return [i.mask_name for i in inputs] + ([overlay_name(i.mask_name) for i in inputs] if overlay else []) + [CSV_NAME]
+def output_names(inputs: list[Input], overlay: bool, dicom_seg: bool = False) -> list[str]:
+    """The files ``predict`` writes into ``out``: masks, overlays (``overlay``), the DICOM-SEGs of DICOM series inputs
+    (``dicom_seg``) and predictions.csv."""
+    overlays = [overlay_name(i.mask_name) for i in inputs if overlay]
+    segs = [name for i in inputs if dicom_seg and (name := seg_name(i.path)) is not None]
+    return [i.mask_name for i in inputs] + overlays + segs + [CSV_NAME]
 
 
 def input_folder_problem(out: Path, given: Path) -> str | None:
@@ -637,7 +644,14 @@ def input_folder_problem(out: Path, given: Path) -> str | None:
     return f"--out {out}: {relation} the input folder {folder}; {why}: choose an --out outside it"
 
 
-def check_out(out: Path, inputs: list[Input], force: bool, overlay: bool = False, given: Path | None = None) -> None:
+def check_out(
+    out: Path,
+    inputs: list[Input],
+    force: bool,
+    overlay: bool = False,
+    given: Path | None = None,
+    dicom_seg: bool = False,
+) -> None:
     """Refuse an ``out`` that is a file or under one, that is or lies inside the input folder ``given``
     (``input_folder_problem``) or a DICOM series input, that would overwrite an input, where a folder (or anything but
     a file) sits where an output file goes, or (without ``force``) existing outputs."""
@@ -650,7 +664,7 @@ def check_out(out: Path, inputs: list[Input], force: bool, overlay: bool = False
         raise PredictError(f"{out}: is inside the DICOM series folder {inside[0]} (an input); choose another --out")
     if given is not None and (problem := input_folder_problem(out, Path(given))) is not None:
         raise PredictError(problem)
-    targets = [out / name for name in output_names(inputs, overlay)]
+    targets = [out / name for name in output_names(inputs, overlay, dicom_seg)]
     sources = {f.resolve() for i in inputs for f in i.files}
     overwrite_input = [t for t in targets if t.resolve() in sources]
     if overwrite_input:
@@ -679,28 +693,38 @@ def predict(
     batch_size: int = 8,
     overlay: bool = False,
     notes: list[str] | None = None,
+    dicom_seg: bool = False,
 ) -> list[dict]:
     """Predict a mask for every image of ``input`` (a file or a folder) into ``out``; returns the
     rows of ``predictions.csv``. Nothing is written unless every input is valid. ``overlay``: also
     ``<name>_overlay.png`` per input, the image with its predicted regions drawn on it (``overlay_image``).
-    ``notes``, when given, receives lines for the user: the channel order the model reads, where it knows it
-    (``channels_note``)."""
+    ``dicom_seg``: also ``<name>.dcm`` per DICOM series input, its regions as a DICOM-SEG (``fedseg.predict_seg``);
+    refused where no input is a DICOM series. ``notes``, when given, receives lines for the user: the channel order
+    the model reads, where it knows it (``channels_note``)."""
     bundle = load_bundle(find_model(model, algorithm))
     predictor = build_predictor(bundle, gamma, site)
     inputs = read_inputs(input, bundle, overlay, notes)
+    seg = seg_writer(bundle, [i.path for i in inputs], Path(input)) if dicom_seg else None  # before any prediction
     out = Path(out)
-    check_out(out, inputs, force, overlay, Path(input))
-    replaced = [t for t in (out / n for n in output_names(inputs, overlay)) if t.exists() or t.is_symlink()]
+    check_out(out, inputs, force, overlay, Path(input), dicom_seg)
+    replaced = [t for t in (out / n for n in output_names(inputs, overlay, dicom_seg)) if t.exists() or t.is_symlink()]
     with staging_folder(out, "predict") as staging:  # removed, and out if it made it, on any error or interruption
-        rows = write_predictions(predictor, bundle, inputs, staging, batch_size, overlay)
+        rows = write_predictions(predictor, bundle, inputs, staging, batch_size, overlay, seg)
         move_in(staging, out, replaced)  # all together: a failed or interrupted move puts back what it replaced
     return rows
 
 
 def write_predictions(
-    predictor: Predictor, bundle: Bundle, inputs: list[Input], folder: Path, batch_size: int, overlay: bool = False
+    predictor: Predictor,
+    bundle: Bundle,
+    inputs: list[Input],
+    folder: Path,
+    batch_size: int,
+    overlay: bool = False,
+    seg: SegWriter | None = None,
 ) -> list[dict]:
-    """Masks of every input and ``predictions.csv`` into ``folder``; returns the CSV rows."""
+    """Masks of every input and ``predictions.csv`` into ``folder`` (with ``seg``: the DICOM-SEG of each DICOM
+    series input too, its name in the ``dicom_seg`` column); returns the CSV rows."""
     regions, threshold, cpu = bundle.regions, float(bundle.manifest["threshold"]), torch.device("cpu")
     rows = []
     for start in range(0, len(inputs), batch_size):
@@ -718,6 +742,10 @@ def write_predictions(
             if overlay:
                 picture = overlay_image(read_source(Source(item.files), bundle.kind), restored)
                 _write_png(folder / overlay_name(item.mask_name), picture)
-            rows.append({"file": item.name, "mask": item.mask_name, **choice})
-    (folder / CSV_NAME).write_text(csv_text(predictor.columns, rows), encoding="utf-8")
+            row = {"file": item.name, "mask": item.mask_name, **choice}
+            if seg is not None:  # a DICOM series' SEG (named), none for other inputs ("")
+                row["dicom_seg"] = seg.write_for(folder, restored, item.path, choice["model"])
+            rows.append(row)
+    columns = predictor.columns[:2] + ["dicom_seg"] + predictor.columns[2:] if seg else predictor.columns
+    (folder / CSV_NAME).write_text(csv_text(columns, rows), encoding="utf-8")
     return rows

@@ -1,0 +1,192 @@
+"""``fedseg predict --dicom-seg``: a DICOM series input's regions also as a DICOM-SEG referencing the series.
+
+The series is written with pydicom (``test_readers.write_series``: anisotropic spacing, x and y swapped, slices
+towards the feet, files in shuffled name order); the bundle is an untrained network written by the run's own
+``write_bundle_files``, its last layer set so that its region masks are disjoint (organ / lesion) or nested
+(WT / TC / ET) by construction. The SEG is read back with fedseg's own DICOM-SEG reader and with highdicom.
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import nibabel as nib
+import numpy as np
+import pytest
+from PIL import Image
+from typer.testing import CliRunner
+
+from fedseg.cli import app
+from fedseg.data import readers
+from fedseg.data.federation import Federation, Regions
+from fedseg.engine.messages import weights_of
+from fedseg.models.factory import build_segmenter
+from fedseg.predict import PredictError, predict
+from fedseg.run.outputs import write_bundle_files
+
+pydicom = pytest.importorskip("pydicom")
+hd = pytest.importorskip("highdicom")
+pytest.importorskip("itk")
+from test_readers import VALUES, write_series  # noqa: E402  (after the importorskips it needs)
+
+DISJOINT = Regions.from_mapping({"organ": [1], "lesion": [2]})
+NESTED = Regions.from_mapping({"whole tumor": [1, 2, 3], "tumor core": [2, 3], "enhancing tumor": [3]})
+
+
+def bundle_of(folder: Path, regions: Regions, tiny_config, kind: str = "3d", signs=(), offsets=()) -> Path:
+    """A ``global`` bundle (``RUN/model/fedavg/``, untrained) whose region ``k`` logits are ``signs[k]`` times
+    region 0's minus ``offsets[k]`` (its last layer is linear): ``-1`` gives a region disjoint from region 0,
+    ``+1`` with a growing offset nested regions."""
+    cfg = tiny_config(algorithms=["fedavg"], data={"image_size": 16})
+    network = build_segmenter(cfg.model, 3 if kind == "3d" else 2, 1, len(regions), seed=0)
+    weights = weights_of(network)
+    weight, bias = list(weights)[-2:]  # the last (transposed) convolution: weight (in, out, *kernel)
+    for k, (sign, offset) in enumerate(zip(signs, offsets), start=1):
+        weights[weight][:, k] = sign * weights[weight][:, 0]
+        weights[bias][k] = sign * weights[bias][0] - offset
+    write_bundle_files(folder, {"global": weights}, cfg, Federation("ct", kind, 1, regions, []))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def disjoint(tmp_path_factory, tiny_config) -> Path:
+    return bundle_of(tmp_path_factory.mktemp("disjoint") / "fedavg", DISJOINT, tiny_config, signs=[-1], offsets=[0.02])
+
+
+def series_input(folder: Path) -> Path:
+    """``folder/case/``: a DICOM series (and ``folder/plain.nii.gz``: the same voxels as a NIfTI, no series)."""
+    write_series(folder / "case", VALUES)
+    nib.save(nib.Nifti1Image(VALUES, readers.volume_grid(folder / "case").affine), folder / "plain.nii.gz")
+    return folder
+
+
+def test_the_seg_of_a_series_reads_back_as_the_nifti_mask_and_references_the_series(disjoint, tmp_path):
+    inputs, out = series_input(tmp_path / "in"), tmp_path / "out"
+    rows = predict(disjoint, inputs, out, dicom_seg=True)
+    # the series gets its .dcm, the NIfTI input none; predictions.csv names it
+    assert sorted(p.name for p in out.iterdir()) == ["case.dcm", "case.nii.gz", "plain.nii.gz", "predictions.csv"]
+    with open(out / "predictions.csv", newline="") as f:
+        table = list(csv.DictReader(f))
+    assert list(table[0]) == ["file", "mask", "dicom_seg", "model", "confidence"]
+    assert [(r["file"], r["dicom_seg"]) for r in table] == [("case", "case.dcm"), ("plain.nii.gz", "")]
+    assert [r["dicom_seg"] for r in rows] == ["case.dcm", ""]
+
+    series = inputs / "case"
+    mask = np.asarray(nib.load(out / "case.nii.gz").dataobj)
+    assert set(np.unique(mask)) == {0, 1, 2}  # both regions predicted somewhere, background too
+    seg = readers.read_dicom_seg(
+        out / "case.dcm", readers.volume_grid(series), series, label_names={1: "organ", 2: "lesion"}
+    )
+    np.testing.assert_array_equal(seg, mask)
+
+    ds, source = pydicom.dcmread(out / "case.dcm"), pydicom.dcmread(next(series.iterdir()), stop_before_pixels=True)
+    assert ds.Modality == "SEG" and ds.SegmentationType == "BINARY"
+    assert [(s.SegmentNumber, s.SegmentLabel) for s in ds.SegmentSequence] == [(1, "organ"), (2, "lesion")]
+    assert ds.SegmentSequence[0].SegmentAlgorithmType == "AUTOMATIC"
+    assert ds.SegmentSequence[0].SegmentationAlgorithmIdentificationSequence[0].AlgorithmName == "fedseg fedavg"
+    assert ds.StudyInstanceUID == source.StudyInstanceUID and ds.FrameOfReferenceUID == source.FrameOfReferenceUID
+    assert (ds.PatientName, ds.PatientID) == (source.PatientName, source.PatientID)
+    assert ds.SeriesInstanceUID != source.SeriesInstanceUID
+    assert ds.ReferencedSeriesSequence[0].SeriesInstanceUID == source.SeriesInstanceUID
+    referenced = {i.ReferencedSOPInstanceUID for i in ds.ReferencedSeriesSequence[0].ReferencedInstanceSequence}
+    assert referenced == {pydicom.dcmread(p, stop_before_pixels=True).SOPInstanceUID for p in series.iterdir()}
+    assert "fedseg" in ds.SeriesDescription and "fedavg" in ds.SeriesDescription
+    assert ds.Manufacturer == "fedseg" and str(ds.ContentCreatorName) == "fedseg"
+
+    said = CliRunner().invoke(
+        app,
+        ["predict", "--model", str(disjoint), "--input", str(inputs), "--out", str(tmp_path / "cli"), "--dicom-seg"],
+    )
+    assert said.exit_code == 0 and "2 mask(s), 1 DICOM-SEG(s) and predictions.csv written" in said.output, said.output
+    predict(disjoint, inputs, tmp_path / "plain-out")  # without dicom_seg: no .dcm, the columns as before
+    assert not list((tmp_path / "plain-out").glob("*.dcm"))
+    assert (tmp_path / "plain-out" / "predictions.csv").read_text().startswith("file,mask,model,confidence\n")
+
+
+def test_nested_regions_are_overlapping_segments_each_its_regions_mask(tmp_path, tiny_config):
+    """WT ⊇ TC ⊇ ET: each segment holds its region's whole mask (a TC voxel is in the WT segment too), which the
+    label map painted smallest region last; read per segment with highdicom."""
+    bundle = bundle_of(tmp_path / "fedavg", NESTED, tiny_config, signs=[1, 1], offsets=[0.02, 0.04])
+    series = tmp_path / "in" / "case"
+    slices = write_series(series, VALUES)  # in slice order (the series' third array axis)
+    predict(bundle, series, tmp_path / "out", dicom_seg=True)
+    label = np.asarray(nib.load(tmp_path / "out" / "case.nii.gz").dataobj)
+    expected = NESTED.one_hot(label)  # nested masks: the label map holds them exactly
+    assert all(m.any() for m in expected) and (expected[0] & expected[1]).any()  # the segments overlap
+
+    seg = hd.seg.segread(tmp_path / "out" / "case.dcm")
+    assert [str(s.SegmentLabel) for s in seg.SegmentSequence] == list(NESTED.names)
+    pixels = seg.get_pixels_by_source_instance(
+        source_sop_instance_uids=[ds.SOPInstanceUID for ds in slices], combine_segments=False
+    )  # (slices, rows, columns, segments)
+    np.testing.assert_array_equal(pixels.transpose(3, 2, 1, 0), expected)
+    with pytest.raises(ValueError, match="segments overlap"):  # what a label map reader makes of it
+        readers.read_dicom_seg(tmp_path / "out" / "case.dcm", readers.volume_grid(series), series)
+
+
+def test_dicom_seg_without_a_dicom_series_input_is_refused_in_one_line(tmp_path, tiny_config):
+    bundle = bundle_of(tmp_path / "fedavg", DISJOINT, tiny_config, kind="2d")
+    (tmp_path / "in").mkdir()
+    Image.fromarray(np.arange(256, dtype=np.uint8).reshape(16, 16)).save(tmp_path / "in" / "a.png")
+    args = ["predict", "--model", str(bundle), "--input", str(tmp_path / "in"), "--out", str(tmp_path / "out")]
+    result = CliRunner().invoke(app, [*args, "--dicom-seg"])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert " ".join(result.output.split()) == (
+        f"error: {tmp_path / 'in'}: --dicom-seg writes a DICOM-SEG for each DICOM series input (a folder of .dcm "
+        "slices), and there is none among the inputs; leave out --dicom-seg for other images"
+    )
+    assert not (tmp_path / "out").exists()  # nothing predicted
+    assert CliRunner().invoke(app, args).exit_code == 0  # without it: the PNG mask
+
+
+def test_dicom_seg_without_highdicom_says_which_extra_to_install_before_predicting(disjoint, tmp_path, monkeypatch):
+    import importlib
+
+    import_module = importlib.import_module
+
+    def without_highdicom(name, *args):
+        if name == "highdicom":
+            raise ImportError(name)
+        return import_module(name, *args)
+
+    write_series(tmp_path / "in" / "case", VALUES)
+    monkeypatch.setattr(importlib, "import_module", without_highdicom)
+    with pytest.raises(PredictError) as error:
+        predict(disjoint, tmp_path / "in", tmp_path / "out", dicom_seg=True)
+    assert str(error.value) == f"{tmp_path / 'in'}: writing a DICOM-SEG needs highdicom: pip install 'fedseg[formats]'"
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_existing_seg_is_refused_without_force_replaced_with_it_and_put_back_on_failure(
+    disjoint, tmp_path, monkeypatch
+):
+    series, out = tmp_path / "in" / "case", tmp_path / "out"
+    write_series(series, VALUES)
+    predict(disjoint, series, out, dicom_seg=True)
+    first = pydicom.dcmread(out / "case.dcm").SOPInstanceUID
+    (out / "case.nii.gz").unlink()
+    (out / "predictions.csv").unlink()
+    with pytest.raises(PredictError, match=f"{out / 'case.dcm'}: exists .*overwrite with --force"):
+        predict(disjoint, series, out, dicom_seg=True)
+    assert sorted(p.name for p in out.iterdir()) == ["case.dcm"]
+    predict(disjoint, series, out, dicom_seg=True, force=True)
+    assert pydicom.dcmread(out / "case.dcm").SOPInstanceUID != first  # a new SEG
+
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    rename = Path.rename
+
+    def full_disk_after_the_seg(self, target):  # the staged files move in by name: case.dcm first, the CSV last
+        if self.parent.name.startswith(".predict-") and Path(target).parent == out and self.name == "predictions.csv":
+            raise OSError(28, "No space left on device", str(target))
+        return rename(self, target)
+
+    monkeypatch.setattr(Path, "rename", full_disk_after_the_seg)
+    with pytest.raises(OSError, match="No space left"):
+        predict(disjoint, series, out, dicom_seg=True, force=True)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # all put back, no staging folder left
+    monkeypatch.undo()
+
+    (tmp_path / "other" / "case.dcm").mkdir(parents=True)  # a folder where the SEG goes: refused, even with --force
+    with pytest.raises(PredictError, match="case.dcm: is a folder"):
+        predict(disjoint, series, tmp_path / "other", dicom_seg=True, force=True)
