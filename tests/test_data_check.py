@@ -255,6 +255,26 @@ def test_cli_check_exits_non_zero_with_the_message(root):
     assert "Traceback" not in result.output
 
 
+def test_cli_check_of_a_hospitals_folder_with_its_own_site_only(root):
+    """A hospital's folder: the shared federation.yaml (naming both sites in its site metadata) and its own site
+    folder only. `data check` refuses it as a federation (site s2 is missing) and passes it with --site s1, as
+    `fedseg flower supernode` checks it; a --site the folder does not hold is one line."""
+    import shutil
+
+    header = yaml.safe_load((root / "federation.yaml").read_text())
+    (root / "federation.yaml").write_text(
+        yaml.safe_dump({**header, "sites": {"s1": {"grade": "a"}, "s2": {"grade": "b"}}})
+    )
+    shutil.rmtree(root / "s2")
+    assert CliRunner().invoke(data_app, ["check", str(root)]).exit_code == 1
+    result = CliRunner().invoke(data_app, ["check", str(root), "--site", "s1"])
+    assert result.exit_code == 0, result.output
+    assert "OK:" in result.output and "1 site, 3 cases" in result.output
+    result = CliRunner().invoke(data_app, ["check", str(root), "--site", "s2"])
+    assert result.exit_code == 1
+    assert f"{root}: no folder for site 's2' (site folders here: s1)" in " ".join(result.output.split())
+
+
 def test_cli_synth_uses_the_run_preset_data_settings_and_writes_a_valid_folder(tmp_path):
     from fedseg.config import load_config
     from fedseg.data.folder import load_folder

@@ -62,6 +62,28 @@ def test_skip_completes_with_the_others_and_records_the_failure(kind, tmp_path, 
     assert "site2" in (out / "ledger.csv").read_text()
 
 
+def test_a_skipped_site_is_said_once_when_it_fails_and_once_when_it_answers_again(tmp_path, tiny_config, discs, caplog):
+    """fl.on_failure = skip: site2 crashing in every exchange of rounds 2 and 3 of 4 (as a site that is gone): one
+    WARNING with the first reason, none for the later failures (ledger.csv has them: a site that is gone fails every
+    exchange of every round), one line when it answers again in round 4. Before, a skipped site was in the ledger
+    only."""
+    import logging
+
+    faults = [
+        {"site": "site2", "round": r, "kind": "crash", "action": a} for r in (2, 3) for a in ("train", "evaluate")
+    ]
+    cfg = tiny_config(algorithms=["fedavg"], fl={"rounds": 4, "on_failure": "skip"}, faults=faults)
+    with caplog.at_level(logging.INFO, logger="fedseg.engine.base"):
+        results = run_experiment(cfg, tmp_path / "run", federation=discs)
+    failed = {(f["round"], f["site"], f["action"]) for f in results.algorithms[0].summary["failures"]}
+    assert failed == {(r, "site2", a) for r in (2, 3) for a in ("train", "evaluate")}, failed
+    said = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "fedseg.engine.base"]
+    assert len(said) == 2, said
+    assert said[0][0] == "WARNING" and said[0][1].startswith("site 'site2', round 2, fedavg train: InjectedCrash")
+    assert "fl.on_failure = skip: left out until it answers again" in said[0][1]
+    assert said[1] == ("INFO", "site 'site2' answers again (round 4, fedavg train)")
+
+
 def test_a_skipped_site_is_left_out_of_the_merge_which_reweights_the_others(tmp_path, tiny_config, discs):
     """Round 2's global model with site2 skipped = the sample-weighted average of site1 and site3's replies."""
     cfg = _cfg(tiny_config, "nan", "skip", rounds=2)

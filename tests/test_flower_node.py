@@ -400,3 +400,25 @@ def test_a_site_names_its_cases_by_opaque_ids_and_keeps_the_mapping(folder, tiny
         assert ids and all(i.startswith("case-") and i not in splits for i in ids)
         assert sorted(back[i] for i in ids) == sorted(c for c, s in splits.items() if s == split)
     assert set(data.case_metadata) == set(back)
+
+
+def test_a_supernode_on_a_port_another_process_listens_on_says_which_option_to_change(folder):
+    """Two sites started with the same --port on one machine: the second stops in one line naming --port, before
+    Flower starts (it said "address already in use" and "Runtime HTTP API failed to start")."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = subprocess.run(
+            [sys.executable, "-m", "fedseg.cli", "flower", "supernode", "--site", "site1", "--data", str(folder)]
+            + ["--superlink", "127.0.0.1:9", "--insecure", "--port", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    said = " ".join((proc.stdout + proc.stderr).split())
+    assert proc.returncode == 1, said
+    assert f"--port {port}: 127.0.0.1:{port} is in use" in said and "its own --port" in said, said
+    assert "Starting Flower SuperNode" not in said and "Traceback" not in said

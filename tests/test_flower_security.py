@@ -495,3 +495,35 @@ def test_certs_that_fail_while_writing_leave_the_folder_as_it_was(tmp_path):
         done = _certs("--out", str(tmp_path / "named"), "--node", bad)
         assert done.returncode == 1 and done.stderr.startswith(f"error: --node {bad!r}: not a site name"), done.stderr
     assert not (tmp_path / "named").exists() and not (tmp_path / "outside.key").exists()
+
+
+def test_a_resumed_coordinator_without_the_authentication_it_started_with_is_refused(tmp_path, tiny, disc_federation):
+    """A run started with TLS and SuperNode authentication (OUT/flower/protection.json) resumed with --certs but
+    without --auth-keys: refused in one line before the SuperLink starts (it ran unauthenticated without a word,
+    and the docs' resume command omitted the flag); an older run folder without the record resumes as before."""
+    from fedseg.flower.launch import LinkSettings, keep_protection
+
+    folder = write_folder(disc_federation(n_sites=2, cases_per_site=6), tmp_path / "fed")
+    tls = make_certs(tmp_path / "certs", nodes=["site1", "site2"])
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(yaml.safe_dump({**tiny, "algorithms": ["fedavg"], "fl": {"rounds": 1}}))
+    out = tmp_path / "out"
+    keep_protection(out, LinkSettings(tls=tls, auth=True), resume=False)  # what the first start recorded
+    assert json.loads((out / "flower" / "protection.json").read_text()) == {"tls": True, "auth": True}
+    said = subprocess.run(
+        [sys.executable, "-m", "fedseg.cli", "flower", "server", "--config", str(cfg), "--federation", str(folder)]
+        + ["--certs", str(tmp_path / "certs"), "--out", str(out), "--resume", "--wait", "5"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert said.returncode == 1, said.stdout + said.stderr
+    error = " ".join(said.stderr.split())
+    assert (
+        f"{out}: this run started with SuperNode authentication (--auth-keys); resume it with the flags it was "
+        "started with" in error
+    ), error
+    assert "Traceback" not in said.stderr and "SuperLink:" not in said.stdout  # nothing was started
+    keep_protection(out, LinkSettings(tls=tls, auth=True), resume=True)  # the same flags: resumes
+    (out / "flower" / "protection.json").unlink()
+    keep_protection(out, LinkSettings(), resume=True)  # a run folder from before the record: as before

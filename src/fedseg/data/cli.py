@@ -71,6 +71,13 @@ def check(
     max_image_mb: Annotated[
         float, typer.Option(help="warn about images larger than this as float32 (MB); a run holds every case in RAM")
     ] = 512.0,
+    site: Annotated[
+        str | None,
+        typer.Option(
+            help="a hospital's folder: it must hold this site; the federation.yaml may name sites it does not hold "
+            "(as `fedseg flower supernode` checks it)"
+        ),
+    ] = None,
 ) -> None:
     """Validate a federation folder and list every problem; exit 1 if there is any."""
     from fedseg.data.check import check_folder
@@ -79,7 +86,13 @@ def check(
     warnings: list[str] = []
     try:
         split, split_seed = _split_settings(preset, config, seed)
-        fed = check_folder(root, split, split_seed, max_image_mb=max_image_mb, warnings=warnings)
+        fed = check_folder(
+            root, split, split_seed, max_image_mb=max_image_mb, warnings=warnings, all_sites=site is None
+        )
+        if site is not None and site not in fed.site_names:
+            raise FederationError(
+                f"{root}: no folder for site {site!r} (site folders here: {', '.join(fed.site_names)})"
+            )
     except (FederationError, ConfigError) as e:
         fail(error_text(e))
     for line in group_problems(warnings):

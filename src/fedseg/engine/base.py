@@ -14,6 +14,7 @@ sites and replies come back) to each engine: in this process (``Simulator``) or 
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from typing import Protocol
@@ -24,6 +25,8 @@ from fedseg.engine.context import Delivery, MethodOptions, Task
 from fedseg.engine.faults import SiteFailure, reply_problem
 from fedseg.engine.ledger import EVAL_ACTIONS, Ledger, LedgerRow
 from fedseg.engine.messages import Message
+
+log = logging.getLogger(__name__)
 
 Observer = Callable[[str, str, Message, Message], None]  # (site, action, message, reply)
 ClientStates = dict[str, dict[str, torch.Tensor]]
@@ -74,6 +77,7 @@ class BaseEngine:
         self.ledger = Ledger()
         self.round = 0
         self.all_sites_required = False  # the method cannot skip a site (AlgorithmSpec.needs_every_site)
+        self.failing: set[str] = set()  # sites left out (fl.on_failure = skip) since they last answered
 
     @property
     def skips_failures(self) -> bool:
@@ -122,6 +126,9 @@ class BaseEngine:
             for observe in self.observers:
                 observe(site, action, msg, reply)
             replies[site] = reply
+            if site in self.failing:
+                self.failing.discard(site)
+                log.info("site %r answers again (round %d, %s %s)", site, self.round, self.algorithm, action)
         if failed and self.all_sites_required:
             raise SiteFailure(
                 f"{'; '.join(failed)}. {self.algorithm} needs every site's reply in each exchange, so it cannot skip "
@@ -144,11 +151,16 @@ class BaseEngine:
         exchange: tuple[int, float] = (0, 0.0),
     ) -> str:
         """Handle one failed reply: raise under ``stop``; under ``skip`` record it in the ledger (``exchange``:
-        the exchange's number and wall seconds) and return its description (the exchange goes on without it)."""
+        the exchange's number and wall seconds) and return its description (the exchange goes on without it). The
+        first failure of a site that answered before is a WARNING (its reason); its next ones, until it answers
+        again, are in ``ledger.csv`` only: a site that is gone fails every exchange of every round."""
         what = f"site {site!r}, round {self.round}, {self.algorithm} {action}: {problem}"
         if not self.skips_failures:
             raise SiteFailure(what) from error
         self.ledger.record(LedgerRow(self.round, site, action, 0, msg.num_floats(), 0, seconds, problem, *exchange))
+        if site not in self.failing:
+            self.failing.add(site)
+            log.warning("%s (fl.on_failure = skip: left out until it answers again; each failure in ledger.csv)", what)
         return what
 
     def checkpointed(self, kept: list[ClientStates]) -> None:

@@ -363,7 +363,9 @@ class FlowerEngine(BaseEngine):
             except SiteError as e:
                 if not skip:
                     raise
-                log.warning("%s (fl.on_failure = skip: left out)", e)
+                if site not in self.failing:  # as BaseEngine.failure: once, until the site answers again
+                    self.failing.add(site)
+                    log.warning("%s (fl.on_failure = skip: left out until it answers again)", e)
 
     def snapshot_clients(self) -> ClientStates:
         """Every node saves its store as the snapshot of this round; the token names it (its round). Nodes

@@ -184,6 +184,22 @@ def check_site_folder(site: str, data: Path) -> Federation:
     return fed
 
 
+def check_port_free(port: int, host: str = "127.0.0.1") -> None:
+    """Refuse a ``--port`` another process listens on, in one line (Flower's SuperNode stops with "address already in
+    use" and "Runtime HTTP API failed to start", which does not say which option to change)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: a port in TIME_WAIT is free
+        try:
+            probe.bind((host, port))
+        except OSError as e:
+            raise ValueError(
+                f"--port {port}: {host}:{port} is in use ({e.strerror}; another SuperNode on this machine?): give each "
+                "SuperNode on a machine its own --port (its Runtime API listens there)"
+            ) from None
+
+
 def supernode_argv(
     site: str,
     data: Path,
@@ -255,6 +271,7 @@ def run_supernode(
         raise ValueError(f"isolation must be one of {ISOLATIONS}, got {isolation!r}")
     fed = check_site_folder(site, data)
     echo(f"data check passed: site {site} of {fed.name!r}, {len(fed.site(site).cases)} cases in {data}")
+    check_port_free(port)
     argv = supernode_argv(
         site, data, superlink, port, samples, root_certificates, insecure, auth_key, isolation, max_wait, state
     )
@@ -354,6 +371,37 @@ def run_key(out: Path, resume: bool) -> str:
     return key
 
 
+PROTECTION_FILE = "protection.json"  # OUT/flower/: the TLS and SuperNode authentication a run started with
+
+
+def keep_protection(out: Path, link: LinkSettings, resume: bool) -> None:
+    """A run's coordinator keeps the protection it started with: ``OUT/flower/protection.json`` records TLS and
+    SuperNode authentication at the first start; a resume without one of them is refused (a coordinator restarted
+    without ``--auth-keys`` ran unauthenticated without a word: any SuperNode could then claim a site)."""
+    from fedseg.atomic_files import atomic_write_text
+
+    path = Path(out) / "flower" / PROTECTION_FILE
+    now = {"tls": bool(link.tls), "auth": bool(link.auth)}
+    if resume and path.is_file():
+        try:
+            started = json.loads(path.read_text())
+        except (OSError, ValueError):
+            started = {}
+        lost = [
+            flag
+            for key, flag in (("tls", "TLS (--certs)"), ("auth", "SuperNode authentication (--auth-keys)"))
+            if started.get(key) and not now[key]
+        ]
+        if lost:
+            raise FlowerRunError(
+                f"{out}: this run started with {' and '.join(lost)}; resume it with the flags it was started with "
+                "(without them any SuperNode could claim a site)"
+            )
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, json.dumps(now) + "\n")
+
+
 def check_new_or_resumed(out: Path, resume: bool) -> None:
     """A coordinator's ``--out``: a new run needs a folder without checkpoints; ``--resume`` continues one; a study's
     folder is refused either way."""
@@ -410,6 +458,7 @@ def serve_experiment(
 
     out = Path(out).resolve()
     logs = out / "flower" / "logs"
+    keep_protection(out, link, resume)
     link_proc = start_superlink(procs, link, logs, env)
     fleet = "no Fleet API (simulation)" if link.simulation else f"Fleet API (SuperNodes) on {link.host}:{link.port}"
     echo(
@@ -434,12 +483,17 @@ def serve_experiment(
         run_id = submit_run(client, build_fab(), config, simulation)
         echo(f"run {run_id} submitted; sites: {', '.join(fed.site_names)}")
         tail, last_observe = LogTail(out / "flower" / "server.log"), 0.0
+        showing = False  # whether the last log record was shown: its continuation lines are shown too
 
         def show_progress() -> None:
+            nonlocal showing
             for line in tail.new_lines():
-                m = LOG_LINE.match(line)
-                if m and m.group(1) != "ERROR":  # errors (and their tracebacks) end in error.txt, printed once
-                    echo(m.group(2))
+                if m := LOG_LINE.match(line):
+                    showing = m.group(1) != "ERROR"  # errors (and their tracebacks) end in error.txt, printed once
+                    if showing:
+                        echo(m.group(2))
+                elif showing and line.strip():  # a message of several lines (a site's reason under its own)
+                    echo(f"  {line.strip()}")
 
         def tick() -> None:
             nonlocal last_observe
