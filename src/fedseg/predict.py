@@ -746,6 +746,8 @@ def write_predictions(
             if seg is not None:  # a DICOM series' SEG (named), none for other inputs ("")
                 row["dicom_seg"] = seg.write_for(folder, restored, item.path, choice["model"])
             rows.append(row)
-    columns = predictor.columns[:2] + ["dicom_seg"] + predictor.columns[2:] if seg else predictor.columns
+    columns = list(predictor.columns)
+    if seg is not None:  # the SEG's column right after the mask's
+        columns.insert(columns.index("mask") + 1, "dicom_seg")
     (folder / CSV_NAME).write_text(csv_text(columns, rows), encoding="utf-8")
     return rows

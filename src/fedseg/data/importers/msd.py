@@ -34,7 +34,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from fedseg.data.federation import FederationError
+from fedseg.data.federation import FederationError, channel_order
 from fedseg.data.folder import split_name
 from fedseg.data.importers.writer import Plan, PlannedCase, PlannedSite, Source, existing_folder, raise_problems
 from fedseg.data.structured import read_mapping
@@ -135,7 +135,7 @@ def plan_msd(sources: list[Path], regions: RegionMode = "auto") -> Plan:
 
 def modality_names(infos: list[dict]) -> list[str] | None:
     """The channel names the tasks' ``modality`` objects give, in channel order (``"0"``, ``"1"``, ...), where every
-    task gives the same ones (compared as ``fedseg predict`` compares them: trimmed, case-insensitive); else None."""
+    task gives the same ones (``channel_order``: as ``fedseg predict`` compares them); else None."""
     named = []
     for info in infos:
         modality = info["modality"]
@@ -143,6 +143,6 @@ def modality_names(infos: list[dict]) -> list[str] | None:
         if [str(k) for k in keys] != [str(i) for i in range(len(keys))]:
             return None  # not numbered 0, 1, ...: no order to trust
         named.append([str(modality[k]).strip() for k in keys])
-    if not all(named[0]) or any([n.casefold() for n in names] != [n.casefold() for n in named[0]] for names in named):
+    if not all(named[0]) or any(channel_order(named[0], names) != "same" for names in named):
         return None
     return named[0]
