@@ -186,6 +186,42 @@ def test_snapshots_on_disk_outlive_the_flower_run_and_hold_only_the_sites_state(
     assert other.has_error() and "no snapshot of round 5 of 'fedavg'" in other.error.reason
 
 
+def test_a_message_for_another_site_is_refused_in_one_line_and_touches_nothing_of_this_site(
+    folder, tiny_config, tmp_path, caplog
+):
+    """A SuperNode restarted mid-run with site1's key but ``--site site2`` receives site1's messages (the coordinator
+    routes by node id, which authentication ties to the key): each is refused with a reason that says what to do,
+    logged once without a traceback, and neither a snapshot is written nor an algorithm answered."""
+    import logging
+
+    from fedseg.engine.messages import Message
+    from fedseg.flower.records import to_recorddict
+
+    ctx = _context("site2", folder, tiny_config())
+    ctx.node_config["state"] = str(tmp_path / "state")
+    ctx.run_config["fedseg-run-key"] = "/runs/a#1"
+    _put(ctx, 3.0)
+    train = _query("x", {})
+    train.metadata.__dict__["_message_type"] = "train.fedavg"
+    train.content = to_recorddict(
+        Message({"w": torch.zeros(3)}),
+        {"site": "site1", "algorithm": "fedavg", "site_index": 0, "num_sites": 2, "round": 1},
+    )
+    with caplog.at_level(logging.INFO, logger="fedseg.flower.node"):
+        replies = [_snap(ctx, node.SNAPSHOT, 1, keep=[1]), _snap(ctx, node.SNAPSHOT, 2), node.handle(train, ctx)]
+    expected = (
+        "site 'site2': refused a message for site 'site1': the coordinator knows this SuperNode (with SuperNode "
+        "authentication: its key) as site 'site1''s, but it was started with --site site2; restart it with "
+        "--site site1, or with site 'site2''s key"
+    )
+    assert [r.has_error() and r.error.reason for r in replies] == [expected] * 3
+    assert [r.getMessage() for r in caplog.records] == [expected]  # once, no traceback
+    assert not (tmp_path / "state").exists() or not list((tmp_path / "state").rglob("*.safetensors"))
+    assert node.get_state(ctx, node.STATE + "fedavg")["w"].tolist() == [3.0] * 3
+    ok = node.handle(_query(node.SNAPSHOT, {"site": "site2", "algorithm": "fedavg", "tag": 1}), ctx)
+    assert not ok.has_error() and list((tmp_path / "state").rglob("*.safetensors"))
+
+
 def test_the_coordinator_knows_the_federation_header_and_site_names_only(folder):
     import dataclasses
 

@@ -246,6 +246,38 @@ def with_case_ids(data, opaque: dict[str, str]):
     return data
 
 
+class NotThisSite(ValueError):
+    """A message addressed to another site than this SuperNode's ``--site``: the coordinator sends each site's
+    messages to the node it connected as that site; with SuperNode authentication that node is the one holding the
+    site's key, so a SuperNode restarted mid-run with one site's key and another's ``--site`` receives the key's site's
+    messages. Refused (one line in each log), never answered with this site's data, state or snapshots."""
+
+    def __init__(self, addressee: str, site: str) -> None:
+        super().__init__(
+            f"site {site!r}: refused a message for site {addressee!r}: the coordinator knows this SuperNode (with "
+            f"SuperNode authentication: its key) as site {addressee!r}'s, but it was started with --site {site}; "
+            f"restart it with --site {addressee}, or with site {site!r}'s key"
+        )
+        self.pair = (addressee, site)
+
+    def say(self) -> None:
+        """Log it once per process and pair of sites, without a traceback (a skipped site is asked every exchange)."""
+        if self.pair not in _said_not_this_site:
+            _said_not_this_site.add(self.pair)
+            log.error("%s", self)
+
+
+_said_not_this_site: set[tuple[str, str]] = set()  # (addressee, site) pairs already logged by this process
+
+
+def check_addressee(head: dict, settings: NodeSettings) -> None:
+    """A ``NotThisSite`` unless the engine header's ``site`` is this SuperNode's (or ``?``: an ``info`` or
+    ``refused`` query, sent before the node's site is known)."""
+    addressee = str(head.get("site", "?"))
+    if addressee not in ("?", settings.site):
+        raise NotThisSite(addressee, settings.site)
+
+
 def handle(message: FlowerMessage, context: Context) -> FlowerMessage:
     """Answer one message (any ``train.<action>``, ``evaluate.<action>`` or engine query)."""
     category, _, action = message.metadata.message_type.partition(".")
@@ -253,6 +285,8 @@ def handle(message: FlowerMessage, context: Context) -> FlowerMessage:
     try:
         settings = NodeSettings.of(context)
         cfg = run_config(context)
+        if ENGINE in message.content.config_records:
+            check_addressee(dict(message.content.config_records[ENGINE]), settings)
         if category == "query":
             handler = {INFO: on_info, SNAPSHOT: on_snapshot, RESTORE: on_restore, REFUSED: on_refused}.get(action)
             if handler is None:
@@ -263,6 +297,9 @@ def handle(message: FlowerMessage, context: Context) -> FlowerMessage:
         return FlowerMessage(content, reply_to=message)
     except FederationError as e:
         reason = f"data check failed on site {site!r}:\n{e}"
+    except NotThisSite as e:
+        e.say()
+        return FlowerMessage(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=str(e)), reply_to=message)
     except Exception as e:  # noqa: BLE001 - every failure goes back to the server as a readable reason
         log.error("site %s: %s failed:\n%s", site, message.metadata.message_type, traceback.format_exc())
         reason = f"site {site!r}: {type(e).__name__}: {e}"
@@ -290,8 +327,7 @@ def answer_algorithm(action: str, content: RecordDict, context: Context, setting
 
     torch.set_num_threads(cfg.threads)
     msg, head = from_recorddict(content)
-    if head.get("site") != settings.site:
-        raise ValueError(f"message for site {head.get('site')!r} delivered to the SuperNode of site {settings.site!r}")
+    check_addressee(head, settings)
     to = Delivery(
         str(head["algorithm"]),
         settings.site,

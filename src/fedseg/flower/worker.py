@@ -52,6 +52,7 @@ def run_task(address: str, insecure: bool, root_certificates: str | None, token:
 
     from fedseg.flower import flwr_internals as internals
     from fedseg.flower.bundles import BundleRefused, check_bundle
+    from fedseg.flower.node import NotThisSite
 
     client = internals.clientapp_runtime_client(address, insecure, root_certificates, token)
     stop_heartbeat: Callable[[], None] | None = None
@@ -81,6 +82,11 @@ def run_task(address: str, insecure: bool, root_certificates: str | None, token:
         details = str(ex)
         if message is not None:  # always: the bundle is checked once the message is pulled
             reply = Message(Error(code=internals.invalid_fab_error_code(), reason=details), reply_to=message)
+    except NotThisSite as ex:  # raised through SecAgg+'s mod (other messages are refused by node.handle)
+        ex.say()
+        details = str(ex)
+        if message is not None:
+            reply = Message(Error(code=internals.client_app_error_code(ex), reason=details), reply_to=message)
     except Exception as ex:  # noqa: BLE001 - reported to the SuperNode like flwr-clientapp does
         log.exception("ClientApp raised an exception")
         details = f"{type(ex)}:<'{ex}'>"
