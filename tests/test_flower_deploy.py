@@ -210,14 +210,16 @@ def test_flower_local_with_tls_and_node_authentication_in_subprocess_isolation(f
 
 def test_unregistered_supernode_is_refused_and_a_missing_site_fails_the_run_clearly(folder, tmp_path, tiny):
     """Coordinator (`fedseg flower server`, TLS, keys of site1 and site2 registered) + two hospitals: site1 with its
-    key, site2 with a key nobody registered. The SuperLink refuses site2's SuperNode; every site is required, so the
-    run fails naming site2 and how to fix it."""
+    key, site2 with a key nobody registered, then a second SuperNode with site1's key. The SuperLink refuses site2's
+    and the second site1 (Flower tells each only "Failed to activate SuperNode": fedseg adds both causes there, and the
+    coordinator's console says which it was); every site is required, so the run fails naming site2 and how to fix
+    it."""
     certs = tmp_path / "certs"
     made = runner.invoke(app, ["flower", "certs", "--out", str(certs), "--node", "site1", "--node", "site2"])
     assert made.exit_code == 0, made.output
     rogue_key, _ = make_node_key(tmp_path / "rogue", "site2")
     cfg = _config(tiny, tmp_path / "cfg.yaml", ["fedavg"], rounds=1)
-    link_port, port1, port2, control_port = free_ports(4)
+    link_port, port1, port2, port3, control_port = free_ports(5)
     superlink = f"127.0.0.1:{link_port}"
     hospitals = tmp_path / "hospitals"
     env = flower_env(hospitals / "home")
@@ -247,7 +249,7 @@ def test_unregistered_supernode_is_refused_and_a_missing_site_fails_the_run_clea
                 "--auth-keys",
                 str(certs / "supernodes"),
                 "--wait",
-                "10",
+                "30",
             ],
             hospitals / "coordinator.log",
             env,
@@ -271,6 +273,23 @@ def test_unregistered_supernode_is_refused_and_a_missing_site_fails_the_run_clea
             hospitals / "site1.log",
             env,
         )
+        _wait_for(hospitals / "site1.log", "SuperNode ID")
+        twin = procs.start(  # site1's key once more, while site1's SuperNode is connected
+            "twin",
+            supernode_command(
+                "site1",
+                folder,
+                superlink,
+                port3,
+                hospitals / "s3",
+                certs / "ca.crt",
+                certs / "supernodes" / "site1.key",
+                "subprocess",
+                0.05,
+            ),
+            hospitals / "twin.log",
+            env,
+        )
         site2 = procs.start(
             "site2",
             supernode_command(
@@ -281,13 +300,21 @@ def test_unregistered_supernode_is_refused_and_a_missing_site_fails_the_run_clea
         )
         assert coordinator.proc.wait(timeout=600) == 1
         assert site2.proc.wait(timeout=60) == 1  # refused: it never got a node id
+        assert twin.proc.wait(timeout=60) == 1
     said = " ".join(coordinator.log.read_text().split())
+    twin_node = re.search(r"site1\.pub \(site1\): node id (\d+)", said).group(1)
+    assert (
+        f"a SuperNode with site 'site1''s key (node id {twin_node}) was refused: site 'site1''s SuperNode is " in said
+    )
+    assert "is not one the coordinator registered" in " ".join(twin.log.read_text().split())
     assert "registered SuperNode key site1.pub" in said and "registered SuperNode key site2.pub" in said
     assert "site site1 -> SuperNode" in " ".join((tmp_path / "out" / "flower" / "server.log").read_text().split())
-    assert "site site2 did not connect within 10 s (connected: site1)" in said and "register its public key" in said
+    assert "site site2 did not connect within 30 s (connected: site1)" in said and "register its public key" in said
     assert "SuperNode ID" in site1.log.read_text()  # the registered hospital was accepted
     refused = " ".join(site2.log.read_text().split())
     assert "Failed to activate SuperNode" in refused and "SuperNode ID" not in refused
+    assert "is not one the coordinator registered" in refused  # fedseg names the two causes Flower does not
+    assert "a SuperNode whose key is not registered (--auth-keys) was refused" in said  # the coordinator names which
     assert not _survivors(hospitals) and not _survivors(tmp_path / "out" / "flower")
 
 

@@ -458,3 +458,28 @@ def test_a_supernode_on_a_port_another_process_listens_on_says_which_option_to_c
     assert proc.returncode == 1, said
     assert f"--port {port}: 127.0.0.1:{port} is in use" in said and "its own --port" in said, said
     assert "Starting Flower SuperNode" not in said and "Traceback" not in said
+
+
+def test_activation_refusals_in_the_superlinks_log_are_said_once_per_node_with_their_site(tmp_path):
+    """A SuperNode restarted every few seconds (systemd) is refused as often: the coordinator says it once."""
+    from fedseg.flower.launch import ActivationRefusals
+
+    key = "b'-----BEGIN PUBLIC KEY-----\\nMHYw...\\n-----END PUBLIC KEY-----\\n'"
+    twin = (
+        f"ERROR:     [/v1/fleet/activate-node][ApiError:2004] Attempted to register SuperNode with public key: {key}, "
+        "exception: SuperNode with node ID 42 could not be activated.\n"
+    )
+    rogue = twin.replace(
+        "SuperNode with node ID 42 could not be activated.", "No SuperNode found with the given public key."
+    )
+    log = tmp_path / "superlink.log"
+    log.write_text('INFO "POST /v1/fleet/activate-node HTTP/1.1" 200\n' + twin + rogue + twin)
+    refusals = ActivationRefusals(log, {"42": "site1"})
+    said = refusals.new_lines()
+    assert [line.split(" was refused")[0] for line in said] == [
+        "a SuperNode with site 'site1''s key (node id 42)",
+        "a SuperNode whose key is not registered (--auth-keys)",
+    ]
+    with log.open("a") as f:
+        f.write(rogue + twin)
+    assert refusals.new_lines() == []

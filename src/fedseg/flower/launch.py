@@ -432,6 +432,44 @@ class LogTail:
         return data[:end].decode(errors="replace").splitlines()
 
 
+ACTIVATION_REFUSED = re.compile(r"activate-node\]\[ApiError:\d+\] .*exception: (.*)$")  # superlink.log
+NODE_ALREADY_ON = re.compile(r"SuperNode with node ID (\d+) could not be activated")
+
+
+class ActivationRefusals:
+    """The SuperLink's refusals to activate a SuperNode, from its log, as one console line each: the SuperNode is
+    told only "Failed to activate SuperNode" (``fedseg.flower.supernode_main.ExplainActivation``); the coordinator
+    can say which of the two causes it was and, for a registered key, whose. A cause is said once per node (a
+    SuperNode restarted every few seconds by systemd is refused as often)."""
+
+    def __init__(self, log: Path, node_sites: dict[str, str]) -> None:
+        self.tail, self.node_sites, self.said = LogTail(log), node_sites, set[str]()
+
+    def new_lines(self) -> list[str]:
+        lines = []
+        for line in self.tail.new_lines():
+            if not (m := ACTIVATION_REFUSED.search(line)):
+                continue
+            if already := NODE_ALREADY_ON.search(m.group(1)):
+                node = already.group(1)
+                site = self.node_sites.get(node, "?")
+                said = (
+                    f"a SuperNode with site {site!r}'s key (node id {node}) was refused: site {site!r}'s SuperNode is "
+                    "connected (a second process with its key?), or stopped without saying goodbye less than a "
+                    "minute ago (the SuperLink counts it online until then: it may start again after that)"
+                )
+            else:
+                node = "unregistered"
+                said = (
+                    "a SuperNode whose key is not registered (--auth-keys) was refused: "
+                    f"{m.group(1).strip().rstrip('.')}"
+                )
+            if node not in self.said:
+                self.said.add(node)
+                lines.append(said)
+        return lines
+
+
 def serve_experiment(
     cfg: RunConfig,
     fed: Federation,
@@ -483,6 +521,7 @@ def serve_experiment(
         run_id = submit_run(client, build_fab(), config, simulation)
         echo(f"run {run_id} submitted; sites: {', '.join(fed.site_names)}")
         tail, last_observe = LogTail(out / "flower" / "server.log"), 0.0
+        refusals = ActivationRefusals(link_proc.log, node_sites)
         showing = False  # whether the last log record was shown: its continuation lines are shown too
 
         def show_progress() -> None:
@@ -498,6 +537,8 @@ def serve_experiment(
         def tick() -> None:
             nonlocal last_observe
             show_progress()
+            for line in refusals.new_lines():
+                echo(line)
             if time.monotonic() - last_observe > 1.0:
                 procs.observe()
                 last_observe = time.monotonic()

@@ -7,7 +7,8 @@ everything else is the unmodified ``flower-supernode``. Worth it on a LAN or loo
 poll costs microseconds; on a WAN with many sites, Flower's defaults keep the SuperLink's load low.
 
 Flower's retry warnings while the SuperLink cannot be reached (one per attempt, for as long as the coordinator is
-not up) become one line with the reason and one every 5 minutes (``QuietRetries``).
+not up) become one line with the reason and one every 5 minutes (``QuietRetries``); Flower's "Failed to activate
+SuperNode" says its two possible causes (``ExplainActivation``).
 """
 
 from __future__ import annotations
@@ -89,6 +90,28 @@ class QuietRetries(logging.Filter):
         record.msg, record.args = text, ()
 
 
+NOT_ACTIVATED = "Failed to activate SuperNode"  # Flower's public message for both causes below
+WHY_NOT_ACTIVATED = (
+    "fedseg: the SuperLink refused to activate this SuperNode. Either its key (--auth-key) is not one the coordinator "
+    "registered (its `fedseg flower server --auth-keys` folder must hold <site>.pub, this key's public half), or a "
+    "SuperNode with this key is already connected: another process, or this SuperNode's previous one if it stopped "
+    "without saying goodbye (killed, a lost network), which the SuperLink counts as online for up to a minute: "
+    "start it again after that. The coordinator's console names which."
+)
+
+
+class ExplainActivation(logging.Filter):
+    """Flower's exit line when the SuperLink refuses to activate the SuperNode ("Failed to activate SuperNode.")
+    names no cause; the SuperLink knows it but keeps it in its own log (the coordinator's console shows it,
+    ``fedseg.flower.launch.explain_refusals``). The line gets ``WHY_NOT_ACTIVATED`` appended: the two causes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        if NOT_ACTIVATED in text and WHY_NOT_ACTIVATED not in text:
+            record.msg, record.args = f"{text}\n{WHY_NOT_ACTIVATED}", ()
+        return True
+
+
 def superlink_address(argv: list[str]) -> str:
     """The ``--superlink`` value of a ``flower-supernode`` command line ("(its --superlink)" if absent)."""
     for i, arg in enumerate(argv):
@@ -115,6 +138,7 @@ def main() -> None:
     show_log_timestamps()  # a site's log is read later, next to the coordinator's
 
     logging.getLogger("flwr").addFilter(QuietRetries(superlink_address(sys.argv)))
+    logging.getLogger("flwr").addFilter(ExplainActivation())
     sys.argv[0] = "flower-supernode"
     flower_supernode()
 
