@@ -8,6 +8,7 @@ with matplotlib's ``Path.contains_points``.
 
 from __future__ import annotations
 
+import logging
 import shutil
 from pathlib import Path
 
@@ -66,12 +67,13 @@ def structures() -> dict[str, list[tuple[str, np.ndarray]]]:
     }
 
 
-def expected_label() -> np.ndarray:
-    """The label map by matplotlib: each ROI's contours on a slice XOR-ed, ascending label values painted."""
+def expected_label(rois: tuple[tuple[str, int], ...] = (("ctv", 1), ("GTV Primary", 2))) -> np.ndarray:
+    """The label map of ``rois`` (name, value) by matplotlib: each ROI's contours on a slice XOR-ed, ascending label
+    values painted."""
     i, j = np.meshgrid(np.arange(SHAPE[0]), np.arange(SHAPE[1]), indexing="ij")
     centres = np.stack([i.ravel(), j.ravel()], axis=1)
     label = np.zeros(SHAPE, np.uint8)
-    for name, value in (("ctv", 1), ("GTV Primary", 2)):
+    for name, value in rois:
         mask = np.zeros(SHAPE, bool)
         for _, points in structures()[name]:
             k = int(round(float((points[0] - ORIGIN) @ NORMAL) / SPACING[2]))
@@ -158,6 +160,30 @@ def write_rtstruct(path: Path, rois=None, frame: str = FRAME, series: str = "1.2
     path.parent.mkdir(parents=True, exist_ok=True)
     ds.save_as(path, enforce_file_format=True)
     return path
+
+
+def instances(series_folder: Path) -> dict[int, str]:
+    """Slice index -> the SOPInstanceUID of the series file holding it (headers only)."""
+    headers = [pydicom.dcmread(p, stop_before_pixels=True) for p in sorted(series_folder.iterdir())]
+    return {int(ds.InstanceNumber) - 1: str(ds.SOPInstanceUID) for ds in headers}
+
+
+def reference(rs: Path, out: Path, uids: dict[str, list[str | None]]) -> Path:
+    """``rs`` with a ContourImageSequence added to the contours of the ROIs ``uids`` names (ROI name -> per contour,
+    the ReferencedSOPInstanceUID, or ``None``: no ContourImageSequence), written to ``out``."""
+    from pydicom.dataset import Dataset
+    from pydicom.sequence import Sequence
+
+    ds = pydicom.dcmread(rs)
+    names = {int(roi.ROINumber): str(roi.ROIName) for roi in ds.StructureSetROISequence}
+    for item in ds.ROIContourSequence:
+        for contour, uid in zip(item.ContourSequence, uids.get(names[int(item.ReferencedROINumber)], [])):
+            if uid is not None:
+                image = Dataset()
+                image.ReferencedSOPClassUID, image.ReferencedSOPInstanceUID = "1.2.840.10008.5.1.4.1.1.2", uid
+                contour.ContourImageSequence = Sequence([image])
+    ds.save_as(out)
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -313,3 +339,102 @@ def test_a_malformed_rtstruct_is_one_line_naming_it(case, tmp_path):
     assert "\n" not in str(e.value)
     with pytest.raises(FederationError, match=r"rs\.dcm: an RTSTRUCT label is read on its case's image grid"):
         read_label(rs, "3d", label_names=LABEL_NAMES)
+
+
+def _notices(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name.startswith("fedseg.data") and r.levelno >= logging.WARNING]
+
+
+def test_a_label_no_roi_names_reads_as_background_with_one_notice(case, tmp_path, caplog):
+    """No ROI named 'gtv_primary' at all (not contoured?): the case reads, the GTV as background, and one WARNING
+    names the file, the label and the ROIs it has, however often the file is read."""
+    image, _ = case
+    rois = {"BODY": structures()["BODY"], "ctv": structures()["ctv"]}
+    rs = write_rtstruct(tmp_path / "no-gtv.dcm", rois)
+    with caplog.at_level(logging.WARNING):
+        label = read_label(rs, "3d", image=image, label_names=LABEL_NAMES)
+        assert read_label(rs, "3d", image=image, label_names=LABEL_NAMES).sum() == label.sum()
+    np.testing.assert_array_equal(label, expected_label((("ctv", 1),)))  # the CTV alone
+    assert set(np.unique(label)) == {0, 1}
+    assert _notices(caplog) == [
+        f"{rs}: no ROI of this RTSTRUCT names label_names 'gtv_primary' (2), so this case reads it as background "
+        "(not contoured here?); its ROIs: 'BODY', 'ctv'"
+    ]
+
+
+def test_an_roi_declared_without_contours_is_empty_without_a_notice(case, tmp_path, caplog):
+    """An ROI in StructureSetROISequence with no contours is an explicitly empty structure: background, no word."""
+    image, _ = case
+    rs = write_rtstruct(tmp_path / "empty-gtv.dcm", {"ctv": structures()["ctv"], "GTV_primary": []})
+    with caplog.at_level(logging.WARNING):
+        label = read_label(rs, "3d", image=image, label_names=LABEL_NAMES)
+    assert set(np.unique(label)) == {0, 1}
+    assert _notices(caplog) == []
+
+
+def test_data_check_summarises_a_label_no_roi_names_per_site(case, tmp_path, caplog):
+    """data check: one warning line per site and label, naming the files and their ROIs, no line per file."""
+    pytest.importorskip("itk")  # the series' voxels
+    image, rs = case
+    without = write_rtstruct(tmp_path / "no-gtv.dcm", {"ctv": structures()["ctv"], "BODY": structures()["BODY"]})
+    root = tmp_path / "fed"
+    header = {"name": "rt", "kind": "3d", "channels": 1, "regions": {"ctv": [1, 2]}, "label_names": LABEL_NAMES}
+    root.mkdir()
+    (root / "federation.yaml").write_text(yaml.safe_dump(header))
+    (root / "site1" / "labels").mkdir(parents=True)
+    for cid, source in (("c1", without), ("c2", rs), ("c3", without)):
+        shutil.copytree(image, root / "site1" / "images" / cid)
+        shutil.copy(source, root / "site1" / "labels" / f"{cid}.dcm")
+    with caplog.at_level(logging.WARNING):
+        result = CliRunner().invoke(data_app, ["check", str(root)])
+    assert result.exit_code == 0, result.output
+    lines = [line for line in result.output.splitlines() if line.startswith("warning: ")]
+    assert lines == [
+        "warning: site 'site1': label 'gtv_primary' (2) is named by no ROI in 2 of 3 RTSTRUCTs (c1.dcm, c3.dcm): "
+        "those cases read it as background (not contoured there?); their ROIs: 'ctv', 'BODY'"
+    ]
+    assert _notices(caplog) == []  # summarised, not logged per file
+    with caplog.at_level(logging.WARNING):  # without a warnings list (a run's check): logged, once
+        check_folder(root)
+        for case_ in load_folder(root).site("site1").cases:  # the files already summarised: not logged again
+            case_.arrays()
+    assert _notices(caplog) == [lines[0].removeprefix("warning: ")]
+
+
+def test_a_contour_naming_an_instance_of_another_series_is_refused(case, tmp_path):
+    """ContourImageSequence naming SOP instances that are not slices of the case's series: drawn on another scan,
+    even in the same frame of reference (a re-scan); a NIfTI names no instances, so there it is not checked."""
+    image, rs = case
+    uids = instances(image)
+    ctv = [uids[k] for k in range(1, 5)] + ["1.2.3.999.1"]  # the hole: an instance of another series
+    gtv = [uids[2], "1.2.3.999.2", "1.2.3.999.1"]
+    other = reference(rs, tmp_path / "rescan.dcm", {"ctv": ctv, "GTV Primary": gtv})
+    with pytest.raises(FederationError) as e:
+        read_label(other, "3d", image=image, label_names=LABEL_NAMES)
+    assert str(e.value) == (
+        f"{other}: drawn on another scan: the contours of ROI 'ctv' name 1 image instance (ContourImageSequence) not "
+        f"in its series {image}, e.g. 1.2.3.999.1"
+    )
+    gtv_only = reference(rs, tmp_path / "rescan-gtv.dcm", {"GTV Primary": gtv})
+    with pytest.raises(FederationError) as e:
+        read_label(gtv_only, "3d", image=image, label_names=LABEL_NAMES)
+    assert str(e.value) == (
+        f"{gtv_only}: drawn on another scan: the contours of ROI 'GTV Primary' name 2 image instances "
+        f"(ContourImageSequence) not in its series {image}, e.g. 1.2.3.999.1"
+    )
+    affine = np.eye(4)
+    affine[:3, 0], affine[:3, 1], affine[:3, 2], affine[:3, 3] = ROW * 0.7, COL * 0.7, NORMAL * 2.5, ORIGIN
+    nifti = tmp_path / "ct.nii.gz"
+    nib.save(nib.Nifti1Image(np.zeros(SHAPE, np.int16), np.diag([-1, -1, 1, 1]) @ affine), nifti)
+    np.testing.assert_array_equal(read_label(other, "3d", image=nifti, label_names=LABEL_NAMES), expected_label())
+
+
+def test_contours_naming_their_own_series_instances_read(case, tmp_path):
+    """References to the series' own slices read; a contour without ContourImageSequence is fine (optional), and an
+    ROI that names no label (BODY) is not read, its references not checked."""
+    image, rs = case
+    uids = instances(image)
+    ctv = [uids[k] for k in range(1, 5)] + [None]
+    own = reference(rs, tmp_path / "own.dcm", {"ctv": ctv, "GTV Primary": [uids[2], uids[3]], "BODY": ["1.2.9"] * 6})
+    assert "ContourImageSequence" in pydicom.dcmread(own).ROIContourSequence[1].ContourSequence[0]
+    np.testing.assert_array_equal(read_label(own, "3d", image=image, label_names=LABEL_NAMES), expected_label())

@@ -8,11 +8,13 @@ for split problems), so a data manager can fix a folder in one pass. Problems of
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import numpy as np
 
 from fedseg.config import SplitConfig
+from fedseg.data import rtstruct
 from fedseg.data.federation import Federation, FederationError, Regions
 from fedseg.data.folder import (
     HEADER_FILE,
@@ -29,6 +31,8 @@ from fedseg.data.folder import (
     scan_folder,
 )
 from fedseg.data.splits import make_splits, split_problems
+
+log = logging.getLogger("fedseg.data.check")
 
 
 def label_value_problems(label: np.ndarray, regions: Regions, path: Path | str) -> list[str]:
@@ -90,6 +94,32 @@ def size_warning(path: Path, shape: tuple[int, ...], max_mb: float) -> list[str]
     return [f"{path}: image is {mb:.3g} MB as float32 ({size}), above {max_mb:g} MB; a run keeps every case in memory"]
 
 
+def unnamed_label_warnings(painted: list[rtstruct.Painted], site_of: dict[Path, str], shown: int = 5) -> list[str]:
+    """One warning line per site and ``label_names`` entry that no ROI of some of the site's RT Structure Sets
+    ``painted`` names (``site_of``: label file -> site): how many of them, the first ``shown`` files and the ROIs
+    they have. Those cases read the label as background; an ROI missing from a structure set usually means "not
+    contoured", so training it as background may be a partial-label bug (an ROI declared without contours is an
+    explicitly empty one and is not reported)."""
+    read: dict[str, int] = {}
+    missing: dict[tuple[str, tuple[int, str]], list[rtstruct.Painted]] = {}
+    for item in painted:
+        site = site_of.get(item.path, "?")
+        read[site] = read.get(site, 0) + 1
+        for entry in item.unnamed:
+            missing.setdefault((site, entry), []).append(item)
+    lines = []
+    for (site, (value, name)), items in missing.items():
+        files = ", ".join([i.path.name for i in items[:shown]] + (["..."] if len(items) > shown else []))
+        rois = list(dict.fromkeys(roi for i in items for roi in i.rois))
+        lines.append(
+            f"site {site!r}: label {name!r} ({value}) is named by no ROI in {len(items)} of {read[site]} RTSTRUCT"
+            f"{'s' if read[site] != 1 else ''} "
+            f"({files}): those cases read it as background (not contoured there?); their ROIs: "
+            f"{rtstruct.rois_text(rois)}"
+        )
+    return lines
+
+
 def check_folder(
     root: str | Path,
     split: SplitConfig | None = None,
@@ -120,7 +150,9 @@ def check_folder(
     (``folder.moved_links_problem``), as a raw nnU-Net or MSD dataset given instead of a federation does.
 
     ``warnings``, when given, receives a line per image above ``max_image_mb`` (:func:`size_warning`): a large
-    image is allowed, but a run holds every case in memory.
+    image is allowed, but a run holds every case in memory; and a line per site and ``label_names`` entry that no ROI
+    of some of its RT Structure Sets names (:func:`unnamed_label_warnings`: those cases read it as background).
+    Without ``warnings`` the latter are logged (WARNING, logger ``fedseg.data.check``) when the folder is valid.
 
     Raises ``FederationError`` listing every problem, one per line (at most 3 of each kind, then
     ``... and N more like this``; the count in its first line is the total).
@@ -136,14 +168,20 @@ def check_folder(
             raise FederationError(problem)
     header, sites, fixed, problems = scan_folder(root, all_sites=all_sites)
     meta: dict[tuple[str, str], dict[str, object]] = {}
-    for site in sites:
-        for cid, (image_path, label_path) in site.cases.items():
-            case_probs, shape = _check_case(image_path, label_path, header)
-            problems += case_probs
-            if shape is not None:
-                meta[(site.name, cid)] = {"image_shape": shape}
-                if warnings is not None:
-                    warnings += size_warning(image_path, shape, max_image_mb)
+    site_of: dict[Path, str] = {}
+    with rtstruct.noting_unnamed_labels() as painted:
+        for site in sites:
+            for cid, (image_path, label_path) in site.cases.items():
+                site_of[label_path] = site.name
+                case_probs, shape = _check_case(image_path, label_path, header)
+                problems += case_probs
+                if shape is not None:
+                    meta[(site.name, cid)] = {"image_shape": shape}
+                    if warnings is not None:
+                        warnings += size_warning(image_path, shape, max_image_mb)
+    unnamed = unnamed_label_warnings(painted, site_of)
+    if warnings is not None:
+        warnings += unnamed
     fed = None if header is None else build_federation(header, sites, fixed, meta)
     if fed is not None and split is not None:
         problems += split_problems(fed, make_splits(fed, split, seed))
@@ -153,4 +191,6 @@ def check_folder(
             f"{root}: federation folder is invalid ({count}):\n" + "\n".join(f"  {p}" for p in group_problems(problems))
         )
     assert fed is not None  # scan_folder reports a problem whenever federation.yaml is invalid
+    for line in unnamed if warnings is None else []:
+        log.warning(line)
     return fed

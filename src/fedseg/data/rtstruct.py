@@ -8,6 +8,13 @@ couch...), each a stack of polygons in patient coordinates (mm, DICOM LPS), one 
 - **ROI -> label value**: an ROI whose ``ROIName`` names a ``label_names`` entry (compared as DICOM-SEG segment
   labels are, ``readers.segment_values``: case-insensitive, ``_`` = space) gets that entry's value; ROIs named in
   no entry (BODY, External, couch, markers) are skipped unread. No ROI named so, or no ``label_names``: refused.
+- **A label no ROI names**: an ROI declared in StructureSetROISequence without contours is an explicitly empty
+  structure, read as background without a word. A ``label_names`` entry that no ROI of a structure set names at all
+  is read as background too (a case without a lesion is legitimate), but it is not silent: in RT practice a missing
+  ROI usually means "not contoured", so training it as background may be a partial-label bug. Each such file is
+  noted (``Painted.unnamed``): ``fedseg data check`` (``check.check_folder`` inside ``noting_unnamed_labels``)
+  summarises them in one warning line per site and label; any other read logs one WARNING per file (logger
+  ``fedseg.data.rtstruct``, once per process) naming the file, the missing labels and the ROIs it has.
 - **Paint order**: ascending label value, so where structures overlap the higher value wins (a GTV nested in its
   CTV stays visible when the GTV has the higher value). Two ROIs naming one label are painted as their union.
 - **Contours**: ``CLOSED_PLANAR`` (and ``CLOSEDPLANAR_XOR``) contours are filled. ``POINT``, ``OPEN_PLANAR`` and
@@ -24,6 +31,11 @@ couch...), each a stack of polygons in patient coordinates (mm, DICOM LPS), one 
 - On a DICOM series image the structure set must share its FrameOfReferenceUID (without one on either side: name
   the series among its referenced series), as a DICOM-SEG must: another patient's contours can land on the same
   grid.
+- On a DICOM series image, the instances a labelled ROI's contours name in their ``ContourImageSequence``
+  (``ReferencedSOPInstanceUID``, optional: a contour without one is fine) must be slices of that series (headers
+  only, no pixel data): a contour drawn on an instance of another series was drawn on another scan, even where a
+  re-scan shares the frame of reference, and is refused with one line naming the ROI and the count of unknown
+  instances.
 
 Every problem is one ``FederationError`` line naming the file; a malformed file (missing sequences, bad
 ``ContourData``) is one line too.
@@ -31,7 +43,12 @@ Every problem is one ``FederationError`` line naming the file; a malformed file 
 
 from __future__ import annotations
 
+import logging
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +62,67 @@ _FILLED = ("CLOSED_PLANAR", "CLOSEDPLANAR_XOR")  # contour types that enclose an
 _PLANE_TOL = 0.1  # slice spacings: a contour's points lie this close to a slice centre
 _EDGE_TOL = 0.1  # voxels: how far beyond the image's edge (half a voxel past the last centre) a point may lie
 _SNAP = 3  # decimals of a voxel kept in index coordinates: a vertex written to 0.0001 mm stays on its centre
+
+log = logging.getLogger("fedseg.data.rtstruct")
+
+
+@dataclass(frozen=True)
+class Painted:
+    """One RT Structure Set read as a label map: its file, the ``label_names`` entries ``(value, name)`` that no ROI
+    of it names (read as background: not contoured there?) and the names of the ROIs it has."""
+
+    path: Path
+    unnamed: tuple[tuple[int, str], ...]
+    rois: tuple[str, ...]
+
+
+_painted: ContextVar[list[Painted] | None] = ContextVar("fedseg_rtstruct_painted", default=None)
+_warned: set[tuple[str, tuple[tuple[int, str], ...]]] = set()  # (file, unnamed labels) already logged or summarised
+
+
+@contextmanager
+def noting_unnamed_labels() -> Iterator[list[Painted]]:
+    """Within this block every structure set ``read_rtstruct`` reads (in this thread) is appended to the list it
+    yields instead of its labels that no ROI names being logged, for a caller that summarises them (data check: one
+    line per site and label); a file noted here is not logged again by a later read in this process."""
+    painted: list[Painted] = []
+    token = _painted.set(painted)
+    try:
+        yield painted
+    finally:
+        _painted.reset(token)
+        _warned.update((str(p.path), p.unnamed) for p in painted if p.unnamed)
+
+
+def unnamed_text(unnamed: tuple[tuple[int, str], ...] | list[tuple[int, str]]) -> str:
+    """``'GTV' (2), 'CTV' (1)``: label_names entries as a notice names them."""
+    return ", ".join(f"{name!r} ({value})" for value, name in unnamed)
+
+
+def rois_text(rois: tuple[str, ...] | list[str], shown: int = 10) -> str:
+    """ROI names quoted, the first ``shown`` of them (``none`` for no ROI)."""
+    return ", ".join([repr(n) for n in rois[:shown]] + (["..."] if len(rois) > shown else [])) or "none"
+
+
+def _note(path: Path, names: dict[int, str], label_names: dict[int, str]) -> None:
+    """Note (or log once) the ``label_names`` entries that no ROI of ``path`` names: read as background."""
+    named = {readers._normalized(n) for n in names.values()}
+    unnamed = tuple(
+        (value, name)
+        for value, name in sorted(label_names.items())
+        if value > 0 and readers._normalized(name) not in named
+    )
+    painted = Painted(path, unnamed, tuple(names.values()))
+    collected = _painted.get()
+    if collected is not None:
+        collected.append(painted)
+    elif unnamed and (str(path), unnamed) not in _warned:
+        _warned.add((str(path), unnamed))
+        log.warning(
+            f"{path}: no ROI of this RTSTRUCT names label_names {unnamed_text(unnamed)}, so this case reads "
+            f"{'it' if len(unnamed) == 1 else 'them'} as background (not contoured here?); its ROIs: "
+            f"{rois_text(painted.rois)}"
+        )
 
 
 def is_rtstruct(path: Path) -> bool:
@@ -183,6 +261,47 @@ def _other_frame(ds: Any, rois: list[Any], path: Path, image: Path) -> str | Non
     return None
 
 
+def _series_instances(image: Path) -> set[str] | None:
+    """The SOPInstanceUIDs of the DICOM series ``image`` (headers only), or ``None`` for an image of another
+    format (a NIfTI names no instances)."""
+    if readers.volume_format(image) != readers.DICOM:
+        return None
+    pydicom = readers._require("pydicom", image, "a DICOM series")
+    uids = set()
+    for entry in readers.series_entries(image):
+        try:
+            ds = pydicom.dcmread(entry, stop_before_pixels=True, specific_tags=["SOPInstanceUID"])
+        except Exception as e:  # noqa: BLE001 — pydicom raises several types for a non-DICOM file
+            what = f"not a DICOM file ({type(e).__name__}); expected one DICOM series"
+            raise FederationError(f"{entry}: {what}") from None
+        uids.add(str(getattr(ds, "SOPInstanceUID", "")))
+    return uids - {""}
+
+
+def _unknown_instances(labelled: list[tuple[int, Any]], names: dict[int, str], path: Path, image: Path) -> str | None:
+    """Why the contours of the ``labelled`` ROIs ``(ROI number, ROIContourSequence item)`` were drawn on another scan
+    than the DICOM series ``image``: the first ROI whose ``ContourImageSequence`` items name instances (SOP instance
+    UIDs) that are no slices of it (a contour without one names none); ``None`` where all are its own, or for an
+    image of another format. The series' headers are read only when some contour names an instance."""
+    referenced: dict[int, set[str]] = {}
+    for number, item in labelled:
+        uids = referenced.setdefault(number, set())
+        for contour in getattr(item, "ContourSequence", None) or []:
+            for ref in getattr(contour, "ContourImageSequence", None) or []:
+                uids.add(str(getattr(ref, "ReferencedSOPInstanceUID", "")))
+        uids.discard("")
+    if not any(referenced.values()) or (instances := _series_instances(image)) is None:
+        return None
+    for number, uids in referenced.items():
+        if unknown := sorted(uids - instances):
+            n = len(unknown)
+            return (
+                f"{path}: drawn on another scan: the contours of ROI {names[number]!r} name {n} image instance"
+                f"{'s' if n > 1 else ''} (ContourImageSequence) not in its series {image}, e.g. {unknown[0]}"
+            )
+    return None
+
+
 def _fill(polygons: list[np.ndarray], size: tuple[int, int]) -> tuple[tuple[slice, slice], np.ndarray] | None:
     """The voxels of one slice (``size`` = its two axes) whose centres lie inside ``polygons`` (``(n, 2)`` index
     coordinates each) by the even-odd rule over all of them together: ``(index, mask)`` of their bounding box, or
@@ -220,10 +339,14 @@ def _read_rtstruct(path: Path, grid: readers.VoxelGrid, image: Path, label_names
     shape = (nx, ny, nz)
     to_index = np.linalg.inv(readers._LPS_TO_RAS @ grid.affine)  # LPS mm -> voxel index (VoxelGrid.affine is RAS)
     masks = {number: np.zeros(shape, dtype=bool) for number in values}
-    for item in _sequence(ds, "ROIContourSequence", path):
-        number = int(item.ReferencedROINumber)
-        if number not in values:
-            continue  # an ROI naming no label (BODY, couch): not read
+    labelled = [  # an ROI naming no label (BODY, couch): not read
+        (int(item.ReferencedROINumber), item)
+        for item in _sequence(ds, "ROIContourSequence", path)
+        if int(item.ReferencedROINumber) in values
+    ]
+    if (unknown := _unknown_instances(labelled, names, path, image)) is not None:
+        raise FederationError(unknown)
+    for number, item in labelled:
         roi = repr(names[number])
         slices: dict[int, list[np.ndarray]] = {}
         for c, contour in enumerate(getattr(item, "ContourSequence", None) or [], start=1):
@@ -258,4 +381,6 @@ def _read_rtstruct(path: Path, grid: readers.VoxelGrid, image: Path, label_names
     label = np.zeros(shape, dtype=np.uint8 if top < 256 else np.uint16)
     for number in sorted(values, key=lambda n: (values[n], n)):  # ascending value: the higher one wins overlaps
         label[masks[number]] = values[number]
+    assert label_names is not None  # _roi_values refused a structure set without them
+    _note(path, names, label_names)
     return label
