@@ -18,6 +18,7 @@ from fedseg.algorithms.fedsm.model import bundle_entries, candidate_names, route
 from fedseg.algorithms.fedsm.selector import build_selector
 from fedseg.cli import app
 from fedseg.config import dump_config, load_config
+from fedseg.data import readers
 from fedseg.data.federation import Regions
 from fedseg.data.folder import read_label, write_folder
 from fedseg.engine.messages import load_weights, weights_of
@@ -189,6 +190,74 @@ def test_masks_keep_the_input_size_and_format(trained, tmp_path):
     assert one_slice.shape == (32, 32, 1)
     np.testing.assert_array_equal(np.asarray(one_slice.dataobj)[:, :, 0], same)
     assert same.dtype == np.uint8 and set(np.unique(same)) <= {0, 1, 2}
+
+
+def write_itk_rgb(path: Path, rgb: np.ndarray, spacing, origin, direction) -> Path:
+    """``rgb`` ``(X, Y[, 1], 3)`` (array order) as an ITK vector image (MetaImage or NRRD by ``path``'s extension) on
+    the grid ``spacing``, ``origin``, ``direction`` (LPS, one column per axis); ITK's NumPy view is reversed."""
+    itk = pytest.importorskip("itk")
+    view = np.ascontiguousarray(np.moveaxis(rgb, -1, 0).T)  # (k, j, i, components)
+    image = itk.image_from_array(view, is_vector=True)
+    image.SetSpacing([float(s) for s in spacing])
+    image.SetOrigin([float(o) for o in origin])
+    image.SetDirection(itk.matrix_from_array(np.asarray(direction, dtype=np.float64)))
+    itk.imwrite(image, str(path))
+    return path
+
+
+def png_mask_of(trained, tmp_path):
+    """``(the first test image's RGB (X, Y, 3), its mask predicted from the PNG)``."""
+    run, root, _, prep = trained
+    src = root / prep.site_data[0].name / "images" / f"{prep.site_data[0].test.ids[0]}.png"
+    (tmp_path / "png").mkdir()
+    shutil.copy(src, tmp_path / "png" / "same.png")
+    predict(run / "model", tmp_path / "png", tmp_path / "png_out")
+    return np.asarray(Image.open(src)), read_label(tmp_path / "png_out" / "same.png", "2d")
+
+
+def test_a_2d_metaimage_or_nrrd_stored_x_y_1_gets_an_x_y_1_mask_on_its_grid(trained, tmp_path):
+    run = trained[0]
+    rgb, same = png_mask_of(trained, tmp_path)
+    spacing, origin = (0.5, 0.25, 3.0), (10.0, -5.0, 7.0)  # the third axis: a slice 3 mm thick at z = 7 mm
+    direction = [[0.0, 1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, -1.0]]
+    new = tmp_path / "new"
+    new.mkdir()
+    for name in ("meta.mha", "header.mhd", "raster.nrrd"):  # .mhd: header and .raw data file
+        write_itk_rgb(new / name, rgb[:, :, None, :], spacing, origin, direction)
+    rows = predict(run / "model", new, tmp_path / "out")
+    assert {r["file"]: r["mask"] for r in rows} == {
+        "header.mhd": "header.nii.gz",
+        "meta.mha": "meta.nii.gz",
+        "raster.nrrd": "raster.nii.gz",
+    }
+    for name in ("meta.mha", "header.mhd", "raster.nrrd"):
+        source = readers.volume_grid(new / name)
+        assert source.shape == (32, 32, 1)
+        mask_path = tmp_path / "out" / rows[[r["file"] for r in rows].index(name)]["mask"]
+        mask = nib.load(mask_path)
+        assert mask.shape == source.shape, name  # the image's shape: viewers and nnU-Net compare them
+        np.testing.assert_array_equal(np.asarray(mask.dataobj)[:, :, 0], same, err_msg=name)
+        grid = readers.volume_grid(mask_path)
+        np.testing.assert_allclose(grid.spacing(3), spacing, err_msg=name)  # the third axis's 3 mm too
+        np.testing.assert_allclose(grid.affine[:3, 3], source.affine[:3, 3], err_msg=name)  # origin (RAS)
+        np.testing.assert_allclose(grid.affine, source.affine, atol=1e-6, err_msg=name)  # and the directions
+        assert readers.grid_mismatch(grid, source) is None
+
+
+def test_a_genuinely_2d_metaimage_or_nrrd_still_gets_a_2d_mask(trained, tmp_path):
+    run = trained[0]
+    rgb, same = png_mask_of(trained, tmp_path)
+    new = tmp_path / "new"
+    new.mkdir()
+    for name in ("meta.mha", "raster.nrrd"):  # stored (X, Y): two dimensions, three components
+        write_itk_rgb(new / name, rgb, (0.5, 0.25), (10.0, -5.0), [[0.0, 1.0], [1.0, 0.0]])
+        assert readers.volume_grid(new / name).shape == (32, 32)
+    predict(run / "model", new, tmp_path / "out")
+    for name, mask_name in (("meta.mha", "meta.nii.gz"), ("raster.nrrd", "raster.nii.gz")):
+        mask = nib.load(tmp_path / "out" / mask_name)
+        assert mask.shape == (32, 32), name
+        np.testing.assert_array_equal(np.asarray(mask.dataobj), same, err_msg=name)
+        np.testing.assert_allclose(readers.volume_grid(tmp_path / "out" / mask_name).spacing(2), (0.5, 0.25))
 
 
 def test_region_masks_to_label_map():

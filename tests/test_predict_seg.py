@@ -190,3 +190,18 @@ def test_an_existing_seg_is_refused_without_force_replaced_with_it_and_put_back_
     (tmp_path / "other" / "case.dcm").mkdir(parents=True)  # a folder where the SEG goes: refused, even with --force
     with pytest.raises(PredictError, match="case.dcm: is a folder"):
         predict(disjoint, series, tmp_path / "other", dicom_seg=True, force=True)
+
+
+def test_a_one_slice_series_given_to_a_2d_model_gets_a_mask_of_its_shape_and_a_seg(tmp_path, tiny_config):
+    """A 2D model reads a one-slice series as an ``(X, Y)`` image; its mask keeps the series' ``(X, Y, 1)`` grid
+    (shape and affine, as nnU-Net's 2D NIfTI), and the SEG still reads back as that mask."""
+    bundle = bundle_of(tmp_path / "fedavg", DISJOINT, tiny_config, kind="2d", signs=[-1], offsets=[0.02])
+    series = tmp_path / "in" / "case"
+    write_series(series, VALUES[:, :, :1])
+    predict(bundle, series, tmp_path / "out", dicom_seg=True)
+    mask = nib.load(tmp_path / "out" / "case.nii.gz")
+    grid = readers.volume_grid(series)
+    assert mask.shape == grid.shape == (*VALUES.shape[:2], 1)
+    np.testing.assert_allclose(mask.affine, grid.affine)
+    seg = readers.read_dicom_seg(tmp_path / "out" / "case.dcm", grid, series, label_names={1: "organ", 2: "lesion"})
+    np.testing.assert_array_equal(seg, np.asarray(mask.dataobj))

@@ -595,3 +595,19 @@ def test_a_truncated_dicom_file_of_a_series_is_named(tmp_path):
         series_grid(tmp_path / "series")
     message = str(error.value)
     assert message.startswith(f"{broken}: ") and "\n" not in message, message
+
+
+def test_series_grid_and_the_seg_writer_sort_the_slices_by_one_rule(tmp_path):
+    from fedseg.predict_seg import sorted_slices
+
+    written = write_series(tmp_path / "series", VALUES)  # slice k at ORIGIN + k * 2.5 mm along the normal
+    entries = readers.series_entries(tmp_path / "series")  # by file name: shuffled against the positions
+    headers = [pydicom.dcmread(p, stop_before_pixels=True) for p in entries]
+    indices, normal = readers.slice_order(headers)
+    np.testing.assert_allclose(normal, DIRECTION[:, 2])  # row direction x column direction
+    assert [int(headers[i].InstanceNumber) for i in indices] == list(range(1, len(written) + 1))
+    assert [int(ds.InstanceNumber) for ds in headers] != sorted(int(ds.InstanceNumber) for ds in headers)
+    sources = sorted_slices(tmp_path / "series")
+    assert [ds.SOPInstanceUID for ds in sources] == [ds.SOPInstanceUID for ds in written]
+    grid = readers.series_grid(tmp_path / "series")  # its origin: the first slice of that order
+    np.testing.assert_allclose(LPS_TO_RAS[:3, :3] @ np.asarray(sources[0].ImagePositionPatient), grid.affine[:3, 3])

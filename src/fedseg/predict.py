@@ -21,7 +21,8 @@ mask named ``<case>.<ext>`` (``nnunet_cases``; one channel file given alone brin
    predicted by sliding window and mapped back to its grid (``fedseg.evaluate.sliding.predict_on_grid``);
    a selector still routes on the fixed-size view of step 1 (ensemble mode: the super model slides);
 4. write the label map in the input's format: PNG for PNG/JPEG (lossless), ``.npy``, or NIfTI
-   with the input's affine (NRRD/MetaImage inputs and DICOM series get a NIfTI mask on their grid); plus
+   with the input's affine (NRRD/MetaImage inputs and DICOM series get a NIfTI mask on their grid; a 2D image
+   stored ``(X, Y, 1)``, as NIfTI, NRRD or MetaImage, an ``(X, Y, 1)`` mask, the shape of its image); plus
    ``predictions.csv``: per image ``file``, ``mask``, ``model``
    (the routed bundle's chosen candidate, or the single model's name), ``confidence`` (empty without
    routing) and the routing's ``prob:<candidate>`` scores;
@@ -594,26 +595,30 @@ def read_inputs(path: Path, bundle: Bundle, overlay: bool = False, notes: list[s
     return inputs
 
 
+def stored_shape(label: np.ndarray, stored: tuple[int, ...]) -> np.ndarray:
+    """A 2D ``label`` ``(X, Y)`` as ``(X, Y, 1)`` where its image file stores the slice so (``stored``, the file's
+    spatial shape or more: ``(X, Y, 1[, C])``, as nnU-Net's 2D NIfTI, or a NRRD/MetaImage of three dimensions, the
+    third of size 1), so that the mask has its image's shape; any other ``label`` (a file stored ``(X, Y)``, a
+    volume) as it is."""
+    return label[:, :, None] if label.ndim == 2 and len(stored) > 2 and stored[2] == 1 else label
+
+
 def write_mask(path: Path, label: np.ndarray, source: Path) -> None:
-    """``label`` ``(*spatial)`` in ``source``'s format: NIfTI (with ``source``'s affine, and its ``(X, Y, 1)`` shape
-    for a 2D image stored so; NIfTI too for NRRD, MetaImage and DICOM series sources, with their grid's affine),
-    ``.npy`` or PNG."""
-    if source.is_dir():  # a DICOM series
-        _write_nifti(path, label, readers.volume_grid(source).affine)
-        return
-    found = split_name(source.name, IMAGE_EXTS)
-    assert found is not None  # ``source`` is an input image of a supported type (read_inputs)
-    ext = found[1]
-    if ext in ("nii", "nii.gz"):
+    """``label`` ``(*spatial)`` in ``source``'s format: NIfTI (with ``source``'s affine; NIfTI too for NRRD, MetaImage
+    and DICOM series sources, with their grid's affine), ``.npy`` or PNG. A 2D image stored with a third axis of
+    size 1 (NIfTI, NRRD, MetaImage, a one-slice DICOM series) gets its ``(X, Y, 1)`` shape (``stored_shape``), that
+    axis's spacing, direction and origin in the affine."""
+    found = None if source.is_dir() else split_name(source.name, IMAGE_EXTS)
+    ext = "dcm" if found is None else found[1]  # a folder: a DICOM series (read_inputs accepted every ``source``)
+    if ext == "dcm" or ext.lower() in readers.ITK_EXTS:
+        grid = readers.volume_grid(source)  # ITK's dimensions (vector components not among them) and LPS grid as RAS
+        _write_nifti(path, stored_shape(label, grid.shape), grid.affine)
+    elif ext in ("nii", "nii.gz"):
         import nibabel as nib
 
         # a NIfTI file: nib.load gives a Nifti1Image/Nifti2Image, typed as the FileBasedImage base
         image = cast("SpatialImage", nib.load(source))
-        if label.ndim == 2 and len(image.shape) > 2 and image.shape[2] == 1:
-            label = label[:, :, None]  # a 2D image stored (X, Y, 1[, C]), as nnU-Net's 2D NIfTI: its mask (X, Y, 1)
-        _write_nifti(path, label, image.affine)
-    elif ext.lower() in readers.ITK_EXTS:
-        _write_nifti(path, label, readers.volume_grid(source).affine)
+        _write_nifti(path, stored_shape(label, image.shape), image.affine)
     elif ext == "npy":
         np.save(path, label)
     else:

@@ -134,10 +134,8 @@ class SegWriter:
 
 def sorted_slices(series: Path) -> list[Any]:
     """The headers of the slices of DICOM series folder ``series`` in the order fedseg reads them (its third array
-    axis: by position along the slice normal, row direction x column direction, as ``readers.series_grid`` sorts
-    them); the series is one ``read_inputs`` accepted."""
+    axis: by position along the slice normal, ``readers.slice_order``, the order ``readers.series_grid`` gives them);
+    the series is one ``read_inputs`` accepted."""
     pydicom = importlib.import_module("pydicom")
     headers = [pydicom.dcmread(p, stop_before_pixels=True) for p in readers.series_entries(series)]
-    orientation = np.asarray(headers[0].ImageOrientationPatient, dtype=np.float64)
-    normal = np.cross(orientation[:3], orientation[3:])
-    return sorted(headers, key=lambda ds: float(np.asarray(ds.ImagePositionPatient, dtype=np.float64) @ normal))
+    return [headers[i] for i in readers.slice_order(headers)[0]]

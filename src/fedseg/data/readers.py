@@ -155,6 +155,18 @@ def _plane(ds: Any, path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.
     return position, orientation[:3], orientation[3:], spacing
 
 
+def slice_order(headers: Sequence[Any]) -> tuple[list[int], np.ndarray]:
+    """The order of a DICOM series' slices along fedseg's third array axis, as ITK/GDCM sorts them: the indices of
+    ``headers`` (the slices' pydicom datasets) sorted by ImagePositionPatient along the slice normal (row direction x
+    column direction of the first's ImageOrientationPatient; slices at one position keep their order in
+    ``headers``), and that normal (LPS). The one rule of ``series_grid`` and the DICOM-SEG writer
+    (``fedseg.predict_seg.sorted_slices``); ``headers`` are slices of one volume (as ``series_grid`` checks)."""
+    orientation = np.asarray(headers[0].ImageOrientationPatient, dtype=np.float64)
+    normal = np.cross(orientation[:3], orientation[3:])
+    heights = [float(np.asarray(ds.ImagePositionPatient, dtype=np.float64) @ normal) for ds in headers]
+    return sorted(range(len(headers)), key=heights.__getitem__), normal
+
+
 def series_grid(folder: Path) -> VoxelGrid:
     """The grid of the DICOM series in ``folder``, from the headers alone (pydicom), after checking that
     the folder holds exactly one series of parallel, evenly spaced, single-frame slices.
@@ -197,8 +209,8 @@ def series_grid(folder: Path) -> VoxelGrid:
             raise FederationError(f"{path}: its ImageOrientationPatient differs from {planes[0][0].name}'s")
         if size != size0 or not np.allclose(spacing, spacing0, rtol=1e-4):
             raise FederationError(f"{path}: its size or PixelSpacing differs from {planes[0][0].name}'s")
-    normal = np.cross(row0, col0)
-    order = sorted(planes, key=lambda p: float(p[1] @ normal))
+    indices, normal = slice_order([ds for _, ds in headers])
+    order = [planes[i] for i in indices]
     heights = np.array([float(p[1] @ normal) for p in order])
     gaps = np.diff(heights)
     if gaps.size and gaps.min() < _POSITION_TOL_MM:
