@@ -480,6 +480,7 @@ def test_flower_local_interrupted_after_a_checkpoint_resumes_to_the_uninterrupte
     assert "scaffold round 1/2" not in log and "scaffold round 2/2" in log and "fedavg round" not in log
     _assert_same_run(out, tmp_path / "sim")
     assert not _survivors(out / "flower")
+    assert not list((out / "flower" / "state").rglob("*.safetensors"))  # finished: the sites deleted their snapshots
 
 
 @pytest.mark.skipif(

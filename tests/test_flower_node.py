@@ -222,6 +222,28 @@ def test_a_message_for_another_site_is_refused_in_one_line_and_touches_nothing_o
     assert not ok.has_error() and list((tmp_path / "state").rglob("*.safetensors"))
 
 
+def test_release_deletes_a_finished_algorithms_snapshots_and_state_and_then_the_runs_folder(
+    folder, tiny_config, tmp_path
+):
+    """After an algorithm's finished checkpoint the coordinator sends ``release``: its snapshots go (another
+    algorithm's stay until it is released too, then the run's folder goes), and its state store leaves the Context."""
+    ctx = _context("site1", folder, tiny_config())
+    ctx.node_config["state"] = str(tmp_path / "state")
+    ctx.run_config["fedseg-run-key"] = "/runs/a#1"
+    for algorithm in ("fedavg", "fedprox"):
+        node.put_state(ctx, node.STATE + algorithm, {"w": torch.ones(2)})
+        header = {"site": "site1", "algorithm": algorithm, "tag": 1, "keep": "[1]"}
+        assert not node.handle(_query(node.SNAPSHOT, header), ctx).has_error()
+    (run,) = (tmp_path / "state").iterdir()
+    assert sorted(p.name for p in run.iterdir()) == ["fedavg", "fedprox"]
+    reply = node.handle(_query(node.RELEASE, {"site": "site1", "algorithm": "fedavg"}), ctx)
+    assert not reply.has_error()
+    assert [p.name for p in run.iterdir()] == ["fedprox"] and node.STATE + "fedavg" not in ctx.state
+    assert node.get_state(ctx, node.STATE + "fedprox")["w"].tolist() == [1.0, 1.0]
+    assert not node.handle(_query(node.RELEASE, {"site": "site1", "algorithm": "fedprox"}), ctx).has_error()
+    assert list((tmp_path / "state").iterdir()) == []
+
+
 def test_the_coordinator_knows_the_federation_header_and_site_names_only(folder):
     import dataclasses
 

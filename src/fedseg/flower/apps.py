@@ -109,6 +109,11 @@ def refused(message: Message, context: Context) -> Message:
     return node.handle(message, context)
 
 
+@client_app.query(node.RELEASE)
+def release(message: Message, context: Context) -> Message:
+    return node.handle(message, context)
+
+
 @server_app.main()
 def main(grid: Grid, context: Context) -> None:
     from fedseg.flower.server import serve

@@ -38,7 +38,7 @@ from fedseg.engine.base import BaseEngine, ClientStates
 from fedseg.engine.context import Task
 from fedseg.engine.ledger import EVAL_ACTIONS
 from fedseg.engine.messages import Message
-from fedseg.flower.node import INFO, REFUSED, RESTORE, SNAPSHOT
+from fedseg.flower.node import INFO, REFUSED, RELEASE, RESTORE, SNAPSHOT
 from fedseg.flower.records import ENGINE, from_recorddict, record_bytes, to_recorddict
 
 log = logging.getLogger("fedseg.flower.engine")
@@ -147,6 +147,7 @@ def split_sizes(info: dict, who: str) -> dict[str, int]:
     return sizes
 
 
+RELEASE_WAIT = 60.0  # s the coordinator waits for the sites to delete a finished algorithm's snapshots
 REFUSED_RETRY = 5.0  # seconds before a refused node is asked again (its SuperNode may have been restarted)
 
 
@@ -385,6 +386,24 @@ class FlowerEngine(BaseEngine):
         if named:
             with self._taken_lock:
                 self._taken = named | {t for t in self._taken if t > max(named)}
+
+    def close(self) -> None:
+        """The algorithm finished and its finished checkpoint is on disk (a resume reads nothing of the sites): every
+        site drops its state store and deletes its snapshots of it (``release``), so a ``--state`` folder does not
+        grow with every run. Best effort, within ``RELEASE_WAIT`` s: a site that fails or does not answer keeps its
+        files (a WARNING names it); the results stand."""
+        msgs = [query(s, self.site_map.nodes[s], RELEASE, {"algorithm": self.algorithm}) for s in self.sites]
+        what = f"{self.algorithm} release of the sites' snapshots"
+        timeout = min(RELEASE_WAIT, self.task.cfg.fl.timeout_s or RELEASE_WAIT)
+        for site, reply in zip(self.sites, self.courier.send(msgs, what, self.sites, timeout, partial=True)):
+            if reply is None or reply.has_error():
+                why = "no reply" if reply is None else (reply.error.reason or "an error").partition("\n")[0]
+                log.warning(
+                    "site %r did not delete its snapshots of %s (%s): its --state folder keeps them",
+                    site,
+                    self.algorithm,
+                    why,
+                )
 
     def restore_clients(self, states: dict[str, dict[str, torch.Tensor]]) -> None:
         """Every node puts back the snapshot named by ``states`` (a token from ``snapshot_clients``).

@@ -54,7 +54,7 @@ RUN_CONFIG_KEY = "fedseg-config"  # run config entry: the resolved RunConfig as 
 STATE = "fedseg.state."  # Context.state slot of a site's store, per algorithm (+ ".index")
 RUN_KEY = "fedseg-run-key"  # run config entry: names the experiment across Flower runs (resume)
 SIMULATION = "fedseg-simulation"  # run config entry (Flower's simulation runtime): {data, samples, state} folders
-INFO, SNAPSHOT, RESTORE, REFUSED = "info", "snapshot", "restore", "refused"  # query actions
+INFO, SNAPSHOT, RESTORE, REFUSED, RELEASE = "info", "snapshot", "restore", "refused", "release"  # query actions
 
 
 @dataclass(frozen=True)
@@ -288,7 +288,8 @@ def handle(message: FlowerMessage, context: Context) -> FlowerMessage:
         if ENGINE in message.content.config_records:
             check_addressee(dict(message.content.config_records[ENGINE]), settings)
         if category == "query":
-            handler = {INFO: on_info, SNAPSHOT: on_snapshot, RESTORE: on_restore, REFUSED: on_refused}.get(action)
+            handlers = {INFO: on_info, SNAPSHOT: on_snapshot, RESTORE: on_restore, REFUSED: on_refused}
+            handler = {**handlers, RELEASE: on_release}.get(action)
             if handler is None:
                 raise ValueError(f"unknown fedseg query {action!r}")
             content = handler(message.content, context, settings, cfg)
@@ -395,4 +396,15 @@ def on_restore(content: RecordDict, context: Context, settings: NodeSettings, cf
     head = dict(content.config_records[ENGINE])
     algorithm, tag = str(head["algorithm"]), int(cast(int, head["tag"]))
     put_state(context, STATE + algorithm, settings.snapshots(context).load(algorithm, tag))
+    return RecordDict({ENGINE: ConfigRecord({"site": settings.site})})
+
+
+def on_release(content: RecordDict, context: Context, settings: NodeSettings, cfg: RunConfig) -> RecordDict:
+    """The algorithm finished (the coordinator's finished checkpoint is on disk): drop its state store and delete its
+    snapshots (``Snapshots.release``)."""
+    algorithm = str(content.config_records[ENGINE]["algorithm"])
+    for key in (STATE + algorithm, STATE + algorithm + ".index"):
+        if key in context.state:
+            del context.state[key]
+    settings.snapshots(context).release(algorithm)
     return RecordDict({ENGINE: ConfigRecord({"site": settings.site})})

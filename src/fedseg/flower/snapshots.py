@@ -14,6 +14,10 @@ which tags the coordinator may still ask for (``keep``); every other tag is dele
   each site to restore the snapshot its last checkpoint names. The run key (run config
   ``fedseg-run-key``) names the experiment across Flower runs; the files hold nothing but this site's
   own state store.
+
+When an algorithm has finished (its finished checkpoint on the coordinator's disk), the coordinator asks every site
+to ``release`` it: its snapshots are deleted (on disk, its folder, and the run's folder once empty), so a site's
+``--state`` holds only what an unfinished run may still need.
 """
 
 from __future__ import annotations
@@ -73,6 +77,10 @@ class ContextSnapshots:
             if key in self.context.state:
                 del self.context.state[key]
 
+    def release(self, algorithm: str) -> None:
+        """Drop every snapshot of ``algorithm`` (it finished: nothing will be restored)."""
+        prune(self, algorithm, set())
+
     def forget_others(self, algorithm: str) -> None:
         """Drop the snapshots of the run's other algorithms (they run one after another)."""
         for key in list(self.context.state):
@@ -124,6 +132,15 @@ class DiskSnapshots:
 
     def delete(self, algorithm: str, tag: int) -> None:
         self._path(algorithm, tag).unlink(missing_ok=True)
+
+    def release(self, algorithm: str) -> None:
+        """Delete ``algorithm``'s folder, then the run's folder once no algorithm has one (the run finished: a
+        resume only reads the coordinator's finished checkpoints)."""
+        shutil.rmtree(self.folder / algorithm, ignore_errors=True)
+        try:
+            self.folder.rmdir()  # only when empty: a later algorithm of the run keeps its own
+        except OSError:
+            pass
 
     def forget_others(self, algorithm: str) -> None:
         if self.folder.is_dir():
