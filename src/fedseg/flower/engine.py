@@ -391,11 +391,15 @@ class FlowerEngine(BaseEngine):
         """The algorithm finished and its finished checkpoint is on disk (a resume reads nothing of the sites): every
         site drops its state store and deletes its snapshots of it (``release``), so a ``--state`` folder does not
         grow with every run. Best effort, within ``RELEASE_WAIT`` s: a site that fails or does not answer keeps its
-        files (a WARNING names it); the results stand."""
-        msgs = [query(s, self.site_map.nodes[s], RELEASE, {"algorithm": self.algorithm}) for s in self.sites]
+        files (a WARNING names it; a site already left out under ``fl.on_failure: skip`` is not asked); the results
+        stand."""
+        sites = [
+            s for s in self.sites if s not in self.failing
+        ]  # a site left out (fl.on_failure: skip) is not waited for
+        msgs = [query(s, self.site_map.nodes[s], RELEASE, {"algorithm": self.algorithm}) for s in sites]
         what = f"{self.algorithm} release of the sites' snapshots"
         timeout = min(RELEASE_WAIT, self.task.cfg.fl.timeout_s or RELEASE_WAIT)
-        for site, reply in zip(self.sites, self.courier.send(msgs, what, self.sites, timeout, partial=True)):
+        for site, reply in zip(sites, self.courier.send(msgs, what, sites, timeout, partial=True)):
             if reply is None or reply.has_error():
                 why = "no reply" if reply is None else (reply.error.reason or "an error").partition("\n")[0]
                 log.warning(
