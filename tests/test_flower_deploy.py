@@ -304,7 +304,7 @@ def test_unregistered_supernode_is_refused_and_a_missing_site_fails_the_run_clea
     said = " ".join(coordinator.log.read_text().split())
     twin_node = re.search(r"site1\.pub \(site1\): node id (\d+)", said).group(1)
     assert (
-        f"a SuperNode with site 'site1''s key (node id {twin_node}) was refused: site 'site1''s SuperNode is " in said
+        f"a SuperNode with site 'site1''s key (node id {twin_node}) was refused: the SuperNode of that key is " in said
     )
     assert "is not one the coordinator registered" in " ".join(twin.log.read_text().split())
     assert "registered SuperNode key site1.pub" in said and "registered SuperNode key site2.pub" in said

@@ -482,26 +482,32 @@ def test_a_supernode_on_a_port_another_process_listens_on_says_which_option_to_c
     assert "Starting Flower SuperNode" not in said and "Traceback" not in said
 
 
-def test_activation_refusals_in_the_superlinks_log_are_said_once_per_node_with_their_site(tmp_path):
-    """A SuperNode restarted every few seconds (systemd) is refused as often: the coordinator says it once."""
+def test_activation_refusals_in_the_superlinks_log_are_said_once_per_node_or_key_with_their_site(tmp_path):
+    """A SuperNode restarted every few seconds (systemd) is refused as often: the coordinator says it once per
+    registered node or unregistered key; an earlier coordinator's lines (the log is appended to) are not said."""
     from fedseg.flower.launch import ActivationRefusals
 
-    key = "b'-----BEGIN PUBLIC KEY-----\\nMHYw...\\n-----END PUBLIC KEY-----\\n'"
-    twin = (
-        f"ERROR:     [/v1/fleet/activate-node][ApiError:2004] Attempted to register SuperNode with public key: {key}, "
-        "exception: SuperNode with node ID 42 could not be activated.\n"
-    )
-    rogue = twin.replace(
-        "SuperNode with node ID 42 could not be activated.", "No SuperNode found with the given public key."
-    )
+    def refused(key: str, cause: str) -> str:
+        return (
+            "ERROR:     [/v1/fleet/activate-node][ApiError:2004] Attempted to register SuperNode with public key: "
+            f"b'-----BEGIN PUBLIC KEY-----\\n{key}\\n-----END PUBLIC KEY-----\\n', exception: {cause}\n"
+        )
+
+    twin = refused("MHYwA", "SuperNode with node ID 42 could not be activated.")
+    rogue, other_rogue = (refused(k, "No SuperNode found with the given public key.") for k in ("MHYwB", "MHYwC"))
     log = tmp_path / "superlink.log"
-    log.write_text('INFO "POST /v1/fleet/activate-node HTTP/1.1" 200\n' + twin + rogue + twin)
-    refusals = ActivationRefusals(log, {"42": "site1"})
-    said = refusals.new_lines()
-    assert [line.split(" was refused")[0] for line in said] == [
+    log.write_text(refused("MHYwD", "SuperNode with node ID 7 could not be activated."))  # the previous coordinator
+    earlier = log.stat().st_size
+    with log.open("a") as f:
+        f.write('INFO "POST /v1/fleet/activate-node HTTP/1.1" 200\n' + twin + rogue + twin + rogue)
+        f.write(refused("MHYwE", "SuperNode with node ID 99 could not be activated.") + other_rogue)
+    refusals = ActivationRefusals(log, {"42": "site1", "7": "site2"}, earlier)
+    assert [line.split(" was refused")[0] for line in refusals.new_lines()] == [
         "a SuperNode with site 'site1''s key (node id 42)",
         "a SuperNode whose key is not registered (--auth-keys)",
+        "a SuperNode with a registered key (node id 99)",
+        "a SuperNode whose key is not registered (--auth-keys)",  # another key
     ]
     with log.open("a") as f:
-        f.write(rogue + twin)
-    assert refusals.new_lines() == []
+        f.write(rogue + twin + refused("MHYwA", "Invalid heartbeat interval."))
+    assert refusals.new_lines() == ["the SuperLink refused to activate a SuperNode: Invalid heartbeat interval"]

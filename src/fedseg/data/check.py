@@ -94,28 +94,40 @@ def size_warning(path: Path, shape: tuple[int, ...], max_mb: float) -> list[str]
     return [f"{path}: image is {mb:.3g} MB as float32 ({size}), above {max_mb:g} MB; a run keeps every case in memory"]
 
 
-def unnamed_label_warnings(painted: list[rtstruct.Painted], site_of: dict[Path, str], shown: int = 5) -> list[str]:
-    """One warning line per site and ``label_names`` entry that no ROI of some of the site's RT Structure Sets
-    ``painted`` names (``site_of``: label file -> site): how many of them, the first ``shown`` files and the ROIs
-    they have. Those cases read the label as background; an ROI missing from a structure set usually means "not
-    contoured", so training it as background may be a partial-label bug (an ROI declared without contours is an
-    explicitly empty one and is not reported)."""
+def rtstruct_warnings(painted: list[rtstruct.Painted], site_of: dict[Path, str], shown: int = 5) -> list[str]:
+    """The notices of the RT Structure Sets ``painted`` (``site_of``: label file -> site), one line per site and
+    kind: per ``label_names`` entry that no ROI of some of them names (those cases read it as background; an ROI
+    missing from a structure set usually means "not contoured", so training it as background may be a partial-label
+    bug; an ROI declared without contours is explicitly empty and not reported), and for contours naming images
+    outside their case's series (``rtstruct.ELSEWHERE``): how many files of how many, the first ``shown`` files."""
     read: dict[str, int] = {}
     missing: dict[tuple[str, tuple[int, str]], list[rtstruct.Painted]] = {}
+    elsewhere: dict[str, list[rtstruct.Painted]] = {}
     for item in painted:
         site = site_of.get(item.path, "?")
         read[site] = read.get(site, 0) + 1
         for entry in item.unnamed:
             missing.setdefault((site, entry), []).append(item)
+        if item.elsewhere is not None:
+            elsewhere.setdefault(site, []).append(item)
+
+    def files(items: list[rtstruct.Painted]) -> str:
+        return ", ".join([i.path.name for i in items[:shown]] + (["..."] if len(items) > shown else []))
+
+    def of(site: str, items: list[rtstruct.Painted]) -> str:
+        return f"{len(items)} of {read[site]} RTSTRUCT{'s' if read[site] != 1 else ''} ({files(items)})"
+
     lines = []
     for (site, (value, name)), items in missing.items():
-        files = ", ".join([i.path.name for i in items[:shown]] + (["..."] if len(items) > shown else []))
         rois = list(dict.fromkeys(roi for i in items for roi in i.rois))
         lines.append(
-            f"site {site!r}: label {name!r} ({value}) is named by no ROI in {len(items)} of {read[site]} RTSTRUCT"
-            f"{'s' if read[site] != 1 else ''} "
-            f"({files}): those cases read it as background (not contoured there?); their ROIs: "
-            f"{rtstruct.rois_text(rois)}"
+            f"site {site!r}: label {name!r} ({value}) is named by no ROI in {of(site, items)}: those cases read it as "
+            f"background (not contoured there?); their ROIs: {rtstruct.rois_text(rois)}"
+        )
+    for site, items in elsewhere.items():
+        lines.append(
+            f"site {site!r}: contours in {of(site, items)} name images outside their case's series: "
+            f"{rtstruct.ELSEWHERE}"
         )
     return lines
 
@@ -151,7 +163,8 @@ def check_folder(
 
     ``warnings``, when given, receives a line per image above ``max_image_mb`` (:func:`size_warning`): a large
     image is allowed, but a run holds every case in memory; and a line per site and ``label_names`` entry that no ROI
-    of some of its RT Structure Sets names (:func:`unnamed_label_warnings`: those cases read it as background).
+    of some of its RT Structure Sets names, or naming contours drawn on images outside their series
+    (:func:`rtstruct_warnings`).
     Without ``warnings`` the latter are logged (WARNING, logger ``fedseg.data.check``) when the folder is valid.
 
     Raises ``FederationError`` listing every problem, one per line (at most 3 of each kind, then
@@ -169,7 +182,7 @@ def check_folder(
     header, sites, fixed, problems = scan_folder(root, all_sites=all_sites)
     meta: dict[tuple[str, str], dict[str, object]] = {}
     site_of: dict[Path, str] = {}
-    with rtstruct.noting_unnamed_labels() as painted:
+    with rtstruct.noting() as painted:
         for site in sites:
             for cid, (image_path, label_path) in site.cases.items():
                 site_of[label_path] = site.name
@@ -179,9 +192,9 @@ def check_folder(
                     meta[(site.name, cid)] = {"image_shape": shape}
                     if warnings is not None:
                         warnings += size_warning(image_path, shape, max_image_mb)
-    unnamed = unnamed_label_warnings(painted, site_of)
+    notices = rtstruct_warnings(painted, site_of)
     if warnings is not None:
-        warnings += unnamed
+        warnings += notices
     fed = None if header is None else build_federation(header, sites, fixed, meta)
     if fed is not None and split is not None:
         problems += split_problems(fed, make_splits(fed, split, seed))
@@ -191,6 +204,6 @@ def check_folder(
             f"{root}: federation folder is invalid ({count}):\n" + "\n".join(f"  {p}" for p in group_problems(problems))
         )
     assert fed is not None  # scan_folder reports a problem whenever federation.yaml is invalid
-    for line in unnamed if warnings is None else []:
+    for line in notices if warnings is None else []:
         log.warning(line)
     return fed

@@ -12,9 +12,10 @@ couch...), each a stack of polygons in patient coordinates (mm, DICOM LPS), one 
   structure, read as background without a word. A ``label_names`` entry that no ROI of a structure set names at all
   is read as background too (a case without a lesion is legitimate), but it is not silent: in RT practice a missing
   ROI usually means "not contoured", so training it as background may be a partial-label bug. Each such file is
-  noted (``Painted.unnamed``): ``fedseg data check`` (``check.check_folder`` inside ``noting_unnamed_labels``)
-  summarises them in one warning line per site and label; any other read logs one WARNING per file (logger
-  ``fedseg.data.rtstruct``, once per process) naming the file, the missing labels and the ROIs it has.
+  noted (``Painted``): ``fedseg data check`` (``check.check_folder`` inside ``noting``) summarises them in one
+  warning line per site and label; any other read logs one WARNING per file (logger ``fedseg.data.rtstruct``, once
+  per process) naming the file, the missing labels and the ROIs it has; a Flower site's reads for its messages are
+  silent (its data check said them at the start of the run).
 - **Paint order**: ascending label value, so where structures overlap the higher value wins (a GTV nested in its
   CTV stays visible when the GTV has the higher value). Two ROIs naming one label are painted as their union.
 - **Contours**: ``CLOSED_PLANAR`` (and ``CLOSEDPLANAR_XOR``) contours are filled. ``POINT``, ``OPEN_PLANAR`` and
@@ -31,11 +32,11 @@ couch...), each a stack of polygons in patient coordinates (mm, DICOM LPS), one 
 - On a DICOM series image the structure set must share its FrameOfReferenceUID (without one on either side: name
   the series among its referenced series), as a DICOM-SEG must: another patient's contours can land on the same
   grid.
-- On a DICOM series image, the instances a labelled ROI's contours name in their ``ContourImageSequence``
-  (``ReferencedSOPInstanceUID``, optional: a contour without one is fine) must be slices of that series (headers
-  only, no pixel data): a contour drawn on an instance of another series was drawn on another scan, even where a
-  re-scan shares the frame of reference, and is refused with one line naming the ROI and the count of unknown
-  instances.
+- On a DICOM series image, the images a labelled ROI's contours name in their ``ContourImageSequence``
+  (``ReferencedSOPInstanceUID``, optional) should be slices of that series (headers only, no pixel data). Contours
+  naming others are read (they share the frame of reference and lie on this image's slices, so they are placed by
+  patient coordinates: drawn on another series of the same frame, e.g. a registered MR, or on this one before an
+  anonymiser renamed its images) but noted as above (``Painted.elsewhere``): check they belong to this scan.
 
 Every problem is one ``FederationError`` line naming the file; a malformed file (missing sequences, bad
 ``ContourData``) is one line too.
@@ -68,30 +69,38 @@ log = logging.getLogger("fedseg.data.rtstruct")
 
 @dataclass(frozen=True)
 class Painted:
-    """One RT Structure Set read as a label map: its file, the ``label_names`` entries ``(value, name)`` that no ROI
-    of it names (read as background: not contoured there?) and the names of the ROIs it has."""
+    """One RT Structure Set read as a label map, with what a notice says of it: its file, the ``label_names`` entries
+    ``(value, name)`` that no ROI of it names (read as background: not contoured there?), the names of the ROIs it
+    has, and ``elsewhere``: the first labelled ROI whose contours name images outside the case's series (its name,
+    how many such images), or ``None``."""
 
     path: Path
     unnamed: tuple[tuple[int, str], ...]
     rois: tuple[str, ...]
+    elsewhere: tuple[str, int] | None = None
+
+    @property
+    def notable(self) -> bool:
+        return bool(self.unnamed) or self.elsewhere is not None
 
 
 _painted: ContextVar[list[Painted] | None] = ContextVar("fedseg_rtstruct_painted", default=None)
-_warned: set[tuple[str, tuple[tuple[int, str], ...]]] = set()  # (file, unnamed labels) already logged or summarised
+_warned: set[Painted] = set()  # notices already logged or summarised by this process
 
 
 @contextmanager
-def noting_unnamed_labels() -> Iterator[list[Painted]]:
+def noting() -> Iterator[list[Painted]]:
     """Within this block every structure set ``read_rtstruct`` reads (in this thread) is appended to the list it
-    yields instead of its labels that no ROI names being logged, for a caller that summarises them (data check: one
-    line per site and label); a file noted here is not logged again by a later read in this process."""
+    yields instead of its notices being logged: for a caller that summarises them (data check: one line per site
+    and label), or one that reads them again after the data check did (a Flower site's every message); a file noted
+    here is not logged again by a later read in this process."""
     painted: list[Painted] = []
     token = _painted.set(painted)
     try:
         yield painted
     finally:
         _painted.reset(token)
-        _warned.update((str(p.path), p.unnamed) for p in painted if p.unnamed)
+        _warned.update(p for p in painted if p.notable)
 
 
 def unnamed_text(unnamed: tuple[tuple[int, str], ...] | list[tuple[int, str]]) -> str:
@@ -104,25 +113,43 @@ def rois_text(rois: tuple[str, ...] | list[str], shown: int = 10) -> str:
     return ", ".join([repr(n) for n in rois[:shown]] + (["..."] if len(rois) > shown else [])) or "none"
 
 
-def _note(path: Path, names: dict[int, str], label_names: dict[int, str]) -> None:
-    """Note (or log once) the ``label_names`` entries that no ROI of ``path`` names: read as background."""
+ELSEWHERE = (
+    "drawn on another series of the same frame of reference, or on this one before an anonymiser renamed its "
+    "images; they lie on this image's slices and are read by patient coordinates: check they belong to this scan"
+)
+
+
+def _note(painted: Painted) -> None:
+    """Note ``painted`` for the summarising caller (``noting``), or log its notices once per process."""
+    collected = _painted.get()
+    if collected is not None:
+        collected.append(painted)
+        return
+    if not painted.notable or painted in _warned:
+        return
+    _warned.add(painted)
+    if unnamed := painted.unnamed:
+        log.warning(
+            f"{painted.path}: no ROI of this RTSTRUCT names label_names {unnamed_text(unnamed)}, so this case reads "
+            f"{'it' if len(unnamed) == 1 else 'them'} as background (not contoured here?); its ROIs: "
+            f"{rois_text(painted.rois)}"
+        )
+    if painted.elsewhere is not None:
+        roi, n = painted.elsewhere
+        log.warning(
+            f"{painted.path}: the contours of ROI {roi!r} name {n} image{'s' if n > 1 else ''} outside the case's "
+            f"series (ContourImageSequence): {ELSEWHERE}"
+        )
+
+
+def _unnamed(names: dict[int, str], label_names: dict[int, str]) -> tuple[tuple[int, str], ...]:
+    """The ``label_names`` entries ``(value, name)`` that no ROI of ``names`` names."""
     named = {readers._normalized(n) for n in names.values()}
-    unnamed = tuple(
+    return tuple(
         (value, name)
         for value, name in sorted(label_names.items())
         if value > 0 and readers._normalized(name) not in named
     )
-    painted = Painted(path, unnamed, tuple(names.values()))
-    collected = _painted.get()
-    if collected is not None:
-        collected.append(painted)
-    elif unnamed and (str(path), unnamed) not in _warned:
-        _warned.add((str(path), unnamed))
-        log.warning(
-            f"{path}: no ROI of this RTSTRUCT names label_names {unnamed_text(unnamed)}, so this case reads "
-            f"{'it' if len(unnamed) == 1 else 'them'} as background (not contoured here?); its ROIs: "
-            f"{rois_text(painted.rois)}"
-        )
 
 
 def is_rtstruct(path: Path) -> bool:
@@ -278,11 +305,11 @@ def _series_instances(image: Path) -> set[str] | None:
     return uids - {""}
 
 
-def _unknown_instances(labelled: list[tuple[int, Any]], names: dict[int, str], path: Path, image: Path) -> str | None:
-    """Why the contours of the ``labelled`` ROIs ``(ROI number, ROIContourSequence item)`` were drawn on another scan
-    than the DICOM series ``image``: the first ROI whose ``ContourImageSequence`` items name instances (SOP instance
-    UIDs) that are no slices of it (a contour without one names none); ``None`` where all are its own, or for an
-    image of another format. The series' headers are read only when some contour names an instance."""
+def _elsewhere(labelled: list[tuple[int, Any]], names: dict[int, str], image: Path) -> tuple[str, int] | None:
+    """The first of the ``labelled`` ROIs ``(ROI number, ROIContourSequence item)`` whose contours'
+    ``ContourImageSequence`` items name images (SOP instance UIDs) that are no slices of the DICOM series ``image``:
+    ``(its name, how many such images)``; ``None`` where all are its own (a contour without one names none), or for
+    an image of another format. The series' headers are read only when some contour names an image."""
     referenced: dict[int, set[str]] = {}
     for number, item in labelled:
         uids = referenced.setdefault(number, set())
@@ -293,12 +320,8 @@ def _unknown_instances(labelled: list[tuple[int, Any]], names: dict[int, str], p
     if not any(referenced.values()) or (instances := _series_instances(image)) is None:
         return None
     for number, uids in referenced.items():
-        if unknown := sorted(uids - instances):
-            n = len(unknown)
-            return (
-                f"{path}: drawn on another scan: the contours of ROI {names[number]!r} name {n} image instance"
-                f"{'s' if n > 1 else ''} (ContourImageSequence) not in its series {image}, e.g. {unknown[0]}"
-            )
+        if unknown := uids - instances:
+            return names[number], len(unknown)
     return None
 
 
@@ -344,8 +367,6 @@ def _read_rtstruct(path: Path, grid: readers.VoxelGrid, image: Path, label_names
         for item in _sequence(ds, "ROIContourSequence", path)
         if int(item.ReferencedROINumber) in values
     ]
-    if (unknown := _unknown_instances(labelled, names, path, image)) is not None:
-        raise FederationError(unknown)
     for number, item in labelled:
         roi = repr(names[number])
         slices: dict[int, list[np.ndarray]] = {}
@@ -382,5 +403,5 @@ def _read_rtstruct(path: Path, grid: readers.VoxelGrid, image: Path, label_names
     for number in sorted(values, key=lambda n: (values[n], n)):  # ascending value: the higher one wins overlaps
         label[masks[number]] = values[number]
     assert label_names is not None  # _roi_values refused a structure set without them
-    _note(path, names, label_names)
+    _note(Painted(path, _unnamed(names, label_names), tuple(names.values()), _elsewhere(labelled, names, image)))
     return label

@@ -393,13 +393,16 @@ class FlowerEngine(BaseEngine):
         grow with every run. Best effort, within ``RELEASE_WAIT`` s: a site that fails or does not answer keeps its
         files (a WARNING names it; a site already left out under ``fl.on_failure: skip`` is not asked); the results
         stand."""
-        sites = [
-            s for s in self.sites if s not in self.failing
-        ]  # a site left out (fl.on_failure: skip) is not waited for
+        sites = [s for s in self.sites if s not in self.failing]  # a site left out (on_failure: skip): not asked
         msgs = [query(s, self.site_map.nodes[s], RELEASE, {"algorithm": self.algorithm}) for s in sites]
         what = f"{self.algorithm} release of the sites' snapshots"
         timeout = min(RELEASE_WAIT, self.task.cfg.fl.timeout_s or RELEASE_WAIT)
-        for site, reply in zip(sites, self.courier.send(msgs, what, sites, timeout, partial=True)):
+        try:
+            replies = self.courier.send(msgs, what, sites, timeout, partial=True)
+        except Exception as e:  # noqa: BLE001 - the results are on disk: a lost request only leaves files behind
+            log.warning("%s not sent (%s): their --state folders keep them", what, e)
+            return
+        for site, reply in zip(sites, replies):
             if reply is None or reply.has_error():
                 why = "no reply" if reply is None else (reply.error.reason or "an error").partition("\n")[0]
                 log.warning(

@@ -432,40 +432,47 @@ class LogTail:
         return data[:end].decode(errors="replace").splitlines()
 
 
-ACTIVATION_REFUSED = re.compile(r"activate-node\]\[ApiError:\d+\] .*exception: (.*)$")  # superlink.log
+ACTIVATION_REFUSED = re.compile(  # superlink.log: a refused activation, with the public key and the cause
+    r"activate-node\]\[ApiError:\d+\] .*public key: (.*?), exception: (.*)$"
+)
 NODE_ALREADY_ON = re.compile(r"SuperNode with node ID (\d+) could not be activated")
+KEY_UNKNOWN = "No SuperNode found with the given public key"
 
 
 class ActivationRefusals:
-    """The SuperLink's refusals to activate a SuperNode, from its log, as one console line each: the SuperNode is
-    told only "Failed to activate SuperNode" (``fedseg.flower.supernode_main.ExplainActivation``); the coordinator
-    can say which of the two causes it was and, for a registered key, whose. A cause is said once per node (a
-    SuperNode restarted every few seconds by systemd is refused as often)."""
+    """The SuperLink's refusals to activate a SuperNode, from its log (from ``offset``: the bytes an earlier
+    coordinator in the same ``--out`` wrote), as one console line each: the SuperNode is told only "Failed to activate
+    SuperNode" (``fedseg.flower.supernode_main.ExplainActivation``); the coordinator says which cause it was and, for
+    a registered key, whose. Each node (registered key) or unregistered key is said once (a SuperNode restarted
+    every few seconds by systemd is refused as often); another cause is said as the SuperLink gives it."""
 
-    def __init__(self, log: Path, node_sites: dict[str, str]) -> None:
+    def __init__(self, log: Path, node_sites: dict[str, str], offset: int = 0) -> None:
         self.tail, self.node_sites, self.said = LogTail(log), node_sites, set[str]()
+        self.tail.offset = offset
 
     def new_lines(self) -> list[str]:
         lines = []
         for line in self.tail.new_lines():
             if not (m := ACTIVATION_REFUSED.search(line)):
                 continue
-            if already := NODE_ALREADY_ON.search(m.group(1)):
+            key, cause = m.group(1), m.group(2).strip().rstrip(".")
+            if already := NODE_ALREADY_ON.search(cause):
                 node = already.group(1)
-                site = self.node_sites.get(node, "?")
+                site = self.node_sites.get(node)
+                whose = f"site {site!r}'s key" if site else "a registered key"
                 said = (
-                    f"a SuperNode with site {site!r}'s key (node id {node}) was refused: site {site!r}'s SuperNode is "
-                    "connected (a second process with its key?), or stopped without saying goodbye less than a "
-                    "minute ago (the SuperLink counts it online until then: it may start again after that)"
+                    f"a SuperNode with {whose} (node id {node}) was refused: the SuperNode of that key is connected "
+                    "(a second process with its key?), or stopped without saying goodbye less than a minute ago "
+                    "(the SuperLink counts it online until then: it may start again after that)"
                 )
+                key = node
+            elif cause == KEY_UNKNOWN:
+                said = f"a SuperNode whose key is not registered (--auth-keys) was refused: {cause}"
             else:
-                node = "unregistered"
-                said = (
-                    "a SuperNode whose key is not registered (--auth-keys) was refused: "
-                    f"{m.group(1).strip().rstrip('.')}"
-                )
-            if node not in self.said:
-                self.said.add(node)
+                said = f"the SuperLink refused to activate a SuperNode: {cause}"
+                key = cause
+            if key not in self.said:
+                self.said.add(key)
                 lines.append(said)
         return lines
 
@@ -497,6 +504,8 @@ def serve_experiment(
     out = Path(out).resolve()
     logs = out / "flower" / "logs"
     keep_protection(out, link, resume)
+    link_log = logs / "superlink.log"  # appended to by each start in this --out: only this one's lines are read
+    link_log_start = link_log.stat().st_size if link_log.is_file() else 0
     link_proc = start_superlink(procs, link, logs, env)
     fleet = "no Fleet API (simulation)" if link.simulation else f"Fleet API (SuperNodes) on {link.host}:{link.port}"
     echo(
@@ -521,7 +530,7 @@ def serve_experiment(
         run_id = submit_run(client, build_fab(), config, simulation)
         echo(f"run {run_id} submitted; sites: {', '.join(fed.site_names)}")
         tail, last_observe = LogTail(out / "flower" / "server.log"), 0.0
-        refusals = ActivationRefusals(link_proc.log, node_sites)
+        refusals = ActivationRefusals(link_proc.log, node_sites, link_log_start)
         showing = False  # whether the last log record was shown: its continuation lines are shown too
 
         def show_progress() -> None:

@@ -28,6 +28,7 @@ traceback from inside Flower.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import traceback
@@ -190,6 +191,7 @@ def site_data(settings: NodeSettings, cfg: RunConfig, index: int):
 
     Kept in memory for the process's next messages (a warm worker); a one-process-per-message
     ClientApp reloads it each time."""
+    from fedseg.data import rtstruct
     from fedseg.data.dataset import build_site_data
     from fedseg.data.splits import site_splits
 
@@ -200,7 +202,9 @@ def site_data(settings: NodeSettings, cfg: RunConfig, index: int):
         opaque = opaque_case_ids(site)
         write_case_ids(settings, opaque)
         _SITE_CACHE.clear()
-        _SITE_CACHE[key] = (fed, with_case_ids(build_site_data(fed, site, index, splits, cfg.data), opaque))
+        with rtstruct.noting():  # said by the data check of the run's info query, not once per message
+            data = build_site_data(fed, site, index, splits, cfg.data)
+        _SITE_CACHE[key] = (fed, with_case_ids(data, opaque))
     return _SITE_CACHE[key]
 
 
@@ -260,21 +264,35 @@ class NotThisSite(ValueError):
         )
         self.pair = (addressee, site)
 
-    def say(self) -> None:
-        """Log it once per process and pair of sites, without a traceback (a skipped site is asked every exchange)."""
-        if self.pair not in _said_not_this_site:
-            _said_not_this_site.add(self.pair)
-            log.error("%s", self)
+    def say(self, context: Context) -> None:
+        """Log it once per Flower run on this node, without a traceback (a skipped site is asked every exchange)."""
+        log_once(context, str(self), logging.ERROR)
 
 
-_said_not_this_site: set[tuple[str, str]] = set()  # (addressee, site) pairs already logged by this process
+SAID = "fedseg.said"  # Context.state slot: digests of the lines this node has logged once in this Flower run
 
 
-def check_addressee(head: dict, settings: NodeSettings) -> None:
-    """A ``NotThisSite`` unless the engine header's ``site`` is this SuperNode's (or ``?``: an ``info`` or
-    ``refused`` query, sent before the node's site is known)."""
+def log_once(context: Context, text: str, level: int) -> None:
+    """Log ``text`` the first time this node says it in this Flower run. Kept in ``Context.state``, which travels
+    from message to message: with one ClientApp process per message (``--isolation subprocess``) a set in the
+    process would say it for every message."""
+    key = hashlib.sha256(text.encode()).hexdigest()[:16]
+    said = context.state.config_records.get(SAID)
+    if said is None:
+        said = context.state[SAID] = ConfigRecord({})
+    if key not in said:
+        said[key] = True
+        log.log(level, "%s", text)
+
+
+ANONYMOUS = (INFO, REFUSED)  # queries sent to a node before its site is known: their header names site "?"
+
+
+def check_addressee(head: dict, settings: NodeSettings, anonymous: bool = False) -> None:
+    """A ``NotThisSite`` unless the engine header's ``site`` is this SuperNode's (or, for an ``anonymous`` message,
+    an ``info`` or ``refused`` query, ``?``)."""
     addressee = str(head.get("site", "?"))
-    if addressee not in ("?", settings.site):
+    if addressee != settings.site and not (anonymous and addressee == "?"):
         raise NotThisSite(addressee, settings.site)
 
 
@@ -286,7 +304,8 @@ def handle(message: FlowerMessage, context: Context) -> FlowerMessage:
         settings = NodeSettings.of(context)
         cfg = run_config(context)
         if ENGINE in message.content.config_records:
-            check_addressee(dict(message.content.config_records[ENGINE]), settings)
+            head = dict(message.content.config_records[ENGINE])
+            check_addressee(head, settings, anonymous=category == "query" and action in ANONYMOUS)
         if category == "query":
             handlers = {INFO: on_info, SNAPSHOT: on_snapshot, RESTORE: on_restore, REFUSED: on_refused}
             handler = {**handlers, RELEASE: on_release}.get(action)
@@ -299,7 +318,7 @@ def handle(message: FlowerMessage, context: Context) -> FlowerMessage:
     except FederationError as e:
         reason = f"data check failed on site {site!r}:\n{e}"
     except NotThisSite as e:
-        e.say()
+        e.say(context)
         return FlowerMessage(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=str(e)), reply_to=message)
     except Exception as e:  # noqa: BLE001 - every failure goes back to the server as a readable reason
         log.error("site %s: %s failed:\n%s", site, message.metadata.message_type, traceback.format_exc())

@@ -83,7 +83,8 @@ def run_task(address: str, insecure: bool, root_certificates: str | None, token:
         if message is not None:  # always: the bundle is checked once the message is pulled
             reply = Message(Error(code=internals.invalid_fab_error_code(), reason=details), reply_to=message)
     except NotThisSite as ex:  # raised through SecAgg+'s mod (other messages are refused by node.handle)
-        ex.say()
+        if context is not None:
+            ex.say(context)
         details = str(ex)
         if message is not None:
             reply = Message(Error(code=internals.client_app_error_code(ex), reason=details), reply_to=message)

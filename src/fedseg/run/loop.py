@@ -73,7 +73,9 @@ def run_algorithm(
     remove_temp_files(run.ckpt_path)  # left by a process killed mid-write
     ckpt = load_checkpoint(run.ckpt_path) if resume else None
     if ckpt and ckpt.get("finished"):
-        return finished_result(name, ckpt, run.ckpt_path, out)
+        result = finished_result(name, ckpt, run.ckpt_path, out)
+        engine.close()  # as after training: e.g. a Flower run stopped before it released the sites' snapshots
+        return result
     state = resume_state(run, ckpt)
     if tracker:  # one tracking run per algorithm; a resumed one is continued
         tracker.start(name, run.cfg, state.start)
