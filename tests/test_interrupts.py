@@ -113,6 +113,25 @@ def test_ctrl_c_on_a_run_says_that_resume_continues(tmp_path):
     assert (out / "run.log").read_text().splitlines()[-1].endswith(" stopped: interrupted")  # the log says why it ends
 
 
+def test_ctrl_c_while_the_report_is_drawn_says_the_results_are_written_and_how_to_draw_it(tmp_path):
+    """Training finished (run.log says so), then Ctrl-C while report.html is drawn: one line saying the results are
+    written and which command draws the report, no traceback, no half-written report; that command draws it."""
+    out = tmp_path / "run"
+    run = ["run", "--preset", "demo", "--algorithms", "fedavg", "--rounds", "1", "--out", str(out)]
+    finished = lambda: (out / "run.log").is_file() and (out / "run.log").read_text().rstrip().endswith(" finished")  # noqa: E731
+    with _session([sys.executable, "-m", "fedseg.cli", *run, *(a for s in TINY_SET for a in ("--set", s))]) as proc:
+        assert _wait_for(lambda: finished() or proc.poll() is not None, 240) and proc.poll() is None, "not trained"
+        os.killpg(proc.pid, signal.SIGINT)
+        output, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, output
+    said = " ".join(output.split())
+    assert f"interrupted: training finished and its results are written in {out}, the report was not drawn" in said
+    assert f"`fedseg report {out}` draws it" in said and "Traceback" not in output, output
+    assert not (out / "report.html").exists() and not list(out.glob(".report.html.*"))  # no temp file left
+    drawn = subprocess.run([sys.executable, "-m", "fedseg.cli", "report", str(out)], capture_output=True, text=True)
+    assert drawn.returncode == 0 and (out / "report.html").is_file(), drawn.stdout + drawn.stderr
+
+
 @pytest.mark.slow
 def test_a_failing_run_with_two_jobs_stops_the_bench_with_one_line_and_no_process_left(tmp_path):
     crash = "faults=[{site: site2, kind: crash, round: 1}]"

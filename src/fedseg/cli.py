@@ -227,10 +227,19 @@ def run(
     except KeyboardInterrupt:
         fail(resume_hint("it", out, "every finished round is checkpointed"), INTERRUPTED_EXIT)
         return
-    path, _ = report_or_fail(out)
-    from fedseg.tracking import log_report
+    try:
+        with terminate_on_signals():
+            path, _ = report_or_fail(out)
+            from fedseg.tracking import log_report
 
-    log_report(out, cfg, path)  # the report to each algorithm's tracking run (when tracking is on)
+            log_report(out, cfg, path)  # the report to each algorithm's tracking run (when tracking is on)
+    except KeyboardInterrupt:  # trained and its results written: a resume trains nothing, it draws the report
+        fail(
+            f"interrupted: training finished and its results are written in {out}, the report was not drawn: "
+            f"`fedseg report {shlex.quote(str(out))}` draws it",
+            INTERRUPTED_EXIT,
+        )
+        return
     print_dice_table(results)
     print_verdict(out)
     console.print(f"report: {path}")

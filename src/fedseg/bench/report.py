@@ -401,7 +401,8 @@ COMPARISONS = (
 
 RANKS = (
     "Rank stability (as challengeR): the fraction of the same bootstrap samples in which each method holds each rank "
-    "by mean Dice (rank 1 = highest), over the cases and seeds every method scored."
+    "by mean Dice (rank 1 = highest; methods with equal means share the better rank), over the cases and seeds every "
+    "method scored."
 )
 
 

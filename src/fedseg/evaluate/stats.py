@@ -279,9 +279,11 @@ def _case_name(key: Hashable) -> str:
 def rank_stability(
     methods: Mapping[str, PerSeed], resamples: int = RESAMPLES, rng_seed: int = RNG_SEED
 ) -> dict[str, dict[int, float]]:
-    """``{method: {rank: fraction of bootstrap samples}}``: each method's rank (1 = highest mean score, ties broken
-    by the order of ``methods``) in every hierarchical bootstrap sample (:func:`bootstrap_means`, the same samples
-    for all methods) over the seeds all have and the cases all scored. Empty with fewer than two methods."""
+    """``{method: {rank: fraction of bootstrap samples}}``: each method's rank (1 = highest mean score; methods with
+    equal means share the best of their ranks, as challengeR's ``ties.method = "min"``: a method that scores every
+    case as another, e.g. FedSM routing every image to its global model, ranks with it, not behind it) in every
+    hierarchical bootstrap sample (:func:`bootstrap_means`, the same samples for all methods) over the seeds all have
+    and the cases all scored. Empty with fewer than two methods."""
     names = list(methods)
     if len(names) < 2:
         return {}
@@ -289,8 +291,7 @@ def rank_stability(
     means = bootstrap_means(table.values, table.site_index, resamples, rng_seed)  # methods x resamples
     if not np.isfinite(means).all():
         return {}
-    ranks = np.empty_like(means, dtype=np.int64)
-    ranks[np.argsort(-means, axis=0, kind="stable"), np.arange(resamples)] = np.arange(1, len(names) + 1)[:, None]
+    ranks = 1 + (means[None, :, :] > means[:, None, :]).sum(axis=1)  # 1 + how many methods score higher
     return {n: {r: float(np.mean(ranks[i] == r)) for r in range(1, len(names) + 1)} for i, n in enumerate(names)}
 
 
