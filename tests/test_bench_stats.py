@@ -185,7 +185,7 @@ def test_no_dagger_from_one_seed_and_the_test_table_shows_each_seeds_delta():
     one = {**test, "mean_diff": 0.015, "seeds": 1, "per_seed_diff": {"0": 0.015}}
     three = {**test, "mean_diff": 0.015, "seeds": 3, "per_seed_diff": {"0": 0.02, "1": -0.004, "2": 0.029}}
     assert report.mark(one) == "" and report.p_text(one) == "1e-06"
-    assert report.mark(three) == " †" and report.p_text(three) == "1e-06 †"
+    assert report.mark(three) == " †" and report.p_text(three) == "1e-06 † (seeds disagree)"  # s1 went the other way
     from fedseg.evaluate.stats import significant, significant_over_seeds
 
     assert significant(one) and not significant_over_seeds(one) and significant_over_seeds(three)  # tables.json
@@ -209,7 +209,10 @@ def test_no_dagger_from_one_seed_and_the_test_table_shows_each_seeds_delta():
     head, rows = report.test_table(fed, "fedavg")
     assert head[head.index("95% CI") + 1] == "Δ per seed"
     cells = dict(zip(head, rows[1], strict=True))
-    assert cells["Δ per seed"] == "s0 +0.0200 / s1 -0.0040 / s2 +0.0290" and cells["p (Holm)"] == "1e-06 †"
+    assert (
+        cells["Δ per seed"] == "s0 +0.0200 / s1 -0.0040 / s2 +0.0290"
+        and cells["p (Holm)"] == "1e-06 † (seeds disagree)"
+    )
     assert cells["Δ vs fedavg"] == "+0.0150" and cells["95% CI"] == "[+0.0100, +0.0200]"
     assert dict(zip(head, rows[0], strict=True))["Δ per seed"] == ""  # the reference
 

@@ -263,3 +263,16 @@ def test_a_difference_prints_as_zero_only_where_it_is_zero():
     assert ci_text({"ci_low": 0.0, "ci_high": 0.0041}) == "[+0.0000, +0.0041]"  # a bound at exactly 0
     assert ci_text({"ci_low": None, "ci_high": 0.1}) == "–"  # null in tables.json, as NaN
     assert p_value_text({"p": None}) == "–" and p_value_text({"p": math.nan}) == "–"
+
+
+def test_seeds_disagree_where_a_seeds_difference_does_not_share_the_means_sign():
+    from fedseg.bench.report import p_text
+    from fedseg.evaluate.stats import seeds_disagree
+
+    one_seed_moves = {"mean_diff": 0.0386, "per_seed_diff": {0: -0.0072, 1: 0.0, 2: 0.1231}, "p": 2e-14}
+    agree = {"mean_diff": 0.03, "per_seed_diff": {0: 0.02, 1: 0.04}, "p": 0.001}
+    assert seeds_disagree(one_seed_moves) and not seeds_disagree(agree)
+    assert seeds_disagree({"mean_diff": -0.01, "per_seed_diff": {0: -0.02, 1: 0.0}})  # a seed at exactly 0
+    assert not seeds_disagree({"mean_diff": 0.01, "per_seed_diff": {0: 0.01}})  # one seed: nothing to disagree
+    assert not seeds_disagree({"mean_diff": 0.0, "per_seed_diff": {0: 0.0, 1: 0.0}}) and not seeds_disagree(None)
+    assert p_text(one_seed_moves) == "2e-14 (seeds disagree)" and p_text(agree) == "0.001"

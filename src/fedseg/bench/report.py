@@ -51,6 +51,7 @@ from fedseg.evaluate.stats import (
     RESAMPLES,
     ci_text,
     p_value_text,
+    seeds_disagree,
     signed_text,
     significant_over_seeds,
 )
@@ -94,8 +95,9 @@ def _fmt3(x) -> str:
 
 
 def p_text(test: dict | None) -> str:
-    """The Wilcoxon p, Holm-adjusted within its table (``fedseg.bench.tables.correct_tests``), with :func:`mark`."""
-    return p_value_text(test) + mark(test)
+    """The Wilcoxon p, Holm-adjusted within its table (``fedseg.bench.tables.correct_tests``), with :func:`mark`, and
+    ``(seeds disagree)`` where the seeds' differences do not all share the mean's sign (``stats.seeds_disagree``)."""
+    return p_value_text(test) + mark(test) + (" (seeds disagree)" if seeds_disagree(test) else "")
 
 
 def mark(test: dict | None) -> str:
@@ -364,7 +366,10 @@ NOTES = (
     "comparisons). † marks a comparison only where both hold: the CI excludes 0{side} and the adjusted p < 0.05 (a CI "
     "of a handful of cases excludes 0 whenever they differ the same way; the p does not carry the seeds' variance); "
     "never with one seed, whose CI has no run-to-run variance to draw: a difference between two trained models, not "
-    "yet between two methods. ‡: Δ, CI and p pair fewer cases than the Dice columns average (a site failed), or the "
+    "yet between two methods. (seeds disagree): the Δ per seed do not all share Δ's sign (a seed at exactly 0 "
+    "included): the p takes each image as the unit and cannot see that the training runs disagree (a shift in one "
+    "seed moves almost every image the same way), so a small p there is no evidence across runs: read the CI. "
+    "‡: Δ, CI and p pair fewer cases than the Dice columns average (a site failed), or the "
     "method and the reference finished different runs (a seed or fold missing): the columns describe other cases or "
     "runs than Δ. Settings chosen on validation only (see the tuning table); (grid edge): the selected value is the "
     "smallest or largest of its grid, so the best one may lie outside it. Differences of Dice (as of any score in [0, "
