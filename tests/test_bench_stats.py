@@ -243,3 +243,27 @@ def test_a_test_side_changed_after_runs_finished_but_before_any_tables_is_record
     assert line.endswith(' tests: {"alternative": "less"} -> {"alternative": "greater"} (after 1 finished runs)'), line
     (out / report.TABLES_JSON).write_text(json.dumps({"bench": sitting["greater"].model_dump(mode="json")}))
     assert report.record_analysis_changes(sitting["greater"], 1, out) == [line]  # tables with it: nothing new
+
+
+def test_runs_whose_selector_routed_every_test_image_to_the_global_model_are_named_under_the_test_table(tmp_path):
+    """FedSM's selector_features/<algorithm>.npz (``chosen`` 0 = the global model): a run where every test image
+    went to the global model is named (its scores are the global model's), one that used a personalized model is
+    not; the bench's Markdown says so under the test table."""
+    from fedseg.bench.execute import Finished
+    from fedseg.bench.plan import BenchRun
+    from fedseg.bench.tables import routed_runs
+
+    pairs = []
+    for seed, chosen in enumerate(([0, 0, 0], [0, 2, 0], [0, 0, 0])):
+        folder = tmp_path / f"s{seed}" / "selector_features"
+        folder.mkdir(parents=True)
+        np.savez_compressed(folder / "fedsm.npz", chosen=np.array(chosen, np.int64), gamma=np.float64(0.5))
+        run = BenchRun("fed", 0, seed, "fedsm", (), ())
+        pairs.append((run, Finished(run, tmp_path / f"s{seed}", {}, 0.0)))
+    assert routed_runs(pairs, "fedsm") == ["s0", "s2"] and routed_runs(pairs, "fedsm-extra") == []
+    fed = {"methods": {"fedavg": {"convergence": {"runs": 3}}, "fedsm": {"convergence": {"runs": 3}}}}
+    assert report.routing_note(fed) == ""
+    fed["methods"]["fedsm"]["routed_to_global"] = ["s0", "s2"]
+    assert report.routing_note(fed).startswith(
+        "**Routed every test image to its global model** (FedSM's selector): fedsm in s0, s2 of 3 runs."
+    )

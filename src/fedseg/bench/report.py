@@ -450,11 +450,29 @@ PER_SEED_DATA = (
 )
 
 
+def routing_note(fed: dict) -> str:
+    """ "" unless a FedSM-family method's selector routed every test image to its global model in some runs (tables
+    written from this version on: ``routed_to_global``): then the sentence naming those runs, whose scores are the
+    global model's (a Δ of exactly 0 against FedAvg there is that, not a tie of two personalizations)."""
+    routed = [
+        f"{name} in {', '.join(runs)} of {m['convergence']['runs']} runs"
+        for name, m in fed["methods"].items()
+        if (runs := m.get("routed_to_global"))
+    ]
+    if not routed:
+        return ""
+    return (
+        f"**Routed every test image to its global model** (FedSM's selector): {'; '.join(routed)}. There its test "
+        "scores are its global model's and its personalized models were never used."
+    )
+
+
 def markdown(bench: BenchSpec, tables: dict, tuning: list[dict], changes: Sequence[str] = ()) -> str:
     parts = [f"# Bench {bench.name}", "", notes(bench, tables, changes), ""]
     for fed, t in tables.items():
         parts += [f"## {fed}", "", "### Test (FeTS Table 1 layout)", "", _md_table(*test_table(t, bench.reference))]
-        parts += ["", not_converged(t), "", "### Per site (FedSM Tables 3-4, Auto-FedAvg Table 2 layout)", ""]
+        parts += ["", not_converged(t), *(["", routed] if (routed := routing_note(t)) else [])]
+        parts += ["", "### Per site (FedSM Tables 3-4, Auto-FedAvg Table 2 layout)", ""]
         parts += [_md_table(*site_table(t)), "", "### Cost (FeTS Table 2 layout)", "", _md_table(*cost_table(t)), ""]
         if t.get("comparisons"):
             parts += ["### Paired comparisons", "", COMPARISONS, "", _md_table(*comparison_table(t)), ""]
@@ -489,7 +507,11 @@ def html_parts(
     ]
     for fed, t in tables.items():
         parts.append(
-            kit.section(f"{fed}: test", _html_table(*test_table(t, bench.reference)), kit.esc_md(not_converged(t)))
+            kit.section(
+                f"{fed}: test",
+                _html_table(*test_table(t, bench.reference)),
+                kit.esc_md(" ".join(filter(None, [not_converged(t), routing_note(t)]))),
+            )
         )
         fig = per_site_bars(
             {n: {s: v["mean"] for s, v in m["sites"].items()} for n, m in t["methods"].items()},

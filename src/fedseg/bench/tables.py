@@ -57,6 +57,7 @@ from fedseg.evaluate.stats import (
     significant_over_seeds,
 )
 from fedseg.evaluate.tables import case_means, own_site_model, read_rows
+from fedseg.presentation.kit import routed_to_global
 
 RESULT_COLUMNS = ["federation", "method", "fold", "seed", "site", "case", "region", "metric", "value"]
 TESTED_METRICS = (HD95, NSD)  # tested against the reference besides Dice (whose tests also run per site)
@@ -78,6 +79,15 @@ def method_rows(bench: BenchSpec, run: BenchRun, fin: Finished) -> list[dict]:
         for r in out:
             r["site"] = r["case"].split(SEPARATOR, 1)[0]
     return out
+
+
+def routed_runs(pairs: list[tuple[BenchRun, Finished]], scored: str) -> list[str]:
+    """The runs (``s<seed>``, ``f<fold> s<seed>`` with several folds) in which ``scored``'s selector routed every test
+    image to its global model (``kit.routed_to_global``): there its scores are its global model's."""
+    folds = len({run.fold for run, _ in pairs}) > 1
+    return [
+        (f"f{run.fold} " if folds else "") + f"s{run.seed}" for run, fin in pairs if scored in routed_to_global(fin.dir)
+    ]
 
 
 def is_iid(fin: Finished) -> bool:
@@ -224,6 +234,7 @@ def federation_tables(bench: BenchSpec, runs: BenchRuns) -> tuple[dict, list[dic
             stats = method_stats(rows, [fin for _, fin in pairs], method.scored, regions)
             stats["setting"] = pairs[0][0].setting_label
             stats["at_edge"] = edge_keys(method, pairs[0][0].setting)  # the selected grid values at an edge
+            stats["routed_to_global"] = routed_runs(pairs, method.scored)
             methods[method.name] = stats
         if not methods:
             continue

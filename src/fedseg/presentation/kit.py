@@ -133,6 +133,21 @@ def load_npz(folder: Path, pattern: str, required: set[str]) -> dict[str, dict[s
     return out
 
 
+SELECTOR_DIR = "selector_features"  # FedSM's test routing (fedseg.algorithms.fedsm.features.FEATURES_DIR)
+
+
+def routed_to_global(run_dir: Path) -> dict[str, tuple[int, float]]:
+    """``{algorithm: (test images, γ)}`` for each FedSM-family algorithm of the run in ``run_dir`` whose selector
+    routed every test image to the global model (``selector_features/<algorithm>.npz``: ``chosen`` all 0): its
+    test scores are then its global model's. γ: the threshold chosen on validation, NaN for variants without one."""
+    out = {}
+    for name, arrays in load_npz(Path(run_dir) / SELECTOR_DIR, "*.npz", {"chosen"}).items():
+        chosen = np.asarray(arrays["chosen"])
+        if chosen.size and not np.any(chosen != 0):
+            out[name] = (int(chosen.size), num(arrays["gamma"]) if "gamma" in arrays else math.nan)
+    return out
+
+
 def load_samples(folder: Path) -> dict[str, dict[str, dict[str, np.ndarray]]]:
     """``samples/<algorithm>__<site>.npz`` -> ``{site: {algorithm: arrays}}``."""
     out: dict[str, dict[str, dict[str, np.ndarray]]] = {}

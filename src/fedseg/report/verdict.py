@@ -29,11 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from fedseg.evaluate.stats import LEVEL, RESAMPLES, SIGNIFICANCE, adjusted_p, compare, correct_family, significant
 from fedseg.evaluate.tables import case_means
-from fedseg.presentation.kit import RunFiles, esc, fmt, load_npz, load_run, num
+from fedseg.presentation.kit import RunFiles, esc, fmt, load_run, num, routed_to_global
 from fedseg.report import persite
 from fedseg.report.methods import algorithm_order, display_name, is_federated
 from fedseg.report.own_scores import own_model_filter
@@ -53,7 +51,6 @@ METRIC = "dice"
 METRIC_TEXT = "test Dice, Client Avg"
 DIGITS = 4  # as the main table
 FEDAVG = "fedavg"
-SELECTOR_DIR = "selector_features"  # FedSM's test routing (fedseg.algorithms.fedsm.features.FEATURES_DIR)
 
 
 @dataclass(frozen=True)
@@ -287,18 +284,16 @@ def routing_notes(run: RunFiles) -> list[str]:
     ``selector_features/<algorithm>.npz``: ``chosen`` 0 = the global model), whose scores are then the global
     model's; with a threshold γ, the one chosen on validation."""
     out = []
-    for name, arrays in load_npz(run.dir / SELECTOR_DIR, "*.npz", {"chosen"}).items():
-        chosen = np.asarray(arrays["chosen"])
-        if name not in run.algorithms or not chosen.size or np.any(chosen != 0):
+    for name, (images, gamma) in routed_to_global(run.dir).items():
+        if name not in run.algorithms:
             continue
-        gamma = num(arrays["gamma"]) if "gamma" in arrays else math.nan
         why = "" if math.isnan(gamma) else f" (threshold γ = {gamma:.2f}, chosen on validation)"
         same = ""
         fedavg = next((a for a in run.algorithms if a.lower() == FEDAVG), None)
         if fedavg and run.results and _cases(run, name) == _cases(run, fedavg):
             same = f", equal to {run.label(fedavg)}'s"
         out.append(
-            f"{run.label(name)} routed all {chosen.size} test images to its global model{why}: its test scores "
+            f"{run.label(name)} routed all {images} test images to its global model{why}: its test scores "
             f"are the global model's{same}; its personalized models were never used."
         )
     return out
