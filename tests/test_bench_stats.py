@@ -267,3 +267,17 @@ def test_runs_whose_selector_routed_every_test_image_to_the_global_model_are_nam
     assert report.routing_note(fed).startswith(
         "**Routed every test image to its global model** (FedSM's selector): fedsm in s0, s2 of 3 runs."
     )
+
+
+def test_methods_stopped_by_the_plateau_rule_are_named_under_the_test_table():
+    """A Δ against a method stopped after fewer rounds compares budgets too: the note names how many runs per
+    method the plateau rule stopped; none stopped, no note."""
+    fed = {
+        "methods": {
+            "fedavg": {"convergence": {"runs": 3, "stopped": {"plateau": 2}}},
+            "fedsm": {"convergence": {"runs": 3, "stopped": {"sgd_steps": 3}}},
+        }
+    }
+    assert report.plateau_note(fed).startswith("**Stopped by the plateau rule** (fl.stop): fedavg (2/3). A Δ")
+    fed["methods"]["fedavg"]["convergence"]["stopped"] = {}
+    assert report.plateau_note(fed) == ""

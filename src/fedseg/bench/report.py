@@ -450,6 +450,23 @@ PER_SEED_DATA = (
 )
 
 
+def plateau_note(fed: dict) -> str:
+    """ "" unless the plateau rule (``fl.stop``) stopped some final runs: then the sentence naming how many per method,
+    since a Δ between methods stopped after different numbers of rounds compares budgets as well as methods."""
+    stopped = [
+        f"{name} ({count}/{m['convergence']['runs']})"
+        for name, m in fed["methods"].items()
+        if (count := (m["convergence"].get("stopped") or {}).get("plateau"))
+    ]
+    if not stopped:
+        return ""
+    return (
+        f"**Stopped by the plateau rule** (fl.stop): {', '.join(stopped)}. A Δ against a method that trained more "
+        "rounds compares budgets as well as methods (the rounds column says how many each trained; a plateau counts as "
+        "converged, though more rounds might still have raised it)."
+    )
+
+
 def routing_note(fed: dict) -> str:
     """ "" unless a FedSM-family method's selector routed every test image to its global model in some runs (tables
     written from this version on: ``routed_to_global``): then the sentence naming those runs, whose scores are the
@@ -471,7 +488,7 @@ def markdown(bench: BenchSpec, tables: dict, tuning: list[dict], changes: Sequen
     parts = [f"# Bench {bench.name}", "", notes(bench, tables, changes), ""]
     for fed, t in tables.items():
         parts += [f"## {fed}", "", "### Test (FeTS Table 1 layout)", "", _md_table(*test_table(t, bench.reference))]
-        parts += ["", not_converged(t), *(["", routed] if (routed := routing_note(t)) else [])]
+        parts += ["", not_converged(t), *(f"\n{note}" for note in (plateau_note(t), routing_note(t)) if note)]
         parts += ["", "### Per site (FedSM Tables 3-4, Auto-FedAvg Table 2 layout)", ""]
         parts += [_md_table(*site_table(t)), "", "### Cost (FeTS Table 2 layout)", "", _md_table(*cost_table(t)), ""]
         if t.get("comparisons"):
@@ -510,7 +527,7 @@ def html_parts(
             kit.section(
                 f"{fed}: test",
                 _html_table(*test_table(t, bench.reference)),
-                kit.esc_md(" ".join(filter(None, [not_converged(t), routing_note(t)]))),
+                kit.esc_md(" ".join(filter(None, [not_converged(t), plateau_note(t), routing_note(t)]))),
             )
         )
         fig = per_site_bars(
