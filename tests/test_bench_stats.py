@@ -23,6 +23,8 @@ from fedseg.config import ConfigError
 from fedseg.evaluate.stats import significant
 from fedseg.run.stopping import PLATEAU, stop_reason
 
+RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+
 
 def _bench(tmp_path: Path, **fields) -> Path:
     spec = {
@@ -261,6 +263,11 @@ def test_runs_whose_selector_routed_every_test_image_to_the_global_model_are_nam
         run = BenchRun("fed", 0, seed, "fedsm", (), ())
         pairs.append((run, Finished(run, tmp_path / f"s{seed}", {}, 0.0)))
     assert routed_runs(pairs, "fedsm") == ["s0", "s2"] and routed_runs(pairs, "fedsm-extra") == []
+    mixes = tmp_path / "s0" / "selector_features" / "fedsm-ensemble.npz"  # its chosen is the heaviest candidate
+    np.savez_compressed(mixes, chosen=np.zeros(3, np.int64), gamma=np.float64("nan"), mode=np.array("ensemble"))
+    assert routed_runs(pairs, "fedsm-ensemble") == []
+    held_out = BenchRun("fed", 1, 0, "fedsm", (), (), holdout="site2")  # scored on its unseen site: not its routing
+    assert routed_runs([(held_out, pairs[0][1])], "fedsm") == []
     fed = {"methods": {"fedavg": {"convergence": {"runs": 3}}, "fedsm": {"convergence": {"runs": 3}}}}
     assert report.routing_note(fed) == ""
     fed["methods"]["fedsm"]["routed_to_global"] = ["s0", "s2"]
@@ -281,3 +288,20 @@ def test_methods_stopped_by_the_plateau_rule_are_named_under_the_test_table():
     assert report.plateau_note(fed).startswith("**Stopped by the plateau rule** (fl.stop): fedavg (2/3). A Δ")
     fed["methods"]["fedavg"]["convergence"]["stopped"] = {}
     assert report.plateau_note(fed) == ""
+
+
+def test_the_test_tables_notes_reach_the_markdown_and_the_html(tmp_path):
+    """A committed bench re-rendered with one method's runs routed to its global model: tables.md and report.html
+    both carry the routing note (and the plateau note its runs earned)."""
+    folder = tmp_path / "bench"
+    shutil.copytree(RESULTS / "headline-fedsm", folder)
+    content = json.loads((folder / "tables.json").read_text())
+    fed = next(iter(content["federations"].values()))
+    method = next(iter(fed["methods"]))
+    fed["methods"][method]["routed_to_global"] = ["s1"]
+    (folder / "tables.json").write_text(json.dumps(content))
+    report.rewrite_report(folder)
+    for page in ("tables.md", "report.html"):
+        text = (folder / page).read_text()
+        assert f"{method} in s1 of " in text and "Routed every test image to its global model" in text, page
+        assert "Stopped by the plateau rule" in text, page

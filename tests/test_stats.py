@@ -275,4 +275,8 @@ def test_seeds_disagree_where_a_seeds_difference_does_not_share_the_means_sign()
     assert seeds_disagree({"mean_diff": -0.01, "per_seed_diff": {0: -0.02, 1: 0.0}})  # a seed at exactly 0
     assert not seeds_disagree({"mean_diff": 0.01, "per_seed_diff": {0: 0.01}})  # one seed: nothing to disagree
     assert not seeds_disagree({"mean_diff": 0.0, "per_seed_diff": {0: 0.0, 1: 0.0}}) and not seeds_disagree(None)
+    assert not seeds_disagree({"mean_diff": -0.02, "per_seed_diff": {0: -0.01, 1: -0.03}})  # agree, below 0
+    assert seeds_disagree({"mean_diff": -0.01, "per_seed_diff": {0: -0.03, 1: 0.01}})  # one seed above 0
+    assert seeds_disagree({"mean_diff": 0.0, "per_seed_diff": {0: 0.5, 1: -0.5}})  # they cancel out
+    assert not seeds_disagree({"mean_diff": 0.01, "per_seed_diff": {0: 0.01, 1: float("nan"), 2: 0.02}})
     assert p_text(one_seed_moves) == "2e-14 (seeds disagree)" and p_text(agree) == "0.001"

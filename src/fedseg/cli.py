@@ -230,18 +230,24 @@ def run(
     try:
         with terminate_on_signals():
             path, _ = report_or_fail(out)
-            from fedseg.tracking import log_report
-
-            log_report(out, cfg, path)  # the report to each algorithm's tracking run (when tracking is on)
-    except KeyboardInterrupt:  # trained and its results written: a resume trains nothing, it draws the report
+    except KeyboardInterrupt:  # trained and its results written: only the report is missing
         fail(
             f"interrupted: training finished and its results are written in {out}, the report was not drawn: "
             f"`fedseg report {shlex.quote(str(out))}` draws it",
             INTERRUPTED_EXIT,
         )
         return
-    print_dice_table(results)
-    print_verdict(out)
+    try:
+        with terminate_on_signals():
+            from fedseg.tracking import log_report
+
+            log_report(out, cfg, path)  # the report to each algorithm's tracking run (when tracking is on)
+            print_dice_table(results)
+            print_verdict(out)
+    except KeyboardInterrupt:
+        upload = " (with tracking on: its upload to the tracking runs may be missing)" if cfg.tracking else ""
+        fail(f"interrupted: the run and its report are written: {path}{upload}", INTERRUPTED_EXIT)
+        return
     console.print(f"report: {path}")
 
 

@@ -59,6 +59,7 @@ from fedseg.presentation import kit
 from fedseg.presentation.figures import per_site_bars
 from fedseg.run.outputs import csv_text
 from fedseg.run.provenance import utc_now
+from fedseg.run.stopping import PLATEAU
 
 TUNING_COLUMNS = [
     "federation",
@@ -94,10 +95,12 @@ def _fmt3(x) -> str:
     return f"{x:.3g}" if _finite(x) else "–"
 
 
-def p_text(test: dict | None) -> str:
+def p_text(test: dict | None, per_seed: bool = True) -> str:
     """The Wilcoxon p, Holm-adjusted within its table (``fedseg.bench.tables.correct_tests``), with :func:`mark`, and
-    ``(seeds disagree)`` where the seeds' differences do not all share the mean's sign (``stats.seeds_disagree``)."""
-    return p_value_text(test) + mark(test) + (" (seeds disagree)" if seeds_disagree(test) else "")
+    (``per_seed``: the row shows the Δ per seed it is read against) ``(seeds disagree)`` where the seeds' differences
+    do not all share the mean's sign (``stats.seeds_disagree``)."""
+    disagree = per_seed and seeds_disagree(test)
+    return p_value_text(test) + mark(test) + (" (seeds disagree)" if disagree else "")
 
 
 def mark(test: dict | None) -> str:
@@ -217,7 +220,7 @@ def _test_cells(
     if test:
         delta = signed_text(test["mean_diff"], digits) + (FEWER_CASES if fewer else "")
         delta += f" (n={test['n']})" if paired_as is not None and test["n"] != paired_as else ""
-    return [delta, ci_text(test, digits), *([per_seed_text(test, digits)] if per_seed else []), p_text(test)]
+    return [delta, ci_text(test, digits), *([per_seed_text(test, digits)] if per_seed else []), p_text(test, per_seed)]
 
 
 def site_table(fed: dict) -> tuple[list[str], list[list[str]]]:
@@ -456,7 +459,7 @@ def plateau_note(fed: dict) -> str:
     stopped = [
         f"{name} ({count}/{m['convergence']['runs']})"
         for name, m in fed["methods"].items()
-        if (count := (m["convergence"].get("stopped") or {}).get("plateau"))
+        if (count := (m["convergence"].get("stopped") or {}).get(PLATEAU))
     ]
     if not stopped:
         return ""

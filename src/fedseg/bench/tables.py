@@ -83,10 +83,14 @@ def method_rows(bench: BenchSpec, run: BenchRun, fin: Finished) -> list[dict]:
 
 def routed_runs(pairs: list[tuple[BenchRun, Finished]], scored: str) -> list[str]:
     """The runs (``s<seed>``, ``f<fold> s<seed>`` with several folds) in which ``scored``'s selector routed every test
-    image to its global model (``kit.routed_to_global``): there its scores are its global model's."""
+    image to its global model (``kit.routed_to_global``): there its scores are its global model's. A leave-one-out
+    run is scored on its held-out site, whose routing selector_features (the training sites' test images) does not
+    hold: not named."""
     folds = len({run.fold for run, _ in pairs}) > 1
     return [
-        (f"f{run.fold} " if folds else "") + f"s{run.seed}" for run, fin in pairs if scored in routed_to_global(fin.dir)
+        (f"f{run.fold} " if folds else "") + f"s{run.seed}"
+        for run, fin in pairs
+        if run.holdout is None and scored in routed_to_global(fin.dir)
     ]
 
 

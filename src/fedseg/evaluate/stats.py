@@ -364,7 +364,8 @@ def significant_over_seeds(test: Mapping[str, Any] | None) -> bool:
 
 def seeds_disagree(test: Mapping[str, Any] | None) -> bool:
     """Whether the per-seed differences (``per_seed_diff``, at least 2 of them) do not all share the sign of the
-    mean difference (a seed with a difference of exactly 0 does not share it): the Wilcoxon p, which takes each
+    mean difference (a seed with a difference of exactly 0 does not share it; with a mean of exactly 0, whether any
+    seed differs from 0): the Wilcoxon p, which takes each
     image (averaged over the seeds) as the unit, cannot see that the training runs disagree, and a shift in one seed
     alone moves almost every image the same way. The CI, which resamples the seeds, is the guide then."""
     test = test or {}
@@ -372,7 +373,9 @@ def seeds_disagree(test: Mapping[str, Any] | None) -> bool:
     mean = test.get("mean_diff", test.get("mean_difference"))
     if len(diffs) < 2 or not (isinstance(mean, (int, float)) and math.isfinite(mean)):
         return False
-    return any(math.copysign(1, d) != math.copysign(1, mean) or d == 0 for d in diffs) and mean != 0
+    if mean == 0:  # no sign to share: they disagree where they differ at all
+        return any(d != 0 for d in diffs)
+    return any(d == 0 or (d > 0) != (mean > 0) for d in diffs)
 
 
 # --- the text of a comparison (``compare``'s result: ``mean_diff``/``mean_difference``, ``ci_low``, ``ci_high``,

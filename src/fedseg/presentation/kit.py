@@ -139,11 +139,14 @@ SELECTOR_DIR = "selector_features"  # FedSM's test routing (fedseg.algorithms.fe
 def routed_to_global(run_dir: Path) -> dict[str, tuple[int, float]]:
     """``{algorithm: (test images, γ)}`` for each FedSM-family algorithm of the run in ``run_dir`` whose selector
     routed every test image to the global model (``selector_features/<algorithm>.npz``: ``chosen`` all 0): its
-    test scores are then its global model's. γ: the threshold chosen on validation, NaN for variants without one."""
+    test scores are then its global model's. γ: the threshold chosen on validation, NaN for variants without one.
+    ``fedsm-ensemble`` mixes every candidate (its ``chosen`` is only the heaviest): never listed (``mode``, or its
+    name in files written before the mode was recorded)."""
     out = {}
     for name, arrays in load_npz(Path(run_dir) / SELECTOR_DIR, "*.npz", {"chosen"}).items():
         chosen = np.asarray(arrays["chosen"])
-        if chosen.size and not np.any(chosen != 0):
+        mode = str(arrays["mode"]) if "mode" in arrays else ("ensemble" if name.endswith("ensemble") else "")
+        if mode != "ensemble" and chosen.size and not np.any(chosen != 0):
             out[name] = (int(chosen.size), num(arrays["gamma"]) if "gamma" in arrays else math.nan)
     return out
 

@@ -10,6 +10,8 @@ row per test image of every site (sites in federation order, cases in split orde
 * ``chosen`` ``(N,)`` int64: the candidate Algorithm 2 routes the image to at the bundle's gamma
   (0 = global model, k = personalized model of the k-th site);
 * ``gamma`` (0-d float64): the threshold of Algorithm 2 (NaN for the variants without one);
+* ``mode`` (0-d string): the super model's mode (``threshold``, ``argmax``, ``ensemble``: there ``chosen`` is the
+  heaviest candidate of the mixture, for the map; the prediction mixes them all);
 * ``site`` ``(N,)`` int64: index of the image's site in ``sites``; ``sites`` ``(K,)`` and
   ``case`` ``(N,)``: site names and case ids (strings).
 
@@ -58,6 +60,7 @@ def selector_features(
         "probs": p.numpy().astype(np.float32),
         "chosen": route(p, sm.mode, sm.gamma).numpy().astype(np.int64),
         "gamma": np.float64(sm.gamma),
+        "mode": np.array(sm.mode),
         "site": np.array(site, dtype=np.int64),
         "sites": np.array([sd.name for sd in site_data]),
         "case": np.array(cases),
