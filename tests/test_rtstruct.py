@@ -341,6 +341,18 @@ def test_a_malformed_rtstruct_is_one_line_naming_it(case, tmp_path):
         read_label(rs, "3d", label_names=LABEL_NAMES)
 
 
+def rt_federation(root: Path, image: Path, structure_sets: list[Path]) -> Path:
+    """A one-site 3D federation folder at ``root``: case ``c<i>`` is the series ``image`` labelled by the i-th of
+    ``structure_sets`` (from 1)."""
+    header = {"name": "rt", "kind": "3d", "channels": 1, "regions": {"ctv": [1, 2]}, "label_names": LABEL_NAMES}
+    (root / "site1" / "labels").mkdir(parents=True)
+    (root / "federation.yaml").write_text(yaml.safe_dump(header))
+    for i, source in enumerate(structure_sets, start=1):
+        shutil.copytree(image, root / "site1" / "images" / f"c{i}")
+        shutil.copy(source, root / "site1" / "labels" / f"c{i}.dcm")
+    return root
+
+
 def _notices(caplog) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.name.startswith("fedseg.data") and r.levelno >= logging.WARNING]
 
@@ -377,14 +389,7 @@ def test_data_check_summarises_a_label_no_roi_names_per_site(case, tmp_path, cap
     pytest.importorskip("itk")  # the series' voxels
     image, rs = case
     without = write_rtstruct(tmp_path / "no-gtv.dcm", {"ctv": structures()["ctv"], "BODY": structures()["BODY"]})
-    root = tmp_path / "fed"
-    header = {"name": "rt", "kind": "3d", "channels": 1, "regions": {"ctv": [1, 2]}, "label_names": LABEL_NAMES}
-    root.mkdir()
-    (root / "federation.yaml").write_text(yaml.safe_dump(header))
-    (root / "site1" / "labels").mkdir(parents=True)
-    for cid, source in (("c1", without), ("c2", rs), ("c3", without)):
-        shutil.copytree(image, root / "site1" / "images" / cid)
-        shutil.copy(source, root / "site1" / "labels" / f"{cid}.dcm")
+    root = rt_federation(tmp_path / "fed", image, [without, rs, without])
     with caplog.at_level(logging.WARNING):
         result = CliRunner().invoke(data_app, ["check", str(root)])
     assert result.exit_code == 0, result.output
@@ -438,14 +443,7 @@ def test_contours_naming_images_of_another_series_read_with_one_notice(case, tmp
         np.testing.assert_array_equal(read_label(other, "3d", image=nifti, label_names=LABEL_NAMES), expected_label())
     assert _notices(caplog) == []
 
-    root = tmp_path / "fed"
-    header = {"name": "rt", "kind": "3d", "channels": 1, "regions": {"ctv": [1, 2]}, "label_names": LABEL_NAMES}
-    root.mkdir()
-    (root / "federation.yaml").write_text(yaml.safe_dump(header))
-    (root / "site1" / "labels").mkdir(parents=True)
-    for cid, source in (("c1", rs), ("c2", other), ("c3", rs)):
-        shutil.copytree(image, root / "site1" / "images" / cid)
-        shutil.copy(source, root / "site1" / "labels" / f"{cid}.dcm")
+    root = rt_federation(tmp_path / "fed", image, [rs, other, rs])
     result = CliRunner().invoke(data_app, ["check", str(root)])
     assert result.exit_code == 0, result.output
     assert [line for line in result.output.splitlines() if line.startswith("warning: ")] == [
