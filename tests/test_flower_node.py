@@ -511,3 +511,18 @@ def test_activation_refusals_in_the_superlinks_log_are_said_once_per_node_or_key
     with log.open("a") as f:
         f.write(rogue + twin + refused("MHYwA", "Invalid heartbeat interval."))
     assert refusals.new_lines() == ["the SuperLink refused to activate a SuperNode: Invalid heartbeat interval"]
+
+
+def test_the_clientapp_runner_drops_flowers_retry_warnings_and_keeps_the_rest():
+    """The runner's Runtime API is its own SuperNode's: a retry warning there only follows the SuperNode's last line
+    as it stops (a CI run saw two after "SuperNode terminated gracefully")."""
+    import logging
+
+    from fedseg.flower.worker import no_retry_warnings
+
+    def record(text: str) -> logging.LogRecord:
+        return logging.LogRecord("flwr", logging.WARNING, __file__, 1, text, (), None)
+
+    assert not no_retry_warnings(record("Connection attempt failed, retrying in 0.12 seconds"))
+    assert no_retry_warnings(record("Connection attempt failed with exception: [Errno 111] Connection refused"))
+    assert no_retry_warnings(record("ClientApp raised an exception"))

@@ -147,6 +147,15 @@ def serve(address: str, insecure: bool, root_certificates: str | None, poll: flo
             time.sleep(poll)
 
 
+def no_retry_warnings(record: logging.LogRecord) -> bool:
+    """Flower's retry warnings are none of the runner's to say: its Runtime API is its own SuperNode's, on this
+    machine, waited for before the first poll (``serve``); once that SuperNode stops (Ctrl-C, a restart), the polls
+    the runner makes in the moment before it exits with it would each print one after the SuperNode's last line."""
+    from fedseg.flower.supernode_main import RETRYING
+
+    return not record.getMessage().startswith(RETRYING)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runtime-api-address", required=True, help="the SuperNode's Runtime API, host:port")
@@ -161,6 +170,7 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    logging.getLogger("flwr").addFilter(no_retry_warnings)
     if args.parent_pid:
         _watch_parent(args.parent_pid)
     from fedseg.flower.flwr_internals import cap_object_pull_backoff
