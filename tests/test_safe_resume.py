@@ -49,7 +49,11 @@ def test_resume_with_changed_lr_or_rounds_refuses_listing_every_key(run_copy, ti
     with pytest.raises(ValueError) as e:
         run_experiment(changed, run_copy, resume=True, federation=_fed(disc_federation))
     assert "train.lr: 0.001 -> 0.01" in str(e.value) and "fl.rounds: 1 -> 2" in str(e.value)
+    assert "to train a finished model for more rounds: a new run (another --out) of fedavg-continue" in str(e.value)
     assert (run_copy / "config.yaml").read_text() == recorded  # nothing rewritten
+    with pytest.raises(ValueError) as e:  # another key only: no word of more rounds
+        run_experiment(_small(tiny_config, train={"lr": 0.01}), run_copy, resume=True, federation=_fed(disc_federation))
+    assert "train.lr: 0.001 -> 0.01" in str(e.value) and "more rounds" not in str(e.value)
 
 
 def test_run_interrupted_in_its_first_algorithm_is_checked_too(tmp_path, tiny_config, disc_federation):

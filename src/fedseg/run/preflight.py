@@ -129,6 +129,14 @@ def resume_conflicts(recorded: dict[str, Any], new: dict[str, Any]) -> list[str]
     return lines
 
 
+MORE_ROUNDS = (
+    "\nto train a finished model for more rounds: a new run (another --out) of fedavg-continue starting from it, "
+    "e.g. --algorithms fedavg-continue --set methods.fedavg-continue.start_from=OUT/model/fedavg "
+    "--set methods.fedavg-continue.rounds=N (its optimizer and client states start afresh and each site keeps its own "
+    "best round: not the numbers of one longer run)"
+)
+
+
 def check_resume(recorded: dict[str, Any], new: dict[str, Any], where: str) -> None:
     """A ValueError listing ``resume_conflicts`` (``where``: the file holding ``recorded``) if there are any."""
     lines = resume_conflicts(recorded, new)
@@ -138,6 +146,7 @@ def check_resume(recorded: dict[str, Any], new: dict[str, Any], where: str) -> N
             + "\n  ".join(lines)
             + f"\nuse the recorded values or another --out (may differ: {', '.join(MAY_DIFFER_ON_RESUME)}; "
             "algorithms may be appended at the end)"
+            + (MORE_ROUNDS if any(line.startswith("fl.rounds:") for line in lines) else "")
         )
 
 
