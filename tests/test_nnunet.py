@@ -607,13 +607,15 @@ def test_predict_reads_an_imagests_folder_case_by_case_as_the_import_stacked_it(
         assert mask.shape == (24, 20)
         np.testing.assert_array_equal(mask, np.load(tmp_path / "from-fed" / f"{c}.npy"))
 
-    # one channel file given: its case, read from its folder
-    assert predict(src / "imagesTs" / "s0_004_0001.png", tmp_path / "one").exit_code == 0
-    assert sorted(p.name for p in (tmp_path / "one").iterdir()) == ["predictions.csv", "s0_004.png"]
-    assert (tmp_path / "one" / "predictions.csv").read_text().splitlines()[1].startswith(rows[1].split(",global")[0])
-    np.testing.assert_array_equal(
-        np.asarray(Image.open(tmp_path / "one" / "s0_004.png")), np.load(tmp_path / "from-fed" / "s0_004.npy")
-    )
+    # one channel file given, the first or the last: its case, read from its folder
+    for channel, out in (("0000", tmp_path / "one-first"), ("0001", tmp_path / "one")):
+        said = predict(src / "imagesTs" / f"s0_004_{channel}.png", out)
+        assert said.exit_code == 0, said.output
+        assert sorted(p.name for p in out.iterdir()) == ["predictions.csv", "s0_004.png"]
+        assert (out / "predictions.csv").read_text().splitlines()[1].startswith(rows[1].split(",global")[0])
+        np.testing.assert_array_equal(
+            np.asarray(Image.open(out / "s0_004.png")), np.load(tmp_path / "from-fed" / "s0_004.npy")
+        )
     # nnU-Net cases beside an image of another name: each case, and the image
     mixed = tmp_path / "mixed"
     mixed.mkdir()

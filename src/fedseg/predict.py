@@ -578,9 +578,10 @@ def read_inputs(path: Path, bundle: Bundle, overlay: bool = False, notes: list[s
     dataset = check_dataset_channels(Path(path), channels, bundle)
     if notes is not None and (note := channels_note(bundle, dataset)) is not None:
         notes.append(note)
-    sources = nnunet_cases(listed, channels, bundle.kind)
     if Path(path).is_file() and channel_file(Path(path)) is not None:  # a channel file: as its folder reads it
         sources = [given_source(Path(path), channels, bundle.kind)]
+    else:
+        sources = nnunet_cases(listed, channels, bundle.kind)
     for source in sources:
         try:
             inputs.append(read_input(source, Path(path), bundle))
