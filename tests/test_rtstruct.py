@@ -464,3 +464,25 @@ def test_contours_naming_their_own_series_instances_read(case, tmp_path, caplog)
     with caplog.at_level(logging.WARNING):
         np.testing.assert_array_equal(read_label(own, "3d", image=image, label_names=LABEL_NAMES), expected_label())
     assert _notices(caplog) == []
+
+
+def test_a_label_no_structure_set_names_fails_the_data_check_with_the_closest_roi_names(case, tmp_path):
+    """Every structure set names its GTV 'GTV primry': no case would hold label 2, so the data check refuses it and
+    suggests the ROI (a silent background class otherwise); 'GTV-Primary' is the label's name ('-' as a space)."""
+    pytest.importorskip("itk")  # the series' voxels
+    image, _ = case
+    typo = write_rtstruct(
+        tmp_path / "typo.dcm", {"ctv": structures()["ctv"], "GTV primry": structures()["GTV Primary"]}
+    )
+    root = rt_federation(tmp_path / "fed", image, [typo, typo, typo])
+    result = CliRunner().invoke(data_app, ["check", str(root)])
+    assert result.exit_code == 1
+    said = " ".join(result.output.split())
+    assert (
+        "label_names 2: 'gtv_primary' is named by no ROI in any of the 3 RTSTRUCTs read, so no case would hold it; "
+        "their ROIs: 'GTV primry', 'ctv'; did you mean 'GTV primry'?"
+    ) in said, result.output
+    hyphen = write_rtstruct(
+        tmp_path / "hyphen.dcm", {"ctv": structures()["ctv"], "GTV-Primary": structures()["GTV Primary"]}
+    )
+    np.testing.assert_array_equal(read_label(hyphen, "3d", image=image, label_names=LABEL_NAMES), expected_label())

@@ -8,13 +8,14 @@ for split problems), so a data manager can fix a folder in one pass. Problems of
 
 from __future__ import annotations
 
+import difflib
 import logging
 from pathlib import Path
 
 import numpy as np
 
 from fedseg.config import SplitConfig
-from fedseg.data import rtstruct
+from fedseg.data import readers, rtstruct
 from fedseg.data.federation import Federation, FederationError, Regions
 from fedseg.data.folder import (
     HEADER_FILE,
@@ -132,6 +133,28 @@ def rtstruct_warnings(painted: list[rtstruct.Painted], site_of: dict[Path, str],
     return lines
 
 
+def rtstruct_problems(painted: list[rtstruct.Painted]) -> list[str]:
+    """One problem per ``label_names`` entry that no ROI of any of the RT Structure Sets ``painted`` names (at least
+    one read): no case would hold it, which is a name that matches nothing (``Gross-Tumor`` for ``gross tumour``)
+    far more often than a structure absent from every patient; the closest ROI names are suggested. A structure
+    truly absent everywhere is declared as an empty ROI of that name (explicitly empty: read as background)."""
+    if not painted:
+        return []
+    unnamed = set.intersection(*(set(p.unnamed) for p in painted))
+    rois = sorted({roi for p in painted for roi in p.rois})
+    by_normal = {readers._normalized(r): r for r in rois}
+    problems = []
+    for value, name in sorted(unnamed):
+        close = difflib.get_close_matches(readers._normalized(name), list(by_normal), n=2, cutoff=0.6)
+        hint = f"; did you mean {' or '.join(repr(by_normal[c]) for c in close)}?" if close else ""
+        problems.append(
+            f"label_names {value}: {name!r} is named by no ROI in any of the {len(painted)} RTSTRUCTs read, so no "
+            f"case would hold it; their ROIs: {rtstruct.rois_text(rois)}{hint} (names compare case-insensitively, "
+            "`_` and `-` as spaces; a structure absent from every case: an empty ROI of that name)"
+        )
+    return problems
+
+
 def check_folder(
     root: str | Path,
     split: SplitConfig | None = None,
@@ -192,6 +215,7 @@ def check_folder(
                     meta[(site.name, cid)] = {"image_shape": shape}
                     if warnings is not None:
                         warnings += size_warning(image_path, shape, max_image_mb)
+    problems += rtstruct_problems(painted)
     notices = rtstruct_warnings(painted, site_of)
     if warnings is not None:
         warnings += notices

@@ -413,12 +413,13 @@ def read_volume(path: Path) -> np.ndarray:
 
 
 def _normalized(name: str) -> str:
-    return " ".join(name.replace("_", " ").split()).casefold()
+    """A structure's name as names are compared: case-insensitive, ``_`` and ``-`` as spaces, spaces collapsed."""
+    return " ".join(name.replace("_", " ").replace("-", " ").split()).casefold()
 
 
 def segment_values(segments: dict[int, str], label_names: dict[int, str] | None, path: Path) -> dict[int, int]:
     """Segment number -> label value. When every segment's label names one of ``label_names`` (the
-    federation's; compared case-insensitively, ``_`` = space), that name's label value; otherwise the
+    federation's; compared case-insensitively, ``_`` and ``-`` as spaces), that name's label value; otherwise the
     segment number itself, unless a segment's label names a label of another value than its number (segment 1
     "Lesion" where ``label_names`` has 2: lesion): neither reading can be trusted then, and ``FederationError``
     names the SEG ``path`` and the segment (the numbers would paint the lesion as the organ)."""

@@ -6,8 +6,10 @@ couch...), each a stack of polygons in patient coordinates (mm, DICOM LPS), one 
 (a 3D volume with a patient-space grid: a DICOM series, NIfTI, NRRD or MetaImage; ``readers.volume_grid``):
 
 - **ROI -> label value**: an ROI whose ``ROIName`` names a ``label_names`` entry (compared as DICOM-SEG segment
-  labels are, ``readers.segment_values``: case-insensitive, ``_`` = space) gets that entry's value; ROIs named in
-  no entry (BODY, External, couch, markers) are skipped unread. No ROI named so, or no ``label_names``: refused.
+  labels are, ``readers.segment_values``: case-insensitive, ``_`` and ``-`` as spaces) gets that entry's value;
+  ROIs named in no entry (BODY, External, couch, markers) are skipped unread. No ROI named so, or no
+  ``label_names``: refused; a ``label_names`` entry no ROI of any structure set names: refused by the data check,
+  with the closest ROI names (``check.rtstruct_problems``).
 - **A label no ROI names**: an ROI declared in StructureSetROISequence without contours is an explicitly empty
   structure, read as background without a word. A ``label_names`` entry that no ROI of a structure set names at all
   is read as background too (a case without a lesion is legitimate), but it is not silent: in RT practice a missing
