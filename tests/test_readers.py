@@ -611,3 +611,23 @@ def test_series_grid_and_the_seg_writer_sort_the_slices_by_one_rule(tmp_path):
     assert [ds.SOPInstanceUID for ds in sources] == [ds.SOPInstanceUID for ds in written]
     grid = readers.series_grid(tmp_path / "series")  # its origin: the first slice of that order
     np.testing.assert_allclose(LPS_TO_RAS[:3, :3] @ np.asarray(sources[0].ImagePositionPatient), grid.affine[:3, 3])
+
+
+def test_a_truncated_slice_is_named_as_truncated_not_blamed_on_the_slice_spacing(tmp_path):
+    """A slice cut short (an interrupted copy): ITK drops it and would report uneven spacing or another series;
+    fedseg names the file and says it is truncated, whether its pixel data or its header was cut."""
+    write_series(tmp_path / "case", VALUES)
+    victim = sorted((tmp_path / "case").iterdir())[2]
+    data = victim.read_bytes()
+    victim.write_bytes(data[:-100])
+    with pytest.raises(FederationError) as e:
+        readers.volume_grid(tmp_path / "case")
+    assert str(e.value).startswith(
+        f"{victim}: its pixel data ends at least 96 bytes short of 10 x 8 pixels of 16 bits"
+    )  # 100 - 4: the header assumed at its shortest
+    assert "a truncated file (an interrupted copy?)" in str(e.value)
+    victim.write_bytes(data[: len(data) - 160 - 12 + 4])  # into the pixel data element's header
+    with pytest.raises(FederationError, match="truncated file"):
+        readers.volume_grid(tmp_path / "case")
+    victim.write_bytes(data)
+    assert readers.volume_grid(tmp_path / "case").shape == VALUES.shape

@@ -135,6 +135,28 @@ def series_folder_problem(folder: Path) -> str | None:
     return None
 
 
+def _truncated(path: Path, ds: Any, pixels_at: int) -> str | None:
+    """Why ``path`` (its header ``ds``, read without pixels up to byte ``pixels_at``, where its pixel data element
+    starts) is cut short: an uncompressed slice whose file ends before its pixel data (Rows x Columns x
+    SamplesPerPixel x BitsAllocated / 8 bytes after the element's 8-byte header at least) does, as an interrupted
+    copy leaves it; ITK would drop the slice and blame the slice spacing. None where it is complete or cannot be told
+    (a compressed transfer syntax, a header without the sizes: the checks after this one say so)."""
+    syntax = getattr(getattr(ds, "file_meta", None), "TransferSyntaxUID", None)
+    try:
+        if syntax is None or syntax.is_compressed:
+            return None
+        needed = int(ds.Rows) * int(ds.Columns) * int(getattr(ds, "SamplesPerPixel", 1)) * int(ds.BitsAllocated) // 8
+    except (AttributeError, TypeError, ValueError):
+        return None
+    missing = pixels_at + 8 + needed - path.stat().st_size
+    if missing <= 0:
+        return None
+    return (
+        f"{path}: its pixel data ends at least {missing} bytes short of {int(ds.Rows)} x {int(ds.Columns)} pixels of "
+        f"{int(ds.BitsAllocated)} bits: a truncated file (an interrupted copy?); copy it again"
+    )
+
+
 def _plane(ds: Any, path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """A slice's ``(position, row direction, column direction, (row spacing, column spacing))`` in LPS mm."""
     needed = ("ImagePositionPatient", "ImageOrientationPatient", "PixelSpacing", "Rows", "Columns")
@@ -185,9 +207,14 @@ def series_grid(folder: Path) -> VoxelGrid:
     headers = []
     for path in series_entries(folder):
         try:
-            headers.append((path, pydicom.dcmread(path, stop_before_pixels=True)))
+            with open(path, "rb") as f:
+                ds = pydicom.dcmread(f, stop_before_pixels=True)
+                pixels_at = f.tell()  # pydicom stops at the pixel data element's start
         except Exception as e:  # noqa: BLE001 — pydicom raises several types for a non-DICOM file
             raise FederationError(f"{path}: not a DICOM file ({type(e).__name__}); expected one DICOM series") from None
+        if (short := _truncated(path, ds, pixels_at)) is not None:
+            raise FederationError(short)
+        headers.append((path, ds))
     for path, ds in headers:  # a truncated or damaged file parses with its header cut short
         if not str(getattr(ds, "SeriesInstanceUID", "")):
             raise FederationError(f"{path}: DICOM header without a SeriesInstanceUID (a damaged or truncated file?)")
