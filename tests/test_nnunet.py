@@ -224,6 +224,8 @@ def test_pooled_export_then_import_keeps_regions_channels_cases_spacing_and_spli
     result = cli("export", "nnunet", str(fed_dir), "--out", str(tmp_path / "raw"), "--id", "7", "--name", "liver 3")
     assert result.exit_code == 0, result.output
     dataset_dir = tmp_path / "raw" / "Dataset007_liver_3"
+    copy = f'copy {dataset_dir / "splits_final.json"} to "$nnUNet_preprocessed"/Dataset007_liver_3/ before training'
+    assert copy in result.output  # a line to paste into a shell: the variable quoted, the paths quoted where needed
     dataset = json.loads((dataset_dir / "dataset.json").read_text())
     assert dataset["channel_names"] == {"0": "T2", "1": "ADC"} and dataset["file_ending"] == ".nii.gz"
     assert dataset["labels"] == {"background": 0, "liver": 1, "tumour": 2} and "regions_class_order" not in dataset

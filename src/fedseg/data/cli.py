@@ -297,7 +297,8 @@ def export(
         f"{written.training} training and {written.test} test cases, {written.folds} fold(s) -> {written.path}"
     )
     typer.echo(
-        f"  copy {written.path / 'splits_final.json'} to $nnUNet_preprocessed/{written.path.name}/ before training"
+        f"  copy {shlex.quote(str(written.path / 'splits_final.json'))} to "
+        f'"$nnUNet_preprocessed"/{shlex.quote(written.path.name)}/ before training'
     )
     if site is None:
         typer.echo(
