@@ -679,6 +679,8 @@ def test_channel_order_is_same_reordered_other_names_or_unknown():
     assert channel_order(["T1", "FLAIR"], [" t1", "Flair "]) == "same"
     assert channel_order(["T1", "FLAIR"], ["FLAIR", "T1"]) == "reordered"
     assert channel_order(["T1", "FLAIR"], ["T1w", "FLAIR"]) == "other names"
+    assert channel_order(["T1", "FLAIR"], ["flair", "T1w"]) == "reordered"  # FLAIR comes first there
+    assert channel_order(["T1", "T2", "FLAIR"], ["T1", "FLAIR", "T2w"]) == "reordered"
     assert channel_order(["T2"], ["MRI"]) == "other names"  # one channel: never reordered
     assert channel_order(["T1", "FLAIR"], ["channel0", "channel1"]) == "unknown"  # an export's placeholders
     assert channel_order(["T1", "FLAIR"], ["T1"]) == "unknown"

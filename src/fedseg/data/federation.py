@@ -203,15 +203,17 @@ def channel_order(model: list[str], data: list[str]) -> Literal["same", "reorder
     """How the channel names of ``data`` (a dataset, a federation) stand to the ``model``'s, name by name with
     whitespace trimmed and case ignored (``T1`` = ``t1 ``; FeTS's ``t1ce`` = an nnU-Net ``T1ce``): ``same``;
     ``reordered``, the same names in another order (FLAIR, T1 for a model that read T1, FLAIR: the inputs would be
-    swapped); ``other names`` (``T1w`` for ``T1``, ``MRI`` for ``T2``: no order can be read from them); ``unknown``
-    where a list is missing, of another length, or holds the ``channel0``, ``channel1`` placeholders an export
-    writes for unnamed channels."""
+    swapped), or a name both lists hold at another position (``flair, T1w`` for T1, FLAIR: the FLAIR the model reads
+    second comes first); ``other names`` (``T1w`` for ``T1``, ``MRI`` for ``T2``: no order can be read from them);
+    ``unknown`` where a list is missing, of another length, or holds the ``channel0``, ``channel1`` placeholders an
+    export writes for unnamed channels."""
     ours, theirs = ([n.strip().casefold() for n in names] for names in (model, data))
     if len(ours) != len(theirs) or any(PLACEHOLDER_CHANNEL.fullmatch(n) for n in ours + theirs):
         return "unknown"
     if ours == theirs:
         return "same"
-    return "reordered" if sorted(ours) == sorted(theirs) else "other names"
+    moved = any(name in theirs and theirs.index(name) != i for i, name in enumerate(ours))
+    return "reordered" if sorted(ours) == sorted(theirs) or moved else "other names"
 
 
 @dataclass
