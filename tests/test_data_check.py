@@ -353,3 +353,22 @@ def test_cli_check_warns_about_large_images_once_per_kind_and_passes(root):
     assert len(warnings) == 4 and "and 3 more like this" in warnings[-1]  # 6 images: 3 shown, then a count
     quiet = CliRunner().invoke(app, ["data", "check", str(root)])
     assert quiet.exit_code == 0 and "warning:" not in quiet.output
+
+
+def test_a_region_no_case_holds_is_a_warning_naming_it(root):
+    """Label value 2 in no case (the annotations number the cup otherwise?): the check passes with one warning line
+    naming the region, since every model would learn it as background; with the value back, no warning."""
+    for label in root.glob("*/labels/*.png"):
+        array = np.asarray(Image.open(label)).copy()
+        array[array == 2] = 1
+        _png(label, array)
+    result = CliRunner().invoke(data_app, ["check", str(root)])
+    assert result.exit_code == 0, result.output
+    warnings = [line for line in result.output.splitlines() if line.startswith("warning: ")]
+    assert warnings == [
+        "warning: region 'cup' (label value 2): no voxel in any of the 6 cases: every model would learn it as "
+        "background (do the labels number it otherwise?)"
+    ]
+    _png(next(root.glob("s1/labels/*.png")), np.full((8, 8), 2, np.uint8))
+    result = CliRunner().invoke(data_app, ["check", str(root)])
+    assert result.exit_code == 0 and "warning:" not in result.output, result.output

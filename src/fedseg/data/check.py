@@ -50,9 +50,12 @@ def label_value_problems(label: np.ndarray, regions: Regions, path: Path | str) 
     ]
 
 
-def _check_case(image_path: Path, label_path: Path, header: Header | None) -> tuple[list[str], tuple[int, ...] | None]:
-    """Load one case and return ``(problems, image shape (C, *spatial) or None)``, each problem once (a DICOM-SEG
-    label is read on its image's grid, so a broken DICOM series fails the label with the image's own line).
+def _check_case(
+    image_path: Path, label_path: Path, header: Header | None
+) -> tuple[list[str], tuple[int, ...] | None, set[int]]:
+    """Load one case and return ``(problems, image shape (C, *spatial) or None, its label's values)``, each problem
+    once (a DICOM-SEG label is read on its image's grid, so a broken DICOM series fails the label with the image's
+    own line).
 
     Without a valid header only readability is checked (kind, channels and regions are unknown).
     """
@@ -63,7 +66,7 @@ def _check_case(image_path: Path, label_path: Path, header: Header | None) -> tu
                 read_array(path, as_label=as_label)
             except FederationError as e:
                 problems += str(e).splitlines()
-        return problems, None
+        return problems, None, set()
     image = label = None
     try:
         image = read_image(image_path, header.kind)
@@ -79,7 +82,8 @@ def _check_case(image_path: Path, label_path: Path, header: Header | None) -> tu
         problems += case_problems(image, label, image_path, label_path, header.channels) or grid_problems(
             image_path, label_path
         )
-    return list(dict.fromkeys(problems)), None if image is None else tuple(image.shape)
+    values = set() if label is None else {int(v) for v in np.unique(label)}
+    return list(dict.fromkeys(problems)), None if image is None else tuple(image.shape), values
 
 
 MAX_IMAGE_MB = 512.0  # data check's default: an image larger than this as float32 gets a warning
@@ -155,6 +159,18 @@ def rtstruct_problems(painted: list[rtstruct.Painted]) -> list[str]:
     return problems
 
 
+def empty_region_warnings(regions: Regions, seen: set[int], cases: int) -> list[str]:
+    """One line per region none of whose label values any of the ``cases`` checked holds (``seen``): every model
+    learns it as background, a label value the annotations never use (another numbering?) more often than a
+    structure absent from every case."""
+    return [
+        f"region {name!r} (label value{'s' if len(values) > 1 else ''} {', '.join(map(str, values))}): no voxel in "
+        f"any of the {cases} cases: every model would learn it as background (do the labels number it otherwise?)"
+        for name, values in zip(regions.names, regions.values)
+        if not seen & set(values)
+    ]
+
+
 def check_folder(
     root: str | Path,
     split: SplitConfig | None = None,
@@ -205,18 +221,22 @@ def check_folder(
     header, sites, fixed, problems = scan_folder(root, all_sites=all_sites)
     meta: dict[tuple[str, str], dict[str, object]] = {}
     site_of: dict[Path, str] = {}
+    seen: set[int] = set()  # label values some case holds
     with rtstruct.noting() as painted:
         for site in sites:
             for cid, (image_path, label_path) in site.cases.items():
                 site_of[label_path] = site.name
-                case_probs, shape = _check_case(image_path, label_path, header)
+                case_probs, shape, values = _check_case(image_path, label_path, header)
                 problems += case_probs
+                seen |= values
                 if shape is not None:
                     meta[(site.name, cid)] = {"image_shape": shape}
                     if warnings is not None:
                         warnings += size_warning(image_path, shape, max_image_mb)
     problems += rtstruct_problems(painted)
     notices = rtstruct_warnings(painted, site_of)
+    if header is not None and not problems:
+        notices += empty_region_warnings(header.regions, seen, sum(len(site.cases) for site in sites))
     if warnings is not None:
         warnings += notices
     fed = None if header is None else build_federation(header, sites, fixed, meta)
