@@ -205,3 +205,21 @@ def test_a_one_slice_series_given_to_a_2d_model_gets_a_mask_of_its_shape_and_a_s
     np.testing.assert_allclose(mask.affine, grid.affine)
     seg = readers.read_dicom_seg(tmp_path / "out" / "case.dcm", grid, series, label_names={1: "organ", 2: "lesion"})
     np.testing.assert_array_equal(seg, np.asarray(mask.dataobj))
+
+
+def test_a_one_channel_model_prints_no_channel_order_for_a_series(tmp_path, tiny_config):
+    """A CT model (one channel, named) given a DICOM series: no channel-order note (one channel has no order to get
+    wrong, and a series has no nnU-Net channel files); a two-channel model's note is the one predict prints."""
+    from fedseg.predict import channels_note
+    from fedseg.run.bundles import load_bundle
+
+    cfg = tiny_config(algorithms=["fedavg"], data={"image_size": 16})
+    network = build_segmenter(cfg.model, 3, 1, len(DISJOINT), seed=0)
+    folder = tmp_path / "fedavg"
+    write_bundle_files(
+        folder, {"global": weights_of(network)}, cfg, Federation("ct", "3d", 1, DISJOINT, [], channel_names=["CT"])
+    )
+    write_series(tmp_path / "in" / "case", VALUES)
+    notes: list[str] = []
+    predict(folder, tmp_path / "in" / "case", tmp_path / "out", notes=notes)
+    assert notes == [] and channels_note(load_bundle(folder), None) is None

@@ -553,9 +553,10 @@ def check_dataset_channels(path: Path, channels: int, bundle: Bundle) -> Dataset
 def channels_note(bundle: Bundle, dataset: DatasetChannels | None) -> str | None:
     """One line saying which channel the model reads where, for a user to check the inputs against (``predict``'s
     ``notes``), where the bundle knows its channel names; with what the input's dataset.json says of them. None
-    where the bundle does not know them."""
+    where the bundle does not know them, or reads one channel (no order to get wrong; a DICOM series was told of
+    nnU-Net channel files)."""
     names = bundle.channel_names
-    if names is None:
+    if names is None or len(names) < 2:
         return None
     order = ", ".join(f"_{c:0{CHANNEL_DIGITS}d} = {n}" for c, n in enumerate(names))
     said = ""
