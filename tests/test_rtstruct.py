@@ -337,7 +337,13 @@ def test_a_malformed_rtstruct_is_one_line_naming_it(case, tmp_path):
     with pytest.raises(FederationError) as e:
         read_label(tmp_path / "no-number.dcm", "3d", image=image, label_names=LABEL_NAMES)
     assert str(e.value).startswith(f"{tmp_path / 'no-number.dcm'}: malformed RTSTRUCT (AttributeError: ")
-    assert "\n" not in str(e.value)
+    assert "\n" not in str(e.value) and str(e.value).endswith("a truncated or damaged file (an interrupted copy?)")
+    truncated = tmp_path / "truncated.dcm"
+    truncated.write_bytes(rs.read_bytes()[:1500])  # an interrupted copy
+    with pytest.raises(
+        FederationError, match=r"truncated\.dcm: .*a truncated or damaged file \(an interrupted copy\?\)$"
+    ):
+        read_label(truncated, "3d", image=image, label_names=LABEL_NAMES)
     with pytest.raises(FederationError, match=r"rs\.dcm: an RTSTRUCT label is read on its case's image grid"):
         read_label(rs, "3d", label_names=LABEL_NAMES)
 

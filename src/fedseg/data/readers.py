@@ -517,7 +517,10 @@ def _read_dicom_seg(path: Path, grid: VoxelGrid, image: Path, label_names: dict[
     try:
         frames = np.asarray(ds.pixel_array)
     except Exception as e:  # noqa: BLE001 — any decoder failure means "corrupt file" to the user
-        raise FederationError(f"{path}: cannot decode its pixel data ({type(e).__name__}: {e})") from None
+        raise FederationError(
+            f"{path}: cannot decode its pixel data ({type(e).__name__}: {' '.join(str(e).split())[:200]}): a "
+            "truncated or damaged file (an interrupted copy?)"
+        ) from None
     frames = frames[None] if frames.ndim == 2 else frames
     to_index = np.linalg.inv(_LPS_TO_RAS @ grid.affine)  # LPS mm -> voxel index
     per_frame = getattr(ds, "PerFrameFunctionalGroupsSequence", None)

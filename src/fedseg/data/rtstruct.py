@@ -197,7 +197,10 @@ def contour_points(path: Path) -> np.ndarray:
 
 
 def _malformed(path: Path, e: Exception) -> FederationError:
-    return FederationError(f"{path}: malformed RTSTRUCT ({type(e).__name__}: {' '.join(str(e).split())[:200]})")
+    return FederationError(
+        f"{path}: malformed RTSTRUCT ({type(e).__name__}: {' '.join(str(e).split())[:200]}): a truncated or damaged "
+        "file (an interrupted copy?)"
+    )
 
 
 def _dataset(path: Path) -> Any:
