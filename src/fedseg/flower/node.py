@@ -262,7 +262,6 @@ class NotThisSite(ValueError):
             f"SuperNode authentication: its key) as site {addressee!r}'s, but it was started with --site {site}; "
             f"restart it with --site {addressee}, or with site {site!r}'s key"
         )
-        self.pair = (addressee, site)
 
     def say(self, context: Context) -> None:
         """Log it once per Flower run on this node, without a traceback (a skipped site is asked every exchange)."""
@@ -307,8 +306,13 @@ def handle(message: FlowerMessage, context: Context) -> FlowerMessage:
             head = dict(message.content.config_records[ENGINE])
             check_addressee(head, settings, anonymous=category == "query" and action in ANONYMOUS)
         if category == "query":
-            handlers = {INFO: on_info, SNAPSHOT: on_snapshot, RESTORE: on_restore, REFUSED: on_refused}
-            handler = {**handlers, RELEASE: on_release}.get(action)
+            handler = {
+                INFO: on_info,
+                SNAPSHOT: on_snapshot,
+                RESTORE: on_restore,
+                REFUSED: on_refused,
+                RELEASE: on_release,
+            }.get(action)
             if handler is None:
                 raise ValueError(f"unknown fedseg query {action!r}")
             content = handler(message.content, context, settings, cfg)
