@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fedseg.atomic_files import atomic_write_text
 from fedseg.interrupts import is_running
 
 BIN = Path(sys.executable).parent
@@ -246,7 +247,8 @@ class Processes:
         if self.record is not None:
             self.record.parent.mkdir(parents=True, exist_ok=True)
             names = {str(s.proc.pid): s.name for s in self.started}
-            self.record.write_text(json.dumps({"started": names, "pids": sorted(self.seen)}, indent=1))
+            # atomic: it is rewritten every second while others (a cleanup, a test) read it
+            atomic_write_text(self.record, json.dumps({"started": names, "pids": sorted(self.seen)}, indent=1))
 
     def stop(self, grace: float = 5.0) -> None:
         """SIGTERM every process of ours; SIGKILL whatever is left after ``grace`` s. A second Ctrl-C
