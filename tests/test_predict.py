@@ -168,6 +168,11 @@ def test_masks_keep_the_input_size_and_format(trained, tmp_path):
     affine = np.diag([0.5, 0.25, 1.0, 1.0])
     nib.save(nib.Nifti1Image(rgb.copy(), affine), new / "scan.nii.gz")  # 2D NIfTI: (X, Y, C)
     nib.save(nib.Nifti1Image(rgb[:, :, None, :].copy(), affine), new / "slice.nii.gz")  # 2D as nnU-Net: (X, Y, 1, C)
+    scanner = nib.Nifti1Image(rgb[:, :, None, :].copy(), None)  # a scanner's file: a rotated qform, no sform
+    rotated = np.array([[0.0, -0.5, 0, 12], [0.25, 0, 0, -3], [0, 0, 2.0, 7], [0, 0, 0, 1]])
+    scanner.set_qform(rotated, code=1)
+    scanner.set_sform(None, code=0)
+    nib.save(scanner, new / "scanner.nii.gz")
     shutil.copy(src, new / "same.png")
     rows = predict(run / "model", new, tmp_path / "out")
     assert {r["file"]: r["mask"] for r in rows} == {
@@ -176,6 +181,7 @@ def test_masks_keep_the_input_size_and_format(trained, tmp_path):
         "photo.jpg": "photo.png",
         "same.png": "same.png",
         "scan.nii.gz": "scan.nii.gz",
+        "scanner.nii.gz": "scanner.nii.gz",
         "slice.nii.gz": "slice.nii.gz",
     }
     out = tmp_path / "out"
@@ -189,6 +195,10 @@ def test_masks_keep_the_input_size_and_format(trained, tmp_path):
     one_slice = nib.load(out / "slice.nii.gz")  # the mask lies on the image's (X, Y, 1) grid, as nnU-Net's would
     assert one_slice.shape == (32, 32, 1)
     np.testing.assert_array_equal(np.asarray(one_slice.dataobj)[:, :, 0], same)
+    from_scanner = nib.load(out / "scanner.nii.gz")  # the image's spatial header: qform only, as the scanner wrote it
+    assert (int(from_scanner.header["qform_code"]), int(from_scanner.header["sform_code"])) == (1, 0)
+    np.testing.assert_allclose(from_scanner.affine, rotated, atol=1e-6)
+    np.testing.assert_array_equal(np.asarray(from_scanner.dataobj)[:, :, 0], same)
     assert same.dtype == np.uint8 and set(np.unique(same)) <= {0, 1, 2}
 
 

@@ -97,7 +97,7 @@ from fedseg.run.outputs import csv_text
 from fedseg.run.preflight import check_out_dir
 
 if TYPE_CHECKING:
-    from nibabel.spatialimages import SpatialImage
+    from nibabel.nifti1 import Nifti1Image
 
 CSV_NAME = "predictions.csv"
 BASE_COLUMNS = ["file", "mask", "model", "confidence"]
@@ -619,12 +619,28 @@ def write_mask(path: Path, label: np.ndarray, source: Path) -> None:
         import nibabel as nib
 
         # a NIfTI file: nib.load gives a Nifti1Image/Nifti2Image, typed as the FileBasedImage base
-        image = cast("SpatialImage", nib.load(source))
-        _write_nifti(path, stored_shape(label, image.shape), image.affine)
+        image = cast("Nifti1Image", nib.load(source))
+        write_nifti_like(path, stored_shape(label, image.shape), image)
     elif ext == "npy":
         np.save(path, label)
     else:
         _write_png(path, label)
+
+
+def write_nifti_like(path: Path, label: np.ndarray, image: Nifti1Image) -> None:
+    """``label`` on NIfTI ``image``'s grid with its spatial header: its qform and sform with their codes, and its
+    units. A scanner's qform-only file gets a qform-only mask (``nib.Nifti1Image(label, image.affine)`` would store
+    the affine as an sform coded "aligned" as well, which viewers and registration tools may read differently); a
+    file without either (the affine from ``pixdim``) keeps neither."""
+    import nibabel as nib
+
+    data = np.ascontiguousarray(label.astype(np.uint8) if label.dtype == bool else label)
+    header = image.header
+    mask = nib.Nifti1Image(data, None, dtype=data.dtype)
+    mask.set_qform(image.get_qform(), code=int(header["qform_code"]))
+    mask.set_sform(image.get_sform(), code=int(header["sform_code"]))
+    mask.header.set_xyzt_units(*header.get_xyzt_units())
+    nib.save(mask, path)
 
 
 def output_names(inputs: list[Input], overlay: bool, dicom_seg: bool = False) -> list[str]:
