@@ -109,7 +109,8 @@ def orderings(rows: dict[str, dict]) -> dict[str, dict]:
 
 
 def markdown(report: dict) -> str:
-    from fedseg.evaluate.stats import correct_family, dagger, p_value_text
+    from fedseg.bench.report import per_seed_text
+    from fedseg.evaluate.stats import correct_family, dagger, p_value_text, seeds_disagree
 
     lines = ["# Auto-FedAvg benchmark (Table 2 layout)", ""]
     for fed, block in report.items():
@@ -120,8 +121,8 @@ def markdown(report: dict) -> str:
             f"## {fed} (seeds {block['seeds']})",
             "",
             "| method | " + " | ".join(sites) + " | global test avg | local avg | local gen | extra traffic vs FedAvg "
-            "(paper (K-1)/(2 t0)) | Wilcoxon vs FedAvg: p, Holm-adjusted (median case difference) |",
-            "|---|" + "---|" * (len(sites) + 5),
+            "(paper (K-1)/(2 t0)) | Wilcoxon vs FedAvg: p, Holm-adjusted (median case difference) | Δ per seed |",
+            "|---|" + "---|" * (len(sites) + 6),
         ]
         for name, row in block["methods"].items():
             g = row["global_test_avg"]
@@ -129,19 +130,22 @@ def markdown(report: dict) -> str:
             test = row.get("wilcoxon_vs_fedavg", {})
             mark = dagger(test).strip()  # † where significant: the CI excludes 0 and the adjusted p < 0.05
             extra = f"{row['extra_cost_vs_fedavg']:+.3f} ({row['paper_extra_cost']:.3f})" if name in VARIANTS else "—"
+            disagree = " (seeds disagree)" if seeds_disagree(test) else ""
             lines.append(
                 f"| {get_algorithm(name).display_name} | "
                 + " | ".join(f"{row['sites'][s]:.4f}" for s in sites)
                 + f" | {g['mean']:.4f}{mark}{std} | {row['local_avg']:.4f} | {row['local_gen']:.4f} | {extra} | "
-                + (f"{p_value_text(test)} ({test['median_difference']:+.4f})" if test else "—")
-                + " |"
+                + (f"{p_value_text(test)} ({test['median_difference']:+.4f}){disagree}" if test else "—")
+                + f" | {per_seed_text(test) if test else '—'} |"
             )
         lines += [
             "",
             "† the 95% hierarchical bootstrap CI (sites, cases, seeds) of the mean per-case test Dice difference "
             "against FedAvg excludes 0 (fedseg.evaluate.stats.compare) and the Wilcoxon p, Holm-adjusted over the "
             "table, is below 0.05; the last column gives that p (two-sided, paired, over the test cases, each "
-            "averaged over the seeds) and the median per-case difference. ± std over the 3 seeds.",
+            "averaged over the seeds) and the median per-case difference; Δ per seed: each seed's mean per-case "
+            "difference (s0: run seed 0); (seeds disagree): they do not all share the mean's sign, so a small p "
+            "(each image the unit) is no evidence across training runs: read the CI. ± std over the 3 seeds.",
             "",
             "Paper orderings (global test avg):",
             "",

@@ -41,7 +41,8 @@ from pathlib import Path
 import numpy as np
 
 from common import RESULTS, ROUNDS, SPECS, bench_entries
-from fedseg.evaluate.stats import ci_text, correct_family, dagger, mean_std, p_value_text
+from fedseg.bench.report import per_seed_text
+from fedseg.evaluate.stats import ci_text, correct_family, dagger, mean_std, p_value_text, seeds_disagree
 
 CONTINUED = "fedavg-continue"  # the control: FedAvg continued from the model the CONTROLLED methods start from
 ORDER = ["fedavg", "local", "finetune", "ditto-ft", "ditto", "fedper", "lg-fedavg", "cfl", "prior-cfl", CONTINUED]
@@ -137,10 +138,15 @@ def fmt(x: dict, digits: int = 3) -> str:
     return f"{m:.{digits}f}" + ("" if math.isnan(s) else f" ± {s:.{digits}f}")
 
 
+TEST_HEAD = ["95% CI", "Δ per seed", "p (Holm)"]  # after a Δ column: test_cells' other cells
+
+
 def test_cells(w: dict) -> list[str]:
-    """Δ (with † where significant: the CI excludes 0 and the Holm-adjusted p < 0.05), the 95% CI and that p of
-    one ``wilcoxon_vs`` result, as table cells."""
-    return [f"{w['mean_difference']:+.4f}{dagger(w)}", ci_text(w, digits=4), p_value_text(w)]
+    """Δ (with † where significant: the CI excludes 0 and the Holm-adjusted p < 0.05), the 95% CI, the Δ of each
+    seed and that p (with "(seeds disagree)" where the seeds' Δ do not all share Δ's sign,
+    ``fedseg.evaluate.stats.seeds_disagree``) of one ``wilcoxon_vs`` result, as table cells."""
+    p = p_value_text(w) + (" (seeds disagree)" if seeds_disagree(w) else "")
+    return [f"{w['mean_difference']:+.4f}{dagger(w)}", ci_text(w, digits=4), per_seed_text(w), p]
 
 
 def correct_families(block: dict) -> None:
@@ -160,7 +166,8 @@ def markdown(report: dict) -> str:
         "best validation round). Δ: mean over the test cases (each averaged over the seeds) of the per-case Dice",
         "difference; 95% CI: its hierarchical bootstrap interval (sites, cases within sites, seeds); p: two-sided",
         "paired Wilcoxon over the same cases (`fedseg.evaluate.stats.compare`), Holm-adjusted within each table; †",
-        "the CI excludes 0 and that p < 0.05.",
+        "the CI excludes 0 and that p < 0.05. Δ per seed: s0 is run seed 0's Δ; (seeds disagree): they do not all",
+        "share Δ's sign, so a small p (each image the unit) is no evidence across training runs: read the CI.",
         "",
     ]
     for fed, block in report["federations"].items():
@@ -168,7 +175,7 @@ def markdown(report: dict) -> str:
         regions = block["regions"]
         lines += [f"## {fed}", "", "### Table 1", ""]
         head = ["method", "Dice", *[f"Dice {r}" for r in regions], "HD95", "local avg", "local gen", "Δ vs FedAvg"]
-        head += ["95% CI", "p (Holm)"]
+        head += TEST_HEAD
         lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for name, r in block["rows"].items():
             w = block["wilcoxon"].get(name, {})
@@ -179,11 +186,12 @@ def markdown(report: dict) -> str:
                 fmt(r["hd95"], 2),
                 fmt(r["local_avg"]),
                 fmt(r["local_gen"]),
-                *(test_cells(w) if w else ["", "", ""]),
+                *(test_cells(w) if w else [""] * (1 + len(TEST_HEAD))),
             ]
             lines.append("| " + " | ".join(cells) + " |")
         lines += ["", f"### Against the continuation control ({CONTINUED}: the same start and extra training)", ""]
-        lines += ["| method | Δ Dice vs " + CONTINUED + " | 95% CI | p (Holm) | pairs |", "|---|---|---|---|---|"]
+        head = ["method", f"Δ Dice vs {CONTINUED}", *TEST_HEAD, "pairs"]
+        lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for name, w in block.get("vs_continued", {}).items():
             lines.append(f"| {name} | " + " | ".join(test_cells(w)) + f" | {w['pairs']} |")
         if block.get("pairs"):
@@ -191,8 +199,8 @@ def markdown(report: dict) -> str:
                 "",
                 "### Pairs",
                 "",
-                "| method | against | Δ Dice | 95% CI | p (Holm) | pairs |",
-                "|" + "---|" * 6,
+                "| " + " | ".join(["method", "against", "Δ Dice", *TEST_HEAD, "pairs"]) + " |",
+                "|" + "---|" * (4 + len(TEST_HEAD)),
             ]
             for w in block["pairs"]:
                 lines.append(f"| {w['method']} | {w['against']} | " + " | ".join(test_cells(w)) + f" | {w['pairs']} |")
