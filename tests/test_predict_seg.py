@@ -9,17 +9,20 @@ towards the feet, files in shuffled name order); the bundle is an untrained netw
 from __future__ import annotations
 
 import csv
+import shutil
 from pathlib import Path
 
 import nibabel as nib
 import numpy as np
 import pytest
+import yaml
 from PIL import Image
 from typer.testing import CliRunner
 
 from fedseg.cli import app
 from fedseg.data import readers
 from fedseg.data.federation import Federation, Regions
+from fedseg.data.folder import load_folder
 from fedseg.engine.messages import weights_of
 from fedseg.models.factory import build_segmenter
 from fedseg.predict import PredictError, predict
@@ -79,6 +82,8 @@ def test_the_seg_of_a_series_reads_back_as_the_nifti_mask_and_references_the_ser
         out / "case.dcm", readers.volume_grid(series), series, label_names={1: "organ", 2: "lesion"}
     )
     np.testing.assert_array_equal(seg, mask)
+    by_regions = readers.read_dicom_seg(out / "case.dcm", readers.volume_grid(series), series, regions=DISJOINT)
+    np.testing.assert_array_equal(by_regions, mask)  # named as the regions: the same label map
 
     ds, source = pydicom.dcmread(out / "case.dcm"), pydicom.dcmread(next(series.iterdir()), stop_before_pixels=True)
     assert ds.Modality == "SEG" and ds.SegmentationType == "BINARY"
@@ -121,8 +126,27 @@ def test_nested_regions_are_overlapping_segments_each_its_regions_mask(tmp_path,
         source_sop_instance_uids=[ds.SOPInstanceUID for ds in slices], combine_segments=False
     )  # (slices, rows, columns, segments)
     np.testing.assert_array_equal(pixels.transpose(3, 2, 1, 0), expected)
-    with pytest.raises(ValueError, match="segments overlap"):  # what a label map reader makes of it
-        readers.read_dicom_seg(tmp_path / "out" / "case.dcm", readers.volume_grid(series), series)
+    grid, seg_file = readers.volume_grid(series), tmp_path / "out" / "case.dcm"
+    # read back as a federation label: the segments name its regions, so they are painted as the prediction was
+    np.testing.assert_array_equal(readers.read_dicom_seg(seg_file, grid, series, regions=NESTED), label)
+    labels = {1: "whole tumor", 2: "tumor core", 3: "enhancing tumor"}  # named as labels too: they overlap all the same
+    np.testing.assert_array_equal(readers.read_dicom_seg(seg_file, grid, series, labels, NESTED), label)
+    with pytest.raises(ValueError, match="segments overlap .* names one of the federation's regions"):
+        readers.read_dicom_seg(seg_file, grid, series)  # without the regions no label map holds them
+    # ... and as a folder federation's label: data check passes it, the case loader reads the same label map
+    root = tmp_path / "fed"
+    for case in ("c1", "c2", "c3"):
+        shutil.copytree(series, root / "site1" / "images" / case)
+        (root / "site1" / "labels").mkdir(parents=True, exist_ok=True)
+        shutil.copy(seg_file, root / "site1" / "labels" / f"{case}.dcm")
+    header = {"name": "brats-like", "kind": "3d", "channels": 1, "regions": NESTED.as_dict()}
+    (root / "federation.yaml").write_text(yaml.safe_dump(header))
+    checked = CliRunner().invoke(app, ["data", "check", str(root)])
+    assert checked.exit_code == 0 and "Traceback" not in checked.output, checked.output
+    np.testing.assert_array_equal(load_folder(root).sites[0].cases[0].arrays()[1], label)
+    other = Regions.from_mapping({"WT": [1, 2, 3], "TC": [2, 3], "ET": [3]})  # names the segments do not use
+    with pytest.raises(ValueError, match=r"segments overlap .*regions \(WT, TC, ET\)"):
+        readers.read_dicom_seg(seg_file, grid, series, regions=other)
 
 
 def test_dicom_seg_without_a_dicom_series_input_is_refused_in_one_line(tmp_path, tiny_config):

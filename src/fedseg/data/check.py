@@ -73,7 +73,9 @@ def _check_case(
     except FederationError as e:
         problems += str(e).splitlines()
     try:
-        label = read_label(label_path, header.kind, image=image_path, label_names=header.label_names)
+        label = read_label(
+            label_path, header.kind, image=image_path, label_names=header.label_names, regions=header.regions
+        )
     except FederationError as e:
         problems += str(e).splitlines()
     if label is not None:

@@ -32,7 +32,8 @@ label map with integer values becomes the smallest integer dtype that holds them
   Spacing (mm per array axis) comes from the header (``fedseg.data.volumes.file_spacing``).
 - DICOM-SEG labels (``labels/<case>.dcm``): drawn on the case's image grid, each segment's pixels get
   its label value: the segment number, or, when every segment's label is one of ``label_names``, the
-  value of that name (``fedseg.data.readers.segment_values``).
+  value of that name (``fedseg.data.readers.segment_values``); segments that each name a region (nested ones
+  overlap) are painted from their region masks as a prediction is (``readers.read_dicom_seg``).
 - RT Structure Set labels (``labels/<case>.dcm``, Modality RTSTRUCT): the contours of the ROIs that ``label_names``
   names, painted on the case's image grid (``fedseg.data.rtstruct``).
 
@@ -211,12 +212,18 @@ def _as_integer_labels(label: np.ndarray, path: Path) -> np.ndarray:
 
 
 def read_label(
-    path: Path, kind: Literal["2d", "3d"], *, image: Path | None = None, label_names: dict[int, str] | None = None
+    path: Path,
+    kind: Literal["2d", "3d"],
+    *,
+    image: Path | None = None,
+    label_names: dict[int, str] | None = None,
+    regions: Regions | None = None,
 ) -> np.ndarray:
     """Read a label file as an integer map ``(*spatial)``. JPEG is refused (lossy).
 
     A DICOM-SEG (``.dcm``) is drawn on ``image``'s grid (its case's image: a DICOM series, NIfTI, NRRD or
-    MetaImage), segment numbers mapped to label values with ``label_names`` (``readers.segment_values``); an RT
+    MetaImage), segment numbers mapped to label values with ``label_names`` (``readers.segment_values``), or
+    segments that name the federation's ``regions`` painted as a prediction is (``readers.read_dicom_seg``); an RT
     Structure Set (``.dcm``, Modality RTSTRUCT) is painted on the same grid, its ROIs named in ``label_names``
     taking their values (``rtstruct.read_rtstruct``).
     """
@@ -225,7 +232,7 @@ def read_label(
         raise FederationError(f"{path}: unsupported label file type (labels must be lossless: {', '.join(LABEL_EXTS)})")
     ext, sd = _ext(path), _spatial_dims(kind)
     if ext == readers.SEG_EXT:
-        data = _seg_label(path, image, label_names)
+        data = _seg_label(path, image, label_names, regions)
     else:
         data = read_array(path, as_label=True)
     if _is_volume(ext) or ext == readers.SEG_EXT:
@@ -240,7 +247,9 @@ def read_label(
     return _as_integer_labels(data, path)
 
 
-def _seg_label(path: Path, image: Path | None, label_names: dict[int, str] | None) -> np.ndarray:
+def _seg_label(
+    path: Path, image: Path | None, label_names: dict[int, str] | None, regions: Regions | None
+) -> np.ndarray:
     """A DICOM-SEG (``readers.read_dicom_seg``) or RT Structure Set (``rtstruct.read_rtstruct``) label on ``image``'s
     grid."""
     structures = rtstruct.is_rtstruct(path)
@@ -255,7 +264,7 @@ def _seg_label(path: Path, image: Path | None, label_names: dict[int, str] | Non
         )
     if structures:
         return rtstruct.read_rtstruct(path, readers.volume_grid(image), image, label_names)
-    return readers.read_dicom_seg(path, readers.volume_grid(image), image, label_names)
+    return readers.read_dicom_seg(path, readers.volume_grid(image), image, label_names, regions)
 
 
 def case_problems(image: np.ndarray, label: np.ndarray, image_path: Path, label_path: Path, channels: int) -> list[str]:
@@ -302,11 +311,12 @@ def load_case(
     kind: Literal["2d", "3d"],
     channels: int,
     label_names: dict[int, str] | None = None,
+    regions: Regions | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Read one case -> ``(image (C, *spatial), label (*spatial))``; raises ``FederationError`` if malformed.
-    ``label_names``: the federation's, for a DICOM-SEG label's segments (``read_label``)."""
+    ``label_names``, ``regions``: the federation's, for a DICOM-SEG label's segments (``read_label``)."""
     image = read_image(image_path, kind)
-    label = read_label(label_path, kind, image=image_path, label_names=label_names)
+    label = read_label(label_path, kind, image=image_path, label_names=label_names, regions=regions)
     problems = case_problems(image, label, image_path, label_path, channels) or grid_problems(image_path, label_path)
     if problems:
         raise FederationError("\n".join(problems))
@@ -545,7 +555,9 @@ def build_federation(
     meta = meta or {}
 
     def case(site: SiteFiles, cid: str, image: Path, label: Path) -> Case:
-        loader = functools.partial(load_case, image, label, header.kind, header.channels, header.label_names)
+        loader = functools.partial(
+            load_case, image, label, header.kind, header.channels, header.label_names, header.regions
+        )
         files = {"image": str(image), "label": str(label)}
         return Case(cid, loader, {**files, **site.case_meta.get(cid, {}), **meta.get((site.name, cid), {})})
 

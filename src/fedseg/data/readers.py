@@ -27,7 +27,7 @@ maps voxel indices to RAS+ mm (nibabel's convention; ITK and DICOM's LPS are con
 from __future__ import annotations
 
 import importlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -39,6 +39,8 @@ from fedseg.data.federation import FederationError
 
 if TYPE_CHECKING:
     from nibabel.spatialimages import SpatialImage
+
+    from fedseg.data.federation import Regions
 
 NIFTI_EXTS = ("nii.gz", "nii")
 ITK_EXTS = ("nrrd", "mha", "mhd")  # read with ITK
@@ -450,10 +452,7 @@ def segment_values(segments: dict[int, str], label_names: dict[int, str] | None,
     segment number itself, unless a segment's label names a label of another value than its number (segment 1
     "Lesion" where ``label_names`` has 2: lesion): neither reading can be trusted then, and ``FederationError``
     names the SEG ``path`` and the segment (the numbers would paint the lesion as the organ)."""
-    by_name: dict[str, int] = {}
-    for value, name in (label_names or {}).items():
-        by_name[_normalized(name)] = -1 if _normalized(name) in by_name else value  # -1: ambiguous name
-    mapped = {n: by_name.get(_normalized(label), -1) for n, label in segments.items()}
+    mapped = _named_values(segments, label_names)
     if mapped and all(v >= 0 for v in mapped.values()):
         return mapped
     for number, value in mapped.items():
@@ -476,26 +475,62 @@ def _functional(ds: Any, frame: Any, sequence: str, attribute: str, path: Path) 
     raise FederationError(f"{path}: DICOM-SEG frame without {sequence} > {attribute}")
 
 
-def read_dicom_seg(path: Path, grid: VoxelGrid, image: Path, label_names: dict[int, str] | None = None) -> np.ndarray:
+def _named_values(segments: dict[int, str], label_names: dict[int, str] | None) -> dict[int, int]:
+    """Segment number -> the label value ``label_names`` gives its label, -1 where it names none (or a name two
+    values share)."""
+    by_name: dict[str, int] = {}
+    for value, name in (label_names or {}).items():
+        by_name[_normalized(name)] = -1 if _normalized(name) in by_name else value  # -1: ambiguous name
+    return {n: by_name.get(_normalized(label), -1) for n, label in segments.items()}
+
+
+def segment_regions(segments: dict[int, str], regions: Regions | None) -> dict[int, int] | None:
+    """Segment number -> region index where every segment's label names one of the federation's ``regions``
+    (compared as label names: case-insensitive, ``_`` and ``-`` as spaces), as ``fedseg predict --dicom-seg`` labels
+    its segments; None otherwise (no regions, or a segment naming none)."""
+    if regions is None or not segments:
+        return None
+    index = {_normalized(name): i for i, name in enumerate(regions.names)}
+    found = {number: index.get(_normalized(label), -1) for number, label in segments.items()}
+    return found if all(i >= 0 for i in found.values()) else None
+
+
+def read_dicom_seg(
+    path: Path,
+    grid: VoxelGrid,
+    image: Path,
+    label_names: dict[int, str] | None = None,
+    regions: Regions | None = None,
+) -> np.ndarray:
     """A DICOM-SEG drawn on ``image`` (whose grid is ``grid``) as a label map of ``grid.shape[:3]``
     (array order, uint8 or uint16), each segment's pixels set to its label value (``segment_values``).
 
-    Every frame of the SEG must lie on the image's voxel grid (same plane orientation and pixel spacing,
-    positions on voxel centres, inside the image): frames omitted by the SEG (empty ones) are background. A
-    DICOM series image must be the one the SEG was drawn on: the same FrameOfReferenceUID, or without one, a series
-    its ReferencedSeriesSequence names (a SEG of another patient can lie on the same grid).
+    Segments that each name one of the federation's ``regions`` (``segment_regions``: ``fedseg predict
+    --dicom-seg``'s, or BraTS WT/TC/ET drawn as nested structures) are read as region masks and painted to a label
+    map as predictions are (``Regions.to_label``: each voxel the value of the smallest region it lies in), where
+    their names are not every one a ``label_names`` entry or where they overlap; disjoint segments named as labels
+    read the same either way. Every frame of the SEG must lie on the image's voxel grid (same plane orientation and
+    pixel spacing, positions on voxel centres, inside the image): frames omitted by the SEG (empty ones) are
+    background. A DICOM series image must be the one the SEG was drawn on: the same FrameOfReferenceUID, or without
+    one, a series its ReferencedSeriesSequence names (a SEG of another patient can lie on the same grid).
     BINARY and LABELMAP SEGs are read; FRACTIONAL ones are refused (a label map must be exact), as are
-    overlapping segments. ``FederationError`` with one line naming the file otherwise.
+    overlapping segments that do not name regions. ``FederationError`` with one line naming the file otherwise.
     """
     try:
-        return _read_dicom_seg(path, grid, image, label_names)
+        return _read_dicom_seg(path, grid, image, label_names, regions)
     except FederationError:  # a ValueError too
         raise
     except (AttributeError, IndexError, KeyError, TypeError, ValueError) as e:
         raise FederationError(f"{path}: malformed DICOM-SEG ({type(e).__name__}: {e})") from None
 
 
-def _read_dicom_seg(path: Path, grid: VoxelGrid, image: Path, label_names: dict[int, str] | None) -> np.ndarray:
+class _Overlap(Exception):
+    """Two segments paint different label values on one voxel (``_painted_labels``)."""
+
+
+def _read_dicom_seg(
+    path: Path, grid: VoxelGrid, image: Path, label_names: dict[int, str] | None, regions: Regions | None
+) -> np.ndarray:
     pydicom = _require("pydicom", path, "a DICOM-SEG")
     try:
         ds = pydicom.dcmread(path)
@@ -510,10 +545,6 @@ def _read_dicom_seg(path: Path, grid: VoxelGrid, image: Path, label_names: dict[
     if kind not in ("BINARY", "LABELMAP"):
         raise FederationError(f"{path}: {kind or 'unknown'} DICOM-SEG not supported (store BINARY segments)")
     segments = {int(s.SegmentNumber): str(getattr(s, "SegmentLabel", "")) for s in ds.SegmentSequence}
-    values = segment_values(segments, label_names, path)
-    top = max([0, *values.values()])
-    spatial = (grid.shape[:3] + (1, 1))[:3]  # a 2D image's grid gets a third axis of 1
-    label = np.zeros(spatial, dtype=np.uint8 if top < 256 else np.uint16)
     try:
         frames = np.asarray(ds.pixel_array)
     except Exception as e:  # noqa: BLE001 — any decoder failure means "corrupt file" to the user
@@ -522,6 +553,43 @@ def _read_dicom_seg(path: Path, grid: VoxelGrid, image: Path, label_names: dict[
             "truncated or damaged file (an interrupted copy?)"
         ) from None
     frames = frames[None] if frames.ndim == 2 else frames
+
+    def placed() -> Iterator[tuple[int, tuple[np.ndarray, ...], np.ndarray]]:
+        return _placed_frames(ds, frames, kind, grid, path, image)
+
+    region_of = segment_regions(segments, regions)
+    named = _named_values(segments, label_names)
+    try:
+        if region_of is not None and regions is not None and not all(v >= 0 for v in named.values()):
+            label = regions.to_label(_region_masks(placed(), region_of, len(regions), grid))
+        else:
+            label = _painted_labels(placed(), segment_values(segments, label_names, path), grid)
+    except _Overlap as clash:
+        if region_of is None or regions is None:
+            names = f" ({', '.join(regions.names)})" if regions is not None else ""
+            raise FederationError(
+                f"{path}: segments overlap in {clash}; a label map holds one value per voxel (nested segments are "
+                f"read where each segment's label names one of the federation's regions{names})"
+            ) from None
+        label = regions.to_label(_region_masks(placed(), region_of, len(regions), grid))
+    if (other := _other_series(ds, path, image)) is not None:
+        raise FederationError(other)
+    return label.reshape(grid.shape[:3])
+
+
+def _spatial(grid: VoxelGrid) -> tuple[int, int, int]:
+    """``grid``'s three spatial dimensions (a 2D image's grid gets a third axis of 1)."""
+    return cast("tuple[int, int, int]", (grid.shape[:3] + (1, 1))[:3])
+
+
+def _placed_frames(
+    ds: Any, frames: np.ndarray, kind: str, grid: VoxelGrid, path: Path, image: Path
+) -> Iterator[tuple[int, tuple[np.ndarray, ...], np.ndarray]]:
+    """Per stored frame of the SEG ``ds`` (its pixels ``frames`` ``(F, rows, columns)``): its number (0-based), the
+    voxel indices ``(3 arrays of N)`` of its nonzero pixels on ``image``'s ``grid`` and their segment numbers
+    ``(N,)`` (a BINARY frame's one segment; a LABELMAP frame's pixel values). ``FederationError`` for a frame off
+    the grid."""
+    spatial = _spatial(grid)
     to_index = np.linalg.inv(_LPS_TO_RAS @ grid.affine)  # LPS mm -> voxel index
     per_frame = getattr(ds, "PerFrameFunctionalGroupsSequence", None)
     if per_frame is None or len(per_frame) != len(frames):
@@ -542,25 +610,51 @@ def _read_dicom_seg(path: Path, grid: VoxelGrid, image: Path, label_names: dict[
             raise FederationError(f"{where} (its position is {np.abs(origin - np.round(origin)).max():.2f} voxels off)")
         o, sc, sr = (np.round(v).astype(int) for v in (origin, step_col, step_row))
         corners = [o + sc * c + sr * r for c in (0, cols - 1) for r in (0, rows - 1)]
-        if any((c < 0).any() or (c >= np.array(label.shape)).any() for c in corners):
-            raise FederationError(f"{where} (it reaches voxel {corners[-1].tolist()}, outside shape {label.shape})")
+        if any((c < 0).any() or (c >= np.array(spatial)).any() for c in corners):
+            raise FederationError(f"{where} (it reaches voxel {corners[-1].tolist()}, outside shape {spatial})")
         r_idx, c_idx = np.nonzero(pixels)
         if kind == "BINARY":
             number = int(_functional(ds, frame, "SegmentIdentificationSequence", "ReferencedSegmentNumber", path))
-            written = np.full(r_idx.shape, values.get(number, number))
+            numbers = np.full(r_idx.shape, number, dtype=np.int64)
         else:
-            written = np.array([values.get(int(v), int(v)) for v in pixels[r_idx, c_idx]], dtype=np.int64)
-        idx = tuple(o[:, None] + sc[:, None] * c_idx + sr[:, None] * r_idx)
+            numbers = pixels[r_idx, c_idx].astype(np.int64)
+        yield f, tuple(o[:, None] + sc[:, None] * c_idx + sr[:, None] * r_idx), numbers
+
+
+def _painted_labels(
+    placed: Iterator[tuple[int, tuple[np.ndarray, ...], np.ndarray]], values: dict[int, int], grid: VoxelGrid
+) -> np.ndarray:
+    """The placed frames' segments painted with their label values ``values`` (segment number -> value; an unknown
+    number paints itself); ``_Overlap`` where two segments paint different values on one voxel."""
+    top = max([0, *values.values()])
+    label = np.zeros(_spatial(grid), dtype=np.uint8 if top < 256 else np.uint16)
+    for f, idx, numbers in placed:
+        written = np.array([values.get(int(n), int(n)) for n in numbers], dtype=np.int64)
         clash = (label[idx] != 0) & (label[idx] != written)
         if clash.any():
-            raise FederationError(
-                f"{path}: segments overlap in {int(clash.sum())} voxels of frame {f + 1} (label values "
-                f"{int(label[idx][clash][0])} and {int(written[clash][0])}); a label map holds one value per voxel"
+            raise _Overlap(
+                f"{int(clash.sum())} voxels of frame {f + 1} (label values {int(label[idx][clash][0])} and "
+                f"{int(written[clash][0])})"
             )
         label[idx] = written
-    if (other := _other_series(ds, path, image)) is not None:
-        raise FederationError(other)
-    return label.reshape(grid.shape[:3])
+    return label
+
+
+def _region_masks(
+    placed: Iterator[tuple[int, tuple[np.ndarray, ...], np.ndarray]],
+    region_of: dict[int, int],
+    count: int,
+    grid: VoxelGrid,
+) -> np.ndarray:
+    """The placed frames' segments as region masks ``(count, *spatial)`` bool, each segment into the region
+    ``region_of`` names (segment number -> region index)."""
+    masks = np.zeros((count, *_spatial(grid)), dtype=bool)
+    for _, idx, numbers in placed:
+        for number, region in region_of.items():
+            chosen = numbers == number
+            if chosen.any():
+                masks[region][tuple(i[chosen] for i in idx)] = True
+    return masks
 
 
 def _other_series(seg: Any, path: Path, image: Path) -> str | None:
