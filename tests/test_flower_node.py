@@ -393,6 +393,21 @@ def test_flower_local_refuses_centralized_before_starting_anything(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize(
+    "setting", ["data.repartition.mode=iid", "data.repartition.mode=limited", "data.repartition.holdout=site1"]
+)
+def test_flower_local_refuses_a_repartition_it_could_not_apply(tmp_path, setting):
+    """Each Flower site trains on what its own SuperNode loads: a repartition was recorded in config.yaml but the run
+    trained the federation as it is (an audit's IID run gave the 6 original sites' numbers)."""
+    out = tmp_path / "out"
+    args = ["flower", "local", "--preset", "demo", "--algorithms", "fedavg", "--set", setting, "--out", str(out)]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    said = " ".join(result.output.split())
+    assert f"cannot run on Flower: {setting} deals, drops or holds out cases across sites" in said, said
+    assert len(result.output.strip().splitlines()) <= 3 and not out.exists()
+
+
 class _Stop(Exception):
     pass
 

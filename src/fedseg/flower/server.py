@@ -56,25 +56,46 @@ FLOWER_REPLY_POLL = 3.0  # flwr's Grid.send_and_receive interval, used with feds
 def refuse_unsupported(algorithms: list[str]) -> None:
     """Algorithms that cannot run on real sites (registry: ``AlgorithmSpec.on_flower``) raise ``ValueError``
     naming the reason."""
-    from fedseg.algorithms import ALGORITHMS
+    from fedseg.algorithms import ALGORITHMS, ON_FLOWER_REGISTERED
 
     why = {a: ALGORITHMS[a].on_flower if a in ALGORITHMS else None for a in algorithms}  # unknown: refused elsewhere
     bad = [a for a in algorithms if why[a]]
     if bad:
         keep = [a for a in algorithms if not why[a]]
         reasons = "; ".join(f"{a!r}: {why[a]}" for a in bad)
+        where = (
+            "from Python (fedseg.Experiment: the simulator or the worker pool)"
+            if any(why[a] == ON_FLOWER_REGISTERED for a in bad)
+            else "with `fedseg run` (the simulator or the worker pool)"
+        )
         raise ValueError(
-            f"cannot run on Flower: {reasons}. Run it with `fedseg run` (simulator), or drop it: "
-            f"--algorithms {','.join(keep) or 'fedavg'}"
+            f"cannot run on Flower: {reasons}. Run it {where}, or drop it: --algorithms {','.join(keep) or 'fedavg'}"
         )
 
 
+def refuse_repartition(cfg: RunConfig) -> None:
+    """``ValueError`` for a ``data.repartition`` (an IID or limited repartition, a held-out site): on Flower each
+    site trains on the cases its own SuperNode loads, so a repartition that deals or drops cases across sites
+    cannot be applied there, and a run would silently train the federation as it is."""
+    part = cfg.data.repartition
+    if part.mode == "none" and part.holdout is None:
+        return
+    what = f"data.repartition.mode={part.mode}" if part.mode != "none" else f"data.repartition.holdout={part.holdout}"
+    raise ValueError(
+        f"cannot run on Flower: {what} deals, drops or holds out cases across sites, but each Flower site trains on "
+        "the data its own SuperNode loads; run the repartition with `fedseg run` (the simulator or the worker pool), "
+        "or drop it"
+    )
+
+
 def check_run(cfg: RunConfig) -> None:
-    """Before any work: every algorithm of ``cfg`` runs on Flower, and under ``fl.secure_aggregation`` keeps the
-    sites' updates hidden (``fedseg.flower.secure.check``). ``ValueError`` names the reason."""
+    """Before any work: every algorithm of ``cfg`` runs on Flower, the federation is not repartitioned
+    (``refuse_repartition``), and under ``fl.secure_aggregation`` the sites' updates stay hidden
+    (``fedseg.flower.secure.check``). ``ValueError`` names the reason."""
     from fedseg.flower.secure import check
 
     refuse_unsupported(cfg.algorithms)
+    refuse_repartition(cfg)
     check(cfg)
 
 
