@@ -70,7 +70,7 @@ class ClusteredServer(PerSiteServer):
         sent = {s: self.models[self.clusters[s]] for s in self.engine.sites}
         replies = self.engine.exchange({s: Message(prefixed(MODEL, w)) for s, w in sent.items()}, "train")
         self.split(rnd, replies, sent)
-        weights = self.aggregation_weights(replies)
+        weights = self.checked_aggregation_weights(replies)
         for c, sites in self.members().items():  # a cluster none of whose sites answered keeps its model
             answered = [s for s in sites if s in replies]  # (fl.on_failure = skip)
             if answered:

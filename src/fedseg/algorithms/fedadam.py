@@ -64,7 +64,7 @@ class FedAdamServer(FedAvgServer):
 
     def aggregate(self, replies: dict[str, Message]) -> None:
         sites = list(replies)
-        weights = self.aggregation_weights(replies)
+        weights = self.checked_aggregation_weights(replies)
         w = self.global_weights
         updates = [
             {n: t.to(torch.float64) - w[n].to(torch.float64) for n, t in replies[s].group(MODEL).items()} for s in sites

@@ -21,7 +21,8 @@ every site's test split) live in :mod:`fedseg.algorithms.local_models`; the robu
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
 from typing import Literal
 
 import numpy as np
@@ -44,6 +45,7 @@ from fedseg.algorithms.site_scoring import score_at_site, surface_meta, wants_su
 from fedseg.config import BudgetConfig, TrainConfig
 from fedseg.engine.base import Engine
 from fedseg.engine.context import ClientContext, MethodOptions, ReusedModels, Task
+from fedseg.engine.faults import MethodError
 from fedseg.engine.messages import Message, MetaValue, prefixed, weights_of
 from fedseg.engine.sampling import sample_sites
 from fedseg.evaluate.tables import eval_rows
@@ -271,7 +273,12 @@ class FedAvgServer:
     def run_round(self, rnd: int) -> dict[str, float]:
         """Train one round on this round's ``participants``; return the mean local training loss per site."""
         replies = self.engine.exchange({s: self.train_message(s) for s in self.participants(rnd)}, "train")
-        self.aggregate(replies)
+        returned: object = self.aggregate(replies)  # type: ignore[func-returns-value]
+        if returned is not None:  # a merge returned, not kept: the global model would never change
+            raise MethodError(
+                f"{self.algorithm}, round {rnd}: {type(self).__name__}.aggregate returned a {type(returned).__name__}; "
+                "it returns nothing and sets self.global_weights to the merged model"
+            )
         self.average_buffers(replies)
         return {s: float(r.meta["loss"]) for s, r in replies.items()}
 
@@ -292,7 +299,7 @@ class FedAvgServer:
         keys = [f"{MODEL}/{b}" for b in self.buffers]
         if not keys or any(k not in r.tensors for r in replies.values() for k in keys):
             return
-        weights = self.aggregation_weights(replies)
+        weights = self.checked_aggregation_weights(replies)
         sites = list(replies)
         stats = weighted_average(
             [{b: replies[s].tensors[k] for b, k in zip(self.buffers, keys)} for s in sites], [weights[s] for s in sites]
@@ -305,7 +312,7 @@ class FedAvgServer:
     def aggregate(self, replies: dict[str, Message]) -> None:
         """FedAvg's weighted average, or the robust merge of ``options.aggregator`` (module docstring)."""
         sites = list(replies)
-        weights = self.aggregation_weights(replies)
+        weights = self.checked_aggregation_weights(replies)
         models, p = [replies[s].group(MODEL) for s in sites], [weights[s] for s in sites]
         robust = robust_aggregator(self.options)
         if robust is None:
@@ -313,6 +320,22 @@ class FedAvgServer:
             return
         merge = robust_merge(robust, self.global_weights, models, p, self.algorithm)
         self.global_weights, self.robust_rows = merge.weights, merge.rows(sites)
+
+    def checked_aggregation_weights(self, replies: dict[str, Message]) -> dict[str, float]:
+        """``aggregation_weights``, checked (the merges call this): a mapping with a finite number >= 0 for every
+        site that replied; a ``MethodError`` naming the method otherwise."""
+        weights: object = self.aggregation_weights(replies)
+        where = f"{self.algorithm}: {type(self).__name__}.aggregation_weights returned"
+        if not isinstance(weights, Mapping):
+            raise MethodError(f"{where} a {type(weights).__name__}; it returns {{site: weight}} for the replies' sites")
+        missing = [s for s in replies if s not in weights]
+        if missing:
+            raise MethodError(f"{where} no weight for site {missing[0]!r}; it returns {{site: weight}} for every reply")
+        bad = {s: weights[s] for s in replies if not _usable_weight(weights[s])}
+        if bad:
+            site, value = next(iter(bad.items()))
+            raise MethodError(f"{where} {value!r} for site {site!r}; a weight is a finite number >= 0")
+        return {s: float(weights[s]) for s in replies}
 
     def aggregation_weights(self, replies: dict[str, Message]) -> dict[str, float]:
         """``samples``: n_k (the site's training-set size, as it reports); ``uniform``: 1 per site.
@@ -406,3 +429,12 @@ SPECS = (
         FedAvgUniformOptions,
     ),
 )
+
+
+def _usable_weight(value: object) -> bool:
+    """Whether ``value`` is a finite real number >= 0 (a bool is no weight)."""
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return False
+    return not isinstance(value, bool) and math.isfinite(number) and number >= 0

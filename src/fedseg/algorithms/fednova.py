@@ -85,7 +85,7 @@ class FedNovaServer(FedAvgServer):
             gamma = len(n) * sum(x * x for x in n) / sum(n) ** 2  # K sum p_k^2; exactly 1 for equal n_k
             self.global_weights = server_step(self.global_weights, weighted_average(models, [1.0] * len(n)), gamma)
             return
-        weights = self.aggregation_weights(replies)
+        weights = self.checked_aggregation_weights(replies)
         n = [weights[s] for s in sites]
         a = [float(replies[s].meta[NORM]) for s in sites]
         # sum_k p_k (w_k - w) / a_k = (sum_j n_j r_j) / (N a_ref) * (avg_r - w), with r_k = a_ref / a_k and

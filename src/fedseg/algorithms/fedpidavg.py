@@ -117,7 +117,7 @@ class FedPIDAvgServer(FedAvgServer):
         if set(replies) != set(sites):
             raise ValueError(f"FedPIDAvg needs a reply from every site every round, got {sorted(replies)}")
         o = self.options
-        raw = torch.tensor([self.aggregation_weights(replies)[s] for s in sites], dtype=torch.float64)
+        raw = torch.tensor([self.checked_aggregation_weights(replies)[s] for s in sites], dtype=torch.float64)
         total = float(raw.sum())
         losses = torch.tensor([float(replies[s].meta["val_loss"]) for s in sites], dtype=torch.float64)
         improvement, momentum, self.history = pid_terms(raw / total, losses, self.history, o.positive_only)

@@ -172,7 +172,7 @@ class ScaffoldServer(FedAvgServer):
         """Eq. 3 with server rate ``eta_g`` and Eq. 8, both with FedAvg's ``p_k``; ``c`` moves by the
         answering fraction |S| / N of the mean ``delta_c_k`` (partial participation, module docstring)."""
         sites = list(replies)
-        weights = self.aggregation_weights(replies)
+        weights = self.checked_aggregation_weights(replies)
         p = [weights[s] for s in sites]
         merged = weighted_average([replies[s].group(MODEL) for s in sites], p)
         self.global_weights = server_step(self.global_weights, merged, self.options.global_lr)

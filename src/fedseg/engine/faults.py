@@ -51,6 +51,12 @@ class SiteFailure(ValueError):
     message names site, round, method, action and reason (a ValueError: the CLI prints it, no traceback)."""
 
 
+class MethodError(ValueError):
+    """A method's server did something no site could use (a global model of other names or shapes, NaN), or its own
+    code raised (``fedseg.run.method_code``); the message names the method, the round and what (a ValueError:
+    the CLI prints its one line)."""
+
+
 class InjectedCrash(RuntimeError):
     """Raised by a site whose ``faults`` entry says ``crash``."""
 
@@ -119,6 +125,31 @@ def reply_problem(msg: Message, reply: Message, check_finite: bool, train_cases:
             bad = "NaN" if bool(torch.isnan(tensor).any()) else "Inf"
             return f"tensor {name!r} holds {bad}"
     return group_problem(msg.tensors, reply.tensors) or weight_problem(reply.meta, train_cases)
+
+
+def model_problem(weights: Mapping[str, torch.Tensor], reference: Mapping[str, torch.Tensor]) -> str | None:
+    """Why ``weights`` (a server's global model after its merge) cannot be sent to the sites in place of
+    ``reference`` (the same model before): another set of names, a tensor of another shape or dtype, or one that is
+    not a tensor or holds NaN/Inf; None when none of these."""
+    if not isinstance(weights, Mapping):
+        return f"it is a {type(weights).__name__}, not a mapping of tensor names to tensors"
+    missing, unknown = sorted(set(reference) - set(weights)), sorted(set(weights) - set(reference))
+    if missing:
+        return f"{len(missing)} of its {len(reference)} tensors are missing, e.g. {missing[0]!r}"
+    if unknown:
+        return f"tensor {unknown[0]!r} is not one of the model's"
+    for name, tensor in weights.items():
+        before = reference[name]
+        if not isinstance(tensor, torch.Tensor):
+            return f"{name!r} is a {type(tensor).__name__}, not a tensor"
+        if tensor.shape != before.shape or tensor.dtype != before.dtype:
+            return (
+                f"tensor {name!r} has shape {tuple(tensor.shape)} {tensor.dtype}, the model's is "
+                f"{tuple(before.shape)} {before.dtype}"
+            )
+        if tensor.is_floating_point() and not all_finite(tensor):
+            return f"tensor {name!r} holds {'NaN' if bool(torch.isnan(tensor).any()) else 'Inf'}"
+    return None
 
 
 def group_problem(sent: Collection[str], returned: Collection[str]) -> str | None:

@@ -8,11 +8,15 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+import torch
+
 from fedseg.algorithms import get_algorithm
 from fedseg.engine.base import Observer
 from fedseg.engine.checkpoint import CheckpointWriter, load_checkpoint, remove_temp_files
+from fedseg.engine.faults import MethodError, model_problem
 from fedseg.run.engines import EngineFactory, simulator_engine
 from fedseg.run.finish import finish
+from fedseg.run.method_code import method_code
 from fedseg.run.preparation import Prepared
 from fedseg.run.result import AlgorithmResult
 from fedseg.run.resume import checkpoint_path, clone, finished_result
@@ -63,23 +67,26 @@ def run_algorithm(
     earlier = earlier or {}
     engine = (engine_factory or simulator_engine)(name, spec, options, prep, out, observers)
     engine.all_sites_required = spec.needs_every_site  # fl.on_failure = skip cannot apply to it
-    server = spec.server(engine, prep.task, options)
-    if (initial := start_weights(options, earlier, prep.task)) is not None:  # e.g. finetune: fedavg's model
-        server.global_weights = dict(initial)
-    hooks = RunHooks(on_round_end, on_log_line, tracker)
-    run = AlgorithmRun(
-        name, spec, options, prep, engine, server, out, checkpoint_path(out, name), earlier, keep_checkpoints, hooks
-    )
-    remove_temp_files(run.ckpt_path)  # left by a process killed mid-write
-    ckpt = load_checkpoint(run.ckpt_path) if resume else None
-    if ckpt and ckpt.get("finished"):
-        result = finished_result(name, ckpt, run.ckpt_path, out)
-        engine.close()  # as after training: e.g. a Flower run stopped before it released the sites' snapshots
-        return result
-    state = resume_state(run, ckpt)
-    if tracker:  # one tracking run per algorithm; a resumed one is continued
-        tracker.start(name, run.cfg, state.start)
-    return finish(run, state, train_rounds(run, state))
+    with method_code(
+        name, (spec.server, spec.client), lambda: f"round {engine.round}"
+    ):  # a registered method's own error: one line
+        server = spec.server(engine, prep.task, options)
+        if (initial := start_weights(options, earlier, prep.task)) is not None:  # e.g. finetune: fedavg's model
+            server.global_weights = dict(initial)
+        hooks = RunHooks(on_round_end, on_log_line, tracker)
+        run = AlgorithmRun(
+            name, spec, options, prep, engine, server, out, checkpoint_path(out, name), earlier, keep_checkpoints, hooks
+        )
+        remove_temp_files(run.ckpt_path)  # left by a process killed mid-write
+        ckpt = load_checkpoint(run.ckpt_path) if resume else None
+        if ckpt and ckpt.get("finished"):
+            result = finished_result(name, ckpt, run.ckpt_path, out)
+            engine.close()  # as after training: e.g. a Flower run stopped before it released the sites' snapshots
+            return result
+        state = resume_state(run, ckpt)
+        if tracker:  # one tracking run per algorithm; a resumed one is continued
+            tracker.start(name, run.cfg, state.start)
+        return finish(run, state, train_rounds(run, state))
 
 
 def train_rounds(run: AlgorithmRun, state: RoundState) -> int:
@@ -87,11 +94,13 @@ def train_rounds(run: AlgorithmRun, state: RoundState) -> int:
     the last round trained (a resumed run that had stopped trains no more)."""
     cfg, engine, server, hooks = run.cfg, run.engine, run.server, run.hooks
     last = cfg.fl.rounds if state.stopped is None else state.start - 1
+    reference = {k: torch.empty(v.shape, dtype=v.dtype, device="meta") for k, v in server.global_weights.items()}
     with CheckpointWriter() as writer:
         for rnd in range(state.start, last + 1):
             engine.round = rnd
             began = time.perf_counter()
             losses = server.run_round(rnd)
+            check_global_model(run, rnd, reference)
             if must_validate(run, rnd):
                 validate_round(run, state, rnd, losses)
             snapshot = {"server": clone(server.state_dict()), "clients": engine.snapshot_clients()}  # copies: frozen
@@ -103,3 +112,15 @@ def train_rounds(run: AlgorithmRun, state: RoundState) -> int:
             if state.stopped:
                 return rnd
     return last
+
+
+def check_global_model(run: AlgorithmRun, rnd: int, reference: dict[str, torch.Tensor]) -> None:
+    """``MethodError`` where the server's global model after round ``rnd``'s merge has other names, shapes or dtypes
+    than before the first round (``reference``: meta tensors) or holds NaN/Inf: said of the method, before the
+    sites receive it (else each site's next exchange failed, blamed on the site)."""
+    problem = model_problem(run.server.global_weights, reference)
+    if problem is not None:
+        raise MethodError(
+            f"{run.name}, round {rnd}: the server's global model after its merge cannot go to the sites: {problem} "
+            f"({type(run.server).__name__}.aggregate sets self.global_weights to the merged model)"
+        )

@@ -327,7 +327,7 @@ class FedSMServer(FedAvgServer):
         models (SoftPull, Eq. 11, by default) by the personalization's ``merge``, after w_g. Only
         the groups the replies carry change."""
         sites = [s for s in self.sites if s in replies]
-        weights = self.aggregation_weights(replies)
+        weights = self.checked_aggregation_weights(replies)
         self.last_train_losses = {
             s: {k[len("loss_") :]: float(v) for k, v in replies[s].meta.items() if k.startswith("loss_")} for s in sites
         }
