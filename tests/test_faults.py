@@ -121,8 +121,12 @@ def test_too_few_sites_left_stops_the_run(tmp_path, tiny_config, discs):
         fl={"rounds": 2, "on_failure": "skip", "min_sites": 3},
         faults=[{"site": "site2", "round": 2, "kind": "crash"}],
     )
-    with pytest.raises(SiteFailure, match=r"Only 2 sites answered; fl.min_sites = 3"):
+    with pytest.raises(SiteFailure, match=r"Only 2 sites answered; fl.min_sites = 3") as caught:
         run_experiment(cfg, tmp_path / "run", federation=discs)
+    # site2's failure was said in its WARNING line: the error counts it, without repeating it
+    said = str(caught.value)
+    assert said.startswith("1 site(s) failed local train in round 2 (said in its warning above)"), said
+    assert "injected crash" not in said
 
 
 def test_a_method_that_needs_every_site_cannot_skip(tmp_path, tiny_config, discs):

@@ -16,7 +16,8 @@ from fedseg.algorithms import ALGORITHMS, unregister_algorithm
 from fedseg.algorithms.aggregate import weighted_average
 from fedseg.algorithms.prefixes import MODEL
 from fedseg.cli import app
-from fedseg.engine.faults import MethodError
+from fedseg.engine.faults import MethodError, SiteFailure
+from fedseg.engine.messages import Message
 
 
 def _merged(server: FedAvgServer, replies) -> dict[str, torch.Tensor]:
@@ -126,3 +127,36 @@ def test_built_in_methods_pass_the_checks_unchanged(tiny_config, disc_federation
     cfg = tiny_config(algorithms=["fedavg", "fedsm"], fl={"rounds": 2})
     results = Experiment(cfg, tmp_path / "run", federation=disc_federation(), progress=False).run(report=False)
     assert set(results.dice()) == {"fedavg", "fedsm"}
+
+
+class DictReply(FedAvgClient):
+    def after_fit(self, model, stats, msg, ctx):
+        return dict(super().after_fit(model, stats, msg, ctx).tensors)  # the mistake: a dict, not a Message
+
+
+class BareNames(FedAvgClient):
+    def after_fit(self, model, stats, msg, ctx):
+        reply = super().after_fit(model, stats, msg, ctx)
+        return Message(reply.group(MODEL), reply.meta)  # the mistake: the model/ prefix dropped
+
+
+@pytest.mark.parametrize(
+    "client, said",
+    [
+        (DictReply, "the client replied a dict, not a Message"),
+        (BareNames, "tensor 'model.0.adn.A.weight' came back without its group: it was sent as 'model/model.0"),
+    ],
+    ids=["dict", "bare-names"],
+)
+def test_a_client_reply_of_the_wrong_form_is_one_line_naming_the_site(
+    register, tiny_config, disc_federation, tmp_path, client, said
+):
+    """A dict reply was a traceback inside faults.py in the simulator; a reply without the model/ prefix passed the
+    check and failed at the next evaluation as 'weights are missing 14 entries'."""
+    name = f"test-{client.__name__.lower()}"
+    register_algorithm(AlgorithmSpec(name, name, FedAvgServer, client, "a mistaken client (a test)"))
+    cfg = tiny_config(algorithms=[name])
+    with pytest.raises(SiteFailure) as caught:
+        Experiment(cfg, tmp_path / "run", federation=disc_federation(), progress=False).run(report=False)
+    text = str(caught.value)
+    assert text.startswith(f"site 'site1', round 1, {name} train: {said}"), text

@@ -78,6 +78,7 @@ class BaseEngine:
         self.round = 0
         self.all_sites_required = False  # the method cannot skip a site (AlgorithmSpec.needs_every_site)
         self.failing: set[str] = set()  # sites left out (fl.on_failure = skip) since they last answered
+        self.warned: set[str] = set()  # the current exchange's failures said in a WARNING line (``failure``)
 
     @property
     def skips_failures(self) -> bool:
@@ -97,6 +98,7 @@ class BaseEngine:
         if not action.isidentifier():
             raise ValueError(f"action {action!r} must be a Python identifier (it names a message type on every engine)")
         order = [s for s in self.sites if s in messages]
+        self.warned = set()
         began = time.perf_counter()
         answered = self.deliver(order, messages, action)
         wall, number = time.perf_counter() - began, self.ledger.next_exchange()
@@ -111,6 +113,10 @@ class BaseEngine:
                 )
                 continue
             reply, seconds = answer
+            if not isinstance(reply, Message):  # a method's client returned something else (a dict of tensors?)
+                problem = f"the client replied a {type(reply).__name__}, not a Message (fedseg.engine.messages)"
+                failed.append(self.failure(site, action, problem, msg, seconds, None, (number, wall)))
+                continue
             problem = reply_problem(msg, reply, action not in EVAL_ACTIONS, self.num_samples(site))
             if timeout is not None and seconds > timeout:
                 problem = f"no reply within fl.timeout_s = {timeout:g} s (took {seconds:.1f} s)"
@@ -135,8 +141,13 @@ class BaseEngine:
                 "a site (fl.on_failure = skip does not apply to it)"
             )
         if failed and len(replies) < self.task.cfg.fl.min_sites:
+            said = [w for w in failed if w in self.warned]  # each said in its WARNING line above in this exchange
+            unsaid = [w for w in failed if w not in self.warned]
+            more = f"{len(said)} more, each" if unsaid else ("each" if len(said) > 1 else "")
+            which = "; ".join(unsaid + ([f"{more} said in its warning above".strip()] if said else []))
             raise SiteFailure(
-                f"{'; '.join(failed)}. Only {len(replies)} sites answered; fl.min_sites = {self.task.cfg.fl.min_sites}"
+                f"{len(failed)} site(s) failed {self.algorithm} {action} in round {self.round} ({which}). Only "
+                f"{len(replies)} sites answered; fl.min_sites = {self.task.cfg.fl.min_sites}"
             )
         return replies
 
@@ -161,6 +172,7 @@ class BaseEngine:
         if site not in self.failing:
             self.failing.add(site)
             log.warning("%s (fl.on_failure = skip: left out until it answers again; each failure in ledger.csv)", what)
+            self.warned.add(what)
         return what
 
     def checkpointed(self, kept: list[ClientStates]) -> None:

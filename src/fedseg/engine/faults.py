@@ -154,7 +154,13 @@ def model_problem(weights: Mapping[str, torch.Tensor], reference: Mapping[str, t
 
 def group_problem(sent: Collection[str], returned: Collection[str]) -> str | None:
     """Why the tensor names ``returned`` do not answer the names ``sent``: a group both use (``model/...``) with a
-    name missing or one that was not sent; None when every shared group comes back whole."""
+    name missing or one that was not sent, or a name sent in a group returned without it (``conv.weight`` for
+    ``model/conv.weight``: the next exchange would find the group missing); None when every shared group comes back
+    whole."""
+    ungrouped = {n.split("/", 1)[1]: n for n in sent if _group(n)}
+    bare = next((n for n in sorted(returned) if not _group(n) and n in ungrouped), None)
+    if bare is not None:
+        return f"tensor {bare!r} came back without its group: it was sent as {ungrouped[bare]!r}"
     for group in sorted({_group(n) for n in returned} & {_group(n) for n in sent} - {""}):
         sent_names = {n for n in sent if _group(n) == group}
         returned_names = {n for n in returned if _group(n) == group}
