@@ -85,6 +85,8 @@ def test_register_algorithm_refuses_duplicates_builtins_and_bad_names(registry):
         register_algorithm(equal_spec("fedavg"), replace=True)
     with pytest.raises(ValueError, match="letters, digits"):
         register_algorithm(equal_spec("a/b"))
+    with pytest.raises(ValueError, match="'FedAvg' differs from 'fedavg' only in upper and lower case"):
+        register_algorithm(equal_spec("FedAvg"))
     with pytest.raises(TypeError, match="AlgorithmSpec"):
         register_algorithm("test-x")
     swapped = AlgorithmSpec("test-x", "X", FedAvgClient, EqualServer, "server and client swapped")

@@ -18,6 +18,7 @@ from fedseg.algorithms.prefixes import MODEL
 from fedseg.cli import app
 from fedseg.engine.faults import MethodError, SiteFailure
 from fedseg.engine.messages import Message
+from fedseg.train import TrainHooks
 
 
 def _merged(server: FedAvgServer, replies) -> dict[str, torch.Tensor]:
@@ -160,3 +161,21 @@ def test_a_client_reply_of_the_wrong_form_is_one_line_naming_the_site(
         Experiment(cfg, tmp_path / "run", federation=disc_federation(), progress=False).run(report=False)
     text = str(caught.value)
     assert text.startswith(f"site 'site1', round 1, {name} train: {said}"), text
+
+
+class NanPenalty(TrainHooks):
+    def extra_loss(self, model):
+        return torch.tensor(float("nan"))  # a constant: the gradients do not see it
+
+
+class NanPenaltyClient(FedAvgClient):
+    def train_hooks(self, model, msg, ctx):
+        return NanPenalty()
+
+
+def test_a_nan_penalty_is_refused_not_ignored(register, tiny_config, disc_federation, tmp_path):
+    """A constant NaN extra_loss left every gradient as it was: the method trained as FedAvg, without a word."""
+    register_algorithm(AlgorithmSpec("test-nanpenalty", "nan", FedAvgServer, NanPenaltyClient, "a test"))
+    cfg = tiny_config(algorithms=["test-nanpenalty"])
+    with pytest.raises(SiteFailure, match=r"train: ValueError: NanPenalty.extra_loss was NaN or Inf in a training"):
+        Experiment(cfg, tmp_path / "run", federation=disc_federation(), progress=False).run(report=False)

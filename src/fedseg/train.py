@@ -281,11 +281,20 @@ class Trainer:
         scaler = new_grad_scaler(self.device, grad_scale) if self.accel.amp == torch.float16 else None
         steps, samples = 0, 0
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)  # float64: as a Python sum; no sync
+        extra_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         with closing(ordered_map(prepare, order, self.cfg.loader_workers)) as prepared:
             for n, x, y in prepared:
-                loss_sum += self._step(model, optimizer, hooks, loss_fn, scaler, x, y).double()
+                loss, extra = self._step(model, optimizer, hooks, loss_fn, scaler, x, y)
+                loss_sum += loss.double()
+                if extra is not None:
+                    extra_sum += extra.double()
                 steps += 1
                 samples += n
+        if not math.isfinite(float(extra_sum)):  # a constant NaN penalty leaves the gradients as they were: silent
+            raise ValueError(
+                f"{type(hooks).__name__}.extra_loss was NaN or Inf in a training step: the penalty it adds to the "
+                "loss cannot be trained with"
+            )
         return TrainStats(
             steps=steps,
             samples=samples,
@@ -302,9 +311,9 @@ class Trainer:
         scaler: torch.amp.GradScaler | None,
         x: torch.Tensor,
         y: torch.Tensor,
-    ) -> torch.Tensor:
-        """One optimizer step on batch ``(x, y)`` (order of the hooks: ``TrainHooks``); returns its loss (a
-        detached float32 scalar on the device)."""
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One optimizer step on batch ``(x, y)`` (order of the hooks: ``TrainHooks``); returns its loss and the
+        hooks' ``extra_loss`` (detached float32 scalars on the device; None without one)."""
         optimizer.zero_grad(set_to_none=True)
         with autocast(self.device, self.accel.amp):
             out = hooks.forward(model, x)
@@ -322,7 +331,7 @@ class Trainer:
             scaler.step(optimizer)
             scaler.update()
         hooks.after_step(model)
-        return loss.detach()
+        return loss.detach(), None if extra is None else extra.detach()
 
 
 def _batches_per_epoch(n: int, batch_size: int) -> int:

@@ -115,6 +115,13 @@ def register_algorithm(spec: AlgorithmSpec, replace: bool = False) -> AlgorithmS
             f"algorithm {spec.name!r} is already registered ({ALGORITHMS[spec.name].display_name}); "
             "choose another name or pass replace=True to replace it"
         )
+    same_letters = [n for n in ALGORITHMS if n.lower() == spec.name.lower() and n != spec.name]
+    if same_letters:  # model/FedAvg and model/fedavg are one folder on macOS and Windows
+        raise ValueError(
+            f"algorithm {spec.name!r} differs from {same_letters[0]!r} only in upper and lower case: its files "
+            "(checkpoints/NAME.pt, model/NAME/) would be the same on a case-insensitive file system; choose another "
+            "name"
+        )
     server_base, client_base = fedavg.FedAvgServer, fedavg.FedAvgClient
     if _subclass(spec.server, client_base) and _subclass(spec.client, server_base):
         raise TypeError(
