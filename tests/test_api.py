@@ -350,3 +350,27 @@ def test_results_nsd_reads_summary_json_and_is_nan_for_a_run_written_before_it(t
     nsd = results.nsd()
     assert nsd["fedavg"] == 0.6 and math.isnan(nsd["old"]) and results.nsd("site1")["fedavg"] == 0.5
     assert results.hd95() == {"fedavg": 3.0, "old": 3.0}
+
+
+def test_a_script_that_registers_a_method_runs_every_cli_command_with_it(tmp_path):
+    """docs/api.md's pattern for the command line: mymethods_cli.py registers the method, then hands over to
+    fedseg's CLI; its `run` trains the method on the worker pool (whose processes import the script again) and a
+    second `run --resume` reuses the finished run. The script is the page's, read from it."""
+    page = (ROOT / "docs" / "api.md").read_text()
+    script = page.split("# mymethods_cli.py\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "mymethods_cli.py").write_text(script)
+    (tmp_path / "mymethods.py").write_text(
+        "from fedseg import FedAvgServer\n\n\nclass EqualWeights(FedAvgServer):\n"
+        "    def aggregation_weights(self, replies):\n        return {site: 1.0 for site in replies}\n"
+    )
+    out = tmp_path / "eq"
+    args = [sys.executable, "mymethods_cli.py", "run", "--preset", "demo", "--algorithms", "fedavg-equal"]
+    args += ["--rounds", "1", "--workers", "2", "--threads", "1", "--out", str(out)]
+    args += ["--set", "data.scale=0.05", "--set", "data.image_size=32", "--set", "model.channels=[4,8,16]"]
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    first = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stdout + first.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert list(summary["algorithms"]) == ["fedavg-equal"]
+    again = subprocess.run([*args, "--resume"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0 and "has finished" in again.stdout + again.stderr, again.stdout + again.stderr
