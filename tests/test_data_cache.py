@@ -150,13 +150,21 @@ def test_run_results_are_bit_identical_with_the_cache_cold_and_warm(own_cache, t
 
 
 def test_cache_list_and_clear(own_cache):
+    """clear removes the cache's entries and nothing else: an audit's $FEDSEG_CACHE_DIR pointed at a folder that
+    also held a project lost the project to `data cache clear`."""
     cached_builtin(RETINA)
+    (own_cache / "myproject" / "src").mkdir(parents=True)
+    (own_cache / "myproject" / "src" / "code.py").write_text("important\n")
+    (own_cache / "notes.txt").write_text("mine\n")
     runner = CliRunner()
     listed = runner.invoke(app, ["data", "cache", "list"])
     assert listed.exit_code == 0 and entry_key(RETINA) in listed.output and "1 entries" in listed.output
+    assert "myproject  " not in listed.output and "left alone: 2 other file(s) or folder(s)" in listed.output
     cleared = runner.invoke(app, ["data", "cache", "clear"])
-    assert cleared.exit_code == 0 and "removed 1 entries" in cleared.output
-    assert list(own_cache.iterdir()) == []
+    assert cleared.exit_code == 0 and "removed 1 entries" in cleared.output, cleared.output
+    assert "left alone: 2 other file(s) or folder(s), not the cache's (myproject, notes.txt)" in cleared.output
+    assert sorted(p.name for p in own_cache.iterdir()) == ["myproject", "notes.txt"]
+    assert (own_cache / "myproject" / "src" / "code.py").read_text() == "important\n"
 
 
 def test_older_generator_versions_and_dead_writes_are_pruned_after_a_new_entry(own_cache, caplog):

@@ -308,15 +308,24 @@ def _read_array(entry: Path, file: str, index: dict) -> np.ndarray:
 
 # --- fedseg data cache list / clear -------------------------------------------------------------------------
 def entries(root: Path) -> list[tuple[str, int, bool]]:
-    """``(name, bytes, complete)`` per folder under ``root``: entries, and temp folders of interrupted writes
-    (a file or folder another process removes meanwhile is not counted)."""
+    """``(name, bytes, complete)`` per cache folder under ``root`` (named as :func:`entry_key` names them): entries,
+    and temp folders of interrupted writes (a file or folder another process removes meanwhile is not counted).
+    Anything else there (a user's folder, in a ``$FEDSEG_CACHE_DIR`` pointed at a shared folder) is not the
+    cache's: :func:`others`."""
     if not root.is_dir():
         return []
     out = []
     for path in sorted(root.iterdir()):
-        if path.is_dir():
+        if path.is_dir() and is_cache_folder(path.name):
             out.append((path.name, _size(path), ".tmp-" not in path.name and (path / MANIFEST).is_file()))
     return out
+
+
+def others(root: Path) -> list[str]:
+    """The names under ``root`` that are no cache folder (:func:`entries`): never listed as entries, never removed."""
+    if not root.is_dir():
+        return []
+    return sorted(p.name for p in root.iterdir() if not (p.is_dir() and is_cache_folder(p.name)))
 
 
 def _size(folder: Path) -> int:
@@ -333,6 +342,11 @@ PRUNED = "entries of older generator versions and the temp folders of interrupte
 _KEY = r"[a-z0-9][a-z0-9-]*-s[0-9.e+-]+-i\d+-seed-?\d+-v(\d+)-[0-9a-f]{8}"
 _ENTRY = re.compile(rf"^{_KEY}$")
 _TEMP = re.compile(rf"^{_KEY}\.tmp-(\d{{1,9}})-[A-Za-z0-9_]+$")
+
+
+def is_cache_folder(name: str) -> bool:
+    """Whether ``name`` is an entry's (:func:`entry_key`) or the temp folder of an entry's write."""
+    return bool(_ENTRY.match(name) or _TEMP.match(name))
 
 
 def unused(root: Path, name: str) -> bool:
@@ -368,7 +382,8 @@ def prune(root: Path) -> tuple[int, int]:
 
 
 def clear(root: Path) -> tuple[int, int]:
-    """Remove every entry (and temp folder) under ``root``: ``(folders removed, bytes freed)``."""
+    """Remove every entry (and temp folder) under ``root``, nothing else there (:func:`others`): ``(folders
+    removed, bytes freed)``."""
     found = entries(root)
     for name, _, _ in found:
         shutil.rmtree(root / name, ignore_errors=True)

@@ -337,7 +337,19 @@ def cache_list() -> None:
     found = entries(root)
     for name, size, complete in found:
         typer.echo(f"{_mb(size):>10}  {name}{'' if complete else '  (incomplete: removed by clear)'}")
-    typer.echo(f"{len(found)} entries, {_mb(sum(size for _, size, _ in found))} in {root}")
+    typer.echo(f"{len(found)} entries, {_mb(sum(size for _, size, _ in found))} in {root}{_not_ours(root)}")
+
+
+def _not_ours(root: Path) -> str:
+    """``; left alone: N other files or folders (a, b, ...)`` for what lies in the cache folder but is not the
+    cache's (``fedseg.data.cache.others``); empty when nothing does."""
+    from fedseg.data.cache import others
+
+    names = others(root)
+    if not names:
+        return ""
+    shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+    return f"; left alone: {len(names)} other file(s) or folder(s), not the cache's ({shown})"
 
 
 @cache_app.command("clear")
@@ -347,4 +359,4 @@ def cache_clear() -> None:
 
     root = _cache_root()
     removed, size = clear(root)
-    typer.echo(f"removed {removed} entries ({_mb(size)}) from {root}")
+    typer.echo(f"removed {removed} entries ({_mb(size)}) from {root}{_not_ours(root)}")
