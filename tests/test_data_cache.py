@@ -197,3 +197,26 @@ def test_older_generator_versions_and_dead_writes_are_pruned_after_a_new_entry(o
     with caplog.at_level(logging.INFO, logger="fedseg.data.cache"):
         cached_builtin(RETINA)  # read from the cache: nothing written, nothing pruned
     assert not [r for r in caplog.records if "removed" in r.getMessage()]
+
+
+def test_data_synth_refuses_an_existing_out_and_an_impossible_scale_before_generating(own_cache, tmp_path):
+    """An audit's `--scale 1e9` was killed by the kernel for 24 GB of memory; an existing --out was refused only
+    after the federation was generated. Both are refused at once: nothing generated, nothing cached."""
+    out = tmp_path / "taken"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine\n")
+    runner = CliRunner()
+    taken = runner.invoke(app, ["data", "synth", "--preset", "synthetic-retina", "--out", str(out), "--scale", "0.1"])
+    assert taken.exit_code == 1 and f"error: {out}: exists and is not empty" in taken.output, taken.output
+    huge = runner.invoke(
+        app,
+        ["data", "synth", "--preset", "synthetic-retina", "--out", str(tmp_path / "x")]
+        + [
+            "--scale",
+            "1e9",
+        ],
+    )
+    said = " ".join(huge.output.split())
+    assert huge.exit_code == 1 and "Traceback" not in huge.output, huge.output
+    assert "synthetic-retina at scale 1e+09 and image size 64 holds ~" in said and "choose a smaller scale" in said
+    assert not own_cache.exists() and not (tmp_path / "x").exists()  # no cache entry: nothing was generated

@@ -158,13 +158,45 @@ def generate(params: BuiltinParams) -> Federation:
     from concurrent.futures.process import BrokenProcessPool
 
     # spawn: the parent may run torch threads (a fork of it is unsafe); a child imports only numpy and the generator
+    # the workers ignore Ctrl-C (the terminal sends it to them too): the parent stops them, without their tracebacks
+    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=_ignore_sigint)
     try:
-        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-            # about 4 chunks per process: one message per job costs more than a small job (2 cases at 128^2)
-            return _build(params, lambda fn, jobs: pool.map(fn, jobs, chunksize=max(1, len(jobs) // (4 * workers))))
+        # about 4 chunks per process: one message per job costs more than a small job (2 cases at 128^2)
+        built = _build(params, lambda fn, jobs: pool.map(fn, jobs, chunksize=max(1, len(jobs) // (4 * workers))))
     except BrokenProcessPool:  # e.g. a script without `if __name__ == "__main__":` (its children re-run it)
+        pool.shutdown(wait=True)
         log.warning(f"{params.source}: the generation processes failed to start; generating in this process")
         return _build(params, map)
+    except BaseException:  # Ctrl-C, kill: the workers stop now (a SIGINT to this process alone left them waiting)
+        # map's iterator cancelled the jobs left; the pool, broken by the terminated workers, would then fail to set
+        # an exception on them, in a traceback of its manager thread (CPython 3.11): it is given none to fail on
+        pending = getattr(pool, "_pending_work_items", None)
+        if isinstance(pending, dict):
+            pending.clear()
+        _terminate(list((getattr(pool, "_processes", None) or {}).values()))
+        pool.shutdown(wait=True)  # the manager thread ends at once: its workers are gone
+        raise
+    pool.shutdown(wait=True)
+    return built
+
+
+def _ignore_sigint() -> None:
+    """A generation worker's initializer: Ctrl-C is its parent's to handle (``generate``)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _terminate(processes: list[Any]) -> None:
+    """SIGTERM each of ``processes`` (``multiprocessing.Process``), wait up to 5 s for each, then kill it."""
+    for process in processes:
+        with contextlib.suppress(OSError, ValueError):  # gone already
+            process.terminate()
+    for process in processes:
+        with contextlib.suppress(OSError, ValueError, AssertionError):
+            process.join(5.0)
+            if process.is_alive():
+                process.kill()
 
 
 def _build(params: BuiltinParams, map_jobs: Callable[..., Iterable[Any]]) -> Federation:

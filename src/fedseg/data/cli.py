@@ -14,7 +14,7 @@ from rich.table import Table
 from fedseg.cli_errors import fail
 from fedseg.config import ConfigError, DataConfig, SplitConfig, error_text, load_config, preset_names
 from fedseg.data.federation import SPLITS, Federation, FederationError
-from fedseg.interrupts import INTERRUPTED_EXIT
+from fedseg.interrupts import INTERRUPTED_EXIT, terminate_on_signals
 
 data_app = typer.Typer(
     help="Federation data: validate a folder federation (check), write a built-in one to disk (synth), import a "
@@ -142,9 +142,10 @@ def synth(
 ) -> None:
     """Generate a built-in federation and write it in the folder format (then check it)."""
     from fedseg.data.check import check_folder
-    from fedseg.data.folder import write_folder
+    from fedseg.data.folder import check_root, write_folder
 
     try:
+        check_root(out, force)  # before generating: an existing --out is refused at once
         source, default_scale, default_size, default_seed, split = _synth_source(preset)
         from fedseg.data.sources import BUILTIN_NAMES, build_builtin
 
@@ -157,9 +158,10 @@ def synth(
         scale = default_scale if scale is None else scale
         image_size = default_size if image_size is None else image_size
         seed = default_seed if seed is None else seed
-        fed = build_builtin(source, scale, image_size, seed)
-        write_folder(fed, out, overwrite=force)
-        written = check_folder(out)
+        with terminate_on_signals():  # kill and a closed terminal clean up as Ctrl-C does
+            fed = build_builtin(source, scale, image_size, seed)
+            write_folder(fed, out, overwrite=force)
+            written = check_folder(out)
     except (FederationError, ConfigError, OSError) as e:  # OSError: e.g. a read-only or full --out
         fail(error_text(e))
     except KeyboardInterrupt:
@@ -209,7 +211,8 @@ def import_(
     notes: list[str] = []
     try:
         options = ImportOptions(partitioning, regions, site_by, fold, splits)  # type: ignore[arg-type]  # plan_msd checks regions
-        fed = import_dataset(layout, sources, out, copy=copy, options=options, notes=notes)
+        with terminate_on_signals():
+            fed = import_dataset(layout, sources, out, copy=copy, options=options, notes=notes)
     except (FederationError, OSError) as e:  # OSError: e.g. a full disk, a folder that cannot be written
         fail(error_text(e))
     except KeyboardInterrupt:
@@ -280,14 +283,15 @@ def export(
             raise FederationError(f"unknown export format {format!r}; formats: {', '.join(FORMATS)}")
         if pooled and site is not None:
             raise FederationError("--pooled and --site exclude each other: export every site or one")
-        federation, split, split_seed = _export_source(fed, preset, config, seed)
-        if all_folds and split.mode != "kfold":
-            raise FederationError(
-                f"--all-folds needs a k-fold split (split.mode: kfold), the split here is {split.mode}"
-            )
-        configs = [split.model_copy(update={"fold": k}) for k in range(split.folds)] if all_folds else [split]
-        folds = [make_splits(federation, c, split_seed) for c in configs]
-        written = export_nnunet(federation, folds, out, dataset_id=dataset_id, name=name, site=site)
+        with terminate_on_signals():
+            federation, split, split_seed = _export_source(fed, preset, config, seed)
+            if all_folds and split.mode != "kfold":
+                raise FederationError(
+                    f"--all-folds needs a k-fold split (split.mode: kfold), the split here is {split.mode}"
+                )
+            configs = [split.model_copy(update={"fold": k}) for k in range(split.folds)] if all_folds else [split]
+            folds = [make_splits(federation, c, split_seed) for c in configs]
+            written = export_nnunet(federation, folds, out, dataset_id=dataset_id, name=name, site=site)
     except (FederationError, ConfigError, OSError) as e:
         fail(error_text(e))
     except KeyboardInterrupt:

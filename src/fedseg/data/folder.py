@@ -835,7 +835,7 @@ def new_site_folder(root: Path, site: str) -> Path:
     return site_dir
 
 
-def _check_root(root: Path, overwrite: bool) -> None:
+def check_root(root: Path, overwrite: bool) -> None:
     """Refuse a non-empty ``root`` unless ``overwrite`` and it is a federation folder (``FederationError``)."""
     if root.exists() and any(root.iterdir()):
         if not overwrite:
@@ -873,7 +873,7 @@ def write_folder(fed: Federation, root: str | Path, splits: Splits | None = None
             raise FederationError(f"site {site.name!r}: duplicate case ids {dupes}")
         site_metadata_for_yaml(site)  # refuse metadata that cannot be written before touching root
         cases_csv_table(site)
-    _check_root(root, overwrite)
+    check_root(root, overwrite)
     with staging_folder(root, "writing") as tmp:
         write_header(tmp, fed)
         for site in fed.sites:

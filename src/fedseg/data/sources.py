@@ -66,6 +66,31 @@ def check_builtin(name: str, scale: float, image_size: int) -> None:
         raise FederationError(f"synthetic federation scale must be > 0, got {scale}")
     if image_size < minimum:
         raise FederationError(f"{name}: image_size must be >= {minimum}, got {image_size}")
+    needed, memory = builtin_bytes(name, scale, image_size), physical_memory()
+    if memory is not None and needed > memory:
+        raise FederationError(
+            f"{name} at scale {scale:g} and image size {image_size} holds ~{needed / 2**30:,.0f} GiB in memory, more "
+            f"than this machine's {memory / 2**30:,.0f} GiB: choose a smaller scale or image size"
+        )
+
+
+def builtin_bytes(name: str, scale: float, image_size: int) -> int:
+    """About the bytes built-in federation ``name`` holds in memory once generated: per voxel its image (3D: 4
+    float32 channels; 2D: 3 uint8 channels) and its uint8 label."""
+    from fedseg.data.cache import builtin_voxels
+
+    _, voxels = builtin_voxels(name, scale, image_size)
+    return voxels * (17 if name == SYNTHETIC_BRATS else 4)
+
+
+def physical_memory() -> int | None:
+    """This machine's physical memory in bytes (None where the platform does not say)."""
+    import os
+
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (AttributeError, OSError, ValueError):
+        return None
 
 
 def source_names() -> list[str]:
