@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -64,7 +65,7 @@ def test_an_empty_or_non_utf8_config_file_is_refused_not_trained_with_the_defaul
     line = _one_error_line(_run(["run", "--config", str(empty), "--out", str(out)]))
     assert line == f"error: {empty}: the config file is empty (start from `fedseg presets show demo > empty.yaml`)"
     line = _one_error_line(_run(["run", "--config", str(binary), "--out", str(out)]))
-    assert line == f"error: {binary}: not UTF-8 text (at byte offset 9); save the config as UTF-8"
+    assert line == f"error: {binary}: not UTF-8 text (at byte offset 9); save the config file as UTF-8"
     assert not out.exists()
 
 
@@ -286,3 +287,38 @@ def test_a_config_problem_names_the_option_or_file_it_came_from(tmp_path):
         line = _one_error_line(_run(["run", *args, "--out", str(out)]))
         assert line.startswith(expected), line
         assert not out.exists()
+
+
+def test_a_bench_file_that_is_binary_or_a_folder_is_named(tmp_path):
+    """A binary bench file said only `'utf-8' codec can't decode byte 0x9e...`; a folder said `bench file not found`."""
+    binary = tmp_path / "bin.yaml"
+    binary.write_bytes(b"\x9e\x00\xff" * 10)
+    line = _one_error_line(_run(["bench", str(binary), "--out", str(tmp_path / "b")]))
+    assert line.startswith(f"error: {binary}: not UTF-8 text (at byte offset 0)"), line
+    line = _one_error_line(_run(["bench", str(tmp_path), "--out", str(tmp_path / "b")]))
+    assert line == f"error: {tmp_path}: is a folder, not a bench file (YAML)", line
+    assert not (tmp_path / "b").exists()
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (Linux)")
+def test_output_to_a_full_disk_is_one_line_naming_what_could_not_be_written(tmp_path):
+    """`fedseg presets show demo > my.yaml` on a full disk was a traceback; Pillow's full-disk error named no file
+    (predict's masks, data synth's and export's images)."""
+    import numpy as np
+
+    from fedseg.data.folder import _write_png
+
+    shown = subprocess.run(
+        [sys.executable, "-c", "from fedseg.command import entry; entry()", "presets", "show", "demo"],
+        stdout=open("/dev/full", "w"),  # noqa: SIM115  (the child's stdout)
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=120,
+    )
+    assert shown.returncode == 1 and "Traceback" not in shown.stderr, shown.stderr
+    assert shown.stderr.strip() == "error: could not write the command's output: [Errno 28] No space left on device"
+    mask = tmp_path / "mask.png"
+    mask.symlink_to("/dev/full")  # a PNG written to a full disk
+    with pytest.raises(OSError) as caught:
+        _write_png(mask, np.zeros((64, 64, 3), np.uint8))
+    assert caught.value.errno == 28 and caught.value.filename == str(mask)

@@ -5,14 +5,28 @@ removes those next to a checkpoint)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
+
+
+@contextlib.contextmanager
+def naming_errors(path: Path) -> Iterator[None]:
+    """An ``OSError`` without a file name (a write's on a full disk: ``[Errno 28] No space left on device``, as
+    Pillow or ``Path.write_bytes`` raise it) raised while writing ``path`` gets ``path`` as its file name, so the
+    one line that reports it names the file."""
+    try:
+        yield
+    except OSError as e:
+        if e.filename is not None or e.errno is None:
+            raise
+        raise OSError(e.errno, e.strerror, str(path)) from e
 
 
 def atomic_write_bytes(path: Path, write: Callable[[BinaryIO], object]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import shlex
 from collections.abc import Sequence
 from pathlib import Path
@@ -338,20 +339,26 @@ def bench(
 ) -> None:
     """A declarative study (docs/benchmark-protocol.md): every method x fold x seed x federation as runs in
     OUT/runs/, grids tuned on validation, equal budgets; OUT/tables.md, tables.json, results.csv, report.html."""
-    from fedseg.bench.phases import run_bench
-    from fedseg.bench.report import write_report
-    from fedseg.bench.spec import load_bench
-
+    existed = out.exists()
     try:
-        spec, root = load_bench(config)
-        echo = lambda line: console.print(line, highlight=False, soft_wrap=True)  # noqa: E731
-        with terminate_on_signals():
+        with terminate_on_signals():  # kill, a closed terminal: as Ctrl-C, from the first import to the tables
+            from fedseg.bench.phases import run_bench
+            from fedseg.bench.report import write_report
+            from fedseg.bench.spec import load_bench
+
+            spec, root = load_bench(config)
+            echo = lambda line: console.print(line, highlight=False, soft_wrap=True)  # noqa: E731
             runs = run_bench(spec, root, out, jobs, resume, echo, train=not tables_only)
-        write_report(spec, runs, out, echo)
+            write_report(spec, runs, out, echo)
     except (ConfigError, FederationError, OSError, KeyError, ValueError) as e:
         fail(error_text(e))
         return
     except KeyboardInterrupt:
+        if not existed and not out.exists():
+            fail(
+                f"interrupted before the bench began: nothing was written to {out}; run the same command",
+                INTERRUPTED_EXIT,
+            )
         detail = "the running runs stopped at their last checkpoint, the queued ones did not start"
         fail(resume_hint("the bench", out, detail), INTERRUPTED_EXIT)
         return
@@ -468,12 +475,17 @@ def loss_surface(
     """FedSM's Figure 4: the training loss of SITE near each trained model (global, local:SITE, personal:SITE) along
     random filter-normalized directions (t in -1..1), and along the line from FedSM's global to its personalized
     model; writes OUT/loss_surface_<SITE>.csv and .png (docs/benchmark-protocol.md)."""
-    from fedseg.loss_surface import loss_surface as compute_surface
-
     try:
-        csv_path, png = compute_surface(runs, site, out, directions, seed, device, cases)
+        with terminate_on_signals():
+            from fedseg.loss_surface import loss_surface as compute_surface
+
+            csv_path, png = compute_surface(runs, site, out, directions, seed, device, cases)
     except (FederationError, OSError, KeyError, ValueError) as e:  # ConfigError, BundleError: ValueErrors
         fail(error_text(e))
+        return
+    except KeyboardInterrupt:  # the CSV is written (atomically) only once every loss is computed
+        said = f"interrupted: the loss surface of {site} was not written to {out}; run the same command again"
+        fail(said, INTERRUPTED_EXIT)
         return
     console.print(f"loss surface: {csv_path}" + (f"\nfigure: {png}" if png else ""), highlight=False, soft_wrap=True)
 
@@ -487,7 +499,21 @@ def entry() -> None:
         app()
     except SystemExit as e:  # Typer ends every command with one
         exit_now(e.code)
+    except KeyboardInterrupt:  # a command that has nothing to clean up (presets, algorithms...) or stopped early
+        print_error("error: interrupted")
+        exit_now(INTERRUPTED_EXIT)
+    except OSError as e:  # escaped every command's own handling: a write to a full disk's stdout (`> file`)
+        print_error(f"error: could not write the command's output: {e}" if e.filename is None else f"error: {e}")
+        exit_now(1)
     exit_now(0)
+
+
+def print_error(line: str) -> None:
+    """``line`` on stderr, whatever state stdout is in (a full disk, a closed pipe)."""
+    import os
+
+    with contextlib.suppress(OSError):
+        os.write(2, (line + "\n").encode())
 
 
 if __name__ == "__main__":

@@ -931,12 +931,7 @@ def load_config(
     else:
         assert file is not None  # exactly one of preset/file was given (checked above)
         path = Path(file)
-        if not path.is_file():
-            raise ConfigError(f"{path}: config file not found")
-        try:
-            text = path.read_text(encoding="utf-8")
-        except UnicodeDecodeError as e:
-            raise ConfigError(f"{path}: not UTF-8 text (at byte offset {e.start}); save the config as UTF-8") from None
+        text = read_config_text(path, "config")
         empty = f"the config file is empty (start from `fedseg presets show demo > {shlex.quote(path.name)}`)"
         data, where = read_yaml_mapping(text, str(path), empty), str(path)
     data.pop("description", None)
@@ -944,6 +939,19 @@ def load_config(
         apply_override(data, assignment)
     keys = [a.split("=", 1)[0].strip() for a in overrides]
     return validate_config(data, where, {key: (labels or {}).get(key, "--set") for key in keys})
+
+
+def read_config_text(path: Path, what: str) -> str:
+    """The text of the YAML ``what`` file (``config``, ``bench``) at ``path``; a ConfigError naming it where it is
+    missing, a folder, or not UTF-8 text (a binary file)."""
+    if path.is_dir():
+        raise ConfigError(f"{path}: is a folder, not a {what} file (YAML)")
+    if not path.is_file():
+        raise ConfigError(f"{path}: {what} file not found")
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text (at byte offset {e.start}); save the {what} file as UTF-8") from None
 
 
 def validate_config(data: dict, where: str, overridden: Mapping[str, str] | None = None) -> RunConfig:

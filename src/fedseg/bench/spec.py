@@ -43,7 +43,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-from fedseg.config import ConfigError, NoBoolNumbers, read_yaml_mapping, validation_problems
+from fedseg.config import ConfigError, NoBoolNumbers, read_config_text, read_yaml_mapping, validation_problems
 from fedseg.evaluate.stats import Alternative
 
 
@@ -420,9 +420,7 @@ def load_bench(path: str | Path) -> tuple[BenchSpec, Path]:
     """The bench file at ``path`` and the folder relative paths in it are read from; a ConfigError naming the file
     and every bad key otherwise."""
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"{path}: bench file not found")
-    data = read_yaml_mapping(path.read_text(), str(path))
+    data = read_yaml_mapping(read_config_text(path, "bench"), str(path))
     try:
         return BenchSpec.model_validate(data, context=AS_WRITTEN), path.resolve().parent
     except ValidationError as e:

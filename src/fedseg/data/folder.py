@@ -58,6 +58,7 @@ from typing import Any, Literal
 import numpy as np
 import yaml
 
+from fedseg.atomic_files import naming_errors
 from fedseg.data import readers, rtstruct
 from fedseg.data.federation import Case, Federation, FederationError, Regions, Site, Split
 from fedseg.data.metadata import (
@@ -747,13 +748,15 @@ def _write_nifti(path: Path, data: np.ndarray, affine: np.ndarray | None = None)
 
     data = data.astype(np.uint8) if data.dtype == bool else data
     affine = np.eye(4) if affine is None else affine
-    nib.save(nib.Nifti1Image(np.ascontiguousarray(data), affine, dtype=data.dtype), path)
+    with naming_errors(path):
+        nib.save(nib.Nifti1Image(np.ascontiguousarray(data), affine, dtype=data.dtype), path)
 
 
 def _write_png(path: Path, data: np.ndarray) -> None:
     from PIL import Image
 
-    Image.fromarray(np.ascontiguousarray(data)).save(path)
+    with naming_errors(path):
+        Image.fromarray(np.ascontiguousarray(data)).save(path)
 
 
 def spacing_affine(spacing: tuple[float, ...] | None) -> np.ndarray | None:

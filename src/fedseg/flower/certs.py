@@ -31,6 +31,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from fedseg.atomic_files import naming_errors
+
 CURVE = ec.SECP384R1()
 DAYS = 825  # at most what common TLS clients accept for a leaf certificate
 
@@ -58,7 +60,8 @@ def _write_private(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.touch(mode=0o600, exist_ok=True)
     path.chmod(0o600)
-    path.write_bytes(data)
+    with naming_errors(path):
+        path.write_bytes(data)
 
 
 def _name(common: str) -> x509.Name:
@@ -110,7 +113,8 @@ def make_ca(out: Path) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
         out / "ca.key",
         key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()),
     )
-    (out / "ca.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    with naming_errors(out / "ca.crt"):
+        (out / "ca.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     return key, cert
 
 
@@ -135,7 +139,8 @@ def make_server_cert(out: Path, ca_key, ca_cert: x509.Certificate, hosts: list[s
         out / "superlink.key",
         key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()),
     )
-    (out / "superlink.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    with naming_errors(out / "superlink.crt"):
+        (out / "superlink.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
 
 
 def make_node_key(folder: Path, name: str) -> tuple[Path, Path]:
@@ -148,10 +153,11 @@ def make_node_key(folder: Path, name: str) -> tuple[Path, Path]:
             serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
         ),
     )
-    public.write_bytes(
-        key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
-        + f" fedseg-{name}\n".encode()
-    )
+    with naming_errors(public):
+        public.write_bytes(
+            key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+            + f" fedseg-{name}\n".encode()
+        )
     return private, public
 
 
