@@ -213,6 +213,14 @@ def test_import_2d_pngs_rgb_in_one_file_and_grey_channels_stacked(tmp_path):
         first = np.asarray(Image.open(src / "imagesTr" / "s1_001_0000.png"))
         np.testing.assert_array_equal(image[0], first if first.ndim == 2 else first[..., 0])
         assert image.shape == (len(channels), 8, 7)
+    # RGB files under a dataset.json that lists two channels: the line names the dataset.json the user wrote, not
+    # the federation.yaml the import wrote from it
+    rgb = tmp_path / "Dataset503_Rgb"
+    _set_json(rgb, channel_names={"0": "R", "1": "G"})
+    result = cli("import", "nnunet", str(rgb), "--site-by", "^(s[0-9])_", "--out", str(tmp_path / "x"))
+    assert result.exit_code == 1 and "federation.yaml" not in result.output, result.output
+    line = f"{rgb / 'imagesTr' / 's0_000_0000.png'}: image has 3 channels but {rgb / 'dataset.json'} channel_names"
+    assert f"{line} lists 2" in " ".join(result.output.split()), result.output
 
 
 # --- export and the round trip -------------------------------------------------------------------------------------

@@ -508,4 +508,14 @@ def plan_nnunet(
     ]
     notes = unlabelled_note(src, info.file_ending)
     channel_names = info.channel_names if all(n.strip() for n in info.channel_names) else None
-    return Plan(info.name, kind, len(info.channel_names), info.regions, sites, info.label_names, notes, channel_names)
+    return Plan(
+        info.name,
+        kind,
+        len(info.channel_names),
+        info.regions,
+        sites,
+        info.label_names,
+        notes,
+        channel_names,
+        f"{info.path} channel_names",
+    )

@@ -20,6 +20,7 @@ Any error removes the temporary folder: ``--out`` is either complete and checked
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -113,6 +114,7 @@ class Plan:
     label_names: dict[int, str] | None = None
     notes: list[str] = field(default_factory=list)  # what the import leaves out on purpose, said once
     channel_names: list[str] | None = None  # what each channel holds, in order, where the layout says it
+    channels_from: str | None = None  # the source that gave ``channels`` (``SRC/dataset.json channel_names``)
 
 
 def read_nifti(path: Path) -> tuple[np.ndarray, np.ndarray]:
@@ -212,7 +214,10 @@ def write_plan(plan: Plan, out: str | Path, *, copy: bool = False) -> Federation
         try:
             checked = check_folder(tmp)
         except FederationError as e:
-            raise FederationError(_sources_named(str(e), written, tmp, out)) from None
+            said = _sources_named(str(e), written, tmp, out)
+            if (given := plan.channels_from) is not None:  # the user never wrote that federation.yaml: name theirs
+                said = re.sub(r"federation\.yaml says channels: (\d+)", lambda m: f"{given} lists {m[1]}", said)
+            raise FederationError(said) from None
         move_in(tmp, out)  # out is empty (check_out) but for tmp
     shapes = {(s.name, c.id): c.meta["image_shape"] for s in checked.sites for c in s.cases}
     final = load_folder(out)
