@@ -495,6 +495,18 @@ def test_certs_that_fail_while_writing_leave_the_folder_as_it_was(tmp_path):
         done = _certs("--out", str(tmp_path / "named"), "--node", bad)
         assert done.returncode == 1 and done.stderr.startswith(f"error: --node {bad!r}: not a site name"), done.stderr
     assert not (tmp_path / "named").exists() and not (tmp_path / "outside.key").exists()
+    done = _certs("--out", str(tmp_path / "named"), "--host", "bad host name!!")  # was put in the certificate
+    assert done.returncode == 1 and done.stderr.startswith("error: --host 'bad host name!!': not an IP address or a")
+    assert not (tmp_path / "named").exists()
+
+
+def test_a_superlink_name_is_an_ip_address_or_a_dns_name():
+    from fedseg.flower.certs import host_problem
+
+    for good in ["10.0.0.7", "::1", "superlink.hospital.org", "link-1", "*.hospital.org", "a" * 63 + ".org"]:
+        assert host_problem(good) is None, good
+    for bad in ["bad host", "under_score.org", "-lead.org", "trail-.org", "a" * 64 + ".org", "", "x..org", "é.org"]:
+        assert host_problem(bad) is not None, bad
 
 
 def test_a_resumed_coordinator_without_the_authentication_it_started_with_is_refused(tmp_path, tiny, disc_federation):

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
+import re
 import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -68,6 +69,25 @@ def _name(common: str) -> x509.Name:
     return x509.Name(
         [x509.NameAttribute(NameOID.ORGANIZATION_NAME, "fedseg"), x509.NameAttribute(NameOID.COMMON_NAME, common)]
     )
+
+
+_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
+
+
+def host_problem(host: str) -> str | None:
+    """Why ``host`` cannot name the SuperLink in its certificate (``--host``): not an IP address and not a DNS name
+    (letters, digits and '-' in dot-separated labels of at most 63, 253 in all; a leading ``*.`` wildcard allowed);
+    None when it can."""
+    try:
+        ipaddress.ip_address(host)
+        return None
+    except ValueError:
+        pass
+    name = host[2:] if host.startswith("*.") else host
+    labels = name.rstrip(".").split(".")
+    if not name or len(name) > 253 or not all(_LABEL.fullmatch(label) for label in labels):
+        return "not an IP address or a DNS name (letters, digits and '-' in dot-separated labels)"
+    return None
 
 
 def _san(hosts: list[str]) -> x509.SubjectAlternativeName:

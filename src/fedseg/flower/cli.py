@@ -350,10 +350,13 @@ def certs(
     force: bool = typer.Option(False, "--force", help="overwrite existing files"),
 ) -> None:
     """Create a CA, the SuperLink's TLS certificate and SuperNode authentication keys (cryptography)."""
-    from fedseg.flower.certs import make_certs
+    from fedseg.flower.certs import host_problem, make_certs
 
     if out.exists() and not out.is_dir():
         fail(f"{out}: not a folder (--out names the folder to write the certificates and keys into)")
+    for name in host:  # a certificate for a name no machine can have would be refused by every SuperNode
+        if (problem := host_problem(name)) is not None:
+            fail(f"--host {name!r}: {problem}")
     for name in node:  # its key is written to supernodes/<name>.key: a plain file name, as a site's folder is
         if not name or name.startswith(".") or any(c in name for c in "/\\\0"):
             fail(f"--node {name!r}: not a site name (a file name: no '/' or '\\', not starting with '.')")
