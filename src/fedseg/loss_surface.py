@@ -211,8 +211,9 @@ def loss_surface(
 ) -> tuple[Path, Path | None]:
     """Compute (:func:`compute`) and write ``OUT/loss_surface_<site>.csv`` and ``.png``; returns both paths.
     Errors (bad site, run, device, config) are ValueErrors (``ConfigError`` is one) naming the run or option."""
-    from fedseg.run.preflight import check_device
+    from fedseg.run.preflight import check_device, check_out_dir
 
+    check_out_dir(Path(out))  # a file given as --out: said before the losses are computed
     rows = compute([Path(r) for r in runs], site, directions, seed=seed, device=str(check_device(device)), cases=cases)
     stem = f"loss_surface_{site}"
     return write_csv(rows, Path(out) / f"{stem}.csv"), figure(rows, site, Path(out) / f"{stem}.png")
