@@ -192,6 +192,7 @@ def test_resume_refuses_a_federation_folder_changed_since_the_run_started(tmp_pa
         ("threshold", 1.5, "threshold is 1.5; expected a number between 0 and 1"),
         ("normalize", "zscor", "normalize is 'zscor'; expected one of minmax, zscore, zscore_foreground,"),
         ("volume", {"patch_size": -1}, "invalid network, regions or volume (1 validation error for VolumeConfig"),
+        ("models", [], "models is empty; expected the names of the models it holds"),  # was 'one model per site ()'
     ],
 )
 def test_predict_with_a_hand_edited_manifest_names_the_key(finished_run, tmp_path, key, value, expected):

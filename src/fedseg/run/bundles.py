@@ -156,6 +156,8 @@ def load_bundle(folder: Path) -> Bundle:
         )
     if not isinstance(manifest["models"], list) or not all(isinstance(m, str) for m in manifest["models"]):
         raise BundleError(f"{manifest_path}: models is {manifest['models']!r}; expected a list of model names")
+    if not manifest["models"]:
+        raise BundleError(f"{manifest_path}: models is empty; expected the names of the models it holds")
     names = manifest.get("channel_names")  # absent in bundles written before it: read as unknown
     if names is not None and not (
         isinstance(names, list)
