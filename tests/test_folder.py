@@ -12,7 +12,7 @@ import yaml
 from PIL import Image
 
 from fedseg.data.federation import Case, Federation, FederationError, Regions, Site
-from fedseg.data.folder import load_folder, write_folder
+from fedseg.data.folder import load_folder, read_header, write_folder
 
 RNG = np.random.default_rng(0)
 
@@ -281,3 +281,9 @@ def test_a_malformed_channel_names_is_one_line_naming_federation_yaml_and_the_fi
     message = str(e.value)
     assert len(message.splitlines()) == 1, message
     assert message.startswith(f"{root / 'federation.yaml'}: {expected}"), message
+
+
+def test_a_federation_yaml_that_is_a_folder_is_said_so_not_missing(tmp_path):
+    (tmp_path / "federation.yaml").mkdir()
+    with pytest.raises(FederationError, match=r"federation.yaml: is a folder, not a file \(every federation folder"):
+        read_header(tmp_path)

@@ -23,6 +23,8 @@ def read_mapping(
     """The mapping in ``path`` (``parse``: ``json.loads``, or ``yaml.safe_load``); ``error`` naming ``path`` when
     it is missing (``holds``: what its folder holds, for the message), unreadable or not valid, or not a mapping
     (``expected``: what it should be, e.g. "a JSON object with labels and training")."""
+    if path.is_dir():
+        raise error(f"{path}: is a folder, not a file ({holds})")
     if not path.is_file():
         raise error(f"{path}: missing ({holds})")
     try:
