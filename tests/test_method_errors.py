@@ -179,3 +179,27 @@ def test_a_nan_penalty_is_refused_not_ignored(register, tiny_config, disc_federa
     cfg = tiny_config(algorithms=["test-nanpenalty"])
     with pytest.raises(SiteFailure, match=r"train: ValueError: NanPenalty.extra_loss was NaN or Inf in a training"):
         Experiment(cfg, tmp_path / "run", federation=disc_federation(), progress=False).run(report=False)
+
+
+class NumberPenalty(TrainHooks):
+    def extra_loss(self, model):
+        return sum(())  # the int 0: a penalty of no terms
+
+
+class VectorPenalty(TrainHooks):
+    def extra_loss(self, model):
+        return torch.zeros(1) + 0.0 * next(model.parameters()).sum()  # shape (1,), as torch.zeros(1) starts one
+
+
+@pytest.mark.parametrize("hooks", [NumberPenalty, VectorPenalty], ids=["python-int", "shape-1"])
+def test_a_penalty_that_backward_accepts_still_trains(register, tiny_config, disc_federation, tmp_path, hooks):
+    """The finiteness check of extra_loss must take what `(loss + extra).backward()` takes (a reviewer: both failed)."""
+
+    class Client(FedAvgClient):
+        def train_hooks(self, model, msg, ctx):
+            return hooks()
+
+    register_algorithm(AlgorithmSpec("test-penalty", "penalty", FedAvgServer, Client, "a test"))
+    cfg = tiny_config(algorithms=["test-penalty"])
+    results = Experiment(cfg, tmp_path / "run", federation=disc_federation(), progress=False).run(report=False)
+    assert "test-penalty" in results.dice()

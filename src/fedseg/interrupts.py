@@ -21,7 +21,14 @@ import threading
 import time
 from collections.abc import Iterable, Iterator
 
-__all__ = ["INTERRUPTED_EXIT", "is_running", "resume_hint", "stop_processes", "terminate_on_signals"]
+__all__ = [
+    "INTERRUPTED_EXIT",
+    "deferred_interrupts",
+    "is_running",
+    "resume_hint",
+    "stop_processes",
+    "terminate_on_signals",
+]
 
 INTERRUPTED_EXIT = 130  # the shell's code for a command ended by SIGINT (128 + 2)
 # what stops a command: Ctrl-C, kill, a closed terminal (Windows has no SIGHUP)
@@ -45,6 +52,25 @@ def terminate_on_signals() -> Iterator[None]:
     finally:
         for s, handler in saved.items():
             signal.signal(s, handler)
+
+
+@contextlib.contextmanager
+def deferred_interrupts() -> Iterator[None]:
+    """Ctrl-C, SIGTERM and SIGHUP are held while the block runs and act when it ends (``KeyboardInterrupt``), in the
+    main thread (elsewhere the block runs unchanged): for a step that must not stop half-way, such as starting a
+    worker process, whose child reads its start-up data from a pipe the parent is still writing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[int] = []
+    saved = {s: signal.signal(s, lambda signum, frame: received.append(signum)) for s in _STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)
+    if received:
+        raise KeyboardInterrupt(f"signal {received[0]}")
 
 
 def stop_processes(pids: Iterable[int], grace_s: float = 20.0) -> None:

@@ -286,8 +286,8 @@ class Trainer:
             for n, x, y in prepared:
                 loss, extra = self._step(model, optimizer, hooks, loss_fn, scaler, x, y)
                 loss_sum += loss.double()
-                if extra is not None:
-                    extra_sum += extra.double()
+                if extra is not None:  # a tensor of any shape, or a Python number (a sum of no terms is the int 0)
+                    extra_sum += extra.to(extra_sum.device, torch.float64).sum()
                 steps += 1
                 samples += n
         if not math.isfinite(float(extra_sum)):  # a constant NaN penalty leaves the gradients as they were: silent
@@ -331,7 +331,7 @@ class Trainer:
             scaler.step(optimizer)
             scaler.update()
         hooks.after_step(model)
-        return loss.detach(), None if extra is None else extra.detach()
+        return loss.detach(), None if extra is None else torch.as_tensor(extra).detach()
 
 
 def _batches_per_epoch(n: int, batch_size: int) -> int:

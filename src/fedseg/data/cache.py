@@ -158,26 +158,60 @@ def generate(params: BuiltinParams) -> Federation:
     from concurrent.futures.process import BrokenProcessPool
 
     # spawn: the parent may run torch threads (a fork of it is unsafe); a child imports only numpy and the generator
+    from fedseg.interrupts import deferred_interrupts
+
     # the workers ignore Ctrl-C (the terminal sends it to them too): the parent stops them, without their tracebacks
     pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=_ignore_sigint)
     try:
-        # about 4 chunks per process: one message per job costs more than a small job (2 cases at 128^2)
-        built = _build(params, lambda fn, jobs: pool.map(fn, jobs, chunksize=max(1, len(jobs) // (4 * workers))))
+
+        def map_jobs(fn: Callable[..., Any], jobs: list[Any]) -> Iterable[Any]:
+            with deferred_interrupts():  # map submits every job, starting the workers: not stopped half-way
+                # about 4 chunks per process: one message per job costs more than a small job (2 cases at 128^2)
+                return pool.map(fn, jobs, chunksize=max(1, len(jobs) // (4 * workers)))
+
+        built = _build(params, map_jobs)
     except BrokenProcessPool:  # e.g. a script without `if __name__ == "__main__":` (its children re-run it)
         pool.shutdown(wait=True)
         log.warning(f"{params.source}: the generation processes failed to start; generating in this process")
         return _build(params, map)
     except BaseException:  # Ctrl-C, kill: the workers stop now (a SIGINT to this process alone left them waiting)
-        # map's iterator cancelled the jobs left; the pool, broken by the terminated workers, would then fail to set
-        # an exception on them, in a traceback of its manager thread (CPython 3.11): it is given none to fail on
+        _stop_pool(pool)
+        raise
+    pool.shutdown(wait=True)
+    return built
+
+
+def _stop_pool(pool: Any) -> None:
+    """Terminate the workers of ``pool`` (a ``ProcessPoolExecutor`` whose ``map`` was interrupted) and wait for it.
+    Its manager thread, seeing them die, sets an exception on the jobs left, which map's iterator has cancelled:
+    CPython 3.11 then raises (InvalidStateError, or KeyError for a job id whose item is gone) in that thread, which
+    prints a traceback after the command's own line. The jobs are dropped first and that thread's errors, which
+    only concern jobs nobody waits for, are not printed."""
+    import queue
+    import threading
+
+    manager = getattr(pool, "_executor_manager_thread", None)
+    previous = threading.excepthook
+
+    def quiet(args: threading.ExceptHookArgs) -> None:
+        if args.thread is not manager:
+            previous(args)
+
+    threading.excepthook = quiet
+    try:
+        work_ids = getattr(pool, "_work_ids", None)
+        while work_ids is not None:
+            try:
+                work_ids.get_nowait()
+            except queue.Empty:
+                break
         pending = getattr(pool, "_pending_work_items", None)
         if isinstance(pending, dict):
             pending.clear()
         _terminate(list((getattr(pool, "_processes", None) or {}).values()))
         pool.shutdown(wait=True)  # the manager thread ends at once: its workers are gone
-        raise
-    pool.shutdown(wait=True)
-    return built
+    finally:
+        threading.excepthook = previous
 
 
 def _ignore_sigint() -> None:

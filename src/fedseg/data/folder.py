@@ -842,7 +842,9 @@ def check_root(root: Path, overwrite: bool) -> None:
     """Refuse a non-empty ``root`` unless ``overwrite`` and it is a federation folder (``FederationError``)."""
     if root.exists() and any(root.iterdir()):
         if not overwrite:
-            raise FederationError(f"{root}: exists and is not empty (replace it with --force; from Python, overwrite=True)")
+            raise FederationError(
+                f"{root}: exists and is not empty (replace it with --force; from Python, overwrite=True)"
+            )
         if not (root / HEADER_FILE).is_file():
             raise FederationError(
                 f"{root}: not empty and not a federation folder (no {HEADER_FILE}); refusing to overwrite"
