@@ -369,30 +369,43 @@ def bench(
 def report(run_dir: Path = typer.Argument(..., help="output directory of a finished run, study or bench")) -> None:
     """Re-render report.html and figures/ from the files of a run (or of a study and its sub-runs; or of a bench:
     tables.md and report.html from its tables.json, by the current statistics rules)."""
-    from fedseg.report.studies import is_study_dir, render_study
+    again = f"`fedseg report {shlex.quote(str(run_dir))}`"
+    try:
+        with terminate_on_signals():  # a page and its figures are replaced together at the end, or not at all
+            from fedseg.report.studies import is_study_dir, render_study
 
-    if not (run_dir / "summary.json").is_file() and (run_dir / "tables.json").is_file():
-        from fedseg.bench.report import rewrite_report
+            if not (run_dir / "summary.json").is_file() and (run_dir / "tables.json").is_file():
+                from fedseg.bench.report import rewrite_report
 
-        try:
-            console.print(f"tables: {run_dir / 'tables.md'}\nreport: {rewrite_report(run_dir)}", highlight=False)
-        except (ValueError, OSError) as e:
-            fail(error_text(e))
-        return
-    if not (run_dir / "summary.json").is_file():
-        if not is_study_dir(run_dir):
-            fail(
-                f"{run_dir}: no summary.json, study.json, unseen.csv, sweep.csv or tables.json (not a run, study or "
-                "bench directory?)"
-            )
-        console.print(f"report: {render_study(run_dir)}")
-        return
-    from fedseg.report.html import unfinished_text
+                try:
+                    page = rewrite_report(run_dir)
+                except (ValueError, OSError) as e:
+                    fail(error_text(e))
+                console.print(f"tables: {run_dir / 'tables.md'}\nreport: {page}", highlight=False)
+                return
+            if not (run_dir / "summary.json").is_file():
+                if not is_study_dir(run_dir):
+                    fail(
+                        f"{run_dir}: no summary.json, study.json, unseen.csv, sweep.csv or tables.json (not a run, "
+                        "study or bench directory?)"
+                    )
+                try:
+                    page = render_study(run_dir)
+                except OSError as e:  # writing it (a full disk)
+                    fail(f"the report was not written: {error_text(e)}; {again} draws it again")
+                except ValueError as e:  # a damaged file of the study or of a sub-run (the message names it)
+                    fail(f"the report was not drawn: {error_text(e)}")
+                console.print(f"report: {page}")
+                return
+            from fedseg.report.html import unfinished_text, unreadable_text
 
-    path, run = report_or_fail(run_dir)
+            path, run = report_or_fail(run_dir)
+    except KeyboardInterrupt:  # Ctrl-C, SIGTERM, SIGHUP: the previous report.html and figures/ are left as they were
+        fail(f"interrupted: the report was not drawn; run {again} again", INTERRUPTED_EXIT)
     console.print(f"report: {path}")
-    if text := unfinished_text(run):
-        console.print(f"note: {text}", highlight=False, soft_wrap=True)
+    for text in (unfinished_text(run), unreadable_text(run)):
+        if text:
+            console.print(f"note: {text}", highlight=False, soft_wrap=True)
 
 
 def report_or_fail(run_dir: Path) -> tuple[Path, RunFiles]:

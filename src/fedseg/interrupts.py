@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -24,6 +25,7 @@ from collections.abc import Iterable, Iterator
 __all__ = [
     "INTERRUPTED_EXIT",
     "deferred_interrupts",
+    "interrupts_noted",
     "is_running",
     "resume_hint",
     "stop_processes",
@@ -54,14 +56,56 @@ def terminate_on_signals() -> Iterator[None]:
             signal.signal(s, handler)
 
 
+_noted: list[list[int]] = []  # the stop signals received by each running interrupts_noted block, innermost last
+
+
 @contextlib.contextmanager
-def deferred_interrupts() -> Iterator[None]:
-    """Ctrl-C, SIGTERM and SIGHUP are held while the block runs and act when it ends (``KeyboardInterrupt``), in the
-    main thread (elsewhere the block runs unchanged): for a step that must not stop half-way, such as starting a
-    worker process, whose child reads its start-up data from a pipe the parent is still writing."""
+def interrupts_noted() -> Iterator[None]:
+    """Note every SIGINT / SIGTERM / SIGHUP the block receives, each acted on at once as before (the handler in
+    place: ``KeyboardInterrupt``, or the default action); one whose ``KeyboardInterrupt`` Python dropped (raised in
+    a finalizer: "Exception ignored in ...", not printed here) is raised again when the block ends, and meanwhile
+    stops :func:`deferred_interrupts` from starting. In a thread other than the main one the block runs unchanged."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    received: list[int] = []
+    before = {s: signal.getsignal(s) for s in _STOP_SIGNALS}
+
+    def note(signum: int, frame: object) -> None:
+        for signals in _noted:
+            signals.append(signum)
+        _act_on(signum, before[signum])
+
+    noting = [s for s, handler in before.items() if handler not in (signal.SIG_IGN, None)]
+    hook = sys.unraisablehook
+    sys.unraisablehook = lambda u: None if isinstance(u.exc_value, KeyboardInterrupt) and _noted else hook(u)
+    _noted.append(received)
+    for s in noting:
+        signal.signal(s, note)
+    try:
+        yield
+    finally:
+        for s in noting:
+            signal.signal(s, before[s])
+        _noted.remove(received)
+        sys.unraisablehook = hook
+    if received:  # its KeyboardInterrupt was dropped
+        raise KeyboardInterrupt(f"signal {received[0]}")
+
+
+@contextlib.contextmanager
+def deferred_interrupts() -> Iterator[None]:
+    """Run the block to its end through SIGINT / SIGTERM / SIGHUP, then act on the first one received as the
+    handler in place before would have (``KeyboardInterrupt``, or the default action: the process ends): for a step
+    that must not stop half-way (writing a page and moving its figures in; starting a worker process, whose child
+    reads its start-up data from a pipe the parent is still writing). A ``KeyboardInterrupt`` before the block when
+    :func:`interrupts_noted` noted one that Python dropped. In a thread other than the main one (where signals
+    cannot be handled) the block runs unchanged."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    if any(_noted):  # a stop signal came and its KeyboardInterrupt was dropped (interrupts_noted)
+        raise KeyboardInterrupt
     received: list[int] = []
     saved = {s: signal.signal(s, lambda signum, frame: received.append(signum)) for s in _STOP_SIGNALS}
     try:
@@ -69,8 +113,20 @@ def deferred_interrupts() -> Iterator[None]:
     finally:
         for s, handler in saved.items():
             signal.signal(s, handler)
-    if received:
-        raise KeyboardInterrupt(f"signal {received[0]}")
+        if received:
+            _act_on(received[0], saved[received[0]])
+
+
+def _act_on(signum: int, handler: object) -> None:
+    """Do what ``handler`` (as ``signal.signal`` returned it) does for ``signum``."""
+    if callable(handler):
+        handler(signum, None)
+    elif handler == signal.SIG_DFL:
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        signal.signal(signum, signal.SIG_DFL)
+        signal.raise_signal(signum)
+    # SIG_IGN, or None (a handler not installed from Python): ignored, as it would have been
 
 
 def stop_processes(pids: Iterable[int], grace_s: float = 20.0) -> None:

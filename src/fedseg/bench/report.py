@@ -56,7 +56,9 @@ from fedseg.evaluate.stats import (
     significant_over_seeds,
 )
 from fedseg.presentation import kit
+from fedseg.presentation.drafts import figure_draft
 from fedseg.presentation.figures import per_site_bars
+from fedseg.presentation.files import kind_of
 from fedseg.run.outputs import csv_text
 from fedseg.run.provenance import utc_now
 from fedseg.run.stopping import PLATEAU
@@ -518,9 +520,10 @@ def html_parts(
     bench: BenchSpec,
     tables: dict,
     tuning: list[dict],
-    out: Path,
+    fig_dir: Path,
     changes: Sequence[str] = (),
 ) -> list[str]:
+    """The HTML parts of the bench's ``report.html``, its figures drawn into ``fig_dir``."""
     parts = [
         f"<h1>Bench {kit.esc(bench.name)}</h1>",
         f'<p class="meta">{kit.esc_md(notes(bench, tables, changes))}</p>',
@@ -537,7 +540,7 @@ def html_parts(
             {n: {s: v["mean"] for s, v in m["sites"].items()} for n, m in t["methods"].items()},
             t["sites"],
             {} if t.get("leave_one_out") else t["methods"][next(iter(t["methods"]))]["train_samples"],
-            out / "figures" / f"sites_{fed}.png",
+            fig_dir / f"sites_{fed}.png",
             errors={n: {s: v["std"] for s, v in m["sites"].items()} for n, m in t["methods"].items()},
             title=f"{fed}: test Dice per site (mean ± std over seeds)",
         )
@@ -626,11 +629,57 @@ def rewrite_report(out: Path) -> Path:
     """Render a bench's ``tables.md`` and ``report.html`` again from its ``tables.json`` alone (``fedseg report``
     on a bench folder), each family of comparisons Holm-corrected by the current rules
     (:func:`fedseg.bench.tables.correct_tests`; a bench written before them gains ``p_holm``). The runs are not
-    read: their folders may be gone. A ValueError naming the file where it cannot be read."""
+    read: their folders may be gone. A ValueError naming the file where it cannot be read or lacks a field the
+    tables show (then nothing is written)."""
     out = Path(out)
     bench, content = read_tables(out / TABLES_JSON)
-    _write_tables(bench, content, out)
+    try:
+        _write_tables(bench, content, out)
+    except (KeyError, TypeError, AttributeError, IndexError) as e:  # a field :func:`check_tables` does not check
+        raise ValueError(_not_tables(out / TABLES_JSON, e)) from None
     return out / "report.html"
+
+
+def _not_tables(path: Path, problem: BaseException | str) -> str:
+    """``PATH: not a bench's tables (problem)``, an exception as ``Type: its first line``."""
+    if isinstance(problem, BaseException):
+        problem = f"{type(problem).__name__}: {(str(problem).splitlines() or [''])[0][:160]}"
+    return f"{path}: not a bench's tables ({problem})"
+
+
+#: the fields of ``tables.json`` the tables index, per federation and per method: ``{key: (JSON type, its name)}``
+OBJECT, LIST = (dict, "an object"), (list, "a list")
+FEDERATION_FIELDS = {"methods": OBJECT, "regions": LIST, "sites": LIST, "runs": ((int, float), "a number")}
+METHOD_FIELDS = {
+    "setting": (str, "a string"),
+    **dict.fromkeys(("convergence", "regions", "sites", "site_wilcoxon", "cost"), OBJECT),
+}
+
+
+def check_tables(content: dict) -> str | None:
+    """The first field of :data:`FEDERATION_FIELDS` / :data:`METHOD_FIELDS` that a federation or method of
+    ``tables.json`` ``content`` lacks or holds as another type (``federations.X has no 'regions'``); None when none."""
+    feds = content.get("federations")
+    if not isinstance(feds, dict):
+        return f"federations is {kind_of(feds)}, not an object"
+    for name, fed in feds.items():
+        if bad := _lacks(fed, FEDERATION_FIELDS, f"federations.{name}"):
+            return bad
+        for method, entry in fed["methods"].items():
+            if bad := _lacks(entry, METHOD_FIELDS, f"federations.{name}.methods.{method}"):
+                return bad
+    return None
+
+
+def _lacks(entry: object, fields: dict[str, tuple], where: str) -> str | None:
+    if not isinstance(entry, dict):
+        return f"{where} is {kind_of(entry)}, not an object"
+    for key, (kind, name) in fields.items():
+        if key not in entry:
+            return f"{where} has no {key!r}"
+        if not isinstance(entry[key], kind) or isinstance(entry[key], bool):
+            return f"{where}.{key} is {kind_of(entry[key])}, not {name}"
+    return None
 
 
 def read_tables(path: Path) -> tuple[BenchSpec, dict]:
@@ -641,18 +690,23 @@ def read_tables(path: Path) -> tuple[BenchSpec, dict]:
     try:
         content = json.loads(Path(path).read_text())
         bench = BenchSpec.model_validate(content["bench"])
+        if bad := check_tables(content):
+            raise ValueError(_not_tables(path, bad))
         for fed in content["federations"].values():
             correct_tests(fed)
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-        raise ValueError(f"{path}: not a bench's tables ({type(e).__name__}: {str(e).splitlines()[0][:160]})") from None
+        raise ValueError(str(e) if str(e).startswith(str(path)) else _not_tables(path, e)) from None
     return bench, content
 
 
 def _write_tables(bench: BenchSpec, content: dict, out: Path) -> None:
     """``tables.json`` (strict JSON: :func:`fedseg.atomic_files.json_ready`), ``tables.md`` and ``report.html``
-    (+ figures) of ``content`` into ``out``."""
+    (+ figures) of ``content`` into ``out``: all rendered (the figures aside, :mod:`fedseg.presentation.drafts`)
+    before any is written, so a field the tables cannot show leaves the previous files as they were."""
     tables, tuning, changes = content["federations"], content["tuning"], content.get("analysis_changes", [])
-    atomic_write_text(out / TABLES_JSON, strict_json_text(content, indent=1))
-    atomic_write_text(out / "tables.md", markdown(bench, tables, tuning, changes))
-    (out / "figures").mkdir(exist_ok=True)
-    kit.write_page(out / "report.html", f"fedseg bench {bench.name}", html_parts(bench, tables, tuning, out, changes))
+    md = markdown(bench, tables, tuning, changes)
+    with figure_draft(out) as fig_dir:
+        parts = html_parts(bench, tables, tuning, fig_dir, changes)
+        atomic_write_text(out / TABLES_JSON, strict_json_text(content, indent=1))
+        atomic_write_text(out / "tables.md", md)
+        kit.write_page(out / "report.html", f"fedseg bench {bench.name}", parts, drawn=fig_dir)

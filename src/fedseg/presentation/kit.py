@@ -6,8 +6,8 @@ HTML from these pieces:
 
 * the run's files: :class:`RunFiles` / :func:`load_run` (``summary.json``, ``results.csv``,
   ``rounds.csv``, ``round_metrics.csv``, ``ledger.csv``, ``samples/``, ``config.yaml``) and the
-  readers behind them (:func:`read_csv`, :func:`load_npz`), which a family uses for files of
-  its own;
+  readers behind them (:mod:`fedseg.presentation.files`: :func:`read_csv`, :func:`load_npz`; a
+  damaged file is one ValueError naming it), which a family uses for files of its own;
 * number formatting (:func:`num`, :func:`fmt`, :func:`fmt_int`, :func:`nanmean`) and escaping
   (:func:`esc`);
 * tables (:class:`TableRow`, :func:`score_table`, :func:`table`, :func:`site_columns`);
@@ -22,10 +22,8 @@ is read by ``report.html`` / ``report.studies``, never here).
 from __future__ import annotations
 
 import base64
-import csv
 import functools
 import html
-import json
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -36,7 +34,9 @@ from typing import Any
 import numpy as np
 
 from fedseg.atomic_files import atomic_write_text
-from fedseg.evaluate.tables import read_rows
+from fedseg.interrupts import deferred_interrupts
+from fedseg.presentation.drafts import replace_figures
+from fedseg.presentation.files import REWRITE_HINT, check_summary, load_npz, read_csv, read_json, read_text
 
 __all__ = [
     "CSS",
@@ -110,29 +110,6 @@ def metric_scalar(entry: Mapping, key: str, metric: str = "dice") -> float:
 
 
 # --------------------------------------------------------------------------- files
-def read_csv(path: Path) -> list[dict]:
-    """CSV rows as dicts of strings; [] when the file does not exist."""
-    if not path.is_file():
-        return []
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
-
-
-def load_npz(folder: Path, pattern: str, required: set[str]) -> dict[str, dict[str, np.ndarray]]:
-    """``{file stem: arrays}`` of the ``.npz`` files in ``folder`` matching ``pattern`` that hold
-    the ``required`` arrays; unreadable files are skipped (the report shows what it can)."""
-    out = {}
-    for path in sorted(folder.glob(pattern)) if folder.is_dir() else []:
-        try:
-            with np.load(path, allow_pickle=False) as z:
-                arrays = {k: z[k] for k in z.files}
-        except (OSError, ValueError):
-            continue
-        if required <= arrays.keys():
-            out[path.stem] = arrays
-    return out
-
-
 SELECTOR_DIR = "selector_features"  # FedSM's test routing (fedseg.algorithms.fedsm.features.FEATURES_DIR)
 
 
@@ -151,10 +128,10 @@ def routed_to_global(run_dir: Path) -> dict[str, tuple[int, float]]:
     return out
 
 
-def load_samples(folder: Path) -> dict[str, dict[str, dict[str, np.ndarray]]]:
-    """``samples/<algorithm>__<site>.npz`` -> ``{site: {algorithm: arrays}}``."""
+def load_samples(folder: Path, skipped: list[Path] | None = None) -> dict[str, dict[str, dict[str, np.ndarray]]]:
+    """``samples/<algorithm>__<site>.npz`` -> ``{site: {algorithm: arrays}}`` (unreadable files: to ``skipped``)."""
     out: dict[str, dict[str, dict[str, np.ndarray]]] = {}
-    for stem, arrays in load_npz(folder, "*__*.npz", {"image", "truth", "pred"}).items():
+    for stem, arrays in load_npz(folder, "*__*.npz", {"image", "truth", "pred"}, skipped).items():
         algorithm, _, site = stem.partition("__")
         out.setdefault(site, {})[algorithm] = arrays
     return out
@@ -179,6 +156,7 @@ class RunFiles:
     config: str | None = None
     round_metrics: list[dict] = field(default_factory=list)  # round_metrics.csv rows
     names: dict[str, str] = field(default_factory=dict)  # algorithm -> display name
+    unreadable: list[Path] = field(default_factory=list)  # files left out: they cannot be read (samples/*.npz)
 
     @property
     def sites(self) -> list[str]:
@@ -218,28 +196,46 @@ class RunFiles:
         return str(self.algorithms.get(algorithm, {}).get("display_name") or algorithm)
 
 
+#: the columns of a run's CSV files the pages index (those fedseg writes, less the ones only read with a default)
+RUN_COLUMNS = {
+    "results.csv": ("algorithm", "model", "site", "case", "region", "metric", "value"),
+    "rounds.csv": ("algorithm", "round", "site", "val_dice"),
+    "round_metrics.csv": ("algorithm", "round", "site", "metric", "value"),
+    "ledger.csv": ("algorithm",),
+}
+#: the number columns of a run's CSV files that a page converts without a default (blank: NaN)
+RUN_NUMBERS: dict[str, dict[str, type]] = {"results.csv": {"value": float}, "rounds.csv": {"round": int}}
+
+
+def _read_run_csv(run_dir: Path, name: str) -> list[dict]:
+    """The rows of the run's CSV file ``name`` (``[]`` without it), checked by :func:`~.files.read_csv` against
+    :data:`RUN_COLUMNS` / :data:`RUN_NUMBERS`; ``results.csv``'s ``value`` as a float (blank: NaN)."""
+    rows = read_csv(run_dir / name, RUN_COLUMNS.get(name, ()), RUN_NUMBERS.get(name))
+    if name == "results.csv":
+        for r in rows:
+            r["value"] = num(r["value"])
+    return rows
+
+
 def load_run(run_dir: str | Path) -> RunFiles:
-    """Read a run directory. Raises FileNotFoundError when ``summary.json`` is missing."""
+    """Read a run directory. Raises FileNotFoundError when ``summary.json`` is missing, and a ValueError naming the
+    file and what is wrong when one of its files cannot be read as fedseg writes it (:mod:`.files`)."""
     run_dir = Path(run_dir)
     summary_path = run_dir / "summary.json"
     if not summary_path.is_file():
         raise FileNotFoundError(f"{summary_path} not found: is {run_dir} a fedseg run directory?")
     config = run_dir / "config.yaml"
-    try:
-        summary = json.loads(summary_path.read_text())
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ValueError(
-            f"{summary_path}: not valid JSON ({e}); `fedseg run` with the run's command and --resume writes it again"
-        ) from None
+    unreadable: list[Path] = []
     return RunFiles(
         dir=run_dir,
-        summary=summary,
-        results=read_rows(run_dir / "results.csv") if (run_dir / "results.csv").is_file() else [],
-        rounds=read_csv(run_dir / "rounds.csv"),
-        ledger=read_csv(run_dir / "ledger.csv"),
-        samples=load_samples(run_dir / "samples"),
-        config=config.read_text() if config.is_file() else None,
-        round_metrics=read_csv(run_dir / "round_metrics.csv"),
+        summary=check_summary(read_json(summary_path, REWRITE_HINT), summary_path),
+        results=_read_run_csv(run_dir, "results.csv"),
+        rounds=_read_run_csv(run_dir, "rounds.csv"),
+        ledger=_read_run_csv(run_dir, "ledger.csv"),
+        samples=load_samples(run_dir / "samples", unreadable),
+        config=read_text(config) if config.is_file() else None,
+        round_metrics=_read_run_csv(run_dir, "round_metrics.csv"),
+        unreadable=unreadable,
     )
 
 
@@ -392,12 +388,12 @@ def page(title: str, parts: Iterable[str]) -> str:
 FIGURE_SRC = re.compile(r'src="figures/([^"/\\]+\.png)"')
 
 
-def embed_figures(text: str, root: str | Path) -> str:
+def embed_figures(text: str, root: str | Path, fig_dir: str | Path | None = None) -> str:
     """``text`` with every ``src="figures/NAME.png"`` replaced by the PNG's bytes as a
-    ``data:image/png;base64,...`` URI (read from ``root/figures/NAME.png``), so that the page
-    keeps its figures when sent alone. Other ``src`` values, links and a missing file are left
+    ``data:image/png;base64,...`` URI (read from ``fig_dir/NAME.png``, by default ``root/figures/NAME.png``), so
+    that the page keeps its figures when sent alone. Other ``src`` values, links and a missing file are left
     as they are."""
-    fig_dir = Path(root) / "figures"
+    fig_dir = Path(fig_dir) if fig_dir is not None else Path(root) / "figures"
 
     def inline(m: re.Match[str]) -> str:
         path = fig_dir / html.unescape(m.group(1))
@@ -408,9 +404,18 @@ def embed_figures(text: str, root: str | Path) -> str:
     return FIGURE_SRC.sub(inline, text)
 
 
-def write_page(out: str | Path, title: str, parts: Iterable[str]) -> Path:
+def write_page(out: str | Path, title: str, parts: Iterable[str], drawn: Path | None = None) -> Path:
     """Write :func:`page` to ``out`` with its figures embedded (:func:`embed_figures`, relative to
-    ``out``'s folder); returns ``out``. The one place every fedseg page is written."""
+    ``out``'s folder); returns ``out``. The one place every fedseg page is written.
+
+    ``drawn``: the folder its figures were drawn into (:func:`fedseg.presentation.drafts.figure_draft`): they are
+    embedded from there and, once the page is written, replace the PNGs of ``figures/`` beside it
+    (:func:`~fedseg.presentation.drafts.replace_figures`), the page and the figures changed together
+    (:func:`~fedseg.interrupts.deferred_interrupts`)."""
     out = Path(out)
-    atomic_write_text(out, embed_figures(page(title, parts), out.parent))  # never half a page (a full disk)
+    text = embed_figures(page(title, parts), out.parent, drawn)
+    with deferred_interrupts():
+        atomic_write_text(out, text)  # never half a page (a full disk); before the figures: it may fail
+        if drawn is not None:
+            replace_figures(drawn, out.parent / "figures")
     return out

@@ -5,9 +5,11 @@
 ``round_metrics.csv``, ``ledger.csv``, ``samples/<algorithm>__<site>.npz``, ``config.yaml``,
 the files a method family reads for its own sections (FedSM: ``selector_features/``) and the
 study tables ``unseen.csv`` / ``sweep.csv`` of a run that is part of a study. Each missing
-optional file just drops the sections that need it. The page uses no scripts and no network;
-figures are embedded as data URIs (also written as ``figures/*.png``; the folder is the report's own: every PNG in
-it is deleted before a render, so none survives from an earlier one).
+optional file just drops the sections that need it; a damaged one stops the render with a ValueError naming it
+(:mod:`fedseg.presentation.files`). The page uses no scripts and no network; figures are embedded as data URIs (also
+written as ``figures/*.png``; the folder is the report's own: its PNGs are replaced by those of the render, so none
+survives from an earlier one). The figures are drawn aside (:mod:`fedseg.presentation.drafts`) and replace the old
+ones with the page, at the end: a render that fails or is interrupted leaves the previous report and figures.
 
 Sections:
 
@@ -58,6 +60,7 @@ from fedseg.engine.ledger import EVAL_ACTIONS
 from fedseg.evaluate.metric_info import METRICS
 from fedseg.evaluate.tables import cross_site_matrix, site_summary
 from fedseg.presentation import figures
+from fedseg.presentation.drafts import figure_draft
 from fedseg.presentation.kit import (
     RunFiles,
     Section,
@@ -463,7 +466,7 @@ def _header(run: RunFiles) -> str:
         f'<p class="meta">Run: <code>{esc(run.dir.resolve().name)}</code></p>'
         f'<p class="meta">Sites{" (test cases)" if counts else ""}: {sites}</p>'
         f'<p class="meta">Regions: {esc(", ".join(run.regions))} &nbsp;·&nbsp; Methods: {algs}</p>'
-        + _unfinished_line(run)
+        + _notice_lines(run)
         + _data_line(run)
         + _provenance_line(s.get("provenance"))
     )
@@ -479,9 +482,18 @@ def unfinished_text(run: RunFiles) -> str | None:
     )
 
 
-def _unfinished_line(run: RunFiles) -> str:
-    text = unfinished_text(run)
-    return f'<p class="meta"><b>{esc(text[0].upper() + text[1:])}.</b></p>' if text else ""
+def unreadable_text(run: RunFiles) -> str | None:
+    """One sentence naming the run's files left out of the report because they cannot be read (None when none)."""
+    if not run.unreadable:
+        return None
+    names = ", ".join(str(p.relative_to(run.dir)) if p.is_relative_to(run.dir) else str(p) for p in run.unreadable)
+    return f"left out of the report: {names} (cannot be read: damaged or cut short)"
+
+
+def _notice_lines(run: RunFiles) -> str:
+    """The header's bold lines: the methods not finished, the files left out."""
+    lines = [t for t in (unfinished_text(run), unreadable_text(run)) if t]
+    return "".join(f'<p class="meta"><b>{esc(t[0].upper() + t[1:])}.</b></p>' for t in lines)
 
 
 def _data_line(run: RunFiles) -> str:
@@ -617,17 +629,22 @@ def family_sections(run: RunFiles, order: list[str], fig_dir: Path) -> list[Sect
 
 def render_report(run_dir: str | Path, run: RunFiles | None = None) -> Path:
     """Write ``run_dir/report.html`` and ``run_dir/figures/*.png`` from the run's files (``run``: already read with
-    ``load_run``).
+    ``load_run``). A file that cannot be read as fedseg writes it is a ValueError naming it; then, as on any other
+    error or an interrupt, the previous report and figures are left as they were.
 
     Returns:
         path of ``report.html``.
     """
     run = run or load_run(run_dir)
+    with figure_draft(run.dir) as fig_dir:  # the figures replace figures/ with the page, once all is drawn
+        title = f"fedseg report — {run.summary.get('dataset', '')}"
+        return write_page(run.dir / "report.html", title, _report_parts(run, fig_dir), drawn=fig_dir)
+
+
+def _report_parts(run: RunFiles, fig_dir: Path) -> list[str]:
+    """The HTML parts of ``run``'s report, its figures drawn into ``fig_dir``."""
     order = algorithm_order(run.summary)
     run.names = {a: display_name(a, run.algorithms[a]) for a in order}
-    fig_dir = run.dir / "figures"
-    for path in sorted(fig_dir.glob("*.png")) if fig_dir.is_dir() else []:  # none survives from an earlier render
-        path.unlink(missing_ok=True)
     labels = dict(run.names)
 
     curves = figures.validation_curves(
@@ -690,7 +707,7 @@ def render_report(run_dir: str | Path, run: RunFiles | None = None) -> Path:
     ]
     best = verdict(run)
     top = verdict_html(best, routing_notes(run)) if best is not None else ""
-    parts = [_header(run), top, *(add_notes(s).html() for s in sections), *study_sections(run.dir)]
+    parts = [_header(run), top, *(add_notes(s).html() for s in sections), *study_sections(run.dir, fig_dir)]
     if run.config is not None:
         parts.append(f"<details><summary>config.yaml</summary><pre>{esc(run.config)}</pre></details>")
-    return write_page(run.dir / "report.html", f"fedseg report — {run.summary.get('dataset', '')}", parts)
+    return parts

@@ -9,7 +9,10 @@ primitives and the method names only.
 
 A sweep over a numeric value (``--sweep methods.autofedavg-n-dirichlet.t0=1,5,10,20``) also gets a
 line figure of the test Dice (client average) against the value, one line per algorithm (the
-Auto-FedAvg paper's Fig. 4), written to the directory's ``figures/`` (:data:`SWEEP_FIGURE`).
+Auto-FedAvg paper's Fig. 4), written to the page's figure folder (:data:`SWEEP_FIGURE`).
+
+Each table is read with the columns it indexes (:data:`UNSEEN_COLUMNS`, :data:`SWEEP_COLUMNS`): a file without
+one of them, or damaged, is a ValueError naming it (:func:`fedseg.presentation.files.read_csv`).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ __all__ = [
     "SWEEP_CSV",
     "SWEEP_FIGURE",
     "UNSEEN_CSV",
+    "check_study_tables",
     "is_study_dir",
     "run_link",
     "study_sections",
@@ -44,6 +48,13 @@ SWEEP_FIGURE = "sweep_dice.png"  # in the directory's figures/
 LOG_SCALE_RATIO = 100.0  # a positive numeric sweep spanning this factor or more gets a log axis
 PM = "freq_PM_"
 PERSONALIZATION_KEY = "methods.fedsm.personalization"
+#: the columns of ``unseen.csv`` / ``sweep.csv`` the tables index (besides ``freq_PM_<site>`` / ``dice_<site>``,
+#: found in the header)
+UNSEEN_COLUMNS = (
+    *("algorithm", "unseen_site", "cases", "gamma", "freq_GM"),
+    *("dice", "best_gamma", "best_dice", "val_gamma", "val_dice"),
+)
+SWEEP_COLUMNS = ("key", "algorithm", "value", "dice_client_avg", "dice_global")
 
 
 def is_study_dir(path: Path) -> bool:
@@ -75,7 +86,7 @@ UNSEEN_NOTE = (
 
 def unseen_section(root: Path) -> str:
     """Table 5 from ``root/unseen.csv``; "" when the file is missing or empty."""
-    rows = read_csv(root / UNSEEN_CSV)
+    rows = read_csv(root / UNSEEN_CSV, UNSEEN_COLUMNS)
     if not rows:
         return ""
     sites = [c[len(PM) :] for c in rows[0] if c.startswith(PM)]
@@ -108,10 +119,10 @@ def unseen_section(root: Path) -> str:
 
 
 # --------------------------------------------------------------------------- sweeps
-def sweep_section(root: Path) -> str:
+def sweep_section(root: Path, fig_dir: Path | None = None) -> str:
     """Test Dice per value (rows) and site (columns) from ``root/sweep.csv``, then HD95 and NSD Client Avg (NSD when
-    the sweep has it); "" when missing."""
-    rows = read_csv(root / SWEEP_CSV)
+    the sweep has it), its figure drawn into ``fig_dir`` (default ``root/figures``); "" when missing."""
+    rows = read_csv(root / SWEEP_CSV, SWEEP_COLUMNS)
     if not rows:
         return ""
     key = rows[0]["key"]
@@ -143,7 +154,8 @@ def sweep_section(root: Path) -> str:
         score_table(other_rows[m.name], [(m.name, f"{m.label} Client Avg")], m.higher_is_better, m.mean_digits)
         for m in others
     )
-    figure = sweep_figure(rows, key, root / "figures" / SWEEP_FIGURE, {a: display_name(a) for a in order})
+    out = (fig_dir or root / "figures") / SWEEP_FIGURE
+    figure = sweep_figure(rows, key, out, {a: display_name(a) for a in order})
     if figure is not None:
         body += f'<img src="figures/{SWEEP_FIGURE}" alt="test Dice (client average) vs {esc(key)}">'
     note = (
@@ -206,7 +218,14 @@ def sweep_figure(rows: Sequence[Mapping], key: str, out: Path, labels: Mapping[s
     return save(fig, out)
 
 
-def study_sections(run_dir: Path) -> list[str]:
-    """HTML sections (title + table + note) for ``unseen.csv`` and ``sweep.csv`` of ``run_dir``;
-    [] when neither exists."""
-    return [s for s in (unseen_section(Path(run_dir)), sweep_section(Path(run_dir))) if s]
+def check_study_tables(root: Path) -> None:
+    """Read ``root``'s ``unseen.csv`` and ``sweep.csv`` (where present) as the sections will: a ValueError naming
+    the first that is damaged or lacks a column, before anything is drawn."""
+    read_csv(root / UNSEEN_CSV, UNSEEN_COLUMNS)
+    read_csv(root / SWEEP_CSV, SWEEP_COLUMNS)
+
+
+def study_sections(run_dir: Path, fig_dir: Path | None = None) -> list[str]:
+    """HTML sections (title + table + note) for ``unseen.csv`` and ``sweep.csv`` of ``run_dir`` (a figure drawn into
+    ``fig_dir``, default ``run_dir/figures``); [] when neither exists."""
+    return [s for s in (unseen_section(Path(run_dir)), sweep_section(Path(run_dir), fig_dir)) if s]
