@@ -511,8 +511,11 @@ def entry() -> None:
     try:
         app()
     except SystemExit as e:  # Typer ends every command with one
+        if isinstance(getattr(e.__context__, "__cause__", None), KeyboardInterrupt):
+            # Typer's own exit for a Ctrl-C no handler of the command took (presets, algorithms...): silent else
+            print_error("error: interrupted")
         exit_now(e.code)
-    except KeyboardInterrupt:  # a command that has nothing to clean up (presets, algorithms...) or stopped early
+    except KeyboardInterrupt:  # raised before Typer runs the command
         print_error("error: interrupted")
         exit_now(INTERRUPTED_EXIT)
     except OSError as e:  # escaped every command's own handling: a write to a full disk's stdout (`> file`)
