@@ -144,19 +144,21 @@ class BareNames(FedAvgClient):
 @pytest.mark.parametrize(
     "client, said",
     [
-        (DictReply, "the client replied a dict, not a Message"),
+        (DictReply, "TypeError: the client replied a dict, not a Message"),
         (BareNames, "tensor 'model.0.adn.A.weight' came back without its group: it was sent as 'model/model.0"),
     ],
     ids=["dict", "bare-names"],
 )
+@pytest.mark.parametrize("workers", [1, 2], ids=["simulator", "pool"])
 def test_a_client_reply_of_the_wrong_form_is_one_line_naming_the_site(
-    register, tiny_config, disc_federation, tmp_path, client, said
+    register, tiny_config, disc_federation, tmp_path, client, said, workers
 ):
-    """A dict reply was a traceback inside faults.py in the simulator; a reply without the model/ prefix passed the
-    check and failed at the next evaluation as 'weights are missing 14 entries'."""
+    """A dict reply was a traceback inside faults.py in the simulator (and an AttributeError from packing it on the
+    worker pool); a reply without the model/ prefix passed the check and failed at the next evaluation as 'weights
+    are missing 14 entries'."""
     name = f"test-{client.__name__.lower()}"
     register_algorithm(AlgorithmSpec(name, name, FedAvgServer, client, "a mistaken client (a test)"))
-    cfg = tiny_config(algorithms=[name])
+    cfg = tiny_config(algorithms=[name], engine={"workers": workers})
     with pytest.raises(SiteFailure) as caught:
         Experiment(cfg, tmp_path / "run", federation=disc_federation(), progress=False).run(report=False)
     text = str(caught.value)

@@ -113,10 +113,6 @@ class BaseEngine:
                 )
                 continue
             reply, seconds = answer
-            if not isinstance(reply, Message):  # a method's client returned something else (a dict of tensors?)
-                problem = f"the client replied a {type(reply).__name__}, not a Message (fedseg.engine.messages)"
-                failed.append(self.failure(site, action, problem, msg, seconds, None, (number, wall)))
-                continue
             problem = reply_problem(msg, reply, action not in EVAL_ACTIONS, self.num_samples(site))
             if timeout is not None and seconds > timeout:
                 problem = f"no reply within fl.timeout_s = {timeout:g} s (took {seconds:.1f} s)"

@@ -251,6 +251,8 @@ def answer(
     start = time.perf_counter()
     inject(faults, msg, None, task.cfg)
     reply = client.handle(to.action, msg, ctx)
+    if not isinstance(reply, Message):  # a method's client returned something else (a dict of tensors?)
+        raise TypeError(f"the client replied a {type(reply).__name__}, not a Message (fedseg.engine.messages)")
     if faults:
         reply = inject(faults, msg, reply, task.cfg) or reply
     return reply, time.perf_counter() - start
