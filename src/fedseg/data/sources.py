@@ -9,6 +9,7 @@ ready ``Federation``. Registration lives in the registering process only: a run 
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -62,8 +63,8 @@ def check_builtin(name: str, scale: float, image_size: int) -> None:
     from fedseg.data import synthetic, synthetic_brats
 
     minimum = synthetic_brats.MIN_IMAGE_SIZE if name == SYNTHETIC_BRATS else synthetic.MIN_IMAGE_SIZE
-    if not scale > 0:
-        raise FederationError(f"synthetic federation scale must be > 0, got {scale}")
+    if not (scale > 0 and math.isfinite(scale)):
+        raise FederationError(f"synthetic federation scale must be a finite number > 0, got {scale}")
     if image_size < minimum:
         raise FederationError(f"{name}: image_size must be >= {minimum}, got {image_size}")
     needed, memory = builtin_bytes(name, scale, image_size), physical_memory()
@@ -76,11 +77,12 @@ def check_builtin(name: str, scale: float, image_size: int) -> None:
 
 def builtin_bytes(name: str, scale: float, image_size: int) -> int:
     """About the bytes built-in federation ``name`` holds in memory once generated: per voxel its image (3D: 4
-    float32 channels; 2D: 3 uint8 channels) and its uint8 label."""
+    int16 channels; 2D: one uint8 per channel) and its uint8 label."""
     from fedseg.data.cache import builtin_voxels
+    from fedseg.data.synthetic import synthetic_spec
 
     _, voxels = builtin_voxels(name, scale, image_size)
-    return voxels * (17 if name == SYNTHETIC_BRATS else 4)
+    return voxels * (4 * 2 + 1 if name == SYNTHETIC_BRATS else synthetic_spec(name).channels + 1)
 
 
 def physical_memory() -> int | None:
