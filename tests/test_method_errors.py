@@ -51,6 +51,17 @@ class ListWeights(FedAvgServer):
         return [1.0 for _ in replies]
 
 
+class ZeroWeights(FedAvgServer):
+    def aggregation_weights(self, replies):
+        return {site: 0.0 for site in replies}
+
+
+class BrokenInit(FedAvgServer):
+    def __init__(self, engine, task, options):
+        super().__init__(engine, task, options)
+        raise RuntimeError("no momentum buffer")
+
+
 class MisspeltMeta(FedAvgServer):
     def aggregate(self, replies):
         first = next(iter(replies.values()))
@@ -84,6 +95,8 @@ def register():
         (FlatMerge, "round 1: the server's global model after its merge cannot go to the sites: tensor '"),
         (DropsATensor, "cannot go to the sites: 1 of its"),
         (ListWeights, "ListWeights.aggregation_weights returned a list; it returns {site: weight}"),
+        (ZeroWeights, "ZeroWeights.aggregation_weights returned {'site1': 0.0, 'site2': 0.0, 'site3': 0.0}; the"),
+        (BrokenInit, "start: RuntimeError: no momentum buffer (raised in __init__, "),
     ],
     ids=lambda x: x.__name__ if isinstance(x, type) else "",
 )

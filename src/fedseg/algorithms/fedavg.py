@@ -335,7 +335,10 @@ class FedAvgServer:
         if bad:
             site, value = next(iter(bad.items()))
             raise MethodError(f"{where} {value!r} for site {site!r}; a weight is a finite number >= 0")
-        return {s: float(weights[s]) for s in replies}
+        checked = {s: float(weights[s]) for s in replies}
+        if replies and not sum(checked.values()) > 0:
+            raise MethodError(f"{where} {checked}; the weights of the sites that replied must not all be 0")
+        return checked
 
     def aggregation_weights(self, replies: dict[str, Message]) -> dict[str, float]:
         """``samples``: n_k (the site's training-set size, as it reports); ``uniform``: 1 per site.

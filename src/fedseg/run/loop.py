@@ -67,9 +67,8 @@ def run_algorithm(
     earlier = earlier or {}
     engine = (engine_factory or simulator_engine)(name, spec, options, prep, out, observers)
     engine.all_sites_required = spec.needs_every_site  # fl.on_failure = skip cannot apply to it
-    with method_code(
-        name, (spec.server, spec.client), lambda: f"round {engine.round}"
-    ):  # a registered method's own error: one line
+    when = lambda: f"round {engine.round}" if engine.round else "start"  # noqa: E731
+    with method_code(name, (spec.server, spec.client), when):  # a registered method's own error: one line
         server = spec.server(engine, prep.task, options)
         if (initial := start_weights(options, earlier, prep.task)) is not None:  # e.g. finetune: fedavg's model
             server.global_weights = dict(initial)

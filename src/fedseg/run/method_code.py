@@ -5,7 +5,8 @@ said in one line that names the method, the round and where it was raised, inste
 "Own code": a function of the algorithm's server or client classes (or of a base class of theirs) that is not
 fedseg's: written in a notebook's cell, a script, a module beside it; the innermost such frame is named, so an error
 in a helper it calls is placed at the call. Errors raised elsewhere (fedseg's refusals and messages, a caller's round
-callback) or by the sites (``SiteFailure``, which names the site) pass unchanged.
+callback), errors of fedseg's own types, the machine's (``OSError``, ``MemoryError``) and the sites' (``SiteFailure``,
+which names the site) pass unchanged.
 """
 
 from __future__ import annotations
@@ -71,10 +72,11 @@ def method_code(algorithm: str, classes: tuple[type, ...], when: Callable[[], st
     codes = own_code(*classes)
     try:
         yield
-    except (SiteFailure, MethodError):
+    except (SiteFailure, MethodError, OSError, MemoryError):  # a site's, a said one, the machine's
         raise
     except Exception as e:
-        frame = own_frame(e, codes) if codes else None
+        fedsegs = type(e).__module__.startswith("fedseg.")  # fedseg's own error (WorkerDied...), said as it is
+        frame = own_frame(e, codes) if codes and not fedsegs else None
         if frame is None:
             raise
         function, filename, line = frame
