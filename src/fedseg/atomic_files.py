@@ -29,6 +29,17 @@ def naming_errors(path: Path) -> Iterator[None]:
         raise OSError(e.errno, e.strerror, str(path)) from e
 
 
+def check_out_dir(out: Path, option: str = "--out") -> None:
+    """Refuse an ``out`` that is a file or lies under one (before anything is created): ``ValueError``."""
+    out = Path(out)
+    for path in (out, *out.parents):
+        if path.exists():
+            if not path.is_dir():
+                where = "is a file" if path == out else f"is a file, so {out} cannot be created"
+                raise ValueError(f"{option} {out}: {path} {where}; choose a folder")
+            return
+
+
 def atomic_write_bytes(path: Path, write: Callable[[BinaryIO], object]) -> None:
     """Call ``write(file)`` on a temp file next to ``path`` and atomically replace ``path`` with it."""
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -260,7 +260,8 @@ def run_config(bench: BenchSpec, root: Path, run: BenchRun) -> RunConfig:
     try:
         overrides = [*run.overrides, *run.caps]
         labels = {a.split("=", 1)[0].strip(): "the bench's" for a in overrides}  # its set:, seed, budget
-        labels |= {key: f"the bench's grid of {run.method}" for key, _ in run.inherited + run.setting}
+        labels |= {key: "the bench's grid (settings_from)" for key, _ in run.inherited}
+        labels |= {key: f"the bench's grid of {run.method}" for key, _ in run.setting}
         return load_config(preset=base.preset, file=file, overrides=overrides, labels=labels)
     except ConfigError as e:
         raise ConfigError(f"bench run {run.label}: {e}") from None

@@ -274,6 +274,7 @@ def export(
 ) -> None:
     """Export a federation as an nnU-Net v2 raw dataset (imagesTr/labelsTr = train+val, imagesTs/labelsTs = test,
     splits_final.json = the run's split), so a centralized nnU-Net baseline uses exactly the same cases and splits."""
+    from fedseg.atomic_files import check_out_dir
     from fedseg.data.exporters import FORMATS
     from fedseg.data.exporters.nnunet import IMPORT_REGEX, export_nnunet
     from fedseg.data.splits import make_splits
@@ -281,6 +282,7 @@ def export(
     try:
         if format not in FORMATS:
             raise FederationError(f"unknown export format {format!r}; formats: {', '.join(FORMATS)}")
+        check_out_dir(out)  # before the federation is built
         if pooled and site is not None:
             raise FederationError("--pooled and --site exclude each other: export every site or one")
         with terminate_on_signals():
@@ -292,7 +294,7 @@ def export(
             configs = [split.model_copy(update={"fold": k}) for k in range(split.folds)] if all_folds else [split]
             folds = [make_splits(federation, c, split_seed) for c in configs]
             written = export_nnunet(federation, folds, out, dataset_id=dataset_id, name=name, site=site)
-    except (FederationError, ConfigError, OSError) as e:
+    except (FederationError, ConfigError, OSError, ValueError) as e:  # ValueError: an --out that is a file
         fail(error_text(e))
     except KeyboardInterrupt:
         _interrupted(out)

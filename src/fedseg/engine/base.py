@@ -139,8 +139,10 @@ class BaseEngine:
         if failed and len(replies) < self.task.cfg.fl.min_sites:
             said = [w for w in failed if w in self.warned]  # each said in its WARNING line above in this exchange
             unsaid = [w for w in failed if w not in self.warned]
-            more = f"{len(said)} more, each" if unsaid else ("each" if len(said) > 1 else "")
-            which = "; ".join(unsaid + ([f"{more} said in its warning above".strip()] if said else []))
+            if unsaid:
+                which = "; ".join(unsaid) + (f"; and {len(said)} more said in their warnings above" if said else "")
+            else:
+                which = "each said in its warning above" if len(said) > 1 else "said in its warning above"
             raise SiteFailure(
                 f"{len(failed)} site(s) failed {self.algorithm} {action} in round {self.round} ({which}). Only "
                 f"{len(replies)} sites answered; fl.min_sites = {self.task.cfg.fl.min_sites}"

@@ -71,13 +71,13 @@ def _name(common: str) -> x509.Name:
     )
 
 
-_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
+_LABEL = re.compile(r"(?!-)[A-Za-z0-9_-]{1,63}(?<!-)")  # '_': container names (Docker's DNS resolves them)
 
 
 def host_problem(host: str) -> str | None:
-    """Why ``host`` cannot name the SuperLink in its certificate (``--host``): not an IP address and not a DNS name
-    (letters, digits and '-' in dot-separated labels of at most 63, 253 in all; a leading ``*.`` wildcard allowed);
-    None when it can."""
+    """Why ``host`` cannot name the SuperLink in its certificate (``--host``): not an IP address and not a host name
+    (letters, digits, '-' and '_' in dot-separated labels of at most 63, 253 in all; a leading ``*.`` wildcard
+    allowed); None when it can."""
     try:
         ipaddress.ip_address(host)
         return None
@@ -86,7 +86,7 @@ def host_problem(host: str) -> str | None:
     name = host[2:] if host.startswith("*.") else host
     labels = name.rstrip(".").split(".")
     if not name or len(name) > 253 or not all(_LABEL.fullmatch(label) for label in labels):
-        return "not an IP address or a DNS name (letters, digits and '-' in dot-separated labels)"
+        return "not an IP address or a host name (letters, digits, '-' and '_' in dot-separated labels)"
     return None
 
 

@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from fedseg.atomic_files import check_out_dir as check_out_dir  # --out checks live with the file helpers
+
 if TYPE_CHECKING:
     import torch
 
@@ -77,17 +79,6 @@ def check_not_a_study(out: Path) -> None:
             f"{out}: holds a study ({STUDY_FILE}), not a run; resume it with the same study options "
             "(--sweep, --holdout or --leave-one-out) or choose another --out"
         )
-
-
-def check_out_dir(out: Path, option: str = "--out") -> None:
-    """Refuse an ``out`` that is a file or lies under one (before anything is created)."""
-    out = Path(out)
-    for path in (out, *out.parents):
-        if path.exists():
-            if not path.is_dir():
-                where = "is a file" if path == out else f"is a file, so {out} cannot be created"
-                raise ValueError(f"{option} {out}: {path} {where}; choose a folder")
-            return
 
 
 def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -200,8 +200,6 @@ def export_nnunet(
 
     all_folds = len(folds) > 1
     test = set() if all_folds else {(s, c) for s in sites for c, split in folds[0][s].items() if split == "test"}
-    if (file := next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None)) is not None:
-        raise FederationError(f"--out {out}: {file} is a file; choose a folder")
     created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder_name}.exporting-", dir=out))
