@@ -204,7 +204,16 @@ def test_an_interrupted_report_exits_130_with_one_line_and_leaves_the_old_one(ru
         assert _report(run).exit_code == 0  # the line's command draws it
 
 
-def test_an_interrupt_while_the_page_and_figures_are_replaced_acts_after_them():
+@pytest.fixture
+def ctrl_c_raises():
+    """Ctrl-C raises KeyboardInterrupt in this process for the test, as in a terminal's foreground job (a suite
+    started in the background, as a shell starts a job with `&`, has SIGINT ignored)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_an_interrupt_while_the_page_and_figures_are_replaced_acts_after_them(ctrl_c_raises):
     reached = False
     with pytest.raises(KeyboardInterrupt):
         with deferred_interrupts():
@@ -221,7 +230,7 @@ class _Finalized:
         os.kill(os.getpid(), signal.SIGINT)
 
 
-def test_an_interrupt_python_drops_in_a_finalizer_still_stops_the_render(tmp_path, capsys):
+def test_an_interrupt_python_drops_in_a_finalizer_still_stops_the_render(tmp_path, capsys, ctrl_c_raises):
     with pytest.raises(KeyboardInterrupt):
         with figure_draft(tmp_path) as fig_dir:
             _Finalized()
