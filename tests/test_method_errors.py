@@ -218,3 +218,25 @@ def test_a_penalty_that_backward_accepts_still_trains(register, tiny_config, dis
     cfg = tiny_config(algorithms=["test-penalty"])
     results = Experiment(cfg, tmp_path / "run", federation=disc_federation(), progress=False).run(report=False)
     assert "test-penalty" in results.dice()
+
+
+class RaisingClient(FedAvgClient):
+    def after_fit(self, model, stats, msg, ctx):
+        raise RuntimeError("momentum buffer not set")
+
+
+CLIENT_LINE = inspect.getsourcelines(RaisingClient.after_fit)[1] + 1
+
+
+def test_a_site_error_in_the_methods_own_client_code_names_its_place(register, tiny_config, disc_federation, tmp_path):
+    """A client's exception is the site's failure (fl.on_failure applies), with the function and line of the
+    method's own code where it was raised (it said only 'RuntimeError: momentum buffer not set')."""
+    register_algorithm(AlgorithmSpec("test-raising", "raising", FedAvgServer, RaisingClient, "a test"))
+    cfg = tiny_config(algorithms=["test-raising"])
+    with pytest.raises(SiteFailure) as caught:
+        Experiment(cfg, tmp_path / "run", federation=disc_federation(), progress=False).run(report=False)
+    expected = (
+        "site 'site1', round 1, test-raising train: RuntimeError: momentum buffer not set (raised in after_fit, "
+        f"{__file__}:{CLIENT_LINE}: the method's own code)"
+    )
+    assert str(caught.value) == expected, str(caught.value)

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
+from types import CodeType
 from typing import Protocol
 
 import torch
@@ -25,6 +26,7 @@ from fedseg.engine.context import Delivery, MethodOptions, Task
 from fedseg.engine.faults import SiteFailure, reply_problem
 from fedseg.engine.ledger import EVAL_ACTIONS, Ledger, LedgerRow
 from fedseg.engine.messages import Message
+from fedseg.engine.own_code import own_place
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +44,7 @@ class Engine(Protocol):
     ledger: Ledger
     supports_resume: bool
     all_sites_required: bool  # the method cannot skip a site (fl.on_failure = skip does not apply)
+    method_code: Collection[CodeType]  # a registered method's own functions (fedseg.engine.own_code)
 
     def exchange(self, messages: dict[str, Message], action: str) -> dict[str, Message]: ...
 
@@ -77,6 +80,7 @@ class BaseEngine:
         self.ledger = Ledger()
         self.round = 0
         self.all_sites_required = False  # the method cannot skip a site (AlgorithmSpec.needs_every_site)
+        self.method_code: Collection[CodeType] = ()  # a site's error raised in it names the place (own_place)
         self.failing: set[str] = set()  # sites left out (fl.on_failure = skip) since they last answered
         self.warned: set[str] = set()  # the current exchange's failures said in a WARNING line (``failure``)
 
@@ -108,9 +112,8 @@ class BaseEngine:
         for site in order:
             msg, answer = messages[site], answered[site]
             if isinstance(answer, BaseException):
-                failed.append(
-                    self.failure(site, action, f"{type(answer).__name__}: {answer}", msg, 0.0, answer, (number, wall))
-                )
+                error = f"{type(answer).__name__}: {answer}{own_place(answer, self.method_code)}"
+                failed.append(self.failure(site, action, error, msg, 0.0, answer, (number, wall)))
                 continue
             reply, seconds = answer
             problem = reply_problem(msg, reply, action not in EVAL_ACTIONS, self.num_samples(site))

@@ -14,6 +14,7 @@ from fedseg.algorithms import get_algorithm
 from fedseg.engine.base import Observer
 from fedseg.engine.checkpoint import CheckpointWriter, load_checkpoint, remove_temp_files
 from fedseg.engine.faults import MethodError, model_problem
+from fedseg.engine.own_code import own_code
 from fedseg.run.engines import EngineFactory, simulator_engine
 from fedseg.run.finish import finish
 from fedseg.run.method_code import method_code
@@ -67,8 +68,9 @@ def run_algorithm(
     earlier = earlier or {}
     engine = (engine_factory or simulator_engine)(name, spec, options, prep, out, observers)
     engine.all_sites_required = spec.needs_every_site  # fl.on_failure = skip cannot apply to it
+    engine.method_code = own_code(spec.server, spec.client)  # a site's error in it names its place (none: built-in)
     when = lambda: f"round {engine.round}" if engine.round else "start"  # noqa: E731
-    with method_code(name, (spec.server, spec.client), when):  # a registered method's own error: one line
+    with method_code(name, engine.method_code, when):  # a registered method's own error: one line
         server = spec.server(engine, prep.task, options)
         if (initial := start_weights(options, earlier, prep.task)) is not None:  # e.g. finetune: fedavg's model
             server.global_weights = dict(initial)
