@@ -293,12 +293,13 @@ def test_results_load_names_a_bad_summary_and_shows_an_interrupted_run(tmp_path,
     path = tmp_path / "summary.json"
     entry = {"dice": {"client_avg": 0.5, "global": 0.5, "site1": 0.5}, "hd95": {"client_avg": 2.0}}
     bad = {
-        "": r"summary.json: empty, not a complete run summary \(resuming the run writes it again\)$",
-        '{"algorithms": {"local"': r"summary.json: not valid JSON \(Expecting ':' delimiter at line 1, column 24\)",
-        "[1, 2]": "summary.json: expected a JSON object .*, got list$",
-        '{"algorithms": ["local"]}': "summary.json: 'algorithms' should map each algorithm to its results, got list$",
-        '{"algorithms": {"local": 0.5}}': "summary.json: algorithms.local holds no 'dice' object",
-        json.dumps({"algorithms": {"local": entry}, "sites": "site1"}): "summary.json: 'sites' should be a list",
+        "": r"summary.json: empty \(a copy cut short\?\); `fedseg run` with the run's command and --resume writes",
+        '{"algorithms": {"local"': r"summary.json: not valid JSON \(Expecting ':' delimiter: line 1 column 24",
+        "[1, 2]": "summary.json: not a JSON object but a list",
+        json.dumps({"sites": ["site1"], "algorithms": ["local"]}): "summary.json: algorithms is a list, not an object",
+        json.dumps({"sites": ["site1"], "algorithms": {"local": 0.5}}): "summary.json: algorithms.local is a number",
+        json.dumps({"sites": ["site1"], "algorithms": {"local": {}}}): "summary.json: algorithms.local holds no 'dice'",
+        json.dumps({"algorithms": {"local": entry}, "sites": "site1"}): "summary.json: sites is a string",
     }
     for text, message in bad.items():
         path.write_text(text)

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from fedseg.atomic_files import json_number
 from fedseg.config import ConfigError, RunConfig, load_config, validate_config
 from fedseg.data.federation import Federation
+from fedseg.presentation.files import REWRITE_HINT, check_summary, read_json
 
 if TYPE_CHECKING:
     from fedseg.run.outputs import RunResults
@@ -363,26 +364,11 @@ class Results:
 
 
 def read_summary(path: Path) -> dict:
-    """A run's ``summary.json``: a JSON object whose ``algorithms`` (if any) maps each name to an object holding
-    its ``dice``, and whose ``sites`` (if any) is a list; a ValueError naming ``path`` and what is wrong otherwise
-    (e.g. an empty or cut-short copy; a resume of the run writes the file again from its checkpoints)."""
-    try:
-        summary = json.loads(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{path}: not UTF-8 text (at byte offset {e.start}); is it a fedseg summary.json?") from None
-    except json.JSONDecodeError as e:
-        what = "empty" if not e.doc.strip() else f"not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})"
-        raise ValueError(f"{path}: {what}, not a complete run summary (resuming the run writes it again)") from None
-    if not isinstance(summary, dict):
-        raise ValueError(f"{path}: expected a JSON object (a fedseg run summary), got {type(summary).__name__}")
-    algorithms = summary.get("algorithms", {})
-    if not isinstance(algorithms, dict):
-        raise ValueError(
-            f"{path}: 'algorithms' should map each algorithm to its results, got {type(algorithms).__name__}"
-        )
-    for name, entry in algorithms.items():
-        if not (isinstance(entry, dict) and isinstance(entry.get("dice"), dict)):
-            raise ValueError(f"{path}: algorithms.{name} holds no 'dice' object; is it a fedseg summary.json?")
-    if not isinstance(summary.get("sites", []), list):
-        raise ValueError(f"{path}: 'sites' should be a list of site names, got {type(summary['sites']).__name__}")
+    """A run's ``summary.json`` in the shape the report reads (:func:`fedseg.presentation.files.check_summary`),
+    each algorithm's entry holding its ``dice``; a ValueError naming ``path`` and what is wrong otherwise (e.g. an
+    empty or cut-short copy; a resume of the run writes the file again from its checkpoints)."""
+    summary = check_summary(read_json(path, REWRITE_HINT), path)
+    for name, entry in summary["algorithms"].items():
+        if not isinstance(entry.get("dice"), dict):
+            raise ValueError(f"{path}: algorithms.{name} holds no 'dice' object; {REWRITE_HINT}")
     return summary

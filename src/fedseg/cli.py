@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import shlex
 from collections.abc import Sequence
 from pathlib import Path
@@ -506,7 +505,7 @@ def loss_surface(
 def entry() -> None:
     """The ``fedseg`` command: the app, then :func:`fedseg.process_exit.exit_now` with its status (no
     interpreter teardown: 1.2-1.5 s saved after every command)."""
-    from fedseg.process_exit import exit_now
+    from fedseg.process_exit import exit_now, print_error
 
     try:
         app()
@@ -522,14 +521,6 @@ def entry() -> None:
         print_error(f"error: could not write the command's output: {e}" if e.filename is None else f"error: {e}")
         exit_now(1)
     exit_now(0)
-
-
-def print_error(line: str) -> None:
-    """``line`` on stderr, whatever state stdout is in (a full disk, a closed pipe)."""
-    import os
-
-    with contextlib.suppress(OSError):
-        os.write(2, (line + "\n").encode())
 
 
 if __name__ == "__main__":

@@ -948,10 +948,12 @@ def read_config_text(path: Path, what: str) -> str:
         raise ConfigError(f"{path}: is a folder, not a {what} file (YAML)")
     if not path.is_file():
         raise ConfigError(f"{path}: {what} file not found")
+    from fedseg.presentation.files import read_text
+
     try:
-        return path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"{path}: not UTF-8 text (at byte offset {e.start}); save the {what} file as UTF-8") from None
+        return read_text(path)
+    except ValueError as e:  # not UTF-8: the message names the file and the byte
+        raise ConfigError(f"{e}; save the {what} file as UTF-8") from None
 
 
 def validate_config(data: dict, where: str, overridden: Mapping[str, str] | None = None) -> RunConfig:

@@ -129,10 +129,11 @@ def _act_on(signum: int, handler: object) -> None:
     # SIG_IGN, or None (a handler not installed from Python): ignored, as it would have been
 
 
-def stop_processes(pids: Iterable[int], grace_s: float = 20.0) -> None:
-    """Interrupt each process of ``pids`` (SIGINT), wait up to ``grace_s`` seconds for all to exit, then SIGKILL
-    the rest. Further SIGINT/SIGTERM/SIGHUP to this process are ignored meanwhile (a second Ctrl-C would otherwise
-    abandon the workers half-stopped); the caller re-raises its interrupt afterwards."""
+def stop_processes(pids: Iterable[int], grace_s: float = 20.0, first: int = signal.SIGINT) -> None:
+    """Send each process of ``pids`` the signal ``first`` (SIGINT: each stops as Ctrl-C would stop it; SIGTERM for
+    workers that ignore Ctrl-C), wait up to ``grace_s`` seconds for all to exit, then SIGKILL the rest. Further
+    SIGINT/SIGTERM/SIGHUP to this process are ignored meanwhile (a second Ctrl-C would otherwise abandon the
+    workers half-stopped); the caller re-raises its interrupt afterwards."""
     pids = [p for p in pids if _alive(p)]
     if not pids:
         return
@@ -140,7 +141,7 @@ def stop_processes(pids: Iterable[int], grace_s: float = 20.0) -> None:
     saved = {s: signal.signal(s, signal.SIG_IGN) for s in _STOP_SIGNALS} if in_main else {}
     try:
         for pid in pids:
-            _send(pid, signal.SIGINT)
+            _send(pid, first)
         deadline = time.monotonic() + grace_s
         while any(_alive(p) for p in pids) and time.monotonic() < deadline:
             time.sleep(0.1)

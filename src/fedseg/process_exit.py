@@ -49,6 +49,13 @@ def other_threads_running() -> bool:
     return any(t is not main and not t.daemon and t.is_alive() for t in threading.enumerate())
 
 
+def print_error(line: str) -> None:
+    """``line`` on stderr (file descriptor 2), whatever state ``sys.stdout``/``sys.stderr`` are in (a full disk,
+    a closed pipe, closed at start)."""
+    with contextlib.suppress(Exception):
+        os.write(2, (line + "\n").encode())
+
+
 def flush_streams(status: int) -> int:
     """Flush ``sys.stdout`` and ``sys.stderr`` (either may be None: a closed descriptor at start), then the C
     library's stdio buffers (output of C/C++ extensions). A reader that went away (``fedseg ... | head``) is not
@@ -65,8 +72,7 @@ def flush_streams(status: int) -> int:
             pass
         except OSError as e:
             status = status or 120
-            with contextlib.suppress(Exception):
-                os.write(2, f"error: could not write the command's output: {e}\n".encode())
+            print_error(f"error: could not write the command's output: {e}")
     with contextlib.suppress(Exception):
         ctypes.CDLL(None).fflush(None)
     return status

@@ -188,7 +188,10 @@ def _stop_pool(pool: Any) -> None:
     prints a traceback after the command's own line. The jobs are dropped first and that thread's errors, which
     only concern jobs nobody waits for, are not printed."""
     import queue
+    import signal
     import threading
+
+    from fedseg.interrupts import stop_processes
 
     manager = getattr(pool, "_executor_manager_thread", None)
     previous = threading.excepthook
@@ -208,7 +211,8 @@ def _stop_pool(pool: Any) -> None:
         pending = getattr(pool, "_pending_work_items", None)
         if isinstance(pending, dict):
             pending.clear()
-        _terminate(list((getattr(pool, "_processes", None) or {}).values()))
+        workers = (getattr(pool, "_processes", None) or {}).values()
+        stop_processes([w.pid for w in workers if w.pid is not None], grace_s=5.0, first=signal.SIGTERM)
         pool.shutdown(wait=True)  # the manager thread ends at once: its workers are gone
     finally:
         threading.excepthook = previous
@@ -219,18 +223,6 @@ def _ignore_sigint() -> None:
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
-def _terminate(processes: list[Any]) -> None:
-    """SIGTERM each of ``processes`` (``multiprocessing.Process``), wait up to 5 s for each, then kill it."""
-    for process in processes:
-        with contextlib.suppress(OSError, ValueError):  # gone already
-            process.terminate()
-    for process in processes:
-        with contextlib.suppress(OSError, ValueError, AssertionError):
-            process.join(5.0)
-            if process.is_alive():
-                process.kill()
 
 
 def _build(params: BuiltinParams, map_jobs: Callable[..., Iterable[Any]]) -> Federation:

@@ -5,7 +5,8 @@ pages must then stop with one line saying which file and why (``fedseg report`` 
 "–" as if the numbers were missing, nor fail later somewhere inside a table with a bare ``KeyError``:
 
 * :func:`read_text`: UTF-8 text (``PATH: not UTF-8 text (at byte offset N)``);
-* :func:`read_json`: a JSON object (``PATH: not valid JSON (...)``, ``PATH: not a JSON object but a list``);
+* :func:`read_json`: a JSON object (``PATH: empty``, ``PATH: not valid JSON (...)``, ``PATH: not a JSON object
+  but a list``);
 * :func:`read_csv`: rows as dicts, checked against the columns the caller indexes (``PATH: no column 'case'
   (its header: ...)``), every row as long as the header (``PATH: line 9 has 4 fields, the header 7 (cut
   short?)``) and the number columns numbers (``PATH: line 9: value 'abc' is not a number``);
@@ -62,13 +63,15 @@ def read_text(path: Path) -> str:
 
 def read_json(path: Path, hint: str = "") -> dict[str, Any]:
     """``path`` parsed as a JSON object; a ValueError naming it (and ``hint``: what writes it again) when it is not
-    UTF-8, not valid JSON, or valid JSON of another kind (a list, a number)."""
+    UTF-8, empty, not valid JSON, or valid JSON of another kind (a list, a number)."""
     after = f"; {hint}" if hint else ""
+    text = read_text(path)  # not UTF-8: its message names the file
+    if not text.strip():
+        raise ValueError(f"{path}: empty (a copy cut short?){after}")
     try:
-        content = json.loads(read_text(path))
-    except ValueError as e:  # JSONDecodeError, or not UTF-8 (read_text's message names the file already)
-        text = str(e) if str(e).startswith(str(path)) else f"{path}: not valid JSON ({e})"
-        raise ValueError(text + after) from None
+        content = json.loads(text)
+    except ValueError as e:  # JSONDecodeError
+        raise ValueError(f"{path}: not valid JSON ({e}){after}") from None
     if not isinstance(content, dict):
         raise ValueError(f"{path}: not a JSON object but {kind_of(content)}{after}")
     return content
