@@ -62,6 +62,11 @@ class BrokenInit(FedAvgServer):
         raise RuntimeError("no momentum buffer")
 
 
+class BrokenBundle(FedAvgServer):
+    def bundle(self):
+        raise RuntimeError("no bundle")
+
+
 class MisspeltMeta(FedAvgServer):
     def aggregate(self, replies):
         first = next(iter(replies.values()))
@@ -97,6 +102,7 @@ def register():
         (ListWeights, "ListWeights.aggregation_weights returned a list; it returns {site: weight}"),
         (ZeroWeights, "ZeroWeights.aggregation_weights returned {'site1': 0.0, 'site2': 0.0, 'site3': 0.0}; the"),
         (BrokenInit, "start: RuntimeError: no momentum buffer (raised in __init__, "),
+        (BrokenBundle, "after round 2 (testing the selected model): RuntimeError: no bundle (raised in bundle, "),
     ],
     ids=lambda x: x.__name__ if isinstance(x, type) else "",
 )

@@ -69,7 +69,13 @@ def run_algorithm(
     engine = (engine_factory or simulator_engine)(name, spec, options, prep, out, observers)
     engine.all_sites_required = spec.needs_every_site  # fl.on_failure = skip cannot apply to it
     engine.method_code = own_code(spec.server, spec.client)  # a site's error in it names its place (none: built-in)
-    when = lambda: f"round {engine.round}" if engine.round else "start"  # noqa: E731
+    trained = False
+
+    def when() -> str:  # where the method's own error was raised, for its message
+        if trained:
+            return f"after round {engine.round} (testing the selected model)"
+        return f"round {engine.round}" if engine.round else "start"
+
     with method_code(name, engine.method_code, when):  # a registered method's own error: one line
         server = spec.server(engine, prep.task, options)
         if (initial := start_weights(options, earlier, prep.task)) is not None:  # e.g. finetune: fedavg's model
@@ -87,7 +93,9 @@ def run_algorithm(
         state = resume_state(run, ckpt)
         if tracker:  # one tracking run per algorithm; a resumed one is continued
             tracker.start(name, run.cfg, state.start)
-        return finish(run, state, train_rounds(run, state))
+        last = train_rounds(run, state)
+        trained = True
+        return finish(run, state, last)
 
 
 def train_rounds(run: AlgorithmRun, state: RoundState) -> int:
