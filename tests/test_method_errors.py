@@ -234,11 +234,15 @@ class RaisingClient(FedAvgClient):
 CLIENT_LINE = inspect.getsourcelines(RaisingClient.after_fit)[1] + 1
 
 
-def test_a_site_error_in_the_methods_own_client_code_names_its_place(register, tiny_config, disc_federation, tmp_path):
+@pytest.mark.parametrize("workers", [1, 2], ids=["simulator", "pool"])
+def test_a_site_error_in_the_methods_own_client_code_names_its_place(
+    register, tiny_config, disc_federation, tmp_path, workers
+):
     """A client's exception is the site's failure (fl.on_failure applies), with the function and line of the
-    method's own code where it was raised (it said only 'RuntimeError: momentum buffer not set')."""
+    method's own code where it was raised (it said only 'RuntimeError: momentum buffer not set'); on the worker
+    pool too, where the exception reaches the parent without its traceback."""
     register_algorithm(AlgorithmSpec("test-raising", "raising", FedAvgServer, RaisingClient, "a test"))
-    cfg = tiny_config(algorithms=["test-raising"])
+    cfg = tiny_config(algorithms=["test-raising"], engine={"workers": workers})
     with pytest.raises(SiteFailure) as caught:
         Experiment(cfg, tmp_path / "run", federation=disc_federation(), progress=False).run(report=False)
     expected = (

@@ -1,6 +1,7 @@
 """A registered method's own code: the functions of its server and client classes that are not fedseg's (written
 in a notebook's cell, a script, a module beside it), and the place an error was raised in them, for the one line
-that reports it (``fedseg.run.method_code`` on the server's side, ``BaseEngine.exchange`` on a site's)."""
+that reports it (``fedseg.run.method_code`` on the server's side, ``BaseEngine.exchange`` on a site's; a pool
+worker records it with the exception, :func:`keep_own_place`)."""
 
 from __future__ import annotations
 
@@ -55,11 +56,23 @@ def own_frame(error: BaseException, codes: Collection[CodeType]) -> tuple[str, s
     return found
 
 
+_PLACE = "fedseg_own_place"  # the attribute keep_own_place sets: pickled with the exception, unlike its traceback
+
+
 def own_place(error: BaseException, codes: Collection[CodeType]) -> str:
     """`` (raised in <function>, <file>:<line>: the method's own code)`` for ``error`` raised through ``codes``
-    (:func:`own_frame`); empty otherwise."""
+    (:func:`own_frame`), or as :func:`keep_own_place` recorded it in the process that raised it; empty otherwise."""
+    kept = getattr(error, _PLACE, None)
+    if isinstance(kept, str):
+        return kept
     frame = own_frame(error, codes) if codes else None
     if frame is None:
         return ""
     function, filename, line = frame
     return f" (raised in {function}, {filename}:{line}: the method's own code)"
+
+
+def keep_own_place(error: BaseException, codes: Collection[CodeType]) -> None:
+    """Record :func:`own_place` on ``error`` for a process that receives it pickled, without its traceback (a
+    worker's site failure reaching the pool's parent)."""
+    setattr(error, _PLACE, own_place(error, codes))

@@ -61,6 +61,7 @@ from dataclasses import dataclass, field, replace
 from itertools import count
 from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
+from types import CodeType
 from typing import Any
 
 import torch
@@ -71,6 +72,7 @@ from fedseg.engine.base import Observer
 from fedseg.engine.context import Client, Delivery, MethodOptions, Task, answer
 from fedseg.engine.forkserver import START_METHOD, ensure_server, import_while_waiting
 from fedseg.engine.messages import Message, MetaValue
+from fedseg.engine.own_code import keep_own_place, own_code
 from fedseg.engine.simulator import SitesHereEngine
 from fedseg.engine.state import StateStore
 from fedseg.engine.worker_imports import check_main, check_sendable
@@ -159,6 +161,7 @@ def worker_main(conn: Any, threads: int, device: str) -> None:
     data: dict[str, SiteData] = {}
     contexts: dict[str, tuple[Any, ...]] = {}
     unloadable: dict[str, str] = {}  # key -> why its context could not be loaded here
+    method_codes: dict[str, set[CodeType]] = {}  # key -> a registered method's own client code (own_code)
     try:
         while True:
             try:
@@ -180,9 +183,11 @@ def worker_main(conn: Any, threads: int, device: str) -> None:
                 if task.cfg.device != device:  # this worker's device slot
                     task = replace(task, cfg=task.cfg.model_copy(update={"device": device}))
                 contexts[key] = (client, task, options, artifacts)
+                method_codes[key] = own_code(client if isinstance(client, type) else type(client))
                 warm_up(task)
             elif kind == "forget":
                 contexts.pop(item[1], None)
+                method_codes.pop(item[1], None)
                 unloadable.pop(item[1], None)
             elif kind == "answer":
                 key, site, msg, to, state = item[1:]
@@ -198,6 +203,7 @@ def worker_main(conn: Any, threads: int, device: str) -> None:
                     )
                     result = ("ok", pack_message(reply), seconds, pack(state) if changed(state, received) else None)
                 except Exception as e:  # noqa: BLE001 - the site's failure: the parent applies the policy
+                    keep_own_place(e, method_codes.get(key, ()))  # its traceback stays here
                     result = ("error", portable(e))
                 conn.send(result)
     except KeyboardInterrupt:  # Ctrl-C reaches the whole process group: the parent closes the pool
