@@ -36,6 +36,15 @@ def test_convergence_flags_a_best_round_in_the_last_tenth():
     assert not entry["late_best"] and entry["plateaued"] and entry["patience"] == 3
 
 
+def test_a_short_run_still_rising_before_a_last_dip_has_not_converged():
+    """Of 10 rounds the last 10% was round 10 alone: a run climbing 0.03 a round to round 9 that dipped by 0.002 in
+    round 10 counted as converged (a statistics audit). The late window is at least the last 2 rounds."""
+    rising = {r: 0.5 + 0.03 * r for r in range(1, 10)} | {10: 0.5 + 0.03 * 9 - 0.002}
+    entry = convergence(rising, 10, 9, StopConfig(), None)
+    assert entry["late_best"] and not entry["plateaued"] and not entry["converged"]
+    assert convergence(rising, 10, 8, StopConfig(), None)["late_best"] is False
+
+
 def _ledger_totals(result) -> tuple[int, int]:
     train = [r for r in result.ledger if r["action"] not in ("evaluate",)]
     return sum(int(r["steps"]) for r in train if r["action"] == "train"), max(int(r["round"]) for r in result.ledger)

@@ -586,7 +586,7 @@ def _unconverged(run: RunFiles) -> str:
         return ""
     return (
         f" <b>May not have converged</b>: {esc(', '.join(late))} — the round selected on validation is among the "
-        "last 10% of the rounds trained and validation Dice had not plateaued"
+        "last 10% (at least 2) of the rounds trained and validation Dice had not plateaued"
         + (
             " (for a method that selects a round per site, on its own validation split: at least half its "
             "sites selected the last round)"

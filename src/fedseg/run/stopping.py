@@ -13,8 +13,9 @@ Three stop rules, checked after each round by :func:`fedseg.run.run_algorithm`:
 Budgets are met at round granularity: the round in which the total reaches the budget is the last one, so the
 ledger's total lies in ``[budget, budget + one round's)``.
 
-Convergence (:func:`convergence`): a run whose selected round lies in the last 10% of the rounds it trained
-(``round > 0.9 * rounds``) is flagged ``late_best``; ``plateaued`` says whether its validation Dice had stopped
+Convergence (:func:`convergence`): a run whose selected round lies in the last 10% of the rounds it trained, at
+least its last 2 (``round > rounds - max(2, ceil(0.1 * rounds))``: of 10 rounds, a best round 9 before a dip in
+round 10 is late too) is flagged ``late_best``; ``plateaued`` says whether its validation Dice had stopped
 improving (the plateau rule, with ``patience`` or, when that is unset, 10% of the rounds trained, at least 2); a
 run with a late best round whose validation had not plateaued may not have converged (``converged`` False).
 """
@@ -87,8 +88,9 @@ def has_budget(stop: StopConfig) -> bool:
 
 
 def not_converged(late_best: bool, plateaued: bool) -> bool:
-    """A run may not have converged when its selected round lies in the last 10% of its rounds and its validation
-    Dice had not plateaued (a plateau-stopped run's last gains were below ``min_delta``: converged to that)."""
+    """A run may not have converged when its selected round lies in the last 10% (at least 2) of its rounds and its
+    validation Dice had not plateaued (a plateau-stopped run's last gains were below ``min_delta``: converged to
+    that)."""
     return late_best and not plateaued
 
 
@@ -97,10 +99,12 @@ def convergence(
 ) -> dict[str, Any]:
     """The ``convergence`` entry of ``summary.json``: ``rounds`` trained, ``best_round`` and its mean validation Dice
     ``best_val_dice`` (the selection score: hyper-parameters are chosen on it), ``stopped`` (the rule
-    that ended training early, or None), ``late_best`` (best round in the last 10% of the rounds trained: may not
-    have converged), ``plateaued`` and the plateau rule's ``patience`` / ``min_delta`` used for it."""
-    patience = stop.patience or max(2, math.ceil(LATE_FRACTION * rounds))
-    late = best_round > (1 - LATE_FRACTION) * rounds
+    that ended training early, or None), ``late_best`` (best round in the last 10% of the rounds trained, at least
+    the last 2: may not have converged), ``plateaued`` and the plateau rule's ``patience`` / ``min_delta`` used for
+    it."""
+    window = max(2, math.ceil(LATE_FRACTION * rounds))
+    patience = stop.patience or window
+    late = best_round > rounds - window
     flat = stopped == PLATEAU or plateaued(scores, rounds, patience, stop.min_delta)
     return {
         "rounds": rounds,
