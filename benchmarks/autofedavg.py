@@ -110,7 +110,7 @@ def orderings(rows: dict[str, dict]) -> dict[str, dict]:
 
 def markdown(report: dict) -> str:
     from fedseg.bench.report import per_seed_text
-    from fedseg.evaluate.stats import correct_family, dagger, p_value_text, seeds_disagree
+    from fedseg.evaluate.stats import caution_text, correct_family, dagger, p_value_text
 
     lines = ["# Auto-FedAvg benchmark (Table 2 layout)", ""]
     for fed, block in report.items():
@@ -130,7 +130,7 @@ def markdown(report: dict) -> str:
             test = row.get("wilcoxon_vs_fedavg", {})
             mark = dagger(test).strip()  # † where significant: the CI excludes 0 and the adjusted p < 0.05
             extra = f"{row['extra_cost_vs_fedavg']:+.3f} ({row['paper_extra_cost']:.3f})" if name in VARIANTS else "—"
-            disagree = " (seeds disagree)" if seeds_disagree(test) else ""
+            disagree = caution_text(test)
             lines.append(
                 f"| {get_algorithm(name).display_name} | "
                 + " | ".join(f"{row['sites'][s]:.4f}" for s in sites)
@@ -145,7 +145,8 @@ def markdown(report: dict) -> str:
             "table, is below 0.05; the last column gives that p (two-sided, paired, over the test cases, each "
             "averaged over the seeds) and the median per-case difference; Δ per seed: each seed's mean per-case "
             "difference (s0: run seed 0); (seeds disagree): they do not all share the mean's sign, so a small p "
-            "(each image the unit) is no evidence across training runs: read the CI. ± std over the 3 seeds.",
+            "(each image the unit) is no evidence across training runs: read the CI; (mean and ranks disagree): the "
+            "signed-rank statistic favours the other side than the mean: no †. ± std over the 3 seeds.",
             "",
             "Paper orderings (global test avg):",
             "",

@@ -42,7 +42,7 @@ import numpy as np
 
 from common import RESULTS, ROUNDS, SPECS, bench_entries
 from fedseg.bench.report import per_seed_text
-from fedseg.evaluate.stats import ci_text, correct_family, dagger, mean_std, p_value_text, seeds_disagree
+from fedseg.evaluate.stats import caution_text, ci_text, correct_family, dagger, mean_std, p_value_text
 
 CONTINUED = "fedavg-continue"  # the control: FedAvg continued from the model the CONTROLLED methods start from
 ORDER = ["fedavg", "local", "finetune", "ditto-ft", "ditto", "fedper", "lg-fedavg", "cfl", "prior-cfl", CONTINUED]
@@ -143,9 +143,10 @@ TEST_HEAD = ["95% CI", "Δ per seed", "p (Holm)"]  # after a Δ column: test_cel
 
 def test_cells(w: dict) -> list[str]:
     """Δ (with † where significant: the CI excludes 0 and the Holm-adjusted p < 0.05), the 95% CI, the Δ of each
-    seed and that p (with "(seeds disagree)" where the seeds' Δ do not all share Δ's sign,
-    ``fedseg.evaluate.stats.seeds_disagree``) of one ``wilcoxon_vs`` result, as table cells."""
-    p = p_value_text(w) + (" (seeds disagree)" if seeds_disagree(w) else "")
+    seed and that p (with "(seeds disagree)" where the seeds' Δ do not all share Δ's sign, "(mean and ranks
+    disagree)" where the signed-rank statistic favours the other side: ``fedseg.evaluate.stats.caution_text``) of
+    one ``wilcoxon_vs`` result, as table cells."""
+    p = p_value_text(w) + caution_text(w)
     return [f"{w['mean_difference']:+.4f}{dagger(w)}", ci_text(w, digits=4), per_seed_text(w), p]
 
 
@@ -168,6 +169,7 @@ def markdown(report: dict) -> str:
         "paired Wilcoxon over the same cases (`fedseg.evaluate.stats.compare`), Holm-adjusted within each table; †",
         "the CI excludes 0 and that p < 0.05. Δ per seed: s0 is run seed 0's Δ; (seeds disagree): they do not all",
         "share Δ's sign, so a small p (each image the unit) is no evidence across training runs: read the CI.",
+        "(mean and ranks disagree): the signed-rank statistic favours the other side than Δ; no †.",
         "",
     ]
     for fed, block in report["federations"].items():

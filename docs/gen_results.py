@@ -35,11 +35,11 @@ from pathlib import Path
 from fedseg.bench.tables import correct_tests
 from fedseg.evaluate.stats import (
     DIFF_DIGITS,
+    caution_text,
     ci_text,
     correct_family,
     dagger,
     p_value_text,
-    seeds_disagree,
     signed_text,
 )
 from fedseg.presentation.kit import fmt, fmt_int
@@ -97,7 +97,7 @@ def headline(folder: str, federation: str) -> str:
             rounds += f" ({conv['not_converged']}/{conv['runs']} may not have converged)"
         test = m.get("wilcoxon") or {}
         delta, ci = split_delta_ci(test)
-        p = p_value_text(test) + (" (seeds disagree)" if seeds_disagree(test) else "") if test else "ref"
+        p = p_value_text(test) + caution_text(test) if test else "ref"
         shares = ranks.get(name, {})
         top = max(shares, key=lambda r: shares[r]) if shares else None
         rank = f"{top} ({shares[top]:.0%})" if top is not None else ""

@@ -180,3 +180,18 @@ def test_the_tuning_table_counts_the_runs_of_each_setting_that_may_not_have_conv
     assert "| converged | selected |" in md
     old = [{k: v for k, v in r.items() if k != "not_converged"} for r in rows]  # a tables.json written before
     assert "converged" not in report.tune_table(old, "synthetic-retina")[0]
+
+
+def test_every_p_says_when_its_seeds_disagree_and_the_paired_cell_how_many_differ():
+    """HD95's and NSD's p showed no "(seeds disagree)" (their Δ per seed are in tables.json only), and "cases
+    paired" gave n where the Wilcoxon p ranks the n_nonzero that differ (a statistics audit: 181 paired, 80 differ)."""
+    split = {"0": -0.025, "1": 0.015, "2": -0.031}
+    dice = _test(0.002, -0.001, 0.004, 181, n_nonzero=80)
+    nsd = _test(-0.0137, -0.0349, 0.0127, 181, per_seed=split)
+    hd95 = _test(-0.05, -0.2, 0.1, 181, per_seed=split)
+    head, rows = report.test_table(_fed(wilcoxon=dice, hd95_wilcoxon=hd95, nsd_wilcoxon=nsd), "fedavg")
+    row = dict(zip(head, rows[1], strict=True))
+    assert row["cases paired"] == "181 (80 differ)"
+    assert row["NSD p (Holm)"].endswith("(seeds disagree)") and row["HD95 p (Holm)"].endswith("(seeds disagree)")
+    assert row["p (Holm)"] == "0.5"  # the Dice seeds agree
+    assert report.paired_text(_test(0.002, -0.001, 0.004, 40, n_nonzero=40)) == "40"

@@ -280,3 +280,28 @@ def test_seeds_disagree_where_a_seeds_difference_does_not_share_the_means_sign()
     assert seeds_disagree({"mean_diff": 0.0, "per_seed_diff": {0: 0.5, 1: -0.5}})  # they cancel out
     assert not seeds_disagree({"mean_diff": 0.01, "per_seed_diff": {0: 0.01, 1: float("nan"), 2: 0.02}})
     assert p_text(one_seed_moves) == "2e-14 (seeds disagree)" and p_text(agree) == "0.001"
+
+
+def test_a_mean_and_ranks_that_disagree_get_no_dagger_and_say_so():
+    """A method slightly better on 9 of 10 images of every site and much worse on the 10th has a negative mean (its
+    CI below 0) and a tiny two-sided p whose ranks favour it: the † read as "significantly worse" (a statistics
+    audit). Now the comparison says the two disagree and gets no †; where both point the same way nothing changes."""
+    from fedseg.bench.report import p_text
+    from fedseg.evaluate.stats import caution_text, ranks_disagree
+
+    rng = np.random.default_rng(0)
+    keys = [(f"site{i % 12}", f"c{i}") for i in range(120)]
+    diffs = np.where(np.arange(120) < 12, -0.5, 0.01) + rng.normal(0, 0.001, 120)  # one bad image per site
+    a = {s: {k: 0.8 + d for k, d in zip(keys, diffs)} for s in range(3)}
+    b = {s: {k: 0.8 for k in keys} for s in range(3)}
+    test = compare(a, b, resamples=500)
+    assert test["mean_diff"] < 0 and test["ci_high"] < 0 and test["p"] < 1e-4 and test["rank_sign"] == 1
+    assert ranks_disagree(test) and not significant(test) and dagger(test) == ""
+    assert caution_text(test) == " (mean and ranks disagree)" and p_text(test).endswith(" (mean and ranks disagree)")
+    p = wilcoxon(list(test_diffs := diffs), alternative="greater").pvalue  # the ranks' side, as scipy sees it
+    assert p < 1e-4 and len(test_diffs) == 120
+    agree = compare({s: {k: 0.81 + 0.001 * i for i, k in enumerate(keys)} for s in range(3)}, b, resamples=500)
+    assert agree["rank_sign"] == 1 and not ranks_disagree(agree) and significant(agree)
+    # a tables.json written before rank_sign was recorded: read from its case differences
+    old = {k: v for k, v in compare(a, b, resamples=50, with_cases=True).items() if k != "rank_sign"}
+    assert ranks_disagree(old) and not ranks_disagree({**old, "case_diffs": None})

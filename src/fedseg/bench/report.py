@@ -49,9 +49,9 @@ from fedseg.evaluate.stats import (
     EXACT_BELOW,
     PERMUTATION_UP_TO,
     RESAMPLES,
+    caution_text,
     ci_text,
     p_value_text,
-    seeds_disagree,
     signed_text,
     significant_over_seeds,
 )
@@ -97,12 +97,11 @@ def _fmt3(x) -> str:
     return f"{x:.3g}" if _finite(x) else "–"
 
 
-def p_text(test: dict | None, per_seed: bool = True) -> str:
-    """The Wilcoxon p, Holm-adjusted within its table (``fedseg.bench.tables.correct_tests``), with :func:`mark`, and
-    (``per_seed``: the row shows the Δ per seed it is read against) ``(seeds disagree)`` where the seeds' differences
-    do not all share the mean's sign (``stats.seeds_disagree``)."""
-    disagree = per_seed and seeds_disagree(test)
-    return p_value_text(test) + mark(test) + (" (seeds disagree)" if disagree else "")
+def p_text(test: dict | None) -> str:
+    """The Wilcoxon p, Holm-adjusted within its table (``fedseg.bench.tables.correct_tests``), with :func:`mark` and
+    what to read beside it (``stats.caution_text``: the seeds' differences do not all share the mean's sign, the
+    ranks favour the other side than the mean)."""
+    return p_value_text(test) + mark(test) + caution_text(test)
 
 
 def mark(test: dict | None) -> str:
@@ -177,7 +176,7 @@ def test_table(fed: dict, reference: str) -> tuple[list[str], list[list[str]]]:
         ]
         dice_test = s.get("wilcoxon")
         dice_cells = _test_cells(dice_test, name == reference, _own_cases(s, fed["methods"].get(reference)), runs, True)
-        paired = "" if name == reference else str(dice_test["n"]) if dice_test else "–"
+        paired = "" if name == reference else paired_text(dice_test)
         row += [dice_cells[0], paired, *dice_cells[1:]]
         dice_n = (dice_test or {}).get("n")
         if hd95:
@@ -189,6 +188,15 @@ def test_table(fed: dict, reference: str) -> tuple[list[str], list[list[str]]]:
             row += [ms(s.get("nsd"), NSD.digits), *nsd_cells]
         rows.append(row + [_converged_text(conv["not_converged"], conv["runs"])])
     return head, rows
+
+
+def paired_text(test: dict | None) -> str:
+    """The "cases paired" cell: ``n``, and ``(k differ)`` where fewer than ``n`` differ (the Wilcoxon p ranks only
+    the nonzero differences, ``n_nonzero``); ``–`` without a test."""
+    if not test:
+        return "–"
+    differ = test.get("n_nonzero")
+    return str(test["n"]) + (f" ({differ} differ)" if isinstance(differ, int) and differ < test["n"] else "")
 
 
 FEWER_CASES = " ‡"  # after a Δ paired over fewer cases or runs than a method's own columns average
@@ -222,7 +230,7 @@ def _test_cells(
     if test:
         delta = signed_text(test["mean_diff"], digits) + (FEWER_CASES if fewer else "")
         delta += f" (n={test['n']})" if paired_as is not None and test["n"] != paired_as else ""
-    return [delta, ci_text(test, digits), *([per_seed_text(test, digits)] if per_seed else []), p_text(test, per_seed)]
+    return [delta, ci_text(test, digits), *([per_seed_text(test, digits)] if per_seed else []), p_text(test)]
 
 
 def site_table(fed: dict) -> tuple[list[str], list[list[str]]]:
@@ -373,7 +381,10 @@ NOTES = (
     "never with one seed, whose CI has no run-to-run variance to draw: a difference between two trained models, not "
     "yet between two methods. (seeds disagree): the Δ per seed do not all share Δ's sign (a seed at exactly 0 "
     "included): the p takes each image as the unit and cannot see that the training runs disagree (a shift in one "
-    "seed moves almost every image the same way), so a small p there is no evidence across runs: read the CI. "
+    "seed moves almost every image the same way), so a small p there is no evidence across runs: read the CI "
+    "(HD95's and NSD's Δ per seed are in tables.json). (mean and ranks disagree): the signed-rank statistic favours "
+    "the other side than Δ (better on most images, much worse on a few, or the reverse): no †; the p says only that "
+    "the two differ. cases paired: n, and (k differ) where some differences are 0 (the p ranks those k). "
     "‡: Δ, CI and p pair fewer cases than the Dice columns average (a site failed), or the "
     "method and the reference finished different runs (a seed or fold missing): the columns describe other cases or "
     "runs than Δ. Settings chosen on validation only (see the tuning table); (grid edge): the selected value is the "

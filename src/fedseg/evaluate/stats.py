@@ -20,7 +20,8 @@ seed, in the score's unit (Dice: a fraction in [0, 1]). Cases a method could not
   every table's † and of the run report's "beyond noise": the bootstrap CI excludes 0 on the tested side **and**
   the (Holm-adjusted) Wilcoxon p < 0.05. Both, because each fails alone: the percentile bootstrap of a handful of
   cases excludes 0 whenever their differences share a sign (3 cases: p = 0.25), and the Wilcoxon test ignores the
-  seed-to-seed variance that the bootstrap carries.
+  seed-to-seed variance that the bootstrap carries. And the two must point the same way (:func:`ranks_disagree`:
+  a two-sided signed-rank p whose ranks favour the other side than the mean says only that the two differ).
 
 What the p and CI say: whether these trained models differ on these test images (the cases are the sample); the
 run-to-run variance enters only through the seeds' resampling, which with few seeds (under 5) cannot show its full
@@ -61,7 +62,8 @@ def paired_wilcoxon(
         ``n`` (pairs), ``n_nonzero`` (pairs that differ: the zero differences are dropped, Wilcoxon's treatment,
         scipy's and R's default, so the test rests on these), ``p`` (NaN with no pair; 1.0 when every difference is
         0, where nothing can be ranked), ``p_method`` (:func:`wilcoxon_method`; None where nothing was ranked),
-        ``alternative``, ``mean_diff`` and ``median_diff`` (scores - reference).
+        ``rank_sign`` (:func:`signed_rank_sign`: the side the ranks favour), ``alternative``, ``mean_diff`` and
+        ``median_diff`` (scores - reference).
     """
     keys = [k for k in scores if k in reference and np.isfinite(scores[k]) and np.isfinite(reference[k])]
     return _wilcoxon(np.array([scores[k] - reference[k] for k in keys], dtype=np.float64), alternative)
@@ -138,12 +140,26 @@ def _wilcoxon(diffs: np.ndarray, alternative: Alternative) -> dict[str, Any]:
     return {
         "n": int(diffs.size),
         "n_nonzero": int(nonzero.size),
+        "rank_sign": signed_rank_sign(nonzero),
         "p": p,
         "p_method": method,
         "alternative": alternative,
         "mean_diff": float(diffs.mean()) if diffs.size else math.nan,
         "median_diff": float(np.median(diffs)) if diffs.size else math.nan,
     }
+
+
+def signed_rank_sign(diffs: np.ndarray) -> int:
+    """The side the signed-rank test's statistic favours: the sign of R+ - R- (the sums of the ranks of
+    ``|diffs|``, ties averaged, over the positive and the negative nonzero ``diffs``): 1, -1, or 0 when they
+    balance (or there is none). It can oppose the mean's sign: a method better on most images and much worse on a
+    few has a negative mean and a positive R+ - R-."""
+    from scipy.stats import rankdata
+
+    nonzero = diffs[diffs != 0]
+    if not nonzero.size:
+        return 0
+    return int(np.sign(float(np.sum(np.sign(nonzero) * rankdata(np.abs(nonzero))))))
 
 
 @dataclass(frozen=True)
@@ -237,7 +253,8 @@ def compare(
     both have and the cases both scored. ``with_cases``: also ``case_diffs``, ``{"site/case": a - b averaged over
     the seeds}`` (the numbers the Wilcoxon test ranks, in the table's case order), so the p can be recomputed from
     the table alone: :func:`wilcoxon_p`'s call of the values (NaN, or null in tables.json, left out) with the
-    recorded ``p_method`` (:func:`wilcoxon_method`), or R's ``wilcox.test`` of them with its defaults.
+    recorded ``p_method`` (:func:`wilcoxon_method`), or R's ``wilcox.test`` of them (``exact``: of the nonzero ones
+    with ``exact=TRUE``; R's defaults fall back to the normal approximation where some are 0).
 
     Returns :func:`paired_wilcoxon`'s keys (the test on the per-case differences averaged over the seeds: ``n``
     cases, ``p``, ``p_method``, ``mean_diff``, ``median_diff``) plus ``seeds`` (how many), ``per_seed_diff``
@@ -345,9 +362,10 @@ def adjusted_p(test: Mapping[str, Any]) -> float:
 
 
 def significant(test: Mapping[str, Any] | None) -> bool:
-    """The bootstrap CI excludes 0 on the tested side and :func:`adjusted_p` < ``SIGNIFICANCE``: the † of every
-    table and the run report's "beyond noise" (see the module docstring for why both)."""
-    if not test or not test.get("n") or not test.get("ci_excludes_0"):
+    """The bootstrap CI excludes 0 on the tested side and :func:`adjusted_p` < ``SIGNIFICANCE``, the two pointing
+    the same way (not :func:`ranks_disagree`): the † of every table and the run report's "beyond noise" (see the
+    module docstring for why both)."""
+    if not test or not test.get("n") or not test.get("ci_excludes_0") or ranks_disagree(test):
         return False
     p = adjusted_p(test)
     return math.isfinite(p) and p < SIGNIFICANCE
@@ -376,6 +394,29 @@ def seeds_disagree(test: Mapping[str, Any] | None) -> bool:
     if mean == 0:  # no sign to share: they disagree where they differ at all
         return any(d != 0 for d in diffs)
     return any(d == 0 or (d > 0) != (mean > 0) for d in diffs)
+
+
+def ranks_disagree(test: Mapping[str, Any] | None) -> bool:
+    """Whether the mean difference and the signed-rank statistic (``rank_sign``, :func:`signed_rank_sign`; from
+    ``case_diffs`` for a tables.json written before it was recorded) point opposite ways: a two-sided p then says
+    the ranks favour one side while the mean, and its CI, say the other (a method better on most images and much
+    worse on a few). Neither number alone is the comparison then; the table says so instead of a †."""
+    test = test or {}
+    sign = test.get("rank_sign")
+    if not isinstance(sign, int) and isinstance(test.get("case_diffs"), Mapping):
+        values = [v for v in test["case_diffs"].values() if isinstance(v, (int, float)) and math.isfinite(v)]
+        sign = signed_rank_sign(np.array(values, dtype=np.float64))
+    mean = test.get("mean_diff", test.get("mean_difference"))
+    if not (isinstance(sign, int) and sign and isinstance(mean, (int, float)) and math.isfinite(mean) and mean):
+        return False
+    return (sign > 0) != (mean > 0)
+
+
+def caution_text(test: Mapping[str, Any] | None) -> str:
+    """What to read beside a comparison's p: `` (seeds disagree)`` (:func:`seeds_disagree`), `` (mean and ranks
+    disagree)`` (:func:`ranks_disagree`); empty when neither holds."""
+    seeds = " (seeds disagree)" if seeds_disagree(test) else ""
+    return seeds + (" (mean and ranks disagree)" if ranks_disagree(test) else "")
 
 
 # --- the text of a comparison (``compare``'s result: ``mean_diff``/``mean_difference``, ``ci_low``, ``ci_high``,
