@@ -232,7 +232,10 @@ def verdict_lines(v: Verdict, notes: list[str] | None = None) -> list[str]:
             f"Within noise of the best (CI includes 0 or Holm-adjusted p ≥ {SIGNIFICANCE:g}): {_listed(v, noise)}."
         )
     if clear:
-        lines.append(f"Below the best beyond noise: {_listed(v, clear, with_diff=True)}.")
+        lines.append(
+            f"Below the best beyond noise: {_listed(v, clear, with_diff=True)} (these trained models, one seed: "
+            "`fedseg bench` with several seeds compares the methods)."
+        )
     if disagreeing:
         lines.append(
             f"Below the best on Client Avg but better per test case beyond noise: {_listed(v, disagreeing)} (the test "
