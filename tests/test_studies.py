@@ -111,6 +111,8 @@ def test_holdout_trains_without_the_site_and_scores_all_of_its_cases(tmp_path, m
 
     sections = study_sections(tmp_path)
     assert len(sections) == 1 and "Unseen sites (FedSM Table 5 layout)" in sections[0] and "N/A" in sections[0]
+    assert all(r["converged"] == "no" for r in rows.values())  # 1 round: the page says so (it said nothing)
+    assert "<b>May not have converged</b>: FedAvg without site2, FedSM without site2 (" in sections[0]
     page = render_study(tmp_path).read_text()
     assert 'href="holdout/site2/report.html"' in page and (sub / "report.html").is_file()
 
@@ -157,6 +159,7 @@ def test_sweep_runs_one_complete_run_per_value_with_that_value_in_its_config(tmp
         "value",
         "algorithm",
         "val_dice",
+        "converged",
         *(f"dice_{s}" for s in SITES),
         "dice_client_avg",
         "dice_global",
@@ -174,11 +177,13 @@ def test_sweep_runs_one_complete_run_per_value_with_that_value_in_its_config(tmp
         assert r["nsd_client_avg"] == "" and (nsd is None or math.isnan(nsd))
         assert float(r["dice_site2"]) == pytest.approx(summary["dice"]["site2"])
         assert float(r["val_dice"]) == pytest.approx(summary["convergence"]["best_val_dice"])
+        assert r["converged"] == "no" and summary["convergence"]["converged"] is False  # 1 round: its best the last
     assert json.loads((tmp_path / "sweep.json").read_text())["rows"][1]["dice_global"] == pytest.approx(
         float(rows[1]["dice_global"])
     )
     (section,) = study_sections(tmp_path)
     assert "Sweep over methods.fedsm.lam (FedSM Table 7 layout)" in section
+    assert "<b>May not have converged</b>: FedAvg: 0.5, FedSM: 0.5, FedAvg: 1.0, FedSM: 1.0 (" in section
 
 
 def test_sweep_resumed_with_other_values_is_refused_and_may_only_add_values(tmp_path, make_cfg, disc_federation):

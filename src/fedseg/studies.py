@@ -11,11 +11,11 @@ like any run. A study directory ``OUT`` holds:
   ``unseen.csv``/``.json``), then ``unseen.csv`` + ``unseen.json``: one row per unseen site and
   algorithm, columns ``algorithm, unseen_site, cases, gamma, freq_GM, freq_PM_<site>`` (one per
   site of the whole federation, empty for the unseen site: the paper's N/A) ``, dice, best_gamma,
-  best_dice, val_gamma, val_dice, run`` (the sub-run folder relative to ``OUT``); empty = not
-  applicable;
+  best_dice, val_gamma, val_dice, converged, run`` (the sub-run folder relative to ``OUT``; ``converged``:
+  ``yes``/``no`` from the sub-run's summary.json, ``fedseg.run.stopping.convergence``); empty = not applicable;
 * sweep (``--sweep key=v1,v2,...``): ``sweep/<key>=<value>/`` = a run with ``--set key=value``
   on top of the base configuration, then ``sweep.csv`` + ``sweep.json``: one row per value and
-  algorithm, columns ``key, value, algorithm, val_dice, dice_<site>..., dice_client_avg, dice_global,
+  algorithm, columns ``key, value, algorithm, val_dice, converged, dice_<site>..., dice_client_avg, dice_global,
   hd95_client_avg, nsd_client_avg, run`` (``val_dice``: the mean validation Dice at the selected round, the
   score a choice among the values must be made on; the rest: the sub-run's summary.json test numbers).
 
@@ -321,7 +321,7 @@ def write_table(out: Path, stem: str, columns: list[str], rows: list[dict]) -> N
 
 # --------------------------------------------------------------------------- sweep table
 def sweep_columns(rows: list[dict]) -> list[str]:
-    """``key, value, algorithm, val_dice, dice_<site>... (every site seen, in order), dice_client_avg,
+    """``key, value, algorithm, val_dice, converged, dice_<site>... (every site seen, in order), dice_client_avg,
     dice_global, hd95_client_avg, nsd_client_avg, run``."""
     sites = list(
         dict.fromkeys(
@@ -329,7 +329,7 @@ def sweep_columns(rows: list[dict]) -> list[str]:
         )
     )
     means = ["dice_client_avg", "dice_global", "hd95_client_avg", "nsd_client_avg"]
-    return ["key", "value", "algorithm", "val_dice", *sites, *means, "run"]
+    return ["key", "value", "algorithm", "val_dice", "converged", *sites, *means, "run"]
 
 
 def sweep_rows(results: RunResults, key: str, value: str, run: str) -> list[dict]:
@@ -344,6 +344,7 @@ def sweep_rows(results: RunResults, key: str, value: str, run: str) -> list[dict
                 "value": value,
                 "algorithm": algo.name,
                 "val_dice": json_ready(algo.summary.get("convergence", {}).get("best_val_dice")),
+                "converged": converged_cell(algo.summary),
                 **{f"dice_{s}": json_ready(dice.get(s)) for s in results.federation.site_names},
                 "dice_client_avg": json_ready(dice["client_avg"]),
                 "dice_global": json_ready(dice["global"]),
@@ -353,6 +354,13 @@ def sweep_rows(results: RunResults, key: str, value: str, run: str) -> list[dict
             }
         )
     return rows
+
+
+def converged_cell(summary: dict) -> str:
+    """``yes`` / ``no`` from a sub-run algorithm's ``summary.json`` entry (``convergence.converged``,
+    ``fedseg.run.stopping.convergence``), "" where it was not recorded."""
+    converged = summary.get("convergence", {}).get("converged")
+    return "" if not isinstance(converged, bool) else "yes" if converged else "no"
 
 
 # --------------------------------------------------------------------------- unseen table
@@ -374,6 +382,7 @@ def unseen_columns(sites: list[str]) -> list[str]:
         "best_dice",
         "val_gamma",
         "val_dice",
+        "converged",
         "run",
     ]
 
@@ -399,6 +408,7 @@ def unseen_rows(results: RunResults, fed: Federation, site: str, run: str) -> tu
             "unseen_site": site,
             "cases": len(data),
             "run": run,
+            "converged": converged_cell(algo.summary),
             "training_sites": results.federation.site_names,
             "case_ids": list(data.ids),
             "regions": list(task.regions),

@@ -111,10 +111,23 @@ def unseen_section(root: Path) -> str:
             fmt(r["val_dice"], 4),
         ]
         body.append(f"<tr><th>{esc(display_name(r['algorithm']))}</th>{''.join(f'<td>{c}</td>' for c in cells)}</tr>")
+    late = [f"{display_name(r['algorithm'])} without {r['unseen_site']}" for r in rows if r.get("converged") == "no"]
     return section(
         "Unseen sites (FedSM Table 5 layout)",
         table("<tr>" + "".join(f"<th>{esc(h)}</th>" for h in head) + "</tr>", body),
-        UNSEEN_NOTE,
+        UNSEEN_NOTE + unconverged_note(late),
+    )
+
+
+def unconverged_note(labels: Sequence[str]) -> str:
+    """`` May not have converged: ...`` naming the sub-runs whose ``converged`` is ``no`` (HTML-escaped); ""
+    without any."""
+    if not labels:
+        return ""
+    return (
+        f" <b>May not have converged</b>: {esc(', '.join(dict.fromkeys(labels)))} (the round selected on validation "
+        "is among the last 10% (at least 2) of the rounds trained and validation Dice had not plateaued: more rounds "
+        "may change these numbers)."
     )
 
 
@@ -166,6 +179,8 @@ def sweep_section(root: Path, fig_dir: Path | None = None) -> str:
         + (" Figure: the Client Avg test Dice against the value, one line per method." if figure else "")
         + f" Runs: {links}."
     )
+    late = [f"{display_name(r['algorithm'])}: {r['value']}" for r in rows if r.get("converged") == "no"]
+    note += unconverged_note(late)
     return section(f"Sweep over {key} ({layout})", body, note)
 
 
