@@ -365,12 +365,32 @@ def assess(claims: list[Claim], tables: list[dict]) -> list[dict]:
                 {
                     **row,
                     "verdict": verdict(claim.kind, test["ci_low"], test["ci_high"], claim.margin),
+                    "cautions": cautions(test, fed, (claim.method, claim.against)),
                     "dice": finite(fed["methods"].get(claim.method, {}).get("dice", {}).get("mean")),
                     "dice_against": finite(fed["methods"].get(claim.against, {}).get("dice", {}).get("mean")),
                     **{k: finite(test.get(k)) for k in keys},
                 }
             )
     return rows
+
+
+def cautions(test: dict, fed: dict, methods: tuple[str, ...]) -> list[str]:
+    """What a verdict is read with: each of ``methods`` with runs that may not have converged (``k/n runs may not
+    have converged``, from the table's ``convergence``; more rounds may change Δ), and the comparison's own
+    warnings (``fedseg.evaluate.stats.caution_text``: the seeds' Δ or the ranks disagree with Δ's sign)."""
+    from fedseg.evaluate.stats import ranks_disagree, seeds_disagree
+
+    out = []
+    for name in methods:
+        conv = fed.get("methods", {}).get(name, {}).get("convergence") or {}
+        late, runs = conv.get("not_converged"), conv.get("runs")
+        if isinstance(late, int) and late > 0:
+            out.append(f"{name}: {late}/{runs} runs may not have converged")
+    if seeds_disagree(test):
+        out.append("seeds disagree")
+    if ranks_disagree(test):
+        out.append("mean and ranks disagree")
+    return out
 
 
 def finite(x: object) -> object:
@@ -385,8 +405,8 @@ def table(rows: list[dict]) -> str:
         return "" if x is None else format(x, fmt)
 
     lines = [
-        "| paper | where | claim | federation | Δ | 95% CI | p (unadjusted) | verdict |",
-        "|---|---|---|---|---|---|---|---|",
+        "| paper | where | claim | federation | Δ | 95% CI | p (unadjusted) | verdict | read with |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         margined = r["kind"] in ("matches", "not worse", "not better")
@@ -397,7 +417,8 @@ def table(rows: list[dict]) -> str:
             p += f" ({r['alternative']}, {r['method']} − {r['against']})"
         lines.append(
             f"| {r['paper']} | {r['where']} | {r['text']}: {r['method']} vs {r['against']}, {kind} | "
-            f"{r['federation']} | {num(r.get('mean_diff'))} | {ci} | {p} | **{r['verdict']}** |"
+            f"{r['federation']} | {num(r.get('mean_diff'))} | {ci} | {p} | **{r['verdict']}** | "
+            f"{'; '.join(r.get('cautions') or [])} |"
         )
     counts = {v: sum(r["verdict"] == v for r in rows) for v in ("holds", "fails", "not shown", "cannot test")}
     lines += ["", "Verdicts: " + ", ".join(f"{n} {v}" for v, n in counts.items()) + "."]
@@ -414,7 +435,9 @@ def markdown(rows: list[dict], sources: list[str]) -> str:
             "(sites, cases within sites, seeds); p: the paired Wilcoxon test. Verdict from the CI: a better/worse "
             "claim holds when the CI excludes 0 on its side and fails when it excludes 0 on the other; a 'matches' "
             "claim holds when the CI lies within ± the margin; 'not worse' when its low end is above −margin, 'not "
-            "better' when its high end is below +margin; otherwise not shown.",
+            "better' when its high end is below +margin; otherwise not shown. Read with: a method whose runs may not "
+            "have converged (more rounds may change Δ), seeds whose Δ do not all share its sign, a rank test that "
+            "favours the other side than Δ.",
             "",
             table(rows),
         ]

@@ -61,6 +61,16 @@ def test_claims_on_the_committed_headline_tables(claims, tmp_path):
         test["p"],
     )
     assert fedsm["verdict"] == ("holds" if test["ci_low"] > 0 else "not shown")
+    # read with the runs that may not have converged (a statistics audit: the holds hid 2 of FedSM's 3 retina runs
+    # in headline-equal, whose claims.md is committed)
+    equal = json.loads((ROOT / "benchmarks/results/headline-equal/tables.json").read_text())
+    rows_equal = {(r["method"], r["against"], r["federation"]): r for r in claims.assess(claims.CLAIMS, [equal])}
+    fedsm_equal = rows_equal[("fedsm", "fedavg", "synthetic-retina")]
+    conv = equal["federations"]["synthetic-retina"]["methods"]["fedsm"]["convergence"]
+    assert (conv["not_converged"], conv["runs"]) == (2, 3)
+    assert fedsm_equal["cautions"] == ["fedsm: 2/3 runs may not have converged"]
+    assert claims.table([fedsm_equal]).splitlines()[2].endswith("| fedsm: 2/3 runs may not have converged |")
+    assert fedsm["cautions"] == []  # headline's: converged
     # a listed comparison read the other way round: [scaffold, fedsm] gives fedsm - scaffold
     listed = next(c for c in retina["comparisons"] if (c["method"], c["against"]) == ("scaffold", "fedsm"))
     reversed_ = rows[("fedsm", "scaffold", "synthetic-retina")]
