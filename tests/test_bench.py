@@ -66,6 +66,19 @@ def test_plan_expands_cells_grids_and_budget_references(tmp_path):
     assert "data.split.fold=1" in finals[-1].overrides and "seed=1" in finals[-1].overrides
 
 
+def test_tuning_seeds_outside_the_final_seeds_keep_every_final_run_out_of_the_selection(tmp_path):
+    """A tuning seed among the seeds made its selected run that seed's final run, the best of the grid on validation
+    (a statistics audit: the tuned seed's Δ was the largest). Seeds outside: tuning runs of their own, each cell
+    with its budget reference."""
+    spec, _ = load_bench(_bench(tmp_path, tune={"seeds": [9]}))
+    assert [(r.fold, r.seed) for r in reference_runs(spec)] == [(0, 0), (0, 1), (1, 0), (1, 1), (0, 9)]
+    assert {r.seed for r in tuning_runs(spec)} == {9}
+    finals = final_runs(spec, {("synthetic-retina", "fedprox"): settings(spec.method("fedprox"))[0]})
+    assert {r.seed for r in finals} == {0, 1} and not {r.label for r in finals} & {r.label for r in tuning_runs(spec)}
+    with pytest.raises(ConfigError, match=r"tune.seeds: give distinct seeds, got \[9, 9\]"):
+        load_bench(_bench(tmp_path, tune={"seeds": [9, 9]}))
+
+
 def test_the_budget_caps_every_run_but_the_reference_and_a_phased_method(tmp_path):
     """FedSM-extra's model phase cannot be stopped: a cap would end it at its first selector round (the selector
     trained once), so it trains budget.rounds model rounds and its selector rounds on top, uncapped."""
@@ -323,11 +336,13 @@ def test_grids_are_tuned_on_validation_even_when_test_disagrees(tmp_path, disc_f
             },
         ],
         seeds=[0],
+        tune={"seeds": [5]},  # a tuning seed of its own: no final run is a tuning run
         split={"mode": "ratio"},
         budget={"rounds": 3},
     )
     spec, root = load_bench(path)
     runs = run_bench(spec, root, tmp_path / "out", echo=lambda line: None)
+    assert {r.seed for r in runs.tuning} == {5} and {r.seed for r in runs.final} == {0}
     tuning = [r for r in write_report(spec, runs, tmp_path / "out")["tuning"] if r["method"] == "fedprox"]
     best_val = max(tuning, key=lambda r: r["val_dice"])
     best_test = max(tuning, key=lambda r: r["test_dice"])

@@ -196,16 +196,21 @@ def reference_method(bench: BenchSpec) -> MethodSpec:
 
 
 def reference_runs(bench: BenchSpec, holdouts: Holdouts | None = None) -> list[BenchRun]:
-    """Phase 1: one budget reference per cell (none under ``budget.rule: rounds``)."""
+    """Phase 1: one budget reference per cell, final and tuning (none under ``budget.rule: rounds``)."""
     if bench.budget.rule == "rounds":
         return []
     ref = reference_method(bench)
-    return [
-        make_run(bench, f, ref, fold, seed, (), holdouts)
-        for f in bench.federations
-        for fold in folds_of(bench, f, holdouts)
-        for seed in bench.seeds
+    final = [
+        (f, fold, seed) for f in bench.federations for fold in folds_of(bench, f, holdouts) for seed in bench.seeds
     ]
+    tuning = [  # tuning seeds outside the bench's seeds (spec.TuneSpec) need their own budget
+        (f, fold, seed)
+        for f in bench.federations
+        for fold in folds_of(bench, f, holdouts, tuning=True)
+        for seed in bench.tune_seeds
+        if seed not in bench.seeds
+    ]
+    return [make_run(bench, f, ref, fold, seed, (), holdouts) for f, fold, seed in final + tuning]
 
 
 def tuning_runs(
