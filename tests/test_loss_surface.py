@@ -187,3 +187,29 @@ def test_a_case_sample_is_the_same_for_every_model_and_changes_the_loss(run, row
     assert [r["loss"] for r in everything] == [r["loss"] for r in rows]
     with pytest.raises(ValueError, match="--cases 0"):
         compute([run], SITE, directions=2, cases=0)
+
+
+def test_a_write_that_fails_leaves_no_folder_and_no_half_of_the_pair(run, tmp_path):
+    """On a full disk the command said so but left an empty --out behind (an audit). A real write failure: the
+    process may write no file over 300 bytes (RLIMIT_FSIZE; the kernel's EFBIG, as ENOSPC, is an OSError)."""
+    import os
+    import resource
+    import signal
+    import subprocess
+    import sys
+
+    def small_files() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG instead of the signal that kills
+        resource.setrlimit(resource.RLIMIT_FSIZE, (300, 300))
+
+    out = tmp_path / "surface"
+    script = "from fedseg.command import entry; entry()"
+    args = [sys.executable, "-c", script, "loss-surface", str(run), "--site", SITE, "--directions", "1"]
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "MPLCONFIGDIR": str(tmp_path / "mpl")}
+    done = subprocess.run(
+        [*args, "--out", str(out)], capture_output=True, text=True, timeout=300, preexec_fn=small_files, env=env
+    )
+    assert done.returncode == 1, done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]  # (matplotlib's font cache
+    assert len(errors) == 1 and "File too large" in errors[0], done.stderr  # cannot be saved either: its own line)
+    assert "Traceback" not in done.stderr and not out.exists()

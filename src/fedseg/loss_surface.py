@@ -21,6 +21,7 @@ personalized line, whose ``model`` is ``<algorithm>/global->personal:<site>``) a
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 from dataclasses import dataclass
@@ -215,5 +216,17 @@ def loss_surface(
 
     check_out_dir(Path(out))  # a file given as --out: said before the losses are computed
     rows = compute([Path(r) for r in runs], site, directions, seed=seed, device=str(check_device(device)), cases=cases)
-    stem = f"loss_surface_{site}"
-    return write_csv(rows, Path(out) / f"{stem}.csv"), figure(rows, site, Path(out) / f"{stem}.png")
+    out = Path(out)
+    created = not out.exists()
+    csv_path, png_path = out / f"loss_surface_{site}.csv", out / f"loss_surface_{site}.png"
+    written: list[Path] = []
+    try:
+        written.append(write_csv(rows, csv_path))
+        return csv_path, figure(rows, site, png_path)
+    except BaseException:  # a full disk, an interrupt: no half of the pair is left, nor a folder made for it
+        for path in written:
+            path.unlink(missing_ok=True)
+        if created:
+            with contextlib.suppress(OSError):  # not empty: something else wrote there meanwhile
+                out.rmdir()
+        raise
