@@ -67,9 +67,12 @@ def fets_layout(root: Path, partition_sizes=(3, 3), extra_split: bool = True) ->
     return root
 
 
-def msd_task(root: Path, name: str = "Pancreas", n: int = 3, modalities=("CT",), seed: int = 0) -> Path:
+def msd_task(
+    root: Path, name: str = "Pancreas", n: int = 3, modalities=("CT",), seed: int = 0, channel_files: bool = False
+) -> Path:
     """An MSD task folder: dataset.json, imagesTr/ (float32, or 4D for several modalities), labelsTr/ (uint8),
-    and a stray ``._`` file as the original archives hold."""
+    and a stray ``._`` file as the original archives hold. ``channel_files``: an nnU-Net v1 task instead, each listed
+    image stored as one file per modality, ``imagesTr/<case>_0000.nii.gz``, ``<case>_0001.nii.gz``, ..."""
     rng = np.random.default_rng(seed)
     training = []
     for i in range(n):
@@ -79,7 +82,11 @@ def msd_task(root: Path, name: str = "Pancreas", n: int = 3, modalities=("CT",),
         label[dist < 4.0] = 1
         label[dist < 2.0] = 2
         image = rng.normal(0, 20, (*SHAPE, len(modalities))) + 100 * (label > 0)[..., None]
-        _nifti(root / "imagesTr" / f"{cid}.nii.gz", image[..., 0] if len(modalities) == 1 else image)
+        if channel_files:
+            for c in range(len(modalities)):
+                _nifti(root / "imagesTr" / f"{cid}_{c:04d}.nii.gz", image[..., c])
+        else:
+            _nifti(root / "imagesTr" / f"{cid}.nii.gz", image[..., 0] if len(modalities) == 1 else image)
         _nifti(root / "labelsTr" / f"{cid}.nii.gz", label)
         training.append({"image": f"./imagesTr/{cid}.nii.gz", "label": f"./labelsTr/{cid}.nii.gz"})
     (root / "imagesTr" / f"._{name.lower()}_000.nii.gz").write_bytes(b"\x00\x05\x16\x07 AppleDouble")
@@ -304,6 +311,38 @@ def test_msd_missing_listed_file_and_bad_dataset_json(tmp_path):
     result = run_import("msd", str(task), "--out", str(tmp_path / "fed"))
     assert result.exit_code == 1 and '"modality": expected an object' in result.output
     assert_nothing_written(tmp_path / "fed")
+
+
+def test_an_nnunet_v1_task_has_its_channel_files_stacked_as_the_listed_image(tmp_path):
+    """An nnU-Net v1 task (``Task082_BraTS``): dataset.json lists ``imagesTr/<case>.nii.gz``, which is stored as
+    ``<case>_0000.nii.gz``, ``<case>_0001.nii.gz`` (one per ``modality``): they are stacked in that order; a missing
+    one is named; the nnunet import and ``data check`` given the folder both point at this import."""
+    from fedseg.data.federation import FederationError
+    from fedseg.data.folder import load_folder
+
+    task = msd_task(tmp_path / "Task082_BraTS", name="BraTS", modalities=("T1", "FLAIR"), channel_files=True)
+    out = tmp_path / "fed"
+    result = run_import("msd", str(task), "--out", str(out))
+    assert result.exit_code == 0, result.output
+    fed = check_folder(out)
+    assert fed.channels == 2 and fed.channel_names == ["T1", "FLAIR"]
+    stacked = nib.load(out / "Task082_BraTS" / "images" / "brats_001.nii.gz")
+    np.testing.assert_allclose(stacked.affine, AFFINE)
+    for c in range(2):
+        channel = np.asarray(nib.load(task / "imagesTr" / f"brats_001_{c:04d}.nii.gz").dataobj)
+        np.testing.assert_array_equal(np.asarray(stacked.dataobj)[..., c], channel)
+    (task / "imagesTr" / "brats_002_0001.nii.gz").unlink()
+    result = run_import("msd", str(task), "--out", str(tmp_path / "fed2"))
+    assert result.exit_code == 1
+    assert (
+        f"{task}/imagesTr/brats_002_0001.nii.gz: missing (channel 1 of case 'brats_002'; {task}/dataset.json lists 2 "
+        "modalities)"
+    ) in " ".join(result.output.split())
+    assert_nothing_written(tmp_path / "fed2")
+    result = run_import("nnunet", str(task), "--out", str(tmp_path / "fed3"))
+    assert result.exit_code == 1 and f'import it with "fedseg data import msd {task}"' in result.output
+    with pytest.raises(FederationError, match=r"nnU-Net v1\) task .* fedseg data import msd "):
+        load_folder(task)
 
 
 # --- prostate-6site ----------------------------------------------------------------------------------

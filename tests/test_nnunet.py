@@ -17,6 +17,7 @@ from PIL import Image
 from typer.testing import CliRunner
 
 from fedseg.config import SplitConfig
+from fedseg.data import readers
 from fedseg.data.check import check_folder
 from fedseg.data.cli import data_app
 from fedseg.data.exporters.nnunet import IMPORT_REGEX, export_nnunet, labels_for
@@ -223,6 +224,78 @@ def test_import_2d_pngs_rgb_in_one_file_and_grey_channels_stacked(tmp_path):
     assert f"{line} lists 2" in " ".join(result.output.split()), result.output
 
 
+@pytest.mark.parametrize("ending", [".nrrd", ".mha"])
+def test_channel_files_in_nrrd_or_metaimage_stack_on_the_first_files_grid(tmp_path, ending):
+    """Two channels stored as NRRD or MetaImage (LPS, axes swapped and flipped, an origin): the stacked NIfTI holds
+    their voxels on the ``_0000`` file's grid (direction and origin too), so it lies on its label's grid."""
+    pytest.importorskip("itk")
+    pytest.importorskip("nrrd")
+    from test_readers import LPS_TO_RAS, lps_affine, write_itk, write_pynrrd
+
+    src, out = (
+        nnunet_dataset(tmp_path / "Dataset502_Nrrd", sites=("AMC", "BWH"), per_site=2, test_per_site=0),
+        tmp_path / "fed",
+    )
+    for nifti in sorted(src.glob("*/*.nii.gz")):
+        written = (write_pynrrd if ending == ".nrrd" else write_itk)(
+            nifti.with_name(nifti.name.replace(".nii.gz", ending)), np.asarray(nib.load(nifti).dataobj)
+        )
+        nifti.unlink()
+    _set_json(src, file_ending=ending)
+    result = cli("import", "nnunet", str(src), "--site-by", "^([A-Z]+)_", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    stacked = nib.load(out / "BWH" / "images" / "BWH_001.nii.gz")
+    np.testing.assert_allclose(stacked.affine, LPS_TO_RAS @ lps_affine())
+    np.testing.assert_allclose(stacked.affine, readers.volume_grid(written).affine)
+    for c in range(2):
+        channel = readers.read_volume(src / "imagesTr" / f"BWH_001_{c:04d}{ending}")
+        np.testing.assert_array_equal(np.asarray(stacked.dataobj)[..., c], channel)
+
+
+def test_stacked_channels_keep_the_first_files_qform_and_sform_codes(tmp_path):
+    """A ``_0000`` file with a scanner qform (code 1) and an aligned sform (code 2): the stacked file keeps both, not
+    an sform alone."""
+    src, out = (
+        nnunet_dataset(tmp_path / "Dataset505_Codes", sites=("AMC",), per_site=2, test_per_site=0),
+        tmp_path / "fed",
+    )
+    first = src / "imagesTr" / "AMC_001_0000.nii.gz"
+    image = nib.load(first)
+    image.set_qform(AFFINE, code=1)
+    image.set_sform(AFFINE, code=2)
+    nib.save(image, first)
+    assert cli("import", "nnunet", str(src), "--out", str(out)).exit_code == 0
+    stacked = nib.load(out / "Dataset505_Codes" / "images" / "AMC_001.nii.gz")
+    assert (int(stacked.header["qform_code"]), int(stacked.header["sform_code"])) == (1, 2)
+    np.testing.assert_allclose(stacked.get_qform(), AFFINE, atol=1e-6)
+    np.testing.assert_allclose(stacked.get_sform(), AFFINE)
+
+
+def test_2d_data_stored_as_nifti_with_one_slice_is_imported_as_2d(tmp_path):
+    """nnU-Net's 2D data as NIfTI ``(X, Y, 1)`` (its ``file_ending`` ``.nii.gz`` alone does not tell): ``kind: 2d``,
+    read from the first case's header, with the two channels stacked as a 2D case's."""
+    src, out = tmp_path / "Dataset711_Nifti2D", tmp_path / "fed"
+    rng = np.random.default_rng(0)
+    for i in range(3):
+        label = np.zeros((10, 9, 1), np.uint8)
+        label[2:6, 3:7] = 1
+        for c in range(2):
+            _nifti(
+                src / "imagesTr" / f"s{i % 2}_{i:03d}_{c:04d}.nii.gz", rng.normal(size=(10, 9, 1)).astype(np.float32)
+            )
+        _nifti(src / "labelsTr" / f"s{i % 2}_{i:03d}.nii.gz", label)
+    dataset = {"channel_names": {"0": "a", "1": "b"}, "labels": {"background": 0, "cell": 1}, "numTraining": 3}
+    (src / "dataset.json").write_text(json.dumps({**dataset, "file_ending": ".nii.gz"}))
+    result = cli("import", "nnunet", str(src), "--site-by", "^(s[0-9])_", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    fed = check_folder(out)
+    assert fed.kind == "2d" and fed.channels == 2
+    image, label = fed.site("s1").cases[0].arrays()
+    assert image.shape == (2, 10, 9) and label.shape == (10, 9)
+    first = np.asarray(nib.load(src / "imagesTr" / "s1_001_0000.nii.gz").dataobj)
+    np.testing.assert_array_equal(image[0], first[..., 0])
+
+
 # --- export and the round trip -------------------------------------------------------------------------------------
 
 
@@ -427,6 +500,12 @@ def _second_channel_of_bwh_001(src: Path, shape: tuple[int, ...], affine: np.nda
             None,
             "{src}/labelsTr/AMC_002.nii.gz: missing (the label of case 'AMC_002')",
         ),
+        (
+            lambda src: (src / "labelsTr" / "AMC_002.nii.gz").rename(src / "labelsTr" / "AMC_002.nii"),
+            None,
+            "{src}/labelsTr/AMC_002.nii.gz: missing (the label of case 'AMC_002'; AMC_002.nii lies there, not ending "
+            "with the \"file_ending\" '.nii.gz' of {src}/dataset.json: store it as AMC_002.nii.gz)",
+        ),
         (lambda src: None, "^(AMC|BWH)_", "--site-by '^(AMC|BWH)_': does not match case 'CHU_000' (and 3 more cases)"),
         (
             lambda src: None,
@@ -490,6 +569,7 @@ def _second_channel_of_bwh_001(src: Path, shape: tuple[int, ...], affine: np.nda
         "no-dataset-json",
         "channel-file",
         "label-file",
+        "label-other-ending",
         "regex",
         "csv-site",
         "file-ending",
@@ -824,7 +904,9 @@ def test_a_raw_dataset_given_as_a_federation_says_which_import_makes_one(tmp_pat
         f"import it first: fedseg data import nnunet {src} --site-by REGEX --out FED, then use FED"
     )
     (src / "dataset.json").write_text(json.dumps({"name": "Prostate", "modality": {"0": "T2"}, "training": []}))
-    with pytest.raises(FederationError, match=r"a raw Medical Segmentation Decathlon task .* data import msd "):
+    with pytest.raises(
+        FederationError, match=r"a raw Medical Segmentation Decathlon \(or nnU-Net v1\) task .* data import msd "
+    ):
         load_folder(src)
     # a path with a space: quoted in the command, so that it pastes into a shell as one argument
     spaced = nnunet_dataset(tmp_path / "raw data" / "Dataset506_Raw", sites=("AMC",), per_site=2)

@@ -247,3 +247,13 @@ def test_a_one_channel_model_prints_no_channel_order_for_a_series(tmp_path, tiny
     notes: list[str] = []
     predict(folder, tmp_path / "in" / "case", tmp_path / "out", notes=notes)
     assert notes == [] and channels_note(load_bundle(folder), None) is None
+
+
+def test_a_one_component_patient_name_is_copied_into_the_seg_without_highdicoms_warning(disjoint, tmp_path, recwarn):
+    """A source series whose PatientName has one component (``ANON123``: valid DICOM, as anonymizers write it) gets
+    its SEG with that name as it is, and without highdicom's 4-line warning on it (one per case, a flood over a test
+    set)."""
+    write_series(tmp_path / "in" / "case", VALUES, patient_name="ANON123")
+    predict(disjoint, tmp_path / "in", tmp_path / "out", dicom_seg=True)
+    assert str(pydicom.dcmread(tmp_path / "out" / "case.dcm").PatientName) == "ANON123"
+    assert not [w for w in recwarn if "unlikely to represent the intended person name" in str(w.message)]

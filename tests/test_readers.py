@@ -8,6 +8,7 @@ and patient-space grid.
 
 from __future__ import annotations
 
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -93,9 +94,14 @@ def write_series(
     series_uid=None,
     frame="1.2.3.5",
     tilt_mm: float = 0.0,
+    heights=None,
+    decimals: int | None = None,
+    patient_name: str = "Test^Case",
 ) -> list[pydicom.Dataset]:
     """One single-frame CT file per slice ``data[:, :, k]``, written with pydicom in shuffled file-name order;
-    ``tilt_mm``: each slice shifted that much further along the column direction (a gantry-tilted CT's stack)."""
+    ``tilt_mm``: each slice shifted that much further along the column direction (a gantry-tilted CT's stack);
+    ``heights``: slice ``k`` at ``heights[k]`` mm along the normal (default ``k`` times the slice spacing);
+    ``decimals``: ImagePositionPatient rounded to that many decimals, as many scanners write it."""
     from pydicom.dataset import Dataset, FileMetaDataset
     from pydicom.uid import CTImageStorage, ExplicitVRLittleEndian, generate_uid
 
@@ -110,14 +116,15 @@ def write_series(
         ds.file_meta.MediaStorageSOPClassUID, ds.file_meta.MediaStorageSOPInstanceUID = CTImageStorage, uid
         ds.file_meta.TransferSyntaxUID = ExplicitVRLittleEndian
         ds.SOPClassUID, ds.SOPInstanceUID, ds.Modality = CTImageStorage, uid, "CT"
-        ds.PatientName, ds.PatientID, ds.PatientBirthDate, ds.PatientSex = "Test^Case", "p1", "", "O"
+        ds.PatientName, ds.PatientID, ds.PatientBirthDate, ds.PatientSex = patient_name, "p1", "", "O"
         ds.StudyInstanceUID, ds.SeriesInstanceUID, ds.FrameOfReferenceUID = study, series, frame
         ds.StudyDate, ds.StudyTime, ds.StudyID = "20240101", "1200", "1"
         ds.AccessionNumber, ds.ReferringPhysicianName = "", ""
         ds.SeriesNumber, ds.InstanceNumber, ds.Manufacturer = 1, k + 1, "fedseg"
         ds.ImageOrientationPatient = [float(v) for v in (*DIRECTION[:, 0], *DIRECTION[:, 1])]
-        position = np.asarray(origin) + k * spacing[2] * DIRECTION[:, 2] + k * tilt_mm * DIRECTION[:, 1]
-        ds.ImagePositionPatient = [float(v) for v in position]
+        height = k * spacing[2] if heights is None else heights[k]
+        position = np.asarray(origin) + height * DIRECTION[:, 2] + k * tilt_mm * DIRECTION[:, 1]
+        ds.ImagePositionPatient = [float(v) if decimals is None else round(float(v), decimals) for v in position]
         ds.PixelSpacing, ds.SliceThickness = [float(spacing[1]), float(spacing[0])], float(spacing[2])
         plane = np.ascontiguousarray(data[:, :, k].T.astype(np.uint16))  # rows = j, columns = i
         ds.Rows, ds.Columns = plane.shape
@@ -316,6 +323,38 @@ def test_a_missing_slice_is_reported_as_uneven_spacing(tmp_path):
         read_image(tmp_path / "c1", "3d")
     with pytest.raises(FederationError, match=r"^[^\n]*uneven slice spacing[^\n]*$"):
         file_spacing(tmp_path / "c1", 3)
+
+
+def test_positions_rounded_to_two_decimals_read_as_even_and_mixed_slice_thicknesses_do_not(tmp_path):
+    """0.625 mm CT slices whose ImagePositionPatient is rounded to 2 decimals (gaps of 0.62 and 0.63 mm, 1.6 %
+    apart) are one evenly spaced series, its spacing the mean gap; slices 2 mm then 2.5 mm apart are still refused."""
+    written = write_series(tmp_path / "thin", VALUES, heights=[k * 0.625 for k in range(SHAPE[2])], decimals=2)
+    heights = sorted(float(ds.ImagePositionPatient[2]) for ds in written)  # the normal is -z (DIRECTION)
+    assert len({round(b - a, 6) for a, b in zip(heights, heights[1:])}) > 1  # the rounding left uneven gaps
+    grid = readers.series_grid(tmp_path / "thin")
+    assert grid.spacing(3)[2] == pytest.approx((heights[-1] - heights[0]) / (len(heights) - 1))
+    assert read_image(tmp_path / "thin", "3d").shape[1:] == VALUES.shape
+    write_series(tmp_path / "mixed", VALUES, heights=[0.0, 2.0, 4.0, 6.5, 9.0, 11.5])
+    with pytest.raises(FederationError, match=r"mixed: uneven slice spacing \(2 to 2\.5 mm; "):
+        readers.series_grid(tmp_path / "mixed")
+
+
+@pytest.mark.parametrize("name", ["DICOMDIR", "media.dcm"])
+def test_a_dicomdir_in_a_series_folder_is_named_as_a_dicomdir(tmp_path, name):
+    """A DICOMDIR (the index of a CD or USB export, found by its name or its SOP class) copied among the slices is
+    named as what it is, not as a damaged slice without a SeriesInstanceUID."""
+    from pydicom.fileset import FileSet
+
+    write_series(tmp_path / "case", VALUES)
+    medium = FileSet()
+    medium.add(pydicom.dcmread(readers.series_entries(tmp_path / "case")[0]))
+    medium.write(tmp_path / "medium")
+    shutil.copy(tmp_path / "medium" / "DICOMDIR", tmp_path / "case" / name)
+    with pytest.raises(FederationError) as e:
+        readers.volume_grid(tmp_path / "case")
+    assert str(e.value) == (
+        f"{tmp_path}/case/{name}: a DICOMDIR (a media directory), not a slice: move it out of the series folder"
+    )
 
 
 @pytest.mark.parametrize(

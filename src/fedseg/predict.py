@@ -76,6 +76,7 @@ from fedseg.data.folder import (
     read_image,
     split_name,
     staging_folder,
+    write_nifti_like,
 )
 from fedseg.data.importers.nnunet import CHANNEL_DIGITS, CHANNEL_FILE, DATASET_JSON, stacked_channels
 from fedseg.data.preprocess import case_tensors, normalization, restore_size
@@ -625,22 +626,6 @@ def write_mask(path: Path, label: np.ndarray, source: Path) -> None:
         np.save(path, label)
     else:
         _write_png(path, label)
-
-
-def write_nifti_like(path: Path, label: np.ndarray, image: Nifti1Image) -> None:
-    """``label`` on NIfTI ``image``'s grid with its spatial header: its qform and sform with their codes, and its
-    units. A scanner's qform-only file gets a qform-only mask (``nib.Nifti1Image(label, image.affine)`` would store
-    the affine as an sform coded "aligned" as well, which viewers and registration tools may read differently); a
-    file without either (the affine from ``pixdim``) keeps neither."""
-    import nibabel as nib
-
-    data = np.ascontiguousarray(label.astype(np.uint8) if label.dtype == bool else label)
-    header = image.header
-    mask = nib.Nifti1Image(data, None, dtype=data.dtype)
-    mask.set_qform(image.get_qform(), code=int(header["qform_code"]))
-    mask.set_sform(image.get_sform(), code=int(header["sform_code"]))
-    mask.header.set_xyzt_units(*header.get_xyzt_units())
-    nib.save(mask, path)
 
 
 def output_names(inputs: list[Input], overlay: bool, dicom_seg: bool = False) -> list[str]:

@@ -5,7 +5,8 @@ DICOM-SEG (highdicom) with one segment per region of the bundle, in the bundle's
 region ``k - 1``, labelled with the region's name), each segment that region's predicted mask before the regions are
 painted to a label map (``Regions.to_label``), so nested regions (BraTS WT/TC/ET) overlap as predicted. Its frames
 lie on the source slices and reference them; the patient, study and frame of reference are the source series'
-(highdicom copies them), the series is new (``SeriesInstanceUID``; ``SeriesNumber`` the source's + 1000),
+(highdicom copies them, a one-component PatientName such as ``ANON123`` as it is, without highdicom's warning on
+it), the series is new (``SeriesInstanceUID``; ``SeriesNumber`` the source's + 1000),
 ``SeriesDescription`` says fedseg and the algorithm, ``Manufacturer`` and ``ContentCreatorName`` are ``fedseg``.
 Each segment is AUTOMATIC, identified as ``fedseg <algorithm>`` (family Artificial Intelligence, DCM 123110; the
 model that segmented the image and the threshold as parameters); its category is Anatomical Structure
@@ -17,6 +18,7 @@ highdicom (with pydicom) comes with ``pip install 'fedseg[formats]'``; it is imp
 from __future__ import annotations
 
 import importlib
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -30,6 +32,9 @@ from fedseg.run.bundles import Bundle, BundleError
 
 SERIES_NUMBER_OFFSET = 1000  # the SEG's SeriesNumber: the source series' + this
 _LO = 64  # the longest LO (long string) value: SeriesDescription, algorithm name
+# highdicom's warning (4 lines per SEG) on a source's one-component PatientName ("Smith", "ANON123"): valid DICOM,
+# which the SEG must copy as it is (the patient's name is the source's, not fedseg's to re-encode)
+_ONE_COMPONENT_NAME = r'The string ".*" is unlikely to represent the intended person name'
 
 
 def seg_name(path: Path) -> str | None:
@@ -110,7 +115,19 @@ class SegWriter:
             )
             for number, name in enumerate(self.regions, start=1)
         ]
-        seg = hd.seg.Segmentation(
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", _ONE_COMPONENT_NAME, UserWarning)
+            seg = self._segmentation(hd, sources, frames, descriptions, model)
+        seg.SeriesDescription = f"fedseg {self.algorithm} segmentation"[:_LO]
+        seg.ContentCreatorName = "fedseg"  # set here: highdicom warns of a one-component person name
+        seg.save_as(path)
+
+    def _segmentation(
+        self, hd: ModuleType, sources: list[Any], frames: np.ndarray, descriptions: list[Any], model: str
+    ) -> Any:
+        """highdicom's ``Segmentation`` of ``frames`` on ``sources`` (see the module docstring)."""
+        first = sources[0]
+        return hd.seg.Segmentation(
             source_images=sources,
             pixel_array=frames,
             segmentation_type=hd.seg.SegmentationTypeValues.BINARY,
@@ -127,9 +144,6 @@ class SegWriter:
             content_description=f"fedseg predict, {self.algorithm}"[:_LO],
             omit_empty_frames=bool(frames.any()),  # nothing predicted: every frame kept (highdicom warns otherwise)
         )
-        seg.SeriesDescription = f"fedseg {self.algorithm} segmentation"[:_LO]
-        seg.ContentCreatorName = "fedseg"  # set here: highdicom warns of a one-component person name
-        seg.save_as(path)
 
 
 def sorted_slices(series: Path) -> list[Any]:

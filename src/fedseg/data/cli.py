@@ -203,9 +203,10 @@ def import_(
     ] = None,
 ) -> None:
     """Import a real multi-site dataset into a folder federation, then check it. Layouts: fets2022 SRC (FeTS2022_NNNNN/
-    folders, partitioning_N.csv), msd TASK... (Decathlon task folders), prostate-6site SRC (SRC/<SITE>/CaseNN.nii.gz,
-    CaseNN_segmentation.nii.gz), fundus SRC... (images/ + masks/, 0 cup, 128 rim, 255 background), nnunet
-    DatasetNNN_Name (nnU-Net v2: dataset.json, imagesTr/<case>_XXXX.<ext>, labelsTr/; sites by --site-by)."""
+    folders, partitioning_N.csv), msd TASK... (Decathlon task folders; nnU-Net v1 Task0XX_Name folders too),
+    prostate-6site SRC (SRC/<SITE>/CaseNN.nii.gz, CaseNN_segmentation.nii.gz), fundus SRC... (images/ + masks/, 0 cup,
+    128 rim, 255 background), nnunet DatasetNNN_Name (nnU-Net v2: dataset.json, imagesTr/<case>_XXXX.<ext>,
+    labelsTr/; sites by --site-by)."""
     from fedseg.data.importers import ImportOptions, import_dataset
 
     notes: list[str] = []

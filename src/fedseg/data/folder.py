@@ -654,8 +654,9 @@ def group_problems(problems: list[str], shown: int = SHOWN_PER_KIND) -> list[str
 
 
 def raw_dataset_problem(root: Path) -> str | None:
-    """One line for a raw nnU-Net v2 or Medical Segmentation Decathlon dataset (``dataset.json`` and ``imagesTr/``,
-    no ``federation.yaml``) given where a federation folder is expected: which import makes one of it; else None."""
+    """One line for a raw nnU-Net v2 dataset, or Medical Segmentation Decathlon or nnU-Net v1 task (``dataset.json``
+    and ``imagesTr/``, no ``federation.yaml``) given where a federation folder is expected: which import makes one of
+    it; else None."""
     if (root / HEADER_FILE).exists() or not ((root / "dataset.json").is_file() and (root / "imagesTr").is_dir()):
         return None
     import json
@@ -665,7 +666,8 @@ def raw_dataset_problem(root: Path) -> str | None:
     except (OSError, ValueError):
         keys = {}
     msd = isinstance(keys, dict) and "channel_names" not in keys and ("modality" in keys or "training" in keys)
-    what, command = ("Medical Segmentation Decathlon task", "msd") if msd else ("nnU-Net v2 dataset", "nnunet")
+    what = "Medical Segmentation Decathlon (or nnU-Net v1) task" if msd else "nnU-Net v2 dataset"
+    command = "msd" if msd else "nnunet"
     site_by = "" if msd else " --site-by REGEX"
     return (
         f"{root}: a raw {what} (dataset.json, imagesTr/), not a federation folder (no {HEADER_FILE}); import it "
@@ -750,6 +752,22 @@ def _write_nifti(path: Path, data: np.ndarray, affine: np.ndarray | None = None)
     affine = np.eye(4) if affine is None else affine
     with naming_errors(path):
         nib.save(nib.Nifti1Image(np.ascontiguousarray(data), affine, dtype=data.dtype), path)
+
+
+def write_nifti_like(path: Path, data: np.ndarray, like: Any) -> None:
+    """``data`` as stored (bool -> uint8) on the grid of ``like`` (a nibabel NIfTI image) with its spatial header:
+    its qform and sform with their codes, and its units. ``_write_nifti`` would code the affine as an "aligned" sform
+    without a qform, which viewers and registration tools may read differently from a scanner's qform."""
+    import nibabel as nib
+
+    data = np.ascontiguousarray(data.astype(np.uint8) if data.dtype == bool else data)
+    header = like.header
+    image = nib.Nifti1Image(data, None, dtype=data.dtype)
+    image.set_qform(like.get_qform(), code=int(header["qform_code"]))
+    image.set_sform(like.get_sform(), code=int(header["sform_code"]))
+    image.header.set_xyzt_units(*header.get_xyzt_units())
+    with naming_errors(path):
+        nib.save(image, path)
 
 
 def _write_png(path: Path, data: np.ndarray) -> None:

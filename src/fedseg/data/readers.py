@@ -51,7 +51,13 @@ INSTALL_HINT = "pip install 'fedseg[formats]'"
 _LPS_TO_RAS = np.diag([-1.0, -1.0, 1.0, 1.0])
 _SEG_SOP_CLASSES = ("1.2.840.10008.5.1.4.1.1.66.4", "1.2.840.10008.5.1.4.1.1.66.7")  # Segmentation, Label Map
 _POSITION_TOL_MM = 0.01  # two slices closer than this along the normal share a position
-_SPACING_RTOL = 0.01  # slice gaps that differ by more than 1 % are uneven
+_SPACING_RTOL = 0.01  # slice gaps that differ by more than 1 % are uneven ...
+# ... and by more than header precision: ImagePositionPatient is a decimal string that scanners often round to 2
+# decimals (0.625 mm slices at 0, 0.63, 1.25, 1.88 mm), so each position is off by up to 0.005 mm, a gap by up to
+# 0.01 mm and two gaps differ by up to 0.02 mm (0.62 vs 0.63 mm: 1.6 %). A missing slice doubles a gap and mixed
+# thicknesses (2 vs 2.5 mm) differ by far more, so both are still refused.
+_SPACING_ATOL_MM = 0.02
+_DICOMDIR_SOP_CLASS = "1.2.840.10008.1.3.10"  # Media Storage Directory Storage: a DICOMDIR
 _TILT_VOXELS = 0.25  # the last slice further sideways than this (in-plane voxels) of a grid through the first: tilted
 _GRID_TOL = 0.01  # a SEG pixel lands on an image voxel centre within 1 % of a voxel
 
@@ -159,6 +165,17 @@ def _truncated(path: Path, ds: Any, pixels_at: int) -> str | None:
     )
 
 
+def _is_dicomdir(path: Path, ds: Any) -> bool:
+    """Whether ``path`` (its header ``ds``) is a DICOMDIR, the index a DICOM medium (CD, USB export) keeps beside its
+    series: by its file name or its SOP class. Refused rather than skipped: ITK/GDCM reads the series folder itself,
+    and what it makes of a DICOMDIR there is not fedseg's to decide; a DICOMDIR among the slices also means the
+    folder is a medium's layout, not one series per case folder."""
+    sop_class = getattr(getattr(ds, "file_meta", None), "MediaStorageSOPClassUID", None) or getattr(
+        ds, "SOPClassUID", None
+    )
+    return path.name.upper() == "DICOMDIR" or str(sop_class or "") == _DICOMDIR_SOP_CLASS
+
+
 def _plane(ds: Any, path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """A slice's ``(position, row direction, column direction, (row spacing, column spacing))`` in LPS mm."""
     needed = ("ImagePositionPatient", "ImageOrientationPatient", "PixelSpacing", "Rows", "Columns")
@@ -196,9 +213,10 @@ def series_grid(folder: Path) -> VoxelGrid:
     the folder holds exactly one series of parallel, evenly spaced, single-frame slices.
 
     Array axes: column, row, slice (slices sorted by position along the normal, as ITK reads them).
-    ``FederationError`` with one line naming the folder or file: not DICOM, several series, a DICOM-SEG,
+    ``FederationError`` with one line naming the folder or file: not DICOM, several series, a DICOMDIR, a DICOM-SEG,
     a multi-frame file, slices with different orientations or sizes, two slices at one position, uneven
-    slice spacing (missing slices), slices stacked off their normal (a gantry-tilted CT: the last slice more than
+    slice spacing (missing slices; gaps may differ by header rounding, ``_SPACING_ATOL_MM``; the spacing is their
+    mean), slices stacked off their normal (a gantry-tilted CT: the last slice more than
     ``_TILT_VOXELS`` sideways of a grid through the first; ITK would read it sheared, every voxel misplaced by up
     to that much).
     """
@@ -214,6 +232,10 @@ def series_grid(folder: Path) -> VoxelGrid:
                 pixels_at = f.tell()  # pydicom stops at the pixel data element's start
         except Exception as e:  # noqa: BLE001 — pydicom raises several types for a non-DICOM file
             raise FederationError(f"{path}: not a DICOM file ({type(e).__name__}); expected one DICOM series") from None
+        if _is_dicomdir(path, ds):
+            raise FederationError(
+                f"{path}: a DICOMDIR (a media directory), not a slice: move it out of the series folder"
+            )
         if (short := _truncated(path, ds, pixels_at)) is not None:
             raise FederationError(short)
         headers.append((path, ds))
@@ -248,7 +270,7 @@ def series_grid(folder: Path) -> VoxelGrid:
             f"{folder}: {order[k][0].name} and {order[k + 1][0].name} lie at the same position "
             f"({heights[k]:g} mm along the slice normal); one file per slice"
         )
-    if gaps.size > 1 and gaps.max() - gaps.min() > _SPACING_RTOL * gaps.min():
+    if gaps.size > 1 and gaps.max() - gaps.min() > _SPACING_RTOL * gaps.min() + _SPACING_ATOL_MM:
         k = int(np.argmax(gaps))
         raise FederationError(
             f"{folder}: uneven slice spacing ({gaps.min():g} to {gaps.max():g} mm; the largest gap is between "

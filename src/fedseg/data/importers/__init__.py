@@ -10,7 +10,7 @@ layout              expects                                                     
 ``fets2022``        ``FeTS2022_NNNNN/`` with ``_t1/_t1ce/_t2/_flair/_seg.nii.gz``,  one per partition ID
                     ``partitioning_1.csv`` / ``partitioning_2.csv``
 ``msd``             Decathlon task folders: ``dataset.json``, ``imagesTr/``,         one per task folder
-                    ``labelsTr/``
+                    ``labelsTr/``; nnU-Net v1 ``Task0XX_Name/`` (``<case>_XXXX``)
 ``prostate-6site``  ``<SITE>/CaseNN.nii.gz`` + ``CaseNN_segmentation.nii.gz``      one per sub-folder
 ``fundus``          ``images/`` + ``masks/`` (0 cup, 128 rim, 255 background)        one per source folder
 ``nnunet``          nnU-Net v2 ``DatasetNNN_Name/``: ``dataset.json``,               ``--site-by`` regex on

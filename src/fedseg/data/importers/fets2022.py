@@ -14,7 +14,8 @@ Expected layout (``SRC`` = the folder holding the subjects, e.g. ``MICCAI_FeTS20
 partitioning, ``inst01``, ``inst02``... (zero-padded so they sort numerically; site-level metadata
 ``partition_id`` and ``partitioning``); per subject one case of that id whose image is a 4D NIfTI
 ``(X, Y, Z, 4)`` with the channels ``t1, t1ce, t2, flair`` (``MODALITIES``; ``federation.yaml``
-``channel_names``), the common dtype of the four files and the affine of the t1, and whose label is the ``_seg``
+``channel_names``), the common dtype of the four files and the t1's grid and spatial header (its qform and sform
+with their codes; ``nnunet.channels_source``), and whose label is the ``_seg``
 file as is (linked). Regions
 ``WT = [1, 2, 4]``, ``TC = [1, 4]``, ``ET = [4]``; a label value outside ``{0, 1, 2, 4}`` fails ``data check``.
 
@@ -26,21 +27,18 @@ spacing, a flipped axis or origin, from the headers).
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
-
-import numpy as np
 
 from fedseg.data import readers
 from fedseg.data.csv_rows import read_csv_rows
 from fedseg.data.federation import FederationError
+from fedseg.data.importers.nnunet import channels_source
 from fedseg.data.importers.writer import (
     Plan,
     PlannedCase,
     PlannedSite,
     Source,
     raise_problems,
-    read_nifti,
     single_source,
 )
 
@@ -95,24 +93,6 @@ def modality_files(subject_dir: Path) -> tuple[dict[str, Path], list[str]]:
     return files, problems
 
 
-def stack_modalities(paths: tuple[Path, ...]) -> tuple[np.ndarray, np.ndarray]:
-    """The modalities ``paths`` (t1 first) as one ``(X, Y, Z, 4)`` array in their common dtype, with the t1's
-    affine; ``FederationError`` naming a file whose shape differs from the t1's."""
-    arrays: list[np.ndarray] = []
-    affine: np.ndarray | None = None
-    for path in paths:
-        data, aff = read_nifti(path)
-        if arrays and data.shape != arrays[0].shape:
-            raise FederationError(f"{path}: shape {data.shape} differs from the t1's {arrays[0].shape} ({paths[0]})")
-        if data.ndim != 3:
-            raise FederationError(f"{path}: expected a 3D volume, got shape {data.shape}")
-        arrays.append(data)
-        affine = aff if affine is None else affine
-    assert affine is not None
-    dtype = np.result_type(*arrays)
-    return np.stack([a.astype(dtype, copy=False) for a in arrays], axis=-1), affine
-
-
 def plan_fets2022(sources: list[Path], partitioning: int = 1) -> Plan:
     """Plan the import of FeTS2022 training data ``sources == [SRC]`` with ``partitioning`` 1 or 2 (see the module)."""
     src = single_source(sources, "fets2022", "the FeTS2022 training data: FeTS2022_NNNNN/ folders, partitioning_N.csv")
@@ -140,7 +120,7 @@ def plan_fets2022(sources: list[Path], partitioning: int = 1) -> Plan:
         if (off_grid := readers.channels_grid_problem(modalities)) is not None:
             problems.append(off_grid)
             continue
-        image = Source.nifti(files["t1"], functools.partial(stack_modalities, modalities))
+        image = channels_source(modalities, "3d")  # the t1's grid and header (qform, sform and their codes)
         by_site.setdefault(partition[sid], []).append(PlannedCase(sid, image, Source(files[SEGMENTATION])))
     raise_problems(problems)
     if not by_site:

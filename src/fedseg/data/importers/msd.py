@@ -9,6 +9,12 @@ other collections converted to the same layout, as Auto-FedAvg combines them)::
     SRC/imagesTr/*.nii.gz images, (X, Y, Z) or (X, Y, Z, C) for C modalities (.nii, .nrrd, .mha as well)
     SRC/labelsTr/*.nii.gz label maps with the values of "labels" (.nii, .nrrd, .mha as well)
 
+nnU-Net v1 task folders (``Task0XX_Name``, e.g. under ``$nnUNet_raw_data``) have this layout too, except that each
+listed image ``imagesTr/<case>.nii.gz`` is stored as one file per modality, ``imagesTr/<case>_0000.nii.gz``,
+``<case>_0001.nii.gz``, ... (as many as ``modality`` lists, in its order): where the listed image is absent, these are
+read instead, checked to lie on the ``_0000`` file's grid and stacked into one 4D NIfTI as the ``nnunet`` importer
+stacks them (``nnunet.channels_source``).
+
 Only the ``training`` entries are imported (the test images have no labels); files not listed (such as
 the ``._*`` files of the original archives) are ignored. Images and labels are linked as they are (NIfTI
 kept with its affine); case id = the image's file name without ``.nii.gz`` (``.nrrd``, ...); site = the
@@ -34,8 +40,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
+from fedseg.data import readers
 from fedseg.data.federation import FederationError, channel_order
 from fedseg.data.folder import split_name
+from fedseg.data.importers.nnunet import channel_file, channels_source
 from fedseg.data.importers.writer import Plan, PlannedCase, PlannedSite, Source, existing_folder, raise_problems
 from fedseg.data.structured import read_mapping
 
@@ -111,9 +119,6 @@ def plan_msd(sources: list[Path], regions: RegionMode = "auto") -> Plan:
         cases, seen = [], set()
         for entry in info["training"]:
             image, label = task / entry["image"], task / entry["label"]
-            for path in (image, label):
-                if not path.is_file():
-                    problems.append(f"{path}: missing (listed in {task / DATASET_JSON} training)")
             parsed = split_name(image.name, MSD_EXTS)
             if parsed is None:
                 problems.append(f"{image}: not a NIfTI, NRRD or MHA file (listed in {task / DATASET_JSON} training)")
@@ -122,7 +127,10 @@ def plan_msd(sources: list[Path], regions: RegionMode = "auto") -> Plan:
                 problems.append(f"{image}: listed twice in {task / DATASET_JSON} training")
                 continue
             seen.add(parsed[0])
-            cases.append(PlannedCase(parsed[0], Source(image), Source(label)))
+            if not label.is_file():
+                problems.append(f"{label}: missing (listed in {task / DATASET_JSON} training)")
+            if (source := image_source(image, parsed, channels[task], task / DATASET_JSON, problems)) is not None:
+                cases.append(PlannedCase(parsed[0], source, Source(label)))
         modality = ",".join(str(info["modality"][k]) for k in sorted(info["modality"], key=str))
         meta: dict[str, object] = {"task": str(info.get("name", task.name)), "modality": modality}
         sites.append(PlannedSite(task.name, cases, meta))
@@ -131,6 +139,34 @@ def plan_msd(sources: list[Path], regions: RegionMode = "auto") -> Plan:
     name = "+".join(dict.fromkeys(task_names))
     region_map = msd_regions(labels[0], regions, f"{task_names[0]} {tasks[0].name}")
     return Plan(name, "3d", channels[tasks[0]], region_map, sites, labels[0], channel_names=modality_names(infos))
+
+
+def image_source(
+    image: Path, parsed: tuple[str, str], channels: int, listed_in: Path, problems: list[str]
+) -> Source | None:
+    """The image listed as ``image`` (``parsed``: its case id and extension), linked as is; where it is absent, an
+    nnU-Net v1 task's channel files beside it (``<case>_0000.<ext>``, ... one per ``modality``, in order), stacked as
+    the nnunet importer stacks them (``nnunet.channels_source``). None, with a line in ``problems``, where neither
+    is there (or a channel file is missing or on another grid than the first)."""
+    if image.is_file():
+        return Source(image)
+    files = [image.with_name(channel_file(parsed[0], c, "." + parsed[1])) for c in range(channels)]
+    present = [f.is_file() for f in files]
+    if not any(present):
+        problems.append(
+            f"{image}: missing (listed in {listed_in} training; nor is there an nnU-Net v1 channel file "
+            f"{files[0].name})"
+        )
+    elif not all(present):
+        c = present.index(False)
+        problems.append(
+            f"{files[c]}: missing (channel {c} of case {parsed[0]!r}; {listed_in} lists {channels} modalities)"
+        )
+    elif (off_grid := readers.channels_grid_problem(files)) is not None:
+        problems.append(off_grid)
+    else:
+        return channels_source(files, "3d")
+    return None
 
 
 def modality_names(infos: list[dict]) -> list[str] | None:

@@ -20,11 +20,13 @@ What it writes:
 - **channel names**: ``channel_names`` in ``federation.yaml``, in channel order (``"0"``, ``"1"``, ...), so a
   trained bundle knows which file is which channel and ``fedseg predict`` refuses a test set that numbers them
   otherwise.
-- **kind**: ``2d`` for a PNG/JPEG ``file_ending``, else ``3d``; any other ending is accepted when fedseg's
-  folder format reads it (``folder.IMAGE_EXTS`` and ``LABEL_EXTS``, read at run time).
+- **kind**: ``2d`` for a PNG/JPEG ``file_ending``, and for nnU-Net's 2D data stored in a volume format (NIfTI
+  ``(X, Y, 1)``: the first case's ``_0000`` header has a third axis of size 1), else ``3d``; any other ending is
+  accepted when fedseg's folder format reads it (``folder.IMAGE_EXTS`` and ``LABEL_EXTS``, read at run time).
 - **images**: a single-channel case's file is linked as is (a NIfTI keeps its affine, hence its spacing);
-  several channel files are stacked in channel order into one file: a 4D NIfTI ``(X, Y, Z, C)`` with the
-  ``_0000`` file's affine (3D), an ``.npy`` ``(C, H, W)`` (2D). A 2D dataset may keep all channels in its
+  several channel files are stacked in channel order into one file: a 4D NIfTI ``(X, Y, Z, C)`` on the
+  ``_0000`` file's grid (3D: its affine, with a NRRD's or MetaImage's direction and origin; a NIfTI's qform and
+  sform with their codes), an ``.npy`` ``(C, H, W)`` (2D). A 2D dataset may keep all channels in its
   ``_0000`` file (RGB PNG with ``channel_names`` R, G, B): ``data check`` then checks the channel count.
 - **labels**: ``labelsTr/<case>`` linked as is. **Regions**: plain labels (``"liver": 1``) give one region
   per non-background label, ``liver = [1]`` (nnU-Net's classes are disjoint); region-based labels
@@ -38,19 +40,21 @@ What it writes:
 
 Errors (one line each, naming the file, field or case): a missing or malformed ``dataset.json``, an unknown
 ``file_ending``, a case missing a channel file, a channel not in ``channel_names``, a channel file on another grid
-than the case's ``_0000`` file (shape, spacing, a flipped axis or origin, from the headers), a missing label file,
-``numTraining`` not matching ``imagesTr``, a ``--site-by`` regex that does not match a case, a case the
-CSV does not list, an ``ignore`` label (partial annotations: not supported).
+than the case's ``_0000`` file (shape, spacing, a flipped axis or origin, from the headers), a missing label file
+(naming the file beside it under another ending, if any), ``numTraining`` not matching ``imagesTr``, a ``--site-by``
+regex that does not match a case, a case the CSV does not list, an ``ignore`` label (partial annotations: not
+supported).
 """
 
 from __future__ import annotations
 
 import functools
+import glob
 import json
 import os
 import re
 import shlex
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -166,7 +170,8 @@ def read_dataset_json(src: Path) -> DatasetInfo:
         raise FederationError(f'{path}: "dataset" (explicit file lists) is not supported; use imagesTr/ and labelsTr/')
     for key in ("channel_names", "labels", "numTraining", "file_ending"):
         if key not in data:
-            hint = ' (an nnU-Net v1 / MSD dataset.json: use "fedseg data import msd")' if "modality" in data else ""
+            msd = f"fedseg data import msd {shlex.quote(str(src))}"
+            hint = f' (an nnU-Net v1 task or MSD dataset.json: import it with "{msd}")' if "modality" in data else ""
             raise FederationError(f'{path}: missing "{key}"{hint}')
     channels = data["channel_names"]
     if not isinstance(channels, dict) or not channels or set(channels) != {str(i) for i in range(len(channels))}:
@@ -256,6 +261,21 @@ def unlabelled_note(src: Path, ending: str) -> list[str]:
     ]
 
 
+def _other_ending_hint(label: Path, info: DatasetInfo) -> str:
+    """A hint where a missing ``label`` (``<case><file_ending>``) lies beside it under another ending (a ``.nii``
+    in a ``.nii.gz`` dataset), as the ``numTraining`` check gives one for images; else ``""``."""
+    case = label.name[: -len(info.file_ending)]
+    others = sorted(
+        p.name for p in label.parent.glob(f"{glob.escape(case)}.*") if p.name[: -len(_ending(p.name))] == case
+    )
+    if not others:
+        return ""
+    return (
+        f'; {", ".join(others)} lies there, not ending with the "file_ending" {info.file_ending!r} of {info.path}: '
+        f"store it as {label.name}"
+    )
+
+
 def find_cases(src: Path, info: DatasetInfo) -> list[RawCase]:
     """The training cases (``imagesTr``/``labelsTr``) and the labelled test cases (``imagesTs``/``labelsTs``)."""
     problems: list[str] = []
@@ -280,7 +300,7 @@ def find_cases(src: Path, info: DatasetInfo) -> list[RawCase]:
             if cid not in labelled and test:
                 continue  # an unlabelled test image: left out, with a note (unlabelled_note)
             if cid not in labelled:
-                problems.append(f"{label}: missing (the label of case {cid!r})")
+                problems.append(f"{label}: missing (the label of case {cid!r}{_other_ending_hint(label, info)})")
             elif (off_grid := readers.channels_grid_problem(images)) is not None:
                 problems.append(off_grid)
             else:
@@ -434,28 +454,37 @@ def stacked_channels(paths: tuple[Path, ...], kind: Literal["2d", "3d"]) -> np.n
     return np.concatenate([a.astype(dtype, copy=False) for a in arrays])
 
 
-def _stacked_nifti(paths: tuple[Path, ...]) -> tuple[np.ndarray, np.ndarray]:
-    """3D channel files -> ``((X, Y, Z, C) array, the first file's 4x4 affine)`` (NIfTI: its affine; other formats:
-    diag(spacing) as ``volumes.file_spacing`` reads it)."""
-    from fedseg.data.volumes import file_spacing
-
-    image = stacked_channels(paths, "3d")
-    if folder.split_name(paths[0].name, ("nii", "nii.gz")) is not None:
-        import nibabel as nib
-
-        affine = np.asarray(nib.load(paths[0]).affine)  # type: ignore[attr-defined]
+def _write_stacked_nifti(paths: tuple[Path, ...], dest: Path) -> None:
+    """3D channel files -> one NIfTI ``(X, Y, Z, C)`` at ``dest`` on the ``_0000`` file's grid: a NIfTI's spatial
+    header (its qform and sform with their codes, ``folder.write_nifti_like``), another format's affine as
+    ``readers.volume_grid`` reads it (RAS, with its direction and origin: a NRRD or MetaImage is LPS)."""
+    data = np.moveaxis(stacked_channels(paths, "3d"), 0, -1)
+    if readers.volume_format(paths[0]) in readers.NIFTI_EXTS:
+        folder.write_nifti_like(dest, data, readers.load_nifti(paths[0]))
     else:
-        affine = np.diag([*file_spacing(paths[0], 3), 1.0])
-    return np.moveaxis(image, 0, -1), affine
+        folder._write_nifti(dest, data, readers.volume_grid(paths[0]).affine)
 
 
-def _image_source(case: RawCase, kind: Literal["2d", "3d"]) -> Source:
-    if len(case.images) == 1:
-        return Source(case.images[0])
-    paths = tuple(case.images)
+def channels_source(paths: Sequence[Path], kind: Literal["2d", "3d"]) -> Source:
+    """The image ``Source`` of a case stored as one file per channel ``paths`` (channel order, nnU-Net's
+    ``<case>_XXXX`` files): a single file linked as is, several stacked (3D: ``_write_stacked_nifti``; 2D: an
+    ``.npy`` ``(C, H, W)``)."""
+    if len(paths) == 1:
+        return Source(paths[0])
+    files = tuple(paths)
     if kind == "3d":
-        return Source.nifti(paths[0], functools.partial(_stacked_nifti, paths))
-    return Source(paths[0], lambda dest: np.save(dest, stacked_channels(paths, "2d")), "npy")
+        return Source(files[0], functools.partial(_write_stacked_nifti, files), "nii.gz")
+    return Source(files[0], lambda dest: np.save(dest, stacked_channels(files, "2d")), "npy")
+
+
+def dataset_kind(info: DatasetInfo, cases: list[RawCase]) -> Literal["2d", "3d"]:
+    """``kind_of`` the ``file_ending``, except for 2D data stored in a volume format (nnU-Net's 2D NIfTI
+    ``(X, Y, 1)``): ``2d`` where the first case's ``_0000`` file has a third axis of size 1 (from its header)."""
+    kind = kind_of(info.file_ending)
+    if kind == "2d" or not cases or readers.volume_format(cases[0].images[0]) is None:
+        return kind
+    shape = readers.volume_grid(cases[0].images[0]).shape
+    return "2d" if len(shape) >= 3 and shape[2] == 1 else "3d"
 
 
 def plan_nnunet(
@@ -467,7 +496,7 @@ def plan_nnunet(
     cases = find_cases(src, info)
     assign = site_assigner(site_by, src.name)
     fixed, splits_path = read_splits_final(src, fold, {c.id for c in cases if not c.test}, splits_file)
-    kind = kind_of(info.file_ending)
+    kind = dataset_kind(info, cases)
     by_site: dict[str, list[PlannedCase]] = {}
     splits: dict[str, dict[str, Split]] = {}
     seen: dict[tuple[str, str], str] = {}
@@ -487,7 +516,7 @@ def plan_nnunet(
                 f"of site {site!r}"
             )
         seen[(site, cid)] = case.id
-        by_site.setdefault(site, []).append(PlannedCase(cid, _image_source(case, kind), Source(case.label)))
+        by_site.setdefault(site, []).append(PlannedCase(cid, channels_source(case.images, kind), Source(case.label)))
         split: Split | None = "test" if case.test else fixed.get(case.id)
         if split is not None:
             splits.setdefault(site, {})[cid] = split
