@@ -4,6 +4,7 @@ validation before any merge, the failure record, and nothing left half-written."
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 import torch
@@ -114,6 +115,21 @@ def test_scale_attack_moves_the_update_factor_times(tmp_path, tiny_config, discs
         float((attacked.bundle["global"][k] - clean.bundle["global"][k]).abs().max()) for k in clean.bundle["global"]
     )
     assert diff > 1e-3
+
+
+def test_an_update_far_beyond_the_other_sites_is_said_once_a_round(tmp_path, tiny_config, discs, caplog):
+    """A site scaling its update 10,000 times took over the global model of a real deployment without a word (a
+    security audit); the run now says which site in one warning per round (plain FedAvg still averages it in: a
+    robust aggregator is the defence). A clean run of the same sites says nothing."""
+    with caplog.at_level(logging.WARNING, logger="fedseg.engine.base"):
+        run_algorithm("fedavg", prepare(tiny_config(fl={"rounds": 1}), discs), tmp_path / "a", resume=False)
+    assert not [r for r in caplog.records if "sent an update" in r.getMessage()]
+    cfg = tiny_config(fl={"rounds": 2}, faults=[{"site": "site2", "kind": "scale", "factor": 1e4}])
+    with caplog.at_level(logging.WARNING, logger="fedseg.engine.base"):
+        run_algorithm("fedavg", prepare(cfg, discs), tmp_path / "b", resume=False)
+    said = [r.getMessage() for r in caplog.records if "sent an update" in r.getMessage()]
+    assert len(said) == 2 and all("fedavg train: site 'site2' sent an update " in m for m in said), said
+    assert "times the median of the other sites'" in said[0] and "robust aggregator" in said[0]
 
 
 def test_too_few_sites_left_stops_the_run(tmp_path, tiny_config, discs):

@@ -473,6 +473,11 @@ def test_a_site_names_its_cases_by_opaque_ids_and_keeps_the_mapping(folder, tiny
         assert ids and all(i.startswith("case-") and i not in splits for i in ids)
         assert sorted(back[i] for i in ids) == sorted(c for c, s in splits.items() if s == split)
     assert set(data.case_metadata) == set(back)
+    # the mapping names the hospital's files (patient identifiers): its owner's only (it was 0644, a security audit)
+    import stat
+
+    assert stat.S_IMODE((tmp_path / "samples" / "case-ids__site1.csv").stat().st_mode) == 0o600
+    assert stat.S_IMODE((tmp_path / "samples").stat().st_mode) == 0o700
 
 
 def test_a_supernode_on_a_port_another_process_listens_on_says_which_option_to_change(folder):

@@ -48,6 +48,7 @@ from fedseg.flower.deploy import (
 )
 from fedseg.flower.launch import LinkSettings, superlink_command, supernode_argv, supernode_command
 from fedseg.flower.superlink_main import FLEET_ONLY
+from fedseg.flower.supernode_main import WHY_NOT_REGISTERED
 
 
 def test_the_control_api_defaults_to_loopback_and_the_public_port_serves_the_fleet_api_only():
@@ -179,7 +180,7 @@ def test_private_control_plane_key_bound_sites_and_opaque_case_ids_on_a_real_dep
     certs = tmp_path / "certs"
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text(yaml.safe_dump({**tiny, "algorithms": ["fedavg"], "fl": {"rounds": 1}}))
-    fleet_port, control_port, *node_ports = free_ports(7)
+    fleet_port, control_port, *node_ports = free_ports(8)
     fleet, control = f"127.0.0.1:{fleet_port}", f"127.0.0.1:{control_port}"
     out, hospitals = tmp_path / "out", tmp_path / "hospitals"
     env = flower_env(hospitals / "home")
@@ -207,7 +208,7 @@ def test_private_control_plane_key_bound_sites_and_opaque_case_ids_on_a_real_dep
                 ("127.0.0.1", fleet_port),
                 ("127.0.0.1", control_port),
             }
-            _, rogue_pub = make_node_key(tmp_path / "rogue", "intruder")
+            intruder_key, rogue_pub = make_node_key(tmp_path / "rogue", "intruder")
             public = control_client(fleet, certs / "ca.crt")
             try:
                 with pytest.raises(httpx.HTTPStatusError, match="404 Not Found"):
@@ -235,7 +236,7 @@ def test_private_control_plane_key_bound_sites_and_opaque_case_ids_on_a_real_dep
 
             # 2. identity from keys: site2's key declaring site1; an unlisted key; a key registered behind our back
             server_log = out / "flower" / "server.log"
-            wrong_site = node("wrong-site", "site1", Path("certs/supernodes/site2.key"), node_ports[0])
+            wrong_site = node("wrong-site", "site1", Path("certs/site-keys/site2.key"), node_ports[0])
             _wait_for(
                 server_log,
                 f"SuperNode {node_ids['site2']} refused: it declares site 'site1' but authenticated with the key of "
@@ -248,9 +249,12 @@ def test_private_control_plane_key_bound_sites_and_opaque_case_ids_on_a_real_dep
                 timeout=60,
             )
             _stop(wrong_site)  # stopped right after a refusal, as a hospital restarting it: the run goes on
-            unlisted = node("unlisted", "site1", tmp_path / "rogue" / "intruder.key", node_ports[1])
+            unlisted = node("unlisted", "site1", intruder_key, node_ports[1])
             assert unlisted.proc.wait(timeout=120) == 1
             assert "Failed to activate SuperNode" in " ".join(unlisted.log.read_text().split())
+            keyless = node("keyless", "site1", None, node_ports[5])  # no --auth-key: Flower named no remedy
+            assert keyless.proc.wait(timeout=120) == 1
+            assert WHY_NOT_REGISTERED in " ".join(keyless.log.read_text().split()), keyless.log.read_text()[-3000:]
             insider = node("insider", "site1", insider_key, node_ports[2])
             _wait_for(
                 server_log,
@@ -261,7 +265,7 @@ def test_private_control_plane_key_bound_sites_and_opaque_case_ids_on_a_real_dep
             # 3. the real hospitals, through the recording proxy
             via = f"127.0.0.1:{recorder.port}"
             sites = {
-                s: node(s, s, Path(f"certs/supernodes/{s}.key"), port, via)
+                s: node(s, s, Path(f"certs/site-keys/{s}.key"), port, via)
                 for s, port in zip(("site1", "site2"), node_ports[3:])
             }
             assert coordinator.proc.wait(timeout=600) == 0, coordinator.log.read_text()[-5000:]
@@ -300,7 +304,7 @@ def test_relative_certificate_and_key_paths_reach_flower_absolute(tmp_path, monk
     cmd = superlink_command(LinkSettings(tls=TlsFiles.in_folder(Path("certs")), auth=True))
     argv = supernode_argv(
         "site1", Path("fed"), "127.0.0.1:9092", 9094, None, Path("certs/ca.crt"), False,
-        Path("certs/supernodes/site1.key"), "subprocess", None,
+        Path("certs/site-keys/site1.key"), "subprocess", None,
     )  # fmt: skip
     given = [c[c.index(flag) + 1] for c in (cmd,) for flag in ("--ssl-ca-certfile", "--ssl-certfile", "--ssl-keyfile")]
     given += [argv[argv.index(flag) + 1] for flag in ("--root-certificates", "--auth-supernode-private-key")]
@@ -539,3 +543,60 @@ def test_a_resumed_coordinator_without_the_authentication_it_started_with_is_ref
     keep_protection(out, LinkSettings(tls=tls, auth=True), resume=True)  # the same flags: resumes
     (out / "flower" / "protection.json").unlink()
     keep_protection(out, LinkSettings(), resume=True)  # a run folder from before the record: as before
+
+
+def test_certs_keep_the_sites_private_keys_apart_and_the_coordinator_warns_of_one_it_holds(
+    tmp_path, tiny, disc_federation
+):
+    """The private keys were written into supernodes/, the folder the docs' coordinator registers (--auth-keys):
+    its disk held every hospital's key (a security audit). Now site-keys/ (0700) holds them, supernodes/ only the
+    public halves, and a coordinator whose --auth-keys folder holds a private key says so before it starts."""
+    import shutil
+    import stat
+
+    from fedseg.flower.launch import LinkSettings, keep_protection
+
+    tls = make_certs(tmp_path / "certs", nodes=["site1", "site2"])
+    certs = tmp_path / "certs"
+    assert sorted(p.name for p in (certs / "supernodes").iterdir()) == ["site1.pub", "site2.pub"]
+    assert sorted(p.name for p in (certs / "site-keys").iterdir()) == ["site1.key", "site2.key"]
+    assert stat.S_IMODE((certs / "site-keys").stat().st_mode) == 0o700
+    assert stat.S_IMODE((certs / "site-keys" / "site1.key").stat().st_mode) == 0o600
+
+    keys = tmp_path / "keys"  # an older layout: private and public keys in one folder
+    shutil.copytree(certs / "supernodes", keys)
+    shutil.copy(certs / "site-keys" / "site1.key", keys / "site1.key")
+    folder = write_folder(disc_federation(n_sites=2, cases_per_site=6), tmp_path / "fed")
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(yaml.safe_dump({**tiny, "algorithms": ["fedavg"], "fl": {"rounds": 1}}))
+    out = tmp_path / "out"
+    keep_protection(out, LinkSettings(tls=tls, auth=True), resume=False)  # started with TLS: --insecure refused
+    said = subprocess.run(
+        [sys.executable, "-m", "fedseg.cli", "flower", "server", "--config", str(cfg), "--federation", str(folder)]
+        + ["--insecure", "--auth-keys", str(keys), "--out", str(out), "--resume", "--wait", "5"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    warning = " ".join(said.stdout.split())
+    assert f"warning: {keys} holds private SuperNode keys (site1.key): whoever reads" in warning, said.stdout
+    assert said.returncode == 1 and "Traceback" not in said.stderr  # then refused, as the resume test shows
+
+
+def test_a_coordinator_config_that_cannot_run_is_refused_before_any_site_connects(tmp_path, tiny, disc_federation):
+    """data.source: folder without data.root was refused only after every hospital had connected (a security
+    audit); now in one line before the SuperLink starts."""
+    folder = write_folder(disc_federation(n_sites=2, cases_per_site=6), tmp_path / "fed")
+    cfg = tmp_path / "cfg.yaml"
+    data = {**tiny.get("data", {}), "source": "folder"}
+    cfg.write_text(yaml.safe_dump({**tiny, "data": data, "algorithms": ["fedavg"], "fl": {"rounds": 1}}))
+    said = subprocess.run(
+        [sys.executable, "-m", "fedseg.cli", "flower", "server", "--config", str(cfg), "--federation", str(folder)]
+        + ["--insecure", "--out", str(tmp_path / "out"), "--wait", "5"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert said.returncode == 1 and "Traceback" not in said.stderr, said.stdout + said.stderr
+    assert "data.source is 'folder' but data.root is not set: set data.root" in " ".join(said.stderr.split())
+    assert "SuperLink" not in said.stdout  # nothing was started

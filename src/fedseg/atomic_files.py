@@ -40,15 +40,18 @@ def check_out_dir(out: Path, option: str = "--out") -> None:
             return
 
 
-def atomic_write_bytes(path: Path, write: Callable[[BinaryIO], object]) -> None:
-    """Call ``write(file)`` on a temp file next to ``path`` and atomically replace ``path`` with it."""
+def atomic_write_bytes(path: Path, write: Callable[[BinaryIO], object], private: bool = False) -> None:
+    """Call ``write(file)`` on a temp file next to ``path`` and atomically replace ``path`` with it; ``private``:
+    readable by its owner only (mode 0600: a site's map of case ids to patients' file names), else the mode of a
+    normally created file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     except OSError as e:  # e.g. a read-only folder: named by the file we write, not by the temp name
         raise OSError(e.errno, e.strerror or str(e), str(path)) from e
     try:
-        os.fchmod(fd, 0o666 & ~current_umask())  # mkstemp's 0600 -> the mode of a normally created file
+        if not private:
+            os.fchmod(fd, 0o666 & ~current_umask())  # mkstemp's 0600 -> the mode of a normally created file
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
@@ -86,8 +89,8 @@ def current_umask() -> int:
     return mask
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write_bytes(path, lambda f: f.write(text.encode()))
+def atomic_write_text(path: Path, text: str, private: bool = False) -> None:
+    atomic_write_bytes(path, lambda f: f.write(text.encode()), private)
 
 
 def fsync_dir(folder: Path) -> None:

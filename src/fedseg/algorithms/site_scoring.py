@@ -52,7 +52,7 @@ def write_sample(model: nn.Module, data: CaseSet, ctx: ClientContext, model_name
         mid = image.shape[1] // 2
         image, truth, pred = image[:, mid], truth[:, mid], pred[:, mid]
     assert ctx.artifacts is not None  # callers check
-    ctx.artifacts.mkdir(parents=True, exist_ok=True)
+    ctx.artifacts.mkdir(mode=0o700, parents=True, exist_ok=True)  # a patient's image: its owner's only, if made here
     np.savez_compressed(
         Path(ctx.artifacts) / f"{ctx.algorithm}__{ctx.site}.npz",
         image=image.numpy().astype(np.float32),

@@ -23,7 +23,7 @@ from typing import Protocol
 import torch
 
 from fedseg.engine.context import Delivery, MethodOptions, Task
-from fedseg.engine.faults import SiteFailure, reply_problem
+from fedseg.engine.faults import SiteFailure, outlying_updates, reply_problem
 from fedseg.engine.ledger import EVAL_ACTIONS, Ledger, LedgerRow
 from fedseg.engine.messages import Message
 from fedseg.engine.own_code import own_place
@@ -134,6 +134,21 @@ class BaseEngine:
             if site in self.failing:
                 self.failing.discard(site)
                 log.info("site %r answers again (round %d, %s %s)", site, self.round, self.algorithm, action)
+        if action not in EVAL_ACTIONS:
+            for site, (norm, median) in outlying_updates(messages, replies).items():
+                log.warning(
+                    "round %d, %s %s: site %r sent an update %.3g times the median of the other sites' (L2 norm %.3g "
+                    "against %.3g): a faulty or poisoned site? Plain FedAvg averages whatever each site sends; with "
+                    "sites that may be hostile use a robust aggregator (methods.<method>.aggregator: krum, bulyan, "
+                    "clipped; or fedmedian, fedtrimmedavg)",
+                    self.round,
+                    self.algorithm,
+                    action,
+                    site,
+                    norm / median,
+                    norm,
+                    median,
+                )
         if failed and self.all_sites_required:
             raise SiteFailure(
                 f"{'; '.join(failed)}. {self.algorithm} needs every site's reply in each exchange, so it cannot skip "

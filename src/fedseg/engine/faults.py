@@ -174,6 +174,37 @@ def group_problem(sent: Collection[str], returned: Collection[str]) -> str | Non
     return None
 
 
+OUTLIER_RATIO = 100.0  # an update this many times the median of the other sites' (L2 norm) is said (outliers)
+
+
+def update_norm(sent: Message, reply: Message) -> float:
+    """The L2 norm of a reply's update: its float tensors minus the ones sent of the same name and shape (float64;
+    the others, e.g. a method's own statistics, left out); 0 where there is none."""
+    total = 0.0
+    for name, t in reply.tensors.items():
+        base = sent.tensors.get(name)
+        if t.is_floating_point() and base is not None and base.shape == t.shape:
+            total += float(torch.sum((t.to(torch.float64) - base.to(torch.float64)) ** 2))
+    return math.sqrt(total)
+
+
+def outlying_updates(sent: Mapping[str, Message], replies: Mapping[str, Message]) -> dict[str, tuple[float, float]]:
+    """``{site: (its update's norm, the median of the other sites')}`` for each site whose update is more than
+    :data:`OUTLIER_RATIO` times the others' median: a site that sends a scaled or garbage update (a faulty site,
+    or a poisoned one: plain FedAvg averages whatever each site sends, weighted by the size it declares). Needs at
+    least 3 replies (with 2 neither is the outlier)."""
+    if len(replies) < 3:
+        return {}
+    norms = {site: update_norm(sent[site], reply) for site, reply in replies.items()}
+    out = {}
+    for site, norm in norms.items():
+        others = sorted(v for s, v in norms.items() if s != site)
+        median = (others[(len(others) - 1) // 2] + others[len(others) // 2]) / 2
+        if median > 0 and norm > OUTLIER_RATIO * median:
+            out[site] = (norm, median)
+    return out
+
+
 def weight_problem(meta: Mapping[str, object], train_cases: int) -> str | None:
     """Why a reply's ``num_examples`` (the site's aggregation weight n_k) cannot be used: it is not ``train_cases``,
     the training-set size the site declared; None when it is, or when the reply reports none."""

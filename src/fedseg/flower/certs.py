@@ -5,9 +5,10 @@ Writes to ``OUT``::
     ca.crt, ca.key                 a self-signed certificate authority (keep ca.key offline)
     superlink.crt, superlink.key   the SuperLink's TLS certificate, signed by the CA; subject
                                    alternative names 127.0.0.1, localhost and every --host
-    supernodes/<site>.key          a SuperNode's authentication key (EC P-384, OpenSSH format):
-                                   copy it to that hospital only
+    site-keys/<site>.key           a SuperNode's authentication key (EC P-384, OpenSSH format): give it to that
+                                   hospital only, then delete it here (its holder can act as that site)
     supernodes/<site>.pub          its public key: the coordinator registers it with the SuperLink
+                                   (``--auth-keys certs/supernodes``: public keys only)
 
 The SuperLink uses ``ca.crt`` + ``superlink.crt`` + ``superlink.key`` (``--ssl-ca-certfile``,
 ``--ssl-certfile``, ``--ssl-keyfile``); every SuperNode gets ``ca.crt`` (``--root-certificates``)
@@ -163,10 +164,17 @@ def make_server_cert(out: Path, ca_key, ca_cert: x509.Certificate, hosts: list[s
         (out / "superlink.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
 
 
-def make_node_key(folder: Path, name: str) -> tuple[Path, Path]:
-    """``<name>.key`` (OpenSSH private key, EC P-384) and ``<name>.pub`` (OpenSSH public key)."""
+SITE_KEYS, PUBLIC_KEYS = "site-keys", "supernodes"  # the folders of the sites' private and public keys
+
+
+def make_node_key(out: Path, name: str) -> tuple[Path, Path]:
+    """``out/site-keys/<name>.key`` (OpenSSH private key, EC P-384; the folder 0700) and
+    ``out/supernodes/<name>.pub`` (OpenSSH public key): apart, so the folder the coordinator registers
+    (``--auth-keys``) holds no key that can act as a site."""
     key = ec.generate_private_key(CURVE)
-    private, public = folder / f"{name}.key", folder / f"{name}.pub"
+    (out / SITE_KEYS).mkdir(mode=0o700, parents=True, exist_ok=True)
+    (out / PUBLIC_KEYS).mkdir(parents=True, exist_ok=True)
+    private, public = out / SITE_KEYS / f"{name}.key", out / PUBLIC_KEYS / f"{name}.pub"
     _write_private(
         private,
         key.private_bytes(
@@ -188,7 +196,7 @@ def make_certs(out: Path, hosts: Sequence[str] = (), nodes: Sequence[str] = ()) 
     and moved into place at the end (``fedseg.data.folder.move_in``: the entries it replaces are moved aside first
     and put back if a move fails), so a failure or an interrupt (a full disk, a forbidden folder, Ctrl-C) leaves
     ``out`` as it was: never a new CA beside an old SuperLink certificate. Keys of other sites already in
-    ``out/supernodes/`` are kept."""
+    ``out/site-keys/`` and ``out/supernodes/`` are kept."""
     from fedseg.data.folder import move_in, staging_folder
 
     out = Path(out)
@@ -196,10 +204,16 @@ def make_certs(out: Path, hosts: Sequence[str] = (), nodes: Sequence[str] = ()) 
         ca_key, ca_cert = make_ca(tmp)
         make_server_cert(tmp, ca_key, ca_cert, list(hosts))
         for name in nodes:
-            make_node_key(tmp / "supernodes", name)
-        if nodes and (out / "supernodes").is_dir():  # the folder is replaced as a whole: the other sites' keys too
-            for key in (out / "supernodes").iterdir():
-                if not (tmp / "supernodes" / key.name).exists():
-                    shutil.copy2(key, tmp / "supernodes" / key.name)
+            make_node_key(tmp, name)
+        for folder in (SITE_KEYS, PUBLIC_KEYS) if nodes else ():  # replaced as a whole: the other sites' keys too
+            for key in (out / folder).iterdir() if (out / folder).is_dir() else ():
+                if not (tmp / folder / key.name).exists():
+                    shutil.copy2(key, tmp / folder / key.name)
         move_in(tmp, out, [out / entry.name for entry in tmp.iterdir() if (out / entry.name).exists()])
     return TlsFiles.in_folder(out)
+
+
+def private_keys_in(folder: Path) -> list[str]:
+    """The names of the private keys (``*.key``) in ``folder``, the coordinator's ``--auth-keys``: each belongs to
+    its hospital only (whoever holds it can connect as that site)."""
+    return sorted(p.name for p in folder.glob("*.key")) if folder.is_dir() else []

@@ -222,18 +222,29 @@ def server(
     resume: bool = RESUME,
 ) -> None:
     """The coordinator: a SuperLink on HOST:PORT, fedseg's ServerApp, the run's outputs in OUT."""
-    from fedseg.flower.certs import TlsFiles
+    from fedseg.flower.certs import TlsFiles, private_keys_in
     from fedseg.flower.launch import LinkSettings
     from fedseg.flower.launch import server as run_server
 
     def run() -> None:
         cfg = _config(preset, config, None, algorithms, rounds, seed, set_)
+        if cfg.data.source == "folder" and not cfg.data.root:  # said before any site connects (it was after)
+            raise ValueError(
+                "data.source is 'folder' but data.root is not set: set data.root (the folder federation's path) or "
+                "leave data.source out of the run config (--federation gives the coordinator the sites' names)"
+            )
         fed = coordinator_federation(federation or (Path(cfg.data.root) if cfg.data.root else None), sites)
         if certs is None and not insecure:
             raise ValueError("give --certs DIR (TLS; create it with `fedseg flower certs`) or --insecure")
         keys = {p.stem: p for p in sorted(auth_keys.glob("*.pub"))} if auth_keys else None
         if auth_keys is not None and not keys:
             raise FileNotFoundError(f"{auth_keys}: no *.pub SuperNode keys")
+        if auth_keys is not None and (private := private_keys_in(auth_keys)):
+            _echo(
+                f"warning: {auth_keys} holds private SuperNode keys ({', '.join(private)}): whoever reads this "
+                "machine's disk can connect as those sites; give each to its hospital and delete it here (the "
+                "coordinator needs only the *.pub)"
+            )
         link = LinkSettings(
             host, port, TlsFiles.in_folder(certs) if certs else None, auth=bool(keys), control=control_address
         )
@@ -337,7 +348,7 @@ def supernode(
 @flower_app.command()
 def certs(
     out: Path = typer.Option(
-        ..., "--out", help="folder for ca.crt/.key, superlink.crt/.key, supernodes/<name>.key/.pub"
+        ..., "--out", help="folder for ca.crt/.key, superlink.crt/.key, site-keys/<name>.key, supernodes/<name>.pub"
     ),
     host: list[str] = typer.Option(
         [],
@@ -350,14 +361,14 @@ def certs(
     force: bool = typer.Option(False, "--force", help="overwrite existing files"),
 ) -> None:
     """Create a CA, the SuperLink's TLS certificate and SuperNode authentication keys (cryptography)."""
-    from fedseg.flower.certs import host_problem, make_certs
+    from fedseg.flower.certs import PUBLIC_KEYS, SITE_KEYS, host_problem, make_certs
 
     if out.exists() and not out.is_dir():
         fail(f"{out}: not a folder (--out names the folder to write the certificates and keys into)")
     for name in host:  # a certificate for a name no machine can have would be refused by every SuperNode
         if (problem := host_problem(name)) is not None:
             fail(f"--host {name!r}: {problem}")
-    for name in node:  # its key is written to supernodes/<name>.key: a plain file name, as a site's folder is
+    for name in node:  # its key is written to site-keys/<name>.key: a plain file name, as a site's folder is
         if not name or name.startswith(".") or any(c in name for c in "/\\\0"):
             fail(f"--node {name!r}: not a site name (a file name: no '/' or '\\', not starting with '.')")
     if (out / "ca.key").exists() and not force:
@@ -369,6 +380,6 @@ def certs(
     _echo(f"CA: {files.ca}\nSuperLink certificate: {files.cert} (+ {files.key.name})")
     for name in node:
         _echo(
-            f"SuperNode {name}: {out / 'supernodes' / (name + '.key')} (to that site only), "
-            f"{out / 'supernodes' / (name + '.pub')} (to the coordinator)"
+            f"SuperNode {name}: {out / SITE_KEYS / (name + '.key')} (to that site only, then delete it here), "
+            f"{out / PUBLIC_KEYS / (name + '.pub')} (the coordinator's --auth-keys {out / PUBLIC_KEYS})"
         )

@@ -42,7 +42,7 @@ from pathlib import Path
 import fedseg
 from fedseg.config import RunConfig
 from fedseg.data.federation import Federation, FederationError
-from fedseg.flower.certs import TlsFiles, make_certs
+from fedseg.flower.certs import PUBLIC_KEYS, SITE_KEYS, TlsFiles, make_certs
 from fedseg.flower.deploy import (
     BIN,
     DEFAULT_POLL,
@@ -659,7 +659,7 @@ def local(
     link = LinkSettings("127.0.0.1", link_port, certs, auth=tls, control=f"127.0.0.1:{control_port}")
     node_poll, task_poll = waits(poll)
     env = flower_env(work / "home", task_poll)
-    keys = work / "certs" / "supernodes"  # <site>.key stays with the site, <site>.pub is registered
+    keys = work / "certs" / SITE_KEYS  # <site>.key stays with the site, supernodes/<site>.pub is registered
 
     def start_nodes() -> dict[str, Started]:
         return {
@@ -691,7 +691,7 @@ def local(
             link,
             procs,
             env,
-            register={s: keys / f"{s}.pub" for s in fed.site_names} if tls else None,
+            register={s: work / "certs" / PUBLIC_KEYS / f"{s}.pub" for s in fed.site_names} if tls else None,
             start_nodes=start_nodes,
             wait=wait,
             poll=poll,

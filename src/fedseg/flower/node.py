@@ -222,7 +222,9 @@ def case_ids_file(settings: NodeSettings) -> Path | None:
 
 
 def write_case_ids(settings: NodeSettings, opaque: dict[str, str]) -> None:
-    """Write the mapping (``opaque,case`` rows) on the site, so it can read the coordinator's results.csv."""
+    """Write the mapping (``opaque,case`` rows) on the site, so it can read the coordinator's results.csv: readable
+    by the SuperNode's user only (0600; a folder it creates 0700), as it links the ids that leave the site to the
+    hospital's file names (often patient identifiers)."""
     import csv
     import io
 
@@ -236,8 +238,10 @@ def write_case_ids(settings: NodeSettings, opaque: dict[str, str]) -> None:
     writer.writerow(["opaque", "case"])
     writer.writerows((o, c) for c, o in opaque.items())
     if not path.is_file() or path.read_text() != text.getvalue():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(path, text.getvalue())
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        atomic_write_text(path, text.getvalue(), private=True)
+    else:
+        path.chmod(0o600)  # written by an older fedseg with the usual mode
 
 
 def with_case_ids(data, opaque: dict[str, str]):

@@ -138,8 +138,11 @@ def site_train(message: FlowerMessage, context: Context) -> FlowerMessage:
 
     settings = node.NodeSettings.of(context)
     cfg = node.run_config(context)
-    reply, seconds, received = node.answer_algorithm("train", message.content, context, settings, cfg)
     head = dict(message.content.config_records[HEADER])
+    engine_head: dict[str, Any] = dict(message.content.config_records[ENGINE])
+    site_index = int(engine_head["site_index"])
+    weight = site_weight(head, len(node.site_data(settings, cfg, site_index)[1].train))  # before any training
+    reply, seconds, received = node.answer_algorithm("train", message.content, context, settings, cfg)
     arrays, index = [], []
     for name, t in reply.tensors.items():
         if not t.is_floating_point():
@@ -161,17 +164,30 @@ def site_train(message: FlowerMessage, context: Context) -> FlowerMessage:
         index.append([name, str(t.dtype).removeprefix("torch."), list(t.shape), delta])
     if cfg.fl.local_dp is not None and [i[0] for i in index] != list(received.tensors):
         raise ValueError("fl.local_dp needs the reply to carry exactly the tensors the site received, in order")
-    weight = int(
-        cast(int, head["weight"])
-    )  # the coordinator's: its declared training-set size (or 1), never what it reports
     # the mod's stochastic rounding draws from NumPy's global stream: seeded per (seed, site, round), so a run
     # (and its resume) quantizes the same way every time; the masks stay os.urandom's
-    engine_head: dict[str, Any] = dict(message.content.config_records[ENGINE])
-    np.random.seed(stream_seed(cfg.seed, int(engine_head["site_index"]), int(engine_head["round"]), HEADER) % 2**32)
+    np.random.seed(stream_seed(cfg.seed, site_index, int(engine_head["round"]), HEADER) % 2**32)
     metrics = {"fedseg.meta": json.dumps(reply.meta), "fedseg.index": json.dumps(index), "fedseg.seconds": seconds}
     fitres = FitRes(Status(Code.OK, ""), ndarrays_to_parameters(arrays), weight, cast(dict, metrics))
     content = compat.fitres_to_recorddict(fitres, keep_input=True)
     return FlowerMessage(content, reply_to=message)
+
+
+def site_weight(head: dict, train_cases: int) -> int:
+    """The weight a site multiplies its update by, as the coordinator sent it (``head``: the ``HEADER`` record,
+    ``weighting`` and ``weight``), checked against what the site knows: 1 under ``uniform`` weighting, else its own
+    training-set size ``train_cases``. A ValueError otherwise: a coordinator that sends 0 to every site but one
+    would unmask that one site's update from the secure sum (a security audit did), and any other weight than the
+    site's own may single it out."""
+    weighting, weight = str(head.get("weighting")), head.get("weight")
+    expected = 1 if weighting == "uniform" else train_cases
+    if isinstance(weight, bool) or not isinstance(weight, int) or weight != expected:
+        what = "1 (uniform weighting)" if weighting == "uniform" else f"its training-set size, {train_cases} cases"
+        raise ValueError(
+            f"secure aggregation refused: the coordinator asked this site to weight its update by {weight!r}, not "
+            f"{what}; another weight could single out this site's update from the secure sum"
+        )
+    return weight
 
 
 def local_dp_mod(message: FlowerMessage, context: Context, call_next) -> FlowerMessage:

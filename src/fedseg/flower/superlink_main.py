@@ -114,10 +114,25 @@ def serve(fleet: tuple[str, int] | None) -> None:
         raise SystemExit(f"the SuperLink could not listen on {config.host}:{config.port}")
 
 
+LIST_RUNS = ("/control/list-runs", "ControlServicer.ListRuns")  # the coordinator's own status polls, as logged
+
+
+class QuietStatusPolls(logging.Filter):
+    """Leaves out the log lines of the coordinator's run-status polls (``list-runs``, several a second while a run
+    lasts: ~4 lines a second, most of ``superlink.log``, which grew without bound over a long run)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        return not any(said in text for said in LIST_RUNS)
+
+
 def main() -> None:
     fleet, rest = split_fleet_address(sys.argv[1:])
     sys.argv = ["flower-superlink", *rest]
     from flwr.supercore import log
+
+    for name in ("flwr", "uvicorn.access"):
+        logging.getLogger(name).addFilter(QuietStatusPolls())
 
     if fleet is not None:
         log(logging.INFO, "fedseg: Fleet API only on %s:%d; every API on --host/--port", *fleet)

@@ -8,7 +8,8 @@ poll costs microseconds; on a WAN with many sites, Flower's defaults keep the Su
 
 Flower's retry warnings while the SuperLink cannot be reached (one per attempt, for as long as the coordinator is
 not up) become one line with the reason and one every 5 minutes (``QuietRetries``); Flower's "Failed to activate
-SuperNode" says its two possible causes (``ExplainActivation``).
+SuperNode" says its two possible causes, a missing key and a plain connection to a TLS port say what to add
+(``ExplainActivation``).
 """
 
 from __future__ import annotations
@@ -100,15 +101,37 @@ WHY_NOT_ACTIVATED = (
 )
 
 
+NOT_REGISTERED = "SuperNode authentication is enabled. All SuperNodes must be registered"  # Flower's, no key given
+WHY_NOT_REGISTERED = (
+    "fedseg: the coordinator accepts only SuperNodes with a registered key: start this SuperNode with --auth-key "
+    "<site>.key (the key the coordinator gave this hospital, or the one whose .pub it registered)."
+)
+PLAIN_REFUSED = "Server disconnected without sending a response"  # an --insecure node at a TLS port, among others
+WHY_PLAIN_REFUSED = (
+    "fedseg: this SuperNode runs --insecure (no TLS); a SuperLink started with TLS drops such a connection: start it "
+    "with --root-certificates ca.crt (the coordinator's CA) instead of --insecure."
+)
+
+
 class ExplainActivation(logging.Filter):
-    """Flower's exit line when the SuperLink refuses to activate the SuperNode ("Failed to activate SuperNode.")
-    names no cause; the SuperLink knows it but keeps it in its own log (the coordinator's console shows it,
-    ``fedseg.flower.launch.explain_refusals``). The line gets ``WHY_NOT_ACTIVATED`` appended: the two causes."""
+    """Flower's exit lines that name no cause a site's operator can act on get fedseg's explanation appended:
+    "Failed to activate SuperNode." (the SuperLink keeps the cause in its own log; the coordinator's console shows
+    it, ``fedseg.flower.launch.explain_refusals``): ``WHY_NOT_ACTIVATED``, the two causes; authentication on and no
+    key given: ``WHY_NOT_REGISTERED``; and, for a SuperNode started ``insecure``, a connection dropped without an
+    answer: ``WHY_PLAIN_REFUSED`` (a TLS port)."""
+
+    def __init__(self, insecure: bool = False) -> None:
+        super().__init__()
+        self.explanations = [(NOT_ACTIVATED, WHY_NOT_ACTIVATED), (NOT_REGISTERED, WHY_NOT_REGISTERED)]
+        if insecure:
+            self.explanations.append((PLAIN_REFUSED, WHY_PLAIN_REFUSED))
 
     def filter(self, record: logging.LogRecord) -> bool:
         text = record.getMessage()
-        if NOT_ACTIVATED in text and WHY_NOT_ACTIVATED not in text:
-            record.msg, record.args = f"{text}\n{WHY_NOT_ACTIVATED}", ()
+        for said, why in self.explanations:
+            if said in text and why not in text:
+                record.msg, record.args = f"{text}\n{why}", ()
+                break
         return True
 
 
@@ -138,7 +161,7 @@ def main() -> None:
     show_log_timestamps()  # a site's log is read later, next to the coordinator's
 
     logging.getLogger("flwr").addFilter(QuietRetries(superlink_address(sys.argv)))
-    logging.getLogger("flwr").addFilter(ExplainActivation())
+    logging.getLogger("flwr").addFilter(ExplainActivation(insecure="--insecure" in sys.argv))
     sys.argv[0] = "flower-supernode"
     flower_supernode()
 
