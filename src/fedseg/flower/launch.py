@@ -357,8 +357,9 @@ def run_config(
 
 
 def run_key(out: Path, resume: bool) -> str:
-    """The experiment's name for the sites' snapshot folders: ``OUT/flower/run-key``, kept by a resume, new
-    (the output folder + a random id) for a new run, so a reused ``--state`` folder never mixes two runs."""
+    """The experiment's name for the sites' snapshot folders: ``OUT/flower/run-key``, kept by a resume, new (a
+    random id: it travels to every site, which need not learn the coordinator's folders) for a new run, so a reused
+    ``--state`` folder never mixes two runs."""
     import uuid
 
     from fedseg.atomic_files import atomic_write_text
@@ -366,7 +367,7 @@ def run_key(out: Path, resume: bool) -> str:
     path = Path(out) / "flower" / "run-key"
     if resume and path.is_file() and path.read_text().strip():
         return path.read_text().strip()
-    key = f"{Path(out).resolve()}#{uuid.uuid4().hex}"
+    key = uuid.uuid4().hex
     atomic_write_text(path, key + "\n")
     return key
 
