@@ -220,3 +220,22 @@ def test_data_synth_refuses_an_existing_out_and_an_impossible_scale_before_gener
     assert huge.exit_code == 1 and "Traceback" not in huge.output, huge.output
     assert "synthetic-retina at scale 1e+09 and image size 64 holds ~" in said and "choose a smaller scale" in said
     assert not own_cache.exists() and not (tmp_path / "x").exists()  # no cache entry: nothing was generated
+
+
+def test_a_containers_memory_limit_below_the_machines_is_the_limit(tmp_path):
+    """The memory check read the machine's physical memory only: a container limited to 8 GB on a larger host was
+    killed instead of refused. cgroup v2 ``memory.max`` and v1 ``memory.limit_in_bytes`` files as the kernel writes
+    them: a number below the machine's is the limit; ``max`` or v1's near-2**63 "no limit" leave the machine's."""
+    from fedseg.data.sources import physical_memory
+
+    machine = physical_memory(cgroup_files=())
+    assert machine is not None and machine > 2**20
+    limited = tmp_path / "memory.max"
+    limited.write_text(f"{2**20}\n")
+    assert physical_memory(cgroup_files=(limited,)) == 2**20
+    unlimited = tmp_path / "v2.max"
+    unlimited.write_text("max\n")
+    v1 = tmp_path / "memory.limit_in_bytes"
+    v1.write_text("9223372036854771712\n")
+    assert physical_memory(cgroup_files=(unlimited, limited)) == machine  # the first file present decides
+    assert physical_memory(cgroup_files=(tmp_path / "none", v1)) == machine

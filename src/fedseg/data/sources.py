@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fedseg.data.federation import Federation, FederationError
@@ -71,7 +72,8 @@ def check_builtin(name: str, scale: float, image_size: int) -> None:
     if memory is not None and needed > memory:
         raise FederationError(
             f"{name} at scale {scale:g} and image size {image_size} holds ~{needed / 2**30:,.0f} GiB in memory, more "
-            f"than this machine's {memory / 2**30:,.0f} GiB: choose a smaller scale or image size"
+            f"than this machine's {memory / 2**30:,.0f} GiB (its memory, or its container's limit): choose a smaller "
+            "scale or image size"
         )
 
 
@@ -85,14 +87,29 @@ def builtin_bytes(name: str, scale: float, image_size: int) -> int:
     return voxels * (4 * 2 + 1 if name == SYNTHETIC_BRATS else synthetic_spec(name).channels + 1)
 
 
-def physical_memory() -> int | None:
-    """This machine's physical memory in bytes (None where the platform does not say)."""
+CGROUP_LIMITS = (Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"))  # v2, v1
+
+
+def physical_memory(cgroup_files: Sequence[Path] = CGROUP_LIMITS) -> int | None:
+    """The memory this process may use, in bytes: the machine's physical memory, or a container's lower limit
+    (the cgroup's ``memory.max``, v2, or ``memory.limit_in_bytes``, v1: a container given 8 GB on a 64 GB host is
+    killed past 8 GB); None where the platform says neither."""
     import os
 
+    known = []
     try:
-        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+        known.append(int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES")))
     except (AttributeError, OSError, ValueError):
-        return None
+        pass
+    for path in cgroup_files:
+        try:
+            text = path.read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit():  # "max" (v2) or a number near 2**63 (v1): no limit below the machine's
+            known.append(int(text))
+        break
+    return min(known) if known else None
 
 
 def source_names() -> list[str]:
