@@ -178,13 +178,14 @@ OUTLIER_RATIO = 100.0  # an update this many times the median of the other sites
 
 
 def update_norm(sent: Message, reply: Message) -> float:
-    """The L2 norm of a reply's update: its float tensors minus the ones sent of the same name and shape (float64;
-    the others, e.g. a method's own statistics, left out); 0 where there is none."""
+    """The L2 norm of a reply's update: its float tensors minus the ones sent of the same name and shape (float32:
+    precise enough for a ratio of 100, half float64's cost on a 30M-weight 3D network; the others, e.g. a method's
+    own statistics, left out); 0 where there is none."""
     total = 0.0
     for name, t in reply.tensors.items():
         base = sent.tensors.get(name)
         if t.is_floating_point() and base is not None and base.shape == t.shape:
-            total += float(torch.sum((t.to(torch.float64) - base.to(torch.float64)) ** 2))
+            total += float(torch.linalg.vector_norm(t.float() - base.float())) ** 2
     return math.sqrt(total)
 
 
