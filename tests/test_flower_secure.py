@@ -237,16 +237,19 @@ def test_a_halted_secure_aggregation_says_why_and_which_site_failed(tmp_path, ti
 
 def test_a_site_masks_only_with_its_own_weight():
     """A coordinator that sent weight 0 to every site but one unmasked that site's update from the "sum" (a security
-    audit, with a modified coordinator on real processes): each site now checks the weight it is sent against what
-    it knows, 1 under uniform weighting, else its own training-set size, before it trains."""
+    audit, with a modified coordinator on real processes), as would one sending ``uniform`` weights to the others and
+    ``samples`` to one (a review): each site now checks the weighting against the run config every node holds and
+    the weight against what it knows, 1 under uniform weighting, else its own training-set size, before it trains."""
     from fedseg.flower.secure import site_weight
 
-    assert site_weight({"weighting": "samples", "weight": 5}, 5) == 5
-    assert site_weight({"weighting": "uniform", "weight": 1}, 5) == 1
+    assert site_weight({"weighting": "samples", "weight": 5}, "samples", 5) == 5
+    assert site_weight({"weighting": "uniform", "weight": 1}, "uniform", 5) == 1
     for head in ({"weighting": "samples", "weight": 0}, {"weighting": "samples", "weight": 50}):
         with pytest.raises(ValueError, match=r"^secure aggregation refused: the coordinator asked this site to "):
-            site_weight(head, 5)
+            site_weight(head, "samples", 5)
     with pytest.raises(ValueError, match=r"by 0, not 1 \(uniform weighting\); another weight could single out"):
-        site_weight({"weighting": "uniform", "weight": 0}, 5)
+        site_weight({"weighting": "uniform", "weight": 0}, "uniform", 5)
     with pytest.raises(ValueError, match="by True, not its training-set size, 1 cases"):
-        site_weight({"weighting": "samples", "weight": True}, 1)
+        site_weight({"weighting": "samples", "weight": True}, "samples", 1)
+    with pytest.raises(ValueError, match="sent this site 'uniform' weighting, not the run's 'samples'"):
+        site_weight({"weighting": "uniform", "weight": 1}, "samples", 5)

@@ -42,7 +42,7 @@ from fedseg.algorithms.prefixes import GRAD_SCALE, MODEL, OPT
 from fedseg.algorithms.registry import AlgorithmSpec
 from fedseg.algorithms.robust import RobustOptions, robust_aggregator, robust_merge
 from fedseg.algorithms.site_scoring import score_at_site, surface_meta, wants_surface, write_sample
-from fedseg.config import BudgetConfig, TrainConfig
+from fedseg.config import BudgetConfig, RunConfig, TrainConfig
 from fedseg.engine.base import Engine
 from fedseg.engine.context import ClientContext, MethodOptions, ReusedModels, Task
 from fedseg.engine.faults import MethodError
@@ -221,6 +221,14 @@ class FedAvgClient:
         return self.reused_model("eval", msg.group(MODEL), ctx)
 
 
+def weighting_of(options: object, cfg: RunConfig) -> Literal["samples", "uniform"]:
+    """A method's aggregation weighting: its own ``weighting`` option (``FedAvgOptions``) if set, else
+    ``fl.weighting``: the one rule of the server's merge, of the weights secure aggregation sends, and of the
+    weight a site accepts there (``fedseg.flower.secure``)."""
+    own = options.weighting if isinstance(options, FedAvgOptions) else None
+    return own or cfg.fl.weighting
+
+
 def reused_models(client: object) -> ReusedModels:
     """``client``'s reused networks (made on first use: clients are built without arguments)."""
     held = client.__dict__.get("_reused_models")
@@ -343,9 +351,7 @@ class FedAvgServer:
     def aggregation_weights(self, replies: dict[str, Message]) -> dict[str, float]:
         """``samples``: n_k (the site's training-set size, as it reports); ``uniform``: 1 per site.
         ``options.weighting`` if set, else ``fl.weighting``."""
-        own = self.options.weighting if isinstance(self.options, FedAvgOptions) else None
-        weighting = own or self.task.cfg.fl.weighting
-        if weighting == "uniform":
+        if weighting_of(self.options, self.task.cfg) == "uniform":
             return {s: 1.0 for s in replies}
         return {s: float(r.meta["num_examples"]) for s, r in replies.items()}
 

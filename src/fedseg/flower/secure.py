@@ -40,6 +40,8 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
 from flwr.app import Message as FlowerMessage
 
+from fedseg.algorithms import get_algorithm
+from fedseg.algorithms.fedavg import weighting_of
 from fedseg.engine.ledger import LedgerRow
 from fedseg.engine.messages import Message
 from fedseg.flower.records import ENGINE, record_bytes
@@ -140,8 +142,11 @@ def site_train(message: FlowerMessage, context: Context) -> FlowerMessage:
     cfg = node.run_config(context)
     head = dict(message.content.config_records[HEADER])
     engine_head: dict[str, Any] = dict(message.content.config_records[ENGINE])
+    node.check_addressee(engine_head, settings)  # another site's message: said as such, before anything else
     site_index = int(engine_head["site_index"])
-    weight = site_weight(head, len(node.site_data(settings, cfg, site_index)[1].train))  # before any training
+    spec = get_algorithm(str(engine_head["algorithm"]))
+    weighting = weighting_of(spec.parse_options(cfg.methods.get(spec.name)), cfg)  # the run's, every node's
+    weight = site_weight(head, weighting, len(node.site_data(settings, cfg, site_index)[1].train))  # before training
     reply, seconds, received = node.answer_algorithm("train", message.content, context, settings, cfg)
     arrays, index = [], []
     for name, t in reply.tensors.items():
@@ -173,14 +178,20 @@ def site_train(message: FlowerMessage, context: Context) -> FlowerMessage:
     return FlowerMessage(content, reply_to=message)
 
 
-def site_weight(head: dict, train_cases: int) -> int:
+def site_weight(head: dict, weighting: str, train_cases: int) -> int:
     """The weight a site multiplies its update by, as the coordinator sent it (``head``: the ``HEADER`` record,
-    ``weighting`` and ``weight``), checked against what the site knows: 1 under ``uniform`` weighting, else its own
-    training-set size ``train_cases``. A ValueError otherwise: a coordinator that sends 0 to every site but one
-    would unmask that one site's update from the secure sum (a security audit did), and any other weight than the
-    site's own may single it out."""
-    weighting, weight = str(head.get("weighting")), head.get("weight")
+    ``weighting`` and ``weight``), checked against what the site knows: the run's ``weighting`` (from the run
+    config every node holds, ``fedavg.weighting_of``), then 1 under ``uniform``, else its own training-set size
+    ``train_cases``. A ValueError otherwise: a coordinator that sends 0 to every site but one, or ``uniform``
+    weights to the others and ``samples`` to one, would unmask that one site's update from the secure sum (a
+    security audit did the first, a review found the second)."""
+    weight = head.get("weight")
     expected = 1 if weighting == "uniform" else train_cases
+    if head.get("weighting") != weighting:
+        raise ValueError(
+            f"secure aggregation refused: the coordinator sent this site {head.get('weighting')!r} weighting, not "
+            f"the run's {weighting!r}; another weighting could single out this site's update from the secure sum"
+        )
     if isinstance(weight, bool) or not isinstance(weight, int) or weight != expected:
         what = "1 (uniform weighting)" if weighting == "uniform" else f"its training-set size, {train_cases} cases"
         raise ValueError(
@@ -339,7 +350,7 @@ def secure_train(engine, order: list[str], messages: dict[str, Message]) -> dict
         t = messages[s].tensors
         if t.keys() != first.keys() or not all(torch.equal(t[k], first[k]) for k in first):
             raise ValueError(f"secure aggregation needs one broadcast message per round; {s!r} got another one")
-    weighting = getattr(engine.options, "weighting", None) or cfg.fl.weighting
+    weighting = weighting_of(engine.options, cfg)
     weights = {s: 1 if weighting == "uniform" else engine.num_samples(s) for s in order}
     nodes = {engine.site_map.nodes[s]: s for s in order}
     payload = {}
