@@ -296,6 +296,23 @@ def test_2d_data_stored_as_nifti_with_one_slice_is_imported_as_2d(tmp_path):
     np.testing.assert_array_equal(image[0], first[..., 0])
 
 
+def test_a_3d_dataset_whose_first_case_has_one_slice_is_not_taken_for_2d(tmp_path):
+    """The kind was read from the first case alone: a 3D dataset whose first case had one slice was imported as 2D
+    and failed on its other cases' labels (a review). Every case's header is read; one slice here and more there is
+    said in one line naming one of each."""
+    src = tmp_path / "Dataset712_Mixed"
+    for i, depth in enumerate((1, 6, 5)):
+        _nifti(src / "imagesTr" / f"s{i % 2}_{i:03d}_0000.nii.gz", np.zeros((10, 9, depth), np.float32))
+        _nifti(src / "labelsTr" / f"s{i % 2}_{i:03d}.nii.gz", np.zeros((10, 9, depth), np.uint8))
+    dataset = {"channel_names": {"0": "CT"}, "labels": {"background": 0, "organ": 1}, "numTraining": 3}
+    (src / "dataset.json").write_text(json.dumps({**dataset, "file_ending": ".nii.gz"}))
+    result = cli("import", "nnunet", str(src), "--site-by", "^(s[0-9])_", "--out", str(tmp_path / "fed"))
+    said = " ".join(result.output.split())
+    assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+    assert "s0_000_0000.nii.gz: one slice (2D data stored as a volume), but " in said and "s0_002_0000" in said, said
+    assert not (tmp_path / "fed").exists()
+
+
 # --- export and the round trip -------------------------------------------------------------------------------------
 
 

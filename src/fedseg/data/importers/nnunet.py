@@ -479,12 +479,27 @@ def channels_source(paths: Sequence[Path], kind: Literal["2d", "3d"]) -> Source:
 
 def dataset_kind(info: DatasetInfo, cases: list[RawCase]) -> Literal["2d", "3d"]:
     """``kind_of`` the ``file_ending``, except for 2D data stored in a volume format (nnU-Net's 2D NIfTI
-    ``(X, Y, 1)``): ``2d`` where the first case's ``_0000`` file has a third axis of size 1 (from its header)."""
+    ``(X, Y, 1)``): ``2d`` where every case's ``_0000`` file has a third axis of size 1 (from the headers: a 3D
+    dataset may hold a one-slice case). A ``FederationError`` naming a case of each kind where some have one slice
+    and others more."""
     kind = kind_of(info.file_ending)
     if kind == "2d" or not cases or readers.volume_format(cases[0].images[0]) is None:
         return kind
-    shape = readers.volume_grid(cases[0].images[0]).shape
-    return "2d" if len(shape) >= 3 and shape[2] == 1 else "3d"
+    flat = {case.images[0]: _one_slice(readers.volume_grid(case.images[0]).shape) for case in cases}
+    if all(flat.values()):
+        return "2d"
+    if any(flat.values()):
+        one = next(p for p, f in flat.items() if f)
+        more = next(p for p, f in flat.items() if not f)
+        raise FederationError(
+            f"{one}: one slice (2D data stored as a volume), but {more} has more: a dataset is 2D or 3D; move the "
+            "one-slice cases out or store them with their neighbouring slices"
+        )
+    return "3d"
+
+
+def _one_slice(shape: tuple[int, ...]) -> bool:
+    return len(shape) >= 3 and shape[2] == 1
 
 
 def plan_nnunet(
