@@ -243,3 +243,37 @@ def test_a_per_case_test_that_points_against_the_ranking_is_said_not_called_beyo
     text = " ".join(summary_lines(run))
     assert "the per-case test points the other way" in text and "Below the best beyond noise" not in text
     assert "better per test case beyond noise: FedProx" in text
+
+
+def test_a_mean_and_ranks_that_point_opposite_ways_are_said_neither_noise_nor_a_win(tmp_path):
+    """FedAvg much better on one case of every site and a little worse on the other nine: its mean is above
+    FedProx's and the CI excludes 0, but the signed-rank test favours FedProx. It was listed "within noise" (CI
+    includes 0 or p >= 0.05: false here; a review); now the verdict says the two disagree and neither wins."""
+    run = make_run(tmp_path / "run")
+    summary = json.loads((run / "summary.json").read_text())
+    rng = np.random.default_rng(0)
+    rows = []
+    for k in range(12):
+        for i in range(10):
+            base = 0.7 + 0.02 * rng.standard_normal()
+            gain = 0.5 if i == 0 else -0.01 + 0.001 * rng.standard_normal()  # fedavg - fedprox
+            for name, value in (("fedavg", base + gain), ("fedprox", base)):
+                row = {"algorithm": name, "model": "global", "site": f"s{k}", "case": f"c{i}", "region": "r"}
+                rows.append({**row, "metric": "dice", "value": value})
+    means = {n: float(np.mean([r["value"] for r in rows if r["algorithm"] == n])) for n in ("fedavg", "fedprox")}
+    summary["algorithms"] = {
+        name: {**summary["algorithms"][name], "dice": {"client_avg": means[name]}} for name in ("fedavg", "fedprox")
+    }
+    (run / "summary.json").write_text(json.dumps(summary))
+    with open(run / "results.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    v = verdict(load_run(run))
+    assert v is not None and v.best == "fedavg"
+    d = v.differences["fedprox"]
+    assert d.test["mean_diff"] > 0 and d.test["rank_sign"] == -1 and d.split  # fedavg - fedprox: ranks favour fedprox
+    assert v.split == ["fedprox"] and v.within_noise == [] and v.clear == [] and v.disagreeing == []
+    text = " ".join(summary_lines(run))
+    assert "Mean and ranks disagree with the best: FedProx" in text and "Within noise" not in text, text
+    assert "(mean and ranks disagree): neither wins" in text

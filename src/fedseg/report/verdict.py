@@ -29,7 +29,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedseg.evaluate.stats import LEVEL, RESAMPLES, SIGNIFICANCE, adjusted_p, compare, correct_family, significant
+from fedseg.evaluate.stats import (
+    LEVEL,
+    RESAMPLES,
+    SIGNIFICANCE,
+    adjusted_p,
+    compare,
+    correct_family,
+    ranks_disagree,
+    significant,
+)
 from fedseg.evaluate.tables import case_means
 from fedseg.presentation.kit import RunFiles, esc, fmt, load_run, num, routed_to_global
 from fedseg.report import persite
@@ -75,7 +84,17 @@ class Difference:
         t = self.test
         if t is None or not t["n"] or math.isnan(t["p"]):
             return None
-        return not significant(t)
+        return not significant(t) and not self.split
+
+    @property
+    def split(self) -> bool:
+        """The CI excludes 0 and the adjusted p < 0.05, but the mean and the signed-rank test point opposite ways
+        (:func:`~fedseg.evaluate.stats.ranks_disagree`: better on most cases, much worse on a few): neither wins."""
+        t = self.test
+        if t is None or not t["n"] or not t.get("ci_excludes_0"):
+            return False
+        p = adjusted_p(t)
+        return math.isfinite(p) and p < SIGNIFICANCE and ranks_disagree(t)
 
     @property
     def disagrees(self) -> bool:
@@ -109,8 +128,14 @@ class Verdict:
     @property
     def clear(self) -> list[str]:
         return [
-            n for n, d in self.differences.items() if n not in self.ties and d.within_noise is False and not d.disagrees
+            n
+            for n, d in self.differences.items()
+            if n not in self.ties and d.within_noise is False and not d.disagrees and not d.split
         ]
+
+    @property
+    def split(self) -> list[str]:
+        return [n for n, d in self.differences.items() if n not in self.ties and d.split]
 
     @property
     def disagreeing(self) -> list[str]:
@@ -189,7 +214,9 @@ def _test_text(d: Difference) -> str:
     p = f"Wilcoxon p = {adjusted_p(t):.2g}" + (f" (Holm, {t['family']} comparisons)" if t.get("family", 1) > 1 else "")
     cases = f"{t['n']} cases" + (f", {t['n_nonzero']} differ" if t.get("n_nonzero", t["n"]) < t["n"] else "")
     call = "within noise" if d.within_noise else "beyond noise"
-    if d.disagrees:
+    if d.split:
+        call = "the mean and the per-case signed-rank test point opposite ways (mean and ranks disagree): neither wins"
+    elif d.disagrees:
         call = (
             "the per-case test points the other way, beyond noise (it pools the cases, Client Avg averages the sites)"
         )
@@ -235,6 +262,11 @@ def verdict_lines(v: Verdict, notes: list[str] | None = None) -> list[str]:
         lines.append(
             f"Below the best beyond noise: {_listed(v, clear, with_diff=True)} (these trained models, one seed: "
             "`fedseg bench` with several seeds compares the methods)."
+        )
+    if v.split:
+        lines.append(
+            f"Mean and ranks disagree with the best: {_listed(v, v.split)} (the mean difference and the per-case "
+            "signed-rank test point opposite ways: better on most cases, much worse on a few): neither wins."
         )
     if disagreeing:
         lines.append(
