@@ -129,7 +129,7 @@ def test_an_update_far_beyond_the_other_sites_is_said_once_a_round(tmp_path, tin
         run_algorithm("fedavg", prepare(cfg, discs), tmp_path / "b", resume=False)
     said = [r.getMessage() for r in caplog.records if "sent an update" in r.getMessage()]
     assert len(said) == 2 and all("fedavg train: site 'site2' sent an update " in m for m in said), said
-    assert "times the median of the other sites'" in said[0] and "robust aggregator" in said[0]
+    assert "times the median of the other sites'" in said[0] and "a robust merge" in said[0]
 
 
 def test_too_few_sites_left_stops_the_run(tmp_path, tiny_config, discs):

@@ -138,9 +138,9 @@ class BaseEngine:
             for site, (norm, median) in outlying_updates(messages, replies).items():
                 log.warning(
                     "round %d, %s %s: site %r sent an update %.3g times the median of the other sites' (L2 norm %.3g "
-                    "against %.3g): a faulty or poisoned site? Plain FedAvg averages whatever each site sends; with "
-                    "sites that may be hostile use a robust aggregator (methods.<method>.aggregator: krum, bulyan, "
-                    "clipped; or fedmedian, fedtrimmedavg)",
+                    "against %.3g): a faulty or poisoned site? A weighted average takes it in whole; a robust merge "
+                    "(methods.<method>.aggregator: krum, bulyan, clipped; fedmedian, fedtrimmedavg) limits what one "
+                    "site can do",
                     self.round,
                     self.algorithm,
                     action,
