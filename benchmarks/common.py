@@ -163,8 +163,10 @@ def run_entry(run, folder: Path) -> dict:
 
 def not_converged_line(rows: list[dict], name_key: str) -> str:
     """The Markdown line naming the rows (``name_key``: their label) whose round selected on validation lies in the
-    last 10% of the rounds trained (still improving), or "none"."""
-    late = [r[name_key] for r in rows if r["best_round"] > 0.9 * r["rounds"]]
-    return "Not converged (selected round in the last 10% of the rounds, so still improving): " + (
+    last 10% (at least 2) of the rounds trained (still improving; ``fedseg.run.stopping.late_best``), or "none"."""
+    from fedseg.run.stopping import late_best
+
+    late = [r[name_key] for r in rows if late_best(r["best_round"], r["rounds"])]
+    return "Not converged (selected round in the last 10%, at least 2, of the rounds, so still improving): " + (
         ", ".join(late) or "none"
     )

@@ -111,3 +111,14 @@ def test_validation_scores_are_rebuilt_from_the_rounds_rows_of_an_older_checkpoi
     rows = [{"round": 1, "val_dice": 0.5}, {"round": 1, "val_dice": float("nan")}, {"round": 2, "val_dice": 0.7}]
     rows.append({"round": 2, "val_dice": 0.9})
     assert validated_from_rows(rows) == {1: 0.5, 2: pytest.approx(0.8)}
+
+
+def test_every_table_uses_one_late_window():
+    """The run's convergence, a per-site method's sites and the benchmarks' lines each had their own rule (the last
+    10%, the last round only, best > 0.9 x rounds): one window now, the last 10% of the rounds, at least 2."""
+    from fedseg.report.persite import late_sites
+    from fedseg.run.stopping import late_best, late_window
+
+    assert [late_window(r) for r in (1, 10, 20, 25, 100)] == [2, 2, 2, 3, 10]
+    assert late_best(9, 10) and not late_best(8, 10) and late_best(91, 100) and not late_best(90, 100)
+    assert late_sites({"rounds": 10, "selected_rounds": {"a": 9, "b": 10, "c": 5}}) == (2, 3)  # site a: was not

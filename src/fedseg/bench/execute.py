@@ -207,7 +207,7 @@ class Runner:
         entry = fin.entry(method.scored if method else fin.run.method)
         conv = entry.get("convergence", {})
         flagged = not_converged(bool(conv.get("late_best")), bool(conv.get("plateaued")))
-        late = " (best round in the last 10%, no plateau: may not have converged)" if flagged else ""
+        late = " (best round in the last 10%, at least 2, no plateau: may not have converged)" if flagged else ""
         self.echo(
             f"  done {fin.run.label}: test Dice {json_number(entry['dice'].get('client_avg')):.4f}, validation "
             f"{json_number(conv.get('best_val_dice')):.4f} at round {conv.get('best_round')}/{conv.get('rounds')}"

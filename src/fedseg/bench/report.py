@@ -10,7 +10,7 @@ much.
   CI, Δ per seed and the paired Wilcoxon p, Holm-adjusted within the table († where the CI excludes 0 and that p <
   0.05; ‡ where Δ pairs fewer cases or runs than the columns average), then NSD with its own Δ, CI and p (only
   where the runs scored NSD: a bench of runs written before it existed keeps its old columns), runs whose best
-  round was in their last 10% ("not converged");
+  round was in their last 10%, at least 2 ("not converged");
 * **Per site** (FedSM Tables 3-4, Auto-FedAvg Table 2): each site's Dice mean ± std over seeds († where the
   site's comparison is significant, Holm-adjusted over every cell of the table), client average, local avg and
   local gen where a method has local models;
@@ -332,9 +332,9 @@ def tune_table(rows: list[dict], federation: str) -> tuple[list[str], list[list[
 
 
 TUNING_CONVERGED = (
-    "converged: the setting's tuning runs that selected a round before the last 10% of their rounds or whose "
-    "validation plateaued (as the test table counts them); a setting whose runs may not have converged was compared "
-    "on validation at a budget that may have cut it short."
+    "converged: the setting's tuning runs that selected a round before the last 10% (at least 2) of their rounds or "
+    "whose validation plateaued (as the test table counts them); a setting whose runs may not have converged was "
+    "compared on validation at a budget that may have cut it short."
 )
 
 
@@ -345,7 +345,8 @@ def _tuning_counted(rows: list[dict], federation: str) -> bool:
 
 def _converged_text(not_converged: object, runs: int) -> str:
     """``converged/runs``, the test and tuning tables' "converged" (``not_converged``: runs whose selected round
-    lies in the last 10% of their rounds without a validation plateau, ``fedseg.run.stopping.not_converged``);
+    lies in the last 10% (at least 2) of their rounds without a validation plateau,
+    ``fedseg.run.stopping.not_converged``);
     ``–`` where unknown or without runs."""
     return f"{runs - not_converged}/{runs}" if isinstance(not_converged, int) and runs else "–"
 
@@ -358,10 +359,12 @@ def not_converged(fed: dict) -> str:
     ]
     if not late:
         return (
-            "Every run converged: it selected a round before the last 10% of its rounds, or its validation plateaued."
+            "Every run converged: it selected a round before the last 10% (at least 2) of its rounds, or its "
+            "validation plateaued."
         )
     return (
-        "**May not have converged** (runs whose round selected on validation lies in the last 10% of the rounds they "
+        "**May not have converged** (runs whose round selected on validation lies in the last 10%, at least 2, of the "
+        "rounds they "
         f"trained, without a validation plateau): {', '.join(late)}. Their Δ, CI and † compare models that more rounds "
         "may still change: a † there says which method was ahead at this budget, not which converges higher."
     )
@@ -382,9 +385,10 @@ NOTES = (
     "yet between two methods. (seeds disagree): the Δ per seed do not all share Δ's sign (a seed at exactly 0 "
     "included): the p takes each image as the unit and cannot see that the training runs disagree (a shift in one "
     "seed moves almost every image the same way), so a small p there is no evidence across runs: read the CI "
-    "(HD95's and NSD's Δ per seed are in tables.json). (mean and ranks disagree): the signed-rank statistic favours "
-    "the other side than Δ (better on most images, much worse on a few, or the reverse): no †; the p says only that "
-    "the two differ. cases paired: n, and (k differ) where some differences are 0 (the p ranks those k). "
+    "(the Δ per seed of the other metrics are in tables.json). (mean and ranks disagree): the signed-rank "
+    "statistic favours the other side than Δ (better on most images, much worse on a few, or the reverse): no †; "
+    "the p says only that the two differ. cases paired: n, and (k differ) where some differences are 0 (the p ranks "
+    "those k). "
     "‡: Δ, CI and p pair fewer cases than the Dice columns average (a site failed), or the "
     "method and the reference finished different runs (a seed or fold missing): the columns describe other cases or "
     "runs than Δ. Settings chosen on validation only (see the tuning table); (grid edge): the selected value is the "

@@ -589,7 +589,7 @@ def _unconverged(run: RunFiles) -> str:
         "last 10% (at least 2) of the rounds trained and validation Dice had not plateaued"
         + (
             " (for a method that selects a round per site, on its own validation split: at least half its "
-            "sites selected the last round)"
+            "sites selected a round among those last ones)"
             if per_site
             else ""
         )

@@ -77,10 +77,14 @@ def selected_rounds(entry: Mapping) -> dict[str, int]:
 
 
 def late_sites(entry: Mapping) -> tuple[int, int]:
-    """``(sites that selected the method's last round, sites)`` of a method that selects per site."""
-    sel = selected_rounds(entry)
-    last = entry.get("rounds")
-    return sum(r == last for r in sel.values()), len(sel)
+    """``(sites whose selected round lies in the method's late window, sites)`` of a method that selects per site
+    (``fedseg.run.stopping.late_best``: the last 10% of its rounds, at least the last 2)."""
+    from fedseg.run.stopping import late_best
+
+    sel, rounds = selected_rounds(entry), entry.get("rounds")
+    if not isinstance(rounds, int):
+        return 0, len(sel)
+    return sum(late_best(r, rounds) for r in sel.values()), len(sel)
 
 
 def rounds_cell(run: RunFiles, name: str) -> str:

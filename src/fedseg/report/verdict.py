@@ -147,8 +147,8 @@ def unconverged_methods(run: RunFiles) -> tuple[list[str], bool]:
     """Display names of the methods that may not have converged (``fedseg.run.stopping.not_converged``: the round
     selected on validation lies in the last 10% (at least 2) of the rounds trained and validation had not plateaued;
     runs written before summary.json recorded it: the selected round is the last one), and whether one of them
-    selects per site (``selected_rounds``: named when at least half its sites selected the last round, with
-    "k of n sites")."""
+    selects per site (``selected_rounds``: named when at least half its sites selected a round in that late window,
+    ``persite.late_sites``, with "k of n sites")."""
     late, per_site = [], False
     for a, e in run.algorithms.items():
         if not (e.get("rounds") and e["rounds"] > 1):

@@ -94,6 +94,16 @@ def not_converged(late_best: bool, plateaued: bool) -> bool:
     return late_best and not plateaued
 
 
+def late_window(rounds: int) -> int:
+    """The last rounds of ``rounds`` trained in which a selected round may not have converged: 10%, at least 2."""
+    return max(2, math.ceil(LATE_FRACTION * rounds))
+
+
+def late_best(best_round: int, rounds: int) -> bool:
+    """Whether ``best_round`` lies in the :func:`late_window` of ``rounds`` (one rule for every table)."""
+    return best_round > rounds - late_window(rounds)
+
+
 def convergence(
     scores: Mapping[int, float], rounds: int, best_round: int, stop: StopConfig, stopped: str | None
 ) -> dict[str, Any]:
@@ -102,9 +112,8 @@ def convergence(
     that ended training early, or None), ``late_best`` (best round in the last 10% of the rounds trained, at least
     the last 2: may not have converged), ``plateaued`` and the plateau rule's ``patience`` / ``min_delta`` used for
     it."""
-    window = max(2, math.ceil(LATE_FRACTION * rounds))
-    patience = stop.patience or window
-    late = best_round > rounds - window
+    patience = stop.patience or late_window(rounds)
+    late = late_best(best_round, rounds)
     flat = stopped == PLATEAU or plateaued(scores, rounds, patience, stop.min_delta)
     return {
         "rounds": rounds,
