@@ -213,3 +213,14 @@ def test_a_write_that_fails_leaves_no_folder_and_no_half_of_the_pair(run, tmp_pa
     errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]  # (matplotlib's font cache
     assert len(errors) == 1 and "File too large" in errors[0], done.stderr  # cannot be saved either: its own line)
     assert "Traceback" not in done.stderr and not out.exists()
+
+    # a failed rerun into a folder holding a pair: the old pair stays whole (it left the figure without its CSV)
+    first = subprocess.run([*args, "--out", str(out)], capture_output=True, text=True, timeout=300, env=env)
+    assert first.returncode == 0, first.stderr
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert sorted(before) == [f"loss_surface_{SITE}.csv", f"loss_surface_{SITE}.png"]
+    again = subprocess.run(
+        [*args, "--out", str(out)], capture_output=True, text=True, timeout=300, preexec_fn=small_files, env=env
+    )
+    assert again.returncode == 1 and "File too large" in again.stderr, again.stderr
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before

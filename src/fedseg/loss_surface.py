@@ -21,7 +21,6 @@ personalized line, whose ``model`` is ``<algorithm>/global->personal:<site>``) a
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import io
 from dataclasses import dataclass
@@ -216,17 +215,14 @@ def loss_surface(
 
     check_out_dir(Path(out))  # a file given as --out: said before the losses are computed
     rows = compute([Path(r) for r in runs], site, directions, seed=seed, device=str(check_device(device)), cases=cases)
+    from fedseg.data.folder import move_in, staging_folder
+
     out = Path(out)
-    created = not out.exists()
-    csv_path, png_path = out / f"loss_surface_{site}.csv", out / f"loss_surface_{site}.png"
-    written: list[Path] = []
-    try:
-        written.append(write_csv(rows, csv_path))
-        return csv_path, figure(rows, site, png_path)
-    except BaseException:  # a full disk, an interrupt: no half of the pair is left, nor a folder made for it
-        for path in written:
-            path.unlink(missing_ok=True)
-        if created:
-            with contextlib.suppress(OSError):  # not empty: something else wrote there meanwhile
-                out.rmdir()
-        raise
+    names = (f"loss_surface_{site}.csv", f"loss_surface_{site}.png")
+    # both written aside, then moved in together: a failure (a full disk, an interrupt) leaves the folder as it was,
+    # neither a new CSV beside an old figure nor a folder made for nothing
+    with staging_folder(out, "loss-surface") as tmp:
+        write_csv(rows, tmp / names[0])
+        drawn = figure(rows, site, tmp / names[1])
+        move_in(tmp, out, [out / name for name in names if (out / name).exists()])
+    return out / names[0], (out / names[1] if drawn is not None else None)
