@@ -563,6 +563,14 @@ def test_certs_keep_the_sites_private_keys_apart_and_the_coordinator_warns_of_on
     assert stat.S_IMODE((certs / "site-keys").stat().st_mode) == 0o700
     assert stat.S_IMODE((certs / "site-keys" / "site1.key").stat().st_mode) == 0o600
 
+    old = tmp_path / "old"  # certs written by an older fedseg (private keys in supernodes/), given a new site
+    make_certs(old, nodes=["site1"])
+    (old / "site-keys" / "site1.key").rename(old / "supernodes" / "site1.key")
+    (old / "site-keys").rmdir()
+    make_certs(old, nodes=["site2"])
+    assert sorted(p.name for p in (old / "supernodes").iterdir()) == ["site1.pub", "site2.pub"]
+    assert sorted(p.name for p in (old / "site-keys").iterdir()) == ["site1.key", "site2.key"]
+
     keys = tmp_path / "keys"  # an older layout: private and public keys in one folder
     shutil.copytree(certs / "supernodes", keys)
     shutil.copy(certs / "site-keys" / "site1.key", keys / "site1.key")

@@ -207,8 +207,9 @@ def make_certs(out: Path, hosts: Sequence[str] = (), nodes: Sequence[str] = ()) 
             make_node_key(tmp, name)
         for folder in (SITE_KEYS, PUBLIC_KEYS) if nodes else ():  # replaced as a whole: the other sites' keys too
             for key in (out / folder).iterdir() if (out / folder).is_dir() else ():
-                if not (tmp / folder / key.name).exists():
-                    shutil.copy2(key, tmp / folder / key.name)
+                kept = tmp / (SITE_KEYS if key.suffix == ".key" else PUBLIC_KEYS) / key.name  # an older layout's
+                if not kept.exists():  # private keys in supernodes/ move to site-keys/
+                    shutil.copy2(key, kept)
         move_in(tmp, out, [out / entry.name for entry in tmp.iterdir() if (out / entry.name).exists()])
     return TlsFiles.in_folder(out)
 
