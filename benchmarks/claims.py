@@ -377,8 +377,8 @@ def assess(claims: list[Claim], tables: list[dict]) -> list[dict]:
 def cautions(test: dict, fed: dict, methods: tuple[str, ...]) -> list[str]:
     """What a verdict is read with: each of ``methods`` with runs that may not have converged (``k/n runs may not
     have converged``, from the table's ``convergence``; more rounds may change Δ), and the comparison's own
-    warnings (``fedseg.evaluate.stats.caution_text``: the seeds' Δ or the ranks disagree with Δ's sign)."""
-    from fedseg.evaluate.stats import ranks_disagree, seeds_disagree
+    warnings (``fedseg.evaluate.stats.cautions``: the seeds' Δ or the ranks disagree with Δ's sign)."""
+    from fedseg.evaluate.stats import cautions as comparison_cautions
 
     out = []
     for name in methods:
@@ -386,11 +386,7 @@ def cautions(test: dict, fed: dict, methods: tuple[str, ...]) -> list[str]:
         late, runs = conv.get("not_converged"), conv.get("runs")
         if isinstance(late, int) and late > 0:
             out.append(f"{name}: {late}/{runs} runs may not have converged")
-    if seeds_disagree(test):
-        out.append("seeds disagree")
-    if ranks_disagree(test):
-        out.append("mean and ranks disagree")
-    return out
+    return out + comparison_cautions(test)
 
 
 def finite(x: object) -> object:

@@ -48,7 +48,6 @@ Conventions matched with Flower (flwr 1.41; ``tests/test_robust_aggregation.py``
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Literal
@@ -58,6 +57,7 @@ from pydantic import Field, ValidationInfo, field_validator
 
 from fedseg.algorithms.aggregate import _stacked, combine, weighted_average
 from fedseg.engine.context import MethodOptions
+from fedseg.engine.messages import l2_norm
 
 Weights = dict[str, torch.Tensor]
 Aggregator = Literal["mean", "krum", "multikrum", "bulyan", "clipped"]
@@ -206,7 +206,7 @@ def bulyan(
 # --- norm clipping ---------------------------------------------------------------------------
 def update_norms(updates: Sequence[Mapping[str, torch.Tensor]]) -> list[float]:
     """``||u_k||``: the L2 norm over every floating-point entry of each update (float64)."""
-    return [math.sqrt(sum(float(u[name].to(torch.float64).pow(2).sum()) for name in _float_names(u))) for u in updates]
+    return [l2_norm(u) for u in updates]
 
 
 def clip_factors(norms: Sequence[float], clip_norm: float) -> list[float]:

@@ -33,7 +33,7 @@ from collections.abc import Collection, Mapping
 import torch
 
 from fedseg.config import FaultSpec, RunConfig
-from fedseg.engine.messages import Message
+from fedseg.engine.messages import Message, l2_norm
 
 
 def check_fault_sites(faults: list[FaultSpec], site_names: list[str], where: str) -> None:
@@ -178,15 +178,15 @@ OUTLIER_RATIO = 100.0  # an update this many times the median of the other sites
 
 
 def update_norm(sent: Message, reply: Message) -> float:
-    """The L2 norm of a reply's update: its float tensors minus the ones sent of the same name and shape (float32:
-    precise enough for a ratio of 100, half float64's cost on a 30M-weight 3D network; the others, e.g. a method's
-    own statistics, left out); 0 where there is none."""
-    total = 0.0
-    for name, t in reply.tensors.items():
-        base = sent.tensors.get(name)
-        if t.is_floating_point() and base is not None and base.shape == t.shape:
-            total += float(torch.linalg.vector_norm(t.float() - base.float())) ** 2
-    return math.sqrt(total)
+    """The L2 norm (``messages.l2_norm``) of a reply's update: its float tensors minus the ones sent of the same name
+    and shape (the others, e.g. a method's own statistics, left out); 0 where there is none."""
+    return l2_norm(
+        {
+            name: t - sent.tensors[name]
+            for name, t in reply.tensors.items()
+            if t.is_floating_point() and name in sent.tensors and sent.tensors[name].shape == t.shape
+        }
+    )
 
 
 def outlying_updates(sent: Mapping[str, Message], replies: Mapping[str, Message]) -> dict[str, tuple[float, float]]:

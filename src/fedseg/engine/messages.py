@@ -7,6 +7,7 @@ every message, down and up, in the ledger.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -61,3 +62,10 @@ def load_weights(model: nn.Module, weights: Mapping[str, torch.Tensor]) -> None:
     with torch.no_grad():
         for k, v in weights.items():
             state[k].copy_(v)
+
+
+def l2_norm(tensors: Mapping[str, torch.Tensor]) -> float:
+    """The L2 norm over every floating-point entry of ``tensors`` together (float64; Flower's ``get_norm``): an
+    update's norm for robust merges and clipping (``fedseg.algorithms.robust``) and for the engine's outlier warning
+    (``fedseg.engine.faults.update_norm``)."""
+    return math.sqrt(sum(float(t.to(torch.float64).pow(2).sum()) for t in tensors.values() if t.is_floating_point()))

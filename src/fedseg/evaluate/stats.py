@@ -412,11 +412,20 @@ def ranks_disagree(test: Mapping[str, Any] | None) -> bool:
     return (sign > 0) != (mean > 0)
 
 
+def cautions(test: Mapping[str, Any] | None) -> list[str]:
+    """What to read beside a comparison's p: ``seeds disagree`` (:func:`seeds_disagree`), ``mean and ranks
+    disagree`` (:func:`ranks_disagree`)."""
+    return [
+        said
+        for said, holds in (("seeds disagree", seeds_disagree), ("mean and ranks disagree", ranks_disagree))
+        if holds(test)
+    ]
+
+
 def caution_text(test: Mapping[str, Any] | None) -> str:
-    """What to read beside a comparison's p: `` (seeds disagree)`` (:func:`seeds_disagree`), `` (mean and ranks
-    disagree)`` (:func:`ranks_disagree`); empty when neither holds."""
-    seeds = " (seeds disagree)" if seeds_disagree(test) else ""
-    return seeds + (" (mean and ranks disagree)" if ranks_disagree(test) else "")
+    """:func:`cautions` as they follow a p in every table: `` (seeds disagree) (mean and ranks disagree)``; empty
+    when none holds."""
+    return "".join(f" ({said})" for said in cautions(test))
 
 
 # --- the text of a comparison (``compare``'s result: ``mean_diff``/``mean_difference``, ``ci_low``, ``ci_high``,
