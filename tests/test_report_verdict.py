@@ -197,6 +197,18 @@ def test_verdict_compares_with_fedavg_when_it_is_not_the_runner_up(tmp_path):
     assert lines[2].startswith(f"Over FedAvg ({FEDAVG:.4f}): +{FEDPROX + 0.05 - FEDAVG:.4f}; per test case ")
 
 
+def write_two_methods(run, summary: dict, rows: list[dict], means: dict) -> None:
+    """The run's summary.json with FedAvg's and FedProx's Client Avg ``means`` and its results.csv of ``rows``."""
+    summary["algorithms"] = {
+        name: {**summary["algorithms"][name], "dice": {"client_avg": means[name]}} for name in ("fedavg", "fedprox")
+    }
+    (run / "summary.json").write_text(json.dumps(summary))
+    with open(run / "results.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+
+
 def test_a_per_case_test_that_points_against_the_ranking_is_said_not_called_beyond_noise(tmp_path):
     """Client Avg weighs sites equally, the test pools the cases: a small site where the best wins by much and large
     sites where it loses by a little rank it first while the test finds the other better: the verdict says so."""
@@ -227,14 +239,7 @@ def test_a_per_case_test_that_points_against_the_ranking_is_said_not_called_beyo
         )
         for name in ("fedavg", "fedprox")
     }
-    summary["algorithms"] = {
-        name: {**summary["algorithms"][name], "dice": {"client_avg": means[name]}} for name in ("fedavg", "fedprox")
-    }
-    (run / "summary.json").write_text(json.dumps(summary))
-    with open(run / "results.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+    write_two_methods(run, summary, rows, means)
     loaded = load_run(run)
     v = verdict(loaded)
     assert v is not None and v.best == "fedavg" and means["fedavg"] > means["fedprox"]
@@ -261,14 +266,7 @@ def test_a_mean_and_ranks_that_point_opposite_ways_are_said_neither_noise_nor_a_
                 row = {"algorithm": name, "model": "global", "site": f"s{k}", "case": f"c{i}", "region": "r"}
                 rows.append({**row, "metric": "dice", "value": value})
     means = {n: float(np.mean([r["value"] for r in rows if r["algorithm"] == n])) for n in ("fedavg", "fedprox")}
-    summary["algorithms"] = {
-        name: {**summary["algorithms"][name], "dice": {"client_avg": means[name]}} for name in ("fedavg", "fedprox")
-    }
-    (run / "summary.json").write_text(json.dumps(summary))
-    with open(run / "results.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+    write_two_methods(run, summary, rows, means)
     v = verdict(load_run(run))
     assert v is not None and v.best == "fedavg"
     d = v.differences["fedprox"]
