@@ -111,3 +111,19 @@ def test_scaffold_moves_c_by_the_answering_fraction_of_the_mean_update(tiny_conf
     server.aggregate({**replies, "site2": replies["site1"]})  # every site: FeTS Eq. 8, unscaled
     for k, v in server.control.items():
         assert torch.allclose(v, c0[k] + (1 + 2 + 1) / 3), k
+
+
+def test_ditto_samples_a_site_without_a_personal_model_validates_the_global_one(tmp_path, tiny_config, disc_federation):
+    """Under client sampling a site not sampled in round 1 had no personal model to validate: Ditto failed with
+    "weights are missing" in every engine (a determinism audit). It now validates the global model, the one its
+    personal model would start from, until it is sampled."""
+    cfg = tiny_config(algorithms=["ditto"], fl={"rounds": 3, "clients_per_round": 1}, seed=0)
+    results = run_experiment(cfg, tmp_path, federation=disc_federation())
+    (ditto,) = results.algorithms
+    first = ditto.summary["sampled_sites"]["1"]
+    assert len(first) == 1 and ditto.summary["failures"] == []
+    assert {r["site"] for r in ditto.ledger if r["round"] == 1 and r["action"] == "evaluate"} == {
+        "site1",
+        "site2",
+        "site3",
+    }

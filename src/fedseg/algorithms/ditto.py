@@ -93,7 +93,10 @@ class DittoServer(PerSiteServer):
     """FedAvg; each site is evaluated with its v_k (nothing to send for it)."""
 
     def site_weights(self, site: str) -> dict:
-        return {}
+        """Nothing: a site is evaluated with its own v_k. Under client sampling (``fl.clients_per_round``) a site
+        not yet sampled has none: every site then gets the global model, the one its v_k would start from (an
+        unsampled site failed its first validation: ``weights are missing``)."""
+        return {} if self.task.cfg.fl.clients_per_round is None else self.global_weights
 
 
 SPECS = (
