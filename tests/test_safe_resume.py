@@ -89,6 +89,9 @@ def test_resume_with_other_threads_or_name_continues(run_copy, finished, tiny_co
     dice = [json.loads((d / "summary.json").read_text())["algorithms"]["fedavg"]["dice"] for d in (finished, run_copy)]
     assert dice[0] == dice[1]
     assert yaml.safe_load((run_copy / "config.yaml").read_text())["threads"] == 2
+    # another thread count changes the last digits of what is trained after it (a determinism audit): said, logged
+    log = (run_copy / "run.log").read_text()
+    assert "resumed with threads 2, the run started with 1: the rounds trained now are not bit-identical" in log
 
 
 def test_resume_may_append_algorithms_at_the_end(run_copy, finished, tiny_config, disc_federation):
@@ -105,6 +108,8 @@ def test_resume_may_append_algorithms_at_the_end(run_copy, finished, tiny_config
 def test_resume_conflicts_rules():
     old = {"name": "a", "threads": 1, "algorithms": ["local", "fedavg"], "methods": {"fedprox": {"mu": 0.01}}}
     assert resume_conflicts(old, {**old, "name": "b", "threads": 4}) == []
+    loaders = {"train": {"loader_workers": 0}}  # results do not depend on it: a resume may change it
+    assert resume_conflicts({**old, **loaders}, {**old, "train": {"loader_workers": 2}}) == []
     assert resume_conflicts(old, {**old, "algorithms": ["local", "fedavg", "fedprox"]}) == []
     assert resume_conflicts(old, {**old, "algorithms": ["fedavg", "local"]}) == [
         "algorithms: [local, fedavg] -> [fedavg, local]"

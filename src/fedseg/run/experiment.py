@@ -25,7 +25,14 @@ from fedseg.run.data_record import check_data_files, check_data_origin, record_d
 from fedseg.run.engines import EngineFactory, local_engines
 from fedseg.run.loop import run_algorithm
 from fedseg.run.outputs import RunResults, write_outputs
-from fedseg.run.preflight import check_device, check_not_a_study, check_out_dir, check_resume, recorded_config
+from fedseg.run.preflight import (
+    check_device,
+    check_not_a_study,
+    check_out_dir,
+    check_resume,
+    recorded_config,
+    resume_notes,
+)
 from fedseg.run.preparation import PLAN_FILE, Prepared, folder_root, prepare, prepare_planned
 from fedseg.run.provenance import begin, unchanged
 from fedseg.run.resume import all_finished
@@ -183,6 +190,7 @@ def record_start(
         raise FileExistsError(f"{out}: already holds a run; use --resume to continue it or choose another --out")
     if resume:
         check_data_origin(out, folder_root(cfg), prep.fingerprint)
+    notes = resume_notes(recorded_config(out / "config.yaml"), cfg.model_dump(mode="json")) if resume else []
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "config.yaml", dump_config(cfg))
     if not resume or not (out / DATA_RECORD).is_file():
@@ -196,7 +204,7 @@ def record_start(
         )
     if resume and (out / RUN_LOG).is_file() and last_event(out) != "finished":  # e.g. stopped while writing outputs
         log_event(out, "resumed")
-    for line in cost_warnings(cfg, len(prep.federation.sites)):
+    for line in notes + cost_warnings(cfg, len(prep.federation.sites)):
         announce(out, line, on_log_line)
     for line in method_notes(cfg, prep.task) + data_notes(cfg, prep.federation.kind):
         announce(out, line, on_log_line)
