@@ -40,6 +40,16 @@ def check_out_dir(out: Path, option: str = "--out") -> None:
             return
 
 
+def read_text(path: Path) -> str:
+    """``path``'s text (UTF-8, a leading byte-order mark dropped); a ValueError naming it when it is not UTF-8 (an
+    OSError as raised). The one reader of the text files fedseg is given or wrote (configs, a run's files)."""
+    data = Path(path).read_bytes()
+    try:
+        return data.decode("utf-8-sig")  # a byte-order mark (a spreadsheet's save) is not text
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text (at byte offset {e.start})") from None
+
+
 def atomic_write_bytes(path: Path, write: Callable[[BinaryIO], object], private: bool = False) -> None:
     """Call ``write(file)`` on a temp file next to ``path`` and atomically replace ``path`` with it; ``private``:
     readable by its owner only (mode 0600: a site's map of case ids to patients' file names), else the mode of a

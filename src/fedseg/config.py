@@ -948,7 +948,7 @@ def read_config_text(path: Path, what: str) -> str:
         raise ConfigError(f"{path}: is a folder, not a {what} file (YAML)")
     if not path.is_file():
         raise ConfigError(f"{path}: {what} file not found")
-    from fedseg.presentation.files import read_text
+    from fedseg.atomic_files import read_text
 
     try:
         return read_text(path)

@@ -30,6 +30,8 @@ from typing import Any
 
 import numpy as np
 
+from fedseg.atomic_files import read_text
+
 __all__ = ["REWRITE_HINT", "check_summary", "kind_of", "load_npz", "read_csv", "read_json", "read_text"]
 
 #: what makes a run's damaged ``summary.json`` again
@@ -49,16 +51,6 @@ def kind_of(value: object) -> str:
         return f"a yes/no value ({str(value).lower()})"
     kind = "a string" if isinstance(value, str) else "a number" if isinstance(value, int | float) else "a value"
     return f"{kind} ({str(value)[:40]!r})" if isinstance(value, str) else f"{kind} ({value})"
-
-
-def read_text(path: Path) -> str:
-    """``path``'s text (UTF-8, a leading byte-order mark dropped); a ValueError naming it when it is not UTF-8 (an
-    OSError as raised)."""
-    data = Path(path).read_bytes()
-    try:
-        return data.decode("utf-8-sig")  # a byte-order mark (a spreadsheet's save) is not text
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{path}: not UTF-8 text (at byte offset {e.start})") from None
 
 
 def read_json(path: Path, hint: str = "") -> dict[str, Any]:
