@@ -27,6 +27,7 @@ Timeouts are wall time, so unlike every other number of a run they depend on the
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from collections.abc import Collection, Mapping
 
@@ -199,8 +200,7 @@ def outlying_updates(sent: Mapping[str, Message], replies: Mapping[str, Message]
     norms = {site: update_norm(sent[site], reply) for site, reply in replies.items()}
     out = {}
     for site, norm in norms.items():
-        others = sorted(v for s, v in norms.items() if s != site)
-        median = (others[(len(others) - 1) // 2] + others[len(others) // 2]) / 2
+        median = statistics.median(v for s, v in norms.items() if s != site)
         if median > 0 and norm > OUTLIER_RATIO * median:
             out[site] = (norm, median)
     return out

@@ -178,6 +178,12 @@ def site_train(message: FlowerMessage, context: Context) -> FlowerMessage:
     return FlowerMessage(content, reply_to=message)
 
 
+def secure_weight(weighting: str, train_cases: int) -> int:
+    """The integer weight a site's update is multiplied by under SecAgg+: 1 (``uniform``) or its training-set size;
+    the coordinator sends it (``secure_train``), the site checks it (:func:`site_weight`)."""
+    return 1 if weighting == "uniform" else train_cases
+
+
 def site_weight(head: dict, weighting: str, train_cases: int) -> int:
     """The weight a site multiplies its update by, as the coordinator sent it (``head``: the ``HEADER`` record,
     ``weighting`` and ``weight``), checked against what the site knows: the run's ``weighting`` (from the run
@@ -186,7 +192,7 @@ def site_weight(head: dict, weighting: str, train_cases: int) -> int:
     weights to the others and ``samples`` to one, would unmask that one site's update from the secure sum (a
     security audit did the first, a review found the second)."""
     weight = head.get("weight")
-    expected = 1 if weighting == "uniform" else train_cases
+    expected = secure_weight(weighting, train_cases)
     if head.get("weighting") != weighting:
         raise ValueError(
             f"secure aggregation refused: the coordinator sent this site {head.get('weighting')!r} weighting, not "
@@ -351,7 +357,7 @@ def secure_train(engine, order: list[str], messages: dict[str, Message]) -> dict
         if t.keys() != first.keys() or not all(torch.equal(t[k], first[k]) for k in first):
             raise ValueError(f"secure aggregation needs one broadcast message per round; {s!r} got another one")
     weighting = weighting_of(engine.options, cfg)
-    weights = {s: 1 if weighting == "uniform" else engine.num_samples(s) for s in order}
+    weights = {s: secure_weight(weighting, engine.num_samples(s)) for s in order}
     nodes = {engine.site_map.nodes[s]: s for s in order}
     payload = {}
     for n, s in nodes.items():

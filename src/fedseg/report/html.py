@@ -82,6 +82,7 @@ from fedseg.report.methods import algorithm_order, display_name, families, is_fe
 from fedseg.report.own_scores import mean_std_text, own_region_stats, scored_metrics
 from fedseg.report.study_tables import study_sections
 from fedseg.report.verdict import routing_notes, unconverged_methods, verdict, verdict_html
+from fedseg.run.stopping import NOT_CONVERGED_WHY
 
 __all__ = ["BYTES_PER_FLOAT", "RunFiles", "algorithm_order", "load_run", "render_report"]
 
@@ -585,8 +586,7 @@ def _unconverged(run: RunFiles) -> str:
     if not late:
         return ""
     return (
-        f" <b>May not have converged</b>: {esc(', '.join(late))} — the round selected on validation is among the "
-        "last 10% (at least 2) of the rounds trained and validation Dice had not plateaued"
+        f" <b>May not have converged</b>: {esc(', '.join(late))} — {NOT_CONVERGED_WHY}"
         + (
             " (for a method that selects a round per site, on its own validation split: at least half its "
             "sites selected a round among those last ones)"

@@ -28,6 +28,7 @@ from fedseg.evaluate.metric_info import METRICS
 from fedseg.presentation.figures import LINE_STYLES, save, series_color
 from fedseg.presentation.kit import TableRow, esc, fmt, num, read_csv, score_table, section, site_columns, table
 from fedseg.report.methods import display_name, is_federated
+from fedseg.run.stopping import NOT_CONVERGED_WHY
 
 __all__ = [
     "STUDY_JSON",
@@ -125,8 +126,7 @@ def unconverged_note(labels: Sequence[str]) -> str:
     if not labels:
         return ""
     return (
-        f" <b>May not have converged</b>: {esc(', '.join(dict.fromkeys(labels)))} (the round selected on validation "
-        "is among the last 10% (at least 2) of the rounds trained and validation Dice had not plateaued: more rounds "
+        f" <b>May not have converged</b>: {esc(', '.join(dict.fromkeys(labels)))} ({NOT_CONVERGED_WHY}: more rounds "
         "may change these numbers)."
     )
 

@@ -94,6 +94,12 @@ def not_converged(late_best: bool, plateaued: bool) -> bool:
     return late_best and not plateaued
 
 
+NOT_CONVERGED_WHY = (  # what every page says of a run that may not have converged (not_converged)
+    "the round selected on validation is among the last 10% (at least 2) of the rounds trained and validation Dice "
+    "had not plateaued"
+)
+
+
 def late_window(rounds: int) -> int:
     """The last rounds of ``rounds`` trained in which a selected round may not have converged: 10%, at least 2."""
     return max(2, math.ceil(LATE_FRACTION * rounds))
