@@ -582,3 +582,34 @@ def test_bench_notes_keep_their_bold_in_the_page_and_escape_the_rest():
 
     note = "**May not have converged** (rounds < 10% & more): fedavg (3/3), **b**"
     assert esc_md(note) == "<b>May not have converged</b> (rounds &lt; 10% &amp; more): fedavg (3/3), <b>b</b>"
+
+
+def test_per_seed_data_is_checked_for_every_seed_tuning_seeds_too(tmp_path, disc_federation):
+    """With data_seed: per-seed each seed builds and splits its own data: a tuning seed whose data leaves a site
+    without a test case is refused before anything is written, naming the seed (only seeds[0] was checked)."""
+    from dataclasses import replace
+
+    from fedseg.bench.phases import run_bench
+    from fedseg.data.sources import register_federation, unregister_federation
+
+    def builder(cfg):
+        fed = disc_federation(n_sites=3, cases_per_site=12, size=32, seed=cfg.data.seed)
+        if cfg.data.seed == 7:  # this seed's data has 2 cases at site2
+            fed.sites[1] = replace(fed.sites[1], cases=fed.sites[1].cases[:2])
+        return fed
+
+    register_federation("seeded-discs", builder, sites=3)
+    try:
+        spec, root = load_bench(
+            _bench(
+                tmp_path,
+                federations=[{"name": "discs", "set": ["data.source=seeded-discs"]}],
+                data_seed="per-seed",
+                tune={"seeds": [7]},
+            )
+        )
+        with pytest.raises(ConfigError, match=r"bench federation 'discs', fold 0, seed 7: site '[^']+' gets no"):
+            run_bench(spec, root, tmp_path / "out", echo=lambda line: None)
+        assert not (tmp_path / "out").exists()
+    finally:
+        unregister_federation("seeded-discs")

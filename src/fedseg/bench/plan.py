@@ -275,18 +275,21 @@ def run_config(bench: BenchSpec, root: Path, run: BenchRun) -> RunConfig:
 def check_data(bench: BenchSpec, root: Path, holdouts: Holdouts) -> None:
     """Every federation of the bench loads, repartitions and splits with a training, a validation and a test case at
     every site in every fold (a FederationError or ConfigError naming the federation, fold and site), before any
-    work: a bad site name or too many folds for a small site would otherwise fail after hours of training."""
+    work: a bad site name or too many folds for a small site would otherwise fail after hours of training. With
+    ``data_seed: per-seed`` every seed's data (the final runs' and the tuning runs') is checked: each splits anew."""
     from fedseg.data.federation import FederationError
     from fedseg.data.repartition import repartition
     from fedseg.data.splits import check_splits, make_splits
     from fedseg.run import load_federation
 
-    for fed in bench.federations:
+    data_seeds = dict.fromkeys([*bench.seeds, *bench.tune_seeds]) if bench.data_seed == "per-seed" else bench.seeds[:1]
+    for fed, seed in itertools.product(bench.federations, data_seeds):
         loaded = None
         for fold in folds_of(bench, fed, holdouts):
-            run = make_run(bench, fed, bench.methods[0], fold, bench.seeds[0], (), holdouts)
+            run = make_run(bench, fed, bench.methods[0], fold, seed, (), holdouts)
             cfg = run_config(bench, root, run)
             where = f"bench federation {fed.name!r}, " + (f"holdout {run.holdout}" if run.holdout else f"fold {fold}")
+            where += f", seed {seed}" if bench.data_seed == "per-seed" else ""
             try:
                 loaded = loaded or load_federation(cfg)
                 trained = repartition(loaded, cfg.data.repartition, cfg.data.split, cfg.data.seed)
