@@ -37,8 +37,10 @@ Kernel time (``--child-kernel``, one process for every case, before the runs): t
 device (``train.batch_size`` x channels x the patch (volumes) or image_size^2), so whatever the run's
 configuration changes in a training step (e.g. mixed precision) is measured too; no data loading or
 augmentation. After 3 warm-up steps, 5 steps under ``torch.profiler``: the sum of the CUDA kernel (and memcpy)
-durations per step (CPU mode: the ops' self CPU time); then 5 unprofiled steps' wall time per step, and
-``torch.cuda.max_memory_allocated``.
+durations per step (CPU mode: the ops' self CPU time; GPU user annotations, which span kernels already
+counted, left out); then 5 unprofiled steps' wall time per step, and ``torch.cuda.max_memory_allocated``. Cases
+that differ only in what feeds the steps (``train.budget.*``, ``train.resident_mb``, ``engine.*``, the
+``algorithms``, ``fl.rounds``) share the first one's measurement (``same_as``).
 
 Derived, per algorithm, over its steady rounds (rounds >= 2 when there are any, else round 1, which carries the
 warm-up; ``steady_rounds`` in the JSON):
@@ -54,14 +56,18 @@ per algorithm both ran: the difference of their global test Dice and their round
 (retina256's FedAvg again: the run-to-run tolerance under bf16 and cuDNN autotuning) against ``retina256``. CPU:
 ``demo32-2workers`` against ``demo32`` (the difference must be 0: results are bit-identical for any W).
 
-    python benchmarks/gpu.py [--cpu] [--set KEY=VALUE ...] [--label NAME] [--out DIR] [--budget-s 420]
+    python benchmarks/gpu.py [--cpu] [--set KEY=VALUE ...] [--label NAME] [--out DIR] [--budget-s 480]
         [--cases NAME,...] [--keep-runs]
 
 Writes ``OUT/gpu.json`` + ``gpu.md`` (``--cpu``: ``gpu-cpu.*``; ``--label L``: ``gpu-L.*`` / ``gpu-cpu-L.*``)
-after every case, so a later failure or kill loses nothing measured before. On the GPU machine:
+after every case, so a later failure or kill loses nothing measured before. It imports fedseg from the
+checkout it lives in (``src/`` first on the path, the children too), so an installed fedseg of another version
+cannot stand in for it; it first imports what the runs need and stops with one line naming what is missing. On
+a GPU machine without a registry, with the wheels of fedseg's dependencies the machine lacks in ``.whl/``
+(``typing_extensions`` among them: pydantic needs 4.16 or newer), in under 10 minutes:
 
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && \\
-    PYTHONPATH=/tmp/site:$PWD/src python3 benchmarks/gpu.py --out $OUT
+    PYTHONPATH=/tmp/site timeout 560 python3 benchmarks/gpu.py --out $OUT
 """
 
 from __future__ import annotations
@@ -87,6 +93,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 HERE = Path(__file__).parent
+SOURCE = HERE.parent / "src"  # this checkout's fedseg, ahead of any installed one (module docstring)
+if (SOURCE / "fedseg").is_dir() and str(SOURCE) not in sys.path[:1]:
+    sys.path.insert(0, str(SOURCE))
 RESULTS = HERE / "results"
 SAMPLE_MS = 200
 PROJECTED_ROUNDS = 100
@@ -300,8 +309,15 @@ def kernel_microseconds(prof, device_type: str) -> float:
     from torch.autograd import DeviceType
 
     if device_type == "cuda":
-        return float(sum(e.time_range.elapsed_us() for e in prof.events() if e.device_type == DeviceType.CUDA))
+        # a GPU user annotation (e.g. ``Optimizer.step#SGD.step``) spans kernels counted already (torch leaves
+        # them out of its own summary too)
+        kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA and not _user_annotation(e)]
+        return float(sum(e.time_range.elapsed_us() for e in kernels))
     return float(sum(e.self_cpu_time_total for e in prof.events() if e.device_type == DeviceType.CPU))
+
+
+def _user_annotation(event) -> bool:
+    return bool(getattr(event, "is_user_annotation", False))
 
 
 def measure_kernel(preset: str, overrides: list[str]) -> dict:
@@ -372,16 +388,31 @@ def child_kernel(spec: dict) -> None:
         "device_name": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
     }
     (out / "torch.json").write_text(json.dumps(info))
+    measured: dict[tuple, dict] = {}  # kernel_key -> the first such case's result
     for case in spec["cases"]:
+        key = kernel_key(case["preset"], case["overrides"])
+        if key in measured:
+            (out / f"{case['name']}.json").write_text(json.dumps({**measured[key], "seconds": 0.0}))
+            continue
         began = time.perf_counter()
         try:
             result = measure_kernel(case["preset"], case["overrides"])
         except Exception as e:  # one case's failure (e.g. out of memory) must not lose the others
             result = {"error": f"{type(e).__name__}: {e}".splitlines()[0][:300]}
         result["seconds"] = time.perf_counter() - began
+        measured[key] = {**result, "same_as": case["name"]}
         (out / f"{case['name']}.json").write_text(json.dumps(result))
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+
+
+# settings that change what a run feeds its steps, not a step on the fixed batch: cases differing only in these
+# share one kernel measurement (``same_as`` in the JSON)
+NOT_IN_A_STEP = ("train.budget.", "train.resident_mb=", "engine.", "fl.rounds=", "algorithms=")
+
+
+def kernel_key(preset: str, overrides: list[str]) -> tuple:
+    return (preset, tuple(o for o in overrides if not o.replace(" ", "").startswith(NOT_IN_A_STEP)))
 
 
 # --- launching a child with a time limit --------------------------------------------------------------------
@@ -902,7 +933,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--set", dest="set_", action="append", default=[], metavar="KEY=VALUE", help="to every case")
     ap.add_argument("--label", default="", help="names the output gpu-LABEL.json / .md")
     ap.add_argument("--out", type=Path, default=RESULTS)
-    ap.add_argument("--budget-s", type=float, default=None, help="the whole script's time (default 420; --cpu 240)")
+    ap.add_argument("--budget-s", type=float, default=None, help="the whole script's time (default 480; --cpu 240)")
     ap.add_argument(
         "--cases",
         default="",
@@ -913,6 +944,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--child-run", help=argparse.SUPPRESS)
     ap.add_argument("--child-kernel", help=argparse.SUPPRESS)
     return ap.parse_args(argv)
+
+
+PREFLIGHT = ["torch", "numpy", "scipy", "yaml", "pydantic", "monai", "nibabel", "fedseg.config", "fedseg.run"]
+
+
+def preflight() -> None:
+    """Import what every run needs (seconds), so a missing or broken package is one line, not a case lost after
+    minutes; say which fedseg runs."""
+    import importlib
+
+    for name in PREFLIGHT:
+        try:
+            importlib.import_module(name)
+        except Exception as e:  # an ImportError, or a too-old dependency failing inside the import
+            sys.exit(f"gpu.py: cannot import {name}: {type(e).__name__}: {str(e).splitlines()[0]}")
+    import fedseg
+
+    print(f"fedseg {fedseg.__version__} from {Path(fedseg.__file__).parent}", flush=True)
 
 
 def select_cases(args: argparse.Namespace) -> list[Case]:
@@ -1037,7 +1086,8 @@ def main(argv: list[str] | None = None) -> None:
         return child_run(json.loads(Path(args.child_run).read_text()))
     if args.child_kernel:
         return child_kernel(json.loads(Path(args.child_kernel).read_text()))
-    budget = args.budget_s if args.budget_s is not None else (240.0 if args.cpu else 420.0)
+    budget = args.budget_s if args.budget_s is not None else (240.0 if args.cpu else 480.0)
+    preflight()
     bench = Bench(args, select_cases(args), budget)
     bench.write()
     try:

@@ -79,6 +79,26 @@ def test_cpu_mode_reports_every_case_and_phase(cpu_report):
     assert (compared["case"], compared["against"], compared["algorithm"]) == ("demo32-2workers", "demo32", "fedavg")
     assert compared["test_dice"] == demo["test_dice"]["fedavg"] and compared["dice_diff"] == 0.0
     assert compared["round_speedup"] > 0 and "## Comparisons" in md
+    # the same network and step: measured once, shared
+    two = report["cases"]["demo32-2workers"]["kernel"]
+    assert two["same_as"] == "demo32" and two["kernel_s_per_step"] == demo["kernel"]["kernel_s_per_step"]
+
+
+def test_a_dependency_that_fails_to_import_stops_it_in_one_line_before_any_case(tmp_path):
+    """A too-old dependency on the GPU machine (pydantic's ``Sentinel`` from typing_extensions < 4.16) is one line
+    naming the package, in seconds, not a case lost after minutes."""
+    broken = tmp_path / "site"
+    broken.mkdir()
+    (broken / "pydantic.py").write_text("from typing_extensions import NoSuchName\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(broken), str(ROOT / "src")])}
+    cmd = [sys.executable, str(SCRIPT), "--cpu", "--out", str(tmp_path / "out")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        "gpu.py: cannot import pydantic: ImportError: cannot import name 'NoSuchName' from 'typing_extensions' "
+        f"({Path(__import__('typing_extensions').__file__)})"
+    ]
+    assert not (tmp_path / "out").exists()
 
 
 def test_killed_case_keeps_what_it_measured(tmp_path):

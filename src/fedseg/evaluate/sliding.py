@@ -139,16 +139,16 @@ def score_volumes(
     mm), with the metrics' empty-mask rule and ``worst`` (``eval.hd95_worst``; None = the case's grid diagonal
     in mm). ``views``: the cases' fixed-size images ``(N, C, *S)`` a routing model decides on
     (:func:`network_for`). A case is blended, restored and thresholded on ``device`` where it fits
-    (:func:`blend_device`), else on the CPU; the masks go to ``device`` for the metrics when ``device`` is an
-    accelerator and ``surface_device`` is ``auto`` (HD95/NSD there, :mod:`fedseg.evaluate.surface`), else to
-    the CPU."""
-    to = device if surface_device == "auto" and hd95 else torch.device("cpu")
+    (:func:`blend_device`), else on the CPU; its Dice is computed where its mask is (only ``(1, R)`` numbers
+    leave the accelerator); the mask goes to ``device`` when ``surface_device`` is ``auto`` (HD95/NSD there,
+    :mod:`fedseg.evaluate.surface`), else HD95/NSD copy it to the CPU."""
+    surface_on_device = surface_device == "auto" and hd95
     scores: dict[str, list[np.ndarray]] = {m: [] for m in METRIC_NAMES}
     for i, vol in enumerate(volumes):
         net = network_for(model, None if views is None else views[i], device)
         pred = _prediction(net, vol, cfg, threshold, device)
         case = batch_metrics(
-            pred[None].to(to),
+            pred[None].to(device if surface_on_device else pred.device),
             vol.truth[None],
             hd95=hd95,
             spacing=vol.spacing,
