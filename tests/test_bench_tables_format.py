@@ -42,6 +42,72 @@ def test_the_committed_benches_tables_md_is_the_rendering_of_their_tables_json()
         bench, content = report.read_tables(RESULTS / name / "tables.json")
         md = report.markdown(bench, content["federations"], content["tuning"], content.get("analysis_changes", []))
         assert md == (RESULTS / name / "tables.md").read_text(), f"{name}: run fedseg report on a copy of it"
+        tex = report.latex(bench, content["federations"], content["tuning"], content.get("analysis_changes", []))
+        assert tex == (RESULTS / name / "tables.tex").read_text(), f"{name}: run fedseg report on a copy of it"
+
+
+def _tex_rows(tex: str) -> list[list[str]]:
+    """The cells of every tabular row of ``tables.tex`` (between \\midrule and \\bottomrule)."""
+    rows, inside = [], False
+    for line in tex.splitlines():
+        if line in ("\\midrule", "\\bottomrule"):
+            inside = line == "\\midrule"
+        elif inside:
+            assert line.endswith(" \\\\"), line
+            rows.append(line[: -len(" \\\\")].split(" & "))
+    return rows
+
+
+def test_tables_tex_holds_every_cell_of_tables_md_escaped_for_latex():
+    """tables.tex (for a paper) has the same tables, rows and cells as tables.md, each cell escaped (no bare LaTeX
+    special character, no Unicode symbol pdflatex would refuse), one unique label per table, the shared legend as
+    comments; the captions carry the tables' own notes (the convergence caution among them)."""
+    import re
+
+    from fedseg.presentation.latex import SYMBOLS, tex_text
+
+    bench, content = report.read_tables(RESULTS / "headline-equal" / "tables.json")
+    feds, tuning = content["federations"], content["tuning"]
+    tex = report.latex(bench, feds, tuning)
+    sections = report.sections(bench, feds, tuning)
+    assert tex.count("\\begin{table}") == len(sections) == tex.count("\\end{table}")
+    labels = re.findall(r"\\label\{([^}]*)\}", tex)
+    assert len(set(labels)) == len(sections) and "tab:headline-equal:synthetic-retina:test" in labels
+    expected = [[tex_text(c) for c in row] for sec in sections for row in sec.table[1]]
+    assert _tex_rows(tex) == expected and len(expected) > 40
+    body = "".join(line for line in tex.splitlines(keepends=True) if not line.startswith("%"))
+    cells = body.replace(" & ", " ").replace("{%\n", "{\n")  # column separators, the line-end comment
+    assert not re.search(r"(?<!\\)[%&#_]", cells), "an unescaped special character"
+    assert not set(body) & set(SYMBOLS), "a Unicode symbol left as it is"
+    assert body.count("{") == body.count("}")
+    assert "\\textbf{May not have converged}" in tex and "$^\\dagger$" in tex and "$\\pm$" in tex
+    assert re.search(r"\$[0-9.]+\\times10\^\{-\d+\}\$", tex)  # a p such as 5.9e-14
+    legend = "".join(line[2:] for line in tex.splitlines() if line.startswith("% "))
+    assert "hierarchical bootstrap" in legend.replace("\n", " ")
+
+
+@pytest.mark.skipif(
+    shutil.which("pdflatex") is None, reason="pdflatex is not installed (the test above checks the text)"
+)
+def test_tables_tex_compiles_with_pdflatex(tmp_path):
+    """Every committed bench's tables.tex inside a minimal article compiles without an error."""
+    import subprocess
+
+    for name in BENCHES:
+        doc = tmp_path / f"{name}.tex"
+        doc.write_text(
+            "\\documentclass{article}\n\\usepackage{booktabs,graphicx}\n\\begin{document}\n"
+            f"\\input{{{RESULTS / name / 'tables.tex'}}}\n\\end{{document}}\n"
+        )
+        proc = subprocess.run(
+            ["pdflatex", "-interaction=nonstopmode", "-halt-on-error", doc.name],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        errors = [line for line in proc.stdout.splitlines() if line.startswith("!")]
+        assert proc.returncode == 0 and not errors, (name, errors[:3], proc.stdout[-1500:])
 
 
 def test_tables_json_is_strict_json_and_a_round_trip_renders_the_same_tables(tmp_path):
@@ -59,7 +125,7 @@ def test_tables_json_is_strict_json_and_a_round_trip_renders_the_same_tables(tmp
     shutil.copytree(source, folder)
     (folder / "tables.json").write_text(old)
     report.rewrite_report(folder)
-    first = {f: (folder / f).read_text() for f in ("tables.md", "report.html")}
+    first = {f: (folder / f).read_text() for f in ("tables.md", "tables.tex", "report.html")}
     written = (folder / "tables.json").read_text()
     strict = _strict(written)
     assert "NaN" not in written and written.count("null") >= old.count("NaN")

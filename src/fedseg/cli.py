@@ -337,7 +337,8 @@ def bench(
     ),
 ) -> None:
     """A declarative study (docs/benchmark-protocol.md): every method x fold x seed x federation as runs in
-    OUT/runs/, grids tuned on validation, equal budgets; OUT/tables.md, tables.json, results.csv, report.html."""
+    OUT/runs/, grids tuned on validation, equal budgets; OUT/tables.md, tables.tex (LaTeX), tables.json, results.csv,
+    report.html."""
     existed = out.exists()
     try:
         with terminate_on_signals():  # kill, a closed terminal: as Ctrl-C, from the first import to the tables
@@ -361,13 +362,13 @@ def bench(
         detail = "the running runs stopped at their last checkpoint, the queued ones did not start"
         fail(resume_hint("the bench", out, detail), INTERRUPTED_EXIT)
         return
-    console.print(f"tables: {out / 'tables.md'}\nreport: {out / 'report.html'}", highlight=False)
+    console.print(f"tables: {out / 'tables.md'} (LaTeX: tables.tex)\nreport: {out / 'report.html'}", highlight=False)
 
 
 @app.command()
 def report(run_dir: Path = typer.Argument(..., help="output directory of a finished run, study or bench")) -> None:
     """Re-render report.html and figures/ from the files of a run (or of a study and its sub-runs; or of a bench:
-    tables.md and report.html from its tables.json, by the current statistics rules)."""
+    tables.md, tables.tex and report.html from its tables.json, by the current statistics rules)."""
     again = f"`fedseg report {shlex.quote(str(run_dir))}`"
     try:
         with terminate_on_signals():  # a page and its figures are replaced together at the end, or not at all
@@ -380,7 +381,7 @@ def report(run_dir: Path = typer.Argument(..., help="output directory of a finis
                     page = rewrite_report(run_dir)
                 except (ValueError, OSError) as e:
                     fail(error_text(e))
-                console.print(f"tables: {run_dir / 'tables.md'}\nreport: {page}", highlight=False)
+                console.print(f"tables: {run_dir / 'tables.md'} (LaTeX: tables.tex)\nreport: {page}", highlight=False)
                 return
             if not (run_dir / "summary.json").is_file():
                 if not is_study_dir(run_dir):

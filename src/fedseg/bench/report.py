@@ -1,4 +1,5 @@
-"""A bench's output files: ``results.csv``, ``tuning.csv``, ``tables.json``, ``tables.md``, ``report.html`` + figures.
+"""A bench's output files: ``results.csv``, ``tuning.csv``, ``tables.json``, ``tables.md``, ``tables.tex`` (the same
+tables as LaTeX for a paper), ``report.html`` + figures.
 
 The tables, per federation (the papers' layouts). Every table of methods or settings (all but rank stability)
 shows, next to its Dice, the rounds each trained (mean ± std over runs) and its SGD steps (Eq. 34, mean over runs):
@@ -35,6 +36,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from fedseg.atomic_files import atomic_write_text, strict_json_text
@@ -59,6 +61,7 @@ from fedseg.presentation import kit
 from fedseg.presentation.drafts import figure_draft
 from fedseg.presentation.figures import per_site_bars
 from fedseg.presentation.files import kind_of
+from fedseg.presentation.latex import tex_comment, tex_label, tex_table
 from fedseg.run.outputs import csv_text
 from fedseg.run.provenance import utc_now
 from fedseg.run.stopping import PLATEAU
@@ -504,20 +507,54 @@ def routing_note(fed: dict) -> str:
     )
 
 
+@dataclass
+class Section:
+    """One table of a federation as every output shows it: ``title`` (tables.md's heading), ``short`` (report.html's
+    and tables.tex's: ``FED: short``), the table ``(head, rows)``, its ``notes`` (paragraphs, Markdown ``**bold**``;
+    tables.md puts them before the table where ``notes_first``, after it otherwise)."""
+
+    federation: str
+    title: str
+    short: str
+    table: tuple[list[str], list[list[str]]]
+    notes: list[str] = field(default_factory=list)
+    notes_first: bool = False
+
+
+def sections(bench: BenchSpec, tables: dict, tuning: list[dict]) -> list[Section]:
+    """Every table of the bench, per federation in the order the outputs show them."""
+    out = []
+    for fed, t in tables.items():
+        test_notes = [not_converged(t), *filter(None, (plateau_note(t), routing_note(t)))]
+        out += [
+            Section(fed, "Test (FeTS Table 1 layout)", "test", test_table(t, bench.reference), test_notes),
+            Section(fed, "Per site (FedSM Tables 3-4, Auto-FedAvg Table 2 layout)", "per site", site_table(t)),
+            Section(fed, "Cost (FeTS Table 2 layout)", "cost", cost_table(t)),
+        ]
+        if t.get("comparisons"):
+            out.append(
+                Section(fed, "Paired comparisons", "paired comparisons", comparison_table(t), [COMPARISONS], True)
+            )
+        if t.get("rank_stability"):
+            out.append(Section(fed, "Rank stability", "rank stability", rank_table(t), [RANKS], True))
+        if any(r["federation"] == fed for r in tuning):
+            note = [TUNING_CONVERGED] if _tuning_counted(tuning, fed) else []
+            out.append(Section(fed, "Tuning on validation", "tuning on validation", tune_table(tuning, fed), note))
+    return out
+
+
 def markdown(bench: BenchSpec, tables: dict, tuning: list[dict], changes: Sequence[str] = ()) -> str:
     parts = [f"# Bench {bench.name}", "", notes(bench, tables, changes), ""]
-    for fed, t in tables.items():
-        parts += [f"## {fed}", "", "### Test (FeTS Table 1 layout)", "", _md_table(*test_table(t, bench.reference))]
-        parts += ["", not_converged(t), *(f"\n{note}" for note in (plateau_note(t), routing_note(t)) if note)]
-        parts += ["", "### Per site (FedSM Tables 3-4, Auto-FedAvg Table 2 layout)", ""]
-        parts += [_md_table(*site_table(t)), "", "### Cost (FeTS Table 2 layout)", "", _md_table(*cost_table(t)), ""]
-        if t.get("comparisons"):
-            parts += ["### Paired comparisons", "", COMPARISONS, "", _md_table(*comparison_table(t)), ""]
-        if t.get("rank_stability"):
-            parts += ["### Rank stability", "", RANKS, "", _md_table(*rank_table(t)), ""]
-        if any(r["federation"] == fed for r in tuning):
-            parts += ["### Tuning on validation", "", _md_table(*tune_table(tuning, fed)), ""]
-            parts += [TUNING_CONVERGED, ""] if _tuning_counted(tuning, fed) else []
+    federation = None
+    for section in sections(bench, tables, tuning):
+        if section.federation != federation:
+            federation = section.federation
+            parts += [f"## {federation}", ""]
+        notes_text = "\n\n".join(section.notes)
+        parts += [f"### {section.title}", ""]
+        parts += [notes_text, ""] if section.notes_first else []
+        parts += [_md_table(*section.table), ""]
+        parts += [notes_text, ""] if section.notes and not section.notes_first else []
     return "\n".join(parts) + "\n"
 
 
@@ -543,34 +580,44 @@ def html_parts(
         f"<h1>Bench {kit.esc(bench.name)}</h1>",
         f'<p class="meta">{kit.esc_md(notes(bench, tables, changes))}</p>',
     ]
-    for fed, t in tables.items():
-        parts.append(
-            kit.section(
-                f"{fed}: test",
-                _html_table(*test_table(t, bench.reference)),
-                kit.esc_md(" ".join(filter(None, [not_converged(t), plateau_note(t), routing_note(t)]))),
+    for section in sections(bench, tables, tuning):
+        fed = section.federation
+        note = kit.esc_md(" ".join(section.notes))
+        parts.append(kit.section(f"{fed}: {section.short}", _html_table(*section.table), note))
+        if section.short == "per site":
+            t = tables[fed]
+            fig = per_site_bars(
+                {n: {s: v["mean"] for s, v in m["sites"].items()} for n, m in t["methods"].items()},
+                t["sites"],
+                {} if t.get("leave_one_out") else t["methods"][next(iter(t["methods"]))]["train_samples"],
+                fig_dir / f"sites_{fed}.png",
+                errors={n: {s: v["std"] for s, v in m["sites"].items()} for n, m in t["methods"].items()},
+                title=f"{fed}: test Dice per site (mean ± std over seeds)",
             )
-        )
-        fig = per_site_bars(
-            {n: {s: v["mean"] for s, v in m["sites"].items()} for n, m in t["methods"].items()},
-            t["sites"],
-            {} if t.get("leave_one_out") else t["methods"][next(iter(t["methods"]))]["train_samples"],
-            fig_dir / f"sites_{fed}.png",
-            errors={n: {s: v["std"] for s, v in m["sites"].items()} for n, m in t["methods"].items()},
-            title=f"{fed}: test Dice per site (mean ± std over seeds)",
-        )
-        parts.append(kit.section(f"{fed}: per site", _html_table(*site_table(t))))
-        if fig is not None:
-            parts.append(f'<img src="figures/{fig.name}" alt="per-site Dice">')
-        parts.append(kit.section(f"{fed}: cost", _html_table(*cost_table(t))))
-        if t.get("comparisons"):
-            parts.append(kit.section(f"{fed}: paired comparisons", _html_table(*comparison_table(t)), COMPARISONS))
-        if t.get("rank_stability"):
-            parts.append(kit.section(f"{fed}: rank stability", _html_table(*rank_table(t)), RANKS))
-        if any(r["federation"] == fed for r in tuning):
-            note = TUNING_CONVERGED if _tuning_counted(tuning, fed) else ""
-            parts.append(kit.section(f"{fed}: tuning on validation", _html_table(*tune_table(tuning, fed)), note))
+            if fig is not None:
+                parts.append(f'<img src="figures/{fig.name}" alt="per-site Dice">')
     return parts
+
+
+TEX_PREAMBLE = (
+    "tables.tex of bench {name}: its tables as LaTeX (\\input{{tables.tex}}; needs \\usepackage{{booktabs,graphicx}}), "
+    "the same cells as tables.md, rendered from tables.json by `fedseg report` like it. Each caption carries the "
+    "table's own notes; the legend that every table shares (what Δ, CI, p, † and ‡ are, what is paired with what) "
+    "follows: put it, or a pointer to it, in your paper."
+)
+
+
+def latex(bench: BenchSpec, tables: dict, tuning: list[dict], changes: Sequence[str] = ()) -> str:
+    """``tables.tex``: every table of :func:`sections` as a LaTeX float (:mod:`fedseg.presentation.latex`), the
+    legend as comments at the top."""
+    head = TEX_PREAMBLE.format(name=bench.name) + "\n\n" + notes(bench, tables, changes).replace("**", "")
+    parts = [tex_comment(head)]
+    for section in sections(bench, tables, tuning):
+        short = f"{section.federation}: {section.short}"
+        caption = " ".join([f"{short}.", *section.notes])
+        label = tex_label("tab", bench.name, section.federation, section.short)
+        parts.append(tex_table(*section.table, caption=caption, label=label, short=short))
+    return "\n".join(parts)
 
 
 def write_report(bench: BenchSpec, runs: BenchRuns, out: Path, echo: Echo | None = None) -> dict:
@@ -715,13 +762,15 @@ def read_tables(path: Path) -> tuple[BenchSpec, dict]:
 
 
 def _write_tables(bench: BenchSpec, content: dict, out: Path) -> None:
-    """``tables.json`` (strict JSON: :func:`fedseg.atomic_files.json_ready`), ``tables.md`` and ``report.html``
-    (+ figures) of ``content`` into ``out``: all rendered (the figures aside, :mod:`fedseg.presentation.drafts`)
-    before any is written, so a field the tables cannot show leaves the previous files as they were."""
+    """``tables.json`` (strict JSON: :func:`fedseg.atomic_files.json_ready`), ``tables.md``, ``tables.tex`` and
+    ``report.html`` (+ figures) of ``content`` into ``out``: all rendered (the figures aside,
+    :mod:`fedseg.presentation.drafts`) before any is written, so a field the tables cannot show leaves the previous
+    files as they were."""
     tables, tuning, changes = content["federations"], content["tuning"], content.get("analysis_changes", [])
-    md = markdown(bench, tables, tuning, changes)
+    md, tex = markdown(bench, tables, tuning, changes), latex(bench, tables, tuning, changes)
     with figure_draft(out) as fig_dir:
         parts = html_parts(bench, tables, tuning, fig_dir, changes)
         atomic_write_text(out / TABLES_JSON, strict_json_text(content, indent=1))
         atomic_write_text(out / "tables.md", md)
+        atomic_write_text(out / "tables.tex", tex)
         kit.write_page(out / "report.html", f"fedseg bench {bench.name}", parts, drawn=fig_dir)
