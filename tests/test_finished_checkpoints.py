@@ -87,6 +87,9 @@ def test_resume_of_a_finished_run_reads_the_models_back_unchanged(finished, tmp_
         assert (copy / "model" / a.name / "weights.safetensors").read_bytes() == (
             out / "model" / a.name / "weights.safetensors"
         ).read_bytes()
+        # the model card made when it finished (its time included), not a new one
+        manifest = (copy / "model" / a.name / "manifest.json").read_text()
+        assert '"trained"' in manifest and manifest == (out / "model" / a.name / "manifest.json").read_text()
 
 
 def test_resume_refuses_models_that_are_not_the_run_s(finished, tmp_path, tiny_config, disc_federation):

@@ -699,7 +699,7 @@ def test_predict_reads_an_imagests_folder_case_by_case_as_the_import_stacked_it(
     assert predict(src / "imagesTs", tmp_path / "from-nnunet").exit_code == 0
     test_cases = ["s0_004", "s0_005", "s1_010", "s1_011"]
     assert sorted(p.name for p in (tmp_path / "from-nnunet").iterdir()) == sorted(
-        [f"{c}.png" for c in test_cases] + ["predictions.csv"]
+        [f"{c}.png" for c in test_cases] + ["predictions.csv", "predict.json"]
     )
     rows = (tmp_path / "from-nnunet" / "predictions.csv").read_text().splitlines()
     assert rows[1].startswith("s0_004_0000.png+s0_004_0001.png,s0_004.png,global")
@@ -718,7 +718,7 @@ def test_predict_reads_an_imagests_folder_case_by_case_as_the_import_stacked_it(
     for channel, out in (("0000", tmp_path / "one-first"), ("0001", tmp_path / "one")):
         said = predict(src / "imagesTs" / f"s0_004_{channel}.png", out)
         assert said.exit_code == 0, said.output
-        assert sorted(p.name for p in out.iterdir()) == ["predictions.csv", "s0_004.png"]
+        assert sorted(p.name for p in out.iterdir()) == ["predict.json", "predictions.csv", "s0_004.png"]
         assert (out / "predictions.csv").read_text().splitlines()[1].startswith(rows[1].split(",global")[0])
         np.testing.assert_array_equal(
             np.asarray(Image.open(out / "s0_004.png")), np.load(tmp_path / "from-fed" / "s0_004.npy")
@@ -732,7 +732,7 @@ def test_predict_reads_an_imagests_folder_case_by_case_as_the_import_stacked_it(
     (mixed / "scan_2019.npy").symlink_to(imported / "s0_005.npy")  # named like a channel file, without a _0000
     assert predict(mixed, tmp_path / "from-mixed").exit_code == 0
     assert sorted(p.name for p in (tmp_path / "from-mixed").iterdir()) == sorted(
-        [f"{c}.png" for c in test_cases] + ["extra.npy", "scan_2019.npy", "predictions.csv"]
+        [f"{c}.png" for c in test_cases] + ["extra.npy", "scan_2019.npy", "predictions.csv", "predict.json"]
     )
     # a dataset.json of another channel count than the model's: one line
     other = tmp_path / "Dataset509_Other"
@@ -772,10 +772,15 @@ def test_predict_reads_an_imagests_folder_case_by_case_as_the_import_stacked_it(
     assert sorted(p.name for p in (tmp_path / "from-frames").iterdir()) == [
         "img_0000.npy",
         "img_0001.npy",
+        "predict.json",
         "predictions.csv",
     ]
     assert predict(frames / "img_0001.npy", tmp_path / "one-frame").exit_code == 0  # that image only
-    assert sorted(p.name for p in (tmp_path / "one-frame").iterdir()) == ["img_0001.npy", "predictions.csv"]
+    assert sorted(p.name for p in (tmp_path / "one-frame").iterdir()) == [
+        "img_0001.npy",
+        "predict.json",
+        "predictions.csv",
+    ]
 
 
 def test_channel_order_is_same_reordered_other_names_or_unknown():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import math
 import shutil
 from pathlib import Path
@@ -14,6 +15,7 @@ import torch
 from PIL import Image
 from typer.testing import CliRunner
 
+import fedseg
 from fedseg.algorithms.fedsm.model import bundle_entries, candidate_names, route, super_model_from_bundle
 from fedseg.algorithms.fedsm.selector import build_selector
 from fedseg.cli import app
@@ -336,7 +338,9 @@ def test_cli_predict(trained, tmp_path):
     )
     assert result.exit_code == 0, result.output
     assert {r["model"] for r in read_csv(out / "predictions.csv").values()} == {"global"}
-    assert sorted(p.name for p in out.iterdir()) == sorted([f"{c}.png" for c in cases] + ["predictions.csv"])
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        [f"{c}.png" for c in cases] + ["predictions.csv", "predict.json"]
+    )
     Image.fromarray(np.zeros((32, 32, 4), np.uint8)).save(new / "rgba.png")
     result = runner.invoke(
         app, ["predict", "--model", str(run / "model"), "--input", str(new), "--out", str(tmp_path / "o2")]
@@ -395,9 +399,9 @@ def test_cli_predict_overlay_writes_a_picture_per_input(trained, tmp_path):
     args = ["predict", "--model", str(run / "model"), "--input", str(new), "--out", str(out), "--overlay"]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
-    assert f"{len(cases)} mask(s), {len(cases)} overlay(s) and predictions.csv written" in result.output
+    assert f"{len(cases)} mask(s), {len(cases)} overlay(s), predictions.csv and predict.json written" in result.output
     assert sorted(p.name for p in out.iterdir()) == sorted(
-        [f"{c}.png" for c in cases] + [f"{c}_overlay.png" for c in cases] + ["predictions.csv"]
+        [f"{c}.png" for c in cases] + [f"{c}_overlay.png" for c in cases] + ["predictions.csv", "predict.json"]
     )
     for case in cases:
         with Image.open(new / f"{case}.png") as source, Image.open(out / f"{case}_overlay.png") as picture:
@@ -647,7 +651,9 @@ def test_a_numbered_file_given_alone_gets_the_mask_name_it_gets_in_its_folder(tr
     for given in (frames, frames / "site1_0000.png", lone, lone / "site2_0000.png"):
         out = tmp_path / "out" / given.name
         written[given.name] = sorted(r["mask"] for r in predict(run / "model", given, out))
-        assert sorted(p.name for p in out.iterdir()) == sorted([*written[given.name], "predictions.csv"])
+        assert sorted(p.name for p in out.iterdir()) == sorted(
+            [*written[given.name], "predictions.csv", "predict.json"]
+        )
     assert written["frames"] == ["site1_0000.png", "site1_0001.png"]
     assert written["site1_0000.png"] == ["site1_0000.png"]
     assert written["lone"] == written["site2_0000.png"] == ["site2.png"]
@@ -707,3 +713,48 @@ def test_a_manifest_without_channel_names_still_loads_and_predicts_and_a_malform
         f"{folder / 'manifest.json'}: channel_names is ['R', 'G']; expected null or a list of 3 channel names "
         "(in_channels)"
     )
+
+
+def test_a_bundle_carries_its_model_card_and_predict_records_which_model_made_the_masks(trained, tmp_path):
+    """A bundle that has left its run folder still says what it is (manifest ``trained``: the method, federation,
+    sites, round selected on validation, test Dice, config digest, software); predict prints that in one line and
+    writes predict.json: the weights' SHA-256 and card, the options, how many inputs. A bundle written before cards
+    predicts as before, its record's card null."""
+    import hashlib
+
+    run = trained[0]
+    bundle = run / "model" / "fedsm"
+    card = json.loads((bundle / "manifest.json").read_text())["trained"]
+    summary = json.loads((run / "summary.json").read_text())
+    fedsm = summary["algorithms"]["fedsm"]
+    assert (card["algorithm"], card["method"], card["federation"]) == (
+        "fedsm",
+        fedsm["display_name"],
+        summary["dataset"],
+    )
+    assert card["sites"] == summary["sites"] and card["train_cases"] == fedsm["train_samples"]
+    assert (card["selected_round"], card["rounds_trained"]) == (fedsm["best_round"], fedsm["rounds"])
+    assert card["test_dice"] == fedsm["dice"] and card["fedseg"] == fedseg.__version__
+    assert card["config_sha256"] == hashlib.sha256((run / "config.yaml").read_bytes()).hexdigest()
+    assert card["may_not_have_converged"] is (fedsm["convergence"]["converged"] is False)
+
+    new = tmp_path / "new"
+    cases = copy_test_images(trained, new)
+    out = tmp_path / "out"
+    said = runner.invoke(app, ["predict", "--model", str(bundle), "--input", str(new), "--out", str(out)])
+    assert said.exit_code == 0, said.output
+    line = " ".join(said.output.split())
+    assert f"model: {fedsm['display_name']} trained on {summary['dataset']} (3 sites), round 1 of 1" in line
+    record = json.loads((out / "predict.json").read_text())
+    assert record["weights_sha256"] == hashlib.sha256((bundle / "weights.safetensors").read_bytes()).hexdigest()
+    assert record["trained"] == card and record["inputs"] == len(cases) and record["model"] == str(bundle.resolve())
+    assert (record["algorithm"], record["gamma"], record["site"]) == ("fedsm", None, None)
+
+    old = tmp_path / "old-bundle"  # as written before model cards
+    shutil.copytree(bundle, old)
+    manifest = json.loads((old / "manifest.json").read_text())
+    del manifest["trained"]
+    (old / "manifest.json").write_text(json.dumps(manifest))
+    said = runner.invoke(app, ["predict", "--model", str(old), "--input", str(new), "--out", str(tmp_path / "o")])
+    assert said.exit_code == 0 and "model:" not in said.output, said.output
+    assert json.loads((tmp_path / "o" / "predict.json").read_text())["trained"] is None

@@ -68,7 +68,13 @@ def test_the_seg_of_a_series_reads_back_as_the_nifti_mask_and_references_the_ser
     inputs, out = series_input(tmp_path / "in"), tmp_path / "out"
     rows = predict(disjoint, inputs, out, dicom_seg=True)
     # the series gets its .dcm, the NIfTI input none; predictions.csv names it
-    assert sorted(p.name for p in out.iterdir()) == ["case.dcm", "case.nii.gz", "plain.nii.gz", "predictions.csv"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "case.dcm",
+        "case.nii.gz",
+        "plain.nii.gz",
+        "predict.json",
+        "predictions.csv",
+    ]
     with open(out / "predictions.csv", newline="") as f:
         table = list(csv.DictReader(f))
     assert list(table[0]) == ["file", "mask", "dicom_seg", "model", "confidence"]
@@ -103,7 +109,9 @@ def test_the_seg_of_a_series_reads_back_as_the_nifti_mask_and_references_the_ser
         app,
         ["predict", "--model", str(disjoint), "--input", str(inputs), "--out", str(tmp_path / "cli"), "--dicom-seg"],
     )
-    assert said.exit_code == 0 and "2 mask(s), 1 DICOM-SEG(s) and predictions.csv written" in said.output, said.output
+    assert (
+        said.exit_code == 0 and "2 mask(s), 1 DICOM-SEG(s), predictions.csv and predict.json written" in said.output
+    ), said.output
     predict(disjoint, inputs, tmp_path / "plain-out")  # without dicom_seg: no .dcm, the columns as before
     assert not list((tmp_path / "plain-out").glob("*.dcm"))
     assert (tmp_path / "plain-out" / "predictions.csv").read_text().startswith("file,mask,model,confidence\n")
@@ -191,6 +199,7 @@ def test_an_existing_seg_is_refused_without_force_replaced_with_it_and_put_back_
     first = pydicom.dcmread(out / "case.dcm").SOPInstanceUID
     (out / "case.nii.gz").unlink()
     (out / "predictions.csv").unlink()
+    (out / "predict.json").unlink()
     with pytest.raises(PredictError, match=f"{out / 'case.dcm'}: exists .*overwrite with --force"):
         predict(disjoint, series, out, dicom_seg=True)
     assert sorted(p.name for p in out.iterdir()) == ["case.dcm"]
@@ -200,7 +209,7 @@ def test_an_existing_seg_is_refused_without_force_replaced_with_it_and_put_back_
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     rename = Path.rename
 
-    def full_disk_after_the_seg(self, target):  # the staged files move in by name: case.dcm first, the CSV last
+    def full_disk_after_the_seg(self, target):  # the staged files move in by name: case.dcm first, the CSV near the end
         if self.parent.name.startswith(".predict-") and Path(target).parent == out and self.name == "predictions.csv":
             raise OSError(28, "No space left on device", str(target))
         return rename(self, target)

@@ -470,7 +470,7 @@ def predict(
     overlays += f", {sum(bool(r['dicom_seg']) for r in rows)} DICOM-SEG(s)" if dicom_seg else ""
     for note in notes:
         console.print(note, highlight=False, soft_wrap=True)  # a path is not broken mid-name
-    console.print(f"{len(rows)} mask(s){overlays} and predictions.csv written to {out}", highlight=False)
+    console.print(f"{len(rows)} mask(s){overlays}, predictions.csv and predict.json written to {out}", highlight=False)
 
 
 @app.command("loss-surface")

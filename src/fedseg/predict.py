@@ -94,6 +94,7 @@ from fedseg.run.bundles import (
     load_bundle,
     run_bundles,
 )
+from fedseg.run.model_card import RECORD_NAME, card_line, prediction_record
 from fedseg.run.outputs import csv_text
 from fedseg.run.preflight import check_out_dir
 
@@ -630,10 +631,10 @@ def write_mask(path: Path, label: np.ndarray, source: Path) -> None:
 
 def output_names(inputs: list[Input], overlay: bool, dicom_seg: bool = False) -> list[str]:
     """The files ``predict`` writes into ``out``: masks, overlays (``overlay``), the DICOM-SEGs of DICOM series inputs
-    (``dicom_seg``) and predictions.csv."""
+    (``dicom_seg``), predictions.csv and predict.json (which model made them: ``fedseg.run.model_card``)."""
     overlays = [overlay_name(i.mask_name) for i in inputs if overlay]
     segs = [name for i in inputs if dicom_seg and (name := seg_name(i.path)) is not None]
-    return [i.mask_name for i in inputs] + overlays + segs + [CSV_NAME]
+    return [i.mask_name for i in inputs] + overlays + segs + [CSV_NAME, RECORD_NAME]
 
 
 def input_folder_problem(out: Path, given: Path) -> str | None:
@@ -707,10 +708,13 @@ def predict(
     rows of ``predictions.csv``. Nothing is written unless every input is valid. ``overlay``: also
     ``<name>_overlay.png`` per input, the image with its predicted regions drawn on it (``overlay_image``).
     ``dicom_seg``: also ``<name>.dcm`` per DICOM series input, its regions as a DICOM-SEG (``fedseg.predict_seg``);
-    refused where no input is a DICOM series. ``notes``, when given, receives lines for the user: the channel order
-    the model reads, where it knows it (``channels_note``)."""
+    refused where no input is a DICOM series. ``predict.json`` records the bundle (its weights' SHA-256 and model
+    card) and the options. ``notes``, when given, receives lines for the user: what the model is (its card, where
+    it has one: ``card_line``), the channel order it reads, where it knows it (``channels_note``)."""
     bundle = load_bundle(find_model(model, algorithm))
     predictor = build_predictor(bundle, gamma, site)
+    if notes is not None and (line := card_line(bundle.manifest.get("trained"))) is not None:
+        notes.append(line)
     inputs = read_inputs(input, bundle, overlay, notes)
     seg = seg_writer(bundle, [i.path for i in inputs], Path(input)) if dicom_seg else None  # before any prediction
     out = Path(out)
@@ -718,6 +722,9 @@ def predict(
     replaced = [t for t in (out / n for n in output_names(inputs, overlay, dicom_seg)) if t.exists() or t.is_symlink()]
     with staging_folder(out, "predict") as staging:  # removed, and out if it made it, on any error or interruption
         rows = write_predictions(predictor, bundle, inputs, staging, batch_size, overlay, seg)
+        options = {"algorithm": bundle.folder.name, "threshold": bundle.manifest["threshold"], "gamma": gamma}
+        record = prediction_record(bundle.folder, bundle.manifest, {**options, "site": site}, len(inputs))
+        (staging / RECORD_NAME).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
         move_in(staging, out, replaced)  # all together: a failed or interrupted move puts back what it replaced
     return rows
 

@@ -7,6 +7,7 @@ from typing import Any
 
 from fedseg.algorithms.sampling import sampling_refusal
 from fedseg.engine.checkpoint import save_checkpoint
+from fedseg.run.model_card import model_card
 from fedseg.run.outputs import bundle_order, write_bundle_files
 from fedseg.run.result import AlgorithmResult, Row
 from fedseg.run.resume import remove_best_files
@@ -28,8 +29,9 @@ def finish(run: AlgorithmRun, state: RoundState, last: int) -> AlgorithmResult:
     test_rows = server.evaluate("test", sample=True)
     bundle = server.bundle()
     summary = training_summary(run, state, last, test_rows)
+    card = model_card(run.name, run.prep.federation, run.cfg, summary)
     result = AlgorithmResult(
-        run.name, test_rows, state.rounds_rows, engine.ledger.as_dicts(), summary, bundle, state.metric_rows
+        run.name, test_rows, state.rounds_rows, engine.ledger.as_dicts(), summary, bundle, state.metric_rows, card
     )
     save_finished(run, result)
     engine.close()  # e.g. the state files of engine.state: disk
@@ -87,8 +89,11 @@ def save_finished(run: AlgorithmRun, result: AlgorithmResult) -> None:
         "ledger": result.ledger,
         "summary": result.summary,
         "metric_rows": result.metric_rows,
+        "card": result.card,
         # the models, on disk before the checkpoint that relies on them (run_experiment rewrites them unchanged)
-        "bundle_sha256": write_bundle_files(run.out / "model" / run.name, result.bundle, run.cfg, run.prep.federation),
+        "bundle_sha256": write_bundle_files(
+            run.out / "model" / run.name, result.bundle, run.cfg, run.prep.federation, result.card
+        ),
         "bundle_order": bundle_order(result.bundle),
     }
     save_checkpoint(run.ckpt_path, {**finished, "bundle": result.bundle} if run.keep_checkpoints else finished)

@@ -89,19 +89,17 @@ def write_outputs(out: Path, results: RunResults) -> None:
     ledger += [{"algorithm": a.name, **row} for a in algos for row in a.ledger]
     atomic_write_text(out / "ledger.csv", csv_text(LEDGER_COLUMNS, ledger))
     for a in algos:
-        write_bundle(out / "model" / a.name, a.bundle, results)
+        write_bundle_files(out / "model" / a.name, a.bundle, results.trained_cfg, results.federation, a.card)
 
 
-def write_bundle(folder: Path, bundle: Bundle, results: RunResults) -> str:
-    """``model/<algorithm>/weights.safetensors`` (tensors named ``<model>/<param>``) + ``manifest.json``;
-    returns the SHA-256 of the weights file (see ``read_bundle``)."""
-    return write_bundle_files(folder, bundle, results.trained_cfg, results.federation)
-
-
-def write_bundle_files(folder: Path, bundle: Bundle, cfg: RunConfig, fed: Federation) -> str:
-    """``write_bundle`` from the run's config and federation; returns the weights file's SHA-256. The manifest's
+def write_bundle_files(
+    folder: Path, bundle: Bundle, cfg: RunConfig, fed: Federation, card: dict[str, Any] | None = None
+) -> str:
+    """``model/<algorithm>/weights.safetensors`` (tensors named ``<model>/<param>``) + ``manifest.json`` from the
+    run's config and federation; returns the weights file's SHA-256 (see ``read_bundle``). The manifest's
     ``channel_names`` are the federation's (what each input channel holds, in order; null when the federation does
-    not say), so ``fedseg predict`` can refuse images whose channels come in another order."""
+    not say), so ``fedseg predict`` can refuse images whose channels come in another order; ``trained``: the
+    model ``card`` (:mod:`fedseg.run.model_card`), where there is one."""
     tensors = {f"{model}/{k}": v.contiguous() for model, weights in bundle.items() for k, v in weights.items()}
     data = save(tensors)
     atomic_write_bytes(folder / BUNDLE_WEIGHTS, lambda f: f.write(data))
@@ -117,6 +115,7 @@ def write_bundle_files(folder: Path, bundle: Bundle, cfg: RunConfig, fed: Federa
         **({"ct_windows": cfg.data.ct_windows} if cfg.data.ct_windows else {}),  # normalize: ct
         "volume": cfg.data.volume.model_dump(mode="json"),  # the volume pipeline (fedseg predict on patches)
         "threshold": cfg.eval.threshold,
+        **({"trained": card} if card else {}),
     }
     atomic_write_text(folder / BUNDLE_MANIFEST, json.dumps(manifest, indent=2))
     return hashlib.sha256(data).hexdigest()

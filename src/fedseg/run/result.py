@@ -21,3 +21,4 @@ class AlgorithmResult:
     summary: dict[str, Any]
     bundle: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
     metric_rows: list[Row] = field(default_factory=list)  # method-specific per-round metrics
+    card: dict[str, Any] = field(default_factory=dict)  # the bundle's model card (fedseg.run.model_card), if any

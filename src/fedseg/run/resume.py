@@ -123,4 +123,5 @@ def finished_result(name: str, ckpt: Checkpoint, ckpt_path: Path, out: Path) -> 
         ckpt["summary"],
         finished_bundle(ckpt, ckpt_path, out / "model" / name),
         ckpt["metric_rows"],
+        ckpt.get("card") or {},  # a checkpoint of an older fedseg has none
     )
