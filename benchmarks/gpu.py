@@ -141,7 +141,7 @@ def gpu_cases() -> list[Case]:
             "fets",
             FETS_GPU,  # issue 26's command with one more round: rounds 2 and 3 are past the warm-up
             0.9,
-            "FeTS DynUNet (22.5M parameters) on 128^3 patches of 128^3 synthetic-brats volumes, FedAvg",
+            "FeTS DynUNet (22.6M parameters) on 128^3 patches of 128^3 synthetic-brats volumes, FedAvg",
         ),
         Case(
             "fets-2slots",

@@ -371,10 +371,13 @@ def test_grids_are_tuned_on_validation_even_when_test_disagrees(tmp_path, disc_f
     ],
 )
 def test_the_example_bench_files_validate_every_run(name):
-    from fedseg.bench.plan import check_plan, run_config
+    """Every run of each committed bench file validates, and its data makes every fold at every site (as ``fedseg
+    bench`` checks before training: examples/bench-fets.yaml asked for 5 folds of a 3-case site)."""
+    from fedseg.bench.plan import check_data, check_plan, holdout_sites, run_config
 
     spec, root = load_bench(Path(__file__).resolve().parents[1] / name)
     check_plan(spec, root)  # raises unless every method, grid setting and federation of the bench makes a valid run
+    check_data(spec, root, holdout_sites(spec, root))
     chosen = {(f.name, m.name): settings(m)[-1] for f in spec.federations for m in spec.methods if m.grid}
     runs = final_runs(spec, chosen)
     assert len(runs) == len(spec.federations) * len(spec.methods) * len(spec.folds) * len(spec.seeds)

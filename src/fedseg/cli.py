@@ -33,7 +33,12 @@ console = Console()
 def _mount_data_app() -> None:
     from fedseg.data.cli import data_app
 
-    app.add_typer(data_app, name="data", help="Validate or generate folder federations.")
+    app.add_typer(
+        data_app,
+        name="data",
+        help="Folder federations: check one, synth (write a built-in one to disk), import a real dataset (FeTS 2022, "
+        "MSD, nnU-Net, ...), export to nnU-Net, and the cache of built-in ones.",
+    )
 
 
 _mount_data_app()

@@ -93,7 +93,9 @@ CONFIG = typer.Option(None, "--config", help="YAML config file")
 DATA = typer.Option(None, "--data", help="folder federation replacing the preset's data")
 ALGOS = typer.Option(None, "--algorithms", help="comma-separated algorithm names: {flower_algorithms}")
 ROUNDS = typer.Option(None, "--rounds", help="federated rounds")
-SEED = typer.Option(None, "--seed")
+SEED = typer.Option(
+    None, "--seed", help="the run's seed: initial weights, batch order, augmentation (the data: data.seed)"
+)
 SET = typer.Option([], "--set", help="override: key.sub=value (YAML value); repeatable")
 ISOLATION_HELP = (
     "subprocess: one ClientApp process per message; warm: one long-lived ClientApp worker per SuperNode (no "
