@@ -282,7 +282,7 @@ def test_a_config_problem_names_the_option_or_file_it_came_from(tmp_path):
     config = tmp_path / "mine.yaml"
     config.write_text("train:\n  lr: 0.001\n  lr_min: 0.01\n  lr_schedule: cosine\n")
     cases.append(
-        (["--config", str(config), "--set", "train.batch_size=4"], f"error: {config}: train: train.lr_min=0.01 must be")
+        (["--config", str(config), "--set", "train.batch_size=4"], f"error: {config}: train.lr_min=0.01 must be")
     )
     for args, expected in cases:
         line = _one_error_line(_run(["run", *args, "--out", str(out)]))
@@ -323,3 +323,114 @@ def test_output_to_a_full_disk_is_one_line_naming_what_could_not_be_written(tmp_
     with pytest.raises(OSError) as caught:
         _write_png(mask, np.zeros((64, 64, 3), np.uint8))
     assert caught.value.errno == 28 and caught.value.filename == str(mask)
+
+
+def _listing(folder: Path) -> dict[str, int]:
+    return {str(p.relative_to(folder)): p.stat().st_size for p in sorted(folder.rglob("*"))}
+
+
+def test_an_out_that_is_a_federation_or_another_command_s_folder_is_refused_and_left_as_it_was(finished_run, tmp_path):
+    """--out on the data (or inside it) would put a run's folders among the sites' (``data check`` then refuses the
+    federation); a bench's tables over a run's results.csv and report.html, or a run's report over a bench's,
+    destroy the other's outputs. Each is one line naming the file that says what the folder holds; nothing changes.
+    (A study's folder was refused already.)"""
+    run, _ = finished_run
+    fed = tmp_path / "fed"
+    assert (
+        _run(
+            ["data", "synth", "--preset", "demo", "--scale", "0.05", "--image-size", "32", "--out", str(fed)]
+        ).exit_code
+        == 0
+    )
+    before = _listing(fed)
+    base = ["run", "--preset", "demo", "--algorithms", "fedavg", "--rounds", "1", "--data", str(fed)]
+    line = _one_error_line(_run([*base, "--out", str(fed)]))
+    assert line.startswith(f"error: {fed}: is a federation folder (federation.yaml): the run's files would join"), line
+    line = _one_error_line(_run([*base, "--out", str(fed / "runs" / "x")]))
+    assert line.startswith(f"error: {fed / 'runs' / 'x'}: lies inside the federation folder {fed} (--data)"), line
+    assert _listing(fed) == before
+
+    bench = tmp_path / "bench.yaml"
+    spec = {"name": "b", "base": {"preset": "demo"}, "set": TINY_SET, "federations": ["synthetic-retina"]}
+    spec |= {"methods": ["fedavg"], "seeds": [0], "split": {"mode": "ratio"}, "budget": {"rounds": 1}}
+    bench.write_text(json.dumps(spec))
+    copy = shutil.copytree(run, tmp_path / "run")
+    before = _listing(copy)
+    line = _one_error_line(_run(["bench", str(bench), "--out", str(copy)]))
+    assert line == f"error: {copy}: holds a run (config.yaml), not a bench; choose another --out", line
+    line = _one_error_line(_run(["bench", str(bench), "--out", str(fed)]))
+    assert line.startswith(f"error: {fed}: is a federation folder (federation.yaml): the bench's files"), line
+    assert _listing(copy) == before
+
+    benched = tmp_path / "benched"
+    benched.mkdir()
+    (benched / "bench.json").write_text(json.dumps(spec))
+    line = _one_error_line(_run(["run", "--preset", "demo", "--rounds", "1", "--out", str(benched)]))
+    assert line == f"error: {benched}: holds a bench (bench.json), not a run; choose another --out", line
+    assert sorted(p.name for p in benched.iterdir()) == ["bench.json"]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("model: {channels: [-4, 8], strides: [2]}\n", "model.channels: at least 2 levels of >= 1 feature maps"),
+        ("model: {channels: [4, 8, 16], strides: [2]}\n", "model.strides: needs 2 entries (len(channels) = 3), got 1"),
+        ("train: {lr: .inf}\n", "train.lr: Input should be a finite number"),
+        ("seed: -1\n", "seed: Input should be greater than or equal to 0"),
+        ("seed: 99999999999999999999999\n", "seed: Input should be less than or equal to 4294967295"),
+        ("name: x\n\x00\x00\n", "not valid YAML: unacceptable character #x0000"),
+        ("data: [1, 2]\n", "data: expected a section (key: value lines), got [1, 2]"),
+    ],
+)
+def test_a_config_value_that_would_fail_in_training_is_refused_up_front_naming_the_file(tmp_path, text, expected):
+    """Each of these passed the config's checks and failed later (a traceback, an unnamed Overflow or Inf weights
+    after round 1), or blamed a --set nobody gave (``data: [1, 2]`` with --data): one line naming the file."""
+    config, out = tmp_path / "c.yaml", tmp_path / "run"
+    config.write_text(text)
+    fed = tmp_path / "fed"  # --data sets data.source and data.root: the config's data section must take them
+    fed.mkdir()
+    line = _one_error_line(_run(["run", "--config", str(config), "--data", str(fed), "--out", str(out)]))
+    assert line.startswith(f"error: {config}: ") and expected in line, line
+    assert not out.exists()
+
+
+def test_links_that_lead_nowhere_and_devices_are_named_as_such(tmp_path):
+    """A symlink loop given as --data, --out, --config or a loss-surface run, and /dev/null as --config: one line
+    saying what the path is (a traceback for --data and loss-surface before; "File exists", "not found")."""
+    loop = tmp_path / "loopA"
+    loop.symlink_to(tmp_path / "loopB")
+    (tmp_path / "loopB").symlink_to(loop)
+    out = tmp_path / "run"
+    line = _one_error_line(_run(["run", "--preset", "demo", "--data", str(loop), "--out", str(out)]))
+    assert line.startswith(f"error: --data {loop}: cannot be resolved"), line
+    line = _one_error_line(_run(["run", "--preset", "demo", "--out", str(loop)]))
+    assert line == f"error: --out {loop}: {loop} is a link that leads nowhere (a loop or a missing target)", line
+    line = _one_error_line(_run(["run", "--config", str(loop), "--out", str(out)]))
+    assert line == f"error: {loop}: is a link that leads nowhere (a loop or a missing target), not a config file"
+    line = _one_error_line(_run(["run", "--config", "/dev/null", "--out", str(out)]))
+    assert line == "error: /dev/null: is not a regular file (a device or a pipe), not a config file (YAML)", line
+    line = _one_error_line(_run(["loss-surface", str(loop), "--site", "site1", "--out", str(out)]))
+    assert line == f"error: {loop}: does not exist (expected a finished run's folder)", line
+    assert not out.exists()
+
+
+def test_a_resume_without_a_readable_config_yaml_is_refused(finished_run, tmp_path):
+    """--resume compares the new configuration with the run's config.yaml: without it (deleted) a changed lr was
+    accepted and recorded over the old one; a Latin-1 or unparseable one gave a codec error or 5 lines of YAML."""
+    run, args = finished_run
+    resume = [*args[:-2], "--set", "train.lr=0.01", "--resume"]  # args end with --out RUN
+    for damage, expected in [
+        (None, "config.yaml: missing, so the configuration of the run in"),
+        (b"name: caf\xe9\n", "config.yaml: not UTF-8 text (at byte offset 9); cannot check the configuration"),
+        (b"algorithms: [\n", "config.yaml: not valid YAML: "),
+    ]:
+        copy = tmp_path / f"run{len(list(tmp_path.iterdir()))}"
+        shutil.copytree(run, copy)
+        if damage is None:
+            (copy / "config.yaml").unlink()
+        else:
+            (copy / "config.yaml").write_bytes(damage)
+        before = _listing(copy)
+        line = _one_error_line(_run([*resume, "--out", str(copy)]))
+        assert line.startswith(f"error: {copy / 'config.yaml'}") and expected in line, line
+        assert _listing(copy) == before

@@ -30,9 +30,12 @@ def naming_errors(path: Path) -> Iterator[None]:
 
 
 def check_out_dir(out: Path, option: str = "--out") -> None:
-    """Refuse an ``out`` that is a file or lies under one (before anything is created): ``ValueError``."""
+    """Refuse an ``out`` that is a file or lies under one, or a link that leads nowhere (a loop, a missing target:
+    no folder can be made there), before anything is created: ``ValueError``."""
     out = Path(out)
     for path in (out, *out.parents):
+        if path.is_symlink() and not path.exists():
+            raise ValueError(f"{option} {out}: {path} is a link that leads nowhere (a loop or a missing target)")
         if path.exists():
             if not path.is_dir():
                 where = "is a file" if path == out else f"is a file, so {out} cannot be created"

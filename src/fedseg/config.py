@@ -48,11 +48,17 @@ def _bools_in(value: Any) -> bool:
     return isinstance(value, bool)
 
 
+SEED_MAX = 2**32 - 1  # numpy's and torch's seeds of every stream derive from it within 64 bits
+
+
 class NoBoolNumbers(BaseModel):
     """Refuses ``true``/``false`` for a number: pydantic's lax mode reads ``fl.rounds=true`` as 1 round and
     ``lr: false`` as 0.0 (a YAML ``yes`` is a bool too), where strict mode would also refuse a list for a tuple
     and a string for a path or a Literal. Checked on the value and inside its lists and tuples, for fields that
-    take a number and no bool (a text field's yes/no is pydantic's to refuse, naming what it takes)."""
+    take a number and no bool (a text field's yes/no is pydantic's to refuse, naming what it takes). Every number
+    is finite: ``lr: .inf`` passes ``gt=0`` but trains to Inf weights, failing after the first round."""
+
+    model_config = ConfigDict(allow_inf_nan=False)
 
     @field_validator("*", mode="before")
     @classmethod
@@ -149,6 +155,8 @@ class DataConfig(Strict):
     root: str | None = None
     seed: int = Field(
         default=0,
+        ge=0,
+        le=SEED_MAX,
         description="the dataset's seed, fixed across the seeds of a study: it generates the built-in federations "
         "(case ids name the same image under every run seed), deals an IID repartition / caps a limited one, and "
         "draws the train/val/test split (folder federations too). The run's `seed` seeds only the training: "
@@ -252,6 +260,24 @@ class ModelConfig(Strict):
     norm: str = "instance"
     dropout: float = Field(default=0.0, ge=0, le=1)
     plan: PlanConfig = PlanConfig()
+
+    @model_validator(mode="after")
+    def _levels(self) -> ModelConfig:
+        """At least two levels of at least one feature map; ``strides`` one fewer entries, ``kernel_sizes`` one per
+        level, each value at least 1 (else the network fails to build, or trains with a negative size)."""
+        depth = len(self.channels)
+        if depth < 2 or min(self.channels) < 1:
+            raise ValueError(f"model.channels: at least 2 levels of >= 1 feature maps, got {list(self.channels)}")
+        for name, need in (("strides", depth - 1), ("kernel_sizes", depth)):
+            given = getattr(self, name)
+            if given is None:
+                continue
+            if len(given) != need:
+                raise ValueError(f"model.{name}: needs {need} entries (len(channels) = {depth}), got {len(given)}")
+            values = [v for g in given for v in (g if isinstance(g, tuple) else (g,))]
+            if min(values, default=1) < 1:
+                raise ValueError(f"model.{name}: every value must be >= 1, got {list(given)}")
+        return self
 
 
 class BudgetConfig(Strict):
@@ -627,6 +653,8 @@ class RunConfig(Strict):
     name: str = "run"
     seed: int = Field(
         default=0,
+        ge=0,
+        le=SEED_MAX,
         description="the run's seed: initial weights, batch order, augmentation, client sampling; the data "
         "(generation, repartition, split) comes from data.seed",
     )
@@ -841,7 +869,10 @@ def read_yaml_mapping(text: str, where: str, empty: str | None = None) -> dict:
     """``text`` parsed as a YAML mapping; a ConfigError naming ``where`` for bad YAML, a key given twice in one
     mapping (YAML would keep the last silently) or another top level, and (``empty``: the rest of that message) for
     text of blanks and comments only."""
-    loader = yaml.SafeLoader(text)  # yaml.safe_load's steps, with a look at the nodes between them
+    try:
+        loader = yaml.SafeLoader(text)  # yaml.safe_load's steps, with a look at the nodes between them
+    except yaml.YAMLError as e:  # the reader refuses a control character (a NUL byte) before any parsing
+        raise ConfigError(f"{where}: not valid YAML: {yaml_problem(e)}") from None
     try:
         root = loader.get_single_node()
         twice = _key_given_twice(root)
@@ -891,17 +922,22 @@ def _key_given_twice(root: yaml.Node | None) -> str | None:
     return None
 
 
-def apply_override(data: dict, assignment: str, option: str = "--set") -> None:
+def apply_override(data: dict, assignment: str, option: str = "--set", where: str | None = None) -> None:
     """Apply ``key.sub=value`` to a nested dict in place; the value is parsed as YAML. ``option``: the command-line
-    option the assignment came from, for the error message."""
+    option the assignment came from, for the error message; ``where``: the config ``data`` was read from, blamed
+    when it holds something else than a section where the key needs one (``data: [1, 2]``)."""
     if "=" not in assignment:
         raise ConfigError(f"{option} {assignment!r}: expected key.sub=value")
     key, raw = assignment.split("=", 1)
     parts = key.strip().split(".")
     node = data
-    for part in parts[:-1]:
+    for i, part in enumerate(parts[:-1]):
+        given = part in node
         node = node.setdefault(part, {})
         if not isinstance(node, dict):
+            section = ".".join(parts[: i + 1])
+            if given and where is not None:  # the config's own value, not the option's fault
+                raise ConfigError(f"{where}: {section}: expected a section (key: value lines), got {node!r}")
             raise ConfigError(f"{option} {key}: {part!r} is not a section")
     try:
         node[parts[-1]] = yaml.safe_load(raw)
@@ -936,7 +972,8 @@ def load_config(
         data, where = read_yaml_mapping(text, str(path), empty), str(path)
     data.pop("description", None)
     for assignment in overrides:
-        apply_override(data, assignment)
+        key = assignment.split("=", 1)[0].strip()
+        apply_override(data, assignment, (labels or {}).get(key, "--set"), where)
     keys = [a.split("=", 1)[0].strip() for a in overrides]
     return validate_config(data, where, {key: (labels or {}).get(key, "--set") for key in keys})
 
@@ -946,6 +983,10 @@ def read_config_text(path: Path, what: str) -> str:
     missing, a folder, or not UTF-8 text (a binary file)."""
     if path.is_dir():
         raise ConfigError(f"{path}: is a folder, not a {what} file (YAML)")
+    if path.is_symlink() and not path.exists():
+        raise ConfigError(f"{path}: is a link that leads nowhere (a loop or a missing target), not a {what} file")
+    if path.exists() and not path.is_file():
+        raise ConfigError(f"{path}: is not a regular file (a device or a pipe), not a {what} file (YAML)")
     if not path.is_file():
         raise ConfigError(f"{path}: {what} file not found")
     from fedseg.atomic_files import read_text
@@ -985,7 +1026,9 @@ def validation_problems(
         unknown = err["type"] == "extra_forbidden"
         if unknown:
             message = "unknown key" + _known_keys_hint(model, err["loc"])
-        if not key:  # a check across sections: named by the option of a key it opens with or names in its text
+        # a check across sections (no key), or a section's check whose message opens with the full key it is about
+        # (``model.strides needs ...``): named by the option of a key it opens with or names in its text
+        if not key or message.startswith(key + "."):
             opens = next((o for o in overridden if message.startswith((o + "=", o + ":", o + "."))), None)
             named = opens or next((o for o in overridden if re.search(rf"\b{re.escape(o)}\b", message)), None)
             from_option.append(named is not None)
@@ -1067,7 +1110,11 @@ def config_from_cli(
     overrides = list(overrides)
     labels = {}  # key -> the option that wrote it, for the error message
     if data is not None:
-        overrides += ["data.source=folder", f"data.root={Path(data).resolve()}"]
+        try:
+            root = Path(data).resolve()
+        except (OSError, RuntimeError) as e:  # a symlink loop
+            raise ConfigError(f"--data {data}: cannot be resolved ({e})") from None
+        overrides += ["data.source=folder", f"data.root={root}"]
         labels.update({"data.source": "--data", "data.root": "--data"})
     if algorithms is not None:
         names = [name.strip() for name in algorithms.split(",")]

@@ -95,6 +95,9 @@ def site_training_data(run: Path, cfg: RunConfig, site: str) -> tuple[RunConfig,
 def open_run(run: Path, site: str) -> SiteModels:
     """A finished run's bundles and ``site``'s training data; a ValueError naming the run otherwise."""
     run = Path(run)
+    if not run.is_dir():  # missing, a file, or a link that leads nowhere (a loop)
+        what = "not a folder" if run.exists() else "does not exist"
+        raise ValueError(f"{run}: {what} (expected a finished run's folder)")
     folders = run_bundles(run)
     if not folders:
         raise ValueError(f"{run}: no trained models (expected RUN/model/<algorithm>/ of a finished run)")
@@ -124,9 +127,9 @@ def compute(
         raise ValueError(f"--directions {directions}: must be at least 1")
     if cases is not None and cases < 1:
         raise ValueError(f"--cases {cases}: must be at least 1")
+    opened = [open_run(Path(r), site) for r in runs]  # every run checked before any work
     if len({Path(r).resolve() for r in runs}) != len(runs):
         raise ValueError("a run is given twice")
-    opened = [open_run(Path(r), site) for r in runs]  # every run checked before any work
     if cases is not None:
         for m in opened:
             m.train = case_sample(m.train, cases, seed)

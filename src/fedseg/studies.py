@@ -60,7 +60,15 @@ from fedseg.evaluate.inference import candidate_dice
 from fedseg.evaluate.tables import site_dice
 from fedseg.run import count_sites, load_federation, run_experiment
 from fedseg.run.outputs import RunResults, csv_text
-from fedseg.run.preflight import STUDY_FILE, check_device, check_out_dir, check_resume
+from fedseg.run.preflight import (
+    STUDY_FILE,
+    check_device,
+    check_out_dir,
+    check_out_kind,
+    check_out_outside,
+    check_resume,
+)
+from fedseg.run.preparation import folder_root
 
 UNSEEN, SWEEP = "unseen", "sweep"  # table stems: OUT/unseen.csv|json, OUT/sweep.csv|json
 HOLDOUT_DIR, SWEEP_DIR = "holdout", "sweep"
@@ -207,22 +215,19 @@ def plan_sweep(cfg: RunConfig, out: Path, spec: str, federation: Federation | No
 
 
 def check_out(study: Study, resume: bool) -> None:
-    """Before any work: every sub-run's device usable and ``out`` a folder (or creatable) that holds no plain run
-    (``config.yaml`` or ``checkpoints/``: a run is refused a study's folder in turn, ``fedseg.run.experiment.
-    record_start``); without ``resume`` the study folder must not hold a study or sub-run; with it, ``study.json``
-    (if present) must describe the same kind of study and key, keep every recorded value or site (new ones may be
-    added: ``check_same_variants``), and its base configuration may differ only as a run's may
+    """Before any work: every sub-run's device usable and ``out`` a folder (or creatable) that holds no plain run,
+    bench or federation (``fedseg.run.preflight.check_out_kind``: a run is refused a study's folder in turn) and
+    lies outside the federation folder; without ``resume`` the study folder must not hold a study or sub-run; with
+    it, ``study.json`` (if present) must describe the same kind of study and key, keep every recorded value or site
+    (new ones may be added: ``check_same_variants``), and its base configuration may differ only as a run's may
     (``fedseg.run.preflight.check_resume``)."""
     out = study.out
     for device in dict.fromkeys(r.cfg.device for r in study.runs):
         check_device(device)
     check_out_dir(out)
+    check_out_kind(out, "study")
+    check_out_outside(out, folder_root(study.cfg))
     meta = out / STUDY_FILE
-    run_marks = [name for name in ("config.yaml", "checkpoints") if (out / name).exists()]
-    if run_marks and not meta.exists():
-        raise FileExistsError(
-            f"{out}: holds a run ({run_marks[0]}), not a study; a study cannot be added to it: choose another --out"
-        )
     if not resume:
         if meta.exists() or any((r.dir / "checkpoints").exists() for r in study.runs):
             raise FileExistsError(

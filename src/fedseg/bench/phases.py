@@ -31,6 +31,7 @@ from fedseg.bench.plan import (
 )
 from fedseg.bench.select import select_settings
 from fedseg.bench.spec import BenchSpec
+from fedseg.run.preflight import check_out_kind
 
 BENCH_FILE = "bench.json"
 TABLES_ONLY = {"comparisons", "tests"}  # bench keys that change no run, only the tables: a resume may change them
@@ -65,8 +66,10 @@ def uncapped(bench: BenchSpec, run: BenchRun) -> bool:
 
 
 def check_out(bench: BenchSpec, out: Path, resume: bool) -> dict | None:
-    """``OUT`` holds no bench (or, with ``resume``, this same bench, but for ``TABLES_ONLY`` keys), before any
-    work; the bench recorded there (:func:`as_recorded`), or None."""
+    """``OUT`` holds no bench (or, with ``resume``, this same bench, but for ``TABLES_ONLY`` keys) and no run,
+    study or federation (``fedseg.run.preflight.check_out_kind``), before any work; the bench recorded there
+    (:func:`as_recorded`), or None."""
+    check_out_kind(out, "bench")
     recorded = out / BENCH_FILE
     if not recorded.is_file():
         return None

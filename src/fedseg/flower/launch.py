@@ -59,7 +59,7 @@ from fedseg.flower.deploy import (
     wait_run,
 )
 from fedseg.interrupts import terminate_on_signals
-from fedseg.run.preflight import check_device, check_not_a_study, check_out_dir
+from fedseg.run.preflight import check_device, check_out_dir, check_out_kind
 
 ISOLATIONS = ("subprocess", "warm")
 FLOWER_TASK_POLL = 1.0  # flwr's default SuperExec task polling interval (FLWR_SUPEREXEC_TASK_POLL_INTERVAL)
@@ -407,7 +407,7 @@ def check_new_or_resumed(out: Path, resume: bool) -> None:
     """A coordinator's ``--out``: a new run needs a folder without checkpoints; ``--resume`` continues one; a study's
     folder is refused either way."""
     check_out_dir(out)
-    check_not_a_study(out)
+    check_out_kind(out, "run")
     if (out / "checkpoints").exists() and not resume:
         raise FileExistsError(f"{out}: already holds a run; use --resume to continue it or choose another --out")
 

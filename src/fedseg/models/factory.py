@@ -31,9 +31,7 @@ def build_segmenter(cfg: ModelConfig, spatial_dims: int, in_channels: int, out_c
             "fingerprints); build the planned network from plan.json's model settings instead"
         )
     depth = len(cfg.channels)
-    strides = cfg.strides or (2,) * (depth - 1)
-    if len(strides) != depth - 1:
-        raise ValueError(f"model.strides needs {depth - 1} entries, got {len(strides)}")
+    strides = cfg.strides or (2,) * (depth - 1)  # its length: checked by ModelConfig
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         if cfg.name == "unet":
@@ -47,9 +45,7 @@ def build_segmenter(cfg: ModelConfig, spatial_dims: int, in_channels: int, out_c
                 norm=cfg.norm,
                 dropout=cfg.dropout,
             )
-        kernels = cfg.kernel_sizes or (3,) * depth
-        if len(kernels) != depth:
-            raise ValueError(f"model.kernel_sizes needs {depth} entries (one per level), got {len(kernels)}")
+        kernels = cfg.kernel_sizes or (3,) * depth  # its length: checked by ModelConfig
         return DynUNet(
             spatial_dims=spatial_dims,
             in_channels=in_channels,

@@ -27,8 +27,9 @@ from fedseg.run.loop import run_algorithm
 from fedseg.run.outputs import RunResults, write_outputs
 from fedseg.run.preflight import (
     check_device,
-    check_not_a_study,
     check_out_dir,
+    check_out_kind,
+    check_out_outside,
     check_resume,
     recorded_config,
     resume_notes,
@@ -122,7 +123,8 @@ def check_before_data(cfg: RunConfig, out: Path, resume: bool, check_compute: bo
     if check_compute:
         check_device(cfg.device)
     check_out_dir(out)
-    check_not_a_study(out)  # a study's folder, resumed or not: before any data is prepared
+    check_out_kind(out, "run")  # a study's, a bench's or a federation's folder: before any data is prepared
+    check_out_outside(out, folder_root(cfg))
     torch.set_num_threads(cfg.threads)
     for name in cfg.algorithms:  # unknown names and bad options fail before any work
         get_algorithm(name).parse_options(cfg.methods.get(name))
@@ -131,6 +133,12 @@ def check_before_data(cfg: RunConfig, out: Path, resume: bool, check_compute: bo
     if in_process and cfg.engine.workers > 1:  # what the worker pool's processes could not load, before any data
         check_worker_imports(cfg.algorithms)
     check_available(cfg.tracking)  # so does a tracker whose package is missing (fedseg.tracking)
+    if resume and (out / "checkpoints").exists() and not (out / "config.yaml").is_file():
+        raise FileNotFoundError(
+            f"{out / 'config.yaml'}: missing, so the configuration of the run in {out} is unknown and a resume cannot "
+            "check that it continues the same one; put it back (it was written when the run started) or choose "
+            "another --out"
+        )
     if resume and (recorded := recorded_config(out / "config.yaml")) is not None:
         check_resume(recorded, cfg.model_dump(mode="json"), str(out / "config.yaml"))
     if resume:

@@ -21,8 +21,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import yaml
-
 from fedseg.atomic_files import check_out_dir as check_out_dir  # --out checks live with the file helpers
 
 if TYPE_CHECKING:
@@ -71,14 +69,41 @@ def check_device(name: str) -> torch.device:
 
 STUDY_FILE = "study.json"  # a study's record (fedseg.studies): the folder holding it is a study's, not a run's
 
+#: the files that say what a folder holds: each command writes its own kind of output folder and refuses another's
+#: (a run's report.html or results.csv written into a bench's folder, or a run's outputs among a federation's site
+#: folders, would destroy what was there)
+FOLDER_MARKS = {
+    "run": ("config.yaml", "checkpoints"),
+    "study": (STUDY_FILE,),
+    "bench": ("bench.json", "tables.json"),
+    "federation": ("federation.yaml",),
+}
+RESUME_STUDY = "resume it with the same study options (--sweep, --holdout or --leave-one-out) or choose another --out"
 
-def check_not_a_study(out: Path) -> None:
-    """A FileExistsError where ``out`` holds a study (``STUDY_FILE``): a run there would overwrite its report (a
-    study refuses a run's folder in turn, ``fedseg.studies.check_out``)."""
-    if (Path(out) / STUDY_FILE).exists():
+
+def check_out_kind(out: Path, kind: str) -> None:
+    """A FileExistsError where ``out`` holds another kind of folder than ``kind`` (:data:`FOLDER_MARKS`: a run's,
+    a study's, a bench's, or a federation's own data), naming the file that says so."""
+    for other, marks in FOLDER_MARKS.items():
+        mark = next((m for m in marks if (Path(out) / m).exists()), None) if other != kind else None
+        if mark is None:
+            continue
+        if other == "federation":
+            raise FileExistsError(
+                f"{out}: is a federation folder ({mark}): the {kind}'s files would join its sites' data; choose "
+                "an --out outside it"
+            )
+        hint = RESUME_STUDY if other == "study" and kind == "run" else "choose another --out"
+        raise FileExistsError(f"{out}: holds a {other} ({mark}), not a {kind}; {hint}")
+
+
+def check_out_outside(out: Path, data: str | Path | None) -> None:
+    """A FileExistsError where ``out`` lies inside the federation folder ``data`` (``--data``): its files would
+    sit among the sites' folders, where ``fedseg data check`` and the next run read them."""
+    if data is not None and Path(out).resolve().is_relative_to(Path(data).resolve()):
         raise FileExistsError(
-            f"{out}: holds a study ({STUDY_FILE}), not a run; resume it with the same study options "
-            "(--sweep, --holdout or --leave-one-out) or choose another --out"
+            f"{out}: lies inside the federation folder {data} (--data): the run's files would join its sites' "
+            "data; choose an --out outside it"
         )
 
 
@@ -165,12 +190,13 @@ def recorded_config(path: Path) -> dict[str, Any] | None:
 
     if not path.is_file():
         return None
+    from fedseg.atomic_files import read_text
+    from fedseg.config import ConfigError, read_yaml_mapping
+
     try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise ValueError(f"{path}: not valid YAML ({e}); cannot check the configuration to resume") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: not a configuration mapping; cannot check the configuration to resume")
+        data = read_yaml_mapping(read_text(path), str(path))
+    except (ConfigError, ValueError) as e:  # not YAML (one line, naming its line), not UTF-8, not a mapping
+        raise ValueError(f"{e}; cannot check the configuration to resume") from None
     data = with_recorded_defaults(data)
     try:
         return RunConfig.model_validate(data).model_dump(mode="json")
