@@ -10,7 +10,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
+from PIL import Image
 from typer.testing import CliRunner
 
 from fedseg.cli import app
@@ -434,3 +437,82 @@ def test_a_resume_without_a_readable_config_yaml_is_refused(finished_run, tmp_pa
         line = _one_error_line(_run([*resume, "--out", str(copy)]))
         assert line.startswith(f"error: {copy / 'config.yaml'}") and expected in line, line
         assert _listing(copy) == before
+    copy = shutil.copytree(run, tmp_path / "file-checkpoints")  # said "checkpoints: File exists"
+    shutil.rmtree(copy / "checkpoints")
+    (copy / "checkpoints").write_text("")
+    line = _one_error_line(_run([*args[:-2], "--resume", "--out", str(copy)]))
+    assert line == f"error: {copy / 'checkpoints'}: is a file where the run keeps its checkpoints (a folder)", line
+
+
+def test_a_results_csv_cut_short_emptied_or_missing_is_not_drawn_silently(finished_run, tmp_path):
+    """``fedseg report`` drew a page from whatever rows were left (the tables and the verdict's tests resting on
+    them) when results.csv was cut at a row boundary, emptied to its header, missing or a folder: now one line
+    naming the file, the algorithm and site whose rows disagree with summary.json, and the page is left as it was."""
+    run, _ = finished_run
+    text = (run / "results.csv").read_text()
+    lines = text.splitlines(keepends=True)
+    for name, damage in [
+        ("cut", lambda p: p.write_text("".join(lines[: len(lines) // 2]))),
+        ("header", lambda p: p.write_text(lines[0])),
+        ("missing", lambda p: p.unlink()),
+        ("folder", lambda p: (p.unlink(), p.mkdir())),
+    ]:
+        copy = shutil.copytree(run, tmp_path / name)
+        page = (copy / "report.html").read_bytes()
+        damage(copy / "results.csv")
+        line = _one_error_line(_run(["report", str(copy)]))
+        assert f"{copy / 'results.csv'}: " in line and "--resume writes it again" in line, (name, line)
+        assert (
+            ("is missing" in line)
+            if name == "missing"
+            else ("is not a file" in line)
+            if name == "folder"
+            else ("where summary.json reports" in line)
+        ), (name, line)
+        assert (copy / "report.html").read_bytes() == page
+
+
+def test_predict_refuses_nan_weights_and_takes_a_bundle_file_for_its_folder(finished_run, tmp_path):
+    """A bundle whose weights hold NaN wrote all-zero masks and said "written"; --model given the manifest.json
+    said "no manifest.json here"; a folder where the weights file goes said "missing"."""
+    from safetensors.torch import load_file, save_file
+
+    run, _ = finished_run
+    images = tmp_path / "images"
+    images.mkdir()
+    Image.fromarray(np.full((32, 32, 3), 90, np.uint8)).save(images / "a.png")
+    bundle = shutil.copytree(run / "model" / "fedavg", tmp_path / "fedavg")
+    said = _run(
+        ["predict", "--model", str(bundle / "manifest.json"), "--input", str(images), "--out", str(tmp_path / "o1")]
+    )
+    assert said.exit_code == 0, said.output
+    tensors = load_file(bundle / "weights.safetensors")
+    first = next(iter(tensors))
+    tensors[first] = torch.full_like(tensors[first], float("nan"))
+    save_file(tensors, bundle / "weights.safetensors")
+    line = _one_error_line(
+        _run(["predict", "--model", str(bundle), "--input", str(images), "--out", str(tmp_path / "o2")])
+    )
+    assert (
+        line
+        == f"error: {bundle / 'weights.safetensors'}: tensor {first!r} holds NaN or Inf; it cannot segment anything"
+    )
+    (bundle / "weights.safetensors").unlink()
+    (bundle / "weights.safetensors").mkdir()
+    line = _one_error_line(
+        _run(["predict", "--model", str(bundle), "--input", str(images), "--out", str(tmp_path / "o3")])
+    )
+    assert line == f"error: {bundle / 'weights.safetensors'}: is not a file", line
+    assert not (tmp_path / "o2").exists() and not (tmp_path / "o3").exists()
+
+
+def test_flower_options_a_deployment_gets_wrong_are_one_line_before_anything_starts(tmp_path):
+    """A SuperLink address without a port (or a port out of range) started Flower, which logged 17 lines around
+    "cannot be parsed"; a site named twice to `flower certs` printed its key's line twice."""
+    for address in ("nohost", "127.0.0.1:99999", ":9092"):
+        args = ["flower", "supernode", "--site", "site1", "--data", str(tmp_path / "fed"), "--superlink", address]
+        line = _one_error_line(_run([*args, "--insecure"]))
+        assert line.startswith(f"error: --superlink {address}: expected HOST:PORT with a port 1-65535"), line
+    line = _one_error_line(_run(["flower", "certs", "--out", str(tmp_path / "certs"), "--node", "a", "--node", "a"]))
+    assert line == "error: --node 'a': given 2 times; one key pair per site"
+    assert not (tmp_path / "certs").exists()

@@ -356,7 +356,9 @@ def test_interrupting_flower_local_stops_every_process_it_started(folder, tmp_pa
         assert proc.wait(timeout=120) == 130
     finally:
         proc.kill()
-    assert "interrupted; every Flower process was stopped" in rest
+    said = " ".join(rest.split())
+    stopped = "interrupted: every Flower process was stopped; run the same command with --resume to continue the run"
+    assert f"{stopped} in {out}" in said, said
     assert (
         len(json.loads((out / "flower" / "processes.json").read_text())["pids"]) >= 4
     )  # SuperLink, SuperExec, 2 SuperNodes

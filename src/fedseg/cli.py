@@ -15,7 +15,7 @@ from fedseg.cli_options import AlgorithmsHelp, device_option, threads_option, tr
 from fedseg.config import ConfigError, config_from_cli, error_text, preset_description, preset_names, preset_yaml
 from fedseg.console_tables import print_dice, print_table
 from fedseg.data.federation import FederationError
-from fedseg.interrupts import INTERRUPTED_EXIT, resume_hint, terminate_on_signals
+from fedseg.interrupts import INTERRUPTED_EXIT, interrupted_text, terminate_on_signals
 
 if TYPE_CHECKING:  # the report's modules are imported where a command needs them (start-up time)
     from fedseg.presentation.kit import RunFiles
@@ -230,7 +230,7 @@ def run(
         fail(error_text(e))
         return
     except KeyboardInterrupt:
-        fail(resume_hint("it", out, "every finished round is checkpointed"), INTERRUPTED_EXIT)
+        fail(interrupted_text("the run", out, "every finished round is checkpointed"), INTERRUPTED_EXIT)
         return
     try:
         with terminate_on_signals():
@@ -344,7 +344,6 @@ def bench(
     """A declarative study (docs/benchmark-protocol.md): every method x fold x seed x federation as runs in
     OUT/runs/, grids tuned on validation, equal budgets; OUT/tables.md, tables.tex (LaTeX), tables.json, results.csv,
     report.html."""
-    existed = out.exists()
     try:
         with terminate_on_signals():  # kill, a closed terminal: as Ctrl-C, from the first import to the tables
             from fedseg.bench.phases import run_bench
@@ -359,13 +358,8 @@ def bench(
         fail(error_text(e))
         return
     except KeyboardInterrupt:
-        if not existed and not out.exists():
-            fail(
-                f"interrupted before the bench began: nothing was written to {out}; run the same command",
-                INTERRUPTED_EXIT,
-            )
         detail = "the running runs stopped at their last checkpoint, the queued ones did not start"
-        fail(resume_hint("the bench", out, detail), INTERRUPTED_EXIT)
+        fail(interrupted_text("the bench", out, detail), INTERRUPTED_EXIT)
         return
     console.print(f"tables: {out / 'tables.md'} (LaTeX: tables.tex)\nreport: {out / 'report.html'}", highlight=False)
 

@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 
 __all__ = [
     "INTERRUPTED_EXIT",
@@ -157,6 +158,16 @@ def resume_hint(what: str, out: os.PathLike | str, detail: str = "") -> str:
     """``interrupted: <detail>; <what> continues from OUT with the same command and --resume`` (one line)."""
     done = f"{detail}; " if detail else ""
     return f"interrupted: {done}run the same command with --resume to continue {what} in {out}"
+
+
+def interrupted_text(what: str, out: os.PathLike | str, detail: str = "") -> str:
+    """The one line of a command interrupted while writing ``what`` into ``out``: before anything was written there
+    (``out`` missing or empty: an interrupt during the data's preparation), that nothing was and to run the same
+    command; else :func:`resume_hint`."""
+    folder = Path(out)
+    if not folder.is_dir() or not any(folder.iterdir()):
+        return f"interrupted before {what} began: nothing was written to {out}; run the same command"
+    return resume_hint(what, out, detail)
 
 
 def is_running(pid: int) -> bool:

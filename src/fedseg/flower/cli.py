@@ -21,6 +21,7 @@ from fedseg.cli_options import AlgorithmsHelp, device_option, threads_option
 from fedseg.config import error_text
 from fedseg.console_tables import print_dice
 from fedseg.flower.deploy import DEFAULT_POLL
+from fedseg.interrupts import interrupted_text
 
 flower_app = typer.Typer(
     help="Run on a real Flower deployment (SuperLink + one SuperNode per site).", no_args_is_help=True
@@ -56,13 +57,13 @@ def _errors():
     )
 
 
-def _run_then_report(out: Path, run, interrupted: str) -> None:
+def _run_then_report(out: Path, run, stopped: str) -> None:
     """Call ``run()`` (which builds the config and runs on Flower); a known error or Ctrl-C becomes one
     message and exit code; on success print the test Dice and render the report."""
     try:
         run()
     except KeyboardInterrupt:
-        fail(interrupted, 130)
+        fail(interrupted_text("the run", out, stopped), 130)
     except _errors() as e:
         fail(error_text(e))
     _finish(out.resolve())
@@ -140,7 +141,7 @@ def local(
         cfg = _config(preset, config, data, algorithms, rounds, seed, set_, device, threads)
         run_local(cfg, out, tls=tls, isolation=isolation, poll=poll, wait=wait, resume=resume, echo=_echo)
 
-    _run_then_report(out, run, "interrupted; every Flower process was stopped")
+    _run_then_report(out, run, "every Flower process was stopped")
 
 
 @flower_app.command(cls=AlgorithmsHelp)
@@ -176,7 +177,7 @@ def simulate(
             resume=resume, echo=_echo,
         )  # fmt: skip
 
-    _run_then_report(out, run, "interrupted; every Flower process was stopped")
+    _run_then_report(out, run, "every Flower process was stopped")
 
 
 @flower_app.command(cls=AlgorithmsHelp)
@@ -252,7 +253,7 @@ def server(
         )
         run_server(cfg, fed, out, link, auth_keys=keys, wait=wait, poll=poll, resume=resume, echo=_echo)
 
-    _run_then_report(out, run, "interrupted; the SuperLink was stopped")
+    _run_then_report(out, run, "the SuperLink was stopped")
 
 
 def coordinator_federation(path: Path | None, sites: str | None):
@@ -373,6 +374,8 @@ def certs(
     for name in node:  # its key is written to site-keys/<name>.key: a plain file name, as a site's folder is
         if not name or name.startswith(".") or any(c in name for c in "/\\\0"):
             fail(f"--node {name!r}: not a site name (a file name: no '/' or '\\', not starting with '.')")
+        if node.count(name) > 1:
+            fail(f"--node {name!r}: given {node.count(name)} times; one key pair per site")
     if (out / "ca.key").exists() and not force:
         fail(f"{out}: already holds a CA (use --force to replace it)")
     try:

@@ -246,6 +246,16 @@ def runner_command(port: int, isolation: str, poll: float | None) -> list[str]:
     return cmd + (["--poll", str(poll)] if poll is not None else [])
 
 
+def check_address(address: str, option: str) -> None:
+    """A ValueError naming ``option`` unless ``address`` is ``HOST:PORT`` (an IPv6 host in brackets) with a port
+    in 1..65535: Flower said so only in its own log, among a screen of others, after starting."""
+    host, _, port = address.rpartition(":")
+    if not host.strip("[]") or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError(
+            f"{option} {address}: expected HOST:PORT with a port 1-65535 (e.g. coordinator.example.org:9092)"
+        )
+
+
 def run_supernode(
     site: str,
     data: Path,
@@ -269,6 +279,7 @@ def run_supernode(
 
     if isolation not in ISOLATIONS:
         raise ValueError(f"isolation must be one of {ISOLATIONS}, got {isolation!r}")
+    check_address(superlink, "--superlink")
     fed = check_site_folder(site, data)
     echo(f"data check passed: site {site} of {fed.name!r}, {len(fed.site(site).cases)} cases in {data}")
     check_port_free(port)

@@ -15,10 +15,19 @@ from collections.abc import Sequence
 import numpy as np
 
 from fedseg.evaluate.metric_info import METRICS, Metric
-from fedseg.evaluate.tables import RowFilter, case_means, own_site_model, region_summary
-from fedseg.presentation.kit import RunFiles, fmt
+from fedseg.evaluate.tables import RowFilter, case_means, own_site_model, region_summary, site_summary
+from fedseg.presentation.files import REWRITE_HINT
+from fedseg.presentation.kit import RunFiles, fmt, num
 
-__all__ = ["MeanStd", "mean_std_text", "own_case_stats", "own_model_filter", "own_region_stats", "scored_metrics"]
+__all__ = [
+    "MeanStd",
+    "check_results",
+    "mean_std_text",
+    "own_case_stats",
+    "own_model_filter",
+    "own_region_stats",
+    "scored_metrics",
+]
 
 MeanStd = dict[str, float]  # {"mean": x, "std": s, "n": counted cases}
 
@@ -53,6 +62,52 @@ def own_case_stats(run: RunFiles, name: str, metric: str) -> MeanStd:
         "std": float(v.std(ddof=1)) if v.size > 1 else math.nan,
         "n": int(v.size),
     }
+
+
+def check_results(run: RunFiles) -> None:
+    """``results.csv`` holds the test scores ``summary.json`` reports: per algorithm that records its
+    ``site_models``, the Dice of its rows (each site's own model; each local model of ``cross_site`` on every site,
+    averaged as summary.json averages them) equals summary.json's at every site (relative 1e-9). A ValueError
+    naming the file, the algorithm, model and site otherwise: a file cut at a row boundary, emptied to its header,
+    edited or missing reads as valid CSV, and the tables and the verdict's paired tests would silently rest on what
+    is left."""
+    path = run.dir / "results.csv"
+    recorded = [n for n, e in run.algorithms.items() if isinstance(e.get("site_models"), dict)]
+    if not recorded:  # a run written before summary.json named its site models: nothing to compare with
+        return
+    if not path.is_file():
+        what = "is missing" if not path.exists() else "is not a file"
+        raise ValueError(f"{path}: {what}; it holds the per-case test scores of {', '.join(recorded)}; {REWRITE_HINT}")
+    for name in recorded:
+        for what, rows, reported in _reported_dice(run.algorithms[name]):
+            from_rows = site_summary(run.results, name, "dice", run.sites, model_filter=rows)
+            for site in run.sites:
+                want, have = num(reported.get(site)), from_rows[site]
+                if math.isnan(want) and math.isnan(have):
+                    continue
+                if math.isnan(want) or math.isnan(have) or abs(have - want) > 1e-9 * max(1.0, abs(want)):
+                    found = "has no rows" if math.isnan(have) else f"gives Dice {have:.6f}"
+                    raise ValueError(
+                        f"{path}: {name}'s {what} at {site} {found} where summary.json reports {want:.6f} (the file "
+                        f"was cut short or edited); {REWRITE_HINT}"
+                    )
+
+
+def _reported_dice(entry: dict) -> list[tuple[str, RowFilter, dict]]:
+    """What an algorithm's ``summary.json`` entry reports of Dice per site, each with the rows of ``results.csv``
+    it comes from: its sites' own models (``site_models``), and each local model of ``cross_site`` on every site."""
+    models: dict[str, str] = entry["site_models"]
+    reported: list[tuple[str, RowFilter, dict]] = [
+        ("own models", lambda r: r["model"] == models.get(r["site"]), entry.get("dice") or {})
+    ]
+    for train, scores in ((entry.get("cross_site") or {}).get("dice") or {}).items():
+        if isinstance(scores, dict):
+            reported.append((f"local:{train}", _model_rows(f"local:{train}"), scores))
+    return reported
+
+
+def _model_rows(model: str) -> RowFilter:
+    return lambda r: r["model"] == model
 
 
 def mean_std_text(s: MeanStd, digits: int) -> str:

@@ -20,6 +20,7 @@ from fedseg.config import ModelConfig, VolumeConfig
 from fedseg.data.federation import FederationError, Regions
 from fedseg.data.preprocess import Normalize
 from fedseg.data.structured import read_mapping
+from fedseg.engine.faults import all_finite
 from fedseg.engine.messages import Message
 from fedseg.models.factory import build_segmenter
 from fedseg.run.outputs import BUNDLE_MANIFEST, BUNDLE_WEIGHTS
@@ -104,6 +105,8 @@ def find_bundle(path: Path, algorithm: str | None = None) -> Path:
     """The bundle folder ``path`` names: ``RUN/model/<algorithm>`` itself, or one inside ``RUN/model``
     (or ``RUN``): ``algorithm`` if given, else the only bundle, else the only one that routes (FedSM's)."""
     path = Path(path)
+    if path.is_file() and path.name in (MANIFEST, WEIGHTS):  # a bundle's file given for its folder
+        path = path.parent
     if (path / MANIFEST).is_file():
         if algorithm is not None and algorithm != path.name:
             raise BundleError(f"{path}: is the bundle of {path.name!r}, not of --algorithm {algorithm!r}")
@@ -175,7 +178,7 @@ def load_bundle(folder: Path) -> Bundle:
     except (ValidationError, FederationError) as e:
         raise BundleError(f"{manifest_path}: invalid network, regions or volume ({' '.join(str(e).split())})") from None
     if not weights_path.is_file():
-        raise BundleError(f"{weights_path}: missing")
+        raise BundleError(f"{weights_path}: {'is not a file' if weights_path.exists() else 'missing'}")
     try:
         tensors = Message(load_file(weights_path))
     except (OSError, SafetensorError) as e:
@@ -184,4 +187,7 @@ def load_bundle(folder: Path) -> Bundle:
     empty = [name for name, w in models.items() if not w]
     if empty:
         raise BundleError(f"{weights_path}: no tensors for the models {', '.join(empty)} listed in {manifest_path}")
+    bad = next((k for k, v in tensors.tensors.items() if v.is_floating_point() and not all_finite(v)), None)
+    if bad is not None:  # training never keeps such a model: the file was damaged or edited
+        raise BundleError(f"{weights_path}: tensor {bad!r} holds NaN or Inf; it cannot segment anything")
     return Bundle(folder, manifest, models)

@@ -133,6 +133,8 @@ def check_before_data(cfg: RunConfig, out: Path, resume: bool, check_compute: bo
     if in_process and cfg.engine.workers > 1:  # what the worker pool's processes could not load, before any data
         check_worker_imports(cfg.algorithms)
     check_available(cfg.tracking)  # so does a tracker whose package is missing (fedseg.tracking)
+    if (out / "checkpoints").exists() and not (out / "checkpoints").is_dir():
+        raise FileExistsError(f"{out / 'checkpoints'}: is a file where the run keeps its checkpoints (a folder)")
     if resume and (out / "checkpoints").exists() and not (out / "config.yaml").is_file():
         raise FileNotFoundError(
             f"{out / 'config.yaml'}: missing, so the configuration of the run in {out} is unknown and a resume cannot "
