@@ -171,6 +171,15 @@ def test_a_cut_short_sample_is_left_out_and_said(run):
     assert "Left out of the report: samples/fedavg__B.npz" in html and "example predictions" in html
 
 
+def test_an_unparseable_config_yaml_is_left_out_and_said(run):
+    """Its sections (the data line, the methods not finished) were left out in silence."""
+    (run / "config.yaml").write_text("algorithms: [\n")
+    result = _report(run)
+    assert result.exit_code == 0, result.output
+    assert "note: left out of the report: config.yaml (cannot be read: damaged or cut short)" in result.output
+    assert "Left out of the report: config.yaml" in (run / "report.html").read_text()
+
+
 def test_a_render_that_fails_midway_leaves_the_old_report_and_figures(run, monkeypatch):
     """The figures are drawn aside: a failure after some are drawn (here: the cost table) changes nothing."""
     before = _state(run)

@@ -172,13 +172,16 @@ class RunFiles:
 
     @functools.cached_property
     def settings(self) -> dict[str, Any]:
-        """``config.yaml`` parsed ({} when the run has none, or it is not a readable mapping)."""
+        """``config.yaml`` parsed ({} when the run has none, or it is not a readable mapping: then it is listed in
+        ``unreadable``, so the page and the command say that its sections are left out)."""
         import yaml
 
         try:
             loaded = yaml.safe_load(self.config or "")
         except yaml.YAMLError:
-            return {}
+            loaded = None
+        if self.config is not None and not isinstance(loaded, dict):
+            self.unreadable.append(self.dir / "config.yaml")
         return loaded if isinstance(loaded, dict) else {}
 
     @property
