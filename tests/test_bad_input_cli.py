@@ -350,8 +350,11 @@ def test_an_out_that_is_a_federation_or_another_command_s_folder_is_refused_and_
     line = _one_error_line(_run([*base, "--out", str(fed)]))
     assert line.startswith(f"error: {fed}: is a federation folder (federation.yaml): the run's files would join"), line
     line = _one_error_line(_run([*base, "--out", str(fed / "runs" / "x")]))
-    assert line.startswith(f"error: {fed / 'runs' / 'x'}: lies inside the federation folder {fed} (--data)"), line
+    assert line.startswith(
+        f"error: {fed / 'runs' / 'x'}: lies inside the federation folder {fed} (--data or data.root)"
+    ), line
     assert _listing(fed) == before
+    before_fed = before
 
     bench = tmp_path / "bench.yaml"
     spec = {"name": "b", "base": {"preset": "demo"}, "set": TINY_SET, "federations": ["synthetic-retina"]}
@@ -364,6 +367,14 @@ def test_an_out_that_is_a_federation_or_another_command_s_folder_is_refused_and_
     line = _one_error_line(_run(["bench", str(bench), "--out", str(fed)]))
     assert line.startswith(f"error: {fed}: is a federation folder (federation.yaml): the bench's files"), line
     assert _listing(copy) == before
+    on_fed = tmp_path / "on-fed.yaml"  # a bench over the folder federation, its --out inside it
+    on_fed.write_text(json.dumps({**spec, "federations": [{"name": "f", "set": [f"data.root={fed}"]}]}))
+    line = _one_error_line(_run(["bench", str(on_fed), "--out", str(fed / "bench")]))
+    assert line.startswith(f"error: {fed / 'bench'}: lies inside the federation folder {fed}"), line
+    flower = ["flower", "local", "--preset", "demo", "--algorithms", "fedavg", "--data", str(fed)]
+    line = _one_error_line(_run([*flower, "--out", str(fed / "f")]))
+    assert line.startswith(f"error: {fed / 'f'}: lies inside the federation folder {fed}"), line
+    assert _listing(fed) == before_fed
 
     benched = tmp_path / "benched"
     benched.mkdir()
@@ -454,6 +465,10 @@ def test_a_results_csv_cut_short_emptied_or_missing_is_not_drawn_silently(finish
     for name, damage in [
         ("cut", lambda p: p.write_text("".join(lines[: len(lines) // 2]))),
         ("header", lambda p: p.write_text(lines[0])),
+        (
+            "hd95",
+            lambda p: p.write_text("".join(r for r in lines if ",hd95," not in r or not r.endswith(("5\n", "7\n")))),
+        ),
         ("missing", lambda p: p.unlink()),
         ("folder", lambda p: (p.unlink(), p.mkdir())),
     ]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 import re
 import shlex
@@ -922,27 +923,38 @@ def _key_given_twice(root: yaml.Node | None) -> str | None:
     return None
 
 
-def apply_override(data: dict, assignment: str, option: str = "--set", where: str | None = None) -> None:
+def apply_override(
+    data: dict, assignment: str, option: str = "--set", where: str | None = None, read: dict | None = None
+) -> None:
     """Apply ``key.sub=value`` to a nested dict in place; the value is parsed as YAML. ``option``: the command-line
-    option the assignment came from, for the error message; ``where``: the config ``data`` was read from, blamed
-    when it holds something else than a section where the key needs one (``data: [1, 2]``)."""
+    option the assignment came from, for the error message; ``where``: the config ``data`` was read from (``read``:
+    as read, before any override), blamed when it holds something else than a section where the key needs one
+    (``data: [1, 2]``)."""
     if "=" not in assignment:
         raise ConfigError(f"{option} {assignment!r}: expected key.sub=value")
     key, raw = assignment.split("=", 1)
     parts = key.strip().split(".")
     node = data
     for i, part in enumerate(parts[:-1]):
-        given = part in node
         node = node.setdefault(part, {})
         if not isinstance(node, dict):
             section = ".".join(parts[: i + 1])
-            if given and where is not None:  # the config's own value, not the option's fault
+            if where is not None and _holds(read, parts[: i + 1], node):  # the config's own value, not the option's
                 raise ConfigError(f"{where}: {section}: expected a section (key: value lines), got {node!r}")
             raise ConfigError(f"{option} {key}: {part!r} is not a section")
     try:
         node[parts[-1]] = yaml.safe_load(raw)
     except yaml.YAMLError as e:
         raise ConfigError(f"{option} {key.strip()}: {raw!r} is not a valid YAML value ({yaml_problem(e)})") from None
+
+
+def _holds(data: object, path: Sequence[str], value: object) -> bool:
+    """Whether the nested dict ``data`` holds ``value`` at ``path``."""
+    for part in path:
+        if not isinstance(data, dict) or part not in data:
+            return False
+        data = data[part]
+    return data == value
 
 
 def yaml_problem(error: yaml.YAMLError) -> str:
@@ -971,9 +983,10 @@ def load_config(
         empty = f"the config file is empty (start from `fedseg presets show demo > {shlex.quote(path.name)}`)"
         data, where = read_yaml_mapping(text, str(path), empty), str(path)
     data.pop("description", None)
+    read = copy.deepcopy(data)  # as the preset or file gave it: blamed for a value that is no section
     for assignment in overrides:
         key = assignment.split("=", 1)[0].strip()
-        apply_override(data, assignment, (labels or {}).get(key, "--set"), where)
+        apply_override(data, assignment, (labels or {}).get(key, "--set"), where, read)
     keys = [a.split("=", 1)[0].strip() for a in overrides]
     return validate_config(data, where, {key: (labels or {}).get(key, "--set") for key in keys})
 

@@ -63,6 +63,7 @@ import torch
 from torch import nn
 
 from fedseg.algorithms.registry import RoutedModel
+from fedseg.atomic_files import strict_json_text
 from fedseg.data import readers
 from fedseg.data.federation import FederationError, channel_order
 from fedseg.data.folder import _PIL_EXTS as PLANE_EXTS
@@ -724,7 +725,7 @@ def predict(
         rows = write_predictions(predictor, bundle, inputs, staging, batch_size, overlay, seg)
         options = {"algorithm": bundle.folder.name, "threshold": bundle.manifest["threshold"], "gamma": gamma}
         record = prediction_record(bundle.folder, bundle.manifest, {**options, "site": site}, len(inputs))
-        (staging / RECORD_NAME).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+        (staging / RECORD_NAME).write_text(strict_json_text(record, indent=2) + "\n", encoding="utf-8")
         move_in(staging, out, replaced)  # all together: a failed or interrupted move puts back what it replaced
     return rows
 

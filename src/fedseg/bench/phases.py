@@ -181,7 +181,7 @@ def run_bench(
     recorded = check_out(bench, out, resume or not train)  # --tables-only: the tables are of the bench recorded there
     holdouts = holdout_sites(bench, root)
     if train:
-        check_data(bench, root, holdouts)  # before anything is written: every federation, fold and site
+        check_data(bench, root, holdouts, out)  # before anything is written: every federation, fold and site
         out.mkdir(parents=True, exist_ok=True)
         record_bench(bench, out, recorded)
     runner = Runner(bench, root, out, jobs, echo, train)

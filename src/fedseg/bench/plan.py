@@ -272,15 +272,18 @@ def run_config(bench: BenchSpec, root: Path, run: BenchRun) -> RunConfig:
         raise ConfigError(f"bench run {run.label}: {e}") from None
 
 
-def check_data(bench: BenchSpec, root: Path, holdouts: Holdouts) -> None:
+def check_data(bench: BenchSpec, root: Path, holdouts: Holdouts, out: Path | None = None) -> None:
     """Every federation of the bench loads, repartitions and splits with a training, a validation and a test case at
     every site in every fold (a FederationError or ConfigError naming the federation, fold and site), before any
     work: a bad site name or too many folds for a small site would otherwise fail after hours of training. With
-    ``data_seed: per-seed`` every seed's data (the final runs' and the tuning runs') is checked: each splits anew."""
+    ``data_seed: per-seed`` every seed's data (the final runs' and the tuning runs') is checked: each splits anew.
+    ``out``: the bench's folder, refused inside a federation folder (its runs' files would join the sites' data)."""
     from fedseg.data.federation import FederationError
     from fedseg.data.repartition import repartition
     from fedseg.data.splits import check_splits, make_splits
     from fedseg.run import load_federation
+    from fedseg.run.preflight import check_out_outside
+    from fedseg.run.preparation import folder_root
 
     data_seeds = dict.fromkeys([*bench.seeds, *bench.tune_seeds]) if bench.data_seed == "per-seed" else bench.seeds[:1]
     for fed, seed in itertools.product(bench.federations, data_seeds):
@@ -288,6 +291,8 @@ def check_data(bench: BenchSpec, root: Path, holdouts: Holdouts) -> None:
         for fold in folds_of(bench, fed, holdouts):
             run = make_run(bench, fed, bench.methods[0], fold, seed, (), holdouts)
             cfg = run_config(bench, root, run)
+            if out is not None:
+                check_out_outside(out, folder_root(cfg))
             where = f"bench federation {fed.name!r}, " + (f"holdout {run.holdout}" if run.holdout else f"fold {fold}")
             where += f", seed {seed}" if bench.data_seed == "per-seed" else ""
             try:

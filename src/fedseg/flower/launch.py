@@ -59,7 +59,7 @@ from fedseg.flower.deploy import (
     wait_run,
 )
 from fedseg.interrupts import terminate_on_signals
-from fedseg.run.preflight import check_device, check_out_dir, check_out_kind
+from fedseg.run.preflight import check_device, check_out_dir, check_out_kind, check_out_outside
 
 ISOLATIONS = ("subprocess", "warm")
 FLOWER_TASK_POLL = 1.0  # flwr's default SuperExec task polling interval (FLWR_SUPEREXEC_TASK_POLL_INTERVAL)
@@ -414,11 +414,13 @@ def keep_protection(out: Path, link: LinkSettings, resume: bool) -> None:
     atomic_write_text(path, json.dumps(now) + "\n")
 
 
-def check_new_or_resumed(out: Path, resume: bool) -> None:
-    """A coordinator's ``--out``: a new run needs a folder without checkpoints; ``--resume`` continues one; a study's
-    folder is refused either way."""
+def check_new_or_resumed(out: Path, resume: bool, data: str | None) -> None:
+    """A coordinator's ``--out``: a new run needs a folder without checkpoints; ``--resume`` continues one; a study's,
+    bench's or federation's folder, or one inside the federation folder ``data`` (``data.root``), is refused either
+    way, before any Flower process starts or a site's folder is written."""
     check_out_dir(out)
     check_out_kind(out, "run")
+    check_out_outside(out, data)
     if (out / "checkpoints").exists() and not resume:
         raise FileExistsError(f"{out}: already holds a run; use --resume to continue it or choose another --out")
 
@@ -624,7 +626,7 @@ def sites_on_this_machine(
     the config reading that folder, the resolved ``out``, the federation and the site folders."""
     check_device(cfg.device)
     out = Path(out).resolve()
-    check_new_or_resumed(out, resume)
+    check_new_or_resumed(out, resume, cfg.data.root)
     root, fed = federation_folder(cfg, out / "flower")
     cfg = cfg.model_copy(update={"data": cfg.data.model_copy(update={"source": "folder", "root": str(root)})})
     return cfg, out, fed, site_views(root, fed, out / "flower" / "sites")
@@ -733,7 +735,7 @@ def server(
 
     check_run(cfg)
     out = Path(out).resolve()
-    check_new_or_resumed(out, resume)
+    check_new_or_resumed(out, resume, cfg.data.root)
     work = out / "flower"
     env = flower_env(work / "home", waits(poll)[1])
     link = replace(link, auth=link.auth or bool(auth_keys))

@@ -3,7 +3,9 @@ can ``\\input`` (``\\usepackage{booktabs,graphicx}``; UTF-8 input, LaTeX's defau
 
 A cell's text is written as it prints elsewhere: LaTeX's special characters escaped, the symbols the tables use
 (±, Δ, †, ‡, −, ×, τ, ≤, ✓ ...) as their math-mode commands, a minus sign before a number as ``$-$`` (not a
-hyphen), a p like ``1.9e-16`` as ``$1.9\\times10^{-16}$``, Markdown ``**bold**`` as ``\\textbf``."""
+hyphen), a p like ``1.9e-16`` as ``$1.9\\times10^{-16}$``, Markdown ``**bold**`` as ``\\textbf``. Other characters are
+written as they are: pdflatex takes Latin letters with accents (``Zürich``); site or method names in other scripts
+(Chinese, Greek, ...) need LuaLaTeX or XeLaTeX with a font that has them."""
 
 from __future__ import annotations
 

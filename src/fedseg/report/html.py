@@ -1,7 +1,8 @@
 """The run report: one self-contained ``report.html`` plus PNGs in ``figures/``.
 
 :func:`render_report` reads only the run's own files (docs/design.md §3 "Run outputs"):
-``summary.json`` (required), and optionally ``results.csv``, ``rounds.csv``,
+``summary.json`` (required), ``results.csv`` (required where summary.json names its site models, and checked against
+it: :func:`fedseg.report.own_scores.check_results`), and optionally ``rounds.csv``,
 ``round_metrics.csv``, ``ledger.csv``, ``samples/<algorithm>__<site>.npz``, ``config.yaml``,
 the files a method family reads for its own sections (FedSM: ``selector_features/``) and the
 study tables ``unseen.csv`` / ``sweep.csv`` of a run that is part of a study. Each missing

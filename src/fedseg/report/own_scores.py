@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from fedseg.evaluate.metric_info import METRICS, Metric
-from fedseg.evaluate.tables import RowFilter, case_means, own_site_model, region_summary, site_summary
+from fedseg.evaluate.tables import RowFilter, case_means, own_site_model, region_summary
 from fedseg.presentation.files import REWRITE_HINT
 from fedseg.presentation.kit import RunFiles, fmt, num
 
@@ -66,48 +66,47 @@ def own_case_stats(run: RunFiles, name: str, metric: str) -> MeanStd:
 
 def check_results(run: RunFiles) -> None:
     """``results.csv`` holds the test scores ``summary.json`` reports: per algorithm that records its
-    ``site_models``, the Dice of its rows (each site's own model; each local model of ``cross_site`` on every site,
-    averaged as summary.json averages them) equals summary.json's at every site (relative 1e-9). A ValueError
-    naming the file, the algorithm, model and site otherwise: a file cut at a row boundary, emptied to its header,
-    edited or missing reads as valid CSV, and the tables and the verdict's paired tests would silently rest on what
-    is left."""
+    ``site_models``, every score its entry holds (Dice, HD95 and NSD per site of the models its sites use; the
+    cross-site matrix of its local models and its means) computed again from its rows by the code that wrote it
+    (:func:`fedseg.run.summary.own_model_scores`, :func:`~fedseg.run.summary.other_models_scores`) equals the entry's
+    (relative 1e-9). A ValueError naming the file, the algorithm and the score otherwise: a file cut at a row
+    boundary, emptied to its header, edited or missing reads as valid CSV, and the tables and the verdict's paired
+    tests would silently rest on what is left."""
+    from fedseg.run.summary import other_models_scores, own_model_scores
+
     path = run.dir / "results.csv"
-    recorded = [n for n, e in run.algorithms.items() if isinstance(e.get("site_models"), dict)]
+    recorded = {n: e["site_models"] for n, e in run.algorithms.items() if isinstance(e.get("site_models"), dict)}
     if not recorded:  # a run written before summary.json named its site models: nothing to compare with
         return
     if not path.is_file():
         what = "is missing" if not path.exists() else "is not a file"
         raise ValueError(f"{path}: {what}; it holds the per-case test scores of {', '.join(recorded)}; {REWRITE_HINT}")
-    for name in recorded:
-        for what, rows, reported in _reported_dice(run.algorithms[name]):
-            from_rows = site_summary(run.results, name, "dice", run.sites, model_filter=rows)
-            for site in run.sites:
-                want, have = num(reported.get(site)), from_rows[site]
-                if math.isnan(want) and math.isnan(have):
-                    continue
-                if math.isnan(want) or math.isnan(have) or abs(have - want) > 1e-9 * max(1.0, abs(want)):
-                    found = "has no rows" if math.isnan(have) else f"gives Dice {have:.6f}"
-                    raise ValueError(
-                        f"{path}: {name}'s {what} at {site} {found} where summary.json reports {want:.6f} (the file "
-                        f"was cut short or edited); {REWRITE_HINT}"
-                    )
+    for name, models in recorded.items():
+        again = own_model_scores(name, run.results, models.get, run.sites)
+        again.update(other_models_scores(name, run.results, models.get, run.sites))
+        reported = _numbers(run.algorithms[name])
+        for where, have in _numbers(again).items():
+            want = num(reported.get(where))
+            if math.isnan(want) and math.isnan(have):
+                continue
+            if math.isnan(want) or math.isnan(have) or abs(have - want) > 1e-9 * max(1.0, abs(want)):
+                found = "no rows" if math.isnan(have) else f"{have:.6g}"
+                raise ValueError(
+                    f"{path}: {name}'s {where} from its rows is {found} where summary.json reports {want:.6g} (one "
+                    f"of the two files was cut short or edited); {REWRITE_HINT}"
+                )
 
 
-def _reported_dice(entry: dict) -> list[tuple[str, RowFilter, dict]]:
-    """What an algorithm's ``summary.json`` entry reports of Dice per site, each with the rows of ``results.csv``
-    it comes from: its sites' own models (``site_models``), and each local model of ``cross_site`` on every site."""
-    models: dict[str, str] = entry["site_models"]
-    reported: list[tuple[str, RowFilter, dict]] = [
-        ("own models", lambda r: r["model"] == models.get(r["site"]), entry.get("dice") or {})
-    ]
-    for train, scores in ((entry.get("cross_site") or {}).get("dice") or {}).items():
-        if isinstance(scores, dict):
-            reported.append((f"local:{train}", _model_rows(f"local:{train}"), scores))
-    return reported
-
-
-def _model_rows(model: str) -> RowFilter:
-    return lambda r: r["model"] == model
+def _numbers(entry: dict, prefix: str = "") -> dict[str, float]:
+    """The numbers of a nested ``summary.json`` entry by their path (``hd95 site3``, ``cross_site dice site1
+    site2``); other values left out."""
+    out: dict[str, float] = {}
+    for key, value in entry.items():
+        if isinstance(value, dict):
+            out.update(_numbers(value, f"{prefix}{key} "))
+        elif value is None or (isinstance(value, int | float) and not isinstance(value, bool)):
+            out[f"{prefix}{key}"] = num(value)
+    return out
 
 
 def mean_std_text(s: MeanStd, digits: int) -> str:

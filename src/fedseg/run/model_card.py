@@ -11,6 +11,7 @@ it (fedseg, torch, MONAI, the git commit)."""
 from __future__ import annotations
 
 import hashlib
+import math
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +75,7 @@ def card_line(card: dict[str, Any] | None) -> str | None:
     if not card:
         return None
     dice = (card.get("test_dice") or {}).get("client_avg")
-    score = f", test Dice {dice:.3f} (client avg)" if isinstance(dice, (int, float)) else ""
+    score = f", test Dice {dice:.3f} (client avg)" if isinstance(dice, int | float) and math.isfinite(dice) else ""
     late = "; it may not have converged" if card.get("may_not_have_converged") else ""
     return (
         f"model: {card.get('method')} trained on {card.get('federation')} ({len(card.get('sites') or [])} sites), "

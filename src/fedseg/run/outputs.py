@@ -117,7 +117,7 @@ def write_bundle_files(
         "threshold": cfg.eval.threshold,
         **({"trained": card} if card else {}),
     }
-    atomic_write_text(folder / BUNDLE_MANIFEST, json.dumps(manifest, indent=2))
+    atomic_write_text(folder / BUNDLE_MANIFEST, strict_json_text(manifest, indent=2))  # a NaN Dice: null
     return hashlib.sha256(data).hexdigest()
 
 

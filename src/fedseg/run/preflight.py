@@ -98,12 +98,12 @@ def check_out_kind(out: Path, kind: str) -> None:
 
 
 def check_out_outside(out: Path, data: str | Path | None) -> None:
-    """A FileExistsError where ``out`` lies inside the federation folder ``data`` (``--data``): its files would
-    sit among the sites' folders, where ``fedseg data check`` and the next run read them."""
+    """A FileExistsError where ``out`` lies inside the federation folder ``data`` (``--data``, ``data.root``): its
+    files would sit among the sites' folders, where ``fedseg data check`` and the next run read them."""
     if data is not None and Path(out).resolve().is_relative_to(Path(data).resolve()):
         raise FileExistsError(
-            f"{out}: lies inside the federation folder {data} (--data): the run's files would join its sites' "
-            "data; choose an --out outside it"
+            f"{out}: lies inside the federation folder {data} (--data or data.root): its files would join the "
+            "sites' data; choose an --out outside it"
         )
 
 

@@ -34,18 +34,28 @@ def summarize(
 ) -> dict[str, Any]:
     """The ``summary.json`` entry of one algorithm; ``cost``: the FeTS Table 2 cost object
     (:func:`fedseg.evaluate.cost.cost_table`)."""
-    own = lambda r: r["model"] == site_model(r["site"])  # noqa: E731
-    entry = {
-        **{m: site_summary(test_rows, name, m, sites, model_filter=own) for m in METRIC_NAMES},
-        "rounds": rounds,
-        "best_round": best_round,
-        **ledger.totals(),
-    }
-    if any(r["model"] != site_model(r["site"]) for r in test_rows):
-        entry.update(cross_site_summary(test_rows, sites))
+    entry = {**own_model_scores(name, test_rows, site_model, sites), "rounds": rounds, "best_round": best_round}
+    entry.update(ledger.totals())
+    entry.update(other_models_scores(name, test_rows, site_model, sites))
     if cost is not None:
         entry["cost"] = cost
     return entry
+
+
+def own_model_scores(name: str, rows: list[Row], site_model: Callable[[str], str], sites: list[str]) -> dict[str, Any]:
+    """Per metric (Dice, HD95, NSD) the site means, client average and global mean of algorithm ``name``'s test
+    ``rows`` scored with the model each site uses (``site_model``): those of its ``summary.json`` entry."""
+    own = lambda r: r["model"] == site_model(r["site"])  # noqa: E731
+    return {m: site_summary(rows, name, m, sites, model_filter=own) for m in METRIC_NAMES}
+
+
+def other_models_scores(
+    name: str, rows: list[Row], site_model: Callable[[str], str], sites: list[str]
+) -> dict[str, Any]:
+    """Where algorithm ``name``'s test ``rows`` also score models its sites do not use (their local models): the
+    cross-site matrix and its means (:func:`cross_site_summary`); {} otherwise."""
+    mine = [r for r in rows if r["algorithm"] == name]
+    return cross_site_summary(mine, sites) if any(r["model"] != site_model(r["site"]) for r in mine) else {}
 
 
 def cross_site_summary(rows: list[Row], sites: list[str]) -> dict[str, Any]:
