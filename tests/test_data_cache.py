@@ -4,11 +4,16 @@ unwritable cache folder gives one line and no cache, `fedseg data cache list / c
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -239,3 +244,97 @@ def test_a_containers_memory_limit_below_the_machines_is_the_limit(tmp_path):
     v1.write_text("9223372036854771712\n")
     assert physical_memory(cgroup_files=(unlimited, limited)) == machine  # the first file present decides
     assert physical_memory(cgroup_files=(tmp_path / "none", v1)) == machine
+
+
+# --- Ctrl-C on `fedseg data synth`: real processes ----------------------------------------------------------
+_WRITE_SYSCALL = {"x86_64": 1, "aarch64": 64}.get(os.uname().machine)  # write(2)'s number in /proc/<pid>/syscall
+
+
+def _workers(session: int) -> list[int]:
+    """The generation workers (``spawn`` children) among the processes of session ``session``."""
+    from test_interrupts import _session_processes
+
+    pids = []
+    for pid in _session_processes(session):
+        try:
+            if b"--multiprocessing-fork" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                pids.append(pid)
+        except OSError:
+            continue  # gone meanwhile
+    return pids
+
+
+def _sending(pids: list[int]) -> bool:
+    """Whether one of ``pids`` is blocked in write(2): a worker sending its result, the pipe full."""
+    for pid in pids:
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            if int(Path(f"/proc/{pid}/syscall").read_text().split()[0]) == _WRITE_SYSCALL:
+                return True
+    return False
+
+
+def _first_time(condition: Callable[[], bool], timeout: float) -> bool:
+    """Whether ``condition`` held once within ``timeout`` seconds (polled every millisecond)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.001)
+    return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/syscall").exists(), reason="reads processes from /proc (Linux)")
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one CPU: the federation is generated without workers")
+@pytest.mark.parametrize("moment", ["sending", "sending", "sending", "sending", 0.0, 0.5])
+def test_ctrl_c_while_the_workers_generate_ends_data_synth_at_once_every_time(tmp_path, monkeypatch, moment):
+    """An audit's Ctrl-C on `data synth` hung it, silent or after its line, in about 3 tries of 20, until killed:
+    the interrupted pool was waited on for good (a worker killed half-way through sending a result left the pool's
+    thread reading the rest forever; one reaped behind multiprocessing's back stayed "alive" to it). Ctrl-C while a
+    worker sends a result (blocked writing it, as /proc says), or a moment after the workers start: each time the
+    command ends within seconds, status 130, its one line, no process left."""
+    from test_interrupts import _session, _session_processes, _wait_for
+
+    if moment == "sending" and _WRITE_SYSCALL is None:
+        pytest.skip("write(2)'s number is not known on this machine")
+    monkeypatch.setenv(cache.CACHE_ENV, cache.CACHE_OFF)  # generated every time
+    out = tmp_path / "fed"
+    synth = ["data", "synth", "--preset", "synthetic-brats", "--scale", "3", "--image-size", "48", "--out", str(out)]
+    with _session([sys.executable, "-m", "fedseg.cli", *synth]) as proc:
+        assert _wait_for(lambda: len(_workers(proc.pid)) >= 2, 60, poll=0.01), "no generation workers started"
+        if moment == "sending":  # a moment that lasts a few ms: Ctrl-C as soon as it is seen
+            assert _first_time(lambda: _sending(_workers(proc.pid)), 30), "no worker sent a result"
+        else:
+            time.sleep(float(moment))
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            output, _ = proc.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            pytest.fail("data synth still runs 20 s after Ctrl-C")
+        assert _wait_for(lambda: not _session_processes(proc.pid), 10), _session_processes(proc.pid)
+    assert proc.returncode == 130, output
+    assert output.strip() == f"error: interrupted: nothing was written to {out}; run the same command again", output
+    assert not out.exists()
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads processes from /proc (Linux)")
+def test_ctrl_c_after_data_synth_wrote_its_federation_says_it_is_there(tmp_path):
+    """An audit's Ctrl-C came while `data synth` checked the federation it had moved into place: "nothing was
+    written to OUT; run the same command again", yet OUT held the whole federation (and the same command then
+    refused the existing OUT). The line now says it was written completely, and that federation passes the check."""
+    from test_interrupts import _session, _wait_for
+
+    out = tmp_path / "fed"
+    synth = ["data", "synth", "--preset", "synthetic-brats", "--scale", "1", "--image-size", "32", "--out", str(out)]
+    moved_in = lambda: (out / "federation.yaml").is_file() and not list(out.glob(".*"))  # noqa: E731
+    with _session([sys.executable, "-m", "fedseg.cli", *synth]) as proc:
+        assert _wait_for(lambda: moved_in() or proc.poll() is not None, 120, poll=0.002) and proc.poll() is None
+        os.killpg(proc.pid, signal.SIGINT)  # data synth now checks what it wrote: a second or so
+        output, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, output
+    said = " ".join(output.split())
+    assert said == (
+        f"error: interrupted after the write had finished: {out} was written completely; `fedseg data check {out}` "
+        "checks it; no need to run the command again"
+    ), said
+    checked = CliRunner().invoke(app, ["data", "check", str(out)])
+    assert checked.exit_code == 0 and f"OK: {out}" in " ".join(checked.output.split()), checked.output

@@ -128,7 +128,42 @@ BROKEN = [
         "unsupported image file",
     ),
     ("missing-yaml", lambda r: _rm(r / "federation.yaml"), "federation.yaml", "missing"),
-    ("invalid-yaml", lambda r: (r / "federation.yaml").write_text("name: [unclosed"), "federation.yaml", "cannot read"),
+    (
+        "invalid-yaml",
+        lambda r: (r / "federation.yaml").write_text("name: [unclosed"),
+        "federation.yaml",
+        "not valid YAML",
+    ),
+    (
+        "key-given-twice",
+        lambda r: (r / "federation.yaml").write_text(yaml.safe_dump(HEADER) + "kind: 3d\n"),
+        "federation.yaml",
+        "key 'kind' given twice (lines 2 and 10); keep one",
+    ),
+    (
+        "cases-csv-is-a-folder",
+        lambda r: (r / "s1/cases.csv").mkdir(),
+        "s1/cases.csv",
+        "is a folder, not a file (the site's case metadata, header case,<columns>)",
+    ),
+    (
+        "splits-csv-is-a-folder",
+        lambda r: (r / "s2/splits.csv").mkdir(),
+        "s2/splits.csv",
+        "is a folder, not a file (the site's fixed splits, header case,split)",
+    ),
+    (
+        "splits-csv-is-a-broken-link",
+        lambda r: (r / "s2/splits.csv").symlink_to(r / "gone.csv"),
+        "s2/splits.csv",
+        "is neither a file nor a folder (a broken symbolic link or a link loop), not a file",
+    ),
+    (
+        "labels-is-a-file",
+        lambda r: ((r / "s3/images").mkdir(parents=True), (r / "s3/labels").write_text("")),
+        "s3/labels",
+        "is a file, not a folder (a site holds an images/ and a labels/ folder)",
+    ),
     ("missing-key", lambda r: _set_header(r, channels=None), "federation.yaml", "missing key 'channels'"),
     (
         "wrong-type",
@@ -375,3 +410,44 @@ def check_warnings(root: Path) -> list[str]:
     result = CliRunner().invoke(data_app, ["check", str(root)])
     assert result.exit_code == 0, result.output
     return [line for line in result.output.splitlines() if line.startswith("warning: ")]
+
+
+def test_a_key_given_twice_in_federation_yaml_is_the_one_problem_named(root):
+    """`kind: 2d` then `kind: 3d`: YAML keeps the last, and the check listed every PNG as "2D but kind: 3d" without
+    naming the cause. As a config or bench file, the file is refused: one line naming it, the key and its lines."""
+    (root / "federation.yaml").write_text("name: toy\nkind: 2d\nkind: 3d\nchannels: 3\nregions: {disc: [1, 2]}\n")
+    result = CliRunner().invoke(data_app, ["check", str(root)])
+    assert result.exit_code == 1
+    assert result.output.splitlines() == [
+        f"error: {root}: federation folder is invalid (1 problem):",
+        f"  {root}/federation.yaml: key 'kind' given twice (lines 2 and 3); keep one",
+    ], result.output
+
+
+def test_a_folder_where_federation_yaml_goes_is_one_problem_not_a_site(root):
+    """A folder named federation.yaml was also reported as a folder that is not a site."""
+    (root / "federation.yaml").unlink()
+    (root / "federation.yaml").mkdir()
+    with pytest.raises(FederationError) as err:
+        check_folder(root)
+    assert str(err.value).splitlines() == [
+        f"{root}: federation folder is invalid (1 problem):",
+        f"  {root}/federation.yaml: is a folder, not a file (every federation folder needs a federation.yaml)",
+    ]
+
+
+@pytest.mark.parametrize("value", ["nan", "-1", "0", "inf"])
+def test_a_max_image_mb_that_is_no_positive_number_is_refused(root, value):
+    """`--max-image-mb nan` passed with a warning "above nan MB" for every image; -1 and 0 flag every image."""
+    result = CliRunner().invoke(data_app, ["check", str(root), "--max-image-mb", value])
+    assert result.exit_code == 1
+    shown = f"{float(value):g}"
+    assert result.output.splitlines() == [f"error: --max-image-mb {shown}: expected a positive number (MB)"]
+
+
+def test_a_folder_name_too_long_is_one_line_naming_it(tmp_path):
+    """A 300-character ROOT gave `error: [Errno 36] File name too long: '...'` (or a traceback)."""
+    root = tmp_path / ("x" * 300)
+    result = CliRunner().invoke(data_app, ["check", str(root)])
+    assert result.exit_code == 1, result.output
+    assert result.output.splitlines() == [f"error: {root}: File name too long"], result.output

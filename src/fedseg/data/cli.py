@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import os
 import shlex
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -23,10 +25,40 @@ data_app = typer.Typer(
 )
 
 
-def _interrupted(out: Path) -> NoReturn:
-    """Ctrl-C (or SIGTERM) while writing ``out``: these commands write into a temporary folder and move it into
-    place at the end, so nothing was written; one line says so."""
-    fail(f"interrupted: nothing was written to {out}; run the same command again", INTERRUPTED_EXIT)
+Entries = dict[str, tuple[int, int]]
+
+
+def _entries(out: Path) -> Entries:
+    """Name -> (device, inode) of each entry of the folder ``out`` but hidden ones (a command's temporary folders):
+    what a command finds there before it writes, to tell afterwards what it moved in. Empty when ``out`` is no
+    folder that can be read."""
+    entries: Entries = {}
+    try:
+        with os.scandir(out) as found:
+            for entry in found:
+                if not entry.name.startswith("."):
+                    stat = entry.stat(follow_symlinks=False)
+                    entries[entry.name] = (stat.st_dev, stat.st_ino)
+    except OSError:
+        pass  # gone meanwhile, or unreadable: what was read so far
+    return entries
+
+
+def _interrupted(out: Path, before: Entries) -> NoReturn:
+    """Ctrl-C (or SIGTERM) while writing ``out`` (``before``: its :func:`_entries` when the command began): one
+    line saying what is there. These commands write into a temporary folder and move it into place at the end (all
+    of it, or nothing), so either nothing was written, or, interrupted after the move (a check, a read back), the
+    entries moved in are complete: a federation (its ``federation.yaml`` is new) or an exported dataset."""
+    from fedseg.data.folder import HEADER_FILE
+
+    new = sorted(name for name, identity in _entries(out).items() if before.get(name) != identity)
+    if not new:
+        fail(f"interrupted: nothing was written to {out}; run the same command again", INTERRUPTED_EXIT)
+    if HEADER_FILE in new:
+        done = f"{out} was written completely; `fedseg data check {shlex.quote(str(out))}` checks it"
+    else:
+        done = f"{', '.join(str(out / name) for name in new)} was written completely"
+    fail(f"interrupted after the write had finished: {done}; no need to run the command again", INTERRUPTED_EXIT)
 
 
 def _shape_text(shapes: list[tuple[int, ...]]) -> str:
@@ -84,6 +116,7 @@ def check(
     from fedseg.data.folder import group_problems
 
     warnings: list[str] = []
+    _check_positive(max_image_mb, "--max-image-mb", "MB")
     try:
         split, split_seed = _split_settings(preset, config, seed)
         fed = check_folder(
@@ -93,11 +126,18 @@ def check(
             raise FederationError(
                 f"{root}: no folder for site {site!r} (site folders here: {', '.join(fed.site_names)})"
             )
-    except (FederationError, ConfigError) as e:
+    except (FederationError, ConfigError, OSError) as e:  # OSError: e.g. a ROOT whose name is too long
         fail(error_text(e))
     for line in group_problems(warnings):
         typer.echo(f"warning: {line}", err=True)
     _print_summary(fed, split, split_seed, f"OK: {root} — {{sites}}, {{cases}} ({split.mode} split, seed {split_seed})")
+
+
+def _check_positive(value: float, option: str, unit: str) -> None:
+    """Refuse (one line naming ``option``) a ``value`` that is not a positive finite number: ``nan`` or ``-1`` as a
+    limit would pass or flag every file without saying why."""
+    if not (math.isfinite(value) and value > 0):
+        fail(f"{option} {value:g}: expected a positive number ({unit})")
 
 
 def _print_summary(fed, split: SplitConfig, seed: int, line: str) -> None:
@@ -144,6 +184,7 @@ def synth(
     from fedseg.data.check import check_folder
     from fedseg.data.folder import check_root, write_folder
 
+    before = _entries(out)
     try:
         check_root(out, force)  # before generating: an existing --out is refused at once
         source, default_scale, default_size, default_seed, split = _synth_source(preset)
@@ -165,7 +206,7 @@ def synth(
     except (FederationError, ConfigError, OSError) as e:  # OSError: e.g. a read-only or full --out
         fail(error_text(e))
     except KeyboardInterrupt:
-        _interrupted(out)
+        _interrupted(out, before)
     _print_summary(
         written,
         split,
@@ -210,6 +251,7 @@ def import_(
     from fedseg.data.importers import ImportOptions, import_dataset
 
     notes: list[str] = []
+    before = _entries(out)
     try:
         options = ImportOptions(partitioning, regions, site_by, fold, splits)  # type: ignore[arg-type]  # plan_msd checks regions
         with terminate_on_signals():
@@ -217,7 +259,7 @@ def import_(
     except (FederationError, OSError) as e:  # OSError: e.g. a full disk, a folder that cannot be written
         fail(error_text(e))
     except KeyboardInterrupt:
-        _interrupted(out)
+        _interrupted(out, before)
     split, seed = SplitConfig(), DataConfig().seed
     how = "copied" if copy else "linked where usable as is"
     _print_summary(fed, split, seed, f"imported {layout} ({how}): {{sites}}, {{cases}} -> {out}; data check OK")
@@ -280,6 +322,7 @@ def export(
     from fedseg.data.exporters.nnunet import IMPORT_REGEX, export_nnunet
     from fedseg.data.splits import make_splits
 
+    before = _entries(out)
     try:
         if format not in FORMATS:
             raise FederationError(f"unknown export format {format!r}; formats: {', '.join(FORMATS)}")
@@ -298,7 +341,7 @@ def export(
     except (FederationError, ConfigError, OSError, ValueError) as e:  # ValueError: an --out that is a file
         fail(error_text(e))
     except KeyboardInterrupt:
-        _interrupted(out)
+        _interrupted(out, before)
     typer.echo(
         f"exported {federation.name} ({'site ' + site if site else 'pooled'}, {split.mode} split, seed {split_seed}): "
         f"{written.training} training and {written.test} test cases, {written.folds} fold(s) -> {written.path}"

@@ -72,7 +72,7 @@ from fedseg.data.metadata import (
     write_cases_csv,
 )
 from fedseg.data.splits import Splits, group_split_problems, read_site_splits_csv, write_site_splits_csv
-from fedseg.data.structured import read_mapping
+from fedseg.data.structured import read_yaml
 
 IMAGE_EXTS = ("nii.gz", "nii", "png", "jpg", "jpeg", "npy", *readers.ITK_EXTS)  # and DICOM series folders
 LABEL_EXTS = ("nii.gz", "nii", "png", "npy", *readers.ITK_EXTS, readers.SEG_EXT)
@@ -398,11 +398,8 @@ def read_header(root: str | Path, site_names: Collection[str] | None = None) -> 
     With ``site_names`` (the site folders found), ``sites:`` may only name those sites.
     """
     path = Path(root) / HEADER_FILE
-    data = read_mapping(
-        path,
-        f"every federation folder needs a {HEADER_FILE}",
-        f"a mapping with keys {', '.join(HEADER_KEYS)}",
-        parse=yaml.safe_load,
+    data = read_yaml(
+        path, f"every federation folder needs a {HEADER_FILE}", f"a mapping with keys {', '.join(HEADER_KEYS)}"
     )
     problems = _header_problems(data, site_names)
     if problems:
@@ -465,7 +462,8 @@ def _list_files(
     In ``images/``, a sub-folder is a DICOM series whose case id is the folder's name; the data files
     of ``.mhd`` headers are part of their header (``readers.mhd_data_files``)."""
     if not folder.is_dir():
-        problems.append(f"{folder}: missing {folder.name}/ folder")
+        what = "is a file, not a folder" if os.path.lexists(folder) else "missing"
+        problems.append(f"{folder}: {what} (a site holds an images/ and a labels/ folder)")
         return {}, set()
     found: dict[str, list[Path]] = {}
     companions = readers.mhd_data_files(folder)
@@ -515,15 +513,21 @@ def scan_site(site_dir: Path) -> tuple[SiteFiles, list[str]]:
     cases = {cid: (images[cid], labels[cid]) for cid in sorted(set(images) & set(labels))}
     if not cases:
         problems.append(f"{site_dir}: empty site (no case with both an image and a label)")
-    splits_csv, cases_csv = site_dir / SPLITS_FILE, site_dir / CASES_FILE
-    site = SiteFiles(
-        site_dir.name,
-        site_dir,
-        cases,
-        splits_csv if splits_csv.is_file() else None,
-        cases_csv if cases_csv.is_file() else None,
-    )
-    return site, problems
+    splits_csv = _site_file(site_dir / SPLITS_FILE, "the site's fixed splits, header case,split", problems)
+    cases_csv = _site_file(site_dir / CASES_FILE, "the site's case metadata, header case,<columns>", problems)
+    return SiteFiles(site_dir.name, site_dir, cases, splits_csv, cases_csv), problems
+
+
+def _site_file(path: Path, holds: str, problems: list[str]) -> Path | None:
+    """``path``, an optional file of a site (``splits.csv``, ``cases.csv``; ``holds``: what it holds), if it is
+    one; else None, with a problem when something else bears its name (a folder, a broken link): ignoring it would
+    pass a folder whose splits or metadata are silently not there."""
+    if path.is_file():
+        return path
+    if os.path.lexists(path):
+        what = "a folder" if path.is_dir() else "neither a file nor a folder (a broken symbolic link or a link loop)"
+        problems.append(f"{path}: is {what}, not a file ({holds})")
+    return None
 
 
 def scan_sites(root: str | Path) -> tuple[list[SiteFiles], list[str]]:
@@ -532,7 +536,10 @@ def scan_sites(root: str | Path) -> tuple[list[SiteFiles], list[str]]:
     if not root.is_dir():
         return [], [f"{root}: not a folder"]
     sites, problems = [], []
-    for site_dir in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
+    # a folder named federation.yaml is no site: read_header names it
+    for site_dir in sorted(
+        p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".") and p.name != HEADER_FILE
+    ):
         site, site_problems = scan_site(site_dir)
         sites.append(site)
         problems += site_problems
@@ -826,7 +833,11 @@ def staging_folder(final: Path, purpose: str) -> Iterator[Path]:
 def move_in(written: Path, root: Path, replace: Sequence[Path] = ()) -> None:
     """Move the entries of ``written`` (a :func:`staging_folder` of ``root``) into ``root``, replacing the entries
     ``replace`` (an older federation's ``federation.yaml`` and site folders): those are first moved aside, so if a
-    move fails (an entry of that name that is not replaced) or is interrupted, everything is put back as it was."""
+    move fails (an entry of that name that is not replaced) or is interrupted, everything is put back as it was.
+    Once all are moved, the entries replaced are removed through Ctrl-C and kill (acted on when they are gone), which
+    would otherwise leave them half-removed beside the new ones."""
+    from fedseg.interrupts import deferred_interrupts
+
     aside = Path(tempfile.mkdtemp(prefix=".replaced-", dir=root))
     moved_aside: list[Path] = []
     moved_in: list[Path] = []
@@ -844,8 +855,9 @@ def move_in(written: Path, root: Path, replace: Sequence[Path] = ()) -> None:
             (aside / entry.name).rename(entry)
         aside.rmdir()
         raise
-    shutil.rmtree(aside)
-    written.rmdir()
+    with deferred_interrupts():
+        shutil.rmtree(aside)
+        written.rmdir()
 
 
 def new_site_folder(root: Path, site: str) -> Path:
