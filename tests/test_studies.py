@@ -218,7 +218,7 @@ def test_a_study_and_a_plain_run_refuse_each_others_folders(tmp_path, make_cfg, 
         with pytest.raises(FileExistsError, match=r"study: holds a study \(study.json\), not a run; .*another --out"):
             run_experiment(cfg, study, resume, federation=fed)
         with pytest.raises(FileExistsError, match=r"study: holds a study"):  # the Flower coordinator's check
-            check_new_or_resumed(study, resume)
+            check_new_or_resumed(study, resume, cfg.data.root)
     assert _files(plain) == runs and _files(study) == studies
 
 
