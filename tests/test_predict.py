@@ -758,3 +758,29 @@ def test_a_bundle_carries_its_model_card_and_predict_records_which_model_made_th
     said = runner.invoke(app, ["predict", "--model", str(old), "--input", str(new), "--out", str(tmp_path / "o")])
     assert said.exit_code == 0 and "model:" not in said.output, said.output
     assert json.loads((tmp_path / "o" / "predict.json").read_text())["trained"] is None
+
+
+def test_tta_routes_each_image_as_given_and_mirrors_the_chosen_network(trained, tmp_path):
+    """``--tta`` on a FedSM bundle: the selector decides on the image as given (the same choices and selector
+    scores as without it), and each mask is the chosen candidate's logits averaged over the 4 flips, thresholded."""
+    run, _, _, prep = trained
+    copy_test_images(trained, tmp_path / "new")
+    predict(run / "model", tmp_path / "new", tmp_path / "plain")
+    predict(run / "model", tmp_path / "new", tmp_path / "tta", tta=True)
+    mirrored = read_csv(tmp_path / "tta" / "predictions.csv")
+    assert mirrored == read_csv(tmp_path / "plain" / "predictions.csv")  # models chosen, confidences, scores
+    bundle = load_bundle(run / "model" / "fedsm").models
+    sm, names = super_model_from_bundle(bundle, prep.task.new_model, 3, 2), candidate_names(bundle)
+    regions, threshold = prep.federation.regions, prep.task.cfg.eval.threshold
+    differs = False
+    for data in prep.site_data:
+        for i, case in enumerate(data.test.ids):
+            chosen = sm.candidates[names.index(mirrored[f"{case}.png"]["model"])].eval()
+            x = data.test.x[i : i + 1]
+            with torch.no_grad():
+                logits = torch.stack([chosen(x)] + [chosen(x.flip(a)).flip(a) for a in [(2,), (3,), (2, 3)]]).mean(0)
+            expected = regions.to_label((torch.sigmoid(logits[0]) > threshold).numpy())
+            np.testing.assert_array_equal(read_label(tmp_path / "tta" / f"{case}.png", "2d"), expected, err_msg=case)
+            differs |= bool((expected != read_label(tmp_path / "plain" / f"{case}.png", "2d")).any())
+    assert differs  # mirroring changed some mask: the test compares more than the plain prediction
+    assert json.loads((tmp_path / "tta" / "predict.json").read_text())["tta"] is True

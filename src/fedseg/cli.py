@@ -448,6 +448,10 @@ def predict(
         "--dicom-seg",
         help="also write <name>.dcm per DICOM series input: a DICOM-SEG of the regions referencing the series (PACS)",
     ),
+    device: str = typer.Option("cpu", "--device", help="torch device the networks run on (cpu, cuda, cuda:1, mps)"),
+    tta: bool = typer.Option(
+        False, "--tta", help="mirroring test-time augmentation: logits averaged over every flip (2D: 4 passes, 3D: 8)"
+    ),
 ) -> None:
     """Segment new images with a trained bundle (FedSM: Algorithm 2); writes masks in the input's format
     + predictions.csv (+ overlay pictures with --overlay, DICOM-SEGs of DICOM series with --dicom-seg)."""
@@ -457,7 +461,18 @@ def predict(
 
             notes: list[str] = []  # the channel order the model reads, where it knows it
             rows = predict_images(
-                model, input_, out, gamma, algorithm, site, force, overlay=overlay, notes=notes, dicom_seg=dicom_seg
+                model,
+                input_,
+                out,
+                gamma,
+                algorithm,
+                site,
+                force,
+                overlay=overlay,
+                notes=notes,
+                dicom_seg=dicom_seg,
+                device=device,
+                tta=tta,
             )
     except (FederationError, OSError, ValueError) as e:  # OSError: an --out that cannot be made, a full disk...
         fail(error_text(e))

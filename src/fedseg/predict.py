@@ -12,7 +12,10 @@ mask named ``<case>.<ext>`` (``nnunet_cases``; one channel file given alone brin
    threshold) apply that routing. Single-model bundles
    (``global``: FedAvg and relatives, centralized; ``local:<site>``: pick one with ``site``) apply
    that network. Masks = ``sigmoid(logits) > threshold`` (manifest ``threshold``), ``(R, *S)``,
-   exactly as evaluation computes them (``fedseg.evaluate.inference.predict_masks``);
+   exactly as evaluation computes them (``fedseg.evaluate.inference.predict_masks``); with ``tta`` the network
+   that segments an image (the routed one, chosen on the image as given) is mirrored: its logits averaged over
+   every flip of the spatial axes (``fedseg.evaluate.mirror``, nnU-Net's test-time augmentation; evaluation does
+   not do this);
 3. resize the masks back to the file's spatial shape (nearest, ``preprocess.restore_size``) and
    turn them into a label map with the federation's label values (``Regions.to_label``);
    volume bundles (manifest ``volume.patch_size`` set, ``data.volume``): steps 1-3 are the volume
@@ -84,6 +87,7 @@ from fedseg.data.preprocess import case_tensors, normalization, restore_size
 from fedseg.data.volumes import Grid, file_spacing, preprocess
 from fedseg.engine.messages import load_weights
 from fedseg.evaluate.inference import predict_masks
+from fedseg.evaluate.mirror import MirrorAveraged
 from fedseg.evaluate.sliding import network_for, predict_on_grid
 from fedseg.predict_seg import SegWriter, seg_name, seg_writer
 from fedseg.run.bundles import (
@@ -97,7 +101,7 @@ from fedseg.run.bundles import (
 )
 from fedseg.run.model_card import RECORD_NAME, card_line, prediction_record
 from fedseg.run.outputs import csv_text
-from fedseg.run.preflight import check_out_dir
+from fedseg.run.preflight import check_device, check_out_dir
 
 if TYPE_CHECKING:
     from nibabel.nifti1 import Nifti1Image
@@ -704,6 +708,8 @@ def predict(
     overlay: bool = False,
     notes: list[str] | None = None,
     dicom_seg: bool = False,
+    device: str = "cpu",
+    tta: bool = False,
 ) -> list[dict]:
     """Predict a mask for every image of ``input`` (a file or a folder) into ``out``; returns the
     rows of ``predictions.csv``. Nothing is written unless every input is valid. ``overlay``: also
@@ -711,9 +717,13 @@ def predict(
     ``dicom_seg``: also ``<name>.dcm`` per DICOM series input, its regions as a DICOM-SEG (``fedseg.predict_seg``);
     refused where no input is a DICOM series. ``predict.json`` records the bundle (its weights' SHA-256 and model
     card) and the options. ``notes``, when given, receives lines for the user: what the model is (its card, where
-    it has one: ``card_line``), the channel order it reads, where it knows it (``channels_note``)."""
+    it has one: ``card_line``), the channel order it reads, where it knows it (``channels_note``). ``device``: where
+    the networks run (``cpu``, ``cuda[:N]``, ``mps``; float32, sliding-window blending on the CPU); ``tta``: mirroring
+    test-time augmentation (``fedseg.evaluate.mirror``; 4 passes per 2D image, 8 per 3D window)."""
+    run_on = check_device(device)
     bundle = load_bundle(find_model(model, algorithm))
     predictor = build_predictor(bundle, gamma, site)
+    predictor.model.to(run_on)
     if notes is not None and (line := card_line(bundle.manifest.get("trained"))) is not None:
         notes.append(line)
     inputs = read_inputs(input, bundle, overlay, notes)
@@ -722,8 +732,9 @@ def predict(
     check_out(out, inputs, force, overlay, Path(input), dicom_seg)
     replaced = [t for t in (out / n for n in output_names(inputs, overlay, dicom_seg)) if t.exists() or t.is_symlink()]
     with staging_folder(out, "predict") as staging:  # removed, and out if it made it, on any error or interruption
-        rows = write_predictions(predictor, bundle, inputs, staging, batch_size, overlay, seg)
+        rows = write_predictions(predictor, bundle, inputs, staging, batch_size, overlay, seg, run_on, tta)
         options = {"algorithm": bundle.folder.name, "threshold": bundle.manifest["threshold"], "gamma": gamma}
+        options |= {"tta": tta, "device": str(run_on)}
         record = prediction_record(bundle.folder, bundle.manifest, {**options, "site": site}, len(inputs))
         (staging / RECORD_NAME).write_text(strict_json_text(record, indent=2) + "\n", encoding="utf-8")
         move_in(staging, out, replaced)  # all together: a failed or interrupted move puts back what it replaced
@@ -738,20 +749,24 @@ def write_predictions(
     batch_size: int,
     overlay: bool = False,
     seg: SegWriter | None = None,
+    device: torch.device = torch.device("cpu"),
+    tta: bool = False,
 ) -> list[dict]:
     """Masks of every input and ``predictions.csv`` into ``folder`` (with ``seg``: the DICOM-SEG of each DICOM
-    series input too, its name in the ``dicom_seg`` column); returns the CSV rows."""
-    regions, threshold, cpu = bundle.regions, float(bundle.manifest["threshold"]), torch.device("cpu")
+    series input too, its name in the ``dicom_seg`` column); returns the CSV rows. The networks run on ``device``
+    (where ``predictor.model`` is), mirrored with ``tta`` (:class:`fedseg.evaluate.mirror.MirrorAveraged`)."""
+    regions, threshold = bundle.regions, float(bundle.manifest["threshold"])
+    model = MirrorAveraged(predictor.model, bundle.manifest["spatial_dims"]) if tta else predictor.model
     rows = []
     for start in range(0, len(inputs), batch_size):
         batch = inputs[start : start + batch_size]
         x = torch.stack([i.x for i in batch])
-        masks = [None] * len(batch) if bundle.volume else predict_masks(predictor.model, x, batch_size, threshold, cpu)
-        for item, mask, choice in zip(batch, masks, predictor.choices(x)):
+        masks = [None] * len(batch) if bundle.volume else predict_masks(model, x, batch_size, threshold, device)
+        for item, mask, choice in zip(batch, masks, predictor.choices(x.to(device))):
             if item.volume is not None and bundle.volume is not None:  # sliding window, on the file's own grid
                 image, grid = item.volume
-                network = network_for(predictor.model, item.x, cpu)  # a selector routes on the fixed-size view
-                restored = predict_on_grid(network, image, grid, bundle.volume, threshold, cpu).numpy()
+                network = network_for(model, item.x, device)  # a selector routes on the fixed-size view
+                restored = predict_on_grid(network, image, grid, bundle.volume, threshold, device).numpy()
             else:
                 restored = restore_size(mask, item.spatial).numpy()
             write_mask(folder / item.mask_name, regions.to_label(restored), item.path)
