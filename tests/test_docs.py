@@ -110,3 +110,17 @@ def test_the_verdict_counts_in_prose_are_the_committed_claims():
     said = re.search(r"Reading the verdicts: (\d+) of the (\d+) .*? rows hold, (\d+) fail and (\d+) are", page)
     assert said is not None, "docs/results.md: the verdicts' count sentence is gone"
     assert tuple(map(int, said.groups())) == (counts["holds"], len(verdicts), counts["fails"], counts["not shown"])
+
+
+def test_the_citation_file_is_valid_cff_with_the_package_version_and_the_three_papers():
+    import tomllib
+
+    import yaml
+
+    cff = yaml.safe_load((ROOT / "CITATION.cff").read_text(encoding="utf-8"))
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["version"]
+    assert cff["cff-version"] == "1.2.0" and cff["message"] and cff["authors"] and cff["type"] == "software"
+    assert str(cff["version"]) == version  # bumped with the package, or the citation names another release
+    titles = " | ".join(r["title"] for r in cff["references"])
+    assert all(t in titles for t in ("Generalization Gap", "Auto-FedAvg", "brain tumor segmentation"))
+    assert "CITATION.cff" in (ROOT / "README.md").read_text(encoding="utf-8")
