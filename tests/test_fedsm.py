@@ -17,6 +17,7 @@ from fedseg.algorithms.aggregate import softpull, weighted_average
 from fedseg.algorithms.fedsm.method import FedSMClient, at_gamma, new_selector
 from fedseg.algorithms.fedsm.model import SuperModel, extra_labels, route, super_model_from_bundle
 from fedseg.algorithms.fedsm.selector import build_selector
+from fedseg.config import TrainConfig
 from fedseg.engine.messages import Message, weights_of
 from fedseg.engine.simulator import Simulator
 from fedseg.evaluate.inference import score_caseset
@@ -202,9 +203,9 @@ def test_extra_labels_are_the_argmin_of_the_loss_on_a_hand_made_example():
     # soft Dice loss 1 - (2|P.Y| + s) / (|P| + |Y| + s), s = 1e-5 (MONAI):
     # image 0: h0 -> 1 - s/(2+s) ~ 1, h1 -> 0, h2 -> 1 - 4/6 = 1/3          => argmin 1
     # image 1: h0 -> ~1, h1 -> 1 - 2/5 = 3/5, h2 -> 0                        => argmin 2
-    assert extra_labels([h0, h1, h2], y, segmentation_loss("dice")).tolist() == [1, 2]
+    assert extra_labels([h0, h1, h2], y, segmentation_loss(TrainConfig(loss="dice"))).tolist() == [1, 2]
     # ties go to the lower index (the global model)
-    assert extra_labels([h2, h2, h1], y, segmentation_loss("dice")).tolist() == [2, 0]
+    assert extra_labels([h2, h2, h1], y, segmentation_loss(TrainConfig(loss="dice"))).tolist() == [2, 0]
 
 
 # --- traffic ----------------------------------------------------------------------------------

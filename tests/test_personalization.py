@@ -183,7 +183,7 @@ def test_perfedavg_personalized_model_is_the_meta_model_after_one_sgd_step(make_
     seen, observe = _recorder()
     engine, server = _engine("fedsm", cfg, fed, observers=[observe])
     _round(engine, server, 1)
-    task, loss_fn = engine.task, segmentation_loss(cfg.train.loss)
+    task, loss_fn = engine.task, segmentation_loss(cfg.train)
     for site in engine.sites:
         msg, reply = seen[site]
         meta, adapted = msg.group(TRACK), reply.group(PERSONAL)
@@ -236,7 +236,7 @@ def one_sgd_round(make_cfg, disc_federation):
         seen, observe = _recorder()
         engine, server = _engine("fedsm", cfg, disc_federation(n_sites=3, cases_per_site=8), observers=[observe])
         _round(engine, server, 1)
-        return engine, seen, segmentation_loss(cfg.train.loss)
+        return engine, seen, segmentation_loss(cfg.train)
 
     return run
 

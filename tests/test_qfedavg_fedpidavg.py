@@ -179,6 +179,24 @@ def test_qfedavg_F_is_the_summed_loss_of_the_received_global_model(q0_runs):
     assert all(m.group(MODEL) for a, m in msgs if a == LOSS_ACTION)
 
 
+def test_qfedavg_F_is_taken_with_the_training_losss_dice_smoothing(tmp_path, uneven_federation, tiny_config):
+    """F_k is the loss training minimizes: with ``train.dice_smooth: 1`` (FeTS Eq. 31, the ``fets`` presets) its
+    soft Dice has eps = 1, not MONAI's 1e-5 (which F_k used while the Trainer used 1: a case without a region then
+    lost ~1 instead of ~1/3)."""
+    seen = []
+    observe = lambda site, action, msg, reply: seen.append((site, action, reply))  # noqa: E731
+    prep = prepare(tiny_config(fl={"rounds": 1}, train={"dice_smooth": 1.0}), uneven_federation())
+    run_algorithm("qfedavg", prep, tmp_path, False, observers=[observe])
+    smooth, monai = DiceLoss(sigmoid=True, smooth_nr=1.0, smooth_dr=1.0), DiceLoss(sigmoid=True)
+    model = prep.task.new_model().eval()
+    for data in prep.site_data:
+        (reply,) = [r for s, a, r in seen if s == data.name and a == LOSS_ACTION]
+        with torch.no_grad():
+            cases = [(model(data.train.x[i : i + 1]), data.train.y[i : i + 1]) for i in range(len(data.train))]
+        assert reply.meta["F"] == pytest.approx(sum(float(smooth(p, y)) for p, y in cases), rel=1e-5)
+        assert reply.meta["F"] != pytest.approx(sum(float(monai(p, y)) for p, y in cases), rel=1e-3)
+
+
 # --------------------------------------------------------------------------- FedPIDAvg, by hand
 def test_pid_terms_by_hand():
     shares = torch.tensor([0.5, 0.3, 0.2], dtype=torch.float64)

@@ -136,7 +136,7 @@ def compute(
     dev = torch.device(device)
     rows: list[dict] = []
     for m in opened:
-        loss_fn = segmentation_loss(m.cfg.train.loss, m.cfg.train.dice_smooth)
+        loss_fn = segmentation_loss(m.cfg.train)
         batch = m.cfg.train.batch_size
         for algorithm, bundle in m.bundles.items():
             network = bundle.new_segmenter()

@@ -98,20 +98,23 @@ def grad_scale_from(tensor: torch.Tensor | None) -> GradScale | None:
     return None if tensor is None else (float(tensor[0]), int(tensor[1]))
 
 
-def segmentation_loss(kind: str, smooth: float | None = None) -> nn.Module:
-    """Soft Dice over the region channels (no background channel exists), optionally + BCE.
+def segmentation_loss(cfg: TrainConfig) -> nn.Module:
+    """The training loss ``train.loss``: soft Dice over the region channels (no background channel exists),
+    optionally + BCE. Every loss a method computes besides the Trainer's (q-FedAvg's F_k, FedPIDAvg's validation
+    loss, Auto-FedAvg's aggregation-weight loss, FedSM-extra's labels, Per-FedAvg's second batch) is this one, so
+    that all of them take the whole training configuration, ``train.dice_smooth`` included.
 
     Input: logits ``(B, R, *S)``, target region masks ``(B, R, *S)`` in {0, 1}. Output: scalar.
-    ``smooth`` (``train.dice_smooth``): epsilon in ``1 - (2 sum p g + eps) / (sum p + sum g + eps)``
-    (FeTS 2022 Eq. 31, eps = 1: a case without a region gives a finite, useful gradient); None =
-    MONAI's defaults (1e-5 in numerator and denominator).
+    ``train.dice_smooth``: epsilon in ``1 - (2 sum p g + eps) / (sum p + sum g + eps)`` (FeTS 2022 Eq. 31, eps = 1:
+    a case without a region gives a finite, useful gradient); None = MONAI's defaults (1e-5 in numerator and
+    denominator).
     """
-    eps = 1e-5 if smooth is None else float(smooth)  # MONAI's default smooth_nr = smooth_dr = 1e-5
-    if kind == "dice":
+    eps = 1e-5 if cfg.dice_smooth is None else float(cfg.dice_smooth)  # MONAI's default smooth_nr = smooth_dr
+    if cfg.loss == "dice":
         return DiceLoss(sigmoid=True, smooth_nr=eps, smooth_dr=eps)
-    if kind == "dice_bce":
+    if cfg.loss == "dice_bce":
         return DiceCELoss(sigmoid=True, smooth_nr=eps, smooth_dr=eps)
-    raise ValueError(f"train.loss: unknown loss {kind!r} (dice | dice_bce)")
+    raise ValueError(f"train.loss: unknown loss {cfg.loss!r} (dice | dice_bce)")
 
 
 def make_optimizer(cfg: TrainConfig, params) -> torch.optim.Optimizer:
@@ -206,7 +209,7 @@ class Trainer:
         self.cfg = cfg
         self.device = device
         self.accel = resolve(cfg, device)
-        self.loss_fn = segmentation_loss(cfg.loss, cfg.dice_smooth)
+        self.loss_fn = segmentation_loss(cfg)
 
     def draw(self, data, idx: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         """The training batch of cases ``idx`` on the Trainer's device: ``data.batch`` (whole images),

@@ -93,9 +93,7 @@ class FedPIDAvgClient(FedAvgClient):
 
     def after_fit(self, model, stats: TrainStats, msg: Message, ctx: ClientContext) -> Message:
         reply = super().after_fit(model, stats, msg, ctx)
-        val_loss, batches = dataset_loss(
-            model, ctx.data.val, ctx.cfg.train.loss, ctx.cfg.train.batch_size, ctx.task.device, whole_cases=True
-        )
+        val_loss, batches = dataset_loss(model, ctx.data.val, ctx.cfg.train, ctx.task.device, whole_cases=True)
         reply.meta.update({"val_loss": val_loss, "val_batches": batches})
         return reply
 

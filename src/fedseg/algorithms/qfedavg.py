@@ -54,6 +54,7 @@ from fedseg.algorithms.client_state import put_group, state_group
 from fedseg.algorithms.fedavg import BudgetOptions, FedAvgClient, FedAvgServer, train_meta
 from fedseg.algorithms.prefixes import MODEL
 from fedseg.algorithms.registry import AlgorithmSpec
+from fedseg.config import TrainConfig
 from fedseg.data.dataset import CaseSet
 from fedseg.engine.context import ClientContext, options_as
 from fedseg.engine.messages import Message, load_weights, prefixed, weights_of
@@ -91,15 +92,15 @@ def lipschitz(options: QFedAvgOptions, lr: float) -> float:
 def dataset_loss(
     model: nn.Module,
     data: CaseSet,
-    loss: str,
-    batch_size: int,
+    train: TrainConfig,
     device: torch.device,
     generator: torch.Generator | None = None,
     whole_cases: bool = False,
 ) -> tuple[float, int]:
-    """``sum_{(x, y) in data} l(w, x, y)`` (Eq. 15 / Eq. 19): the per-case segmentation loss
-    ``train.loss`` summed over every case of ``data``, forward only (eval mode, no gradients), in
-    order, ``batch_size`` cases per batch. Returns ``(sum, number of forward batches)``.
+    """``sum_{(x, y) in data} l(w, x, y)`` (Eq. 15 / Eq. 19): the per-case training loss (``train.loss`` with
+    ``train.dice_smooth``, ``fedseg.train.segmentation_loss``) summed over every case of ``data``, forward only
+    (eval mode, no gradients), in order, ``train.batch_size`` cases per batch. Returns ``(sum, number of forward
+    batches)``.
 
     With a ``generator``, each case is the input training feeds the model (``CaseSet.training_batch``):
     its whole fixed-size image, or on the volume path one random training patch per case drawn from
@@ -113,7 +114,7 @@ def dataset_loss(
     The MONAI losses average per-case losses over a batch, so ``batch loss * batch length`` is
     the sum of that batch's per-case losses. An empty set gives ``(0.0, 0)``.
     """
-    loss_fn = segmentation_loss(loss)
+    loss_fn, batch_size = segmentation_loss(train), train.batch_size
     if whole_cases and data.volumes is not None and data.volume is not None:
         return sliding_loss(model, data, loss_fn, device)
     was_training = model.training
@@ -193,9 +194,7 @@ class QFedAvgClient(FedAvgClient):
     def on_loss(self, msg: Message, ctx: ClientContext) -> Message:
         """Eq. 15 on the received ``w^t``; keeps ``w^t`` and ``F_k`` for this round's train exchange."""
         model = super().start_model(msg, ctx)
-        total, batches = dataset_loss(
-            model, ctx.data.train, ctx.cfg.train.loss, ctx.cfg.train.batch_size, ctx.task.device, ctx.generator
-        )
+        total, batches = dataset_loss(model, ctx.data.train, ctx.cfg.train, ctx.task.device, ctx.generator)
         F = (
             total
             if options_as(ctx.options, QFedAvgOptions).loss_reduction == "sum"

@@ -247,7 +247,7 @@ class AutoFedAvgClient(FedAvgClient):
         beta = msg.tensors[BETA].to(torch.float64).clone().requires_grad_(True)  # stays on the CPU: (G, K)
         optimizer = beta_optimizer(opts, beta)
         restore_moments(optimizer, ctx.state, reset=bool(msg.meta["reset"]))
-        loss_fn = segmentation_loss(ctx.cfg.train.loss)
+        loss_fn = segmentation_loss(ctx.cfg.train)
         first, count = int(msg.meta["step"]), int(msg.meta["count"])
         losses = []
         for step in range(first, first + count):

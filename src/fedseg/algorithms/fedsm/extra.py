@@ -216,7 +216,7 @@ class FedSMExtraClient(FedSMClient):
         the same grid: the label is the candidate that segments the case best as it will be used.
         Deterministic (no random patches), so the label does not depend on where a patch happened to fall."""
         models, data = self.candidates(msg, ctx), ctx.data.train
-        loss_fn = segmentation_loss(ctx.cfg.train.loss)
+        loss_fn = segmentation_loss(ctx.cfg.train)
         labels = []
         with torch.no_grad():
             if data.volumes is not None and data.volume is not None:  # the volume path

@@ -285,7 +285,7 @@ class FirstOrderMAML(TrainHooks):
         self.alpha = alpha
         self.data = ctx.data.train
         self.device = ctx.task.device
-        self.loss_fn = segmentation_loss(ctx.cfg.train.loss)
+        self.loss_fn = segmentation_loss(ctx.cfg.train)
         self.generator = ctx.generator
         self.second = batches(len(self.data), ctx.cfg.train.batch_size, ctx.generator, endless=True)
 
