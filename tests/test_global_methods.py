@@ -206,7 +206,7 @@ def test_fednova_momentum_norm_is_the_total_step_weight_of_heavy_ball_sgd(rho):
 
 
 def test_fedavg_variants_fixed_iterations_and_uniform_averaging(tmp_path, run, tiny_config):
-    assert get_algorithm("fedavg-steps").parse_options({}).local_steps == 20
+    assert get_algorithm("fedavg-steps").parse_options({}).local_steps == 10  # FeTS 2022 Sec. 4.4.8
     assert get_algorithm("fedavg-uniform").parse_options({}).weighting == "uniform"
     cfg = tiny_config(fl={"rounds": 1}, methods={"fedavg-steps": {"local_steps": 3}})
     steps = run("fedavg-steps", cfg, tmp_path)

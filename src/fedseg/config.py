@@ -98,7 +98,7 @@ class SplitConfig(Strict):
 
 class VolumeConfig(Strict):
     """The volumetric pipeline (``fedseg.data.volumes``, ``fedseg.evaluate.sliding``; FeTS 2022 benchmark
-    Sec. 4.4.1-4.4.2, Auto-FedAvg Sec. 4.3), on when ``patch_size`` is set: each case keeps its own grid
+    Sec. 4.4.1-4.4.2, Auto-FedAvg Sec. 4.2.1), on when ``patch_size`` is set: each case keeps its own grid
     (optionally resampled to ``spacing``), is cropped to its non-zero image mask, normalized and zero-padded
     to at least the patch size; training draws one random patch per case and epoch, validation, test and
     ``fedseg predict`` run a sliding window and map the prediction back to the case's original grid, where
@@ -406,7 +406,7 @@ class StopConfig(Strict):
 
     ``patience``: the validation plateau, stop once the mean validation Dice over sites has not improved by more
     than ``min_delta`` for ``patience`` rounds, but not before round ``min_rounds``. ``sgd_steps`` /
-    ``simulated_hours``: a budget (FeTS 2022 Sec. 4.4.6), stop after the round in which this algorithm's own total
+    ``simulated_hours``: a budget (FeTS 2022 Sec. 4.4.7), stop after the round in which this algorithm's own total
     local SGD steps (Eq. 34) / simulated training time (Eq. 36-38 under the ``cost`` model) reach the value; the
     ledger's total then lies in [budget, budget + one round's)."""
 

@@ -177,7 +177,7 @@ class TuneSpec(Strict):
 
 
 class BudgetSpec(Strict):
-    """Equal budgets (FeTS Sec. 4.4.6): ``rounds`` = every method trains ``rounds`` rounds; ``sgd_steps`` /
+    """Equal budgets (FeTS Sec. 4.4.7): ``rounds`` = every method trains ``rounds`` rounds; ``sgd_steps`` /
     ``simulated_time`` = every method gets the total local SGD steps (Eq. 34) / simulated training time (Eq. 36-38)
     of ``rounds`` rounds of ``reference`` (with its base options; measured by running it), and may train up to
     ``max_factor`` x ``rounds`` rounds to spend it."""

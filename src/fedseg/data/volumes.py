@@ -1,7 +1,7 @@
 """Cases on their own grid: the volumetric pre-processing, its exact inverse and random patches.
 
 On when ``data.volume.patch_size`` is set (``fedseg.config.VolumeConfig``); FeTS 2022 benchmark
-Sec. 4.4.1-4.4.2 and Auto-FedAvg Sec. 4.3. Every step is a MONAI transform, in this order:
+Sec. 4.4.1-4.4.2 and Auto-FedAvg Sec. 4.2.1. Every step is a MONAI transform, in this order:
 
 1. optional resampling to ``data.volume.spacing`` (mm per axis; MONAI ``Spacing``, bilinear for the
    image, nearest for the label map), from the case's own spacing (:func:`case_spacing`);

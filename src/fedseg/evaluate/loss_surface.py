@@ -5,9 +5,12 @@ Two kinds of curve of one site k's loss ``L_k``: the run's training loss (``trai
 the data the models were fitted to), with the network in eval mode, in float32 (no autocast), batched:
 
 * **random directions** — what the paper's Figure 4 plots ("the 1D loss surface near the trained model by computing
-  the loss along 10 randomly sampled unit vector directions", following Keskar et al., ICLR 2017, and Li et al.,
-  NeurIPS 2018): ``L_k(w + t d_j)`` for directions ``j = 1..n`` and ``t`` on a grid (default -1..1, 21 points).
-  Each ``d_j`` is Gaussian and **filter-normalized** (Li et al. 2018, Sec. 4): for every parameter with two or
+  the loss along 10 randomly sampled unit vector directions", following its refs. [18, 23]: He et al. 2019,
+  "Asymmetric valleys", and Izmailov et al. 2018, SWA): ``L_k(w + t d_j)`` for directions ``j = 1..n`` and ``t``
+  on a grid (default -1..1, 21 points). Each ``d_j`` is Gaussian and **filter-normalized** — fedseg's choice, not
+  the paper's (it says "unit vector" directions and does not normalize per filter; Li et al., NeurIPS 2018,
+  Sec. 4, showed that unnormalized directions make the sharpness of different networks incomparable): for every
+  parameter with two or
   more dimensions (conv / transposed-conv / linear weights) and every filter ``i`` of it (the slice ``i`` along
   dim 0, as Li et al.'s code takes it: a conv's output channel, a transposed conv's input channel),
   ``d_{j,i} <- d_{j,i} / ||d_{j,i}|| * ||w_i||``; parameters with one dimension (biases, normalization layers'

@@ -9,8 +9,9 @@ scored (``include_background=True`` in MONAI terms).
 * Dice: :func:`monai.metrics.compute_dice` (the function behind ``DiceMetric``).
 * HD95: :func:`monai.metrics.compute_hausdorff_distance` (the function behind
   ``HausdorffDistanceMetric``) with ``percentile=95``, symmetric, Euclidean, on the mask
-  edges (the mask minus its binary erosion). Units are pixels/voxels, or physical units
-  (e.g. mm) when ``spacing`` is given.
+  edges (the mask minus its binary erosion): the larger of the two directed 95th percentiles (the BraTS
+  evaluation's definition; FeTS 2022 Eq. 33 prints one percentile of both directions pooled, never larger).
+  Units are pixels/voxels, or physical units (e.g. mm) when ``spacing`` is given.
 * NSD: :func:`monai.metrics.compute_surface_dice` (Nikolov et al. 2021, the function behind
   ``SurfaceDiceMetric``): the fraction of both mask edges (same edges as HD95) lying within the
   tolerance ``tau`` of the other mask's edge, in ``[0, 1]``, higher is better. ``tau`` is in the HD95

@@ -1,7 +1,7 @@
 """Sliding-window inference on cases kept on their own grid, mapped back to the original grid.
 
 FeTS 2022 benchmark Sec. 4.4.1 ("sliding window inference ... overlap of 0.5 ... gaussian mode")
-and Auto-FedAvg Sec. 4.3. MONAI's ``sliding_window_inference`` runs the network on windows of
+and Auto-FedAvg Sec. 4.2.1. MONAI's ``sliding_window_inference`` runs the network on windows of
 ``data.volume.patch_size`` voxels (``sw_overlap``, ``sw_mode`` blending, ``sw_batch_size`` windows
 per forward pass) over the preprocessed volume ``(C, *P)``; the blended logits become probabilities,
 are mapped back to the original grid (``fedseg.data.volumes.restore``: padding removed, crop put

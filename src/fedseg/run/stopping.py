@@ -1,4 +1,4 @@
-"""When an algorithm stops training, and whether its run converged (``fl.stop``; FeTS 2022 Sec. 4.4.6-4.4.8).
+"""When an algorithm stops training, and whether its run converged (``fl.stop``; FeTS 2022 Sec. 4.4.7-4.4.8).
 
 Three stop rules, checked after each round by :func:`fedseg.run.run_algorithm`:
 

@@ -8,13 +8,15 @@ Training, Algorithm 1 (one ``train`` exchange per round):
   models included: the ledger counts that as evaluation traffic, outside ``floats_sent``). It
   trains all three on its train split through the Trainer: w_g and w_p,k with the segmentation loss, w_s with
   cross-entropy against its label ``y_s = one_hot(k)`` (Eq. 2; the
-  label is the site's position in the server's site order, sent as ``meta.label``). Each model
-  runs one local budget; the three never interact, so training them one after another equals
+  label is the site's position in the server's site order, sent as ``meta.label``). w_g and w_p,k
+  run one local budget, the selector ``selector_steps`` steps (10 by default; see below); the three never
+  interact, so training them one after another equals
   the interleaved loop of Algorithm 1 (up to the batch order, which each model draws from the
   site's round stream). It replies with all three.
-* the server merges w_g and w_s by weighted averaging (``fl.weighting``: n_k/n by default,
-  Algorithm 1 line 15) and the personalized models by SoftPull, Eq. (11)
-  (:func:`fedseg.algorithms.aggregate.softpull`), ``lambda = methods.fedsm.lam`` in [1/K, 1].
+* the server merges w_g by weighted averaging (``fl.weighting``: n_k/n by default, Algorithm 1 line 15), w_s by
+  ``selector_weighting`` (uniform by default, where the paper weights it by n_k/n too; see below) and the
+  personalized models by SoftPull, Eq. (11) (:func:`fedseg.algorithms.aggregate.softpull`),
+  ``lambda = methods.fedsm.lam`` in (0, 1] (the paper assumes [1/K, 1]; below 1/K is allowed with a warning).
 * Personalization alternatives (paper Table 6), ``methods.fedsm.personalization``: ``softpull``
   (the above, default), ``ft`` (local fine-tuning of the received global model), ``apfl``
   (Deng et al.), ``perfedavg`` (Per-FedAvg, first-order, Fallah et al.), ``pfedme`` (Dinh et

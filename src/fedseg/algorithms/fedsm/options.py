@@ -15,7 +15,7 @@ DEFAULT_GRID = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.
 
 class SelectorOptions(FedAvgOptions, PersonalizationOptions):
     """Options shared by the FedSM variants (config ``methods.<name>``); ``weighting`` and
-    ``local_steps`` as for FedAvg (the selector trains for the same local budget as the models);
+    ``local_steps`` as for FedAvg (the models' local budget; the selector trains ``selector_steps``);
     ``personalization``, ``lam`` and each strategy's hyperparameters from ``PersonalizationOptions``."""
 
     OWN_MERGE = "the FedSM family merges the global model, the selector and the personalized models itself"

@@ -1,4 +1,4 @@
-"""FedSM on a site it never saw (paper Sec. 4.4, Table 5): the family's ``unseen_cells`` hook.
+"""FedSM on a site it never saw (paper Sec. 4.2, Table 5): the family's ``unseen_cells`` hook.
 
 ``fedseg.studies`` trains on the federation without one site and scores each bundle on **all**
 of that site's cases. For a FedSM-family bundle every candidate (global model GM = 0,
