@@ -21,7 +21,7 @@ import yaml
 from scipy.stats import PermutationMethod, wilcoxon
 
 from fedseg.bench.phases import with_caps
-from fedseg.bench.plan import final_runs, reference_runs, settings, tuning_runs
+from fedseg.bench.plan import check_data, final_runs, reference_runs, settings, tuning_runs
 from fedseg.bench.spec import load_bench
 from fedseg.config import ConfigError
 
@@ -314,6 +314,21 @@ def _write_flipped_folder(root: Path, federation) -> None:
             Image.fromarray(1 - disc if split == "test" else disc).save(root / site.name / "labels" / f"{case.id}.png")
             lines.append(f"{case.id},{split}")
         (root / site.name / "splits.csv").write_text("\n".join(lines) + "\n")
+
+
+def test_a_case_fixed_to_test_in_every_fold_is_refused_before_anything_is_written(tmp_path, disc_federation):
+    """A site's splits.csv fixing test cases (an nnU-Net import's imagesTs) under k-fold would test them in every
+    fold, and the tables (keyed by case) would average them into one case: refused, naming site, case and fold."""
+    from fedseg.bench.phases import run_bench
+
+    _write_flipped_folder(tmp_path / "fixed", disc_federation(n_sites=2, cases_per_site=8))
+    federations = [{"name": "fixed", "set": ["data.source=folder", f"data.root={tmp_path / 'fixed'}"]}]
+    spec, root = load_bench(_bench(tmp_path, federations=federations, split={"mode": "kfold", "folds": 2}))
+    with pytest.raises(ConfigError, match=r"fold 1: site 'site\d' tests 2 case\(s\) also tested in fold 0 \(e\.g\. '"):
+        run_bench(spec, root, tmp_path / "out", echo=lambda line: None)
+    assert not (tmp_path / "out").exists()
+    one_fold = load_bench(_bench(tmp_path, federations=federations, split={"mode": "ratio"}))
+    check_data(one_fold[0], one_fold[1], {})  # one fold: each fixed test case tested once, as before
 
 
 def test_grids_are_tuned_on_validation_even_when_test_disagrees(tmp_path, disc_federation):

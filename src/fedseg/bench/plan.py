@@ -272,11 +272,29 @@ def run_config(bench: BenchSpec, root: Path, run: BenchRun) -> RunConfig:
         raise ConfigError(f"bench run {run.label}: {e}") from None
 
 
+def check_tested_once(splits: dict, fold: int, tested_in: dict[tuple[str, str], int], where: str) -> None:
+    """Record fold ``fold``'s test cases (``splits``: site -> case -> split) in ``tested_in``; a ``ConfigError``
+    naming the site, case and folds where a case was already tested in another fold."""
+    for site, assigned in splits.items():
+        tests = [case for case, split in assigned.items() if split == "test"]
+        twice = [case for case in tests if tested_in.setdefault((site, case), fold) != fold]
+        if twice:
+            raise ConfigError(
+                f"{where}: site {site!r} tests {len(twice)} case(s) also tested in fold {tested_in[(site, twice[0])]} "
+                f"(e.g. {twice[0]!r}): its splits.csv fixes them to test, so every fold tests them and the tables "
+                "would average their folds' scores into one case; remove their test rows from splits.csv (k-fold "
+                "gives every case one test fold) or run one fold"
+            )
+
+
 def check_data(bench: BenchSpec, root: Path, holdouts: Holdouts, out: Path | None = None) -> None:
     """Every federation of the bench loads, repartitions and splits with a training, a validation and a test case at
     every site in every fold (a FederationError or ConfigError naming the federation, fold and site), before any
-    work: a bad site name or too many folds for a small site would otherwise fail after hours of training. With
-    ``data_seed: per-seed`` every seed's data (the final runs' and the tuning runs') is checked: each splits anew.
+    work: a bad site name or too many folds for a small site would otherwise fail after hours of training. A case
+    tested in two of the bench's folds (fixed to ``test`` by its site's ``splits.csv``, e.g. an nnU-Net import's
+    ``imagesTs``) is refused: federated cross-validation tests each case once, and the tables, keyed by case,
+    would average its folds' scores into one. With ``data_seed: per-seed`` every seed's data (the final runs' and
+    the tuning runs') is checked: each splits anew.
     ``out``: the bench's folder, refused inside a federation folder (its runs' files would join the sites' data)."""
     from fedseg.data.federation import FederationError
     from fedseg.data.repartition import repartition
@@ -288,6 +306,7 @@ def check_data(bench: BenchSpec, root: Path, holdouts: Holdouts, out: Path | Non
     data_seeds = dict.fromkeys([*bench.seeds, *bench.tune_seeds]) if bench.data_seed == "per-seed" else bench.seeds[:1]
     for fed, seed in itertools.product(bench.federations, data_seeds):
         loaded = None
+        tested_in: dict[tuple[str, str], int] = {}  # (site, case) -> the first fold testing it
         for fold in folds_of(bench, fed, holdouts):
             run = make_run(bench, fed, bench.methods[0], fold, seed, (), holdouts)
             cfg = run_config(bench, root, run)
@@ -312,6 +331,8 @@ def check_data(bench: BenchSpec, root: Path, holdouts: Holdouts, out: Path | Non
                 check_splits(trained, splits)
             except FederationError as e:
                 raise ConfigError(f"{where}: {e}") from None
+            if not fed.leave_one_out:
+                check_tested_once(splits, fold, tested_in, where)
 
 
 def check_plan(bench: BenchSpec, root: Path) -> None:
