@@ -24,7 +24,9 @@ hypothesis, and every better/worse claim that holds or fails on the committed ta
 - ``not worse`` (at most ``margin`` below): **holds** when the CI's low end is above −``margin``, **fails** when its
   high end is below −``margin``; ``not better`` (the paper finds no significant gain) mirrors it: **holds** when the
   CI's high end is below +``margin``, **fails** when its low end is above +``margin``;
-- **cannot test** when a method or the federation is not in any of the tables.
+- **cannot test** when a method or the federation is not in any of the tables;
+- with **one seed** every verdict is **not shown** (the row says "one seed"): the bootstrap then has no run-to-run
+  variance, so its CI is too narrow to decide — the protocol's rule that gives no † at one seed.
 
 The margins are this script's (stated in every row), not the papers': they read "the same performance" as a
 Dice difference under 0.01. Writes ``claims.json`` and ``claims.md`` into ``--out`` (default: the first folder).
@@ -288,13 +290,21 @@ def as_table(data: dict) -> dict:
         return {"bench": {"reference": "fedavg"}, "federations": feds}
     if "rows" in data:  # benchmarks/fets_setups.py
         methods = {f"{r['method']}@{r['federation']}": {"dice": {"mean": r["dice"]}} for r in data["rows"]}
+        seeds = {"seeds": bench_seeds(data["bench"])} if "bench" in data else {}  # rows written before they said
         tests = [
-            {**r, "method": f"{r['method']}@{r['federation']}", "against": f"{r['method']}@challenge"}
+            {**seeds, **r, "method": f"{r['method']}@{r['federation']}", "against": f"{r['method']}@challenge"}
             for r in data["rows"]
             if "mean_diff" in r
         ]
         return {"bench": {}, "federations": {BRATS_PARTITIONS: {"methods": methods, "comparisons": tests}}}
     raise ValueError("no 'federations' or 'rows'")
+
+
+def bench_seeds(bench_file: str) -> int:
+    """How many seeds the bench file ``bench_file`` (relative to the repository) runs."""
+    import yaml
+
+    return len(yaml.safe_load((Path(__file__).resolve().parents[1] / bench_file).read_text(encoding="utf-8"))["seeds"])
 
 
 def negated(test: dict) -> dict:
@@ -361,11 +371,14 @@ def assess(claims: list[Claim], tables: list[dict]) -> list[dict]:
                 continue
             test, fed = found
             keys = ("mean_diff", "ci_low", "ci_high", "p", "alternative", "n", "seeds", "per_seed_diff")
+            one_seed = isinstance(test.get("seeds"), int) and test["seeds"] < 2
             rows.append(
                 {
                     **row,
-                    "verdict": verdict(claim.kind, test["ci_low"], test["ci_high"], claim.margin),
-                    "cautions": cautions(test, fed, (claim.method, claim.against)),
+                    "verdict": "not shown"
+                    if one_seed
+                    else verdict(claim.kind, test["ci_low"], test["ci_high"], claim.margin),
+                    "cautions": (["one seed"] if one_seed else []) + cautions(test, fed, (claim.method, claim.against)),
                     "dice": finite(fed["methods"].get(claim.method, {}).get("dice", {}).get("mean")),
                     "dice_against": finite(fed["methods"].get(claim.against, {}).get("dice", {}).get("mean")),
                     **{k: finite(test.get(k)) for k in keys},

@@ -51,7 +51,7 @@ def main() -> None:
             row = {"method": method, "federation": fed, "cases": len(values), "dice": sum(values) / len(values)}
             if fed != REFERENCE:
                 c = compare(per_seed, scores[(REFERENCE, method)])
-                row.update({k: c[k] for k in ("mean_diff", "ci_low", "ci_high", "p", "n")})
+                row.update({k: c[k] for k in ("mean_diff", "ci_low", "ci_high", "p", "n", "seeds")})
             report["rows"].append(row)
     (HERE / "results" / "fets_setups_iid.json").write_text(json.dumps(report, indent=1))
     lines = [

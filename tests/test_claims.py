@@ -194,3 +194,18 @@ def test_table_renders_a_missing_p_and_a_one_tailed_p_and_reversal_swaps_the_sid
     text = claims.table(rows)
     assert "| -0.0200 | [-0.0300, -0.0100] | 0.004 (less, fedsm − fedavg) | **fails** |" in text
     assert "| +0.0200 | [+0.0100, +0.0300] |  | **holds** |" in text  # SCAFFOLD beats FedAvg, no p to show
+
+
+def test_a_comparison_at_one_seed_is_not_shown_whatever_its_ci(claims):
+    """One seed: the bootstrap has no run-to-run variance, so a CI wholly on one side decides nothing (the tables
+    give no † there either); the same test at two seeds holds."""
+    claim = claims.Claim("p", "w", "t", "a", "b", "better", ("fed",))
+
+    def rows(seeds):
+        test = {"method": "a", "against": "b", "mean_diff": 0.05, "ci_low": 0.02, "ci_high": 0.08, "p": 1e-6}
+        fed = {"methods": {}, "comparisons": [{**test, "seeds": seeds, "n": 40, "per_seed_diff": {}}]}
+        return claims.assess([claim], [{"bench": {}, "federations": {"fed": fed}}])
+
+    (one,), (two,) = rows(1), rows(2)
+    assert (one["verdict"], one["cautions"][:1]) == ("not shown", ["one seed"])
+    assert two["verdict"] == "holds" and "one seed" not in two["cautions"]
