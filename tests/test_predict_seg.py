@@ -266,3 +266,29 @@ def test_a_one_component_patient_name_is_copied_into_the_seg_without_highdicoms_
     predict(disjoint, tmp_path / "in", tmp_path / "out", dicom_seg=True)
     assert str(pydicom.dcmread(tmp_path / "out" / "case.dcm").PatientName) == "ANON123"
     assert not [w for w in recwarn if "unlikely to represent the intended person name" in str(w.message)]
+
+
+def test_an_anonymized_series_without_type2_patient_and_study_attributes_still_gets_its_seg(disjoint, tmp_path):
+    """Anonymizers remove patient and study attributes DICOM makes type 2 (present, may be empty); highdicom needs
+    them, so such a series got no SEG and, the outputs being written all together, no input got a mask. The SEG
+    now carries them empty, the series' identity (study, frame of reference) as before; the files are not touched."""
+    from fedseg.predict_seg import TYPE2_PATIENT_STUDY
+
+    series = tmp_path / "in" / "anon"
+    write_series(series, VALUES)
+    for path in series.iterdir():
+        ds = pydicom.dcmread(path)
+        for keyword in TYPE2_PATIENT_STUDY:
+            delattr(ds, keyword)
+        ds.save_as(path)
+    before = {p.name: p.read_bytes() for p in series.iterdir()}
+    predict(disjoint, tmp_path / "in", tmp_path / "out", dicom_seg=True)
+    seg = pydicom.dcmread(tmp_path / "out" / "anon.dcm")
+    assert all(str(seg.get(keyword, "")) == "" for keyword in TYPE2_PATIENT_STUDY)
+    source = pydicom.dcmread(next(series.iterdir()), stop_before_pixels=True)
+    assert (seg.StudyInstanceUID, seg.FrameOfReferenceUID) == (source.StudyInstanceUID, source.FrameOfReferenceUID)
+    labels = readers.read_dicom_seg(
+        tmp_path / "out" / "anon.dcm", readers.volume_grid(series), series, regions=DISJOINT
+    )
+    np.testing.assert_array_equal(labels, np.asarray(nib.load(tmp_path / "out" / "anon.nii.gz").dataobj))
+    assert {p.name: p.read_bytes() for p in series.iterdir()} == before

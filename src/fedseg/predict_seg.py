@@ -6,7 +6,8 @@ region ``k - 1``, labelled with the region's name), each segment that region's p
 painted to a label map (``Regions.to_label``), so nested regions (BraTS WT/TC/ET) overlap as predicted. Its frames
 lie on the source slices and reference them; the patient, study and frame of reference are the source series'
 (highdicom copies them, a one-component PatientName such as ``ANON123`` as it is, without highdicom's warning on
-it), the series is new (``SeriesInstanceUID``; ``SeriesNumber`` the source's + 1000),
+it; the patient and study attributes of DICOM type 2 that an anonymizer removed are written empty, as the
+standard allows, ``TYPE2_PATIENT_STUDY``), the series is new (``SeriesInstanceUID``; ``SeriesNumber`` the source's + 1000),
 ``SeriesDescription`` says fedseg and the algorithm, ``Manufacturer`` and ``ContentCreatorName`` are ``fedseg``.
 Each segment is AUTOMATIC, identified as ``fedseg <algorithm>`` (family Artificial Intelligence, DCM 123110; the
 model that segmented the image and the threshold as parameters); its category is Anatomical Structure
@@ -35,6 +36,19 @@ _LO = 64  # the longest LO (long string) value: SeriesDescription, algorithm nam
 # highdicom's warning (4 lines per SEG) on a source's one-component PatientName ("Smith", "ANON123"): valid DICOM,
 # which the SEG must copy as it is (the patient's name is the source's, not fedseg's to re-encode)
 _ONE_COMPONENT_NAME = r'The string ".*" is unlikely to represent the intended person name'
+# the patient and study attributes a SEG copies from its source that DICOM makes type 2 (present, possibly empty):
+# anonymizers remove them (highdicom then fails on the missing attribute), so the SEG gets them empty
+TYPE2_PATIENT_STUDY = (
+    "PatientName",
+    "PatientID",
+    "PatientBirthDate",
+    "PatientSex",
+    "StudyDate",
+    "StudyTime",
+    "StudyID",
+    "AccessionNumber",
+    "ReferringPhysicianName",
+)
 
 
 def seg_name(path: Path) -> str | None:
@@ -152,4 +166,13 @@ def sorted_slices(series: Path) -> list[Any]:
     the series is one ``read_inputs`` accepted."""
     pydicom = importlib.import_module("pydicom")
     headers = [pydicom.dcmread(p, stop_before_pixels=True) for p in readers.series_entries(series)]
-    return [headers[i] for i in readers.slice_order(headers)[0]]
+    return [with_type2_attributes(headers[i]) for i in readers.slice_order(headers)[0]]
+
+
+def with_type2_attributes(header: Any) -> Any:
+    """``header`` (a pydicom dataset, read into memory only) with each of ``TYPE2_PATIENT_STUDY`` it lacks set
+    empty: an anonymized series' SEG says "unknown" as the standard allows, rather than no SEG at all."""
+    for keyword in TYPE2_PATIENT_STUDY:
+        if keyword not in header:
+            setattr(header, keyword, "")
+    return header
