@@ -7,7 +7,8 @@ painted to a label map (``Regions.to_label``), so nested regions (BraTS WT/TC/ET
 lie on the source slices and reference them; the patient, study and frame of reference are the source series'
 (highdicom copies them, a one-component PatientName such as ``ANON123`` as it is, without highdicom's warning on
 it; the patient and study attributes of DICOM type 2 that an anonymizer removed are written empty, as the
-standard allows, ``TYPE2_PATIENT_STUDY``), the series is new (``SeriesInstanceUID``; ``SeriesNumber`` the source's + 1000),
+standard allows, ``TYPE2_PATIENT_STUDY``), the series is new (``SeriesInstanceUID``; ``SeriesNumber`` the
+source's + 1000),
 ``SeriesDescription`` says fedseg and the algorithm, ``Manufacturer`` and ``ContentCreatorName`` are ``fedseg``.
 Each segment is AUTOMATIC, identified as ``fedseg <algorithm>`` (family Artificial Intelligence, DCM 123110; the
 model that segmented the image and the threshold as parameters); its category is Anatomical Structure
