@@ -670,3 +670,29 @@ def test_a_truncated_slice_is_named_as_truncated_not_blamed_on_the_slice_spacing
         readers.volume_grid(tmp_path / "case")
     victim.write_bytes(data)
     assert readers.volume_grid(tmp_path / "case").shape == VALUES.shape
+
+
+def test_slices_with_their_own_rescale_slope_and_intercept_are_each_rescaled_by_their_own(tmp_path):
+    """PET and some MR series give every slice its own RescaleSlope/Intercept. ITK reads all slices in the first
+    file's pixel type (integer where its slope is 1) and truncated the others' values (406.5 read as 406); each
+    slice is now its stored values times its own slope plus its own intercept. A series whose slices share one
+    slope and intercept reads as before (ITK's array, its dtype)."""
+    write_series(tmp_path / "shared", VALUES)
+    shared = readers.read_volume(tmp_path / "shared")
+    assert shared.dtype != np.float64
+    np.testing.assert_array_equal(shared, VALUES)
+    slopes = [1.0, 0.5, 0.3, 1.7, 0.001, 2.0]
+    intercepts = [0.0, -1.25, 3.0, 0.0, 0.5, -1024.0]
+    folder = tmp_path / "per-slice"
+    written = write_series(folder, VALUES)
+    for path in folder.iterdir():
+        ds = pydicom.dcmread(path)
+        k = [w.SOPInstanceUID for w in written].index(ds.SOPInstanceUID)  # written in slice order, k = its height
+        ds.RescaleSlope, ds.RescaleIntercept = slopes[k], intercepts[k]
+        ds.save_as(path)
+    volume = readers.read_volume(folder)
+    expected = np.stack(
+        [VALUES[:, :, k].astype(np.float64) * slopes[k] + intercepts[k] for k in range(SHAPE[2])], axis=2
+    )
+    assert volume.dtype == np.float64 and volume.shape == VALUES.shape
+    np.testing.assert_allclose(volume, expected, rtol=0, atol=1e-9)

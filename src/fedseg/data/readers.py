@@ -432,6 +432,29 @@ def _itk_array(path: Path, what: str) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(data), _embed(np.asarray(meta["affine"], dtype=np.float64))
 
 
+def _rescaled_per_slice(folder: Path) -> np.ndarray | None:
+    """A DICOM series whose slices carry different RescaleSlope / RescaleIntercept (PET, some MR): ITK reads every
+    slice in the first file's pixel type, an integer one where that slope is 1, and truncates the other slices'
+    rescaled values (406.5 read as 406; a slope of 0.001 loses whole percents), so such a series is read here with
+    pydicom, each slice's stored values times its own slope plus its own intercept, float64, in ``series_grid``'s
+    axes (column, row, slice sorted along the normal). None where every slice shares them (ITK's array is exact)."""
+    pydicom = _require("pydicom", folder, "a DICOM series")
+    paths = series_entries(folder)
+    headers = [pydicom.dcmread(p, stop_before_pixels=True) for p in paths]
+
+    def rescale(ds: Any) -> tuple[float, float]:
+        return float(getattr(ds, "RescaleSlope", 1.0) or 1.0), float(getattr(ds, "RescaleIntercept", 0.0) or 0.0)
+
+    if len({rescale(ds) for ds in headers}) < 2:
+        return None
+    planes = []
+    for i in slice_order(headers)[0]:
+        slope, intercept = rescale(headers[i])
+        stored = pydicom.dcmread(paths[i]).pixel_array.astype(np.float64)  # (rows, columns)
+        planes.append(stored.T * slope + intercept)
+    return np.stack(planes, axis=2)
+
+
 def read_volume(path: Path) -> np.ndarray:
     """The voxels of a volume file or DICOM series folder in the file's index order (module docstring):
     ``(*spatial, *rest)`` with any channel axes last, in the stored dtype (NIfTI scaling and DICOM
@@ -452,7 +475,8 @@ def read_volume(path: Path) -> np.ndarray:
                     f"{path}: ITK read this series as shape {data.shape[:3]} but its headers describe {grid.shape} "
                     "on another grid (GDCM splits the folder's slices into several series)"
                 )
-            return data
+            rescaled = _rescaled_per_slice(path)
+            return data if rescaled is None else rescaled
     except FederationError:
         raise
     except Exception as e:  # noqa: BLE001 — any decoder failure means "corrupt file" to the user
