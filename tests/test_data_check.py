@@ -419,8 +419,8 @@ def test_a_key_given_twice_in_federation_yaml_is_the_one_problem_named(root):
     result = CliRunner().invoke(data_app, ["check", str(root)])
     assert result.exit_code == 1
     assert result.output.splitlines() == [
-        f"error: {root}: federation folder is invalid (1 problem):",
-        f"  {root}/federation.yaml: key 'kind' given twice (lines 2 and 3); keep one",
+        f"error: {root}: federation folder is invalid: {root}/federation.yaml: key 'kind' given twice (lines 2 and 3); "
+        "keep one",
     ], result.output
 
 
@@ -431,8 +431,8 @@ def test_a_folder_where_federation_yaml_goes_is_one_problem_not_a_site(root):
     with pytest.raises(FederationError) as err:
         check_folder(root)
     assert str(err.value).splitlines() == [
-        f"{root}: federation folder is invalid (1 problem):",
-        f"  {root}/federation.yaml: is a folder, not a file (every federation folder needs a federation.yaml)",
+        f"{root}: federation folder is invalid: {root}/federation.yaml: is a folder, not a file (every federation "
+        "folder needs a federation.yaml)",
     ]
 
 

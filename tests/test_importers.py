@@ -433,3 +433,19 @@ def test_empty_out_folder_is_used(tmp_path):
     result = run_import("prostate-6site", str(src), "--out", str(out))
     assert result.exit_code == 0, result.output
     assert (out / "federation.yaml").is_file()
+
+
+def test_an_msd_image_missing_a_modality_is_one_line_naming_the_dataset_json(tmp_path):
+    """An MSD task's image with fewer channels than dataset.json's ``modality`` lists: one line, "cannot import",
+    naming the image and the dataset.json the user wrote (not the federation.yaml the import writes, nor ``--out``),
+    and nothing is written."""
+    task = msd_task(tmp_path / "Task01_BrainTumour", name="BrainTumour", modalities=("FLAIR", "T1w"))
+    image = task / "imagesTr" / "braintumour_001.nii.gz"
+    _nifti(image, np.asarray(nib.load(image).dataobj)[..., 0])  # one modality of the two
+    result = run_import("msd", str(task), "--out", str(tmp_path / "fed"))
+    assert result.exit_code == 1
+    said = " ".join(result.output.split())
+    assert said.startswith("error: cannot import: ") and len(result.output.strip().splitlines()) <= 2, result.output
+    assert f"{image}: image has 1 channels but {task}/dataset.json modality lists 2" in said, said
+    assert "federation.yaml" not in said and str(tmp_path / "fed") not in said
+    assert not (tmp_path / "fed").exists()

@@ -493,7 +493,7 @@ def test_data_check_and_load_folder_on_a_federation_mixing_formats(files, tmp_pa
     assert result.exit_code == 1 and "Traceback" not in result.output
     assert f"{root}/b/images/d1: uneven slice spacing" in result.output
     output = " ".join(result.output.split())  # once, though its DICOM-SEG label is read on the same series
-    assert "(1 problem):" in output and output.count("uneven slice spacing") == 1, result.output
+    assert "federation folder is invalid:" in output and output.count("uneven slice spacing") == 1, result.output
 
 
 def test_msd_import_links_nrrd_and_mha_files_and_refuses_a_lone_mhd_header(files, tmp_path):

@@ -23,8 +23,8 @@ from fedseg.data.folder import (
     build_federation,
     case_problems,
     grid_problems,
-    group_problems,
     moved_links_problem,
+    problems_text,
     raw_dataset_problem,
     read_array,
     read_image,
@@ -245,10 +245,7 @@ def check_folder(
     if fed is not None and split is not None:
         problems += split_problems(fed, make_splits(fed, split, seed))
     if problems:
-        count = f"{len(problems)} problem{'s' if len(problems) != 1 else ''}"
-        raise FederationError(
-            f"{root}: federation folder is invalid ({count}):\n" + "\n".join(f"  {p}" for p in group_problems(problems))
-        )
+        raise FederationError(problems_text(f"{root}: federation folder is invalid", problems))
     assert fed is not None  # scan_folder reports a problem whenever federation.yaml is invalid
     for line in notices if warnings is None else []:
         log.warning(line)

@@ -660,6 +660,14 @@ def group_problems(problems: list[str], shown: int = SHOWN_PER_KIND) -> list[str
     return out
 
 
+def problems_text(header: str, problems: list[str]) -> str:
+    """One message for ``problems`` found in one place: ``header: the problem`` for one (one line), else ``header
+    (N problems):`` and the problems (:func:`group_problems`), one indented line each."""
+    if len(problems) == 1:
+        return f"{header}: {problems[0]}"
+    return f"{header} ({len(problems)} problems):\n" + "\n".join(f"  {p}" for p in group_problems(problems))
+
+
 def raw_dataset_problem(root: Path) -> str | None:
     """One line for a raw nnU-Net v2 dataset, or Medical Segmentation Decathlon or nnU-Net v1 task (``dataset.json``
     and ``imagesTr/``, no ``federation.yaml``) given where a federation folder is expected: which import makes one of

@@ -138,7 +138,17 @@ def plan_msd(sources: list[Path], regions: RegionMode = "auto") -> Plan:
     task_names = [str(info.get("name", task.name)) for task, info in zip(tasks, infos)]
     name = "+".join(dict.fromkeys(task_names))
     region_map = msd_regions(labels[0], regions, f"{task_names[0]} {tasks[0].name}")
-    return Plan(name, "3d", channels[tasks[0]], region_map, sites, labels[0], channel_names=modality_names(infos))
+    given = f"{tasks[0] / DATASET_JSON} modality"  # named in a channel-count problem: the user wrote no federation.yaml
+    return Plan(
+        name,
+        "3d",
+        channels[tasks[0]],
+        region_map,
+        sites,
+        labels[0],
+        channel_names=modality_names(infos),
+        channels_from=given,
+    )
 
 
 def image_source(

@@ -144,11 +144,10 @@ def existing_folder(path: Path, what: str) -> Path:
 
 def raise_problems(problems: list[str]) -> None:
     """One ``FederationError`` listing ``problems`` (the same problem on many files: the first 3, then a count)."""
-    from fedseg.data.folder import group_problems
+    from fedseg.data.folder import problems_text
 
     if problems:
-        count = f"{len(problems)} problem{'s' if len(problems) != 1 else ''}"
-        raise FederationError(f"cannot import ({count}):\n" + "\n".join(f"  {p}" for p in group_problems(problems)))
+        raise FederationError(problems_text("cannot import", problems))
 
 
 def _no_arrays() -> tuple[np.ndarray, np.ndarray]:
@@ -215,6 +214,7 @@ def write_plan(plan: Plan, out: str | Path, *, copy: bool = False) -> Federation
             checked = check_folder(tmp)
         except FederationError as e:
             said = _sources_named(str(e), written, tmp, out)
+            said = said.replace(f"{out}: federation folder is invalid", "cannot import", 1)  # the user wrote no out
             if (given := plan.channels_from) is not None:  # the user never wrote that federation.yaml: name theirs
                 said = re.sub(r"federation\.yaml says channels: (\d+)", lambda m: f"{given} lists {m[1]}", said)
             raise FederationError(said) from None
