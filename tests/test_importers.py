@@ -188,6 +188,23 @@ def test_fets2022_imports_checks_and_trains(tmp_path, tiny_config):
     assert log.count("note: every volume is resized to 12x12x12 voxels (data.image_size") == 1
 
 
+def test_a_brats2021_folder_imports_with_a_partitioning_csv_of_its_subjects(tmp_path):
+    """BraTS 2021's own layout (``BraTS2021_NNNNN/BraTS2021_NNNNN_<modality>.nii.gz``): a folder the partitioning CSV
+    names is a subject whatever its prefix (it was reported as having no folder, though it had one)."""
+    src = fets_layout(tmp_path / "FeTS2022")
+    for folder in sorted(src.glob("FeTS2022_*")):
+        renamed = src / folder.name.replace("FeTS2022", "BraTS2021")
+        folder.rename(renamed)
+        for file in renamed.iterdir():
+            file.rename(renamed / file.name.replace("FeTS2022", "BraTS2021"))
+    csv_path = src / "partitioning_1.csv"
+    csv_path.write_text(csv_path.read_text().replace("FeTS2022", "BraTS2021"))
+    result = run_import("fets2022", str(src), "--partitioning", "1", "--out", str(tmp_path / "fed"))
+    assert result.exit_code == 0, result.output
+    fed = check_folder(tmp_path / "fed")
+    assert [c.id for s in fed.sites for c in s.cases] == [f"BraTS2021_{k:05d}" for k in range(6)]
+
+
 def test_fets2022_partitioning_2_and_copy(tmp_path):
     src, out = fets_layout(tmp_path / "FeTS2022"), tmp_path / "fed"
     result = run_import("fets2022", str(src), "--partitioning", "2", "--copy", "--out", str(out))

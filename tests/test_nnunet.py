@@ -535,6 +535,12 @@ def _second_channel_of_bwh_001(src: Path, shape: tuple[int, ...], affine: np.nda
             "{src}/dataset.json: \"file_ending\" '.tif' is not a format fedseg reads (readable: .nii.gz, .nii",
         ),
         (
+            lambda src: _set_json(src, file_ending=".mhd"),
+            None,
+            "{src}/dataset.json: \"file_ending\" '.mhd': a MetaImage .mhd header is a file apart from its data: "
+            "convert the dataset to .mha",
+        ),
+        (
             lambda src: _set_json(src, numTraining=8),
             None,
             '{src}/dataset.json: "numTraining" is 8 but {src}/imagesTr holds 9 cases',
@@ -590,6 +596,7 @@ def _second_channel_of_bwh_001(src: Path, shape: tuple[int, ...], affine: np.nda
         "regex",
         "csv-site",
         "file-ending",
+        "mhd-file-ending",
         "num-training",
         "wrong-file-ending",
         "ignore-label",

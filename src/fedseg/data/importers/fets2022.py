@@ -10,7 +10,9 @@ Expected layout (``SRC`` = the folder holding the subjects, e.g. ``MICCAI_FeTS20
                        FeTS2022_00000_flair.nii.gz
                        FeTS2022_00000_seg.nii.gz     labels 0, 1 (necrotic core), 2 (edema), 4 (enhancing)
 
-(``.nii`` is accepted as well as ``.nii.gz``.) What it writes: one site per partition ID of the chosen
+(``.nii`` is accepted as well as ``.nii.gz``.) A BraTS 2021 training folder (``BraTS2021_NNNNN/`` subjects, files
+named alike) imports the same way with a partitioning CSV of its subjects: a folder the CSV names is a subject
+whatever its prefix. What it writes: one site per partition ID of the chosen
 partitioning, ``inst01``, ``inst02``... (zero-padded so they sort numerically; site-level metadata
 ``partition_id`` and ``partitioning``); per subject one case of that id whose image is a 4D NIfTI
 ``(X, Y, Z, 4)`` with the channels ``t1, t1ce, t2, flair`` (``MODALITIES``; ``federation.yaml``
@@ -105,7 +107,13 @@ def plan_fets2022(sources: list[Path], partitioning: int = 1) -> Plan:
             f"columns {','.join(COLUMNS)}, next to the {SUBJECT_PREFIX}NNNNN folders)"
         )
     partition, problems = read_partitioning(csv_path)
-    folders = {p.name: p for p in sorted(src.iterdir()) if p.is_dir() and p.name.startswith(SUBJECT_PREFIX)}
+    # FeTS2022_NNNNN folders, and any subject folder the CSV names (a BraTS 2021 BraTS2021_NNNNN/ layout, its
+    # files named alike, with a partitioning CSV of its subjects)
+    folders = {
+        p.name: p
+        for p in sorted(src.iterdir())
+        if p.is_dir() and (p.name.startswith(SUBJECT_PREFIX) or p.name in partition)
+    }
     for sid in sorted(set(folders) - set(partition)):
         problems.append(f"{folders[sid]}: subject {sid!r} is not in {csv_path} (every subject needs a Partition_ID)")
     for sid in sorted(set(partition) - set(folders)):

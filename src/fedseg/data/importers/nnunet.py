@@ -97,10 +97,14 @@ def channel_file(case: str, channel: int, file_ending: str) -> str:
     return f"{case}_{channel:0{CHANNEL_DIGITS}d}{file_ending}"
 
 
+UNLINKABLE = {"mhd": "a MetaImage .mhd header is a file apart from its data: convert the dataset to .mha"}
+
+
 def readable_endings() -> list[str]:
     """The ``file_ending`` values fedseg can import now: the extensions the folder format reads as both
-    image and label (``folder.IMAGE_EXTS`` and ``LABEL_EXTS`` at call time), with their dot."""
-    return ["." + e for e in folder.IMAGE_EXTS if e in folder.LABEL_EXTS]
+    image and label (``folder.IMAGE_EXTS`` and ``LABEL_EXTS`` at call time), with their dot, but those of
+    ``UNLINKABLE`` (the import places one file per image)."""
+    return ["." + e for e in folder.IMAGE_EXTS if e in folder.LABEL_EXTS and e not in UNLINKABLE]
 
 
 def kind_of(file_ending: str) -> Literal["2d", "3d"]:
@@ -186,6 +190,8 @@ def read_dataset_json(src: Path) -> DatasetInfo:
             f"got {order!r}"
         )
     ending = data["file_ending"]
+    if isinstance(ending, str) and (why := UNLINKABLE.get(ending.lower().lstrip("."))) is not None:
+        raise FederationError(f'{path}: "file_ending" {ending!r}: {why}')
     if not isinstance(ending, str) or ending not in readable_endings():
         raise FederationError(
             f'{path}: "file_ending" {ending!r} is not a format fedseg reads (readable: {", ".join(readable_endings())})'
