@@ -305,3 +305,24 @@ def test_a_mean_and_ranks_that_disagree_get_no_dagger_and_say_so():
     # a tables.json written before rank_sign was recorded: read from its case differences
     old = {k: v for k, v in compare(a, b, resamples=50, with_cases=True).items() if k != "rank_sign"}
     assert ranks_disagree(old) and not ranks_disagree({**old, "case_diffs": None})
+
+
+def test_a_test_too_small_ever_to_reach_significance_is_left_out_of_its_holm_family():
+    """The signed-rank test of n nonzero differences cannot give p below 2^(1-n) two-sided (2^-n one-tailed): a
+    site's 5 test cases can never reach 0.05. Such a test is marked too_few and left out of its family (Tarone
+    1990), so it no longer inflates the Holm adjustment of the tests that can."""
+    from fedseg.evaluate.stats import correct_family, smallest_p, wilcoxon_p
+
+    assert smallest_p({"n_nonzero": 5, "alternative": "two-sided"}) == 0.0625
+    assert smallest_p({"n_nonzero": 6, "alternative": "two-sided"}) == 0.03125
+    assert smallest_p({"n_nonzero": 5, "alternative": "greater"}) == 0.03125
+    assert smallest_p({"n": 3}) == 0.25  # a table written before n_nonzero: n bounds it
+    # the bound is the exact test's: all 5 (6) differences on one side
+    assert wilcoxon_p(np.arange(1.0, 6.0), "two-sided", "exact") == pytest.approx(0.0625)
+    assert wilcoxon_p(np.arange(1.0, 7.0), "two-sided", "exact") == pytest.approx(0.03125)
+    small = {"p": 0.0625, "n": 5, "n_nonzero": 5, "alternative": "two-sided", "p_holm": 0.2, "family": 3}
+    a = {"p": 0.01, "n": 40, "n_nonzero": 40, "alternative": "two-sided"}
+    b = {"p": 0.02, "n": 40, "n_nonzero": 40, "alternative": "two-sided"}
+    correct_family([small, a, b])
+    assert small["too_few"] and "p_holm" not in small and "family" not in small
+    assert (a["p_holm"], b["p_holm"], a["family"]) == (0.02, 0.02, 2) and not a["too_few"]

@@ -107,10 +107,14 @@ def p_text(test: dict | None) -> str:
     return p_value_text(test) + mark(test) + caution_text(test)
 
 
+TOO_FEW = " °"  # a test too small ever to give p < 0.05 (``fedseg.evaluate.stats.smallest_p``)
+
+
 def mark(test: dict | None) -> str:
     """`` †`` where the comparison is significant over at least 2 seeds
-    (``fedseg.evaluate.stats.significant_over_seeds``); empty otherwise."""
-    return " †" if significant_over_seeds(test) else ""
+    (``fedseg.evaluate.stats.significant_over_seeds``), `` °`` where it has too few cases ever to be (``too_few``:
+    ``fedseg.evaluate.stats.correct_family``); empty otherwise."""
+    return " †" if significant_over_seeds(test) else TOO_FEW if (test or {}).get("too_few") else ""
 
 
 def per_seed_text(test: dict | None, digits: int = DIFF_DIGITS) -> str:
@@ -382,22 +386,23 @@ NOTES = (
     "run-to-run part cannot show its full size: read the Δ per seed column: s0 is run seed 0's Δ). p: {alternative} "
     "paired Wilcoxon signed-rank test over cases (each case's differences averaged over the seeds; {method}), "
     "Holm-adjusted within its table (the Δ column's comparisons; every cell of the per-site table; the bench's "
-    "comparisons). † marks a comparison only where both hold: the CI excludes 0{side} and the adjusted p < 0.05 (a CI "
-    "of a handful of cases excludes 0 whenever they differ the same way; the p does not carry the seeds' variance); "
-    "never with one seed, whose CI has no run-to-run variance to draw: a difference between two trained models, not "
-    "yet between two methods. (seeds disagree): the Δ per seed do not all share Δ's sign (a seed at exactly 0 "
-    "included): the p takes each image as the unit and cannot see that the training runs disagree (a shift in one "
-    "seed moves almost every image the same way), so a small p there is no evidence across runs: read the CI "
-    "(the Δ per seed of the other metrics are in tables.json). (mean and ranks disagree): the signed-rank "
-    "statistic favours the other side than Δ (better on most images, much worse on a few, or the reverse): no †; "
-    "the p says only that the two differ. cases paired: n, and (k differ) where some differences are 0 (the p ranks "
-    "those k). "
-    "‡: Δ, CI and p pair fewer cases than the Dice columns average (a site failed), or the "
-    "method and the reference finished different runs (a seed or fold missing): the columns describe other cases or "
-    "runs than Δ. Settings chosen on validation only (see the tuning table); (grid edge): the selected value is the "
-    "smallest or largest of its grid, so the best one may lie outside it. Differences of Dice (as of any score in [0, "
-    "1]) to 4 decimals, of HD95 to 2; a nonzero one that would round to ±0.0000 is shown to one significant digit "
-    "(+3e-05), so a bound printed as 0 is exactly 0."
+    "comparisons). °: too few paired cases for the test ever to give p < 0.05 (n nonzero differences: its smallest p "
+    "is 2^(1−n) two-sided, 2^(−n) one-tailed, so fewer than 6 or 5): no evidence either way, and left out of its "
+    "Holm family (Tarone 1990). † marks a comparison only where both hold: the CI excludes 0{side} and the adjusted "
+    "p < 0.05 (a CI of a handful of cases excludes 0 whenever they differ the same way; the p does not carry the "
+    "seeds' variance); never with one seed, whose CI has no run-to-run variance to draw: a difference between two "
+    "trained models, not yet between two methods. (seeds disagree): the Δ per seed do not all share Δ's sign (a seed "
+    "at exactly 0 included): the p takes each image as the unit and cannot see that the training runs disagree (a "
+    "shift in one seed moves almost every image the same way), so a small p there is no evidence across runs: read "
+    "the CI (the Δ per seed of the other metrics are in tables.json). (mean and ranks disagree): the signed-rank "
+    "statistic favours the other side than Δ (better on most images, much worse on a few, or the reverse): no †; the "
+    "p says only that the two differ. cases paired: n, and (k differ) where some differences are 0 (the p ranks "
+    "those k). ‡: Δ, CI and p pair fewer cases than the Dice columns average (a site failed), or the method and the "
+    "reference finished different runs (a seed or fold missing): the columns describe other cases or runs than Δ. "
+    "Settings chosen on validation only (see the tuning table); (grid edge): the selected value is the smallest or "
+    "largest of its grid, so the best one may lie outside it. Differences of Dice (as of any score in [0, 1]) to 4 "
+    "decimals, of HD95 to 2; a nonzero one that would round to ±0.0000 is shown to one significant digit (+3e-05), "
+    "so a bound printed as 0 is exactly 0."
 )
 
 WILCOXON_METHOD = (

@@ -345,11 +345,28 @@ def holm(p_values: Iterable[float]) -> list[float]:
     return adjusted
 
 
+def smallest_p(test: Mapping[str, Any]) -> float:
+    """The smallest p the signed-rank test of ``test`` can give: every one of its n nonzero paired differences on
+    the tested side, 2^-n one-tailed and 2^(1-n) two-sided (the exact test; ties only raise it). n is
+    ``n_nonzero``, else ``n`` (tables written before it: then a bound below the true smallest p)."""
+    n = test.get("n_nonzero", test.get("n"))
+    if not isinstance(n, int) or n < 1:
+        return 1.0
+    return min(1.0, 2.0 ** (1 - n) if test.get("alternative", "two-sided") == "two-sided" else 2.0**-n)
+
+
 def correct_family(tests: Iterable[dict[str, Any] | None]) -> None:
     """Add ``p_holm`` (:func:`holm` over the family's finite p values) and ``family`` (how many) to every
     comparison of ``tests`` (``compare`` results; None and those without a p are skipped): one table's
-    comparisons, which a reader scans together for a †."""
-    family = [t for t in tests if t is not None and isinstance(t.get("p"), (int, float)) and math.isfinite(t["p"])]
+    comparisons, which a reader scans together for a †. A test too small ever to give p < ``SIGNIFICANCE``
+    (:func:`smallest_p`: a site's 5 cases, two-sided) is marked ``too_few`` and left out of the family, as Tarone's
+    (1990) correction for discrete tests leaves such hypotheses out: it can never be rejected, and counting it would
+    only make the others' adjusted p larger."""
+    finite = [t for t in tests if t is not None and isinstance(t.get("p"), (int, float)) and math.isfinite(t["p"])]
+    for t in finite:
+        t.pop("p_holm", None), t.pop("family", None)
+        t["too_few"] = smallest_p(t) >= SIGNIFICANCE
+    family = [t for t in finite if not t["too_few"]]
     for t, adjusted in zip(family, holm(t["p"] for t in family)):
         t["p_holm"], t["family"] = adjusted, len(family)
 

@@ -32,6 +32,7 @@ SYMBOLS = {
     "Δ": r"$\Delta$",
     "†": r"$^\dagger$",
     "‡": r"$^\ddagger$",
+    "°": r"$^\circ$",
     "−": r"$-$",
     "×": r"$\times$",
     "τ": r"$\tau$",
