@@ -275,15 +275,14 @@ def test_2d_data_stored_as_nifti_with_one_slice_is_imported_as_2d(tmp_path):
     """nnU-Net's 2D data as NIfTI ``(X, Y, 1)`` (its ``file_ending`` ``.nii.gz`` alone does not tell): ``kind: 2d``,
     read from the first case's header, with the two channels stacked as a 2D case's."""
     src, out = tmp_path / "Dataset711_Nifti2D", tmp_path / "fed"
-    rng = np.random.default_rng(0)
+    rng, plane = np.random.default_rng(0), np.diag([0.5, 0.7, 2.0, 1.0])  # pixels of 0.5 x 0.7 mm
     for i in range(3):
         label = np.zeros((10, 9, 1), np.uint8)
         label[2:6, 3:7] = 1
         for c in range(2):
-            _nifti(
-                src / "imagesTr" / f"s{i % 2}_{i:03d}_{c:04d}.nii.gz", rng.normal(size=(10, 9, 1)).astype(np.float32)
-            )
-        _nifti(src / "labelsTr" / f"s{i % 2}_{i:03d}.nii.gz", label)
+            image = rng.normal(size=(10, 9, 1)).astype(np.float32)
+            _nifti(src / "imagesTr" / f"s{i % 2}_{i:03d}_{c:04d}.nii.gz", image, plane)
+        _nifti(src / "labelsTr" / f"s{i % 2}_{i:03d}.nii.gz", label, plane)
     dataset = {"channel_names": {"0": "a", "1": "b"}, "labels": {"background": 0, "cell": 1}, "numTraining": 3}
     (src / "dataset.json").write_text(json.dumps({**dataset, "file_ending": ".nii.gz"}))
     result = cli("import", "nnunet", str(src), "--site-by", "^(s[0-9])_", "--out", str(out))
@@ -294,6 +293,12 @@ def test_2d_data_stored_as_nifti_with_one_slice_is_imported_as_2d(tmp_path):
     assert image.shape == (2, 10, 9) and label.shape == (10, 9)
     first = np.asarray(nib.load(src / "imagesTr" / "s1_001_0000.nii.gz").dataobj)
     np.testing.assert_array_equal(image[0], first[..., 0])
+    second = np.asarray(nib.load(src / "imagesTr" / "s1_001_0001.nii.gz").dataobj)
+    np.testing.assert_array_equal(image[1], second[..., 0])
+    # stacked as a NIfTI on the first channel's grid (an .npy had no pixel spacing: HD95 came out in pixels)
+    case = fed.site("s1").cases[0]
+    assert Path(case.meta["image"]).name.endswith(".nii.gz")
+    assert case_spacing(case, 2) == pytest.approx((0.5, 0.7))
 
 
 def test_a_3d_dataset_whose_first_case_has_one_slice_is_not_taken_for_2d(tmp_path):

@@ -473,12 +473,13 @@ def _write_stacked_nifti(paths: tuple[Path, ...], dest: Path) -> None:
 
 def channels_source(paths: Sequence[Path], kind: Literal["2d", "3d"]) -> Source:
     """The image ``Source`` of a case stored as one file per channel ``paths`` (channel order, nnU-Net's
-    ``<case>_XXXX`` files): a single file linked as is, several stacked (3D: ``_write_stacked_nifti``; 2D: an
-    ``.npy`` ``(C, H, W)``)."""
+    ``<case>_XXXX`` files): a single file linked as is, several stacked (3D, and 2D stored in a volume format such
+    as nnU-Net's 2D NIfTI ``(X, Y, 1)``: ``_write_stacked_nifti``, keeping the first file's grid and so its pixel
+    spacing; 2D pictures (PNG): an ``.npy`` ``(C, H, W)``)."""
     if len(paths) == 1:
         return Source(paths[0])
     files = tuple(paths)
-    if kind == "3d":
+    if kind == "3d" or readers.volume_format(files[0]) is not None:
         return Source(files[0], functools.partial(_write_stacked_nifti, files), "nii.gz")
     return Source(files[0], lambda dest: np.save(dest, stacked_channels(files, "2d")), "npy")
 
