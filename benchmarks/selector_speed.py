@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from fedseg.algorithms.fedsm.selector import build_selector
-from fedseg.config import ModelConfig
+from fedseg.config import ModelConfig, TrainConfig
 from fedseg.models import build_segmenter, count_parameters
 from fedseg.train import segmentation_loss
 
@@ -92,7 +92,7 @@ def main() -> None:
             )
         unet = build_segmenter(ModelConfig(), 2, 3, 2, 0)
         masks = (torch.rand(args.batch, 2, size, size, generator=g) > 0.5).float()
-        ms = step_ms(unet, x, masks, segmentation_loss("dice"), args.warmup, args.repeats)
+        ms = step_ms(unet, x, masks, segmentation_loss(TrainConfig(loss="dice")), args.warmup, args.repeats)
         rows.append(
             {
                 "model": "unet16",

@@ -81,7 +81,7 @@ def dynunet_step(repeats: int = 3) -> dict:
     cfg = load_config(preset="fets")
     model = build_segmenter(cfg.model, spatial_dims=3, in_channels=4, out_channels=3, seed=0)
     opt = make_optimizer(cfg.train, model.parameters())
-    loss_fn = segmentation_loss(cfg.train.loss)
+    loss_fn = segmentation_loss(cfg.train)
     x = torch.randn(1, 4, 128, 128, 128)
     y = (torch.rand(1, 3, 128, 128, 128) > 0.9).float()
     times = []

@@ -672,11 +672,30 @@ def test_a_truncated_slice_is_named_as_truncated_not_blamed_on_the_slice_spacing
     assert readers.volume_grid(tmp_path / "case").shape == VALUES.shape
 
 
-def test_slices_with_their_own_rescale_slope_and_intercept_are_each_rescaled_by_their_own(tmp_path):
+def jpeg_lossless(path: Path) -> None:
+    """Re-encode the DICOM file ``path``'s pixels as JPEG-Lossless (ITK's GDCM), as many PACS export a series."""
+    import itk
+
+    ds = pydicom.dcmread(path)
+    image = itk.image_from_array(np.ascontiguousarray(ds.pixel_array))
+    io = itk.GDCMImageIO.New()
+    io.SetCompressor("JPEG")
+    encoded = path.with_suffix(".jpeg.dcm")
+    itk.ImageFileWriter[type(image)].New(Input=image, FileName=str(encoded), ImageIO=io, UseCompression=True).Update()
+    compressed = pydicom.dcmread(encoded)
+    encoded.unlink()
+    ds.file_meta.TransferSyntaxUID, ds.PixelData = compressed.file_meta.TransferSyntaxUID, compressed.PixelData
+    ds["PixelData"].VR = "OB"
+    ds.save_as(path, enforce_file_format=True)
+
+
+@pytest.mark.parametrize("compressed", [False, True])
+def test_slices_with_their_own_rescale_slope_and_intercept_are_each_rescaled_by_their_own(tmp_path, compressed):
     """PET and some MR series give every slice its own RescaleSlope/Intercept. ITK reads all slices in the first
     file's pixel type (integer where its slope is 1) and truncated the others' values (406.5 read as 406); each
-    slice is now its stored values times its own slope plus its own intercept. A series whose slices share one
-    slope and intercept reads as before (ITK's array, its dtype)."""
+    slice is now its stored values times its own slope plus its own intercept, JPEG-Lossless slices too (decoded by
+    ITK, as the whole series is). A series whose slices share one slope and intercept reads as before (ITK's array,
+    its dtype)."""
     write_series(tmp_path / "shared", VALUES)
     shared = readers.read_volume(tmp_path / "shared")
     assert shared.dtype != np.float64
@@ -686,10 +705,14 @@ def test_slices_with_their_own_rescale_slope_and_intercept_are_each_rescaled_by_
     folder = tmp_path / "per-slice"
     written = write_series(folder, VALUES)
     for path in folder.iterdir():
+        if compressed:
+            jpeg_lossless(path)
         ds = pydicom.dcmread(path)
         k = [w.SOPInstanceUID for w in written].index(ds.SOPInstanceUID)  # written in slice order, k = its height
         ds.RescaleSlope, ds.RescaleIntercept = slopes[k], intercepts[k]
         ds.save_as(path)
+    if compressed:
+        assert "JPEG Lossless" in pydicom.dcmread(next(folder.iterdir())).file_meta.TransferSyntaxUID.name
     volume = readers.read_volume(folder)
     expected = np.stack(
         [VALUES[:, :, k].astype(np.float64) * slopes[k] + intercepts[k] for k in range(SHAPE[2])], axis=2

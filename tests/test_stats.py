@@ -323,6 +323,8 @@ def test_a_test_too_small_ever_to_reach_significance_is_left_out_of_its_holm_fam
     small = {"p": 0.0625, "n": 5, "n_nonzero": 5, "alternative": "two-sided", "p_holm": 0.2, "family": 3}
     a = {"p": 0.01, "n": 40, "n_nonzero": 40, "alternative": "two-sided"}
     b = {"p": 0.02, "n": 40, "n_nonzero": 40, "alternative": "two-sided"}
-    correct_family([small, a, b])
+    same = {"p": 1.0, "n": 40, "n_nonzero": 0, "alternative": "two-sided"}  # identical scores: nothing to test
+    correct_family([small, a, b, same])
     assert small["too_few"] and "p_holm" not in small and "family" not in small
+    assert not same["too_few"] and "p_holm" not in same
     assert (a["p_holm"], b["p_holm"], a["family"]) == (0.02, 0.02, 2) and not a["too_few"]

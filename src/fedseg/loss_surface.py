@@ -217,7 +217,8 @@ def loss_surface(
     from fedseg.run.preflight import check_device, check_out_dir
 
     check_out_dir(Path(out))  # a file given as --out: said before the losses are computed
-    rows = compute([Path(r) for r in runs], site, directions, seed=seed, device=str(check_device(device)), cases=cases)
+    on = str(check_device(device, "--device cpu"))
+    rows = compute([Path(r) for r in runs], site, directions, seed=seed, device=on, cases=cases)
     from fedseg.data.folder import move_in, staging_folder
 
     out = Path(out)

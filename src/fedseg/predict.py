@@ -720,7 +720,7 @@ def predict(
     it has one: ``card_line``), the channel order it reads, where it knows it (``channels_note``). ``device``: where
     the networks run (``cpu``, ``cuda[:N]``, ``mps``; float32, sliding-window blending on the CPU); ``tta``: mirroring
     test-time augmentation (``fedseg.evaluate.mirror``; 4 passes per 2D image, 8 per 3D window)."""
-    run_on = check_device(device)
+    run_on = check_device(device, "--device cpu")
     bundle = load_bundle(find_model(model, algorithm))
     predictor = build_predictor(bundle, gamma, site)
     predictor.model.to(run_on)

@@ -435,10 +435,12 @@ def _itk_array(path: Path, what: str) -> tuple[np.ndarray, np.ndarray]:
 def _rescaled_per_slice(folder: Path) -> np.ndarray | None:
     """A DICOM series whose slices carry different RescaleSlope / RescaleIntercept (PET, some MR): ITK reads every
     slice in the first file's pixel type, an integer one where that slope is 1, and truncates the other slices'
-    rescaled values (406.5 read as 406; a slope of 0.001 loses whole percents), so such a series is read here with
-    pydicom, each slice's stored values times its own slope plus its own intercept, float64, in ``series_grid``'s
-    axes (column, row, slice sorted along the normal). None where every slice shares them (ITK's array is exact)."""
+    rescaled values (406.5 read as 406; a slope of 0.001 loses whole percents), so such a series is read here slice
+    by slice, each file alone by ITK as float64 (GDCM applies that file's own slope and intercept, and decodes what
+    ITK decodes: JPEG-Lossless...), in ``series_grid``'s axes (column, row, slice sorted along the normal). None where
+    every slice shares them (ITK's array of the whole series is exact)."""
     pydicom = _require("pydicom", folder, "a DICOM series")
+    itk = _require("itk", folder, "a DICOM series")
     paths = series_entries(folder)
     headers = [pydicom.dcmread(p, stop_before_pixels=True) for p in paths]
 
@@ -447,18 +449,15 @@ def _rescaled_per_slice(folder: Path) -> np.ndarray | None:
 
     if len({rescale(ds) for ds in headers}) < 2:
         return None
-    planes = []
-    for i in slice_order(headers)[0]:
-        slope, intercept = rescale(headers[i])
-        stored = pydicom.dcmread(paths[i]).pixel_array.astype(np.float64)  # (rows, columns)
-        planes.append(stored.T * slope + intercept)
-    return np.stack(planes, axis=2)
+    planes = [itk.array_from_image(itk.imread(str(paths[i]), itk.D)) for i in slice_order(headers)[0]]
+    return np.stack([plane.reshape(plane.shape[-2:]).T for plane in planes], axis=2)  # (rows, columns) -> (i, j)
 
 
 def read_volume(path: Path) -> np.ndarray:
     """The voxels of a volume file or DICOM series folder in the file's index order (module docstring):
     ``(*spatial, *rest)`` with any channel axes last, in the stored dtype (NIfTI scaling and DICOM
-    rescale slope/intercept applied). ``FederationError`` naming the path if it cannot be read."""
+    rescale slope/intercept applied; a DICOM series whose slices rescale differently as float64).
+    ``FederationError`` naming the path if it cannot be read."""
     path = Path(path)
     fmt = volume_format(path)
     try:

@@ -361,12 +361,13 @@ def correct_family(tests: Iterable[dict[str, Any] | None]) -> None:
     comparisons, which a reader scans together for a †. A test too small ever to give p < ``SIGNIFICANCE``
     (:func:`smallest_p`: a site's 5 cases, two-sided) is marked ``too_few`` and left out of the family, as Tarone's
     (1990) correction for discrete tests leaves such hypotheses out: it can never be rejected, and counting it would
-    only make the others' adjusted p larger."""
+    only make the others' adjusted p larger. A test whose differences are all 0 is left out too, unmarked (there is
+    no difference to test: its p is 1)."""
     finite = [t for t in tests if t is not None and isinstance(t.get("p"), (int, float)) and math.isfinite(t["p"])]
     for t in finite:
         t.pop("p_holm", None), t.pop("family", None)
-        t["too_few"] = smallest_p(t) >= SIGNIFICANCE
-    family = [t for t in finite if not t["too_few"]]
+        t["too_few"] = smallest_p(t) >= SIGNIFICANCE and t.get("n_nonzero") != 0  # all equal: no difference at all
+    family = [t for t in finite if smallest_p(t) < SIGNIFICANCE]
     for t, adjusted in zip(family, holm(t["p"] for t in family)):
         t["p_holm"], t["family"] = adjusted, len(family)
 

@@ -38,18 +38,16 @@ MAY_DIFFER_ON_RESUME = (
 )
 
 
-def check_device(name: str) -> torch.device:
+def check_device(name: str, cpu: str = "device: cpu (--set device=cpu)") -> torch.device:
     """``torch.device(name)`` after checking that this torch can use it; a ValueError naming ``device``
-    and what to do otherwise."""
+    and what to do otherwise (``cpu``: how the command is told to use the CPU)."""
     import torch
 
     try:
         device = torch.device(name)
     except (RuntimeError, TypeError, ValueError):
-        raise ValueError(
-            f"device {name!r}: not a torch device; use cpu, cuda, cuda:N or mps (--set device=cpu)"
-        ) from None
-    fix = "or use device: cpu (--set device=cpu)"
+        raise ValueError(f"device {name!r}: not a torch device; use cpu, cuda, cuda:N or mps ({cpu})") from None
+    fix = f"or use {cpu}"
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise ValueError(
