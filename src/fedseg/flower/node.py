@@ -272,6 +272,11 @@ class NotThisSite(ValueError):
         log_once(context, str(self), logging.ERROR)
 
 
+class Refused(ValueError):
+    """A coordinator's message this site will not act on (an algorithm the run does not run, a path for a name, a
+    tag that is no round number): refused in one line in each log, no traceback, nothing on disk touched."""
+
+
 SAID = "fedseg.said"  # Context.state slot: digests of the lines this node has logged once in this Flower run
 
 
@@ -328,6 +333,8 @@ def handle(message: FlowerMessage, context: Context) -> FlowerMessage:
     except NotThisSite as e:
         e.say(context)
         return FlowerMessage(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=str(e)), reply_to=message)
+    except Refused as e:
+        reason = f"site {site!r}: {message.metadata.message_type}: {e}"
     except Exception as e:  # noqa: BLE001 - every failure goes back to the server as a readable reason
         log.error("site %s: %s failed:\n%s", site, message.metadata.message_type, traceback.format_exc())
         reason = f"site {site!r}: {type(e).__name__}: {e}"
@@ -357,7 +364,7 @@ def answer_algorithm(action: str, content: RecordDict, context: Context, setting
     msg, head = from_recorddict(content)
     check_addressee(head, settings)
     to = Delivery(
-        str(head["algorithm"]),
+        run_algorithm_named(head, cfg),
         settings.site,
         int(head["site_index"]),
         int(head["num_sites"]),
@@ -399,29 +406,59 @@ def on_info(content: RecordDict, context: Context, settings: NodeSettings, cfg: 
     return RecordDict({ENGINE: ConfigRecord({"site": settings.site, "cases": len(site.cases), **sizes})})
 
 
+def printable(text: str) -> str:
+    """``text`` from the coordinator as one line of this site's log: newlines, terminal escape codes and every other
+    character that is not printable written as escapes (``\\n``, ``\\x1b``), so a coordinator cannot forge log lines
+    or clear an operator's screen."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def on_refused(content: RecordDict, context: Context, settings: NodeSettings, cfg: RunConfig) -> RecordDict:
     """The coordinator refused this SuperNode (``fedseg.flower.engine.connect_sites``): say why in this site's log,
     where its operator looks (the coordinator's log is not theirs)."""
-    why = str(content.config_records[ENGINE]["why"])
+    why = printable(str(content.config_records[ENGINE]["why"]))
     log.warning("site %s: this SuperNode was %s", settings.site, why)
     return RecordDict()
+
+
+def run_algorithm_named(head: dict, cfg: RunConfig) -> str:
+    """The ``algorithm`` an engine query of the coordinator names (it names this site's snapshot folder in
+    ``--state``): one of the run's algorithms (``cfg.algorithms``, the configuration this site checked its data
+    against); anything else, a path or ``..`` above all, is ``Refused`` (one line in the site's log and the
+    coordinator's error) and never reaches the file system."""
+    algorithm = str(head.get("algorithm", ""))
+    if algorithm not in cfg.algorithms:
+        raise Refused(
+            f"the coordinator named algorithm {algorithm!r}, not one of this run's ({', '.join(cfg.algorithms)}): "
+            "refused, nothing of this site's --state folder was touched"
+        )
+    return algorithm
+
+
+def snapshot_tags(head: dict) -> tuple[int, list[int]]:
+    """``(tag, keep)`` of a snapshot query: round numbers (integers >= 0), else ``Refused``."""
+    tag, keep = head.get("tag"), json.loads(str(head.get("keep", "[]")))
+    tags = [tag, *keep] if isinstance(keep, list) else [tag, keep]
+    if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in tags):
+        raise Refused(f"snapshot tags {tags!r}: expected round numbers (integers >= 0); refused")
+    return cast(int, tag), cast(list[int], keep)
 
 
 def on_snapshot(content: RecordDict, context: Context, settings: NodeSettings, cfg: RunConfig) -> RecordDict:
     """Save the algorithm's state store as snapshot ``tag``; delete the snapshots not in ``keep`` (JSON list
     of the tags the coordinator may still restore)."""
     head = dict(content.config_records[ENGINE])
-    algorithm, tag = str(head["algorithm"]), int(cast(int, head["tag"]))
+    algorithm, (tag, keep) = run_algorithm_named(head, cfg), snapshot_tags(head)
     snapshots = settings.snapshots(context)
     snapshots.save(algorithm, tag, get_state(context, STATE + algorithm))
-    prune(snapshots, algorithm, {tag, *json.loads(str(head.get("keep", "[]")))})
+    prune(snapshots, algorithm, {tag, *keep})
     return RecordDict({ENGINE: ConfigRecord({"site": settings.site})})
 
 
 def on_restore(content: RecordDict, context: Context, settings: NodeSettings, cfg: RunConfig) -> RecordDict:
     """Put snapshot ``tag`` back as the algorithm's state store (after a resume: from the ``--state`` folder)."""
     head = dict(content.config_records[ENGINE])
-    algorithm, tag = str(head["algorithm"]), int(cast(int, head["tag"]))
+    algorithm, (tag, _) = run_algorithm_named(head, cfg), snapshot_tags(head)
     put_state(context, STATE + algorithm, settings.snapshots(context).load(algorithm, tag))
     return RecordDict({ENGINE: ConfigRecord({"site": settings.site})})
 
@@ -429,7 +466,7 @@ def on_restore(content: RecordDict, context: Context, settings: NodeSettings, cf
 def on_release(content: RecordDict, context: Context, settings: NodeSettings, cfg: RunConfig) -> RecordDict:
     """The algorithm finished (the coordinator's finished checkpoint is on disk): drop its state store and delete its
     snapshots (``Snapshots.release``)."""
-    algorithm = str(content.config_records[ENGINE]["algorithm"])
+    algorithm = run_algorithm_named(dict(content.config_records[ENGINE]), cfg)
     for key in (STATE + algorithm, STATE + algorithm + ".index"):
         if key in context.state:
             del context.state[key]

@@ -94,6 +94,9 @@ def run_folder_name(run_key: str) -> str:
     return f"{readable}-{hashlib.sha256(run_key.encode()).hexdigest()[:12]}"
 
 
+SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")  # a folder name of --state: an algorithm's registered name
+
+
 class DiskSnapshots:
     """Snapshots as ``ROOT/<run folder>/<algorithm>/round-<tag>.safetensors`` (``ROOT``: the node's ``--state``)."""
 
@@ -102,11 +105,20 @@ class DiskSnapshots:
             raise ValueError("the run config has no fedseg-run-key: this run cannot keep snapshots on disk")
         self.folder = Path(root) / run_folder_name(run_key)
 
+    def _algorithm_folder(self, algorithm: str) -> Path:
+        """``ROOT/<run folder>/<algorithm>``; a ``ValueError`` for a name that is no plain folder name (a path, ``..``:
+        the name comes from the coordinator's message, and must never reach outside this run's folder)."""
+        if not SAFE_NAME.fullmatch(algorithm) or algorithm in (".", ".."):
+            raise ValueError(f"algorithm {algorithm!r}: not a plain name; no snapshot folder is made of it")
+        return self.folder / algorithm
+
     def _path(self, algorithm: str, tag: int) -> Path:
-        return self.folder / algorithm / f"round-{tag}.safetensors"
+        if isinstance(tag, bool) or not isinstance(tag, int) or tag < 0:
+            raise ValueError(f"snapshot tag {tag!r}: expected a round number (an integer >= 0)")
+        return self._algorithm_folder(algorithm) / f"round-{tag}.safetensors"
 
     def tags(self, algorithm: str) -> list[int]:
-        folder = self.folder / algorithm
+        folder = self._algorithm_folder(algorithm)
         if not folder.is_dir():
             return []
         return sorted(int(p.stem.removeprefix("round-")) for p in folder.glob("round-*.safetensors"))
@@ -136,13 +148,14 @@ class DiskSnapshots:
     def release(self, algorithm: str) -> None:
         """Delete ``algorithm``'s folder, then the run's folder once no algorithm has one (the run finished: a
         resume only reads the coordinator's finished checkpoints)."""
-        shutil.rmtree(self.folder / algorithm, ignore_errors=True)
+        shutil.rmtree(self._algorithm_folder(algorithm), ignore_errors=True)
         try:
             self.folder.rmdir()  # only when empty: a later algorithm of the run keeps its own
         except OSError:
             pass
 
     def forget_others(self, algorithm: str) -> None:
+        self._algorithm_folder(algorithm)  # a name that is no plain folder name is refused here too
         if self.folder.is_dir():
             for other in self.folder.iterdir():
                 if other.is_dir() and other.name != algorithm:
