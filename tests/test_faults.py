@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 
 import pytest
 import torch
@@ -191,3 +192,65 @@ def test_all_finite_agrees_with_isfinite_value_by_value(dtype):
     for t in cases:
         assert all_finite(t) == bool(torch.isfinite(t).all())
     assert [all_finite(t) for t in cases] == [True, True, True, False, False, False, False]
+
+
+# --- a site's evaluation reply: its scores choose the selected round and make the tables ----------------------------
+ROGUE_SCORES = {  # how a rogue (or broken) site2 changes its evaluation reply, and what the coordinator says
+    "dice": ("dice scores leave [0, 1] (e.g. 1000)", lambda reply: reply.tensors["dice"].fill_(1000.0)),
+    "cases": ("dice scores have shape", lambda reply: reply.meta.update(cases='["a", "b", "c", "d", "e", "f", "g"]')),
+    "model": (
+        "reports scores of model 'local:site3', asked to score 'global'",
+        lambda r: r.meta.update(model="local:site3"),
+    ),
+    "steps": ("steps = -1000000, expected a whole number >= 0", lambda reply: reply.meta.update(steps=-1000000)),
+}
+
+
+def _rogue_evaluator(change):
+    from fedseg.algorithms.fedavg import FedAvgClient
+
+    class RogueEvaluator(FedAvgClient):
+        """FedAvg's client; site2 changes its evaluation replies (an attacker taking over model selection)."""
+
+        def on_evaluate(self, msg, ctx):
+            reply = super().on_evaluate(msg, ctx)
+            if ctx.site == "site2":
+                change(reply)
+            return reply
+
+    return RogueEvaluator
+
+
+@pytest.mark.parametrize("kind", sorted(ROGUE_SCORES))
+def test_a_sites_scores_outside_their_range_or_shape_are_its_failure_not_the_results(
+    kind, tmp_path, tiny_config, discs
+):
+    """An attack on a real deployment: a site sending Dice 1000 chose the selected round and made the tables (1000
+    in results.csv, no warning); extra case ids stopped the run with an IndexError naming nobody, even under skip.
+    Each is now the site's failure, said with its name: skipped under fl.on_failure = skip, the results the others'."""
+    from fedseg.algorithms import register_algorithm, unregister_algorithm
+    from fedseg.algorithms.fedavg import FedAvgOptions, FedAvgServer
+    from fedseg.algorithms.registry import AlgorithmSpec
+
+    reason, change = ROGUE_SCORES[kind]
+    register_algorithm(
+        AlgorithmSpec("test-rogue", "Rogue", FedAvgServer, _rogue_evaluator(change), "test", FedAvgOptions)
+    )
+    try:
+        cfg = tiny_config(
+            algorithms=["test-rogue"], fl={"rounds": 2, "on_failure": "skip"}, eval={"local_models": False}
+        )
+        results = run_experiment(cfg, tmp_path / "skip", federation=discs)
+        with pytest.raises(SiteFailure, match=rf"site 'site2', round \d, test-rogue evaluate: .*{re.escape(reason)}"):
+            run_experiment(
+                cfg.model_copy(update={"fl": cfg.fl.model_copy(update={"on_failure": "stop"})}),
+                tmp_path / "stop",
+                federation=discs,
+            )
+    finally:
+        unregister_algorithm("test-rogue")
+    (result,) = results.algorithms
+    assert {f["site"] for f in result.summary["failures"]} == {"site2"}
+    assert all(reason in f["reason"] for f in result.summary["failures"])
+    dice = [r["value"] for r in result.test_rows if r["metric"] == "dice"]
+    assert dice and all(0.0 <= v <= 1.0 for v in dice) and not [r for r in result.test_rows if r["site"] == "site2"]

@@ -23,7 +23,7 @@ from typing import Protocol
 import torch
 
 from fedseg.engine.context import Delivery, MethodOptions, Task
-from fedseg.engine.faults import SiteFailure, outlying_updates, reply_problem
+from fedseg.engine.faults import SiteFailure, outlying_updates, reply_problem, scores_problem
 from fedseg.engine.ledger import EVAL_ACTIONS, Ledger, LedgerRow
 from fedseg.engine.messages import Message
 from fedseg.engine.own_code import own_place
@@ -117,6 +117,8 @@ class BaseEngine:
                 continue
             reply, seconds = answer
             problem = reply_problem(msg, reply, action not in EVAL_ACTIONS, self.num_samples(site))
+            if problem is None and action in EVAL_ACTIONS:
+                problem = scores_problem(msg, reply, len(self.task.regions))
             if timeout is not None and seconds > timeout:
                 problem = f"no reply within fl.timeout_s = {timeout:g} s (took {seconds:.1f} s)"
             if problem is not None:

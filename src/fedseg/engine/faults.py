@@ -9,7 +9,11 @@ Detection, in :meth:`fedseg.engine.base.BaseEngine.exchange` for every reply bef
   empty mask is NaN);
 * a reply tensor named like a tensor of the message the site received has another shape or dtype;
 * a group of tensors the site received (e.g. ``model/``) comes back incomplete or with names it was not sent;
-* the reply's ``num_examples`` (the site's aggregation weight) is not the training-set size the site declared.
+* the reply's ``num_examples`` (the site's aggregation weight) is not the training-set size the site declared;
+* its ``steps`` are no whole number >= 0 (they feed the ledger and the budgets);
+* an evaluation reply (:func:`scores_problem`) reports another model than the one it was asked to score, a case
+  list that is not distinct case ids, or scores of another shape than (cases, regions) or outside their range
+  (Dice and NSD in [0, 1], HD95 >= 0; NaN allowed): a site's scores choose the selected round and make the tables.
 
 ``fl.on_failure = stop`` (default): the exchange raises :class:`SiteFailure` naming site, round,
 action and reason; the run stops with the last round's checkpoint intact (a checkpoint is written
@@ -125,7 +129,50 @@ def reply_problem(msg: Message, reply: Message, check_finite: bool, train_cases:
         if check_finite and tensor.is_floating_point() and not all_finite(tensor):
             bad = "NaN" if bool(torch.isnan(tensor).any()) else "Inf"
             return f"tensor {name!r} holds {bad}"
-    return group_problem(msg.tensors, reply.tensors) or weight_problem(reply.meta, train_cases)
+    return group_problem(msg.tensors, reply.tensors) or weight_problem(reply.meta, train_cases) or steps_problem(reply)
+
+
+def steps_problem(reply: Message) -> str | None:
+    """Why a reply's ``steps`` (SGD steps or forward batches, for the ledger and the budgets) cannot be used."""
+    steps = reply.meta.get("steps", 0)
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+        return f"steps = {steps!r}, expected a whole number >= 0"
+    return None
+
+
+SCORE_RANGES = {"dice": (0.0, 1.0), "nsd": (0.0, 1.0), "hd95": (0.0, math.inf)}  # NaN allowed (a score not computed)
+SCORE_SLACK = 1e-6  # float rounding a site's scores may carry past their bounds
+
+
+def scores_problem(msg: Message, reply: Message, regions: int) -> str | None:
+    """Why an evaluation reply cannot become result rows: the ``model`` it reports is not the one ``msg`` asked it
+    to score; its ``cases`` are not a JSON list of distinct case ids; a score tensor (``SCORE_RANGES``) is not
+    ``(cases, regions)`` or leaves its range. None for a reply without ``cases`` (no scores: ``share_model``)."""
+    import json
+
+    asked = msg.meta.get("model")
+    if asked is not None and reply.meta.get("model") != asked:
+        return f"it reports scores of model {reply.meta.get('model')!r}, asked to score {asked!r}"
+    if "cases" not in reply.meta:
+        return None
+    try:
+        cases = json.loads(str(reply.meta["cases"]))
+    except ValueError:
+        return "its case list is not JSON"
+    if not isinstance(cases, list) or not all(isinstance(c, str) for c in cases) or len(set(cases)) != len(cases):
+        return "its case list is not a list of distinct case ids"
+    for metric, (low, high) in SCORE_RANGES.items():
+        scores = reply.tensors.get(metric)
+        if scores is None:
+            continue
+        if tuple(scores.shape) != (len(cases), regions):
+            expected = f"({len(cases)}, {regions}): cases x regions"
+            return f"its {metric} scores have shape {tuple(scores.shape)}, expected {expected}"
+        values = scores[~torch.isnan(scores)].double()
+        outside = values[(values < low - SCORE_SLACK) | (values > high + SCORE_SLACK)]
+        if outside.numel():
+            return f"its {metric} scores leave [{low:g}, {high:g}] (e.g. {float(outside[0]):g})"
+    return None
 
 
 def model_problem(weights: Mapping[str, torch.Tensor], reference: Mapping[str, torch.Tensor]) -> str | None:
