@@ -613,3 +613,30 @@ def test_a_coordinators_refusal_text_is_one_escaped_line_of_the_sites_log(folder
     (record,) = caplog.records
     said = record.getMessage()
     assert "\n" not in said and "\x1b" not in said and "\\n2026-11-29" in said and "\\x1b[2J" in said
+
+
+def test_the_serverapp_stops_once_the_fedseg_process_that_started_the_deployment_is_gone(tmp_path):
+    """Flower's SuperExec starts the ServerApp, out of reach of the launcher's clean-up: a coordinator killed with
+    SIGKILL left it running (an attack on a real deployment). With the launcher's PID in its environment, a real
+    process running ``stop_with_launcher`` ends within a few polls of the launcher's end, and not before."""
+    import os
+
+    launcher = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1.5)"])
+    code = "from fedseg.flower.server import stop_with_launcher; import time; stop_with_launcher(0.1); time.sleep(60)"
+    env = {**os.environ, "FEDSEG_LAUNCHER_PID": str(launcher.pid)}
+    app_like = subprocess.Popen([sys.executable, "-c", code], env=env, stderr=subprocess.PIPE)
+    try:
+        launcher.wait(timeout=30)
+        assert app_like.poll() is None or app_like.returncode == 1  # alive while its launcher lived
+        assert app_like.wait(timeout=30) == 1
+    finally:
+        app_like.kill()
+
+
+def test_the_run_config_every_site_receives_holds_nothing_of_the_coordinators_machine(tmp_path, tiny_config, folder):
+    """The run config travels to every SuperNode; the coordinator's output folder went with it (an audit)."""
+    from fedseg.data.folder import load_folder
+    from fedseg.flower.launch import run_config
+
+    config = run_config(tiny_config(), load_folder(folder), 120.0, 0.2, False, "key")
+    assert "fedseg-out" not in config and str(tmp_path) not in json.dumps(config)

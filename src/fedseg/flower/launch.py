@@ -45,6 +45,7 @@ from fedseg.data.federation import Federation, FederationError
 from fedseg.flower.certs import PUBLIC_KEYS, SITE_KEYS, TlsFiles, make_certs
 from fedseg.flower.deploy import (
     BIN,
+    COORDINATOR_OUT,
     DEFAULT_POLL,
     Processes,
     Started,
@@ -350,15 +351,15 @@ def supernode_command(
 
 
 def run_config(
-    cfg: RunConfig, fed: Federation, out: Path, wait: float, poll: float, resume: bool = False, run_key: str = ""
+    cfg: RunConfig, fed: Federation, wait: float, poll: float, resume: bool = False, run_key: str = ""
 ) -> dict:
-    """The run config fedseg's ServerApp reads (``fedseg.flower.server``)."""
+    """The run config fedseg's ServerApp reads (``fedseg.flower.server``); every site receives it too, so it holds
+    nothing of the coordinator's machine (its output folder travels in the ServerApp's environment)."""
     from fedseg.flower.server import federation_record
 
     return {
         "fedseg-config": cfg.model_dump_json(),
         "fedseg-federation": federation_record(fed),
-        "fedseg-out": str(Path(out).resolve()),
         "fedseg-wait": float(wait),
         "fedseg-poll": float(poll),
         "fedseg-version": fedseg.__version__,
@@ -536,7 +537,7 @@ def serve_experiment(
         nodes = start_nodes() if start_nodes else {}
         for stale in ("server.log", "error.txt"):  # left by an earlier attempt in the same --out
             (out / "flower" / stale).unlink(missing_ok=True)
-        config = run_config(cfg, fed, out, wait, poll, resume, run_key(out, resume))
+        config = run_config(cfg, fed, wait, poll, resume, run_key(out, resume))
         if node_sites:
             config["fedseg-node-sites"] = json.dumps(node_sites)
         if simulation is not None:
@@ -672,7 +673,7 @@ def local(
     certs = make_certs(work / "certs", nodes=fed.site_names) if tls else None
     link = LinkSettings("127.0.0.1", link_port, certs, auth=tls, control=f"127.0.0.1:{control_port}")
     node_poll, task_poll = waits(poll)
-    env = flower_env(work / "home", task_poll)
+    env = flower_env(work / "home", task_poll, {COORDINATOR_OUT: str(out)})
     keys = work / "certs" / SITE_KEYS  # <site>.key stays with the site, supernodes/<site>.pub is registered
 
     def start_nodes() -> dict[str, Started]:
@@ -737,7 +738,7 @@ def server(
     out = Path(out).resolve()
     check_new_or_resumed(out, resume, cfg.data.root)
     work = out / "flower"
-    env = flower_env(work / "home", waits(poll)[1])
+    env = flower_env(work / "home", waits(poll)[1], {COORDINATOR_OUT: str(out)})
     link = replace(link, auth=link.auth or bool(auth_keys))
     echo(
         f"hospitals start: fedseg flower supernode --site NAME --data ROOT --superlink <this host>:{link.port}"
@@ -782,7 +783,11 @@ def simulate(
     work = out / "flower"
     (control_port,) = free_ports(1)
     link = LinkSettings("127.0.0.1", 0, simulation=True, control=f"127.0.0.1:{control_port}")
-    env = flower_env(work / "home", waits(poll)[1], {"RAY_ADDRESS": ray_address} if ray_address else None)
+    env = flower_env(
+        work / "home",
+        waits(poll)[1],
+        {COORDINATOR_OUT: str(out), **({"RAY_ADDRESS": ray_address} if ray_address else {})},
+    )
     simulation = {
         "num_supernodes": len(fed.site_names),
         "client_resources_num_cpus": cpus_per_site,

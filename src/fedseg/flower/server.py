@@ -7,10 +7,9 @@ coordinator needs and nothing of the sites' data:
 - ``fedseg-config``: the resolved ``RunConfig`` (JSON);
 - ``fedseg-federation``: the federation header (name, kind, channels, regions, label names)
   and the ordered site names (the order defines each site's index, as in the simulator);
-- ``fedseg-out``: the output directory on the coordinator (summary.json etc.);
 - ``fedseg-wait``: seconds to wait for every site's SuperNode; ``fedseg-poll``: reply polling and
   object-pull backoff, seconds (0: Flower's own 3 s and 1 s, see ``fedseg.flower.flwr_internals``);
-- ``fedseg-resume``: continue the run in ``fedseg-out`` from its checkpoints (``--resume``);
+- ``fedseg-resume``: continue the run in the output folder from its checkpoints (``--resume``);
   ``fedseg-run-key``: names the experiment across Flower runs, so that the sites find the snapshots
   of their state stores kept on disk (``fedseg.flower.snapshots``);
 - ``fedseg-simulation`` (Flower's Simulation Runtime only): the folders of the virtual SuperNodes
@@ -18,6 +17,10 @@ coordinator needs and nothing of the sites' data:
 - ``fedseg-node-sites`` (with SuperNode authentication): ``{node id: site}``, the node id Flower gave each
   registered public key (``--auth-keys``): a site is the holder of its key, whatever its SuperNode declares
   (``fedseg.flower.engine.connect_sites``).
+
+The output folder (summary.json etc.) is not in the run config, which every site receives: the coordinator's
+launcher gives it in the ServerApp's environment (``FEDSEG_OUT``, ``fedseg.flower.deploy.COORDINATOR_OUT``). The
+ServerApp stops when that launcher is gone (``stop_with_launcher``).
 
 It maps sites to nodes, then runs ``fedseg.run.run_experiment`` with the ``FlowerEngine``:
 the same rounds, validation, best-round selection, single test evaluation and output files as
@@ -41,7 +44,6 @@ log = logging.getLogger("fedseg.flower.server")
 DEFAULTS = {
     "fedseg-config": "",
     "fedseg-federation": "",
-    "fedseg-out": "",
     "fedseg-wait": 120.0,
     "fedseg-poll": 0.2,
     "fedseg-version": "",
@@ -139,14 +141,46 @@ def _log_to(out: Path) -> logging.Handler:
     return handler
 
 
+def stop_with_launcher(poll: float = 2.0) -> None:
+    """End this ServerApp's process once the ``fedseg flower`` process that started the deployment is gone (its PID
+    in ``FEDSEG_LAUNCHER_PID``, ``fedseg.flower.deploy.flower_env``): Flower's SuperExec starts the ServerApp, out of
+    reach of the launcher's clean-up and of its children's PR_SET_PDEATHSIG, so a coordinator killed with SIGKILL
+    left it running, holding its memory (an audit). Nothing happens where the variable is not set."""
+    import threading
+    import time
+
+    from fedseg.flower.deploy import LAUNCHER_PID
+
+    pid = os.environ.get(LAUNCHER_PID, "")
+    if not pid.isdigit():
+        return
+
+    def watch() -> None:
+        while True:
+            time.sleep(poll)
+            try:
+                os.kill(int(pid), 0)
+            except ProcessLookupError:
+                log.error("the fedseg process that started this coordinator (pid %s) is gone: the ServerApp stops", pid)
+                os._exit(1)
+            except PermissionError:  # alive (another user's process with that PID would be a reuse: not ours)
+                pass
+
+    threading.Thread(target=watch, name="stop with the launcher", daemon=True).start()
+
+
 def serve(grid, run_config: dict) -> None:
     """Run the experiment described by ``run_config`` over ``grid`` (see the module docstring)."""
     from fedseg.engine.context import Task
+    from fedseg.flower.deploy import COORDINATOR_OUT
     from fedseg.flower.engine import Courier, FlowerEngine, connect_sites
     from fedseg.flower.node import federation_header
     from fedseg.run import Prepared, run_experiment
 
-    out = Path(str(run_config["fedseg-out"]))
+    if not os.environ.get(COORDINATOR_OUT):
+        raise RuntimeError(f"no {COORDINATOR_OUT} in the environment: start the coordinator with `fedseg flower`")
+    out = Path(os.environ[COORDINATOR_OUT])
+    stop_with_launcher()
     handler = _log_to(out)
     try:
         version = str(run_config.get("fedseg-version", ""))
