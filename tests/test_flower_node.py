@@ -640,3 +640,17 @@ def test_the_run_config_every_site_receives_holds_nothing_of_the_coordinators_ma
 
     config = run_config(tiny_config(), load_folder(folder), 120.0, 0.2, False, "key")
     assert "fedseg-out" not in config and str(tmp_path) not in json.dumps(config)
+
+
+def test_a_coordinator_open_to_the_network_without_tls_or_node_authentication_is_warned_about():
+    """An audit: `--insecure` or no `--auth-keys` on 0.0.0.0 (the default host) printed nothing to warn that any
+    machine could read the traffic or claim a site; loopback-only and fully protected coordinators say nothing."""
+    from fedseg.flower.cli import unprotected
+
+    both = unprotected("0.0.0.0", tls=False, auth=False)
+    assert both is not None and "without TLS (--certs) and without SuperNode authentication (--auth-keys)" in both
+    assert "read on the way" in both and "claim to be any site" in both
+    no_auth = unprotected("10.0.0.5", tls=True, auth=False)
+    assert no_auth is not None and "claim to be any site" in no_auth and "read on the way" not in no_auth
+    assert [unprotected(h, False, False) for h in ("127.0.0.1", "::1", "localhost")] == [None] * 3
+    assert unprotected("0.0.0.0", tls=True, auth=True) is None

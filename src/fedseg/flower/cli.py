@@ -248,12 +248,38 @@ def server(
                 "machine's disk can connect as those sites; give each to its hospital and delete it here (the "
                 "coordinator needs only the *.pub)"
             )
+        if (open_to := unprotected(host, certs is not None, keys is not None)) is not None:
+            _echo(f"warning: {open_to}")
         link = LinkSettings(
             host, port, TlsFiles.in_folder(certs) if certs else None, auth=bool(keys), control=control_address
         )
         run_server(cfg, fed, out, link, auth_keys=keys, wait=wait, poll=poll, resume=resume, echo=_echo)
 
     _run_then_report(out, run, "the SuperLink was stopped")
+
+
+def unprotected(host: str, tls: bool, auth: bool) -> str | None:
+    """What a coordinator listening on ``host`` for SuperNodes lets through without TLS or SuperNode authentication,
+    where ``host`` is not loopback-only (anyone on the network may connect); None when both are on or only this
+    machine can reach it."""
+    import ipaddress
+
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    protections = (("TLS (--certs)", tls), ("SuperNode authentication (--auth-keys)", auth))
+    missing = [what for what, on in protections if not on]
+    if loopback or not missing:
+        return None
+    return (
+        f"the SuperLink listens on {host} (other machines can reach it) without {' and without '.join(missing)}: "
+        + "; ".join(
+            (["its traffic, the models included, can be read on the way"] if not tls else [])
+            + (["any SuperNode can claim to be any site"] if not auth else [])
+        )
+        + " (for a test network only)"
+    )
 
 
 def coordinator_federation(path: Path | None, sites: str | None):
