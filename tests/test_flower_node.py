@@ -654,3 +654,18 @@ def test_a_coordinator_open_to_the_network_without_tls_or_node_authentication_is
     assert no_auth is not None and "claim to be any site" in no_auth and "read on the way" not in no_auth
     assert [unprotected(h, False, False) for h in ("127.0.0.1", "::1", "localhost")] == [None] * 3
     assert unprotected("0.0.0.0", tls=True, auth=True) is None
+
+
+def test_a_failed_run_with_finished_rounds_says_how_to_continue(tmp_path):
+    """A site killed mid-run stopped the coordinator with the site's error alone, though round 1's checkpoint was
+    kept (an audit): the message now says where the finished rounds are and that --resume continues from them."""
+    from fedseg.flower.cli import resumable
+
+    out = tmp_path / "out"
+    assert resumable(out) == ""  # nothing kept: nothing to continue
+    (out / "checkpoints").mkdir(parents=True)
+    (out / "checkpoints" / "fedavg.pt").write_bytes(b"x")
+    said = resumable(out)
+    assert f"the finished rounds are kept in {out / 'checkpoints'}" in said and "--resume continues" in said
+    (out / "summary.json").write_text("{}")
+    assert resumable(out) == ""  # a finished run

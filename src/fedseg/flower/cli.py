@@ -65,8 +65,20 @@ def _run_then_report(out: Path, run, stopped: str) -> None:
     except KeyboardInterrupt:
         fail(interrupted_text("the run", out, stopped), 130)
     except _errors() as e:
-        fail(error_text(e))
+        fail(error_text(e) + resumable(out))
     _finish(out.resolve())
+
+
+def resumable(out: Path) -> str:
+    """What to add to a failed run's message where its finished rounds are kept (``OUT/checkpoints/*.pt``, no
+    ``summary.json`` yet): how to continue once the cause is fixed; empty otherwise."""
+    checkpoints = Path(out) / "checkpoints"
+    if (Path(out) / "summary.json").exists() or not any(checkpoints.glob("*.pt")):
+        return ""
+    return (
+        f"; the finished rounds are kept in {checkpoints}: once the cause is fixed (a site restarted, with the "
+        "--state it had), the same command with --resume continues from them"
+    )
 
 
 def _finish(out: Path) -> None:
