@@ -99,8 +99,10 @@ def _assert_same_run(flower: Path, sim: Path) -> None:
     assert _cases_back(flower, _csv(flower / "results.csv")) == _csv(sim / "results.csv")
     for name in ("config.yaml", "round_metrics.csv", "report.html"):
         assert (flower / name).is_file(), name
-    samples = sorted(p.name for p in (flower / "samples").iterdir() if not p.name.startswith("case-ids__"))
+    site_records = ("case-ids__", "run-config__")  # what each site keeps of the run for itself
+    samples = sorted(p.name for p in (flower / "samples").iterdir() if not p.name.startswith(site_records))
     assert samples == sorted(p.name for p in (sim / "samples").iterdir())
+    assert len(list((flower / "samples").glob("run-config__*.json"))) == len(a["sites"])  # one per site
 
 
 def _cases_back(flower: Path, rows: list[dict]) -> list[dict]:

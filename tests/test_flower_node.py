@@ -669,3 +669,27 @@ def test_a_failed_run_with_finished_rounds_says_how_to_continue(tmp_path):
     assert f"the finished rounds are kept in {out / 'checkpoints'}" in said and "--resume continues" in said
     (out / "summary.json").write_text("{}")
     assert resumable(out) == ""  # a finished run
+
+
+def test_a_site_records_the_configuration_its_data_trains_with(folder, tiny_config, tmp_path, caplog):
+    """A hospital could not tell afterwards what its data was used for (an audit: its log showed message types only):
+    at the data check the site logs the run's algorithms, rounds, seed and configuration digest once, and keeps the
+    whole configuration, readable by the SuperNode's user only, beside its case-id mapping."""
+    import hashlib
+    import stat
+
+    cfg = tiny_config()
+    ctx = _context("site2", folder, cfg)
+    ctx.node_config["samples"] = str(tmp_path / "samples")
+    with caplog.at_level(logging.INFO, logger="fedseg.flower.node"):
+        assert not node.handle(_info(check_folder(folder)), ctx).has_error()
+        assert not node.handle(_info(check_folder(folder)), ctx).has_error()  # asked again: said once
+    digest = hashlib.sha256(cfg.model_dump_json(indent=2).encode()).hexdigest()[:16]
+    said = [r.getMessage() for r in caplog.records if "the coordinator's run" in r.getMessage()]
+    assert said == [
+        f"site site2: the coordinator's run: {', '.join(cfg.algorithms)}, {cfg.fl.rounds} rounds, seed {cfg.seed}, "
+        f"configuration sha256 {digest}"
+    ]
+    (kept,) = (tmp_path / "samples").glob("run-config__*.json")
+    assert kept.name == f"run-config__site2__{digest}.json" and stat.S_IMODE(kept.stat().st_mode) == 0o600
+    assert json.loads(kept.read_text()) == json.loads(cfg.model_dump_json())

@@ -403,7 +403,33 @@ def on_info(content: RecordDict, context: Context, settings: NodeSettings, cfg: 
         )
     splits = site_splits(site, cfg.data.split, cfg.data.seed)
     sizes = {s: sum(1 for v in splits.values() if v == s) for s in ("train", "val", "test")}
+    record_run_config(settings, cfg, context)
     return RecordDict({ENGINE: ConfigRecord({"site": settings.site, "cases": len(site.cases), **sizes})})
+
+
+def record_run_config(settings: NodeSettings, cfg: RunConfig, context: Context) -> None:
+    """What this site's data is used for, in the site's own records: one log line (the run's algorithms, rounds,
+    seed, the SHA-256 of its configuration) and, where the SuperNode has a samples or state folder, the whole
+    configuration as ``run-config__<site>__<sha256 prefix>.json`` beside the case-id mapping (0600), so a hospital
+    can audit long after what it trained (the coordinator chooses the configuration; the site only checks it)."""
+    import hashlib
+
+    from fedseg.atomic_files import atomic_write_text
+
+    text = cfg.model_dump_json(indent=2)
+    digest = hashlib.sha256(text.encode()).hexdigest()
+    line = (
+        f"site {settings.site}: the coordinator's run: {', '.join(cfg.algorithms)}, {cfg.fl.rounds} rounds, seed "
+        f"{cfg.seed}, configuration sha256 {digest[:16]}"
+    )
+    log_once(context, printable(line), logging.INFO)
+    folder = settings.samples or settings.state
+    if folder is not None:
+        path = Path(folder) / f"run-config__{settings.site}__{digest[:16]}.json"
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            atomic_write_text(path, text + "\n")
+            path.chmod(0o600)
 
 
 def printable(text: str) -> str:
