@@ -197,7 +197,7 @@ def test_all_finite_agrees_with_isfinite_value_by_value(dtype):
 # --- a site's evaluation reply: its scores choose the selected round and make the tables ----------------------------
 ROGUE_SCORES = {  # how a rogue (or broken) site2 changes its evaluation reply, and what the coordinator says
     "dice": ("dice scores leave [0, 1] (e.g. 1000)", lambda reply: reply.tensors["dice"].fill_(1000.0)),
-    "cases": ("dice scores have shape", lambda reply: reply.meta.update(cases='["a", "b", "c", "d", "e", "f", "g"]')),
+    "cases": ("cases of its", lambda reply: reply.meta.update(cases='["a", "b", "c", "d", "e", "f", "g"]')),
     "model": (
         "reports scores of model 'local:site3', asked to score 'global'",
         lambda r: r.meta.update(model="local:site3"),

@@ -118,7 +118,9 @@ class BaseEngine:
             reply, seconds = answer
             problem = reply_problem(msg, reply, action not in EVAL_ACTIONS, self.num_samples(site))
             if problem is None and action in EVAL_ACTIONS:
-                problem = scores_problem(msg, reply, len(self.task.regions))
+                split = msg.meta.get("split")
+                declared = self.num_samples(site, split) if split in ("train", "val", "test") else None
+                problem = scores_problem(msg, reply, len(self.task.regions), declared)
             if timeout is not None and seconds > timeout:
                 problem = f"no reply within fl.timeout_s = {timeout:g} s (took {seconds:.1f} s)"
             if problem is not None:

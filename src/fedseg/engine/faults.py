@@ -144,10 +144,11 @@ SCORE_RANGES = {"dice": (0.0, 1.0), "nsd": (0.0, 1.0), "hd95": (0.0, math.inf)} 
 SCORE_SLACK = 1e-6  # float rounding a site's scores may carry past their bounds
 
 
-def scores_problem(msg: Message, reply: Message, regions: int) -> str | None:
+def scores_problem(msg: Message, reply: Message, regions: int, declared: int | None = None) -> str | None:
     """Why an evaluation reply cannot become result rows: the ``model`` it reports is not the one ``msg`` asked it
-    to score; its ``cases`` are not a JSON list of distinct case ids; a score tensor (``SCORE_RANGES``) is not
-    ``(cases, regions)`` or leaves its range. None for a reply without ``cases`` (no scores: ``share_model``)."""
+    to score; its ``cases`` are not a JSON list of distinct case ids, or not ``declared`` many (the size of the split
+    ``msg`` names, as the site declared it); a score tensor (``SCORE_RANGES``) is not ``(cases, regions)`` or leaves
+    its range. None for a reply without ``cases`` (no scores: ``share_model``)."""
     import json
 
     asked = msg.meta.get("model")
@@ -161,6 +162,8 @@ def scores_problem(msg: Message, reply: Message, regions: int) -> str | None:
         return "its case list is not JSON"
     if not isinstance(cases, list) or not all(isinstance(c, str) for c in cases) or len(set(cases)) != len(cases):
         return "its case list is not a list of distinct case ids"
+    if declared is not None and len(cases) != declared:
+        return f"it scored {len(cases)} cases of its {msg.meta.get('split')} split, which it declared as {declared}"
     for metric, (low, high) in SCORE_RANGES.items():
         scores = reply.tensors.get(metric)
         if scores is None:
