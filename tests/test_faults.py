@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 
 import pytest
@@ -254,3 +255,40 @@ def test_a_sites_scores_outside_their_range_or_shape_are_its_failure_not_the_res
     assert all(reason in f["reason"] for f in result.summary["failures"])
     dice = [r["value"] for r in result.test_rows if r["metric"] == "dice"]
     assert dice and all(0.0 <= v <= 1.0 for v in dice) and not [r for r in result.test_rows if r["site"] == "site2"]
+
+
+def test_every_tensor_of_an_evaluation_reply_is_checked_fedsms_candidate_scores_too():
+    """FedSM's threshold mode re-routes the candidates' scores (``dice_global``, ``dice_personal``...) at every gamma
+    on the coordinator: a site's Dice 1000 there chose gamma, the round and the tables, and a wrongly shaped one
+    crashed the coordinator naming nobody (a review of the first check, which read ``dice`` only)."""
+    from fedseg.engine.faults import scores_problem
+
+    asked = Message({}, {"model": "fedsm", "split": "test"})
+    n, regions = 4, 2
+
+    def reply(**changed):
+        tensors = {
+            "probs": torch.full((n, 3), 1 / 3),
+            "choice": torch.zeros(n, dtype=torch.long),
+            **{
+                f"{m}{s}": torch.full((n, regions), 0.5)
+                for m in ("dice", "hd95", "nsd")
+                for s in ("", "_global", "_personal")
+            },
+        }
+        return Message({**tensors, **changed}, {"model": "fedsm", "cases": json.dumps([f"c{i}" for i in range(n)])})
+
+    assert scores_problem(asked, reply(), regions, n) is None
+    assert scores_problem(asked, reply(hd95_global=torch.full((n, regions), math.inf)), regions, n) is None
+    bad = {
+        "dice_personal": (torch.full((n, regions), 1000.0), "dice_personal scores leave [0, 1] (e.g. 1000)"),
+        "hd95_global": (torch.full((n, regions), -1.0), "hd95_global scores leave [0, inf] (e.g. -1)"),
+        "dice_global": (torch.full((n + 3, regions), 0.5), "'dice_global' has shape (7, 2), not one row per case (4)"),
+        "nsd": (torch.full((n, regions + 1), 0.5), "nsd scores have shape (4, 3), expected (4, 2)"),
+        "probs": (torch.full((n, 3), 2.0), "probs scores leave [0, 1] (e.g. 2)"),
+        "choice": (torch.zeros(n + 1, dtype=torch.long), "'choice' has shape (5,), not one row per case (4)"),
+    }
+    for name, (tensor, said) in bad.items():
+        problem = scores_problem(asked, reply(**{name: tensor}), regions, n)
+        assert problem is not None and said in problem, (name, problem)
+    assert "declared as 5" in scores_problem(asked, reply(), regions, 5)

@@ -557,6 +557,10 @@ def test_the_clientapp_runner_drops_flowers_retry_warnings_and_keeps_the_rest():
         {"algorithm": "fedprox"},  # a registered method this run does not run
         {"algorithm": "fedavg", "tag": -1},
         {"algorithm": "fedavg", "tag": 1, "keep": '["../x"]'},
+        {"algorithm": "fedavg", "tag": 1, "keep": "3"},
+        {"algorithm": "fedavg", "tag": 1, "keep": "not json"},
+        {"algorithm": "fedavg", "tag": 2**62},
+        {"algorithm": "../../victim", "in_run": True},  # a name the coordinator also put in the run's algorithms
     ],
 )
 def test_a_coordinator_naming_a_path_or_another_algorithm_touches_nothing_outside_the_state_folder(
@@ -570,7 +574,9 @@ def test_a_coordinator_naming_a_path_or_another_algorithm_touches_nothing_outsid
     (victim / "sub").mkdir(parents=True)
     (victim / "records.txt").write_text("patient data")
     (victim / "round-1.safetensors").write_bytes(b"not a snapshot")
-    ctx = _context("site1", folder, tiny_config())
+    header = dict(header)
+    in_run = header.pop("in_run", False)
+    ctx = _context("site1", folder, tiny_config(algorithms=["fedavg", *([header["algorithm"]] if in_run else [])]))
     state = tmp_path / "nodes" / "site1" / "state"
     ctx.node_config["state"] = str(state)
     ctx.run_config["fedseg-run-key"] = "/runs/a#1"
@@ -617,20 +623,33 @@ def test_a_coordinators_refusal_text_is_one_escaped_line_of_the_sites_log(folder
 
 def test_the_serverapp_stops_once_the_fedseg_process_that_started_the_deployment_is_gone(tmp_path):
     """Flower's SuperExec starts the ServerApp, out of reach of the launcher's clean-up: a coordinator killed with
-    SIGKILL left it running (an attack on a real deployment). With the launcher's PID in its environment, a real
-    process running ``stop_with_launcher`` ends within a few polls of the launcher's end, and not before."""
+    SIGKILL left it running (an attack on a real deployment). With the launcher's PID and start time in its
+    environment, a real process running ``stop_with_launcher`` ends within a few polls of the launcher's end, and
+    not before; a launcher that has exited but is not reaped yet (a zombie) counts as gone, and so does a PID whose
+    process started at another time (reused)."""
     import os
 
-    launcher = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1.5)"])
+    from fedseg.interrupts import start_time
+
     code = "from fedseg.flower.server import stop_with_launcher; import time; stop_with_launcher(0.1); time.sleep(60)"
-    env = {**os.environ, "FEDSEG_LAUNCHER_PID": str(launcher.pid)}
-    app_like = subprocess.Popen([sys.executable, "-c", code], env=env, stderr=subprocess.PIPE)
+
+    def app_like(launcher_env: str) -> subprocess.Popen:
+        env = {**os.environ, "FEDSEG_LAUNCHER_PID": launcher_env}
+        return subprocess.Popen([sys.executable, "-c", code], env=env, stderr=subprocess.PIPE)
+
+    launcher = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(2)"])
+    watching = app_like(f"{launcher.pid}:{start_time(launcher.pid)}")
+    reused = app_like(f"{os.getpid()}:1")  # this process's PID, but "started" at another time
     try:
-        launcher.wait(timeout=30)
-        assert app_like.poll() is None or app_like.returncode == 1  # alive while its launcher lived
-        assert app_like.wait(timeout=30) == 1
+        time.sleep(1.0)
+        assert watching.poll() is None  # alive while its launcher lives
+        assert reused.wait(timeout=30) == 1
+        assert watching.wait(timeout=30) == 1  # the launcher exited and, not reaped by us yet, is a zombie
+        assert launcher.poll() is not None
     finally:
-        app_like.kill()
+        for proc in (watching, reused, launcher):
+            proc.kill()
+            proc.wait()
 
 
 def test_the_run_config_every_site_receives_holds_nothing_of_the_coordinators_machine(tmp_path, tiny_config, folder):
@@ -654,6 +673,9 @@ def test_a_coordinator_open_to_the_network_without_tls_or_node_authentication_is
     assert no_auth is not None and "claim to be any site" in no_auth and "read on the way" not in no_auth
     assert [unprotected(h, False, False) for h in ("127.0.0.1", "::1", "localhost")] == [None] * 3
     assert unprotected("0.0.0.0", tls=True, auth=True) is None
+    from fedseg.flower.cli import is_loopback
+
+    assert [is_loopback(h) for h in ("127.0.0.1", "::1", "localhost", "0.0.0.0", "10.0.0.5")] == [1, 1, 1, 0, 0]
 
 
 def test_a_failed_run_with_finished_rounds_says_how_to_continue(tmp_path):

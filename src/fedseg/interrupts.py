@@ -185,6 +185,16 @@ def is_running(pid: int) -> bool:
         return True
 
 
+def start_time(pid: int) -> str | None:
+    """When ``pid`` started (Linux: ``/proc/<pid>/stat`` field 22, in clock ticks since boot), which tells a process
+    from a later one that reuses its PID; None where it cannot be read (gone, or not Linux)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
 def _alive(pid: int) -> bool:
     """Whether ``pid`` still runs; a zombie our own child left is reaped here."""
     try:

@@ -140,15 +140,19 @@ def steps_problem(reply: Message) -> str | None:
     return None
 
 
-SCORE_RANGES = {"dice": (0.0, 1.0), "nsd": (0.0, 1.0), "hd95": (0.0, math.inf)}  # NaN allowed (a score not computed)
+# what an evaluation reply's tensors hold (NaN allowed: a score not computed); a metric's own names too (FedSM's
+# ``dice_global``, ``dice_personal``: the candidates' scores it re-routes at any gamma), and the selector's softmax
+SCORE_RANGES = {"dice": (0.0, 1.0), "nsd": (0.0, 1.0), "hd95": (0.0, math.inf), "probs": (0.0, 1.0)}
+PER_REGION = ("dice", "nsd", "hd95")  # scores (cases, regions); every other tensor of the reply is per case too
 SCORE_SLACK = 1e-6  # float rounding a site's scores may carry past their bounds
 
 
 def scores_problem(msg: Message, reply: Message, regions: int, declared: int | None = None) -> str | None:
     """Why an evaluation reply cannot become result rows: the ``model`` it reports is not the one ``msg`` asked it
     to score; its ``cases`` are not a JSON list of distinct case ids, or not ``declared`` many (the size of the split
-    ``msg`` names, as the site declared it); a score tensor (``SCORE_RANGES``) is not ``(cases, regions)`` or leaves
-    its range. None for a reply without ``cases`` (no scores: ``share_model``)."""
+    ``msg`` names, as the site declared it); a tensor is not per case (first axis: the cases), a score (``PER_REGION``,
+    and its ``<metric>_<candidate>`` variants) not ``(cases, regions)``, or a value leaves its ``SCORE_RANGES``
+    range. None for a reply without ``cases`` (no scores: ``share_model``)."""
     import json
 
     asked = msg.meta.get("model")
@@ -164,17 +168,20 @@ def scores_problem(msg: Message, reply: Message, regions: int, declared: int | N
         return "its case list is not a list of distinct case ids"
     if declared is not None and len(cases) != declared:
         return f"it scored {len(cases)} cases of its {msg.meta.get('split')} split, which it declared as {declared}"
-    for metric, (low, high) in SCORE_RANGES.items():
-        scores = reply.tensors.get(metric)
-        if scores is None:
-            continue
-        if tuple(scores.shape) != (len(cases), regions):
+    for name, scores in reply.tensors.items():
+        kind = name.split("_", 1)[0]
+        if scores.dim() == 0 or scores.shape[0] != len(cases):
+            return f"its {name!r} has shape {tuple(scores.shape)}, not one row per case ({len(cases)})"
+        if kind in PER_REGION and tuple(scores.shape) != (len(cases), regions):
             expected = f"({len(cases)}, {regions}): cases x regions"
-            return f"its {metric} scores have shape {tuple(scores.shape)}, expected {expected}"
+            return f"its {name} scores have shape {tuple(scores.shape)}, expected {expected}"
+        if kind not in SCORE_RANGES or not scores.is_floating_point():
+            continue
+        low, high = SCORE_RANGES[kind]
         values = scores[~torch.isnan(scores)].double()
         outside = values[(values < low - SCORE_SLACK) | (values > high + SCORE_SLACK)]
         if outside.numel():
-            return f"its {metric} scores leave [{low:g}, {high:g}] (e.g. {float(outside[0]):g})"
+            return f"its {name} scores leave [{low:g}, {high:g}] (e.g. {float(outside[0]):g})"
     return None
 
 

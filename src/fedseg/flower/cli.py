@@ -65,7 +65,8 @@ def _run_then_report(out: Path, run, stopped: str) -> None:
     except KeyboardInterrupt:
         fail(interrupted_text("the run", out, stopped), 130)
     except _errors() as e:
-        fail(error_text(e) + resumable(out))
+        said = error_text(e)
+        fail(said + ("" if "--resume" in said else resumable(out)))
     _finish(out.resolve())
 
 
@@ -262,6 +263,11 @@ def server(
             )
         if (open_to := unprotected(host, certs is not None, keys is not None)) is not None:
             _echo(f"warning: {open_to}")
+        if not is_loopback(control_address.rpartition(":")[0].strip("[]")):
+            _echo(
+                f"warning: the Control API listens on {control_address}, which other machines can reach: it has no "
+                "authentication, and whoever reaches it can run code as the coordinator (keep it on 127.0.0.1)"
+            )
         link = LinkSettings(
             host, port, TlsFiles.in_folder(certs) if certs else None, auth=bool(keys), control=control_address
         )
@@ -270,16 +276,21 @@ def server(
     _run_then_report(out, run, "the SuperLink was stopped")
 
 
+def is_loopback(host: str) -> bool:
+    """Whether only this machine can reach ``host`` (``localhost``, 127.0.0.0/8, ``::1``)."""
+    import ipaddress
+
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def unprotected(host: str, tls: bool, auth: bool) -> str | None:
     """What a coordinator listening on ``host`` for SuperNodes lets through without TLS or SuperNode authentication,
     where ``host`` is not loopback-only (anyone on the network may connect); None when both are on or only this
     machine can reach it."""
-    import ipaddress
-
-    try:
-        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = False
+    loopback = is_loopback(host)
     protections = (("TLS (--certs)", tls), ("SuperNode authentication (--auth-keys)", auth))
     missing = [what for what, on in protections if not on]
     if loopback or not missing:

@@ -38,15 +38,17 @@ BIN = Path(sys.executable).parent
 DEFAULT_POLL = 0.2  # here, not in launch: `fedseg flower --help` needs it without launch's imports
 
 
-LAUNCHER_PID = "FEDSEG_LAUNCHER_PID"  # the fedseg process that started a deployment (fedseg.flower.server)
+LAUNCHER_PID = "FEDSEG_LAUNCHER_PID"  # PID:start time of the fedseg process that started a deployment
 COORDINATOR_OUT = "FEDSEG_OUT"  # the run's output folder, for the coordinator's ServerApp (never sent to the sites)
 
 
 def flower_env(home: Path, task_poll: float = 0.1, extra: dict | None = None) -> dict[str, str]:
     """Environment for Flower processes (see the module docstring); ``LAUNCHER_PID`` names this process, with which
     the ServerApp that Flower's SuperExec starts out of this process's reach stops (``server.stop_with_launcher``)."""
+    from fedseg.interrupts import start_time
+
     env = dict(os.environ)
-    env[LAUNCHER_PID] = str(os.getpid())
+    env[LAUNCHER_PID] = f"{os.getpid()}:{start_time(os.getpid()) or ''}"
     env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
     env["FLWR_HOME"] = str(home)
     env.setdefault("FLWR_TELEMETRY_ENABLED", "0")

@@ -428,8 +428,7 @@ def record_run_config(settings: NodeSettings, cfg: RunConfig, context: Context) 
         path = Path(folder) / f"run-config__{settings.site}__{digest[:16]}.json"
         if not path.exists():
             path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            atomic_write_text(path, text + "\n")
-            path.chmod(0o600)
+            atomic_write_text(path, text + "\n", private=True)  # 0600 from the start
 
 
 def printable(text: str) -> str:
@@ -452,8 +451,10 @@ def run_algorithm_named(head: dict, cfg: RunConfig) -> str:
     ``--state``): one of the run's algorithms (``cfg.algorithms``, the configuration this site checked its data
     against); anything else, a path or ``..`` above all, is ``Refused`` (one line in the site's log and the
     coordinator's error) and never reaches the file system."""
+    from fedseg.flower.snapshots import SAFE_NAME
+
     algorithm = str(head.get("algorithm", ""))
-    if algorithm not in cfg.algorithms:
+    if algorithm not in cfg.algorithms or not SAFE_NAME.fullmatch(algorithm):  # the coordinator writes both
         raise Refused(
             f"the coordinator named algorithm {algorithm!r}, not one of this run's ({', '.join(cfg.algorithms)}): "
             "refused, nothing of this site's --state folder was touched"
@@ -461,12 +462,21 @@ def run_algorithm_named(head: dict, cfg: RunConfig) -> str:
     return algorithm
 
 
+MAX_TAG = 2**31 - 1  # no run has more rounds
+
+
 def snapshot_tags(head: dict) -> tuple[int, list[int]]:
     """``(tag, keep)`` of a snapshot query: round numbers (integers >= 0), else ``Refused``."""
-    tag, keep = head.get("tag"), json.loads(str(head.get("keep", "[]")))
+    tag, text = head.get("tag"), str(head.get("keep", "[]"))
+    try:
+        keep = json.loads(text) if len(text) < 100_000 else None
+    except ValueError:
+        keep = None
     tags = [tag, *keep] if isinstance(keep, list) else [tag, keep]
-    if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in tags):
-        raise Refused(f"snapshot tags {tags!r}: expected round numbers (integers >= 0); refused")
+    if not isinstance(keep, list) or not all(
+        isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= MAX_TAG for t in tags
+    ):
+        raise Refused(f"snapshot tags {str(tags)[:200]}: expected round numbers (integers 0..{MAX_TAG}); refused")
     return cast(int, tag), cast(list[int], keep)
 
 

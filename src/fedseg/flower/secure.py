@@ -345,7 +345,7 @@ def secure_train(engine, order: list[str], messages: dict[str, Message]) -> dict
     from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD
     from flwr.server.workflow.constant import Key as WorkflowKey
 
-    from fedseg.engine.faults import SiteFailure, group_problem, weight_problem
+    from fedseg.engine.faults import SiteFailure, group_problem, steps_problem, weight_problem
     from fedseg.flower.records import to_recorddict
 
     cfg, sa = engine.task.cfg, engine.task.cfg.fl.secagg
@@ -401,7 +401,11 @@ def secure_train(engine, order: list[str], messages: dict[str, Message]) -> dict
         metrics = fitres.metrics
         index = json.loads(str(metrics["fedseg.index"]))
         meta = json.loads(str(metrics["fedseg.meta"]))
-        problem = group_problem(first, [entry[0] for entry in index]) or weight_problem(meta, engine.num_samples(site))
+        problem = (
+            group_problem(first, [entry[0] for entry in index])
+            or weight_problem(meta, engine.num_samples(site))
+            or steps_problem(Message({}, meta))
+        )
         if problem is not None:  # its masked update is in the sum already: the round cannot leave it out
             record_traffic(engine, grid.traffic, {}, {})
             raise SiteFailure(

@@ -143,28 +143,29 @@ def _log_to(out: Path) -> logging.Handler:
 
 def stop_with_launcher(poll: float = 2.0) -> None:
     """End this ServerApp's process once the ``fedseg flower`` process that started the deployment is gone (its PID
-    in ``FEDSEG_LAUNCHER_PID``, ``fedseg.flower.deploy.flower_env``): Flower's SuperExec starts the ServerApp, out of
-    reach of the launcher's clean-up and of its children's PR_SET_PDEATHSIG, so a coordinator killed with SIGKILL
-    left it running, holding its memory (an audit). Nothing happens where the variable is not set."""
+    and start time in ``FEDSEG_LAUNCHER_PID``, ``fedseg.flower.deploy.flower_env``): Flower's SuperExec starts the
+    ServerApp, out of reach of the launcher's clean-up and of its children's PR_SET_PDEATHSIG, so a coordinator killed
+    with SIGKILL left it running, holding its memory (an audit). Gone: no such process, a zombie, or one that started
+    at another time (its PID reused). Nothing happens where the variable is not set."""
     import threading
     import time
 
     from fedseg.flower.deploy import LAUNCHER_PID
+    from fedseg.interrupts import is_running, start_time
 
-    pid = os.environ.get(LAUNCHER_PID, "")
+    pid, _, started = os.environ.get(LAUNCHER_PID, "").partition(":")
     if not pid.isdigit():
         return
+
+    def gone() -> bool:
+        return not is_running(int(pid)) or bool(started) and start_time(int(pid)) not in (started, None)
 
     def watch() -> None:
         while True:
             time.sleep(poll)
-            try:
-                os.kill(int(pid), 0)
-            except ProcessLookupError:
+            if gone():
                 log.error("the fedseg process that started this coordinator (pid %s) is gone: the ServerApp stops", pid)
                 os._exit(1)
-            except PermissionError:  # alive (another user's process with that PID would be a reuse: not ours)
-                pass
 
     threading.Thread(target=watch, name="stop with the launcher", daemon=True).start()
 
