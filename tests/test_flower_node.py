@@ -715,3 +715,21 @@ def test_a_site_records_the_configuration_its_data_trains_with(folder, tiny_conf
     (kept,) = (tmp_path / "samples").glob("run-config__*.json")
     assert kept.name == f"run-config__site2__{digest}.json" and stat.S_IMODE(kept.stat().st_mode) == 0o600
     assert json.loads(kept.read_text()) == json.loads(cfg.model_dump_json())
+
+
+def test_a_foreign_bundles_name_is_one_escaped_line_too():
+    """The refused bundle's name comes from the coordinator's pyproject.toml: newlines were folded, but terminal
+    escape codes reached the site's log (the review of the log-injection fix); one helper escapes both."""
+    import io
+    import zipfile
+
+    from fedseg.flower.bundles import bundle_name
+
+    pyproject = (
+        '[project]\nname = "x\\u001b[2J"\nversion = "1\\nFAKE"\n[tool.flwr.app]\npublisher = "evil\\u001b[31m"\n'
+    )
+    content = io.BytesIO()
+    with zipfile.ZipFile(content, "w") as fab:
+        fab.writestr("pyproject.toml", pyproject)
+    name = bundle_name(content.getvalue())
+    assert name is not None and "\x1b" not in name and "\n" not in name and "\\x1b[31m" in name

@@ -54,7 +54,14 @@ def bundle_name(content: bytes) -> str | None:
         name = f"{app['publisher']}/{project['name']} {project['version']}"
     except (zipfile.BadZipFile, KeyError, TypeError, ValueError, UnicodeDecodeError):
         return None
-    return " ".join(name.split())[:120]  # one line, whatever the bundle says
+    return printable(" ".join(name.split()))[:120]  # one line, whatever the bundle says
+
+
+def printable(text: str) -> str:
+    """``text`` from the coordinator (a bundle's name, a refusal's reason) as one line of a site's log: newlines,
+    terminal escape codes and every other character that is not printable written as escapes (``\\n``, ``\\x1b``),
+    so a coordinator cannot forge log lines or clear an operator's screen."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def refusal(content: bytes) -> str | None:

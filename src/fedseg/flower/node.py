@@ -42,6 +42,7 @@ from flwr.common.constant import ErrorCode
 
 from fedseg.config import RunConfig
 from fedseg.data.federation import Federation, FederationError, Site, channel_order
+from fedseg.flower.bundles import printable
 from fedseg.flower.snapshots import ContextSnapshots, DiskSnapshots, Snapshots, prune
 
 # PyTorch, MONAI and the algorithms are imported only by algorithm messages: in Flower's
@@ -67,6 +68,12 @@ class NodeSettings:
     data: Path
     samples: Path | None
     state: Path | None = None
+
+    @property
+    def records(self) -> Path | None:
+        """Where the site keeps its own records of a run (the case-id mapping, the run's configuration): the
+        samples folder, else the state folder; None with neither."""
+        return self.samples or self.state
 
     @classmethod
     def from_node_config(cls, node_config: dict) -> NodeSettings:
@@ -217,7 +224,7 @@ def opaque_case_ids(site: Site) -> dict[str, str]:
 def case_ids_file(settings: NodeSettings) -> Path | None:
     """Where the site keeps its opaque-id mapping: ``<samples>/case-ids__<site>.csv`` (else in ``--state``);
     None when the SuperNode has neither folder (the ids are then the positions in the site's case list)."""
-    folder = settings.samples or settings.state
+    folder = settings.records
     return None if folder is None else Path(folder) / f"case-ids__{settings.site}.csv"
 
 
@@ -423,19 +430,12 @@ def record_run_config(settings: NodeSettings, cfg: RunConfig, context: Context) 
         f"{cfg.seed}, configuration sha256 {digest[:16]}"
     )
     log_once(context, printable(line), logging.INFO)
-    folder = settings.samples or settings.state
+    folder = settings.records
     if folder is not None:
         path = Path(folder) / f"run-config__{settings.site}__{digest[:16]}.json"
         if not path.exists():
             path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             atomic_write_text(path, text + "\n", private=True)  # 0600 from the start
-
-
-def printable(text: str) -> str:
-    """``text`` from the coordinator as one line of this site's log: newlines, terminal escape codes and every other
-    character that is not printable written as escapes (``\\n``, ``\\x1b``), so a coordinator cannot forge log lines
-    or clear an operator's screen."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def on_refused(content: RecordDict, context: Context, settings: NodeSettings, cfg: RunConfig) -> RecordDict:
