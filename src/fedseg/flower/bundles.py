@@ -26,6 +26,7 @@ import tomllib
 import zipfile
 
 import fedseg
+from fedseg.flower.log_text import printable
 
 APP = "fedseg/fedseg-flower"  # publisher/name of fedseg's app (``fedseg.flower.apps.pyproject``)
 MAX_PYPROJECT = 1 << 20  # bytes of a foreign pyproject.toml read to name it (a zip may inflate a lot)
@@ -55,13 +56,6 @@ def bundle_name(content: bytes) -> str | None:
     except (zipfile.BadZipFile, KeyError, TypeError, ValueError, UnicodeDecodeError):
         return None
     return printable(" ".join(name.split()))[:120]  # one line, whatever the bundle says
-
-
-def printable(text: str) -> str:
-    """``text`` from the coordinator (a bundle's name, a refusal's reason) as one line of a site's log: newlines,
-    terminal escape codes and every other character that is not printable written as escapes (``\\n``, ``\\x1b``),
-    so a coordinator cannot forge log lines or clear an operator's screen."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def refusal(content: bytes) -> str | None:

@@ -42,7 +42,7 @@ from flwr.common.constant import ErrorCode
 
 from fedseg.config import RunConfig
 from fedseg.data.federation import Federation, FederationError, Site, channel_order
-from fedseg.flower.bundles import printable
+from fedseg.flower.log_text import printable
 from fedseg.flower.snapshots import ContextSnapshots, DiskSnapshots, Snapshots, prune
 
 # PyTorch, MONAI and the algorithms are imported only by algorithm messages: in Flower's
