@@ -608,6 +608,33 @@ def test_the_snapshot_store_itself_refuses_a_name_that_is_no_plain_folder_name(t
     assert not (tmp_path / "state").exists()
 
 
+def test_the_snapshot_store_refuses_a_symbolic_link_planted_in_its_folder(tmp_path):
+    """A link in ``--state`` (the run's folder, or an algorithm's) pointing elsewhere: no snapshot is written,
+    read or deleted through it, and the folder it points to keeps what it held."""
+    from fedseg.flower.snapshots import DiskSnapshots
+
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "round-1.safetensors").write_text("hospital file")
+    store = DiskSnapshots(tmp_path / "state", "/runs/a#1")
+    store.folder.mkdir(parents=True)
+    (store.folder / "fedavg").symlink_to(victim)
+    for call in (
+        lambda: store.save("fedavg", 2, {}),
+        lambda: store.delete("fedavg", 1),
+        lambda: store.release("fedavg"),
+    ):
+        with pytest.raises(ValueError, match="a symbolic link in --state"):
+            call()
+    (store.folder / "fedavg").unlink()
+    store.folder.rmdir()
+    store.folder.symlink_to(victim, target_is_directory=True)
+    with pytest.raises(ValueError, match="a symbolic link in --state"):
+        store.save("fedsm", 1, {})
+    assert sorted(p.name for p in victim.iterdir()) == ["round-1.safetensors"]
+    assert (victim / "round-1.safetensors").read_text() == "hospital file"
+
+
 def test_a_coordinators_refusal_text_is_one_escaped_line_of_the_sites_log(folder, tiny_config, caplog):
     """The ``refused`` query's reason is the coordinator's text: a newline and terminal codes in it forged log lines
     and cleared the operator's screen (an attack on a real deployment); the site logs it as one escaped line."""

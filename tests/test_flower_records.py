@@ -3,6 +3,8 @@ serialization (deflate/inflate of every nested object, as between SuperLink and 
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from flwr.app import Context, RecordDict
@@ -91,3 +93,24 @@ def test_client_state_survives_flower_context_state_and_snapshots():
     put_state(context, "fedseg.state.y", {"other": torch.zeros(1)})
     forget_other_algorithms(context, "y", snapshots)  # the next algorithm of the run starts: x's stores go
     assert sorted(context.state) == ["fedseg.state.y", "fedseg.state.y.index"]
+
+
+def test_the_coordinator_takes_only_opaque_case_ids_from_a_site():
+    """A site names its cases ``case-0001``, ... (``opaque_case_id``, the node's mapping); anything else a site sends
+    as a case id (a formula a spreadsheet would run when opening results.csv, terminal codes, a file name) is refused
+    in one printable line."""
+    import json
+
+    from fedseg.flower.node import opaque_case_ids
+    from fedseg.flower.records import case_ids_problem
+
+    def scores(*cases: str) -> Message:
+        return Message({"dice": torch.zeros(len(cases), 1)}, {"cases": json.dumps(list(cases))})
+
+    honest = list(opaque_case_ids(SimpleNamespace(cases=[SimpleNamespace(id=f"P{i}") for i in range(12000)])).values())
+    assert honest[0] == "case-0001" and honest[-1] == "case-12000"
+    assert case_ids_problem("site1", scores(*honest)) is None
+    assert case_ids_problem("site1", Message({}, {})) is None  # no scores (share_model)
+    for rogue in ('=HYPERLINK("http://x","y")', "case-0001\x1b[2J", "BraTS_0001", "case-1", "case-0001 "):
+        problem = case_ids_problem("site1", scores("case-0002", rogue))
+        assert problem is not None and "is not an opaque one" in problem and "\x1b" not in problem

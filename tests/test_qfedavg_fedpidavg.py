@@ -15,6 +15,7 @@ from fedseg.algorithms import get_algorithm
 from fedseg.algorithms.fedpidavg import FedPIDAvgOptions, FedPIDAvgServer, pid_terms
 from fedseg.algorithms.prefixes import MODEL
 from fedseg.algorithms.qfedavg import DELTA, LOSS_ACTION, H, QFedAvgOptions, QFedAvgServer, delta_and_h
+from fedseg.config import TrainConfig
 from fedseg.data.federation import Federation, Site
 from fedseg.engine.messages import Message, prefixed
 from fedseg.evaluate.cost import FORWARD_ACTIONS
@@ -54,6 +55,39 @@ def _qffl_replies(start: dict, models: list[torch.Tensor], losses: list[float], 
         d, h = delta_and_h(start, {"w": w}, F, o.q, o.L, o.h_norm)
         out[f"s{i}"] = Message({**prefixed(DELTA, d), H: torch.tensor([h], dtype=torch.float64)})
     return out
+
+
+def test_qfedavg_refuses_a_reply_whose_h_or_F_does_not_follow_eq16():
+    """A site weighs its update in Eq. 17 by its h_k: the server recomputes Eq. 16 from the F and Delta the site sent,
+    so a forged h (or F that is NaN, negative, or 0 under q > 0, or a Delta missing a tensor) is a site failure,
+    not a merge that one site steers."""
+    server = _qffl_server(1.0, 2.0, "fets")
+    server.task = SimpleNamespace(cfg=SimpleNamespace(train=TrainConfig(), fl=SimpleNamespace(rounds=1)))
+    server.engine = SimpleNamespace(round=1)
+    start = dict(server.global_weights)
+    (honest,) = _qffl_replies(start, [torch.tensor([1.0, 0.5], dtype=torch.float64)], [3.0], server).values()
+    honest = Message(honest.tensors, {"F": 3.0})
+    assert server.train_reply_problem("s0", honest) is None
+
+    def forged(tensors: dict | None = None, **meta) -> str | None:
+        return server.train_reply_problem("s0", Message({**honest.tensors, **(tensors or {})}, {**honest.meta, **meta}))
+
+    assert "Eq. 16" in forged({H: honest.tensors[H] * 1000})
+    assert "Eq. 16" in forged(F=30.0)  # the same h claimed for another loss
+    for bad in (math.nan, -1.0, 0.0, "3", True):
+        assert "F = " in forged(F=bad)
+    assert "not one number" in forged({H: torch.ones(2, dtype=torch.float64)})
+    assert "delta/" in server.train_reply_problem("s0", Message({H: honest.tensors[H]}, {"F": 3.0}))
+
+
+def test_qfedavg_skips_a_site_whose_delta_is_incomplete(tmp_path, uneven_federation, tiny_config):
+    """A reply missing a Delta tensor (which Eq. 17 indexes by the model's names: a KeyError naming no site before)
+    is a site failure under fl.on_failure = skip: the round merges the other sites."""
+    faults = [{"site": "site2", "round": 1, "kind": "missing"}]
+    cfg = tiny_config(fl={"rounds": 1, "on_failure": "skip"}, faults=faults)
+    result = run_algorithm("qfedavg", prepare(cfg, uneven_federation()), tmp_path, False)
+    (failure,) = result.summary["failures"]
+    assert (failure["site"], failure["action"]) == ("site2", "train") and "delta/" in failure["reason"]
 
 
 @pytest.mark.parametrize(

@@ -65,6 +65,7 @@ DELTA = "delta"  # message prefix of Delta_k (Eq. 14)
 H = "h"  # message tensor name of h_k (Eq. 16), shape (1,)
 START = "qfedavg/start"  # client-state prefix: w^t kept between the loss and the train exchange
 F_KEY = "qfedavg/F"  # client-state entry: F_k(w^t), shape ()
+H_RTOL = 1e-4  # a reply's h_k against Eq. 16 recomputed from its F and Delta (Delta travels as float32)
 
 Weights = dict[str, torch.Tensor]
 
@@ -165,13 +166,17 @@ def delta_and_h(
     the first term (no ``F^(-1)``).
     """
     diff = {k: local[k].double() - start[k].double() for k in start}
-    fq = F**q
-    deltas = {k: (L * fq * d).to(start[k].dtype) for k, d in diff.items()}
-    h = L * fq
+    deltas = {k: (L * F**q * d).to(start[k].dtype) for k, d in diff.items()}
+    return deltas, h_of(math.fsum(float(d.pow(2).sum()) for d in diff.values()), F, q, L, h_norm)
+
+
+def h_of(moved: float, F: float, q: float, L: float, h_norm: str = "fets") -> float:
+    """Eq. 16's ``h_k`` from ``moved = ||w_k - w^t||^2`` (over every tensor): ``q F^(q-1) moved + L F^q``
+    (``h_norm = "fets"``), with ``L^2 moved`` for ``"li"``; ``q = 0`` drops the first term (no ``F^(-1)``)."""
+    h = L * F**q
     if q != 0:
-        sq = sum(float(d.pow(2).sum()) for d in diff.values())
-        h += q * F ** (q - 1) * sq * (L * L if h_norm == "li" else 1.0)
-    return deltas, h
+        h += q * F ** (q - 1) * moved * (L * L if h_norm == "li" else 1.0)
+    return h
 
 
 def qffl_update(current: Weights, deltas: list[Weights], hs: list[float]) -> Weights:
@@ -236,6 +241,45 @@ class QFedAvgServer(FedAvgServer):
 
     def train_message(self, site: str) -> Message:
         return Message()
+
+    def train_reply_problem(self, site: str, reply: Message) -> str | None:
+        """A reply Eq. 17 can merge: ``delta/`` holds every model tensor (name, shape, dtype), ``h`` is one finite
+        number > 0, the ``F`` it reports a finite number >= 0 (> 0 for ``q > 0``), and ``h`` is Eq. 16's value for
+        that F and the Delta it sent (``||w_k - w^t|| = ||Delta_k|| / (L F^q)``, relative tolerance
+        :data:`H_RTOL`). F itself, the site's loss, is its word (like n_k): a site cannot weigh its update at will
+        beyond what a loss could say."""
+        deltas = reply.group(DELTA)
+        missing, unknown = (
+            sorted(set(self.global_weights) - set(deltas)),
+            sorted(set(deltas) - set(self.global_weights)),
+        )
+        if missing or unknown:
+            which = f"lacks {missing[0]!r}" if missing else f"has {unknown[0]!r}, not a tensor of the model"
+            return f"its Delta ({DELTA}/) {which}"
+        for name, delta in deltas.items():
+            sent = self.global_weights[name]
+            if delta.shape != sent.shape or delta.dtype != sent.dtype:
+                model = f"{tuple(sent.shape)} {sent.dtype}"
+                return f"its Delta {name!r} is {tuple(delta.shape)} {delta.dtype}, the model's {model}"
+        h, F = reply.tensors.get(H), reply.meta.get("F")
+        if h is None or h.numel() != 1 or not h.is_floating_point():
+            return f"its h ({H!r}) is not one number"
+        opts = options_as(self.options, QFedAvgOptions)
+        if (
+            isinstance(F, bool)
+            or not isinstance(F, (int, float))
+            or not math.isfinite(F)
+            or F < 0
+            or (opts.q and not F)
+        ):
+            return f"its F = {F!r} is not a finite loss {'> 0' if opts.q else '>= 0'}"
+        L = lipschitz(opts, round_lr(self.task.cfg.train, self.engine.round, self.task.cfg.fl.rounds))
+        scale = L * F**opts.q
+        moved = math.fsum(float(d.double().pow(2).sum()) for d in deltas.values()) / scale**2
+        expected = h_of(moved, F, opts.q, L, opts.h_norm)
+        if not math.isclose(float(h), expected, rel_tol=H_RTOL):
+            return f"its h = {float(h):.6g} is not Eq. 16's {expected:.6g} for its F = {F:.6g} and Delta"
+        return None
 
     def aggregate(self, replies: dict[str, Message]) -> None:
         sites = list(replies)

@@ -32,6 +32,12 @@ log = logging.getLogger(__name__)
 
 Observer = Callable[[str, str, Message, Message], None]  # (site, action, message, reply)
 ClientStates = dict[str, dict[str, torch.Tensor]]
+ReplyCheck = Callable[[str, Message], str | None]  # a method's own check of a reply: (site, reply) -> why not usable
+
+
+def both_checks(first: ReplyCheck, second: ReplyCheck | None) -> ReplyCheck:
+    """One reply check: ``first``'s problem, else ``second``'s (``second`` None: ``first`` alone)."""
+    return first if second is None else lambda site, reply: first(site, reply) or second(site, reply)
 
 
 class Engine(Protocol):
@@ -46,7 +52,9 @@ class Engine(Protocol):
     all_sites_required: bool  # the method cannot skip a site (fl.on_failure = skip does not apply)
     method_code: Collection[CodeType]  # a registered method's own functions (fedseg.engine.own_code)
 
-    def exchange(self, messages: dict[str, Message], action: str) -> dict[str, Message]: ...
+    def exchange(
+        self, messages: dict[str, Message], action: str, check: ReplyCheck | None = None
+    ) -> dict[str, Message]: ...
 
     def num_samples(self, site: str, split: str = "train") -> int: ...
 
@@ -93,9 +101,13 @@ class BaseEngine:
         """The engine-side fields of ``site``'s ``ClientContext`` for ``action`` in the current round."""
         return Delivery(self.algorithm, site, self.sites.index(site), len(self.sites), self.round, action)
 
-    def exchange(self, messages: dict[str, Message], action: str) -> dict[str, Message]:
+    def exchange(
+        self, messages: dict[str, Message], action: str, check: ReplyCheck | None = None
+    ) -> dict[str, Message]:
         """Deliver ``messages[site]`` to each site's client under ``action``; return the replies in
-        federation order, each recorded in the ledger and shown to the observers."""
+        federation order, each recorded in the ledger and shown to the observers. A reply that fails the engine's
+        checks (``fedseg.engine.faults``) or the method's own ``check`` (``check(site, reply)``: why the method
+        cannot use it, or None) is a site failure under ``fl.on_failure``."""
         unknown = sorted(set(messages) - set(self.sites))
         if unknown:
             raise KeyError(f"messages for unknown sites {unknown}; sites are {self.sites}")
@@ -121,6 +133,8 @@ class BaseEngine:
                 split = msg.meta.get("split")
                 declared = self.num_samples(site, split) if split in ("train", "val", "test") else None
                 problem = scores_problem(msg, reply, len(self.task.regions), declared)
+            if problem is None and check is not None:
+                problem = check(site, reply)
             if timeout is not None and seconds > timeout:
                 problem = f"no reply within fl.timeout_s = {timeout:g} s (took {seconds:.1f} s)"
             if problem is not None:

@@ -34,12 +34,12 @@ import torch
 from flwr.app import ConfigRecord, Error, RecordDict
 from flwr.app import Message as FlowerMessage
 
-from fedseg.engine.base import BaseEngine, ClientStates
+from fedseg.engine.base import BaseEngine, ClientStates, ReplyCheck, both_checks
 from fedseg.engine.context import Task
 from fedseg.engine.ledger import EVAL_ACTIONS
 from fedseg.engine.messages import Message
 from fedseg.flower.node import INFO, REFUSED, RELEASE, RESTORE, SNAPSHOT
-from fedseg.flower.records import ENGINE, from_recorddict, record_bytes, to_recorddict
+from fedseg.flower.records import ENGINE, case_ids_problem, from_recorddict, record_bytes, to_recorddict
 
 log = logging.getLogger("fedseg.flower.engine")
 
@@ -284,14 +284,18 @@ class FlowerEngine(BaseEngine):
 
         return self.task.cfg.fl.secure_aggregation == SECAGG and self.algorithm in SECURE
 
-    def exchange(self, messages: dict[str, Message], action: str) -> dict[str, Message]:
+    def exchange(
+        self, messages: dict[str, Message], action: str, check: ReplyCheck | None = None
+    ) -> dict[str, Message]:
         """``BaseEngine.exchange``; under secure aggregation the ``train`` exchange is SecAgg+'s (every reply is
         the weighted average; ``fedseg.flower.secure``). Rows of plain exchanges get the bytes each message had."""
         if action == "train" and self.secure:
             return self.secure_exchange(messages)
+        if action in EVAL_ACTIONS:
+            check = both_checks(case_ids_problem, check)
         number = self.ledger.next_exchange()
         self._bytes = {}
-        replies = super().exchange(messages, action)
+        replies = super().exchange(messages, action, check)
         for row in self.ledger.rows:
             if row.exchange == number and row.site in self._bytes:
                 row.bytes_down, row.bytes_up = self._bytes[row.site]

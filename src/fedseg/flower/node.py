@@ -218,7 +218,9 @@ def site_data(settings: NodeSettings, cfg: RunConfig, index: int):
 def opaque_case_ids(site: Site) -> dict[str, str]:
     """Real case id -> the id that leaves the site: ``case-0001``, ... (1-based position in the site's case
     list, whose order is the folder's). Case ids are hospital file names; the coordinator sees only these."""
-    return {case.id: f"case-{i:04d}" for i, case in enumerate(site.cases, start=1)}
+    from fedseg.flower.records import opaque_case_id
+
+    return {case.id: opaque_case_id(i) for i, case in enumerate(site.cases, start=1)}
 
 
 def case_ids_file(settings: NodeSettings) -> Path | None:

@@ -29,6 +29,7 @@ unchanged in Flower's ``Context.state``.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -37,6 +38,29 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
 from fedseg.engine.messages import Message
+from fedseg.flower.log_text import printable
+
+OPAQUE_CASE_ID = re.compile(r"case-[0-9]{4,9}")  # what a site calls its cases on the wire (``opaque_case_id``)
+
+
+def opaque_case_id(position: int) -> str:
+    """The id of a site's case on the wire: ``case-0001`` for the first of its case list (``position`` 1-based);
+    a hospital's file names never leave the site (``fedseg.flower.node.opaque_case_ids``)."""
+    return f"case-{position:04d}"
+
+
+def case_ids_problem(site: str, reply: Message) -> str | None:
+    """Why an evaluation reply's case ids are not the opaque ones every site sends (``OPAQUE_CASE_ID``), or None:
+    they become rows of the coordinator's results.csv, where a rogue site's ``=HYPERLINK(...)`` would be a
+    formula in a spreadsheet. ``reply.meta["cases"]`` was already checked as a JSON list of distinct strings
+    (``fedseg.engine.faults.scores_problem``)."""
+    if "cases" not in reply.meta:
+        return None
+    bad = next((c for c in json.loads(str(reply.meta["cases"])) if not OPAQUE_CASE_ID.fullmatch(c)), None)
+    if bad is not None:
+        return f"its case id {printable(bad)!r} is not an opaque one (case-0001, ...) as every site sends"
+    return None
+
 
 TENSORS = "fedseg.tensors"
 INDEX = "fedseg.index"

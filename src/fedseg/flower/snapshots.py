@@ -107,9 +107,14 @@ class DiskSnapshots:
 
     def _algorithm_folder(self, algorithm: str) -> Path:
         """``ROOT/<run folder>/<algorithm>``; a ``ValueError`` for a name that is no plain folder name (a path, ``..``:
-        the name comes from the coordinator's message, and must never reach outside this run's folder)."""
+        the name comes from the coordinator's message, and must never reach outside this run's folder), or when the
+        run's folder or this one is a symbolic link (one planted in ``--state`` would send snapshot writes and
+        deletions elsewhere)."""
         if not SAFE_NAME.fullmatch(algorithm) or algorithm in (".", ".."):
             raise ValueError(f"algorithm {algorithm!r}: not a plain name; no snapshot folder is made of it")
+        for folder in (self.folder, self.folder / algorithm):
+            if folder.is_symlink():
+                raise ValueError(f"{folder}: a symbolic link in --state; snapshots are kept in real folders only")
         return self.folder / algorithm
 
     def _path(self, algorithm: str, tag: int) -> Path:
