@@ -261,3 +261,19 @@ def test_every_p_says_when_its_seeds_disagree_and_the_paired_cell_how_many_diffe
     assert row["NSD p (Holm)"].endswith("(seeds disagree)") and row["HD95 p (Holm)"].endswith("(seeds disagree)")
     assert row["p (Holm)"] == "0.5"  # the Dice seeds agree
     assert report.paired_text(_test(0.002, -0.001, 0.004, 40, n_nonzero=40)) == "40"
+
+
+def test_the_per_site_table_marks_a_site_test_that_paired_fewer_cases_than_its_cells_average():
+    """A site whose test paired 38 of the 40 cases its two cells average (a failed evaluation of two cases) gets ‡
+    after its cell, as the test table's Δ does; one that paired all 40 does not."""
+    fed = _fed(wilcoxon=_test(0.002, 0.001, 0.003, 40))
+    fed["sites"] = ["site1", "site2"]
+    for method in fed["methods"].values():
+        method["sites"] = {site: {"mean": 0.9, "std": 0.01, "n": 40} for site in fed["sites"]}
+        method["site_wilcoxon"] = {}
+        method["local_avg"] = method["local_gen"] = None
+    fed["methods"]["fedprox"]["site_wilcoxon"] = {"site1": _test(0.0, 0.0, 0.0, 38), "site2": _test(0.0, 0.0, 0.0, 40)}
+    head, rows = report.site_table(fed, "fedavg")
+    cells = {row[0]: dict(zip(head, row, strict=True)) for row in rows}
+    assert cells["fedprox"]["site1"].endswith(" ‡") and not cells["fedprox"]["site2"].endswith("‡")
+    assert not cells["fedavg"]["site1"].endswith("‡")

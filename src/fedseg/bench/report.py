@@ -240,13 +240,19 @@ def _test_cells(
     return [delta, ci_text(test, digits), *([per_seed_text(test, digits)] if per_seed else []), p_text(test)]
 
 
-def site_table(fed: dict) -> tuple[list[str], list[list[str]]]:
+def site_table(fed: dict, reference: str | None = None) -> tuple[list[str], list[list[str]]]:
+    """Each method's Dice per site (mean ± std over the site's cases), with † / ° of its comparison with
+    ``reference`` on that site's cases, and ‡ where that comparison paired fewer cases than the two cells average."""
     head = ["method", *BUDGET_HEAD, *fed["sites"], "client avg", "local avg", "local gen"]
     rows = []
+    ref_sites = (fed["methods"].get(reference) or {}).get("sites") or {}
     for name, s in fed["methods"].items():
         cells = []
         for site in fed["sites"]:
-            cells.append(ms(s["sites"].get(site)) + mark(s["site_wilcoxon"].get(site)))
+            test = s["site_wilcoxon"].get(site)
+            own = _own_cases({"dice": s["sites"].get(site)}, {"dice": ref_sites.get(site)})
+            fewer = test is not None and any(test["n"] < n for n in own)
+            cells.append(ms(s["sites"].get(site)) + mark(test) + (FEWER_CASES if fewer else ""))
         rows.append([name, *_method_budget(s), *cells, ms(s["client_avg"]), ms(s["local_avg"]), ms(s["local_gen"])])
     return head, rows
 
@@ -398,7 +404,8 @@ NOTES = (
     "statistic favours the other side than Δ (better on most images, much worse on a few, or the reverse): no †; the "
     "p says only that the two differ. cases paired: n, and (k differ) where some differences are 0 (the p ranks "
     "those k). ‡: Δ, CI and p pair fewer cases than the Dice columns average (a site failed), or the method and the "
-    "reference finished different runs (a seed or fold missing): the columns describe other cases or runs than Δ. "
+    "reference finished different runs (a seed or fold missing): the columns describe other cases or runs than Δ "
+    "(in the per-site table: the site's test paired fewer cases than its two cells average). "
     "Settings chosen on validation only (see the tuning table); (grid edge): the selected value is the smallest or "
     "largest of its grid, so the best one may lie outside it. Differences of Dice (as of any score in [0, 1]) to 4 "
     "decimals, of HD95 to 2; a nonzero one that would round to ±0.0000 is shown to one significant digit (+3e-05), "
@@ -533,7 +540,12 @@ def sections(bench: BenchSpec, tables: dict, tuning: list[dict]) -> list[Section
         test_notes = [not_converged(t), *filter(None, (plateau_note(t), routing_note(t)))]
         out += [
             Section(fed, "Test (FeTS Table 1 layout)", "test", test_table(t, bench.reference), test_notes),
-            Section(fed, "Per site (FedSM Tables 3-4, Auto-FedAvg Table 2 layout)", "per site", site_table(t)),
+            Section(
+                fed,
+                "Per site (FedSM Tables 3-4, Auto-FedAvg Table 2 layout)",
+                "per site",
+                site_table(t, bench.reference),
+            ),
             Section(fed, "Cost (FeTS Table 2 layout)", "cost", cost_table(t)),
         ]
         if t.get("comparisons"):
