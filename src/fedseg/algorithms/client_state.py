@@ -6,13 +6,12 @@ control variates, ...) under a prefix: ``prefix/<name>`` entries form one group.
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import nn
 
 from fedseg.engine.context import State
 from fedseg.engine.messages import prefixed, weights_of
+from fedseg.evaluate.tables import is_better
 
 SCORE, ROUND = "_score", "_round"  # suffixes of a kept model's entries: validation Dice float64 (), round int64 ()
 
@@ -30,19 +29,12 @@ def put_group(state: State, prefix: str, tensors: dict[str, torch.Tensor]) -> No
     state.update(prefixed(prefix, tensors))
 
 
-def beats(score: float, best: float | None) -> bool:
-    """Whether validation Dice ``score`` beats the kept ``best`` (None: nothing kept). A NaN score ranks
-    below every number; a tie does not beat (the earlier one stays)."""
-    low = lambda x: -math.inf if math.isnan(x) else x  # noqa: E731
-    return best is None or low(score) > low(best)
-
-
 def keep_if_better(state: State, prefix: str, model: nn.Module, score: float, rnd: int) -> bool:
     """Keep ``model``'s weights under ``prefix/`` in a client state store, with ``score`` (a mean
     validation Dice) and round ``rnd`` (``prefix_score``, ``prefix_round``), if ``score`` beats the
     kept one. A NaN score ranks below every number; ties keep the earlier round. Returns whether it kept."""
     best = state.get(prefix + SCORE)
-    if not beats(score, None if best is None else float(best)):
+    if not is_better(score, None if best is None else float(best)):
         return False
     put_group(state, prefix, weights_of(model))
     state[prefix + SCORE] = torch.tensor(score, dtype=torch.float64)

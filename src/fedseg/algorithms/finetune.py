@@ -35,7 +35,7 @@ import torch
 from pydantic import Field, field_validator
 from torch import nn
 
-from fedseg.algorithms.client_state import beats, put_group, state_group
+from fedseg.algorithms.client_state import put_group, state_group
 from fedseg.algorithms.fedavg import BudgetOptions, train_meta
 from fedseg.algorithms.local_models import local_model_name
 from fedseg.algorithms.persite import SITE_BEST, USE_BEST, PerSiteClient, PerSiteServer
@@ -44,7 +44,7 @@ from fedseg.algorithms.proximal import ProximalTerm
 from fedseg.algorithms.registry import AlgorithmSpec
 from fedseg.engine.context import ClientContext, options_as, seeded_generator
 from fedseg.engine.messages import Message, MetaValue, load_weights, prefixed, weights_of
-from fedseg.evaluate.tables import site_dice
+from fedseg.evaluate.tables import is_better, site_dice
 from fedseg.train import TrainHooks, TrainStats
 
 START = "start"  # client-state prefix of w*, the model the site started from (Ditto's anchor)
@@ -163,7 +163,7 @@ class FinetuneClient(PerSiteClient):
             reply = super().on_evaluate(Message(msg.tensors, {**msg.meta, CANDIDATE: g, "sample": sample}), ctx)
             score = site_dice(reply.tensors["dice"].numpy(), ids, ctx.site, ctx.task.regions)
             scores[CANDIDATE_DICE + lr_label(lr)] = score
-            if beats(score, best_score):
+            if is_better(score, best_score):
                 best, best_score = reply, score
         assert best is not None  # the grid is not empty
         return Message(best.tensors, {**best.meta, **scores})

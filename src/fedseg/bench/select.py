@@ -21,6 +21,7 @@ from fedseg.atomic_files import json_number
 from fedseg.bench.execute import Finished
 from fedseg.bench.plan import BenchRun, Setting, setting_label, settings
 from fedseg.bench.spec import BenchSpec, MethodSpec
+from fedseg.evaluate.tables import nan_low
 from fedseg.run.stopping import PLATEAU, not_converged
 
 
@@ -92,7 +93,7 @@ def select_settings(
         order = settings(bench.method(method))
         if any(per.get(s, {}).get("runs", 0) < expected[(fed, method, s)] for s in order):
             continue  # tuning not finished: nothing selected yet
-        chosen[(fed, method)] = max(order, key=lambda s: (_rank(per[s]["val"]), -order.index(s)))
+        chosen[(fed, method)] = max(order, key=lambda s: (nan_low(per[s]["val"]), -order.index(s)))
     return chosen
 
 
@@ -110,10 +111,6 @@ def edge_keys(method: MethodSpec, setting: Setting) -> list[str]:
         elif value == max(numeric):
             out.append(f"{key} (high)")
     return out
-
-
-def _rank(score: float) -> float:
-    return -math.inf if math.isnan(score) else score
 
 
 def tuning_rows(bench: BenchSpec, tuning: dict[BenchRun, Finished], chosen: dict) -> list[dict]:

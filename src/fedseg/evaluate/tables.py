@@ -55,6 +55,18 @@ Row = dict
 RowFilter = Callable[[Row], bool]
 
 
+def nan_low(score: float) -> float:
+    """A validation score for comparisons: NaN (no case or site could be scored) ranks below every number."""
+    return -math.inf if math.isnan(score) else score
+
+
+def is_better(score: float, best_score: float | None) -> bool:
+    """Whether validation ``score`` beats the best so far (``best_score``; None: none yet): NaN ranks below every
+    number, and a tie does not beat (the earlier round or setting stays). Every selection on validation uses it: the
+    run's round, a site's kept local or fine-tuned model, FedSM-extra's phase-1 round."""
+    return best_score is None or nan_low(score) > nan_low(best_score)
+
+
 def read_rows(path: str | Path) -> list[Row]:
     """Read ``results.csv`` into row dicts, ``value`` converted to float (blank -> NaN)."""
     with open(path, newline="") as f:

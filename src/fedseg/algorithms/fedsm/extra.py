@@ -38,8 +38,6 @@ target), ``global_frac`` the fraction given (argmax) to the global model.
 
 from __future__ import annotations
 
-import math
-
 import torch
 from pydantic import Field
 from torch import nn
@@ -61,7 +59,7 @@ from fedseg.algorithms.registry import AlgorithmSpec
 from fedseg.engine.context import ClientContext, Task
 from fedseg.engine.messages import Message, prefixed
 from fedseg.evaluate.sliding import sliding_logits
-from fedseg.evaluate.tables import site_summary
+from fedseg.evaluate.tables import is_better, site_summary
 from fedseg.train import TrainHooks, segmentation_loss
 
 INSTALL = "install"  # exchange action: the frozen K+1 candidates go to every site
@@ -143,8 +141,7 @@ class FedSMExtraServer(FedSMServer):
         rows = super().evaluate(split, sample)
         if split == "val" and self.engine.round <= self.train_rounds:
             score = site_summary(rows, self.engine.algorithm, "dice", self.sites)["client_avg"]
-            best = float(self.phase1_best[SCORE]) if self.phase1_best else math.nan
-            if not self.phase1_best or (not math.isnan(score) and (math.isnan(best) or score > best)):
+            if is_better(score, float(self.phase1_best[SCORE]) if self.phase1_best else None):
                 self.phase1_best = {
                     SCORE: torch.tensor(score, dtype=torch.float64),
                     ROUND: torch.tensor(self.engine.round),

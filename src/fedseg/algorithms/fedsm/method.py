@@ -93,7 +93,7 @@ from fedseg.engine.context import ClientContext, Task, options_as
 from fedseg.engine.messages import Message, MetaValue, load_weights, prefixed, weights_of
 from fedseg.evaluate.metric_info import METRIC_NAMES
 from fedseg.evaluate.metrics import Scores
-from fedseg.evaluate.tables import eval_rows, site_summary
+from fedseg.evaluate.tables import eval_rows, nan_low, site_summary
 from fedseg.train import LossFn, TrainHooks, TrainStats
 
 GLOBAL, SELECTOR, SELECTOR_OPT = "global", "selector", "selector_opt"  # message groups (and PERSONAL, TRACK)
@@ -392,8 +392,8 @@ class FedSMServer(FedAvgServer):
                 self.engine.algorithm, {s: at_gamma(r, gamma) for s, r in replies.items()}, self.task.regions
             )
             score = site_summary(rows, self.engine.algorithm, "dice", self.sites)["client_avg"]
-            score = -math.inf if math.isnan(score) else score
-            if score >= best_score:
+            score = nan_low(score)
+            if score >= best_score:  # a tie: the larger gamma (later in the grid)
                 best, best_score = gamma, score
         return float(best)
 

@@ -21,8 +21,6 @@ in its columns. ``case_dice`` (``(N, R)`` as lists) is each case's Dice at the r
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import torch
 
@@ -31,7 +29,7 @@ from fedseg.algorithms.fedsm.options import FedSMOptions
 from fedseg.data.dataset import CaseSet
 from fedseg.engine.context import MethodOptions, Task
 from fedseg.evaluate.inference import candidate_dice, score_caseset
-from fedseg.evaluate.tables import site_dice
+from fedseg.evaluate.tables import nan_low, site_dice
 
 
 def unseen_cells(bundle: dict, data: CaseSet, task: Task, options: MethodOptions) -> dict | None:
@@ -67,7 +65,7 @@ def unseen_cells(bundle: dict, data: CaseSet, task: Task, options: MethodOptions
         return {"mode": sm.mode, **at()}
     grid = options.gamma_grid if isinstance(options, FedSMOptions) else ()
     curve = [{"gamma": g, **at(g)} for g in sorted({0.0, *map(float, grid)})]
-    best = max(reversed(curve), key=lambda p: -math.inf if math.isnan(p["dice"]) else p["dice"])  # ties: larger gamma
+    best = max(reversed(curve), key=lambda p: nan_low(p["dice"]))  # ties: larger gamma
     deployed = at(sm.gamma)  # the gamma chosen on the training sites' validation splits: what a deployment uses
     return {
         "mode": sm.mode,
