@@ -277,3 +277,32 @@ def test_the_per_site_table_marks_a_site_test_that_paired_fewer_cases_than_its_c
     cells = {row[0]: dict(zip(head, row, strict=True)) for row in rows}
     assert cells["fedprox"]["site1"].endswith(" ‡") and not cells["fedprox"]["site2"].endswith("‡")
     assert not cells["fedavg"]["site1"].endswith("‡")
+
+
+def test_the_test_tables_note_names_methods_whose_runs_never_improved_on_validation():
+    fed = _fed(wilcoxon=_test(0.002, 0.001, 0.003, 40))
+    assert "Never improved" not in report.not_converged(fed)  # tables written before the count: no sentence
+    fed["methods"]["fedprox"]["convergence"] = {"runs": 2, "not_converged": 0, "never_improved": 2}
+    note = report.not_converged(fed)
+    assert "**Never improved**" in note and "fedprox (2/2)" in note and "fedavg (" not in note
+
+
+def test_the_legend_says_where_tuning_touches_the_test_scores():
+    """A grid searched on fold 0's validation cases (test cases of folds 1-2) or at a final seed is said in the
+    legend; tuning seeds outside the final seeds, one ratio split, or no grid say nothing."""
+    from fedseg.bench.spec import BenchSpec
+
+    def spec(**more) -> BenchSpec:
+        base = {
+            "base": {"preset": "synthetic-retina"},
+            "federations": ["retina"],
+            "methods": [{"name": "fedavg", "grid": {"train.lr": [0.01, 0.1]}}, {"name": "fedprox"}],
+            "seeds": [0, 1],
+        }
+        return BenchSpec.model_validate({**base, **more})
+
+    kfold = report.tuning_note(spec(split={"mode": "kfold", "folds": 3}))
+    assert "**Tuned** (fedavg)" in kfold and "fold 0" in kfold and "at seed 0" in kfold
+    apart = report.tuning_note(spec(tune={"seeds": [100]}))
+    assert apart == ""
+    assert report.tuning_note(spec(split={"mode": "kfold", "folds": 3}, methods=["fedavg", "fedprox"])) == ""

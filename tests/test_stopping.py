@@ -45,6 +45,36 @@ def test_a_short_run_still_rising_before_a_last_dip_has_not_converged():
     assert convergence(rising, 10, 8, StopConfig(), None)["late_best"] is False
 
 
+def test_a_validation_curve_that_never_rose_above_its_first_round_is_no_convergence():
+    """A flat curve (an untrained model: every round scores 0.1702) plateaus at once and its best round is the first,
+    so it counted as converged (a results audit, train.lr = 1e-9). ``improved`` is False and ``converged`` too; a
+    curve that rose once, or a run with one validated round, is not flagged."""
+    flat = {r: 0.1702 for r in range(1, 7)}
+    entry = convergence(flat, 6, 1, StopConfig(), None)
+    assert entry["plateaued"] and not entry["late_best"]
+    assert entry["improved"] is False and entry["converged"] is False
+    rose = convergence({1: 0.17, 2: 0.4, 3: 0.4, 4: 0.4, 5: 0.4, 6: 0.4}, 6, 2, StopConfig(), None)
+    assert rose["improved"] is True and rose["converged"] is True
+    assert convergence({1: 0.17}, 1, 1, StopConfig(), None)["improved"] is None
+    worse = convergence({1: 0.5, 2: 0.3, 3: math.nan, 4: 0.2}, 4, 1, StopConfig(), None)  # only got worse
+    assert worse["improved"] is False and not worse["converged"]
+
+
+def test_an_untrained_run_says_it_never_improved_in_its_summary_verdict_and_model_card(
+    tmp_path, tiny_config, disc_federation
+):
+    from fedseg.report.html import render_report
+    from fedseg.report.verdict import summary_lines
+
+    cfg = tiny_config(algorithms=["fedavg", "fedprox"], fl={"rounds": 3}, train={"lr": 1e-12})
+    results = run_experiment(cfg, tmp_path, federation=disc_federation())
+    for result in results.algorithms:
+        assert result.summary["convergence"]["improved"] is False and result.card["never_improved"] is True
+    said = [line for line in summary_lines(tmp_path) if line.startswith("Never improved")]
+    assert len(said) == 1 and "FedAvg" in said[0] and "FedProx" in said[0] and "did the model train" in said[0]
+    assert "<b>Never improved</b>" in render_report(tmp_path).read_text()
+
+
 def _ledger_totals(result) -> tuple[int, int]:
     train = [r for r in result.ledger if r["action"] not in ("evaluate",)]
     return sum(int(r["steps"]) for r in train if r["action"] == "train"), max(int(r["round"]) for r in result.ledger)

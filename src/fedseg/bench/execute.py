@@ -208,6 +208,9 @@ class Runner:
         conv = entry.get("convergence", {})
         flagged = not_converged(bool(conv.get("late_best")), bool(conv.get("plateaued")))
         late = " (best round in the last 10%, at least 2, no plateau: may not have converged)" if flagged else ""
+        late += " (validation never rose above its first validated round: did it train?)" * (
+            conv.get("improved") is False
+        )
         self.echo(
             f"  done {fin.run.label}: test Dice {json_number(entry['dice'].get('client_avg')):.4f}, validation "
             f"{json_number(conv.get('best_val_dice')):.4f} at round {conv.get('best_round')}/{conv.get('rounds')}"

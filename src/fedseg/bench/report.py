@@ -64,7 +64,7 @@ from fedseg.presentation.files import kind_of
 from fedseg.presentation.latex import tex_comment, tex_label, tex_table
 from fedseg.run.outputs import csv_text
 from fedseg.run.provenance import utc_now
-from fedseg.run.stopping import PLATEAU
+from fedseg.run.stopping import NEVER_IMPROVED_WHY, PLATEAU
 
 TUNING_COLUMNS = [
     "federation",
@@ -365,6 +365,18 @@ def _converged_text(not_converged: object, runs: int) -> str:
 
 
 def not_converged(fed: dict) -> str:
+    """The test table's note on convergence: the methods whose runs may not have converged, and (tables that count
+    them) those whose validation never improved on its first validated round."""
+    flat = [
+        f"{n} ({s['convergence']['never_improved']}/{s['convergence']['runs']})"
+        for n, s in fed["methods"].items()
+        if s["convergence"].get("never_improved")
+    ]
+    never = f" **Never improved** ({NEVER_IMPROVED_WHY}): {', '.join(flat)}." if flat else ""
+    return _late_note(fed) + never
+
+
+def _late_note(fed: dict) -> str:
     late = [
         f"{n} ({s['convergence']['not_converged']}/{s['convergence']['runs']})"
         for n, s in fed["methods"].items()
@@ -471,9 +483,37 @@ def notes(bench: BenchSpec, tables: dict, changes: Sequence[str] = ()) -> str:
     text += NSD_NOTE if nsd else ""
     text += OWN_PAIRS if hd95 or nsd else ""
     text += PER_SEED_DATA if bench.data_seed == "per-seed" else ""
+    text += tuning_note(bench)
     if changes:
         text += " **Changed after results existed** (" + "; ".join(changes) + "): the p-values and † follow the change."
     return text
+
+
+def tuning_note(bench: BenchSpec) -> str:
+    """ "" unless a method's grid was searched where it touches the tables: on validation cases that other folds test
+    (k-fold, leave-one-out: their test scores are not fully independent of the tuning), or at a seed that is also a
+    final seed (its selected run is that seed's final run, the best of its grid on validation: optimistic)."""
+    grids = [m.name for m in bench.methods if m.grid]
+    other_folds = any(f.leave_one_out for f in bench.federations) or (
+        bench.split.mode == "kfold" and set(bench.folds) - set(bench.tune_folds)
+    )
+    shared = sorted(set(bench.tune_seeds) & set(bench.seeds))
+    said = []
+    if grids and other_folds:
+        said.append(
+            f"on the validation cases of fold {', '.join(map(str, bench.tune_folds))} (a leave-one-out federation: "
+            "its first held-out site's federation), which the other folds test: their test scores are not fully "
+            "independent of the tuning"
+        )
+    if grids and shared:
+        said.append(
+            f"at seed {', '.join(map(str, shared))}, also a seed of the final runs: the run selected there is that "
+            "seed's final run, the best of its grid on validation, so that seed's Δ is optimistic for these methods "
+            "(tune.seeds outside seeds keeps every final run out of the selection)"
+        )
+    if not said:
+        return ""
+    return f" **Tuned** ({', '.join(grids)}): " + "; and ".join(said) + "."
 
 
 OWN_PAIRS = " (n=…) after a Δ: the cases it pairs, where they are not the cases paired of the Dice Δ."

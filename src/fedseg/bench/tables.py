@@ -197,6 +197,7 @@ def convergence_counts(entries: list[dict]) -> dict:
         "runs": len(conv),
         "late_best": sum(1 for c in conv if c.get("late_best")),
         "not_converged": sum(1 for c in conv if run_not_converged(c)),
+        "never_improved": sum(1 for c in conv if c.get("improved") is False),  # fedseg.run.stopping.improved
         "plateaued": sum(1 for c in conv if c.get("plateaued")),
         "stopped": dict(stopped),
         "rounds": mean_std(c.get("rounds", math.nan) for c in conv),

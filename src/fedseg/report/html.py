@@ -82,8 +82,8 @@ from fedseg.report import persite
 from fedseg.report.methods import algorithm_order, display_name, families, is_federated
 from fedseg.report.own_scores import check_results, mean_std_text, own_region_stats, scored_metrics
 from fedseg.report.study_tables import study_sections
-from fedseg.report.verdict import routing_notes, unconverged_methods, verdict, verdict_html
-from fedseg.run.stopping import NOT_CONVERGED_WHY
+from fedseg.report.verdict import never_improved_methods, routing_notes, unconverged_methods, verdict, verdict_html
+from fedseg.run.stopping import NEVER_IMPROVED_WHY, NOT_CONVERGED_WHY
 
 __all__ = ["BYTES_PER_FLOAT", "RunFiles", "algorithm_order", "load_run", "render_report"]
 
@@ -582,11 +582,13 @@ def _score_sections(run: RunFiles) -> list[Section]:
 
 def _unconverged(run: RunFiles) -> str:
     """A warning naming the methods that may not have converged (:func:`fedseg.report.verdict.unconverged_methods`),
-    so more rounds may change the comparison."""
+    so more rounds may change the comparison, and those whose validation never improved (``never_improved_methods``)."""
     late, per_site = unconverged_methods(run)
+    flat = never_improved_methods(run)
+    never = f" <b>Never improved</b>: {esc(', '.join(flat))} — {esc(NEVER_IMPROVED_WHY)}." if flat else ""
     if not late:
-        return ""
-    return (
+        return never
+    return never + (
         f" <b>May not have converged</b>: {esc(', '.join(late))} — {NOT_CONVERGED_WHY}"
         + (
             " (for a method that selects a round per site, on its own validation split: at least half its "

@@ -44,6 +44,7 @@ from fedseg.presentation.kit import RunFiles, esc, fmt, load_run, num, routed_to
 from fedseg.report import persite
 from fedseg.report.methods import algorithm_order, display_name, is_federated
 from fedseg.report.own_scores import own_model_filter
+from fedseg.run.stopping import NEVER_IMPROVED_WHY
 
 __all__ = [
     "Difference",
@@ -117,6 +118,7 @@ class Verdict:
     unconverged: list[str]  # display names (with "k of n sites" for per-site selection)
     baselines: list[str]  # display names of the methods not ranked
     labels: dict[str, str] = field(default_factory=dict)
+    never_improved: list[str] = field(default_factory=list)  # display names (never_improved_methods)
 
     def label(self, name: str) -> str:
         return self.labels.get(name, name)
@@ -159,11 +161,23 @@ def unconverged_methods(run: RunFiles) -> tuple[list[str], bool]:
                 late.append(f"{run.label(a)} ({k} of {n} sites)")
                 per_site = True
         elif "converged" in e.get("convergence", {}):  # fedseg.run.stopping: a late best round without a plateau
-            if not e["convergence"]["converged"] and (e.get("privacy") or {}).get("select_round") != "last":
+            flat = e["convergence"].get("improved") is False  # said by never_improved_methods instead
+            if (
+                not e["convergence"]["converged"]
+                and not flat
+                and (e.get("privacy") or {}).get("select_round") != "last"
+            ):
                 late.append(run.label(a))
         elif e.get("best_round") == e.get("rounds") and (e.get("privacy") or {}).get("select_round") != "last":
             late.append(run.label(a))  # a run written before summary.json had its convergence entry
     return late, per_site
+
+
+def never_improved_methods(run: RunFiles) -> list[str]:
+    """Display names of the methods whose validation Dice never rose more than ``fl.stop.min_delta`` above its first
+    validated round (summary.json ``convergence.improved`` False, ``fedseg.run.stopping.improved``): a flat curve
+    that is no plateau (an untrained model scores the same every round)."""
+    return [run.label(a) for a, e in run.algorithms.items() if (e.get("convergence") or {}).get("improved") is False]
 
 
 # --------------------------------------------------------------------------- the verdict
@@ -196,7 +210,9 @@ def verdict(run: RunFiles, resamples: int = RESAMPLES) -> Verdict | None:
     fedavg = next((a for a in contenders if a.lower() == FEDAVG and a != best and a not in ties), None)
     late, _ = unconverged_methods(run)
     baselines = [labels[a] for a in order if a not in contenders]
-    return Verdict(best, top, ranked, ties, differences, runner_up, fedavg, late, baselines, labels)
+    return Verdict(
+        best, top, ranked, ties, differences, runner_up, fedavg, late, baselines, labels, never_improved_methods(run)
+    )
 
 
 def _signed(x: float) -> str:
@@ -285,6 +301,8 @@ def verdict_lines(v: Verdict, notes: list[str] | None = None) -> list[str]:
                 f"May not have converged: {', '.join(v.unconverged)} (the round selected on validation is among "
                 "the last ones trained, validation Dice still rising); more rounds may change this ranking."
             )
+    if v.never_improved:
+        lines.append(f"Never improved: {', '.join(v.never_improved)} ({NEVER_IMPROVED_WHY}).")
     lines += notes or []
     return lines
 

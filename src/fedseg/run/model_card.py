@@ -37,6 +37,7 @@ def model_card(name: str, fed: Federation, cfg: RunConfig, summary: dict[str, An
         "selected_round": summary.get("best_round"),  # on validation
         **({"selected_rounds": summary["selected_rounds"]} if summary.get("selected_rounds") else {}),  # per site
         "may_not_have_converged": convergence.get("converged") is False,
+        "never_improved": convergence.get("improved") is False,  # validation flat from its first round: trained?
         "test_dice": dict(summary.get("dice") or {}),  # per site, client_avg, global (the selected round's models)
         "seed": cfg.seed,
         "config_sha256": hashlib.sha256(dump_config(cfg).encode()).hexdigest(),  # the config it trained with, as YAML
@@ -77,6 +78,7 @@ def card_line(card: dict[str, Any] | None) -> str | None:
     dice = (card.get("test_dice") or {}).get("client_avg")
     score = f", test Dice {dice:.3f} (client avg)" if isinstance(dice, int | float) and math.isfinite(dice) else ""
     late = "; it may not have converged" if card.get("may_not_have_converged") else ""
+    late = "; its validation never improved on its first round (did it train?)" if card.get("never_improved") else late
     return (
         f"model: {card.get('method')} trained on {card.get('federation')} ({len(card.get('sites') or [])} sites), "
         f"round {card.get('selected_round')} of {card.get('rounds_trained')}{score}, fedseg {card.get('fedseg')}, "

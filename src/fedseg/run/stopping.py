@@ -18,6 +18,9 @@ least its last 2 (``round > rounds - max(2, ceil(0.1 * rounds))``: of 10 rounds,
 round 10 is late too) is flagged ``late_best``; ``plateaued`` says whether its validation Dice had stopped
 improving (the plateau rule, with ``patience`` or, when that is unset, 10% of the rounds trained, at least 2); a
 run with a late best round whose validation had not plateaued may not have converged (``converged`` False).
+A run whose validation Dice never rose more than ``min_delta`` above its first validated round (``improved``
+False: a learning rate too small to move the model, labels it cannot learn, a model that only got worse) counts as
+neither: its flat curve is no plateau reached by training, and every page says so (:data:`NEVER_IMPROVED_WHY`).
 """
 
 from __future__ import annotations
@@ -50,6 +53,21 @@ def plateaued(scores: Mapping[int, float], rnd: int, patience: int, min_delta: f
     """Whether, at round ``rnd``, ``patience`` rounds have passed since the plateau rule's reference round."""
     ref = plateau_round(scores, min_delta)
     return ref is not None and rnd - ref >= patience
+
+
+def improved(scores: Mapping[int, float], min_delta: float) -> bool | None:
+    """Whether validation Dice ever rose more than ``min_delta`` above its first scored round (the plateau rule's
+    reference moved on); None with fewer than 2 scored rounds (nothing to compare)."""
+    scored = sorted(r for r, s in scores.items() if not math.isnan(s))
+    if len(scored) < 2:
+        return None
+    return plateau_round(scores, min_delta) != scored[0]
+
+
+NEVER_IMPROVED_WHY = (  # what every page says of a run whose validation never improved (improved False)
+    "validation Dice never rose more than fl.stop.min_delta above its first validated round: did the model train "
+    "(train.lr, the labels)? Its flat curve is no plateau"
+)
 
 
 def budget_used(ledger_rows: Iterable[Any], cost: CostConfig, val_cases: Mapping[str, int]) -> dict[str, float]:
@@ -117,10 +135,11 @@ def convergence(
     ``best_val_dice`` (the selection score: hyper-parameters are chosen on it), ``stopped`` (the rule
     that ended training early, or None), ``late_best`` (best round in the last 10% of the rounds trained, at least
     the last 2: may not have converged), ``plateaued`` and the plateau rule's ``patience`` / ``min_delta`` used for
-    it."""
+    it, ``improved`` (:func:`improved`; False: ``converged`` is False too, whatever the plateau)."""
     patience = stop.patience or late_window(rounds)
     late = late_best(best_round, rounds)
     flat = stopped == PLATEAU or plateaued(scores, rounds, patience, stop.min_delta)
+    rose = improved(scores, stop.min_delta)
     return {
         "rounds": rounds,
         "best_round": best_round,
@@ -128,7 +147,8 @@ def convergence(
         "stopped": stopped,
         "late_best": late,
         "plateaued": flat,
-        "converged": not_converged(late, flat) is False,
+        "converged": not_converged(late, flat) is False and rose is not False,
+        "improved": rose,
         "patience": patience,
         "min_delta": stop.min_delta,
     }
