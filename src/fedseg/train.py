@@ -191,14 +191,19 @@ def batches(n: int, batch_size: int, generator: torch.Generator, endless: bool) 
             return
 
 
+def seed_from(*entropy: int) -> int:
+    """A 63-bit seed drawn from the integers ``entropy`` (each >= 0; numpy ``SeedSequence``): distinct tuples give
+    independent streams. Every random stream of a run is seeded through it (``fedseg.engine.context.stream_seed``,
+    :func:`step_generator`)."""
+    return int(np.random.SeedSequence(list(entropy)).generate_state(2, dtype=np.uint64)[0] >> np.uint64(1))
+
+
 def step_generator(base: int, *path: int) -> torch.Generator:
     """A generator seeded from ``(base, *path)`` (numpy ``SeedSequence``, 63 bits), ``base`` >= 0: the streams
     of one local training run. ``Trainer.fit`` draws ``base`` from the site's stream and uses ``(base, 0)`` for
     the batch order and ``(base, 1, k)`` for step k's patch positions and augmentations, so every draw of a
     step is a function of (seed, site, round, action, step) whatever thread prepares it."""
-    entropy = [base, *path]
-    seed = np.random.SeedSequence(entropy).generate_state(2, dtype=np.uint64)[0] >> np.uint64(1)
-    return torch.Generator().manual_seed(int(seed))
+    return torch.Generator().manual_seed(seed_from(base, *path))
 
 
 class Trainer:

@@ -46,6 +46,13 @@ def _stacked(updates: Sequence[Mapping[str, torch.Tensor]], name: str) -> torch.
     return torch.stack([u[name].to(torch.float64) for u in updates])
 
 
+def stacked_median(stack: torch.Tensor) -> torch.Tensor:
+    """The median over the first axis of ``stack`` ``(K, *shape)``: for even K the mean of the two middle values
+    (``numpy.median``'s definition, also Flower's), not torch's lower median."""
+    k = stack.shape[0]
+    return stack.sort(dim=0).values[(k - 1) // 2 : k // 2 + 1].mean(dim=0)  # one middle value (odd K) or two
+
+
 def coordinate_median(updates: Sequence[Mapping[str, torch.Tensor]]) -> Weights:
     """Coordinate-wise median over the K updates, per tensor name (FedMedian, Yin et al. 2018).
 
@@ -55,13 +62,7 @@ def coordinate_median(updates: Sequence[Mapping[str, torch.Tensor]]) -> Weights:
     """
     if not updates:
         raise ValueError("coordinate_median needs at least one update")
-    k = len(updates)
-    merged = {}
-    for name, first in updates[0].items():
-        ordered = _stacked(updates, name).sort(dim=0).values
-        mid = ordered[(k - 1) // 2 : k // 2 + 1]  # one middle value (odd K) or two (even K)
-        merged[name] = mid.mean(dim=0).to(first.dtype)
-    return merged
+    return {name: stacked_median(_stacked(updates, name)).to(first.dtype) for name, first in updates[0].items()}
 
 
 def trimmed_mean(updates: Sequence[Mapping[str, torch.Tensor]], beta: float) -> Weights:

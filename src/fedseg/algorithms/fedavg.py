@@ -1,10 +1,12 @@
 """FedAvg: broadcast -> local fit -> weighted merge. The base pair every method extends.
 
-Server hooks: ``train_message`` (what a site receives), ``aggregate`` (how replies merge),
-``aggregation_weights`` (samples | uniform), ``eval_message`` and ``site_model``.
+Server hooks: ``train_message`` (what a site receives), ``train_reply_problem`` (the method's own check of
+a reply it reads beyond the engine's), ``aggregate`` (how replies merge), ``aggregation_weights`` (samples |
+uniform), ``eval_messages`` and ``site_model``.
 Client hooks: ``start_model`` (the model a site starts from), ``train_hooks`` (how local
-training differs: a :class:`fedseg.train.TrainHooks` handed to the Trainer), ``after_fit`` (what
-a site replies), ``eval_model`` (the model a site is evaluated with).
+training differs: a :class:`fedseg.train.TrainHooks` handed to the Trainer), ``keeps_optimizer_state``,
+``after_fit`` (what a site replies), ``eval_model`` (the model a site is evaluated with) and
+``after_evaluate`` (what a site does after scoring a model: its reply's extra metadata).
 
 Options (``FedAvgOptions``, config ``methods.<name>``) select the FedAvg variants of the FeTS
 benchmark (section 3.2.2) per algorithm, so one run can compare them: ``weighting`` (samples |

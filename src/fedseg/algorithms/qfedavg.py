@@ -10,7 +10,7 @@ larger ``q`` gives more weight to the sites where the global model does worse. O
    ``meta.steps`` = the forward-only batches (``ceil(n_k / train.batch_size)``).
 2. exchange ``"train"``: an empty message; site k trains from the ``w^t`` it kept (the local
    loop, ``train.budget`` or ``local_steps``) and replies
-   ``Delta_k = L F_k^q Delta w_k`` (Eq. 14, ``Delta w_k = w_k - w^t``, all float entries of
+   ``Delta_k = L F_k^q Delta w_k`` (Eq. 14, ``Delta w_k = w_k - w^t``, every entry of
    the model, sent as the model's dtype) and ``h_k`` (Eq. 16, one float).
 3. the server applies Eq. 17: ``w^{t+1} = w^t + sum_k Delta_k / sum_k h_k``.
 

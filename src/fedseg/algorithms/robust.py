@@ -55,7 +55,7 @@ from typing import ClassVar, Literal
 import torch
 from pydantic import Field, ValidationInfo, field_validator
 
-from fedseg.algorithms.aggregate import _stacked, combine, weighted_average
+from fedseg.algorithms.aggregate import _stacked, combine, stacked_median, weighted_average
 from fedseg.engine.context import MethodOptions
 from fedseg.engine.messages import l2_norm
 
@@ -185,9 +185,7 @@ def closest_to_median_mean(updates: Sequence[Mapping[str, torch.Tensor]], beta: 
     merged = {}
     for name, first in updates[0].items():
         x = _stacked(updates, name)
-        ordered = x.sort(dim=0).values
-        median = ordered[(k - 1) // 2 : k // 2 + 1].mean(dim=0)
-        nearest = (x - median).abs().argsort(dim=0, stable=True)[:beta]
+        nearest = (x - stacked_median(x)).abs().argsort(dim=0, stable=True)[:beta]
         merged[name] = torch.take_along_dim(x, nearest, dim=0).mean(dim=0).to(first.dtype)
     return merged
 

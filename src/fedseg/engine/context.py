@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Protocol, TypeVar
 
-import numpy as np
 import torch
 from pydantic import ConfigDict
 from torch import nn
@@ -29,6 +28,7 @@ from fedseg.data.dataset import SiteData
 from fedseg.engine.faults import inject, matching_faults
 from fedseg.engine.messages import Message, load_weights
 from fedseg.models import build_segmenter
+from fedseg.train import seed_from
 
 State = dict[str, torch.Tensor]
 
@@ -199,8 +199,7 @@ class Client(Protocol):
 
 def stream_seed(seed: int, site_index: int, round: int, action: str) -> int:
     """A 63-bit seed for the random stream of one (seed, site, round, action)."""
-    entropy = [seed, site_index, round, zlib.crc32(action.encode())]
-    return int(np.random.SeedSequence(entropy).generate_state(2, dtype=np.uint64)[0] >> np.uint64(1))
+    return seed_from(seed, site_index, round, zlib.crc32(action.encode()))
 
 
 def seeded_generator(seed: int) -> torch.Generator:

@@ -24,7 +24,6 @@ deep supervision (off), the 3d_lowres / cascade configurations.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
@@ -81,9 +80,6 @@ class Plan:
     @classmethod
     def from_dict(cls, d: dict) -> Plan:
         return cls(**d)
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2)
 
 
 def target_spacing(spacings: np.ndarray, shapes: np.ndarray, threshold: float) -> tuple[np.ndarray, int | None]:

@@ -115,10 +115,6 @@ def new_selector(task: Task, options: SelectorOptions, num_classes: int) -> Sele
     ).to(task.device)
 
 
-def subset(data: CaseSet, idx: torch.Tensor) -> CaseSet:
-    return data.subset(idx)
-
-
 def score_routed(
     models: list[nn.Module], choice: torch.Tensor, data: CaseSet, ctx: ClientContext, surface: bool
 ) -> Scores:
@@ -127,7 +123,7 @@ def score_routed(
     scores = {m: np.full((len(data), len(ctx.task.regions)), np.nan) for m in METRIC_NAMES}
     for c in choice.unique().tolist():
         idx = (choice == c).nonzero().flatten()
-        part = score_at_site(models[c], subset(data, idx), ctx, surface)
+        part = score_at_site(models[c], data.subset(idx), ctx, surface)
         for m in METRIC_NAMES:
             scores[m][idx.numpy()] = part[m]
     return scores
