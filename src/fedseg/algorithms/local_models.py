@@ -46,7 +46,10 @@ def local_model_name(site: str) -> str:
 
 
 def validated_round(rnd: int, cfg: RunConfig) -> bool:
-    """Whether the run validates round ``rnd`` (``fl.validate_every`` and always the last)."""
+    """Whether the run validates round ``rnd`` (``fl.validate_every`` and always the last), as a site knows it while
+    it trains: a round where a stop budget (``fl.stop``) ends the run early is validated too
+    (``fedseg.run.steps.must_validate``), but the budget is reached only once that round's training is counted, so
+    its local models are not scored; the kept one is the best of the rounds before."""
     return rnd % cfg.fl.validate_every == 0 or rnd == cfg.fl.rounds
 
 
