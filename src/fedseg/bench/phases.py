@@ -19,7 +19,7 @@ from fedseg.bench.execute import DONE_FILE, Echo, Finished, Runner
 from fedseg.bench.plan import (
     BenchRun,
     Holdouts,
-    Setting,
+    Selected,
     check_data,
     check_plan,
     final_runs,
@@ -157,7 +157,7 @@ class BenchRuns:
     """Everything a bench ran: the tuning runs, the selection, the final runs."""
 
     tuning: dict[BenchRun, Finished]
-    selected: dict[tuple[str, str], Setting]
+    selected: Selected  # fedseg.bench.plan.selection_key -> the setting selected on validation
     final: dict[BenchRun, Finished]
     holdouts: Holdouts = field(default_factory=dict)  # a leave-one-out federation's sites: its folds
 

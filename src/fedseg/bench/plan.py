@@ -4,9 +4,11 @@ A *cell* is (federation, fold, seed). Three kinds of runs, in three phases (each
 
 1. **budget references** (``budget.rule`` ``sgd_steps`` | ``simulated_time``): per cell, ``budget.reference``
    with its base options for ``budget.rounds`` rounds; its cost per round x ``budget.rounds`` is the cell's budget;
-2. **tuning runs**: per method with a grid, every setting in every tuning cell (``tune.folds`` x ``tune.seeds``);
-   a method with ``settings_from`` is tuned after the method it names, at that method's selected setting;
-3. **final runs**: every method in every cell, with its setting selected on validation (``fedseg.bench.select``).
+2. **tuning runs**: per method with a grid, every setting in every tuning cell (``tune.folds`` x ``tune.seeds``;
+   ``tune.per_fold``: every fold x ``tune.seeds``); a method with ``settings_from`` is tuned after the method it
+   names, at that method's selected setting (``tune.per_fold``: that fold's);
+3. **final runs**: every method in every cell, with its setting selected on validation (``fedseg.bench.select``;
+   ``tune.per_fold``: the one selected in the run's fold, :func:`selection_key`).
 
 A leave-one-out federation's folds are its sites: fold ``k`` trains without site ``k`` (``data.repartition.holdout``)
 and scores every trained model on all of that site's cases (``unseen.json`` in the run's folder).
@@ -114,6 +116,14 @@ def is_budget_reference(bench: BenchSpec, method: MethodSpec, setting: Setting) 
 
 
 Holdouts = dict[str, list[str]]  # leave-one-out federation -> its sites: the folds of that federation
+SelectionKey = tuple[str, str] | tuple[str, str, int]  # (federation, method) or, tune.per_fold, (..., fold)
+Selected = dict[SelectionKey, Setting]  # the settings selected on validation (fedseg.bench.select)
+
+
+def selection_key(bench: BenchSpec, federation: str, method: str, fold: int) -> SelectionKey:
+    """Where the setting selected for ``method``'s runs of ``federation``'s fold ``fold`` is kept: (federation,
+    method), one for every fold; with ``tune.per_fold`` (federation, method, fold), each fold its own."""
+    return (federation, method, fold) if bench.tune.per_fold else (federation, method)
 
 
 def make_run(
@@ -164,10 +174,10 @@ def make_run(
 
 def folds_of(bench: BenchSpec, fed: FederationSpec, holdouts: Holdouts | None, tuning: bool = False) -> tuple[int, ...]:
     """The folds of ``fed``: the bench's (``tuning``: its tuning folds), or one per site of a leave-one-out
-    federation (``tuning``: the first site)."""
+    federation (``tuning``: the first site; every site with ``tune.per_fold``)."""
     if fed.leave_one_out:
         count = len((holdouts or {}).get(fed.name, []))
-        return tuple(range(min(1, count) if tuning else count))
+        return tuple(range(min(1, count) if tuning and not bench.tune.per_fold else count))
     return bench.tune_folds if tuning else bench.folds
 
 
@@ -213,46 +223,44 @@ def reference_runs(bench: BenchSpec, holdouts: Holdouts | None = None) -> list[B
     return [make_run(bench, f, ref, fold, seed, (), holdouts) for f, fold, seed in final + tuning]
 
 
-def tuning_runs(
-    bench: BenchSpec, holdouts: Holdouts | None = None, selected: dict[tuple[str, str], Setting] | None = None
-) -> list[BenchRun]:
+def tuning_runs(bench: BenchSpec, holdouts: Holdouts | None = None, selected: Selected | None = None) -> list[BenchRun]:
     """Phase 2: every setting of every method with a grid, in every tuning cell. Without ``selected``: the methods
-    tuned first (no ``settings_from``); with it ((federation, method) -> setting chosen so far): the
-    ``settings_from`` methods whose source has a selected setting, each at that setting."""
+    tuned first (no ``settings_from``); with it (:func:`selection_key` -> setting chosen so far): the
+    ``settings_from`` methods whose source has a selected setting (``tune.per_fold``: in that fold), each at that
+    setting."""
     return [
         make_run(bench, f, m, fold, seed, s, holdouts, inherited)
         for f in bench.federations
         for m in bench.methods
         if m.grid and (m.settings_from is None) == (selected is None)
-        for inherited in _inherited(m, f.name, selected or {})
         for s in settings(m)
         for fold in folds_of(bench, f, holdouts, tuning=True)
+        for inherited in _inherited(bench, m, f.name, fold, selected or {})
         for seed in bench.tune_seeds
     ]
 
 
-def _inherited(method: MethodSpec, federation: str, selected: dict[tuple[str, str], Setting]) -> list[Setting]:
-    """``[()]`` for a method without ``settings_from``; ``[its source's selected setting]``, or ``[]`` before that
-    source's tuning has finished (the method cannot run yet)."""
+def _inherited(bench: BenchSpec, method: MethodSpec, federation: str, fold: int, selected: Selected) -> list[Setting]:
+    """``[()]`` for a method without ``settings_from``; ``[its source's selected setting]`` (for fold ``fold``), or
+    ``[]`` before that source's tuning has finished (the method cannot run yet)."""
     if method.settings_from is None:
         return [()]
-    source = selected.get((federation, method.settings_from))
+    source = selected.get(selection_key(bench, federation, method.settings_from, fold))
     return [] if source is None else [source]
 
 
-def final_runs(
-    bench: BenchSpec, selected: dict[tuple[str, str], Setting], holdouts: Holdouts | None = None
-) -> list[BenchRun]:
-    """Phase 3: every method in every cell; ``selected``: (federation, method) -> setting (methods with a grid; one
-    without an entry, whose tuning is not finished, has no final run yet, nor has a method whose ``settings_from``
-    source has none)."""
+def final_runs(bench: BenchSpec, selected: Selected, holdouts: Holdouts | None = None) -> list[BenchRun]:
+    """Phase 3: every method in every cell; ``selected``: :func:`selection_key` -> setting (methods with a grid;
+    one without an entry, whose tuning is not finished, has no final run yet, nor has a method whose
+    ``settings_from`` source has none; with ``tune.per_fold``, fold by fold)."""
     return [
-        make_run(bench, f, m, fold, seed, selected.get((f.name, m.name), ()), holdouts, inherited)
+        make_run(bench, f, m, fold, seed, selected.get(key, ()), holdouts, inherited)
         for f in bench.federations
         for m in bench.methods
-        if not m.grid or (f.name, m.name) in selected
-        for inherited in _inherited(m, f.name, selected)
         for fold in folds_of(bench, f, holdouts)
+        for key in [selection_key(bench, f.name, m.name, fold)]
+        if not m.grid or key in selected
+        for inherited in _inherited(bench, m, f.name, fold, selected)
         for seed in bench.seeds
     ]
 

@@ -22,7 +22,8 @@ much.
   personalization strategies of FedSM Table 6): Δ, its CI, the per-seed Δ and the Wilcoxon p per pair;
 * **Rank stability** (challengeR): how often each method ranks 1st, 2nd... by mean Dice over bootstrap samples;
 * **Tuning on validation** (FeTS Table 4, FedSM Table 7 for a λ grid): every setting's validation score (what
-  selects) next to its test score (reported, never used), and how many of its tuning runs may not have converged.
+  selects) next to its test score (reported, never used), and how many of its tuning runs may not have converged;
+  with ``tune.per_fold``, per fold (a ``fold`` column, in ``tuning.csv`` too), each fold's selection marked.
 
 Differences of fractions (Dice, NSD) print to 4 decimals, HD95's to its own 2, always signed, by
 :func:`fedseg.evaluate.stats.signed_text` (a nonzero one that would print as ±0.0000 gets one significant digit).
@@ -325,11 +326,14 @@ def tune_table(rows: list[dict], federation: str) -> tuple[list[str], list[list[
     this version on) how many of its runs converged, as the test table's "converged" column counts them."""
     counted = _tuning_counted(rows, federation)
     rows = [r for r in rows if r["federation"] == federation]
-    head = ["method", "setting", *BUDGET_HEAD, "validation Dice (selects)", "test Dice (not used)", "runs"]
+    per_fold = any("fold" in r for r in rows)  # tune.per_fold: each fold's own tuning
+    head = ["method", *(["fold"] if per_fold else []), "setting", *BUDGET_HEAD]
+    head += ["validation Dice (selects)", "test Dice (not used)", "runs"]
     head += ["plateau stop at", *(["converged"] if counted else []), "selected"]
     body = [
         [
             r["method"],
+            *([str(r.get("fold", ""))] if per_fold else []),
             r["setting"],
             *budget_cells(r.get("rounds"), r.get("sgd_steps")),
             kit.fmt(r["val_dice"], 4),
@@ -489,17 +493,32 @@ def notes(bench: BenchSpec, tables: dict, changes: Sequence[str] = ()) -> str:
     return text
 
 
+def tuning_columns(bench: BenchSpec) -> list[str]:
+    """``tuning.csv``'s columns: :data:`TUNING_COLUMNS`, with ``fold`` after ``method`` under ``tune.per_fold``."""
+    if not bench.tune.per_fold:
+        return TUNING_COLUMNS
+    at = TUNING_COLUMNS.index("method") + 1
+    return [*TUNING_COLUMNS[:at], "fold", *TUNING_COLUMNS[at:]]
+
+
 def tuning_note(bench: BenchSpec) -> str:
     """ "" unless a method's grid was searched where it touches the tables: on validation cases that other folds test
     (k-fold, leave-one-out: their test scores are not fully independent of the tuning), or at a seed that is also a
-    final seed (its selected run is that seed's final run, the best of its grid on validation: optimistic)."""
+    final seed (its selected run is that seed's final run, the best of its grid on validation: optimistic); with
+    ``tune.per_fold`` it says the tuning was nested (every fold tuned on its own validation cases)."""
     grids = [m.name for m in bench.methods if m.grid]
     other_folds = any(f.leave_one_out for f in bench.federations) or (
         bench.split.mode == "kfold" and set(bench.folds) - set(bench.tune_folds)
     )
     shared = sorted(set(bench.tune_seeds) & set(bench.seeds))
     said = []
-    if grids and other_folds:
+    if grids and bench.tune.per_fold:
+        said.append(
+            "nested per fold (tune.per_fold): in every fold on that fold's own validation cases (a leave-one-out "
+            "federation: at every held-out site), so no fold's test cases influenced the setting its runs took; the "
+            "folds may take different settings (the tuning table marks each fold's)"
+        )
+    elif grids and other_folds:
         said.append(
             f"on the validation cases of fold {', '.join(map(str, bench.tune_folds))} (a leave-one-out federation: "
             "its first held-out site's federation), which the other folds test: their test scores are not fully "
@@ -686,7 +705,7 @@ def write_report(bench: BenchSpec, runs: BenchRuns, out: Path, echo: Echo | None
     tuning = tuning_rows(bench, runs.tuning, runs.selected)
     changes = record_analysis_changes(bench, len(runs.tuning) + len(runs.final), out, echo)
     atomic_write_text(out / "results.csv", csv_text(RESULT_COLUMNS, rows))
-    atomic_write_text(out / "tuning.csv", csv_text(TUNING_COLUMNS, tuning))
+    atomic_write_text(out / "tuning.csv", csv_text(tuning_columns(bench), tuning))
     content = {"bench": bench.model_dump(mode="json"), "tuning": tuning, "federations": tables, "scipy": _scipy()}
     if changes:
         content["analysis_changes"] = changes

@@ -3,7 +3,9 @@
 A method's grid is searched in the tuning cells; each setting's score is the mean, over its tuning runs, of the
 run's selection score: the mean validation Dice over sites at its selected round (``convergence.best_val_dice`` in
 ``summary.json``). The setting with the highest score is selected (ties: the earlier one in grid order); test
-scores of the tuning runs are reported next to it (:func:`tuning_rows`) and never used.
+scores of the tuning runs are reported next to it (:func:`tuning_rows`) and never used. One setting is selected
+per (federation, method) for every fold, or, with ``tune.per_fold`` (nested tuning), per (federation, method,
+fold) from that fold's tuning runs alone (``fedseg.bench.plan.selection_key``).
 
 A selected value at the edge of its grid (the smallest or largest of a numeric key's values, :func:`edge_keys`) is
 flagged (``at_edge``): the best value may lie outside the grid, so the grid should be extended before the result
@@ -19,7 +21,7 @@ import numpy as np
 
 from fedseg.atomic_files import json_number
 from fedseg.bench.execute import Finished
-from fedseg.bench.plan import BenchRun, Setting, setting_label, settings
+from fedseg.bench.plan import BenchRun, Selected, SelectionKey, Setting, selection_key, setting_label, settings
 from fedseg.bench.spec import BenchSpec, MethodSpec
 from fedseg.evaluate.tables import nan_low
 from fedseg.run.stopping import PLATEAU, not_converged
@@ -44,15 +46,17 @@ def _mean(values: list[float]) -> float:
     return float(np.mean(finite)) if finite else math.nan
 
 
-def setting_scores(bench: BenchSpec, tuning: dict[BenchRun, Finished]) -> dict[tuple[str, str], dict]:
+def setting_scores(bench: BenchSpec, tuning: dict[BenchRun, Finished]) -> dict[SelectionKey, dict]:
     """``{(federation, method): {setting: {"val": mean, "test": mean, "runs": n, "label": folder label,
     "plateau_stops": [the rounds at which the plateau rule stopped its tuning runs], "rounds": mean rounds trained,
     "sgd_steps": mean SGD steps (Eq. 34), "not_converged": how many of its runs may not have converged
-    (:func:`run_not_converged`)}}}`` over the tuning runs."""
-    scores: dict[tuple[str, str], dict] = {}
+    (:func:`run_not_converged`)}}}`` over the tuning runs; keyed (federation, method, fold) with ``tune.per_fold``
+    (``fedseg.bench.plan.selection_key``)."""
+    scores: dict[SelectionKey, dict] = {}
     for run, fin in tuning.items():
         scored = bench.method(run.method).scored
-        entry = scores.setdefault((run.federation, run.method), {}).setdefault(
+        key = selection_key(bench, run.federation, run.method, run.fold)
+        entry = scores.setdefault(key, {}).setdefault(
             run.setting,
             {"val": [], "test": [], "label": run.setting_label, "stops": [], "rounds": [], "steps": [], "late": 0},
         )  # label: with a settings_from setting
@@ -82,18 +86,17 @@ def setting_scores(bench: BenchSpec, tuning: dict[BenchRun, Finished]) -> dict[t
     }
 
 
-def select_settings(
-    bench: BenchSpec, tuning: dict[BenchRun, Finished], planned: list[BenchRun]
-) -> dict[tuple[str, str], Setting]:
-    """The setting each (federation, method with a grid) takes to its final runs: the best on validation, once
-    every ``planned`` tuning run of it has finished (a bench collected while running selects nothing before)."""
-    chosen = {}
-    expected = Counter((r.federation, r.method, r.setting) for r in planned)
-    for (fed, method), per in setting_scores(bench, tuning).items():
-        order = settings(bench.method(method))
-        if any(per.get(s, {}).get("runs", 0) < expected[(fed, method, s)] for s in order):
+def select_settings(bench: BenchSpec, tuning: dict[BenchRun, Finished], planned: list[BenchRun]) -> Selected:
+    """The setting each (federation, method with a grid) takes to its final runs (with ``tune.per_fold``: each
+    (federation, method, fold), from that fold's tuning runs): the best on validation, once every ``planned``
+    tuning run of it has finished (a bench collected while running selects nothing before)."""
+    chosen: Selected = {}
+    expected = Counter((selection_key(bench, r.federation, r.method, r.fold), r.setting) for r in planned)
+    for key, per in setting_scores(bench, tuning).items():
+        order = settings(bench.method(key[1]))
+        if any(per.get(s, {}).get("runs", 0) < expected[(key, s)] for s in order):
             continue  # tuning not finished: nothing selected yet
-        chosen[(fed, method)] = max(order, key=lambda s: (nan_low(per[s]["val"]), -order.index(s)))
+        chosen[key] = max(order, key=lambda s: (nan_low(per[s]["val"]), -order.index(s)))
     return chosen
 
 
@@ -113,15 +116,21 @@ def edge_keys(method: MethodSpec, setting: Setting) -> list[str]:
     return out
 
 
-def tuning_rows(bench: BenchSpec, tuning: dict[BenchRun, Finished], chosen: dict) -> list[dict]:
-    """One row per (federation, method, setting): validation and test scores, runs, the mean rounds trained and SGD
-    steps (Eq. 34) of its runs, the rounds at which the plateau rule stopped its runs (``plateau_stops``: a losing
+def tuning_rows(bench: BenchSpec, tuning: dict[BenchRun, Finished], chosen: Selected) -> list[dict]:
+    """One row per (federation, method, setting) (``tune.per_fold``: per fold too, with a ``fold`` column and each
+    fold's own selection): validation and test scores, runs, the mean rounds trained and SGD steps (Eq. 34) of its
+    runs, the rounds at which the plateau rule stopped its runs (``plateau_stops``: a losing
     setting stopped early may have lost to a warm-up stall, see ``stop.min_rounds``), how many of its runs may not
     have converged (``not_converged``: a setting compared on runs the budget cut short may not be the best one),
     whether it was selected and, on the selected row, the grid keys at an edge (``at_edge``, :func:`edge_keys`;
     empty when none)."""
     rows = []
-    for (fed, method), per in setting_scores(bench, tuning).items():
+    scores = setting_scores(bench, tuning)
+    if bench.tune.per_fold:  # each federation's methods together, fold by fold
+        feds, methods = [f.name for f in bench.federations], bench.method_names
+        scores = dict(sorted(scores.items(), key=lambda kv: (feds.index(kv[0][0]), methods.index(kv[0][1]), kv[0][2:])))
+    for key, per in scores.items():
+        fed, method = key[0], key[1]
         for setting in settings(bench.method(method)):
             empty = {
                 "val": math.nan,
@@ -134,10 +143,12 @@ def tuning_rows(bench: BenchSpec, tuning: dict[BenchRun, Finished], chosen: dict
                 "not_converged": 0,
             }
             score = per.get(setting, empty)
+            selected = chosen.get(key) == setting
             rows.append(
                 {
                     "federation": fed,
                     "method": method,
+                    **({"fold": key[2]} if len(key) == 3 else {}),
                     "setting": score["label"],
                     "values": {k: v for k, v in setting},
                     "val_dice": score["val"],
@@ -147,10 +158,8 @@ def tuning_rows(bench: BenchSpec, tuning: dict[BenchRun, Finished], chosen: dict
                     "sgd_steps": score["sgd_steps"],
                     "plateau_stops": " ".join(map(str, score["plateau_stops"])),
                     "not_converged": score["not_converged"],
-                    "selected": chosen.get((fed, method)) == setting,
-                    "at_edge": "; ".join(edge_keys(bench.method(method), setting))
-                    if chosen.get((fed, method)) == setting
-                    else "",
+                    "selected": selected,
+                    "at_edge": "; ".join(edge_keys(bench.method(method), setting)) if selected else "",
                 }
             )
     return rows

@@ -18,6 +18,7 @@ A bench file (YAML)::
     seeds: [0, 1, 2]                        # run seeds: training only; the data comes from data.seed (fixed)
     split: {mode: kfold, folds: 5}          # or {mode: ratio} (the base config's ratios)
     tune: {folds: [0], seeds: [0]}          # where grids are searched (validation only; seeds: see TuneSpec)
+                                            # or {per_fold: true}: searched in every fold, for that fold (nested)
     budget: {rule: rounds, rounds: 30}      # or sgd_steps / simulated_time: the cost of ``rounds`` reference rounds
     stop: {patience: 10, min_delta: 0.001}  # early stop on the validation plateau (fl.stop)
     reference: fedavg                       # what the Wilcoxon tests compare against
@@ -168,12 +169,36 @@ class TuneSpec(Strict):
     A tuning seed among the bench's ``seeds`` makes its selected run that seed's final run (no run twice), whose
     test score is then the best of the grid on validation: run-to-run luck that lifts validation lifts test too,
     so that seed is optimistic, and more so for a larger grid. Tuning seeds outside ``seeds`` (``seeds: [0, 1, 2]``,
-    ``tune: {seeds: [100]}``) keep every final run out of the selection, at one more run per method and cell."""
+    ``tune: {seeds: [100]}``) keep every final run out of the selection, at one more run per method and cell.
+
+    One tuning (``folds``) selects one setting for every fold; in a k-fold bench the tuning folds' validation cases
+    are test cases of the other folds, whose test scores are then not fully independent of the tuning.
+    ``per_fold`` (nested tuning) searches the grids in every fold instead, at the tuning seeds, and each fold's
+    final runs take the setting selected on its own validation cases: k times the tuning runs, and the folds may
+    take different settings. A leave-one-out federation's folds are its held-out sites: with ``per_fold`` it tunes
+    at every held-out site, on the validation cases of the sites it trains on (without it: at its first site)."""
 
     folds: tuple[int, ...] | None = None
     seeds: tuple[int, ...] | None = None
+    per_fold: bool = Field(
+        default=False,
+        description="nested tuning: every grid is searched in every fold (at the tuning seeds) and each fold's final "
+        "runs take the setting selected on that fold's own validation cases, which never include its test cases "
+        "(a leave-one-out federation: at every held-out site); the settings may differ between folds, at k times "
+        "the tuning runs. Recorded only when true, so a bench without it records exactly as before",
+        exclude_if=lambda per_fold: not per_fold,
+    )
 
     _seed_list = field_validator("seeds", mode="before")(seed_list)
+
+    @model_validator(mode="after")
+    def _nested(self) -> TuneSpec:
+        if self.per_fold and self.folds is not None:
+            raise ValueError(
+                "per_fold and folds: per_fold tunes in every fold, each for itself; folds names the folds of one "
+                "tuning shared by every fold: give one of them"
+            )
+        return self
 
 
 class BudgetSpec(Strict):
@@ -266,6 +291,11 @@ class BenchSpec(Strict):
         for fold in self.tune.folds or ():
             if fold not in self.folds:
                 raise ValueError(f"tune.folds: {fold} is not a fold of this bench {list(self.folds)}")
+        if self.tune.per_fold and self.split.mode != "kfold" and not any(f.leave_one_out for f in self.federations):
+            raise ValueError(
+                f"tune.per_fold: split mode: {self.split.mode} is one split (fold 0), which the tuning uses already, "
+                "and no federation is leave_one_out; use split: {mode: kfold} or remove per_fold"
+            )
         if self.tune.seeds is not None and len(set(self.tune.seeds)) != len(self.tune.seeds):
             raise ValueError(f"tune.seeds: give distinct seeds, got {list(self.tune.seeds)}")
         for i, m in enumerate(self.methods):
@@ -368,6 +398,10 @@ class BenchSpec(Strict):
 
     @property
     def tune_folds(self) -> tuple[int, ...]:
+        """The folds whose validation cases tune the grids: ``tune.folds`` (default the first), every fold with
+        ``tune.per_fold`` (each for itself)."""
+        if self.tune.per_fold:
+            return self.folds
         return self.tune.folds if self.tune.folds is not None else self.folds[:1]
 
     @property

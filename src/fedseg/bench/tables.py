@@ -44,7 +44,7 @@ from fedseg.bench.execute import Finished
 from fedseg.bench.phases import BenchRuns
 from fedseg.bench.plan import BenchRun, folds_of
 from fedseg.bench.select import edge_keys, run_not_converged
-from fedseg.bench.spec import BenchSpec
+from fedseg.bench.spec import BenchSpec, MethodSpec
 from fedseg.data.repartition import SEPARATOR
 from fedseg.evaluate.metric_info import HD95, NSD, Metric
 from fedseg.evaluate.stats import (
@@ -217,6 +217,21 @@ def _mean(values: Iterable[float]) -> float:
     return mean_std(values)["mean"]
 
 
+def final_setting(method: MethodSpec, runs: list[BenchRun]) -> tuple[str, list[str]]:
+    """The setting label of ``method``'s final ``runs`` (sorted by fold) and its grid keys at an edge
+    (:func:`fedseg.bench.select.edge_keys`, the selected grid values); where the folds took different settings
+    (``tune.per_fold``), each fold's (``fold 0: lr=0.001; fold 1: lr=0.01``, a leave-one-out federation's by its
+    held-out site) and the keys at an edge in any of them."""
+    by_fold = {run.fold: run for run in runs}
+    if len({run.setting_label for run in by_fold.values()}) == 1:
+        return runs[0].setting_label, edge_keys(method, runs[0].setting)
+    label = "; ".join(
+        f"{'fold ' + str(fold) if run.holdout is None else 'holdout ' + run.holdout}: {run.setting_label}"
+        for fold, run in by_fold.items()
+    )
+    return label, list(dict.fromkeys(key for run in by_fold.values() for key in edge_keys(method, run.setting)))
+
+
 def federation_tables(bench: BenchSpec, runs: BenchRuns) -> tuple[dict, list[dict]]:
     """``{federation: {"sites": [...], "regions": [...], "methods": {method: stats}}}`` and the results rows."""
     by_key: dict[tuple[str, str], list[tuple[BenchRun, Finished]]] = defaultdict(list)
@@ -237,8 +252,7 @@ def federation_tables(bench: BenchSpec, runs: BenchRuns) -> tuple[dict, list[dic
             all_rows += rows
             regions = regions or list(pairs[0][1].summary["regions"])
             stats = method_stats(rows, [fin for _, fin in pairs], method.scored, regions)
-            stats["setting"] = pairs[0][0].setting_label
-            stats["at_edge"] = edge_keys(method, pairs[0][0].setting)  # the selected grid values at an edge
+            stats["setting"], stats["at_edge"] = final_setting(method, [run for run, _ in pairs])
             stats["routed_to_global"] = routed_runs(pairs, method.scored)
             methods[method.name] = stats
         if not methods:
