@@ -313,7 +313,7 @@ def write_study_file(study: Study) -> None:
         "holdout": [r.label for r in study.runs] if study.kind == "holdout" else None,
         "config": study.cfg.model_dump(mode="json"),
     }
-    atomic_write_text(study.out / STUDY_FILE, json.dumps(meta, indent=2))
+    atomic_write_text(study.out / STUDY_FILE, strict_json_text(meta, indent=2))
 
 
 def write_table(out: Path, stem: str, columns: list[str], rows: list[dict]) -> None:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 
-from fedseg.atomic_files import atomic_write_text, json_number
+from fedseg.atomic_files import atomic_write_text, json_number, strict_json_text
 from fedseg.bench.plan import BenchRun, run_config
 from fedseg.bench.spec import BenchSpec
 from fedseg.config import RunConfig, with_recorded_defaults
@@ -100,7 +100,7 @@ def train(cfg_json: dict, out: str) -> float:
     results = run_experiment(cfg, Path(out), resume=True)
     if cfg.data.repartition.holdout is not None:
         score_unseen(cfg, Path(out), results)
-    atomic_write_text(Path(out) / DONE_FILE, json.dumps({"config": cfg_json}, indent=1))
+    atomic_write_text(Path(out) / DONE_FILE, strict_json_text({"config": cfg_json}, indent=1))
     return time.perf_counter() - began
 
 

@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from fedseg.atomic_files import atomic_write_text
+from fedseg.atomic_files import atomic_write_text, strict_json_text
 from fedseg.bench.execute import DONE_FILE, Echo, Finished, Runner
 from fedseg.bench.plan import (
     BenchRun,
@@ -110,7 +110,7 @@ def record_bench(bench: BenchSpec, out: Path, recorded: dict | None) -> None:
     content = bench.model_dump(mode="json")
     if recorded is not None and any((out / "runs").rglob(DONE_FILE)):
         content.update({key: recorded[key] for key in TABLES_ONLY if key in recorded})
-    atomic_write_text(out / BENCH_FILE, json.dumps(content, indent=1))
+    atomic_write_text(out / BENCH_FILE, strict_json_text(content, indent=1))
 
 
 def spec_change(key: str, old: dict, new: dict, width: int | None = None) -> str:

@@ -29,7 +29,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from fedseg.atomic_files import atomic_write_text
+from fedseg.atomic_files import atomic_write_text, strict_json_text
 
 RECORD = ".data-files.json"
 SHOWN = 3  # files named in the message, per kind of change
@@ -74,7 +74,7 @@ def record_data_files(out: Path, root: str | Path | None, fingerprint: str | Non
         record = {"data": "config"}
     else:
         record = {"data": "folder", "root": str(folder), "files": folder_files(folder, leave_out=out)}
-    atomic_write_text(Path(out) / RECORD, json.dumps(record))
+    atomic_write_text(Path(out) / RECORD, strict_json_text(record))
 
 
 ORIGINS = {

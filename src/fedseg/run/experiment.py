@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -13,7 +12,7 @@ import torch
 
 from fedseg.accel import resolve
 from fedseg.algorithms import check_method_names, check_sites, get_algorithm
-from fedseg.atomic_files import atomic_write_text
+from fedseg.atomic_files import atomic_write_text, strict_json_text
 from fedseg.config import RunConfig, dump_config, error_text
 from fedseg.data.federation import Federation
 from fedseg.engine.base import Observer
@@ -206,7 +205,7 @@ def record_start(
     if not resume or not (out / DATA_RECORD).is_file():
         record_data_files(out, folder_root(cfg), prep.fingerprint)
     if prep.plan is not None:
-        atomic_write_text(out / PLAN_FILE, json.dumps(prep.plan.to_dict(), indent=2))
+        atomic_write_text(out / PLAN_FILE, strict_json_text(prep.plan.to_dict(), indent=2))
     if resume and all_finished(out, cfg.algorithms):  # shown, not logged: run.log holds what was trained
         show(
             "resume: every algorithm of this run has finished; nothing is trained, its outputs are written again",
