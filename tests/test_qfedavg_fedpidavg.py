@@ -77,6 +77,19 @@ def test_qfedavg_refuses_a_reply_whose_h_or_F_does_not_follow_eq16():
     for bad in (math.nan, -1.0, 0.0, "3", True):
         assert "F = " in forged(F=bad)
     assert "not one number" in forged({H: torch.ones(2, dtype=torch.float64)})
+    for huge_or_tiny in (1e200, 1e-300):  # F**q beyond floating point: the site's failure, not the coordinator's
+        server.options = QFedAvgOptions(q=2.0, L=2.0)
+        assert "F = " in forged(F=huge_or_tiny)
+    # F = 0 (an easy site's saturated loss): the honest reply has Delta = 0 and h = q ||w_k - w^t||^2, unverifiable
+    server.options = QFedAvgOptions(q=1.0, L=2.0)
+    (zero,) = _qffl_replies(start, [torch.tensor([1.0, 0.5], dtype=torch.float64)], [0.0], server).values()
+    assert server.train_reply_problem("s0", Message(zero.tensors, {"F": 0.0})) is None
+    # q = 0: h = L whatever F (F^0 = 1), so any F passes and only h is checked
+    server.options = QFedAvgOptions(q=0.0, L=2.0)
+    (plain,) = _qffl_replies(start, [torch.tensor([1.0, 0.5], dtype=torch.float64)], [3.0], server).values()
+    for F in (3.0, math.nan, math.inf):
+        assert server.train_reply_problem("s0", Message(plain.tensors, {"F": F})) is None
+    assert "not L = 2" in server.train_reply_problem("s0", Message({**plain.tensors, H: plain.tensors[H] * 3}, {}))
     assert "delta/" in server.train_reply_problem("s0", Message({H: honest.tensors[H]}, {"F": 3.0}))
 
 

@@ -152,3 +152,24 @@ def test_every_table_uses_one_late_window():
     assert [late_window(r) for r in (1, 10, 20, 25, 100)] == [2, 2, 2, 3, 10]
     assert late_best(9, 10) and not late_best(8, 10) and late_best(91, 100) and not late_best(90, 100)
     assert late_sites({"rounds": 10, "selected_rounds": {"a": 9, "b": 10, "c": 5}}) == (2, 3)  # site a: was not
+
+
+def test_a_curve_first_scored_after_round_1_or_a_fine_tuning_is_not_judged_by_its_first_score():
+    """The review's counter-examples: validate_every = 5 (0.850 at round 5, 0.8505 at round 10) had trained before its
+    first score, and a fine-tuning starting from a trained model may be best at once: neither is 'never improved'."""
+    late_first = convergence({5: 0.850, 10: 0.8505}, 10, 10, StopConfig(), None)
+    assert late_first["improved"] is None and late_first["plateaued"]
+    tuned = convergence({1: 0.80, 2: 0.799, 3: 0.797, 4: 0.79}, 4, 1, StopConfig(), None, from_initial_weights=False)
+    assert tuned["improved"] is None and tuned["converged"] is True
+
+
+def test_a_study_table_says_never_improved_apart_from_may_not_have_converged():
+    from fedseg.report.study_tables import unconverged_note
+    from fedseg.studies import converged_cell
+
+    flat = {"convergence": convergence({r: 0.1702 for r in range(1, 7)}, 6, 1, StopConfig(), None)}
+    rising = {"convergence": convergence({r: r / 10 for r in range(1, 7)}, 6, 6, StopConfig(), None)}
+    rows = [{"converged": converged_cell(flat)}, {"converged": converged_cell(rising)}]
+    assert [r["converged"] for r in rows] == ["never improved", "no"]
+    note = unconverged_note(rows, {id(rows[0]): "FedAvg: 1e-9", id(rows[1]): "FedAvg: 0.1"})
+    assert "<b>May not have converged</b>: FedAvg: 0.1 (" in note and "<b>Never improved</b>: FedAvg: 1e-9 (" in note

@@ -12,7 +12,8 @@ like any run. A study directory ``OUT`` holds:
   algorithm, columns ``algorithm, unseen_site, cases, gamma, freq_GM, freq_PM_<site>`` (one per
   site of the whole federation, empty for the unseen site: the paper's N/A) ``, dice, best_gamma,
   best_dice, val_gamma, val_dice, converged, run`` (the sub-run folder relative to ``OUT``; ``converged``:
-  ``yes``/``no`` from the sub-run's summary.json, ``fedseg.run.stopping.convergence``); empty = not applicable;
+  ``yes``/``no``/``never improved`` from the sub-run's summary.json, ``fedseg.run.stopping.convergence``); empty = not
+  applicable;
 * sweep (``--sweep key=v1,v2,...``): ``sweep/<key>=<value>/`` = a run with ``--set key=value``
   on top of the base configuration, then ``sweep.csv`` + ``sweep.json``: one row per value and
   algorithm, columns ``key, value, algorithm, val_dice, converged, dice_<site>..., dice_client_avg, dice_global,
@@ -69,6 +70,7 @@ from fedseg.run.preflight import (
     check_resume,
 )
 from fedseg.run.preparation import folder_root
+from fedseg.run.stopping import NEVER_IMPROVED
 
 UNSEEN, SWEEP = "unseen", "sweep"  # table stems: OUT/unseen.csv|json, OUT/sweep.csv|json
 HOLDOUT_DIR, SWEEP_DIR = "holdout", "sweep"
@@ -363,8 +365,12 @@ def sweep_rows(results: RunResults, key: str, value: str, run: str) -> list[dict
 
 def converged_cell(summary: dict) -> str:
     """``yes`` / ``no`` from a sub-run algorithm's ``summary.json`` entry (``convergence.converged``,
-    ``fedseg.run.stopping.convergence``), "" where it was not recorded."""
-    converged = summary.get("convergence", {}).get("converged")
+    ``fedseg.run.stopping.convergence``), ``NEVER_IMPROVED`` where its validation never improved on round 1
+    (``convergence.improved`` False), "" where it was not recorded."""
+    convergence = summary.get("convergence", {})
+    converged = convergence.get("converged")
+    if convergence.get("improved") is False:
+        return NEVER_IMPROVED
     return "" if not isinstance(converged, bool) else "yes" if converged else "no"
 
 

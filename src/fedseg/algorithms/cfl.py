@@ -60,8 +60,8 @@ class CFLOptions(FedAvgOptions):
 
 
 def flat_update(reply: dict[str, torch.Tensor], sent: dict[str, torch.Tensor]) -> torch.Tensor:
-    """``w_i - w_c`` over every entry of ``sent`` (sorted by name; a BatchNorm's integer counter too), flattened,
-    float64 ``(P,)``."""
+    """``w_i - w_c`` over every entry of ``sent`` (sorted by name; a model's float entries, ``weights_of``),
+    flattened, float64 ``(P,)``."""
     return torch.cat([(reply[k].double() - sent[k].double()).flatten() for k in sorted(sent)])
 
 

@@ -10,7 +10,7 @@ larger ``q`` gives more weight to the sites where the global model does worse. O
    ``meta.steps`` = the forward-only batches (``ceil(n_k / train.batch_size)``).
 2. exchange ``"train"``: an empty message; site k trains from the ``w^t`` it kept (the local
    loop, ``train.budget`` or ``local_steps``) and replies
-   ``Delta_k = L F_k^q Delta w_k`` (Eq. 14, ``Delta w_k = w_k - w^t``, every entry of
+   ``Delta_k = L F_k^q Delta w_k`` (Eq. 14, ``Delta w_k = w_k - w^t``, all float entries of
    the model, sent as the model's dtype) and ``h_k`` (Eq. 16, one float).
 3. the server applies Eq. 17: ``w^{t+1} = w^t + sum_k Delta_k / sum_k h_k``.
 
@@ -243,11 +243,13 @@ class QFedAvgServer(FedAvgServer):
         return Message()
 
     def train_reply_problem(self, site: str, reply: Message) -> str | None:
-        """A reply Eq. 17 can merge: ``delta/`` holds every model tensor (name, shape, dtype), ``h`` is one finite
-        number > 0, the ``F`` it reports a finite number >= 0 (> 0 for ``q > 0``), and ``h`` is Eq. 16's value for
-        that F and the Delta it sent (``||w_k - w^t|| = ||Delta_k|| / (L F^q)``, relative tolerance
-        :data:`H_RTOL`). F itself, the site's loss, is its word (like n_k): a site cannot weigh its update at will
-        beyond what a loss could say."""
+        """A reply Eq. 17 can merge: ``delta/`` holds every model tensor (name, shape, dtype), ``h`` is one number,
+        and ``h`` is Eq. 16's value for the ``F`` (a finite loss >= 0) and the Delta the site sent
+        (``||w_k - w^t|| = ||Delta_k|| / (L F^q)``, relative tolerance :data:`H_RTOL`); at ``q = 0``, ``h = L``
+        whatever F. F itself, the site's loss, is its word (like n_k): a site cannot weigh its update at will beyond
+        what a loss could say. Where ``L F^q`` is 0 (F = 0), Delta must be 0 and ``h`` (then ``q F^(q-1)
+        ||w_k - w^t||^2``, with ``w_k`` unseen) any number >= 0: such a site moves nothing and can only slow the
+        merge."""
         deltas = reply.group(DELTA)
         missing, unknown = (
             sorted(set(self.global_weights) - set(deltas)),
@@ -265,18 +267,19 @@ class QFedAvgServer(FedAvgServer):
         if h is None or h.numel() != 1 or not h.is_floating_point():
             return f"its h ({H!r}) is not one number"
         opts = options_as(self.options, QFedAvgOptions)
-        if (
-            isinstance(F, bool)
-            or not isinstance(F, (int, float))
-            or not math.isfinite(F)
-            or F < 0
-            or (opts.q and not F)
-        ):
-            return f"its F = {F!r} is not a finite loss {'> 0' if opts.q else '>= 0'}"
         L = lipschitz(opts, round_lr(self.task.cfg.train, self.engine.round, self.task.cfg.fl.rounds))
-        scale = L * F**opts.q
-        moved = math.fsum(float(d.double().pow(2).sum()) for d in deltas.values()) / scale**2
-        expected = h_of(moved, F, opts.q, L, opts.h_norm)
+        if opts.q == 0:  # F^0 = 1: Delta_k = L Delta w_k and h_k = L whatever F
+            return None if math.isclose(float(h), L, rel_tol=H_RTOL) else f"its h = {float(h):.6g} is not L = {L:.6g}"
+        if isinstance(F, bool) or not isinstance(F, (int, float)) or not math.isfinite(F) or F < 0:
+            return f"its F = {F!r} is not a finite loss >= 0"
+        try:
+            scale = L * F**opts.q
+            moved = math.fsum(float(d.double().pow(2).sum()) for d in deltas.values())
+            if scale == 0:  # F = 0 (or F^q below the smallest float): Delta is 0 and h cannot be checked from it
+                return None if moved == 0 and float(h) >= 0 else f"its F = {F:g} comes with a nonzero Delta"
+            expected = h_of(moved / scale**2, F, opts.q, L, opts.h_norm)
+        except (OverflowError, ZeroDivisionError):
+            return f"its F = {F:g} takes Eq. 16 beyond floating point at q = {opts.q:g}"
         if not math.isclose(float(h), expected, rel_tol=H_RTOL):
             return f"its h = {float(h):.6g} is not Eq. 16's {expected:.6g} for its F = {F:.6g} and Delta"
         return None

@@ -134,7 +134,10 @@ class BaseEngine:
                 declared = self.num_samples(site, split) if split in ("train", "val", "test") else None
                 problem = scores_problem(msg, reply, len(self.task.regions), declared)
             if problem is None and check is not None:
-                problem = check(site, reply)
+                try:  # a method's arithmetic on what a site sent (a rogue F**q overflowing) is that site's failure
+                    problem = check(site, reply)
+                except (ArithmeticError, ValueError, TypeError, KeyError) as error:
+                    problem = f"its reply cannot be checked ({type(error).__name__}: {error})"
             if timeout is not None and seconds > timeout:
                 problem = f"no reply within fl.timeout_s = {timeout:g} s (took {seconds:.1f} s)"
             if problem is not None:

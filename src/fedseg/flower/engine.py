@@ -288,7 +288,9 @@ class FlowerEngine(BaseEngine):
         self, messages: dict[str, Message], action: str, check: ReplyCheck | None = None
     ) -> dict[str, Message]:
         """``BaseEngine.exchange``; under secure aggregation the ``train`` exchange is SecAgg+'s (every reply is
-        the weighted average; ``fedseg.flower.secure``). Rows of plain exchanges get the bytes each message had."""
+        the weighted average; ``fedseg.flower.secure``), where no site's own reply exists to ``check`` (the methods
+        SecAgg+ serves read nothing a check would need). Rows of plain exchanges get the bytes each message had.
+        Evaluation replies must name their cases by the opaque ids every site sends (``case_ids_problem``)."""
         if action == "train" and self.secure:
             return self.secure_exchange(messages)
         if action in EVAL_ACTIONS:

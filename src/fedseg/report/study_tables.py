@@ -28,7 +28,7 @@ from fedseg.evaluate.metric_info import METRICS
 from fedseg.presentation.figures import LINE_STYLES, save, series_color
 from fedseg.presentation.kit import TableRow, esc, fmt, num, read_csv, score_table, section, site_columns, table
 from fedseg.report.methods import display_name, is_federated
-from fedseg.run.stopping import NOT_CONVERGED_WHY
+from fedseg.run.stopping import NEVER_IMPROVED, NEVER_IMPROVED_WHY, NOT_CONVERGED_WHY
 
 __all__ = [
     "STUDY_JSON",
@@ -112,23 +112,28 @@ def unseen_section(root: Path) -> str:
             fmt(r["val_dice"], 4),
         ]
         body.append(f"<tr><th>{esc(display_name(r['algorithm']))}</th>{''.join(f'<td>{c}</td>' for c in cells)}</tr>")
-    late = [f"{display_name(r['algorithm'])} without {r['unseen_site']}" for r in rows if r.get("converged") == "no"]
+    labels = {id(r): f"{display_name(r['algorithm'])} without {r['unseen_site']}" for r in rows}
     return section(
         "Unseen sites (FedSM Table 5 layout)",
         table("<tr>" + "".join(f"<th>{esc(h)}</th>" for h in head) + "</tr>", body),
-        UNSEEN_NOTE + unconverged_note(late),
+        UNSEEN_NOTE + unconverged_note(rows, labels),
     )
 
 
-def unconverged_note(labels: Sequence[str]) -> str:
-    """`` May not have converged: ...`` naming the sub-runs whose ``converged`` is ``no`` (HTML-escaped); ""
-    without any."""
-    if not labels:
-        return ""
-    return (
-        f" <b>May not have converged</b>: {esc(', '.join(dict.fromkeys(labels)))} ({NOT_CONVERGED_WHY}: more rounds "
-        "may change these numbers)."
-    )
+def unconverged_note(rows: Sequence[Mapping], labels: Mapping[int, str]) -> str:
+    """`` May not have converged: ...`` naming the sub-runs (``labels[id(row)]``) whose ``converged`` cell is
+    ``no``, and `` Never improved: ...`` those whose is ``never improved`` (HTML-escaped); "" without any."""
+    late = [labels[id(r)] for r in rows if r.get("converged") == "no"]
+    flat = [labels[id(r)] for r in rows if r.get("converged") == NEVER_IMPROVED]
+    note = ""
+    if late:
+        note += (
+            f" <b>May not have converged</b>: {esc(', '.join(dict.fromkeys(late)))} ({NOT_CONVERGED_WHY}: more "
+            "rounds may change these numbers)."
+        )
+    if flat:
+        note += f" <b>Never improved</b>: {esc(', '.join(dict.fromkeys(flat)))} ({esc(NEVER_IMPROVED_WHY)})."
+    return note
 
 
 # --------------------------------------------------------------------------- sweeps
@@ -179,8 +184,7 @@ def sweep_section(root: Path, fig_dir: Path | None = None) -> str:
         + (" Figure: the Client Avg test Dice against the value, one line per method." if figure else "")
         + f" Runs: {links}."
     )
-    late = [f"{display_name(r['algorithm'])}: {r['value']}" for r in rows if r.get("converged") == "no"]
-    note += unconverged_note(late)
+    note += unconverged_note(rows, {id(r): f"{display_name(r['algorithm'])}: {r['value']}" for r in rows})
     return section(f"Sweep over {key} ({layout})", body, note)
 
 

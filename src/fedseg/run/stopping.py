@@ -56,14 +56,17 @@ def plateaued(scores: Mapping[int, float], rnd: int, patience: int, min_delta: f
 
 
 def improved(scores: Mapping[int, float], min_delta: float) -> bool | None:
-    """Whether validation Dice ever rose more than ``min_delta`` above its first scored round (the plateau rule's
-    reference moved on); None with fewer than 2 scored rounds (nothing to compare)."""
+    """Whether validation Dice ever rose more than ``min_delta`` above round 1's (the plateau rule's reference moved
+    on), for a run that starts from its initial weights; None where that cannot be told: fewer than 2 scored rounds,
+    or a first scored round after round 1 (``fl.validate_every`` > 1, a round 1 not selectable: the model had
+    trained before its first score, and a flat curve from there is a plateau)."""
     scored = sorted(r for r, s in scores.items() if not math.isnan(s))
-    if len(scored) < 2:
+    if len(scored) < 2 or scored[0] != 1:
         return None
     return plateau_round(scores, min_delta) != scored[0]
 
 
+NEVER_IMPROVED = "never improved"  # a study table's converged cell for such a run (improved False)
 NEVER_IMPROVED_WHY = (  # what every page says of a run whose validation never improved (improved False)
     "validation Dice never rose more than fl.stop.min_delta above its first validated round: did the model train "
     "(train.lr, the labels)? Its flat curve is no plateau"
@@ -129,17 +132,23 @@ def late_best(best_round: int, rounds: int) -> bool:
 
 
 def convergence(
-    scores: Mapping[int, float], rounds: int, best_round: int, stop: StopConfig, stopped: str | None
+    scores: Mapping[int, float],
+    rounds: int,
+    best_round: int,
+    stop: StopConfig,
+    stopped: str | None,
+    from_initial_weights: bool = True,
 ) -> dict[str, Any]:
     """The ``convergence`` entry of ``summary.json``: ``rounds`` trained, ``best_round`` and its mean validation Dice
     ``best_val_dice`` (the selection score: hyper-parameters are chosen on it), ``stopped`` (the rule
     that ended training early, or None), ``late_best`` (best round in the last 10% of the rounds trained, at least
     the last 2: may not have converged), ``plateaued`` and the plateau rule's ``patience`` / ``min_delta`` used for
-    it, ``improved`` (:func:`improved`; False: ``converged`` is False too, whatever the plateau)."""
+    it, ``improved`` (:func:`improved`; None for a method that starts from another's trained model,
+    ``from_initial_weights`` False; False: ``converged`` is False too, whatever the plateau)."""
     patience = stop.patience or late_window(rounds)
     late = late_best(best_round, rounds)
     flat = stopped == PLATEAU or plateaued(scores, rounds, patience, stop.min_delta)
-    rose = improved(scores, stop.min_delta)
+    rose = improved(scores, stop.min_delta) if from_initial_weights else None
     return {
         "rounds": rounds,
         "best_round": best_round,
