@@ -233,6 +233,23 @@ def test_predict_says_when_a_volume_is_given_to_a_2d_model(finished_run, tmp_pat
     assert line.endswith("this model segments 2D images: a 3D volume's third axis reads as channels"), line
 
 
+def test_predict_says_when_a_dicom_series_is_given_to_a_2d_model(finished_run, tmp_path):
+    """A series folder is a volume too: its slices read as channels (the hint was missing for DICOM, which a
+    newcomer met first)."""
+    pytest.importorskip("pydicom")
+    pytest.importorskip("highdicom")
+    from test_readers import write_series
+
+    run, _ = finished_run
+    series = tmp_path / "in" / "s1"
+    write_series(series, np.zeros((32, 32, 12), np.uint16), spacing=(1.0, 1.0, 2.0))
+    line = _one_error_line(
+        _run(["predict", "--model", str(run / "model"), "--input", str(series.parent), "--out", str(tmp_path / "o")])
+    )
+    assert line.startswith(f"error: {series}: image has 12 channels but the model expects 3"), line
+    assert line.endswith("this model segments 2D images: a DICOM series' slices read as channels"), line
+
+
 def test_the_data_record_leaves_out_fedsegs_own_folders(tmp_path):
     from fedseg.run.data_record import RECORD, check_data_files, record_data_files
 

@@ -34,11 +34,15 @@ def _read(name: str):
 
 
 def _kernel_env() -> dict[str, str]:
-    """This process's environment, with this checkout's ``src`` and this interpreter's ``bin`` first."""
+    """This process's environment, with this checkout's ``src`` first and this interpreter's ``bin`` left out of
+    ``PATH``: a Jupyter kernel started without activating the environment has no ``fedseg`` command (the notebooks
+    run ``python -m fedseg``)."""
+    own_bin = Path(sys.executable).parent.resolve()
+    path = [p for p in os.environ.get("PATH", "").split(os.pathsep) if p and Path(p).resolve() != own_bin]
     return {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(REPO / "src"), *filter(None, [os.environ.get("PYTHONPATH")])]),
-        "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
+        "PATH": os.pathsep.join(path),
     }
 
 

@@ -42,6 +42,17 @@ def site_entry(values):
     }
 
 
+def copy_algorithm_rows(run, source: str, *names: str) -> None:
+    """Append ``source``'s rows of ``rounds.csv`` and ``ledger.csv`` as ``names``' rows: a hand-made entry that copies
+    ``source``'s summary.json entry has its training files too (the report checks each against summary.json)."""
+    for file in ("rounds.csv", "ledger.csv"):
+        with open(run / file, newline="") as f:
+            rows = list(csv.DictReader(f))
+        copies = [{**r, "algorithm": name} for name in names for r in rows if r["algorithm"] == source]
+        with open(run / file, "a", newline="") as f:
+            csv.DictWriter(f, list(rows[0])).writerows(copies)
+
+
 def make_run(root):
     """A complete fake run directory: summary, results, rounds, ledger, samples, config."""
     root.mkdir(parents=True, exist_ok=True)

@@ -317,3 +317,17 @@ def test_a_bench_tables_json_without_a_field_is_named_and_nothing_is_rewritten(t
     line = _one_error_line(_report(bench))
     assert line == f"error: {bench / 'tables.json'}: not a bench's tables ({what})", line
     assert {p.name: p.read_bytes() for p in bench.rglob("*") if p.is_file()} == before
+
+
+@pytest.mark.parametrize("file", ["rounds.csv", "ledger.csv"])
+def test_a_training_file_cut_at_a_row_boundary_is_named(run, file):
+    """Cut at a line boundary, rounds.csv and ledger.csv read as valid CSV: the report drew shorter validation curves
+    and smaller costs without a word (a fresh-eyes audit). Each is checked against summary.json."""
+    before = _state(run)
+    lines = (run / file).read_text().splitlines(keepends=True)
+    (run / file).write_text("".join(lines[: len(lines) // 3]))
+    line = _one_error_line(_report(run))
+    said = "validation rows stop at round" if file == "rounds.csv" else "SGD steps where summary.json reports"
+    assert line.startswith(f"error: the report was not drawn: {run / file}: "), line
+    assert said in line and "cut short or edited" in line, line
+    assert _state(run) == before

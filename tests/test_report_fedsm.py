@@ -18,7 +18,7 @@ from fedseg.algorithms.fedsm.model import super_model_from_bundle
 from fedseg.algorithms.fedsm.selector import build_selector
 from fedseg.report.html import algorithm_order, render_report
 from fedseg.run import prepare, run_experiment
-from test_report import embedded, local_models, make_run, row_cells, table
+from test_report import copy_algorithm_rows, embedded, local_models, make_run, row_cells, table
 
 SEL = {"selector_width": 0.0625}
 
@@ -180,6 +180,7 @@ def test_test_selector_rows_for_k_and_k_plus_1_classes(tmp_path):
     summary["algorithms"]["fedsm"] = summary["algorithms"]["fedavg"]
     summary["algorithms"]["fedsm-extra"] = summary["algorithms"]["fedavg"]
     (run / "summary.json").write_text(json.dumps(summary))
+    copy_algorithm_rows(run, "fedavg", "fedsm", "fedsm-extra")
     (run / "selector_features").mkdir()
     site = [0, 0, 1, 1, 2, 2]
     # FedSM (3 classes): argmax 0,1 | 1,1 | 2,0 -> accuracy A 0.5, B 1, C 0.5; chosen 0 twice at site A
@@ -216,6 +217,7 @@ def test_per_model_curves_from_round_metrics(tmp_path):
     summary = json.loads((run / "summary.json").read_text())
     summary["algorithms"]["fedsm"] = {**summary["algorithms"]["fedavg"], "best_round": 2}
     (run / "summary.json").write_text(json.dumps(summary))
+    copy_algorithm_rows(run, "fedavg", "fedsm")
     rows = []
     for rnd in (1, 2, 3):
         for s in ("A", "B", "C"):

@@ -17,7 +17,7 @@ from fedseg.presentation import figures
 from fedseg.presentation.kit import CSS
 from fedseg.report.html import load_run, render_report
 from fedseg.report.verdict import routing_notes, summary_lines, verdict
-from test_report import make_run, table
+from test_report import copy_algorithm_rows, make_run, table
 
 FEDAVG, FEDPROX = (
     np.mean([0.8123, 0.8456, 0.7789]),
@@ -37,6 +37,7 @@ def add_fedsm_routed_to_global(run):
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows + copied)
+    copy_algorithm_rows(run, "fedavg", "fedsm")
     (run / "selector_features").mkdir()
     n = 6
     np.savez(

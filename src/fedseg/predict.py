@@ -459,11 +459,12 @@ def read_input(source: Source, root: Path, bundle: Bundle) -> Input:
         )
     image = read_source(source, bundle.kind)
     if image.shape[0] != m["in_channels"]:
-        a_volume = bundle.kind == "2d" and not flat and named is not None and named[1] != "npy"
+        a_volume = bundle.kind == "2d" and not flat and (named is None or named[1] != "npy")  # None: DICOM series
+        what = "a DICOM series' slices read" if named is None else "a 3D volume's third axis reads"
         raise PredictError(
             f"{path}: image has {image.shape[0]} channels but the model expects {m['in_channels']} "
             f"({bundle.folder / MANIFEST}: in_channels)"
-            + ("; this model segments 2D images: a 3D volume's third axis reads as channels" if a_volume else "")
+            + (f"; this model segments 2D images: {what} as channels" if a_volume else "")
         )
     if min(image.shape[1:]) < 1:
         raise PredictError(f"{path}: empty image (shape {tuple(image.shape)})")

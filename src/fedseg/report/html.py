@@ -80,7 +80,7 @@ from fedseg.presentation.kit import (
 )
 from fedseg.report import persite
 from fedseg.report.methods import algorithm_order, display_name, families, is_federated
-from fedseg.report.own_scores import check_results, mean_std_text, own_region_stats, scored_metrics
+from fedseg.report.own_scores import check_results, check_round_files, mean_std_text, own_region_stats, scored_metrics
 from fedseg.report.study_tables import study_sections
 from fedseg.report.verdict import never_improved_methods, routing_notes, unconverged_methods, verdict, verdict_html
 from fedseg.run.stopping import NEVER_IMPROVED_WHY, NOT_CONVERGED_WHY
@@ -640,6 +640,7 @@ def render_report(run_dir: str | Path, run: RunFiles | None = None) -> Path:
     """
     run = run or load_run(run_dir)
     check_results(run)
+    check_round_files(run)
     with figure_draft(run.dir) as fig_dir:  # the figures replace figures/ with the page, once all is drawn
         title = f"fedseg report — {run.summary.get('dataset', '')}"
         return write_page(run.dir / "report.html", title, _report_parts(run, fig_dir), drawn=fig_dir)

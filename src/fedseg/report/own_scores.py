@@ -112,3 +112,32 @@ def _numbers(entry: dict, prefix: str = "") -> dict[str, float]:
 def mean_std_text(s: MeanStd, digits: int) -> str:
     """``"mean ± std"``; "–" when no case counts."""
     return "–" if s["n"] == 0 else f"{fmt(s['mean'], digits)} ± {fmt(s['std'], digits)}"
+
+
+def check_round_files(run: RunFiles) -> None:
+    """``rounds.csv`` and ``ledger.csv``, where present, hold what ``summary.json`` says each algorithm trained: its
+    last round (``rounds``, always validated) among its validation rows, and its SGD steps (``sgd_steps``,
+    ``fedseg.engine.ledger.Ledger.totals``) summed over its ledger rows. A ValueError naming the file, the
+    algorithm and what is missing otherwise: a file cut at a row boundary reads as valid CSV, and the report would
+    silently draw shorter curves and smaller costs."""
+    from fedseg.engine.ledger import EVAL_ACTIONS, FORWARD_ONLY_ACTIONS
+
+    for name, entry in run.algorithms.items():
+        last, steps = entry.get("rounds"), entry.get("sgd_steps")
+        if (run.dir / "rounds.csv").is_file() and isinstance(last, int) and last > 0:
+            validated = {int(r["round"]) for r in run.rounds if r["algorithm"] == name}
+            if last not in validated:
+                upto = f"stop at round {max(validated)}" if validated else "are missing"
+                raise ValueError(
+                    f"{run.dir / 'rounds.csv'}: {name}'s validation rows {upto} where summary.json says it trained "
+                    f"{last} rounds (one of the two files was cut short or edited); {REWRITE_HINT}"
+                )
+        if (run.dir / "ledger.csv").is_file() and isinstance(steps, int | float) and not isinstance(steps, bool):
+            rows = [r for r in run.ledger if r["algorithm"] == name]
+            counted = [r for r in rows if r["action"] not in EVAL_ACTIONS | FORWARD_ONLY_ACTIONS]
+            total = sum(int(r["steps"]) for r in counted)
+            if total != steps:
+                raise ValueError(
+                    f"{run.dir / 'ledger.csv'}: {name}'s rows hold {total} SGD steps where summary.json reports "
+                    f"{steps:g} (one of the two files was cut short or edited); {REWRITE_HINT}"
+                )
