@@ -3,6 +3,8 @@ the options' notes on this federation and network."""
 
 from __future__ import annotations
 
+import torch
+
 from fedseg.algorithms import get_algorithm
 from fedseg.algorithms.sampling import sampling_refusal
 from fedseg.config import RunConfig
@@ -79,6 +81,23 @@ def data_notes(cfg: RunConfig, kind: str) -> list[str]:
         f"note: every volume is resized to {side}x{side}x{side} voxels (data.image_size, the whole-image path) and "
         "scored on that grid, not on its own; set data.volume.patch_size (as the fets preset does) to train on "
         "patches of each volume's own grid and score there, with its spacing"
+    ]
+
+
+GPU_PATCH = 96  # a patch side (voxels) from which a CPU step takes tens of seconds (fets: 128^3, 78 s per step)
+
+
+def device_notes(cfg: RunConfig, device: torch.device) -> list[str]:
+    """A line when the run trains a GPU-sized setup on the CPU: 3D patches of ``GPU_PATCH`` voxels a side or more
+    (the ``fets`` preset's 128^3 DynUNet takes about 78 s per SGD step on 2 cores, ``docs/performance.md``), where a
+    run would print nothing for hours; the ``fets-cpu`` preset is its CPU-sized setup."""
+    side = cfg.data.volume.patch_size
+    if device.type != "cpu" or side is None or min(side if isinstance(side, (list, tuple)) else [side]) < GPU_PATCH:
+        return []
+    return [
+        f"note: {side}-voxel patches on the CPU (data.volume.patch_size): a GPU-sized setup, where one SGD step takes "
+        "tens of seconds to minutes and a round far longer; give --device cuda, or the fets-cpu preset (32^3 "
+        "patches) for a CPU"
     ]
 
 

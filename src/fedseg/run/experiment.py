@@ -18,7 +18,14 @@ from fedseg.data.federation import Federation
 from fedseg.engine.base import Observer
 from fedseg.engine.faults import check_fault_sites
 from fedseg.engine.forkserver import start_forkserver
-from fedseg.run.checks import check_sampling, check_secure_aggregation, cost_warnings, data_notes, method_notes
+from fedseg.run.checks import (
+    check_sampling,
+    check_secure_aggregation,
+    cost_warnings,
+    data_notes,
+    device_notes,
+    method_notes,
+)
 from fedseg.run.data_record import RECORD as DATA_RECORD
 from fedseg.run.data_record import check_data_files, check_data_origin, record_data_files
 from fedseg.run.engines import EngineFactory, local_engines
@@ -215,7 +222,9 @@ def record_start(
         log_event(out, "resumed")
     for line in notes + cost_warnings(cfg, len(prep.federation.sites)):
         announce(out, line, on_log_line)
-    for line in method_notes(cfg, prep.task) + data_notes(cfg, prep.federation.kind):
+    for line in (
+        method_notes(cfg, prep.task) + data_notes(cfg, prep.federation.kind) + device_notes(cfg, prep.task.device)
+    ):
         announce(out, line, on_log_line)
 
 
