@@ -45,6 +45,7 @@ from fedseg.algorithms.registry import AlgorithmSpec
 from fedseg.algorithms.robust import RobustOptions, robust_aggregator, robust_merge
 from fedseg.algorithms.site_scoring import score_at_site, surface_meta, wants_surface, write_sample
 from fedseg.config import BudgetConfig, RunConfig, TrainConfig
+from fedseg.data.dataset import CaseSet
 from fedseg.engine.base import Engine
 from fedseg.engine.context import ClientContext, MethodOptions, ReusedModels, Task
 from fedseg.engine.faults import MethodError
@@ -202,15 +203,31 @@ class FedAvgClient:
         model = self.eval_model(msg, ctx)
         data = ctx.data.split(str(msg.meta["split"]))
         scores = score_at_site(model, data, ctx, wants_surface(msg, ctx))
+        tensors = {m: torch.from_numpy(v) for m, v in scores.items()}
+        return self.eval_reply(tensors, model, data, msg, ctx, self.after_evaluate(model, scores["dice"], msg, ctx))
+
+    def eval_reply(
+        self,
+        tensors: dict[str, torch.Tensor],
+        model: nn.Module,
+        data: CaseSet,
+        msg: Message,
+        ctx: ClientContext,
+        extra: Mapping[str, MetaValue] | None = None,
+    ) -> Message:
+        """The evaluation reply every method sends: its per-case ``tensors`` (first axis: ``data``'s cases) with the
+        case ids, the model and split it answers for (what ``fedseg.engine.faults.scores_problem`` checks), and
+        ``extra`` metadata; with ``meta.sample`` the site first writes ``model``'s example prediction to its own
+        artifacts folder (images never travel in a message)."""
         if msg.meta.get("sample") and ctx.artifacts is not None and len(data):
             write_sample(model, data, ctx, str(msg.meta["model"]))
         meta: dict[str, MetaValue] = {
             "cases": json.dumps(data.ids),
             "model": str(msg.meta["model"]),
             "split": str(msg.meta["split"]),
-            **self.after_evaluate(model, scores["dice"], msg, ctx),
+            **(extra or {}),
         }
-        return Message({m: torch.from_numpy(v) for m, v in scores.items()}, meta)
+        return Message(tensors, meta)
 
     def after_evaluate(
         self, model: nn.Module, dice: np.ndarray, msg: Message, ctx: ClientContext

@@ -86,7 +86,7 @@ from fedseg.algorithms.fedsm.options import FedSMOptions, SelectorOptions
 from fedseg.algorithms.fedsm.personalize import PERSONAL, TRACK, personalization
 from fedseg.algorithms.fedsm.selector import Selector, build_selector
 from fedseg.algorithms.registry import AlgorithmSpec
-from fedseg.algorithms.site_scoring import score_at_site, surface_meta, wants_surface, write_sample
+from fedseg.algorithms.site_scoring import score_at_site, surface_meta, wants_surface
 from fedseg.config import BudgetConfig
 from fedseg.data.dataset import CaseSet
 from fedseg.engine.context import ClientContext, Task, options_as
@@ -257,14 +257,7 @@ class FedSMClient(FedAvgClient):
         else:
             scores = score_at_site(sm, data, ctx, surface)
         tensors.update({m: torch.from_numpy(v) for m, v in scores.items()})
-        if msg.meta.get("sample") and ctx.artifacts is not None and len(data):
-            write_sample(sm, data, ctx, str(msg.meta["model"]))
-        meta: dict[str, MetaValue] = {
-            "cases": json.dumps(data.ids),
-            "model": str(msg.meta["model"]),
-            "split": str(msg.meta["split"]),
-        }
-        return Message(tensors, meta)
+        return self.eval_reply(tensors, sm, data, msg, ctx)
 
 
 class FedSMServer(FedAvgServer):
