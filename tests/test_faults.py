@@ -257,6 +257,31 @@ def test_a_sites_scores_outside_their_range_or_shape_are_its_failure_not_the_res
     assert dice and all(0.0 <= v <= 1.0 for v in dice) and not [r for r in result.test_rows if r["site"] == "site2"]
 
 
+def test_a_train_reply_whose_loss_is_no_number_is_the_sites_failure(tmp_path, tiny_config, discs):
+    """A site's ``loss`` (rounds.csv's train_loss) was read with ``float()`` by the server: a rogue ``"=cmd"`` stopped
+    the coordinator with a ValueError naming nobody. It is the site's failure now, skipped under fl.on_failure."""
+    from fedseg.algorithms import register_algorithm, unregister_algorithm
+    from fedseg.algorithms.fedavg import FedAvgClient, FedAvgOptions, FedAvgServer
+    from fedseg.algorithms.registry import AlgorithmSpec
+
+    class RogueLoss(FedAvgClient):
+        def after_fit(self, model, stats, msg, ctx):
+            reply = super().after_fit(model, stats, msg, ctx)
+            if ctx.site == "site2":
+                reply.meta["loss"] = "=cmd|' /C calc'!A0"
+            return reply
+
+    register_algorithm(AlgorithmSpec("test-rogue-loss", "Rogue", FedAvgServer, RogueLoss, "test", FedAvgOptions))
+    try:
+        cfg = tiny_config(algorithms=["test-rogue-loss"], fl={"rounds": 1, "on_failure": "skip"})
+        (result,) = run_experiment(cfg, tmp_path, federation=discs).algorithms
+    finally:
+        unregister_algorithm("test-rogue-loss")
+    (failure,) = result.summary["failures"]
+    assert failure["site"] == "site2" and "expected a number" in failure["reason"]
+    assert {r["site"] for r in result.rounds_rows} >= {"site1", "site3"}
+
+
 def test_every_tensor_of_an_evaluation_reply_is_checked_fedsms_candidate_scores_too():
     """FedSM's threshold mode re-routes the candidates' scores (``dice_global``, ``dice_personal``...) at every gamma
     on the coordinator: a site's Dice 1000 there chose gamma, the round and the tables, and a wrongly shaped one

@@ -32,7 +32,7 @@ import torch
 from pydantic import Field
 
 from fedseg.algorithms.aggregate import weighted_average
-from fedseg.algorithms.fedavg import FedAvgOptions
+from fedseg.algorithms.fedavg import FedAvgOptions, train_losses
 from fedseg.algorithms.persite import PerSiteClient, PerSiteServer
 from fedseg.algorithms.prefixes import MODEL
 from fedseg.algorithms.registry import AlgorithmSpec
@@ -77,7 +77,7 @@ class ClusteredServer(PerSiteServer):
                 self.models[c] = weighted_average(
                     [replies[s].group(MODEL) for s in answered], [weights[s] for s in answered]
                 )
-        return {s: float(r.meta["loss"]) for s, r in replies.items()}
+        return train_losses(replies)
 
     def split(self, rnd: int, replies: dict[str, Message], sent: dict[str, Weights]) -> None:
         """Change ``self.clusters`` after round ``rnd``'s training (before the per-cluster merge). Default: never."""

@@ -241,6 +241,12 @@ class FedAvgClient:
         return self.reused_model("eval", msg.group(MODEL), ctx)
 
 
+def train_losses(replies: Mapping[str, Message]) -> dict[str, float]:
+    """Each site's mean local training loss in a train exchange (``meta.loss``, checked as a number by the engine:
+    ``fedseg.engine.faults.loss_problem``; NaN where a reply holds none): what ``run_round`` returns."""
+    return {site: float(reply.meta.get("loss", math.nan)) for site, reply in replies.items()}
+
+
 def weighting_of(options: object, cfg: RunConfig) -> Literal["samples", "uniform"]:
     """A method's aggregation weighting: its own ``weighting`` option (``FedAvgOptions``) if set, else
     ``fl.weighting``: the one rule of the server's merge, of the weights secure aggregation sends, and of the
@@ -309,7 +315,7 @@ class FedAvgServer:
                 "it returns nothing and sets self.global_weights to the merged model"
             )
         self.average_buffers(replies)
-        return {s: float(r.meta["loss"]) for s, r in replies.items()}
+        return train_losses(replies)
 
     def participants(self, rnd: int) -> list[str]:
         """The sites that train in round ``rnd``: every site, or the ``fl.clients_per_round`` sample drawn

@@ -36,7 +36,7 @@ from pydantic import Field, field_validator
 from torch import nn
 
 from fedseg.algorithms.client_state import put_group, state_group
-from fedseg.algorithms.fedavg import BudgetOptions, train_meta
+from fedseg.algorithms.fedavg import BudgetOptions, train_losses, train_meta
 from fedseg.algorithms.local_models import local_model_name
 from fedseg.algorithms.persite import SITE_BEST, USE_BEST, PerSiteClient, PerSiteServer
 from fedseg.algorithms.prefixes import MODEL, OPT
@@ -188,7 +188,7 @@ class FinetuneServer(PerSiteServer):
     def run_round(self, rnd: int) -> dict[str, float]:
         down = prefixed(MODEL, self.global_weights) if rnd == 1 else {}
         replies = self.engine.exchange({s: Message(dict(down)) for s in self.engine.sites}, "train")
-        return {s: float(r.meta["loss"]) for s, r in replies.items()}
+        return train_losses(replies)
 
     def site_weights(self, site: str) -> dict:
         return {}

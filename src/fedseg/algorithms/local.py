@@ -12,7 +12,7 @@ from __future__ import annotations
 from torch import nn
 
 from fedseg.algorithms.client_state import put_group, state_group
-from fedseg.algorithms.fedavg import train_meta
+from fedseg.algorithms.fedavg import train_losses, train_meta
 from fedseg.algorithms.persite import PerSiteClient, PerSiteServer
 from fedseg.algorithms.prefixes import MODEL
 from fedseg.algorithms.registry import AlgorithmSpec
@@ -42,7 +42,7 @@ class LocalServer(PerSiteServer):
 
     def run_round(self, rnd: int) -> dict[str, float]:
         replies = self.engine.exchange({s: Message() for s in self.engine.sites}, "train")
-        return {s: float(r.meta["loss"]) for s, r in replies.items()}
+        return train_losses(replies)
 
     def site_weights(self, site: str) -> dict:
         return {}

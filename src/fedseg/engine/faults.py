@@ -129,7 +129,12 @@ def reply_problem(msg: Message, reply: Message, check_finite: bool, train_cases:
         if check_finite and tensor.is_floating_point() and not all_finite(tensor):
             bad = "NaN" if bool(torch.isnan(tensor).any()) else "Inf"
             return f"tensor {name!r} holds {bad}"
-    return group_problem(msg.tensors, reply.tensors) or weight_problem(reply.meta, train_cases) or steps_problem(reply)
+    return (
+        group_problem(msg.tensors, reply.tensors)
+        or weight_problem(reply.meta, train_cases)
+        or steps_problem(reply)
+        or loss_problem(reply)
+    )
 
 
 def steps_problem(reply: Message) -> str | None:
@@ -137,6 +142,15 @@ def steps_problem(reply: Message) -> str | None:
     steps = reply.meta.get("steps", 0)
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
         return f"steps = {steps!r}, expected a whole number >= 0"
+    return None
+
+
+def loss_problem(reply: Message) -> str | None:
+    """Why a reply's ``loss`` (its mean local training loss: rounds.csv's ``train_loss``) cannot be used: it is not a
+    number (NaN allowed: a diverged site says so in its loss)."""
+    loss = reply.meta.get("loss", 0.0)
+    if isinstance(loss, bool) or not isinstance(loss, int | float):
+        return f"loss = {loss!r:.80}, expected a number"
     return None
 
 

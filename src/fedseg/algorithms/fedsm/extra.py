@@ -43,6 +43,7 @@ from pydantic import Field
 from torch import nn
 
 from fedseg.algorithms.client_state import put_group, state_group
+from fedseg.algorithms.fedavg import train_losses
 from fedseg.algorithms.fedsm.family import FEDSM
 from fedseg.algorithms.fedsm.method import (
     OWN_SITE,
@@ -164,7 +165,7 @@ class FedSMExtraServer(FedSMServer):
             }
         replies = self.engine.exchange(msgs, "train")
         self.aggregate(replies)
-        return {s: float(r.meta["loss"]) for s, r in replies.items()}
+        return train_losses(replies)
 
     def candidate_tensors(self) -> dict[str, torch.Tensor]:
         models = [self.global_weights] + [self.personal[s] for s in self.sites]
