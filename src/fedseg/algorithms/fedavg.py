@@ -347,7 +347,11 @@ class FedAvgServer:
     def train_reply_problem(self, site: str, reply: Message) -> str | None:
         """Why ``aggregate`` cannot use ``site``'s train reply, beyond the engine's own checks (names, shapes and
         dtypes of what was sent, NaN/Inf, n_k, steps: ``fedseg.engine.faults``): a method that reads tensors or
-        numbers it did not send checks them here. None: FedAvg reads only what the engine checks."""
+        numbers it did not send checks them here (calling this first). FedAvg's: the reply reports its
+        ``num_examples`` (n_k; its value the engine checks against the site's declared training set), which the
+        merge reads."""
+        if "num_examples" not in reply.meta:
+            return "it reports no num_examples (its aggregation weight n_k)"
         return None
 
     def aggregate(self, replies: dict[str, Message]) -> None:

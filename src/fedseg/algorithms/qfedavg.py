@@ -250,6 +250,8 @@ class QFedAvgServer(FedAvgServer):
         what a loss could say. Where ``L F^q`` is 0 (F = 0), Delta must be 0 and ``h`` (then ``q F^(q-1)
         ||w_k - w^t||^2``, with ``w_k`` unseen) any number >= 0: such a site moves nothing and can only slow the
         merge."""
+        if problem := super().train_reply_problem(site, reply):
+            return problem
         deltas = reply.group(DELTA)
         missing, unknown = (
             sorted(set(self.global_weights) - set(deltas)),
