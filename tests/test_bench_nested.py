@@ -21,15 +21,8 @@ from fedseg.bench.select import select_settings, tuning_rows
 from fedseg.bench.spec import BenchSpec, load_bench
 from fedseg.bench.tables import final_setting
 from fedseg.config import ConfigError
+from test_bench import TINY_SET
 
-TINY_SET = [
-    "data.scale=0.05",
-    "data.image_size=32",
-    "model.channels=[4,8,16]",
-    "train.batch_size=4",
-    "threads=1",
-    "eval.local_models=false",
-]
 FED = "synthetic-retina"
 LOO = {"name": "unseen", "set": ["data.source=synthetic-retina"], "leave_one_out": True}
 
