@@ -257,28 +257,40 @@ def test_a_sites_scores_outside_their_range_or_shape_are_its_failure_not_the_res
     assert dice and all(0.0 <= v <= 1.0 for v in dice) and not [r for r in result.test_rows if r["site"] == "site2"]
 
 
-def test_a_train_reply_whose_loss_is_no_number_is_the_sites_failure(tmp_path, tiny_config, discs):
-    """A site's ``loss`` (rounds.csv's train_loss) was read with ``float()`` by the server: a rogue ``"=cmd"`` stopped
-    the coordinator with a ValueError naming nobody. It is the site's failure now, skipped under fl.on_failure."""
+ROGUE_TRAIN = {  # how a rogue site2 changes its train reply, and what the coordinator says
+    "loss": (lambda reply: reply.meta.update(loss="=cmd|' /C calc'!A0"), "expected a number"),
+    "no model": (lambda reply: Message({}, reply.meta), "it returned no model/ tensors"),
+    "no weight": (
+        lambda reply: Message(reply.tensors, {k: v for k, v in reply.meta.items() if k != "num_examples"}),
+        "it reports no num_examples",
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(ROGUE_TRAIN))
+def test_a_train_reply_the_merge_cannot_read_is_the_sites_failure(kind, tmp_path, tiny_config, discs):
+    """A site's ``loss`` was read with ``float()`` (a rogue ``"=cmd"`` stopped the coordinator with a ValueError naming
+    nobody), and a reply without its ``model/`` group was a KeyError in the merge: each is the site's failure now,
+    skipped under fl.on_failure = skip."""
     from fedseg.algorithms import register_algorithm, unregister_algorithm
     from fedseg.algorithms.fedavg import FedAvgClient, FedAvgOptions, FedAvgServer
     from fedseg.algorithms.registry import AlgorithmSpec
 
-    class RogueLoss(FedAvgClient):
+    change, said = ROGUE_TRAIN[kind]
+
+    class Rogue(FedAvgClient):
         def after_fit(self, model, stats, msg, ctx):
             reply = super().after_fit(model, stats, msg, ctx)
-            if ctx.site == "site2":
-                reply.meta["loss"] = "=cmd|' /C calc'!A0"
-            return reply
+            return change(reply) or reply if ctx.site == "site2" else reply
 
-    register_algorithm(AlgorithmSpec("test-rogue-loss", "Rogue", FedAvgServer, RogueLoss, "test", FedAvgOptions))
+    register_algorithm(AlgorithmSpec("test-rogue-train", "Rogue", FedAvgServer, Rogue, "test", FedAvgOptions))
     try:
-        cfg = tiny_config(algorithms=["test-rogue-loss"], fl={"rounds": 1, "on_failure": "skip"})
+        cfg = tiny_config(algorithms=["test-rogue-train"], fl={"rounds": 1, "on_failure": "skip"})
         (result,) = run_experiment(cfg, tmp_path, federation=discs).algorithms
     finally:
-        unregister_algorithm("test-rogue-loss")
+        unregister_algorithm("test-rogue-train")
     (failure,) = result.summary["failures"]
-    assert failure["site"] == "site2" and "expected a number" in failure["reason"]
+    assert failure["site"] == "site2" and said in failure["reason"], failure
     assert {r["site"] for r in result.rounds_rows} >= {"site1", "site3"}
 
 
@@ -312,8 +324,13 @@ def test_every_tensor_of_an_evaluation_reply_is_checked_fedsms_candidate_scores_
         "nsd": (torch.full((n, regions + 1), 0.5), "nsd scores have shape (4, 3), expected (4, 2)"),
         "probs": (torch.full((n, 3), 2.0), "probs scores leave [0, 1] (e.g. 2)"),
         "choice": (torch.zeros(n + 1, dtype=torch.long), "'choice' has shape (5,), not one row per case (4)"),
+        "dice": (torch.full((n, regions), 1000), "dice scores are torch.int64, not floating point"),  # passed before
     }
     for name, (tensor, said) in bad.items():
         problem = scores_problem(asked, reply(**{name: tensor}), regions, n)
         assert problem is not None and said in problem, (name, problem)
     assert "declared as 5" in scores_problem(asked, reply(), regions, 5)
+    no_cases = reply()
+    del no_cases.meta["cases"]  # a KeyError naming no site where the rows were made
+    assert scores_problem(asked, no_cases, regions, n) == "it names no cases for its scores"
+    assert scores_problem(Message({}, {}), Message({}, {}), regions) is None  # share_model: no split, no scores

@@ -109,8 +109,8 @@ def test_the_coordinator_takes_only_opaque_case_ids_from_a_site():
 
     honest = list(opaque_case_ids(SimpleNamespace(cases=[SimpleNamespace(id=f"P{i}") for i in range(12000)])).values())
     assert honest[0] == "case-0001" and honest[-1] == "case-12000"
-    assert case_ids_problem("site1", scores(*honest)) is None
-    assert case_ids_problem("site1", Message({}, {})) is None  # no scores (share_model)
+    assert case_ids_problem("site1", Message(), scores(*honest)) is None
+    assert case_ids_problem("site1", Message(), Message({}, {})) is None  # no scores (share_model)
     for rogue in ('=HYPERLINK("http://x","y")', "case-0001\x1b[2J", "BraTS_0001", "case-1", "case-0001 "):
-        problem = case_ids_problem("site1", scores("case-0002", rogue))
+        problem = case_ids_problem("site1", Message(), scores("case-0002", rogue))
         assert problem is not None and "is not an opaque one" in problem and "\x1b" not in problem

@@ -67,10 +67,12 @@ def test_qfedavg_refuses_a_reply_whose_h_or_F_does_not_follow_eq16():
     start = dict(server.global_weights)
     (honest,) = _qffl_replies(start, [torch.tensor([1.0, 0.5], dtype=torch.float64)], [3.0], server).values()
     honest = Message(honest.tensors, {"F": 3.0, "num_examples": 4})
-    assert server.train_reply_problem("s0", honest) is None
+    assert server.train_reply_problem("s0", Message(), honest) is None
 
     def forged(tensors: dict | None = None, **meta) -> str | None:
-        return server.train_reply_problem("s0", Message({**honest.tensors, **(tensors or {})}, {**honest.meta, **meta}))
+        return server.train_reply_problem(
+            "s0", Message(), Message({**honest.tensors, **(tensors or {})}, {**honest.meta, **meta})
+        )
 
     assert "Eq. 16" in forged({H: honest.tensors[H] * 1000})
     assert "Eq. 16" in forged(F=30.0)  # the same h claimed for another loss
@@ -83,16 +85,16 @@ def test_qfedavg_refuses_a_reply_whose_h_or_F_does_not_follow_eq16():
     # F = 0 (an easy site's saturated loss): the honest reply has Delta = 0 and h = q ||w_k - w^t||^2, unverifiable
     server.options = QFedAvgOptions(q=1.0, L=2.0)
     (zero,) = _qffl_replies(start, [torch.tensor([1.0, 0.5], dtype=torch.float64)], [0.0], server).values()
-    assert server.train_reply_problem("s0", Message(zero.tensors, {**honest.meta, "F": 0.0})) is None
+    assert server.train_reply_problem("s0", Message(), Message(zero.tensors, {**honest.meta, "F": 0.0})) is None
     # q = 0: h = L whatever F (F^0 = 1), so any F passes and only h is checked
     server.options = QFedAvgOptions(q=0.0, L=2.0)
     (plain,) = _qffl_replies(start, [torch.tensor([1.0, 0.5], dtype=torch.float64)], [3.0], server).values()
     for F in (3.0, math.nan, math.inf):
-        assert server.train_reply_problem("s0", Message(plain.tensors, {**honest.meta, "F": F})) is None
+        assert server.train_reply_problem("s0", Message(), Message(plain.tensors, {**honest.meta, "F": F})) is None
     tripled = Message({**plain.tensors, H: plain.tensors[H] * 3}, honest.meta)
-    assert "not L = 2" in server.train_reply_problem("s0", tripled)
-    assert "delta/" in server.train_reply_problem("s0", Message({H: honest.tensors[H]}, honest.meta))
-    assert "num_examples" in server.train_reply_problem("s0", Message(honest.tensors, {"F": 3.0}))
+    assert "not L = 2" in server.train_reply_problem("s0", Message(), tripled)
+    assert "delta/" in server.train_reply_problem("s0", Message(), Message({H: honest.tensors[H]}, honest.meta))
+    assert "num_examples" in server.train_reply_problem("s0", Message(), Message(honest.tensors, {"F": 3.0}))
 
 
 def test_qfedavg_skips_a_site_whose_delta_is_incomplete(tmp_path, uneven_federation, tiny_config):
@@ -252,9 +254,9 @@ def test_fedpidavg_refuses_a_val_loss_that_is_no_finite_loss():
     negative loss steered the weights; each is that site's failure now."""
     server = FedPIDAvgServer.__new__(FedPIDAvgServer)
     meta = {"num_examples": 4, "val_loss": 2.5}
-    assert server.train_reply_problem("s0", Message({}, meta)) is None
+    assert server.train_reply_problem("s0", Message(), Message({}, meta)) is None
     for bad in ("1e9", math.nan, -1.0, math.inf, True):
-        assert "val_loss" in server.train_reply_problem("s0", Message({}, {**meta, "val_loss": bad}))
+        assert "val_loss" in server.train_reply_problem("s0", Message(), Message({}, {**meta, "val_loss": bad}))
 
 
 def test_pid_terms_by_hand():

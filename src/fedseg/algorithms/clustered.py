@@ -68,7 +68,8 @@ class ClusteredServer(PerSiteServer):
             self.clusters = self.initial_clusters()
             self.models = {c: dict(self.global_weights) for c in sorted(set(self.clusters.values()))}
         sent = {s: self.models[self.clusters[s]] for s in self.engine.sites}
-        replies = self.engine.exchange({s: Message(prefixed(MODEL, w)) for s, w in sent.items()}, "train")
+        messages = {s: Message(prefixed(MODEL, w)) for s, w in sent.items()}
+        replies = self.engine.exchange(messages, "train", self.train_reply_problem)
         self.split(rnd, replies, sent)
         weights = self.checked_aggregation_weights(replies)
         for c, sites in self.members().items():  # a cluster none of whose sites answered keeps its model

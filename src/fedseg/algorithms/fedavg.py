@@ -279,6 +279,7 @@ class FedAvgServer:
     # where no site trains a model of its own in ``train`` (centralized), where the local models are
     # the method's own (local) or where the client trains otherwise (the FedSM family).
     KEEPS_LOCAL_MODELS = True
+    RETURNED_GROUPS: tuple[str, ...] = (MODEL,)  # groups of a train message every reply returns (train_reply_problem)
     # Whether each site is tested with its own model at its own best validation round
     # (fedseg.algorithms.persite); False: every site at the round with the best mean validation Dice.
     SELECTS_PER_SITE = False
@@ -344,12 +345,16 @@ class FedAvgServer:
     def train_message(self, site: str) -> Message:
         return Message(prefixed(MODEL, self.global_weights))
 
-    def train_reply_problem(self, site: str, reply: Message) -> str | None:
-        """Why ``aggregate`` cannot use ``site``'s train reply, beyond the engine's own checks (names, shapes and
-        dtypes of what was sent, NaN/Inf, n_k, steps: ``fedseg.engine.faults``): a method that reads tensors or
-        numbers it did not send checks them here (calling this first). FedAvg's: the reply reports its
-        ``num_examples`` (n_k; its value the engine checks against the site's declared training set), which the
-        merge reads."""
+    def train_reply_problem(self, site: str, sent: Message, reply: Message) -> str | None:
+        """Why ``aggregate`` cannot use ``site``'s reply to the train message ``sent``, beyond the engine's own checks
+        (names, shapes and dtypes of what was sent, NaN/Inf, n_k, steps: ``fedseg.engine.faults``): a method that
+        reads tensors or numbers it did not send checks them here (calling this first). FedAvg's: every group of
+        :attr:`RETURNED_GROUPS` that was sent comes back (the engine checks a group both hold is whole; a group left
+        out was a KeyError naming no site in the merge), and the reply reports its ``num_examples`` (n_k, which the
+        engine checks against the site's declared training set)."""
+        for group in self.RETURNED_GROUPS:
+            if sent.group(group) and not reply.group(group):
+                return f"it returned no {group}/ tensors ({len(sent.group(group))} sent)"
         if "num_examples" not in reply.meta:
             return "it reports no num_examples (its aggregation weight n_k)"
         return None

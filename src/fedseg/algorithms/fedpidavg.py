@@ -110,10 +110,10 @@ class FedPIDAvgServer(FedAvgServer):
         self.history = torch.full((len(engine.sites), options.history), math.nan, dtype=torch.float64)
         self.last_coefficients: dict[str, float] = {}
 
-    def train_reply_problem(self, site: str, reply: Message) -> str | None:
+    def train_reply_problem(self, site: str, sent: Message, reply: Message) -> str | None:
         """FedAvg's check, and the ``val_loss`` Eq. 18-22 weigh the site by: a finite number >= 0 (a sum of losses;
         its value is the site's word, like n_k)."""
-        if problem := super().train_reply_problem(site, reply):
+        if problem := super().train_reply_problem(site, sent, reply):
             return problem
         loss = reply.meta.get("val_loss")
         if isinstance(loss, bool) or not isinstance(loss, int | float) or not math.isfinite(loss) or loss < 0:

@@ -242,7 +242,7 @@ class QFedAvgServer(FedAvgServer):
     def train_message(self, site: str) -> Message:
         return Message()
 
-    def train_reply_problem(self, site: str, reply: Message) -> str | None:
+    def train_reply_problem(self, site: str, sent: Message, reply: Message) -> str | None:
         """A reply Eq. 17 can merge: ``delta/`` holds every model tensor (name, shape, dtype), ``h`` is one number,
         and ``h`` is Eq. 16's value for the ``F`` (a finite loss >= 0) and the Delta the site sent
         (``||w_k - w^t|| = ||Delta_k|| / (L F^q)``, relative tolerance :data:`H_RTOL`); at ``q = 0``, ``h = L``
@@ -250,7 +250,7 @@ class QFedAvgServer(FedAvgServer):
         what a loss could say. Where ``L F^q`` is 0 (F = 0), Delta must be 0 and ``h`` (then ``q F^(q-1)
         ||w_k - w^t||^2``, with ``w_k`` unseen) any number >= 0: such a site moves nothing and can only slow the
         merge."""
-        if problem := super().train_reply_problem(site, reply):
+        if problem := super().train_reply_problem(site, sent, reply):
             return problem
         deltas = reply.group(DELTA)
         missing, unknown = (
@@ -261,9 +261,9 @@ class QFedAvgServer(FedAvgServer):
             which = f"lacks {missing[0]!r}" if missing else f"has {unknown[0]!r}, not a tensor of the model"
             return f"its Delta ({DELTA}/) {which}"
         for name, delta in deltas.items():
-            sent = self.global_weights[name]
-            if delta.shape != sent.shape or delta.dtype != sent.dtype:
-                model = f"{tuple(sent.shape)} {sent.dtype}"
+            w = self.global_weights[name]
+            if delta.shape != w.shape or delta.dtype != w.dtype:
+                model = f"{tuple(w.shape)} {w.dtype}"
                 return f"its Delta {name!r} is {tuple(delta.shape)} {delta.dtype}, the model's {model}"
         h, F = reply.tensors.get(H), reply.meta.get("F")
         if h is None or h.numel() != 1 or not h.is_floating_point():

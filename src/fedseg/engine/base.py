@@ -32,12 +32,12 @@ log = logging.getLogger(__name__)
 
 Observer = Callable[[str, str, Message, Message], None]  # (site, action, message, reply)
 ClientStates = dict[str, dict[str, torch.Tensor]]
-ReplyCheck = Callable[[str, Message], str | None]  # a method's own check of a reply: (site, reply) -> why not usable
+ReplyCheck = Callable[[str, Message, Message], str | None]  # a method's own check: (site, sent, reply) -> why not
 
 
 def both_checks(first: ReplyCheck, second: ReplyCheck | None) -> ReplyCheck:
     """One reply check: ``first``'s problem, else ``second``'s (``second`` None: ``first`` alone)."""
-    return first if second is None else lambda site, reply: first(site, reply) or second(site, reply)
+    return first if second is None else lambda site, sent, reply: first(site, sent, reply) or second(site, sent, reply)
 
 
 class Engine(Protocol):
@@ -106,7 +106,7 @@ class BaseEngine:
     ) -> dict[str, Message]:
         """Deliver ``messages[site]`` to each site's client under ``action``; return the replies in
         federation order, each recorded in the ledger and shown to the observers. A reply that fails the engine's
-        checks (``fedseg.engine.faults``) or the method's own ``check`` (``check(site, reply)``: why the method
+        checks (``fedseg.engine.faults``) or the method's own ``check`` (``check(site, message, reply)``: why the method
         cannot use it, or None) is a site failure under ``fl.on_failure``."""
         unknown = sorted(set(messages) - set(self.sites))
         if unknown:
@@ -135,7 +135,7 @@ class BaseEngine:
                 problem = scores_problem(msg, reply, len(self.task.regions), declared)
             if problem is None and check is not None:
                 try:  # a method's arithmetic on what a site sent (a rogue F**q overflowing) is that site's failure
-                    problem = check(site, reply)
+                    problem = check(site, msg, reply)
                 except (ArithmeticError, ValueError, TypeError, KeyError) as error:
                     problem = f"its reply cannot be checked ({type(error).__name__}: {error})"
             if timeout is not None and seconds > timeout:

@@ -166,14 +166,15 @@ def scores_problem(msg: Message, reply: Message, regions: int, declared: int | N
     to score; its ``cases`` are not a JSON list of distinct case ids, or not ``declared`` many (the size of the split
     ``msg`` names, as the site declared it); a tensor is not per case (first axis: the cases), a score (``PER_REGION``,
     and its ``<metric>_<candidate>`` variants) not ``(cases, regions)``, or a value leaves its ``SCORE_RANGES``
-    range. None for a reply without ``cases`` (no scores: ``share_model``)."""
+    range (a score that is not floating point: an integer 1000 passed the range check). None for a reply without
+    ``cases`` to a message that names no ``split`` (no scores: ``share_model``)."""
     import json
 
     asked = msg.meta.get("model")
     if asked is not None and reply.meta.get("model") != asked:
         return f"it reports scores of model {reply.meta.get('model')!r}, asked to score {asked!r}"
     if "cases" not in reply.meta:
-        return None
+        return "it names no cases for its scores" if "split" in msg.meta else None
     try:
         cases = json.loads(str(reply.meta["cases"]))
     except ValueError:
@@ -189,8 +190,10 @@ def scores_problem(msg: Message, reply: Message, regions: int, declared: int | N
         if kind in PER_REGION and tuple(scores.shape) != (len(cases), regions):
             expected = f"({len(cases)}, {regions}): cases x regions"
             return f"its {name} scores have shape {tuple(scores.shape)}, expected {expected}"
-        if kind not in SCORE_RANGES or not scores.is_floating_point():
+        if kind not in SCORE_RANGES:
             continue
+        if not scores.is_floating_point():
+            return f"its {name} scores are {scores.dtype}, not floating point"
         low, high = SCORE_RANGES[kind]
         values = scores[~torch.isnan(scores)].double()
         outside = values[(values < low - SCORE_SLACK) | (values > high + SCORE_SLACK)]

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -38,6 +39,7 @@ from fedseg.engine.base import BaseEngine, ClientStates, ReplyCheck, both_checks
 from fedseg.engine.context import Task
 from fedseg.engine.ledger import EVAL_ACTIONS
 from fedseg.engine.messages import Message
+from fedseg.flower.log_text import site_text
 from fedseg.flower.node import INFO, REFUSED, RELEASE, RESTORE, SNAPSHOT
 from fedseg.flower.records import ENGINE, case_ids_problem, from_recorddict, record_bytes, to_recorddict
 
@@ -126,7 +128,7 @@ class Courier:
 def check_reply(reply: FlowerMessage, who: str, what: str) -> None:
     """Raise ``SiteError`` with the site's own reason if ``reply`` is an error."""
     if reply.has_error():
-        raise SiteError(f"{who} failed during {what}:\n{reply.error.reason}")
+        raise SiteError(f"{who} failed during {what}:\n{site_text(reply.error.reason or '')}")
 
 
 def query(site: str, node: int, action: str, header: dict) -> FlowerMessage:
@@ -346,10 +348,18 @@ class FlowerEngine(BaseEngine):
             if flower_reply is None:
                 answered[site] = TimeoutError(f"no reply within fl.timeout_s = {timeout:g} s")
             elif flower_reply.has_error():
-                answered[site] = SiteError(flower_reply.error.reason)
+                answered[site] = SiteError(site_text(flower_reply.error.reason or "an error"))
             else:
-                reply, head = from_recorddict(flower_reply.content)
-                answered[site] = (reply, float(head.get("seconds", 0.0)))
+                try:  # a reply fedseg's ClientApp did not write is the site's failure, not the coordinator's crash
+                    reply, head = from_recorddict(flower_reply.content)
+                    seconds = float(head.get("seconds", 0.0))
+                except (KeyError, ValueError, TypeError, AttributeError) as error:
+                    answered[site] = SiteError(f"its reply is no fedseg message ({type(error).__name__}: {error})")
+                    continue
+                if not (math.isfinite(seconds) and seconds >= 0):  # the ledger's compute time, the cost model's
+                    answered[site] = SiteError(f"its compute time {seconds!r} is no number of seconds >= 0")
+                    continue
+                answered[site] = (reply, seconds)
                 self._bytes[site] = (record_bytes(sent.content), record_bytes(flower_reply.content))
         return answered
 
@@ -410,7 +420,7 @@ class FlowerEngine(BaseEngine):
             return
         for site, reply in zip(sites, replies):
             if reply is None or reply.has_error():
-                why = "no reply" if reply is None else (reply.error.reason or "an error").partition("\n")[0]
+                why = "no reply" if reply is None else site_text(reply.error.reason or "an error").partition("\n")[0]
                 log.warning(
                     "site %r did not delete its snapshots of %s (%s): its --state folder keeps them",
                     site,

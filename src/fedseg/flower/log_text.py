@@ -8,3 +8,15 @@ def printable(text: str) -> str:
     terminal escape codes and every other character that is not printable written as escapes (``\\n``, ``\\x1b``),
     so a coordinator cannot forge log lines or clear an operator's screen."""
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+SITE_TEXT_LIMIT = 4000  # characters of a site's own text the coordinator shows (a data check's list fits)
+
+
+def site_text(text: str) -> str:
+    """A site's own text (an error's reason, a data check's list of problems) as the coordinator shows it in its
+    console, log, ledger and summary: its lines kept, every other character that is not printable escaped (no
+    terminal codes from a rogue site), at most :data:`SITE_TEXT_LIMIT` characters."""
+    cut = text[:SITE_TEXT_LIMIT]
+    shown = "\n".join(printable(line) for line in cut.split("\n"))
+    return shown + (f" … ({len(text) - SITE_TEXT_LIMIT} more characters)" if len(text) > SITE_TEXT_LIMIT else "")

@@ -49,7 +49,7 @@ def opaque_case_id(position: int) -> str:
     return f"case-{position:04d}"
 
 
-def case_ids_problem(site: str, reply: Message) -> str | None:
+def case_ids_problem(site: str, sent: Message, reply: Message) -> str | None:
     """Why an evaluation reply's case ids are not the opaque ones every site sends (``OPAQUE_CASE_ID``), or None:
     they become rows of the coordinator's results.csv, where a rogue site's ``=HYPERLINK(...)`` would be a
     formula in a spreadsheet. ``reply.meta["cases"]`` was already checked as a JSON list of distinct strings

@@ -44,6 +44,7 @@ from fedseg.algorithms import get_algorithm
 from fedseg.algorithms.fedavg import weighting_of
 from fedseg.engine.ledger import LedgerRow
 from fedseg.engine.messages import Message
+from fedseg.flower.log_text import site_text
 from fedseg.flower.records import ENGINE, record_bytes
 from fedseg.run.checks import SIMULATOR_REFUSAL as SIMULATOR_REFUSAL  # re-exported: the refusals in one place
 
@@ -278,7 +279,7 @@ class MeteredGrid:
             floats_down = self.floats.get(m.metadata.dst_node_id, 0) if action == "train" else 0
             row = {"site": site, "action": action, "bytes_down": down, "floats_down": floats_down, "wall": wall}
             if r is None or r.has_error():
-                why = "no reply" if r is None else r.error.reason
+                why = "no reply" if r is None else site_text(r.error.reason or "an error")
                 if not self.skip:
                     from fedseg.engine.faults import SiteFailure
 

@@ -163,7 +163,7 @@ class FedSMExtraServer(FedSMServer):
                 )
                 for s in self.sites
             }
-        replies = self.engine.exchange(msgs, "train")
+        replies = self.engine.exchange(msgs, "train", self.train_reply_problem)
         self.aggregate(replies)
         return train_losses(replies)
 

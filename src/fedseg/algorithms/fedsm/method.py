@@ -269,6 +269,7 @@ class FedSMServer(FedAvgServer):
     MODE: Mode = "threshold"
     EXTRA_CLASSES = 0
     KEEPS_LOCAL_MODELS = False  # the personalized models are the family's own; no FedAvg local models
+    RETURNED_GROUPS = (GLOBAL, SELECTOR)  # each comes back whenever it was sent (train_reply_problem)
 
     def __init__(self, engine, task: Task, options):
         super().__init__(engine, task, options)
