@@ -253,3 +253,30 @@ def test_a_site_masks_only_with_its_own_weight():
         site_weight({"weighting": "samples", "weight": True}, "samples", 1)
     with pytest.raises(ValueError, match="sent this site 'uniform' weighting, not the run's 'samples'"):
         site_weight({"weighting": "uniform", "weight": 1}, "samples", 5)
+
+
+def test_a_sites_description_of_its_summed_vector_must_be_the_one_it_received():
+    """Under SecAgg+ each site's reply is rebuilt from the sum with the index the site sends (name, dtype, shape,
+    delta per tensor): a rogue ``delta = false`` made the coordinator rebuild another average than the sites' (the
+    received weights left out), and a malformed entry was an exception naming no site (a trust-boundary audit)."""
+    import numpy as np
+    import torch
+
+    from fedseg.flower.secure import index_problem
+
+    first = {"model/w": torch.zeros(2, 3), "model/b": torch.zeros(3)}
+    average = [np.zeros(6), np.zeros(3)]
+    honest = [["model/w", "float32", [2, 3], True], ["model/b", "float32", [3], True]]
+    assert index_problem(honest, first, average) is None
+    rogue = {
+        "not an update": ([["model/w", "float32", [2, 3], False], honest[1]], "described unlike the one it received"),
+        "another dtype": ([["model/w", "float64", [2, 3], True], honest[1]], "described unlike the one it received"),
+        "another shape": ([["model/w", "float32", [3, 2], True], honest[1]], "described unlike the one it received"),
+        "too few": ([honest[0]], "it describes 1 tensors, the sum has 2"),
+        "malformed": ([["model/w", "float32"], honest[1]], "not [name, dtype, shape, delta]"),
+        "not a float": ([["model/w", "int64", [2, 3], True], honest[1]], "no float tensor's"),
+        "wrong size": ([["model/w", "float32", [2, 2], True], honest[1]], "is not its 6 entries of the sum"),
+    }
+    for what, (index, said) in rogue.items():
+        problem = index_problem(index, first, average)
+        assert problem is not None and said in problem, (what, problem)

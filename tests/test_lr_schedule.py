@@ -99,7 +99,8 @@ def test_scaffold_and_qfedavg_use_the_rounds_rate(tmp_path, tiny_config, disc_fe
     monkeypatch.setattr(qfedavg, "lipschitz", lambda opts, lr: lipschitz_lr.append(lr) or lipschitz(opts, lr))
     run_experiment(cfg, tmp_path, federation=disc_federation(cases_per_site=8))
     assert eta_l == [(t, lr) for t, lr in ((1, 1e-3), (2, 5e-4)) for _ in range(3 * 2)]  # 3 sites, 2 uses each
-    assert lipschitz_lr == [lr for lr in (1e-3, 5e-4) for _ in range(3)]
+    # 3 sites' Delta_k, h_k, then the server's check of each reply's h_k (Eq. 16 again): the round's rate in both
+    assert lipschitz_lr == [lr for lr in (1e-3, 5e-4) for _ in range(3 + 3)]
 
 
 def _spy_fit_lrs(monkeypatch) -> list[tuple[str, float, bool]]:

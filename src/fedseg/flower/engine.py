@@ -290,11 +290,11 @@ class FlowerEngine(BaseEngine):
         self, messages: dict[str, Message], action: str, check: ReplyCheck | None = None
     ) -> dict[str, Message]:
         """``BaseEngine.exchange``; under secure aggregation the ``train`` exchange is SecAgg+'s (every reply is
-        the weighted average; ``fedseg.flower.secure``), where no site's own reply exists to ``check`` (the methods
-        SecAgg+ serves read nothing a check would need). Rows of plain exchanges get the bytes each message had.
+        the weighted average; ``fedseg.flower.secure``; ``check`` runs on the reply each site's description of its
+        vector rebuilds). Rows of plain exchanges get the bytes each message had.
         Evaluation replies must name their cases by the opaque ids every site sends (``case_ids_problem``)."""
         if action == "train" and self.secure:
-            return self.secure_exchange(messages)
+            return self.secure_exchange(messages, check)
         if action in EVAL_ACTIONS:
             check = both_checks(case_ids_problem, check)
         number = self.ledger.next_exchange()
@@ -305,7 +305,7 @@ class FlowerEngine(BaseEngine):
                 row.bytes_down, row.bytes_up = self._bytes[row.site]
         return replies
 
-    def secure_exchange(self, messages: dict[str, Message]) -> dict[str, Message]:
+    def secure_exchange(self, messages: dict[str, Message], check: ReplyCheck | None = None) -> dict[str, Message]:
         from fedseg.engine.faults import SiteFailure
         from fedseg.flower.secure import secure_train
 
@@ -314,7 +314,7 @@ class FlowerEngine(BaseEngine):
             raise KeyError(f"messages for unknown sites {unknown}; sites are {self.sites}")
         order = [s for s in self.sites if s in messages]
         self._exchanges += 1
-        replies = secure_train(self, order, messages)
+        replies = secure_train(self, order, messages, check)
         if len(replies) < len(order) and (self.all_sites_required or len(replies) < self.task.cfg.fl.min_sites):
             raise SiteFailure(
                 f"round {self.round}: only {len(replies)} of {len(order)} sites took part in the secure aggregation"

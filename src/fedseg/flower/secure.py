@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from dataclasses import asdict, dataclass, field
 from types import SimpleNamespace
@@ -337,16 +338,18 @@ class FlowerErrors(logging.Handler):
         logging.getLogger("flwr").removeHandler(self)
 
 
-def secure_train(engine, order: list[str], messages: dict[str, Message]) -> dict[str, Message]:
+def secure_train(engine, order: list[str], messages: dict[str, Message], check=None) -> dict[str, Message]:
     """One ``train`` exchange under SecAgg+ (module docstring): ``{site: reply}``, every reply carrying the
-    weighted average of the sites' replies; ledger rows recorded on ``engine.ledger``."""
+    weighted average of the sites' replies; ledger rows recorded on ``engine.ledger``. Each site's description of
+    its vector (:func:`index_problem`), its metadata and the method's ``check`` (``Engine.exchange``'s) on the
+    reply rebuilt from it must hold: the round stops otherwise (its masked update is in the sum already)."""
     from flwr.common import parameters_to_ndarrays
     from flwr.server.compat.legacy_context import LegacyContext
     from flwr.server.workflow import SecAggPlusWorkflow
     from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD
     from flwr.server.workflow.constant import Key as WorkflowKey
 
-    from fedseg.engine.faults import SiteFailure, group_problem, steps_problem, weight_problem
+    from fedseg.engine.faults import SiteFailure, group_problem, loss_problem, steps_problem, weight_problem
     from fedseg.flower.records import to_recorddict
 
     cfg, sa = engine.task.cfg, engine.task.cfg.fl.secagg
@@ -397,33 +400,81 @@ def secure_train(engine, order: list[str], messages: dict[str, Message]) -> dict
     average = parameters_to_ndarrays(strategy.results[0][1].parameters)
     replies: dict[str, Message] = {}
     seconds: dict[str, float] = {}
+    layout = None  # every site's index: the sum adds their vectors entry by entry, so they must describe one layout
     for proxy, fitres in strategy.results:
         site = nodes[proxy.node_id]
-        metrics = fitres.metrics
-        index = json.loads(str(metrics["fedseg.index"]))
-        meta = json.loads(str(metrics["fedseg.meta"]))
-        problem = (
-            group_problem(first, [entry[0] for entry in index])
-            or weight_problem(meta, engine.num_samples(site))
-            or steps_problem(Message({}, meta))
-        )
-        if problem is not None:  # its masked update is in the sum already: the round cannot leave it out
+        try:
+            index, meta, spent = _read_metrics(fitres.metrics)
+            problem = (
+                index_problem(index, first, average)
+                or (None if layout in (None, index) else "its tensors are described unlike the other sites'")
+                or group_problem(first, [entry[0] for entry in index])
+                or weight_problem(meta, engine.num_samples(site))
+                or steps_problem(Message({}, meta))
+                or loss_problem(Message({}, meta))
+            )
+            reply = None if problem else Message(_rebuilt(index, average, first), meta)
+            problem = problem or (check(site, messages[site], reply) if check and reply is not None else None)
+        except (KeyError, ValueError, TypeError, ArithmeticError) as error:
+            problem = f"its reply cannot be read ({type(error).__name__}: {site_text(str(error))})"
+        if problem is not None or reply is None:  # its masked update is in the sum already: the round cannot drop it
             record_traffic(engine, grid.traffic, {}, {})
             raise SiteFailure(
                 f"site {site!r}, round {engine.round}, {engine.algorithm} train (secure aggregation): {problem}"
             )
-        if len(index) != len(average):
-            raise ValueError(f"site {site!r} sent {len(index)} tensors, the sum has {len(average)}")
-        tensors = {}
-        for (name, dtype, shape, delta), value in zip(index, average):
-            v = torch.from_numpy(np.asarray(value, dtype=np.float64).reshape(shape))
-            if delta:
-                v = first[name].to(torch.float64) + v
-            tensors[name] = v.to(getattr(torch, dtype))
-        replies[site] = Message(tensors, meta)
-        seconds[site] = float(cast(float, metrics["fedseg.seconds"]))
+        layout = index
+        replies[site], seconds[site] = reply, spent
     record_traffic(engine, grid.traffic, replies, seconds)
     return replies
+
+
+def _read_metrics(metrics: dict) -> tuple[list, dict, float]:
+    """A site's SecAgg+ reply metrics: its vector's index (``[name, dtype, shape, delta]`` per tensor), its reply
+    metadata (a JSON object) and the compute seconds it measured (a number >= 0)."""
+    index = json.loads(str(metrics["fedseg.index"]))
+    meta = json.loads(str(metrics["fedseg.meta"]))
+    spent = float(cast(float, metrics["fedseg.seconds"]))
+    if not isinstance(index, list) or not isinstance(meta, dict):
+        raise ValueError("its index is not a list or its metadata not an object")
+    if not (math.isfinite(spent) and spent >= 0):
+        raise ValueError(f"its compute time {spent!r} is no number of seconds >= 0")
+    return index, meta, spent
+
+
+def index_problem(index: list, first: dict[str, torch.Tensor], average: list) -> str | None:
+    """Why a site's description of its summed vector cannot rebuild a reply: an entry that is not ``[name, dtype,
+    shape, delta]`` of a float dtype, another number of entries than the sum's, an entry's size not its part of the
+    sum, or a tensor it received (named in the broadcast ``first``) described with another dtype or shape or not as
+    an update (``delta``: a rogue ``delta = False`` made the average it rebuilt another than the sites' one)."""
+    if len(index) != len(average):
+        return f"it describes {len(index)} tensors, the sum has {len(average)}"
+    for entry, value in zip(index, average):
+        if not (isinstance(entry, list) and len(entry) == 4 and isinstance(entry[0], str)):
+            return f"an entry of its index is {str(entry)[:80]!r}, not [name, dtype, shape, delta]"
+        name, dtype, shape, delta = entry
+        if dtype not in FLOAT_DTYPES or not isinstance(shape, list) or not all(type(n) is int for n in shape):
+            return f"tensor {name!r}: dtype {str(dtype)[:20]!r} and shape {str(shape)[:40]} are no float tensor's"
+        if math.prod(shape) != np.asarray(value).size:
+            return f"tensor {name!r} of shape {shape} is not its {np.asarray(value).size} entries of the sum"
+        sent = first.get(name)
+        if sent is not None and (delta is not True or dtype != str(sent.dtype).removeprefix("torch.") or
+                                 list(sent.shape) != shape):  # fmt: skip
+            return f"tensor {name!r} is described unlike the one it received (an update of its dtype and shape)"
+    return None
+
+
+FLOAT_DTYPES = frozenset({"float16", "bfloat16", "float32", "float64"})  # what site_train can send
+
+
+def _rebuilt(index: list, average: list, first: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The reply the sum stands for: each tensor the average of the sites' (an update added to what they received)."""
+    tensors = {}
+    for (name, dtype, shape, delta), value in zip(index, average):
+        v = torch.from_numpy(np.asarray(value, dtype=np.float64).reshape(shape))
+        if delta:
+            v = first[name].to(torch.float64) + v
+        tensors[name] = v.to(getattr(torch, dtype))
+    return tensors
 
 
 def record_traffic(engine, traffic: Traffic, replies: dict[str, Message], seconds: dict[str, float]) -> None:
