@@ -334,3 +334,38 @@ def test_every_tensor_of_an_evaluation_reply_is_checked_fedsms_candidate_scores_
     del no_cases.meta["cases"]  # a KeyError naming no site where the rows were made
     assert scores_problem(asked, no_cases, regions, n) == "it names no cases for its scores"
     assert scores_problem(Message({}, {}), Message({}, {}), regions) is None  # share_model: no split, no scores
+
+
+def test_the_numbers_a_server_reads_from_an_evaluation_reply_besides_scores_are_checked():
+    """A per-site method's test reply names its kept model's round, a fine-tuning its kept rate and each candidate's
+    Dice, FedSM its selector's softmax: a rogue string or a 1-D softmax was an error naming no site, a made-up key a
+    row of round_metrics.csv (a trust-boundary audit). Each is the site's failure now."""
+    from types import SimpleNamespace
+
+    from fedseg.algorithms.fedsm.method import FedSMServer
+    from fedseg.algorithms.finetune import CANDIDATE_DICE, SELECTED_LR, FinetuneOptions, FinetuneServer
+    from fedseg.algorithms.persite import SELECTED_ROUND, USE_BEST
+
+    test = Message({}, {"split": "test", USE_BEST: True})
+    server = FinetuneServer.__new__(FinetuneServer)
+    server.engine, server.options = SimpleNamespace(round=3), FinetuneOptions(lr_grid=[0.001, 0.01])
+    honest = {SELECTED_ROUND: 2, SELECTED_LR: 0.01}
+    assert server.eval_reply_problem("s", test, Message({}, honest)) is None
+    for meta, said in (
+        ({SELECTED_ROUND: 7}, "is not a round trained (1..3)"),
+        ({SELECTED_ROUND: "2"}, "is not a round trained"),
+        ({SELECTED_LR: 0.5}, "is not a rate of lr_grid"),
+        ({CANDIDATE_DICE + "=cmd": 0.5}, "names no rate of lr_grid"),
+    ):
+        problem = server.eval_reply_problem("s", test, Message({}, {**honest, **meta}))
+        assert problem is not None and said in problem, (meta, problem)
+    val = Message({}, {"split": "val"})
+    assert "is not a Dice" in server.eval_reply_problem("s", val, Message({}, {CANDIDATE_DICE + "0.01": 7.0}))
+
+    fedsm = FedSMServer.__new__(FedSMServer)
+    fedsm.sites = ["a", "b", "c"]
+    scores = {f"{m}_{c}": torch.zeros(4, 1) for m in ("dice", "hd95", "nsd") for c in ("global", "personal")}
+    assert fedsm.eval_reply_problem("a", val, Message({"probs": torch.full((4, 3), 1 / 3), **scores})) is None
+    assert "expected (cases, 3)" in fedsm.eval_reply_problem("a", val, Message({"probs": torch.zeros(4), **scores}))
+    del scores["dice_personal"]
+    assert "lack 'dice_personal'" in fedsm.eval_reply_problem("a", val, Message({"probs": torch.zeros(4, 3), **scores}))

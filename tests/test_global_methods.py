@@ -190,6 +190,27 @@ def test_fednova_merges_by_hand(make_server):
     torch.testing.assert_close(fets.global_weights["a"].double(), expected, rtol=0, atol=1e-6)
 
 
+def test_fednova_general_refuses_an_a_k_that_is_not_its_steps_momentum_norm(make_server):
+    """The general form divides each update by the a_k the site reports: one site's a_k of 1e-9 set the server's rate
+    and the merge (a trust-boundary audit), and a_k = 0 divided by zero naming no site. a_k must be the momentum
+    norm of the steps it reports (its word is its steps); none trained is its failure."""
+    from fedseg.algorithms.fednova import momentum_norm
+
+    models = hand_models(2)
+    train = {"optimizer": "sgd", "momentum": 0.9}
+    server = make_server(FedNovaServer, FedNovaOptions(variant="general"), models, train=train)
+    a = momentum_norm(5, 0.9)
+    honest = Message(prefixed(MODEL, models[0]), {"num_examples": 4, "steps": 5, "nova_a": a})
+    assert server.train_reply_problem("s0", Message(), honest) is None
+    for meta, said in (
+        ({"nova_a": 1e-9}, "is not the momentum norm"),
+        ({"nova_a": "2"}, "is not the momentum norm"),
+        ({"steps": 0, "nova_a": 0.0}, "it trained no SGD step"),
+    ):
+        problem = server.train_reply_problem("s0", Message(), Message(honest.tensors, {**honest.meta, **meta}))
+        assert problem is not None and said in problem, (meta, problem)
+
+
 @pytest.mark.parametrize("rho", [0.0, 0.5, 0.9])
 def test_fednova_momentum_norm_is_the_total_step_weight_of_heavy_ball_sgd(rho):
     """a_k = total displacement of tau SGD steps with momentum rho on a unit gradient (lr 1)."""

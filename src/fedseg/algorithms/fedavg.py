@@ -424,10 +424,16 @@ class FedAvgServer:
         meta: dict[str, MetaValue] = {"split": split, "model": "global", "sample": sample, **surface_meta(split)}
         return {s: Message(prefixed(MODEL, self.global_weights), dict(meta)) for s in self.engine.sites}
 
+    def eval_reply_problem(self, site: str, sent: Message, reply: Message) -> str | None:
+        """Why the server cannot read ``site``'s evaluation reply beyond its scores (the engine checks those:
+        ``fedseg.engine.faults.scores_problem``): a method that reads other numbers of it checks them here. None:
+        FedAvg reads only the scores."""
+        return None
+
     def evaluate(self, split: str, sample: bool = False) -> list[dict]:
         """Score on every site's ``split``; tidy rows ``algorithm, model, site, case, region, metric, value``.
         The test adds the cross-site rows of the collected local models (``collect_local_models``)."""
-        replies = self.engine.exchange(self.eval_messages(split, sample), "evaluate")
+        replies = self.engine.exchange(self.eval_messages(split, sample), "evaluate", self.eval_reply_problem)
         rows = eval_rows(self.engine.algorithm, replies, self.task.regions)
         if split == "test" and self.local_models:
             rows += cross_site_rows(self.engine, self.task, self.local_models)

@@ -24,6 +24,7 @@ It is the general form when ``tau_k`` is proportional to ``n_k`` (fixed epochs, 
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 from pydantic import Field
@@ -76,6 +77,25 @@ class FedNovaClient(FedAvgClient):
 
 class FedNovaServer(FedAvgServer):
     options: FedNovaOptions  # this method's options (``FedAvgServer.options``)
+
+    def train_reply_problem(self, site: str, sent: Message, reply: Message) -> str | None:
+        """FedAvg's check; the general form also reads ``a_k`` (``meta.nova_a``), which must be the momentum norm of
+        the SGD steps the site reports under the run's momentum (the site's word is its steps, not a free a_k: one
+        a_k of 1e-9 made the server's rate, and the merge, whatever that site wanted)."""
+        if problem := super().train_reply_problem(site, sent, reply):
+            return problem
+        if self.options.variant != "general":
+            return None
+        train = self.task.cfg.train
+        expected = momentum_norm(int(reply.meta.get("steps", 0)), train.momentum if train.optimizer == "sgd" else 0.0)
+        a = reply.meta.get(NORM)
+        if expected <= 0:  # no step trained: its update divided by a_k = 0
+            return f"it trained no SGD step (steps = {reply.meta.get('steps')!r}), so its a_k is 0"
+        if isinstance(a, bool) or not isinstance(a, int | float) or not math.isclose(a, expected, rel_tol=1e-9):
+            return (
+                f"its {NORM} = {a!r:.40} is not the momentum norm {expected:g} of its {reply.meta.get('steps')} steps"
+            )
+        return None
 
     def aggregate(self, replies: dict[str, Message]) -> None:
         sites = list(replies)

@@ -193,6 +193,32 @@ class FinetuneServer(PerSiteServer):
     def site_weights(self, site: str) -> dict:
         return {}
 
+    def eval_reply_problem(self, site: str, sent: Message, reply: Message) -> str | None:
+        """PerSite's check; with ``lr_grid``, a test reply's selected rate is one of the grid's, and a candidate's
+        Dice (``val_dice_lr=<rate>``, one per rate of the grid) a number in [0, 1] or NaN (they become rows of
+        round_metrics.csv, named by the site's keys)."""
+        if problem := super().eval_reply_problem(site, sent, reply):
+            return problem
+        grid = options_as(self.options, FinetuneOptions).lr_grid
+        if not grid:
+            return None
+        chosen = reply.meta.get(SELECTED_LR)  # none where the site kept no model (every candidate NaN)
+        if sent.meta.get(USE_BEST) and chosen is not None and chosen not in [float(lr) for lr in grid]:
+            return f"its {SELECTED_LR} = {reply.meta.get(SELECTED_LR)!r:.40} is not a rate of lr_grid"
+        allowed = {CANDIDATE_DICE + lr_label(lr) for lr in grid}
+        for key, value in reply.meta.items():
+            if not key.startswith(CANDIDATE_DICE):
+                continue
+            if key not in allowed:
+                return f"its candidate score {key[:60]!r} names no rate of lr_grid"
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not (math.isnan(value) or 0 <= value <= 1)
+            ):
+                return f"its {key} = {value!r:.40} is not a Dice in [0, 1]"
+        return None
+
     def read_replies(self, split: str, replies: dict[str, Message]) -> None:
         """lr_grid: each candidate's validation Dice (for ``round_metrics``); the test's selected rates."""
         super().read_replies(split, replies)
@@ -206,7 +232,7 @@ class FinetuneServer(PerSiteServer):
                 if key.startswith(CANDIDATE_DICE)
             ]
         if split == "test":
-            self.selected_lrs = {s: float(r.meta[SELECTED_LR]) for s, r in replies.items()}
+            self.selected_lrs = {s: float(r.meta.get(SELECTED_LR, math.nan)) for s, r in replies.items()}
 
     def round_metrics(self) -> list[dict]:
         return super().round_metrics() + self.candidate_rows

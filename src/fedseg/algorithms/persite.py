@@ -135,13 +135,22 @@ class PerSiteServer(FedAvgServer):
     def evaluate(self, split: str, sample: bool = False) -> list[dict]:
         """``val``: every site scores (and maybe keeps) its current model. ``test``: every site scores its
         kept model; then each kept model on every other site's test split (cross-site rows)."""
-        replies = self.engine.exchange(self.eval_messages(split, sample), "evaluate")
+        replies = self.engine.exchange(self.eval_messages(split, sample), "evaluate", self.eval_reply_problem)
         rows = eval_rows(self.engine.algorithm, replies, self.task.regions)
         self.read_replies(split, replies)
         if split == "test":
             self.selected_models = collect_models(self.engine)
             rows += cross_site_rows(self.engine, self.task, self.selected_models, skip_own=True)
         return rows
+
+    def eval_reply_problem(self, site: str, sent: Message, reply: Message) -> str | None:
+        """A reply to the test (``USE_BEST``) names the round its kept model comes from: a round trained so far."""
+        if not sent.meta.get(USE_BEST):
+            return None
+        rnd = reply.meta.get(SELECTED_ROUND)
+        if isinstance(rnd, bool) or not isinstance(rnd, int) or not 1 <= rnd <= self.engine.round:
+            return f"its {SELECTED_ROUND} = {rnd!r:.40} is not a round trained (1..{self.engine.round})"
+        return None
 
     def read_replies(self, split: str, replies: dict[str, Message]) -> None:
         """What the server notes of the sites' ``evaluate`` replies on ``split``: the test's ``selected_round``s."""

@@ -364,8 +364,24 @@ class FedSMServer(FedAvgServer):
         }
         return {s: Message(dict(tensors), dict(meta)) for s in self.sites}
 
+    def eval_reply_problem(self, site: str, sent: Message, reply: Message) -> str | None:
+        """The selector's softmax ``probs`` is ``(cases, K + EXTRA_CLASSES)`` and, in threshold mode, the candidates'
+        scores the server re-routes at every gamma are there (``dice_global``, ``dice_personal``...; the engine
+        checks their shapes and ranges): a 1-D ``probs`` or a missing candidate was an error naming no site."""
+        probs, classes = reply.tensors.get("probs"), len(self.sites) + self.EXTRA_CLASSES
+        if probs is None or probs.dim() != 2 or probs.shape[1] != classes:
+            shape = None if probs is None else tuple(probs.shape)
+            return f"its selector probabilities have shape {shape}, expected (cases, {classes})"
+        if self.MODE == "threshold":
+            missing = [
+                f"{m}_{c}" for m in METRIC_NAMES for c in ("global", "personal") if f"{m}_{c}" not in reply.tensors
+            ]
+            if missing:
+                return f"its candidates' scores lack {missing[0]!r} (threshold mode re-routes them)"
+        return None
+
     def evaluate(self, split: str, sample: bool = False) -> list[dict]:
-        replies = self.engine.exchange(self.eval_messages(split, sample), "evaluate")
+        replies = self.engine.exchange(self.eval_messages(split, sample), "evaluate", self.eval_reply_problem)
         self.last_eval[split] = replies
         if self.MODE == "threshold":
             if split == "val" and isinstance(self.options, FedSMOptions) and self.options.val_gamma is None:
@@ -390,7 +406,7 @@ class FedSMServer(FedAvgServer):
     def finalize(self) -> None:
         """Choose gamma on the validation splits from ``gamma_grid`` with the restored best-round models."""
         if self.MODE == "threshold":
-            replies = self.engine.exchange(self.eval_messages("val", False), "evaluate")
+            replies = self.engine.exchange(self.eval_messages("val", False), "evaluate", self.eval_reply_problem)
             self.gamma = self.best_gamma(replies)
 
     def round_metrics(self) -> list[dict]:
