@@ -274,3 +274,23 @@ def test_pfedme_inner_steps_and_local_update_follow_algorithm_1(one_sgd_round):
             theta = {n: t - lr * (g[n] + lam * (t - w[n])) for n, t in theta.items()}
         _assert_params_close(reply.group(PERSONAL), theta)
         _assert_params_close(reply.group(TRACK), {n: w[n] - eta * lam * (w[n] - theta[n]) for n in w})
+
+
+def test_a_sites_personalized_model_and_apfl_alpha_are_checked_before_the_merge():
+    """Groups only a reply carries (a personalized model, APFL's v_k and alpha_k) were merged unchecked: a malformed
+    model became that site's personalized model, which every site then failed to load, and alpha = 1e6 extrapolated
+    the site's own model (a trust-boundary audit)."""
+    from fedseg.algorithms.fedsm.personalize import PersonalizationOptions
+
+    w = {"conv.weight": torch.zeros(2, 1, 3, 3), "conv.bias": torch.zeros(2)}
+    apfl, track = (personalization(PersonalizationOptions(personalization=p)) for p in ("apfl", "pfedme"))
+    alpha = torch.tensor(0.3)
+    assert apfl.reply_problem(Message({**prefixed(APFL_V, w), APFL_ALPHA: alpha}), w) is None
+    assert "not one number in [0, 1]" in apfl.reply_problem(
+        Message({**prefixed(APFL_V, w), APFL_ALPHA: alpha * 1e7}), w
+    )
+    assert "returned no apfl_v/ model" in apfl.reply_problem(Message({APFL_ALPHA: alpha}), w)
+    both = {**prefixed(TRACK, w), **prefixed(PERSONAL, w)}
+    assert track.reply_problem(Message(both), w) is None
+    bad = {**both, f"{PERSONAL}/conv.bias": torch.zeros(3)}
+    assert "its personal/ model: tensor 'conv.bias' has shape (3,)" in track.reply_problem(Message(bad), w)

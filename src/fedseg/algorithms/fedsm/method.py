@@ -364,6 +364,13 @@ class FedSMServer(FedAvgServer):
         }
         return {s: Message(dict(tensors), dict(meta)) for s in self.sites}
 
+    def train_reply_problem(self, site: str, sent: Message, reply: Message) -> str | None:
+        """FedAvg's check (``global/`` and ``selector/`` come back when sent), and with the global model the
+        personalization's own groups (``Personalization.reply_problem``)."""
+        if problem := super().train_reply_problem(site, sent, reply):
+            return problem
+        return self.personalization.reply_problem(reply, self.global_weights) if reply.group(GLOBAL) else None
+
     def eval_reply_problem(self, site: str, sent: Message, reply: Message) -> str | None:
         """The selector's softmax ``probs`` is ``(cases, K + EXTRA_CLASSES)`` and, in threshold mode, the candidates'
         scores the server re-routes at every gamma are there (``dice_global``, ``dice_personal``...; the engine

@@ -74,6 +74,7 @@ from fedseg.algorithms.aggregate import server_step, softpull, weighted_average
 from fedseg.algorithms.client_state import put_group, state_group
 from fedseg.config import BudgetConfig
 from fedseg.engine.context import ClientContext, MethodOptions
+from fedseg.engine.faults import model_problem
 from fedseg.engine.messages import Message, prefixed, weights_of
 from fedseg.train import TrainHooks, TrainStats, batches, round_lr, segmentation_loss
 
@@ -179,6 +180,8 @@ class Personalization:
     """One way to produce the personalized models (see the module docstring). Stateless: the
     server keeps ``personal`` (site -> w_p,k) and ``track``; sites keep theirs in client state."""
 
+    MODELS: tuple[str, ...] = (PERSONAL,)  # the reply groups that hold one model each (``reply_problem``)
+
     def __init__(self, options: PersonalizationOptions):
         self.options = options
 
@@ -196,6 +199,18 @@ class Personalization:
         """Site side: train the track (``client``: the FedSMClient, for ``segmenter`` and ``fit``);
         return the reply tensors and the training statistics."""
         raise NotImplementedError
+
+    def reply_problem(self, reply: Message, global_weights: Weights) -> str | None:
+        """Why ``merge`` cannot use a site's train reply: each group of :attr:`MODELS` is missing or not a model of
+        the global model's names, shapes and dtypes (``fedseg.engine.faults.model_problem``; the engine checks
+        only the groups it sent): a malformed one became a site's personalized model, which every site then
+        failed to load at evaluation."""
+        for group in self.MODELS:
+            if not reply.group(group):
+                return f"it returned no {group}/ model"
+            if problem := model_problem(reply.group(group), global_weights):
+                return f"its {group}/ model: {problem}"
+        return None
 
     def merge(
         self, replies: dict[str, Message], weights: dict[str, float], global_weights: Weights, track: Weights
@@ -254,6 +269,20 @@ class APFLMixing(TrainHooks):
 
 
 class APFL(Personalization):
+    MODELS = (APFL_V,)
+
+    def reply_problem(self, reply: Message, global_weights: Weights) -> str | None:
+        """Personalization's check, and the mixing weight alpha_k one number in [0, 1] (Eq. of APFL: the
+        personalized model is ``alpha v_k + (1 - alpha) w``; an alpha of 1e6 extrapolated the site's own model)."""
+        if problem := super().reply_problem(reply, global_weights):
+            return problem
+        alpha = reply.tensors.get(APFL_ALPHA)
+        if alpha is None or alpha.numel() != 1 or not alpha.is_floating_point() or not 0 <= float(alpha) <= 1:
+            return (
+                f"its APFL alpha is {None if alpha is None else alpha.flatten()[:3].tolist()}, not one number in [0, 1]"
+            )
+        return None
+
     def train(self, client, msg, global_weights, ctx):
         opt = self.options
         v = client.segmenter(state_group(ctx.state, APFL_V) or global_weights, ctx)
@@ -317,6 +346,8 @@ class SharedTrack(Personalization):
     """A strategy whose server keeps one shared model (``TRACK``, starting as the initial global
     model): sent to every site, their trained versions come back under ``TRACK`` and are averaged
     with FedAvg's weights (then ``server_update``); w_p,k comes back under ``PERSONAL``."""
+
+    MODELS = (TRACK, PERSONAL)
 
     def initial_track(self, global_weights):
         return {k: v.clone() for k, v in global_weights.items()}
