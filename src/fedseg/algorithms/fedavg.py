@@ -446,7 +446,7 @@ class FedAvgServer:
         (which would put back each site's best only up to that round). Nothing is exchanged when
         the method keeps none (``KEEPS_LOCAL_MODELS``) or ``eval.local_models`` is off."""
         keeps = self.KEEPS_LOCAL_MODELS and self.task.cfg.eval.local_models
-        self.local_models = collect_models(self.engine) if keeps else {}
+        self.local_models = collect_models(self.engine, weights_of(self.task.new_model())) if keeps else {}
 
     # --- state -------------------------------------------------------------------
     def state_dict(self) -> dict[str, torch.Tensor]:

@@ -28,6 +28,7 @@ from fedseg.algorithms.site_scoring import SURFACE
 from fedseg.config import RunConfig
 from fedseg.engine.base import Engine
 from fedseg.engine.context import ClientContext, Task
+from fedseg.engine.faults import model_problem
 from fedseg.engine.messages import Message, MetaValue, prefixed
 from fedseg.evaluate.inference import score_caseset
 from fedseg.evaluate.tables import eval_rows, site_dice
@@ -79,10 +80,17 @@ def kept_model_reply(ctx: ClientContext, prefix: str = LOCAL_BEST) -> Message:
 
 
 # --- the server --------------------------------------------------------------------------------------
-def collect_models(engine: Engine) -> Models:
+def collect_models(engine: Engine, reference: dict[str, torch.Tensor]) -> Models:
     """Every site's own model (a ``share_model`` exchange: evaluation traffic, outside
-    ``floats_sent``); a site that has none replies empty and is left out."""
-    replies = engine.exchange({s: Message() for s in engine.sites}, SHARE_MODEL)
+    ``floats_sent``); a site that has none replies empty and is left out. A model that is not one of
+    ``reference``'s names, shapes and dtypes, or holds NaN/Inf (``fedseg.engine.faults.model_problem``), is the site's
+    failure: it would be scored on every site and saved in the bundle."""
+
+    def check(site: str, sent: Message, reply: Message) -> str | None:
+        problem = model_problem(reply.group(MODEL), reference) if reply.group(MODEL) else None
+        return None if problem is None else f"its own model: {problem}"
+
+    replies = engine.exchange({s: Message() for s in engine.sites}, SHARE_MODEL, check)
     return {s: r.group(MODEL) for s, r in replies.items() if r.group(MODEL)}
 
 

@@ -42,7 +42,7 @@ from fedseg.algorithms.local_models import collect_models, cross_site_rows, kept
 from fedseg.algorithms.prefixes import MODEL
 from fedseg.algorithms.site_scoring import surface_meta
 from fedseg.engine.context import ClientContext
-from fedseg.engine.messages import Message, MetaValue, load_weights, prefixed
+from fedseg.engine.messages import Message, MetaValue, load_weights, prefixed, weights_of
 from fedseg.evaluate.tables import eval_rows, site_dice
 
 SITE_BEST = "sitebest"  # client-state prefix of the site's selected model (and its _score, _round)
@@ -139,7 +139,7 @@ class PerSiteServer(FedAvgServer):
         rows = eval_rows(self.engine.algorithm, replies, self.task.regions)
         self.read_replies(split, replies)
         if split == "test":
-            self.selected_models = collect_models(self.engine)
+            self.selected_models = collect_models(self.engine, weights_of(self.task.new_model()))
             rows += cross_site_rows(self.engine, self.task, self.selected_models, skip_own=True)
         return rows
 
@@ -159,5 +159,5 @@ class PerSiteServer(FedAvgServer):
 
     def bundle(self) -> dict[str, dict[str, torch.Tensor]]:
         """Every site's tested model, ``local:<site>`` (fetched now if the test has not run)."""
-        models = self.selected_models or collect_models(self.engine)
+        models = self.selected_models or collect_models(self.engine, weights_of(self.task.new_model()))
         return {local_model_name(s): w for s, w in models.items()}
