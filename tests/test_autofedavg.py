@@ -209,3 +209,19 @@ def test_options_are_checked_and_the_variant_cannot_be_changed():
     with pytest.raises(ValueError, match="t0"):
         spec.parse_options({"t0": 0})
     assert get_algorithm("autofedavg-l-softmax").parse_options({"beta_init": -1.0}).beta_init == -1.0
+
+
+def test_a_sites_beta_is_checked_before_it_joins_the_average():
+    """beta is the mean of the sites' learned betas: one site's 1e30 (softmax) made its model the global one, a
+    negative Dirichlet concentration made NaN the method was blamed for (a trust-boundary audit). With Adam an
+    honest beta moves about beta_lr per step; under Dirichlet it stays above its floor."""
+    from fedseg.algorithms.autofedavg.method import BETA, AutoFedAvgServer
+    from fedseg.algorithms.autofedavg.weights import BETA_FLOOR
+
+    server = AutoFedAvgServer.__new__(AutoFedAvgServer)
+    server.options = get_algorithm("autofedavg-l-dirichlet").parse_options({"beta_lr": 0.01})
+    sent = Message({BETA: torch.ones(2, 3, dtype=torch.float64)}, {"count": 5})
+    moved = lambda delta: Message({BETA: sent.tensors[BETA] + delta})  # noqa: E731
+    assert server.beta_reply_problem("s", sent, moved(0.03)) is None  # 5 steps of about 0.01
+    assert "moved 1e+30 in 5 Adam steps" in server.beta_reply_problem("s", sent, moved(1e30))
+    assert "below the Dirichlet floor" in server.beta_reply_problem("s", sent, moved(-1.0 - BETA_FLOOR / 2))

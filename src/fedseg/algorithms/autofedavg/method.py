@@ -72,6 +72,8 @@ BETA = "beta"  # message tensor (G, K) float64
 MODELS = "autofedavg/models"  # client-state prefix: the K local models, "<prefix>/<site index>/<key>"
 BETA_OPT = "autofedavg/beta_opt"  # client-state prefix: the beta optimizer's moments
 
+ADAM_STEP_BOUND = 10.0  # an Adam step moves an entry about lr (at most ~3 lr early on): 10 lr is no honest one
+
 
 class AutoFedAvgOptions(BudgetOptions):
     """``methods.<autofedavg-*>``: Auto-FedAvg (Alg. 1). ``parameterization``/``granularity`` are
@@ -187,9 +189,27 @@ class AutoFedAvgServer(FedAvgServer):
                 "last": first + count == opts.learn_steps,
                 "reset": opts.reinit and first == 0,
             }
-            answers = self.engine.exchange({s: Message({BETA: beta}, dict(meta)) for s in sites}, LEARN)
+            answers = self.engine.exchange(
+                {s: Message({BETA: beta}, dict(meta)) for s in sites}, LEARN, self.beta_reply_problem
+            )
             beta = torch.stack([answers[s].tensors[BETA].to(torch.float64) for s in sites]).mean(dim=0)
         return beta
+
+    def beta_reply_problem(self, site: str, sent: Message, reply: Message) -> str | None:
+        """A site's beta after ``count`` learning steps from the beta sent (the engine checks its shape, dtype and
+        NaN/Inf): under Dirichlet at least ``BETA_FLOOR`` (a concentration), and with Adam within
+        :data:`ADAM_STEP_BOUND` x ``beta_lr`` per step of it (Adam's step is about ``beta_lr`` whatever the
+        gradient): beta is averaged over the sites, so one site's beta of 1e30 made its model the global one. With
+        SGD the step is the gradient's, and a site's beta its word."""
+        beta, start, opts = reply.tensors[BETA].double(), sent.tensors[BETA].double(), self.options
+        if opts.parameterization == "dirichlet" and bool((beta < BETA_FLOOR).any()):
+            return f"its beta holds {float(beta.min()):g}, below the Dirichlet floor {BETA_FLOOR:g}"
+        if opts.beta_optimizer == "adam":
+            bound = ADAM_STEP_BOUND * opts.beta_lr * int(sent.meta["count"])
+            moved = float((beta - start).abs().max())
+            if moved > bound:
+                return f"its beta moved {moved:.3g} in {sent.meta['count']} Adam steps of beta_lr {opts.beta_lr:g}"
+        return None
 
     def round_metrics(self) -> list[dict]:
         alpha, beta = self.alpha, self.beta
