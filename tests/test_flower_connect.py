@@ -147,3 +147,20 @@ def test_a_negative_split_size_in_the_data_check_answer_is_refused_naming_the_no
     )
     with pytest.raises(SiteError, match=r"SuperNode 7 \(site 'site1'\) reported train = -5 cases"):
         connect_sites(Courier(grid, poll=0.0), ["site1"], {}, wait=30)
+
+
+def test_a_nodes_data_check_answer_without_a_split_size_is_refused_naming_it():
+    """The engine reads every site's train, val and test sizes: an answer without one was a KeyError later, naming
+    no site (a trust-boundary audit)."""
+    from fedseg.flower.engine import split_sizes
+
+    assert split_sizes({"cases": 4, "train": 2, "val": 1, "test": 1}, "SuperNode 7") == {
+        "cases": 4,
+        "train": 2,
+        "val": 1,
+        "test": 1,
+    }
+    with pytest.raises(SiteError, match="SuperNode 7 reported no size of its val split"):
+        split_sizes({"cases": 4, "train": 2, "test": 1}, "SuperNode 7")
+    with pytest.raises(SiteError, match=r"reported \\x1b\[2J = -1 cases"):
+        split_sizes({"\x1b[2J": -1, "train": 2, "val": 1, "test": 1}, "SuperNode 7")

@@ -39,7 +39,7 @@ from fedseg.engine.base import BaseEngine, ClientStates, ReplyCheck, both_checks
 from fedseg.engine.context import Task
 from fedseg.engine.ledger import EVAL_ACTIONS
 from fedseg.engine.messages import Message
-from fedseg.flower.log_text import site_text
+from fedseg.flower.log_text import printable, site_text
 from fedseg.flower.node import INFO, REFUSED, RELEASE, RESTORE, SNAPSHOT
 from fedseg.flower.records import ENGINE, case_ids_problem, from_recorddict, record_bytes, to_recorddict
 
@@ -140,12 +140,18 @@ def query(site: str, node: int, action: str, header: dict) -> FlowerMessage:
 def split_sizes(info: dict, who: str) -> dict[str, int]:
     """A node's answer to the data check, ``{split: number of cases}`` (the sizes its aggregation weights are checked
     against, ``fedseg.engine.faults.reply_problem``); ``SiteError`` naming ``who`` for a size that is not a whole
-    number >= 0."""
+    number >= 0 or for a train, val or test split it does not report (the engine reads all three)."""
     sizes = {}
     for split, value in info.items():
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise SiteError(f"{who} reported {split} = {value!r} cases; a split's size is a whole number >= 0")
+            raise SiteError(
+                f"{who} reported {printable(str(split))[:40]} = {value!r:.40} cases; a split's size is a whole "
+                "number >= 0"
+            )
         sizes[split] = value
+    missing = [split for split in ("train", "val", "test") if split not in sizes]
+    if missing:
+        raise SiteError(f"{who} reported no size of its {missing[0]} split")
     return sizes
 
 
@@ -230,7 +236,9 @@ def connect_sites(
                 refuse(node, "stopped before it answered; its site is waited for (a restart is asked again)", False)
                 continue
             check_reply(reply, f"SuperNode {node}", "the data check before round 1")
-            info = dict(reply.content[ENGINE])
+            info = dict(reply.content[ENGINE]) if ENGINE in reply.content.config_records else {}
+            if "site" not in info:
+                raise SiteError(f"SuperNode {node} answered the data check without naming its site: not fedseg's")
             site = str(info.pop("site"))
             if node_sites is not None and node_sites[node] != site:
                 key_site = node_sites[node]
