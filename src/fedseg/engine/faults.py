@@ -10,10 +10,12 @@ Detection, in :meth:`fedseg.engine.base.BaseEngine.exchange` for every reply bef
 * a reply tensor named like a tensor of the message the site received has another shape or dtype;
 * a group of tensors the site received (e.g. ``model/``) comes back incomplete or with names it was not sent;
 * the reply's ``num_examples`` (the site's aggregation weight) is not the training-set size the site declared;
-* its ``steps`` are no whole number >= 0 (they feed the ledger and the budgets);
+* its ``steps`` are no whole number >= 0 (they feed the ledger and the budgets), its ``loss`` no number;
 * an evaluation reply (:func:`scores_problem`) reports another model than the one it was asked to score, a case
   list that is not distinct case ids, or scores of another shape than (cases, regions) or outside their range
-  (Dice and NSD in [0, 1], HD95 >= 0; NaN allowed): a site's scores choose the selected round and make the tables.
+  (Dice and NSD in [0, 1], HD95 >= 0; NaN allowed): a site's scores choose the selected round and make the tables;
+* the method's own check of what it reads beyond these (``Engine.exchange``'s ``check``: e.g.
+  ``FedAvgServer.train_reply_problem``, q-FedAvg's Eq. 16), an exception in it counted as the site's failure too.
 
 ``fl.on_failure = stop`` (default): the exchange raises :class:`SiteFailure` naming site, round,
 action and reason; the run stops with the last round's checkpoint intact (a checkpoint is written
