@@ -225,3 +225,11 @@ def test_a_sites_beta_is_checked_before_it_joins_the_average():
     assert server.beta_reply_problem("s", sent, moved(0.03)) is None  # 5 steps of about 0.01
     assert "moved 1e+30 in 5 Adam steps" in server.beta_reply_problem("s", sent, moved(1e30))
     assert "below the Dirichlet floor" in server.beta_reply_problem("s", sent, moved(-1.0 - BETA_FLOOR / 2))
+
+
+def test_weights_are_learned_on_a_network_with_batchnorm(tmp_path, tiny_config, disc_federation):
+    """BatchNorm's running statistics are blended with the learned alpha but not differentiated through (the layer
+    cannot): learning beta on a model.norm = batch network stopped with a RuntimeError on every site."""
+    cfg = tiny_config(algorithms=["autofedavg-l-dirichlet"], fl={"rounds": 1}, model={"norm": "batch"})
+    (result,) = run_experiment(cfg, tmp_path, federation=disc_federation()).algorithms
+    assert result.summary["failures"] == [] and any(k.endswith("running_mean") for k in result.bundle["global"])

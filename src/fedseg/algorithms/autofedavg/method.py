@@ -266,6 +266,7 @@ class AutoFedAvgClient(FedAvgClient):
         device = ctx.task.device
         model = ctx.task.new_model().eval()  # the loss of the merged model as it will be deployed
         groups = LayerGroups.of_model(model, opts.granularity)
+        buffers = {name for name, _ in model.named_buffers()}  # BatchNorm's statistics: blended, not learned through
         stacked = stack_models(models, device)
         beta = msg.tensors[BETA].to(torch.float64).clone().requires_grad_(True)  # stays on the CPU: (G, K)
         optimizer = beta_optimizer(opts, beta)
@@ -281,7 +282,8 @@ class AutoFedAvgClient(FedAvgClient):
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(seed)
                 alpha = learning_alpha(beta, opts.parameterization)
-            loss = loss_fn(functional_call(model, blend(stacked, alpha, groups.of), (x,)), y)
+            blended = blend(stacked, alpha, groups.of, buffers)
+            loss = loss_fn(functional_call(model, blended, (x,)), y)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()

@@ -20,7 +20,7 @@ module without parameters follow the group before them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -88,12 +88,20 @@ def stack_models(models: Sequence[Mapping[str, torch.Tensor]], device: torch.dev
 
 
 def blend(
-    stacked: Mapping[str, torch.Tensor], alpha: torch.Tensor, groups: Mapping[str, int]
+    stacked: Mapping[str, torch.Tensor],
+    alpha: torch.Tensor,
+    groups: Mapping[str, int],
+    buffers: Collection[str] = (),
 ) -> dict[str, torch.Tensor]:
     """``{key: sum_k alpha[g(key), k] * w_k[key]}`` (the model of Eq. 2), differentiable in ``alpha``
-    ``(G, K)``; ``stacked`` from :func:`stack_models` (alpha is moved to its device and dtype once)."""
+    ``(G, K)``; ``stacked`` from :func:`stack_models` (alpha is moved to its device and dtype once). The
+    ``buffers`` (BatchNorm's running statistics) are blended with alpha detached: a normalization layer updates
+    them in place and cannot differentiate through them (Auto-FedAvg with ``model.norm: batch`` stopped there)."""
     if not stacked:
         return {}
     first = next(iter(stacked.values()))
     a = alpha.to(device=first.device, dtype=first.dtype)
-    return {key: torch.tensordot(a[groups[key]], ws, dims=1) for key, ws in stacked.items()}
+    fixed = a.detach()
+    return {
+        key: torch.tensordot((fixed if key in buffers else a)[groups[key]], ws, dims=1) for key, ws in stacked.items()
+    }
