@@ -35,6 +35,7 @@ from fedseg.algorithms.prefixes import MODEL
 from fedseg.algorithms.registry import AlgorithmSpec
 from fedseg.config import TrainConfig
 from fedseg.engine.context import ClientContext, options_as
+from fedseg.engine.faults import is_number
 from fedseg.engine.messages import Message
 
 NORM = "nova_a"  # reply meta key of a_k
@@ -91,7 +92,7 @@ class FedNovaServer(FedAvgServer):
         a = reply.meta.get(NORM)
         if expected <= 0:  # no step trained: its update divided by a_k = 0
             return f"it trained no SGD step (steps = {reply.meta.get('steps')!r}), so its a_k is 0"
-        if isinstance(a, bool) or not isinstance(a, int | float) or not math.isclose(a, expected, rel_tol=1e-9):
+        if not is_number(a) or not math.isclose(a, expected, rel_tol=1e-9):
             return (
                 f"its {NORM} = {a!r:.40} is not the momentum norm {expected:g} of its {reply.meta.get('steps')} steps"
             )

@@ -45,6 +45,7 @@ from fedseg.algorithms.prefixes import MODEL
 from fedseg.algorithms.qfedavg import dataset_loss
 from fedseg.algorithms.registry import AlgorithmSpec
 from fedseg.engine.context import ClientContext
+from fedseg.engine.faults import is_loss
 from fedseg.engine.messages import Message
 from fedseg.train import TrainStats
 
@@ -116,7 +117,7 @@ class FedPIDAvgServer(FedAvgServer):
         if problem := super().train_reply_problem(site, sent, reply):
             return problem
         loss = reply.meta.get("val_loss")
-        if isinstance(loss, bool) or not isinstance(loss, int | float) or not math.isfinite(loss) or loss < 0:
+        if not is_loss(loss):
             return f"its val_loss = {loss!r:.80} is not a finite loss >= 0"
         return None
 

@@ -43,6 +43,7 @@ from fedseg.algorithms.prefixes import MODEL, OPT
 from fedseg.algorithms.proximal import ProximalTerm
 from fedseg.algorithms.registry import AlgorithmSpec
 from fedseg.engine.context import ClientContext, options_as, seeded_generator
+from fedseg.engine.faults import is_number
 from fedseg.engine.messages import Message, MetaValue, load_weights, prefixed, weights_of
 from fedseg.evaluate.tables import is_better, site_dice
 from fedseg.train import TrainHooks, TrainStats
@@ -211,11 +212,7 @@ class FinetuneServer(PerSiteServer):
                 continue
             if key not in allowed:
                 return f"its candidate score {key[:60]!r} names no rate of lr_grid"
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, int | float)
-                or not (math.isnan(value) or 0 <= value <= 1)
-            ):
+            if not is_number(value) or not (math.isnan(value) or 0 <= value <= 1):
                 return f"its {key} = {value!r:.40} is not a Dice in [0, 1]"
         return None
 

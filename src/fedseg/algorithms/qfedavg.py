@@ -57,6 +57,7 @@ from fedseg.algorithms.registry import AlgorithmSpec
 from fedseg.config import TrainConfig
 from fedseg.data.dataset import CaseSet
 from fedseg.engine.context import ClientContext, options_as
+from fedseg.engine.faults import is_loss
 from fedseg.engine.messages import Message, load_weights, prefixed, weights_of
 from fedseg.train import TrainStats, round_lr, segmentation_loss
 
@@ -272,7 +273,7 @@ class QFedAvgServer(FedAvgServer):
         L = lipschitz(opts, round_lr(self.task.cfg.train, self.engine.round, self.task.cfg.fl.rounds))
         if opts.q == 0:  # F^0 = 1: Delta_k = L Delta w_k and h_k = L whatever F
             return None if math.isclose(float(h), L, rel_tol=H_RTOL) else f"its h = {float(h):.6g} is not L = {L:.6g}"
-        if isinstance(F, bool) or not isinstance(F, (int, float)) or not math.isfinite(F) or F < 0:
+        if not is_loss(F):
             return f"its F = {F!r} is not a finite loss >= 0"
         try:
             scale = L * F**opts.q

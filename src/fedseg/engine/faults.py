@@ -36,6 +36,7 @@ import math
 import statistics
 import time
 from collections.abc import Collection, Mapping
+from typing import TypeGuard
 
 import torch
 
@@ -147,13 +148,21 @@ def steps_problem(reply: Message) -> str | None:
     return None
 
 
+def is_number(value: object) -> TypeGuard[int | float]:
+    """Whether a value a site sent in its metadata is a real number (an int or float; a bool is none)."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def is_loss(value: object) -> TypeGuard[int | float]:
+    """Whether a value a site sent is a loss: a finite number >= 0 (a sum or mean of per-case losses)."""
+    return is_number(value) and math.isfinite(value) and value >= 0
+
+
 def loss_problem(reply: Message) -> str | None:
     """Why a reply's ``loss`` (its mean local training loss: rounds.csv's ``train_loss``) cannot be used: it is not a
     number (NaN allowed: a diverged site says so in its loss)."""
     loss = reply.meta.get("loss", 0.0)
-    if isinstance(loss, bool) or not isinstance(loss, int | float):
-        return f"loss = {loss!r:.80}, expected a number"
-    return None
+    return None if is_number(loss) else f"loss = {loss!r:.80}, expected a number"
 
 
 # what an evaluation reply's tensors hold (NaN allowed: a score not computed); a metric's own names too (FedSM's
