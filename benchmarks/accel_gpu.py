@@ -27,7 +27,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedseg.config import BudgetConfig, config_from_cli
+from fedseg.config import BudgetConfig
+from fedseg.config_load import config_from_cli
 from fedseg.data.dataset import CaseSet
 from fedseg.data.federation import Regions
 from fedseg.data.preprocess import normalization

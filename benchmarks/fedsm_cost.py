@@ -42,7 +42,8 @@ from fedseg.algorithms import get_algorithm
 from fedseg.algorithms.aggregate import softpull, weighted_average
 from fedseg.algorithms.fedsm.method import new_selector
 from fedseg.algorithms.fedsm.model import LabeledImages
-from fedseg.config import BudgetConfig, load_config
+from fedseg.config import BudgetConfig
+from fedseg.config_load import load_config
 from fedseg.engine.context import seeded_generator, stream_seed
 from fedseg.engine.messages import load_weights, weights_of
 from fedseg.evaluate.inference import score_caseset

@@ -41,8 +41,8 @@ from pathlib import Path
 
 import torch
 
-from fedseg.config import load_config
-from fedseg.data.folder import write_folder
+from fedseg.config_load import load_config
+from fedseg.data.folder_write import write_folder
 from fedseg.data.synthetic import build_synthetic
 from fedseg.flower.deploy import DEFAULT_POLL
 from fedseg.flower.launch import local

@@ -240,7 +240,7 @@ def child_run(spec: dict) -> None:
     """One case: ``fedseg run`` as the CLI does it (stdout not a terminal), its events to ``spec["events"]``."""
     log = EventLog(Path(spec["events"]))
     from fedseg.api import render_run_report
-    from fedseg.config import load_config
+    from fedseg.config_load import load_config
     from fedseg.interrupts import terminate_on_signals
     from fedseg.run import run_experiment
 
@@ -325,7 +325,8 @@ def measure_kernel(preset: str, overrides: list[str]) -> dict:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from fedseg.config import BudgetConfig, load_config
+    from fedseg.config import BudgetConfig
+    from fedseg.config_load import load_config
     from fedseg.data.sources import build_federation
     from fedseg.engine.context import Task
     from fedseg.models.factory import count_parameters
@@ -336,7 +337,7 @@ def measure_kernel(preset: str, overrides: list[str]) -> dict:
     # the federation's header only (dims, channels, regions): tiny, so nothing large is generated
     small = load_config(preset=preset, overrides=[*overrides, "data.scale=0.01", "data.image_size=32"])
     fed = build_federation(small)
-    task = Task(cfg, fed.spatial_dims, fed.channels, fed.regions.names)
+    task = Task.of(cfg, fed)
     device = task.device
     cuda = device.type == "cuda"
     gen = torch.Generator().manual_seed(0)
@@ -946,7 +947,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-PREFLIGHT = ["torch", "numpy", "scipy", "yaml", "pydantic", "monai", "nibabel", "fedseg.config", "fedseg.run"]
+PREFLIGHT = [
+    *("torch", "numpy", "scipy", "yaml", "pydantic", "monai", "nibabel"),
+    *("fedseg.config", "fedseg.config_load", "fedseg.run"),
+]
 
 
 def preflight() -> None:
@@ -966,7 +970,7 @@ def preflight() -> None:
 
 def select_cases(args: argparse.Namespace) -> list[Case]:
     """The cases to run with ``--set`` appended, each configuration checked here (one line and exit 2 if bad)."""
-    from fedseg.config import ConfigError, load_config
+    from fedseg.config_load import ConfigError, load_config
 
     cases = cpu_cases() if args.cpu else gpu_cases()
     if args.cases:

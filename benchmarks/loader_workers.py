@@ -21,7 +21,8 @@ from pathlib import Path
 
 import torch
 
-from fedseg.config import BudgetConfig, config_from_cli
+from fedseg.config import BudgetConfig
+from fedseg.config_load import config_from_cli
 from fedseg.data.dataset import CaseSet
 from fedseg.run import prepare
 from fedseg.train import Trainer

@@ -54,7 +54,7 @@ import torch
 
 import fedseg.run.loop
 from fedseg.algorithms.aggregate import weighted_average
-from fedseg.config import load_config
+from fedseg.config_load import load_config
 from fedseg.engine.checkpoint import CheckpointWriter, save_checkpoint
 from fedseg.engine.context import seeded_generator, stream_seed
 from fedseg.engine.messages import load_weights, weights_of

@@ -80,7 +80,7 @@ def train_cell(label: str, condition: str, sets: list[str], seed: int) -> dict:
     the failure policy is an entry too (``status`` and ``reason``)."""
     import torch
 
-    from fedseg.config import load_config
+    from fedseg.config_load import load_config
     from fedseg.run import run_experiment
 
     cfg = load_config(preset=PRESET, overrides=sets)

@@ -129,7 +129,7 @@ class MemorySampler(threading.Thread):
 def child(spec: dict, out_json: Path) -> None:
     """Run ``spec`` (preset, overrides, optional ``sites``) once and write its measurements to ``out_json``."""
     t_imports0 = time.time()
-    from fedseg.config import load_config
+    from fedseg.config_load import load_config
     from fedseg.data.sources import register_federation
     from fedseg.engine.ledger import Ledger
     from fedseg.run import run_experiment

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from fedseg.algorithms.fedsm.selector import build_selector
-from fedseg.config import load_config
+from fedseg.config_load import load_config
 from fedseg.run import prepare, run_experiment
 
 RESULTS = Path(__file__).parent / "results"

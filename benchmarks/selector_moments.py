@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedseg.config import load_config
+from fedseg.config_load import load_config
 from fedseg.run import run_experiment
 
 RESULTS = Path(__file__).parent / "results"

@@ -184,7 +184,7 @@ def main() -> None:
                     sys.executable,
                     "-c",
                     "from fedseg.data.sources import build_builtin as b; "
-                    "from fedseg.config import load_config as c; d = c(preset='demo').data; "
+                    "from fedseg.config_load import load_config as c; d = c(preset='demo').data; "
                     "b(d.source, d.scale, d.image_size, d.seed)",
                 ],
                 env=_env(cache),

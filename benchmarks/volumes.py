@@ -74,7 +74,7 @@ def dynunet_step(repeats: int = 3) -> dict:
     """Seconds per SGD step of the ``fets`` preset's DynUNet on one 128^3 4-channel patch, this CPU."""
     import torch
 
-    from fedseg.config import load_config
+    from fedseg.config_load import load_config
     from fedseg.models.factory import build_segmenter, count_parameters
     from fedseg.train import make_optimizer, segmentation_loss
 

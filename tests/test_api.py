@@ -33,7 +33,7 @@ from fedseg import (
 )
 from fedseg.algorithms import ALGORITHMS, get_algorithm, unregister_algorithm
 from fedseg.cli import app
-from fedseg.config import dump_config
+from fedseg.config_load import dump_config
 from fedseg.data.sources import REGISTERED, unregister_federation
 from fedseg.run import count_sites, load_federation
 

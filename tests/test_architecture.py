@@ -26,6 +26,7 @@ PACKAGE = "fedseg"
 LOWER = (
     "fedseg",  # the package's __init__
     "fedseg.config",
+    "fedseg.config_load",
     "fedseg.console_tables",
     "fedseg.data.*",
     "fedseg.models.*",

@@ -273,7 +273,7 @@ def test_the_data_record_leaves_out_fedsegs_own_folders(tmp_path):
 
 
 def test_a_forced_rewrite_that_fails_puts_the_old_federation_back(discs, tmp_path):
-    from fedseg.data.folder import write_folder
+    from fedseg.data.folder_write import write_folder
 
     root = write_folder(discs, tmp_path / "fed")
     before = sorted(p.relative_to(root).as_posix() for p in root.rglob("*"))
@@ -327,7 +327,7 @@ def test_output_to_a_full_disk_is_one_line_naming_what_could_not_be_written(tmp_
     (predict's masks, data synth's and export's images)."""
     import numpy as np
 
-    from fedseg.data.folder import _write_png
+    from fedseg.data.folder_write import write_png
 
     shown = subprocess.run(
         [sys.executable, "-c", "from fedseg.command import entry; entry()", "presets", "show", "demo"],
@@ -341,7 +341,7 @@ def test_output_to_a_full_disk_is_one_line_naming_what_could_not_be_written(tmp_
     mask = tmp_path / "mask.png"
     mask.symlink_to("/dev/full")  # a PNG written to a full disk
     with pytest.raises(OSError) as caught:
-        _write_png(mask, np.zeros((64, 64, 3), np.uint8))
+        write_png(mask, np.zeros((64, 64, 3), np.uint8))
     assert caught.value.errno == 28 and caught.value.filename == str(mask)
 
 

@@ -20,7 +20,7 @@ from fedseg.bench.report import TUNING_COLUMNS, tune_table, tuning_columns, tuni
 from fedseg.bench.select import select_settings, tuning_rows
 from fedseg.bench.spec import BenchSpec, load_bench
 from fedseg.bench.tables import final_setting
-from fedseg.config import ConfigError
+from fedseg.config_load import ConfigError
 from test_bench import TINY_SET
 
 FED = "synthetic-retina"
@@ -206,6 +206,24 @@ def test_each_fold_selects_on_its_own_validation_and_the_tables_show_it(tmp_path
     assert all("fold" not in r for r in plain_rows) and tuning_columns(pooled) == TUNING_COLUMNS
     assert tune_table(plain_rows, FED)[0][:2] == ["method", "setting"]
     assert "not fully independent of the tuning" in tuning_note(pooled) and "nested" not in tuning_note(pooled)
+
+
+def test_a_leave_one_out_folds_tuning_rows_name_the_held_out_site(tmp_path):
+    """A leave-one-out federation's folds are its sites: tuning.csv and the tuning table name each fold's held-out
+    site (a number alone said nothing of which); a k-fold federation beside it gets an empty held_out cell."""
+    spec, _ = load_bench(_bench(tmp_path, federations=[FED, LOO], split={"mode": "ratio"}))
+    holdouts = {"unseen": ["site1", "site2", "site3"]}
+    planned = tuning_runs(spec, holdouts)
+    tuning = {r: _finished(r, 0.5 + (r.setting_label == "mu=1.0") / 10) for r in planned}
+    rows = tuning_rows(spec, tuning, select_settings(spec, tuning, planned), holdouts)
+    assert tuning_columns(spec) == [*TUNING_COLUMNS[:2], "fold", "held_out", *TUNING_COLUMNS[2:]]
+    assert {(r["federation"], r["fold"], r["held_out"]) for r in rows} == {
+        (FED, 0, ""),
+        *(("unseen", k, site) for k, site in enumerate(holdouts["unseen"])),
+    }
+    _, body = tune_table(rows, "unseen")
+    assert [b[1] for b in body] == [f"{k} (held out: site{k + 1})" for k in range(3) for _ in range(2)]
+    assert [b[1] for b in tune_table(rows, FED)[1]] == ["0", "0"]
 
 
 def _config(run_dir: Path) -> dict:

@@ -12,7 +12,7 @@ import yaml
 
 from fedseg.bench.plan import check_plan, final_runs, holdout_sites, run_config
 from fedseg.bench.spec import load_bench
-from fedseg.config import load_config
+from fedseg.config_load import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 SPECS = sorted((ROOT / "benchmarks" / "specs").glob("*.yaml"))

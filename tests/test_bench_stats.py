@@ -19,7 +19,7 @@ from fedseg.bench.plan import final_runs, run_config, settings, tuning_runs
 from fedseg.bench.select import edge_keys
 from fedseg.bench.spec import load_bench
 from fedseg.bench.tables import add_tests, correct_tests
-from fedseg.config import ConfigError
+from fedseg.config_load import ConfigError
 from fedseg.evaluate.stats import significant
 from fedseg.run.stopping import PLATEAU, stop_reason
 

@@ -7,7 +7,7 @@ import json
 from typer.testing import CliRunner
 
 from fedseg.cli import app
-from fedseg.data.folder import write_folder
+from fedseg.data.folder_write import write_folder
 
 runner = CliRunner()
 TINY_SETS = [
@@ -119,7 +119,7 @@ def test_algorithms_option_help_lists_the_registered_names():
 
 
 def test_device_and_threads_override_last():
-    from fedseg.config import config_from_cli
+    from fedseg.config_load import config_from_cli
 
     cfg = config_from_cli("demo", None, None, None, None, None, ["device=cpu", "threads=5"], "cuda:1", 3)
     assert (cfg.device, cfg.threads) == ("cuda:1", 3)
@@ -128,7 +128,7 @@ def test_device_and_threads_override_last():
 
 
 def test_presets_show_round_trips_through_run_config(tmp_path):
-    from fedseg.config import load_config, preset_description
+    from fedseg.config_load import load_config, preset_description
 
     result = runner.invoke(app, ["presets", "show", "demo"])
     assert result.exit_code == 0

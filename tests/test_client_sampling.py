@@ -9,7 +9,7 @@ import torch
 
 from fedseg.algorithms import get_algorithm
 from fedseg.algorithms.scaffold import CONTROL
-from fedseg.config import ConfigError, load_config
+from fedseg.config_load import ConfigError, load_config
 from fedseg.engine.messages import Message, prefixed
 from fedseg.engine.sampling import sample_count, sample_sites
 from fedseg.engine.simulator import Simulator

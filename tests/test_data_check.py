@@ -311,7 +311,7 @@ def test_cli_check_of_a_hospitals_folder_with_its_own_site_only(root):
 
 
 def test_cli_synth_uses_the_run_preset_data_settings_and_writes_a_valid_folder(tmp_path):
-    from fedseg.config import load_config
+    from fedseg.config_load import load_config
     from fedseg.data.folder import load_folder
     from fedseg.data.synthetic import build_synthetic
 

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from fedseg.config import RunConfig, load_config, with_recorded_data_seed
+from fedseg.config import RunConfig
+from fedseg.config_load import load_config, with_recorded_data_seed
 from fedseg.models.factory import build_segmenter
 from fedseg.run import prepare
 from fedseg.run.preflight import resume_conflicts

@@ -338,7 +338,9 @@ def test_end_to_end_fedsm_extra_and_ensemble(tmp_path, tiny_config, disc_federat
     assert sm.gamma == gamma and sm.mode == "threshold"
     ev = cfg.eval
     for data in prep.site_data:
-        dice = score_caseset(sm, data.test, ev.batch_size, ev.threshold, False, prep.task.device)["dice"]
+        dice = score_caseset(
+            sm, data.test, ev.batch_size, ev.threshold, False, prep.task.device, regions=prep.task.scored_regions
+        )["dice"]
         rows = {
             (r["case"], r["region"]): r["value"]
             for r in fedsm.test_rows

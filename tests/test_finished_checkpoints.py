@@ -116,7 +116,7 @@ def test_keep_checkpoints_keeps_the_models_in_the_finished_checkpoint(tmp_path, 
 
 
 def test_cli_keep_checkpoints(tmp_path, disc_federation):
-    from fedseg.data.folder import write_folder
+    from fedseg.data.folder_write import write_folder
 
     root = write_folder(_fed(disc_federation), tmp_path / "fed")
     args = ["run", "--preset", "demo", "--data", str(root), "--algorithms", "fedavg", "--rounds", "1"]

@@ -23,10 +23,10 @@ from typer.testing import CliRunner
 
 from fedseg.algorithms import ALGORITHMS
 from fedseg.cli import app
-from fedseg.data.folder import write_folder
+from fedseg.data.folder_write import write_folder
 from fedseg.flower.certs import make_node_key
 from fedseg.flower.deploy import Processes, flower_env, free_ports, is_running
-from fedseg.flower.launch import supernode_command
+from fedseg.flower.supernode import supernode_command
 
 pytestmark = pytest.mark.slow  # every test starts Flower processes (SuperLink, SuperNodes, apps)
 

@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 from fedseg.cli import app
 from fedseg.data.check import check_folder
 from fedseg.data.federation import FederationError
-from fedseg.data.folder import write_folder
+from fedseg.data.folder_write import write_folder
 from fedseg.data.splits import make_splits
 from fedseg.flower import node
 from fedseg.flower.server import federation_from_record, federation_record
@@ -506,7 +506,7 @@ def test_a_supernode_on_a_port_another_process_listens_on_says_which_option_to_c
 def test_activation_refusals_in_the_superlinks_log_are_said_once_per_node_or_key_with_their_site(tmp_path):
     """A SuperNode restarted every few seconds (systemd) is refused as often: the coordinator says it once per
     registered node or unregistered key; an earlier coordinator's lines (the log is appended to) are not said."""
-    from fedseg.flower.launch import ActivationRefusals
+    from fedseg.flower.log_watch import ActivationRefusals
 
     def refused(key: str, cause: str) -> str:
         return (

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from fedseg.algorithms import ALGORITHMS
 from fedseg.cli import app
-from fedseg.data.folder import write_folder
+from fedseg.data.folder_write import write_folder
 from fedseg.flower.secure import REFUSALS, SECURE, SIMULATOR_REFUSAL, check, refusal
 
 runner = CliRunner()
@@ -193,7 +193,7 @@ def test_local_dp_clips_every_sites_update_before_it_is_masked(tmp_path, tiny, t
     merged = load_file(out / "model" / "fedavg" / "weights.safetensors")
     fed = _federation(disc_federation)
     cfg = RunConfig.model_validate(yaml.safe_load((out / "config.yaml").read_text()))
-    start = weights_of(Task(cfg, fed.spatial_dims, fed.channels, fed.regions.names).new_model())
+    start = weights_of(Task.of(cfg, fed).new_model())
     moved = sum(float((merged[f"global/{k}"].double() - v.double()).square().sum()) for k, v in start.items()) ** 0.5
     assert 0 < moved <= clip * 1.01, moved
 

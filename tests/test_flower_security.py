@@ -32,7 +32,7 @@ import pytest
 import yaml
 from flwr.proto.control_pb2 import ListRunsRequest
 
-from fedseg.data.folder import write_folder
+from fedseg.data.folder_write import write_folder
 from fedseg.flower.certs import TlsFiles, make_certs, make_node_key
 from fedseg.flower.deploy import (
     Processes,
@@ -46,8 +46,9 @@ from fedseg.flower.deploy import (
     submit_run,
     wait_run,
 )
-from fedseg.flower.launch import LinkSettings, superlink_command, supernode_argv, supernode_command
+from fedseg.flower.superlink import LinkSettings, superlink_command
 from fedseg.flower.superlink_main import FLEET_ONLY
+from fedseg.flower.supernode import supernode_argv, supernode_command
 from fedseg.flower.supernode_main import WHY_NOT_REGISTERED
 
 
@@ -407,7 +408,7 @@ def test_a_site_refuses_every_bundle_but_fedseg_own_app_and_says_why(tmp_path):
 
 def test_every_isolation_runs_the_supernode_with_fedsegs_checking_runner():
     """Flower's own executor (`flwr-clientapp`, its `subprocess` isolation) imports any bundle: never used."""
-    from fedseg.flower.launch import runner_command
+    from fedseg.flower.supernode import runner_command
 
     for isolation in ("subprocess", "warm"):
         argv = supernode_argv("s", Path("f"), "127.0.0.1:1", 9094, None, None, True, None, isolation, None)
@@ -517,7 +518,8 @@ def test_a_resumed_coordinator_without_the_authentication_it_started_with_is_ref
     """A run started with TLS and SuperNode authentication (OUT/flower/protection.json) resumed with --certs but
     without --auth-keys: refused in one line before the SuperLink starts (it ran unauthenticated without a word,
     and the docs' resume command omitted the flag); an older run folder without the record resumes as before."""
-    from fedseg.flower.launch import LinkSettings, keep_protection
+    from fedseg.flower.launch import keep_protection
+    from fedseg.flower.superlink import LinkSettings
 
     folder = write_folder(disc_federation(n_sites=2, cases_per_site=6), tmp_path / "fed")
     tls = make_certs(tmp_path / "certs", nodes=["site1", "site2"])
@@ -554,7 +556,8 @@ def test_certs_keep_the_sites_private_keys_apart_and_the_coordinator_warns_of_on
     import shutil
     import stat
 
-    from fedseg.flower.launch import LinkSettings, keep_protection
+    from fedseg.flower.launch import keep_protection
+    from fedseg.flower.superlink import LinkSettings
 
     tls = make_certs(tmp_path / "certs", nodes=["site1", "site2"])
     certs = tmp_path / "certs"

@@ -12,7 +12,8 @@ import yaml
 from PIL import Image
 
 from fedseg.data.federation import Case, Federation, FederationError, Regions, Site
-from fedseg.data.folder import load_folder, read_header, write_folder
+from fedseg.data.folder import load_folder, read_header
+from fedseg.data.folder_write import write_folder
 
 RNG = np.random.default_rng(0)
 

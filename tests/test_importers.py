@@ -14,9 +14,9 @@ import yaml
 from PIL import Image
 from typer.testing import CliRunner
 
+from fedseg.data.case_files import read_image, read_label
 from fedseg.data.check import check_folder
 from fedseg.data.cli import data_app
-from fedseg.data.folder import read_image, read_label
 
 SHAPE = (12, 12, 8)
 SPACING = (0.9, 0.9, 2.5)  # anisotropic, as most clinical MR

@@ -73,7 +73,8 @@ def _dice(weights: dict, data, task) -> float:
     model = task.new_model()
     load_weights(model, weights)
     ev = task.cfg.eval
-    dice = score_caseset(model, data, ev.batch_size, ev.threshold, False, task.device)["dice"]
+    regions = task.scored_regions
+    dice = score_caseset(model, data, ev.batch_size, ev.threshold, False, task.device, regions=regions)["dice"]
     return site_dice(dice, data.ids, data.name, task.regions)
 
 

@@ -12,7 +12,7 @@ import torch
 from typer.testing import CliRunner
 
 from fedseg.cli import app
-from fedseg.config import load_config
+from fedseg.config_load import load_config
 from fedseg.engine.messages import load_weights
 from fedseg.evaluate.loss_surface import filter_norms, random_direction
 from fedseg.loss_surface import compute, write_csv

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from fedseg.algorithms import qfedavg, scaffold
-from fedseg.config import ConfigError, TrainConfig, validate_config
+from fedseg.config import TrainConfig
+from fedseg.config_load import ConfigError, validate_config
 from fedseg.run import run_experiment
 from fedseg.train import Trainer, make_optimizer, round_lr, round_train_config
 

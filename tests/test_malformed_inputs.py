@@ -174,7 +174,7 @@ def markdown_table() -> str:
 
 @pytest.fixture
 def workdir(tmp_path, disc_federation, monkeypatch):
-    from fedseg.data.folder import write_folder
+    from fedseg.data.folder_write import write_folder
 
     write_folder(disc_federation(n_sites=2, cases_per_site=8), tmp_path / "fed")
     monkeypatch.chdir(tmp_path)

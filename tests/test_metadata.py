@@ -18,7 +18,8 @@ from fedseg.config import DataConfig, SplitConfig
 from fedseg.data.check import check_folder
 from fedseg.data.dataset import build_site_data
 from fedseg.data.federation import Case, Federation, FederationError, Regions, Site
-from fedseg.data.folder import load_folder, write_folder
+from fedseg.data.folder import load_folder
+from fedseg.data.folder_write import write_folder
 from fedseg.data.metadata import metadata_summary, metadata_value
 from fedseg.data.splits import kfold_assignment, make_splits, site_splits
 from fedseg.data.synthetic import build_synthetic

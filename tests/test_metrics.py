@@ -9,7 +9,7 @@ import pytest
 import torch
 from monai.metrics import compute_surface_dice
 
-from fedseg.config import ConfigError, load_config
+from fedseg.config_load import ConfigError, load_config
 from fedseg.evaluate.metric_info import region_tolerances
 from fedseg.evaluate.metrics import batch_metrics, case_metrics, logits_to_masks
 

@@ -18,11 +18,13 @@ from typer.testing import CliRunner
 
 from fedseg.config import SplitConfig
 from fedseg.data import readers
+from fedseg.data.case_files import read_image, read_label
 from fedseg.data.check import check_folder
 from fedseg.data.cli import data_app
 from fedseg.data.exporters.nnunet import IMPORT_REGEX, export_nnunet, labels_for
 from fedseg.data.federation import Case, Federation, FederationError, Regions, Site
-from fedseg.data.folder import load_folder, read_image, read_label, write_folder
+from fedseg.data.folder import load_folder
+from fedseg.data.folder_write import write_folder
 from fedseg.data.splits import make_splits
 from fedseg.data.volumes import case_spacing
 
@@ -694,7 +696,7 @@ def _two_channel_png_dataset(src: Path) -> Path:
 
 def test_predict_reads_an_imagests_folder_case_by_case_as_the_import_stacked_it(tmp_path, tiny_config):
     from fedseg.cli import app
-    from fedseg.config import dump_config
+    from fedseg.config_load import dump_config
 
     src, fed = _two_channel_png_dataset(tmp_path / "Dataset505_Squares"), tmp_path / "fed"
     assert cli("import", "nnunet", str(src), "--site-by", "^(s[0-9])_", "--out", str(fed)).exit_code == 0
@@ -892,7 +894,8 @@ def test_a_one_channel_model_refuses_a_second_volume_channel_but_reads_numbered_
     ``frame_0001.png``, are a series: each an image, as before."""
     import shutil
 
-    from fedseg.predict import PredictError, Source, nnunet_cases
+    from fedseg.predict_model import PredictError
+    from fedseg.predict_nnunet import Source, nnunet_cases
 
     src = nnunet_dataset(tmp_path / "Dataset508_Ct", sites=("AMC",), per_site=1)  # T2 and ADC channel files
     volumes = sorted((src / "imagesTs").glob("AMC_001_*.nii.gz"))

@@ -24,7 +24,8 @@ from fedseg.algorithms.partial import (
     private_fraction,
 )
 from fedseg.algorithms.prefixes import MODEL
-from fedseg.config import CHANGED_METHOD_DEFAULTS, ModelConfig, dump_config, load_config
+from fedseg.config import CHANGED_METHOD_DEFAULTS, ModelConfig
+from fedseg.config_load import dump_config, load_config
 from fedseg.data.federation import Federation, Site
 from fedseg.engine.context import Task
 from fedseg.engine.messages import Message, float_state, prefixed, weights_of

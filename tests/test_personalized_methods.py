@@ -125,8 +125,9 @@ def _scores(weights: dict, data, task) -> np.ndarray:
     model = task.new_model()
     load_weights(model, weights)
     ev = task.cfg.eval
-    dice = score_caseset(model, data, ev.batch_size, ev.threshold, False, task.device)["dice"]
-    return dice
+    return score_caseset(model, data, ev.batch_size, ev.threshold, False, task.device, regions=task.scored_regions)[
+        "dice"
+    ]
 
 
 def selected_by_rows(rounds_rows: list[dict]) -> dict[str, int]:

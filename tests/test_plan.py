@@ -157,7 +157,7 @@ def test_ct_and_unmasked_mr_normalization():
 
 
 def test_a_ct_plan_sets_ct_windows_that_clip_and_scale_each_channel():
-    from fedseg.config import ConfigError, validate_config
+    from fedseg.config_load import ConfigError, validate_config
     from fedseg.data.preprocess import normalization, normalize_image
 
     stats = ChannelIntensity(100, 40.0, 12.0, -1000.0, 1500.0, -200.0, 35.0, 300.0, 2.5)

@@ -19,16 +19,18 @@ import fedseg
 from fedseg.algorithms.fedsm.model import bundle_entries, candidate_names, route, super_model_from_bundle
 from fedseg.algorithms.fedsm.selector import build_selector
 from fedseg.cli import app
-from fedseg.config import dump_config, load_config
+from fedseg.config_load import dump_config, load_config
 from fedseg.data import readers
+from fedseg.data.case_files import read_label
 from fedseg.data.federation import Regions
-from fedseg.data.folder import read_label, write_folder
+from fedseg.data.folder_write import write_folder
 from fedseg.engine.messages import load_weights, weights_of
 from fedseg.evaluate.inference import predict_masks
 from fedseg.evaluate.metrics import batch_metrics
 from fedseg.evaluate.tables import read_rows
 from fedseg.models.factory import build_segmenter
-from fedseg.predict import Bundle, PredictError, build_predictor, load_bundle, predict
+from fedseg.predict import Bundle, load_bundle, predict
+from fedseg.predict_model import PredictError, build_predictor
 from fedseg.run import prepare
 
 runner = CliRunner()
@@ -83,16 +85,16 @@ def dice_rows(run, algorithm):
 
 def assert_written_masks(out, model, prep, expected_dice=None):
     """The label maps in ``out`` equal ``model``'s masks of every site's test split (computed as
-    evaluation does, ``predict_masks``); with ``expected_dice`` (results.csv) those masks' Dice
-    equals it, i.e. they are the masks the evaluation scored."""
+    evaluation does, ``predict_masks``) painted into one label map; with ``expected_dice`` (results.csv) the
+    written maps' region masks score it, i.e. the run's scores are those of the masks it writes (nested regions,
+    disc/cup: a cup pixel predicted outside the disc is in the written disc, ``eval.score_on: label_map``)."""
     regions, threshold = prep.federation.regions, prep.task.cfg.eval.threshold
     for data in prep.site_data:
         masks = predict_masks(model, data.test.x, 4, threshold, torch.device("cpu"))
-        dice = batch_metrics(masks, data.test.y.bool(), hd95=False)["dice"]
+        written = np.stack([read_label(out / f"{case}.png", "2d") for case in data.test.ids])
+        dice = batch_metrics(np.stack([regions.one_hot(w) for w in written]), data.test.y.bool(), hd95=False)["dice"]
         for i, case in enumerate(data.test.ids):
-            np.testing.assert_array_equal(
-                read_label(out / f"{case}.png", "2d"), regions.to_label(masks[i].numpy()), err_msg=case
-            )
+            np.testing.assert_array_equal(written[i], regions.to_label(masks[i].numpy()), err_msg=case)
             if expected_dice is not None:
                 for j, region in enumerate(regions.names):
                     assert dice[i, j] == pytest.approx(expected_dice[(case, region)], abs=1e-6), (case, region)
@@ -410,7 +412,7 @@ def test_cli_predict_overlay_writes_a_picture_per_input(trained, tmp_path):
 
 
 def test_overlay_image_fills_and_outlines_regions():
-    from fedseg.predict import overlay_image
+    from fedseg.predict_outputs import overlay_image
 
     image = np.zeros((1, 6, 6), np.float32)
     mask = np.zeros((1, 6, 6), bool)
@@ -426,7 +428,9 @@ def test_overlay_image_fills_and_outlines_regions():
 
 def test_out_inside_a_dicom_series_input_is_refused(tmp_path):
     """--out inside (or equal to) a series folder given as input: the masks would join its slices."""
-    from fedseg.predict import Input, PredictError, check_out
+    from fedseg.predict_inputs import Input
+    from fedseg.predict_model import PredictError
+    from fedseg.predict_outputs import check_out
 
     series = tmp_path / "series"
     series.mkdir()
@@ -481,7 +485,7 @@ def fake_series(folder, slices=4):
 
 
 def test_inputs_that_cannot_be_read_are_reported_not_skipped_and_grouped(tmp_path):
-    from fedseg.predict import list_inputs
+    from fedseg.predict_inputs import list_inputs
 
     pngs = tmp_path / "pngs"
     pngs.mkdir()

@@ -25,7 +25,8 @@ from fedseg.data.federation import Federation, Regions
 from fedseg.data.folder import load_folder
 from fedseg.engine.messages import weights_of
 from fedseg.models.factory import build_segmenter
-from fedseg.predict import PredictError, predict
+from fedseg.predict import predict
+from fedseg.predict_model import PredictError
 from fedseg.run.outputs import write_bundle_files
 
 pydicom = pytest.importorskip("pydicom")
@@ -243,7 +244,7 @@ def test_a_one_slice_series_given_to_a_2d_model_gets_a_mask_of_its_shape_and_a_s
 def test_a_one_channel_model_prints_no_channel_order_for_a_series(tmp_path, tiny_config):
     """A CT model (one channel, named) given a DICOM series: no channel-order note (one channel has no order to get
     wrong, and a series has no nnU-Net channel files); a two-channel model's note is the one predict prints."""
-    from fedseg.predict import channels_note
+    from fedseg.predict_nnunet import channels_note
     from fedseg.run.bundles import load_bundle
 
     cfg = tiny_config(algorithms=["fedavg"], data={"image_size": 16})

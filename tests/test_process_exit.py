@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fedseg.config import preset_names
+from fedseg.config_load import preset_names
 
 
 def python(code: str, cwd: Path) -> subprocess.CompletedProcess:

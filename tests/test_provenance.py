@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 import fedseg
 from fedseg.cli import app
-from fedseg.data.folder import write_folder
+from fedseg.data.folder_write import write_folder
 from fedseg.report.html import render_report
 from fedseg.run import run_experiment
 from fedseg.run.provenance import git_state

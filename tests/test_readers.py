@@ -21,10 +21,11 @@ from typer.testing import CliRunner
 
 from fedseg.atomic_files import current_umask
 from fedseg.data import readers
+from fedseg.data.case_files import read_image, read_label
 from fedseg.data.check import check_folder
 from fedseg.data.cli import data_app
 from fedseg.data.federation import FederationError
-from fedseg.data.folder import load_folder, read_image, read_label, scan_site
+from fedseg.data.folder import load_folder, scan_site
 from fedseg.data.volumes import case_spacing, file_spacing
 
 itk = pytest.importorskip("itk")
@@ -536,7 +537,7 @@ def test_a_label_on_another_grid_than_its_image_is_one_line(tmp_path):
     voxel (header rounding) it passes."""
     import nibabel as nib
 
-    from fedseg.data.folder import grid_problems
+    from fedseg.data.case_files import grid_problems
 
     affine = np.diag([0.7, 1.3, 2.5, 1.0])
     data = np.zeros((8, 10, 6), np.uint8)
@@ -560,7 +561,7 @@ def test_predict_takes_dicom_series_folders_as_it_takes_the_same_volume_in_nifti
     """``fedseg predict`` on a DICOM series folder (given itself, or inside the input folder) gives the mask it
     gives for the same voxels in a NIfTI file on the same grid, written as NIfTI with the series' affine."""
     from fedseg.data.federation import Case, Federation, Site
-    from fedseg.data.folder import write_folder
+    from fedseg.data.folder_write import write_folder
     from fedseg.predict import predict
     from fedseg.run import run_experiment
     from test_volumes import TUMOUR, _patch_cfg, tumour_case

@@ -92,6 +92,32 @@ def test_verdict_says_when_methods_have_not_converged(tmp_path):
     assert summary_lines(run)[-1].startswith("Not converged: none of the 4 methods had reached a plateau")
 
 
+def test_a_run_of_one_round_is_said_not_shown_converged(tmp_path):
+    """One round trained: its summary says converged false (nothing showed a plateau), and so does the verdict (it
+    skipped such runs: a 1-round run on the reader's own data was ranked with no warning)."""
+    run = make_run(tmp_path / "run")
+    summary = json.loads((run / "summary.json").read_text())
+    for e in summary["algorithms"].values():
+        e["rounds"], e["best_round"], e["convergence"] = 1, 1, {"converged": False}
+    summary["algorithms"]["fedavg"]["convergence"] = {"converged": True}  # as a plateau rule could say
+    (run / "summary.json").write_text(json.dumps(summary))
+    assert summary_lines(run)[-1].startswith("May not have converged: Centralized, Local, FedProx (the round")
+
+
+def test_the_legend_says_what_was_scored_and_the_worst_hd95_used(tmp_path):
+    run = make_run(tmp_path / "run")
+    html = render_report(run).read_text()  # a run of an older fedseg: neither recorded
+    assert "eval.hd95_worst, by default the diagonal of the case's grid" in html and "eval.score_on" not in html
+    summary = json.loads((run / "summary.json").read_text())
+    (run / "summary.json").write_text(json.dumps({**summary, "hd95_worst": 373.13, "score_on": "label_map"}))
+    html = render_report(run).read_text()
+    assert "(373.13 pixels / voxels, eval.hd95_worst)" in html and "(eval.score_on: label_map), the masks" in html
+    (run / "summary.json").write_text(json.dumps({**summary, "hd95_worst": None, "score_on": "channels"}))
+    html = render_report(run).read_text()
+    assert "(the diagonal of the case's grid, eval.hd95_worst unset)" in html
+    assert "(eval.score_on: channels): with nested regions a written mask" in html
+
+
 def test_fedsm_routed_to_the_global_model_is_said_in_the_terminal_summary(tmp_path, capsys):
     run = make_run(tmp_path / "run")
     add_fedsm_routed_to_global(run)

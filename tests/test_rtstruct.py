@@ -20,10 +20,11 @@ from matplotlib.path import Path as MplPath
 from typer.testing import CliRunner
 
 from fedseg.data import readers
+from fedseg.data.case_files import read_label
 from fedseg.data.check import check_folder
 from fedseg.data.cli import data_app
 from fedseg.data.federation import FederationError
-from fedseg.data.folder import load_folder, read_label
+from fedseg.data.folder import load_folder
 from test_data_check import check_warnings
 
 pydicom = pytest.importorskip("pydicom")

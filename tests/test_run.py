@@ -127,7 +127,7 @@ def test_checkpoint_writer_writes_the_last_snapshot_and_reports_errors(tmp_path)
 def test_count_sites_agrees_with_the_loaded_federation_without_loading_it(
     tmp_path, source, tiny_config, disc_federation
 ):
-    from fedseg.data.folder import write_folder
+    from fedseg.data.folder_write import write_folder
     from fedseg.run import count_sites, load_federation
 
     data = {"source": source, "scale": 0.02, "image_size": 32}

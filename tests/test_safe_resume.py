@@ -122,7 +122,7 @@ def test_resume_conflicts_rules():
 
 
 def test_cli_resume_with_changed_lr_prints_the_keys(tmp_path, disc_federation):
-    from fedseg.data.folder import write_folder
+    from fedseg.data.folder_write import write_folder
 
     root = write_folder(disc_federation(n_sites=2, cases_per_site=8), tmp_path / "fed")
     args = [*DEMO, "--data", str(root), "--algorithms", "fedavg", "--rounds", "1", "--set", "eval.hd95=false"]

@@ -14,8 +14,8 @@ from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 from fedseg.cli import app
-from fedseg.config import ConfigError
-from fedseg.data.folder import write_folder
+from fedseg.config_load import ConfigError
+from fedseg.data.folder_write import write_folder
 from fedseg.engine.context import Task
 from fedseg.engine.messages import load_weights
 from fedseg.evaluate.inference import score_caseset
@@ -101,12 +101,13 @@ def test_holdout_trains_without_the_site_and_scores_all_of_its_cases(tmp_path, m
     # fedavg: one model, no selection columns; its Dice = the saved global model on all of site2's cases
     avg = rows["fedavg"]
     assert avg["gamma"] == avg["freq_GM"] == avg["best_dice"] == ""
-    model = Task(cfg, 2, 3, fed.regions.names).new_model()
+    task = Task.of(cfg, fed)
+    model = task.new_model()
     tensors = load_file(sub / "model" / "fedavg" / "weights.safetensors")
     load_weights(model, {k.split("/", 1)[1]: v for k, v in tensors.items() if k.startswith("global/")})
     data = unseen_caseset(fed, "site2", cfg)
     assert sorted(data.ids) == sorted(c.id for c in fed.site("site2").cases)
-    dice = score_caseset(model, data, 16, 0.5, False, torch.device("cpu"))["dice"]
+    dice = score_caseset(model, data, 16, 0.5, False, torch.device("cpu"), regions=task.scored_regions)["dice"]
     assert float(avg["dice"]) == pytest.approx(float(np.nanmean(dice, axis=1).mean()), abs=1e-9)
 
     sections = study_sections(tmp_path)

@@ -15,7 +15,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from fedseg.config import ConfigError, config_from_cli, load_config
+from fedseg.config_load import ConfigError, config_from_cli, load_config
 from fedseg.run import run_experiment
 from fedseg.tracking import WANDB_DIR, WANDB_IDS, TrackingUnavailable, final_metrics, metric_name, wandb_group
 
@@ -193,7 +193,7 @@ def test_resumed_run_continues_the_same_tracking_runs_without_repeating_a_round(
 @needs_extra
 def test_cli_track_options_log_the_report_as_an_artifact(tmp_path, disc_federation, monkeypatch):
     from fedseg.cli import app
-    from fedseg.data.folder import write_folder
+    from fedseg.data.folder_write import write_folder
 
     root = write_folder(disc_federation(n_sites=2, cases_per_site=8), tmp_path / "fed")
     out = tmp_path / "run"
@@ -333,7 +333,7 @@ def _saved_files(records: list[dict]) -> set[str]:
 def wandb_tracked(tmp_path_factory, disc_federation):
     """``fedseg run --track wandb`` (fedavg and FedSM, 2 rounds, tiny) in a process of its own, as a user runs it:
     its terminal output, and the run directory."""
-    from fedseg.data.folder import write_folder
+    from fedseg.data.folder_write import write_folder
 
     tmp = tmp_path_factory.mktemp("wandb")
     root = write_folder(disc_federation(n_sites=2, cases_per_site=8), tmp / "fed")

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from fedseg.config import AugmentConfig, ConfigError, VolumeConfig, load_config
+from fedseg.config import AugmentConfig, VolumeConfig
+from fedseg.config_load import ConfigError, load_config
 from fedseg.data.augment import augment_batch
 from fedseg.data.federation import Case, Federation, Regions, Site
 from fedseg.data.volumes import build_volume, draw_patches, preprocess, restore
@@ -183,7 +184,7 @@ def tumour_federation() -> Federation:
 
 @pytest.fixture(scope="module")
 def tumour_folder(tmp_path_factory):
-    from fedseg.data.folder import write_folder
+    from fedseg.data.folder_write import write_folder
 
     return write_folder(tumour_federation(), tmp_path_factory.mktemp("tumours") / "fed")
 
@@ -332,7 +333,7 @@ def test_training_sets_share_one_budget_on_a_device_and_give_it_back_when_freed(
 def test_a_gpu_sized_patch_on_the_cpu_is_said_before_training():
     """``fedseg run --preset fets --device cpu`` trained 128^3 patches of a 22.6M-parameter DynUNet for 11 minutes
     without a line (a fresh-eyes audit): a note now says so, and points to fets-cpu; fets-cpu and a GPU say nothing."""
-    from fedseg.config import load_config
+    from fedseg.config_load import load_config
     from fedseg.run.checks import device_notes
 
     (note,) = device_notes(load_config(preset="fets"), torch.device("cpu"))

@@ -23,9 +23,9 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "Experiment": "fedseg.api",
     "Results": "fedseg.api",
-    "load_config": "fedseg.config",
+    "load_config": "fedseg.config_load",
     "RunConfig": "fedseg.config",
-    "ConfigError": "fedseg.config",
+    "ConfigError": "fedseg.config_load",
     "register_algorithm": "fedseg.algorithms",
     "AlgorithmSpec": "fedseg.algorithms.registry",
     "register_federation": "fedseg.data.sources",

@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fedseg.atomic_files import json_number
-from fedseg.config import ConfigError, RunConfig, load_config, validate_config
+from fedseg.config import RunConfig
+from fedseg.config_load import ConfigError, load_config, validate_config
 from fedseg.data.federation import Federation
 from fedseg.presentation.files import REWRITE_HINT, check_summary, read_json
 

@@ -12,7 +12,7 @@ from rich.console import Console
 
 from fedseg.cli_errors import fail
 from fedseg.cli_options import AlgorithmsHelp, device_option, threads_option, track_option
-from fedseg.config import ConfigError, config_from_cli, error_text, preset_description, preset_names, preset_yaml
+from fedseg.config_load import ConfigError, config_from_cli, error_text, preset_description, preset_names, preset_yaml
 from fedseg.console_tables import print_dice, print_table
 from fedseg.data.federation import FederationError
 from fedseg.interrupts import INTERRUPTED_EXIT, interrupted_text, terminate_on_signals

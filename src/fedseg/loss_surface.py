@@ -30,7 +30,8 @@ import numpy as np
 import torch
 
 from fedseg.atomic_files import atomic_write_text
-from fedseg.config import RunConfig, load_config
+from fedseg.config import RunConfig
+from fedseg.config_load import load_config
 from fedseg.data.dataset import CaseSet, build_site_data
 from fedseg.evaluate.loss_surface import DIRECTION_TS, LINE_TS, direction_losses, line_losses
 from fedseg.presentation.figures import loss_surface_figure
@@ -219,7 +220,7 @@ def loss_surface(
     check_out_dir(Path(out))  # a file given as --out: said before the losses are computed
     on = str(check_device(device, "--device cpu"))
     rows = compute([Path(r) for r in runs], site, directions, seed=seed, device=on, cases=cases)
-    from fedseg.data.folder import move_in, staging_folder
+    from fedseg.data.folder_write import move_in, staging_folder
 
     out = Path(out)
     names = (f"loss_surface_{site}.csv", f"loss_surface_{site}.png")

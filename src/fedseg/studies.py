@@ -52,7 +52,8 @@ from typing import Literal
 
 from fedseg.algorithms import check_sites, get_algorithm
 from fedseg.atomic_files import atomic_write_text, json_ready, strict_json_text
-from fedseg.config import ConfigError, RunConfig, apply_override, error_text, validate_config, with_recorded_defaults
+from fedseg.config import RunConfig
+from fedseg.config_load import ConfigError, apply_override, error_text, validate_config, with_recorded_defaults
 from fedseg.data.dataset import CaseSet, build_site_data
 from fedseg.data.federation import Federation
 from fedseg.engine.context import Task
@@ -411,7 +412,7 @@ def unseen_rows(results: RunResults, fed: Federation, site: str, run: str) -> tu
     is scored on every case."""
     cfg = results.trained_cfg  # model.name planned: the planned network and data settings
     data = unseen_caseset(fed, site, cfg)
-    task = Task(cfg, fed.spatial_dims, fed.channels, fed.regions.names)
+    task = Task.of(cfg, fed)
     rows, skipped = [], []
     for algo in results.algorithms:
         base = {
@@ -432,7 +433,7 @@ def unseen_rows(results: RunResults, fed: Federation, site: str, run: str) -> tu
         elif "global" in algo.bundle:
             model = task.new_model()
             load_weights(model, algo.bundle["global"])
-            dice = candidate_dice([model], data, cfg.eval, task.device)[0]
+            dice = candidate_dice([model], data, cfg.eval, task.device, task.scored_regions)[0]
             rows.append(
                 {
                     **base,

@@ -300,7 +300,7 @@ class TensorBoardTracker:
     def finish(self, algorithm: str, cfg: RunConfig, summary: dict) -> None:
         from torch.utils.tensorboard.summary import hparams
 
-        from fedseg.config import dump_config
+        from fedseg.config_load import dump_config
 
         if self.writer is None:
             self.start(algorithm, cfg)
@@ -392,7 +392,7 @@ class MLflowTracker:
         self._log_metrics(record.metrics, record.round)
 
     def finish(self, algorithm: str, cfg: RunConfig, summary: dict) -> None:
-        from fedseg.config import dump_config
+        from fedseg.config_load import dump_config
 
         if self.run_id is None:
             self.start(algorithm, cfg)
@@ -530,7 +530,7 @@ class WandbTracker:
         self.run.log(dict(record.metrics), step=record.round)
 
     def finish(self, algorithm: str, cfg: RunConfig, summary: dict) -> None:
-        from fedseg.config import dump_config
+        from fedseg.config_load import dump_config
 
         if self.run is None:
             self.start(algorithm, cfg)

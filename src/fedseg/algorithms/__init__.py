@@ -38,7 +38,7 @@ from fedseg.algorithms.autofedavg import method as autofedavg
 from fedseg.algorithms.fedsm import extra as fedsm_extra
 from fedseg.algorithms.fedsm import method as fedsm_method
 from fedseg.algorithms.registry import AlgorithmSpec, Kind
-from fedseg.config import ConfigError
+from fedseg.config_load import ConfigError
 from fedseg.engine.context import MethodOptions
 
 METHOD_MODULES = (

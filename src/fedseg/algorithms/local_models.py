@@ -69,7 +69,9 @@ def keep_best_local(model: nn.Module, ctx: ClientContext) -> None:
     if not (cfg.eval.local_models and validated_round(ctx.round, cfg)):
         return
     data, ev, training = ctx.data.val, cfg.eval, model.training
-    dice = score_caseset(model, data, ev.batch_size, ev.threshold, False, ctx.task.device)["dice"]
+    dice = score_caseset(
+        model, data, ev.batch_size, ev.threshold, False, ctx.task.device, regions=ctx.task.scored_regions
+    )["dice"]
     model.train(training)
     keep_if_better(ctx.state, LOCAL_BEST, model, site_dice(dice, data.ids, ctx.site, ctx.task.regions), ctx.round)
 

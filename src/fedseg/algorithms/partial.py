@@ -13,7 +13,7 @@ first P for LG-FedAvg (Liang et al.). ``private_unit`` says what a unit is:
   the MONAI UNet / DynUNet, 2D or 3D, e.g. a whole encoder level); 4 blocks of that DynUNet are
   9.2% (FedPer) and 15.6% (LG-FedAvg) of its parameters. Kept so old configurations reproduce old
   numbers; a configuration recorded before the option existed resumes as ``blocks``
-  (``fedseg.config.with_recorded_defaults``).
+  (``fedseg.config_load.with_recorded_defaults``).
 
 The run records the share it keeps (``private_fraction``: private parameters / all parameters) in
 ``summary.json`` and in its log. What differs from FedAvg:

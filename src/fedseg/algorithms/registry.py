@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from pydantic import ValidationError
 
-from fedseg.config import RunConfig, validation_problems
+from fedseg.config import RunConfig
+from fedseg.config_load import validation_problems
 from fedseg.engine.context import MethodOptions
 
 if TYPE_CHECKING:  # types only: the report kit and the data layer sit below the algorithms

@@ -42,12 +42,15 @@ def score_at_site(model: nn.Module, data: CaseSet, ctx: ClientContext, surface: 
         ev.hd95_worst,
         ctx.task.nsd_tolerances,
         ev.surface_device,
+        ctx.task.scored_regions,
     )
 
 
 def write_sample(model: nn.Module, data: CaseSet, ctx: ClientContext, model_name: str) -> None:
     """Write the site's first case with its prediction: ``samples/<algorithm>__<site>.npz`` (2D; 3D: middle slice)."""
-    image, truth, pred = sample_prediction(model, data, ctx.cfg.eval.threshold, ctx.task.device)
+    image, truth, pred = sample_prediction(
+        model, data, ctx.cfg.eval.threshold, ctx.task.device, ctx.task.scored_regions
+    )
     if image.dim() == 4:  # (C, D, H, W): keep the middle slice
         mid = image.shape[1] // 2
         image, truth, pred = image[:, mid], truth[:, mid], pred[:, mid]

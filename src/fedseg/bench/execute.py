@@ -26,7 +26,8 @@ from pathlib import Path
 from fedseg.atomic_files import atomic_write_text, json_number, strict_json_text
 from fedseg.bench.plan import BenchRun, run_config
 from fedseg.bench.spec import BenchSpec
-from fedseg.config import RunConfig, with_recorded_defaults
+from fedseg.config import RunConfig
+from fedseg.config_load import with_recorded_defaults
 from fedseg.interrupts import INTERRUPTED_EXIT, stop_processes
 from fedseg.run.stopping import not_converged
 

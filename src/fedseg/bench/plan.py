@@ -31,7 +31,8 @@ from typing import Any
 import yaml
 
 from fedseg.bench.spec import BenchSpec, FederationSpec, MethodSpec
-from fedseg.config import ConfigError, RunConfig, load_config
+from fedseg.config import RunConfig
+from fedseg.config_load import ConfigError, load_config
 from fedseg.studies import run_label
 
 DEFAULT = "default"  # the setting label of a run without grid values

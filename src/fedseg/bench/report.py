@@ -333,7 +333,7 @@ def tune_table(rows: list[dict], federation: str) -> tuple[list[str], list[list[
     body = [
         [
             r["method"],
-            *([str(r.get("fold", ""))] if per_fold else []),
+            *([fold_cell(r)] if per_fold else []),
             r["setting"],
             *budget_cells(r.get("rounds"), r.get("sgd_steps")),
             kit.fmt(r["val_dice"], 4),
@@ -493,12 +493,20 @@ def notes(bench: BenchSpec, tables: dict, changes: Sequence[str] = ()) -> str:
     return text
 
 
+def fold_cell(row: dict) -> str:
+    """A tuning row's fold as the tuning table shows it: its number, and a leave-one-out fold's held-out site."""
+    fold = str(row.get("fold", ""))
+    return f"{fold} (held out: {row['held_out']})" if row.get("held_out") else fold
+
+
 def tuning_columns(bench: BenchSpec) -> list[str]:
-    """``tuning.csv``'s columns: :data:`TUNING_COLUMNS`, with ``fold`` after ``method`` under ``tune.per_fold``."""
+    """``tuning.csv``'s columns: :data:`TUNING_COLUMNS`, with ``fold`` after ``method`` under ``tune.per_fold``
+    (and ``held_out``, a leave-one-out fold's held-out site, after it where a federation is leave-one-out)."""
     if not bench.tune.per_fold:
         return TUNING_COLUMNS
     at = TUNING_COLUMNS.index("method") + 1
-    return [*TUNING_COLUMNS[:at], "fold", *TUNING_COLUMNS[at:]]
+    held_out = ["held_out"] if any(f.leave_one_out for f in bench.federations) else []
+    return [*TUNING_COLUMNS[:at], "fold", *held_out, *TUNING_COLUMNS[at:]]
 
 
 def tuning_note(bench: BenchSpec) -> str:
@@ -702,7 +710,7 @@ def write_report(bench: BenchSpec, runs: BenchRuns, out: Path, echo: Echo | None
     its notes to ``echo``)."""
     out = Path(out)
     tables, rows = federation_tables(bench, runs)
-    tuning = tuning_rows(bench, runs.tuning, runs.selected)
+    tuning = tuning_rows(bench, runs.tuning, runs.selected, runs.holdouts)
     changes = record_analysis_changes(bench, len(runs.tuning) + len(runs.final), out, echo)
     atomic_write_text(out / "results.csv", csv_text(RESULT_COLUMNS, rows))
     atomic_write_text(out / "tuning.csv", csv_text(tuning_columns(bench), tuning))

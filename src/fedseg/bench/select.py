@@ -21,7 +21,16 @@ import numpy as np
 
 from fedseg.atomic_files import json_number
 from fedseg.bench.execute import Finished
-from fedseg.bench.plan import BenchRun, Selected, SelectionKey, Setting, selection_key, setting_label, settings
+from fedseg.bench.plan import (
+    BenchRun,
+    Holdouts,
+    Selected,
+    SelectionKey,
+    Setting,
+    selection_key,
+    setting_label,
+    settings,
+)
 from fedseg.bench.spec import BenchSpec, MethodSpec
 from fedseg.evaluate.tables import nan_low
 from fedseg.run.stopping import PLATEAU, not_converged
@@ -116,9 +125,18 @@ def edge_keys(method: MethodSpec, setting: Setting) -> list[str]:
     return out
 
 
-def tuning_rows(bench: BenchSpec, tuning: dict[BenchRun, Finished], chosen: Selected) -> list[dict]:
+def held_out_site(holdouts: Holdouts, federation: str, fold: int) -> str:
+    """The site fold ``fold`` of ``federation`` holds out: a leave-one-out federation's ``fold``-th site; "" for
+    another federation."""
+    return holdouts[federation][fold] if federation in holdouts else ""
+
+
+def tuning_rows(
+    bench: BenchSpec, tuning: dict[BenchRun, Finished], chosen: Selected, holdouts: Holdouts | None = None
+) -> list[dict]:
     """One row per (federation, method, setting) (``tune.per_fold``: per fold too, with a ``fold`` column and each
-    fold's own selection): validation and test scores, runs, the mean rounds trained and SGD steps (Eq. 34) of its
+    fold's own selection; a leave-one-out federation's fold ``k`` also names its held-out site, ``held_out``, the
+    ``k``-th of ``holdouts``): validation and test scores, runs, the mean rounds trained and SGD steps (Eq. 34) of its
     runs, the rounds at which the plateau rule stopped its runs (``plateau_stops``: a losing
     setting stopped early may have lost to a warm-up stall, see ``stop.min_rounds``), how many of its runs may not
     have converged (``not_converged``: a setting compared on runs the budget cut short may not be the best one),
@@ -149,6 +167,7 @@ def tuning_rows(bench: BenchSpec, tuning: dict[BenchRun, Finished], chosen: Sele
                     "federation": fed,
                     "method": method,
                     **({"fold": key[2]} if len(key) == 3 else {}),
+                    **({"held_out": held_out_site(holdouts, fed, key[2])} if len(key) == 3 and holdouts else {}),
                     "setting": score["label"],
                     "values": {k: v for k, v in setting},
                     "val_dice": score["val"],

@@ -44,7 +44,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-from fedseg.config import ConfigError, NoBoolNumbers, read_config_text, read_yaml_mapping, validation_problems
+from fedseg.config import NoBoolNumbers
+from fedseg.config_load import ConfigError, read_config_text, read_yaml_mapping, validation_problems
 from fedseg.evaluate.stats import Alternative
 
 

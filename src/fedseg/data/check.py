@@ -16,19 +16,15 @@ import numpy as np
 
 from fedseg.config import SplitConfig
 from fedseg.data import readers, rtstruct
+from fedseg.data.case_files import case_problems, grid_problems, read_array, read_image, read_label
 from fedseg.data.federation import Federation, FederationError, Regions
 from fedseg.data.folder import (
     HEADER_FILE,
     Header,
     build_federation,
-    case_problems,
-    grid_problems,
     moved_links_problem,
     problems_text,
     raw_dataset_problem,
-    read_array,
-    read_image,
-    read_label,
     scan_folder,
 )
 from fedseg.data.splits import make_splits, split_problems

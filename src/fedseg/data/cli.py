@@ -14,7 +14,8 @@ from rich.console import Console
 from rich.table import Table
 
 from fedseg.cli_errors import fail
-from fedseg.config import ConfigError, DataConfig, SplitConfig, error_text, load_config, preset_names
+from fedseg.config import DataConfig, SplitConfig
+from fedseg.config_load import ConfigError, error_text, load_config, preset_names
 from fedseg.data.federation import SPLITS, Federation, FederationError
 from fedseg.interrupts import INTERRUPTED_EXIT, terminate_on_signals
 
@@ -182,7 +183,7 @@ def synth(
 ) -> None:
     """Generate a built-in federation and write it in the folder format (then check it)."""
     from fedseg.data.check import check_folder
-    from fedseg.data.folder import check_root, write_folder
+    from fedseg.data.folder_write import check_root, write_folder
 
     before = _entries(out)
     try:

@@ -1,6 +1,6 @@
 """Volume files: NIfTI, NRRD, MetaImage (``.mha``/``.mhd``), DICOM series and DICOM-SEG label maps.
 
-``fedseg.data.folder`` reads every format through this module: ``read_volume`` (the voxels),
+``fedseg.data.case_files`` reads every format through this module: ``read_volume`` (the voxels),
 ``volume_grid`` (where they lie, from the header alone) and ``read_dicom_seg`` (a DICOM-SEG drawn on an
 image's grid). Readers: NIfTI with nibabel (as before), NRRD/MetaImage and DICOM series with MONAI's
 ``ITKReader`` (the reader ``monai.transforms.LoadImage`` uses; called directly so that the stored dtype is

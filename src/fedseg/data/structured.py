@@ -39,10 +39,11 @@ def read_mapping(
 
 
 def read_yaml(path: Path, holds: str, expected: str, error: type[Exception] = FederationError) -> dict:
-    """:func:`read_mapping` of a YAML file, parsed as configs and bench files are (``fedseg.config.read_yaml_mapping``):
-    a key given twice in one mapping, which YAML would let the last value win silently, is refused with one line
-    naming the file, the key and its lines, as are YAML that is not valid, an empty file and another top level."""
-    from fedseg.config import ConfigError, read_yaml_mapping
+    """:func:`read_mapping` of a YAML file, parsed as configs and bench files are
+    (``fedseg.config_load.read_yaml_mapping``): a key given twice in one mapping, which YAML would let the last value
+    win silently, is refused with one line naming the file, the key and its lines, as are YAML that is not valid, an
+    empty file and another top level."""
+    from fedseg.config_load import ConfigError, read_yaml_mapping
 
     def parse(text: str) -> dict:
         try:

@@ -25,6 +25,7 @@ from torch import nn
 from fedseg.accel import prepare_model, resolve
 from fedseg.config import BudgetConfig, NoBoolNumbers, RunConfig, region_tolerances
 from fedseg.data.dataset import SiteData
+from fedseg.data.federation import Federation, Regions
 from fedseg.engine.faults import inject, matching_faults
 from fedseg.engine.messages import Message, load_weights
 from fedseg.models import build_segmenter
@@ -35,12 +36,20 @@ State = dict[str, torch.Tensor]
 
 @dataclass(frozen=True)
 class Task:
-    """What every participant knows about the model: network config and input/output channels."""
+    """What every participant knows about the model: network config and input/output channels (one per region),
+    and the label values of each region (``region_values``, in ``regions``' order: the label map its masks paint).
+    A run builds it with :meth:`of`; a task built without ``region_values`` scores the channels."""
 
     cfg: RunConfig
     spatial_dims: int
     in_channels: int
     regions: tuple[str, ...]
+    region_values: tuple[tuple[int, ...], ...] = ()
+
+    @classmethod
+    def of(cls, cfg: RunConfig, fed: Federation) -> Task:
+        """The task of training on ``fed`` under ``cfg``."""
+        return cls(cfg, fed.spatial_dims, fed.channels, fed.regions.names, fed.regions.values)
 
     def new_model(self) -> nn.Module:
         """The segmentation network with the run's initial weights (same seed -> same weights).
@@ -59,6 +68,16 @@ class Task:
     @property
     def device(self) -> torch.device:
         return torch.device(self.cfg.device)
+
+    @property
+    def scored_regions(self) -> Regions | None:
+        """What the metrics score (``eval.score_on``): ``label_map``, the region masks of the label map the
+        thresholded channels paint (these regions, for ``fedseg.evaluate.metrics.label_map_masks``): what
+        ``fedseg predict`` writes, so a run's scores are its written masks' scores; ``channels`` (None), each
+        thresholded channel as it is (a nested region predicted outside its parent is not added to it)."""
+        if self.cfg.eval.score_on == "channels" or not self.region_values:
+            return None
+        return Regions(self.regions, self.region_values)
 
     @property
     def nsd_tolerances(self) -> list[float]:

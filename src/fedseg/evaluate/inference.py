@@ -16,6 +16,7 @@ from torch import nn
 from fedseg.accel import inference_autocast
 from fedseg.config import EvalConfig
 from fedseg.data.dataset import CaseSet
+from fedseg.data.federation import Regions
 from fedseg.evaluate.metric_info import DEFAULT_NSD_TOLERANCE, METRIC_NAMES
 from fedseg.evaluate.metrics import Scores, batch_metrics, logits_to_masks
 from fedseg.evaluate.sliding import network_for, score_volumes, sliding_logits
@@ -29,16 +30,18 @@ def predict_masks(
     threshold: float,
     device: torch.device,
     on_device: bool = False,
+    regions: Regions | None = None,
 ) -> torch.Tensor:
     """Images ``(N, C, *S)`` -> boolean region masks ``(N, R, *S)`` on the CPU (``on_device``: left on
     ``device``, where the model ran). The forward pass runs at the model's ``train.amp`` precision
-    (``fedseg.accel.inference_autocast``), the logits cast to float32 before thresholding."""
+    (``fedseg.accel.inference_autocast``), the logits cast to float32 before thresholding. ``regions``: the masks
+    of the label map the channels paint (``fedseg.evaluate.metrics.label_map_masks``); None: the channels."""
     model.eval()
     out = []
     for xb in x.split(batch_size):
         with inference_autocast(model, device):
             logits = model(xb.to(device))
-        masks = logits_to_masks(logits.float(), threshold)
+        masks = logits_to_masks(logits.float(), threshold, regions)
         out.append(masks if on_device else masks.cpu())
     return torch.cat(out) if out else torch.empty(0, dtype=torch.bool)
 
@@ -53,12 +56,14 @@ def score_caseset(
     worst: float | None = None,
     tolerance: float | Sequence[float] = DEFAULT_NSD_TOLERANCE,
     surface_device: str = "cpu",
+    regions: Regions | None = None,
 ) -> Scores:
     """``{"dice", "hd95", "nsd"}`` -> ``(N, R)`` for every case of ``data`` (module docstring for the two
     paths; HD95 and NSD NaN only when ``hd95`` is False). ``worst``: ``eval.hd95_worst`` (the metrics'
     empty-mask rule; None = the grid's diagonal); ``tolerance``: NSD's, per region or one for all
     (``Task.nsd_tolerances``), in the HD95 unit; ``surface_device``: ``eval.surface_device``
-    (:func:`fedseg.evaluate.metrics.batch_metrics`).
+    (:func:`fedseg.evaluate.metrics.batch_metrics`); ``regions``: ``Task.scored_regions`` (the label map's
+    masks are scored, ``eval.score_on: label_map``; None: the thresholded channels).
 
     Whole-image path: each batch of ``batch_size`` is scored where the model ran (Dice on the device;
     HD95/NSD there too unless ``surface_device`` is ``cpu``); only the ``(B, R)`` scores come back."""
@@ -66,11 +71,11 @@ def score_caseset(
         return {m: np.zeros((0, data.y.shape[1])) for m in METRIC_NAMES}
     if data.volumes is not None and data.volume is not None:
         return score_volumes(
-            model, data.volumes, data.volume, threshold, hd95, device, worst, data.x, tolerance, surface_device
+            model, data.volumes, data.volume, threshold, hd95, device, worst, data.x, tolerance, surface_device, regions
         )
     parts = [
         batch_metrics(
-            predict_masks(model, xb, batch_size, threshold, device, on_device=True),
+            predict_masks(model, xb, batch_size, threshold, device, on_device=True, regions=regions),
             yb.bool(),
             hd95=hd95,
             worst=worst,
@@ -84,18 +89,23 @@ def score_caseset(
 
 @torch.no_grad()
 def sample_prediction(
-    model: nn.Module, data: CaseSet, threshold: float, device: torch.device
+    model: nn.Module, data: CaseSet, threshold: float, device: torch.device, regions: Regions | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The first case of ``data`` with its prediction, as the model sees it: ``(image (C, *S), truth
     (R, *S), pred (R, *S) bool)`` on the CPU, the resized image on the whole-image path, the
-    preprocessed volume (sliding window) on the volume path."""
+    preprocessed volume (sliding window) on the volume path; ``regions``: as :func:`score_caseset`'s."""
     if data.volumes is not None and data.volume is not None:
         vol, net = data.volumes[0], network_for(model, data.x[0], device)
-        pred = torch.sigmoid(sliding_logits(net, vol.image, data.volume, device)) > threshold
-        return vol.image, vol.label, pred
-    return data.x[0], data.y[0], predict_masks(model, data.x[:1], 1, threshold, device)[0]
+        logits = sliding_logits(net, vol.image, data.volume, device)
+        return vol.image, vol.label, logits_to_masks(logits[None], threshold, regions)[0]
+    return data.x[0], data.y[0], predict_masks(model, data.x[:1], 1, threshold, device, regions=regions)[0]
 
 
-def candidate_dice(models: list[nn.Module], data: CaseSet, ev: EvalConfig, device: torch.device) -> np.ndarray:
-    """Dice of every model on every case, ``(M, N, R)`` (``score_caseset`` at ``ev``; HD95 not computed)."""
-    return np.stack([score_caseset(m, data, ev.batch_size, ev.threshold, False, device)["dice"] for m in models])
+def candidate_dice(
+    models: list[nn.Module], data: CaseSet, ev: EvalConfig, device: torch.device, regions: Regions | None = None
+) -> np.ndarray:
+    """Dice of every model on every case, ``(M, N, R)`` (``score_caseset`` at ``ev`` and ``regions``; HD95 not
+    computed)."""
+    return np.stack(
+        [score_caseset(m, data, ev.batch_size, ev.threshold, False, device, regions=regions)["dice"] for m in models]
+    )

@@ -53,6 +53,7 @@ and ``summary.json``, heading, direction, decimals), so a table loops over them 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -61,8 +62,12 @@ from monai.metrics import compute_dice
 from fedseg.evaluate.metric_info import DEFAULT_NSD_TOLERANCE
 from fedseg.evaluate.surface import cpu_surface_pairs, surface_pairs
 
+if TYPE_CHECKING:
+    from fedseg.data.federation import Regions
+
 __all__ = [
     "logits_to_masks",
+    "label_map_masks",
     "case_metrics",
     "batch_metrics",
     "dice_scores",
@@ -75,17 +80,39 @@ HD95_PERCENTILE = 95.0
 Scores = dict[str, np.ndarray]  # metric name (METRIC_NAMES) -> (B, R) float64
 
 
-def logits_to_masks(logits: torch.Tensor, threshold: float = 0.5) -> torch.Tensor:
+def logits_to_masks(logits: torch.Tensor, threshold: float = 0.5, regions: Regions | None = None) -> torch.Tensor:
     """Binarize per-region logits.
 
     Args:
         logits: ``(B, R, *S)`` raw network outputs, one channel per region.
         threshold: probability threshold applied after the sigmoid.
+        regions: the task's regions to score the label map the masks paint (:func:`label_map_masks`,
+            ``eval.score_on: label_map``); None: the thresholded channels as they are (``channels``).
 
     Returns:
-        bool tensor ``(B, R, *S)``: ``sigmoid(logits) > threshold``.
+        bool tensor ``(B, R, *S)``: ``sigmoid(logits) > threshold``, through :func:`label_map_masks` with ``regions``.
     """
-    return torch.sigmoid(logits) > threshold
+    masks = torch.sigmoid(logits) > threshold
+    return masks if regions is None else label_map_masks(masks, regions)
+
+
+def label_map_masks(masks: torch.Tensor, regions: Regions) -> torch.Tensor:
+    """Boolean region masks ``(B, R, *S)`` -> the region masks of the label map they paint: ``regions.one_hot`` of
+    ``regions.to_label`` per case, what a written prediction (``fedseg predict``, nnU-Net's region-based export)
+    holds, so that the scores of a run are the scores of its written masks. Nested regions differ from the channels
+    where a smaller region is predicted outside a larger one (a cup pixel outside the disc is painted cup, which lies
+    in the disc: the disc's mask gains it); disjoint regions where two are predicted at one pixel (the later,
+    smaller region keeps it). Computed on the masks' device; regions that overlap without nesting
+    (``Regions.paint_order`` refuses them) on the CPU through ``Regions.to_label``."""
+    try:
+        order = regions.paint_order()
+    except ValueError:
+        painted = np.stack([regions.one_hot(regions.to_label(m)) for m in masks.cpu().numpy()])
+        return torch.from_numpy(painted).to(masks.device, torch.bool)
+    label = torch.zeros((masks.shape[0], *masks.shape[2:]), dtype=torch.int32, device=masks.device)
+    for region, value in order:
+        label.masked_fill_(masks[:, region], value)
+    return torch.stack([torch.isin(label, torch.tensor(vals, device=masks.device)) for vals in regions.values], 1)
 
 
 def _as_bool(x: torch.Tensor | np.ndarray) -> torch.Tensor:

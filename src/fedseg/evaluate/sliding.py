@@ -20,9 +20,10 @@ from torch import nn
 
 from fedseg.accel import inference_autocast
 from fedseg.config import VolumeConfig
+from fedseg.data.federation import Regions
 from fedseg.data.volumes import Grid, Volume, patch_size, restore
 from fedseg.evaluate.metric_info import DEFAULT_NSD_TOLERANCE, METRIC_NAMES
-from fedseg.evaluate.metrics import Scores, batch_metrics
+from fedseg.evaluate.metrics import Scores, batch_metrics, label_map_masks
 
 # The most GPU memory (MiB) one case's blending and mapping back may take on an accelerator (:func:`case_mapping_mb`);
 # a larger case runs on the CPU, as every case did before. 2 GiB: a BraTS case (4 x 240 x 240 x 155) takes ~0.5 GiB.
@@ -133,6 +134,7 @@ def score_volumes(
     views: torch.Tensor | None = None,
     tolerance: float | Sequence[float] = DEFAULT_NSD_TOLERANCE,
     surface_device: str = "cpu",
+    regions: Regions | None = None,
 ) -> Scores:
     """``{"dice", "hd95", "nsd"}`` -> ``(N, R)`` float64: every volume predicted by sliding window, scored on
     its original grid against its original-grid truth with its own spacing (HD95 and NSD's ``tolerance`` in
@@ -141,12 +143,15 @@ def score_volumes(
     (:func:`network_for`). A case is blended, restored and thresholded on ``device`` where it fits
     (:func:`blend_device`), else on the CPU; its Dice is computed where its mask is (only ``(1, R)`` numbers
     leave the accelerator); the mask goes to ``device`` when ``surface_device`` is ``auto`` (HD95/NSD there,
-    :mod:`fedseg.evaluate.surface`), else HD95/NSD copy it to the CPU."""
+    :mod:`fedseg.evaluate.surface`), else HD95/NSD copy it to the CPU. ``regions``: score the label map the
+    masks paint (:func:`fedseg.evaluate.metrics.label_map_masks`); None: the thresholded channels."""
     surface_on_device = surface_device == "auto" and hd95
     scores: dict[str, list[np.ndarray]] = {m: [] for m in METRIC_NAMES}
     for i, vol in enumerate(volumes):
         net = network_for(model, None if views is None else views[i], device)
         pred = _prediction(net, vol, cfg, threshold, device)
+        if regions is not None:
+            pred = label_map_masks(pred[None], regions)[0]
         case = batch_metrics(
             pred[None].to(device if surface_on_device else pred.device),
             vol.truth[None],

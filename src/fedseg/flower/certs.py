@@ -192,12 +192,12 @@ def make_node_key(out: Path, name: str) -> tuple[Path, Path]:
 def make_certs(out: Path, hosts: Sequence[str] = (), nodes: Sequence[str] = ()) -> TlsFiles:
     """CA + SuperLink certificate (+ one authentication key pair per name in ``nodes``) in ``out``.
 
-    Written into a hidden staging folder inside ``out`` first (``fedseg.data.folder.staging_folder``, mode 0700)
-    and moved into place at the end (``fedseg.data.folder.move_in``: the entries it replaces are moved aside first
+    Written into a hidden staging folder inside ``out`` first (``fedseg.data.folder_write.staging_folder``, mode 0700)
+    and moved into place at the end (``fedseg.data.folder_write.move_in``: the entries it replaces are moved aside first
     and put back if a move fails), so a failure or an interrupt (a full disk, a forbidden folder, Ctrl-C) leaves
     ``out`` as it was: never a new CA beside an old SuperLink certificate. Keys of other sites already in
     ``out/site-keys/`` and ``out/supernodes/`` are kept."""
-    from fedseg.data.folder import move_in, staging_folder
+    from fedseg.data.folder_write import move_in, staging_folder
 
     out = Path(out)
     with staging_folder(out, "certs") as tmp:

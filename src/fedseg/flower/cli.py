@@ -18,7 +18,7 @@ from rich.console import Console
 
 from fedseg.cli_errors import fail
 from fedseg.cli_options import AlgorithmsHelp, device_option, threads_option
-from fedseg.config import error_text
+from fedseg.config_load import error_text
 from fedseg.console_tables import print_dice
 from fedseg.flower.deploy import DEFAULT_POLL
 from fedseg.interrupts import interrupted_text
@@ -34,13 +34,13 @@ def _echo(line: str) -> None:
 
 
 def _config(preset, config, data, algorithms, rounds, seed, set_, device=None, threads=None):
-    from fedseg.config import config_from_cli
+    from fedseg.config_load import config_from_cli
 
     return config_from_cli(preset, config, data, algorithms, rounds, seed, set_, device, threads)
 
 
 def _errors():
-    from fedseg.config import ConfigError
+    from fedseg.config_load import ConfigError
     from fedseg.data.federation import FederationError
     from fedseg.flower.launch import FlowerRunError
 
@@ -239,8 +239,8 @@ def server(
 ) -> None:
     """The coordinator: a SuperLink on HOST:PORT, fedseg's ServerApp, the run's outputs in OUT."""
     from fedseg.flower.certs import TlsFiles, private_keys_in
-    from fedseg.flower.launch import LinkSettings
     from fedseg.flower.launch import server as run_server
+    from fedseg.flower.superlink import LinkSettings
 
     def run() -> None:
         cfg = _config(preset, config, None, algorithms, rounds, seed, set_)
@@ -373,7 +373,7 @@ def supernode(
     ),
 ) -> None:
     """A hospital: check the data, then serve it to the federation as a Flower SuperNode (data never leaves)."""
-    from fedseg.flower.launch import run_supernode
+    from fedseg.flower.supernode import run_supernode
 
     try:
         run_supernode(

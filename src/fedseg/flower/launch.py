@@ -1,14 +1,7 @@
 """What ``fedseg flower local | server | supernode`` do.
 
-- ``run_supernode``: one hospital. Checks its data folder with ``data check`` first (a bad
-  folder fails here, with the data check's message, before anything connects), then runs
-  Flower's SuperNode with node config ``site=NAME data=ROOT samples=DIR``; TLS to the SuperLink
-  (``--root-certificates``) and SuperNode authentication (``--auth-supernode-private-key``) as
-  given. The SuperNode runs in Flower's ``process`` isolation with fedseg's ClientApp runner
-  (``fedseg.flower.worker``), which runs fedseg's own app only (``fedseg.flower.bundles``: any other
-  app bundle is refused before any of it runs): ``warm``, every message in one long-lived process,
-  or ``subprocess``, a new process per message (as Flower's ``subprocess`` isolation, whose
-  ``flwr-clientapp`` would import whatever bundle a run brings).
+- ``run_supernode``: one hospital (``fedseg.flower.supernode``). The SuperLink is started by
+  ``fedseg.flower.superlink``; the coordinator reads the logs with ``fedseg.flower.log_watch``.
 - ``serve_experiment``: the coordinator. Starts a SuperLink (TLS and ``--enable-supernode-auth``
   as given), registers the SuperNodes' public keys, submits fedseg's app with the run's
   config (``flwr run``), waits for it, and returns; the ServerApp writes the run's outputs.
@@ -30,21 +23,18 @@ Every process started here is stopped on return, on error and on Ctrl-C / SIGTER
 from __future__ import annotations
 
 import json
-import re
 import shutil
-import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import fedseg
 from fedseg.config import RunConfig
-from fedseg.data.federation import Federation, FederationError
-from fedseg.flower.certs import PUBLIC_KEYS, SITE_KEYS, TlsFiles, make_certs
+from fedseg.data.federation import Federation
+from fedseg.flower.certs import PUBLIC_KEYS, SITE_KEYS, make_certs
 from fedseg.flower.deploy import (
-    BIN,
     COORDINATOR_OUT,
     DEFAULT_POLL,
     Processes,
@@ -54,297 +44,20 @@ from fedseg.flower.deploy import (
     flower_home,
     free_ports,
     register_node,
-    stop_when_child_exits,
     submit_run,
-    wait_for_port,
     wait_run,
 )
+from fedseg.flower.log_watch import LOG_LINE, ActivationRefusals, LogTail, log_tail
+from fedseg.flower.superlink import LinkSettings, start_superlink
+from fedseg.flower.supernode import ISOLATIONS, supernode_command
 from fedseg.interrupts import terminate_on_signals
 from fedseg.run.preflight import check_device, check_out_dir, check_out_kind, check_out_outside
 
-ISOLATIONS = ("subprocess", "warm")
 FLOWER_TASK_POLL = 1.0  # flwr's default SuperExec task polling interval (FLWR_SUPEREXEC_TASK_POLL_INTERVAL)
 
 
 class FlowerRunError(RuntimeError):
     """The Flower run failed; the message is the coordinator's (e.g. a site's data check)."""
-
-
-@dataclass(frozen=True)
-class LinkSettings:
-    """How the SuperLink listens: SuperNodes reach its Fleet API on ``host:port``; the Control and Runtime
-    APIs (register keys, start runs, the ServerApp) answer only on ``control`` (loopback by default;
-    ``fedseg.flower.superlink_main``). ``control`` None: the next port on 127.0.0.1."""
-
-    host: str = "127.0.0.1"
-    port: int = 9092
-    tls: TlsFiles | None = None
-    auth: bool = False  # --enable-supernode-auth (needs TLS)
-    simulation: bool = False  # --simulation: runs are executed by Flower's Simulation Runtime (virtual SuperNodes)
-    control: str | None = None  # HOST:PORT of the Control and Runtime APIs
-
-    @property
-    def address(self) -> str:
-        """Where processes on this machine reach the Fleet API."""
-        host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
-        return f"{host}:{self.port}"
-
-    @property
-    def control_address(self) -> str:
-        """Where the coordinator (and an operator's SSH tunnel) reaches the Control API."""
-        return self.control or f"127.0.0.1:{self.port + 1}"
-
-
-def parse_address(address: str, what: str) -> tuple[str, int]:
-    """``(host, port)`` of ``HOST:PORT`` (``[v6]:PORT`` too); a malformed one is a one-line ``ValueError``."""
-    host, _, port = address.rpartition(":")
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"{what} {address!r}: expected HOST:PORT, e.g. 127.0.0.1:9093")
-    return host.strip("[]"), int(port)
-
-
-# --- the SuperLink --------------------------------------------------------------------------------
-
-
-def superlink_command(link: LinkSettings) -> list[str]:
-    """``fedseg.flower.superlink_main``: Flower's SuperLink with every API on the control address and only the
-    Fleet API on ``host:port`` (a simulation SuperLink has no SuperNodes: everything on the control address)."""
-    control_host, control_port = parse_address(link.control_address, "--control-address")
-    cmd = [sys.executable, "-m", "fedseg.flower.superlink_main"]
-    if not link.simulation:
-        cmd += ["--fleet-address", f"{link.host}:{link.port}"]
-    cmd += [
-        "--host",
-        control_host,
-        "--port",
-        str(control_port),
-        "--disable-runtime-dependency-installation",
-    ]
-    if link.tls is None:
-        if link.auth:
-            raise ValueError("SuperNode authentication needs TLS (give certificates, e.g. from `fedseg flower certs`)")
-        cmd.append("--insecure")
-    else:
-        cmd += [
-            "--ssl-ca-certfile",
-            str(link.tls.ca),
-            "--ssl-certfile",
-            str(link.tls.cert),
-            "--ssl-keyfile",
-            str(link.tls.key),
-        ]
-    if link.auth:
-        cmd.append("--enable-supernode-auth")
-    if link.simulation:
-        cmd.append("--simulation")
-    return cmd
-
-
-def start_superlink(procs: Processes, link: LinkSettings, logs: Path, env: dict, timeout: float = 60) -> Started:
-    started = procs.start("superlink", superlink_command(link), logs / "superlink.log", env)
-    try:
-        for address in [link.control_address] if link.simulation else [link.control_address, link.address]:
-            host, port = parse_address(address, "address")
-            wait_for_port(host, port, timeout, alive=lambda: started.proc.poll() is None, what="the SuperLink")
-    except (RuntimeError, TimeoutError) as e:
-        raise RuntimeError(f"{e}:\n{log_tail(started.log)}") from None
-    return started
-
-
-def log_tail(path: Path, lines: int = 15) -> str:
-    try:
-        text = path.read_text(errors="replace").splitlines()
-    except OSError:
-        return "(no log)"
-    return "\n".join("    " + line for line in text[-lines:])
-
-
-# --- a SuperNode ----------------------------------------------------------------------------------
-
-
-def node_config(site: str, data: Path, samples: Path | None, state: Path | None = None) -> str:
-    """Flower node config ``site='..' data='..' samples='..' state='..'`` (TOML literal strings)."""
-    values = {"site": site, "data": str(Path(data).resolve())}
-    if samples is not None:
-        values["samples"] = str(Path(samples).resolve())
-    if state is not None:
-        values["state"] = str(Path(state).resolve())
-    for key, value in values.items():
-        if "'" in value or "\n" in value:
-            raise ValueError(f"{key} {value!r}: quotes and newlines cannot be passed in a Flower node config")
-    return " ".join(f"{k}='{v}'" for k, v in values.items())
-
-
-def check_site_folder(site: str, data: Path) -> Federation:
-    """``data check`` of a SuperNode's folder (structure and every file); its site must be there."""
-    from fedseg.data.check import check_folder
-
-    fed = check_folder(data, all_sites=False)  # a hospital folder: its own site; sites: may name the others
-    if site not in fed.site_names:
-        raise FederationError(f"{data}: no folder for site {site!r} (site folders here: {', '.join(fed.site_names)})")
-    return fed
-
-
-def check_port_free(port: int, host: str = "127.0.0.1") -> None:
-    """Refuse a ``--port`` another process listens on, in one line (Flower's SuperNode stops with "address already in
-    use" and "Runtime HTTP API failed to start", which does not say which option to change)."""
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: a port in TIME_WAIT is free
-        try:
-            probe.bind((host, port))
-        except OSError as e:
-            raise ValueError(
-                f"--port {port}: {host}:{port} is in use ({e.strerror}; another SuperNode on this machine?): give each "
-                "SuperNode on a machine its own --port (its Runtime API listens there)"
-            ) from None
-
-
-def supernode_argv(
-    site: str,
-    data: Path,
-    superlink: str,
-    port: int,
-    samples: Path | None,
-    root_certificates: Path | None,
-    insecure: bool,
-    auth_key: Path | None,
-    isolation: str,
-    max_wait: float | None,
-    state: Path | None = None,
-) -> list[str]:
-    """Arguments of Flower's ``flower-supernode`` for one site."""
-    argv = [
-        "--superlink",
-        superlink,
-        "--port",
-        str(port),
-        "--node-config",
-        node_config(site, data, samples, state),
-        "--isolation",
-        "process",  # every isolation: fedseg's runner (run_supernode), never Flower's flwr-clientapp
-    ]
-    if insecure:
-        argv.append("--insecure")
-    if root_certificates is not None:  # absolute: Flower refuses relative paths
-        argv += ["--root-certificates", str(Path(root_certificates).resolve())]
-    if auth_key is not None:
-        argv += ["--auth-supernode-private-key", str(Path(auth_key).resolve())]
-    if max_wait is not None:
-        argv += ["--max-wait-time", str(max_wait)]
-    return argv
-
-
-def runner_command(port: int, isolation: str, poll: float | None) -> list[str]:
-    """fedseg's ClientApp runner for the SuperNode whose Runtime API is on 127.0.0.1:``port``: it runs fedseg's
-    app only, every message in itself (``warm``) or in a new process each (``subprocess``)."""
-    import os
-
-    cmd = [sys.executable, "-m", "fedseg.flower.worker", "--runtime-api-address", f"127.0.0.1:{port}", "--insecure"]
-    cmd += ["--parent-pid", str(os.getpid())]
-    cmd += ["--fresh"] if isolation == "subprocess" else []
-    return cmd + (["--poll", str(poll)] if poll is not None else [])
-
-
-def check_address(address: str, option: str) -> None:
-    """A ValueError naming ``option`` unless ``address`` is ``HOST:PORT`` (an IPv6 host in brackets) with a port
-    in 1..65535: Flower said so only in its own log, among a screen of others, after starting."""
-    host, _, port = address.rpartition(":")
-    if not host.strip("[]") or not port.isdigit() or not 1 <= int(port) <= 65535:
-        raise ValueError(
-            f"{option} {address}: expected HOST:PORT with a port 1-65535 (e.g. coordinator.example.org:9092)"
-        )
-
-
-def run_supernode(
-    site: str,
-    data: Path,
-    superlink: str,
-    *,
-    port: int = 9094,
-    samples: Path | None = None,
-    root_certificates: Path | None = None,
-    insecure: bool = False,
-    auth_key: Path | None = None,
-    isolation: str = "subprocess",
-    poll: float | None = None,
-    max_wait: float | None = None,
-    state: Path | None = None,
-    echo: Callable[[str], None] = print,
-) -> None:
-    """Check the data, then become this site's SuperNode (blocks until it stops). See the module docstring.
-    ``state``: folder for the snapshots of the site's state store (needed to resume a run; keep it)."""
-    import os
-    import subprocess
-
-    if isolation not in ISOLATIONS:
-        raise ValueError(f"isolation must be one of {ISOLATIONS}, got {isolation!r}")
-    check_address(superlink, "--superlink")
-    fed = check_site_folder(site, data)
-    echo(f"data check passed: site {site} of {fed.name!r}, {len(fed.site(site).cases)} cases in {data}")
-    check_port_free(port)
-    argv = supernode_argv(
-        site, data, superlink, port, samples, root_certificates, insecure, auth_key, isolation, max_wait, state
-    )
-    os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
-    os.environ["FLWR_DISABLE_UPDATE_CHECK"] = "1"
-    os.environ["PATH"] = f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"
-    if poll is not None:
-        os.environ["FEDSEG_FLOWER_NODE_POLL"] = str(poll)
-    runner = subprocess.Popen(runner_command(port, isolation, poll))  # noqa: S603 - exits with this process (--parent-pid)
-    runner_died = stop_when_child_exits(runner, f"site {site!r}: the ClientApp runner")
-    from fedseg.flower import supernode_main
-
-    sys.argv = ["flower-supernode", *argv]
-    try:
-        supernode_main.main()
-    except SystemExit:  # Flower exits with 0 on SIGTERM; a supervisor must see the failure
-        if runner_died.is_set():
-            raise SystemExit(1) from None
-        raise
-
-
-def supernode_command(
-    site: str,
-    data: Path,
-    superlink: str,
-    port: int,
-    samples: Path | None,
-    root_certificates: Path | None,
-    auth_key: Path | None,
-    isolation: str,
-    poll: float | None,
-    state: Path | None = None,
-) -> list[str]:
-    """``fedseg flower supernode ...`` as a command line (what ``local`` starts per site)."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "fedseg.cli",
-        "flower",
-        "supernode",
-        "--site",
-        site,
-        "--data",
-        str(data),
-        "--superlink",
-        superlink,
-        "--port",
-        str(port),
-        "--isolation",
-        isolation,
-    ]
-    if samples is not None:
-        cmd += ["--samples", str(samples)]
-    cmd += ["--root-certificates", str(root_certificates)] if root_certificates is not None else ["--insecure"]
-    if auth_key is not None:
-        cmd += ["--auth-key", str(auth_key)]
-    if poll is not None:
-        cmd += ["--poll", str(poll)]
-    if state is not None:
-        cmd += ["--state", str(state)]
-    return cmd
 
 
 # --- the experiment -------------------------------------------------------------------------------
@@ -424,72 +137,6 @@ def check_new_or_resumed(out: Path, resume: bool, data: str | None) -> None:
     check_out_outside(out, data)
     if (out / "checkpoints").exists() and not resume:
         raise FileExistsError(f"{out}: already holds a run; use --resume to continue it or choose another --out")
-
-
-LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \S+ (DEBUG|INFO|WARNING|ERROR|CRITICAL) \S+: (.*)$")  # server.log format
-
-
-class LogTail:
-    """Lines appended to a file since the last call."""
-
-    def __init__(self, path: Path):
-        self.path, self.offset = path, 0
-
-    def new_lines(self) -> list[str]:
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self.offset)
-                data = f.read()
-        except OSError:
-            return []
-        end = data.rfind(b"\n") + 1
-        self.offset += end
-        return data[:end].decode(errors="replace").splitlines()
-
-
-ACTIVATION_REFUSED = re.compile(  # superlink.log: a refused activation, with the public key and the cause
-    r"activate-node\]\[ApiError:\d+\] .*public key: (.*?), exception: (.*)$"
-)
-NODE_ALREADY_ON = re.compile(r"SuperNode with node ID (\d+) could not be activated")
-KEY_UNKNOWN = "No SuperNode found with the given public key"
-
-
-class ActivationRefusals:
-    """The SuperLink's refusals to activate a SuperNode, from its log (from ``offset``: the bytes an earlier
-    coordinator in the same ``--out`` wrote), as one console line each: the SuperNode is told only "Failed to activate
-    SuperNode" (``fedseg.flower.supernode_main.ExplainActivation``); the coordinator says which cause it was and, for
-    a registered key, whose. Each node (registered key) or unregistered key is said once (a SuperNode restarted
-    every few seconds by systemd is refused as often); another cause is said as the SuperLink gives it."""
-
-    def __init__(self, log: Path, node_sites: dict[str, str], offset: int = 0) -> None:
-        self.tail, self.node_sites, self.said = LogTail(log), node_sites, set[str]()
-        self.tail.offset = offset
-
-    def new_lines(self) -> list[str]:
-        lines = []
-        for line in self.tail.new_lines():
-            if not (m := ACTIVATION_REFUSED.search(line)):
-                continue
-            key, cause = m.group(1), m.group(2).strip().rstrip(".")
-            if already := NODE_ALREADY_ON.search(cause):
-                node = already.group(1)
-                site = self.node_sites.get(node)
-                whose = f"site {site!r}'s key" if site else "a registered key"
-                said = (
-                    f"a SuperNode with {whose} (node id {node}) was refused: the SuperNode of that key is connected "
-                    "(a second process with its key?), or stopped without saying goodbye less than a minute ago "
-                    "(the SuperLink counts it online until then: it may start again after that)"
-                )
-                key = node
-            elif cause == KEY_UNKNOWN:
-                said = f"a SuperNode whose key is not registered (--auth-keys) was refused: {cause}"
-            else:
-                said = f"the SuperLink refused to activate a SuperNode: {cause}"
-                key = cause
-            if key not in self.said:
-                self.said.add(key)
-                lines.append(said)
-        return lines
 
 
 def serve_experiment(
@@ -598,7 +245,7 @@ def federation_folder(cfg: RunConfig, work: Path) -> tuple[Path, Federation]:
             raise ValueError("data.source is 'folder' but data.root is not set (use --data ROOT)")
         root = Path(cfg.data.root).resolve()
     else:
-        from fedseg.data.folder import write_folder
+        from fedseg.data.folder_write import write_folder
         from fedseg.data.sources import build_federation
 
         root = write_folder(build_federation(cfg), work / "federation", overwrite=True).resolve()

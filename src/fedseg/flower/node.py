@@ -384,7 +384,7 @@ def answer_algorithm(action: str, content: RecordDict, context: Context, setting
     fed, data = site_data(settings, cfg, to.site_index)
     forget_other_algorithms(context, to.algorithm, settings.snapshots(context))
     state = get_state(context, STATE + to.algorithm)
-    task = Task(spec.run_config(cfg), fed.spatial_dims, fed.channels, fed.regions.names)  # the method's rounds
+    task = Task.of(spec.run_config(cfg), fed)  # the method's rounds
     options = spec.parse_options(cfg.methods.get(to.algorithm))  # cached: parsed once per node process
     reply, seconds = answer(spec.client(), msg, to, data, state, task, options, settings.samples)
     put_state(context, STATE + to.algorithm, state)

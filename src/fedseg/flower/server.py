@@ -204,7 +204,7 @@ def serve(grid, run_config: dict) -> None:
         site_map = connect_sites(
             courier, fed.site_names, federation_header(fed), float(run_config["fedseg-wait"]), node_sites
         )
-        prep = Prepared(fed, {}, [], Task(cfg, fed.spatial_dims, fed.channels, fed.regions.names))
+        prep = Prepared(fed, {}, [], Task.of(cfg, fed))
 
         def engine(name, spec, options, prep, out, observers):
             return FlowerEngine(name, courier, site_map, prep.task, options, observers)

@@ -116,7 +116,7 @@ WHY_PLAIN_REFUSED = (
 class ExplainActivation(logging.Filter):
     """Flower's exit lines that name no cause a site's operator can act on get fedseg's explanation appended:
     "Failed to activate SuperNode." (the SuperLink keeps the cause in its own log; the coordinator's console shows
-    it, ``fedseg.flower.launch.ActivationRefusals``): ``WHY_NOT_ACTIVATED``, the two causes; authentication on and no
+    it, ``fedseg.flower.log_watch.ActivationRefusals``): ``WHY_NOT_ACTIVATED``, the two causes; authentication on and no
     key given: ``WHY_NOT_REGISTERED``; and, for a SuperNode started ``insecure``, a connection dropped without an
     answer: ``WHY_PLAIN_REFUSED`` (a TLS port)."""
 

@@ -70,7 +70,7 @@ def planning_engine(cfg: RunConfig, fed: Federation, splits: dict[str, dict[str,
     """The in-process engine of the planning exchanges: every site's training cases as they are
     (``fedseg.data.dataset.raw_site_data``), its store in memory, every site required."""
     sites = [raw_site_data(fed, site, i, splits[site.name]) for i, site in enumerate(fed.sites)]
-    task = Task(cfg, fed.spatial_dims, fed.channels, fed.regions.names)  # no network is built
+    task = Task.of(cfg, fed)  # no network is built
     engine = Simulator(PLAN, FingerprintClient(), sites, task)
     engine.all_sites_required = True
     return engine

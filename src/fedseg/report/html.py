@@ -547,6 +547,7 @@ def _score_sections(run: RunFiles) -> list[Section]:
         (
             f"Per case: mean over regions ({esc(regions)}); per site: mean over its test cases. "
             "Client Avg = mean of the site means; Global = mean over all test cases pooled. "
+            + SCORED_ON.get(str(run.summary.get("score_on")), "")
         )
         + (
             "“Local (own site)”: each site's own model on its own data (each site's model on every site: "
@@ -564,7 +565,7 @@ def _score_sections(run: RunFiles) -> list[Section]:
     notes = {
         "dice": _unconverged(run),
         "hd95": " A region empty in both truth and prediction scores 0; empty in exactly one, the worst value "
-        "(eval.hd95_worst, by default the diagonal of the case's grid).",
+        f"({_worst_hd95(run)}).",
         "nsd": " Normalized surface Dice: the share of the boundary points of truth and prediction that lie "
         "within the tolerance τ (eval.nsd_tolerance) of the other's boundary; a region empty in both truth and "
         "prediction scores 1, empty in exactly one 0.",
@@ -578,6 +579,24 @@ def _score_sections(run: RunFiles) -> list[Section]:
             table_html = score_table(rows, site_columns(run.sites), m.higher_is_better, m.mean_digits)
             out.append(Section(f"Test {m.title(unit, tolerance)}", table_html, common + note))
     return out
+
+
+SCORED_ON = {  # summary.json ``score_on`` (eval.score_on; absent from a run of an older fedseg: said nothing of)
+    "label_map": "Scored on the label map the thresholded predictions paint (eval.score_on: label_map), the masks "
+    "fedseg predict writes. ",
+    "channels": "Scored on each region's thresholded channel (eval.score_on: channels): with nested regions a "
+    "written mask (which paints a smaller region predicted outside a larger one into it) can score otherwise. ",
+}
+
+
+def _worst_hd95(run: RunFiles) -> str:
+    """The HD95 a missed or hallucinated region scores, as the run's summary records it (``hd95_worst``)."""
+    worst, unit = run.summary.get("hd95_worst"), run.summary.get("hd95_unit", "pixels / voxels")
+    if isinstance(worst, int | float):
+        return f"{worst:g} {unit}, eval.hd95_worst"
+    if "hd95_worst" in run.summary:
+        return "the diagonal of the case's grid, eval.hd95_worst unset"
+    return "eval.hd95_worst, by default the diagonal of the case's grid"
 
 
 def _unconverged(run: RunFiles) -> str:

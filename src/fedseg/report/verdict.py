@@ -150,10 +150,11 @@ def unconverged_methods(run: RunFiles) -> tuple[list[str], bool]:
     selected on validation lies in the last 10% (at least 2) of the rounds trained and validation had not plateaued;
     runs written before summary.json recorded it: the selected round is the last one), and whether one of them
     selects per site (``selected_rounds``: named when at least half its sites selected a round in that late window,
-    ``persite.late_sites``, with "k of n sites")."""
+    ``persite.late_sites``, with "k of n sites"). A run of one round is one of them (its only round is its last:
+    nothing says it converged, as its summary.json and model card say too)."""
     late, per_site = [], False
     for a, e in run.algorithms.items():
-        if not (e.get("rounds") and e["rounds"] > 1):
+        if not e.get("rounds"):
             continue
         if persite.selected_rounds(e):
             k, n = persite.late_sites(e)

@@ -73,15 +73,26 @@ def method_notes(cfg: RunConfig, task: Task) -> list[str]:
 def data_notes(cfg: RunConfig, kind: str) -> list[str]:
     """Lines saying how a folder federation's images reach the network, shown once when the run starts: 3D volumes
     on the whole-image path (``data.volume.patch_size`` unset) are resized to ``data.image_size`` per axis and scored
-    on that grid (``fedseg.data.dataset``), which a preset made for 2D images (``demo``) does without saying so."""
-    if cfg.data.source != "folder" or kind != "3d" or cfg.data.volume.patch_size is not None:
+    on that grid (``fedseg.data.dataset``), which a preset made for 2D images (``demo``) does without saying so;
+    and a fixed ``eval.hd95_worst`` (the fets presets': BraTS's 373.13 mm) that every missed region of the folder's
+    own cases scores, whatever their size."""
+    if cfg.data.source != "folder":
         return []
-    side = cfg.data.image_size
-    return [
-        f"note: every volume is resized to {side}x{side}x{side} voxels (data.image_size, the whole-image path) and "
-        "scored on that grid, not on its own; set data.volume.patch_size (as the fets preset does) to train on "
-        "patches of each volume's own grid and score there, with its spacing"
-    ]
+    notes = []
+    if kind == "3d" and cfg.data.volume.patch_size is None:
+        side = cfg.data.image_size
+        notes.append(
+            f"note: every volume is resized to {side}x{side}x{side} voxels (data.image_size, the whole-image path) "
+            "and scored on that grid, not on its own; set data.volume.patch_size (as the fets preset does) to train "
+            "on patches of each volume's own grid and score there, with its spacing"
+        )
+    if cfg.eval.hd95_worst is not None:
+        notes.append(
+            f"note: a missed or hallucinated region scores HD95 {cfg.eval.hd95_worst:g} on every case "
+            "(eval.hd95_worst; the fets presets' 373.13 mm is the diagonal of a 240x240x155 BraTS volume at 1 mm); "
+            "--set eval.hd95_worst=null scores it at the diagonal of its own case's grid"
+        )
+    return notes
 
 
 GPU_PATCH = 96  # a patch side (voxels) from which a CPU step takes tens of seconds (fets: 128^3, 78 s per step)

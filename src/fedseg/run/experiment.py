@@ -13,7 +13,8 @@ import torch
 from fedseg.accel import resolve
 from fedseg.algorithms import check_method_names, check_sites, get_algorithm
 from fedseg.atomic_files import atomic_write_text, strict_json_text
-from fedseg.config import RunConfig, dump_config, error_text
+from fedseg.config import RunConfig
+from fedseg.config_load import dump_config, error_text
 from fedseg.data.federation import Federation
 from fedseg.engine.base import Observer
 from fedseg.engine.faults import check_fault_sites

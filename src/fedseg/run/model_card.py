@@ -15,7 +15,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from fedseg.config import RunConfig, dump_config
+from fedseg.config import RunConfig
+from fedseg.config_load import dump_config
 from fedseg.data.federation import Federation
 from fedseg.run.outputs import BUNDLE_WEIGHTS
 from fedseg.run.provenance import git_state, package_version, utc_now

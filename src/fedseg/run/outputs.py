@@ -14,7 +14,8 @@ import torch
 from safetensors.torch import save
 
 from fedseg.atomic_files import atomic_write_bytes, atomic_write_text, strict_json_text
-from fedseg.config import RunConfig, dump_config
+from fedseg.config import RunConfig
+from fedseg.config_load import dump_config
 from fedseg.data.federation import Federation
 from fedseg.run.provenance import finish
 from fedseg.run.result import AlgorithmResult, Row
@@ -64,6 +65,8 @@ def summary_dict(results: RunResults) -> dict[str, Any]:
         "regions": list(fed.regions.names),
         "hd95_unit": hd95_unit(results.trained_cfg),
         "nsd_tolerance": results.cfg.eval.nsd_tolerance,  # in hd95_unit; a number, or one per region
+        "hd95_worst": results.cfg.eval.hd95_worst,  # in hd95_unit; None: each case's grid diagonal
+        "score_on": results.cfg.eval.score_on,  # label_map: the written masks' regions; channels: each channel
         "algorithms": {a.name: a.summary for a in results.algorithms},
         **({"plan": results.plan} if results.plan is not None else {}),
         **({"provenance": finish(results.provenance)} if results.provenance else {}),

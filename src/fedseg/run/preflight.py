@@ -182,14 +182,15 @@ def recorded_config(path: Path) -> dict[str, Any] | None:
     """The configuration recorded in a run's ``config.yaml`` (normalized through ``RunConfig``, so keys added
     by a later fedseg compare at their defaults, except ``data.seed``, which compares at the run seed that the
     old run's data came from, and method options whose default changed what the method does, which compare at
-    the old behaviour, e.g. ``methods.fedper.private_unit: blocks``: ``fedseg.config.with_recorded_defaults``);
+    the old behaviour, e.g. ``methods.fedper.private_unit: blocks``: ``fedseg.config_load.with_recorded_defaults``);
     None without one."""
-    from fedseg.config import RunConfig, with_recorded_defaults
+    from fedseg.config import RunConfig
+    from fedseg.config_load import with_recorded_defaults
 
     if not path.is_file():
         return None
     from fedseg.atomic_files import read_text
-    from fedseg.config import ConfigError, read_yaml_mapping
+    from fedseg.config_load import ConfigError, read_yaml_mapping
 
     try:
         data = read_yaml_mapping(read_text(path), str(path))

@@ -93,7 +93,7 @@ def prepare(cfg: RunConfig, federation: Federation | None = None) -> Prepared:
 def prepared_sites(cfg: RunConfig, fed: Federation, splits: Splits) -> Prepared:
     """Every site's data pre-processed under ``cfg.data``, and the task of ``cfg``."""
     site_data = [build_site_data(fed, site, i, splits[site.name], cfg.data) for i, site in enumerate(fed.sites)]
-    task = Task(cfg, fed.spatial_dims, fed.channels, fed.regions.names)
+    task = Task.of(cfg, fed)
     task.nsd_tolerances  # noqa: B018 - a mapping eval.nsd_tolerance must name the regions: fail before training
     return Prepared(fed, splits, site_data, task)
 

@@ -53,9 +53,11 @@ def unseen_cells(bundle: dict, data: CaseSet, task: Task, options: MethodOptions
 
     if sm.mode == "ensemble":
         ev = cfg.eval
-        dice = score_caseset(sm, data, ev.batch_size, ev.threshold, False, task.device)["dice"]
+        dice = score_caseset(sm, data, ev.batch_size, ev.threshold, False, task.device, regions=task.scored_regions)[
+            "dice"
+        ]
         return {"mode": sm.mode, **point(route(probs, sm.mode), dice)}
-    per_model = candidate_dice(list(sm.candidates), data, cfg.eval, task.device)  # (K+1, N, R)
+    per_model = candidate_dice(list(sm.candidates), data, cfg.eval, task.device, task.scored_regions)  # (K+1, N, R)
 
     def at(gamma: float = 0.0) -> dict:  # (argmax mode has no threshold: gamma is ignored)
         choice = route(probs, sm.mode, gamma)

@@ -54,7 +54,7 @@ import numpy as np
 from fedseg.atomic_files import current_umask
 from fedseg.data import readers
 from fedseg.data.federation import Case, Federation, FederationError, Regions
-from fedseg.data.folder import _write_nifti, _write_png
+from fedseg.data.folder_write import write_nifti, write_png
 from fedseg.data.importers.nnunet import DATASET_JSON, SPLITS_FINAL, channel_file
 from fedseg.data.splits import Splits
 
@@ -153,21 +153,21 @@ def _write_case(
     if kind == "3d":
         affine = case_affine(case)
         for c in range(image.shape[0]):
-            _write_nifti(images_dir / channel_file(cid, c, ".nii.gz"), image[c], affine)
-        _write_nifti(labels_dir / f"{cid}.nii.gz", label, affine)
+            write_nifti(images_dir / channel_file(cid, c, ".nii.gz"), image[c], affine)
+        write_nifti(labels_dir / f"{cid}.nii.gz", label, affine)
         return
     if image.shape[0] == 3:
         if image.dtype != np.uint8:
             raise FederationError(f"{where}: a 3-channel 2D image must be uint8 for an RGB PNG, got {image.dtype}")
-        _write_png(images_dir / channel_file(cid, 0, ".png"), np.moveaxis(image, 0, -1))
+        write_png(images_dir / channel_file(cid, 0, ".png"), np.moveaxis(image, 0, -1))
     else:
         if image.dtype not in (np.uint8, np.uint16):
             raise FederationError(f"{where}: 2D images must be uint8 or uint16 for nnU-Net's PNGs, got {image.dtype}")
         for c in range(image.shape[0]):
-            _write_png(images_dir / channel_file(cid, c, ".png"), image[c])
+            write_png(images_dir / channel_file(cid, c, ".png"), image[c])
     if label.dtype != np.uint8:
         raise FederationError(f"{where}: more than 255 label values do not fit a PNG label map")
-    _write_png(labels_dir / f"{cid}.png", label)
+    write_png(labels_dir / f"{cid}.png", label)
 
 
 def export_nnunet(

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
+from fedseg.data.case_files import split_name
 from fedseg.data.federation import FederationError
-from fedseg.data.folder import split_name
 from fedseg.data.importers.writer import Plan, PlannedCase, PlannedSite, Source, existing_folder, raise_problems
 
 IMAGE_EXTS = ("jpg", "jpeg", "png", "bmp", "tif", "tiff")

@@ -41,8 +41,8 @@ from pathlib import Path
 from typing import Literal
 
 from fedseg.data import readers
+from fedseg.data.case_files import split_name
 from fedseg.data.federation import FederationError, channel_order
-from fedseg.data.folder import split_name
 from fedseg.data.importers.nnunet import channel_file, channels_source
 from fedseg.data.importers.writer import Plan, PlannedCase, PlannedSite, Source, existing_folder, raise_problems
 from fedseg.data.structured import read_mapping

@@ -22,7 +22,7 @@ What it writes:
   otherwise.
 - **kind**: ``2d`` for a PNG/JPEG ``file_ending``, and for nnU-Net's 2D data stored in a volume format (NIfTI
   ``(X, Y, 1)``: the first case's ``_0000`` header has a third axis of size 1), else ``3d``; any other ending is
-  accepted when fedseg's folder format reads it (``folder.IMAGE_EXTS`` and ``LABEL_EXTS``, read at run time).
+  accepted when fedseg's folder format reads it (``case_files.IMAGE_EXTS`` and ``LABEL_EXTS``, read at run time).
 - **images**: a single-channel case's file is linked as is (a NIfTI keeps its affine, hence its spacing);
   several channel files are stacked in channel order into one file: a 4D NIfTI ``(X, Y, Z, C)`` on the
   ``_0000`` file's grid (3D: its affine, with a NRRD's or MetaImage's direction and origin; a NIfTI's qform and
@@ -61,7 +61,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from fedseg.data import folder, readers
+from fedseg.data import case_files, folder_write, readers
 from fedseg.data.csv_rows import read_csv_rows
 from fedseg.data.federation import FederationError, Split
 from fedseg.data.importers.writer import Plan, PlannedCase, PlannedSite, Source, raise_problems, single_source
@@ -102,14 +102,14 @@ UNLINKABLE = {"mhd": "a MetaImage .mhd header is a file apart from its data: con
 
 def readable_endings() -> list[str]:
     """The ``file_ending`` values fedseg can import now: the extensions the folder format reads as both
-    image and label (``folder.IMAGE_EXTS`` and ``LABEL_EXTS`` at call time), with their dot, but those of
+    image and label (``case_files.IMAGE_EXTS`` and ``LABEL_EXTS`` at call time), with their dot, but those of
     ``UNLINKABLE`` (the import places one file per image)."""
-    return ["." + e for e in folder.IMAGE_EXTS if e in folder.LABEL_EXTS and e not in UNLINKABLE]
+    return ["." + e for e in case_files.IMAGE_EXTS if e in case_files.LABEL_EXTS and e not in UNLINKABLE]
 
 
 def kind_of(file_ending: str) -> Literal["2d", "3d"]:
     """``2d`` for the 2D image files the folder format reads with PIL (PNG, JPEG), ``3d`` for the rest (NIfTI...)."""
-    return "2d" if file_ending.lower().lstrip(".") in folder._PIL_EXTS else "3d"
+    return "2d" if file_ending.lower().lstrip(".") in case_files.PIL_EXTS else "3d"
 
 
 @dataclass(frozen=True)
@@ -359,8 +359,8 @@ def site_assigner(site_by: str | None, default: str) -> SiteAssigner:
         case = match["case"] if "case" in pattern.groupindex else cid
         if not site or not case:
             raise FederationError(f"--site-by {site_by!r}: gives an empty site or case id for case {cid!r}")
-        folder._safe_name(site, f"--site-by {site_by!r}: case {cid!r} gets site")
-        return site, folder._safe_name(case, f"--site-by {site_by!r}: case {cid!r} gets case id")
+        folder_write.safe_name(site, f"--site-by {site_by!r}: case {cid!r} gets site")
+        return site, folder_write.safe_name(case, f"--site-by {site_by!r}: case {cid!r} gets case id")
 
     return assign
 
@@ -383,7 +383,7 @@ def _csv_assigner(path: Path) -> SiteAssigner:
             raise FederationError(f"{path}:{line}: empty case or site")
         if cid in sites:
             raise FederationError(f"{path}:{line}: case {cid!r} listed twice")
-        sites[cid] = folder._safe_name(site, f"{path}:{line}: site")
+        sites[cid] = folder_write.safe_name(site, f"{path}:{line}: site")
 
     def assign(cid: str) -> tuple[str, str]:
         if cid not in sites:
@@ -445,12 +445,12 @@ def read_splits_final(
 
 
 def stacked_channels(paths: tuple[Path, ...], kind: Literal["2d", "3d"]) -> np.ndarray:
-    """The channel files ``paths`` (each ``(1, *spatial)`` as ``folder.read_image`` reads it) as one channel-first
+    """The channel files ``paths`` (each ``(1, *spatial)`` as ``case_files.read_image`` reads it) as one channel-first
     array ``(C, *spatial)`` in their common dtype; ``FederationError`` naming a file of another shape, or on another
     grid (``readers.channels_grid_problem``, from the headers before any voxel is read)."""
     if (off_grid := readers.channels_grid_problem(paths)) is not None:
         raise FederationError(off_grid)
-    arrays = [folder.read_image(p, kind) for p in paths]
+    arrays = [case_files.read_image(p, kind) for p in paths]
     for path, array in zip(paths[1:], arrays[1:]):
         if array.shape[1:] != arrays[0].shape[1:]:
             raise FederationError(
@@ -462,13 +462,13 @@ def stacked_channels(paths: tuple[Path, ...], kind: Literal["2d", "3d"]) -> np.n
 
 def _write_stacked_nifti(paths: tuple[Path, ...], dest: Path) -> None:
     """3D channel files -> one NIfTI ``(X, Y, Z, C)`` at ``dest`` on the ``_0000`` file's grid: a NIfTI's spatial
-    header (its qform and sform with their codes, ``folder.write_nifti_like``), another format's affine as
+    header (its qform and sform with their codes, ``folder_write.write_nifti_like``), another format's affine as
     ``readers.volume_grid`` reads it (RAS, with its direction and origin: a NRRD or MetaImage is LPS)."""
     data = np.moveaxis(stacked_channels(paths, "3d"), 0, -1)
     if readers.volume_format(paths[0]) in readers.NIFTI_EXTS:
-        folder.write_nifti_like(dest, data, readers.load_nifti(paths[0]))
+        folder_write.write_nifti_like(dest, data, readers.load_nifti(paths[0]))
     else:
-        folder._write_nifti(dest, data, readers.volume_grid(paths[0]).affine)
+        folder_write.write_nifti(dest, data, readers.volume_grid(paths[0]).affine)
 
 
 def channels_source(paths: Sequence[Path], kind: Literal["2d", "3d"]) -> Source:

@@ -12,7 +12,7 @@ splits if the layout gives them (``splits.csv``) and, per case, where its image 
    (NIfTI with the source's affine, PNG for 2D);
 3. runs ``data check`` on it (``fedseg.data.check.check_folder``); a problem it finds names the *source*
    file (the link's target) rather than the temporary copy;
-4. moves its contents into ``--out`` (``fedseg.data.folder.move_in``).
+4. moves its contents into ``--out`` (``fedseg.data.folder_write.move_in``).
 
 Any error removes the temporary folder: ``--out`` is either complete and checked, or untouched.
 """
@@ -29,20 +29,10 @@ from typing import Literal
 
 import numpy as np
 
+from fedseg.data.case_files import IMAGE_EXTS, LABEL_EXTS, split_name
 from fedseg.data.federation import Case, Federation, FederationError, Regions, Site, Split
-from fedseg.data.folder import (
-    IMAGE_EXTS,
-    LABEL_EXTS,
-    SPLITS_FILE,
-    _write_nifti,
-    _write_png,
-    load_folder,
-    move_in,
-    new_site_folder,
-    split_name,
-    staging_folder,
-    write_header,
-)
+from fedseg.data.folder import SPLITS_FILE, load_folder, write_header
+from fedseg.data.folder_write import move_in, new_site_folder, staging_folder, write_nifti, write_png
 from fedseg.data.metadata import CASES_FILE, write_cases_csv
 from fedseg.data.splits import write_site_splits_csv
 
@@ -62,12 +52,12 @@ class Source:
     @classmethod
     def nifti(cls, path: Path, read: Callable[[], tuple[np.ndarray, np.ndarray]]) -> Source:
         """A NIfTI written from ``read() -> (array as stored, 4x4 affine)``."""
-        return cls(path, lambda dest: _write_nifti(dest, *read()), "nii.gz")
+        return cls(path, lambda dest: write_nifti(dest, *read()), "nii.gz")
 
     @classmethod
     def png(cls, path: Path, read: Callable[[], np.ndarray]) -> Source:
         """A PNG written from ``read() -> uint8 (H, W) or (H, W, 3)``."""
-        return cls(path, lambda dest: _write_png(dest, read()), "png")
+        return cls(path, lambda dest: write_png(dest, read()), "png")
 
     def extension(self) -> str:
         """The extension of the written file: ``ext``, else the source's own (``nii.gz``, ``nrrd``, ``png``...;

@@ -1,0 +1,94 @@
+"""The SuperLink of a deployment: how it listens (``LinkSettings``), its command line (``superlink_command``: Flower's
+SuperLink run by ``fedseg.flower.superlink_main``) and starting it (``start_superlink``).
+
+``serve_experiment`` (``fedseg.flower.launch``) starts one for every deployment: TLS and ``--enable-supernode-auth`` as
+given; in simulation mode (Flower's Simulation Runtime) it has no Fleet API.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from fedseg.flower.certs import TlsFiles
+from fedseg.flower.deploy import Processes, Started, wait_for_port
+from fedseg.flower.log_watch import log_tail
+
+
+@dataclass(frozen=True)
+class LinkSettings:
+    """How the SuperLink listens: SuperNodes reach its Fleet API on ``host:port``; the Control and Runtime
+    APIs (register keys, start runs, the ServerApp) answer only on ``control`` (loopback by default;
+    ``fedseg.flower.superlink_main``). ``control`` None: the next port on 127.0.0.1."""
+
+    host: str = "127.0.0.1"
+    port: int = 9092
+    tls: TlsFiles | None = None
+    auth: bool = False  # --enable-supernode-auth (needs TLS)
+    simulation: bool = False  # --simulation: runs are executed by Flower's Simulation Runtime (virtual SuperNodes)
+    control: str | None = None  # HOST:PORT of the Control and Runtime APIs
+
+    @property
+    def address(self) -> str:
+        """Where processes on this machine reach the Fleet API."""
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
+        return f"{host}:{self.port}"
+
+    @property
+    def control_address(self) -> str:
+        """Where the coordinator (and an operator's SSH tunnel) reaches the Control API."""
+        return self.control or f"127.0.0.1:{self.port + 1}"
+
+
+def parse_address(address: str, what: str) -> tuple[str, int]:
+    """``(host, port)`` of ``HOST:PORT`` (``[v6]:PORT`` too); a malformed one is a one-line ``ValueError``."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{what} {address!r}: expected HOST:PORT, e.g. 127.0.0.1:9093")
+    return host.strip("[]"), int(port)
+
+
+def superlink_command(link: LinkSettings) -> list[str]:
+    """``fedseg.flower.superlink_main``: Flower's SuperLink with every API on the control address and only the
+    Fleet API on ``host:port`` (a simulation SuperLink has no SuperNodes: everything on the control address)."""
+    control_host, control_port = parse_address(link.control_address, "--control-address")
+    cmd = [sys.executable, "-m", "fedseg.flower.superlink_main"]
+    if not link.simulation:
+        cmd += ["--fleet-address", f"{link.host}:{link.port}"]
+    cmd += [
+        "--host",
+        control_host,
+        "--port",
+        str(control_port),
+        "--disable-runtime-dependency-installation",
+    ]
+    if link.tls is None:
+        if link.auth:
+            raise ValueError("SuperNode authentication needs TLS (give certificates, e.g. from `fedseg flower certs`)")
+        cmd.append("--insecure")
+    else:
+        cmd += [
+            "--ssl-ca-certfile",
+            str(link.tls.ca),
+            "--ssl-certfile",
+            str(link.tls.cert),
+            "--ssl-keyfile",
+            str(link.tls.key),
+        ]
+    if link.auth:
+        cmd.append("--enable-supernode-auth")
+    if link.simulation:
+        cmd.append("--simulation")
+    return cmd
+
+
+def start_superlink(procs: Processes, link: LinkSettings, logs: Path, env: dict, timeout: float = 60) -> Started:
+    started = procs.start("superlink", superlink_command(link), logs / "superlink.log", env)
+    try:
+        for address in [link.control_address] if link.simulation else [link.control_address, link.address]:
+            host, port = parse_address(address, "address")
+            wait_for_port(host, port, timeout, alive=lambda: started.proc.poll() is None, what="the SuperLink")
+    except (RuntimeError, TimeoutError) as e:
+        raise RuntimeError(f"{e}:\n{log_tail(started.log)}") from None
+    return started

@@ -1,0 +1,209 @@
+"""One hospital's SuperNode: what ``fedseg flower supernode`` does (``run_supernode``) and its command line
+(``supernode_command``, what ``fedseg flower local`` starts per site).
+
+``run_supernode``: checks its data folder with ``data check`` first (a bad
+folder fails here, with the data check's message, before anything connects), then runs
+Flower's SuperNode with node config ``site=NAME data=ROOT samples=DIR``; TLS to the SuperLink
+(``--root-certificates``) and SuperNode authentication (``--auth-supernode-private-key``) as
+given. The SuperNode runs in Flower's ``process`` isolation with fedseg's ClientApp runner
+(``fedseg.flower.worker``), which runs fedseg's own app only (``fedseg.flower.bundles``: any other
+app bundle is refused before any of it runs): ``warm``, every message in one long-lived process,
+or ``subprocess``, a new process per message (as Flower's ``subprocess`` isolation, whose
+``flwr-clientapp`` would import whatever bundle a run brings).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from fedseg.data.federation import Federation, FederationError
+from fedseg.flower.deploy import BIN, stop_when_child_exits
+
+ISOLATIONS = ("subprocess", "warm")
+
+
+def node_config(site: str, data: Path, samples: Path | None, state: Path | None = None) -> str:
+    """Flower node config ``site='..' data='..' samples='..' state='..'`` (TOML literal strings)."""
+    values = {"site": site, "data": str(Path(data).resolve())}
+    if samples is not None:
+        values["samples"] = str(Path(samples).resolve())
+    if state is not None:
+        values["state"] = str(Path(state).resolve())
+    for key, value in values.items():
+        if "'" in value or "\n" in value:
+            raise ValueError(f"{key} {value!r}: quotes and newlines cannot be passed in a Flower node config")
+    return " ".join(f"{k}='{v}'" for k, v in values.items())
+
+
+def check_site_folder(site: str, data: Path) -> Federation:
+    """``data check`` of a SuperNode's folder (structure and every file); its site must be there."""
+    from fedseg.data.check import check_folder
+
+    fed = check_folder(data, all_sites=False)  # a hospital folder: its own site; sites: may name the others
+    if site not in fed.site_names:
+        raise FederationError(f"{data}: no folder for site {site!r} (site folders here: {', '.join(fed.site_names)})")
+    return fed
+
+
+def check_port_free(port: int, host: str = "127.0.0.1") -> None:
+    """Refuse a ``--port`` another process listens on, in one line (Flower's SuperNode stops with "address already in
+    use" and "Runtime HTTP API failed to start", which does not say which option to change)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: a port in TIME_WAIT is free
+        try:
+            probe.bind((host, port))
+        except OSError as e:
+            raise ValueError(
+                f"--port {port}: {host}:{port} is in use ({e.strerror}; another SuperNode on this machine?): give each "
+                "SuperNode on a machine its own --port (its Runtime API listens there)"
+            ) from None
+
+
+def supernode_argv(
+    site: str,
+    data: Path,
+    superlink: str,
+    port: int,
+    samples: Path | None,
+    root_certificates: Path | None,
+    insecure: bool,
+    auth_key: Path | None,
+    isolation: str,
+    max_wait: float | None,
+    state: Path | None = None,
+) -> list[str]:
+    """Arguments of Flower's ``flower-supernode`` for one site."""
+    argv = [
+        "--superlink",
+        superlink,
+        "--port",
+        str(port),
+        "--node-config",
+        node_config(site, data, samples, state),
+        "--isolation",
+        "process",  # every isolation: fedseg's runner (run_supernode), never Flower's flwr-clientapp
+    ]
+    if insecure:
+        argv.append("--insecure")
+    if root_certificates is not None:  # absolute: Flower refuses relative paths
+        argv += ["--root-certificates", str(Path(root_certificates).resolve())]
+    if auth_key is not None:
+        argv += ["--auth-supernode-private-key", str(Path(auth_key).resolve())]
+    if max_wait is not None:
+        argv += ["--max-wait-time", str(max_wait)]
+    return argv
+
+
+def runner_command(port: int, isolation: str, poll: float | None) -> list[str]:
+    """fedseg's ClientApp runner for the SuperNode whose Runtime API is on 127.0.0.1:``port``: it runs fedseg's
+    app only, every message in itself (``warm``) or in a new process each (``subprocess``)."""
+    import os
+
+    cmd = [sys.executable, "-m", "fedseg.flower.worker", "--runtime-api-address", f"127.0.0.1:{port}", "--insecure"]
+    cmd += ["--parent-pid", str(os.getpid())]
+    cmd += ["--fresh"] if isolation == "subprocess" else []
+    return cmd + (["--poll", str(poll)] if poll is not None else [])
+
+
+def check_address(address: str, option: str) -> None:
+    """A ValueError naming ``option`` unless ``address`` is ``HOST:PORT`` (an IPv6 host in brackets) with a port
+    in 1..65535: Flower said so only in its own log, among a screen of others, after starting."""
+    host, _, port = address.rpartition(":")
+    if not host.strip("[]") or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError(
+            f"{option} {address}: expected HOST:PORT with a port 1-65535 (e.g. coordinator.example.org:9092)"
+        )
+
+
+def run_supernode(
+    site: str,
+    data: Path,
+    superlink: str,
+    *,
+    port: int = 9094,
+    samples: Path | None = None,
+    root_certificates: Path | None = None,
+    insecure: bool = False,
+    auth_key: Path | None = None,
+    isolation: str = "subprocess",
+    poll: float | None = None,
+    max_wait: float | None = None,
+    state: Path | None = None,
+    echo: Callable[[str], None] = print,
+) -> None:
+    """Check the data, then become this site's SuperNode (blocks until it stops). See the module docstring.
+    ``state``: folder for the snapshots of the site's state store (needed to resume a run; keep it)."""
+    import os
+    import subprocess
+
+    if isolation not in ISOLATIONS:
+        raise ValueError(f"isolation must be one of {ISOLATIONS}, got {isolation!r}")
+    check_address(superlink, "--superlink")
+    fed = check_site_folder(site, data)
+    echo(f"data check passed: site {site} of {fed.name!r}, {len(fed.site(site).cases)} cases in {data}")
+    check_port_free(port)
+    argv = supernode_argv(
+        site, data, superlink, port, samples, root_certificates, insecure, auth_key, isolation, max_wait, state
+    )
+    os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+    os.environ["FLWR_DISABLE_UPDATE_CHECK"] = "1"
+    os.environ["PATH"] = f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"
+    if poll is not None:
+        os.environ["FEDSEG_FLOWER_NODE_POLL"] = str(poll)
+    runner = subprocess.Popen(runner_command(port, isolation, poll))  # noqa: S603 - exits with this process (--parent-pid)
+    runner_died = stop_when_child_exits(runner, f"site {site!r}: the ClientApp runner")
+    from fedseg.flower import supernode_main
+
+    sys.argv = ["flower-supernode", *argv]
+    try:
+        supernode_main.main()
+    except SystemExit:  # Flower exits with 0 on SIGTERM; a supervisor must see the failure
+        if runner_died.is_set():
+            raise SystemExit(1) from None
+        raise
+
+
+def supernode_command(
+    site: str,
+    data: Path,
+    superlink: str,
+    port: int,
+    samples: Path | None,
+    root_certificates: Path | None,
+    auth_key: Path | None,
+    isolation: str,
+    poll: float | None,
+    state: Path | None = None,
+) -> list[str]:
+    """``fedseg flower supernode ...`` as a command line (what ``local`` starts per site)."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "fedseg.cli",
+        "flower",
+        "supernode",
+        "--site",
+        site,
+        "--data",
+        str(data),
+        "--superlink",
+        superlink,
+        "--port",
+        str(port),
+        "--isolation",
+        isolation,
+    ]
+    if samples is not None:
+        cmd += ["--samples", str(samples)]
+    cmd += ["--root-certificates", str(root_certificates)] if root_certificates is not None else ["--insecure"]
+    if auth_key is not None:
+        cmd += ["--auth-key", str(auth_key)]
+    if poll is not None:
+        cmd += ["--poll", str(poll)]
+    if state is not None:
+        cmd += ["--state", str(state)]
+    return cmd

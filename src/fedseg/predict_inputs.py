@@ -1,0 +1,236 @@
+"""``fedseg predict``'s inputs: listing them (``list_inputs``: image files and DICOM series folders), reading and
+checking each one and preprocessing it as training did (``read_input``, ``Input``), all of them checked before any
+model runs (``read_inputs``), and the names of the files an input's outputs get (``mask_name``, ``overlay_name``).
+nnU-Net cases and channel names: ``fedseg.predict_nnunet``.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import torch
+
+from fedseg.data import readers
+from fedseg.data.case_files import IMAGE_EXTS, case_problems, read_image, split_name
+from fedseg.data.case_files import PIL_EXTS as PLANE_EXTS
+from fedseg.data.federation import FederationError
+from fedseg.data.folder import group_problems
+from fedseg.data.importers.nnunet import stacked_channels
+from fedseg.data.preprocess import case_tensors, normalization
+from fedseg.data.volumes import Grid, file_spacing, preprocess
+from fedseg.predict_model import PredictError
+from fedseg.predict_nnunet import (
+    Source,
+    channel_file,
+    channels_note,
+    check_dataset_channels,
+    given_source,
+    nnunet_cases,
+)
+from fedseg.run.bundles import MANIFEST, Bundle
+
+
+@dataclass
+class Input:
+    """One image file: ``x`` ``(C, *S)`` preprocessed, ``spatial`` its original spatial shape; on the volume
+    path also ``volume``: the image on its own grid ``(C, *P)`` and the ``Grid`` to map back."""
+
+    path: Path  # the image file or DICOM series folder; an nnU-Net case's _0000 file (its grid and affine)
+    name: str  # as written in predictions.csv: relative to the input folder (a case's channel files joined by +)
+    mask_name: str
+    x: torch.Tensor
+    spatial: tuple[int, ...]
+    volume: tuple[torch.Tensor, Grid] | None = None
+    channel_files: tuple[Path, ...] = ()  # an nnU-Net case of several channel files: all of them, in channel order
+
+    @property
+    def files(self) -> tuple[Path, ...]:
+        """Every file this input was read from."""
+        return self.channel_files or (self.path,)
+
+
+def mask_name(path: Path, case: str | None = None) -> str:
+    """Output file name of ``path``'s mask: the same name (an nnU-Net channel file: its ``case``'s, without the
+    ``_XXXX``), PNG for JPEG (masks must be lossless), NIfTI for a DICOM series folder (named after the folder)."""
+    if path.is_dir():
+        return f"{path.name}.nii.gz"
+    found = split_name(path.name, IMAGE_EXTS)
+    assert found is not None  # inputs are image files of a supported type (list_inputs, read_image)
+    stem, ext = case or found[0], found[1]
+    if ext.lower() in readers.ITK_EXTS:
+        return f"{stem}.nii.gz"  # NRRD/MetaImage inputs: a NIfTI mask on the same grid
+    return f"{stem}.{'png' if ext in ('jpg', 'jpeg') else ext}"
+
+
+def overlay_name(mask: str) -> str:
+    """``<name>_overlay.png``: the overlay written next to mask ``mask`` (``--overlay``)."""
+    found = split_name(mask, IMAGE_EXTS)
+    return f"{found[0] if found else mask}_overlay.png"
+
+
+def is_series(path: Path) -> bool:
+    """Whether ``path`` is a DICOM series folder (its files, by name, the first with a DICOM preamble)."""
+    return path.is_dir() and readers.series_folder_problem(path) is None
+
+
+def series_problem(folder: Path) -> str | None:
+    """Why ``folder`` is no DICOM series (``readers.series_folder_problem``'s text, without its advice for a
+    federation's ``images/``), or None."""
+    problem = readers.series_folder_problem(folder)
+    if problem is None:
+        return None
+    why, sep, _ = problem.rpartition("; ")
+    return f"{why if sep else problem}; a DICOM series folder holds the .dcm files of one series and nothing else"
+
+
+def holds_dicom(folder: Path) -> bool:
+    """Whether ``folder`` holds a DICOM file (by its ``.dcm`` name, or the DICM preamble of a file of no image
+    type): meant as a series, so when it is none, predict says why rather than ignoring it."""
+    try:
+        files = [p for p in readers.series_entries(folder) if p.is_file()]
+    except OSError:
+        return False
+    if any(p.name.lower().endswith(".dcm") for p in files):
+        return True
+    for p in files:
+        if split_name(p.name, IMAGE_EXTS) is None:
+            try:
+                with open(p, "rb") as f:
+                    if f.read(132)[128:] == b"DICM":
+                        return True
+            except OSError:
+                continue
+    return False
+
+
+def list_inputs(path: Path) -> list[Path]:
+    """``path`` itself (an image file or a DICOM series folder), or the inputs of folder ``path``: its image
+    files and the DICOM series folders in it (not recursive; hidden entries and folders without DICOM files ignored).
+    Every entry that cannot be an input is reported in one ``PredictError``, the same problem on many entries grouped
+    (``group_problems``): a file of another type, a broken link, a folder of DICOM files that is no series (a stray
+    file or sub-folder in it: ``series_problem``); ``path`` itself such a folder: why it is no series."""
+    path = Path(path)
+    problems: list[str] = []
+    if path.is_file() or is_series(path):
+        files = [path]
+    elif path.is_dir():
+        images = [path / d for d in ("imagesTs", "imagesTr") if (path / d).is_dir()]
+        if (path / "dataset.json").is_file() and images:  # an nnU-Net (or MSD) dataset's root
+            given = shlex.quote(str(images[0]))
+            raise PredictError(f"{path}: a dataset folder (dataset.json); give the folder of images: --input {given}")
+        companions = readers.mhd_data_files(path)  # the data files of .mhd headers are no inputs of their own
+        entries = [p for p in sorted(path.iterdir()) if not p.name.startswith(".") and p.name not in companions]
+        files = []
+        for entry in entries:
+            if entry.is_file():
+                files.append(entry)
+            elif entry.is_dir():
+                if (problem := series_problem(entry)) is None:
+                    files.append(entry)
+                elif holds_dicom(entry):
+                    problems.append(problem)
+            else:
+                problems.append(f"{entry}: neither a file nor a folder (a broken symbolic link or a link loop)")
+        images_in = [p for p in files if p.is_dir() or split_name(p.name, IMAGE_EXTS) is not None]
+        if not images_in and holds_dicom(path):  # the folder of a series, with something else in it
+            raise PredictError(series_problem(path) or f"{path}: not a DICOM series folder")
+        if not files and not problems:
+            raise PredictError(f"{path}: no image files (expected {', '.join(IMAGE_EXTS)}) or DICOM series folders")
+    elif path.is_symlink():
+        raise PredictError(f"{path}: a broken symbolic link")
+    else:
+        raise PredictError(f"{path}: no such file or folder")
+    for p in files:
+        if p.is_file() and split_name(p.name, IMAGE_EXTS) is None:
+            dicom = "; a DICOM image is given as its series' folder" if p.suffix.lower() == ".dcm" else ""
+            problems.append(f"{p}: unsupported file type (expected one of {', '.join(IMAGE_EXTS)}){dicom}")
+    if problems:  # the same problem on many entries: the first few, then a count
+        raise PredictError("\n".join(group_problems(problems)))
+    return files
+
+
+def read_input(source: Source, root: Path, bundle: Bundle) -> Input:
+    """Read one image (an nnU-Net case: its channel files, stacked) and preprocess it as training did; raises naming
+    the file if it does not fit the bundle."""
+    m, path = bundle.manifest, source.files[0]
+    named = split_name(path.name, IMAGE_EXTS)
+    flat = named is not None and named[1] in PLANE_EXTS
+    if flat and bundle.kind == "3d":
+        raise PredictError(
+            f"{path}: a 2D {path.suffix[1:].upper()} image, but this model segments 3D volumes "
+            f"({bundle.folder / MANIFEST}: spatial_dims 3)"
+        )
+    image = read_source(source, bundle.kind)
+    if image.shape[0] != m["in_channels"]:
+        a_volume = bundle.kind == "2d" and not flat and (named is None or named[1] != "npy")  # None: DICOM series
+        what = "a DICOM series' slices read" if named is None else "a 3D volume's third axis reads"
+        raise PredictError(
+            f"{path}: image has {image.shape[0]} channels but the model expects {m['in_channels']} "
+            f"({bundle.folder / MANIFEST}: in_channels)"
+            + (f"; this model segments 2D images: {what} as channels" if a_volume else "")
+        )
+    if min(image.shape[1:]) < 1:
+        raise PredictError(f"{path}: empty image (shape {tuple(image.shape)})")
+    if problems := nonfinite_problems(image, source.files):
+        raise PredictError("\n".join(problems))
+    norm = normalization(m["normalize"], m.get("ct_windows"))
+    x, _ = case_tensors(image, None, bundle.regions, m["image_size"], norm)
+    volume = None
+    if bundle.volume is not None:
+        spacing = file_spacing(path, m["spatial_dims"])
+        xv, _, grid = preprocess(image, None, bundle.regions, spacing, bundle.volume, norm)
+        volume = (xv, grid)
+    base = root if root.is_dir() else root.parent  # a file given itself: named as in its folder
+    name = "+".join(p.name if p == root else str(p.relative_to(base)) for p in source.files)
+    channel_files = source.files if len(source.files) > 1 else ()
+    return Input(path, name, mask_name(path, source.case), x, tuple(image.shape[1:]), volume, channel_files)
+
+
+def nonfinite_problems(image: np.ndarray, files: tuple[Path, ...]) -> list[str]:
+    """NaN or Inf pixels of ``image`` ``(C, *spatial)``, read from ``files`` (one file, or an nnU-Net case's channel
+    files: the one holding them is named), refused as training and ``fedseg data check`` refuse them: the check of
+    ``case_files.case_problems``, given a label of the image's own shape and channel count (nothing else to report)."""
+    per_file = 1 < len(files) == image.shape[0]
+    parts = [(image[c : c + 1], f) for c, f in enumerate(files)] if per_file else [(image, files[0])]
+    problems = []
+    for part, path in parts:
+        fits = np.broadcast_to(np.uint8(0), part.shape[1:])
+        problems += case_problems(part, fits, path, path, part.shape[0])
+    return problems
+
+
+def read_source(source: Source, kind: Literal["2d", "3d"]) -> np.ndarray:
+    """The image ``(C, *spatial)`` of one input: its file's, or an nnU-Net case's channel files stacked in channel
+    order (as ``fedseg data import nnunet`` stacks them)."""
+    return read_image(source.files[0], kind) if len(source.files) == 1 else stacked_channels(source.files, kind)
+
+
+def read_inputs(path: Path, bundle: Bundle, overlay: bool = False, notes: list[str] | None = None) -> list[Input]:
+    """Every input of ``path``, all checked before any is used; one error names the bad files (the first few of each
+    kind of problem, then a count). An nnU-Net dataset's channels are checked against the model's first
+    (``check_dataset_channels``); ``notes``, when given, receives the line of ``channels_note``."""
+    inputs, problems, channels = [], [], bundle.manifest["in_channels"]
+    listed = list_inputs(path)  # a dataset's root given as the input: said before its channels are compared
+    dataset = check_dataset_channels(Path(path), channels, bundle)
+    if notes is not None and (note := channels_note(bundle, dataset)) is not None:
+        notes.append(note)
+    if Path(path).is_file() and channel_file(Path(path)) is not None:  # a channel file: as its folder reads it
+        sources = [given_source(Path(path), channels, bundle.kind)]
+    else:
+        sources = nnunet_cases(listed, channels, bundle.kind)
+    for source in sources:
+        try:
+            inputs.append(read_input(source, Path(path), bundle))
+        except (FederationError, PredictError) as e:
+            problems += str(e).splitlines()
+    if problems:  # the same problem on many files: the first few, then a count
+        raise PredictError("\n".join(group_problems(problems)))
+    names = [i.mask_name for i in inputs] + ([overlay_name(i.mask_name) for i in inputs] if overlay else [])
+    clashes = sorted({n for n in names if names.count(n) > 1})
+    if clashes:
+        raise PredictError(f"{path}: several inputs would write the same mask file: {', '.join(clashes)}")
+    return inputs

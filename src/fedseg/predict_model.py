@@ -1,0 +1,123 @@
+"""``fedseg predict``'s model: finding the bundle ``--model`` names (``find_model``; a study's folder is refused
+naming the model folders of its runs) and building its network(s) (``build_predictor``: a routed bundle's routing,
+or the one model of a single-model bundle, ``--site`` choosing among per-site models), and ``PredictError``
+(``run.bundles.BundleError``): a bad model folder, option or input file, raised by every step of ``fedseg predict``.
+"""
+
+from __future__ import annotations
+
+import shlex
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from fedseg.algorithms.registry import RoutedModel
+from fedseg.engine.messages import load_weights
+from fedseg.run.bundles import MANIFEST, WEIGHTS, Bundle, BundleError, find_bundle, run_bundles
+
+BASE_COLUMNS = ["file", "mask", "model", "confidence"]
+
+
+PredictError = BundleError  # a bad model folder, option or input file; the message names it
+
+
+@dataclass
+class Predictor:
+    """``model`` maps images ``(B, C, *S)`` to region logits ``(B, R, *S)``. A routed bundle (``routed``):
+    ``candidates`` are its networks' names and ``prob_names`` the candidate of each routing score; a
+    single model: ``candidates = [the model's name]`` and ``prob_names = []``."""
+
+    model: nn.Module
+    candidates: list[str]
+    prob_names: list[str]
+    routed: RoutedModel | None = None
+
+    @property
+    def columns(self) -> list[str]:
+        return BASE_COLUMNS + [f"prob:{n}" for n in self.prob_names]
+
+    @torch.no_grad()
+    def choices(self, x: torch.Tensor) -> list[dict]:
+        """Per image of ``x`` ``(B, C, *S)``: ``model``, ``confidence`` and ``prob:<candidate>``."""
+        if self.routed is None:
+            return [{"model": self.candidates[0], "confidence": ""} for _ in range(len(x))]
+        return self.routed.choices(x)
+
+
+def find_model(model: Path, algorithm: str | None = None) -> Path:
+    """The bundle folder ``--model`` names (``run.bundles.find_bundle``); a study folder (or another folder of runs),
+    whose bundles lie deeper, is refused naming the model folders of its runs to choose from."""
+    try:
+        return find_bundle(model, algorithm)
+    except BundleError:
+        if (deeper := runs_below(Path(model))) is not None:
+            raise PredictError(deeper) from None
+        raise
+
+
+def runs_below(path: Path, shown: int = 4) -> str | None:
+    """Why ``path`` is no run although runs lie below it (a study's ``holdout/<site>/``, ``sweep/<key>=<value>/``):
+    one line listing their model folders (the first ``shown``); None where ``path`` is no study and holds none."""
+    if not path.is_dir() or (path / MANIFEST).is_file() or run_bundles(path):
+        return None
+    models = sorted({m for pattern in ("*/model", "*/*/model") for m in path.glob(pattern) if run_bundles(m.parent)})
+    from fedseg.report.study_tables import is_study_dir  # only here: it imports the report's figures
+
+    study = is_study_dir(path)
+    if not models:
+        return f"{path}: is a study, not a run; none of its sub-runs has a model yet" if study else None
+    what, runs = ("is a study, not a run", "of its sub-runs") if study else ("is not a run", "of the runs in it")
+    listed = ", ".join(str(m.relative_to(path)) for m in models[:shown])
+    more = f" and {len(models) - shown} more" if len(models) > shown else ""
+    example = shlex.quote(str(models[0]))
+    return f"{path}: {what}; choose the model of one {runs}: {listed}{more} (e.g. --model {example})"
+
+
+def build_predictor(bundle: Bundle, gamma: float | None = None, site: str | None = None) -> Predictor:
+    """The network(s) of ``bundle``; ``gamma`` overrides a threshold bundle's gamma, ``site`` picks
+    the model of a bundle with one model per site (``local``)."""
+    m = bundle.manifest
+    routing = bundle.routing
+    if routing is not None:
+        if site is not None:
+            raise PredictError(
+                f"{bundle.folder}: --site applies to bundles with one model per site (local); "
+                "this one routes every image with its selector"
+            )
+        problem = routing.option_problem(bundle.models, gamma, str(bundle.folder))
+        if problem is not None:
+            raise PredictError(problem)
+        with weights_fit(bundle):
+            routed = routing.build(bundle.models, bundle.new_segmenter, m["in_channels"], m["spatial_dims"], gamma)
+        return Predictor(routed.network, routed.candidates, routed.prob_names, routed)
+    if gamma is not None:
+        raise PredictError(f"{bundle.folder}: --gamma applies to FedSM bundles; this one has no selector")
+    names = list(bundle.models)
+    if site is not None:
+        by_site = {n.split(":", 1)[1]: n for n in names if ":" in n}
+        if site not in by_site:
+            raise PredictError(f"{bundle.folder}: no model for --site {site!r} (models: {', '.join(names)})")
+        names = [by_site[site]]
+    elif "global" in names:
+        names = ["global"]
+    if len(names) != 1:
+        raise PredictError(f"{bundle.folder}: holds one model per site ({', '.join(names)}); choose one with --site")
+    model = bundle.new_segmenter()
+    with weights_fit(bundle):
+        load_weights(model, bundle.models[names[0]])
+    return Predictor(model.eval(), names, [])
+
+
+@contextmanager
+def weights_fit(bundle: Bundle):
+    """Turn a weights/network mismatch while loading ``bundle`` into a ``PredictError`` naming its files."""
+    try:
+        yield
+    except (KeyError, RuntimeError) as e:
+        raise PredictError(
+            f"{bundle.folder / WEIGHTS}: does not fit the network of {bundle.folder / MANIFEST} "
+            f"({type(e).__name__}: {e})"
+        ) from None

@@ -1,0 +1,139 @@
+"""``fedseg predict``'s outputs: a mask in its input's format (``write_mask``), the overlay picture
+(``overlay_image``), the names of every output file (``output_names``, ``CSV_NAME``) and the checks of ``--out``
+before anything is written (``check_out``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, cast
+
+import numpy as np
+
+from fedseg.data import readers
+from fedseg.data.case_files import IMAGE_EXTS, split_name
+from fedseg.data.folder_write import write_nifti, write_nifti_like, write_png
+from fedseg.predict_inputs import Input, overlay_name
+from fedseg.predict_model import PredictError
+from fedseg.predict_seg import seg_name
+from fedseg.run.model_card import RECORD_NAME
+from fedseg.run.preflight import check_out_dir
+
+if TYPE_CHECKING:
+    from nibabel.nifti1 import Nifti1Image
+
+CSV_NAME = "predictions.csv"
+
+
+# Okabe-Ito colours (colour-blind safe), one per region in the order of the federation's regions
+OVERLAY_COLOURS = ("#E69F00", "#56B4E9", "#009E73", "#D55E00", "#0072B2", "#CC79A7", "#F0E442")
+
+
+def overlay_image(image: np.ndarray, masks: np.ndarray, alpha: float = 0.4) -> np.ndarray:
+    """An RGB ``uint8`` picture of ``image`` ``(C, *spatial)`` with region ``masks`` ``(R, *spatial)``
+    filled semi-transparently and outlined in the Okabe-Ito colours; 3D: the middle slice of the last axis.
+    The image is scaled to 0-255 (min-max); 3 channels are shown as RGB, otherwise the first channel as grey."""
+    if image.ndim == 4:
+        image, masks = image[..., image.shape[-1] // 2], masks[..., masks.shape[-1] // 2]
+    pixels = image.astype(np.float64)
+    low, high = float(pixels.min()), float(pixels.max())
+    pixels = (pixels - low) / (high - low) * 255 if high > low else np.zeros_like(pixels)
+    rgb = np.moveaxis(pixels, 0, -1) if pixels.shape[0] == 3 else np.repeat(pixels[0][..., None], 3, axis=-1)
+    for i, mask in enumerate(masks.astype(bool)):
+        colour = np.array([int(OVERLAY_COLOURS[i % len(OVERLAY_COLOURS)][k : k + 2], 16) for k in (1, 3, 5)])
+        rgb[mask] = (1 - alpha) * rgb[mask] + alpha * colour
+        padded = np.pad(mask, 1)
+        inner = padded[:-2, 1:-1] & padded[2:, 1:-1] & padded[1:-1, :-2] & padded[1:-1, 2:]
+        rgb[mask & ~inner] = colour  # the region's outline, opaque
+    return np.clip(np.rint(rgb), 0, 255).astype(np.uint8)
+
+
+def stored_shape(label: np.ndarray, stored: tuple[int, ...]) -> np.ndarray:
+    """A 2D ``label`` ``(X, Y)`` as ``(X, Y, 1)`` where its image file stores the slice so (``stored``, the file's
+    spatial shape or more: ``(X, Y, 1[, C])``, as nnU-Net's 2D NIfTI, or a NRRD/MetaImage of three dimensions, the
+    third of size 1), so that the mask has its image's shape; any other ``label`` (a file stored ``(X, Y)``, a
+    volume) as it is."""
+    return label[:, :, None] if label.ndim == 2 and len(stored) > 2 and stored[2] == 1 else label
+
+
+def write_mask(path: Path, label: np.ndarray, source: Path) -> None:
+    """``label`` ``(*spatial)`` in ``source``'s format: NIfTI (with ``source``'s affine; NIfTI too for NRRD, MetaImage
+    and DICOM series sources, with their grid's affine), ``.npy`` or PNG. A 2D image stored with a third axis of
+    size 1 (NIfTI, NRRD, MetaImage, a one-slice DICOM series) gets its ``(X, Y, 1)`` shape (``stored_shape``), that
+    axis's spacing, direction and origin in the affine."""
+    found = None if source.is_dir() else split_name(source.name, IMAGE_EXTS)
+    ext = "dcm" if found is None else found[1]  # a folder: a DICOM series (read_inputs accepted every ``source``)
+    if ext == "dcm" or ext.lower() in readers.ITK_EXTS:
+        grid = readers.volume_grid(source)  # ITK's dimensions (vector components not among them) and LPS grid as RAS
+        write_nifti(path, stored_shape(label, grid.shape), grid.affine)
+    elif ext in ("nii", "nii.gz"):
+        import nibabel as nib
+
+        # a NIfTI file: nib.load gives a Nifti1Image/Nifti2Image, typed as the FileBasedImage base
+        image = cast("Nifti1Image", nib.load(source))
+        write_nifti_like(path, stored_shape(label, image.shape), image)
+    elif ext == "npy":
+        np.save(path, label)
+    else:
+        write_png(path, label)
+
+
+def output_names(inputs: list[Input], overlay: bool, dicom_seg: bool = False) -> list[str]:
+    """The files ``predict`` writes into ``out``: masks, overlays (``overlay``), the DICOM-SEGs of DICOM series inputs
+    (``dicom_seg``), predictions.csv and predict.json (which model made them: ``fedseg.run.model_card``)."""
+    overlays = [overlay_name(i.mask_name) for i in inputs if overlay]
+    segs = [name for i in inputs if dicom_seg and (name := seg_name(i.path)) is not None]
+    return [i.mask_name for i in inputs] + overlays + segs + [CSV_NAME, RECORD_NAME]
+
+
+def input_folder_problem(out: Path, given: Path) -> str | None:
+    """One line if ``out`` is the input folder ``given`` (``given`` a file: its folder) or lies inside it (``given``
+    a folder): the masks and predictions.csv would join the images (a site's ``images/``, an ``imagesTs/``), where the
+    next predict or ``fedseg data check`` reads them; else None. A folder holding the input folder is fine (``--input
+    scans --out .``): the masks lie beside the scans, not among them."""
+    folder = given if given.is_dir() else given.parent
+    where, inputs = out.resolve(), folder.resolve()
+    if where == inputs:
+        relation, why = "is", f"the masks and {CSV_NAME} would join its images, and the next predict read them"
+    elif given.is_dir() and where.is_relative_to(inputs):
+        relation, why = "is inside", "a folder of masks would sit among its images (data check refuses such a folder)"
+    else:
+        return None
+    return f"--out {out}: {relation} the input folder {folder}; {why}: choose an --out outside it"
+
+
+def check_out(
+    out: Path,
+    inputs: list[Input],
+    force: bool,
+    overlay: bool = False,
+    given: Path | None = None,
+    dicom_seg: bool = False,
+) -> None:
+    """Refuse an ``out`` that is a file or under one, that is or lies inside the input folder ``given``
+    (``input_folder_problem``) or a DICOM series input, that would overwrite an input, where a folder (or anything but
+    a file) sits where an output file goes, or (without ``force``) existing outputs."""
+    try:
+        check_out_dir(out)
+    except ValueError as e:
+        raise PredictError(str(e)) from None
+    inside = [i.path for i in inputs if i.path.is_dir() and out.resolve().is_relative_to(i.path.resolve())]
+    if inside:  # the masks would join the series' files (and the folder would no longer read as one series)
+        raise PredictError(f"{out}: is inside the DICOM series folder {inside[0]} (an input); choose another --out")
+    if given is not None and (problem := input_folder_problem(out, Path(given))) is not None:
+        raise PredictError(problem)
+    targets = [out / name for name in output_names(inputs, overlay, dicom_seg)]
+    sources = {f.resolve() for i in inputs for f in i.files}
+    overwrite_input = [t for t in targets if t.resolve() in sources]
+    if overwrite_input:
+        raise PredictError(f"{overwrite_input[0]}: is an input image; choose another --out")
+    not_files = [t for t in targets if t.exists() and not t.is_file()]
+    if not_files:  # no file can replace it, even with --force: refused before anything is written
+        what = "a folder" if not_files[0].is_dir() else "not a regular file"
+        raise PredictError(f"{not_files[0]}: is {what}, not a file predict writes; remove it or choose another --out")
+    existing = [t for t in targets if t.exists()]
+    if existing and not force:
+        raise PredictError(
+            f"{existing[0]}: exists ({len(existing)} output file(s) in {out}); "
+            "overwrite with --force or choose another --out"
+        )
