@@ -110,7 +110,8 @@ class RawFedSM:
                 torch.cat([torch.softmax(self.selector(xb.to(device)), 1).cpu() for xb in batches])
             for weights in (self.global_w, self.personal[site.name]):  # Dice only, as the engine's validation
                 load_weights(self.segmenter, weights)
-                score_caseset(self.segmenter, site.val, ev.batch_size, ev.threshold, False, device)
+                regions = self.task.scored_regions  # scored as the engine scores (eval.score_on)
+                score_caseset(self.segmenter, site.val, ev.batch_size, ev.threshold, False, device, regions=regions)
         return time.perf_counter() - start
 
 

@@ -105,7 +105,8 @@ class PlainFedAvg:
         self.global_w = weighted_average(local, sizes)
         load_weights(model, self.global_w)
         for site in self.prep.site_data:
-            score_caseset(model, site.val, cfg.eval.batch_size, cfg.eval.threshold, False, self.task.device)
+            ev, task = cfg.eval, self.task  # scored as the engine scores (eval.score_on)
+            score_caseset(model, site.val, ev.batch_size, ev.threshold, False, task.device, regions=task.scored_regions)
         return time.perf_counter() - start
 
 

@@ -631,3 +631,18 @@ def test_per_seed_data_is_checked_for_every_seed_tuning_seeds_too(tmp_path, disc
         assert not (tmp_path / "out").exists()
     finally:
         unregister_federation("seeded-discs")
+
+
+def test_the_eta_counts_each_run_left_at_its_methods_time_and_says_what_it_guessed():
+    """FedSM's runs take several FedAvg runs' time: an ETA from the mean of every run so far was minutes off after
+    the FedAvg runs of a FedAvg-vs-FedSM bench (found by a fresh-eyes run). A method not timed yet is guessed."""
+    from fedseg.bench.execute import Runner
+    from fedseg.bench.plan import BenchRun
+
+    runner = Runner(None, Path(), Path(), 2, lambda line: None)  # type: ignore[arg-type]
+    runner.trained_seconds = {"fedavg": [10.0, 20.0], "fedsm": [60.0]}
+    left = [BenchRun("fed", 0, 0, method, (), ()) for method in ("fedsm", "fedavg", "ditto")]
+    eta, note = runner._eta(left)
+    assert eta == pytest.approx((60 + 15 + 30) / 2)  # ditto: the mean of every run so far, (10 + 20 + 60) / 3
+    assert note == ", 1 of them of methods not timed yet"
+    assert runner._eta(left[:2]) == (pytest.approx(37.5), "")

@@ -6,9 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+import yaml
 from torch import nn
 
-from fedseg.config_load import with_recorded_defaults
+from fedseg.api import Experiment
+from fedseg.config_load import dump_config, with_recorded_defaults
 from fedseg.data.dataset import CaseSet
 from fedseg.data.federation import Regions
 from fedseg.engine.context import Task
@@ -91,3 +93,19 @@ def test_a_fixed_worst_hd95_on_a_folder_federation_is_said_at_the_start(tiny_con
     assert "scores HD95 373.13 on every case (eval.hd95_worst" in line and "eval.hd95_worst=null" in line
     assert data_notes(tiny_config(data={"source": "folder", "root": "/data/fed"}), "2d") == []
     assert data_notes(tiny_config(eval={"hd95_worst": 373.13}), "2d") == []  # a built-in federation: its own value
+
+
+def test_an_old_run_reopened_from_python_keeps_its_channel_scoring(tmp_path, tiny_config):
+    """``Experiment.from_run(out).run(resume=True)`` read config.yaml as written: an old run's missing
+    ``eval.score_on`` became the new default and its resume was refused."""
+    recorded = yaml.safe_load(dump_config(tiny_config()))
+    del recorded["eval"]["score_on"]
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(recorded))
+    assert Experiment.from_run(tmp_path).config.eval.score_on == "channels"
+
+
+def test_a_task_without_region_values_refuses_to_score_a_label_map(tiny_config):
+    task = Task(tiny_config(), 2, 3, FUNDUS.names)  # enough to build a model, not to score
+    with pytest.raises(ValueError, match="needs each region's label values"):
+        _ = task.scored_regions
+    assert Task(tiny_config(eval={"score_on": "channels"}), 2, 3, FUNDUS.names).scored_regions is None

@@ -107,3 +107,29 @@ def test_empty_prediction_rule_on_the_original_grid():
     scores = score_volumes(empty, [vol], cfg, 0.5, True, CPU, worst=373.13)
     dice, hd = scores["dice"], scores["hd95"]
     assert dice[0].tolist() == [1.0, 0.0, 1.0] and hd[0].tolist() == [0.0, 373.13, 0.0]
+
+
+class TwoThresholds(nn.Module):
+    """Logits of ``image > 0.5`` per channel: region k predicted exactly where channel k is bright."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x[:, :2] - 0.5) * 40
+
+
+def test_nested_regions_are_scored_as_the_label_map_they_paint_on_the_original_grid():
+    """The volume path scores what ``fedseg predict`` writes (eval.score_on: label_map): an inner region predicted
+    beyond the outer one is painted inner, which lies in the outer region, so the outer region gains it; scored as
+    channels the outer region misses it."""
+    shape, spacing = (24, 20, 12), (1.0, 1.0, 2.5)
+    nested = Regions.from_mapping({"outer": [1, 2], "inner": [2]})
+    outer, inner = ball(shape, spacing, 6.0), ball(shape, spacing, 8.0) & (np.arange(shape[0]) >= 12)[:, None, None]
+    image = np.stack([outer, inner]).astype(np.float32)  # the inner half-ball reaches beyond the outer ball
+    label = np.where(inner, 2, np.where(outer, 1, 0)).astype(np.uint8)  # the label map the prediction paints
+    vol = build_volume(image, label, nested, spacing, VolumeConfig(patch_size=8), "none")
+    cfg = VolumeConfig(patch_size=8)
+    painted = score_volumes(TwoThresholds(), [vol], cfg, 0.5, True, CPU, regions=nested)
+    assert painted["dice"][0].tolist() == [1.0, 1.0] and painted["hd95"][0].tolist() == [0.0, 0.0]
+    channels = score_volumes(TwoThresholds(), [vol], cfg, 0.5, True, CPU)
+    union = int((outer | inner).sum())
+    assert channels["dice"][0, 0] == pytest.approx(2 * outer.sum() / (outer.sum() + union))
+    assert channels["dice"][0, 0] < 1.0 and channels["dice"][0, 1] == 1.0

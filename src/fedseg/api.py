@@ -92,11 +92,15 @@ class Experiment:
     @classmethod
     def from_run(cls, out: str | Path, **kwargs) -> Experiment:
         """The experiment recorded in ``out/config.yaml`` (a run started earlier), e.g. to resume it:
-        ``Experiment.from_run(out).run(resume=True)``."""
+        ``Experiment.from_run(out).run(resume=True)``; keys a later fedseg added read as that run used them
+        (``fedseg.run.preflight.recorded_config``: an older run's ``eval.score_on`` is ``channels``)."""
+        from fedseg.run.preflight import recorded_config
+
         path = Path(out) / "config.yaml"
-        if not path.is_file():
+        recorded = recorded_config(path)
+        if recorded is None:
             raise FileNotFoundError(f"{path} not found: is {out} a fedseg run directory?")
-        return cls(load_config(file=path), out, **kwargs)
+        return cls(recorded, out, **kwargs)
 
     def run(self, resume: bool = False, report: bool = True) -> Results:
         """Run (``resume``: continue the run in ``out`` from its checkpoints; finished algorithms are

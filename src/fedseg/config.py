@@ -576,7 +576,8 @@ class EvalConfig(Strict):
         default="label_map",
         description="what Dice, HD95 and NSD score: label_map = the region masks of the label map the thresholded "
         "channels paint (each pixel the value of the smallest region predicted there, as fedseg predict and "
-        "nnU-Net write region-based predictions), so a run's scores are those of its written masks; channels = "
+        "nnU-Net write region-based predictions), so a run's scores are those of its written masks (on the grid "
+        "it scores: the model's on the whole-image path, each case's own on the volume path); channels = "
         "each thresholded channel as it is (a cup predicted outside the disc is not in the disc's mask, though "
         "the written mask puts it there; runs recorded before this option scored so)",
     )

@@ -153,13 +153,15 @@ def write_predictions(
                 restored = predict_on_grid(network, image, grid, bundle.volume, threshold, device).numpy()
             else:
                 restored = restore_size(mask, item.spatial).numpy()
-            write_mask(folder / item.mask_name, regions.to_label(restored), item.path)
+            label = regions.to_label(restored)
+            painted = regions.one_hot(label)  # the label map's regions: what the run scored (eval.score_on)
+            write_mask(folder / item.mask_name, label, item.path)
             if overlay:
-                picture = overlay_image(read_source(Source(item.files), bundle.kind), restored)
+                picture = overlay_image(read_source(Source(item.files), bundle.kind), painted)
                 write_png(folder / overlay_name(item.mask_name), picture)
             row = {"file": item.name, "mask": item.mask_name, **choice}
             if seg is not None:  # a DICOM series' SEG (named), none for other inputs ("")
-                row["dicom_seg"] = seg.write_for(folder, restored, item.path, choice["model"])
+                row["dicom_seg"] = seg.write_for(folder, painted, item.path, choice["model"])
             rows.append(row)
     columns = list(predictor.columns)
     if seg is not None:  # the SEG's column right after the mask's

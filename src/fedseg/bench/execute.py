@@ -135,7 +135,7 @@ class Runner:
 
     def __init__(self, bench: BenchSpec, root: Path, out: Path, jobs: int, echo: Echo, train: bool = True):
         self.bench, self.root, self.out, self.jobs, self.echo, self.train = bench, root, out, jobs, echo, train
-        self.trained_seconds: list[float] = []
+        self.trained_seconds: dict[str, list[float]] = {}  # method -> wall seconds of its runs trained here
 
     def execute(self, runs: list[BenchRun], phase: str) -> dict[BenchRun, Finished]:
         unique = list(dict.fromkeys(runs))
@@ -148,7 +148,7 @@ class Runner:
         if self.jobs == 1:
             for r in todo:
                 done[r] = self._finished(r, train(configs[r].model_dump(mode="json"), str(r.dir(self.out))))
-                self._report(done[r], len(todo) - sum(1 for t in todo if t in done))
+                self._report(done[r], [t for t in todo if t not in done])
             return done
         return self._execute_in_processes(todo, configs, done)
 
@@ -189,7 +189,7 @@ class Runner:
                 if error is not None:
                     raise error
                 done[r] = self._finished(r, seconds)
-                self._report(done[r], len(queued) + len(running))
+                self._report(done[r], queued + [run for _, run in running.values()])
         except BaseException:
             stop_processes([p.pid for p, _ in running.values() if p.pid is not None and p.exitcode is None])
             for process, _ in running.values():
@@ -201,9 +201,9 @@ class Runner:
         folder = run.dir(self.out)
         return Finished(run, folder, json.loads((folder / "summary.json").read_text()), seconds)
 
-    def _report(self, fin: Finished, left: int) -> None:
-        self.trained_seconds.append(fin.seconds)
-        eta = sum(self.trained_seconds) / len(self.trained_seconds) * left / self.jobs
+    def _report(self, fin: Finished, left: list[BenchRun]) -> None:
+        self.trained_seconds.setdefault(fin.run.method, []).append(fin.seconds)
+        eta, untimed = self._eta(left)
         method = self.bench.method(fin.run.method) if fin.run.method in self.bench.method_names else None
         entry = fin.entry(method.scored if method else fin.run.method)
         conv = entry.get("convergence", {})
@@ -215,8 +215,19 @@ class Runner:
         self.echo(
             f"  done {fin.run.label}: test Dice {json_number(entry['dice'].get('client_avg')):.4f}, validation "
             f"{json_number(conv.get('best_val_dice')):.4f} at round {conv.get('best_round')}/{conv.get('rounds')}"
-            f"{late} [{fin.seconds:.0f} s; {left} left, ETA {_duration(eta)}]"
+            f"{late} [{fin.seconds:.0f} s; {len(left)} left, ETA {_duration(eta)}{untimed}]"
         )
+
+    def _eta(self, left: list[BenchRun]) -> tuple[float, str]:
+        """Seconds until the runs ``left`` are trained, ``jobs`` at a time: each at the mean time of its method's
+        runs trained so far (methods differ: FedSM's runs take several FedAvg runs' time), a method without one
+        at the mean of all; and a note naming how many runs that guess covers."""
+        every = [s for times in self.trained_seconds.values() for s in times]
+        overall = sum(every) / len(every)
+        mean = {m: sum(times) / len(times) for m, times in self.trained_seconds.items()}
+        guessed = [r for r in left if r.method not in mean]
+        eta = sum(mean.get(r.method, overall) for r in left) / self.jobs
+        return eta, f", {len(guessed)} of them of methods not timed yet" if guessed else ""
 
 
 def _duration(seconds: float) -> str:

@@ -38,7 +38,7 @@ State = dict[str, torch.Tensor]
 class Task:
     """What every participant knows about the model: network config and input/output channels (one per region),
     and the label values of each region (``region_values``, in ``regions``' order: the label map its masks paint).
-    A run builds it with :meth:`of`; a task built without ``region_values`` scores the channels."""
+    A run builds it with :meth:`of`; a task built without ``region_values`` can build models but not score."""
 
     cfg: RunConfig
     spatial_dims: int
@@ -75,8 +75,13 @@ class Task:
         thresholded channels paint (these regions, for ``fedseg.evaluate.metrics.label_map_masks``): what
         ``fedseg predict`` writes, so a run's scores are its written masks' scores; ``channels`` (None), each
         thresholded channel as it is (a nested region predicted outside its parent is not added to it)."""
-        if self.cfg.eval.score_on == "channels" or not self.region_values:
+        if self.cfg.eval.score_on == "channels":
             return None
+        if not self.region_values:
+            raise ValueError(
+                "eval.score_on: label_map needs each region's label values: build the Task with Task.of(cfg, "
+                "federation), or give region_values"
+            )
         return Regions(self.regions, self.region_values)
 
     @property

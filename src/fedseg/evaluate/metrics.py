@@ -104,6 +104,8 @@ def label_map_masks(masks: torch.Tensor, regions: Regions) -> torch.Tensor:
     in the disc: the disc's mask gains it); disjoint regions where two are predicted at one pixel (the later,
     smaller region keeps it). Computed on the masks' device; regions that overlap without nesting
     (``Regions.paint_order`` refuses them) on the CPU through ``Regions.to_label``."""
+    if len(regions) == 1 or not len(masks):  # one region paints itself
+        return masks
     try:
         order = regions.paint_order()
     except ValueError:
@@ -112,7 +114,8 @@ def label_map_masks(masks: torch.Tensor, regions: Regions) -> torch.Tensor:
     label = torch.zeros((masks.shape[0], *masks.shape[2:]), dtype=torch.int32, device=masks.device)
     for region, value in order:
         label.masked_fill_(masks[:, region], value)
-    return torch.stack([torch.isin(label, torch.tensor(vals, device=masks.device)) for vals in regions.values], 1)
+    values = [torch.tensor(vals, dtype=torch.int32, device=masks.device) for vals in regions.values]
+    return torch.stack([torch.isin(label, v) for v in values], 1)
 
 
 def _as_bool(x: torch.Tensor | np.ndarray) -> torch.Tensor:

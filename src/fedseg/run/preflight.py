@@ -182,8 +182,8 @@ def recorded_config(path: Path) -> dict[str, Any] | None:
     """The configuration recorded in a run's ``config.yaml`` (normalized through ``RunConfig``, so keys added
     by a later fedseg compare at their defaults, except ``data.seed``, which compares at the run seed that the
     old run's data came from, and method options whose default changed what the method does, which compare at
-    the old behaviour, e.g. ``methods.fedper.private_unit: blocks``: ``fedseg.config_load.with_recorded_defaults``);
-    None without one."""
+    the old behaviour, e.g. ``methods.fedper.private_unit: blocks``, and ``eval.score_on``, which compares at
+    ``channels``: ``fedseg.config_load.with_recorded_defaults``); None without one."""
     from fedseg.config import RunConfig
     from fedseg.config_load import with_recorded_defaults
 
