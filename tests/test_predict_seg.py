@@ -38,19 +38,31 @@ DISJOINT = Regions.from_mapping({"organ": [1], "lesion": [2]})
 NESTED = Regions.from_mapping({"whole tumor": [1, 2, 3], "tumor core": [2, 3], "enhancing tumor": [3]})
 
 
-def bundle_of(folder: Path, regions: Regions, tiny_config, kind: str = "3d", signs=(), offsets=()) -> Path:
+def bundle_of(
+    folder: Path, regions: Regions, tiny_config, kind: str = "3d", signs=(), offsets=(), channels: int = 1
+) -> Path:
     """A ``global`` bundle (``RUN/model/fedavg/``, untrained) whose region ``k`` logits are ``signs[k]`` times
     region 0's minus ``offsets[k]`` (its last layer is linear): ``-1`` gives a region disjoint from region 0,
     ``+1`` with a growing offset nested regions."""
     cfg = tiny_config(algorithms=["fedavg"], data={"image_size": 16})
-    network = build_segmenter(cfg.model, 3 if kind == "3d" else 2, 1, len(regions), seed=0)
+    network = build_segmenter(cfg.model, 3 if kind == "3d" else 2, channels, len(regions), seed=0)
     weights = weights_of(network)
     weight, bias = list(weights)[-2:]  # the last (transposed) convolution: weight (in, out, *kernel)
     for k, (sign, offset) in enumerate(zip(signs, offsets), start=1):
         weights[weight][:, k] = sign * weights[weight][:, 0]
         weights[bias][k] = sign * weights[bias][0] - offset
-    write_bundle_files(folder, {"global": weights}, cfg, Federation("ct", kind, 1, regions, []))
+    write_bundle_files(folder, {"global": weights}, cfg, Federation("ct", kind, channels, regions, []))
     return folder
+
+
+def test_a_series_given_to_a_model_of_several_channels_is_refused_with_the_way_to_give_them(tmp_path, tiny_config):
+    """A DICOM series is one channel: the refusal says how a T1 + FLAIR model's cases can reach predict."""
+    two = bundle_of(tmp_path / "two" / "fedavg", DISJOINT, tiny_config, channels=2)
+    write_series(tmp_path / "in" / "case", VALUES)
+    with pytest.raises(PredictError, match="image has 1 channels but the model expects 2") as refused:
+        predict(two, tmp_path / "in" / "case", tmp_path / "out")
+    assert "a DICOM series is one channel" in str(refused.value) and "imagesTs" in str(refused.value)
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.fixture(scope="module")

@@ -168,10 +168,17 @@ def read_input(source: Source, root: Path, bundle: Bundle) -> Input:
     if image.shape[0] != m["in_channels"]:
         a_volume = bundle.kind == "2d" and not flat and (named is None or named[1] != "npy")  # None: DICOM series
         what = "a DICOM series' slices read" if named is None else "a 3D volume's third axis reads"
+        one_series = named is None and bundle.kind == "3d"  # a DICOM series is one channel
         raise PredictError(
             f"{path}: image has {image.shape[0]} channels but the model expects {m['in_channels']} "
             f"({bundle.folder / MANIFEST}: in_channels)"
             + (f"; this model segments 2D images: {what} as channels" if a_volume else "")
+            + (
+                "; a DICOM series is one channel: give each case as one multi-channel NIfTI, or as nnU-Net channel "
+                "files <case>_0000.nii.gz, <case>_0001.nii.gz, ... in a folder named imagesTs"
+                if one_series
+                else ""
+            )
         )
     if min(image.shape[1:]) < 1:
         raise PredictError(f"{path}: empty image (shape {tuple(image.shape)})")
