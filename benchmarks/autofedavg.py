@@ -109,7 +109,7 @@ def orderings(rows: dict[str, dict]) -> dict[str, dict]:
 
 
 def markdown(report: dict) -> str:
-    from fedseg.bench.report import per_seed_text
+    from fedseg.bench.table_rows import per_seed_text
     from fedseg.evaluate.stats import caution_text, correct_family, dagger, p_value_text
 
     lines = ["# Auto-FedAvg benchmark (Table 2 layout)", ""]

@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from common import RESULTS, ROUNDS, SPECS, bench_entries
-from fedseg.bench.report import per_seed_text
+from fedseg.bench.table_rows import per_seed_text
 from fedseg.evaluate.stats import caution_text, ci_text, correct_family, dagger, mean_std, p_value_text
 
 CONTINUED = "fedavg-continue"  # the control: FedAvg continued from the model the CONTROLLED methods start from

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import yaml
 
-from fedseg.bench import report
+from fedseg.bench import report, table_rows
 from fedseg.bench.phases import BENCH_FILE, check_out
 from fedseg.bench.plan import final_runs, run_config, settings, tuning_runs
 from fedseg.bench.select import edge_keys
@@ -111,12 +111,12 @@ def test_tables_without_the_new_keys_render_them_as_absent():
         },
         "comparisons": [{"method": "a", "against": "b", "seeds": 1, "n": 5, "mean_diff": 0.01, "p": 0.01}],
     }
-    row = report.test_table(fed, "ref")[1][0]
+    row = table_rows.test_table(fed, "ref")[1][0]
     assert row[1] == "lr=0.01" and "–" in row and "0.01" in row  # no CI, no mark, the p
     assert row[3:5] == ["–", "–"]  # no rounds, no SGD steps recorded
-    assert report.comparison_table(fed)[1][0][2:4] == ["– / –", "– / –"]
-    assert report.comparison_table(fed)[1][0][7:] == ["–", "–", "0.01"]
-    assert report.rank_table(fed) == (["method"], [])
+    assert table_rows.comparison_table(fed)[1][0][2:4] == ["– / –", "– / –"]
+    assert table_rows.comparison_table(fed)[1][0][7:] == ["–", "–", "0.01"]
+    assert table_rows.rank_table(fed) == (["method"], [])
 
 
 def test_a_selected_value_at_the_grid_edge_is_flagged():
@@ -134,7 +134,7 @@ def test_a_selected_value_at_the_grid_edge_is_flagged():
         {"federation": "f", "method": "fedprox", "setting": "mu=1.0", "val_dice": 0.8, "test_dice": 0.8, "runs": 1}
         | {"selected": False, "at_edge": "", "plateau_stops": "24 29"},
     ]
-    table = report.tune_table(rows, "f")[1]
+    table = table_rows.tune_table(rows, "f")[1]
     assert [r[-1] for r in table] == ["✓ (grid edge): methods.fedprox.mu (high)", ""]
     assert [r[-2] for r in table] == ["", "24 29"]  # where the plateau rule stopped the losing setting's runs
 
@@ -186,8 +186,10 @@ def test_no_dagger_from_one_seed_and_the_test_table_shows_each_seeds_delta():
     test = {"n": 30, "p": 1e-6, "p_holm": 1e-6, "ci_excludes_0": True, "ci_low": 0.01, "ci_high": 0.02}
     one = {**test, "mean_diff": 0.015, "seeds": 1, "per_seed_diff": {"0": 0.015}}
     three = {**test, "mean_diff": 0.015, "seeds": 3, "per_seed_diff": {"0": 0.02, "1": -0.004, "2": 0.029}}
-    assert report.mark(one) == "" and report.p_text(one) == "1e-06"
-    assert report.mark(three) == " †" and report.p_text(three) == "1e-06 † (seeds disagree)"  # s1 went the other way
+    assert table_rows.mark(one) == "" and table_rows.p_text(one) == "1e-06"
+    assert (
+        table_rows.mark(three) == " †" and table_rows.p_text(three) == "1e-06 † (seeds disagree)"
+    )  # s1 went the other way
     from fedseg.evaluate.stats import significant, significant_over_seeds
 
     assert significant(one) and not significant_over_seeds(one) and significant_over_seeds(three)  # tables.json
@@ -208,7 +210,7 @@ def test_no_dagger_from_one_seed_and_the_test_table_shows_each_seeds_delta():
             for name, wilcoxon in (("fedavg", None), ("fedprox", three))
         },
     }
-    head, rows = report.test_table(fed, "fedavg")
+    head, rows = table_rows.test_table(fed, "fedavg")
     assert head[head.index("95% CI") + 1] == "Δ per seed"
     cells = dict(zip(head, rows[1], strict=True))
     assert (
@@ -269,9 +271,9 @@ def test_runs_whose_selector_routed_every_test_image_to_the_global_model_are_nam
     held_out = BenchRun("fed", 1, 0, "fedsm", (), (), holdout="site2")  # scored on its unseen site: not its routing
     assert routed_runs([(held_out, pairs[0][1])], "fedsm") == []
     fed = {"methods": {"fedavg": {"convergence": {"runs": 3}}, "fedsm": {"convergence": {"runs": 3}}}}
-    assert report.routing_note(fed) == ""
+    assert table_rows.routing_note(fed) == ""
     fed["methods"]["fedsm"]["routed_to_global"] = ["s0", "s2"]
-    assert report.routing_note(fed).startswith(
+    assert table_rows.routing_note(fed).startswith(
         "**Routed every test image to its global model** (FedSM's selector): fedsm in s0, s2 of 3 runs."
     )
 
@@ -285,9 +287,9 @@ def test_methods_stopped_by_the_plateau_rule_are_named_under_the_test_table():
             "fedsm": {"convergence": {"runs": 3, "stopped": {"sgd_steps": 3}}},
         }
     }
-    assert report.plateau_note(fed).startswith("**Stopped by the plateau rule** (fl.stop): fedavg (2/3). A Δ")
+    assert table_rows.plateau_note(fed).startswith("**Stopped by the plateau rule** (fl.stop): fedavg (2/3). A Δ")
     fed["methods"]["fedavg"]["convergence"]["stopped"] = {}
-    assert report.plateau_note(fed) == ""
+    assert table_rows.plateau_note(fed) == ""
 
 
 def test_the_test_tables_notes_reach_the_markdown_and_the_html(tmp_path):

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from fedseg.atomic_files import json_ready
-from fedseg.bench import report
+from fedseg.bench import legend, render, report, table_rows
 from fedseg.bench.execute import Finished
 from fedseg.bench.plan import tuning_runs
 from fedseg.bench.select import tuning_rows
@@ -40,9 +40,9 @@ def test_the_committed_benches_tables_md_is_the_rendering_of_their_tables_json()
     assert BENCHES
     for name in BENCHES:
         bench, content = report.read_tables(RESULTS / name / "tables.json")
-        md = report.markdown(bench, content["federations"], content["tuning"], content.get("analysis_changes", []))
+        md = render.markdown(bench, content["federations"], content["tuning"], content.get("analysis_changes", []))
         assert md == (RESULTS / name / "tables.md").read_text(), f"{name}: run fedseg report on a copy of it"
-        tex = report.latex(bench, content["federations"], content["tuning"], content.get("analysis_changes", []))
+        tex = render.latex(bench, content["federations"], content["tuning"], content.get("analysis_changes", []))
         assert tex == (RESULTS / name / "tables.tex").read_text(), f"{name}: run fedseg report on a copy of it"
 
 
@@ -68,8 +68,8 @@ def test_tables_tex_holds_every_cell_of_tables_md_escaped_for_latex():
 
     bench, content = report.read_tables(RESULTS / "headline-equal" / "tables.json")
     feds, tuning = content["federations"], content["tuning"]
-    tex = report.latex(bench, feds, tuning)
-    sections = report.sections(bench, feds, tuning)
+    tex = render.latex(bench, feds, tuning)
+    sections = render.sections(bench, feds, tuning)
     assert tex.count("\\begin{table}") == len(sections) == tex.count("\\end{table}")
     labels = re.findall(r"\\label\{([^}]*)\}", tex)
     assert len(set(labels)) == len(sections) and "tab:headline-equal:synthetic-retina:test" in labels
@@ -190,7 +190,7 @@ def test_the_test_table_prints_dice_differences_to_4_decimals_with_the_cases_the
     dice = _test(0.00213, 0.00002, 0.0041, 40, per_seed={"0": 0.0018, "1": -0.00003, "2": 0.0028})
     hd95 = _test(-0.234, -0.5, 0.004, 40)
     nsd = _test(0.0, -0.0031, 0.0, 38)
-    head, rows = report.test_table(_fed(wilcoxon=dice, hd95_wilcoxon=hd95, nsd_wilcoxon=nsd), "fedavg")
+    head, rows = table_rows.test_table(_fed(wilcoxon=dice, hd95_wilcoxon=hd95, nsd_wilcoxon=nsd), "fedavg")
     ref, row = (dict(zip(head, r, strict=True)) for r in rows)
     assert head[head.index("Δ vs fedavg") :][:5] == ["Δ vs fedavg", "cases paired", "95% CI", "Δ per seed", "p (Holm)"]
     assert row["Δ vs fedavg"] == "+0.0021" and row["cases paired"] == "40"
@@ -201,7 +201,7 @@ def test_the_test_table_prints_dice_differences_to_4_decimals_with_the_cases_the
     assert ref["cases paired"] == "" and ref["p (Holm)"] == "ref"
     fed = _fed(wilcoxon=dice, hd95_wilcoxon=hd95, nsd_wilcoxon=nsd)
     fed["comparisons"] = [{"method": "fedprox", "against": "fedavg", **dice}]
-    head, (pair,) = report.comparison_table(fed)
+    head, (pair,) = table_rows.comparison_table(fed)
     cells = dict(zip(head, pair, strict=True))
     assert (cells["cases"], cells["Δ Dice"], cells["95% CI"]) == ("40", "+0.0021", "[+2e-05, +0.0041]")
     assert cells["Δ per seed"] == "s0 +0.0018 / s1 -3e-05 / s2 +0.0028"
@@ -212,10 +212,10 @@ def test_a_test_read_back_with_null_renders_as_the_nan_it_was():
     nan = _test(0.001, math.nan, math.nan, 3, per_seed={"0": 0.001, "1": math.nan})
     null = json.loads(json.dumps(json_ready(nan)))
     assert null["ci_low"] is None and null["per_seed_diff"]["1"] is None
-    cells = [report.test_table(_fed(wilcoxon=t), "fedavg")[1][1] for t in (nan, null)]
+    cells = [table_rows.test_table(_fed(wilcoxon=t), "fedavg")[1][1] for t in (nan, null)]
     assert cells[0] == cells[1]
     assert "s0 +0.0010 / s1 –" in cells[1] and "–" in cells[1]
-    assert report.p_text({**null, "p": None}) == "–"
+    assert table_rows.p_text({**null, "p": None}) == "–"
 
 
 def _finished(run, late_best: bool, plateaued: bool) -> Finished:
@@ -240,12 +240,12 @@ def test_the_tuning_table_counts_the_runs_of_each_setting_that_may_not_have_conv
     rows = tuning_rows(bench, tuning, {("synthetic-retina", "fedprox"): mid.setting})
     assert [r["not_converged"] for r in rows] == [1, 0, 0]
     assert "not_converged" in report.TUNING_COLUMNS
-    head, body = report.tune_table(rows, "synthetic-retina")
+    head, body = table_rows.tune_table(rows, "synthetic-retina")
     assert [dict(zip(head, r, strict=True))["converged"] for r in body] == ["0/1", "1/1", "1/1"]
-    md = report._md_table(head, body)
+    md = render._md_table(head, body)
     assert "| converged | selected |" in md
     old = [{k: v for k, v in r.items() if k != "not_converged"} for r in rows]  # a tables.json written before
-    assert "converged" not in report.tune_table(old, "synthetic-retina")[0]
+    assert "converged" not in table_rows.tune_table(old, "synthetic-retina")[0]
 
 
 def test_every_p_says_when_its_seeds_disagree_and_the_paired_cell_how_many_differ():
@@ -255,12 +255,12 @@ def test_every_p_says_when_its_seeds_disagree_and_the_paired_cell_how_many_diffe
     dice = _test(0.002, -0.001, 0.004, 181, n_nonzero=80)
     nsd = _test(-0.0137, -0.0349, 0.0127, 181, per_seed=split)
     hd95 = _test(-0.05, -0.2, 0.1, 181, per_seed=split)
-    head, rows = report.test_table(_fed(wilcoxon=dice, hd95_wilcoxon=hd95, nsd_wilcoxon=nsd), "fedavg")
+    head, rows = table_rows.test_table(_fed(wilcoxon=dice, hd95_wilcoxon=hd95, nsd_wilcoxon=nsd), "fedavg")
     row = dict(zip(head, rows[1], strict=True))
     assert row["cases paired"] == "181 (80 differ)"
     assert row["NSD p (Holm)"].endswith("(seeds disagree)") and row["HD95 p (Holm)"].endswith("(seeds disagree)")
     assert row["p (Holm)"] == "0.5"  # the Dice seeds agree
-    assert report.paired_text(_test(0.002, -0.001, 0.004, 40, n_nonzero=40)) == "40"
+    assert table_rows.paired_text(_test(0.002, -0.001, 0.004, 40, n_nonzero=40)) == "40"
 
 
 def test_the_per_site_table_marks_a_site_test_that_paired_fewer_cases_than_its_cells_average():
@@ -273,7 +273,7 @@ def test_the_per_site_table_marks_a_site_test_that_paired_fewer_cases_than_its_c
         method["site_wilcoxon"] = {}
         method["local_avg"] = method["local_gen"] = None
     fed["methods"]["fedprox"]["site_wilcoxon"] = {"site1": _test(0.0, 0.0, 0.0, 38), "site2": _test(0.0, 0.0, 0.0, 40)}
-    head, rows = report.site_table(fed, "fedavg")
+    head, rows = table_rows.site_table(fed, "fedavg")
     cells = {row[0]: dict(zip(head, row, strict=True)) for row in rows}
     assert cells["fedprox"]["site1"].endswith(" ‡") and not cells["fedprox"]["site2"].endswith("‡")
     assert not cells["fedavg"]["site1"].endswith("‡")
@@ -281,9 +281,9 @@ def test_the_per_site_table_marks_a_site_test_that_paired_fewer_cases_than_its_c
 
 def test_the_test_tables_note_names_methods_whose_runs_never_improved_on_validation():
     fed = _fed(wilcoxon=_test(0.002, 0.001, 0.003, 40))
-    assert "Never improved" not in report.not_converged(fed)  # tables written before the count: no sentence
+    assert "Never improved" not in table_rows.not_converged(fed)  # tables written before the count: no sentence
     fed["methods"]["fedprox"]["convergence"] = {"runs": 2, "not_converged": 0, "never_improved": 2}
-    note = report.not_converged(fed)
+    note = table_rows.not_converged(fed)
     assert "**Never improved**" in note and "fedprox (2/2)" in note and "fedavg (" not in note
 
 
@@ -301,8 +301,8 @@ def test_the_legend_says_where_tuning_touches_the_test_scores():
         }
         return BenchSpec.model_validate({**base, **more})
 
-    kfold = report.tuning_note(spec(split={"mode": "kfold", "folds": 3}))
+    kfold = legend.tuning_note(spec(split={"mode": "kfold", "folds": 3}))
     assert "**Tuned** (fedavg)" in kfold and "fold 0" in kfold and "at seed 0" in kfold
-    apart = report.tuning_note(spec(tune={"seeds": [100]}))
+    apart = legend.tuning_note(spec(tune={"seeds": [100]}))
     assert apart == ""
-    assert report.tuning_note(spec(split={"mode": "kfold", "folds": 3}, methods=["fedavg", "fedprox"])) == ""
+    assert legend.tuning_note(spec(split={"mode": "kfold", "folds": 3}, methods=["fedavg", "fedprox"])) == ""

@@ -266,7 +266,7 @@ def test_a_difference_prints_as_zero_only_where_it_is_zero():
 
 
 def test_seeds_disagree_where_a_seeds_difference_does_not_share_the_means_sign():
-    from fedseg.bench.report import p_text
+    from fedseg.bench.table_rows import p_text
     from fedseg.evaluate.stats import seeds_disagree
 
     one_seed_moves = {"mean_diff": 0.0386, "per_seed_diff": {0: -0.0072, 1: 0.0, 2: 0.1231}, "p": 2e-14}
@@ -286,7 +286,7 @@ def test_a_mean_and_ranks_that_disagree_get_no_dagger_and_say_so():
     """A method slightly better on 9 of 10 images of every site and much worse on the 10th has a negative mean (its
     CI below 0) and a tiny two-sided p whose ranks favour it: the † read as "significantly worse" (a statistics
     audit). Now the comparison says the two disagree and gets no †; where both point the same way nothing changes."""
-    from fedseg.bench.report import p_text
+    from fedseg.bench.table_rows import p_text
     from fedseg.evaluate.stats import caution_text, ranks_disagree
 
     rng = np.random.default_rng(0)
