@@ -63,7 +63,8 @@ def test_script_bench_files_plan_the_benchmark_budget(path, common):
             continue
         ours = run_config(spec, root, run).model_dump()
         preset, overrides = former(run)
-        before = load_config(preset=preset, overrides=overrides).model_dump()
+        # the former runs scored each channel: they were recorded before eval.score_on, whose default is label_map
+        before = load_config(preset=preset, overrides=[*overrides, "eval.score_on=channels"]).model_dump()
         ours.pop("name"), before.pop("name")
         assert ours == before, run.label
 
@@ -80,6 +81,7 @@ def test_personalized_bench_differs_from_its_former_runs_only_by_the_continuatio
     assert spec.methods[0].algorithms == ("fedavg", "finetune", "ditto-ft", "prior-cfl", "fedavg-continue")
     added = ["methods.fedavg-continue.rounds=10", *personalized.LR_GRIDS]  # the control; per-site fine-tuning lr
     assert [x for x in spec.set if x not in added] == [
+        "eval.score_on=channels",  # as the committed tables were scored (before the option)
         "data.image_size=64",
         "train.batch_size=4",
         "threads=1",
