@@ -10,7 +10,7 @@ import yaml
 from torch import nn
 
 from fedseg.api import Experiment
-from fedseg.config_load import dump_config, with_recorded_defaults
+from fedseg.config_load import ConfigError, dump_config, with_recorded_defaults
 from fedseg.data.dataset import CaseSet
 from fedseg.data.federation import Regions
 from fedseg.engine.context import Task
@@ -109,3 +109,11 @@ def test_a_task_without_region_values_refuses_to_score_a_label_map(tiny_config):
     with pytest.raises(ValueError, match="needs each region's label values"):
         _ = task.scored_regions
     assert Task(tiny_config(eval={"score_on": "channels"}), 2, 3, FUNDUS.names).scored_regions is None
+
+
+def test_a_bad_recorded_config_reopened_from_python_is_named_with_its_file(tmp_path, tiny_config):
+    recorded = yaml.safe_load(dump_config(tiny_config()))
+    recorded["fl"]["rounds"] = 0
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(recorded))
+    with pytest.raises(ConfigError, match=r"config\.yaml.*fl\.rounds"):
+        Experiment.from_run(tmp_path)

@@ -100,7 +100,7 @@ class Experiment:
         recorded = recorded_config(path)
         if recorded is None:
             raise FileNotFoundError(f"{path} not found: is {out} a fedseg run directory?")
-        return cls(recorded, out, **kwargs)
+        return cls(validate_config(recorded, str(path)), out, **kwargs)  # a bad key named with the file
 
     def run(self, resume: bool = False, report: bool = True) -> Results:
         """Run (``resume``: continue the run in ``out`` from its checkpoints; finished algorithms are

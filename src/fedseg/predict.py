@@ -154,8 +154,9 @@ def write_predictions(
             else:
                 restored = restore_size(mask, item.spatial).numpy()
             label = regions.to_label(restored)
-            painted = regions.one_hot(label)  # the label map's regions: what the run scored (eval.score_on)
             write_mask(folder / item.mask_name, label, item.path)
+            if overlay or seg is not None:  # the label map's regions: what the run scored (eval.score_on)
+                painted = regions.one_hot(label)
             if overlay:
                 picture = overlay_image(read_source(Source(item.files), bundle.kind), painted)
                 write_png(folder / overlay_name(item.mask_name), picture)
