@@ -231,6 +231,8 @@ def test_bench_resumes_after_a_kill_and_its_tests_equal_scipys(tmp_path):
             assert ref["sgd_steps"] <= entry["sgd_steps"] < ref["sgd_steps"] + per_round, summary
             assert entry["convergence"]["stopped"] == "sgd_steps"
     assert "Tuning on validation" in (out / "tables.md").read_text() and (out / "report.html").is_file()
+    assert tables["federations"]["synthetic-retina"]["score_on"] == "label_map"  # eval.score_on's default
+    assert "Scored on the label map" in (out / "tables.md").read_text()  # what was scored, next to the scores
     assert "**" not in (out / "report.html").read_text()  # tables.md's bold notes are <b> in the page
     _tables_show_rounds_and_steps_next_to_dice(out)
 

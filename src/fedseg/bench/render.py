@@ -21,6 +21,7 @@ from fedseg.bench.table_rows import (
     plateau_note,
     rank_table,
     routing_note,
+    scoring_note,
     site_table,
     test_table,
     tune_table,
@@ -54,7 +55,7 @@ def sections(bench: BenchSpec, tables: dict, tuning: list[dict]) -> list[Section
     """Every table of the bench, per federation in the order the outputs show them."""
     out = []
     for fed, t in tables.items():
-        test_notes = [not_converged(t), *filter(None, (plateau_note(t), routing_note(t)))]
+        test_notes = [not_converged(t), *filter(None, (scoring_note(t), plateau_note(t), routing_note(t)))]
         out += [
             Section(fed, "Test (FeTS Table 1 layout)", "test", test_table(t, bench.reference), test_notes),
             Section(

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 
-from fedseg.evaluate.metric_info import DICE, HD95, NSD
+from fedseg.evaluate.metric_info import DICE, HD95, NSD, SCORED_ON
 from fedseg.evaluate.stats import (
     DIFF_DIGITS,
     caution_text,
@@ -374,6 +374,17 @@ def fold_cell(row: dict) -> str:
     """A tuning row's fold as the tuning table shows it: its number, and a leave-one-out fold's held-out site."""
     fold = str(row.get("fold", ""))
     return f"{fold} (held out: {row['held_out']})" if row.get("held_out") else fold
+
+
+def scoring_note(fed: dict) -> str:
+    """What the federation's runs scored (``score_on``; "" for tables written before it was recorded)."""
+    score_on = fed.get("score_on")
+    if score_on == "mixed":
+        return (
+            "**Scored differently**: some runs scored the label map (eval.score_on: label_map), others each region's "
+            "channel (channels); with nested regions their scores are not comparable: rerun the bench with one."
+        )
+    return SCORED_ON.get(str(score_on), "").strip()
 
 
 def plateau_note(fed: dict) -> str:

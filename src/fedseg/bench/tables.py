@@ -279,9 +279,17 @@ def federation_tables(bench: BenchSpec, runs: BenchRuns) -> tuple[dict, list[dic
             "rank_stability": rank_stability(per_seed),
             "hd95_unit": by_key[(fed.name, first_method)][0][1].summary.get("hd95_unit", ""),
             "nsd_tolerance": by_key[(fed.name, first_method)][0][1].summary.get("nsd_tolerance"),  # in hd95_unit
+            "score_on": scored_on([fin for m in methods for _, fin in by_key[(fed.name, m)]]),
         }
         correct_tests(out[fed.name])
     return out, all_rows
+
+
+def scored_on(runs: list[Finished]) -> str:
+    """What the runs scored (summary.json ``score_on``, eval.score_on; a run of an older fedseg, which does not
+    record it, scored ``channels``): the one value, or ``mixed`` where the runs differ."""
+    values = {fin.summary.get("score_on", "channels") for fin in runs}
+    return values.pop() if len(values) == 1 else "mixed"
 
 
 def correct_tests(fed: dict) -> None:

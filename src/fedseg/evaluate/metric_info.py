@@ -13,7 +13,15 @@ from dataclasses import dataclass
 
 from fedseg.config import DEFAULT_NSD_TOLERANCE, region_tolerances  # eval.nsd_tolerance: config semantics
 
-__all__ = ["Metric", "METRICS", "METRIC_NAMES", "DEFAULT_NSD_TOLERANCE", "region_tolerances", "tolerance_text"]
+__all__ = [
+    "Metric",
+    "METRICS",
+    "METRIC_NAMES",
+    "SCORED_ON",
+    "DEFAULT_NSD_TOLERANCE",
+    "region_tolerances",
+    "tolerance_text",
+]
 
 
 @dataclass(frozen=True)
@@ -58,3 +66,11 @@ def tolerance_text(tolerance: float | Mapping[str, float], unit: str = "") -> st
         else f"{float(tolerance):g}"
     )
     return f"{text} {unit}".strip()
+
+
+SCORED_ON = {  # summary.json ``score_on`` (eval.score_on; absent from a run of an older fedseg: said nothing of)
+    "label_map": "Scored on the label map the thresholded predictions paint (eval.score_on: label_map), the masks "
+    "fedseg predict writes. ",
+    "channels": "Scored on each region's thresholded channel (eval.score_on: channels): with nested regions a "
+    "written mask (which paints a smaller region predicted outside a larger one into it) can score otherwise. ",
+}

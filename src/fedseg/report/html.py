@@ -58,7 +58,7 @@ from pathlib import Path
 import numpy as np
 
 from fedseg.engine.ledger import EVAL_ACTIONS
-from fedseg.evaluate.metric_info import METRICS
+from fedseg.evaluate.metric_info import METRICS, SCORED_ON
 from fedseg.evaluate.tables import cross_site_matrix, site_summary
 from fedseg.presentation import figures
 from fedseg.presentation.drafts import figure_draft
@@ -579,14 +579,6 @@ def _score_sections(run: RunFiles) -> list[Section]:
             table_html = score_table(rows, site_columns(run.sites), m.higher_is_better, m.mean_digits)
             out.append(Section(f"Test {m.title(unit, tolerance)}", table_html, common + note))
     return out
-
-
-SCORED_ON = {  # summary.json ``score_on`` (eval.score_on; absent from a run of an older fedseg: said nothing of)
-    "label_map": "Scored on the label map the thresholded predictions paint (eval.score_on: label_map), the masks "
-    "fedseg predict writes. ",
-    "channels": "Scored on each region's thresholded channel (eval.score_on: channels): with nested regions a "
-    "written mask (which paints a smaller region predicted outside a larger one into it) can score otherwise. ",
-}
 
 
 def _worst_hd95(run: RunFiles) -> str:
