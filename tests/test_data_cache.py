@@ -338,3 +338,18 @@ def test_ctrl_c_after_data_synth_wrote_its_federation_says_it_is_there(tmp_path)
     ), said
     checked = CliRunner().invoke(app, ["data", "check", str(out)])
     assert checked.exit_code == 0 and f"OK: {out}" in " ".join(checked.output.split()), checked.output
+
+
+def test_the_command_prints_a_rebuilt_entry_as_a_warning_line(tmp_path):
+    """The ``fedseg`` command shows fedseg's logged warnings as its own (``warning: ...``, one line), not the bare
+    message Python's unconfigured logging printed."""
+    env = {**os.environ, cache.CACHE_ENV: str(tmp_path / "cache")}
+    synth = [sys.executable, "-m", "fedseg", "data", "synth", "--preset", "synthetic-retina", "--scale", "0.05"]
+    synth += ["--image-size", "32", "--seed", "7", "--force", "--out"]
+    subprocess.run([*synth, str(tmp_path / "a")], env=env, check=True, capture_output=True, timeout=300)
+    (manifest,) = (tmp_path / "cache").glob(f"*/{cache.MANIFEST}")
+    manifest.write_text('{"params": ')
+    again = subprocess.run([*synth, str(tmp_path / "b")], env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    (line,) = [line for line in again.stderr.splitlines() if "rebuilding" in line]
+    assert line.startswith(f"warning: federation cache entry {manifest.parent}: ")

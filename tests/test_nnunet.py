@@ -501,6 +501,12 @@ def _set_json(src: Path, **changes) -> None:
     (src / "dataset.json").write_text(json.dumps(data))
 
 
+def _rename_json_key(src: Path, key: str, to: str) -> None:
+    data = json.loads((src / "dataset.json").read_text())
+    data[to] = data.pop(key)
+    (src / "dataset.json").write_text(json.dumps(data))
+
+
 _FLIP_X = np.array([[-1, 0, 0, SHAPE[0] - 1], [0, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1.0]])  # the x axis reversed
 _SHIFT_Y = np.array([[0, 0, 0, 0], [0, 0, 0, 5.0], [0, 0, 0, 0], [0, 0, 0, 0]])  # the origin 5 mm along y
 
@@ -546,6 +552,11 @@ def _second_channel_of_bwh_001(src: Path, shape: tuple[int, ...], affine: np.nda
             None,
             "{src}/dataset.json: \"file_ending\" '.mhd': a MetaImage .mhd header is a file apart from its data: "
             "convert the dataset to .mha",
+        ),
+        (
+            lambda src: _rename_json_key(src, "channel_names", "channel_name"),
+            None,
+            '{src}/dataset.json: missing "channel_names" (the file has "channel_name": misspelt?)',
         ),
         (
             lambda src: _set_json(src, numTraining=8),
@@ -604,6 +615,7 @@ def _second_channel_of_bwh_001(src: Path, shape: tuple[int, ...], affine: np.nda
         "csv-site",
         "file-ending",
         "mhd-file-ending",
+        "misspelt-key",
         "num-training",
         "wrong-file-ending",
         "ignore-label",

@@ -517,11 +517,23 @@ def loss_surface(
     console.print(f"loss surface: {csv_path}" + (f"\nfigure: {png}" if png else ""), highlight=False, soft_wrap=True)
 
 
+def _print_logged_warnings() -> None:
+    """fedseg's logged warnings (a corrupt cache entry rebuilt, a region no case holds, a site skipped...) on stderr
+    as ``warning: ...``, as the commands' own warnings: unconfigured, Python's logging printed the bare message."""
+    import logging
+
+    handler = logging.StreamHandler()
+    handler.setLevel(logging.WARNING)
+    handler.setFormatter(logging.Formatter("warning: %(message)s"))
+    logging.getLogger("fedseg").addHandler(handler)
+
+
 def entry() -> None:
     """The ``fedseg`` command: the app, then :func:`fedseg.process_exit.exit_now` with its status (no
     interpreter teardown: 1.2-1.5 s saved after every command)."""
     from fedseg.process_exit import exit_now, print_error
 
+    _print_logged_warnings()
     try:
         app()
     except SystemExit as e:  # Typer ends every command with one
