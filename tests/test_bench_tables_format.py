@@ -309,16 +309,19 @@ def test_the_legend_says_where_tuning_touches_the_test_scores():
 
 
 def test_the_test_table_says_what_the_runs_scored_and_warns_when_they_differ():
-    """tables.json ``score_on``: one value said next to the test table; runs scored differently (a bench resumed
-    across versions) are named; tables written before it was recorded say nothing (they render as committed)."""
-    from fedseg.bench.tables import scored_on
+    """tables.json ``score_on`` and ``score_grid``: one value each, said next to the test table; runs scored
+    differently (a bench resumed across versions) are named; tables written before they were recorded say nothing
+    (they render as committed)."""
+    from fedseg.bench.tables import scored
 
     def run(summary: dict) -> Finished:
         return Finished(run=None, dir=Path("."), summary=summary, seconds=0.0)
 
-    assert scored_on([run({"score_on": "label_map"}), run({"score_on": "label_map"})]) == "label_map"
-    assert scored_on([run({})]) == "channels"  # an older fedseg scored each channel
-    assert scored_on([run({"score_on": "label_map"}), run({})]) == "mixed"
-    assert table_rows.scoring_note({"score_on": "channels"}).startswith("Scored on each region's thresholded channel")
-    assert "Scored differently" in table_rows.scoring_note({"score_on": "mixed"})
+    assert scored("score_on", [run({"score_on": "label_map"}), run({"score_on": "label_map"})]) == "label_map"
+    assert scored("score_on", [run({})]) == "channels"  # an older fedseg scored each channel
+    assert scored("score_grid", [run({})]) == "model"  # ... on the model grid
+    assert scored("score_on", [run({"score_on": "label_map"}), run({})]) == "mixed"
+    note = table_rows.scoring_note({"score_on": "channels", "score_grid": "original"})
+    assert note.startswith("Scored on each region's thresholded channel") and "each image's own grid" in note
+    assert "eval.score_grid differs" in table_rows.scoring_note({"score_on": "label_map", "score_grid": "mixed"})
     assert table_rows.scoring_note({}) == ""

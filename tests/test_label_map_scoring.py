@@ -77,12 +77,15 @@ def test_a_run_recorded_before_score_on_resumes_scoring_its_channels():
     """A run written before ``eval.score_on`` scored the channels: its recorded configuration reads as
     ``channels``, so its resume keeps that scoring (the new default is refused as a change, not mixed in)."""
     old = {"eval": {"threshold": 0.5}}
-    assert with_recorded_defaults(old)["eval"] == {"threshold": 0.5, "score_on": "channels"}
-    assert resume_conflicts(with_recorded_defaults(old), {"eval": {"threshold": 0.5, "score_on": "label_map"}}) == [
-        "eval.score_on: channels -> label_map"
+    assert with_recorded_defaults(old)["eval"] == {"threshold": 0.5, "score_on": "channels", "score_grid": "model"}
+    now = {"eval": {"threshold": 0.5, "score_on": "label_map", "score_grid": "original"}}
+    assert resume_conflicts(with_recorded_defaults(old), now) == [
+        "eval.score_grid: model -> original",
+        "eval.score_on: channels -> label_map",
     ]
-    new = {"eval": {"threshold": 0.5, "score_on": "label_map"}}
-    assert with_recorded_defaults(new) == new
+    assert with_recorded_defaults(now) == now
+    before_grid = {"eval": {"threshold": 0.5, "score_on": "label_map"}}  # written between the two options
+    assert with_recorded_defaults(before_grid)["eval"] == {**before_grid["eval"], "score_grid": "model"}
 
 
 def test_a_fixed_worst_hd95_on_a_folder_federation_is_said_at_the_start(tiny_config):
@@ -99,9 +102,10 @@ def test_an_old_run_reopened_from_python_keeps_its_channel_scoring(tmp_path, tin
     """``Experiment.from_run(out).run(resume=True)`` read config.yaml as written: an old run's missing
     ``eval.score_on`` became the new default and its resume was refused."""
     recorded = yaml.safe_load(dump_config(tiny_config()))
-    del recorded["eval"]["score_on"]
+    del recorded["eval"]["score_on"], recorded["eval"]["score_grid"]
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(recorded))
-    assert Experiment.from_run(tmp_path).config.eval.score_on == "channels"
+    config = Experiment.from_run(tmp_path).config
+    assert (config.eval.score_on, config.eval.score_grid) == ("channels", "model")
 
 
 def test_a_task_without_region_values_refuses_to_score_a_label_map(tiny_config):

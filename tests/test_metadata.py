@@ -227,7 +227,7 @@ def test_cli_check_mentions_the_metadata_keys(tmp_path):
 def _site_data(site: Site):
     fed = Federation("toy", "2d", 1, Regions.from_mapping({"fg": [1]}), [site])
     splits = {c.id: s for c, s in zip(site.cases, ["train", "val", "test"] * len(site.cases))}
-    return build_site_data(fed, site, 0, splits, DataConfig(image_size=8))
+    return build_site_data(fed, site, 0, splits, DataConfig(image_size=8), originals=False)
 
 
 def _cases(*metas: dict) -> list[Case]:
@@ -281,7 +281,10 @@ def test_site_data_from_a_folder_answers_metadata_questions(tmp_path):
     (root / "s2/cases.csv").write_text("case,grade\nd,HGG\ne,LGG\nf,HGG\n")
     fed = load_folder(root)
     splits = make_splits(fed, SplitConfig(), seed=0)
-    s1, s2 = (build_site_data(fed, s, i, splits[s.name], DataConfig(image_size=8)) for i, s in enumerate(fed.sites))
+    s1, s2 = (
+        build_site_data(fed, s, i, splits[s.name], DataConfig(image_size=8), originals=False)
+        for i, s in enumerate(fed.sites)
+    )
     assert s1.metadata_value("vendor") == "X" and s2.metadata_value("grade") == "HGG"
     assert s2.case_metadata == {"d": {"grade": "HGG"}, "e": {"grade": "LGG"}, "f": {"grade": "HGG"}}
 

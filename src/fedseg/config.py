@@ -577,9 +577,17 @@ class EvalConfig(Strict):
         description="what Dice, HD95 and NSD score: label_map = the region masks of the label map the thresholded "
         "channels paint (each pixel the value of the smallest region predicted there, as fedseg predict and "
         "nnU-Net write region-based predictions), so a run's scores are those of its written masks (on the grid "
-        "it scores: the model's on the whole-image path, each case's own on the volume path); channels = "
+        "it scores, eval.score_grid); channels = "
         "each thresholded channel as it is (a cup predicted outside the disc is not in the disc's mask, though "
         "the written mask puts it there; runs recorded before this option scored so)",
+    )
+    score_grid: Literal["original", "model"] = Field(
+        default="original",
+        description="where the whole-image path scores the validation and test cases: original = each case's own "
+        "grid (the predicted masks resized back to it, nearest, as fedseg predict writes them; Dice, HD95 and NSD "
+        "in its pixels), model = the data.image_size grid the model sees (each truth resized to it, nearest; runs "
+        "recorded before this option scored so; papers that report on resized images do). The volume path always "
+        "scores each case's own grid",
     )
     hd95: bool = True
     hd95_worst: float | None = Field(

@@ -48,14 +48,18 @@ def with_recorded_method_defaults(recorded: dict) -> dict:
     return {**recorded, "methods": {**methods, **added}} if added else recorded
 
 
+RECORDED_SCORING = {"score_on": "channels", "score_grid": "model"}  # what runs scored before the options existed
+
+
 def with_recorded_scoring(recorded: dict) -> dict:
-    """A configuration recorded before ``eval.score_on`` existed (its ``eval`` has no ``score_on``), with the
-    scoring its run used: ``channels``. A copy; a newer configuration is returned as it is. So a resume or a bench
-    of an old run keeps scoring as its first rounds did (the new default, ``label_map``, is refused as a change)."""
+    """A configuration recorded before ``eval.score_on`` or ``eval.score_grid`` existed (its ``eval`` without the
+    key), with the scoring its run used (``RECORDED_SCORING``: each channel, on the model grid). A copy; a newer
+    configuration is returned as it is. So a resume or a bench of an old run keeps scoring as its first rounds did
+    (the new defaults, ``label_map`` and ``original``, are refused as a change)."""
     ev = recorded.get("eval")
-    if not isinstance(ev, dict) or "score_on" in ev:
+    if not isinstance(ev, dict) or all(key in ev for key in RECORDED_SCORING):
         return recorded
-    return {**recorded, "eval": {**ev, "score_on": "channels"}}
+    return {**recorded, "eval": {**{k: v for k, v in RECORDED_SCORING.items() if k not in ev}, **ev}}
 
 
 def with_recorded_defaults(recorded: dict) -> dict:

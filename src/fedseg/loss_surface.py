@@ -89,7 +89,7 @@ def site_training_data(run: Path, cfg: RunConfig, site: str) -> tuple[RunConfig,
     if cfg.data.volume.patch_size is not None:
         raise ValueError(f"{run}: trained on patches (data.volume.patch_size); the loss surface needs whole images")
     index = fed.site_names.index(site)
-    data = build_site_data(fed, fed.sites[index], index, splits[site], cfg.data)
+    data = build_site_data(fed, fed.sites[index], index, splits[site], cfg.data, originals=False)
     return cfg, data.train
 
 

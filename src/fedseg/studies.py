@@ -400,9 +400,11 @@ def unseen_columns(sites: list[str]) -> list[str]:
 
 
 def unseen_caseset(fed: Federation, site: str, cfg: RunConfig) -> CaseSet:
-    """Every case of ``site`` at model resolution (the unseen site has no splits: all of it is test data)."""
-    s = fed.site(site)
-    return build_site_data(fed, s, fed.site_names.index(site), {c.id: "test" for c in s.cases}, cfg.data).test
+    """Every case of ``site`` as the run's test sets are built (the unseen site has no splits: all of it is test
+    data; its truth on each case's own grid with ``eval.score_grid: original``)."""
+    s, tests = fed.site(site), {c.id: "test" for c in fed.site(site).cases}
+    originals = cfg.eval.score_grid == "original"
+    return build_site_data(fed, s, fed.site_names.index(site), tests, cfg.data, originals=originals).test
 
 
 def unseen_rows(results: RunResults, fed: Federation, site: str, run: str) -> tuple[list[dict], list[str]]:

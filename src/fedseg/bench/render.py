@@ -26,6 +26,7 @@ from fedseg.bench.table_rows import (
     test_table,
     tune_table,
     tuning_counted,
+    unseen_note,
 )
 from fedseg.presentation import kit
 from fedseg.presentation.figures import per_site_bars
@@ -55,7 +56,10 @@ def sections(bench: BenchSpec, tables: dict, tuning: list[dict]) -> list[Section
     """Every table of the bench, per federation in the order the outputs show them."""
     out = []
     for fed, t in tables.items():
-        test_notes = [not_converged(t), *filter(None, (scoring_note(t), plateau_note(t), routing_note(t)))]
+        test_notes = [
+            not_converged(t),
+            *filter(None, (scoring_note(t), unseen_note(t), plateau_note(t), routing_note(t))),
+        ]
         out += [
             Section(fed, "Test (FeTS Table 1 layout)", "test", test_table(t, bench.reference), test_notes),
             Section(

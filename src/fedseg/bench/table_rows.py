@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 
-from fedseg.evaluate.metric_info import DICE, HD95, NSD, SCORED_ON
+from fedseg.evaluate.metric_info import DICE, HD95, NSD, scoring_text
 from fedseg.evaluate.stats import (
     DIFF_DIGITS,
     caution_text,
@@ -376,15 +376,28 @@ def fold_cell(row: dict) -> str:
     return f"{fold} (held out: {row['held_out']})" if row.get("held_out") else fold
 
 
+UNSEEN_DICE_ONLY = (
+    "**Leave-one-out**: each run is scored on every case of its held-out site by Dice only (the study's unseen-site "
+    "scoring, unseen.json: FedSM's routed model over its gamma curve, a global model as it is), so HD95 and NSD "
+    "stay empty (–) here."
+)
+
+
+def unseen_note(fed: dict) -> str:
+    """The test table's note on a leave-one-out federation (Dice only, :data:`UNSEEN_DICE_ONLY`); "" otherwise."""
+    return UNSEEN_DICE_ONLY if fed.get("leave_one_out") else ""
+
+
 def scoring_note(fed: dict) -> str:
-    """What the federation's runs scored (``score_on``; "" for tables written before it was recorded)."""
-    score_on = fed.get("score_on")
-    if score_on == "mixed":
+    """What the federation's runs scored (``score_on``, ``score_grid``; "" for tables written before they were
+    recorded), and a warning where its runs scored differently."""
+    mixed = [key for key in ("score_on", "score_grid") if fed.get(key) == "mixed"]
+    if mixed:
         return (
-            "**Scored differently**: some runs scored the label map (eval.score_on: label_map), others each region's "
-            "channel (channels); with nested regions their scores are not comparable: rerun the bench with one."
+            f"**Scored differently** ({', '.join('eval.' + key for key in mixed)} differs between the runs): their "
+            "scores are not comparable; rerun the bench with one setting."
         )
-    return SCORED_ON.get(str(score_on), "").strip()
+    return scoring_text(fed.get("score_on"), fed.get("score_grid")).strip()
 
 
 def plateau_note(fed: dict) -> str:

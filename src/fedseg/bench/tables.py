@@ -45,6 +45,7 @@ from fedseg.bench.phases import BenchRuns
 from fedseg.bench.plan import BenchRun, folds_of
 from fedseg.bench.select import edge_keys, run_not_converged
 from fedseg.bench.spec import BenchSpec, MethodSpec
+from fedseg.config_load import RECORDED_SCORING
 from fedseg.data.repartition import SEPARATOR
 from fedseg.evaluate.metric_info import HD95, NSD, Metric
 from fedseg.evaluate.stats import (
@@ -279,16 +280,19 @@ def federation_tables(bench: BenchSpec, runs: BenchRuns) -> tuple[dict, list[dic
             "rank_stability": rank_stability(per_seed),
             "hd95_unit": by_key[(fed.name, first_method)][0][1].summary.get("hd95_unit", ""),
             "nsd_tolerance": by_key[(fed.name, first_method)][0][1].summary.get("nsd_tolerance"),  # in hd95_unit
-            "score_on": scored_on([fin for m in methods for _, fin in by_key[(fed.name, m)]]),
+            **{
+                key: scored(key, [fin for m in methods for _, fin in by_key[(fed.name, m)]]) for key in RECORDED_SCORING
+            },
         }
         correct_tests(out[fed.name])
     return out, all_rows
 
 
-def scored_on(runs: list[Finished]) -> str:
-    """What the runs scored (summary.json ``score_on``, eval.score_on; a run of an older fedseg, which does not
-    record it, scored ``channels``): the one value, or ``mixed`` where the runs differ."""
-    values = {fin.summary.get("score_on", "channels") for fin in runs}
+def scored(key: str, runs: list[Finished]) -> str:
+    """What the runs scored, by summary.json's ``key`` (``score_on``: eval.score_on, ``score_grid``: eval.score_grid;
+    a run of an older fedseg, which does not record it, scored as ``RECORDED_SCORING`` says): the one value, or
+    ``mixed`` where the runs differ."""
+    values = {fin.summary.get(key, RECORDED_SCORING[key]) for fin in runs}
     return values.pop() if len(values) == 1 else "mixed"
 
 

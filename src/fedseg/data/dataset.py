@@ -33,6 +33,10 @@ class CaseSet:
     and ``volume`` the config they were built with: training draws patches from them (:meth:`patches`),
     evaluation slides a window over them (``fedseg.evaluate.sliding``). ``x``/``y`` stay as a fixed-size
     view for what needs one input size (FedSM's selector, which classifies whole images).
+
+    ``originals`` (whole-image path, scored sets, ``eval.score_grid: original``): per case its region masks
+    ``(R, *S_i)`` bool on its own grid, None for a case already on the model grid (then ``y`` is its truth);
+    evaluation scores the predictions resized back there (``fedseg.evaluate.inference.score_caseset``).
     """
 
     name: str
@@ -41,6 +45,7 @@ class CaseSet:
     y: torch.Tensor
     volumes: list[Volume] | None = None
     volume: VolumeConfig | None = None
+    originals: list[torch.Tensor | None] | None = None
     _resident: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict, repr=False, compare=False)
     _resident_volumes: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = field(
         default_factory=dict, repr=False, compare=False
@@ -115,16 +120,21 @@ class CaseSet:
 
     def subset(self, idx: torch.Tensor) -> CaseSet:
         """Cases ``idx`` (a 1-D index tensor) as a set of the same name."""
-        vols = None if self.volumes is None else [self.volumes[i] for i in idx.tolist()]
-        return CaseSet(self.name, [self.ids[i] for i in idx.tolist()], self.x[idx], self.y[idx], vols, self.volume)
+        cases = idx.tolist()
+        vols = None if self.volumes is None else [self.volumes[i] for i in cases]
+        originals = None if self.originals is None else [self.originals[i] for i in cases]
+        return CaseSet(self.name, [self.ids[i] for i in cases], self.x[idx], self.y[idx], vols, self.volume, originals)
 
     @classmethod
     def concat(cls, name: str, sets: list[CaseSet]) -> CaseSet:
         """Pool several sets (centralized training); ids are prefixed with their set's name."""
         ids = [f"{s.name}/{i}" for s in sets for i in s.ids]
         x, y = torch.cat([s.x for s in sets]), torch.cat([s.y for s in sets])
+        originals = None
+        if any(s.originals is not None for s in sets):
+            originals = [o for s in sets for o in (s.originals or [None] * len(s))]
         if not sets or any(s.volumes is None for s in sets):
-            return cls(name, ids, x, y)
+            return cls(name, ids, x, y, originals=originals)
         return cls(name, ids, x, y, [v for s in sets for v in s.volumes or []], sets[0].volume)
 
 
@@ -165,9 +175,12 @@ class SiteData:
         return metadata_value(self.name, key, self.metadata, self.case_metadata)
 
 
-def build_site_data(fed: Federation, site: Site, index: int, splits: Mapping[str, str], cfg: DataConfig) -> SiteData:
+def build_site_data(
+    fed: Federation, site: Site, index: int, splits: Mapping[str, str], cfg: DataConfig, *, originals: bool
+) -> SiteData:
     """Load and preprocess one site's cases into its train/val/test ``CaseSet``s (with their volumes
-    when ``cfg.volume.patch_size`` is set: ``fedseg.data.volumes``)."""
+    when ``cfg.volume.patch_size`` is set: ``fedseg.data.volumes``; with ``originals``, ``eval.score_grid:
+    original``, the truth of every validation and test case the whole-image path resizes, ``CaseSet.originals``)."""
     by_split: dict[str, list] = {"train": [], "val": [], "test": []}
     for case in site.cases:
         by_split[splits[case.id]].append(case)
@@ -175,12 +188,15 @@ def build_site_data(fed: Federation, site: Site, index: int, splits: Mapping[str
     norm = normalization(cfg.normalize, cfg.ct_windows)
     sets = {}
     for split, cases in by_split.items():
-        xs, ys, vols = [], [], []
+        xs, ys, vols, truths = [], [], [], []
         for case in cases:
             image, label = case.arrays()
             x, y = case_tensors(image, label, fed.regions, cfg.image_size, norm)
             xs.append(x)
             ys.append(y)
+            if originals and split != "train" and not on_grid:
+                resized = tuple(label.shape) != tuple(y.shape[1:])
+                truths.append(torch.from_numpy(fed.regions.one_hot(label)).bool() if resized else None)
             if on_grid:
                 spacing = case_spacing(case, fed.spatial_dims)
                 vols.append(build_volume(image, label, fed.regions, spacing, cfg.volume, norm))
@@ -193,6 +209,7 @@ def build_site_data(fed: Federation, site: Site, index: int, splits: Mapping[str
             torch.stack(ys) if ys else torch.empty(shape_y),
             vols if on_grid else None,
             cfg.volume if on_grid else None,
+            truths if any(t is not None for t in truths) else None,
         )
     return SiteData(
         site.name,

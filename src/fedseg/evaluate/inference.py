@@ -1,6 +1,8 @@
 """Run a segmentation model over a ``CaseSet`` and score it per case and region.
 
-Whole-image path: one forward pass per batch of resized images, metrics on the model grid.
+Whole-image path: one forward pass per batch of resized images; metrics on each case's own grid (the masks
+resized back, nearest, as ``fedseg predict`` writes them; ``eval.score_grid: original``, the set's ``originals``)
+or on the model grid (``model``, or a case already on it).
 Volume path (the set has ``volumes``, ``data.volume.patch_size``): sliding window per case, mapped
 back to the original grid and scored there with the case's spacing (``fedseg.evaluate.sliding``).
 """
@@ -17,6 +19,7 @@ from fedseg.accel import inference_autocast
 from fedseg.config import EvalConfig
 from fedseg.data.dataset import CaseSet
 from fedseg.data.federation import Regions
+from fedseg.data.preprocess import restore_size
 from fedseg.evaluate.metric_info import DEFAULT_NSD_TOLERANCE, METRIC_NAMES
 from fedseg.evaluate.metrics import Scores, batch_metrics, logits_to_masks
 from fedseg.evaluate.sliding import network_for, score_volumes, sliding_logits
@@ -73,18 +76,28 @@ def score_caseset(
         return score_volumes(
             model, data.volumes, data.volume, threshold, hd95, device, worst, data.x, tolerance, surface_device, regions
         )
-    parts = [
-        batch_metrics(
-            predict_masks(model, xb, batch_size, threshold, device, on_device=True, regions=regions),
-            yb.bool(),
-            hd95=hd95,
-            worst=worst,
-            tolerance=tolerance,
-            surface_device=surface_device,
-        )
-        for xb, yb in zip(data.x.split(batch_size), data.y.split(batch_size))
-    ]
+    metrics = {"hd95": hd95, "worst": worst, "tolerance": tolerance, "surface_device": surface_device}
+    parts = []
+    for start in range(0, len(data), batch_size):
+        cases = slice(start, start + batch_size)
+        masks = predict_masks(model, data.x[cases], batch_size, threshold, device, on_device=True, regions=regions)
+        truths = None if data.originals is None else data.originals[cases]
+        parts += _scores_on_grids(masks, data.y[cases].bool(), truths, metrics)
     return {m: np.concatenate([part[m] for part in parts]) for m in METRIC_NAMES}
+
+
+def _scores_on_grids(masks: torch.Tensor, y: torch.Tensor, truths: list | None, metrics: dict) -> list[Scores]:
+    """``batch_metrics`` of predicted ``masks (B, R, *S)`` against ``y (B, R, *S)``, the batch at once where every
+    case is on the model grid, else case by case: a case with an original-grid truth (``truths[i]``, ``(R, *S_i)``)
+    is scored there, its masks resized to it (``restore_size``: nearest, as ``fedseg predict`` writes them)."""
+    if truths is None or all(t is None for t in truths):
+        return [batch_metrics(masks, y, **metrics)]
+    return [
+        batch_metrics(masks[i : i + 1], y[i : i + 1], **metrics)
+        if truth is None
+        else batch_metrics(restore_size(masks[i], tuple(truth.shape[1:]))[None], truth[None], **metrics)
+        for i, truth in enumerate(truths)
+    ]
 
 
 @torch.no_grad()

@@ -18,6 +18,8 @@ __all__ = [
     "METRICS",
     "METRIC_NAMES",
     "SCORED_ON",
+    "SCORED_GRID",
+    "scoring_text",
     "DEFAULT_NSD_TOLERANCE",
     "region_tolerances",
     "tolerance_text",
@@ -69,8 +71,21 @@ def tolerance_text(tolerance: float | Mapping[str, float], unit: str = "") -> st
 
 
 SCORED_ON = {  # summary.json ``score_on`` (eval.score_on; absent from a run of an older fedseg: said nothing of)
-    "label_map": "Scored on the label map the thresholded predictions paint (eval.score_on: label_map), the masks "
-    "fedseg predict writes. ",
+    "label_map": "Scored on the label map the thresholded predictions paint (eval.score_on: label_map), as fedseg "
+    "predict writes it. ",
     "channels": "Scored on each region's thresholded channel (eval.score_on: channels): with nested regions a "
     "written mask (which paints a smaller region predicted outside a larger one into it) can score otherwise. ",
 }
+
+SCORED_GRID = {  # summary.json ``score_grid`` (eval.score_grid; absent from a run of an older fedseg: said nothing of)
+    "original": "Scored on each image's own grid (eval.score_grid: original; on the whole-image path the predictions "
+    "resized back to it, nearest, as fedseg predict writes them). ",
+    "model": "Scored on the model's data.image_size grid (eval.score_grid: model; each truth resized to it, "
+    "nearest): fedseg predict writes masks on each image's own grid, where they can score otherwise. ",
+}
+
+
+def scoring_text(score_on: object, score_grid: object) -> str:
+    """What a run scored, in the sentences of :data:`SCORED_ON` and :data:`SCORED_GRID` ("" for what an older
+    run did not record)."""
+    return SCORED_ON.get(str(score_on), "") + SCORED_GRID.get(str(score_grid), "")

@@ -202,15 +202,16 @@ def site_data(settings: NodeSettings, cfg: RunConfig, index: int):
     from fedseg.data.dataset import build_site_data
     from fedseg.data.splits import site_splits
 
-    key = (str(settings.data), settings.site, index, cfg.data.model_dump_json())
+    key = (str(settings.data), settings.site, index, cfg.data.model_dump_json(), cfg.eval.score_grid)
     if key not in _SITE_CACHE:
         fed, site = load_site(settings, cfg, check=False)
         splits = site_splits(site, cfg.data.split, cfg.data.seed)  # from the real ids: the simulator's splits
         opaque = opaque_case_ids(site)
         write_case_ids(settings, opaque)
         _SITE_CACHE.clear()
+        originals = cfg.eval.score_grid == "original"
         with rtstruct.noting():  # said by the data check of the run's info query, not once per message
-            data = build_site_data(fed, site, index, splits, cfg.data)
+            data = build_site_data(fed, site, index, splits, cfg.data, originals=originals)
         _SITE_CACHE[key] = (fed, with_case_ids(data, opaque))
     return _SITE_CACHE[key]
 

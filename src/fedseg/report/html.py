@@ -58,7 +58,7 @@ from pathlib import Path
 import numpy as np
 
 from fedseg.engine.ledger import EVAL_ACTIONS
-from fedseg.evaluate.metric_info import METRICS, SCORED_ON
+from fedseg.evaluate.metric_info import METRICS, scoring_text
 from fedseg.evaluate.tables import cross_site_matrix, site_summary
 from fedseg.presentation import figures
 from fedseg.presentation.drafts import figure_draft
@@ -547,7 +547,7 @@ def _score_sections(run: RunFiles) -> list[Section]:
         (
             f"Per case: mean over regions ({esc(regions)}); per site: mean over its test cases. "
             "Client Avg = mean of the site means; Global = mean over all test cases pooled. "
-            + SCORED_ON.get(str(run.summary.get("score_on")), "")
+            + scoring_text(run.summary.get("score_on"), run.summary.get("score_grid"))
         )
         + (
             "“Local (own site)”: each site's own model on its own data (each site's model on every site: "

@@ -66,6 +66,7 @@ def summary_dict(results: RunResults) -> dict[str, Any]:
         "hd95_unit": hd95_unit(results.trained_cfg),
         "nsd_tolerance": results.cfg.eval.nsd_tolerance,  # in hd95_unit; a number, or one per region
         "hd95_worst": results.cfg.eval.hd95_worst,  # in hd95_unit; None: each case's grid diagonal
+        "score_grid": score_grid(results.trained_cfg),  # each case's own grid (original) or the model's
         "score_on": results.cfg.eval.score_on,  # label_map: the written masks' regions; channels: each channel
         "algorithms": {a.name: a.summary for a in results.algorithms},
         **({"plan": results.plan} if results.plan is not None else {}),
@@ -75,8 +76,15 @@ def summary_dict(results: RunResults) -> dict[str, Any]:
 
 def hd95_unit(cfg: RunConfig) -> str:
     """What HD95 and NSD's tolerance are measured in: mm on the volume path (each case's own grid and spacing,
-    ``fedseg.evaluate.sliding``), else pixels (voxels) of the resized model input."""
+    ``fedseg.evaluate.sliding``), else pixels (voxels): of each case's own grid (``eval.score_grid: original``)
+    or of the model input (``model``)."""
     return "mm" if cfg.data.volume.patch_size is not None else "pixels"
+
+
+def score_grid(cfg: RunConfig) -> str:
+    """Where the test cases were scored: ``original`` (each case's own grid: always on the volume path) or
+    ``model`` (the whole-image path's resized grid, ``eval.score_grid: model``)."""
+    return "original" if cfg.data.volume.patch_size is not None else cfg.eval.score_grid
 
 
 def write_outputs(out: Path, results: RunResults) -> None:

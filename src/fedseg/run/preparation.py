@@ -92,7 +92,11 @@ def prepare(cfg: RunConfig, federation: Federation | None = None) -> Prepared:
 
 def prepared_sites(cfg: RunConfig, fed: Federation, splits: Splits) -> Prepared:
     """Every site's data pre-processed under ``cfg.data``, and the task of ``cfg``."""
-    site_data = [build_site_data(fed, site, i, splits[site.name], cfg.data) for i, site in enumerate(fed.sites)]
+    originals = cfg.eval.score_grid == "original"
+    site_data = [
+        build_site_data(fed, site, i, splits[site.name], cfg.data, originals=originals)
+        for i, site in enumerate(fed.sites)
+    ]
     task = Task.of(cfg, fed)
     task.nsd_tolerances  # noqa: B018 - a mapping eval.nsd_tolerance must name the regions: fail before training
     return Prepared(fed, splits, site_data, task)
