@@ -458,6 +458,10 @@ def test_a_leave_one_out_federation_scores_every_site_unseen(tmp_path):
         assert unseen["unseen_site"] == site and site not in unseen["training_sites"]
         assert {r["case"] for r in rows if r["site"] == site} == set(unseen["case_ids"])
         assert tables["methods"]["fedavg"]["sites"][site]["mean"] == pytest.approx(unseen["dice"], rel=1e-9)
+    assert (
+        "**Leave-one-out**: each run is scored on every case of its held-out site by Dice only"
+        in (tmp_path / "out" / "tables.md").read_text()
+    )  # its HD95 columns are empty: said, not left to guess
 
 
 @pytest.mark.slow

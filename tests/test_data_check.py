@@ -80,6 +80,12 @@ BROKEN = [
         "empty site",
     ),
     (
+        "empty-images-folder",  # one line, not one per label and an "empty site" (a fresh-eyes run: 6 lines)
+        lambda r: [_rm(p) for p in (r / "s1" / "images").iterdir()],
+        "s1/images",
+        "no image files, for the 3 labels of the site",
+    ),
+    (
         "a-folder-that-is-not-a-site",
         lambda r: ((r / "notes").mkdir(), (r / "notes" / "readme.txt").write_text("to do")),
         "notes",
@@ -451,3 +457,27 @@ def test_a_folder_name_too_long_is_one_line_naming_it(tmp_path):
     result = CliRunner().invoke(data_app, ["check", str(root)])
     assert result.exit_code == 1, result.output
     assert result.output.splitlines() == [f"error: {root}: File name too long"], result.output
+
+
+def test_a_1_bit_png_mask_reads_as_0_and_1(root):
+    """A bilevel (PIL mode "1") mask, as image editors save a binary mask: its pixels are 0/1, but read through
+    grey-scale they were 0/255 and every case failed with "label values 255 are not in any region"."""
+    from fedseg.data.case_files import read_label
+
+    mask = np.zeros((8, 8), bool)
+    mask[2:5, 3:6] = True
+    path = root / "s1" / "labels" / "a.png"
+    Image.fromarray(mask).convert("1").save(path)
+    assert Image.open(path).mode == "1"
+    np.testing.assert_array_equal(read_label(path, "2d"), mask.astype(np.uint8))
+    assert check_warnings(root) == []  # the federation still checks
+
+
+def test_an_empty_images_folder_is_one_problem(root):
+    for path in (root / "s1" / "images").iterdir():
+        path.unlink()
+    with pytest.raises(FederationError) as err:
+        check_folder(root)
+    assert str(err.value) == (
+        f"{root}: federation folder is invalid: {root}/s1/images: no image files, for the 3 labels of the site"
+    )

@@ -426,6 +426,22 @@ def test_fundus_mask_with_other_values_is_named(tmp_path):
     assert_nothing_written(out)
 
 
+def test_binary_0_255_masks_given_to_fundus_are_refused_not_imported_inverted(tmp_path):
+    """A polyp-style 0/255 mask read by the fundus convention made 255 background and 0 cup: the foreground became
+    background and the rest of the image "cup", and the data check passed (a fresh-eyes run). A cup with no rim is
+    no real eye: refused, naming the binary layout."""
+    src, out = fundus_source(tmp_path / "hospA", "png", "png"), tmp_path / "fed"
+    mask = np.full((20, 20), 0, np.uint8)
+    mask[5:9, 5:9] = 255
+    Image.fromarray(mask).save(src / "masks" / "img001.png")
+    result = run_import("fundus", str(src), "--out", str(out))
+    assert result.exit_code == 1
+    said = result.output.replace("\n", "")
+    assert f"{src}/masks/img001.png: cup (0) with no rim (128) around it: a binary mask (0/255)?" in said
+    assert "fedseg data import binary" in said and "Traceback" not in said
+    assert_nothing_written(out)
+
+
 # --- every layout -------------------------------------------------------------------------------------
 
 

@@ -683,6 +683,15 @@ def test_a_study_folder_as_model_lists_its_sub_runs_models(trained, tmp_path):
     )
     assert not (tmp_path / "out").exists()
     predict(study / "holdout" / "site1" / "model", new, tmp_path / "out")
+    bench = tmp_path / "bench"  # a bench's runs lie 6 folders down: it said "no manifest.json" (a fresh-eyes run)
+    deep = bench / "runs" / "fed" / "fold0" / "seed0" / "fedsm" / "default"
+    deep.mkdir(parents=True)
+    (bench / "bench.json").write_text("{}")
+    (deep / "model").symlink_to(run / "model", target_is_directory=True)
+    with pytest.raises(
+        PredictError, match=r"is a bench, not a run; choose the model of one of its sub-runs: runs/fed/"
+    ):
+        predict(bench, new, tmp_path / "out2")
 
 
 def test_a_manifest_without_channel_names_still_loads_and_predicts_and_a_malformed_one_is_refused(

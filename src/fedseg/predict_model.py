@@ -58,18 +58,24 @@ def find_model(model: Path, algorithm: str | None = None) -> Path:
         raise
 
 
+RUN_DEPTH = 6  # a bench's runs: runs/<federation>/fold<k>/seed<s>/<method>/<setting>/model
+
+
 def runs_below(path: Path, shown: int = 4) -> str | None:
-    """Why ``path`` is no run although runs lie below it (a study's ``holdout/<site>/``, ``sweep/<key>=<value>/``):
-    one line listing their model folders (the first ``shown``); None where ``path`` is no study and holds none."""
+    """Why ``path`` is no run although runs lie below it (a study's ``holdout/<site>/``, ``sweep/<key>=<value>/``, a
+    bench's ``runs/...``, up to ``RUN_DEPTH`` folders down): one line listing their model folders (the first
+    ``shown``); None where ``path`` is no study or bench and holds none."""
     if not path.is_dir() or (path / MANIFEST).is_file() or run_bundles(path):
         return None
-    models = sorted({m for pattern in ("*/model", "*/*/model") for m in path.glob(pattern) if run_bundles(m.parent)})
-    from fedseg.report.study_tables import is_study_dir  # only here: it imports the report's figures
+    patterns = ["/".join(["*"] * depth + ["model"]) for depth in range(1, RUN_DEPTH + 1)]
+    models = sorted({m for pattern in patterns for m in path.glob(pattern) if run_bundles(m.parent)})
+    from fedseg.bench.phases import BENCH_FILE  # only here: the bench's and the report's modules are large
+    from fedseg.report.study_tables import is_study_dir
 
-    study = is_study_dir(path)
+    kind = "a bench" if (path / BENCH_FILE).is_file() else "a study" if is_study_dir(path) else None
     if not models:
-        return f"{path}: is a study, not a run; none of its sub-runs has a model yet" if study else None
-    what, runs = ("is a study, not a run", "of its sub-runs") if study else ("is not a run", "of the runs in it")
+        return f"{path}: is {kind}, not a run; none of its sub-runs has a model yet" if kind else None
+    what, runs = (f"is {kind}, not a run", "of its sub-runs") if kind else ("is not a run", "of the runs in it")
     listed = ", ".join(str(m.relative_to(path)) for m in models[:shown])
     more = f" and {len(models) - shown} more" if len(models) > shown else ""
     example = shlex.quote(str(models[0]))

@@ -82,7 +82,7 @@ def read_array(path: Path, *, as_label: bool = False) -> np.ndarray:
     a DICOM series folder) -> ``(*spatial, *channels)`` in the file's index order (``readers.read_volume``;
     NIfTI scaling applied); a DICOM-SEG -> its frames ``(frames, rows, columns)``; an RTSTRUCT -> its contour
     points ``(n, 3)`` in LPS mm (it has no voxels without its image). Palette PNGs give RGB
-    for images and their indices for labels.
+    for images and their indices for labels; 1-bit PNGs 0/255 for images and 0/1 for labels.
     Raises ``FederationError`` for an unsupported extension or an unreadable/corrupt file.
     """
     path = Path(path)
@@ -98,6 +98,8 @@ def read_array(path: Path, *, as_label: bool = False) -> np.ndarray:
             with Image.open(path) as img:
                 img.load()
                 pixels: Image.Image = img
+                if img.mode == "1" and as_label:  # a bilevel mask: 0/1 (as "L" it read 0/255, no region's value)
+                    return np.asarray(img).astype(np.uint8)
                 if img.mode == "1" or (img.mode == "P" and not as_label):
                     pixels = img.convert("L" if img.mode == "1" else "RGB")
                 return np.asarray(pixels)

@@ -218,10 +218,12 @@ def synth(
 
 @data_app.command("import")
 def import_(
-    layout: Annotated[str, typer.Argument(help="dataset layout: fets2022, msd, prostate-6site, fundus or nnunet")],
+    layout: Annotated[
+        str, typer.Argument(help="dataset layout: fets2022, msd, prostate-6site, fundus, binary or nnunet")
+    ],
     sources: Annotated[
         list[Path],
-        typer.Argument(help="source folder(s): fets2022/prostate-6site/nnunet one; msd/fundus one per site"),
+        typer.Argument(help="source folder(s): fets2022/prostate-6site/nnunet one; msd/fundus/binary one per site"),
     ],
     out: Annotated[Path, typer.Option(help="new (or empty) folder to write the federation to")],
     copy: Annotated[bool, typer.Option("--copy/--link", help="copy files, or symlink those usable as is")] = False,
@@ -243,18 +245,22 @@ def import_(
         Path | None,
         typer.Option(help="nnunet: splits_final.json (default: in the dataset folder, else $nnUNet_preprocessed/<it>)"),
     ] = None,
+    region: Annotated[
+        str | None, typer.Option(help="binary: name of the masks' foreground region (default foreground)")
+    ] = None,
 ) -> None:
     """Import a real multi-site dataset into a folder federation, then check it. Layouts: fets2022 SRC (FeTS2022_NNNNN/
     folders, partitioning_N.csv), msd TASK... (Decathlon task folders; nnU-Net v1 Task0XX_Name folders too),
     prostate-6site SRC (SRC/<SITE>/CaseNN.nii.gz, CaseNN_segmentation.nii.gz), fundus SRC... (images/ + masks/, 0 cup,
-    128 rim, 255 background), nnunet DatasetNNN_Name (nnU-Net v2: dataset.json, imagesTr/<case>_XXXX.<ext>,
-    labelsTr/; sites by --site-by)."""
+    128 rim, 255 background), binary SRC... (images/<id> + masks/<id>[_mask|_segmentation|...]: polyp, skin lesion
+    and other binary masks, 0/255, 0/1 or JPEG; one region, --region), nnunet DatasetNNN_Name (nnU-Net v2:
+    dataset.json, imagesTr/<case>_XXXX.<ext>, labelsTr/; sites by --site-by)."""
     from fedseg.data.importers import ImportOptions, import_dataset
 
     notes: list[str] = []
     before = _entries(out)
     try:
-        options = ImportOptions(partitioning, regions, site_by, fold, splits)  # type: ignore[arg-type]  # plan_msd checks regions
+        options = ImportOptions(partitioning, regions, site_by, fold, splits, region)  # type: ignore[arg-type]  # plan_msd checks regions
         with terminate_on_signals():
             fed = import_dataset(layout, sources, out, copy=copy, options=options, notes=notes)
     except (FederationError, OSError) as e:  # OSError: e.g. a full disk, a folder that cannot be written

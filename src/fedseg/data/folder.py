@@ -237,13 +237,23 @@ def scan_site(site_dir: Path) -> tuple[SiteFiles, list[str]]:
         return SiteFiles(site_dir.name, site_dir), problems
     images, bad_images = _list_files(site_dir / "images", IMAGE_EXTS, "image", problems)
     labels, bad_labels = _list_files(site_dir / "labels", LABEL_EXTS, "label", problems)
-    for cid in sorted(set(images) - set(labels) - bad_labels):
-        problems.append(f"{images[cid]}: image without label (no labels/{cid}.<{'|'.join(LABEL_EXTS)}>)")
-    for cid in sorted(set(labels) - set(images) - bad_images):
-        problems.append(f"{labels[cid]}: label without image (no images/{cid}.<{'|'.join(IMAGE_EXTS)}>)")
+    for files, other, what, bad in ((images, labels, "image", bad_labels), (labels, images, "label", bad_images)):
+        if not other and not bad and files:  # one line for the empty (or missing: said) folder, not one per file
+            folder = "labels" if what == "image" else "images"
+            if (site_dir / folder).is_dir():
+                problems.append(
+                    f"{site_dir / folder}: no {folder[:-1]} files, for the {len(files)} {what}s of the site"
+                )
+            continue
+        for cid in sorted(set(files) - set(other) - bad):
+            exts = "|".join(LABEL_EXTS if what == "image" else IMAGE_EXTS)
+            partner = "label" if what == "image" else "image"
+            problems.append(f"{files[cid]}: {what} without {partner} (no {partner}s/{cid}.<{exts}>)")
     cases = {cid: (images[cid], labels[cid]) for cid in sorted(set(images) & set(labels))}
-    if not cases:
+    if not cases and images and labels:
         problems.append(f"{site_dir}: empty site (no case with both an image and a label)")
+    elif not cases and not images and not labels:
+        problems.append(f"{site_dir}: empty site (no image and no label files)")
     splits_csv = _site_file(site_dir / SPLITS_FILE, "the site's fixed splits, header case,split", problems)
     cases_csv = _site_file(site_dir / CASES_FILE, "the site's case metadata, header case,<columns>", problems)
     return SiteFiles(site_dir.name, site_dir, cases, splits_csv, cases_csv), problems
@@ -402,9 +412,12 @@ def problems_text(header: str, problems: list[str]) -> str:
 def raw_dataset_problem(root: Path) -> str | None:
     """One line for a raw nnU-Net v2 dataset, or Medical Segmentation Decathlon or nnU-Net v1 task (``dataset.json``
     and ``imagesTr/``, no ``federation.yaml``) given where a federation folder is expected: which import makes one of
-    it; else None."""
-    if (root / HEADER_FILE).exists() or not ((root / "dataset.json").is_file() and (root / "imagesTr").is_dir()):
+    it (a folder of 2D ``images/`` + ``masks/`` collections: ``binary``, :func:`_mask_collections_problem`); else
+    None."""
+    if (root / HEADER_FILE).exists():
         return None
+    if not ((root / "dataset.json").is_file() and (root / "imagesTr").is_dir()):
+        return _mask_collections_problem(root)
     import json
 
     try:
@@ -418,6 +431,26 @@ def raw_dataset_problem(root: Path) -> str | None:
     return (
         f"{root}: a raw {what} (dataset.json, imagesTr/), not a federation folder (no {HEADER_FILE}); import it "
         f"first: fedseg data import {command} {shlex.quote(str(root))}{site_by} --out FED, then use FED"
+    )
+
+
+def _mask_collections_problem(root: Path) -> str | None:
+    """One line for ``root`` holding ``images/`` + ``masks/`` (one collection) or sub-folders that do (one per site),
+    with no ``federation.yaml``: import it with the ``binary`` layout (``fundus`` for 0/128/255 optic disc/cup
+    masks); else None."""
+
+    def collection(folder: Path) -> bool:
+        return (folder / "images").is_dir() and (folder / "masks").is_dir()
+
+    if collection(root):
+        sites = [root]
+    elif not (sites := sorted(p for p in root.iterdir() if p.is_dir() and collection(p)) if root.is_dir() else []):
+        return None
+    what = "an images/ + masks/ collection" if sites == [root] else f"{len(sites)} images/ + masks/ collections"
+    return (
+        f"{root}: {what}, not a federation folder (no {HEADER_FILE}); import it first, one site per collection: "
+        f"fedseg data import binary {' '.join(shlex.quote(str(p)) for p in sites)} --out FED (masks 0/128/255 of "
+        "optic disc and cup: fundus), then use FED"
     )
 
 

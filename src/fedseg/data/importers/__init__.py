@@ -13,6 +13,8 @@ layout              expects                                                     
                     ``labelsTr/``; nnU-Net v1 ``Task0XX_Name/`` (``<case>_XXXX``)
 ``prostate-6site``  ``<SITE>/CaseNN.nii.gz`` + ``CaseNN_segmentation.nii.gz``      one per sub-folder
 ``fundus``          ``images/`` + ``masks/`` (0 cup, 128 rim, 255 background)        one per source folder
+``binary``          ``images/<id>`` + ``masks/<id>[_mask|_segmentation|...]``,       one per source folder
+                    binary masks (0/255, 0/1, JPEG); one region ``--region``
 ``nnunet``          nnU-Net v2 ``DatasetNNN_Name/``: ``dataset.json``,               ``--site-by`` regex on
                     ``imagesTr/<case>_XXXX.<ext>``, ``labelsTr/``, [``imagesTs/``,  the case id, or a CSV
                     ``labelsTs/``, ``splits_final.json``]                           ``case,site``
@@ -26,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fedseg.data.federation import Federation, FederationError
+from fedseg.data.importers.binary import DEFAULT_REGION, plan_binary
 from fedseg.data.importers.fets2022 import plan_fets2022
 from fedseg.data.importers.fundus import plan_fundus
 from fedseg.data.importers.msd import RegionMode, plan_msd
@@ -39,13 +42,15 @@ class ImportOptions:
     """Layout-specific options: ``partitioning`` (fets2022: 1 or 2), ``regions`` (msd: auto, nested, disjoint),
     ``site_by`` (nnunet: a regex on the case id or a ``case,site`` CSV), ``fold`` (nnunet: the fold of
     ``splits_final.json`` that gives train/val, default 0), ``splits`` (nnunet: that file, when it is neither in the
-    dataset folder nor in ``$nnUNet_preprocessed/<dataset>/``)."""
+    dataset folder nor in ``$nnUNet_preprocessed/<dataset>/``), ``region`` (binary: the foreground region's name,
+    default ``foreground``)."""
 
     partitioning: int | None = None
     regions: RegionMode | None = None
     site_by: str | None = None
     fold: int | None = None
     splits: Path | None = None
+    region: str | None = None
 
 
 LAYOUTS: dict[str, Callable[[list[Path], ImportOptions], Plan]] = {
@@ -53,6 +58,7 @@ LAYOUTS: dict[str, Callable[[list[Path], ImportOptions], Plan]] = {
     "msd": lambda sources, o: plan_msd(sources, o.regions or "auto"),
     "prostate-6site": lambda sources, o: plan_prostate(sources),
     "fundus": lambda sources, o: plan_fundus(sources),
+    "binary": lambda sources, o: plan_binary(sources, DEFAULT_REGION if o.region is None else o.region),
     "nnunet": lambda sources, o: plan_nnunet(sources, o.site_by, o.fold, o.splits),
 }
 OPTION_LAYOUTS = {
@@ -61,6 +67,7 @@ OPTION_LAYOUTS = {
     "site_by": "nnunet",
     "fold": "nnunet",
     "splits": "nnunet",
+    "region": "binary",
 }  # which layout each option belongs to
 
 
