@@ -325,3 +325,18 @@ def test_the_test_table_says_what_the_runs_scored_and_warns_when_they_differ():
     assert note.startswith("Scored on each region's thresholded channel") and "each image's own grid" in note
     assert "eval.score_grid differs" in table_rows.scoring_note({"score_on": "label_map", "score_grid": "mixed"})
     assert table_rows.scoring_note({}) == ""
+
+
+def test_unequal_training_under_a_rounds_budget_is_named_with_its_factor():
+    """budget.rule: rounds gives FedSM 3 model updates a round (2.9x FedAvg's SGD steps in a fresh-eyes study): the
+    test table names each method beyond 1.25x (either way) of the reference's steps; sgd_steps budgets say nothing."""
+
+    def fed(**steps):
+        return {"methods": {name: {"cost": {"sgd_steps": value}} for name, value in steps.items()}}
+
+    note = table_rows.budget_note(fed(fedavg=180, fedsm=520, fedprox=200, local=100), "fedavg", "rounds")
+    assert note.startswith("**Unequal training** (budget.rule: rounds): SGD steps against fedavg's: fedsm ×2.9, ")
+    assert "local ×0.6." in note and "fedprox" not in note  # 1.11x: within the band
+    assert table_rows.budget_note(fed(fedavg=180, fedsm=520), "fedavg", "sgd_steps") == ""
+    assert table_rows.budget_note(fed(fedavg=180, fedprox=150), "fedavg", "rounds") == ""
+    assert table_rows.budget_note(fed(fedsm=520), "fedavg", "rounds") == ""  # no reference run

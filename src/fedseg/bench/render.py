@@ -15,6 +15,7 @@ from fedseg.bench.table_rows import (
     COMPARISONS,
     RANKS,
     TUNING_CONVERGED,
+    budget_note,
     comparison_table,
     cost_table,
     not_converged,
@@ -56,10 +57,9 @@ def sections(bench: BenchSpec, tables: dict, tuning: list[dict]) -> list[Section
     """Every table of the bench, per federation in the order the outputs show them."""
     out = []
     for fed, t in tables.items():
-        test_notes = [
-            not_converged(t),
-            *filter(None, (scoring_note(t), unseen_note(t), plateau_note(t), routing_note(t))),
-        ]
+        budget = budget_note(t, bench.reference, bench.budget.rule)
+        notes = (scoring_note(t), unseen_note(t), budget, plateau_note(t), routing_note(t))
+        test_notes = [not_converged(t), *filter(None, notes)]
         out += [
             Section(fed, "Test (FeTS Table 1 layout)", "test", test_table(t, bench.reference), test_notes),
             Section(

@@ -376,6 +376,31 @@ def fold_cell(row: dict) -> str:
     return f"{fold} (held out: {row['held_out']})" if row.get("held_out") else fold
 
 
+UNEQUAL_STEPS = 1.25  # a method's SGD steps beyond this factor of the reference's (either way) are named
+
+
+def budget_note(fed: dict, reference: str, rule: str) -> str:
+    """ "" unless the bench capped rounds (``budget.rule: rounds``) and some method's mean SGD steps (Eq. 34) lie
+    beyond :data:`UNEQUAL_STEPS` times the reference's: then the sentence naming them with the factor, since their
+    Δ compares training budgets as well as methods (FedSM's three model updates per round, Ditto's two...)."""
+    steps = {name: s.get("cost", {}).get("sgd_steps") for name, s in fed["methods"].items()}
+    ref = steps.get(reference)
+    if rule != "rounds" or not _finite(ref) or not ref:
+        return ""
+    far = [
+        f"{name} ×{value / ref:.1f}"
+        for name, value in steps.items()
+        if name != reference and _finite(value) and not 1 / UNEQUAL_STEPS <= value / ref <= UNEQUAL_STEPS
+    ]
+    if not far:
+        return ""
+    return (
+        f"**Unequal training** (budget.rule: rounds): SGD steps against {reference}'s: {', '.join(far)}. A Δ "
+        "compares training budgets as well as methods; budget.rule: sgd_steps stops every method at the reference's "
+        "steps (FeTS Sec. 4.4.7)."
+    )
+
+
 UNSEEN_DICE_ONLY = (
     "**Leave-one-out**: each run is scored on every case of its held-out site by Dice only (the study's unseen-site "
     "scoring, unseen.json: FedSM's routed model over its gamma curve, a global model as it is), so HD95 and NSD "
