@@ -306,10 +306,10 @@ def test_bad_inputs_fail_naming_the_file_and_write_nothing(trained, tmp_path):
     with pytest.raises(PredictError, match="volume.npy: expected a channel-first array"):
         predict(run / "model", new, out)
     (new / "volume.npy").unlink()
-    (new / "notes.txt").write_text("hello")
-    with pytest.raises(PredictError, match="notes.txt: unsupported file type"):
+    (new / "scan.xyz").write_text("hello")
+    with pytest.raises(PredictError, match="scan.xyz: unsupported file type"):
         predict(run / "model", new, out)
-    (new / "notes.txt").unlink()
+    (new / "scan.xyz").unlink()
     (tmp_path / "empty").mkdir()
     with pytest.raises(PredictError, match="empty: no image files"):
         predict(run / "model", tmp_path / "empty", out)
@@ -328,6 +328,23 @@ def test_bad_inputs_fail_naming_the_file_and_write_nothing(trained, tmp_path):
     with pytest.raises(PredictError, match="--force"):
         predict(run / "model", new, out)
     predict(run / "model", new, out, force=True)
+
+
+def test_a_folders_notes_are_left_out_in_one_line_not_refused(trained, tmp_path):
+    """A README or case list beside the images refused the whole folder ("unsupported file type", a fresh-eyes run):
+    a document is no image; it is left out and said."""
+    run, _, _, _ = trained
+    new = tmp_path / "new"
+    cases = copy_test_images(trained, new)
+    (new / "notes.txt").write_text("scanner B")
+    (new / "cases.csv").write_text("case\n")
+    result = runner.invoke(
+        app, ["predict", "--model", str(run / "model"), "--input", str(new), "--out", str(tmp_path / "o")]
+    )
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    assert f"{new}: left out 2 file(s) that hold no image (cases.csv, notes.txt)" in said
+    assert len(read_csv(tmp_path / "o" / "predictions.csv")) == len(cases)
 
 
 def test_cli_predict(trained, tmp_path):

@@ -107,12 +107,18 @@ def holds_dicom(folder: Path) -> bool:
     return False
 
 
-def list_inputs(path: Path) -> list[Path]:
+NOT_IMAGES = ("txt", "md", "csv", "tsv", "json", "yaml", "yml", "pdf", "html", "xlsx", "xls", "doc", "docx", "log")
+"""Extensions of the notes a folder of images often holds (a README, a case list): left out of a folder's inputs
+(said in one note), never taken for an unsupported image."""
+
+
+def list_inputs(path: Path, notes: list[str] | None = None) -> list[Path]:
     """``path`` itself (an image file or a DICOM series folder), or the inputs of folder ``path``: its image
     files and the DICOM series folders in it (not recursive; hidden entries and folders without DICOM files ignored).
     Every entry that cannot be an input is reported in one ``PredictError``, the same problem on many entries grouped
     (``group_problems``): a file of another type, a broken link, a folder of DICOM files that is no series (a stray
-    file or sub-folder in it: ``series_problem``); ``path`` itself such a folder: why it is no series."""
+    file or sub-folder in it: ``series_problem``); ``path`` itself such a folder: why it is no series. A folder's
+    document files (:data:`NOT_IMAGES`: notes.txt, cases.csv...) are left out, in one line of ``notes``."""
     path = Path(path)
     problems: list[str] = []
     if path.is_file() or is_series(path):
@@ -124,6 +130,13 @@ def list_inputs(path: Path) -> list[Path]:
             raise PredictError(f"{path}: a dataset folder (dataset.json); give the folder of images: --input {given}")
         companions = readers.mhd_data_files(path)  # the data files of .mhd headers are no inputs of their own
         entries = [p for p in sorted(path.iterdir()) if not p.name.startswith(".") and p.name not in companions]
+        documents = [p for p in entries if p.is_file() and p.suffix.lower().lstrip(".") in NOT_IMAGES]
+        entries = [p for p in entries if p not in documents]
+        if documents and notes is not None:
+            shown = ", ".join(p.name for p in documents[:3]) + (
+                f" and {len(documents) - 3} more" if len(documents) > 3 else ""
+            )
+            notes.append(f"{path}: left out {len(documents)} file(s) that hold no image ({shown})")
         files = []
         for entry in entries:
             if entry.is_file():
@@ -221,7 +234,7 @@ def read_inputs(path: Path, bundle: Bundle, overlay: bool = False, notes: list[s
     kind of problem, then a count). An nnU-Net dataset's channels are checked against the model's first
     (``check_dataset_channels``); ``notes``, when given, receives the line of ``channels_note``."""
     inputs, problems, channels = [], [], bundle.manifest["in_channels"]
-    listed = list_inputs(path)  # a dataset's root given as the input: said before its channels are compared
+    listed = list_inputs(path, notes)  # a dataset's root given as the input: said before its channels are compared
     dataset = check_dataset_channels(Path(path), channels, bundle)
     if notes is not None and (note := channels_note(bundle, dataset)) is not None:
         notes.append(note)
