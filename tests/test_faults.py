@@ -134,6 +134,15 @@ def test_an_update_far_beyond_the_other_sites_is_said_once_a_round(tmp_path, tin
     assert "times the median of the other sites'" in said[0] and "a robust merge" in said[0]
 
 
+def test_with_two_sites_the_larger_far_update_is_named(tmp_path, tiny_config, disc_federation, caplog):
+    """Two hospitals: the warning needed 3 replies, so a x10^4 update was merged silently (a security audit)."""
+    cfg = tiny_config(fl={"rounds": 1}, faults=[{"site": "site2", "kind": "scale", "factor": 1e4}])
+    with caplog.at_level(logging.WARNING, logger="fedseg.engine.base"):
+        run_algorithm("fedavg", prepare(cfg, disc_federation(n_sites=2, cases_per_site=8)), tmp_path, resume=False)
+    said = [r.getMessage() for r in caplog.records if "sent an update" in r.getMessage()]
+    assert len(said) == 1 and "site 'site2' sent an update " in said[0] and "times the other site's" in said[0]
+
+
 def test_too_few_sites_left_stops_the_run(tmp_path, tiny_config, discs):
     cfg = tiny_config(
         fl={"rounds": 2, "on_failure": "skip", "min_sites": 3},

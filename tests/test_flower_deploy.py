@@ -102,7 +102,9 @@ def _assert_same_run(flower: Path, sim: Path) -> None:
     site_records = ("case-ids__", "run-config__")  # what each site keeps of the run for itself
     samples = sorted(p.name for p in (flower / "samples").iterdir() if not p.name.startswith(site_records))
     assert samples == sorted(p.name for p in (sim / "samples").iterdir())
-    assert len(list((flower / "samples").glob("run-config__*.json"))) == len(a["sites"])  # one per site
+    kept = list((flower / "samples").glob("run-config__*.json"))
+    assert len(kept) == len(a["sites"])  # one per site, each the coordinator's file byte for byte (one digest)
+    assert {p.read_bytes() for p in kept} == {(flower / "flower" / "run-config.json").read_bytes()}
 
 
 def _cases_back(flower: Path, rows: list[dict]) -> list[dict]:

@@ -727,20 +727,23 @@ def test_a_site_records_the_configuration_its_data_trains_with(folder, tiny_conf
     import hashlib
     import stat
 
+    from fedseg.config_load import config_record
+
     cfg = tiny_config()
     ctx = _context("site2", folder, cfg)
     ctx.node_config["samples"] = str(tmp_path / "samples")
     with caplog.at_level(logging.INFO, logger="fedseg.flower.node"):
         assert not node.handle(_info(check_folder(folder)), ctx).has_error()
         assert not node.handle(_info(check_folder(folder)), ctx).has_error()  # asked again: said once
-    digest = hashlib.sha256(cfg.model_dump_json(indent=2).encode()).hexdigest()[:16]
-    said = [r.getMessage() for r in caplog.records if "the coordinator's run" in r.getMessage()]
+    (kept,) = (tmp_path / "samples").glob("run-config__*.json")
+    digest = hashlib.sha256(kept.read_bytes()).hexdigest()  # what `sha256sum` of the kept file prints (an audit:
+    said = [r.getMessage() for r in caplog.records if "the coordinator's run" in r.getMessage()]  # it did not)
     assert said == [
         f"site site2: the coordinator's run: {', '.join(cfg.algorithms)}, {cfg.fl.rounds} rounds, seed {cfg.seed}, "
-        f"configuration sha256 {digest}"
+        f"secure aggregation off, configuration sha256 {digest}"
     ]
-    (kept,) = (tmp_path / "samples").glob("run-config__*.json")
-    assert kept.name == f"run-config__site2__{digest}.json" and stat.S_IMODE(kept.stat().st_mode) == 0o600
+    assert digest == config_record(cfg)[1]  # the coordinator's, printed when it submits the run
+    assert kept.name == f"run-config__site2__{digest[:16]}.json" and stat.S_IMODE(kept.stat().st_mode) == 0o600
     assert json.loads(kept.read_text()) == json.loads(cfg.model_dump_json())
 
 

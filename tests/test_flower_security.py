@@ -61,7 +61,7 @@ def test_the_control_api_defaults_to_loopback_and_the_public_port_serves_the_fle
 
 
 def test_a_malformed_control_address_is_one_clear_line():
-    with pytest.raises(ValueError, match=r"--control-address 'localhost': expected HOST:PORT"):
+    with pytest.raises(ValueError, match=r"--control-address localhost: expected HOST:PORT"):
         superlink_command(LinkSettings(control="localhost"))
 
 
@@ -611,3 +611,64 @@ def test_a_coordinator_config_that_cannot_run_is_refused_before_any_site_connect
     assert said.returncode == 1 and "Traceback" not in said.stderr, said.stdout + said.stderr
     assert "data.source is 'folder' but data.root is not set: set data.root" in " ".join(said.stderr.split())
     assert "SuperLink" not in said.stdout  # nothing was started
+
+
+def test_a_private_key_other_users_can_read_is_refused(tmp_path):
+    """A site's key of mode 0644 connected without a word (a security audit); ssh refuses such keys."""
+    from fedseg.flower.supernode import check_private_key
+
+    key = tmp_path / "site1.key"
+    key.write_text("private")
+    key.chmod(0o644)
+    with pytest.raises(ValueError, match=r"other users can read or change it \(mode 644\).*chmod 600"):
+        check_private_key(key)
+    key.chmod(0o600)
+    check_private_key(key)
+    with pytest.raises(ValueError, match="cannot be read"):
+        check_private_key(tmp_path / "missing.key")
+
+
+def test_the_coordinator_registers_one_key_per_site_of_the_run(tmp_path, capsys):
+    """--sites without site1 still registered site1.pub, and a site without a key waited out --wait (an audit): a
+    site without a key is refused before the run starts, a key of no site is said and not registered; --sites takes
+    file-name-safe names only."""
+    from fedseg.flower.cli import coordinator_federation, site_keys
+
+    keys = {name: tmp_path / f"{name}.pub" for name in ("site1", "site2", "site3")}
+    assert site_keys(keys, ["site2", "site3"], tmp_path) == {"site2": keys["site2"], "site3": keys["site3"]}
+    assert f"--auth-keys {tmp_path}: site1.pub name no site of this run: not registered" in capsys.readouterr().out
+    with pytest.raises(ValueError, match=r"no key for site 'site4' \(expected .*site4.pub\)"):
+        site_keys(keys, ["site2", "site4"], tmp_path)
+    with pytest.raises(ValueError, match=r"--sites: site '\.\./\.\./etc': not usable as a file name"):
+        coordinator_federation(tmp_path / "federation.yaml", "../../etc,site2")
+
+
+def test_a_coordinator_that_cannot_listen_or_reach_its_superlink_says_so_in_one_message(tmp_path):
+    """An audit: a Fleet port in use, an expired superlink.crt and --control-address 0.0.0.0 each ended in a
+    370-line traceback. A port this process cannot listen on is refused before the SuperLink starts; a failed
+    Control API call is one message with its likely cause and the SuperLink's log; an every-interface control
+    address is dialled on 127.0.0.1 (no certificate names 0.0.0.0)."""
+    import socket
+
+    import httpx
+
+    from fedseg.flower.launch import control_problem
+    from fedseg.flower.superlink import start_superlink
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        link = LinkSettings("127.0.0.1", port, control=f"127.0.0.1:{free_ports(1)[0]}")
+        refused = rf"the Fleet API \(--host, --port\) cannot listen on 127.0.0.1:{port}: "
+        with pytest.raises(RuntimeError, match=refused):
+            start_superlink(None, link, tmp_path, {})  # type: ignore[arg-type]  # refused before any process starts
+    assert not list(tmp_path.iterdir())
+    assert LinkSettings(control="0.0.0.0:9093").control_dial == "127.0.0.1:9093"
+    assert LinkSettings(control="10.0.0.5:9093").control_dial == "10.0.0.5:9093"
+    log = tmp_path / "superlink.log"
+    log.write_text("INFO: starting\n")
+    expired = httpx.ConnectError("[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed: certificate has expired")
+    said = control_problem(expired, "127.0.0.1:9093", log)
+    assert said.startswith("the coordinator cannot reach its SuperLink's Control API on 127.0.0.1:9093: [SSL:")
+    assert "a certificate has expired: make new ones" in said and said.endswith("INFO: starting")

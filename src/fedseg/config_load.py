@@ -355,6 +355,16 @@ def dump_config(cfg: RunConfig) -> str:
     return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
 
 
+def config_record(cfg: RunConfig) -> tuple[str, str]:
+    """``(text, sha256 hex digest of its UTF-8 bytes)``: the configuration as a Flower run's coordinator and every
+    site record it (``OUT/flower/run-config.json``, ``run-config__<site>__<digest prefix>.json``), so ``sha256sum``
+    of either file is the digest both print, and the hospitals compare it with the study's agreed configuration."""
+    import hashlib
+
+    text = cfg.model_dump_json(indent=2) + "\n"
+    return text, hashlib.sha256(text.encode()).hexdigest()
+
+
 def config_from_cli(
     preset,
     config,

@@ -158,15 +158,15 @@ class BaseEngine:
         if action not in EVAL_ACTIONS:
             for site, (norm, median) in outlying_updates(messages, replies).items():
                 log.warning(
-                    "round %d, %s %s: site %r sent an update %.3g times the median of the other sites' (L2 norm %.3g "
-                    "against %.3g): a faulty or poisoned site? A weighted average takes it in whole; a robust merge "
-                    "(methods.<method>.aggregator: krum, bulyan, clipped; fedmedian, fedtrimmedavg) limits what one "
-                    "site can do",
+                    "round %d, %s %s: site %r sent an update %.3g times %s (L2 norm %.3g against %.3g): a faulty or "
+                    "poisoned site? A weighted average takes it in whole; a robust merge (methods.<method>.aggregator: "
+                    "krum, bulyan, clipped; fedmedian, fedtrimmedavg) limits what one site can do",
                     self.round,
                     self.algorithm,
                     action,
                     site,
                     norm / median,
+                    "the other site's" if len(replies) == 2 else "the median of the other sites'",
                     norm,
                     median,
                 )

@@ -255,6 +255,8 @@ def server(
         keys = {p.stem: p for p in sorted(auth_keys.glob("*.pub"))} if auth_keys else None
         if auth_keys is not None and not keys:
             raise FileNotFoundError(f"{auth_keys}: no *.pub SuperNode keys")
+        if auth_keys is not None and keys:
+            keys = site_keys(keys, fed.site_names, auth_keys)
         if auth_keys is not None and (private := private_keys_in(auth_keys)):
             _echo(
                 f"warning: {auth_keys} holds private SuperNode keys ({', '.join(private)}): whoever reads this "
@@ -305,15 +307,34 @@ def unprotected(host: str, tls: bool, auth: bool) -> str | None:
     )
 
 
+def site_keys(keys: dict[str, Path], sites: list[str], folder: Path) -> dict[str, Path]:
+    """The keys to register: one per site of the federation (a site without one could never connect: refused before
+    the run starts); a key of no site is said and left unregistered (an audit: ``--sites`` without site1 still
+    registered site1.pub)."""
+    missing = [s for s in sites if s not in keys]
+    if missing:
+        raise ValueError(
+            f"--auth-keys {folder}: no key for site {', '.join(map(repr, missing))} (expected "
+            f"{folder / (missing[0] + '.pub')}); every site of the run connects with its own key"
+        )
+    if others := [k for k in keys if k not in sites]:
+        _echo(
+            f"warning: --auth-keys {folder}: {', '.join(o + '.pub' for o in others)} name no site of this run: "
+            "not registered"
+        )
+    return {s: keys[s] for s in sites}
+
+
 def coordinator_federation(path: Path | None, sites: str | None):
     """The case-less federation the coordinator needs: header + site names (sorted, as in a folder federation)."""
     from fedseg.data.federation import Federation, Site
     from fedseg.data.folder import read_header, scan_sites
+    from fedseg.data.folder_write import safe_name
 
     if path is None:
         raise ValueError("give --federation (a folder federation or its federation.yaml) or set data.root")
     path = Path(path)
-    names = [s.strip() for s in sites.split(",") if s.strip()] if sites else []
+    names = [safe_name(s.strip(), "--sites: site") for s in sites.split(",") if s.strip()] if sites else []
     if path.is_file():
         if path.name != "federation.yaml":
             raise ValueError(f"{path}: give a folder federation or its federation.yaml")

@@ -79,6 +79,28 @@ def flower_home(home: Path):
                 os.environ[k] = v
 
 
+def parse_address(address: str, option: str) -> tuple[str, int]:
+    """``(host, port)`` of ``HOST:PORT`` (``[v6]:PORT`` too); a one-line ValueError naming ``option`` otherwise (Flower
+    said so only in its own log, among a screen of others, after starting)."""
+    host, _, port = address.rpartition(":")
+    if not host.strip("[]") or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError(f"{option} {address}: expected HOST:PORT with a port 1-65535 (e.g. 127.0.0.1:9093)")
+    return host.strip("[]"), int(port)
+
+
+def port_in_use(host: str, port: int) -> str | None:
+    """Why this process cannot listen on ``host:port`` (another process does: "Address already in use"; ``host`` is
+    not this machine's), or None where it can. Bound as uvicorn binds (``SO_REUSEADDR``: a port in TIME_WAIT is
+    free)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as e:
+            return e.strerror or str(e)
+    return None
+
+
 def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
     """``n`` distinct TCP ports free on ``host`` right now."""
     socks = []

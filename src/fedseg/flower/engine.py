@@ -39,7 +39,7 @@ from fedseg.engine.base import BaseEngine, ClientStates, ReplyCheck, both_checks
 from fedseg.engine.context import Task
 from fedseg.engine.ledger import EVAL_ACTIONS
 from fedseg.engine.messages import Message
-from fedseg.flower.log_text import printable, site_text
+from fedseg.flower.log_text import SITE_LINE, printable, site_text
 from fedseg.flower.node import INFO, REFUSED, RELEASE, RESTORE, SNAPSHOT
 from fedseg.flower.records import ENGINE, case_ids_problem, from_recorddict, record_bytes, to_recorddict
 
@@ -128,7 +128,7 @@ class Courier:
 def check_reply(reply: FlowerMessage, who: str, what: str) -> None:
     """Raise ``SiteError`` with the site's own reason if ``reply`` is an error."""
     if reply.has_error():
-        raise SiteError(f"{who} failed during {what}:\n{site_text(reply.error.reason or '')}")
+        raise SiteError(f"{who} failed during {what}:{SITE_LINE}{site_text(reply.error.reason or '')}")
 
 
 def query(site: str, node: int, action: str, header: dict) -> FlowerMessage:

@@ -81,6 +81,21 @@ def run_config(
     }
 
 
+def record_config(cfg: RunConfig, out: Path) -> str:
+    """Write the run's configuration as every site records it (``OUT/flower/run-config.json``,
+    ``config_load.config_record``) and return the line that gives its digest, for the hospitals to compare."""
+    from fedseg.atomic_files import atomic_write_text
+    from fedseg.config_load import config_record
+
+    text, digest = config_record(cfg)
+    path = out / "flower" / "run-config.json"
+    atomic_write_text(path, text)
+    return (
+        f"configuration sha256 {digest} ({path}; each site logs the same digest and keeps the file as "
+        "run-config__<site>__<digest prefix>.json: compare it with the study's agreed configuration)"
+    )
+
+
 def run_key(out: Path, resume: bool) -> str:
     """The experiment's name for the sites' snapshot folders: ``OUT/flower/run-key``, kept by a resume, new (a
     random id: it travels to every site, which need not learn the coordinator's folders) for a new run, so a reused
@@ -174,7 +189,7 @@ def serve_experiment(
         f"SuperLink: {fleet} ({'TLS' if link.tls else 'insecure'}"
         f"{', SuperNode authentication' if link.auth else ''}); Control API on {link.control_address} only"
     )
-    client = control_client(link.control_address, link.tls.ca if link.tls else None)
+    client = control_client(link.control_dial, link.tls.ca if link.tls else None)
     try:
         node_sites = {}  # node id -> site: with authentication, a node's site is that of its key
         for name, key in (register or {}).items():
@@ -191,6 +206,7 @@ def serve_experiment(
             config["fedseg-simulation"] = json.dumps(simulation.pop("fedseg"))
         run_id = submit_run(client, build_fab(), config, simulation)
         echo(f"run {run_id} submitted; sites: {', '.join(fed.site_names)}")
+        echo(record_config(cfg, out))
         tail, last_observe = LogTail(out / "flower" / "server.log"), 0.0
         refusals = ActivationRefusals(link_proc.log, node_sites, link_log_start)
         showing = False  # whether the last log record was shown: its continuation lines are shown too
@@ -231,8 +247,34 @@ def serve_experiment(
             error = out / "flower" / "error.txt"
             reason = error.read_text() if error.is_file() else status.details or status.sub_status
             raise FlowerRunError(f"the Flower run {status.sub_status}: {reason}")
+    except control_errors() as e:
+        raise FlowerRunError(control_problem(e, link.control_dial, link_proc.log)) from None
     finally:
         client.close()
+
+
+def control_errors() -> tuple[type[Exception], ...]:
+    """What the Control API's client raises where it cannot talk to the SuperLink (httpx's transport and status
+    errors: a certificate that expired or does not fit, nothing listening)."""
+    import httpx
+
+    return (httpx.TransportError, httpx.HTTPStatusError)
+
+
+def control_problem(error: Exception, address: str, log: Path) -> str:
+    """One message for a Control API call that failed (a 370-line traceback before: an audit's expired certificate),
+    with what most likely caused it and the end of the SuperLink's log."""
+    reason = " ".join(str(error).split()) or type(error).__name__
+    hint = ""
+    if "expired" in reason:
+        hint = "; a certificate has expired: make new ones (`fedseg flower certs`) and give the sites the new ca.crt"
+    elif "CERTIFICATE_VERIFY_FAILED" in reason:
+        hint = (
+            "; superlink.crt is not signed by ca.crt, or names another host: make them together (`fedseg flower certs`)"
+        )
+    elif "refused" in reason.lower():
+        hint = "; nothing listens there: the SuperLink's log below says why"
+    return f"the coordinator cannot reach its SuperLink's Control API on {address}: {reason}{hint}:\n{log_tail(log)}"
 
 
 def federation_folder(cfg: RunConfig, work: Path) -> tuple[Path, Federation]:

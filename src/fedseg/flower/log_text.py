@@ -13,10 +13,14 @@ def printable(text: str) -> str:
 SITE_TEXT_LIMIT = 4000  # characters of a site's own text the coordinator shows (a data check's list fits)
 
 
+SITE_LINE = "\n  | "  # what starts each further line of a site's text: none can pass for the coordinator's own
+
+
 def site_text(text: str) -> str:
     """A site's own text (an error's reason, a data check's list of problems) as the coordinator shows it in its
-    console, log, ledger and summary: its lines kept, every other character that is not printable escaped (no
-    terminal codes from a rogue site), at most :data:`SITE_TEXT_LIMIT` characters."""
+    console, log, ledger and summary: its lines kept, each after the first behind :data:`SITE_LINE` (a rogue site
+    wrote "FAKE: all sites OK" as a line of the coordinator's), every other character that is not printable escaped
+    (no terminal codes), at most :data:`SITE_TEXT_LIMIT` characters."""
     cut = text[:SITE_TEXT_LIMIT]
-    shown = "\n".join(printable(line) for line in cut.split("\n"))
+    shown = SITE_LINE.join(printable(line) for line in cut.replace("\r\n", "\n").split("\n"))
     return shown + (f" … ({len(text) - SITE_TEXT_LIMIT} more characters)" if len(text) > SITE_TEXT_LIMIT else "")

@@ -419,18 +419,17 @@ def on_info(content: RecordDict, context: Context, settings: NodeSettings, cfg: 
 
 def record_run_config(settings: NodeSettings, cfg: RunConfig, context: Context) -> None:
     """What this site's data is used for, in the site's own records: one log line (the run's algorithms, rounds,
-    seed, the SHA-256 of its configuration) and, where the SuperNode has a samples or state folder, the whole
-    configuration as ``run-config__<site>__<sha256 prefix>.json`` beside the case-id mapping (0600), so a hospital
+    seed, the SHA-256 of its configuration, ``config_load.config_record``) and, where the SuperNode has a samples or
+    state folder, the whole configuration as ``run-config__<site>__<sha256 prefix>.json`` (whose ``sha256sum`` is the
+    digest logged) beside the case-id mapping (0600), so a hospital
     can audit long after what it trained (the coordinator chooses the configuration; the site only checks it)."""
-    import hashlib
-
     from fedseg.atomic_files import atomic_write_text
+    from fedseg.config_load import config_record
 
-    text = cfg.model_dump_json(indent=2)
-    digest = hashlib.sha256(text.encode()).hexdigest()
+    text, digest = config_record(cfg)
     line = (
         f"site {settings.site}: the coordinator's run: {', '.join(cfg.algorithms)}, {cfg.fl.rounds} rounds, seed "
-        f"{cfg.seed}, configuration sha256 {digest[:16]}"
+        f"{cfg.seed}, secure aggregation {cfg.fl.secure_aggregation}, configuration sha256 {digest}"
     )
     log_once(context, printable(line), logging.INFO)
     folder = settings.records
@@ -438,7 +437,7 @@ def record_run_config(settings: NodeSettings, cfg: RunConfig, context: Context) 
         path = Path(folder) / f"run-config__{settings.site}__{digest[:16]}.json"
         if not path.exists():
             path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            atomic_write_text(path, text + "\n", private=True)  # 0600 from the start
+            atomic_write_text(path, text, private=True)  # 0600 from the start; sha256sum of it: the digest logged
 
 
 def on_refused(content: RecordDict, context: Context, settings: NodeSettings, cfg: RunConfig) -> RecordDict:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fedseg.flower.certs import TlsFiles
-from fedseg.flower.deploy import Processes, Started, wait_for_port
+from fedseg.flower.deploy import Processes, Started, parse_address, port_in_use, wait_for_port
 from fedseg.flower.log_watch import log_tail
 
 
@@ -37,16 +37,16 @@ class LinkSettings:
 
     @property
     def control_address(self) -> str:
-        """Where the coordinator (and an operator's SSH tunnel) reaches the Control API."""
+        """Where the Control API listens; the coordinator (and an operator's SSH tunnel) reaches it there, or on
+        127.0.0.1 for an every-interface address (:attr:`control_dial`)."""
         return self.control or f"127.0.0.1:{self.port + 1}"
 
-
-def parse_address(address: str, what: str) -> tuple[str, int]:
-    """``(host, port)`` of ``HOST:PORT`` (``[v6]:PORT`` too); a malformed one is a one-line ``ValueError``."""
-    host, _, port = address.rpartition(":")
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"{what} {address!r}: expected HOST:PORT, e.g. 127.0.0.1:9093")
-    return host.strip("[]"), int(port)
+    @property
+    def control_dial(self) -> str:
+        """Where the coordinator connects to the Control API: :attr:`control_address`, with 127.0.0.1 for ``0.0.0.0``
+        or ``::`` (no certificate names those: an audit's ``--control-address 0.0.0.0:9093`` ended in a traceback)."""
+        host, _, port = self.control_address.rpartition(":")
+        return f"127.0.0.1:{port}" if host.strip("[]") in ("0.0.0.0", "::", "") else self.control_address
 
 
 def superlink_command(link: LinkSettings) -> list[str]:
@@ -84,6 +84,15 @@ def superlink_command(link: LinkSettings) -> list[str]:
 
 
 def start_superlink(procs: Processes, link: LinkSettings, logs: Path, env: dict, timeout: float = 60) -> Started:
+    """Start the SuperLink and wait until it listens on its addresses; an address this process cannot listen on is
+    refused first, in one line (a Fleet port in use: the SuperLink died, and the coordinator's first call to it
+    ended in a 370-line traceback)."""
+    listens = [("the Control API (--control-address)", link.control_address)]
+    listens += [] if link.simulation else [("the Fleet API (--host, --port)", f"{link.host}:{link.port}")]
+    for what, address in listens:
+        host, port = parse_address(address, "address")
+        if (why := port_in_use(host, port)) is not None:
+            raise RuntimeError(f"{what} cannot listen on {address}: {why} (another coordinator on this machine?)")
     started = procs.start("superlink", superlink_command(link), logs / "superlink.log", env)
     try:
         for address in [link.control_address] if link.simulation else [link.control_address, link.address]:

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fedseg.data.federation import Federation, FederationError
-from fedseg.flower.deploy import BIN, stop_when_child_exits
+from fedseg.flower.deploy import BIN, parse_address, port_in_use, stop_when_child_exits
 
 ISOLATIONS = ("subprocess", "warm")
 
@@ -50,17 +50,11 @@ def check_site_folder(site: str, data: Path) -> Federation:
 def check_port_free(port: int, host: str = "127.0.0.1") -> None:
     """Refuse a ``--port`` another process listens on, in one line (Flower's SuperNode stops with "address already in
     use" and "Runtime HTTP API failed to start", which does not say which option to change)."""
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: a port in TIME_WAIT is free
-        try:
-            probe.bind((host, port))
-        except OSError as e:
-            raise ValueError(
-                f"--port {port}: {host}:{port} is in use ({e.strerror}; another SuperNode on this machine?): give each "
-                "SuperNode on a machine its own --port (its Runtime API listens there)"
-            ) from None
+    if (why := port_in_use(host, port)) is not None:
+        raise ValueError(
+            f"--port {port}: {host}:{port} is in use ({why}; another SuperNode on this machine?): give each "
+            "SuperNode on a machine its own --port (its Runtime API listens there)"
+        )
 
 
 def supernode_argv(
@@ -109,13 +103,20 @@ def runner_command(port: int, isolation: str, poll: float | None) -> list[str]:
     return cmd + (["--poll", str(poll)] if poll is not None else [])
 
 
-def check_address(address: str, option: str) -> None:
-    """A ValueError naming ``option`` unless ``address`` is ``HOST:PORT`` (an IPv6 host in brackets) with a port
-    in 1..65535: Flower said so only in its own log, among a screen of others, after starting."""
-    host, _, port = address.rpartition(":")
-    if not host.strip("[]") or not port.isdigit() or not 1 <= int(port) <= 65535:
+def check_private_key(path: Path) -> None:
+    """A ValueError unless the site's private key ``path`` is a file only its owner can read or write (as ssh
+    refuses its keys; an audit's key of mode 0644 connected without a word)."""
+    import os
+    import stat
+
+    try:
+        mode = stat.S_IMODE(path.stat().st_mode)
+    except OSError as e:
+        raise ValueError(f"--auth-key {path}: cannot be read ({e.strerror or e})") from None
+    if os.name == "posix" and mode & 0o077:
         raise ValueError(
-            f"{option} {address}: expected HOST:PORT with a port 1-65535 (e.g. coordinator.example.org:9092)"
+            f"--auth-key {path}: other users can read or change it (mode {mode:o}): whoever reads it connects as this "
+            f"site; chmod 600 {path}"
         )
 
 
@@ -142,7 +143,9 @@ def run_supernode(
 
     if isolation not in ISOLATIONS:
         raise ValueError(f"isolation must be one of {ISOLATIONS}, got {isolation!r}")
-    check_address(superlink, "--superlink")
+    parse_address(superlink, "--superlink")
+    if auth_key is not None:
+        check_private_key(Path(auth_key))
     fed = check_site_folder(site, data)
     echo(f"data check passed: site {site} of {fed.name!r}, {len(fed.site(site).cases)} cases in {data}")
     check_port_free(port)
