@@ -164,7 +164,11 @@ def stop_with_launcher(poll: float = 2.0) -> None:
         while True:
             time.sleep(poll)
             if gone():
-                log.error("the fedseg process that started this coordinator (pid %s) is gone: the ServerApp stops", pid)
+                log.error(
+                    "the fedseg process that started this coordinator (pid %s) is gone: the ServerApp stops; the "
+                    "finished rounds are kept in the run's checkpoints/: the same command with --resume continues",
+                    pid,
+                )
                 os._exit(1)
 
     threading.Thread(target=watch, name="stop with the launcher", daemon=True).start()
