@@ -13,7 +13,7 @@ import numpy as np
 
 from fedseg.data.case_files import split_name
 from fedseg.data.federation import FederationError
-from fedseg.data.importers.writer import PlannedCase, PlannedSite, Source, existing_folder, raise_problems
+from fedseg.data.importers.writer import PlannedCase, PlannedSite, Source, existing_folder, folder_sites
 
 IMAGE_EXTS = ("jpg", "jpeg", "png", "bmp", "tif", "tiff")
 LINKABLE = ("jpg", "jpeg", "png")  # an RGB file of these is written as is (linked or copied)
@@ -99,10 +99,4 @@ def source_sites(
     names = [f.name for f in folders]
     if len(set(names)) != len(names):
         raise FederationError(f"{layout}: source folders must have distinct names (they become the sites), got {names}")
-    sites, problems = [], []
-    for folder in folders:
-        cases, site_problems = site_cases(folder)
-        sites.append(PlannedSite(folder.name, cases))
-        problems += site_problems
-    raise_problems(problems)
-    return sites
+    return folder_sites(folders, site_cases)

@@ -27,9 +27,8 @@ from fedseg.data.federation import FederationError
 from fedseg.data.importers.writer import (
     Plan,
     PlannedCase,
-    PlannedSite,
     Source,
-    raise_problems,
+    folder_sites,
     read_nifti,
     single_source,
 )
@@ -79,10 +78,5 @@ def plan_prostate(sources: list[Path]) -> Plan:
         raise FederationError(
             f"{src}: no site folders (expected {src}/<SITE>/CaseNN.nii.gz + CaseNN_segmentation.nii.gz)"
         )
-    sites, problems = [], []
-    for site_dir in site_dirs:
-        cases, site_problems = site_cases(site_dir)
-        sites.append(PlannedSite(site_dir.name, cases))
-        problems += site_problems
-    raise_problems(problems)
+    sites = folder_sites(site_dirs, site_cases)
     return Plan(src.name or "prostate", "3d", 1, {"prostate": [1]}, sites, {0: "background", 1: "prostate"})

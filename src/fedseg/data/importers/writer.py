@@ -132,6 +132,20 @@ def existing_folder(path: Path, what: str) -> Path:
     return path
 
 
+def folder_sites(
+    folders: list[Path], site_cases: Callable[[Path], tuple[list[PlannedCase], list[str]]]
+) -> list[PlannedSite]:
+    """One site per folder, named after it, with the cases ``site_cases`` finds there; every problem of every folder
+    in one ``FederationError`` (:func:`raise_problems`)."""
+    sites, problems = [], []
+    for folder in folders:
+        cases, site_problems = site_cases(folder)
+        sites.append(PlannedSite(folder.name, cases))
+        problems += site_problems
+    raise_problems(problems)
+    return sites
+
+
 def raise_problems(problems: list[str]) -> None:
     """One ``FederationError`` listing ``problems`` (the same problem on many files: the first 3, then a count)."""
     from fedseg.data.folder import problems_text
