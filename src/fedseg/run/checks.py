@@ -72,8 +72,9 @@ def method_notes(cfg: RunConfig, task: Task) -> list[str]:
 
 def data_notes(cfg: RunConfig, kind: str) -> list[str]:
     """Lines saying how a folder federation's images reach the network, shown once when the run starts: 3D volumes
-    on the whole-image path (``data.volume.patch_size`` unset) are resized to ``data.image_size`` per axis and scored
-    on that grid (``fedseg.data.dataset``), which a preset made for 2D images (``demo``) does without saying so;
+    on the whole-image path (``data.volume.patch_size`` unset) are resized to ``data.image_size`` per axis (and
+    scored there with ``eval.score_grid: model``; in voxels, without spacing, on their own grid by default), which a
+    preset made for 2D images (``demo``) does without saying so;
     and a fixed ``eval.hd95_worst`` (the fets presets': BraTS's 373.13 mm) that every missed region of the folder's
     own cases scores, whatever their size."""
     if cfg.data.source != "folder":
@@ -83,8 +84,13 @@ def data_notes(cfg: RunConfig, kind: str) -> list[str]:
         side = cfg.data.image_size
         notes.append(
             f"note: every volume is resized to {side}x{side}x{side} voxels (data.image_size, the whole-image path) "
-            "and scored on that grid, not on its own; set data.volume.patch_size (as the fets preset does) to train "
-            "on patches of each volume's own grid and score there, with its spacing"
+            + (
+                "and scored on that grid, not on its own"
+                if cfg.eval.score_grid == "model"
+                else "and its prediction resized back to be scored in voxels of its own grid, without its spacing"
+            )
+            + "; set data.volume.patch_size (as the fets preset does) to train on patches of each volume's own grid "
+            "and score there, with its spacing"
         )
     if cfg.eval.hd95_worst is not None:
         notes.append(
