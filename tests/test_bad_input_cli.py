@@ -545,6 +545,9 @@ def test_flower_options_a_deployment_gets_wrong_are_one_line_before_anything_sta
         args = ["flower", "supernode", "--site", "site1", "--data", str(tmp_path / "fed"), "--superlink", address]
         line = _one_error_line(_run([*args, "--insecure"]))
         assert line.startswith(f"error: --superlink {address}: expected HOST:PORT with a port 1-65535"), line
+    args = ["flower", "supernode", "--site", "site1", "--data", str(tmp_path / "fed"), "--superlink", "127.0.0.1:9092"]
+    line = _one_error_line(_run([*args, "--insecure", "--config-sha256", "abc"]))
+    assert line == "error: --config-sha256 abc: expected 64 hex digits (`fedseg flower config-digest`)", line
     line = _one_error_line(_run(["flower", "certs", "--out", str(tmp_path / "certs"), "--node", "a", "--node", "a"]))
     assert line == "error: --node 'a': given 2 times; one key pair per site"
     assert not (tmp_path / "certs").exists()

@@ -308,18 +308,26 @@ def test_the_legend_says_where_tuning_touches_the_test_scores():
     assert legend.tuning_note(spec(split={"mode": "kfold", "folds": 3}, methods=["fedavg", "fedprox"])) == ""
 
 
-def test_the_test_table_says_what_the_runs_scored_and_warns_when_they_differ():
+def test_the_test_table_says_what_the_runs_scored_and_warns_when_they_differ(tmp_path):
     """tables.json ``score_on`` and ``score_grid``: one value each, said next to the test table; runs scored
     differently (a bench resumed across versions) are named; tables written before they were recorded say nothing
     (they render as committed)."""
+    from fedseg.bench.execute import DONE_FILE
     from fedseg.bench.tables import scored
 
-    def run(summary: dict) -> Finished:
-        return Finished(run=None, dir=Path("."), summary=summary, seconds=0.0)
+    def run(summary: dict, config: dict | None = None) -> Finished:
+        folder = tmp_path / str(len(list(tmp_path.iterdir())))
+        folder.mkdir()
+        if config is not None:
+            (folder / DONE_FILE).write_text(json.dumps({"config": config}))
+        return Finished(run=None, dir=folder, summary=summary, seconds=0.0)
 
     assert scored("score_on", [run({"score_on": "label_map"}), run({"score_on": "label_map"})]) == "label_map"
     assert scored("score_on", [run({})]) == "channels"  # an older fedseg scored each channel
-    assert scored("score_grid", [run({})]) == "model"  # ... on the model grid
+    folder = {"data": {"source": "folder", "root": "/d"}, "eval": {}}
+    assert scored("score_grid", [run({}, folder)]) == "model"  # ... a folder's images on the model grid
+    volumes = {"data": {"source": "folder", "root": "/d", "volume": {"patch_size": 32}}, "eval": {}}
+    assert scored("score_grid", [run({}, volumes), run({"score_grid": "original"})]) == "original"  # not "mixed"
     assert scored("score_on", [run({"score_on": "label_map"}), run({})]) == "mixed"
     note = table_rows.scoring_note({"score_on": "channels", "score_grid": "original"})
     assert note.startswith("Scored on each region's thresholded channel") and "each image's own grid" in note

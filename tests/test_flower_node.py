@@ -747,6 +747,41 @@ def test_a_site_records_the_configuration_its_data_trains_with(folder, tiny_conf
     assert json.loads(kept.read_text()) == json.loads(cfg.model_dump_json())
 
 
+def test_a_site_pinned_to_the_agreed_configuration_refuses_any_other_before_its_data_trains(
+    folder, tiny_config, tmp_path
+):
+    """A security officer could not make a site refuse a configuration it had not agreed to (an audit): with
+    --config-sha256 (the digest `fedseg flower config-digest` prints for the study's options) the data check fails
+    with one line naming both digests and the kept configuration; the agreed one passes."""
+    from typer.testing import CliRunner
+
+    from fedseg.cli import app
+    from fedseg.config_load import config_record, dump_config
+
+    agreed, other = tiny_config(), tiny_config(fl={"rounds": 3})
+    config = tmp_path / "study.yaml"
+    config.write_text(dump_config(agreed))
+    said = CliRunner().invoke(
+        app, ["flower", "config-digest", "--config", str(config), "--write", str(tmp_path / "a.json")]
+    )
+    assert said.exit_code == 0, said.output
+    digest = config_record(agreed)[1]
+    assert said.output.strip() == f"configuration sha256 {digest} ({tmp_path / 'a.json'})"
+    assert (tmp_path / "a.json").read_text() == config_record(agreed)[0]
+    for cfg, refused in ((agreed, False), (other, True)):
+        ctx = _context("site2", folder, cfg)
+        ctx.node_config.update({"samples": str(tmp_path / "samples"), "config-sha256": digest})
+        reply = node.handle(_info(check_folder(folder)), ctx)
+        assert reply.has_error() == refused
+    reason = reply.error.reason
+    assert (
+        "site site2: refused the coordinator's run before any of its data trains: its configuration (sha256 " in reason
+    )
+    assert (
+        f"is not the one this site agreed to (--config-sha256 {digest})" in reason and "run-config__site2__" in reason
+    )
+
+
 def test_a_foreign_bundles_name_is_one_escaped_line_too():
     """The refused bundle's name comes from the coordinator's pyproject.toml: newlines were folded, but terminal
     escape codes reached the site's log (the review of the log-injection fix); one helper escapes both."""

@@ -660,10 +660,15 @@ def test_a_coordinator_that_cannot_listen_or_reach_its_superlink_says_so_in_one_
         busy.listen()
         port = busy.getsockname()[1]
         link = LinkSettings("127.0.0.1", port, control=f"127.0.0.1:{free_ports(1)[0]}")
-        refused = rf"the Fleet API \(--host, --port\) cannot listen on 127.0.0.1:{port}: "
+        refused = rf"the Fleet API \(--host, --port\) cannot listen on 127.0.0.1:{port}: .*another process listens"
         with pytest.raises(RuntimeError, match=refused):
             start_superlink(None, link, tmp_path, {})  # type: ignore[arg-type]  # refused before any process starts
     assert not list(tmp_path.iterdir())
+    elsewhere = LinkSettings("10.255.255.1", free_ports(1)[0], control=f"127.0.0.1:{free_ports(1)[0]}")
+    with pytest.raises(RuntimeError, match=r"10.255.255.1 is no address of this machine"):
+        start_superlink(None, elsewhere, tmp_path, {})  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"^--control-address 127.0.0.1: expected HOST:PORT"):
+        start_superlink(None, LinkSettings(control="127.0.0.1"), tmp_path, {})  # type: ignore[arg-type]
     assert LinkSettings(control="0.0.0.0:9093").control_dial == "127.0.0.1:9093"
     assert LinkSettings(control="10.0.0.5:9093").control_dial == "10.0.0.5:9093"
     log = tmp_path / "superlink.log"

@@ -120,9 +120,7 @@ def test_jpeg_masks_with_compression_noise_are_thresholded_at_128(tmp_path):
     Image.fromarray(tinted).save(src / "masks" / "case1.jpg", quality=60)
     spread = np.ptp(np.asarray(Image.open(src / "masks" / "case1.jpg")).astype(int), axis=-1).max()
     assert 0 < spread <= 48, spread  # under COLOUR_TOLERANCE: grey
-    faint = np.zeros((*SIZE, 3), np.uint8)
-    faint[2:5, 2:5] = 40  # an empty mask whose JPEG noise reaches 2..127: background, not class indices
-    Image.fromarray(faint).save(src / "masks" / "case0.jpg", quality=60)
+    Image.fromarray(np.zeros((*SIZE, 3), np.uint8)).save(src / "masks" / "case0.jpg", quality=60)  # an empty mask
     out = tmp_path / "fed"
     assert run(str(src), "--out", str(out)).exit_code == 0
     assert check_folder(out).regions.as_dict() == {"foreground": [1]}  # the default region name
@@ -232,3 +230,25 @@ def test_data_check_on_the_raw_collections_names_the_binary_import(tmp_path):
     raw = tmp_path / "raw"
     assert f"{raw}: 2 images/ + masks/ collections, not a federation folder (no federation.yaml)" in said
     assert f"fedseg data import binary {raw / 'hospA'} {raw / 'hospB'} --out FED" in said
+
+
+def test_a_0_1_mask_saved_as_jpeg_or_drawn_in_alpha_is_not_imported_empty(tmp_path):
+    """A 0/1 mask saved as JPEG decodes to 0..2: thresholded at 128 it imported empty without a word (a review);
+    refused, naming the file. A mask drawn in its alpha channel only (its colour constant) is read from the alpha."""
+    src = source(tmp_path / "jpeg01", "png", "jpg", mask_values=(0, 1))
+    yy, xx = np.mgrid[: SIZE[0], : SIZE[1]]
+    disc = (((yy - 12) ** 2 + (xx - 15) ** 2) < 49).astype(np.uint8)  # its edge blurs to 2 at quality 95
+    Image.fromarray(disc).save(src / "masks" / "case0.jpg", quality=95)
+    assert np.asarray(Image.open(src / "masks" / "case0.jpg")).max() == 2
+    result = run(str(src), "--out", str(tmp_path / "fed"))
+    assert result.exit_code == 1
+    said = " ".join(result.output.split())
+    assert f"{src}/masks/case0.jpg: mask values 0, 1, " in said and "a 0/1 mask saved as JPEG" in said
+    assert not (tmp_path / "fed").exists()
+    alpha = source(tmp_path / "alpha", n=1)
+    rgba = np.zeros((*SIZE, 4), np.uint8)
+    rgba[..., 3] = np.where(truth(0), 255, 0)
+    Image.fromarray(rgba).save(alpha / "masks" / "case0.png")
+    assert run(str(alpha), "--out", str(tmp_path / "fed2")).exit_code == 0
+    label = read_label(tmp_path / "fed2" / "alpha" / "labels" / "case0.png", "2d")
+    np.testing.assert_array_equal(label, truth(0).astype(np.uint8))

@@ -326,7 +326,11 @@ def test_msd_missing_listed_file_and_bad_dataset_json(tmp_path):
     assert f"{task}/labelsTr/pancreas_001.nii.gz: missing (listed in {task}/dataset.json training)" in result.output
     (task / "dataset.json").write_text('{"labels": {"0": "background"}, "training": []}')
     result = run_import("msd", str(task), "--out", str(tmp_path / "fed"))
-    assert result.exit_code == 1 and '"modality": expected an object' in result.output
+    assert result.exit_code == 1 and f'{task}/dataset.json: missing "modality"' in result.output
+    (task / "dataset.json").write_text('{"label": {"0": "background"}, "modality": {"0": "CT"}, "training": []}')
+    result = run_import("msd", str(task), "--out", str(tmp_path / "fed"))  # a typo: named, not "got None"
+    said = " ".join(result.output.split())
+    assert result.exit_code == 1 and 'missing "labels" (the file has "label": misspelt?)' in said, said
     assert_nothing_written(tmp_path / "fed")
 
 

@@ -76,16 +76,30 @@ def test_a_cup_predicted_outside_the_disc_counts_for_the_disc_as_its_written_mas
 def test_a_run_recorded_before_score_on_resumes_scoring_its_channels():
     """A run written before ``eval.score_on`` scored the channels: its recorded configuration reads as
     ``channels``, so its resume keeps that scoring (the new default is refused as a change, not mixed in)."""
-    old = {"eval": {"threshold": 0.5}}
+    old = {"eval": {"threshold": 0.5}, "data": {"source": "folder", "root": "/data/fed"}}
     assert with_recorded_defaults(old)["eval"] == {"threshold": 0.5, "score_on": "channels", "score_grid": "model"}
-    now = {"eval": {"threshold": 0.5, "score_on": "label_map", "score_grid": "original"}}
-    assert resume_conflicts(with_recorded_defaults(old), now) == [
+    recorded = with_recorded_defaults(old)
+    now = {**recorded, "eval": {"threshold": 0.5, "score_on": "label_map", "score_grid": "original"}}
+    assert resume_conflicts(recorded, now) == [
         "eval.score_grid: model -> original",
         "eval.score_on: channels -> label_map",
     ]
     assert with_recorded_defaults(now) == now
-    before_grid = {"eval": {"threshold": 0.5, "score_on": "label_map"}}  # written between the two options
+    before_grid = {**old, "eval": {"threshold": 0.5, "score_on": "label_map"}}  # written between the two options
     assert with_recorded_defaults(before_grid)["eval"] == {**before_grid["eval"], "score_grid": "model"}
+
+
+@pytest.mark.parametrize(
+    "data",
+    [{"volume": {"patch_size": [32, 32, 32]}, "source": "folder", "root": "/d"}, {"source": "synthetic-retina"}, {}],
+    ids=["volume-path", "2d-builtin", "default-source"],
+)
+def test_an_old_run_whose_scores_the_grid_does_not_change_still_matches(data):
+    """The volume path always scored each case's own grid, and the 2D built-in federations are generated at
+    data.image_size: an old run of either reads as eval.score_grid: original, so a bench keeps its finished runs and
+    a resume goes on (a review: every old bench run would have been trained again)."""
+    old = {"eval": {"threshold": 0.5}, "data": data}
+    assert with_recorded_defaults(old)["eval"]["score_grid"] == "original"
 
 
 def test_a_fixed_worst_hd95_on_a_folder_federation_is_said_at_the_start(tiny_config):
@@ -98,11 +112,23 @@ def test_a_fixed_worst_hd95_on_a_folder_federation_is_said_at_the_start(tiny_con
     assert data_notes(tiny_config(eval={"hd95_worst": 373.13}), "2d") == []  # a built-in federation: its own value
 
 
+def test_ct_normalized_otherwise_than_in_hounsfield_windows_is_said_at_the_start(tiny_config):
+    """An MSD CT import trained with min-max (or MR's z-scoring) without a word (a fresh-eyes 3D CT study)."""
+    folder = {"source": "folder", "root": "/data/fed"}
+    (line,) = data_notes(tiny_config(data=folder), "2d", ["CT"])
+    assert "the images are CT (federation.yaml channel_names) but data.normalize is minmax" in line
+    assert "--set data.normalize=ct" in line
+    windows = {**folder, "normalize": "ct", "ct_windows": [[-200, 300, 50, 100]]}
+    assert data_notes(tiny_config(data=windows), "2d", ["CT"]) == []
+    assert data_notes(tiny_config(data=folder), "2d", ["T2", "ADC"]) == []
+
+
 def test_an_old_run_reopened_from_python_keeps_its_channel_scoring(tmp_path, tiny_config):
     """``Experiment.from_run(out).run(resume=True)`` read config.yaml as written: an old run's missing
     ``eval.score_on`` became the new default and its resume was refused."""
     recorded = yaml.safe_load(dump_config(tiny_config()))
     del recorded["eval"]["score_on"], recorded["eval"]["score_grid"]
+    recorded["data"].update(source="folder", root=str(tmp_path))
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(recorded))
     config = Experiment.from_run(tmp_path).config
     assert (config.eval.score_on, config.eval.score_grid) == ("channels", "model")

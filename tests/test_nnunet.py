@@ -961,6 +961,13 @@ def test_a_raw_dataset_given_as_a_federation_says_which_import_makes_one(tmp_pat
     spaced = nnunet_dataset(tmp_path / "raw data" / "Dataset506_Raw", sites=("AMC",), per_site=2)
     line = one_line_error(cli("check", str(spaced)))
     assert f"import it first: fedseg data import nnunet '{spaced}' --site-by REGEX --out FED, then use FED" in line
+    # the folder above several institutions' task folders (a fresh-eyes run got 5 lines and no hint)
+    parent = tmp_path / "raw"
+    for name in ("Task07_Pancreas", "Task90_NIH"):
+        nnunet_dataset(parent / name, sites=("AMC",), per_site=2)
+    line = one_line_error(cli("check", str(parent)))
+    assert line.startswith(f"{parent}: 2 raw task folder(s) (dataset.json, imagesTr/), not a federation folder")
+    assert f"fedseg data import msd {parent / 'Task07_Pancreas'} {parent / 'Task90_NIH'} --out FED" in line
 
 
 def test_a_linked_import_whose_raw_dataset_moved_is_one_line_naming_where_it_was(tmp_path):

@@ -14,7 +14,7 @@ from fedseg.data.federation import Case, Federation, Regions, Site
 from fedseg.data.folder_write import write_folder
 from fedseg.data.preprocess import restore_size
 from fedseg.engine.messages import load_weights
-from fedseg.evaluate.inference import predict_masks, score_caseset
+from fedseg.evaluate.inference import predict_masks, sample_prediction, score_caseset
 from fedseg.evaluate.metrics import batch_metrics
 from fedseg.evaluate.tables import read_rows
 from fedseg.predict import load_bundle, predict
@@ -106,11 +106,41 @@ def test_model_grid_scoring_scores_the_resized_truth_and_is_recorded(shapes_run,
         np.testing.assert_allclose(theirs["dice"], expected["dice"], atol=1e-12)
         np.testing.assert_allclose(theirs["hd95"], expected["hd95"], atol=1e-12)
         ours = score_caseset(model, own.test, 4, 0.5, True, device, regions=regions)
-        for i, truth in enumerate(own.test.originals or [None] * len(own.test)):
+        packed = own.test.originals  # None for the site on the model grid
+        assert packed is None or len(packed) == len(own.test)
+        for i, truth in enumerate(packed.get(i) if packed else None for i in range(len(own.test))):
             if truth is None:  # a case on the model grid scores the same on both
                 np.testing.assert_array_equal(ours["dice"][i], theirs["dice"][i])
                 continue
             pred = restore_size(masks[i], tuple(truth.shape[1:]))
             np.testing.assert_allclose(ours["dice"][i], batch_metrics(pred[None], truth[None])["dice"][0])
             differ += not np.allclose(ours["hd95"][i], theirs["hd95"][i])
+        image, truth, pred = sample_prediction(model, own.test, 0.5, device, regions=regions)  # the report's panel
+        assert image.shape[1:] == truth.shape[1:] == pred.shape[1:]
+        sample = batch_metrics(pred[None], truth[None], hd95=False)["dice"][0]
+        np.testing.assert_allclose(sample, ours["dice"][0], atol=1e-12)  # its Dice: results.csv's
     assert differ  # some case's HD95 differs between the grids (pixels of another size)
+
+
+def test_packed_masks_give_back_each_mask_and_cross_to_a_process_as_one_buffer():
+    """The original-grid truth of a set in one packed buffer: each mask back bit for bit (odd sizes, None entries),
+    subsets and joins keep the order, and the pickled set holds one tensor whatever the number of cases (a tensor
+    per case ran out of file descriptors crossing to the worker pool: a review)."""
+    import pickle
+
+    from fedseg.data.packed import PackedMasks
+
+    rng = np.random.default_rng(0)
+    masks = [rng.random((2, 5, 7 + i)) > 0.5 if i % 3 else None for i in range(10)]
+    packed = PackedMasks.pack(masks)
+    assert packed is not None and len(packed) == 10 and packed.bits.dtype == torch.uint8
+    for i, mask in enumerate(masks):
+        got = packed.get(i)
+        assert (got is None) if mask is None else torch.equal(got, torch.from_numpy(mask))
+    picked = packed.select([8, 1, 0])
+    assert picked is not None and picked.get(2) is None and torch.equal(picked.get(0), torch.from_numpy(masks[8]))
+    assert PackedMasks.pack([None, None]) is None and packed.select([0, 3]) is None
+    joined = PackedMasks.join([(picked, 3), (None, 2)])
+    assert joined is not None and len(joined) == 5 and torch.equal(joined.get(1), torch.from_numpy(masks[1]))
+    tensors = [v for v in vars(pickle.loads(pickle.dumps(packed))).values() if isinstance(v, torch.Tensor)]
+    assert len(tensors) == 1

@@ -49,17 +49,33 @@ def with_recorded_method_defaults(recorded: dict) -> dict:
 
 
 RECORDED_SCORING = {"score_on": "channels", "score_grid": "model"}  # what runs scored before the options existed
+ON_OWN_GRID = ("synthetic-retina", "synthetic-prostate")  # generated at data.image_size: both grids score the same
+
+
+def recorded_score_grid(recorded: dict) -> str:
+    """Where a run recorded before ``eval.score_grid`` scored, as the new option names it: ``original`` on the volume
+    path (each case's own grid, always) and for the 2D built-in federations (generated at ``data.image_size``: the
+    model grid is each case's own), else ``model`` (a folder federation's images were scored resized)."""
+    data = recorded.get("data")
+    data = data if isinstance(data, dict) else {}
+    volume = data.get("volume")
+    volume = volume if isinstance(volume, dict) else {}
+    if volume.get("patch_size") is not None:
+        return "original"
+    own = data.get("source", "synthetic-retina") in ON_OWN_GRID and not data.get("root")
+    return "original" if own else RECORDED_SCORING["score_grid"]
 
 
 def with_recorded_scoring(recorded: dict) -> dict:
     """A configuration recorded before ``eval.score_on`` or ``eval.score_grid`` existed (its ``eval`` without the
-    key), with the scoring its run used (``RECORDED_SCORING``: each channel, on the model grid). A copy; a newer
-    configuration is returned as it is. So a resume or a bench of an old run keeps scoring as its first rounds did
-    (the new defaults, ``label_map`` and ``original``, are refused as a change)."""
+    key), with the scoring its run used (``channels``; :func:`recorded_score_grid`). A copy; a newer configuration is
+    returned as it is. So a resume or a bench of an old run keeps scoring as its first rounds did (a new default that
+    would change its numbers is refused as a change), and one whose numbers it would not change still matches."""
     ev = recorded.get("eval")
     if not isinstance(ev, dict) or all(key in ev for key in RECORDED_SCORING):
         return recorded
-    return {**recorded, "eval": {**{k: v for k, v in RECORDED_SCORING.items() if k not in ev}, **ev}}
+    was = {"score_on": RECORDED_SCORING["score_on"], "score_grid": recorded_score_grid(recorded)}
+    return {**recorded, "eval": {**{k: v for k, v in was.items() if k not in ev}, **ev}}
 
 
 def with_recorded_defaults(recorded: dict) -> dict:

@@ -40,12 +40,12 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from fedseg.bench.execute import Finished
+from fedseg.bench.execute import DONE_FILE, Finished
 from fedseg.bench.phases import BenchRuns
 from fedseg.bench.plan import BenchRun, folds_of
 from fedseg.bench.select import edge_keys, run_not_converged
 from fedseg.bench.spec import BenchSpec, MethodSpec
-from fedseg.config_load import RECORDED_SCORING
+from fedseg.config_load import RECORDED_SCORING, with_recorded_scoring
 from fedseg.data.repartition import SEPARATOR
 from fedseg.evaluate.metric_info import HD95, NSD, Metric
 from fedseg.evaluate.stats import (
@@ -290,10 +290,21 @@ def federation_tables(bench: BenchSpec, runs: BenchRuns) -> tuple[dict, list[dic
 
 def scored(key: str, runs: list[Finished]) -> str:
     """What the runs scored, by summary.json's ``key`` (``score_on``: eval.score_on, ``score_grid``: eval.score_grid;
-    a run of an older fedseg, which does not record it, scored as ``RECORDED_SCORING`` says): the one value, or
-    ``mixed`` where the runs differ."""
-    values = {fin.summary.get(key, RECORDED_SCORING[key]) for fin in runs}
+    for a run of an older fedseg, which does not record it, what its recorded configuration says it did,
+    ``config_load.with_recorded_scoring``): the one value, or ``mixed`` where the runs differ."""
+    values = {fin.summary.get(key) or _recorded_eval(fin.dir).get(key, RECORDED_SCORING[key]) for fin in runs}
     return values.pop() if len(values) == 1 else "mixed"
+
+
+def _recorded_eval(folder: Path) -> dict:
+    """The ``eval`` section a finished bench run recorded (its done marker's config), older keys filled in as its
+    run used them; ``{}`` where there is none to read."""
+    try:
+        recorded = json.loads((folder / DONE_FILE).read_text()).get("config", {})
+    except (OSError, ValueError, AttributeError):
+        return {}
+    ev = with_recorded_scoring(recorded).get("eval") if isinstance(recorded, dict) else None
+    return ev if isinstance(ev, dict) else {}
 
 
 def correct_tests(fed: dict) -> None:

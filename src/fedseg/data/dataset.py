@@ -11,6 +11,7 @@ import torch
 from fedseg.config import DataConfig, VolumeConfig
 from fedseg.data.federation import Case, Federation, Site
 from fedseg.data.metadata import metadata_value
+from fedseg.data.packed import PackedMasks
 from fedseg.data.preprocess import case_tensors, normalization
 from fedseg.data.volumes import Volume, build_volume, case_spacing, draw_patches, patch_size
 
@@ -35,8 +36,9 @@ class CaseSet:
     view for what needs one input size (FedSM's selector, which classifies whole images).
 
     ``originals`` (whole-image path, scored sets, ``eval.score_grid: original``): per case its region masks
-    ``(R, *S_i)`` bool on its own grid, None for a case already on the model grid (then ``y`` is its truth);
-    evaluation scores the predictions resized back there (``fedseg.evaluate.inference.score_caseset``).
+    ``(R, *S_i)`` on its own grid (``fedseg.data.packed.PackedMasks``: one bit a voxel, one buffer), None for a
+    case already on the model grid (then ``y`` is its truth); evaluation scores the predictions resized back there
+    (``fedseg.evaluate.inference.score_caseset``).
     """
 
     name: str
@@ -45,7 +47,7 @@ class CaseSet:
     y: torch.Tensor
     volumes: list[Volume] | None = None
     volume: VolumeConfig | None = None
-    originals: list[torch.Tensor | None] | None = None
+    originals: PackedMasks | None = None
     _resident: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict, repr=False, compare=False)
     _resident_volumes: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = field(
         default_factory=dict, repr=False, compare=False
@@ -122,7 +124,7 @@ class CaseSet:
         """Cases ``idx`` (a 1-D index tensor) as a set of the same name."""
         cases = idx.tolist()
         vols = None if self.volumes is None else [self.volumes[i] for i in cases]
-        originals = None if self.originals is None else [self.originals[i] for i in cases]
+        originals = None if self.originals is None else self.originals.select(cases)
         return CaseSet(self.name, [self.ids[i] for i in cases], self.x[idx], self.y[idx], vols, self.volume, originals)
 
     @classmethod
@@ -130,9 +132,7 @@ class CaseSet:
         """Pool several sets (centralized training); ids are prefixed with their set's name."""
         ids = [f"{s.name}/{i}" for s in sets for i in s.ids]
         x, y = torch.cat([s.x for s in sets]), torch.cat([s.y for s in sets])
-        originals = None
-        if any(s.originals is not None for s in sets):
-            originals = [o for s in sets for o in (s.originals or [None] * len(s))]
+        originals = PackedMasks.join([(s.originals, len(s)) for s in sets])
         if not sets or any(s.volumes is None for s in sets):
             return cls(name, ids, x, y, originals=originals)
         return cls(name, ids, x, y, [v for s in sets for v in s.volumes or []], sets[0].volume)
@@ -196,7 +196,7 @@ def build_site_data(
             ys.append(y)
             if originals and split != "train" and not on_grid:
                 resized = tuple(label.shape) != tuple(y.shape[1:])
-                truths.append(torch.from_numpy(fed.regions.one_hot(label)).bool() if resized else None)
+                truths.append(fed.regions.one_hot(label) if resized else None)
             if on_grid:
                 spacing = case_spacing(case, fed.spatial_dims)
                 vols.append(build_volume(image, label, fed.regions, spacing, cfg.volume, norm))
@@ -209,7 +209,7 @@ def build_site_data(
             torch.stack(ys) if ys else torch.empty(shape_y),
             vols if on_grid else None,
             cfg.volume if on_grid else None,
-            truths if any(t is not None for t in truths) else None,
+            PackedMasks.pack(truths),
         )
     return SiteData(
         site.name,

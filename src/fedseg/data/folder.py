@@ -417,7 +417,7 @@ def raw_dataset_problem(root: Path) -> str | None:
     if (root / HEADER_FILE).exists():
         return None
     if not ((root / "dataset.json").is_file() and (root / "imagesTr").is_dir()):
-        return _mask_collections_problem(root)
+        return _mask_collections_problem(root) or _msd_tasks_problem(root)
     import json
 
     try:
@@ -451,6 +451,25 @@ def _mask_collections_problem(root: Path) -> str | None:
         f"{root}: {what}, not a federation folder (no {HEADER_FILE}); import it first, one site per collection: "
         f"fedseg data import binary {' '.join(shlex.quote(str(p)) for p in sites)} --out FED (masks 0/128/255 of "
         "optic disc and cup: fundus), then use FED"
+    )
+
+
+def _msd_tasks_problem(root: Path) -> str | None:
+    """One line for ``root`` holding several raw task folders (``dataset.json`` + ``imagesTr/`` each: MSD or nnU-Net
+    v1 tasks, one per institution) and no ``federation.yaml``: import them with the ``msd`` layout, one site per task;
+    else None."""
+    tasks = (
+        sorted(p for p in root.iterdir() if p.is_dir() and (p / "dataset.json").is_file() and (p / "imagesTr").is_dir())
+        if root.is_dir()
+        else []
+    )
+    if not tasks:
+        return None
+    return (
+        f"{root}: {len(tasks)} raw task folder(s) (dataset.json, imagesTr/), not a federation folder (no "
+        f"{HEADER_FILE}); import them first, one site per task: fedseg data import msd "
+        f"{' '.join(shlex.quote(str(p)) for p in tasks)} --out FED (an nnU-Net v2 dataset: fedseg data import nnunet "
+        "DATASET --site-by REGEX), then use FED"
     )
 
 

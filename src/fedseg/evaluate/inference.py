@@ -81,7 +81,7 @@ def score_caseset(
     for start in range(0, len(data), batch_size):
         cases = slice(start, start + batch_size)
         masks = predict_masks(model, data.x[cases], batch_size, threshold, device, on_device=True, regions=regions)
-        truths = None if data.originals is None else data.originals[cases]
+        truths = None if data.originals is None else [data.originals.get(i) for i in range(len(data))[cases]]
         parts += _scores_on_grids(masks, data.y[cases].bool(), truths, metrics)
     return {m: np.concatenate([part[m] for part in parts]) for m in METRIC_NAMES}
 
@@ -104,14 +104,22 @@ def _scores_on_grids(masks: torch.Tensor, y: torch.Tensor, truths: list | None, 
 def sample_prediction(
     model: nn.Module, data: CaseSet, threshold: float, device: torch.device, regions: Regions | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The first case of ``data`` with its prediction, as the model sees it: ``(image (C, *S), truth
-    (R, *S), pred (R, *S) bool)`` on the CPU, the resized image on the whole-image path, the
-    preprocessed volume (sliding window) on the volume path; ``regions``: as :func:`score_caseset`'s."""
+    """The first case of ``data`` with its prediction, on the grid it is scored on: ``(image (C, *S), truth
+    (R, *S), pred (R, *S) bool)`` on the CPU; the preprocessed volume (sliding window) on the volume path; on the
+    whole-image path the resized image, or with an original-grid truth (``CaseSet.originals``) the image and the
+    masks resized back to it (so a panel's Dice is results.csv's); ``regions``: as :func:`score_caseset`'s."""
     if data.volumes is not None and data.volume is not None:
         vol, net = data.volumes[0], network_for(model, data.x[0], device)
         logits = sliding_logits(net, vol.image, data.volume, device)
         return vol.image, vol.label, logits_to_masks(logits[None], threshold, regions)[0]
-    return data.x[0], data.y[0], predict_masks(model, data.x[:1], 1, threshold, device, regions=regions)[0]
+    pred = predict_masks(model, data.x[:1], 1, threshold, device, regions=regions)[0]
+    truth = None if data.originals is None else data.originals.get(0)
+    if truth is None:
+        return data.x[0], data.y[0], pred
+    shape = tuple(truth.shape[1:])
+    mode = "bilinear" if len(shape) == 2 else "trilinear"
+    image = torch.nn.functional.interpolate(data.x[:1], size=shape, mode=mode, align_corners=False)[0]
+    return image, truth, restore_size(pred, shape)
 
 
 def candidate_dice(

@@ -392,6 +392,12 @@ def supernode(
         help="folder where this site keeps the snapshots of its state store (only its own); keep it across "
         "restarts: a run is resumed from it (`fedseg flower server --resume`). Default: in memory, no resume",
     ),
+    config_sha256: str | None = typer.Option(
+        None,
+        "--config-sha256",
+        help="the SHA-256 of the study's agreed configuration (`fedseg flower config-digest`): a run of any other "
+        "configuration is refused at its data check, before this site's data trains",
+    ),
 ) -> None:
     """A hospital: check the data, then serve it to the federation as a Flower SuperNode (data never leaves)."""
     from fedseg.flower.supernode import run_supernode
@@ -410,12 +416,39 @@ def supernode(
             poll=poll,
             max_wait=max_wait,
             state=state,
+            config_sha256=config_sha256,
             echo=_echo,
         )
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
     except _errors() as e:
         fail(error_text(e))
+
+
+@flower_app.command(name="config-digest", cls=AlgorithmsHelp)
+def config_digest(
+    preset: str | None = PRESET,
+    config: Path | None = CONFIG,
+    algorithms: str | None = ALGOS,
+    rounds: int | None = ROUNDS,
+    seed: int | None = SEED,
+    set_: list[str] = SET,
+    write: Path | None = typer.Option(
+        None, "--write", help="also write the configuration as the sites record it (JSON), to send to the hospitals"
+    ),
+) -> None:
+    """The SHA-256 of the configuration `fedseg flower server` sends for the same options, before any run: each
+    hospital pins it (`fedseg flower supernode --config-sha256`) and its SuperNode refuses any other."""
+    from fedseg.atomic_files import atomic_write_text
+    from fedseg.config_load import config_record
+
+    try:
+        text, digest = config_record(_config(preset, config, None, algorithms, rounds, seed, set_))
+        if write is not None:
+            atomic_write_text(write, text)
+    except _errors() as e:
+        fail(error_text(e))
+    typer.echo(f"configuration sha256 {digest}" + (f" ({write})" if write is not None else ""))
 
 
 @flower_app.command()

@@ -79,24 +79,30 @@ def flower_home(home: Path):
                 os.environ[k] = v
 
 
-def parse_address(address: str, option: str) -> tuple[str, int]:
-    """``(host, port)`` of ``HOST:PORT`` (``[v6]:PORT`` too); a one-line ValueError naming ``option`` otherwise (Flower
-    said so only in its own log, among a screen of others, after starting)."""
+def parse_address(address: str, option: str, example: str = "127.0.0.1:9093") -> tuple[str, int]:
+    """``(host, port)`` of ``HOST:PORT`` (``[v6]:PORT`` too); a one-line ValueError naming ``option`` (with an
+    ``example`` of it) otherwise (Flower said so only in its own log, among a screen of others, after starting)."""
     host, _, port = address.rpartition(":")
     if not host.strip("[]") or not port.isdigit() or not 1 <= int(port) <= 65535:
-        raise ValueError(f"{option} {address}: expected HOST:PORT with a port 1-65535 (e.g. 127.0.0.1:9093)")
+        raise ValueError(f"{option} {address}: expected HOST:PORT with a port 1-65535 (e.g. {example})")
     return host.strip("[]"), int(port)
 
 
-def port_in_use(host: str, port: int) -> str | None:
-    """Why this process cannot listen on ``host:port`` (another process does: "Address already in use"; ``host`` is
-    not this machine's), or None where it can. Bound as uvicorn binds (``SO_REUSEADDR``: a port in TIME_WAIT is
-    free)."""
+def cannot_listen(host: str, port: int) -> str | None:
+    """Why this process cannot listen on ``host:port``, or None where it can: another process listens there
+    ("Address already in use"), or ``host`` is no address of this machine. Bound as uvicorn binds
+    (``SO_REUSEADDR``: a port in TIME_WAIT is free)."""
+    import errno
+
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind((host, port))
         except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                return f"{e.strerror}: another process listens there"
+            if e.errno == errno.EADDRNOTAVAIL:
+                return f"{e.strerror}: {host} is no address of this machine (give one of its interfaces, or 0.0.0.0)"
             return e.strerror or str(e)
     return None
 

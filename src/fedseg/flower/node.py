@@ -68,6 +68,7 @@ class NodeSettings:
     data: Path
     samples: Path | None
     state: Path | None = None
+    config_sha256: str | None = None  # the agreed configuration's digest: any other run is refused
 
     @property
     def records(self) -> Path | None:
@@ -86,11 +87,13 @@ class NodeSettings:
             )
         samples = str(node_config.get("samples", "")).strip()
         state = str(node_config.get("state", "")).strip()
+        agreed = str(node_config.get("config-sha256", "")).strip()
         return cls(
             str(node_config["site"]),
             Path(str(node_config["data"])),
             Path(samples) if samples else None,
             Path(state) if state else None,
+            agreed or None,
         )
 
     @classmethod
@@ -421,8 +424,9 @@ def record_run_config(settings: NodeSettings, cfg: RunConfig, context: Context) 
     """What this site's data is used for, in the site's own records: one log line (the run's algorithms, rounds,
     seed, the SHA-256 of its configuration, ``config_load.config_record``) and, where the SuperNode has a samples or
     state folder, the whole configuration as ``run-config__<site>__<sha256 prefix>.json`` (whose ``sha256sum`` is the
-    digest logged) beside the case-id mapping (0600), so a hospital
-    can audit long after what it trained (the coordinator chooses the configuration; the site only checks it)."""
+    digest logged) beside the case-id mapping (0600), so a hospital can audit long after what it trained (the
+    coordinator chooses the configuration; the site checks it, and with ``--config-sha256`` refuses any other than
+    the one it agreed to: a ValueError, which the data check's reply carries to the coordinator)."""
     from fedseg.atomic_files import atomic_write_text
     from fedseg.config_load import config_record
 
@@ -432,12 +436,19 @@ def record_run_config(settings: NodeSettings, cfg: RunConfig, context: Context) 
         f"{cfg.seed}, secure aggregation {cfg.fl.secure_aggregation}, configuration sha256 {digest}"
     )
     log_once(context, printable(line), logging.INFO)
-    folder = settings.records
+    folder, path = settings.records, None
     if folder is not None:
         path = Path(folder) / f"run-config__{settings.site}__{digest[:16]}.json"
         if not path.exists():
             path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             atomic_write_text(path, text, private=True)  # 0600 from the start; sha256sum of it: the digest logged
+    if settings.config_sha256 is not None and digest != settings.config_sha256:
+        raise ValueError(
+            f"site {settings.site}: refused the coordinator's run before any of its data trains: its configuration "
+            f"(sha256 {digest}{', kept as ' + str(path) if path else ''}) is not the one this site agreed to "
+            f"(--config-sha256 {settings.config_sha256}); compare it with the agreed one (`fedseg flower "
+            "config-digest --write FILE` with the study's options)"
+        )
 
 
 def on_refused(content: RecordDict, context: Context, settings: NodeSettings, cfg: RunConfig) -> RecordDict:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fedseg.flower.certs import TlsFiles
-from fedseg.flower.deploy import Processes, Started, parse_address, port_in_use, wait_for_port
+from fedseg.flower.deploy import Processes, Started, cannot_listen, parse_address, wait_for_port
 from fedseg.flower.log_watch import log_tail
 
 
@@ -87,12 +87,12 @@ def start_superlink(procs: Processes, link: LinkSettings, logs: Path, env: dict,
     """Start the SuperLink and wait until it listens on its addresses; an address this process cannot listen on is
     refused first, in one line (a Fleet port in use: the SuperLink died, and the coordinator's first call to it
     ended in a 370-line traceback)."""
-    listens = [("the Control API (--control-address)", link.control_address)]
-    listens += [] if link.simulation else [("the Fleet API (--host, --port)", f"{link.host}:{link.port}")]
-    for what, address in listens:
-        host, port = parse_address(address, "address")
-        if (why := port_in_use(host, port)) is not None:
-            raise RuntimeError(f"{what} cannot listen on {address}: {why} (another coordinator on this machine?)")
+    listens = [("the Control API", "--control-address", link.control_address)]
+    listens += [] if link.simulation else [("the Fleet API", "--host, --port", f"{link.host}:{link.port}")]
+    for what, option, address in listens:
+        host, port = parse_address(address, option)
+        if (why := cannot_listen(host, port)) is not None:
+            raise RuntimeError(f"{what} ({option}) cannot listen on {address}: {why}")
     started = procs.start("superlink", superlink_command(link), logs / "superlink.log", env)
     try:
         for address in [link.control_address] if link.simulation else [link.control_address, link.address]:

@@ -14,23 +14,32 @@ or ``subprocess``, a new process per message (as Flower's ``subprocess`` isolati
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 from fedseg.data.federation import Federation, FederationError
-from fedseg.flower.deploy import BIN, parse_address, port_in_use, stop_when_child_exits
+from fedseg.flower.deploy import BIN, cannot_listen, parse_address, stop_when_child_exits
 
 ISOLATIONS = ("subprocess", "warm")
 
 
-def node_config(site: str, data: Path, samples: Path | None, state: Path | None = None) -> str:
-    """Flower node config ``site='..' data='..' samples='..' state='..'`` (TOML literal strings)."""
+SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def node_config(
+    site: str, data: Path, samples: Path | None, state: Path | None = None, config_sha256: str | None = None
+) -> str:
+    """Flower node config ``site='..' data='..' samples='..' state='..' config-sha256='..'`` (TOML literal
+    strings)."""
     values = {"site": site, "data": str(Path(data).resolve())}
     if samples is not None:
         values["samples"] = str(Path(samples).resolve())
     if state is not None:
         values["state"] = str(Path(state).resolve())
+    if config_sha256 is not None:
+        values["config-sha256"] = config_sha256
     for key, value in values.items():
         if "'" in value or "\n" in value:
             raise ValueError(f"{key} {value!r}: quotes and newlines cannot be passed in a Flower node config")
@@ -50,7 +59,7 @@ def check_site_folder(site: str, data: Path) -> Federation:
 def check_port_free(port: int, host: str = "127.0.0.1") -> None:
     """Refuse a ``--port`` another process listens on, in one line (Flower's SuperNode stops with "address already in
     use" and "Runtime HTTP API failed to start", which does not say which option to change)."""
-    if (why := port_in_use(host, port)) is not None:
+    if (why := cannot_listen(host, port)) is not None:
         raise ValueError(
             f"--port {port}: {host}:{port} is in use ({why}; another SuperNode on this machine?): give each "
             "SuperNode on a machine its own --port (its Runtime API listens there)"
@@ -69,6 +78,7 @@ def supernode_argv(
     isolation: str,
     max_wait: float | None,
     state: Path | None = None,
+    config_sha256: str | None = None,
 ) -> list[str]:
     """Arguments of Flower's ``flower-supernode`` for one site."""
     argv = [
@@ -77,7 +87,7 @@ def supernode_argv(
         "--port",
         str(port),
         "--node-config",
-        node_config(site, data, samples, state),
+        node_config(site, data, samples, state, config_sha256),
         "--isolation",
         "process",  # every isolation: fedseg's runner (run_supernode), never Flower's flwr-clientapp
     ]
@@ -134,23 +144,39 @@ def run_supernode(
     poll: float | None = None,
     max_wait: float | None = None,
     state: Path | None = None,
+    config_sha256: str | None = None,
     echo: Callable[[str], None] = print,
 ) -> None:
     """Check the data, then become this site's SuperNode (blocks until it stops). See the module docstring.
-    ``state``: folder for the snapshots of the site's state store (needed to resume a run; keep it)."""
+    ``state``: folder for the snapshots of the site's state store (needed to resume a run; keep it);
+    ``config_sha256``: the agreed configuration's digest (``config_load.config_record``): any other run is refused at
+    its data check."""
     import os
     import subprocess
 
     if isolation not in ISOLATIONS:
         raise ValueError(f"isolation must be one of {ISOLATIONS}, got {isolation!r}")
-    parse_address(superlink, "--superlink")
+    parse_address(superlink, "--superlink", "coordinator.example.org:9092")
+    if config_sha256 is not None and not SHA256.fullmatch(config_sha256 := config_sha256.strip().lower()):
+        raise ValueError(f"--config-sha256 {config_sha256}: expected 64 hex digits (`fedseg flower config-digest`)")
     if auth_key is not None:
         check_private_key(Path(auth_key))
     fed = check_site_folder(site, data)
     echo(f"data check passed: site {site} of {fed.name!r}, {len(fed.site(site).cases)} cases in {data}")
     check_port_free(port)
     argv = supernode_argv(
-        site, data, superlink, port, samples, root_certificates, insecure, auth_key, isolation, max_wait, state
+        site,
+        data,
+        superlink,
+        port,
+        samples,
+        root_certificates,
+        insecure,
+        auth_key,
+        isolation,
+        max_wait,
+        state,
+        config_sha256,
     )
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
     os.environ["FLWR_DISABLE_UPDATE_CHECK"] = "1"

@@ -70,16 +70,24 @@ def method_notes(cfg: RunConfig, task: Task) -> list[str]:
     return [note for note in notes if note is not None]
 
 
-def data_notes(cfg: RunConfig, kind: str) -> list[str]:
+def data_notes(cfg: RunConfig, kind: str, channel_names: list[str] | None = None) -> list[str]:
     """Lines saying how a folder federation's images reach the network, shown once when the run starts: 3D volumes
     on the whole-image path (``data.volume.patch_size`` unset) are resized to ``data.image_size`` per axis (and
     scored there with ``eval.score_grid: model``; in voxels, without spacing, on their own grid by default), which a
     preset made for 2D images (``demo``) does without saying so;
     and a fixed ``eval.hd95_worst`` (the fets presets': BraTS's 373.13 mm) that every missed region of the folder's
-    own cases scores, whatever their size."""
+    own cases scores, whatever their size; and CT channels (``channel_names``, as the MSD and nnU-Net importers
+    record them) normalized otherwise than in Hounsfield windows (``data.normalize: ct``)."""
     if cfg.data.source != "folder":
         return []
     notes = []
+    if any(str(name).strip().upper() == "CT" for name in channel_names or []) and cfg.data.normalize != "ct":
+        notes.append(
+            f"note: the images are CT (federation.yaml channel_names) but data.normalize is {cfg.data.normalize}: "
+            "Hounsfield units are usually clipped to a window and standardized (nnU-Net's CT normalization): "
+            "--set data.normalize=ct --set 'data.ct_windows=[[-200, 300, 50, 100]]' (lower, upper, mean, std per "
+            "channel: the window of your structures)"
+        )
     if kind == "3d" and cfg.data.volume.patch_size is None:
         side = cfg.data.image_size
         notes.append(

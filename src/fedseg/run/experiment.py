@@ -223,8 +223,11 @@ def record_start(
         log_event(out, "resumed")
     for line in notes + cost_warnings(cfg, len(prep.federation.sites)):
         announce(out, line, on_log_line)
+    fed = prep.federation
     for line in (
-        method_notes(cfg, prep.task) + data_notes(cfg, prep.federation.kind) + device_notes(cfg, prep.task.device)
+        method_notes(cfg, prep.task)
+        + data_notes(cfg, fed.kind, fed.channel_names)
+        + device_notes(cfg, prep.task.device)
     ):
         announce(out, line, on_log_line)
 

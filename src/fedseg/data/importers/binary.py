@@ -15,8 +15,10 @@ Mask -> label: read as grey. A mask whose largest value is 1 (0/1 masks) has for
 image reads as 0/255) has foreground grey >= 128 (0/255 masks, anti-aliased edges, and JPEG masks such as
 Kvasir-SEG's, whose values scatter near 0 and 255). A colour mask is read as grey where its channels agree within
 ``COLOUR_TOLERANCE`` grey levels at every pixel (JPEG noise between channels of a grey mask is less); one whose
-channels differ more somewhere is a colour-coded mask: refused. A lossless mask (not JPEG) whose largest value lies
-in 2..127 holds class indices (a multi-class mask), not a binary one: refused rather than imported as empty.
+channels differ more somewhere is a colour-coded mask: refused. A mask drawn in its alpha channel only (its colour
+the same everywhere) is read from the alpha channel. A mask whose largest value lies in 2..127 is refused rather
+than imported as empty: a lossless one holds class indices (a multi-class mask), a JPEG one is a 0/1 mask whose
+values blurred (or an empty 0/255 one).
 
 What it writes: sites named after the source folders; case ids = the image ids; per case the image linked as is
 when it is an RGB PNG/JPEG, else converted to an RGB PNG (grey images too); the mask converted to a label PNG with
@@ -78,15 +80,20 @@ def mask_labels(path: Path, lossy: bool = False) -> np.ndarray:
             grey = np.asarray(rgb.convert("L"))
         else:
             grey = np.asarray(image.convert("L"))
+        if "A" in image.getbands() and grey.min(initial=0) == grey.max(initial=0):  # drawn in the alpha channel only
+            grey = np.asarray(image.getchannel("A"))
     top = int(grey.max(initial=0))
     if top == 1:
         return (grey == 1).astype(np.uint8)
-    if not lossy and 1 < top < THRESHOLD:
+    if 1 < top < THRESHOLD:
         values = [int(v) for v in np.unique(grey)]
         shown = ", ".join(map(str, values[:10])) + (", ..." if len(values) > 10 else "")
-        raise FederationError(
-            f"{path}: mask values {shown}: class indices of a multi-class mask? expected a binary mask (0/255, or 0/1)"
+        why = (
+            "a 0/1 mask saved as JPEG (its values blur) or an empty 0/255 one? save masks losslessly (PNG)"
+            if lossy
+            else "class indices of a multi-class mask? expected a binary mask (0/255, or 0/1)"
         )
+        raise FederationError(f"{path}: mask values {shown}: {why}")
     return (grey >= THRESHOLD).astype(np.uint8)
 
 

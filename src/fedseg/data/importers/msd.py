@@ -44,7 +44,15 @@ from fedseg.data import readers
 from fedseg.data.case_files import split_name
 from fedseg.data.federation import FederationError, channel_order
 from fedseg.data.importers.nnunet import channel_file, channels_source
-from fedseg.data.importers.writer import Plan, PlannedCase, PlannedSite, Source, existing_folder, raise_problems
+from fedseg.data.importers.writer import (
+    Plan,
+    PlannedCase,
+    PlannedSite,
+    Source,
+    existing_folder,
+    near_miss,
+    raise_problems,
+)
 from fedseg.data.structured import read_mapping
 
 RegionMode = Literal["auto", "nested", "disjoint"]
@@ -64,13 +72,17 @@ def read_dataset_json(task: Path) -> dict:
         "an MSD task folder holds dataset.json, imagesTr/ and labelsTr/",
         "a JSON object with labels, modality and training",
     )
-    problems = []
     labels, modality, training = data.get("labels"), data.get("modality"), data.get("training")
-    if not isinstance(labels, dict) or not labels or not all(str(k).isdigit() for k in labels):
+    problems = [
+        f'{path}: missing "{k}"{near_miss(k, data)}' for k in ("labels", "modality", "training") if k not in data
+    ]
+    if "labels" in data and (not isinstance(labels, dict) or not labels or not all(str(k).isdigit() for k in labels)):
         problems.append(f'{path}: "labels": expected an object label value -> name, got {labels!r}')
-    if not isinstance(modality, dict) or not modality:
+    if "modality" in data and (not isinstance(modality, dict) or not modality):
         problems.append(f'{path}: "modality": expected an object channel -> modality name, got {modality!r}')
-    if not isinstance(training, list) or not training:
+    if "training" not in data:
+        pass  # said above
+    elif not isinstance(training, list) or not training:
         problems.append(f'{path}: "training": expected a non-empty list of {{"image": ..., "label": ...}}')
     elif not all(
         isinstance(t, dict) and isinstance(t.get("image"), str) and isinstance(t.get("label"), str) for t in training

@@ -48,7 +48,6 @@ supported).
 
 from __future__ import annotations
 
-import difflib
 import functools
 import glob
 import json
@@ -65,7 +64,15 @@ import numpy as np
 from fedseg.data import case_files, folder_write, readers
 from fedseg.data.csv_rows import read_csv_rows
 from fedseg.data.federation import FederationError, Split
-from fedseg.data.importers.writer import Plan, PlannedCase, PlannedSite, Source, raise_problems, single_source
+from fedseg.data.importers.writer import (
+    Plan,
+    PlannedCase,
+    PlannedSite,
+    Source,
+    near_miss,
+    raise_problems,
+    single_source,
+)
 from fedseg.data.structured import read_mapping
 
 DATASET_JSON = "dataset.json"
@@ -163,12 +170,6 @@ def regions_from_labels(labels: dict[str, Any], path: Path) -> tuple[dict[str, l
     return regions, dict(sorted(names.items()))
 
 
-def _misspelt(key: str, data: dict) -> str:
-    """`` (the file has "channel_name": misspelt?)`` where ``data`` holds a near-miss of the missing ``key``."""
-    close = difflib.get_close_matches(key, [str(k) for k in data], n=1, cutoff=0.75)
-    return f' (the file has "{close[0]}": misspelt?)' if close else ""
-
-
 def read_dataset_json(src: Path) -> DatasetInfo:
     """``SRC/dataset.json`` checked (``FederationError`` naming the file and field otherwise)."""
     path = src / DATASET_JSON
@@ -183,7 +184,7 @@ def read_dataset_json(src: Path) -> DatasetInfo:
         if key not in data:
             msd = f"fedseg data import msd {shlex.quote(str(src))}"
             hint = f' (an nnU-Net v1 task or MSD dataset.json: import it with "{msd}")' if "modality" in data else ""
-            raise FederationError(f'{path}: missing "{key}"{hint or _misspelt(key, data)}')
+            raise FederationError(f'{path}: missing "{key}"{hint or near_miss(key, data)}')
     channels = data["channel_names"]
     if not isinstance(channels, dict) or not channels or set(channels) != {str(i) for i in range(len(channels))}:
         raise FederationError(f'{path}: "channel_names": expected {{"0": name, "1": name, ...}}, got {channels!r}')
@@ -194,7 +195,7 @@ def read_dataset_json(src: Path) -> DatasetInfo:
     if label_names is None and not (isinstance(order, list) and len(order) == len(regions)):
         raise FederationError(
             f'{path}: "regions_class_order": region-based labels need a list of {len(regions)} label values, '
-            f"got {order!r}{_misspelt('regions_class_order', data) if order is None else ''}"
+            f"got {order!r}{near_miss('regions_class_order', data) if order is None else ''}"
         )
     ending = data["file_ending"]
     if isinstance(ending, str) and (why := UNLINKABLE.get(ending.lower().lstrip("."))) is not None:

@@ -146,6 +146,15 @@ def folder_sites(
     return sites
 
 
+def near_miss(key: str, data: dict) -> str:
+    """`` (the file has "channel_name": misspelt?)`` where ``data`` (a dataset.json) holds a near-miss of the missing
+    ``key``, else ""."""
+    import difflib
+
+    close = difflib.get_close_matches(key, [str(k) for k in data], n=1, cutoff=0.75)
+    return f' (the file has "{close[0]}": misspelt?)' if close else ""
+
+
 def raise_problems(problems: list[str]) -> None:
     """One ``FederationError`` listing ``problems`` (the same problem on many files: the first 3, then a count)."""
     from fedseg.data.folder import problems_text
