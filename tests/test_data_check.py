@@ -481,3 +481,14 @@ def test_an_empty_images_folder_is_one_problem(root):
     assert str(err.value) == (
         f"{root}: federation folder is invalid: {root}/s1/images: no image files, for the 3 labels of the site"
     )
+
+
+def test_a_blank_image_is_a_warning_naming_it(root):
+    """An all-zero (or constant) image with a non-empty label was imported, checked and trained on without a word
+    (a fresh-eyes 3D CT study: a failed export): the check passes with a warning naming the file."""
+    _png(root / "s1" / "images" / "b.png", np.zeros((8, 8, 3), np.uint8))
+    (line,) = check_warnings(root)
+    assert line == (
+        f"warning: {root}/s1/images/b.png: every voxel holds the same value (a blank or failed export?): nothing to "
+        "learn from"
+    )

@@ -109,9 +109,11 @@ def test_the_legend_says_what_was_scored_and_the_worst_hd95_used(tmp_path):
     html = render_report(run).read_text()  # a run of an older fedseg: neither recorded
     assert "eval.hd95_worst, by default the diagonal of the case's grid" in html and "eval.score_on" not in html
     summary = json.loads((run / "summary.json").read_text())
-    (run / "summary.json").write_text(json.dumps({**summary, "hd95_worst": 373.13, "score_on": "label_map"}))
+    scoring = {"score_on": "label_map", "score_grid": "original"}
+    (run / "summary.json").write_text(json.dumps({**summary, "hd95_worst": 373.13, **scoring}))
     html = render_report(run).read_text()
-    assert "(373.13 pixels / voxels, eval.hd95_worst)" in html and "(eval.score_on: label_map), the masks" in html
+    assert "(373.13 pixels / voxels, eval.hd95_worst)" in html and "(eval.score_on: label_map), as fedseg" in html
+    assert "Scored on each image's own grid (eval.score_grid: original;" in html
     (run / "summary.json").write_text(json.dumps({**summary, "hd95_worst": None, "score_on": "channels"}))
     html = render_report(run).read_text()
     assert "(the diagonal of the case's grid, eval.hd95_worst unset)" in html
@@ -302,3 +304,11 @@ def test_a_mean_and_ranks_that_point_opposite_ways_are_said_neither_noise_nor_a_
     text = " ".join(summary_lines(run))
     assert "Mean and ranks disagree with the best: FedProx" in text and "Within noise" not in text, text
     assert "(mean and ranks disagree): neither wins" in text
+
+
+def test_a_ci_bound_near_zero_keeps_its_side_of_zero():
+    """The verdict printed a CI of [+0.0000, +0.0002] whose lower bound was 3e-05 (a fresh-eyes study): a reader
+    could not tell it excluded 0; the bench's rule (one significant digit) holds here too."""
+    from fedseg.report.verdict import _signed
+
+    assert (_signed(3e-5), _signed(-2e-5), _signed(0.0), _signed(0.00123)) == ("+3e−05", "−2e−05", "+0.0000", "+0.0012")

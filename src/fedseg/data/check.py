@@ -22,6 +22,7 @@ from fedseg.data.folder import (
     HEADER_FILE,
     Header,
     build_federation,
+    group_problems,
     moved_links_problem,
     problems_text,
     raw_dataset_problem,
@@ -48,10 +49,10 @@ def label_value_problems(label: np.ndarray, regions: Regions, path: Path | str) 
 
 def _check_case(
     image_path: Path, label_path: Path, header: Header | None
-) -> tuple[list[str], tuple[int, ...] | None, set[int]]:
-    """Load one case and return ``(problems, image shape (C, *spatial) or None, its label's values)``, each problem
-    once (a DICOM-SEG label is read on its image's grid, so a broken DICOM series fails the label with the image's
-    own line).
+) -> tuple[list[str], tuple[int, ...] | None, set[int], bool]:
+    """Load one case and return ``(problems, image shape (C, *spatial) or None, its label's values, whether the
+    image holds one value in every voxel)``, each problem once (a DICOM-SEG label is read on its image's grid, so a
+    broken DICOM series fails the label with the image's own line).
 
     Without a valid header only readability is checked (kind, channels and regions are unknown).
     """
@@ -62,7 +63,7 @@ def _check_case(
                 read_array(path, as_label=as_label)
             except FederationError as e:
                 problems += str(e).splitlines()
-        return problems, None, set()
+        return problems, None, set(), False
     image = label = None
     try:
         image = read_image(image_path, header.kind)
@@ -81,7 +82,16 @@ def _check_case(
             image_path, label_path
         )
     values = set() if label is None else {int(v) for v in np.unique(label)}
-    return list(dict.fromkeys(problems)), None if image is None else tuple(image.shape), values
+    blank = image is not None and image.size > 0 and bool(np.min(image) == np.max(image))
+    return list(dict.fromkeys(problems)), None if image is None else tuple(image.shape), values, blank
+
+
+def blank_image_warnings(paths: list[Path]) -> list[str]:
+    """One line per image that holds one value in every voxel (a failed or blank export: trained and scored on
+    without a word before); :func:`fedseg.data.folder.group_problems` shows the first few and a count."""
+    return [
+        f"{path}: every voxel holds the same value (a blank or failed export?): nothing to learn from" for path in paths
+    ]
 
 
 MAX_IMAGE_MB = 512.0  # data check's default: an image larger than this as float32 gets a warning
@@ -220,19 +230,21 @@ def check_folder(
     meta: dict[tuple[str, str], dict[str, object]] = {}
     site_of: dict[Path, str] = {}
     seen: set[int] = set()  # label values some case holds
+    blanks: list[Path] = []  # images of one value in every voxel
     with rtstruct.noting() as painted:
         for site in sites:
             for cid, (image_path, label_path) in site.cases.items():
                 site_of[label_path] = site.name
-                case_probs, shape, values = _check_case(image_path, label_path, header)
+                case_probs, shape, values, blank = _check_case(image_path, label_path, header)
                 problems += case_probs
                 seen |= values
+                blanks += [image_path] if blank else []
                 if shape is not None:
                     meta[(site.name, cid)] = {"image_shape": shape}
                     if warnings is not None:
                         warnings += size_warning(image_path, shape, max_image_mb)
     problems += rtstruct_problems(painted)
-    notices = rtstruct_warnings(painted, site_of)
+    notices = rtstruct_warnings(painted, site_of) + blank_image_warnings(blanks)
     if header is not None and not problems:
         notices += empty_region_warnings(header.regions, seen, sum(len(site.cases) for site in sites))
     if warnings is not None:
@@ -243,6 +255,6 @@ def check_folder(
     if problems:
         raise FederationError(problems_text(f"{root}: federation folder is invalid", problems))
     assert fed is not None  # scan_folder reports a problem whenever federation.yaml is invalid
-    for line in notices if warnings is None else []:
+    for line in group_problems(notices) if warnings is None else []:  # the same on many files: a few, then a count
         log.warning(line)
     return fed

@@ -37,6 +37,7 @@ from fedseg.evaluate.stats import (
     compare,
     correct_family,
     ranks_disagree,
+    signed_text,
     significant,
 )
 from fedseg.evaluate.tables import case_means
@@ -217,7 +218,9 @@ def verdict(run: RunFiles, resamples: int = RESAMPLES) -> Verdict | None:
 
 
 def _signed(x: float) -> str:
-    return "–" if math.isnan(x) else f"{x:+.{DIGITS}f}".replace("-", "−")
+    """``x`` with its sign (``signed_text``: a nonzero one that would print as ±0.0000 to one significant digit, so a
+    CI bound always shows its side of 0), a minus sign for ``-``; ``–`` for NaN."""
+    return "–" if math.isnan(x) else signed_text(x, DIGITS).replace("-", "−")
 
 
 def _test_text(d: Difference) -> str:
