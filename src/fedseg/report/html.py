@@ -694,7 +694,7 @@ def _report_parts(run: RunFiles, fig_dir: Path) -> list[str]:
             region_table(run),
             "Each method's own models (for Local: each site's model on its own site; a federated method's local "
             "models are not counted). "
-            "Std over cases (sample std); HD95 over cases where it is defined.",
+            "Std over cases (sample std); HD95 over the cases it was computed for (eval.hd95).",
         ),
         Section("Validation Dice per round", VALIDATION_IMG if curves else None, _validation_note(run, order)),
         *persite.sections(run, order, fig_dir),

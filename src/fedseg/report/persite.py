@@ -192,8 +192,8 @@ def _table1_note(run: RunFiles, order: Sequence[str]) -> str:
         "selected <b>per site</b> at the round where it scored best on that site's own validation split "
         "(Selected round: the range over sites; hover for each site's round). Centralized and FedAvg test one "
         "model, of the round with the best mean validation Dice. Mean ± std over all test cases (sample std; a "
-        "case's Dice, HD95 and NSD: mean over regions; HD95 over cases where it is defined). Total SGD steps and "
-        f"estimated training time: FeTS Table 2 (section Cost).{cost}"
+        "case's Dice, HD95 and NSD: mean over regions; HD95 over the cases it was computed for, eval.hd95). Total "
+        f"SGD steps and estimated training time: FeTS Table 2 (section Cost).{cost}"
     )
 
 
