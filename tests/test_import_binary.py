@@ -213,7 +213,7 @@ def test_bad_region_names_same_site_names_and_region_of_another_layout_are_refus
     assert_refused(run(str(src), "--region", "background", "--out", str(out)), out, "--region 'background'")
     assert_refused(run(str(src), "--region", "polyp mask", "--out", str(out)), out, "use letters, digits")
     twin = source(tmp_path / "b" / "Kvasir")
-    assert_refused(run(str(src), str(twin), "--out", str(out)), out, "source folders must have distinct names")
+    assert_refused(run(str(src), str(twin), "--out", str(out)), out, f"{src} and {twin} would both be site 'Kvasir'")
     result = CliRunner().invoke(app, ["data", "import", "fundus", str(src), "--region", "polyp", "--out", str(out)])
     assert_refused(result, out, "--region applies to the binary layout only, not fundus")
 

@@ -13,7 +13,14 @@ import numpy as np
 
 from fedseg.data.case_files import split_name
 from fedseg.data.federation import FederationError
-from fedseg.data.importers.writer import PlannedCase, PlannedSite, Source, existing_folder, folder_sites
+from fedseg.data.importers.writer import (
+    PlannedCase,
+    PlannedSite,
+    Source,
+    check_distinct_names,
+    existing_folder,
+    folder_sites,
+)
 
 IMAGE_EXTS = ("jpg", "jpeg", "png", "bmp", "tif", "tiff")
 LINKABLE = ("jpg", "jpeg", "png")  # an RGB file of these is written as is (linked or copied)
@@ -96,7 +103,5 @@ def source_sites(
     if not sources:
         raise FederationError(f"{layout}: expected one or more source folders (each with {holds})")
     folders = [existing_folder(s, f"a {layout} source folder with {holds}") for s in sources]
-    names = [f.name for f in folders]
-    if len(set(names)) != len(names):
-        raise FederationError(f"{layout}: source folders must have distinct names (they become the sites), got {names}")
+    check_distinct_names(layout, folders)
     return folder_sites(folders, site_cases)

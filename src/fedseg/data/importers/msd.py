@@ -49,6 +49,7 @@ from fedseg.data.importers.writer import (
     PlannedCase,
     PlannedSite,
     Source,
+    check_distinct_names,
     existing_folder,
     near_miss,
     raise_problems,
@@ -113,9 +114,7 @@ def plan_msd(sources: list[Path], regions: RegionMode = "auto") -> Plan:
     if regions not in REGION_MODES:
         raise FederationError(f"msd: --regions must be one of {', '.join(REGION_MODES)}, got {regions!r}")
     tasks = [existing_folder(s, "an MSD task folder: dataset.json, imagesTr/, labelsTr/") for s in sources]
-    names = [t.name for t in tasks]
-    if len(set(names)) != len(names):
-        raise FederationError(f"msd: task folders must have distinct names (they become the sites), got {names}")
+    check_distinct_names("msd", tasks)
     infos = [read_dataset_json(t) for t in tasks]
     channels = {t: len(info["modality"]) for t, info in zip(tasks, infos)}
     if len(set(channels.values())) > 1:

@@ -132,6 +132,18 @@ def existing_folder(path: Path, what: str) -> Path:
     return path
 
 
+def check_distinct_names(layout: str, folders: list[Path]) -> None:
+    """A ``FederationError`` naming the two folders where two source folders have one name (a site is named after
+    its folder), with the way out: a link under another name."""
+    seen: dict[str, Path] = {}
+    for folder in folders:
+        if (other := seen.setdefault(folder.name, folder)) is not folder:
+            raise FederationError(
+                f"{layout}: {other} and {folder} would both be site {folder.name!r} (a site is named after its "
+                f"folder): give one another name, e.g. a link: ln -s {folder} {folder.parent / (folder.name + '-2')}"
+            )
+
+
 def folder_sites(
     folders: list[Path], site_cases: Callable[[Path], tuple[list[PlannedCase], list[str]]]
 ) -> list[PlannedSite]:
