@@ -758,7 +758,7 @@ def test_a_site_pinned_to_the_agreed_configuration_refuses_any_other_before_its_
     from fedseg.cli import app
     from fedseg.config_load import config_record, dump_config
 
-    agreed, other = tiny_config(), tiny_config(fl={"rounds": 3})
+    agreed, other = tiny_config(algorithms=["fedavg"]), tiny_config(algorithms=["fedavg"], fl={"rounds": 3})
     config = tmp_path / "study.yaml"
     config.write_text(dump_config(agreed))
     said = CliRunner().invoke(
@@ -768,6 +768,8 @@ def test_a_site_pinned_to_the_agreed_configuration_refuses_any_other_before_its_
     digest = config_record(agreed)[1]
     assert said.output.strip() == f"configuration sha256 {digest} ({tmp_path / 'a.json'})"
     assert (tmp_path / "a.json").read_text() == config_record(agreed)[0]
+    refused = CliRunner().invoke(app, ["flower", "config-digest", "--preset", "demo"])  # centralized: not on Flower
+    assert refused.exit_code == 1 and "cannot run on Flower: 'centralized'" in refused.output
     for cfg, refused in ((agreed, False), (other, True)):
         ctx = _context("site2", folder, cfg)
         ctx.node_config.update({"samples": str(tmp_path / "samples"), "config-sha256": digest})
@@ -780,6 +782,21 @@ def test_a_site_pinned_to_the_agreed_configuration_refuses_any_other_before_its_
     assert (
         f"is not the one this site agreed to (--config-sha256 {digest})" in reason and "run-config__site2__" in reason
     )
+    # a coordinator that skips the data check: its first training message is refused the same way, nothing trained
+    from fedseg.engine.messages import Message
+    from fedseg.flower.records import to_recorddict
+
+    ctx = _context("site2", folder, other)
+    ctx.node_config.update({"state": str(tmp_path / "state"), "config-sha256": digest})
+    train = _query("x", {})
+    train.metadata.__dict__["_message_type"] = "train.fedavg"
+    train.content = to_recorddict(
+        Message({"w": torch.zeros(3)}),
+        {"site": "site2", "algorithm": "fedavg", "site_index": 1, "num_sites": 2, "round": 1},
+    )
+    refused = node.handle(train, ctx)
+    assert refused.has_error() and "is not the one this site agreed to" in refused.error.reason
+    assert node.get_state(ctx, node.STATE + "fedavg") == {}  # nothing trained
 
 
 def test_a_foreign_bundles_name_is_one_escaped_line_too():
@@ -798,3 +815,14 @@ def test_a_foreign_bundles_name_is_one_escaped_line_too():
         fab.writestr("pyproject.toml", pyproject)
     name = bundle_name(content.getvalue())
     assert name is not None and "\x1b" not in name and "\n" not in name and "\\x1b[31m" in name
+
+
+def test_the_configuration_digest_does_not_depend_on_the_order_options_were_given(tiny_config):
+    """`--set methods.fedavg.aggregator=krum --set methods.fedavg.krum_f=1` and the reverse gave two digests, so a
+    pinned site refused its agreed configuration given in another order (a security re-test)."""
+    from fedseg.config_load import config_record, load_config
+
+    a = load_config(preset="demo", overrides=["methods.fedavg.aggregator=krum", "methods.fedavg.krum_f=1"])
+    b = load_config(preset="demo", overrides=["methods.fedavg.krum_f=1", "methods.fedavg.aggregator=krum"])
+    assert config_record(a)[1] == config_record(b)[1]
+    assert config_record(a)[1] != config_record(load_config(preset="demo"))[1]

@@ -669,6 +669,19 @@ def test_a_coordinator_that_cannot_listen_or_reach_its_superlink_says_so_in_one_
         start_superlink(None, elsewhere, tmp_path, {})  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"^--control-address 127.0.0.1: expected HOST:PORT"):
         start_superlink(None, LinkSettings(control="127.0.0.1"), tmp_path, {})  # type: ignore[arg-type]
+    same = free_ports(1)[0]  # a re-test: both APIs on one port died in a traceback
+    with pytest.raises(RuntimeError, match=rf"--control-address 127.0.0.1:{same} and --port {same}: one port"):
+        start_superlink(None, LinkSettings("127.0.0.1", same, control=f"127.0.0.1:{same}"), tmp_path, {})  # type: ignore[arg-type]
+    a, b = make_certs(tmp_path / "a"), make_certs(tmp_path / "b")  # a's certificate with b's key: 17 lines before
+    mixed = LinkSettings(
+        "127.0.0.1", free_ports(1)[0], TlsFiles(a.ca, a.cert, b.key), control=f"127.0.0.1:{free_ports(1)[0]}"
+    )
+    with pytest.raises(RuntimeError, match=r"the key is not this certificate's"):
+        start_superlink(None, mixed, tmp_path, {})  # type: ignore[arg-type]
+    from fedseg.flower.cli import coordinator_federation
+
+    with pytest.raises(ValueError, match=r"--sites: site 'site1' given twice"):
+        coordinator_federation(tmp_path / "federation.yaml", "site1,site1")
     assert LinkSettings(control="0.0.0.0:9093").control_dial == "127.0.0.1:9093"
     assert LinkSettings(control="10.0.0.5:9093").control_dial == "10.0.0.5:9093"
     log = tmp_path / "superlink.log"

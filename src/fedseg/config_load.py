@@ -374,10 +374,13 @@ def dump_config(cfg: RunConfig) -> str:
 def config_record(cfg: RunConfig) -> tuple[str, str]:
     """``(text, sha256 hex digest of its UTF-8 bytes)``: the configuration as a Flower run's coordinator and every
     site record it (``OUT/flower/run-config.json``, ``run-config__<site>__<digest prefix>.json``), so ``sha256sum``
-    of either file is the digest both print, and the hospitals compare it with the study's agreed configuration."""
+    of either file is the digest both print, and the hospitals compare it with the study's agreed configuration.
+    Keys sorted: ``methods`` options given in another order (``--set`` or YAML) are the same configuration (a
+    security re-test found two digests for one)."""
     import hashlib
+    import json
 
-    text = cfg.model_dump_json(indent=2) + "\n"
+    text = json.dumps(cfg.model_dump(mode="json"), indent=2, sort_keys=True) + "\n"
     return text, hashlib.sha256(text.encode()).hexdigest()
 
 

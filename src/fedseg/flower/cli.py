@@ -335,6 +335,8 @@ def coordinator_federation(path: Path | None, sites: str | None):
         raise ValueError("give --federation (a folder federation or its federation.yaml) or set data.root")
     path = Path(path)
     names = [safe_name(s.strip(), "--sites: site") for s in sites.split(",") if s.strip()] if sites else []
+    if twice := sorted({n for n in names if names.count(n) > 1}):
+        raise ValueError(f"--sites: site {', '.join(map(repr, twice))} given twice; each site once")
     if path.is_file():
         if path.name != "federation.yaml":
             raise ValueError(f"{path}: give a folder federation or its federation.yaml")
@@ -441,9 +443,12 @@ def config_digest(
     hospital pins it (`fedseg flower supernode --config-sha256`) and its SuperNode refuses any other."""
     from fedseg.atomic_files import atomic_write_text
     from fedseg.config_load import config_record
+    from fedseg.flower.server import check_run
 
     try:
-        text, digest = config_record(_config(preset, config, None, algorithms, rounds, seed, set_))
+        cfg = _config(preset, config, None, algorithms, rounds, seed, set_)
+        check_run(cfg)  # a configuration the coordinator would refuse gets no digest to agree on
+        text, digest = config_record(cfg)
         if write is not None:
             atomic_write_text(write, text)
     except _errors() as e:

@@ -266,8 +266,9 @@ def control_problem(error: Exception, address: str, log: Path) -> str:
     with what most likely caused it and the end of the SuperLink's log."""
     reason = " ".join(str(error).split()) or type(error).__name__
     hint = ""
-    if "expired" in reason:
-        hint = "; a certificate has expired: make new ones (`fedseg flower certs`) and give the sites the new ca.crt"
+    if "expired" in reason or "not yet valid" in reason:
+        when = "has expired" if "expired" in reason else "is not yet valid (this machine's clock?)"
+        hint = f"; a certificate {when}: make new ones (`fedseg flower certs`) and give the sites the new ca.crt"
     elif "CERTIFICATE_VERIFY_FAILED" in reason:
         hint = (
             "; superlink.crt is not signed by ca.crt, or names another host: make them together (`fedseg flower certs`)"

@@ -376,6 +376,8 @@ def answer_algorithm(action: str, content: RecordDict, context: Context, setting
     torch.set_num_threads(cfg.threads)
     msg, head = from_recorddict(content)
     check_addressee(head, settings)
+    record_run_config(settings, cfg, context)  # every message, not only the data check: a pinned site refuses a run
+    # of another configuration whatever its coordinator skips (a security re-test skipped the data check)
     to = Delivery(
         run_algorithm_named(head, cfg),
         settings.site,
@@ -406,13 +408,14 @@ def on_info(content: RecordDict, context: Context, settings: NodeSettings, cfg: 
     names, theirs = mine.pop("channel_names"), expected.pop("channel_names", None)
     if mine != expected:
         raise FederationError(
-            f"{settings.data}/federation.yaml: {mine} does not match the coordinator's federation {expected}"
+            f"{settings.data}/federation.yaml: {mine} does not match the coordinator's federation "
+            f"{printable(str(expected))}"  # the coordinator's text, escaped to one line in this site's log
         )
     if names and theirs and channel_order(theirs, names) == "reordered":  # other names: no order to compare
         raise FederationError(
             f"{settings.data}/federation.yaml: channel_names {', '.join(names)} are the coordinator's "
-            f"{', '.join(theirs)} in another order: this site's images would reach the model with their channels "
-            "swapped; reorder this site's channels (and channel_names) to the coordinator's"
+            f"{printable(', '.join(map(str, theirs)))} in another order: this site's images would reach the model "
+            "with their channels swapped; reorder this site's channels (and channel_names) to the coordinator's"
         )
     splits = site_splits(site, cfg.data.split, cfg.data.seed)
     sizes = {s: sum(1 for v in splits.values() if v == s) for s in ("train", "val", "test")}
@@ -443,7 +446,7 @@ def record_run_config(settings: NodeSettings, cfg: RunConfig, context: Context) 
             path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             atomic_write_text(path, text, private=True)  # 0600 from the start; sha256sum of it: the digest logged
     if settings.config_sha256 is not None and digest != settings.config_sha256:
-        raise ValueError(
+        raise Refused(
             f"site {settings.site}: refused the coordinator's run before any of its data trains: its configuration "
             f"(sha256 {digest}{', kept as ' + str(path) if path else ''}) is not the one this site agreed to "
             f"(--config-sha256 {settings.config_sha256}); compare it with the agreed one (`fedseg flower "

@@ -83,16 +83,35 @@ def superlink_command(link: LinkSettings) -> list[str]:
     return cmd
 
 
+def check_certificate(cert: Path, key: Path) -> None:
+    """A RuntimeError in one line where ``key`` is not ``cert``'s private key (or either cannot be read): the
+    SuperLink died with a 17-line traceback (a security re-test)."""
+    import ssl
+
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(str(cert), str(key))
+    except (ssl.SSLError, OSError) as e:
+        raise RuntimeError(
+            f"{cert} with {key}: {getattr(e, 'reason', None) or e} (the key is not this certificate's, or a file "
+            "cannot be read): make them together (`fedseg flower certs`)"
+        ) from None
+
+
 def start_superlink(procs: Processes, link: LinkSettings, logs: Path, env: dict, timeout: float = 60) -> Started:
     """Start the SuperLink and wait until it listens on its addresses; an address this process cannot listen on is
     refused first, in one line (a Fleet port in use: the SuperLink died, and the coordinator's first call to it
     ended in a 370-line traceback)."""
     listens = [("the Control API", "--control-address", link.control_address)]
     listens += [] if link.simulation else [("the Fleet API", "--host, --port", f"{link.host}:{link.port}")]
+    ports = [parse_address(address, option)[1] for _, option, address in listens]
+    if len(set(ports)) < len(ports):
+        raise RuntimeError(f"--control-address {link.control_address} and --port {link.port}: one port for both APIs")
     for what, option, address in listens:
         host, port = parse_address(address, option)
         if (why := cannot_listen(host, port)) is not None:
             raise RuntimeError(f"{what} ({option}) cannot listen on {address}: {why}")
+    if link.tls is not None:
+        check_certificate(link.tls.cert, link.tls.key)
     started = procs.start("superlink", superlink_command(link), logs / "superlink.log", env)
     try:
         for address in [link.control_address] if link.simulation else [link.control_address, link.address]:
