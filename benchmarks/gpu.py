@@ -46,9 +46,13 @@ Derived, per algorithm, over its steady rounds (rounds >= 2 when there are any, 
 warm-up; ``steady_rounds`` in the JSON):
 ``validation_over_training`` = validation s / training s per round; ``final_eval_over_round_training`` =
 final evaluation s / one round's training s; ``final_eval_share_100_rounds`` = F / (100 x round s + F);
-``round_over_kernel`` = round s / (optimizer steps per round x kernel s per step) (steps: ledger.csv,
-training rows, forward-only rows excluded; FedSM's steps include its selector's, the kernel time is the
-segmentation network's), ``train_over_kernel`` likewise with the training exchanges only.
+``round_over_kernel`` = round s / a round's kernel time, ``kernel_s_per_round``: the training cases its training
+replies say they saw x kernel s per step / the kernel batch (``kernel_basis: samples``; a site smaller than a
+batch trains partial batches, whose steps cost less: the ``fets`` preset's 11 sites train 1-3 steps of 1-4 cases),
+else optimizer steps per round x kernel s per step (``steps``; ledger.csv, training rows, forward-only rows
+excluded; FedSM's steps include its selector's, the kernel time is the segmentation network's);
+``train_over_kernel`` likewise with the training exchanges only. Until 2026-11-30 it was steps-based only, which
+overstated the kernel time of a round of partial batches (``gpu-h200.json``'s ``fets``: 14 steps of 4 cases).
 
 Comparisons (``comparisons`` in the JSON, a table in the Markdown): a case with ``compare_to`` against that case,
 per algorithm both ran: the difference of their global test Dice and their rounds' speed-up. GPU: ``fets-2slots``
@@ -101,6 +105,7 @@ SAMPLE_MS = 200
 PROJECTED_ROUNDS = 100
 WARMUP_STEPS, PROFILED_STEPS, TIMED_STEPS = 3, 5, 5
 KERNEL_CAP_S = 60.0  # the kernel process's limit at most
+KERNEL_FLOOR_S = 40.0  # and at least, where half the budget allows (Runner.kernels)
 MIN_CASE_S = 10.0  # a case with less time left than this is skipped
 PHASES = ["startup", "train", "validation", "round_other", "final_eval", "algorithm_setup", "report", "exit", "total"]
 
@@ -254,7 +259,9 @@ def child_run(spec: dict) -> None:
         log("algorithm_start", algorithm=name)
 
     def observe(site, action, msg, reply) -> None:
-        log("reply", algorithm=current["algorithm"], site=site, action=action)
+        samples = reply.meta.get("samples")  # training cases seen (FedAvg's train_meta); None where not said
+        samples = samples if isinstance(samples, int) and not isinstance(samples, bool) else None
+        log("reply", algorithm=current["algorithm"], site=site, action=action, samples=samples)
 
     def on_round_end(name: str, rnd: int, losses: dict) -> None:
         log("round_end", algorithm=name, round=rnd)
@@ -638,6 +645,7 @@ def algorithm_timeline(
         train, val, steps = split_exchanges([x for x in exchanges if start is not None and start <= x["end"] <= r["t"]])
         rounds.append({"round": r["round"], "start": start, "end": r["t"], "train_windows": train, "val_windows": val})
         rounds[-1]["steps"] = sum(steps) if steps and None not in steps else None
+        rounds[-1]["samples"] = trained_samples([x for x in replies if start is not None and start < x["t"] <= r["t"]])
         start = r["t"]
     final = (ends[-1]["t"], end) if ends and end is not None else None
     after = ends[-1]["t"] if ends else begin
@@ -651,6 +659,14 @@ def algorithm_timeline(
         "final": final,
         "unfinished": unfinished,
     }
+
+
+def trained_samples(replies: list[dict]) -> int | None:
+    """The training cases the training replies of a round say they saw (``samples``); None where one says none."""
+    from fedseg.engine.ledger import EVAL_ACTIONS, FORWARD_ONLY_ACTIONS
+
+    said = [e.get("samples") for e in replies if e["action"] not in EVAL_ACTIONS | FORWARD_ONLY_ACTIONS]
+    return sum(said) if said and None not in said else None
 
 
 def split_exchanges(exchanges: list[dict]) -> tuple[list[Window], list[Window], list[int | None]]:
@@ -737,9 +753,12 @@ def ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
-def algorithm_numbers(algo: dict, kernel_s: float | None, samples: list) -> dict:
+def algorithm_numbers(algo: dict, kernel_s: float | None, batch: int | None, samples: list) -> dict:
     """Per-round seconds, the derived ratios and the steady rounds' GPU busy fractions of one algorithm (module
-    docstring)."""
+    docstring). ``kernel_s``: one step's kernel time on a full batch of ``batch`` cases; a round's kernel time is its
+    training cases x ``kernel_s / batch`` where every training reply says how many it saw (a site smaller than a
+    batch trains partial batches: the FeTS sites of the ``fets`` preset train 1-3 steps of 1-4 cases), else its
+    steps x ``kernel_s`` (``kernel_basis``)."""
     rounds = [r for r in algo["rounds"] if r["start"] is not None]
     rows = [
         {
@@ -748,6 +767,7 @@ def algorithm_numbers(algo: dict, kernel_s: float | None, samples: list) -> dict
             "train_s": span(r["train_windows"]),
             "validation_s": span(r["val_windows"]),
             "steps": r["steps"],
+            "samples": r.get("samples"),
         }
         for r in rounds
     ]
@@ -756,7 +776,12 @@ def algorithm_numbers(algo: dict, kernel_s: float | None, samples: list) -> dict
     mean = {k: statistics.fmean(r[k] for r in steady) if steady else None for k in ("seconds", "train_s")}
     val = statistics.fmean(r["validation_s"] for r in steady) if steady else None
     steps = [r["steps"] for r in steady if r["steps"] is not None]
-    step_s = statistics.fmean(steps) * kernel_s if steps and kernel_s else None
+    seen = [r["samples"] for r in steady if r["samples"] is not None]
+    by_samples = bool(seen) and len(seen) == len(steady) and bool(batch)
+    if by_samples and kernel_s and batch:
+        step_s = statistics.fmean(seen) * kernel_s / batch
+    else:
+        step_s = statistics.fmean(steps) * kernel_s if steps and kernel_s else None
     final = algo["final"][1] - algo["final"][0] if algo["final"] else None
     projected = PROJECTED_ROUNDS * mean["seconds"] + final if final is not None and mean["seconds"] else None
     return {
@@ -766,6 +791,9 @@ def algorithm_numbers(algo: dict, kernel_s: float | None, samples: list) -> dict
         "train_s_per_round": mean["train_s"],
         "validation_s_per_round": val,
         "steps_per_round": statistics.fmean(steps) if steps else None,
+        "samples_per_round": statistics.fmean(seen) if by_samples else None,
+        "kernel_basis": ("samples" if by_samples else "steps") if step_s is not None else None,
+        "kernel_s_per_round": step_s,
         "final_eval_s": final,
         "validation_over_training": ratio(val, mean["train_s"]),
         "final_eval_over_round_training": ratio(final, mean["train_s"]),
@@ -791,7 +819,8 @@ def case_numbers(case: Case, launch: dict, work: Path, samples: list) -> dict:
         seconds = span(w) if w else None
         phases[p] = {"seconds": seconds, "share": ratio(seconds, total), **busy(samples, w)}
     kernel_s = (kernel or {}).get("kernel_s_per_step")
-    algos = {a["name"]: algorithm_numbers(a, kernel_s, samples) for a in tl["algorithms"]}
+    batch = ((kernel or {}).get("input_shape") or [None])[0]
+    algos = {a["name"]: algorithm_numbers(a, kernel_s, batch, samples) for a in tl["algorithms"]}
     cuda = next((e for e in events if e["event"] == "cuda_memory"), None)
     summary_file = work / case.name / "summary.json"
     summary = json.loads(summary_file.read_text()) if summary_file.is_file() else {}
@@ -1051,10 +1080,12 @@ class Bench:
 
     def kernels(self) -> None:
         """Every case's kernel measurement in one child process (``kernel_share`` of the budget, at most
-        ``KERNEL_CAP_S``)."""
+        ``KERNEL_CAP_S``, at least ``KERNEL_FLOOR_S`` where half the budget allows: on a fresh GPU machine the
+        ``fets`` network's measurement took 23 s, most of it imports, and a 140 s budget's share of 21 s lost it)."""
         cases = [{"name": c.name, "preset": c.preset, "overrides": c.all_overrides()} for c in self.cases]
         (self.work / "kernel.json").write_text(json.dumps({"dir": str(self.work / "kernel"), "cases": cases}))
-        limit = min(self.kernel_share * (self.deadline - time.time()), KERNEL_CAP_S)
+        left = self.deadline - time.time()
+        limit = min(max(self.kernel_share * left, min(KERNEL_FLOOR_S, left / 2)), KERNEL_CAP_S)
         print(f"kernel times: limit {limit:.0f} s", flush=True)
         launched = launch(["--child-kernel", str(self.work / "kernel.json")], limit, self.work / "kernel.log")
         self.report["kernel_process"] = {

@@ -72,6 +72,14 @@ def test_cpu_mode_reports_every_case_and_phase(cpu_report):
     assert [r["round"] for r in demo["algorithms"]["fedavg"]["rounds"]] == [1, 2]
     assert demo["algorithms"]["fedavg"]["steady_rounds"] == [2]
     assert demo["derived"]["training_gpu_busy"] is None
+    # a round's kernel time from the cases its sites trained on (FedAvg's replies say), else from its steps (FedSM)
+    fedavg, fedsm = demo["algorithms"]["fedavg"], demo["algorithms"]["fedsm"]
+    assert fedavg["kernel_basis"] == "samples" and fedsm["kernel_basis"] == "steps"
+    assert [r["samples"] for r in fedavg["rounds"]] == [fedavg["samples_per_round"]] * 2
+    assert fedavg["kernel_s_per_round"] == pytest.approx(
+        fedavg["samples_per_round"] * demo["kernel"]["kernel_s_per_step"] / demo["kernel"]["input_shape"][0]
+    )
+    assert fedavg["round_over_kernel"] == pytest.approx(fedavg["round_s"] / fedavg["kernel_s_per_round"])
     md = (out / "gpu-cpu.md").read_text()
     assert "## demo32: ok" in md and "## fets-cpu: ok" in md
     # two sites at once in two workers: the same test Dice to the last bit (CPU), compared in the report
@@ -135,3 +143,35 @@ def test_nvidia_smi_samples_per_phase():
     assert both == {"gpu_busy": pytest.approx(0.7), "gpu_memory_used_mib_max": 300.0, "gpu_samples": 2}
     none = {"gpu_busy": None, "gpu_memory_used_mib_max": None, "gpu_samples": 0}
     assert gpu.busy(samples, [(t0 + 3, t0 + 4)]) == none
+
+
+def test_profile_script_cpu_mode(tmp_path):
+    """benchmarks/gpu_profile.py --cpu: a real fets-cpu run; per-round times, every ledger row as a site's turn, the
+    Python profile of the middle rounds and the last round's profiled ops."""
+    paths = [str(ROOT / "src"), os.environ.get("PYTHONPATH")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
+    cmd = [
+        sys.executable,
+        str(ROOT / "benchmarks" / "gpu_profile.py"),
+        "--cpu",
+        "--rounds",
+        "4",
+        "--out",
+        str(tmp_path),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads((tmp_path / "gpu_profile-cpu.json").read_text())
+    assert [r["round"] for r in report["rounds"]] == [1, 2, 3, 4] and all(r["seconds"] > 0 for r in report["rounds"])
+    train = [t for t in report["turns"] if t["action"] == "train"]
+    assert {t["round"] for t in train} == {1, 2, 3, 4} and all(t["steps"] >= 1 and t["seconds"] > 0 for t in train)
+    assert report["python_profile"]["rounds"] == [2, 2]
+    functions = [r["function"] for r in report["python_profile"]["by_cumulative"]]
+    assert any("fedseg/train.py" in f and "(fit)" in f for f in functions), functions[:10]
+    kernel = report["kernel"]
+    assert kernel["round"] == 4 and kernel["kernel_s"] is None and kernel["by_cpu"][0]["self_cpu_s"] > 0
+    assert "function calls" in (tmp_path / "gpu_profile-cpu.txt").read_text()
+    bad = subprocess.run([*cmd[:2], "--cpu", "--rounds", "3"], capture_output=True, text=True, timeout=120, env=env)
+    assert bad.returncode != 0 and bad.stderr.strip().splitlines() == [
+        "--rounds: at least 4 (round 1 warms up, the last two are the clean and the kernel profile's)"
+    ]

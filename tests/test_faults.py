@@ -11,8 +11,8 @@ import re
 import pytest
 import torch
 
-from fedseg.engine.faults import SiteFailure
-from fedseg.engine.messages import Message
+from fedseg.engine.faults import SiteFailure, update_norm
+from fedseg.engine.messages import Message, l2_norm
 from fedseg.run import prepare, run_algorithm, run_experiment
 
 KINDS = ["crash", "nan", "inf", "shape", "missing", "extra", "weight", "hang"]
@@ -378,3 +378,21 @@ def test_the_numbers_a_server_reads_from_an_evaluation_reply_besides_scores_are_
     assert "expected (cases, 3)" in fedsm.eval_reply_problem("a", val, Message({"probs": torch.zeros(4), **scores}))
     del scores["dice_personal"]
     assert "lack 'dice_personal'" in fedsm.eval_reply_problem("a", val, Message({"probs": torch.zeros(4, 3), **scores}))
+
+
+def test_update_norm_is_the_float64_norm_to_float32_precision():
+    """The outlier warning's float32 norm equals robust merging's float64 one (``l2_norm``) to 1e-6 relative, over
+    the tensors sent and returned by name and shape only."""
+    g = torch.Generator().manual_seed(0)
+    sent = Message(tensors={"model/a": torch.randn(1000, 37, generator=g), "model/b": torch.randn(5, generator=g)})
+    reply = Message(
+        tensors={
+            "model/a": sent.tensors["model/a"] + 0.01 * torch.randn(1000, 37, generator=g),
+            "model/b": sent.tensors["model/b"] * 3,
+            "stats/n": torch.ones(4),  # not sent: left out
+            "model/steps": torch.tensor(3),  # not a float: left out
+        }
+    )
+    expected = l2_norm({k: reply.tensors[k] - sent.tensors[k] for k in ("model/a", "model/b")})
+    assert update_norm(sent, reply) == pytest.approx(expected, rel=1e-6)
+    assert update_norm(sent, sent) == 0.0

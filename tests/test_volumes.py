@@ -12,7 +12,7 @@ import torch
 
 from fedseg.config import AugmentConfig, VolumeConfig
 from fedseg.config_load import ConfigError, load_config
-from fedseg.data.augment import augment_batch
+from fedseg.data.augment import DeviceGaussianNoised, augment_batch
 from fedseg.data.federation import Case, Federation, Regions, Site
 from fedseg.data.volumes import build_volume, draw_patches, preprocess, restore
 from fedseg.evaluate.metrics import case_metrics
@@ -96,6 +96,23 @@ def test_patches_and_augmentations_are_deterministic_per_seed():
     g = torch.Generator().manual_seed(0)
     _, y = draw_patches(vols, (8, 8, 8), 1.0, g)
     assert all(y[i, 0].any() for i in range(3))  # foreground_oversample = 1: every patch holds tumour
+
+
+def test_noise_is_drawn_by_torch_on_the_images_device_from_the_transforms_seed():
+    """DeviceGaussianNoised: N(0, std^2) added to the image only, the same noise for the same seed, none at prob 0."""
+    image, label = torch.zeros(2, 32, 32, 32), torch.ones(3, 32, 32, 32)
+
+    def noised(seed: int, prob: float = 1.0) -> dict:
+        return DeviceGaussianNoised(keys="image", prob=prob, std=0.1).set_random_state(seed)(
+            {"image": image, "label": label}
+        )
+
+    a, b, c = noised(1), noised(1), noised(2)
+    assert torch.equal(a["image"], b["image"]) and not torch.equal(a["image"], c["image"])
+    assert a["image"].dtype == torch.float32 and a["label"] is label
+    assert float(a["image"].mean()) == pytest.approx(0.0, abs=2e-3)
+    assert float(a["image"].std()) == pytest.approx(0.1, rel=1e-2)
+    assert noised(1, prob=0.0)["image"] is image
 
 
 def reference_patches(vols, size, foreground, generator):

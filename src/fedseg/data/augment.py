@@ -1,26 +1,64 @@
 """On-the-fly training augmentations (config ``train.augment``; FeTS 2022 benchmark Sec. 4.4.3).
 
-Applied on the CPU to every sample of a training batch (a patch, or a whole image on the
-whole-image path), in the paper's order, each a MONAI transform:
+Applied to every sample of a training batch (a patch, or a whole image on the whole-image path) on the
+batch's device (the GPU for CUDA), in the paper's order, each a MONAI transform:
 
 1. ``RandFlipd`` along each spatial axis with probability ``flip_prob`` (image and region masks);
-2. ``RandGaussianNoise`` (std ``noise_std``, not resampled) with probability ``noise_prob``;
+2. Gaussian noise (std ``noise_std``, not resampled) with probability ``noise_prob``: :class:`DeviceGaussianNoised`,
+   MONAI's ``RandGaussianNoised`` with the noise drawn by torch on the image's device (MONAI draws it with
+   NumPy on the CPU in float64: on an H200 0.19 s of CPU per 4 x 128^3 patch, holding the interpreter lock, then
+   a 64 MB copy to the GPU: the largest wait of a FeTS site's turn, ``benchmarks/gpu_profile.py``);
 3. ``RandGaussianSmooth`` (sigma in ``smooth_sigma`` per axis) with probability ``smooth_prob``;
 4. ``RandScaleIntensity`` (factor in ``scale_range``) with probability ``scale_prob``;
 5. ``RandAdjustContrast`` (gamma in ``contrast_gamma``) with probability ``contrast_prob``.
 
 Randomness: one integer per batch drawn from the Trainer's generator (the site's per-(seed, site,
 round, action) stream, ``fedseg.engine.context``) seeds the transforms (MONAI ``set_random_state``),
-so a batch's augmentations are a function of that stream: the same in every engine and after a resume.
+so a batch's augmentations are a function of that stream: the same in every engine and after a resume. The noise
+is a function of its transform's seed and the device kind (torch's CPU and CUDA generators give other numbers):
+runs on the CPU are bit-identical to each other, not to a GPU run (whose bf16 numbers differ anyway).
 """
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Mapping
+
 import torch
+from monai.transforms import MapTransform, RandomizableTransform
 
 from fedseg.config import AugmentConfig
 
 IMAGE, LABEL = "image", "label"
+
+
+class DeviceGaussianNoised(RandomizableTransform, MapTransform):
+    """``keys``' images plus ``N(0, std^2)`` noise with probability ``prob`` (MONAI ``RandGaussianNoised`` with
+    ``mean=0, sample_std=False``), the noise drawn by ``torch.randn`` on the image's device in its dtype from a
+    generator seeded by this transform's random state (one draw for ``prob``, one for the seed when applied; every
+    key gets the same noise, as MONAI's)."""
+
+    def __init__(self, keys, prob: float, std: float) -> None:
+        MapTransform.__init__(self, keys)
+        RandomizableTransform.__init__(self, prob)
+        self.std = std
+        self.seed = 0
+
+    def randomize(self, data=None) -> None:
+        super().randomize(None)
+        if self._do_transform:
+            self.seed = int(self.R.randint(2**31 - 1))
+
+    def __call__(self, data: Mapping[Hashable, torch.Tensor]) -> dict[Hashable, torch.Tensor]:
+        d = dict(data)
+        self.randomize()
+        if not self._do_transform:
+            return d
+        for key in self.key_iterator(d):
+            image = d[key]
+            generator = torch.Generator(device=image.device).manual_seed(self.seed)
+            noise = torch.randn(image.shape, generator=generator, device=image.device, dtype=image.dtype)
+            d[key] = image + self.std * noise
+        return d
 
 
 def augmentations(cfg: AugmentConfig, dims: int):
@@ -29,7 +67,6 @@ def augmentations(cfg: AugmentConfig, dims: int):
         Compose,
         RandAdjustContrastd,
         RandFlipd,
-        RandGaussianNoised,
         RandGaussianSmoothd,
         RandScaleIntensityd,
     )
@@ -38,7 +75,7 @@ def augmentations(cfg: AugmentConfig, dims: int):
     return Compose(
         [
             *(RandFlipd(keys=[IMAGE, LABEL], prob=cfg.flip_prob, spatial_axis=axis) for axis in range(dims)),
-            RandGaussianNoised(keys=IMAGE, prob=cfg.noise_prob, mean=0.0, std=cfg.noise_std, sample_std=False),
+            DeviceGaussianNoised(keys=IMAGE, prob=cfg.noise_prob, std=cfg.noise_std),
             RandGaussianSmoothd(keys=IMAGE, prob=cfg.smooth_prob, sigma_x=(lo, hi), sigma_y=(lo, hi), sigma_z=(lo, hi)),
             RandScaleIntensityd(
                 keys=IMAGE, prob=cfg.scale_prob, factors=(cfg.scale_range[0] - 1.0, cfg.scale_range[1] - 1.0)
@@ -51,8 +88,8 @@ def augmentations(cfg: AugmentConfig, dims: int):
 def augment_batch(
     x: torch.Tensor, y: torch.Tensor, cfg: AugmentConfig, generator: torch.Generator
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Augment images ``x`` ``(B, C, *S)`` and region masks ``y`` ``(B, R, *S)`` (CPU float) sample by
-    sample; returns new tensors of the same shapes and dtypes. Seeded from ``generator`` (one draw)."""
+    """Augment images ``x`` ``(B, C, *S)`` and region masks ``y`` ``(B, R, *S)`` (float, on any one device) sample
+    by sample; returns new tensors of the same shapes and dtypes. Seeded from ``generator`` (one draw)."""
     from monai.data import MetaTensor
 
     seed = int(torch.randint(0, 2**31 - 1, (), generator=generator))

@@ -66,6 +66,6 @@ def load_weights(model: nn.Module, weights: Mapping[str, torch.Tensor]) -> None:
 
 def l2_norm(tensors: Mapping[str, torch.Tensor]) -> float:
     """The L2 norm over every floating-point entry of ``tensors`` together (float64; Flower's ``get_norm``): an
-    update's norm for robust merges and clipping (``fedseg.algorithms.robust``) and for the engine's outlier warning
-    (``fedseg.engine.faults.update_norm``)."""
+    update's norm for robust merges and clipping (``fedseg.algorithms.robust``; the engine's outlier warning uses
+    a float32 one, ``fedseg.engine.faults.update_norm``)."""
     return math.sqrt(sum(float(t.to(torch.float64).pow(2).sum()) for t in tensors.values() if t.is_floating_point()))
