@@ -8,6 +8,7 @@ and patient-space grid.
 
 from __future__ import annotations
 
+import logging
 import shutil
 import sys
 import time
@@ -264,6 +265,30 @@ def test_dicom_seg_segments_take_the_values_of_matching_label_names(files):
         "names no label, so segment numbers would be used and 'lesion' read as label value 2; name every segment as "
         "in label_names (federation.yaml), or none"
     )
+
+
+def test_a_seg_whose_segment_names_name_no_label_is_read_by_number_with_one_warning(files, caplog):
+    """Segments "Organ" and "Lesion" against label_names that name neither (another tool's vocabulary): read by
+    segment number, as documented, but said once per labels folder, with what each segment becomes."""
+    other = {0: "background", 1: "tumor", 2: "liver"}
+    readers._warned_by_number.clear()
+    with caplog.at_level(logging.WARNING, logger="fedseg.data.readers"):
+        for _ in range(2):
+            got = read_label(files["label_seg"], "3d", image=files["dicom"], label_names=other)
+            np.testing.assert_array_equal(got, LABEL)
+    said = [r.getMessage() for r in caplog.records]
+    assert said == [
+        f"{files['label_seg']}: no segment label of this DICOM-SEG names a label of label_names, so its segments are "
+        "read by number: 1 'Organ' -> 'tumor', 2 'lesion' -> 'liver'; if that is not what they hold, name the labels "
+        "in label_names (federation.yaml) as the segments are named (said once for the SEGs of "
+        f"{files['label_seg'].parent} named so)"
+    ]
+    caplog.clear()
+    seg = Path("generic/seg.dcm")
+    with caplog.at_level(logging.WARNING, logger="fedseg.data.readers"):
+        assert readers.segment_values({1: "Segment 1", 2: "seg_2", 3: ""}, other, seg) == {1: 1, 2: 2, 3: 3}
+        assert readers.segment_values({1: "Organ"}, None, seg) == {1: 1}  # no label_names: numbers, nothing to say
+    assert not caplog.records
 
 
 # --- one clear line per problem ------------------------------------------------------------------------------

@@ -27,6 +27,8 @@ maps voxel indices to RAS+ mm (nibabel's convention; ITK and DICOM's LPS are con
 from __future__ import annotations
 
 import importlib
+import logging
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +38,8 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from fedseg.data.federation import FederationError
+
+log = logging.getLogger("fedseg.data.readers")
 
 if TYPE_CHECKING:
     from nibabel.spatialimages import SpatialImage
@@ -500,6 +504,7 @@ def segment_values(segments: dict[int, str], label_names: dict[int, str] | None,
     mapped = _named_values(segments, label_names)
     if mapped and all(v >= 0 for v in mapped.values()):
         return mapped
+    _warn_read_by_number(segments, mapped, label_names, path)
     for number, value in mapped.items():
         if value >= 0 and value != number:
             unnamed = sorted(segments[n] for n, v in mapped.items() if v < 0)
@@ -510,6 +515,35 @@ def segment_values(segments: dict[int, str], label_names: dict[int, str] | None,
                 "(federation.yaml), or none"
             )
     return {n: n for n in segments}
+
+
+_GENERIC_SEGMENT = re.compile(r"(segment|seg|label|roi|mask)?[\s_-]*\d*", re.IGNORECASE)  # "Segment 1", "seg_2", "3"
+_warned_by_number: set[tuple[Path, tuple[tuple[int, str], ...]]] = set()  # (labels folder, segments) said already
+
+
+def _warn_read_by_number(
+    segments: dict[int, str], mapped: dict[int, int], label_names: dict[int, str] | None, path: Path
+) -> None:
+    """Log once per labels folder and segment naming when a SEG is read by segment number although ``label_names``
+    is given and none of its segments' labels names a label while some say what they hold (not ``Segment 1``,
+    empty or a number): segment 1 "Tumor" becomes label 1 whatever ``label_names`` calls 1 (e.g. "organ"), so a
+    SEG made by another tool can swap structures without a word. The line says what each segment becomes."""
+    if not label_names or any(v >= 0 for v in mapped.values()):
+        return
+    said = {n: label for n, label in segments.items() if not _GENERIC_SEGMENT.fullmatch(label.strip())}
+    key = (path.parent, tuple(sorted(segments.items())))
+    if not said or key in _warned_by_number:
+        return
+    _warned_by_number.add(key)
+    becomes = ", ".join(
+        f"{n} {segments[n]!r} -> {label_names[n]!r}" if n in label_names else f"{n} {segments[n]!r} -> value {n}"
+        for n in sorted(segments)
+    )
+    log.warning(
+        f"{path}: no segment label of this DICOM-SEG names a label of label_names, so its segments are read by "
+        f"number: {becomes}; if that is not what they hold, name the labels in label_names (federation.yaml) as the "
+        f"segments are named (said once for the SEGs of {path.parent} named so)"
+    )
 
 
 def _functional(ds: Any, frame: Any, sequence: str, attribute: str, path: Path) -> Any:
