@@ -48,7 +48,8 @@ warm-up; ``steady_rounds`` in the JSON):
 final evaluation s / one round's training s; ``final_eval_share_100_rounds`` = F / (100 x round s + F);
 ``round_over_kernel`` = round s / a round's kernel time, ``kernel_s_per_round``: the training cases its training
 replies say they saw x kernel s per step / the kernel batch (``kernel_basis: samples``; a site smaller than a
-batch trains partial batches, whose steps cost less: the ``fets`` preset's 11 sites train 1-3 steps of 1-4 cases),
+batch trains partial batches, whose steps cost less: the ``fets`` preset's 11 sites train 1-3 steps of 1-4 cases;
+linear in the batch, so a lower bound of the kernel time and ``round_over_kernel`` an upper bound),
 else optimizer steps per round x kernel s per step (``steps``; ledger.csv, training rows, forward-only rows
 excluded; FedSM's steps include its selector's, the kernel time is the segmentation network's);
 ``train_over_kernel`` likewise with the training exchanges only. Until 2026-11-30 it was steps-based only, which
@@ -777,7 +778,8 @@ def algorithm_numbers(algo: dict, kernel_s: float | None, batch: int | None, sam
     val = statistics.fmean(r["validation_s"] for r in steady) if steady else None
     steps = [r["steps"] for r in steady if r["steps"] is not None]
     seen = [r["samples"] for r in steady if r["samples"] is not None]
-    by_samples = bool(seen) and len(seen) == len(steady) and bool(batch)
+    all_said = bool(seen) and len(seen) == len(steady)
+    by_samples = all_said and bool(batch)
     if by_samples and kernel_s and batch:
         step_s = statistics.fmean(seen) * kernel_s / batch
     else:
@@ -791,7 +793,7 @@ def algorithm_numbers(algo: dict, kernel_s: float | None, batch: int | None, sam
         "train_s_per_round": mean["train_s"],
         "validation_s_per_round": val,
         "steps_per_round": statistics.fmean(steps) if steps else None,
-        "samples_per_round": statistics.fmean(seen) if by_samples else None,
+        "samples_per_round": statistics.fmean(seen) if all_said else None,
         "kernel_basis": ("samples" if by_samples else "steps") if step_s is not None else None,
         "kernel_s_per_round": step_s,
         "final_eval_s": final,

@@ -4,13 +4,15 @@ after the first, each site's turn timed, and the CUDA kernel time of the last ro
 ``benchmarks/gpu.py`` says how busy the GPU is; this script says what the CPU does while the GPU waits. One
 ``fedseg run`` in this process (``run_experiment``, as the CLI does it) with ``--rounds`` R rounds (default 5):
 
-- ``rounds``: each round's wall time (seconds; round R-1 is the one no profiler slows down);
+- ``rounds``: each round's wall time (seconds; round 1 from the run's start, start-up included; round R-1 is the
+  one no profiler slows down);
 - ``turns``: the run's ledger.csv rows (round, site, action, optimizer steps, the site's own seconds around its
   client's ``handle``, the exchange's wall seconds): the simulator runs one site at a time, so a site's turn is
   its ``seconds``;
-- ``python_profile``: ``cProfile`` over rounds 2..R-2 (round 1 carries cuDNN autotuning), the main thread only
-  (batches prepared on ``train.loader_workers`` threads show as the main thread's wait for them): the functions
-  with the most cumulative and own time (seconds, calls), fedseg's and torch's frames named by module;
+- ``python_profile``: ``cProfile`` over rounds 2..R-2 (round 1 carries cuDNN autotuning): on Python 3.12 and later
+  every thread (``sys.monitoring``: the ``train.loader_workers`` threads' batch preparation shows beside the main
+  thread's waits for it, and cumulative times overlap), before 3.12 the main thread only (the batches show as its
+  waits): the functions with the most cumulative and own time (seconds, calls), named by module;
 - ``kernel``: ``torch.profiler`` (CPU + CUDA) over round R: the sum of CUDA kernel and copy durations against the
   round's wall time, and the 25 CUDA ops with the most device time and the 25 CPU ops with the most own time.
 

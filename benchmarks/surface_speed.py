@@ -5,13 +5,20 @@ Masks: ``--cases`` cases of 3 regions on a 240 x 240 x 155 grid at 1 mm, nested 
 thresholded) with a perturbed prediction, as a tumour segmentation looks. Needs only torch, numpy and scipy.
 Writes ``benchmarks/results/surface_speed.json`` (or ``--out``).
 
+``--threads 1,2``: the CPU path at each torch thread count (the run's ``threads``: its KD-tree queries of
+``PARALLEL_QUERY_POINTS`` points or more use them), in alternating order from case to case, with whether the
+numbers are the same at every count; ``speedup``: the first count's seconds over each other's, median and range over
+the cases.
+
     PYTHONPATH=src python benchmarks/surface_speed.py --cases 4
+    PYTHONPATH=src python benchmarks/surface_speed.py --cases 6 --threads 1,2 --out surface_threads.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
 from pathlib import Path
 
@@ -43,7 +50,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", type=int, default=4)
     ap.add_argument("--out", type=Path, default=HERE / "results" / "surface_speed.json")
+    ap.add_argument("--threads", default="", help="comma-separated torch thread counts to compare on the CPU path")
     args = ap.parse_args()
+    if args.threads:
+        return compare_threads(args)
     g = torch.Generator().manual_seed(0)
     cases = [case(g) for _ in range(args.cases)]
     taus = [1.0, 1.0, 1.0]
@@ -70,6 +80,32 @@ def main() -> None:
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
     }
     result["cases"] = rows
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+
+
+def compare_threads(args: argparse.Namespace) -> None:
+    """The CPU path at each of ``--threads``, alternating the order from case to case (module docstring)."""
+    counts = [int(n) for n in args.threads.split(",")]
+    g = torch.Generator().manual_seed(0)
+    rows = []
+    for i in range(args.cases):
+        pred, truth = case(g)
+        seconds, numbers = {}, {}
+        for n in counts if i % 2 == 0 else counts[::-1]:
+            torch.set_num_threads(n)
+            t0 = time.perf_counter()
+            hd, nsd = cpu_surface_pairs(pred, truth, [1.0, 1.0, 1.0], 95.0, [1.0, 1.0, 1.0])
+            seconds[n] = time.perf_counter() - t0
+            numbers[n] = (hd.tolist(), nsd.tolist())
+        same = all(v == numbers[counts[0]] for v in numbers.values())
+        rows.append({"pred_voxels": int(pred.sum()), "seconds": seconds, "same_numbers": same})
+        print(rows[-1], flush=True)
+    speedup = {}
+    for n in counts[1:]:
+        ratios = [r["seconds"][counts[0]] / r["seconds"][n] for r in rows]
+        speedup[n] = {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}
+    result = {"shape": SHAPE, "regions": 3, "threads": counts, "cases": rows, "speedup": speedup}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
 

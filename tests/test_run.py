@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import stat
 
 import pytest
 import torch
@@ -19,7 +21,11 @@ def _numbers(summary: dict) -> dict:
 
 def test_run_writes_every_output_file(tmp_path, tiny_config, disc_federation):
     cfg = tiny_config(algorithms=["centralized", "local", "fedavg"])
-    run_experiment(cfg, tmp_path, federation=disc_federation())
+    umask = os.umask(0o022)  # a usual umask: files would be 0644 unless written private
+    try:
+        run_experiment(cfg, tmp_path, federation=disc_federation())
+    finally:
+        os.umask(umask)
     for name in ("config.yaml", "summary.json", "results.csv", "rounds.csv", "ledger.csv"):
         assert (tmp_path / name).is_file(), name
     summary = json.loads((tmp_path / "summary.json").read_text())
@@ -33,6 +39,10 @@ def test_run_writes_every_output_file(tmp_path, tiny_config, disc_federation):
     with open(tmp_path / "results.csv") as f:
         header = next(csv.reader(f))
     assert header == ["algorithm", "model", "site", "case", "region", "metric", "value"]
+    # each site's sample is a patient's image with its prediction: its owner's only, as its folder
+    samples = sorted((tmp_path / "samples").glob("*.npz"))
+    assert len(samples) == 9 and stat.S_IMODE((tmp_path / "samples").stat().st_mode) == 0o700
+    assert {stat.S_IMODE(p.stat().st_mode) for p in samples} == {0o600}
 
 
 def test_same_seed_gives_identical_numbers(tmp_path, tiny_config, disc_federation):

@@ -115,6 +115,45 @@ def test_noise_is_drawn_by_torch_on_the_images_device_from_the_transforms_seed()
     assert noised(1, prob=0.0)["image"] is image
 
 
+@pytest.mark.parametrize("noise_prob", [1.0, 0.5, 0.0])
+def test_the_other_augmentations_draw_what_they_drew_with_monais_noise(noise_prob):
+    """Drawing the noise on the device changed only the noise: with ``noise_std = 0`` (and with no noise at all)
+    augment_batch equals the pipeline with MONAI's ``RandGaussianNoised``, bit for bit (flips, smoothing, scaling
+    and contrast draw the same numbers: each transform is seeded on its own by ``Compose.set_random_state``)."""
+    from monai.transforms import (
+        Compose,
+        RandAdjustContrastd,
+        RandFlipd,
+        RandGaussianNoised,
+        RandGaussianSmoothd,
+        RandScaleIntensityd,
+    )
+
+    aug = AugmentConfig(enabled=True, noise_prob=noise_prob, noise_std=0.0, smooth_prob=0.5, scale_prob=0.5)
+    lo, hi = aug.smooth_sigma
+    monai = Compose(
+        [
+            *(RandFlipd(keys=["image", "label"], prob=aug.flip_prob, spatial_axis=a) for a in range(3)),
+            RandGaussianNoised(keys="image", prob=aug.noise_prob, mean=0.0, std=0.0, sample_std=False),
+            RandGaussianSmoothd(
+                keys="image", prob=aug.smooth_prob, sigma_x=(lo, hi), sigma_y=(lo, hi), sigma_z=(lo, hi)
+            ),
+            RandScaleIntensityd(
+                keys="image", prob=aug.scale_prob, factors=(aug.scale_range[0] - 1, aug.scale_range[1] - 1)
+            ),
+            RandAdjustContrastd(keys="image", prob=aug.contrast_prob, gamma=aug.contrast_gamma),
+        ]
+    )
+    g = torch.Generator().manual_seed(3)
+    x, y = torch.rand(6, 2, 8, 8, 8, generator=g), (torch.rand(6, 3, 8, 8, 8, generator=g) > 0.5).float()
+    for seed in range(8):
+        ours = augment_batch(x, y, aug, torch.Generator().manual_seed(seed))
+        monai.set_random_state(seed=int(torch.randint(0, 2**31 - 1, (), generator=torch.Generator().manual_seed(seed))))
+        theirs = [monai({"image": i.clone(), "label": m.clone()}) for i, m in zip(x, y)]
+        assert torch.equal(ours[0], torch.stack([torch.as_tensor(t["image"]).float() for t in theirs])), seed
+        assert torch.equal(ours[1], torch.stack([torch.as_tensor(t["label"]).float() for t in theirs])), seed
+
+
 def reference_patches(vols, size, foreground, generator):
     """The patch draw as its docstring states it, with ``label.any(0).nonzero()`` listing the labelled voxels
     at every draw (what draw_patches did before it cached them)."""

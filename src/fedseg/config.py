@@ -286,12 +286,14 @@ class BudgetConfig(Strict):
 
 class AugmentConfig(Strict):
     """On-the-fly augmentations of every training sample (patch or whole image), in this order, each a MONAI
-    transform seeded from the site's per-(seed, site, round) stream (``fedseg.data.augment``). Defaults: the
-    FeTS 2022 benchmark, Sec. 4.4.3. Off unless ``enabled``."""
+    transform (the noise: MONAI's, drawn on the batch's device) seeded from the site's per-(seed, site, round)
+    stream (``fedseg.data.augment``). Defaults: the FeTS 2022 benchmark, Sec. 4.4.3. Off unless ``enabled``."""
 
     enabled: bool = False
     flip_prob: float = Field(default=0.5, ge=0, le=1, description="flip along each spatial axis (RandFlip)")
-    noise_prob: float = Field(default=0.15, ge=0, le=1, description="additive Gaussian noise (RandGaussianNoise)")
+    noise_prob: float = Field(
+        default=0.15, ge=0, le=1, description="additive Gaussian noise (drawn on the batch's device)"
+    )
     noise_std: float = Field(default=0.25, ge=0, description="its standard deviation, normalized intensity units")
     smooth_prob: float = Field(default=0.15, ge=0, le=1, description="Gaussian smoothing (RandGaussianSmooth)")
     smooth_sigma: tuple[float, float] = Field(default=(0.5, 1.0), description="its sigma range per axis, voxels")

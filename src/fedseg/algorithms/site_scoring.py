@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 from torch import nn
 
+from fedseg.atomic_files import atomic_write_bytes
 from fedseg.data.dataset import CaseSet
 from fedseg.engine.context import ClientContext
 from fedseg.engine.messages import Message, MetaValue
@@ -47,7 +48,8 @@ def score_at_site(model: nn.Module, data: CaseSet, ctx: ClientContext, surface: 
 
 
 def write_sample(model: nn.Module, data: CaseSet, ctx: ClientContext, model_name: str) -> None:
-    """Write the site's first case with its prediction: ``samples/<algorithm>__<site>.npz`` (2D; 3D: middle slice)."""
+    """Write the site's first case with its prediction: ``samples/<algorithm>__<site>.npz`` (2D; 3D: middle slice),
+    readable by its owner only (a patient's image), written whole or not at all."""
     image, truth, pred = sample_prediction(
         model, data, ctx.cfg.eval.threshold, ctx.task.device, ctx.task.scored_regions
     )
@@ -56,11 +58,15 @@ def write_sample(model: nn.Module, data: CaseSet, ctx: ClientContext, model_name
         image, truth, pred = image[:, mid], truth[:, mid], pred[:, mid]
     assert ctx.artifacts is not None  # callers check
     ctx.artifacts.mkdir(mode=0o700, parents=True, exist_ok=True)  # a patient's image: its owner's only, if made here
-    np.savez_compressed(
-        Path(ctx.artifacts) / f"{ctx.algorithm}__{ctx.site}.npz",
-        image=image.numpy().astype(np.float32),
-        truth=truth.numpy().astype(np.uint8),
-        pred=pred.numpy().astype(np.uint8),
-        case=np.array(data.ids[0]),
-        model=np.array(model_name),
-    )
+
+    def write(f) -> None:
+        np.savez_compressed(
+            f,
+            image=image.numpy().astype(np.float32),
+            truth=truth.numpy().astype(np.uint8),
+            pred=pred.numpy().astype(np.uint8),
+            case=np.array(data.ids[0]),
+            model=np.array(model_name),
+        )
+
+    atomic_write_bytes(Path(ctx.artifacts) / f"{ctx.algorithm}__{ctx.site}.npz", write, private=True)  # mode 0600

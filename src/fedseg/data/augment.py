@@ -6,8 +6,8 @@ batch's device (the GPU for CUDA), in the paper's order, each a MONAI transform:
 1. ``RandFlipd`` along each spatial axis with probability ``flip_prob`` (image and region masks);
 2. Gaussian noise (std ``noise_std``, not resampled) with probability ``noise_prob``: :class:`DeviceGaussianNoised`,
    MONAI's ``RandGaussianNoised`` with the noise drawn by torch on the image's device (MONAI draws it with
-   NumPy on the CPU in float64: on an H200 0.19 s of CPU per 4 x 128^3 patch, holding the interpreter lock, then
-   a 64 MB copy to the GPU: the largest wait of a FeTS site's turn, ``benchmarks/gpu_profile.py``);
+   NumPy on the CPU in float64: on an H200's host 0.19 s of CPU per 4 x 128^3 patch, holding the interpreter lock,
+   then a 32 MiB float32 copy to the GPU: the largest wait of a FeTS site's turn, ``benchmarks/gpu_profile.py``);
 3. ``RandGaussianSmooth`` (sigma in ``smooth_sigma`` per axis) with probability ``smooth_prob``;
 4. ``RandScaleIntensity`` (factor in ``scale_range``) with probability ``scale_prob``;
 5. ``RandAdjustContrast`` (gamma in ``contrast_gamma``) with probability ``contrast_prob``.
@@ -15,8 +15,10 @@ batch's device (the GPU for CUDA), in the paper's order, each a MONAI transform:
 Randomness: one integer per batch drawn from the Trainer's generator (the site's per-(seed, site,
 round, action) stream, ``fedseg.engine.context``) seeds the transforms (MONAI ``set_random_state``),
 so a batch's augmentations are a function of that stream: the same in every engine and after a resume. The noise
-is a function of its transform's seed and the device kind (torch's CPU and CUDA generators give other numbers):
-runs on the CPU are bit-identical to each other, not to a GPU run (whose bf16 numbers differ anyway).
+is a function of its transform's seed and of where it is drawn: on CUDA the GPU model (torch sizes its random
+streams by the number of multiprocessors: an H100 and an H200 draw other noise), on the CPU torch's vector kernels
+(another CPU type can move the last bits). On one machine and installation runs are bit-identical to each other
+(any number of workers and loader threads, every engine); a GPU run's bf16 numbers differ from the CPU's anyway.
 """
 
 from __future__ import annotations
@@ -32,13 +34,14 @@ IMAGE, LABEL = "image", "label"
 
 
 class DeviceGaussianNoised(RandomizableTransform, MapTransform):
-    """``keys``' images plus ``N(0, std^2)`` noise with probability ``prob`` (MONAI ``RandGaussianNoised`` with
-    ``mean=0, sample_std=False``), the noise drawn by ``torch.randn`` on the image's device in its dtype from a
-    generator seeded by this transform's random state (one draw for ``prob``, one for the seed when applied; every
-    key gets the same noise, as MONAI's)."""
+    """``keys``' images (tensors ``(C, *S)``) plus ``N(0, std^2)`` noise with probability ``prob`` (MONAI
+    ``RandGaussianNoised`` with ``mean=0, sample_std=False``), the noise drawn by ``torch.randn`` on the image's
+    device from a generator seeded by this transform's random state (one draw for ``prob``, one for the seed when
+    applied; every key gets the same noise, as MONAI's); a floating-point image keeps its dtype, another becomes
+    float32 (as MONAI's default ``dtype``)."""
 
-    def __init__(self, keys, prob: float, std: float) -> None:
-        MapTransform.__init__(self, keys)
+    def __init__(self, keys, prob: float, std: float, allow_missing_keys: bool = False) -> None:
+        MapTransform.__init__(self, keys, allow_missing_keys)
         RandomizableTransform.__init__(self, prob)
         self.std = std
         self.seed = 0
@@ -54,7 +57,8 @@ class DeviceGaussianNoised(RandomizableTransform, MapTransform):
         if not self._do_transform:
             return d
         for key in self.key_iterator(d):
-            image = d[key]
+            image = torch.as_tensor(d[key])
+            image = image if image.is_floating_point() else image.float()
             generator = torch.Generator(device=image.device).manual_seed(self.seed)
             noise = torch.randn(image.shape, generator=generator, device=image.device, dtype=image.dtype)
             d[key] = image + self.std * noise

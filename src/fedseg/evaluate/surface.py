@@ -115,14 +115,23 @@ def _cpu_edge_points(pred: np.ndarray, truth: np.ndarray, scale: np.ndarray | No
     return out[0], out[1]
 
 
+PARALLEL_QUERY_POINTS = 10_000  # fewer query points than this: one thread (scipy starts its threads per query)
+
+
+def query_workers(points: int) -> int:
+    """Threads for a KD-tree query of ``points`` points: the run's ``threads`` (torch's thread count) for a large
+    query, else 1. Each point's nearest distance is the same on any thread, so results do not depend on it."""
+    return torch.get_num_threads() if points >= PARALLEL_QUERY_POINTS else 1
+
+
 def cpu_surface_pairs(
     pred: torch.Tensor, truth: torch.Tensor, spacing: Sequence[float] | None, percentile: float, taus: Sequence[float]
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """HD (at ``percentile``) and NSD of ``N`` non-empty mask pairs ``(N, *S)`` on the CPU, bit-identical to
     MONAI's ``compute_hausdorff_distance`` and ``compute_surface_dice`` (same edges, frame, float64 KD-tree
     distances cast to float32, ``torch.quantile``, NSD ratio in float32) but with each pair's edges and
-    distances computed once for both metrics and without MONAI's per-pair transform machinery.
-    Returns two float64 CPU tensors ``(N,)``."""
+    distances computed once for both metrics and without MONAI's per-pair transform machinery; the nearest-edge
+    queries on the run's ``threads`` (torch's thread count). Returns two float64 CPU tensors ``(N,)``."""
     p, t = pred.cpu().numpy(), truth.cpu().numpy()
     scale = None if spacing is None else np.asarray([float(s) for s in spacing], dtype=np.float64)
     n = p.shape[0]
@@ -130,8 +139,12 @@ def cpu_surface_pairs(
     q = percentile / 100
     for i in range(n):
         a, b = _cpu_edge_points(p[i], t[i], scale)
-        d_ab = torch.from_numpy(KDTree(b, leafsize=32).query(a, k=1)[0].astype(np.float32))
-        d_ba = torch.from_numpy(KDTree(a, leafsize=32).query(b, k=1)[0].astype(np.float32))
+        d_ab = torch.from_numpy(
+            KDTree(b, leafsize=32).query(a, k=1, workers=query_workers(len(a)))[0].astype(np.float32)
+        )
+        d_ba = torch.from_numpy(
+            KDTree(a, leafsize=32).query(b, k=1, workers=query_workers(len(b)))[0].astype(np.float32)
+        )
         hd[i] = float(torch.maximum(torch.quantile(d_ab, q), torch.quantile(d_ba, q)))
         within = torch.sum(d_ab <= taus[i]) + torch.sum(d_ba <= taus[i])
         nsd[i] = float(within / (len(d_ab) + len(d_ba)))  # a float32 tensor, as MONAI's
