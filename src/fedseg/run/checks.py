@@ -3,11 +3,15 @@ the options' notes on this federation and network."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from pathlib import Path
+
 import torch
 
 from fedseg.algorithms import get_algorithm
 from fedseg.algorithms.sampling import sampling_refusal
 from fedseg.config import RunConfig
+from fedseg.data.federation import Federation
 from fedseg.engine.context import Task
 
 SIMULATOR_REFUSAL = (
@@ -70,23 +74,67 @@ def method_notes(cfg: RunConfig, task: Task) -> list[str]:
     return [note for note in notes if note is not None]
 
 
-def data_notes(cfg: RunConfig, kind: str, channel_names: list[str] | None = None) -> list[str]:
+def dicom_modalities(fed: Federation) -> dict[str, str]:
+    """``{site: Modality}`` of each site's first DICOM series (a case whose image is a folder; the header of its
+    first file by name, pixels not read); sites without one, unreadable headers and a missing pydicom are left out
+    (``fedseg data check`` names unreadable files)."""
+    try:
+        import pydicom
+    except ImportError:
+        return {}
+    out = {}
+    for site in fed.sites:
+        folder = next(
+            (Path(str(c.meta["image"])) for c in site.cases if Path(str(c.meta.get("image", ""))).is_dir()), None
+        )
+        files = [] if folder is None else [p for p in folder.iterdir() if p.is_file() and not p.name.startswith(".")]
+        first = min(files, default=None)  # slices may have no extension (IM0001: many PACS exports)
+        if first is None:
+            continue
+        try:
+            modality = str(pydicom.dcmread(first, stop_before_pixels=True, specific_tags=["Modality"]).Modality)
+        except Exception:  # noqa: BLE001 - any unreadable header: data check's to say, not this note's
+            continue
+        if modality.strip():
+            out[site.name] = modality.strip().upper()
+    return out
+
+
+def data_notes(
+    cfg: RunConfig, kind: str, channel_names: list[str] | None = None, modalities: Mapping[str, str] | None = None
+) -> list[str]:
     """Lines saying how a folder federation's images reach the network, shown once when the run starts: 3D volumes
     on the whole-image path (``data.volume.patch_size`` unset) are resized to ``data.image_size`` per axis (and
     scored there with ``eval.score_grid: model``; in voxels, without spacing, on their own grid by default), which a
     preset made for 2D images (``demo``) does without saying so;
     and a fixed ``eval.hd95_worst`` (the fets presets': BraTS's 373.13 mm) that every missed region of the folder's
-    own cases scores, whatever their size; and CT channels (``channel_names``, as the MSD and nnU-Net importers
-    record them) normalized otherwise than in Hounsfield windows (``data.normalize: ct``)."""
+    own cases scores, whatever their size; CT channels (``channel_names``, as the MSD and nnU-Net importers
+    record them, or without them the DICOM series' Modality, ``modalities``: :func:`dicom_modalities`) normalized
+    otherwise than in Hounsfield windows (``data.normalize: ct``); and DICOM series of several modalities (CT at one
+    site, MR at another), whose intensities mean different things to one network."""
     if cfg.data.source != "folder":
         return []
     notes = []
-    if any(str(name).strip().upper() == "CT" for name in channel_names or []) and cfg.data.normalize != "ct":
+    modalities = dict(modalities or {})
+    ct_sites = [site for site, m in modalities.items() if m == "CT"]
+    named_ct = any(str(name).strip().upper() == "CT" for name in channel_names or [])
+    if (named_ct or (not channel_names and ct_sites)) and cfg.data.normalize != "ct":
+        said = "federation.yaml channel_names" if named_ct else f"DICOM Modality at {', '.join(map(repr, ct_sites))}"
         notes.append(
-            f"note: the images are CT (federation.yaml channel_names) but data.normalize is {cfg.data.normalize}: "
+            f"note: the images are CT ({said}) but data.normalize is {cfg.data.normalize}: "
             "Hounsfield units are usually clipped to a window and standardized (nnU-Net's CT normalization): "
             "--set data.normalize=ct --set 'data.ct_windows=[[-200, 300, 50, 100]]' (lower, upper, mean, std per "
             "channel: the window of your structures)"
+        )
+    if len(set(modalities.values())) > 1:
+        by_modality: dict[str, list[str]] = {}
+        for site, modality in modalities.items():
+            by_modality.setdefault(modality, []).append(site)
+        sites = "; ".join(f"{m}: {', '.join(map(repr, names))}" for m, names in sorted(by_modality.items()))
+        notes.append(
+            f"note: the sites' DICOM series are of different modalities ({sites}): one network learns intensities "
+            "that mean different things at different sites; check that each site's images are the sequence you "
+            "meant (channel_names in federation.yaml says it)"
         )
     if kind == "3d" and cfg.data.volume.patch_size is None:
         side = cfg.data.image_size

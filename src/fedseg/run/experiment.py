@@ -25,6 +25,7 @@ from fedseg.run.checks import (
     cost_warnings,
     data_notes,
     device_notes,
+    dicom_modalities,
     method_notes,
 )
 from fedseg.run.data_record import RECORD as DATA_RECORD
@@ -226,7 +227,7 @@ def record_start(
     fed = prep.federation
     for line in (
         method_notes(cfg, prep.task)
-        + data_notes(cfg, fed.kind, fed.channel_names)
+        + data_notes(cfg, fed.kind, fed.channel_names, dicom_modalities(fed) if cfg.data.source == "folder" else None)
         + device_notes(cfg, prep.task.device)
     ):
         announce(out, line, on_log_line)
