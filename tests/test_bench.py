@@ -8,6 +8,7 @@ import itertools
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -652,3 +653,57 @@ def test_the_eta_counts_each_run_left_at_its_methods_time_and_says_what_it_guess
     assert eta == pytest.approx((60 + 15 + 30) / 2)  # ditto: the mean of every run so far, (10 + 20 + 60) / 3
     assert note == ", 1 of them of methods not timed yet"
     assert runner._eta(left[:2]) == (pytest.approx(37.5), "")
+
+
+def test_the_aggregation_weights_autofedavg_learned_are_tabled_per_site_over_its_runs(tmp_path):
+    """A bench with Auto-FedAvg (layer-wise: the mean over groups): tables.json ``learned_weights`` holds each site's
+    alpha_k at each run's last learning round (round_metrics.csv), mean ± std over the runs; every output shows the
+    table (tables.tex compiles); FedAvg has none."""
+    from fedseg.bench.phases import run_bench
+    from fedseg.bench.report import write_report
+
+    path = _bench(
+        tmp_path,
+        methods=["fedavg", "autofedavg-l-softmax"],
+        seeds=[0, 1],
+        split={"mode": "ratio"},
+        budget={"rounds": 2},
+    )
+    spec, root = load_bench(path)
+    out = tmp_path / "out"
+    write_report(spec, run_bench(spec, root, out, echo=lambda line: None), out)
+    fed = json.loads((out / "tables.json").read_text())["federations"]["synthetic-retina"]
+    assert "learned_weights" not in fed["methods"]["fedavg"]
+    weights = fed["methods"]["autofedavg-l-softmax"]["learned_weights"]
+    assert list(weights) == fed["sites"]
+    finals = defaultdict(list)  # site -> alpha at each run's last round, read here from the runs' own files
+    for metrics in sorted(out.rglob("round_metrics.csv")):
+        with open(metrics, newline="") as f:
+            rows = [r for r in csv.DictReader(f) if r["algorithm"] == "autofedavg-l-softmax" and r["metric"] == "alpha"]
+        if rows:
+            last = max(int(r["round"]) for r in rows)
+            for r in rows:
+                if int(r["round"]) == last:
+                    finals[r["site"]].append(float(r["value"]))
+    assert all(len(v) == 2 for v in finals.values()) and set(finals) == set(weights)
+    for site, values in finals.items():
+        assert weights[site]["mean"] == pytest.approx(np.mean(values)) and weights[site]["n"] == 2
+        assert weights[site]["std"] == pytest.approx(np.std(values, ddof=1))
+    assert sum(w["mean"] for w in weights.values()) == pytest.approx(1.0, abs=1e-6)  # each run's weights sum to 1
+    md, tex = (out / "tables.md").read_text(), (out / "tables.tex").read_text()
+    assert "### Learned aggregation weights (Auto-FedAvg)" in md and "α_k: the aggregation weight" in md
+    section = md.split("### Learned aggregation weights (Auto-FedAvg)")[1].split("###")[0]
+    (row,) = [line for line in section.splitlines() if line.startswith("| autofedavg")]
+    site = fed["sites"][0]
+    assert row.split(" | ")[1] == f"{weights[site]['mean']:.3f} ± {weights[site]['std']:.3f}"
+    assert "learned weights" in tex and "learned weights" in (out / "report.html").read_text()
+    assert "$\\alpha$\\_k: the aggregation weight" in tex
+    if shutil.which("pdflatex"):
+        doc = tmp_path / "doc.tex"
+        doc.write_text(
+            "\\documentclass{article}\n\\usepackage{booktabs,graphicx}\n\\begin{document}\n"
+            f"\\input{{{out / 'tables.tex'}}}\n\\end{{document}}\n"
+        )
+        cmd = ["pdflatex", "-interaction=nonstopmode", "-halt-on-error", doc.name]
+        proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stdout[-1500:]

@@ -13,6 +13,7 @@ from fedseg.bench.legend import notes
 from fedseg.bench.spec import BenchSpec
 from fedseg.bench.table_rows import (
     COMPARISONS,
+    LEARNED_WEIGHTS,
     RANKS,
     TUNING_CONVERGED,
     budget_note,
@@ -28,6 +29,7 @@ from fedseg.bench.table_rows import (
     tune_table,
     tuning_counted,
     unseen_note,
+    weights_table,
 )
 from fedseg.presentation import kit
 from fedseg.presentation.figures import per_site_bars
@@ -68,8 +70,11 @@ def sections(bench: BenchSpec, tables: dict, tuning: list[dict]) -> list[Section
                 "per site",
                 site_table(t, bench.reference),
             ),
-            Section(fed, "Cost (FeTS Table 2 layout)", "cost", cost_table(t)),
         ]
+        if any(s.get("learned_weights") for s in t["methods"].values()):
+            title = "Learned aggregation weights (Auto-FedAvg)"
+            out.append(Section(fed, title, "learned weights", weights_table(t), [LEARNED_WEIGHTS]))
+        out.append(Section(fed, "Cost (FeTS Table 2 layout)", "cost", cost_table(t)))
         if t.get("comparisons"):
             out.append(
                 Section(fed, "Paired comparisons", "paired comparisons", comparison_table(t), [COMPARISONS], True)

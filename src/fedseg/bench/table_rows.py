@@ -216,6 +216,25 @@ def site_table(fed: dict, reference: str | None = None) -> tuple[list[str], list
     return head, rows
 
 
+LEARNED_WEIGHTS = (
+    "α_k: the aggregation weight each site learned (Auto-FedAvg; the mean over layer groups for the layer-wise "
+    "variant) at each run's last learning round, mean ± std over the runs (folds × seeds); the weights of one run sum "
+    "to 1. FedAvg's weights are n_k / N (training cases)."
+)
+
+
+def weights_table(fed: dict) -> tuple[list[str], list[list[str]]]:
+    """The aggregation weights that methods learned (``learned_weights``), one row per such method, a column per
+    site (mean ± std over runs)."""
+    head = ["method", *fed["sites"]]
+    rows = [
+        [name, *(ms(s["learned_weights"].get(site)) for site in fed["sites"])]
+        for name, s in fed["methods"].items()
+        if s.get("learned_weights")
+    ]
+    return head, rows
+
+
 def cost_table(fed: dict) -> tuple[list[str], list[list[str]]]:
     head = [
         "method",

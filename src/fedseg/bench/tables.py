@@ -24,6 +24,9 @@ For each federation and method (its final runs, ``fedseg.bench.execute``):
   reverse of ``tests.alternative`` (:func:`metric_alternative`: lower is better), its Δ in the HD95 unit;
 * ``convergence``: runs, how many selected a round in the last 10% of their rounds without a validation plateau
   (``not_converged``, ``fedseg.run.stopping.not_converged``), stop rules;
+* ``learned_weights`` (a method whose sites learn their aggregation weights, Auto-FedAvg: ``round_metrics.csv``
+  metric ``alpha``): each site's alpha_k at each run's last learning round, mean ± std over the runs (folds x seeds);
+  absent for other methods;
 * ``cost``: the mean over runs of the FeTS Table 2 quantities, with the floats per site as the paper reports them
   (``floats_per_site`` = total / K) next to the total over sites, and the evaluation traffic per site apart
   (``eval_floats_per_site``: validation and test messages, e.g. FedSM's super model every validated round).
@@ -255,6 +258,8 @@ def federation_tables(bench: BenchSpec, runs: BenchRuns) -> tuple[dict, list[dic
             stats = method_stats(rows, [fin for _, fin in pairs], method.scored, regions)
             stats["setting"], stats["at_edge"] = final_setting(method, [run for run, _ in pairs])
             stats["routed_to_global"] = routed_runs(pairs, method.scored)
+            if (weights := learned_weights([fin for _, fin in pairs], method.scored)) is not None:
+                stats["learned_weights"] = weights
             methods[method.name] = stats
         if not methods:
             continue
@@ -286,6 +291,25 @@ def federation_tables(bench: BenchSpec, runs: BenchRuns) -> tuple[dict, list[dic
         }
         correct_tests(out[fed.name])
     return out, all_rows
+
+
+def learned_weights(runs: list[Finished], algorithm: str) -> dict[str, dict[str, float]] | None:
+    """``{site: mean ± std}`` over ``runs`` of the aggregation weight alpha_k each site learned (``round_metrics.csv``
+    of ``algorithm``, metric ``alpha``: Auto-FedAvg's, the mean over layer groups for its layer-wise variant) at each
+    run's last round that recorded it; None when no run recorded one (a method that learns no weights)."""
+    finals: list[dict[str, float]] = []
+    for fin in runs:
+        path = fin.dir / "round_metrics.csv"
+        if not path.is_file():
+            continue
+        rows = [r for r in read_rows(path) if r.get("algorithm") == algorithm and r.get("metric") == "alpha"]
+        if rows:
+            last = max(int(r["round"]) for r in rows)
+            finals.append({r["site"]: float(r["value"]) for r in rows if int(r["round"]) == last})
+    if not finals:
+        return None
+    sites = list(dict.fromkeys(site for final in finals for site in final))
+    return {site: mean_std(final[site] for final in finals if site in final) for site in sites}
 
 
 def scored(key: str, runs: list[Finished]) -> str:

@@ -36,6 +36,8 @@ SYMBOLS = {
     "−": r"$-$",
     "×": r"$\times$",
     "τ": r"$\tau$",
+    "α": r"$\alpha$",
+    "β": r"$\beta$",
     "λ": r"$\lambda$",
     "γ": r"$\gamma$",
     "μ": r"$\mu$",
