@@ -5,6 +5,8 @@ run scored on the 32x32 model grid); ``model`` keeps the resized grid's scores (
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -12,7 +14,7 @@ import torch
 from fedseg.data.case_files import read_label
 from fedseg.data.federation import Case, Federation, Regions, Site
 from fedseg.data.folder_write import write_folder
-from fedseg.data.preprocess import restore_size
+from fedseg.data.preprocess import fit_box, resize, restore_image, restore_size
 from fedseg.engine.messages import load_weights
 from fedseg.evaluate.inference import predict_masks, sample_prediction, score_caseset
 from fedseg.evaluate.metrics import batch_metrics
@@ -63,6 +65,45 @@ def _rows(run, metric):
 
 def test_results_csv_scores_the_masks_predict_writes_on_each_images_own_grid(shapes_run, tmp_path):
     run, root, _ = shapes_run
+    _written_masks_score_as_results_csv(run, root, tmp_path)
+
+
+def test_padded_inputs_keep_the_aspect_ratio_and_score_as_the_masks_predict_writes(tiny_config, tmp_path):
+    """``data.resize: pad``: a non-square image is scaled by one factor into the 32x32 input, zeros around it
+    (not squashed); predictions are cropped back before the resize, in evaluation and in ``fedseg predict`` (the
+    bundle records the mode), so the written masks score as results.csv says."""
+    root = write_folder(_federation(), tmp_path / "fed")
+    data = {"source": "folder", "root": str(root), "resize": "pad"}
+    cfg = tiny_config(algorithms=["fedavg"], fl={"rounds": 1}, data=data)
+    run_experiment(cfg, tmp_path / "run")
+    assert json.loads((tmp_path / "run" / "model" / "fedavg" / "manifest.json").read_text())["resize"] == "pad"
+    site1 = prepare(cfg).site_data[0].test  # 40 x 52 images: 25 x 32 in the input, rows 3..27
+    assert site1.fit == "pad" and torch.all(site1.x[:, :, :3] == 0) and torch.all(site1.x[:, :, 28:] == 0)
+    assert torch.all(site1.y[:, :, :3] == 0) and site1.x[:, :, 3:28].abs().sum() > 0
+    _written_masks_score_as_results_csv(tmp_path / "run", root, tmp_path)
+
+
+def test_pad_places_an_image_by_one_factor_and_restores_it_exactly_at_scale_one():
+    """fit_box: the longest side fills the input, the other keeps the ratio, centred; at scale 1 (16 x 32 into 32)
+    resize + restore_size give back the mask voxel for voxel, which stretch (16 -> 32 -> 16 rows) cannot promise."""
+    assert fit_box((40, 52), 32, "pad") == ((25, 32), (3, 0))
+    assert fit_box((52, 40), 32, "pad") == ((32, 25), (0, 3))
+    assert fit_box((40, 52), 32, "stretch") == ((32, 32), (0, 0))
+    assert fit_box((30, 30, 60), 32, "pad") == ((16, 16, 32), (8, 8, 0))
+    rng = np.random.default_rng(0)
+    label = torch.from_numpy(rng.integers(0, 3, (16, 32)))
+    image = torch.rand(3, 16, 32)
+    x, y = resize(image, label, 32, "pad")
+    assert x.shape == (3, 32, 32) and torch.equal(x[:, 8:24], image) and torch.all(x[:, :8] == 0)
+    assert torch.equal(y[8:24], label) and torch.all(y[:8] == 0) and torch.all(y[24:] == 0)
+    masks = torch.from_numpy(DISC_CUP.one_hot(y.numpy())).bool()
+    assert torch.equal(restore_size(masks, (16, 32), "pad"), torch.from_numpy(DISC_CUP.one_hot(label.numpy())).bool())
+    assert torch.equal(restore_image(x, (16, 32), "pad"), image)
+
+
+def _written_masks_score_as_results_csv(run, root, tmp_path):
+    """``fedseg predict`` of the run's model on its test images: the masks it writes have each image's size and
+    score (Dice, HD95 against the original truth) what results.csv says."""
     images = tmp_path / "new"
     images.mkdir()
     dice, hd95 = _rows(run, "dice"), _rows(run, "hd95")

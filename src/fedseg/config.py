@@ -168,6 +168,13 @@ class DataConfig(Strict):
         description="side of the square/cubic model input, pixels (with data.volume.patch_size: only FedSM's "
         "selector view)",
     )
+    resize: Literal["stretch", "pad"] = Field(
+        default="stretch",
+        description="how an image of another shape reaches the square (cubic) data.image_size input on the "
+        "whole-image path: stretch = each axis resized on its own (a non-square image is squashed); pad = resized "
+        "by one factor, its longest side to image_size, centred and padded with zeros (aspect ratio kept; "
+        "predictions are cropped back before they are resized to the image)",
+    )
     normalize: Literal["minmax", "zscore", "zscore_foreground", "zscore_channel", "ct", "none"] = Field(
         default="minmax",
         description="intensities: minmax / zscore per image; zscore_foreground per channel (modality) within its "

@@ -152,7 +152,8 @@ def write_predictions(
                 network = network_for(model, item.x, device)  # a selector routes on the fixed-size view
                 restored = predict_on_grid(network, image, grid, bundle.volume, threshold, device).numpy()
             else:
-                restored = restore_size(mask, item.spatial).numpy()
+                fit = bundle.manifest.get("resize", "stretch")  # as the run placed its images (data.resize)
+                restored = restore_size(mask, item.spatial, fit).numpy()
             label = regions.to_label(restored)
             write_mask(folder / item.mask_name, label, item.path)
             if overlay or seg is not None:  # the label map's regions: what the run scored (eval.score_on)

@@ -198,7 +198,7 @@ def read_input(source: Source, root: Path, bundle: Bundle) -> Input:
     if problems := nonfinite_problems(image, source.files):
         raise PredictError("\n".join(problems))
     norm = normalization(m["normalize"], m.get("ct_windows"))
-    x, _ = case_tensors(image, None, bundle.regions, m["image_size"], norm)
+    x, _ = case_tensors(image, None, bundle.regions, m["image_size"], norm, m.get("resize", "stretch"))
     volume = None
     if bundle.volume is not None:
         spacing = file_spacing(path, m["spatial_dims"])

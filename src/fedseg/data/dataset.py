@@ -12,7 +12,7 @@ from fedseg.config import DataConfig, VolumeConfig
 from fedseg.data.federation import Case, Federation, Site
 from fedseg.data.metadata import metadata_value
 from fedseg.data.packed import PackedMasks
-from fedseg.data.preprocess import case_tensors, normalization
+from fedseg.data.preprocess import Fit, case_tensors, normalization
 from fedseg.data.volumes import Volume, build_volume, case_spacing, draw_patches, patch_size
 
 RESIDENT_MB: dict[str, float] = {}  # device -> MiB of training sets this process keeps there (CaseSet.resident)
@@ -38,7 +38,8 @@ class CaseSet:
     ``originals`` (whole-image path, scored sets, ``eval.score_grid: original``): per case its region masks
     ``(R, *S_i)`` on its own grid (``fedseg.data.packed.PackedMasks``: one bit a voxel, one buffer), None for a
     case already on the model grid (then ``y`` is its truth); evaluation scores the predictions resized back there
-    (``fedseg.evaluate.inference.score_caseset``).
+    (``fedseg.evaluate.inference.score_caseset``) from where ``fit`` (``data.resize``: ``stretch`` | ``pad``,
+    ``fedseg.data.preprocess.fit_box``) placed each case in the model input.
     """
 
     name: str
@@ -48,6 +49,7 @@ class CaseSet:
     volumes: list[Volume] | None = None
     volume: VolumeConfig | None = None
     originals: PackedMasks | None = None
+    fit: Fit = "stretch"
     _resident: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict, repr=False, compare=False)
     _resident_volumes: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = field(
         default_factory=dict, repr=False, compare=False
@@ -125,7 +127,8 @@ class CaseSet:
         cases = idx.tolist()
         vols = None if self.volumes is None else [self.volumes[i] for i in cases]
         originals = None if self.originals is None else self.originals.select(cases)
-        return CaseSet(self.name, [self.ids[i] for i in cases], self.x[idx], self.y[idx], vols, self.volume, originals)
+        x, y = self.x[idx], self.y[idx]
+        return CaseSet(self.name, [self.ids[i] for i in cases], x, y, vols, self.volume, originals, self.fit)
 
     @classmethod
     def concat(cls, name: str, sets: list[CaseSet]) -> CaseSet:
@@ -133,9 +136,10 @@ class CaseSet:
         ids = [f"{s.name}/{i}" for s in sets for i in s.ids]
         x, y = torch.cat([s.x for s in sets]), torch.cat([s.y for s in sets])
         originals = PackedMasks.join([(s.originals, len(s)) for s in sets])
+        fit = sets[0].fit if sets else "stretch"  # one run's sets: one data.resize
         if not sets or any(s.volumes is None for s in sets):
-            return cls(name, ids, x, y, originals=originals)
-        return cls(name, ids, x, y, [v for s in sets for v in s.volumes or []], sets[0].volume)
+            return cls(name, ids, x, y, originals=originals, fit=fit)
+        return cls(name, ids, x, y, [v for s in sets for v in s.volumes or []], sets[0].volume, fit=fit)
 
 
 def to_device(x: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -191,7 +195,7 @@ def build_site_data(
         xs, ys, vols, truths = [], [], [], []
         for case in cases:
             image, label = case.arrays()
-            x, y = case_tensors(image, label, fed.regions, cfg.image_size, norm)
+            x, y = case_tensors(image, label, fed.regions, cfg.image_size, norm, cfg.resize)
             xs.append(x)
             ys.append(y)
             if originals and split != "train" and not on_grid:
@@ -210,6 +214,7 @@ def build_site_data(
             vols if on_grid else None,
             cfg.volume if on_grid else None,
             PackedMasks.pack(truths),
+            cfg.resize,
         )
     return SiteData(
         site.name,

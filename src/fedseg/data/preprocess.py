@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from fedseg.data.federation import Regions
 
 Normalize = Literal["minmax", "zscore", "zscore_foreground", "zscore_channel", "ct", "none"]
+Fit = Literal["stretch", "pad"]  # data.resize: how an image reaches the square (cubic) model input
 
 
 @dataclass(frozen=True)
@@ -74,46 +75,96 @@ def normalize_image(image: np.ndarray, mode: Normalize | CTWindows) -> np.ndarra
     return x
 
 
-def resize(image: torch.Tensor, label: torch.Tensor | None, size: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Resize ``image (C, *spatial)`` (linear) and ``label (*spatial)`` (nearest) to ``size`` per axis."""
+def fit_box(spatial: Sequence[int], size: int, fit: Fit = "stretch") -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Where an image of shape ``spatial`` lies in the ``size``-per-axis model input: ``(shape, offset)`` per axis.
+    ``stretch``: the whole input (each axis scaled on its own: a non-square image is squashed); ``pad``: scaled by
+    one factor, ``size / max(spatial)``, so its longest side fills the input and its aspect ratio is kept, centred,
+    the rest zero (letterboxing). Both give the whole input for a square (cubic) image."""
+    if fit == "stretch":
+        return (size,) * len(spatial), (0,) * len(spatial)
+    scale = size / max(spatial)
+    shape = tuple(min(size, max(1, round(n * scale))) for n in spatial)
+    return shape, tuple((size - n) // 2 for n in shape)
+
+
+def resize(
+    image: torch.Tensor, label: torch.Tensor | None, size: int, fit: Fit = "stretch"
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Resize ``image (C, *spatial)`` (linear) and ``label (*spatial)`` (nearest) to ``size`` per axis, placed as
+    :func:`fit_box` says (``pad``: zeros around the image, background around the label)."""
     spatial = image.shape[1:]
     target = (size,) * len(spatial)
     if tuple(spatial) == target:
         return image, label
+    shape, offset = fit_box(spatial, size, fit)
     mode = "bilinear" if len(spatial) == 2 else "trilinear"
-    image = F.interpolate(image[None], size=target, mode=mode, align_corners=False)[0]
-    if label is not None:
-        label = F.interpolate(label[None, None].float(), size=target, mode="nearest")[0, 0].long()
-    return image, label
+    inner = F.interpolate(image[None], size=shape, mode=mode, align_corners=False)[0]
+    inner_label = None if label is None else F.interpolate(label[None, None].float(), size=shape, mode="nearest")[0, 0]
+    if shape == target:
+        return inner, None if inner_label is None else inner_label.long()
+    box = tuple(slice(o, o + n) for o, n in zip(offset, shape))
+    image = inner.new_zeros((inner.shape[0], *target))
+    image[(slice(None), *box)] = inner
+    if inner_label is not None:
+        label = torch.zeros(target, dtype=torch.long)
+        label[box] = inner_label.long()
+    return image, None if label is None else label
 
 
 @overload
 def case_tensors(
-    image: np.ndarray, label: np.ndarray, regions: Regions, size: int, normalize: Normalize | CTWindows
+    image: np.ndarray, label: np.ndarray, regions: Regions, size: int, normalize: Normalize | CTWindows, fit: Fit = ...
 ) -> tuple[torch.Tensor, torch.Tensor]: ...
 @overload
 def case_tensors(
-    image: np.ndarray, label: None, regions: Regions, size: int, normalize: Normalize | CTWindows
+    image: np.ndarray, label: None, regions: Regions, size: int, normalize: Normalize | CTWindows, fit: Fit = ...
 ) -> tuple[torch.Tensor, None]: ...
 @overload
 def case_tensors(
-    image: np.ndarray, label: np.ndarray | None, regions: Regions, size: int, normalize: Normalize | CTWindows
+    image: np.ndarray,
+    label: np.ndarray | None,
+    regions: Regions,
+    size: int,
+    normalize: Normalize | CTWindows,
+    fit: Fit = ...,
 ) -> tuple[torch.Tensor, torch.Tensor | None]: ...
 def case_tensors(
-    image: np.ndarray, label: np.ndarray | None, regions: Regions, size: int, normalize: Normalize | CTWindows
+    image: np.ndarray,
+    label: np.ndarray | None,
+    regions: Regions,
+    size: int,
+    normalize: Normalize | CTWindows,
+    fit: Fit = "stretch",
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Return ``(x (C, *S) float32, y (R, *S) float32 region masks or None)`` with ``S = (size,)*dims``."""
+    """Return ``(x (C, *S) float32, y (R, *S) float32 region masks or None)`` with ``S = (size,)*dims``, the image
+    placed as ``fit`` says (``data.resize``, :func:`fit_box`)."""
     x = torch.from_numpy(normalize_image(image, normalize))
     lab = torch.from_numpy(label.astype(np.int64)) if label is not None else None
-    x, lab = resize(x, lab, size)
+    x, lab = resize(x, lab, size, fit)
     if lab is None:
         return x, None
     y = torch.from_numpy(regions.one_hot(lab.numpy())).float()
     return x, y
 
 
-def restore_size(mask: torch.Tensor, spatial: tuple[int, ...]) -> torch.Tensor:
-    """Nearest-neighbour resize of region masks ``(R, *S)`` back to an original ``spatial`` shape."""
+def restore_size(mask: torch.Tensor, spatial: tuple[int, ...], fit: Fit = "stretch") -> torch.Tensor:
+    """Region masks ``(R, *S)`` of the model input back on an original ``spatial`` shape: the image's box in the
+    input (:func:`fit_box`; ``pad``: the padding left out) resized nearest-neighbour."""
     if tuple(mask.shape[1:]) == tuple(spatial):
         return mask
-    return F.interpolate(mask[None].float(), size=spatial, mode="nearest")[0].to(mask.dtype)
+    inner = mask[(slice(None), *_box(spatial, mask.shape[1], fit))]
+    return F.interpolate(inner[None].float(), size=spatial, mode="nearest")[0].to(mask.dtype)
+
+
+def restore_image(image: torch.Tensor, spatial: tuple[int, ...], fit: Fit = "stretch") -> torch.Tensor:
+    """A model-input image ``(C, *S)`` back on an original ``spatial`` shape (linear; for a figure's panel)."""
+    if tuple(image.shape[1:]) == tuple(spatial):
+        return image
+    inner = image[(slice(None), *_box(spatial, image.shape[1], fit))]
+    mode = "bilinear" if len(spatial) == 2 else "trilinear"
+    return F.interpolate(inner[None], size=spatial, mode=mode, align_corners=False)[0]
+
+
+def _box(spatial: Sequence[int], size: int, fit: Fit) -> tuple[slice, ...]:
+    shape, offset = fit_box(spatial, size, fit)
+    return tuple(slice(o, o + n) for o, n in zip(offset, shape))

@@ -19,7 +19,7 @@ from fedseg.accel import inference_autocast
 from fedseg.config import EvalConfig
 from fedseg.data.dataset import CaseSet
 from fedseg.data.federation import Regions
-from fedseg.data.preprocess import restore_size
+from fedseg.data.preprocess import Fit, restore_image, restore_size
 from fedseg.evaluate.metric_info import DEFAULT_NSD_TOLERANCE, METRIC_NAMES
 from fedseg.evaluate.metrics import Scores, batch_metrics, logits_to_masks
 from fedseg.evaluate.sliding import network_for, score_volumes, sliding_logits
@@ -82,20 +82,23 @@ def score_caseset(
         cases = slice(start, start + batch_size)
         masks = predict_masks(model, data.x[cases], batch_size, threshold, device, on_device=True, regions=regions)
         truths = None if data.originals is None else [data.originals.get(i) for i in range(len(data))[cases]]
-        parts += _scores_on_grids(masks, data.y[cases].bool(), truths, metrics)
+        parts += _scores_on_grids(masks, data.y[cases].bool(), truths, metrics, data.fit)
     return {m: np.concatenate([part[m] for part in parts]) for m in METRIC_NAMES}
 
 
-def _scores_on_grids(masks: torch.Tensor, y: torch.Tensor, truths: list | None, metrics: dict) -> list[Scores]:
+def _scores_on_grids(
+    masks: torch.Tensor, y: torch.Tensor, truths: list | None, metrics: dict, fit: Fit = "stretch"
+) -> list[Scores]:
     """``batch_metrics`` of predicted ``masks (B, R, *S)`` against ``y (B, R, *S)``, the batch at once where every
     case is on the model grid, else case by case: a case with an original-grid truth (``truths[i]``, ``(R, *S_i)``)
-    is scored there, its masks resized to it (``restore_size``: nearest, as ``fedseg predict`` writes them)."""
+    is scored there, its masks resized to it from where ``fit`` placed it (``restore_size``: nearest, as ``fedseg
+    predict`` writes them)."""
     if truths is None or all(t is None for t in truths):
         return [batch_metrics(masks, y, **metrics)]
     return [
         batch_metrics(masks[i : i + 1], y[i : i + 1], **metrics)
         if truth is None
-        else batch_metrics(restore_size(masks[i], tuple(truth.shape[1:]))[None], truth[None], **metrics)
+        else batch_metrics(restore_size(masks[i], tuple(truth.shape[1:]), fit)[None], truth[None], **metrics)
         for i, truth in enumerate(truths)
     ]
 
@@ -117,9 +120,7 @@ def sample_prediction(
     if truth is None:
         return data.x[0], data.y[0], pred
     shape = tuple(truth.shape[1:])
-    mode = "bilinear" if len(shape) == 2 else "trilinear"
-    image = torch.nn.functional.interpolate(data.x[:1], size=shape, mode=mode, align_corners=False)[0]
-    return image, truth, restore_size(pred, shape)
+    return restore_image(data.x[0], shape, data.fit), truth, restore_size(pred, shape, data.fit)
 
 
 def candidate_dice(

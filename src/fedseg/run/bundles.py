@@ -18,7 +18,7 @@ from fedseg.algorithms import ALGORITHMS
 from fedseg.algorithms.registry import BundleRouting
 from fedseg.config import ModelConfig, VolumeConfig
 from fedseg.data.federation import FederationError, Regions
-from fedseg.data.preprocess import Normalize
+from fedseg.data.preprocess import Fit, Normalize
 from fedseg.data.structured import read_mapping
 from fedseg.engine.faults import all_finite
 from fedseg.engine.messages import Message
@@ -153,6 +153,10 @@ def load_bundle(folder: Path) -> Bundle:
     threshold = manifest["threshold"]
     if isinstance(threshold, bool) or not isinstance(threshold, int | float) or not 0 < threshold < 1:
         raise BundleError(f"{manifest_path}: threshold is {threshold!r}; expected a number between 0 and 1")
+    if manifest.get("resize", "stretch") not in get_args(Fit):
+        raise BundleError(
+            f"{manifest_path}: resize is {manifest['resize']!r}; expected one of {', '.join(get_args(Fit))}"
+        )
     if manifest["normalize"] not in get_args(Normalize):
         raise BundleError(
             f"{manifest_path}: normalize is {manifest['normalize']!r}; expected one of {', '.join(get_args(Normalize))}"

@@ -122,6 +122,7 @@ def write_bundle_files(
         "channel_names": None if fed.channel_names is None else [str(n) for n in fed.channel_names],
         "regions": fed.regions.as_dict(),
         "image_size": cfg.data.image_size,
+        "resize": cfg.data.resize,  # how an image reached the input (absent in older bundles: stretch)
         "normalize": cfg.data.normalize,
         **({"ct_windows": cfg.data.ct_windows} if cfg.data.ct_windows else {}),  # normalize: ct
         "volume": cfg.data.volume.model_dump(mode="json"),  # the volume pipeline (fedseg predict on patches)
