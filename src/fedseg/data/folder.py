@@ -29,6 +29,7 @@ import functools
 import os
 import re
 import shlex
+import unicodedata
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -188,7 +189,10 @@ class SiteFiles:
 def _list_files(
     folder: Path, exts: tuple[str, ...], what: str, problems: list[str]
 ) -> tuple[dict[str, Path], set[str]]:
-    """Case id -> file in ``folder`` (hidden files ignored); returns ``(files, ambiguous ids)`` and appends problems.
+    """Case id -> file in ``folder`` (hidden files and OS junk such as ``Thumbs.db`` ignored:
+    ``readers.ignored_entry``); returns ``(files, ids said already)`` and appends problems. The ids said already are
+    those of several files (duplicates) and of series folders that are no DICOM series: their partners are not
+    "without image" too.
 
     In ``images/``, a sub-folder is a DICOM series whose case id is the folder's name; the data files
     of ``.mhd`` headers are part of their header (``readers.mhd_data_files``)."""
@@ -197,14 +201,16 @@ def _list_files(
         problems.append(f"{folder}: {what} (a site holds an images/ and a labels/ folder)")
         return {}, set()
     found: dict[str, list[Path]] = {}
+    unreadable: set[str] = set()  # series folders said to be no series: the case is there, its label has an image
     companions = readers.mhd_data_files(folder)
     for path in sorted(folder.iterdir()):
-        if path.name.startswith(".") or (path.name in companions and path.is_file()):
+        if readers.ignored_entry(path.name) or (path.name in companions and path.is_file()):
             continue
         if path.is_dir() and what == "image":
             problem = readers.series_folder_problem(path)
             if problem is not None:
                 problems.append(problem)
+                unreadable.add(path.name)
             else:
                 found.setdefault(path.name, []).append(path)
             continue
@@ -222,7 +228,37 @@ def _list_files(
     ambiguous = {cid for cid, paths in found.items() if len(paths) > 1}
     for cid in sorted(ambiguous):
         problems.append(f"{folder}: duplicate case id {cid!r} ({', '.join(p.name for p in found[cid])})")
-    return {cid: paths[0] for cid, paths in found.items() if cid not in ambiguous}, ambiguous
+    return {cid: paths[0] for cid, paths in found.items() if cid not in ambiguous}, ambiguous | unreadable
+
+
+def _normalisation_pairs(images: dict[str, Path], labels: dict[str, Path]) -> dict[str, str]:
+    """Image id -> label id for the unpaired cases whose ids differ only in Unicode normalisation (``José`` as ``e`` +
+    combining accent, NFD as macOS writes names, beside ``é``, NFC as typed on Linux or Windows): each pair one
+    image and one label that would pair if spelt alike."""
+    by_form: dict[str, tuple[list[str], list[str]]] = {}
+    for ids, side in ((set(images) - set(labels), 0), (set(labels) - set(images), 1)):
+        for cid in ids:
+            by_form.setdefault(unicodedata.normalize("NFC", cid), ([], []))[side].append(cid)
+    return {found[0][0]: found[1][0] for found in by_form.values() if len(found[0]) == 1 and len(found[1]) == 1}
+
+
+def _normal_form(name: str) -> str:
+    """``NFC``, ``NFD`` or ``mixed``: how ``name``'s accented letters are spelt."""
+    return next((form for form in ("NFC", "NFD") if unicodedata.is_normalized(form, name)), "mixed")
+
+
+def _normalisation_problem(site_dir: Path, image: Path, label: Path) -> str:
+    """One line for an image and a label whose names differ only in Unicode normalisation (``_normalisation_pairs``).
+
+    Reported rather than paired: the case id is also the key of ``splits.csv``, ``cases.csv`` and of what a run and
+    ``fedseg predict`` write, and on Linux both spellings can name two different files, so which one is the case is
+    for the data manager to say by renaming, not for the reader to guess."""
+    return (
+        f"{site_dir}: images/{image.name} ({_normal_form(image.name)}) and labels/{label.name} "
+        f"({_normal_form(label.name)}) differ only in Unicode normalisation (names copied from a Mac?), so they do not "
+        f"pair; rename one to the other's spelling, e.g. all to NFC: convmv -r -f utf8 -t utf8 --nfc --notest "
+        f"{shlex.quote(str(site_dir))}"
+    )
 
 
 def scan_site(site_dir: Path) -> tuple[SiteFiles, list[str]]:
@@ -237,6 +273,10 @@ def scan_site(site_dir: Path) -> tuple[SiteFiles, list[str]]:
         return SiteFiles(site_dir.name, site_dir), problems
     images, bad_images = _list_files(site_dir / "images", IMAGE_EXTS, "image", problems)
     labels, bad_labels = _list_files(site_dir / "labels", LABEL_EXTS, "label", problems)
+    renamed = _normalisation_pairs(images, labels)
+    problems += [_normalisation_problem(site_dir, images[i], labels[lb]) for i, lb in sorted(renamed.items())]
+    # said once for the pair: neither is also "without" its partner
+    bad_images, bad_labels = bad_images | set(renamed.values()), bad_labels | set(renamed)
     for files, other, what, bad in ((images, labels, "image", bad_labels), (labels, images, "label", bad_images)):
         if not other and not bad and files:  # one line for the empty (or missing: said) folder, not one per file
             folder = "labels" if what == "image" else "images"
@@ -250,7 +290,7 @@ def scan_site(site_dir: Path) -> tuple[SiteFiles, list[str]]:
             partner = "label" if what == "image" else "image"
             problems.append(f"{files[cid]}: {what} without {partner} (no {partner}s/{cid}.<{exts}>)")
     cases = {cid: (images[cid], labels[cid]) for cid in sorted(set(images) & set(labels))}
-    if not cases and images and labels:
+    if not cases and images and labels and not renamed:
         problems.append(f"{site_dir}: empty site (no case with both an image and a label)")
     elif not cases and not images and not labels:
         problems.append(f"{site_dir}: empty site (no image and no label files)")
@@ -417,7 +457,7 @@ def raw_dataset_problem(root: Path) -> str | None:
     if (root / HEADER_FILE).exists():
         return None
     if not ((root / "dataset.json").is_file() and (root / "imagesTr").is_dir()):
-        return _mask_collections_problem(root) or _msd_tasks_problem(root)
+        return _mask_collections_problem(root) or _msd_tasks_problem(root) or _site_folder_problem(root)
     import json
 
     try:
@@ -452,6 +492,28 @@ def _mask_collections_problem(root: Path) -> str | None:
         f"fedseg data import binary {' '.join(shlex.quote(str(p)) for p in sites)} --out FED (masks 0/128/255 of "
         "optic disc and cup: fundus), then use FED"
     )
+
+
+def _is_site(folder: Path) -> bool:
+    return (folder / "images").is_dir() and (folder / "labels").is_dir()
+
+
+def _site_folder_problem(root: Path) -> str | None:
+    """One line for one site's folder (``images/`` and ``labels/`` inside, no ``federation.yaml``), or a site's
+    ``images/`` or ``labels/`` folder, given where the federation folder is expected: give the federation root
+    (named when a folder above holds ``federation.yaml``), not a line per sub-folder that is no site; else None."""
+    if _is_site(root):
+        what, give, federation = "a site folder (it holds images/ and labels/)", "its parent", root.parent
+    elif root.name in ("images", "labels") and _is_site(root.parent):
+        what, give, federation = f"a site's {root.name} folder", "the folder above its site", root.parent.parent
+    else:
+        return None
+    where = (
+        f": {federation}"
+        if (federation / HEADER_FILE).is_file()
+        else f" ({federation} has no {HEADER_FILE} either: a federation root holds it and one folder per site)"
+    )
+    return f"{root}: {what}, not a federation folder (no {HEADER_FILE}); give {give}, the federation root{where}"
 
 
 def _msd_tasks_problem(root: Path) -> str | None:

@@ -119,9 +119,67 @@ def _embed(affine: np.ndarray) -> np.ndarray:
 # --- DICOM series -------------------------------------------------------------------------------------
 
 
+OS_JUNK_FILES = frozenset({"thumbs.db", "ehthumbs.db", "desktop.ini"})  # Windows Explorer's, as .DS_Store is macOS'
+DAMAGED = "a truncated or damaged file (an interrupted copy?)"
+
+
+def ignored_entry(name: str) -> bool:
+    """Whether a folder entry named ``name`` is no data and is skipped wherever a folder of cases or slices is
+    listed: hidden (a name starting with ``.``: macOS' ``.DS_Store`` and ``._*``), or a file that Windows Explorer
+    leaves in folders it shows (``Thumbs.db``, ``ehthumbs.db``, ``desktop.ini``; any case)."""
+    return name.startswith(".") or name.lower() in OS_JUNK_FILES
+
+
 def series_entries(folder: Path) -> list[Path]:
-    """The non-hidden entries of a DICOM series folder, sorted by name."""
-    return sorted(p for p in folder.iterdir() if not p.name.startswith("."))
+    """The entries of a DICOM series folder, sorted by name, without those no data (``ignored_entry``)."""
+    return sorted(p for p in folder.iterdir() if not ignored_entry(p.name))
+
+
+def empty_file_problem(path: Path) -> str | None:
+    """One line for a file of 0 bytes (an interrupted copy; pydicom would call it no DICOM file), else None."""
+    try:
+        empty = path.is_file() and path.stat().st_size == 0
+    except OSError:
+        return None
+    return f"{path}: empty file (0 bytes): an interrupted copy? copy it again" if empty else None
+
+
+def _dicom_read_failure(path: Path, e: Exception, expected: str) -> str:
+    """Why pydicom could not read ``path`` (``e``), in one line: an empty file, a DICOM file whose header is cut short
+    or damaged (it has the DICM preamble), or no DICOM file at all (``expected``: what it should be)."""
+    if (empty := empty_file_problem(path)) is not None:
+        return empty
+    try:
+        with open(path, "rb") as f:
+            dicom = f.read(132)[128:] == b"DICM"
+    except OSError:
+        dicom = False
+    if dicom:
+        return f"{path}: cannot read its DICOM header ({type(e).__name__}): {DAMAGED}"
+    return f"{path}: not a DICOM file ({type(e).__name__}); {expected}"
+
+
+def _nested_series(folder: Path, entries: list[Path]) -> str | None:
+    """For a case folder ``folder`` whose one entry (``entries``) is a folder of DICOM files (a PACS export's
+    ``<case>/<series>/*.dcm``): what it holds and what to do; else None."""
+    if len(entries) != 1 or not entries[0].is_dir():
+        return None
+    try:
+        inner = series_entries(entries[0])
+        files = [p for p in inner if p.is_file()]
+        if not files or len(files) != len(inner):
+            return None
+        with open(files[0], "rb") as f:
+            dicom = f.read(132)[128:] == b"DICM" or files[0].name.lower().endswith(".dcm")
+    except OSError:
+        return None
+    if not dicom:
+        return None
+    count = f"{len(files)} DICOM file{'s' if len(files) > 1 else ''}"
+    return (
+        f"{folder}: holds the folder {entries[0].name!r} of {count}, a series one level too deep (a PACS export's "
+        f"layout?): move the files up into {folder.name}/ and remove {entries[0].name!r}"
+    )
 
 
 def series_folder_problem(folder: Path) -> str | None:
@@ -136,7 +194,10 @@ def series_folder_problem(folder: Path) -> str | None:
         return f"{folder}: empty folder; {expected}"
     for entry in entries:
         if not entry.is_file():
-            return f"{folder}: holds {entry.name!r}, which is not a file; {expected}"
+            said = _nested_series(folder, entries) or f"{folder}: holds {entry.name!r}, which is not a file"
+            return f"{said}; {expected}"
+    if (empty := empty_file_problem(entries[0])) is not None:
+        return f"{empty}; {expected}"
     try:
         with open(entries[0], "rb") as f:
             preamble = f.read(132)
@@ -235,7 +296,7 @@ def series_grid(folder: Path) -> VoxelGrid:
                 ds = pydicom.dcmread(f, stop_before_pixels=True)
                 pixels_at = f.tell()  # pydicom stops at the pixel data element's start
         except Exception as e:  # noqa: BLE001 — pydicom raises several types for a non-DICOM file
-            raise FederationError(f"{path}: not a DICOM file ({type(e).__name__}); expected one DICOM series") from None
+            raise FederationError(_dicom_read_failure(path, e, "expected one DICOM series")) from None
         if _is_dicomdir(path, ds):
             raise FederationError(
                 f"{path}: a DICOMDIR (a media directory), not a slice: move it out of the series folder"
@@ -610,12 +671,8 @@ class _Overlap(Exception):
 def _read_dicom_seg(
     path: Path, grid: VoxelGrid, image: Path, label_names: dict[int, str] | None, regions: Regions | None
 ) -> np.ndarray:
-    pydicom = _require("pydicom", path, "a DICOM-SEG")
-    try:
-        ds = pydicom.dcmread(path)
-    except Exception as e:  # noqa: BLE001 — pydicom raises several types for a non-DICOM file
-        raise FederationError(f"{path}: not a DICOM file ({type(e).__name__}); expected a DICOM-SEG") from None
-    if str(getattr(ds, "SOPClassUID", "")) not in _SEG_SOP_CLASSES:
+    ds = _seg_dataset(path)
+    if _seg_sop_class(ds) not in _SEG_SOP_CLASSES:
         raise FederationError(
             f"{path}: not a DICOM-SEG (Modality {getattr(ds, 'Modality', '?')}); a .dcm label must be a DICOM "
             "Segmentation or an RT Structure Set (RTSTRUCT)"
@@ -628,10 +685,11 @@ def _read_dicom_seg(
         frames = np.asarray(ds.pixel_array)
     except Exception as e:  # noqa: BLE001 — any decoder failure means "corrupt file" to the user
         raise FederationError(
-            f"{path}: cannot decode its pixel data ({type(e).__name__}: {' '.join(str(e).split())[:200]}): a "
-            "truncated or damaged file (an interrupted copy?)"
+            f"{path}: cannot decode its pixel data ({type(e).__name__}: {' '.join(str(e).split())[:200]}): {DAMAGED}"
         ) from None
     frames = frames[None] if frames.ndim == 2 else frames
+    if (other := _other_series(ds, path, image)) is not None:  # before the frames' placement: another patient's
+        raise FederationError(other)  # SEG on a slightly different grid is that, not frames off the grid
 
     def placed() -> Iterator[tuple[int, tuple[np.ndarray, ...], np.ndarray]]:
         return _placed_frames(ds, frames, kind, grid, path, image)
@@ -651,8 +709,6 @@ def _read_dicom_seg(
                 f"read where each segment's label names one of the federation's regions{names})"
             ) from None
         label = regions.to_label(_region_masks(placed(), region_of, len(regions), grid))
-    if (other := _other_series(ds, path, image)) is not None:
-        raise FederationError(other)
     return label.reshape(grid.shape[:3])
 
 
@@ -764,11 +820,36 @@ def _other_series(seg: Any, path: Path, image: Path) -> str | None:
     return None
 
 
-def read_seg_frames(path: Path) -> np.ndarray:
-    """A DICOM-SEG's pixel frames as stored ``(frames, rows, columns)``, for a readability check."""
+def _seg_sop_class(ds: Any) -> str:
+    """The SOP class of the DICOM file ``ds``: its SOPClassUID, else its file meta's (a file cut short keeps that)."""
+    meta = getattr(ds, "file_meta", None)
+    return str(getattr(ds, "SOPClassUID", "") or getattr(meta, "MediaStorageSOPClassUID", "") or "")
+
+
+def _seg_dataset(path: Path) -> Any:
+    """The DICOM-SEG ``path`` read by pydicom; ``FederationError`` in one line for an empty file, a file that is no
+    DICOM or whose header is damaged, and a SEG cut short before its pixel data (pydicom reads such a file without a
+    word, up to where it ends: its SegmentationType, SegmentSequence or PixelData are then missing, which would
+    otherwise read as an unsupported SEG)."""
     pydicom = _require("pydicom", path, "a DICOM-SEG")
     try:
-        frames = np.asarray(pydicom.dcmread(path).pixel_array)
+        ds = pydicom.dcmread(path)
+    except Exception as e:  # noqa: BLE001 — pydicom raises several types for a non-DICOM file
+        raise FederationError(_dicom_read_failure(path, e, "expected a DICOM-SEG")) from None
+    if _seg_sop_class(ds) in _SEG_SOP_CLASSES and "PixelData" not in ds:
+        missing = [k for k in ("SegmentationType", "SegmentSequence", "PixelData") if k not in ds]
+        raise FederationError(
+            f"{path}: cannot decode its pixel data (the file ends after {path.stat().st_size} bytes, before its "
+            f"{', '.join(missing[:-1])}{' and ' if len(missing) > 1 else ''}{missing[-1]}): {DAMAGED}"
+        )
+    return ds
+
+
+def read_seg_frames(path: Path) -> np.ndarray:
+    """A DICOM-SEG's pixel frames as stored ``(frames, rows, columns)``, for a readability check."""
+    ds = _seg_dataset(path)
+    try:
+        frames = np.asarray(ds.pixel_array)
     except Exception as e:  # noqa: BLE001 — any decoder failure means "corrupt file" to the user
         raise FederationError(f"{path}: cannot read ({type(e).__name__}: {e})") from None
     return frames[None] if frames.ndim == 2 else frames
