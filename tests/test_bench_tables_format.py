@@ -265,18 +265,49 @@ def test_every_p_says_when_its_seeds_disagree_and_the_paired_cell_how_many_diffe
 
 def test_the_per_site_table_marks_a_site_test_that_paired_fewer_cases_than_its_cells_average():
     """A site whose test paired 38 of the 40 cases its two cells average (a failed evaluation of two cases) gets ‡
-    after its cell, as the test table's Δ does; one that paired all 40 does not."""
+    after its cell, as the test table's Δ does; one that paired all 40 does not. A cell's ``n`` counts seeds (its ±
+    is over seeds): a site of 2 test cases in a 3-seed bench got ‡ on every cell (a fresh-eyes study), and a site
+    that lost cases but kept more of them than the bench has seeds got none. Tables written before ``site_cases``
+    was recorded cannot say: no ‡."""
     fed = _fed(wilcoxon=_test(0.002, 0.001, 0.003, 40))
-    fed["sites"] = ["site1", "site2"]
+    fed["sites"] = ["site1", "site2", "site3"]
     for method in fed["methods"].values():
-        method["sites"] = {site: {"mean": 0.9, "std": 0.01, "n": 40} for site in fed["sites"]}
+        method["sites"] = {site: {"mean": 0.9, "std": 0.01, "n": 3} for site in fed["sites"]}
+        method["site_cases"] = {"site1": 40, "site2": 40, "site3": 2}
         method["site_wilcoxon"] = {}
         method["local_avg"] = method["local_gen"] = None
-    fed["methods"]["fedprox"]["site_wilcoxon"] = {"site1": _test(0.0, 0.0, 0.0, 38), "site2": _test(0.0, 0.0, 0.0, 40)}
+    fed["methods"]["fedprox"]["site_wilcoxon"] = {
+        "site1": _test(0.0, 0.0, 0.0, 38),
+        "site2": _test(0.0, 0.0, 0.0, 40),
+        "site3": _test(0.0, 0.0, 0.0, 2),
+    }
     head, rows = table_rows.site_table(fed, "fedavg")
     cells = {row[0]: dict(zip(head, row, strict=True)) for row in rows}
     assert cells["fedprox"]["site1"].endswith(" ‡") and not cells["fedprox"]["site2"].endswith("‡")
-    assert not cells["fedavg"]["site1"].endswith("‡")
+    assert not cells["fedprox"]["site3"].endswith("‡") and not cells["fedavg"]["site1"].endswith("‡")
+    for method in fed["methods"].values():
+        del method["site_cases"]
+    head, rows = table_rows.site_table(fed, "fedavg")
+    assert not any("‡" in cell for row in rows for cell in row)
+
+
+def test_the_legend_says_what_trained_the_runs_where_the_tables_recorded_it():
+    """tables.json ``provenance`` (fedseg, commit, torch, MONAI, Python, device of the runs) in one legend sentence;
+    tables written before it render as they did."""
+    provenance = {
+        "fedseg": ["0.1.0"],
+        "commit": ["9183785cb9f09700137606c1b62c3f47c6d40e86"],
+        "torch": ["2.13.0+cpu"],
+        "monai": ["1.6.1"],
+        "python": ["3.11.7"],
+        "device": ["cpu"],
+        "dirty": [False, True],
+    }
+    assert legend.provenance_note({"fed": {"provenance": provenance}}) == (
+        " Trained with fedseg 0.1.0 (commit 9183785cb9f0, some runs with uncommitted changes), torch 2.13.0+cpu, "
+        "MONAI 1.6.1, Python 3.11.7 on cpu; every run's summary.json says its own."
+    )
+    assert legend.provenance_note({"fed": {}}) == ""
 
 
 def test_the_test_tables_note_names_methods_whose_runs_never_improved_on_validation():

@@ -13,32 +13,34 @@ from fedseg.bench.table_rows import has_hd95_tests, has_nsd
 from fedseg.evaluate.stats import EXACT_BELOW, PERMUTATION_UP_TO, RESAMPLES
 
 NOTES = (
-    "Dice / HD95: mean ± std over the test cases of all folds (each case averaged over the seeds first); client avg: "
-    "mean of per-site means, ± std over seeds. Δ: mean over cases of (method − reference), paired per case and seed "
-    "(the same images in every seed: data.seed), over the cases in the cases paired column. 95% CI: percentile "
-    "interval of Δ over {resamples} hierarchical bootstrap samples (sites, then cases within the drawn sites, and "
-    "seeds, all with replacement), so it carries case-to-case and run-to-run variance (with fewer than 5 seeds the "
-    "run-to-run part cannot show its full size: read the Δ per seed column: s0 is run seed 0's Δ). p: {alternative} "
-    "paired Wilcoxon signed-rank test over cases (each case's differences averaged over the seeds; {method}), "
-    "Holm-adjusted within its table (the Δ column's comparisons; every cell of the per-site table; the bench's "
-    "comparisons). °: too few paired cases for the test ever to give p < 0.05 (n nonzero differences: its smallest p "
-    "is 2^(1−n) two-sided, 2^(−n) one-tailed, so fewer than 6 or 5): no evidence either way, and left out of its "
-    "Holm family (Tarone 1990). † marks a comparison only where both hold: the CI excludes 0{side} and the adjusted "
-    "p < 0.05 (a CI of a handful of cases excludes 0 whenever they differ the same way; the p does not carry the "
-    "seeds' variance); never with one seed, whose CI has no run-to-run variance to draw: a difference between two "
-    "trained models, not yet between two methods. (seeds disagree): the Δ per seed do not all share Δ's sign (a seed "
-    "at exactly 0 included): the p takes each image as the unit and cannot see that the training runs disagree (a "
-    "shift in one seed moves almost every image the same way), so a small p there is no evidence across runs: read "
-    "the CI (the Δ per seed of the other metrics are in tables.json). (mean and ranks disagree): the signed-rank "
-    "statistic favours the other side than Δ (better on most images, much worse on a few, or the reverse): no †; the "
-    "p says only that the two differ. cases paired: n, and (k differ) where some differences are 0 (the p ranks "
-    "those k). ‡: Δ, CI and p pair fewer cases than the Dice columns average (a site failed), or the method and the "
+    "Dice / HD95: mean ± std over the test cases of all folds (each case averaged over the seeds first); client "
+    "avg: mean of per-site means, ± std over seeds; per site: the site's mean over its test cases, ± std over "
+    "seeds. Δ: mean over cases of (method − reference), paired per case and seed (the same images in every seed: "
+    "data.seed), over the cases in the cases paired column. 95% CI: percentile interval of Δ over {resamples} "
+    "hierarchical bootstrap samples (sites, then cases within the drawn sites, and seeds, all with replacement), "
+    "so it carries case-to-case and run-to-run variance (with fewer than 5 seeds the run-to-run part cannot show "
+    "its full size: read the Δ per seed column: s0 is run seed 0's Δ). p: {alternative} paired Wilcoxon "
+    "signed-rank test over cases (each case's differences averaged over the seeds; {method}), Holm-adjusted "
+    "within its table (the Δ column's comparisons; every cell of the per-site table; the bench's comparisons). °: "
+    "too few paired cases for the test ever to give p < 0.05 (n nonzero differences: its smallest p is 2^(1−n) "
+    "two-sided, 2^(−n) one-tailed, so fewer than 6 or 5): no evidence either way, and left out of its Holm family "
+    "(Tarone 1990), as is a comparison whose differences are all 0 (0 differ: p = 1, nothing to test). † marks a "
+    "comparison only where both hold: the CI excludes 0{side} and the adjusted p < 0.05 (a CI of a handful of "
+    "cases excludes 0 whenever they differ the same way; the p does not carry the seeds' variance); never with "
+    "one seed, whose CI has no run-to-run variance to draw: a difference between two trained models, not yet "
+    "between two methods. (seeds disagree): the Δ per seed do not all share Δ's sign (a seed at exactly 0 "
+    "included): the p takes each image as the unit and cannot see that the training runs disagree (a shift in one "
+    "seed moves almost every image the same way), so a small p there is no evidence across runs: read the CI (the "
+    "Δ per seed of the other metrics are in tables.json). (mean and ranks disagree): the signed-rank statistic "
+    "favours the other side than Δ (better on most images, much worse on a few, or the reverse): no †; the p says "
+    "only that the two differ. cases paired: n, and (k differ) where some differences are 0 (the p ranks those "
+    "k). ‡: Δ, CI and p pair fewer cases than the Dice columns average (a site failed), or the method and the "
     "reference finished different runs (a seed or fold missing): the columns describe other cases or runs than Δ "
-    "(in the per-site table: the site's test paired fewer cases than its two cells average). "
-    "Settings chosen on validation only (see the tuning table); (grid edge): the selected value is the smallest or "
-    "largest of its grid, so the best one may lie outside it. Differences of Dice (as of any score in [0, 1]) to 4 "
-    "decimals, of HD95 to 2; a nonzero one that would round to ±0.0000 is shown to one significant digit (+3e-05), "
-    "so a bound printed as 0 is exactly 0."
+    "(in the per-site table: the site's test paired fewer cases than its two cells average). Settings chosen on "
+    "validation only (see the tuning table); (grid edge): the selected value is the smallest or largest of its "
+    "grid, so the best one may lie outside it. Differences of Dice (as of any score in [0, 1]) to 4 decimals, of "
+    "HD95 to 2; a nonzero one that would round to ±0.0000 is shown to one significant digit (+3e-05), so a bound "
+    "printed as 0 is exactly 0."
 )
 
 WILCOXON_METHOD = (
@@ -89,9 +91,34 @@ def notes(bench: BenchSpec, tables: dict, changes: Sequence[str] = ()) -> str:
     text += OWN_PAIRS if hd95 or nsd else ""
     text += PER_SEED_DATA if bench.data_seed == "per-seed" else ""
     text += tuning_note(bench)
+    text += provenance_note(tables)
     if changes:
         text += " **Changed after results existed** (" + "; ".join(changes) + "): the p-values and † follow the change."
     return text
+
+
+def provenance_note(tables: dict) -> str:
+    """What trained the runs (tables.json ``provenance`` of each federation, ``fedseg.bench.tables.runs_provenance``):
+    fedseg's version and commit (and whether a checkout had uncommitted changes), torch, MONAI, Python and the
+    devices; "" for tables written before it was recorded (they render as they did)."""
+    recorded = [t["provenance"] for t in tables.values() if t.get("provenance")]
+    if not recorded:
+        return ""
+
+    def values(key: str) -> str:
+        found = sorted({v for p in recorded for v in p.get(key, [])})
+        return " / ".join(v[:12] if key == "commit" else v for v in found) or "?"
+
+    dirty = {d for p in recorded for d in p.get("dirty", [])}
+    state = (
+        ", with uncommitted changes"
+        if dirty == {True}
+        else (", some runs with uncommitted changes" if True in dirty else "")
+    )
+    return (
+        f" Trained with fedseg {values('fedseg')} (commit {values('commit')}{state}), torch {values('torch')}, MONAI "
+        f"{values('monai')}, Python {values('python')} on {values('device')}; every run's summary.json says its own."
+    )
 
 
 def tuning_note(bench: BenchSpec) -> str:

@@ -200,16 +200,17 @@ def _test_cells(
 
 
 def site_table(fed: dict, reference: str | None = None) -> tuple[list[str], list[list[str]]]:
-    """Each method's Dice per site (mean ± std over the site's cases), with † / ° of its comparison with
-    ``reference`` on that site's cases, and ‡ where that comparison paired fewer cases than the two cells average."""
+    """Each method's Dice per site (the site's mean over its test cases, mean ± std over seeds), with † / ° of its
+    comparison with ``reference`` on that site's cases, and ‡ where that comparison paired fewer cases than the two
+    cells average (``site_cases``; tables written before it was recorded: no ‡, the seeds were compared)."""
     head = ["method", *BUDGET_HEAD, *fed["sites"], "client avg", "local avg", "local gen"]
     rows = []
-    ref_sites = (fed["methods"].get(reference) or {}).get("sites") or {}
+    ref = fed["methods"].get(reference) or {}
     for name, s in fed["methods"].items():
         cells = []
         for site in fed["sites"]:
             test = s["site_wilcoxon"].get(site)
-            own = _own_cases({"dice": s["sites"].get(site)}, {"dice": ref_sites.get(site)})
+            own = [(m.get("site_cases") or {}).get(site, 0) for m in (s, ref)]
             fewer = test is not None and any(test["n"] < n for n in own)
             cells.append(ms(s["sites"].get(site)) + mark(test) + (FEWER_CASES if fewer else ""))
         rows.append([name, *_method_budget(s), *cells, ms(s["client_avg"]), ms(s["local_avg"]), ms(s["local_gen"])])

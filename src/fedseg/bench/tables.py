@@ -10,7 +10,7 @@ For each federation and method (its final runs, ``fedseg.bench.execute``):
 * ``dice`` / ``hd95`` / ``nsd`` / ``regions``: mean ± std over cases of the per-case value (mean over regions; per
   region), each case first averaged over the seeds (the FeTS Table 1 convention, "± std over samples of all folds");
 * ``client_avg``: the mean of per-site means, per seed, then mean ± std over seeds (Auto-FedAvg Table 2);
-  ``sites``: per-site mean ± std over seeds;
+  ``sites``: per-site mean ± std over seeds (``n``: seeds); ``site_cases``: the cases each site's means average;
 * ``wilcoxon`` (pooled) and ``site_wilcoxon``: paired comparisons against the bench's reference method
   (:func:`fedseg.evaluate.stats.compare`: the Wilcoxon test on the per-case differences averaged over the seeds,
   ``tests.alternative`` sided, and the 95% CI of the mean difference from a hierarchical bootstrap over sites,
@@ -164,6 +164,9 @@ def method_stats(rows: list[dict], runs: list[Finished], scored: str, regions: l
         "regions": {reg: mean_std(seed_averaged(per_seed_cases(rows, "dice", reg)).values()) for reg in regions},
         "client_avg": mean_std(float(np.mean(list(m.values()))) for m in per_seed_sites.values()),
         "sites": {s: mean_std(m.get(s, math.nan) for m in per_seed_sites.values()) for s in sites},
+        "site_cases": {
+            s: sum(1 for site, _ in dice_cases if site == s) for s in sites
+        },  # what each site's mean averages
         "local_avg": mean_std(e.get("local_avg", math.nan) for e in entries),
         "local_gen": mean_std(e.get("local_gen", math.nan) for e in entries),
         "convergence": convergence_counts(entries),
@@ -284,6 +287,7 @@ def federation_tables(bench: BenchSpec, runs: BenchRuns) -> tuple[dict, list[dic
             ],
             "rank_stability": rank_stability(per_seed),
             "hd95_unit": by_key[(fed.name, first_method)][0][1].summary.get("hd95_unit", ""),
+            "provenance": runs_provenance([fin for m in methods for _, fin in by_key[(fed.name, m)]]),
             "nsd_tolerance": by_key[(fed.name, first_method)][0][1].summary.get("nsd_tolerance"),  # in hd95_unit
             **{
                 key: scored(key, [fin for m in methods for _, fin in by_key[(fed.name, m)]]) for key in RECORDED_SCORING
@@ -310,6 +314,21 @@ def learned_weights(runs: list[Finished], algorithm: str) -> dict[str, dict[str,
         return None
     sites = list(dict.fromkeys(site for final in finals for site in final))
     return {site: mean_std(final[site] for final in finals if site in final) for site in sites}
+
+
+PROVENANCE_KEYS = ("fedseg", "commit", "torch", "monai", "python", "device")
+
+
+def runs_provenance(runs: list[Finished]) -> dict[str, list]:
+    """What trained the federation's final runs (summary.json ``provenance``): each of :data:`PROVENANCE_KEYS`'s
+    distinct values, sorted (several where runs of a resumed bench differ), and ``dirty``: whether any run came
+    from a checkout with uncommitted changes ([true], [false] or both)."""
+    provenances = [fin.summary.get("provenance") or {} for fin in runs]
+    out: dict[str, list] = {
+        key: sorted({str(p[key]) for p in provenances if p.get(key) is not None}) for key in PROVENANCE_KEYS
+    }
+    out["dirty"] = sorted({bool(p["dirty"]) for p in provenances if "dirty" in p})
+    return out
 
 
 def scored(key: str, runs: list[Finished]) -> str:
