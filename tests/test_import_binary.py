@@ -87,6 +87,9 @@ def test_polyp_collections_import_as_0_1_labels_with_one_region(tmp_path):
     isic = source(tmp_path / "ISIC", "jpg", "png", suffix="_segmentation")
     clinic = source(tmp_path / "CVC-ClinicDB", "tif", "tif", mask_values=(0, 1), folders=("Original", "Ground Truth"))
     etis = source(tmp_path / "ETIS", "png", "bmp", suffix="_mask", grey_images=True)
+    for junk in ("Thumbs.db", "desktop.ini", ".DS_Store"):  # what Windows Explorer and macOS leave in folders
+        (kvasir / "images" / junk).write_bytes(b"\0")
+        (kvasir / "masks" / junk).write_bytes(b"\0")
     out = tmp_path / "fed"
     result = run(str(kvasir), str(isic), str(clinic), str(etis), "--region", "polyp", "--out", str(out))
     assert result.exit_code == 0, result.output

@@ -129,7 +129,7 @@ def list_inputs(path: Path, notes: list[str] | None = None) -> list[Path]:
             given = shlex.quote(str(images[0]))
             raise PredictError(f"{path}: a dataset folder (dataset.json); give the folder of images: --input {given}")
         companions = readers.mhd_data_files(path)  # the data files of .mhd headers are no inputs of their own
-        entries = [p for p in sorted(path.iterdir()) if not p.name.startswith(".") and p.name not in companions]
+        entries = [p for p in sorted(path.iterdir()) if not readers.ignored_entry(p.name) and p.name not in companions]
         documents = [p for p in entries if p.is_file() and p.suffix.lower().lstrip(".") in NOT_IMAGES]
         entries = [p for p in entries if p not in documents]
         if documents and notes is not None:

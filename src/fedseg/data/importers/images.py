@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fedseg.data import readers
 from fedseg.data.case_files import split_name
 from fedseg.data.federation import FederationError
 from fedseg.data.importers.writer import (
@@ -83,7 +84,7 @@ def list_files(
         return {}
     found: dict[str, tuple[Path, str]] = {}
     for path in sorted(folder.iterdir()):
-        if path.name.startswith("."):
+        if readers.ignored_entry(path.name):  # .DS_Store, Thumbs.db, desktop.ini: no images
             continue
         parsed = split_name(path.name, exts) if path.is_file() else None
         if parsed is None:
