@@ -144,7 +144,7 @@ def test_seeds_written_as_a_comma_separated_string_are_a_list(tmp_path):
     "methods, said",
     [
         (["fedavg", {"name": "fedprox", "grid": {"methods.fedprox.nu": [1]}}], "methods.fedprox.nu: unknown key"),
-        (["fedavg", "scafold"], "/scafold/default: unknown algorithm 'scafold'; did you mean 'scaffold'?\n"),
+        (["fedavg", "scafold"], "bench.yaml: methods[1]: unknown algorithm 'scafold'; did you mean 'scaffold'?\n"),
     ],
 )
 def test_an_unknown_option_in_a_grid_fails_before_any_run(tmp_path, methods, said):

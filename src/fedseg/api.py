@@ -30,6 +30,7 @@ from fedseg.atomic_files import json_number
 from fedseg.config import RunConfig
 from fedseg.config_load import ConfigError, load_config, validate_config
 from fedseg.data.federation import Federation
+from fedseg.evaluate.metric_info import METRIC_NAMES
 from fedseg.presentation.files import REWRITE_HINT, check_summary, read_json
 
 if TYPE_CHECKING:
@@ -280,7 +281,9 @@ class Results:
     ) -> list[dict]:
         """``results.csv``: one dict per test case, region and metric (``algorithm, model, site, case,
         region, metric, value``; ``value`` a float, NaN where undefined), optionally only those of
-        ``algorithm`` / ``metric`` (``dice`` | ``hd95`` | ``nsd``) / ``model`` (e.g. ``global``, ``local:site1``).
+        ``algorithm`` / ``metric`` (``dice`` | ``hd95`` | ``nsd``) / ``model`` (e.g. ``global``, ``local:site1``);
+        a ValueError naming the ones there are (and the closest) for a value the run has none of (``metric="dicee"``,
+        an algorithm it did not train), rather than no rows.
 
         ``results.csv`` holds every model an algorithm tested: besides the one each site uses, e.g. FedAvg's
         ``local:siteN`` models (``eval.local_models``) and ``local``'s models on the other sites. ``scored``: only
@@ -291,11 +294,28 @@ class Results:
         path = self.out / "results.csv"
         rows = read_rows(path) if path.is_file() else []
         want = {"algorithm": algorithm, "metric": metric, "model": model}
+        known = {
+            "algorithm": [*self.algorithms, *(r["algorithm"] for r in rows)],
+            "metric": [*METRIC_NAMES, *(r["metric"] for r in rows)],
+            "model": [r["model"] for r in rows],
+        }
+        for key, value in want.items():
+            if value is not None and known[key] and value not in known[key]:  # (no rows: no model to name)
+                raise ValueError(self._unknown(f"cases({key}={value!r})", key, value, list(dict.fromkeys(known[key]))))
         rows = [r for r in rows if all(v is None or r[k] == v for k, v in want.items())]
         if not scored:
             return rows
         used = {a: self.site_models(a) for a in {r["algorithm"] for r in rows}}
         return [r for r in rows if r["model"] == used[r["algorithm"]].get(r["site"])]
+
+    def _unknown(self, call: str, what: str, value: str, known: list[str]) -> str:
+        """``CALL: OUT has no WHAT 'value'; did you mean 'x'? choose one of a, b`` (the did-you-mean where one is
+        close), as :meth:`dice` says of a site."""
+        import difflib
+
+        close = difflib.get_close_matches(value, known, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        return f"{call}: {self.out} has no {what} {value!r}; {hint}choose one of {', '.join(known)}"
 
     def site_models(self, algorithm: str) -> dict[str, str]:
         """``{site: the model its test scores come from}`` of ``algorithm`` (summary.json's ``site_models``:

@@ -333,11 +333,12 @@ def validation_problems(
 
 
 def _named(key: str, option: str | None) -> str:
-    """``key`` as the message names it: by itself, after ``--set`` or the bench, or as the option that wrote it
+    """``key`` as the message names it: by itself, after ``--set``, the bench or a place of a file that wrote it
+    (a label ending in ``:``, ``bench.yaml: set[0] 'trian.lr=0.01':``), or as the option that wrote it
     (``--algorithms``; ``--rounds (fl.rounds)``)."""
     if option is None:
         return key
-    if option in ("--set", "the bench's"):
+    if option in ("--set", "the bench's") or option.endswith(":"):
         return f"{option} {key}"
     return option if key == option.lstrip("-") else f"{option} ({key})"
 

@@ -32,7 +32,7 @@ import yaml
 
 from fedseg.bench.spec import BenchSpec, FederationSpec, MethodSpec
 from fedseg.config import RunConfig
-from fedseg.config_load import ConfigError, load_config
+from fedseg.config_load import ConfigError, error_text, load_config
 from fedseg.studies import run_label
 
 DEFAULT = "default"  # the setting label of a run without grid values
@@ -87,15 +87,20 @@ def settings(method: MethodSpec) -> list[Setting]:
     return [tuple(zip(keys, values)) for values in itertools.product(*(method.grid[k] for k in keys))]
 
 
-def federation_overrides(fed: FederationSpec) -> list[str]:
-    """A federation's overrides; a name that is a built-in (or registered) federation sets ``data.source``."""
+def federation_overrides(fed: FederationSpec, where: str = "federations") -> list[str]:
+    """A federation's overrides; a name that is a built-in (or registered) federation sets ``data.source``.
+    ``where``: the federation's place, for the error of a name that is none and gives no data."""
+    import difflib
+
     from fedseg.data.sources import source_names
 
     named = [f"data.source={fed.name}"] if fed.name in source_names() else []
     if not named and not fed.set:
+        close = difflib.get_close_matches(fed.name, source_names(), n=1)
         raise ConfigError(
-            f"federations: {fed.name!r} is not a built-in federation ({', '.join(source_names())}); "
-            "give its data with set: [data.source=folder, data.root=PATH, ...]"
+            f"{where}: {fed.name!r} is not a built-in federation ({', '.join(source_names())}); "
+            + (f"did you mean {close[0]!r}? Otherwise " if close else "")
+            + "give its data with set: [data.source=folder, data.root=PATH, ...]"
         )
     return [*named, *fed.set]
 
@@ -266,19 +271,96 @@ def final_runs(bench: BenchSpec, selected: Selected, holdouts: Holdouts | None =
     ]
 
 
-def run_config(bench: BenchSpec, root: Path, run: BenchRun) -> RunConfig:
-    """The run's configuration: the bench's base, then the run's overrides and budget caps (a ConfigError naming
-    the run otherwise)."""
+def run_config(bench: BenchSpec, root: Path, run: BenchRun, file: str | Path | None = None) -> RunConfig:
+    """The run's configuration: the bench's base, then the run's overrides and budget caps; a ConfigError otherwise,
+    naming the place of the bench file that gave the bad key (``override_places``), after the bench ``file`` where
+    it is known, or the run."""
     base = bench.base
-    file = None if base.config is None else (root / base.config)
+    config = None if base.config is None else (root / base.config)
+    places = override_places(bench, run)
     try:
         overrides = [*run.overrides, *run.caps]
-        labels = {a.split("=", 1)[0].strip(): "the bench's" for a in overrides}  # its set:, seed, budget
-        labels |= {key: "the bench's grid (settings_from)" for key, _ in run.inherited}
-        labels |= {key: f"the bench's grid of {run.method}" for key, _ in run.setting}
-        return load_config(preset=base.preset, file=file, overrides=overrides, labels=labels)
+        labels = {a.split("=", 1)[0].strip(): "the bench's" for a in overrides}  # its seed, split, budget
+        return load_config(preset=base.preset, file=config, overrides=overrides, labels=labels | places)
     except ConfigError as e:
-        raise ConfigError(f"bench run {run.label}: {e}") from None
+        text = str(e)
+        raise ConfigError(_where(run, file, text.startswith(tuple(places.values()))) + text) from None
+
+
+def override_places(bench: BenchSpec, run: BenchRun) -> dict[str, str]:
+    """The keys of ``run``'s overrides that the bench file gives, each with its place there as an error names it (a
+    label ending in ``:``, ``fedseg.config_load``): ``set[0] 'trian.lr=0.01':``, ``federations[1] (mine).set[0]
+    '...':``, ``methods[2] (fedprox).set[0] '...':``, ``methods[2] (fedprox).grid 'train.lr: 0.01':`` (a
+    ``settings_from`` method's inherited values: its source's grid). A key given in two places: the later one, whose
+    value the run takes."""
+    places: dict[str, str] = {}
+
+    def add(where: str, assignments: tuple[str, ...]) -> None:
+        for i, assignment in enumerate(assignments):
+            places[assignment.split("=", 1)[0].strip()] = f"{where}[{i}] {assignment!r}:"
+
+    add("set", bench.set)
+    for i, fed in enumerate(bench.federations):
+        if fed.name == run.federation:
+            add(f"federations[{i}] ({fed.name}).set", fed.set)
+    method = bench.method(run.method) if run.method in bench.method_names else None
+    if method is not None:
+        add(f"{method_place(bench, method.name)}.set", method.set)
+    source = method.settings_from if method is not None else None
+    for owner, setting in ((source, run.inherited), (run.method, run.setting)):
+        for key, value in setting:
+            places[key] = f"{method_place(bench, owner)}.grid '{key}: {_yaml(value)}':"
+    return places
+
+
+def method_place(bench: BenchSpec, name: str | None) -> str:
+    """``methods[2] (fedprox)``: where the bench file gives method ``name``; ``budget.reference`` for the budget's
+    reference algorithm when it is no method of the bench."""
+    names = bench.method_names
+    return f"methods[{names.index(name)}] ({name})" if name in names else "budget.reference"
+
+
+def _where(run: BenchRun, file: str | Path | None, placed: bool) -> str:
+    """What opens an error of ``run``: the bench ``file`` (where known), and the run unless the error names its
+    place in the file (``placed``)."""
+    opening = f"{file}: " if file is not None else ""
+    return opening if placed and file is not None else f"{opening}bench run {run.label}: "
+
+
+def check_methods(bench: BenchSpec, run: BenchRun, cfg: RunConfig, file: str | Path | None = None) -> None:
+    """Every algorithm of ``run`` (configuration ``cfg``) exists, and every ``methods.<name>`` of ``cfg`` names one,
+    with valid options (as the run checks before any work); a ConfigError naming the method's entry in the bench
+    file (``methods[1]: unknown algorithm 'fedsmm'; did you mean 'fedsm'?``) or the place that gave the bad option
+    (``methods[1] (fedprox).set[0] 'methods.fedprox.muu=0.01': methods.fedprox.muu: unknown key ...``), after the
+    bench ``file`` where it is known."""
+    from fedseg.algorithms import check_method_names, get_algorithm
+
+    method = bench.method(run.method) if run.method in bench.method_names else None
+    for i, name in enumerate(cfg.algorithms):
+        try:
+            get_algorithm(name)
+        except KeyError as e:
+            if method is None:  # the budget's reference (checked with the bench file, spec.BenchSpec._written)
+                place = "budget.reference"
+            elif method.algorithms:
+                place = f"{method_place(bench, method.name)}.algorithms[{i}]"
+            else:  # the method's name is its algorithm
+                place = f"methods[{bench.method_names.index(method.name)}]"
+            text = error_text(e)
+            if method is not None and not method.algorithms and "did you mean" not in text:  # a name for a label
+                text += f"; a method of another name gives its algorithms: {{name: {name}, algorithms: [fedavg]}}"
+            raise ConfigError(f"{_where(run, file, True)}{place}: {text}") from None
+    try:
+        for name in cfg.algorithms:
+            get_algorithm(name).parse_options(cfg.methods.get(name))
+        check_method_names(cfg.methods)  # a misspelt methods.<name> would be ignored: the run refuses it too
+    except ValueError as e:  # a ConfigError too: ``methods.KEY...: what``, the key a place of the file may give
+        text = error_text(e)
+        key = text.split(":", 1)[0]
+        places = override_places(bench, run)
+        given = [o for o in places if key == o or key.startswith(o + ".") or o.startswith(key + ".")]
+        text = f"{places[given[0]]} {text}" if given else text
+        raise ConfigError(_where(run, file, bool(given)) + text) from None
 
 
 def check_tested_once(splits: dict, fold: int, tested_in: dict[tuple[str, str], int], where: str) -> None:
@@ -344,16 +426,16 @@ def check_data(bench: BenchSpec, root: Path, holdouts: Holdouts, out: Path | Non
                 check_tested_once(splits, fold, tested_in, where)
 
 
-def check_plan(bench: BenchSpec, root: Path) -> None:
+def check_plan(bench: BenchSpec, root: Path, file: str | Path | None = None) -> None:
     """Every run the bench can make validates (each grid setting in the first cell), and every method's
-    algorithms and options exist, before any work."""
-    from fedseg.studies import check_algorithms
-
+    algorithms and options exist, before any work; a ConfigError naming the bench ``file`` (where given) and the
+    place in it of what is wrong (:func:`run_config`, :func:`check_methods`)."""
     fold, seed = bench.folds[0], bench.seeds[0]
-    for fed in bench.federations:
+    for i, fed in enumerate(bench.federations):
+        federation_overrides(fed, f"{file}: federations[{i}]" if file is not None else f"federations[{i}]")
         plain = fed.model_copy(update={"leave_one_out": False})
         for method in [*bench.methods, reference_method(bench)]:
             source = [()] if method.settings_from is None else settings(bench.method(method.settings_from))
             for inherited, setting in itertools.product(source, settings(method)):
                 run = make_run(bench, plain, method, fold, seed, setting, inherited=inherited)
-                check_algorithms(run_config(bench, root, run), f"bench run {run.label}")
+                check_methods(bench, run, run_config(bench, root, run, file), file)

@@ -151,9 +151,12 @@ class SplitSpec(Strict):
 
 def seed_list(cls: type, value: Any) -> Any:
     """A ``seeds`` field's input: ``0,1,2`` (YAML reads a string) is [0, 1, 2]; a bare number (``3`` or ``"3"``) is
-    refused, being seed 3 or 3 seeds."""
-    if isinstance(value, bool):
-        return value  # refused by the field's own type
+    refused, being seed 3 or 3 seeds; anything else but a list of integers (a mapping, ``[0, 1.5]``) is refused
+    saying what to write."""
+    if isinstance(value, bool) or (isinstance(value, (list, tuple)) and any(isinstance(s, bool) for s in value)):
+        return value  # refused by NoBoolNumbers, which says so
+    if value is None and cls is not BenchSpec:
+        return value  # tune.seeds: null (as a bench records it) is the bench's first seed
     if isinstance(value, int) or (isinstance(value, str) and value.strip().isdigit()):
         raise ValueError(f"give a list: [{value}] for seed {value} alone, [0, 1, 2] for three seeds")
     if isinstance(value, str):
@@ -161,7 +164,23 @@ def seed_list(cls: type, value: Any) -> Any:
             return [int(seed) for seed in value.split(",")]
         except ValueError:
             raise ValueError(f"give a list of integers such as [0, 1, 2], got {value!r}") from None
+    if not isinstance(value, (list, tuple)) or not all(map(_integer, value)):
+        shown = yaml.safe_dump(list(value) if isinstance(value, tuple) else value, default_flow_style=True)
+        got = "nothing" if value is None else shown.strip().removesuffix("\n...")  # as the YAML file wrote it
+        raise ValueError(f"give a list of integers such as [0, 1, 2], got {got}")
     return value
+
+
+def _integer(value: Any) -> bool:
+    """Whether a seed list's item reads as an integer (``2``, ``2.0``, ``"2"``), as the field's type takes it."""
+    if isinstance(value, float):
+        return value.is_integer()
+    if isinstance(value, str):
+        try:
+            int(value)
+        except ValueError:
+            return False
+    return isinstance(value, (int, float, str))
 
 
 class TuneSpec(Strict):
@@ -271,6 +290,30 @@ class BenchSpec(Strict):
         description="paired tests beyond the reference, each [method, against] (e.g. [fedsm, centralized]); they "
         "change only the tables, so a resumed bench may add them",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _folder_names(cls, data: Any) -> Any:
+        """A federation or method name that cannot name its runs' folder, refused in one line naming the entry; a
+        path given for a federation says how a bench gives a federation folder."""
+        for what in ("federations", "methods") if isinstance(data, dict) else ():
+            items = data.get(what)
+            for i, item in enumerate(items if isinstance(items, list) else []):
+                name = item.get("name") if isinstance(item, dict) else item
+                if not isinstance(name, str) or _folder_name_ok(name):
+                    continue
+                if what == "federations" and isinstance(item, str):
+                    called = Path(name).name if _folder_name_ok(Path(name).name) else "my-federation"
+                    raise ValueError(
+                        f"federations[{i}]: {name!r} is a path, not a federation name; give a federation folder "
+                        f"as {{name: {called}, set: [data.source=folder, data.root={name}]}}"
+                    )
+                shown = f"{what}[{i}]" if isinstance(item, str) else f"{what}[{i}].name"
+                raise ValueError(
+                    f"{shown}: {name!r} cannot name a folder (it names the {what[:-1]}'s runs' folder: no '/', "
+                    "'\\' or leading '.'); choose another name"
+                )
+        return data
 
     @field_validator("federations", "methods", mode="before")
     @classmethod
@@ -449,21 +492,30 @@ def assigned_keys(assignment: str) -> Iterator[str]:
             stack.append((f"{prefix}.{sub}", inner))
 
 
+def _folder_name_ok(name: str) -> bool:
+    return bool(name) and not any(ch in name for ch in "/\\") and not name.startswith(".")
+
+
 def _folder_name(name: str, what: str) -> str:
-    if not name or any(ch in name for ch in "/\\") or name.startswith("."):
+    if not _folder_name_ok(name):
         raise ValueError(f"{what}: {name!r} cannot name a folder (no '/', '\\', leading '.')")
     return name
 
 
 def load_bench(path: str | Path) -> tuple[BenchSpec, Path]:
     """The bench file at ``path`` and the folder relative paths in it are read from; a ConfigError naming the file
-    and every bad key otherwise."""
+    and every bad key otherwise, or the place in the file of a bad run option or algorithm
+    (``fedseg.bench.plan.check_plan``: every run's configuration is checked here)."""
+    from fedseg.bench.plan import check_plan
+
     path = Path(path)
     data = read_yaml_mapping(read_config_text(path, "bench"), str(path))
     try:
-        return BenchSpec.model_validate(data, context=AS_WRITTEN), path.resolve().parent
+        bench, root = BenchSpec.model_validate(data, context=AS_WRITTEN), path.resolve().parent
     except ValidationError as e:
         raise ConfigError(_method_names(validation_problems(e, model=BenchSpec, where=str(path)), data)) from None
+    check_plan(bench, root, path)
+    return bench, root
 
 
 def _method_names(text: str, data: dict) -> str:
