@@ -492,3 +492,15 @@ def test_a_label_no_structure_set_names_fails_the_data_check_with_the_closest_ro
         tmp_path / "hyphen.dcm", {"ctv": structures()["ctv"], "GTV-Primary": structures()["GTV Primary"]}
     )
     np.testing.assert_array_equal(read_label(hyphen, "3d", image=image, label_names=LABEL_NAMES), expected_label())
+
+
+def test_an_empty_structure_set_is_named_so_not_no_dicom(tmp_path):
+    """As for slices and SEGs (readers.dicom_read_failure): an empty file is an interrupted copy (it said "not a
+    DICOM file (InvalidDicomError)")."""
+    from fedseg.data.rtstruct import contour_points
+
+    empty = tmp_path / "empty.dcm"
+    empty.write_bytes(b"")
+    with pytest.raises(FederationError) as e:
+        contour_points(empty)
+    assert str(e.value) == f"{empty}: empty file (0 bytes): an interrupted copy? copy it again"

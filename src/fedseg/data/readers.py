@@ -144,7 +144,7 @@ def empty_file_problem(path: Path) -> str | None:
     return f"{path}: empty file (0 bytes): an interrupted copy? copy it again" if empty else None
 
 
-def _dicom_read_failure(path: Path, e: Exception, expected: str) -> str:
+def dicom_read_failure(path: Path, e: Exception, expected: str) -> str:
     """Why pydicom could not read ``path`` (``e``), in one line: an empty file, a DICOM file whose header is cut short
     or damaged (it has the DICM preamble), or no DICOM file at all (``expected``: what it should be)."""
     if (empty := empty_file_problem(path)) is not None:
@@ -296,7 +296,7 @@ def series_grid(folder: Path) -> VoxelGrid:
                 ds = pydicom.dcmread(f, stop_before_pixels=True)
                 pixels_at = f.tell()  # pydicom stops at the pixel data element's start
         except Exception as e:  # noqa: BLE001 — pydicom raises several types for a non-DICOM file
-            raise FederationError(_dicom_read_failure(path, e, "expected one DICOM series")) from None
+            raise FederationError(dicom_read_failure(path, e, "expected one DICOM series")) from None
         if _is_dicomdir(path, ds):
             raise FederationError(
                 f"{path}: a DICOMDIR (a media directory), not a slice: move it out of the series folder"
@@ -835,7 +835,7 @@ def _seg_dataset(path: Path) -> Any:
     try:
         ds = pydicom.dcmread(path)
     except Exception as e:  # noqa: BLE001 — pydicom raises several types for a non-DICOM file
-        raise FederationError(_dicom_read_failure(path, e, "expected a DICOM-SEG")) from None
+        raise FederationError(dicom_read_failure(path, e, "expected a DICOM-SEG")) from None
     if _seg_sop_class(ds) in _SEG_SOP_CLASSES and "PixelData" not in ds:
         missing = [k for k in ("SegmentationType", "SegmentSequence", "PixelData") if k not in ds]
         raise FederationError(

@@ -208,7 +208,7 @@ def _dataset(path: Path) -> Any:
     try:
         return pydicom.dcmread(path)
     except Exception as e:  # noqa: BLE001 — pydicom raises several types for a non-DICOM file
-        raise FederationError(f"{path}: not a DICOM file ({type(e).__name__}); expected an RTSTRUCT") from None
+        raise FederationError(readers.dicom_read_failure(path, e, "expected an RTSTRUCT")) from None
 
 
 def _sequence(ds: Any, name: str, path: Path) -> Any:
