@@ -91,7 +91,7 @@ def bench_entries(spec_file: Path, jobs: int, out: Path | None = None) -> tuple[
         ``wall_seconds``, ``dir`` (the run folder); a method of several algorithms (a chain) also has ``chain``
         (one entry per algorithm)."""
     from fedseg.bench.phases import run_bench
-    from fedseg.bench.spec import load_bench
+    from fedseg.bench.plan import load_bench
 
     bench, root = load_bench(spec_file)
     runs = run_bench(bench, root, out or RUNS / bench.name, jobs, resume=True, echo=_echo)

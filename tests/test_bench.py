@@ -22,8 +22,7 @@ import yaml
 from scipy.stats import PermutationMethod, wilcoxon
 
 from fedseg.bench.phases import with_caps
-from fedseg.bench.plan import check_data, final_runs, reference_runs, settings, tuning_runs
-from fedseg.bench.spec import load_bench
+from fedseg.bench.plan import check_data, final_runs, load_bench, reference_runs, settings, tuning_runs
 from fedseg.config_load import ConfigError
 
 TINY_SET = [

@@ -10,8 +10,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from fedseg.bench.plan import check_plan
-from fedseg.bench.spec import load_bench
+from fedseg.bench.plan import check_plan, load_bench
 from fedseg.cli import app
 from fedseg.config_load import ConfigError
 

@@ -16,10 +16,10 @@ import yaml
 from fedseg.bench.execute import DONE_FILE, Finished
 from fedseg.bench.legend import tuning_note
 from fedseg.bench.phases import BENCH_FILE, check_out
-from fedseg.bench.plan import BenchRun, final_runs, selection_key, setting_label, settings, tuning_runs
+from fedseg.bench.plan import BenchRun, final_runs, load_bench, selection_key, setting_label, settings, tuning_runs
 from fedseg.bench.report import TUNING_COLUMNS, tuning_columns
 from fedseg.bench.select import select_settings, tuning_rows
-from fedseg.bench.spec import BenchSpec, load_bench
+from fedseg.bench.spec import BenchSpec
 from fedseg.bench.table_rows import tune_table
 from fedseg.bench.tables import final_setting
 from fedseg.config_load import ConfigError

@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fedseg.bench.plan import check_plan, final_runs, holdout_sites, run_config
-from fedseg.bench.spec import load_bench
+from fedseg.bench.plan import check_plan, final_runs, holdout_sites, load_bench, run_config
 from fedseg.config_load import load_config
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -12,8 +12,8 @@ import yaml
 
 from fedseg.bench.execute import Finished
 from fedseg.bench.phases import BENCH_FILE, budget_caps, check_out, with_caps
-from fedseg.bench.plan import federation_overrides, final_runs, reference_runs, settings, tuning_runs
-from fedseg.bench.spec import BenchSpec, assigned_keys, load_bench
+from fedseg.bench.plan import federation_overrides, final_runs, load_bench, reference_runs, settings, tuning_runs
+from fedseg.bench.spec import BenchSpec, assigned_keys
 from fedseg.config_load import ConfigError, load_config
 
 SET = ["data.scale=0.05", "data.image_size=16", "model.channels=[4,8,16]", "threads=1", "eval.local_models=false"]

@@ -15,9 +15,8 @@ import yaml
 
 from fedseg.bench import report, table_rows
 from fedseg.bench.phases import BENCH_FILE, check_out
-from fedseg.bench.plan import final_runs, run_config, settings, tuning_runs
+from fedseg.bench.plan import final_runs, load_bench, run_config, settings, tuning_runs
 from fedseg.bench.select import edge_keys
-from fedseg.bench.spec import load_bench
 from fedseg.bench.tables import add_tests, correct_tests
 from fedseg.config_load import ConfigError
 from fedseg.evaluate.stats import significant

@@ -17,9 +17,8 @@ import yaml
 from fedseg.atomic_files import json_ready
 from fedseg.bench import legend, render, report, table_rows
 from fedseg.bench.execute import Finished
-from fedseg.bench.plan import tuning_runs
+from fedseg.bench.plan import load_bench, tuning_runs
 from fedseg.bench.select import tuning_rows
-from fedseg.bench.spec import load_bench
 from fedseg.evaluate.stats import compare
 
 RESULTS = Path(__file__).parents[1] / "benchmarks" / "results"

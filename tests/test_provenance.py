@@ -172,4 +172,7 @@ def test_written_files_have_the_mode_of_normally_created_files(run_022):
         p.name for p in files
     }
     modes = {str(p.relative_to(run_022)): stat.S_IMODE(p.stat().st_mode) for p in files}
-    assert all(m == 0o644 for m in modes.values()), {k: oct(m) for k, m in modes.items() if m != 0o644}
+    private = {k for k in modes if k.startswith("samples/") and k.endswith(".npz")}  # a patient's image each
+    assert private and all(modes[k] == 0o600 for k in private), {k: oct(modes[k]) for k in private}
+    public = {k: m for k, m in modes.items() if k not in private}
+    assert all(m == 0o644 for m in public.values()), {k: oct(m) for k, m in public.items() if m != 0o644}

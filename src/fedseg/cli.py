@@ -347,8 +347,8 @@ def bench(
     try:
         with terminate_on_signals():  # kill, a closed terminal: as Ctrl-C, from the first import to the tables
             from fedseg.bench.phases import run_bench
+            from fedseg.bench.plan import load_bench
             from fedseg.bench.report import write_report
-            from fedseg.bench.spec import load_bench
 
             spec, root = load_bench(config)
             echo = lambda line: console.print(line, highlight=False, soft_wrap=True)  # noqa: E731

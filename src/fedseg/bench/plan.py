@@ -30,7 +30,7 @@ from typing import Any
 
 import yaml
 
-from fedseg.bench.spec import BenchSpec, FederationSpec, MethodSpec
+from fedseg.bench.spec import BenchSpec, FederationSpec, MethodSpec, read_bench
 from fedseg.config import RunConfig
 from fedseg.config_load import ConfigError, error_text, load_config
 from fedseg.studies import run_label
@@ -424,6 +424,15 @@ def check_data(bench: BenchSpec, root: Path, holdouts: Holdouts, out: Path | Non
                 raise ConfigError(f"{where}: {e}") from None
             if not fed.leave_one_out:
                 check_tested_once(splits, fold, tested_in, where)
+
+
+def load_bench(path: str | Path) -> tuple[BenchSpec, Path]:
+    """The bench file at ``path`` (``fedseg.bench.spec.read_bench``: a ConfigError naming the file and every bad
+    key) with every run's configuration checked (:func:`check_plan`: a bad run option or algorithm named by its
+    place in the file), and the folder relative paths in it are read from."""
+    bench, root = read_bench(path)
+    check_plan(bench, root, Path(path))
+    return bench, root
 
 
 def check_plan(bench: BenchSpec, root: Path, file: str | Path | None = None) -> None:

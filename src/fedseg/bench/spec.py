@@ -502,20 +502,16 @@ def _folder_name(name: str, what: str) -> str:
     return name
 
 
-def load_bench(path: str | Path) -> tuple[BenchSpec, Path]:
+def read_bench(path: str | Path) -> tuple[BenchSpec, Path]:
     """The bench file at ``path`` and the folder relative paths in it are read from; a ConfigError naming the file
-    and every bad key otherwise, or the place in the file of a bad run option or algorithm
-    (``fedseg.bench.plan.check_plan``: every run's configuration is checked here)."""
-    from fedseg.bench.plan import check_plan
-
+    and every bad key otherwise. Its runs' configurations are not checked here: ``fedseg.bench.plan.load_bench``
+    reads a bench file and checks them too."""
     path = Path(path)
     data = read_yaml_mapping(read_config_text(path, "bench"), str(path))
     try:
-        bench, root = BenchSpec.model_validate(data, context=AS_WRITTEN), path.resolve().parent
+        return BenchSpec.model_validate(data, context=AS_WRITTEN), path.resolve().parent
     except ValidationError as e:
         raise ConfigError(_method_names(validation_problems(e, model=BenchSpec, where=str(path)), data)) from None
-    check_plan(bench, root, path)
-    return bench, root
 
 
 def _method_names(text: str, data: dict) -> str:
