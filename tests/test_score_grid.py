@@ -65,7 +65,7 @@ def _rows(run, metric):
 
 def test_results_csv_scores_the_masks_predict_writes_on_each_images_own_grid(shapes_run, tmp_path):
     run, root, _ = shapes_run
-    _written_masks_score_as_results_csv(run, root, tmp_path)
+    assert _written_masks_score_as_results_csv(run, root, tmp_path) >= 2  # test cases of both resized sites
 
 
 def test_padded_inputs_keep_the_aspect_ratio_and_score_as_the_masks_predict_writes(tiny_config, tmp_path):
@@ -80,7 +80,7 @@ def test_padded_inputs_keep_the_aspect_ratio_and_score_as_the_masks_predict_writ
     site1 = prepare(cfg).site_data[0].test  # 40 x 52 images: 25 x 32 in the input, rows 3..27
     assert site1.fit == "pad" and torch.all(site1.x[:, :, :3] == 0) and torch.all(site1.x[:, :, 28:] == 0)
     assert torch.all(site1.y[:, :, :3] == 0) and site1.x[:, :, 3:28].abs().sum() > 0
-    _written_masks_score_as_results_csv(tmp_path / "run", root, tmp_path)
+    assert _written_masks_score_as_results_csv(tmp_path / "run", root, tmp_path) >= 2
 
 
 def test_pad_places_an_image_by_one_factor_and_restores_it_exactly_at_scale_one():
@@ -101,9 +101,10 @@ def test_pad_places_an_image_by_one_factor_and_restores_it_exactly_at_scale_one(
     assert torch.equal(restore_image(x, (16, 32), "pad"), image)
 
 
-def _written_masks_score_as_results_csv(run, root, tmp_path):
+def _written_masks_score_as_results_csv(run, root, tmp_path) -> int:
     """``fedseg predict`` of the run's model on its test images: the masks it writes have each image's size and
-    score (Dice, HD95 against the original truth) what results.csv says."""
+    score (Dice, HD95 against the original truth) what results.csv says; returns how many of the cases compared
+    were resized for the model."""
     images = tmp_path / "new"
     images.mkdir()
     dice, hd95 = _rows(run, "dice"), _rows(run, "hd95")
@@ -122,7 +123,7 @@ def _written_masks_score_as_results_csv(run, root, tmp_path):
         for j, region in enumerate(DISC_CUP.names):
             assert scores["dice"][0, j] == pytest.approx(dice[(case, region)], abs=1e-6), (case, region)
             assert scores["hd95"][0, j] == pytest.approx(hd95[(case, region)], abs=1e-5), (case, region)
-    assert resized >= 2  # test cases of both resized sites were compared
+    return resized
 
 
 def test_model_grid_scoring_scores_the_resized_truth_and_is_recorded(shapes_run, tiny_config, tmp_path):
