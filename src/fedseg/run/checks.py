@@ -11,6 +11,7 @@ import torch
 from fedseg.algorithms import get_algorithm
 from fedseg.algorithms.sampling import sampling_refusal
 from fedseg.config import RunConfig
+from fedseg.data import readers
 from fedseg.data.federation import Federation
 from fedseg.engine.context import Task
 
@@ -84,11 +85,10 @@ def dicom_modalities(fed: Federation) -> dict[str, str]:
         return {}
     out = {}
     for site in fed.sites:
-        folder = next(
-            (Path(str(c.meta["image"])) for c in site.cases if Path(str(c.meta.get("image", ""))).is_dir()), None
-        )
-        files = [] if folder is None else [p for p in folder.iterdir() if p.is_file() and not p.name.startswith(".")]
-        first = min(files, default=None)  # slices may have no extension (IM0001: many PACS exports)
+        images = (Path(str(c.meta["image"])) for c in site.cases if c.meta.get("image"))
+        folder = next((image for image in images if image.is_dir()), None)
+        # the series' slices as the reader lists them (junk files left out; PACS slices may have no extension)
+        first = next((p for p in readers.series_entries(folder) if p.is_file()), None) if folder else None
         if first is None:
             continue
         try:
