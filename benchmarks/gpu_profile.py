@@ -14,7 +14,10 @@ after the first, each site's turn timed, and the CUDA kernel time of the last ro
   thread's waits for it, and cumulative times overlap), before 3.12 the main thread only (the batches show as its
   waits): the functions with the most cumulative and own time (seconds, calls), named by module;
 - ``kernel``: ``torch.profiler`` (CPU + CUDA) over round R: the sum of CUDA kernel and copy durations against the
-  round's wall time, and the 25 CUDA ops with the most device time and the 25 CPU ops with the most own time.
+  round's wall time, and the 25 CUDA ops with the most device time and the 25 CPU ops with the most own time;
+- ``final_profile``: ``cProfile`` from the end of round R to the end of the run (restoring the selected round, the
+  final test with HD95/NSD, the written models and the report): its seconds and the functions with the most
+  cumulative and own time, as ``python_profile``.
 
 Writes ``OUT/gpu_profile[-LABEL].json`` and ``.txt`` (the pstats listings). ``--set KEY=VALUE`` goes to the run
 (e.g. ``train.resident_mb=0``). CPU mode (``--cpu``): the ``fets-cpu`` preset at 32^3 with a tiny network (a
@@ -80,6 +83,7 @@ def main() -> None:
     cuda = cfg.device.startswith("cuda")
     last = args.rounds
     python = cProfile.Profile()
+    final = cProfile.Profile()  # from the end of the last round to the end of the run
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     kernel_profile = profile(activities=activities)
     state: dict = {"round_start": time.perf_counter(), "rounds": []}
@@ -99,12 +103,16 @@ def main() -> None:
             if cuda:
                 torch.cuda.synchronize()
             kernel_profile.__exit__(None, None, None)
+            state["final_start"] = time.perf_counter()
+            final.enable()
         state["round_start"] = time.perf_counter()
 
     began = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"
         run_experiment(cfg, run_dir, on_round_end=on_round_end)
+        final.disable()
+        final_s = time.perf_counter() - state["final_start"]
         total = time.perf_counter() - began
         ledger = next(run_dir.rglob("ledger.csv"))
         with open(ledger, newline="") as f:
@@ -117,6 +125,10 @@ def main() -> None:
     stats = pstats.Stats(python, stream=text)
     stats.sort_stats("cumulative").print_stats(TOP)
     stats.sort_stats("tottime").print_stats(TOP)
+    text.write(f"\n\n# After round {last}: the final evaluation, models and report ({final_s:.1f} s)\n\n")
+    final_stats = pstats.Stats(final, stream=text)
+    final_stats.sort_stats("cumulative").print_stats(TOP)
+    final_stats.sort_stats("tottime").print_stats(TOP)
     events = kernel_profile.events()
     device_events = [e for e in events if e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", 0)]
     kernel_s = sum(e.time_range.elapsed_us() for e in device_events) / 1e6
@@ -140,6 +152,11 @@ def main() -> None:
             "rounds": [2, last - 2],
             "by_cumulative": function_rows(stats, "cumulative", TOP),
             "by_own": function_rows(stats, "tottime", TOP),
+        },
+        "final_profile": {
+            "seconds": final_s,
+            "by_cumulative": function_rows(final_stats, "cumulative", TOP),
+            "by_own": function_rows(final_stats, "tottime", TOP),
         },
         "kernel": {
             "round": last,

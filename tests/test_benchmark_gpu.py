@@ -147,7 +147,7 @@ def test_nvidia_smi_samples_per_phase():
 
 def test_profile_script_cpu_mode(tmp_path):
     """benchmarks/gpu_profile.py --cpu: a real fets-cpu run; per-round times, every ledger row as a site's turn, the
-    Python profile of the middle rounds and the last round's profiled ops."""
+    Python profile of the middle rounds, the last round's profiled ops and the profile of the final evaluation."""
     paths = [str(ROOT / "src"), os.environ.get("PYTHONPATH")]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
     cmd = [
@@ -170,6 +170,9 @@ def test_profile_script_cpu_mode(tmp_path):
     assert any("fedseg/train.py" in f and "(fit)" in f for f in functions), functions[:10]
     kernel = report["kernel"]
     assert kernel["round"] == 4 and kernel["kernel_s"] is None and kernel["by_cpu"][0]["self_cpu_s"] > 0
+    final = report["final_profile"]
+    tested = [r["function"] for r in final["by_cumulative"]]
+    assert final["seconds"] > 0 and any("run/finish.py" in f and "(finish)" in f for f in tested), tested[:10]
     assert "function calls" in (tmp_path / "gpu_profile-cpu.txt").read_text()
     bad = subprocess.run([*cmd[:2], "--cpu", "--rounds", "3"], capture_output=True, text=True, timeout=120, env=env)
     assert bad.returncode != 0 and bad.stderr.strip().splitlines() == [

@@ -11,7 +11,7 @@ import torch
 from monai.metrics import compute_dice, compute_hausdorff_distance, compute_surface_dice
 
 from fedseg.evaluate.metrics import HD95_PERCENTILE, batch_metrics, dice_scores
-from fedseg.evaluate.surface import cpu_surface_pairs, mask_edges, nearest_distances, surface_pairs
+from fedseg.evaluate.surface import cpu_surface_pairs, mask_edges, squared_distances_to, surface_pairs
 
 
 def monai_pairs(p, t, spacing, taus):
@@ -72,12 +72,18 @@ def test_mask_edges_is_mask_minus_erosion_with_the_border_as_background():
     assert torch.equal(mask_edges(m), expected)
 
 
-def test_nearest_distances_in_small_chunks_equal_one_chunk():
+@pytest.mark.parametrize(("shape", "spacing"), [((9, 13), [0.7, 1.9]), ((6, 8, 5), [1.0, 0.8, 2.5]), ((7, 5, 6), None)])
+def test_distance_transform_equals_brute_force_in_any_chunks(shape, spacing):
+    """The separable transform at every voxel against every (voxel, site) distance computed directly in float64."""
     g = torch.Generator().manual_seed(0)
-    a, b = torch.rand(50, 3, generator=g) * 20, torch.rand(37, 3, generator=g) * 20
-    assert torch.equal(nearest_distances(a, b, chunk_pairs=40), nearest_distances(a, b))
-    expected = torch.cdist(a.double(), b.double()).amin(1).float()
-    torch.testing.assert_close(nearest_distances(a, b), expected, rtol=1e-6, atol=1e-6)
+    sites = torch.rand(shape, generator=g) < 0.1
+    sites.view(-1)[0] = True
+    queries = torch.stack(torch.meshgrid(*[torch.arange(n) for n in shape], indexing="ij"), -1).reshape(-1, len(shape))
+    found = squared_distances_to(sites, queries, spacing)
+    assert torch.equal(squared_distances_to(sites, queries, spacing, chunk_pairs=40), found)
+    scale = torch.tensor(spacing or [1.0] * len(shape), dtype=torch.float64)
+    direct = torch.cdist(queries * scale, sites.nonzero().double() * scale).amin(1) ** 2
+    torch.testing.assert_close(found.double(), direct, rtol=1e-6, atol=1e-6)
 
 
 def test_batch_metrics_on_the_cpu_keep_monai_numbers():

@@ -624,8 +624,9 @@ class EvalConfig(Strict):
         default="cpu",
         description="where HD95 and NSD are computed: cpu = on the CPU, MONAI's numbers bit for bit "
         "(fedseg.evaluate.surface.cpu_surface_pairs, a KD-tree); auto = where the model ran, in torch "
-        "(surface_pairs: brute-force nearest edge voxel, ~1e-5 relative to MONAI). On an H100 auto was 16x "
-        "slower than cpu on BraTS-sized masks (benchmarks/results/surface_speed.json), so cpu is the default",
+        "(surface_pairs: exact separable distance transforms of the edges, ~1e-5 relative to MONAI). cpu is the "
+        "default until auto is measured faster on a GPU (benchmarks/surface_speed.py; the brute force it replaced "
+        "was 16x slower than cpu on an H100; on 2 CPU cores auto is ~9x slower than cpu)",
     )
     local_models: bool = Field(
         default=True,

@@ -1,6 +1,6 @@
 """HD95 and NSD of mask pairs: on the CPU bit-identical to MONAI (:func:`cpu_surface_pairs`, the default) and
-in torch on any device (:func:`surface_pairs`, ``eval.surface_device: auto``: brute-force nearest edge voxel,
-on an H100 16x slower than the CPU's KD-tree for BraTS-sized masks, benchmarks/results/surface_speed.json).
+in torch on any device (:func:`surface_pairs`, ``eval.surface_device: auto``: exact distance transforms of the
+edges, tensor operations an accelerator runs at once; benchmarks/surface_speed.py).
 
 The same definitions as MONAI's ``compute_hausdorff_distance(percentile=95)`` and
 ``compute_surface_dice`` (``use_subvoxels=False``), the reference of tests/test_surface.py:
@@ -9,15 +9,15 @@ The same definitions as MONAI's ``compute_hausdorff_distance(percentile=95)`` an
   default structure), the outside of the grid counting as background (MONAI crops to the foreground with a
   1-voxel margin, padding with zeros where the box leaves the grid: the same edges);
 * distances: from each edge voxel of one mask to the nearest edge voxel of the other, Euclidean, voxel
-  indices scaled by ``spacing`` (MONAI: a KD-tree in float64, cast to float32); here exact differences in
-  float32 (``torch.cdist`` without the matrix-product shortcut), in chunks of at most :data:`CHUNK_PAIRS`
-  pairs so memory stays bounded;
+  indices scaled by ``spacing`` (MONAI: a KD-tree in float64, cast to float32); here the other mask's exact
+  squared Euclidean distance transform (:func:`squared_distances_to`, separable, float32) at the edge
+  voxels, in chunks of at most :data:`CHUNK_PAIRS` (voxel, candidate) pairs so memory stays bounded;
 * HD95: ``torch.quantile(d, 0.95)`` (linear interpolation) of each direction's float32 distances, the larger
   of the two (symmetric);
 * NSD: the edge voxels of both masks within ``tau`` of the other mask's edge over all edge voxels.
 
-Tolerance against MONAI: the float32 coordinate differences (exact for voxel indices, rounded once by the
-spacing) and the float32 sum/sqrt give distances within ~1e-6 relative of MONAI's, so HD95 agrees to
+Tolerance against MONAI: each axis's term ((x − i)·s)² is an exact integer square times s², rounded once to
+float32, and the float32 sums and square root give distances within ~1e-6 relative of MONAI's, so HD95 agrees to
 ~1e-5 relative (tests/test_surface.py checks 1e-4 relative + 1e-5 absolute); NSD can only differ where a
 distance lies within that rounding of ``tau`` exactly (the tests use tolerances off the distance lattice).
 
@@ -35,9 +35,9 @@ import torch.nn.functional as F
 from scipy.ndimage import binary_erosion
 from scipy.spatial import KDTree
 
-__all__ = ["CHUNK_PAIRS", "mask_edges", "nearest_distances", "surface_pairs", "cpu_surface_pairs"]
+__all__ = ["CHUNK_PAIRS", "mask_edges", "squared_distances_to", "edge_distances", "surface_pairs", "cpu_surface_pairs"]
 
-CHUNK_PAIRS = 1 << 24  # at most this many (edge voxel, edge voxel) distances at once: 64 MiB of float32
+CHUNK_PAIRS = 1 << 24  # at most this many (voxel, candidate) sums at once: 64 MiB of float32
 
 
 def mask_edges(mask: torch.Tensor) -> torch.Tensor:
@@ -54,20 +54,75 @@ def mask_edges(mask: torch.Tensor) -> torch.Tensor:
     return mask & ~inner
 
 
-def nearest_distances(src: torch.Tensor, dst: torch.Tensor, chunk_pairs: int = CHUNK_PAIRS) -> torch.Tensor:
-    """For each point of ``src`` ``(n, D)`` the distance to the nearest point of ``dst`` ``(m, D)`` (both
-    float32, physical units), ``(n,)`` float32; ``src`` in chunks so at most ``chunk_pairs`` distances exist."""
-    step = max(1, chunk_pairs // max(1, dst.shape[0]))
-    out = [
-        torch.cdist(part[None], dst[None], compute_mode="donot_use_mm_for_euclid_dist")[0].amin(dim=1)
-        for part in src.split(step)
-    ]
-    return torch.cat(out) if out else src.new_zeros(0)
+def _nearest_along(sites: torch.Tensor, axis: int) -> torch.Tensor:
+    """For every voxel of ``sites`` ``(*S)`` (bool) the index distance ``|x − i|`` along ``axis`` to the nearest
+    True voxel on its line (float32, ∞ where the line has none): the last site at or before it and the first at or
+    after it, each one running maximum (``torch.cummax``)."""
+    shape = [1] * sites.dim()
+    shape[axis] = sites.shape[axis]
+    index = torch.arange(sites.shape[axis], device=sites.device, dtype=torch.float32).view(shape)
+    before = torch.where(sites, index, -torch.inf).cummax(axis).values
+    after = -torch.where(sites, -index, -torch.inf).flip(axis).cummax(axis).values.flip(axis)
+    return torch.minimum(index - before, after - index)
 
 
-def _points(edges: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """Edge voxel indices ``(n, D)`` scaled by the spacing: float32 physical coordinates."""
-    return edges.nonzero().to(torch.float32) * scale
+def _envelope(g: torch.Tensor, axis: int, step: float, chunk_pairs: int) -> torch.Tensor:
+    """``min_i g(.., i, ..) + ((x − i)·step)²`` along ``axis`` for every voxel of ``g`` ``(*S)`` (float32): each
+    line's minimum over its ``n`` candidates by brute force, in chunks of at most ``chunk_pairs`` sums."""
+    n = g.shape[axis]
+    index = torch.arange(n, device=g.device, dtype=torch.float32)
+    cost = (index[:, None] - index[None, :]) ** 2 * step**2  # (voxel x, candidate i)
+    lines = g.movedim(axis, -1)
+    flat = lines.reshape(-1, n)
+    per_chunk = max(1, chunk_pairs // (n * n))
+    best = torch.cat([(part[:, None, :] + cost).amin(-1) for part in flat.split(per_chunk)])
+    return best.reshape(lines.shape).movedim(-1, axis)
+
+
+def squared_distances_to(
+    sites: torch.Tensor, queries: torch.Tensor, spacing: Sequence[float] | None, chunk_pairs: int = CHUNK_PAIRS
+) -> torch.Tensor:
+    """Exact squared Euclidean distances (physical units², float32 ``(n,)``) from the voxels ``queries`` ``(n, D)``
+    (indices) to the nearest True voxel of ``sites`` ``(*S)`` (bool, 2D or 3D, with a True voxel), on ``sites``'
+    device; a voxel's coordinates are its indices times ``spacing``.
+
+    The distance transform is separable (Saito & Toriwaki 1994): D²(x) = min_k [min_j [min_i f(i, j, k) +
+    ((x₀ − i)·s₀)²] + ((x₁ − j)·s₁)²] + ((x₂ − k)·s₂)², f = 0 on the sites and ∞ elsewhere. The first axis's
+    minimum is the 1-D distance to the nearest site on the line (:func:`_nearest_along`); a middle axis's is taken
+    over its line's candidates by brute force on the whole grid (:func:`_envelope`); the last axis's only at the
+    query voxels. The axes are taken so that the brute-force middle axis is the shortest and the last the longest
+    (the minimum does not depend on the order). Tensor operations without data-dependent loops, in chunks of at
+    most ``chunk_pairs`` sums."""
+    dims = sites.dim()
+    steps = [1.0] * dims if spacing is None else [float(s) for s in spacing]
+    by_length = sorted(range(dims), key=lambda a: sites.shape[a])
+    order = [*by_length[1:-1], by_length[0], by_length[-1]] if dims > 2 else by_length
+    sites, queries, steps = sites.permute(order), queries[:, order], [steps[a] for a in order]
+    g = _nearest_along(sites, 0) ** 2 * steps[0] ** 2
+    for axis in range(1, dims - 1):
+        g = _envelope(g, axis, steps[axis], chunk_pairs)
+    n = sites.shape[-1]
+    candidates = torch.arange(n, device=sites.device, dtype=torch.float32)
+    per_chunk = max(1, chunk_pairs // n)
+    out = []
+    for part in queries.split(per_chunk):
+        lines = g[tuple(part[:, a] for a in range(dims - 1))]  # (m, n): each query's line along the last axis
+        cost = (part[:, -1:].to(torch.float32) - candidates) ** 2 * steps[-1] ** 2
+        out.append((lines + cost).amin(1))
+    return torch.cat(out) if out else g.new_zeros(0)
+
+
+def edge_distances(
+    a: torch.Tensor, b: torch.Tensor, spacing: Sequence[float] | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The distances ``(n_a,)``, ``(n_b,)`` float32 from each edge voxel of ``a`` to the nearest edge voxel of ``b``
+    and back, for two non-empty edge grids ``(*S)`` (bool) of one case (:func:`squared_distances_to`), over the
+    grids' bounding box only: every edge voxel lies in it, so the distances are those of the whole grid."""
+    union = a | b
+    others = [[o for o in range(union.dim()) if o != d] for d in range(union.dim())]
+    box = tuple(slice(int(i[0]), int(i[-1]) + 1) for i in (union.any(dim=o).nonzero()[:, 0] for o in others))
+    a, b = a[box], b[box]
+    return squared_distances_to(b, a.nonzero(), spacing).sqrt(), squared_distances_to(a, b.nonzero(), spacing).sqrt()
 
 
 def surface_pairs(
@@ -78,16 +133,13 @@ def surface_pairs(
     taus: Sequence[float],
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """HD (at ``percentile``) and NSD of ``N`` mask pairs ``(N, *S)`` (bool, both masks of each pair
-    non-empty), pair ``i`` scored at NSD tolerance ``taus[i]``. Returns two float64 CPU tensors ``(N,)``
-    (module docstring for definitions and the tolerance against MONAI)."""
-    n, dims = pred.shape[0], pred.dim() - 1
-    steps = [1.0] * dims if spacing is None else [float(s) for s in spacing]
-    scale = torch.tensor(steps, dtype=torch.float32, device=pred.device)
+    non-empty) on their device, pair ``i`` scored at NSD tolerance ``taus[i]``. Returns two float64 CPU tensors
+    ``(N,)`` (module docstring for definitions and the tolerance against MONAI)."""
+    n = pred.shape[0]
     hd, nsd = torch.empty(n, dtype=torch.float64), torch.empty(n, dtype=torch.float64)
     q = percentile / 100
     for i in range(n):
-        a, b = _points(mask_edges(pred[i]), scale), _points(mask_edges(truth[i]), scale)
-        d_ab, d_ba = nearest_distances(a, b), nearest_distances(b, a)
+        d_ab, d_ba = edge_distances(mask_edges(pred[i]), mask_edges(truth[i]), spacing)
         hd[i] = float(torch.maximum(torch.quantile(d_ab, q), torch.quantile(d_ba, q)))
         within = (d_ab <= taus[i]).sum() + (d_ba <= taus[i]).sum()
         nsd[i] = float((within / (d_ab.numel() + d_ba.numel())).to(torch.float32))
