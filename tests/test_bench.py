@@ -126,7 +126,7 @@ def test_a_settings_from_method_is_tuned_after_its_source_at_the_setting_selecte
         ({"seeds": "0-2"}, "seeds: give a list of integers such as"),
         ({"seeds": "3"}, r"seeds: give a list: \[3\] for seed 3 alone"),
         ({"tune": {"seeds": 1}}, r"tune.seeds: give a list: \[1\] for seed 1 alone"),
-        ({"methods": ["fedavg", {"name": "fedprox", "sett": []}]}, r"methods\.1 \(fedprox\)\.sett: unknown key"),
+        ({"methods": ["fedavg", {"name": "fedprox", "sett": []}]}, r"methods\[1\] \(fedprox\)\.sett: unknown key"),
     ],
 )
 def test_a_bad_bench_file_names_the_key(tmp_path, change, message):

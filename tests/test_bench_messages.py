@@ -64,8 +64,7 @@ TRIAN = "trian: unknown key (did you mean 'train'?)"
         ),
         (
             {"methods": ["fedavg", {"name": "fedprox", "grid": {"train.lr": [0.01, "fast"]}}]},
-            "methods[1] (fedprox).grid 'train.lr: fast': train.lr: Input should be a valid number, unable to parse "
-            "string as a number",
+            "methods[1] (fedprox).grid 'train.lr: fast': train.lr must be a number, got 'fast'",
         ),
     ],
 )
@@ -74,6 +73,90 @@ def test_an_unknown_run_option_names_the_file_and_the_set_entry_that_gave_it(tmp
     key`` wherever it was given: the run, not the file, and "the bench's" for a federation's or a method's too."""
     path = _write(tmp_path, **fields)
     assert _refusal(path) == f"{path}: {said}"
+
+
+@pytest.mark.parametrize(
+    "fields, said",
+    [
+        (
+            {"methods": ["fedavg", {"name": "fedprox", "set": ["train.lr=abc"]}]},
+            "methods[1] (fedprox).set[0] 'train.lr=abc': train.lr must be a number, got 'abc'",
+        ),
+        (
+            {"methods": ["fedavg", {"name": "fedprox", "set": ["train.optimizer=adamw"]}]},
+            "methods[1] (fedprox).set[0] 'train.optimizer=adamw': train.optimizer must be 'adam' or 'sgd', got 'adamw'",
+        ),
+        (
+            {"methods": ["fedavg", {"name": "fedprox", "set": ["methods.fedprox.mu=abc"]}]},
+            "methods[1] (fedprox).set[0] 'methods.fedprox.mu=abc': methods.fedprox.mu must be a number, got 'abc'",
+        ),
+        (
+            {"methods": ["fedavg", {"name": "fedprox", "grid": {"train.lr": [0.01, -1]}}]},
+            "methods[1] (fedprox).grid 'train.lr: -1': train.lr must be greater than 0.0, got -1",
+        ),
+        ({"set": [*SET, "threads=abc"]}, "set[2] 'threads=abc': threads must be an integer, got 'abc'"),
+        (
+            {"federations": [{"name": "synthetic-retina", "set": ["data.image_size=1.5"]}]},
+            "federations[0] (synthetic-retina).set[0] 'data.image_size=1.5': data.image_size must be an integer, got "
+            "1.5",
+        ),
+    ],
+)
+def test_a_bad_run_option_value_says_plainly_what_it_must_be(tmp_path, fields, said):
+    """``train.lr=abc`` said ``train.lr: Input should be a valid number, unable to parse string as a number``
+    (pydantic's words); one line names the file, the entry, the key, what it must be and what it got."""
+    path = _write(tmp_path, **fields)
+    assert _refusal(path) == f"{path}: {said}"
+
+
+@pytest.mark.parametrize(
+    "fields, said",
+    [
+        ({"split": {"mode": "kfold", "folds": -1}}, "split.folds must be at least 2, got -1"),
+        ({"split": {"mode": "kfold", "folds": "five"}}, "split.folds must be an integer, got 'five'"),
+        ({"split": {"mode": "kfold", "folds": 3}, "tune": {"folds": -1}}, "tune.folds must be a list, got -1"),
+        (
+            {"split": {"mode": "kfold", "folds": 3}, "tune": {"folds": ["a"]}},
+            "tune.folds[0] must be an integer, got 'a'",
+        ),
+        ({"budget": {"rule": "rounds", "rounds": "abc"}}, "budget.rounds must be an integer, got 'abc'"),
+        (
+            {"budget": {"rule": "round"}},
+            "budget.rule must be 'rounds', 'sgd_steps' or 'simulated_time', got 'round'",
+        ),
+        (
+            {"tests": {"alternative": "bigger"}},
+            "tests.alternative must be 'two-sided', 'greater' or 'less', got 'bigger'",
+        ),
+        ({"tune": {"per_fold": "maybe"}}, "tune.per_fold must be true or false, got 'maybe'"),
+        ({"stop": "early"}, "stop must be a mapping (key: value lines), got 'early'"),
+        (
+            {"methods": ["fedavg", {"name": "fedprox", "set": "train.lr=0.1"}]},
+            "methods[1] (fedprox).set must be a list, got 'train.lr=0.1'",
+        ),
+        (
+            {"methods": ["fedavg", {"name": "fedprox", "grid": {"train.lr": "fast"}}]},
+            "methods[1] (fedprox).grid.train.lr must be a list, got 'fast'",
+        ),
+        ({"comparisons": [["fedavg"]]}, "comparisons[0][1] is missing"),
+        ({"seeds": [-1]}, "seeds: give seeds from 0 to 4294967295, got [-1]"),
+        ({"seeds": ["a"]}, "seeds: give a list of integers such as [0, 1, 2], got [a]"),
+    ],
+)
+def test_a_bad_value_of_a_bench_field_says_plainly_what_it_must_be(tmp_path, fields, said):
+    """``split: {folds: -1}`` said ``split.folds: Input should be greater than or equal to 2``; ``tune.folds: [a]``
+    said ``tune.folds.0: ...``; ``seeds: [-1]`` said ``bench run synthetic-retina/fold0/seed-1/fedavg/default: the
+    bench's seed: Input should be greater than or equal to 0`` (a run, not the file's field)."""
+    path = _write(tmp_path, **fields)
+    assert _refusal(path) == f"{path}: {said}"
+
+
+def test_fedseg_bench_prints_a_bad_value_as_one_plain_line(tmp_path):
+    path = _write(tmp_path, methods=["fedavg", {"name": "fedprox", "set": ["train.lr=abc"]}])
+    result = CliRunner().invoke(app, ["bench", str(path), "--out", str(tmp_path / "out")])
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert result.exit_code == 1 and "Traceback" not in result.output and "pydantic" not in result.output
+    assert lines == [f"error: {path}: methods[1] (fedprox).set[0] 'train.lr=abc': train.lr must be a number, got 'abc'"]
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,6 @@
 """The bench's seeds, paired comparisons and tuning guards (issue 27), without training: the planned runs' data seed,
 resuming a bench recorded before data.seed, the CI-based mark, rendering tables that lack the new keys, grid-edge
-flags and the plateau rule's min_rounds in tuning runs."""
+flags and ties on validation, and the plateau rule's min_rounds in tuning runs."""
 
 from __future__ import annotations
 
@@ -13,10 +13,12 @@ import numpy as np
 import pytest
 import yaml
 
-from fedseg.bench import report, table_rows
+from fedseg.atomic_files import strict_json_text
+from fedseg.bench import legend, report, table_rows
+from fedseg.bench.execute import Finished
 from fedseg.bench.phases import BENCH_FILE, check_out
 from fedseg.bench.plan import final_runs, load_bench, run_config, settings, tuning_runs
-from fedseg.bench.select import edge_keys
+from fedseg.bench.select import edge_keys, method_edges, select_settings, tuning_rows
 from fedseg.bench.tables import add_tests, correct_tests
 from fedseg.config_load import ConfigError
 from fedseg.evaluate.stats import significant
@@ -136,6 +138,102 @@ def test_a_selected_value_at_the_grid_edge_is_flagged():
     table = table_rows.tune_table(rows, "f")[1]
     assert [r[-1] for r in table] == ["✓ (grid edge): methods.fedprox.mu (high)", ""]
     assert [r[-2] for r in table] == ["", "24 29"]  # where the plateau rule stopped the losing setting's runs
+
+
+def _tuned(run, val: float) -> Finished:
+    entry = {"convergence": {"best_val_dice": val, "rounds": 2}, "dice": {"client_avg": 1 - val}, "cost": {}}
+    return Finished(run, Path(), {"algorithms": {"fedprox": entry}}, 0.0)
+
+
+def _method_entry(setting: str, at_edge: list[str]) -> dict:
+    """A tables.json method entry as the test table reads it."""
+    ms = {"mean": 0.9, "std": 0.01, "n": 10}
+    return {
+        "setting": setting,
+        "at_edge": at_edge,
+        "dice": ms,
+        "regions": {"disc": ms},
+        "hd95": ms,
+        "client_avg": ms,
+        "convergence": {"runs": 2, "not_converged": 0},
+    }
+
+
+def _tied_bench(tmp_path: Path, val: dict[str, float]):
+    """The tiny bench's fedprox tuned with validation scores ``val`` (by setting label): its spec, tuning rows (as
+    tables.json holds them: strict JSON read back) and its federation's tables."""
+    spec, _ = load_bench(_bench(tmp_path, seeds=[0]))
+    planned = tuning_runs(spec)
+    tuning = {r: _tuned(r, val[r.setting_label]) for r in planned}
+    rows = tuning_rows(spec, tuning, select_settings(spec, tuning, planned))
+    rows = json.loads(strict_json_text(rows))
+    raw_edges = edge_keys(spec.method("fedprox"), next(r for r in planned if r.setting_label == "mu=0.1").setting)
+    entry = _method_entry("mu=0.1", raw_edges)  # final_setting's edges: the tie not known
+    fed = {"regions": ["disc"], "hd95_unit": "pixels", "runs": 2, "sites": ["site1"], "methods": {"fedprox": entry}}
+    return spec, rows, fed
+
+
+@pytest.mark.parametrize(
+    "val, selected_cell, setting_cell, tied",
+    [
+        ({"mu=0.1": 0.8, "mu=1.0": 0.8, "mu=10.0": 0.7}, "✓ (tie with mu=1.0)", "mu=0.1 (tie)", True),
+        ({"mu=0.1": 0.8, "mu=1.0": 0.8, "mu=10.0": 0.8}, "✓ (tie with mu=1.0, mu=10.0)", "mu=0.1 (tie)", True),
+        (  # equal to 4 decimals, as the table prints them, but not a tie: the selection compared them
+            {"mu=0.1": 0.80001, "mu=1.0": 0.8, "mu=10.0": 0.7},
+            "✓ (grid edge): methods.fedprox.mu (low)",
+            "mu=0.1 (grid edge)",
+            False,
+        ),
+        (  # no score at all (every run failed): the first setting, which validation did not prefer either
+            {"mu=0.1": math.nan, "mu=1.0": math.nan, "mu=10.0": math.nan},
+            "✓ (tie with mu=1.0, mu=10.0)",
+            "mu=0.1 (tie)",
+            True,
+        ),
+    ],
+)
+def test_a_tie_on_validation_is_shown_as_a_tie_and_not_as_a_grid_edge(tmp_path, val, selected_cell, setting_cell, tied):
+    """mu=0.1 (the grid's low edge) and mu=1.0 share the best validation score: the selection takes the first in
+    grid order, mu=0.1, and the tables said ``(grid edge)`` as if the edge had been better; they say ``(tie)`` and
+    name the tied settings, with the legend saying what a tie selects; tuning.csv's at_edge drops the edge too."""
+    spec, rows, fed = _tied_bench(tmp_path, val)
+    assert [r["selected"] for r in rows] == [True, False, False]  # a tie selects the first in grid order
+    assert rows[0]["at_edge"] == ("" if tied else "methods.fedprox.mu (low)")
+    assert [r[-1] for r in table_rows.tune_table(rows, "synthetic-retina")[1]] == [selected_cell, "", ""]
+    assert table_rows.test_table(fed, "fedavg", rows)[1][0][1] == setting_cell
+    tables = {"synthetic-retina": fed}
+    legend_text = legend.notes(spec, tables, (), rows)
+    assert (legend.TIE_NOTE in legend_text) == tied and "(grid edge): the selected value" in legend_text
+    assert legend.notes(spec, tables) == legend_text.replace(legend.TIE_NOTE, "")  # no tuning rows: as before
+    if tied:  # tables.json of a bench written before: at_edge as the selected setting alone had it
+        old = [r | {"at_edge": "methods.fedprox.mu (low)"} if r["selected"] else r for r in rows]
+        assert table_rows.tune_table(old, "synthetic-retina")[1][0][-1] == selected_cell
+        assert table_rows.test_table(fed, "fedavg", old)[1][0][1] == setting_cell
+
+
+def test_a_tie_keeps_the_grid_edge_of_a_key_every_tied_setting_shares():
+    """lr=0.01 (the high edge of train.lr) with mu=0.1 and with mu=1.0 tie: the lr edge stands (both tied settings
+    have it), the mu edge does not (mu=1.0 tied it from inside the grid)."""
+    row = {"federation": "f", "method": "fedprox", "test_dice": 0.7, "runs": 1}
+    rows = [
+        row
+        | {"setting": "lr=0.01,mu=0.1", "values": {"train.lr": 0.01, "methods.fedprox.mu": 0.1}, "val_dice": 0.8}
+        | {"selected": True, "at_edge": "train.lr (high); methods.fedprox.mu (low)"},
+        row
+        | {"setting": "lr=0.01,mu=1.0", "values": {"train.lr": 0.01, "methods.fedprox.mu": 1.0}, "val_dice": 0.8}
+        | {"selected": False, "at_edge": ""},
+        row
+        | {"setting": "lr=0.003,mu=0.1", "values": {"train.lr": 0.003, "methods.fedprox.mu": 0.1}}
+        | {"val_dice": 0.7, "selected": False, "at_edge": ""},
+    ]
+    cell = table_rows.tune_table(rows, "f")[1][0][-1]
+    assert cell == "✓ (tie with lr=0.01,mu=1.0) (grid edge): train.lr (high)"
+    edges = ["train.lr (high)", "methods.fedprox.mu (low)"]
+    assert method_edges(edges, rows) == (["train.lr (high)"], True)
+    entry = _method_entry("lr=0.01,mu=0.1", edges)
+    fed = {"regions": ["disc"], "hd95_unit": "pixels", "runs": 2, "sites": ["site1"], "methods": {"fedprox": entry}}
+    assert table_rows.test_table(fed, "fedavg", rows)[1][0][1] == "lr=0.01,mu=0.1 (grid edge) (tie)"
+    assert method_edges(edges, [r for r in rows if r["val_dice"] != 0.8 or r["selected"]]) == (edges, False)
 
 
 def test_the_plateau_rule_does_not_stop_a_tuning_run_before_min_rounds(tmp_path):

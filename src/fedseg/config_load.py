@@ -1,14 +1,16 @@
 """Loading a run configuration: presets, YAML files and ``--set key.sub=value`` overrides (and the options of a
 ``run``-style command) into a ``fedseg.config.RunConfig``; ``ConfigError`` and messages that name the bad key
-(``validation_problems``), ``error_text``, ``dump_config``, and a recorded configuration read with the defaults
-its run used (``with_recorded_defaults``)."""
+(``validation_problems``; worded plainly within ``plain_problems``), ``error_text``, ``dump_config``, and a recorded
+configuration read with the defaults its run used (``with_recorded_defaults``)."""
 
 from __future__ import annotations
 
+import contextvars
 import copy
 import re
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
 from typing import Any, get_args
@@ -299,10 +301,13 @@ def validation_problems(
     An unknown key says so, with the closest known key of ``model`` (the validated model) where one is close; a
     problem of a key an override wrote (``overridden``: key -> the option, ``--set``, ``--rounds``...), or of a key
     inside it, or an unknown section an override created, is named by that option (``--set fl.round``); ``where``
-    (a preset or file) opens the line unless every problem came from an option."""
+    (a preset or file) opens the line unless every problem came from an option. Within :func:`plain_problems`, a bad
+    value says what it must be and what it got (``--set train.lr must be a number, got 'abc'``, :func:`plain_problem`)
+    and a list's item is named by its index in brackets (``tune.folds[0]``)."""
     problems, from_option, overridden = [], [], overridden or {}
+    plain = _PLAIN.get()
     for err in error.errors():
-        key = prefix + ".".join(map(str, err["loc"]))
+        key = prefix + (_bracketed(err["loc"]) if plain else ".".join(map(str, err["loc"])))
         message = err["msg"].removeprefix("Value error, ")
         unknown = err["type"] == "extra_forbidden"
         if unknown:
@@ -322,14 +327,91 @@ def validation_problems(
             (
                 label
                 for o, label in overridden.items()
-                if key == o or key.startswith(o + ".") or (unknown and o.startswith(key + "."))
+                if key == o or key.startswith((o + ".", o + "[")) or (unknown and o.startswith(key + "."))
             ),
             None,
         )
         from_option.append(option is not None)
-        problems.append(f"{_named(key, option)}: {message}")
+        said = plain_problem(err) if plain and not unknown else None
+        problems.append(f"{_named(key, option)} {said}" if said else f"{_named(key, option)}: {message}")
     text = "; ".join(problems)
     return text if not where or all(from_option) else f"{where}: {text}"
+
+
+_PLAIN = contextvars.ContextVar("plain_problems", default=False)
+
+
+@contextmanager
+def plain_problems() -> Iterator[None]:
+    """Within it, :func:`validation_problems` words a bad value plainly, :func:`plain_problem` (``train.lr must be a
+    number, got 'abc'``), where it otherwise gives pydantic's message (``train.lr: Input should be a valid number,
+    unable to parse string as a number``), and a list's item by its index (``tune.folds[0]``, not ``tune.folds.0``):
+    ``fedseg bench`` checks its file and every run's configuration so (``fedseg run`` still words them as pydantic
+    does)."""
+    token = _PLAIN.set(True)
+    try:
+        yield
+    finally:
+        _PLAIN.reset(token)
+
+
+PLAIN_TYPES = {  # pydantic's error type -> what the value must be
+    **dict.fromkeys(("float_parsing", "float_type"), "must be a number"),
+    **dict.fromkeys(("int_parsing", "int_type", "int_from_float"), "must be an integer"),
+    "finite_number": "must be a finite number",
+    **dict.fromkeys(("bool_parsing", "bool_type"), "must be true or false"),
+    "string_type": "must be text",
+    **dict.fromkeys(("list_type", "tuple_type", "set_type", "frozen_set_type"), "must be a list"),
+    **dict.fromkeys(("dict_type", "model_type", "model_attributes_type"), "must be a mapping (key: value lines)"),
+    **dict.fromkeys(("literal_error", "enum"), "must be {expected}"),
+    "greater_than_equal": "must be at least {ge}",
+    "greater_than": "must be greater than {gt}",
+    "less_than_equal": "must be at most {le}",
+    "less_than": "must be less than {lt}",
+    "too_short": "must have at least {min_length} item(s)",
+    "too_long": "must have at most {max_length} item(s)",
+}
+
+
+def plain_problem(err: Mapping[str, Any]) -> str | None:
+    """A pydantic error (one of ``ValidationError.errors()``) as what its value must be and what it got (``must be a
+    number, got 'abc'``; ``must be at least 1, got -1``; ``must be 'adam' or 'sgd', got 'adamw'``); ``is missing``
+    for a required key not given; None for an error of another type (its own message says it)."""
+    if err["type"] == "missing":
+        return "is missing"
+    wanted = PLAIN_TYPES.get(err["type"])
+    if wanted is None:
+        return None
+    try:
+        wanted = wanted.format(**{k: _shown(v, quoted=False) for k, v in (err.get("ctx") or {}).items()})
+    except (KeyError, IndexError):  # a context pydantic words otherwise: its message says it
+        return None
+    return f"{wanted}, got {_shown(err.get('input'))}"
+
+
+def _shown(value: object, quoted: bool = True) -> str:
+    """A value as the error names it: text quoted (``'abc'``, unless not ``quoted``: a bound or a choice pydantic
+    quoted already), nothing given as ``nothing``, anything else as YAML writes it (``true``, ``.inf``, ``[1, a]``)."""
+    if isinstance(value, str):
+        text = repr(value) if quoted else value
+    elif value is None:
+        text = "nothing"
+    else:
+        try:
+            dumped = yaml.safe_dump(list(value) if isinstance(value, tuple) else value, default_flow_style=True)
+            text = re.sub(r"\s*\n\s*", " ", dumped.strip().removesuffix("...").strip())  # YAML wraps long ones
+        except yaml.YAMLError:  # an object YAML cannot write
+            text = repr(value)
+    return text if len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 3] + "..."
+
+
+SHOWN_CHARS = 80  # a longer value (a whole section given where a number belongs) is cut: the line stays one line
+
+
+def _bracketed(loc: Sequence[Any]) -> str:
+    """A pydantic error's ``loc`` as a key with each list index in brackets: ``tune.folds[0]``,
+    ``methods[1].grid.train.lr``."""
+    return "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in loc).removeprefix(".")
 
 
 def _named(key: str, option: str | None) -> str:

@@ -1,13 +1,15 @@
 """The legend every table of a bench shares (:func:`notes`: what Δ, CI, p, †, ° and ‡ are, what is paired with what),
 printed before the tables of tables.md, report.html and tables.tex (as comments), with the bench's own caveats: its
-test alternative, HD95 and NSD where tested, data generated per seed, how its grids were tuned (:func:`tuning_note`),
-and the changes of its tests or comparisons made after results existed.
+test alternative, HD95 and NSD where tested, data generated per seed, how its grids were tuned (:func:`tuning_note`)
+and what a tie on validation selects (:data:`TIE_NOTE`), and the changes of its tests or comparisons made after
+results existed.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from fedseg.bench.select import selection_ties
 from fedseg.bench.spec import BenchSpec
 from fedseg.bench.table_rows import has_hd95_tests, has_nsd
 from fedseg.evaluate.stats import EXACT_BELOW, PERMUTATION_UP_TO, RESAMPLES
@@ -38,9 +40,17 @@ NOTES = (
     "reference finished different runs (a seed or fold missing): the columns describe other cases or runs than Δ "
     "(in the per-site table: the site's test paired fewer cases than its two cells average). Settings chosen on "
     "validation only (see the tuning table); (grid edge): the selected value is the smallest or largest of its "
-    "grid, so the best one may lie outside it. Differences of Dice (as of any score in [0, 1]) to 4 decimals, of "
+    "grid, so the best one may lie outside it.{tie} Differences of Dice (as of any score in [0, 1]) to 4 decimals, of "
     "HD95 to 2; a nonzero one that would round to ±0.0000 is shown to one significant digit (+3e-05), so a bound "
     "printed as 0 is exactly 0."
+)
+
+TIE_NOTE = (
+    " (tie): another setting of the grid had the selected one's validation score exactly (the tuning table names "
+    "them): the selection takes the first of the tied settings in the order the bench lists its grid (the first "
+    "key varying slowest; for values listed in increasing order, the smallest), a fixed rule that keeps the choice "
+    "reproducible and away from the test scores; validation did not prefer it, so a tie's (grid edge) is flagged "
+    "only for a key every tied setting shares (one tied from inside the grid says the edge was not better)."
 )
 
 WILCOXON_METHOD = (
@@ -73,9 +83,11 @@ def methods_recorded(tables: dict) -> bool:
     return all("p_method" in test for test in tests)
 
 
-def notes(bench: BenchSpec, tables: dict, changes: Sequence[str] = ()) -> str:
+def notes(bench: BenchSpec, tables: dict, changes: Sequence[str] = (), tuning: Sequence[dict] = ()) -> str:
     """The tables' legend, with the bench's test alternative (NSD's only where a federation has NSD: an old bench
-    renders as it did) and the ``changes`` of its tests or comparisons made after runs had finished."""
+    renders as it did), the ``changes`` of its tests or comparisons made after runs had finished, and what a tie
+    selects (:data:`TIE_NOTE`) where a selection of its ``tuning`` rows was one
+    (``fedseg.bench.select.selection_ties``)."""
     alternative = bench.tests.alternative
     side = {"two-sided": "", "greater": " (lies above 0: the tests are one-tailed, method > reference)"}.get(
         alternative, " (lies below 0: the tests are one-tailed, method < reference)"
@@ -84,7 +96,8 @@ def notes(bench: BenchSpec, tables: dict, changes: Sequence[str] = ()) -> str:
     method = WILCOXON_AUTO
     if methods_recorded(tables):
         method = WILCOXON_METHOD.format(exact_below=EXACT_BELOW, permutation_up_to=PERMUTATION_UP_TO)
-    text = NOTES.format(resamples=RESAMPLES, side=side, alternative=one, method=method)
+    tie = TIE_NOTE if selection_ties(list(tuning)) else ""
+    text = NOTES.format(resamples=RESAMPLES, side=side, alternative=one, method=method, tie=tie)
     hd95, nsd = any(has_hd95_tests(t) for t in tables.values()), any(has_nsd(t) for t in tables.values())
     text += HD95_NOTE.format(side=HD95_SIDE[alternative]) if hd95 else ""
     text += NSD_NOTE if nsd else ""

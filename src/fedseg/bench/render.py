@@ -62,8 +62,9 @@ def sections(bench: BenchSpec, tables: dict, tuning: list[dict]) -> list[Section
         budget = budget_note(t, bench.reference, bench.budget.rule)
         notes = (scoring_note(t), unseen_note(t), budget, plateau_note(t), routing_note(t))
         test_notes = [not_converged(t), *filter(None, notes)]
+        tuned = [r for r in tuning if r["federation"] == fed]  # a tied selection's mark
         out += [
-            Section(fed, "Test (FeTS Table 1 layout)", "test", test_table(t, bench.reference), test_notes),
+            Section(fed, "Test (FeTS Table 1 layout)", "test", test_table(t, bench.reference, tuned), test_notes),
             Section(
                 fed,
                 "Per site (FedSM Tables 3-4, Auto-FedAvg Table 2 layout)",
@@ -88,7 +89,7 @@ def sections(bench: BenchSpec, tables: dict, tuning: list[dict]) -> list[Section
 
 
 def markdown(bench: BenchSpec, tables: dict, tuning: list[dict], changes: Sequence[str] = ()) -> str:
-    parts = [f"# Bench {bench.name}", "", notes(bench, tables, changes), ""]
+    parts = [f"# Bench {bench.name}", "", notes(bench, tables, changes, tuning), ""]
     federation = None
     for section in sections(bench, tables, tuning):
         if section.federation != federation:
@@ -122,7 +123,7 @@ def html_parts(
     """The HTML parts of the bench's ``report.html``, its figures drawn into ``fig_dir``."""
     parts = [
         f"<h1>Bench {kit.esc(bench.name)}</h1>",
-        f'<p class="meta">{kit.esc_md(notes(bench, tables, changes))}</p>',
+        f'<p class="meta">{kit.esc_md(notes(bench, tables, changes, tuning))}</p>',
     ]
     for section in sections(bench, tables, tuning):
         fed = section.federation
@@ -154,7 +155,7 @@ TEX_PREAMBLE = (
 def latex(bench: BenchSpec, tables: dict, tuning: list[dict], changes: Sequence[str] = ()) -> str:
     """``tables.tex``: every table of :func:`sections` as a LaTeX float (:mod:`fedseg.presentation.latex`), the
     legend as comments at the top."""
-    head = TEX_PREAMBLE.format(name=bench.name) + "\n\n" + notes(bench, tables, changes).replace("**", "")
+    head = TEX_PREAMBLE.format(name=bench.name) + "\n\n" + notes(bench, tables, changes, tuning).replace("**", "")
     parts = [tex_comment(head)]
     for section in sections(bench, tables, tuning):
         short = f"{section.federation}: {section.short}"

@@ -17,7 +17,7 @@ from fedseg.atomic_files import atomic_write_text, strict_json_text
 from fedseg.bench.execute import Echo
 from fedseg.bench.phases import BENCH_FILE, TABLES_ONLY, BenchRuns, as_recorded, spec_change
 from fedseg.bench.render import html_parts, latex, markdown
-from fedseg.bench.select import tuning_rows
+from fedseg.bench.select import method_edges, tuning_rows
 from fedseg.bench.spec import BenchSpec
 from fedseg.bench.tables import RESULT_COLUMNS, correct_tests, federation_tables
 from fedseg.presentation import kit
@@ -59,6 +59,10 @@ def write_report(bench: BenchSpec, runs: BenchRuns, out: Path, echo: Echo | None
     out = Path(out)
     tables, rows = federation_tables(bench, runs)
     tuning = tuning_rows(bench, runs.tuning, runs.selected, runs.holdouts)
+    for fed, t in tables.items():  # a tie's edge stands only for a key every tied setting shares
+        for name, stats in t["methods"].items():
+            tuned = [r for r in tuning if r["federation"] == fed and r["method"] == name]
+            stats["at_edge"] = method_edges(stats["at_edge"], tuned)[0]
     changes = record_analysis_changes(bench, len(runs.tuning) + len(runs.final), out, echo)
     atomic_write_text(out / "results.csv", csv_text(RESULT_COLUMNS, rows))
     atomic_write_text(out / "tuning.csv", csv_text(tuning_columns(bench), tuning))

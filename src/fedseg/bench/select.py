@@ -9,7 +9,10 @@ fold) from that fold's tuning runs alone (``fedseg.bench.plan.selection_key``).
 
 A selected value at the edge of its grid (the smallest or largest of a numeric key's values, :func:`edge_keys`) is
 flagged (``at_edge``): the best value may lie outside the grid, so the grid should be extended before the result
-is trusted.
+is trusted. A tie (another setting scored the selected one's validation score exactly, :func:`selection_ties`) is
+shown as one: validation did not prefer the setting the rule took, so its place at an edge is flagged only for a key
+every tied setting shares (:func:`untied_edges`; a tie of ``lr=0.001`` and ``lr=0.003`` says nothing about the
+smaller edge).
 """
 
 from __future__ import annotations
@@ -125,6 +128,66 @@ def edge_keys(method: MethodSpec, setting: Setting) -> list[str]:
     return out
 
 
+def _score(value: object) -> float | None:
+    """A tuning row's validation score as the selection compares it: None where there is none (NaN in memory, ``null``
+    in tables.json), ranked below every number and equal to another none (``nan_low``)."""
+    score = json_number(value)
+    return None if math.isnan(score) else score
+
+
+def selection_ties(rows: list[dict]) -> dict[tuple, list[dict]]:
+    """The tied selections among tuning rows (:func:`tuning_rows`, or ``tables.json``'s ``tuning``, which carries
+    what this needs: ``val_dice`` as computed, ``selected``, ``fold``, ``values``): for each (federation, method) (a
+    ``fold`` too with ``tune.per_fold``) whose selected setting's validation score another of its settings has
+    exactly (the selection's own comparison; no score at all counts as equal), keyed ``(federation, method,
+    fold or None)``, every setting of that score in grid order: the selected one first, since a tie selects the
+    earliest (:func:`select_settings`)."""
+    groups: dict[tuple, list[dict]] = {}
+    for row in rows:
+        groups.setdefault((row["federation"], row["method"], row.get("fold")), []).append(row)
+    ties = {}
+    for key, group in groups.items():
+        chosen = next((r for r in group if r["selected"]), None)
+        if chosen is None:
+            continue
+        tied = [r for r in group if r["runs"] and _score(r["val_dice"]) == _score(chosen["val_dice"])]
+        if len(tied) > 1:
+            ties[key] = [chosen, *(r for r in tied if r is not chosen)]
+    return ties
+
+
+def untied_edges(edges: list[str], tied: list[dict]) -> list[str]:
+    """The ``edges`` of a tied selection (:func:`edge_keys`' ``key (low)`` / ``key (high)``) that its tie leaves
+    standing: those of a key every ``tied`` setting gives the same value. Another value ties it from inside the grid
+    (or from the other edge), so the edge was not better, only first; rows without ``values`` (written before they
+    were recorded) leave none standing."""
+    values = [r.get("values") for r in tied]
+    known = [v for v in values if isinstance(v, dict)]
+
+    def shared(key: str) -> bool:
+        given = [v[key] for v in known if key in v]
+        return len(given) == len(values) and all(v == given[0] for v in given)
+
+    return [edge for edge in edges if shared(edge.rsplit(" (", 1)[0])]
+
+
+def method_edges(edges: list[str], rows: list[dict]) -> tuple[list[str], bool]:
+    """A method's ``at_edge`` (``tables.json``: its final setting's edges, :func:`edge_keys`; with ``tune.per_fold``
+    over every fold's) with what its ties leave standing, and whether its selection (any fold's) was a tie; ``rows``:
+    its tuning rows (one federation's). An edge stands where a fold selected it without a tie, or with one that
+    leaves it (:func:`untied_edges`); without a tie ``edges`` are returned as they are."""
+    ties = selection_ties(rows)
+    if not ties:
+        return edges, False
+    standing: set[str] = set()
+    for row in rows:
+        if row["selected"]:
+            own = [e for e in (row.get("at_edge") or "").split("; ") if e]
+            tied = ties.get((row["federation"], row["method"], row.get("fold")))
+            standing.update(untied_edges(own, tied) if tied else own)
+    return [e for e in edges if e in standing], True
+
+
 def held_out_site(holdouts: Holdouts, federation: str, fold: int) -> str:
     """The site fold ``fold`` of ``federation`` holds out: a leave-one-out federation's ``fold``-th site; "" for
     another federation."""
@@ -141,7 +204,7 @@ def tuning_rows(
     setting stopped early may have lost to a warm-up stall, see ``stop.min_rounds``), how many of its runs may not
     have converged (``not_converged``: a setting compared on runs the budget cut short may not be the best one),
     whether it was selected and, on the selected row, the grid keys at an edge (``at_edge``, :func:`edge_keys`;
-    empty when none)."""
+    empty when none; of a tie, only those every tied setting shares, :func:`untied_edges`)."""
     rows = []
     scores = setting_scores(bench, tuning)
     if bench.tune.per_fold:  # each federation's methods together, fold by fold
@@ -181,4 +244,6 @@ def tuning_rows(
                     "at_edge": "; ".join(edge_keys(bench.method(method), setting)) if selected else "",
                 }
             )
+    for tied in selection_ties(rows).values():
+        tied[0]["at_edge"] = "; ".join(untied_edges([e for e in tied[0]["at_edge"].split("; ") if e], tied))
     return rows

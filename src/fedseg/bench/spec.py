@@ -44,8 +44,14 @@ from typing import Any, Literal
 import yaml
 from pydantic import ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-from fedseg.config import NoBoolNumbers
-from fedseg.config_load import ConfigError, read_config_text, read_yaml_mapping, validation_problems
+from fedseg.config import SEED_MAX, NoBoolNumbers
+from fedseg.config_load import (
+    ConfigError,
+    plain_problems,
+    read_config_text,
+    read_yaml_mapping,
+    validation_problems,
+)
 from fedseg.evaluate.stats import Alternative
 
 
@@ -332,6 +338,9 @@ class BenchSpec(Strict):
                 raise ValueError(f"{what}: a name appears twice ({names})")
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
             raise ValueError(f"seeds: give distinct seeds, got {list(self.seeds)}")
+        for what, seeds in (("seeds", self.seeds), ("tune.seeds", self.tune.seeds or ())):
+            if not all(0 <= seed <= SEED_MAX for seed in seeds):  # else the runs' seed refuses it, naming a run
+                raise ValueError(f"{what}: give seeds from 0 to {SEED_MAX}, got {list(seeds)}")
         for fold in self.tune.folds or ():
             if fold not in self.folds:
                 raise ValueError(f"tune.folds: {fold} is not a fold of this bench {list(self.folds)}")
@@ -504,18 +513,22 @@ def _folder_name(name: str, what: str) -> str:
 
 def read_bench(path: str | Path) -> tuple[BenchSpec, Path]:
     """The bench file at ``path`` and the folder relative paths in it are read from; a ConfigError naming the file
-    and every bad key otherwise. Its runs' configurations are not checked here: ``fedseg.bench.plan.load_bench``
+    and every bad key otherwise, a bad value worded plainly (``fedseg.config_load.plain_problems``: ``split.folds
+    must be at least 2, got 1``). Its runs' configurations are not checked here: ``fedseg.bench.plan.load_bench``
     reads a bench file and checks them too."""
     path = Path(path)
     data = read_yaml_mapping(read_config_text(path, "bench"), str(path))
     try:
         return BenchSpec.model_validate(data, context=AS_WRITTEN), path.resolve().parent
     except ValidationError as e:
-        raise ConfigError(_method_names(validation_problems(e, model=BenchSpec, where=str(path)), data)) from None
+        with plain_problems():
+            problems = validation_problems(e, model=BenchSpec, where=str(path))
+        raise ConfigError(_method_names(problems, data)) from None
 
 
 def _method_names(text: str, data: dict) -> str:
-    """``methods.1.sett`` in a problem's text as ``methods.1 (fedprox).sett``: the entry's method named."""
+    """``methods[1].sett`` (``methods[1] must ...``) in a problem's text as ``methods[1] (fedprox).sett``: the
+    entry's method named (not in ``methods[1]: 'a/b' cannot name a folder``, which names it)."""
     methods = data.get("methods")
     entries = methods if isinstance(methods, list) else []
     names = [m if isinstance(m, str) else m.get("name") if isinstance(m, dict) else None for m in entries]
@@ -524,4 +537,4 @@ def _method_names(text: str, data: dict) -> str:
         i = int(m[1])
         return m[0] + (f" ({names[i]})" if i < len(names) and isinstance(names[i], str) else "")
 
-    return re.sub(r"\bmethods\.(\d+)(?=[.:])", named, text)
+    return re.sub(r"\bmethods\[(\d+)\](?=\.|\s(?!\())", named, text)  # not in a refusal of the name itself

@@ -22,7 +22,11 @@ methods' steps unequal, and a reader should see by how much.
 * **Rank stability** (challengeR): how often each method ranks 1st, 2nd... by mean Dice over bootstrap samples;
 * **Tuning on validation** (FeTS Table 4, FedSM Table 7 for a λ grid): every setting's validation score (what
   selects) next to its test score (reported, never used), and how many of its tuning runs may not have converged;
-  with ``tune.per_fold``, per fold (a ``fold`` column, in ``tuning.csv`` too), each fold's selection marked.
+  with ``tune.per_fold``, per fold (a ``fold`` column, in ``tuning.csv`` too), each fold's selection marked. A
+  selection that is a tie (another setting has its validation score exactly) says so, naming the tied settings, and
+  the test table marks its setting ``(tie)``; a tie flags a grid edge only for a key every tied setting shares
+  (``fedseg.bench.select.selection_ties``, found from the tuning rows, so a ``tables.json`` written before renders
+  its ties so too).
 
 Differences of fractions (Dice, NSD) print to 4 decimals, HD95's to its own 2, always signed, by
 :func:`fedseg.evaluate.stats.signed_text` (a nonzero one that would print as ±0.0000 gets one significant digit).
@@ -32,6 +36,7 @@ from __future__ import annotations
 
 import math
 
+from fedseg.bench.select import method_edges, selection_ties, untied_edges
 from fedseg.evaluate.metric_info import DICE, HD95, NSD, scoring_text
 from fedseg.evaluate.stats import (
     DIFF_DIGITS,
@@ -45,6 +50,7 @@ from fedseg.presentation import kit
 from fedseg.run.stopping import NEVER_IMPROVED_WHY, PLATEAU
 
 EDGE = " (grid edge)"  # after a selected setting with a value at the edge of its grid
+TIE = " (tie)"  # after a selected setting whose validation score another setting of its grid had exactly
 
 
 def ms(entry: dict | None, digits: int = 3) -> str:
@@ -115,7 +121,9 @@ def _method_budget(s: dict | None) -> list[str]:
     return budget_cells(s.get("convergence", {}).get("rounds"), s.get("cost", {}).get("sgd_steps"))
 
 
-def test_table(fed: dict, reference: str) -> tuple[list[str], list[list[str]]]:
+def test_table(fed: dict, reference: str, tuning: list[dict] | None = None) -> tuple[list[str], list[list[str]]]:
+    """The test table of ``fed`` (a federation of ``tables.json``); ``tuning``: its tuning rows, where a method's
+    selection may have been a tie (:func:`setting_cell`)."""
     unit = fed.get("hd95_unit") or ""
     nsd, hd95 = has_nsd(fed), has_hd95_tests(fed)
     head = ["method", "setting", "runs", *BUDGET_HEAD, DICE.label, *fed["regions"], HD95.title(unit), "client avg"]
@@ -132,7 +140,7 @@ def test_table(fed: dict, reference: str) -> tuple[list[str], list[list[str]]]:
         runs = (conv.get("runs"), ref_runs)  # a seed or fold one of the two lacks: the columns average other runs
         row = [
             name,
-            s["setting"] + (EDGE if s.get("at_edge") else ""),
+            setting_cell(name, s, tuning or []),
             f"{conv['runs']}/{fed['runs']}",
             *_method_budget(s),
             ms(s["dice"], DICE.digits),
@@ -154,6 +162,15 @@ def test_table(fed: dict, reference: str) -> tuple[list[str], list[list[str]]]:
             row += [ms(s.get("nsd"), NSD.digits), *nsd_cells]
         rows.append(row + [_converged_text(conv["not_converged"], conv["runs"])])
     return head, rows
+
+
+def setting_cell(name: str, s: dict, tuning: list[dict]) -> str:
+    """The test table's setting of method ``name`` (``s``: its tables.json entry): the label, :data:`EDGE` where a
+    selected value lies at its grid's edge, :data:`TIE` where its selection (any fold's) was a tie, an edge then
+    only for a key every tied setting shares (``fedseg.bench.select.method_edges``; ``tuning``: the federation's
+    tuning rows)."""
+    edges, tied = method_edges(list(s.get("at_edge") or []), [r for r in tuning if r["method"] == name])
+    return s["setting"] + (EDGE if edges else "") + (TIE if tied else "")
 
 
 def paired_text(test: dict | None) -> str:
@@ -304,6 +321,7 @@ def tune_table(rows: list[dict], federation: str) -> tuple[list[str], list[list[
     this version on) how many of its runs converged, as the test table's "converged" column counts them."""
     counted = tuning_counted(rows, federation)
     rows = [r for r in rows if r["federation"] == federation]
+    ties = selection_ties(rows)
     per_fold = any("fold" in r for r in rows)  # tune.per_fold: each fold's own tuning
     head = ["method", *(["fold"] if per_fold else []), "setting", *BUDGET_HEAD]
     head += ["validation Dice (selects)", "test Dice (not used)", "runs"]
@@ -319,11 +337,24 @@ def tune_table(rows: list[dict], federation: str) -> tuple[list[str], list[list[
             str(r["runs"]),
             r.get("plateau_stops") or "",
             *([_converged_text(r.get("not_converged"), r["runs"])] if counted else []),
-            ("✓" + (f"{EDGE}: {r['at_edge']}" if r.get("at_edge") else "")) if r["selected"] else "",
+            selected_cell(r, ties.get((r["federation"], r["method"], r.get("fold")))) if r["selected"] else "",
         ]
         for r in rows
     ]
     return head, body
+
+
+def selected_cell(row: dict, tied: list[dict] | None) -> str:
+    """The tuning table's mark of a selected setting: ✓, `` (tie with lr=0.01, lr=0.03)`` where those settings had
+    its validation score exactly (``tied``, ``fedseg.bench.select.selection_ties``: the selection took the first in
+    grid order), and the grid keys at an edge (:data:`EDGE`: ``train.lr (high)``), of a tie only those every tied
+    setting shares (``fedseg.bench.select.untied_edges``)."""
+    edges = [e for e in (row.get("at_edge") or "").split("; ") if e]
+    tie = ""
+    if tied:
+        edges = untied_edges(edges, tied)
+        tie = f"{TIE[:-1]} with {', '.join(r['setting'] for r in tied[1:])})"
+    return "✓" + tie + (f"{EDGE}: {'; '.join(edges)}" if edges else "")
 
 
 TUNING_CONVERGED = (
