@@ -1,8 +1,13 @@
 """Partial model sharing (FeTS 2022 Sec. 3.3.5): FedPer keeps the last layers private, LG-FedAvg the first.
 
-The network's state w is split into federated entries w_g and private entries w_l (w = w_g U w_l):
-``private_layers`` P units (paper: 4) are private, the last P for FedPer (Arivazhagan et al.), the
-first P for LG-FedAvg (Liang et al.). ``private_unit`` says what a unit is:
+The network's state w is split into federated entries w_g and private entries w_l (w = w_g U w_l).
+Which entries are private is the method's rule, its options model's ``private_names`` (a
+``PartialOptions``); everything else below is shared by every partial-sharing method (FedBN,
+``fedseg.algorithms.fedbn``, keeps the normalization layers private with this same machinery).
+
+FedPer and LG-FedAvg (``SharingOptions``): ``private_layers`` P units (paper: 4) are private, the last
+P for FedPer (Arivazhagan et al.), the first P for LG-FedAvg (Liang et al.). ``private_unit`` says what a
+unit is:
 
 * ``layers`` (the default, FeTS's reading): a *parameterized layer*, a module that owns parameters
   directly (a convolution, a normalization with affine weights), in the network's module order
@@ -34,7 +39,7 @@ weights, no running statistics) there is nothing to decide.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from pydantic import Field
@@ -53,10 +58,50 @@ from fedseg.models.state import float_state
 PRIVATE = "private"  # client-state prefix of the site's private entries w_l
 
 
-class SharingOptions(FedAvgOptions):
-    """``private_layers``: how many units stay on the site, ``private_unit``: parameterized layers (FeTS's
-    reading) or network blocks (``fedseg.models.blocks``); FedAvg's ``weighting``, ``local_steps`` and
-    ``aggregator`` (over the federated entries w_g)."""
+class PartialOptions(FedAvgOptions):
+    """Options of a partial-sharing method: FedAvg's ``weighting``, ``local_steps`` and ``aggregator`` (over the
+    federated entries w_g) and the method's rule for which entries stay on the site (``private_names``), which
+    ``PartialSharingServer`` / ``PartialSharingClient`` apply. A subclass says what its rule is; the checks
+    before any work, the run log's line and summary.json's record follow from it."""
+
+    def private_names(self, model: nn.Module, task: Task) -> frozenset[str]:
+        """Names of ``model``'s (``task.new_model()``) floating-point state entries that stay on each site; a
+        ValueError, whose text follows ``methods.<name>`` (``problem_line``), when the rule does not fit it."""
+        raise NotImplementedError(f"{type(self).__name__} does not say which entries stay private")
+
+    def private_what(self, model: nn.Module) -> str:
+        """What stays private, as the run log's line says it (e.g. ``the last 4 layers (private_unit layers)``)."""
+        raise NotImplementedError(f"{type(self).__name__} does not say what stays private")
+
+    def private_record(self, model: nn.Module) -> dict[str, Any]:
+        """The rule's own entries of summary.json's ``private_sharing`` (after the counts). Default: none."""
+        return {}
+
+    def problem_line(self, algorithm: str, problem: str) -> str:
+        """``check_task``'s one line for a ``private_names`` problem: ``methods.<algorithm>: <problem>``."""
+        return f"methods.{algorithm}: {problem}"
+
+    def check_task(self, task: Task, algorithm: str) -> None:
+        """The rule must fit the run's network (checked before any work)."""
+        try:
+            private_entries(task, self)
+        except ValueError as e:
+            raise ValueError(self.problem_line(algorithm, str(e))) from None
+
+    def run_note(self, task: Task, algorithm: str) -> str:
+        """The run log's line on the private share, e.g. ``fedper: the last 4 layers (private_unit layers) stay
+        private, 0.44% of the dynunet's parameters (...)``."""
+        info = private_fraction(task, self)
+        return (
+            f"{algorithm}: {self.private_what(task.new_model())} stay private, "
+            f"{info['private_fraction']:.2%} of the {task.cfg.model.name}'s parameters "
+            f"({info['private_parameters']:,} of {info['parameters']:,}); the rest is averaged"
+        )
+
+
+class SharingOptions(PartialOptions):
+    """FedPer / LG-FedAvg: ``private_layers``: how many units stay on the site, ``private_unit``: parameterized
+    layers (FeTS's reading) or network blocks (``fedseg.models.blocks``), ``private``: at which end."""
 
     private_layers: int = Field(4, ge=1, description="P units (private_unit) kept private (FeTS 2022: 4 layers)")
     private_unit: Literal["layers", "blocks"] = Field(
@@ -68,24 +113,33 @@ class SharingOptions(FedAvgOptions):
 
     private: Literal["last", "first"] = Field("last", description="which end of the network stays private")
 
-    def check_task(self, task: Task, algorithm: str) -> None:
-        """At least one layer (block) must stay federated (checked before any work)."""
-        try:
-            private_entries(task, self)
-        except ValueError as e:
-            raise ValueError(f"methods.{algorithm}.{e}") from None
+    def private_names(self, model: nn.Module, task: Task) -> frozenset[str]:
+        """The entries of the P private units (first or last, ``private``; layers or blocks, ``private_unit``);
+        at least one unit must stay federated."""
+        unit = "layer" if self.private_unit == "layers" else "block"
+        grouped = entries_by_layer(model) if unit == "layer" else entries_by_block(model)
+        units = list(grouped)
+        p = self.private_layers
+        if p >= len(units):
+            listed = f"{', '.join(units[:3])}, ..., {units[-1]}" if len(units) > 8 else ", ".join(units)
+            raise ValueError(
+                f"private_layers={p} leaves no federated {unit}: the {task.cfg.model.name} has {len(units)} "
+                f"{self.private_unit} ({listed})"
+            )
+        chosen = units[-p:] if self.private == "last" else units[:p]
+        return frozenset(name for u in chosen for name in grouped[u])
 
-    def run_note(self, task: Task, algorithm: str) -> str:
-        """The run log's line on the private share, e.g. ``fedper: the last 4 layers (private_unit layers) stay
-        private, 0.44% of the dynunet's parameters (...)``."""
-        info = private_fraction(task, self)
-        end, k = self.private, self.private_layers
+    def private_what(self, model: nn.Module) -> str:
+        k = self.private_layers
         units = self.private_unit if k > 1 else self.private_unit[:-1]
-        return (
-            f"{algorithm}: the {end} {k} {units} (private_unit {self.private_unit}) stay private, "
-            f"{info['private_fraction']:.2%} of the {task.cfg.model.name}'s parameters "
-            f"({info['private_parameters']:,} of {info['parameters']:,}); the rest is averaged"
-        )
+        return f"the {self.private} {k} {units} (private_unit {self.private_unit})"
+
+    def private_record(self, model: nn.Module) -> dict[str, Any]:
+        return {"private_unit": self.private_unit, "private_layers": self.private_layers}
+
+    def problem_line(self, algorithm: str, problem: str) -> str:
+        """``methods.fedper.private_layers=5 leaves ...``: the problem names the option at fault."""
+        return f"methods.{algorithm}.{problem}"
 
 
 class FedPerOptions(SharingOptions):
@@ -113,37 +167,26 @@ def entries_by_layer(model: nn.Module) -> dict[str, list[str]]:
     return grouped
 
 
-def private_entries(task: Task, options: SharingOptions) -> frozenset[str]:
-    """Names of the state entries in the P private units (first or last, ``options.private``; layers or
-    blocks, ``options.private_unit``)."""
+def private_entries(task: Task, options: PartialOptions) -> frozenset[str]:
+    """Names of the state entries of ``task``'s network that stay on each site (the method's rule,
+    ``options.private_names``; e.g. FedPer's P last units)."""
+    return options.private_names(task.new_model(), task)
+
+
+def private_fraction(task: Task, options: PartialOptions) -> dict:
+    """``{private_fraction, private_parameters, parameters, **options.private_record(...)}``: the share of the
+    network's parameters kept private (buffers not counted), then the rule's own record (FedPer: ``private_unit``,
+    ``private_layers``)."""
     model = task.new_model()
-    unit = "layer" if options.private_unit == "layers" else "block"
-    grouped = entries_by_layer(model) if unit == "layer" else entries_by_block(model)
-    units = list(grouped)
-    p = options.private_layers
-    if p >= len(units):
-        listed = f"{', '.join(units[:3])}, ..., {units[-1]}" if len(units) > 8 else ", ".join(units)
-        raise ValueError(
-            f"private_layers={p} leaves no federated {unit}: the {task.cfg.model.name} has {len(units)} "
-            f"{options.private_unit} ({listed})"
-        )
-    chosen = units[-p:] if options.private == "last" else units[:p]
-    return frozenset(name for u in chosen for name in grouped[u])
-
-
-def private_fraction(task: Task, options: SharingOptions) -> dict:
-    """``{private_fraction, private_parameters, parameters, private_unit, private_layers}``: the share of the
-    network's parameters kept private (buffers not counted)."""
-    private = private_entries(task, options)
-    params = dict(task.new_model().named_parameters())
+    private = options.private_names(model, task)
+    params = dict(model.named_parameters())
     total = sum(p.numel() for p in params.values())
     kept = sum(p.numel() for name, p in params.items() if name in private)
     return {
         "private_fraction": kept / total,
         "private_parameters": kept,
         "parameters": total,
-        "private_unit": options.private_unit,
-        "private_layers": options.private_layers,
+        **options.private_record(model),
     }
 
 
@@ -166,7 +209,7 @@ class PartialSharingClient(PerSiteClient):
 
     def after_fit(self, model, stats, msg, ctx) -> Message:
         federated, private = split_weights(
-            weights_of(model), private_entries(ctx.task, options_as(ctx.options, SharingOptions))
+            weights_of(model), private_entries(ctx.task, options_as(ctx.options, PartialOptions))
         )
         put_group(ctx.state, PRIVATE, private)
         return Message(prefixed(MODEL, federated), train_meta(stats, ctx))
@@ -175,7 +218,7 @@ class PartialSharingClient(PerSiteClient):
 class PartialSharingServer(PerSiteServer):
     """FedAvg over the federated entries w_g only."""
 
-    options: SharingOptions  # this method's options (``FedAvgServer.options``)
+    options: PartialOptions  # this method's options (``FedAvgServer.options``)
 
     def __init__(self, engine, task, options):
         super().__init__(engine, task, options)
