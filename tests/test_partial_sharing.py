@@ -158,6 +158,28 @@ def test_federated_entries_are_the_sample_weighted_average_of_the_replies(name, 
 
 
 @pytest.mark.parametrize("name", SHARING)
+def test_federated_batchnorm_statistics_are_averaged_whatever_the_aggregator(name, tiny_config, disc_federation):
+    """With a robust aggregator the shared weights follow it, but the shared running statistics are FedAvg's
+    average of the replies' (``average_buffers``), as for every FedAvg-based method; the private ones never travel."""
+    methods = {name: {"private_layers": P, "aggregator": "clipped", "clip_norm": 0.01}}
+    cfg = _cfg(tiny_config, name, rounds=1, model={**FOUR_LEVELS, "norm": "batch"}, methods=methods)
+    seen = []
+    engine, server, options = _simulator(
+        name, cfg, disc_federation(n_sites=3), [lambda s, a, m, r: seen.append((a, r))]
+    )
+    private, federated = _split_names(engine.task, options)
+    params = {k for k, _ in engine.task.new_model().named_parameters()}
+    shared_stats = sorted(k for k in federated if k not in params)
+    assert shared_stats and not private & set(shared_stats)
+    engine.round = 1
+    server.run_round(1)
+    replies = [r.group(MODEL) for a, r in seen if a == "train"]
+    n = [float(len(d.train)) for d in engine.site_data.values()]
+    expected = weighted_average([{k: r[k] for k in shared_stats} for r in replies], n)
+    assert all(torch.equal(server.global_weights[k], expected[k]) for k in shared_stats)
+
+
+@pytest.mark.parametrize("name", SHARING)
 def test_training_traffic_is_fedavgs_times_the_federated_fraction(name, tmp_path, tiny_config, uneven):
     cfg = _cfg(tiny_config, name, algorithms=["fedavg", name])
     prep = prepare(cfg, uneven)

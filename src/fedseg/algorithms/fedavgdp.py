@@ -15,7 +15,7 @@ What differs from FedAvg, and nothing else:
   models would leave the sites unclipped and un-noised);
 * a network with buffers is refused before any work: BatchNorm's running statistics are computed
   from the sites' data and averaged as they are, outside the clipping and the noise (use
-  ``model.norm: instance``, the default, or ``group``);
+  ``model.norm: instance``, the default: MONAI builds ``group`` only with a group count);
 * reporting: summary.json ``privacy`` (ε at ``delta`` after the run's rounds, the parameters),
   round_metrics.csv ``epsilon`` (site ``server``: ε spent up to that round) and ``update_norm`` per
   site (before clipping: what to choose C from; a diagnostic, not private).
@@ -100,7 +100,7 @@ def buffer_problem(algorithm: str, norm: str, buffers: list[str]) -> str:
     return (
         f"{algorithm}: the network has {len(buffers)} float buffers (e.g. {buffers[0]}; model.norm={norm!r}): "
         "statistics computed from the sites' data (BatchNorm's running mean and variance) that would be averaged "
-        "without clipping or noise, outside the privacy guarantee; use model.norm: instance (the default) or group"
+        "without clipping or noise, outside the privacy guarantee; use model.norm: instance (the default)"
     )
 
 

@@ -216,13 +216,15 @@ class PartialSharingClient(PerSiteClient):
 
 
 class PartialSharingServer(PerSiteServer):
-    """FedAvg over the federated entries w_g only."""
+    """FedAvg over the federated entries w_g only; the federated buffers (BatchNorm statistics outside the private
+    units) are FedAvg's average of the replies' whatever the ``aggregator`` (``FedAvgServer.average_buffers``)."""
 
     options: PartialOptions  # this method's options (``FedAvgServer.options``)
 
     def __init__(self, engine, task, options):
         super().__init__(engine, task, options)
         self.global_weights, _ = split_weights(self.global_weights, private_entries(task, options))
+        self.buffers = [b for b in self.buffers if b in self.global_weights]  # private ones never come back
 
     def summary_fields(self) -> dict:
         """summary.json's ``private_fraction`` (private parameters / all) and ``private_sharing`` (the counts)."""

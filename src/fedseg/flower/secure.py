@@ -54,7 +54,9 @@ log = logging.getLogger("fedseg.flower.secure")
 SECAGG = "secagg+"
 HEADER = "fedseg.secagg"  # ConfigRecord of the masked-vector stage: the site's weighting and the update's names
 # The methods whose server merges only the weighted average of the train replies (FedAvg's weights).
-SECURE = frozenset({"fedavg", "fedavg-steps", "fedavg-uniform", "fedprox", "fedadam", "ditto", "fedper", "lg-fedavg"})
+SECURE = frozenset(
+    {"fedavg", "fedavg-steps", "fedavg-uniform", "fedprox", "fedadam", "ditto", "fedper", "lg-fedavg", "fedbn"}
+)
 REFUSALS = {
     "centralized": "it pools every site's data in one place",
     "local": "each site's own model is sent to the coordinator for the cross-site test",
