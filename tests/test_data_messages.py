@@ -4,7 +4,6 @@ series nested one level too deep, a site folder given for its federation, an emp
 
 from __future__ import annotations
 
-import re
 import unicodedata
 from pathlib import Path
 
@@ -96,9 +95,14 @@ def test_a_seg_cut_short_before_its_pixel_data_is_named_truncated_not_an_unknown
             with pytest.raises(FederationError) as e:
                 read()
             assert str(e.value) == line
-    cut.write_bytes(data[:-20])  # cut inside the pixel data: the decoder's own words, the same ending
-    with pytest.raises(FederationError, match=rf"^{cut}: cannot decode its pixel data \(ValueError: .*: a truncated"):
+    cut.write_bytes(data[:-20])  # cut inside the pixel data: said alike (it said the decoder's ValueError)
+    with pytest.raises(FederationError) as e:
         read_label(cut, "3d", image=case["series"])
+    end = len(data) - 20
+    assert (
+        str(e.value)
+        == f"{cut}: cannot decode its pixel data (the file ends after {end} bytes, inside its PixelData): {DAMAGED}"
+    )
     cut.write_bytes(b"")
     with pytest.raises(FederationError) as e:
         read_label(cut, "3d", image=case["series"])
@@ -199,9 +203,7 @@ def test_a_slice_whose_header_is_cut_short_is_named_damaged_not_no_dicom(tmp_pat
     slice_.write_bytes(slice_.read_bytes()[:143])  # inside (0002,0000) FileMetaInformationGroupLength's value
     with pytest.raises(FederationError) as e:
         readers.series_grid(tmp_path / "case")
-    assert re.fullmatch(
-        rf"{re.escape(str(slice_))}: cannot read its DICOM header \(\w+\): {re.escape(DAMAGED)}", str(e.value)
-    )
+    assert str(e.value) == f"{slice_}: cannot read its DICOM header: {DAMAGED}"  # no exception class name
 
 
 @pytest.mark.parametrize("junk", ["Thumbs.db", "desktop.ini", "ehthumbs.db", "THUMBS.DB"])

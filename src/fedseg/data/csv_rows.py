@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import csv
+import unicodedata
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,3 +42,25 @@ def read_csv_rows(path: str | Path, expected: str) -> CsvRows:
         raise FederationError(f"{path}: empty file, expected {expected}")
     (header, header_line), rows = lines[0], lines[1:]
     return CsvRows(path, header, header_line, rows)
+
+
+def normal_form(name: str) -> str:
+    """``NFC``, ``NFD`` or ``mixed``: how ``name``'s accented letters are spelt (``é`` as one character, NFC as typed on
+    Linux or Windows, or ``e`` + a combining accent, NFD as macOS writes file names)."""
+    return next((form for form in ("NFC", "NFD") if unicodedata.is_normalized(form, name)), "mixed")
+
+
+def unknown_case(case: str, known: Collection[str]) -> str:
+    """Why the case id ``case`` of a row of a site's CSV file names none of the site's cases ``known``: unknown, or,
+    where one of them differs from it only in Unicode normalisation (``Müller`` typed on Linux, the file named on a
+    Mac), that, with the spelling of each: the two print alike, so "unknown case 'Müller'" beside a case 'Müller'
+    would say nothing. The case ids are the files' names as they are, and the row must spell one so."""
+    nfc = unicodedata.normalize("NFC", case)
+    twin = next((k for k in known if unicodedata.normalize("NFC", k) == nfc), None)
+    if twin is None:
+        return f"unknown case {case!r} (no such image in this site)"
+    return (
+        f"case {case!r} ({normal_form(case)}) differs from the site's case {twin!r} ({normal_form(twin)}) only in "
+        "Unicode normalisation (names typed on another system than the files'?), so it names no case; spell it as "
+        "the case's files are named"
+    )

@@ -39,6 +39,7 @@ import yaml
 
 from fedseg.data import readers
 from fedseg.data.case_files import DCM_IMAGE_HINT, IMAGE_EXTS, LABEL_EXTS, load_case, split_name
+from fedseg.data.csv_rows import normal_form
 from fedseg.data.federation import Case, Federation, FederationError, Regions, Site, Split
 from fedseg.data.metadata import (
     CASES_FILE,
@@ -242,11 +243,6 @@ def _normalisation_pairs(images: dict[str, Path], labels: dict[str, Path]) -> di
     return {found[0][0]: found[1][0] for found in by_form.values() if len(found[0]) == 1 and len(found[1]) == 1}
 
 
-def _normal_form(name: str) -> str:
-    """``NFC``, ``NFD`` or ``mixed``: how ``name``'s accented letters are spelt."""
-    return next((form for form in ("NFC", "NFD") if unicodedata.is_normalized(form, name)), "mixed")
-
-
 def _normalisation_problem(site_dir: Path, image: Path, label: Path) -> str:
     """One line for an image and a label whose names differ only in Unicode normalisation (``_normalisation_pairs``).
 
@@ -254,8 +250,8 @@ def _normalisation_problem(site_dir: Path, image: Path, label: Path) -> str:
     ``fedseg predict`` write, and on Linux both spellings can name two different files, so which one is the case is
     for the data manager to say by renaming, not for the reader to guess."""
     return (
-        f"{site_dir}: images/{image.name} ({_normal_form(image.name)}) and labels/{label.name} "
-        f"({_normal_form(label.name)}) differ only in Unicode normalisation (names copied from a Mac?), so they do not "
+        f"{site_dir}: images/{image.name} ({normal_form(image.name)}) and labels/{label.name} "
+        f"({normal_form(label.name)}) differ only in Unicode normalisation (names copied from a Mac?), so they do not "
         f"pair; rename one to the other's spelling, e.g. all to NFC: convmv -r -f utf8 -t utf8 --nfc --notest "
         f"{shlex.quote(str(site_dir))}"
     )

@@ -39,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedseg.data.csv_rows import read_csv_rows
+from fedseg.data.csv_rows import read_csv_rows, unknown_case
 from fedseg.data.federation import FILE_META_KEYS, Case, Federation, FederationError, Site
 
 CASES_FILE = "cases.csv"
@@ -164,7 +164,7 @@ def read_cases_csv(path: str | Path, case_ids: Collection[str] | None = None) ->
             problems.append(f"{path}:{line}: empty {CASE_COLUMN!r}")
             continue
         if known is not None and case not in known:
-            problems.append(f"{path}:{line}: unknown case {case!r} (no such image in this site)")
+            problems.append(f"{path}:{line}: {unknown_case(case, known)}")
         if case in first_seen:
             problems.append(f"{path}:{line}: duplicate case {case!r} (first on line {first_seen[case]})")
             continue

@@ -33,7 +33,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
 import numpy as np
 
@@ -44,7 +44,7 @@ log = logging.getLogger("fedseg.data.readers")
 if TYPE_CHECKING:
     from nibabel.spatialimages import SpatialImage
 
-    from fedseg.data.federation import Regions
+    from fedseg.data.federation import Federation, Regions
 
 NIFTI_EXTS = ("nii.gz", "nii")
 ITK_EXTS = ("nrrd", "mha", "mhd")  # read with ITK
@@ -144,19 +144,123 @@ def empty_file_problem(path: Path) -> str | None:
     return f"{path}: empty file (0 bytes): an interrupted copy? copy it again" if empty else None
 
 
-def dicom_read_failure(path: Path, e: Exception, expected: str) -> str:
-    """Why pydicom could not read ``path`` (``e``), in one line: an empty file, a DICOM file whose header is cut short
-    or damaged (it has the DICM preamble), or no DICOM file at all (``expected``: what it should be)."""
-    if (empty := empty_file_problem(path)) is not None:
-        return empty
+def has_dicm_prefix(path: Path) -> bool:
+    """Whether ``path`` holds ``DICM`` after a 128-byte preamble, as every DICOM file written to the standard does;
+    False where it cannot be read."""
     try:
         with open(path, "rb") as f:
-            dicom = f.read(132)[128:] == b"DICM"
+            return f.read(132)[128:] == b"DICM"
     except OSError:
-        dicom = False
-    if dicom:
-        return f"{path}: cannot read its DICOM header ({type(e).__name__}): {DAMAGED}"
-    return f"{path}: not a DICOM file ({type(e).__name__}); {expected}"
+        return False
+
+
+def _meta_first(path: Path) -> bool:
+    """Whether ``path`` starts with a file meta element (group 0002) where the 128-byte preamble belongs: a DICOM file
+    with its preamble cut off, which pydicom reads (``read_dicom``) but ITK/GDCM does not."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(2) == b"\x02\x00"
+    except OSError:
+        return False
+
+
+_IDENTITY = ("SOPClassUID", "SOPInstanceUID")  # what every DICOM object names (a forced read of other bytes does not)
+
+
+def read_dicom(path: Path, source: BinaryIO | None = None, **options: Any) -> Any:
+    """``pydicom.dcmread(source or path, **options)``, a file without the 128-byte preamble and ``DICM`` prefix too:
+    a raw DICOM stream (its data set alone, as some old PACS and tools export slices), which ITK/GDCM read and
+    pydicom only when forced. Forced, pydicom parses any bytes into some data set (a PNG or a note as a few nonsense
+    tags), so the forced read is taken only where it names a valid SOPClassUID and SOPInstanceUID, as any DICOM object
+    does; otherwise pydicom's own error is raised (``dicom_read_failure`` says it in words). A raw stream has no file
+    meta to name its transfer syntax: it is set to the (uncompressed) encoding pydicom found, so that pixels decode.
+    ``source``: ``path`` opened by the caller (read from its start; read again from there when forced)."""
+    pydicom = _require("pydicom", path, "a DICOM file")
+    try:
+        return pydicom.dcmread(path if source is None else source, **options)
+    except pydicom.errors.InvalidDicomError:
+        if has_dicm_prefix(path):  # a DICOM file that pydicom cannot parse: damaged, not another format
+            raise
+        if source is not None:
+            source.seek(0)
+        if options.get("specific_tags") is not None:
+            options["specific_tags"] = [*options["specific_tags"], *_IDENTITY]
+        try:
+            ds = pydicom.dcmread(path if source is None else source, force=True, **options)
+            uids = [pydicom.uid.UID(str(ds.get(keyword, "") or "")) for keyword in _IDENTITY]
+        except Exception:  # noqa: BLE001 — any bytes that are no data set: not DICOM, pydicom's first error says so
+            uids = []
+        if not uids or not all(uid.is_valid for uid in uids):
+            raise
+    if "TransferSyntaxUID" not in ds.file_meta:
+        implicit, little = ds.original_encoding
+        ds.file_meta.TransferSyntaxUID = (
+            pydicom.uid.ImplicitVRLittleEndian
+            if implicit
+            else pydicom.uid.ExplicitVRLittleEndian
+            if little
+            else pydicom.uid.ExplicitVRBigEndian
+        )
+    return ds
+
+
+def is_dicom_file(path: Path) -> bool:
+    """Whether ``path`` is a DICOM file: the ``DICM`` prefix, or without it a data set ``read_dicom`` takes (a raw
+    DICOM stream). Cheap for a DICOM file (132 bytes); others are parsed once, without their pixels.
+    ``FederationError`` where that needs pydicom and it is not installed."""
+    if has_dicm_prefix(path):
+        return True
+    try:
+        read_dicom(path, stop_before_pixels=True)
+    except FederationError:  # no pydicom: that, not "no DICOM file"
+        raise
+    except Exception:  # noqa: BLE001 — pydicom raises several types for a file that is no DICOM
+        return False
+    return True
+
+
+NOT_DICOM = "not a DICOM file (no DICM preamble)"
+
+
+def dicom_read_failure(path: Path, e: Exception, expected: str) -> str:
+    """Why ``read_dicom`` could not read ``path`` (``e``), in one line and plain words (no exception class names): an
+    empty file, a DICOM file whose header is cut short or damaged (it has the DICM preamble), or no DICOM file at all
+    (``expected``: what it should be)."""
+    if (empty := empty_file_problem(path)) is not None:
+        return empty
+    if has_dicm_prefix(path):
+        return f"{path}: cannot read its DICOM header: {DAMAGED}"
+    return f"{path}: {NOT_DICOM}; {expected}"
+
+
+def _listed(words: Sequence[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return f"{', '.join(words[:-1])} and {words[-1]}" if len(words) > 1 else "".join(words)
+
+
+def ended_early(path: Path, ds: Any, needed: Sequence[str]) -> str | None:
+    """How the DICOM file ``path``, whose data set ``ds`` pydicom read up to the file's end (quietly, as it reads a
+    file cut short), ends too early: "the file ends after N bytes, inside its <last element>" where that element's
+    value runs past the end, and/or "before its <the ``needed`` attributes it lacks>" where they all would come after
+    its last element (a data set is stored in tag order, so a file cut short lacks exactly what follows the cut).
+    None where it lacks none of them and its last element is whole, or lacks one its stored elements should follow
+    (no cut: a file of another kind, said by its reader)."""
+    from pydicom.datadict import keyword_for_tag, tag_for_keyword
+
+    size = path.stat().st_size
+    last = max(ds.keys(), default=None)
+    element = ds.get_item(last) if last is not None else None
+    length, at = getattr(element, "length", None), getattr(element, "value_tell", None)
+    inside = isinstance(length, int) and isinstance(at, int) and length != 0xFFFFFFFF and at + length > size
+    missing = sorted((tag_for_keyword(k), k) for k in needed if k not in ds)
+    before = bool(missing) and (last is None or missing[0][0] > last)
+    if not (inside or before):
+        return None
+    where = [f"inside its {keyword_for_tag(last) or last}"] if inside and last is not None else []
+    if before:
+        names = [k for _, k in missing]
+        where.append(f"before its {_listed(names if len(names) < 4 else [*names[:2], f'{len(names) - 2} more'])}")
+    return f"the file ends after {size} bytes, {', '.join(where)}"
 
 
 def _nested_series(folder: Path, entries: list[Path]) -> str | None:
@@ -169,11 +273,9 @@ def _nested_series(folder: Path, entries: list[Path]) -> str | None:
         files = [p for p in inner if p.is_file()]
         if not files or len(files) != len(inner):
             return None
-        with open(files[0], "rb") as f:
-            dicom = f.read(132)[128:] == b"DICM" or files[0].name.lower().endswith(".dcm")
-    except OSError:
-        return None
-    if not dicom:
+        if not (files[0].name.lower().endswith(".dcm") or is_dicom_file(files[0])):
+            return None
+    except (OSError, FederationError):
         return None
     count = f"{len(files)} DICOM file{'s' if len(files) > 1 else ''}"
     return (
@@ -184,7 +286,8 @@ def _nested_series(folder: Path, entries: list[Path]) -> str | None:
 
 def series_folder_problem(folder: Path) -> str | None:
     """Why ``folder`` (inside ``images/``) cannot be a DICOM series, from names and the first file's
-    preamble alone (cheap: ``load_folder`` reads no image); ``None`` if it looks like one."""
+    preamble alone, or its header where it has none (``is_dicom_file``; cheap: ``load_folder`` reads no image);
+    ``None`` if it looks like one."""
     expected = "a case folder in images/ must hold the .dcm files of one DICOM series"
     try:
         entries = series_entries(folder)
@@ -200,11 +303,15 @@ def series_folder_problem(folder: Path) -> str | None:
         return f"{empty}; {expected}"
     try:
         with open(entries[0], "rb") as f:
-            preamble = f.read(132)
+            f.read(1)
     except OSError as e:
         return f"{entries[0]}: cannot read ({e.strerror}); {expected}"
-    if preamble[128:132] != b"DICM":
-        return f"{entries[0]}: not a DICOM file (no DICM preamble); {expected}"
+    try:
+        dicom = is_dicom_file(entries[0])
+    except FederationError as e:  # no pydicom to read a file without the DICM preamble
+        return f"{e}; {expected}"
+    if not dicom:
+        return f"{entries[0]}: {NOT_DICOM}; {expected}"
     return None
 
 
@@ -241,10 +348,20 @@ def _is_dicomdir(path: Path, ds: Any) -> bool:
     return path.name.upper() == "DICOMDIR" or str(sop_class or "") == _DICOMDIR_SOP_CLASS
 
 
+# what the header of a slice of a volume holds (BitsAllocated: for its pixel data's size, ``_truncated``)
+_SLICE_ATTRIBUTES = (
+    "ImagePositionPatient",
+    "ImageOrientationPatient",
+    "PixelSpacing",
+    "Rows",
+    "Columns",
+    "BitsAllocated",
+)
+
+
 def _plane(ds: Any, path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """A slice's ``(position, row direction, column direction, (row spacing, column spacing))`` in LPS mm."""
-    needed = ("ImagePositionPatient", "ImageOrientationPatient", "PixelSpacing", "Rows", "Columns")
-    missing = [a for a in needed if a not in ds]
+    missing = [a for a in _SLICE_ATTRIBUTES if a not in ds]
     if missing:
         raise FederationError(
             f"{path}: not a slice of a volume (no {', '.join(missing)}); a DICOM series folder holds one "
@@ -285,7 +402,7 @@ def series_grid(folder: Path) -> VoxelGrid:
     ``_TILT_VOXELS`` sideways of a grid through the first; ITK would read it sheared, every voxel misplaced by up
     to that much).
     """
-    pydicom = _require("pydicom", folder, "a DICOM series")
+    _require("pydicom", folder, "a DICOM series")  # said for the folder, before any file
     problem = series_folder_problem(folder)
     if problem is not None:
         raise FederationError(problem)
@@ -293,14 +410,24 @@ def series_grid(folder: Path) -> VoxelGrid:
     for path in series_entries(folder):
         try:
             with open(path, "rb") as f:
-                ds = pydicom.dcmread(f, stop_before_pixels=True)
-                pixels_at = f.tell()  # pydicom stops at the pixel data element's start
+                ds = read_dicom(path, f, stop_before_pixels=True)
+                pixels_at = f.tell()  # pydicom stops at the pixel data element's start, else at the file's end
+        except FederationError:
+            raise
         except Exception as e:  # noqa: BLE001 — pydicom raises several types for a non-DICOM file
             raise FederationError(dicom_read_failure(path, e, "expected one DICOM series")) from None
+        if not has_dicm_prefix(path) and _meta_first(path):
+            raise FederationError(
+                f"{path}: a DICOM file whose 128-byte preamble and DICM prefix are missing before its file meta "
+                "header, which ITK/GDCM cannot read; write it again as a standard DICOM file (dcmconv, gdcmconv, or "
+                "pydicom: dcmread(path, force=True).save_as(path, enforce_file_format=True))"
+            )
         if _is_dicomdir(path, ds):
             raise FederationError(
                 f"{path}: a DICOMDIR (a media directory), not a slice: move it out of the series folder"
             )
+        if pixels_at >= path.stat().st_size and (early := ended_early(path, ds, _SLICE_ATTRIBUTES)) is not None:
+            raise FederationError(f"{path}: {early}: {DAMAGED}")  # not "no PixelSpacing" or "2 series" of a cut UID
         if (short := _truncated(path, ds, pixels_at)) is not None:
             raise FederationError(short)
         headers.append((path, ds))
@@ -356,6 +483,28 @@ def series_grid(folder: Path) -> VoxelGrid:
     lps[:3, 0], lps[:3, 1], lps[:3, 2] = row0 * spacing0[1], col0 * spacing0[0], normal * step
     lps[:3, 3] = order[0][1]
     return VoxelGrid((size0[1], size0[0], len(order)), _LPS_TO_RAS @ lps)
+
+
+def dicom_modalities(fed: Federation) -> dict[str, str]:
+    """``{site: Modality}`` (``CT``, ``MR``...) of each site's first DICOM series (a case whose image is a folder; the
+    header of its first file by name, pixels not read), for what depends on it (the run's CT note, the channel name
+    of an nnU-Net export); sites without one, unreadable headers and a missing pydicom are left out
+    (``fedseg data check`` names unreadable files)."""
+    out = {}
+    for site in fed.sites:
+        images = (Path(str(c.meta["image"])) for c in site.cases if c.meta.get("image"))
+        folder = next((image for image in images if image.is_dir()), None)
+        # the series' slices as the reader lists them (junk files left out; PACS slices may have no extension)
+        first = next((p for p in series_entries(folder) if p.is_file()), None) if folder else None
+        if first is None:
+            continue
+        try:
+            modality = str(read_dicom(first, stop_before_pixels=True, specific_tags=["Modality"]).Modality)
+        except Exception:  # noqa: BLE001 - any unreadable header, or no pydicom: data check's to say, not this note's
+            continue
+        if modality.strip():
+            out[site.name] = modality.strip().upper()
+    return out
 
 
 # --- reading ------------------------------------------------------------------------------------------
@@ -504,10 +653,9 @@ def _rescaled_per_slice(folder: Path) -> np.ndarray | None:
     by slice, each file alone by ITK as float64 (GDCM applies that file's own slope and intercept, and decodes what
     ITK decodes: JPEG-Lossless...), in ``series_grid``'s axes (column, row, slice sorted along the normal). None where
     every slice shares them (ITK's array of the whole series is exact)."""
-    pydicom = _require("pydicom", folder, "a DICOM series")
     itk = _require("itk", folder, "a DICOM series")
     paths = series_entries(folder)
-    headers = [pydicom.dcmread(p, stop_before_pixels=True) for p in paths]
+    headers = [read_dicom(p, stop_before_pixels=True) for p in paths]
 
     def rescale(ds: Any) -> tuple[float, float]:
         return float(getattr(ds, "RescaleSlope", 1.0) or 1.0), float(getattr(ds, "RescaleIntercept", 0.0) or 0.0)
@@ -672,7 +820,7 @@ def _read_dicom_seg(
     path: Path, grid: VoxelGrid, image: Path, label_names: dict[int, str] | None, regions: Regions | None
 ) -> np.ndarray:
     ds = _seg_dataset(path)
-    if _seg_sop_class(ds) not in _SEG_SOP_CLASSES:
+    if sop_class(ds) not in _SEG_SOP_CLASSES:
         raise FederationError(
             f"{path}: not a DICOM-SEG (Modality {getattr(ds, 'Modality', '?')}); a .dcm label must be a DICOM "
             "Segmentation or an RT Structure Set (RTSTRUCT)"
@@ -800,8 +948,7 @@ def _other_series(seg: Any, path: Path, image: Path) -> str | None:
     that is no DICOM series (a NIfTI has no UIDs)."""
     if volume_format(image) != DICOM:
         return None
-    pydicom = _require("pydicom", image, "a DICOM series")
-    series = pydicom.dcmread(series_entries(image)[0], stop_before_pixels=True)
+    series = read_dicom(series_entries(image)[0], stop_before_pixels=True)
     frame, image_frame = str(getattr(seg, "FrameOfReferenceUID", "")), str(getattr(series, "FrameOfReferenceUID", ""))
     if frame and image_frame:
         if frame == image_frame:
@@ -820,28 +967,28 @@ def _other_series(seg: Any, path: Path, image: Path) -> str | None:
     return None
 
 
-def _seg_sop_class(ds: Any) -> str:
-    """The SOP class of the DICOM file ``ds``: its SOPClassUID, else its file meta's (a file cut short keeps that)."""
+def sop_class(ds: Any) -> str:
+    """The SOP class of the DICOM file ``ds`` (a DICOM-SEG's, an RTSTRUCT's...): its SOPClassUID, else its file meta's
+    (a file cut short keeps that)."""
     meta = getattr(ds, "file_meta", None)
     return str(getattr(ds, "SOPClassUID", "") or getattr(meta, "MediaStorageSOPClassUID", "") or "")
 
 
 def _seg_dataset(path: Path) -> Any:
-    """The DICOM-SEG ``path`` read by pydicom; ``FederationError`` in one line for an empty file, a file that is no
-    DICOM or whose header is damaged, and a SEG cut short before its pixel data (pydicom reads such a file without a
-    word, up to where it ends: its SegmentationType, SegmentSequence or PixelData are then missing, which would
-    otherwise read as an unsupported SEG)."""
-    pydicom = _require("pydicom", path, "a DICOM-SEG")
+    """The DICOM-SEG ``path`` read by pydicom (``read_dicom``); ``FederationError`` in one line for an empty file, a
+    file that is no DICOM or whose header is damaged, and a file cut short (``ended_early``: pydicom reads it without
+    a word, up to where it ends): a SEG before or inside its pixel data (its SegmentationType, SegmentSequence or
+    PixelData missing would otherwise read as an unsupported SEG), a file before its SOP class."""
     try:
-        ds = pydicom.dcmread(path)
+        ds = read_dicom(path)
+    except FederationError:
+        raise
     except Exception as e:  # noqa: BLE001 — pydicom raises several types for a non-DICOM file
         raise FederationError(dicom_read_failure(path, e, "expected a DICOM-SEG")) from None
-    if _seg_sop_class(ds) in _SEG_SOP_CLASSES and "PixelData" not in ds:
-        missing = [k for k in ("SegmentationType", "SegmentSequence", "PixelData") if k not in ds]
-        raise FederationError(
-            f"{path}: cannot decode its pixel data (the file ends after {path.stat().st_size} bytes, before its "
-            f"{', '.join(missing[:-1])}{' and ' if len(missing) > 1 else ''}{missing[-1]}): {DAMAGED}"
-        )
+    seg = sop_class(ds) in _SEG_SOP_CLASSES
+    needed = ("SegmentationType", "SegmentSequence", "PixelData") if seg else ("SOPClassUID",)
+    if (early := ended_early(path, ds, needed)) is not None:
+        raise FederationError(f"{path}: {'cannot decode its pixel data (' + early + ')' if seg else early}: {DAMAGED}")
     return ds
 
 

@@ -158,12 +158,10 @@ def is_rtstruct(path: Path) -> bool:
     """Whether ``path`` is a DICOM RT Structure Set (Modality RTSTRUCT or its SOP class), from its header alone;
     ``False`` for anything else, an unreadable file or without pydicom (the DICOM-SEG reader then says why)."""
     try:
-        import pydicom
-
-        ds = pydicom.dcmread(path, stop_before_pixels=True, specific_tags=["Modality", "SOPClassUID"])
+        ds = readers.read_dicom(path, stop_before_pixels=True, specific_tags=["Modality", "SOPClassUID"])
     except Exception:  # noqa: BLE001 — not DICOM, or no pydicom: not an RTSTRUCT
         return False
-    return str(getattr(ds, "Modality", "")) == "RTSTRUCT" or str(getattr(ds, "SOPClassUID", "")) == RTSTRUCT_SOP_CLASS
+    return str(getattr(ds, "Modality", "")) == "RTSTRUCT" or readers.sop_class(ds) == RTSTRUCT_SOP_CLASS
 
 
 def read_rtstruct(path: Path, grid: readers.VoxelGrid, image: Path, label_names: dict[int, str] | None) -> np.ndarray:
@@ -204,11 +202,21 @@ def _malformed(path: Path, e: Exception) -> FederationError:
 
 
 def _dataset(path: Path) -> Any:
-    pydicom = readers._require("pydicom", path, "an RTSTRUCT")
+    """The RT Structure Set ``path`` read by pydicom (``readers.read_dicom``); ``FederationError`` in the image
+    reader's words (``readers.dicom_read_failure``) for an empty file, a damaged header or a file that is no DICOM,
+    and for a file cut short (``readers.ended_early``: pydicom reads it without a word, up to where it ends) inside an
+    element (its ROIs, most of the file) or before its SOP class. One that ends whole without its ROI sequences is
+    said malformed by the reader: an RTSTRUCT's last elements vary, so where a cut between two elements lies is not
+    known."""
     try:
-        return pydicom.dcmread(path)
+        ds = readers.read_dicom(path)
+    except FederationError:
+        raise
     except Exception as e:  # noqa: BLE001 — pydicom raises several types for a non-DICOM file
         raise FederationError(readers.dicom_read_failure(path, e, "expected an RTSTRUCT")) from None
+    if (early := readers.ended_early(path, ds, ("SOPClassUID",))) is not None:
+        raise FederationError(f"{path}: {early}: {readers.DAMAGED}")
+    return ds
 
 
 def _sequence(ds: Any, name: str, path: Path) -> Any:
@@ -265,8 +273,7 @@ def _other_frame(ds: Any, rois: list[Any], path: Path, image: Path) -> str | Non
     series'; where either has none, a referenced series list that does not name it."""
     if readers.volume_format(image) != readers.DICOM:
         return None
-    pydicom = readers._require("pydicom", image, "a DICOM series")
-    series = pydicom.dcmread(readers.series_entries(image)[0], stop_before_pixels=True)
+    series = readers.read_dicom(readers.series_entries(image)[0], stop_before_pixels=True)
     image_frame = str(getattr(series, "FrameOfReferenceUID", ""))
     referenced = list(getattr(ds, "ReferencedFrameOfReferenceSequence", None) or [])
     frames = {str(getattr(roi, "ReferencedFrameOfReferenceUID", "")) for roi in rois} - {""}
@@ -298,14 +305,14 @@ def _series_instances(image: Path) -> set[str] | None:
     format (a NIfTI names no instances)."""
     if readers.volume_format(image) != readers.DICOM:
         return None
-    pydicom = readers._require("pydicom", image, "a DICOM series")
     uids = set()
     for entry in readers.series_entries(image):
         try:
-            ds = pydicom.dcmread(entry, stop_before_pixels=True, specific_tags=["SOPInstanceUID"])
+            ds = readers.read_dicom(entry, stop_before_pixels=True, specific_tags=["SOPInstanceUID"])
+        except FederationError:
+            raise
         except Exception as e:  # noqa: BLE001 — pydicom raises several types for a non-DICOM file
-            what = f"not a DICOM file ({type(e).__name__}); expected one DICOM series"
-            raise FederationError(f"{entry}: {what}") from None
+            raise FederationError(readers.dicom_read_failure(entry, e, "expected one DICOM series")) from None
         uids.add(str(getattr(ds, "SOPInstanceUID", "")))
     return uids - {""}
 

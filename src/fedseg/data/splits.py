@@ -34,7 +34,7 @@ from typing import cast
 import numpy as np
 
 from fedseg.config import SplitConfig
-from fedseg.data.csv_rows import read_csv_rows
+from fedseg.data.csv_rows import read_csv_rows, unknown_case
 from fedseg.data.federation import SPLITS, Federation, FederationError, Site, Split
 from fedseg.data.metadata import case_groups
 
@@ -300,11 +300,7 @@ def read_site_splits_csv(path: str | Path, case_ids: Collection[str] | None = No
     rows = _read_split_rows(path, ("case",))
     if case_ids is not None:
         known = set(case_ids)
-        unknown = [
-            f"{path}:{line}: unknown case {case!r} (no such image in this site)"
-            for (case,), _, line in rows
-            if case not in known
-        ]
+        unknown = [f"{path}:{line}: {unknown_case(case, known)}" for (case,), _, line in rows if case not in known]
         if unknown:
             raise FederationError("\n".join(unknown))
     return {case: split for (case,), split, _ in rows}

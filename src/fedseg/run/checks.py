@@ -4,15 +4,13 @@ the options' notes on this federation and network."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from pathlib import Path
 
 import torch
 
 from fedseg.algorithms import get_algorithm
 from fedseg.algorithms.sampling import sampling_refusal
 from fedseg.config import RunConfig
-from fedseg.data import readers
-from fedseg.data.federation import Federation
+from fedseg.data.readers import dicom_modalities as dicom_modalities  # the run's CT note reads them
 from fedseg.engine.context import Task
 
 SIMULATOR_REFUSAL = (
@@ -73,31 +71,6 @@ def method_notes(cfg: RunConfig, task: Task) -> list[str]:
     algorithm)``, e.g. FedPer's share of private parameters), shown once when the run starts."""
     notes = (get_algorithm(n).parse_options(cfg.methods.get(n)).run_note(task, n) for n in cfg.algorithms)
     return [note for note in notes if note is not None]
-
-
-def dicom_modalities(fed: Federation) -> dict[str, str]:
-    """``{site: Modality}`` of each site's first DICOM series (a case whose image is a folder; the header of its
-    first file by name, pixels not read); sites without one, unreadable headers and a missing pydicom are left out
-    (``fedseg data check`` names unreadable files)."""
-    try:
-        import pydicom
-    except ImportError:
-        return {}
-    out = {}
-    for site in fed.sites:
-        images = (Path(str(c.meta["image"])) for c in site.cases if c.meta.get("image"))
-        folder = next((image for image in images if image.is_dir()), None)
-        # the series' slices as the reader lists them (junk files left out; PACS slices may have no extension)
-        first = next((p for p in readers.series_entries(folder) if p.is_file()), None) if folder else None
-        if first is None:
-            continue
-        try:
-            modality = str(pydicom.dcmread(first, stop_before_pixels=True, specific_tags=["Modality"]).Modality)
-        except Exception:  # noqa: BLE001 - any unreadable header: data check's to say, not this note's
-            continue
-        if modality.strip():
-            out[site.name] = modality.strip().upper()
-    return out
 
 
 def data_notes(

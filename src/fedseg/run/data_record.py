@@ -4,8 +4,10 @@
 under the same configuration: a label corrected, a case added or removed. Resuming then would train the remaining
 rounds (and test) on other images than the finished ones, and mix the two in one table. So a run on a federation
 folder writes ``OUT/.data-files.json`` at its start: every file of the folder (``federation.yaml``, each site's
-images, labels, ``splits.csv`` and ``cases.csv``; hidden files left out; links followed) with its size in bytes and
-modification time in ns. A resume reads the folder again and refuses to continue if any file was changed, added or
+images, labels, ``splits.csv`` and ``cases.csv``; links followed) with its size in bytes and modification time in
+ns, without what the readers skip (``readers.ignored_entry``: hidden files, and Windows Explorer's ``Thumbs.db`` and
+``desktop.ini``, which Explorer writes by merely showing a folder, so they would make a resume refuse unchanged
+data). A resume reads the folder again and refuses to continue if any file was changed, added or
 removed, naming them.
 
 Sizes and times, not contents: a stat per file costs nothing even for thousands of volumes, where hashing their
@@ -30,21 +32,23 @@ from pathlib import Path
 from typing import Any
 
 from fedseg.atomic_files import atomic_write_text, strict_json_text
+from fedseg.data.readers import ignored_entry
 
 RECORD = ".data-files.json"
 SHOWN = 3  # files named in the message, per kind of change
 
 
 def folder_files(root: Path, leave_out: Path | None = None) -> dict[str, list[int]]:
-    """``{path relative to root: [size in bytes, modification time in ns]}`` of every file under ``root``, hidden
-    files and folders left out, and ``leave_out`` (the run's own folder, when it lies inside the data), links
-    followed (an imported federation links to its source files)."""
+    """``{path relative to root: [size in bytes, modification time in ns]}`` of every file under ``root``, the
+    entries no reader takes for data left out (``readers.ignored_entry``: hidden files and folders, Windows' junk
+    files), and ``leave_out`` (the run's own folder, when it lies inside the data), links followed (an imported
+    federation links to its source files)."""
     files: dict[str, list[int]] = {}
     skip = None if leave_out is None else Path(leave_out).resolve()
     for folder, subfolders, names in os.walk(root, followlinks=True):
-        subfolders[:] = sorted(d for d in subfolders if not d.startswith(".") and (Path(folder) / d).resolve() != skip)
+        subfolders[:] = sorted(d for d in subfolders if not ignored_entry(d) and (Path(folder) / d).resolve() != skip)
         for name in sorted(names):
-            if name.startswith("."):
+            if ignored_entry(name):
                 continue
             path = Path(folder) / name
             try:

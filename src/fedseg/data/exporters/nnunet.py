@@ -20,9 +20,15 @@ What ``export_nnunet`` writes under ``OUT`` (``$nnUNet_raw``)::
   on what fedseg fold ``k`` trains on (train+val; nnU-Net selects nothing on its val fold) and predicts
   exactly fedseg fold ``k``'s test cases. ``splits_final.json`` belongs in
   ``$nnUNet_preprocessed/DatasetNNN_Name/`` (copy it there after ``nnUNetv2_plan_and_preprocess``).
-- **Channels**: the federation's ``channel_names`` (``federation.yaml``), else the sites' ``channel_names``
-  metadata (as older ``import nnunet`` folders hold it), else their ``modality`` (``import msd``), else ``R, G, B``
-  for a 2D 3-channel federation, else ``channel0``, ``channel1``...
+- **Channels**: the federation's ``channel_names`` (``federation.yaml``; an ``import nnunet`` federation's are its
+  source's), else the sites' ``channel_names`` metadata (as older ``import nnunet`` folders hold it), else their
+  ``modality`` (``import msd``), else for a one-channel federation of DICOM series the series' Modality where every
+  exported site's says the same (``CT``, ``MR``: nnU-Net normalizes a channel named ``CT`` in Hounsfield windows,
+  every other one per image), else ``R, G, B`` for a 2D 3-channel federation, else ``channel0``, ``channel1``...
+- **Name**: ``dataset.json``'s ``name`` is the dataset's folder name ``DatasetNNN_Name`` (``--id`` and ``--name``, by
+  default the federation's name), as nnU-Net names a dataset, never a stale one: a federation imported from
+  nnU-Net is named after its source dataset, ``Dataset004_Hippocampus`` exported as ``--id 501`` is
+  ``Dataset501_Hippocampus`` inside too.
 - **Files**: 3D: ``.nii.gz``, one per channel, with the affine of the case's image (NIfTI, NRRD, MetaImage or
   DICOM series: origin, directions and spacing kept, so the files lie where the source and fedseg's predictions
   lie; NPY: ``diag(spacing)``, :func:`case_affine`); labels the same. 2D: ``.png``; 3-channel uint8 images as one RGB
@@ -114,6 +120,11 @@ def channel_names(fed: Federation, sites: list[str]) -> list[str]:
             names = found.pop().split(",")
             if len(names) == fed.channels and all(names):
                 return names
+    if fed.channels == 1:
+        modalities = readers.dicom_modalities(fed)
+        said = {modalities.get(s) for s in sites}
+        if len(said) == 1 and None not in said:
+            return [str(said.pop())]
     if fed.kind == "2d" and fed.channels == 3:
         return ["R", "G", "B"]
     return [f"channel{c}" for c in range(fed.channels)]
@@ -230,7 +241,7 @@ def export_nnunet(
         if moved:
             description += f"; label values renumbered (fedseg -> nnU-Net): {moved}"
         dataset: dict[str, Any] = {
-            "name": name or fed.name,
+            "name": folder_name,
             "description": description,
             "channel_names": {str(c): n for c, n in enumerate(names)},
             "labels": labels,
