@@ -25,7 +25,8 @@ from fedseg.data.federation import FederationError  # noqa: E402
 from fedseg.data.folder import scan_site  # noqa: E402
 from fedseg.data.metadata import read_cases_csv  # noqa: E402
 from fedseg.data.splits import read_site_splits_csv  # noqa: E402
-from fedseg.predict_inputs import list_inputs  # noqa: E402
+from fedseg.predict_inputs import holds_dicom, list_inputs  # noqa: E402
+from fedseg.predict_seg import sorted_slices  # noqa: E402
 from fedseg.run.data_record import changes, folder_files  # noqa: E402
 from test_data_messages import DAMAGED, SERIES, _png, _site  # noqa: E402  (after the importorskips)
 from test_readers import LABEL, VALUES, write_nifti, write_series  # noqa: E402
@@ -82,6 +83,9 @@ def test_a_series_of_raw_dicom_streams_reads_as_the_same_series_everywhere(tmp_p
     series = root / "a" / "images" / "c0"
     np.testing.assert_allclose(readers.series_grid(series).affine, reference.affine)
     assert list_inputs(series) == [series] and list_inputs(series.parent) == sorted(series.parent.iterdir())
+    assert holds_dicom(series)  # no .dcm names: found by its data set
+    positions = [[float(h.ImagePositionPatient[2]) for h in sorted_slices(s)] for s in (series, tmp_path / "ref")]
+    assert len(positions[0]) == VALUES.shape[2] and positions[0] == positions[1]  # predict --dicom-seg's headers
     assert readers.dicom_modalities(fed) == {"a": "CT", "b": "CT"}  # the run's CT note reads them too
 
 

@@ -88,8 +88,9 @@ def series_problem(folder: Path) -> str | None:
 
 
 def holds_dicom(folder: Path) -> bool:
-    """Whether ``folder`` holds a DICOM file (by its ``.dcm`` name, or the DICM preamble of a file of no image
-    type): meant as a series, so when it is none, predict says why rather than ignoring it."""
+    """Whether ``folder`` holds a DICOM file (by its ``.dcm`` name, or for a file of no image type its DICM preamble
+    or, without one, a raw DICOM data set: ``readers.is_dicom_file``): meant as a series, so when it is none, predict
+    says why rather than ignoring it."""
     try:
         files = [p for p in readers.series_entries(folder) if p.is_file()]
     except OSError:
@@ -99,10 +100,9 @@ def holds_dicom(folder: Path) -> bool:
     for p in files:
         if split_name(p.name, IMAGE_EXTS) is None:
             try:
-                with open(p, "rb") as f:
-                    if f.read(132)[128:] == b"DICM":
-                        return True
-            except OSError:
+                if readers.is_dicom_file(p):
+                    return True
+            except (OSError, FederationError):  # unreadable, or no pydicom to read a file without the preamble
                 continue
     return False
 

@@ -165,8 +165,7 @@ def sorted_slices(series: Path) -> list[Any]:
     """The headers of the slices of DICOM series folder ``series`` in the order fedseg reads them (its third array
     axis: by position along the slice normal, ``readers.slice_order``, the order ``readers.series_grid`` gives them);
     the series is one ``read_inputs`` accepted."""
-    pydicom = importlib.import_module("pydicom")
-    headers = [pydicom.dcmread(p, stop_before_pixels=True) for p in readers.series_entries(series)]
+    headers = [readers.read_dicom(p, stop_before_pixels=True) for p in readers.series_entries(series)]
     return [with_type2_attributes(headers[i]) for i in readers.slice_order(headers)[0]]
 
 
