@@ -76,9 +76,9 @@ def test_defaults_resolve_to_float32_on_the_cpu_and_bf16_2d_channels_last_on_cud
 @pytest.mark.parametrize(
     ("setting", "line"),
     [
-        ("train.amp=fp8", "train.amp: Input should be 'auto', 'bf16', 'fp16' or 'off'"),
-        ("train.loader_workers=-1", "train.loader_workers: Input should be greater than or equal to 0"),
-        ("train.channels_last=sometimes", "train.channels_last: Input should be 'auto', 'on' or 'off'"),
+        ("train.amp=fp8", "train.amp must be 'auto', 'bf16', 'fp16' or 'off', got 'fp8'"),
+        ("train.loader_workers=-1", "train.loader_workers must be at least 0, got -1"),
+        ("train.channels_last=sometimes", "train.channels_last must be 'auto', 'on' or 'off', got 'sometimes'"),
     ],
 )
 def test_an_invalid_switch_gets_one_line(tmp_path, setting, line):

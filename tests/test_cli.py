@@ -75,7 +75,7 @@ def test_bad_config_key_is_named(tmp_path):
 def test_error_lines_keep_their_quotes(tmp_path):
     result = runner.invoke(app, ["run", "--preset", "demo", "--set", "train.optimizer=adamw", "--out", str(tmp_path)])
     assert result.exit_code == 1
-    assert "Input should be 'adam' or 'sgd'" in " ".join(result.output.split())  # the closing quote too
+    assert "must be 'adam' or 'sgd', got 'adamw'" in " ".join(result.output.split())  # the closing quote too
 
 
 def test_misspelt_method_options_and_fault_sites_are_refused_before_anything_is_written(tmp_path, disc_federation):

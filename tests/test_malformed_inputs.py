@@ -136,7 +136,7 @@ CASES = [
     Case(
         "a value outside a choice (the message keeps its quotes)",
         [*RUN, "--set", "train.optimizer=adamw"],
-        "error: --set train.optimizer: Input should be 'adam' or 'sgd'",
+        "error: --set train.optimizer must be 'adam' or 'sgd', got 'adamw'",
     ),
     Case(
         "an image size the network cannot halve down to its bottom level",

@@ -96,7 +96,7 @@ def test_fedsm_extra_accepts_a_personalization(tmp_path, make_cfg, disc_federati
 
 
 def test_unknown_personalization_is_rejected_naming_the_field():
-    with pytest.raises(ValueError, match=r"methods\.fedsm\.personalization: .*'softpull'"):
+    with pytest.raises(ValueError, match=r"methods\.fedsm\.personalization must be .*'softpull'.*, got 'ditto'$"):
         get_algorithm("fedsm").parse_options({"personalization": "ditto"})
     with pytest.raises(ValueError, match=r"methods\.fedsm-extra\.personalization"):
         get_algorithm("fedsm-extra").parse_options({"personalization": "FT"})

@@ -1,16 +1,14 @@
 """Loading a run configuration: presets, YAML files and ``--set key.sub=value`` overrides (and the options of a
 ``run``-style command) into a ``fedseg.config.RunConfig``; ``ConfigError`` and messages that name the bad key
-(``validation_problems``; worded plainly within ``plain_problems``), ``error_text``, ``dump_config``, and a recorded
+(``validation_problems``, a bad value worded plainly), ``error_text``, ``dump_config``, and a recorded
 configuration read with the defaults its run used (``with_recorded_defaults``)."""
 
 from __future__ import annotations
 
-import contextvars
 import copy
 import re
 import shlex
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any, get_args
@@ -94,7 +92,7 @@ class ConfigError(ValueError):
 def error_text(error: BaseException) -> str:
     """The one line a CLI prints for a known error: its message as written. ``str(KeyError("x"))`` quotes it
     (``'x'``), so a KeyError gives its argument; stripping quotes from both ends instead cut the closing quote
-    of messages like ``Input should be 'adam' or 'sgd'``. An OSError with a file names it: ``PATH: No space left
+    of messages like ``must be 'adam' or 'sgd', got 'adamw'``. An OSError with a file names it: ``PATH: No space left
     on device``."""
     if isinstance(error, KeyError) and len(error.args) == 1:
         return str(error.args[0])
@@ -301,13 +299,12 @@ def validation_problems(
     An unknown key says so, with the closest known key of ``model`` (the validated model) where one is close; a
     problem of a key an override wrote (``overridden``: key -> the option, ``--set``, ``--rounds``...), or of a key
     inside it, or an unknown section an override created, is named by that option (``--set fl.round``); ``where``
-    (a preset or file) opens the line unless every problem came from an option. Within :func:`plain_problems`, a bad
-    value says what it must be and what it got (``--set train.lr must be a number, got 'abc'``, :func:`plain_problem`)
-    and a list's item is named by its index in brackets (``tune.folds[0]``)."""
+    (a preset or file) opens the line unless every problem came from an option. A bad value says what it must be
+    and what it got (``--set train.lr must be a number, got 'abc'``, :func:`plain_problem`), and a list's item is
+    named by its index in brackets (``tune.folds[0]``)."""
     problems, from_option, overridden = [], [], overridden or {}
-    plain = _PLAIN.get()
-    for err in error.errors():
-        key = prefix + (_bracketed(err["loc"]) if plain else ".".join(map(str, err["loc"])))
+    for err, said in _union_branches_merged(error.errors()):
+        key = prefix + _bracketed(err["loc"])
         message = err["msg"].removeprefix("Value error, ")
         unknown = err["type"] == "extra_forbidden"
         if unknown:
@@ -332,27 +329,10 @@ def validation_problems(
             None,
         )
         from_option.append(option is not None)
-        said = plain_problem(err) if plain and not unknown else None
+        said = None if unknown else said or plain_problem(err)
         problems.append(f"{_named(key, option)} {said}" if said else f"{_named(key, option)}: {message}")
     text = "; ".join(problems)
     return text if not where or all(from_option) else f"{where}: {text}"
-
-
-_PLAIN = contextvars.ContextVar("plain_problems", default=False)
-
-
-@contextmanager
-def plain_problems() -> Iterator[None]:
-    """Within it, :func:`validation_problems` words a bad value plainly, :func:`plain_problem` (``train.lr must be a
-    number, got 'abc'``), where it otherwise gives pydantic's message (``train.lr: Input should be a valid number,
-    unable to parse string as a number``), and a list's item by its index (``tune.folds[0]``, not ``tune.folds.0``):
-    ``fedseg bench`` checks its file and every run's configuration so (``fedseg run`` still words them as pydantic
-    does)."""
-    token = _PLAIN.set(True)
-    try:
-        yield
-    finally:
-        _PLAIN.reset(token)
 
 
 PLAIN_TYPES = {  # pydantic's error type -> what the value must be
@@ -406,6 +386,49 @@ def _shown(value: object, quoted: bool = True) -> str:
 
 
 SHOWN_CHARS = 80  # a longer value (a whole section given where a number belongs) is cut: the line stays one line
+
+
+_TYPE_TAGS = frozenset({"int", "float", "str", "bool", "none", "bytes"})  # a bare scalar type; others carry [...]
+
+
+def _is_type_tag(part: object) -> bool:
+    """Whether a part of a pydantic error's ``loc`` names the branch of a union it was checked against (``int``,
+    ``tuple[int, ...]``, ``literal['MR','CT']``), not a key: no configuration key is a type name or holds brackets."""
+    return isinstance(part, str) and (part in _TYPE_TAGS or "[" in part)
+
+
+def _union_branches_merged(errors: Sequence[Any]) -> list[tuple[dict, str | None]]:
+    """Pydantic's errors with the union branch tags dropped from their ``loc``, each with its plain text where it
+    is merged (else None: :func:`plain_problem` says it). A value one union field refused gets an error per branch
+    (``patch_size.int``, ``patch_size.tuple[int, ...]``): where a branch failed inside the value (an item of a list,
+    ``spacing[1]``), only that deepest error is kept, it says what is wrong; where every branch refused the value
+    itself, one line says every kind it may be (``must be an integer or a list, got 'abc'``)."""
+    groups: dict[tuple, list[tuple[dict, int]]] = {}
+    order: list[tuple] = []
+    for err in errors:
+        loc = list(err["loc"])
+        tag = next((i for i, part in enumerate(loc) if _is_type_tag(part)), None)
+        field = tuple(loc if tag is None else loc[:tag]) + (() if tag is None else ("|",))
+        cleaned = {**err, "loc": tuple(part for part in loc if not _is_type_tag(part))}
+        if field not in groups:
+            order.append(field)
+        groups.setdefault(field, []).append((cleaned, len(loc) - (len(loc) if tag is None else tag + 1)))
+    out: list[tuple[dict, str | None]] = []
+    for field in order:
+        group = groups[field]
+        if field[-1:] != ("|",):
+            out += [(err, None) for err, _ in group]
+            continue
+        depth = max(d for _, d in group)
+        deepest = [err for err, d in group if d == depth]
+        said = [plain_problem(err) or "" for err in deepest]
+        if depth or len(deepest) == 1 or not all(", got " in s for s in said):
+            out.append((deepest[0], None))
+            continue
+        kinds = [s.split(", got ", 1)[0].removeprefix("must be ") for s in said]
+        got = said[0].split(", got ", 1)[1]
+        out.append((deepest[0], "must be " + " or ".join(dict.fromkeys(kinds)) + ", got " + got))
+    return out
 
 
 def _bracketed(loc: Sequence[Any]) -> str:

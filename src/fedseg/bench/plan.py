@@ -33,7 +33,7 @@ import yaml
 
 from fedseg.bench.spec import BenchSpec, FederationSpec, MethodSpec, read_bench
 from fedseg.config import RunConfig
-from fedseg.config_load import ConfigError, error_text, load_config, plain_problems
+from fedseg.config_load import ConfigError, error_text, load_config
 from fedseg.studies import run_label
 
 DEFAULT = "default"  # the setting label of a run without grid values
@@ -275,16 +275,15 @@ def final_runs(bench: BenchSpec, selected: Selected, holdouts: Holdouts | None =
 def run_config(bench: BenchSpec, root: Path, run: BenchRun, file: str | Path | None = None) -> RunConfig:
     """The run's configuration: the bench's base, then the run's overrides and budget caps; a ConfigError otherwise,
     naming the place of the bench file that gave the bad key (``override_places``), after the bench ``file`` where
-    it is known, or the run, and saying plainly what is wrong with a bad value (``fedseg.config_load.plain_problems``:
-    ``train.lr must be a number, got 'abc'``)."""
+    it is known, or the run, and saying plainly what is wrong with a bad value
+    (``fedseg.config_load.validation_problems``: ``train.lr must be a number, got 'abc'``)."""
     base = bench.base
     config = None if base.config is None else (root / base.config)
     places = override_places(bench, run)
     try:
         overrides = [*run.overrides, *run.caps]
         labels = {a.split("=", 1)[0].strip(): "the bench's" for a in overrides}  # its seed, split, budget
-        with plain_problems():
-            return load_config(preset=base.preset, file=config, overrides=overrides, labels=labels | places)
+        return load_config(preset=base.preset, file=config, overrides=overrides, labels=labels | places)
     except ConfigError as e:
         text = str(e)
         raise ConfigError(_where(run, file, text.startswith(tuple(places.values()))) + text) from None
@@ -354,10 +353,9 @@ def check_methods(bench: BenchSpec, run: BenchRun, cfg: RunConfig, file: str | P
                 text += f"; a method of another name gives its algorithms: {{name: {name}, algorithms: [fedavg]}}"
             raise ConfigError(f"{_where(run, file, True)}{place}: {text}") from None
     try:
-        with plain_problems():  # a bad option's value worded plainly (``methods.fedprox.mu must be a number, ...``)
-            for name in cfg.algorithms:
-                get_algorithm(name).parse_options(cfg.methods.get(name))
-            check_method_names(cfg.methods)  # a misspelt methods.<name> would be ignored: the run refuses it too
+        for name in cfg.algorithms:  # a bad option's value is worded plainly (``methods.fedprox.mu must be ...``)
+            get_algorithm(name).parse_options(cfg.methods.get(name))
+        check_method_names(cfg.methods)  # a misspelt methods.<name> would be ignored: the run refuses it too
     except ValueError as e:  # a ConfigError too: ``methods.KEY...: what`` or ``methods.KEY must ...``: the key a place
         text = error_text(e)  # of the file may give
         key = re.split(r"[:\s]", text, maxsplit=1)[0]

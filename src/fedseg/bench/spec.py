@@ -47,7 +47,6 @@ from pydantic import ConfigDict, Field, ValidationError, ValidationInfo, field_v
 from fedseg.config import SEED_MAX, NoBoolNumbers
 from fedseg.config_load import (
     ConfigError,
-    plain_problems,
     read_config_text,
     read_yaml_mapping,
     validation_problems,
@@ -513,7 +512,7 @@ def _folder_name(name: str, what: str) -> str:
 
 def read_bench(path: str | Path) -> tuple[BenchSpec, Path]:
     """The bench file at ``path`` and the folder relative paths in it are read from; a ConfigError naming the file
-    and every bad key otherwise, a bad value worded plainly (``fedseg.config_load.plain_problems``: ``split.folds
+    and every bad key otherwise, a bad value worded plainly (``fedseg.config_load.validation_problems``: ``split.folds
     must be at least 2, got 1``). Its runs' configurations are not checked here: ``fedseg.bench.plan.load_bench``
     reads a bench file and checks them too."""
     path = Path(path)
@@ -521,8 +520,7 @@ def read_bench(path: str | Path) -> tuple[BenchSpec, Path]:
     try:
         return BenchSpec.model_validate(data, context=AS_WRITTEN), path.resolve().parent
     except ValidationError as e:
-        with plain_problems():
-            problems = validation_problems(e, model=BenchSpec, where=str(path))
+        problems = validation_problems(e, model=BenchSpec, where=str(path))
         raise ConfigError(_method_names(problems, data)) from None
 
 
