@@ -27,7 +27,7 @@ from fedseg.data.metadata import read_cases_csv  # noqa: E402
 from fedseg.data.splits import read_site_splits_csv  # noqa: E402
 from fedseg.predict_inputs import holds_dicom, list_inputs  # noqa: E402
 from fedseg.predict_seg import sorted_slices  # noqa: E402
-from fedseg.run.data_record import changes, folder_files  # noqa: E402
+from fedseg.run.data_record import RECORD, changes, check_data_files, folder_files  # noqa: E402
 from test_data_messages import DAMAGED, SERIES, _png, _site  # noqa: E402  (after the importorskips)
 from test_readers import LABEL, VALUES, write_nifti, write_series  # noqa: E402
 
@@ -89,6 +89,31 @@ def test_a_series_of_raw_dicom_streams_reads_as_the_same_series_everywhere(tmp_p
     assert readers.dicom_modalities(fed) == {"a": "CT", "b": "CT"}  # the run's CT note reads them too
 
 
+def test_a_raw_stream_whose_uids_have_leading_zeros_is_read(tmp_path):
+    """Old systems wrote UID parts with leading zeros (``1.2.0840...``), which the standard forbids and ITK reads:
+    the raw-stream check asks for digits and dots, not a standard-valid UID."""
+    series = tmp_path / "c1"
+    write_series(series, VALUES, names=NAMES)
+    for i, path in enumerate(sorted(series.iterdir())):
+        ds = pydicom.dcmread(path)
+        ds.SOPInstanceUID = f"1.2.0840.10008.0{i}"
+        ds.save_as(path)
+    raw_stream(series)
+    assert readers.series_folder_problem(series) is None
+    np.testing.assert_array_equal(read_image(series, "3d"), VALUES[None])
+
+
+def test_a_large_file_that_starts_as_no_data_set_is_not_parsed(tmp_path, monkeypatch):
+    """A forced parse reads any bytes as elements (a 20 MB file of zeros took 6 s): a file whose first bytes are no
+    element of a data set is refused without one."""
+    blob = tmp_path / "image.raw"  # a MetaImage's pixel file: no image type of its own
+    blob.write_bytes(bytes(4 << 20))
+    forced = []
+    real = pydicom.dcmread
+    monkeypatch.setattr(pydicom, "dcmread", lambda *a, **k: forced.append(k.get("force")) or real(*a, **k))
+    assert not readers.is_dicom_file(blob) and True not in forced
+
+
 def test_files_that_are_no_dicom_in_a_series_folder_are_still_refused(tmp_path):
     """Forced, pydicom parses a PNG or a note into a few nonsense tags: they are no slices, said as before."""
     site = _site(tmp_path)
@@ -146,6 +171,20 @@ def test_a_slice_cut_inside_its_header_is_named_truncated_not_without_pixel_spac
 
 
 # --- 3. an empty or damaged RTSTRUCT ---------------------------------------------------------------------------------
+
+
+def test_deflated_rtstruct_and_seg_are_read_not_called_truncated(tmp_path):
+    """Deflated files: pydicom's element positions are in the inflated bytes, past the (smaller) file's end; a file
+    cut short fails to inflate instead."""
+    from test_rtstruct import write_rtstruct
+
+    rs = write_rtstruct(tmp_path / "rs.dcm")
+    plain = rtstruct._dataset(rs)
+    ds = pydicom.dcmread(rs)
+    ds.file_meta.TransferSyntaxUID = pydicom.uid.DeflatedExplicitVRLittleEndian
+    ds.save_as(tmp_path / "deflated.dcm", enforce_file_format=True)
+    assert (tmp_path / "deflated.dcm").stat().st_size < rs.stat().st_size
+    assert rtstruct._dataset(tmp_path / "deflated.dcm").ROIContourSequence == plain.ROIContourSequence
 
 
 def test_an_empty_damaged_or_foreign_rtstruct_is_said_as_the_image_reader_says_it(tmp_path):
@@ -214,6 +253,22 @@ def test_windows_junk_files_do_not_change_the_data_record(tmp_path):
     assert changes(recorded, folder_files(tmp_path / "fed")) == []
     _png(site / "images" / "c2.png")  # data still counts
     assert changes(recorded, folder_files(tmp_path / "fed")) == ["added: s1/images/c2.png"]
+
+
+def test_a_run_recorded_with_windows_junk_files_resumes(tmp_path):
+    """A record written before junk files were left out lists them: they are not called removed on resume."""
+    site = _site(tmp_path / "fed")
+    _png(site / "images" / "c1.png")
+    _png(site / "labels" / "c1.png")
+    (site / "images" / "Thumbs.db").write_bytes(b"\x00junk")
+    out = tmp_path / "run"
+    out.mkdir()
+    record = {"data": "folder", "files": {**folder_files(tmp_path / "fed"), "s1/images/Thumbs.db": [5, 0]}}
+    (out / RECORD).write_text(json.dumps(record))
+    check_data_files(out, tmp_path / "fed")  # no ValueError
+    (site / "labels" / "c1.png").unlink()
+    with pytest.raises(ValueError, match="removed: s1/labels/c1.png"):
+        check_data_files(out, tmp_path / "fed")
 
 
 # --- 6. nnU-Net export: channel names and name --------------------------------------------------------------------

@@ -55,6 +55,17 @@ def test_torch_surface_matches_monai(shape, spacing):
     np.testing.assert_allclose(nsd_t.numpy(), nsd_m.numpy(), rtol=0, atol=1e-6)
 
 
+@pytest.mark.parametrize("tau", [3.6, 2.4, 1.4, 1.2])
+def test_torch_surface_with_a_tolerance_on_the_distance_lattice_matches_monai(tau):
+    """A tolerance that is a whole number of voxels (3 x 1.2 mm): distances lie exactly at tau, and the float64
+    distances cast to float32 fall on the side MONAI's do (float32 sums put 3 x 1.2 above 3.6)."""
+    p, t = random_pairs((4, 30, 26), seed=5, p_fg=0.05, t_fg=0.05)
+    hd_m, nsd_m = monai_pairs(p, t, [1.2, 0.7], [tau] * 4)
+    hd_t, nsd_t = torch_pairs(p, t, [1.2, 0.7], [tau] * 4)
+    np.testing.assert_array_equal(hd_t.numpy(), hd_m.numpy())
+    np.testing.assert_array_equal(nsd_t.numpy(), nsd_m.numpy())
+
+
 def test_torch_surface_of_sparse_far_masks_matches_monai():
     """Few scattered voxels far apart (large distances, the percentile interpolating between few values)."""
     p, t = random_pairs((4, 48, 40), seed=3, p_fg=0.01, t_fg=0.02)

@@ -165,21 +165,44 @@ def _meta_first(path: Path) -> bool:
 
 
 _IDENTITY = ("SOPClassUID", "SOPInstanceUID")  # what every DICOM object names (a forced read of other bytes does not)
+_UID = re.compile(r"\d+(\.\d+)*")  # a UID as old PACS write them: digits and dots (leading zeros too), <= 64 chars
+_RAW_GROUPS = (0x0002, 0x0008)  # a data set's first element: its file meta, or its identifying group
+
+
+def _starts_like_data_set(path: Path) -> bool:
+    """Whether ``path``'s first bytes are a DICOM element header of a raw data set: a tag of group 0002 or 0008
+    (either byte order), then a two-letter value representation (explicit VR) or a value length within the file
+    (implicit VR). Cheap (8 bytes), so a forced parse, which reads any bytes as elements and can read a large file
+    whole, is tried only on files that can be one."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+        size = path.stat().st_size
+    except OSError:
+        return False
+    if len(head) < 8:
+        return False
+    groups = {int.from_bytes(head[:2], "little"), int.from_bytes(head[:2], "big")}
+    explicit = head[4:6].isalpha() and head[4:6].isupper()
+    implicit = min(int.from_bytes(head[4:8], "little"), int.from_bytes(head[4:8], "big")) <= size
+    return bool(groups & set(_RAW_GROUPS)) and (explicit or implicit)
 
 
 def read_dicom(path: Path, source: BinaryIO | None = None, **options: Any) -> Any:
     """``pydicom.dcmread(source or path, **options)``, a file without the 128-byte preamble and ``DICM`` prefix too:
     a raw DICOM stream (its data set alone, as some old PACS and tools export slices), which ITK/GDCM read and
     pydicom only when forced. Forced, pydicom parses any bytes into some data set (a PNG or a note as a few nonsense
-    tags), so the forced read is taken only where it names a valid SOPClassUID and SOPInstanceUID, as any DICOM object
-    does; otherwise pydicom's own error is raised (``dicom_read_failure`` says it in words). A raw stream has no file
-    meta to name its transfer syntax: it is set to the (uncompressed) encoding pydicom found, so that pixels decode.
+    tags), so it is tried only on a file that starts as a data set (``_starts_like_data_set``) and taken only where
+    it names a SOPClassUID and SOPInstanceUID (digits and dots, at most 64 characters; old systems' UIDs with leading
+    zeros in a part are read as ITK reads them), as any DICOM object does; otherwise pydicom's own error is raised
+    (``dicom_read_failure`` says it in words). A raw stream has no file meta to name its transfer syntax: it is set
+    to the (uncompressed) encoding pydicom found, so that pixels decode.
     ``source``: ``path`` opened by the caller (read from its start; read again from there when forced)."""
     pydicom = _require("pydicom", path, "a DICOM file")
     try:
         return pydicom.dcmread(path if source is None else source, **options)
     except pydicom.errors.InvalidDicomError:
-        if has_dicm_prefix(path):  # a DICOM file that pydicom cannot parse: damaged, not another format
+        if has_dicm_prefix(path) or not _starts_like_data_set(path):  # damaged DICOM, or another format
             raise
         if source is not None:
             source.seek(0)
@@ -187,10 +210,10 @@ def read_dicom(path: Path, source: BinaryIO | None = None, **options: Any) -> An
             options["specific_tags"] = [*options["specific_tags"], *_IDENTITY]
         try:
             ds = pydicom.dcmread(path if source is None else source, force=True, **options)
-            uids = [pydicom.uid.UID(str(ds.get(keyword, "") or "")) for keyword in _IDENTITY]
+            uids = [str(ds.get(keyword, "") or "") for keyword in _IDENTITY]
         except Exception:  # noqa: BLE001 — any bytes that are no data set: not DICOM, pydicom's first error says so
             uids = []
-        if not uids or not all(uid.is_valid for uid in uids):
+        if not uids or not all(len(uid) <= 64 and _UID.fullmatch(uid) for uid in uids):
             raise
     if "TransferSyntaxUID" not in ds.file_meta:
         implicit, little = ds.original_encoding
@@ -211,7 +234,7 @@ def is_dicom_file(path: Path) -> bool:
     if has_dicm_prefix(path):
         return True
     try:
-        read_dicom(path, stop_before_pixels=True)
+        read_dicom(path, stop_before_pixels=True, defer_size=1024)  # values over 1 KiB are not read
     except FederationError:  # no pydicom: that, not "no DICOM file"
         raise
     except Exception:  # noqa: BLE001 — pydicom raises several types for a file that is no DICOM
@@ -228,6 +251,8 @@ def dicom_read_failure(path: Path, e: Exception, expected: str) -> str:
     (``expected``: what it should be)."""
     if (empty := empty_file_problem(path)) is not None:
         return empty
+    if isinstance(e, OSError):  # not its content: the file itself cannot be read
+        return f"{path}: cannot read ({e.strerror or e}); {expected}"
     if has_dicm_prefix(path):
         return f"{path}: cannot read its DICOM header: {DAMAGED}"
     return f"{path}: {NOT_DICOM}; {expected}"
@@ -238,15 +263,24 @@ def _listed(words: Sequence[str]) -> str:
     return f"{', '.join(words[:-1])} and {words[-1]}" if len(words) > 1 else "".join(words)
 
 
+def _deflated(ds: Any) -> bool:
+    """Whether data set ``ds`` was stored deflated (zlib): pydicom parses the inflated bytes, so its element positions
+    are not positions in the file, and a file cut short fails to inflate in ``read_dicom`` instead."""
+    syntax = getattr(getattr(ds, "file_meta", None), "TransferSyntaxUID", None)
+    return bool(getattr(syntax, "is_deflated", False))
+
+
 def ended_early(path: Path, ds: Any, needed: Sequence[str]) -> str | None:
     """How the DICOM file ``path``, whose data set ``ds`` pydicom read up to the file's end (quietly, as it reads a
     file cut short), ends too early: "the file ends after N bytes, inside its <last element>" where that element's
     value runs past the end, and/or "before its <the ``needed`` attributes it lacks>" where they all would come after
     its last element (a data set is stored in tag order, so a file cut short lacks exactly what follows the cut).
     None where it lacks none of them and its last element is whole, or lacks one its stored elements should follow
-    (no cut: a file of another kind, said by its reader)."""
+    (no cut: a file of another kind, said by its reader), and for a deflated file (``_deflated``)."""
     from pydicom.datadict import keyword_for_tag, tag_for_keyword
 
+    if _deflated(ds):
+        return None
     size = path.stat().st_size
     last = max(ds.keys(), default=None)
     element = ds.get_item(last) if last is not None else None
@@ -320,10 +354,10 @@ def _truncated(path: Path, ds: Any, pixels_at: int) -> str | None:
     starts) is cut short: an uncompressed slice whose file ends before its pixel data (Rows x Columns x
     SamplesPerPixel x BitsAllocated / 8 bytes after the element's 8-byte header at least) does, as an interrupted
     copy leaves it; ITK would drop the slice and blame the slice spacing. None where it is complete or cannot be told
-    (a compressed transfer syntax, a header without the sizes: the checks after this one say so)."""
+    (a compressed or deflated transfer syntax, a header without the sizes: the checks after this one say so)."""
     syntax = getattr(getattr(ds, "file_meta", None), "TransferSyntaxUID", None)
     try:
-        if syntax is None or syntax.is_compressed:
+        if syntax is None or syntax.is_compressed or _deflated(ds):
             return None
         needed = int(ds.Rows) * int(ds.Columns) * int(getattr(ds, "SamplesPerPixel", 1)) * int(ds.BitsAllocated) // 8
     except (AttributeError, TypeError, ValueError):

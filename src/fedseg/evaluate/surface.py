@@ -10,16 +10,18 @@ The same definitions as MONAI's ``compute_hausdorff_distance(percentile=95)`` an
   1-voxel margin, padding with zeros where the box leaves the grid: the same edges);
 * distances: from each edge voxel of one mask to the nearest edge voxel of the other, Euclidean, voxel
   indices scaled by ``spacing`` (MONAI: a KD-tree in float64, cast to float32); here the other mask's exact
-  squared Euclidean distance transform (:func:`squared_distances_to`, separable, float32) at the edge
+  squared Euclidean distance transform (:func:`squared_distances_to`, separable, float64) at the edge
   voxels, in chunks of at most :data:`CHUNK_PAIRS` (voxel, candidate) pairs so memory stays bounded;
 * HD95: ``torch.quantile(d, 0.95)`` (linear interpolation) of each direction's float32 distances, the larger
   of the two (symmetric);
 * NSD: the edge voxels of both masks within ``tau`` of the other mask's edge over all edge voxels.
 
-Tolerance against MONAI: each axis's term ((x − i)·s)² is an exact integer square times s², rounded once to
-float32, and the float32 sums and square root give distances within ~1e-6 relative of MONAI's, so HD95 agrees to
-~1e-5 relative (tests/test_surface.py checks 1e-4 relative + 1e-5 absolute); NSD can only differ where a
-distance lies within that rounding of ``tau`` exactly (the tests use tolerances off the distance lattice).
+Tolerance against MONAI: each axis's term ((x − i)·s)² is an exact integer square times s² in float64, summed
+and square-rooted in float64 and cast to float32 as MONAI's distances are, so they differ from MONAI's only by
+float64 rounding (MONAI subtracts scaled coordinates, here indices are subtracted before scaling): HD95 agrees to
+float32 rounding (tests/test_surface.py checks 1e-4 relative + 1e-5 absolute), and NSD differs only where a
+distance lies within a float64 rounding of a float32 boundary next to ``tau`` (a tolerance that is a multiple of
+the spacing, e.g. 3 voxels of 1.2 mm, scores as MONAI's).
 
 Only pairs where both masks are non-empty come here (:func:`fedseg.evaluate.metrics.batch_metrics` applies
 the empty-mask rule before).
@@ -37,7 +39,7 @@ from scipy.spatial import KDTree
 
 __all__ = ["CHUNK_PAIRS", "mask_edges", "squared_distances_to", "edge_distances", "surface_pairs", "cpu_surface_pairs"]
 
-CHUNK_PAIRS = 1 << 24  # at most this many (voxel, candidate) sums at once: 64 MiB of float32
+CHUNK_PAIRS = 1 << 24  # at most this many (voxel, candidate) sums at once: 128 MiB of float64
 
 
 def mask_edges(mask: torch.Tensor) -> torch.Tensor:
@@ -56,21 +58,21 @@ def mask_edges(mask: torch.Tensor) -> torch.Tensor:
 
 def _nearest_along(sites: torch.Tensor, axis: int) -> torch.Tensor:
     """For every voxel of ``sites`` ``(*S)`` (bool) the index distance ``|x − i|`` along ``axis`` to the nearest
-    True voxel on its line (float32, ∞ where the line has none): the last site at or before it and the first at or
+    True voxel on its line (float64, ∞ where the line has none): the last site at or before it and the first at or
     after it, each one running maximum (``torch.cummax``)."""
     shape = [1] * sites.dim()
     shape[axis] = sites.shape[axis]
-    index = torch.arange(sites.shape[axis], device=sites.device, dtype=torch.float32).view(shape)
+    index = torch.arange(sites.shape[axis], device=sites.device, dtype=torch.float64).view(shape)
     before = torch.where(sites, index, -torch.inf).cummax(axis).values
     after = -torch.where(sites, -index, -torch.inf).flip(axis).cummax(axis).values.flip(axis)
     return torch.minimum(index - before, after - index)
 
 
 def _envelope(g: torch.Tensor, axis: int, step: float, chunk_pairs: int) -> torch.Tensor:
-    """``min_i g(.., i, ..) + ((x − i)·step)²`` along ``axis`` for every voxel of ``g`` ``(*S)`` (float32): each
+    """``min_i g(.., i, ..) + ((x − i)·step)²`` along ``axis`` for every voxel of ``g`` ``(*S)`` (float64): each
     line's minimum over its ``n`` candidates by brute force, in chunks of at most ``chunk_pairs`` sums."""
     n = g.shape[axis]
-    index = torch.arange(n, device=g.device, dtype=torch.float32)
+    index = torch.arange(n, device=g.device, dtype=torch.float64)
     cost = (index[:, None] - index[None, :]) ** 2 * step**2  # (voxel x, candidate i)
     lines = g.movedim(axis, -1)
     flat = lines.reshape(-1, n)
@@ -82,7 +84,7 @@ def _envelope(g: torch.Tensor, axis: int, step: float, chunk_pairs: int) -> torc
 def squared_distances_to(
     sites: torch.Tensor, queries: torch.Tensor, spacing: Sequence[float] | None, chunk_pairs: int = CHUNK_PAIRS
 ) -> torch.Tensor:
-    """Exact squared Euclidean distances (physical units², float32 ``(n,)``) from the voxels ``queries`` ``(n, D)``
+    """Exact squared Euclidean distances (physical units², float64 ``(n,)``) from the voxels ``queries`` ``(n, D)``
     (indices) to the nearest True voxel of ``sites`` ``(*S)`` (bool, 2D or 3D, with a True voxel), on ``sites``'
     device; a voxel's coordinates are its indices times ``spacing``.
 
@@ -102,12 +104,12 @@ def squared_distances_to(
     for axis in range(1, dims - 1):
         g = _envelope(g, axis, steps[axis], chunk_pairs)
     n = sites.shape[-1]
-    candidates = torch.arange(n, device=sites.device, dtype=torch.float32)
+    candidates = torch.arange(n, device=sites.device, dtype=torch.float64)
     per_chunk = max(1, chunk_pairs // n)
     out = []
     for part in queries.split(per_chunk):
         lines = g[tuple(part[:, a] for a in range(dims - 1))]  # (m, n): each query's line along the last axis
-        cost = (part[:, -1:].to(torch.float32) - candidates) ** 2 * steps[-1] ** 2
+        cost = (part[:, -1:].to(torch.float64) - candidates) ** 2 * steps[-1] ** 2
         out.append((lines + cost).amin(1))
     return torch.cat(out) if out else g.new_zeros(0)
 
@@ -122,7 +124,8 @@ def edge_distances(
     others = [[o for o in range(union.dim()) if o != d] for d in range(union.dim())]
     box = tuple(slice(int(i[0]), int(i[-1]) + 1) for i in (union.any(dim=o).nonzero()[:, 0] for o in others))
     a, b = a[box], b[box]
-    return squared_distances_to(b, a.nonzero(), spacing).sqrt(), squared_distances_to(a, b.nonzero(), spacing).sqrt()
+    to_b, to_a = squared_distances_to(b, a.nonzero(), spacing), squared_distances_to(a, b.nonzero(), spacing)
+    return to_b.sqrt().float(), to_a.sqrt().float()  # float64 distances cast to float32, as MONAI's
 
 
 def surface_pairs(

@@ -154,7 +154,8 @@ def check_data_files(out: Path, root: str | Path | None) -> None:
     recorded = record.get("files")
     if not isinstance(recorded, dict):
         raise ValueError(f"{record_path}: unreadable; delete it to resume with the data as it is now")
-    found = changes(recorded, folder_files(folder, leave_out=out))
+    recorded = {k: v for k, v in recorded.items() if not any(ignored_entry(part) for part in k.split("/"))}  # older
+    found = changes(recorded, folder_files(folder, leave_out=out))  # records listed Windows' junk files too
     if found:
         raise ValueError(
             f"{root}: the data changed since this run started ({'; '.join(found)}); resuming would mix results of "
