@@ -397,3 +397,23 @@ def test_a_gpu_sized_patch_on_the_cpu_is_said_before_training():
     assert device_notes(load_config(preset="fets"), torch.device("cuda")) == []
     assert device_notes(load_config(preset="fets-cpu"), torch.device("cpu")) == []
     assert device_notes(load_config(preset="demo"), torch.device("cpu")) == []
+
+
+def test_a_sites_sample_reuses_the_scored_prediction_of_its_first_case(
+    tmp_path, tiny_config, tumour_folder, monkeypatch
+):
+    """The test exchange writes each site's sample from the logits its first case was scored with: no case is
+    predicted twice (the sample's own sliding window was a quarter of the `fets` final evaluation), and the
+    sample's masks are that prediction's on the preprocessed grid."""
+    from fedseg.evaluate import inference, sliding
+    from fedseg.run import run_experiment
+
+    predicted, again = [], []
+    real = sliding.sliding_logits
+    monkeypatch.setattr(sliding, "sliding_logits", lambda *a, **k: predicted.append(a[1].shape) or real(*a, **k))
+    monkeypatch.setattr(inference, "sliding_logits", lambda *a, **k: again.append(a[1].shape) or real(*a, **k))
+    run_experiment(_patch_cfg(tiny_config, tumour_folder, 1), tmp_path / "run")
+    assert predicted and not again
+    for site in ("a", "b"):
+        sample = np.load(tmp_path / "run" / "samples" / f"fedavg__{site}.npz")
+        assert sample["pred"].shape == sample["truth"].shape and sample["pred"].dtype == np.uint8

@@ -202,9 +202,11 @@ class FedAvgClient:
         """
         model = self.eval_model(msg, ctx)
         data = ctx.data.split(str(msg.meta["split"]))
-        scores = score_at_site(model, data, ctx, wants_surface(msg, ctx))
+        first_logits: list[torch.Tensor] | None = [] if msg.meta.get("sample") else None  # the sample's case
+        scores = score_at_site(model, data, ctx, wants_surface(msg, ctx), first_logits)
         tensors = {m: torch.from_numpy(v) for m, v in scores.items()}
-        return self.eval_reply(tensors, model, data, msg, ctx, self.after_evaluate(model, scores["dice"], msg, ctx))
+        extra = self.after_evaluate(model, scores["dice"], msg, ctx)
+        return self.eval_reply(tensors, model, data, msg, ctx, extra, first_logits[0] if first_logits else None)
 
     def eval_reply(
         self,
@@ -214,13 +216,15 @@ class FedAvgClient:
         msg: Message,
         ctx: ClientContext,
         extra: Mapping[str, MetaValue] | None = None,
+        sample_logits: torch.Tensor | None = None,
     ) -> Message:
         """The evaluation reply every method sends: its per-case ``tensors`` (first axis: ``data``'s cases) with the
         case ids, the model and split it answers for (what ``fedseg.engine.faults.scores_problem`` checks), and
         ``extra`` metadata; with ``meta.sample`` the site first writes ``model``'s example prediction to its own
-        artifacts folder (images never travel in a message)."""
+        artifacts folder (images never travel in a message), from ``sample_logits`` where scoring kept the first
+        case's (volumes: not predicted twice)."""
         if msg.meta.get("sample") and ctx.artifacts is not None and len(data):
-            write_sample(model, data, ctx, str(msg.meta["model"]))
+            write_sample(model, data, ctx, str(msg.meta["model"]), sample_logits)
         meta: dict[str, MetaValue] = {
             "cases": json.dumps(data.ids),
             "model": str(msg.meta["model"]),

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import torch
 from torch import nn
 
 from fedseg.atomic_files import atomic_write_bytes
@@ -29,9 +30,16 @@ def wants_surface(msg: Message, ctx: ClientContext) -> bool:
     return bool(msg.meta.get(SURFACE, False)) and ctx.cfg.eval.hd95
 
 
-def score_at_site(model: nn.Module, data: CaseSet, ctx: ClientContext, surface: bool) -> Scores:
+def score_at_site(
+    model: nn.Module,
+    data: CaseSet,
+    ctx: ClientContext,
+    surface: bool,
+    first_logits: list[torch.Tensor] | None = None,
+) -> Scores:
     """``score_caseset`` of ``model`` on ``data`` at the run's ``eval`` settings on the site's device: Dice
-    ``(N, R)``, and HD95/NSD when ``surface`` (else NaN)."""
+    ``(N, R)``, and HD95/NSD when ``surface`` (else NaN); ``first_logits``: receives the first case's sliding-window
+    logits for :func:`write_sample` (volumes only)."""
     ev = ctx.cfg.eval
     return score_caseset(
         model,
@@ -44,14 +52,18 @@ def score_at_site(model: nn.Module, data: CaseSet, ctx: ClientContext, surface: 
         ctx.task.nsd_tolerances,
         ev.surface_device,
         ctx.task.scored_regions,
+        first_logits,
     )
 
 
-def write_sample(model: nn.Module, data: CaseSet, ctx: ClientContext, model_name: str) -> None:
+def write_sample(
+    model: nn.Module, data: CaseSet, ctx: ClientContext, model_name: str, logits: torch.Tensor | None = None
+) -> None:
     """Write the site's first case with its prediction: ``samples/<algorithm>__<site>.npz`` (2D; 3D: middle slice),
-    readable by its owner only (a patient's image), written whole or not at all."""
+    readable by its owner only (a patient's image), written whole or not at all. ``logits``: the first case's
+    sliding-window logits where scoring kept them (``score_at_site``'s ``first_logits``), not computed again."""
     image, truth, pred = sample_prediction(
-        model, data, ctx.cfg.eval.threshold, ctx.task.device, ctx.task.scored_regions
+        model, data, ctx.cfg.eval.threshold, ctx.task.device, ctx.task.scored_regions, logits
     )
     if image.dim() == 4:  # (C, D, H, W): keep the middle slice
         mid = image.shape[1] // 2

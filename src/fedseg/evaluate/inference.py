@@ -60,13 +60,15 @@ def score_caseset(
     tolerance: float | Sequence[float] = DEFAULT_NSD_TOLERANCE,
     surface_device: str = "cpu",
     regions: Regions | None = None,
+    first_logits: list[torch.Tensor] | None = None,
 ) -> Scores:
     """``{"dice", "hd95", "nsd"}`` -> ``(N, R)`` for every case of ``data`` (module docstring for the two
     paths; HD95 and NSD NaN only when ``hd95`` is False). ``worst``: ``eval.hd95_worst`` (the metrics'
     empty-mask rule; None = the grid's diagonal); ``tolerance``: NSD's, per region or one for all
     (``Task.nsd_tolerances``), in the HD95 unit; ``surface_device``: ``eval.surface_device``
     (:func:`fedseg.evaluate.metrics.batch_metrics`); ``regions``: ``Task.scored_regions`` (the label map's
-    masks are scored, ``eval.score_on: label_map``; None: the thresholded channels).
+    masks are scored, ``eval.score_on: label_map``; None: the thresholded channels); ``first_logits``: on the
+    volume path, a list that receives the first case's blended logits for :func:`sample_prediction`.
 
     Whole-image path: each batch of ``batch_size`` is scored where the model ran (Dice on the device;
     HD95/NSD there too unless ``surface_device`` is ``cpu``); only the ``(B, R)`` scores come back."""
@@ -74,7 +76,18 @@ def score_caseset(
         return {m: np.zeros((0, data.y.shape[1])) for m in METRIC_NAMES}
     if data.volumes is not None and data.volume is not None:
         return score_volumes(
-            model, data.volumes, data.volume, threshold, hd95, device, worst, data.x, tolerance, surface_device, regions
+            model,
+            data.volumes,
+            data.volume,
+            threshold,
+            hd95,
+            device,
+            worst,
+            data.x,
+            tolerance,
+            surface_device,
+            regions,
+            first_logits,
         )
     metrics = {"hd95": hd95, "worst": worst, "tolerance": tolerance, "surface_device": surface_device}
     parts = []
@@ -105,15 +118,23 @@ def _scores_on_grids(
 
 @torch.no_grad()
 def sample_prediction(
-    model: nn.Module, data: CaseSet, threshold: float, device: torch.device, regions: Regions | None = None
+    model: nn.Module,
+    data: CaseSet,
+    threshold: float,
+    device: torch.device,
+    regions: Regions | None = None,
+    logits: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The first case of ``data`` with its prediction, on the grid it is scored on: ``(image (C, *S), truth
     (R, *S), pred (R, *S) bool)`` on the CPU; the preprocessed volume (sliding window) on the volume path; on the
     whole-image path the resized image, or with an original-grid truth (``CaseSet.originals``) the image and the
-    masks resized back to it (so a panel's Dice is results.csv's); ``regions``: as :func:`score_caseset`'s."""
+    masks resized back to it (so a panel's Dice is results.csv's); ``regions``: as :func:`score_caseset`'s;
+    ``logits``: on the volume path, the first case's blended logits where :func:`score_caseset` kept them
+    (``first_logits``), so the case is not predicted again."""
     if data.volumes is not None and data.volume is not None:
-        vol, net = data.volumes[0], network_for(model, data.x[0], device)
-        logits = sliding_logits(net, vol.image, data.volume, device)
+        vol = data.volumes[0]
+        if logits is None:
+            logits = sliding_logits(network_for(model, data.x[0], device), vol.image, data.volume, device)
         return vol.image, vol.label, logits_to_masks(logits[None], threshold, regions)[0]
     pred = predict_masks(model, data.x[:1], 1, threshold, device, regions=regions)[0]
     truth = None if data.originals is None else data.originals.get(0)

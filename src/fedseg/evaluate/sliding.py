@@ -94,10 +94,15 @@ def predict_on_grid(
     threshold: float,
     device: torch.device,
     blend: torch.device = torch.device("cpu"),
+    keep_logits: list[torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Boolean region masks ``(R, *O)`` on the case's original grid, on ``blend``: ``sigmoid(sliding logits)``
-    mapped back by :func:`fedseg.data.volumes.restore`, then ``> threshold`` (all on ``blend``)."""
-    return restore(torch.sigmoid(sliding_logits(model, image, cfg, device, blend)), grid) > threshold
+    mapped back by :func:`fedseg.data.volumes.restore`, then ``> threshold`` (all on ``blend``). ``keep_logits``: a
+    list that receives the blended logits ``(R, *P)`` on the CPU (a site's sample prediction reuses them)."""
+    logits = sliding_logits(model, image, cfg, device, blend)
+    if keep_logits is not None:
+        keep_logits.append(logits.cpu())
+    return restore(torch.sigmoid(logits), grid) > threshold
 
 
 def network_for(model: nn.Module, view: torch.Tensor | None, device: torch.device) -> nn.Module:
@@ -110,17 +115,26 @@ def network_for(model: nn.Module, view: torch.Tensor | None, device: torch.devic
     return for_image(view[None].to(device))
 
 
-def _prediction(net: nn.Module, vol: Volume, cfg: VolumeConfig, threshold: float, device: torch.device) -> torch.Tensor:
+def _prediction(
+    net: nn.Module,
+    vol: Volume,
+    cfg: VolumeConfig,
+    threshold: float,
+    device: torch.device,
+    keep_logits: list[torch.Tensor] | None = None,
+) -> torch.Tensor:
     """:func:`predict_on_grid` of ``vol``, blended where :func:`blend_device` says; a case whose mapping runs out of
     the accelerator's memory (the estimate is rough, other work holds memory too) is done again on the CPU."""
     blend = blend_device(vol, device)
     try:
-        return predict_on_grid(net, vol.image, vol.grid, cfg, threshold, device, blend)
+        return predict_on_grid(net, vol.image, vol.grid, cfg, threshold, device, blend, keep_logits)
     except torch.OutOfMemoryError:
         if blend.type == "cpu":
             raise
         torch.cuda.empty_cache()
-        return predict_on_grid(net, vol.image, vol.grid, cfg, threshold, device)
+        if keep_logits:
+            keep_logits.clear()
+        return predict_on_grid(net, vol.image, vol.grid, cfg, threshold, device, keep_logits=keep_logits)
 
 
 def score_volumes(
@@ -135,6 +149,7 @@ def score_volumes(
     tolerance: float | Sequence[float] = DEFAULT_NSD_TOLERANCE,
     surface_device: str = "cpu",
     regions: Regions | None = None,
+    first_logits: list[torch.Tensor] | None = None,
 ) -> Scores:
     """``{"dice", "hd95", "nsd"}`` -> ``(N, R)`` float64: every volume predicted by sliding window, scored on
     its original grid against its original-grid truth with its own spacing (HD95 and NSD's ``tolerance`` in
@@ -144,12 +159,14 @@ def score_volumes(
     (:func:`blend_device`), else on the CPU; its Dice is computed where its mask is (only ``(1, R)`` numbers
     leave the accelerator); the mask goes to ``device`` when ``surface_device`` is ``auto`` (HD95/NSD there,
     :mod:`fedseg.evaluate.surface`), else HD95/NSD copy it to the CPU. ``regions``: score the label map the
-    masks paint (:func:`fedseg.evaluate.metrics.label_map_masks`); None: the thresholded channels."""
+    masks paint (:func:`fedseg.evaluate.metrics.label_map_masks`); None: the thresholded channels. ``first_logits``:
+    a list that receives the first case's blended logits ``(R, *P)`` on the CPU (``sample_prediction`` reuses them
+    rather than predicting that case twice)."""
     surface_on_device = surface_device == "auto" and hd95
     scores: dict[str, list[np.ndarray]] = {m: [] for m in METRIC_NAMES}
     for i, vol in enumerate(volumes):
         net = network_for(model, None if views is None else views[i], device)
-        pred = _prediction(net, vol, cfg, threshold, device)
+        pred = _prediction(net, vol, cfg, threshold, device, first_logits if i == 0 else None)
         if regions is not None:
             pred = label_map_masks(pred[None], regions)[0]
         case = batch_metrics(
