@@ -52,6 +52,23 @@ def _bench(tmp_path: Path, **fields) -> Path:
     return path
 
 
+def test_a_method_that_does_not_fit_the_network_is_refused_before_any_run_trains(tmp_path):
+    """FedBN without normalization weights (the default instance norm) was refused by its own run, after the other
+    methods' runs had trained (and the fix, a method's own ``set:``, could not resume the bench): now before any
+    run, naming the federation and the entry; with its ``set: [model.norm=batch]`` the plan passes."""
+    from fedseg.bench.phases import run_bench
+
+    spec, root = load_bench(_bench(tmp_path, methods=["fedavg", "fedbn"]))
+    with pytest.raises(ConfigError) as e:
+        run_bench(spec, root, tmp_path / "out", echo=lambda line: None)
+    text = str(e.value)
+    assert text.startswith("bench federation 'synthetic-retina': methods[1] (fedbn): methods.fedbn: the unet")
+    assert "set model.norm=batch" in text and "\n" not in text
+    assert not (tmp_path / "out").exists()
+    fixed = _bench(tmp_path, methods=["fedavg", {"name": "fedbn", "set": ["model.norm=batch"]}])
+    check_data(*load_bench(fixed), {})
+
+
 def test_plan_expands_cells_grids_and_budget_references(tmp_path):
     spec, _ = load_bench(_bench(tmp_path))
     assert [(r.fold, r.seed) for r in reference_runs(spec)] == [(0, 0), (0, 1), (1, 0), (1, 1)]

@@ -263,7 +263,12 @@ class ModelConfig(Strict):
         "per axis; None = 3 everywhere",
     )
     num_res_units: int = Field(default=0, ge=0)
-    norm: str = "instance"
+    norm: Literal["instance", "batch"] = Field(
+        default="instance",
+        description="the networks' normalization: instance (no affine weights, no running statistics; FeTS 2022, "
+        "nnU-Net) or batch (BatchNorm: weights and running statistics, what FedBN keeps on the sites). MONAI's group "
+        "and layer norms need arguments a name cannot give",
+    )
     dropout: float = Field(default=0.0, ge=0, le=1)
     plan: PlanConfig = PlanConfig()
 

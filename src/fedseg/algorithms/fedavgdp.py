@@ -15,7 +15,7 @@ What differs from FedAvg, and nothing else:
   models would leave the sites unclipped and un-noised);
 * a network with buffers is refused before any work: BatchNorm's running statistics are computed
   from the sites' data and averaged as they are, outside the clipping and the noise (use
-  ``model.norm: instance``, the default: MONAI builds ``group`` only with a group count);
+  ``model.norm: instance``, the default);
 * reporting: summary.json ``privacy`` (ε at ``delta`` after the run's rounds, the parameters),
   round_metrics.csv ``epsilon`` (site ``server``: ε spent up to that round) and ``update_norm`` per
   site (before clipping: what to choose C from; a diagnostic, not private).

@@ -19,9 +19,8 @@ counted) in summary.json and in its log.
 
 A network without normalization entries would make FedBN FedAvg: it is refused before any work. That is the
 default ``model.norm: instance`` (MONAI's instance norm has no affine weights and no running statistics);
-``model.norm: batch`` (BatchNorm, the paper's) is the setting to use. ``group`` and ``layer`` cannot be given as
-a bare name (MONAI's factory needs their group count / shape), so ``batch`` (or ``syncbatch``) is the only norm
-with private entries a config can name.
+``model.norm: batch`` (BatchNorm, the paper's) is the setting to use: ``model.norm`` takes ``instance`` or
+``batch`` (MONAI's group and layer norms need arguments a name cannot give).
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -35,6 +35,9 @@ from fedseg.bench.spec import BenchSpec, FederationSpec, MethodSpec, read_bench
 from fedseg.config import RunConfig
 from fedseg.config_load import ConfigError, error_text, load_config
 from fedseg.studies import run_label
+
+if TYPE_CHECKING:
+    from fedseg.data.federation import Federation
 
 DEFAULT = "default"  # the setting label of a run without grid values
 Setting = tuple[tuple[str, Any], ...]  # ((config key, value), ...) in the grid's key order
@@ -426,6 +429,34 @@ def check_data(bench: BenchSpec, root: Path, holdouts: Holdouts, out: Path | Non
                 raise ConfigError(f"{where}: {e}") from None
             if not fed.leave_one_out:
                 check_tested_once(splits, fold, tested_in, where)
+        if loaded is not None:
+            check_method_tasks(bench, root, fed, seed, loaded, holdouts)
+
+
+def check_method_tasks(
+    bench: BenchSpec, root: Path, fed: FederationSpec, seed: int, loaded: Federation, holdouts: Holdouts
+) -> None:
+    """Every method's options fit its network on federation ``fed`` (``loaded``), at each of its grid settings: what
+    a run checks once its data is prepared (``MethodOptions.check_task``: FedBN on a network without normalization
+    weights, FedPer's ``private_layers`` beyond the network's layers), checked before any run of the bench trains;
+    a ConfigError naming the federation and the method's entry. A planned network (``model.name: planned``) is
+    planned by its run, and checked there."""
+    from fedseg.algorithms import get_algorithm
+    from fedseg.engine.context import Task
+
+    fold = folds_of(bench, fed, holdouts)[0]
+    for method in bench.methods:
+        for setting in settings(method):
+            cfg = run_config(bench, root, make_run(bench, fed, method, fold, seed, setting, holdouts))
+            if cfg.model.name == "planned":
+                continue
+            task = Task.of(cfg.model_copy(update={"device": "cpu"}), loaded)  # its structure, on any machine
+            for name in cfg.algorithms:
+                try:
+                    get_algorithm(name).check_task(task, cfg.methods.get(name))
+                except ValueError as e:
+                    where = f"bench federation {fed.name!r}: {method_place(bench, method.name)}"
+                    raise ConfigError(f"{where}{' ' + setting_label(setting) if setting else ''}: {e}") from None
 
 
 def load_bench(path: str | Path) -> tuple[BenchSpec, Path]:
