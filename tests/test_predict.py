@@ -814,3 +814,26 @@ def test_tta_routes_each_image_as_given_and_mirrors_the_chosen_network(trained, 
             differs |= bool((expected != read_label(tmp_path / "plain" / f"{case}.png", "2d")).any())
     assert differs  # mirroring changed some mask: the test compares more than the plain prediction
     assert json.loads((tmp_path / "tta" / "predict.json").read_text())["tta"] is True
+
+
+def test_a_sites_model_is_described_by_its_own_round_and_test_dice():
+    """``--site`` picks one site's model of a per-site bundle (FedBN, FedPer, Local): the line named the round of the
+    mean validation curve and the client average, which no site-2 model came from (a fresh-eyes FedBN study)."""
+    from fedseg.run.model_card import card_line
+
+    card = {
+        "method": "FedBN",
+        "federation": "retina",
+        "sites": ["site1", "site2"],
+        "rounds_trained": 10,
+        "selected_round": 9,
+        "selected_rounds": {"site1": 9, "site2": 6},
+        "test_dice": {"site1": 0.83, "site2": 0.662, "client_avg": 0.745},
+        "fedseg": "0.1.0",
+        "finished": "2026-11-30",
+    }
+    assert card_line(card, "site2").startswith(
+        "model: FedBN (site2's model) trained on retina (2 sites), round 6 of 10, test Dice 0.662 on site2's test cases"
+    )
+    assert "round 9 of 10, test Dice 0.745 (client avg)" in card_line(card)
+    assert card_line({**card, "selected_rounds": None}, "site2") == card_line({**card, "selected_rounds": None})

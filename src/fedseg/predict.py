@@ -108,7 +108,7 @@ def predict(
     bundle = load_bundle(find_model(model, algorithm))
     predictor = build_predictor(bundle, gamma, site)
     predictor.model.to(run_on)
-    if notes is not None and (line := card_line(bundle.manifest.get("trained"))) is not None:
+    if notes is not None and (line := card_line(bundle.manifest.get("trained"), site)) is not None:
         notes.append(line)
     inputs = read_inputs(input, bundle, overlay, notes)
     seg = seg_writer(bundle, [i.path for i in inputs], Path(input)) if dicom_seg else None  # before any prediction

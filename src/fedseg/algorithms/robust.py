@@ -268,7 +268,7 @@ class RobustOptions(MethodOptions):
     aggregator: Aggregator = Field(
         "mean",
         description="mean (FedAvg's weighted average) | krum | multikrum | bulyan | clipped "
-        "(fedseg.algorithms.robust); buffers stay FedAvg's average",
+        "(fedseg.algorithms.robust); the shared buffers (BatchNorm statistics) stay FedAvg's average",
     )
     num_malicious: int = Field(1, ge=0, description="f: Byzantine sites tolerated by krum, multikrum, bulyan")
     multikrum_keep: int | None = Field(

@@ -72,16 +72,23 @@ def prediction_record(folder: Path, manifest: dict[str, Any], options: dict[str,
     }
 
 
-def card_line(card: dict[str, Any] | None) -> str | None:
-    """One line saying what a bundle is (``fedseg predict`` prints it): method, federation, round, test Dice."""
+def card_line(card: dict[str, Any] | None, site: str | None = None) -> str | None:
+    """One line saying what a bundle is (``fedseg predict`` prints it): method, federation, round, test Dice. With
+    ``site`` (``--site``: one site's model of a per-site bundle) the round that site's model was selected at and its
+    test Dice on the site's own test cases, where the card records them (``selected_rounds``)."""
     if not card:
         return None
-    dice = (card.get("test_dice") or {}).get("client_avg")
-    score = f", test Dice {dice:.3f} (client avg)" if isinstance(dice, int | float) and math.isfinite(dice) else ""
+    rounds = card.get("selected_rounds") or {}
+    own = site is not None and site in rounds
+    dice = (card.get("test_dice") or {}).get(site if own else "client_avg")
+    which = f"on {site}'s test cases" if own else "(client avg)"
+    whose = f" ({site}'s model)" if own else ""
+    score = f", test Dice {dice:.3f} {which}" if isinstance(dice, int | float) and math.isfinite(dice) else ""
     late = "; it may not have converged" if card.get("may_not_have_converged") else ""
     late = "; its validation never improved on its first round (did it train?)" if card.get("never_improved") else late
     return (
-        f"model: {card.get('method')} trained on {card.get('federation')} ({len(card.get('sites') or [])} sites), "
-        f"round {card.get('selected_round')} of {card.get('rounds_trained')}{score}, fedseg {card.get('fedseg')}, "
+        f"model: {card.get('method')}{whose} trained on {card.get('federation')} ({len(card.get('sites') or [])} "
+        f"sites), round {rounds[site] if own else card.get('selected_round')} of {card.get('rounds_trained')}{score}, "
+        f"fedseg {card.get('fedseg')}, "
         f"finished {card.get('finished')}{late}"
     )
