@@ -378,3 +378,147 @@ def test_unequal_training_under_a_rounds_budget_is_named_with_its_factor():
     assert table_rows.budget_note(fed(fedavg=180, fedsm=520), "fedavg", "sgd_steps") == ""
     assert table_rows.budget_note(fed(fedavg=180, fedprox=150), "fedavg", "rounds") == ""
     assert table_rows.budget_note(fed(fedsm=520), "fedavg", "rounds") == ""  # no reference run
+
+
+def _legend_spec(methods: list, **more):
+    from fedseg.bench.spec import BenchSpec
+
+    base = {"base": {"preset": "synthetic-retina"}, "federations": ["retina"], "methods": methods, "seeds": [0, 1]}
+    return BenchSpec.model_validate({**base, **more})
+
+
+def _methods_fed(*names: str, sets: dict[str, list[str]] | None = None) -> dict:
+    """A federation's tables with ``names`` (each a copy of :func:`_fed`'s fedavg entry) and, for the methods in
+    ``sets``, their tables.json ``method_set``."""
+    entry = _fed()["methods"]["fedavg"]
+    methods = {name: dict(entry) for name in names}
+    for name, own in (sets or {}).items():
+        methods[name]["method_set"] = own
+    return {**_fed(), "methods": methods}
+
+
+def test_the_legend_names_the_methods_that_ran_a_configuration_of_their_own():
+    """A method's own ``set:`` (FedBN on BatchNorm next to FedAvg on the base's InstanceNorm) shows nowhere in the
+    tables' setting column: the legend names each method's where methods differ in it, and says nothing where they
+    all ran the same configuration or the tables were written before ``method_set`` was recorded."""
+    sets = {"fedavg": [], "fedavg-bn": ["model.norm=batch"], "fedbn": ["model.norm=batch"], "fedprox": []}
+    tables = {"retina": _methods_fed(*sets, sets=sets)}
+    sentence = (
+        " **Methods with their own configuration** (set: in the bench file, on top of the bench's and the "
+        "federation's): fedavg-bn: model.norm=batch; fedbn: model.norm=batch; the others run the bench's "
+        "configuration alone, so a difference between methods that ran different configurations is not their "
+        "algorithms' alone."
+    )
+    assert legend.own_set_note(tables) == sentence
+    spec = _legend_spec(
+        [
+            "fedavg",
+            {"name": "fedavg-bn", "algorithms": ["fedavg"], "set": ["model.norm=batch"]},
+            {"name": "fedbn", "set": ["model.norm=batch"]},
+            "fedprox",
+        ]
+    )
+    assert legend.notes(spec, tables).count(sentence) == 1
+    two = {
+        "retina": _methods_fed("a", "b", sets={"a": ["model.norm=batch", "train.lr=0.01"], "b": ["model.norm=batch"]})
+    }
+    assert legend.own_set_note(two).endswith(  # every method has its own: no "the others"
+        "(set: in the bench file, on top of the bench's and the federation's): a: model.norm=batch, train.lr=0.01; "
+        "b: model.norm=batch, so a difference between methods that ran different configurations is not their "
+        "algorithms' alone."
+    )
+    same = {
+        "retina": _methods_fed("fedavg", "fedbn", sets={"fedavg": ["model.norm=batch"], "fedbn": ["model.norm=batch"]})
+    }
+    assert legend.own_set_note(same) == legend.own_set_note({"retina": _methods_fed("fedavg", "fedbn")}) == ""
+    old = {"retina": _methods_fed("fedavg", "fedavg-bn", "fedbn", "fedprox")}  # a tables.json written before
+    assert "own configuration" not in legend.notes(spec, old)
+    assert legend.notes(spec, old) == legend.notes(spec, tables).replace(sentence, "")
+
+
+def test_the_tables_record_each_methods_own_set(tmp_path):
+    """tables.json ``method_set``: each method's own ``set:`` of the bench file (``[]`` for none), what the legend
+    names (fedseg.bench.tables.federation_tables on two finished runs written by hand)."""
+    from fedseg.bench.phases import BenchRuns
+    from fedseg.bench.plan import final_runs
+    from fedseg.bench.tables import federation_tables
+
+    spec = _legend_spec(
+        ["fedavg", {"name": "fedavg-bn", "algorithms": ["fedavg"], "set": ["model.norm=batch"]}],
+        seeds=[0],
+        federations=["synthetic-retina"],
+    )
+    final = {}
+    for i, run in enumerate(final_runs(spec, {})):
+        folder = tmp_path / str(i)
+        folder.mkdir()
+        (folder / "config.yaml").write_text("{}\n")
+        rows = ["algorithm,model,site,case,region,metric,value"]
+        rows += [f"fedavg,global,site1,c{j},disc,dice,{0.8 + 0.01 * j + 0.001 * i}" for j in range(6)]
+        (folder / "results.csv").write_text("\n".join(rows) + "\n")
+        entry = {"site_models": {"site1": "global"}, "convergence": {"rounds": 2}, "cost": {}}
+        summary = {"algorithms": {"fedavg": entry}, "sites": ["site1"], "regions": ["disc"]}
+        final[run] = Finished(run, folder, summary, 0.0)
+    tables, _ = federation_tables(spec, BenchRuns({}, {}, final))
+    methods = tables["synthetic-retina"]["methods"]
+    assert methods["fedavg"]["method_set"] == [] and methods["fedavg-bn"]["method_set"] == ["model.norm=batch"]
+    assert "fedavg-bn: model.norm=batch; the others run" in legend.notes(spec, tables)
+
+
+def test_the_legend_names_the_methods_whose_sites_select_their_own_round():
+    """FedBN, a fine-tuning entry (scored: finetune), local and the clustered methods test each site with its own
+    model (or its cluster's) at its own best validation round: the legend names them against the other methods'
+    one round per run; FedSM (one round for its super model) and the global methods are not named; a bench without
+    such a method, or with it only in a leave-one-out federation (no site's own model there), says nothing."""
+    spec = _legend_spec(
+        [
+            "fedavg",
+            "fedbn",
+            {"name": "ft", "algorithms": ["fedavg", "finetune"]},
+            "fedsm",
+            "local",
+            "centralized",
+            "prior-cfl",
+        ]
+    )
+    names = ("fedavg", "fedbn", "ft", "fedsm", "local", "centralized")
+    sentence = (
+        " **Per-site selection** (fedbn, ft, local): each site is tested with its own model from the round where it "
+        "scored best on its own validation split, where each run of the other methods tests every site at one round, "
+        "that of the best mean validation Dice over the sites; Δ, CI and p still pair the same test cases."
+    )
+    assert legend.per_site_methods(spec, {"retina": _methods_fed(*names)}) == {
+        "fedbn": "personalized",
+        "ft": "personalized",
+        "local": "baseline",
+    }
+    assert legend.per_site_note(spec, {"retina": _methods_fed(*names)}) == sentence
+    assert legend.notes(spec, {"retina": _methods_fed(*names)}).count(sentence) == 1
+    clustered = legend.per_site_note(spec, {"retina": _methods_fed("fedavg", "prior-cfl")})
+    assert clustered.startswith(
+        " **Per-site selection** (prior-cfl): each site is tested with its own model (a "
+        "clustered method: its cluster's) from the round"
+    )
+    alone = legend.per_site_note(spec, {"retina": _methods_fed("fedbn")})  # nothing to contrast with
+    assert alone.endswith("on its own validation split; Δ, CI and p still pair the same test cases.")
+    for global_only in (
+        _methods_fed("fedavg", "fedsm", "centralized"),
+        {**_methods_fed("fedbn"), "leave_one_out": True},
+    ):
+        assert legend.per_site_note(spec, {"retina": global_only}) == ""
+        assert "Per-site selection" not in legend.notes(spec, {"retina": global_only})
+
+
+def test_the_legend_says_how_settings_were_chosen_only_where_a_method_has_a_grid():
+    """ "Settings chosen on validation only ... (grid edge)" where some method has a grid (a method taking another's
+    setting, settings_from, has one through it); a bench without a grid (an empty tuning.csv) does not say it."""
+    tables = {"retina": _methods_fed("fedavg", "fedprox")}
+    grid = {"name": "fedavg", "grid": {"train.lr": [0.01, 0.1]}}
+    for methods, said in (
+        (["fedavg", "fedprox"], False),
+        ([grid, "fedprox"], True),
+        ([grid, {"name": "fedprox", "settings_from": "fedavg"}], True),
+    ):
+        text = legend.notes(_legend_spec(methods), tables)
+        assert (legend.GRID_NOTE in text) == said and ("(grid edge)" in text) == said
+        assert "Settings chosen on validation only" in text if said else "Settings chosen" not in text

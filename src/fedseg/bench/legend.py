@@ -1,8 +1,9 @@
 """The legend every table of a bench shares (:func:`notes`: what Δ, CI, p, †, ° and ‡ are, what is paired with what),
 printed before the tables of tables.md, report.html and tables.tex (as comments), with the bench's own caveats: its
-test alternative, HD95 and NSD where tested, data generated per seed, how its grids were tuned (:func:`tuning_note`)
-and what a tie on validation selects (:data:`TIE_NOTE`), and the changes of its tests or comparisons made after
-results existed.
+test alternative, HD95 and NSD where tested, data generated per seed, how its grids were tuned (:data:`GRID_NOTE`,
+:func:`tuning_note`) and what a tie on validation selects (:data:`TIE_NOTE`), the methods that ran a configuration of
+their own (:func:`own_set_note`) or select a round per site (:func:`per_site_note`), and the changes of its tests or
+comparisons made after results existed.
 """
 
 from __future__ import annotations
@@ -38,11 +39,14 @@ NOTES = (
     "only that the two differ. cases paired: n, and (k differ) where some differences are 0 (the p ranks those "
     "k). ‡: Δ, CI and p pair fewer cases than the Dice columns average (a site failed), or the method and the "
     "reference finished different runs (a seed or fold missing): the columns describe other cases or runs than Δ "
-    "(in the per-site table: the site's test paired fewer cases than its two cells average). Settings chosen on "
-    "validation only (see the tuning table); (grid edge): the selected value is the smallest or largest of its "
-    "grid, so the best one may lie outside it.{tie} Differences of Dice (as of any score in [0, 1]) to 4 decimals, of "
-    "HD95 to 2; a nonzero one that would round to ±0.0000 is shown to one significant digit (+3e-05), so a bound "
-    "printed as 0 is exactly 0."
+    "(in the per-site table: the site's test paired fewer cases than its two cells average).{tuned} Differences "
+    "of Dice (as of any score in [0, 1]) to 4 decimals, of HD95 to 2; a nonzero one that would round to ±0.0000 is "
+    "shown to one significant digit (+3e-05), so a bound printed as 0 is exactly 0."
+)
+
+GRID_NOTE = (
+    " Settings chosen on validation only (see the tuning table); (grid edge): the selected value is the smallest or "
+    "largest of its grid, so the best one may lie outside it."
 )
 
 TIE_NOTE = (
@@ -85,9 +89,11 @@ def methods_recorded(tables: dict) -> bool:
 
 def notes(bench: BenchSpec, tables: dict, changes: Sequence[str] = (), tuning: Sequence[dict] = ()) -> str:
     """The tables' legend, with the bench's test alternative (NSD's only where a federation has NSD: an old bench
-    renders as it did), the ``changes`` of its tests or comparisons made after runs had finished, and what a tie
-    selects (:data:`TIE_NOTE`) where a selection of its ``tuning`` rows was one
-    (``fedseg.bench.select.selection_ties``)."""
+    renders as it did), the ``changes`` of its tests or comparisons made after runs had finished, how settings are
+    chosen on validation (:data:`GRID_NOTE`, only where a method has a grid) and what a tie selects
+    (:data:`TIE_NOTE`) where a selection of its ``tuning`` rows was one (``fedseg.bench.select.selection_ties``),
+    the methods that ran a configuration of their own (:func:`own_set_note`) and those whose sites select their own
+    round (:func:`per_site_note`)."""
     alternative = bench.tests.alternative
     side = {"two-sided": "", "greater": " (lies above 0: the tests are one-tailed, method > reference)"}.get(
         alternative, " (lies below 0: the tests are one-tailed, method < reference)"
@@ -97,17 +103,85 @@ def notes(bench: BenchSpec, tables: dict, changes: Sequence[str] = (), tuning: S
     if methods_recorded(tables):
         method = WILCOXON_METHOD.format(exact_below=EXACT_BELOW, permutation_up_to=PERMUTATION_UP_TO)
     tie = TIE_NOTE if selection_ties(list(tuning)) else ""
-    text = NOTES.format(resamples=RESAMPLES, side=side, alternative=one, method=method, tie=tie)
+    tuned = GRID_NOTE + tie if any(m.grid for m in bench.methods) else ""
+    text = NOTES.format(resamples=RESAMPLES, side=side, alternative=one, method=method, tuned=tuned)
     hd95, nsd = any(has_hd95_tests(t) for t in tables.values()), any(has_nsd(t) for t in tables.values())
     text += HD95_NOTE.format(side=HD95_SIDE[alternative]) if hd95 else ""
     text += NSD_NOTE if nsd else ""
     text += OWN_PAIRS if hd95 or nsd else ""
     text += PER_SEED_DATA if bench.data_seed == "per-seed" else ""
     text += tuning_note(bench)
+    text += own_set_note(tables)
+    text += per_site_note(bench, tables)
     text += provenance_note(tables)
     if changes:
         text += " **Changed after results existed** (" + "; ".join(changes) + "): the p-values and † follow the change."
     return text
+
+
+def own_set_note(tables: dict) -> str:
+    """ "" unless the methods' own ``set:`` overrides (tables.json ``method_set`` of each method,
+    ``fedseg.bench.tables.federation_tables``) differ between methods: then one sentence naming each method's (a
+    ``model.norm=batch`` of FedBN's entry alone makes FedBN-on-BatchNorm the row next to FedAvg-on-InstanceNorm,
+    which the setting column does not show). Tables written before it was recorded render as they did."""
+    recorded: dict[str, list[str]] = {}
+    for t in tables.values():
+        for name, stats in t["methods"].items():
+            if isinstance(stats.get("method_set"), list):
+                recorded.setdefault(name, [str(a) for a in stats["method_set"]])
+    if len({tuple(s) for s in recorded.values()}) < 2:
+        return ""
+    own = "; ".join(f"{name}: {', '.join(s)}" for name, s in recorded.items() if s)
+    others = "; the others run the bench's configuration alone" if any(not s for s in recorded.values()) else ""
+    return (
+        f" **Methods with their own configuration** (set: in the bench file, on top of the bench's and the "
+        f"federation's): {own}{others}, so a difference between methods that ran different configurations is not "
+        "their algorithms' alone."
+    )
+
+
+def per_site_methods(bench: BenchSpec, tables: dict) -> dict[str, str]:
+    """``{method: kind}`` of the methods of ``tables`` whose scored algorithm tests each site with its own model (a
+    clustered method: its cluster's) from the round where that site scored best on its own validation split (the
+    server's ``SELECTS_PER_SITE``: local, fedbn, fedper, lg-fedavg, ditto, finetune, the clustered methods; not
+    FedSM, whose run selects one round for its super model), in a federation whose sites are tested (a leave-one-out
+    federation scores a model on a site it never saw, no site's own); an algorithm no longer known counts as not."""
+    from fedseg.algorithms import get_algorithm
+
+    names = [n for t in tables.values() if not t.get("leave_one_out") for n in t["methods"]]
+    out: dict[str, str] = {}
+    for name in dict.fromkeys(names):
+        if name not in bench.method_names:
+            continue
+        try:
+            spec = get_algorithm(bench.method(name).scored)
+        except KeyError:
+            continue
+        if getattr(spec.server, "SELECTS_PER_SITE", False):
+            out[name] = spec.kind
+    return out
+
+
+def per_site_note(bench: BenchSpec, tables: dict) -> str:
+    """ "" unless a method of the tables selects a round per site (:func:`per_site_methods`): then one sentence
+    naming them, against the one round per run of the other methods, and that the paired tests still pair the same
+    test cases."""
+    kinds = per_site_methods(bench, tables)
+    if not kinds:
+        return ""
+    cluster = " (a clustered method: its cluster's)" if "clustered" in kinds.values() else ""
+    others = {n for t in tables.values() for n in t["methods"]} - set(kinds)
+    contrast = (
+        ", where each run of the other methods tests every site at one round, that of the best mean validation Dice "
+        "over the sites"
+        if others
+        else ""
+    )
+    return (
+        f" **Per-site selection** ({', '.join(kinds)}): each site is tested with its own model{cluster} from the "
+        f"round where it scored best on its own validation split{contrast}; Δ, CI and p still pair the same test "
+        "cases."
+    )
 
 
 def provenance_note(tables: dict) -> str:

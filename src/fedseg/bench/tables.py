@@ -22,6 +22,9 @@ For each federation and method (its final runs, ``fedseg.bench.execute``):
 * ``hd95_wilcoxon`` / ``nsd_wilcoxon``: the same pooled comparison on HD95 / NSD (None when the method or the
   reference has none: ``eval.hd95`` off, or NSD of runs written before it existed); HD95's alternative is the
   reverse of ``tests.alternative`` (:func:`metric_alternative`: lower is better), its Δ in the HD95 unit;
+* ``method_set``: the method's own ``set:`` overrides of the bench file (on top of the bench's and the federation's;
+  ``[]`` for none), which the legend names where methods differ in them (a ``tables.json`` written before has none
+  and renders as it did);
 * ``convergence``: runs, how many selected a round in the last 10% of their rounds without a validation plateau
   (``not_converged``, ``fedseg.run.stopping.not_converged``), stop rules;
 * ``learned_weights`` (a method whose sites learn their aggregation weights, Auto-FedAvg: ``round_metrics.csv``
@@ -261,6 +264,7 @@ def federation_tables(bench: BenchSpec, runs: BenchRuns) -> tuple[dict, list[dic
             stats = method_stats(rows, [fin for _, fin in pairs], method.scored, regions)
             stats["setting"], stats["at_edge"] = final_setting(method, [run for run, _ in pairs])
             stats["routed_to_global"] = routed_runs(pairs, method.scored)
+            stats["method_set"] = list(method.set)  # its own overrides (fedseg.bench.legend.own_set_note)
             if (weights := learned_weights([fin for _, fin in pairs], method.scored)) is not None:
                 stats["learned_weights"] = weights
             methods[method.name] = stats
