@@ -133,3 +133,23 @@ def test_nested_regions_are_scored_as_the_label_map_they_paint_on_the_original_g
     union = int((outer | inner).sum())
     assert channels["dice"][0, 0] == pytest.approx(2 * outer.sum() / (outer.sum() + union))
     assert channels["dice"][0, 0] < 1.0 and channels["dice"][0, 1] == 1.0
+
+
+def test_surface_metrics_in_background_threads_equal_the_inline_ones_in_case_order(monkeypatch):
+    """With the network on an accelerator, HD95/NSD run in background threads while the next cases are predicted
+    (``surface_threads``): every case's numbers are those computed inline, in the cases' order; forced here on the
+    CPU with more cases than the threads keep in flight (2 per thread)."""
+    from fedseg.evaluate import sliding
+
+    cfg = VolumeConfig(patch_size=8)
+    vols = []
+    for k in range(7):
+        shape, spacing = (14 + k, 12, 10), (1.0, 0.8 + 0.1 * k, 2.0)
+        image = ball(shape, spacing, 3.0 + k / 2).astype(np.float32)[None]
+        vols.append(build_volume(image, ball(shape, spacing, 4.0).astype(np.uint8), ONE, spacing, cfg, "none"))
+    inline = score_volumes(Threshold(), vols, cfg, 0.5, True, CPU)
+    monkeypatch.setattr(sliding, "surface_threads", lambda device: 2)
+    threaded = score_volumes(Threshold(), vols, cfg, 0.5, True, CPU)
+    for metric in ("dice", "hd95", "nsd"):
+        np.testing.assert_array_equal(threaded[metric], inline[metric])
+    assert len(set(inline["hd95"][:, 0].tolist())) > 3  # the cases differ: an order mix-up would show
