@@ -12,12 +12,17 @@ the cases.
 
     PYTHONPATH=src python benchmarks/surface_speed.py --cases 4
     PYTHONPATH=src python benchmarks/surface_speed.py --cases 6 --threads 1,2 --out surface_threads.json
+    PYTHONPATH=src python benchmarks/surface_speed.py --cases 4 --concurrent 2 --out surface_concurrent.json
+
+``--concurrent N``: the CPU path over the cases one after another and in N threads at once, at one torch thread, the
+order alternated over ``--repeats``, with whether the numbers are the same (``compare_concurrent``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 from pathlib import Path
@@ -49,11 +54,17 @@ def case(g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", type=int, default=4)
+    ap.add_argument("--repeats", type=int, default=4, help="--concurrent: how many times, the order alternated")
     ap.add_argument("--out", type=Path, default=HERE / "results" / "surface_speed.json")
     ap.add_argument("--threads", default="", help="comma-separated torch thread counts to compare on the CPU path")
+    ap.add_argument(
+        "--concurrent", type=int, default=0, help="the CPU path on the cases one after another and in N threads"
+    )
     args = ap.parse_args()
     if args.threads:
         return compare_threads(args)
+    if args.concurrent:
+        return compare_concurrent(args)
     g = torch.Generator().manual_seed(0)
     cases = [case(g) for _ in range(args.cases)]
     taus = [1.0, 1.0, 1.0]
@@ -106,6 +117,48 @@ def compare_threads(args: argparse.Namespace) -> None:
         ratios = [r["seconds"][counts[0]] / r["seconds"][n] for r in rows]
         speedup[n] = {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}
     result = {"shape": SHAPE, "regions": 3, "threads": counts, "cases": rows, "speedup": speedup}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+
+
+def compare_concurrent(args: argparse.Namespace) -> None:
+    """The CPU path over ``--cases`` cases one after another and in ``--concurrent`` N threads at once (how
+    ``fedseg.evaluate.sliding.score_volumes`` runs them while an accelerator predicts the next cases), at one torch
+    thread, the two orders alternated over ``--repeats``; whether the numbers are the same, and ``speedup``: the
+    sequential seconds over the threaded ones, median and range."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    torch.set_num_threads(1)
+    g = torch.Generator().manual_seed(0)
+    cases = [case(g) for _ in range(args.cases)]
+
+    def one(pair: tuple[torch.Tensor, torch.Tensor]) -> tuple[list, list]:
+        hd, nsd = cpu_surface_pairs(pair[0], pair[1], [1.0, 1.0, 1.0], 95.0, [1.0, 1.0, 1.0])
+        return hd.tolist(), nsd.tolist()
+
+    rows = []
+    for r in range(args.repeats):
+        seconds, numbers = {}, {}
+        for side in ("sequential", "threads") if r % 2 == 0 else ("threads", "sequential"):
+            t0 = time.perf_counter()
+            if side == "sequential":
+                numbers[side] = [one(c) for c in cases]
+            else:
+                with ThreadPoolExecutor(args.concurrent) as pool:
+                    numbers[side] = list(pool.map(one, cases))
+            seconds[side] = time.perf_counter() - t0
+        rows.append({"seconds": seconds, "same_numbers": numbers["sequential"] == numbers["threads"]})
+        print(rows[-1], flush=True)
+    ratios = [row["seconds"]["sequential"] / row["seconds"]["threads"] for row in rows]
+    result = {
+        "shape": SHAPE,
+        "regions": 3,
+        "cases": args.cases,
+        "threads": args.concurrent,
+        "cpus": os.cpu_count(),
+        "repeats": rows,
+        "speedup": {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)},
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
 
