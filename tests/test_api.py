@@ -375,3 +375,157 @@ def test_a_script_that_registers_a_method_runs_every_cli_command_with_it(tmp_pat
     assert list(summary["algorithms"]) == ["fedavg-equal"]
     again = subprocess.run([*args, "--resume"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0 and "has finished" in again.stdout + again.stderr, again.stdout + again.stderr
+
+
+RESULTS_HEADER = "algorithm,model,site,case,region,metric,value"
+ROUND_ROWS = "algorithm,round,site,val_dice,train_loss\nfedavg,1,site1,0.5,0.9\n"
+ENTRY = {"dice": {"client_avg": 0.5, "global": 0.5, "site1": 0.5}}
+
+
+def _fake_run(out: Path, results: str | bytes | None, rounds: str | None = ROUND_ROWS) -> Path:
+    """A run folder holding summary.json (fedavg finished) and the given results.csv / rounds.csv (None: none)."""
+    out.mkdir(parents=True, exist_ok=True)
+    summary = {"dataset": "discs", "sites": ["site1"], "regions": ["disc"], "algorithms": {"fedavg": ENTRY}}
+    (out / "summary.json").write_text(json.dumps(summary))
+    for name, content in (("results.csv", results), ("rounds.csv", rounds)):
+        if isinstance(content, bytes):
+            (out / name).write_bytes(content)
+        elif content is not None:
+            (out / name).write_text(content)
+    return out
+
+
+def test_cases_and_rounds_read_the_run_files_as_the_report_does(tmp_path):
+    """A damaged results.csv or rounds.csv is the report's one-line ValueError naming the file (not a garbage row, a
+    bare UnicodeDecodeError or KeyError); a missing one of a run with finished algorithms says to resume it."""
+    from fedseg.presentation.kit import load_run
+
+    row = "fedavg,global,site1,c1,disc,dice,0.8"
+    damaged = {
+        f"{RESULTS_HEADER}\n{row}\nfedavg,global,site1,c2\n": r"results.csv: line 3 has 4 fields, the header 7 \(cut",
+        b"\x89PNG\r\n\x1a\n\x00\xff": r"results.csv: not UTF-8 text",
+        "algorithm,site,case,value\nfedavg,site1,c1,0.8\n": r"results.csv: no column 'model'",
+        f"{RESULTS_HEADER}\nfedavg,global,site1,c1,disc,dice,abc\n": r"results.csv: line 2: value 'abc' is not a",
+    }
+    for content, message in damaged.items():
+        out = _fake_run(tmp_path / "damaged", content)
+        results = Results.load(out)
+        with pytest.raises(ValueError, match=message) as raised:
+            results.cases()
+        with pytest.raises(ValueError) as report_said:
+            load_run(out)  # what Results.report() reads
+        assert str(raised.value) == str(report_said.value) and "\n" not in str(raised.value)
+    out = _fake_run(tmp_path / "rounds", f"{RESULTS_HEADER}\n{row}\n", "algorithm,round,site\nfedavg,1,site1\n")
+    with pytest.raises(ValueError, match=r"rounds.csv: no column 'val_dice' \(its header: algorithm,round,site\)"):
+        Results.load(out).rounds()
+    (out / "rounds.csv").write_text(ROUND_ROWS + "fedavg,2,si")
+    with pytest.raises(ValueError, match=r"rounds.csv: line 3 has 3 fields, the header 5 \(cut short\?\)"):
+        Results.load(out).rounds()
+    (out / "rounds.csv").write_text(ROUND_ROWS)
+    assert Results.load(out).rounds() == [
+        {"algorithm": "fedavg", "round": 1, "site": "site1", "val_dice": 0.5, "train_loss": 0.9}
+    ]
+
+    missing = Results.load(_fake_run(tmp_path / "missing", None, None))
+    for read in (missing.cases, missing.rounds):
+        with pytest.raises(FileNotFoundError, match=r"results.csv|rounds.csv") as raised:
+            read()
+        assert "missing, though summary.json lists finished algorithms (fedavg)" in str(raised.value)
+        assert "resume it to write it again (results.resume()" in str(raised.value) and "\n" not in str(raised.value)
+    whole = Results.load(_fake_run(tmp_path / "whole", f"{RESULTS_HEADER}\n{row}\n"))
+    assert [r["value"] for r in whole.cases(metric="dice")] == [0.8]
+    assert whole.cases(metric="nsd") == [] and whole.cases(model="global", metric="hd95") == []  # no match: no rows
+    assert Results(tmp_path / "none", {"sites": ["site1"], "algorithms": {}}).cases() == []  # nothing finished yet
+
+
+def test_relative_folders_are_resolved_when_the_objects_are_made(tmp_path, monkeypatch, tiny_config, disc_federation):
+    """``Experiment(cfg, "runs/rel")`` and ``Results.load("runs/rel")`` keep reading and writing there after a chdir."""
+    here, elsewhere = tmp_path / "here", tmp_path / "elsewhere"
+    here.mkdir(), elsewhere.mkdir()
+    cfg = tiny_config(algorithms=["fedavg"], fl={"rounds": 1}, eval={"hd95": False, "local_models": False})
+    fed = disc_federation(n_sites=2, cases_per_site=8)
+    monkeypatch.chdir(here)
+    experiment = Experiment(cfg, "runs/rel", federation=fed, progress=False)
+    assert experiment.out == here / "runs" / "rel" and experiment.out.is_absolute()
+    monkeypatch.chdir(elsewhere)  # after the experiment was made: it still trains into here/runs/rel
+    results = experiment.run(report=False)
+    assert (here / "runs" / "rel" / "summary.json").is_file() and not (elsewhere / "runs").exists()
+    monkeypatch.chdir(here)
+    loaded = Results.load("runs/rel")
+    monkeypatch.chdir(elsewhere)
+    for r in (results, loaded):
+        assert r.out == here / "runs" / "rel" and r.cases(metric="dice")
+        assert r.model_dir("fedavg") == here / "runs" / "rel" / "model" / "fedavg" and r.rounds()
+        assert r.report() == here / "runs" / "rel" / "report.html" and r.report_path.is_file()
+    assert loaded.resume(federation=fed, progress=False).out == here / "runs" / "rel"
+    assert not (elsewhere / "runs").exists()
+    assert Results(Path("x"), {}).out == elsewhere / "x"
+
+
+def test_experiment_checks_names_options_device_and_source_when_made(tmp_path, tiny, disc_federation):
+    """The checks run() makes before any work that need no data fail at ``Experiment(...)`` already, each a
+    ValueError (the base class of ConfigError, FederationError and UnknownAlgorithm); nothing is written."""
+    from fedseg.algorithms import UnknownAlgorithm
+
+    out = tmp_path / "run"
+    bad = {
+        "algorithms": (["fedavgg"], UnknownAlgorithm, r"unknown algorithm 'fedavgg'; did you mean 'fedavg'\?$"),
+        "methods": (
+            {"fedprox": {"muu": 0.1}},
+            ValueError,
+            r"^methods\.fedprox\.muu: unknown key \(did you mean .mu.\?\)$",
+        ),
+        "device": ("tpu", ValueError, r"^device 'tpu': not a torch device; use cpu, cuda"),
+        "data": ({**tiny["data"], "source": "nope"}, FederationError, r"unknown data.source 'nope'; available: folder"),
+    }
+    for key, (value, kind, message) in bad.items():
+        with pytest.raises(kind, match=message) as raised:
+            Experiment({**tiny, key: value}, out, progress=False)  # no run(): made, not run
+        assert isinstance(raised.value, ValueError) and "register it again" not in str(raised.value)
+    assert not out.exists()
+    given = Experiment({**tiny, "data": bad["data"][0]}, out, federation=disc_federation(n_sites=2), progress=False)
+    assert given.config.data.source == "nope"  # an in-memory federation replaces data.source: not checked
+
+
+def test_load_config_takes_one_override_string_or_a_mapping_and_names_a_preset_given_as_a_file(tmp_path, monkeypatch):
+    listed = fedseg.load_config(preset="demo", overrides=["fl.rounds=3", "algorithms=[local, fedavg]"])
+    assert fedseg.load_config(preset="demo", overrides="fl.rounds=3").fl.rounds == 3
+    mapped = fedseg.load_config(preset="demo", overrides={"fl.rounds": 3, "algorithms": ("local", "fedavg")})
+    assert mapped == listed
+    assert fedseg.load_config(preset="demo", overrides={"train.lr": 1e-5, "data.root": None}).train.lr == 1e-5
+    with pytest.raises(ConfigError, match=r"fl\.rounds"):
+        fedseg.load_config(preset="demo", overrides={"fl.rounds": 0})  # validated as --set fl.rounds=0 is
+    with pytest.raises(TypeError, match=r"overrides: got int; expected 'key.sub=value', a list of them or a mapping"):
+        fedseg.load_config(preset="demo", overrides=3)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"overrides: item 3 \(int\) is not a string"):
+        fedseg.load_config(preset="demo", overrides=["fl.rounds=2", 3])  # type: ignore[list-item]
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match=r"^demo: config file not found; 'demo' is a preset: pass load_config\(pres"):
+        Experiment("demo", tmp_path / "run")
+    with pytest.raises(ConfigError, match=r"^nodemo: config file not found$"):
+        Experiment("nodemo", tmp_path / "run")
+
+
+def test_resuming_a_registered_federation_unregistered_says_to_register_it_again(
+    registry, tmp_path, tiny_config, disc_federation
+):
+    """As for a registered method: a fresh process (a restarted kernel) that did not register the federation again."""
+    from fedseg.data.sources import UnknownSource
+
+    register_federation("test-blobs", lambda cfg: disc_federation(n_sites=2, cases_per_site=8), sites=2)
+    cfg = tiny_config(algorithms=["fedavg"], data={"source": "test-blobs"}, fl={"rounds": 1}, eval={"hd95": False})
+    out = tmp_path / "run"
+    results = Experiment(cfg, out, progress=False).run(report=False)
+    experiment = Experiment(cfg, out, progress=False)
+    unregister_federation("test-blobs")
+    hint = r"unknown data.source 'test-blobs'; available: .*register it again \(fedseg.data.sources.register_fed"
+    with pytest.raises(FederationError, match=hint + r"eration\) before resuming its run$"):
+        experiment.run(resume=True)
+    for resume in (results.resume, lambda **kw: Experiment(cfg, out, **kw).run(resume=True)):
+        with pytest.raises(FederationError, match=hint) as raised:
+            resume(progress=False)
+        assert isinstance(raised.value, UnknownSource) and raised.value.name == "test-blobs"
+    with pytest.raises(FederationError, match=r"^unknown data.source 'test-blobs'; available: [^;]*$"):
+        Experiment(cfg, tmp_path / "other", progress=False)  # no run there: no resume, no hint
+    copy = pickle.loads(pickle.dumps(raised.value))
+    assert type(copy) is UnknownSource and str(copy) == str(raised.value) and copy.name == "test-blobs"

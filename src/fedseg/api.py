@@ -12,9 +12,14 @@
 ``Experiment.run`` does what ``fedseg run`` does (the same functions): the checks made before any work
 (device, output folder, options, data, a resume's recorded configuration), every algorithm trained and
 tested, the run's files and ``report.html``. Errors are raised (``ConfigError``, ``FederationError``,
-``ValueError``, ``FileExistsError``...), not printed. A run leaves the calling process as it found it: torch's
-thread count and every global random generator are restored afterwards. Custom methods and federations: see
-``fedseg.algorithms.register_algorithm`` and ``fedseg.data.sources.register_federation``.
+``ValueError``, ``FileExistsError``...), not printed; every configuration mistake is a ``ValueError`` (``ConfigError``,
+``FederationError``, ``UnknownAlgorithm`` and ``MethodError`` are subclasses). A run leaves the calling process as it
+found it: torch's thread count and every global random generator are restored afterwards. Custom methods and
+federations: see ``fedseg.algorithms.register_algorithm`` and ``fedseg.data.sources.register_federation``.
+
+Paths: ``Experiment``'s ``out`` and ``Results``' folder are made absolute when the object is created (a later
+``os.chdir`` does not move them); a relative ``data.root`` is read relative to the working directory when the run
+starts (the configuration records it as given).
 """
 
 from __future__ import annotations
@@ -57,8 +62,81 @@ def as_config(config: ConfigLike) -> RunConfig:
         data.pop("description", None)
         return validate_config(data, "config")
     if isinstance(config, (str, Path)):
-        return load_config(file=config)
+        try:
+            return load_config(file=config)
+        except ConfigError as e:
+            raise _preset_hint(e, config) from None
     raise TypeError(f"config: expected a RunConfig, a dict or a YAML file path, got {type(config).__name__}")
+
+
+def _preset_hint(error: ConfigError, file: str | Path) -> ConfigError:
+    """``error`` with, where ``file`` is a missing file named like a preset (``Experiment("demo", out)``), how to ask
+    for the preset instead."""
+    from fedseg.config_load import preset_names
+
+    name = str(file)
+    if Path(file).exists() or name not in preset_names():
+        return error
+    return ConfigError(
+        f"{error}; {name!r} is a preset: pass load_config(preset={name!r}) (a file path is read as YAML)"
+    )
+
+
+def check_config(config: RunConfig, federation: Federation | None = None) -> None:
+    """The checks :meth:`Experiment.run` makes before any work that need no data, no output folder and write
+    nothing (the same functions): every algorithm's name and options (``UnknownAlgorithm``, ``ConfigError``), every
+    key of ``methods``, the device, secure aggregation (refused in process) and, without ``federation``,
+    ``data.source`` (a ``FederationError`` listing the known ones; ``folder`` needs ``data.root``)."""
+    from fedseg.algorithms import check_method_names, get_algorithm
+    from fedseg.data.sources import source_names, unknown_source
+    from fedseg.run.checks import check_secure_aggregation
+    from fedseg.run.preflight import check_device
+    from fedseg.run.preparation import folder_root
+
+    for name in config.algorithms:
+        get_algorithm(name).parse_options(config.methods.get(name))
+    check_method_names(config.methods)
+    check_device(config.device)
+    check_secure_aggregation(config, in_process=True)
+    root = folder_root(config)  # a ValueError for data.source folder without data.root (as the run's check)
+    if federation is None and root is None and config.data.source not in source_names():
+        raise unknown_source(config.data.source)
+
+
+#: what a resume in a process that lacks a registration needs (the run named a method or a federation of user code)
+REGISTER_ALGORITHM_AGAIN = (
+    "a method added with register_algorithm exists only in the process that registered it: "
+    "register it again before resuming its run"
+)
+
+
+def with_resume_hint(error: Exception, recorded: set[str] | None = None) -> Exception | None:
+    """``error`` (an unknown algorithm or ``data.source`` met while resuming) with the hint to register it again in
+    this process; None for another error, or for a name the run did not record (``recorded``: the names its
+    ``config.yaml`` holds, :func:`recorded_names`; None: any name)."""
+    from fedseg.algorithms import UnknownAlgorithm
+    from fedseg.data.sources import REGISTER_AGAIN, UnknownSource
+
+    if not isinstance(error, UnknownAlgorithm | UnknownSource) or (recorded is not None and error.name not in recorded):
+        return None
+    if isinstance(error, UnknownAlgorithm):
+        return UnknownAlgorithm(error.name, f"{error}; {REGISTER_ALGORITHM_AGAIN}")
+    return UnknownSource(error.name, f"{error}; {REGISTER_AGAIN}")
+
+
+def recorded_names(out: Path) -> set[str]:
+    """The algorithms and the ``data.source`` the run in ``out`` recorded (its ``config.yaml``); empty without a
+    readable one."""
+    from fedseg.run.preflight import recorded_config
+
+    try:
+        recorded = recorded_config(out / "config.yaml") or {}
+    except ValueError:  # unreadable: the run says so itself
+        return set()
+    algorithms, data = recorded.get("algorithms"), recorded.get("data")
+    names = {a for a in algorithms if isinstance(a, str)} if isinstance(algorithms, list) else set()
+    source = data.get("source") if isinstance(data, dict) else None
+    return names | ({source} if isinstance(source, str) else set())
 
 
 class Experiment:
@@ -73,7 +151,13 @@ class Experiment:
     the rounds go to ``out/run.log`` only, and the run's one-line notes (cost warnings, a resume of a finished
     run) to stderr.
 
-    The config is validated here and again by :meth:`run` (``experiment.config`` may be changed in between)."""
+    The config is validated here, with the checks :meth:`run` makes before any work that need no data
+    (:func:`check_config`: algorithm names and options, ``methods`` keys, device, ``data.source``), and again by
+    :meth:`run` (``experiment.config`` may be changed in between). Every such mistake is a ``ValueError``
+    (``ConfigError``, ``FederationError``, ``UnknownAlgorithm`` are subclasses); where ``out`` holds a run whose
+    ``config.yaml`` names the unknown algorithm or ``data.source`` (a resume in a process that did not register it),
+    the error says to register it again. ``out`` is made absolute here (:attr:`out`: a later ``os.chdir`` does not
+    move the run)."""
 
     def __init__(
         self,
@@ -89,6 +173,22 @@ class Experiment:
         self.federation = federation
         self.keep_checkpoints = keep_checkpoints
         self.progress = progress
+        try:
+            check_config(self.config, federation)
+        except ValueError as e:  # out holds a run of a method or federation registered in the process that ran it?
+            hinted = with_resume_hint(e, recorded_names(self.out))
+            if hinted is None:
+                raise
+            raise hinted from None
+
+    @property
+    def out(self) -> Path:
+        """The run's folder, absolute: a relative one is read against the working directory when it is set."""
+        return self._out
+
+    @out.setter
+    def out(self, value: str | Path) -> None:
+        self._out = Path(value).absolute()
 
     @classmethod
     def from_run(cls, out: str | Path, **kwargs) -> Experiment:
@@ -97,11 +197,11 @@ class Experiment:
         (``fedseg.run.preflight.recorded_config``: an older run's ``eval.score_on`` is ``channels``)."""
         from fedseg.run.preflight import recorded_config
 
-        path = Path(out) / "config.yaml"
+        path = Path(out).absolute() / "config.yaml"
         recorded = recorded_config(path)
         if recorded is None:
             raise FileNotFoundError(f"{path} not found: is {out} a fedseg run directory?")
-        return cls(validate_config(recorded, str(path)), out, **kwargs)  # a bad key named with the file
+        return cls(validate_config(recorded, str(path)), path.parent, **kwargs)  # a bad key named with the file
 
     def run(self, resume: bool = False, report: bool = True) -> Results:
         """Run (``resume``: continue the run in ``out`` from its checkpoints; finished algorithms are
@@ -110,7 +210,6 @@ class Experiment:
         The config is validated first (a ``ConfigError`` before anything is written). Torch's thread count
         (``threads``), its CPU (and initialized CUDA) random generators, cuDNN autotuning, Python's ``random``
         and numpy's global generator are restored when the run ends, however it ends."""
-        from fedseg.algorithms import UnknownAlgorithm
         from fedseg.run import run_experiment
 
         self.config = as_config(self.config)
@@ -137,14 +236,11 @@ class Experiment:
                         federation=self.federation,
                         keep_checkpoints=self.keep_checkpoints,
                     )
-        except UnknownAlgorithm as e:
-            if not resume:
+        except ValueError as e:  # an unknown algorithm or data.source: registered in another process?
+            hinted = with_resume_hint(e) if resume else None
+            if hinted is None:
                 raise
-            raise UnknownAlgorithm(
-                e.name,
-                f"{e}; a method added with register_algorithm exists only in the process that registered it: "
-                "register it again before resuming its run",
-            ) from None
+            raise hinted from None
         results = Results.load(self.out)
         results.raw = raw
         if report:
@@ -198,12 +294,23 @@ class Results:
     (``config.yaml``), per-case scores (:meth:`cases`), paths (:attr:`out`, :attr:`report_path`,
     :meth:`model_dir`). ``raw``: the in-memory results (models included) when it comes from
     :meth:`Experiment.run`, else None. An interrupted run opens too, with the algorithms it finished:
-    :attr:`missing` names the configured ones it did not (``finished`` is False, the repr says so)."""
+    :attr:`missing` names the configured ones it did not (``finished`` is False, the repr says so). ``out`` is made
+    absolute when the object is created (a later ``os.chdir`` does not move it)."""
 
     out: Path
+    """The run's folder (absolute)."""
     summary: dict
+    """``summary.json`` as a dict (per algorithm its scores, ``site_models``, and the traffic: ``floats_sent``;
+    ``bytes_sent`` is measured on Flower only, 0 in the simulator and the worker pool)."""
     config: RunConfig | None = None
+    """``config.yaml`` as a RunConfig (the configuration as given, recorded when the run started); None where the
+    run has none or this fedseg cannot read it."""
     raw: RunResults | None = field(default=None, repr=False)
+    """The in-memory results (``fedseg.run.outputs.RunResults``: the federation, each algorithm's trained models,
+    rows and ledger) when these come from :meth:`Experiment.run`; None for :meth:`load`."""
+
+    def __post_init__(self) -> None:
+        self.out = Path(self.out).absolute()
 
     @classmethod
     def load(cls, out: str | Path) -> Results:
@@ -241,6 +348,7 @@ class Results:
 
     @property
     def sites(self) -> list[str]:
+        """The federation's site names (``summary.json``'s ``sites``), in its order: the names :meth:`dice` takes."""
         return list(self.summary.get("sites", []))
 
     def dice(self, average: str = "client_avg") -> dict[str, float]:
@@ -288,11 +396,12 @@ class Results:
         ``results.csv`` holds every model an algorithm tested: besides the one each site uses, e.g. FedAvg's
         ``local:siteN`` models (``eval.local_models``) and ``local``'s models on the other sites. ``scored``: only
         the rows of the model each site uses (summary.json's ``site_models``), those :meth:`dice`, :meth:`hd95`
-        and :meth:`nsd` average (per case: the mean over regions; per site: the mean over cases)."""
-        from fedseg.evaluate.tables import read_rows
+        and :meth:`nsd` average (per case: the mean over regions; per site: the mean over cases).
 
-        path = self.out / "results.csv"
-        rows = read_rows(path) if path.is_file() else []
+        The file is read as the report reads it: a damaged one (cut short, not UTF-8, a column missing) is a
+        ValueError naming it; a missing one a FileNotFoundError saying to resume the run where ``summary.json``
+        lists finished algorithms. No row matching the filters: ``[]``."""
+        rows = self._run_csv("results.csv")
         want = {"algorithm": algorithm, "metric": metric, "model": model}
         known = {
             "algorithm": [*self.algorithms, *(r["algorithm"] for r in rows)],
@@ -331,16 +440,44 @@ class Results:
         return models
 
     def rounds(self) -> list[dict]:
-        """``rounds.csv``: validation Dice and training loss per algorithm, round and site (numbers as floats)."""
-        from fedseg.presentation.kit import num, read_csv
+        """``rounds.csv``: validation Dice and training loss per algorithm, round and site (``round`` an int, the
+        others floats, NaN where blank). A damaged file is a ValueError naming it, as for :meth:`cases`."""
+        from fedseg.presentation.kit import num
 
         return [
-            {**r, "round": int(r["round"]), "val_dice": num(r["val_dice"]), "train_loss": num(r["train_loss"])}
-            for r in read_csv(self.out / "rounds.csv")
+            {**r, "round": int(r["round"]), "val_dice": num(r["val_dice"]), "train_loss": num(r.get("train_loss"))}
+            for r in self._run_csv("rounds.csv")
         ]
 
+    def _run_csv(self, name: str) -> list[dict]:
+        """The rows of the run's ``name`` (``results.csv``: ``value`` a float, NaN where blank), read as the report
+        reads them (:func:`fedseg.presentation.files.read_csv` with the columns and numbers the report checks): a
+        ValueError naming the file where it is not UTF-8 text, lacks a column, has a row cut short or a number that
+        is not one. Missing: a FileNotFoundError saying what to do where the run's ``summary.json`` lists finished
+        algorithms (written before ``name``: the run stopped in between), else ``[]`` (no results yet)."""
+        from fedseg.presentation.files import read_csv
+        from fedseg.presentation.kit import RUN_COLUMNS, RUN_NUMBERS, num
+
+        path = self.out / name
+        if not path.exists() and self.algorithms and (self.out / "summary.json").is_file():
+            raise FileNotFoundError(
+                f"{path}: missing, though summary.json lists finished algorithms ({', '.join(self.algorithms)}): the "
+                "run stopped before writing it; resume it to write it again (results.resume(), or `fedseg run` with "
+                "the run's command and --resume)"
+            )
+        if path.exists() and not path.is_file():
+            raise ValueError(f"{path}: is not a file (a folder?), not the run's {name}")
+        rows = read_csv(path, RUN_COLUMNS[name], RUN_NUMBERS.get(name))
+        if name == "results.csv":
+            for r in rows:
+                r["value"] = num(r["value"])
+        return rows
+
     def dataframe(self, **filters):
-        """:meth:`cases` as a pandas DataFrame (pandas is not a dependency of fedseg: install it to use this)."""
+        """:meth:`cases` as a pandas DataFrame (pandas is not a dependency of fedseg: install it to use this), in the
+        same long format: one row per case, region and metric, the score in ``value``. Select one metric before
+        averaging (``dataframe(metric="dice", scored=True).groupby("algorithm")["value"].mean()``): a mean over
+        every row mixes Dice, HD95 and NSD."""
         try:
             import pandas as pd
         except ImportError:
@@ -352,6 +489,7 @@ class Results:
     # --- files ---------------------------------------------------------------------------------
     @property
     def report_path(self) -> Path:
+        """``out/report.html`` (absolute), written by :meth:`Experiment.run` and :meth:`report`."""
         return self.out / "report.html"
 
     def model_dir(self, algorithm: str) -> Path:
@@ -363,6 +501,7 @@ class Results:
 
     @property
     def model_dirs(self) -> dict[str, Path]:
+        """``{algorithm: out/model/<algorithm>/}`` for every algorithm with results (:meth:`model_dir`)."""
         return {a: self.model_dir(a) for a in self.algorithms}
 
     def bundle(self, algorithm: str) -> dict:

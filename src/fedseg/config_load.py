@@ -6,9 +6,10 @@ configuration read with the defaults its run used (``with_recorded_defaults``)."
 from __future__ import annotations
 
 import copy
+import json
 import re
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any, get_args
@@ -234,12 +235,15 @@ def yaml_problem(error: yaml.YAMLError) -> str:
 def load_config(
     preset: str | None = None,
     file: str | Path | None = None,
-    overrides: Sequence[str] = (),
+    overrides: Sequence[str] | Mapping[str, Any] | str = (),
     labels: Mapping[str, str] | None = None,
 ) -> RunConfig:
     """Build a RunConfig from a preset name or a YAML file, then apply overrides (``key.sub=value``) in order.
-    ``labels``: the option that wrote an override's key (``{"fl.rounds": "--rounds"}``), for the error message; an
-    override without one is a ``--set``."""
+    ``overrides``: a list of ``key.sub=value`` strings (each value parsed as YAML, as ``--set`` parses it), one such
+    string, or a mapping ``{"fl.rounds": 3, "algorithms": ["local", "fedavg"]}`` (each value written as YAML, then
+    read as ``--set`` reads it); a TypeError for anything else. ``labels``: the option that wrote an override's key
+    (``{"fl.rounds": "--rounds"}``), for the error message; an override without one is a ``--set``."""
+    assignments = override_list(overrides)
     if (preset is None) == (file is None):
         raise ConfigError("give exactly one of --preset NAME or --config FILE")
     if preset is not None:
@@ -252,11 +256,36 @@ def load_config(
         data, where = read_yaml_mapping(text, str(path), empty), str(path)
     data.pop("description", None)
     read = copy.deepcopy(data)  # as the preset or file gave it: blamed for a value that is no section
-    for assignment in overrides:
+    for assignment in assignments:
         key = assignment.split("=", 1)[0].strip()
         apply_override(data, assignment, (labels or {}).get(key, "--set"), where, read)
-    keys = [a.split("=", 1)[0].strip() for a in overrides]
+    keys = [a.split("=", 1)[0].strip() for a in assignments]
     return validate_config(data, where, {key: (labels or {}).get(key, "--set") for key in keys})
+
+
+def override_list(overrides: object) -> list[str]:
+    """``load_config``'s ``overrides`` as ``key.sub=value`` strings: a string is one override, a mapping's values are
+    written as YAML (``{"fl.rounds": 3}`` -> ``fl.rounds=3``; tuples as lists, paths as strings), a list or tuple of
+    strings is kept; a TypeError saying what is expected otherwise (not a bare character-by-character reading)."""
+    expected = "expected 'key.sub=value', a list of them or a mapping {'key.sub': value}"
+    if isinstance(overrides, str):
+        return [overrides]
+    if isinstance(overrides, Mapping):
+        listed = []
+        for key, value in overrides.items():
+            if not isinstance(key, str) or "=" in key:
+                raise TypeError(f"overrides: key {key!r} is not a config key (key.sub); {expected}")
+            value = json.loads(json.dumps(value, default=str))  # as YAML would hold it: tuples as lists, paths as str
+            text = yaml.safe_dump(value, default_flow_style=True, width=2**31 - 1, allow_unicode=True)
+            listed.append(f"{key}={text.strip().removesuffix('...').strip()}")  # a scalar's document end: dropped
+        return listed
+    if isinstance(overrides, (bytes, bytearray)) or not isinstance(overrides, Iterable):
+        raise TypeError(f"overrides: got {type(overrides).__name__}; {expected}")
+    listed = list(overrides)
+    for item in listed:
+        if not isinstance(item, str):
+            raise TypeError(f"overrides: item {item!r} ({type(item).__name__}) is not a string; {expected}")
+    return listed
 
 
 def read_config_text(path: Path, what: str) -> str:

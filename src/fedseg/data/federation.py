@@ -43,6 +43,9 @@ class Regions:
 
     @classmethod
     def from_mapping(cls, mapping: Mapping[str, list[int] | tuple[int, ...]]) -> Regions:
+        """Regions from ``{name: label values}`` in order, e.g. ``{"disc": [1, 2], "cup": [2]}``: a pixel of a
+        case's label map ``(*spatial)`` whose value is listed belongs to that region (0 is background; a value may
+        lie in several, nested regions). A ``FederationError`` for no region, or one without positive values."""
         if not mapping:
             raise FederationError("regions: at least one region is required")
         names, values = [], []
@@ -159,6 +162,12 @@ class Case:
     def from_arrays(
         cls, id: str, image: np.ndarray, label: np.ndarray, *, spacing: tuple[float, ...] | None = None, **meta
     ) -> Case:
+        """A case held in memory: ``image`` ``(C, *spatial)`` channel-first (``(C, H, W)`` for a ``2d`` federation,
+        ``(C, D, H, W)`` for ``3d``; C the federation's ``channels``, even 1), ``label`` ``(*spatial)`` an integer
+        label map of the same spatial shape, its values those of the federation's :class:`Regions` (0: background).
+        Any numeric image dtype; kept as given (not copied: do not change the arrays afterwards). ``spacing``: voxel
+        size in mm per spatial axis (None: 1 mm); further keywords are the case's metadata (``meta``). The run checks
+        shapes, dtypes and values before any work (``fedseg.data.user_federation``)."""
         return cls(id, lambda: (image, label), meta, None if spacing is None else tuple(float(s) for s in spacing))
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray]:

@@ -149,8 +149,27 @@ def unregister_federation(name: str) -> None:
     del REGISTERED[name]
 
 
-def unknown_source(name: str) -> FederationError:
-    return FederationError(f"unknown data.source {name!r}; available: {', '.join(source_names())}")
+#: what a resume in a fresh process needs when its run named a registered federation (the API adds it to the error)
+REGISTER_AGAIN = (
+    "a federation added with register_federation exists only in the process that registered it: register it again "
+    "(fedseg.data.sources.register_federation) before resuming its run"
+)
+
+
+class UnknownSource(FederationError):
+    """``data.source`` names no federation: neither ``folder``, a built-in one nor one registered in this process
+    (``name``: the name, e.g. a registered one's, in a process that did not register it: :data:`REGISTER_AGAIN`)."""
+
+    def __init__(self, name: str, message: str) -> None:
+        super().__init__(message)
+        self.name = name
+
+    def __reduce__(self):  # pickled as built (a worker process's error reaches the run)
+        return type(self), (self.name, self.args[0])
+
+
+def unknown_source(name: str) -> UnknownSource:
+    return UnknownSource(name, f"unknown data.source {name!r}; available: {', '.join(source_names())}")
 
 
 def build_federation(cfg: RunConfig) -> Federation:
