@@ -265,7 +265,7 @@ def test_a_run_recorded_with_windows_junk_files_resumes(tmp_path):
     out.mkdir()
     record = {"data": "folder", "files": {**folder_files(tmp_path / "fed"), "s1/images/Thumbs.db": [5, 0]}}
     (out / RECORD).write_text(json.dumps(record))
-    check_data_files(out, tmp_path / "fed")  # no ValueError
+    assert check_data_files(out, tmp_path / "fed") is None  # no ValueError: Thumbs.db is not "removed"
     (site / "labels" / "c1.png").unlink()
     with pytest.raises(ValueError, match="removed: s1/labels/c1.png"):
         check_data_files(out, tmp_path / "fed")
