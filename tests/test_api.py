@@ -421,6 +421,9 @@ def test_cases_and_rounds_read_the_run_files_as_the_report_does(tmp_path):
     (out / "rounds.csv").write_text(ROUND_ROWS + "fedavg,2,si")
     with pytest.raises(ValueError, match=r"rounds.csv: line 3 has 3 fields, the header 5 \(cut short\?\)"):
         Results.load(out).rounds()
+    (out / "rounds.csv").write_text(ROUND_ROWS + "fedavg,,site1,0.5,0.1\n")
+    with pytest.raises(ValueError, match=r"rounds.csv: row 2: round '' is not a round number"):
+        Results.load(out).rounds()
     (out / "rounds.csv").write_text(ROUND_ROWS)
     assert Results.load(out).rounds() == [
         {"algorithm": "fedavg", "round": 1, "site": "site1", "val_dice": 0.5, "train_loss": 0.9}

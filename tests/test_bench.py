@@ -67,6 +67,14 @@ def test_a_method_that_does_not_fit_the_network_is_refused_before_any_run_trains
     assert not (tmp_path / "out").exists()
     fixed = _bench(tmp_path, methods=["fedavg", {"name": "fedbn", "set": ["model.norm=batch"]}])
     check_data(*load_bench(fixed), {})
+    inheriting = [  # fedbn's run applies fedavg's selected norm after its own set: instance is possible
+        {"name": "fedavg", "grid": {"model.norm": ["instance", "batch"]}},
+        {"name": "fedbn", "settings_from": "fedavg", "set": ["model.norm=batch"]},
+    ]
+    with pytest.raises(
+        ConfigError, match=r"^bench federation 'synthetic-retina': methods\[1\] \(fedbn\) norm=instance"
+    ):
+        check_data(*load_bench(_bench(tmp_path, methods=inheriting)), {})
 
 
 def test_plan_expands_cells_grids_and_budget_references(tmp_path):

@@ -444,9 +444,13 @@ class Results:
         others floats, NaN where blank). A damaged file is a ValueError naming it, as for :meth:`cases`."""
         from fedseg.presentation.kit import num
 
+        rows = self._run_csv("rounds.csv")
+        for i, r in enumerate(rows, start=1):
+            if not str(r["round"]).strip().isdigit():
+                raise ValueError(f"{self.out / 'rounds.csv'}: row {i}: round {r['round']!r} is not a round number")
         return [
             {**r, "round": int(r["round"]), "val_dice": num(r["val_dice"]), "train_loss": num(r.get("train_loss"))}
-            for r in self._run_csv("rounds.csv")
+            for r in rows
         ]
 
     def _run_csv(self, name: str) -> list[dict]:

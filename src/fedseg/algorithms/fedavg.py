@@ -202,7 +202,8 @@ class FedAvgClient:
         """
         model = self.eval_model(msg, ctx)
         data = ctx.data.split(str(msg.meta["split"]))
-        first_logits: list[torch.Tensor] | None = [] if msg.meta.get("sample") else None  # the sample's case
+        writes = msg.meta.get("sample") and ctx.artifacts is not None  # eval_reply writes the sample of its first case
+        first_logits: list[torch.Tensor] | None = [] if writes else None
         scores = score_at_site(model, data, ctx, wants_surface(msg, ctx), first_logits)
         tensors = {m: torch.from_numpy(v) for m, v in scores.items()}
         extra = self.after_evaluate(model, scores["dice"], msg, ctx)

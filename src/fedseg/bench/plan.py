@@ -436,7 +436,8 @@ def check_data(bench: BenchSpec, root: Path, holdouts: Holdouts, out: Path | Non
 def check_method_tasks(
     bench: BenchSpec, root: Path, fed: FederationSpec, seed: int, loaded: Federation, holdouts: Holdouts
 ) -> None:
-    """Every method's options fit its network on federation ``fed`` (``loaded``), at each of its grid settings: what
+    """Every method's options fit its network on federation ``fed`` (``loaded``), at each of its grid settings (with
+    each setting a ``settings_from`` method may inherit, as :func:`check_plan` combines them): what
     a run checks once its data is prepared (``MethodOptions.check_task``: FedBN on a network without normalization
     weights, FedPer's ``private_layers`` beyond the network's layers), checked before any run of the bench trains;
     a ConfigError naming the federation and the method's entry. A planned network (``model.name: planned``) is
@@ -446,8 +447,10 @@ def check_method_tasks(
 
     fold = folds_of(bench, fed, holdouts)[0]
     for method in bench.methods:
-        for setting in settings(method):
-            cfg = run_config(bench, root, make_run(bench, fed, method, fold, seed, setting, holdouts))
+        source = [()] if method.settings_from is None else settings(bench.method(method.settings_from))
+        for inherited, setting in itertools.product(source, settings(method)):
+            run = make_run(bench, fed, method, fold, seed, setting, holdouts, inherited=inherited)
+            cfg = run_config(bench, root, run)
             if cfg.model.name == "planned":
                 continue
             task = Task.of(cfg.model_copy(update={"device": "cpu"}), loaded)  # its structure, on any machine
@@ -456,7 +459,8 @@ def check_method_tasks(
                     get_algorithm(name).check_task(task, cfg.methods.get(name))
                 except ValueError as e:
                     where = f"bench federation {fed.name!r}: {method_place(bench, method.name)}"
-                    raise ConfigError(f"{where}{' ' + setting_label(setting) if setting else ''}: {e}") from None
+                    values = inherited + setting
+                    raise ConfigError(f"{where}{' ' + setting_label(values) if values else ''}: {e}") from None
 
 
 def load_bench(path: str | Path) -> tuple[BenchSpec, Path]:

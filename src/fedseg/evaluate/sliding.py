@@ -27,6 +27,7 @@ from fedseg.data.federation import Regions
 from fedseg.data.volumes import Grid, Volume, patch_size, restore
 from fedseg.evaluate.metric_info import DEFAULT_NSD_TOLERANCE, METRIC_NAMES
 from fedseg.evaluate.metrics import Scores, batch_metrics, label_map_masks
+from fedseg.evaluate.surface import one_query_thread
 
 # The most GPU memory (MiB) one case's blending and mapping back may take on an accelerator (:func:`case_mapping_mb`);
 # a larger case runs on the CPU, as every case did before. 2 GiB: a BraTS case (4 x 240 x 240 x 155) takes ~0.5 GiB.
@@ -164,15 +165,21 @@ def score_volumes(
     :mod:`fedseg.evaluate.surface`), else HD95/NSD copy it to the CPU. ``regions``: score the label map the
     masks paint (:func:`fedseg.evaluate.metrics.label_map_masks`); None: the thresholded channels. ``first_logits``:
     a list that receives the first case's blended logits ``(R, *P)`` on the CPU (``sample_prediction`` reuses them
-    rather than predicting that case twice). With the network on an accelerator, HD95/NSD on the CPU run in
-    :func:`surface_threads` background threads while the next cases are predicted (the KD-tree and the erosion
-    release the interpreter lock; each case's numbers are what they are alone, in the cases' order)."""
+    rather than predicting that case twice). With the network on a CUDA device, HD95/NSD on the CPU run in
+    :func:`surface_threads` background threads on CPU copies of the masks while the next cases are predicted (the
+    KD-tree queries release the interpreter lock; Dice is computed here, where the mask is; each case's numbers are
+    what they are alone, in the cases' order)."""
     surface_on_device = surface_device == "auto" and hd95
     measure = partial(batch_metrics, hd95=hd95, worst=worst, tolerance=tolerance, surface_device=surface_device)
     workers = surface_threads(device)
     pool = ThreadPoolExecutor(workers) if workers and hd95 and not surface_on_device else None
-    pending: deque[Future[Scores]] = deque()
+    pending: deque[tuple[Scores, Future[Scores]]] = deque()
     cases: list[Scores] = []
+
+    def surface(pred: torch.Tensor, truth: torch.Tensor, spacing: Sequence[float] | None) -> Scores:
+        with one_query_thread():  # the pool's threads already use the cores
+            return measure(pred, truth, spacing=spacing)
+
     try:
         for i, vol in enumerate(volumes):
             net = network_for(model, None if views is None else views[i], device)
@@ -183,10 +190,12 @@ def score_volumes(
             if pool is None:
                 cases.append(measure(*masks, spacing=vol.spacing))
                 continue
-            pending.append(pool.submit(measure, *masks, spacing=vol.spacing))
+            dice = measure(*masks, spacing=vol.spacing, hd95=False)  # here, where the mask is (an accelerator)
+            on_cpu = (masks[0].cpu(), masks[1].cpu())  # the threads touch no accelerator memory
+            pending.append((dice, pool.submit(surface, *on_cpu, vol.spacing)))
             while len(pending) > 2 * workers:  # a few cases' masks in memory at most
-                cases.append(pending.popleft().result())
-        cases += [case.result() for case in pending]
+                cases.append(_with_dice(*pending.popleft()))
+        cases += [_with_dice(*case) for case in pending]
     finally:
         if pool is not None:
             pool.shutdown(cancel_futures=True)  # an error or Ctrl-C: the cases not started are dropped
@@ -195,9 +204,17 @@ def score_volumes(
     return {m: np.stack([case[m][0] for case in cases]) for m in METRIC_NAMES}
 
 
+def _with_dice(dice: Scores, surface: Future[Scores]) -> Scores:
+    """A case's scores: its Dice as computed where its mask was, HD95 and NSD from the background thread."""
+    return {**surface.result(), "dice": dice["dice"]}
+
+
 def surface_threads(device: torch.device) -> int:
     """Background threads computing HD95/NSD on the CPU during a volume evaluation (:func:`score_volumes`): the run's
-    ``threads`` (torch's thread count) where the network runs on an accelerator and the CPU waits for it; none where
-    the CPU runs the network too (on 2 cores a thread overlapping the next case's prediction gained nothing:
-    ``fets-cpu``'s final evaluation took 1.03x as long, 0.98-1.19 over 4 alternated pairs)."""
-    return 0 if device.type == "cpu" else max(1, torch.get_num_threads())
+    ``threads`` (torch's thread count) where the network runs on a CUDA device and the CPU waits for it, each thread's
+    KD-tree queries on one thread (``surface.one_query_thread``); none where the CPU runs the network too (on 2 cores
+    a thread overlapping the next case's prediction gained nothing: ``fets-cpu``'s final evaluation took 1.03x as
+    long, 0.98-1.19 over 4 alternated pairs), nor on Apple's MPS, where two threads running its ops at once can
+    abort the process (pytorch/pytorch#197805). The threads get CPU masks: Dice is computed where the mask is, in
+    the calling thread."""
+    return max(1, torch.get_num_threads()) if device.type == "cuda" else 0

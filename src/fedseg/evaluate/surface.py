@@ -29,7 +29,9 @@ the empty-mask rule before).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -173,9 +175,26 @@ def _cpu_edge_points(pred: np.ndarray, truth: np.ndarray, scale: np.ndarray | No
 PARALLEL_QUERY_POINTS = 10_000  # fewer query points than this: one thread (scipy starts its threads per query)
 
 
+_THREAD = threading.local()  # ``one_query_thread``: set in a thread that is one of several computing HD95 at once
+
+
+@contextmanager
+def one_query_thread() -> Iterator[None]:
+    """Within it, this thread's KD-tree queries use one thread (:func:`query_workers`): for a thread that is one of
+    several scoring cases at once (``fedseg.evaluate.sliding.surface_threads``), which already use the cores."""
+    _THREAD.single = True
+    try:
+        yield
+    finally:
+        _THREAD.single = False
+
+
 def query_workers(points: int) -> int:
     """Threads for a KD-tree query of ``points`` points: the run's ``threads`` (torch's thread count) for a large
-    query, else 1. Each point's nearest distance is the same on any thread, so results do not depend on it."""
+    query, else 1 (and 1 within :func:`one_query_thread`). Each point's nearest distance is the same on any thread,
+    so results do not depend on it."""
+    if getattr(_THREAD, "single", False):
+        return 1
     return torch.get_num_threads() if points >= PARALLEL_QUERY_POINTS else 1
 
 
