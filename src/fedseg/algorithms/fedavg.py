@@ -202,8 +202,7 @@ class FedAvgClient:
         """
         model = self.eval_model(msg, ctx)
         data = ctx.data.split(str(msg.meta["split"]))
-        writes = msg.meta.get("sample") and ctx.artifacts is not None  # eval_reply writes the sample of its first case
-        first_logits: list[torch.Tensor] | None = [] if writes else None
+        first_logits: list[torch.Tensor] | None = [] if writes_sample(msg, ctx, data) else None  # the sample's case
         scores = score_at_site(model, data, ctx, wants_surface(msg, ctx), first_logits)
         tensors = {m: torch.from_numpy(v) for m, v in scores.items()}
         extra = self.after_evaluate(model, scores["dice"], msg, ctx)
@@ -224,7 +223,7 @@ class FedAvgClient:
         ``extra`` metadata; with ``meta.sample`` the site first writes ``model``'s example prediction to its own
         artifacts folder (images never travel in a message), from ``sample_logits`` where scoring kept the first
         case's (volumes: not predicted twice)."""
-        if msg.meta.get("sample") and ctx.artifacts is not None and len(data):
+        if writes_sample(msg, ctx, data):
             write_sample(model, data, ctx, str(msg.meta["model"]), sample_logits)
         meta: dict[str, MetaValue] = {
             "cases": json.dumps(data.ids),
@@ -244,6 +243,12 @@ class FedAvgClient:
     def eval_model(self, msg: Message, ctx: ClientContext) -> nn.Module:
         """The model to score: the one in the message (a global or another site's model)."""
         return self.reused_model("eval", msg.group(MODEL), ctx)
+
+
+def writes_sample(msg: Message, ctx: ClientContext, data: CaseSet) -> bool:
+    """Whether a site answering evaluate message ``msg`` on ``data`` writes its example prediction (``meta.sample``,
+    an artifacts folder of its own and a case to show)."""
+    return bool(msg.meta.get("sample")) and ctx.artifacts is not None and len(data) > 0
 
 
 def train_losses(replies: Mapping[str, Message]) -> dict[str, float]:

@@ -433,6 +433,13 @@ def check_data(bench: BenchSpec, root: Path, holdouts: Holdouts, out: Path | Non
             check_method_tasks(bench, root, fed, seed, loaded, holdouts)
 
 
+def setting_pairs(bench: BenchSpec, method: MethodSpec) -> list[tuple[Setting, Setting]]:
+    """Every (inherited, own) pair of settings a run of ``method`` can have: each setting of its ``settings_from``
+    method's grid (``()`` without one) with each of its own grid's."""
+    source = [()] if method.settings_from is None else settings(bench.method(method.settings_from))
+    return list(itertools.product(source, settings(method)))
+
+
 def check_method_tasks(
     bench: BenchSpec, root: Path, fed: FederationSpec, seed: int, loaded: Federation, holdouts: Holdouts
 ) -> None:
@@ -447,8 +454,7 @@ def check_method_tasks(
 
     fold = folds_of(bench, fed, holdouts)[0]
     for method in bench.methods:
-        source = [()] if method.settings_from is None else settings(bench.method(method.settings_from))
-        for inherited, setting in itertools.product(source, settings(method)):
+        for inherited, setting in setting_pairs(bench, method):
             run = make_run(bench, fed, method, fold, seed, setting, holdouts, inherited=inherited)
             cfg = run_config(bench, root, run)
             if cfg.model.name == "planned":
@@ -481,7 +487,6 @@ def check_plan(bench: BenchSpec, root: Path, file: str | Path | None = None) -> 
         federation_overrides(fed, f"{file}: federations[{i}]" if file is not None else f"federations[{i}]")
         plain = fed.model_copy(update={"leave_one_out": False})
         for method in [*bench.methods, reference_method(bench)]:
-            source = [()] if method.settings_from is None else settings(bench.method(method.settings_from))
-            for inherited, setting in itertools.product(source, settings(method)):
+            for inherited, setting in setting_pairs(bench, method):
                 run = make_run(bench, plain, method, fold, seed, setting, inherited=inherited)
                 check_methods(bench, run, run_config(bench, root, run, file), file)
