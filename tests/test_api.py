@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import yaml
 from typer.testing import CliRunner
 
 import fedseg
@@ -488,6 +489,25 @@ def test_experiment_checks_names_options_device_and_source_when_made(tmp_path, t
     assert not out.exists()
     given = Experiment({**tiny, "data": bad["data"][0]}, out, federation=disc_federation(n_sites=2), progress=False)
     assert given.config.data.source == "nope"  # an in-memory federation replaces data.source: not checked
+
+
+def test_a_run_on_a_missing_device_and_an_unknown_algorithm_point_at_what_works(tmp_path, tiny):
+    """``Experiment.from_run`` of a run recorded on a device this machine lacks points at ``Results.load``, which
+    reads it; ``model_dir`` of an algorithm the run lacks is an UnknownAlgorithm (KeyError and ValueError, as
+    ``dice`` raises ValueError) naming the closest."""
+    from fedseg.algorithms import UnknownAlgorithm
+
+    out = _fake_run(tmp_path / "run", f"{RESULTS_HEADER}\nfedavg,global,site1,c1,disc,dice,0.5\n")
+    (out / "config.yaml").write_text(yaml.safe_dump({**tiny, "device": "cuda:7"}))
+    if not torch.cuda.is_available() or torch.cuda.device_count() < 8:
+        with pytest.raises(ValueError, match=r"^device 'cuda:7': .*; .*config\.yaml records it, .*Results\.load\("):
+            Experiment.from_run(out)
+    loaded = Results.load(out)
+    assert loaded.dice() == {"fedavg": 0.5}
+    with pytest.raises(UnknownAlgorithm, match=r"^model_dir\('fedavgg'\): .* did you mean 'fedavg'\? choose one"):
+        loaded.model_dir("fedavgg")
+    with pytest.raises(KeyError):
+        loaded.site_models("fedsm")
 
 
 def test_load_config_takes_one_override_string_or_a_mapping_and_names_a_preset_given_as_a_file(tmp_path, monkeypatch):

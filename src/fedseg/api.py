@@ -194,13 +194,22 @@ class Experiment:
     def from_run(cls, out: str | Path, **kwargs) -> Experiment:
         """The experiment recorded in ``out/config.yaml`` (a run started earlier), e.g. to resume it:
         ``Experiment.from_run(out).run(resume=True)``; keys a later fedseg added read as that run used them
-        (``fedseg.run.preflight.recorded_config``: an older run's ``eval.score_on`` is ``channels``)."""
-        from fedseg.run.preflight import recorded_config
+        (``fedseg.run.preflight.recorded_config``: an older run's ``eval.score_on`` is ``channels``). A device this
+        machine lacks (a CUDA run on a laptop) is a ValueError pointing at :meth:`Results.load`, which reads the run
+        anywhere."""
+        from fedseg.run.preflight import check_device, recorded_config
 
         path = Path(out).absolute() / "config.yaml"
         recorded = recorded_config(path)
         if recorded is None:
             raise FileNotFoundError(f"{path} not found: is {out} a fedseg run directory?")
+        try:
+            check_device(str(recorded.get("device", "cpu")))
+        except ValueError as e:  # e.g. a CUDA run opened on a laptop: its results can still be read
+            raise ValueError(
+                f"{e}; {path} records it, and a resume must keep it: Results.load({str(path.parent)!r}) reads "
+                "the run's results on any machine"
+            ) from None
         return cls(validate_config(recorded, str(path)), path.parent, **kwargs)  # a bad key named with the file
 
     def run(self, resume: bool = False, report: bool = True) -> Results:
@@ -430,7 +439,7 @@ class Results:
         """``{site: the model its test scores come from}`` of ``algorithm`` (summary.json's ``site_models``:
         ``global`` for a method with one model, ``local:site1``... for each site's own); a ValueError for a run
         written before fedseg recorded it."""
-        self.model_dir(algorithm)  # a KeyError naming the run's algorithms for another name
+        self.model_dir(algorithm)  # UnknownAlgorithm (KeyError, ValueError) for another name
         models = self.summary["algorithms"][algorithm].get("site_models")
         if not isinstance(models, dict):
             raise ValueError(
@@ -498,9 +507,13 @@ class Results:
 
     def model_dir(self, algorithm: str) -> Path:
         """``out/model/<algorithm>/``: the trained models (``weights.safetensors`` + ``manifest.json``),
-        what ``fedseg predict --model`` reads."""
+        what ``fedseg predict --model`` reads. An algorithm the run has no results of: an ``UnknownAlgorithm``
+        (a KeyError and a ValueError) naming those it has and the closest."""
         if algorithm not in self.summary.get("algorithms", {}):
-            raise KeyError(f"no algorithm {algorithm!r} in {self.out}; it has {', '.join(self.algorithms)}")
+            from fedseg.algorithms import UnknownAlgorithm
+
+            call = f"model_dir({algorithm!r})"
+            raise UnknownAlgorithm(algorithm, self._unknown(call, "algorithm", algorithm, self.algorithms))
         return self.out / "model" / algorithm
 
     @property

@@ -385,7 +385,7 @@ class FedAvgServer:
         """``aggregation_weights``, checked (the merges call this): a mapping with a finite number >= 0 for every
         site that replied; a ``MethodError`` naming the method otherwise."""
         weights: object = self.aggregation_weights(replies)
-        where = f"{self.algorithm}: {type(self).__name__}.aggregation_weights returned"
+        where = f"{self.algorithm}, round {self.engine.round}: {type(self).__name__}.aggregation_weights returned"
         if not isinstance(weights, Mapping):
             raise MethodError(f"{where} a {type(weights).__name__}; it returns {{site: weight}} for the replies' sites")
         missing = [s for s in replies if s not in weights]
