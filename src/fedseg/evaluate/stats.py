@@ -258,7 +258,8 @@ def compare(
 
     Returns :func:`paired_wilcoxon`'s keys (the test on the per-case differences averaged over the seeds: ``n``
     cases, ``p``, ``p_method``, ``mean_diff``, ``median_diff``) plus ``seeds`` (how many), ``per_seed_diff``
-    (``{seed: mean over cases of a - b}``), ``ci_low`` / ``ci_high`` (the ``level`` percentile interval of the
+    (``{seed: mean over cases of a - b}``, keyed by the seeds as given: ints from a bench, which tables.json writes as
+    strings, JSON's only key type), ``ci_low`` / ``ci_high`` (the ``level`` percentile interval of the
     hierarchical bootstrap of the mean difference, :func:`bootstrap_means`) and ``ci_excludes_0``: the CI lies
     above 0 (``greater``), below 0 (``less``) or on either side (``two-sided``), one half of :func:`significant`.
     With a one-tailed ``alternative`` the CI stays the two-sided ``level`` one: its side tested at 2.5%, the p at
