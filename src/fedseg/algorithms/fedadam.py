@@ -7,8 +7,10 @@ The server treats the averaged local update as a pseudo-gradient and takes an Ad
     v^{t+1} = beta2 v^t + (1 - beta2) (d^t)^2               (Eq. 11)
     w^{t+1} = w^t + eta_s m^{t+1} / (sqrt(v^{t+1}) + tau)   (Eq. 12)
 
-No bias correction (as in the paper and Reddi et al.'s Algorithm 2). Element-wise over every
-entry of the model; buffers (BatchNorm statistics, if any) are then reset to FedAvg's average
+The step uses the moments just updated, as Algorithm 1 line 25 and Reddi et al.'s Algorithm 2 do; Eq. 12
+as printed divides ``Delta^t`` by ``sqrt(v^t)`` (the previous round's moments), which would apply each
+round's update one round late. No bias correction (as in the paper and Reddi et al.'s Algorithm 2).
+Element-wise over every entry of the model; buffers (BatchNorm statistics, if any) are then reset to FedAvg's average
 (``FedAvgServer.average_buffers``). ``m`` and ``v`` (float64) are server state, so a resumed run
 continues with them. Clients are plain FedAvg clients.
 """

@@ -385,7 +385,9 @@ class FedAvgServer:
         """``aggregation_weights``, checked (the merges call this): a mapping with a finite number >= 0 for every
         site that replied; a ``MethodError`` naming the method otherwise."""
         weights: object = self.aggregation_weights(replies)
-        where = f"{self.algorithm}, round {self.engine.round}: {type(self).__name__}.aggregation_weights returned"
+        rnd = getattr(getattr(self, "engine", None), "round", None)  # None: a bare merge (class attributes above)
+        when = f", round {rnd}" if rnd is not None else ""
+        where = f"{self.algorithm}{when}: {type(self).__name__}.aggregation_weights returned"
         if not isinstance(weights, Mapping):
             raise MethodError(f"{where} a {type(weights).__name__}; it returns {{site: weight}} for the replies' sites")
         missing = [s for s in replies if s not in weights]

@@ -1,9 +1,10 @@
 """FedBN (Li et al., ICLR 2021, "FedBN: Federated Learning on Non-IID Features via Local Batch Normalization"):
 each site keeps its normalization layers private; everything else is averaged as in FedAvg.
 
-A partial-sharing method (``fedseg.algorithms.partial``, FeTS 2022 lists it with FedPer and LG-FedAvg:
-"retaining local ... the batch normalization parameters"): only the rule for the private entries w_l is its
-own. w_l is every floating-point state entry owned by a normalization module (``NORM_TYPES``: torch's
+A partial-sharing method (``fedseg.algorithms.partial``; FeTS 2022 names it with FedPer and LG-FedAvg in its
+Sec. 2.2, "retaining local ... the batch normalization parameters", while its Sec. 3.3.5 benchmarks only
+those two): only the rule for the private entries w_l is its own. w_l is every floating-point state entry
+owned by a normalization module (``NORM_TYPES``: torch's
 ``BatchNorm1d/2d/3d``, ``SyncBatchNorm``, ``InstanceNorm1d/2d/3d``, ``GroupNorm`` and ``LayerNorm``, the
 modules MONAI's ``Norm`` factory builds for ``model.norm``, subclasses included): its affine ``weight`` and
 ``bias`` and its running statistics ``running_mean`` and ``running_var`` (the integer ``num_batches_tracked``
