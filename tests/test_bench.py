@@ -142,7 +142,7 @@ def test_a_settings_from_method_is_tuned_after_its_source_at_the_setting_selecte
     [
         ({"reference": "scaffold"}, "reference"),
         ({"tune": {"folds": [7]}}, "tune.folds"),
-        ({"methods": ["fedavg", "fedavg"]}, "appears twice"),
+        ({"methods": ["fedavg", "fedavg"]}, r"methods\[1\]: the name 'fedavg' is taken by methods\[0\]"),
         ({"methods": ["fedavg", {"name": "a/b"}]}, "cannot name a folder"),
         ({"methods": ["fedavg", {"name": "fedprox", "settings_from": "fedavg"}]}, "settings_from"),  # no grid
         ({"methods": [{"name": "fedprox", "settings_from": "fedavg"}, "fedavg"]}, "listed before"),

@@ -299,3 +299,92 @@ def test_fedseg_bench_prints_the_one_line_and_runs_nothing(tmp_path):
     assert result.exit_code == 1 and "Traceback" not in result.output
     assert lines == [f"error: {path}: methods[1] (fedprox).set[0] 'trian.lr=0.01': {TRIAN}"], result.output
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "method, said",
+    [
+        (
+            {"name": "fedprox", "grid": {"methods.fedsm.lam": [0.1, 0.5]}},
+            "methods[1] (fedprox).grid 'methods.fedsm.lam: 0.1': fedsm is not an algorithm this method trains "
+            "(['fedprox']): its runs would ignore the option; give the options of its own algorithms",
+        ),
+        (
+            {"name": "fedprox", "set": ["methods.fedsm.lam=0.5"]},
+            "methods[1] (fedprox).set[0] 'methods.fedsm.lam=0.5': fedsm is not an algorithm this method trains "
+            "(['fedprox']): its runs would ignore the option; give the options of its own algorithms",
+        ),
+    ],
+)
+def test_an_option_of_an_algorithm_the_method_does_not_train_names_its_entry(tmp_path, method, said):
+    """A grid on ``methods.fedsm.lam`` for a FedProx method ran two identical settings, tuned "lam" on validation
+    and printed ``lam=0.1`` as FedProx's setting in the tables: a grid on a parameter no run of it reads."""
+    path = _write(tmp_path, methods=["fedavg", method])
+    assert _refusal(path) == f"{path}: {said}"
+
+
+def test_an_option_of_a_chained_methods_own_algorithm_is_accepted(tmp_path):
+    methods = [
+        "fedavg",
+        {"name": "ft", "algorithms": ["fedavg", "finetune"], "set": ["methods.fedavg.weighting=uniform"]},
+    ]
+    bench, _ = load_bench(_write(tmp_path, methods=methods))
+    assert bench.method_names == ["fedavg", "ft"]
+
+
+def test_a_misspelt_reference_method_names_its_entry_not_the_reference(tmp_path):
+    """``methods: [fedavgg, ...]`` with ``reference: fedavg`` said ``reference: 'fedavg' is not among the methods
+    ['fedavgg', ...]``: the reference was right, the method entry was misspelt."""
+    path = _write(tmp_path, methods=["fedavgg", "fedprox"], reference="fedavg")
+    assert _refusal(path) == f"{path}: methods[0]: unknown algorithm 'fedavgg'; did you mean 'fedavg'?"
+
+
+def test_two_methods_of_one_name_name_both_entries(tmp_path):
+    path = _write(tmp_path, methods=["fedavg", "fedprox", {"name": "fedprox", "algorithms": ["fedbn"]}])
+    assert _refusal(path) == (
+        f"{path}: methods[2]: the name 'fedprox' is taken by methods[1]; give each its own name (its tables and "
+        "folders are named by it)"
+    )
+
+
+def test_a_bench_of_one_seed_says_so_before_it_trains(tmp_path):
+    """A bench of one seed (or none given: the default [0]) trained and wrote tables in which nothing could get a †,
+    and said so only deep in the legend; now one line first."""
+    from fedseg.bench.phases import run_bench
+
+    lines: list[str] = []
+    path = _write(
+        tmp_path, budget={"rule": "rounds", "rounds": 1}, set=[*SET, "data.scale=0.05", "model.channels=[4,8,16]"]
+    )
+    spec, root = load_bench(path)
+    run_bench(spec, root, tmp_path / "out", echo=lines.append)
+    notes = [line for line in lines if line.startswith("note: seeds:")]
+    assert notes == [
+        "note: seeds: [0] is one seed: no comparison of the tables can get a † (its CI has no run-to-run variance: "
+        "a difference between two trained models, not yet between two methods); give at least 2, e.g. seeds: [0, 1, 2]"
+    ]
+    assert lines.index(notes[0]) == 0
+
+
+def test_a_bench_without_fedavg_and_without_a_reference_says_the_reference_is_the_default(tmp_path):
+    """``reference:`` left out with no ``fedavg`` method said ``reference: 'fedavg' is not among the methods``, naming
+    a field and a value the file does not hold."""
+    path = _write(tmp_path, methods=["fedprox", "scaffold"])
+    assert _refusal(path) == (
+        f"{path}: reference: not given, so 'fedavg', which is not among the methods ['fedprox', 'scaffold']; give the "
+        "method the paired tests compare against (reference: NAME)"
+    )
+
+
+def test_an_option_of_an_algorithm_no_method_trains_names_the_shared_set_entry(tmp_path):
+    """``set: [methods.fedsm.lam=0.5]`` in a bench of FedAvg and FedProx changed no run, silently."""
+    path = _write(tmp_path, set=[*SET, "methods.fedsm.lam=0.5"], methods=["fedavg", "fedprox"])
+    assert _refusal(path) == (
+        f"{path}: set[2] 'methods.fedsm.lam=0.5': no method of the bench trains fedsm (['fedavg', 'fedprox']): no run "
+        "would read the option"
+    )
+    fed = [{"name": "synthetic-retina", "set": ["methods.fedprox.mu=0.1"]}]  # an option of a trained algorithm: kept
+    assert load_bench(_write(tmp_path, federations=fed, methods=["fedavg", "fedprox"]))[0].method_names == [
+        "fedavg",
+        "fedprox",
+    ]

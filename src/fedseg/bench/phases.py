@@ -162,6 +162,12 @@ class BenchRuns:
     holdouts: Holdouts = field(default_factory=dict)  # a leave-one-out federation's sites: its folds
 
 
+ONE_SEED_NOTE = (
+    "note: seeds: {seeds} is one seed: no comparison of the tables can get a † (its CI has no run-to-run variance: "
+    "a difference between two trained models, not yet between two methods); give at least 2, e.g. seeds: [0, 1, 2]"
+)
+
+
 def run_bench(
     bench: BenchSpec,
     root: Path,
@@ -182,6 +188,8 @@ def run_bench(
     holdouts = holdout_sites(bench, root)
     if train:
         check_data(bench, root, holdouts, out)  # before anything is written: every federation, fold and site
+        if len(bench.seeds) == 1:  # the default too: a bench without seeds:
+            echo(ONE_SEED_NOTE.format(seeds=list(bench.seeds)))
         out.mkdir(parents=True, exist_ok=True)
         record_bench(bench, out, recorded)
     runner = Runner(bench, root, out, jobs, echo, train)

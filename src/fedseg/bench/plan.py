@@ -366,6 +366,26 @@ def check_methods(bench: BenchSpec, run: BenchRun, cfg: RunConfig, file: str | P
         given = [o for o in places if key == o or key.startswith(o + ".") or o.startswith(key + ".")]
         text = f"{places[given[0]]} {text}" if given else text
         raise ConfigError(_where(run, file, bool(given)) + text) from None
+    if method is not None:
+        check_own_options(bench, method, run, cfg, file)
+
+
+def check_own_options(
+    bench: BenchSpec, method: MethodSpec, run: BenchRun, cfg: RunConfig, file: str | Path | None
+) -> None:
+    """A ``methods.<algorithm>.*`` key of ``method``'s own ``set:`` or grid names an algorithm the method trains: any
+    other algorithm's options are read by no run of it, so a grid over one would tune nothing (its settings identical
+    runs, a setting the tables print) and a ``set:`` would change nothing; a ConfigError naming the entry."""
+    place = method_place(bench, method.name)
+    given = [(f"{place}.set[{i}] {a!r}:", a.split("=", 1)[0].strip()) for i, a in enumerate(method.set)]
+    given += [(f"{place}.grid '{key}: {_yaml(value)}':", key) for key, value in run.setting]
+    for where, key in given:
+        parts = key.split(".")
+        if parts[0] == "methods" and len(parts) > 1 and parts[1] not in cfg.algorithms:
+            raise ConfigError(
+                f"{_where(run, file, True)}{where} {parts[1]} is not an algorithm this method trains "
+                f"({list(cfg.algorithms)}): its runs would ignore the option; give the options of its own algorithms"
+            )
 
 
 def check_tested_once(splits: dict, fold: int, tested_in: dict[tuple[str, str], int], where: str) -> None:
@@ -483,10 +503,25 @@ def check_plan(bench: BenchSpec, root: Path, file: str | Path | None = None) -> 
     algorithms and options exist, before any work; a ConfigError naming the bench ``file`` (where given) and the
     place in it of what is wrong (:func:`run_config`, :func:`check_methods`)."""
     fold, seed = bench.folds[0], bench.seeds[0]
+    trained: set[str] = set()  # every algorithm some run of the bench trains
     for i, fed in enumerate(bench.federations):
         federation_overrides(fed, f"{file}: federations[{i}]" if file is not None else f"federations[{i}]")
         plain = fed.model_copy(update={"leave_one_out": False})
         for method in [*bench.methods, reference_method(bench)]:
             for inherited, setting in setting_pairs(bench, method):
                 run = make_run(bench, plain, method, fold, seed, setting, inherited=inherited)
-                check_methods(bench, run, run_config(bench, root, run, file), file)
+                cfg = run_config(bench, root, run, file)
+                check_methods(bench, run, cfg, file)
+                trained.update(cfg.algorithms)
+    shared = [
+        ("set", bench.set),
+        *((f"federations[{i}] ({f.name}).set", f.set) for i, f in enumerate(bench.federations)),
+    ]
+    for where, assignments in shared:
+        for j, assignment in enumerate(assignments):
+            parts = assignment.split("=", 1)[0].strip().split(".")
+            if parts[0] == "methods" and len(parts) > 1 and parts[1] not in trained:
+                raise ConfigError(
+                    f"{f'{file}: ' if file is not None else ''}{where}[{j}] {assignment!r}: no method of the bench "
+                    f"trains {parts[1]} ({sorted(trained)}): no run would read the option"
+                )

@@ -333,8 +333,13 @@ class BenchSpec(Strict):
     @model_validator(mode="after")
     def _consistent(self) -> BenchSpec:
         for what, names in (("federations", [f.name for f in self.federations]), ("methods", self.method_names)):
-            if len(set(names)) != len(names):
-                raise ValueError(f"{what}: a name appears twice ({names})")
+            twice = next((name for name in names if names.count(name) > 1), None)
+            if twice is not None:
+                first, second = [i for i, name in enumerate(names) if name == twice][:2]
+                raise ValueError(
+                    f"{what}[{second}]: the name {twice!r} is taken by {what}[{first}]; give each its own name (its "
+                    "tables and folders are named by it)"
+                )
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
             raise ValueError(f"seeds: give distinct seeds, got {list(self.seeds)}")
         for what, seeds in (("seeds", self.seeds), ("tune.seeds", self.tune.seeds or ())):
@@ -361,6 +366,12 @@ class BenchSpec(Strict):
                     "with a grid of its own and no settings_from"
                 )
         if self.reference not in self.method_names:
+            self._misspelt_algorithm()  # ``methods: [fedavgg]``: the entry is wrong, not the reference
+            if "reference" not in self.model_fields_set:  # the default: the file never named it
+                raise ValueError(
+                    f"reference: not given, so {self.reference!r}, which is not among the methods "
+                    f"{self.method_names}; give the method the paired tests compare against (reference: NAME)"
+                )
             raise ValueError(f"reference: {self.reference!r} is not among the methods {self.method_names}")
         for pair in self.comparisons:
             unknown = [name for name in pair if name not in self.method_names]
@@ -369,6 +380,20 @@ class BenchSpec(Strict):
                     f"comparisons: {list(pair)} must name two different methods of the bench {self.method_names}"
                 )
         return self
+
+    def _misspelt_algorithm(self) -> None:
+        """A ValueError naming the first method entry whose name, its algorithm, is no algorithm
+        (``methods[0]: unknown algorithm 'fedavgg'; did you mean 'fedavg'?``), as ``fedseg.bench.plan.check_methods``
+        words it once the file is read; nothing where every one is known."""
+        from fedseg.algorithms import get_algorithm
+        from fedseg.config_load import error_text
+
+        for i, m in enumerate(self.methods):
+            if not m.algorithms:
+                try:
+                    get_algorithm(m.name)
+                except KeyError as e:
+                    raise ValueError(f"methods[{i}]: {error_text(e)}") from None
 
     @model_validator(mode="after")
     def _written(self, info: ValidationInfo) -> BenchSpec:
