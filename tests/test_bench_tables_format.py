@@ -68,12 +68,28 @@ def test_tables_tex_holds_every_cell_of_tables_md_escaped_for_latex():
     bench, content = report.read_tables(RESULTS / "headline-equal" / "tables.json")
     feds, tuning = content["federations"], content["tuning"]
     tex = render.latex(bench, feds, tuning)
-    sections = render.sections(bench, feds, tuning)
-    assert tex.count("\\begin{table}") == len(sections) == tex.count("\\end{table}")
+    sections, floats = render.sections(bench, feds, tuning), render.tex_floats(bench, feds, tuning)
+    assert tex.count("\\begin{table}") == len(floats) == tex.count("\\end{table}")
     labels = re.findall(r"\\label\{([^}]*)\}", tex)
-    assert len(set(labels)) == len(sections) and "tab:headline-equal:synthetic-retina:test" in labels
-    expected = [[tex_text(c) for c in row] for sec in sections for row in sec.table[1]]
+    assert len(set(labels)) == len(floats) and "tab:headline-equal:synthetic-retina:test" in labels
+    expected = [[tex_text(c) for c in row] for f in floats for row in f.table[1]]
     assert _tex_rows(tex) == expected and len(expected) > 40
+    # the test table in parts (scores, Dice paired, HD95/NSD paired): its every cell in one part, the method in each
+    test = next(sec for sec in sections if sec.short == "test")
+    parts = [f for f in floats if f.label.startswith("tab:headline-equal:synthetic-retina:")][:3]
+    assert [f.short for f in parts] == [
+        "synthetic-retina: test",
+        "synthetic-retina: test, paired with fedavg",
+        "synthetic-retina: test, HD95 and NSD",
+    ]
+    assert sorted(h for f in parts for h in f.table[0][1:]) == sorted(test.table[0][1:])
+    for i, row in enumerate(test.table[1]):
+        assert all(f.table[1][i][0] == row[0] for f in parts)
+        assert sorted(c for f in parts for c in f.table[1][i][1:]) == sorted(row[1:])
+    assert all(len(f.table[0]) <= 12 for f in parts)  # 17 columns in one table shrank it to a fifth of a page
+    assert parts[1].caption.startswith(
+        "synthetic-retina: test, paired with fedavg. Test Dice paired with fedavg per case and seed: Δ, the mean"
+    )
     body = "".join(line for line in tex.splitlines(keepends=True) if not line.startswith("%"))
     cells = body.replace(" & ", " ").replace("{%\n", "{\n")  # column separators, the line-end comment
     assert not re.search(r"(?<!\\)[%&#_]", cells), "an unescaped special character"

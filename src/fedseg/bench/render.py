@@ -26,11 +26,13 @@ from fedseg.bench.table_rows import (
     scoring_note,
     site_table,
     test_table,
+    test_table_parts,
     tune_table,
     tuning_counted,
     unseen_note,
     weights_table,
 )
+from fedseg.evaluate.stats import RESAMPLES
 from fedseg.presentation import kit
 from fedseg.presentation.figures import per_site_bars
 from fedseg.presentation.latex import tex_comment, tex_label, tex_table
@@ -146,20 +148,87 @@ def html_parts(
 
 TEX_PREAMBLE = (
     "tables.tex of bench {name}: its tables as LaTeX (\\input{{tables.tex}}; needs \\usepackage{{booktabs,graphicx}}), "
-    "the same cells as tables.md, rendered from tables.json by `fedseg report` like it. Each caption carries the "
-    "table's own notes; the legend that every table shares (what Δ, CI, p, † and ‡ are, what is paired with what) "
+    "the same cells as tables.md (the test table cut by columns into three: scores, Dice paired, HD95 and NSD "
+    "paired), rendered from tables.json by `fedseg report` like it. Each caption says what its cells are and carries "
+    "the table's own notes; the legend that every table shares (what Δ, CI, p, † and ‡ are, what is paired with what) "
     "follows: put it, or a pointer to it, in your paper."
 )
 
 
+#: What a table's cells are, opening its caption in tables.tex (a paper shows captions, not the legend's comments;
+#: tables.md and report.html print the legend above the tables). Keys: a section's ``short``, or the test table's
+#: parts (:func:`fedseg.bench.table_rows.test_table_parts`); tables whose notes say it have none.
+TEX_DEFINITIONS = {
+    "scores": "Test scores (Dice, overall and per region, HD95 and NSD where shown): mean ± std over the test cases of "
+    "all folds, each case averaged over the seeds first; client avg: the mean of the per-site means, ± std over "
+    "seeds; runs: finished of planned; rounds trained (mean ± std over runs) and SGD steps (mean); converged: runs "
+    "whose selected round lies before the last 10% (at least 2) of their rounds or whose validation plateaued.",
+    "paired": "Test Dice paired with {reference} per case and seed: Δ, the mean over the paired cases of (method − "
+    "{reference}); 95% CI: percentile interval of Δ over {resamples} hierarchical bootstrap samples (sites, cases "
+    "within them, seeds); Δ per seed: sN is run seed N's; p: {alternative} Wilcoxon signed-rank test over cases "
+    "(each averaged over the seeds), Holm-adjusted over the column; †: the CI excludes 0 and the adjusted p < 0.05; "
+    "°: too few cases for any p < 0.05; ‡: Δ pairs fewer cases or runs than the scores average; (seeds disagree): "
+    "the Δ per seed do not all share Δ's sign. The whole legend opens tables.tex (as comments).",
+    "paired surface": "HD95 (lower is better: its test's alternative reversed) and NSD paired with {reference} as the "
+    "Dice comparison: Δ, 95% CI and p, Holm-adjusted over each column.",
+    "per site": "Test Dice per site: the site's mean over its test cases, mean ± std over seeds; † / °: its paired "
+    "test against {reference} on that site's cases, Holm-adjusted over every cell; client avg: the mean of the site "
+    "means; local avg / local gen: each site's own local model on its own test cases / on the other sites' (methods "
+    "with local models).",
+    "cost": "Cost per run (mean over runs): rounds trained, SGD steps (FeTS Eq. 34), parallel SGD steps (Eq. 35), "
+    "floats sent in training per site and over all sites, floats of evaluation messages per site, simulated hours "
+    "(Eq. 36-38).",
+    "tuning on validation": "Every setting of the grids: its validation Dice (which selects), its test Dice (shown, "
+    "never used), runs, rounds and SGD steps, the rounds where the plateau rule stopped its runs, the selection.",
+}
+TEX_PART_TITLES = {"scores": "test", "paired": "test, paired with {reference}", "paired surface": "test, HD95 and NSD"}
+
+
+@dataclass
+class TexFloat:
+    """One table of tables.tex: its ``caption``, ``short`` caption (the list of tables' entry), ``label`` and
+    ``table`` ``(head, rows)``."""
+
+    caption: str
+    short: str
+    label: str
+    table: tuple[list[str], list[list[str]]]
+
+
+def tex_floats(bench: BenchSpec, tables: dict, tuning: list[dict]) -> list[TexFloat]:
+    """Every float of tables.tex: the tables of :func:`sections`,
+    the test table cut into its parts (``test_table_parts``; the part of the scores keeps the test table's label
+    and notes), each caption opening with what its cells are (:data:`TEX_DEFINITIONS`)."""
+    alternative = bench.tests.alternative
+    words = {
+        "reference": bench.reference,
+        "resamples": RESAMPLES,
+        "alternative": "two-sided" if alternative == "two-sided" else f"one-tailed ({alternative})",
+    }
+    floats = []
+    for section in sections(bench, tables, tuning):
+        parts = [(section.short, section.short, section.table)]
+        if section.short == "test":
+            parts = [
+                (key, TEX_PART_TITLES[key].format(**words), table)
+                for key, table in test_table_parts(section.table, bench.reference)
+            ]
+        for key, title, table in parts:
+            short = f"{section.federation}: {title}"
+            defined = TEX_DEFINITIONS.get(key, "").format(**words)
+            notes = section.notes if key in ("scores", section.short) else []
+            caption = " ".join([f"{short}.", *filter(None, [defined]), *notes])
+            label_key = "test" if key == "scores" else key if section.short == "test" else section.short
+            label = tex_label("tab", bench.name, section.federation, label_key)
+            floats.append(TexFloat(caption, short, label, table))
+    return floats
+
+
 def latex(bench: BenchSpec, tables: dict, tuning: list[dict], changes: Sequence[str] = ()) -> str:
-    """``tables.tex``: every table of :func:`sections` as a LaTeX float (:mod:`fedseg.presentation.latex`), the
+    """``tables.tex``: every float of :func:`tex_floats` as a LaTeX table (:mod:`fedseg.presentation.latex`), the
     legend as comments at the top."""
     head = TEX_PREAMBLE.format(name=bench.name) + "\n\n" + notes(bench, tables, changes, tuning).replace("**", "")
     parts = [tex_comment(head)]
-    for section in sections(bench, tables, tuning):
-        short = f"{section.federation}: {section.short}"
-        caption = " ".join([f"{short}.", *section.notes])
-        label = tex_label("tab", bench.name, section.federation, section.short)
-        parts.append(tex_table(*section.table, caption=caption, label=label, short=short))
+    for f in tex_floats(bench, tables, tuning):
+        parts.append(tex_table(*f.table, caption=f.caption, label=f.label, short=f.short))
     return "\n".join(parts)

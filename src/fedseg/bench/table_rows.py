@@ -127,11 +127,11 @@ def test_table(fed: dict, reference: str, tuning: list[dict] | None = None) -> t
     unit = fed.get("hd95_unit") or ""
     nsd, hd95 = has_nsd(fed), has_hd95_tests(fed)
     head = ["method", "setting", "runs", *BUDGET_HEAD, DICE.label, *fed["regions"], HD95.title(unit), "client avg"]
-    head += [f"Δ vs {reference}", PAIRED, "95% CI", "Δ per seed", "p (Holm)"]
+    head += dice_test_head(reference)
     if hd95:
-        head += [f"HD95 Δ vs {reference}", "HD95 95% CI", "HD95 p (Holm)"]
+        head += surface_test_head("HD95", reference)
     if nsd:
-        head += [NSD.title(unit, fed.get("nsd_tolerance")), f"NSD Δ vs {reference}", "NSD 95% CI", "NSD p (Holm)"]
+        head += [NSD.title(unit, fed.get("nsd_tolerance")), *surface_test_head("NSD", reference)]
     head.append("converged")
     rows = []
     ref_runs = (fed["methods"].get(reference) or {}).get("convergence", {}).get("runs")
@@ -162,6 +162,38 @@ def test_table(fed: dict, reference: str, tuning: list[dict] | None = None) -> t
             row += [ms(s.get("nsd"), NSD.digits), *nsd_cells]
         rows.append(row + [_converged_text(conv["not_converged"], conv["runs"])])
     return head, rows
+
+
+def dice_test_head(reference: str) -> list[str]:
+    """The test table's columns of the Dice comparison with ``reference``: Δ, cases paired, CI, Δ per seed, p."""
+    return [f"Δ vs {reference}", PAIRED, "95% CI", "Δ per seed", "p (Holm)"]
+
+
+def surface_test_head(metric: str, reference: str) -> list[str]:
+    """The test table's columns of ``metric``'s (``HD95``, ``NSD``) comparison with ``reference``: Δ, CI, p."""
+    return [f"{metric} Δ vs {reference}", f"{metric} 95% CI", f"{metric} p (Holm)"]
+
+
+def test_table_parts(
+    table: tuple[list[str], list[list[str]]], reference: str
+) -> list[tuple[str, tuple[list[str], list[list[str]]]]]:
+    """:func:`test_table` cut by columns into the parts tables.tex prints as tables of their own (its 16 to 23 columns
+    shrank to a fifth of a page's width): ``scores`` (the scores, budgets and convergence), ``paired`` (the Dice
+    comparison with ``reference``) and, where tested, ``paired surface`` (HD95's and NSD's); each part opens with the
+    method column. Every column of the table is in exactly one part (the method column in each)."""
+    head, rows = table
+    dice = set(dice_test_head(reference))
+    surface = {*surface_test_head("HD95", reference), *surface_test_head("NSD", reference)}
+    groups = {
+        "scores": [i for i, h in enumerate(head) if h not in dice | surface],
+        "paired": [0, *(i for i, h in enumerate(head) if h in dice)],
+        "paired surface": [0, *(i for i, h in enumerate(head) if h in surface)],
+    }
+    return [
+        (key, ([head[i] for i in columns], [[row[i] for i in columns] for row in rows]))
+        for key, columns in groups.items()
+        if len(columns) > 1
+    ]
 
 
 def setting_cell(name: str, s: dict, tuning: list[dict]) -> str:
