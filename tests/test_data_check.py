@@ -492,3 +492,56 @@ def test_a_blank_image_is_a_warning_naming_it(root):
         f"warning: {root}/s1/images/b.png: every voxel holds the same value (a blank or failed export?): nothing to "
         "learn from"
     )
+
+
+def test_sites_whose_volumes_lie_in_other_voxel_orientations_get_one_warning(tmp_path):
+    """One hospital's NIfTIs stored RAS, another's rotated in-plane as its scanner wrote them (an LPS MetaImage
+    whose rows run posterior): fedseg reads each in its stored voxel order, so the network would see one site's
+    anatomy turned against the other's without a word. The check passes with one line naming both orientations
+    and sites; reoriented to one, no warning."""
+    import itk
+    import nibabel as nib
+
+    root = tmp_path / "fed"
+    root.mkdir()
+    (root / "federation.yaml").write_text(
+        yaml.safe_dump({"name": "vol", "kind": "3d", "channels": 1, "regions": {"organ": [1]}})
+    )
+    rng = np.random.default_rng(0)
+    label = np.zeros((6, 5, 4), np.uint8)
+    label[2:4, 1:4, 1:3] = 1
+    rotated = np.array([[0.0, -1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 1.0]])  # ITK's LPS direction: rows run P
+
+    def mha(path: Path, data: np.ndarray, direction: np.ndarray) -> None:
+        image = itk.image_from_array(np.ascontiguousarray(data.T))
+        image.SetSpacing([1.0, 1.0, 3.0])
+        image.SetDirection(itk.matrix_from_array(direction.copy()))
+        itk.imwrite(image, str(path))
+
+    for site in ("a", "b"):
+        (root / site / "images").mkdir(parents=True)
+        (root / site / "labels").mkdir()
+        for k in range(3):
+            image = rng.normal(100, 10, label.shape).astype(np.float32) + 50 * label
+            if site == "a":
+                for path, data in (
+                    (root / site / "images" / f"{site}{k}.nii.gz", image),
+                    (root / site / "labels" / f"{site}{k}.nii.gz", label),
+                ):
+                    nib.save(nib.Nifti1Image(data, np.diag([1.0, 1.0, 3.0, 1.0])), path)
+            else:
+                mha(root / site / "images" / f"{site}{k}.mha", image, rotated)
+                mha(root / site / "labels" / f"{site}{k}.mha", label, rotated)
+    assert check_warnings(root) == [
+        "warning: the volumes lie in 2 voxel orientations: PRS (3 cases: b, e.g. b0); RAS (3 cases: a, e.g. a0); "
+        "fedseg reads each in its stored voxel order, never reoriented, so a network sees these cases' anatomy "
+        "turned or mirrored against one another: reorient them to one (e.g. nibabel's as_closest_canonical, "
+        "fslreorient2std) unless your augmentation covers it"
+    ]
+    for k in range(3):  # site b rewritten in site a's orientation: nothing to say
+        for folder in ("images", "labels"):
+            (root / "b" / folder / f"b{k}.mha").unlink()
+        image = rng.normal(100, 10, label.shape).astype(np.float32) + 50 * label
+        mha(root / "b" / "images" / f"b{k}.mha", image, np.diag([-1.0, -1.0, 1.0]))  # LPS of RAS axes
+        mha(root / "b" / "labels" / f"b{k}.mha", label, np.diag([-1.0, -1.0, 1.0]))
+    assert check_warnings(root) == []

@@ -135,6 +135,40 @@ def test_import_sites_channels_plain_regions_spacing_and_test_split(tmp_path):
     assert splits_of(out) == {s: {f"{s}_003": "test"} for s in ("AMC", "BWH", "CHU")}
 
 
+def test_one_dataset_per_hospital_imports_as_one_federation_and_datasets_that_disagree_are_refused(tmp_path):
+    """Hospitals each keep their own DatasetNNN_Name (their own file_ending and grid): several dataset folders are
+    one federation, a site per dataset (or per --site-by group), where they agree on channels and labels."""
+    a = nnunet_dataset(tmp_path / "Dataset501_HospA", sites=("hospA",), per_site=3, test_per_site=0)
+    b = nnunet_dataset(tmp_path / "Dataset502_HospB", sites=("hospB",), per_site=3, test_per_site=0)
+    out = tmp_path / "fed"
+    result = cli("import", "nnunet", str(a), str(b), "--out", str(out))
+    assert result.exit_code == 0, result.output
+    assert "2 sites, 6 cases" in result.output and "data check OK" in result.output
+    header = yaml.safe_load((out / "federation.yaml").read_text())
+    assert header["name"] == "Dataset501_HospA+Dataset502_HospB" and header["channel_names"] == ["T2", "ADC"]
+    assert header["sites"] == {
+        "Dataset501_HospA": {"dataset": "Dataset501_HospA", "channel_names": "T2,ADC"},
+        "Dataset502_HospB": {"dataset": "Dataset502_HospB", "channel_names": "T2,ADC"},
+    }
+    image = read_image(out / "Dataset502_HospB" / "images" / "hospB_001.nii.gz", "3d")
+    np.testing.assert_array_equal(image[1], nib.load(b / "imagesTr" / "hospB_001_0001.nii.gz").get_fdata())
+    result = cli("import", "nnunet", str(a), str(b), "--site-by", r"^(hosp)", "--out", str(tmp_path / "f2"))
+    assert one_line_error(result) == (
+        f"site 'hosp' comes from both {a} and {b}: a site is one hospital's; give --site-by a pattern that names "
+        "them apart, or import the datasets one by one"
+    )
+    swapped = nnunet_dataset(tmp_path / "Dataset503_HospC", sites=("hospC",), channels=("ADC", "T2"), test_per_site=0)
+    result = cli("import", "nnunet", str(a), str(swapped), "--out", str(tmp_path / "f3"))
+    assert one_line_error(result) == (
+        f"{swapped}/dataset.json: does not describe the data as {a}/dataset.json does (channel_names ['adc', 't2'] "
+        "vs ['t2', 'adc']); the datasets of one federation need the same channels in the same order and the same "
+        "labels (renumber or reorder one)"
+    )
+    result = cli("import", "nnunet", str(a), str(b), "--splits", str(a / "none.json"), "--out", str(tmp_path / "f4"))
+    assert "one splits_final.json for 2 datasets" in one_line_error(result)
+    assert not any((tmp_path / f).exists() for f in ("f2", "f3", "f4"))
+
+
 def test_import_region_based_labels_with_a_csv_of_sites_and_splits_final(tmp_path):
     src = nnunet_dataset(tmp_path / "Dataset502_Brats", sites=("X", "Y"), per_site=2, labels=REGION_LABELS)
     rows = [f"{s}_{i:03d},{'north' if s == 'X' else 'south'}" for s in ("X", "Y") for i in range(3)]
@@ -526,6 +560,13 @@ def _second_channel_of_bwh_001(src: Path, shape: tuple[int, ...], affine: np.nda
             "{src}/imagesTr/BWH_001_0001.nii.gz: missing (channel 1 'ADC' of case 'BWH_001')",
         ),
         (
+            lambda src: (src / "imagesTr" / "BWH_001_0001.nii.gz").rename(src / "imagesTr" / "BWH_001_0001.nii"),
+            None,
+            "{src}/imagesTr/BWH_001_0001.nii.gz: missing (channel 1 'ADC' of case 'BWH_001'; BWH_001_0001.nii lies "
+            "there, not ending with the \"file_ending\" '.nii.gz' of {src}/dataset.json: store it as "
+            "BWH_001_0001.nii.gz)",
+        ),
+        (
             lambda src: (src / "labelsTr" / "AMC_002.nii.gz").unlink(),
             None,
             "{src}/labelsTr/AMC_002.nii.gz: missing (the label of case 'AMC_002')",
@@ -609,6 +650,7 @@ def _second_channel_of_bwh_001(src: Path, shape: tuple[int, ...], affine: np.nda
     ids=[
         "no-dataset-json",
         "channel-file",
+        "channel-other-ending",
         "label-file",
         "label-other-ending",
         "regex",
@@ -965,9 +1007,21 @@ def test_a_raw_dataset_given_as_a_federation_says_which_import_makes_one(tmp_pat
     parent = tmp_path / "raw"
     for name in ("Task07_Pancreas", "Task90_NIH"):
         nnunet_dataset(parent / name, sites=("AMC",), per_site=2)
+        (parent / name / "dataset.json").write_text(json.dumps({"modality": {"0": "CT"}, "training": []}))
     line = one_line_error(cli("check", str(parent)))
     assert line.startswith(f"{parent}: 2 raw task folder(s) (dataset.json, imagesTr/), not a federation folder")
-    assert f"fedseg data import msd {parent / 'Task07_Pancreas'} {parent / 'Task90_NIH'} --out FED" in line
+    assert f"fedseg data import msd {parent / 'Task07_Pancreas'} {parent / 'Task90_NIH'} --out FED, then" in line
+    # each hospital's own nnU-Net v2 dataset side by side: the nnunet import takes them all (not msd, which refuses
+    # their dataset.json)
+    hospitals = tmp_path / "nnUNet_raw"
+    for name in ("Dataset501_HospA", "Dataset502_HospB"):
+        nnunet_dataset(hospitals / name, sites=("AMC",), per_site=2)
+    line = one_line_error(cli("check", str(hospitals)))
+    assert line == (
+        f"{hospitals}: 2 raw task folder(s) (dataset.json, imagesTr/), not a federation folder (no federation.yaml); "
+        f"import them first, one site per task: fedseg data import nnunet {hospitals / 'Dataset501_HospA'} "
+        f"{hospitals / 'Dataset502_HospB'} --out FED, then use FED"
+    )
 
 
 def test_a_linked_import_whose_raw_dataset_moved_is_one_line_naming_where_it_was(tmp_path):

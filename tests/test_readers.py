@@ -9,6 +9,7 @@ and patient-space grid.
 from __future__ import annotations
 
 import logging
+import re
 import shutil
 import sys
 import time
@@ -317,12 +318,28 @@ def test_folders_in_images_that_are_not_a_dicom_series_are_named(tmp_path):
 
 
 def test_two_series_in_one_folder_are_refused(tmp_path):
+    """Named as a viewer shows them, so the user can tell which to move out: by their UIDs where their
+    SeriesNumbers are the same, by SeriesNumber and SeriesDescription where they differ."""
     write_series(tmp_path / "c1", VALUES, names=[f"a{k}" for k in range(SHAPE[2])], series_uid="1.2.3.100")
-    write_series(tmp_path / "c1", VALUES, names=[f"b{k}" for k in range(SHAPE[2])], series_uid="1.2.3.200")
+    write_series(tmp_path / "c1", VALUES[:, :, :4], names=[f"b{k}" for k in range(4)], series_uid="1.2.3.200")
     with pytest.raises(FederationError) as e:
         read_image(tmp_path / "c1", "3d")
     assert str(e.value) == (
-        f"{tmp_path}/c1: holds 2 DICOM series (1.2.3.100, 1.2.3.200); put each series in its own case folder"
+        f"{tmp_path}/c1: holds 2 DICOM series (series 1.2.3.100: 6 files, a0 ...; series 1.2.3.200: 4 files, b0 ...); "
+        "put each series in its own case folder"
+    )
+    for k in range(4):  # a thin-slice reconstruction exported into the same folder, as a PACS export does
+        ds = pydicom.dcmread(tmp_path / "c1" / f"b{k}")
+        ds.SeriesNumber, ds.SeriesDescription = 3, "thin 1mm"
+        ds.save_as(tmp_path / "c1" / f"b{k}")
+    (tmp_path / "c1" / "b0").rename(tmp_path / "c1" / "scout")
+    for k in (1, 2, 3):
+        (tmp_path / "c1" / f"b{k}").unlink()
+    with pytest.raises(FederationError) as e:
+        read_image(tmp_path / "c1", "3d")
+    assert str(e.value) == (
+        f"{tmp_path}/c1: holds 2 DICOM series (series 1: 6 files, a0 ...; series 3 'thin 1mm': 1 file, scout); put "
+        "each series in its own case folder"
     )
 
 
@@ -550,6 +567,65 @@ def test_msd_import_links_nrrd_and_mha_files_and_refuses_a_lone_mhd_header(files
         Source(files["mhd"]).extension()
 
 
+def test_a_metaimage_without_its_data_file_or_cut_short_is_one_line_without_itks_own_output(tmp_path, capfd):
+    """A .mhd copied without its .raw, or a MetaImage or NRRD whose voxel data an interrupted copy cut short: ITK
+    says "No such file or directory" (naming the header, which is there) or "trouble reading", and prints its own
+    lines on stderr. Each is one line naming the file and what is missing, from a data check too."""
+    site = _site(tmp_path / "fed")
+    (tmp_path / "fed" / "federation.yaml").write_text(
+        yaml.safe_dump({"name": "m", "kind": "3d", "channels": 1, "regions": {"organ": [1, 2]}})
+    )
+    images = site / "images"
+    for case in ("c1", "c2", "c3", "c4"):
+        write_itk(site / "labels" / f"{case}.mha", LABEL)
+    write_itk(images / "c1.mhd", VALUES)  # c1.mhd + c1.raw
+    (images / "c1.raw").unlink()
+    write_itk(images / "c2.mhd", VALUES)
+    with (images / "c2.raw").open("r+b") as f:
+        f.truncate(500)
+    write_itk(images / "c3.mha", VALUES)  # ITK writes it uncompressed: a header, then 8 x 10 x 6 x 2 bytes
+    with (images / "c3.mha").open("r+b") as f:
+        f.truncate((images / "c3.mha").stat().st_size - 100)
+    write_pynrrd(images / "c4.nrrd", VALUES)  # pynrrd gzips the voxels
+    with (images / "c4.nrrd").open("r+b") as f:
+        f.truncate((images / "c4.nrrd").stat().st_size // 2)
+    cut = "a truncated file (an interrupted copy?); copy it again"
+    expected = {
+        "c1.mhd": "its voxel data file c1.raw (ElementDataFile) is missing: a .mhd is only the header; put c1.raw "
+        "beside it (copy both files), or give the image as one .mha",
+        "c2.mhd": f"its voxel data (DimSize 8 10 6, MET_USHORT) in c2.raw ends after 500 of 960 bytes: {cut}",
+        "c3.mha": f"its voxel data (DimSize 8 10 6, MET_USHORT) ends after 860 of 960 bytes: {cut}",
+    }
+    for name, why in expected.items():
+        with pytest.raises(FederationError) as e:
+            read_image(images / name, "3d")
+        assert str(e.value) == f"{images / name}: {why}"
+        with pytest.raises(FederationError) as e:
+            readers.volume_grid(images / name)  # the header alone: no grid of a file without its voxels either
+        assert str(e.value) == f"{images / name}: {why}"
+    with pytest.raises(FederationError) as e:
+        read_image(images / "c4.nrrd", "3d")
+    assert re.fullmatch(
+        rf"{re.escape(str(images))}/c4\.nrrd: its voxel data \(gzip\) ends after \d+ bytes, \d+ of its 960 bytes "
+        rf"unpacked: {re.escape(cut)}",
+        str(e.value),
+    ), str(e.value)
+    write_pynrrd(images / "c4.nrrd", VALUES)
+    header = (images / "c4.nrrd").read_bytes().split(b"\n\n")[0].replace(b"encoding: gzip", b"encoding: raw")
+    (images / "c4.nrrd").write_bytes(header + b"\n\n" + VALUES.astype("<u2").tobytes(order="F")[:700])
+    with pytest.raises(FederationError) as e:
+        read_image(images / "c4.nrrd", "3d")
+    assert str(e.value) == f"{images}/c4.nrrd: its voxel data ends after 700 of 960 bytes: {cut}"
+    capfd.readouterr()
+    result = CliRunner().invoke(data_app, ["check", str(tmp_path / "fed")])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    for name, why in expected.items():
+        assert f"{images / name}: {why}" in " ".join(result.output.split()), result.output
+    assert "MetaImage" not in capfd.readouterr().err  # ITK never tried: none of its lines on stderr
+    (images / "c4.nrrd").write_bytes(header + b"\n\n" + VALUES.astype("<u2").tobytes(order="F"))
+    np.testing.assert_array_equal(read_image(images / "c4.nrrd", "3d"), VALUES[None])  # whole: read as before
+
+
 def test_reading_a_tiny_dicom_series_is_fast(files):
     read_image(files["dicom"], "3d")  # ITK loads its DICOM module on first use
     start = time.perf_counter()
@@ -745,3 +821,17 @@ def test_slices_with_their_own_rescale_slope_and_intercept_are_each_rescaled_by_
     )
     assert volume.dtype == np.float64 and volume.shape == VALUES.shape
     np.testing.assert_allclose(volume, expected, rtol=0, atol=1e-9)
+
+
+def test_the_voxel_orientation_data_check_compares_is_the_grids_of_every_format(files):
+    """``data check`` warns when volumes lie in different voxel orientations; a DICOM series' comes from one slice's
+    header (not every slice's), and must be the orientation of the grid the series is read on, as every other
+    format's is."""
+    from nibabel.orientations import aff2axcodes
+
+    from fedseg.data.check import voxel_orientation
+
+    for key in ("dicom", "nifti", "nrrd", "mha"):
+        grid = readers.volume_grid(files[key])
+        assert voxel_orientation(files[key]) == "".join(aff2axcodes(grid.affine)), key
+    assert voxel_orientation(files["dicom"]) == "PLI"  # DIRECTION: rows run posterior, columns left, slices down

@@ -179,6 +179,49 @@ def empty_region_warnings(regions: Regions, seen: set[int], cases: int) -> list[
     ]
 
 
+def voxel_orientation(image_path: Path) -> str | None:
+    """The axis codes of a volume's stored voxel order (nibabel's ``aff2axcodes`` of its RAS grid: ``RAS``, ``LPS``,
+    ``PRS``...), from its header(s) alone; ``None`` for a 2D image or NumPy array (no grid) or an unreadable header."""
+    fmt = readers.volume_format(image_path)
+    if fmt is None:
+        return None
+    from nibabel.orientations import aff2axcodes
+
+    try:
+        if fmt == readers.DICOM:  # one slice says it: rows, columns, then slices stacked along their normal
+            first = readers.series_entries(image_path)[0]
+            iop = np.asarray(readers.read_dicom(first, stop_before_pixels=True).ImageOrientationPatient, float)
+            axes = np.eye(4)
+            axes[:3, :3] = np.column_stack([iop[:3], iop[3:], np.cross(iop[:3], iop[3:])])
+            affine = np.diag([-1.0, -1.0, 1.0, 1.0]) @ axes  # LPS -> RAS
+        else:
+            affine = readers.volume_grid(image_path).affine
+        return "".join(str(code) for code in aff2axcodes(affine))
+    except Exception:  # noqa: BLE001 — an unreadable header: the case's own check already said so
+        return None
+
+
+def orientation_warnings(orientations: dict[str, list[tuple[str, str]]], shown: int = 3) -> list[str]:
+    """One line when the volumes of a federation lie in more than one voxel orientation (``orientations``: axis
+    codes -> ``(site, case)`` of each volume): fedseg reads each in its stored voxel order, never reoriented (the
+    format's rule), so a network trained on them sees one site's anatomy turned or mirrored against another's, with
+    no word said before. Each orientation with its count and sites, the most common first."""
+    if len(orientations) < 2:
+        return []
+    parts = []
+    for code, cases in sorted(orientations.items(), key=lambda item: (-len(item[1]), item[0]))[:shown]:
+        sites = sorted({site for site, _ in cases})
+        named = ", ".join(sites[:shown]) + (f" and {len(sites) - shown} more" if len(sites) > shown else "")
+        parts.append(f"{code} ({len(cases)} case{'s' if len(cases) > 1 else ''}: {named}, e.g. {cases[0][1]})")
+    more = f" and {len(orientations) - shown} more" if len(orientations) > shown else ""
+    return [
+        f"the volumes lie in {len(orientations)} voxel orientations: {'; '.join(parts)}{more}; fedseg reads each in "
+        "its stored voxel order, never reoriented, so a network sees these cases' anatomy turned or mirrored "
+        "against one another: reorient them to one (e.g. nibabel's as_closest_canonical, fslreorient2std) unless "
+        "your augmentation covers it"
+    ]
+
+
 def check_folder(
     root: str | Path,
     split: SplitConfig | None = None,
@@ -231,6 +274,7 @@ def check_folder(
     site_of: dict[Path, str] = {}
     seen: set[int] = set()  # label values some case holds
     blanks: list[Path] = []  # images of one value in every voxel
+    orientations: dict[str, list[tuple[str, str]]] = {}  # axis codes -> (site, case) of each volume
     with rtstruct.noting() as painted:
         for site in sites:
             for cid, (image_path, label_path) in site.cases.items():
@@ -241,10 +285,12 @@ def check_folder(
                 blanks += [image_path] if blank else []
                 if shape is not None:
                     meta[(site.name, cid)] = {"image_shape": shape}
+                    if header is not None and header.kind == "3d" and (code := voxel_orientation(image_path)):
+                        orientations.setdefault(code, []).append((site.name, cid))
                     if warnings is not None:
                         warnings += size_warning(image_path, shape, max_image_mb)
     problems += rtstruct_problems(painted)
-    notices = rtstruct_warnings(painted, site_of) + blank_image_warnings(blanks)
+    notices = rtstruct_warnings(painted, site_of) + blank_image_warnings(blanks) + orientation_warnings(orientations)
     if header is not None and not problems:
         notices += empty_region_warnings(header.regions, seen, sum(len(site.cases) for site in sites))
     if warnings is not None:

@@ -253,8 +253,8 @@ def import_(
     folders, partitioning_N.csv), msd TASK... (Decathlon task folders; nnU-Net v1 Task0XX_Name folders too),
     prostate-6site SRC (SRC/<SITE>/CaseNN.nii.gz, CaseNN_segmentation.nii.gz), fundus SRC... (images/ + masks/, 0 cup,
     128 rim, 255 background), binary SRC... (images/<id> + masks/<id>[_mask|_segmentation|...]: polyp, skin lesion
-    and other binary masks, 0/255, 0/1 or JPEG; one region, --region), nnunet DatasetNNN_Name (nnU-Net v2:
-    dataset.json, imagesTr/<case>_XXXX.<ext>, labelsTr/; sites by --site-by)."""
+    and other binary masks, 0/255, 0/1 or JPEG; one region, --region), nnunet DatasetNNN_Name... (nnU-Net v2:
+    dataset.json, imagesTr/<case>_XXXX.<ext>, labelsTr/; sites by --site-by, or one dataset per hospital)."""
     from fedseg.data.importers import ImportOptions, import_dataset
 
     notes: list[str] = []

@@ -523,12 +523,30 @@ def _msd_tasks_problem(root: Path) -> str | None:
     )
     if not tasks:
         return None
+    v2 = [task for task in tasks if _nnunet_v2(task)]
+    msd = [task for task in tasks if task not in v2]
+    commands = [
+        f"fedseg data import {layout} {' '.join(shlex.quote(str(p)) for p in group)} --out FED"
+        for layout, group in (("nnunet", v2), ("msd", msd))
+        if group
+    ]
+    which = "" if len(commands) == 1 else " (nnU-Net v2 datasets and Decathlon tasks are imported apart)"
     return (
         f"{root}: {len(tasks)} raw task folder(s) (dataset.json, imagesTr/), not a federation folder (no "
-        f"{HEADER_FILE}); import them first, one site per task: fedseg data import msd "
-        f"{' '.join(shlex.quote(str(p)) for p in tasks)} --out FED (an nnU-Net v2 dataset: fedseg data import nnunet "
-        "DATASET --site-by REGEX), then use FED"
+        f"{HEADER_FILE}); import them first, one site per task{which}: {'; '.join(commands)}, then use FED"
     )
+
+
+def _nnunet_v2(task: Path) -> bool:
+    """Whether the raw task folder ``task``'s ``dataset.json`` is nnU-Net v2's (``channel_names``), not a Decathlon
+    or nnU-Net v1 one (``modality``), as :func:`raw_dataset_problem` tells them apart."""
+    import json
+
+    try:
+        keys = json.loads((task / "dataset.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(keys, dict) and "channel_names" in keys
 
 
 def _link_target(link: Path) -> Path:

@@ -424,6 +424,29 @@ def slice_order(headers: Sequence[Any]) -> tuple[list[int], np.ndarray]:
     return sorted(range(len(headers)), key=heights.__getitem__), normal
 
 
+def _series_text(series: list[str], headers: list[tuple[Path, Any]]) -> str:
+    """The series ``series`` (SeriesInstanceUIDs) of a folder's slices ``headers`` as a user tells them apart in a
+    viewer: each one's SeriesNumber and SeriesDescription where it has them, its number of files and its first file,
+    e.g. "series 2 'abdomen 5mm': 120 files, IM0001.dcm ..."; its UID where it has no SeriesNumber, or another
+    series has the same one."""
+    numbers = [
+        {str(getattr(ds, "SeriesNumber", "") or "").strip() for _, ds in headers if str(ds.SeriesInstanceUID) == uid}
+        for uid in series
+    ]
+    parts = []
+    for uid, number in zip(series, numbers):
+        files = sorted(path.name for path, ds in headers if str(ds.SeriesInstanceUID) == uid)
+        first = next(ds for _, ds in headers if str(ds.SeriesInstanceUID) == uid)
+        unique = len(number) == 1 and "" not in number and sum(n == number for n in numbers) == 1
+        name = f"series {next(iter(number))}" if unique else f"series {uid}"
+        description = str(getattr(first, "SeriesDescription", "") or "").strip()
+        if description:
+            name += f" '{description}'"
+        more = len(files) > 1
+        parts.append(f"{name}: {len(files)} file{'s' if more else ''}, {files[0]}{' ...' if more else ''}")
+    return "; ".join(parts)
+
+
 def series_grid(folder: Path) -> VoxelGrid:
     """The grid of the DICOM series in ``folder``, from the headers alone (pydicom), after checking that
     the folder holds exactly one series of parallel, evenly spaced, single-frame slices.
@@ -471,7 +494,8 @@ def series_grid(folder: Path) -> VoxelGrid:
     series = sorted({str(ds.SeriesInstanceUID) for _, ds in headers})
     if len(series) > 1:
         raise FederationError(
-            f"{folder}: holds {len(series)} DICOM series ({', '.join(series)}); put each series in its own case folder"
+            f"{folder}: holds {len(series)} DICOM series ({_series_text(series, headers)}); put each series in its own "
+            "case folder"
         )
     planes = []
     for path, ds in headers:
@@ -552,8 +576,134 @@ def volume_format(path: Path) -> str | None:
     return next((ext for ext in VOLUME_EXTS if lower.endswith("." + ext)), None)
 
 
+# bytes per element of the MetaImage element types whose size does not depend on the platform (MET_LONG does)
+_MET_BYTES = {
+    "MET_CHAR": 1, "MET_UCHAR": 1, "MET_SHORT": 2, "MET_USHORT": 2, "MET_INT": 4, "MET_UINT": 4,
+    "MET_LONG_LONG": 8, "MET_ULONG_LONG": 8, "MET_FLOAT": 4, "MET_DOUBLE": 8,
+}  # fmt: skip
+
+
+def metaimage_problem(path: Path) -> str | None:
+    """Why the MetaImage ``path`` (``.mha``, or a ``.mhd`` header) cannot hold its voxels, from its header and file
+    sizes alone: a ``.mhd`` whose data file (``ElementDataFile``) is not beside it (copied without it), or voxel data
+    shorter than the header announces (an interrupted copy): ITK says "No such file or directory" for both, naming
+    the header, and prints its own lines on stderr. ``None`` where the data is there and long enough, or cannot be
+    told (a file list or pattern, ``HeaderSize``, a compressed file without its ``CompressedDataSize``)."""
+    if not path.name.lower().endswith((".mha", ".mhd")):
+        return None
+    try:
+        with path.open("rb") as f:
+            head = f.read(65536)
+        size = path.stat().st_size
+    except OSError:
+        return None
+    fields: dict[str, str] = {}
+    offset = 0
+    for line in head.splitlines(keepends=True):
+        offset += len(line)
+        key, sep, value = line.decode("latin-1").partition("=")
+        if not sep:
+            return None  # not a MetaImage header line: leave it to ITK
+        fields[key.strip()] = value.strip()
+        if key.strip() == "ElementDataFile":
+            break
+    else:
+        return None
+    data = fields["ElementDataFile"]
+    if data == "LIST" or "%" in data or len(data.split()) > 1:
+        return None
+    if data == "LOCAL":
+        data_path, available = path, size - offset
+    else:
+        data_path = Path(data) if Path(data).is_absolute() else path.parent / data
+        if not data_path.is_file():
+            return (
+                f"{path}: its voxel data file {data} (ElementDataFile) is missing: a .mhd is only the header; put "
+                f"{data} beside it (copy both files), or give the image as one .mha"
+            )
+        available = data_path.stat().st_size
+    try:
+        if "HeaderSize" in fields:
+            return None
+        if fields.get("CompressedData", "False").lower() == "true":
+            if "CompressedDataSize" not in fields:
+                return None
+            expected = int(fields["CompressedDataSize"])
+            what = "compressed voxel data"
+        else:
+            count = int(np.prod([int(n) for n in fields["DimSize"].split()]))
+            expected = count * int(fields.get("ElementNumberOfChannels", "1")) * _MET_BYTES[fields["ElementType"]]
+            what = f"voxel data (DimSize {fields['DimSize']}, {fields['ElementType']})"
+    except (KeyError, ValueError):
+        return None
+    if available >= expected:
+        return None
+    where = "" if data_path == path else f" in {data}"
+    return (
+        f"{path}: its {what}{where} ends after {max(available, 0)} of {expected} bytes: a truncated file (an "
+        "interrupted copy?); copy it again"
+    )
+
+
+_NRRD_BYTES = {1: ("signed char", "int8", "int8_t", "uchar", "unsigned char", "uint8", "uint8_t"),
+               2: ("short", "short int", "signed short", "signed short int", "int16", "int16_t", "ushort",
+                   "unsigned short", "unsigned short int", "uint16", "uint16_t"),
+               4: ("int", "signed int", "int32", "int32_t", "uint", "unsigned int", "uint32", "uint32_t", "float"),
+               8: ("longlong", "long long", "long long int", "signed long long", "signed long long int", "int64",
+                   "int64_t", "ulonglong", "unsigned long long", "unsigned long long int", "uint64", "uint64_t",
+                   "double")}  # fmt: skip
+
+
+def nrrd_truncated(path: Path) -> str | None:
+    """Why the NRRD file ``path``, which ITK failed to read, is cut short: its raw voxel data is shorter than its
+    header's ``sizes`` and ``type`` announce, or its gzip-encoded data ends before the end of its stream (an
+    interrupted copy; ITK says only "trouble reading", in a long line). ``None`` where it is neither (another
+    damage, a detached header, an encoding not checked), said by ITK's message. Read only after ITK failed."""
+    import zlib
+
+    try:
+        raw = path.read_bytes()
+    except OSError:
+        return None
+    end = raw.find(b"\n\n")
+    if not raw.startswith(b"NRRD") or end < 0:
+        return None
+    fields = {}
+    for line in raw[:end].decode("latin-1").splitlines()[1:]:
+        key, sep, value = line.partition(":")
+        if sep and not line.startswith("#") and not value.startswith("="):
+            fields[key.strip().lower()] = value.strip()
+    data = raw[end + 2 :]
+    if "data file" in fields or "datafile" in fields:
+        return None
+    encoding = fields.get("encoding", "").lower()
+    try:
+        count = int(np.prod([int(n) for n in fields["sizes"].split()]))
+        element = next(n for n, names in _NRRD_BYTES.items() if fields["type"].lower() in names)
+    except (KeyError, ValueError, StopIteration):
+        return None
+    expected = count * element
+    if encoding == "raw" and len(data) < expected:
+        got = f"ends after {len(data)} of {expected} bytes"
+    elif encoding in ("gzip", "gz"):
+        stream = zlib.decompressobj(wbits=47)  # a gzip or zlib header
+        try:
+            unpacked = len(stream.decompress(data))
+        except zlib.error:
+            return None
+        if stream.eof and unpacked >= expected:
+            return None
+        got = f"(gzip) ends after {len(data)} bytes, {unpacked} of its {expected} bytes unpacked"
+    else:
+        return None
+    return f"{path}: its voxel data {got}: a truncated file (an interrupted copy?); copy it again"
+
+
 def _itk_header(path: Path) -> Any:
-    """ITK's ``ImageIOBase`` for ``path`` with the header read (no voxel)."""
+    """ITK's ``ImageIOBase`` for ``path`` with the header read (no voxel); a ``FederationError`` for a MetaImage
+    whose data is missing or cut short (``metaimage_problem``), before ITK tries."""
+    if (problem := metaimage_problem(path)) is not None:
+        raise FederationError(problem)
     itk = _require("itk", path, f"a {path.suffix} file")
     io = itk.ImageIOFactory.CreateImageIO(str(path), itk.CommonEnums.IOFileMode_ReadMode)
     if io is None:
@@ -726,6 +876,8 @@ def read_volume(path: Path) -> np.ndarray:
     except FederationError:
         raise
     except Exception as e:  # noqa: BLE001 — any decoder failure means "corrupt file" to the user
+        if fmt == "nrrd" and (cut := nrrd_truncated(path)) is not None:
+            raise FederationError(cut) from None
         raise FederationError(f"{path}: cannot read ({type(e).__name__}: {' '.join(str(e).split())[:300]})") from None
     raise FederationError(f"{path}: not a volume file (expected {', '.join(VOLUME_EXTS)} or a DICOM series folder)")
 

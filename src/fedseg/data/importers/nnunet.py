@@ -16,7 +16,9 @@ What it writes:
   id (``fedseg data export nnunet --pooled`` writes ``<site>__<case>`` ids, which
   ``'^(?P<site>.+?)__(?P<case>.+)$'`` undoes). Or a CSV file with header ``case,site``. Without
   ``--site-by`` every case goes to one site named after the dataset. Site-level metadata ``dataset`` (the
-  folder's name) and ``channel_names`` (comma-separated).
+  folder's name) and ``channel_names`` (comma-separated). Several dataset folders (one per hospital, each its own
+  ``DatasetNNN_Name``) are one federation, each read as one and giving its own sites; they must agree on the kind,
+  ``channel_names`` (in order) and ``labels``, and no site may come from two of them.
 - **channel names**: ``channel_names`` in ``federation.yaml``, in channel order (``"0"``, ``"1"``, ...), so a
   trained bundle knows which file is which channel and ``fedseg predict`` refuses a test set that numbers them
   otherwise.
@@ -244,9 +246,10 @@ def _channel_files(
         expected = [0] if one_file_2d and set(files) == {0} else list(range(n))
         for c in expected:
             if c not in files:
+                missing = images_dir / channel_file(cid, c, ending)
                 problems.append(
-                    f"{images_dir / channel_file(cid, c, ending)}: missing (channel {c} {info.channel_names[c]!r} "
-                    f"of case {cid!r})"
+                    f"{missing}: missing (channel {c} {info.channel_names[c]!r} of case {cid!r}"
+                    f"{_other_ending_hint(missing, info)})"
                 )
         if all(c in files for c in expected):
             cases[cid] = [files[c] for c in expected]
@@ -520,8 +523,66 @@ def _one_slice(shape: tuple[int, ...]) -> bool:
 def plan_nnunet(
     sources: list[Path], site_by: str | None = None, fold: int | None = None, splits_file: Path | None = None
 ) -> Plan:
-    """Plan the import of an nnU-Net v2 dataset folder ``sources == [SRC]`` (see the module docstring)."""
-    src = single_source(sources, "nnunet", "an nnU-Net v2 dataset folder: dataset.json, imagesTr/, labelsTr/")
+    """Plan the import of nnU-Net v2 dataset folders ``sources`` (see the module docstring): one (``[SRC]``), or
+    several, one per hospital as each keeps its own ``DatasetNNN_Name``, merged into one federation. Several must
+    agree on the kind, ``channel_names`` (in order) and ``labels``; each gives its own sites (without ``--site-by``
+    one, named after its folder), and no site may come from two of them."""
+    what = "an nnU-Net v2 dataset folder: dataset.json, imagesTr/, labelsTr/"
+    if len(sources) < 2:
+        return _plan_dataset(single_source(sources, "nnunet", what), site_by, fold, splits_file)
+    if splits_file is not None:
+        raise FederationError(
+            f"--splits {splits_file}: one splits_final.json for {len(sources)} datasets; put each dataset's own in its "
+            "folder (or $nnUNet_preprocessed/<it>/), where the import finds it"
+        )
+    plans = [_plan_dataset(single_source([src], "nnunet", what), site_by, fold, None) for src in sources]
+    first, first_json = plans[0], Path(sources[0]) / DATASET_JSON
+    origin: dict[str, Path] = {}
+    for src, plan in zip(sources, plans):
+        here = Path(src) / DATASET_JSON
+        differs = [
+            f"{field} {mine} vs {theirs}"
+            for field, mine, theirs in (
+                ("kind", plan.kind, first.kind),
+                ("channel_names", _channels_said(plan), _channels_said(first)),
+                ("regions", plan.regions, first.regions),
+                ("labels", plan.label_names, first.label_names),
+            )
+            if mine != theirs
+        ]
+        if differs:
+            raise FederationError(
+                f"{here}: does not describe the data as {first_json} does ({differs[0]}); the datasets of one "
+                "federation need the same channels in the same order and the same labels (renumber or reorder one)"
+            )
+        for site in plan.sites:
+            if site.name in origin:
+                raise FederationError(
+                    f"site {site.name!r} comes from both {origin[site.name]} and {src}: a site is one hospital's; "
+                    "give --site-by a pattern that names them apart, or import the datasets one by one"
+                )
+            origin[site.name] = Path(src)
+    return Plan(
+        "+".join(plan.name for plan in plans),
+        first.kind,
+        first.channels,
+        first.regions,
+        sorted((site for plan in plans for site in plan.sites), key=lambda site: site.name),
+        first.label_names,
+        [note for plan in plans for note in plan.notes],
+        first.channel_names,
+        first.channels_from,
+    )
+
+
+def _channels_said(plan: Plan) -> list[str] | int:
+    """A plan's channels as compared between datasets: their names trimmed and in lower case (as ``fedseg predict``
+    compares them), else their count."""
+    return [n.strip().lower() for n in plan.channel_names] if plan.channel_names else plan.channels
+
+
+def _plan_dataset(src: Path, site_by: str | None, fold: int | None, splits_file: Path | None) -> Plan:
+    """``plan_nnunet`` of one dataset folder ``src``."""
     info = read_dataset_json(src)
     cases = find_cases(src, info)
     assign = site_assigner(site_by, src.name)
