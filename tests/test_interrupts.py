@@ -234,3 +234,57 @@ def test_a_sigint_to_data_synth_alone_while_its_workers_generate_stops_them_and_
         assert _wait_for(lambda: not _session_processes(proc.pid), 30), _session_processes(proc.pid)
     assert proc.returncode == 130 and "Traceback" not in output, output
     assert output.strip() == f"error: interrupted: nothing was written to {out}; run the same command again", output
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads sessions from /proc (Linux)")
+def test_sigkill_on_a_run_with_two_workers_ends_them_without_a_traceback(tmp_path):
+    """SIGKILL (no handler runs) on `fedseg run --workers 2` mid-round: its workers, training or waiting, find the
+    pool gone and end quietly. An audit's SIGKILL left each worker's traceback on the terminal after the command
+    had ended (``ConnectionResetError`` reading the pipe the dead parent left a reply unread in; ``BrokenPipeError``
+    sending its answer), where ``EOFError`` alone was taken for "the pool is gone"."""
+    out = tmp_path / "run"
+    run = ["run", "--preset", "demo", "--algorithms", "fedavg", "--rounds", "200", "--workers", "2", "--out", str(out)]
+    with _session([sys.executable, "-m", "fedseg.cli", *run, *(a for s in TINY_SET for a in ("--set", s))]) as proc:
+        assert _wait_for(lambda: any(out.glob("checkpoints/*")), 240), "no round finished"
+        time.sleep(0.5)  # into the next round: the workers are answering
+        proc.send_signal(signal.SIGKILL)
+        output, _ = proc.communicate(timeout=60)
+        assert _wait_for(lambda: not _session_processes(proc.pid), 30), _session_processes(proc.pid)
+    assert proc.returncode == -signal.SIGKILL
+    assert "Traceback" not in output and "Error" not in output, output
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads sessions from /proc (Linux)")
+def test_a_sigint_to_a_run_with_two_workers_leaves_no_process_once_it_has_exited(tmp_path):
+    """SIGINT to `fedseg run --workers 2` alone (as `kill -INT`), mid-round: when the command has exited, none of its
+    processes runs any more. An audit found the pool's process server still running 3-5 s after the command had
+    ended (finalizing its torch and MONAI imports after it saw its parent gone), and the resource tracker."""
+    out = tmp_path / "run"
+    run = ["run", "--preset", "demo", "--algorithms", "fedavg", "--rounds", "200", "--workers", "2", "--out", str(out)]
+    with _session([sys.executable, "-m", "fedseg.cli", *run, *(a for s in TINY_SET for a in ("--set", s))]) as proc:
+        assert _wait_for(lambda: any(out.glob("checkpoints/*")), 240), "no round finished"
+        assert len(_session_processes(proc.pid)) >= 4  # the run, its resource tracker, process server, workers
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)  # its end, not its output's: a process it left may hold the pipe open
+        left = _session_processes(proc.pid)  # at once: the command waited for its processes
+        output, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, output
+    assert left == [], [Path(f"/proc/{p}/cmdline").read_bytes()[:120] for p in left if Path(f"/proc/{p}").exists()]
+    assert "interrupted: every finished round is checkpointed" in " ".join(output.split()), output
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux's parent-death signal")
+def test_the_process_server_dies_with_a_run_killed_while_it_starts(tmp_path):
+    """`fedseg run --workers 2` killed while its pool's process server imports torch (SIGKILL; a SIGTERM in the
+    command's first seconds, before it handles SIGTERM, ends it as abruptly): the server ends with it. An audit saw
+    the server run on 18 s after a SIGTERM had ended the command then (its imports, then their finalization)."""
+    out = tmp_path / "run"
+    run = ["run", "--preset", "demo", "--algorithms", "fedavg", "--rounds", "200", "--workers", "2", "--out", str(out)]
+    with _session([sys.executable, "-m", "fedseg.cli", *run, *(a for s in TINY_SET for a in ("--set", s))]) as proc:
+        assert _wait_for(lambda: _process_server_of(proc.pid) is not None, 60), "no process server started"
+        proc.send_signal(signal.SIGKILL)  # no handler runs: what SIGTERM does before the command handles it
+        proc.wait(timeout=60)
+        # the resource tracker ends on its own once its pipe closes (no torch there: at once)
+        assert _wait_for(lambda: not _session_processes(proc.pid), 3), [
+            Path(f"/proc/{p}/cmdline").read_bytes()[:100] for p in _session_processes(proc.pid)
+        ]

@@ -9,11 +9,17 @@ imports torch), so its imports run on another core while the parent imports and 
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import importlib
 import multiprocessing
+import os
 import signal
 import threading
 from collections.abc import Callable, Sequence
+from typing import Any
+
+from fedseg.interrupts import stop_processes
 
 # forkserver: one clean server process imports fedseg and torch once (before any torch thread runs) and
 # forks every worker from it, so a worker (or a replacement) starts in milliseconds, not after seconds of
@@ -23,6 +29,10 @@ START_METHOD = "forkserver" if "forkserver" in multiprocessing.get_all_start_met
 # every method, torch._dynamo) and ends the server quietly on a Ctrl-C during those imports.
 PRELOAD = ["fedseg.engine.server_preload"]
 
+
+# The PID of the process that starts the server, when the server is to die with it (server_preload: Linux's
+# parent-death signal). Only from the main thread: the signal follows the thread that started the server.
+PARENT_ENV = "FEDSEG_SERVER_PARENT"
 
 # What the parent may import while its pool starts (``start_forkserver``'s ``while_waiting``; empty: nothing).
 _while_waiting: list[Callable[[], Sequence[str]]] = []
@@ -53,10 +63,48 @@ def ensure_server() -> None:
     # undo the block below before the server is spawned
     resource_tracker.ensure_running()
     held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    # started from the main thread (whose end is the process's), the server dies with this process, however it
+    # ends (fedseg.engine.server_preload reads this; a SIGTERM before the command handles it, a SIGKILL)
+    tied = threading.current_thread() is threading.main_thread()
+    before = os.environ.get(PARENT_ENV)
+    if tied:
+        os.environ[PARENT_ENV] = str(os.getpid())
     try:
         forkserver.ensure_running()
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        if tied:
+            if before is None:
+                os.environ.pop(PARENT_ENV, None)
+            else:
+                os.environ[PARENT_ENV] = before
+    if not _stop_registered:
+        _stop_registered.append(True)
+        atexit.register(stop_server)
+
+
+_stop_registered: list[bool] = []  # stop_server registered to run at exit (once per process)
+
+
+def stop_server() -> None:
+    """End the process server and the resource tracker this process started, and wait for them (at exit: the
+    ``fedseg`` command runs ``atexit`` handlers, also when interrupted). Left alone, each ends only once it sees
+    this process gone, after it has returned: the server then spends seconds finalizing the torch and MONAI it
+    imported, so an interrupted command's processes outlived it (an audit saw the server 3-5 s after the shell
+    prompt came back). The server holds nothing to save (its workers are stopped by the pool): SIGTERM ends it at
+    once; the tracker is asked to stop (its pipe closed) and cleans up what it tracks, as at its normal end."""
+    from multiprocessing import forkserver, resource_tracker
+
+    server: Any = forkserver._forkserver  # its private fields: the server's PID and the pipe that keeps it alive
+    pid = getattr(server, "_forkserver_pid", None)
+    if pid is not None:
+        stop_processes([pid], grace_s=5.0, first=signal.SIGTERM)
+        with contextlib.suppress(OSError, TypeError):
+            os.close(server._forkserver_alive_fd)
+        server._forkserver_alive_fd = None
+        server._forkserver_pid = None
+    with contextlib.suppress(Exception):
+        resource_tracker._resource_tracker._stop()  # type: ignore[attr-defined]
 
 
 def import_while_waiting() -> threading.Thread:

@@ -166,7 +166,7 @@ def worker_main(conn: Any, threads: int, device: str) -> None:
         while True:
             try:
                 item = conn.recv()
-            except EOFError:  # the pool is gone
+            except (EOFError, ConnectionResetError):  # the pool is gone (killed with a reply unread: a reset)
                 return
             if item is None:
                 return
@@ -205,7 +205,10 @@ def worker_main(conn: Any, threads: int, device: str) -> None:
                 except Exception as e:  # noqa: BLE001 - the site's failure: the parent applies the policy
                     keep_own_place(e, method_codes.get(key, ()))  # its traceback stays here
                     result = ("error", portable(e))
-                conn.send(result)
+                try:
+                    conn.send(result)
+                except (BrokenPipeError, ConnectionResetError):  # the pool is gone (its process killed): stop quietly
+                    return
     except KeyboardInterrupt:  # Ctrl-C reaches the whole process group: the parent closes the pool
         return
 
