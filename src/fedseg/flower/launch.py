@@ -53,6 +53,7 @@ from fedseg.flower.supernode import ISOLATIONS, supernode_command
 from fedseg.interrupts import terminate_on_signals
 from fedseg.run.preflight import check_device, check_out_dir, check_out_kind, check_out_outside
 
+FLEET_GATE = "fleet-open"  # in OUT/flower while a coordinator runs: its Fleet API is open (superlink_main)
 FLOWER_TASK_POLL = 1.0  # flwr's default SuperExec task polling interval (FLWR_SUPEREXEC_TASK_POLL_INTERVAL)
 
 
@@ -183,6 +184,8 @@ def serve_experiment(
     keep_protection(out, link, resume)
     link_log = logs / "superlink.log"  # appended to by each start in this --out: only this one's lines are read
     link_log_start = link_log.stat().st_size if link_log.is_file() else 0
+    if register and not link.simulation:  # SuperNodes already trying to connect wait (503) until their keys are in
+        link = replace(link, gate=out / "flower" / FLEET_GATE)
     link_proc = start_superlink(procs, link, logs, env)
     fleet = "no Fleet API (simulation)" if link.simulation else f"Fleet API (SuperNodes) on {link.host}:{link.port}"
     echo(
@@ -196,6 +199,8 @@ def serve_experiment(
             node_id = register_node(client, key, name)
             node_sites[str(node_id)] = name
             echo(f"registered SuperNode key {key.name} ({name}): node id {node_id}")
+        if link.gate is not None:
+            link.gate.touch()  # the Fleet API opens
         nodes = start_nodes() if start_nodes else {}
         for stale in ("server.log", "error.txt"):  # left by an earlier attempt in the same --out
             (out / "flower" / stale).unlink(missing_ok=True)
@@ -251,6 +256,8 @@ def serve_experiment(
         raise FlowerRunError(control_problem(e, link.control_dial, link_proc.log)) from None
     finally:
         client.close()
+        if link.gate is not None:
+            link.gate.unlink(missing_ok=True)
 
 
 def control_errors() -> tuple[type[Exception], ...]:

@@ -28,6 +28,9 @@ class LinkSettings:
     auth: bool = False  # --enable-supernode-auth (needs TLS)
     simulation: bool = False  # --simulation: runs are executed by Flower's Simulation Runtime (virtual SuperNodes)
     control: str | None = None  # HOST:PORT of the Control and Runtime APIs
+    # the Fleet API answers 503 until this file exists (fedseg.flower.superlink_main): the coordinator creates it once
+    # it has registered the sites' keys, so that a SuperNode already trying to connect is not refused as unregistered
+    gate: Path | None = None
 
     @property
     def address(self) -> str:
@@ -56,6 +59,7 @@ def superlink_command(link: LinkSettings) -> list[str]:
     cmd = [sys.executable, "-m", "fedseg.flower.superlink_main"]
     if not link.simulation:
         cmd += ["--fleet-address", f"{link.host}:{link.port}"]
+        cmd += ["--fleet-gate", str(Path(link.gate).resolve())] if link.gate is not None else []
     cmd += [
         "--host",
         control_host,
@@ -112,6 +116,8 @@ def start_superlink(procs: Processes, link: LinkSettings, logs: Path, env: dict,
             raise RuntimeError(f"{what} ({option}) cannot listen on {address}: {why}")
     if link.tls is not None:
         check_certificate(link.tls.cert, link.tls.key)
+    if link.gate is not None:  # an earlier start's: closed until this start has registered its keys
+        Path(link.gate).unlink(missing_ok=True)
     started = procs.start("superlink", superlink_command(link), logs / "superlink.log", env)
     try:
         for address in [link.control_address] if link.simulation else [link.control_address, link.address]:

@@ -16,6 +16,11 @@ Here the same app (one SuperLink state, one lifespan: the SuperExec) is served t
   (``fedseg.flower.flwr_internals.fleet_routes``); any other request gets 404 before Flower sees it.
 
 Both use the SuperLink's TLS certificate. SIGINT/SIGTERM stop both (the lifespan stops the SuperExec).
+
+With ``--fleet-gate PATH`` the Fleet API answers 503 Service Unavailable (which a SuperNode retries, quietly) until
+the file ``PATH`` exists: the coordinator creates it once it has registered the sites' keys. A hospital whose
+SuperNode was already trying to connect got in between: refused as a key never registered ("Failed to activate
+SuperNode"), it exited.
 """
 
 from __future__ import annotations
@@ -24,40 +29,58 @@ import asyncio
 import json
 import logging
 import sys
+from pathlib import Path
 
 FLEET_ONLY = "only the Fleet API (SuperNodes) is served on this address"
+NOT_YET = "the coordinator is registering the SuperNodes' keys: retry shortly"
 
 
-def fleet_only(app, allowed: frozenset[tuple[str, str]]):
+def fleet_only(app, allowed: frozenset[tuple[str, str]], gate: Path | None = None):
     """An ASGI app passing only HTTP requests whose ``(method, path)`` is in ``allowed`` to ``app``; anything
-    else (another API's path, a websocket, a lifespan event) gets 404 / is refused without reaching it."""
+    else (another API's path, a websocket, a lifespan event) gets 404 / is refused without reaching it. With
+    ``gate``, an allowed request gets 503 (``NOT_YET``) until that file exists."""
     body = json.dumps({"detail": FLEET_ONLY}).encode()
+    not_yet = json.dumps({"detail": NOT_YET}).encode()
+    opened = gate is None
+
+    async def answer(send, status: int, text: bytes) -> None:
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(text)).encode())]
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": text})
 
     async def filtered(scope, receive, send):
+        nonlocal opened
         if scope["type"] == "http" and (scope.get("method", ""), scope.get("path", "")) in allowed:
+            if not opened and not (opened := gate is not None and gate.exists()):
+                await answer(send, 503, not_yet)
+                return
             await app(scope, receive, send)
             return
         if scope["type"] == "http":
-            headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-            await send({"type": "http.response.start", "status": 404, "headers": headers})
-            await send({"type": "http.response.body", "body": body})
+            await answer(send, 404, body)
         elif scope["type"] == "websocket":
             await send({"type": "websocket.close", "code": 1008})
 
     return filtered
 
 
-def split_fleet_address(argv: list[str]) -> tuple[tuple[str, int] | None, list[str]]:
-    """``((host, port) or None, the other arguments)`` from ``--fleet-address HOST:PORT`` in ``argv``."""
-    rest, address = [], None
+def split_option(argv: list[str], option: str) -> tuple[str | None, list[str]]:
+    """``(the value of option or None, the other arguments)``."""
+    rest, value = [], None
     it = iter(argv)
     for arg in it:
-        if arg == "--fleet-address":
-            address = next(it, None)
-        elif arg.startswith("--fleet-address="):
-            address = arg.split("=", 1)[1]
+        if arg == option:
+            value = next(it, None)
+        elif arg.startswith(option + "="):
+            value = arg.split("=", 1)[1]
         else:
             rest.append(arg)
+    return value, rest
+
+
+def split_fleet_address(argv: list[str]) -> tuple[tuple[str, int] | None, list[str]]:
+    """``((host, port) or None, the other arguments)`` from ``--fleet-address HOST:PORT`` in ``argv``."""
+    address, rest = split_option(argv, "--fleet-address")
     if address is None:
         return None, rest
     host, _, port = address.rpartition(":")
@@ -66,9 +89,9 @@ def split_fleet_address(argv: list[str]) -> tuple[tuple[str, int] | None, list[s
     return (host.strip("[]"), int(port)), rest
 
 
-def serve(fleet: tuple[str, int] | None) -> None:
+def serve(fleet: tuple[str, int] | None, gate: Path | None = None) -> None:
     """Serve the SuperLink built from ``sys.argv`` on its own address and its Fleet API on ``fleet`` (None: no
-    Fleet listener, e.g. a simulation SuperLink)."""
+    Fleet listener, e.g. a simulation SuperLink), closed (503) until ``gate`` exists if given."""
     import uvicorn
 
     from fedseg.flower.flwr_internals import fleet_routes, superlink_app, uvicorn_log_config
@@ -84,7 +107,7 @@ def serve(fleet: tuple[str, int] | None) -> None:
         return
     public = uvicorn.Server(
         uvicorn.Config(
-            fleet_only(app, fleet_routes()),
+            fleet_only(app, fleet_routes(), gate),
             host=fleet[0],
             port=fleet[1],
             lifespan="off",
@@ -127,7 +150,8 @@ class QuietStatusPolls(logging.Filter):
 
 
 def main() -> None:
-    fleet, rest = split_fleet_address(sys.argv[1:])
+    gate, rest = split_option(sys.argv[1:], "--fleet-gate")
+    fleet, rest = split_fleet_address(rest)
     sys.argv = ["flower-superlink", *rest]
     from flwr.supercore import log
 
@@ -136,7 +160,7 @@ def main() -> None:
 
     if fleet is not None:
         log(logging.INFO, "fedseg: Fleet API only on %s:%d; every API on --host/--port", *fleet)
-    serve(fleet)
+    serve(fleet, Path(gate) if gate else None)
 
 
 if __name__ == "__main__":

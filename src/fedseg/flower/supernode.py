@@ -130,6 +130,24 @@ def check_private_key(path: Path) -> None:
         )
 
 
+def check_root_certificates(path: Path) -> None:
+    """A ValueError in one line unless ``path`` is a readable PEM certificate (Flower said "Path argument
+    `--root-certificates` does not point to a file." after the data check, naming no file; a file of another kind
+    failed at the first connection)."""
+    try:
+        text = path.read_bytes()
+    except OSError as e:
+        raise ValueError(
+            f"--root-certificates {path}: cannot be read ({e.strerror or e}): give the ca.crt the coordinator sent "
+            "this hospital"
+        ) from None
+    if b"-----BEGIN CERTIFICATE-----" not in text:
+        raise ValueError(
+            f"--root-certificates {path}: not a PEM certificate (no BEGIN CERTIFICATE): give the ca.crt the "
+            "coordinator sent this hospital (`fedseg flower certs` wrote it)"
+        )
+
+
 def run_supernode(
     site: str,
     data: Path,
@@ -161,6 +179,8 @@ def run_supernode(
         raise ValueError(f"--config-sha256 {config_sha256}: expected 64 hex digits (`fedseg flower config-digest`)")
     if auth_key is not None:
         check_private_key(Path(auth_key))
+    if root_certificates is not None:
+        check_root_certificates(Path(root_certificates))
     fed = check_site_folder(site, data)
     echo(f"data check passed: site {site} of {fed.name!r}, {len(fed.site(site).cases)} cases in {data}")
     check_port_free(port)

@@ -9,7 +9,10 @@ poll costs microseconds; on a WAN with many sites, Flower's defaults keep the Su
 Flower's retry warnings while the SuperLink cannot be reached (one per attempt, for as long as the coordinator is
 not up) become one line with the reason and one every 5 minutes (``QuietRetries``); Flower's "Failed to activate
 SuperNode" says its two possible causes, a missing key and a plain connection to a TLS port say what to add
-(``ExplainActivation``).
+(``ExplainActivation``). A SuperLink that no longer knows this SuperNode (the coordinator was restarted: every
+``fedseg flower server`` is a new SuperLink) answers its next request with HTTP 401 and Flower stops the SuperNode
+("SuperNode terminated gracefully", exit code 0), often after a traceback of its heartbeat thread: fedseg says why and
+what to do in one line instead (``NodeForgotten``).
 """
 
 from __future__ import annotations
@@ -135,14 +138,117 @@ class ExplainActivation(logging.Filter):
         return True
 
 
+FORGOTTEN = (
+    "fedseg: the SuperLink at {address} no longer knows this SuperNode (HTTP 401 Unauthorized on {what}): the "
+    "coordinator was restarted (every `fedseg flower server`, --resume too, is a new SuperLink) or unregistered this "
+    "site's key. This SuperNode stops now: start it again with the same command (the same --state) to join the "
+    "coordinator's new run."
+)
+UNAUTHORIZED = 401
+ACTIVATION = ("activate-node", "register-node")  # a refusal there is Flower's "Failed to activate" (ExplainActivation)
+
+
+class NodeForgotten(logging.Handler):
+    """Watches httpx's request lines (logger ``httpx``, INFO: method, URL, HTTP version, status, reason; a public
+    log of httpx, written before the caller sees the response) for a 401 from the SuperLink's Fleet API after this
+    SuperNode was activated. Flower answers such a 401 by stopping the SuperNode (a SIGINT to itself: "SuperNode
+    terminated gracefully.", exit code 0), and its heartbeat thread, which got it, dies with a traceback of httpx's
+    ``HTTPStatusError`` (seen in a rehearsal on 1 of 2 SuperNodes: a race with the exit). This handler says once, on
+    Flower's logger, why the SuperNode stops and what to do (``FORGOTTEN``); ``excepthook`` then drops that thread's
+    traceback. The lines themselves are not shown (they were not before: httpx's logger was below INFO)."""
+
+    def __init__(self, address: str) -> None:
+        super().__init__(logging.INFO)
+        self.address = address
+        self.said = threading.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        args = record.args
+        if not isinstance(args, tuple) or len(args) < 4 or args[3] != UNAUTHORIZED:
+            return
+        path = str(args[1]).split("?")[0].rstrip("/")
+        if "/fleet/" not in path or path.endswith(ACTIVATION) or self.said.is_set():
+            return
+        self.said.set()
+        what = path.rsplit("/", 1)[-1]
+        logging.getLogger("flwr").warning(FORGOTTEN.format(address=self.address, what=what))
+
+    def excepthook(self, previous: Callable[[threading.ExceptHookArgs], object]):
+        """A ``threading.excepthook`` that drops the traceback of a thread that died of the 401 said above (Flower's
+        heartbeat thread); any other exception goes to ``previous``."""
+
+        def hook(args: threading.ExceptHookArgs) -> None:
+            response = getattr(args.exc_value, "response", None)
+            if self.said.is_set() and getattr(response, "status_code", None) == UNAUTHORIZED:
+                return
+            previous(args)
+
+        return hook
+
+
+def watch_for_a_forgotten_node(address: str) -> NodeForgotten:
+    """Install ``NodeForgotten`` on httpx's logger (INFO, not propagated: the request lines stay unshown) and its
+    thread excepthook."""
+    forgotten = NodeForgotten(address)
+    httpx_log = logging.getLogger("httpx")
+    httpx_log.setLevel(logging.INFO)
+    httpx_log.propagate = False
+    httpx_log.addHandler(forgotten)
+    threading.excepthook = forgotten.excepthook(threading.excepthook)
+    return forgotten
+
+
+CERTIFICATE_REFUSED = "CERTIFICATE_VERIFY_FAILED"  # Flower's exit text for a TLS handshake this node refused
+
+
+def why_certificate_refused(text: str, address: str, ca: str) -> str:
+    """fedseg's explanation of a SuperLink certificate this SuperNode did not accept (Flower said only "SSL/TLS
+    handshake error detected" and OpenSSL's reason: a rehearsal's hospital given another study's ca.crt)."""
+    if "mismatch" in text:
+        return (
+            f"fedseg: the SuperLink's certificate does not name the host of --superlink {address}: connect with a name "
+            "the coordinator gave `fedseg flower certs --host` (127.0.0.1 and localhost are always in), or ask it for "
+            "a certificate that names this one."
+        )
+    if "expired" in text or "not yet valid" in text:
+        return (
+            "fedseg: the SuperLink's certificate has expired or is not yet valid (check this machine's clock): the "
+            "coordinator makes new ones (`fedseg flower certs`) and gives the sites the new ca.crt."
+        )
+    return (
+        f"fedseg: the SuperLink's certificate is not signed by --root-certificates {ca}: use the ca.crt the "
+        "coordinator gave this hospital (from the same `fedseg flower certs` as its superlink.crt)."
+    )
+
+
+class ExplainCertificate(logging.Filter):
+    """Flower's exit lines for a refused SuperLink certificate get fedseg's explanation appended
+    (``why_certificate_refused``): which option to change."""
+
+    def __init__(self, address: str, ca: str) -> None:
+        super().__init__()
+        self.address, self.ca = address, ca
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        if CERTIFICATE_REFUSED in text and "fedseg: the SuperLink's certificate" not in text:
+            record.msg, record.args = f"{text}\n{why_certificate_refused(text, self.address, self.ca)}", ()
+        return True
+
+
+def option_value(argv: list[str], option: str, default: str) -> str:
+    """The value of ``option`` on a command line (``default`` if absent)."""
+    for i, arg in enumerate(argv):
+        if arg == option and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(option + "="):
+            return arg.split("=", 1)[1]
+    return default
+
+
 def superlink_address(argv: list[str]) -> str:
     """The ``--superlink`` value of a ``flower-supernode`` command line ("(its --superlink)" if absent)."""
-    for i, arg in enumerate(argv):
-        if arg == "--superlink" and i + 1 < len(argv):
-            return argv[i + 1]
-        if arg.startswith("--superlink="):
-            return arg.split("=", 1)[1]
-    return "(its --superlink)"
+    return option_value(argv, "--superlink", "(its --superlink)")
 
 
 def flower_supernode_command() -> Callable[[], object]:
@@ -160,8 +266,12 @@ def main() -> None:
     flower_supernode = flower_supernode_command()
     show_log_timestamps()  # a site's log is read later, next to the coordinator's
 
-    logging.getLogger("flwr").addFilter(QuietRetries(superlink_address(sys.argv)))
+    address = superlink_address(sys.argv)
+    logging.getLogger("flwr").addFilter(QuietRetries(address))
     logging.getLogger("flwr").addFilter(ExplainActivation(insecure="--insecure" in sys.argv))
+    watch_for_a_forgotten_node(address)
+    ca = option_value(sys.argv, "--root-certificates", "ca.crt")
+    logging.getLogger("flwr").addFilter(ExplainCertificate(address, ca))
     sys.argv[0] = "flower-supernode"
     flower_supernode()
 
