@@ -181,13 +181,20 @@ def _process_server_of(sid: int) -> int | None:
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads sessions from /proc (Linux)")
-def test_ctrl_c_while_the_worker_pool_starts_prints_one_line_and_leaves_no_process(tmp_path):
+@pytest.mark.parametrize("stop", ["ctrl-c", "sigterm"])
+def test_ctrl_c_while_the_worker_pool_starts_prints_one_line_and_leaves_no_process(tmp_path, stop):
+    """Ctrl-C, or a SIGTERM to the command alone, as soon as the pool's process server exists (the command then
+    imports torch for seconds): one line, no process left. A SIGTERM there ended the command silently (status -15:
+    it handled SIGTERM only from the run's start on)."""
     out = tmp_path / "run"
     run = ["run", "--preset", "demo", "--algorithms", "fedavg", "--rounds", "200", "--workers", "2", "--out", str(out)]
     with _session([sys.executable, "-m", "fedseg.cli", *run, *(a for s in TINY_SET for a in ("--set", s))]) as proc:
-        # Ctrl-C as soon as the pool's process server exists: it imports torch and MONAI for seconds after that
+        # as soon as the pool's process server exists: it imports torch and MONAI for seconds after that
         assert _wait_for(lambda: _process_server_of(proc.pid) is not None, 60), "no process server started"
-        os.killpg(proc.pid, signal.SIGINT)
+        if stop == "ctrl-c":
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            proc.send_signal(signal.SIGTERM)
         output, _ = proc.communicate(timeout=60)
         assert _wait_for(lambda: not _session_processes(proc.pid), 30), _session_processes(proc.pid)
     assert proc.returncode == 130, output

@@ -215,14 +215,14 @@ def run(
     """Train and evaluate every configured algorithm; write summary.json, CSVs, model/ and report.html.
     With --holdout / --leave-one-out / --sweep: a study of several such runs (see docs/benchmark-protocol.md)."""
     try:
-        cfg = config_from_cli(preset, config, data, algorithms, rounds, seed, set_, device, threads, track, workers)
-        if cfg.engine.workers > 1:  # the pool's process server imports torch on another core while this one does
-            from fedseg.engine.forkserver import start_forkserver
+        with terminate_on_signals():  # from the start: a SIGTERM while torch is imported (seconds) ended it silently
+            cfg = config_from_cli(preset, config, data, algorithms, rounds, seed, set_, device, threads, track, workers)
+            if cfg.engine.workers > 1:  # the pool's process server imports torch on another core while this one does
+                from fedseg.engine.forkserver import start_forkserver
 
-            start_forkserver(while_waiting=lambda: report_modules(cfg.algorithms))
-        from fedseg.run.progress import run_with_progress
+                start_forkserver(while_waiting=lambda: report_modules(cfg.algorithms))
+            from fedseg.run.progress import run_with_progress
 
-        with terminate_on_signals():
             if holdout or leave_one_out or sweep:
                 return run_study(cfg, out, resume, holdout, leave_one_out, sweep, keep_checkpoints)
             results = run_with_progress(cfg, out, resume, console, keep_checkpoints=keep_checkpoints)
