@@ -288,3 +288,51 @@ def test_a_federation_yaml_that_is_a_folder_is_said_so_not_missing(tmp_path):
     (tmp_path / "federation.yaml").mkdir()
     with pytest.raises(FederationError, match=r"federation.yaml: is a folder, not a file \(every federation folder"):
         read_header(tmp_path)
+
+
+def test_a_federation_whose_sites_are_not_in_name_order_keeps_its_order_on_disk_and_its_numbers(
+    tmp_path, disc_federation, tiny_config
+):
+    """site1..site11 written to a folder read back site1, site10, site11, site2... (sorted by name): a run on the
+    folder (and on Flower, whose coordinator read the folder) summed and seeded the sites in another order than the
+    built-in federation, and its numbers differed (a determinism audit: test Dice 0.032490 against 0.032420 on
+    synthetic-brats). The folder now records the order (``site_order``) and gives the same numbers."""
+    from fedseg.api import Experiment
+    from fedseg.flower.cli import coordinator_federation
+
+    fed = disc_federation(n_sites=11, cases_per_site=4, size=16)
+    names = [f"site{k}" for k in range(1, 12)]
+    root = write_folder(fed, tmp_path / "fed")
+    assert yaml.safe_load((root / "federation.yaml").read_text())["site_order"] == names
+    assert load_folder(root).site_names == names
+    assert coordinator_federation(root / "federation.yaml", ",".join(sorted(names))).site_names == names
+    assert coordinator_federation(root, None).site_names == names
+    cfg = tiny_config(algorithms=["fedavg"], fl={"rounds": 1}, eval={"hd95": False, "local_models": False})
+    runs = {}
+    for name, given in (("memory", fed), ("folder", load_folder(root))):
+        Experiment(cfg, tmp_path / name, federation=given, progress=False).run(report=False)
+        runs[name] = (tmp_path / name / "results.csv").read_text()
+    assert runs["memory"] == runs["folder"]
+    # in name order already: no site_order written (a folder of an earlier fedseg reads as it did)
+    three = write_folder(disc_federation(n_sites=3, cases_per_site=2, size=16), tmp_path / "three")
+    assert "site_order" not in yaml.safe_load((three / "federation.yaml").read_text())
+
+
+@pytest.mark.parametrize(
+    "order, said",
+    [
+        ("site2", "site_order: expected a list of the site names, e.g. [site1, site2, site10], got 'site2'"),
+        ([["site1"]], "site_order: expected a list of the site names"),
+        (["site2", "site1", "site2"], "site_order: lists site2 twice; list every site once"),
+        (["site2", "site1", "site9"], "site_order: names site9, which has no site folder here"),
+        (["site2"], "site_order: leaves out site1; list every site folder once (or drop site_order)"),
+    ],
+)
+def test_a_bad_site_order_is_one_line_naming_federation_yaml(tmp_path, disc_federation, order, said):
+    root = write_folder(disc_federation(n_sites=2, cases_per_site=2, size=16), tmp_path / "fed")
+    header = yaml.safe_load((root / "federation.yaml").read_text())
+    (root / "federation.yaml").write_text(yaml.safe_dump({**header, "site_order": order}))
+    with pytest.raises(FederationError) as raised:
+        load_folder(root)
+    text = str(raised.value)
+    assert len(text.splitlines()) == 1 and text.startswith(f"{root / 'federation.yaml'}: {said}"), text

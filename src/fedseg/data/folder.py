@@ -54,7 +54,7 @@ from fedseg.data.structured import read_yaml
 
 HEADER_FILE = "federation.yaml"
 SPLITS_FILE = "splits.csv"
-HEADER_KEYS = ("name", "kind", "channels", "regions", "label_names", "channel_names", "sites")
+HEADER_KEYS = ("name", "kind", "channels", "regions", "label_names", "channel_names", "sites", "site_order")
 
 
 # --- federation.yaml -----------------------------------------------------------------------------
@@ -71,6 +71,7 @@ class Header:
     label_names: dict[int, str] | None = None
     sites: dict[str, dict[str, object]] = field(default_factory=dict)  # site-level metadata, by site name
     channel_names: list[str] | None = None  # what each channel holds, in channel order; None: not said
+    site_order: list[str] | None = None  # the sites' order (site indices, the order sums run in); None: by name
 
 
 def _is_int(x: Any) -> bool:
@@ -109,7 +110,37 @@ def _header_problems(data: dict, site_names: Collection[str] | None = None) -> l
         problems += channel_names_problems(data["channel_names"], data.get("channels"))
     if data.get("sites") is not None:
         problems += site_metadata_problems(data["sites"], site_names)
+    if data.get("site_order") is not None:
+        problems += site_order_problems(data["site_order"], site_names)
     return problems
+
+
+def site_order_problems(order: Any, site_names: Collection[str] | None = None) -> list[str]:
+    """``site_order`` that is not a list of distinct site names, or (``site_names``: the site folders, all of
+    them) does not list each of them once: one line saying what is wrong."""
+    if not isinstance(order, list) or not all(isinstance(n, str) and n.strip() for n in order):
+        return [f"site_order: expected a list of the site names, e.g. [site1, site2, site10], got {order!r}"]
+    if twice := sorted({n for n in order if order.count(n) > 1}):
+        return [f"site_order: lists {', '.join(twice)} twice; list every site once"]
+    if site_names is None:
+        return []
+    missing, unknown = [n for n in site_names if n not in order], [n for n in order if n not in site_names]
+    if unknown:
+        return [f"site_order: names {', '.join(unknown)}, which has no site folder here; list the site folders"]
+    if missing:
+        return [f"site_order: leaves out {', '.join(missing)}; list every site folder once (or drop site_order)"]
+    return []
+
+
+def ordered_site_names(names: Collection[str], header: Header) -> list[str]:
+    """``names`` in the federation's order: ``federation.yaml``'s ``site_order`` where it has one (written for a
+    federation whose order is not its names' sort order, e.g. the built-in ``site1``...``site11``, so that a run on
+    its folder or on Flower sums and seeds the sites as the built-in one does), else sorted by name; a name it does
+    not list after those it does."""
+    if header.site_order is None:
+        return sorted(names)
+    position = {name: i for i, name in enumerate(header.site_order)}
+    return sorted(names, key=lambda n: (position.get(n, len(position)), n))
 
 
 def channel_names_problems(names: Any, channels: Any) -> list[str]:
@@ -146,6 +177,7 @@ def read_header(root: str | Path, site_names: Collection[str] | None = None) -> 
         label_names={int(k): v for k, v in names.items()} if names else None,
         sites=read_site_metadata(data.get("sites")),
         channel_names=list(data["channel_names"]) if data.get("channel_names") is not None else None,
+        site_order=list(data["site_order"]) if data.get("site_order") is not None else None,
     )
 
 
@@ -168,6 +200,8 @@ def write_header(root: Path, fed: Federation) -> None:
     sites = {site.name: site_metadata_for_yaml(site) for site in fed.sites if site.meta}
     if sites:
         data["sites"] = sites
+    if (order := fed.site_names) != sorted(order):  # read back by name otherwise: site10 before site2
+        data["site_order"] = order
     (root / HEADER_FILE).write_text(yaml.safe_dump(data, sort_keys=False, default_flow_style=None), encoding="utf-8")
 
 
@@ -338,6 +372,8 @@ def build_federation(
     ``sites:`` entry.
     """
     meta = meta or {}
+    order = ordered_site_names([s.name for s in sites], header)
+    sites = sorted(sites, key=lambda s: order.index(s.name))
 
     def case(site: SiteFiles, cid: str, image: Path, label: Path) -> Case:
         loader = functools.partial(

@@ -326,9 +326,10 @@ def site_keys(keys: dict[str, Path], sites: list[str], folder: Path) -> dict[str
 
 
 def coordinator_federation(path: Path | None, sites: str | None):
-    """The case-less federation the coordinator needs: header + site names (sorted, as in a folder federation)."""
+    """The case-less federation the coordinator needs: header + site names (in the folder federation's order:
+    ``site_order``, else sorted)."""
     from fedseg.data.federation import Federation, Site
-    from fedseg.data.folder import read_header, scan_sites
+    from fedseg.data.folder import ordered_site_names, read_header, scan_sites
     from fedseg.data.folder_write import safe_name
 
     if path is None:
@@ -354,7 +355,7 @@ def coordinator_federation(path: Path | None, sites: str | None):
         header.kind,
         header.channels,
         header.regions,
-        [Site(n, []) for n in sorted(names)],
+        [Site(n, []) for n in ordered_site_names(names, header)],
         header.label_names,
         channel_names=header.channel_names,
     )

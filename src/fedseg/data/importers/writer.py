@@ -181,10 +181,11 @@ def _no_arrays() -> tuple[np.ndarray, np.ndarray]:
 
 def header_federation(plan: Plan) -> Federation:
     """The plan as a ``Federation`` whose cases carry only ids and metadata (for ``federation.yaml`` and
-    ``cases.csv``; their arrays are not readable)."""
+    ``cases.csv``; their arrays are not readable). Its sites in name order, the order a folder without ``site_order``
+    reads them in: an import's federation is ordered as imports before ``site_order`` existed were."""
     sites = [
         Site(s.name, [Case(c.id, _no_arrays, c.meta) for c in s.cases], s.fixed_splits or None, s.meta)
-        for s in plan.sites
+        for s in sorted(plan.sites, key=lambda s: s.name)
     ]
     regions = Regions.from_mapping(plan.regions)
     return Federation(plan.name, plan.kind, plan.channels, regions, sites, plan.label_names, plan.channel_names)
