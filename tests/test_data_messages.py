@@ -17,7 +17,7 @@ pytest.importorskip("itk")
 pytest.importorskip("pydicom")
 pytest.importorskip("highdicom")
 
-from fedseg.data import readers  # noqa: E402
+from fedseg.data import dicom_seg, readers  # noqa: E402
 from fedseg.data.case_files import read_label  # noqa: E402
 from fedseg.data.check import check_folder  # noqa: E402
 from fedseg.data.cli import data_app  # noqa: E402
@@ -91,7 +91,7 @@ def test_a_seg_cut_short_before_its_pixel_data_is_named_truncated_not_an_unknown
     ):
         cut.write_bytes(data[:end])
         line = f"{cut}: cannot decode its pixel data (the file ends after {end} bytes, before its {missing}): {DAMAGED}"
-        for read in (lambda: read_label(cut, "3d", image=case["series"]), lambda: readers.read_seg_frames(cut)):
+        for read in (lambda: read_label(cut, "3d", image=case["series"]), lambda: dicom_seg.read_seg_frames(cut)):
             with pytest.raises(FederationError) as e:
                 read()
             assert str(e.value) == line

@@ -20,7 +20,7 @@ from PIL import Image
 from typer.testing import CliRunner
 
 from fedseg.cli import app
-from fedseg.data import readers
+from fedseg.data import dicom_seg, readers
 from fedseg.data.federation import Federation, Regions
 from fedseg.data.folder import load_folder
 from fedseg.engine.messages import weights_of
@@ -97,11 +97,11 @@ def test_the_seg_of_a_series_reads_back_as_the_nifti_mask_and_references_the_ser
     series = inputs / "case"
     mask = np.asarray(nib.load(out / "case.nii.gz").dataobj)
     assert set(np.unique(mask)) == {0, 1, 2}  # both regions predicted somewhere, background too
-    seg = readers.read_dicom_seg(
+    seg = dicom_seg.read_dicom_seg(
         out / "case.dcm", readers.volume_grid(series), series, label_names={1: "organ", 2: "lesion"}
     )
     np.testing.assert_array_equal(seg, mask)
-    by_regions = readers.read_dicom_seg(out / "case.dcm", readers.volume_grid(series), series, regions=DISJOINT)
+    by_regions = dicom_seg.read_dicom_seg(out / "case.dcm", readers.volume_grid(series), series, regions=DISJOINT)
     np.testing.assert_array_equal(by_regions, mask)  # named as the regions: the same label map
 
     ds, source = pydicom.dcmread(out / "case.dcm"), pydicom.dcmread(next(series.iterdir()), stop_before_pixels=True)
@@ -149,11 +149,11 @@ def test_nested_regions_are_overlapping_segments_each_its_regions_mask(tmp_path,
     np.testing.assert_array_equal(pixels.transpose(3, 2, 1, 0), expected)
     grid, seg_file = readers.volume_grid(series), tmp_path / "out" / "case.dcm"
     # read back as a federation label: the segments name its regions, so they are painted as the prediction was
-    np.testing.assert_array_equal(readers.read_dicom_seg(seg_file, grid, series, regions=NESTED), label)
+    np.testing.assert_array_equal(dicom_seg.read_dicom_seg(seg_file, grid, series, regions=NESTED), label)
     labels = {1: "whole tumor", 2: "tumor core", 3: "enhancing tumor"}  # named as labels too: they overlap all the same
-    np.testing.assert_array_equal(readers.read_dicom_seg(seg_file, grid, series, labels, NESTED), label)
+    np.testing.assert_array_equal(dicom_seg.read_dicom_seg(seg_file, grid, series, labels, NESTED), label)
     with pytest.raises(ValueError, match="segments overlap .* names one of the federation's regions"):
-        readers.read_dicom_seg(seg_file, grid, series)  # without the regions no label map holds them
+        dicom_seg.read_dicom_seg(seg_file, grid, series)  # without the regions no label map holds them
     # ... and as a folder federation's label: data check passes it, the case loader reads the same label map
     root = tmp_path / "fed"
     for case in ("c1", "c2", "c3"):
@@ -167,7 +167,7 @@ def test_nested_regions_are_overlapping_segments_each_its_regions_mask(tmp_path,
     np.testing.assert_array_equal(load_folder(root).sites[0].cases[0].arrays()[1], label)
     other = Regions.from_mapping({"WT": [1, 2, 3], "TC": [2, 3], "ET": [3]})  # names the segments do not use
     with pytest.raises(ValueError, match=r"segments overlap .*regions \(WT, TC, ET\)"):
-        readers.read_dicom_seg(seg_file, grid, series, regions=other)
+        dicom_seg.read_dicom_seg(seg_file, grid, series, regions=other)
 
 
 def test_dicom_seg_without_a_dicom_series_input_is_refused_in_one_line(tmp_path, tiny_config):
@@ -249,7 +249,7 @@ def test_a_one_slice_series_given_to_a_2d_model_gets_a_mask_of_its_shape_and_a_s
     grid = readers.volume_grid(series)
     assert mask.shape == grid.shape == (*VALUES.shape[:2], 1)
     np.testing.assert_allclose(mask.affine, grid.affine)
-    seg = readers.read_dicom_seg(tmp_path / "out" / "case.dcm", grid, series, label_names={1: "organ", 2: "lesion"})
+    seg = dicom_seg.read_dicom_seg(tmp_path / "out" / "case.dcm", grid, series, label_names={1: "organ", 2: "lesion"})
     np.testing.assert_array_equal(seg, np.asarray(mask.dataobj))
 
 
@@ -300,7 +300,7 @@ def test_an_anonymized_series_without_type2_patient_and_study_attributes_still_g
     assert all(str(seg.get(keyword, "")) == "" for keyword in TYPE2_PATIENT_STUDY)
     source = pydicom.dcmread(next(series.iterdir()), stop_before_pixels=True)
     assert (seg.StudyInstanceUID, seg.FrameOfReferenceUID) == (source.StudyInstanceUID, source.FrameOfReferenceUID)
-    labels = readers.read_dicom_seg(
+    labels = dicom_seg.read_dicom_seg(
         tmp_path / "out" / "anon.dcm", readers.volume_grid(series), series, regions=DISJOINT
     )
     np.testing.assert_array_equal(labels, np.asarray(nib.load(tmp_path / "out" / "anon.nii.gz").dataobj))

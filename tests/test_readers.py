@@ -22,7 +22,7 @@ import yaml
 from typer.testing import CliRunner
 
 from fedseg.atomic_files import current_umask
-from fedseg.data import readers
+from fedseg.data import dicom_seg, readers
 from fedseg.data.case_files import read_image, read_label
 from fedseg.data.check import check_folder
 from fedseg.data.cli import data_app
@@ -256,8 +256,8 @@ def test_dicom_seg_segments_take_the_values_of_matching_label_names(files):
     got = read_label(files["label_seg"], "3d", image=files["dicom"], label_names=partial)
     np.testing.assert_array_equal(got, LABEL)
     seg = Path("seg.dcm")
-    assert readers.segment_values({1: "a", 2: "b"}, {3: "A", 4: "b"}, seg) == {1: 3, 2: 4}
-    assert readers.segment_values({1: "a"}, {3: "a", 4: "A"}, seg) == {1: 1}  # an ambiguous name maps nothing
+    assert dicom_seg.segment_values({1: "a", 2: "b"}, {3: "A", 4: "b"}, seg) == {1: 3, 2: 4}
+    assert dicom_seg.segment_values({1: "a"}, {3: "a", 4: "A"}, seg) == {1: 1}  # an ambiguous name maps nothing
     swapped = {0: "background", 1: "lesion", 3: "liver"}  # "Lesion" is segment 2, "Organ" names nothing here
     with pytest.raises(FederationError) as e:
         read_label(files["label_seg"], "3d", image=files["dicom"], label_names=swapped)
@@ -272,8 +272,8 @@ def test_a_seg_whose_segment_names_name_no_label_is_read_by_number_with_one_warn
     """Segments "Organ" and "Lesion" against label_names that name neither (another tool's vocabulary): read by
     segment number, as documented, but said once per labels folder, with what each segment becomes."""
     other = {0: "background", 1: "tumor", 2: "liver"}
-    readers._warned_by_number.clear()
-    with caplog.at_level(logging.WARNING, logger="fedseg.data.readers"):
+    dicom_seg._warned_by_number.clear()
+    with caplog.at_level(logging.WARNING, logger="fedseg.data.dicom_seg"):
         for _ in range(2):
             got = read_label(files["label_seg"], "3d", image=files["dicom"], label_names=other)
             np.testing.assert_array_equal(got, LABEL)
@@ -286,9 +286,9 @@ def test_a_seg_whose_segment_names_name_no_label_is_read_by_number_with_one_warn
     ]
     caplog.clear()
     seg = Path("generic/seg.dcm")
-    with caplog.at_level(logging.WARNING, logger="fedseg.data.readers"):
-        assert readers.segment_values({1: "Segment 1", 2: "seg_2", 3: ""}, other, seg) == {1: 1, 2: 2, 3: 3}
-        assert readers.segment_values({1: "Organ"}, None, seg) == {1: 1}  # no label_names: numbers, nothing to say
+    with caplog.at_level(logging.WARNING, logger="fedseg.data.dicom_seg"):
+        assert dicom_seg.segment_values({1: "Segment 1", 2: "seg_2", 3: ""}, other, seg) == {1: 1, 2: 2, 3: 3}
+        assert dicom_seg.segment_values({1: "Organ"}, None, seg) == {1: 1}  # no label_names: numbers, nothing to say
     assert not caplog.records
 
 

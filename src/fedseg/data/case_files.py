@@ -18,8 +18,8 @@ label map with integer values becomes the smallest integer dtype that holds them
   Spacing (mm per array axis) comes from the header (``fedseg.data.volumes.file_spacing``).
 - DICOM-SEG labels (``labels/<case>.dcm``): drawn on the case's image grid, each segment's pixels get
   its label value: the segment number, or, when every segment's label is one of ``label_names``, the
-  value of that name (``fedseg.data.readers.segment_values``); segments that each name a region (nested ones
-  overlap) are painted from their region masks as a prediction is (``readers.read_dicom_seg``).
+  value of that name (``fedseg.data.dicom_seg.segment_values``); segments that each name a region (nested ones
+  overlap) are painted from their region masks as a prediction is (``dicom_seg.read_dicom_seg``).
 - RT Structure Set labels (``labels/<case>.dcm``, Modality RTSTRUCT): the contours of the ROIs that ``label_names``
   names, painted on the case's image grid (``fedseg.data.rtstruct``).
 
@@ -34,7 +34,7 @@ from typing import Literal
 
 import numpy as np
 
-from fedseg.data import readers, rtstruct
+from fedseg.data import dicom_seg, readers, rtstruct
 from fedseg.data.federation import FederationError, Regions
 
 IMAGE_EXTS = ("nii.gz", "nii", "png", "jpg", "jpeg", "npy", *readers.ITK_EXTS)  # and DICOM series folders
@@ -90,7 +90,7 @@ def read_array(path: Path, *, as_label: bool = False) -> np.ndarray:
     if _is_volume(ext):
         return readers.read_volume(path)
     if ext == readers.SEG_EXT:
-        return rtstruct.contour_points(path) if rtstruct.is_rtstruct(path) else readers.read_seg_frames(path)
+        return rtstruct.contour_points(path) if rtstruct.is_rtstruct(path) else dicom_seg.read_seg_frames(path)
     try:
         if ext in PIL_EXTS:
             from PIL import Image
@@ -185,8 +185,8 @@ def read_label(
     """Read a label file as an integer map ``(*spatial)``. JPEG is refused (lossy).
 
     A DICOM-SEG (``.dcm``) is drawn on ``image``'s grid (its case's image: a DICOM series, NIfTI, NRRD or
-    MetaImage), segment numbers mapped to label values with ``label_names`` (``readers.segment_values``), or
-    segments that name the federation's ``regions`` painted as a prediction is (``readers.read_dicom_seg``); an RT
+    MetaImage), segment numbers mapped to label values with ``label_names`` (``dicom_seg.segment_values``), or
+    segments that name the federation's ``regions`` painted as a prediction is (``dicom_seg.read_dicom_seg``); an RT
     Structure Set (``.dcm``, Modality RTSTRUCT) is painted on the same grid, its ROIs named in ``label_names``
     taking their values (``rtstruct.read_rtstruct``).
     """
@@ -213,7 +213,7 @@ def read_label(
 def _seg_label(
     path: Path, image: Path | None, label_names: dict[int, str] | None, regions: Regions | None
 ) -> np.ndarray:
-    """A DICOM-SEG (``readers.read_dicom_seg``) or RT Structure Set (``rtstruct.read_rtstruct``) label on ``image``'s
+    """A DICOM-SEG (``dicom_seg.read_dicom_seg``) or RT Structure Set (``rtstruct.read_rtstruct``) label on ``image``'s
     grid."""
     structures = rtstruct.is_rtstruct(path)
     what = "an RTSTRUCT" if structures else "a DICOM-SEG"
@@ -227,7 +227,7 @@ def _seg_label(
         )
     if structures:
         return rtstruct.read_rtstruct(path, readers.volume_grid(image), image, label_names)
-    return readers.read_dicom_seg(path, readers.volume_grid(image), image, label_names, regions)
+    return dicom_seg.read_dicom_seg(path, readers.volume_grid(image), image, label_names, regions)
 
 
 def case_problems(image: np.ndarray, label: np.ndarray, image_path: Path, label_path: Path, channels: int) -> list[str]:

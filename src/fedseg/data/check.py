@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from fedseg.config import SplitConfig
-from fedseg.data import readers, rtstruct
+from fedseg.data import dicom_seg, readers, rtstruct
 from fedseg.data.case_files import case_problems, grid_problems, read_array, read_image, read_label
 from fedseg.data.federation import Federation, FederationError, Regions
 from fedseg.data.folder import (
@@ -154,10 +154,10 @@ def rtstruct_problems(painted: list[rtstruct.Painted]) -> list[str]:
         return []
     unnamed = set.intersection(*(set(p.unnamed) for p in painted))
     rois = sorted({roi for p in painted for roi in p.rois})
-    by_normal = {readers._normalized(r): r for r in rois}
+    by_normal = {dicom_seg.normalized_name(r): r for r in rois}
     problems = []
     for value, name in sorted(unnamed):
-        close = difflib.get_close_matches(readers._normalized(name), list(by_normal), n=2, cutoff=0.6)
+        close = difflib.get_close_matches(dicom_seg.normalized_name(name), list(by_normal), n=2, cutoff=0.6)
         hint = f"; did you mean {' or '.join(repr(by_normal[c]) for c in close)}?" if close else ""
         problems.append(
             f"label_names {value}: {name!r} is named by no ROI in any of the {len(painted)} RTSTRUCTs read, so no "

@@ -1,8 +1,9 @@
-"""Volume files: NIfTI, NRRD, MetaImage (``.mha``/``.mhd``), DICOM series and DICOM-SEG label maps.
+"""Volume files: NIfTI, NRRD, MetaImage (``.mha``/``.mhd``) and DICOM series (DICOM-SEG label maps:
+:mod:`fedseg.data.dicom_seg`).
 
-``fedseg.data.case_files`` reads every format through this module: ``read_volume`` (the voxels),
-``volume_grid`` (where they lie, from the header alone) and ``read_dicom_seg`` (a DICOM-SEG drawn on an
-image's grid). Readers: NIfTI with nibabel (as before), NRRD/MetaImage and DICOM series with MONAI's
+``fedseg.data.case_files`` reads every format through this module: ``read_volume`` (the voxels) and
+``volume_grid`` (where they lie, from the header alone), and through ``dicom_seg.read_dicom_seg`` (a DICOM-SEG
+drawn on an image's grid). Readers: NIfTI with nibabel (as before), NRRD/MetaImage and DICOM series with MONAI's
 ``ITKReader`` (the reader ``monai.transforms.LoadImage`` uses; called directly so that the stored dtype is
 kept, where ``LoadImage``'s tensor turns uint16 into int32), DICOM headers and DICOM-SEG with pydicom.
 ITK and pydicom come with ``pip install 'fedseg[formats]'``; without them NIfTI, PNG, JPEG and NumPy
@@ -29,7 +30,7 @@ from __future__ import annotations
 import importlib
 import logging
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -44,7 +45,7 @@ log = logging.getLogger("fedseg.data.readers")
 if TYPE_CHECKING:
     from nibabel.spatialimages import SpatialImage
 
-    from fedseg.data.federation import Federation, Regions
+    from fedseg.data.federation import Federation
 
 NIFTI_EXTS = ("nii.gz", "nii")
 ITK_EXTS = ("nrrd", "mha", "mhd")  # read with ITK
@@ -52,8 +53,8 @@ VOLUME_EXTS = NIFTI_EXTS + ITK_EXTS  # single-file volumes (images and labels)
 SEG_EXT = "dcm"  # a DICOM-SEG label map: labels/<case>.dcm
 DICOM = "dicom"  # the format name of a DICOM series folder (images/<case>/)
 INSTALL_HINT = "pip install 'fedseg[formats]'"
-_LPS_TO_RAS = np.diag([-1.0, -1.0, 1.0, 1.0])
-_SEG_SOP_CLASSES = ("1.2.840.10008.5.1.4.1.1.66.4", "1.2.840.10008.5.1.4.1.1.66.7")  # Segmentation, Label Map
+LPS_TO_RAS = np.diag([-1.0, -1.0, 1.0, 1.0])
+SEG_SOP_CLASSES = ("1.2.840.10008.5.1.4.1.1.66.4", "1.2.840.10008.5.1.4.1.1.66.7")  # Segmentation, Label Map
 _POSITION_TOL_MM = 0.01  # two slices closer than this along the normal share a position
 _SPACING_RTOL = 0.01  # slice gaps that differ by more than 1 % are uneven ...
 # ... and by more than header precision: ImagePositionPatient is a decimal string that scanners often round to 2
@@ -63,7 +64,6 @@ _SPACING_RTOL = 0.01  # slice gaps that differ by more than 1 % are uneven ...
 _SPACING_ATOL_MM = 0.02
 _DICOMDIR_SOP_CLASS = "1.2.840.10008.1.3.10"  # Media Storage Directory Storage: a DICOMDIR
 _TILT_VOXELS = 0.25  # the last slice further sideways than this (in-plane voxels) of a grid through the first: tilted
-_GRID_TOL = 0.01  # a SEG pixel lands on an image voxel centre within 1 % of a voxel
 
 
 def _require(module: str, path: Path, what: str) -> ModuleType:
@@ -499,7 +499,7 @@ def series_grid(folder: Path) -> VoxelGrid:
         )
     planes = []
     for path, ds in headers:
-        if str(getattr(ds, "Modality", "")) == "SEG" or str(getattr(ds, "SOPClassUID", "")) in _SEG_SOP_CLASSES:
+        if str(getattr(ds, "Modality", "")) == "SEG" or str(getattr(ds, "SOPClassUID", "")) in SEG_SOP_CLASSES:
             raise FederationError(f"{path}: a DICOM-SEG is a label map; it belongs in labels/<case>.dcm")
         if int(getattr(ds, "NumberOfFrames", 1) or 1) > 1:
             raise FederationError(f"{path}: multi-frame DICOM is not supported; store one single-frame file per slice")
@@ -540,7 +540,7 @@ def series_grid(folder: Path) -> VoxelGrid:
     lps = np.eye(4)
     lps[:3, 0], lps[:3, 1], lps[:3, 2] = row0 * spacing0[1], col0 * spacing0[0], normal * step
     lps[:3, 3] = order[0][1]
-    return VoxelGrid((size0[1], size0[0], len(order)), _LPS_TO_RAS @ lps)
+    return VoxelGrid((size0[1], size0[0], len(order)), LPS_TO_RAS @ lps)
 
 
 def dicom_modalities(fed: Federation) -> dict[str, str]:
@@ -563,6 +563,13 @@ def dicom_modalities(fed: Federation) -> dict[str, str]:
         if modality.strip():
             out[site.name] = modality.strip().upper()
     return out
+
+
+def sop_class(ds: Any) -> str:
+    """The SOP class of the DICOM file ``ds`` (a DICOM-SEG's, an RTSTRUCT's...): its SOPClassUID, else its file meta's
+    (a file cut short keeps that)."""
+    meta = getattr(ds, "file_meta", None)
+    return str(getattr(ds, "SOPClassUID", "") or getattr(meta, "MediaStorageSOPClassUID", "") or "")
 
 
 # --- reading ------------------------------------------------------------------------------------------
@@ -721,7 +728,7 @@ def _itk_grid(path: Path) -> VoxelGrid:
         lps[:n, axis] = np.asarray(io.GetDirection(axis), dtype=np.float64)[:n] * float(io.GetSpacing(axis))
         lps[axis, n] = float(io.GetOrigin(axis))
     shape = tuple(int(io.GetDimensions(axis)) for axis in range(int(io.GetNumberOfDimensions())))
-    return VoxelGrid(shape, _LPS_TO_RAS @ _embed(lps))
+    return VoxelGrid(shape, LPS_TO_RAS @ _embed(lps))
 
 
 # the component types ITK Python wraps for multi-component (vector) images
@@ -880,312 +887,6 @@ def read_volume(path: Path) -> np.ndarray:
             raise FederationError(cut) from None
         raise FederationError(f"{path}: cannot read ({type(e).__name__}: {' '.join(str(e).split())[:300]})") from None
     raise FederationError(f"{path}: not a volume file (expected {', '.join(VOLUME_EXTS)} or a DICOM series folder)")
-
-
-# --- DICOM-SEG ---------------------------------------------------------------------------------------------
-
-
-def _normalized(name: str) -> str:
-    """A structure's name as names are compared: case-insensitive, ``_`` and ``-`` as spaces, spaces collapsed."""
-    return " ".join(name.replace("_", " ").replace("-", " ").split()).casefold()
-
-
-def segment_values(segments: dict[int, str], label_names: dict[int, str] | None, path: Path) -> dict[int, int]:
-    """Segment number -> label value. When every segment's label names one of ``label_names`` (the
-    federation's; compared case-insensitively, ``_`` and ``-`` as spaces), that name's label value; otherwise the
-    segment number itself, unless a segment's label names a label of another value than its number (segment 1
-    "Lesion" where ``label_names`` has 2: lesion): neither reading can be trusted then, and ``FederationError``
-    names the SEG ``path`` and the segment (the numbers would paint the lesion as the organ)."""
-    mapped = _named_values(segments, label_names)
-    if mapped and all(v >= 0 for v in mapped.values()):
-        return mapped
-    _warn_read_by_number(segments, mapped, label_names, path)
-    for number, value in mapped.items():
-        if value >= 0 and value != number:
-            unnamed = sorted(segments[n] for n, v in mapped.items() if v < 0)
-            raise FederationError(
-                f"{path}: segment {number} is labelled {segments[number]!r}, which label_names gives the value "
-                f"{value}, but {', '.join(map(repr, unnamed))} names no label, so segment numbers would be used and "
-                f"{segments[number]!r} read as label value {number}; name every segment as in label_names "
-                "(federation.yaml), or none"
-            )
-    return {n: n for n in segments}
-
-
-_GENERIC_SEGMENT = re.compile(r"(segment|seg|label|roi|mask)?[\s_-]*\d*", re.IGNORECASE)  # "Segment 1", "seg_2", "3"
-_warned_by_number: set[tuple[Path, tuple[tuple[int, str], ...]]] = set()  # (labels folder, segments) said already
-
-
-def _warn_read_by_number(
-    segments: dict[int, str], mapped: dict[int, int], label_names: dict[int, str] | None, path: Path
-) -> None:
-    """Log once per labels folder and segment naming when a SEG is read by segment number although ``label_names``
-    is given and none of its segments' labels names a label while some say what they hold (not ``Segment 1``,
-    empty or a number): segment 1 "Tumor" becomes label 1 whatever ``label_names`` calls 1 (e.g. "organ"), so a
-    SEG made by another tool can swap structures without a word. The line says what each segment becomes."""
-    if not label_names or any(v >= 0 for v in mapped.values()):
-        return
-    said = {n: label for n, label in segments.items() if not _GENERIC_SEGMENT.fullmatch(label.strip())}
-    key = (path.parent, tuple(sorted(segments.items())))
-    if not said or key in _warned_by_number:
-        return
-    _warned_by_number.add(key)
-    becomes = ", ".join(
-        f"{n} {segments[n]!r} -> {label_names[n]!r}" if n in label_names else f"{n} {segments[n]!r} -> value {n}"
-        for n in sorted(segments)
-    )
-    log.warning(
-        f"{path}: no segment label of this DICOM-SEG names a label of label_names, so its segments are read by "
-        f"number: {becomes}; if that is not what they hold, name the labels in label_names (federation.yaml) as the "
-        f"segments are named (said once for the SEGs of {path.parent} named so)"
-    )
-
-
-def _functional(ds: Any, frame: Any, sequence: str, attribute: str, path: Path) -> Any:
-    """A frame's ``sequence[0].attribute``, per-frame first, then shared; ``FederationError`` if absent."""
-    for groups in (frame, getattr(ds, "SharedFunctionalGroupsSequence", [None])[0]):
-        if groups is not None and sequence in groups and attribute in getattr(groups, sequence)[0]:
-            return getattr(getattr(groups, sequence)[0], attribute)
-    raise FederationError(f"{path}: DICOM-SEG frame without {sequence} > {attribute}")
-
-
-def _named_values(segments: dict[int, str], label_names: dict[int, str] | None) -> dict[int, int]:
-    """Segment number -> the label value ``label_names`` gives its label, -1 where it names none (or a name two
-    values share)."""
-    by_name: dict[str, int] = {}
-    for value, name in (label_names or {}).items():
-        by_name[_normalized(name)] = -1 if _normalized(name) in by_name else value  # -1: ambiguous name
-    return {n: by_name.get(_normalized(label), -1) for n, label in segments.items()}
-
-
-def segment_regions(segments: dict[int, str], regions: Regions | None) -> dict[int, int] | None:
-    """Segment number -> region index where every segment's label names one of the federation's ``regions``
-    (compared as label names: case-insensitive, ``_`` and ``-`` as spaces), as ``fedseg predict --dicom-seg`` labels
-    its segments; None otherwise (no regions, or a segment naming none)."""
-    if regions is None or not segments:
-        return None
-    index = {_normalized(name): i for i, name in enumerate(regions.names)}
-    found = {number: index.get(_normalized(label), -1) for number, label in segments.items()}
-    return found if all(i >= 0 for i in found.values()) else None
-
-
-def read_dicom_seg(
-    path: Path,
-    grid: VoxelGrid,
-    image: Path,
-    label_names: dict[int, str] | None = None,
-    regions: Regions | None = None,
-) -> np.ndarray:
-    """A DICOM-SEG drawn on ``image`` (whose grid is ``grid``) as a label map of ``grid.shape[:3]``
-    (array order, uint8 or uint16), each segment's pixels set to its label value (``segment_values``).
-
-    Segments that each name one of the federation's ``regions`` (``segment_regions``: ``fedseg predict
-    --dicom-seg``'s, or BraTS WT/TC/ET drawn as nested structures) are read as region masks and painted to a label
-    map as predictions are (``Regions.to_label``: each voxel the value of the smallest region it lies in), where
-    their names are not every one a ``label_names`` entry or where they overlap; disjoint segments named as labels
-    read the same either way. Every frame of the SEG must lie on the image's voxel grid (same plane orientation and
-    pixel spacing, positions on voxel centres, inside the image): frames omitted by the SEG (empty ones) are
-    background. A DICOM series image must be the one the SEG was drawn on: the same FrameOfReferenceUID, or without
-    one, a series its ReferencedSeriesSequence names (a SEG of another patient can lie on the same grid).
-    BINARY and LABELMAP SEGs are read; FRACTIONAL ones are refused (a label map must be exact), as are
-    overlapping segments that do not name regions. ``FederationError`` with one line naming the file otherwise.
-    """
-    try:
-        return _read_dicom_seg(path, grid, image, label_names, regions)
-    except FederationError:  # a ValueError too
-        raise
-    except (AttributeError, IndexError, KeyError, TypeError, ValueError) as e:
-        raise FederationError(f"{path}: malformed DICOM-SEG ({type(e).__name__}: {e})") from None
-
-
-class _Overlap(Exception):
-    """Two segments paint different label values on one voxel (``_painted_labels``)."""
-
-
-def _read_dicom_seg(
-    path: Path, grid: VoxelGrid, image: Path, label_names: dict[int, str] | None, regions: Regions | None
-) -> np.ndarray:
-    ds = _seg_dataset(path)
-    if sop_class(ds) not in _SEG_SOP_CLASSES:
-        raise FederationError(
-            f"{path}: not a DICOM-SEG (Modality {getattr(ds, 'Modality', '?')}); a .dcm label must be a DICOM "
-            "Segmentation or an RT Structure Set (RTSTRUCT)"
-        )
-    kind = str(getattr(ds, "SegmentationType", ""))
-    if kind not in ("BINARY", "LABELMAP"):
-        raise FederationError(f"{path}: {kind or 'unknown'} DICOM-SEG not supported (store BINARY segments)")
-    segments = {int(s.SegmentNumber): str(getattr(s, "SegmentLabel", "")) for s in ds.SegmentSequence}
-    try:
-        frames = np.asarray(ds.pixel_array)
-    except Exception as e:  # noqa: BLE001 — any decoder failure means "corrupt file" to the user
-        raise FederationError(
-            f"{path}: cannot decode its pixel data ({type(e).__name__}: {' '.join(str(e).split())[:200]}): {DAMAGED}"
-        ) from None
-    frames = frames[None] if frames.ndim == 2 else frames
-    if (other := _other_series(ds, path, image)) is not None:  # before the frames' placement: another patient's
-        raise FederationError(other)  # SEG on a slightly different grid is that, not frames off the grid
-
-    def placed() -> Iterator[tuple[int, tuple[np.ndarray, ...], np.ndarray]]:
-        return _placed_frames(ds, frames, kind, grid, path, image)
-
-    region_of = segment_regions(segments, regions)
-    named = _named_values(segments, label_names)
-    try:
-        if region_of is not None and regions is not None and not all(v >= 0 for v in named.values()):
-            label = regions.to_label(_region_masks(placed(), region_of, len(regions), grid))
-        else:
-            label = _painted_labels(placed(), segment_values(segments, label_names, path), grid)
-    except _Overlap as clash:
-        if region_of is None or regions is None:
-            names = f" ({', '.join(regions.names)})" if regions is not None else ""
-            raise FederationError(
-                f"{path}: segments overlap in {clash}; a label map holds one value per voxel (nested segments are "
-                f"read where each segment's label names one of the federation's regions{names})"
-            ) from None
-        label = regions.to_label(_region_masks(placed(), region_of, len(regions), grid))
-    return label.reshape(grid.shape[:3])
-
-
-def _spatial(grid: VoxelGrid) -> tuple[int, int, int]:
-    """``grid``'s three spatial dimensions (a 2D image's grid gets a third axis of 1)."""
-    return cast("tuple[int, int, int]", (grid.shape[:3] + (1, 1))[:3])
-
-
-def _placed_frames(
-    ds: Any, frames: np.ndarray, kind: str, grid: VoxelGrid, path: Path, image: Path
-) -> Iterator[tuple[int, tuple[np.ndarray, ...], np.ndarray]]:
-    """Per stored frame of the SEG ``ds`` (its pixels ``frames`` ``(F, rows, columns)``): its number (0-based), the
-    voxel indices ``(3 arrays of N)`` of its nonzero pixels on ``image``'s ``grid`` and their segment numbers
-    ``(N,)`` (a BINARY frame's one segment; a LABELMAP frame's pixel values). ``FederationError`` for a frame off
-    the grid."""
-    spatial = _spatial(grid)
-    to_index = np.linalg.inv(_LPS_TO_RAS @ grid.affine)  # LPS mm -> voxel index
-    per_frame = getattr(ds, "PerFrameFunctionalGroupsSequence", None)
-    if per_frame is None or len(per_frame) != len(frames):
-        raise FederationError(f"{path}: DICOM-SEG without one PerFrameFunctionalGroupsSequence item per frame")
-    rows, cols = frames.shape[1:]
-    for f, (pixels, frame) in enumerate(zip(frames, per_frame)):
-        position = np.asarray(_functional(ds, frame, "PlanePositionSequence", "ImagePositionPatient", path), float)
-        orientation = np.asarray(_functional(ds, frame, "PlaneOrientationSequence", "ImageOrientationPatient", path))
-        spacing = np.asarray(_functional(ds, frame, "PixelMeasuresSequence", "PixelSpacing", path), float)
-        origin = to_index[:3] @ np.append(position, 1.0)
-        step_col = to_index[:3, :3] @ (np.asarray(orientation[:3], float) * spacing[1])  # one column to the right
-        step_row = to_index[:3, :3] @ (np.asarray(orientation[3:], float) * spacing[0])  # one row down
-        where = f"{path}: DICOM-SEG frame {f + 1} does not lie on the grid of {image}"
-        for step in (step_col, step_row):
-            if not (np.allclose(step, np.round(step), atol=_GRID_TOL) and np.abs(np.round(step)).sum() == 1):
-                raise FederationError(f"{where} (its orientation or pixel spacing differs from the image's)")
-        if not np.allclose(origin, np.round(origin), atol=_GRID_TOL):
-            raise FederationError(f"{where} (its position is {np.abs(origin - np.round(origin)).max():.2f} voxels off)")
-        o, sc, sr = (np.round(v).astype(int) for v in (origin, step_col, step_row))
-        corners = [o + sc * c + sr * r for c in (0, cols - 1) for r in (0, rows - 1)]
-        if any((c < 0).any() or (c >= np.array(spatial)).any() for c in corners):
-            raise FederationError(f"{where} (it reaches voxel {corners[-1].tolist()}, outside shape {spatial})")
-        r_idx, c_idx = np.nonzero(pixels)
-        if kind == "BINARY":
-            number = int(_functional(ds, frame, "SegmentIdentificationSequence", "ReferencedSegmentNumber", path))
-            numbers = np.full(r_idx.shape, number, dtype=np.int64)
-        else:
-            numbers = pixels[r_idx, c_idx].astype(np.int64)
-        yield f, tuple(o[:, None] + sc[:, None] * c_idx + sr[:, None] * r_idx), numbers
-
-
-def _painted_labels(
-    placed: Iterator[tuple[int, tuple[np.ndarray, ...], np.ndarray]], values: dict[int, int], grid: VoxelGrid
-) -> np.ndarray:
-    """The placed frames' segments painted with their label values ``values`` (segment number -> value; an unknown
-    number paints itself); ``_Overlap`` where two segments paint different values on one voxel."""
-    top = max([0, *values.values()])
-    label = np.zeros(_spatial(grid), dtype=np.uint8 if top < 256 else np.uint16)
-    for f, idx, numbers in placed:
-        written = np.array([values.get(int(n), int(n)) for n in numbers], dtype=np.int64)
-        clash = (label[idx] != 0) & (label[idx] != written)
-        if clash.any():
-            raise _Overlap(
-                f"{int(clash.sum())} voxels of frame {f + 1} (label values {int(label[idx][clash][0])} and "
-                f"{int(written[clash][0])})"
-            )
-        label[idx] = written
-    return label
-
-
-def _region_masks(
-    placed: Iterator[tuple[int, tuple[np.ndarray, ...], np.ndarray]],
-    region_of: dict[int, int],
-    count: int,
-    grid: VoxelGrid,
-) -> np.ndarray:
-    """The placed frames' segments as region masks ``(count, *spatial)`` bool, each segment into the region
-    ``region_of`` names (segment number -> region index)."""
-    masks = np.zeros((count, *_spatial(grid)), dtype=bool)
-    for _, idx, numbers in placed:
-        for number, region in region_of.items():
-            chosen = numbers == number
-            if chosen.any():
-                masks[region][tuple(i[chosen] for i in idx)] = True
-    return masks
-
-
-def _other_series(seg: Any, path: Path, image: Path) -> str | None:
-    """Why the DICOM-SEG ``seg`` (file ``path``) was drawn on another scan than the DICOM series ``image``: another
-    FrameOfReferenceUID (another patient or position); where either lacks one, a ReferencedSeriesSequence that does
-    not name the series (a SEG of another series can lie on the same grid). ``None`` when they agree (a SEG drawn on
-    a co-registered series of the same frame of reference is fine: frame and grid place its voxels), or for an image
-    that is no DICOM series (a NIfTI has no UIDs)."""
-    if volume_format(image) != DICOM:
-        return None
-    series = read_dicom(series_entries(image)[0], stop_before_pixels=True)
-    frame, image_frame = str(getattr(seg, "FrameOfReferenceUID", "")), str(getattr(series, "FrameOfReferenceUID", ""))
-    if frame and image_frame:
-        if frame == image_frame:
-            return None
-        return (
-            f"{path}: drawn on another scan: its FrameOfReferenceUID {frame} is not that of its image {image} "
-            f"({image_frame}); a segmentation of another patient or study?"
-        )
-    referenced = [str(getattr(item, "SeriesInstanceUID", "")) for item in getattr(seg, "ReferencedSeriesSequence", [])]
-    own = str(getattr(series, "SeriesInstanceUID", ""))
-    if own and any(referenced) and own not in referenced:
-        return (
-            f"{path}: drawn on another scan: it references series {', '.join(referenced)}, but its image {image} is "
-            f"series {own}; a segmentation of another series?"
-        )
-    return None
-
-
-def sop_class(ds: Any) -> str:
-    """The SOP class of the DICOM file ``ds`` (a DICOM-SEG's, an RTSTRUCT's...): its SOPClassUID, else its file meta's
-    (a file cut short keeps that)."""
-    meta = getattr(ds, "file_meta", None)
-    return str(getattr(ds, "SOPClassUID", "") or getattr(meta, "MediaStorageSOPClassUID", "") or "")
-
-
-def _seg_dataset(path: Path) -> Any:
-    """The DICOM-SEG ``path`` read by pydicom (``read_dicom``); ``FederationError`` in one line for an empty file, a
-    file that is no DICOM or whose header is damaged, and a file cut short (``ended_early``: pydicom reads it without
-    a word, up to where it ends): a SEG before or inside its pixel data (its SegmentationType, SegmentSequence or
-    PixelData missing would otherwise read as an unsupported SEG), a file before its SOP class."""
-    try:
-        ds = read_dicom(path)
-    except FederationError:
-        raise
-    except Exception as e:  # noqa: BLE001 — pydicom raises several types for a non-DICOM file
-        raise FederationError(dicom_read_failure(path, e, "expected a DICOM-SEG")) from None
-    seg = sop_class(ds) in _SEG_SOP_CLASSES
-    needed = ("SegmentationType", "SegmentSequence", "PixelData") if seg else ("SOPClassUID",)
-    if (early := ended_early(path, ds, needed)) is not None:
-        raise FederationError(f"{path}: {'cannot decode its pixel data (' + early + ')' if seg else early}: {DAMAGED}")
-    return ds
-
-
-def read_seg_frames(path: Path) -> np.ndarray:
-    """A DICOM-SEG's pixel frames as stored ``(frames, rows, columns)``, for a readability check."""
-    ds = _seg_dataset(path)
-    try:
-        frames = np.asarray(ds.pixel_array)
-    except Exception as e:  # noqa: BLE001 — any decoder failure means "corrupt file" to the user
-        raise FederationError(f"{path}: cannot read ({type(e).__name__}: {e})") from None
-    return frames[None] if frames.ndim == 2 else frames
 
 
 # --- MetaImage companions ----------------------------------------------------------------------------

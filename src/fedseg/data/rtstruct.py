@@ -6,7 +6,7 @@ couch...), each a stack of polygons in patient coordinates (mm, DICOM LPS), one 
 (a 3D volume with a patient-space grid: a DICOM series, NIfTI, NRRD or MetaImage; ``readers.volume_grid``):
 
 - **ROI -> label value**: an ROI whose ``ROIName`` names a ``label_names`` entry (compared as DICOM-SEG segment
-  labels are, ``readers.segment_values``: case-insensitive, ``_`` and ``-`` as spaces) gets that entry's value;
+  labels are, ``dicom_seg.segment_values``: case-insensitive, ``_`` and ``-`` as spaces) gets that entry's value;
   ROIs named in no entry (BODY, External, couch, markers) are skipped unread. No ROI named so, or no
   ``label_names``: refused; a ``label_names`` entry no ROI of any structure set names: refused by the data check,
   with the closest ROI names (``check.rtstruct_problems``).
@@ -57,7 +57,7 @@ from typing import Any
 
 import numpy as np
 
-from fedseg.data import readers
+from fedseg.data import dicom_seg, readers
 from fedseg.data.federation import FederationError
 
 RTSTRUCT_SOP_CLASS = "1.2.840.10008.5.1.4.1.1.481.3"  # RT Structure Set Storage
@@ -146,11 +146,11 @@ def _note(painted: Painted) -> None:
 
 def _unnamed(names: dict[int, str], label_names: dict[int, str]) -> tuple[tuple[int, str], ...]:
     """The ``label_names`` entries ``(value, name)`` that no ROI of ``names`` names."""
-    named = {readers._normalized(n) for n in names.values()}
+    named = {dicom_seg.normalized_name(n) for n in names.values()}
     return tuple(
         (value, name)
         for value, name in sorted(label_names.items())
-        if value > 0 and readers._normalized(name) not in named
+        if value > 0 and dicom_seg.normalized_name(name) not in named
     )
 
 
@@ -248,10 +248,10 @@ def _roi_values(
     by_name: dict[str, list[int]] = {}
     for value, name in sorted(label_names.items()):
         if value > 0:  # background is what no ROI paints
-            by_name.setdefault(readers._normalized(name), []).append(value)
+            by_name.setdefault(dicom_seg.normalized_name(name), []).append(value)
     values = {}
     for number, name in names.items():
-        matches = by_name.get(readers._normalized(name), [])
+        matches = by_name.get(dicom_seg.normalized_name(name), [])
         if len(matches) > 1:
             raise FederationError(
                 f"{path}: ROI {name!r} names label_names entries of several values ({', '.join(map(str, matches))})"
@@ -372,7 +372,7 @@ def _read_rtstruct(path: Path, grid: readers.VoxelGrid, image: Path, label_names
         raise FederationError(other)
     nx, ny, nz = (int(n) for n in grid.shape[:3])
     shape = (nx, ny, nz)
-    to_index = np.linalg.inv(readers._LPS_TO_RAS @ grid.affine)  # LPS mm -> voxel index (VoxelGrid.affine is RAS)
+    to_index = np.linalg.inv(readers.LPS_TO_RAS @ grid.affine)  # LPS mm -> voxel index (VoxelGrid.affine is RAS)
     masks = {number: np.zeros(shape, dtype=bool) for number in values}
     labelled = [  # an ROI naming no label (BODY, couch): not read
         (int(item.ReferencedROINumber), item)

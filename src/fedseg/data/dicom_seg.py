@@ -1,0 +1,334 @@
+"""DICOM-SEG label maps (``labels/<case>.dcm``) read on their image's voxel grid (:mod:`fedseg.data.readers`' grid and
+orientation rule): ``read_dicom_seg`` places each frame on the image's slices by its position, maps segments to label
+values by name (``label_names``, ``segment_values``) or paints the federation's regions from segments that each name
+one (nested regions overlap), and says in one line what no grid can hold (a SEG of another series, frames off the
+grid, an overlap a label map cannot hold); ``read_seg_frames`` reads the frames as stored, for a readability check.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+import numpy as np
+
+from fedseg.data.federation import FederationError
+from fedseg.data.readers import (
+    DAMAGED,
+    DICOM,
+    LPS_TO_RAS,
+    SEG_SOP_CLASSES,
+    VoxelGrid,
+    dicom_read_failure,
+    ended_early,
+    read_dicom,
+    series_entries,
+    sop_class,
+    volume_format,
+)
+
+if TYPE_CHECKING:
+    from fedseg.data.federation import Regions
+
+log = logging.getLogger("fedseg.data.dicom_seg")
+
+_GRID_TOL = 0.01  # a SEG pixel lands on an image voxel centre within 1 % of a voxel
+
+
+def normalized_name(name: str) -> str:
+    """A structure's name as names are compared: case-insensitive, ``_`` and ``-`` as spaces, spaces collapsed."""
+    return " ".join(name.replace("_", " ").replace("-", " ").split()).casefold()
+
+
+def segment_values(segments: dict[int, str], label_names: dict[int, str] | None, path: Path) -> dict[int, int]:
+    """Segment number -> label value. When every segment's label names one of ``label_names`` (the
+    federation's; compared case-insensitively, ``_`` and ``-`` as spaces), that name's label value; otherwise the
+    segment number itself, unless a segment's label names a label of another value than its number (segment 1
+    "Lesion" where ``label_names`` has 2: lesion): neither reading can be trusted then, and ``FederationError``
+    names the SEG ``path`` and the segment (the numbers would paint the lesion as the organ)."""
+    mapped = _named_values(segments, label_names)
+    if mapped and all(v >= 0 for v in mapped.values()):
+        return mapped
+    _warn_read_by_number(segments, mapped, label_names, path)
+    for number, value in mapped.items():
+        if value >= 0 and value != number:
+            unnamed = sorted(segments[n] for n, v in mapped.items() if v < 0)
+            raise FederationError(
+                f"{path}: segment {number} is labelled {segments[number]!r}, which label_names gives the value "
+                f"{value}, but {', '.join(map(repr, unnamed))} names no label, so segment numbers would be used and "
+                f"{segments[number]!r} read as label value {number}; name every segment as in label_names "
+                "(federation.yaml), or none"
+            )
+    return {n: n for n in segments}
+
+
+_GENERIC_SEGMENT = re.compile(r"(segment|seg|label|roi|mask)?[\s_-]*\d*", re.IGNORECASE)  # "Segment 1", "seg_2", "3"
+_warned_by_number: set[tuple[Path, tuple[tuple[int, str], ...]]] = set()  # (labels folder, segments) said already
+
+
+def _warn_read_by_number(
+    segments: dict[int, str], mapped: dict[int, int], label_names: dict[int, str] | None, path: Path
+) -> None:
+    """Log once per labels folder and segment naming when a SEG is read by segment number although ``label_names``
+    is given and none of its segments' labels names a label while some say what they hold (not ``Segment 1``,
+    empty or a number): segment 1 "Tumor" becomes label 1 whatever ``label_names`` calls 1 (e.g. "organ"), so a
+    SEG made by another tool can swap structures without a word. The line says what each segment becomes."""
+    if not label_names or any(v >= 0 for v in mapped.values()):
+        return
+    said = {n: label for n, label in segments.items() if not _GENERIC_SEGMENT.fullmatch(label.strip())}
+    key = (path.parent, tuple(sorted(segments.items())))
+    if not said or key in _warned_by_number:
+        return
+    _warned_by_number.add(key)
+    becomes = ", ".join(
+        f"{n} {segments[n]!r} -> {label_names[n]!r}" if n in label_names else f"{n} {segments[n]!r} -> value {n}"
+        for n in sorted(segments)
+    )
+    log.warning(
+        f"{path}: no segment label of this DICOM-SEG names a label of label_names, so its segments are read by "
+        f"number: {becomes}; if that is not what they hold, name the labels in label_names (federation.yaml) as the "
+        f"segments are named (said once for the SEGs of {path.parent} named so)"
+    )
+
+
+def _functional(ds: Any, frame: Any, sequence: str, attribute: str, path: Path) -> Any:
+    """A frame's ``sequence[0].attribute``, per-frame first, then shared; ``FederationError`` if absent."""
+    for groups in (frame, getattr(ds, "SharedFunctionalGroupsSequence", [None])[0]):
+        if groups is not None and sequence in groups and attribute in getattr(groups, sequence)[0]:
+            return getattr(getattr(groups, sequence)[0], attribute)
+    raise FederationError(f"{path}: DICOM-SEG frame without {sequence} > {attribute}")
+
+
+def _named_values(segments: dict[int, str], label_names: dict[int, str] | None) -> dict[int, int]:
+    """Segment number -> the label value ``label_names`` gives its label, -1 where it names none (or a name two
+    values share)."""
+    by_name: dict[str, int] = {}
+    for value, name in (label_names or {}).items():
+        by_name[normalized_name(name)] = -1 if normalized_name(name) in by_name else value  # -1: ambiguous name
+    return {n: by_name.get(normalized_name(label), -1) for n, label in segments.items()}
+
+
+def segment_regions(segments: dict[int, str], regions: Regions | None) -> dict[int, int] | None:
+    """Segment number -> region index where every segment's label names one of the federation's ``regions``
+    (compared as label names: case-insensitive, ``_`` and ``-`` as spaces), as ``fedseg predict --dicom-seg`` labels
+    its segments; None otherwise (no regions, or a segment naming none)."""
+    if regions is None or not segments:
+        return None
+    index = {normalized_name(name): i for i, name in enumerate(regions.names)}
+    found = {number: index.get(normalized_name(label), -1) for number, label in segments.items()}
+    return found if all(i >= 0 for i in found.values()) else None
+
+
+def read_dicom_seg(
+    path: Path,
+    grid: VoxelGrid,
+    image: Path,
+    label_names: dict[int, str] | None = None,
+    regions: Regions | None = None,
+) -> np.ndarray:
+    """A DICOM-SEG drawn on ``image`` (whose grid is ``grid``) as a label map of ``grid.shape[:3]``
+    (array order, uint8 or uint16), each segment's pixels set to its label value (``segment_values``).
+
+    Segments that each name one of the federation's ``regions`` (``segment_regions``: ``fedseg predict
+    --dicom-seg``'s, or BraTS WT/TC/ET drawn as nested structures) are read as region masks and painted to a label
+    map as predictions are (``Regions.to_label``: each voxel the value of the smallest region it lies in), where
+    their names are not every one a ``label_names`` entry or where they overlap; disjoint segments named as labels
+    read the same either way. Every frame of the SEG must lie on the image's voxel grid (same plane orientation and
+    pixel spacing, positions on voxel centres, inside the image): frames omitted by the SEG (empty ones) are
+    background. A DICOM series image must be the one the SEG was drawn on: the same FrameOfReferenceUID, or without
+    one, a series its ReferencedSeriesSequence names (a SEG of another patient can lie on the same grid).
+    BINARY and LABELMAP SEGs are read; FRACTIONAL ones are refused (a label map must be exact), as are
+    overlapping segments that do not name regions. ``FederationError`` with one line naming the file otherwise.
+    """
+    try:
+        return _read_dicom_seg(path, grid, image, label_names, regions)
+    except FederationError:  # a ValueError too
+        raise
+    except (AttributeError, IndexError, KeyError, TypeError, ValueError) as e:
+        raise FederationError(f"{path}: malformed DICOM-SEG ({type(e).__name__}: {e})") from None
+
+
+class _Overlap(Exception):
+    """Two segments paint different label values on one voxel (``_painted_labels``)."""
+
+
+def _read_dicom_seg(
+    path: Path, grid: VoxelGrid, image: Path, label_names: dict[int, str] | None, regions: Regions | None
+) -> np.ndarray:
+    ds = _seg_dataset(path)
+    if sop_class(ds) not in SEG_SOP_CLASSES:
+        raise FederationError(
+            f"{path}: not a DICOM-SEG (Modality {getattr(ds, 'Modality', '?')}); a .dcm label must be a DICOM "
+            "Segmentation or an RT Structure Set (RTSTRUCT)"
+        )
+    kind = str(getattr(ds, "SegmentationType", ""))
+    if kind not in ("BINARY", "LABELMAP"):
+        raise FederationError(f"{path}: {kind or 'unknown'} DICOM-SEG not supported (store BINARY segments)")
+    segments = {int(s.SegmentNumber): str(getattr(s, "SegmentLabel", "")) for s in ds.SegmentSequence}
+    try:
+        frames = np.asarray(ds.pixel_array)
+    except Exception as e:  # noqa: BLE001 — any decoder failure means "corrupt file" to the user
+        raise FederationError(
+            f"{path}: cannot decode its pixel data ({type(e).__name__}: {' '.join(str(e).split())[:200]}): {DAMAGED}"
+        ) from None
+    frames = frames[None] if frames.ndim == 2 else frames
+    if (other := _other_series(ds, path, image)) is not None:  # before the frames' placement: another patient's
+        raise FederationError(other)  # SEG on a slightly different grid is that, not frames off the grid
+
+    def placed() -> Iterator[tuple[int, tuple[np.ndarray, ...], np.ndarray]]:
+        return _placed_frames(ds, frames, kind, grid, path, image)
+
+    region_of = segment_regions(segments, regions)
+    named = _named_values(segments, label_names)
+    try:
+        if region_of is not None and regions is not None and not all(v >= 0 for v in named.values()):
+            label = regions.to_label(_region_masks(placed(), region_of, len(regions), grid))
+        else:
+            label = _painted_labels(placed(), segment_values(segments, label_names, path), grid)
+    except _Overlap as clash:
+        if region_of is None or regions is None:
+            names = f" ({', '.join(regions.names)})" if regions is not None else ""
+            raise FederationError(
+                f"{path}: segments overlap in {clash}; a label map holds one value per voxel (nested segments are "
+                f"read where each segment's label names one of the federation's regions{names})"
+            ) from None
+        label = regions.to_label(_region_masks(placed(), region_of, len(regions), grid))
+    return label.reshape(grid.shape[:3])
+
+
+def _spatial(grid: VoxelGrid) -> tuple[int, int, int]:
+    """``grid``'s three spatial dimensions (a 2D image's grid gets a third axis of 1)."""
+    return cast("tuple[int, int, int]", (grid.shape[:3] + (1, 1))[:3])
+
+
+def _placed_frames(
+    ds: Any, frames: np.ndarray, kind: str, grid: VoxelGrid, path: Path, image: Path
+) -> Iterator[tuple[int, tuple[np.ndarray, ...], np.ndarray]]:
+    """Per stored frame of the SEG ``ds`` (its pixels ``frames`` ``(F, rows, columns)``): its number (0-based), the
+    voxel indices ``(3 arrays of N)`` of its nonzero pixels on ``image``'s ``grid`` and their segment numbers
+    ``(N,)`` (a BINARY frame's one segment; a LABELMAP frame's pixel values). ``FederationError`` for a frame off
+    the grid."""
+    spatial = _spatial(grid)
+    to_index = np.linalg.inv(LPS_TO_RAS @ grid.affine)  # LPS mm -> voxel index
+    per_frame = getattr(ds, "PerFrameFunctionalGroupsSequence", None)
+    if per_frame is None or len(per_frame) != len(frames):
+        raise FederationError(f"{path}: DICOM-SEG without one PerFrameFunctionalGroupsSequence item per frame")
+    rows, cols = frames.shape[1:]
+    for f, (pixels, frame) in enumerate(zip(frames, per_frame)):
+        position = np.asarray(_functional(ds, frame, "PlanePositionSequence", "ImagePositionPatient", path), float)
+        orientation = np.asarray(_functional(ds, frame, "PlaneOrientationSequence", "ImageOrientationPatient", path))
+        spacing = np.asarray(_functional(ds, frame, "PixelMeasuresSequence", "PixelSpacing", path), float)
+        origin = to_index[:3] @ np.append(position, 1.0)
+        step_col = to_index[:3, :3] @ (np.asarray(orientation[:3], float) * spacing[1])  # one column to the right
+        step_row = to_index[:3, :3] @ (np.asarray(orientation[3:], float) * spacing[0])  # one row down
+        where = f"{path}: DICOM-SEG frame {f + 1} does not lie on the grid of {image}"
+        for step in (step_col, step_row):
+            if not (np.allclose(step, np.round(step), atol=_GRID_TOL) and np.abs(np.round(step)).sum() == 1):
+                raise FederationError(f"{where} (its orientation or pixel spacing differs from the image's)")
+        if not np.allclose(origin, np.round(origin), atol=_GRID_TOL):
+            raise FederationError(f"{where} (its position is {np.abs(origin - np.round(origin)).max():.2f} voxels off)")
+        o, sc, sr = (np.round(v).astype(int) for v in (origin, step_col, step_row))
+        corners = [o + sc * c + sr * r for c in (0, cols - 1) for r in (0, rows - 1)]
+        if any((c < 0).any() or (c >= np.array(spatial)).any() for c in corners):
+            raise FederationError(f"{where} (it reaches voxel {corners[-1].tolist()}, outside shape {spatial})")
+        r_idx, c_idx = np.nonzero(pixels)
+        if kind == "BINARY":
+            number = int(_functional(ds, frame, "SegmentIdentificationSequence", "ReferencedSegmentNumber", path))
+            numbers = np.full(r_idx.shape, number, dtype=np.int64)
+        else:
+            numbers = pixels[r_idx, c_idx].astype(np.int64)
+        yield f, tuple(o[:, None] + sc[:, None] * c_idx + sr[:, None] * r_idx), numbers
+
+
+def _painted_labels(
+    placed: Iterator[tuple[int, tuple[np.ndarray, ...], np.ndarray]], values: dict[int, int], grid: VoxelGrid
+) -> np.ndarray:
+    """The placed frames' segments painted with their label values ``values`` (segment number -> value; an unknown
+    number paints itself); ``_Overlap`` where two segments paint different values on one voxel."""
+    top = max([0, *values.values()])
+    label = np.zeros(_spatial(grid), dtype=np.uint8 if top < 256 else np.uint16)
+    for f, idx, numbers in placed:
+        written = np.array([values.get(int(n), int(n)) for n in numbers], dtype=np.int64)
+        clash = (label[idx] != 0) & (label[idx] != written)
+        if clash.any():
+            raise _Overlap(
+                f"{int(clash.sum())} voxels of frame {f + 1} (label values {int(label[idx][clash][0])} and "
+                f"{int(written[clash][0])})"
+            )
+        label[idx] = written
+    return label
+
+
+def _region_masks(
+    placed: Iterator[tuple[int, tuple[np.ndarray, ...], np.ndarray]],
+    region_of: dict[int, int],
+    count: int,
+    grid: VoxelGrid,
+) -> np.ndarray:
+    """The placed frames' segments as region masks ``(count, *spatial)`` bool, each segment into the region
+    ``region_of`` names (segment number -> region index)."""
+    masks = np.zeros((count, *_spatial(grid)), dtype=bool)
+    for _, idx, numbers in placed:
+        for number, region in region_of.items():
+            chosen = numbers == number
+            if chosen.any():
+                masks[region][tuple(i[chosen] for i in idx)] = True
+    return masks
+
+
+def _other_series(seg: Any, path: Path, image: Path) -> str | None:
+    """Why the DICOM-SEG ``seg`` (file ``path``) was drawn on another scan than the DICOM series ``image``: another
+    FrameOfReferenceUID (another patient or position); where either lacks one, a ReferencedSeriesSequence that does
+    not name the series (a SEG of another series can lie on the same grid). ``None`` when they agree (a SEG drawn on
+    a co-registered series of the same frame of reference is fine: frame and grid place its voxels), or for an image
+    that is no DICOM series (a NIfTI has no UIDs)."""
+    if volume_format(image) != DICOM:
+        return None
+    series = read_dicom(series_entries(image)[0], stop_before_pixels=True)
+    frame, image_frame = str(getattr(seg, "FrameOfReferenceUID", "")), str(getattr(series, "FrameOfReferenceUID", ""))
+    if frame and image_frame:
+        if frame == image_frame:
+            return None
+        return (
+            f"{path}: drawn on another scan: its FrameOfReferenceUID {frame} is not that of its image {image} "
+            f"({image_frame}); a segmentation of another patient or study?"
+        )
+    referenced = [str(getattr(item, "SeriesInstanceUID", "")) for item in getattr(seg, "ReferencedSeriesSequence", [])]
+    own = str(getattr(series, "SeriesInstanceUID", ""))
+    if own and any(referenced) and own not in referenced:
+        return (
+            f"{path}: drawn on another scan: it references series {', '.join(referenced)}, but its image {image} is "
+            f"series {own}; a segmentation of another series?"
+        )
+    return None
+
+
+def _seg_dataset(path: Path) -> Any:
+    """The DICOM-SEG ``path`` read by pydicom (``read_dicom``); ``FederationError`` in one line for an empty file, a
+    file that is no DICOM or whose header is damaged, and a file cut short (``ended_early``: pydicom reads it without
+    a word, up to where it ends): a SEG before or inside its pixel data (its SegmentationType, SegmentSequence or
+    PixelData missing would otherwise read as an unsupported SEG), a file before its SOP class."""
+    try:
+        ds = read_dicom(path)
+    except FederationError:
+        raise
+    except Exception as e:  # noqa: BLE001 — pydicom raises several types for a non-DICOM file
+        raise FederationError(dicom_read_failure(path, e, "expected a DICOM-SEG")) from None
+    seg = sop_class(ds) in SEG_SOP_CLASSES
+    needed = ("SegmentationType", "SegmentSequence", "PixelData") if seg else ("SOPClassUID",)
+    if (early := ended_early(path, ds, needed)) is not None:
+        raise FederationError(f"{path}: {'cannot decode its pixel data (' + early + ')' if seg else early}: {DAMAGED}")
+    return ds
+
+
+def read_seg_frames(path: Path) -> np.ndarray:
+    """A DICOM-SEG's pixel frames as stored ``(frames, rows, columns)``, for a readability check."""
+    ds = _seg_dataset(path)
+    try:
+        frames = np.asarray(ds.pixel_array)
+    except Exception as e:  # noqa: BLE001 — any decoder failure means "corrupt file" to the user
+        raise FederationError(f"{path}: cannot read ({type(e).__name__}: {e})") from None
+    return frames[None] if frames.ndim == 2 else frames
