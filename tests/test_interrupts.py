@@ -134,6 +134,37 @@ def test_ctrl_c_while_the_report_is_drawn_says_the_results_are_written_and_how_t
     assert drawn.returncode == 0 and (out / "report.html").is_file(), drawn.stdout + drawn.stderr
 
 
+def test_ctrl_c_while_a_studys_reports_are_drawn_says_its_runs_are_written(tmp_path):
+    """A holdout study whose run finished, Ctrl-C while the reports are drawn: one line saying the study's runs and
+    table are written and which command draws the reports (it said "every finished round is checkpointed ...
+    --resume", as for an interrupted training)."""
+    out = tmp_path / "study"
+    run = [
+        "run",
+        "--preset",
+        "demo",
+        "--algorithms",
+        "fedavg",
+        "--rounds",
+        "1",
+        "--holdout",
+        "site2",
+        "--out",
+        str(out),
+    ]
+    drawing = lambda: any(out.glob("**/.figures-*/*.png"))  # noqa: E731  a report's figure, drawn aside
+    with _session([sys.executable, "-m", "fedseg.cli", *run, *(a for s in TINY_SET for a in ("--set", s))]) as proc:
+        assert _wait_for(lambda: drawing() or proc.poll() is not None, 240, poll=0.01) and proc.poll() is None
+        os.killpg(proc.pid, signal.SIGINT)
+        output, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, output
+    said = " ".join(output.split())
+    assert f"interrupted: the study's runs finished and its unseen.csv is written in {out}" in said, output
+    assert f"`fedseg report {out}` draws them" in said and "Traceback" not in output, output
+    drawn = subprocess.run([sys.executable, "-m", "fedseg.cli", "report", str(out)], capture_output=True, text=True)
+    assert drawn.returncode == 0 and (out / "report.html").is_file(), drawn.stdout + drawn.stderr
+
+
 @pytest.mark.slow
 def test_a_failing_run_with_two_jobs_stops_the_bench_with_one_line_and_no_process_left(tmp_path):
     crash = "faults=[{site: site2, kind: crash, round: 1}]"

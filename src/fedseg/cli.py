@@ -290,15 +290,22 @@ def run_study(
         lambda c, o, r, fed: run_with_progress(c, o, r, console, fed, keep_checkpoints),
         lambda sub: console.print(f"[bold]{sub.label}[/]: {sub.dir}", highlight=False),
     )
-    for note in result.skipped:
-        console.print(f"no unseen-site row for {note}", highlight=False)
-    title = f"{study.table}.csv" + (f" ({study.key})" if study.key else "")
-    print_rows(title, [c for c in result.columns if c not in ("run", "key")], result.rows)
-    console.print(f"report: {render_study(out)}")
-    from fedseg.tracking import log_report
+    try:  # every run finished and the study's tables are written: only the reports may be missing
+        for note in result.skipped:
+            console.print(f"no unseen-site row for {note}", highlight=False)
+        title = f"{study.table}.csv" + (f" ({study.key})" if study.key else "")
+        print_rows(title, [c for c in result.columns if c not in ("run", "key")], result.rows)
+        console.print(f"report: {render_study(out)}")
+        from fedseg.tracking import log_report
 
-    for sub in study.runs:  # each sub-run's report (just re-rendered) to its tracking runs
-        log_report(sub.dir, sub.cfg)
+        for sub in study.runs:  # each sub-run's report (just re-rendered) to its tracking runs
+            log_report(sub.dir, sub.cfg)
+    except KeyboardInterrupt:
+        fail(
+            f"interrupted: the study's runs finished and its {study.table}.csv is written in {out}, its reports were "
+            f"not all drawn: `fedseg report {shlex.quote(str(out))}` draws them",
+            INTERRUPTED_EXIT,
+        )
 
 
 def print_rows(title: str, columns: list[str], rows: list[dict]) -> None:
