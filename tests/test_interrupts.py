@@ -326,3 +326,26 @@ def test_the_process_server_dies_with_a_run_killed_while_it_starts(tmp_path):
         assert _wait_for(lambda: not _session_processes(proc.pid), 3), [
             Path(f"/proc/{p}/cmdline").read_bytes()[:100] for p in _session_processes(proc.pid)
         ]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the forkserver start method")
+def test_a_process_with_the_pool_server_and_a_daemonic_child_still_exits(tmp_path):
+    """A process that started the pool's process server (any `engine.workers > 1` run, a notebook's pool) and a
+    daemonic child of its own exits: the server's stop at exit ran before multiprocessing ended that child, then
+    waited without end for the resource tracker the child still held (a reviewer's script hung, rc 124)."""
+    script = tmp_path / "leaves.py"
+    script.write_text(
+        "import multiprocessing as mp, time\n"
+        "def sleeper():\n    time.sleep(3600)\n"
+        "if __name__ == '__main__':\n"
+        "    from fedseg.engine.forkserver import ensure_server\n"
+        "    ensure_server()\n"
+        "    mp.get_context('spawn').Process(target=sleeper, daemon=True).start()\n"
+    )
+    with _session([sys.executable, str(script)]) as proc:
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            pytest.fail("the process did not exit within 60 s")
+        assert _wait_for(lambda: not _session_processes(proc.pid), 30), _session_processes(proc.pid)
+    assert proc.returncode == 0, proc.communicate()[0]

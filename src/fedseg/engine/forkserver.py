@@ -9,13 +9,14 @@ imports torch), so its imports run on another core while the parent imports and 
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import importlib
 import multiprocessing
+import multiprocessing.util
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -78,21 +79,24 @@ def ensure_server() -> None:
                 os.environ.pop(PARENT_ENV, None)
             else:
                 os.environ[PARENT_ENV] = before
-    if not _stop_registered:
-        _stop_registered.append(True)
-        atexit.register(stop_server)
+    if not _stop_registered:  # at exit, after multiprocessing has ended this process's daemonic children (an
+        # atexit handler ran before that: the tracker they hold never ended and the exit hung)
+        _stop_registered.append(multiprocessing.util.Finalize(None, stop_server, exitpriority=-100))
 
 
-_stop_registered: list[bool] = []  # stop_server registered to run at exit (once per process)
+_stop_registered: list[object] = []  # stop_server's exit finalizer, registered once per process
+TRACKER_GRACE_S = 5.0  # how long the exit waits for the resource tracker (one holding on for a child left running)
 
 
 def stop_server() -> None:
-    """End the process server and the resource tracker this process started, and wait for them (at exit: the
-    ``fedseg`` command runs ``atexit`` handlers, also when interrupted). Left alone, each ends only once it sees
+    """End the process server and the resource tracker this process started, and wait for them (at exit, as
+    multiprocessing's last finalizer: after it has ended this process's daemonic children, which hold the tracker's
+    pipe too; the ``fedseg`` command runs it also when interrupted). Left alone, each ends only once it sees
     this process gone, after it has returned: the server then spends seconds finalizing the torch and MONAI it
     imported, so an interrupted command's processes outlived it (an audit saw the server 3-5 s after the shell
     prompt came back). The server holds nothing to save (its workers are stopped by the pool): SIGTERM ends it at
-    once; the tracker is asked to stop (its pipe closed) and cleans up what it tracks, as at its normal end."""
+    once; the tracker is asked to stop (its pipe closed) and cleans up what it tracks, as at its normal end, waited
+    for up to ``TRACKER_GRACE_S`` (a process this one did not start may still hold the pipe)."""
     from multiprocessing import forkserver, resource_tracker
 
     server: Any = forkserver._forkserver  # its private fields: the server's PID and the pipe that keeps it alive
@@ -103,8 +107,20 @@ def stop_server() -> None:
             os.close(server._forkserver_alive_fd)
         server._forkserver_alive_fd = None
         server._forkserver_pid = None
-    with contextlib.suppress(Exception):
-        resource_tracker._resource_tracker._stop()  # type: ignore[attr-defined]
+    tracker: Any = resource_tracker._resource_tracker
+    fd, tracker_pid = getattr(tracker, "_fd", None), getattr(tracker, "_pid", None)
+    if fd is None or tracker_pid is None:
+        return
+    with contextlib.suppress(OSError):
+        os.close(fd)  # its end of the pipe: the tracker ends once no other process holds it
+    tracker._fd, tracker._pid = None, None
+    deadline = time.monotonic() + TRACKER_GRACE_S  # not forever (its own _stop waits without end): a process
+    while time.monotonic() < deadline:  # that is not ours may hold the pipe, and the tracker then ends with it
+        with contextlib.suppress(ChildProcessError):
+            if os.waitpid(tracker_pid, os.WNOHANG)[0] == 0:
+                time.sleep(0.05)
+                continue
+        break
 
 
 def import_while_waiting() -> threading.Thread:
