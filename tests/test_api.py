@@ -500,14 +500,17 @@ def test_a_run_on_a_missing_device_and_an_unknown_algorithm_point_at_what_works(
     out = _fake_run(tmp_path / "run", f"{RESULTS_HEADER}\nfedavg,global,site1,c1,disc,dice,0.5\n")
     (out / "config.yaml").write_text(yaml.safe_dump({**tiny, "device": "cuda:7"}))
     if not torch.cuda.is_available() or torch.cuda.device_count() < 8:
-        with pytest.raises(ValueError, match=r"^device 'cuda:7': .*; .*config\.yaml records it, .*Results\.load\("):
+        with pytest.raises(ValueError, match=r"^device 'cuda:7': .* or use Results\.load\(.*records the device") as e:
             Experiment.from_run(out)
+        assert "device=cpu" not in str(e.value)  # a resume keeps the device: no advice to switch it
     loaded = Results.load(out)
     assert loaded.dice() == {"fedavg": 0.5}
     with pytest.raises(UnknownAlgorithm, match=r"^model_dir\('fedavgg'\): .* did you mean 'fedavg'\? choose one"):
         loaded.model_dir("fedavgg")
-    with pytest.raises(KeyError):
+    with pytest.raises(KeyError, match=r"^site_models\('fedsm'\): "):
         loaded.site_models("fedsm")
+    with pytest.raises(ValueError, match=r"^bundle\('fedsm'\): "):
+        loaded.bundle("fedsm")
 
 
 def test_load_config_takes_one_override_string_or_a_mapping_and_names_a_preset_given_as_a_file(tmp_path, monkeypatch):

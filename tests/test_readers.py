@@ -624,6 +624,14 @@ def test_a_metaimage_without_its_data_file_or_cut_short_is_one_line_without_itks
     assert "MetaImage" not in capfd.readouterr().err  # ITK never tried: none of its lines on stderr
     (images / "c4.nrrd").write_bytes(header + b"\n\n" + VALUES.astype("<u2").tobytes(order="F"))
     np.testing.assert_array_equal(read_image(images / "c4.nrrd", "3d"), VALUES[None])  # whole: read as before
+    # a MetaImage whose voxels are text (BinaryData = False) is shorter than their binary size and is no truncation
+    text = " ".join(str(v) for v in VALUES.ravel(order="F"))
+    (images / "c5.mha").write_text(
+        "ObjectType = Image\nNDims = 3\nBinaryData = False\nDimSize = 8 10 6\nElementSpacing = 1 1 1\n"
+        f"ElementType = MET_FLOAT\nElementDataFile = LOCAL\n{text}\n"
+    )
+    assert readers.metaimage_problem(images / "c5.mha") is None
+    np.testing.assert_array_equal(read_image(images / "c5.mha", "3d"), VALUES[None])
 
 
 def test_reading_a_tiny_dicom_series_is_fast(files):

@@ -203,13 +203,11 @@ class Experiment:
         recorded = recorded_config(path)
         if recorded is None:
             raise FileNotFoundError(f"{path} not found: is {out} a fedseg run directory?")
-        try:
-            check_device(str(recorded.get("device", "cpu")))
-        except ValueError as e:  # e.g. a CUDA run opened on a laptop: its results can still be read
-            raise ValueError(
-                f"{e}; {path} records it, and a resume must keep it: Results.load({str(path.parent)!r}) reads "
-                "the run's results on any machine"
-            ) from None
+        # e.g. a CUDA run opened on a laptop: its results can still be read (a resume keeps the recorded device)
+        read_here = (
+            f"Results.load({str(path.parent)!r}) to read the run here ({path} records the device; a resume keeps it)"
+        )
+        check_device(str(recorded.get("device", "cpu")), cpu=read_here)
         return cls(validate_config(recorded, str(path)), path.parent, **kwargs)  # a bad key named with the file
 
     def run(self, resume: bool = False, report: bool = True) -> Results:
@@ -439,7 +437,7 @@ class Results:
         """``{site: the model its test scores come from}`` of ``algorithm`` (summary.json's ``site_models``:
         ``global`` for a method with one model, ``local:site1``... for each site's own); a ValueError for a run
         written before fedseg recorded it."""
-        self.model_dir(algorithm)  # UnknownAlgorithm (KeyError, ValueError) for another name
+        self._known_algorithm("site_models", algorithm)
         models = self.summary["algorithms"][algorithm].get("site_models")
         if not isinstance(models, dict):
             raise ValueError(
@@ -509,12 +507,17 @@ class Results:
         """``out/model/<algorithm>/``: the trained models (``weights.safetensors`` + ``manifest.json``),
         what ``fedseg predict --model`` reads. An algorithm the run has no results of: an ``UnknownAlgorithm``
         (a KeyError and a ValueError) naming those it has and the closest."""
+        self._known_algorithm("model_dir", algorithm)
+        return self.out / "model" / algorithm
+
+    def _known_algorithm(self, call: str, algorithm: str) -> None:
+        """An ``UnknownAlgorithm`` (a KeyError and a ValueError) naming ``call``, the run's algorithms and the closest,
+        for an ``algorithm`` the run has no results of."""
         if algorithm not in self.summary.get("algorithms", {}):
             from fedseg.algorithms import UnknownAlgorithm
 
-            call = f"model_dir({algorithm!r})"
-            raise UnknownAlgorithm(algorithm, self._unknown(call, "algorithm", algorithm, self.algorithms))
-        return self.out / "model" / algorithm
+            where = f"{call}({algorithm!r})"
+            raise UnknownAlgorithm(algorithm, self._unknown(where, "algorithm", algorithm, self.algorithms))
 
     @property
     def model_dirs(self) -> dict[str, Path]:
@@ -525,6 +528,7 @@ class Results:
         """The trained models of ``algorithm``: ``{model name: {parameter: tensor}}``."""
         from fedseg.run.outputs import read_bundle
 
+        self._known_algorithm("bundle", algorithm)
         return read_bundle(self.model_dir(algorithm))
 
     def report(self) -> Path:

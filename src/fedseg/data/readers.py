@@ -630,8 +630,8 @@ def metaimage_problem(path: Path) -> str | None:
             )
         available = data_path.stat().st_size
     try:
-        if "HeaderSize" in fields:
-            return None
+        if "HeaderSize" in fields or fields.get("BinaryData", "True").lower() != "true":
+            return None  # voxels after a header of another size, or written as text: no size to expect
         if fields.get("CompressedData", "False").lower() == "true":
             if "CompressedDataSize" not in fields:
                 return None
