@@ -837,3 +837,147 @@ def test_a_sites_model_is_described_by_its_own_round_and_test_dice():
     )
     assert "round 9 of 10, test Dice 0.745 (client avg)" in card_line(card)
     assert card_line({**card, "selected_rounds": None}, "site2") == card_line({**card, "selected_rounds": None})
+
+
+def test_force_replaces_the_earlier_predict_as_a_whole_leaving_no_mask_the_records_do_not_describe(trained, tmp_path):
+    """A fresh-eyes run: FedSM masks of four photos with overlays, then ``--algorithm fedavg --force`` on one of them
+    into the same folder left the three other FedSM masks and the FedSM overlay of the re-predicted photo beside the
+    FedAvg mask, while predictions.csv and predict.json named only that one FedAvg mask: nothing said which model
+    made the others, and the overlay showed another mask than the one beside it. --force replaces the earlier
+    prediction as a whole (files that are not its outputs stay); without --force it is still refused."""
+    run = trained[0]
+    new = tmp_path / "new"
+    cases = sorted(copy_test_images(trained, new))
+    out = tmp_path / "out"
+    predict(run / "model", new, out, overlay=True)
+    (out / "my-notes.txt").write_text("reviewed by Dr. X")  # not an output of predict: kept
+    one = new / f"{cases[0]}.png"
+    with pytest.raises(PredictError, match="--force"):
+        predict(run / "model", one, out, algorithm="fedavg")
+    notes: list[str] = []
+    predict(run / "model", one, out, algorithm="fedavg", force=True, notes=notes)
+    assert sorted(p.name for p in out.iterdir()) == sorted([f"{cases[0]}.png", "my-notes.txt", *RECORDS])
+    assert list(read_csv(out / "predictions.csv")) == [f"{cases[0]}.png"]
+    assert json.loads((out / "predict.json").read_text())["algorithm"] == "fedavg"
+    assert any(n.startswith(f"--force: removed {2 * len(cases) - 1} file(s) of the earlier predict") for n in notes)
+
+
+RECORDS = ("predictions.csv", "predict.json")
+
+
+def test_predict_json_records_the_gamma_that_routed_the_images(trained, tmp_path):
+    """predict.json said ``"gamma": null`` for a FedSM bundle predicting with its stored γ (the option, not given):
+    which threshold chose between the global and the personalized models was nowhere in the record of the masks.
+    ``gamma_used`` is the γ that routed them: the bundle's, or ``--gamma``; null for a model without a selector."""
+    run = trained[0]
+    new = tmp_path / "new"
+    copy_test_images(trained, new)
+    stored = float(load_bundle(run / "model" / "fedsm").models["gamma"]["value"])
+    for options, used in (({}, stored), ({"gamma": 0.25}, 0.25), ({"algorithm": "fedavg"}, None)):
+        out = tmp_path / f"out-{len(options)}-{options.get('algorithm', options.get('gamma'))}"
+        predict(run / "model", new, out, **options)
+        record = json.loads((out / "predict.json").read_text())
+        assert record["gamma_used"] == used and record["gamma"] == options.get("gamma"), record
+
+
+def test_a_phone_photo_turned_by_exif_gets_a_mask_and_overlay_turned_as_the_photo_is_shown(trained, tmp_path):
+    """A phone JPEG stores its pixels landscape and asks viewers (EXIF orientation 6) to show it portrait: fedseg
+    segments the stored pixels (as training read them), and the mask PNG had no EXIF, so a viewer showed the
+    photograph portrait and its mask landscape, a quarter turn apart. The mask and overlay carry the photo's EXIF
+    orientation: stored on the same pixel grid, shown turned alike; a photo without one gets plain PNGs."""
+    from PIL import ImageOps
+
+    new = tmp_path / "new"
+    cases = sorted(copy_test_images(trained, new))
+    photo = tmp_path / "photos" / "phone.jpg"
+    photo.parent.mkdir()
+    exif = Image.Exif()
+    exif[0x0112] = 6  # rotate 90° clockwise to show
+    wide = Image.open(new / f"{cases[0]}.png").convert("RGB").resize((40, 24))
+    wide.save(photo, exif=exif.tobytes())
+    shutil.copy(new / f"{cases[1]}.png", photo.parent / "plain.png")
+    out = tmp_path / "out"
+    predict(trained[0] / "model", photo.parent, out, overlay=True)
+    for name in ("phone.png", "phone_overlay.png"):
+        with Image.open(out / name) as mask:
+            assert mask.size == (40, 24) and mask.getexif().get(0x0112) == 6, name
+            assert ImageOps.exif_transpose(mask).size == ImageOps.exif_transpose(Image.open(photo)).size == (24, 40)
+    for name in ("plain.png", "plain_overlay.png"):
+        with Image.open(out / name) as mask:
+            assert 0x0112 not in mask.getexif(), name
+
+
+def test_a_channels_last_npy_is_told_to_be_saved_channels_first(trained, tmp_path):
+    """An RGB picture's array saved as it is, ``(H, W, 3)`` (a fresh-eyes run): "image has 300 channels but the
+    model expects 3" alone; the line says a .npy image is channels first and how to save it so."""
+    new = tmp_path / "new"
+    cases = sorted(copy_test_images(trained, new))
+    picture = np.asarray(Image.open(new / f"{cases[0]}.png").convert("RGB"))  # (H, W, 3)
+    wrong = tmp_path / "npy" / "hwc.npy"
+    wrong.parent.mkdir()
+    np.save(wrong, picture)
+    with pytest.raises(PredictError) as refused:
+        predict(trained[0] / "model", wrong, tmp_path / "out")
+    said = str(refused.value)
+    assert said.startswith(f"{wrong}: image has {picture.shape[0]} channels but the model expects 3"), said
+    assert "\n" not in said
+    assert "channels first" in said and "np.moveaxis(a, -1, 0)" in said
+    np.save(wrong, np.moveaxis(picture, -1, 0))  # as it says
+    predict(trained[0] / "model", wrong, tmp_path / "out")
+    assert np.load(tmp_path / "out" / "hwc.npy").shape == picture.shape[:2]
+
+
+def test_a_folder_s_entries_and_its_unreadable_images_are_reported_in_one_error(trained, tmp_path):
+    """A folder with a stray .bmp and a broken link beside a greyscale PNG and a truncated one (a fresh-eyes run):
+    the first predict named only the .bmp and the link; once they were moved out, the next named the two PNGs. Every
+    bad entry is named in the one error, each in one line, and nothing is written."""
+    new = tmp_path / "new"
+    cases = sorted(copy_test_images(trained, new))
+    (new / "scan.bmp").write_bytes(b"BM junk")
+    (new / "link.png").symlink_to(tmp_path / "gone.png")
+    Image.open(new / f"{cases[0]}.png").convert("L").save(new / "grey.png")
+    (new / "cut.png").write_bytes((new / f"{cases[1]}.png").read_bytes()[:200])
+    args = ["predict", "--model", str(trained[0] / "model"), "--input", str(new), "--out", str(tmp_path / "out")]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+    lines = result.output.replace("error: ", "").splitlines()
+    for name in ("scan.bmp", "link.png", "grey.png", "cut.png"):
+        assert sum(line.startswith(str(new / name)) for line in lines) == 1, (name, result.output)
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_out_in_the_model_folder_is_refused_even_with_force(trained, tmp_path):
+    """``--out`` naming the model folder (``--out RUN/model/fedsm``, a fresh-eyes run) wrote the masks, predictions.csv
+    and predict.json into the trained bundle, which is copied, shipped and audited as it is. Refused, with --force too,
+    in one line; beside the run (``RUN/masks``) is fine."""
+    run = tmp_path / "run"
+    shutil.copytree(trained[0] / "model", run / "model")
+    new = tmp_path / "new"
+    copy_test_images(trained, new)
+    before = sorted(p.relative_to(run) for p in run.rglob("*"))
+    for out in (run / "model" / "fedsm", run / "model" / "fedsm" / "masks", run / "model"):
+        args = ["predict", "--model", str(run / "model"), "--input", str(new), "--out", str(out), "--force"]
+        result = runner.invoke(app, args)
+        assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+        said = " ".join(result.output.split())
+        assert said.startswith(f"error: --out {out}: ") and "the masks would join the trained model" in said, said
+    assert sorted(p.relative_to(run) for p in run.rglob("*")) == before
+    predict(run / "model", new, run / "masks")
+    assert (run / "masks" / "predictions.csv").is_file()
+
+
+def test_an_empty_file_is_named_as_empty_not_as_an_unidentified_image(trained, tmp_path):
+    """A 0-byte ``.jpg`` and ``.nii.gz`` (a copy or download that stopped at once) read "cannot read
+    (UnidentifiedImageError: cannot identify image file ...)" and a gzip error: the line says the file is empty."""
+    new = tmp_path / "new"
+    copy_test_images(trained, new)
+    for name in ("empty.jpg", "empty2.png"):
+        (new / name).write_bytes(b"")
+    with pytest.raises(PredictError) as refused:
+        predict(trained[0] / "model", new, tmp_path / "out")
+    lines = str(refused.value).splitlines()
+    assert lines == [
+        f"{new / n}: empty file (0 bytes; an interrupted copy or download?): copy it again"
+        for n in ("empty.jpg", "empty2.png")
+    ]
+    assert not (tmp_path / "out").exists()

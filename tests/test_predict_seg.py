@@ -305,3 +305,21 @@ def test_an_anonymized_series_without_type2_patient_and_study_attributes_still_g
     )
     np.testing.assert_array_equal(labels, np.asarray(nib.load(tmp_path / "out" / "anon.nii.gz").dataobj))
     assert {p.name: p.read_bytes() for p in series.iterdir()} == before
+
+
+def test_one_slice_of_a_pacs_export_named_without_dcm_is_told_to_be_given_as_its_series_folder(disjoint, tmp_path):
+    """PACS exports name slices ``IM000123`` or by UID, without ``.dcm``: one such slice given as --input (a fresh-eyes
+    run) was only "unsupported file type", the hint to give the series' folder kept for ``.dcm`` names."""
+    write_series(tmp_path / "export" / "series", VALUES)
+    for k, slice_file in enumerate(sorted((tmp_path / "export" / "series").iterdir())):
+        slice_file.rename(slice_file.with_name(f"IM{k:06d}"))
+    one = tmp_path / "export" / "series" / "IM000000"
+    with pytest.raises(PredictError) as refused:
+        predict(disjoint, one, tmp_path / "out")
+    assert str(refused.value) == (
+        f"{one}: unsupported file type (expected one of nii.gz, nii, png, jpg, jpeg, npy, nrrd, mha, mhd); "
+        "a DICOM image is given as its series' folder"
+    )
+    assert not (tmp_path / "out").exists()
+    predict(disjoint, one.parent, tmp_path / "out")  # its folder is the series
+    assert (tmp_path / "out" / "series.nii.gz").is_file()

@@ -23,7 +23,8 @@ mask named ``<case>.<ext>`` (``nnunet_cases``; one channel file given alone brin
    (``fedseg.data.volumes.preprocess`` with its spacing, ``file_spacing``: the volume header's, else 1),
    predicted by sliding window and mapped back to its grid (``fedseg.evaluate.sliding.predict_on_grid``);
    a selector still routes on the fixed-size view of step 1 (ensemble mode: the super model slides);
-4. write the label map in the input's format: PNG for PNG/JPEG (lossless), ``.npy``, or NIfTI
+4. write the label map in the input's format: PNG for PNG/JPEG (lossless; with the photograph's EXIF orientation,
+   so that viewers turn it as they turn the photo: both are on its stored pixel grid), ``.npy``, or NIfTI
    with the input's affine (NRRD/MetaImage inputs and DICOM series get a NIfTI mask on their grid; a 2D image
    stored ``(X, Y, 1)``, as NIfTI, NRRD or MetaImage, an ``(X, Y, 1)`` mask, the shape of its image); plus
    ``predictions.csv``: per image ``file``, ``mask``, ``model``
@@ -47,7 +48,12 @@ folder of DICOM files that is no series) is reported, never skipped. ``out`` mus
 folder, and no folder may sit where an output file goes. Outputs go to a hidden staging folder inside
 ``out`` (``folder_write.staging_folder``) and are moved into place only when all of them are written, all together
 (``folder_write.move_in``: files they replace, with ``--force``, are put back if a move fails or is interrupted), so a
-failure or interruption while reading, predicting or writing leaves ``out`` as it was. Errors are ``PredictError``
+failure or interruption while reading, predicting or writing leaves ``out`` as it was. ``--force`` replaces an earlier
+predict in ``out`` as a whole: its masks, overlays and DICOM-SEGs that this one does not rewrite (those its
+``predictions.csv`` lists, ``predict_outputs.earlier_outputs``) are removed in the same move, so every mask in ``out``
+is one that ``predictions.csv`` and ``predict.json`` describe. ``predict.json`` records the options and, for a
+bundle routing by a threshold, ``gamma_used``: the γ that routed the images (``--gamma``, else the bundle's).
+Errors are ``PredictError``
 (or ``FederationError`` from the readers, ``OSError`` from the file system), each naming the file; the same problem
 on many files is grouped (``folder.group_problems``).
 
@@ -64,7 +70,7 @@ from pathlib import Path
 import torch
 
 from fedseg.atomic_files import strict_json_text
-from fedseg.data.folder_write import move_in, staging_folder, write_png
+from fedseg.data.folder_write import move_in, staging_folder
 from fedseg.data.preprocess import restore_size
 from fedseg.evaluate.inference import predict_masks
 from fedseg.evaluate.mirror import MirrorAveraged
@@ -72,7 +78,15 @@ from fedseg.evaluate.sliding import network_for, predict_on_grid
 from fedseg.predict_inputs import Input, overlay_name, read_inputs, read_source
 from fedseg.predict_model import Predictor, build_predictor, find_model
 from fedseg.predict_nnunet import Source
-from fedseg.predict_outputs import CSV_NAME, check_out, output_names, overlay_image, write_mask
+from fedseg.predict_outputs import (
+    CSV_NAME,
+    check_out,
+    earlier_outputs,
+    output_names,
+    overlay_image,
+    write_mask,
+    write_picture,
+)
 from fedseg.predict_seg import SegWriter, seg_writer
 from fedseg.run.bundles import Bundle, load_bundle
 from fedseg.run.model_card import RECORD_NAME, card_line, prediction_record
@@ -113,16 +127,31 @@ def predict(
     inputs = read_inputs(input, bundle, overlay, notes)
     seg = seg_writer(bundle, [i.path for i in inputs], Path(input)) if dicom_seg else None  # before any prediction
     out = Path(out)
-    check_out(out, inputs, force, overlay, Path(input), dicom_seg)
-    replaced = [t for t in (out / n for n in output_names(inputs, overlay, dicom_seg)) if t.exists() or t.is_symlink()]
+    check_out(out, inputs, force, overlay, Path(input), dicom_seg, bundle.folder)
+    names = output_names(inputs, overlay, dicom_seg)
+    replaced = [t for t in (out / n for n in names) if t.exists() or t.is_symlink()]
+    masks = [i.mask_name for i in inputs]
+    stale = earlier_outputs(out, names, masks) if force and replaced else []  # the earlier predict's other outputs
+    if stale and notes is not None:
+        shown = ", ".join(p.name for p in stale[:3]) + (f" and {len(stale) - 3} more" if len(stale) > 3 else "")
+        notes.append(f"--force: removed {len(stale)} file(s) of the earlier predict in {out} ({shown})")
     with staging_folder(out, "predict") as staging:  # removed, and out if it made it, on any error or interruption
         rows = write_predictions(predictor, bundle, inputs, staging, batch_size, overlay, seg, run_on, tta)
         options = {"algorithm": bundle.folder.name, "threshold": bundle.manifest["threshold"], "gamma": gamma}
-        options |= {"tta": tta, "device": str(run_on)}
+        options |= {"gamma_used": routing_gamma(predictor), "tta": tta, "device": str(run_on)}
         record = prediction_record(bundle.folder, bundle.manifest, {**options, "site": site}, len(inputs))
         (staging / RECORD_NAME).write_text(strict_json_text(record, indent=2) + "\n", encoding="utf-8")
-        move_in(staging, out, replaced)  # all together: a failed or interrupted move puts back what it replaced
+        move_in(staging, out, replaced + stale)  # all together: a failed or interrupted move puts back what it moved
     return rows
+
+
+def routing_gamma(predictor: Predictor) -> float | None:
+    """The threshold γ that routed every image (FedSM: ``--gamma``, else the one stored in the bundle, chosen on
+    validation), for ``predict.json``; None for a bundle that does not route by a threshold."""
+    network = predictor.model
+    if predictor.routed is None or getattr(network, "mode", None) != "threshold":
+        return None
+    return float(network.gamma)  # type: ignore[arg-type]  # SuperModel.gamma: a float
 
 
 def write_predictions(
@@ -160,7 +189,7 @@ def write_predictions(
                 painted = regions.one_hot(label)
             if overlay:
                 picture = overlay_image(read_source(Source(item.files), bundle.kind), painted)
-                write_png(folder / overlay_name(item.mask_name), picture)
+                write_picture(folder / overlay_name(item.mask_name), picture, item.path)  # a photo's EXIF turn
             row = {"file": item.name, "mask": item.mask_name, **choice}
             if seg is not None:  # a DICOM series' SEG (named), none for other inputs ("")
                 row["dicom_seg"] = seg.write_for(folder, painted, item.path, choice["model"])

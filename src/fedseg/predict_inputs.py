@@ -112,13 +112,16 @@ NOT_IMAGES = ("txt", "md", "csv", "tsv", "json", "yaml", "yml", "pdf", "html", "
 (said in one note), never taken for an unsupported image."""
 
 
-def list_inputs(path: Path, notes: list[str] | None = None) -> list[Path]:
+def list_inputs(path: Path, notes: list[str] | None = None, problems_out: list[str] | None = None) -> list[Path]:
     """``path`` itself (an image file or a DICOM series folder), or the inputs of folder ``path``: its image
     files and the DICOM series folders in it (not recursive; hidden entries and folders without DICOM files ignored).
     Every entry that cannot be an input is reported in one ``PredictError``, the same problem on many entries grouped
     (``group_problems``): a file of another type, a broken link, a folder of DICOM files that is no series (a stray
     file or sub-folder in it: ``series_problem``); ``path`` itself such a folder: why it is no series. A folder's
-    document files (:data:`NOT_IMAGES`: notes.txt, cases.csv...) are left out, in one line of ``notes``."""
+    document files (:data:`NOT_IMAGES`: notes.txt, cases.csv...) are left out, in one line of ``notes``. With
+    ``problems_out``, the entries that cannot be inputs are added to it (one line each) and left out instead, so that
+    the caller reports them together with the problems of the inputs it reads (``read_inputs``: one error, not one
+    per pass)."""
     path = Path(path)
     problems: list[str] = []
     if path.is_file() or is_series(path):
@@ -157,13 +160,27 @@ def list_inputs(path: Path, notes: list[str] | None = None) -> list[Path]:
         raise PredictError(f"{path}: a broken symbolic link")
     else:
         raise PredictError(f"{path}: no such file or folder")
-    for p in files:
-        if p.is_file() and split_name(p.name, IMAGE_EXTS) is None:
-            dicom = "; a DICOM image is given as its series' folder" if p.suffix.lower() == ".dcm" else ""
-            problems.append(f"{p}: unsupported file type (expected one of {', '.join(IMAGE_EXTS)}){dicom}")
-    if problems:  # the same problem on many entries: the first few, then a count
+    unsupported = [p for p in files if p.is_file() and split_name(p.name, IMAGE_EXTS) is None]
+    for p in unsupported:
+        dicom = "; a DICOM image is given as its series' folder" if a_dicom_slice(p) else ""
+        problems.append(f"{p}: unsupported file type (expected one of {', '.join(IMAGE_EXTS)}){dicom}")
+    if problems and problems_out is None:  # the same problem on many entries: the first few, then a count
         raise PredictError("\n".join(group_problems(problems)))
-    return files
+    if problems_out is not None:
+        problems_out += problems
+    return [p for p in files if p not in unsupported]
+
+
+def a_dicom_slice(path: Path) -> bool:
+    """Whether the file ``path`` (of no image type) is a DICOM file: by its ``.dcm`` name, or, as PACS exports name
+    slices without one (``IM000123``, ``1.2.840...``), by its content (``readers.is_dicom_file``), so that one slice
+    given alone is told to be given as its series' folder rather than "unsupported file type" alone."""
+    if path.suffix.lower() == ".dcm":
+        return True
+    try:
+        return readers.is_dicom_file(path)
+    except (OSError, FederationError):  # unreadable, or no pydicom to tell
+        return False
 
 
 def read_input(source: Source, root: Path, bundle: Bundle) -> Input:
@@ -177,11 +194,15 @@ def read_input(source: Source, root: Path, bundle: Bundle) -> Input:
             f"{path}: a 2D {path.suffix[1:].upper()} image, but this model segments 3D volumes "
             f"({bundle.folder / MANIFEST}: spatial_dims 3)"
         )
+    for file in source.files:  # the reader's own words for an empty file: "cannot identify image file", "not gzip"
+        if file.is_file() and file.stat().st_size == 0:
+            raise PredictError(f"{file}: empty file (0 bytes; an interrupted copy or download?): copy it again")
     image = read_source(source, bundle.kind)
     if image.shape[0] != m["in_channels"]:
         a_volume = bundle.kind == "2d" and not flat and (named is None or named[1] != "npy")  # None: DICOM series
         what = "a DICOM series' slices read" if named is None else "a 3D volume's third axis reads"
         one_series = named is None and bundle.kind == "3d"  # a DICOM series is one channel
+        last = named is not None and named[1] == "npy" and image.ndim > 2 and image.shape[-1] == m["in_channels"]
         raise PredictError(
             f"{path}: image has {image.shape[0]} channels but the model expects {m['in_channels']} "
             f"({bundle.folder / MANIFEST}: in_channels)"
@@ -190,6 +211,12 @@ def read_input(source: Source, root: Path, bundle: Bundle) -> Input:
                 "; a DICOM series is one channel: give each case as one multi-channel NIfTI, or as nnU-Net channel "
                 "files <case>_0000.nii.gz, <case>_0001.nii.gz, ... in a folder named imagesTs"
                 if one_series
+                else ""
+            )
+            + (
+                f"; a .npy image is stored channels first, (C, *spatial): this one's last axis holds "
+                f"{m['in_channels']} (channels last, as a picture's array): save it with np.moveaxis(a, -1, 0)"
+                if last
                 else ""
             )
         )
@@ -233,8 +260,11 @@ def read_inputs(path: Path, bundle: Bundle, overlay: bool = False, notes: list[s
     """Every input of ``path``, all checked before any is used; one error names the bad files (the first few of each
     kind of problem, then a count). An nnU-Net dataset's channels are checked against the model's first
     (``check_dataset_channels``); ``notes``, when given, receives the line of ``channels_note``."""
-    inputs, problems, channels = [], [], bundle.manifest["in_channels"]
-    listed = list_inputs(path, notes)  # a dataset's root given as the input: said before its channels are compared
+    inputs, channels = [], bundle.manifest["in_channels"]
+    problems: list[str] = []
+    # a dataset's root given as the input: said before its channels are compared; entries that cannot be inputs
+    # (another file type, a broken link, a folder that is no series): said with the problems of the files read
+    listed = list_inputs(path, notes, problems)
     dataset = check_dataset_channels(Path(path), channels, bundle)
     if notes is not None and (note := channels_note(bundle, dataset)) is not None:
         notes.append(note)

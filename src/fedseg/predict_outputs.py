@@ -5,13 +5,15 @@ before anything is written (``check_out``).
 
 from __future__ import annotations
 
+import csv
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
+from fedseg.atomic_files import naming_errors
 from fedseg.data import readers
-from fedseg.data.case_files import IMAGE_EXTS, split_name
+from fedseg.data.case_files import IMAGE_EXTS, PIL_EXTS, split_name
 from fedseg.data.folder_write import write_nifti, write_nifti_like, write_png
 from fedseg.predict_inputs import Input, overlay_name
 from fedseg.predict_model import PredictError
@@ -75,7 +77,42 @@ def write_mask(path: Path, label: np.ndarray, source: Path) -> None:
     elif ext == "npy":
         np.save(path, label)
     else:
-        write_png(path, label)
+        write_picture(path, label, source)
+
+
+EXIF_ORIENTATION = 0x0112  # the EXIF tag a camera or phone sets where the picture is to be shown rotated or mirrored
+
+
+def exif_orientation(source: Path) -> int | None:
+    """The EXIF orientation of the PNG/JPEG ``source`` where it asks viewers to rotate or mirror the stored pixels
+    (2-8, as phone photographs taken upright often do); None where it has none, 1 (as stored) or is no such file.
+    fedseg reads the stored pixels, as training read them."""
+    found = None if source.is_dir() else split_name(source.name, IMAGE_EXTS)
+    if found is None or found[1] not in PIL_EXTS:
+        return None
+    from PIL import Image
+
+    try:
+        with Image.open(source) as image:
+            value = image.getexif().get(EXIF_ORIENTATION)
+    except (OSError, ValueError, SyntaxError):  # read before; a broken EXIF block: none
+        return None
+    return int(value) if isinstance(value, int) and 2 <= value <= 8 else None
+
+
+def write_picture(path: Path, pixels: np.ndarray, source: Path) -> None:
+    """A PNG mask or overlay of the PNG/JPEG ``source``: with its EXIF orientation (``exif_orientation``), so that a
+    viewer shows the mask turned as it shows the photograph (both are on its stored pixel grid); else plain."""
+    orientation = exif_orientation(source)
+    if orientation is None:
+        write_png(path, pixels)
+        return
+    from PIL import Image
+
+    exif = Image.Exif()
+    exif[EXIF_ORIENTATION] = orientation
+    with naming_errors(path):
+        Image.fromarray(np.ascontiguousarray(pixels)).save(path, exif=exif.tobytes())
 
 
 def output_names(inputs: list[Input], overlay: bool, dicom_seg: bool = False) -> list[str]:
@@ -84,6 +121,31 @@ def output_names(inputs: list[Input], overlay: bool, dicom_seg: bool = False) ->
     overlays = [overlay_name(i.mask_name) for i in inputs if overlay]
     segs = [name for i in inputs if dicom_seg and (name := seg_name(i.path)) is not None]
     return [i.mask_name for i in inputs] + overlays + segs + [CSV_NAME, RECORD_NAME]
+
+
+def earlier_outputs(out: Path, names: list[str], masks: list[str] | tuple[str, ...] = ()) -> list[Path]:
+    """The files of an earlier ``predict`` in ``out`` that this one, writing ``names`` (its ``masks`` among them),
+    would not replace: the masks and DICOM-SEGs its ``predictions.csv`` lists, their overlays
+    (``<name>_overlay.png``) and those of ``masks`` (a predict without ``--overlay``: the overlay beside a mask shows
+    an older one). ``--force`` replaces the earlier prediction as a whole, so that no mask is left beside the new ones
+    that the new ``predictions.csv`` and ``predict.json`` do not describe (made by another model, or of another
+    input), nor an overlay showing an older mask than the one beside it. Only plain files directly in ``out`` are
+    taken; an unreadable CSV gives none."""
+    try:
+        with open(out / CSV_NAME, newline="", encoding="utf-8") as f:
+            rows = list(csv.DictReader(f))
+    except (OSError, UnicodeDecodeError, csv.Error):
+        return []
+    listed: list[str] = []
+    for row in rows:
+        for column in ("mask", "dicom_seg"):
+            name = row.get(column) or ""
+            if name and name == Path(name).name and name not in (".", ".."):
+                listed += [name] + ([overlay_name(name)] if column == "mask" else [])
+    listed += [overlay_name(m) for m in masks]
+    keep = set(names)
+    stale = [out / n for n in dict.fromkeys(listed) if n not in keep]
+    return [p for p in stale if p.is_file() and not p.is_symlink()]
 
 
 def input_folder_problem(out: Path, given: Path) -> str | None:
@@ -102,6 +164,20 @@ def input_folder_problem(out: Path, given: Path) -> str | None:
     return f"--out {out}: {relation} the input folder {folder}; {why}: choose an --out outside it"
 
 
+def model_folder_problem(out: Path, bundle_folder: Path) -> str | None:
+    """One line if ``out`` is the model's bundle folder ``bundle_folder`` (``RUN/model/<algorithm>``), lies inside it,
+    or is the folder holding it (a run's ``model/``): the masks would join the trained model, which is copied, shipped
+    and audited (its weights' SHA-256) as it is; else None."""
+    where, bundle = out.resolve(), bundle_folder.resolve()
+    if where.is_relative_to(bundle):
+        what = "is the model folder" if where == bundle else "is inside the model folder"
+    elif where == bundle.parent:  # RUN/model: the run's bundles
+        what = "holds the model folder"
+    else:
+        return None
+    return f"--out {out}: {what} {bundle_folder}; the masks would join the trained model: choose an --out outside it"
+
+
 def check_out(
     out: Path,
     inputs: list[Input],
@@ -109,10 +185,12 @@ def check_out(
     overlay: bool = False,
     given: Path | None = None,
     dicom_seg: bool = False,
+    bundle_folder: Path | None = None,
 ) -> None:
     """Refuse an ``out`` that is a file or under one, that is or lies inside the input folder ``given``
-    (``input_folder_problem``) or a DICOM series input, that would overwrite an input, where a folder (or anything but
-    a file) sits where an output file goes, or (without ``force``) existing outputs."""
+    (``input_folder_problem``), the model's ``bundle_folder`` (``model_folder_problem``) or a DICOM series input,
+    that would overwrite an input, where a folder (or anything but a file) sits where an output file goes, or
+    (without ``force``) existing outputs."""
     try:
         check_out_dir(out)
     except ValueError as e:
@@ -122,6 +200,8 @@ def check_out(
         raise PredictError(f"{out}: is inside the DICOM series folder {inside[0]} (an input); choose another --out")
     if given is not None and (problem := input_folder_problem(out, Path(given))) is not None:
         raise PredictError(problem)
+    if bundle_folder is not None and (problem := model_folder_problem(out, bundle_folder)) is not None:
+        raise PredictError(problem)  # with --force too: no output of predict belongs in a model
     targets = [out / name for name in output_names(inputs, overlay, dicom_seg)]
     sources = {f.resolve() for i in inputs for f in i.files}
     overwrite_input = [t for t in targets if t.resolve() in sources]
