@@ -166,7 +166,8 @@ TEX_DEFINITIONS = {
     "paired": "Test Dice paired with {reference} per case and seed: Δ, the mean over the paired cases of (method − "
     "{reference}); 95% CI: percentile interval of Δ over {resamples} hierarchical bootstrap samples (sites, cases "
     "within them, seeds); Δ per seed: sN is run seed N's; p: {alternative} Wilcoxon signed-rank test over cases "
-    "(each averaged over the seeds), Holm-adjusted over the column; †: the CI excludes 0 and the adjusted p < 0.05; "
+    "(each averaged over the seeds), Holm-adjusted over the column; †: the CI excludes 0 and the adjusted p < 0.05 "
+    "(never with one seed, nor where (mean and ranks disagree): the signed ranks favour the other side than Δ); "
     "°: too few cases for any p < 0.05; ‡: Δ pairs fewer cases or runs than the scores average; (seeds disagree): "
     "the Δ per seed do not all share Δ's sign. The whole legend opens tables.tex (as comments).",
     "paired surface": "HD95 (lower is better: its test's alternative reversed) and NSD paired with {reference} as the "
@@ -196,9 +197,9 @@ class TexFloat:
 
 
 def tex_floats(bench: BenchSpec, tables: dict, tuning: list[dict]) -> list[TexFloat]:
-    """Every float of tables.tex: the tables of :func:`sections`,
-    the test table cut into its parts (``test_table_parts``; the part of the scores keeps the test table's label
-    and notes), each caption opening with what its cells are (:data:`TEX_DEFINITIONS`)."""
+    """Every float of tables.tex: the tables of :func:`sections`, the test table cut into its parts
+    (``test_table_parts``; the part of the scores keeps the test table's label, the Dice comparison its notes,
+    cautions about Δ), each caption opening with what its cells are (:data:`TEX_DEFINITIONS`)."""
     alternative = bench.tests.alternative
     words = {
         "reference": bench.reference,
@@ -216,7 +217,7 @@ def tex_floats(bench: BenchSpec, tables: dict, tuning: list[dict]) -> list[TexFl
         for key, title, table in parts:
             short = f"{section.federation}: {title}"
             defined = TEX_DEFINITIONS.get(key, "").format(**words)
-            notes = section.notes if key in ("scores", section.short) else []
+            notes = section.notes if key in ("paired", section.short) else []  # the test's cautions are about Δ
             caption = " ".join([f"{short}.", *filter(None, [defined]), *notes])
             label_key = "test" if key == "scores" else key if section.short == "test" else section.short
             label = tex_label("tab", bench.name, section.federation, label_key)
