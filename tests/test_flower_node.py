@@ -341,8 +341,9 @@ def test_retry_warnings_while_the_superlink_is_unreachable_are_one_line_then_one
         log(logging.INFO, "Starting Flower SuperNode")
         attempt()
         assert shown == [
-            "cannot reach the SuperLink at 10.0.0.5:9092 (Server error '503 Service Unavailable'); retrying quietly "
-            "until it connects (a line every 5 min)",
+            "the SuperLink at 10.0.0.5:9092 is up but not open to SuperNodes yet (Server error '503 Service "
+            "Unavailable': its coordinator is registering the sites' keys, or a proxy before it is unavailable); "
+            "retrying quietly until it connects (a line every 5 min)",
             "Connection successful after 30.00 seconds and 3 tries.",
             "Starting Flower SuperNode",
             "cannot reach the SuperLink at 10.0.0.5:9092 ([Errno 111] Connection refused); retrying quietly until it "

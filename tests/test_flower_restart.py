@@ -103,9 +103,13 @@ def test_a_root_certificate_that_is_missing_or_no_certificate_is_refused_in_one_
     folder = write_folder(disc_federation(1, 6), tmp_path / "fed")
     (port,) = free_ports(1)
     (tmp_path / "site1.key").write_text("-----BEGIN OPENSSH PRIVATE KEY-----\n")
+    # a security test: a damaged certificate block got a wrong message and a SuperNode that never exited
+    (tmp_path / "bad.crt").write_text("-----BEGIN CERTIFICATE-----\ngarbage\n-----END CERTIFICATE-----\n")
     for ca, why in (
-        (tmp_path / "ca.crtt", "cannot be read (No such file or directory)"),
+        (tmp_path / "ca.crtt", "no such file"),
+        (tmp_path, "not a regular file"),
         (tmp_path / "site1.key", "not a PEM certificate"),
+        (tmp_path / "bad.crt", "a damaged PEM certificate"),
     ):
         proc = _supernode(folder, "127.0.0.1:9", ca, port, tmp_path)
         said = " ".join((proc.stdout + proc.stderr).split())
@@ -163,7 +167,7 @@ def test_a_supernode_connecting_before_the_coordinator_registered_its_key_waits_
                     start_new_session=True,
                 )
             said = _wait_for(log, "503 Service Unavailable", 120, node)
-            assert f"cannot reach the SuperLink at {link.address} (Server error '503 Service Unavailable')" in said
+            assert f"the SuperLink at {link.address} is up but not open to SuperNodes yet (Server error '503" in said
             client = control_client(link.control_address, tls.ca)
             try:
                 register_node(client, pub, "site1")

@@ -46,6 +46,7 @@ from fedseg.flower.deploy import (
     submit_run,
     wait_run,
 )
+from fedseg.flower.launch import FlowerRunError
 from fedseg.flower.superlink import LinkSettings, superlink_command
 from fedseg.flower.superlink_main import FLEET_ONLY
 from fedseg.flower.supernode import supernode_argv, supernode_command
@@ -545,6 +546,12 @@ def test_a_resumed_coordinator_without_the_authentication_it_started_with_is_ref
     keep_protection(out, LinkSettings(tls=tls, auth=True), resume=True)  # the same flags: resumes
     (out / "flower" / "protection.json").unlink()
     keep_protection(out, LinkSettings(), resume=True)  # a run folder from before the record: as before
+    # the sites' order is kept too: another federation.yaml site_order swapped the sites' indices mid-run
+    again = tmp_path / "again"
+    keep_protection(again, LinkSettings(tls=tls, auth=True), resume=False, sites=["site2", "site1"])
+    with pytest.raises(FlowerRunError, match=r"started with its sites in the order site2, site1, now site1, site2"):
+        keep_protection(again, LinkSettings(tls=tls, auth=True), resume=True, sites=["site1", "site2"])
+    keep_protection(again, LinkSettings(tls=tls, auth=True), resume=True, sites=["site2", "site1"])
 
 
 def test_certs_keep_the_sites_private_keys_apart_and_the_coordinator_warns_of_one_it_holds(

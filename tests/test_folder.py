@@ -307,6 +307,8 @@ def test_a_federation_whose_sites_are_not_in_name_order_keeps_its_order_on_disk_
     assert load_folder(root).site_names == names
     assert coordinator_federation(root / "federation.yaml", ",".join(sorted(names))).site_names == names
     assert coordinator_federation(root, None).site_names == names
+    with pytest.raises(ValueError, match=r"federation\.yaml: site_order leaves out 'site12', a site of this run"):
+        coordinator_federation(root / "federation.yaml", ",".join([*names, "site12"]))
     cfg = tiny_config(algorithms=["fedavg"], fl={"rounds": 1}, eval={"hd95": False, "local_models": False})
     runs = {}
     for name, given in (("memory", fed), ("folder", load_folder(root))):
@@ -323,9 +325,9 @@ def test_a_federation_whose_sites_are_not_in_name_order_keeps_its_order_on_disk_
     [
         ("site2", "site_order: expected a list of the site names, e.g. [site1, site2, site10], got 'site2'"),
         ([["site1"]], "site_order: expected a list of the site names"),
-        (["site2", "site1", "site2"], "site_order: lists site2 twice; list every site once"),
-        (["site2", "site1", "site9"], "site_order: names site9, which has no site folder here"),
-        (["site2"], "site_order: leaves out site1; list every site folder once (or drop site_order)"),
+        (["site2", "site1", "site2"], "site_order: lists 'site2' twice; list every site once"),
+        (["site2", "site1", "site9"], "site_order: names 'site9', which has no site folder here"),
+        (["site2"], "site_order: leaves out 'site1'; list every site folder once (or drop site_order)"),
     ],
 )
 def test_a_bad_site_order_is_one_line_naming_federation_yaml(tmp_path, disc_federation, order, said):

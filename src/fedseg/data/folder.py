@@ -30,6 +30,7 @@ import os
 import re
 import shlex
 import unicodedata
+from collections import Counter
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -119,17 +120,25 @@ def site_order_problems(order: Any, site_names: Collection[str] | None = None) -
     """``site_order`` that is not a list of distinct site names, or (``site_names``: the site folders, all of
     them) does not list each of them once: one line saying what is wrong."""
     if not isinstance(order, list) or not all(isinstance(n, str) and n.strip() for n in order):
-        return [f"site_order: expected a list of the site names, e.g. [site1, site2, site10], got {order!r}"]
-    if twice := sorted({n for n in order if order.count(n) > 1}):
-        return [f"site_order: lists {', '.join(twice)} twice; list every site once"]
+        shown = repr(order) if len(repr(order)) <= 200 else repr(order)[:200] + "..."
+        return [f"site_order: expected a list of the site names, e.g. [site1, site2, site10], got {shown}"]
+    if twice := sorted(n for n, count in Counter(order).items() if count > 1):
+        return [f"site_order: lists {_named(twice)} twice; list every site once"]
     if site_names is None:
         return []
-    missing, unknown = [n for n in site_names if n not in order], [n for n in order if n not in site_names]
+    listed, folders = set(order), set(site_names)
+    missing, unknown = [n for n in site_names if n not in listed], [n for n in order if n not in folders]
     if unknown:
-        return [f"site_order: names {', '.join(unknown)}, which has no site folder here; list the site folders"]
+        return [f"site_order: names {_named(unknown)}, which has no site folder here; list the site folders"]
     if missing:
-        return [f"site_order: leaves out {', '.join(missing)}; list every site folder once (or drop site_order)"]
+        return [f"site_order: leaves out {_named(missing)}; list every site folder once (or drop site_order)"]
     return []
+
+
+def _named(found: list[str], shown: int = 5) -> str:
+    """Site names as a message lists them: quoted (a name's control characters escaped), the first ``shown``."""
+    more = f" and {len(found) - shown} more" if len(found) > shown else ""
+    return ", ".join(map(repr, found[:shown])) + more
 
 
 def ordered_site_names(names: Collection[str], header: Header) -> list[str]:

@@ -350,6 +350,11 @@ def coordinator_federation(path: Path | None, sites: str | None):
         if not names:
             raise ValueError(f"{root}: no site folders; give --sites a,b,c")
     header = read_header(root)
+    if header.site_order is not None and (left := [n for n in names if n not in header.site_order]):
+        raise ValueError(  # data check refuses such a folder; the coordinator put the sites last without a word
+            f"{root / 'federation.yaml'}: site_order leaves out {', '.join(map(repr, left))}, a site of this run; "
+            "list every site once (or drop site_order)"
+        )
     return Federation(
         header.name,
         header.kind,

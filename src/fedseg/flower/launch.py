@@ -116,14 +116,19 @@ def run_key(out: Path, resume: bool) -> str:
 PROTECTION_FILE = "protection.json"  # OUT/flower/: the TLS and SuperNode authentication a run started with
 
 
-def keep_protection(out: Path, link: LinkSettings, resume: bool) -> None:
+def keep_protection(out: Path, link: LinkSettings, resume: bool, sites: list[str] | None = None) -> None:
     """A run's coordinator keeps the protection it started with: ``OUT/flower/protection.json`` records TLS and
     SuperNode authentication at the first start; a resume without one of them is refused (a coordinator restarted
-    without ``--auth-keys`` ran unauthenticated without a word: any SuperNode could then claim a site)."""
+    without ``--auth-keys`` ran unauthenticated without a word: any SuperNode could then claim a site). It records
+    the federation's ``sites`` in their order too, and a resume with another order is refused: a site's index sets its
+    random streams (and FedSM's selector labels), and a coordinator given a ``federation.yaml`` with another
+    ``site_order`` swapped them in mid-run without a word (a security test)."""
     from fedseg.atomic_files import atomic_write_text
 
     path = Path(out) / "flower" / PROTECTION_FILE
-    now = {"tls": bool(link.tls), "auth": bool(link.auth)}
+    now: dict[str, object] = {"tls": bool(link.tls), "auth": bool(link.auth)}
+    if sites is not None:
+        now["sites"] = list(sites)
     if resume and path.is_file():
         try:
             started = json.loads(path.read_text())
@@ -138,6 +143,13 @@ def keep_protection(out: Path, link: LinkSettings, resume: bool) -> None:
             raise FlowerRunError(
                 f"{out}: this run started with {' and '.join(lost)}; resume it with the flags it was started with "
                 "(without them any SuperNode could claim a site)"
+            )
+        before = started.get("sites")
+        if isinstance(before, list) and sites is not None and before != list(sites):
+            raise FlowerRunError(
+                f"{out}: this run started with its sites in the order {', '.join(map(str, before))}, now "
+                f"{', '.join(sites)}: a resume keeps their order (a site's index sets its random streams); give the "
+                "federation.yaml (site_order) and --sites the run started with"
             )
         return
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -181,7 +193,7 @@ def serve_experiment(
 
     out = Path(out).resolve()
     logs = out / "flower" / "logs"
-    keep_protection(out, link, resume)
+    keep_protection(out, link, resume, fed.site_names)
     link_log = logs / "superlink.log"  # appended to by each start in this --out: only this one's lines are read
     link_log_start = link_log.stat().st_size if link_log.is_file() else 0
     if register and not link.simulation:  # SuperNodes already trying to connect wait (503) until their keys are in

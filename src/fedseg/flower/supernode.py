@@ -130,22 +130,35 @@ def check_private_key(path: Path) -> None:
         )
 
 
+CA_FILE_MAX_BYTES = 1 << 20  # a CA bundle is a few kB; a larger "certificate" (/dev/zero) is refused unread
+
+
 def check_root_certificates(path: Path) -> None:
-    """A ValueError in one line unless ``path`` is a readable PEM certificate (Flower said "Path argument
-    `--root-certificates` does not point to a file." after the data check, naming no file; a file of another kind
-    failed at the first connection)."""
+    """A ValueError in one line unless ``path`` is a regular file of at most ``CA_FILE_MAX_BYTES`` that TLS loads as
+    PEM certificates (Flower said "Path argument `--root-certificates` does not point to a file." after the data
+    check, naming no file; a file of another kind failed at the first connection, and one with a damaged
+    certificate block ended in a wrong message and a SuperNode that never exited; a named pipe or /dev/zero hung or
+    filled the memory)."""
+    ask = "give the ca.crt the coordinator sent this hospital (`fedseg flower certs` wrote it)"
+    if not path.is_file():
+        what = "no such file" if not path.exists() else "not a regular file"
+        raise ValueError(f"--root-certificates {path}: {what}; {ask}")
     try:
-        text = path.read_bytes()
+        with path.open("rb") as f:
+            text = f.read(CA_FILE_MAX_BYTES + 1)
     except OSError as e:
-        raise ValueError(
-            f"--root-certificates {path}: cannot be read ({e.strerror or e}): give the ca.crt the coordinator sent "
-            "this hospital"
-        ) from None
+        raise ValueError(f"--root-certificates {path}: cannot be read ({e.strerror or e}); {ask}") from None
+    if len(text) > CA_FILE_MAX_BYTES:
+        raise ValueError(f"--root-certificates {path}: over {CA_FILE_MAX_BYTES >> 20} MB, no certificate file; {ask}")
     if b"-----BEGIN CERTIFICATE-----" not in text:
-        raise ValueError(
-            f"--root-certificates {path}: not a PEM certificate (no BEGIN CERTIFICATE): give the ca.crt the "
-            "coordinator sent this hospital (`fedseg flower certs` wrote it)"
-        )
+        raise ValueError(f"--root-certificates {path}: not a PEM certificate (no BEGIN CERTIFICATE); {ask}")
+    import ssl
+
+    try:
+        ssl.create_default_context().load_verify_locations(cadata=text.decode("ascii", "replace"))
+    except (ssl.SSLError, ValueError) as e:
+        reason = " ".join(str(getattr(e, "reason", None) or e).split())
+        raise ValueError(f"--root-certificates {path}: a damaged PEM certificate ({reason}); {ask}") from None
 
 
 def run_supernode(

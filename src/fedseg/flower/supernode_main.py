@@ -72,11 +72,13 @@ class QuietRetries(logging.Filter):
         if self.first is None or self.reason != self.said_reason:
             self.first, self.last_said, self.attempts, self.said_reason = now, now, 1, self.reason
             because = f" ({self.reason})" if self.reason else ""
-            self._say(
-                record,
-                f"cannot reach the SuperLink at {self.address}{because}; retrying quietly until it connects "
-                f"(a line every {self.every / 60:g} min)",
-            )
+            what = f"cannot reach the SuperLink at {self.address}{because}"
+            if "503" in self.reason:  # fedseg's Fleet API before the coordinator registered the keys (or a proxy's)
+                what = (
+                    f"the SuperLink at {self.address} is up but not open to SuperNodes yet ({self.reason}: its "
+                    "coordinator is registering the sites' keys, or a proxy before it is unavailable)"
+                )
+            self._say(record, f"{what}; retrying quietly until it connects (a line every {self.every / 60:g} min)")
             return True
         if now - self.last_said >= self.every:
             self.last_said = now
@@ -141,7 +143,8 @@ class ExplainActivation(logging.Filter):
 FORGOTTEN = (
     "fedseg: the SuperLink at {address} no longer knows this SuperNode (HTTP 401 Unauthorized on {what}): the "
     "coordinator was restarted (every `fedseg flower server`, --resume too, is a new SuperLink) or unregistered this "
-    "site's key. This SuperNode stops now: start it again with the same command (the same --state) to join the "
+    "site's key, or this machine's clock is off by more than a few seconds (Flower refuses such requests: check its "
+    "NTP time). This SuperNode stops now: start it again with the same command (the same --state) to join the "
     "coordinator's new run."
 )
 UNAUTHORIZED = 401
