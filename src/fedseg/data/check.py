@@ -193,7 +193,7 @@ def voxel_orientation(image_path: Path) -> str | None:
             iop = np.asarray(readers.read_dicom(first, stop_before_pixels=True).ImageOrientationPatient, float)
             axes = np.eye(4)
             axes[:3, :3] = np.column_stack([iop[:3], iop[3:], np.cross(iop[:3], iop[3:])])
-            affine = np.diag([-1.0, -1.0, 1.0, 1.0]) @ axes  # LPS -> RAS
+            affine = readers.LPS_TO_RAS @ axes
         else:
             affine = readers.volume_grid(image_path).affine
         return "".join(str(code) for code in aff2axcodes(affine))

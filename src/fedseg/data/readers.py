@@ -424,15 +424,18 @@ def slice_order(headers: Sequence[Any]) -> tuple[list[int], np.ndarray]:
     return sorted(range(len(headers)), key=heights.__getitem__), normal
 
 
+def _series_number(ds: Any) -> str:
+    """A slice's SeriesNumber as text ("" where it has none; 0 is a number)."""
+    number = getattr(ds, "SeriesNumber", None)
+    return "" if number is None or str(number).strip() == "" else str(number).strip()
+
+
 def _series_text(series: list[str], headers: list[tuple[Path, Any]]) -> str:
     """The series ``series`` (SeriesInstanceUIDs) of a folder's slices ``headers`` as a user tells them apart in a
     viewer: each one's SeriesNumber and SeriesDescription where it has them, its number of files and its first file,
     e.g. "series 2 'abdomen 5mm': 120 files, IM0001.dcm ..."; its UID where it has no SeriesNumber, or another
     series has the same one."""
-    numbers = [
-        {str(getattr(ds, "SeriesNumber", "") or "").strip() for _, ds in headers if str(ds.SeriesInstanceUID) == uid}
-        for uid in series
-    ]
+    numbers = [{_series_number(ds) for _, ds in headers if str(ds.SeriesInstanceUID) == uid} for uid in series]
     parts = []
     for uid, number in zip(series, numbers):
         files = sorted(path.name for path, ds in headers if str(ds.SeriesInstanceUID) == uid)

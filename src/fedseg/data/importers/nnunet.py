@@ -278,18 +278,18 @@ def unlabelled_note(src: Path, ending: str) -> list[str]:
     ]
 
 
-def _other_ending_hint(label: Path, info: DatasetInfo) -> str:
-    """A hint where a missing ``label`` (``<case><file_ending>``) lies beside it under another ending (a ``.nii``
-    in a ``.nii.gz`` dataset), as the ``numTraining`` check gives one for images; else ``""``."""
-    case = label.name[: -len(info.file_ending)]
+def _other_ending_hint(missing: Path, info: DatasetInfo) -> str:
+    """A hint where a missing label or channel file ``missing`` (``<name><file_ending>``) lies beside it under another
+    ending (a ``.nii`` in a ``.nii.gz`` dataset), as the ``numTraining`` check gives one for images; else ``""``."""
+    case = missing.name[: -len(info.file_ending)]
     others = sorted(
-        p.name for p in label.parent.glob(f"{glob.escape(case)}.*") if p.name[: -len(_ending(p.name))] == case
+        p.name for p in missing.parent.glob(f"{glob.escape(case)}.*") if p.name[: -len(_ending(p.name))] == case
     )
     if not others:
         return ""
     return (
         f'; {", ".join(others)} lies there, not ending with the "file_ending" {info.file_ending!r} of {info.path}: '
-        f"store it as {label.name}"
+        f"store it as {missing.name}"
     )
 
 
