@@ -113,18 +113,25 @@ def test_ctrl_c_on_a_run_says_that_resume_continues(tmp_path):
     assert (out / "run.log").read_text().splitlines()[-1].endswith(" stopped: interrupted")  # the log says why it ends
 
 
+def _ctrl_c_once_drawing(run: list[str], out: Path, figure: str) -> str:
+    """The output of `fedseg RUN...` (with ``TINY_SET``) given Ctrl-C as soon as a file matching ``figure`` is in
+    ``out`` (a report being drawn); it must exit 130."""
+    with _session([sys.executable, "-m", "fedseg.cli", *run, *(a for s in TINY_SET for a in ("--set", s))]) as proc:
+        drawing = lambda: any(out.glob(figure)) or proc.poll() is not None  # noqa: E731
+        assert _wait_for(drawing, 240, poll=0.01) and proc.poll() is None
+        os.killpg(proc.pid, signal.SIGINT)
+        output, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, output
+    return output
+
+
 def test_ctrl_c_while_the_report_is_drawn_says_the_results_are_written_and_how_to_draw_it(tmp_path):
     """Training finished, then Ctrl-C while report.html is drawn (its first figure is on disk, drawn aside; the page
     and figures/ are written last): one line saying the results are written and which command draws the report, no
     traceback, no half-written report nor figures; that command draws it."""
     out = tmp_path / "run"
     run = ["run", "--preset", "demo", "--algorithms", "fedavg", "--rounds", "1", "--out", str(out)]
-    drawing = lambda: any(out.glob(".figures-*/validation.png"))  # noqa: E731  the report's first figure, drawn aside
-    with _session([sys.executable, "-m", "fedseg.cli", *run, *(a for s in TINY_SET for a in ("--set", s))]) as proc:
-        assert _wait_for(lambda: drawing() or proc.poll() is not None, 240, poll=0.01) and proc.poll() is None
-        os.killpg(proc.pid, signal.SIGINT)
-        output, _ = proc.communicate(timeout=60)
-    assert proc.returncode == 130, output
+    output = _ctrl_c_once_drawing(run, out, ".figures-*/validation.png")  # the report's first figure, drawn aside
     said = " ".join(output.split())
     assert f"interrupted: training finished and its results are written in {out}, the report was not drawn" in said
     assert f"`fedseg report {out}` draws it" in said and "Traceback" not in output, output
@@ -152,12 +159,7 @@ def test_ctrl_c_while_a_studys_reports_are_drawn_says_its_runs_are_written(tmp_p
         "--out",
         str(out),
     ]
-    drawing = lambda: any(out.glob("**/.figures-*/*.png"))  # noqa: E731  a report's figure, drawn aside
-    with _session([sys.executable, "-m", "fedseg.cli", *run, *(a for s in TINY_SET for a in ("--set", s))]) as proc:
-        assert _wait_for(lambda: drawing() or proc.poll() is not None, 240, poll=0.01) and proc.poll() is None
-        os.killpg(proc.pid, signal.SIGINT)
-        output, _ = proc.communicate(timeout=60)
-    assert proc.returncode == 130, output
+    output = _ctrl_c_once_drawing(run, out, "**/.figures-*/*.png")  # a report's figure, drawn aside
     said = " ".join(output.split())
     assert f"interrupted: the study's runs finished and its unseen.csv is written in {out}" in said, output
     assert f"`fedseg report {out}` draws them" in said and "Traceback" not in output, output
