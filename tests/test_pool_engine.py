@@ -343,3 +343,24 @@ def test_a_client_a_worker_cannot_load_is_each_sites_error_not_a_worker_tracebac
         unregister_algorithm("parent-only")
         del sys.modules[module.__name__]
     assert "Traceback" not in capfd.readouterr().err
+
+
+def test_a_worker_whose_pool_is_gone_ends_quietly_reading_or_answering():
+    """A pool killed with a worker's reply unread resets the pipe: the worker's next read raised
+    ConnectionResetError and its answer BrokenPipeError, each a traceback on the terminal after the command had died
+    (an interruption audit); both now end the worker as the pool's EOF does. Real pipes, the real worker loop."""
+    import multiprocessing
+
+    from fedseg.engine.pool import worker_main
+
+    threads = torch.get_num_threads()
+    pool_end, worker_end = multiprocessing.Pipe()
+    worker_end.send("a reply the pool never read")
+    pool_end.close()  # with that reply unread: a reset
+    worker_main(worker_end, threads, "cpu")  # reading: returns, no ConnectionResetError
+    pool_end, worker_end = multiprocessing.Pipe()
+    pool_end.send(("context", "k", b"not a pickle"))  # an algorithm it cannot load: every answer is an error
+    pool_end.send(("answer", "k", "site1", None, None, None))
+    pool_end.close()  # gone before the answer is sent
+    worker_main(worker_end, threads, "cpu")  # answering: returns, no BrokenPipeError
+    assert torch.get_num_threads() == threads
