@@ -27,6 +27,7 @@ from collections.abc import Callable
 from importlib.metadata import distribution
 
 from fedseg.flower.flwr_internals import cap_node_polling, cap_object_pull_backoff, show_log_timestamps
+from fedseg.flower.superlink_main import split_option
 
 RETRYING = "Connection attempt failed, retrying in"  # Flower's retry warning (flwr.supercore.retry)
 RETRY_REASON = "Connection attempt failed with exception: "  # its DEBUG line before it, with the reason
@@ -240,13 +241,9 @@ class ExplainCertificate(logging.Filter):
 
 
 def option_value(argv: list[str], option: str, default: str) -> str:
-    """The value of ``option`` on a command line (``default`` if absent)."""
-    for i, arg in enumerate(argv):
-        if arg == option and i + 1 < len(argv):
-            return argv[i + 1]
-        if arg.startswith(option + "="):
-            return arg.split("=", 1)[1]
-    return default
+    """The value of ``option`` on a command line (``default`` if absent; ``superlink_main.split_option`` reads it)."""
+    value, _ = split_option(argv, option)
+    return default if value is None else value
 
 
 def superlink_address(argv: list[str]) -> str:
