@@ -60,6 +60,7 @@ from fedseg.engine.context import Task
 from fedseg.engine.messages import load_weights
 from fedseg.evaluate.inference import candidate_dice
 from fedseg.evaluate.tables import site_dice
+from fedseg.folder_lock import holding
 from fedseg.run import count_sites, load_federation, run_experiment
 from fedseg.run.outputs import RunResults, csv_text
 from fedseg.run.preflight import (
@@ -285,6 +286,15 @@ def run_study(
     """Run (or resume) every sub-run in order; after each, rewrite ``OUT/<table>.csv`` + ``.json``."""
     check_out(study, resume)
     runner = runner or default_runner
+    study.out.mkdir(parents=True, exist_ok=True)
+    with holding(study.out):  # one study writes this folder (each sub-run holds its own in turn)
+        return run_sub_runs(study, resume, runner, on_run_start)
+
+
+def run_sub_runs(
+    study: Study, resume: bool, runner: Runner, on_run_start: Callable[[SubRun], None] | None
+) -> StudyResult:
+    """``run_study``'s work in the held study folder."""
     write_study_file(study)
     result = StudyResult(study, [], [])
     for sub in study.runs:

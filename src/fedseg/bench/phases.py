@@ -10,6 +10,7 @@ with methods appended at the end of ``methods`` (a bench grown over several sitt
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -31,6 +32,7 @@ from fedseg.bench.plan import (
 )
 from fedseg.bench.select import select_settings
 from fedseg.bench.spec import BenchSpec
+from fedseg.folder_lock import holding
 from fedseg.run.preflight import check_out_kind
 
 BENCH_FILE = "bench.json"
@@ -191,8 +193,15 @@ def run_bench(
         if len(bench.seeds) == 1:  # the default too: a bench without seeds:
             echo(ONE_SEED_NOTE.format(seeds=list(bench.seeds)))
         out.mkdir(parents=True, exist_ok=True)
-        record_bench(bench, out, recorded)
-    runner = Runner(bench, root, out, jobs, echo, train)
+    with holding(out) if train else contextlib.nullcontext():  # one bench trains in this folder (not --tables-only)
+        if train:
+            record_bench(bench, out, recorded)
+        return run_phases(bench, root, out, Runner(bench, root, out, jobs, echo, train), holdouts)
+
+
+def run_phases(bench: BenchSpec, root: Path, out: Path, runner: Runner, holdouts: Holdouts) -> BenchRuns:
+    """``run_bench``'s phases: budget references, tuning on validation (in two stages where a method's settings
+    come from another's), the final runs at the selected settings."""
     caps = budget_caps(bench, runner.execute(reference_runs(bench, holdouts), "budget references"))
     planned = with_caps(bench, tuning_runs(bench, holdouts), caps)
     tuning = runner.execute(planned, "tuning on validation")

@@ -50,6 +50,7 @@ from fedseg.flower.deploy import (
 from fedseg.flower.log_watch import LOG_LINE, ActivationRefusals, LogTail, log_tail
 from fedseg.flower.superlink import LinkSettings, start_superlink
 from fedseg.flower.supernode import ISOLATIONS, supernode_command
+from fedseg.folder_lock import holding
 from fedseg.interrupts import terminate_on_signals
 from fedseg.run.preflight import check_device, check_out_dir, check_out_kind, check_out_outside
 
@@ -165,6 +166,18 @@ def check_new_or_resumed(out: Path, resume: bool, data: str | None) -> None:
     check_out_outside(out, data)
     if (out / "checkpoints").exists() and not resume:
         raise FileExistsError(f"{out}: already holds a run; use --resume to continue it or choose another --out")
+
+
+@contextmanager
+def coordinator_folder(out: Path, resume: bool, data: str | None) -> Iterator[Path]:
+    """``out`` resolved, checked (``check_new_or_resumed``), created and held (``fedseg.folder_lock``) for the
+    coordinator's whole run: a second coordinator, run or resume on it is refused in one line while this one lives
+    (its ServerApp, a child process, writes the run's files under this hold)."""
+    out = Path(out).resolve()
+    check_new_or_resumed(out, resume, data)
+    out.mkdir(parents=True, exist_ok=True)
+    with holding(out):
+        yield out
 
 
 def serve_experiment(
@@ -328,18 +341,13 @@ def site_views(root: Path, fed: Federation, folder: Path) -> dict[str, Path]:
     return views
 
 
-def sites_on_this_machine(
-    cfg: RunConfig, out: Path, resume: bool
-) -> tuple[RunConfig, Path, Federation, dict[str, Path]]:
-    """For ``local`` and ``simulate`` (every site computes here): check the device and ``out``, write the
-    federation to a checked folder and one folder per site holding only its data (``site_views``); returns
-    the config reading that folder, the resolved ``out``, the federation and the site folders."""
-    check_device(cfg.device)
-    out = Path(out).resolve()
-    check_new_or_resumed(out, resume, cfg.data.root)
+def sites_on_this_machine(cfg: RunConfig, out: Path) -> tuple[RunConfig, Federation, dict[str, Path]]:
+    """For ``local`` and ``simulate`` (every site computes here) in the held ``out`` (``coordinator_folder``):
+    write the federation to a checked folder and one folder per site holding only its data (``site_views``);
+    returns the config reading that folder, the federation and the site folders."""
     root, fed = federation_folder(cfg, out / "flower")
     cfg = cfg.model_copy(update={"data": cfg.data.model_copy(update={"source": "folder", "root": str(root)})})
-    return cfg, out, fed, site_views(root, fed, out / "flower" / "sites")
+    return cfg, fed, site_views(root, fed, out / "flower" / "sites")
 
 
 @contextmanager
@@ -376,52 +384,54 @@ def local(
     check_run(cfg)
     if isolation not in ISOLATIONS:
         raise ValueError(f"isolation must be one of {ISOLATIONS}, got {isolation!r}")
-    cfg, out, fed, views = sites_on_this_machine(cfg, out, resume)
-    work = out / "flower"
-    link_port, control_port, *node_ports = free_ports(2 + len(fed.site_names))
-    certs = make_certs(work / "certs", nodes=fed.site_names) if tls else None
-    link = LinkSettings("127.0.0.1", link_port, certs, auth=tls, control=f"127.0.0.1:{control_port}")
-    node_poll, task_poll = waits(poll)
-    env = flower_env(work / "home", task_poll, {COORDINATOR_OUT: str(out)})
-    keys = work / "certs" / SITE_KEYS  # <site>.key stays with the site, supernodes/<site>.pub is registered
+    check_device(cfg.device)
+    with coordinator_folder(out, resume, cfg.data.root) as out:
+        cfg, fed, views = sites_on_this_machine(cfg, out)
+        work = out / "flower"
+        link_port, control_port, *node_ports = free_ports(2 + len(fed.site_names))
+        certs = make_certs(work / "certs", nodes=fed.site_names) if tls else None
+        link = LinkSettings("127.0.0.1", link_port, certs, auth=tls, control=f"127.0.0.1:{control_port}")
+        node_poll, task_poll = waits(poll)
+        env = flower_env(work / "home", task_poll, {COORDINATOR_OUT: str(out)})
+        keys = work / "certs" / SITE_KEYS  # <site>.key stays with the site, supernodes/<site>.pub is registered
 
-    def start_nodes() -> dict[str, Started]:
-        return {
-            site: procs.start(
-                f"supernode-{site}",
-                supernode_command(
-                    site,
-                    views[site],
-                    link.address,
-                    port,
-                    out / "samples",
-                    certs.ca if certs else None,
-                    keys / f"{site}.key" if tls else None,
-                    isolation,
-                    node_poll,
-                    work / "state" / site,
-                ),
-                work / "logs" / f"supernode-{site}.log",
+        def start_nodes() -> dict[str, Started]:
+            return {
+                site: procs.start(
+                    f"supernode-{site}",
+                    supernode_command(
+                        site,
+                        views[site],
+                        link.address,
+                        port,
+                        out / "samples",
+                        certs.ca if certs else None,
+                        keys / f"{site}.key" if tls else None,
+                        isolation,
+                        node_poll,
+                        work / "state" / site,
+                    ),
+                    work / "logs" / f"supernode-{site}.log",
+                    env,
+                )
+                for site, port in zip(fed.site_names, node_ports)
+            }
+
+        with deployment(work) as procs:
+            serve_experiment(
+                cfg,
+                fed,
+                out,
+                link,
+                procs,
                 env,
+                register={s: work / "certs" / PUBLIC_KEYS / f"{s}.pub" for s in fed.site_names} if tls else None,
+                start_nodes=start_nodes,
+                wait=wait,
+                poll=poll,
+                resume=resume,
+                echo=echo,
             )
-            for site, port in zip(fed.site_names, node_ports)
-        }
-
-    with deployment(work) as procs:
-        serve_experiment(
-            cfg,
-            fed,
-            out,
-            link,
-            procs,
-            env,
-            register={s: work / "certs" / PUBLIC_KEYS / f"{s}.pub" for s in fed.site_names} if tls else None,
-            start_nodes=start_nodes,
-            wait=wait,
-            poll=poll,
-            resume=resume,
-            echo=echo,
-        )
     return out
 
 
@@ -444,21 +454,20 @@ def server(
     from fedseg.flower.server import check_run
 
     check_run(cfg)
-    out = Path(out).resolve()
-    check_new_or_resumed(out, resume, cfg.data.root)
-    work = out / "flower"
-    env = flower_env(work / "home", waits(poll)[1], {COORDINATOR_OUT: str(out)})
-    link = replace(link, auth=link.auth or bool(auth_keys))
-    echo(
-        f"hospitals start: fedseg flower supernode --site NAME --data ROOT --superlink <this host>:{link.port}"
-        + (" --root-certificates ca.crt" if link.tls else " --insecure")
-        + (" --auth-key NAME.key" if link.auth else "")
-        + " --state DIR (a folder the site keeps: needed to resume the run)"
-    )
-    with deployment(work) as procs:
-        serve_experiment(
-            cfg, fed, out, link, procs, env, register=auth_keys, wait=wait, poll=poll, resume=resume, echo=echo
+    with coordinator_folder(out, resume, cfg.data.root) as out:
+        work = out / "flower"
+        env = flower_env(work / "home", waits(poll)[1], {COORDINATOR_OUT: str(out)})
+        link = replace(link, auth=link.auth or bool(auth_keys))
+        echo(
+            f"hospitals start: fedseg flower supernode --site NAME --data ROOT --superlink <this host>:{link.port}"
+            + (" --root-certificates ca.crt" if link.tls else " --insecure")
+            + (" --auth-key NAME.key" if link.auth else "")
+            + " --state DIR (a folder the site keeps: needed to resume the run)"
         )
+        with deployment(work) as procs:
+            serve_experiment(
+                cfg, fed, out, link, procs, env, register=auth_keys, wait=wait, poll=poll, resume=resume, echo=echo
+            )
     return out
 
 
@@ -488,33 +497,35 @@ def simulate(
         raise ValueError(
             "Flower's Simulation Runtime needs Ray: pip install 'fedseg[simulation]' (flwr[simulation], ray 2.55.1)"
         )
-    cfg, out, fed, _ = sites_on_this_machine(cfg, out, resume)
-    work = out / "flower"
-    (control_port,) = free_ports(1)
-    link = LinkSettings("127.0.0.1", 0, simulation=True, control=f"127.0.0.1:{control_port}")
-    env = flower_env(
-        work / "home",
-        waits(poll)[1],
-        {COORDINATOR_OUT: str(out), **({"RAY_ADDRESS": ray_address} if ray_address else {})},
-    )
-    simulation = {
-        "num_supernodes": len(fed.site_names),
-        "client_resources_num_cpus": cpus_per_site,
-        "client_resources_num_gpus": gpus_per_site,
-        "fedseg": {"data": str(work / "sites"), "samples": str(out / "samples"), "state": str(work / "state")},
-    }
-    with deployment(work) as procs:
-        serve_experiment(
-            cfg,
-            fed,
-            out,
-            link,
-            procs,
-            env,
-            wait=wait,
-            poll=poll,
-            resume=resume,
-            simulation=simulation,
-            echo=echo,
+    check_device(cfg.device)
+    with coordinator_folder(out, resume, cfg.data.root) as out:
+        cfg, fed, _ = sites_on_this_machine(cfg, out)
+        work = out / "flower"
+        (control_port,) = free_ports(1)
+        link = LinkSettings("127.0.0.1", 0, simulation=True, control=f"127.0.0.1:{control_port}")
+        env = flower_env(
+            work / "home",
+            waits(poll)[1],
+            {COORDINATOR_OUT: str(out), **({"RAY_ADDRESS": ray_address} if ray_address else {})},
         )
+        simulation = {
+            "num_supernodes": len(fed.site_names),
+            "client_resources_num_cpus": cpus_per_site,
+            "client_resources_num_gpus": gpus_per_site,
+            "fedseg": {"data": str(work / "sites"), "samples": str(out / "samples"), "state": str(work / "state")},
+        }
+        with deployment(work) as procs:
+            serve_experiment(
+                cfg,
+                fed,
+                out,
+                link,
+                procs,
+                env,
+                wait=wait,
+                poll=poll,
+                resume=resume,
+                simulation=simulation,
+                echo=echo,
+            )
     return out

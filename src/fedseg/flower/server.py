@@ -225,6 +225,7 @@ def serve(grid, run_config: dict) -> None:
             engine_factory=engine,
             on_round_end=round_end,
             on_algorithm_start=lambda name: log.info("%s: start", name),
+            hold_out=False,  # the coordinator's process (fedseg flower local/simulate/coordinator) holds it
         )
         log.info("finished: %s", out / "summary.json")
     except BaseException as e:

@@ -14,6 +14,7 @@ or ``subprocess``, a new process per message (as Flower's ``subprocess`` isolati
 
 from __future__ import annotations
 
+import contextlib
 import re
 import sys
 from collections.abc import Callable
@@ -21,6 +22,7 @@ from pathlib import Path
 
 from fedseg.data.federation import Federation, FederationError
 from fedseg.flower.deploy import BIN, cannot_listen, parse_address, stop_when_child_exits
+from fedseg.folder_lock import holding
 
 ISOLATIONS = ("subprocess", "warm")
 
@@ -182,9 +184,6 @@ def run_supernode(
     ``state``: folder for the snapshots of the site's state store (needed to resume a run; keep it);
     ``config_sha256``: the agreed configuration's digest (``config_load.config_record``): any other run is refused at
     its data check."""
-    import os
-    import subprocess
-
     if isolation not in ISOLATIONS:
         raise ValueError(f"isolation must be one of {ISOLATIONS}, got {isolation!r}")
     parse_address(superlink, "--superlink", "coordinator.example.org:9092")
@@ -211,6 +210,20 @@ def run_supernode(
         state,
         config_sha256,
     )
+    if state is not None:
+        Path(state).mkdir(parents=True, exist_ok=True)
+    # one SuperNode keeps a --state folder: a second one (a supervisor's restart racing a manual start) would write the
+    # same site's snapshots; held until this SuperNode exits
+    with holding(Path(state)) if state is not None else contextlib.nullcontext():
+        become_supernode(site, argv, port, isolation, poll)
+
+
+def become_supernode(site: str, argv: list[str], port: int, isolation: str, poll: float | None) -> None:
+    """``run_supernode``'s last step, its data and options checked: start the ClientApp runner and run Flower's
+    SuperNode (``argv``: ``supernode_argv``) in this process until it stops."""
+    import os
+    import subprocess
+
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
     os.environ["FLWR_DISABLE_UPDATE_CHECK"] = "1"
     os.environ["PATH"] = f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"

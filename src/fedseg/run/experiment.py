@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -19,6 +20,7 @@ from fedseg.data.federation import Federation
 from fedseg.engine.base import Observer
 from fedseg.engine.faults import check_fault_sites
 from fedseg.engine.forkserver import start_forkserver
+from fedseg.folder_lock import holding
 from fedseg.run.checks import (
     check_sampling,
     check_secure_aggregation,
@@ -63,6 +65,7 @@ def run_experiment(
     engine_factory: EngineFactory | None = None,
     on_log_line: Callable[[str], None] | None = None,
     keep_checkpoints: bool = False,
+    hold_out: bool = True,
 ) -> RunResults:
     """Check the device, ``out``, the options, the data and (``resume``) that the configuration equals the
     recorded one (``fedseg.run.preflight``) before writing anything; record ``config.yaml``; then run every
@@ -75,52 +78,63 @@ def run_experiment(
     ``model.name: planned`` (``fedseg.plan``): the sites' fingerprints are collected and the run planned before
     any case is pre-processed (``prepare_planned``); every algorithm trains under the config with the plan
     applied, ``config.yaml`` keeps the config as given, ``plan.json`` the plan (a resume reuses it) and
-    ``summary.json`` the plan with its traffic (``ledger.csv``: rows of algorithm ``plan``)."""
+    ``summary.json`` the plan with its traffic (``ledger.csv``: rows of algorithm ``plan``).
+
+    ``hold_out``: hold ``out`` against a second command writing it (``fedseg.folder_lock``), an existing folder from
+    the checks on, a new one from its creation; False where the caller's process holds it (a Flower coordinator,
+    whose ServerApp process runs this)."""
     if engine_factory is None and cfg.engine.workers > 1:  # the worker pool's server imports while we prepare
         start_forkserver()
     out = Path(out)
     check_before_data(cfg, out, resume, check_compute=prepared is None, in_process=engine_factory is None)
-    prep = prepare_run(cfg, out, resume, federation, prepared)
-    check_prepared(cfg, prep)
-    record_start(cfg, out, resume, prep, on_log_line)
-    try:
-        results = RunResults(cfg, prep.federation, [], run_provenance(cfg, out, resume))
-        if prep.plan is not None:
-            results.plan, results.plan_ledger, results.planned_cfg = (
-                prep.plan.summary(),
-                prep.plan.ledger,
-                prep.task.cfg,
-            )
-        tracker = open_tracker(cfg, out, resume)  # None: tracking is off
-        with local_engines(cfg, prep, engine_factory) as factory:  # engine.workers > 1: one worker pool per run
-            for name in cfg.algorithms:
-                if on_algorithm_start:
-                    on_algorithm_start(name)
-                earlier = {r.name: r for r in results.algorithms}
-                result = run_algorithm(
-                    name,
-                    prep,
-                    out,
-                    resume,
-                    observers,
-                    on_round_end,
-                    factory,
-                    on_log_line,
-                    earlier,
-                    keep_checkpoints,
-                    tracker,
+    held = contextlib.ExitStack()
+    if hold_out and out.is_dir():  # before the data is prepared: a second command on it is refused at once
+        held.enter_context(holding(out))
+    with held:
+        prep = prepare_run(cfg, out, resume, federation, prepared)
+        check_prepared(cfg, prep)
+        if hold_out and not out.is_dir():  # a new folder: held from its creation, before anything is written in it
+            out.mkdir(parents=True, exist_ok=True)
+            held.enter_context(holding(out))
+        record_start(cfg, out, resume, prep, on_log_line)
+        try:
+            results = RunResults(cfg, prep.federation, [], run_provenance(cfg, out, resume))
+            if prep.plan is not None:
+                results.plan, results.plan_ledger, results.planned_cfg = (
+                    prep.plan.summary(),
+                    prep.plan.ledger,
+                    prep.task.cfg,
                 )
-                results.algorithms.append(result)
-                family = get_algorithm(name).family
-                if family and family.after_test:  # e.g. FedSM: the selector's features of the test images (Fig. 3)
-                    family.after_test(out, name, result.bundle, prep.site_data, prep.task)
-                write_outputs(out, results)
-        if last_event(out) != "finished":  # a finished run resumed only rewrites its outputs: its log stays
-            log_event(out, "finished")
-    except BaseException as e:  # the run began here: its run.log says why it ends (an error, Ctrl-C)
-        log_stop(out, "interrupted" if isinstance(e, KeyboardInterrupt) else error_text(e) or type(e).__name__)
-        raise
-    return results
+            tracker = open_tracker(cfg, out, resume)  # None: tracking is off
+            with local_engines(cfg, prep, engine_factory) as factory:  # engine.workers > 1: one worker pool per run
+                for name in cfg.algorithms:
+                    if on_algorithm_start:
+                        on_algorithm_start(name)
+                    earlier = {r.name: r for r in results.algorithms}
+                    result = run_algorithm(
+                        name,
+                        prep,
+                        out,
+                        resume,
+                        observers,
+                        on_round_end,
+                        factory,
+                        on_log_line,
+                        earlier,
+                        keep_checkpoints,
+                        tracker,
+                    )
+                    results.algorithms.append(result)
+                    family = get_algorithm(name).family
+                    if family and family.after_test:  # e.g. FedSM: the selector's features of the test images (Fig. 3)
+                        family.after_test(out, name, result.bundle, prep.site_data, prep.task)
+                    write_outputs(out, results)
+            if last_event(out) != "finished":  # a finished run resumed only rewrites its outputs: its log stays
+                log_event(out, "finished")
+        except BaseException as e:  # the run began here: its run.log says why it ends (an error, Ctrl-C)
+            log_stop(out, "interrupted" if isinstance(e, KeyboardInterrupt) else error_text(e) or type(e).__name__)
+            raise
+        return results
 
 
 def check_before_data(cfg: RunConfig, out: Path, resume: bool, check_compute: bool, in_process: bool) -> None:

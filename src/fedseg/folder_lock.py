@@ -1,0 +1,112 @@
+"""One writer per output folder: a run's, a study's, a bench's or a Flower coordinator's ``--out`` is held by the
+command writing it, so a second command on the same folder (a ``--resume`` typed in another terminal while the
+run still trains, two coordinators started on one ``--out``) is refused in one line naming the holder, instead of
+both writing checkpoints and outputs into each other's files. Stdlib only.
+
+The hold is an advisory ``flock`` on ``FOLDER/.fedseg-lock``: the kernel drops it when the holding process ends,
+however it ends (``kill -9``, a crash, a power cut), so a folder is never left locked by a process that is gone;
+the file (the holder's pid, command and start time, for the message) is removed on release and a stale one is
+simply taken over. Re-entrant within a process (a study holds its folder and each of its runs theirs; a run the
+API starts inside an already held folder takes it again). Where ``fcntl`` is missing (Windows) nothing is held."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import os
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:  # Windows: no advisory locks here
+    fcntl = None  # type: ignore[assignment]
+
+LOCK_NAME = ".fedseg-lock"
+
+_held: dict[Path, list[int]] = {}  # resolved folder -> [fd of its lock file, how many holds]
+_held_guard = threading.Lock()
+
+
+class FolderInUse(FileExistsError):
+    """``folder`` is held by another process (its pid, command and start time in the message, where known)."""
+
+
+def holder_text(lock_file: Path) -> str:
+    """Who holds ``lock_file``, as its holder wrote it: ``pid 123, `fedseg run ...`, since 2026-11-30 08:41 UTC``;
+    ``another process`` where the file is empty or unreadable (being written, or written by an older fedseg)."""
+    try:
+        record = json.loads(lock_file.read_text(encoding="utf-8"))
+        return f"pid {int(record['pid'])}, `{record['command']}`, since {record['since']}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "another process"
+
+
+def _acquire(folder: Path, command: str) -> int:
+    """The fd of ``folder``'s lock file, locked by this process; FolderInUse where another holds it. A lock taken
+    on a file that its holder removed meanwhile (released between our open and our lock) is taken again on the
+    file now at the path, so two processes never both hold the folder."""
+    path = folder / LOCK_NAME
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise FolderInUse(
+                f"{folder}: in use by {holder_text(path)}; two commands writing one folder would mix their files: "
+                "wait for that one to end or stop it (Ctrl-C), then run this again (--resume continues its run)"
+            ) from None
+        try:
+            same = os.fstat(fd).st_ino == os.stat(path).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)  # the file we locked was removed by its last holder: lock the one at the path now
+    since = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    record = json.dumps({"pid": os.getpid(), "command": command, "since": since})
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, record.encode("utf-8"), 0)
+    return fd
+
+
+def _release(folder: Path, fd: int) -> None:
+    """Remove the lock file while still holding it, then let go (a waiting opener re-checks the path)."""
+    with contextlib.suppress(OSError):
+        os.unlink(folder / LOCK_NAME)
+    os.close(fd)
+
+
+def command_line() -> str:
+    """This process's command as the user typed it, shortened to one line: ``fedseg run --preset demo ...``."""
+    words = [Path(sys.argv[0]).name if sys.argv else "python", *sys.argv[1:]]
+    text = " ".join(words)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+@contextlib.contextmanager
+def holding(folder: Path, command: str | None = None) -> Iterator[None]:
+    """Hold the existing folder ``folder`` for this process while the block runs (module docstring); FolderInUse
+    (a FileExistsError, so every command's one-line error handling reports it) where another process holds it.
+    ``command``: what the message shows another process (default: this process's command line)."""
+    key = Path(folder).resolve()
+    if fcntl is None:
+        yield
+        return
+    with _held_guard:
+        entry = _held.get(key)
+        if entry is None:
+            entry = _held[key] = [_acquire(key, command or command_line()), 0]
+        entry[1] += 1
+    try:
+        yield
+    finally:
+        with _held_guard:
+            entry[1] -= 1
+            if entry[1] == 0:
+                del _held[key]
+                _release(key, entry[0])

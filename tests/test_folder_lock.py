@@ -1,0 +1,175 @@
+"""One writer per output folder (``fedseg.folder_lock``): a second command on a folder another process writes is
+refused in one line naming the holder, before it prepares data or writes a file; a holder that dies (even by
+SIGKILL) leaves the folder free; a process holds a folder again without refusing itself."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+from typer.testing import CliRunner
+
+from fedseg.cli import app
+from fedseg.folder_lock import LOCK_NAME, FolderInUse, holding
+
+runner = CliRunner()
+TINY = ["--preset", "demo", "--set", "model.channels=[4,8,16]", "--set", "data.image_size=32"]
+
+HOLDER = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+    from fedseg.folder_lock import holding
+    with holding(Path(sys.argv[1]), "fedseg run --out held"):
+        print("held", flush=True)
+        sys.stdin.read()  # until the test closes our stdin (or kills us)
+    """
+)
+
+
+@pytest.fixture
+def held(tmp_path):
+    """A folder held by another process (a real one, running fedseg's lock) until the test ends."""
+    folder = tmp_path / "run"
+    folder.mkdir()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(folder)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+    yield folder, proc
+    if proc.poll() is None:
+        proc.stdin.close()
+        proc.wait(timeout=30)
+
+
+def only_line(output: str) -> str:
+    lines = [line for line in output.strip().splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in output, output
+    return lines[0]
+
+
+def test_a_second_process_is_refused_naming_the_holder_and_the_lock_goes_with_it(held):
+    folder, proc = held
+    with pytest.raises(FolderInUse, match=rf"in use by pid {proc.pid}, `fedseg run --out held`, since "):
+        with holding(folder):
+            pass
+    proc.stdin.close()  # the holder ends normally: its lock file goes with it
+    assert proc.wait(timeout=30) == 0
+    assert not (folder / LOCK_NAME).exists()
+    with holding(folder):
+        assert json.loads((folder / LOCK_NAME).read_text())["pid"] == os.getpid()
+    assert not (folder / LOCK_NAME).exists()
+
+
+def test_a_holder_killed_by_sigkill_leaves_the_folder_free(held):
+    folder, proc = held
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert (folder / LOCK_NAME).exists()  # its record stays behind, but not its lock
+    with holding(folder, "fedseg run --resume"):
+        assert json.loads((folder / LOCK_NAME).read_text())["command"] == "fedseg run --resume"
+    assert not (folder / LOCK_NAME).exists()
+
+
+def test_a_process_holds_a_folder_again_and_lets_go_at_the_last_release(tmp_path):
+    with holding(tmp_path):
+        with holding(tmp_path / "." / ""):  # the same folder, spelt otherwise
+            assert (tmp_path / LOCK_NAME).exists()
+        assert (tmp_path / LOCK_NAME).exists()  # the outer hold still stands
+    assert not (tmp_path / LOCK_NAME).exists()
+
+
+def test_a_resume_of_a_run_another_process_writes_is_refused_before_any_work(held):
+    folder, proc = held
+    before = sorted(p.name for p in folder.iterdir())
+    began = time.monotonic()
+    result = runner.invoke(app, ["run", *TINY, "--out", str(folder), "--resume"])
+    assert result.exit_code == 1
+    line = only_line(result.output)
+    assert f"{folder}: in use by pid {proc.pid}" in line and "--resume continues its run" in line
+    assert sorted(p.name for p in folder.iterdir()) == before  # nothing written
+    assert time.monotonic() - began < 30  # refused at once, not after preparing the data
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["run", *TINY, "--leave-one-out"],
+        ["flower", "local", *TINY, "--algorithms", "fedavg"],
+        ["bench", "BENCH"],
+    ],
+    ids=["study", "flower-local", "bench"],
+)
+def test_a_study_a_bench_or_a_flower_coordinator_on_a_held_folder_is_refused(held, command, tmp_path):
+    folder, proc = held
+    if command[0] == "flower":
+        pytest.importorskip("flwr")
+    if command[0] == "bench":
+        bench = {
+            "base": {"preset": "synthetic-retina"},
+            "set": ["data.image_size=32", "model.channels=[4,8,16]", "data.scale=0.05"],
+            "budget": {"rule": "rounds", "rounds": 1},
+            "federations": ["synthetic-retina"],
+            "methods": ["fedavg"],
+            "seeds": [0, 1],
+        }
+        (tmp_path / "bench.yaml").write_text(json.dumps(bench))
+        command = ["bench", str(tmp_path / "bench.yaml")]
+    result = runner.invoke(app, [*command, "--out", str(folder)])
+    assert result.exit_code != 0
+    assert f"in use by pid {proc.pid}" in only_line(result.output)
+    assert sorted(p.name for p in folder.iterdir()) == [LOCK_NAME]
+
+
+def test_a_run_holds_its_new_folder_while_it_trains_and_frees_it_after(tmp_path, disc_federation):
+    from fedseg.data.folder_write import write_folder
+
+    root = write_folder(disc_federation(n_sites=2, cases_per_site=6), tmp_path / "fed")
+    out = tmp_path / "run"
+    seen: list[bool] = []
+
+    def probe(name: str) -> None:  # in the run, before it trains: is the folder held for a second process?
+        check = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "import sys; from fedseg.folder_lock import holding; holding(sys.argv[1]).__enter__()",
+                str(out),
+            ],
+            capture_output=True,
+            text=True,
+        )
+        seen.append("in use by pid" in check.stderr)
+
+    from fedseg.config_load import config_from_cli
+    from fedseg.run import run_experiment
+
+    cfg = config_from_cli(
+        "demo", None, str(root), "fedavg", 1, None, ["model.channels=[4,8,16]", "data.image_size=32", "eval.hd95=false"]
+    )
+    run_experiment(cfg, out, on_algorithm_start=probe)
+    assert seen == [True]
+    assert not (out / LOCK_NAME).exists() and (out / "summary.json").is_file()
+
+
+def test_a_second_supernode_on_a_held_state_folder_is_refused(held, tmp_path, disc_federation):
+    """Two SuperNodes of one site keeping one ``--state`` (a supervisor's restart racing a manual start) would write
+    the same site's snapshots: the second is refused after its data check, before Flower starts."""
+    pytest.importorskip("flwr")
+    from fedseg.data.folder_write import write_folder
+
+    folder, proc = held
+    root = write_folder(disc_federation(n_sites=2, cases_per_site=4), tmp_path / "fed")
+    site = sorted(p.name for p in root.iterdir() if p.is_dir())[0]
+    args = ["--site", site, "--data", str(root), "--superlink", "127.0.0.1:9", "--insecure", "--state", str(folder)]
+    result = runner.invoke(app, ["flower", "supernode", *args])
+    assert result.exit_code != 0
+    lines = [line for line in result.output.strip().splitlines() if line.strip()]
+    assert lines[0].startswith("data check passed") and len(lines) == 2, result.output
+    assert f"in use by pid {proc.pid}" in lines[1] and "Traceback" not in result.output
