@@ -69,7 +69,7 @@ def test_a_supernode_whose_coordinator_restarted_says_so_in_one_line_without_a_t
         _wait_for(log, "SuperNode ID:", 120, node)
         first.stop()
         with _superlink(tmp_path, "second", link, pub, tls.ca):
-            node.wait(timeout=120)
+            code = node.wait(timeout=120)
             said = log.read_text()
     finally:
         first.stop()
@@ -82,6 +82,7 @@ def test_a_supernode_whose_coordinator_restarted_says_so_in_one_line_without_a_t
     line = " ".join(next(x for x in tail.splitlines() if "no longer knows this SuperNode" in x).split())
     assert f"the SuperLink at {link.address} no longer knows this SuperNode (HTTP 401 Unauthorized on " in line
     assert "the coordinator was restarted" in line and "start it again with the same command" in line, line
+    assert code == 75  # EX_TEMPFAIL, not 0: a supervisor restarting failed services (Restart=on-failure) restarts it
 
 
 def _supernode(folder: Path, superlink: str, ca: Path, port: int, tmp_path: Path) -> subprocess.CompletedProcess:

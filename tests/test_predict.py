@@ -22,7 +22,7 @@ from fedseg.cli import app
 from fedseg.config_load import dump_config, load_config
 from fedseg.data import readers
 from fedseg.data.case_files import read_label
-from fedseg.data.federation import Regions
+from fedseg.data.federation import Federation, Regions
 from fedseg.data.folder_write import write_folder
 from fedseg.engine.messages import load_weights, weights_of
 from fedseg.evaluate.inference import predict_masks
@@ -31,10 +31,14 @@ from fedseg.evaluate.tables import read_rows
 from fedseg.models.factory import build_segmenter
 from fedseg.predict import Bundle, load_bundle, predict
 from fedseg.predict_model import PredictError, build_predictor
+from fedseg.predict_outputs import CSV_NAME
 from fedseg.run import prepare
+from fedseg.run.model_card import model_card
+from fedseg.run.outputs import write_bundle_files
 
 runner = CliRunner()
 DISC_CUP = Regions.from_mapping({"disc": [1, 2], "cup": [2]})
+DISJOINT = Regions.from_mapping({"organ": [1], "lesion": [2]})
 
 
 @pytest.fixture(scope="module")
@@ -229,7 +233,67 @@ def png_mask_of(trained, tmp_path):
     return np.asarray(Image.open(src)), read_label(tmp_path / "png_out" / "same.png", "2d")
 
 
-def test_a_2d_metaimage_or_nrrd_stored_x_y_1_gets_an_x_y_1_mask_on_its_grid(trained, tmp_path):
+def header_fields(path: Path) -> dict[str, str]:
+    """The header of the MetaImage (``key = value`` lines up to ``ElementDataFile``) or NRRD (``key: value`` lines up
+    to the blank line, the magic line and comments left out) file ``path``, as its text says it."""
+    raw = path.read_bytes()
+    if raw.startswith(b"NRRD"):
+        lines = raw[: raw.index(b"\n\n")].decode("ascii").splitlines()[1:]
+        return {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in lines if not line.startswith("#"))}
+    fields = {}
+    for line in raw.split(b"\n"):
+        key, _, value = line.decode("ascii").partition("=")
+        fields[key.strip()] = value.strip()
+        if key.strip() == "ElementDataFile":
+            return fields
+    raise AssertionError(f"{path}: no ElementDataFile line")
+
+
+def numbers(text: str) -> list[float]:
+    """``"0.5 0.25 3"`` or ``"(0,0.5,0) (0.25,0,0)"``: the numbers, in order."""
+    return [float(v) for v in text.replace("(", " ").replace(")", " ").replace(",", " ").split()]
+
+
+def assert_mask_on_its_grid(mask: Path, source: Path, exact: bool = True) -> None:
+    """``mask`` (a ``.mha`` or ``.nrrd`` fedseg predict wrote) is a uint8 file of ``source``'s format and shape on its
+    grid, as fedseg's readers read both (ITK: spacing, origin, directions in LPS) and as the header text states it:
+    dimensions, sizes, spacing, origin, directions, element type, compressed voxels in one file. ``exact``: to the
+    last bit (a NRRD's oblique ``space directions``, spacing folded in, read back to within its last bit)."""
+    expected, got = readers.itk_geometry(source), readers.itk_geometry(mask)
+    assert got.shape == expected.shape
+    tolerance = {"rtol": 0, "atol": 0} if exact else {"rtol": 1e-14, "atol": 1e-14}
+    np.testing.assert_allclose(got.spacing, expected.spacing, **tolerance)
+    np.testing.assert_allclose(got.origin, expected.origin, **tolerance)
+    np.testing.assert_allclose(got.direction, expected.direction, **tolerance)
+    np.testing.assert_allclose(readers.volume_grid(mask).affine, readers.volume_grid(source).affine, **tolerance)
+    assert readers.grid_mismatch(readers.volume_grid(mask), readers.volume_grid(source)) is None
+    assert readers.read_volume(mask).dtype == np.uint8
+    n, fields = len(expected.shape), header_fields(mask)
+    if mask.suffix == ".mha":
+        assert (fields["ObjectType"], fields["NDims"], fields["ElementType"]) == ("Image", str(n), "MET_UCHAR")
+        assert (fields["CompressedData"], fields["BinaryDataByteOrderMSB"], fields["ElementDataFile"]) == (
+            "True",
+            "False",
+            "LOCAL",
+        )
+        assert numbers(fields["DimSize"]) == list(expected.shape)
+        assert numbers(fields["ElementSpacing"]) == list(expected.spacing)
+        assert numbers(fields["Offset"]) == list(expected.origin)
+        assert numbers(fields["TransformMatrix"]) == list(expected.direction.T.ravel())  # axis 0's direction first
+        assert readers.metaimage_problem(mask) is None  # its compressed data as long as the header says
+    else:
+        assert (fields["type"], fields["dimension"], fields["encoding"]) == ("uint8", str(n), "gzip")
+        assert fields["space"] == "left-posterior-superior" if n == 3 else fields["space dimension"] == str(n)
+        assert numbers(fields["sizes"]) == list(expected.shape)
+        assert numbers(fields["space origin"]) == list(expected.origin)
+        vectors = np.reshape(numbers(fields["space directions"]), (n, n)).T  # one column per axis, spacing folded in
+        np.testing.assert_allclose(vectors, expected.direction * expected.spacing, **tolerance)
+
+
+def test_a_2d_metaimage_or_nrrd_stored_x_y_1_gets_an_x_y_1_mask_of_its_format_on_its_grid(trained, tmp_path):
+    """A 2D image stored as a one-slice MetaImage (``.mha``, or a ``.mhd`` header and its ``.raw``) or NRRD: its mask
+    is a ``.mha`` (one file) or ``.nrrd`` of shape ``(X, Y, 1)`` on the image's grid, the slice's 3 mm and position
+    too, and holds the mask predicted from the same pixels as a PNG."""
     run = trained[0]
     rgb, same = png_mask_of(trained, tmp_path)
     spacing, origin = (0.5, 0.25, 3.0), (10.0, -5.0, 7.0)  # the third axis: a slice 3 mm thick at z = 7 mm
@@ -239,23 +303,18 @@ def test_a_2d_metaimage_or_nrrd_stored_x_y_1_gets_an_x_y_1_mask_on_its_grid(trai
     for name in ("meta.mha", "header.mhd", "raster.nrrd"):  # .mhd: header and .raw data file
         write_itk_rgb(new / name, rgb[:, :, None, :], spacing, origin, direction)
     rows = predict(run / "model", new, tmp_path / "out")
-    assert {r["file"]: r["mask"] for r in rows} == {
-        "header.mhd": "header.nii.gz",
-        "meta.mha": "meta.nii.gz",
-        "raster.nrrd": "raster.nii.gz",
-    }
-    for name in ("meta.mha", "header.mhd", "raster.nrrd"):
-        source = readers.volume_grid(new / name)
-        assert source.shape == (32, 32, 1)
-        mask_path = tmp_path / "out" / rows[[r["file"] for r in rows].index(name)]["mask"]
-        mask = nib.load(mask_path)
-        assert mask.shape == source.shape, name  # the image's shape: viewers and nnU-Net compare them
-        np.testing.assert_array_equal(np.asarray(mask.dataobj)[:, :, 0], same, err_msg=name)
-        grid = readers.volume_grid(mask_path)
-        np.testing.assert_allclose(grid.spacing(3), spacing, err_msg=name)  # the third axis's 3 mm too
-        np.testing.assert_allclose(grid.affine[:3, 3], source.affine[:3, 3], err_msg=name)  # origin (RAS)
-        np.testing.assert_allclose(grid.affine, source.affine, atol=1e-6, err_msg=name)  # and the directions
-        assert readers.grid_mismatch(grid, source) is None
+    masks = {r["file"]: r["mask"] for r in rows}
+    assert masks == {"header.mhd": "header.mha", "meta.mha": "meta.mha", "raster.nrrd": "raster.nrrd"}
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted([*masks.values(), CSV_NAME, "predict.json"])
+    for name, mask_name in masks.items():
+        source, mask = new / name, tmp_path / "out" / mask_name
+        assert readers.volume_grid(source).shape == (32, 32, 1)
+        assert_mask_on_its_grid(mask, source)
+        stored = readers.read_volume(mask)
+        assert stored.shape == (32, 32, 1), name  # the image's shape: viewers and nnU-Net compare them
+        np.testing.assert_array_equal(stored[:, :, 0], same, err_msg=name)
+        np.testing.assert_array_equal(read_label(mask, "2d"), same, err_msg=name)  # read as a 2D label map: the slice
+        np.testing.assert_allclose(readers.volume_grid(mask).spacing(3), spacing, err_msg=name)  # the 3 mm too
 
 
 def test_a_genuinely_2d_metaimage_or_nrrd_still_gets_a_2d_mask(trained, tmp_path):
@@ -267,11 +326,67 @@ def test_a_genuinely_2d_metaimage_or_nrrd_still_gets_a_2d_mask(trained, tmp_path
         write_itk_rgb(new / name, rgb, (0.5, 0.25), (10.0, -5.0), [[0.0, 1.0], [1.0, 0.0]])
         assert readers.volume_grid(new / name).shape == (32, 32)
     predict(run / "model", new, tmp_path / "out")
-    for name, mask_name in (("meta.mha", "meta.nii.gz"), ("raster.nrrd", "raster.nii.gz")):
-        mask = nib.load(tmp_path / "out" / mask_name)
-        assert mask.shape == (32, 32), name
-        np.testing.assert_array_equal(np.asarray(mask.dataobj), same, err_msg=name)
-        np.testing.assert_allclose(readers.volume_grid(tmp_path / "out" / mask_name).spacing(2), (0.5, 0.25))
+    for name in ("meta.mha", "raster.nrrd"):  # NDims = 2 / dimension: 2 (space dimension: 2), as ITK writes them
+        mask = tmp_path / "out" / name
+        assert_mask_on_its_grid(mask, new / name)
+        np.testing.assert_array_equal(read_label(mask, "2d"), same, err_msg=name)
+        np.testing.assert_allclose(readers.volume_grid(mask).spacing(2), (0.5, 0.25))
+
+
+def untrained_bundle(folder: Path, tiny_config, kind: str) -> Path:
+    """A ``global`` bundle of an untrained one-channel network (organ / lesion), written by the run's own
+    ``write_bundle_files``, without a model card."""
+    cfg = tiny_config(algorithms=["fedavg"], data={"image_size": 16})
+    network = build_segmenter(cfg.model, 3 if kind == "3d" else 2, 1, len(DISJOINT), seed=0)
+    write_bundle_files(folder, {"global": weights_of(network)}, cfg, Federation("ct", kind, 1, DISJOINT, []))
+    return folder
+
+
+def test_a_volumes_mask_is_a_file_of_its_format_on_its_grid(tmp_path, tiny_config):
+    """A 3D MetaImage (``.mha``; a ``.mhd`` header with its ``.raw``) or NRRD, written by ITK on an oblique grid
+    (anisotropic spacing, axes rotated and swapped, the slice axis towards the feet, an origin), and a NRRD that
+    pynrrd states in RAS (ITK reads it as LPS): each mask is a ``.mha`` (one file) or ``.nrrd`` on its image's grid,
+    holding the mask of the same voxels given as a NIfTI."""
+    itk = pytest.importorskip("itk")
+    nrrd = pytest.importorskip("nrrd")
+    bundle = untrained_bundle(tmp_path / "model" / "fedavg", tiny_config, "3d")
+    values = np.random.default_rng(0).integers(0, 1000, (12, 10, 8)).astype(np.uint16)
+    spacing, origin = (0.7, 1.3, 2.5), (10.25, -5.5, 3.75)
+    turn = np.array([[np.cos(0.3), -np.sin(0.3), 0.0], [np.sin(0.3), np.cos(0.3), 0.0], [0.0, 0.0, 1.0]])
+    direction = turn @ np.array([[0.0, 1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, -1.0]])  # LPS, one column per axis
+    new = tmp_path / "new"
+    new.mkdir()
+    image = itk.image_from_array(np.ascontiguousarray(values.T))  # ITK's NumPy view is (k, j, i)
+    image.SetSpacing(spacing)
+    image.SetOrigin(origin)
+    image.SetDirection(itk.matrix_from_array(direction.copy()))
+    for name in ("image.mha", "header.mhd", "raster.nrrd"):
+        itk.imwrite(image, str(new / name))
+    ras = readers.volume_grid(new / "image.mha").affine  # the same grid stated in RAS
+    header = {"space": "right-anterior-superior", "space directions": ras[:3, :3].T, "space origin": ras[:3, 3]}
+    nrrd.write(str(new / "ras.nrrd"), values, header, index_order="F")
+    (tmp_path / "nifti").mkdir()
+    nib.save(nib.Nifti1Image(values, ras), tmp_path / "nifti" / "image.nii.gz")
+    predict(bundle, tmp_path / "nifti", tmp_path / "from_nifti")
+    reference = np.asarray(nib.load(tmp_path / "from_nifti" / "image.nii.gz").dataobj)
+    assert reference.any()  # some region predicted: the comparison below compares masks, not empty files
+
+    rows = predict(bundle, new, tmp_path / "out")
+    masks = {r["file"]: r["mask"] for r in rows}
+    assert masks == {
+        "header.mhd": "header.mha",
+        "image.mha": "image.mha",
+        "raster.nrrd": "raster.nrrd",
+        "ras.nrrd": "ras.nrrd",
+    }
+    assert not list((tmp_path / "out").glob("*.raw")) and not list((tmp_path / "out").glob("*.nii.gz"))
+    for name, mask_name in masks.items():
+        mask = tmp_path / "out" / mask_name
+        assert_mask_on_its_grid(mask, new / name, exact=mask.suffix == ".mha")  # NRRD: oblique vectors, last bit
+        np.testing.assert_allclose(readers.volume_grid(mask).affine, ras, atol=1e-12, err_msg=name)
+        np.testing.assert_array_equal(readers.read_volume(mask), reference, err_msg=name)
+        np.testing.assert_array_equal(read_label(mask, "3d"), reference, err_msg=name)
+    assert header_fields(tmp_path / "out" / "ras.nrrd")["space"] == "left-posterior-superior"  # as ITK reads it
 
 
 def test_region_masks_to_label_map():
@@ -408,6 +523,12 @@ def test_k_plus_one_class_bundles_route_by_argmax_or_ensemble(mode, tmp_path, ti
         np.testing.assert_allclose([row[c] for c in predictor.columns[-3:]], probs, atol=1e-6)
     with pytest.raises(PredictError, match=f"routes by {mode}"):
         build_predictor(bundle, gamma=0.5)
+    # the candidates are the best phase-1 round's (the selected round is the selector's): that round, where the card
+    # records it; none where it does not (a card of a selected round only, or no card)
+    assert {row["round"] for row in predictor.choices(x)} == {""}
+    for card, expected in (({"selected_round": 9, "phase1_best_round": 4}, 4), ({"selected_round": 9}, "")):
+        rows = build_predictor(Bundle(tmp_path, {**manifest, "trained": card}, entries)).choices(x)
+        assert {row["round"] for row in rows} == {expected}
 
 
 def test_cli_predict_overlay_writes_a_picture_per_input(trained, tmp_path):
@@ -790,6 +911,64 @@ def test_a_bundle_carries_its_model_card_and_predict_records_which_model_made_th
     assert json.loads((tmp_path / "o" / "predict.json").read_text())["trained"] is None
 
 
+def test_predictions_csv_tells_the_round_of_the_model_that_made_each_mask(trained, tmp_path):
+    """``predictions.csv``'s ``round``: the round at which the model that made the row's mask was selected on
+    validation, as the bundle's model card says it. A global model's and FedSM's (whichever candidate an image is
+    routed to: the run restores the selected round's whole super model) the card's ``selected_round``; a site's own
+    model (``--site``) its site's (``selected_rounds``); empty where the card does not say (a bundle written before
+    cards, a site's model whose round it does not record)."""
+    run, _, cfg, prep = trained
+    summary = json.loads((run / "summary.json").read_text())["algorithms"]
+    new = tmp_path / "new"
+    copy_test_images(trained, new)
+    for algorithm in ("fedavg", "fedsm"):
+        rows = predict(run / "model", new, tmp_path / algorithm, algorithm=algorithm)
+        assert {r["round"] for r in rows} == {summary[algorithm]["best_round"]}, algorithm
+        assert {r["round"] for r in read_csv(tmp_path / algorithm / CSV_NAME).values()} == {"1"}, algorithm
+    header = (tmp_path / "fedsm" / CSV_NAME).read_text().splitlines()[0]
+    assert header == "file,mask,model,round,confidence," + ",".join(
+        f"prob:personal:{s}" for s in prep.federation.site_names
+    )
+    assert (tmp_path / "fedavg" / CSV_NAME).read_text().startswith("file,mask,model,round,confidence\n")
+
+    def edited(name: str, card) -> Path:  # a copy of a bundle whose card says ``card`` (None: no card)
+        folder = tmp_path / name / "fedsm"
+        shutil.copytree(run / "model" / "fedsm", folder)
+        manifest = json.loads((folder / "manifest.json").read_text())
+        manifest.pop("trained")
+        (folder / "manifest.json").write_text(json.dumps({**manifest, **({"trained": card} if card else {})}))
+        return folder
+
+    card = json.loads((run / "model" / "fedsm" / "manifest.json").read_text())["trained"]
+    later = edited("later", {**card, "selected_round": 4})
+    for gamma in (0.0, 1.0):  # every image to a site's personalized model, then to the global one
+        rows = predict(later, new, tmp_path / f"later-{gamma}", gamma=gamma)
+        assert {r["model"].split(":")[0] for r in rows} == {"personal" if gamma == 0 else "global"}
+        assert {r["round"] for r in rows} == {4}
+    rows = predict(edited("old", None), new, tmp_path / "old-out")  # a bundle written before model cards
+    assert {r["round"] for r in rows} == {""}
+    assert {r["round"] for r in read_csv(tmp_path / "old-out" / CSV_NAME).values()} == {""}
+
+    # a per-site bundle (FedBN, Ditto, Local): one model per site, the card naming site1's round only
+    weights = load_bundle(run / "model" / "fedavg").models["global"]
+    models = {name: {k: v.clone() for k, v in weights.items()} for name in ("global", "local:site1", "local:site2")}
+    persite = tmp_path / "persite" / "ditto"
+    write_bundle_files(
+        persite, models, cfg, prep.federation, {**card, "selected_round": 7, "selected_rounds": {"site1": 3}}
+    )
+    for site, expected in ((None, 7), ("site1", 3), ("site2", "")):
+        rows = predict(persite, new, tmp_path / f"persite-{site}", site=site)
+        assert {(r["model"], r["round"]) for r in rows} == {(f"local:{site}" if site else "global", expected)}
+
+
+def test_a_card_records_the_phase1_round_whose_networks_fedsm_extra_routes_among(tiny_config, discs):
+    """FedSM-extra/-ensemble freeze their candidates at the best phase-1 round (``summary.json``
+    ``phase1_best_round``) and select a selector round on validation: the card records both."""
+    card = model_card("fedsm-extra", discs, tiny_config(), {"best_round": 9, "rounds": 10, "phase1_best_round": 4})
+    assert (card["selected_round"], card["phase1_best_round"]) == (9, 4)
+    assert "phase1_best_round" not in model_card("fedsm", discs, tiny_config(), {"best_round": 9, "rounds": 10})
+
+
 def test_tta_routes_each_image_as_given_and_mirrors_the_chosen_network(trained, tmp_path):
     """``--tta`` on a FedSM bundle: the selector decides on the image as given (the same choices and selector
     scores as without it), and each mask is the chosen candidate's logits averaged over the 4 flips, thresholded."""
@@ -832,10 +1011,12 @@ def test_a_sites_model_is_described_by_its_own_round_and_test_dice():
         "fedseg": "0.1.0",
         "finished": "2026-11-30",
     }
+    assert "round 9 of 10, test Dice 0.745 (client avg)" in card_line(card)  # a card without selected_val_dice
+    card["selected_val_dice"] = 0.7712
     assert card_line(card, "site2").startswith(
         "model: FedBN (site2's model) trained on retina (2 sites), round 6 of 10, test Dice 0.662 on site2's test cases"
     )
-    assert "round 9 of 10, test Dice 0.745 (client avg)" in card_line(card)
+    assert "round 9 of 10 (validation Dice 0.771), test Dice 0.745 (client avg)" in card_line(card)
     assert card_line({**card, "selected_rounds": None}, "site2") == card_line({**card, "selected_rounds": None})
 
 

@@ -90,7 +90,8 @@ def test_the_seg_of_a_series_reads_back_as_the_nifti_mask_and_references_the_ser
     ]
     with open(out / "predictions.csv", newline="") as f:
         table = list(csv.DictReader(f))
-    assert list(table[0]) == ["file", "mask", "dicom_seg", "model", "confidence"]
+    assert list(table[0]) == ["file", "mask", "dicom_seg", "model", "round", "confidence"]
+    assert {r["round"] for r in table} == {""}  # a bundle written without a model card: no round to tell
     assert [(r["file"], r["dicom_seg"]) for r in table] == [("case", "case.dcm"), ("plain.nii.gz", "")]
     assert [r["dicom_seg"] for r in rows] == ["case.dcm", ""]
 
@@ -127,7 +128,7 @@ def test_the_seg_of_a_series_reads_back_as_the_nifti_mask_and_references_the_ser
     ), said.output
     predict(disjoint, inputs, tmp_path / "plain-out")  # without dicom_seg: no .dcm, the columns as before
     assert not list((tmp_path / "plain-out").glob("*.dcm"))
-    assert (tmp_path / "plain-out" / "predictions.csv").read_text().startswith("file,mask,model,confidence\n")
+    assert (tmp_path / "plain-out" / "predictions.csv").read_text().startswith("file,mask,model,round,confidence\n")
 
 
 def test_nested_regions_are_overlapping_segments_each_its_regions_mask(tmp_path, tiny_config):

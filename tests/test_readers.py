@@ -232,6 +232,29 @@ def test_a_seg_lands_on_a_flipped_nifti_by_patient_position(files, tmp_path):
     np.testing.assert_array_equal(read_label(files["label_seg"], "3d", image=nifti), LABEL[:, ::-1])
 
 
+def test_a_label_map_written_on_a_files_grid_reads_back_with_its_values_type_and_grid(files, tmp_path):
+    """``volume_write`` (``fedseg predict``'s masks of NRRD and MetaImage inputs) names every element type as the
+    readers size it; a uint16 label map (label values over 255) written on each file's grid (as ITK reads it) reads
+    back with its values, its type (little-endian, said in the header) and the volume's grid."""
+    from fedseg.data.volume_write import MET_TYPES, NRRD_TYPES, write_itk_volume
+
+    for name, met in MET_TYPES.items():
+        assert readers._MET_BYTES[met] == np.dtype(name).itemsize, name
+        assert NRRD_TYPES[name] in readers._NRRD_BYTES[np.dtype(name).itemsize], name
+    wide = LABEL.astype(np.uint16) * 300
+    for source in ("mha", "mhd", "nrrd"):
+        for ext in ("mha", "nrrd"):
+            path = tmp_path / f"{source}.{ext}"
+            write_itk_volume(path, wide, readers.itk_geometry(files[source]))
+            back = readers.read_volume(path)
+            assert back.dtype == np.uint16 and np.array_equal(back, wide), path.name
+            np.testing.assert_array_equal(readers.volume_grid(path).affine, readers.volume_grid(files[source]).affine)
+            np.testing.assert_allclose(readers.volume_grid(path).affine, LPS_TO_RAS @ lps_affine(), atol=1e-12)
+    assert b"\nElementType = MET_USHORT\n" in (tmp_path / "mha.mha").read_bytes()[:1000]
+    header = (tmp_path / "nrrd.nrrd").read_bytes().split(b"\n\n")[0].decode().splitlines()
+    assert {"type: uint16", "endian: little", "encoding: gzip"} <= set(header)
+
+
 def test_vector_metaimage_gives_channels_like_a_4d_nifti(tmp_path):
     two = np.stack([VALUES, VALUES[::-1]], axis=-1)  # (X, Y, Z, C)
     nifti, mha = write_nifti(tmp_path / "x.nii.gz", two), write_itk(tmp_path / "x.mha", two, vector=True)

@@ -24,11 +24,15 @@ mask named ``<case>.<ext>`` (``nnunet_cases``; one channel file given alone brin
    predicted by sliding window and mapped back to its grid (``fedseg.evaluate.sliding.predict_on_grid``);
    a selector still routes on the fixed-size view of step 1 (ensemble mode: the super model slides);
 4. write the label map in the input's format: PNG for PNG/JPEG (lossless; with the photograph's EXIF orientation,
-   so that viewers turn it as they turn the photo: both are on its stored pixel grid), ``.npy``, or NIfTI
-   with the input's affine (NRRD/MetaImage inputs and DICOM series get a NIfTI mask on their grid; a 2D image
-   stored ``(X, Y, 1)``, as NIfTI, NRRD or MetaImage, an ``(X, Y, 1)`` mask, the shape of its image); plus
+   so that viewers turn it as they turn the photo: both are on its stored pixel grid), ``.npy``, NIfTI
+   with the input's spatial header, NRRD (``.nrrd``) or MetaImage (``.mha``, one file, for a ``.mha`` or a ``.mhd``
+   header) on the input's grid as ITK reads it (spacing, origin, directions in LPS:
+   ``fedseg.data.volume_write``); DICOM series get a NIfTI mask on their grid; a 2D image stored ``(X, Y, 1)``, as
+   NIfTI, NRRD or MetaImage, an ``(X, Y, 1)`` mask, the shape of its image; plus
    ``predictions.csv``: per image ``file``, ``mask``, ``model``
-   (the routed bundle's chosen candidate, or the single model's name), ``confidence`` (empty without
+   (the routed bundle's chosen candidate, or the single model's name), ``round`` (the round that model was
+   selected at on validation, as the bundle's model card says: ``fedseg.run.model_card.model_round``, a routing's
+   ``round_key``; empty where it does not say, e.g. a bundle written before cards), ``confidence`` (empty without
    routing) and the routing's ``prob:<candidate>`` scores;
 5. with ``overlay``: ``<name>_overlay.png`` per input, the image (3D: its middle slice) with the
    predicted regions filled and outlined in the Okabe-Ito colours (``overlay_image``);

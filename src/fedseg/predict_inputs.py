@@ -21,6 +21,7 @@ from fedseg.data.federation import FederationError
 from fedseg.data.folder import group_problems
 from fedseg.data.importers.nnunet import stacked_channels
 from fedseg.data.preprocess import case_tensors, normalization
+from fedseg.data.volume_write import written_ext
 from fedseg.data.volumes import Grid, file_spacing, preprocess
 from fedseg.predict_model import PredictError
 from fedseg.predict_nnunet import (
@@ -55,14 +56,15 @@ class Input:
 
 def mask_name(path: Path, case: str | None = None) -> str:
     """Output file name of ``path``'s mask: the same name (an nnU-Net channel file: its ``case``'s, without the
-    ``_XXXX``), PNG for JPEG (masks must be lossless), NIfTI for a DICOM series folder (named after the folder)."""
+    ``_XXXX``), PNG for JPEG (masks must be lossless), ``.mha`` for a ``.mhd`` header (one file, no ``.raw`` beside
+    it: ``volume_write.written_ext``), NIfTI for a DICOM series folder (named after the folder)."""
     if path.is_dir():
         return f"{path.name}.nii.gz"
     found = split_name(path.name, IMAGE_EXTS)
     assert found is not None  # inputs are image files of a supported type (list_inputs, read_image)
     stem, ext = case or found[0], found[1]
     if ext.lower() in readers.ITK_EXTS:
-        return f"{stem}.nii.gz"  # NRRD/MetaImage inputs: a NIfTI mask on the same grid
+        return f"{stem}.{written_ext(ext)}"  # NRRD/MetaImage inputs: a mask of their format on the same grid
     return f"{stem}.{'png' if ext in ('jpg', 'jpeg') else ext}"
 
 

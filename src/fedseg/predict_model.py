@@ -17,8 +17,9 @@ from torch import nn
 from fedseg.algorithms.registry import RoutedModel
 from fedseg.engine.messages import load_weights
 from fedseg.run.bundles import MANIFEST, WEIGHTS, Bundle, BundleError, find_bundle, run_bundles
+from fedseg.run.model_card import card_round, model_round
 
-BASE_COLUMNS = ["file", "mask", "model", "confidence"]
+BASE_COLUMNS = ["file", "mask", "model", "round", "confidence"]
 
 
 PredictError = BundleError  # a bad model folder, option or input file; the message names it
@@ -28,12 +29,14 @@ PredictError = BundleError  # a bad model folder, option or input file; the mess
 class Predictor:
     """``model`` maps images ``(B, C, *S)`` to region logits ``(B, R, *S)``. A routed bundle (``routed``):
     ``candidates`` are its networks' names and ``prob_names`` the candidate of each routing score; a
-    single model: ``candidates = [the model's name]`` and ``prob_names = []``."""
+    single model: ``candidates = [the model's name]`` and ``prob_names = []``. ``card``: the bundle's model card
+    (``manifest.json`` ``trained``; None before cards), which says the round each model was selected at."""
 
     model: nn.Module
     candidates: list[str]
     prob_names: list[str]
     routed: RoutedModel | None = None
+    card: object = None
 
     @property
     def columns(self) -> list[str]:
@@ -41,10 +44,21 @@ class Predictor:
 
     @torch.no_grad()
     def choices(self, x: torch.Tensor) -> list[dict]:
-        """Per image of ``x`` ``(B, C, *S)``: ``model``, ``confidence`` and ``prob:<candidate>``."""
+        """Per image of ``x`` ``(B, C, *S)``: ``model``, ``round``, ``confidence`` and ``prob:<candidate>``."""
         if self.routed is None:
-            return [{"model": self.candidates[0], "confidence": ""} for _ in range(len(x))]
-        return self.routed.choices(x)
+            rows = [{"model": self.candidates[0], "confidence": ""} for _ in range(len(x))]
+        else:
+            rows = self.routed.choices(x)
+        return [{"model": r["model"], "round": self.model_round(r["model"]), **r} for r in rows]
+
+    def model_round(self, model: str) -> int | str:
+        """The round at which ``model`` (a row's) was selected, from the card (``model_card.model_round``; a routed
+        bundle: the card's entry its routing names, ``round_key``); ``""`` where the card does not say."""
+        if self.routed is None:
+            found = model_round(self.card, model)
+        else:
+            found = card_round(self.card, self.routed.round_key(model))
+        return "" if found is None else found
 
 
 def find_model(model: Path, algorithm: str | None = None) -> Path:
@@ -98,7 +112,7 @@ def build_predictor(bundle: Bundle, gamma: float | None = None, site: str | None
             raise PredictError(problem)
         with weights_fit(bundle):
             routed = routing.build(bundle.models, bundle.new_segmenter, m["in_channels"], m["spatial_dims"], gamma)
-        return Predictor(routed.network, routed.candidates, routed.prob_names, routed)
+        return Predictor(routed.network, routed.candidates, routed.prob_names, routed, m.get("trained"))
     if gamma is not None:
         raise PredictError(f"{bundle.folder}: --gamma applies to FedSM bundles; this one has no selector")
     names = list(bundle.models)
@@ -114,7 +128,7 @@ def build_predictor(bundle: Bundle, gamma: float | None = None, site: str | None
     model = bundle.new_segmenter()
     with weights_fit(bundle):
         load_weights(model, bundle.models[names[0]])
-    return Predictor(model.eval(), names, [])
+    return Predictor(model.eval(), names, [], card=m.get("trained"))
 
 
 @contextmanager

@@ -15,6 +15,7 @@ from fedseg.atomic_files import naming_errors
 from fedseg.data import readers
 from fedseg.data.case_files import IMAGE_EXTS, PIL_EXTS, split_name
 from fedseg.data.folder_write import write_nifti, write_nifti_like, write_png
+from fedseg.data.volume_write import write_itk_volume
 from fedseg.predict_inputs import Input, overlay_name
 from fedseg.predict_model import PredictError
 from fedseg.predict_seg import seg_name
@@ -59,15 +60,19 @@ def stored_shape(label: np.ndarray, stored: tuple[int, ...]) -> np.ndarray:
 
 
 def write_mask(path: Path, label: np.ndarray, source: Path) -> None:
-    """``label`` ``(*spatial)`` in ``source``'s format: NIfTI (with ``source``'s affine; NIfTI too for NRRD, MetaImage
-    and DICOM series sources, with their grid's affine), ``.npy`` or PNG. A 2D image stored with a third axis of
-    size 1 (NIfTI, NRRD, MetaImage, a one-slice DICOM series) gets its ``(X, Y, 1)`` shape (``stored_shape``), that
-    axis's spacing, direction and origin in the affine."""
+    """``label`` ``(*spatial)`` in ``source``'s format: NIfTI (with ``source``'s spatial header), NRRD or MetaImage
+    (``path`` a ``.nrrd`` or ``.mha``, a ``.mhd`` source's too: ``mask_name``) on ``source``'s grid as ITK reads it
+    (spacing, origin, directions in LPS: ``fedseg.data.volume_write``), ``.npy`` or PNG; NIfTI with the grid's affine
+    for a DICOM series. A 2D image stored with a third axis of size 1 (NIfTI, NRRD, MetaImage, a one-slice DICOM
+    series) gets its ``(X, Y, 1)`` shape (``stored_shape``), on that axis's spacing, direction and origin too."""
     found = None if source.is_dir() else split_name(source.name, IMAGE_EXTS)
     ext = "dcm" if found is None else found[1]  # a folder: a DICOM series (read_inputs accepted every ``source``)
-    if ext == "dcm" or ext.lower() in readers.ITK_EXTS:
-        grid = readers.volume_grid(source)  # ITK's dimensions (vector components not among them) and LPS grid as RAS
+    if ext == "dcm":
+        grid = readers.volume_grid(source)  # the series' LPS grid as RAS
         write_nifti(path, stored_shape(label, grid.shape), grid.affine)
+    elif ext.lower() in readers.ITK_EXTS:
+        geometry = readers.itk_geometry(source)  # ITK's dimensions (vector components not among them), LPS
+        write_itk_volume(path, stored_shape(label, geometry.shape), geometry)
     elif ext in ("nii", "nii.gz"):
         import nibabel as nib
 

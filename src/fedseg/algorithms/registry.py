@@ -48,7 +48,9 @@ class RoutedModel(Protocol):
     """A trained bundle that routes each image among several of its networks (FedSM's super model), as
     ``fedseg predict`` applies it: ``network`` maps images ``(B, C, *S)`` to region logits ``(B, R, *S)``;
     ``candidates`` are the networks' bundle names and ``prob_names`` the candidate of each routing score;
-    ``choices(x)`` is, per image, the ``model`` chosen, its ``confidence`` and one ``prob:<candidate>`` per score."""
+    ``choices(x)`` is, per image, the ``model`` chosen, its ``confidence`` and one ``prob:<candidate>`` per score;
+    ``round_key(model)`` the key of the bundle's model card (``manifest.json`` ``trained``, ``fedseg.run.model_card``)
+    that holds the round a ``model`` of ``choices`` was selected at."""
 
     @property
     def network(self) -> nn.Module: ...
@@ -60,6 +62,8 @@ class RoutedModel(Protocol):
     def prob_names(self) -> list[str]: ...
 
     def choices(self, x: torch.Tensor) -> list[dict[str, Any]]: ...
+
+    def round_key(self, model: str) -> str: ...
 
 
 @dataclass(frozen=True)

@@ -2,9 +2,10 @@
 :mod:`fedseg.data.dicom_seg`).
 
 ``fedseg.data.case_files`` reads every format through this module: ``read_volume`` (the voxels) and
-``volume_grid`` (where they lie, from the header alone), and through ``dicom_seg.read_dicom_seg`` (a DICOM-SEG
-drawn on an image's grid). Readers: NIfTI with nibabel (as before), NRRD/MetaImage and DICOM series with MONAI's
-``ITKReader`` (the reader ``monai.transforms.LoadImage`` uses; called directly so that the stored dtype is
+``volume_grid`` (where they lie, from the header alone; a NRRD/MetaImage's as ITK states it: ``itk_geometry``, which
+``fedseg.data.volume_write`` writes back for ``fedseg predict``'s masks), and through ``dicom_seg.read_dicom_seg``
+(a DICOM-SEG drawn on an image's grid). Readers: NIfTI with nibabel (as before), NRRD/MetaImage and DICOM series
+with MONAI's ``ITKReader`` (the reader ``monai.transforms.LoadImage`` uses; called directly so that the stored dtype is
 kept, where ``LoadImage``'s tensor turns uint16 into int32), DICOM headers and DICOM-SEG with pydicom.
 ITK and pydicom come with ``pip install 'fedseg[formats]'``; without them NIfTI, PNG, JPEG and NumPy
 files still work and these formats fail with one line saying what to install.
@@ -723,15 +724,44 @@ def _itk_header(path: Path) -> Any:
     return io
 
 
-def _itk_grid(path: Path) -> VoxelGrid:
-    io = _itk_header(path)
-    n = min(int(io.GetNumberOfDimensions()), 3)
-    lps = np.eye(n + 1)
-    for axis in range(n):
-        lps[:n, axis] = np.asarray(io.GetDirection(axis), dtype=np.float64)[:n] * float(io.GetSpacing(axis))
-        lps[axis, n] = float(io.GetOrigin(axis))
-    shape = tuple(int(io.GetDimensions(axis)) for axis in range(int(io.GetNumberOfDimensions())))
-    return VoxelGrid(shape, LPS_TO_RAS @ _embed(lps))
+@dataclass(frozen=True)
+class ItkGeometry:
+    """A NRRD/MetaImage file's grid as ITK reads its header, in LPS (ITK's convention; a NRRD stated in another space
+    is converted by ITK) and the file's own axis order: ``shape`` every dimension (vector components not among them),
+    ``spacing`` and ``origin`` per axis, ``direction`` ``(NDims, NDims)`` with one column per axis (its unit
+    direction). ``fedseg.data.volume_write`` writes a file on this grid, as ``grid`` reads it."""
+
+    shape: tuple[int, ...]
+    spacing: tuple[float, ...]
+    origin: tuple[float, ...]
+    direction: np.ndarray
+
+    def grid(self) -> VoxelGrid:
+        """The ``VoxelGrid``: the first three axes' LPS affine as RAS (a 2D grid embedded with a unit third axis)."""
+        n = min(len(self.shape), 3)
+        lps = np.eye(n + 1)
+        lps[:n, :n] = self.direction[:n, :n] * np.asarray(self.spacing[:n])
+        lps[:n, n] = self.origin[:n]
+        return VoxelGrid(self.shape, LPS_TO_RAS @ _embed(lps))
+
+
+def itk_geometry(path: Path) -> ItkGeometry:
+    """The ``ItkGeometry`` of the NRRD or MetaImage file ``path`` from its header alone (no voxel is read);
+    ``FederationError`` naming ``path`` if unreadable."""
+    try:
+        io = _itk_header(path)
+    except FederationError:
+        raise
+    except Exception as e:  # noqa: BLE001 — any decoder failure means "corrupt file" to the user
+        raise FederationError(f"{path}: cannot read ({type(e).__name__}: {e})") from None
+    n = int(io.GetNumberOfDimensions())
+    direction = np.stack([np.asarray(io.GetDirection(axis), dtype=np.float64)[:n] for axis in range(n)], axis=1)
+    return ItkGeometry(
+        tuple(int(io.GetDimensions(axis)) for axis in range(n)),
+        tuple(float(io.GetSpacing(axis)) for axis in range(n)),
+        tuple(float(io.GetOrigin(axis)) for axis in range(n)),
+        direction,
+    )
 
 
 # the component types ITK Python wraps for multi-component (vector) images
@@ -797,7 +827,7 @@ def volume_grid(path: Path) -> VoxelGrid:
             image = load_nifti(path)
             return VoxelGrid(tuple(int(n) for n in image.shape), np.asarray(image.affine, dtype=np.float64))
         if fmt in ITK_EXTS:
-            return _itk_grid(path)
+            return itk_geometry(path).grid()
     except FederationError:
         raise
     except Exception as e:  # noqa: BLE001 — any decoder failure means "corrupt file" to the user

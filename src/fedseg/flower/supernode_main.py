@@ -12,7 +12,8 @@ SuperNode" says its two possible causes, a missing key and a plain connection to
 (``ExplainActivation``). A SuperLink that no longer knows this SuperNode (the coordinator was restarted: every
 ``fedseg flower server`` is a new SuperLink) answers its next request with HTTP 401 and Flower stops the SuperNode
 ("SuperNode terminated gracefully", exit code 0), often after a traceback of its heartbeat thread: fedseg says why and
-what to do in one line instead (``NodeForgotten``).
+what to do in one line instead (``NodeForgotten``) and exits with ``FORGOTTEN_EXIT`` (75, EX_TEMPFAIL), not 0, so a
+supervisor that restarts failed services (systemd ``Restart=on-failure``) starts it again for the new run.
 """
 
 from __future__ import annotations
@@ -149,6 +150,7 @@ FORGOTTEN = (
     "coordinator's new run."
 )
 UNAUTHORIZED = 401
+FORGOTTEN_EXIT = 75  # sysexits' EX_TEMPFAIL: stopped by a new SuperLink, to be started again (not a clean end)
 ACTIVATION = ("activate-node", "register-node")  # a refusal there is Flower's "Failed to activate" (ExplainActivation)
 
 
@@ -269,11 +271,18 @@ def main() -> None:
     address = superlink_address(sys.argv)
     logging.getLogger("flwr").addFilter(QuietRetries(address))
     logging.getLogger("flwr").addFilter(ExplainActivation(insecure="--insecure" in sys.argv))
-    watch_for_a_forgotten_node(address)
+    forgotten = watch_for_a_forgotten_node(address)
     ca = option_value(sys.argv, "--root-certificates", "ca.crt")
     logging.getLogger("flwr").addFilter(ExplainCertificate(address, ca))
     sys.argv[0] = "flower-supernode"
-    flower_supernode()
+    try:
+        flower_supernode()
+    except SystemExit as e:  # Flower's "terminated gracefully" after the 401: exit code 0
+        if forgotten.said.is_set() and not e.code:
+            raise SystemExit(FORGOTTEN_EXIT) from None
+        raise
+    if forgotten.said.is_set():
+        raise SystemExit(FORGOTTEN_EXIT)
 
 
 if __name__ == "__main__":

@@ -4,9 +4,11 @@ masks (``predict.json``): which model, with which digest, made them.
 
 The card is made once, when the algorithm finishes (kept in its finished checkpoint, so a resume or the run's
 final write puts the same card back): the method, the federation and its sites with their training cases, the
-round selected on validation and whether the run may not have converged, the test Dice per site (a synthetic
-federation's, or the hospitals' own test splits), the seed, the config's digest, and the software that trained
-it (fedseg, torch, MONAI, the git commit)."""
+round selected on validation and its mean validation Dice (per site, where each site selects its own; FedSM-extra's
+phase-1 round too) and whether the run may not have converged, the test Dice per site (a synthetic federation's, or
+the hospitals' own test splits), the seed, the config's digest, and the software that trained it (fedseg, torch,
+MONAI, the git commit).
+``predictions.csv``'s ``round`` column reads the round of each row's model from it (``model_round``)."""
 
 from __future__ import annotations
 
@@ -36,7 +38,10 @@ def model_card(name: str, fed: Federation, cfg: RunConfig, summary: dict[str, An
         "train_cases": dict(summary.get("train_samples") or {}),
         "rounds_trained": summary.get("rounds"),
         "selected_round": summary.get("best_round"),  # on validation
+        "selected_val_dice": finite_or_none(convergence.get("best_val_dice")),  # its mean validation Dice over sites
         **({"selected_rounds": summary["selected_rounds"]} if summary.get("selected_rounds") else {}),  # per site
+        # FedSM-extra/-ensemble: the phase-1 round whose networks the selector routes among (selected on validation)
+        **({"phase1_best_round": summary["phase1_best_round"]} if summary.get("phase1_best_round") else {}),
         "may_not_have_converged": convergence.get("converged") is False,
         "never_improved": convergence.get("improved") is False,  # validation flat from its first round: trained?
         "test_dice": dict(summary.get("dice") or {}),  # per site, client_avg, global (the selected round's models)
@@ -72,6 +77,31 @@ def prediction_record(folder: Path, manifest: dict[str, Any], options: dict[str,
     }
 
 
+def finite_or_none(value: object) -> float | None:
+    """``value`` as a float where it is a finite number; None otherwise (a card is strict JSON: no NaN)."""
+    return float(value) if isinstance(value, int | float) and math.isfinite(value) else None
+
+
+def card_round(card: object, key: str = "selected_round") -> int | None:
+    """The round ``card[key]`` (a bundle's model card, ``manifest.json`` ``trained``) records; None where the card
+    records none (no card: a bundle written before cards; a hand-edited one)."""
+    value = card.get(key) if isinstance(card, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def model_round(card: object, model: str) -> int | None:
+    """The round at which the bundle's model ``model`` (a single-model bundle's, as ``predictions.csv`` names it) was
+    selected on validation, from its ``card``: a site's own model (``local:<site>``) at its site's round
+    (``selected_rounds``), the bundle's other model (``global``) at the card's ``selected_round``. None where the card
+    does not say: no card, or a site's model of a method that does not select per site (the kept local models of
+    ``eval.local_models``: each its site's best over all rounds). A routed bundle's rows: the card's entry its routing
+    names (``round_key``, ``fedseg.algorithms.registry.RoutedModel``)."""
+    if ":" not in model:
+        return card_round(card)
+    rounds = card.get("selected_rounds") if isinstance(card, dict) else None
+    return card_round(rounds, model.split(":", 1)[1])
+
+
 def card_line(card: dict[str, Any] | None, site: str | None = None) -> str | None:
     """One line saying what a bundle is (``fedseg predict`` prints it): method, federation, round, test Dice. With
     ``site`` (``--site``: one site's model of a per-site bundle) the round that site's model was selected at and its
@@ -84,11 +114,14 @@ def card_line(card: dict[str, Any] | None, site: str | None = None) -> str | Non
     which = f"on {site}'s test cases" if own else "(client avg)"
     whose = f" ({site}'s model)" if own else ""
     score = f", test Dice {dice:.3f} {which}" if isinstance(dice, int | float) and math.isfinite(dice) else ""
+    val = card.get("selected_val_dice")
+    chosen = f" (validation Dice {val:.3f})" if not own and isinstance(val, int | float) and math.isfinite(val) else ""
     late = "; it may not have converged" if card.get("may_not_have_converged") else ""
     late = "; its validation never improved on its first round (did it train?)" if card.get("never_improved") else late
     return (
         f"model: {card.get('method')}{whose} trained on {card.get('federation')} ({len(card.get('sites') or [])} "
-        f"sites), round {rounds[site] if own else card.get('selected_round')} of {card.get('rounds_trained')}{score}, "
+        f"sites), round {rounds[site] if own else card.get('selected_round')} of {card.get('rounds_trained')}{chosen}"
+        f"{score}, "
         f"fedseg {card.get('fedseg')}, "
         f"finished {card.get('finished')}{late}"
     )

@@ -64,6 +64,13 @@ class RoutedSuperModel:
             rows.append({"model": model, "confidence": max(p), **{f"prob:{n}": v for n, v in zip(self.prob_names, p)}})
         return rows
 
+    def round_key(self, model: str) -> str:
+        """The model card's key holding the round of every candidate (and of their ensemble): threshold mode (FedSM)
+        ``selected_round`` (the run restores that round's whole super model); argmax and ensemble modes
+        (FedSM-extra/-ensemble) ``phase1_best_round``, the best phase-1 round, whose networks the selector phase froze
+        (its selected round is the selector's; a card written before it recorded that round holds none)."""
+        return "selected_round" if self.network.mode == "threshold" else "phase1_best_round"
+
 
 def build(
     bundle: Bundle,
