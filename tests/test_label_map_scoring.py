@@ -110,6 +110,8 @@ def test_a_fixed_worst_hd95_on_a_folder_federation_is_said_at_the_start(tiny_con
     assert "scores HD95 373.13 on every case (eval.hd95_worst" in line and "eval.hd95_worst=null" in line
     assert data_notes(tiny_config(data={"source": "folder", "root": "/data/fed"}), "2d") == []
     assert data_notes(tiny_config(eval={"hd95_worst": 373.13}), "2d") == []  # a built-in federation: its own value
+    no_hd95 = tiny_config(data={"source": "folder", "root": "/data/fed"}, eval={"hd95_worst": 373.13, "hd95": False})
+    assert data_notes(no_hd95, "2d") == []  # no HD95 computed (eval.hd95: false): a scale study saw the note anyway
 
 
 def test_ct_normalized_otherwise_than_in_hounsfield_windows_is_said_at_the_start(tiny_config):

@@ -11,7 +11,7 @@ import torch
 from monai.metrics import compute_dice, compute_hausdorff_distance, compute_surface_dice
 
 from fedseg.evaluate.metrics import HD95_PERCENTILE, batch_metrics, dice_scores
-from fedseg.evaluate.surface import cpu_surface_pairs, mask_edges, squared_distances_to, surface_pairs
+from fedseg.evaluate.surface import cpu_surface_pairs, mask_edges, quantile, squared_distances_to, surface_pairs
 
 
 def monai_pairs(p, t, spacing, taus):
@@ -164,3 +164,28 @@ def test_cpu_surface_pairs_are_monai_bit_for_bit_on_random_masks():
         hd_m, nsd_m = monai_pairs(p, t, spacing, taus)
         hd_c, nsd_c = cpu_surface_pairs(p, t, spacing, HD95_PERCENTILE, taus)
         assert torch.equal(hd_c, hd_m) and torch.equal(nsd_c, nsd_m), (trial, shape, spacing)
+
+
+def test_the_quantile_is_torchs_bit_for_bit_and_takes_more_than_2_24_values():
+    """A noisy prediction of a 512x512x300 CT has more than 2^24 edge voxels: torch.quantile (and MONAI's HD95 with
+    it) refused them ("quantile() input tensor is too large") and the run ended after training, writing nothing."""
+    g = torch.Generator().manual_seed(3)
+    for n in (1, 2, 7, 100, 4097):
+        values = torch.rand(n, generator=g) * 50
+        for ties in (values, values.round()):
+            for q in (0.0, 0.5, 0.95, 0.99, 1.0):
+                assert torch.equal(quantile(ties, q), torch.quantile(ties, q)), (n, q)
+    many = torch.arange((1 << 24) + 2, dtype=torch.float32)  # 0, 1, ..., 2^24 + 1: the 95% point is known
+    with pytest.raises(RuntimeError, match="too large"):
+        torch.quantile(many, 0.95)
+    rank = torch.tensor(0.95) * (many.numel() - 1)
+    assert float(quantile(many[torch.randperm(many.numel(), generator=g)], 0.95)) == float(rank)
+
+
+def test_dice_of_a_large_volume_counts_voxels_as_monai_sums_them():
+    """Dice from the masks' voxel counts equals MONAI's float32 sums on a volume of several million voxels."""
+    g = torch.Generator().manual_seed(4)
+    p, t = torch.rand(1, 3, 160, 160, 120, generator=g) > 0.5, torch.rand(1, 3, 160, 160, 120, generator=g) > 0.4
+    assert torch.equal(
+        dice_scores(p, t), compute_dice(p.float(), t.float(), include_background=True, ignore_empty=False)
+    )

@@ -150,7 +150,7 @@ def sliding_loss(model: nn.Module, data: CaseSet, loss_fn: nn.Module, device: to
     try:
         for vol in data.volumes:
             logits = sliding_logits(model, vol.image, data.volume, device)[None]  # (1, R, *P), CPU
-            total += float(loss_fn(logits, vol.label[None]).double())
+            total += float(loss_fn(logits, vol.label[None].float()).double())
     finally:
         handle.remove()
         model.train(was_training)

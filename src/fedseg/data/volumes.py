@@ -99,8 +99,9 @@ class Grid:
 @dataclass
 class Volume:
     """One case on its own grid: ``image`` ``(C, *P)`` float32 (model input), ``label`` ``(R, *P)``
-    float32 region masks on the same grid (training targets), ``truth`` ``(R, *O)`` bool region masks on
-    the original grid (metrics) and the ``grid`` to map predictions back."""
+    bool region masks on the same grid (training targets: float32 in a batch, ``draw_patches``; bool keeps a 3D
+    case's masks at a quarter of the memory), ``truth`` ``(R, *O)`` bool region masks on the original grid
+    (metrics) and the ``grid`` to map predictions back."""
 
     image: torch.Tensor
     label: torch.Tensor
@@ -152,7 +153,7 @@ def preprocess(
 ) -> tuple[torch.Tensor, torch.Tensor | None, Grid]:
     """Steps 1-4 of the module docstring on ``image`` ``(C, *O)`` and integer ``label`` ``(*O)`` (or None)
     with the case's ``spacing`` (mm per axis). Returns ``(image (C, *P) float32, region masks (R, *P)
-    float32 or None, grid)``, ``P >= patch size`` on every axis."""
+    bool or None, grid)``, ``P >= patch size`` on every axis."""
     from monai.data import MetaTensor
     from monai.transforms import Spacing, SpatialCrop, SpatialPad
 
@@ -186,7 +187,7 @@ def preprocess(
     masks = None
     if lab is not None:
         lab = _plain(padder(lab))[0].round().long()
-        masks = torch.from_numpy(regions.one_hot(lab.numpy())).float()
+        masks = torch.from_numpy(regions.one_hot(lab.numpy())).bool()
     return x, masks, Grid(shape, spacing, resampled_shape, affine, start, end, pad)
 
 
@@ -250,7 +251,7 @@ def draw_patches(
     device = first.image.device if sources is None else sources[0][0].device
     pin = pin and device.type == "cpu"
     x = torch.empty((len(volumes), first.image.shape[0], *size), dtype=first.image.dtype, device=device, pin_memory=pin)
-    y = torch.empty((len(volumes), first.label.shape[0], *size), dtype=first.label.dtype, device=device, pin_memory=pin)
+    y = torch.empty((len(volumes), first.label.shape[0], *size), dtype=torch.float32, device=device, pin_memory=pin)
     for i, vol in enumerate(volumes):
         shape = vol.image.shape[1:]
         top = [n - k for n, k in zip(shape, size)]

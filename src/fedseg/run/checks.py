@@ -121,7 +121,7 @@ def data_notes(
             + "; set data.volume.patch_size (as the fets preset does) to train on patches of each volume's own grid "
             "and score there, with its spacing"
         )
-    if cfg.eval.hd95_worst is not None:
+    if cfg.eval.hd95_worst is not None and cfg.eval.hd95:  # no HD95 is computed (eval.hd95: false): nothing to say
         notes.append(
             f"note: a missed or hallucinated region scores HD95 {cfg.eval.hd95_worst:g} on every case "
             "(eval.hd95_worst; the fets presets' 373.13 mm is the diagonal of a 240x240x155 BraTS volume at 1 mm); "

@@ -220,7 +220,7 @@ class FedSMExtraClient(FedSMClient):
             if data.volumes is not None and data.volume is not None:  # the volume path
                 for vol in data.volumes:
                     outputs = [sliding_logits(m, vol.image, data.volume, ctx.task.device)[None] for m in models]
-                    labels.append(extra_labels(outputs, vol.label[None], loss_fn).cpu())
+                    labels.append(extra_labels(outputs, vol.label[None].float(), loss_fn).cpu())
             else:
                 for idx in torch.arange(len(data)).split(ctx.cfg.eval.batch_size):
                     x, y = data.batch(idx, ctx.task.device)
