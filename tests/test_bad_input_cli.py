@@ -18,7 +18,8 @@ from typer.testing import CliRunner
 
 from fedseg.cli import app
 
-RUN_RECORDS = (".provenance.json", ".data-files.json")  # a run's hidden files: provenance, where its data came from
+# a run's hidden files: provenance, where its data came from, its methods' resolved options
+RUN_RECORDS = (".provenance.json", ".data-files.json", ".methods.json")
 
 TINY_SET = ["data.scale=0.05", "data.image_size=32", "model.channels=[4,8]", "model.strides=[2]", "threads=1"]
 

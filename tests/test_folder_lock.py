@@ -173,3 +173,43 @@ def test_a_second_supernode_on_a_held_state_folder_is_refused(held, tmp_path, di
     lines = [line for line in result.output.strip().splitlines() if line.strip()]
     assert lines[0].startswith("data check passed") and len(lines) == 2, result.output
     assert f"in use by pid {proc.pid}" in lines[1] and "Traceback" not in result.output
+    assert "wait for that SuperNode to end" in lines[1] and "--resume" not in lines[1]
+
+
+def test_another_thread_of_the_process_is_refused(tmp_path):
+    """Two ``Experiment.run()`` on one folder from two threads both trained, each round logged twice (a reviewer):
+    the hold is the thread's, not the process's."""
+    import threading
+
+    inside, leave = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with holding(tmp_path):
+            inside.set()
+            leave.wait(30)
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    try:
+        assert inside.wait(30)
+        with pytest.raises(FolderInUse, match="in use by another thread of this process"):
+            with holding(tmp_path):
+                pass
+    finally:
+        leave.set()
+        thread.join(30)
+    with holding(tmp_path):  # free again once that thread let go
+        pass
+
+
+def test_a_lock_file_left_by_a_killed_run_does_not_make_its_folder_look_full(tmp_path):
+    """A run killed (kill -9) before it wrote anything else leaves only its lock file: `fedseg data synth` then said
+    the folder "exists and is not empty" though `ls` showed nothing."""
+    folder = tmp_path / "fed"
+    folder.mkdir()
+    (folder / LOCK_NAME).write_text('{"pid": 1, "command": "fedseg run", "since": "then"}')
+    result = runner.invoke(
+        app, ["data", "synth", "--preset", "synthetic-retina", "--scale", "0.05", "--out", str(folder)]
+    )
+    assert result.exit_code == 0, result.output
+    assert (folder / "federation.yaml").is_file()

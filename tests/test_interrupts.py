@@ -55,8 +55,13 @@ def interruptible() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+def in_the_background() -> None:
+    """In the child before it runs: SIGINT ignored, as a script's background job (`fedseg bench ... &`) has it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 @contextlib.contextmanager
-def _session(command: list[str]) -> Iterator[subprocess.Popen]:
+def _session(command: list[str], preexec=interruptible) -> Iterator[subprocess.Popen]:
     """``command`` in a new session (its PID is the session id); on leaving, every process of that session is
     killed, so a failing test leaves none behind either."""
     proc = subprocess.Popen(
@@ -65,7 +70,7 @@ def _session(command: list[str]) -> Iterator[subprocess.Popen]:
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,
-        preexec_fn=interruptible,
+        preexec_fn=preexec,
     )
     try:
         yield proc
@@ -84,9 +89,12 @@ def _wait_for(condition, timeout: float, poll: float = 0.2) -> bool:
 
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads sessions from /proc (Linux)")
-def test_sigterm_on_a_bench_with_two_jobs_stops_everything_and_says_how_to_resume(tmp_path):
+@pytest.mark.parametrize("preexec", [interruptible, in_the_background], ids=["foreground", "background"])
+def test_sigterm_on_a_bench_with_two_jobs_stops_everything_and_says_how_to_resume(tmp_path, preexec):
+    """The bench stops its runs with SIGINT; started in the background by a script (SIGINT inherited ignored) its
+    runs ignored it and trained on until SIGKILLed 20 s later, their run.log saying nothing."""
     out = tmp_path / "out"
-    with _session(_bench_command(tmp_path, "stoppable", [], seeds=6, rounds=200)) as proc:  # longer than we wait
+    with _session(_bench_command(tmp_path, "stoppable", [], seeds=6, rounds=200), preexec) as proc:
         started = lambda: list(out.glob("runs/**/checkpoints/*"))  # noqa: E731  a round finished: both are training
         assert _wait_for(lambda: len({p.parent.parent for p in started()}) >= 2, 240), "two runs never trained"
         assert len(_session_processes(proc.pid)) >= 3  # the bench, its forkserver and two workers
@@ -98,6 +106,8 @@ def test_sigterm_on_a_bench_with_two_jobs_stops_everything_and_says_how_to_resum
     assert "Traceback" not in output, output
     configs = list(out.glob("runs/**/config.yaml"))
     assert len(configs) == 2, configs  # the 4 queued runs never started
+    for config in configs:  # each stopped as Ctrl-C stops a run, not killed
+        assert (config.parent / "run.log").read_text().rstrip().endswith("stopped: interrupted"), config.parent
 
 
 def test_ctrl_c_on_a_run_says_that_resume_continues(tmp_path):

@@ -1162,3 +1162,35 @@ def test_an_empty_file_is_named_as_empty_not_as_an_unidentified_image(trained, t
         for n in ("empty.jpg", "empty2.png")
     ]
     assert not (tmp_path / "out").exists()
+
+
+def test_a_trained_fedsm_extra_or_ensemble_bundle_predicts_with_its_phase1_round(
+    tmp_path, tiny_config, disc_federation
+):
+    """FedSM-extra/-ensemble keep no threshold: their bundle's gamma is NaN on purpose, which predict's check of
+    damaged weights refused ("tensor 'gamma/value' holds NaN or Inf"), so no such bundle could segment anything (a
+    reviewer's run of the real methods; the tests before built their bundles by hand)."""
+    root = write_folder(disc_federation(n_sites=2, cases_per_site=6), tmp_path / "fed")
+    cfg = tiny_config(
+        algorithms=["fedsm-extra", "fedsm-ensemble"],
+        fl={"rounds": 2},
+        eval={"hd95": False},
+        methods={m: {"selector_width": 0.0625} for m in ("fedsm-extra", "fedsm-ensemble")},
+    )
+    (tmp_path / "cfg.yaml").write_text(dump_config(cfg))
+    run = tmp_path / "run"
+    result = runner.invoke(app, ["run", "--config", str(tmp_path / "cfg.yaml"), "--data", str(root), "--out", str(run)])
+    assert result.exit_code == 0, result.output
+    image = next((root / "site1" / "images").iterdir())
+    (tmp_path / "new").mkdir()
+    shutil.copy(image, tmp_path / "new")
+    for algorithm in ("fedsm-extra", "fedsm-ensemble"):
+        out = tmp_path / f"pred-{algorithm}"
+        said = runner.invoke(
+            app,
+            ["predict", "--model", str(run / "model" / algorithm), "--input", str(tmp_path / "new"), "--out", str(out)],
+        )
+        assert said.exit_code == 0, said.output
+        card = json.loads((run / "model" / algorithm / "manifest.json").read_text())["trained"]
+        (row,) = read_csv(out / CSV_NAME).values()
+        assert row["round"] == str(card["phase1_best_round"]), (algorithm, row, card)

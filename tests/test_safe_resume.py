@@ -177,3 +177,18 @@ def test_predict_out_under_a_file_is_refused(finished, tmp_path):
     assert result.exit_code != 0 and "Traceback" not in result.output
     assert str(file) in result.output and "is a file" in result.output
     assert len(result.output.strip().splitlines()) < 10
+
+
+def test_predict_into_a_run_folder_is_refused_even_with_force(finished, run_copy, tmp_path):
+    """`predict --out` a run's folder (one still training, say) wrote masks, predictions.csv and predict.json among
+    the run's own files (a reviewer)."""
+    image = tmp_path / "x.png"
+    Image.fromarray(np.zeros((32, 32, 3), np.uint8)).save(image)
+    before = sorted(p.name for p in run_copy.iterdir())
+    for force in ([], ["--force"]):
+        args = ["predict", "--model", str(finished / "model"), "--input", str(image), "--out", str(run_copy), *force]
+        result = runner.invoke(app, args)
+        assert result.exit_code != 0 and "Traceback" not in result.output
+        said = " ".join(result.output.split())
+        assert f"{run_copy}: holds a run (config.yaml); a prediction's masks go in a folder of their own" in said
+    assert sorted(p.name for p in run_copy.iterdir()) == before

@@ -124,11 +124,37 @@ def with_resume_hint(error: Exception, recorded: set[str] | None = None) -> Exce
     return UnknownSource(error.name, f"{error}; {REGISTER_AGAIN}")
 
 
+def resume_error(error: Exception, out: str | Path) -> Exception:
+    """``error`` with the hint to register again (:func:`with_resume_hint`) where it is an unknown algorithm or
+    ``data.source`` that the run (or bench) in ``out`` recorded, else ``error`` itself: what ``Experiment`` raises
+    and ``fedseg run --resume`` / ``fedseg bench --resume`` print. A bench file's error names the algorithm in its
+    text (``bench.yaml: methods[1]: unknown algorithm 'fedavgm'; ...``): the same hint where it names a recorded one
+    that this process does not know."""
+    from fedseg.algorithms import ALGORITHMS
+
+    recorded = recorded_names(Path(out))
+    hinted = with_resume_hint(error, recorded)
+    if hinted is not None:
+        return hinted
+    text = str(error)
+    if isinstance(error, ValueError) and any(
+        f"unknown algorithm {name!r}" in text for name in recorded if name not in ALGORITHMS
+    ):
+        message = f"{text}; {REGISTER_ALGORITHM_AGAIN}"
+        try:
+            return type(error)(message)
+        except TypeError:  # a class built from other arguments
+            return ValueError(message)
+    return error
+
+
 def recorded_names(out: Path) -> set[str]:
-    """The algorithms and the ``data.source`` the run in ``out`` recorded (its ``config.yaml``); empty without a
-    readable one."""
+    """The algorithms and the ``data.source`` the run in ``out`` recorded (its ``config.yaml``), or the algorithms
+    of a bench's methods (its ``bench.json``); empty without a readable one."""
     from fedseg.run.preflight import recorded_config
 
+    if not (out / "config.yaml").is_file() and (out / "bench.json").is_file():
+        return _bench_names(out / "bench.json")
     try:
         recorded = recorded_config(out / "config.yaml") or {}
     except ValueError:  # unreadable: the run says so itself
@@ -137,6 +163,20 @@ def recorded_names(out: Path) -> set[str]:
     names = {a for a in algorithms if isinstance(a, str)} if isinstance(algorithms, list) else set()
     source = data.get("source") if isinstance(data, dict) else None
     return names | ({source} if isinstance(source, str) else set())
+
+
+def _bench_names(path: Path) -> set[str]:
+    """Every algorithm a bench's methods train (``bench.json``: ``methods[].algorithms``, default the name)."""
+    try:
+        methods = json.loads(path.read_text()).get("methods")
+    except (OSError, ValueError, AttributeError):
+        return set()
+    names: set[str] = set()
+    for method in methods if isinstance(methods, list) else []:
+        if isinstance(method, dict):
+            trained = method.get("algorithms") or [method.get("name")]
+            names |= {a for a in trained if isinstance(a, str)} if isinstance(trained, list) else set()
+    return names
 
 
 class Experiment:
@@ -176,8 +216,8 @@ class Experiment:
         try:
             check_config(self.config, federation)
         except ValueError as e:  # out holds a run of a method or federation registered in the process that ran it?
-            hinted = with_resume_hint(e, recorded_names(self.out))
-            if hinted is None:
+            hinted = resume_error(e, self.out)
+            if hinted is e:
                 raise
             raise hinted from None
 

@@ -227,7 +227,7 @@ def run(
                 return run_study(cfg, out, resume, holdout, leave_one_out, sweep, keep_checkpoints)
             results = run_with_progress(cfg, out, resume, console, keep_checkpoints=keep_checkpoints)
     except (ConfigError, FederationError, OSError, KeyError, ValueError) as e:  # OSError: full disk, read-only...
-        fail(error_text(e))
+        fail(error_text(resume_hinted(e, out) if resume else e))
         return
     except KeyboardInterrupt:
         fail(interrupted_text("the run", out, "every finished round is checkpointed"), INTERRUPTED_EXIT)
@@ -254,6 +254,15 @@ def run(
         fail(f"interrupted: the run and its report are written: {path}{upload}", INTERRUPTED_EXIT)
         return
     console.print(f"report: {path}")
+
+
+def resume_hinted(error: Exception, out: Path) -> Exception:
+    """``--resume``'s error, with the hint the Python API gives (``fedseg.api.resume_error``) where it is a method or
+    federation that the run (or bench) in ``out`` recorded and this process does not know: registered by a script
+    (docs/api.md), which must register it again to resume."""
+    from fedseg.api import resume_error
+
+    return resume_error(error, out)
 
 
 def report_modules(algorithms: Sequence[str]) -> list[str]:
@@ -362,7 +371,7 @@ def bench(
             runs = run_bench(spec, root, out, jobs, resume, echo, train=not tables_only)
             write_report(spec, runs, out, echo)
     except (ConfigError, FederationError, OSError, KeyError, ValueError) as e:
-        fail(error_text(e))
+        fail(error_text(resume_hinted(e, out) if resume else e))
         return
     except KeyboardInterrupt:
         detail = "the running runs stopped at their last checkpoint, the queued ones did not start"

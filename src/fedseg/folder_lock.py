@@ -6,14 +6,17 @@ both writing checkpoints and outputs into each other's files. Stdlib only.
 The hold is an advisory ``flock`` on ``FOLDER/.fedseg-lock``: the kernel drops it when the holding process ends,
 however it ends (``kill -9``, a crash, a power cut), so a folder is never left locked by a process that is gone;
 the file (the holder's pid, command and start time, for the message) is removed on release and a stale one is
-simply taken over. Re-entrant within a process (a study holds its folder and each of its runs theirs; a run the
-API starts inside an already held folder takes it again). Where ``fcntl`` is missing (Windows) nothing is held."""
+simply taken over. Re-entrant within a thread (a run holds an existing folder before its data is prepared and
+again once it writes), refused to another thread of the same process (two ``Experiment.run()`` in threads). Where
+``fcntl`` is missing (Windows) or the filesystem has no ``flock`` (some network or FUSE mounts) nothing is held,
+the latter said once as a warning."""
 
 from __future__ import annotations
 
 import contextlib
 import datetime
 import json
+import logging
 import os
 import sys
 import threading
@@ -26,13 +29,21 @@ except ImportError:  # Windows: no advisory locks here
     fcntl = None  # type: ignore[assignment]
 
 LOCK_NAME = ".fedseg-lock"
+RESUME_HINT = "wait for that one to end or stop it (Ctrl-C), then run this again (--resume continues its run)"
 
-_held: dict[Path, list[int]] = {}  # resolved folder -> [fd of its lock file, how many holds]
+_held: dict[Path, list[int]] = {}  # resolved folder -> [fd of its lock file (-1: none), holds, holding thread]
 _held_guard = threading.Lock()
+log = logging.getLogger(__name__)
 
 
 class FolderInUse(FileExistsError):
     """``folder`` is held by another process (its pid, command and start time in the message, where known)."""
+
+
+def has_entries(folder: Path) -> bool:
+    """Whether the folder ``folder`` holds anything but a lock file (one a holder killed by ``kill -9`` left behind
+    in a folder it had written nothing else to: the folder is empty to the user)."""
+    return any(entry.name != LOCK_NAME for entry in Path(folder).iterdir())
 
 
 def holder_text(lock_file: Path) -> str:
@@ -45,10 +56,11 @@ def holder_text(lock_file: Path) -> str:
         return "another process"
 
 
-def _acquire(folder: Path, command: str) -> int:
-    """The fd of ``folder``'s lock file, locked by this process; FolderInUse where another holds it. A lock taken
-    on a file that its holder removed meanwhile (released between our open and our lock) is taken again on the
-    file now at the path, so two processes never both hold the folder."""
+def _acquire(folder: Path, command: str, hint: str) -> int:
+    """The fd of ``folder``'s lock file, locked by this process; FolderInUse where another holds it (``hint``: what
+    to do then); -1 where the filesystem has no ``flock`` (a warning; nothing held). A lock taken on a file that its
+    holder removed meanwhile (released between our open and our lock) is taken again on the file now at the path,
+    so two processes never both hold the folder."""
     path = folder / LOCK_NAME
     while True:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -58,8 +70,17 @@ def _acquire(folder: Path, command: str) -> int:
             os.close(fd)
             raise FolderInUse(
                 f"{folder}: in use by {holder_text(path)}; two commands writing one folder would mix their files: "
-                "wait for that one to end or stop it (Ctrl-C), then run this again (--resume continues its run)"
+                f"{hint}"
             ) from None
+        except OSError as e:  # EOPNOTSUPP, ENOLCK: a filesystem without advisory locks
+            _release(folder, fd)
+            log.warning(
+                "%s: not held against a second command (this filesystem refuses a lock: %s); run one fedseg "
+                "command at a time on it",
+                folder,
+                e.strerror or e,
+            )
+            return -1
         try:
             same = os.fstat(fd).st_ino == os.stat(path).st_ino
         except FileNotFoundError:
@@ -89,18 +110,25 @@ def command_line() -> str:
 
 
 @contextlib.contextmanager
-def holding(folder: Path, command: str | None = None) -> Iterator[None]:
-    """Hold the existing folder ``folder`` for this process while the block runs (module docstring); FolderInUse
-    (a FileExistsError, so every command's one-line error handling reports it) where another process holds it.
-    ``command``: what the message shows another process (default: this process's command line)."""
+def holding(folder: Path, command: str | None = None, hint: str = RESUME_HINT) -> Iterator[None]:
+    """Hold the existing folder ``folder`` for this thread while the block runs (module docstring); FolderInUse
+    (a FileExistsError, so every command's one-line error handling reports it) where another process, or another
+    thread of this one, holds it. ``command``: what the message shows another process (default: this process's
+    command line); ``hint``: what the refusal tells to do."""
     key = Path(folder).resolve()
     if fcntl is None:
         yield
         return
+    me = threading.get_ident()
     with _held_guard:
         entry = _held.get(key)
+        if entry is not None and entry[2] != me:
+            raise FolderInUse(
+                f"{folder}: in use by another thread of this process; two runs writing one folder would mix their "
+                "files: run them one after the other, or give each its own folder"
+            )
         if entry is None:
-            entry = _held[key] = [_acquire(key, command or command_line()), 0]
+            entry = _held[key] = [_acquire(key, command or command_line(), hint), 0, me]
         entry[1] += 1
     try:
         yield
@@ -109,4 +137,5 @@ def holding(folder: Path, command: str | None = None) -> Iterator[None]:
             entry[1] -= 1
             if entry[1] == 0:
                 del _held[key]
-                _release(key, entry[0])
+                if entry[0] >= 0:
+                    _release(key, entry[0])

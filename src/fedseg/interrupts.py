@@ -23,6 +23,8 @@ import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from fedseg.folder_lock import has_entries
+
 __all__ = [
     "INTERRUPTED_EXIT",
     "deferred_interrupts",
@@ -165,7 +167,7 @@ def interrupted_text(what: str, out: os.PathLike | str, detail: str = "") -> str
     (``out`` missing or empty: an interrupt during the data's preparation), that nothing was and to run the same
     command; else :func:`resume_hint`."""
     folder = Path(out)
-    if not folder.is_dir() or not any(folder.iterdir()):
+    if not folder.is_dir() or not has_entries(folder):
         return f"interrupted before {what} began: nothing was written to {out}; run the same command"
     return resume_hint(what, out, detail)
 

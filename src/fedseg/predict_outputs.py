@@ -20,7 +20,7 @@ from fedseg.predict_inputs import Input, overlay_name
 from fedseg.predict_model import PredictError
 from fedseg.predict_seg import seg_name
 from fedseg.run.model_card import RECORD_NAME
-from fedseg.run.preflight import check_out_dir
+from fedseg.run.preflight import FOLDER_MARKS, check_out_dir
 
 if TYPE_CHECKING:
     from nibabel.nifti1 import Nifti1Image
@@ -183,6 +183,12 @@ def model_folder_problem(out: Path, bundle_folder: Path) -> str | None:
     return f"--out {out}: {what} {bundle_folder}; the masks would join the trained model: choose an --out outside it"
 
 
+def folder_mark(out: Path) -> str | None:
+    """``"run (config.yaml)"`` where ``out`` is a run's, a study's, a bench's or a federation's folder
+    (``fedseg.run.preflight.FOLDER_MARKS``); None otherwise."""
+    return next((f"{kind} ({m})" for kind, marks in FOLDER_MARKS.items() for m in marks if (out / m).exists()), None)
+
+
 def check_out(
     out: Path,
     inputs: list[Input],
@@ -194,6 +200,7 @@ def check_out(
 ) -> None:
     """Refuse an ``out`` that is a file or under one, that is or lies inside the input folder ``given``
     (``input_folder_problem``), the model's ``bundle_folder`` (``model_folder_problem``) or a DICOM series input,
+    that is a run's, study's, bench's or federation's folder (``folder_mark``),
     that would overwrite an input, where a folder (or anything but a file) sits where an output file goes, or
     (without ``force``) existing outputs."""
     try:
@@ -207,6 +214,10 @@ def check_out(
         raise PredictError(problem)
     if bundle_folder is not None and (problem := model_folder_problem(out, bundle_folder)) is not None:
         raise PredictError(problem)  # with --force too: no output of predict belongs in a model
+    if (mark := folder_mark(out)) is not None:  # with --force too: a run (still training?) writes its own files there
+        raise PredictError(
+            f"{out}: holds a {mark}; a prediction's masks go in a folder of their own: choose another --out"
+        )
     targets = [out / name for name in output_names(inputs, overlay, dicom_seg)]
     sources = {f.resolve() for i in inputs for f in i.files}
     overwrite_input = [t for t in targets if t.resolve() in sources]

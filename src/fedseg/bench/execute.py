@@ -5,7 +5,11 @@ without starting it, continues a half-done one from its last checkpoint (``fedse
 rest.
 
 ``jobs`` > 1 trains that many runs at once, each in a fresh process (``forkserver``; its own torch threads, as
-the run's ``threads`` says), so runs never share state and their numbers equal a ``jobs`` = 1 bench's.
+the run's ``threads`` says), so runs never share state and their numbers equal a ``jobs`` = 1 bench's. A fresh
+process knows the built-in methods, and those a script registers at its top level (it runs that again as it
+starts); the bench's methods registered in this process (``register_algorithm``, under ``if __name__ ==
+"__main__":`` too) are sent to each run's process and registered there (:func:`job_registrations`: a class the
+processes cannot import is refused before any run starts).
 """
 
 from __future__ import annotations
@@ -22,14 +26,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fedseg.atomic_files import atomic_write_text, json_number, strict_json_text
-from fedseg.bench.plan import BenchRun, run_config
+from fedseg.bench.plan import BenchRun, reference_method, run_config
 from fedseg.bench.spec import BenchSpec
 from fedseg.config import RunConfig
 from fedseg.config_load import with_recorded_defaults
 from fedseg.interrupts import INTERRUPTED_EXIT, stop_processes
 from fedseg.run.stopping import not_converged
+
+if TYPE_CHECKING:
+    from fedseg.algorithms.registry import AlgorithmSpec
 
 DONE_FILE = "bench-run.json"
 
@@ -54,15 +62,50 @@ class Finished:
         return self.summary["algorithms"][name]
 
 
-def _train_in_process(cfg_json: dict, out: str, results) -> None:
-    """A bench process's target: ``train`` one run, then put ``(out, seconds, None)`` on ``results``, or
-    ``(out, None, exception)`` when it failed, and exit; interrupted (SIGINT from the bench or Ctrl-C) before its
-    answer is ready, it leaves quietly. Once the answer is ready, SIGINT is ignored, so an interrupt cannot cut it
-    short (ignored, not blocked: blocking holds it back from this thread only, and Python runs its handler in the
-    main thread whichever thread received it; the bench stops the other runs with SIGINT as soon as one fails)."""
+JOBS_FIX = "define it in a .py module the run processes can import, or use --jobs 1"
+
+
+def job_registrations(bench: BenchSpec) -> tuple[AlgorithmSpec, ...]:
+    """The methods the bench trains that were registered in this process (``register_algorithm``), which each run's
+    process registers again (:func:`_train_in_process`); a ValueError naming the method and what cannot travel
+    (a class defined in a notebook or inside a function: ``fedseg.engine.worker_imports.check_sendable``), before
+    any run starts."""
+    from fedseg.algorithms import ALGORITHMS, BUILTIN_ALGORITHMS
+    from fedseg.engine.worker_imports import check_sendable
+
+    trained = dict.fromkeys(a for m in [*bench.methods, reference_method(bench)] for a in m.trained)
+    specs = tuple(ALGORITHMS[name] for name in trained if name in ALGORITHMS and name not in BUILTIN_ALGORITHMS)
+    for spec in specs:
+        check_sendable(spec.name, spec, "bench --jobs > 1 (each run in a new process)", JOBS_FIX)
+        try:
+            pickle.loads(pickle.dumps(spec))
+        except Exception as e:  # noqa: BLE001 - any pickling problem: said in one line before any run
+            raise ValueError(
+                f"bench --jobs > 1 (each run in a new process): method {spec.name!r} cannot be sent to the run "
+                f"processes ({type(e).__name__}: {e}); {JOBS_FIX}"
+            ) from None
+    return specs
+
+
+def _train_in_process(cfg_json: dict, out: str, results, registered: tuple[AlgorithmSpec, ...] = ()) -> None:
+    """A bench process's target: register ``registered`` (the bench's methods registered in the parent,
+    ``job_registrations``: a script's ``if __name__ == "__main__":`` block does not run here), ``train`` one run,
+    then put ``(out, seconds, None)`` on ``results``, or ``(out, None, exception)`` when it failed, and exit;
+    interrupted (SIGINT from the bench or Ctrl-C) before its answer is ready, it leaves quietly. Once the answer is
+    ready, SIGINT is ignored, so an interrupt cannot cut it short (ignored, not blocked: blocking holds it back from
+    this thread only, and Python runs its handler in the main thread whichever thread received it; the bench stops
+    the other runs with SIGINT as soon as one fails)."""
     answer: tuple[str, float | None, BaseException | None]
+    # the bench stops its runs with SIGINT: taken as Ctrl-C even where this process inherited it ignored (a bench
+    # started in the background by a script, `fedseg bench ... &`, whose SIGINT stopped no run: SIGKILL after 20 s)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         try:
+            if registered:
+                from fedseg.algorithms import register_algorithm
+
+                for spec in registered:
+                    register_algorithm(spec, replace=True)
             answer = (out, train(cfg_json, out), None)
         except KeyboardInterrupt:
             raise
@@ -133,8 +176,18 @@ def is_done(folder: Path, cfg: RunConfig) -> bool:
 class Runner:
     """Executes lists of runs, ``jobs`` at a time, printing one line per finished run with an ETA."""
 
-    def __init__(self, bench: BenchSpec, root: Path, out: Path, jobs: int, echo: Echo, train: bool = True):
+    def __init__(
+        self,
+        bench: BenchSpec,
+        root: Path,
+        out: Path,
+        jobs: int,
+        echo: Echo,
+        train: bool = True,
+        registered: tuple[AlgorithmSpec, ...] = (),
+    ):
         self.bench, self.root, self.out, self.jobs, self.echo, self.train = bench, root, out, jobs, echo, train
+        self.registered = registered  # jobs > 1: sent to each run's process (job_registrations)
         self.trained_seconds: dict[str, list[float]] = {}  # method -> wall seconds of its runs trained here
 
     def execute(self, runs: list[BenchRun], phase: str) -> dict[BenchRun, Finished]:
@@ -169,7 +222,8 @@ class Runner:
                     r = queued.pop(0)
                     folder = str(r.dir(self.out))
                     child = context.Process(
-                        target=_train_in_process, args=(configs[r].model_dump(mode="json"), folder, results)
+                        target=_train_in_process,
+                        args=(configs[r].model_dump(mode="json"), folder, results, self.registered),
                     )
                     child.start()
                     running[folder] = (child, r)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from fedseg.atomic_files import atomic_write_text, strict_json_text
-from fedseg.bench.execute import DONE_FILE, Echo, Finished, Runner
+from fedseg.bench.execute import DONE_FILE, Echo, Finished, Runner, job_registrations
 from fedseg.bench.plan import (
     BenchRun,
     Holdouts,
@@ -184,6 +184,7 @@ def run_bench(
     whose tuning is not finished have no final runs, and the tables say how many runs each number rests on."""
     out = Path(out)
     check_plan(bench, root)
+    registered = job_registrations(bench) if jobs > 1 and train else ()  # sent to the runs' processes: checked now
     if not train and not (out / BENCH_FILE).is_file():
         raise FileNotFoundError(f"{out}: holds no bench ({BENCH_FILE}); run `fedseg bench` first")
     recorded = check_out(bench, out, resume or not train)  # --tables-only: the tables are of the bench recorded there
@@ -196,7 +197,7 @@ def run_bench(
     with holding(out) if train else contextlib.nullcontext():  # one bench trains in this folder (not --tables-only)
         if train:
             record_bench(bench, out, recorded)
-        return run_phases(bench, root, out, Runner(bench, root, out, jobs, echo, train), holdouts)
+        return run_phases(bench, root, out, Runner(bench, root, out, jobs, echo, train, registered), holdouts)
 
 
 def run_phases(bench: BenchSpec, root: Path, out: Path, runner: Runner, holdouts: Holdouts) -> BenchRuns:

@@ -18,6 +18,7 @@ from fedseg.data.federation import Federation, FederationError
 from fedseg.data.folder import HEADER_FILE, SPLITS_FILE, write_header
 from fedseg.data.metadata import CASES_FILE, cases_csv_table, site_metadata_for_yaml, write_cases_csv
 from fedseg.data.splits import Splits, write_site_splits_csv
+from fedseg.folder_lock import has_entries
 
 
 def safe_name(name: str, what: str) -> str:
@@ -145,7 +146,7 @@ def new_site_folder(root: Path, site: str) -> Path:
 
 def check_root(root: Path, overwrite: bool) -> None:
     """Refuse a non-empty ``root`` unless ``overwrite`` and it is a federation folder (``FederationError``)."""
-    if root.exists() and any(root.iterdir()):
+    if root.exists() and has_entries(root):
         if not overwrite:
             raise FederationError(
                 f"{root}: exists and is not empty (replace it with --force; from Python, overwrite=True)"

@@ -28,6 +28,7 @@ from fedseg.data.dataset import SiteData
 from fedseg.data.federation import Federation, Regions
 from fedseg.engine.faults import inject, matching_faults
 from fedseg.engine.messages import Message, load_weights
+from fedseg.engine.state import state_problem
 from fedseg.models import build_segmenter
 from fedseg.train import seed_from
 
@@ -256,7 +257,8 @@ def answer(
 ) -> tuple[Message, float]:
     """Build the site's ``ClientContext`` (its random stream from (seed, site index, round, action)),
     let ``client`` handle ``msg`` and return the reply with the compute seconds it took.
-    ``state`` is the site's store: the client updates it in place."""
+    ``state`` is the site's store: the client updates it in place, with tensors only (a TypeError naming the entry
+    otherwise, ``fedseg.engine.state.state_problem``: the site's failure, before any engine stores it)."""
     ctx = ClientContext(
         algorithm=to.algorithm,
         site=to.site,
@@ -276,6 +278,8 @@ def answer(
     reply = client.handle(to.action, msg, ctx)
     if not isinstance(reply, Message):  # a method's client returned something else (a dict of tensors?)
         raise TypeError(f"the client replied a {type(reply).__name__}, not a Message (fedseg.engine.messages)")
+    if (problem := state_problem(state, "ctx.state")) is not None:  # an int kept there: said here, in every engine
+        raise TypeError(problem)
     if faults:
         reply = inject(faults, msg, reply, task.cfg) or reply
     return reply, time.perf_counter() - start

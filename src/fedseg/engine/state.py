@@ -49,6 +49,39 @@ SUFFIX = ".safetensors"
 SNAPSHOT_KEY = "disk_snapshot"  # a site's entry in a snapshot of a store on disk: {SNAPSHOT_KEY: tensor(n)}
 
 
+TENSORS_ONLY = "a method's state holds tensors only"
+
+
+def state_problem(state: object, owner: str) -> str | None:
+    """Why ``state`` (``owner``: how the method names it, ``ctx.state`` or ``FedAvgMServer.state_dict()``) cannot be
+    a method's state, or None: it must map names (str) to tensors, which every engine can copy, checkpoint, write to
+    safetensors (``engine.state: disk``) and send between processes bit for bit. One line: the first entry that
+    is not, what it is and what to keep instead (a count as ``torch.tensor(n)``, a nested dict's tensors under
+    ``'<key>/<name>'`` keys)."""
+    if not isinstance(state, dict):
+        return f"{owner} is a {type(state).__name__}, not a dict of tensors ({TENSORS_ONLY})"
+    for key, value in state.items():
+        if not isinstance(key, str):
+            return f"{owner} has the key {key!r}, a {type(key).__name__}: {TENSORS_ONLY}, under names (str)"
+        if isinstance(value, torch.Tensor):
+            continue
+        kind = type(value).__name__
+        if isinstance(value, (bool, int, float)):
+            hint = f"keep a number as torch.tensor({value!r})"
+        elif isinstance(value, dict):
+            hint = (
+                f"put a nested dict's tensors under '{key}/<name>' keys: "
+                f"fedseg.engine.messages.prefixed({key!r}, ...), read back with Message(state).group({key!r})"
+            )
+        elif isinstance(value, (list, tuple)):
+            hint = f"stack them into one tensor, or give each its own key ('{key}/0', ...)"
+        else:
+            hint = "convert it to a tensor"
+        article = "an" if kind[:1].lower() in "aeiou" else "a"
+        return f"{owner}[{key!r}] is {article} {kind}; {TENSORS_ONLY} ({hint})"
+    return None
+
+
 def state_bytes(state: State) -> int:
     """Bytes held by the tensors of one store (``numel * element_size`` summed)."""
     return sum(t.numel() * t.element_size() for t in state.values())

@@ -158,16 +158,15 @@ class _Finder(pickle.Pickler):
         return NotImplemented
 
 
-def check_sendable(algorithm: str, context: Any) -> None:
+def check_sendable(algorithm: str, context: Any, setting: str = "engine.workers > 1", fix: str = FIX) -> None:
     """A ValueError naming method ``algorithm`` and the class (or function) of ``context`` (what the workers
     receive: its client, task, options) that they could not import. Another pickling problem is left for the
-    sending to report."""
+    sending to report. ``setting``, ``fix``: what sends it to other processes, what to do instead (a bench's
+    ``--jobs``: ``fedseg.bench.execute``)."""
     try:
         _Finder().dump(context)
     except _Unreachable as e:
         what = "class" if isinstance(e.obj, type) else "function"
-        raise ValueError(
-            f"engine.workers > 1: method {algorithm!r}: {what} {e.obj.__qualname__} {e.why}; {FIX}"
-        ) from None
+        raise ValueError(f"{setting}: method {algorithm!r}: {what} {e.obj.__qualname__} {e.why}; {fix}") from None
     except Exception:  # noqa: BLE001, S110 - not a question of imports: the real send says what
         pass

@@ -29,6 +29,9 @@ MANIFEST, WEIGHTS = BUNDLE_MANIFEST, BUNDLE_WEIGHTS
 
 MANIFEST_KEYS = ("models", "network", "spatial_dims", "in_channels", "regions", "image_size", "normalize", "threshold")
 
+# entries NaN on purpose: FedSM-extra/-ensemble's gamma (no threshold; fedseg.algorithms.fedsm.model.bundle_entries)
+NAN_BY_DESIGN = frozenset({"gamma/value"})
+
 
 class BundleError(ValueError):
     """A bad model folder (or, raised by ``fedseg.predict`` as ``BundleError``, option or input file); the
@@ -191,7 +194,8 @@ def load_bundle(folder: Path) -> Bundle:
     empty = [name for name, w in models.items() if not w]
     if empty:
         raise BundleError(f"{weights_path}: no tensors for the models {', '.join(empty)} listed in {manifest_path}")
-    bad = next((k for k, v in tensors.tensors.items() if v.is_floating_point() and not all_finite(v)), None)
+    floats = {k: v for k, v in tensors.tensors.items() if k not in NAN_BY_DESIGN and v.is_floating_point()}
+    bad = next((k for k, v in floats.items() if not all_finite(v)), None)
     if bad is not None:  # training never keeps such a model: the file was damaged or edited
         raise BundleError(f"{weights_path}: tensor {bad!r} holds NaN or Inf; it cannot segment anything")
     return Bundle(folder, manifest, models)

@@ -34,6 +34,7 @@ from fedseg.run.data_record import RECORD as DATA_RECORD
 from fedseg.run.data_record import check_data_files, check_data_origin, record_data_files
 from fedseg.run.engines import EngineFactory, local_engines
 from fedseg.run.loop import run_algorithm
+from fedseg.run.method_record import check_method_options, code_notes, write_record
 from fedseg.run.outputs import RunResults, write_outputs
 from fedseg.run.preflight import (
     check_device,
@@ -93,8 +94,8 @@ def run_experiment(
     with held:
         prep = prepare_run(cfg, out, resume, federation, prepared)
         check_prepared(cfg, prep)
-        if hold_out and not out.is_dir():  # a new folder: held from its creation, before anything is written in it
-            out.mkdir(parents=True, exist_ok=True)
+        if hold_out:  # a new folder held from its creation, before anything is written in it (held again: a no-op;
+            out.mkdir(parents=True, exist_ok=True)  # made by another command while the data was prepared: refused)
             held.enter_context(holding(out))
         record_start(cfg, out, resume, prep, on_log_line)
         try:
@@ -141,7 +142,8 @@ def check_before_data(cfg: RunConfig, out: Path, resume: bool, check_compute: bo
     """The device (``check_compute``: unless the sites compute on their machines, e.g. Flower, where ``fedseg
     flower local`` checks), ``out``, every algorithm's options, secure aggregation (``in_process``: the simulator or
     the worker pool, which refuse it), what the worker pool's processes must import (``engine.workers`` > 1), the
-    trackers and (``resume``) the recorded config."""
+    trackers and (``resume``) the recorded config and each started method's resolved options
+    (``fedseg.run.method_record``)."""
     if check_compute:
         check_device(cfg.device)
     check_out_dir(out)
@@ -165,7 +167,8 @@ def check_before_data(cfg: RunConfig, out: Path, resume: bool, check_compute: bo
         )
     if resume and (recorded := recorded_config(out / "config.yaml")) is not None:
         check_resume(recorded, cfg.model_dump(mode="json"), str(out / "config.yaml"))
-    if resume:
+    if resume:  # the same config, but a method whose defaults changed (its code edited, another fedseg)
+        check_method_options(out, cfg)
         check_data_files(out, folder_root(cfg))  # the same config, but a federation folder edited since
 
 
@@ -215,16 +218,19 @@ def record_start(
     cfg: RunConfig, out: Path, resume: bool, prep: Prepared, on_log_line: Callable[[str], None] | None
 ) -> None:
     """Refuse an ``out`` that holds another run, or (``resume``) data from elsewhere than the run's record says;
-    record ``config.yaml`` (a resume compares with it), where the data came from (``fedseg.run.data_record``) and
-    the plan (``model.name: planned``; a resume reuses it); log a resume in ``run.log`` (unless its log ends
-    finished); announce the cost warnings and the methods' notes."""
+    record ``config.yaml`` (a resume compares with it), each method's resolved options (``fedseg.run.method_record``),
+    where the data came from (``fedseg.run.data_record``) and the plan (``model.name: planned``; a resume reuses it);
+    log a resume in ``run.log`` (unless its log ends finished); announce the cost warnings (a resumed method's code
+    edited since its start too) and the methods' notes."""
     if out.exists() and any(out.iterdir()) and not resume and (out / "checkpoints").exists():
         raise FileExistsError(f"{out}: already holds a run; use --resume to continue it or choose another --out")
     if resume:
         check_data_origin(out, folder_root(cfg), prep.fingerprint)
     notes = resume_notes(recorded_config(out / "config.yaml"), cfg.model_dump(mode="json")) if resume else []
+    notes += code_notes(out, cfg) if resume else []
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "config.yaml", dump_config(cfg))
+    write_record(out, cfg)  # each method's resolved options (a resume compares them: fedseg.run.method_record)
     if not resume or not (out / DATA_RECORD).is_file():
         record_data_files(out, folder_root(cfg), prep.fingerprint)
     if prep.plan is not None:

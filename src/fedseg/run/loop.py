@@ -15,6 +15,7 @@ from fedseg.engine.base import Observer
 from fedseg.engine.checkpoint import CheckpointWriter, load_checkpoint, remove_temp_files
 from fedseg.engine.faults import MethodError, model_problem
 from fedseg.engine.own_code import own_code
+from fedseg.engine.state import state_problem
 from fedseg.run.engines import EngineFactory, simulator_engine
 from fedseg.run.finish import finish
 from fedseg.run.method_code import method_code
@@ -112,7 +113,7 @@ def train_rounds(run: AlgorithmRun, state: RoundState) -> int:
             check_global_model(run, rnd, reference)
             if must_validate(run, rnd):
                 validate_round(run, state, rnd, losses)
-            snapshot = {"server": clone(server.state_dict()), "clients": engine.snapshot_clients()}  # copies: frozen
+            snapshot = {"server": server_state(run, rnd), "clients": engine.snapshot_clients()}  # copies: frozen
             update_best(run, state, rnd, snapshot)
             update_stop(run, state, rnd)
             checkpoint_round(writer, run, state, rnd, snapshot, losses, began)
@@ -121,6 +122,17 @@ def train_rounds(run: AlgorithmRun, state: RoundState) -> int:
             if state.stopped:
                 return rnd
     return last
+
+
+def server_state(run: AlgorithmRun, rnd: int) -> dict[str, torch.Tensor]:
+    """A copy of the server's ``state_dict()`` after round ``rnd`` (what its checkpoint and the best round keep); a
+    ``MethodError`` naming the method, the round and the entry where it holds anything but tensors under names (an
+    int, a nested dict: ``fedseg.engine.state.state_problem``), before a checkpoint or a resume meets it."""
+    state = run.server.state_dict()
+    problem = state_problem(state, f"{type(run.server).__name__}.state_dict()")
+    if problem is not None:
+        raise MethodError(f"{run.name}, round {rnd}: {problem}")
+    return clone(state)
 
 
 def check_global_model(run: AlgorithmRun, rnd: int, reference: dict[str, torch.Tensor]) -> None:

@@ -14,7 +14,9 @@
     methods are reused, the new ones run after them.
 
   Anything else (``fl.rounds``, ``train.lr``, ``device``, ``data.*``, ...) would mix results of two
-  configurations, so the resume is refused with every differing key as ``key: recorded -> new``."""
+  configurations, so the resume is refused with every differing key as ``key: recorded -> new``. The keys not
+  given, a method's options at their defaults, are compared by ``fedseg.run.method_record`` (a method's defaults
+  may change under the same configuration)."""
 
 from __future__ import annotations
 
@@ -116,9 +118,9 @@ def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def _show(v: object) -> str:
+def shown_value(v: object) -> str:
     if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(map(_show, v)) + "]"
+        return "[" + ", ".join(map(shown_value, v)) + "]"
     if v is None:
         return "null"
     if isinstance(v, bool):
@@ -140,7 +142,8 @@ def resume_conflicts(recorded: dict[str, Any], new: dict[str, Any]) -> list[str]
             continue
         if key == "algorithms" and isinstance(a, list) and isinstance(b, list) and b[: len(a)] == a:
             continue  # methods appended at the end
-        lines.append(f"{key}: {'<unset>' if a is _UNSET else _show(a)} -> {'<unset>' if b is _UNSET else _show(b)}")
+        before, after = ("<unset>" if v is _UNSET else shown_value(v) for v in (a, b))
+        lines.append(f"{key}: {before} -> {after}")
     return lines
 
 

@@ -35,6 +35,7 @@ from fedseg.data.folder import SPLITS_FILE, load_folder, write_header
 from fedseg.data.folder_write import move_in, new_site_folder, staging_folder, write_nifti, write_png
 from fedseg.data.metadata import CASES_FILE, write_cases_csv
 from fedseg.data.splits import write_site_splits_csv
+from fedseg.folder_lock import has_entries
 
 Writer = Callable[[Path], None]  # writes the converted file to the path it is given (extension included)
 
@@ -193,7 +194,7 @@ def header_federation(plan: Plan) -> Federation:
 
 def check_out(out: Path) -> None:
     """Refuse an ``--out`` that exists and is not an empty folder."""
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+    if out.exists() and (not out.is_dir() or has_entries(out)):
         raise FederationError(f"{out}: exists and is not an empty folder; importing needs a new or empty --out")
 
 
