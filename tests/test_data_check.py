@@ -545,3 +545,32 @@ def test_sites_whose_volumes_lie_in_other_voxel_orientations_get_one_warning(tmp
         mha(root / "b" / "images" / f"b{k}.mha", image, np.diag([-1.0, -1.0, 1.0]))  # LPS of RAS axes
         mha(root / "b" / "labels" / f"b{k}.mha", label, np.diag([-1.0, -1.0, 1.0]))
     assert check_warnings(root) == []
+
+
+def test_a_3d_folder_says_how_much_memory_a_run_keeps_its_cases_in(tmp_path):
+    """A scale study: nothing said before a run how much RAM its BraTS-sized cases would take (they all stay in
+    memory); the check now gives the upper bound from the shapes it read, and none for 2D."""
+    import nibabel as nib
+
+    root = tmp_path / "fed"
+    root.mkdir()
+    regions = {"wt": [1, 2], "tc": [2]}
+    (root / "federation.yaml").write_text(
+        yaml.safe_dump({"name": "vol", "kind": "3d", "channels": 2, "regions": regions})
+    )
+    shapes = {"a": (20, 16, 10), "b": (30, 16, 12)}
+    for site, shape in shapes.items():
+        (root / site / "images").mkdir(parents=True)
+        (root / site / "labels").mkdir()
+        for k in range(3):
+            label = np.zeros(shape, np.uint8)
+            label[4:8, 4:8, 2:5] = 1 + k % 2
+            image = np.random.default_rng(k).normal(size=(*shape, 2)).astype(np.float32)
+            nib.save(nib.Nifti1Image(image, np.eye(4)), root / site / "images" / f"{site}{k}.nii.gz")
+            nib.save(nib.Nifti1Image(label, np.eye(4)), root / site / "labels" / f"{site}{k}.nii.gz")
+    result = CliRunner().invoke(data_app, ["check", str(root)])
+    assert result.exit_code == 0, result.output
+    per_voxel = 4 * 2 + 2 * 2  # float32 image of 2 channels, bool masks of 2 regions and their original-grid copy
+    total = sum(3 * per_voxel * int(np.prod(shape)) for shape in shapes.values())
+    line = " ".join(result.output.split())
+    assert f"keeps these 6 cases in at most {total / 1e9:.3g} GB of RAM ({total / 6 / 1e6:.3g} MB per case" in line

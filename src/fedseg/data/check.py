@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import difflib
 import logging
+import math
+from collections.abc import Iterable
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 
@@ -105,6 +108,31 @@ def size_warning(path: Path, shape: tuple[int, ...], max_mb: float) -> list[str]
         return []
     size = "x".join(map(str, shape))
     return [f"{path}: image is {mb:.3g} MB as float32 ({size}), above {max_mb:g} MB; a run keeps every case in memory"]
+
+
+def volume_memory_note(fed: Federation) -> str | None:
+    """For a 3D federation: the RAM a run on the volume path (``data.volume.patch_size``, the fets presets) keeps
+    its cases in, at most: per case the float32 image ``(C, *O)``, its region masks ``(R, *O)`` (bool) and their
+    original-grid copy for the metrics (bool), from the shapes the check read (``meta["image_shape"]``), before the
+    crop to the foreground (a brain's crop keeps about half of a BraTS volume); None for a 2D federation or
+    without shapes. ``fedseg.data.volumes.Volume`` holds exactly these."""
+    if fed.kind != "3d":
+        return None
+    shapes = [
+        [int(n) for n in cast(Iterable[int], c.meta["image_shape"])]
+        for site in fed.sites
+        for c in site.cases
+        if "image_shape" in c.meta
+    ]
+    if not shapes:
+        return None
+    regions = len(fed.regions)
+    total = sum((4 * shape[0] + 2 * regions) * math.prod(shape[1:]) for shape in shapes)
+    return (
+        f"memory: a run on the volume path (data.volume.patch_size) keeps these {len(shapes)} cases in at most "
+        f"{total / 1e9:.3g} GB of RAM ({total / len(shapes) / 1e6:.3g} MB per case: float32 images, bool region "
+        "masks and their original-grid copy, before the crop to the foreground)"
+    )
 
 
 def rtstruct_warnings(painted: list[rtstruct.Painted], site_of: dict[Path, str], shown: int = 5) -> list[str]:

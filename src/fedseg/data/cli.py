@@ -113,7 +113,7 @@ def check(
     ] = None,
 ) -> None:
     """Validate a federation folder and list every problem; exit 1 if there is any."""
-    from fedseg.data.check import check_folder
+    from fedseg.data.check import check_folder, volume_memory_note
     from fedseg.data.folder import group_problems
 
     warnings: list[str] = []
@@ -132,6 +132,8 @@ def check(
     for line in group_problems(warnings):
         typer.echo(f"warning: {line}", err=True)
     _print_summary(fed, split, split_seed, f"OK: {root} — {{sites}}, {{cases}} ({split.mode} split, seed {split_seed})")
+    if (memory := volume_memory_note(fed)) is not None:
+        Console().print(memory, highlight=False, soft_wrap=True)
 
 
 def _check_positive(value: float, option: str, unit: str) -> None:
