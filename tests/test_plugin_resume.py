@@ -334,3 +334,16 @@ def test_the_code_digest_is_the_same_in_every_process(tmp_path):
         done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
         digests.add(done.stdout.strip())
     assert len(digests) == 1 and len(digests.pop()) == 64
+
+
+def test_a_bench_does_not_reuse_a_finished_run_whose_method_defaults_changed(registry, tmp_path):
+    """A finished bench run is reused when its configuration is the same; trained before the plugin's default
+    changed, its numbers would have joined runs trained with the new one in the same table."""
+    from fedseg.bench.phases import run_bench
+
+    register_algorithm(_spec("test-bench-defaults"))
+    spec, root = _tiny_bench(tmp_path, "test-bench-defaults")
+    run_bench(spec, root, tmp_path / "out", echo=lambda line: None)
+    register_algorithm(_spec("test-bench-defaults", options=MomentumOptionsV2), replace=True)
+    with pytest.raises(ValueError, match=r"cannot resume: test-bench-defaults \(momentum: 0.9 -> 0.0\)"):
+        run_bench(spec, root, tmp_path / "out", resume=True, echo=lambda line: None)

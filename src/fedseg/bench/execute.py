@@ -162,7 +162,11 @@ def score_unseen(cfg: RunConfig, out: Path, results) -> None:
 
 
 def is_done(folder: Path, cfg: RunConfig) -> bool:
-    """Whether ``folder`` holds a finished bench run of exactly ``cfg``."""
+    """Whether ``folder`` holds a finished bench run of exactly ``cfg``; a ValueError (one line) where it does but its
+    methods resolved their options otherwise than they do now (``fedseg.run.method_record``: a method's defaults
+    changed, another version of its code or of fedseg): reused, its numbers would join runs trained otherwise."""
+    from fedseg.run.method_record import check_method_options
+
     marker = folder / DONE_FILE
     if not marker.is_file() or not (folder / "summary.json").is_file():
         return False
@@ -170,7 +174,10 @@ def is_done(folder: Path, cfg: RunConfig) -> bool:
         recorded = RunConfig.model_validate(with_recorded_defaults(json.loads(marker.read_text()).get("config", {})))
     except (ValueError, TypeError):
         return False
-    return recorded.model_dump(mode="json") == cfg.model_dump(mode="json")
+    if recorded.model_dump(mode="json") != cfg.model_dump(mode="json"):
+        return False
+    check_method_options(folder, cfg)
+    return True
 
 
 class Runner:

@@ -198,24 +198,46 @@ def _plain(x) -> torch.Tensor:
     return (x.as_tensor() if isinstance(x, MetaTensor) else torch.as_tensor(x)).contiguous()
 
 
-def restore(values: torch.Tensor, grid: Grid) -> torch.Tensor:
+def restore(values: torch.Tensor, grid: Grid, threshold: float | None = None) -> torch.Tensor:
     """Map ``values`` ``(R, *P)`` (probabilities, or anything 0 outside the foreground) from the
     preprocessed grid back to the original one, ``(R, *O)`` float32 (module docstring): padding removed,
-    the crop put back into zeros, resampling undone (bilinear onto the original grid)."""
-    values = values.float()
-    inner = tuple(slice(b, n - a) for (b, a), n in zip(grid.pad, values.shape[1:]))
-    crop = values[(slice(None), *inner)]
-    full = crop.new_zeros((values.shape[0], *grid.resampled))
-    full[(slice(None), *(slice(s, e) for s, e in zip(grid.start, grid.end)))] = crop
-    if grid.affine is None:
-        return full
+    the crop put back into zeros, resampling undone (bilinear onto the original grid).
+
+    ``threshold``: the bool masks ``restore(values, grid) > threshold`` ``(R, *O)``, the same to the bit, made one
+    region at a time, so that one region's float copies on the original grid exist at once rather than all of them
+    (this function's float32 array, MONAI ``Spacing``'s float64 input and output); bilinear resampling
+    (``grid_sample``) computes each channel alone from the same sampling grid. Without resampling no float copy of
+    the original grid is made at all. MONAI's sampling grid (``affine_grid``: 56 bytes per original voxel while it is
+    built, 24 after) is made once per region: its memory does not depend on R."""
     from monai.data import MetaTensor
     from monai.transforms import Spacing
 
-    back = Spacing(pixdim=grid.spacing, mode="bilinear")(
-        MetaTensor(full, affine=grid.affine), output_spatial_shape=grid.shape
-    )
-    return _plain(back).float()
+    def back(full: torch.Tensor) -> torch.Tensor:  # resampling undone: (R, *resampled) -> (R, *O) float32
+        out = Spacing(pixdim=grid.spacing, mode="bilinear")(
+            MetaTensor(full, affine=grid.affine), output_spatial_shape=grid.shape
+        )
+        return _plain(out).float()
+
+    inner = tuple(slice(b, n - a) for (b, a), n in zip(grid.pad, values.shape[1:]))
+    box = tuple(slice(s, e) for s, e in zip(grid.start, grid.end))
+    regions = values.shape[0]
+    if threshold is None:
+        values = values.float()
+        full = values.new_zeros((regions, *grid.resampled))
+        full[(slice(None), *box)] = values[(slice(None), *inner)]
+        return full if grid.affine is None else back(full)
+    if grid.affine is None:  # the crop's voxels thresholded in place; around it, what a zero thresholds to
+        zero = bool(torch.zeros((), dtype=torch.float32) > threshold)
+        masks = torch.full((regions, *grid.shape), zero, dtype=torch.bool, device=values.device)
+        masks[(slice(None), *box)] = values[(slice(None), *inner)].float() > threshold
+        return masks
+    masks = torch.empty((regions, *grid.shape), dtype=torch.bool, device=values.device)
+    for r in range(regions):
+        full = torch.zeros((1, *grid.resampled), dtype=torch.float32, device=values.device)
+        full[(slice(None), *box)] = values[(slice(r, r + 1), *inner)]
+        masks[r] = back(full)[0] > threshold
+        del full
+    return masks
 
 
 def build_volume(

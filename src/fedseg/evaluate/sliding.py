@@ -102,11 +102,19 @@ def predict_on_grid(
 ) -> torch.Tensor:
     """Boolean region masks ``(R, *O)`` on the case's original grid, on ``blend``: ``sigmoid(sliding logits)``
     mapped back by :func:`fedseg.data.volumes.restore`, then ``> threshold`` (all on ``blend``). ``keep_logits``: a
-    list that receives the blended logits ``(R, *P)`` on the CPU (a site's sample prediction reuses them)."""
+    list that receives the blended logits ``(R, *P)`` on the CPU (a site's sample prediction reuses them).
+
+    Memory: the sigmoid overwrites the logits unless they are kept (then it is a copy), and ``restore`` maps back and
+    thresholds one region at a time, so one region's float copies on the original grid exist at once, never all R
+    (the same masks to the bit as mapping all regions back, then thresholding)."""
     logits = sliding_logits(model, image, cfg, device, blend)
+    kept = None
     if keep_logits is not None:
-        keep_logits.append(logits.cpu())
-    return restore(torch.sigmoid(logits), grid) > threshold
+        kept = logits.cpu()
+        keep_logits.append(kept)
+    probs = torch.sigmoid(logits) if kept is logits else logits.sigmoid_()
+    del logits, kept
+    return restore(probs, grid, threshold)
 
 
 def network_for(model: nn.Module, view: torch.Tensor | None, device: torch.device) -> nn.Module:
