@@ -347,3 +347,59 @@ def test_a_bench_does_not_reuse_a_finished_run_whose_method_defaults_changed(reg
     register_algorithm(_spec("test-bench-defaults", options=MomentumOptionsV2), replace=True)
     with pytest.raises(ValueError, match=r"cannot resume: test-bench-defaults \(momentum: 0.9 -> 0.0\)"):
         run_bench(spec, root, tmp_path / "out", resume=True, echo=lambda line: None)
+
+
+def retina_by_another_name(cfg):
+    """A registered federation's builder (module level: the bench's run processes import it by name)."""
+    from fedseg.data.sources import build_federation
+
+    return build_federation(cfg.model_copy(update={"data": cfg.data.model_copy(update={"source": "synthetic-retina"})}))
+
+
+@pytest.fixture
+def federations():
+    from fedseg.data.sources import REGISTERED
+
+    before = dict(REGISTERED)
+    yield
+    REGISTERED.clear()
+    REGISTERED.update(before)
+
+
+def _bench_of_registered_federation(tmp_path, source):
+    from fedseg.bench.plan import load_bench
+
+    spec = {
+        "name": "tiny",
+        "base": {"preset": "synthetic-retina"},
+        "set": TINY_BENCH_SET,
+        "federations": [{"name": "mine", "set": [f"data.source={source}"]}],
+        "methods": ["fedavg"],
+        "seeds": [0, 1],
+        "split": {"mode": "ratio"},
+        "budget": {"rule": "rounds", "rounds": 1},
+    }
+    (tmp_path / "bench.yaml").write_text(yaml.safe_dump(spec))
+    return load_bench(tmp_path / "bench.yaml")
+
+
+def test_bench_jobs_2_registers_this_processs_federations_in_each_runs_process(federations, tmp_path):
+    """As for methods: a federation registered only here was an unknown data.source in every run's process."""
+    from fedseg.bench.phases import run_bench
+    from fedseg.data.sources import register_federation
+
+    register_federation("test-fed-jobs", retina_by_another_name, sites=3)
+    spec, root = _bench_of_registered_federation(tmp_path, "test-fed-jobs")
+    runs = run_bench(spec, root, tmp_path / "out", jobs=2, echo=lambda line: None)
+    assert len(runs.final) == 2
+
+
+def test_bench_jobs_2_refuses_a_federation_it_cannot_send_before_any_run(federations, tmp_path):
+    from fedseg.bench.phases import run_bench
+    from fedseg.data.sources import register_federation
+
+    register_federation("test-fed-lambda", lambda cfg: retina_by_another_name(cfg), sites=3)
+    spec, root = _bench_of_registered_federation(tmp_path, "test-fed-lambda")
+    with pytest.raises(ValueError, match=r"federation 'test-fed-lambda' cannot be sent to the run processes"):
+        run_bench(spec, root, tmp_path / "out", jobs=2, echo=lambda line: None)
+    assert not list((tmp_path / "out").glob("runs/**/config.yaml"))

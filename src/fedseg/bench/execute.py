@@ -9,7 +9,8 @@ the run's ``threads`` says), so runs never share state and their numbers equal a
 process knows the built-in methods, and those a script registers at its top level (it runs that again as it
 starts); the bench's methods registered in this process (``register_algorithm``, under ``if __name__ ==
 "__main__":`` too) are sent to each run's process and registered there (:func:`job_registrations`: a class the
-processes cannot import is refused before any run starts).
+processes cannot import is refused before any run starts), and so are the federations registered here that its runs
+read (:func:`job_federations`: a builder that cannot be sent, a lambda, is refused first).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import queue
 import signal
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 from pathlib import Path
@@ -38,6 +39,7 @@ from fedseg.run.stopping import not_converged
 
 if TYPE_CHECKING:
     from fedseg.algorithms.registry import AlgorithmSpec
+    from fedseg.data.sources import RegisteredFederation
 
 DONE_FILE = "bench-run.json"
 
@@ -87,7 +89,33 @@ def job_registrations(bench: BenchSpec) -> tuple[AlgorithmSpec, ...]:
     return specs
 
 
-def _train_in_process(cfg_json: dict, out: str, results, registered: tuple[AlgorithmSpec, ...] = ()) -> None:
+def job_federations(configs: Iterable[RunConfig]) -> tuple[RegisteredFederation, ...]:
+    """The federations registered in this process (``register_federation``) that ``configs`` read
+    (``data.source``), which each run's process registers again (a script's registration under ``if __name__ ==
+    "__main__":`` does not run there); a ValueError naming the one whose builder cannot be sent (a lambda, a ready
+    ``Federation`` given to ``register_federation``, a function defined in a notebook), before any run starts."""
+    from fedseg.data.sources import REGISTERED
+
+    registered = tuple(REGISTERED[name] for name in dict.fromkeys(c.data.source for c in configs) if name in REGISTERED)
+    for federation in registered:
+        try:
+            pickle.loads(pickle.dumps(federation))
+        except Exception as e:  # noqa: BLE001 - any pickling problem: said in one line before any run
+            raise ValueError(
+                f"bench --jobs > 1 (each run in a new process): federation {federation.name!r} cannot be sent to the "
+                f"run processes ({type(e).__name__}: {e}); register it with a builder function defined in a .py "
+                "module the run processes can import, or use --jobs 1"
+            ) from None
+    return registered
+
+
+def _train_in_process(
+    cfg_json: dict,
+    out: str,
+    results,
+    registered: tuple[AlgorithmSpec, ...] = (),
+    federations: tuple[RegisteredFederation, ...] = (),
+) -> None:
     """A bench process's target: register ``registered`` (the bench's methods registered in the parent,
     ``job_registrations``: a script's ``if __name__ == "__main__":`` block does not run here), ``train`` one run,
     then put ``(out, seconds, None)`` on ``results``, or ``(out, None, exception)`` when it failed, and exit;
@@ -106,6 +134,10 @@ def _train_in_process(cfg_json: dict, out: str, results, registered: tuple[Algor
 
                 for spec in registered:
                     register_algorithm(spec, replace=True)
+            if federations:
+                from fedseg.data.sources import REGISTERED
+
+                REGISTERED.update({federation.name: federation for federation in federations})
             answer = (out, train(cfg_json, out), None)
         except KeyboardInterrupt:
             raise
@@ -218,6 +250,7 @@ class Runner:
         """``jobs`` runs at a time, each in a fresh process; a failure, Ctrl-C or SIGTERM (the CLI turns it into
         KeyboardInterrupt) starts no further run, stops the running ones (their last round's checkpoint stays)
         and leaves no process behind, then re-raises."""
+        federations = job_federations(configs[r] for r in todo)  # registered here: sent along, checked first
         context = multiprocessing.get_context("forkserver")
         results = context.Queue()  # (run folder, wall seconds, None) or (run folder, None, the exception)
         queued = list(todo)
@@ -230,7 +263,7 @@ class Runner:
                     folder = str(r.dir(self.out))
                     child = context.Process(
                         target=_train_in_process,
-                        args=(configs[r].model_dump(mode="json"), folder, results, self.registered),
+                        args=(configs[r].model_dump(mode="json"), folder, results, self.registered, federations),
                     )
                     child.start()
                     running[folder] = (child, r)
