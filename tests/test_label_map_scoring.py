@@ -149,3 +149,23 @@ def test_a_bad_recorded_config_reopened_from_python_is_named_with_its_file(tmp_p
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(recorded))
     with pytest.raises(ConfigError, match=r"config\.yaml.*fl\.rounds"):
         Experiment.from_run(tmp_path)
+
+
+def test_sites_of_other_voxel_sizes_on_the_volume_path_are_said_at_the_start(tiny_config):
+    """A scale study trained a 1x1x3 mm site on 32-voxel patches (32x32x96 mm) next to 1 mm sites without a word;
+    nothing is said where the sizes agree, with one site, or with data.volume.spacing set (every case resampled)."""
+    from fedseg.run.checks import spacing_notes
+
+    volume = {"volume": {"patch_size": 32}}
+    cfg = tiny_config(data=volume)
+    sites = {
+        "hospA": [(1.0, 1.0, 1.0)] * 3,
+        "hospB": [(0.9, 0.9, 1.2)] * 2,
+        "hospC": [(1.0, 1.0, 3.0), (1.0, 1.0, 2.8)],
+    }
+    (line,) = spacing_notes(cfg, sites)
+    assert "(hospA: 1x1x1 mm, hospC: 1x1x2.9 mm, medians) and data.volume.spacing is unset" in line
+    assert spacing_notes(cfg, {k: v for k, v in sites.items() if k != "hospC"}) == []  # within 1.5x
+    assert spacing_notes(cfg, {"hospC": sites["hospC"]}) == []
+    assert spacing_notes(tiny_config(data={"volume": {"patch_size": 32, "spacing": 1.0}}), sites) == []
+    assert spacing_notes(tiny_config(), sites) == []  # the whole-image path resizes every case anyway

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import numpy as np
 import torch
 
 from fedseg.algorithms import get_algorithm
@@ -131,6 +132,36 @@ def data_notes(
 
 
 GPU_PATCH = 96  # a patch side (voxels) from which a CPU step takes tens of seconds (fets: 128^3, 78 s per step)
+
+
+SPACING_SPREAD = 1.5  # sites whose typical voxel sizes differ by more than this factor on an axis get a note
+
+
+def spacing_notes(cfg: RunConfig, site_spacings: Mapping[str, list[tuple[float, ...]]]) -> list[str]:
+    """On the volume path without ``data.volume.spacing``: a note where the sites' median voxel sizes (mm per axis,
+    ``site_spacings``: each site's cases') differ by more than :data:`SPACING_SPREAD` on an axis, naming the two
+    sites furthest apart: a patch of the same voxels then covers another physical size at each (a 1x1x3 mm site's
+    32^3 patch is 32x32x96 mm), which the network is not told. Nothing for one site or with ``spacing`` set."""
+    if cfg.data.volume.patch_size is None or cfg.data.volume.spacing is not None:
+        return []
+    typical = {site: np.median(np.asarray(s, dtype=np.float64), axis=0) for site, s in site_spacings.items() if s}
+    if len(typical) < 2 or len({len(v) for v in typical.values()}) != 1:
+        return []
+    sites = list(typical)
+    ratios = np.stack([typical[s] for s in sites])  # (sites, axes)
+    axis = int(np.argmax(ratios.max(0) / ratios.min(0)))
+    if ratios[:, axis].max() / ratios[:, axis].min() <= SPACING_SPREAD:
+        return []
+    fine, coarse = sites[int(np.argmin(ratios[:, axis]))], sites[int(np.argmax(ratios[:, axis]))]
+
+    def mm(site: str) -> str:
+        return "x".join(f"{v:.3g}" for v in typical[site]) + " mm"
+
+    return [
+        f"note: the sites' voxels differ in size ({fine}: {mm(fine)}, {coarse}: {mm(coarse)}, medians) and "
+        "data.volume.spacing is unset: a patch of the same voxels covers another physical size at each site; "
+        "set data.volume.spacing (e.g. the finest site's) to resample every case to one grid"
+    ]
 
 
 def device_notes(cfg: RunConfig, device: torch.device) -> list[str]:

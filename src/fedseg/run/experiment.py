@@ -29,6 +29,7 @@ from fedseg.run.checks import (
     device_notes,
     dicom_modalities,
     method_notes,
+    spacing_notes,
 )
 from fedseg.run.data_record import RECORD as DATA_RECORD
 from fedseg.run.data_record import check_data_files, check_data_origin, record_data_files
@@ -249,8 +250,19 @@ def record_start(
         method_notes(cfg, prep.task)
         + data_notes(cfg, fed.kind, fed.channel_names, dicom_modalities(fed) if cfg.data.source == "folder" else None)
         + device_notes(cfg, prep.task.device)
+        + spacing_notes(cfg, site_spacings(prep))
     ):
         announce(out, line, on_log_line)
+
+
+def site_spacings(prep: Prepared) -> dict[str, list[tuple[float, ...]]]:
+    """Each site's cases' voxel sizes (mm per axis) on the volume path, from its prepared volumes (none where the
+    sites hold their own data, e.g. Flower)."""
+    spacings: dict[str, list[tuple[float, ...]]] = {}
+    for data in prep.site_data:
+        for split in (data.train, data.val, data.test):
+            spacings.setdefault(data.name, []).extend(tuple(v.spacing) for v in split.volumes or [])
+    return spacings
 
 
 def run_provenance(cfg: RunConfig, out: Path, resume: bool) -> dict[str, Any]:
