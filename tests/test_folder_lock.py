@@ -213,3 +213,48 @@ def test_a_lock_file_left_by_a_killed_run_does_not_make_its_folder_look_full(tmp
     )
     assert result.exit_code == 0, result.output
     assert (folder / "federation.yaml").is_file()
+
+
+KEEPER = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+    from fedseg.folder_lock import hold_until_exit, holding
+    hold_until_exit()  # as the fedseg command does
+    run, study, sub = (Path(p) for p in sys.argv[1:])
+    with holding(run):
+        pass  # a run returned: its report is drawn next, under the same hold
+    with holding(study):
+        with holding(sub):
+            pass  # a study's sub-run: let go at once
+    print("done", flush=True)
+    sys.stdin.read()
+    """
+)
+
+
+def test_the_fedseg_command_keeps_its_outermost_folder_until_it_exits(tmp_path):
+    """A run's report was drawn after the run let go of its folder: a --resume started in those seconds was let in
+    and wrote the same outputs beside it (a reviewer). The command now holds its outermost folder until it exits;
+    a study's sub-runs (or an in-process bench's thousand runs) are let go as they end."""
+    run, study, sub = tmp_path / "run", tmp_path / "study", tmp_path / "study" / "sub"
+    for folder in (run, study, sub):
+        folder.mkdir()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KEEPER, str(run), str(study), str(sub)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "done"
+        for kept in (run, study):
+            with pytest.raises(FolderInUse, match=f"in use by pid {proc.pid}"):
+                with holding(kept):
+                    pass
+        with holding(sub):  # let go when its block ended
+            pass
+    finally:
+        proc.stdin.close()
+        assert proc.wait(timeout=30) == 0
+    assert not (run / LOCK_NAME).exists() and not (study / LOCK_NAME).exists()  # released at exit

@@ -547,9 +547,11 @@ def _print_logged_warnings() -> None:
 def entry() -> None:
     """The ``fedseg`` command: the app, then :func:`fedseg.process_exit.exit_now` with its status (no
     interpreter teardown: 1.2-1.5 s saved after every command)."""
+    from fedseg.folder_lock import hold_until_exit
     from fedseg.process_exit import exit_now, print_error
 
     _print_logged_warnings()
+    hold_until_exit()  # a command holds its output folders until it ends: a run's report is drawn after its run
     try:
         app()
     except SystemExit as e:  # Typer ends every command with one

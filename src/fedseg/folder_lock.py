@@ -9,10 +9,12 @@ the file (the holder's pid, command and start time, for the message) is removed 
 simply taken over. Re-entrant within a thread (a run holds an existing folder before its data is prepared and
 again once it writes), refused to another thread of the same process (two ``Experiment.run()`` in threads). Where
 ``fcntl`` is missing (Windows) or the filesystem has no ``flock`` (some network or FUSE mounts) nothing is held,
-the latter said once as a warning."""
+the latter said once as a warning. The ``fedseg`` command keeps what it holds until it exits
+(``hold_until_exit``: a run's report is drawn under the run's hold)."""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import datetime
 import json
@@ -33,6 +35,7 @@ RESUME_HINT = "wait for that one to end or stop it (Ctrl-C), then run this again
 
 _held: dict[Path, list[int]] = {}  # resolved folder -> [fd of its lock file (-1: none), holds, holding thread]
 _held_guard = threading.Lock()
+_until_exit = False  # hold_until_exit: a hold whose last block ends stays until the process exits
 log = logging.getLogger(__name__)
 
 
@@ -135,7 +138,29 @@ def holding(folder: Path, command: str | None = None, hint: str = RESUME_HINT) -
     finally:
         with _held_guard:
             entry[1] -= 1
-            if entry[1] == 0:
+            outermost = not any(other[1] > 0 for other in _held.values())  # no other hold of this process runs
+            if entry[1] == 0 and not (_until_exit and outermost):
                 del _held[key]
                 if entry[0] >= 0:
                     _release(key, entry[0])
+
+
+def hold_until_exit() -> None:
+    """Keep the outermost folder this process holds until it exits (``release_all`` at exit), not only while its
+    block runs: the ``fedseg`` command, so that a run's (a study's, a bench's) folder stays held while its report is
+    drawn after the run returned (a ``--resume`` started then wrote the same outputs beside it). Folders held inside
+    another hold (a study's or an in-process bench's runs) are let go as before: a bench of a thousand runs keeps no
+    thousand files open."""
+    global _until_exit
+    if not _until_exit:
+        _until_exit = True
+        atexit.register(release_all)
+
+
+def release_all() -> None:
+    """Let go of every folder this process holds (their lock files removed)."""
+    with _held_guard:
+        for key, entry in list(_held.items()):
+            del _held[key]
+            if entry[0] >= 0:
+                _release(key, entry[0])
