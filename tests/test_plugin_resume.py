@@ -403,3 +403,24 @@ def test_bench_jobs_2_refuses_a_federation_it_cannot_send_before_any_run(federat
     with pytest.raises(ValueError, match=r"federation 'test-fed-lambda' cannot be sent to the run processes"):
         run_bench(spec, root, tmp_path / "out", jobs=2, echo=lambda line: None)
     assert not list((tmp_path / "out").glob("runs/**/config.yaml"))
+
+
+class OddOptions(MomentumOptions):
+    """Options whose values a plain comparison of their JSON got wrong (a reviewer): a set (its order follows string
+    hashing, which differs between processes) and a NaN (equal to nothing)."""
+
+    skip: frozenset[str] = frozenset({"eps", "alpha", "beta", "gamma", "delta"})
+    tau: float = float("nan")
+
+
+def test_a_set_or_a_nan_option_resumes_and_is_recorded_as_strict_json(registry, tmp_path, tiny_config, disc_federation):
+    from fedseg.run.method_record import comparable
+
+    fed = disc_federation(n_sites=2, cases_per_site=8)
+    register_algorithm(_spec("test-odd", options=OddOptions))
+    cfg, out = _interrupted(tmp_path, tiny_config, fed, ["test-odd"])
+    run_experiment(cfg, out, resume=True, federation=fed)  # was refused: "tau: nan -> nan"
+    options = json.loads((out / RECORD).read_text(), parse_constant=lambda c: pytest.fail(f"{c} in the record"))
+    assert options["test-odd"]["options"]["skip"] == ["alpha", "beta", "delta", "eps", "gamma"]
+    assert options["test-odd"]["options"]["tau"] == "nan"
+    assert comparable(frozenset(["b", "a"])) == comparable(frozenset(["a", "b"])) == ["a", "b"]

@@ -1194,3 +1194,25 @@ def test_a_trained_fedsm_extra_or_ensemble_bundle_predicts_with_its_phase1_round
         card = json.loads((run / "model" / algorithm / "manifest.json").read_text())["trained"]
         (row,) = read_csv(out / CSV_NAME).values()
         assert row["round"] == str(card["phase1_best_round"]), (algorithm, row, card)
+
+
+def test_a_fedsm_bundle_whose_gamma_was_damaged_is_refused_unless_gamma_is_given(trained, tmp_path):
+    """NaN is allowed in a bundle's gamma since FedSM-extra/-ensemble store it so; a threshold bundle (FedSM) with a
+    NaN gamma then sent every image to the global model without a word (a reviewer)."""
+    from safetensors.torch import load_file, save_file
+
+    run = trained[0]
+    bundle = tmp_path / "fedsm"
+    shutil.copytree(run / "model" / "fedsm", bundle)
+    tensors = load_file(bundle / "weights.safetensors")
+    tensors["gamma/value"] = torch.tensor(float("nan"), dtype=torch.float64)
+    save_file(tensors, bundle / "weights.safetensors")
+    (tmp_path / "new").mkdir()
+    image = next((trained[1] / "site1" / "images").iterdir())
+    shutil.copy(image, tmp_path / "new")
+    args = ["predict", "--model", str(bundle), "--input", str(tmp_path / "new")]
+    refused = runner.invoke(app, [*args, "--out", str(tmp_path / "a")])
+    assert refused.exit_code != 0 and "Traceback" not in refused.output
+    assert "the stored gamma is nan (threshold routing needs one in [0, 1])" in " ".join(refused.output.split())
+    given = runner.invoke(app, [*args, "--out", str(tmp_path / "b"), "--gamma", "0.5"])
+    assert given.exit_code == 0, given.output

@@ -190,5 +190,10 @@ def test_predict_into_a_run_folder_is_refused_even_with_force(finished, run_copy
         result = runner.invoke(app, args)
         assert result.exit_code != 0 and "Traceback" not in result.output
         said = " ".join(result.output.split())
-        assert f"{run_copy}: holds a run (config.yaml); a prediction's masks go in a folder of their own" in said
+        assert f"{run_copy}: holds a run (checkpoints); a prediction's masks go in a folder of their own" in said
     assert sorted(p.name for p in run_copy.iterdir()) == before
+    project = tmp_path / "project"  # a folder holding the user's own config.yaml is no run
+    project.mkdir()
+    (project / "config.yaml").write_text("algorithms: [fedavg]\n")
+    args = ["predict", "--model", str(finished / "model"), "--input", str(image), "--out", str(project)]
+    assert runner.invoke(app, args).exit_code == 0

@@ -189,3 +189,4 @@ def test_dice_of_a_large_volume_counts_voxels_as_monai_sums_them():
     assert torch.equal(
         dice_scores(p, t), compute_dice(p.float(), t.float(), include_background=True, ignore_empty=False)
     )
+    assert torch.equal(dice_scores(p.float(), t.float()), dice_scores(p, t))  # 0/1 floats, as MONAI took them

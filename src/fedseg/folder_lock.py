@@ -35,6 +35,7 @@ RESUME_HINT = "wait for that one to end or stop it (Ctrl-C), then run this again
 
 _held: dict[Path, list[int]] = {}  # resolved folder -> [fd of its lock file (-1: none), holds, holding thread]
 _held_guard = threading.Lock()
+_unlockable: set[Path] = set()  # folders whose filesystem refused a lock (warned once)
 _until_exit = False  # hold_until_exit: a hold whose last block ends stays until the process exits
 log = logging.getLogger(__name__)
 
@@ -77,6 +78,9 @@ def _acquire(folder: Path, command: str, hint: str) -> int:
             ) from None
         except OSError as e:  # EOPNOTSUPP, ENOLCK: a filesystem without advisory locks
             _release(folder, fd)
+            if folder in _unlockable:
+                return -1
+            _unlockable.add(folder)  # said once per folder
             log.warning(
                 "%s: not held against a second command (this filesystem refuses a lock: %s); run one fedseg "
                 "command at a time on it",

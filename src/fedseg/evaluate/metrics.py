@@ -7,7 +7,8 @@ is 2D ``(H, W)`` or 3D ``(H, W, D)``. There is no background channel: every chan
 scored (``include_background=True`` in MONAI terms).
 
 * Dice: :func:`monai.metrics.compute_dice` (the function behind ``DiceMetric``), its arithmetic on voxel counts
-  (:func:`dice_scores`: bit-identical, tests/test_surface.py, without its float32 copies of the masks).
+  (:func:`dice_scores`: bit-identical up to 2^24 voxels per region, tests/test_surface.py, without its float32
+  copies of the masks; beyond, the exact counts, where MONAI's float32 sums round).
 * HD95: :func:`monai.metrics.compute_hausdorff_distance` (the function behind
   ``HausdorffDistanceMetric``) with ``percentile=95``, symmetric, Euclidean, on the mask
   edges (the mask minus its binary erosion): the larger of the two directed 95th percentiles (the BraTS
@@ -132,7 +133,7 @@ def dice_scores(p: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
     of 0/1 are exact up to 2^24 voxels, where the counts are), without its two float32 copies of the masks and
     their temporaries (2.5 GB for one 512x512x300 CT's three regions)."""
     b, r = p.shape[:2]
-    p, t = p.reshape(b, r, -1), t.reshape(b, r, -1)
+    p, t = _as_bool(p).reshape(b, r, -1), _as_bool(t).reshape(b, r, -1)  # 0/1 floats too (as MONAI took them)
     p_count, t_count, both = p.sum(-1), t.sum(-1), (p & t).sum(-1)
     dice = (2.0 * both.float()) / (t_count.float() + p_count.float())
     p_any, t_any = p_count > 0, t_count > 0

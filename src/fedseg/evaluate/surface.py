@@ -58,9 +58,12 @@ def quantile(values: torch.Tensor, q: float) -> torch.Tensor:
     it (sorted values, rank ``q * (n - 1)`` in ``values``' dtype, ``lerp`` between the values below and above), but
     for any number of values: torch refuses more than 2^24 ("quantile() input tensor is too large")."""
     ordered = torch.sort(values.reshape(-1)).values
-    rank = torch.tensor(q, dtype=values.dtype) * (ordered.numel() - 1)
-    below = int(rank)  # truncated, as torch casts the rank to an index
-    return torch.lerp(ordered[below], ordered[int(torch.ceil(rank))], rank - below)
+    if bool(torch.isnan(ordered[-1])):  # sorted last: torch's quantile of values with a NaN is NaN
+        return ordered[-1]
+    last = ordered.numel() - 1
+    rank = torch.tensor(q, dtype=values.dtype) * last  # past 2^24 values float32 may round it beyond the last index
+    below = min(int(rank), last)  # truncated, as torch casts the rank to an index
+    return torch.lerp(ordered[below], ordered[min(int(torch.ceil(rank)), last)], rank - below)
 
 
 def mask_edges(mask: torch.Tensor) -> torch.Tensor:

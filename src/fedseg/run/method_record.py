@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import sys
 from pathlib import Path
 from types import CodeType
@@ -39,10 +40,27 @@ PYTHON = f"{sys.version_info[0]}.{sys.version_info[1]}"  # bytecode (the code di
 
 def resolved_options(cfg: RunConfig, name: str) -> dict[str, Any]:
     """Every option of algorithm ``name`` in ``cfg`` as its options model resolves it (defaults included), as JSON
-    reads it back (tuples as lists)."""
+    reads it back and the same in every process (:func:`comparable`)."""
     options = get_algorithm(name).parse_options(cfg.methods.get(name))
-    resolved: dict[str, Any] = json.loads(json.dumps(options.model_dump(mode="json"), default=str))
+    resolved: dict[str, Any] = json.loads(json.dumps(comparable(options.model_dump()), default=str))
     return resolved
+
+
+def comparable(value: object) -> object:
+    """``value`` as strict JSON that compares equal whenever the values are: a set's items sorted (its order
+    follows string hashing, which differs between processes), a tuple as a list, NaN and infinities as the strings
+    ``"nan"``/``"inf"``/``"-inf"`` (NaN equals no number, and strict JSON has none)."""
+    if isinstance(value, dict):
+        return {str(k): comparable(v) for k, v in value.items()}
+    if isinstance(value, set | frozenset):
+        return sorted((comparable(v) for v in value), key=repr)
+    if isinstance(value, list | tuple):
+        return [comparable(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, str | int | float | bool) or value is None:
+        return value
+    return str(value)
 
 
 def code_digest(name: str) -> str | None:

@@ -10,6 +10,7 @@ per site's personalized model, plus ``prob:global`` in the K+1-class modes.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
@@ -41,6 +42,12 @@ def option_problem(bundle: Bundle, gamma: float | None, folder: str) -> str | No
         return f"{folder}: --gamma applies to threshold routing (fedsm); this bundle routes by {mode}"
     if gamma is not None and not 0.0 <= gamma <= 1.0:
         return f"--gamma {gamma}: must lie in [0, 1]"
+    stored = float(bundle["gamma"]["value"]) if "gamma" in bundle else math.nan
+    if gamma is None and mode == "threshold" and not 0.0 <= stored <= 1.0:  # NaN too: routed nothing anywhere
+        return (
+            f"{folder}: the stored gamma is {stored} (threshold routing needs one in [0, 1]): the file was damaged "
+            "or edited; give --gamma, or use the run's own bundle"
+        )
     return None
 
 
