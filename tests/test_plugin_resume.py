@@ -29,6 +29,7 @@ from fedseg.engine.faults import MethodError, SiteFailure
 from fedseg.engine.messages import prefixed
 from fedseg.run import run_experiment
 from fedseg.run.method_record import RECORD
+from test_bench import TINY_SET
 
 
 class MomentumOptions(FedAvgOptions):
@@ -250,15 +251,7 @@ def test_cli_bench_resume_of_an_unregistered_method_says_to_register_it_again(tm
     assert REGISTER_AGAIN in " ".join(resumed.output.split()), resumed.output
 
 
-TINY_BENCH_SET = [
-    "data.scale=0.05",
-    "data.image_size=32",
-    "model.channels=[4,8,16]",
-    "train.batch_size=4",
-    "threads=1",
-    "eval.local_models=false",
-    "eval.hd95=false",
-]
+TINY_BENCH_SET = [*TINY_SET, "eval.hd95=false"]  # test_bench's tiny runs
 
 
 def _tiny_bench(tmp_path, method):

@@ -78,15 +78,23 @@ def job_registrations(bench: BenchSpec) -> tuple[AlgorithmSpec, ...]:
     trained = dict.fromkeys(a for m in [*bench.methods, reference_method(bench)] for a in m.trained)
     specs = tuple(ALGORITHMS[name] for name in trained if name in ALGORITHMS and name not in BUILTIN_ALGORITHMS)
     for spec in specs:
-        check_sendable(spec.name, spec, "bench --jobs > 1 (each run in a new process)", JOBS_FIX)
-        try:
-            pickle.loads(pickle.dumps(spec))
-        except Exception as e:  # noqa: BLE001 - any pickling problem: said in one line before any run
-            raise ValueError(
-                f"bench --jobs > 1 (each run in a new process): method {spec.name!r} cannot be sent to the run "
-                f"processes ({type(e).__name__}: {e}); {JOBS_FIX}"
-            ) from None
+        check_sendable(spec.name, spec, JOBS_WHERE, JOBS_FIX)
+        check_pickles(spec, f"method {spec.name!r}", JOBS_FIX)
     return specs
+
+
+JOBS_WHERE = "bench --jobs > 1 (each run in a new process)"
+
+
+def check_pickles(thing: object, what: str, fix: str) -> None:
+    """A ValueError (one line: ``what`` cannot be sent to the run processes, why, ``fix``) where ``thing`` does not
+    survive pickling, as it must to reach a bench's run processes."""
+    try:
+        pickle.loads(pickle.dumps(thing))
+    except Exception as e:  # noqa: BLE001 - any pickling problem: said in one line before any run
+        raise ValueError(
+            f"{JOBS_WHERE}: {what} cannot be sent to the run processes ({type(e).__name__}: {e}); {fix}"
+        ) from None
 
 
 def job_federations(configs: Iterable[RunConfig]) -> tuple[RegisteredFederation, ...]:
@@ -97,15 +105,9 @@ def job_federations(configs: Iterable[RunConfig]) -> tuple[RegisteredFederation,
     from fedseg.data.sources import REGISTERED
 
     registered = tuple(REGISTERED[name] for name in dict.fromkeys(c.data.source for c in configs) if name in REGISTERED)
+    fix = "register it with a builder function defined in a .py module the run processes can import, or use --jobs 1"
     for federation in registered:
-        try:
-            pickle.loads(pickle.dumps(federation))
-        except Exception as e:  # noqa: BLE001 - any pickling problem: said in one line before any run
-            raise ValueError(
-                f"bench --jobs > 1 (each run in a new process): federation {federation.name!r} cannot be sent to the "
-                f"run processes ({type(e).__name__}: {e}); register it with a builder function defined in a .py "
-                "module the run processes can import, or use --jobs 1"
-            ) from None
+        check_pickles(federation, f"federation {federation.name!r}", fix)
     return registered
 
 
