@@ -258,3 +258,19 @@ def test_the_fedseg_command_keeps_its_outermost_folder_until_it_exits(tmp_path):
         proc.stdin.close()
         assert proc.wait(timeout=30) == 0
     assert not (run / LOCK_NAME).exists() and not (study / LOCK_NAME).exists()  # released at exit
+
+
+def test_a_hold_not_kept_is_let_go_before_an_os_exit_and_a_stale_lock_file_holds_nothing(tmp_path):
+    """A SuperNode's --state hold, kept until exit by the fedseg command, stayed as a stale lock file in every site's
+    state folder: Flower ends the process with os._exit, past the exit handlers (a reviewer). It is let go when its
+    block ends; and a lock file left so is no holder (predict refused such a folder)."""
+    from fedseg.folder_lock import held_by_another
+
+    script = (
+        "import os, sys\nfrom pathlib import Path\nfrom fedseg.folder_lock import hold_until_exit, holding\n"
+        "hold_until_exit()\nwith holding(Path(sys.argv[1]), keep=False):\n    pass\nos._exit(0)\n"
+    )
+    subprocess.run([sys.executable, "-c", script, str(tmp_path)], check=True, timeout=120)
+    assert not (tmp_path / LOCK_NAME).exists()
+    (tmp_path / LOCK_NAME).write_text('{"pid": 999999, "command": "fedseg run", "since": "then"}')  # a killed holder's
+    assert held_by_another(tmp_path) is None

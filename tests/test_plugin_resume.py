@@ -417,3 +417,9 @@ def test_a_set_or_a_nan_option_resumes_and_is_recorded_as_strict_json(registry, 
     assert options["test-odd"]["options"]["skip"] == ["alpha", "beta", "delta", "eps", "gamma"]
     assert options["test-odd"]["options"]["tau"] == "nan"
     assert comparable(frozenset(["b", "a"])) == comparable(frozenset(["a", "b"])) == ["a", "b"]
+    import enum
+
+    class Mode(enum.Enum):
+        MEAN = "mean"
+
+    assert comparable({"mode": Mode.MEAN}) == {"mode": "mean"}  # as JSON mode recorded it (a reviewer: Mode.MEAN)

@@ -1213,6 +1213,7 @@ def test_a_fedsm_bundle_whose_gamma_was_damaged_is_refused_unless_gamma_is_given
     args = ["predict", "--model", str(bundle), "--input", str(tmp_path / "new")]
     refused = runner.invoke(app, [*args, "--out", str(tmp_path / "a")])
     assert refused.exit_code != 0 and "Traceback" not in refused.output
-    assert "the stored gamma is nan (threshold routing needs one in [0, 1])" in " ".join(refused.output.split())
+    said = " ".join(refused.output.split())
+    assert f"{bundle}/weights.safetensors: gamma/value is nan, and threshold routing needs a gamma in [0, 1]" in said
     given = runner.invoke(app, [*args, "--out", str(tmp_path / "b"), "--gamma", "0.5"])
     assert given.exit_code == 0, given.output

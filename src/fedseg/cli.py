@@ -547,13 +547,16 @@ def _print_logged_warnings() -> None:
 def entry() -> None:
     """The ``fedseg`` command: the app, then :func:`fedseg.process_exit.exit_now` with its status (no
     interpreter teardown: 1.2-1.5 s saved after every command)."""
-    from fedseg.folder_lock import hold_until_exit
+    from fedseg.folder_lock import hold_until_exit, release_all
     from fedseg.process_exit import exit_now, print_error
 
     _print_logged_warnings()
     hold_until_exit()  # a command holds its output folders until it ends: a run's report is drawn after its run
     try:
-        app()
+        try:
+            app()
+        finally:
+            release_all()  # its work done: let go of its folders (their lock files removed) before any exit
     except SystemExit as e:  # Typer ends every command with one
         if isinstance(getattr(e.__context__, "__cause__", None), KeyboardInterrupt):
             # Typer's own exit for a Ctrl-C no handler of the command took (presets, algorithms...): silent else

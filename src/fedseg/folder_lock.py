@@ -117,11 +117,12 @@ def command_line() -> str:
 
 
 @contextlib.contextmanager
-def holding(folder: Path, command: str | None = None, hint: str = RESUME_HINT) -> Iterator[None]:
+def holding(folder: Path, command: str | None = None, hint: str = RESUME_HINT, keep: bool = True) -> Iterator[None]:
     """Hold the existing folder ``folder`` for this thread while the block runs (module docstring); FolderInUse
     (a FileExistsError, so every command's one-line error handling reports it) where another process, or another
     thread of this one, holds it. ``command``: what the message shows another process (default: this process's
-    command line); ``hint``: what the refusal tells to do."""
+    command line); ``hint``: what the refusal tells to do; ``keep`` False: let go when the block ends even under
+    ``hold_until_exit`` (a process that Flower ends with ``os._exit``, past every exit handler: a SuperNode)."""
     key = Path(folder).resolve()
     if fcntl is None:
         yield
@@ -143,7 +144,7 @@ def holding(folder: Path, command: str | None = None, hint: str = RESUME_HINT) -
         with _held_guard:
             entry[1] -= 1
             outermost = not any(other[1] > 0 for other in _held.values())  # no other hold of this process runs
-            if entry[1] == 0 and not (_until_exit and outermost):
+            if entry[1] == 0 and not (_until_exit and outermost and keep):
                 del _held[key]
                 if entry[0] >= 0:
                     _release(key, entry[0])
@@ -159,6 +160,28 @@ def hold_until_exit() -> None:
     if not _until_exit:
         _until_exit = True
         atexit.register(release_all)
+
+
+def held_by_another(folder: Path) -> str | None:
+    """Who holds ``folder`` (``holder_text``) where another process does now; None where nobody does (a lock file
+    a killed holder left behind holds nothing) or where this process does."""
+    key = Path(folder).resolve()
+    path = key / LOCK_NAME
+    if fcntl is None or key in _held or not path.is_file():
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return holder_text(path)
+    except OSError:  # a filesystem without locks: nobody can hold it
+        return None
+    finally:
+        os.close(fd)
+    return None
 
 
 def release_all() -> None:

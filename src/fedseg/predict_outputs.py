@@ -16,7 +16,7 @@ from fedseg.data import readers
 from fedseg.data.case_files import IMAGE_EXTS, PIL_EXTS, split_name
 from fedseg.data.folder_write import write_nifti, write_nifti_like, write_png
 from fedseg.data.volume_write import write_itk_volume
-from fedseg.folder_lock import LOCK_NAME
+from fedseg.folder_lock import held_by_another
 from fedseg.predict_inputs import Input, overlay_name
 from fedseg.predict_model import PredictError
 from fedseg.predict_seg import seg_name
@@ -187,9 +187,9 @@ def model_folder_problem(out: Path, bundle_folder: Path) -> str | None:
 def folder_mark(out: Path) -> str | None:
     """``"run (checkpoints)"`` where ``out`` is a run's, a study's, a bench's or a federation's folder
     (``fedseg.run.preflight.FOLDER_MARKS``, a run's ``config.yaml`` alone aside: a project folder may hold one of
-    its own) or one a fedseg command is writing (its lock file); None otherwise."""
-    if (out / LOCK_NAME).exists():
-        return f"folder a fedseg command writes ({LOCK_NAME})"
+    its own) or one a fedseg command is writing now (``folder_lock.held_by_another``); None otherwise."""
+    if (holder := held_by_another(out)) is not None:
+        return f"folder a fedseg command is writing ({holder})"
     marks = [(kind, m) for kind, names in FOLDER_MARKS.items() for m in names if (kind, m) != ("run", "config.yaml")]
     return next((f"{kind} ({m})" for kind, m in marks if (out / m).exists()), None)
 

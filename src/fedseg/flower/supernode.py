@@ -215,7 +215,7 @@ def run_supernode(
     # one SuperNode keeps a --state folder: a second one (a supervisor's restart racing a manual start) would write the
     # same site's snapshots; held until this SuperNode exits
     hint = "wait for that SuperNode to end or stop it, then start this one again"
-    with holding(Path(state), hint=hint) if state is not None else contextlib.nullcontext():
+    with holding(Path(state), hint=hint, keep=False) if state is not None else contextlib.nullcontext():
         become_supernode(site, argv, port, isolation, poll)
 
 

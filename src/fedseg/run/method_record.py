@@ -19,6 +19,7 @@ algorithm that has not trained yet is recorded as it resolves now (nothing of it
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import json
 import math
@@ -56,6 +57,8 @@ def comparable(value: object) -> object:
         return sorted((comparable(v) for v in value), key=repr)
     if isinstance(value, list | tuple):
         return [comparable(v) for v in value]
+    if isinstance(value, enum.Enum):  # its value, as JSON mode records it
+        return comparable(value.value)
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
     if isinstance(value, str | int | float | bool) or value is None:

@@ -45,8 +45,8 @@ def option_problem(bundle: Bundle, gamma: float | None, folder: str) -> str | No
     stored = float(bundle["gamma"]["value"]) if "gamma" in bundle else math.nan
     if gamma is None and mode == "threshold" and not 0.0 <= stored <= 1.0:  # NaN too: routed nothing anywhere
         return (
-            f"{folder}: the stored gamma is {stored} (threshold routing needs one in [0, 1]): the file was damaged "
-            "or edited; give --gamma, or use the run's own bundle"
+            f"{folder}/weights.safetensors: gamma/value is {stored}, and threshold routing needs a gamma in [0, 1]: "
+            "the file was damaged or edited; give --gamma (the run's summary.json records the one it selected)"
         )
     return None
 
