@@ -201,7 +201,7 @@ def test_a_case_is_blended_on_the_accelerator_only_where_its_output_fits(monkeyp
     cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
     assert sliding.blend_device(vol, cuda) == cuda and sliding.blend_device(vol, cpu) == cpu
     padded, original = vol.label[0].numel(), vol.truth[0].numel()  # no resampling: the resampled grid is the original
-    expected_mb = 4 * (padded * (2 + 2 * 3 + 1) + 3 * original) / 2**20  # image, logits, count, sigmoid; restored
+    expected_mb = (4 * padded * (2 + 3 + 1) + 3 * original) / 2**20  # image, logits (sigmoid in place), count; masks
     assert sliding.case_mapping_mb(vol) == pytest.approx(expected_mb)
     monkeypatch.setattr(sliding, "BLEND_ON_DEVICE_MAX_MB", expected_mb)
     assert sliding.blend_device(vol, cuda) == cuda
@@ -209,7 +209,7 @@ def test_a_case_is_blended_on_the_accelerator_only_where_its_output_fits(monkeyp
     assert sliding.blend_device(vol, cuda) == cpu
     resampled = build_volume(*tumour_case(), BRATS, (1.0,) * 3, VolumeConfig(patch_size=8, spacing=2.0), "none")
     assert resampled.grid.affine is not None  # float64 resampling counted too
-    assert sliding.case_mapping_mb(resampled) > 4 * resampled.label[0].numel() * (2 + 2 * 3 + 1) / 2**20
+    assert sliding.case_mapping_mb(resampled) > 4 * resampled.label[0].numel() * (2 + 3 + 1) / 2**20
 
 
 def test_config_errors_name_the_field():

@@ -37,14 +37,16 @@ BLEND_ON_DEVICE_MAX_MB = 2048.0
 def case_mapping_mb(vol: Volume) -> float:
     """GPU memory (MiB) that blending case ``vol`` and mapping it back take at once, estimated from its shapes (C
     channels, R regions, P padded voxels, S resampled and O original voxels, D axes): the image (C x P), MONAI's
-    logits and count map and their sigmoid (2R + 1 x P) in float32; the restored regions (R x S); with resampling
-    (``grid.affine`` set), MONAI ``Spacing``'s float64 input, output and sampling grid (R x S + R x O + (D + 1) x O)."""
+    logits and count map (R + 1 x P; the sigmoid overwrites the logits) in float32 and the masks on the original grid
+    (R x O bool); with resampling (``grid.affine`` set) one region at a time (:func:`predict_on_grid`): its
+    restored crop (S float32), MONAI ``Spacing``'s float64 input, output and sampling grid (S + O + (D + 1) x O)."""
     channels, regions, padded = vol.image.shape[0], vol.label.shape[0], vol.label[0].numel()
     grid = vol.grid
     resampled, original = math.prod(grid.resampled), math.prod(grid.shape)
-    floats32 = padded * (channels + 2 * regions + 1) + regions * resampled
-    floats64 = 0 if grid.affine is None else regions * (resampled + original) + (len(grid.shape) + 1) * original
-    return (4 * floats32 + 8 * floats64) / 2**20
+    resampling = grid.affine is not None
+    floats32 = padded * (channels + regions + 1) + (resampled if resampling else 0)
+    floats64 = resampled + original + (len(grid.shape) + 1) * original if resampling else 0
+    return (4 * floats32 + 8 * floats64 + regions * original) / 2**20
 
 
 def blend_device(vol: Volume, device: torch.device) -> torch.device:

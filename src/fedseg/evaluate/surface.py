@@ -63,7 +63,8 @@ def quantile(values: torch.Tensor, q: float) -> torch.Tensor:
     last = ordered.numel() - 1
     rank = torch.tensor(q, dtype=values.dtype) * last  # past 2^24 values float32 may round it beyond the last index
     below = min(int(rank), last)  # truncated, as torch casts the rank to an index
-    return torch.lerp(ordered[below], ordered[min(int(torch.ceil(rank)), last)], rank - below)
+    weight = (rank - below).to(values.device)  # lerp takes no CPU weight with CUDA values
+    return torch.lerp(ordered[below], ordered[min(int(torch.ceil(rank)), last)], weight)
 
 
 def mask_edges(mask: torch.Tensor) -> torch.Tensor:
