@@ -186,6 +186,14 @@ class DataConfig(Strict):
         description="normalize: ct: per channel (lower, upper, mean, std): clip to [lower, upper], subtract mean, "
         "divide by std (a planned run sets them from the sites' fingerprints: fedseg.plan)",
     )
+    prepare_threads: int = Field(
+        default=0,
+        ge=0,
+        le=64,
+        description="threads reading and pre-processing a site's cases at once before the run (each holds one case "
+        "in memory); 0 = the CPUs this process may use, at most 8. The tensors are identical for any value "
+        "(fedseg.data.dataset.build_site_data)",
+    )
     volume: VolumeConfig = VolumeConfig()
     split: SplitConfig = SplitConfig()
     repartition: RepartitionConfig = RepartitionConfig()

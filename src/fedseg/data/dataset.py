@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import os
 import weakref
 from collections.abc import Mapping
+from contextlib import closing
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from fedseg.config import DataConfig, VolumeConfig
 from fedseg.data.federation import Case, Federation, Site
 from fedseg.data.metadata import metadata_value
 from fedseg.data.packed import PackedMasks
+from fedseg.data.prefetch import ordered_map
 from fedseg.data.preprocess import Fit, case_tensors, normalization
 from fedseg.data.volumes import Volume, build_volume, case_spacing, draw_patches, patch_size
 
@@ -179,41 +183,79 @@ class SiteData:
         return metadata_value(self.name, key, self.metadata, self.case_metadata)
 
 
+MAX_PREPARE_THREADS = 8  # data.prepare_threads = 0: the CPUs this process may use, at most this many
+
+
+def prepare_threads(cfg: DataConfig) -> int:
+    """Threads pre-processing a site's cases at once: ``data.prepare_threads``, or for 0 the CPUs this process may
+    use (its affinity), at most :data:`MAX_PREPARE_THREADS`."""
+    if cfg.prepare_threads:
+        return cfg.prepare_threads
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(cpus, MAX_PREPARE_THREADS))
+
+
+@dataclass
+class PreparedCase:
+    """One case pre-processed: its model-size view ``x`` ``(C, *S)`` and masks ``y`` ``(R, *S)``, its
+    :class:`Volume` on the volume path, and on the whole-image path of a scored split its original-grid truth
+    (``(R, *O)`` region masks, None when the case is already on the model grid)."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    volume: Volume | None
+    truth: np.ndarray | None
+
+
 def build_site_data(
     fed: Federation, site: Site, index: int, splits: Mapping[str, str], cfg: DataConfig, *, originals: bool
 ) -> SiteData:
     """Load and preprocess one site's cases into its train/val/test ``CaseSet``s (with their volumes
     when ``cfg.volume.patch_size`` is set: ``fedseg.data.volumes``; with ``originals``, ``eval.score_grid:
-    original``, the truth of every validation and test case the whole-image path resizes, ``CaseSet.originals``)."""
+    original``, the truth of every validation and test case the whole-image path resizes, ``CaseSet.originals``).
+
+    The cases are read and pre-processed by :func:`prepare_threads` threads at once (reading a file, resampling
+    and normalizing mostly run outside Python's lock), in order, at most ``threads + 1`` cases ahead of the one
+    being stored: each case is a function of its files and ``cfg`` alone, so the tensors are the same to the bit
+    for any number of threads (``tests/test_prepare_threads.py``); the first case that fails raises, as it would
+    alone. A federation from your own code (``Case.loader``) must then be safe to read from several threads."""
     by_split: dict[str, list] = {"train": [], "val": [], "test": []}
     for case in site.cases:
         by_split[splits[case.id]].append(case)
     on_grid = cfg.volume.patch_size is not None
     norm = normalization(cfg.normalize, cfg.ct_windows)
+
+    def prepare(job: tuple[str, Case]) -> PreparedCase:
+        split, case = job
+        image, label = case.arrays()
+        x, y = case_tensors(image, label, fed.regions, cfg.image_size, norm, cfg.resize)
+        truth = None
+        if originals and split != "train" and not on_grid and tuple(label.shape) != tuple(y.shape[1:]):
+            truth = fed.regions.one_hot(label)
+        volume = None
+        if on_grid:
+            spacing = case_spacing(case, fed.spatial_dims)
+            volume = build_volume(image, label, fed.regions, spacing, cfg.volume, norm)
+        return PreparedCase(x, y, volume, truth)
+
+    jobs = [(split, case) for split, cases in by_split.items() for case in cases]
+    threads = min(prepare_threads(cfg), len(jobs))
+    with closing(ordered_map(prepare, jobs, threads if threads > 1 else 0)) as stream:
+        done = iter(list(stream))  # in the order of jobs: split by split
     sets = {}
     for split, cases in by_split.items():
-        xs, ys, vols, truths = [], [], [], []
-        for case in cases:
-            image, label = case.arrays()
-            x, y = case_tensors(image, label, fed.regions, cfg.image_size, norm, cfg.resize)
-            xs.append(x)
-            ys.append(y)
-            if originals and split != "train" and not on_grid:
-                resized = tuple(label.shape) != tuple(y.shape[1:])
-                truths.append(fed.regions.one_hot(label) if resized else None)
-            if on_grid:
-                spacing = case_spacing(case, fed.spatial_dims)
-                vols.append(build_volume(image, label, fed.regions, spacing, cfg.volume, norm))
+        cases_done = [next(done) for _ in cases]
         shape_x = (0, fed.channels) + (cfg.image_size,) * fed.spatial_dims
         shape_y = (0, len(fed.regions)) + (cfg.image_size,) * fed.spatial_dims
+        vols = [c.volume for c in cases_done if c.volume is not None]
         sets[split] = CaseSet(
             f"{site.name}:{split}",
             [c.id for c in cases],
-            torch.stack(xs) if xs else torch.empty(shape_x),
-            torch.stack(ys) if ys else torch.empty(shape_y),
+            torch.stack([c.x for c in cases_done]) if cases_done else torch.empty(shape_x),
+            torch.stack([c.y for c in cases_done]) if cases_done else torch.empty(shape_y),
             vols if on_grid else None,
             cfg.volume if on_grid else None,
-            PackedMasks.pack(truths),
+            PackedMasks.pack([c.truth for c in cases_done]),
             cfg.resize,
         )
     return SiteData(

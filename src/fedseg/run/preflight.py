@@ -8,8 +8,8 @@
 
   - ``threads`` (torch intra-op threads), ``name`` (a label; the MLflow experiment), ``tracking`` and
     ``tracking_uri`` (where metrics are copied to; ``fedseg.tracking``), ``engine.workers``, ``engine.state``
-    and ``engine.memory_budget_mb`` (how many processes answer, where client states wait): they cannot
-    change results;
+    and ``engine.memory_budget_mb`` (how many processes answer, where client states wait), ``train.loader_workers``
+    and ``data.prepare_threads`` (threads preparing batches and cases): they cannot change results;
   - ``algorithms`` may be extended at the end (the recorded list a prefix of the new one): the finished
     methods are reused, the new ones run after them.
 
@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 MAY_DIFFER_ON_RESUME = (
     "threads",  # said when it does (resume_notes): the numbers then differ in their last digits
     "train.loader_workers",  # results do not depend on it (tests/test_accel.py)
+    "data.prepare_threads",  # nor on this (tests/test_prepare_threads.py)
     "name",
     "tracking",
     "tracking_uri",

@@ -1,0 +1,102 @@
+"""Sites' cases read and pre-processed by several threads (``data.prepare_threads``): the same tensors to the bit as
+one thread, on real files, on the volume path (resampled anisotropic cases) and the whole-image path with its
+original-grid truth; the first failing case raises as it would alone."""
+
+from __future__ import annotations
+
+import gzip
+
+import numpy as np
+import pytest
+import torch
+
+from fedseg.config import DataConfig, VolumeConfig
+from fedseg.data.dataset import CaseSet, SiteData, build_site_data, prepare_threads
+from fedseg.data.federation import Case, Federation, Regions, Site
+from fedseg.data.folder import load_folder
+from fedseg.data.folder_write import write_folder
+
+SPLITS = ("train", "val", "test")
+
+
+def _federation() -> Federation:
+    """One site of 9 3D cases of different shapes and spacings (a bright blob in noise, labels 1 and 2)."""
+    rng = np.random.default_rng(3)
+    cases = []
+    for i in range(9):
+        shape = (14 + i, 12 + 2 * (i % 3), 10 + i % 4)
+        image = rng.normal(0, 1, (2, *shape)).astype(np.float32)
+        label = np.zeros(shape, np.uint8)
+        label[3:9, 4:8, 2:7] = 1
+        label[5:7, 5:7, 3:5] = 2
+        image[:, label > 0] += 3
+        image[:, :2] = 0  # a zero border: the foreground crop has something to crop
+        cases.append(Case.from_arrays(f"c{i}", image, label, spacing=(1.0, 0.8, 1.5 + 0.5 * (i % 2))))
+    return Federation("blobs", "3d", 2, Regions.from_mapping({"whole": [1, 2], "core": [2]}), [Site("s", cases)])
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory) -> Federation:
+    return load_folder(write_folder(_federation(), tmp_path_factory.mktemp("fed") / "blobs"))
+
+
+def _splits(fed: Federation) -> dict[str, str]:
+    return {case.id: SPLITS[i % 3] for i, case in enumerate(fed.sites[0].cases)}
+
+
+def _site(fed: Federation, threads: int, **data) -> SiteData:
+    cfg = DataConfig(source="folder", image_size=16, normalize="zscore_foreground", prepare_threads=threads, **data)
+    return build_site_data(fed, fed.sites[0], 0, _splits(fed), cfg, originals=True)
+
+
+def _assert_same(a: CaseSet, b: CaseSet) -> None:
+    assert a.ids == b.ids
+    assert torch.equal(a.x, b.x) and torch.equal(a.y, b.y)
+    assert (a.originals is None) == (b.originals is None)
+    if a.originals is not None and b.originals is not None:
+        assert torch.equal(a.originals.bits, b.originals.bits)
+        assert a.originals.shapes == b.originals.shapes
+    assert (a.volumes is None) == (b.volumes is None)
+    for va, vb in zip(a.volumes or [], b.volumes or [], strict=True):
+        assert torch.equal(va.image, vb.image) and torch.equal(va.label, vb.label) and torch.equal(va.truth, vb.truth)
+        assert va.grid.shape == vb.grid.shape and va.grid.start == vb.grid.start and va.grid.pad == vb.grid.pad
+        assert (va.grid.affine is None and vb.grid.affine is None) or torch.equal(va.grid.affine, vb.grid.affine)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        {"volume": VolumeConfig(patch_size=(8, 8, 8), spacing=(1.0, 1.0, 1.0))},  # resampled, cropped, padded
+        {"resize": "pad"},  # whole-image path: the original-grid truth of the scored splits
+    ],
+    ids=["volume", "whole-image"],
+)
+def test_any_number_of_threads_gives_the_same_tensors(folder, data):
+    one = _site(folder, 1, **data)
+    assert one.train.volumes is not None or one.val.originals is not None  # the path under test made its extra parts
+    for threads in (2, 5):
+        many = _site(folder, threads, **data)
+        for split in SPLITS:
+            _assert_same(one.split(split), many.split(split))
+
+
+def test_the_first_case_that_fails_is_the_error_with_any_number_of_threads(tmp_path):
+    fed = load_folder(write_folder(_federation(), tmp_path / "blobs"))
+    for bad in ("c1", "c4"):  # a truncated gzip: readable header, missing voxels
+        path = tmp_path / "blobs" / "s" / "images" / f"{bad}.nii.gz"
+        data = gzip.decompress(path.read_bytes())
+        path.write_bytes(gzip.compress(data[: len(data) // 2]))
+    fed = load_folder(tmp_path / "blobs")
+    errors = []
+    for threads in (1, 4):
+        with pytest.raises(Exception) as caught:  # noqa: PT011 - the reader's own error, whatever its type
+            _site(fed, threads)
+        errors.append((type(caught.value), str(caught.value)))
+    assert errors[0] == errors[1]
+    assert "c1" in errors[0][1] and "c4" not in errors[0][1]  # c1 comes first (train), as alone
+
+
+def test_zero_means_the_usable_cpus_at_most_eight():
+    cpus = len(__import__("os").sched_getaffinity(0))
+    assert prepare_threads(DataConfig()) == max(1, min(cpus, 8))
+    assert prepare_threads(DataConfig(prepare_threads=3)) == 3
