@@ -21,9 +21,7 @@ import json
 import math
 from pathlib import Path
 
-import numpy as np
-
-from common import RESULTS, SPECS, bench_entries
+from common import RESULTS, SPECS, bench_entries, case_dice
 from fedseg.algorithms import get_algorithm
 from fedseg.evaluate.stats import mean_std as stats_mean_std
 
@@ -56,19 +54,6 @@ def table_row(name: str, entries: list[dict], fedavg_floats: float) -> dict:
         "wall_seconds": mean_std([e["wall_seconds"] for e in entries])[0],
         "seeds": [e["seed"] for e in entries],
     }
-
-
-def case_dice(entry: dict, algorithm: str) -> dict[tuple[str, str], float]:
-    """``{(site, case): Dice of the model the site uses, mean over regions}`` from the run's results.csv."""
-    import csv
-    from collections import defaultdict
-
-    per_case: dict[tuple[str, str], list[float]] = defaultdict(list)
-    with open(Path(entry["dir"]) / "results.csv") as f:
-        for r in csv.DictReader(f):
-            if r["algorithm"] == algorithm and r["metric"] == "dice" and r["model"] == "global":
-                per_case[(r["site"], r["case"])].append(float(r["value"]))
-    return {k: float(np.mean(v)) for k, v in per_case.items()}
 
 
 def wilcoxon_vs_fedavg(done: dict, fed: str, seeds: list[int], algorithm: str) -> dict:

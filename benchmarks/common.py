@@ -56,8 +56,10 @@ def run_overrides(federation: str, seed: int, algorithm: str, extra: list[str]) 
 
 
 def case_stats(rows: list[dict], algorithm: str, regions: list[str], own) -> dict:
-    """FeTS Table 1 numbers over the test cases each site scores with its own model: per region
-    Dice mean/std, and per case (mean over regions) Dice and HD95 mean/std (sample std)."""
+    """FeTS Table 1 numbers over the test cases each site scores with its own model (``own``: the row filter of the
+    model each site uses, ``fedseg.bench.tables.site_model_filter``: an FL method's shared model, not also the local
+    models it kept): per region Dice mean/std, and per case (mean over regions) Dice and HD95 mean/std (sample
+    std)."""
     from fedseg.evaluate.stats import mean_std
     from fedseg.evaluate.tables import case_means, region_summary
 
@@ -65,6 +67,26 @@ def case_stats(rows: list[dict], algorithm: str, regions: list[str], own) -> dic
     for metric in ("dice", "hd95"):
         out[f"case_{metric}"] = mean_std(case_means(rows, algorithm, metric, own).values())
     return out
+
+
+def case_dice(entry: dict, algorithm: str) -> dict[tuple[str, str], float]:
+    """``{(site, case): test Dice, mean over regions, of the model the case's site uses}``, from the run's folder
+    (``site_models`` of its summary.json, ``fedseg.bench.tables.site_model_filter``: FedAvg's global model, not also
+    the local models it kept): what the scripts' paired tests read."""
+    import csv
+    from collections import defaultdict
+
+    from fedseg.bench.tables import site_model_filter
+
+    folder = Path(entry["dir"])
+    with open(folder / "results.csv", newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r["algorithm"] == algorithm]
+    own = site_model_filter(json.loads((folder / "summary.json").read_text())["algorithms"][algorithm], rows)
+    per_case: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for r in rows:
+        if r["metric"] == "dice" and own(r):
+            per_case[(r["site"], r["case"])].append(float(r["value"]))
+    return {k: float(np.nanmean(v)) for k, v in per_case.items()}
 
 
 def val_curve(rounds_rows: list[dict]) -> list[float]:
@@ -124,7 +146,8 @@ def run_entry(run, folder: Path) -> dict:
     """A finished bench run's entry (:func:`bench_entries`), read from its folder."""
     import csv
 
-    from fedseg.evaluate.tables import own_site_model, read_rows
+    from fedseg.bench.tables import site_model_filter
+    from fedseg.evaluate.tables import read_rows
 
     def table(name: str) -> list[dict]:
         path = folder / name
@@ -135,6 +158,10 @@ def run_entry(run, folder: Path) -> dict:
 
     summary = json.loads((folder / "summary.json").read_text())
     rows = read_rows(folder / "results.csv")
+
+    def rows_of(name: str) -> list[dict]:
+        return [r for r in rows if r["algorithm"] == name]
+
     metric_rows = [
         {**r, "round": int(r["round"]), "value": float(r["value"]) if r.get("value") not in (None, "") else math.nan}
         for r in table("round_metrics.csv")
@@ -150,7 +177,7 @@ def run_entry(run, folder: Path) -> dict:
             "sites": summary["sites"],
             "regions": summary["regions"],
             "summary": algo,
-            "stats": case_stats(rows, name, summary["regions"], own_site_model),
+            "stats": case_stats(rows, name, summary["regions"], site_model_filter(algo, rows_of(name))),
             "round_metrics": [r for r in metric_rows if r.get("algorithm", name) == name],
             "val_dice_per_round": val_curve([r for r in rounds_rows if r.get("algorithm", name) == name]),
             "wall_seconds": seconds,

@@ -32,15 +32,12 @@ rule, ``fedseg.evaluate.stats.significant``). Writes
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import math
 from collections import defaultdict
 from pathlib import Path
 
-import numpy as np
-
-from common import RESULTS, ROUNDS, SPECS, bench_entries
+from common import RESULTS, ROUNDS, SPECS, bench_entries, case_dice
 from fedseg.bench.table_rows import per_seed_text
 from fedseg.evaluate.stats import caution_text, ci_text, correct_family, dagger, mean_std, p_value_text
 
@@ -78,17 +75,6 @@ def entries_of(done: dict) -> dict[str, list[dict]]:
         for e in entry.get("chain", [entry]):
             out[e["algorithm"]].append({**e, "job": job})
     return out
-
-
-def case_dice(entry: dict, algorithm: str) -> dict[tuple[str, str], float]:
-    """``{(site, case): test Dice, mean over regions, of the model the case's site uses}``, from the run's folder."""
-    per_case: dict[tuple[str, str], list[float]] = defaultdict(list)
-    with open(Path(entry["dir"]) / "results.csv") as f:
-        for r in csv.DictReader(f):
-            own = r["model"] in ("global", f"local:{r['site']}")
-            if r["algorithm"] == algorithm and r["metric"] == "dice" and own:
-                per_case[(r["site"], r["case"])].append(float(r["value"]))
-    return {k: float(np.nanmean(v)) for k, v in per_case.items()}
 
 
 def wilcoxon_vs(entries: dict[str, list[dict]], algorithm: str, reference: str = "fedavg") -> dict:

@@ -111,6 +111,18 @@ def fmt(stat: dict) -> str:
     return f"{stat['mean']:.3f} ± {stat['std']:.3f}"
 
 
+def routed_lines(done: dict, fed: str, seed: int, names: list[str]) -> list[str]:
+    """A line per FedSM-family run whose selector sent every test image to its global model (its scores are then its
+    global model's: equal to FedAvg's where both trained the same global model)."""
+    from fedseg.presentation.kit import routed_to_global
+
+    lines = []
+    for m in names:
+        for name, (images, gamma) in routed_to_global(Path(done[(fed, seed, m)]["dir"])).items():
+            lines += ["", f"{name}: the selector sent all {images} test images to the global model (γ = {gamma:g})."]
+    return lines
+
+
 def methods(jobs: int) -> None:
     bench, done = bench_entries(SPECS / "volumes.yaml", jobs)
     fed, seed = bench.federations[0].name, bench.seeds[0]
@@ -148,6 +160,7 @@ def methods(jobs: int) -> None:
         "",
         not_converged_line(rows, "algorithm")
         + ". At this CPU budget the table compares early training, not final accuracy.",
+        *routed_lines(done, fed, seed, [r["algorithm"] for r in rows]),
         "",
         "Reproduce: `.venv/bin/python benchmarks/volumes.py methods`.",
     ]

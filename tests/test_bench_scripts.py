@@ -12,6 +12,7 @@ import yaml
 
 from fedseg.bench.plan import check_plan, final_runs, holdout_sites, load_bench, run_config
 from fedseg.config_load import load_config
+from fedseg.evaluate.tables import read_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 SPECS = sorted((ROOT / "benchmarks" / "specs").glob("*.yaml"))
@@ -94,7 +95,6 @@ def test_personalized_bench_differs_from_its_former_runs_only_by_the_continuatio
 
 
 def test_bench_entries_feed_the_scripts_tables(tmp_path, common, monkeypatch):
-    import autofedavg
     import heterogeneity
     import methods
 
@@ -103,7 +103,7 @@ def test_bench_entries_feed_the_scripts_tables(tmp_path, common, monkeypatch):
         "base": {"preset": "synthetic-retina"},
         "set": ["data.scale=0.05", "data.image_size=32", "model.channels=[4,8,16]", "train.batch_size=4", "threads=1"],
         "federations": ["synthetic-retina"],
-        "methods": ["local", "centralized"],
+        "methods": ["local", "centralized", "fedavg"],
         "seeds": [0],
         "budget": {"rule": "rounds", "rounds": 1},
         "reference": "local",
@@ -111,7 +111,13 @@ def test_bench_entries_feed_the_scripts_tables(tmp_path, common, monkeypatch):
     path = tmp_path / "tiny.yaml"
     path.write_text(yaml.safe_dump(spec))
     bench, done = common.bench_entries(path, jobs=1, out=tmp_path / "runs")
-    assert set(done) == {("synthetic-retina", 0, "local"), ("synthetic-retina", 0, "centralized")}
+    assert set(done) == {("synthetic-retina", 0, m) for m in ("local", "centralized", "fedavg")}
+    fedavg = done[("synthetic-retina", 0, "fedavg")]  # kept its sites' local models too: their rows are not its own
+    assert any(":" in r["model"] for r in read_rows(Path(fedavg["dir"]) / "results.csv"))
+    assert fedavg["stats"]["case_dice"]["mean"] == pytest.approx(fedavg["summary"]["dice"]["global"])
+    cases = common.case_dice(fedavg, "fedavg")
+    assert len(cases) == fedavg["stats"]["case_dice"]["n"]
+    assert all(r["n"] == len(cases) for r in fedavg["stats"]["region_dice"].values())
     local, central = done[("synthetic-retina", 0, "local")], done[("synthetic-retina", 0, "centralized")]
     assert local["sites"] and local["regions"] and local["summary"]["rounds"] == 1
     assert local["stats"]["case_dice"]["n"] > 0 and 0 <= local["stats"]["case_dice"]["mean"] <= 1
@@ -122,12 +128,13 @@ def test_bench_entries_feed_the_scripts_tables(tmp_path, common, monkeypatch):
     )
     table = methods.algorithm_table([central])
     assert table["client_avg_dice"]["n"] == 1
-    cases = autofedavg.case_dice(central, "centralized")  # the per-case Dice the paired tests read from the run
+    cases = common.case_dice(central, "centralized")  # the per-case Dice the paired tests read from the run
     assert cases and all(0 <= v <= 1 for v in cases.values())
     fedsm_studies = __import__("fedsm_studies")
     monkeypatch.setitem(fedsm_studies.STUDIES, "tiny", ("synthetic-retina", "sweep", "train.lr", "tiny.yaml"))
     (seed0,) = fedsm_studies.study_entries("tiny", bench, done)
-    assert [r["value"] for r in seed0["rows"]] == ["local", "centralized"] and "dice_client_avg" in seed0["columns"]
+    assert [r["value"] for r in seed0["rows"]] == ["local", "centralized", "fedavg"]
+    assert "dice_client_avg" in seed0["columns"]
     assert fedsm_studies.average([seed0], "value")[0]["dice_client_avg"] == pytest.approx(
         local["summary"]["dice"]["client_avg"]
     )

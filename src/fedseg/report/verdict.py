@@ -297,13 +297,13 @@ def verdict_lines(v: Verdict, notes: list[str] | None = None) -> list[str]:
         if 1 < len(v.unconverged) == len(v.ranked) + len(v.baselines):
             lines.append(
                 f"Not converged: none of the {len(v.unconverged)} methods had reached a plateau (the round "
-                "selected on validation is among the last ones trained, validation Dice still rising); more "
+                "selected on validation is among the last ones trained, no plateau of validation Dice); more "
                 "rounds may change this ranking."
             )
         else:
             lines.append(
                 f"May not have converged: {', '.join(v.unconverged)} (the round selected on validation is among "
-                "the last ones trained, validation Dice still rising); more rounds may change this ranking."
+                "the last ones trained, no plateau of validation Dice); more rounds may change this ranking."
             )
     if v.never_improved:
         lines.append(f"Never improved: {', '.join(v.never_improved)} ({NEVER_IMPROVED_WHY}).")
