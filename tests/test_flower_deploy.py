@@ -41,6 +41,9 @@ DEMANDING = [
 ]
 METHODS = {
     "fedsm": {"selector_width": 0.0625},
+    # 2 weight-learning exchanges per round, not the default 10: still a multi-step learn exchange with the beta
+    # optimizer's state kept on the sites between steps (each exchange ~1 s on a deployment)
+    "autofedavg-l-dirichlet": {"learn_steps": 2},
     "cfl": {"split_round": 1},
     "finetune": {"epochs": 2},
     "prior-cfl": {"cluster_by": "grade", "rounds": 2},

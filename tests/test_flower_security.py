@@ -426,7 +426,10 @@ def test_a_foreign_app_bundle_is_refused_in_both_isolations_and_fedseg_still_tra
     and fedseg's run on the same deployment trains to the end."""
     folder = write_folder(disc_federation(n_sites=2, cases_per_site=6), tmp_path / "fed")
     cfg = tmp_path / "cfg.yaml"
-    cfg.write_text(yaml.safe_dump({**tiny, "algorithms": ["fedavg"], "fl": {"rounds": 1}}))
+    # eval.local_models off: its model upload, restore and cross-site test evaluations are 4 more messages per
+    # site after training, each a fresh process in `subprocess` isolation, and have nothing to do with the bundle
+    run = {**tiny, "algorithms": ["fedavg"], "fl": {"rounds": 1}, "eval": {**tiny["eval"], "local_models": False}}
+    cfg.write_text(yaml.safe_dump(run))
     fleet_port, control_port, *node_ports = free_ports(4)
     fleet, control = f"127.0.0.1:{fleet_port}", f"127.0.0.1:{control_port}"
     out, hospitals, marker = tmp_path / "out", tmp_path / "hospitals", tmp_path / "ran-on-a-site"
