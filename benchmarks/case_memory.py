@@ -3,8 +3,9 @@
 A 240 x 240 x 155 case of 4 modalities at 1 mm whose non-zero "brain" is an ellipsoid of about 141 x 171 x 141
 voxels (what the crop to the foreground keeps of a BraTS volume), with nested WT/TC/ET blobs, prepared with the
 ``fets`` preset's volume settings (``build_volume``): the float32 image on the cropped grid, its region masks (bool
-since 4d20c3d; float32 before: 4x), the original grid's truth for the metrics (bool), and the ``data.image_size``
-view every case also keeps (``case_tensors``). A run keeps every case so: multiply by the number of cases.
+since 4d20c3d; float32 before: 4x), the original grid's truth for the metrics (bool; validation and test cases
+only: ``mb_per_training_case`` is without it), and the ``data.image_size`` view every case also keeps
+(``case_tensors``). A run keeps every case so: multiply by the number of cases.
 Writes ``benchmarks/results/case_memory.json`` (or ``--out``).
 
     PYTHONPATH=src python benchmarks/case_memory.py
@@ -66,6 +67,7 @@ def main() -> None:
         "region_mask_dtype": str(vol.label.dtype).removeprefix("torch."),
         "mb": {k: round(v / 1e6, 1) for k, v in parts.items()},
         "mb_per_case": round(sum(parts.values()) / 1e6, 1),
+        "mb_per_training_case": round((sum(parts.values()) - parts["original_grid_truth"]) / 1e6, 1),
     }
     args.out.write_text(json.dumps(result) + "\n")
     print(json.dumps(result, indent=1))

@@ -58,7 +58,8 @@ def _assert_same(a: CaseSet, b: CaseSet) -> None:
         assert a.originals.shapes == b.originals.shapes
     assert (a.volumes is None) == (b.volumes is None)
     for va, vb in zip(a.volumes or [], b.volumes or [], strict=True):
-        assert torch.equal(va.image, vb.image) and torch.equal(va.label, vb.label) and torch.equal(va.truth, vb.truth)
+        assert torch.equal(va.image, vb.image) and torch.equal(va.label, vb.label)
+        assert (va.truth is None and vb.truth is None) or torch.equal(va.truth, vb.truth)
         assert va.grid.shape == vb.grid.shape and va.grid.start == vb.grid.start and va.grid.pad == vb.grid.pad
         assert (va.grid.affine is None and vb.grid.affine is None) or torch.equal(va.grid.affine, vb.grid.affine)
 
@@ -100,3 +101,23 @@ def test_zero_means_the_usable_cpus_at_most_eight():
     cpus = len(__import__("os").sched_getaffinity(0))
     assert prepare_threads(DataConfig()) == max(1, min(cpus, 8))
     assert prepare_threads(DataConfig(prepare_threads=3)) == 3
+
+
+def test_only_scored_cases_keep_their_original_grid_truth(folder):
+    """A training case is never scored: its volume keeps no original-grid truth (a quarter of a BraTS case's memory);
+    scoring it anyway is one clear error, not a crash inside the metrics."""
+    from fedseg.config import ModelConfig
+    from fedseg.evaluate.sliding import score_volumes
+    from fedseg.models.factory import build_segmenter
+
+    volume = VolumeConfig(patch_size=(8, 8, 8))
+    site = _site(folder, 2, volume=volume)
+    assert site.train.volumes and all(v.truth is None for v in site.train.volumes)
+    for split in ("val", "test"):
+        vols = site.split(split).volumes
+        assert vols and all(v.truth is not None and v.truth.shape[1:] == v.grid.shape for v in vols)
+    net = build_segmenter(ModelConfig(name="unet", channels=[4, 8]), 3, 2, 2, 0).eval()
+    scores = score_volumes(net, site.val.volumes, volume, 0.5, False, torch.device("cpu"))
+    assert scores["dice"].shape == (len(site.val.volumes), 2)
+    with pytest.raises(ValueError, match="volume 0: a training case, without original-grid truth, cannot be scored"):
+        score_volumes(net, site.train.volumes, volume, 0.5, False, torch.device("cpu"))

@@ -113,7 +113,8 @@ def size_warning(path: Path, shape: tuple[int, ...], max_mb: float) -> list[str]
 def volume_memory_note(fed: Federation) -> str | None:
     """For a 3D federation: the RAM a run on the volume path (``data.volume.patch_size``, the fets presets) keeps
     its cases in, estimated on the files' grids: per case the float32 image ``(C, *O)``, its region masks
-    ``(R, *O)`` (bool) and their original-grid copy for the metrics (bool), from the shapes the check read
+    ``(R, *O)`` (bool) and their original-grid copy for the metrics (bool; validation and test cases only: an upper
+    bound), from the shapes the check read
     (``meta["image_shape"]``); ``fedseg.data.volumes.Volume`` holds these, cropped to the foreground (a brain's crop
     keeps about half of a BraTS volume), padded to the patch size and resampled to ``data.volume.spacing``. None for
     a 2D federation or without shapes."""
@@ -132,8 +133,9 @@ def volume_memory_note(fed: Federation) -> str | None:
     return (
         f"memory: a run on the volume path (data.volume.patch_size) keeps these {len(shapes)} cases in about "
         f"{total / 1e9:.3g} GB of RAM ({total / len(shapes) / 1e6:.3g} MB per case on the files' grids: float32 "
-        "images, bool region masks and their original-grid copy; less after the crop to the foreground, more where "
-        "a case is padded to the patch size or resampled to a finer data.volume.spacing)"
+        "images, bool region masks and their original-grid copy, which training cases do not keep; less after the "
+        "crop to the foreground, more where a case is padded to the patch size or resampled to a finer "
+        "data.volume.spacing)"
     )
 
 

@@ -235,7 +235,7 @@ def build_site_data(
         volume = None
         if on_grid:
             spacing = case_spacing(case, fed.spatial_dims)
-            volume = build_volume(image, label, fed.regions, spacing, cfg.volume, norm)
+            volume = build_volume(image, label, fed.regions, spacing, cfg.volume, norm, scored=split != "train")
         return PreparedCase(x, y, volume, truth)
 
     jobs = [(split, case) for split, cases in by_split.items() for case in cases]

@@ -101,11 +101,12 @@ class Volume:
     """One case on its own grid: ``image`` ``(C, *P)`` float32 (model input), ``label`` ``(R, *P)``
     bool region masks on the same grid (training targets: float32 in a batch, ``draw_patches``; bool keeps a 3D
     case's masks at a quarter of the memory), ``truth`` ``(R, *O)`` bool region masks on the original grid
-    (metrics) and the ``grid`` to map predictions back."""
+    (metrics; None for a training case, which is never scored: a quarter of a BraTS case's memory,
+    ``benchmarks/case_memory.py``) and the ``grid`` to map predictions back."""
 
     image: torch.Tensor
     label: torch.Tensor
-    truth: torch.Tensor
+    truth: torch.Tensor | None
     grid: Grid
     _foreground: torch.Tensor | None = field(default=None, init=False, repr=False, compare=False)
 
@@ -241,12 +242,20 @@ def restore(values: torch.Tensor, grid: Grid, threshold: float | None = None) ->
 
 
 def build_volume(
-    image: np.ndarray, label: np.ndarray, regions: Regions, spacing: Sequence[float], cfg: VolumeConfig, normalize
+    image: np.ndarray,
+    label: np.ndarray,
+    regions: Regions,
+    spacing: Sequence[float],
+    cfg: VolumeConfig,
+    normalize,
+    *,
+    scored: bool = True,
 ) -> Volume:
-    """One case's :class:`Volume` (pre-processing of the module docstring, plus the original-grid truth)."""
+    """One case's :class:`Volume` (pre-processing of the module docstring, plus, for a case that is ``scored`` (a
+    validation or test case), the original-grid truth)."""
     x, masks, grid = preprocess(image, label, regions, spacing, cfg, normalize)
     assert masks is not None  # a label was given
-    truth = torch.from_numpy(regions.one_hot(label.astype(np.int64))).bool()
+    truth = torch.from_numpy(regions.one_hot(label.astype(np.int64))).bool() if scored else None
     return Volume(x, masks, truth, grid)
 
 

@@ -196,6 +196,8 @@ def score_volumes(
             pred = _prediction(net, vol, cfg, threshold, device, first_logits if i == 0 else None)
             if regions is not None:
                 pred = label_map_masks(pred[None], regions)[0]
+            if vol.truth is None:  # fedseg.data.dataset.build_site_data keeps it for validation and test cases only
+                raise ValueError(f"volume {i}: a training case, without original-grid truth, cannot be scored")
             masks = (pred[None].to(device if surface_on_device else pred.device), vol.truth[None])
             if pool is None:
                 cases.append(measure(*masks, spacing=vol.spacing))
