@@ -4,7 +4,9 @@ original-grid truth; the first failing case raises as it would alone."""
 
 from __future__ import annotations
 
+import contextvars
 import gzip
+import threading
 
 import numpy as np
 import pytest
@@ -121,3 +123,37 @@ def test_only_scored_cases_keep_their_original_grid_truth(folder):
     assert scores["dice"].shape == (len(site.val.volumes), 2)
     with pytest.raises(ValueError, match="volume 0: a training case, without original-grid truth, cannot be scored"):
         score_volumes(net, site.train.volumes, volume, 0.5, False, torch.device("cpu"))
+
+
+def test_an_error_returns_at_once_while_the_items_being_computed_finish_in_the_background():
+    """``ordered_map`` raises the first failing item's error without waiting for the items other threads compute (a
+    second Ctrl-C would otherwise land in that wait), and the command's exit does not wait for those threads."""
+    from fedseg.data.prefetch import ordered_map
+    from fedseg.interrupts import DISCARDABLE_THREADS
+    from fedseg.process_exit import other_threads_running
+
+    release = threading.Event()
+
+    def fn(i: int) -> int:
+        if i == 0:
+            raise ValueError("case 0 is damaged")
+        release.wait(60)
+        return i
+
+    try:
+        with pytest.raises(ValueError, match="case 0 is damaged"):
+            list(ordered_map(fn, range(4), 2, name="test"))
+        running = [t for t in threading.enumerate() if t.name.startswith(f"{DISCARDABLE_THREADS}-test")]
+        assert running and all(t.is_alive() for t in running)  # not waited for: still blocked in fn
+        assert not other_threads_running()  # the command may exit now
+    finally:
+        release.set()
+
+
+def test_each_item_runs_in_a_copy_of_the_callers_context():
+    """A context variable the caller set (e.g. rtstruct's notices already given) is seen by every thread."""
+    from fedseg.data.prefetch import ordered_map
+
+    seen: contextvars.ContextVar[str] = contextvars.ContextVar("seen", default="unset")
+    seen.set("the caller's")
+    assert list(ordered_map(lambda i: (i, seen.get()), range(5), 3)) == [(i, "the caller's") for i in range(5)]

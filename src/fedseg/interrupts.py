@@ -26,6 +26,7 @@ from pathlib import Path
 from fedseg.folder_lock import has_entries
 
 __all__ = [
+    "DISCARDABLE_THREADS",
     "INTERRUPTED_EXIT",
     "deferred_interrupts",
     "interrupts_noted",
@@ -36,6 +37,9 @@ __all__ = [
 ]
 
 INTERRUPTED_EXIT = 130  # the shell's code for a command ended by SIGINT (128 + 2)
+# name prefix of threads that only compute results nobody will read once their command stops (fedseg.data.prefetch):
+# an interrupted command exits without waiting for them (fedseg.process_exit)
+DISCARDABLE_THREADS = "fedseg-discardable"
 # what stops a command: Ctrl-C, kill, a closed terminal (Windows has no SIGHUP)
 _STOP_SIGNALS = tuple(s for s in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)) if s is not None)
 

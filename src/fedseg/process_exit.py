@@ -6,7 +6,8 @@ anyway. :func:`exit_now` does what a normal exit does that has an effect outside
 once with ``os._exit``:
 
 1. it waits for no thread, so it applies only when the main thread is the only non-daemon thread left (a
-   tracker's upload thread, a Flower client's: the normal exit, which joins them, is used instead);
+   tracker's upload thread, a Flower client's: the normal exit, which joins them, is used instead), threads
+   computing what nobody will read aside (``fedseg.interrupts.DISCARDABLE_THREADS``);
 2. ``atexit`` handlers run (``logging.shutdown``, multiprocessing's pool and process-server shutdown,
    ``weakref.finalize`` callbacks, trackers' ``finish``), in the normal order;
 3. ``sys.stdout``, ``sys.stderr`` and the C library's stdio buffers are flushed (a closed pipe, as in
@@ -44,9 +45,16 @@ def exit_status(code: str | int | None) -> int:
 
 
 def other_threads_running() -> bool:
-    """Whether a non-daemon thread other than the main one is alive (the normal exit would wait for it)."""
+    """Whether a non-daemon thread other than the main one is alive (the normal exit would wait for it), leaving
+    out those that only compute results nobody reads any more (``fedseg.interrupts.DISCARDABLE_THREADS``: a stopped
+    command's case preparation or batch prefetch)."""
+    from fedseg.interrupts import DISCARDABLE_THREADS
+
     main = threading.main_thread()
-    return any(t is not main and not t.daemon and t.is_alive() for t in threading.enumerate())
+    return any(
+        t is not main and not t.daemon and t.is_alive() and not t.name.startswith(DISCARDABLE_THREADS)
+        for t in threading.enumerate()
+    )
 
 
 def print_error(line: str) -> None:

@@ -7,6 +7,7 @@ import weakref
 from collections.abc import Mapping
 from contextlib import closing
 from dataclasses import dataclass, field
+from itertools import islice
 
 import numpy as np
 import torch
@@ -216,9 +217,11 @@ def build_site_data(
 
     The cases are read and pre-processed by :func:`prepare_threads` threads at once (reading a file, resampling
     and normalizing mostly run outside Python's lock), in order, at most ``threads + 1`` cases ahead of the one
-    being stored: each case is a function of its files and ``cfg`` alone, so the tensors are the same to the bit
-    for any number of threads (``tests/test_prepare_threads.py``); the first case that fails raises, as it would
-    alone. A federation from your own code (``Case.loader``) must then be safe to read from several threads."""
+    being stored, each split's prepared cases let go once stacked: each case is a function of its files and ``cfg``
+    alone, so the tensors are the same to the bit for any number of threads (``tests/test_prepare_threads.py``);
+    the first case that fails raises, as it would alone. Memory: a case being prepared takes several times its
+    prepared size for a moment (a BraTS case about 1 GB), per thread. A federation from your own code
+    (``Case.loader``) must then be safe to read from several threads (else ``data.prepare_threads: 1``)."""
     by_split: dict[str, list] = {"train": [], "val": [], "test": []}
     for case in site.cases:
         by_split[splits[case.id]].append(case)
@@ -240,24 +243,24 @@ def build_site_data(
 
     jobs = [(split, case) for split, cases in by_split.items() for case in cases]
     threads = min(prepare_threads(cfg), len(jobs))
-    with closing(ordered_map(prepare, jobs, threads if threads > 1 else 0)) as stream:
-        done = iter(list(stream))  # in the order of jobs: split by split
     sets = {}
-    for split, cases in by_split.items():
-        cases_done = [next(done) for _ in cases]
-        shape_x = (0, fed.channels) + (cfg.image_size,) * fed.spatial_dims
-        shape_y = (0, len(fed.regions)) + (cfg.image_size,) * fed.spatial_dims
-        vols = [c.volume for c in cases_done if c.volume is not None]
-        sets[split] = CaseSet(
-            f"{site.name}:{split}",
-            [c.id for c in cases],
-            torch.stack([c.x for c in cases_done]) if cases_done else torch.empty(shape_x),
-            torch.stack([c.y for c in cases_done]) if cases_done else torch.empty(shape_y),
-            vols if on_grid else None,
-            cfg.volume if on_grid else None,
-            PackedMasks.pack([c.truth for c in cases_done]),
-            cfg.resize,
-        )
+    with closing(ordered_map(prepare, jobs, threads if threads > 1 else 0, name="prepare")) as stream:
+        for split, cases in by_split.items():  # the jobs' order: a split's cases are let go once stacked
+            cases_done = list(islice(stream, len(cases)))
+            shape_x = (0, fed.channels) + (cfg.image_size,) * fed.spatial_dims
+            shape_y = (0, len(fed.regions)) + (cfg.image_size,) * fed.spatial_dims
+            vols = [c.volume for c in cases_done if c.volume is not None]
+            sets[split] = CaseSet(
+                f"{site.name}:{split}",
+                [c.id for c in cases],
+                torch.stack([c.x for c in cases_done]) if cases_done else torch.empty(shape_x),
+                torch.stack([c.y for c in cases_done]) if cases_done else torch.empty(shape_y),
+                vols if on_grid else None,
+                cfg.volume if on_grid else None,
+                PackedMasks.pack([c.truth for c in cases_done]),
+                cfg.resize,
+            )
+            del cases_done
     return SiteData(
         site.name,
         index,

@@ -142,7 +142,8 @@ class Regions:
 
 @dataclass(frozen=True)
 class Case:
-    """One image and its label map. Arrays are held in memory or read lazily by ``loader``.
+    """One image and its label map. Arrays are held in memory or read lazily by ``loader`` (called from the threads
+    that prepare a site's cases, ``data.prepare_threads``: it must be safe to call from several at once).
 
     ``meta``: the case's case-level metadata (the columns of its site's ``cases.csv``, e.g.
     ``group``) plus, for folder federations, the reader's bookkeeping (``FILE_META_KEYS``: the

@@ -31,6 +31,7 @@ from __future__ import annotations
 import importlib
 import logging
 import re
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -785,6 +786,9 @@ def _itk_read_kwargs(path: Path) -> dict[str, Any]:
     return {"pixel_type": itk.VariableLengthVector[getattr(itk, _ITK_VECTOR_COMPONENTS[component])]}
 
 
+_NIBABEL_LOGGER = threading.Lock()  # held while load_nifti silences nibabel's logger
+
+
 def load_nifti(path: Path) -> SpatialImage:
     """``nibabel.load(path)`` without nibabel's header-fix messages (one per load, so a flood over a dataset), and a
     ``FederationError`` where nibabel would invent the voxel size: the header has no sform (the affine then comes
@@ -794,11 +798,12 @@ def load_nifti(path: Path) -> SpatialImage:
     from nibabel.openers import ImageOpener
 
     fixes = nib.imageglobals.logger  # nibabel reports each header fix there; its own LoggingOutputSuppressor
-    quiet, fixes.disabled = fixes.disabled, True  # leaves Python's last-resort handler printing them
-    try:
-        image = cast("SpatialImage", nib.load(path))
-    finally:
-        fixes.disabled = quiet
+    with _NIBABEL_LOGGER:  # one load at a time turns it off and back (cases are prepared in threads): headers only
+        quiet, fixes.disabled = fixes.disabled, True  # leaves Python's last-resort handler printing them
+        try:
+            image = cast("SpatialImage", nib.load(path))
+        finally:
+            fixes.disabled = quiet
     header: Any = image.header  # a NIfTI-1 or NIfTI-2 header (nibabel's stubs type it as the generic one)
     if int(header.get("sform_code", 0)) == 0:  # the affine comes from pixdim (with the qform's rotation, if any)
         with ImageOpener(str(path)) as f:

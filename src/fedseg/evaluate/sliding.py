@@ -39,13 +39,14 @@ def case_mapping_mb(vol: Volume) -> float:
     channels, R regions, P padded voxels, S resampled and O original voxels, D axes): the image (C x P), MONAI's
     logits and count map (R + 1 x P; the sigmoid overwrites the logits) in float32 and the masks on the original grid
     (R x O bool); with resampling (``grid.affine`` set) one region at a time (:func:`predict_on_grid`): its
-    restored crop (S float32), MONAI ``Spacing``'s float64 input, output and sampling grid (S + O + (D + 1) x O)."""
+    restored crop (S float32), MONAI ``Spacing``'s float64 input, output and sampling grid while it is built
+    (S + O + (2D + 1) x O: 56 bytes per original voxel in 3D, :func:`fedseg.data.volumes.restore`)."""
     channels, regions, padded = vol.image.shape[0], vol.label.shape[0], vol.label[0].numel()
     grid = vol.grid
     resampled, original = math.prod(grid.resampled), math.prod(grid.shape)
     resampling = grid.affine is not None
     floats32 = padded * (channels + regions + 1) + (resampled if resampling else 0)
-    floats64 = resampled + original + (len(grid.shape) + 1) * original if resampling else 0
+    floats64 = resampled + original + (2 * len(grid.shape) + 1) * original if resampling else 0
     return (4 * floats32 + 8 * floats64 + regions * original) / 2**20
 
 
