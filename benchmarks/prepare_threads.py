@@ -60,8 +60,8 @@ def tensors_digest(prep) -> str:
             for t in (data.x, data.y):
                 h.update(t.contiguous().numpy().tobytes())
             for v in data.volumes or []:
-                for t in (v.image, v.label, v.truth):
-                    h.update(t.contiguous().numpy().tobytes())
+                for t in (v.image, v.label, v.truth):  # truth: None for a training case
+                    h.update(b"" if t is None else t.contiguous().numpy().tobytes())
     return h.hexdigest()
 
 
