@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import statistics
 import tempfile
 import time
@@ -29,6 +28,7 @@ import torch
 from fedseg.config_load import config_from_cli
 from fedseg.data.federation import Case, Federation, Regions, Site
 from fedseg.data.folder_write import write_folder
+from fedseg.data.prefetch import usable_cpus
 from fedseg.run import prepare
 
 RESULTS = Path(__file__).resolve().parent / "results" / "prepare_threads.json"
@@ -105,7 +105,7 @@ def main() -> None:
         "cases": args.cases,
         "shape": list(shape),
         "channels": 4,
-        "cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "cpus": usable_cpus(),
         "torch_threads": base.threads,
         "repeats": args.repeats,
         "identical_tensors": len(all_digests) == 1,

@@ -125,8 +125,9 @@ def generate_workers(jobs: int, voxels: int) -> int:
     the CPUs this process may use, at most ``MAX_GENERATE_WORKERS`` and ``jobs``."""
     if voxels < PARALLEL_MIN_VOXELS or jobs < 2:
         return 1
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, min(cpus, MAX_GENERATE_WORKERS, jobs))
+    from fedseg.data.prefetch import usable_cpus
+
+    return max(1, min(usable_cpus(), MAX_GENERATE_WORKERS, jobs))
 
 
 def builtin_voxels(name: str, scale: float, image_size: int) -> tuple[int, int]:

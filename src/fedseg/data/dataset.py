@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import weakref
 from collections.abc import Mapping
 from contextlib import closing
@@ -16,7 +15,7 @@ from fedseg.config import DataConfig, VolumeConfig
 from fedseg.data.federation import Case, Federation, Site
 from fedseg.data.metadata import metadata_value
 from fedseg.data.packed import PackedMasks
-from fedseg.data.prefetch import ordered_map
+from fedseg.data.prefetch import ordered_map, usable_cpus
 from fedseg.data.preprocess import Fit, case_tensors, normalization
 from fedseg.data.volumes import Volume, build_volume, case_spacing, draw_patches, patch_size
 
@@ -192,8 +191,7 @@ def prepare_threads(cfg: DataConfig) -> int:
     use (its affinity), at most :data:`MAX_PREPARE_THREADS`."""
     if cfg.prepare_threads:
         return cfg.prepare_threads
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, min(cpus, MAX_PREPARE_THREADS))
+    return min(usable_cpus(), MAX_PREPARE_THREADS)
 
 
 @dataclass

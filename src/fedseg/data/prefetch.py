@@ -9,6 +9,7 @@ a pure function of its input (the Trainer seeds each step from its own stream).
 from __future__ import annotations
 
 import contextvars
+import os
 from collections import deque
 from collections.abc import Callable, Generator, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -18,6 +19,12 @@ from fedseg.interrupts import DISCARDABLE_THREADS
 
 T = TypeVar("T")
 R = TypeVar("R")
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity where the platform says, else the machine's), at least 1."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, cpus)
 
 
 def ordered_map(
