@@ -12,6 +12,7 @@ import difflib
 import logging
 import math
 from collections.abc import Iterable
+from contextlib import closing
 from pathlib import Path
 from typing import cast
 
@@ -31,6 +32,8 @@ from fedseg.data.folder import (
     raw_dataset_problem,
     scan_folder,
 )
+from fedseg.data.prefetch import ordered_map, usable_cpus
+from fedseg.data.prepared import CheckCache
 from fedseg.data.splits import make_splits, split_problems
 
 log = logging.getLogger("fedseg.data.check")
@@ -254,6 +257,17 @@ def orientation_warnings(orientations: dict[str, list[tuple[str, str]]], shown: 
     ]
 
 
+MAX_CHECK_THREADS = 8  # threads reading cases at once for the check, at most
+
+
+def check_threads(cases: int) -> int:
+    """Threads checking ``cases`` cases at once: the CPUs this process may use, at most :data:`MAX_CHECK_THREADS`
+    and ``cases``; 0 (the caller's thread) for one. Each reads one case; the results are taken in the cases' order,
+    so the check's lines do not depend on the count (fedseg's readers are safe to call from several threads)."""
+    threads = min(usable_cpus(), MAX_CHECK_THREADS, cases)
+    return threads if threads > 1 else 0
+
+
 def check_folder(
     root: str | Path,
     split: SplitConfig | None = None,
@@ -273,9 +287,9 @@ def check_folder(
     (readable, channel count, image/label spatial shape, integer labels, label values in the
     regions) and, given ``split`` and ``seed``, that every site keeps a training case.
 
-    Every case is loaded once, in full: fine for the folder sizes this framework targets
-    (hundreds of 2D images or tens of 3D volumes); a very large federation takes as long as
-    one pass over its files. The returned cases carry ``meta["image_shape"]`` ``(C, *spatial)``.
+    Every case is loaded once, in full, by :func:`check_threads` threads at once (a BraTS case about 0.8 s on one
+    core: FeTS 2022's 1251 cases about 16 core-minutes). The returned cases carry ``meta["image_shape"]``
+    ``(C, *spatial)``.
 
     ``all_sites=False``: the folder holds only some of the federation's sites (a hospital's copy),
     so ``federation.yaml``'s ``sites:`` may name sites that are not here (see ``scan_folder``).
@@ -307,20 +321,36 @@ def check_folder(
     seen: set[int] = set()  # label values some case holds
     blanks: list[Path] = []  # images of one value in every voxel
     orientations: dict[str, list[tuple[str, str]]] = {}  # axis codes -> (site, case) of each volume
-    with rtstruct.noting() as painted:
-        for site in sites:
-            for cid, (image_path, label_path) in site.cases.items():
-                site_of[label_path] = site.name
-                case_probs, shape, values, blank = _check_case(image_path, label_path, header)
-                problems += case_probs
-                seen |= values
-                blanks += [image_path] if blank else []
-                if shape is not None:
-                    meta[(site.name, cid)] = {"image_shape": shape}
-                    if header is not None and header.kind == "3d" and (code := voxel_orientation(image_path)):
-                        orientations.setdefault(code, []).append((site.name, cid))
-                    if warnings is not None:
-                        warnings += size_warning(image_path, shape, max_image_mb)
+    jobs = [(site.name, cid, image, label) for site in sites for cid, (image, label) in site.cases.items()]
+
+    known = CheckCache.open(header)  # with $FEDSEG_PREPARED_CACHE: what earlier checks found in unchanged cases
+
+    def check(job: tuple[str, str, Path, Path]) -> tuple[list[str], tuple[int, ...] | None, set[int], bool, str | None]:
+        image, label = job[2], job[3]
+        if known is not None and (found := known.get(image, label)) is not None:
+            return [], tuple(found["shape"]), set(found["values"]), found["blank"], found["orientation"]
+        case_probs, shape, values, blank = _check_case(image, label, header)
+        volume = shape is not None and header is not None and header.kind == "3d"
+        code = voxel_orientation(image) if volume else None
+        if known is not None and not case_probs and shape is not None:
+            known.put(image, label, {"shape": shape, "values": sorted(values), "blank": blank, "orientation": code})
+        return case_probs, shape, values, blank, code
+
+    with rtstruct.noting() as painted, closing(ordered_map(check, jobs, check_threads(len(jobs)), "check")) as checked:
+        for (site_name, cid, image_path, label_path), result in zip(jobs, checked):
+            site_of[label_path] = site_name
+            case_probs, shape, values, blank, code = result
+            problems += case_probs
+            seen |= values
+            blanks += [image_path] if blank else []
+            if shape is not None:
+                meta[(site_name, cid)] = {"image_shape": shape}
+                if code:
+                    orientations.setdefault(code, []).append((site_name, cid))
+                if warnings is not None:
+                    warnings += size_warning(image_path, shape, max_image_mb)
+    order = {label: i for i, (*_, label) in enumerate(jobs)}
+    painted.sort(key=lambda p: order.get(p.path, len(order)))  # the cases' order, whichever thread read them
     problems += rtstruct_problems(painted)
     notices = rtstruct_warnings(painted, site_of) + blank_image_warnings(blanks) + orientation_warnings(orientations)
     if header is not None and not problems:

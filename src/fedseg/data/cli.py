@@ -367,8 +367,9 @@ def export(
 
 
 cache_app = typer.Typer(
-    help="The on-disk cache of built-in federations ($FEDSEG_CACHE_DIR, else ~/.cache/fedseg/federations): "
-    "list its entries with their sizes, or clear it.",
+    help="The on-disk caches: built-in federations ($FEDSEG_CACHE_DIR, else ~/.cache/fedseg/federations) and, when "
+    "$FEDSEG_PREPARED_CACHE is set, the prepared cases of federation folders: list their entries with their sizes, "
+    "or clear them.",
     no_args_is_help=True,
 )
 data_app.add_typer(cache_app, name="cache")
@@ -383,13 +384,29 @@ def _cache_root() -> Path:
     return root
 
 
+def _prepared_root() -> Path:
+    from fedseg.data.prepared import PREPARED_CACHE_ENV, cache_root
+
+    root = cache_root()
+    if root is None:
+        fail(f"no prepared-case cache: {PREPARED_CACHE_ENV} is not set")
+    return root
+
+
 def _mb(size: int) -> str:
     return f"{size / 1e6:.1f} MB"
 
 
 @cache_app.command("list")
-def cache_list() -> None:
-    """Every cached federation (key = source, scale, image size, seed, generator version) and its size on disk."""
+def cache_list(
+    prepared: bool = typer.Option(
+        False, "--prepared", help="list the prepared-case cache ($FEDSEG_PREPARED_CACHE) instead"
+    ),
+) -> None:
+    """Every cached federation (key = source, scale, image size, seed, generator version) and its size on disk; with
+    --prepared, the prepared cases per version of the code that prepared them."""
+    if prepared:
+        return _prepared_list(_prepared_root())
     from fedseg.data.cache import entries
 
     root = _cache_root()
@@ -397,6 +414,17 @@ def cache_list() -> None:
     for name, size, complete in found:
         typer.echo(f"{_mb(size):>10}  {name}{'' if complete else '  (incomplete: removed by clear)'}")
     typer.echo(f"{len(found)} entries, {_mb(sum(size for _, size, _ in found))} in {root}{_not_ours(root)}")
+
+
+def _prepared_list(root: Path) -> None:
+    from fedseg.data.prepared import code_folders
+
+    found = code_folders(root)
+    for folder, count, size, current in found:
+        whose = "this fedseg's" if current else "another fedseg or library version's: never read by this one"
+        typer.echo(f"{_mb(size):>10}  {folder.name}  {count} prepared cases ({whose})")
+    total = sum(size for *_, size, _ in found)
+    typer.echo(f"{sum(n for _, n, _, _ in found)} prepared cases, {_mb(total)} in {root}")
 
 
 def _not_ours(root: Path) -> str:
@@ -412,8 +440,20 @@ def _not_ours(root: Path) -> str:
 
 
 @cache_app.command("clear")
-def cache_clear() -> None:
-    """Remove every cached federation (they are generated again when a run needs them)."""
+def cache_clear(
+    prepared: bool = typer.Option(
+        False, "--prepared", help="clear the prepared-case cache ($FEDSEG_PREPARED_CACHE) instead"
+    ),
+) -> None:
+    """Remove every cached federation (they are generated again when a run needs them); with --prepared, every
+    prepared case (prepared again when a run needs them). Nothing else in the folder is touched."""
+    if prepared:
+        from fedseg.data.prepared import clear as clear_prepared
+
+        root = _prepared_root()
+        removed, size = clear_prepared(root)
+        typer.echo(f"removed {removed} prepared cases ({_mb(size)}) from {root}")
+        return
     from fedseg.data.cache import clear
 
     root = _cache_root()

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import weakref
 from collections.abc import Mapping
 from contextlib import closing
 from dataclasses import dataclass, field
 from itertools import islice
 
-import numpy as np
 import torch
 
 from fedseg.config import DataConfig, VolumeConfig
@@ -16,9 +16,11 @@ from fedseg.data.federation import Case, Federation, Site
 from fedseg.data.metadata import metadata_value
 from fedseg.data.packed import PackedMasks
 from fedseg.data.prefetch import ordered_map, usable_cpus
-from fedseg.data.preprocess import Fit, case_tensors, normalization
-from fedseg.data.volumes import Volume, build_volume, case_spacing, draw_patches, patch_size
+from fedseg.data.prepared import PreparedCache, PreparedCase, prepare_case
+from fedseg.data.preprocess import Fit, normalization
+from fedseg.data.volumes import Volume, draw_patches, patch_size
 
+log = logging.getLogger("fedseg.data.dataset")
 RESIDENT_MB: dict[str, float] = {}  # device -> MiB of training sets this process keeps there (CaseSet.resident)
 
 
@@ -194,18 +196,6 @@ def prepare_threads(cfg: DataConfig) -> int:
     return min(usable_cpus(), MAX_PREPARE_THREADS)
 
 
-@dataclass
-class PreparedCase:
-    """One case pre-processed: its model-size view ``x`` ``(C, *S)`` and masks ``y`` ``(R, *S)``, its
-    :class:`Volume` on the volume path, and on the whole-image path of a scored split its original-grid truth
-    (``(R, *O)`` region masks, None when the case is already on the model grid)."""
-
-    x: torch.Tensor
-    y: torch.Tensor
-    volume: Volume | None
-    truth: np.ndarray | None
-
-
 def build_site_data(
     fed: Federation, site: Site, index: int, splits: Mapping[str, str], cfg: DataConfig, *, originals: bool
 ) -> SiteData:
@@ -225,19 +215,14 @@ def build_site_data(
         by_split[splits[case.id]].append(case)
     on_grid = cfg.volume.patch_size is not None
     norm = normalization(cfg.normalize, cfg.ct_windows)
+    cache = PreparedCache.open(fed, cfg, originals)
 
     def prepare(job: tuple[str, Case]) -> PreparedCase:
         split, case = job
-        image, label = case.arrays()
-        x, y = case_tensors(image, label, fed.regions, cfg.image_size, norm, cfg.resize)
-        truth = None
-        if originals and split != "train" and not on_grid and tuple(label.shape) != tuple(y.shape[1:]):
-            truth = fed.regions.one_hot(label)
-        volume = None
-        if on_grid:
-            spacing = case_spacing(case, fed.spatial_dims)
-            volume = build_volume(image, label, fed.regions, spacing, cfg.volume, norm, scored=split != "train")
-        return PreparedCase(x, y, volume, truth)
+        scored = split != "train"
+        if cache is not None:
+            return cache.prepare(case, norm, scored=scored)
+        return prepare_case(fed, case, cfg, norm, scored=scored, originals=originals)
 
     jobs = [(split, case) for split, cases in by_split.items() for case in cases]
     threads = min(prepare_threads(cfg), len(jobs))
@@ -259,6 +244,11 @@ def build_site_data(
                 cfg.resize,
             )
             del cases_done
+    if cache is not None and (cache.hits or cache.stored):
+        log.info(
+            f"site {site.name}: {cache.hits} of {len(jobs)} cases read from the prepared-case cache {cache.root}, "
+            f"{cache.stored} prepared and stored there"
+        )
     return SiteData(
         site.name,
         index,

@@ -1,0 +1,490 @@
+"""One case pre-processed (:func:`prepare_case`), and an on-disk cache of prepared cases for federation folders.
+
+Pre-processing a BraTS-sized case (reading four NIfTI files, resampling, cropping, normalizing, the model-size view)
+takes about 3 s on one core and the data check reads it once more (0.8 s), so a run on FeTS 2022's 1251 cases spends
+over an hour of CPU on them before round 1, every run. With ``$FEDSEG_PREPARED_CACHE`` set to a folder, each prepared
+case of a federation folder is stored there once (:class:`PreparedCache`) and later runs read it back instead: the
+same tensors to the bit (``tests/test_prepared_cache.py``), in a fraction of the time
+(``benchmarks/prepared_cache.py``); and what the data check found of each sound case is kept beside them
+(:class:`CheckCache`), so a check of unchanged files reads no image. The cache is a property of the machine, not of
+the experiment (like ``$FEDSEG_CACHE_DIR`` for the built-in federations): it changes no result, so it is no config
+field and a resume may switch it on or off. It is off unless set, since prepared cases take more disk than the
+compressed files they come from (a BraTS case 100-150 MB: FeTS 2022 well over 100 GB): point it at a disk with
+room (nnU-Net's ``nnUNet_preprocessed`` is the same trade).
+
+Key. An entry is found by the SHA-256 of everything a prepared case is a function of: each of its files (its
+resolved path, size in bytes and modification time in ns, as ``fedseg.run.data_record`` records them: a changed
+file makes a new key, never a stale hit; contents are not hashed, which would read the whole dataset at every
+start), the spacing the federation gives it, the federation's kind, channels, regions and label names (what the
+reader reads it under), every ``data.*`` setting except those that never touch a prepared case
+(:data:`NOT_PREPARING`), whether the case is scored (validation and test cases keep their original-grid truth)
+and the code that prepares it (:func:`code_digest`: the sources of ``fedseg.data`` and the versions of the
+libraries that read and resample images). Cases without files (built-in federations, federations from user
+code) are never cached.
+
+Entries. ``<root>/<code>/<key[:2]>/<key>.case``, one file per case, ``<code>`` the first digits of
+:func:`code_digest` (so ``fedseg data cache list --prepared`` tells this fedseg's entries from another version's,
+which it never reads; ``fedseg data cache clear --prepared`` removes both): 8 bytes of magic, the header's length
+(8 bytes, little-endian), a JSON header (per tensor its dtype, shape, byte offset and CRC-32; the volume's grid)
+and the tensors' bytes, each at an offset that is a multiple of :data:`ALIGN`. Written to a temp file in the same
+folder and renamed when complete (``os.replace``), so an interrupted write leaves no entry, only a temp file that
+the next run on the machine removes once its process is gone. Read with every check (magic, header, sizes, every
+tensor's CRC-32): an entry that fails one is logged in one line naming the file and the problem, removed and
+prepared again, never trusted. The tensors stay mapped from the file (``torch.from_file``, copy on write: the file
+never changes), so a volume (the bulk of a 3D case) lives in the operating system's page cache, which it can drop
+and re-read under memory pressure, not in the process's own memory. A cache folder that cannot be written gives
+one log line and the run goes on without the cache.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.metadata
+import json
+import logging
+import os
+import secrets
+import shutil
+import threading
+import zlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any, cast
+
+import numpy as np
+import torch
+
+from fedseg.atomic_files import atomic_write_text
+from fedseg.config import DataConfig
+from fedseg.data.federation import Case, Federation
+from fedseg.data.preprocess import case_tensors
+from fedseg.data.volumes import Grid, Volume, build_volume, case_spacing
+
+log = logging.getLogger("fedseg.data.prepared")
+
+PREPARED_CACHE_ENV = "FEDSEG_PREPARED_CACHE"
+MAGIC = b"FSPCASE1"  # the file format's version is its last byte
+ALIGN = 64  # every tensor starts at a multiple of this many bytes (any dtype's view is aligned)
+SUFFIX = ".case"
+CODE_DIGITS = 16  # an entry's folder: the first hex digits of the code that prepared it (code_digest)
+TEMP_PREFIX = ".tmp-"
+# data.* settings that never touch a prepared case (where the data comes from, how it is split and dealt,
+# how many threads prepare it, how patches are drawn and windows slid): left out of the key
+NOT_PREPARING = ("source", "root", "seed", "scale", "prepare_threads", "split", "repartition")
+NOT_PREPARING_VOLUME = ("foreground_oversample", "sw_overlap", "sw_mode", "sw_batch_size")
+# libraries whose version can change a prepared case's bytes (readers, resampling, normalization)
+LIBRARIES = ("torch", "monai", "numpy", "scipy", "nibabel", "pydicom", "pillow", "SimpleITK", "pynrrd")
+_DTYPES = {"float32": torch.float32, "float64": torch.float64, "bool": torch.bool, "uint8": torch.uint8}
+_warned: set[str] = set()  # cache folders already reported unwritable (one line per process)
+
+
+@dataclass
+class PreparedCase:
+    """One case pre-processed: its model-size view ``x`` ``(C, *S)`` and masks ``y`` ``(R, *S)``, its
+    :class:`Volume` on the volume path, and on the whole-image path of a scored split its original-grid truth
+    (``(R, *O)`` region masks, None when the case is already on the model grid)."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    volume: Volume | None
+    truth: np.ndarray | None
+
+
+def prepare_case(
+    fed: Federation, case: Case, cfg: DataConfig, norm: Any, *, scored: bool, originals: bool
+) -> PreparedCase:
+    """``case`` read and pre-processed under ``cfg`` (``norm``: ``fedseg.data.preprocess.normalization`` of it):
+    the model-size view, the volume on the volume path (with its original-grid truth if ``scored``), and on the
+    whole-image path the original-grid truth of a ``scored`` case when ``originals`` (``eval.score_grid:
+    original``) and the case is not on the model grid already."""
+    on_grid = cfg.volume.patch_size is not None
+    image, label = case.arrays()
+    x, y = case_tensors(image, label, fed.regions, cfg.image_size, norm, cfg.resize)
+    truth = None
+    if originals and scored and not on_grid and tuple(label.shape) != tuple(y.shape[1:]):
+        truth = fed.regions.one_hot(label)
+    volume = None
+    if on_grid:
+        spacing = case_spacing(case, fed.spatial_dims)
+        volume = build_volume(image, label, fed.regions, spacing, cfg.volume, norm, scored=scored)
+    return PreparedCase(x, y, volume, truth)
+
+
+# --- the key ------------------------------------------------------------------------------------------------
+@cache
+def code_digest() -> str:
+    """SHA-256 of the code that prepares a case: the sources of the ``fedseg.data`` modules and the installed
+    versions of :data:`LIBRARIES` (absent: ``-``). Any edit there makes new keys (the old entries are not read)."""
+    digest = hashlib.sha256()
+    for source in sorted(Path(__file__).parent.glob("*.py")):
+        digest.update(source.name.encode() + b"\0" + source.read_bytes() + b"\0")
+    for name in LIBRARIES:
+        try:
+            version = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            version = "-"
+        digest.update(f"{name}={version}\0".encode())
+    return digest.hexdigest()
+
+
+def case_files(case: Case) -> list[Path] | None:
+    """The files a folder case is read from (its image and label; every file of a DICOM series folder), or None
+    for a case without files (built-in, from user code) or whose files are gone (the reader will say so)."""
+    paths = [case.meta.get("image"), case.meta.get("label")]
+    if not all(isinstance(p, str) for p in paths):
+        return None
+    files: list[Path] = []
+    for path in (Path(p) for p in paths):  # type: ignore[arg-type]
+        if path.is_dir():
+            files += sorted(p for p in path.rglob("*") if p.is_file())
+        elif path.is_file():
+            files.append(path)
+        else:
+            return None
+    return files
+
+
+def data_settings(cfg: DataConfig) -> dict[str, Any]:
+    """The ``data.*`` settings a prepared case depends on: all but :data:`NOT_PREPARING` (and the volume's
+    :data:`NOT_PREPARING_VOLUME`), so a setting added later is in the key until someone shows it need not be."""
+    settings = cfg.model_dump(mode="json", exclude=set(NOT_PREPARING))
+    settings["volume"] = {k: v for k, v in settings["volume"].items() if k not in NOT_PREPARING_VOLUME}
+    return settings
+
+
+def file_stats(files: list[Path]) -> list[list[Any]]:
+    """``[resolved path, size in bytes, modification time in ns]`` per file: what a key knows of a file."""
+    stats = []
+    for path in files:
+        stat = path.stat()
+        stats.append([str(path.resolve()), stat.st_size, stat.st_mtime_ns])
+    return stats
+
+
+def reader_fields(fed: Federation | Any) -> dict[str, Any]:
+    """What the folder reader reads a case under (``federation.yaml``'s kind, channels, regions and label names), of
+    a :class:`Federation` or a ``fedseg.data.folder.Header``."""
+    return {
+        "kind": fed.kind,
+        "channels": fed.channels,
+        "regions": fed.regions.as_dict(),
+        "label_names": None if fed.label_names is None else {str(k): v for k, v in fed.label_names.items()},
+    }
+
+
+def _sha256(described: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps({"code": code_digest(), **described}, sort_keys=True).encode()).hexdigest()
+
+
+def case_key(fed: Federation, case: Case, cfg: DataConfig, *, scored: bool, originals: bool) -> str | None:
+    """The cache key of ``case`` prepared under ``cfg`` (module docstring), or None when it cannot be cached."""
+    files = case_files(case)
+    if files is None:
+        return None
+    spacing = cast("Sequence[float] | None", case.spacing or case.meta.get("spacing"))
+    return _sha256(
+        {
+            "files": file_stats(files),
+            "spacing": None if spacing is None else [float(s) for s in spacing],
+            "federation": reader_fields(fed),
+            "data": data_settings(cfg),
+            "scored": scored,
+            "originals": originals,
+        }
+    )
+
+
+# --- the files ------------------------------------------------------------------------------------------------
+class CacheFileError(ValueError):
+    """A prepared-case file that cannot be trusted (truncated, wrong magic, bad header, CRC mismatch)."""
+
+
+def _tensors(prepared: PreparedCase) -> dict[str, torch.Tensor]:
+    named = {"x": prepared.x, "y": prepared.y}
+    if prepared.truth is not None:
+        named["truth"] = torch.from_numpy(np.ascontiguousarray(prepared.truth))
+    if prepared.volume is not None:
+        named["volume.image"] = prepared.volume.image
+        named["volume.label"] = prepared.volume.label
+        if prepared.volume.truth is not None:
+            named["volume.truth"] = prepared.volume.truth
+    return named
+
+
+def _grid_record(grid: Grid) -> dict[str, Any]:
+    return {
+        "shape": list(grid.shape),
+        "spacing": list(grid.spacing),
+        "resampled": list(grid.resampled),
+        "affine": None if grid.affine is None else grid.affine.tolist(),
+        "start": list(grid.start),
+        "end": list(grid.end),
+        "pad": [list(p) for p in grid.pad],
+    }
+
+
+def _grid(record: dict[str, Any]) -> Grid:
+    affine = record["affine"]
+    return Grid(
+        tuple(int(v) for v in record["shape"]),
+        tuple(float(v) for v in record["spacing"]),
+        tuple(int(v) for v in record["resampled"]),
+        None if affine is None else torch.tensor(affine, dtype=torch.float64),
+        tuple(int(v) for v in record["start"]),
+        tuple(int(v) for v in record["end"]),
+        tuple((int(a), int(b)) for a, b in record["pad"]),
+    )
+
+
+def _bytes(tensor: torch.Tensor) -> np.ndarray:
+    """A tensor's bytes as a flat uint8 array (no copy when it is contiguous)."""
+    return tensor.detach().contiguous().numpy().reshape(-1).view(np.uint8)
+
+
+def _aligned(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+def write_case(path: Path, prepared: PreparedCase) -> None:
+    """Write ``prepared`` as cache file ``path`` atomically (module docstring)."""
+    blobs = {name: _bytes(t) for name, t in _tensors(prepared).items()}
+    records: dict[str, dict[str, Any]] = {}
+    header: dict[str, Any] = {"tensors": records, "grid": None}
+    if prepared.volume is not None:
+        header["grid"] = _grid_record(prepared.volume.grid)
+    named = _tensors(prepared)
+    for name, blob in blobs.items():
+        tensor = named[name]
+        records[name] = {
+            "dtype": str(tensor.dtype).removeprefix("torch."),
+            "shape": list(tensor.shape),
+            "nbytes": int(blob.nbytes),
+            "crc32": zlib.crc32(blob.data),
+        }
+    # the offsets depend on the header's length, which depends on the offsets' digits: give each a fixed width
+    for record in records.values():
+        record["offset"] = 10**15
+    start = _aligned(len(MAGIC) + 8 + len(json.dumps(header).encode()))
+    for record in records.values():
+        record["offset"] = start
+        start = _aligned(start + record["nbytes"])
+    text = json.dumps(header).encode()  # shorter than the estimate: the first tensor still starts after it
+    tmp = path.with_name(f"{TEMP_PREFIX}{os.getpid()}-{secrets.token_hex(4)}-{path.name}")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(MAGIC + len(text).to_bytes(8, "little") + text)
+            for name, blob in blobs.items():
+                f.seek(records[name]["offset"])
+                f.write(blob.data)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def read_case(path: Path) -> PreparedCase:
+    """The prepared case of cache file ``path``, every tensor checked (``CacheFileError``) and mapped from the file
+    (module docstring; ``build_site_data`` copies the model-size views into its stacks and packs the truth)."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        if f.read(len(MAGIC)) != MAGIC:
+            raise CacheFileError("not a prepared-case file of this fedseg (its first bytes differ)")
+        length = int.from_bytes(f.read(8), "little")
+        if length > size:
+            raise CacheFileError(f"truncated: its header claims {length} bytes, the file has {size}")
+        try:
+            header = json.loads(f.read(length))
+            records = header["tensors"]
+        except (ValueError, KeyError, TypeError) as e:
+            raise CacheFileError(f"header unreadable ({type(e).__name__}: {e})") from None
+    mapped = torch.from_file(str(path), shared=False, size=size, dtype=torch.uint8)
+    tensors = {}
+    try:
+        for name, record in records.items():
+            start, nbytes = int(record["offset"]), int(record["nbytes"])
+            if start % ALIGN or start + nbytes > size:
+                raise CacheFileError(
+                    f"truncated or malformed: {name} lies at bytes {start}..{start + nbytes} of {size}"
+                )
+            raw = mapped[start : start + nbytes]
+            if zlib.crc32(raw.numpy().data) != record["crc32"]:
+                raise CacheFileError(f"{name}: content digest mismatch (corrupt)")
+            tensors[name] = raw.view(_DTYPES[record["dtype"]]).view(record["shape"])
+        volume = None
+        if header["grid"] is not None:
+            scored_truth = tensors.get("volume.truth")
+            volume = Volume(tensors["volume.image"], tensors["volume.label"], scored_truth, _grid(header["grid"]))
+        truth = tensors["truth"].numpy() if "truth" in tensors else None
+        return PreparedCase(tensors["x"], tensors["y"], volume, truth)
+    except (KeyError, TypeError, ValueError, RuntimeError) as e:
+        if isinstance(e, CacheFileError):
+            raise
+        raise CacheFileError(f"header malformed ({type(e).__name__}: {e})") from None
+
+
+# --- the cache ----------------------------------------------------------------------------------------------
+def cache_root() -> Path | None:
+    """``$FEDSEG_PREPARED_CACHE`` (None when unset or empty)."""
+    env = os.environ.get(PREPARED_CACHE_ENV, "").strip()
+    return Path(env).expanduser() if env else None
+
+
+def writable_root() -> Path | None:
+    """:func:`cache_root` when it is set and can be written (the temp files of writes whose process is gone
+    removed), else None (one log line per folder that cannot be written)."""
+    root = cache_root()
+    if root is None:
+        return None
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        probe = root / f"{TEMP_PREFIX}{os.getpid()}-probe"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        if str(root) not in _warned:
+            _warned.add(str(root))
+            log.warning(
+                f"prepared-case cache {root}: cannot write there ({e.strerror or e}); preparing every case "
+                f"without it (set {PREPARED_CACHE_ENV} to a writable folder, or unset it)"
+            )
+        return None
+    remove_dead_temps(root)
+    return root
+
+
+class PreparedCache:
+    """The prepared cases under ``root`` for one site's preparation (:func:`fedseg.data.dataset.build_site_data`):
+    :meth:`prepare` returns a case from the cache or prepares and stores it; ``hits``/``stored`` count them.
+    Safe to call from several threads (each case its own file)."""
+
+    def __init__(self, root: Path, fed: Federation, cfg: DataConfig, originals: bool):
+        self.root, self.fed, self.cfg, self.originals = root, fed, cfg, originals
+        self.hits = self.stored = 0
+        self._count = threading.Lock()
+
+    @classmethod
+    def open(cls, fed: Federation, cfg: DataConfig, originals: bool) -> PreparedCache | None:
+        """The cache of ``$FEDSEG_PREPARED_CACHE``, or None when it is unset or cannot be written (one log line
+        per folder); temp files of writes whose process is gone are removed."""
+        root = writable_root()
+        return None if root is None else cls(root, fed, cfg, originals)
+
+    def prepare(self, case: Case, norm: Any, *, scored: bool) -> PreparedCase:
+        """``case`` prepared (:func:`prepare_case`): read from the cache when it holds a sound entry for it, else
+        prepared and stored (a write that fails is logged once and the case used as prepared)."""
+        key = case_key(self.fed, case, self.cfg, scored=scored, originals=self.originals)
+        if key is None:
+            return prepare_case(self.fed, case, self.cfg, norm, scored=scored, originals=self.originals)
+        path = entry_path(self.root, key, SUFFIX)
+        if path.is_file():
+            try:
+                prepared = read_case(path)
+                with self._count:
+                    self.hits += 1
+                return prepared
+            except (CacheFileError, OSError) as e:
+                log.warning(f"prepared-case cache {path} (case {case.id}): {e}; removed, the case is prepared again")
+                path.unlink(missing_ok=True)
+        prepared = prepare_case(self.fed, case, self.cfg, norm, scored=scored, originals=self.originals)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_case(path, prepared)
+            with self._count:
+                self.stored += 1
+        except OSError as e:
+            if str(self.root) not in _warned:
+                _warned.add(str(self.root))
+                log.warning(f"prepared-case cache {self.root}: cannot store case {case.id} ({e.strerror or e})")
+        return prepared
+
+
+def is_code_folder(name: str) -> bool:
+    """Whether ``name`` is a folder of entries (:data:`CODE_DIGITS` hex digits of a :func:`code_digest`)."""
+    return len(name) == CODE_DIGITS and all(c in "0123456789abcdef" for c in name)
+
+
+def code_folders(root: Path) -> list[tuple[Path, int, int, bool]]:
+    """``(folder, entries, bytes, current)`` per folder of entries under ``root``; ``current``: written by this
+    code (an entry of another fedseg or library version is never read by this one). Nothing else under ``root``
+    is the cache's."""
+    found = []
+    for folder in sorted(root.iterdir()) if root.is_dir() else []:
+        if folder.is_dir() and is_code_folder(folder.name):
+            files = [f for f in folder.glob(f"??/*{SUFFIX}") if f.is_file()]
+            size = sum(f.stat().st_size for f in files)
+            found.append((folder, len(files), size, folder.name == code_digest()[:CODE_DIGITS]))
+    return found
+
+
+def entry_path(root: Path, key: str, suffix: str) -> Path:
+    """Where the entry of ``key`` lies: ``<root>/<code>/<key[:2]>/<key><suffix>`` (module docstring)."""
+    return root / code_digest()[:CODE_DIGITS] / key[:2] / f"{key}{suffix}"
+
+
+class CheckCache:
+    """The data check's findings on the cases it found sound (``fedseg.data.check.check_folder``), kept beside the
+    prepared cases: per case its image shape, label values, whether its image is blank and its voxel orientation,
+    keyed by its two files (path, size, modification time), the reader's ``federation.yaml`` fields and the code (as
+    a prepared case's key), so a later check of unchanged files reads no image. Only a case of two plain files and
+    no DICOM label is kept (reading an RT Structure Set or a DICOM-SEG gives notices that the check summarises)."""
+
+    def __init__(self, root: Path, header: Any):
+        self.root, self.fields = root, reader_fields(header)
+
+    @classmethod
+    def open(cls, header: Any) -> CheckCache | None:
+        """The check cache under ``$FEDSEG_PREPARED_CACHE`` for a folder of ``header`` (a
+        ``fedseg.data.folder.Header``), or None (unset, unwritable, or no valid header)."""
+        root = None if header is None else writable_root()
+        return None if root is None else cls(root, header)
+
+    def _path(self, image: Path, label: Path) -> Path | None:
+        if image.is_dir() or label.suffix.lower() == ".dcm" or not (image.is_file() and label.is_file()):
+            return None
+        return entry_path(self.root, _sha256({"files": file_stats([image, label]), "reader": self.fields}), ".check")
+
+    def get(self, image: Path, label: Path) -> dict[str, Any] | None:
+        """What the check found for this case's files when they were last checked sound, or None."""
+        path = self._path(image, label)
+        try:
+            return None if path is None else json.loads(path.read_text())
+        except (OSError, ValueError):  # none yet, or damaged: checked again and rewritten
+            return None
+
+    def put(self, image: Path, label: Path, found: dict[str, Any]) -> None:
+        """Keep what the check found for a sound case (best effort: a write that fails is skipped)."""
+        path = self._path(image, label)
+        if path is None:
+            return
+        with contextlib.suppress(OSError):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(path, json.dumps(found))
+
+
+def _temps(root: Path) -> Iterator[Path]:
+    for folder, *_ in code_folders(root):
+        yield from folder.glob(f"??/{TEMP_PREFIX}*")
+
+
+def remove_dead_temps(root: Path) -> int:
+    """Remove the temp files under ``root`` whose writing process is gone (an interrupted run); returns how many."""
+    from fedseg.interrupts import is_running
+
+    removed = 0
+    for temp in _temps(root):
+        pid = temp.name.removeprefix(TEMP_PREFIX).split("-", 1)[0]
+        if pid.isdigit() and not is_running(int(pid)):
+            temp.unlink(missing_ok=True)
+            removed += 1
+    return removed
+
+
+def clear(root: Path) -> tuple[int, int]:
+    """Remove every folder of entries under ``root`` (:func:`code_folders`, with their temp files) and nothing else
+    there: ``(entries removed, bytes freed)``."""
+    found = code_folders(root)
+    for folder, *_ in found:
+        shutil.rmtree(folder, ignore_errors=True)
+    return sum(n for _, n, _, _ in found), sum(size for _, _, size, _ in found)

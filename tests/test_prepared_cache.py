@@ -1,0 +1,319 @@
+"""The on-disk cache of prepared cases (``$FEDSEG_PREPARED_CACHE``, ``fedseg.data.prepared``), on real NIfTI files:
+a warm read gives the same tensors to the bit as preparing (volume path with resampling, whole-image path with the
+original-grid truth), a changed file or setting is a new key (never a stale hit), a corrupt or truncated entry is
+logged, removed and prepared again, an unwritable folder is one line, a dead writer's temp file is removed, and a
+whole run gives the same results with the cache cold and warm."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from tests.test_prepare_threads import SPLITS, _assert_same, _federation, _site
+
+from fedseg.config import VolumeConfig
+from fedseg.data.federation import Federation
+from fedseg.data.folder import load_folder
+from fedseg.data.folder_write import write_folder
+from fedseg.data.prepared import PREPARED_CACHE_ENV, SUFFIX, TEMP_PREFIX, read_case, remove_dead_temps
+
+VOLUME = {"volume": VolumeConfig(patch_size=(8, 8, 8), spacing=(1.0, 1.0, 1.0))}  # resampled, cropped, padded
+WHOLE = {"resize": "pad"}  # whole-image path: the original-grid truth of the scored splits
+
+
+@pytest.fixture
+def folder(tmp_path) -> Federation:
+    return load_folder(write_folder(_federation(), tmp_path / "fed" / "blobs"))
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch) -> Path:
+    root = tmp_path / "prepared"
+    monkeypatch.setenv(PREPARED_CACHE_ENV, str(root))
+    return root
+
+
+def _entries(root: Path) -> list[Path]:
+    return sorted(root.glob(f"*/*/*{SUFFIX}"))
+
+
+def _uncached(fed: Federation, monkeypatch, threads: int = 1, **data):
+    with monkeypatch.context() as m:
+        m.delenv(PREPARED_CACHE_ENV)
+        return _site(fed, threads, **data)
+
+
+@pytest.mark.parametrize("data", [VOLUME, WHOLE], ids=["volume", "whole-image"])
+def test_a_warm_read_gives_the_same_tensors_as_preparing(folder, cache, monkeypatch, caplog, data):
+    plain = _uncached(folder, monkeypatch, **data)
+    with caplog.at_level(logging.INFO, "fedseg.data"):
+        cold = _site(folder, 2, **data)
+        warm = _site(folder, 2, **data)
+    assert len(_entries(cache)) == len(folder.sites[0].cases)
+    lines = [r.getMessage() for r in caplog.records if "prepared-case cache" in r.getMessage()]
+    assert lines[0].startswith("site s: 0 of 9 cases read") and lines[0].endswith("9 prepared and stored there")
+    assert lines[1].startswith("site s: 9 of 9 cases read") and lines[1].endswith("0 prepared and stored there")
+    for split in SPLITS:
+        _assert_same(plain.split(split), cold.split(split))
+        _assert_same(plain.split(split), warm.split(split))
+    if "volume" in data:  # the scored volumes kept their truth, the training ones none, as prepared
+        assert all(v.truth is None for v in warm.train.volumes) and all(v.truth is not None for v in warm.val.volumes)
+
+
+def test_a_volume_is_mapped_from_the_file_not_copied(folder, cache):
+    _site(folder, 1, **VOLUME)
+    prepared = read_case(_entries(cache)[0])
+    assert prepared.volume is not None
+    storage = prepared.volume.image.untyped_storage()
+    assert storage.nbytes() == _entries(cache)[0].stat().st_size  # the whole file's mapping, not a copy
+    prepared.volume.image.add_(1.0)  # copy on write: the file does not change
+    assert torch.equal(read_case(_entries(cache)[0]).volume.image + 1.0, prepared.volume.image)
+
+
+def test_a_changed_file_or_setting_is_a_new_key_never_a_stale_hit(folder, cache, monkeypatch, tmp_path):
+    _site(folder, 1, **VOLUME)
+    assert len(_entries(cache)) == 9
+    _site(folder, 1, volume=VolumeConfig(patch_size=(8, 8, 8), spacing=(1.0, 1.0, 1.0), sw_overlap=0.25))
+    assert len(_entries(cache)) == 9  # the sliding window never touches a prepared case: same keys
+    _site(folder, 1, volume=VolumeConfig(patch_size=(8, 8, 8), spacing=(1.0, 1.0, 2.0)))
+    assert len(_entries(cache)) == 18  # another spacing: every case prepared again
+    # rewrite one image with other voxels: that case (and only it) gets a new key, and the new tensors
+    other = _federation()
+    other.sites[0].cases[0] = type(other.sites[0].cases[0]).from_arrays(
+        "c0",
+        other.sites[0].cases[1].arrays()[0][:, :14, :12, :10],
+        other.sites[0].cases[0].arrays()[1],
+        spacing=(1.0, 0.8, 1.5),
+    )
+    root = tmp_path / "fed" / "blobs"
+    write_folder(other, tmp_path / "fed2" / "blobs")
+    image = next((root / "s" / "images").glob("c0*"))
+    image.write_bytes(next((tmp_path / "fed2" / "blobs" / "s" / "images").glob("c0*")).read_bytes())
+    changed = load_folder(root)
+    warm = _site(changed, 1, **VOLUME)
+    assert len(_entries(cache)) == 19
+    plain = _uncached(changed, monkeypatch, **VOLUME)
+    for split in SPLITS:
+        _assert_same(plain.split(split), warm.split(split))
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "magic"])
+def test_a_corrupt_entry_is_removed_and_prepared_again_not_trusted(folder, cache, monkeypatch, caplog, damage):
+    _site(folder, 1, **VOLUME)
+    victim = _entries(cache)[3]
+    data = bytearray(victim.read_bytes())
+    if damage == "flip":
+        data[-100] ^= 0xFF  # one byte of the last tensor
+    elif damage == "truncate":
+        data = data[: len(data) // 2]
+    else:
+        data[:8] = b"NOTACASE"
+    victim.write_bytes(bytes(data))
+    with caplog.at_level(logging.INFO, "fedseg.data"):
+        warm = _site(folder, 1, **VOLUME)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and str(victim) in warnings[0] and "prepared again" in warnings[0]
+    expected = {"flip": "content digest mismatch", "truncate": "truncated", "magic": "not a prepared-case file"}
+    assert expected[damage] in warnings[0]
+    assert any("8 of 9 cases read" in r.getMessage() for r in caplog.records)
+    read_case(victim)  # rewritten sound
+    plain = _uncached(folder, monkeypatch, **VOLUME)
+    for split in SPLITS:
+        _assert_same(plain.split(split), warm.split(split))
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a read-only folder")
+def test_an_unwritable_folder_is_one_line_and_the_run_goes_on(folder, cache, monkeypatch, caplog):
+    cache.mkdir()
+    cache.chmod(0o500)
+    try:
+        with caplog.at_level(logging.INFO, "fedseg.data"):
+            site = _site(folder, 2, **VOLUME)
+            _site(folder, 2, **VOLUME)
+    finally:
+        cache.chmod(0o700)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) <= 1 and all("cannot write there" in w for w in warnings)  # once per process
+    assert not _entries(cache)
+    plain = _uncached(folder, monkeypatch, **VOLUME)
+    _assert_same(plain.train, site.train)
+
+
+def test_a_dead_writers_temp_file_is_removed_a_live_ones_kept(cache):
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    shard = cache / ("f" * 16) / "ab"
+    shard.mkdir(parents=True)
+    gone = shard / f"{TEMP_PREFIX}{int(dead.stdout)}-0000-ab12{SUFFIX}"
+    live = shard / f"{TEMP_PREFIX}{os.getpid()}-0000-ab34{SUFFIX}"
+    gone.write_bytes(b"half")
+    live.write_bytes(b"half")
+    assert remove_dead_temps(cache) == 1
+    assert not gone.exists() and live.exists()
+
+
+def test_a_run_gives_the_same_results_with_the_cache_cold_and_warm(folder, tmp_path):
+    """The whole run on a federation folder: results.csv and the weights identical without the cache, cold, warm."""
+    import hashlib
+
+    root = tmp_path / "fed" / "blobs"
+    outs = {}
+    for name, env in (("off", None), ("cold", tmp_path / "prepared"), ("warm", tmp_path / "prepared")):
+        environ = {k: v for k, v in os.environ.items() if k != PREPARED_CACHE_ENV}
+        if env is not None:
+            environ[PREPARED_CACHE_ENV] = str(env)
+        out = tmp_path / f"run-{name}"
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "fedseg",
+                "run",
+                "--preset",
+                "fets-cpu",
+                "--data",
+                str(root),
+                "--algorithms",
+                "fedavg",
+                "--rounds",
+                "1",
+                "--out",
+                str(out),
+                "--set",
+                "data.image_size=16",
+                "--set",
+                "data.volume.patch_size=8",
+                "--set",
+                "model.channels=[4,8]",
+                "--set",
+                "eval.hd95=false",
+                "--set",
+                "threads=1",
+            ],
+            env=environ,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        weights = sorted((out / "fedavg").rglob("*.safetensors"))
+        outs[name] = ((out / "results.csv").read_text(), [hashlib.sha256(w.read_bytes()).hexdigest() for w in weights])
+    assert outs["off"] == outs["cold"] == outs["warm"]
+    assert len(_entries(tmp_path / "prepared")) == 9
+
+
+def test_cache_list_and_clear_prepared(folder, cache):
+    """``fedseg data cache list --prepared`` tells this fedseg's entries from another version's; ``clear --prepared``
+    removes both and nothing else in the folder."""
+    from typer.testing import CliRunner
+
+    from fedseg.cli import app
+
+    _site(folder, 1, **VOLUME)
+    other = cache / ("0" * 16) / "ab"
+    other.mkdir(parents=True)
+    (other / f"{'ab' * 32}{SUFFIX}").write_bytes(b"an older fedseg's case")
+    (cache / "notes.txt").write_text("mine\n")
+    runner = CliRunner()
+    listed = runner.invoke(app, ["data", "cache", "list", "--prepared"])
+    assert listed.exit_code == 0, listed.output
+    assert "9 prepared cases (this fedseg's)" in listed.output
+    assert "1 prepared cases (another fedseg or library version's: never read by this one)" in listed.output
+    assert "10 prepared cases" in listed.output.splitlines()[-1]
+    cleared = runner.invoke(app, ["data", "cache", "clear", "--prepared"])
+    assert cleared.exit_code == 0 and "removed 10 prepared cases" in cleared.output, cleared.output
+    assert [p.name for p in cache.iterdir()] == ["notes.txt"]
+
+
+def test_cache_list_prepared_without_the_variable_is_one_line(monkeypatch):
+    from typer.testing import CliRunner
+
+    from fedseg.cli import app
+
+    monkeypatch.delenv(PREPARED_CACHE_ENV, raising=False)
+    listed = CliRunner().invoke(app, ["data", "cache", "list", "--prepared"])
+    assert listed.exit_code != 0 and f"{PREPARED_CACHE_ENV} is not set" in listed.output
+    assert "Traceback" not in listed.output
+
+
+def _blank_and_checked(tmp_path: Path) -> Path:
+    """The blobs folder with one blank image (a warning the check gives) and a second site."""
+    import numpy as np
+
+    fed = _federation()
+    image, label = fed.sites[0].cases[4].arrays()
+    fed.sites[0].cases[4] = type(fed.sites[0].cases[4]).from_arrays("c4", np.zeros_like(image), label)
+    return write_folder(fed, tmp_path / "checked" / "blobs")
+
+
+def test_the_data_check_reads_no_image_of_an_unchanged_case_and_finds_the_same(tmp_path, cache, monkeypatch):
+    """With the cache the check keeps what it found of each sound case (shape, label values, blank, orientation);
+    a second check of unchanged files reads no image and gives the same federation and warnings; a changed file is
+    checked again (its new fault found)."""
+    import numpy as np
+
+    from fedseg.data import check as check_module
+    from fedseg.data.check import check_folder
+
+    root = _blank_and_checked(tmp_path)
+    found = []
+    for _ in range(2):
+        warnings: list[str] = []
+        fed = check_folder(root, warnings=warnings)
+        found.append(([dict(c.meta) for c in fed.sites[0].cases], warnings))
+    assert any("every voxel holds the same value" in w for w in found[0][1])
+    assert found[0] == found[1]
+    assert len(list(cache.glob("*/*/*.check"))) == 9
+    read: list[Path] = []
+    real = check_module._check_case
+    monkeypatch.setattr(check_module, "_check_case", lambda i, lb, h: read.append(i) or real(i, lb, h))
+    check_folder(root)
+    assert read == []  # nothing read: every case known
+    label = next((root / "s" / "labels").glob("c2*"))
+    import nibabel as nib
+
+    img = nib.load(label)
+    data = np.asarray(img.dataobj).copy()
+    data[0, 0, 0] = 7  # a value no region has
+    nib.save(nib.Nifti1Image(data, img.affine), label)
+    with pytest.raises(Exception, match="label values 7 are not in any region"):
+        check_folder(root)
+    assert [p.name.split(".")[0] for p in read] == ["c2"]  # only the changed case read again
+
+
+def test_a_damaged_check_record_is_checked_again(tmp_path, cache):
+    from fedseg.data.check import check_folder
+
+    root = _blank_and_checked(tmp_path)
+    first = [dict(c.meta) for c in check_folder(root).sites[0].cases]
+    for record in cache.glob("*/*/*.check"):
+        record.write_text("{not json")
+    again = [dict(c.meta) for c in check_folder(root).sites[0].cases]
+    assert first == again
+    assert all(record.read_text().startswith('{"shape"') for record in cache.glob("*/*/*.check"))
+
+
+def test_the_checks_lines_do_not_depend_on_the_number_of_threads(tmp_path, monkeypatch):
+    """Problems of several cases come in the cases' order whether one thread or several read them."""
+    import gzip
+
+    from fedseg.data import check as check_module
+    from fedseg.data.check import check_folder
+    from fedseg.data.federation import FederationError
+
+    root = write_folder(_federation(), tmp_path / "bad" / "blobs")
+    for bad in ("c1", "c4", "c7"):
+        path = root / "s" / "images" / f"{bad}.nii.gz"
+        path.write_bytes(gzip.compress(gzip.decompress(path.read_bytes())[:400]))
+    texts = []
+    for cpus in (1, 4):
+        monkeypatch.setattr(check_module, "usable_cpus", lambda cpus=cpus: cpus)
+        with pytest.raises(FederationError) as caught:
+            check_folder(root)
+        texts.append(str(caught.value))
+    assert texts[0] == texts[1]
+    assert texts[0].index("c1.nii.gz") < texts[0].index("c4.nii.gz") < texts[0].index("c7.nii.gz")
