@@ -404,3 +404,17 @@ def test_the_test_tables_notes_reach_the_markdown_and_the_html(tmp_path):
         text = (folder / page).read_text()
         assert f"{method} in s1 of " in text and "Routed every test image to its global model" in text, page
         assert "Stopped by the plateau rule" in text, page
+
+
+def test_local_avg_and_gen_average_the_folds_of_a_seed_before_the_spread_over_seeds():
+    """A k-fold bench's local avg / local gen: per seed the mean over its folds, ± std over seeds (as the per-site
+    columns beside them), not ± over folds × seeds (a statistician's review: the caption said seeds)."""
+    from fedseg.bench.plan import BenchRun
+    from fedseg.bench.tables import seed_mean_std
+
+    values = {(0, 0): 0.6, (1, 0): 0.8, (0, 1): 0.7, (1, 1): 0.9}  # (fold, seed) -> the run's local avg
+    runs = [Finished(BenchRun("fed", fold, seed, "fedavg", (), ()), Path(), {}, 0.0) for fold, seed in values]
+    stats = seed_mean_std(runs, list(values.values()))
+    assert stats["n"] == 2 and stats["mean"] == pytest.approx(0.75)
+    assert stats["std"] == pytest.approx(np.std([0.7, 0.8], ddof=1))  # seeds' fold means 0.7 and 0.8
+    assert seed_mean_std(runs[:2], [0.6, math.nan])["n"] == 1  # a run without local models counts for nothing

@@ -175,7 +175,7 @@ TEX_DEFINITIONS = {
     "per site": "Test Dice per site: the site's mean over its test cases, mean ± std over seeds; † / °: its paired "
     "test against {reference} on that site's cases, Holm-adjusted over every cell; client avg: the mean of the site "
     "means; local avg / local gen: each site's own local model on its own test cases / on the other sites' (methods "
-    "with local models).",
+    "with local models; each run's mean over its sites, per seed the mean over its folds, ± std over seeds).",
     "cost": "Cost per run (mean over runs): rounds trained, SGD steps (FeTS Eq. 34), parallel SGD steps (Eq. 35), "
     "floats sent in training per site and over all sites, floats of evaluation messages per site, simulated hours "
     "(Eq. 36-38).",

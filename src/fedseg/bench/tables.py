@@ -170,8 +170,8 @@ def method_stats(rows: list[dict], runs: list[Finished], scored: str, regions: l
         "site_cases": {
             s: sum(1 for site, _ in dice_cases if site == s) for s in sites
         },  # what each site's mean averages
-        "local_avg": mean_std(e.get("local_avg", math.nan) for e in entries),
-        "local_gen": mean_std(e.get("local_gen", math.nan) for e in entries),
+        "local_avg": seed_mean_std(runs, [e.get("local_avg", math.nan) for e in entries]),
+        "local_gen": seed_mean_std(runs, [e.get("local_gen", math.nan) for e in entries]),
         "convergence": convergence_counts(entries),
         "cost": cost_means(entries, [len(fin.summary["sites"]) for fin in runs]),
         "cases": len(dice_cases),
@@ -179,6 +179,17 @@ def method_stats(rows: list[dict], runs: list[Finished], scored: str, regions: l
         "_seed_cases": dice_seeds,  # {seed: {(site, case): Dice}}: what the paired tests pair (add_tests)
         **{f"_seed_{name}": seeds for name, seeds in surface_seeds.items()},  # the same of HD95 and NSD
     }
+
+
+def seed_mean_std(runs: list[Finished], values: list[float]) -> dict[str, float]:
+    """One number per run (``values``, in ``runs``' order) as the per-site columns show theirs: per seed the mean
+    over its folds (k-fold and leave-one-out benches), then ``mean_std`` over the seeds (not over folds × seeds,
+    which would mix the folds' spread into the seeds'). Non-finite values are left out."""
+    by_seed: dict[int, list[float]] = defaultdict(list)
+    for fin, value in zip(runs, values, strict=True):
+        if value is not None and math.isfinite(value):
+            by_seed[fin.run.seed].append(float(value))
+    return mean_std(float(np.mean(v)) for v in by_seed.values())
 
 
 def _mean_sizes(entries: list[dict]) -> dict[str, float]:
