@@ -95,7 +95,7 @@ def markdown(report: dict) -> str:
             )
         lines += [
             "",
-            "FeTS Table 1 layout (mean over seeds of the mean ± std over test cases):",
+            "FeTS Table 1 layout (per seed the mean and the std over test cases, each then averaged over the seeds):",
             "",
             "| method | Dice | " + " | ".join(f"Dice {r}" for r in regions) + " | HD95 |",
             "|---" * (len(regions) + 3) + "|",
