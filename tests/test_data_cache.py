@@ -23,6 +23,7 @@ from fedseg.cli import app
 from fedseg.data import cache
 from fedseg.data.cache import BuiltinParams, cached_builtin, entry_key, generate, read_entry, write_entry
 from fedseg.data.federation import Case, Federation, Site
+from fedseg.data.prefetch import usable_cpus
 from fedseg.data.sources import build_builtin
 from fedseg.data.synthetic import build_synthetic
 from fedseg.data.synthetic_brats import build_synthetic_brats
@@ -284,7 +285,7 @@ def _first_time(condition: Callable[[], bool], timeout: float) -> bool:
 
 
 @pytest.mark.skipif(not Path("/proc/self/syscall").exists(), reason="reads processes from /proc (Linux)")
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one CPU: the federation is generated without workers")
+@pytest.mark.skipif(usable_cpus() < 2, reason="one CPU: the federation is generated without workers")
 @pytest.mark.parametrize("moment", ["sending", "sending", "sending", "sending", 0.0, 0.5])
 def test_ctrl_c_while_the_workers_generate_ends_data_synth_at_once_every_time(tmp_path, monkeypatch, moment):
     """An audit's Ctrl-C on `data synth` hung it, silent or after its line, in about 3 tries of 20, until killed:

@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from fedseg.data.prefetch import usable_cpus
+
 TINY_SET = ["data.scale=0.05", "data.image_size=32", "model.channels=[4,8,16]", "train.batch_size=4", "threads=1"]
 
 
@@ -271,7 +273,7 @@ def test_stopping_data_synth_while_it_writes_leaves_no_half_federation(tmp_path,
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads sessions from /proc (Linux)")
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one CPU: the federation is generated without workers")
+@pytest.mark.skipif(usable_cpus() < 2, reason="one CPU: the federation is generated without workers")
 def test_a_sigint_to_data_synth_alone_while_its_workers_generate_stops_them_and_it(tmp_path):
     """The generation workers (a process pool) stop with their parent: an audit's SIGINT to the parent alone left
     it waiting on them for 11 minutes after it had said 'interrupted'. A seed no other test caches: generated."""

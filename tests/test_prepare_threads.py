@@ -99,7 +99,10 @@ def test_the_first_case_that_fails_is_the_error_with_any_number_of_threads(tmp_p
     assert "c1" in errors[0][1] and "c4" not in errors[0][1]  # c1 comes first (train), as alone
 
 
-def test_zero_means_the_usable_cpus_at_most_eight():
+def test_zero_means_the_usable_cpus_at_most_eight(monkeypatch):
+    from fedseg.data import prefetch
+
+    monkeypatch.setattr(prefetch, "cgroup_cpu_limit", lambda: None)  # the affinity alone (a CI container may cap it)
     cpus = len(__import__("os").sched_getaffinity(0))
     assert prepare_threads(DataConfig()) == max(1, min(cpus, 8))
     assert prepare_threads(DataConfig(prepare_threads=3)) == 3
@@ -157,3 +160,50 @@ def test_each_item_runs_in_a_copy_of_the_callers_context():
     seen: contextvars.ContextVar[str] = contextvars.ContextVar("seen", default="unset")
     seen.set("the caller's")
     assert list(ordered_map(lambda i: (i, seen.get()), range(5), 3)) == [(i, "the caller's") for i in range(5)]
+
+
+def _cgroup_tree(tmp_path, files: dict[str, str], cgroups: str):
+    root = tmp_path / "sys-fs-cgroup"
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    listing = tmp_path / "proc-self-cgroup"
+    listing.write_text(cgroups)
+    return listing, root
+
+
+@pytest.mark.parametrize(
+    ("files", "cgroups", "expected"),
+    [
+        ({"cpu.max": "200000 100000\n"}, "0::/\n", 2.0),  # v2 in a container (docker --cpus 2)
+        ({"cpu.max": "max 100000\n"}, "0::/\n", None),  # v2 without a quota
+        ({"kubepods/cpu.max": "150000 100000\n", "kubepods/pod1/cpu.max": "max 100000\n"}, "0::/kubepods/pod1\n", 1.5),
+        (
+            {"cpu,cpuacct/cpu.cfs_quota_us": "50000\n", "cpu,cpuacct/cpu.cfs_period_us": "100000\n"},
+            "4:memory:/x\n2:cpu,cpuacct:/docker/abc\n",
+            0.5,
+        ),  # v1; the container's own cgroup is the mount's root
+        ({"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, "1:cpu:/\n", None),  # v1, none
+        ({"cpu.max": "garbage\n"}, "0::/\n", None),  # unreadable: no quota, never an error
+    ],
+    ids=["v2", "v2-max", "v2-parent", "v1", "v1-none", "garbled"],
+)
+def test_the_cgroup_cpu_quota_is_read_from_v1_and_v2(tmp_path, files, cgroups, expected):
+    from fedseg.data.prefetch import cgroup_cpu_limit
+
+    listing, root = _cgroup_tree(tmp_path, files, cgroups)
+    assert cgroup_cpu_limit(listing, root) == expected
+    assert cgroup_cpu_limit(tmp_path / "no-such-file", root) is None  # not Linux
+
+
+def test_usable_cpus_is_capped_by_the_cgroup_quota(monkeypatch):
+    """docker --cpus 1.5 on a machine of more CPUs: 2 threads (rounded up), never more than the affinity allows."""
+    from fedseg.data import prefetch
+
+    cpus = len(__import__("os").sched_getaffinity(0))
+    monkeypatch.setattr(prefetch, "cgroup_cpu_limit", lambda: 1.5)
+    assert prefetch.usable_cpus() == min(cpus, 2)
+    monkeypatch.setattr(prefetch, "cgroup_cpu_limit", lambda: 0.2)
+    assert prefetch.usable_cpus() == 1
+    monkeypatch.setattr(prefetch, "cgroup_cpu_limit", lambda: None)
+    assert prefetch.usable_cpus() == cpus

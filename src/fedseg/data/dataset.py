@@ -190,7 +190,8 @@ MAX_PREPARE_THREADS = 8  # data.prepare_threads = 0: the CPUs this process may u
 
 def prepare_threads(cfg: DataConfig) -> int:
     """Threads pre-processing a site's cases at once: ``data.prepare_threads``, or for 0 the CPUs this process may
-    use (its affinity), at most :data:`MAX_PREPARE_THREADS`."""
+    use (``fedseg.data.prefetch.usable_cpus``: its affinity and cgroup CPU quota), at most
+    :data:`MAX_PREPARE_THREADS`."""
     if cfg.prepare_threads:
         return cfg.prepare_threads
     return min(usable_cpus(), MAX_PREPARE_THREADS)

@@ -9,10 +9,12 @@ a pure function of its input (the Trainer seeds each step from its own stream).
 from __future__ import annotations
 
 import contextvars
+import math
 import os
 from collections import deque
 from collections.abc import Callable, Generator, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 from typing import TypeVar
 
 from fedseg.interrupts import DISCARDABLE_THREADS
@@ -22,9 +24,55 @@ R = TypeVar("R")
 
 
 def usable_cpus() -> int:
-    """The CPUs this process may run on (its affinity where the platform says, else the machine's), at least 1."""
+    """The CPUs this process may use, at least 1: its affinity where the platform says (else the machine's CPUs),
+    capped by its cgroup's CPU quota (:func:`cgroup_cpu_limit`: ``docker --cpus 2`` or a Kubernetes CPU limit on a
+    64-core host gives 2, where more threads than that would only be throttled)."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, cpus)
+    quota = cgroup_cpu_limit()
+    return max(1, min(cpus, math.ceil(quota)) if quota is not None else cpus)
+
+
+def cgroup_cpu_limit(cgroups: Path = Path("/proc/self/cgroup"), root: Path = Path("/sys/fs/cgroup")) -> float | None:
+    """CPUs the CPU quota of this process's cgroup allows (quota / period: 1.5 for ``--cpus 1.5``), the smallest
+    along its cgroup and their parents, or None without a quota (or where none can be read: not Linux). cgroup v2:
+    ``cpu.max`` (``max 100000`` or ``150000 100000``); v1: ``cpu.cfs_quota_us`` (-1: none) / ``cpu.cfs_period_us``
+    under the ``cpu`` controller's mount. ``cgroups``: the process's cgroup list; ``root``: where they are mounted."""
+    try:
+        lines = cgroups.read_text().splitlines()
+    except OSError:
+        return None
+    limits = []
+    for line in lines:
+        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        names = controllers.split(",")
+        if controllers == "":  # v2: one unified hierarchy
+            mounts = [root, root / "unified"]
+        elif "cpu" in names:
+            mounts = [root / controllers, root / "cpu"]
+        else:
+            continue
+        for mount in mounts:
+            folder = mount / path.lstrip("/")
+            while True:
+                limits.append(_quota(folder, v2=controllers == ""))
+                if folder == mount or mount not in folder.parents:
+                    break
+                folder = folder.parent
+    found = [q for q in limits if q is not None]
+    return min(found) if found else None
+
+
+def _quota(folder: Path, v2: bool) -> float | None:
+    """The CPU quota one cgroup folder sets (CPUs), or None (no file, no quota, unreadable)."""
+    try:
+        if v2:
+            quota, period = (folder / "cpu.max").read_text().split()[:2]
+            return None if quota == "max" else int(quota) / int(period)
+        quota_us = int((folder / "cpu.cfs_quota_us").read_text())
+        period_us = int((folder / "cpu.cfs_period_us").read_text())
+        return None if quota_us <= 0 or period_us <= 0 else quota_us / period_us
+    except (OSError, ValueError, ZeroDivisionError):
+        return None
 
 
 def ordered_map(
