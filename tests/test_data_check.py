@@ -547,9 +547,10 @@ def test_sites_whose_volumes_lie_in_other_voxel_orientations_get_one_warning(tmp
     assert check_warnings(root) == []
 
 
-def test_a_3d_folder_says_how_much_memory_a_run_keeps_its_cases_in(tmp_path):
+def test_a_3d_folder_says_how_much_memory_a_run_keeps_its_cases_in(tmp_path, monkeypatch):
     """A scale study: nothing said before a run how much RAM its BraTS-sized cases would take (they all stay in
     memory); the check now gives the upper bound from the shapes it read, and none for 2D."""
+    monkeypatch.delenv("FEDSEG_PREPARED_CACHE", raising=False)
     import nibabel as nib
 
     root = tmp_path / "fed"
@@ -575,3 +576,4 @@ def test_a_3d_folder_says_how_much_memory_a_run_keeps_its_cases_in(tmp_path):
     line = " ".join(result.output.split())
     said = f"keeps these 6 cases in about {total / 1e9:.3g} GB of RAM ({total / 6 / 1e6:.3g} MB per case on the files"
     assert said in line
+    assert "set FEDSEG_PREPARED_CACHE=DIR to prepare each case once and map its volume from disk" in line

@@ -138,7 +138,19 @@ def volume_memory_note(fed: Federation) -> str | None:
         f"{total / 1e9:.3g} GB of RAM ({total / len(shapes) / 1e6:.3g} MB per case on the files' grids: float32 "
         "images, bool region masks and their original-grid copy, which training cases do not keep; less after the "
         "crop to the foreground, more where a case is padded to the patch size or resampled to a finer "
-        "data.volume.spacing)"
+        f"data.volume.spacing){_prepared_cache_hint()}"
+    )
+
+
+def _prepared_cache_hint() -> str:
+    """What the memory note adds about ``$FEDSEG_PREPARED_CACHE`` (``fedseg.data.prepared``)."""
+    from fedseg.data.prepared import PREPARED_CACHE_ENV, cache_root
+
+    if cache_root() is not None:
+        return f"; with {PREPARED_CACHE_ENV} set, the volumes are mapped from its files (page cache) instead"
+    return (
+        f"; set {PREPARED_CACHE_ENV}=DIR to prepare each case once and map its volume from disk (page cache) "
+        "instead of holding it"
     )
 
 
