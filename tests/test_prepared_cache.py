@@ -16,7 +16,7 @@ import pytest
 import torch
 from tests.test_prepare_threads import SPLITS, _assert_same, _federation, _site
 
-from fedseg.config import VolumeConfig
+from fedseg.config import DataConfig, VolumeConfig
 from fedseg.data.federation import Federation
 from fedseg.data.folder import load_folder
 from fedseg.data.folder_write import write_folder
@@ -157,12 +157,14 @@ def test_a_dead_writers_temp_file_is_removed_a_live_ones_kept(cache):
 
 
 def test_a_run_gives_the_same_results_with_the_cache_cold_and_warm(folder, tmp_path):
-    """The whole run on a federation folder: results.csv and the weights identical without the cache, cold, warm."""
+    """The whole run on a federation folder: results.csv and the weights identical without the cache, cold, warm, and
+    warm on the worker pool (its sites' volumes cross to the workers as copies)."""
     import hashlib
 
     root = tmp_path / "fed" / "blobs"
     outs = {}
-    for name, env in (("off", None), ("cold", tmp_path / "prepared"), ("warm", tmp_path / "prepared")):
+    runs = (("off", None, 1), ("cold", tmp_path / "prepared", 1), ("warm", tmp_path / "prepared", 1))
+    for name, env, workers in (*runs, ("warm-workers", tmp_path / "prepared", 2)):
         environ = {k: v for k, v in os.environ.items() if k != PREPARED_CACHE_ENV}
         if env is not None:
             environ[PREPARED_CACHE_ENV] = str(env)
@@ -183,6 +185,8 @@ def test_a_run_gives_the_same_results_with_the_cache_cold_and_warm(folder, tmp_p
                 "1",
                 "--out",
                 str(out),
+                "--workers",
+                str(workers),
                 "--set",
                 "data.image_size=16",
                 "--set",
@@ -202,7 +206,7 @@ def test_a_run_gives_the_same_results_with_the_cache_cold_and_warm(folder, tmp_p
         assert done.returncode == 0, done.stderr[-2000:]
         weights = sorted((out / "fedavg").rglob("*.safetensors"))
         outs[name] = ((out / "results.csv").read_text(), [hashlib.sha256(w.read_bytes()).hexdigest() for w in weights])
-    assert outs["off"] == outs["cold"] == outs["warm"]
+    assert outs["off"] == outs["cold"] == outs["warm"] == outs["warm-workers"]  # the pool: bit-identical on CPU
     assert len(_entries(tmp_path / "prepared")) == 9
 
 
@@ -317,3 +321,144 @@ def test_the_checks_lines_do_not_depend_on_the_number_of_threads(tmp_path, monke
         texts.append(str(caught.value))
     assert texts[0] == texts[1]
     assert texts[0].index("c1.nii.gz") < texts[0].index("c4.nii.gz") < texts[0].index("c7.nii.gz")
+
+
+# --- from a review: keys that missed what a case depends on, and a warm run on the worker pool ------------------
+def _same_as_uncached(fed: Federation, monkeypatch, **data) -> None:
+    warm = _site(fed, 1, **data)
+    plain = _uncached(fed, monkeypatch, **data)
+    for split in SPLITS:
+        _assert_same(plain.split(split), warm.split(split))
+
+
+def test_reordered_regions_are_a_new_key(folder, cache, monkeypatch, tmp_path):
+    """The regions' order is the masks' channel order: a sorted key gave the old order's masks."""
+    import yaml
+
+    _site(folder, 1, **VOLUME)
+    header = tmp_path / "fed" / "blobs" / "federation.yaml"
+    spec = yaml.safe_load(header.read_text())
+    spec["regions"] = dict(reversed(list(spec["regions"].items())))
+    header.write_text(yaml.safe_dump(spec, sort_keys=False))
+    reordered = load_folder(tmp_path / "fed" / "blobs")
+    assert reordered.regions.names != folder.regions.names
+    _same_as_uncached(reordered, monkeypatch, **VOLUME)
+    assert len(_entries(cache)) == 18
+
+
+def test_a_same_size_same_time_replacement_is_a_new_key(cache, monkeypatch, tmp_path):
+    """``cp -p`` of a corrected label with the old size and modification time (uncompressed NIfTI of one shape always
+    has one size): its inode and change time differ, which no tool sets back."""
+    import gzip
+    import shutil
+
+    import nibabel as nib
+    import numpy as np
+
+    root = write_folder(_federation(), tmp_path / "plain" / "blobs")
+    for packed in list(root.rglob("*.nii.gz")):
+        packed.with_name(packed.name[:-3]).write_bytes(gzip.decompress(packed.read_bytes()))
+        packed.unlink()
+    _site(load_folder(root), 1, **VOLUME)
+    label = root / "s" / "labels" / "c0.nii"
+    old = label.stat()
+    image = nib.load(label)
+    data = np.asarray(image.dataobj).copy()
+    data[data == 2] = 1  # the core relabelled as the rest
+    corrected = tmp_path / "corrected" / label.name
+    corrected.parent.mkdir()
+    nib.save(nib.Nifti1Image(data, image.affine, image.header), corrected)
+    os.utime(corrected, ns=(old.st_atime_ns, old.st_mtime_ns))
+    shutil.copy2(corrected, label)
+    assert (label.stat().st_size, label.stat().st_mtime_ns) == (old.st_size, old.st_mtime_ns)
+    _same_as_uncached(load_folder(root), monkeypatch, **VOLUME)
+
+
+def test_a_metaimage_data_file_is_in_the_key(cache, monkeypatch, tmp_path):
+    """A ``.mhd`` header's voxels live in its ``ElementDataFile``: rewriting it is a new key (prepared and checked)."""
+    itk = pytest.importorskip("itk")
+    import numpy as np
+    import yaml
+
+    from fedseg.data.check import check_folder
+
+    root = tmp_path / "mhd"
+    for sub in ("s/images", "s/labels"):
+        (root / sub).mkdir(parents=True)
+    (root / "federation.yaml").write_text(
+        yaml.safe_dump({"name": "m", "kind": "3d", "channels": 1, "regions": {"fg": [1]}})
+    )
+    rng = np.random.default_rng(0)
+    for i in range(3):
+        image = rng.normal(0, 1, (10, 12, 14)).astype(np.float32)
+        label = np.zeros((10, 12, 14), np.uint8)
+        label[2:6, 3:7, 4:9] = 1
+        for array, path in ((image + 3 * label, root / f"s/images/c{i}.mhd"), (label, root / f"s/labels/c{i}.mhd")):
+            itk.imwrite(itk.image_from_array(array), str(path))
+    check_folder(root)
+    fed = load_folder(root)
+    _site(fed, 1, **VOLUME)
+    data = root / "s/images/c1.raw"
+    data.write_bytes(np.frombuffer(data.read_bytes(), np.float32)[::-1].tobytes())  # other voxels, same size
+    _same_as_uncached(load_folder(root), monkeypatch, **VOLUME)
+    label_data = root / "s/labels/c2.raw"
+    label_data.write_bytes(label_data.read_bytes()[:100])  # an interrupted copy: the check must see it
+    with pytest.raises(Exception, match="ends after 100 of 1680 bytes"):
+        check_folder(root)
+
+
+def test_a_federation_from_user_code_is_never_cached(folder, cache, monkeypatch):
+    """A builder reusing a folder's cases with its own loader names the same files: its cases must not be keyed on
+    them (it may transform the arrays)."""
+    from dataclasses import replace
+
+    import numpy as np
+
+    def flipped(case):
+        def load(case=case):
+            image, label = case.arrays()
+            return np.ascontiguousarray(image[:, ::-1]), np.ascontiguousarray(label[::-1])
+
+        return replace(case, loader=load)
+
+    _site(folder, 1, **VOLUME)
+    user = replace(folder, sites=[replace(s, cases=[flipped(c) for c in s.cases]) for s in folder.sites])
+    _same_as_uncached(user, monkeypatch, **VOLUME)
+    assert len(_entries(cache)) == 9  # none added for the user's cases
+
+
+def test_a_spacing_column_and_settings_that_do_not_shape_a_case(folder, cache, monkeypatch, tmp_path):
+    """A ``cases.csv`` spacing (a string) is keyed as given; ``eval.score_grid`` (``originals``) does not shape a
+    volume: the same entries."""
+    root = tmp_path / "fed" / "blobs"
+    (root / "s" / "cases.csv").write_text("case,spacing\n" + "".join(f"c{i},1.5\n" for i in range(9)))
+    spaced = load_folder(root)
+    _same_as_uncached(spaced, monkeypatch, **VOLUME)
+    cfg = DataConfig(source="folder", image_size=16, normalize="zscore_foreground", **VOLUME)
+    from fedseg.data.dataset import build_site_data
+
+    splits = {case.id: SPLITS[i % 3] for i, case in enumerate(spaced.sites[0].cases)}
+    build_site_data(spaced, spaced.sites[0], 0, splits, cfg, originals=False)
+    assert len(_entries(cache)) == 9  # originals=True before: no case prepared again
+
+
+def test_a_warm_site_pickles_as_small_as_a_cold_one(folder, cache):
+    """A volume mapped from its file is sent as a copy of its tensors (a mapping cannot be shared with a worker
+    process: ``--workers 2`` failed with a bad file descriptor), not as the whole mapped file."""
+    import pickle
+
+    cold = _site(folder, 1, **VOLUME)
+    warm = _site(folder, 1, **VOLUME)
+    assert all(v.mapped for v in warm.train.volumes) and not any(v.mapped for v in cold.train.volumes)
+    sizes = [len(pickle.dumps(s.train)) for s in (cold, warm)]
+    assert sizes[1] <= sizes[0] * 1.01, sizes
+    _assert_same(cold.train, pickle.loads(pickle.dumps(warm.train)))
+
+
+def test_an_empty_last_tensor_reads_back(tmp_path):
+    from fedseg.data.prepared import PreparedCase, write_case
+
+    path = tmp_path / "x.case"
+    write_case(path, PreparedCase(torch.ones(2, 3), torch.zeros(0, 5), None, None))
+    back = read_case(path)
+    assert torch.equal(back.x, torch.ones(2, 3)) and back.y.shape == (0, 5)

@@ -12,15 +12,16 @@ field and a resume may switch it on or off. It is off unless set, since prepared
 compressed files they come from (a BraTS case 100-150 MB: FeTS 2022 well over 100 GB): point it at a disk with
 room (nnU-Net's ``nnUNet_preprocessed`` is the same trade).
 
-Key. An entry is found by the SHA-256 of everything a prepared case is a function of: each of its files (its
-resolved path, size in bytes and modification time in ns, as ``fedseg.run.data_record`` records them: a changed
-file makes a new key, never a stale hit; contents are not hashed, which would read the whole dataset at every
-start), the spacing the federation gives it, the federation's kind, channels, regions and label names (what the
-reader reads it under), every ``data.*`` setting except those that never touch a prepared case
-(:data:`NOT_PREPARING`), whether the case is scored (validation and test cases keep their original-grid truth)
-and the code that prepares it (:func:`code_digest`: the sources of ``fedseg.data`` and the versions of the
-libraries that read and resample images). Cases without files (built-in federations, federations from user
-code) are never cached.
+Key. An entry is found by the SHA-256 of everything a prepared case is a function of: each of its files (a MetaImage
+header's data file too; its resolved path, size in bytes, modification time and status change time in ns and inode:
+a changed file makes a new key, even a corrected copy put in its place with the old size and times by ``cp -p``;
+contents are not hashed, which would read the whole dataset at every start), the spacing the federation gives it,
+the federation's kind, channels, regions (in order: the masks' channels) and label names (what the reader reads it
+under), every ``data.*`` setting except those that never touch a prepared case (:data:`NOT_PREPARING`), whether
+it keeps its original-grid truth (a scored volume; a scored whole image under ``eval.score_grid: original``) and
+the code that prepares it (:func:`code_digest`: the sources of the fedseg modules that read and prepare a case and
+the versions of the libraries that read and resample images). Only cases the folder reader reads are cached:
+built-in federations and federations from user code (whose loader may do anything with the files it names) never.
 
 Entries. ``<root>/<code>/<key[:2]>/<key>.case``, one file per case, ``<code>`` the first digits of
 :func:`code_digest` (so ``fedseg data cache list --prepared`` tells this fedseg's entries from another version's,
@@ -32,13 +33,16 @@ the next run on the machine removes once its process is gone. Read with every ch
 tensor's CRC-32): an entry that fails one is logged in one line naming the file and the problem, removed and
 prepared again, never trusted. The tensors stay mapped from the file (``torch.from_file``, copy on write: the file
 never changes), so a volume (the bulk of a 3D case) lives in the operating system's page cache, which it can drop
-and re-read under memory pressure, not in the process's own memory. A cache folder that cannot be written gives
-one log line and the run goes on without the cache.
+and re-read under memory pressure, not in the process's own memory (sent to a worker process, ``--workers``, a
+volume crosses as a copy). A cache folder that cannot be written gives one log line: the run reads what it holds
+(a cache prepared once on a shared read-only disk) and stores nothing, or, where it cannot be read either, goes on
+without it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import importlib.metadata
 import json
@@ -48,11 +52,11 @@ import secrets
 import shutil
 import threading
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import torch
@@ -76,7 +80,7 @@ TEMP_PREFIX = ".tmp-"
 NOT_PREPARING = ("source", "root", "seed", "scale", "prepare_threads", "split", "repartition")
 NOT_PREPARING_VOLUME = ("foreground_oversample", "sw_overlap", "sw_mode", "sw_batch_size")
 # libraries whose version can change a prepared case's bytes (readers, resampling, normalization)
-LIBRARIES = ("torch", "monai", "numpy", "scipy", "nibabel", "pydicom", "pillow", "SimpleITK", "pynrrd")
+LIBRARIES = ("torch", "monai", "numpy", "scipy", "nibabel", "pydicom", "pillow", "itk", "itk-io", "itk-core")
 _DTYPES = {"float32": torch.float32, "float64": torch.float64, "bool": torch.bool, "uint8": torch.uint8}
 _warned: set[str] = set()  # cache folders already reported unwritable (one line per process)
 
@@ -114,12 +118,47 @@ def prepare_case(
 
 
 # --- the key ------------------------------------------------------------------------------------------------
+# fedseg modules a prepared case never depends on, though the modules that prepare it import them: the config's
+# values are in the key (its classes' defaults are not), the rest writes files, handles signals or runs threads
+NOT_PREPARING_MODULES = ("fedseg.config", "fedseg.atomic_files", "fedseg.interrupts", "fedseg.data.prefetch")
+
+
+def preparing_modules() -> list[Path]:
+    """The source files of the fedseg modules that read and prepare a case: those this module and the folder
+    reader's ``load_case`` import, directly or through one another (their ``import`` statements, read statically),
+    but :data:`NOT_PREPARING_MODULES`, sorted."""
+    import ast
+    import importlib.util
+
+    seen: dict[str, Path] = {}
+    todo = ["fedseg.data.prepared", "fedseg.data.case_files"]
+    while todo:
+        name = todo.pop()
+        if name in seen or name in NOT_PREPARING_MODULES:
+            continue
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):  # a name imported from a module (a class, a function): no module of its own
+            continue
+        if spec is None or spec.origin is None or not spec.origin.endswith(".py"):
+            continue
+        seen[name] = Path(spec.origin)
+        for node in ast.walk(ast.parse(seen[name].read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                todo += [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                todo += [a.name for a in node.names]
+        todo = [t for t in todo if t.startswith("fedseg.")]
+    return sorted(seen.values())
+
+
 @cache
 def code_digest() -> str:
-    """SHA-256 of the code that prepares a case: the sources of the ``fedseg.data`` modules and the installed
-    versions of :data:`LIBRARIES` (absent: ``-``). Any edit there makes new keys (the old entries are not read)."""
+    """SHA-256 of the code that prepares a case: the sources of :func:`preparing_modules` and the installed
+    versions of :data:`LIBRARIES` (absent: ``-``). An edit there makes new keys (the old entries are not read); an
+    edit elsewhere in fedseg (a method, the CLI, a synthetic generator) keeps them."""
     digest = hashlib.sha256()
-    for source in sorted(Path(__file__).parent.glob("*.py")):
+    for source in preparing_modules():
         digest.update(source.name.encode() + b"\0" + source.read_bytes() + b"\0")
     for name in LIBRARIES:
         try:
@@ -131,8 +170,15 @@ def code_digest() -> str:
 
 
 def case_files(case: Case) -> list[Path] | None:
-    """The files a folder case is read from (its image and label; every file of a DICOM series folder), or None
-    for a case without files (built-in, from user code) or whose files are gone (the reader will say so)."""
+    """The files a folder case is read from (its image and label; every file of a DICOM series folder; a MetaImage
+    header's data file), or None for a case that is not read by the folder reader (built-in, from user code: its
+    loader may do anything with the files it names) or whose files cannot all be named (gone: the reader will say
+    so; a ``.mhd`` whose data is a list or a pattern of files)."""
+    from fedseg.data.case_files import load_case
+
+    loader = case.loader
+    if not (isinstance(loader, functools.partial) and loader.func is load_case):
+        return None
     paths = [case.meta.get("image"), case.meta.get("label")]
     if not all(isinstance(p, str) for p in paths):
         return None
@@ -142,9 +188,34 @@ def case_files(case: Case) -> list[Path] | None:
             files += sorted(p for p in path.rglob("*") if p.is_file())
         elif path.is_file():
             files.append(path)
+            if path.name.lower().endswith(".mhd"):
+                data = mhd_data_file(path)
+                if data is None:
+                    return None
+                files += [data] if data != path else []
         else:
             return None
     return files
+
+
+def mhd_data_file(header: Path) -> Path | None:
+    """The data file a MetaImage ``.mhd`` header names (``ElementDataFile``; the header itself for ``LOCAL``), or None
+    for a list or pattern of files, or none named."""
+    try:
+        text = header.read_text(encoding="latin-1")[:10000]
+    except OSError:
+        return None
+    for line in text.splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "ElementDataFile":
+            value = value.strip()
+            if value == "LOCAL":
+                return header
+            if value == "LIST" or "%" in value or " " in value:
+                return None
+            data = header.parent / value
+            return data if data.is_file() else None
+    return None
 
 
 def data_settings(cfg: DataConfig) -> dict[str, Any]:
@@ -156,11 +227,13 @@ def data_settings(cfg: DataConfig) -> dict[str, Any]:
 
 
 def file_stats(files: list[Path]) -> list[list[Any]]:
-    """``[resolved path, size in bytes, modification time in ns]`` per file: what a key knows of a file."""
+    """``[resolved path, size in bytes, modification time in ns, inode, status change time in ns]`` per file: what a
+    key knows of a file (a corrected copy put in its place with the old size and modification time, ``cp -p`` or
+    ``rsync -t``, still has another inode and change time, which no tool sets back)."""
     stats = []
     for path in files:
         stat = path.stat()
-        stats.append([str(path.resolve()), stat.st_size, stat.st_mtime_ns])
+        stats.append([str(path.resolve()), stat.st_size, stat.st_mtime_ns, stat.st_ino, stat.st_ctime_ns])
     return stats
 
 
@@ -170,7 +243,7 @@ def reader_fields(fed: Federation | Any) -> dict[str, Any]:
     return {
         "kind": fed.kind,
         "channels": fed.channels,
-        "regions": fed.regions.as_dict(),
+        "regions": [[name, list(values)] for name, values in fed.regions.as_dict().items()],  # in order: channels
         "label_names": None if fed.label_names is None else {str(k): v for k, v in fed.label_names.items()},
     }
 
@@ -180,19 +253,20 @@ def _sha256(described: dict[str, Any]) -> str:
 
 
 def case_key(fed: Federation, case: Case, cfg: DataConfig, *, scored: bool, originals: bool) -> str | None:
-    """The cache key of ``case`` prepared under ``cfg`` (module docstring), or None when it cannot be cached."""
+    """The cache key of ``case`` prepared under ``cfg`` (module docstring), or None when it cannot be cached.
+    ``scored`` and ``originals`` count only where :func:`prepare_case` reads them (a volume keeps its truth when
+    scored; a whole image when scored and ``originals``)."""
     files = case_files(case)
     if files is None:
         return None
-    spacing = cast("Sequence[float] | None", case.spacing or case.meta.get("spacing"))
+    on_grid = cfg.volume.patch_size is not None
     return _sha256(
         {
             "files": file_stats(files),
-            "spacing": None if spacing is None else [float(s) for s in spacing],
+            "spacing": repr(case.spacing or case.meta.get("spacing")),  # as given: parsed by the preparation
             "federation": reader_fields(fed),
             "data": data_settings(cfg),
-            "scored": scored,
-            "originals": originals,
+            "truth": scored and (on_grid or originals),
         }
     )
 
@@ -279,6 +353,7 @@ def write_case(path: Path, prepared: PreparedCase) -> None:
             for name, blob in blobs.items():
                 f.seek(records[name]["offset"])
                 f.write(blob.data)
+            f.truncate(max(r["offset"] + r["nbytes"] for r in records.values()))  # an empty last tensor too
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
@@ -316,9 +391,10 @@ def read_case(path: Path) -> PreparedCase:
         if header["grid"] is not None:
             scored_truth = tensors.get("volume.truth")
             volume = Volume(tensors["volume.image"], tensors["volume.label"], scored_truth, _grid(header["grid"]))
+            volume.mapped = True  # pickled as copies: a file mapping cannot cross to another process
         truth = tensors["truth"].numpy() if "truth" in tensors else None
         return PreparedCase(tensors["x"], tensors["y"], volume, truth)
-    except (KeyError, TypeError, ValueError, RuntimeError) as e:
+    except (KeyError, TypeError, ValueError, RuntimeError, AttributeError) as e:
         if isinstance(e, CacheFileError):
             raise
         raise CacheFileError(f"header malformed ({type(e).__name__}: {e})") from None
@@ -331,9 +407,10 @@ def cache_root() -> Path | None:
     return Path(env).expanduser() if env else None
 
 
-def writable_root() -> Path | None:
-    """:func:`cache_root` when it is set and can be written (the temp files of writes whose process is gone
-    removed), else None (one log line per folder that cannot be written)."""
+def open_root() -> tuple[Path, bool] | None:
+    """:func:`cache_root` and whether this process can write there (the temp files of writes whose process is gone
+    then removed), or None when it is unset, or neither exists nor can be made. A folder that exists but cannot be
+    written (a cache prepared once on a shared read-only disk) is read, never written: one log line per folder."""
     root = cache_root()
     if root is None:
         return None
@@ -343,15 +420,17 @@ def writable_root() -> Path | None:
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as e:
+        readable = root.is_dir() and os.access(root, os.R_OK | os.X_OK)
         if str(root) not in _warned:
             _warned.add(str(root))
+            then = "reading what it holds, storing nothing" if readable else "preparing every case without it"
             log.warning(
-                f"prepared-case cache {root}: cannot write there ({e.strerror or e}); preparing every case "
-                f"without it (set {PREPARED_CACHE_ENV} to a writable folder, or unset it)"
+                f"prepared-case cache {root}: cannot write there ({e.strerror or e}); {then} "
+                f"(set {PREPARED_CACHE_ENV} to a writable folder, or unset it)"
             )
-        return None
+        return (root, False) if readable else None
     remove_dead_temps(root)
-    return root
+    return root, True
 
 
 class PreparedCache:
@@ -359,17 +438,17 @@ class PreparedCache:
     :meth:`prepare` returns a case from the cache or prepares and stores it; ``hits``/``stored`` count them.
     Safe to call from several threads (each case its own file)."""
 
-    def __init__(self, root: Path, fed: Federation, cfg: DataConfig, originals: bool):
-        self.root, self.fed, self.cfg, self.originals = root, fed, cfg, originals
+    def __init__(self, root: Path, fed: Federation, cfg: DataConfig, originals: bool, writable: bool = True):
+        self.root, self.fed, self.cfg, self.originals, self.writable = root, fed, cfg, originals, writable
         self.hits = self.stored = 0
         self._count = threading.Lock()
 
     @classmethod
     def open(cls, fed: Federation, cfg: DataConfig, originals: bool) -> PreparedCache | None:
-        """The cache of ``$FEDSEG_PREPARED_CACHE``, or None when it is unset or cannot be written (one log line
-        per folder); temp files of writes whose process is gone are removed."""
-        root = writable_root()
-        return None if root is None else cls(root, fed, cfg, originals)
+        """The cache of ``$FEDSEG_PREPARED_CACHE`` (:func:`open_root`: read-only where it cannot be written), or
+        None when it is unset or unusable."""
+        opened = open_root()
+        return None if opened is None else cls(opened[0], fed, cfg, originals, opened[1])
 
     def prepare(self, case: Case, norm: Any, *, scored: bool) -> PreparedCase:
         """``case`` prepared (:func:`prepare_case`): read from the cache when it holds a sound entry for it, else
@@ -385,9 +464,13 @@ class PreparedCache:
                     self.hits += 1
                 return prepared
             except (CacheFileError, OSError) as e:
-                log.warning(f"prepared-case cache {path} (case {case.id}): {e}; removed, the case is prepared again")
-                path.unlink(missing_ok=True)
+                gone = "removed, the case is prepared again" if self.writable else "the case is prepared without it"
+                log.warning(f"prepared-case cache {path} (case {case.id}): {e}; {gone}")
+                with contextlib.suppress(OSError):
+                    path.unlink(missing_ok=True)
         prepared = prepare_case(self.fed, case, self.cfg, norm, scored=scored, originals=self.originals)
+        if not self.writable:
+            return prepared
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             write_case(path, prepared)
@@ -430,32 +513,49 @@ class CheckCache:
     a prepared case's key), so a later check of unchanged files reads no image. Only a case of two plain files and
     no DICOM label is kept (reading an RT Structure Set or a DICOM-SEG gives notices that the check summarises)."""
 
-    def __init__(self, root: Path, header: Any):
-        self.root, self.fields = root, reader_fields(header)
+    def __init__(self, root: Path, header: Any, writable: bool = True):
+        self.root, self.fields, self.writable = root, reader_fields(header), writable
 
     @classmethod
     def open(cls, header: Any) -> CheckCache | None:
         """The check cache under ``$FEDSEG_PREPARED_CACHE`` for a folder of ``header`` (a
-        ``fedseg.data.folder.Header``), or None (unset, unwritable, or no valid header)."""
-        root = None if header is None else writable_root()
-        return None if root is None else cls(root, header)
+        ``fedseg.data.folder.Header``), or None (unset, unusable, or no valid header)."""
+        opened = None if header is None else open_root()
+        return None if opened is None else cls(opened[0], header, opened[1])
 
     def _path(self, image: Path, label: Path) -> Path | None:
         if image.is_dir() or label.suffix.lower() == ".dcm" or not (image.is_file() and label.is_file()):
             return None
-        return entry_path(self.root, _sha256({"files": file_stats([image, label]), "reader": self.fields}), ".check")
+        files = [image, label]
+        for path in (image, label):
+            if path.name.lower().endswith(".mhd"):
+                data = mhd_data_file(path)
+                if data is None:
+                    return None
+                files += [data] if data != path else []
+        return entry_path(self.root, _sha256({"files": file_stats(files), "reader": self.fields}), ".check")
 
     def get(self, image: Path, label: Path) -> dict[str, Any] | None:
-        """What the check found for this case's files when they were last checked sound, or None."""
+        """What the check found for this case's files when they were last checked sound, or None (none yet, or a
+        record that is not one: checked again and rewritten)."""
         path = self._path(image, label)
         try:
-            return None if path is None else json.loads(path.read_text())
-        except (OSError, ValueError):  # none yet, or damaged: checked again and rewritten
+            found = None if path is None else json.loads(path.read_text())
+        except (OSError, ValueError):
             return None
+        kinds: dict[str, type | tuple[type, ...]] = {
+            "shape": list,
+            "values": list,
+            "blank": bool,
+            "orientation": (str, type(None)),
+        }
+        if not (isinstance(found, dict) and all(isinstance(found.get(k), t) for k, t in kinds.items())):
+            return None
+        return found
 
     def put(self, image: Path, label: Path, found: dict[str, Any]) -> None:
         """Keep what the check found for a sound case (best effort: a write that fails is skipped)."""
-        path = self._path(image, label)
+        path = None if not self.writable else self._path(image, label)
         if path is None:
             return
         with contextlib.suppress(OSError):

@@ -109,9 +109,14 @@ class Volume:
     truth: torch.Tensor | None
     grid: Grid
     _foreground: torch.Tensor | None = field(default=None, init=False, repr=False, compare=False)
+    mapped: bool = field(default=False, init=False, repr=False, compare=False)  # tensors mapped from a cache file
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_foreground": None}  # recomputed where needed, not sent
+        state = {**self.__dict__, "_foreground": None}  # recomputed where needed, not sent
+        if self.mapped:  # fedseg.data.prepared: a file mapping cannot be shared with a worker; its copy can
+            parts = ("image", "label", "truth")
+            state.update({k: None if state[k] is None else state[k].clone() for k in parts}, mapped=False)
+        return state
 
     @property
     def spacing(self) -> tuple[float, ...]:
