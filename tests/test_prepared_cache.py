@@ -462,3 +462,32 @@ def test_an_empty_last_tensor_reads_back(tmp_path):
     write_case(path, PreparedCase(torch.ones(2, 3), torch.zeros(0, 5), None, None))
     back = read_case(path)
     assert torch.equal(back.x, torch.ones(2, 3)) and back.y.shape == (0, 5)
+
+
+def test_a_cache_that_cannot_be_written_is_read_and_never_written(folder, cache, monkeypatch, caplog):
+    """A lab prepares once on a shared disk mounted read-only elsewhere: its entries are read, nothing is stored
+    (the folder's write probe fails here as it does on a read-only mount; root ignores chmod)."""
+    from pathlib import Path as RealPath
+
+    from fedseg.data import prepared
+
+    _site(folder, 1, **VOLUME)
+    real_write = RealPath.write_bytes
+
+    def read_only(self, data):
+        if self.name.startswith(TEMP_PREFIX):
+            raise PermissionError(30, "Read-only file system")
+        return real_write(self, data)
+
+    monkeypatch.setattr(RealPath, "write_bytes", read_only)
+    monkeypatch.setattr(prepared, "write_case", lambda *a: pytest.fail("a read-only cache was written"))
+    monkeypatch.setattr(prepared, "_warned", set())
+    with caplog.at_level(logging.INFO, "fedseg.data"):
+        warm = _site(folder, 1, volume=VolumeConfig(patch_size=(8, 8, 8), spacing=(1.0, 1.0, 1.0)))
+        _site(folder, 1, volume=VolumeConfig(patch_size=(8, 8, 8), spacing=(2.0, 2.0, 2.0)))  # misses: not stored
+    lines = [r.getMessage() for r in caplog.records]
+    assert sum("reading what it holds, storing nothing" in line for line in lines) == 1
+    assert any("9 of 9 cases read" in line for line in lines)
+    assert len(_entries(cache)) == 9
+    plain = _uncached(folder, monkeypatch, **VOLUME)
+    _assert_same(plain.train, warm.train)
