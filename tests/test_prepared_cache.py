@@ -491,3 +491,18 @@ def test_a_cache_that_cannot_be_written_is_read_and_never_written(folder, cache,
     assert len(_entries(cache)) == 9
     plain = _uncached(folder, monkeypatch, **VOLUME)
     _assert_same(plain.train, warm.train)
+
+
+def test_prepared_cases_are_readable_by_their_owner_only(folder, cache):
+    """A prepared case is a patient's image: its file is 0600 and the folders fedseg makes for it 0700 (the check
+    records too), whatever the umask lets a normal file be."""
+    import stat
+
+    _site(folder, 1, **VOLUME)
+    from fedseg.data.check import check_folder
+
+    check_folder(folder.sites[0].cases[0].meta["image"].rsplit("/s/images/", 1)[0])
+    files = _entries(cache) + sorted(cache.glob("*/*/*.check"))
+    assert files and {stat.S_IMODE(f.stat().st_mode) for f in files} == {0o600}
+    folders = {f.parent for f in files} | {f.parent.parent for f in files} | {cache}
+    assert {stat.S_IMODE(d.stat().st_mode) for d in folders} == {0o700}

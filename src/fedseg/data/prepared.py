@@ -73,6 +73,7 @@ PREPARED_CACHE_ENV = "FEDSEG_PREPARED_CACHE"
 MAGIC = b"FSPCASE1"  # the file format's version is its last byte
 ALIGN = 64  # every tensor starts at a multiple of this many bytes (any dtype's view is aligned)
 SUFFIX = ".case"
+PRIVATE_FILE, PRIVATE_FOLDER = 0o600, 0o700  # prepared cases are images of patients: their owner's only
 CODE_DIGITS = 16  # an entry's folder: the first hex digits of the code that prepared it (code_digest)
 TEMP_PREFIX = ".tmp-"
 # data.* settings that never touch a prepared case (where the data comes from, how it is split and dealt,
@@ -348,7 +349,7 @@ def write_case(path: Path, prepared: PreparedCase) -> None:
     text = json.dumps(header).encode()  # shorter than the estimate: the first tensor still starts after it
     tmp = path.with_name(f"{TEMP_PREFIX}{os.getpid()}-{secrets.token_hex(4)}-{path.name}")
     try:
-        with open(tmp, "wb") as f:
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_FILE), "wb") as f:
             f.write(MAGIC + len(text).to_bytes(8, "little") + text)
             for name, blob in blobs.items():
                 f.seek(records[name]["offset"])
@@ -415,7 +416,7 @@ def open_root() -> tuple[Path, bool] | None:
     if root is None:
         return None
     try:
-        root.mkdir(parents=True, exist_ok=True)
+        root.mkdir(mode=PRIVATE_FOLDER, parents=True, exist_ok=True)
         probe = root / f"{TEMP_PREFIX}{os.getpid()}-probe"
         probe.write_bytes(b"")
         probe.unlink()
@@ -472,7 +473,7 @@ class PreparedCache:
         if not self.writable:
             return prepared
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            private_folders(self.root, path.parent)
             write_case(path, prepared)
             with self._count:
                 self.stored += 1
@@ -499,6 +500,12 @@ def code_folders(root: Path) -> list[tuple[Path, int, int, bool]]:
             size = sum(f.stat().st_size for f in files)
             found.append((folder, len(files), size, folder.name == code_digest()[:CODE_DIGITS]))
     return found
+
+
+def private_folders(root: Path, folder: Path) -> None:
+    """Make ``folder`` and the folders between it and ``root`` (which exists), readable by their owner only."""
+    for part in reversed([folder, *[p for p in folder.parents if root in p.parents]]):
+        part.mkdir(mode=PRIVATE_FOLDER, exist_ok=True)
 
 
 def entry_path(root: Path, key: str, suffix: str) -> Path:
@@ -559,8 +566,8 @@ class CheckCache:
         if path is None:
             return
         with contextlib.suppress(OSError):
-            path.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write_text(path, json.dumps(found))
+            private_folders(self.root, path.parent)
+            atomic_write_text(path, json.dumps(found), private=True)
 
 
 def _temps(root: Path) -> Iterator[Path]:
