@@ -123,6 +123,49 @@ def test_selector_shapes_buffers_and_width():
     assert inst(torch.rand(2, 1, 32, 32, 32)).shape == (2, 3)
 
 
+def test_the_selector_reads_an_area_mean_of_the_image_in_3d_as_in_2d():
+    """``selector_input_size`` downsamples by the mean of the voxels each output voxel covers (3D read trilinear
+    samples before: 48 -> 32 skipped a third of the voxels)."""
+    import torch.nn.functional as F
+
+    sel = build_selector(2, 3, 0.25, "instance", input_size=32, spatial_dims=3).eval()
+    x = torch.randn(2, 2, 48, 48, 48)
+    with torch.no_grad():
+        assert torch.allclose(sel(x), sel(F.adaptive_avg_pool3d(x, 32)), atol=1e-6)
+
+
+def test_a_selector_side_that_instance_norm_cannot_normalize_is_refused_with_its_reason():
+    from pydantic import ValidationError
+
+    from fedseg.algorithms.fedsm.options import FedSMOptions
+    from fedseg.algorithms.fedsm.selector import MIN_INSTANCE_SIDE
+
+    with pytest.raises(ValidationError, match=r"ceil\(16 / 16\) = 1.*give at least 17, or selector_norm: batch"):
+        FedSMOptions(selector_input_size=16)
+    assert FedSMOptions(selector_input_size=MIN_INSTANCE_SIDE).selector_input_size == 17
+    assert FedSMOptions(selector_input_size=8, selector_norm="batch").selector_input_size == 8
+    sel = build_selector(1, 3, 0.25, "instance", input_size=MIN_INSTANCE_SIDE, spatial_dims=3).train()
+    sel(torch.randn(2, 1, 40, 40, 40)).sum().backward()  # the smallest side allowed trains
+
+
+def test_a_methods_section_check_names_its_section_in_one_line(tmp_path):
+    """A check over a method's options as a whole (no one key) is named ``methods.fedsm:``, not ``methods.fedsm.:``."""
+    import subprocess
+    import sys
+
+    args = ["run", "--preset", "fets-cpu", "--algorithms", "fedsm", "--rounds", "1", "--out", str(tmp_path / "o")]
+    done = subprocess.run(
+        [sys.executable, "-m", "fedseg", *args, "--set", "methods.fedsm.selector_input_size=8"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: methods.fedsm: selector_input_size 8 leaves"), lines
+    assert not (tmp_path / "o").exists()
+
+
 def test_selector_labels_equal_the_site_index(make_cfg, disc_federation):
     seen = {}
 

@@ -333,7 +333,7 @@ def validation_problems(
     named by its index in brackets (``tune.folds[0]``)."""
     problems, from_option, overridden = [], [], overridden or {}
     for err, said in _union_branches_merged(error.errors()):
-        key = prefix + _bracketed(err["loc"])
+        key = prefix + _bracketed(err["loc"]) if err["loc"] else prefix.removesuffix(".")  # a section's own check
         message = err["msg"].removeprefix("Value error, ")
         unknown = err["type"] == "extra_forbidden"
         if unknown:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from fedseg.algorithms.fedavg import FedAvgOptions
 from fedseg.algorithms.fedsm.personalize import PersonalizationOptions
@@ -22,7 +22,11 @@ class SelectorOptions(FedAvgOptions, PersonalizationOptions):
 
     selector_width: float = Field(0.25, gt=0, description="VGG-11 channel multiplier (1 = VGG-11; 0.25: CPU default)")
     selector_input_size: int | None = Field(
-        None, ge=1, description="side the selector resamples images to; None = model input"
+        None,
+        ge=1,
+        description="side the selector resamples images to (area mean); None = model input. A smaller side is "
+        "cheaper: on fets-cpu (3D, 48^3) 24 made a FedSM round 5.3x faster with the same test Dice; the fets presets "
+        "set it",
     )
     selector_norm: Literal["batch", "instance"] = Field(
         "instance", description="selector normalization layers (see module doc)"
@@ -45,6 +49,19 @@ class SelectorOptions(FedAvgOptions, PersonalizationOptions):
         description="local selector steps per site and round (default 10: every site's label gets the same pull); "
         "None = the round's local budget, as the models (the paper: steps grow with n_k)",
     )
+
+    @model_validator(mode="after")
+    def _selector_side(self) -> SelectorOptions:
+        from fedseg.algorithms.fedsm.selector import LAST_BLOCK_STRIDE, MIN_INSTANCE_SIDE
+
+        size = self.selector_input_size
+        if self.selector_norm == "instance" and size is not None and size < MIN_INSTANCE_SIDE:
+            raise ValueError(
+                f"selector_input_size {size} leaves the selector's last block one voxel per axis (after four 2x pools: "
+                f"ceil({size} / {LAST_BLOCK_STRIDE}) = 1), which instance norm cannot normalize: give at least "
+                f"{MIN_INSTANCE_SIDE}, or selector_norm: batch"
+            )
+        return self
 
     def check_sites(self, num_sites: int, algorithm: str) -> None:
         """FedSM needs K >= 2 sites (SoftPull averages the other K-1 personalized models, the selector

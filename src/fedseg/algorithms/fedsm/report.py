@@ -41,7 +41,9 @@ VALIDATION_NOTE = (
 )
 CURVES_NOTE = (
     "Validation Dice (mean over sites) of each model a method trains and of the routed super model "
-    "(star: the selected round); training loss per model."
+    "(star: the selected round); training loss per model. The selector's training loss is each site's loss on its "
+    "own label (one class per site): it falls even while the selector cannot tell the sites apart; its accuracy on "
+    "validation images (below) says whether it can."
 )
 SELECTOR_NOTE = (
     '<p class="note">Site columns: selector accuracy, the fraction of that site\'s images whose selector argmax '

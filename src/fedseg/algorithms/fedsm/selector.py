@@ -8,11 +8,11 @@ conv is followed by a normalization layer (``batch`` | ``instance``) and ReLU, a
 features are average-pooled to 1 voxel per channel before a two-layer classifier head.
 
 Input: images ``(B, C, *S)`` (``S`` 2D or 3D); if ``input_size`` is set they are first
-resampled (area/trilinear) to ``input_size`` per side, so the selector may read a
-downsampled image. Output: logits ``(B, num_classes)`` (apply a softmax for scores). The last
-conv block runs at side/16 after four 2x pools, so train at a side of at least 32 (a normalization
-layer needs more than one value per channel: InstanceNorm more than one voxel, BatchNorm a
-batch > 1 at 1 voxel).
+resampled to ``input_size`` per side (``area``: the mean of the voxels each output voxel covers, in 2D and 3D), so
+the selector may read a downsampled image. Output: logits ``(B, num_classes)`` (apply a softmax for scores). The
+last conv block runs at ceil(side / 16) per axis after four 2x pools, and a normalization layer needs more than one
+value per channel (InstanceNorm more than one voxel, BatchNorm a batch > 1 at 1 voxel): with instance norm a side
+of at least :data:`MIN_INSTANCE_SIDE` (``SelectorOptions`` refuses a smaller ``selector_input_size``).
 
 BatchNorm's running statistics are float buffers: ``weights_of`` includes them, so they are
 averaged with the weights; ``num_batches_tracked`` is an integer buffer and is not sent.
@@ -27,6 +27,8 @@ import torch.nn.functional as F
 from torch import nn
 
 VGG11 = (64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M")
+LAST_BLOCK_STRIDE = 16  # four 2x pools before the last conv block
+MIN_INSTANCE_SIDE = LAST_BLOCK_STRIDE + 1  # the smallest side whose last block keeps 2 voxels per axis
 HEAD = 256  # hidden units of the classifier head at width 1
 
 
@@ -80,8 +82,7 @@ class Selector(nn.Module):
         """Penultimate features: images ``(B, C, *S)`` -> the head's hidden activations ``(B, hidden)``
         (after its ReLU, before the last linear layer; e.g. for a t-SNE map, FedSM paper Fig. 3)."""
         if self.input_size is not None and tuple(x.shape[2:]) != (self.input_size,) * self.spatial_dims:
-            mode = "area" if self.spatial_dims == 2 else "trilinear"
-            x = F.interpolate(x, size=(self.input_size,) * self.spatial_dims, mode=mode)
+            x = F.interpolate(x, size=(self.input_size,) * self.spatial_dims, mode="area")
         return self.head[:-1](torch.flatten(self.pool(self.features(x)), 1))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
