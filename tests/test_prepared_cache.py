@@ -204,6 +204,9 @@ def test_a_run_gives_the_same_results_with_the_cache_cold_and_warm(folder, tmp_p
             timeout=300,
         )
         assert done.returncode == 0, done.stderr[-2000:]
+        said = {"off": None, "cold": "0 of 9 cases read", "warm": "9 of 9 cases read", "warm-workers": "9 of 9"}[name]
+        noted = [line for line in done.stdout.splitlines() if "prepared-case cache" in line]
+        assert (noted == []) if said is None else (len(noted) == 1 and said in noted[0]), done.stdout[-2000:]
         weights = sorted((out / "fedavg").rglob("*.safetensors"))
         outs[name] = ((out / "results.csv").read_text(), [hashlib.sha256(w.read_bytes()).hexdigest() for w in weights])
     assert outs["off"] == outs["cold"] == outs["warm"] == outs["warm-workers"]  # the pool: bit-identical on CPU

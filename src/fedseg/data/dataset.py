@@ -173,6 +173,7 @@ class SiteData:
     metadata: dict[str, object] = field(default_factory=dict)
     case_metadata: dict[str, dict[str, object]] = field(default_factory=dict)
     sources: list[Case] = field(default_factory=list)  # raw training cases, only for planning (fedseg.plan)
+    cache_counts: tuple[int, int] = (0, 0)  # cases (read from, stored in) $FEDSEG_PREPARED_CACHE (fedseg.data.prepared)
 
     def split(self, name: str) -> CaseSet:
         return {"train": self.train, "val": self.val, "test": self.test}[name]
@@ -258,6 +259,7 @@ def build_site_data(
         sets["test"],
         metadata=dict(site.meta),
         case_metadata={case.id: case.metadata for case in site.cases},
+        cache_counts=(0, 0) if cache is None else (cache.hits, cache.stored),
     )
 
 

@@ -3,7 +3,7 @@ the options' notes on this federation and network."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import torch
@@ -11,6 +11,7 @@ import torch
 from fedseg.algorithms import get_algorithm
 from fedseg.algorithms.sampling import sampling_refusal
 from fedseg.config import RunConfig
+from fedseg.data.dataset import SiteData
 from fedseg.data.readers import dicom_modalities as dicom_modalities  # the run's CT note reads them
 from fedseg.engine.context import Task
 
@@ -161,6 +162,21 @@ def spacing_notes(cfg: RunConfig, site_spacings: Mapping[str, list[tuple[float, 
         f"note: the sites' voxels differ in size ({fine}: {mm(fine)}, {coarse}: {mm(coarse)}, medians) and "
         "data.volume.spacing is unset: a patch of the same voxels covers another physical size at each site; "
         "set data.volume.spacing (e.g. the finest site's) to resample every case to one grid"
+    ]
+
+
+def prepared_notes(site_data: Sequence[SiteData]) -> list[str]:
+    """A line saying how many of the sites' cases came from the prepared-case cache (``$FEDSEG_PREPARED_CACHE``,
+    ``fedseg.data.prepared``) and how many were prepared and stored there; none when it took no part."""
+    from fedseg.data.prepared import PREPARED_CACHE_ENV, cache_root
+
+    read, stored = (sum(s.cache_counts[i] for s in site_data) for i in (0, 1))
+    if not read and not stored:
+        return []
+    cases = sum(len(s.train) + len(s.val) + len(s.test) for s in site_data)
+    return [
+        f"note: {read} of {cases} cases read from the prepared-case cache {cache_root()} ({PREPARED_CACHE_ENV}), "
+        f"{stored} prepared and stored there"
     ]
 
 

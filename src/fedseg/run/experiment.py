@@ -29,6 +29,7 @@ from fedseg.run.checks import (
     device_notes,
     dicom_modalities,
     method_notes,
+    prepared_notes,
     spacing_notes,
 )
 from fedseg.run.data_record import RECORD as DATA_RECORD
@@ -251,6 +252,7 @@ def record_start(
         + data_notes(cfg, fed.kind, fed.channel_names, dicom_modalities(fed) if cfg.data.source == "folder" else None)
         + device_notes(cfg, prep.task.device)
         + spacing_notes(cfg, site_spacings(prep))
+        + prepared_notes(prep.site_data)
     ):
         announce(out, line, on_log_line)
 
