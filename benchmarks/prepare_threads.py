@@ -65,14 +65,21 @@ def tensors_digest(prep) -> str:
     return h.hexdigest()
 
 
-def main() -> None:
+def folder_arguments(out: Path) -> argparse.ArgumentParser:
+    """The options of a benchmark on a folder of BraTS-like cases: ``--preset``, ``--cases``, ``--shape``,
+    ``--repeats``, ``--out`` (default ``out``)."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--preset", default="fets")
     parser.add_argument("--cases", type=int, default=8)
     parser.add_argument("--shape", type=int, nargs=3, default=[240, 240, 155])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=out)
+    return parser
+
+
+def main() -> None:
+    parser = folder_arguments(RESULTS)
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     shape = tuple(args.shape)
     with tempfile.TemporaryDirectory(prefix="prepare-threads-") as tmp:
@@ -93,7 +100,6 @@ def main() -> None:
                 digests[n].add(tensors_digest(prep))
                 del prep
                 print(f"repeat {rep} threads {n}: {seconds[n][-1]:.2f} s", flush=True)
-    first = statistics.median(seconds[args.threads[0]])
     all_digests = set().union(*digests.values())
     report = {
         "what": "seconds of fedseg.run.prepare on a folder federation of BraTS-like .nii.gz cases, per "
@@ -109,22 +115,35 @@ def main() -> None:
         "torch_threads": base.threads,
         "repeats": args.repeats,
         "identical_tensors": len(all_digests) == 1,
-        "seconds": {
-            str(n): {
-                "median": round(statistics.median(s), 2),
-                "min": round(min(s), 2),
-                "max": round(max(s), 2),
-                "per_case": round(statistics.median(s) / args.cases, 3),
-                "speedup_vs_first": round(first / statistics.median(s), 3),
-            }
-            for n, s in seconds.items()
-        },
+        "seconds": seconds_summary(seconds, args.cases, args.threads[0], "speedup_vs_first"),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, separators=(",", ":")) + "\n")
+    write_report(args.out, report, len(all_digests) == 1, "the thread counts gave different tensors")
+
+
+def seconds_summary(seconds: dict, cases: int, base, speedup: str) -> dict[str, dict[str, float]]:
+    """Per side of ``seconds`` (``{side: [seconds per repeat]}``): median, min, max, the median per case and the
+    ``base`` side's median over its own (``speedup``)."""
+    first = statistics.median(seconds[base])
+    return {
+        str(side): {
+            "median": round(statistics.median(s), 2),
+            "min": round(min(s), 2),
+            "max": round(max(s), 2),
+            "per_case": round(statistics.median(s) / cases, 3),
+            speedup: round(first / statistics.median(s), 3),
+        }
+        for side, s in seconds.items()
+    }
+
+
+def write_report(out: Path, report: dict, identical: bool, differ: str) -> None:
+    """Write ``report`` as compact JSON to ``out`` and print it; exit with ``differ`` unless the sides gave
+    ``identical`` tensors."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, separators=(",", ":")) + "\n")
     print(json.dumps(report))
-    if len(all_digests) != 1:
-        raise SystemExit("the thread counts gave different tensors")
+    if not identical:
+        raise SystemExit(differ)
 
 
 if __name__ == "__main__":

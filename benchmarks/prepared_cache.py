@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -33,7 +32,7 @@ from fedseg.config_load import config_from_cli
 from fedseg.data.folder_write import write_folder
 from fedseg.data.prepared import PREPARED_CACHE_ENV
 from fedseg.run import prepare
-from prepare_threads import brats_like, tensors_digest
+from prepare_threads import brats_like, folder_arguments, seconds_summary, tensors_digest, write_report
 
 RESULTS = Path(__file__).resolve().parent / "results" / "prepared_cache.json"
 MODES = ("off", "cold", "warm")
@@ -79,12 +78,7 @@ def timed(cfg, mode: str, cache: Path) -> tuple[float, str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--preset", default="fets")
-    parser.add_argument("--cases", type=int, default=8)
-    parser.add_argument("--shape", type=int, nargs=3, default=[240, 240, 155])
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser = folder_arguments(RESULTS)
     parser.add_argument("--memory-child", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.memory_child:
@@ -115,7 +109,6 @@ def main() -> None:
             done = subprocess.run(child, env=env, capture_output=True, text=True, check=True)
             grown = json.loads(done.stdout.strip().splitlines()[-1])
             memory[mode] = {k: round(v / args.cases, 1) for k, v in grown.items()}
-    off = statistics.median(seconds["off"])
     report = {
         "what": "seconds of fedseg.run.prepare on a folder federation of BraTS-like .nii.gz cases without the "
         "prepared-case cache, with it cold (prepare and store) and warm (read back); RSS growth per case",
@@ -127,24 +120,11 @@ def main() -> None:
         "prepare_threads": 1,
         "repeats": args.repeats,
         "identical_tensors": len(digests) == 1,
-        "seconds": {
-            m: {
-                "median": round(statistics.median(s), 2),
-                "min": round(min(s), 2),
-                "max": round(max(s), 2),
-                "per_case": round(statistics.median(s) / args.cases, 3),
-                "speedup_vs_off": round(off / statistics.median(s), 2),
-            }
-            for m, s in seconds.items()
-        },
+        "seconds": seconds_summary(seconds, args.cases, "off", "speedup_vs_off"),
         "disk_mb_per_case": round(disk / 1e6 / args.cases, 1),
         "rss_mb_per_case": memory,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, separators=(",", ":")) + "\n")
-    print(json.dumps(report))
-    if len(digests) != 1:
-        raise SystemExit("the modes gave different tensors")
+    write_report(args.out, report, len(digests) == 1, "the modes gave different tensors")
 
 
 if __name__ == "__main__":

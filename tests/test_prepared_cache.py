@@ -169,35 +169,11 @@ def test_a_run_gives_the_same_results_with_the_cache_cold_and_warm(folder, tmp_p
         if env is not None:
             environ[PREPARED_CACHE_ENV] = str(env)
         out = tmp_path / f"run-{name}"
+        sets = "data.image_size=16 data.volume.patch_size=8 model.channels=[4,8] eval.hd95=false threads=1".split()
+        command = f"run --preset fets-cpu --algorithms fedavg --rounds 1 --workers {workers}".split()
         done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "fedseg",
-                "run",
-                "--preset",
-                "fets-cpu",
-                "--data",
-                str(root),
-                "--algorithms",
-                "fedavg",
-                "--rounds",
-                "1",
-                "--out",
-                str(out),
-                "--workers",
-                str(workers),
-                "--set",
-                "data.image_size=16",
-                "--set",
-                "data.volume.patch_size=8",
-                "--set",
-                "model.channels=[4,8]",
-                "--set",
-                "eval.hd95=false",
-                "--set",
-                "threads=1",
-            ],
+            [sys.executable, "-m", "fedseg", *command, "--data", str(root), "--out", str(out)]
+            + [arg for s in sets for arg in ("--set", s)],
             env=environ,
             capture_output=True,
             text=True,
