@@ -140,7 +140,9 @@ def test_a_selector_side_that_instance_norm_cannot_normalize_is_refused_with_its
     from fedseg.algorithms.fedsm.options import FedSMOptions
     from fedseg.algorithms.fedsm.selector import MIN_INSTANCE_SIDE
 
-    with pytest.raises(ValidationError, match=r"ceil\(16 / 16\) = 1.*give at least 17, or selector_norm: batch"):
+    with pytest.raises(
+        ValidationError, match=r"ceil\(16 / 16\) = 1.*give selector_input_size at least 17, or selector_norm: batch"
+    ):
         FedSMOptions(selector_input_size=16)
     assert FedSMOptions(selector_input_size=MIN_INSTANCE_SIDE).selector_input_size == 17
     assert FedSMOptions(selector_input_size=8, selector_norm="batch").selector_input_size == 8
@@ -163,6 +165,12 @@ def test_a_methods_section_check_names_its_section_in_one_line(tmp_path):
     assert done.returncode != 0 and "Traceback" not in done.stderr
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: methods.fedsm: selector_input_size 8 leaves"), lines
+    assert not (tmp_path / "o").exists()
+    unset = ["--set", "methods.fedsm.selector_input_size=null", "--set", "data.image_size=16"]
+    done = subprocess.run([sys.executable, "-m", "fedseg", *args, *unset], capture_output=True, text=True, timeout=120)
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    said = "error: methods.fedsm: data.image_size 16 (the selector's input: selector_input_size is unset) leaves"
+    assert done.returncode != 0 and len(lines) == 1 and lines[0].startswith(said), lines  # before any work
     assert not (tmp_path / "o").exists()
 
 

@@ -485,3 +485,71 @@ def test_prepared_cases_are_readable_by_their_owner_only(folder, cache):
     assert files and {stat.S_IMODE(f.stat().st_mode) for f in files} == {0o600}
     folders = {f.parent for f in files} | {f.parent.parent for f in files} | {cache}
     assert {stat.S_IMODE(d.stat().st_mode) for d in folders} == {0o700}
+
+
+# --- from a second review -------------------------------------------------------------------------------------
+def test_a_detached_nrrd_data_file_is_in_the_key(tmp_path):
+    """A NRRD header naming its voxels' file (``data file:``): that file is keyed as a MetaImage's is."""
+    import functools
+
+    import numpy as np
+
+    from fedseg.data.case_files import load_case
+    from fedseg.data.federation import Case, Regions, Site
+    from fedseg.data.prepared import case_files, case_key
+
+    (tmp_path / "img.raw").write_bytes(np.zeros((4, 4, 4), np.float32).tobytes())
+    (tmp_path / "lab.raw").write_bytes(np.zeros((4, 4, 4), np.uint8).tobytes())
+    for name, kind in (("img", "float"), ("lab", "uint8")):
+        header = f"NRRD0004\ntype: {kind}\ndimension: 3\nsizes: 4 4 4\nencoding: raw\nendian: little\n"
+        (tmp_path / f"{name}.nrrd").write_text(header + f"data file: {name}.raw\n")
+    image, label = tmp_path / "img.nrrd", tmp_path / "lab.nrrd"
+    case = Case("c", functools.partial(load_case, image, label, "3d", 1), {"image": str(image), "label": str(label)})
+    assert [p.name for p in case_files(case)] == ["img.nrrd", "img.raw", "lab.nrrd", "lab.raw"]
+    fed = Federation("n", "3d", 1, Regions.from_mapping({"fg": [1]}), [Site("s", [case])])
+    cfg = DataConfig(source="folder", image_size=16)
+    before = case_key(fed, case, cfg, scored=True, originals=False)
+    (tmp_path / "img.raw").unlink()
+    (tmp_path / "img.raw").write_bytes(np.ones((4, 4, 4), np.float32).tobytes())
+    assert case_key(fed, case, cfg, scored=True, originals=False) != before
+    assert float(case.arrays()[0].sum()) == 64.0
+
+
+def test_the_check_records_are_keyed_by_the_checks_own_code(tmp_path, cache, monkeypatch):
+    """The data check's rules live in fedseg.data.check, which prepares no case: its records are keyed by it too, so
+    a fedseg whose check finds more reads every case again (a new rule would otherwise pass stale records)."""
+    from fedseg.data import check as check_module
+    from fedseg.data import prepared
+    from fedseg.data.check import check_folder
+
+    assert any(p.name == "check.py" for p in prepared.preparing_modules(prepared.CHECKING_ROOTS))
+    assert not any(p.name == "check.py" for p in prepared.preparing_modules())
+    root = _blank_and_checked(tmp_path)
+    check_folder(root)
+    real = prepared.code_digest
+    newer = {prepared.CHECKING_ROOTS: "-a-newer-check"}  # the check's code changed, the preparation's did not
+
+    monkeypatch.setattr(
+        prepared, "code_digest", lambda roots=prepared.PREPARING_ROOTS: real(roots) + newer.get(roots, "")
+    )
+    read: list[Path] = []
+    real_check = check_module._check_case
+    monkeypatch.setattr(check_module, "_check_case", lambda i, lb, h: read.append(i) or real_check(i, lb, h))
+    check_folder(root)
+    assert len(read) == 9
+
+
+def test_an_entry_in_a_folder_this_user_cannot_read_is_a_miss_not_a_crash(folder, cache, monkeypatch):
+    """A shared cache where another user's run made a code folder 0700: looking an entry up there is a miss."""
+    from pathlib import Path as RealPath
+
+    _site(folder, 1, **VOLUME)
+    real_is_file = RealPath.is_file
+
+    def forbidden(self):
+        if self.suffix == SUFFIX:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_is_file(self)
+
+    monkeypatch.setattr(RealPath, "is_file", forbidden)
+    _same_as_uncached(folder, monkeypatch, **VOLUME)

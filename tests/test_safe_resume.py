@@ -115,9 +115,34 @@ def test_resume_conflicts_rules():
         "algorithms: [local, fedavg] -> [fedavg, local]"
     ]
     assert resume_conflicts(old, {**old, "algorithms": ["local"]}) == ["algorithms: [local, fedavg] -> [local]"]
-    assert resume_conflicts(old, {**old, "methods": {"fedprox": {"mu": 0.1}, "scaffold": {"x": 1}}}) == [
+    # the options of algorithms the run does not train change nothing in it (a preset that gains FedSM options)
+    assert resume_conflicts(old, {**old, "methods": {"fedprox": {"mu": 0.1}, "scaffold": {"x": 1}}}) == []
+    ran = {**old, "algorithms": ["local", "fedprox"]}
+    assert resume_conflicts(ran, {**ran, "methods": {"fedprox": {"mu": 0.1}, "scaffold": {"x": 1}}}) == [
         "methods.fedprox.mu: 0.01 -> 0.1",
-        "methods.scaffold.x: <unset> -> 1",
+    ]
+    appended = {"algorithms": ["local", "fedprox", "scaffold"], "methods": {"fedprox": {"mu": 0.01}, "scaffold": {}}}
+    assert resume_conflicts(ran, {**ran, **appended}) == []  # a method appended on resume may bring its options
+
+
+def test_options_of_algorithms_a_run_does_not_train_leave_its_digest_and_resume_alone(tmp_path):
+    """A second review: the fets presets gained FedSM's selector size, which changed every FedAvg run's agreed
+    configuration digest and refused the resume of FedAvg runs started before."""
+    from fedseg.config_load import config_from_cli, config_record
+
+    def cfg(*sets: str, algorithms: str = "fedavg"):
+        return config_from_cli("fets-cpu", None, None, algorithms, 1, None, list(sets), None, None)
+
+    plain = cfg()
+    assert "fedsm" in plain.methods  # the preset's
+    without = plain.model_copy(update={"methods": {}})
+    assert config_record(plain) == config_record(without)
+    assert resume_conflicts(without.model_dump(mode="json"), plain.model_dump(mode="json")) == []
+    fedsm = cfg(algorithms="fedsm")
+    changed = cfg("methods.fedsm.selector_input_size=32", algorithms="fedsm")
+    assert config_record(fedsm) != config_record(changed)  # a trained method's options are the configuration
+    assert resume_conflicts(fedsm.model_dump(mode="json"), changed.model_dump(mode="json")) == [
+        "methods.fedsm.selector_input_size: 24 -> 32"
     ]
 
 

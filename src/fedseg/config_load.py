@@ -506,16 +506,26 @@ def dump_config(cfg: RunConfig) -> str:
     return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
 
 
+def without_idle_methods(dump: dict, algorithms: list[str] | None = None) -> dict:
+    """A ``RunConfig.model_dump`` without the ``methods`` options of algorithms not among ``algorithms`` (default: the
+    dump's own): each algorithm reads only its own options, so another's change nothing in the run (a preset that
+    sets FedSM's selector size must not change a FedAvg run's digest, resume check or bench reuse)."""
+    names = set(dump.get("algorithms", []) if algorithms is None else algorithms)
+    methods = dump.get("methods") or {}
+    return {**dump, "methods": {name: options for name, options in methods.items() if name in names}}
+
+
 def config_record(cfg: RunConfig) -> tuple[str, str]:
     """``(text, sha256 hex digest of its UTF-8 bytes)``: the configuration as a Flower run's coordinator and every
     site record it (``OUT/flower/run-config.json``, ``run-config__<site>__<digest prefix>.json``), so ``sha256sum``
     of either file is the digest both print, and the hospitals compare it with the study's agreed configuration.
     Keys sorted: ``methods`` options given in another order (``--set`` or YAML) are the same configuration (a
-    security re-test found two digests for one)."""
+    security re-test found two digests for one); options of algorithms the run does not train are left out
+    (:func:`without_idle_methods`)."""
     import hashlib
     import json
 
-    text = json.dumps(cfg.model_dump(mode="json"), indent=2, sort_keys=True) + "\n"
+    text = json.dumps(without_idle_methods(cfg.model_dump(mode="json")), indent=2, sort_keys=True) + "\n"
     return text, hashlib.sha256(text.encode()).hexdigest()
 
 

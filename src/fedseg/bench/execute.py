@@ -33,7 +33,7 @@ from fedseg.atomic_files import atomic_write_text, json_number, strict_json_text
 from fedseg.bench.plan import BenchRun, reference_method, run_config
 from fedseg.bench.spec import BenchSpec
 from fedseg.config import RunConfig
-from fedseg.config_load import with_recorded_defaults
+from fedseg.config_load import with_recorded_defaults, without_idle_methods
 from fedseg.interrupts import INTERRUPTED_EXIT, stop_processes
 from fedseg.run.stopping import not_converged
 
@@ -208,7 +208,7 @@ def is_done(folder: Path, cfg: RunConfig) -> bool:
         recorded = RunConfig.model_validate(with_recorded_defaults(json.loads(marker.read_text()).get("config", {})))
     except (ValueError, TypeError):
         return False
-    if recorded.model_dump(mode="json") != cfg.model_dump(mode="json"):
+    if without_idle_methods(recorded.model_dump(mode="json")) != without_idle_methods(cfg.model_dump(mode="json")):
         return False
     check_method_options(folder, cfg)
     return True

@@ -124,15 +124,19 @@ def prepare_case(
 NOT_PREPARING_MODULES = ("fedseg.config", "fedseg.atomic_files", "fedseg.interrupts", "fedseg.data.prefetch")
 
 
-def preparing_modules() -> list[Path]:
-    """The source files of the fedseg modules that read and prepare a case: those this module and the folder
-    reader's ``load_case`` import, directly or through one another (their ``import`` statements, read statically),
-    but :data:`NOT_PREPARING_MODULES`, sorted."""
+PREPARING_ROOTS = ("fedseg.data.prepared", "fedseg.data.case_files")  # a prepared case: this module, the reader's
+CHECKING_ROOTS = ("fedseg.data.check",)  # what the data check finds of a case (its rules live there)
+
+
+def preparing_modules(roots: tuple[str, ...] = PREPARING_ROOTS) -> list[Path]:
+    """The source files of the fedseg modules that read and prepare a case: the ``roots`` (this module and the
+    folder reader's ``load_case``; the data check's for its records) and what they import, directly or through one
+    another (their ``import`` statements, read statically), but :data:`NOT_PREPARING_MODULES`, sorted."""
     import ast
     import importlib.util
 
     seen: dict[str, Path] = {}
-    todo = ["fedseg.data.prepared", "fedseg.data.case_files"]
+    todo = list(roots)
     while todo:
         name = todo.pop()
         if name in seen or name in NOT_PREPARING_MODULES:
@@ -154,12 +158,12 @@ def preparing_modules() -> list[Path]:
 
 
 @cache
-def code_digest() -> str:
-    """SHA-256 of the code that prepares a case: the sources of :func:`preparing_modules` and the installed
-    versions of :data:`LIBRARIES` (absent: ``-``). An edit there makes new keys (the old entries are not read); an
-    edit elsewhere in fedseg (a method, the CLI, a synthetic generator) keeps them."""
+def code_digest(roots: tuple[str, ...] = PREPARING_ROOTS) -> str:
+    """SHA-256 of the code that prepares a case: the sources of :func:`preparing_modules` of ``roots`` and the
+    installed versions of :data:`LIBRARIES` (absent: ``-``). An edit there makes new keys (the old entries are not
+    read); an edit elsewhere in fedseg (a method, the CLI, a synthetic generator) keeps them."""
     digest = hashlib.sha256()
-    for source in preparing_modules():
+    for source in preparing_modules(roots):
         digest.update(source.name.encode() + b"\0" + source.read_bytes() + b"\0")
     for name in LIBRARIES:
         try:
@@ -189,34 +193,52 @@ def case_files(case: Case) -> list[Path] | None:
             files += sorted(p for p in path.rglob("*") if p.is_file())
         elif path.is_file():
             files.append(path)
-            if path.name.lower().endswith(".mhd"):
-                data = mhd_data_file(path)
-                if data is None:
-                    return None
-                files += [data] if data != path else []
         else:
             return None
-    return files
+    return with_data_files(files)
 
 
-def mhd_data_file(header: Path) -> Path | None:
-    """The data file a MetaImage ``.mhd`` header names (``ElementDataFile``; the header itself for ``LOCAL``), or None
-    for a list or pattern of files, or none named."""
+DETACHED_HEADERS = {".mhd": "ElementDataFile", ".nrrd": "data file", ".nhdr": "data file"}  # header -> its data key
+
+
+def detached_data_file(header: Path) -> Path | None:
+    """The data file a MetaImage (``.mhd``: ``ElementDataFile``) or NRRD header (``.nrrd``/``.nhdr``: ``data file``)
+    names: the header itself when it holds its voxels (``LOCAL``; a NRRD without the field), None for a list or
+    pattern of files, a file that is not there, or a header that cannot be read (the case is then not cached)."""
+    suffix = next((s for s in DETACHED_HEADERS if header.name.lower().endswith(s)), None)
+    if suffix is None:
+        return header
     try:
-        text = header.read_text(encoding="latin-1")[:10000]
+        with open(header, "rb") as f:
+            text = f.read(10000).decode("latin-1")
     except OSError:
         return None
+    key = DETACHED_HEADERS[suffix]
     for line in text.splitlines():
-        key, _, value = line.partition("=")
-        if key.strip() == "ElementDataFile":
+        if suffix != ".mhd" and not line.strip():
+            break  # a NRRD header ends at its first blank line; the voxels follow
+        name, sep, value = line.partition("=" if suffix == ".mhd" else ":")
+        if sep and name.strip().lower() in (key.lower(), key.lower().replace(" ", "")):
             value = value.strip()
             if value == "LOCAL":
                 return header
-            if value == "LIST" or "%" in value or " " in value:
+            if value.startswith("LIST") or "%" in value or " " in value:
                 return None
             data = header.parent / value
             return data if data.is_file() else None
-    return None
+    return header if suffix != ".mhd" else None
+
+
+def with_data_files(files: list[Path]) -> list[Path] | None:
+    """``files`` and the data files their headers name (:func:`detached_data_file`), or None where one cannot be
+    named."""
+    out: list[Path] = []
+    for path in files:
+        data = detached_data_file(path)
+        if data is None:
+            return None
+        out += [path] if data == path else [path, data]
+    return out
 
 
 def data_settings(cfg: DataConfig) -> dict[str, Any]:
@@ -458,7 +480,11 @@ class PreparedCache:
         if key is None:
             return prepare_case(self.fed, case, self.cfg, norm, scored=scored, originals=self.originals)
         path = entry_path(self.root, key, SUFFIX)
-        if path.is_file():
+        try:  # a folder another user made 0700 in a shared cache: a miss, as a missing entry
+            present = path.is_file()
+        except OSError:
+            present = False
+        if present:
             try:
                 prepared = read_case(path)
                 with self._count:
@@ -496,10 +522,18 @@ def code_folders(root: Path) -> list[tuple[Path, int, int, bool]]:
     found = []
     for folder in sorted(root.iterdir()) if root.is_dir() else []:
         if folder.is_dir() and is_code_folder(folder.name):
-            files = [f for f in folder.glob(f"??/*{SUFFIX}") if f.is_file()]
-            size = sum(f.stat().st_size for f in files)
-            found.append((folder, len(files), size, folder.name == code_digest()[:CODE_DIGITS]))
+            sizes = [_size(f) for f in folder.glob(f"??/*{SUFFIX}")]
+            files = [n for n in sizes if n is not None]
+            found.append((folder, len(files), sum(files), folder.name == code_digest()[:CODE_DIGITS]))
     return found
+
+
+def _size(file: Path) -> int | None:
+    """A file's size, or None where it is no file or cannot be seen (another user's folder in a shared cache)."""
+    try:
+        return file.stat().st_size if file.is_file() else None
+    except OSError:
+        return None
 
 
 def private_folders(root: Path, folder: Path) -> None:
@@ -533,14 +567,11 @@ class CheckCache:
     def _path(self, image: Path, label: Path) -> Path | None:
         if image.is_dir() or label.suffix.lower() == ".dcm" or not (image.is_file() and label.is_file()):
             return None
-        files = [image, label]
-        for path in (image, label):
-            if path.name.lower().endswith(".mhd"):
-                data = mhd_data_file(path)
-                if data is None:
-                    return None
-                files += [data] if data != path else []
-        return entry_path(self.root, _sha256({"files": file_stats(files), "reader": self.fields}), ".check")
+        files = with_data_files([image, label])
+        if files is None:
+            return None
+        described = {"files": file_stats(files), "reader": self.fields, "check": code_digest(CHECKING_ROOTS)}
+        return entry_path(self.root, _sha256(described), ".check")
 
     def get(self, image: Path, label: Path) -> dict[str, Any] | None:
         """What the check found for this case's files when they were last checked sound, or None (none yet, or a

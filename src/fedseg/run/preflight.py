@@ -11,7 +11,10 @@
     and ``engine.memory_budget_mb`` (how many processes answer, where client states wait), ``train.loader_workers``
     and ``data.prepare_threads`` (threads preparing batches and cases): they cannot change results;
   - ``algorithms`` may be extended at the end (the recorded list a prefix of the new one): the finished
-    methods are reused, the new ones run after them.
+    methods are reused, the new ones run after them;
+  - ``methods.<name>`` of an algorithm the recorded run does not train (each algorithm reads only its own
+    options: a preset that gains FedSM options must not refuse the resume of a FedAvg run, and a method appended
+    on resume may be given its own).
 
   Anything else (``fl.rounds``, ``train.lr``, ``device``, ``data.*``, ...) would mix results of two
   configurations, so the resume is refused with every differing key as ``key: recorded -> new``. The keys not
@@ -135,7 +138,10 @@ _UNSET = object()
 def resume_conflicts(recorded: dict[str, Any], new: dict[str, Any]) -> list[str]:
     """``key: recorded -> new`` (dotted keys, sorted) for every difference that forbids resuming ``recorded``
     with ``new`` (both ``RunConfig.model_dump(mode="json")``-like dicts); see the module docstring."""
-    old_flat, new_flat = _flat(recorded), _flat(new)
+    from fedseg.config_load import without_idle_methods
+
+    ran = recorded.get("algorithms", [])  # the options of an algorithm the run has not trained change nothing in it
+    old_flat, new_flat = _flat(without_idle_methods(recorded, ran)), _flat(without_idle_methods(new, ran))
     lines = []
     for key in sorted(set(old_flat) | set(new_flat)):
         a, b = old_flat.get(key, _UNSET), new_flat.get(key, _UNSET)

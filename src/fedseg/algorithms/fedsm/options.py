@@ -9,6 +9,7 @@ from pydantic import Field, field_validator, model_validator
 
 from fedseg.algorithms.fedavg import FedAvgOptions
 from fedseg.algorithms.fedsm.personalize import PersonalizationOptions
+from fedseg.engine.context import Task
 
 DEFAULT_GRID = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0)
 
@@ -52,16 +53,31 @@ class SelectorOptions(FedAvgOptions, PersonalizationOptions):
 
     @model_validator(mode="after")
     def _selector_side(self) -> SelectorOptions:
+        side = self.selector_input_size
+        if side is not None and (problem := self.side_problem(side, f"selector_input_size {side}")) is not None:
+            raise ValueError(problem)
+        return self
+
+    def side_problem(self, side: int, setting: str) -> str | None:
+        """Why the selector cannot train on images of ``side`` voxels per axis (``setting``: what gives that side,
+        as the line names it), or None: with instance norm its last block needs more than one voxel."""
         from fedseg.algorithms.fedsm.selector import LAST_BLOCK_STRIDE, MIN_INSTANCE_SIDE
 
-        size = self.selector_input_size
-        if self.selector_norm == "instance" and size is not None and size < MIN_INSTANCE_SIDE:
-            raise ValueError(
-                f"selector_input_size {size} leaves the selector's last block one voxel per axis (after four 2x pools: "
-                f"ceil({size} / {LAST_BLOCK_STRIDE}) = 1), which instance norm cannot normalize: give at least "
-                f"{MIN_INSTANCE_SIDE}, or selector_norm: batch"
-            )
-        return self
+        if self.selector_norm != "instance" or side >= MIN_INSTANCE_SIDE:
+            return None
+        return (
+            f"{setting} leaves the selector's last block one voxel per axis (after four 2x pools: "
+            f"ceil({side} / {LAST_BLOCK_STRIDE}) = 1), which instance norm cannot normalize: give "
+            f"selector_input_size at least {MIN_INSTANCE_SIDE}, or selector_norm: batch"
+        )
+
+    def check_task(self, task: Task, algorithm: str) -> None:
+        """Before any work: the selector's input side (``selector_input_size``, else ``data.image_size``) fits it."""
+        super().check_task(task, algorithm)
+        side = task.cfg.data.image_size
+        setting = f"data.image_size {side} (the selector's input: selector_input_size is unset)"
+        if self.selector_input_size is None and (problem := self.side_problem(side, setting)) is not None:
+            raise ValueError(f"methods.{algorithm}: {problem}")
 
     def check_sites(self, num_sites: int, algorithm: str) -> None:
         """FedSM needs K >= 2 sites (SoftPull averages the other K-1 personalized models, the selector
