@@ -553,3 +553,19 @@ def test_an_entry_in_a_folder_this_user_cannot_read_is_a_miss_not_a_crash(folder
 
     monkeypatch.setattr(RealPath, "is_file", forbidden)
     _same_as_uncached(folder, monkeypatch, **VOLUME)
+
+
+def test_a_runs_check_reads_with_data_prepare_threads(tmp_path, monkeypatch):
+    """``data.prepare_threads: 1`` (memory, or a reader that is not thread-safe) holds for the run's data check too."""
+    from fedseg.config_load import config_from_cli
+    from fedseg.data import check as check_module
+    from fedseg.run.preparation import load_federation
+
+    root = write_folder(_federation(), tmp_path / "t" / "blobs")
+    counts: list[int] = []
+    real = check_module.check_threads
+    monkeypatch.setattr(check_module, "check_threads", lambda n, t=None: counts.append(real(n, t)) or counts[-1])
+    for threads in (1, 3):
+        cfg = config_from_cli("fets-cpu", None, str(root), "fedavg", 1, None, [f"data.prepare_threads={threads}"])
+        load_federation(cfg)
+    assert counts == [0, 3]  # 1: the caller's thread

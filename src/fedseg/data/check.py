@@ -272,12 +272,13 @@ def orientation_warnings(orientations: dict[str, list[tuple[str, str]]], shown: 
 MAX_CHECK_THREADS = 8  # threads reading cases at once for the check, at most
 
 
-def check_threads(cases: int) -> int:
-    """Threads checking ``cases`` cases at once: the CPUs this process may use, at most :data:`MAX_CHECK_THREADS`
-    and ``cases``; 0 (the caller's thread) for one. Each reads one case; the results are taken in the cases' order,
+def check_threads(cases: int, threads: int | None = None) -> int:
+    """Threads checking ``cases`` cases at once: ``threads`` (a run's ``data.prepare_threads``, resolved), else the
+    CPUs this process may use, at most :data:`MAX_CHECK_THREADS`; at most ``cases``; 0 (the caller's thread) for one.
+    Each reads one case (its memory: several times a case's size each); the results are taken in the cases' order,
     so the check's lines do not depend on the count (fedseg's readers are safe to call from several threads)."""
-    threads = min(usable_cpus(), MAX_CHECK_THREADS, cases)
-    return threads if threads > 1 else 0
+    count = min(threads or min(usable_cpus(), MAX_CHECK_THREADS), cases)
+    return count if count > 1 else 0
 
 
 def check_folder(
@@ -288,6 +289,7 @@ def check_folder(
     all_sites: bool = True,
     max_image_mb: float = MAX_IMAGE_MB,
     warnings: list[str] | None = None,
+    threads: int | None = None,
 ) -> Federation:
     """Validate the federation folder ``root`` and return it (lazy, as ``load_folder`` would).
 
@@ -299,9 +301,10 @@ def check_folder(
     (readable, channel count, image/label spatial shape, integer labels, label values in the
     regions) and, given ``split`` and ``seed``, that every site keeps a training case.
 
-    Every case is loaded once, in full, by :func:`check_threads` threads at once (a BraTS case about 0.8 s on one
-    core: FeTS 2022's 1251 cases about 16 core-minutes). The returned cases carry ``meta["image_shape"]``
-    ``(C, *spatial)``.
+    Every case is loaded once, in full, by :func:`check_threads` threads at once (``threads``: a run's
+    ``data.prepare_threads``; a BraTS case about 0.8 s on one core: FeTS 2022's 1251 cases about 16 core-minutes),
+    unless ``$FEDSEG_PREPARED_CACHE`` knows it unchanged (``fedseg.data.prepared.CheckCache``). The returned cases
+    carry ``meta["image_shape"]`` ``(C, *spatial)``.
 
     ``all_sites=False``: the folder holds only some of the federation's sites (a hospital's copy),
     so ``federation.yaml``'s ``sites:`` may name sites that are not here (see ``scan_folder``).
@@ -348,7 +351,10 @@ def check_folder(
             known.put(image, label, {"shape": shape, "values": sorted(values), "blank": blank, "orientation": code})
         return case_probs, shape, values, blank, code
 
-    with rtstruct.noting() as painted, closing(ordered_map(check, jobs, check_threads(len(jobs)), "check")) as checked:
+    with (
+        rtstruct.noting() as painted,
+        closing(ordered_map(check, jobs, check_threads(len(jobs), threads), "check")) as checked,
+    ):
         for (site_name, cid, image_path, label_path), result in zip(jobs, checked):
             site_of[label_path] = site_name
             case_probs, shape, values, blank, code = result

@@ -154,11 +154,14 @@ def federation_header(fed: Federation) -> dict:
 def load_site(settings: NodeSettings, cfg: RunConfig, check: bool) -> tuple[Federation, Site]:
     """``(federation, site)`` of this node; ``check``: run the full ``data check`` (every file read)."""
     from fedseg.data.check import check_folder
+    from fedseg.data.dataset import prepare_threads
     from fedseg.data.folder import load_folder
 
     # a hospital's folder holds the federation's federation.yaml and only its own site folder
     if check:
-        fed = check_folder(settings.data, cfg.data.split, cfg.data.seed, all_sites=False)
+        fed = check_folder(
+            settings.data, cfg.data.split, cfg.data.seed, all_sites=False, threads=prepare_threads(cfg.data)
+        )
     else:
         fed = load_folder(settings.data, all_sites=False)
     if settings.site not in fed.site_names:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fedseg.config import RunConfig
-from fedseg.data.dataset import SiteData, build_site_data
+from fedseg.data.dataset import SiteData, build_site_data, prepare_threads
 from fedseg.data.federation import Federation, Split
 from fedseg.data.repartition import repartition, repartitioned_site_count
 from fedseg.engine.context import Task
@@ -49,7 +49,7 @@ def load_federation(cfg: RunConfig) -> Federation:
     if root := folder_root(cfg):
         from fedseg.data.check import check_folder
 
-        return check_folder(root, cfg.data.split, cfg.data.seed)
+        return check_folder(root, cfg.data.split, cfg.data.seed, threads=prepare_threads(cfg.data))
     from fedseg.data.sources import build_federation
 
     return build_federation(cfg)
