@@ -285,6 +285,7 @@ def test_the_checks_lines_do_not_depend_on_the_number_of_threads(tmp_path, monke
     import gzip
 
     from fedseg.data import check as check_module
+    from fedseg.data import dataset
     from fedseg.data.check import check_folder
     from fedseg.data.federation import FederationError
 
@@ -294,7 +295,8 @@ def test_the_checks_lines_do_not_depend_on_the_number_of_threads(tmp_path, monke
         path.write_bytes(gzip.compress(gzip.decompress(path.read_bytes())[:400]))
     texts = []
     for cpus in (1, 4):
-        monkeypatch.setattr(check_module, "usable_cpus", lambda cpus=cpus: cpus)
+        monkeypatch.setattr(dataset, "usable_cpus", lambda cpus=cpus: cpus)
+        assert check_module.check_threads(9) == (0 if cpus == 1 else cpus)
         with pytest.raises(FederationError) as caught:
             check_folder(root)
         texts.append(str(caught.value))
@@ -303,11 +305,13 @@ def test_the_checks_lines_do_not_depend_on_the_number_of_threads(tmp_path, monke
 
 
 # --- from a review: keys that missed what a case depends on, and a warm run on the worker pool ------------------
-def _same_as_uncached(fed: Federation, monkeypatch, **data) -> None:
+def _same_as_uncached(fed: Federation, monkeypatch, **data):
+    """The site prepared with the cache, checked against one prepared without it; returned."""
     warm = _site(fed, 1, **data)
     plain = _uncached(fed, monkeypatch, **data)
     for split in SPLITS:
         _assert_same(plain.split(split), warm.split(split))
+    return warm
 
 
 def test_reordered_regions_are_a_new_key(folder, cache, monkeypatch, tmp_path):
@@ -552,7 +556,8 @@ def test_an_entry_in_a_folder_this_user_cannot_read_is_a_miss_not_a_crash(folder
         return real_is_file(self)
 
     monkeypatch.setattr(RealPath, "is_file", forbidden)
-    _same_as_uncached(folder, monkeypatch, **VOLUME)
+    site = _same_as_uncached(folder, monkeypatch, **VOLUME)
+    assert site.cache_counts[0] == 0  # every lookup a miss, none a crash
 
 
 def test_a_runs_check_reads_with_data_prepare_threads(tmp_path, monkeypatch):

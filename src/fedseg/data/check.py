@@ -32,7 +32,7 @@ from fedseg.data.folder import (
     raw_dataset_problem,
     scan_folder,
 )
-from fedseg.data.prefetch import ordered_map, usable_cpus
+from fedseg.data.prefetch import ordered_map
 from fedseg.data.prepared import CheckCache
 from fedseg.data.splits import make_splits, split_problems
 
@@ -269,15 +269,16 @@ def orientation_warnings(orientations: dict[str, list[tuple[str, str]]], shown: 
     ]
 
 
-MAX_CHECK_THREADS = 8  # threads reading cases at once for the check, at most
-
-
 def check_threads(cases: int, threads: int | None = None) -> int:
-    """Threads checking ``cases`` cases at once: ``threads`` (a run's ``data.prepare_threads``, resolved), else the
-    CPUs this process may use, at most :data:`MAX_CHECK_THREADS`; at most ``cases``; 0 (the caller's thread) for one.
-    Each reads one case (its memory: several times a case's size each); the results are taken in the cases' order,
-    so the check's lines do not depend on the count (fedseg's readers are safe to call from several threads)."""
-    count = min(threads or min(usable_cpus(), MAX_CHECK_THREADS), cases)
+    """Threads checking ``cases`` cases at once: ``threads`` (a run's ``data.prepare_threads``, resolved), else
+    those ``data.prepare_threads: 0`` gives (``fedseg.data.dataset.prepare_threads``); at most ``cases``; 0 (the
+    caller's thread) for one. Each reads one case (its memory: several times a case's size each); the results are
+    taken in the cases' order, so the check's lines do not depend on the count (fedseg's readers are safe to call
+    from several threads)."""
+    from fedseg.config import DataConfig
+    from fedseg.data.dataset import prepare_threads
+
+    count = min(threads or prepare_threads(DataConfig(prepare_threads=0)), cases)
     return count if count > 1 else 0
 
 

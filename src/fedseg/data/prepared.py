@@ -520,12 +520,16 @@ def code_folders(root: Path) -> list[tuple[Path, int, int, bool]]:
     code (an entry of another fedseg or library version is never read by this one). Nothing else under ``root``
     is the cache's."""
     found = []
-    for folder in sorted(root.iterdir()) if root.is_dir() else []:
-        if folder.is_dir() and is_code_folder(folder.name):
-            sizes = [_size(f) for f in folder.glob(f"??/*{SUFFIX}")]
-            files = [n for n in sizes if n is not None]
-            found.append((folder, len(files), sum(files), folder.name == code_digest()[:CODE_DIGITS]))
+    for folder in _code_folder_paths(root):
+        sizes = [_size(f) for f in folder.glob(f"??/*{SUFFIX}")]
+        files = [n for n in sizes if n is not None]
+        found.append((folder, len(files), sum(files), folder.name == code_digest()[:CODE_DIGITS]))
     return found
+
+
+def _code_folder_paths(root: Path) -> list[Path]:
+    """The folders of entries under ``root`` (:func:`is_code_folder`), sorted."""
+    return [f for f in sorted(root.iterdir()) if f.is_dir() and is_code_folder(f.name)] if root.is_dir() else []
 
 
 def _size(file: Path) -> int | None:
@@ -602,7 +606,7 @@ class CheckCache:
 
 
 def _temps(root: Path) -> Iterator[Path]:
-    for folder, *_ in code_folders(root):
+    for folder in _code_folder_paths(root):  # without sizing every entry: this runs at every site's start
         yield from folder.glob(f"??/{TEMP_PREFIX}*")
 
 
