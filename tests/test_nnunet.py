@@ -1,7 +1,8 @@
 """nnU-Net v2 datasets in and out: ``fedseg data import nnunet`` reads the raw layout (written here in its real form:
 ``dataset.json``, ``imagesTr/<case>_XXXX.nii.gz`` with spacing, ``labelsTr/``, ``imagesTs/``...) into a checked
 folder federation; ``fedseg data export nnunet`` writes a federation back with its splits, and the round trip keeps
-regions, channels, cases, spacing and splits. Bad input fails with one line naming the file, field or case."""
+regions, channels, cases, spacing and splits. Bad input fails with one line naming the file, field or case (a
+dataset.json's faults all in one error, a line each)."""
 
 from __future__ import annotations
 
@@ -682,6 +683,89 @@ def test_bad_nnunet_input_fails_with_one_line_and_writes_nothing(tmp_path, break
     line = one_line_error(cli(*args))
     assert expected.format(src=src, tmp=tmp_path) in line, line
     assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".fed.")]
+
+
+def error_lines(result) -> list[str]:
+    """The errors of a failed command that found several problems (exit 1, no traceback, ``error: cannot import (N
+    problems):`` then one indented line each): those lines."""
+    assert result.exit_code == 1, result.output
+    assert "Traceback" not in result.output
+    header, *lines = result.output.strip().splitlines()
+    assert header == f"error: cannot import ({len(lines)} problems):", result.output
+    assert all(line.startswith("  ") for line in lines), result.output
+    return [line.strip() for line in lines]
+
+
+def test_a_dataset_json_with_three_mistakes_names_all_three_in_one_import(tmp_path):
+    """A hand-written dataset.json with three independent mistakes: one import lists them all, a line each naming the
+    file and the field (it stopped at the first: three imports to see them)."""
+    src = nnunet_dataset(tmp_path / "Dataset501_Liver", sites=("AMC",), per_site=2, test_per_site=0)
+    _rename_json_key(src, "channel_names", "channel_name")
+    _set_json(src, file_ending=".mhd", numTraining="2")
+    out = tmp_path / "fed"
+    assert error_lines(cli("import", "nnunet", str(src), "--out", str(out))) == [
+        f'{src}/dataset.json: missing "channel_names" (the file has "channel_name": misspelt?)',
+        f"{src}/dataset.json: \"file_ending\" '.mhd': a MetaImage .mhd header is a file apart from its data: convert "
+        "the dataset to .mha",
+        f"{src}/dataset.json: \"numTraining\": expected a positive integer, got '2'",
+    ]
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("labels", "expected"),
+    [
+        (  # a label value at fault: the regions are unknown, so regions_class_order is not checked against them
+            {"background": 0, "whole": [1, 2], "core": "2"},
+            ["\"labels\": 'core': expected a label value or a list of them, got '2'"],
+        ),
+        (  # the background's value at fault: not also "expected one background entry"
+            {"background": "0", "liver": 1},
+            ["\"labels\": 'background': expected a label value or a list of them, got '0'"],
+        ),
+        (  # not an object: nothing in it is checked, nor regions_class_order
+            [{"background": 0}, {"whole": [1, 2]}],
+            ["\"labels\": expected an object name -> value, got [{'background': 0}, {'whole': [1, 2]}]"],
+        ),
+        (  # an ignore label and a missing regions_class_order are two faults: the other labels' regions counted
+            {"background": 0, "whole": [1, 2], "core": 2, "ignore": 3},
+            [
+                '"labels": an "ignore" label (partial annotation) is not supported by fedseg',
+                '"regions_class_order": region-based labels need a list of 2 label values, got None',
+            ],
+        ),
+    ],
+    ids=["label-value", "background-value", "labels-not-object", "ignore-and-regions-order"],
+)
+def test_a_check_that_needs_a_field_at_fault_is_skipped_not_reported_as_a_second_fault(tmp_path, labels, expected):
+    """Each dataset.json below also has an unreadable file_ending (an independent fault, listed too); a check that
+    needs a field at fault is skipped, so each fault is one line and no line follows from another."""
+    src = nnunet_dataset(tmp_path / "Dataset502_Brats", sites=("X",), per_site=2, test_per_site=0)
+    data = json.loads((src / "dataset.json").read_text())
+    data.pop("regions_class_order", None)
+    (src / "dataset.json").write_text(json.dumps({**data, "labels": labels, "file_ending": ".tif"}))
+    lines = error_lines(cli("import", "nnunet", str(src), "--out", str(tmp_path / "fed")))
+    assert lines[:-1] == [f"{src}/dataset.json: {line}" for line in expected]
+    assert lines[-1].startswith(f"{src}/dataset.json: \"file_ending\" '.tif' is not a format fedseg reads"), lines
+
+
+def test_several_dataset_folders_report_the_dataset_json_faults_of_each_in_one_import(tmp_path):
+    """One dataset per hospital, two hand-written dataset.json files each with a fault (a third folder missing): one
+    import names them all, each line its own file, before any case is read."""
+    a = nnunet_dataset(tmp_path / "Dataset501_HospA", sites=("hospA",), per_site=2, test_per_site=0)
+    b = nnunet_dataset(tmp_path / "Dataset502_HospB", sites=("hospB",), per_site=2, test_per_site=0)
+    c = tmp_path / "Dataset503_HospC"
+    _set_json(a, numTraining=0)
+    _set_json(b, channel_names={"1": "T2", "2": "ADC"})
+    (b / "labelsTr" / "hospB_000.nii.gz").unlink()  # a case-level fault: not reached while a dataset.json is at fault
+    out = tmp_path / "fed"
+    assert error_lines(cli("import", "nnunet", str(a), str(b), str(c), "--out", str(out))) == [
+        f'{a}/dataset.json: "numTraining": expected a positive integer, got 0',
+        f"{b}/dataset.json: \"channel_names\": expected {{\"0\": name, \"1\": name, ...}}, got {{'1': 'T2', '2': "
+        "'ADC'}",
+        f"{c}: not a folder (expected an nnU-Net v2 dataset folder: dataset.json, imagesTr/, labelsTr/)",
+    ]
+    assert not out.exists()
 
 
 def test_bad_export_requests_fail_with_one_line(tmp_path, disc_federation):

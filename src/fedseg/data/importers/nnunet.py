@@ -40,12 +40,22 @@ What it writes:
   cases from them too). A fold that leaves a site without any test case (every ``imagesTr`` case in train or
   val, no labelled ``imagesTs`` case) is refused: a run needs every site's test cases.
 
-Errors (one line each, naming the file, field or case): a missing or malformed ``dataset.json``, an unknown
-``file_ending``, a case missing a channel file, a channel not in ``channel_names``, a channel file on another grid
-than the case's ``_0000`` file (shape, spacing, a flipped axis or origin, from the headers), a missing label file
-(naming the file beside it under another ending, if any), ``numTraining`` not matching ``imagesTr``, a ``--site-by``
-regex that does not match a case, a case the CSV does not list, an ``ignore`` label (partial annotations: not
-supported).
+Errors (one line each, naming the file, field or case; several at once come as one error, ``cannot import (N
+problems):`` then a line each, at most 3 of one kind, as ``writer.raise_problems`` lists them):
+
+- ``dataset.json``, every fault of the file in one pass (and of every dataset folder's, where several are given,
+  before any case is read): the file missing or not a JSON object; ``channel_names``, ``labels``, ``numTraining``
+  or ``file_ending`` missing (naming a misspelt key the file has) or ill-typed; an unknown ``file_ending``; an
+  ``ignore`` label (partial annotations: not supported); a label value, background entry or region name at fault;
+  region-based ``labels`` without ``regions_class_order``. A check that needs a field at fault is skipped rather
+  than reported as a second fault (no ``regions_class_order`` check where ``labels`` is at fault, no background
+  check where a label value is); an nnU-Net v1 / MSD ``dataset.json`` is one line saying which import reads it.
+- the cases of a dataset, their problems together: a case missing a channel file, a channel not in
+  ``channel_names``, a channel file on another grid than the case's ``_0000`` file (shape, spacing, a flipped axis
+  or origin, from the headers), a missing label file (naming the file beside it under another ending, if any);
+  then ``numTraining`` not matching ``imagesTr``.
+- the first of the rest: a ``--site-by`` regex that does not match a case or a case the CSV does not list (with
+  a count of the others), a ``splits_final.json`` fold at fault, datasets that disagree.
 """
 
 from __future__ import annotations
@@ -71,6 +81,7 @@ from fedseg.data.importers.writer import (
     PlannedCase,
     PlannedSite,
     Source,
+    existing_folder,
     near_miss,
     raise_problems,
     single_source,
@@ -136,81 +147,133 @@ class DatasetInfo:
     num_training: int
 
 
-def _label_values(name: str, value: Any, path: Path) -> list[int]:
+def _label_values(name: str, value: Any, path: Path, problems: list[str]) -> list[int] | None:
+    """A label's values (``1`` -> ``[1]``, ``[1, 2]`` as is); None, with a line in ``problems``, for anything else."""
     values = value if isinstance(value, list) else [value]
     if not values or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
-        raise FederationError(f'{path}: "labels": {name!r}: expected a label value or a list of them, got {value!r}')
+        problems.append(f'{path}: "labels": {name!r}: expected a label value or a list of them, got {value!r}')
+        return None
     return values
 
 
-def regions_from_labels(labels: dict[str, Any], path: Path) -> tuple[dict[str, list[int]], dict[int, str] | None]:
-    """nnU-Net ``labels`` -> ``(regions, label names or None for region-based labels)`` (see the module)."""
+def regions_from_labels(
+    labels: dict[str, Any], path: Path, problems: list[str]
+) -> tuple[dict[str, list[int]], dict[int, str] | None] | None:
+    """nnU-Net ``labels`` -> ``(regions, label names or None for region-based labels)`` (see the module); each fault
+    a line in ``problems``. None where the regions cannot be known (a label value, the background, a region name or
+    a shared value at fault); an ``ignore`` label is a line too, the regions then those of the other labels. A check
+    that needs what an earlier one refused is skipped (a label value at fault: no background check; no background
+    entry: no check of the others against it; a label at fault: no "no foreground label")."""
     if any(str(k).lower() == "ignore" for k in labels):
-        raise FederationError(f'{path}: "labels": an "ignore" label (partial annotation) is not supported by fedseg')
-    parsed = {str(name): _label_values(str(name), value, path) for name, value in labels.items()}
-    background = [name for name, values in parsed.items() if values == [0]]
+        problems.append(f'{path}: "labels": an "ignore" label (partial annotation) is not supported by fedseg')
+    given = {str(name): value for name, value in labels.items() if str(name).lower() != "ignore"}
+    parsed = {name: _label_values(name, value, path, problems) for name, value in given.items()}
+    if any(values is None for values in parsed.values()):
+        return None
+    valid = {name: values for name, values in parsed.items() if values is not None}  # all of them: for mypy
+    background = [name for name, values in valid.items() if values == [0]]
     if len(background) != 1:
-        raise FederationError(f'{path}: "labels": expected one background entry with value 0, got {labels}')
-    region_based = any(len(values) > 1 for values in parsed.values())
+        problems.append(f'{path}: "labels": expected one background entry with value 0, got {labels}')
+        return None
+    region_based = any(len(values) > 1 for values in valid.values())
     regions: dict[str, list[int]] = {}
-    for name, values in parsed.items():
+    before = len(problems)
+    for name, values in valid.items():
         if name == background[0]:
             continue
-        if 0 in values:
-            raise FederationError(f'{path}: "labels": {name!r} contains 0 (background) besides {background[0]!r}')
         region = name.strip().replace(" ", "_")
-        if not region or region in regions:
-            raise FederationError(f'{path}: "labels": {name!r} gives an empty or duplicate region name {region!r}')
-        regions[region] = sorted(values) if region_based else values
+        if 0 in values:
+            problems.append(f'{path}: "labels": {name!r} contains 0 (background) besides {background[0]!r}')
+        elif not region or region in regions:
+            problems.append(f'{path}: "labels": {name!r} gives an empty or duplicate region name {region!r}')
+        else:
+            regions[region] = sorted(values) if region_based else values
+    names = {0: background[0], **{values[0]: name for name, values in valid.items() if name != background[0]}}
+    if not region_based and len(names) != len(valid):  # plain labels: one value each
+        problems.append(f'{path}: "labels": two labels share a value ({labels})')
+    if len(problems) > before:
+        return None
     if not regions:
-        raise FederationError(f'{path}: "labels": no foreground label (only {labels})')
-    if region_based:
-        return regions, None
-    names = {0: background[0], **{values[0]: name for name, values in parsed.items() if name != background[0]}}
-    if len(names) != len(parsed):
-        raise FederationError(f'{path}: "labels": two labels share a value ({labels})')
-    return regions, dict(sorted(names.items()))
+        problems.append(f'{path}: "labels": no foreground label (only {labels})')
+        return None
+    return regions, None if region_based else dict(sorted(names.items()))
 
 
-def read_dataset_json(src: Path) -> DatasetInfo:
-    """``SRC/dataset.json`` checked (``FederationError`` naming the file and field otherwise)."""
+DATASET_JSON_KEYS = ("channel_names", "labels", "numTraining", "file_ending")
+DATASET_FOLDER = "an nnU-Net v2 dataset folder: dataset.json, imagesTr/, labelsTr/"
+
+
+def check_dataset_json(src: Path, problems: list[str]) -> DatasetInfo | None:
+    """``SRC/dataset.json`` checked: every fault of the file a line in ``problems``, naming the file and the field
+    (None then). A field's checks are independent of the others' but for ``regions_class_order``, checked only where
+    ``labels`` is sound (its length is the regions'); a folder or file that cannot be read, or an nnU-Net v1 / MSD
+    dataset.json (its fields mean other things), is one line."""
     path = src / DATASET_JSON
-    data = read_mapping(
-        path,
-        "an nnU-Net v2 dataset folder holds dataset.json, imagesTr/, labelsTr/",
-        "a JSON object with channel_names, labels, numTraining, file_ending",
-    )
+    try:
+        existing_folder(src, DATASET_FOLDER)
+        data = read_mapping(
+            path,
+            "an nnU-Net v2 dataset folder holds dataset.json, imagesTr/, labelsTr/",
+            "a JSON object with channel_names, labels, numTraining, file_ending",
+        )
+    except FederationError as e:
+        problems.append(str(e))
+        return None
+    before = len(problems)
     if "dataset" in data:
-        raise FederationError(f'{path}: "dataset" (explicit file lists) is not supported; use imagesTr/ and labelsTr/')
-    for key in ("channel_names", "labels", "numTraining", "file_ending"):
-        if key not in data:
-            msd = f"fedseg data import msd {shlex.quote(str(src))}"
-            hint = f' (an nnU-Net v1 task or MSD dataset.json: import it with "{msd}")' if "modality" in data else ""
-            raise FederationError(f'{path}: missing "{key}"{hint or near_miss(key, data)}')
-    channels = data["channel_names"]
-    if not isinstance(channels, dict) or not channels or set(channels) != {str(i) for i in range(len(channels))}:
-        raise FederationError(f'{path}: "channel_names": expected {{"0": name, "1": name, ...}}, got {channels!r}')
-    if not isinstance(data["labels"], dict):
-        raise FederationError(f'{path}: "labels": expected an object name -> value, got {data["labels"]!r}')
-    regions, label_names = regions_from_labels(data["labels"], path)
+        problems.append(f'{path}: "dataset" (explicit file lists) is not supported; use imagesTr/ and labelsTr/')
+    missing = [key for key in DATASET_JSON_KEYS if key not in data]
+    if missing and "modality" in data:  # another format: the fields it has say other things (labels: value -> name)
+        msd = f"fedseg data import msd {shlex.quote(str(src))}"
+        problems.append(
+            f'{path}: missing "{missing[0]}" (an nnU-Net v1 task or MSD dataset.json: import it with "{msd}")'
+        )
+        return None
+    problems += [f'{path}: missing "{key}"{near_miss(key, data)}' for key in missing]
+    channels = data.get("channel_names")
+    if "channel_names" in data and (
+        not isinstance(channels, dict) or not channels or set(channels) != {str(i) for i in range(len(channels))}
+    ):
+        problems.append(f'{path}: "channel_names": expected {{"0": name, "1": name, ...}}, got {channels!r}')
+    parsed = None
+    if "labels" in data and not isinstance(data["labels"], dict):
+        problems.append(f'{path}: "labels": expected an object name -> value, got {data["labels"]!r}')
+    elif "labels" in data:
+        parsed = regions_from_labels(data["labels"], path, problems)
     order = data.get("regions_class_order")
-    if label_names is None and not (isinstance(order, list) and len(order) == len(regions)):
-        raise FederationError(
-            f'{path}: "regions_class_order": region-based labels need a list of {len(regions)} label values, '
+    if parsed is not None and parsed[1] is None and not (isinstance(order, list) and len(order) == len(parsed[0])):
+        problems.append(
+            f'{path}: "regions_class_order": region-based labels need a list of {len(parsed[0])} label values, '
             f"got {order!r}{near_miss('regions_class_order', data) if order is None else ''}"
         )
-    ending = data["file_ending"]
-    if isinstance(ending, str) and (why := UNLINKABLE.get(ending.lower().lstrip("."))) is not None:
-        raise FederationError(f'{path}: "file_ending" {ending!r}: {why}')
-    if not isinstance(ending, str) or ending not in readable_endings():
-        raise FederationError(
-            f'{path}: "file_ending" {ending!r} is not a format fedseg reads (readable: {", ".join(readable_endings())})'
-        )
-    num = data["numTraining"]
-    if not isinstance(num, int) or isinstance(num, bool) or num < 1:
-        raise FederationError(f'{path}: "numTraining": expected a positive integer, got {num!r}')
-    names = [str(channels[str(i)]) for i in range(len(channels))]
-    return DatasetInfo(path, str(data.get("name") or src.name), names, regions, label_names, ending, num)
+    ending = data.get("file_ending")
+    if "file_ending" in data:
+        if isinstance(ending, str) and (why := UNLINKABLE.get(ending.lower().lstrip("."))) is not None:
+            problems.append(f'{path}: "file_ending" {ending!r}: {why}')
+        elif not isinstance(ending, str) or ending not in readable_endings():
+            problems.append(
+                f'{path}: "file_ending" {ending!r} is not a format fedseg reads (readable: '
+                f"{', '.join(readable_endings())})"
+            )
+    num = data.get("numTraining")
+    if "numTraining" in data and (not isinstance(num, int) or isinstance(num, bool) or num < 1):
+        problems.append(f'{path}: "numTraining": expected a positive integer, got {num!r}')
+    if len(problems) > before or parsed is None:
+        return None
+    regions, label_names = parsed
+    names = [str(data["channel_names"][str(i)]) for i in range(len(data["channel_names"]))]  # all there and sound
+    name = str(data.get("name") or src.name)
+    return DatasetInfo(path, name, names, regions, label_names, data["file_ending"], data["numTraining"])
+
+
+def read_dataset_jsons(sources: Sequence[Path]) -> list[DatasetInfo]:
+    """Each dataset folder's ``dataset.json`` checked (:func:`check_dataset_json`); every fault of every file in one
+    ``FederationError`` (:func:`fail`: one line each, the file and field named), so a dataset.json with three
+    mistakes, or three dataset folders with one each, takes one import to see them all."""
+    problems: list[str] = []
+    infos = [check_dataset_json(Path(src), problems) for src in sources]
+    fail(problems)
+    return [info for info in infos if info is not None]  # all of them (no problem)
 
 
 @dataclass(frozen=True)
@@ -527,15 +590,16 @@ def plan_nnunet(
     several, one per hospital as each keeps its own ``DatasetNNN_Name``, merged into one federation. Several must
     agree on the kind, ``channel_names`` (in order) and ``labels``; each gives its own sites (without ``--site-by``
     one, named after its folder), and no site may come from two of them."""
-    what = "an nnU-Net v2 dataset folder: dataset.json, imagesTr/, labelsTr/"
     if len(sources) < 2:
-        return _plan_dataset(single_source(sources, "nnunet", what), site_by, fold, splits_file)
+        src = single_source(sources, "nnunet", DATASET_FOLDER)
+        return _plan_dataset(src, read_dataset_jsons([src])[0], site_by, fold, splits_file)
     if splits_file is not None:
         raise FederationError(
             f"--splits {splits_file}: one splits_final.json for {len(sources)} datasets; put each dataset's own in its "
             "folder (or $nnUNet_preprocessed/<it>/), where the import finds it"
         )
-    plans = [_plan_dataset(single_source([src], "nnunet", what), site_by, fold, None) for src in sources]
+    infos = read_dataset_jsons(sources)  # every dataset's dataset.json faults at once, before any case is read
+    plans = [_plan_dataset(Path(src), info, site_by, fold, None) for src, info in zip(sources, infos)]
     first, first_json = plans[0], Path(sources[0]) / DATASET_JSON
     origin: dict[str, Path] = {}
     for src, plan in zip(sources, plans):
@@ -581,9 +645,10 @@ def _channels_said(plan: Plan) -> list[str] | int:
     return [n.strip().lower() for n in plan.channel_names] if plan.channel_names else plan.channels
 
 
-def _plan_dataset(src: Path, site_by: str | None, fold: int | None, splits_file: Path | None) -> Plan:
-    """``plan_nnunet`` of one dataset folder ``src``."""
-    info = read_dataset_json(src)
+def _plan_dataset(
+    src: Path, info: DatasetInfo, site_by: str | None, fold: int | None, splits_file: Path | None
+) -> Plan:
+    """``plan_nnunet`` of one dataset folder ``src`` whose ``dataset.json`` is ``info`` (:func:`read_dataset_jsons`)."""
     cases = find_cases(src, info)
     assign = site_assigner(site_by, src.name)
     fixed, splits_path = read_splits_final(src, fold, {c.id for c in cases if not c.test}, splits_file)
