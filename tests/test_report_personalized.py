@@ -14,11 +14,13 @@ import shutil
 
 import pytest
 
+from fedseg.config import StopConfig
 from fedseg.presentation.figures import sites_by_size
 from fedseg.presentation.kit import RunFiles
 from fedseg.report import persite
 from fedseg.report.html import render_report
 from fedseg.run import run_experiment
+from fedseg.run.stopping import convergence, recorded_late_sites
 from test_report import assert_self_contained, make_run, row_cells, table
 
 ALGORITHMS = ["centralized", "local", "fedavg", "finetune", "fedper", "cfl", "prior-cfl"]
@@ -143,19 +145,27 @@ def test_the_sections_are_absent_without_per_site_methods(tmp_path):
     assert not (run / "figures" / persite.FIGURE).exists()
 
 
+def _judged(entry: dict) -> None:
+    """``entry``'s convergence as a run of 4 rounds whose validation still rose records it (no plateau)."""
+    rising = {r: r / 10 for r in range(1, 5)}
+    sel = entry.get("selected_rounds")
+    entry["convergence"] = convergence(rising, 4, entry["best_round"], StopConfig(), None, selected_rounds=sel)
+
+
 def test_a_per_site_method_is_flagged_when_half_its_sites_selected_a_late_round(tmp_path, run_dir):
     run = tmp_path / "run"
     shutil.copytree(run_dir, run)
     summary = json.loads((run / "summary.json").read_text())
     for entry in summary["algorithms"].values():
         entry["rounds"], entry["best_round"] = 4, 2
-        entry["convergence"] = {**entry.get("convergence", {}), "converged": True}
         if "selected_rounds" in entry:
             entry["selected_rounds"] = {"site1": 1, "site2": 2, "site3": 2}
     # of 4 rounds the late window is the last 2 (fedseg.run.stopping.late_window): rounds 3 and 4
     summary["algorithms"]["fedper"]["selected_rounds"] = {"site1": 4, "site2": 2, "site3": 3}  # 2 of 3
     summary["algorithms"]["cfl"]["selected_rounds"] = {"site1": 4, "site2": 2, "site3": 1}  # 1 of 3
     summary["algorithms"]["cfl"]["best_round"] = 4  # the server's state: not what is tested
+    for entry in summary["algorithms"].values():
+        _judged(entry)
     (run / "summary.json").write_text(json.dumps(summary))
     (run / "rounds.csv").unlink()  # its 2 rounds would contradict the 4 said above (the report checks them)
     page = render_report(run).read_text()
@@ -164,9 +174,11 @@ def test_a_per_site_method_is_flagged_when_half_its_sites_selected_a_late_round(
     assert "at least half its sites selected a round among those last ones" in page
     assert "CFL (" not in page.split("May not have converged")[1].split("</p>")[0]
     summary["algorithms"]["fedper"]["selected_rounds"]["site3"] = 2
+    _judged(summary["algorithms"]["fedper"])
     (run / "summary.json").write_text(json.dumps(summary))
     assert "May not have converged" not in render_report(run).read_text()
-    summary["algorithms"]["fedavg"]["convergence"]["converged"] = False  # fedseg.run.stopping's verdict is read
+    summary["algorithms"]["fedavg"]["best_round"] = 4  # its selected round among the last 2, no plateau
+    _judged(summary["algorithms"]["fedavg"])
     (run / "summary.json").write_text(json.dumps(summary))
     assert "May not have converged</b>: FedAvg —" in render_report(run).read_text()
 
@@ -205,4 +217,4 @@ def test_cluster_table_rows_and_the_tested_models_clusters(tmp_path):
     assert row_cells(t, "CFL, tested model (selected round)") == ["0", "0", "0", "1", "2"]
     # the selected rounds: a range over sites, each site's round in the tooltip
     assert persite.rounds_cell(run, "cfl") == '<span title="A 5 · B 2 · C 3 · D 5">2–5 (per site)</span>'
-    assert persite.late_sites(entry) == (2, 4)
+    assert recorded_late_sites(entry) == (2, 4)

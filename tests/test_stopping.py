@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import pytest
 
 from fedseg.config import StopConfig
 from fedseg.run import run_experiment
-from fedseg.run.stopping import convergence, plateau_round, stop_reason
+from fedseg.run.stopping import convergence, plateau_round, recorded_not_converged, stop_reason
 
 
 def test_plateau_reference_moves_only_on_a_gain_above_min_delta():
@@ -146,12 +148,11 @@ def test_validation_scores_are_rebuilt_from_the_rounds_rows_of_an_older_checkpoi
 def test_every_table_uses_one_late_window():
     """The run's convergence, a per-site method's sites and the benchmarks' lines each had their own rule (the last
     10%, the last round only, best > 0.9 x rounds): one window now, the last 10% of the rounds, at least 2."""
-    from fedseg.report.persite import late_sites
-    from fedseg.run.stopping import late_best, late_window
+    from fedseg.run.stopping import late_best, late_window, recorded_late_sites
 
     assert [late_window(r) for r in (1, 10, 20, 25, 100)] == [2, 2, 2, 3, 10]
     assert late_best(9, 10) and not late_best(8, 10) and late_best(91, 100) and not late_best(90, 100)
-    assert late_sites({"rounds": 10, "selected_rounds": {"a": 9, "b": 10, "c": 5}}) == (2, 3)  # site a: was not
+    assert recorded_late_sites({"rounds": 10, "selected_rounds": {"a": 9, "b": 10, "c": 5}}) == (2, 3)  # a: was not
 
 
 def test_a_curve_first_scored_after_round_1_or_a_fine_tuning_is_not_judged_by_its_first_score():
@@ -173,3 +174,71 @@ def test_a_study_table_says_never_improved_apart_from_may_not_have_converged():
     assert [r["converged"] for r in rows] == ["never improved", "no"]
     note = unconverged_note(rows, {id(rows[0]): "FedAvg: 1e-9", id(rows[1]): "FedAvg: 0.1"})
     assert "<b>May not have converged</b>: FedAvg: 0.1 (" in note and "<b>Never improved</b>: FedAvg: 1e-9 (" in note
+
+
+# --------------------------------------------------------------------------- one rule for every page
+def _pages_flag(entry: dict) -> tuple[bool, bool, bool]:
+    """Whether the run report's verdict, the bench's tables and the model card each say ``entry`` may not have
+    converged."""
+    from fedseg.bench.tables import convergence_counts
+    from fedseg.presentation.kit import RunFiles
+    from fedseg.report.verdict import unconverged_methods
+
+    late, _ = unconverged_methods(RunFiles(Path("."), {"sites": ["a", "b", "c"], "algorithms": {"m": entry}}))
+    return bool(late), convergence_counts([entry])["not_converged"] == 1, recorded_not_converged(entry)
+
+
+def test_a_per_site_method_is_judged_on_its_sites_rounds_by_every_page():
+    """The report named a per-site method when half its sites selected a late round, whatever the plateau; the bench
+    read the convergence entry of the mean curve's best round: the two disagreed on one run. Now the run records the
+    per-site rule (``late_sites``) and every page reads it."""
+    rising = {r: r / 10 for r in range(1, 11)}  # still climbing: no plateau
+    flat = {r: min(r, 3) / 10 for r in range(1, 11)}  # plateau since round 3
+    sites_late = {"a": 10, "b": 9, "c": 2}
+    entry = convergence(rising, 10, 4, StopConfig(), None, selected_rounds=sites_late)  # mean curve's best: early
+    assert entry["late_sites"] == [2, 3] and entry["late_best"] and not entry["converged"] and entry["rule"] == 2
+    summary = {"rounds": 10, "best_round": 4, "selected_rounds": sites_late, "convergence": entry}
+    assert _pages_flag(summary) == (True, True, True)
+    plateau = convergence(flat, 10, 4, StopConfig(), None, selected_rounds=sites_late)
+    assert plateau["late_best"] and plateau["plateaued"] and plateau["converged"]
+    assert _pages_flag({**summary, "convergence": plateau}) == (False, False, False)
+    early = convergence(rising, 10, 10, StopConfig(), None, selected_rounds={"a": 10, "b": 2, "c": 3})
+    assert early["late_sites"] == [1, 3] and not early["late_best"]  # the mean curve's best round 10 is late
+    assert _pages_flag({**summary, "selected_rounds": {"a": 10, "b": 2, "c": 3}, "convergence": early}) == (
+        False,
+        False,
+        False,
+    )
+
+
+def test_entries_written_before_the_rule_are_read_as_it_says():
+    """A per-site entry of an older run recorded the mean curve's best round: its sites are counted instead; an older
+    fedavg-dp entry with select_round last judged its last round alone (nothing can be told: not flagged); an entry
+    older than the convergence record: its selected round is its last."""
+    old = {"rounds": 10, "late_best": False, "plateaued": False, "converged": True}
+    per_site = {"rounds": 10, "best_round": 4, "selected_rounds": {"a": 10, "b": 9, "c": 2}, "convergence": old}
+    assert _pages_flag(per_site) == (True, True, True)
+    last = {"rounds": 10, "late_best": True, "plateaued": False, "converged": False}
+    dp = {"rounds": 10, "best_round": 10, "privacy": {"select_round": "last"}, "convergence": last}
+    assert _pages_flag(dp) == (False, False, False)
+    assert _pages_flag({"rounds": 10, "best_round": 10}) == (True, True, True)
+    assert _pages_flag({"rounds": 10, "best_round": 7}) == (False, False, False)
+
+
+def test_runs_record_the_rule_their_pages_read(tmp_path, tiny_config, disc_federation):
+    """A per-site method's summary.json carries its sites' late count; fedavg-dp with select_round last is judged on
+    its whole validation curve (its last round alone told nothing: ``improved`` was None, never plateaued)."""
+    cfg = tiny_config(
+        algorithms=["local", "fedavg-dp"], fl={"rounds": 3}, methods={"fedavg-dp": {"noise_multiplier": 0.1}}
+    )
+    run_experiment(cfg, tmp_path, federation=disc_federation(n_sites=3, cases_per_site=8))
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    local, dp = summary["algorithms"]["local"], summary["algorithms"]["fedavg-dp"]
+    k, n = local["convergence"]["late_sites"]
+    assert n == 3 and k == sum(r > 1 for r in local["selected_rounds"].values())  # 3 rounds: rounds 2-3 are late
+    assert local["convergence"]["late_best"] is (2 * k >= n)
+    assert dp["privacy"]["select_round"] == "last" and dp["best_round"] == 3
+    assert dp["convergence"]["improved"] is not None  # judged on rounds 1-3, not on round 3 alone
+    for entry in (local, dp):
+        assert entry["convergence"]["rule"] == 2
+        assert len(set(_pages_flag(entry))) == 1

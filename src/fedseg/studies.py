@@ -72,7 +72,7 @@ from fedseg.run.preflight import (
     check_resume,
 )
 from fedseg.run.preparation import folder_root
-from fedseg.run.stopping import NEVER_IMPROVED
+from fedseg.run.stopping import NEVER_IMPROVED, recorded_not_converged
 
 UNSEEN, SWEEP = "unseen", "sweep"  # table stems: OUT/unseen.csv|json, OUT/sweep.csv|json
 HOLDOUT_DIR, SWEEP_DIR = "holdout", "sweep"
@@ -375,14 +375,15 @@ def sweep_rows(results: RunResults, key: str, value: str, run: str) -> list[dict
 
 
 def converged_cell(summary: dict) -> str:
-    """``yes`` / ``no`` from a sub-run algorithm's ``summary.json`` entry (``convergence.converged``,
-    ``fedseg.run.stopping.convergence``), ``NEVER_IMPROVED`` where its validation never improved on round 1
-    (``convergence.improved`` False), "" where it was not recorded."""
+    """``yes`` / ``no`` from a sub-run algorithm's ``summary.json`` entry (``no``: it may not have converged,
+    ``fedseg.run.stopping.recorded_not_converged``, every page's rule), ``NEVER_IMPROVED`` where its validation never
+    improved on round 1 (``convergence.improved`` False), "" where it was not recorded."""
     convergence = summary.get("convergence", {})
-    converged = convergence.get("converged")
     if convergence.get("improved") is False:
         return NEVER_IMPROVED
-    return "" if not isinstance(converged, bool) else "yes" if converged else "no"
+    if not isinstance(convergence.get("converged"), bool):
+        return ""
+    return "no" if recorded_not_converged(summary) else "yes"
 
 
 # --------------------------------------------------------------------------- unseen table

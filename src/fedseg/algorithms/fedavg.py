@@ -419,6 +419,11 @@ class FedAvgServer:
         """Whether round ``rnd``'s models may be chosen as the best round (on validation Dice)."""
         return True
 
+    def convergence_scores(self, validated: dict[int, float]) -> dict[int, float]:
+        """The validation curve (round -> mean validation Dice) whether the run converged is judged on
+        (``fedseg.run.stopping.convergence``): its selectable rounds'."""
+        return {rnd: score for rnd, score in validated.items() if self.selectable(rnd)}
+
     def finalize(self) -> None:
         """After the best round is restored and before the single test evaluation: last choices
         made on validation data only (e.g. FedSM's threshold gamma). Default: nothing."""

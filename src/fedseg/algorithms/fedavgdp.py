@@ -142,6 +142,11 @@ class FedAvgDPServer(FedAvgServer):
     def selectable(self, rnd: int) -> bool:
         return self.options.select_round == "best" or rnd == self.task.cfg.fl.rounds
 
+    def convergence_scores(self, validated: dict[int, float]) -> dict[int, float]:
+        """The whole curve: ``select_round: last`` fixes which round is tested, not what a round's score means (its
+        selected round is always the last, so whether validation had plateaued decides)."""
+        return dict(validated)
+
     def round_metrics(self) -> list[dict]:
         """ε spent up to this round (site ``server``) and each site's update norm before clipping."""
         opts = self.options

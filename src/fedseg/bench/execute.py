@@ -35,7 +35,7 @@ from fedseg.bench.spec import BenchSpec
 from fedseg.config import RunConfig
 from fedseg.config_load import with_recorded_defaults, without_idle_methods
 from fedseg.interrupts import INTERRUPTED_EXIT, stop_processes
-from fedseg.run.stopping import not_converged
+from fedseg.run.stopping import recorded_not_converged
 
 if TYPE_CHECKING:
     from fedseg.algorithms.registry import AlgorithmSpec
@@ -303,8 +303,9 @@ class Runner:
         method = self.bench.method(fin.run.method) if fin.run.method in self.bench.method_names else None
         entry = fin.entry(method.scored if method else fin.run.method)
         conv = entry.get("convergence", {})
-        flagged = not_converged(bool(conv.get("late_best")), bool(conv.get("plateaued")))
-        late = " (best round in the last 10%, at least 2, no plateau: may not have converged)" if flagged else ""
+        late = " (best round in the last 10%, at least 2, no plateau: may not have converged)" * recorded_not_converged(
+            entry
+        )
         late += " (validation never rose above its first validated round: did it train?)" * (
             conv.get("improved") is False
         )

@@ -36,7 +36,7 @@ from fedseg.bench.plan import (
 )
 from fedseg.bench.spec import BenchSpec, MethodSpec
 from fedseg.evaluate.tables import nan_low
-from fedseg.run.stopping import PLATEAU, not_converged
+from fedseg.run.stopping import PLATEAU, recorded_not_converged
 
 
 def validation_score(fin: Finished, algorithm: str) -> float:
@@ -45,12 +45,6 @@ def validation_score(fin: Finished, algorithm: str) -> float:
 
 def test_score(fin: Finished, algorithm: str) -> float:
     return json_number(fin.entry(algorithm)["dice"].get("client_avg"))
-
-
-def run_not_converged(convergence: dict) -> bool:
-    """Whether a run may not have converged (:func:`fedseg.run.stopping.not_converged`) by its summary.json
-    ``convergence`` entry (``late_best``, ``plateaued``; a run that recorded neither counts as converged)."""
-    return not_converged(bool(convergence.get("late_best")), bool(convergence.get("plateaued")))
 
 
 def _mean(values: list[float]) -> float:
@@ -62,8 +56,8 @@ def setting_scores(bench: BenchSpec, tuning: dict[BenchRun, Finished]) -> dict[S
     """``{(federation, method): {setting: {"val": mean, "test": mean, "runs": n, "label": folder label,
     "plateau_stops": [the rounds at which the plateau rule stopped its tuning runs], "rounds": mean rounds trained,
     "sgd_steps": mean SGD steps (Eq. 34), "not_converged": how many of its runs may not have converged
-    (:func:`run_not_converged`)}}}`` over the tuning runs; keyed (federation, method, fold) with ``tune.per_fold``
-    (``fedseg.bench.plan.selection_key``)."""
+    (``fedseg.run.stopping.recorded_not_converged``)}}}`` over the tuning runs; keyed (federation, method, fold)
+    with ``tune.per_fold`` (``fedseg.bench.plan.selection_key``)."""
     scores: dict[SelectionKey, dict] = {}
     for run, fin in tuning.items():
         scored = bench.method(run.method).scored
@@ -79,7 +73,7 @@ def setting_scores(bench: BenchSpec, tuning: dict[BenchRun, Finished]) -> dict[S
         entry["steps"].append(float(fin.entry(scored).get("cost", {}).get("sgd_steps", math.nan)))
         if conv.get("stopped") == PLATEAU:
             entry["stops"].append(int(conv.get("rounds", 0)))
-        entry["late"] += run_not_converged(conv)
+        entry["late"] += recorded_not_converged(fin.entry(scored))
     return {
         key: {
             s: {

@@ -49,7 +49,7 @@ import yaml
 from fedseg.bench.execute import DONE_FILE, Finished
 from fedseg.bench.phases import BenchRuns
 from fedseg.bench.plan import BenchRun, folds_of
-from fedseg.bench.select import edge_keys, run_not_converged
+from fedseg.bench.select import edge_keys
 from fedseg.bench.spec import BenchSpec, MethodSpec
 from fedseg.config_load import RECORDED_SCORING, with_recorded_scoring
 from fedseg.data.repartition import SEPARATOR
@@ -65,6 +65,7 @@ from fedseg.evaluate.stats import (
 )
 from fedseg.evaluate.tables import case_means, own_site_model, read_rows
 from fedseg.presentation.kit import routed_to_global
+from fedseg.run.stopping import recorded_not_converged
 
 RESULT_COLUMNS = ["federation", "method", "fold", "seed", "site", "case", "region", "metric", "value"]
 TESTED_METRICS = (HD95, NSD)  # tested against the reference besides Dice (whose tests also run per site)
@@ -217,7 +218,7 @@ def convergence_counts(entries: list[dict]) -> dict:
     return {
         "runs": len(conv),
         "late_best": sum(1 for c in conv if c.get("late_best")),
-        "not_converged": sum(1 for c in conv if run_not_converged(c)),
+        "not_converged": sum(1 for e in entries if recorded_not_converged(e)),
         "never_improved": sum(1 for c in conv if c.get("improved") is False),  # fedseg.run.stopping.improved
         "plateaued": sum(1 for c in conv if c.get("plateaued")),
         "stopped": dict(stopped),

@@ -19,7 +19,7 @@ method:
   site's tested model where that differs.
 
 It also says how to read the selected round of a method that selects per site everywhere the
-report shows one (:func:`rounds_cell`, :func:`late_sites`).
+report shows one (:func:`rounds_cell`; late ones: ``fedseg.run.stopping.recorded_late_sites``).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from fedseg.presentation import figures
 from fedseg.presentation.kit import RunFiles, Section, bold_line, esc, fmt, fmt_int, num, table
 from fedseg.report.methods import method_kind
 from fedseg.report.own_scores import MeanStd, mean_std_text, own_case_stats, own_region_stats, scored_metrics
+from fedseg.run.stopping import selected_round_of_sites as selected_rounds
 
 __all__ = [
     "CLUSTERS_TITLE",
@@ -41,7 +42,6 @@ __all__ = [
     "TABLE1_TITLE",
     "cluster_changes",
     "cost_bases",
-    "late_sites",
     "per_site_methods",
     "reference_methods",
     "rounds_cell",
@@ -68,23 +68,6 @@ def reference_methods(run: RunFiles, order: Sequence[str]) -> list[str]:
     """The rows the per-site methods are compared with: the baselines (Centralized, Local), then FedAvg."""
     baselines = [a for a in order if method_kind(a, run.algorithms.get(a)) == "baseline"]
     return baselines + [a for a in order if a.lower() == "fedavg"]
-
-
-def selected_rounds(entry: Mapping) -> dict[str, int]:
-    """summary.json ``selected_rounds`` (``{site: round}``) of a method that selects per site; {} otherwise."""
-    sel = entry.get("selected_rounds")
-    return {str(s): int(r) for s, r in sel.items() if not math.isnan(num(r))} if isinstance(sel, Mapping) else {}
-
-
-def late_sites(entry: Mapping) -> tuple[int, int]:
-    """``(sites whose selected round lies in the method's late window, sites)`` of a method that selects per site
-    (``fedseg.run.stopping.late_best``: the last 10% of its rounds, at least the last 2)."""
-    from fedseg.run.stopping import late_best
-
-    sel, rounds = selected_rounds(entry), entry.get("rounds")
-    if not isinstance(rounds, int):
-        return 0, len(sel)
-    return sum(late_best(r, rounds) for r in sel.values()), len(sel)
 
 
 def rounds_cell(run: RunFiles, name: str) -> str:

@@ -45,7 +45,7 @@ from fedseg.presentation.kit import RunFiles, esc, fmt, load_run, num, routed_to
 from fedseg.report import persite
 from fedseg.report.methods import algorithm_order, display_name, is_federated
 from fedseg.report.own_scores import own_model_filter
-from fedseg.run.stopping import NEVER_IMPROVED_WHY
+from fedseg.run.stopping import NEVER_IMPROVED_WHY, recorded_late_sites, recorded_not_converged
 
 __all__ = [
     "Difference",
@@ -147,31 +147,25 @@ class Verdict:
 
 # --------------------------------------------------------------------------- convergence
 def unconverged_methods(run: RunFiles) -> tuple[list[str], bool]:
-    """Display names of the methods that may not have converged (``fedseg.run.stopping.not_converged``: the round
-    selected on validation lies in the last 10% (at least 2) of the rounds trained and validation had not plateaued;
-    runs written before summary.json recorded it: the selected round is the last one), and whether one of them
-    selects per site (``selected_rounds``: named when at least half its sites selected a round in that late window,
-    ``persite.late_sites``, with "k of n sites"). A run of one round is one of them (its only round is its last:
-    nothing says it converged, as its summary.json and model card say too)."""
+    """Display names of the methods that may not have converged (``fedseg.run.stopping.recorded_not_converged``, the
+    bench's and the model card's rule: the round selected on validation lies in the last 10% (at least 2) of the
+    rounds trained and validation had not plateaued; a method that selects per site: at least half its sites
+    selected a round in that late window, named with "k of n sites"), and whether one of them selects per site. A
+    method whose validation never improved is said by :func:`never_improved_methods` instead. A run of one round is
+    one of them (its only round is its last: nothing says it converged, as its summary.json and model card say
+    too)."""
     late, per_site = [], False
     for a, e in run.algorithms.items():
-        if not e.get("rounds"):
+        if not e.get("rounds") or not recorded_not_converged(e):
             continue
+        if (e.get("convergence") or {}).get("improved") is False:
+            continue  # said by never_improved_methods
         if persite.selected_rounds(e):
-            k, n = persite.late_sites(e)
-            if 2 * k >= n:
-                late.append(f"{run.label(a)} ({k} of {n} sites)")
-                per_site = True
-        elif "converged" in e.get("convergence", {}):  # fedseg.run.stopping: a late best round without a plateau
-            flat = e["convergence"].get("improved") is False  # said by never_improved_methods instead
-            if (
-                not e["convergence"]["converged"]
-                and not flat
-                and (e.get("privacy") or {}).get("select_round") != "last"
-            ):
-                late.append(run.label(a))
-        elif e.get("best_round") == e.get("rounds") and (e.get("privacy") or {}).get("select_round") != "last":
-            late.append(run.label(a))  # a run written before summary.json had its convergence entry
+            k, n = recorded_late_sites(e)
+            late.append(f"{run.label(a)} ({k} of {n} sites)")
+            per_site = True
+        else:
+            late.append(run.label(a))
     return late, per_site
 
 

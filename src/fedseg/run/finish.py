@@ -12,7 +12,6 @@ from fedseg.run.outputs import bundle_order, write_bundle_files
 from fedseg.run.result import AlgorithmResult, Row
 from fedseg.run.resume import remove_best_files
 from fedseg.run.runlog import log_round, selected_lrs_line
-from fedseg.run.selection import selectable_scores
 from fedseg.run.start_from import combined_cost, start_name
 from fedseg.run.state import AlgorithmRun, BestRound, RoundState
 from fedseg.run.stopping import convergence
@@ -71,12 +70,13 @@ def training_summary(run: AlgorithmRun, state: RoundState, last: int, test_rows:
     summary["train_samples"] = {s: engine.num_samples(s, "train") for s in sites}
     summary["site_models"] = {s: server.site_model(s) for s in sites}  # the model each site's scores come from
     summary["convergence"] = convergence(
-        selectable_scores(state.validated, server),
+        server.convergence_scores(state.validated),
         last,
         state.best["round"],
         cfg.fl.stop,
         state.stopped,
         from_initial_weights=start_name(run.options) is None,  # a fine-tuning may be best at once
+        selected_rounds=summary.get("selected_rounds"),
     )
     summary["failures"] = engine.ledger.failures()  # replies left out (fl.on_failure = skip)
     if cfg.fl.clients_per_round is not None and spec.federated and sampling_refusal(spec) is None:  # who trained

@@ -22,6 +22,7 @@ from fedseg.config_load import dump_config
 from fedseg.data.federation import Federation
 from fedseg.run.outputs import BUNDLE_WEIGHTS
 from fedseg.run.provenance import git_state, package_version, utc_now
+from fedseg.run.stopping import recorded_not_converged
 
 RECORD_NAME = "predict.json"  # what fedseg predict writes next to its masks
 
@@ -42,7 +43,7 @@ def model_card(name: str, fed: Federation, cfg: RunConfig, summary: dict[str, An
         **({"selected_rounds": summary["selected_rounds"]} if summary.get("selected_rounds") else {}),  # per site
         # FedSM-extra/-ensemble: the phase-1 round whose networks the selector routes among (selected on validation)
         **({"phase1_best_round": summary["phase1_best_round"]} if summary.get("phase1_best_round") else {}),
-        "may_not_have_converged": convergence.get("converged") is False,
+        "may_not_have_converged": recorded_not_converged(summary),  # the rule of every page
         "never_improved": convergence.get("improved") is False,  # validation flat from its first round: trained?
         "test_dice": dict(summary.get("dice") or {}),  # per site, client_avg, global (the selected round's models)
         "seed": cfg.seed,

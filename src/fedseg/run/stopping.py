@@ -17,7 +17,11 @@ Convergence (:func:`convergence`): a run whose selected round lies in the last 1
 least its last 2 (``round > rounds - max(2, ceil(0.1 * rounds))``: of 10 rounds, a best round 9 before a dip in
 round 10 is late too) is flagged ``late_best``; ``plateaued`` says whether its validation Dice had stopped
 improving (the plateau rule, with ``patience`` or, when that is unset, 10% of the rounds trained, at least 2); a
-run with a late best round whose validation had not plateaued may not have converged (``converged`` False).
+run with a late best round whose validation had not plateaued may not have converged (``converged`` False). A
+method that selects each site's round (``selected_rounds``) is late when at least half its sites selected a round in
+that window (``late_sites``); a method whose tested round is fixed by rule (``fedavg-dp`` with ``select_round: last``)
+is judged on its whole validation curve (its selected round is always the last, so the plateau decides). Every page
+reads a run's entry through :func:`recorded_not_converged`, one rule for the report, the bench and the model card.
 A run whose validation Dice never rose more than ``min_delta`` above its first validated round (``improved``
 False: a learning rate too small to move the model, labels it cannot learn, a model that only got worse) counts as
 neither: its flat curve is no plateau reached by training, and every page says so (:data:`NEVER_IMPROVED_WHY`).
@@ -34,6 +38,7 @@ from fedseg.evaluate.cost import cost_table
 
 PLATEAU, SGD_STEPS, SIMULATED_TIME = "plateau", "sgd_steps", "simulated_time"
 LATE_FRACTION = 0.1  # a selected round in the last 10% of the trained rounds: possibly not converged
+RULE = 2  # summary.json convergence "rule": 2 records the per-site and fixed-round rules (module docstring)
 
 
 def plateau_round(scores: Mapping[int, float], min_delta: float) -> int | None:
@@ -131,6 +136,11 @@ def late_best(best_round: int, rounds: int) -> bool:
     return best_round > rounds - late_window(rounds)
 
 
+def late_sites(selected_rounds: Mapping[str, int], rounds: int) -> tuple[int, int]:
+    """``(sites whose selected round lies in the late window of rounds, sites)`` of a method that selects per site."""
+    return sum(late_best(r, rounds) for r in selected_rounds.values()), len(selected_rounds)
+
+
 def convergence(
     scores: Mapping[int, float],
     rounds: int,
@@ -138,15 +148,20 @@ def convergence(
     stop: StopConfig,
     stopped: str | None,
     from_initial_weights: bool = True,
+    selected_rounds: Mapping[str, int] | None = None,
 ) -> dict[str, Any]:
     """The ``convergence`` entry of ``summary.json``: ``rounds`` trained, ``best_round`` and its mean validation Dice
     ``best_val_dice`` (the selection score: hyper-parameters are chosen on it), ``stopped`` (the rule
     that ended training early, or None), ``late_best`` (best round in the last 10% of the rounds trained, at least
-    the last 2: may not have converged), ``plateaued`` and the plateau rule's ``patience`` / ``min_delta`` used for
-    it, ``improved`` (:func:`improved`; None for a method that starts from another's trained model,
-    ``from_initial_weights`` False; False: ``converged`` is False too, whatever the plateau)."""
+    the last 2: may not have converged; with ``selected_rounds``, a method's ``{site: round}`` of its tested models:
+    at least half of them there, ``late_sites`` ``[k, n]``), ``plateaued`` (of ``scores``, round -> mean validation
+    Dice of the rounds the run is judged on) and the plateau rule's ``patience`` / ``min_delta`` used for it,
+    ``improved`` (:func:`improved`; None for a method that starts from another's trained model,
+    ``from_initial_weights`` False; False: ``converged`` is False too, whatever the plateau) and ``rule``
+    (:data:`RULE`)."""
     patience = stop.patience or late_window(rounds)
-    late = late_best(best_round, rounds)
+    per_site = late_sites(selected_rounds, rounds) if selected_rounds else None
+    late = 2 * per_site[0] >= per_site[1] if per_site else late_best(best_round, rounds)
     flat = stopped == PLATEAU or plateaued(scores, rounds, patience, stop.min_delta)
     rose = improved(scores, stop.min_delta) if from_initial_weights else None
     return {
@@ -155,9 +170,61 @@ def convergence(
         "best_val_dice": scores.get(best_round, math.nan),
         "stopped": stopped,
         "late_best": late,
+        **({"late_sites": list(per_site)} if per_site else {}),
         "plateaued": flat,
         "converged": not_converged(late, flat) is False and rose is not False,
         "improved": rose,
         "patience": patience,
         "min_delta": stop.min_delta,
+        "rule": RULE,
     }
+
+
+def selected_round_of_sites(entry: Mapping[str, Any]) -> dict[str, int]:
+    """summary.json ``selected_rounds`` (``{site: round}``) of a method that selects per site; {} otherwise."""
+    sel = entry.get("selected_rounds")
+    if not isinstance(sel, Mapping):
+        return {}
+    rounds = {str(s): _number(r) for s, r in sel.items()}
+    return {s: int(r) for s, r in rounds.items() if not math.isnan(r)}
+
+
+def _number(x: object) -> float:
+    """A JSON value as a float (None, strings that are no number: NaN)."""
+    try:
+        return math.nan if x is None or x == "" else float(x)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def recorded_late_sites(entry: Mapping[str, Any]) -> tuple[int, int]:
+    """``(k, n)``: of the ``n`` sites of a per-site method's summary.json ``entry``, the ``k`` whose selected round was
+    late (recorded ``late_sites``; computed from ``selected_rounds`` for a run written before rule 2)."""
+    recorded = (entry.get("convergence") or {}).get("late_sites")
+    if isinstance(recorded, list) and len(recorded) == 2:
+        return int(recorded[0]), int(recorded[1])
+    rounds = entry.get("rounds")
+    sel = selected_round_of_sites(entry)
+    return late_sites(sel, rounds) if isinstance(rounds, int) else (0, len(sel))
+
+
+def recorded_not_converged(entry: Mapping[str, Any]) -> bool:
+    """Whether the run of a summary.json algorithm ``entry`` may not have converged (:func:`not_converged` of its
+    ``convergence`` entry), for runs of every fedseg: one written before rule 2 (:data:`RULE`) is read as that rule
+    says (a per-site method's late sites counted from ``selected_rounds``; ``fedavg-dp`` with ``select_round: last``
+    recorded its last round alone, so nothing can be told: not flagged); an entry that records only ``converged``:
+    False (unless its validation never improved, which pages say apart); one written before the ``convergence``
+    entry: its selected round is its last."""
+    conv = entry.get("convergence") or {}
+    fixed_round = (entry.get("privacy") or {}).get("select_round") == "last"
+    if "late_best" not in conv:  # an entry that says only whether it converged is read so
+        if "converged" in conv:
+            return conv["converged"] is False and conv.get("improved") is not False
+        return entry.get("best_round") == entry.get("rounds") and not fixed_round
+    if conv.get("rule") != RULE:
+        if fixed_round:
+            return False
+        if selected_round_of_sites(entry):
+            k, n = recorded_late_sites(entry)
+            return not_converged(2 * k >= n > 0, bool(conv.get("plateaued")))
+    return not_converged(bool(conv.get("late_best")), bool(conv.get("plateaued")))
