@@ -425,17 +425,37 @@ def test_a_spacing_column_and_settings_that_do_not_shape_a_case(folder, cache, m
     assert len(_entries(cache)) == 9  # originals=True before: no case prepared again
 
 
-def test_a_warm_site_pickles_as_small_as_a_cold_one(folder, cache):
+def test_a_warm_site_pickles_as_small_as_a_cold_one(folder, cache, monkeypatch):
     """A volume mapped from its file is sent as a copy of its tensors (a mapping cannot be shared with a worker
-    process: ``--workers 2`` failed with a bad file descriptor), not as the whole mapped file."""
+    process: ``--workers 2`` failed with a bad file descriptor), not as the whole mapped file. A cold site's cases
+    are read back once stored: mapped too (so a run that fills the cache holds no more than one that reads it)."""
     import pickle
 
+    held = _uncached(folder, monkeypatch, **VOLUME)
     cold = _site(folder, 1, **VOLUME)
     warm = _site(folder, 1, **VOLUME)
-    assert all(v.mapped for v in warm.train.volumes) and not any(v.mapped for v in cold.train.volumes)
-    sizes = [len(pickle.dumps(s.train)) for s in (cold, warm)]
-    assert sizes[1] <= sizes[0] * 1.01, sizes
-    _assert_same(cold.train, pickle.loads(pickle.dumps(warm.train)))
+    assert all(v.mapped for v in warm.train.volumes + cold.train.volumes)
+    assert not any(v.mapped for v in held.train.volumes)
+    sizes = [len(pickle.dumps(s.train)) for s in (held, cold, warm)]
+    assert sizes[1] <= sizes[0] * 1.01 and sizes[2] <= sizes[0] * 1.01, sizes
+    _assert_same(held.train, pickle.loads(pickle.dumps(warm.train)))
+
+
+def test_a_mapped_volume_crosses_to_every_worker_as_one_copy(folder, cache):
+    """The worker pool pickles the sites once per worker (``ForkingPickler``: a tensor's storage moves to shared
+    memory once and every worker maps it): a mapped volume was copied anew for each, W copies of the volumes where a
+    held one crosses once. Its copy is made once and sent to every worker."""
+    from multiprocessing.reduction import ForkingPickler
+
+    volume = _site(folder, 1, **VOLUME).train.volumes[0]
+    assert volume.mapped
+    first, second = volume.__getstate__(), volume.__getstate__()
+    assert first["image"] is second["image"] and first["label"] is second["label"]
+    assert first["mapped"] is False and first["image"].data_ptr() != volume.image.data_ptr()
+    assert torch.equal(first["image"], volume.image)
+    back = ForkingPickler.loads(ForkingPickler.dumps(volume))
+    assert not back.mapped and torch.equal(back.image, volume.image) and torch.equal(back.label, volume.label)
+    assert volume._sent is not None and volume._sent["image"].is_shared()  # pickled to shared memory in place
 
 
 def test_an_empty_last_tensor_reads_back(tmp_path):

@@ -13,6 +13,7 @@ import torch
 
 from fedseg.config import DataConfig, VolumeConfig
 from fedseg.data.federation import Case, Federation, Site
+from fedseg.data.memory_guard import MemoryGuard
 from fedseg.data.metadata import metadata_value
 from fedseg.data.packed import PackedMasks
 from fedseg.data.prefetch import ordered_map, usable_cpus
@@ -199,7 +200,14 @@ def prepare_threads(cfg: DataConfig) -> int:
 
 
 def build_site_data(
-    fed: Federation, site: Site, index: int, splits: Mapping[str, str], cfg: DataConfig, *, originals: bool
+    fed: Federation,
+    site: Site,
+    index: int,
+    splits: Mapping[str, str],
+    cfg: DataConfig,
+    *,
+    originals: bool,
+    guard: MemoryGuard | None = None,
 ) -> SiteData:
     """Load and preprocess one site's cases into its train/val/test ``CaseSet``s (with their volumes
     when ``cfg.volume.patch_size`` is set: ``fedseg.data.volumes``; with ``originals``, ``eval.score_grid:
@@ -211,13 +219,19 @@ def build_site_data(
     alone, so the tensors are the same to the bit for any number of threads (``tests/test_prepare_threads.py``);
     the first case that fails raises, as it would alone. Memory: a case being prepared takes several times its
     prepared size for a moment (a BraTS case about 1 GB), per thread. A federation from your own code
-    (``Case.loader``) must then be safe to read from several threads (else ``data.prepare_threads: 1``)."""
+    (``Case.loader``) must then be safe to read from several threads (else ``data.prepare_threads: 1``).
+
+    ``guard``: the memory check of the process's whole preparation (``fedseg.data.memory_guard``: each prepared case
+    measured, a ``NotEnoughMemory`` raised as soon as the cases are projected not to fit); None: one for this site's
+    cases alone (a Flower SuperNode's)."""
     by_split: dict[str, list] = {"train": [], "val": [], "test": []}
     for case in site.cases:
         by_split[splits[case.id]].append(case)
     on_grid = cfg.volume.patch_size is not None
     norm = normalization(cfg.normalize, cfg.ct_windows)
     cache = PreparedCache.open(fed, cfg, originals)
+    if guard is None:
+        guard = MemoryGuard.start(len(site.cases))
 
     def prepare(job: tuple[str, Case]) -> PreparedCase:
         split, case = job
@@ -231,7 +245,10 @@ def build_site_data(
     sets = {}
     with closing(ordered_map(prepare, jobs, threads if threads > 1 else 0, name="prepare")) as stream:
         for split, cases in by_split.items():  # the jobs' order: a split's cases are let go once stacked
-            cases_done = list(islice(stream, len(cases)))
+            cases_done = []
+            for case, prepared in zip(cases, islice(stream, len(cases))):
+                guard.add(prepared, case)
+                cases_done.append(prepared)
             shape_x = (0, fed.channels) + (cfg.image_size,) * fed.spatial_dims
             shape_y = (0, len(fed.regions)) + (cfg.image_size,) * fed.spatial_dims
             vols = [c.volume for c in cases_done if c.volume is not None]
@@ -246,6 +263,7 @@ def build_site_data(
                 cfg.resize,
             )
             del cases_done
+    guard.site_done()
     if cache is not None and (cache.hits or cache.stored):
         log.info(
             f"site {site.name}: {cache.hits} of {len(jobs)} cases read from the prepared-case cache {cache.root}, "

@@ -37,29 +37,38 @@ def cgroup_cpu_limit(cgroups: Path = Path("/proc/self/cgroup"), root: Path = Pat
     along its cgroup and their parents, or None without a quota (or where none can be read: not Linux). cgroup v2:
     ``cpu.max`` (``max 100000`` or ``150000 100000``); v1: ``cpu.cfs_quota_us`` (-1: none) / ``cpu.cfs_period_us``
     under the ``cpu`` controller's mount. ``cgroups``: the process's cgroup list; ``root``: where they are mounted."""
+    found = [q for folder, v2 in cgroup_folders("cpu", cgroups, root) if (q := _quota(folder, v2)) is not None]
+    return min(found) if found else None
+
+
+def cgroup_folders(controller: str, cgroups: Path, root: Path) -> list[tuple[Path, bool]]:
+    """The folders of this process's cgroups that may set a limit of ``controller`` (``cpu``, ``memory``), each with
+    whether it is cgroup v2: per line of ``cgroups`` (``/proc/self/cgroup``) that is v2's one unified hierarchy or
+    names ``controller`` (v1), the cgroup's folder under each place it may be mounted below ``root``
+    (``/sys/fs/cgroup``; v2: the root or ``unified/``; v1: ``<controllers>/`` or ``<controller>/``) and its parents up
+    to that mount (a container's own cgroup is often the mount's root). Empty where ``cgroups`` cannot be read (not
+    Linux). :func:`cgroup_cpu_limit` and ``fedseg.data.memory_guard.cgroup_memory_headroom`` read their files."""
     try:
         lines = cgroups.read_text().splitlines()
     except OSError:
-        return None
-    limits = []
+        return []
+    folders = []
     for line in lines:
         _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
-        names = controllers.split(",")
         if controllers == "":  # v2: one unified hierarchy
             mounts = [root, root / "unified"]
-        elif "cpu" in names:
-            mounts = [root / controllers, root / "cpu"]
+        elif controller in controllers.split(","):
+            mounts = [root / controllers, root / controller]
         else:
             continue
         for mount in mounts:
             folder = mount / path.lstrip("/")
             while True:
-                limits.append(_quota(folder, v2=controllers == ""))
+                folders.append((folder, controllers == ""))
                 if folder == mount or mount not in folder.parents:
                     break
                 folder = folder.parent
-    found = [q for q in limits if q is not None]
-    return min(found) if found else None
+    return folders
 
 
 def _quota(folder: Path, v2: bool) -> float | None:

@@ -34,9 +34,10 @@ tensor's CRC-32): an entry that fails one is logged in one line naming the file 
 prepared again, never trusted. The tensors stay mapped from the file (``torch.from_file``, copy on write: the file
 never changes), so a volume (the bulk of a 3D case) lives in the operating system's page cache, which it can drop
 and re-read under memory pressure, not in the process's own memory (sent to a worker process, ``--workers``, a
-volume crosses as a copy). A cache folder that cannot be written gives one log line: the run reads what it holds
-(a cache prepared once on a shared read-only disk) and stores nothing, or, where it cannot be read either, goes on
-without it.
+volume crosses as a copy, one per worker); a case prepared and stored is read back the same way, so a run that
+fills the cache holds no more than one that reads it (``fedseg.data.memory_guard`` counts what a run holds). A
+cache folder that cannot be written gives one log line: the run reads what it holds (a cache prepared once on a
+shared read-only disk) and stores nothing, or, where it cannot be read either, goes on without it.
 """
 
 from __future__ import annotations
@@ -475,7 +476,8 @@ class PreparedCache:
 
     def prepare(self, case: Case, norm: Any, *, scored: bool) -> PreparedCase:
         """``case`` prepared (:func:`prepare_case`): read from the cache when it holds a sound entry for it, else
-        prepared and stored (a write that fails is logged once and the case used as prepared)."""
+        prepared, stored and read back (mapped, as a later run reads it: the same tensors, their CRC-32 checked once
+        more; a write that fails is logged once and the case used as prepared)."""
         key = case_key(self.fed, case, self.cfg, scored=scored, originals=self.originals)
         if key is None:
             return prepare_case(self.fed, case, self.cfg, norm, scored=scored, originals=self.originals)
@@ -507,7 +509,11 @@ class PreparedCache:
             if str(self.root) not in _warned:
                 _warned.add(str(self.root))
                 log.warning(f"prepared-case cache {self.root}: cannot store case {case.id} ({e.strerror or e})")
-        return prepared
+            return prepared
+        try:  # read back: mapped from the file as a later run's, so a first run does not hold its volumes either
+            return read_case(path)
+        except (CacheFileError, OSError):  # removed or replaced meanwhile: the case as prepared
+            return prepared
 
 
 def is_code_folder(name: str) -> bool:

@@ -110,12 +110,15 @@ class Volume:
     grid: Grid
     _foreground: torch.Tensor | None = field(default=None, init=False, repr=False, compare=False)
     mapped: bool = field(default=False, init=False, repr=False, compare=False)  # tensors mapped from a cache file
+    _sent: dict | None = field(default=None, init=False, repr=False, compare=False)  # a mapped volume's sent copy
 
     def __getstate__(self) -> dict:
-        state = {**self.__dict__, "_foreground": None}  # recomputed where needed, not sent
+        state = {**self.__dict__, "_foreground": None, "_sent": None}  # recomputed where needed, not sent
         if self.mapped:  # fedseg.data.prepared: a file mapping cannot be shared with a worker; its copy can
-            parts = ("image", "label", "truth")
-            state.update({k: None if state[k] is None else state[k].clone() for k in parts}, mapped=False)
+            if self._sent is None:  # one copy for every worker (pickled to shared memory once), as a held volume
+                parts = ("image", "label", "truth")
+                self._sent = {k: None if state[k] is None else state[k].clone() for k in parts}
+            state.update(self._sent, mapped=False)
         return state
 
     @property

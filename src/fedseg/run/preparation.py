@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from fedseg.config import RunConfig
 from fedseg.data.dataset import SiteData, build_site_data, prepare_threads
 from fedseg.data.federation import Federation, Split
+from fedseg.data.memory_guard import MemoryGuard
 from fedseg.data.repartition import repartition, repartitioned_site_count
 from fedseg.engine.context import Task
 
@@ -91,10 +92,14 @@ def prepare(cfg: RunConfig, federation: Federation | None = None) -> Prepared:
 
 
 def prepared_sites(cfg: RunConfig, fed: Federation, splits: Splits) -> Prepared:
-    """Every site's data pre-processed under ``cfg.data``, and the task of ``cfg``."""
+    """Every site's data pre-processed under ``cfg.data``, and the task of ``cfg``; refused as soon as the sites'
+    cases are projected not to fit in memory (``fedseg.data.memory_guard``: one check over every site, the worker
+    pool's copies of the volumes mapped from the prepared-case cache counted)."""
     originals = cfg.eval.score_grid == "original"
+    cases = sum(len(site.cases) for site in fed.sites)
+    guard = MemoryGuard.start(cases, len(fed.sites), cfg.engine.workers)
     site_data = [
-        build_site_data(fed, site, i, splits[site.name], cfg.data, originals=originals)
+        build_site_data(fed, site, i, splits[site.name], cfg.data, originals=originals, guard=guard)
         for i, site in enumerate(fed.sites)
     ]
     task = Task.of(cfg, fed)

@@ -1,0 +1,241 @@
+"""Refusing, early and in one line, a run whose prepared cases will not fit in memory.
+
+A run prepares every site's cases into memory before round 1 (``fedseg.data.dataset.build_site_data``): at FeTS
+2022's scale (1251 BraTS cases, about 140 MB each on the volume path) that is some 170 GB, and the process was killed
+for memory after an hour of preparation. :class:`MemoryGuard` measures, while the cases are prepared, the bytes the
+process keeps of each (:func:`held_bytes`); once :func:`first_cases` of them are in (8, or 2% of the cases where that
+is more) and again at each site's end, it projects their mean over every case of every site this process prepares,
+and where that exceeds :data:`MARGIN` (90%) of the memory the process could have when its preparation started
+(:func:`memory_available`) it raises :class:`NotEnoughMemory` (a ``ValueError``: ``fedseg run`` prints it as its one
+``error:`` line) before preparing further. The margin is for what the projection leaves out: the cases being prepared
+(several times their prepared size for a moment, one per preparation thread), the foreground index a volume builds
+when training first draws a patch from it, the model and training's batches. Nothing is checked once every case is
+in (the last site's end: refusing then frees nothing that is not already held).
+
+What a case holds (bytes): its model-size view ``x`` ``(C, *S)`` and masks ``y`` ``(R, *S)`` (float32: its share of
+its set's stacks, ``CaseSet.x``/``y``), its original-grid truth on the whole-image path packed one bit a voxel
+(``fedseg.data.packed.PackedMasks``), and on the volume path its ``Volume``'s image, label and (validation and test
+cases) truth: the bytes of their storages, or none for a volume mapped from the prepared-case cache
+(``$FEDSEG_PREPARED_CACHE``, ``fedseg.data.prepared``: page cache the system can drop and re-read, not the process's
+own memory), except on the worker pool (``engine.workers`` > 1), where a mapped volume is copied once into shared
+memory for every worker (``Volume.__getstate__``): one copy then, as a held volume, which crosses to the workers
+once, as shared memory. Who prepares: the process that runs (the simulator and the worker pool: the main process,
+for every site, one guard over them all, ``fedseg.run.preparation.prepared_sites``) or a Flower SuperNode (its own
+site: the guard ``build_site_data`` makes when given none).
+
+Available (bytes): ``MemAvailable`` of ``/proc/meminfo`` when the preparation starts, capped by the headroom of the
+process's cgroup (:func:`cgroup_memory_headroom`: a container's or a Kubernetes pod's memory limit). Without
+``/proc/meminfo`` (macOS, Windows) nothing is checked. ``FEDSEG_MEMORY_CHECK=off`` skips the check (swap to spare,
+or a measure you trust more): an environment variable, not a config key, since it changes no result (as
+``$FEDSEG_PREPARED_CACHE``), so it enters neither the run's digest nor a resume's checks. The check never changes a
+tensor: it only measures, and raises or not. A refusal leaves what any preparation that fails leaves: a new ``--out``
+not made (``fedseg.run.experiment`` makes it after the preparation), the cases stored in the prepared-case cache so
+far. The line's MB and GB are 10^6 and 10^9 bytes.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from fedseg.data.federation import Case
+from fedseg.data.prefetch import cgroup_folders
+from fedseg.data.prepared import PREPARED_CACHE_ENV, PreparedCase, cache_root, case_files
+
+MEMORY_CHECK_ENV = "FEDSEG_MEMORY_CHECK"
+OFF = ("off", "0", "false", "no")  # $FEDSEG_MEMORY_CHECK values that skip the check (any case)
+MARGIN = 0.9  # refuse where the projection exceeds this share of the memory available
+FIRST_CASES, FIRST_SHARE = 8, 0.02  # the early projection: after this many cases, or this share of them if more
+NO_LIMIT = 2**60  # a cgroup v1 limit at least this large is none (unlimited reads 9223372036854771712)
+MEMINFO = Path("/proc/meminfo")
+CGROUPS, CGROUP_ROOT = Path("/proc/self/cgroup"), Path("/sys/fs/cgroup")
+
+
+class NotEnoughMemory(ValueError):
+    """A run whose prepared cases are projected not to fit in memory (the message says the numbers and what to do)."""
+
+
+def check_off() -> bool:
+    """Whether ``$FEDSEG_MEMORY_CHECK`` turns the check off (:data:`OFF`)."""
+    return os.environ.get(MEMORY_CHECK_ENV, "").strip().lower() in OFF
+
+
+def meminfo_available(meminfo: Path | None = None) -> int | None:
+    """``MemAvailable`` of ``meminfo`` (default :data:`MEMINFO`, ``/proc/meminfo``) in bytes: the memory the system
+    can give without swapping (free, and page cache it can drop); None where the file or the field is missing."""
+    try:
+        text = (meminfo or MEMINFO).read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        name, _, value = line.partition(":")
+        if name == "MemAvailable":
+            number, *unit = value.split()
+            try:
+                return int(number) * (1024 if unit == ["kB"] else 1)
+            except ValueError:
+                return None
+    return None
+
+
+def cgroup_memory_headroom(cgroups: Path | None = None, root: Path | None = None) -> int | None:
+    """Bytes this process's cgroups let it take more, the least along its cgroup and their parents, or None where
+    none sets a limit (or none can be read: not Linux). Per cgroup: its limit less its usage, plus the page cache it
+    would drop first (``inactive_file``: Kubernetes' "working set" rule). cgroup v2: ``memory.max`` (``max``: none),
+    ``memory.current``, ``memory.stat``'s ``inactive_file``; v1: ``memory.limit_in_bytes`` (:data:`NO_LIMIT` or more:
+    none), ``memory.usage_in_bytes``, ``memory.stat``'s ``total_inactive_file``. ``cgroups``: the process's cgroup
+    list (default :data:`CGROUPS`); ``root``: where they are mounted (default :data:`CGROUP_ROOT`); the folders as
+    for the CPU quota (``fedseg.data.prefetch.cgroup_folders``)."""
+    folders = cgroup_folders("memory", cgroups or CGROUPS, root or CGROUP_ROOT)
+    found = [h for folder, v2 in folders if (h := _headroom(folder, v2)) is not None]
+    return min(found) if found else None
+
+
+def _headroom(folder: Path, v2: bool) -> int | None:
+    """One cgroup folder's headroom (:func:`cgroup_memory_headroom`), or None (no file, no limit, unreadable)."""
+    limit_file, usage_file, inactive = (
+        ("memory.max", "memory.current", "inactive_file")
+        if v2
+        else ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")
+    )
+    limit = _number(folder / limit_file)
+    if limit is None or limit >= NO_LIMIT:
+        return None
+    usage = _number(folder / usage_file) or 0
+    try:
+        stat = dict(line.split()[:2] for line in (folder / "memory.stat").read_text().splitlines() if " " in line)
+        dropped = int(stat.get(inactive, 0))
+    except (OSError, ValueError):
+        dropped = 0
+    return max(0, limit - usage + min(dropped, usage))
+
+
+def _number(file: Path) -> int | None:
+    try:
+        return int(file.read_text().strip())
+    except (OSError, ValueError):  # missing, unreadable, or "max"
+        return None
+
+
+def memory_available() -> tuple[int, str] | None:
+    """The bytes this process can take (:func:`meminfo_available` capped by :func:`cgroup_memory_headroom`) and
+    what says so (``MemAvailable`` or ``its cgroup's memory limit``), or None where ``/proc/meminfo`` cannot say."""
+    available = meminfo_available()
+    if available is None:
+        return None
+    headroom = cgroup_memory_headroom()
+    if headroom is not None and headroom < available:
+        return headroom, "the headroom its cgroup's memory limit leaves"
+    return available, "MemAvailable"
+
+
+def storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    """Bytes of the distinct storages behind ``tensors`` (a view keeps its whole storage alive)."""
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+    return sum(storages.values())
+
+
+def held_bytes(prepared: PreparedCase, mapped_copies: int = 0) -> tuple[int, int]:
+    """``(bytes held, of which its volume's)`` of one prepared case (module docstring): its views ``x``/``y``, its
+    packed original-grid truth, its volume's storages (a volume mapped from the prepared-case cache: ``mapped_copies``
+    copies of its tensors: 1 on the worker pool, else 0)."""
+    held = prepared.x.nbytes + prepared.y.nbytes
+    if prepared.truth is not None:
+        held += (prepared.truth.size + 7) // 8  # PackedMasks: one bit a voxel, each mask from a byte
+    volume = prepared.volume
+    if volume is None:
+        return held, 0
+    tensors = [t for t in (volume.image, volume.label, volume.truth) if t is not None]
+    vol = mapped_copies * sum(t.nbytes for t in tensors) if volume.mapped else storage_bytes(tensors)
+    return held + vol, vol
+
+
+def first_cases(cases: int) -> int:
+    """After how many of ``cases`` cases the early projection is made: :data:`FIRST_CASES`, or :data:`FIRST_SHARE`
+    of them where that is more."""
+    return max(FIRST_CASES, math.ceil(FIRST_SHARE * cases))
+
+
+@dataclass
+class MemoryGuard:
+    """The check of one process's preparation (module docstring). ``cases``: every case of every site it prepares;
+    ``sites``: how many sites; ``available``: bytes it may take and what says so, None for no check;
+    ``mapped_copies``: copies kept of a volume mapped from the cache (1 on the worker pool, else 0). :meth:`add` each
+    prepared case, :meth:`site_done` at each site's end: either raises :class:`NotEnoughMemory`."""
+
+    cases: int
+    sites: int = 1
+    available: tuple[int, str] | None = None
+    mapped_copies: int = 0
+    measured: int = 0  # cases measured so far
+    held: int = 0  # bytes they hold
+    volumes: int = 0  # of which their volumes'
+    _last: Case | None = field(default=None, repr=False)
+
+    @classmethod
+    def start(cls, cases: int, sites: int = 1, workers: int = 1) -> MemoryGuard:
+        """A guard for ``cases`` cases over ``sites`` sites, run on ``workers`` worker processes (1: the simulator,
+        a Flower SuperNode), with the memory available now (none checked under ``FEDSEG_MEMORY_CHECK=off``)."""
+        available = None if check_off() else memory_available()
+        return cls(cases, sites, available, 1 if workers > 1 else 0)
+
+    def add(self, prepared: PreparedCase, case: Case) -> None:
+        """Count ``prepared`` (of ``case``); after :func:`first_cases` cases, check."""
+        if self.available is None:
+            return
+        held, volume = held_bytes(prepared, self.mapped_copies)
+        self.measured += 1
+        self.held += held
+        self.volumes += volume
+        self._last = case
+        if self.measured == first_cases(self.cases):
+            self.check()
+
+    def site_done(self) -> None:
+        """A site's cases are all in: check (unless every case is)."""
+        self.check()
+
+    def check(self) -> None:
+        """Raise :class:`NotEnoughMemory` where the cases measured project more than :data:`MARGIN` of the memory
+        available over all :attr:`cases`; nothing when none is measured, every case is in, or there is no check."""
+        if self.available is None or not self.measured or self.measured >= self.cases:
+            return
+        projected = self.held * self.cases / self.measured
+        if projected > MARGIN * self.available[0]:
+            raise NotEnoughMemory(self.refusal(projected))
+
+    def refusal(self, projected: float) -> str:
+        """The one line of a refusal: the numbers, then what to do."""
+        assert self.available is not None
+        available, source = self.available
+        per_case = self.held / self.measured
+        return (
+            f"not enough memory to prepare this run's {self.cases} cases: at {per_case / 1e6:.3g} MB a case "
+            f"(measured over the first {self.measured}) they would hold about {projected / 1e9:.3g} GB, more "
+            f"than {MARGIN:.0%} of the {available / 1e9:.3g} GB this process can have ({source}); "
+            f"to fit them: {', '.join(self.remedies())}; {MEMORY_CHECK_ENV}=off skips this check (with swap to spare)"
+        )
+
+    def remedies(self) -> list[str]:
+        """What would make the cases fit, most effective first."""
+        said = []
+        if self.volumes * 2 >= self.held:  # the volumes are most of it
+            cached = cache_root() is not None
+            if not cached and not self.mapped_copies and self._last and case_files(self._last) is not None:
+                said.append(
+                    f"set {PREPARED_CACHE_ENV}=DIR (a folder with room) to map the volumes from its files instead of "
+                    "holding them"
+                )
+            if cached and self.mapped_copies:
+                said.append("--workers 1 (the worker pool keeps a copy of the volumes mapped from the cache)")
+            said.append("a coarser data.volume.spacing (fewer voxels per case)")
+        else:
+            said.append("a smaller data.image_size")
+        if self.sites > 1:
+            said.append("fewer sites")
+        return [*said, "or a machine with more memory"]

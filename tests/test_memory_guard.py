@@ -1,0 +1,313 @@
+"""A run whose prepared cases will not fit in memory is refused early, in one line (``fedseg.data.memory_guard``):
+on real NIfTI folders, a preparation that a tiny (fake ``/proc/meminfo``) memory cannot hold stops after the first
+cases with the numbers and what to do; with room it gives the same tensors as no check; volumes mapped from the
+prepared-case cache count nothing (but once per worker of the pool); ``FEDSEG_MEMORY_CHECK=off`` skips it; and
+``fedseg run`` says it in one line, leaving its ``--out`` as any failed preparation does."""
+
+from __future__ import annotations
+
+import functools
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from tests.test_prepare_threads import SPLITS, _assert_same, _federation
+from typer.testing import CliRunner
+
+from fedseg.config import RunConfig
+from fedseg.data import memory_guard
+from fedseg.data.dataset import SiteData, build_site_data
+from fedseg.data.federation import Case, Federation, Regions, Site
+from fedseg.data.folder import load_folder
+from fedseg.data.folder_write import write_folder
+from fedseg.data.memory_guard import (
+    MEMORY_CHECK_ENV,
+    MemoryGuard,
+    NotEnoughMemory,
+    cgroup_memory_headroom,
+    meminfo_available,
+)
+from fedseg.data.prepared import PREPARED_CACHE_ENV
+from fedseg.run.preparation import federation_splits, prepared_sites
+
+# resampled to half the voxel size: the volumes (about 270 kB a case) dwarf the model-size views (8 kB)
+VOLUME = {"image_size": 8, "volume": {"patch_size": 8, "spacing": [0.5, 0.5, 0.5]}}
+WHOLE = {"image_size": 8, "resize": "pad"}  # whole-image path; the scored cases keep their original-grid truth
+TINY_KB = 1000  # MemAvailable that the 18 cases' volumes (about 5 MB) exceed and their views (150 kB) do not
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory) -> Path:
+    """Two sites (a, b) of the 9 blob cases each, as a federation folder."""
+    fed = _federation()
+    two = Federation(fed.name, fed.kind, fed.channels, fed.regions, [Site(n, list(fed.sites[0].cases)) for n in "ab"])
+    return write_folder(two, tmp_path_factory.mktemp("fed") / "blobs")
+
+
+@pytest.fixture
+def memory(tmp_path, monkeypatch):
+    """Set the memory the check sees: a fake ``/proc/meminfo`` and no cgroup (this machine's own would cap it)."""
+    monkeypatch.setattr(memory_guard, "CGROUPS", tmp_path / "no-cgroup-list")
+    monkeypatch.delenv(MEMORY_CHECK_ENV, raising=False)
+    monkeypatch.delenv(PREPARED_CACHE_ENV, raising=False)
+
+    def available(kb: int | None) -> None:
+        meminfo = tmp_path / "meminfo"
+        meminfo.write_text("MemTotal:       64000000 kB\nMemFree:  1 kB\n" + (f"MemAvailable: {kb} kB\n" if kb else ""))
+        monkeypatch.setattr(memory_guard, "MEMINFO", meminfo)
+
+    return available
+
+
+def _cfg(root: Path, workers: int = 1, **data) -> RunConfig:
+    data = {"source": "folder", "root": str(root), "normalize": "zscore_foreground", "prepare_threads": 1, **data}
+    return RunConfig.model_validate({"data": data, "model": {"channels": [4, 8]}, "engine": {"workers": workers}})
+
+
+class Counting(functools.partial):
+    """A folder case's loader (still the folder reader's, so the cache keys it) counting its calls."""
+
+    calls: list[str] = []
+
+    def __call__(self, *args, **kwargs):
+        Counting.calls.append(self.func.__name__)
+        return super().__call__(*args, **kwargs)
+
+
+def _prepare(cfg: RunConfig) -> tuple[list[SiteData], int]:
+    """Every site prepared as a run prepares them (``prepared_sites``), and how many cases were read."""
+    fed, splits, _ = federation_splits(cfg, None)
+    for site in fed.sites:
+        site.cases = [Case(c.id, _counting(c.loader), c.meta, c.spacing) for c in site.cases]
+    Counting.calls = []
+    return prepared_sites(cfg, fed, splits).site_data, len(Counting.calls)
+
+
+def _counting(loader) -> Counting:
+    assert isinstance(loader, functools.partial)  # the folder reader's
+    return Counting(loader.func, *loader.args, **loader.keywords)
+
+
+def _refusal(cfg: RunConfig) -> tuple[str, int]:
+    with pytest.raises(NotEnoughMemory) as caught:
+        _prepare(cfg)
+    return str(caught.value), len(Counting.calls)
+
+
+def _kept_bytes(sets) -> list[int]:
+    """Per case, in the order the jobs are prepared (train, val, test), the bytes its set keeps of it (counted
+    from the sets, not by the module): its rows of ``x``/``y``, its volume's tensors."""
+    sizes = []
+    for s in sets:
+        for i in range(len(s)):
+            size = s.x[i].nbytes + s.y[i].nbytes
+            vol = s.volumes[i] if s.volumes else None
+            if vol is not None:
+                size += sum(t.nbytes for t in (vol.image, vol.label, vol.truth) if t is not None)
+            sizes.append(size)
+    return sizes
+
+
+def test_a_preparation_that_will_not_fit_is_refused_after_its_first_cases(root, memory, monkeypatch):
+    monkeypatch.setenv(MEMORY_CHECK_ENV, "off")
+    full, read = _prepare(_cfg(root, **VOLUME))
+    assert read == 18
+    first = _kept_bytes([full[0].split(s) for s in SPLITS])[:8]  # site a's jobs: its 9 cases, train first
+    monkeypatch.delenv(MEMORY_CHECK_ENV)
+    memory(TINY_KB)
+    line, read = _refusal(_cfg(root, **VOLUME))
+    assert read == 8  # stopped at the early check: 8 of 18 cases read, site b never started
+    assert "\n" not in line
+    mb = f"{sum(first) / 8 / 1e6:.3g}"
+    assert f"not enough memory to prepare this run's 18 cases: at {mb} MB a case (measured over the first 8)" in line
+    projected = float(re.search(r"would hold about ([\d.e+-]+) GB", line)[1])
+    assert projected == pytest.approx(sum(first) / 8 * 18 / 1e9, rel=1e-2)
+    assert f"more than 90% of the {TINY_KB * 1024 / 1e9:.3g} GB this process can have (MemAvailable)" in line
+    assert f"set {PREPARED_CACHE_ENV}=DIR" in line and "data.volume.spacing" in line and "fewer sites" in line
+    assert line.endswith(f"{MEMORY_CHECK_ENV}=off skips this check (with swap to spare)")
+
+
+def test_a_site_prepared_alone_is_checked_over_its_own_cases(root, memory):
+    """A Flower SuperNode prepares its own site through ``build_site_data`` without a guard: one is made for that
+    site's 9 cases (not the federation's 18), and fewer sites is no advice to a site."""
+    memory(TINY_KB)
+    fed = load_folder(root)
+    splits = {case.id: SPLITS[i % 3] for i, case in enumerate(fed.sites[1].cases)}
+    with pytest.raises(NotEnoughMemory, match=r"this run's 9 cases: .* \(measured over the first 8\)") as caught:
+        build_site_data(fed, fed.sites[1], 1, splits, _cfg(root, **VOLUME).data, originals=False)
+    assert "fewer sites" not in str(caught.value)
+
+
+def _federation_2d() -> Federation:
+    rng = np.random.default_rng(5)
+    cases = []
+    for i in range(6):
+        label = np.zeros((20 + i, 24), np.uint8)
+        label[5:12, 6:15] = 1
+        cases.append(Case.from_arrays(f"p{i}", rng.normal(0, 1, (1, 20 + i, 24)).astype(np.float32) + label, label))
+    sites = [Site(n, list(cases)) for n in "ab"]
+    return Federation("flat", "2d", 1, Regions.from_mapping({"fg": [1]}), sites)
+
+
+@pytest.mark.parametrize("kind", ["volume", "whole-image", "2d"])
+def test_with_room_the_check_passes_and_the_tensors_are_those_without_it(root, memory, monkeypatch, tmp_path, kind):
+    """The machine's real memory (a 2D federation's few MB always fit) or ample fake memory: the same tensors as
+    with the check off, and the guard counted what the sets keep."""
+    if kind == "2d":
+        cfg = _cfg(write_folder(_federation_2d(), tmp_path / "flat"), image_size=16, resize="pad")
+        monkeypatch.setattr(memory_guard, "MEMINFO", Path("/proc/meminfo"))
+    else:
+        cfg = _cfg(root, **(VOLUME if kind == "volume" else WHOLE))
+        memory(64_000_000)
+    checked, read = _prepare(cfg)
+    assert read == sum(len(d.train) + len(d.val) + len(d.test) for d in checked)
+    monkeypatch.setenv(MEMORY_CHECK_ENV, "off")
+    plain, _ = _prepare(cfg)
+    for a, b in zip(checked, plain, strict=True):
+        for split in SPLITS:
+            _assert_same(a.split(split), b.split(split))
+    # what the guard counts is what the sets keep (views, volumes, packed truth), case by case
+    monkeypatch.delenv(MEMORY_CHECK_ENV)
+    fed, splits, _ = federation_splits(cfg, None)
+    guard = MemoryGuard(len(fed.sites[0].cases), available=(2**62, "test"))
+    site = build_site_data(fed, fed.sites[0], 0, splits[fed.sites[0].name], cfg.data, originals=True, guard=guard)
+    sets = [site.split(s) for s in SPLITS]
+    packed = sum(s.originals.bits.nbytes for s in sets if s.originals is not None)
+    assert guard.measured == len(fed.sites[0].cases)
+    assert guard.held == sum(_kept_bytes(sets)) + packed
+    assert (packed > 0) == (kind != "volume") and (guard.volumes > 0) == (kind == "volume")
+
+
+def test_volumes_mapped_from_the_prepared_cache_count_nothing(root, memory, monkeypatch, tmp_path):
+    """The limit that refused the run without the cache lets it prepare with it, cold (each case read back mapped
+    once stored) and warm; the worker pool keeps one copy of the mapped volumes in shared memory: refused again."""
+    monkeypatch.setenv(PREPARED_CACHE_ENV, str(tmp_path / "prepared"))
+    memory(TINY_KB)
+    cold, read = _prepare(_cfg(root, **VOLUME))
+    warm, _ = _prepare(_cfg(root, **VOLUME))
+    assert read == 18 and len(list((tmp_path / "prepared").glob("*/*/*.case"))) == 18
+    for data in (cold, warm):
+        assert all(v.mapped for d in data for s in SPLITS for v in d.split(s).volumes or [])
+    monkeypatch.delenv(PREPARED_CACHE_ENV)
+    _refusal(_cfg(root, **VOLUME))  # the same limit refuses the volumes held
+    monkeypatch.setenv(PREPARED_CACHE_ENV, str(tmp_path / "prepared"))
+    line, read = _refusal(_cfg(root, workers=2, **VOLUME))
+    assert read == 0 and "(measured over the first 8)" in line  # warm: no file read
+    assert "--workers 1 (the worker pool keeps a copy" in line and f"set {PREPARED_CACHE_ENV}" not in line
+
+
+def test_the_check_is_off_with_the_variable_or_without_meminfo(root, memory, monkeypatch, tmp_path):
+    memory(TINY_KB)
+    for off in ("off", "OFF"):
+        monkeypatch.setenv(MEMORY_CHECK_ENV, off)
+        _, read = _prepare(_cfg(root, **VOLUME))
+        assert read == 18
+    monkeypatch.setenv(MEMORY_CHECK_ENV, "on")  # any other value: checked
+    _refusal(_cfg(root, **VOLUME))
+    monkeypatch.setattr(memory_guard, "MEMINFO", tmp_path / "no-proc-meminfo")  # macOS: no check, no word
+    _, read = _prepare(_cfg(root, **VOLUME))
+    assert read == 18
+
+
+def _one_error_line(result) -> str:
+    lines = [line for line in result.output.strip().splitlines() if line.strip()]
+    assert result.exit_code == 1, result.output
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
+    assert "Traceback" not in result.output
+    return lines[0]
+
+
+def test_fedseg_run_says_it_in_one_line_and_leaves_out_as_a_failed_preparation(root, memory, tmp_path):
+    """The CLI's one ``error:`` line, no traceback; a new ``--out`` not made, an existing one left as a run whose
+    preparation fails leaves it (here: a spacing of two axes for 3D cases, found when the first case is prepared)."""
+    from fedseg.cli import app
+
+    memory(TINY_KB)
+    sets = ["data.image_size=8", "data.volume.patch_size=8", "data.volume.spacing=[0.5,0.5,0.5]", "threads=1"]
+    sets += ["data.prepare_threads=1", "model.channels=[4,8]"]
+
+    def run(out: Path, *more: str):
+        args = ["run", "--preset", "fets-cpu", "--rounds", "1", "--data", str(root), "--out", str(out)]
+        return CliRunner().invoke(app, args + [a for s in [*sets, *more] for a in ("--set", s)])
+
+    line = _one_error_line(run(tmp_path / "new"))
+    assert line.startswith("error: not enough memory to prepare this run's 18 cases") and "GB" in line
+    assert not (tmp_path / "new").exists()
+    for name, more in (("refused", ()), ("failed", ("data.volume.spacing=[0.5,0.5]",))):
+        (tmp_path / name).mkdir()
+        _one_error_line(run(tmp_path / name, *more))
+    assert sorted(p.name for p in (tmp_path / "refused").iterdir()) == sorted(
+        p.name for p in (tmp_path / "failed").iterdir()
+    )
+
+
+@pytest.mark.parametrize(
+    ("files", "cgroups", "expected"),
+    [
+        (
+            {"memory.max": "4000\n", "memory.current": "1500\n", "memory.stat": "anon 1\ninactive_file 500\n"},
+            "0::/\n",
+            3000,
+        ),
+        ({"memory.max": "max\n", "memory.current": "1500\n"}, "0::/\n", None),  # v2 without a limit
+        (
+            {"kubepods/memory.max": "8000\n", "kubepods/memory.current": "7000\n", "kubepods/pod1/memory.max": "max\n"},
+            "0::/kubepods/pod1\n",
+            1000,
+        ),  # the pod's parent sets the limit
+        (
+            {
+                "memory.limit_in_bytes": "4000\n",
+                "memory.usage_in_bytes": "1000\n",
+                "memory.stat": "total_inactive_file 200\n",
+            },
+            "4:memory:/docker/abc\n2:cpu,cpuacct:/docker/abc\n",
+            3200,
+        ),  # v1; the container's own cgroup is the mount's root
+        ({"memory.limit_in_bytes": "9223372036854771712\n"}, "4:memory:/\n", None),  # v1 unlimited
+        ({"memory.max": "lots\n"}, "0::/\n", None),  # unreadable: no limit, never an error
+    ],
+    ids=["v2", "v2-max", "v2-parent", "v1", "v1-unlimited", "garbled"],
+)
+def test_the_cgroup_memory_headroom_is_read_from_v1_and_v2(tmp_path, files, cgroups, expected):
+    base = tmp_path / "sys-fs-cgroup"
+    mount = base / "memory" if "memory:" in cgroups else base
+    for rel, text in files.items():
+        (mount / rel).parent.mkdir(parents=True, exist_ok=True)
+        (mount / rel).write_text(text)
+    listing = tmp_path / "proc-self-cgroup"
+    listing.write_text(cgroups)
+    assert cgroup_memory_headroom(listing, base) == expected
+    assert cgroup_memory_headroom(tmp_path / "no-such-file", base) is None  # not Linux
+
+
+def test_meminfo_available_and_the_cgroup_cap(tmp_path, monkeypatch):
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal: 16000 kB\nMemAvailable:    12000 kB\nBuffers: 3 kB\n")
+    assert meminfo_available(meminfo) == 12000 * 1024
+    meminfo.write_text("MemTotal: 16000 kB\nMemFree: 9 kB\n")  # a kernel before 3.14
+    assert meminfo_available(meminfo) is None
+    assert meminfo_available(tmp_path / "absent") is None
+    meminfo.write_text("MemAvailable: 12000 kB\n")
+    cgroup = tmp_path / "cg"
+    cgroup.mkdir()
+    (cgroup / "memory.max").write_text("1000000\n")
+    (cgroup / "memory.current").write_text("0\n")
+    (tmp_path / "list").write_text("0::/\n")
+    monkeypatch.setattr(memory_guard, "MEMINFO", meminfo)
+    monkeypatch.setattr(memory_guard, "CGROUPS", tmp_path / "list")
+    monkeypatch.setattr(memory_guard, "CGROUP_ROOT", cgroup)
+    assert memory_guard.memory_available() == (1000000, "the headroom its cgroup's memory limit leaves")
+    (cgroup / "memory.max").write_text("max\n")
+    assert memory_guard.memory_available() == (12000 * 1024, "MemAvailable")
+
+
+def test_a_view_keeps_its_whole_storage(tmp_path):
+    """A volume whose tensors are views of a larger buffer holds that buffer: counted whole, once."""
+    from fedseg.data.memory_guard import storage_bytes
+
+    base = torch.zeros(1000)
+    assert storage_bytes([base[:10], base[500:]]) == 4000
+    assert storage_bytes([torch.zeros(10), torch.zeros(10)]) == 80
