@@ -768,6 +768,24 @@ def test_several_dataset_folders_report_the_dataset_json_faults_of_each_in_one_i
     assert not out.exists()
 
 
+def test_the_case_problems_of_every_dataset_and_of_imagests_come_in_one_import(tmp_path):
+    """Case-level problems stopped at the first dataset that had any, and imagesTr's hid imagesTs's: one import now
+    lists a missing label in each of two datasets and a test case without its second channel."""
+    a = nnunet_dataset(tmp_path / "Dataset501_HospA", sites=("hospA",), per_site=2, test_per_site=1)
+    b = nnunet_dataset(tmp_path / "Dataset502_HospB", sites=("hospB",), per_site=2, test_per_site=0)
+    (a / "labelsTr" / "hospA_000.nii.gz").unlink()
+    (a / "imagesTs" / "hospA_002_0001.nii.gz").unlink()
+    (b / "labelsTr" / "hospB_001.nii.gz").unlink()
+    out = tmp_path / "fed"
+    lines = error_lines(cli("import", "nnunet", str(a), str(b), "--out", str(out)))
+    assert sorted(lines) == [  # grouped by kind (writer.raise_problems)
+        f"{a}/imagesTs/hospA_002_0001.nii.gz: missing (channel 1 'ADC' of case 'hospA_002')",
+        f"{a}/labelsTr/hospA_000.nii.gz: missing (the label of case 'hospA_000')",
+        f"{b}/labelsTr/hospB_001.nii.gz: missing (the label of case 'hospB_001')",
+    ]
+    assert not out.exists()
+
+
 def test_bad_export_requests_fail_with_one_line(tmp_path, disc_federation):
     write_folder(disc_federation(n_sites=2, cases_per_site=4, size=16), tmp_path / "discs")
     fed, raw = str(tmp_path / "discs"), str(tmp_path / "raw")

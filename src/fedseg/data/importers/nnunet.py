@@ -50,10 +50,11 @@ problems):`` then a line each, at most 3 of one kind, as ``writer.raise_problems
   region-based ``labels`` without ``regions_class_order``. A check that needs a field at fault is skipped rather
   than reported as a second fault (no ``regions_class_order`` check where ``labels`` is at fault, no background
   check where a label value is); an nnU-Net v1 / MSD ``dataset.json`` is one line saying which import reads it.
-- the cases of a dataset, their problems together: a case missing a channel file, a channel not in
-  ``channel_names``, a channel file on another grid than the case's ``_0000`` file (shape, spacing, a flipped axis
-  or origin, from the headers), a missing label file (naming the file beside it under another ending, if any);
-  then ``numTraining`` not matching ``imagesTr``.
+- the cases, every dataset's problems together (``imagesTr`` and ``imagesTs`` alike): a missing ``imagesTr/`` or
+  ``labelsTr/``, a case missing a channel file, a channel not in ``channel_names``, a channel file on another grid
+  than the case's ``_0000`` file (shape, spacing, a flipped axis or origin, from the headers), a missing label file
+  (naming the file beside it under another ending, if any), a label without images, a case in both ``imagesTr/``
+  and ``imagesTs/``; ``numTraining`` not matching ``imagesTr`` where its cases had no other problem.
 - the first of the rest: a ``--site-by`` regex that does not match a case or a case the CSV does not list (with
   a count of the others), a ``splits_final.json`` fold at fault, datasets that disagree.
 """
@@ -356,19 +357,19 @@ def _other_ending_hint(missing: Path, info: DatasetInfo) -> str:
     )
 
 
-def find_cases(src: Path, info: DatasetInfo) -> list[RawCase]:
-    """The training cases (``imagesTr``/``labelsTr``) and the labelled test cases (``imagesTs``/``labelsTs``)."""
-    problems: list[str] = []
+def find_cases(src: Path, info: DatasetInfo, problems: list[str]) -> list[RawCase]:
+    """The training cases (``imagesTr``/``labelsTr``) and the labelled test cases (``imagesTs``/``labelsTs``) of
+    ``src``; each problem of its cases a line in ``problems`` (those of ``imagesTs`` too, whatever ``imagesTr``'s)."""
+    before = len(problems)
     cases: list[RawCase] = []
     for images_name, labels_name, test in (("imagesTr", "labelsTr", False), ("imagesTs", "labelsTs", True)):
         images_dir, labels_dir = src / images_name, src / labels_name
         if test and not (images_dir.is_dir() and labels_dir.is_dir()):
             continue  # test images without labels are not imported
-        for folder_path in (images_dir, labels_dir):
-            if not folder_path.is_dir():
-                problems.append(f"{folder_path}: missing folder (an nnU-Net dataset has imagesTr/ and labelsTr/)")
-        if problems:
-            fail(problems)
+        missing = [folder for folder in (images_dir, labels_dir) if not folder.is_dir()]
+        if missing:  # imagesTr/ or labelsTr/: no training case to read
+            problems += [f"{f}: missing folder (an nnU-Net dataset has imagesTr/ and labelsTr/)" for f in missing]
+            continue
         channel_files, seen = _channel_files(images_dir, info.file_ending, info, problems)
         labelled = {
             p.name[: -len(info.file_ending)]
@@ -387,7 +388,7 @@ def find_cases(src: Path, info: DatasetInfo) -> list[RawCase]:
                 cases.append(RawCase(cid, images, label, test))
         for cid in sorted(labelled - seen):
             problems.append(f"{labels_dir / (cid + info.file_ending)}: label without images in {images_dir}")
-        if not test and not problems and len(seen) != info.num_training:
+        if not test and len(problems) == before and len(seen) != info.num_training:
             others = sorted({_ending(p.name) for p in images_dir.iterdir() if not p.name.endswith(info.file_ending)})
             hint = (
                 f' (none ends with its "file_ending" {info.file_ending!r}; the files there end with '
@@ -403,8 +404,16 @@ def find_cases(src: Path, info: DatasetInfo) -> list[RawCase]:
         f"{src}: case {cid!r} is in both imagesTr/ and imagesTs/"
         for cid in sorted({i for i in ids if ids.count(i) > 1})
     ]
-    fail(problems)
     return cases
+
+
+def read_cases(sources: Sequence[Path], infos: Sequence[DatasetInfo]) -> list[list[RawCase]]:
+    """Each dataset folder's cases (:func:`find_cases`); every problem of every dataset's cases in one
+    ``FederationError`` (:func:`fail`), so one import shows them all."""
+    problems: list[str] = []
+    found = [find_cases(Path(src), info, problems) for src, info in zip(sources, infos)]
+    fail(problems)
+    return found
 
 
 SiteAssigner = Callable[[str], tuple[str, str]]  # nnU-Net case id -> (site, case id within the site)
@@ -592,14 +601,18 @@ def plan_nnunet(
     one, named after its folder), and no site may come from two of them."""
     if len(sources) < 2:
         src = single_source(sources, "nnunet", DATASET_FOLDER)
-        return _plan_dataset(src, read_dataset_jsons([src])[0], site_by, fold, splits_file)
+        info = read_dataset_jsons([src])[0]
+        return _plan_dataset(src, info, read_cases([src], [info])[0], site_by, fold, splits_file)
     if splits_file is not None:
         raise FederationError(
             f"--splits {splits_file}: one splits_final.json for {len(sources)} datasets; put each dataset's own in its "
             "folder (or $nnUNet_preprocessed/<it>/), where the import finds it"
         )
     infos = read_dataset_jsons(sources)  # every dataset's dataset.json faults at once, before any case is read
-    plans = [_plan_dataset(Path(src), info, site_by, fold, None) for src, info in zip(sources, infos)]
+    found = read_cases(sources, infos)  # then every dataset's case problems at once
+    plans = [
+        _plan_dataset(Path(src), info, cases, site_by, fold, None) for src, info, cases in zip(sources, infos, found)
+    ]
     first, first_json = plans[0], Path(sources[0]) / DATASET_JSON
     origin: dict[str, Path] = {}
     for src, plan in zip(sources, plans):
@@ -646,10 +659,15 @@ def _channels_said(plan: Plan) -> list[str] | int:
 
 
 def _plan_dataset(
-    src: Path, info: DatasetInfo, site_by: str | None, fold: int | None, splits_file: Path | None
+    src: Path,
+    info: DatasetInfo,
+    cases: list[RawCase],
+    site_by: str | None,
+    fold: int | None,
+    splits_file: Path | None,
 ) -> Plan:
-    """``plan_nnunet`` of one dataset folder ``src`` whose ``dataset.json`` is ``info`` (:func:`read_dataset_jsons`)."""
-    cases = find_cases(src, info)
+    """``plan_nnunet`` of one dataset folder ``src`` whose ``dataset.json`` is ``info`` (:func:`read_dataset_jsons`)
+    and whose cases are ``cases`` (:func:`read_cases`)."""
     assign = site_assigner(site_by, src.name)
     fixed, splits_path = read_splits_final(src, fold, {c.id for c in cases if not c.test}, splits_file)
     kind = dataset_kind(info, cases)
