@@ -48,9 +48,55 @@ from fedseg.flower.deploy import (
 )
 from fedseg.flower.launch import FlowerRunError
 from fedseg.flower.superlink import LinkSettings, superlink_command
-from fedseg.flower.superlink_main import FLEET_ONLY
+from fedseg.flower.superlink_main import FLEET_ONLY, MAX_FLEET_BODY, TOO_LARGE, fleet_only
 from fedseg.flower.supernode import supernode_argv, supernode_command
 from fedseg.flower.supernode_main import WHY_NOT_REGISTERED
+
+
+def test_the_fleet_listener_refuses_a_body_larger_than_any_supernode_sends(tmp_path):
+    """Flower reads a request's whole body before it checks the sender's key: anyone reaching the Fleet port could
+    have the SuperLink hold gigabytes. The listener (uvicorn on a real socket, fedseg's filter in front of an app
+    that counts what reaches it) answers 413 past MAX_FLEET_BODY, by Content-Length or by the bytes streamed (no
+    Content-Length), and passes a request within it whole."""
+    import uvicorn
+
+    reached: list[int] = []
+
+    async def counting_app(scope, receive, send):  # stands for Flower's app: what would it have read?
+        message, body = {"more_body": True}, b""
+        while message.get("more_body"):
+            message = await receive()
+            body += message.get("body", b"")
+        reached.append(len(body))
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    (port,) = free_ports(1)
+    route = "/v1/fleet/push-object"
+    limit = 1 << 20  # the same code as MAX_FLEET_BODY's, with a smaller limit: the test sends megabytes, not 64 MiB
+    filtered = fleet_only(counting_app, frozenset({("POST", route)}), None, limit)
+    server = uvicorn.Server(uvicorn.Config(filtered, port=port, log_level="error"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            time.sleep(0.05)
+        url = f"http://127.0.0.1:{port}{route}"
+        assert httpx.post(url, content=b"x" * limit).status_code == 200
+        declared = httpx.post(url, content=b"x" * (limit + 1))
+        assert declared.status_code == 413 and declared.json() == {"detail": TOO_LARGE}
+
+        def streamed():  # chunked transfer: no Content-Length to refuse it by
+            for _ in range(4):
+                yield b"y" * (limit // 2)
+
+        assert httpx.post(url, content=streamed()).status_code == 413
+        assert reached == [limit]  # only the request within the limit reached the app, whole
+        assert httpx.post(url, content=b"small").status_code == 200 and reached[-1] == 5  # and it still serves
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+    assert MAX_FLEET_BODY == 64 << 20 and "64 MiB" in TOO_LARGE
 
 
 def test_the_control_api_defaults_to_loopback_and_the_public_port_serves_the_fleet_api_only():
@@ -221,6 +267,13 @@ def test_private_control_plane_key_bound_sites_and_opaque_case_ids_on_a_real_dep
                 public.close()
             raw = httpx.post(f"https://{fleet}/v1/control/list-runs", verify=str(certs / "ca.crt"), content=b"")
             assert raw.status_code == 404 and FLEET_ONLY in raw.text
+            huge = httpx.post(  # no key needed to make Flower hold a body: refused by its size, before Flower reads it
+                f"https://{fleet}/v1/fleet/push-object",
+                verify=str(certs / "ca.crt"),
+                content=b"x" * (MAX_FLEET_BODY + 1),
+                timeout=60,
+            )
+            assert huge.status_code == 413 and TOO_LARGE in huge.text
             private = control_client(control, certs / "ca.crt")
             try:  # on loopback the Control API answers (the coordinator's run is listed)
                 assert len(private.ListRuns(ListRunsRequest()).run_dict) == 1

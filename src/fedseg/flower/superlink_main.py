@@ -17,6 +17,13 @@ Here the same app (one SuperLink state, one lifespan: the SuperExec) is served t
 
 Both use the SuperLink's TLS certificate. SIGINT/SIGTERM stop both (the lifespan stops the SuperExec).
 
+A request to the Fleet listener may carry at most :data:`MAX_FLEET_BODY` bytes (64 MiB): Flower reads a request's
+whole body into memory before it checks who sent it (``flwr.supercore.protobuf.translation``), so anyone who can
+reach the port, no key needed, could have the SuperLink hold a body of any size (gigabytes: the coordinator's
+machine out of memory, the study stopped). A SuperNode's largest request is one chunk of an array (Flower splits
+arrays into ``FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE`` pieces, 5 MB) and its envelope; a larger one gets 413 Content Too
+Large, by its ``Content-Length`` before a byte is read, else once that many bytes have come.
+
 With ``--fleet-gate PATH`` the Fleet API answers 503 Service Unavailable (which a SuperNode retries, quietly) until
 the file ``PATH`` exists: the coordinator creates it once it has registered the sites' keys. A hospital whose
 SuperNode was already trying to connect got in between: refused as a key never registered ("Failed to activate
@@ -33,14 +40,18 @@ from pathlib import Path
 
 FLEET_ONLY = "only the Fleet API (SuperNodes) is served on this address"
 NOT_YET = "the coordinator is registering the SuperNodes' keys: retry shortly"
+MAX_FLEET_BODY = 64 << 20  # bytes of one Fleet API request (module docstring): 12x Flower's 5 MB array chunk
+TOO_LARGE = f"a Fleet API request carries at most {MAX_FLEET_BODY >> 20} MiB"
 
 
-def fleet_only(app, allowed: frozenset[tuple[str, str]], gate: Path | None = None):
+def fleet_only(app, allowed: frozenset[tuple[str, str]], gate: Path | None = None, max_body: int = MAX_FLEET_BODY):
     """An ASGI app passing only HTTP requests whose ``(method, path)`` is in ``allowed`` to ``app``; anything
     else (another API's path, a websocket, a lifespan event) gets 404 / is refused without reaching it. With
-    ``gate``, an allowed request gets 503 (``NOT_YET``) until that file exists."""
+    ``gate``, an allowed request gets 503 (``NOT_YET``) until that file exists. An allowed request's body is read
+    here, at most ``max_body`` bytes (more: 413, ``app`` never called), and handed to ``app`` whole."""
     body = json.dumps({"detail": FLEET_ONLY}).encode()
     not_yet = json.dumps({"detail": NOT_YET}).encode()
+    too_large = json.dumps({"detail": TOO_LARGE}).encode()
     opened = gate is None
 
     async def answer(send, status: int, text: bytes) -> None:
@@ -54,7 +65,11 @@ def fleet_only(app, allowed: frozenset[tuple[str, str]], gate: Path | None = Non
             if not opened and not (opened := gate is not None and gate.exists()):
                 await answer(send, 503, not_yet)
                 return
-            await app(scope, receive, send)
+            content = await bounded_body(scope, receive, max_body)
+            if content is None:
+                await answer(send, 413, too_large)
+                return
+            await app(scope, replay(content, receive), send)
             return
         if scope["type"] == "http":
             await answer(send, 404, body)
@@ -62,6 +77,44 @@ def fleet_only(app, allowed: frozenset[tuple[str, str]], gate: Path | None = Non
             await send({"type": "websocket.close", "code": 1008})
 
     return filtered
+
+
+async def bounded_body(scope, receive, limit: int) -> bytes | None:
+    """The body of the HTTP request ``scope``, read from ``receive``; None as soon as it is known to exceed
+    ``limit`` bytes (its ``Content-Length``, else the bytes come so far), or when the client disconnects."""
+    for name, value in scope.get("headers", ()):
+        if name.lower() == b"content-length":
+            try:
+                if int(value) > limit:
+                    return None
+            except ValueError:
+                return None
+    parts, size = [], 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":  # http.disconnect
+            return None
+        part = message.get("body", b"")
+        size += len(part)
+        if size > limit:
+            return None
+        parts.append(part)
+        if not message.get("more_body", False):
+            return b"".join(parts)
+
+
+def replay(content: bytes, receive):
+    """An ASGI ``receive`` that gives ``content`` as the whole body, then what ``receive`` gives (a disconnect)."""
+    sent = False
+
+    async def replayed():
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": content, "more_body": False}
+        return await receive()
+
+    return replayed
 
 
 def split_option(argv: list[str], option: str) -> tuple[str | None, list[str]]:
