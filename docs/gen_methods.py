@@ -123,7 +123,8 @@ def method_section(spec: AlgorithmSpec) -> str:
 
 
 def builtin_specs() -> list[AlgorithmSpec]:
-    """The built-in methods in registry order (methods registered at run time by user code are not documented)."""
+    """The built-in methods in registry order (methods registered at run time by user code, or installed as packages:
+    ``fedseg.method_plugins``, are not documented)."""
     return [spec for name, spec in ALGORITHMS.items() if name in BUILTIN_ALGORITHMS]
 
 

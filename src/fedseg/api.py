@@ -132,6 +132,9 @@ def resume_error(error: Exception, out: str | Path) -> Exception:
     that this process does not know."""
     from fedseg.algorithms import ALGORITHMS
 
+    package = _recorded_package(error, Path(out))
+    if package is not None:
+        return package
     recorded = recorded_names(Path(out))
     hinted = with_resume_hint(error, recorded)
     if hinted is not None:
@@ -146,6 +149,26 @@ def resume_error(error: Exception, out: str | Path) -> Exception:
         except TypeError:  # a class built from other arguments
             return ValueError(message)
     return error
+
+
+def _recorded_package(error: Exception, out: Path) -> Exception | None:
+    """An unknown algorithm that the run in ``out`` trained from an installed method package (its ``.methods.json``,
+    ``fedseg.run.method_record``): the error saying to install that package again (it is no registration to
+    repeat), or why it failed to load here; None otherwise."""
+    from fedseg.algorithms import PLUGIN_FAILURES, UnknownAlgorithm
+    from fedseg.run.method_record import read_record
+
+    if not isinstance(error, UnknownAlgorithm):
+        return None
+    package = ((read_record(out) or {}).get(error.name) or {}).get("plugin")
+    if not isinstance(package, dict) or any(error.name in f.names for f in PLUGIN_FAILURES):
+        return None  # a failed plugin: the error says why already
+    dist, version = package.get("distribution"), package.get("version")
+    return UnknownAlgorithm(
+        error.name,
+        f"{error}; the run trained it from the method package {dist} {version}, which this environment does not "
+        f"have: install it (pip install '{dist}=={version}') before resuming its run",
+    )
 
 
 def recorded_names(out: Path) -> set[str]:

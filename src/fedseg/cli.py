@@ -113,15 +113,25 @@ def show(name: str = typer.Argument(..., help="preset name (see `fedseg presets`
 @app.command()
 def algorithms(
     long: bool = typer.Option(
-        False, "--long", help="every column: display name, family, minimum sites, Flower, the full description"
+        False,
+        "--long",
+        help="every column: display name, family, minimum sites, Flower, source (built in, or the installed package), "
+        "the full description",
     ),
 ) -> None:
-    """List the registered methods, one line each: name, kind, summary (fits the terminal); --long: every column."""
-    from fedseg.algorithms import ALGORITHMS
+    """List the registered methods, one line each: name, kind, summary (fits the terminal); --long: every column.
+    A method installed as a package says so, with the package's name and version."""
+    from fedseg.algorithms import ALGORITHMS, BUILTIN_ALGORITHMS, PLUGINS
+
+    def source(name: str) -> str:
+        return "built in" if name in BUILTIN_ALGORITHMS else str(PLUGINS[name]) if name in PLUGINS else "registered"
 
     terminal = Console()  # the width now (the module's console keeps a COLUMNS set when fedseg.cli was imported)
     if not long:
-        brief = [(s.name, s.kind, s.display_name, s.description) for s in ALGORITHMS.values()]
+        brief = [
+            (s.name, s.kind, s.display_name, s.description, source(s.name) if s.name in PLUGINS else "")
+            for s in ALGORITHMS.values()
+        ]
         for line in algorithm_lines(brief, terminal.width):
             terminal.print(line, highlight=False, markup=False, soft_wrap=True)
         return
@@ -133,6 +143,7 @@ def algorithms(
             s.family_name or "",
             str(s.min_sites),
             "no" if s.on_flower else "yes",
+            source(s.name),
             s.description,
         ]
         for s in ALGORITHMS.values()
@@ -140,14 +151,15 @@ def algorithms(
     print_table(
         terminal,
         "Algorithms (config: --algorithms NAME,...; options: methods.NAME.KEY)",
-        ["name", "display name", "kind", "family", "min sites", "Flower", "description"],
+        ["name", "display name", "kind", "family", "min sites", "Flower", "source", "description"],
         rows,
     )
 
 
-def algorithm_lines(rows: Sequence[tuple[str, str, str, str]], width: int) -> list[str]:
-    """``fedseg algorithms``: a header, one line per ``(name, kind, display name, description)`` and a footer, no
-    line longer than ``width`` (at least 40). The summary is "<display name>: " and the description without a
+def algorithm_lines(rows: Sequence[tuple[str, ...]], width: int) -> list[str]:
+    """``fedseg algorithms``: a header, one line per ``(name, kind, display name, description[, source])`` and a
+    footer, no line longer than ``width`` (at least 40). The summary is "<display name> [<source>]: " (``source``:
+    e.g. ``plugin fedseg-mymethod 0.2.0`` for an installed method, where given) and the description without a
     leading "<display name> (authors):", cut at a word with "…" where it would pass ``width`` (``--long`` prints
     it whole)."""
     width = max(width, 40)
@@ -155,18 +167,23 @@ def algorithm_lines(rows: Sequence[tuple[str, str, str, str]], width: int) -> li
     kind_w = max(len("kind"), *(len(r[1]) for r in rows)) if rows else 4
     room = max(width - name_w - kind_w - 4, 8)
 
-    def summary(display: str, text: str) -> str:
+    def summary(display: str, text: str, origin: str = "") -> str:
         head, sep, rest = text.partition(": ")
         if sep and rest and head.split(" (")[0] == display:  # "FedAvg (McMahan et al.): ..." -> "..."
             text = rest
-        text = f"{display}: {text[:1].upper() + text[1:]}"  # the name the report and tables show, first
+        shown = display  # the name the report and tables show, first
+        if origin:  # the package a method comes from: kept whole, the display name dropped where both do not fit
+            shown = f"{display} [{origin}]" if len(display) + len(origin) + 6 <= room else f"[{origin}]"
+        text = f"{shown}: {text[:1].upper() + text[1:]}"
         if len(text) <= room:
             return text
-        cut = text[: room - 1].rsplit(" ", 1)[0] if " " in text[: room - 1] else text[: room - 1]
+        keep = len(shown) + 2 if len(shown) + 4 <= room else 0  # the description is cut, not the name or package
+        cut = text[: room - 1]
+        cut = cut[:keep] + cut[keep:].rsplit(" ", 1)[0] if " " in cut[keep:] else cut
         return cut.rstrip(" ,;:(") + "…"
 
     lines = [f"{'name':<{name_w}}  {'kind':<{kind_w}}  summary"]
-    lines += [f"{n:<{name_w}}  {k:<{kind_w}}  {summary(d, t)}".rstrip() for n, k, d, t in rows]
+    lines += [f"{r[0]:<{name_w}}  {r[1]:<{kind_w}}  {summary(*r[2:])}".rstrip() for r in rows]
     footer = ["Use: --algorithms NAME,...; options: methods.NAME.KEY.", "Every column: fedseg algorithms --long."]
     return [line[:width] for line in lines + footer]
 

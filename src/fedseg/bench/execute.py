@@ -72,11 +72,12 @@ def job_registrations(bench: BenchSpec) -> tuple[AlgorithmSpec, ...]:
     process registers again (:func:`_train_in_process`); a ValueError naming the method and what cannot travel
     (a class defined in a notebook or inside a function: ``fedseg.engine.worker_imports.check_sendable``), before
     any run starts."""
-    from fedseg.algorithms import ALGORITHMS, BUILTIN_ALGORITHMS
+    from fedseg.algorithms import ALGORITHMS, BUILTIN_ALGORITHMS, PLUGINS
     from fedseg.engine.worker_imports import check_sendable
 
     trained = dict.fromkeys(a for m in [*bench.methods, reference_method(bench)] for a in m.trained)
-    specs = tuple(ALGORITHMS[name] for name in trained if name in ALGORITHMS and name not in BUILTIN_ALGORITHMS)
+    own = BUILTIN_ALGORITHMS | set(PLUGINS)  # installed plugins: each run's process loads them itself
+    specs = tuple(ALGORITHMS[name] for name in trained if name in ALGORITHMS and name not in own)
     for spec in specs:
         check_sendable(spec.name, spec, JOBS_WHERE, JOBS_FIX)
         check_pickles(spec, f"method {spec.name!r}", JOBS_FIX)

@@ -70,7 +70,9 @@ def run_config(
 ) -> dict:
     """The run config fedseg's ServerApp reads (``fedseg.flower.server``); every site receives it too, so it holds
     nothing of the coordinator's machine (its output folder travels in the ServerApp's environment)."""
+    from fedseg.algorithms import plugin_records
     from fedseg.flower.server import federation_record
+    from fedseg.method_plugins import RUN_CONFIG_KEY, run_config_value
 
     return {
         "fedseg-config": cfg.model_dump_json(),
@@ -78,6 +80,7 @@ def run_config(
         "fedseg-wait": float(wait),
         "fedseg-poll": float(poll),
         "fedseg-version": fedseg.__version__,
+        RUN_CONFIG_KEY: run_config_value(plugin_records(cfg.algorithms)),  # the method packages' versions
         "fedseg-resume": bool(resume),
         "fedseg-run-key": run_key,
     }

@@ -136,6 +136,12 @@ def run_config(context: Context) -> RunConfig:
         raise RuntimeError(
             f"the run uses fedseg {version} but this SuperNode has fedseg {fedseg.__version__} installed"
         )
+    from fedseg.method_plugins import RUN_CONFIG_KEY as PLUGINS_KEY
+    from fedseg.method_plugins import version_problem
+
+    plugins = version_problem(context.run_config.get(PLUGINS_KEY, ""), "this SuperNode")
+    if plugins:
+        raise Refused(f"the run's method packages: {plugins}")
     return RunConfig.model_validate(json.loads(str(raw)))
 
 

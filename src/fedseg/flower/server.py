@@ -7,6 +7,9 @@ coordinator needs and nothing of the sites' data:
 - ``fedseg-config``: the resolved ``RunConfig`` (JSON);
 - ``fedseg-federation``: the federation header (name, kind, channels, regions, label names)
   and the ordered site names (the order defines each site's index, as in the simulator);
+- ``fedseg-version``, ``fedseg-plugins``: the fedseg version and the installed method packages (``{method:
+  {distribution, version}}``, ``fedseg.method_plugins``) that submitted the run: the ServerApp and every site refuse
+  another version;
 - ``fedseg-wait``: seconds to wait for every site's SuperNode; ``fedseg-poll``: reply polling and
   object-pull backoff, seconds (0: Flower's own 3 s and 1 s, see ``fedseg.flower.flwr_internals``);
 - ``fedseg-resume``: continue the run in the output folder from its checkpoints (``--resume``);
@@ -47,6 +50,7 @@ DEFAULTS = {
     "fedseg-wait": 120.0,
     "fedseg-poll": 0.2,
     "fedseg-version": "",
+    "fedseg-plugins": "",
     "fedseg-resume": False,
     "fedseg-run-key": "",
     "fedseg-simulation": "",
@@ -193,6 +197,11 @@ def serve(grid, run_config: dict) -> None:
             raise RuntimeError(
                 f"the run was submitted by fedseg {version} but the coordinator runs fedseg {fedseg.__version__}"
             )
+        from fedseg.method_plugins import RUN_CONFIG_KEY, version_problem
+
+        plugins = version_problem(run_config.get(RUN_CONFIG_KEY, ""), "the coordinator")
+        if plugins:
+            raise RuntimeError(f"the run's method packages: {plugins}")
         cfg = RunConfig.model_validate(json.loads(str(run_config["fedseg-config"])))
         check_run(cfg)
         fed = federation_from_record(str(run_config["fedseg-federation"]))

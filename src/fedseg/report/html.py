@@ -523,14 +523,22 @@ def _data_line(run: RunFiles) -> str:
 
 
 def _provenance_line(prov: dict | None) -> str:
-    """fedseg version, commit (short, + dirty), torch, device, date, wall time (summary.json ``provenance``)."""
+    """fedseg version, commit (short, + dirty), torch, the installed method packages (``plugins``), device, date,
+    wall time (summary.json ``provenance``)."""
     if not isinstance(prov, dict):
         return ""
     commit = prov.get("commit")
+    plugins = prov.get("plugins")
+    plugins = plugins if isinstance(plugins, dict) else {}
     parts = [
         f"fedseg {prov.get('fedseg', '?')}",
         f"commit {commit[:10]}{' (dirty)' if prov.get('dirty') else ''}" if commit else "commit unknown",
         f"torch {prov.get('torch', '?')}",
+        *(
+            f"{name}: plugin {p.get('distribution', '?')} {p.get('version', '?')}"
+            for name, p in plugins.items()
+            if isinstance(p, dict)
+        ),
         f"device {prov.get('device', '?')}",
         str(prov.get("start", "?")).replace("T", " ").replace("Z", " UTC"),
     ]

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from fedseg.accel import resolve
-from fedseg.algorithms import check_method_names, check_sites, get_algorithm
+from fedseg.algorithms import check_method_names, check_sites, get_algorithm, plugin_records
 from fedseg.atomic_files import atomic_write_text, strict_json_text
 from fedseg.config import RunConfig
 from fedseg.config_load import dump_config, error_text
@@ -36,7 +36,7 @@ from fedseg.run.data_record import RECORD as DATA_RECORD
 from fedseg.run.data_record import check_data_files, check_data_origin, record_data_files
 from fedseg.run.engines import EngineFactory, local_engines
 from fedseg.run.loop import run_algorithm
-from fedseg.run.method_record import check_method_options, code_notes, write_record
+from fedseg.run.method_record import check_method_options, code_notes, plugin_notes, write_record
 from fedseg.run.outputs import RunResults, write_outputs
 from fedseg.run.preflight import (
     check_device,
@@ -229,7 +229,7 @@ def record_start(
     if resume:
         check_data_origin(out, folder_root(cfg), prep.fingerprint)
     notes = resume_notes(recorded_config(out / "config.yaml"), cfg.model_dump(mode="json")) if resume else []
-    notes += code_notes(out, cfg) if resume else []
+    notes += code_notes(out, cfg) + plugin_notes(out, cfg) if resume else []
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "config.yaml", dump_config(cfg))
     write_record(out, cfg)  # each method's resolved options (a resume compares them: fedseg.run.method_record)
@@ -269,10 +269,13 @@ def site_spacings(prep: Prepared) -> dict[str, list[tuple[float, ...]]]:
 
 def run_provenance(cfg: RunConfig, out: Path, resume: bool) -> dict[str, Any]:
     """The run's provenance: unchanged when a resume finds every algorithm finished, else begun now (``accel``:
-    the effective train.amp / channels_last / ...)."""
+    the effective train.amp / channels_last / ...; ``plugins``: ``{method: {distribution, version}}`` of the run's
+    methods installed as packages, where it has any)."""
+    plugins = plugin_records(cfg.algorithms)  # the installed method packages that train (fedseg.method_plugins)
     return (resume and all_finished(out, cfg.algorithms) and unchanged(out)) or {
         **begin(out, resume, cfg.device),
         "accel": resolve(cfg.train, cfg.device).record(),
+        **({"plugins": plugins} if plugins else {}),
     }
 
 

@@ -11,7 +11,9 @@ run (its checkpoint exists) whose resolved options differ, naming each ``option:
 (:func:`check_method_options`); an option the method did not have when the run started is not compared (a method
 that gains one keeps its behaviour at the new option's default). A changed code digest is a warning line, not a
 refusal (:func:`code_notes`): the digest covers the functions of the method's server and client classes only, and
-any edit there counts (a fix, a log line), so it says what to look at, without forbidding it.
+any edit there counts (a fix, a log line), so it says what to look at, without forbidding it. A method installed as
+a package records its package's name and version too; another version on resume is a warning line as well
+(:func:`plugin_notes`).
 
 A run recorded before this record existed (no file) resumes as before; the record then starts with that resume. An
 algorithm that has not trained yet is recorded as it resolves now (nothing of it ran with the old options).
@@ -28,7 +30,7 @@ from pathlib import Path
 from types import CodeType
 from typing import Any
 
-from fedseg.algorithms import get_algorithm
+from fedseg.algorithms import get_algorithm, plugin_records
 from fedseg.atomic_files import atomic_write_text, read_text
 from fedseg.config import RunConfig
 from fedseg.engine.own_code import own_code
@@ -106,9 +108,16 @@ def _constant(value: object) -> object:
 
 
 def method_record(cfg: RunConfig) -> dict[str, dict[str, Any]]:
-    """``{algorithm: {"options": resolved options, "code": digest or None, "python": "3.11"}}`` for ``cfg``."""
+    """``{algorithm: {"options": resolved options, "code": digest or None, "python": "3.11", "plugin":
+    {"distribution", "version"} or None}}`` for ``cfg`` (``plugin``: the installed package a method comes from)."""
+    plugins = plugin_records(cfg.algorithms)
     return {
-        name: {"options": resolved_options(cfg, name), "code": code_digest(name), "python": PYTHON}
+        name: {
+            "options": resolved_options(cfg, name),
+            "code": code_digest(name),
+            "python": PYTHON,
+            "plugin": plugins.get(name),
+        }
         for name in cfg.algorithms
     }
 
@@ -184,6 +193,33 @@ def code_notes(out: Path, cfg: RunConfig) -> list[str]:
                 "the run started with (a digest of their functions): the rounds trained now run the new code; if it "
                 "changes what the method computes, the run mixes two versions (start a new run, another --out)"
             )
+    return notes
+
+
+def plugin_notes(out: Path, cfg: RunConfig) -> list[str]:
+    """A warning line for each method of ``cfg`` installed as a package (``fedseg.method_plugins``) that has half-done
+    training in the run in ``out`` and whose package's version differs from the one recorded at the run's start (or
+    that no longer comes from that package). A note, not a refusal, as for another fedseg version: a new version may
+    be a fix that leaves the numbers as they were; what it would change silently, its options' defaults, is refused
+    by :func:`check_method_options`. The line goes to the run's log; ``.methods.json`` keeps the version the method
+    started with, ``summary.json``'s provenance and the model card the one that finished it."""
+    record = read_record(out) or {}
+    now = plugin_records(cfg.algorithms)
+    notes = []
+    for name in cfg.algorithms:
+        before = (record.get(name) or {}).get("plugin")
+        after = now.get(name)
+        if not before or before == after or not started(out, name):
+            continue
+        if is_finished(checkpoint_path(Path(out), name)):
+            continue  # its rounds are all trained: nothing runs the new version
+        was = f"{before.get('distribution')} {before.get('version')}"
+        is_now = f"{after['distribution']} {after['version']}" if after else "no installed package"
+        notes.append(
+            f"warning: {name}: the run started with its method package {was}, this process has {is_now}: the rounds "
+            f"trained now run that version; if it changes what the method computes, the run mixes two versions "
+            f"(install {was} to resume as it started, or start a new run, another --out)"
+        )
     return notes
 
 

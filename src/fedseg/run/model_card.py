@@ -7,7 +7,7 @@ final write puts the same card back): the method, the federation and its sites w
 round selected on validation and its mean validation Dice (per site, where each site selects its own; FedSM-extra's
 phase-1 round too) and whether the run may not have converged, the test Dice per site (a synthetic federation's, or
 the hospitals' own test splits), the seed, the config's digest, and the software that trained it (fedseg, torch,
-MONAI, the git commit).
+MONAI, the git commit; a method installed as a package: its name and version, ``plugin``).
 ``predictions.csv``'s ``round`` column reads the round of each row's model from it (``model_round``)."""
 
 from __future__ import annotations
@@ -29,7 +29,10 @@ RECORD_NAME = "predict.json"  # what fedseg predict writes next to its masks
 
 def model_card(name: str, fed: Federation, cfg: RunConfig, summary: dict[str, Any]) -> dict[str, Any]:
     """The card of algorithm ``name``'s trained bundle (module docstring) from its ``summary.json`` entry."""
+    from fedseg.algorithms import plugin_records
+
     commit, dirty = git_state()
+    plugin = plugin_records([name]).get(name)
     convergence = summary.get("convergence") or {}
     return {
         "algorithm": name,
@@ -51,6 +54,7 @@ def model_card(name: str, fed: Federation, cfg: RunConfig, summary: dict[str, An
         "fedseg": package_version("fedseg"),
         "torch": package_version("torch"),
         "monai": package_version("monai"),
+        **({"plugin": plugin} if plugin else {}),  # the installed method package that trained it, name and version
         "commit": commit,
         "dirty": dirty,
         "finished": utc_now(),
@@ -124,5 +128,13 @@ def card_line(card: dict[str, Any] | None, site: str | None = None) -> str | Non
         f"sites), round {rounds[site] if own else card.get('selected_round')} of {card.get('rounds_trained')}{chosen}"
         f"{score}, "
         f"fedseg {card.get('fedseg')}, "
+        f"{_plugin_text(card.get('plugin'))}"
         f"finished {card.get('finished')}{late}"
     )
+
+
+def _plugin_text(plugin: object) -> str:
+    """``plugin NAME VERSION, `` for a card whose method came from an installed package; "" otherwise."""
+    if not isinstance(plugin, dict):
+        return ""
+    return f"plugin {plugin.get('distribution')} {plugin.get('version')}, "
