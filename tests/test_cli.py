@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 from fedseg.cli import app
@@ -118,13 +119,23 @@ def test_algorithms_option_help_lists_the_registered_names():
     assert flower in _flat(result.output) and "--device" in result.output
 
 
-def test_device_and_threads_override_last():
-    from fedseg.config_load import config_from_cli
+def test_a_key_given_by_an_option_and_by_set_is_refused_in_one_line(tmp_path):
+    """``--rounds 1 --set fl.rounds=2`` trained 1 round without a word, and ``--rounds 1 --set fl.rounds=two`` ran
+    (the named option won, the --set value went unchecked): one of the two was silently ignored."""
+    from fedseg.config_load import ConfigError, config_from_cli
 
-    cfg = config_from_cli("demo", None, None, None, None, None, ["device=cpu", "threads=5"], "cuda:1", 3)
-    assert (cfg.device, cfg.threads) == ("cuda:1", 3)
-    cfg = config_from_cli("demo", None, None, None, None, None, ["threads=5"])
+    with pytest.raises(ConfigError, match=r"^--rounds and --set fl.rounds=two both set fl.rounds: give it once$"):
+        config_from_cli("demo", None, None, None, 1, None, ["fl.rounds=two"])
+    with pytest.raises(ConfigError, match=r"^--device and --set device=cpu both set device"):
+        config_from_cli("demo", None, None, None, None, None, ["device=cpu", "threads=5"], "cuda:1")
+    cfg = config_from_cli("demo", None, None, None, None, None, ["threads=5"], "cpu")
     assert (cfg.device, cfg.threads) == ("cpu", 5)
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["run", "--preset", "demo", "--rounds", "1", "--set", "fl.rounds=2", "--out", str(out)])
+    assert result.exit_code != 0 and result.output.strip().splitlines() == [
+        "error: --rounds and --set fl.rounds=2 both set fl.rounds: give it once"
+    ]
+    assert not out.exists()
 
 
 def test_presets_show_round_trips_through_run_config(tmp_path):

@@ -544,9 +544,11 @@ def config_from_cli(
 ) -> RunConfig:
     """The RunConfig of a ``run``-style command: preset or file, then ``--data``, ``--algorithms``,
     ``--rounds``, ``--seed``, ``--device``, ``--threads``, ``--workers``, ``--track`` (each value a name or
-    comma-separated names; together they replace ``tracking``) and the ``--set`` overrides (the ``--set`` values
-    first, the named options win)."""
+    comma-separated names; together they replace ``tracking``) and the ``--set`` overrides. A key given both by a
+    named option and by ``--set`` (``--rounds 1 --set fl.rounds=2``) is refused in one line: one would silently win,
+    and the other's value would go unchecked."""
     overrides = list(overrides)
+    set_keys = {o.split("=", 1)[0].strip(): o for o in overrides if "=" in o}  # what --set gave, by key
     labels = {}  # key -> the option that wrote it, for the error message
     if data is not None:
         try:
@@ -576,4 +578,7 @@ def config_from_cli(
     if names := [n.strip() for value in tracking for n in value.split(",") if n.strip()]:
         overrides.append(f"tracking={yaml.safe_dump(names, default_flow_style=True).strip()}")
         labels["tracking"] = "--track"
+    for key, option in labels.items():
+        if key in set_keys:
+            raise ConfigError(f"{option} and --set {set_keys[key]} both set {key}: give it once")
     return load_config(preset=preset, file=config, overrides=overrides, labels=labels)
