@@ -186,6 +186,39 @@ def test_a_resume_with_the_methods_code_changed_warns_in_one_line(registry, tmp_
     assert warned[0] in (out / "run.log").read_text()
 
 
+def test_a_resume_under_other_fedseg_code_warns_in_one_line(tmp_path, tiny_config, disc_federation):
+    """A run interrupted, fedseg updated (a `git pull`, another release), then resumed: the rounds trained after the
+    resume ran the new code without a word (a fix to a resampling between the two, as FedSM's 3D selector had, mixed
+    two versions in one run). The record keeps fedseg's version, commit and uncommitted edits per method."""
+    from fedseg.run.provenance import source_state
+
+    fed = disc_federation(n_sites=2, cases_per_site=8)
+    cfg, out = _interrupted(tmp_path, tiny_config, fed, ["fedavg"])
+    record = json.loads((out / RECORD).read_text())
+    now = record["fedavg"]["fedseg"]
+    assert now == source_state() and now["version"]
+    lines: list[str] = []
+    shutil.copytree(out, tmp_path / "same")
+    run_experiment(cfg, tmp_path / "same", resume=True, federation=fed, on_log_line=lines.append)
+    assert not [line for line in lines if "started under" in line], lines  # the same code: no word
+    older = {**now, "version": "0.0.1", "commit": None, "dirty": None, "changes": None}  # an installed release
+    changes = [older] + ([{**now, "commit": "0" * 40, "dirty": False, "changes": None}] if now["commit"] else [])
+    for i, before in enumerate(changes):
+        run = tmp_path / f"moved{i}"
+        shutil.copytree(out, run)
+        (run / RECORD).write_text(json.dumps({**record, "fedavg": {**record["fedavg"], "fedseg": before}}))
+        lines = []
+        run_experiment(cfg, run, resume=True, federation=fed, on_log_line=lines.append)
+        warned = [line for line in lines if "started under" in line]
+        was = "fedseg 0.0.1" if i == 0 else f"fedseg {now['version']} at commit 000000000000"
+        assert len(warned) == 1 and warned[0].startswith(f"warning: fedavg started under {was} and continues under"), (
+            lines
+        )
+        assert warned[0] in (run / "run.log").read_text()
+        kept = json.loads((run / RECORD).read_text())["fedavg"]["fedseg"]
+        assert kept == before  # the record keeps the code the method started with
+
+
 @pytest.mark.parametrize(
     "server, said",
     [

@@ -36,7 +36,7 @@ from fedseg.run.data_record import RECORD as DATA_RECORD
 from fedseg.run.data_record import check_data_files, check_data_origin, record_data_files
 from fedseg.run.engines import EngineFactory, local_engines
 from fedseg.run.loop import run_algorithm
-from fedseg.run.method_record import check_method_options, code_notes, plugin_notes, write_record
+from fedseg.run.method_record import check_method_options, code_notes, fedseg_notes, plugin_notes, write_record
 from fedseg.run.outputs import RunResults, write_outputs
 from fedseg.run.preflight import (
     check_device,
@@ -229,7 +229,7 @@ def record_start(
     if resume:
         check_data_origin(out, folder_root(cfg), prep.fingerprint)
     notes = resume_notes(recorded_config(out / "config.yaml"), cfg.model_dump(mode="json")) if resume else []
-    notes += code_notes(out, cfg) + plugin_notes(out, cfg) if resume else []
+    notes += fedseg_notes(out, cfg) + code_notes(out, cfg) + plugin_notes(out, cfg) if resume else []
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "config.yaml", dump_config(cfg))
     write_record(out, cfg)  # each method's resolved options (a resume compares them: fedseg.run.method_record)

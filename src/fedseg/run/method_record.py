@@ -13,7 +13,9 @@ that gains one keeps its behaviour at the new option's default). A changed code 
 refusal (:func:`code_notes`): the digest covers the functions of the method's server and client classes only, and
 any edit there counts (a fix, a log line), so it says what to look at, without forbidding it. A method installed as
 a package records its package's name and version too; another version on resume is a warning line as well
-(:func:`plugin_notes`).
+(:func:`plugin_notes`). So does fedseg's own code (``fedseg``: its version, git commit and uncommitted edits,
+``fedseg.run.provenance.source_state``): a resume under another version or commit, or other edits, is one warning
+line naming the methods it continues (:func:`fedseg_notes`; a built-in method's code is fedseg's).
 
 A run recorded before this record existed (no file) resumes as before; the record then starts with that resume. An
 algorithm that has not trained yet is recorded as it resolves now (nothing of it ran with the old options).
@@ -35,6 +37,7 @@ from fedseg.atomic_files import atomic_write_text, read_text
 from fedseg.config import RunConfig
 from fedseg.engine.own_code import own_code
 from fedseg.run.preflight import shown_value
+from fedseg.run.provenance import source_state, source_text
 from fedseg.run.resume import checkpoint_path, is_finished
 
 RECORD = ".methods.json"
@@ -111,12 +114,14 @@ def method_record(cfg: RunConfig) -> dict[str, dict[str, Any]]:
     """``{algorithm: {"options": resolved options, "code": digest or None, "python": "3.11", "plugin":
     {"distribution", "version"} or None}}`` for ``cfg`` (``plugin``: the installed package a method comes from)."""
     plugins = plugin_records(cfg.algorithms)
+    source = source_state()
     return {
         name: {
             "options": resolved_options(cfg, name),
             "code": code_digest(name),
             "python": PYTHON,
             "plugin": plugins.get(name),
+            "fedseg": source,
         }
         for name in cfg.algorithms
     }
@@ -221,6 +226,39 @@ def plugin_notes(out: Path, cfg: RunConfig) -> list[str]:
             f"(install {was} to resume as it started, or start a new run, another --out)"
         )
     return notes
+
+
+def same_source(before: dict[str, Any], now: dict[str, Any]) -> bool:
+    """Whether two :func:`~fedseg.run.provenance.source_state` are the same code, as far as they tell: the version,
+    the commit where both know one, and the uncommitted edits (their digest) where both are checkouts."""
+    if before.get("version") != now.get("version"):
+        return False
+    if before.get("commit") is None or now.get("commit") is None:
+        return True  # an installed package: its version says its code
+    return before.get("commit") == now.get("commit") and before.get("changes") == now.get("changes")
+
+
+def fedseg_notes(out: Path, cfg: RunConfig) -> list[str]:
+    """One warning line when methods of ``cfg`` with half-done training in the run in ``out`` started under other
+    fedseg code than this process runs (another version, commit or uncommitted edits: :func:`same_source`): the rounds
+    trained now run this code, and a fix between the two (a resampling, a metric) would mix two versions in one run
+    without a word. A note, not a refusal (most commits change nothing a run computes); nothing for a record written
+    before it held fedseg's state."""
+    record = read_record(out) or {}
+    now = source_state()
+    moved: dict[str, list[str]] = {}
+    for name in cfg.algorithms:
+        before = (record.get(name) or {}).get("fedseg")
+        if not isinstance(before, dict) or same_source(before, now) or not started(out, name):
+            continue
+        if not is_finished(checkpoint_path(Path(out), name)):
+            moved.setdefault(source_text(before), []).append(name)
+    return [
+        f"warning: {', '.join(names)} started under {was} and {'continue' if len(names) > 1 else 'continues'} under "
+        f"{source_text(now)}: the rounds trained now run this code; if it changes what is computed, the run mixes two "
+        "versions (resume with the code it started with, or start a new run, another --out)"
+        for was, names in moved.items()
+    ]
 
 
 def write_record(out: Path, cfg: RunConfig) -> None:

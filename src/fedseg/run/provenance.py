@@ -77,6 +77,31 @@ def git_state(path: Path | None = None) -> tuple[str | None, bool | None]:
     return head.strip(), (bool(status.strip()) if status is not None else None)
 
 
+def source_state() -> dict[str, Any]:
+    """fedseg's own code as a run records it: ``version``, the git ``commit`` and ``dirty`` flag of the checkout it
+    runs from (None, None for an installed package), and for a dirty checkout ``changes``, the SHA-256 of ``git diff
+    HEAD`` (its uncommitted edits to tracked files; None otherwise), so two states with the same commit tell whether
+    the edits differ."""
+    import hashlib
+
+    commit, dirty = git_state()
+    changes = None
+    if dirty:
+        diff = _git(["diff", "HEAD"], Path(fedseg.__file__).resolve().parent)
+        changes = None if diff is None else hashlib.sha256(diff.encode()).hexdigest()
+    return {"version": fedseg.__version__, "commit": commit, "dirty": dirty, "changes": changes}
+
+
+def source_text(state: dict[str, Any]) -> str:
+    """``fedseg 0.1.0 at commit 1a2b3c4d5e6f with uncommitted changes`` for a :func:`source_state`."""
+    commit = state.get("commit")
+    return (
+        f"fedseg {state.get('version')}"
+        + (f" at commit {str(commit)[:12]}" if commit else "")
+        + (" with uncommitted changes" if state.get("dirty") else "")
+    )
+
+
 def begin(out: Path, resume: bool, device: str) -> dict[str, Any]:
     """The provenance of a run starting (or resuming) now; keeps the first start and records every
     resume in ``OUT/.provenance.json`` (read back on ``--resume``)."""
