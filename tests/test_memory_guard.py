@@ -13,7 +13,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from tests.test_prepare_threads import SPLITS, _assert_same, _federation
 from typer.testing import CliRunner
 
 from fedseg.config import RunConfig
@@ -31,6 +30,8 @@ from fedseg.data.memory_guard import (
 )
 from fedseg.data.prepared import PREPARED_CACHE_ENV
 from fedseg.run.preparation import federation_splits, prepared_sites
+from test_bad_input_cli import _one_error_line
+from test_prepare_threads import SPLITS, _assert_same, _federation
 
 # resampled to half the voxel size: the volumes (about 270 kB a case) dwarf the model-size views (8 kB)
 VOLUME = {"image_size": 8, "volume": {"patch_size": 8, "spacing": [0.5, 0.5, 0.5]}}
@@ -209,14 +210,6 @@ def test_the_check_is_off_with_the_variable_or_without_meminfo(root, memory, mon
     monkeypatch.setattr(memory_guard, "MEMINFO", tmp_path / "no-proc-meminfo")  # macOS: no check, no word
     _, read = _prepare(_cfg(root, **VOLUME))
     assert read == 18
-
-
-def _one_error_line(result) -> str:
-    lines = [line for line in result.output.strip().splitlines() if line.strip()]
-    assert result.exit_code == 1, result.output
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
-    assert "Traceback" not in result.output
-    return lines[0]
 
 
 def test_fedseg_run_says_it_in_one_line_and_leaves_out_as_a_failed_preparation(root, memory, tmp_path):
