@@ -67,7 +67,11 @@ def test_verdict_names_the_best_federated_method_and_tests_the_runner_up(tmp_pat
     top = html[: html.index("<h2>")]
     assert '<div class="verdict">' in top
     assert f"Best on test Dice, Client Avg: FedAvg at {FEDAVG:.4f}." in top
-    assert f"Over the runner-up FedProx ({FEDPROX:.4f}): +{FEDAVG - FEDPROX:.4f}; per test case" in top
+    # the two differences of one comparison, each named (they differ: the test pools the cases)
+    assert (
+        f"Over the runner-up FedProx ({FEDPROX:.4f}): Client Avg +{FEDAVG - FEDPROX:.4f} (site means averaged); mean "
+        f"per-case difference +{np.mean([0.0112, -0.0111, 0.0134]):.4f} (cases pooled), 95% CI" in top
+    )
     assert "(6 cases): within noise" in top
     assert "Within noise of the best (CI includes 0 or Holm-adjusted p ≥ 0.05): FedProx" in top
     assert "Not ranked (baselines, references only): Centralized, Local." in top
@@ -221,9 +225,12 @@ def test_verdict_compares_with_fedavg_when_it_is_not_the_runner_up(tmp_path):
     lines = [head, *lines]
     # every case 0.01 better than FedAdam's: a constant paired difference, its CI a single point above 0, but 6
     # cases give a two-sided Wilcoxon p of 1/32 at best, times 3 comparisons with the best (Holm): within noise
-    assert lines[1].startswith(f"Over the runner-up FedAdam ({FEDPROX + 0.04:.4f}): +0.0100; per test case +0.0100, ")
+    assert lines[1].startswith(
+        f"Over the runner-up FedAdam ({FEDPROX + 0.04:.4f}): Client Avg +0.0100 (site means averaged); mean per-case "
+        "difference +0.0100 (cases pooled), "
+    )
     assert lines[1].endswith("Wilcoxon p = 0.094 (Holm, 3 comparisons) (6 cases): within noise.")
-    assert lines[2].startswith(f"Over FedAvg ({FEDAVG:.4f}): +{FEDPROX + 0.05 - FEDAVG:.4f}; per test case ")
+    assert lines[2].startswith(f"Over FedAvg ({FEDAVG:.4f}): Client Avg +{FEDPROX + 0.05 - FEDAVG:.4f} (site means ")
 
 
 def write_two_methods(run, summary: dict, rows: list[dict], means: dict) -> None:
@@ -312,3 +319,141 @@ def test_a_ci_bound_near_zero_keeps_its_side_of_zero():
     from fedseg.report.verdict import _signed
 
     assert (_signed(3e-5), _signed(-2e-5), _signed(0.0), _signed(0.00123)) == ("+3e−05", "−2e−05", "+0.0000", "+0.0012")
+
+
+def test_the_best_is_compared_with_each_baseline_by_the_verdicts_own_statistics(tmp_path):
+    """The demo (centralized, local, fedavg) said only "FedAvg at 0.8535 (the only method ranked)": nothing on whether
+    federating beats training alone or how far it is from pooling the data (a newcomer's review). Now a reference line
+    per baseline (unranked), Local first, with the numbers of fedseg.evaluate.stats called on the same rows: each
+    method's own models on the same cases (Local: each site's own model on that site's cases)."""
+    from fedseg.evaluate.stats import compare, correct_family, signed_text
+    from fedseg.evaluate.tables import case_means, own_site_model, read_rows
+
+    run = make_run(tmp_path / "run")
+    v = verdict(load_run(run))
+    assert v is not None and v.best == "fedavg" and list(v.references) == ["local", "centralized"]
+    assert "local" not in v.differences and v.baselines == ["centralized", "local"]  # still unranked
+
+    rows = read_rows(run / "results.csv")
+    fedavg = case_means(rows, "fedavg", "dice", lambda r: ":" not in r["model"])
+    own = {
+        "local": case_means(rows, "local", "dice", own_site_model),
+        "centralized": case_means(rows, "centralized", "dice", lambda r: ":" not in r["model"]),
+    }
+    expected = {name: compare({0: fedavg}, {0: cases}) for name, cases in own.items()}
+    correct_family(expected.values())  # the baselines: a family of their own
+    # Local's own models, not its cross-site ones: FedAvg - Local = -0.0889 (A), -0.0372 (B), -0.0871 (C), 2 cases each
+    assert expected["local"]["mean_diff"] == pytest.approx(np.mean([-0.0889, -0.0372, -0.0871]))
+    for name, test in expected.items():
+        got = v.references[name].test
+        for key in ("n", "mean_diff", "ci_low", "ci_high", "p", "p_holm", "family"):
+            assert got[key] == pytest.approx(test[key]), (name, key)
+
+    def line(name, label, score, pairing=""):
+        t = expected[name]
+        return (
+            f"FedAvg − {label} (baseline, {score:.4f}{pairing}): Client Avg "
+            f"{signed_text(FEDAVG - score).replace('-', '−')} (site means averaged); mean per-case difference "
+            f"{signed_text(t['mean_diff']).replace('-', '−')} (cases pooled), 95% CI "
+            f"[{signed_text(t['ci_low']).replace('-', '−')}, {signed_text(t['ci_high']).replace('-', '−')}], "
+            f"Wilcoxon p = {t['p_holm']:.2g} (Holm, 2 comparisons) (6 cases): within noise."
+        )
+
+    local = np.mean([0.9012, 0.8828, 0.8660])
+    centralized = np.mean([0.9511, 0.9422, 0.9333])
+    lines = summary_lines(run)
+    assert lines[-2:] == [
+        line("local", "Local", local, "; Local: each site's own model on that site's cases"),
+        line("centralized", "Centralized", centralized),
+    ]
+    assert lines[1] == "Not ranked (baselines, references only): Centralized, Local."  # no ranking of them
+
+
+def named(run_dir):
+    """The run loaded with its display names, as the report and the terminal summary load it."""
+    from fedseg.report.methods import display_name
+
+    run = load_run(run_dir)
+    run.names = {a: display_name(a, e) for a, e in run.algorithms.items()}
+    return run
+
+
+def test_how_differences_were_tested_is_said_only_where_one_is_shown(tmp_path):
+    """The report printed "Each difference pairs the two methods' own models…" under a verdict that showed no
+    difference (one ranked method): now only where a difference with its CI and p is shown."""
+    from fedseg.report.verdict import verdict_html
+
+    run = make_run(tmp_path / "run")
+    summary = json.loads((run / "summary.json").read_text())
+    alone = {**summary, "algorithms": {"fedavg": summary["algorithms"]["fedavg"]}}
+    (run / "summary.json").write_text(json.dumps(alone))
+    html = verdict_html(verdict(named(run)))
+    assert "the only method ranked" in html and "Each difference pairs" not in html and '<p class="note">' not in html
+
+    # with baselines but no per-case scores to test against them: the unranked ones named, no note on tests
+    summary["algorithms"].pop("fedprox")
+    (run / "summary.json").write_text(json.dumps(summary))
+    (run / "results.csv").unlink()
+    html = verdict_html(verdict(named(run)))
+    assert "Not ranked (baselines, references only): Centralized, Local." in html
+    assert "no per-case scores (results.csv) to test it" in html and "Each difference pairs" not in html
+
+    # a difference shown (here a baseline's): the note is there
+    html = verdict_html(verdict(named(make_run(tmp_path / "again"))))
+    assert "Each difference pairs the two methods&#x27; own models" in html
+
+
+def two_method_rows(gain, sites=3, cases=10, seed=0):
+    """results.csv rows of FedAvg and FedProx (FedProx = FedAvg's case score + ``gain(rng)``), one region."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for k in range(sites):
+        for i in range(cases):
+            base = 0.6 + 0.05 * rng.standard_normal()
+            for name, value in (("fedavg", base), ("fedprox", base + gain(rng))):
+                row = {"algorithm": name, "model": "global", "site": f"s{k}", "case": f"c{i}", "region": "r"}
+                rows.append({**row, "metric": "dice", "value": value})
+    return rows
+
+
+def test_a_tie_is_equal_scores_not_scores_that_print_alike(tmp_path):
+    """FedProx 0.36173 and FedAvg 0.36169 were called "tied" (both print 0.3617), the runner-up line skipped FedAvg
+    and its test, counted in Holm's family, was never shown (a newcomer's review). Now close scores are two numbers,
+    the runner-up's CI says whether they differ; an exact tie is named and its per-case test shown."""
+    run = make_run(tmp_path / "run")
+    summary = json.loads((run / "summary.json").read_text())
+    rows = two_method_rows(lambda rng: 0.002 * rng.standard_normal())
+    write_two_methods(run, summary, rows, {"fedavg": 0.36169, "fedprox": 0.36173})
+    v = verdict(load_run(run))
+    assert v is not None and v.best == "fedprox" and v.ties == [] and v.runner_up == "fedavg"
+    head, over, *_ = summary_lines(run)
+    assert head == "Best on test Dice, Client Avg: FedProx at 0.3617."
+    assert over.startswith("Over the runner-up FedAvg (0.3617): Client Avg +4e−05 (site means averaged); mean per-case")
+    assert "95% CI [" in over and "Wilcoxon p = " in over
+
+    write_two_methods(run, summary, rows, {"fedavg": 0.36169, "fedprox": 0.36169})  # equal: a tie
+    v = verdict(load_run(run))
+    assert v is not None and v.best == "fedavg" and v.ties == ["fedprox"] and v.runner_up is None
+    assert not v.differences["fedprox"].identical
+    head, tied, *_ = summary_lines(run)
+    assert head == "Best on test Dice, Client Avg: FedAvg at 0.3617, tied with FedProx."
+    test = v.differences["fedprox"].test
+    assert tied.startswith("Tied on Client Avg with FedProx, not case by case: mean per-case difference ")
+    assert f"Wilcoxon p = {test['p']:.2g} (30 cases): within noise." in tied
+
+
+def test_beyond_noise_of_one_seed_says_what_its_ci_leaves_out(tmp_path):
+    """ "Beyond noise" of a one-seed, 3-round run read as a win of the method (a newcomer's review): the sentence that
+    says it now says that its CI has no training noise in it (as the bench's † needs 2 seeds)."""
+    run = make_run(tmp_path / "run")
+    summary = json.loads((run / "summary.json").read_text())
+    rows = two_method_rows(lambda rng: -0.05 + 0.005 * rng.standard_normal())  # FedProx worse on every case
+    write_two_methods(run, summary, rows, {"fedavg": 0.6, "fedprox": 0.55})
+    v = verdict(load_run(run))
+    assert v is not None and v.clear == ["fedprox"] and v.differences["fedprox"].test["seeds"] == 1
+    over = summary_lines(run)[1]
+    assert over.startswith("Over the runner-up FedProx (0.5500): Client Avg +0.0500 (site means averaged); ")
+    assert over.endswith(
+        "(30 cases): beyond noise across the test cases (one seed: the CI holds no training noise, so two trained "
+        "models differ, not yet two methods)."
+    )

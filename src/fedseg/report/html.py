@@ -15,8 +15,9 @@ ones with the page, at the end: a render that fails or is interrupted leaves the
 Sections:
 
 * a verdict (:mod:`fedseg.report.verdict`): the best federated method on test Dice (Client Avg), its
-  paired differences from the runner-up and FedAvg with a 95% interval, which differences are within
-  noise, which methods may not have converged, and routing notes (FedSM: every image to the global model);
+  paired differences from the runner-up and FedAvg with a 95% interval and, as unranked references, from each
+  baseline (Local, Centralized), which differences are within noise, which methods may not have converged, and
+  routing notes (FedSM: every image to the global model);
 * test Dice, HD95 and NSD tables in the layout of the FedSM paper's Table 3: Centralized,
   Local's own-site row, FedAvg, the other federated methods, then the method families (FedSM,
   FedSM-extra, ...); columns = sites, Client Avg, Global; best federated number per column bold (a

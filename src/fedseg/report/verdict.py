@@ -3,18 +3,24 @@
 :func:`verdict` reads a run's files (:class:`~fedseg.presentation.kit.RunFiles`) and names the best method on the
 run's primary metric, **test Dice, Client Avg** (summary.json ``dice.client_avg``: the figure of the main table),
 among the federated methods (the rows that compete for bold; baselines such as Centralized and Local are
-references, not contenders), and compares it with the runner-up and with FedAvg.
+references, not contenders), and compares it with the runner-up and with FedAvg, and, as references that rank
+nothing, with each baseline of the run (does federating beat training alone, Local; how far is it from pooling the
+data, Centralized).
 
 What is paired with what: a run has one seed, so the comparison is over **test cases**. Each test case (site, case
 id) is scored by both methods' own models (a shared model, or the site's own model for personalized methods;
 :func:`fedseg.report.own_scores.own_model_filter`), a case's score being its Dice averaged over regions; the
 difference best − other of every case is tested with :func:`fedseg.evaluate.stats.compare`: a Wilcoxon
 signed-rank test over the cases and a 95% interval from the hierarchical bootstrap of the mean difference
-(sites resampled, then cases within each; the seed-to-seed variance is not in it, having one seed). A difference is
-*beyond noise* when it is :func:`fedseg.evaluate.stats.significant`: the interval excludes 0 and the test's p,
-Holm-adjusted over the best's comparisons with every other contender, is below 0.05; else *within noise*. The rank
-is on Client Avg (a mean of site means) and the test pools the cases (a large site weighs more): where the test finds
-the other method better beyond noise, the verdict says the two disagree instead of ranking one above the other.
+(sites resampled, then cases within each; the seed-to-seed variance is not in it, having one seed, which the
+verdict says beside every "beyond noise"). A difference is *beyond noise* when it is
+:func:`fedseg.evaluate.stats.significant`: the interval excludes 0 and the test's p, Holm-adjusted over the best's
+comparisons with every other contender (the comparisons with the baselines: a family of their own), is below 0.05;
+else *within noise*. Each comparison shows two numbers, named as such: the difference of the two Client Avg (a mean
+of site means, the table's) and the mean per-case difference (the cases pooled: a large site weighs more), which
+the CI and the test are about. Where the test finds the other method better beyond noise, the verdict says the two
+disagree instead of ranking one above the other. Two methods are *tied* only when their Client Avg are equal;
+scores that merely print alike are two numbers, and their comparison's CI says whether they differ.
 
 Also: which methods may not have converged (summary.json ``convergence``), and routing notes of a method family
 whose test images all went to one model (FedSM: every image to the global model). The HTML form
@@ -40,7 +46,7 @@ from fedseg.evaluate.stats import (
     signed_text,
     significant,
 )
-from fedseg.evaluate.tables import case_means
+from fedseg.evaluate.tables import case_means, own_site_model
 from fedseg.presentation.kit import RunFiles, esc, fmt, load_run, num, routed_to_global
 from fedseg.report import persite
 from fedseg.report.methods import algorithm_order, display_name, is_federated
@@ -112,7 +118,7 @@ class Verdict:
     best: str
     score: float
     ranked: list[tuple[str, float]]  # contenders by score, best first (table order among equal scores)
-    ties: list[str]  # contenders with the best score at the table's precision
+    ties: list[str]  # contenders whose score equals the best's (exactly: not at the table's precision)
     differences: dict[str, Difference]  # best against every other contender
     runner_up: str | None  # the first contender below the best's score
     fedavg: str | None  # FedAvg when it is a contender and neither the best nor tied with it
@@ -120,9 +126,24 @@ class Verdict:
     baselines: list[str]  # display names of the methods not ranked
     labels: dict[str, str] = field(default_factory=dict)
     never_improved: list[str] = field(default_factory=list)  # display names (never_improved_methods)
+    references: dict[str, Difference] = field(default_factory=dict)  # best against each baseline (Local first)
+    per_site: dict[str, bool] = field(default_factory=dict)  # whose own models are per-site (each on its own site)
 
     def label(self, name: str) -> str:
         return self.labels.get(name, name)
+
+    @property
+    def shown(self) -> list[Difference]:
+        """The differences :func:`verdict_lines` prints one by one, in its order: the runner-up, FedAvg, each tie
+        whose cases differ, each baseline."""
+        names = [self.runner_up, self.fedavg if self.fedavg != self.runner_up else None]
+        names += [n for n in self.ties if not self.differences[n].identical]
+        return [self.differences[n] for n in names if n] + list(self.references.values())
+
+    @property
+    def tested(self) -> bool:
+        """Whether a printed difference has a CI and a p (what the note on how they were tested is about)."""
+        return any(d.test is not None and d.test["n"] and not d.identical for d in self.shown)
 
     @property
     def within_noise(self) -> list[str]:
@@ -193,21 +214,39 @@ def verdict(run: RunFiles, resamples: int = RESAMPLES) -> Verdict | None:
     contenders = [a for a in scored if is_federated(a, run.algorithms[a])] or scored
     ranked = sorted(((a, scores[a]) for a in contenders), key=lambda x: -x[1])  # stable: table order on ties
     best, top = ranked[0]
-    shown = lambda v: fmt(v, DIGITS)  # noqa: E731
-    ties = [a for a, v in ranked[1:] if shown(v) == shown(top)]
+    ties = [a for a, v in ranked[1:] if v == top]  # equal scores, not scores that print alike
     best_cases = _cases(run, best)
-    differences = {}
-    for a, v in ranked[1:]:
+
+    def against(a: str) -> Difference:
         other = _cases(run, a)
         test = compare({0: best_cases}, {0: other}, resamples=resamples) if best_cases and other else None
-        differences[a] = Difference(a, top - v, test)
+        return Difference(a, top - scores[a], test)
+
+    differences = {a: against(a) for a, _ in ranked[1:]}
     correct_family(d.test for d in differences.values())
     runner_up = next((a for a, _ in ranked[1:] if a not in ties), None)
     fedavg = next((a for a in contenders if a.lower() == FEDAVG and a != best and a not in ties), None)
     late, _ = unconverged_methods(run)
-    baselines = [labels[a] for a in order if a not in contenders]
+    others = [a for a in order if a not in contenders]
+    baselines = [labels[a] for a in others]
+    # the reader's first question: does federating beat training alone (Local), how far is it from pooling the data
+    references = {a: against(a) for a in sorted(others, key=lambda a: a.lower() != "local") if a in scored}
+    correct_family(d.test for d in references.values())  # a family of their own: they rank nothing
+    per_site = {a: own_model_filter(run, a) is own_site_model for a in (best, *references)} if run.results else {}
     return Verdict(
-        best, top, ranked, ties, differences, runner_up, fedavg, late, baselines, labels, never_improved_methods(run)
+        best,
+        top,
+        ranked,
+        ties,
+        differences,
+        runner_up,
+        fedavg,
+        late,
+        baselines,
+        labels,
+        never_improved_methods(run),
+        references=references,
+        per_site=per_site,
     )
 
 
@@ -217,8 +256,12 @@ def _signed(x: float) -> str:
     return "–" if math.isnan(x) else signed_text(x, DIGITS).replace("-", "−")
 
 
+ONE_SEED = "one seed: the CI holds no training noise, so two trained models differ, not yet two methods"
+
+
 def _test_text(d: Difference) -> str:
-    """``per test case +0.0015, 95% CI [−0.0010, +0.0041], Wilcoxon p = 0.31 (113 cases): within noise``."""
+    """``mean per-case difference +0.0015 (cases pooled), 95% CI [−0.0010, +0.0041], Wilcoxon p = 0.31 (113
+    cases): within noise``; a "beyond noise" of one seed says in the same sentence what its CI leaves out."""
     t = d.test
     if t is None or not t["n"]:
         return "no per-case scores (results.csv) to test it"
@@ -227,20 +270,42 @@ def _test_text(d: Difference) -> str:
     ci = f"{round(100 * t['ci_level'])}% CI [{_signed(t['ci_low'])}, {_signed(t['ci_high'])}]"
     p = f"Wilcoxon p = {adjusted_p(t):.2g}" + (f" (Holm, {t['family']} comparisons)" if t.get("family", 1) > 1 else "")
     cases = f"{t['n']} cases" + (f", {t['n_nonzero']} differ" if t.get("n_nonzero", t["n"]) < t["n"] else "")
-    call = "within noise" if d.within_noise else "beyond noise"
+    one_seed = f" ({ONE_SEED})" if t.get("seeds", 1) < 2 else ""
+    call = "within noise" if d.within_noise else f"beyond noise across the test cases{one_seed}"
     if d.split:
         call = "the mean and the per-case signed-rank test point opposite ways (mean and ranks disagree): neither wins"
     elif d.disagrees:
         call = (
-            "the per-case test points the other way, beyond noise (it pools the cases, Client Avg averages the sites)"
+            "the per-case test points the other way, beyond noise across the test cases (it pools the cases, Client "
+            f"Avg averages the sites){one_seed}"
         )
-    return f"per test case {_signed(t['mean_diff'])}, {ci}, {p} ({cases}): {call}"
+    return f"mean per-case difference {_signed(t['mean_diff'])} (cases pooled), {ci}, {p} ({cases}): {call}"
+
+
+def _diffs_text(d: Difference) -> str:
+    """The two differences of one comparison, each named: of the Client Avg, then the per-case test's."""
+    return f"Client Avg {_signed(d.table_diff)} (site means averaged); {_test_text(d)}"
 
 
 def _against(v: Verdict, name: str, role: str) -> str:
     d = v.differences[name]
     score = next(s for a, s in v.ranked if a == name)
-    return f"Over {role}{v.label(name)} ({fmt(score, DIGITS)}): {_signed(d.table_diff)}; {_test_text(d)}."
+    return f"Over {role}{v.label(name)} ({fmt(score, DIGITS)}): {_diffs_text(d)}."
+
+
+def _tied(v: Verdict, name: str) -> str:
+    return f"Tied on Client Avg with {v.label(name)}, not case by case: {_test_text(v.differences[name])}."
+
+
+def _reference(v: Verdict, name: str, score: float) -> str:
+    """``FedAvg − Local (baseline, 0.7975; Local: each site's own model): Client Avg +0.0560 …``: a reference line,
+    no rank; what is paired with what said where a side's own models are per-site."""
+    d = v.references[name]
+    own = [
+        f"{v.label(a)}: each site's own model on that site's cases" for a in (v.best, name) if v.per_site.get(a, False)
+    ]
+    head = f"{v.label(v.best)} − {v.label(name)} (baseline, {fmt(score, DIGITS)}{'; ' if own else ''}{'; '.join(own)})"
+    return f"{head}: {_diffs_text(d)}."
 
 
 def _listed(v: Verdict, names: list[str], with_diff: bool = False) -> str:
@@ -267,6 +332,7 @@ def verdict_lines(v: Verdict, notes: list[str] | None = None) -> list[str]:
         lines.append(_against(v, v.runner_up, "the runner-up "))
     if v.fedavg and v.fedavg != v.runner_up:
         lines.append(_against(v, v.fedavg, ""))
+    lines += [_tied(v, n) for n in v.ties if not v.differences[n].identical]
     noise, clear, disagreeing = v.within_noise, v.clear, v.disagreeing
     if noise:
         lines.append(
@@ -274,8 +340,8 @@ def verdict_lines(v: Verdict, notes: list[str] | None = None) -> list[str]:
         )
     if clear:
         lines.append(
-            f"Below the best beyond noise: {_listed(v, clear, with_diff=True)} (these trained models, one seed: "
-            "`fedseg bench` with several seeds compares the methods)."
+            f"Below the best beyond noise (Client Avg differences): {_listed(v, clear, with_diff=True)} (these "
+            "trained models, one seed: `fedseg bench` with several seeds compares the methods)."
         )
     if v.split:
         lines.append(
@@ -287,6 +353,8 @@ def verdict_lines(v: Verdict, notes: list[str] | None = None) -> list[str]:
             f"Below the best on Client Avg but better per test case beyond noise: {_listed(v, disagreeing)} (the test "
             "pools the cases, so large sites weigh more; Client Avg weighs every site the same): neither wins."
         )
+    for name, d in v.references.items():
+        lines.append(_reference(v, name, v.score - d.table_diff))
     if v.unconverged:
         if 1 < len(v.unconverged) == len(v.ranked) + len(v.baselines):
             lines.append(
@@ -307,27 +375,33 @@ def verdict_lines(v: Verdict, notes: list[str] | None = None) -> list[str]:
 
 PAIRING_NOTE = (
     "Each difference pairs the two methods' own models on the same test cases (a case's score: its Dice averaged "
-    "over regions) of this run; {level}% CI: bootstrap of the mean paired difference, resampling the sites and "
-    "then the cases within each ({resamples} samples; one run seed, so the variance between seeds is not in it); "
-    "Wilcoxon signed-rank test over the cases, its p Holm-adjusted over the best's comparisons with the other "
-    "methods. Beyond noise: the CI excludes 0 and that p < {sig:g}; within noise otherwise. The best is the best on "
-    "these same test scores, so its leads are chosen after looking and read optimistic; a comparison declared "
-    "before the results is fedseg bench's, against its reference."
+    "over regions) of this run: a shared model on every case, a method with per-site models (Local, the "
+    "personalized ones) each site's own model on that site's cases. Client Avg: the difference of the table's "
+    "numbers (site means averaged); mean per-case difference: the cases pooled (a large site weighs more), the "
+    "number the CI and the test are about. {level}% CI: bootstrap of the mean paired difference, resampling the "
+    "sites and then the cases within each ({resamples} samples; one run seed, so the variance between seeds is not "
+    "in it: beyond noise says that these two trained models differ, not yet that the two methods do); Wilcoxon "
+    "signed-rank test over the cases, its p Holm-adjusted over the best's comparisons with the other ranked "
+    "methods (its comparisons with the baselines, references that rank nothing, as a family of their own). Beyond "
+    "noise: the CI excludes 0 and that p < {sig:g}; within noise otherwise. Tied: equal Client Avg. The best is the "
+    "best on these same test scores, so its leads are chosen after looking and read optimistic; a comparison "
+    "declared before the results is fedseg bench's, against its reference."
 )
 
 
 def verdict_html(v: Verdict, notes: list[str] | None = None) -> str:
     """The verdict block that opens the report: the headline in bold, the rest as plain lines, then how the
-    differences were tested and which methods are not ranked."""
+    differences were tested (only when one is shown with a CI and a p) and which methods are not ranked."""
     lines = [esc(x) for x in verdict_lines(v, notes)]
-    how = PAIRING_NOTE.format(level=round(100 * LEVEL), resamples=RESAMPLES, sig=SIGNIFICANCE)
+    how = [PAIRING_NOTE.format(level=round(100 * LEVEL), resamples=RESAMPLES, sig=SIGNIFICANCE)] if v.tested else []
     if v.baselines:
-        how += " " + esc(not_ranked(v))
+        how.append(not_ranked(v))
     items = "".join(f"<li>{x}</li>" for x in lines[1:])
     return (
         f'<div class="verdict"><p class="headline"><b>Verdict.</b> {lines[0]}</p>'
         + (f"<ul>{items}</ul>" if items else "")
-        + f'<p class="note">{esc(how)}</p></div>'
+        + (f'<p class="note">{esc(" ".join(how))}</p>' if how else "")
+        + "</div>"
     )
 
 
