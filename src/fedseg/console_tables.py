@@ -27,13 +27,25 @@ def print_table(console: Console, title: str, columns: list[str], rows: list[lis
     Console(width=max(console.width, width), file=console.file).print(table)
 
 
+# The Dice table's column of summary.json's ``dice.global`` (the mean over all test cases pooled): headed ``pooled``,
+# as ``global`` read as a score of the global model (results.csv's ``model=global``), which Local has none of.
+POOLED = "pooled"
+DICE_LEGEND = (
+    "per site: mean over the site's test cases; client_avg: mean of the site means; "
+    "pooled: mean over all test cases pooled (summary.json dice.global), not the global model's score"
+)
+
+
 def print_dice(console: Console, title: str, sites: list[str], dice: dict[str, dict[str, float]]) -> None:
     """Test Dice per algorithm: ``dice[algorithm]`` = a summary's ``dice`` entry (sites, client_avg, global); ``–``
-    where there is none (NaN, or ``null`` in summary.json: a site that failed)."""
+    where there is none (NaN, or ``null`` in summary.json: a site that failed). ``global`` is headed ``pooled``, and
+    a legend under the table says what the columns are (:data:`DICE_LEGEND`)."""
     keys = [*sites, "client_avg", "global"]
+    headers = [*sites, "client_avg", POOLED]
     print_table(
-        console, title, ["algorithm", *keys], [[name, *(_cell(d.get(k)) for k in keys)] for name, d in dice.items()]
+        console, title, ["algorithm", *headers], [[name, *(_cell(d.get(k)) for k in keys)] for name, d in dice.items()]
     )
+    console.print(DICE_LEGEND, highlight=False, markup=False, soft_wrap=True)
 
 
 def _cell(value: float | None) -> str:

@@ -272,11 +272,7 @@ class Trainer:
             compile_once(model)
         if isinstance(data, CaseSet):
             data.resident(self.device, self.cfg.resident_mb)
-        max_steps = (
-            budget.amount
-            if budget.unit == "steps"
-            else budget.amount * _batches_per_epoch(len(data), self.cfg.batch_size)
-        )
+        max_steps = budget_steps(budget, len(data), self.cfg.batch_size)
         base = int(torch.randint(0, 2**62, (), generator=generator))
         # One pass of the endless sampler = one epoch, so both budget units share this loop.
         order = zip(range(max_steps), batches(len(data), self.cfg.batch_size, step_generator(base, 0), endless=True))
@@ -340,6 +336,12 @@ class Trainer:
             scaler.update()
         hooks.after_step(model)
         return loss.detach(), None if extra is None else torch.as_tensor(extra).detach()
+
+
+def budget_steps(budget: BudgetConfig, cases: int, batch_size: int) -> int:
+    """The optimizer steps of one local ``budget`` on ``cases`` training cases in batches of ``batch_size`` (what
+    :meth:`Trainer.fit` trains): ``amount`` steps, or ``amount`` epochs of ceil(cases / batch_size) batches."""
+    return budget.amount if budget.unit == "steps" else budget.amount * _batches_per_epoch(cases, batch_size)
 
 
 def _batches_per_epoch(n: int, batch_size: int) -> int:

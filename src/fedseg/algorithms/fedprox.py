@@ -20,6 +20,8 @@ from fedseg.train import TrainHooks
 
 
 class FedProxOptions(FedAvgOptions):
+    ONE_STEP_AS_FEDAVG = "the proximal term is zero on a round's first step, so FedProx trains exactly as FedAvg"
+
     mu: float = Field(0.001, ge=0, description="proximal weight mu (Auto-FedAvg paper's best FedProx mu = 0.001)")
 
 

@@ -107,6 +107,10 @@ class MethodOptions(NoBoolNumbers):
     # Whether the method trains in phases whose first rounds cannot be selected (FedSM-extra's model phase before its
     # selector phase, ``run_rounds``): a bench's budget could stop it only after them (``fedseg.bench.plan.phased``).
     PHASED: ClassVar[bool] = False
+    # Why the method trains exactly as FedAvg when a round is one local step (its change to FedAvg's local objective
+    # is zero on a round's first step, FedProx's proximal term): the run's note on a site whose local budget is one
+    # step (``fedseg.run.checks.one_step_notes``); None: the method's first step differs from FedAvg's.
+    ONE_STEP_AS_FEDAVG: ClassVar[str | None] = None
 
     def check_sites(self, num_sites: int, algorithm: str) -> None:
         """Raise a ValueError if the options do not hold for a federation of ``num_sites`` sites."""

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from fedseg.run.result import AlgorithmResult
     from fedseg.run.resume import finished_bundle, is_finished, validated_from_rows
     from fedseg.run.selection import nan_low, selectable_scores
-    from fedseg.run.state import RoundCallback
+    from fedseg.run.state import RoundCallback, ValidatedCallback
     from fedseg.run.summary import cross_site_summary, finite_mean, site_means, summarize
 
 _HOMES = {  # public name -> the module of the wing that defines it
@@ -58,6 +58,7 @@ _HOMES = {  # public name -> the module of the wing that defines it
     "simulator_engine": "engines",
     "AlgorithmResult": "result",
     "RoundCallback": "state",
+    "ValidatedCallback": "state",
     "run_algorithm": "loop",
     "finished_bundle": "resume",
     "is_finished": "resume",
@@ -78,6 +79,7 @@ __all__ = [
     "PLAN_FILE",
     "Prepared",
     "RoundCallback",
+    "ValidatedCallback",
     "announce",
     "check_sampling",
     "cost_warnings",

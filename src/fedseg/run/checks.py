@@ -68,11 +68,46 @@ def option_warnings(name: str, cfg: RunConfig, num_sites: int) -> list[str]:
     return get_algorithm(name).parse_options(cfg.methods.get(name)).site_warnings(num_sites, name)
 
 
-def method_notes(cfg: RunConfig, task: Task) -> list[str]:
+def method_notes(cfg: RunConfig, task: Task, train_cases: Mapping[str, int] | None = None) -> list[str]:
     """Lines saying what a method's options mean on this run's network (an options model's ``run_note(task,
-    algorithm)``, e.g. FedPer's share of private parameters), shown once when the run starts."""
+    algorithm)``, e.g. FedPer's share of private parameters) and, given each site's number of training cases
+    (``train_cases``), on its local budget (:func:`one_step_notes`), shown once when the run starts."""
     notes = (get_algorithm(n).parse_options(cfg.methods.get(n)).run_note(task, n) for n in cfg.algorithms)
-    return [note for note in notes if note is not None]
+    lines = [note for note in notes if note is not None]
+    return lines + (one_step_notes(task.cfg, train_cases) if train_cases else [])  # task.cfg: as trained (a plan)
+
+
+def one_step_notes(cfg: RunConfig, train_cases: Mapping[str, int]) -> list[str]:
+    """A line per method that trains exactly as FedAvg when a round is one local step (its options'
+    ``ONE_STEP_AS_FEDAVG``: FedProx, whose proximal term is zero on a round's first step) and whose local budget
+    (``local_budget()``, else ``train.budget``) is one SGD step per round at some site (``train_cases``: site ->
+    training cases), e.g. an epoch of 3 cases in a batch of 4."""
+    from fedseg.train import budget_steps
+
+    lines = []
+    batch = cfg.train.batch_size
+    for name in cfg.algorithms:
+        options = get_algorithm(name).parse_options(cfg.methods.get(name))
+        why = type(options).ONE_STEP_AS_FEDAVG
+        if why is None:
+            continue
+        own = options.local_budget()
+        budget = own or cfg.train.budget
+        one = [site for site, n in train_cases.items() if n > 0 and budget_steps(budget, n, batch) == 1]
+        if not one:
+            continue
+        if budget.unit == "steps":  # every site alike
+            where = "every site" if len(one) == len(train_cases) else ", ".join(one)
+            said = f"methods.{name}.local_steps = 1" if own else "train.budget: 1 step"
+        else:
+            where = ", ".join(f"{site} ({train_cases[site]} training cases)" for site in one)
+            said = f"batch size {batch}, train.budget: 1 epoch"
+        verb = "train" if len(one) > 1 and where != "every site" else "trains"
+        lines.append(
+            f"{name}: {where} {verb} one local SGD step per round ({said}): {why}; a larger local budget "
+            f"(train.budget, methods.{name}.local_steps) lets it differ"
+        )
+    return lines
 
 
 def data_notes(

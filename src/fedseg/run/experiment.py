@@ -52,7 +52,7 @@ from fedseg.run.provenance import begin, unchanged
 from fedseg.run.resume import all_finished
 from fedseg.run.runlog import RUN_LOG, append_line, last_event, log_event, log_stop
 from fedseg.run.start_from import check_start_from
-from fedseg.run.state import RoundCallback
+from fedseg.run.state import RoundCallback, ValidatedCallback
 from fedseg.tracking import check_available, open_tracker
 
 
@@ -69,6 +69,7 @@ def run_experiment(
     on_log_line: Callable[[str], None] | None = None,
     keep_checkpoints: bool = False,
     hold_out: bool = True,
+    on_validated: ValidatedCallback | None = None,
 ) -> RunResults:
     """Check the device, ``out``, the options, the data and (``resume``) that the configuration equals the
     recorded one (``fedseg.run.preflight``) before writing anything; record ``config.yaml``; then run every
@@ -85,7 +86,10 @@ def run_experiment(
 
     ``hold_out``: hold ``out`` against a second command writing it (``fedseg.folder_lock``), an existing folder from
     the checks on, a new one from its creation; False where the caller's process holds it (a Flower coordinator,
-    whose ServerApp process runs this)."""
+    whose ServerApp process runs this).
+
+    ``on_validated(algorithm, round, dice)``: each validated round's mean validation Dice over sites (the selection
+    metric), as soon as it is scored (``fedseg.run.progress`` shows the last one in its bar)."""
     if engine_factory is None and cfg.engine.workers > 1:  # the worker pool's server imports while we prepare
         start_forkserver()
     out = Path(out)
@@ -126,6 +130,7 @@ def run_experiment(
                         earlier,
                         keep_checkpoints,
                         tracker,
+                        on_validated,
                     )
                     results.algorithms.append(result)
                     family = get_algorithm(name).family
@@ -248,7 +253,7 @@ def record_start(
         announce(out, line, on_log_line)
     fed = prep.federation
     for line in (
-        method_notes(cfg, prep.task)
+        method_notes(cfg, prep.task, {data.name: len(data.train) for data in prep.site_data})
         + data_notes(cfg, fed.kind, fed.channel_names, dicom_modalities(fed) if cfg.data.source == "folder" else None)
         + device_notes(cfg, prep.task.device)
         + spacing_notes(cfg, site_spacings(prep))

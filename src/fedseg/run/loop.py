@@ -23,7 +23,7 @@ from fedseg.run.preparation import Prepared
 from fedseg.run.result import AlgorithmResult
 from fedseg.run.resume import checkpoint_path, clone, finished_result
 from fedseg.run.start_from import start_weights
-from fedseg.run.state import AlgorithmRun, RoundCallback, RoundState, RunHooks
+from fedseg.run.state import AlgorithmRun, RoundCallback, RoundState, RunHooks, ValidatedCallback
 from fedseg.run.steps import checkpoint_round, must_validate, resume_state, update_best, update_stop, validate_round
 from fedseg.tracking import Tracker
 
@@ -40,6 +40,7 @@ def run_algorithm(
     earlier: dict[str, AlgorithmResult] | None = None,
     keep_checkpoints: bool = False,
     tracker: Tracker | None = None,
+    on_validated: ValidatedCallback | None = None,
 ) -> AlgorithmResult:
     """Train ``name`` for ``fl.rounds`` rounds (resuming if asked), keep the best round by mean
     validation Dice over sites, evaluate it once on the test splits.
@@ -60,7 +61,8 @@ def run_algorithm(
     from that folder. ``keep_checkpoints``: the finished checkpoint also holds the models (``--keep-checkpoints``).
 
     ``tracker`` (``fedseg.tracking``): gets each round's metrics when its checkpoint is on disk (as run.log)
-    and the test results after the finished checkpoint, so a resumed run logs nothing twice."""
+    and the test results after the finished checkpoint, so a resumed run logs nothing twice. ``on_validated``: each
+    validated round's mean validation Dice over sites, when scored (a resume: the last its checkpoint holds first)."""
     spec = get_algorithm(name)
     options = spec.parse_options(prep.task.cfg.methods.get(name))
     method_cfg = spec.run_config(prep.task.cfg)
@@ -81,7 +83,7 @@ def run_algorithm(
         server = spec.server(engine, prep.task, options)
         if (initial := start_weights(options, earlier, prep.task)) is not None:  # e.g. finetune: fedavg's model
             server.global_weights = dict(initial)
-        hooks = RunHooks(on_round_end, on_log_line, tracker)
+        hooks = RunHooks(on_round_end, on_log_line, tracker, on_validated)
         run = AlgorithmRun(
             name, spec, options, prep, engine, server, out, checkpoint_path(out, name), earlier, keep_checkpoints, hooks
         )
@@ -105,6 +107,9 @@ def train_rounds(run: AlgorithmRun, state: RoundState) -> int:
     cfg, engine, server, hooks = run.cfg, run.engine, run.server, run.hooks
     last = cfg.fl.rounds if state.stopped is None else state.start - 1
     reference = {k: torch.empty(v.shape, dtype=v.dtype, device="meta") for k, v in server.global_weights.items()}
+    if hooks.on_validated and state.validated:  # a resume: the last validated round so far
+        latest = max(state.validated)
+        hooks.on_validated(run.name, latest, state.validated[latest])
     with CheckpointWriter() as writer:
         for rnd in range(state.start, last + 1):
             engine.round = rnd

@@ -63,7 +63,7 @@ def summary_dict(results: RunResults) -> dict[str, Any]:
         "dataset": fed.name,
         "sites": fed.site_names,
         "regions": list(fed.regions.names),
-        "hd95_unit": hd95_unit(results.trained_cfg),
+        "hd95_unit": hd95_unit(results.trained_cfg, fed.kind),
         "nsd_tolerance": results.cfg.eval.nsd_tolerance,  # in hd95_unit; a number, or one per region
         "hd95_worst": results.cfg.eval.hd95_worst,  # in hd95_unit; None: each case's grid diagonal
         "score_grid": score_grid(results.trained_cfg),  # each case's own grid (original) or the model's
@@ -74,11 +74,14 @@ def summary_dict(results: RunResults) -> dict[str, Any]:
     }
 
 
-def hd95_unit(cfg: RunConfig) -> str:
+def hd95_unit(cfg: RunConfig, kind: str) -> str:
     """What HD95 and NSD's tolerance are measured in: mm on the volume path (each case's own grid and spacing,
-    ``fedseg.evaluate.sliding``), else pixels (voxels): of each case's own grid (``eval.score_grid: original``)
-    or of the model input (``model``)."""
-    return "mm" if cfg.data.volume.patch_size is not None else "pixels"
+    ``fedseg.evaluate.sliding``), else pixels of a 2D federation (``kind``), voxels of a 3D one (the whole-volume
+    path, without spacing): of each case's own grid (``eval.score_grid: original``) or of the model input
+    (``model``). Older runs recorded ``pixels`` for a 3D federation too; readers show what a run recorded."""
+    if cfg.data.volume.patch_size is not None:
+        return "mm"
+    return "voxels" if kind == "3d" else "pixels"
 
 
 def score_grid(cfg: RunConfig) -> str:

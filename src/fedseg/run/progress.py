@@ -1,5 +1,6 @@
 """Progress of ``fedseg run``: on a terminal one rich bar per algorithm (round, site and loss as they
-happen); otherwise the plain per-round lines of ``run.log``."""
+happen, and the last validated round's mean validation Dice: the selection metric); otherwise the plain per-round
+lines of ``run.log``."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from fedseg.data.federation import Federation
 from fedseg.engine.messages import Message
 from fedseg.run.experiment import run_experiment
 from fedseg.run.outputs import RunResults
+from fedseg.run.runlog import val_dice_text
 
 
 def run_with_progress(
@@ -33,25 +35,36 @@ def run_with_progress(
         )
     columns = [
         TextColumn("{task.description}"),
-        BarColumn(),
+        BarColumn(bar_width=20),  # room for the status: loss and the last validation Dice
         MofNCompleteColumn(),
         TimeElapsedColumn(),
         TextColumn("{task.fields[status]}"),
     ]
     with Progress(*columns, console=console, transient=False) as progress:
         tasks: dict[str, TaskID] = {}
+        validated: dict[str, tuple[int, float]] = {}  # algorithm -> its last validated round and mean val Dice
+
+        def status(name: str, text: str, rnd: int | None = None) -> str:
+            """``text``, then the last validated round's mean validation Dice (its round, unless it is ``rnd``)."""
+            if name not in validated:
+                return text
+            last, dice = validated[name]
+            return f"{text} | val Dice {val_dice_text(dice)}" + ("" if last == rnd else f" (round {last})")
 
         def on_algorithm_start(name: str) -> None:
             tasks[name] = progress.add_task(f"{name:<12}", total=cfg.fl.rounds, status="")
 
         def on_message(site: str, action: str, msg: Message, reply: Message) -> None:
             if action == "train" and "loss" in reply.meta and tasks:
-                task = list(tasks.values())[-1]
-                progress.update(task, status=f"{site} loss {float(reply.meta['loss']):.3f}")
+                name = list(tasks)[-1]
+                progress.update(tasks[name], status=status(name, f"{site} loss {float(reply.meta['loss']):.3f}"))
 
         def on_round_end(name: str, rnd: int, losses: dict[str, float]) -> None:
             mean = sum(losses.values()) / max(len(losses), 1)
-            progress.update(tasks[name], completed=rnd, status=f"round {rnd} mean loss {mean:.3f}")
+            progress.update(tasks[name], completed=rnd, status=status(name, f"round {rnd} mean loss {mean:.3f}", rnd))
+
+        def on_validated(name: str, rnd: int, dice: float) -> None:
+            validated[name] = (rnd, dice)
 
         return run_experiment(
             cfg,
@@ -62,6 +75,7 @@ def run_with_progress(
             on_algorithm_start,
             federation,
             keep_checkpoints=keep_checkpoints,
+            on_validated=on_validated,
         )
 
 

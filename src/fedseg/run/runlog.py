@@ -19,8 +19,13 @@ def round_line(
     (``val Dice -`` for a round that was not validated, ``loss -`` when no site trained)."""
     values = [float(v) for v in losses.values()]
     loss = f"{sum(values) / len(values):.4f}" if values else "-"
-    dice = "-" if val_dice is None else "nan" if math.isnan(val_dice) else f"{val_dice:.4f}"
+    dice = val_dice_text(val_dice)
     return f"{utc_now()} {name} round {rnd}/{rounds} mean val Dice {dice} loss {loss} {seconds:.1f} s"
+
+
+def val_dice_text(val_dice: float | None) -> str:
+    """A mean validation Dice as the round lines show it: 4 decimals, ``nan``, or ``-`` (a round not validated)."""
+    return "-" if val_dice is None else "nan" if math.isnan(val_dice) else f"{val_dice:.4f}"
 
 
 def selected_lrs_line(name: str, lrs: dict[str, float]) -> str:

@@ -16,17 +16,21 @@ from fedseg.run.result import AlgorithmResult, Row
 from fedseg.tracking import Tracker
 
 RoundCallback = Callable[[str, int, dict[str, float]], None]  # (algorithm, round, the sites' training losses)
+ValidatedCallback = Callable[[str, int, float], None]  # (algorithm, round, its mean validation Dice over sites)
 BestRound = dict[str, Any]  # {"round", "score", "server", "clients"[, "file"]}: the best round so far and its states
 
 
 @dataclass
 class RunHooks:
     """Who hears of an algorithm's progress: ``on_round_end`` after each round, ``on_log_line`` each ``run.log``
-    line, ``tracker`` (``fedseg.tracking``) each checkpointed round and the test results."""
+    line, ``tracker`` (``fedseg.tracking``) each checkpointed round and the test results, ``on_validated`` each
+    validated round's mean validation Dice (the selection metric) as soon as it is scored, and on a resume the last
+    one its checkpoint holds."""
 
     on_round_end: RoundCallback | None = None
     on_log_line: Callable[[str], None] | None = None
     tracker: Tracker | None = None
+    on_validated: ValidatedCallback | None = None
 
 
 @dataclass

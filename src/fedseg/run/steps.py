@@ -71,6 +71,8 @@ def validate_round(run: AlgorithmRun, state: RoundState, rnd: int, losses: Losse
         )
     state.metric_rows += [{"algorithm": run.name, "round": rnd, **row} for row in server.round_metrics()]
     state.validated[rnd] = per_site["client_avg"]
+    if run.hooks.on_validated:
+        run.hooks.on_validated(run.name, rnd, per_site["client_avg"])
 
 
 def update_best(run: AlgorithmRun, state: RoundState, rnd: int, snapshot: dict[str, Any]) -> None:
