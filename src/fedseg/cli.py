@@ -335,9 +335,11 @@ def run_study(
 
 
 def print_rows(title: str, columns: list[str], rows: list[dict]) -> None:
-    """A study table on the console (floats to 4 digits, None blank; headers without ``freq_``/``dice_``)."""
+    """A study table on the console (floats to 4 digits, None blank; headers without ``freq_``/``dice_``;
+    ``dice_global``, the mean over every test case pooled, headed ``pooled`` as in the run's Dice table)."""
     cell = lambda v: "" if v is None else f"{v:.4f}" if isinstance(v, float) else str(v)  # noqa: E731
-    headers = [c.replace("freq_PM_", "PM ").replace("freq_", "").replace("dice_", "") for c in columns]
+    short = {"dice_global": "pooled"}
+    headers = [short.get(c) or c.replace("freq_PM_", "PM ").replace("freq_", "").replace("dice_", "") for c in columns]
     print_table(console, title, headers, [[cell(row.get(c)) for c in columns] for row in rows])
 
 
