@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import stat
 import subprocess
 import time
@@ -88,6 +89,44 @@ def test_summary_records_provenance(run_022):
 
 def test_git_state_outside_a_checkout_is_none(tmp_path):
     assert git_state(tmp_path) == (None, None)
+
+
+def _git(repo: Path, *args: str) -> None:
+    who = ["-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run(["git", *who, *args], cwd=repo, check=True, capture_output=True)
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_the_source_state_is_the_packages_own_and_survives_any_bytes(tmp_path, monkeypatch):
+    """What a run records of fedseg's code (``source_state``) reads the package's own folder: a latin-1 edit in it
+    crashed every run (the diff was decoded as UTF-8), an untracked new module went unseen, an edit elsewhere in the
+    repository (docs) counted, and a fedseg installed in a project's own repository took that project's commit."""
+    from fedseg.run import provenance
+
+    repo = tmp_path / "repo"
+    (repo / "pkg").mkdir(parents=True)
+    (repo / "pkg" / "__init__.py").write_text("x = 1\n")
+    (repo / "pkg" / "notes.txt").write_bytes(b"plain\n")
+    (repo / "docs.md").write_text("docs\n")
+    _git(repo, "init", "-q")
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-q", "-m", "start")
+    monkeypatch.setattr(provenance, "package_dir", lambda: repo / "pkg")
+    clean = provenance.source_state()
+    assert clean["commit"] and clean["dirty"] is False and clean["changes"] is None
+    (repo / "pkg" / "notes.txt").write_bytes(b"na\xefve caf\xe9\n")  # latin-1
+    edited = provenance.source_state()
+    assert edited["dirty"] and edited["changes"] and edited["commit"] == clean["commit"]
+    (repo / "docs.md").write_text("docs, edited\n")  # outside the package: not fedseg's code
+    assert provenance.source_state()["changes"] == edited["changes"]
+    (repo / "pkg" / "new.py").write_text("y = 2\n")  # untracked, in the package
+    assert provenance.source_state()["changes"] != edited["changes"]
+    installed = repo / "venv" / "site" / "fedseg"  # a virtual environment git does not track, inside the project
+    installed.mkdir(parents=True)
+    (installed / "__init__.py").write_text("")
+    (repo / ".gitignore").write_text("venv/\n")
+    monkeypatch.setattr(provenance, "package_dir", lambda: installed)
+    assert provenance.git_state() == (None, None) and provenance.source_state()["commit"] is None
 
 
 def test_report_header_shows_version_commit_and_device(run_022):

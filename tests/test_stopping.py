@@ -223,6 +223,7 @@ def test_entries_written_before_the_rule_are_read_as_it_says():
     assert _pages_flag(dp) == (False, False, False)
     assert _pages_flag({"rounds": 10, "best_round": 10}) == (True, True, True)
     assert _pages_flag({"rounds": 10, "best_round": 7}) == (False, False, False)
+    assert not recorded_not_converged({}) and not recorded_not_converged({"rounds": 0, "best_round": 0})  # no data
 
 
 def test_runs_record_the_rule_their_pages_read(tmp_path, tiny_config, disc_federation):

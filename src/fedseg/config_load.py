@@ -578,7 +578,8 @@ def config_from_cli(
     if names := [n.strip() for value in tracking for n in value.split(",") if n.strip()]:
         overrides.append(f"tracking={yaml.safe_dump(names, default_flow_style=True).strip()}")
         labels["tracking"] = "--track"
-    for key, option in labels.items():
-        if key in set_keys:
-            raise ConfigError(f"{option} and --set {set_keys[key]} both set {key}: give it once")
+    for key, option in labels.items():  # the same key, or a section holding it (--set fl={rounds: 2})
+        given = next((k for k in set_keys if k == key or key.startswith(k + ".") or k.startswith(key + ".")), None)
+        if given is not None:
+            raise ConfigError(f"{option} and --set {set_keys[given]} both set {key}: give it once")
     return load_config(preset=preset, file=config, overrides=overrides, labels=labels)

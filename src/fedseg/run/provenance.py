@@ -58,20 +58,35 @@ def versions() -> dict[str, str | None]:
     }
 
 
-def _git(args: list[str], cwd: Path) -> str | None:
+def _git_bytes(args: list[str], cwd: Path) -> bytes | None:
+    """What ``git ARGS`` prints in ``cwd``, as bytes (a diff of a latin-1 file is no UTF-8); None where git is
+    missing, fails or takes more than 5 s."""
     try:
-        done = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=5, check=False)
+        done = subprocess.run(["git", *args], cwd=cwd, capture_output=True, timeout=5, check=False)
     except (OSError, subprocess.SubprocessError):
         return None
     return done.stdout if done.returncode == 0 else None
 
 
+def _git(args: list[str], cwd: Path) -> str | None:
+    out = _git_bytes(args, cwd)
+    return None if out is None else out.decode("utf-8", errors="replace")
+
+
+def package_dir() -> Path:
+    """The folder of the fedseg package this process runs."""
+    return Path(fedseg.__file__).resolve().parent
+
+
 def git_state(path: Path | None = None) -> tuple[str | None, bool | None]:
-    """(commit, dirty) of the git checkout holding ``path`` (default: the fedseg package); (None, None)
-    when it is not a checkout or git is missing."""
-    where = path or Path(fedseg.__file__).resolve().parent
+    """(commit, dirty) of the git checkout holding ``path`` (default: the fedseg package); (None, None) when it is
+    not a checkout or git is missing, and for the package when git does not track it there (fedseg installed into
+    a virtual environment inside a project's own repository: that commit says nothing of fedseg's code)."""
+    where = path or package_dir()
     head = _git(["rev-parse", "HEAD"], where)
     if head is None or not head.strip():
+        return None, None
+    if path is None and _git(["ls-files", "--error-unmatch", "__init__.py"], where) is None:
         return None, None
     status = _git(["status", "--porcelain"], where)
     return head.strip(), (bool(status.strip()) if status is not None else None)
@@ -79,16 +94,27 @@ def git_state(path: Path | None = None) -> tuple[str | None, bool | None]:
 
 def source_state() -> dict[str, Any]:
     """fedseg's own code as a run records it: ``version``, the git ``commit`` and ``dirty`` flag of the checkout it
-    runs from (None, None for an installed package), and for a dirty checkout ``changes``, the SHA-256 of ``git diff
-    HEAD`` (its uncommitted edits to tracked files; None otherwise), so two states with the same commit tell whether
-    the edits differ."""
+    runs from (None, None for an installed package), and for a dirty checkout ``changes``, the SHA-256 of the
+    package folder's uncommitted edits (``git diff HEAD`` of its tracked files, then the contents of its untracked
+    ones; None for a clean checkout), so two states with the same commit tell whether fedseg's edits differ (edits
+    elsewhere in the repository, docs or benchmarks, do not count)."""
     import hashlib
 
     commit, dirty = git_state()
     changes = None
     if dirty:
-        diff = _git(["diff", "HEAD"], Path(fedseg.__file__).resolve().parent)
-        changes = None if diff is None else hashlib.sha256(diff.encode()).hexdigest()
+        where = package_dir()
+        diff = _git_bytes(["diff", "HEAD", "--", "."], where)
+        untracked = _git_bytes(["ls-files", "--others", "--exclude-standard", "-z", "--", "."], where)
+        if diff is not None and untracked is not None:
+            digest = hashlib.sha256(diff)
+            for name in sorted(n for n in untracked.split(b"\0") if n):
+                digest.update(b"\0" + name + b"\0")
+                try:
+                    digest.update((where / name.decode("utf-8", errors="surrogateescape")).read_bytes())
+                except OSError:
+                    digest.update(b"<unreadable>")
+            changes = digest.hexdigest()
     return {"version": fedseg.__version__, "commit": commit, "dirty": dirty, "changes": changes}
 
 

@@ -220,7 +220,8 @@ def recorded_not_converged(entry: Mapping[str, Any]) -> bool:
     if "late_best" not in conv:  # an entry that says only whether it converged is read so
         if "converged" in conv:
             return conv["converged"] is False and conv.get("improved") is not False
-        return entry.get("best_round") == entry.get("rounds") and not fixed_round
+        rounds = entry.get("rounds")  # an entry without rounds trained says nothing of convergence
+        return isinstance(rounds, int) and rounds > 0 and entry.get("best_round") == rounds and not fixed_round
     if conv.get("rule") != RULE:
         if fixed_round:
             return False
