@@ -20,6 +20,7 @@ import json
 import os
 import re
 import signal
+import socket
 import ssl
 import subprocess
 import sys
@@ -48,16 +49,30 @@ from fedseg.flower.deploy import (
 )
 from fedseg.flower.launch import FlowerRunError
 from fedseg.flower.superlink import LinkSettings, superlink_command
-from fedseg.flower.superlink_main import FLEET_ONLY, MAX_FLEET_BODY, TOO_LARGE, fleet_only
+from fedseg.flower.superlink_main import BUSY, FLEET_ONLY, SLOW, BodyLimits, fleet_only
 from fedseg.flower.supernode import supernode_argv, supernode_command
 from fedseg.flower.supernode_main import WHY_NOT_REGISTERED
 
 
-def test_the_fleet_listener_refuses_a_body_larger_than_any_supernode_sends(tmp_path):
+def _open_body(port: int, route: str, piece: bytes) -> socket.socket:
+    """A connection that sends a POST to ``route`` with a chunked body: one piece of it, and no end."""
+    conn = socket.create_connection(("127.0.0.1", port))
+    head = f"POST {route} HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n".encode()
+    conn.sendall(head + f"{len(piece):x}\r\n".encode() + piece + b"\r\n")
+    return conn
+
+
+def _status(conn: socket.socket) -> int:
+    conn.settimeout(10)
+    return int(conn.recv(4096).split(b" ", 2)[1])
+
+
+def test_the_fleet_listener_bounds_what_it_holds_of_request_bodies(tmp_path):
     """Flower reads a request's whole body before it checks the sender's key: anyone reaching the Fleet port could
-    have the SuperLink hold gigabytes. The listener (uvicorn on a real socket, fedseg's filter in front of an app
-    that counts what reaches it) answers 413 past MAX_FLEET_BODY, by Content-Length or by the bytes streamed (no
-    Content-Length), and passes a request within it whole."""
+    have the SuperLink hold gigabytes, one huge body or many unfinished ones. The listener (uvicorn on a real socket,
+    fedseg's filter in front of an app that counts what reaches it; the same code with limits of megabytes and a
+    second) answers 413 past a request's limit (by Content-Length or by the bytes streamed), 503 past the bytes held
+    over every connection, 408 to a body that pauses, and passes a request within them whole."""
     import uvicorn
 
     reached: list[int] = []
@@ -73,8 +88,9 @@ def test_the_fleet_listener_refuses_a_body_larger_than_any_supernode_sends(tmp_p
 
     (port,) = free_ports(1)
     route = "/v1/fleet/push-object"
-    limit = 1 << 20  # the same code as MAX_FLEET_BODY's, with a smaller limit: the test sends megabytes, not 64 MiB
-    filtered = fleet_only(counting_app, frozenset({("POST", route)}), None, limit)
+    mib = 1 << 20
+    limits = BodyLimits(max_body=mib, max_buffered=mib + mib // 2, idle_s=1.0)
+    filtered = fleet_only(counting_app, frozenset({("POST", route)}), None, limits)
     server = uvicorn.Server(uvicorn.Config(filtered, port=port, log_level="error"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -82,21 +98,30 @@ def test_the_fleet_listener_refuses_a_body_larger_than_any_supernode_sends(tmp_p
         while not server.started:
             time.sleep(0.05)
         url = f"http://127.0.0.1:{port}{route}"
-        assert httpx.post(url, content=b"x" * limit).status_code == 200
-        declared = httpx.post(url, content=b"x" * (limit + 1))
-        assert declared.status_code == 413 and declared.json() == {"detail": TOO_LARGE}
+        assert httpx.post(url, content=b"x" * mib).status_code == 200
+        declared = httpx.post(url, content=b"x" * (mib + 1))
+        assert declared.status_code == 413 and declared.json() == {"detail": limits.too_large}
 
         def streamed():  # chunked transfer: no Content-Length to refuse it by
             for _ in range(4):
-                yield b"y" * (limit // 2)
+                yield b"y" * (mib // 2)
 
         assert httpx.post(url, content=streamed()).status_code == 413
-        assert reached == [limit]  # only the request within the limit reached the app, whole
-        assert httpx.post(url, content=b"small").status_code == 200 and reached[-1] == 5  # and it still serves
+        assert reached == [mib]  # only the request within the limit reached the app, whole
+        # unfinished bodies: the first holds 0.9 MiB; a second would take the total past 1.5 MiB: 503 (retry)
+        first = _open_body(port, route, b"a" * (9 * mib // 10))
+        time.sleep(0.2)
+        second = _open_body(port, route, b"b" * (9 * mib // 10))
+        assert _status(second) == 503
+        assert _status(first) == 408  # and the first, paused past idle_s, lets go of its bytes
+        first.close(), second.close()
+        assert httpx.post(url, content=b"z" * mib).status_code == 200 and reached[-1] == mib  # it serves again
     finally:
         server.should_exit = True
         thread.join(timeout=10)
-    assert MAX_FLEET_BODY == 64 << 20 and "64 MiB" in TOO_LARGE
+    default = BodyLimits.of_environment()
+    assert default.max_body == 64 << 20 and default.max_buffered == 512 << 20 and "64 MiB" in default.too_large
+    assert BUSY and SLOW.startswith("a request body paused")
 
 
 def test_the_control_api_defaults_to_loopback_and_the_public_port_serves_the_fleet_api_only():
@@ -270,10 +295,10 @@ def test_private_control_plane_key_bound_sites_and_opaque_case_ids_on_a_real_dep
             huge = httpx.post(  # no key needed to make Flower hold a body: refused by its size, before Flower reads it
                 f"https://{fleet}/v1/fleet/push-object",
                 verify=str(certs / "ca.crt"),
-                content=b"x" * (MAX_FLEET_BODY + 1),
+                content=b"x" * (BodyLimits.of_environment().max_body + 1),
                 timeout=60,
             )
-            assert huge.status_code == 413 and TOO_LARGE in huge.text
+            assert huge.status_code == 413 and BodyLimits.of_environment().too_large in huge.text
             private = control_client(control, certs / "ca.crt")
             try:  # on loopback the Control API answers (the coordinator's run is listed)
                 assert len(private.ListRuns(ListRunsRequest()).run_dict) == 1

@@ -17,12 +17,15 @@ Here the same app (one SuperLink state, one lifespan: the SuperExec) is served t
 
 Both use the SuperLink's TLS certificate. SIGINT/SIGTERM stop both (the lifespan stops the SuperExec).
 
-A request to the Fleet listener may carry at most :data:`MAX_FLEET_BODY` bytes (64 MiB): Flower reads a request's
-whole body into memory before it checks who sent it (``flwr.supercore.protobuf.translation``), so anyone who can
-reach the port, no key needed, could have the SuperLink hold a body of any size (gigabytes: the coordinator's
-machine out of memory, the study stopped). A SuperNode's largest request is one chunk of an array (Flower splits
-arrays into ``FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE`` pieces, 5 MB) and its envelope; a larger one gets 413 Content Too
-Large, by its ``Content-Length`` before a byte is read, else once that many bytes have come.
+Flower reads a request's whole body into memory before it checks who sent it
+(``flwr.supercore.protobuf.translation``), so anyone who can reach the port, no key needed, could have the SuperLink
+hold bodies of any size (gigabytes: the coordinator's machine out of memory, the study stopped). The Fleet listener
+reads each body itself first, within :class:`BodyLimits`: a request carries at most 64 MiB (or four of Flower's array
+chunks, ``FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE``, where that is more; a SuperNode's largest request is one 5 MB chunk
+and its envelope): more is 413 Content Too Large, by its ``Content-Length`` before a byte is read, else once that
+many bytes have come; the bodies held at once, over every connection, stay within 512 MiB (more: 503, which a
+SuperNode retries); a body that pauses 30 s between two pieces is 408 (a connection that sends a little and waits
+no longer holds its bytes).
 
 With ``--fleet-gate PATH`` the Fleet API answers 503 Service Unavailable (which a SuperNode retries, quietly) until
 the file ``PATH`` exists: the coordinator creates it once it has registered the sites' keys. A hospital whose
@@ -35,24 +38,66 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 FLEET_ONLY = "only the Fleet API (SuperNodes) is served on this address"
 NOT_YET = "the coordinator is registering the SuperNodes' keys: retry shortly"
-MAX_FLEET_BODY = 64 << 20  # bytes of one Fleet API request (module docstring): 12x Flower's 5 MB array chunk
-TOO_LARGE = f"a Fleet API request carries at most {MAX_FLEET_BODY >> 20} MiB"
+MIN_FLEET_BODY = 64 << 20  # bytes of one Fleet API request at least (module docstring): 12x Flower's 5 MB chunk
+FLEET_BUFFERED = 512 << 20  # bytes of request bodies the listener holds at once, over every connection
+BODY_IDLE_S = 30.0  # seconds a request body may pause between two of its pieces
+BUSY = "the SuperLink holds as many request bodies as it takes: retry shortly"
+SLOW = f"a request body paused more than {BODY_IDLE_S:g} s"
 
 
-def fleet_only(app, allowed: frozenset[tuple[str, str]], gate: Path | None = None, max_body: int = MAX_FLEET_BODY):
+@dataclass(frozen=True)
+class BodyLimits:
+    """What the Fleet listener buffers (module docstring): ``max_body`` bytes a request (more: 413),
+    ``max_buffered`` bytes over every request being read or served at once (more: 503, which a SuperNode retries),
+    ``idle_s`` seconds between two pieces of a body (more: 408)."""
+
+    max_body: int
+    max_buffered: int = FLEET_BUFFERED
+    idle_s: float = BODY_IDLE_S
+
+    @classmethod
+    def of_environment(cls) -> BodyLimits:
+        """The limits for this SuperLink: a request may carry four of the array chunks Flower sends
+        (``FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE``, 5 MB unless set), at least :data:`MIN_FLEET_BODY`; the bodies held
+        at once at least eight such requests."""
+        try:
+            chunk = int(os.environ.get("FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE", "5242880"))
+        except ValueError:
+            chunk = 5242880
+        body = max(MIN_FLEET_BODY, 4 * chunk)
+        return cls(body, max(FLEET_BUFFERED, 8 * body))
+
+    @property
+    def too_large(self) -> str:
+        return f"a Fleet API request carries at most {self.max_body / (1 << 20):g} MiB"
+
+
+class Refused(Exception):
+    """A request body not taken: ``status`` and the ``detail`` to answer with."""
+
+    def __init__(self, status: int, detail: str) -> None:
+        super().__init__(detail)
+        self.status, self.detail = status, detail
+
+
+def fleet_only(app, allowed: frozenset[tuple[str, str]], gate: Path | None = None, limits: BodyLimits | None = None):
     """An ASGI app passing only HTTP requests whose ``(method, path)`` is in ``allowed`` to ``app``; anything
     else (another API's path, a websocket, a lifespan event) gets 404 / is refused without reaching it. With
     ``gate``, an allowed request gets 503 (``NOT_YET``) until that file exists. An allowed request's body is read
-    here, at most ``max_body`` bytes (more: 413, ``app`` never called), and handed to ``app`` whole."""
+    here within ``limits`` (default :meth:`BodyLimits.of_environment`; beyond them 413, 503 or 408 and ``app`` is
+    never called) and handed to ``app`` whole; it counts among the bodies held until ``app`` has answered."""
+    limits = limits or BodyLimits.of_environment()
     body = json.dumps({"detail": FLEET_ONLY}).encode()
     not_yet = json.dumps({"detail": NOT_YET}).encode()
-    too_large = json.dumps({"detail": TOO_LARGE}).encode()
     opened = gate is None
+    held = [0]  # bytes of the bodies being read or served now (one event loop: no lock needed)
 
     async def answer(send, status: int, text: bytes) -> None:
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(text)).encode())]
@@ -65,11 +110,16 @@ def fleet_only(app, allowed: frozenset[tuple[str, str]], gate: Path | None = Non
             if not opened and not (opened := gate is not None and gate.exists()):
                 await answer(send, 503, not_yet)
                 return
-            content = await bounded_body(scope, receive, max_body)
-            if content is None:
-                await answer(send, 413, too_large)
-                return
-            await app(scope, replay(content, receive), send)
+            taken = [0]
+            try:
+                content = await bounded_body(scope, receive, limits, held, taken)
+                await app(scope, replay(content, receive), send)
+            except Refused as refused:
+                await answer(send, refused.status, json.dumps({"detail": refused.detail}).encode())
+            except ConnectionClosed:
+                pass  # the client left: nobody to answer
+            finally:
+                held[0] -= taken[0]
             return
         if scope["type"] == "http":
             await answer(send, 404, body)
@@ -79,25 +129,39 @@ def fleet_only(app, allowed: frozenset[tuple[str, str]], gate: Path | None = Non
     return filtered
 
 
-async def bounded_body(scope, receive, limit: int) -> bytes | None:
-    """The body of the HTTP request ``scope``, read from ``receive``; None as soon as it is known to exceed
-    ``limit`` bytes (its ``Content-Length``, else the bytes come so far), or when the client disconnects."""
+class ConnectionClosed(Exception):
+    """The client disconnected before its body was read."""
+
+
+async def bounded_body(scope, receive, limits: BodyLimits, held: list[int], taken: list[int]) -> bytes:
+    """The body of the HTTP request ``scope``, read from ``receive`` within ``limits``; each piece is added to
+    ``held[0]`` (every request's bytes) and ``taken[0]`` (this one's, which the caller gives back). ``Refused`` as
+    soon as it is known to exceed ``max_body`` (its ``Content-Length``, else the bytes come so far: 413), the bodies
+    held would exceed ``max_buffered`` (503) or a piece takes more than ``idle_s`` (408); ``ConnectionClosed`` when
+    the client disconnects."""
+    too_large = Refused(413, limits.too_large)
     for name, value in scope.get("headers", ()):
         if name.lower() == b"content-length":
             try:
-                if int(value) > limit:
-                    return None
+                if int(value) > limits.max_body:
+                    raise too_large
             except ValueError:
-                return None
-    parts, size = [], 0
+                raise Refused(400, "Content-Length is no number") from None
+    parts: list[bytes] = []
     while True:
-        message = await receive()
+        try:
+            message = await asyncio.wait_for(receive(), limits.idle_s)
+        except TimeoutError:
+            raise Refused(408, SLOW) from None
         if message["type"] != "http.request":  # http.disconnect
-            return None
+            raise ConnectionClosed
         part = message.get("body", b"")
-        size += len(part)
-        if size > limit:
-            return None
+        if taken[0] + len(part) > limits.max_body:
+            raise too_large
+        if held[0] + len(part) > limits.max_buffered:
+            raise Refused(503, BUSY)
+        held[0] += len(part)
+        taken[0] += len(part)
         parts.append(part)
         if not message.get("more_body", False):
             return b"".join(parts)
