@@ -28,7 +28,7 @@ from fedseg.data.memory_guard import (
     cgroup_memory_headroom,
     meminfo_available,
 )
-from fedseg.data.prepared import PREPARED_CACHE_ENV
+from fedseg.data.prepared import PREPARED_CACHE_ENV, PreparedCase
 from fedseg.run.preparation import federation_splits, prepared_sites
 from test_bad_input_cli import _one_error_line
 from test_prepare_threads import SPLITS, _assert_same, _federation
@@ -115,16 +115,19 @@ def test_a_preparation_that_will_not_fit_is_refused_after_its_first_cases(root, 
     monkeypatch.setenv(MEMORY_CHECK_ENV, "off")
     full, read = _prepare(_cfg(root, **VOLUME))
     assert read == 18
-    first = _kept_bytes([full[0].split(s) for s in SPLITS])[:8]  # site a's jobs: its 9 cases, train first
+    sets = [full[0].split(s) for s in SPLITS]
+    first = _kept_bytes(sets)[:8]  # site a's jobs: its 9 cases, train first
+    scored = first[len(sets[0]) :]  # validation and test cases keep their truth: the larger mean projects the rest
+    expected = sum(first) + 10 * max(sum(first) / 8, sum(scored) / len(scored))
     monkeypatch.delenv(MEMORY_CHECK_ENV)
     memory(TINY_KB)
     line, read = _refusal(_cfg(root, **VOLUME))
     assert read == 8  # stopped at the early check: 8 of 18 cases read, site b never started
     assert "\n" not in line
-    mb = f"{sum(first) / 8 / 1e6:.3g}"
-    assert f"not enough memory to prepare this run's 18 cases: at {mb} MB a case (measured over the first 8)" in line
+    mb = f"{expected / 18 / 1e6:.3g}"
+    assert f"not enough memory to prepare this run's 18 cases: at {mb} MB a case (projected from the first 8)" in line
     projected = float(re.search(r"would hold about ([\d.e+-]+) GB", line)[1])
-    assert projected == pytest.approx(sum(first) / 8 * 18 / 1e9, rel=1e-2)
+    assert projected == pytest.approx(expected / 1e9, rel=1e-2)
     assert f"more than 90% of the {TINY_KB * 1024 / 1e9:.3g} GB this process can have (MemAvailable)" in line
     assert f"set {PREPARED_CACHE_ENV}=DIR" in line and "data.volume.spacing" in line and "fewer sites" in line
     assert line.endswith(f"{MEMORY_CHECK_ENV}=off skips this check (with swap to spare)")
@@ -136,9 +139,36 @@ def test_a_site_prepared_alone_is_checked_over_its_own_cases(root, memory):
     memory(TINY_KB)
     fed = load_folder(root)
     splits = {case.id: SPLITS[i % 3] for i, case in enumerate(fed.sites[1].cases)}
-    with pytest.raises(NotEnoughMemory, match=r"this run's 9 cases: .* \(measured over the first 8\)") as caught:
+    with pytest.raises(NotEnoughMemory, match=r"this run's 9 cases: .* \(projected from the first 8\)") as caught:
         build_site_data(fed, fed.sites[1], 1, splits, _cfg(root, **VOLUME).data, originals=False)
     assert "fewer sites" not in str(caught.value)
+
+
+def _case(mb: float, scored: bool) -> PreparedCase:
+    """A prepared whole-image case holding ``mb`` MB (float32 ``x``), with its packed truth if ``scored``."""
+    x = torch.zeros(int(mb * 1e6) // 4)
+    return PreparedCase(x, torch.zeros(0), None, np.zeros(8, bool) if scored else None)
+
+
+def test_a_later_site_of_larger_cases_or_heavier_scored_cases_are_refused_when_they_come():
+    """The guard checked once, after the first 8 cases: sites ordered small to large slipped through (10 cases of 1 MB,
+    then 100 of 1 GB: 100 GB held of 20 available), and so did a site whose validation and test cases (prepared after
+    its training cases, keeping their truth too) are larger than the first ones. Each case is checked now, the cases to
+    come projected at the larger of the mean and the scored cases' mean."""
+    small_then_large = MemoryGuard(110, 2, available=(int(20e9), "test"))
+    for _ in range(10):
+        small_then_large.add(_case(1, False), None)  # type: ignore[arg-type]
+    with pytest.raises(NotEnoughMemory):
+        for _ in range(100):
+            small_then_large.add(_case(1000, False), None)  # type: ignore[arg-type]
+    assert small_then_large.measured < 30 and small_then_large.held < 18e9  # refused before the memory was full
+    heavier = MemoryGuard(100, available=(int(11.5e6), "test"))
+    for _ in range(70):
+        heavier.add(_case(0.1, False), None)  # type: ignore[arg-type]
+    with pytest.raises(NotEnoughMemory):
+        for _ in range(30):
+            heavier.add(_case(0.13, True), None)  # type: ignore[arg-type]
+    assert heavier.measured < 100 and heavier.projected() > 0.9 * 11.5e6
 
 
 def _federation_2d() -> Federation:
@@ -195,7 +225,7 @@ def test_volumes_mapped_from_the_prepared_cache_count_nothing(root, memory, monk
     _refusal(_cfg(root, **VOLUME))  # the same limit refuses the volumes held
     monkeypatch.setenv(PREPARED_CACHE_ENV, str(tmp_path / "prepared"))
     line, read = _refusal(_cfg(root, workers=2, **VOLUME))
-    assert read == 0 and "(measured over the first 8)" in line  # warm: no file read
+    assert read == 0 and "(projected from the first 8)" in line  # warm: no file read
     assert "--workers 1 (the worker pool keeps a copy" in line and f"set {PREPARED_CACHE_ENV}" not in line
 
 

@@ -4,7 +4,9 @@ A run prepares every site's cases into memory before round 1 (``fedseg.data.data
 2022's scale (1251 BraTS cases, about 140 MB each on the volume path) that is some 170 GB, and the process was killed
 for memory after an hour of preparation. :class:`MemoryGuard` measures, while the cases are prepared, the bytes the
 process keeps of each (:func:`held_bytes`); once :func:`first_cases` of them are in (8, or 2% of the cases where that
-is more) and again at each site's end, it projects their mean over every case of every site this process prepares,
+is more), after each further case and at each site's end, it projects every case of every site this process
+prepares (:meth:`MemoryGuard.projected`: the cases still to come at the larger of the mean so far and the mean of the
+validation and test cases so far, which keep their truth too),
 and where that exceeds :data:`MARGIN` (90%) of the memory the process could have when its preparation started
 (:func:`memory_available`) it raises :class:`NotEnoughMemory` (a ``ValueError``: ``fedseg run`` prints it as its one
 ``error:`` line) before preparing further. The margin is for what the projection leaves out: the cases being prepared
@@ -175,6 +177,8 @@ class MemoryGuard:
     measured: int = 0  # cases measured so far
     held: int = 0  # bytes they hold
     volumes: int = 0  # of which their volumes'
+    scored: int = 0  # of the cases measured, those with their original-grid truth (validation and test)
+    scored_held: int = 0  # bytes those hold
     _last: Case | None = field(default=None, repr=False)
 
     @classmethod
@@ -185,27 +189,40 @@ class MemoryGuard:
         return cls(cases, sites, available, 1 if workers > 1 else 0)
 
     def add(self, prepared: PreparedCase, case: Case) -> None:
-        """Count ``prepared`` (of ``case``); after :func:`first_cases` cases, check."""
+        """Count ``prepared`` (of ``case``); from :func:`first_cases` cases on, check after each (a site of larger
+        cases than the first ones is refused at its first cases, not after it filled the memory)."""
         if self.available is None:
             return
         held, volume = held_bytes(prepared, self.mapped_copies)
         self.measured += 1
         self.held += held
         self.volumes += volume
+        if prepared.truth is not None or (prepared.volume is not None and prepared.volume.truth is not None):
+            self.scored += 1
+            self.scored_held += held
         self._last = case
-        if self.measured == first_cases(self.cases):
+        if self.measured >= first_cases(self.cases):
             self.check()
 
     def site_done(self) -> None:
         """A site's cases are all in: check (unless every case is)."""
         self.check()
 
+    def projected(self) -> float:
+        """Bytes all :attr:`cases` would hold: those measured, and each case still to come at the larger of the mean
+        so far and the mean of the scored cases so far (a site prepares its training cases first, and a validation
+        or test case also keeps its truth: about 30% more at BraTS size)."""
+        mean = self.held / self.measured
+        if self.scored:
+            mean = max(mean, self.scored_held / self.scored)
+        return self.held + (self.cases - self.measured) * mean
+
     def check(self) -> None:
-        """Raise :class:`NotEnoughMemory` where the cases measured project more than :data:`MARGIN` of the memory
-        available over all :attr:`cases`; nothing when none is measured, every case is in, or there is no check."""
+        """Raise :class:`NotEnoughMemory` where :meth:`projected` exceeds :data:`MARGIN` of the memory available;
+        nothing when none is measured, every case is in, or there is no check."""
         if self.available is None or not self.measured or self.measured >= self.cases:
             return
-        projected = self.held * self.cases / self.measured
+        projected = self.projected()
         if projected > MARGIN * self.available[0]:
             raise NotEnoughMemory(self.refusal(projected))
 
@@ -213,10 +230,10 @@ class MemoryGuard:
         """The one line of a refusal: the numbers, then what to do."""
         assert self.available is not None
         available, source = self.available
-        per_case = self.held / self.measured
+        per_case = projected / self.cases
         return (
             f"not enough memory to prepare this run's {self.cases} cases: at {per_case / 1e6:.3g} MB a case "
-            f"(measured over the first {self.measured}) they would hold about {projected / 1e9:.3g} GB, more "
+            f"(projected from the first {self.measured}) they would hold about {projected / 1e9:.3g} GB, more "
             f"than {MARGIN:.0%} of the {available / 1e9:.3g} GB this process can have ({source}); "
             f"to fit them: {', '.join(self.remedies())}; {MEMORY_CHECK_ENV}=off skips this check (with swap to spare)"
         )
