@@ -361,3 +361,22 @@ def test_the_version_check_names_a_missing_package_and_another_version():
         f"fedseg {ours} installed (install the same version)"
     )
     assert run_config_value({}) == "" and version_problem("", "this SuperNode") is None
+    release = ".".join(ours.split(".")[:2]) if ours.count(".") == 2 and ours.endswith(".0") else None
+    if release:  # 0.1 names the release 0.1.0 (PEP 440): no refusal for how a version is written
+        assert version_problem(run_config_value({"same": {"distribution": "fedseg", "version": release}}), "x") is None
+
+
+def test_a_plugin_imported_before_fedseg_loads_once_its_import_has_finished(plugins):
+    """A script (or the plugin's own tests) importing the method package first: its ``from fedseg import ...`` loads
+    fedseg's methods while the package is half imported (no ``SPECS`` yet), which declared it broken with a warning
+    and left its method unknown. It is loaded when a method is first looked up instead."""
+    code = (
+        "import fedseg_toymethod\n"
+        "from fedseg.algorithms import PLUGINS, get_algorithm\n"
+        "print(get_algorithm('toymethod').display_name, PLUGINS['toymethod'])\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=environment(plugins["toy"]), capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "Toy FedAvg plugin fedseg-toymethod 0.1.0" and not warnings(done.stderr), done.stderr

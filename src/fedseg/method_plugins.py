@@ -104,6 +104,15 @@ def plugin_of(entry_point: Any) -> Plugin:
     return Plugin(name, version, str(entry_point.name), str(entry_point.value))
 
 
+def importing(entry_point: Any) -> bool:
+    """Whether the module ``entry_point`` names is being imported right now (it imported fedseg, which loads the
+    plugins: loading it then would find its ``SPECS`` not yet defined)."""
+    import sys
+
+    module = sys.modules.get(str(entry_point.value).split(":")[0].strip())
+    return bool(getattr(getattr(module, "__spec__", None), "_initializing", False))
+
+
 class NotLoaded(Exception):
     """An entry point whose ``SPECS`` cannot be read; the message says why, in one line."""
 
@@ -152,6 +161,19 @@ def installed_version(distribution: str) -> str | None:
         return None
 
 
+def same_version(a: str, b: str) -> bool:
+    """Whether two version strings name one release (``1.0`` and ``1.0.0``: PEP 440, where ``packaging`` is
+    installed; else the strings)."""
+    try:
+        from packaging.version import InvalidVersion, Version
+    except ImportError:
+        return a == b
+    try:
+        return Version(a) == Version(b)
+    except InvalidVersion:
+        return a == b
+
+
 def version_problem(value: object, here: str) -> str | None:
     """Why this process (``here``: "this SuperNode", "the coordinator") cannot take part in a run whose run config's
     ``fedseg-plugins`` is ``value``: a plugin of one of its methods missing here, or installed in another version (one
@@ -171,7 +193,7 @@ def version_problem(value: object, here: str) -> str | None:
                 f"method {method!r} comes from {dist} {wanted}, which {here} does not have installed "
                 f"(pip install '{dist}=={wanted}')"
             )
-        elif have != wanted:
+        elif not same_version(have, wanted):
             problems.append(
                 f"method {method!r} comes from {dist} {wanted} but {here} has {dist} {have} installed (install the "
                 "same version)"

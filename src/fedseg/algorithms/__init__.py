@@ -177,10 +177,15 @@ def register_algorithm(spec: AlgorithmSpec, replace: bool = False) -> AlgorithmS
     return spec
 
 
+DEFERRED: list = []  # entry points whose module was being imported when fedseg's methods loaded (it imported fedseg)
+
+
 def _load_plugins() -> None:
     """Add the methods of every installed ``fedseg.methods`` entry point (``fedseg.method_plugins``), after the
     built-in ones: each spec checked as ``register_algorithm`` checks it (:func:`check_spec`); a plugin with any
-    problem is left out whole and said in one warning line (``PLUGIN_FAILURES``)."""
+    problem is left out whole and said in one warning line (``PLUGIN_FAILURES``). A plugin whose module is being
+    imported right now (it imported fedseg, which loads the plugins: its ``SPECS`` are not there yet) is loaded
+    once its import has finished, when a method is first looked up (:func:`load_deferred`)."""
     try:
         found = plugins.entry_points()
     except Exception as e:  # noqa: BLE001 - a damaged metadata file on sys.path: fedseg still starts
@@ -190,33 +195,53 @@ def _load_plugins() -> None:
         )
         return
     for entry_point in found:
-        plugin = plugins.plugin_of(entry_point)
-        try:
-            specs = plugins.read_specs(entry_point)
-        except plugins.NotLoaded as e:
-            PLUGIN_FAILURES.append(plugins.Failure(plugin, str(e), (plugin.entry_point,)))
-            continue
-        names = tuple(s.name for s in specs if isinstance(s, AlgorithmSpec) and isinstance(s.name, str))
-        mine: dict[str, AlgorithmSpec] = {}
-        problems = []
-        for i, spec in enumerate(specs):
-            try:
-                check_spec(spec, {**ALGORITHMS, **mine})
-            except Exception as e:  # noqa: BLE001 - TypeError/ValueError as written; anything else from its objects
-                problems.append(f"SPECS[{i}]: {' '.join(str(e).split()) or type(e).__name__}")
-                continue
-            mine[spec.name] = spec
-        if problems:
-            PLUGIN_FAILURES.append(plugins.Failure(plugin, "; ".join(problems), names or (plugin.entry_point,)))
-            continue
-        ALGORITHMS.update(mine)
-        PLUGINS.update(dict.fromkeys(mine, plugin))
+        if plugins.importing(entry_point):
+            DEFERRED.append(entry_point)
+        else:
+            _load_plugin(entry_point)
     plugins.say_failures(PLUGIN_FAILURES, sys.stderr)
+
+
+def load_deferred() -> None:
+    """Load the plugins :func:`_load_plugins` left for later whose module's import has finished since."""
+    ready = [e for e in DEFERRED if not plugins.importing(e)]
+    if not ready:
+        return
+    for entry_point in ready:
+        DEFERRED.remove(entry_point)
+        _load_plugin(entry_point)
+    plugins.say_failures(PLUGIN_FAILURES, sys.stderr)
+
+
+def _load_plugin(entry_point) -> None:
+    """Add one entry point's methods, or record why not (``PLUGIN_FAILURES``)."""
+    plugin = plugins.plugin_of(entry_point)
+    try:
+        specs = plugins.read_specs(entry_point)
+    except plugins.NotLoaded as e:
+        PLUGIN_FAILURES.append(plugins.Failure(plugin, str(e), (plugin.entry_point,)))
+        return
+    names = tuple(s.name for s in specs if isinstance(s, AlgorithmSpec) and isinstance(s.name, str))
+    mine: dict[str, AlgorithmSpec] = {}
+    problems = []
+    for i, spec in enumerate(specs):
+        try:
+            check_spec(spec, {**ALGORITHMS, **mine})
+        except Exception as e:  # noqa: BLE001 - TypeError/ValueError as written; anything else from its objects
+            problems.append(f"SPECS[{i}]: {' '.join(str(e).split()) or type(e).__name__}")
+            continue
+        mine[spec.name] = spec
+    if problems:
+        PLUGIN_FAILURES.append(plugins.Failure(plugin, "; ".join(problems), names or (plugin.entry_point,)))
+        return
+    ALGORITHMS.update(mine)
+    PLUGINS.update(dict.fromkeys(mine, plugin))
 
 
 def plugin_records(names: Iterable[str]) -> dict[str, dict[str, str]]:
     """``{method: {"distribution", "version"}}`` for those of ``names`` installed as plugins (what a run records and
     a Flower run config carries)."""
+    load_deferred()
     return {name: PLUGINS[name].record() for name in names if name in PLUGINS}
 
 
@@ -240,6 +265,8 @@ def unregister_algorithm(name: str) -> None:
 def get_algorithm(name: str) -> AlgorithmSpec:
     """The registry entry of ``name``; an :class:`UnknownAlgorithm` (a KeyError and a ValueError) naming the closest
     known name, or listing them all, otherwise."""
+    if name not in ALGORITHMS and DEFERRED:
+        load_deferred()
     if name not in ALGORITHMS:
         raise UnknownAlgorithm(name, f"unknown algorithm {name!r}; {_closest_name(name)}")
     return ALGORITHMS[name]
@@ -273,6 +300,7 @@ def check_method_names(methods: Mapping[str, object]) -> None:
     otherwise be ignored and the run use the defaults. Keys of algorithms the run does not train are fine (a preset
     holds options for methods one may add), and their options are checked as well (a bad value would otherwise
     surface only in the run that adds the method). ``ConfigError`` naming the key and the closest name."""
+    load_deferred()
     for key, options in methods.items():
         if key not in ALGORITHMS:
             raise ConfigError(f"methods.{key}: no algorithm is named {key!r}; {_closest_name(key)}")
