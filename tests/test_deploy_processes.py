@@ -39,3 +39,40 @@ def test_a_process_of_another_deployment_is_left_alone(tmp_path):
             assert sleeper.proc.pid not in procs.current()
         assert is_running(sleeper.proc.pid)
     assert not is_running(sleeper.proc.pid)
+
+
+def test_stopping_signals_each_process_once(tmp_path, monkeypatch):
+    """SIGTERM reaches each process of a deployment once: its process group's signal, not also one of its own. A
+    second SIGTERM killed a process mid-way through its graceful exit (Flower's handler puts back the default action
+    when it starts): at the end of `fedseg flower local`, site1's SuperNode died with its log cut short and its
+    --state lock file left behind."""
+    import signal
+
+    sent: list[tuple[str, int]] = []  # (how, target) of every SIGTERM
+    kill, killpg = os.kill, os.killpg
+
+    def spy_kill(pid: int, sig: int) -> None:
+        if sig == signal.SIGTERM:
+            sent.append(("kill", pid))
+        kill(pid, sig)
+
+    def spy_killpg(group: int, sig: int) -> None:
+        if sig == signal.SIGTERM:
+            sent.append(("killpg", group))
+        killpg(group, sig)
+
+    home = tmp_path / "home"
+    env = {**os.environ, "FLWR_HOME": str(home)}
+    with Processes(tmp_path / "processes.json", home) as procs:
+        sleep = [sys.executable, "-c", "import time; time.sleep(120)"]
+        sleeper = procs.start("sleeper", sleep, tmp_path / "s.log", env)
+        launcher = procs.start("launcher", [sys.executable, "-c", LAUNCHER], tmp_path / "launcher.log", env)
+        assert launcher.proc.wait(timeout=60) == 0
+        orphan = int((tmp_path / "launcher.log").read_text().split()[0])  # in a group of its own: its own signal
+        assert is_running(orphan) and is_running(sleeper.proc.pid)
+        monkeypatch.setattr(os, "kill", spy_kill)
+        monkeypatch.setattr(os, "killpg", spy_killpg)
+    monkeypatch.undo()
+    assert not is_running(orphan) and sleeper.proc.returncode == -signal.SIGTERM
+    assert sent.count(("killpg", sleeper.proc.pid)) == 1 and ("kill", sleeper.proc.pid) not in sent, sent
+    assert sent.count(("kill", orphan)) == 1, sent

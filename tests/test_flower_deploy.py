@@ -213,6 +213,10 @@ def test_flower_local_with_tls_and_node_authentication_in_subprocess_isolation(f
         assert sorted(p.name for p in (out / "flower" / "sites" / site).iterdir()) == ["federation.yaml", site]
     _assert_same_run(out, tmp_path / "sim")
     assert not _survivors(out / "flower")
+    # every SuperNode ended gracefully and let go of its --state (a second SIGTERM killed one mid-exit, its lock left)
+    assert not list(out.rglob(".fedseg-lock"))
+    for site in ("site1", "site2"):
+        assert "Finished server process" in (out / "flower" / "logs" / f"supernode-{site}.log").read_text()
 
 
 def test_unregistered_supernode_is_refused_and_a_missing_site_fails_the_run_clearly(folder, tmp_path, tiny):

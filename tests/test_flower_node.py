@@ -384,6 +384,47 @@ def test_a_supernode_waiting_for_its_superlink_says_so_once_and_stops_cleanly_on
     assert "SuperNode terminated gracefully" in said, said
 
 
+@pytest.mark.slow  # starts a `fedseg flower supernode` process
+def test_a_second_sigterm_while_a_supernode_exits_does_not_cut_its_exit_short(folder, tmp_path):
+    """SIGTERM to the SuperNode's process group (it and its ClientApp runner), and another to the SuperNode while
+    Flower's graceful exit runs (~3 s: its Runtime API server), as ``fedseg flower local`` sent at the end of every
+    run: the SuperNode still ends gracefully (code 0), lets go of its --state (no lock file left) and does not take
+    its runner's end for a failure. Before, the second signal met the default action Flower had put back and killed
+    it (code -15): its log ended at "Sent successfully" and state/<site>/.fedseg-lock stayed."""
+    import os
+    import signal
+
+    from fedseg.flower.deploy import free_ports
+    from fedseg.folder_lock import LOCK_NAME
+
+    (port,) = free_ports(1)
+    state = tmp_path / "state"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fedseg.cli", "flower", "supernode", "--site", "site1", "--data", str(folder)]
+        + ["--superlink", "127.0.0.1:9", "--insecure", "--port", str(port), "--state", str(state)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        for line in proc.stdout:  # Flower's handlers are in place once it tries to connect
+            if "cannot reach the SuperLink" in line:
+                break
+        assert (state / LOCK_NAME).is_file()
+        os.killpg(proc.pid, signal.SIGTERM)
+        time.sleep(0.5)
+        os.kill(proc.pid, signal.SIGTERM)
+        said, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, said
+    assert "SuperNode terminated gracefully" in said and "Finished server process" in said, said
+    assert "ClientApp runner exited" not in said, said
+    assert not (state / LOCK_NAME).exists()
+
+
 def test_flower_local_refuses_centralized_before_starting_anything(tmp_path):
     result = runner.invoke(app, ["flower", "local", "--preset", "demo", "--out", str(tmp_path / "out")])
     assert result.exit_code == 1

@@ -126,6 +126,26 @@ def test_cap_object_pull_backoff_sets_the_defaults():
     assert [fn.__kwdefaults__ for fn in functions] == saved
 
 
+# -- on_flower_exit -------------------------------------------------------------------------------
+
+
+def test_on_flower_exit_runs_the_callback_before_the_force_exit_timer():
+    add = attribute("flwr.supercore.exit", "add_exit_handler", "on_flower_exit")
+    assert_parameters(add, ["exit_handler", "run_before_force_exit"], "add_exit_handler", "on_flower_exit")
+    handlers = module("flwr.supercore.exit.exit_handler", "on_flower_exit")
+    for name in ("registered_exit_handlers", "trigger_exit_handlers"):
+        assert hasattr(handlers, name), changed(f"flwr.supercore.exit.exit_handler.{name} (gone)", "on_flower_exit")
+    saved = list(handlers.registered_exit_handlers)
+    called = []
+    try:
+        handlers.registered_exit_handlers.clear()
+        flwr_internals.on_flower_exit(lambda: called.append(True))
+        handlers.trigger_exit_handlers(run_before_force_exit=True)  # what flwr_exit does first
+        assert called == [True]
+    finally:
+        handlers.registered_exit_handlers[:] = saved
+
+
 # -- show_log_timestamps, build_fab ---------------------------------------------------------------
 
 

@@ -195,7 +195,13 @@ def _die_with_parent() -> None:
             ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
 
 
-def stop_when_child_exits(child: subprocess.Popen, what: str, grace: float = 10.0) -> threading.Event:
+def stop_when_child_exits(
+    child: subprocess.Popen,
+    what: str,
+    grace: float = 10.0,
+    stopping: threading.Event | None = None,
+    settle: float = 2.0,
+) -> threading.Event:
     """Once ``child`` exits, stop this process; the returned event is set when that happened (the caller then exits
     with a failure code).
 
@@ -207,12 +213,18 @@ def stop_when_child_exits(child: subprocess.Popen, what: str, grace: float = 10.
     While the process has a SIGTERM handler of its own (Flower's SuperNode, which then tells the SuperLink it
     leaves) it gets SIGTERM, with one line on stderr naming ``what`` and its exit code; without one it is starting
     or already stopping (a Ctrl-C or SIGTERM reaches the runner too): a second signal would cut its shutdown short,
-    so it only gets ``os._exit(1)`` if it still runs ``grace`` s later."""
+    so it only gets ``os._exit(1)`` if it still runs ``grace`` s later.
+
+    ``stopping``: set once this process is stopping of its own accord (``supernode_main.StopSignals``). A child that
+    exits while it is set, or gets set within ``settle`` s (a Ctrl-C or SIGTERM to the process group reaches both, and
+    the child may end before this process's main thread has run its handler), was stopped with this process: no
+    failure, nothing said, no signal."""
     died = threading.Event()
 
     def watch() -> None:
         code = child.wait()
-        if callable(signal.getsignal(signal.SIGTERM)):
+        stopped_with_us = stopping is not None and stopping.wait(settle)
+        if not stopped_with_us and callable(signal.getsignal(signal.SIGTERM)):
             died.set()
             print(f"{what} exited (code {code}); this process stops with it", file=sys.stderr, flush=True)
             os.kill(os.getpid(), signal.SIGTERM)
@@ -298,12 +310,18 @@ class Processes:
                 signal.signal(signal.SIGINT, saved)
 
     def _signal(self, pids: set[int], sig: int) -> None:
-        for item in self.started:
+        """``sig`` once to every process of ours: to the process groups of the started ones, then to each of ``pids``
+        outside those groups. A process that got SIGTERM twice (its group's and its own) was killed by the second
+        while exiting gracefully: Flower's handler puts back the default action once it starts (a SuperNode of
+        ``fedseg flower local`` died mid-exit at a normal end, its log cut short and its ``--state`` lock left)."""
+        groups = {item.proc.pid for item in self.started}
+        for group in groups:
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(item.proc.pid, sig)
+                os.killpg(group, sig)
         for pid in pids:
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, sig)
+                if os.getpgid(pid) not in groups:
+                    os.kill(pid, sig)
 
     def _stop(self, grace: float) -> None:
         ours = self.current()  # grows while stopping: orphans found once stay ours (a few seconds, no PID reuse)

@@ -100,6 +100,21 @@ def cap_object_pull_backoff(seconds: float, cap: float = 1.0) -> None:
         defaults.update(initial_backoff=seconds, backoff_cap=max(cap, seconds), max_tries_per_object=int(1e6))
 
 
+# -- stopping -------------------------------------------------------------------------------------
+
+
+def on_flower_exit(callback: Callable[[], None]) -> None:
+    """Call ``callback`` when Flower's graceful exit begins in this process (``flwr_exit``: the SuperNode's handler of
+    SIGTERM / SIGINT / SIGQUIT, or an exit of its own), before Flower's other exit handlers and its 5 s force-exit
+    timer start.
+
+    Uses ``flwr.supercore.exit.add_exit_handler`` (``run_before_force_exit=True``). No public way: Flower's handler
+    puts back the signal handlers it found and says nothing else to them (``supernode_main.StopSignals``)."""
+    from flwr.supercore.exit import add_exit_handler
+
+    add_exit_handler(callback, run_before_force_exit=True)
+
+
 # -- logging and packaging ------------------------------------------------------------------------
 
 

@@ -230,14 +230,16 @@ def become_supernode(site: str, argv: list[str], port: int, isolation: str, poll
     os.environ["PATH"] = f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"
     if poll is not None:
         os.environ["FEDSEG_FLOWER_NODE_POLL"] = str(poll)
-    runner = subprocess.Popen(runner_command(port, isolation, poll))  # noqa: S603 - exits with this process (--parent-pid)
-    runner_died = stop_when_child_exits(runner, f"site {site!r}: the ClientApp runner")
     from fedseg.flower import supernode_main
 
+    # a second stop signal while Flower exits no longer kills it mid-exit (its --state lock left behind)
+    stop = supernode_main.StopSignals().install()
+    runner = subprocess.Popen(runner_command(port, isolation, poll))  # noqa: S603 - exits with this process (--parent-pid)
+    runner_died = stop_when_child_exits(runner, f"site {site!r}: the ClientApp runner", stopping=stop.stopping)
     sys.argv = ["flower-supernode", *argv]
     try:
         supernode_main.main()
-    except SystemExit:  # Flower exits with 0 on SIGTERM; a supervisor must see the failure
+    except (SystemExit, KeyboardInterrupt):  # Flower exits with 0 on SIGTERM; a supervisor must see the failure
         if runner_died.is_set():
             raise SystemExit(1) from None
         raise

@@ -21,13 +21,19 @@ from __future__ import annotations
 import logging
 import os
 import re
+import signal
 import sys
 import threading
 import time
 from collections.abc import Callable
 from importlib.metadata import distribution
 
-from fedseg.flower.flwr_internals import cap_node_polling, cap_object_pull_backoff, show_log_timestamps
+from fedseg.flower.flwr_internals import (
+    cap_node_polling,
+    cap_object_pull_backoff,
+    on_flower_exit,
+    show_log_timestamps,
+)
 from fedseg.flower.superlink_main import split_option
 
 RETRYING = "Connection attempt failed, retrying in"  # Flower's retry warning (flwr.supercore.retry)
@@ -240,6 +246,37 @@ class ExplainCertificate(logging.Filter):
         if CERTIFICATE_REFUSED in text and "fedseg: the SuperLink's certificate" not in text:
             record.msg, record.args = f"{text}\n{why_certificate_refused(text, self.address, self.ca)}", ()
         return True
+
+
+class StopSignals:
+    """The SIGTERM / SIGINT handler of a SuperNode process, installed before Flower's (``install``), for the times
+    Flower's own is not in place.
+
+    Flower's handler, on the first stop signal, puts back the handlers it found and exits gracefully (the Runtime API
+    server and the SuperLink told, up to 5 s). With Python's defaults back, a second signal meanwhile killed the
+    process mid-exit: ``fedseg flower local`` ending a run sent each SuperNode two SIGTERMs (its process group's and
+    its own), and a site's log ended at "Sent successfully", its ``--state`` lock file left behind. Here such a
+    signal is ignored (``stopping``: set when Flower's exit begins, ``flwr_internals.on_flower_exit``); one that comes
+    before Flower's handler is in place (the SuperNode still starting) raises ``KeyboardInterrupt``, so the process
+    ends through its ``finally`` blocks (its ``--state`` let go), as Ctrl-C would end it."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self) -> None:
+        self.stopping = threading.Event()
+
+    def __call__(self, signum: int, frame: object) -> None:
+        if self.stopping.is_set():
+            return
+        self.stopping.set()
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    def install(self) -> StopSignals:
+        """This handler for ``SIGNALS``, and ``stopping`` set when Flower's graceful exit begins (main thread only)."""
+        for sig in self.SIGNALS:
+            signal.signal(sig, self)
+        on_flower_exit(self.stopping.set)
+        return self
 
 
 def option_value(argv: list[str], option: str, default: str) -> str:
