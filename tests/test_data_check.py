@@ -577,3 +577,12 @@ def test_a_3d_folder_says_how_much_memory_a_run_keeps_its_cases_in(tmp_path, mon
     said = f"keeps these 6 cases in about {total / 1e9:.3g} GB of RAM ({total / 6 / 1e6:.3g} MB per case on the files"
     assert said in line
     assert "set FEDSEG_PREPARED_CACHE=DIR to prepare each case once and map its volume from disk" in line
+    # the whole-image path (--preset demo on a 3D folder) keeps each case at data.image_size³, not on its files'
+    # grid: these small files take some 80x more there (0.0252 GB), and the note gave only the volume path's 0.000323
+    whole = sum(3 * (4 * (2 + 2) * 64**3 + 2 * int(np.prod(shape)) / 8) for shape in shapes.values())
+    assert (
+        "That is not what a run on the whole-image path keeps (no data.volume.patch_size: --preset demo and the "
+        "synthetic presets): it resizes every case to data.image_size per axis, at the default 64³ about "
+        f"{whole / 1e9:.3g} GB ({whole / 6 / 1e6:.3g} MB per case: float32 image and masks, whatever the files' size, "
+        "and the original-grid truth a bit a voxel)"
+    ) in line, line

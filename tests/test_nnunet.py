@@ -26,6 +26,7 @@ from fedseg.data.exporters.nnunet import IMPORT_REGEX, export_nnunet, labels_for
 from fedseg.data.federation import Case, Federation, FederationError, Regions, Site
 from fedseg.data.folder import load_folder
 from fedseg.data.folder_write import write_folder
+from fedseg.data.importers.nnunet import readable_endings
 from fedseg.data.splits import make_splits
 from fedseg.data.volumes import case_spacing
 
@@ -161,13 +162,28 @@ def test_one_dataset_per_hospital_imports_as_one_federation_and_datasets_that_di
     swapped = nnunet_dataset(tmp_path / "Dataset503_HospC", sites=("hospC",), channels=("ADC", "T2"), test_per_site=0)
     result = cli("import", "nnunet", str(a), str(swapped), "--out", str(tmp_path / "f3"))
     assert one_line_error(result) == (
-        f"{swapped}/dataset.json: does not describe the data as {a}/dataset.json does (channel_names ['adc', 't2'] "
-        "vs ['t2', 'adc']); the datasets of one federation need the same channels in the same order and the same "
-        "labels (renumber or reorder one)"
+        f"{swapped}/dataset.json: does not describe the data as {a}/dataset.json does (channel_names ['ADC', 'T2'] "
+        "vs ['T2', 'ADC']); the same channels in another order: reorder one (renumber its _XXXX channel files and its "
+        "channel_names to the other's order)"
     )
     result = cli("import", "nnunet", str(a), str(b), "--splits", str(a / "none.json"), "--out", str(tmp_path / "f4"))
     assert "one splits_final.json for 2 datasets" in one_line_error(result)
     assert not any((tmp_path / f).exists() for f in ("f2", "f3", "f4"))
+
+
+def test_datasets_of_different_modalities_are_refused_with_their_channel_names_as_written(tmp_path):
+    """A CT and an MR dataset: the names as their dataset.json write them (not lower-cased), and advice that fits a
+    modality mismatch (no "renumber or reorder one": no order makes CT an MR channel)."""
+    ct = nnunet_dataset(tmp_path / "Dataset601_CT", sites=("hospA",), channels=("CT",), test_per_site=0)
+    mr = nnunet_dataset(tmp_path / "Dataset602_MR", sites=("hospB",), channels=("MR",), test_per_site=0)
+    line = one_line_error(cli("import", "nnunet", str(ct), str(mr), "--out", str(tmp_path / "fed")))
+    assert line == (
+        f"{mr}/dataset.json: does not describe the data as {ct}/dataset.json does (channel_names ['MR'] vs ['CT']); "
+        "the datasets of one federation need the same channels (modalities) in the same order: datasets of different "
+        "modalities cannot be one federation (import each as its own); only where a channel is the same modality "
+        "under another name, rename it in that dataset.json (and reorder to match)"
+    )
+    assert "renumber or reorder one" not in line and not (tmp_path / "fed").exists()
 
 
 def test_import_region_based_labels_with_a_csv_of_sites_and_splits_final(tmp_path):
@@ -590,6 +606,12 @@ def _second_channel_of_bwh_001(src: Path, shape: tuple[int, ...], affine: np.nda
             "{src}/dataset.json: \"file_ending\" '.tif' is not a format fedseg reads (readable: .nii.gz, .nii",
         ),
         (
+            lambda src: _set_json(src, file_ending="nii.gz"),  # nnU-Net's own files always have the dot
+            None,
+            "{src}/dataset.json: \"file_ending\" 'nii.gz' is not a format fedseg reads (readable: {readable}); "
+            "missing the leading dot? '.nii.gz'",
+        ),
+        (
             lambda src: _set_json(src, file_ending=".mhd"),
             None,
             "{src}/dataset.json: \"file_ending\" '.mhd': a MetaImage .mhd header is a file apart from its data: "
@@ -657,6 +679,7 @@ def _second_channel_of_bwh_001(src: Path, shape: tuple[int, ...], affine: np.nda
         "regex",
         "csv-site",
         "file-ending",
+        "file-ending-without-dot",
         "mhd-file-ending",
         "misspelt-key",
         "num-training",
@@ -681,7 +704,8 @@ def test_bad_nnunet_input_fails_with_one_line_and_writes_nothing(tmp_path, break
     if site_by is not None:
         args += ["--site-by", site_by.format(tmp=tmp_path)]
     line = one_line_error(cli(*args))
-    assert expected.format(src=src, tmp=tmp_path) in line, line
+    readable = ", ".join(readable_endings())
+    assert expected.format(src=src, tmp=tmp_path, readable=readable) in line, line
     assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".fed.")]
 
 

@@ -280,6 +280,29 @@ def test_cli_holdout_on_a_folder_federation_and_study_report(tmp_path, disc_fede
     assert "Unseen sites" in (out / "report.html").read_text()
 
 
+def test_a_method_without_an_unseen_site_row_is_said_once_on_the_terminal_and_in_unseen_json(tmp_path, disc_federation):
+    """``local`` keeps one model per training site: no row in unseen.csv (docs/benchmark-protocol.md), and the
+    terminal says so in one line for the whole leave-one-out (not one per held-out site), naming its sites and why;
+    unseen.json (the study's and each sub-run's) lists the same lines under ``no_row``."""
+    root = write_folder(disc_federation(n_sites=3, cases_per_site=4), tmp_path / "fed")
+    out = tmp_path / "study"
+    args = ["run", "--preset", "demo", "--data", str(root), "--algorithms", "fedavg,local", "--rounds", "1"]
+    result = runner.invoke(app, [*args, "--leave-one-out", "--out", str(out), *TINY])
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    line = (
+        "local (unseen site1, site2, site3): it has no global or super model to score on a site it never trained on, "
+        "only local:site1, local:site2, local:site3 (docs/benchmark-protocol.md: such a method gets no row)"
+    )
+    assert said.count("no unseen-site row for") == 1 and f"no unseen-site row for {line}" in said, said
+    assert {r["algorithm"] for r in _rows(out / "unseen.csv")} == {"fedavg"}
+    assert json.loads((out / "unseen.json").read_text())["no_row"] == [line]
+    assert json.loads((out / "holdout" / "site2" / "unseen.json").read_text())["no_row"] == [
+        "local (unseen site2): it has no global or super model to score on a site it never trained on, only "
+        "local:site1, local:site3 (docs/benchmark-protocol.md: such a method gets no row)"
+    ]
+
+
 def test_cli_rejects_unknown_holdout_site_bad_sweep_and_combinations(tmp_path, disc_federation):
     root = write_folder(disc_federation(n_sites=2, cases_per_site=4), tmp_path / "fed")
     out = tmp_path / "out"

@@ -35,7 +35,8 @@ is evaluated in this process:
   ``unseen.json`` also holds the whole Dice/frequency curve over the threshold grid (``curve``);
 * an algorithm whose bundle has a ``global`` model (fedavg, fedprox, centralized, ...): that
   model's Dice; selection columns empty;
-* anything else (``local``: one model per training site, no single model) gets no row.
+* anything else (``local``: one model per training site, no single model) gets no row; the study says so in one line
+  per such method (``StudyResult.skipped``, printed by ``fedseg run``) and ``unseen.json`` lists them (``no_row``).
 
 Dice: per case the mean over regions, then the mean over the site's cases
 (:func:`fedseg.evaluate.tables.site_summary`, the convention of every table here).
@@ -115,7 +116,8 @@ class Study:
 
 @dataclass
 class StudyResult:
-    """What ``run_study`` wrote: the table's columns and rows, and algorithms without a row (with why)."""
+    """What ``run_study`` wrote: the table's columns and rows, and algorithms without a row, one line each
+    (``no_row_notes``: which, for which unseen sites, and why), as ``unseen.json`` lists them (``no_row``)."""
 
     study: Study
     columns: list[str]
@@ -297,15 +299,24 @@ def run_sub_runs(
     """``run_study``'s work in the held study folder."""
     write_study_file(study)
     result = StudyResult(study, [], [])
+    no_row: dict[str, dict[str, list[str]]] = {}  # algorithm -> {"unseen_sites": [...], "models": [...]}
     for sub in study.runs:
         if on_run_start:
             on_run_start(sub)
         results = runner(sub.cfg, sub.dir, resume, sub.federation)
+        extra = None
         if study.kind == "holdout":
             assert study.federation is not None  # plan_holdout sets it
             rows, skipped = unseen_rows(results, study.federation, sub.label, sub.dir.relative_to(study.out).as_posix())
-            write_table(sub.dir, UNSEEN, unseen_columns(study.federation.site_names), rows)  # the sub-run's own row(s)
-            result.skipped += [f"{sub.label}: {s}" for s in skipped]
+            for name, models in skipped.items():
+                entry = no_row.setdefault(name, {"unseen_sites": [], "models": []})
+                entry["unseen_sites"].append(sub.label)
+                entry["models"] = sorted({*entry["models"], *models})
+            result.skipped = no_row_notes(no_row)
+            mine = no_row_notes({name: {"unseen_sites": [sub.label], "models": m} for name, m in skipped.items()})
+            # the sub-run's own row(s)
+            write_table(sub.dir, UNSEEN, unseen_columns(study.federation.site_names), rows, {"no_row": mine})
+            extra = {"no_row": result.skipped}
         else:
             assert study.key is not None and sub.value is not None  # plan_sweep sets them
             rows = sweep_rows(results, study.key, sub.value, sub.dir.relative_to(study.out).as_posix())
@@ -313,8 +324,20 @@ def run_sub_runs(
         result.columns = (
             unseen_columns(study.federation.site_names) if study.federation is not None else sweep_columns(result.rows)
         )
-        write_table(study.out, study.table, result.columns, result.rows)
+        write_table(study.out, study.table, result.columns, result.rows, extra)
     return result
+
+
+def no_row_notes(no_row: dict[str, dict[str, list[str]]]) -> list[str]:
+    """One line per algorithm without an unseen-site row (``{algorithm: {"unseen_sites", "models"}}``), to follow
+    "no unseen-site row for ": ``local (unseen site3): it has no global or super model to score on a site it never
+    trained on, only local:site1, local:site2 (docs/benchmark-protocol.md)``."""
+    return [
+        f"{name} (unseen {', '.join(entry['unseen_sites'])}): it has no global or super model to score on a site it "
+        f"never trained on, only {', '.join(entry['models']) or 'no model'} (docs/benchmark-protocol.md: such a "
+        "method gets no row)"
+        for name, entry in no_row.items()
+    ]
 
 
 def write_study_file(study: Study) -> None:
@@ -329,12 +352,14 @@ def write_study_file(study: Study) -> None:
     atomic_write_text(study.out / STUDY_FILE, strict_json_text(meta, indent=2))
 
 
-def write_table(out: Path, stem: str, columns: list[str], rows: list[dict]) -> None:
+def write_table(out: Path, stem: str, columns: list[str], rows: list[dict], extra: dict | None = None) -> None:
     """``OUT/<stem>.csv`` (``columns`` only; empty = not applicable) and ``OUT/<stem>.json``
-    (``{"columns", "rows"}``, rows with any extra detail keys)."""
+    (``{"columns", "rows"}``, rows with any extra detail keys, plus ``extra``'s keys: ``no_row``, the lines of the
+    algorithms without a row)."""
     flat = [{c: json_ready(r.get(c)) for c in columns} for r in rows]
     atomic_write_text(out / f"{stem}.csv", csv_text(columns, flat))
-    atomic_write_text(out / f"{stem}.json", strict_json_text({"columns": columns, "rows": rows}, indent=2))
+    table = {"columns": columns, "rows": rows, **(extra or {})}
+    atomic_write_text(out / f"{stem}.json", strict_json_text(table, indent=2))
 
 
 # --------------------------------------------------------------------------- sweep table
@@ -418,15 +443,16 @@ def unseen_caseset(fed: Federation, site: str, cfg: RunConfig) -> CaseSet:
     return build_site_data(fed, s, fed.site_names.index(site), tests, cfg.data, originals=originals).test
 
 
-def unseen_rows(results: RunResults, fed: Federation, site: str, run: str) -> tuple[list[dict], list[str]]:
+def unseen_rows(results: RunResults, fed: Federation, site: str, run: str) -> tuple[list[dict], dict[str, list[str]]]:
     """Table 5 rows of one holdout run (one per algorithm with a global or super model) and the
-    skipped algorithms (with the reason). A method's family may score its own bundles
+    skipped algorithms (``{algorithm: the models its bundle holds}``). A method's family may score its own bundles
     (``Family.unseen_cells``, e.g. FedSM's routed super model); any other bundle's global model
     is scored on every case."""
     cfg = results.trained_cfg  # model.name planned: the planned network and data settings
     data = unseen_caseset(fed, site, cfg)
     task = Task.of(cfg, fed)
-    rows, skipped = [], []
+    rows: list[dict] = []
+    skipped: dict[str, list[str]] = {}
     for algo in results.algorithms:
         base = {
             "algorithm": algo.name,
@@ -456,7 +482,7 @@ def unseen_rows(results: RunResults, fed: Federation, site: str, run: str) -> tu
                 }
             )
         else:
-            skipped.append(f"{algo.name}: no global or super model in its bundle ({', '.join(sorted(algo.bundle))})")
+            skipped[algo.name] = sorted(algo.bundle)
     return rows, skipped
 
 

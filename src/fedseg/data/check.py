@@ -18,7 +18,7 @@ from typing import cast
 
 import numpy as np
 
-from fedseg.config import SplitConfig
+from fedseg.config import DataConfig, SplitConfig
 from fedseg.data import dicom_seg, readers, rtstruct
 from fedseg.data.case_files import case_problems, grid_problems, read_array, read_image, read_label
 from fedseg.data.federation import Federation, FederationError, Regions
@@ -101,6 +101,7 @@ def blank_image_warnings(paths: list[Path]) -> list[str]:
 
 
 MAX_IMAGE_MB = 512.0  # data check's default: an image larger than this as float32 gets a warning
+DEFAULT_IMAGE_SIZE = int(DataConfig.model_fields["image_size"].default)  # the whole-image path's input side
 
 
 def size_warning(path: Path, shape: tuple[int, ...], max_mb: float) -> list[str]:
@@ -119,8 +120,11 @@ def volume_memory_note(fed: Federation) -> str | None:
     ``(R, *O)`` (bool) and their original-grid copy for the metrics (bool; validation and test cases only: an upper
     bound), from the shapes the check read
     (``meta["image_shape"]``); ``fedseg.data.volumes.Volume`` holds these, cropped to the foreground (a brain's crop
-    keeps about half of a BraTS volume), padded to the patch size and resampled to ``data.volume.spacing``. None for
-    a 2D federation or without shapes."""
+    keeps about half of a BraTS volume), padded to the patch size and resampled to ``data.volume.spacing``. Then what
+    a run on the whole-image path keeps instead (no ``data.volume.patch_size``: ``--preset demo``...), where the files'
+    size matters little: every case resized to ``data.image_size`` per axis (the default, ``DEFAULT_IMAGE_SIZE``),
+    its float32 image and masks ``(C + R, S, S, S)`` (``fedseg.data.memory_guard``) and its original-grid truth packed
+    a bit a voxel (an upper bound, as above). None for a 2D federation or without shapes."""
     if fed.kind != "3d":
         return None
     shapes = [
@@ -133,12 +137,17 @@ def volume_memory_note(fed: Federation) -> str | None:
         return None
     regions = len(fed.regions)
     total = sum((4 * shape[0] + 2 * regions) * math.prod(shape[1:]) for shape in shapes)
+    side = DEFAULT_IMAGE_SIZE
+    whole = sum(4 * (shape[0] + regions) * side**3 + regions * math.prod(shape[1:]) / 8 for shape in shapes)
     return (
         f"memory: a run on the volume path (data.volume.patch_size) keeps these {len(shapes)} cases in about "
         f"{total / 1e9:.3g} GB of RAM ({total / len(shapes) / 1e6:.3g} MB per case on the files' grids: float32 "
         "images, bool region masks and their original-grid copy, which training cases do not keep; less after the "
         "crop to the foreground, more where a case is padded to the patch size or resampled to a finer "
-        f"data.volume.spacing){_prepared_cache_hint()}"
+        f"data.volume.spacing){_prepared_cache_hint()}. That is not what a run on the whole-image path keeps (no "
+        "data.volume.patch_size: --preset demo and the synthetic presets): it resizes every case to data.image_size "
+        f"per axis, at the default {side}³ about {whole / 1e9:.3g} GB ({whole / len(shapes) / 1e6:.3g} MB per case: "
+        "float32 image and masks, whatever the files' size, and the original-grid truth a bit a voxel)"
     )
 
 

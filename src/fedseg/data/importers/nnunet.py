@@ -252,9 +252,10 @@ def check_dataset_json(src: Path, problems: list[str]) -> DatasetInfo | None:
         if isinstance(ending, str) and (why := UNLINKABLE.get(ending.lower().lstrip("."))) is not None:
             problems.append(f'{path}: "file_ending" {ending!r}: {why}')
         elif not isinstance(ending, str) or ending not in readable_endings():
+            dotted = f".{ending}" if isinstance(ending, str) and f".{ending}" in readable_endings() else None
             problems.append(
                 f'{path}: "file_ending" {ending!r} is not a format fedseg reads (readable: '
-                f"{', '.join(readable_endings())})"
+                f"{', '.join(readable_endings())})" + (f"; missing the leading dot? {dotted!r}" if dotted else "")
             )
     num = data.get("numTraining")
     if "numTraining" in data and (not isinstance(num, int) or isinstance(num, bool) or num < 1):
@@ -618,7 +619,7 @@ def plan_nnunet(
     for src, plan in zip(sources, plans):
         here = Path(src) / DATASET_JSON
         differs = [
-            f"{field} {mine} vs {theirs}"
+            (field, f"{field} {_as_written(plan, field)} vs {_as_written(first, field)}")
             for field, mine, theirs in (
                 ("kind", plan.kind, first.kind),
                 ("channel_names", _channels_said(plan), _channels_said(first)),
@@ -628,9 +629,9 @@ def plan_nnunet(
             if mine != theirs
         ]
         if differs:
+            field, said = differs[0]
             raise FederationError(
-                f"{here}: does not describe the data as {first_json} does ({differs[0]}); the datasets of one "
-                "federation need the same channels in the same order and the same labels (renumber or reorder one)"
+                f"{here}: does not describe the data as {first_json} does ({said}); {_merge_advice(field, plan, first)}"
             )
         for site in plan.sites:
             if site.name in origin:
@@ -649,6 +650,33 @@ def plan_nnunet(
         [note for plan in plans for note in plan.notes],
         first.channel_names,
         first.channels_from,
+    )
+
+
+def _as_written(plan: Plan, field: str) -> object:
+    """``plan``'s ``field`` as its dataset.json says it (channel names as written, not as compared)."""
+    if field == "channel_names":
+        return plan.channel_names if plan.channel_names else plan.channels
+    return {"kind": plan.kind, "regions": plan.regions, "labels": plan.label_names}[field]
+
+
+def _merge_advice(field: str, plan: Plan, first: Plan) -> str:
+    """What to do about two datasets that differ in ``field`` (``plan_nnunet``): channels named alike in another order
+    can be reordered; other channels (another modality) cannot be one federation unless they are in fact the same."""
+    if field == "kind":
+        return "the datasets of one federation need images of one kind (all 2D or all 3D)"
+    if field in ("regions", "labels"):
+        return "the datasets of one federation need the same labels with the same values (renumber one's labels)"
+    mine, theirs = _channels_said(plan), _channels_said(first)
+    if isinstance(mine, list) and isinstance(theirs, list) and sorted(mine) == sorted(theirs):
+        return (
+            "the same channels in another order: reorder one (renumber its _XXXX channel files and its channel_names "
+            "to the other's order)"
+        )
+    return (
+        "the datasets of one federation need the same channels (modalities) in the same order: datasets of different "
+        "modalities cannot be one federation (import each as its own); only where a channel is the same modality "
+        "under another name, rename it in that dataset.json (and reorder to match)"
     )
 
 
