@@ -7,6 +7,8 @@ import csv
 import json
 import multiprocessing
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -229,7 +231,11 @@ for names in (lambda: 1 / 0, lambda: ["fedseg.report.html"]):
         seen.append(("fedseg.report.html" in sys.modules, len(pool.pids)))
 print(seen)
 """
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    import resource
+
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    low = lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))  # noqa: E731
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, preexec_fn=low)  # noqa: PLW1509
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "[(False, 1), (True, 1)]"
 
@@ -364,3 +370,24 @@ def test_a_worker_whose_pool_is_gone_ends_quietly_reading_or_answering():
     pool_end.close()  # gone before the answer is sent
     worker_main(worker_end, threads, "cpu")  # answering: returns, no BrokenPipeError
     assert torch.get_num_threads() == threads
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="no RLIMIT_NOFILE")
+def test_the_pool_raises_the_soft_limit_of_open_files_its_shared_tensors_need():
+    """The pool sends the sites' tensors through shared memory, a file descriptor per tensor (three per volume) in
+    the parent and each worker: a FeTS-sized federation on ``--workers`` passed a soft limit of 1024 (a reviewer
+    counted 900 descriptors for 300 volumes). Starting the process server raises the soft limit towards the hard one,
+    before the server (and the workers it forks) start; in a fresh process whose soft limit is 256."""
+    code = (
+        "import resource; from fedseg.engine.forkserver import raise_open_files_limit, OPEN_FILES\n"
+        "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
+        "raise_open_files_limit()\n"
+        "now = resource.getrlimit(resource.RLIMIT_NOFILE)[0]\n"
+        "want = OPEN_FILES if hard == resource.RLIM_INFINITY else min(OPEN_FILES, hard)\n"
+        "print(soft, now == max(soft, want))\n"
+    )
+    done = subprocess.run(
+        ["bash", "-c", f"ulimit -Sn 256 && {sys.executable} -c '{code}'"], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["256", "True"], done.stdout

@@ -51,10 +51,35 @@ def start_forkserver(while_waiting: Callable[[], Sequence[str]] | None = None) -
     ensure_server()
 
 
+OPEN_FILES = 1 << 16  # the soft limit of open files the worker pool asks for (at most the hard limit)
+
+
+def raise_open_files_limit(wanted: int = OPEN_FILES) -> int | None:
+    """Raise this process's soft limit of open files towards ``wanted`` (never above the hard limit, never down); the
+    limit now, or None where there is none to set (Windows). The worker pool sends the sites' tensors through shared
+    memory, an open file descriptor per tensor in the parent and in each worker (torch's ``file_descriptor``
+    strategy): three per volume, so a FeTS-sized federation on ``--workers`` passes the soft limit of 1024 that many
+    systems set, while the hard limit is far higher."""
+    try:
+        import resource
+    except ImportError:
+        return None
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+        if soft != resource.RLIM_INFINITY and soft < target:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            return target
+        return soft
+    except (OSError, ValueError):  # a limit the system refuses: the one there is stays
+        return None
+
+
 def ensure_server() -> None:
     """Start the process server with ``PRELOAD`` if this platform has one and it does not run yet (returns at once).
     It starts with Ctrl-C (SIGINT) blocked, a mask it inherits: ``fedseg.engine.server_preload`` unblocks it once
     it can end the server quietly, so a Ctrl-C in the server's first moments prints no traceback."""
+    raise_open_files_limit()  # before the server starts: it and the workers it forks inherit the limit
     if START_METHOD != "forkserver":
         return
     multiprocessing.get_context("forkserver").set_forkserver_preload(PRELOAD)
