@@ -9,7 +9,8 @@ start, a fresh cache folder for each cold run), and reports the median and sprea
 medians' ratios to the uncached one, and whether every mode gave the same tensors (a SHA-256 of all of them). Then,
 in a fresh process per mode, the memory the prepared federation holds: the process's anonymous resident memory
 (``RssAnon``: what it cannot give back) and its file-backed resident memory (``RssFile``: the page cache it maps,
-which the system can drop and re-read), after ``prepare`` minus before, per case; and the cache's size on disk.
+which the system can drop and re-read), after ``prepare`` minus before, per case (cold too: a case stored is read
+back mapped); and the cache's size on disk.
 
 Usage: ``PYTHONPATH=src python benchmarks/prepared_cache.py [--cases 8] [--shape 240 240 155] [--repeats 3]``
 -> ``benchmarks/results/prepared_cache.json``.
@@ -101,10 +102,10 @@ def main() -> None:
                 print(f"repeat {rep} {mode}: {s:.2f} s", flush=True)
         disk = sum(f.stat().st_size for f in warm_cache.rglob("*.case"))
         memory = {}
-        for mode in ("off", "warm"):
+        for mode in MODES:  # cold: a run that fills the cache reads each case back mapped, as a warm one
             env = {k: v for k, v in os.environ.items() if k != PREPARED_CACHE_ENV}
-            if mode == "warm":
-                env[PREPARED_CACHE_ENV] = str(warm_cache)
+            if mode != "off":
+                env[PREPARED_CACHE_ENV] = str(warm_cache if mode == "warm" else Path(tmp) / "cold-memory")
             child = [sys.executable, __file__, "--preset", args.preset, "--memory-child", str(root)]
             done = subprocess.run(child, env=env, capture_output=True, text=True, check=True)
             grown = json.loads(done.stdout.strip().splitlines()[-1])
