@@ -117,8 +117,11 @@ def test_a_preparation_that_will_not_fit_is_refused_after_its_first_cases(root, 
     assert read == 18
     sets = [full[0].split(s) for s in SPLITS]
     first = _kept_bytes(sets)[:8]  # site a's jobs: its 9 cases, train first
-    scored = first[len(sets[0]) :]  # validation and test cases keep their truth: the larger mean projects the rest
-    expected = sum(first) + 10 * max(sum(first) / 8, sum(scored) / len(scored))
+    trained = first[: len(sets[0])]
+    scored = first[len(sets[0]) :]  # validation and test cases keep their truth: projected at their own mean
+    scored_total = sum(len(d.split(s)) for d in full for s in SPLITS[1:])
+    scored_left, train_left = scored_total - len(scored), 18 - 8 - (scored_total - len(scored))
+    expected = sum(first) + train_left * sum(trained) / len(trained) + scored_left * sum(scored) / len(scored)
     monkeypatch.delenv(MEMORY_CHECK_ENV)
     memory(TINY_KB)
     line, read = _refusal(_cfg(root, **VOLUME))
@@ -162,13 +165,28 @@ def test_a_later_site_of_larger_cases_or_heavier_scored_cases_are_refused_when_t
         for _ in range(100):
             small_then_large.add(_case(1000, False), None)  # type: ignore[arg-type]
     assert small_then_large.measured < 30 and small_then_large.held < 18e9  # refused before the memory was full
-    heavier = MemoryGuard(100, available=(int(11.5e6), "test"))
+    heavier = MemoryGuard(100, available=(int(11.5e6), "test"), scored_cases=30)
     for _ in range(70):
         heavier.add(_case(0.1, False), None)  # type: ignore[arg-type]
     with pytest.raises(NotEnoughMemory):
         for _ in range(30):
-            heavier.add(_case(0.13, True), None)  # type: ignore[arg-type]
+            heavier.add(_case(0.13, True), None, scored=True)  # type: ignore[arg-type]
     assert heavier.measured < 100 and heavier.projected() > 0.9 * 11.5e6
+
+
+def test_the_training_cases_to_come_are_not_projected_at_the_scored_cases_size():
+    """A second reviewer: every case to come was projected at the scored cases' mean once one was measured, and a
+    whole-image run whose scored cases keep large originals (4 sites of 400 training cases, then 100 scored ones
+    ten times their size: 1.68 GB of 2 GB) was refused at its first scored case, projecting 1.8 times what it held.
+    The training cases to come are projected at the training mean, the scored ones at theirs: it runs."""
+    fits = MemoryGuard(2000, 4, available=(int(2e9), "test"), scored_cases=400)
+    for _ in range(4):
+        for _ in range(400):
+            fits.add(_case(0.3, False), None)  # type: ignore[arg-type]
+        for _ in range(100):
+            fits.add(_case(3.0, True), None, scored=True)  # type: ignore[arg-type]
+        fits.site_done()
+    assert fits.measured == 2000 and 1.6e9 < fits.held < 0.9 * 2e9
 
 
 def _federation_2d() -> Federation:

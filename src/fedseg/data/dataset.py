@@ -231,7 +231,7 @@ def build_site_data(
     norm = normalization(cfg.normalize, cfg.ct_windows)
     cache = PreparedCache.open(fed, cfg, originals)
     if guard is None:
-        guard = MemoryGuard.start(len(site.cases))
+        guard = MemoryGuard.start(len(site.cases), scored_cases=len(by_split["val"]) + len(by_split["test"]))
 
     def prepare(job: tuple[str, Case]) -> PreparedCase:
         split, case = job
@@ -247,7 +247,7 @@ def build_site_data(
         for split, cases in by_split.items():  # the jobs' order: a split's cases are let go once stacked
             cases_done = []
             for case, prepared in zip(cases, islice(stream, len(cases))):
-                guard.add(prepared, case)
+                guard.add(prepared, case, scored=split != "train")
                 cases_done.append(prepared)
             shape_x = (0, fed.channels) + (cfg.image_size,) * fed.spatial_dims
             shape_y = (0, len(fed.regions)) + (cfg.image_size,) * fed.spatial_dims

@@ -5,8 +5,8 @@ A run prepares every site's cases into memory before round 1 (``fedseg.data.data
 for memory after an hour of preparation. :class:`MemoryGuard` measures, while the cases are prepared, the bytes the
 process keeps of each (:func:`held_bytes`); once :func:`first_cases` of them are in (8, or 2% of the cases where that
 is more), after each further case and at each site's end, it projects every case of every site this process
-prepares (:meth:`MemoryGuard.projected`: the cases still to come at the larger of the mean so far and the mean of the
-validation and test cases so far, which keep their truth too),
+prepares (:meth:`MemoryGuard.projected`: the training cases still to come at the training cases' mean so far, the
+validation and test cases, which keep their truth too, at theirs),
 and where that exceeds :data:`MARGIN` (90%) of the memory the process could have when its preparation started
 (:func:`memory_available`) it raises :class:`NotEnoughMemory` (a ``ValueError``: ``fedseg run`` prints it as its one
 ``error:`` line) before preparing further. The margin is for what the projection leaves out: the cases being prepared
@@ -165,39 +165,43 @@ def first_cases(cases: int) -> int:
 
 @dataclass
 class MemoryGuard:
-    """The check of one process's preparation (module docstring). ``cases``: every case of every site it prepares;
-    ``sites``: how many sites; ``available``: bytes it may take and what says so, None for no check;
-    ``mapped_copies``: copies kept of a volume mapped from the cache (1 on the worker pool, else 0). :meth:`add` each
-    prepared case, :meth:`site_done` at each site's end: either raises :class:`NotEnoughMemory`."""
+    """The check of one process's preparation (module docstring). ``cases``: every case of every site it prepares,
+    ``scored_cases`` of them validation or test cases (which also keep their truth); ``sites``: how many sites;
+    ``available``: bytes it may take and what says so, None for no check; ``mapped_copies``: copies kept of a volume
+    mapped from the cache (1 on the worker pool, else 0). :meth:`add` each prepared case, :meth:`site_done` at each
+    site's end: either raises :class:`NotEnoughMemory`."""
 
     cases: int
     sites: int = 1
     available: tuple[int, str] | None = None
     mapped_copies: int = 0
+    scored_cases: int = 0
     measured: int = 0  # cases measured so far
     held: int = 0  # bytes they hold
     volumes: int = 0  # of which their volumes'
-    scored: int = 0  # of the cases measured, those with their original-grid truth (validation and test)
+    scored: int = 0  # of the cases measured, the validation and test ones
     scored_held: int = 0  # bytes those hold
     _last: Case | None = field(default=None, repr=False)
 
     @classmethod
-    def start(cls, cases: int, sites: int = 1, workers: int = 1) -> MemoryGuard:
-        """A guard for ``cases`` cases over ``sites`` sites, run on ``workers`` worker processes (1: the simulator,
-        a Flower SuperNode), with the memory available now (none checked under ``FEDSEG_MEMORY_CHECK=off``)."""
+    def start(cls, cases: int, sites: int = 1, workers: int = 1, scored_cases: int = 0) -> MemoryGuard:
+        """A guard for ``cases`` cases (``scored_cases`` of them validation or test) over ``sites`` sites, run on
+        ``workers`` worker processes (1: the simulator, a Flower SuperNode), with the memory available now (none
+        checked under ``FEDSEG_MEMORY_CHECK=off``)."""
         available = None if check_off() else memory_available()
-        return cls(cases, sites, available, 1 if workers > 1 else 0)
+        return cls(cases, sites, available, 1 if workers > 1 else 0, scored_cases)
 
-    def add(self, prepared: PreparedCase, case: Case) -> None:
-        """Count ``prepared`` (of ``case``); from :func:`first_cases` cases on, check after each (a site of larger
-        cases than the first ones is refused at its first cases, not after it filled the memory)."""
+    def add(self, prepared: PreparedCase, case: Case, scored: bool = False) -> None:
+        """Count ``prepared`` (of ``case``, a validation or test case if ``scored``); from :func:`first_cases` cases
+        on, check after each (a site of larger cases than the first ones is refused at its first cases, not after it
+        filled the memory)."""
         if self.available is None:
             return
         held, volume = held_bytes(prepared, self.mapped_copies)
         self.measured += 1
         self.held += held
         self.volumes += volume
-        if prepared.truth is not None or (prepared.volume is not None and prepared.volume.truth is not None):
+        if scored:
             self.scored += 1
             self.scored_held += held
         self._last = case
@@ -209,13 +213,16 @@ class MemoryGuard:
         self.check()
 
     def projected(self) -> float:
-        """Bytes all :attr:`cases` would hold: those measured, and each case still to come at the larger of the mean
-        so far and the mean of the scored cases so far (a site prepares its training cases first, and a validation
-        or test case also keeps its truth: about 30% more at BraTS size)."""
+        """Bytes all :attr:`cases` would hold: those measured, and each case still to come at the mean of its kind
+        so far (training; validation and test, which keep their truth too: about 30% more at BraTS size, many times
+        more on the whole-image path with large originals), at the mean of all measured while none of its kind is."""
         mean = self.held / self.measured
-        if self.scored:
-            mean = max(mean, self.scored_held / self.scored)
-        return self.held + (self.cases - self.measured) * mean
+        trained, train_held = self.measured - self.scored, self.held - self.scored_held
+        train_mean = train_held / trained if trained else mean
+        scored_mean = self.scored_held / self.scored if self.scored else mean
+        scored_left = max(0, self.scored_cases - self.scored)
+        train_left = max(0, self.cases - self.measured - scored_left)
+        return self.held + train_left * train_mean + scored_left * scored_mean
 
     def check(self) -> None:
         """Raise :class:`NotEnoughMemory` where :meth:`projected` exceeds :data:`MARGIN` of the memory available;

@@ -97,7 +97,8 @@ def prepared_sites(cfg: RunConfig, fed: Federation, splits: Splits) -> Prepared:
     pool's copies of the volumes mapped from the prepared-case cache counted)."""
     originals = cfg.eval.score_grid == "original"
     cases = sum(len(site.cases) for site in fed.sites)
-    guard = MemoryGuard.start(cases, len(fed.sites), cfg.engine.workers)
+    scored = sum(split != "train" for site in fed.sites for split in splits[site.name].values())
+    guard = MemoryGuard.start(cases, len(fed.sites), cfg.engine.workers, scored)
     site_data = [
         build_site_data(fed, site, i, splits[site.name], cfg.data, originals=originals, guard=guard)
         for i, site in enumerate(fed.sites)
