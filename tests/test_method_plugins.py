@@ -380,3 +380,32 @@ def test_a_plugin_imported_before_fedseg_loads_once_its_import_has_finished(plug
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "Toy FedAvg plugin fedseg-toymethod 0.1.0" and not warnings(done.stderr), done.stderr
+
+
+SUBMODULE = """from fedseg import AlgorithmSpec, FedAvgClient, FedAvgOptions, FedAvgServer
+
+DISPLAY = "Toy from a submodule"
+
+from fedseg_subtoy.methods import SPECS  # noqa: E402 - the package's methods, after what they import from it
+"""
+METHODS = """from fedseg import AlgorithmSpec, FedAvgClient, FedAvgOptions, FedAvgServer
+from fedseg_subtoy import DISPLAY
+
+SPECS = (AlgorithmSpec("subtoy", DISPLAY, FedAvgServer, FedAvgClient, "FedAvg from a submodule", FedAvgOptions),)
+"""
+
+
+def test_a_plugin_whose_entry_point_is_a_submodule_of_a_package_being_imported_waits_for_it(tmp_path):
+    """A second reviewer: an entry point naming a submodule (``fedseg_subtoy.methods``) whose package's
+    ``__init__`` imports fedseg first was loaded while the package was half imported (``ImportError: cannot import
+    name 'DISPLAY' from partially initialized module``) and declared broken."""
+    root = install(tmp_path, "fedseg-subtoy", "0.1.0", "fedseg_subtoy", SUBMODULE, "subtoy")
+    (root / "fedseg_subtoy" / "methods.py").write_text(METHODS)
+    info = root / "fedseg_subtoy-0.1.0.dist-info" / "entry_points.txt"
+    info.write_text("[fedseg.methods]\nsubtoy = fedseg_subtoy.methods\n")
+    code = "import fedseg_subtoy\nfrom fedseg.algorithms import get_algorithm as get\nprint(get('subtoy').display_name)"
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=environment(root), capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "Toy from a submodule" and not warnings(done.stderr), done.stderr

@@ -105,12 +105,17 @@ def plugin_of(entry_point: Any) -> Plugin:
 
 
 def importing(entry_point: Any) -> bool:
-    """Whether the module ``entry_point`` names is being imported right now (it imported fedseg, which loads the
-    plugins: loading it then would find its ``SPECS`` not yet defined)."""
+    """Whether the module ``entry_point`` names, or a package holding it, is being imported right now (it imported
+    fedseg, which loads the plugins: loading it then would find its ``SPECS``, or what its package's ``__init__``
+    defines after the import of fedseg, not yet there)."""
     import sys
 
-    module = sys.modules.get(str(entry_point.value).split(":")[0].strip())
-    return bool(getattr(getattr(module, "__spec__", None), "_initializing", False))
+    parts = str(entry_point.value).split(":")[0].strip().split(".")
+    for depth in range(1, len(parts) + 1):
+        module = sys.modules.get(".".join(parts[:depth]))
+        if getattr(getattr(module, "__spec__", None), "_initializing", False):
+            return True
+    return False
 
 
 class NotLoaded(Exception):

@@ -658,6 +658,9 @@ def render_report(run_dir: str | Path, run: RunFiles | None = None) -> Path:
     Returns:
         path of ``report.html``.
     """
+    from fedseg.algorithms import load_deferred
+
+    load_deferred()  # a method package imported before fedseg (a script): its names and families, as a run has them
     run = run or load_run(run_dir)
     check_results(run)
     check_round_files(run)
