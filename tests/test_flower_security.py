@@ -54,9 +54,9 @@ from fedseg.flower.supernode import supernode_argv, supernode_command
 from fedseg.flower.supernode_main import WHY_NOT_REGISTERED
 
 
-def _open_body(port: int, route: str, piece: bytes) -> socket.socket:
-    """A connection that sends a POST to ``route`` with a chunked body: one piece of it, and no end."""
-    conn = socket.create_connection(("127.0.0.1", port))
+def _open_body(port: int, route: str, piece: bytes, source: str = "127.0.0.1") -> socket.socket:
+    """A connection from ``source`` that sends a POST to ``route`` with a chunked body: one piece of it, and no end."""
+    conn = socket.create_connection(("127.0.0.1", port), source_address=(source, 0))
     head = f"POST {route} HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n".encode()
     conn.sendall(head + f"{len(piece):x}\r\n".encode() + piece + b"\r\n")
     return conn
@@ -89,7 +89,7 @@ def test_the_fleet_listener_bounds_what_it_holds_of_request_bodies(tmp_path):
     (port,) = free_ports(1)
     route = "/v1/fleet/push-object"
     mib = 1 << 20
-    limits = BodyLimits(max_body=mib, max_buffered=mib + mib // 2, idle_s=1.0)
+    limits = BodyLimits(max_body=mib, max_buffered=mib + mib // 2, idle_s=1.0, min_rate=256 << 10)
     filtered = fleet_only(counting_app, frozenset({("POST", route)}), None, limits)
     server = uvicorn.Server(uvicorn.Config(filtered, port=port, log_level="error"))
     thread = threading.Thread(target=server.run, daemon=True)
@@ -108,13 +108,34 @@ def test_the_fleet_listener_bounds_what_it_holds_of_request_bodies(tmp_path):
 
         assert httpx.post(url, content=streamed()).status_code == 413
         assert reached == [mib]  # only the request within the limit reached the app, whole
-        # unfinished bodies: the first holds 0.9 MiB; a second would take the total past 1.5 MiB: 503 (retry)
+        # unfinished bodies: the first holds 0.9 MiB; another client's would take the total past 1.5 MiB, and the
+        # first client's own second body past one request's worth: 503 both (a SuperNode retries)
         first = _open_body(port, route, b"a" * (9 * mib // 10))
         time.sleep(0.2)
-        second = _open_body(port, route, b"b" * (9 * mib // 10))
-        assert _status(second) == 503
+        second = _open_body(port, route, b"b" * (9 * mib // 10), source="127.0.0.2")
+        again = _open_body(port, route, b"c" * (2 * mib // 10))
+        assert _status(second) == 503 and _status(again) == 503
         assert _status(first) == 408  # and the first, paused past idle_s, lets go of its bytes
-        first.close(), second.close()
+        # a trickle (a byte every 0.3 s: never idle for 1 s) falls below min_rate once it has taken idle_s: 408
+        trickle = _open_body(port, route, b"t")
+        status = None
+        for _ in range(20):
+            time.sleep(0.3)
+            try:
+                trickle.sendall(b"1\r\nt\r\n")
+            except OSError:
+                break
+            trickle.setblocking(False)
+            try:
+                status = int(trickle.recv(4096).split(b" ", 2)[1])
+                break
+            except BlockingIOError:
+                pass
+            finally:
+                trickle.setblocking(True)
+        assert (status or _status(trickle)) == 408
+        for conn in (first, second, again, trickle):
+            conn.close()
         assert httpx.post(url, content=b"z" * mib).status_code == 200 and reached[-1] == mib  # it serves again
     finally:
         server.should_exit = True

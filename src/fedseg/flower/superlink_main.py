@@ -23,9 +23,10 @@ hold bodies of any size (gigabytes: the coordinator's machine out of memory, the
 reads each body itself first, within :class:`BodyLimits`: a request carries at most 64 MiB (or four of Flower's array
 chunks, ``FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE``, where that is more; a SuperNode's largest request is one 5 MB chunk
 and its envelope): more is 413 Content Too Large, by its ``Content-Length`` before a byte is read, else once that
-many bytes have come; the bodies held at once, over every connection, stay within 512 MiB (more: 503, which a
-SuperNode retries); a body that pauses 30 s between two pieces is 408 (a connection that sends a little and waits
-no longer holds its bytes).
+many bytes have come; the bodies held at once, over every connection, stay within 512 MiB, and one client address's
+within one request's limit (more: 503, which a SuperNode retries); a body that pauses 30 s between two pieces, or
+averages less than 64 KiB/s once it has taken 30 s, is 408 (a connection that sends a little and waits, or
+trickles a byte now and then, no longer holds its bytes and the budget).
 
 With ``--fleet-gate PATH`` the Fleet API answers 503 Service Unavailable (which a SuperNode retries, quietly) until
 the file ``PATH`` exists: the coordinator creates it once it has registered the sites' keys. A hospital whose
@@ -48,19 +49,23 @@ NOT_YET = "the coordinator is registering the SuperNodes' keys: retry shortly"
 MIN_FLEET_BODY = 64 << 20  # bytes of one Fleet API request at least (module docstring): 12x Flower's 5 MB chunk
 FLEET_BUFFERED = 512 << 20  # bytes of request bodies the listener holds at once, over every connection
 BODY_IDLE_S = 30.0  # seconds a request body may pause between two of its pieces
+BODY_MIN_RATE = 64 << 10  # bytes a second a body must average once it has taken BODY_IDLE_S (a trickle holds bytes)
 BUSY = "the SuperLink holds as many request bodies as it takes: retry shortly"
-SLOW = f"a request body paused more than {BODY_IDLE_S:g} s"
+SLOW = f"a request body paused more than {BODY_IDLE_S:g} s, or came slower than {BODY_MIN_RATE >> 10} KiB/s"
 
 
 @dataclass(frozen=True)
 class BodyLimits:
     """What the Fleet listener buffers (module docstring): ``max_body`` bytes a request (more: 413),
-    ``max_buffered`` bytes over every request being read or served at once (more: 503, which a SuperNode retries),
-    ``idle_s`` seconds between two pieces of a body (more: 408)."""
+    ``max_buffered`` bytes over every request being read or served at once, and ``max_body`` of them from one client
+    address (more: 503, which a SuperNode retries), ``idle_s`` seconds between two pieces of a body, and
+    ``min_rate`` bytes a second on average once a body has taken ``idle_s`` (less: 408; a few connections trickling a
+    byte now and then held the bytes they had sent, the budget full, every SuperNode answered 503)."""
 
     max_body: int
     max_buffered: int = FLEET_BUFFERED
     idle_s: float = BODY_IDLE_S
+    min_rate: float = BODY_MIN_RATE
 
     @classmethod
     def of_environment(cls) -> BodyLimits:
@@ -98,9 +103,12 @@ def fleet_only(app, allowed: frozenset[tuple[str, str]], gate: Path | None = Non
     not_yet = json.dumps({"detail": NOT_YET}).encode()
     opened = gate is None
     held = [0]  # bytes of the bodies being read or served now (one event loop: no lock needed)
+    by_client: dict[str, int] = {}  # of those, each client address's
 
     async def answer(send, status: int, text: bytes) -> None:
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(text)).encode())]
+        if status in (408, 413):  # the rest of the body is not read: the connection ends with the answer
+            headers.append((b"connection", b"close"))
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": text})
 
@@ -111,8 +119,9 @@ def fleet_only(app, allowed: frozenset[tuple[str, str]], gate: Path | None = Non
                 await answer(send, 503, not_yet)
                 return
             taken = [0]
+            client = str((scope.get("client") or ("?",))[0])
             try:
-                content = await bounded_body(scope, receive, limits, held, taken)
+                content = await bounded_body(scope, receive, limits, held, taken, by_client, client)
                 await app(scope, replay(content, receive), send)
             except Refused as refused:
                 await answer(send, refused.status, json.dumps({"detail": refused.detail}).encode())
@@ -120,6 +129,10 @@ def fleet_only(app, allowed: frozenset[tuple[str, str]], gate: Path | None = Non
                 pass  # the client left: nobody to answer
             finally:
                 held[0] -= taken[0]
+                if client in by_client:
+                    by_client[client] -= taken[0]
+                    if by_client[client] <= 0:
+                        del by_client[client]
             return
         if scope["type"] == "http":
             await answer(send, 404, body)
@@ -133,12 +146,15 @@ class ConnectionClosed(Exception):
     """The client disconnected before its body was read."""
 
 
-async def bounded_body(scope, receive, limits: BodyLimits, held: list[int], taken: list[int]) -> bytes:
+async def bounded_body(
+    scope, receive, limits: BodyLimits, held: list[int], taken: list[int], by_client: dict[str, int], client: str
+) -> bytes:
     """The body of the HTTP request ``scope``, read from ``receive`` within ``limits``; each piece is added to
-    ``held[0]`` (every request's bytes) and ``taken[0]`` (this one's, which the caller gives back). ``Refused`` as
-    soon as it is known to exceed ``max_body`` (its ``Content-Length``, else the bytes come so far: 413), the bodies
-    held would exceed ``max_buffered`` (503) or a piece takes more than ``idle_s`` (408); ``ConnectionClosed`` when
-    the client disconnects."""
+    ``held[0]`` (every request's bytes), ``by_client[client]`` and ``taken[0]`` (this one's, which the caller gives
+    back). ``Refused`` as soon as it is known to exceed ``max_body`` (its ``Content-Length``, else the bytes come so
+    far: 413), the bodies held would exceed ``max_buffered``, or the client's ``max_body`` (503), or a piece takes
+    more than ``idle_s`` or the body averages less than ``min_rate`` after ``idle_s`` (408); ``ConnectionClosed``
+    when the client disconnects."""
     too_large = Refused(413, limits.too_large)
     for name, value in scope.get("headers", ()):
         if name.lower() == b"content-length":
@@ -148,6 +164,7 @@ async def bounded_body(scope, receive, limits: BodyLimits, held: list[int], take
             except ValueError:
                 raise Refused(400, "Content-Length is no number") from None
     parts: list[bytes] = []
+    began = asyncio.get_running_loop().time()
     while True:
         try:
             message = await asyncio.wait_for(receive(), limits.idle_s)
@@ -158,9 +175,14 @@ async def bounded_body(scope, receive, limits: BodyLimits, held: list[int], take
         part = message.get("body", b"")
         if taken[0] + len(part) > limits.max_body:
             raise too_large
-        if held[0] + len(part) > limits.max_buffered:
+        mine = by_client.get(client, 0)
+        if held[0] + len(part) > limits.max_buffered or mine + len(part) > limits.max_body:
             raise Refused(503, BUSY)
+        elapsed = asyncio.get_running_loop().time() - began
+        if elapsed > limits.idle_s and (taken[0] + len(part)) / elapsed < limits.min_rate:
+            raise Refused(408, SLOW)
         held[0] += len(part)
+        by_client[client] = mine + len(part)
         taken[0] += len(part)
         parts.append(part)
         if not message.get("more_body", False):
