@@ -146,6 +146,38 @@ def test_on_flower_exit_runs_the_callback_before_the_force_exit_timer():
         handlers.registered_exit_handlers[:] = saved
 
 
+def test_a_stop_signal_once_flower_registered_its_handlers_no_longer_interrupts():
+    """A SuperNode's own handler (``supernode_main.StopSignals``) interrupts a SuperNode still starting; once Flower
+    registered its handlers (``flower_handles_signals``), one reaching ours means Flower put it back as its exit
+    began: raising then (a second reviewer found the window between the put-back and Flower's exit handlers) cut
+    Flower's exit short. Flower's real ``register_signal_handlers``; the process's handlers restored after."""
+    import signal
+
+    from flwr.supercore.telemetry import EventType
+
+    from fedseg.flower.supernode_main import StopSignals
+
+    register = attribute("flwr.supercore.exit.signal_handler", "register_signal_handlers", "flower_handles_signals")
+    handlers = module("flwr.supercore.exit.exit_handler", "flower_handles_signals")
+    saved = list(handlers.registered_exit_handlers)
+    signals = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT)}
+    try:
+        handlers.registered_exit_handlers.clear()
+        stop = StopSignals()
+        assert not flwr_internals.flower_handles_signals()
+        with pytest.raises(KeyboardInterrupt):
+            stop(signal.SIGTERM, None)  # still starting: ends through the finally blocks, as Ctrl-C would
+        stop.stopping.clear()
+        register(event_type=EventType.RUN_SUPERNODE_LEAVE, exit_message="test")
+        assert flwr_internals.flower_handles_signals()
+        stop(signal.SIGTERM, None)  # Flower's exit under way: ignored
+        assert stop.stopping.is_set()
+    finally:
+        handlers.registered_exit_handlers[:] = saved
+        for sig, handler in signals.items():
+            signal.signal(sig, handler)
+
+
 # -- show_log_timestamps, build_fab ---------------------------------------------------------------
 
 

@@ -115,6 +115,19 @@ def on_flower_exit(callback: Callable[[], None]) -> None:
     add_exit_handler(callback, run_before_force_exit=True)
 
 
+def flower_handles_signals() -> bool:
+    """Whether Flower's signal handlers have been registered in this process (``register_signal_handlers`` adds its
+    ``_wait_to_stop`` exit handler as it registers them): from then on a stop signal reaches a handler of ours only
+    after Flower's put it back, its graceful exit under way.
+
+    Uses ``flwr.supercore.exit.exit_handler.registered_exit_handlers``. No public way."""
+    from flwr.supercore.exit import exit_handler
+
+    return any(
+        getattr(h.exit_handler, "__name__", "") == "_wait_to_stop" for h in exit_handler.registered_exit_handlers
+    )
+
+
 # -- logging and packaging ------------------------------------------------------------------------
 
 

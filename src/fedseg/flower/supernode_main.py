@@ -31,6 +31,7 @@ from importlib.metadata import distribution
 from fedseg.flower.flwr_internals import (
     cap_node_polling,
     cap_object_pull_backoff,
+    flower_handles_signals,
     on_flower_exit,
     show_log_timestamps,
 )
@@ -256,7 +257,9 @@ class StopSignals:
     server and the SuperLink told, up to 5 s). With Python's defaults back, a second signal meanwhile killed the
     process mid-exit: ``fedseg flower local`` ending a run sent each SuperNode two SIGTERMs (its process group's and
     its own), and a site's log ended at "Sent successfully", its ``--state`` lock file left behind. Here such a
-    signal is ignored (``stopping``: set when Flower's exit begins, ``flwr_internals.on_flower_exit``); one that comes
+    signal is ignored (``stopping``: set when Flower's exit begins, ``flwr_internals.on_flower_exit``, or found once
+    Flower's handlers were registered, ``flower_handles_signals``: a signal between Flower putting this handler back
+    and its exit handlers starting raised inside them, cutting its exit short); one that comes
     before Flower's handler is in place (the SuperNode still starting) raises ``KeyboardInterrupt``, so the process
     ends through its ``finally`` blocks (its ``--state`` let go), as Ctrl-C would end it."""
 
@@ -266,7 +269,8 @@ class StopSignals:
         self.stopping = threading.Event()
 
     def __call__(self, signum: int, frame: object) -> None:
-        if self.stopping.is_set():
+        if self.stopping.is_set() or flower_handles_signals():  # Flower put this back: its exit is under way
+            self.stopping.set()
             return
         self.stopping.set()
         raise KeyboardInterrupt(f"signal {signum}")
