@@ -130,6 +130,7 @@ def test_a_key_given_by_an_option_and_by_set_is_refused_in_one_line(tmp_path):
         config_from_cli("demo", None, None, None, None, None, ["device=cpu", "threads=5"], "cuda:1")
     with pytest.raises(ConfigError, match=r"^--rounds and --set fl=\{rounds: two\} both set fl.rounds"):
         config_from_cli("demo", None, None, None, 1, None, ["fl={rounds: two}"])  # the section holding it
+    assert config_from_cli("demo", None, None, None, 5, None, ["fl={stop: {patience: 3}}"]).fl.rounds == 5  # not it
     cfg = config_from_cli("demo", None, None, None, None, None, ["threads=5"], "cpu")
     assert (cfg.device, cfg.threads) == ("cpu", 5)
     out = tmp_path / "out"

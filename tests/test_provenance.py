@@ -119,6 +119,9 @@ def test_the_source_state_is_the_packages_own_and_survives_any_bytes(tmp_path, m
     assert edited["dirty"] and edited["changes"] and edited["commit"] == clean["commit"]
     (repo / "docs.md").write_text("docs, edited\n")  # outside the package: not fedseg's code
     assert provenance.source_state()["changes"] == edited["changes"]
+    (repo / "pkg" / "notes.txt").write_bytes(b"plain\n")  # the package clean again, the docs still edited
+    assert provenance.source_state() == clean  # dirty says the package's edits (a second reviewer: any file's)
+    (repo / "pkg" / "notes.txt").write_bytes(b"na\xefve caf\xe9\n")
     (repo / "pkg" / "new.py").write_text("y = 2\n")  # untracked, in the package
     assert provenance.source_state()["changes"] != edited["changes"]
     installed = repo / "venv" / "site" / "fedseg"  # a virtual environment git does not track, inside the project

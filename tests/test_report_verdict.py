@@ -150,6 +150,20 @@ def test_no_verdict_without_scores(tmp_path):
     assert verdict(load_run(run)) is None and summary_lines(run) == []
 
 
+def test_a_federated_method_without_a_score_is_no_baseline(tmp_path):
+    """Every federated method unscored (its Client Avg null): the baselines are ranked, as in a run of baselines
+    only, and the unscored federated methods were listed among them as "Not ranked (baselines...)" (a reviewer)."""
+    run = make_run(tmp_path / "run")
+    summary = json.loads((run / "summary.json").read_text())
+    federated = [a for a, e in summary["algorithms"].items() if a in ("fedavg", "fedprox")]
+    for a in federated:
+        summary["algorithms"][a]["dice"]["client_avg"] = None
+    (run / "summary.json").write_text(json.dumps(summary))
+    v = verdict(load_run(run))
+    assert v is not None and v.best not in federated and not v.baselines
+    assert not [line for line in summary_lines(run) if line.startswith("Not ranked")]
+
+
 def test_every_table_that_bolds_has_a_legend_and_client_k_local_rows_have_their_own_section(tmp_path):
     html = render_report(make_run(tmp_path / "run")).read_text()
     tables = re.findall(r"<table.*?</table></div>(.{0,80})", html, flags=re.S)

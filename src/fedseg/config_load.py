@@ -529,6 +529,24 @@ def config_record(cfg: RunConfig) -> tuple[str, str]:
     return text, hashlib.sha256(text.encode()).hexdigest()
 
 
+def _sets(set_key: str, override: str, key: str) -> bool:
+    """Whether ``--set override`` (of ``set_key``) gives ``key``: the key itself, a key inside it, or a section whose
+    value (YAML) holds it (``fl={rounds: 2}`` sets ``fl.rounds``, ``fl={stop: {patience: 3}}`` does not)."""
+    if set_key == key or set_key.startswith(key + "."):
+        return True
+    if not key.startswith(set_key + "."):
+        return False
+    try:
+        value = yaml.safe_load(override.split("=", 1)[1])
+    except yaml.YAMLError:
+        return True  # unreadable: the run refuses it anyway, as a conflict or as YAML
+    for part in key[len(set_key) + 1 :].split("."):
+        if not isinstance(value, dict) or part not in value:
+            return False
+        value = value[part]
+    return True
+
+
 def config_from_cli(
     preset,
     config,
@@ -578,8 +596,8 @@ def config_from_cli(
     if names := [n.strip() for value in tracking for n in value.split(",") if n.strip()]:
         overrides.append(f"tracking={yaml.safe_dump(names, default_flow_style=True).strip()}")
         labels["tracking"] = "--track"
-    for key, option in labels.items():  # the same key, or a section holding it (--set fl={rounds: 2})
-        given = next((k for k in set_keys if k == key or key.startswith(k + ".") or k.startswith(key + ".")), None)
+    for key, option in labels.items():  # the same key, a key inside it, or a section holding it (--set fl={rounds: 2})
+        given = next((k for k in set_keys if _sets(k, set_keys[k], key)), None)
         if given is not None:
             raise ConfigError(f"{option} and --set {set_keys[given]} both set {key}: give it once")
     return load_config(preset=preset, file=config, overrides=overrides, labels=labels)

@@ -227,7 +227,8 @@ def verdict(run: RunFiles, resamples: int = RESAMPLES) -> Verdict | None:
     runner_up = next((a for a, _ in ranked[1:] if a not in ties), None)
     fedavg = next((a for a in contenders if a.lower() == FEDAVG and a != best and a not in ties), None)
     late, _ = unconverged_methods(run)
-    others = [a for a in order if a not in contenders]
+    # the baselines: methods not federated (a federated one left unranked has no score, and is no baseline)
+    others = [a for a in order if a not in contenders and not is_federated(a, run.algorithms[a])]
     baselines = [labels[a] for a in others]
     # the reader's first question: does federating beat training alone (Local), how far is it from pooling the data
     references = {a: against(a) for a in sorted(others, key=lambda a: a.lower() != "local") if a in scored}

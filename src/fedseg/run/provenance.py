@@ -79,7 +79,8 @@ def package_dir() -> Path:
 
 
 def git_state(path: Path | None = None) -> tuple[str | None, bool | None]:
-    """(commit, dirty) of the git checkout holding ``path`` (default: the fedseg package); (None, None) when it is
+    """(commit, dirty) of the git checkout holding ``path`` (default: the fedseg package), ``dirty``: uncommitted edits
+    or untracked files in ``path``'s folder (the package's own, not the repository's docs); (None, None) when it is
     not a checkout or git is missing, and for the package when git does not track it there (fedseg installed into
     a virtual environment inside a project's own repository: that commit says nothing of fedseg's code)."""
     where = path or package_dir()
@@ -88,7 +89,7 @@ def git_state(path: Path | None = None) -> tuple[str | None, bool | None]:
         return None, None
     if path is None and _git(["ls-files", "--error-unmatch", "__init__.py"], where) is None:
         return None, None
-    status = _git(["status", "--porcelain"], where)
+    status = _git(["status", "--porcelain", "--", "."], where)  # the package's own edits (not a README's)
     return head.strip(), (bool(status.strip()) if status is not None else None)
 
 
