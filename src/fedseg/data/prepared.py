@@ -158,11 +158,21 @@ def preparing_modules(roots: tuple[str, ...] = PREPARING_ROOTS) -> list[Path]:
     return sorted(seen.values())
 
 
-@cache
+_DIGESTING = threading.Lock()
+
+
 def code_digest(roots: tuple[str, ...] = PREPARING_ROOTS) -> str:
     """SHA-256 of the code that prepares a case: the sources of :func:`preparing_modules` of ``roots`` and the
     installed versions of :data:`LIBRARIES` (absent: ``-``). An edit there makes new keys (the old entries are not
-    read); an edit elsewhere in fedseg (a method, the CLI, a synthetic generator) keeps them."""
+    read); an edit elsewhere in fedseg (a method, the CLI, a synthetic generator) keeps them. Computed once per
+    process, by one thread at a time: the data check's threads asked for it at once, and ``ast.parse`` in several
+    threads of CPython 3.11 fails (``SystemError: AST constructor recursion depth mismatch``)."""
+    with _DIGESTING:
+        return _code_digest(roots)
+
+
+@cache
+def _code_digest(roots: tuple[str, ...]) -> str:
     digest = hashlib.sha256()
     for source in preparing_modules(roots):
         digest.update(source.name.encode() + b"\0" + source.read_bytes() + b"\0")
