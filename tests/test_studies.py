@@ -301,6 +301,10 @@ def test_a_method_without_an_unseen_site_row_is_said_once_on_the_terminal_and_in
         "local (unseen site2): it has no global or super model to score on a site it never trained on, only "
         "local:site1, local:site3 (docs/benchmark-protocol.md: such a method gets no row)"
     ]
+    from fedseg.report.study_tables import unseen_section
+
+    page = " ".join(unseen_section(out).split())  # the study's report says it under the table too
+    assert f"<b>No row</b>: {line}." in page.replace("&#x27;", "'"), page[-600:]
 
 
 def test_cli_rejects_unknown_holdout_site_bad_sweep_and_combinations(tmp_path, disc_federation):

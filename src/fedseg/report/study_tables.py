@@ -18,6 +18,7 @@ one of them, or damaged, is a ValueError naming it (:func:`fedseg.presentation.f
 from __future__ import annotations
 
 import html as _html
+import json
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -116,8 +117,19 @@ def unseen_section(root: Path) -> str:
     return section(
         "Unseen sites (FedSM Table 5 layout)",
         table("<tr>" + "".join(f"<th>{esc(h)}</th>" for h in head) + "</tr>", body),
-        UNSEEN_NOTE + unconverged_note(rows, labels),
+        UNSEEN_NOTE + unconverged_note(rows, labels) + no_row_note(root),
     )
+
+
+def no_row_note(root: Path) -> str:
+    """`` No row: ...``: the methods the study scored on no unseen site and why (``unseen.json`` ``no_row``,
+    ``fedseg.studies.no_row_notes``), HTML-escaped; "" without any (or a study written before it recorded them)."""
+    try:
+        said = json.loads((root / "unseen.json").read_text()).get("no_row")
+    except (OSError, ValueError, AttributeError):
+        return ""
+    lines = [str(x) for x in said] if isinstance(said, list) else []
+    return f" <b>No row</b>: {esc('; '.join(lines))}." if lines else ""
 
 
 def unconverged_note(rows: Sequence[Mapping], labels: Mapping[int, str]) -> str:
