@@ -185,16 +185,10 @@ def selected_round_of_sites(entry: Mapping[str, Any]) -> dict[str, int]:
     sel = entry.get("selected_rounds")
     if not isinstance(sel, Mapping):
         return {}
-    rounds = {str(s): _number(r) for s, r in sel.items()}
+    from fedseg.presentation.kit import num  # a JSON value as a float (None, strings that are no number: NaN)
+
+    rounds = {str(s): num(r) for s, r in sel.items()}
     return {s: int(r) for s, r in rounds.items() if not math.isnan(r)}
-
-
-def _number(x: object) -> float:
-    """A JSON value as a float (None, strings that are no number: NaN)."""
-    try:
-        return math.nan if x is None or x == "" else float(x)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return math.nan
 
 
 def recorded_late_sites(entry: Mapping[str, Any]) -> tuple[int, int]:
