@@ -207,9 +207,40 @@ def test_cache_list_and_clear_prepared(folder, cache):
     assert "9 prepared cases (this fedseg's)" in listed.output
     assert "1 prepared cases (another fedseg or library version's: never read by this one)" in listed.output
     assert "10 prepared cases" in listed.output.splitlines()[-1]
+    stale = runner.invoke(app, ["data", "cache", "clear", "--stale"])
+    assert stale.exit_code != 0 and "give --prepared too" in stale.output and "Traceback" not in stale.output
+    stale = runner.invoke(app, ["data", "cache", "clear", "--prepared", "--stale"])
+    assert stale.exit_code == 0 and "removed 1 prepared cases prepared by other versions" in stale.output
+    assert not (cache / ("0" * 16)).exists() and len(_entries(cache)) == 9  # this fedseg's left alone
     cleared = runner.invoke(app, ["data", "cache", "clear", "--prepared"])
-    assert cleared.exit_code == 0 and "removed 10 prepared cases" in cleared.output, cleared.output
+    assert cleared.exit_code == 0 and "removed 9 prepared cases" in cleared.output, cleared.output
     assert [p.name for p in cache.iterdir()] == ["notes.txt"]
+
+
+def test_other_versions_entries_are_named_once_when_they_hold_a_gigabyte(cache, caplog):
+    """A run's cache, opened, names the space other fedseg versions' entries take (never read again, never removed
+    automatically) in one line per process, from 1 GiB on; below it, nothing."""
+    from fedseg.data import prepared
+
+    def opened() -> list[str]:
+        with caplog.at_level(logging.INFO, logger="fedseg.data.prepared"):
+            caplog.clear()
+            assert prepared.open_root() == (cache, True)
+            return [r.getMessage() for r in caplog.records if "other fedseg" in r.getMessage()]
+
+    old = cache / ("0" * 16) / "ab"
+    old.mkdir(parents=True)
+    with open(old / f"{'ab' * 32}{SUFFIX}", "wb") as f:
+        f.truncate(prepared.STALE_NOTE_BYTES - 1)  # sparse: a size, no disk
+    prepared._warned.discard(f"stale:{cache}")
+    assert opened() == []
+    with open(old / f"{'cd' * 32}{SUFFIX}", "wb") as f:
+        f.truncate(1)
+    prepared._warned.discard(f"stale:{cache}")
+    (line,) = opened()
+    assert "1.1 GB (2 cases) prepared by 1 other fedseg or library version(s)" in line, line
+    assert "fedseg data cache clear --prepared --stale" in line
+    assert opened() == []  # once per process
 
 
 def test_cache_list_prepared_without_the_variable_is_one_line(monkeypatch):

@@ -444,15 +444,27 @@ def cache_clear(
     prepared: bool = typer.Option(
         False, "--prepared", help="clear the prepared-case cache ($FEDSEG_PREPARED_CACHE) instead"
     ),
+    stale: bool = typer.Option(
+        False,
+        "--stale",
+        help="with --prepared: only the cases prepared by another fedseg or library version (never read by this one)",
+    ),
 ) -> None:
     """Remove every cached federation (they are generated again when a run needs them); with --prepared, every
-    prepared case (prepared again when a run needs them). Nothing else in the folder is touched."""
+    prepared case (prepared again when a run needs them), with --stale only other versions'. Nothing else in the
+    folder is touched."""
+    if stale and not prepared:
+        fail(
+            "--stale applies to the prepared-case cache: give --prepared too (built-in federations of older "
+            "generator versions are removed automatically)"
+        )
     if prepared:
         from fedseg.data.prepared import clear as clear_prepared
 
         root = _prepared_root()
-        removed, size = clear_prepared(root)
-        typer.echo(f"removed {removed} prepared cases ({_mb(size)}) from {root}")
+        removed, size = clear_prepared(root, stale_only=stale)
+        whose = " prepared by other versions" if stale else ""
+        typer.echo(f"removed {removed} prepared cases{whose} ({_mb(size)}) from {root}")
         return
     from fedseg.data.cache import clear
 

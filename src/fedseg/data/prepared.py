@@ -84,7 +84,7 @@ NOT_PREPARING_VOLUME = ("foreground_oversample", "sw_overlap", "sw_mode", "sw_ba
 # libraries whose version can change a prepared case's bytes (readers, resampling, normalization)
 LIBRARIES = ("torch", "monai", "numpy", "scipy", "nibabel", "pydicom", "pillow", "itk", "itk-io", "itk-core")
 _DTYPES = {"float32": torch.float32, "float64": torch.float64, "bool": torch.bool, "uint8": torch.uint8}
-_warned: set[str] = set()  # cache folders already reported unwritable (one line per process)
+_warned: set[str] = set()  # cache folders reported unwritable, "stale:<root>" those named stale: once per process
 
 
 @dataclass
@@ -464,7 +464,28 @@ def open_root() -> tuple[Path, bool] | None:
             )
         return (root, False) if readable else None
     remove_dead_temps(root)
+    note_stale(root)
     return root, True
+
+
+STALE_NOTE_BYTES = 1 << 30  # other versions' entries worth a line at a run's start: 1 GiB
+
+
+def note_stale(root: Path) -> None:
+    """One log line per process where the folders of other fedseg or library versions under ``root`` hold at least
+    :data:`STALE_NOTE_BYTES`: every upgrade prepares the cases again in a new folder (170 GB at FeTS 2022's scale)
+    and the old one is never read again, nor removed automatically (another version may still be running from it)."""
+    if f"stale:{root}" in _warned:
+        return
+    _warned.add(f"stale:{root}")
+    stale = [(count, size) for _, count, size, current in code_folders(root) if not current]
+    size = sum(s for _, s in stale)
+    if size >= STALE_NOTE_BYTES:
+        log.info(
+            f"prepared-case cache {root}: {size / 1e9:.1f} GB ({sum(n for n, _ in stale)} cases) prepared by "
+            f"{len(stale)} other fedseg or library version(s), never read by this one; "
+            "`fedseg data cache clear --prepared --stale` removes them"
+        )
 
 
 class PreparedCache:
@@ -639,10 +660,12 @@ def remove_dead_temps(root: Path) -> int:
     return removed
 
 
-def clear(root: Path) -> tuple[int, int]:
-    """Remove every folder of entries under ``root`` (:func:`code_folders`, with their temp files) and nothing else
-    there: ``(entries removed, bytes freed)``."""
-    found = code_folders(root)
+def clear(root: Path, stale_only: bool = False) -> tuple[int, int]:
+    """Remove every folder of entries under ``root`` (:func:`code_folders`, with their temp files; ``stale_only``:
+    only those of another fedseg or library version, which this one never reads) and nothing else there:
+    ``(entries removed, bytes freed)``. A run of another version that is using a removed entry keeps it (a mapped
+    file stays readable); it prepares the case again next time."""
+    found = [f for f in code_folders(root) if not (stale_only and f[3])]
     for folder, *_ in found:
         shutil.rmtree(folder, ignore_errors=True)
     return sum(n for _, n, _, _ in found), sum(size for _, _, size, _ in found)
