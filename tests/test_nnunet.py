@@ -634,9 +634,10 @@ def _second_channel_of_bwh_001(src: Path, shape: tuple[int, ...], affine: np.nda
             "\"file_ending\" '.nii'; the files there end with '.nii.gz')",
         ),
         (
-            lambda src: _set_json(src, labels={"background": 0, "liver": 1, "ignore": 3}),
+            lambda src: _set_json(src, labels={"background": 0, "liver": 1, "tumour": 2, "ignore": 1}),
             None,
-            '{src}/dataset.json: "labels": an "ignore" label (partial annotation) is not supported',
+            '{src}/dataset.json: "labels": "ignore": 1 is a region\'s label value; the ignore label must lie in no '
+            "region",
         ),
         (
             lambda src: _set_json(src, labels={"background": 0, "a": [1, 2], "b": 2}),
@@ -751,10 +752,10 @@ def test_a_dataset_json_with_three_mistakes_names_all_three_in_one_import(tmp_pa
             [{"background": 0}, {"whole": [1, 2]}],
             ["\"labels\": expected an object name -> value, got [{'background': 0}, {'whole': [1, 2]}]"],
         ),
-        (  # an ignore label and a missing regions_class_order are two faults: the other labels' regions counted
-            {"background": 0, "whole": [1, 2], "core": 2, "ignore": 3},
+        (  # an ignore label at fault and a missing regions_class_order are two faults: the other labels' regions
+            {"background": 0, "whole": [1, 2], "core": 2, "ignore": [3]},  # counted
             [
-                '"labels": an "ignore" label (partial annotation) is not supported by fedseg',
+                '"labels": "ignore": expected a positive integer label value, got [3]',
                 '"regions_class_order": region-based labels need a list of 2 label values, got None',
             ],
         ),

@@ -16,11 +16,13 @@ import numpy as np
 import torch
 from monai.losses import DiceCELoss, DiceLoss
 from torch import nn
+from torch.nn import functional as F
 
 from fedseg.accel import autocast, compile_once, memory_format, resolve
 from fedseg.config import BudgetConfig, TrainConfig
 from fedseg.data.augment import augment_batch
 from fedseg.data.dataset import CaseSet
+from fedseg.data.federation import split_known
 from fedseg.data.prefetch import ordered_map
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -104,17 +106,52 @@ def segmentation_loss(cfg: TrainConfig) -> nn.Module:
     loss, Auto-FedAvg's aggregation-weight loss, FedSM-extra's labels, Per-FedAvg's second batch) is this one, so
     that all of them take the whole training configuration, ``train.dice_smooth`` included.
 
-    Input: logits ``(B, R, *S)``, target region masks ``(B, R, *S)`` in {0, 1}. Output: scalar.
+    Input: logits ``(B, R, *S)``, target region masks ``(B, R, *S)`` in {0, 1}, or ``(B, R + 1, *S)`` with the
+    known (annotated) voxels last (an ignore label's, ``fedseg.data.federation.Regions.target``): those alone then
+    give loss and gradient (:class:`SegmentationLoss`). Output: scalar.
     ``train.dice_smooth``: epsilon in ``1 - (2 sum p g + eps) / (sum p + sum g + eps)`` (FeTS 2022 Eq. 31, eps = 1:
     a case without a region gives a finite, useful gradient); None = MONAI's defaults (1e-5 in numerator and
     denominator).
     """
     eps = 1e-5 if cfg.dice_smooth is None else float(cfg.dice_smooth)  # MONAI's default smooth_nr = smooth_dr
     if cfg.loss == "dice":
-        return DiceLoss(sigmoid=True, smooth_nr=eps, smooth_dr=eps)
+        return SegmentationLoss(DiceLoss(sigmoid=True, smooth_nr=eps, smooth_dr=eps), eps, with_ce=False)
     if cfg.loss == "dice_bce":
-        return DiceCELoss(sigmoid=True, smooth_nr=eps, smooth_dr=eps)
+        return SegmentationLoss(DiceCELoss(sigmoid=True, smooth_nr=eps, smooth_dr=eps), eps, with_ce=True)
     raise ValueError(f"train.loss: unknown loss {cfg.loss!r} (dice | dice_bce)")
+
+
+class SegmentationLoss(nn.Module):
+    """The training loss of :func:`segmentation_loss`: ``base`` (MONAI's ``DiceLoss`` or ``DiceCELoss``, sigmoid) on a
+    target of one mask per region, the very same call as ever; on a target with the known-voxel mask last (an ignore
+    label's, one channel more than the logits) the same loss over the known voxels alone, as nnU-Net trains with an
+    ignore label: soft Dice with prediction and target zeroed at unknown voxels (per case and region, as MONAI's),
+    and the cross-entropy term (``with_ce``) averaged over the known voxels only (what MONAI's ``DiceCELoss`` takes
+    with sigmoid: binary cross-entropy for one region, cross-entropy over the region channels for several). With every
+    voxel known the numbers are ``base``'s (to float rounding); an unknown voxel's logits give no loss and no
+    gradient."""
+
+    def __init__(self, base: nn.Module, eps: float, *, with_ce: bool):
+        super().__init__()
+        self.base, self.eps, self.with_ce = base, eps, with_ce
+
+    def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        regions, known = split_known(target, input.shape[1]) if target.dim() == input.dim() else (target, None)
+        if known is None:
+            return self.base(input, target)
+        known = known.to(input.dtype)
+        truth = regions.to(input.dtype) * known
+        spatial = tuple(range(2, input.dim()))
+        p = torch.sigmoid(input) * known
+        overlap, total = (p * truth).sum(spatial), p.sum(spatial) + truth.sum(spatial)
+        loss = (1.0 - (2.0 * overlap + self.eps) / (total + self.eps)).mean()
+        if not self.with_ce:
+            return loss
+        if input.shape[1] == 1:
+            ce = F.binary_cross_entropy_with_logits(input, truth, reduction="none")
+        else:
+            ce = -(truth * F.log_softmax(input, dim=1)).sum(1, keepdim=True)
+        return loss + (ce * known).sum() / known.sum().clamp_min(1.0)
 
 
 def make_optimizer(cfg: TrainConfig, params) -> torch.optim.Optimizer:

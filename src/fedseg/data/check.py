@@ -40,16 +40,18 @@ log = logging.getLogger("fedseg.data.check")
 
 
 def label_value_problems(label: np.ndarray, regions: Regions, path: Path | str) -> list[str]:
-    """Label values that are neither background (0) nor part of any region (``path``: the file, or where the
-    label is, at the start of the line)."""
-    allowed = regions.label_values | {0}
+    """Label values that are neither background (0), the ignore label (``Regions.ignore``: unannotated voxels) nor
+    part of any region (``path``: the file, or where the label is, at the start of the line)."""
+    ignored = set() if regions.ignore is None else {regions.ignore}
+    allowed = regions.label_values | {0} | ignored
     unknown = [int(v) for v in np.unique(label) if int(v) not in allowed]
     if not unknown:
         return []
     shown = ", ".join(map(str, unknown[:10])) + (", ..." if len(unknown) > 10 else "")
+    ignore = "" if regions.ignore is None else f"; {regions.ignore} is the ignore label"
     return [
         f"{path}: label values {shown} are not in any region "
-        f"(regions use {', '.join(map(str, sorted(regions.label_values)))}; 0 is background)"
+        f"(regions use {', '.join(map(str, sorted(regions.label_values)))}; 0 is background{ignore})"
     ]
 
 
@@ -135,7 +137,7 @@ def volume_memory_note(fed: Federation) -> str | None:
     ]
     if not shapes:
         return None
-    regions = len(fed.regions)
+    regions = fed.regions.target_channels
     total = sum((4 * shape[0] + 2 * regions) * math.prod(shape[1:]) for shape in shapes)
     side = DEFAULT_IMAGE_SIZE
     whole = sum(4 * (shape[0] + regions) * side**3 + regions * math.prod(shape[1:]) / 8 for shape in shapes)

@@ -73,6 +73,8 @@ def _shape_text(shapes: list[tuple[int, ...]]) -> str:
 def summary_table(fed: Federation, splits: Mapping[str, Mapping[str, str]]) -> Table:
     """A rich table: per site, cases, train/val/test counts and image shape ``C×spatial``."""
     regions = ", ".join(f"{n}={list(v)}" for n, v in zip(fed.regions.names, fed.regions.values))
+    if fed.regions.ignore is not None:
+        regions += f"; ignore label {fed.regions.ignore} (unannotated voxels)"
     table = Table(title=f"{fed.name}: {fed.kind}, {fed.channels} channel(s)", caption=f"regions: {regions}")
     for column in ("site", "cases", *SPLITS, "image shape (C×spatial)"):
         table.add_column(column, justify="left" if column.startswith(("site", "image")) else "right")

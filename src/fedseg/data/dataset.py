@@ -47,6 +47,9 @@ class CaseSet:
     case already on the model grid (then ``y`` is its truth); evaluation scores the predictions resized back there
     (``fedseg.evaluate.inference.score_caseset``) from where ``fit`` (``data.resize``: ``stretch`` | ``pad``,
     ``fedseg.data.preprocess.fit_box``) placed each case in the model input.
+
+    ``known`` (a federation with an ignore label, ``Regions.target``): ``y``, ``originals`` and the volumes' masks
+    hold one more, last channel, the known (annotated) voxels; :attr:`regions` is R either way.
     """
 
     name: str
@@ -57,6 +60,7 @@ class CaseSet:
     volume: VolumeConfig | None = None
     originals: PackedMasks | None = None
     fit: Fit = "stretch"
+    known: bool = False
     _resident: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict, repr=False, compare=False)
     _resident_volumes: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = field(
         default_factory=dict, repr=False, compare=False
@@ -64,6 +68,11 @@ class CaseSet:
 
     def __len__(self) -> int:
         return len(self.ids)
+
+    @property
+    def regions(self) -> int:
+        """R, the regions (the model's output channels): ``y``'s channels but the known-voxel mask (``known``)."""
+        return self.y.shape[1] - self.known
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_resident": {}, "_resident_volumes": {}}  # a device copy stays in its process
@@ -135,7 +144,8 @@ class CaseSet:
         vols = None if self.volumes is None else [self.volumes[i] for i in cases]
         originals = None if self.originals is None else self.originals.select(cases)
         x, y = self.x[idx], self.y[idx]
-        return CaseSet(self.name, [self.ids[i] for i in cases], x, y, vols, self.volume, originals, self.fit)
+        ids = [self.ids[i] for i in cases]
+        return CaseSet(self.name, ids, x, y, vols, self.volume, originals, self.fit, self.known)
 
     @classmethod
     def concat(cls, name: str, sets: list[CaseSet]) -> CaseSet:
@@ -144,9 +154,11 @@ class CaseSet:
         x, y = torch.cat([s.x for s in sets]), torch.cat([s.y for s in sets])
         originals = PackedMasks.join([(s.originals, len(s)) for s in sets])
         fit = sets[0].fit if sets else "stretch"  # one run's sets: one data.resize
+        known = sets[0].known if sets else False  # one federation's sets: one ignore label or none
         if not sets or any(s.volumes is None for s in sets):
-            return cls(name, ids, x, y, originals=originals, fit=fit)
-        return cls(name, ids, x, y, [v for s in sets for v in s.volumes or []], sets[0].volume, fit=fit)
+            return cls(name, ids, x, y, originals=originals, fit=fit, known=known)
+        vols = [v for s in sets for v in s.volumes or []]
+        return cls(name, ids, x, y, vols, sets[0].volume, fit=fit, known=known)
 
 
 def to_device(x: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -250,7 +262,7 @@ def build_site_data(
                 guard.add(prepared, case, scored=split != "train")
                 cases_done.append(prepared)
             shape_x = (0, fed.channels) + (cfg.image_size,) * fed.spatial_dims
-            shape_y = (0, len(fed.regions)) + (cfg.image_size,) * fed.spatial_dims
+            shape_y = (0, fed.regions.target_channels) + (cfg.image_size,) * fed.spatial_dims
             vols = [c.volume for c in cases_done if c.volume is not None]
             sets[split] = CaseSet(
                 f"{site.name}:{split}",
@@ -261,6 +273,7 @@ def build_site_data(
                 cfg.volume if on_grid else None,
                 PackedMasks.pack([c.truth for c in cases_done]),
                 cfg.resize,
+                fed.regions.ignore is not None,
             )
             del cases_done
     guard.site_done()

@@ -19,9 +19,12 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import torch
 
 Split = Literal["train", "val", "test"]
 SPLITS: tuple[Split, ...] = ("train", "val", "test")
@@ -36,16 +39,24 @@ class Regions:
     """Named regions, each a set of label values: ``{"disc": (1, 2), "cup": (2,)}``.
 
     The network predicts one sigmoid channel per region, in this order.
+
+    ``ignore``: nnU-Net's ``ignore`` label (partial or sparse annotations, ``federation.yaml`` ``ignore_label``),
+    the label value of unannotated voxels, or None. It lies in no region and above every region's value; training
+    takes no loss from its voxels and the metrics count only the others. The region masks the data pipeline carries
+    (:meth:`target`) then hold one more, last channel: the known (annotated) voxels; the model's channels stay one
+    per region.
     """
 
     names: tuple[str, ...]
     values: tuple[tuple[int, ...], ...]
+    ignore: int | None = None
 
     @classmethod
-    def from_mapping(cls, mapping: Mapping[str, list[int] | tuple[int, ...]]) -> Regions:
+    def from_mapping(cls, mapping: Mapping[str, list[int] | tuple[int, ...]], ignore: int | None = None) -> Regions:
         """Regions from ``{name: label values}`` in order, e.g. ``{"disc": [1, 2], "cup": [2]}``: a pixel of a
         case's label map ``(*spatial)`` whose value is listed belongs to that region (0 is background; a value may
-        lie in several, nested regions). A ``FederationError`` for no region, or one without positive values."""
+        lie in several, nested regions). A ``FederationError`` for no region, or one without positive values, or an
+        ``ignore`` value (:func:`ignore_problem`) that is not an integer above every region's value."""
         if not mapping:
             raise FederationError("regions: at least one region is required")
         names, values = [], []
@@ -55,7 +66,9 @@ class Regions:
                 raise FederationError(f"regions.{name}: needs one or more positive label values, got {list(vals)}")
             names.append(str(name))
             values.append(vals)
-        return cls(tuple(names), tuple(values))
+        if ignore is not None and (problem := ignore_problem(ignore, {v for vals in values for v in vals})):
+            raise FederationError(f"ignore_label: {problem}")
+        return cls(tuple(names), tuple(values), None if ignore is None else int(ignore))
 
     def as_dict(self) -> dict[str, list[int]]:
         return {n: list(v) for n, v in zip(self.names, self.values)}
@@ -68,6 +81,20 @@ class Regions:
     def one_hot(self, label: np.ndarray) -> np.ndarray:
         """Label map ``(*spatial)`` -> region masks ``(R, *spatial)`` of dtype uint8."""
         return np.stack([np.isin(label, vals) for vals in self.values]).astype(np.uint8)
+
+    @property
+    def target_channels(self) -> int:
+        """The channels of :meth:`target`'s masks: one per region, plus the known-voxel mask with an ``ignore``."""
+        return len(self) + (self.ignore is not None)
+
+    def target(self, label: np.ndarray) -> np.ndarray:
+        """Label map ``(*spatial)`` -> the masks training and scoring read, uint8: :meth:`one_hot`'s ``(R, *spatial)``
+        without an ``ignore`` label (the very same array), else ``(R + 1, *spatial)``, its last channel the known
+        voxels (``label != ignore``; an ignored voxel lies in no region). :func:`split_known` takes them apart."""
+        masks = self.one_hot(label)
+        if self.ignore is None:
+            return masks
+        return np.concatenate([masks, (np.asarray(label) != self.ignore)[None].astype(np.uint8)])
 
     def paint_order(self) -> list[tuple[int, int]]:
         """nnU-Net's ``regions_class_order``: ``(region index, label value)`` pairs, the largest region first (ties
@@ -140,6 +167,27 @@ class Regions:
         return len(self.names)
 
 
+def ignore_problem(value: object, region_values: set[int]) -> str | None:
+    """What is wrong with ``value`` as an ignore label over regions using ``region_values`` (nnU-Net's rule: an
+    integer, the highest label value, in no region), or None."""
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value <= 0:
+        return f"expected a positive integer label value, got {value!r}"
+    if int(value) in region_values:
+        return f"{value} is a region's label value; the ignore label must lie in no region"
+    if int(value) < max(region_values, default=0):
+        return f"{value} must be the highest label value (nnU-Net's rule), above the regions' {max(region_values)}"
+    return None
+
+
+def split_known(masks: torch.Tensor, regions: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Masks ``(B, R or R + 1, *S)`` of ``regions`` (= R) regions -> ``(region masks (B, R, *S), the known-voxel mask
+    (B, 1, *S) or None)``: with one channel more than the regions the last is the known voxels (:meth:`Regions.target`
+    of a federation with an ignore label), else there is none."""
+    if masks.shape[1] == regions + 1:
+        return masks[:, :regions], masks[:, regions:]
+    return masks, None
+
+
 @dataclass(frozen=True)
 class Case:
     """One image and its label map. Arrays are held in memory or read lazily by ``loader`` (called from the threads
@@ -165,7 +213,8 @@ class Case:
     ) -> Case:
         """A case held in memory: ``image`` ``(C, *spatial)`` channel-first (``(C, H, W)`` for a ``2d`` federation,
         ``(C, D, H, W)`` for ``3d``; C the federation's ``channels``, even 1), ``label`` ``(*spatial)`` an integer
-        label map of the same spatial shape, its values those of the federation's :class:`Regions` (0: background).
+        label map of the same spatial shape, its values those of the federation's :class:`Regions` (0: background; its
+        ``ignore`` value for unannotated voxels where it has one).
         Any numeric image dtype; kept as given (not copied: do not change the arrays afterwards). ``spacing``: voxel
         size in mm per spatial axis (None: 1 mm); further keywords are the case's metadata (``meta``). The run checks
         shapes, dtypes and values before any work (``fedseg.data.user_federation``)."""

@@ -3,7 +3,7 @@
 ::
 
     ROOT/federation.yaml                       name, kind (2d|3d), channels, regions, [label_names],
-                                               [channel_names], [sites]
+                                               [channel_names], [sites], [ignore_label]
     ROOT/<site>/images/<case>.<png|jpg|jpeg|npy|nii|nii.gz|nrrd|mha|mhd>, or images/<case>/ (a DICOM series)
     ROOT/<site>/labels/<case>.<png|npy|nii|nii.gz|nrrd|mha|mhd|dcm>      integer label map (.dcm: DICOM-SEG or
                                                                           RTSTRUCT)
@@ -15,6 +15,9 @@ see ``fedseg.data.metadata`` for both kinds of metadata. ``channel_names`` (opti
 holds, in channel order (``[T1, FLAIR]``: one non-empty name per channel): a trained bundle records it, and
 ``fedseg predict`` refuses nnU-Net images whose ``dataset.json`` orders the channels otherwise. Without it (older
 folders, sources that do not say) the channels are known by their number only.
+``ignore_label`` (optional; nnU-Net's ``ignore`` label, partial or sparse annotations): the label value of
+unannotated voxels, a positive integer above every region's value and in no region. Training takes no loss from
+those voxels and the metrics count only the others (``fedseg.data.federation.Regions``).
 
 This module holds the federation as a whole: ``federation.yaml`` (``Header``, ``read_header``, ``write_header``),
 scanning the site folders and pairing their files (``scan_folder``), grouping the problems found
@@ -41,7 +44,7 @@ import yaml
 from fedseg.data import readers
 from fedseg.data.case_files import DCM_IMAGE_HINT, IMAGE_EXTS, LABEL_EXTS, load_case, split_name
 from fedseg.data.csv_rows import normal_form
-from fedseg.data.federation import Case, Federation, FederationError, Regions, Site, Split
+from fedseg.data.federation import Case, Federation, FederationError, Regions, Site, Split, ignore_problem
 from fedseg.data.metadata import (
     CASES_FILE,
     GROUP,
@@ -55,7 +58,17 @@ from fedseg.data.structured import read_yaml
 
 HEADER_FILE = "federation.yaml"
 SPLITS_FILE = "splits.csv"
-HEADER_KEYS = ("name", "kind", "channels", "regions", "label_names", "channel_names", "sites", "site_order")
+HEADER_KEYS = (
+    "name",
+    "kind",
+    "channels",
+    "regions",
+    "label_names",
+    "channel_names",
+    "sites",
+    "site_order",
+    "ignore_label",
+)
 
 
 # --- federation.yaml -----------------------------------------------------------------------------
@@ -101,6 +114,12 @@ def _header_problems(data: dict, site_names: Collection[str] | None = None) -> l
                     problems.append(
                         f"regions.{name}: expected a non-empty list of positive integer label values, got {vals!r}"
                     )
+    if data.get("ignore_label") is not None:
+        regions = data.get("regions")
+        lists = regions.values() if isinstance(regions, dict) else []
+        used = {int(x) for v in lists if isinstance(v, list) for x in v if _is_int(x)}
+        if problem := ignore_problem(data["ignore_label"], used):
+            problems.append(f"ignore_label: {problem}")
     names = data.get("label_names")
     if names is not None:
         if not isinstance(names, dict) or not all(
@@ -182,7 +201,7 @@ def read_header(root: str | Path, site_names: Collection[str] | None = None) -> 
         name=data["name"],
         kind=data["kind"],
         channels=data["channels"],
-        regions=Regions.from_mapping(data["regions"]),
+        regions=Regions.from_mapping(data["regions"], data.get("ignore_label")),
         label_names={int(k): v for k, v in names.items()} if names else None,
         sites=read_site_metadata(data.get("sites")),
         channel_names=list(data["channel_names"]) if data.get("channel_names") is not None else None,
@@ -199,6 +218,8 @@ def write_header(root: Path, fed: Federation) -> None:
         "channels": int(fed.channels),
         "regions": fed.regions.as_dict(),
     }
+    if fed.regions.ignore is not None:
+        data["ignore_label"] = int(fed.regions.ignore)
     if fed.label_names:
         data["label_names"] = {int(k): str(v) for k, v in fed.label_names.items()}
     if fed.channel_names is not None:

@@ -111,7 +111,7 @@ def prepare_case(
     x, y = case_tensors(image, label, fed.regions, cfg.image_size, norm, cfg.resize)
     truth = None
     if originals and scored and not on_grid and tuple(label.shape) != tuple(y.shape[1:]):
-        truth = fed.regions.one_hot(label)
+        truth = fed.regions.target(label)
     volume = None
     if on_grid:
         spacing = case_spacing(case, fed.spatial_dims)
@@ -274,12 +274,15 @@ def file_stats(files: list[Path]) -> list[list[Any]]:
 def reader_fields(fed: Federation | Any) -> dict[str, Any]:
     """What the folder reader reads a case under (``federation.yaml``'s kind, channels, regions and label names), of
     a :class:`Federation` or a ``fedseg.data.folder.Header``."""
-    return {
+    fields = {
         "kind": fed.kind,
         "channels": fed.channels,
         "regions": [[name, list(values)] for name, values in fed.regions.as_dict().items()],  # in order: channels
         "label_names": None if fed.label_names is None else {str(k): v for k, v in fed.label_names.items()},
     }
+    if fed.regions.ignore is not None:  # the masks' known-voxel channel; absent: the keys as before
+        fields["ignore_label"] = fed.regions.ignore
+    return fields
 
 
 def _sha256(described: dict[str, Any]) -> str:
@@ -363,6 +366,8 @@ def write_case(path: Path, prepared: PreparedCase) -> None:
     header: dict[str, Any] = {"tensors": records, "grid": None}
     if prepared.volume is not None:
         header["grid"] = _grid_record(prepared.volume.grid)
+        if prepared.volume.known:  # its masks carry the known voxels last (an ignore label)
+            header["known"] = True
     named = _tensors(prepared)
     for name, blob in blobs.items():
         tensor = named[name]
@@ -424,7 +429,8 @@ def read_case(path: Path) -> PreparedCase:
         volume = None
         if header["grid"] is not None:
             scored_truth = tensors.get("volume.truth")
-            volume = Volume(tensors["volume.image"], tensors["volume.label"], scored_truth, _grid(header["grid"]))
+            image, label, known = tensors["volume.image"], tensors["volume.label"], bool(header.get("known", False))
+            volume = Volume(image, label, scored_truth, _grid(header["grid"]), known)
             volume.mapped = True  # pickled as copies: a file mapping cannot cross to another process
         truth = tensors["truth"].numpy() if "truth" in tensors else None
         return PreparedCase(tensors["x"], tensors["y"], volume, truth)

@@ -137,13 +137,14 @@ def case_tensors(
     fit: Fit = "stretch",
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Return ``(x (C, *S) float32, y (R, *S) float32 region masks or None)`` with ``S = (size,)*dims``, the image
-    placed as ``fit`` says (``data.resize``, :func:`fit_box`)."""
+    placed as ``fit`` says (``data.resize``, :func:`fit_box`). With an ignore label ``y`` has one more, last channel:
+    the known voxels (``Regions.target``; resized nearest with the label, padding known background)."""
     x = torch.from_numpy(normalize_image(image, normalize))
     lab = torch.from_numpy(label.astype(np.int64)) if label is not None else None
     x, lab = resize(x, lab, size, fit)
     if lab is None:
         return x, None
-    y = torch.from_numpy(regions.one_hot(lab.numpy())).float()
+    y = torch.from_numpy(regions.target(lab.numpy())).float()
     return x, y
 
 

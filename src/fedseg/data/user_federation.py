@@ -37,7 +37,10 @@ def check_user_federation(fed: Federation) -> str:
     """Check ``fed`` (module docstring) and return its fingerprint (64 hex digits); a ``FederationError`` naming
     every problem (the federation, site and case of each) otherwise."""
     digest = hashlib.sha256()
-    digest.update(json.dumps([fed.kind, fed.channels, fed.regions.as_dict()]).encode())
+    task: list = [fed.kind, fed.channels, fed.regions.as_dict()]
+    if fed.regions.ignore is not None:  # nnU-Net's ignore label; absent: the fingerprint as before
+        task.append({"ignore_label": fed.regions.ignore})
+    digest.update(json.dumps(task).encode())
     problems = _site_problems(fed)
     for site in fed.sites:
         ids = [case.id for case in site.cases]

@@ -102,12 +102,14 @@ class Volume:
     bool region masks on the same grid (training targets: float32 in a batch, ``draw_patches``; bool keeps a 3D
     case's masks at a quarter of the memory), ``truth`` ``(R, *O)`` bool region masks on the original grid
     (metrics; None for a training case, which is never scored: a quarter of a BraTS case's memory,
-    ``benchmarks/case_memory.py``) and the ``grid`` to map predictions back."""
+    ``benchmarks/case_memory.py``) and the ``grid`` to map predictions back. ``known``: ``label`` and ``truth`` hold
+    one more, last channel, the known (annotated) voxels (a federation with an ignore label, ``Regions.target``)."""
 
     image: torch.Tensor
     label: torch.Tensor
     truth: torch.Tensor | None
     grid: Grid
+    known: bool = False
     _foreground: torch.Tensor | None = field(default=None, init=False, repr=False, compare=False)
     mapped: bool = field(default=False, init=False, repr=False, compare=False)  # tensors mapped from a cache file
     _sent: dict | None = field(default=None, init=False, repr=False, compare=False)  # a mapped volume's sent copy
@@ -129,9 +131,11 @@ class Volume:
     def foreground(self) -> torch.Tensor:
         """Flat (row-major over ``P``) indices of the voxels of ``label`` in any region, ascending, ``(F,)`` on the
         CPU (int32 when ``P`` allows: half the memory of a large organ's list): what ``label.any(0).nonzero()`` lists,
-        computed once (a patch draw reads it every step)."""
+        computed once (a patch draw reads it every step). The known-voxel channel (``known``) is no region: an
+        ignored voxel is never foreground."""
         if self._foreground is None:
-            flat = self.label.any(0).flatten().nonzero().flatten().cpu()
+            regions = self.label[:-1] if self.known else self.label
+            flat = regions.any(0).flatten().nonzero().flatten().cpu()
             self._foreground = flat.int() if self.label[0].numel() < 2**31 else flat
         return self._foreground
 
@@ -162,7 +166,8 @@ def preprocess(
 ) -> tuple[torch.Tensor, torch.Tensor | None, Grid]:
     """Steps 1-4 of the module docstring on ``image`` ``(C, *O)`` and integer ``label`` ``(*O)`` (or None)
     with the case's ``spacing`` (mm per axis). Returns ``(image (C, *P) float32, region masks (R, *P)
-    bool or None, grid)``, ``P >= patch size`` on every axis."""
+    bool or None, grid)``, ``P >= patch size`` on every axis; the masks with an ignore label as ``Regions.target``
+    (the known voxels last: padding is known background)."""
     from monai.data import MetaTensor
     from monai.transforms import Spacing, SpatialCrop, SpatialPad
 
@@ -196,7 +201,7 @@ def preprocess(
     masks = None
     if lab is not None:
         lab = _plain(padder(lab))[0].round().long()
-        masks = torch.from_numpy(regions.one_hot(lab.numpy())).bool()
+        masks = torch.from_numpy(regions.target(lab.numpy())).bool()
     return x, masks, Grid(shape, spacing, resampled_shape, affine, start, end, pad)
 
 
@@ -263,8 +268,8 @@ def build_volume(
     validation or test case), the original-grid truth)."""
     x, masks, grid = preprocess(image, label, regions, spacing, cfg, normalize)
     assert masks is not None  # a label was given
-    truth = torch.from_numpy(regions.one_hot(label.astype(np.int64))).bool() if scored else None
-    return Volume(x, masks, truth, grid)
+    truth = torch.from_numpy(regions.target(label.astype(np.int64))).bool() if scored else None
+    return Volume(x, masks, truth, grid, known=regions.ignore is not None)
 
 
 def draw_patches(

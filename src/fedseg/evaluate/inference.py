@@ -73,7 +73,7 @@ def score_caseset(
     Whole-image path: each batch of ``batch_size`` is scored where the model ran (Dice on the device;
     HD95/NSD there too unless ``surface_device`` is ``cpu``); only the ``(B, R)`` scores come back."""
     if not len(data):  # a site without cases in this split (e.g. no test cases): no scores, not an error
-        return {m: np.zeros((0, data.y.shape[1])) for m in METRIC_NAMES}
+        return {m: np.zeros((0, data.regions)) for m in METRIC_NAMES}
     if data.volumes is not None and data.volume is not None:
         return score_volumes(
             model,

@@ -39,6 +39,11 @@ exactly one empty     0.0        ``worst``                   0.0
 both non-empty        MONAI      MONAI                       MONAI
 ====================  =========  ==========================  =========
 
+Partial annotations (nnU-Net's ignore label, ``fedseg.data.federation.Regions.ignore``): a truth with one channel
+more than the prediction carries the known (annotated) voxels last; every metric then counts those voxels only, as
+nnU-Net's evaluation does (Dice's overlap counts inside the known mask; for HD95 and NSD both masks restricted to it
+before their edges are taken).
+
 ``worst`` is ``eval.hd95_worst`` when set, else the diagonal of the case's grid in the HD95 unit,
 ``sqrt(sum_i (n_i s_i)^2)`` for spatial shape ``n`` and spacing ``s`` (1 without a spacing): 373.13 mm
 for a BraTS volume (240 x 240 x 155 at 1 mm), the value the BraTS evaluation uses; 90.5 pixels for a
@@ -61,6 +66,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from fedseg.data.federation import split_known
 from fedseg.evaluate.metric_info import DEFAULT_NSD_TOLERANCE
 from fedseg.evaluate.surface import cpu_surface_pairs, surface_pairs
 
@@ -156,7 +162,8 @@ def batch_metrics(
     Args:
         pred: binary prediction ``(B, R, *S)`` (bool or 0/1), ``S`` 2D or 3D; on any device (Dice is
             computed where it lives; ``truth`` is moved there).
-        truth: binary ground truth, same shape.
+        truth: binary ground truth, same shape; or ``(B, R + 1, *S)``, the known (annotated) voxels last (an
+            ignore label's, ``Regions.target``): prediction and truth then count inside them only.
         hd95: compute the surface metrics HD95 and NSD; when False they are all NaN (Dice only
             is much cheaper: each needs a surface-distance computation per case and region).
         spacing: optional pixel/voxel spacing, one number per spatial dim (same for the
@@ -176,6 +183,10 @@ def batch_metrics(
     """
     p = _as_bool(pred)
     t = _as_bool(truth).to(p.device)
+    if p.ndim == t.ndim and p.ndim > 1 and t.shape[1] == p.shape[1] + 1:  # the known voxels last: score only those
+        t, known = split_known(t, p.shape[1])
+        if known is not None:
+            p, t = p & known, t & known
     if p.shape != t.shape:
         raise ValueError(f"pred and truth shapes differ: {tuple(p.shape)} vs {tuple(t.shape)}")
     if p.ndim not in (4, 5):
@@ -229,7 +240,7 @@ def case_metrics(
 
     Args:
         pred: binary prediction ``(R, *S)``, ``S`` 2D or 3D.
-        truth: binary ground truth ``(R, *S)``.
+        truth: binary ground truth ``(R, *S)``, or ``(R + 1, *S)`` with the known voxels last (:func:`batch_metrics`).
         spacing: optional pixel/voxel spacing (one number per spatial dim); HD95 and the NSD
             tolerance are then in those physical units, otherwise in pixels/voxels.
         worst: HD95 when exactly one mask of a region is empty (None: the grid's diagonal).

@@ -41,7 +41,7 @@ def case_mapping_mb(vol: Volume) -> float:
     (R x O bool); with resampling (``grid.affine`` set) one region at a time (:func:`predict_on_grid`): its
     restored crop (S float32), MONAI ``Spacing``'s float64 input, output and sampling grid while it is built
     (S + O + (2D + 1) x O: 56 bytes per original voxel in 3D, :func:`fedseg.data.volumes.restore`)."""
-    channels, regions, padded = vol.image.shape[0], vol.label.shape[0], vol.label[0].numel()
+    channels, regions, padded = vol.image.shape[0], vol.label.shape[0] - vol.known, vol.label[0].numel()
     grid = vol.grid
     resampled, original = math.prod(grid.resampled), math.prod(grid.shape)
     resampling = grid.affine is not None

@@ -148,13 +148,17 @@ def run_config(context: Context) -> RunConfig:
 def federation_header(fed: Federation) -> dict:
     """The parts of a federation every participant must agree on (JSON-safe; region order matters:
     it is the order of the network's output channels), and its channel names (``on_info`` refuses a site whose
-    ``channel_names`` are the coordinator's in another order)."""
-    return {
+    ``channel_names`` are the coordinator's in another order). An ignore label (partial annotations) is part of it
+    where the federation has one (``ignore_label``; absent otherwise, the header as before)."""
+    header = {
         "kind": fed.kind,
         "channels": int(fed.channels),
         "regions": [[k, list(v)] for k, v in fed.regions.as_dict().items()],
         "channel_names": fed.channel_names,
     }
+    if fed.regions.ignore is not None:
+        header["ignore_label"] = int(fed.regions.ignore)
+    return header
 
 
 def load_site(settings: NodeSettings, cfg: RunConfig, check: bool) -> tuple[Federation, Site]:

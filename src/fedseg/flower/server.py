@@ -107,17 +107,18 @@ def check_run(cfg: RunConfig) -> None:
 
 def federation_record(fed: Federation) -> str:
     """The federation header + ordered site names, as the ``fedseg-federation`` run config value."""
-    return json.dumps(
-        {
-            "name": fed.name,
-            "kind": fed.kind,
-            "channels": int(fed.channels),
-            "regions": [[k, v] for k, v in fed.regions.as_dict().items()],
-            "label_names": {str(k): v for k, v in (fed.label_names or {}).items()} or None,
-            "channel_names": fed.channel_names,
-            "sites": fed.site_names,
-        }
-    )
+    record = {
+        "name": fed.name,
+        "kind": fed.kind,
+        "channels": int(fed.channels),
+        "regions": [[k, v] for k, v in fed.regions.as_dict().items()],
+        "label_names": {str(k): v for k, v in (fed.label_names or {}).items()} or None,
+        "channel_names": fed.channel_names,
+        "sites": fed.site_names,
+    }
+    if fed.regions.ignore is not None:  # nnU-Net's ignore label; absent otherwise (the record as before)
+        record["ignore_label"] = int(fed.regions.ignore)
+    return json.dumps(record)
 
 
 def federation_from_record(raw: str) -> Federation:
@@ -128,7 +129,7 @@ def federation_from_record(raw: str) -> Federation:
         d["name"],
         d["kind"],
         int(d["channels"]),
-        Regions.from_mapping(dict(map(tuple, d["regions"]))),
+        Regions.from_mapping(dict(map(tuple, d["regions"])), d.get("ignore_label")),
         [Site(s, []) for s in d["sites"]],
         names,
         channel_names=d.get("channel_names"),

@@ -384,9 +384,16 @@ def _draw_panel(ax, image: np.ndarray, masks: np.ndarray | None, truth: np.ndarr
 
 
 def _sample_dice(sample: Mapping[str, np.ndarray]) -> float:
-    """Dice (mean over regions) of a stored sample's prediction against its truth."""
+    """Dice (mean over regions) of a stored sample's prediction against its truth (its known voxels only where the
+    truth holds a known-voxel channel, an ignore label's: ``batch_metrics``)."""
     dice = batch_metrics(np.asarray(sample["pred"])[None], np.asarray(sample["truth"])[None], hd95=False)["dice"]
     return float(dice.mean())
+
+
+def _region_truth(sample: Mapping[str, np.ndarray]) -> np.ndarray:
+    """A stored sample's truth as region masks, one per predicted channel: an ignore label's known-voxel channel
+    (the truth's last, one more than the prediction's) is no region and is not drawn."""
+    return np.asarray(sample["truth"])[: len(np.asarray(sample["pred"]))]
 
 
 def sample_grid(
@@ -404,7 +411,8 @@ def sample_grid(
 
     Args:
         samples: ``{site: {algorithm: {"image" (C,H,W), "truth" (R,H,W), "pred" (R,H,W),
-            "case"}}}`` as stored in ``samples/<algorithm>__<site>.npz``.
+            "case"}}}`` as stored in ``samples/<algorithm>__<site>.npz`` (the truth of a federation with an ignore
+            label holds the known voxels in one more, last channel: not drawn, no region).
         sites, algorithms: row and column order; missing entries give blank panels.
         regions: region names (legend; contour colour i = region i).
         out: PNG path.
@@ -429,14 +437,14 @@ def sample_grid(
         first = next(samples[site][a] for a in algorithms if a in samples[site])
         case = str(np.asarray(first.get("case", "")))
         _draw_panel(axes[i, 0], first["image"], None)
-        _draw_panel(axes[i, 1], first["image"], None, truth=first["truth"])
+        _draw_panel(axes[i, 1], first["image"], None, truth=_region_truth(first))
         axes[i, 0].set_ylabel(f"{site}\n{case}", fontsize=9)
         for j, alg in enumerate(algorithms, start=2):
             s = samples[site].get(alg)
             if s is None:
                 axes[i, j].axis("off")
                 continue
-            _draw_panel(axes[i, j], s["image"], s["pred"], truth=s["truth"])
+            _draw_panel(axes[i, j], s["image"], s["pred"], truth=_region_truth(s))
             axes[i, j].set_xlabel(f"Dice {_sample_dice(s):.3f}", fontsize=9, labelpad=2)
     handles = [Line2D([], [], color=_region_color(r), lw=2.5) for r in range(len(regions))]
     handles += [

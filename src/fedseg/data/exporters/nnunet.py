@@ -39,7 +39,8 @@ What ``export_nnunet`` writes under ``OUT`` (``$nnUNet_raw``)::
   nnU-Net's region-based labels, listed from the largest region to the smallest (nnU-Net paints them in that
   order), with ``regions_class_order`` (region ``i``'s smallest value in no later region). nnU-Net needs
   consecutive label values: others (BraTS ``1, 2, 4``) are renumbered ``1, 2, 3`` in order, in the label files
-  too, and ``description`` says so.
+  too, and ``description`` says so. A federation's ignore label (``ignore_label``, partial annotations) is written
+  as nnU-Net's ``"ignore"``, the value after the regions' (its voxels keep it in the label files).
 
 Everything is written into a temporary folder next to the dataset and renamed at the end: on any error
 nothing is left at ``OUT/DatasetNNN_Name``.
@@ -90,11 +91,23 @@ def dataset_folder_name(dataset_id: int, name: str) -> str:
 
 
 def labels_for(regions: Regions) -> tuple[dict[str, Any], list[int] | None, dict[int, int]]:
-    """``(nnU-Net labels, regions_class_order or None for plain labels, old -> new label value)`` (module docstring)."""
+    """``(nnU-Net labels, regions_class_order or None for plain labels, old -> new label value)`` (module docstring);
+    an ignore label (``Regions.ignore``) as nnU-Net's ``"ignore"``, the value after the regions'."""
+    labels, order, renumber = _region_labels(regions)
+    if regions.ignore is not None:
+        renumber[regions.ignore] = len(renumber) + 1
+        labels["ignore"] = renumber[regions.ignore]
+    return labels, order, renumber
+
+
+def _region_labels(regions: Regions) -> tuple[dict[str, Any], list[int] | None, dict[int, int]]:
+    """:func:`labels_for` of the regions alone."""
     values = sorted(regions.label_values)
     renumber = {v: i + 1 for i, v in enumerate(values)}
     if "background" in regions.names:
         raise FederationError("region 'background': nnU-Net reserves that name for label 0; rename the region")
+    if "ignore" in regions.names:
+        raise FederationError("region 'ignore': nnU-Net reserves that name for unannotated voxels; rename the region")
     singles = [vals[0] for vals in regions.values if len(vals) == 1]
     if len(singles) == len(regions) and len(set(singles)) == len(singles):
         return {"background": 0, **{n: renumber[v[0]] for n, v in zip(regions.names, regions.values)}}, None, renumber

@@ -34,6 +34,10 @@ What it writes:
   per non-background label, ``liver = [1]`` (nnU-Net's classes are disjoint); region-based labels
   (``"whole tumor": [1, 2, 3]``, with ``regions_class_order``) give those regions as listed. Region names
   are the label names with spaces as ``_``.
+- **ignore label** (partial or sparse annotations, nnU-Net v2's ``"ignore": V``): ``ignore_label: V`` in
+  ``federation.yaml``, with plain and region-based labels alike. As nnU-Net requires, ``V`` is one integer, higher
+  than every other label value (so in no region); voxels labelled ``V`` are unannotated: training takes no loss and
+  no gradient from them and Dice, HD95 and NSD count only the annotated voxels (``fedseg.data.federation.Regions``).
 - **splits** (``<site>/splits.csv``): the imported ``imagesTs`` cases are ``test``; with
   ``splits_final.json`` (fold ``FOLD``, default 0) its ``train`` and ``val`` lists give the split of every
   ``imagesTr`` case; without it the ``imagesTr`` cases are left to the run's split settings (which draw test
@@ -46,7 +50,8 @@ problems):`` then a line each, at most 3 of one kind, as ``writer.raise_problems
 - ``dataset.json``, every fault of the file in one pass (and of every dataset folder's, where several are given,
   before any case is read): the file missing or not a JSON object; ``channel_names``, ``labels``, ``numTraining``
   or ``file_ending`` missing (naming a misspelt key the file has) or ill-typed; an unknown ``file_ending``; an
-  ``ignore`` label (partial annotations: not supported); a label value, background entry or region name at fault;
+  ``ignore`` label that is not one integer above every other label value; a label value, background entry or
+  region name at fault;
   region-based ``labels`` without ``regions_class_order``. A check that needs a field at fault is skipped rather
   than reported as a second fault (no ``regions_class_order`` check where ``labels`` is at fault, no background
   check where a label value is); an nnU-Net v1 / MSD ``dataset.json`` is one line saying which import reads it.
@@ -76,7 +81,7 @@ import numpy as np
 
 from fedseg.data import case_files, folder_write, readers
 from fedseg.data.csv_rows import read_csv_rows
-from fedseg.data.federation import FederationError, Split
+from fedseg.data.federation import FederationError, Split, ignore_problem
 from fedseg.data.importers.writer import (
     Plan,
     PlannedCase,
@@ -90,6 +95,7 @@ from fedseg.data.importers.writer import (
 from fedseg.data.structured import read_mapping
 
 DATASET_JSON = "dataset.json"
+IGNORE = "ignore"  # nnU-Net v2's ignore label: the labels entry naming the value of unannotated voxels
 SPLITS_FINAL = "splits_final.json"
 CHANNEL_DIGITS = 4  # nnU-Net's _XXXX channel suffix
 SITE_CSV_COLUMNS = ("case", "site")
@@ -137,7 +143,8 @@ def kind_of(file_ending: str) -> Literal["2d", "3d"]:
 @dataclass(frozen=True)
 class DatasetInfo:
     """``dataset.json``, checked: ``channel_names`` in channel order, ``regions`` (name -> label values),
-    ``label_names`` (value -> name; plain labels only), ``file_ending`` (with its dot)."""
+    ``label_names`` (value -> name; plain labels only), ``file_ending`` (with its dot), ``ignore`` (the ``ignore``
+    label's value, or None)."""
 
     path: Path
     name: str
@@ -146,6 +153,7 @@ class DatasetInfo:
     label_names: dict[int, str] | None
     file_ending: str
     num_training: int
+    ignore: int | None = None
 
 
 def _label_values(name: str, value: Any, path: Path, problems: list[str]) -> list[int] | None:
@@ -159,15 +167,14 @@ def _label_values(name: str, value: Any, path: Path, problems: list[str]) -> lis
 
 def regions_from_labels(
     labels: dict[str, Any], path: Path, problems: list[str]
-) -> tuple[dict[str, list[int]], dict[int, str] | None] | None:
-    """nnU-Net ``labels`` -> ``(regions, label names or None for region-based labels)`` (see the module); each fault
-    a line in ``problems``. None where the regions cannot be known (a label value, the background, a region name or
-    a shared value at fault); an ``ignore`` label is a line too, the regions then those of the other labels. A check
+) -> tuple[dict[str, list[int]], dict[int, str] | None, int | None] | None:
+    """nnU-Net ``labels`` -> ``(regions, label names or None for region-based labels, the ignore label's value or
+    None)`` (see the module); each fault a line in ``problems``. None where the regions cannot be known (a label
+    value, the background, a region name or a shared value at fault); an ``ignore`` label at fault (nnU-Net's rule:
+    one integer, above every other label value) is a line too, the regions then those of the other labels. A check
     that needs what an earlier one refused is skipped (a label value at fault: no background check; no background
     entry: no check of the others against it; a label at fault: no "no foreground label")."""
-    if any(str(k).lower() == "ignore" for k in labels):
-        problems.append(f'{path}: "labels": an "ignore" label (partial annotation) is not supported by fedseg')
-    given = {str(name): value for name, value in labels.items() if str(name).lower() != "ignore"}
+    given = {str(name): value for name, value in labels.items() if str(name) != IGNORE}
     parsed = {name: _label_values(name, value, path, problems) for name, value in given.items()}
     if any(values is None for values in parsed.values()):
         return None
@@ -197,7 +204,10 @@ def regions_from_labels(
     if not regions:
         problems.append(f'{path}: "labels": no foreground label (only {labels})')
         return None
-    return regions, None if region_based else dict(sorted(names.items()))
+    ignore = labels.get(IGNORE)
+    if ignore is not None and (problem := ignore_problem(ignore, {v for values in valid.values() for v in values})):
+        problems.append(f'{path}: "labels": "{IGNORE}": {problem}')  # the regions stand: regions_class_order checked
+    return regions, None if region_based else dict(sorted(names.items())), ignore
 
 
 DATASET_JSON_KEYS = ("channel_names", "labels", "numTraining", "file_ending")
@@ -262,10 +272,10 @@ def check_dataset_json(src: Path, problems: list[str]) -> DatasetInfo | None:
         problems.append(f'{path}: "numTraining": expected a positive integer, got {num!r}')
     if len(problems) > before or parsed is None:
         return None
-    regions, label_names = parsed
+    regions, label_names, ignore = parsed
     names = [str(data["channel_names"][str(i)]) for i in range(len(data["channel_names"]))]  # all there and sound
     name = str(data.get("name") or src.name)
-    return DatasetInfo(path, name, names, regions, label_names, data["file_ending"], data["numTraining"])
+    return DatasetInfo(path, name, names, regions, label_names, data["file_ending"], data["numTraining"], ignore)
 
 
 def read_dataset_jsons(sources: Sequence[Path]) -> list[DatasetInfo]:
@@ -625,6 +635,7 @@ def plan_nnunet(
                 ("channel_names", _channels_said(plan), _channels_said(first)),
                 ("regions", plan.regions, first.regions),
                 ("labels", plan.label_names, first.label_names),
+                ("ignore label", plan.ignore_label, first.ignore_label),
             )
             if mine != theirs
         ]
@@ -650,6 +661,7 @@ def plan_nnunet(
         [note for plan in plans for note in plan.notes],
         first.channel_names,
         first.channels_from,
+        first.ignore_label,
     )
 
 
@@ -657,7 +669,8 @@ def _as_written(plan: Plan, field: str) -> object:
     """``plan``'s ``field`` as its dataset.json says it (channel names as written, not as compared)."""
     if field == "channel_names":
         return plan.channel_names if plan.channel_names else plan.channels
-    return {"kind": plan.kind, "regions": plan.regions, "labels": plan.label_names}[field]
+    fields = {"kind": plan.kind, "regions": plan.regions, "labels": plan.label_names, "ignore label": plan.ignore_label}
+    return fields[field]
 
 
 def _merge_advice(field: str, plan: Plan, first: Plan) -> str:
@@ -665,7 +678,7 @@ def _merge_advice(field: str, plan: Plan, first: Plan) -> str:
     can be reordered; other channels (another modality) cannot be one federation unless they are in fact the same."""
     if field == "kind":
         return "the datasets of one federation need images of one kind (all 2D or all 3D)"
-    if field in ("regions", "labels"):
+    if field in ("regions", "labels", "ignore label"):
         return "the datasets of one federation need the same labels with the same values (renumber one's labels)"
     mine, theirs = _channels_said(plan), _channels_said(first)
     if isinstance(mine, list) and isinstance(theirs, list) and sorted(mine) == sorted(theirs):
@@ -749,4 +762,5 @@ def _plan_dataset(
         notes,
         channel_names,
         f"{info.path} channel_names",
+        info.ignore,
     )

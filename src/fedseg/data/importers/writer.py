@@ -106,6 +106,7 @@ class Plan:
     notes: list[str] = field(default_factory=list)  # what the import leaves out on purpose, said once
     channel_names: list[str] | None = None  # what each channel holds, in order, where the layout says it
     channels_from: str | None = None  # the source that gave ``channels`` (``SRC/dataset.json channel_names``)
+    ignore_label: int | None = None  # nnU-Net's ignore label: the value of unannotated voxels (``Regions.ignore``)
 
 
 def read_nifti(path: Path) -> tuple[np.ndarray, np.ndarray]:
@@ -188,7 +189,7 @@ def header_federation(plan: Plan) -> Federation:
         Site(s.name, [Case(c.id, _no_arrays, c.meta) for c in s.cases], s.fixed_splits or None, s.meta)
         for s in sorted(plan.sites, key=lambda s: s.name)
     ]
-    regions = Regions.from_mapping(plan.regions)
+    regions = Regions.from_mapping(plan.regions, plan.ignore_label)
     return Federation(plan.name, plan.kind, plan.channels, regions, sites, plan.label_names, plan.channel_names)
 
 
