@@ -61,3 +61,25 @@ def test_optimizer_state_round_trip(tiny_config):
     load_optimizer_state(fresh, flat)
     again = optimizer_state(fresh)
     assert flat.keys() == again.keys() and all(torch.equal(flat[k], again[k]) for k in flat)
+
+
+def test_dice_bce_gives_each_region_its_own_binary_cross_entropy():
+    """``train.loss: dice_bce`` is soft Dice + the binary cross-entropy of every region's sigmoid: with one region
+    MONAI's ``DiceCELoss`` to the bit; with nested regions (a voxel in both, as BraTS ET lies in TC and WT) a model
+    sure of both has almost no loss, where a softmax cross-entropy across the channels (``DiceCELoss`` with several)
+    would make the two compete and charge it log 2 a voxel."""
+    from monai.losses import DiceCELoss
+
+    from fedseg.config import TrainConfig
+    from fedseg.train import segmentation_loss
+
+    loss_fn = segmentation_loss(TrainConfig(loss="dice_bce"))
+    g = torch.Generator().manual_seed(0)
+    logits, target = torch.randn((2, 1, 8, 8), generator=g), (torch.rand((2, 1, 8, 8), generator=g) > 0.5).float()
+    assert torch.equal(
+        loss_fn(logits, target), DiceCELoss(sigmoid=True, smooth_nr=1e-5, smooth_dr=1e-5)(logits, target)
+    )
+    both = torch.ones((1, 2, 4, 4))  # every voxel in both nested regions
+    sure = torch.full((1, 2, 4, 4), 20.0)
+    assert loss_fn(sure, both).item() < 1e-6
+    assert DiceCELoss(sigmoid=True)(sure, both).item() > 1.0  # the softmax cross-entropy: 2 log 2 per voxel

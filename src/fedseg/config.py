@@ -341,7 +341,10 @@ class TrainConfig(Strict):
     batch_size: int = Field(default=8, ge=1)
     budget: BudgetConfig = BudgetConfig()
     keep_optimizer_state: bool = True
-    loss: Literal["dice", "dice_bce"] = "dice"
+    loss: Literal["dice", "dice_bce"] = Field(
+        default="dice",
+        description="dice: soft Dice over the region channels; dice_bce: + each region channel's binary cross-entropy",
+    )
     adam_betas: tuple[float, float] = Field(
         default=(0.9, 0.999), description="Adam's (beta1, beta2), each in [0, 1) (Auto-FedAvg: (0.5, 0.99))"
     )

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from monai.losses import DiceCELoss, DiceLoss
+from monai.losses import DiceLoss
 from torch import nn
 from torch.nn import functional as F
 
@@ -102,9 +102,9 @@ def grad_scale_from(tensor: torch.Tensor | None) -> GradScale | None:
 
 def segmentation_loss(cfg: TrainConfig) -> nn.Module:
     """The training loss ``train.loss``: soft Dice over the region channels (no background channel exists),
-    optionally + BCE. Every loss a method computes besides the Trainer's (q-FedAvg's F_k, FedPIDAvg's validation
-    loss, Auto-FedAvg's aggregation-weight loss, FedSM-extra's labels, Per-FedAvg's second batch) is this one, so
-    that all of them take the whole training configuration, ``train.dice_smooth`` included.
+    optionally + binary cross-entropy (``dice_bce``). Every loss a method computes besides the Trainer's (q-FedAvg's
+    F_k, FedPIDAvg's validation loss, Auto-FedAvg's aggregation-weight loss, FedSM-extra's labels, Per-FedAvg's second
+    batch) is this one, so that all of them take the whole training configuration, ``train.dice_smooth`` included.
 
     Input: logits ``(B, R, *S)``, target region masks ``(B, R, *S)`` in {0, 1}, or ``(B, R + 1, *S)`` with the
     known (annotated) voxels last (an ignore label's, ``fedseg.data.federation.Regions.target``): those alone then
@@ -113,45 +113,45 @@ def segmentation_loss(cfg: TrainConfig) -> nn.Module:
     a case without a region gives a finite, useful gradient); None = MONAI's defaults (1e-5 in numerator and
     denominator).
     """
+    if cfg.loss not in ("dice", "dice_bce"):
+        raise ValueError(f"train.loss: unknown loss {cfg.loss!r} (dice | dice_bce)")
     eps = 1e-5 if cfg.dice_smooth is None else float(cfg.dice_smooth)  # MONAI's default smooth_nr = smooth_dr
-    if cfg.loss == "dice":
-        return SegmentationLoss(DiceLoss(sigmoid=True, smooth_nr=eps, smooth_dr=eps), eps, with_ce=False)
-    if cfg.loss == "dice_bce":
-        return SegmentationLoss(DiceCELoss(sigmoid=True, smooth_nr=eps, smooth_dr=eps), eps, with_ce=True)
-    raise ValueError(f"train.loss: unknown loss {cfg.loss!r} (dice | dice_bce)")
+    return SegmentationLoss(DiceLoss(sigmoid=True, smooth_nr=eps, smooth_dr=eps), eps, with_bce=cfg.loss == "dice_bce")
 
 
 class SegmentationLoss(nn.Module):
-    """The training loss of :func:`segmentation_loss`: ``base`` (MONAI's ``DiceLoss`` or ``DiceCELoss``, sigmoid) on a
-    target of one mask per region, the very same call as ever; on a target with the known-voxel mask last (an ignore
-    label's, one channel more than the logits) the same loss over the known voxels alone, as nnU-Net trains with an
-    ignore label: soft Dice with prediction and target zeroed at unknown voxels (per case and region, as MONAI's),
-    and the cross-entropy term (``with_ce``) averaged over the known voxels only (what MONAI's ``DiceCELoss`` takes
-    with sigmoid: binary cross-entropy for one region, cross-entropy over the region channels for several). With every
-    voxel known the numbers are ``base``'s (to float rounding); an unknown voxel's logits give no loss and no
-    gradient."""
+    """The training loss of :func:`segmentation_loss`: MONAI's sigmoid ``DiceLoss`` (``dice``), mean over cases and
+    regions, plus with ``with_bce`` the binary cross-entropy of every region channel's sigmoid, mean over voxels and
+    regions (``dice_bce``: each region its own yes/no, as nested regions need: an enhancing-tumour voxel is in ET, TC
+    and WT at once; nnU-Net's region-based Dice + BCE. MONAI's ``DiceCELoss``, which this was, takes a softmax
+    cross-entropy across the channels whenever there are several, making nested regions compete; with one region
+    the two are the same numbers to the bit).
 
-    def __init__(self, base: nn.Module, eps: float, *, with_ce: bool):
+    On a target with the known-voxel mask last (an ignore label's, one channel more than the logits) the same loss
+    over the known voxels alone, as nnU-Net trains with an ignore label: soft Dice with prediction and target zeroed
+    at unknown voxels (per case and region, as MONAI's), the cross-entropy averaged over the known voxels only. With
+    every voxel known the numbers are the unmasked ones (to float rounding); an unknown voxel's logits give no loss and
+    no gradient."""
+
+    def __init__(self, dice: nn.Module, eps: float, *, with_bce: bool):
         super().__init__()
-        self.base, self.eps, self.with_ce = base, eps, with_ce
+        self.dice, self.eps, self.with_bce = dice, eps, with_bce
 
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         regions, known = split_known(target, input.shape[1]) if target.dim() == input.dim() else (target, None)
         if known is None:
-            return self.base(input, target)
+            loss = self.dice(input, target)
+            return loss + F.binary_cross_entropy_with_logits(input, target.to(input.dtype)) if self.with_bce else loss
         known = known.to(input.dtype)
         truth = regions.to(input.dtype) * known
         spatial = tuple(range(2, input.dim()))
         p = torch.sigmoid(input) * known
         overlap, total = (p * truth).sum(spatial), p.sum(spatial) + truth.sum(spatial)
         loss = (1.0 - (2.0 * overlap + self.eps) / (total + self.eps)).mean()
-        if not self.with_ce:
+        if not self.with_bce:
             return loss
-        if input.shape[1] == 1:
-            ce = F.binary_cross_entropy_with_logits(input, truth, reduction="none")
-        else:
-            ce = -(truth * F.log_softmax(input, dim=1)).sum(1, keepdim=True)
-        return loss + (ce * known).sum() / known.sum().clamp_min(1.0)
+        bce = F.binary_cross_entropy_with_logits(input, truth, reduction="none")  # (B, R, *S)
+        return loss + (bce * known).sum() / (known.sum() * input.shape[1]).clamp_min(1.0)
 
 
 def make_optimizer(cfg: TrainConfig, params) -> torch.optim.Optimizer:
