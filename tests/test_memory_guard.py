@@ -7,6 +7,7 @@ prepared-case cache count nothing (but once per worker of the pool); ``FEDSEG_ME
 from __future__ import annotations
 
 import functools
+import os
 import re
 from pathlib import Path
 
@@ -23,6 +24,8 @@ from fedseg.data.folder import load_folder
 from fedseg.data.folder_write import write_folder
 from fedseg.data.memory_guard import (
     MEMORY_CHECK_ENV,
+    MEMORY_SHARE_ENV,
+    MEMORY_SHARED_ENV,
     MemoryGuard,
     NotEnoughMemory,
     cgroup_memory_headroom,
@@ -352,3 +355,98 @@ def test_a_view_keeps_its_whole_storage(tmp_path):
     base = torch.zeros(1000)
     assert storage_bytes([base[:10], base[500:]]) == 4000
     assert storage_bytes([torch.zeros(10), torch.zeros(10)]) == 80
+
+
+def test_a_bench_job_is_checked_against_its_share_of_the_memory(memory, monkeypatch):
+    """``fedseg bench --jobs N`` runs N runs at once, each seeing the same free memory: each was judged alone, so two
+    runs of 12 GB each passed on 20 GB. Told its share (``FEDSEG_MEMORY_SHARE=2`` of ``FEDSEG_MEMORY_SHARED`` bytes,
+    as the bench sets it), a run is checked against half of what the bench found, and the line says so; with less
+    available now than its share, against what it finds; without the bytes, against half of what it finds."""
+    memory(int(20e9 / 1024))  # 20 GB MemAvailable
+
+    def projected_gb(cases: int = 10, mb: float = 1200) -> MemoryGuard:
+        guard = MemoryGuard.start(cases)
+        for _ in range(cases - 1):  # the guard checks until the last case is in
+            guard.add(_case(mb, False), None)  # type: ignore[arg-type]
+        return guard
+
+    assert projected_gb().available == (20_000_000_000 - 20_000_000_000 % 1024, "MemAvailable")  # alone: 12 GB fit
+    monkeypatch.setenv(MEMORY_SHARE_ENV, "2")
+    monkeypatch.setenv(MEMORY_SHARED_ENV, str(int(16e9)))
+    with pytest.raises(NotEnoughMemory) as caught:
+        projected_gb()
+    line = str(caught.value)
+    assert "they would hold about 12 GB, more than 90% of the 8 GB this process can have (this job's 1/2 share" in line
+    assert "of the 16 GB of what the bench found available, FEDSEG_MEMORY_SHARE=2)" in line
+    assert "fewer runs at once (fedseg bench --jobs below 2)" in line and "\n" not in line
+    guard = projected_gb(mb=700)  # 7 GB: 90% of 8 GB is 7.2
+    assert guard.available is not None and guard.available[0] == 8_000_000_000 and guard.share is not None
+    monkeypatch.setenv(MEMORY_SHARED_ENV, str(int(60e9)))  # 30 GB a job, but 20 GB available now: checked on 20
+    assert projected_gb().available == (20_000_000_000 - 20_000_000_000 % 1024, "MemAvailable")
+    monkeypatch.delenv(MEMORY_SHARED_ENV)  # set by hand: half of what the process finds
+    halved = r"of the 10 GB this process can have \(this job's 1/2 share of the 20 GB"
+    with pytest.raises(NotEnoughMemory, match=halved):
+        projected_gb()
+    monkeypatch.setenv(MEMORY_SHARE_ENV, "1")
+    projected_gb()
+    for name, value in ((MEMORY_SHARE_ENV, "two"), (MEMORY_SHARE_ENV, "0"), (MEMORY_SHARED_ENV, "-5")):
+        monkeypatch.setenv(name, value)
+        with pytest.raises(ValueError, match=rf"^{name}='{value}': not a whole number of at least [01] \("):
+            MemoryGuard.start(10)
+        monkeypatch.setenv(MEMORY_SHARE_ENV, "2")
+        monkeypatch.delenv(MEMORY_SHARED_ENV, raising=False)
+    monkeypatch.delenv(MEMORY_SHARE_ENV)
+    monkeypatch.setenv(MEMORY_SHARED_ENV, "1000")
+    with pytest.raises(ValueError, match=f"^{MEMORY_SHARED_ENV} is set without {MEMORY_SHARE_ENV}"):
+        MemoryGuard.start(10)
+
+
+BENCH_WITH_FAKE_MEMORY = """
+import sys
+from pathlib import Path
+
+from fedseg.data import memory_guard
+
+# the bench's own process sees this MemAvailable (its run processes, fresh, read the machine's)
+memory_guard.MEMINFO, memory_guard.CGROUPS = Path(sys.argv[1]), Path(sys.argv[2])
+sys.argv = ["fedseg", *sys.argv[3:]]
+from fedseg.cli import entry
+
+entry()
+"""
+
+
+@pytest.mark.slow
+def test_bench_jobs_tells_each_run_process_its_share(tmp_path):
+    """``fedseg bench --jobs 2`` in a fresh process whose own MemAvailable reads 2 MB (its run processes, started by
+    the forkserver, read this machine's real memory): each run is checked against 1 MB, half of what the bench
+    found, and refused in one line (alone, each run process would have seen the machine's gigabytes and trained)."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    from test_interrupts import TINY_SET
+
+    (tmp_path / "meminfo").write_text("MemTotal: 64000000 kB\nMemAvailable: 2000 kB\n")
+    spec = {
+        "name": "shared",
+        "base": {"preset": "synthetic-retina"},
+        "set": [*TINY_SET, "eval.local_models=false"],
+        "federations": ["synthetic-retina"],
+        "methods": ["fedavg"],
+        "seeds": [0, 1],
+        "split": {"mode": "ratio"},
+        "budget": {"rounds": 1},
+    }
+    (tmp_path / "bench.yaml").write_text(yaml.safe_dump(spec))
+    bench = ["bench", str(tmp_path / "bench.yaml"), "--out", str(tmp_path / "out"), "--jobs", "2"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FEDSEG_MEMORY", "FEDSEG_PREPARED"))}
+    args = [sys.executable, "-c", BENCH_WITH_FAKE_MEMORY, str(tmp_path / "meminfo"), str(tmp_path / "no-cgroups")]
+    done = subprocess.run([*args, *bench], capture_output=True, text=True, env=env, timeout=600)
+    output = done.stdout + done.stderr
+    assert done.returncode == 1, output
+    (line,) = [line for line in output.splitlines() if line.startswith("error:")]
+    assert line.startswith("error: not enough memory to prepare this run's"), output
+    assert "GB this process can have (this job's 1/2 share of the 0.00205 GB of what the bench found" in line
+    assert "fewer runs at once (fedseg bench --jobs below 2)" in line and "Traceback" not in output

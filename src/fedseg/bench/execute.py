@@ -10,7 +10,10 @@ process knows the built-in methods, and those a script registers at its top leve
 starts); the bench's methods registered in this process (``register_algorithm``, under ``if __name__ ==
 "__main__":`` too) are sent to each run's process and registered there (:func:`job_registrations`: a class the
 processes cannot import is refused before any run starts), and so are the federations registered here that its runs
-read (:func:`job_federations`: a builder that cannot be sent, a lambda, is refused first).
+read (:func:`job_federations`: a builder that cannot be sent, a lambda, is refused first). The runs at once
+share the machine's memory, and each run's memory check (``fedseg.data.memory_guard``) would see all of it free, so
+N runs each judged to fit could together exhaust it: each run process is told its share (:func:`job_memory_share`:
+``FEDSEG_MEMORY_SHARE`` and ``FEDSEG_MEMORY_SHARED``, 1/N of the memory available to the bench as it starts them).
 """
 
 from __future__ import annotations
@@ -112,24 +115,50 @@ def job_federations(configs: Iterable[RunConfig]) -> tuple[RegisteredFederation,
     return registered
 
 
+def job_memory_share(runs: int) -> dict[str, str]:
+    """The environment that tells each of ``runs`` run processes at once its share of the memory
+    (``fedseg.data.memory_guard.memory_share``): ``FEDSEG_MEMORY_SHARE`` = ``runs`` and ``FEDSEG_MEMORY_SHARED`` =
+    the bytes available to this process now (its own share where it is itself told one), measured once here, as
+    the runs start, not by each run: a run started later sees what the others already hold. Nothing for a single
+    run, under ``FEDSEG_MEMORY_CHECK=off`` (inherited: no run checks), or where the memory cannot be read (macOS:
+    no run checks either)."""
+    from fedseg.data.memory_guard import (
+        MEMORY_SHARE_ENV,
+        MEMORY_SHARED_ENV,
+        check_off,
+        memory_available,
+        memory_share,
+        shared_available,
+    )
+
+    if runs < 2 or check_off():
+        return {}
+    available = shared_available(memory_available(), memory_share())
+    if available is None:
+        return {}
+    return {MEMORY_SHARE_ENV: str(runs), MEMORY_SHARED_ENV: str(available[0])}
+
+
 def _train_in_process(
     cfg_json: dict,
     out: str,
     results,
     registered: tuple[AlgorithmSpec, ...] = (),
     federations: tuple[RegisteredFederation, ...] = (),
+    environment: dict[str, str] | None = None,
 ) -> None:
-    """A bench process's target: register ``registered`` (the bench's methods registered in the parent,
-    ``job_registrations``: a script's ``if __name__ == "__main__":`` block does not run here), ``train`` one run,
-    then put ``(out, seconds, None)`` on ``results``, or ``(out, None, exception)`` when it failed, and exit;
-    interrupted (SIGINT from the bench or Ctrl-C) before its answer is ready, it leaves quietly. Once the answer is
-    ready, SIGINT is ignored, so an interrupt cannot cut it short (ignored, not blocked: blocking holds it back from
-    this thread only, and Python runs its handler in the main thread whichever thread received it; the bench stops
-    the other runs with SIGINT as soon as one fails)."""
+    """A bench process's target: set ``environment`` (:func:`job_memory_share`), register ``registered`` (the
+    bench's methods registered in the parent, ``job_registrations``: a script's ``if __name__ == "__main__":`` block
+    does not run here), ``train`` one run, then put ``(out, seconds, None)`` on ``results``, or ``(out, None,
+    exception)`` when it failed, and exit; interrupted (SIGINT from the bench or Ctrl-C) before its answer is ready,
+    it leaves quietly. Once the answer is ready, SIGINT is ignored, so an interrupt cannot cut it short (ignored,
+    not blocked: blocking holds it back from this thread only, and Python runs its handler in the main thread
+    whichever thread received it; the bench stops the other runs with SIGINT as soon as one fails)."""
     answer: tuple[str, float | None, BaseException | None]
     # the bench stops its runs with SIGINT: taken as Ctrl-C even where this process inherited it ignored (a bench
     # started in the background by a script, `fedseg bench ... &`, whose SIGINT stopped no run: SIGKILL after 20 s)
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    os.environ.update(environment or {})
     try:
         try:
             if registered:
@@ -254,6 +283,7 @@ class Runner:
         KeyboardInterrupt) starts no further run, stops the running ones (their last round's checkpoint stays)
         and leaves no process behind, then re-raises."""
         federations = job_federations(configs[r] for r in todo)  # registered here: sent along, checked first
+        environment = job_memory_share(min(self.jobs, len(todo)))  # each run's share of the memory
         context = multiprocessing.get_context("forkserver")
         results = context.Queue()  # (run folder, wall seconds, None) or (run folder, None, the exception)
         queued = list(todo)
@@ -266,7 +296,14 @@ class Runner:
                     folder = str(r.dir(self.out))
                     child = context.Process(
                         target=_train_in_process,
-                        args=(configs[r].model_dump(mode="json"), folder, results, self.registered, federations),
+                        args=(
+                            configs[r].model_dump(mode="json"),
+                            folder,
+                            results,
+                            self.registered,
+                            federations,
+                            environment,
+                        ),
                     )
                     child.start()
                     running[folder] = (child, r)

@@ -29,10 +29,18 @@ Available (bytes): ``MemAvailable`` of ``/proc/meminfo`` when the preparation st
 process's cgroup (:func:`cgroup_memory_headroom`: a container's or a Kubernetes pod's memory limit). Without
 ``/proc/meminfo`` (macOS, Windows) nothing is checked. ``FEDSEG_MEMORY_CHECK=off`` skips the check (swap to spare,
 or a measure you trust more): an environment variable, not a config key, since it changes no result (as
-``$FEDSEG_PREPARED_CACHE``), so it enters neither the run's digest nor a resume's checks. The check never changes a
-tensor: it only measures, and raises or not. A refusal leaves what any preparation that fails leaves: a new ``--out``
-not made (``fedseg.run.experiment`` makes it after the preparation), the cases stored in the prepared-case cache so
-far. The line's MB and GB are 10^6 and 10^9 bytes.
+``$FEDSEG_PREPARED_CACHE``), so it enters neither the run's digest nor a resume's checks. Runs preparing at once
+share that memory, and each would see all of it free: ``fedseg bench --jobs N`` (``fedseg.bench.execute``) sets in
+each of its run processes ``FEDSEG_MEMORY_SHARE=N`` (:data:`MEMORY_SHARE_ENV`: the runs at once) and
+``FEDSEG_MEMORY_SHARED=B`` (:data:`MEMORY_SHARED_ENV`: the bytes :func:`memory_available` gave the bench as it
+started them), and a process so told may take ``B/N``, or what it finds available where that is less
+(:func:`memory_share`, :meth:`MemoryGuard.start`): N runs each judged to fit then fit together. ``B`` is measured
+once, by the bench, not by each run as it starts: a run started while others hold their cases would see only what
+they left and, dividing that by N again, be refused though it fits. Without ``FEDSEG_MEMORY_SHARED`` (set by hand,
+e.g. for runs started side by side by a script) the share is 1/N of what the process finds available. The check
+never changes a tensor: it only measures, and raises or not. A refusal leaves what any preparation that fails
+leaves: a new ``--out`` not made (``fedseg.run.experiment`` makes it after the preparation), the cases stored in the
+prepared-case cache so far. The line's MB and GB are 10^6 and 10^9 bytes.
 """
 
 from __future__ import annotations
@@ -50,6 +58,8 @@ from fedseg.data.prefetch import cgroup_folders
 from fedseg.data.prepared import PREPARED_CACHE_ENV, PreparedCase, cache_root, case_files
 
 MEMORY_CHECK_ENV = "FEDSEG_MEMORY_CHECK"
+MEMORY_SHARE_ENV = "FEDSEG_MEMORY_SHARE"  # N: this process is one of N runs at once, which share the memory
+MEMORY_SHARED_ENV = "FEDSEG_MEMORY_SHARED"  # bytes the N share (measured by the bench as it started them)
 OFF = ("off", "0", "false", "no")  # $FEDSEG_MEMORY_CHECK values that skip the check (any case)
 MARGIN = 0.9  # refuse where the projection exceeds this share of the memory available
 FIRST_CASES, FIRST_SHARE = 8, 0.02  # the early projection: after this many cases, or this share of them if more
@@ -136,6 +146,58 @@ def memory_available() -> tuple[int, str] | None:
     return available, "MemAvailable"
 
 
+@dataclass(frozen=True)
+class Share:
+    """This process's share of the memory (:func:`memory_share`): one of ``runs`` runs at once, sharing ``shared``
+    bytes (None: what the process finds available)."""
+
+    runs: int
+    shared: int | None = None
+
+
+def _whole(name: str, least: int) -> int | None:
+    """``$name`` as a whole number of at least ``least``, None where unset or empty; a ValueError (one line) else."""
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return None
+    try:
+        number = int(text)
+    except ValueError:
+        number = least - 1
+    if number < least:
+        raise ValueError(
+            f"{name}={text!r}: not a whole number of at least {least} ({MEMORY_SHARE_ENV}: how many runs share this "
+            f"machine's memory at once; {MEMORY_SHARED_ENV}: the bytes they share; fedseg bench --jobs sets both)"
+        )
+    return number
+
+
+def memory_share() -> Share | None:
+    """This process's share (module docstring): ``$FEDSEG_MEMORY_SHARE`` runs at once sharing
+    ``$FEDSEG_MEMORY_SHARED`` bytes, or None where unset or 1 (the process has the memory to itself); a ValueError
+    (one line naming the variable) for a value that is not a whole number, or ``$FEDSEG_MEMORY_SHARED`` alone."""
+    runs, shared = _whole(MEMORY_SHARE_ENV, 1), _whole(MEMORY_SHARED_ENV, 0)
+    if runs is None and shared is not None:
+        raise ValueError(f"{MEMORY_SHARED_ENV} is set without {MEMORY_SHARE_ENV} (how many runs share its bytes)")
+    return Share(runs, shared) if runs is not None and runs > 1 else None
+
+
+def shared_available(available: tuple[int, str] | None, share: Share | None) -> tuple[int, str] | None:
+    """``available`` (:func:`memory_available`) under ``share``: its ``shared`` bytes (else ``available``'s) over its
+    runs, and what says so, where that is less than ``available`` (else ``available``: the process cannot take more
+    than it finds, share or not)."""
+    if available is None or share is None:
+        return available
+    whole, what = (share.shared, "what the bench found available") if share.shared is not None else available
+    part = whole // share.runs
+    if part >= available[0]:
+        return available
+    return (
+        part,
+        f"this job's 1/{share.runs} share of the {whole / 1e9:.3g} GB of {what}, {MEMORY_SHARE_ENV}={share.runs}",
+    )
+
+
 def storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
     """Bytes of the distinct storages behind ``tensors`` (a view keeps its whole storage alive)."""
     storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
@@ -176,6 +238,7 @@ class MemoryGuard:
     available: tuple[int, str] | None = None
     mapped_copies: int = 0
     scored_cases: int = 0
+    share: Share | None = None  # set where available is this process's share (shared_available)
     measured: int = 0  # cases measured so far
     held: int = 0  # bytes they hold
     volumes: int = 0  # of which their volumes'
@@ -187,9 +250,15 @@ class MemoryGuard:
     def start(cls, cases: int, sites: int = 1, workers: int = 1, scored_cases: int = 0) -> MemoryGuard:
         """A guard for ``cases`` cases (``scored_cases`` of them validation or test) over ``sites`` sites, run on
         ``workers`` worker processes (1: the simulator, a Flower SuperNode), with the memory available now (none
-        checked under ``FEDSEG_MEMORY_CHECK=off``)."""
-        available = None if check_off() else memory_available()
-        return cls(cases, sites, available, 1 if workers > 1 else 0, scored_cases)
+        checked under ``FEDSEG_MEMORY_CHECK=off``): this process's share of it where it is one of several runs
+        at once (:func:`memory_share`, set by ``fedseg bench --jobs``)."""
+        if check_off():
+            return cls(cases, sites, None, 1 if workers > 1 else 0, scored_cases)
+        share, available = memory_share(), memory_available()
+        shared = shared_available(available, share)
+        return cls(
+            cases, sites, shared, 1 if workers > 1 else 0, scored_cases, share if shared is not available else None
+        )
 
     def add(self, prepared: PreparedCase, case: Case, scored: bool = False) -> None:
         """Count ``prepared`` (of ``case``, a validation or test case if ``scored``); from :func:`first_cases` cases
@@ -262,4 +331,6 @@ class MemoryGuard:
             said.append("a smaller data.image_size")
         if self.sites > 1:
             said.append("fewer sites")
+        if self.share:
+            said.append(f"fewer runs at once (fedseg bench --jobs below {self.share.runs})")
         return [*said, "or a machine with more memory"]
