@@ -11,7 +11,8 @@ site-packages) and runs fresh Python processes with that folder on ``PYTHONPATH`
 - a broken plugin (its import fails; a spec taking a built-in name) is left out with one warning line, said once in a
   process and not again in the processes it starts; other methods run; its method's name says why it is missing;
 - on Flower (real SuperLink, SuperNodes, ServerApp and ClientApp processes) an installed method trains, and a
-  SuperNode holding another version of its package refuses the run in one line naming both versions."""
+  SuperNode holding another version of its package refuses the run in one line naming both versions, or holding the
+  right version that fails to import there, in one line naming the package, the method and the import error."""
 
 from __future__ import annotations
 
@@ -95,10 +96,22 @@ def warnings(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.startswith("warning: method plugin")]
 
 
+def toy_not_importing(root: Path) -> Path:
+    """fedseg-toymethod 0.1.0, the version the coordinator has, whose module needs a package this machine lacks."""
+    return install(
+        root, "fedseg-toymethod", "0.1.0", "fedseg_toymethod", "import no_such_dependency_xyz\n" + TOY, "toymethod"
+    )
+
+
 @pytest.fixture(scope="module")
 def plugins(tmp_path_factory) -> dict[str, Path]:
     base = tmp_path_factory.mktemp("plugins")
-    return {"toy": toy(base / "toy"), "toy2": toy(base / "toy2", "0.2.0"), "broken": broken(base / "broken")}
+    return {
+        "toy": toy(base / "toy"),
+        "toy2": toy(base / "toy2", "0.2.0"),
+        "broken": broken(base / "broken"),
+        "toy-not-importing": toy_not_importing(base / "toy-not-importing"),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -338,6 +351,86 @@ def test_a_supernode_with_another_version_of_the_package_refuses_in_one_line(plu
     assert "Traceback" not in (hospitals / "site2.log").read_text()
     assert said in " ".join(coordinator.log.read_text().split())
     assert said not in (hospitals / "site1.log").read_text()
+
+
+NOT_IMPORTING = (
+    "the run's method packages: method 'toymethod' comes from fedseg-toymethod 0.1.0, which this SuperNode has "
+    "installed but cannot load: entry point toymethod = fedseg_toymethod: importing fedseg_toymethod failed: "
+    "ModuleNotFoundError: No module named 'no_such_dependency_xyz' (install what it imports on this SuperNode's "
+    "machine)"
+)
+
+
+@pytest.mark.slow
+def test_a_supernode_whose_package_does_not_import_refuses_at_its_data_check(plugins, folder, tmp_path, tiny):
+    """As above, site2 holding fedseg-toymethod 0.1.0, the coordinator's version, whose module fails to import there
+    (a dependency missing on that machine): the version check passed it, and the run failed in round 1 with an
+    unknown method. site2 refuses the run at its start-up data check (the ``info`` query), in one line of its log
+    naming the package, the method and the import error; the coordinator's run fails with that line."""
+    cfg = _config(tmp_path / "cfg.yaml", tiny)
+    fleet_port, control_port, port1, port2 = free_ports(4)
+    fleet = f"127.0.0.1:{fleet_port}"
+    hospitals, out = tmp_path / "hospitals", tmp_path / "out"
+    base = flower_env(hospitals / "home")
+    with Processes(hospitals / "processes.json") as procs:
+        coordinator = procs.start(
+            "coordinator",
+            [sys.executable, "-m", "fedseg.cli", "flower", "server", "--config", str(cfg), "--insecure"]
+            + ["--federation", str(folder), "--out", str(out), "--host", "127.0.0.1", "--port", str(fleet_port)]
+            + ["--control-address", f"127.0.0.1:{control_port}", "--wait", "120"],
+            hospitals / "coordinator.log",
+            environment(plugins["toy"], base=base),
+        )
+        for site, port, installed in (("site1", port1, plugins["toy"]), ("site2", port2, plugins["toy-not-importing"])):
+            procs.start(
+                site,
+                supernode_command(site, folder, fleet, port, hospitals / site, None, None, "warm", 0.05),
+                hospitals / f"{site}.log",
+                environment(installed, base=base),
+            )
+        assert coordinator.proc.wait(timeout=300) == 1, coordinator.log.read_text()[-3000:]
+    site2 = (hospitals / "site2.log").read_text()
+    refusals = [line for line in site2.splitlines() if NOT_IMPORTING in line]
+    assert refusals and all(line.endswith(NOT_IMPORTING) for line in refusals), site2[-3000:]
+    assert all("query.info" in line for line in refusals), site2[-3000:]  # at the data check, before any round
+    assert "Traceback" not in site2 and "train." not in site2, site2[-3000:]
+    assert NOT_IMPORTING in " ".join(coordinator.log.read_text().split())
+    assert NOT_IMPORTING not in (hospitals / "site1.log").read_text()
+
+
+LOAD_CHECK = """
+import json, sys
+from fedseg.method_plugins import load_problem, run_config_value, version_problem
+
+value = run_config_value(json.loads(sys.argv[1]))
+said = [version_problem(value, "this SuperNode"), load_problem(value, "this SuperNode")]
+print(json.dumps([*said, "fedseg.algorithms" in sys.modules]))
+"""
+
+
+def test_the_load_check_names_a_package_whose_module_fails_to_import(plugins):
+    """What a SuperNode checks at its data check (``fedseg.method_plugins.load_problem``), in fresh processes with
+    real installed distributions: fedseg-toymethod 0.1.0, the run's version, whose module fails to import, is named
+    with the method and the import error (the version check passes it); importing, it is no problem; a package in
+    another version is the version check's to name, not this one's; a run without plugin methods imports nothing."""
+    record = {"toymethod": {"distribution": "fedseg-toymethod", "version": "0.1.0"}}
+
+    def checked(path: Path, records: dict) -> list:
+        cmd = [sys.executable, "-c", LOAD_CHECK, json.dumps(records)]
+        done = subprocess.run(cmd, env=environment(path), capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        *said, imported = json.loads(done.stdout.splitlines()[-1])
+        assert imported == bool(records)  # the methods imported only for a run that has plugin methods
+        return said
+
+    assert checked(plugins["toy-not-importing"], record) == [
+        None,
+        NOT_IMPORTING.removeprefix("the run's method packages: "),
+    ]
+    assert checked(plugins["toy"], record) == [None, None]
+    version, loading = checked(plugins["toy2"], record)
+    assert "but this SuperNode has fedseg-toymethod 0.2.0 installed" in version and loading is None
+    assert checked(plugins["toy-not-importing"], {}) == [None, None]
 
 
 def test_the_version_check_names_a_missing_package_and_another_version():

@@ -14,16 +14,22 @@ line on stderr (:meth:`Failure.line`), said once per process tree (``WARNED``); 
 
 On Flower the coordinator sends the plugins' names and versions of the run's methods in the run config
 (``fedseg-plugins``, :func:`run_config_value`); the ServerApp and every SuperNode refuse a run whose plugin they
-lack or hold in another version (:func:`version_problem`), as they refuse another fedseg version.
+lack or hold in another version (:func:`version_problem`), as they refuse another fedseg version. A SuperNode also
+refuses, at its start-up data check (the ``info`` query), a run whose plugin it holds in the right version but
+cannot load (:func:`load_problem`: its module fails to import there, a dependency missing on that machine), naming
+the package, the method and the error: it would otherwise take part until round 1's first message found no such
+method.
 
-Standard library only: a SuperNode checks the versions for every message, and its engine queries do not import
-torch or the methods (``fedseg.flower.node``).
+Standard library only at import: a SuperNode checks the versions for every message, and its engine queries do not
+import torch or the methods (``fedseg.flower.node``); :func:`load_problem` imports them, once, for the ``info``
+query, and only for a run that has plugin methods.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -204,3 +210,51 @@ def version_problem(value: object, here: str) -> str | None:
                 "same version)"
             )
     return "; ".join(problems) or None
+
+
+def load_problem(value: object, here: str) -> str | None:
+    """Why this process (``here``: "this SuperNode") cannot run the plugin methods of a run whose run config's
+    ``fedseg-plugins`` is ``value``, though it has their packages in the right version (:func:`version_problem` says
+    the others): a method its package's entry point did not add here, with the reason the loading recorded
+    (``fedseg.algorithms.PLUGIN_FAILURES``: the import error, a spec refused); one line per method, joined; None when
+    each loads (or the run has none, or its value is not JSON: :func:`version_problem` says that). Imports
+    ``fedseg.algorithms`` (torch, the methods) where the run has a plugin method: for a start-up check, not for every
+    message."""
+    if not value:
+        return None
+    try:
+        records = json.loads(str(value))
+    except ValueError:
+        return None
+    if not isinstance(records, dict) or not records:
+        return None
+    from fedseg import algorithms
+
+    algorithms.load_deferred()
+    problems = []
+    for method, record in sorted(records.items()):
+        dist, wanted = str(record.get("distribution")), str(record.get("version"))
+        have = installed_version(dist)
+        if have is None or not same_version(have, wanted):
+            continue  # version_problem's to say
+        loaded = algorithms.PLUGINS.get(method)
+        if loaded is not None and _same_name(loaded.distribution, dist):
+            continue
+        failed = [f for f in algorithms.PLUGIN_FAILURES if _same_name(f.plugin.distribution, dist)]
+        why = "; ".join(f"entry point {f.plugin.entry_point} = {f.plugin.module}: {f.problem}" for f in failed)
+        if loaded is not None:
+            why = f"method {method!r} here comes from {loaded.distribution} {loaded.version}" + (
+                f"; {why}" if why else ""
+            )
+        imports = any(f.problem.startswith("importing ") for f in failed)
+        problems.append(
+            f"method {method!r} comes from {dist} {wanted}, which {here} has installed but cannot load: "
+            f"{why or f'its entry points add no method {method!r}'}"
+            + (f" (install what it imports on {here}'s machine)" if imports else "")
+        )
+    return "; ".join(problems) or None
+
+
+def _same_name(a: str, b: str) -> bool:
+    """Whether two distribution names are one (PEP 503: case, ``-``, ``_`` and ``.`` alike)."""
+    return re.sub(r"[-_.]+", "-", a).lower() == re.sub(r"[-_.]+", "-", b).lower()

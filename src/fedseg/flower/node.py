@@ -411,9 +411,18 @@ def answer_algorithm(action: str, content: RecordDict, context: Context, setting
 
 
 def on_info(content: RecordDict, context: Context, settings: NodeSettings, cfg: RunConfig) -> RecordDict:
-    """Full data check of this node's folder for the run's split settings; the site's split sizes."""
+    """Full data check of this node's folder for the run's split settings; the site's split sizes. First, the
+    start-up check of the run's method packages beyond their versions (``run_config`` checks those for every
+    message): each must load here (``fedseg.method_plugins.load_problem``), or the site refuses now, in one line
+    naming the package, the method and the import error, rather than in round 1 (a dependency of the package
+    missing on this machine; it imports the methods, so only this query, sent as the run starts, checks it)."""
     from fedseg.data.splits import site_splits
+    from fedseg.method_plugins import RUN_CONFIG_KEY as PLUGINS_KEY
+    from fedseg.method_plugins import load_problem
 
+    plugins = load_problem(context.run_config.get(PLUGINS_KEY, ""), "this SuperNode")
+    if plugins:
+        raise Refused(f"the run's method packages: {plugins}")
     head = dict(content.config_records[ENGINE])
     fed, site = load_site(settings, cfg, check=True)
     expected = json.loads(str(head["header"]))
