@@ -234,7 +234,12 @@ def run(
     try:
         with terminate_on_signals():  # from the start: a SIGTERM while torch is imported (seconds) ended it silently
             cfg = config_from_cli(preset, config, data, algorithms, rounds, seed, set_, device, threads, track, workers)
-            if cfg.engine.workers > 1:  # the pool's process server imports torch on another core while this one does
+            from fedseg.run.runlog import last_event  # stdlib only: no torch yet
+
+            # the pool's process server imports torch on another core while this one does; not for a resume of a run
+            # whose run.log ends finished (run_experiment starts it, once torch can read the checkpoints, if any
+            # algorithm has anything left to train)
+            if cfg.engine.workers > 1 and not (resume and last_event(out) == "finished"):
                 from fedseg.engine.forkserver import start_forkserver
 
                 start_forkserver(while_waiting=lambda: report_modules(cfg.algorithms))

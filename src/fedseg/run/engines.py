@@ -29,12 +29,15 @@ def simulator_engine(
 
 @contextmanager
 def local_engines(
-    cfg: RunConfig, prep: Prepared, engine_factory: EngineFactory | None
+    cfg: RunConfig, prep: Prepared, engine_factory: EngineFactory | None, idle: bool = False
 ) -> Iterator[EngineFactory | None]:
     """The engine factory of a run: ``engine_factory`` if given (e.g. Flower), else the simulator
     (``engine.workers`` = 1: None, ``run_algorithm``'s default) or engines on one worker pool for the whole
-    run (``fedseg.engine.pool``), whose processes end when the context does (also on errors)."""
-    if engine_factory is not None or cfg.engine.workers == 1:
+    run (``fedseg.engine.pool``), whose processes end when the context does (also on errors). ``idle``: the run
+    has nothing to train or evaluate (a finished run resumed: each algorithm's result is read back from its
+    checkpoint before its engine is used), so no pool is started, whatever ``engine.workers``: the simulator's
+    engines, which start no process."""
+    if engine_factory is not None or cfg.engine.workers == 1 or idle:
         yield engine_factory
         return
     from fedseg.engine.pool import PoolEngine, WorkerPool

@@ -89,11 +89,17 @@ def run_experiment(
     whose ServerApp process runs this).
 
     ``on_validated(algorithm, round, dice)``: each validated round's mean validation Dice over sites (the selection
-    metric), as soon as it is scored (``fedseg.run.progress`` shows the last one in its bar)."""
-    if engine_factory is None and cfg.engine.workers > 1:  # the worker pool's server imports while we prepare
-        start_forkserver()
+    metric), as soon as it is scored (``fedseg.run.progress`` shows the last one in its bar).
+
+    With ``engine.workers`` > 1 the worker pool's process server is started early (``start_forkserver``), after
+    the checks (a resume's reads the checkpoints), unless a resume finds every algorithm finished: such a run
+    reuses its results and only writes its outputs again, so neither that server (a process importing torch and
+    every method, seconds of a core) nor the pool is started."""
     out = Path(out)
     check_before_data(cfg, out, resume, check_compute=prepared is None, in_process=engine_factory is None)
+    idle = resume and all_finished(out, cfg.algorithms)  # a finished run resumed: nothing to train or evaluate
+    if engine_factory is None and cfg.engine.workers > 1 and not idle:  # the pool's server imports while we prepare
+        start_forkserver()
     held = contextlib.ExitStack()
     if hold_out and out.is_dir():  # before the data is prepared: a second command on it is refused at once
         held.enter_context(holding(out))
@@ -113,7 +119,8 @@ def run_experiment(
                     prep.task.cfg,
                 )
             tracker = open_tracker(cfg, out, resume)  # None: tracking is off
-            with local_engines(cfg, prep, engine_factory) as factory:  # engine.workers > 1: one worker pool per run
+            # engine.workers > 1: one worker pool per run, none where it has nothing to train (idle)
+            with local_engines(cfg, prep, engine_factory, idle) as factory:
                 for name in cfg.algorithms:
                     if on_algorithm_start:
                         on_algorithm_start(name)
