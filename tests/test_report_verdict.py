@@ -141,6 +141,34 @@ def test_fedsm_routed_to_the_global_model_is_said_in_the_terminal_summary(tmp_pa
     assert "FedSM routed all 6 test images to its global model" in html[: html.index("<h2>")]
 
 
+@pytest.mark.parametrize("columns", [60, 80, 300])
+def test_the_terminal_verdict_puts_each_comparison_s_finding_first_and_its_numbers_under_it(
+    tmp_path, capsys, monkeypatch, columns
+):
+    """A comparison line (runner-up, each baseline) ran to some 270 characters, its finding last: on a wide terminal
+    one line that long, on a narrow one a block. The terminal now prints the comparison and its finding, then the
+    test's numbers four spaces in, within the terminal's width and at most 100 columns; every number of the lines
+    is still printed, and the lines themselves (the report's sentences) are unchanged."""
+    from fedseg import cli
+
+    run = make_run(tmp_path / "run")
+    lines = summary_lines(run)
+    assert max(len(line) for line in lines) > 250  # the sentences, as the HTML report prints them
+    monkeypatch.setattr(cli.console, "width", columns)
+    print_verdict(run)
+    out = capsys.readouterr().out.splitlines()
+    assert max(len(line) for line in out) <= min(columns, 100)
+    said = " ".join(" ".join(out).split())
+    for baseline, diff in (("Local", "−0.0711"), ("Centralized", "−0.1299")):
+        start = said.index(f"- FedAvg − {baseline} (baseline, ")
+        finding = said.index(f"Client Avg {diff} (site means averaged); per-case test: within noise.", start)
+        assert finding < said.index(f"mean per-case difference {diff} (cases pooled), 95% CI [", start)
+    details = [k for k, line in enumerate(out) if line.startswith("    mean per-case difference")]
+    assert len(details) == 3 and all(out[k - 1].endswith(" noise.") for k in details)
+    numbers = re.compile(r"[−+]?\d+(?:\.\d+)?")
+    assert sorted(numbers.findall(" ".join(out))) == sorted(numbers.findall(" ".join(lines)))
+
+
 def test_no_verdict_without_scores(tmp_path):
     run = make_run(tmp_path / "run")
     summary = json.loads((run / "summary.json").read_text())

@@ -359,15 +359,11 @@ def print_dice_table(results) -> None:
 
 def print_verdict(run_dir: Path) -> None:
     """Under the Dice table: the report's verdict (best method on test Dice Client Avg, its paired differences,
-    what is within noise, convergence) and routing notes (FedSM sending every test image to its global model)."""
-    import textwrap
+    what is within noise, convergence) and routing notes (FedSM sending every test image to its global model),
+    wrapped for the terminal, each comparison's test numbers on a line of their own (``terminal_lines``)."""
+    from fedseg.report.verdict import summary_lines, terminal_lines
 
-    from fedseg.report.verdict import summary_lines
-
-    for k, line in enumerate(summary_lines(run_dir)):
-        text = textwrap.fill(
-            line, max(console.width, 40), initial_indent="verdict: " if k == 0 else "- ", subsequent_indent="  "
-        )
+    for text in terminal_lines(summary_lines(run_dir), console.width):
         console.print(text, highlight=False, markup=False, soft_wrap=True)
 
 

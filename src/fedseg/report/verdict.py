@@ -25,7 +25,8 @@ scores that merely print alike are two numbers, and their comparison's CI says w
 Also: which methods may not have converged (summary.json ``convergence``), and routing notes of a method family
 whose test images all went to one model (FedSM: every image to the global model). The HTML form
 (:func:`verdict_html`) opens the report; the plain lines (:func:`verdict_lines`, :func:`summary_lines`) end the
-terminal summary of ``fedseg run``.
+terminal summary of ``fedseg run`` (:func:`terminal_lines`: wrapped, each comparison as its result over its test's
+numbers).
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ __all__ = [
     "Verdict",
     "routing_notes",
     "summary_lines",
+    "terminal_lines",
     "unconverged_methods",
     "verdict",
     "verdict_html",
@@ -260,14 +262,16 @@ def _signed(x: float) -> str:
 ONE_SEED = "one seed: the CI holds no training noise, so two trained models differ, not yet two methods"
 
 
-def _test_text(d: Difference) -> str:
-    """``mean per-case difference +0.0015 (cases pooled), 95% CI [−0.0010, +0.0041], Wilcoxon p = 0.31 (113
-    cases): within noise``; a "beyond noise" of one seed says in the same sentence what its CI leaves out."""
+def _test_parts(d: Difference) -> tuple[str, str | None]:
+    """The per-case test of ``d`` in two parts: its numbers (``mean per-case difference +0.0015 (cases pooled), 95%
+    CI [−0.0010, +0.0041], Wilcoxon p = 0.31 (113 cases)``) and what it finds (``within noise``; a "beyond noise" of
+    one seed says in the same sentence what its CI leaves out), None where there is nothing to find (no per-case
+    scores, identical scores: the numbers say it)."""
     t = d.test
     if t is None or not t["n"]:
-        return "no per-case scores (results.csv) to test it"
+        return "no per-case scores (results.csv) to test it", None
     if d.identical:
-        return f"identical scores on all {t['n']} test cases"
+        return f"identical scores on all {t['n']} test cases", None
     ci = f"{round(100 * t['ci_level'])}% CI [{_signed(t['ci_low'])}, {_signed(t['ci_high'])}]"
     p = f"Wilcoxon p = {adjusted_p(t):.2g}" + (f" (Holm, {t['family']} comparisons)" if t.get("family", 1) > 1 else "")
     cases = f"{t['n']} cases" + (f", {t['n_nonzero']} differ" if t.get("n_nonzero", t["n"]) < t["n"] else "")
@@ -280,22 +284,46 @@ def _test_text(d: Difference) -> str:
             "the per-case test points the other way, beyond noise across the test cases (it pools the cases, Client "
             f"Avg averages the sites){one_seed}"
         )
-    return f"mean per-case difference {_signed(t['mean_diff'])} (cases pooled), {ci}, {p} ({cases}): {call}"
+    return f"mean per-case difference {_signed(t['mean_diff'])} (cases pooled), {ci}, {p} ({cases})", call
 
 
-def _diffs_text(d: Difference) -> str:
-    """The two differences of one comparison, each named: of the Client Avg, then the per-case test's."""
-    return f"Client Avg {_signed(d.table_diff)} (site means averaged); {_test_text(d)}"
+class Compared(str):
+    """A comparison's sentence, as the report and :func:`verdict_lines` give it, that also knows its two-line form
+    for the terminal (:func:`terminal_lines`): ``result``, the comparison and what the per-case test finds, and
+    ``details``, the test's numbers. One sentence with both differences and the test's numbers runs to some 300
+    characters, which a terminal shows as a block in which the finding (``within noise``) comes last; the two lines
+    put it first. A ``str``, so every other use of the verdict's lines (the HTML, the tests) reads the sentence."""
+
+    result: str
+    details: str
+
+    def __new__(cls, text: str, result: str, details: str) -> Compared:
+        said = super().__new__(cls, text)
+        said.result, said.details = result, details
+        return said
+
+
+def _compared(head: str, d: Difference, table: bool = True) -> Compared:
+    """The sentence ``{head}: Client Avg … (site means averaged); {test}.`` (without the Client Avg unless
+    ``table``), with its terminal form: ``{head}: Client Avg … (site means averaged); per-case test: {finding}.``
+    over the test's numbers."""
+    numbers, call = _test_parts(d)
+    clause = f"{numbers}: {call}" if call else numbers
+    diff = f"Client Avg {_signed(d.table_diff)} (site means averaged)"
+    text = f"{head}: {diff}; {clause}." if table else f"{head}: {clause}."
+    if call is None:
+        return Compared(text, f"{head}: {diff}." if table else f"{head}:", f"{numbers}.")
+    result = f"{head}: {diff}; per-case test: {call}." if table else f"{head}: per-case test: {call}."
+    return Compared(text, result, f"{numbers}.")
 
 
 def _against(v: Verdict, name: str, role: str) -> str:
-    d = v.differences[name]
     score = next(s for a, s in v.ranked if a == name)
-    return f"Over {role}{v.label(name)} ({fmt(score, DIGITS)}): {_diffs_text(d)}."
+    return _compared(f"Over {role}{v.label(name)} ({fmt(score, DIGITS)})", v.differences[name])
 
 
 def _tied(v: Verdict, name: str) -> str:
-    return f"Tied on Client Avg with {v.label(name)}, not case by case: {_test_text(v.differences[name])}."
+    return _compared(f"Tied on Client Avg with {v.label(name)}, not case by case", v.differences[name], table=False)
 
 
 def _reference(v: Verdict, name: str, score: float) -> str:
@@ -306,7 +334,7 @@ def _reference(v: Verdict, name: str, score: float) -> str:
         f"{v.label(a)}: each site's own model on that site's cases" for a in (v.best, name) if v.per_site.get(a, False)
     ]
     head = f"{v.label(v.best)} − {v.label(name)} (baseline, {fmt(score, DIGITS)}{'; ' if own else ''}{'; '.join(own)})"
-    return f"{head}: {_diffs_text(d)}."
+    return _compared(head, d)
 
 
 def _listed(v: Verdict, names: list[str], with_diff: bool = False) -> str:
@@ -443,3 +471,31 @@ def summary_lines(run_dir: str | Path) -> list[str]:
         return notes
     head, *rest = verdict_lines(v, notes)
     return [head, *([not_ranked(v)] if v.baselines else []), *rest]
+
+
+READABLE = 100  # the terminal lines' width at most, however wide the terminal: prose wider is hard to follow
+
+
+def terminal_lines(lines: list[str], width: int) -> list[str]:
+    """``lines`` (:func:`summary_lines`) as the terminal summary prints them, wrapped to ``width`` columns (at most
+    :data:`READABLE`, at least 40): the first after ``verdict: ``, each further one after ``- ``, continued two
+    spaces in; a comparison (:class:`Compared`) as its result and the test's finding (``per-case test: within
+    noise``), then the test's numbers four spaces in. Every number of the lines is printed, none cut in two; the
+    lines themselves, the report's sentences, and summary.json are untouched."""
+    import textwrap
+
+    width = min(max(width, 40), READABLE)
+
+    def wrap(text: str, first: str, further: str) -> list[str]:  # a number or a name never cut in two
+        return textwrap.wrap(
+            text, width, initial_indent=first, subsequent_indent=further, break_long_words=False, break_on_hyphens=False
+        )
+
+    out: list[str] = []
+    for k, line in enumerate(lines):
+        first = "verdict: " if k == 0 else "- "
+        if isinstance(line, Compared):
+            out += wrap(line.result, first, "  ") + wrap(line.details, "    ", "    ")
+        else:
+            out += wrap(line, first, "  ")
+    return out
