@@ -16,7 +16,7 @@ from fedseg.cli import app, print_verdict
 from fedseg.presentation import figures
 from fedseg.presentation.kit import CSS
 from fedseg.report.html import load_run, render_report
-from fedseg.report.verdict import routing_notes, summary_lines, verdict
+from fedseg.report.verdict import CHOSEN_AFTER, routing_notes, summary_lines, verdict
 from test_report import copy_algorithm_rows, make_run, table
 
 FEDAVG, FEDPROX = (
@@ -67,19 +67,21 @@ def test_verdict_names_the_best_federated_method_and_tests_the_runner_up(tmp_pat
     top = html[: html.index("<h2>")]
     assert '<div class="verdict">' in top
     assert f"Best on test Dice, Client Avg: FedAvg at {FEDAVG:.4f}." in top
-    # the two differences of one comparison, each named (they differ: the test pools the cases)
+    # the CI is of the number ranked on, the Client Avg difference (of the paired cases: each site's mean, averaged)
+    assert test["site_mean_diff"] == pytest.approx(np.mean([0.0112, -0.0111, 0.0134]))
     assert (
-        f"Over the runner-up FedProx ({FEDPROX:.4f}): Client Avg +{FEDAVG - FEDPROX:.4f} (site means averaged); mean "
-        f"per-case difference +{np.mean([0.0112, -0.0111, 0.0134]):.4f} (cases pooled), 95% CI" in top
+        f"Over the runner-up FedProx ({FEDPROX:.4f}): Client Avg +{FEDAVG - FEDPROX:.4f} (site means averaged), "
+        "95% CI [" in top
     )
-    assert "(6 cases): within noise" in top
+    assert "per-case Wilcoxon p = " in top and "(6 cases): within noise" in top
     assert "Within noise of the best (CI includes 0 or Holm-adjusted p ≥ 0.05): FedProx" in top
     assert "Not ranked (baselines, references only): Centralized, Local." in top
     assert "converged" not in top  # best round 3 of 4: no warning
     # the terminal says so right under the headline: the Dice table above it shows Centralized higher
-    assert summary_lines(run)[:2] == [
+    assert summary_lines(run)[:3] == [
         f"Best on test Dice, Client Avg: FedAvg at {FEDAVG:.4f}.",
         "Not ranked (baselines, references only): Centralized, Local.",
+        CHOSEN_AFTER,  # the report's note says it too: the best was picked on the scores it is compared on
     ]
 
 
@@ -153,7 +155,7 @@ def test_the_terminal_verdict_puts_each_comparison_s_finding_first_and_its_numbe
 
     run = make_run(tmp_path / "run")
     lines = summary_lines(run)
-    assert max(len(line) for line in lines) > 250  # the sentences, as the HTML report prints them
+    assert max(len(line) for line in lines) > 200  # the sentences, as the HTML report prints them
     monkeypatch.setattr(cli.console, "width", columns)
     print_verdict(run)
     out = capsys.readouterr().out.splitlines()
@@ -161,9 +163,9 @@ def test_the_terminal_verdict_puts_each_comparison_s_finding_first_and_its_numbe
     said = " ".join(" ".join(out).split())
     for baseline, diff in (("Local", "−0.0711"), ("Centralized", "−0.1299")):
         start = said.index(f"- FedAvg − {baseline} (baseline, ")
-        finding = said.index(f"Client Avg {diff} (site means averaged); per-case test: within noise.", start)
-        assert finding < said.index(f"mean per-case difference {diff} (cases pooled), 95% CI [", start)
-    details = [k for k, line in enumerate(out) if line.startswith("    mean per-case difference")]
+        finding = said.index(f"Client Avg {diff} (site means averaged): within noise.", start)
+        assert finding < said.index("95% CI [", start)
+    details = [k for k, line in enumerate(out) if line.startswith("    95% CI [")]
     assert len(details) == 3 and all(out[k - 1].endswith(" noise.") for k in details)
     numbers = re.compile(r"[−+]?\d+(?:\.\d+)?")
     assert sorted(numbers.findall(" ".join(out))) == sorted(numbers.findall(" ".join(lines)))
@@ -261,17 +263,17 @@ def test_verdict_compares_with_fedavg_when_it_is_not_the_runner_up(tmp_path):
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
-    head, baselines, *lines = summary_lines(run)
+    head, baselines, chosen, *lines = summary_lines(run)
     assert head == f"Best on test Dice, Client Avg: SCAFFOLD at {FEDPROX + 0.05:.4f}."
-    assert baselines == "Not ranked (baselines, references only): Centralized, Local."
+    assert baselines == "Not ranked (baselines, references only): Centralized, Local." and chosen == CHOSEN_AFTER
     lines = [head, *lines]
     # every case 0.01 better than FedAdam's: a constant paired difference, its CI a single point above 0, but 6
     # cases give a two-sided Wilcoxon p of 1/32 at best, times 3 comparisons with the best (Holm): within noise
     assert lines[1].startswith(
-        f"Over the runner-up FedAdam ({FEDPROX + 0.04:.4f}): Client Avg +0.0100 (site means averaged); mean per-case "
-        "difference +0.0100 (cases pooled), "
+        f"Over the runner-up FedAdam ({FEDPROX + 0.04:.4f}): Client Avg +0.0100 (site means averaged), 95% CI "
+        "[+0.0100, +0.0100], "
     )
-    assert lines[1].endswith("Wilcoxon p = 0.094 (Holm, 3 comparisons) (6 cases): within noise.")
+    assert lines[1].endswith("per-case Wilcoxon p = 0.094 (Holm, 3 comparisons) (6 cases): within noise.")
     assert lines[2].startswith(f"Over FedAvg ({FEDAVG:.4f}): Client Avg +{FEDPROX + 0.05 - FEDAVG:.4f} (site means ")
 
 
@@ -287,9 +289,12 @@ def write_two_methods(run, summary: dict, rows: list[dict], means: dict) -> None
         w.writerows(rows)
 
 
-def test_a_per_case_test_that_points_against_the_ranking_is_said_not_called_beyond_noise(tmp_path):
-    """Client Avg weighs sites equally, the test pools the cases: a small site where the best wins by much and large
-    sites where it loses by a little rank it first while the test finds the other better: the verdict says so."""
+def test_a_lead_from_one_small_site_is_within_noise_not_contradicted_by_the_pooled_cases(tmp_path):
+    """Client Avg weighs sites equally, a pooled test the cases: a small site where the best wins by much and large
+    sites where it loses by a little rank it first while the pooled cases favour the other. The CI was of the pooled
+    mean, so the verdict reported the pooled cases against the ranking (an auditor: it ranks on one number and tests
+    another). Now the CI is of the Client Avg difference, resampling the sites: a lead that rests on one small site
+    is within noise; the signed-rank test, pooled, points the other way, and neither is called beyond noise."""
     run = make_run(tmp_path / "run")
     summary = json.loads((run / "summary.json").read_text())
     sizes = {"A": 2, "B": 30, "C": 30, "D": 30, "E": 30}
@@ -322,10 +327,12 @@ def test_a_per_case_test_that_points_against_the_ranking_is_said_not_called_beyo
     v = verdict(loaded)
     assert v is not None and v.best == "fedavg" and means["fedavg"] > means["fedprox"]
     d = v.differences["fedprox"]
-    assert d.test["mean_diff"] < 0 and d.disagrees and v.clear == [] and v.disagreeing == ["fedprox"]
+    assert d.test["mean_diff"] < 0 < d.test["site_mean_diff"] == pytest.approx(means["fedavg"] - means["fedprox"])
+    assert d.test["ci_low"] < 0 < d.test["ci_high"] and d.test["rank_sign"] < 0
+    assert d.within_noise and not d.disagrees and not d.split and v.clear == [] and v.within_noise == ["fedprox"]
     text = " ".join(summary_lines(run))
-    assert "the per-case test points the other way" in text and "Below the best beyond noise" not in text
-    assert "better per test case beyond noise: FedProx" in text
+    assert "Within noise of the best (CI includes 0 or Holm-adjusted p ≥ 0.05): FedProx" in text
+    assert "beyond noise" not in text
 
 
 def test_a_mean_and_ranks_that_point_opposite_ways_are_said_neither_noise_nor_a_win(tmp_path):
@@ -382,23 +389,22 @@ def test_the_best_is_compared_with_each_baseline_by_the_verdicts_own_statistics(
         "local": case_means(rows, "local", "dice", own_site_model),
         "centralized": case_means(rows, "centralized", "dice", lambda r: ":" not in r["model"]),
     }
-    expected = {name: compare({0: fedavg}, {0: cases}) for name, cases in own.items()}
+    expected = {name: compare({0: fedavg}, {0: cases}, site_means=True) for name, cases in own.items()}
     correct_family(expected.values())  # the baselines: a family of their own
     # Local's own models, not its cross-site ones: FedAvg - Local = -0.0889 (A), -0.0372 (B), -0.0871 (C), 2 cases each
     assert expected["local"]["mean_diff"] == pytest.approx(np.mean([-0.0889, -0.0372, -0.0871]))
     for name, test in expected.items():
         got = v.references[name].test
-        for key in ("n", "mean_diff", "ci_low", "ci_high", "p", "p_holm", "family"):
+        for key in ("n", "mean_diff", "site_mean_diff", "ci_low", "ci_high", "p", "p_holm", "family"):
             assert got[key] == pytest.approx(test[key]), (name, key)
 
     def line(name, label, score, pairing=""):
         t = expected[name]
         return (
             f"FedAvg − {label} (baseline, {score:.4f}{pairing}): Client Avg "
-            f"{signed_text(FEDAVG - score).replace('-', '−')} (site means averaged); mean per-case difference "
-            f"{signed_text(t['mean_diff']).replace('-', '−')} (cases pooled), 95% CI "
+            f"{signed_text(FEDAVG - score).replace('-', '−')} (site means averaged), 95% CI "
             f"[{signed_text(t['ci_low']).replace('-', '−')}, {signed_text(t['ci_high']).replace('-', '−')}], "
-            f"Wilcoxon p = {t['p_holm']:.2g} (Holm, 2 comparisons) (6 cases): within noise."
+            f"per-case Wilcoxon p = {t['p_holm']:.2g} (Holm, 2 comparisons) (6 cases): within noise."
         )
 
     local = np.mean([0.9012, 0.8828, 0.8660])
@@ -468,20 +474,20 @@ def test_a_tie_is_equal_scores_not_scores_that_print_alike(tmp_path):
     write_two_methods(run, summary, rows, {"fedavg": 0.36169, "fedprox": 0.36173})
     v = verdict(load_run(run))
     assert v is not None and v.best == "fedprox" and v.ties == [] and v.runner_up == "fedavg"
-    head, over, *_ = summary_lines(run)
-    assert head == "Best on test Dice, Client Avg: FedProx at 0.3617."
-    assert over.startswith("Over the runner-up FedAvg (0.3617): Client Avg +4e−05 (site means averaged); mean per-case")
-    assert "95% CI [" in over and "Wilcoxon p = " in over
+    head, chosen, over, *_ = summary_lines(run)
+    assert head == "Best on test Dice, Client Avg: FedProx at 0.3617." and chosen == CHOSEN_AFTER
+    assert over.startswith("Over the runner-up FedAvg (0.3617): Client Avg +4e−05 (site means averaged), 95% CI [")
+    assert "per-case Wilcoxon p = " in over
 
     write_two_methods(run, summary, rows, {"fedavg": 0.36169, "fedprox": 0.36169})  # equal: a tie
     v = verdict(load_run(run))
     assert v is not None and v.best == "fedavg" and v.ties == ["fedprox"] and v.runner_up is None
     assert not v.differences["fedprox"].identical
-    head, tied, *_ = summary_lines(run)
-    assert head == "Best on test Dice, Client Avg: FedAvg at 0.3617, tied with FedProx."
+    head, chosen, tied, *_ = summary_lines(run)
+    assert head == "Best on test Dice, Client Avg: FedAvg at 0.3617, tied with FedProx." and chosen == CHOSEN_AFTER
     test = v.differences["fedprox"].test
-    assert tied.startswith("Tied on Client Avg with FedProx, not case by case: mean per-case difference ")
-    assert f"Wilcoxon p = {test['p']:.2g} (30 cases): within noise." in tied
+    assert tied.startswith("Tied on Client Avg with FedProx, not case by case: 95% CI [")
+    assert f"per-case Wilcoxon p = {test['p']:.2g} (30 cases): within noise." in tied
 
 
 def test_beyond_noise_of_one_seed_says_what_its_ci_leaves_out(tmp_path):
@@ -493,8 +499,8 @@ def test_beyond_noise_of_one_seed_says_what_its_ci_leaves_out(tmp_path):
     write_two_methods(run, summary, rows, {"fedavg": 0.6, "fedprox": 0.55})
     v = verdict(load_run(run))
     assert v is not None and v.clear == ["fedprox"] and v.differences["fedprox"].test["seeds"] == 1
-    over = summary_lines(run)[1]
-    assert over.startswith("Over the runner-up FedProx (0.5500): Client Avg +0.0500 (site means averaged); ")
+    over = summary_lines(run)[2]  # after the headline and CHOSEN_AFTER
+    assert over.startswith("Over the runner-up FedProx (0.5500): Client Avg +0.0500 (site means averaged), 95% CI [")
     assert over.endswith(
         "(30 cases): beyond noise across the test cases (one seed: the CI holds no training noise, so two trained "
         "models differ, not yet two methods)."

@@ -116,6 +116,38 @@ def test_the_bootstrap_resamples_sites_then_cases_within_them():
     assert np.mean(means == 0) == pytest.approx(0.25, abs=0.03) and np.mean(means == 1) == pytest.approx(0.25, abs=0.03)
 
 
+def test_the_site_means_bootstrap_weighs_every_drawn_site_the_same():
+    """Client Avg's statistic: site 0 has two cases at 0, site 1 one at 1. A sample of sites {0, 1} gives the mean of
+    site means 1/2 (the pooled mean: 1/3); {0, 0}: 0; {1, 1}: 1. ``compare`` gives the same statistic's point value."""
+    values = np.array([[0.0], [0.0], [1.0]])
+    means = bootstrap_means([values], np.array([0, 0, 1]), resamples=4000, site_means=True)[0]
+    assert set(np.round(means, 6)) == {0.0, 0.5, 1.0}
+    assert np.mean(means == 0.5) == pytest.approx(0.5, abs=0.03)
+    big = {0: {("big", str(i)): 0.6 for i in range(40)} | {("small", "0"): 0.9, ("small", "1"): 0.95}}
+    ref = {0: {key: 0.5 for key in big[0]}}
+    pooled, by_site = compare(big, ref), compare(big, ref, site_means=True)
+    assert "site_mean_diff" not in pooled and by_site["site_mean_diff"] == pytest.approx((0.1 + 0.425) / 2)
+    assert pooled["mean_diff"] == pytest.approx((40 * 0.1 + 0.4 + 0.45) / 42) and by_site["p"] == pooled["p"]
+    # each bootstrap around its own statistic: a site of 40 cases at 0.1 and two of 2 cases at 0.4 (one seed)
+    values, sites = np.array([[0.1]] * 40 + [[0.4]] * 4), np.array([0] * 40 + [1, 1, 2, 2])
+    pooled_boot, site_boot = (bootstrap_means([values], sites, 4000, site_means=by)[0] for by in (False, True))
+    assert np.median(pooled_boot) == pytest.approx((40 * 0.1 + 4 * 0.4) / 44) and np.median(site_boot) == 0.3
+
+
+def test_a_p_value_prints_on_its_side_of_the_threshold():
+    from fedseg.evaluate.stats import p_text
+
+    assert [p_text(p) for p in (0.0496, 0.05, 0.0504, 0.31, 1.6e-17, math.nan)] == [
+        "0.0496",
+        "0.05",
+        "0.05",
+        "0.31",
+        "1.6e-17",
+        "–",
+    ]
+    assert p_value_text({"p": 0.0496}) == "0.0496" and p_value_text({"p": 0.0496, "p_holm": 0.0992}) == "0.099"
+
+
 def test_holm_matches_the_step_down_definition_and_keeps_nan_out_of_the_count():
     # sorted 0.005, 0.01, 0.03, 0.04 (m = 4): x4, x3, x2, x1, made non-decreasing
     assert holm([0.01, 0.04, 0.03, math.nan, 0.005]) == pytest.approx([0.03, 0.06, 0.06, math.nan, 0.02], nan_ok=True)

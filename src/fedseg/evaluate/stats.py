@@ -203,14 +203,21 @@ def _nanmean_rows(values: np.ndarray) -> np.ndarray:
 
 
 def bootstrap_means(
-    values: list[np.ndarray], site_index: np.ndarray, resamples: int = RESAMPLES, rng_seed: int = RNG_SEED
+    values: list[np.ndarray],
+    site_index: np.ndarray,
+    resamples: int = RESAMPLES,
+    rng_seed: int = RNG_SEED,
+    site_means: bool = False,
 ) -> np.ndarray:
-    """Hierarchical bootstrap of the mean over cases and seeds, the same samples for every array of ``values``.
+    """Hierarchical bootstrap of the mean over cases and seeds, the same samples for every array of ``values``
+    (each ``cases x seeds``; ``site_index``: each case's site, 0..S-1).
 
     Each sample draws S sites with replacement out of the S sites, for each drawn site as many cases as it has
     with replacement among its own cases, and K seeds with replacement out of the K columns; its statistic is the
-    mean over the drawn (case, seed) cells of each array (NaN cells left out). Returns ``len(values) x
-    resamples``. Vectorized: a ``resamples x S x (largest site)`` index array, then one matrix product per array."""
+    mean over the drawn (case, seed) cells of each array (NaN cells left out: the cases pooled, a large site weighs
+    more), or with ``site_means`` the mean over the drawn sites of each one's mean over its drawn cells (every site
+    weighs the same: Client Avg's statistic). Returns ``len(values) x resamples``. Vectorized: a ``resamples x S x
+    (largest site)`` index array, then one matrix product per array."""
     rng = np.random.default_rng(rng_seed)
     n_sites = int(site_index.max()) + 1 if site_index.size else 0
     if not n_sites or not values or not values[0].shape[1]:
@@ -234,9 +241,18 @@ def bootstrap_means(
         totals = np.where(finite, v, 0.0) @ seed_weights.T  # cases x resamples: seed-weighted sums per case
         cells = finite.astype(np.float64) @ seed_weights.T
         rows = np.arange(resamples)[:, None]
-        num = np.where(used, totals.T[rows, cases], 0.0).sum(axis=1)
-        den = np.where(used, cells.T[rows, cases], 0.0).sum(axis=1)
-        out[m] = np.where(den > 0, num / np.maximum(den, 1), np.nan)
+        num = np.where(used, totals.T[rows, cases], 0.0)  # resamples x (S x largest)
+        den = np.where(used, cells.T[rows, cases], 0.0)
+        if site_means:  # each drawn site's mean, then their mean (sites without a scored cell left out)
+            site_num = num.reshape(resamples, n_sites, largest).sum(axis=2)
+            site_den = den.reshape(resamples, n_sites, largest).sum(axis=2)
+            scored = site_den > 0
+            site_mean = np.where(scored, site_num / np.where(scored, site_den, 1.0), 0.0)
+            n_scored = scored.sum(axis=1)
+            out[m] = np.where(n_scored > 0, site_mean.sum(axis=1) / np.maximum(n_scored, 1), np.nan)
+        else:
+            num, den = num.sum(axis=1), den.sum(axis=1)
+            out[m] = np.where(den > 0, num / np.maximum(den, 1), np.nan)
     return out
 
 
@@ -248,6 +264,7 @@ def compare(
     rng_seed: int = RNG_SEED,
     level: float = LEVEL,
     with_cases: bool = False,
+    site_means: bool = False,
 ) -> dict[str, Any]:
     """Method ``a`` against ``b`` (each ``{seed: {(site, case): score}}``), paired per case and seed over the seeds
     both have and the cases both scored. ``with_cases``: also ``case_diffs``, ``{"site/case": a - b averaged over
@@ -263,7 +280,9 @@ def compare(
     hierarchical bootstrap of the mean difference, :func:`bootstrap_means`) and ``ci_excludes_0``: the CI lies
     above 0 (``greater``), below 0 (``less``) or on either side (``two-sided``), one half of :func:`significant`.
     With a one-tailed ``alternative`` the CI stays the two-sided ``level`` one: its side tested at 2.5%, the p at
-    5% (conservative)."""
+    5% (conservative). ``site_means``: the CI is of the difference of the mean of site means (Client Avg) instead
+    of the cases pooled (:func:`bootstrap_means`), and the result also holds ``site_mean_diff``, that difference
+    itself (the sites' mean differences averaged); the test stays the per-case one."""
     table = case_table([a, b])
     diffs = table.values[0] - table.values[1]  # cases x seeds, NaN where either is unscored in that seed
     case_diffs = _nanmean_rows(diffs)
@@ -272,7 +291,7 @@ def compare(
         s: float(np.nanmean(diffs[:, j])) if np.isfinite(diffs[:, j]).any() else math.nan
         for j, s in enumerate(table.seeds)
     }
-    boot = bootstrap_means([diffs], table.site_index, resamples, rng_seed)[0]
+    boot = bootstrap_means([diffs], table.site_index, resamples, rng_seed, site_means)[0]
     boot = boot[np.isfinite(boot)]
     tail = (1 - level) / 2
     low, high = (float(q) for q in np.quantile(boot, [tail, 1 - tail])) if boot.size else (math.nan, math.nan)
@@ -285,8 +304,18 @@ def compare(
         "ci_high": high,
         "ci_level": level,
         "ci_excludes_0": bool(excludes),
+        **({"site_mean_diff": _site_mean(diffs, table.site_index)} if site_means else {}),
         **({"case_diffs": {_case_name(k): float(d) for k, d in zip(table.keys, case_diffs)}} if with_cases else {}),
     }
+
+
+def _site_mean(diffs: np.ndarray, site_index: np.ndarray) -> float:
+    """The mean over sites of each site's mean over its scored (case, seed) cells of ``diffs`` (``cases x seeds``,
+    NaN unscored): the statistic :func:`bootstrap_means` resamples with ``site_means``."""
+    means = [
+        np.nanmean(diffs[site_index == s]) for s in np.unique(site_index) if np.isfinite(diffs[site_index == s]).any()
+    ]
+    return float(np.mean(means)) if means else math.nan
 
 
 def _case_name(key: Hashable) -> str:
@@ -415,17 +444,25 @@ def seeds_disagree(test: Mapping[str, Any] | None) -> bool:
     return any(d == 0 or (d > 0) != (mean > 0) for d in diffs)
 
 
+def ci_statistic(test: Mapping[str, Any]) -> float:
+    """The difference ``test``'s CI is about: ``site_mean_diff`` where :func:`compare` ran with ``site_means``, else
+    the mean difference over the cases (``mean_diff``; ``mean_difference`` in older tables); NaN without one."""
+    mean = test.get("site_mean_diff", test.get("mean_diff", test.get("mean_difference")))
+    return float(mean) if isinstance(mean, (int, float)) else math.nan
+
+
 def ranks_disagree(test: Mapping[str, Any] | None) -> bool:
-    """Whether the mean difference and the signed-rank statistic (``rank_sign``, :func:`signed_rank_sign`; from
-    ``case_diffs`` for a tables.json written before it was recorded) point opposite ways: a two-sided p then says
-    the ranks favour one side while the mean, and its CI, say the other (a method better on most images and much
-    worse on a few). Neither number alone is the comparison then; the table says so instead of a †."""
+    """Whether the difference the CI is about (:func:`ci_statistic`) and the signed-rank statistic (``rank_sign``,
+    :func:`signed_rank_sign`; from ``case_diffs`` for a tables.json written before it was recorded) point opposite
+    ways: a two-sided p then says the ranks favour one side while the mean, and its CI, say the other (a method better
+    on most images and much worse on a few). Neither number alone is the comparison then; the table says so instead
+    of a †."""
     test = test or {}
     sign = test.get("rank_sign")
     if not isinstance(sign, int) and isinstance(test.get("case_diffs"), Mapping):
         values = [v for v in test["case_diffs"].values() if isinstance(v, (int, float)) and math.isfinite(v)]
         sign = signed_rank_sign(np.array(values, dtype=np.float64))
-    mean = test.get("mean_diff", test.get("mean_difference"))
+    mean = ci_statistic(test)
     if not (isinstance(sign, int) and sign and isinstance(mean, (int, float)) and math.isfinite(mean) and mean):
         return False
     return (sign > 0) != (mean > 0)
@@ -456,9 +493,20 @@ def dagger(test: Mapping[str, Any] | None) -> str:
 
 
 def p_value_text(test: Mapping[str, Any] | None) -> str:
-    """The p a comparison is judged by (:func:`adjusted_p`), to 2 significant digits; ``–`` without one."""
-    p = adjusted_p(test) if test else math.nan
-    return f"{p:.2g}" if math.isfinite(p) else "–"
+    """The p a comparison is judged by (:func:`adjusted_p`) as :func:`p_text` writes it; ``–`` without one."""
+    return p_text(adjusted_p(test) if test else math.nan)
+
+
+def p_text(p: float) -> str:
+    """``p`` to 2 significant digits, or as many more as it takes to stay on its side of ``SIGNIFICANCE`` (0.0496
+    is ``0.0496``, not ``0.05`` beside a †); ``–`` for NaN."""
+    if not math.isfinite(p):
+        return "–"
+    for digits in range(2, 8):
+        text = f"{p:.{digits}g}"
+        if (float(text) < SIGNIFICANCE) == (p < SIGNIFICANCE):
+            return text
+    return repr(p)
 
 
 def signed_text(x: object, digits: int = DIFF_DIGITS) -> str:

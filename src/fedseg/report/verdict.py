@@ -10,17 +10,19 @@ data, Centralized).
 What is paired with what: a run has one seed, so the comparison is over **test cases**. Each test case (site, case
 id) is scored by both methods' own models (a shared model, or the site's own model for personalized methods;
 :func:`fedseg.report.own_scores.own_model_filter`), a case's score being its Dice averaged over regions; the
-difference best − other of every case is tested with :func:`fedseg.evaluate.stats.compare`: a Wilcoxon
-signed-rank test over the cases and a 95% interval from the hierarchical bootstrap of the mean difference
-(sites resampled, then cases within each; the seed-to-seed variance is not in it, having one seed, which the
-verdict says beside every "beyond noise"). A difference is *beyond noise* when it is
-:func:`fedseg.evaluate.stats.significant`: the interval excludes 0 and the test's p, Holm-adjusted over the best's
-comparisons with every other contender (the comparisons with the baselines: a family of their own), is below 0.05;
-else *within noise*. Each comparison shows two numbers, named as such: the difference of the two Client Avg (a mean
-of site means, the table's) and the mean per-case difference (the cases pooled: a large site weighs more), which
-the CI and the test are about. Where the test finds the other method better beyond noise, the verdict says the two
-disagree instead of ranking one above the other. Two methods are *tied* only when their Client Avg are equal;
-scores that merely print alike are two numbers, and their comparison's CI says whether they differ.
+difference best − other of every case is tested with :func:`fedseg.evaluate.stats.compare` (``site_means``): a
+95% interval of the number the ranking is on, the Client Avg difference (the mean over sites of each site's mean
+paired difference), from the hierarchical bootstrap (sites resampled, then cases within each; the seed-to-seed
+variance is not in it, having one seed, which the verdict says beside every "beyond noise"), and a Wilcoxon
+signed-rank test over the cases (pooled: does the per-case difference lean to one side of 0). A difference is
+*beyond noise* when it is :func:`fedseg.evaluate.stats.significant`: the interval excludes 0 and the test's p,
+Holm-adjusted over the best's comparisons with every other contender (the comparisons with the baselines: a family
+of their own), is below 0.05, the two pointing the same way; else *within noise*. Where the Client Avg difference
+and the signed-rank test point opposite ways, or the paired cases' Client Avg points away from the table's (a
+method that left cases unscored), the verdict says so instead of ranking one above the other. Two methods are
+*tied* only when their Client Avg are equal; scores that merely print alike are two numbers, and their comparison's
+CI says whether they differ. The best is chosen on these same test scores, which the terminal says as the report
+does (:data:`CHOSEN_AFTER`).
 
 Also: which methods may not have converged (summary.json ``convergence``), and routing notes of a method family
 whose test images all went to one model (FedSM: every image to the global model). The HTML form
@@ -41,8 +43,10 @@ from fedseg.evaluate.stats import (
     RESAMPLES,
     SIGNIFICANCE,
     adjusted_p,
+    ci_statistic,
     compare,
     correct_family,
+    p_text,
     ranks_disagree,
     signed_text,
     significant,
@@ -75,7 +79,8 @@ FEDAVG = "fedavg"
 @dataclass(frozen=True)
 class Difference:
     """The best method against ``other``: ``table_diff`` = best − other on the table's Client Avg; ``test`` =
-    :func:`fedseg.evaluate.stats.compare` of the per-case scores (best − other), None without ``results.csv``."""
+    :func:`fedseg.evaluate.stats.compare` of the per-case scores (best − other, ``site_means``: its CI of the
+    Client Avg difference), None without ``results.csv``."""
 
     other: str
     table_diff: float
@@ -98,8 +103,9 @@ class Difference:
 
     @property
     def split(self) -> bool:
-        """The CI excludes 0 and the adjusted p < 0.05, but the mean and the signed-rank test point opposite ways
-        (:func:`~fedseg.evaluate.stats.ranks_disagree`: better on most cases, much worse on a few): neither wins."""
+        """The CI excludes 0 and the adjusted p < 0.05, but the Client Avg difference and the signed-rank test point
+        opposite ways (:func:`~fedseg.evaluate.stats.ranks_disagree`: better on most cases, much worse on a few):
+        neither wins."""
         t = self.test
         if t is None or not t["n"] or not t.get("ci_excludes_0"):
             return False
@@ -108,9 +114,9 @@ class Difference:
 
     @property
     def disagrees(self) -> bool:
-        """The per-case test finds ``other`` better beyond noise although it ranks below on Client Avg (sites of
-        different sizes weigh differently in the two)."""
-        return self.within_noise is False and self.test is not None and self.test["mean_diff"] * self.table_diff < 0
+        """The paired cases find ``other`` better beyond noise although it ranks below on the table's Client Avg (which
+        also holds the cases only one of the two scored)."""
+        return self.within_noise is False and self.test is not None and ci_statistic(self.test) * self.table_diff < 0
 
 
 @dataclass(frozen=True)
@@ -221,7 +227,9 @@ def verdict(run: RunFiles, resamples: int = RESAMPLES) -> Verdict | None:
 
     def against(a: str) -> Difference:
         other = _cases(run, a)
-        test = compare({0: best_cases}, {0: other}, resamples=resamples) if best_cases and other else None
+        test = (
+            compare({0: best_cases}, {0: other}, resamples=resamples, site_means=True) if best_cases and other else None
+        )
         return Difference(a, top - scores[a], test)
 
     differences = {a: against(a) for a, _ in ranked[1:]}
@@ -263,34 +271,37 @@ ONE_SEED = "one seed: the CI holds no training noise, so two trained models diff
 
 
 def _test_parts(d: Difference) -> tuple[str, str | None]:
-    """The per-case test of ``d`` in two parts: its numbers (``mean per-case difference +0.0015 (cases pooled), 95%
-    CI [−0.0010, +0.0041], Wilcoxon p = 0.31 (113 cases)``) and what it finds (``within noise``; a "beyond noise" of
-    one seed says in the same sentence what its CI leaves out), None where there is nothing to find (no per-case
-    scores, identical scores: the numbers say it)."""
+    """The test of ``d`` in two parts: its numbers (``95% CI [−0.0010, +0.0041], per-case Wilcoxon p = 0.31 (113
+    cases)``: the CI of the Client Avg difference, the test over the cases) and what they find (``within noise``; a
+    "beyond noise" of one seed says in the same sentence what its CI leaves out), None where there is nothing to find
+    (no per-case scores, identical scores: the numbers say it)."""
     t = d.test
     if t is None or not t["n"]:
         return "no per-case scores (results.csv) to test it", None
     if d.identical:
         return f"identical scores on all {t['n']} test cases", None
     ci = f"{round(100 * t['ci_level'])}% CI [{_signed(t['ci_low'])}, {_signed(t['ci_high'])}]"
-    p = f"Wilcoxon p = {adjusted_p(t):.2g}" + (f" (Holm, {t['family']} comparisons)" if t.get("family", 1) > 1 else "")
+    p = f"per-case Wilcoxon p = {p_text(adjusted_p(t))}"
+    p += f" (Holm, {t['family']} comparisons)" if t.get("family", 1) > 1 else ""
     cases = f"{t['n']} cases" + (f", {t['n_nonzero']} differ" if t.get("n_nonzero", t["n"]) < t["n"] else "")
     one_seed = f" ({ONE_SEED})" if t.get("seeds", 1) < 2 else ""
     call = "within noise" if d.within_noise else f"beyond noise across the test cases{one_seed}"
     if d.split:
-        call = "the mean and the per-case signed-rank test point opposite ways (mean and ranks disagree): neither wins"
+        call = (
+            "Client Avg and the per-case signed-rank test point opposite ways (mean and ranks disagree): neither wins"
+        )
     elif d.disagrees:
         call = (
-            "the per-case test points the other way, beyond noise across the test cases (it pools the cases, Client "
-            f"Avg averages the sites){one_seed}"
+            "the paired test cases point the other way, beyond noise (the table's Client Avg also holds cases only one "
+            f"of the two scored){one_seed}"
         )
-    return f"mean per-case difference {_signed(t['mean_diff'])} (cases pooled), {ci}, {p} ({cases})", call
+    return f"{ci}, {p} ({cases})", call
 
 
 class Compared(str):
     """A comparison's sentence, as the report and :func:`verdict_lines` give it, that also knows its two-line form
-    for the terminal (:func:`terminal_lines`): ``result``, the comparison and what the per-case test finds, and
-    ``details``, the test's numbers. One sentence with both differences and the test's numbers runs to some 300
+    for the terminal (:func:`terminal_lines`): ``result``, the comparison and what its test finds, and ``details``,
+    the test's numbers. One sentence with the difference, its CI, the test and the finding runs to some 250
     characters, which a terminal shows as a block in which the finding (``within noise``) comes last; the two lines
     put it first. A ``str``, so every other use of the verdict's lines (the HTML, the tests) reads the sentence."""
 
@@ -304,16 +315,16 @@ class Compared(str):
 
 
 def _compared(head: str, d: Difference, table: bool = True) -> Compared:
-    """The sentence ``{head}: Client Avg … (site means averaged); {test}.`` (without the Client Avg unless
-    ``table``), with its terminal form: ``{head}: Client Avg … (site means averaged); per-case test: {finding}.``
-    over the test's numbers."""
+    """The sentence ``{head}: Client Avg … (site means averaged), {test}.`` (without the Client Avg unless
+    ``table``), with its terminal form: ``{head}: Client Avg … (site means averaged): {finding}.`` over the test's
+    numbers."""
     numbers, call = _test_parts(d)
     clause = f"{numbers}: {call}" if call else numbers
     diff = f"Client Avg {_signed(d.table_diff)} (site means averaged)"
-    text = f"{head}: {diff}; {clause}." if table else f"{head}: {clause}."
+    text = f"{head}: {diff}, {clause}." if table else f"{head}: {clause}."
     if call is None:
         return Compared(text, f"{head}: {diff}." if table else f"{head}:", f"{numbers}.")
-    result = f"{head}: {diff}; per-case test: {call}." if table else f"{head}: per-case test: {call}."
+    result = f"{head}: {diff}: {call}." if table else f"{head}: {call}."
     return Compared(text, result, f"{numbers}.")
 
 
@@ -327,7 +338,7 @@ def _tied(v: Verdict, name: str) -> str:
 
 
 def _reference(v: Verdict, name: str, score: float) -> str:
-    """``FedAvg − Local (baseline, 0.7975; Local: each site's own model): Client Avg +0.0560 …``: a reference line,
+    """``FedAvg − Local (baseline, 0.7966; Local: each site's own model): Client Avg +0.0575 …``: a reference line,
     no rank; what is paired with what said where a side's own models are per-site."""
     d = v.references[name]
     own = [
@@ -374,13 +385,14 @@ def verdict_lines(v: Verdict, notes: list[str] | None = None) -> list[str]:
         )
     if v.split:
         lines.append(
-            f"Mean and ranks disagree with the best: {_listed(v, v.split)} (the mean difference and the per-case "
-            "signed-rank test point opposite ways: better on most cases, much worse on a few): neither wins."
+            f"Mean and ranks disagree with the best: {_listed(v, v.split)} (the Client Avg difference and the "
+            "per-case signed-rank test point opposite ways: better on most cases, much worse on a few): neither wins."
         )
     if disagreeing:
         lines.append(
-            f"Below the best on Client Avg but better per test case beyond noise: {_listed(v, disagreeing)} (the test "
-            "pools the cases, so large sites weigh more; Client Avg weighs every site the same): neither wins."
+            f"Below the best on Client Avg but better over the paired test cases beyond noise: "
+            f"{_listed(v, disagreeing)} (the table's Client Avg also holds cases only one of the two scored): neither "
+            "wins."
         )
     for name, d in v.references.items():
         lines.append(_reference(v, name, v.score - d.table_diff))
@@ -402,19 +414,22 @@ def verdict_lines(v: Verdict, notes: list[str] | None = None) -> list[str]:
     return lines
 
 
+CHOSEN_AFTER = (
+    "The best is the best on these same test scores, so its leads are chosen after looking and read optimistic; a "
+    "comparison declared before the results is fedseg bench's, against its reference."
+)
 PAIRING_NOTE = (
     "Each difference pairs the two methods' own models on the same test cases (a case's score: its Dice averaged "
     "over regions) of this run: a shared model on every case, a method with per-site models (Local, the "
     "personalized ones) each site's own model on that site's cases. Client Avg: the difference of the table's "
-    "numbers (site means averaged); mean per-case difference: the cases pooled (a large site weighs more), the "
-    "number the CI and the test are about. {level}% CI: bootstrap of the mean paired difference, resampling the "
-    "sites and then the cases within each ({resamples} samples; one run seed, so the variance between seeds is not "
-    "in it: beyond noise says that these two trained models differ, not yet that the two methods do); Wilcoxon "
-    "signed-rank test over the cases, its p Holm-adjusted over the best's comparisons with the other ranked "
-    "methods (its comparisons with the baselines, references that rank nothing, as a family of their own). Beyond "
-    "noise: the CI excludes 0 and that p < {sig:g}; within noise otherwise. Tied: equal Client Avg. The best is the "
-    "best on these same test scores, so its leads are chosen after looking and read optimistic; a comparison "
-    "declared before the results is fedseg bench's, against its reference."
+    "numbers (site means averaged), the number the ranking and the CI are about. {level}% CI: bootstrap of the "
+    "Client Avg difference of the paired cases, resampling the sites and then the cases within each ({resamples} "
+    "samples; one run seed, so the variance between seeds is not in it: beyond noise says that these two trained "
+    "models differ, not yet that the two methods do); Wilcoxon signed-rank test over the cases pooled (whether the "
+    "per-case differences lean to one side of 0; a large site has more cases), its p Holm-adjusted over the best's "
+    "comparisons with the other ranked methods (its comparisons with the baselines, references that rank nothing, "
+    "as a family of their own). Beyond noise: the CI excludes 0 and that p < {sig:g}, the two pointing the same way; "
+    "within noise otherwise. Tied: equal Client Avg. " + CHOSEN_AFTER
 )
 
 
@@ -470,7 +485,8 @@ def summary_lines(run_dir: str | Path) -> list[str]:
     if v is None:
         return notes
     head, *rest = verdict_lines(v, notes)
-    return [head, *([not_ranked(v)] if v.baselines else []), *rest]
+    chosen = [CHOSEN_AFTER] if len(v.ranked) > 1 and v.tested else []  # the report's note says it too
+    return [head, *([not_ranked(v)] if v.baselines else []), *chosen, *rest]
 
 
 READABLE = 100  # the terminal lines' width at most, however wide the terminal: prose wider is hard to follow
