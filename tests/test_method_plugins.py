@@ -315,11 +315,9 @@ def test_an_installed_method_trains_on_flower(plugins, folder, tmp_path, tiny):
     assert summary["provenance"]["plugins"]["toymethod"]["version"] == "0.1.0"
 
 
-@pytest.mark.slow
-def test_a_supernode_with_another_version_of_the_package_refuses_in_one_line(plugins, folder, tmp_path, tiny):
-    """A coordinator (`fedseg flower server`) with fedseg-toymethod 0.1.0; site1's SuperNode has 0.1.0 installed,
-    site2's 0.2.0. site2 refuses the run in one line of its log naming the method, the package and both versions;
-    the coordinator's run fails with that line."""
+def _run_with_site2_holding(site2_install: Path, plugins, folder, tmp_path, tiny) -> tuple[str, str, str]:
+    """A coordinator (`fedseg flower server`) and site1's SuperNode with fedseg-toymethod 0.1.0 installed, site2's
+    with ``site2_install``; the run must fail. The logs of the coordinator, site1 and site2."""
     cfg = _config(tmp_path / "cfg.yaml", tiny)
     fleet_port, control_port, port1, port2 = free_ports(4)
     fleet = f"127.0.0.1:{fleet_port}"
@@ -334,7 +332,7 @@ def test_a_supernode_with_another_version_of_the_package_refuses_in_one_line(plu
             hospitals / "coordinator.log",
             environment(plugins["toy"], base=base),
         )
-        for site, port, installed in (("site1", port1, plugins["toy"]), ("site2", port2, plugins["toy2"])):
+        for site, port, installed in (("site1", port1, plugins["toy"]), ("site2", port2, site2_install)):
             procs.start(
                 site,
                 supernode_command(site, folder, fleet, port, hospitals / site, None, None, "warm", 0.05),
@@ -342,15 +340,23 @@ def test_a_supernode_with_another_version_of_the_package_refuses_in_one_line(plu
                 environment(installed, base=base),
             )
         assert coordinator.proc.wait(timeout=300) == 1, coordinator.log.read_text()[-3000:]
+    return coordinator.log.read_text(), (hospitals / "site1.log").read_text(), (hospitals / "site2.log").read_text()
+
+
+@pytest.mark.slow
+def test_a_supernode_with_another_version_of_the_package_refuses_in_one_line(plugins, folder, tmp_path, tiny):
+    """site2's SuperNode has fedseg-toymethod 0.2.0 installed, the coordinator and site1 0.1.0. site2 refuses the run
+    in one line of its log naming the method, the package and both versions; the coordinator's run fails with that
+    line."""
+    coordinator, site1, site2 = _run_with_site2_holding(plugins["toy2"], plugins, folder, tmp_path, tiny)
     said = (
         "the run's method packages: method 'toymethod' comes from fedseg-toymethod 0.1.0 but this SuperNode has "
         "fedseg-toymethod 0.2.0 installed (install the same version)"
     )
-    refusals = [line for line in (hospitals / "site2.log").read_text().splitlines() if said in line]
-    assert refusals and all(line.endswith(said) for line in refusals), (hospitals / "site2.log").read_text()[-3000:]
-    assert "Traceback" not in (hospitals / "site2.log").read_text()
-    assert said in " ".join(coordinator.log.read_text().split())
-    assert said not in (hospitals / "site1.log").read_text()
+    refusals = [line for line in site2.splitlines() if said in line]
+    assert refusals and all(line.endswith(said) for line in refusals), site2[-3000:]
+    assert "Traceback" not in site2
+    assert said in " ".join(coordinator.split()) and said not in site1
 
 
 NOT_IMPORTING = (
@@ -367,35 +373,12 @@ def test_a_supernode_whose_package_does_not_import_refuses_at_its_data_check(plu
     (a dependency missing on that machine): the version check passed it, and the run failed in round 1 with an
     unknown method. site2 refuses the run at its start-up data check (the ``info`` query), in one line of its log
     naming the package, the method and the import error; the coordinator's run fails with that line."""
-    cfg = _config(tmp_path / "cfg.yaml", tiny)
-    fleet_port, control_port, port1, port2 = free_ports(4)
-    fleet = f"127.0.0.1:{fleet_port}"
-    hospitals, out = tmp_path / "hospitals", tmp_path / "out"
-    base = flower_env(hospitals / "home")
-    with Processes(hospitals / "processes.json") as procs:
-        coordinator = procs.start(
-            "coordinator",
-            [sys.executable, "-m", "fedseg.cli", "flower", "server", "--config", str(cfg), "--insecure"]
-            + ["--federation", str(folder), "--out", str(out), "--host", "127.0.0.1", "--port", str(fleet_port)]
-            + ["--control-address", f"127.0.0.1:{control_port}", "--wait", "120"],
-            hospitals / "coordinator.log",
-            environment(plugins["toy"], base=base),
-        )
-        for site, port, installed in (("site1", port1, plugins["toy"]), ("site2", port2, plugins["toy-not-importing"])):
-            procs.start(
-                site,
-                supernode_command(site, folder, fleet, port, hospitals / site, None, None, "warm", 0.05),
-                hospitals / f"{site}.log",
-                environment(installed, base=base),
-            )
-        assert coordinator.proc.wait(timeout=300) == 1, coordinator.log.read_text()[-3000:]
-    site2 = (hospitals / "site2.log").read_text()
+    coordinator, site1, site2 = _run_with_site2_holding(plugins["toy-not-importing"], plugins, folder, tmp_path, tiny)
     refusals = [line for line in site2.splitlines() if NOT_IMPORTING in line]
     assert refusals and all(line.endswith(NOT_IMPORTING) for line in refusals), site2[-3000:]
     assert all("query.info" in line for line in refusals), site2[-3000:]  # at the data check, before any round
     assert "Traceback" not in site2 and "train." not in site2, site2[-3000:]
-    assert NOT_IMPORTING in " ".join(coordinator.log.read_text().split())
-    assert NOT_IMPORTING not in (hospitals / "site1.log").read_text()
+    assert NOT_IMPORTING in " ".join(coordinator.split()) and NOT_IMPORTING not in site1
 
 
 LOAD_CHECK = """
