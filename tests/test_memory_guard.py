@@ -389,9 +389,10 @@ def test_a_bench_job_is_checked_against_its_share_of_the_memory(memory, monkeypa
         projected_gb()
     monkeypatch.setenv(MEMORY_SHARE_ENV, "1")
     projected_gb()
-    for name, value in ((MEMORY_SHARE_ENV, "two"), (MEMORY_SHARE_ENV, "0"), (MEMORY_SHARED_ENV, "-5")):
+    bad = ("two", "0", "1_0", "+2", "²")  # int() reads the underscore, the plus sign and the superscript digit
+    for name, value in [(MEMORY_SHARE_ENV, b) for b in bad] + [(MEMORY_SHARED_ENV, b) for b in ("-5", "0", "1_000")]:
         monkeypatch.setenv(name, value)
-        with pytest.raises(ValueError, match=rf"^{name}='{value}': not a whole number of at least [01] \("):
+        with pytest.raises(ValueError, match=rf"^{name}='{re.escape(value)}': not a whole number of at least 1 \("):
             MemoryGuard.start(10)
         monkeypatch.setenv(MEMORY_SHARE_ENV, "2")
         monkeypatch.delenv(MEMORY_SHARED_ENV, raising=False)

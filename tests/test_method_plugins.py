@@ -363,7 +363,7 @@ NOT_IMPORTING = (
     "the run's method packages: method 'toymethod' comes from fedseg-toymethod 0.1.0, which this SuperNode has "
     "installed but cannot load: entry point toymethod = fedseg_toymethod: importing fedseg_toymethod failed: "
     "ModuleNotFoundError: No module named 'no_such_dependency_xyz' (install what it imports on this SuperNode's "
-    "machine)"
+    "machine, then restart this SuperNode)"
 )
 
 

@@ -236,6 +236,8 @@ def test_other_versions_entries_are_named_once_when_they_hold_a_gigabyte(cache, 
     assert opened() == []
     with open(old / f"{'cd' * 32}{SUFFIX}", "wb") as f:
         f.truncate(1)
+    (cache / ("1" * 16)).mkdir()  # an empty folder of another version, and a link: no version's entries
+    (cache / ("2" * 16)).symlink_to(old.parent, target_is_directory=True)
     prepared._warned.discard(f"stale:{cache}")
     (line,) = opened()
     assert "1.1 GB (2 cases) prepared by 1 other fedseg or library version(s)" in line, line

@@ -13,6 +13,7 @@ from matplotlib.figure import Figure
 from typer.testing import CliRunner
 
 from fedseg.cli import app, print_verdict
+from fedseg.evaluate import stats
 from fedseg.presentation import figures
 from fedseg.presentation.kit import CSS
 from fedseg.report.html import load_run, render_report
@@ -476,7 +477,8 @@ def test_a_tie_is_equal_scores_not_scores_that_print_alike(tmp_path):
     assert v is not None and v.best == "fedprox" and v.ties == [] and v.runner_up == "fedavg"
     head, chosen, over, *_ = summary_lines(run)
     assert head == "Best on test Dice, Client Avg: FedProx at 0.3617." and chosen == CHOSEN_AFTER
-    assert over.startswith("Over the runner-up FedAvg (0.3617): Client Avg +4e−05 (site means averaged), 95% CI [")
+    assert over.startswith("Over the runner-up FedAvg (0.3617): Client Avg +4e−05 (site means averaged), ")
+    assert "95% CI [" in over  # after the paired cases' own Client Avg: this summary.json's are made up
     assert "per-case Wilcoxon p = " in over
 
     write_two_methods(run, summary, rows, {"fedavg": 0.36169, "fedprox": 0.36169})  # equal: a tie
@@ -486,7 +488,7 @@ def test_a_tie_is_equal_scores_not_scores_that_print_alike(tmp_path):
     head, chosen, tied, *_ = summary_lines(run)
     assert head == "Best on test Dice, Client Avg: FedAvg at 0.3617, tied with FedProx." and chosen == CHOSEN_AFTER
     test = v.differences["fedprox"].test
-    assert tied.startswith("Tied on Client Avg with FedProx, not case by case: 95% CI [")
+    assert tied.startswith("Tied on Client Avg with FedProx, not case by case: ") and "95% CI [" in tied
     assert f"per-case Wilcoxon p = {test['p']:.2g} (30 cases): within noise." in tied
 
 
@@ -500,8 +502,47 @@ def test_beyond_noise_of_one_seed_says_what_its_ci_leaves_out(tmp_path):
     v = verdict(load_run(run))
     assert v is not None and v.clear == ["fedprox"] and v.differences["fedprox"].test["seeds"] == 1
     over = summary_lines(run)[2]  # after the headline and CHOSEN_AFTER
-    assert over.startswith("Over the runner-up FedProx (0.5500): Client Avg +0.0500 (site means averaged), 95% CI [")
+    assert over.startswith("Over the runner-up FedProx (0.5500): Client Avg +0.0500 (site means averaged), ")
     assert over.endswith(
         "(30 cases): beyond noise across the test cases (one seed: the CI holds no training noise, so two trained "
         "models differ, not yet two methods)."
     )
+
+
+def test_a_client_avg_that_holds_unpaired_cases_prints_the_paired_one_beside_its_ci(tmp_path):
+    """The CI is of the Client Avg difference over the cases both methods scored; where the table's Client Avg also
+    holds cases only one of them scored (FedProx has no row at one site), the sentence prints the paired number too,
+    so no printed difference lies outside the CI printed as its own (a reviewer's find)."""
+    run = make_run(tmp_path / "run")
+    summary = json.loads((run / "summary.json").read_text())
+    rows = [
+        r
+        for r in two_method_rows(lambda rng: -0.02 + 0.001 * rng.standard_normal())
+        if not (r["algorithm"] == "fedprox" and r["site"] == "s0")
+    ]
+    write_two_methods(run, summary, rows, client_avgs(rows))
+    v = verdict(load_run(run))
+    assert v is not None and v.best == "fedavg"
+    t = v.differences["fedprox"].test
+    assert t["n"] == 20 and t["ci_low"] <= t["site_mean_diff"] <= t["ci_high"]
+    over = next(line for line in summary_lines(run) if line.startswith("Over the runner-up FedProx"))
+    paired = stats.signed_text(t["site_mean_diff"]).replace("-", "−")
+    table = stats.signed_text(v.differences["fedprox"].table_diff).replace("-", "−")
+    assert (
+        f"Client Avg {table} (site means averaged), Client Avg of the 20 cases both scored {paired}, 95% CI [" in over
+    )
+    assert table != paired
+    same = two_method_rows(lambda rng: -0.02 + 0.001 * rng.standard_normal())  # every case paired: printed once
+    write_two_methods(run, summary, same, client_avgs(same))
+    assert "cases both scored" not in " ".join(summary_lines(run))
+
+
+def client_avgs(rows: list[dict]) -> dict[str, float]:
+    """Each method's Client Avg of ``rows`` (the mean of its site means), as summary.json gives it."""
+    out = {}
+    for name in ("fedavg", "fedprox"):
+        sites = sorted({r["site"] for r in rows if r["algorithm"] == name})
+        out[name] = float(
+            np.mean([np.mean([r["value"] for r in rows if r["algorithm"] == name and r["site"] == s]) for s in sites])
+        )
+    return out

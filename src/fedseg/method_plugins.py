@@ -246,11 +246,12 @@ def load_problem(value: object, here: str) -> str | None:
             why = f"method {method!r} here comes from {loaded.distribution} {loaded.version}" + (
                 f"; {why}" if why else ""
             )
-        imports = any(f.problem.startswith("importing ") for f in failed)
+        missing = any(f"failed: {kind}" in f.problem for f in failed for kind in ("ModuleNotFoundError", "ImportError"))
+        # a process loads the packages once (fedseg.algorithms' import): a fix is seen after a restart, not before
+        fix = f"install what it imports on {here}'s machine" if missing else "fix the package there"
         problems.append(
             f"method {method!r} comes from {dist} {wanted}, which {here} has installed but cannot load: "
-            f"{why or f'its entry points add no method {method!r}'}"
-            + (f" (install what it imports on {here}'s machine)" if imports else "")
+            f"{why or f'its entry points add no method {method!r}'} ({fix}, then restart {here})"
         )
     return "; ".join(problems) or None
 

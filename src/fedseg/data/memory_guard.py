@@ -160,10 +160,7 @@ def _whole(name: str, least: int) -> int | None:
     text = os.environ.get(name, "").strip()
     if not text:
         return None
-    try:
-        number = int(text)
-    except ValueError:
-        number = least - 1
+    number = int(text) if text.isascii() and text.isdigit() else least - 1  # int() reads "1_0" and "+2" too
     if number < least:
         raise ValueError(
             f"{name}={text!r}: not a whole number of at least {least} ({MEMORY_SHARE_ENV}: how many runs share this "
@@ -176,7 +173,7 @@ def memory_share() -> Share | None:
     """This process's share (module docstring): ``$FEDSEG_MEMORY_SHARE`` runs at once sharing
     ``$FEDSEG_MEMORY_SHARED`` bytes, or None where unset or 1 (the process has the memory to itself); a ValueError
     (one line naming the variable) for a value that is not a whole number, or ``$FEDSEG_MEMORY_SHARED`` alone."""
-    runs, shared = _whole(MEMORY_SHARE_ENV, 1), _whole(MEMORY_SHARED_ENV, 0)
+    runs, shared = _whole(MEMORY_SHARE_ENV, 1), _whole(MEMORY_SHARED_ENV, 1)
     if runs is None and shared is not None:
         raise ValueError(f"{MEMORY_SHARED_ENV} is set without {MEMORY_SHARE_ENV} (how many runs share its bytes)")
     return Share(runs, shared) if runs is not None and runs > 1 else None

@@ -484,7 +484,8 @@ def note_stale(root: Path) -> None:
     if f"stale:{root}" in _warned:
         return
     _warned.add(f"stale:{root}")
-    stale = [(count, size) for _, count, size, current in code_folders(root) if not current]
+    current = code_digest()[:CODE_DIGITS]
+    stale = [(count, size) for _, count, size, _ in code_folders(root, skip=current) if count]
     size = sum(s for _, s in stale)
     if size >= STALE_NOTE_BYTES:
         log.info(
@@ -558,12 +559,14 @@ def is_code_folder(name: str) -> bool:
     return len(name) == CODE_DIGITS and all(c in "0123456789abcdef" for c in name)
 
 
-def code_folders(root: Path) -> list[tuple[Path, int, int, bool]]:
-    """``(folder, entries, bytes, current)`` per folder of entries under ``root``; ``current``: written by this
-    code (an entry of another fedseg or library version is never read by this one). Nothing else under ``root``
-    is the cache's."""
+def code_folders(root: Path, skip: str | None = None) -> list[tuple[Path, int, int, bool]]:
+    """``(folder, entries, bytes, current)`` per folder of entries under ``root`` (but ``skip``, a folder name, not
+    walked); ``current``: written by this code (an entry of another fedseg or library version is never read by this
+    one). Nothing else under ``root`` is the cache's."""
     found = []
     for folder in _code_folder_paths(root):
+        if folder.name == skip:
+            continue
         sizes = [_size(f) for f in folder.glob(f"??/*{SUFFIX}")]
         files = [n for n in sizes if n is not None]
         found.append((folder, len(files), sum(files), folder.name == code_digest()[:CODE_DIGITS]))
@@ -572,7 +575,9 @@ def code_folders(root: Path) -> list[tuple[Path, int, int, bool]]:
 
 def _code_folder_paths(root: Path) -> list[Path]:
     """The folders of entries under ``root`` (:func:`is_code_folder`), sorted."""
-    return [f for f in sorted(root.iterdir()) if f.is_dir() and is_code_folder(f.name)] if root.is_dir() else []
+    if not root.is_dir():
+        return []
+    return [f for f in sorted(root.iterdir()) if f.is_dir() and not f.is_symlink() and is_code_folder(f.name)]
 
 
 def _size(file: Path) -> int | None:

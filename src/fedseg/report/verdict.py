@@ -281,6 +281,9 @@ def _test_parts(d: Difference) -> tuple[str, str | None]:
     if d.identical:
         return f"identical scores on all {t['n']} test cases", None
     ci = f"{round(100 * t['ci_level'])}% CI [{_signed(t['ci_low'])}, {_signed(t['ci_high'])}]"
+    paired = ci_statistic(t)
+    if not math.isclose(paired, d.table_diff, abs_tol=1e-9):  # the table's also holds cases only one of them scored
+        ci = f"Client Avg of the {t['n']} cases both scored {_signed(paired)}, {ci}"
     p = f"per-case Wilcoxon p = {p_text(adjusted_p(t))}"
     p += f" (Holm, {t['family']} comparisons)" if t.get("family", 1) > 1 else ""
     cases = f"{t['n']} cases" + (f", {t['n_nonzero']} differ" if t.get("n_nonzero", t["n"]) < t["n"] else "")
@@ -293,7 +296,7 @@ def _test_parts(d: Difference) -> tuple[str, str | None]:
     elif d.disagrees:
         call = (
             "the paired test cases point the other way, beyond noise (the table's Client Avg also holds cases only one "
-            f"of the two scored){one_seed}"
+            f"of the two scored{'; ' + ONE_SEED if one_seed else ''})"
         )
     return f"{ci}, {p} ({cases})", call
 
