@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import json
+import pickle
 from dataclasses import replace
 from pathlib import Path
 
@@ -280,6 +281,147 @@ def test_volumes_carry_the_known_voxels_and_draw_no_patch_on_an_ignored_one():
     assert x.shape == (1, 1, 8, 8, 8) and y.shape == (1, 2, 8, 8, 8)
 
 
+def _ball(centre: tuple[int, int, int], radius: float = 6.0, size: int = 32) -> np.ndarray:
+    grid = np.mgrid[:size, :size, :size]
+    return sum((g - c) ** 2 for g, c in zip(grid, centre)) <= radius**2
+
+
+def test_surface_metrics_of_a_partly_annotated_case_are_not_computed_and_of_a_wholly_annotated_one_as_ever():
+    """Masking both masks before taking edges made every annotated/unannotated border an edge (a ball predicted 3
+    voxels off, every other slice annotated: HD95 2.24 for 3.0, NSD 0.86 for 0.43): the true surface is unknown
+    there, so HD95 and NSD are NaN for a case with an unannotated voxel; Dice still counts the annotated ones."""
+    truth = torch.from_numpy(_ball((16, 16, 16)))[None, None]
+    pred = torch.from_numpy(_ball((19, 16, 16)))[None, None]
+    sparse = torch.ones_like(truth)
+    sparse[..., 1::2] = False  # every other slice unannotated
+    partial = batch_metrics(pred, torch.cat([truth & sparse, sparse], 1), hd95=True)
+    assert np.isnan(partial["hd95"]).all() and np.isnan(partial["nsd"]).all()
+    t, p, k = truth & sparse, pred & sparse, sparse
+    np.testing.assert_allclose(partial["dice"], [[2 * (t & p).sum() / (t.sum() + p.sum())]], rtol=1e-12)
+    plain = batch_metrics(pred, truth, hd95=True)
+    assert plain["hd95"][0, 0] == pytest.approx(3.0)
+    wholly = batch_metrics(pred, torch.cat([truth, torch.ones_like(truth)], 1), hd95=True)
+    for key in ("dice", "hd95", "nsd"):
+        np.testing.assert_array_equal(wholly[key], plain[key])  # every voxel annotated: as without an ignore label
+    # a batch of both: each case by its own annotation
+    both = batch_metrics(
+        torch.cat([pred, pred]), torch.cat([torch.cat([truth & k, k], 1), torch.cat([truth, k | True], 1)]), hd95=True
+    )
+    assert np.isnan(both["hd95"][0, 0]) and both["hd95"][1, 0] == pytest.approx(3.0)
+
+
+def test_a_case_without_an_annotated_voxel_has_no_score_and_an_absent_region_the_both_empty_rule():
+    truth = torch.zeros((3, 2, 8, 8), dtype=torch.bool)
+    pred = torch.zeros_like(truth)
+    pred[0, :, 2:4, 2:4] = True
+    known = torch.ones((3, 1, 8, 8), dtype=torch.bool)
+    known[0] = False  # case 0: nothing annotated (its prediction lies in the unannotated voxels)
+    known[1, :, :, 4:] = False  # case 1: half annotated, neither region there nor predicted
+    truth[2, 0, 5:7, 5:7] = True  # case 2: wholly annotated, region 1 absent from truth and prediction
+    pred[2, 0, 5:7, 5:7] = True
+    scores = batch_metrics(pred, torch.cat([truth, known], 1), hd95=True)
+    for key in ("dice", "hd95", "nsd"):
+        assert np.isnan(scores[key][0]).all(), key  # carries no information (was Dice 1, HD95 0, NSD 1)
+    np.testing.assert_array_equal(scores["dice"][1], [1.0, 1.0])  # both empty among the annotated voxels
+    assert np.isnan(scores["hd95"][1]).all() and np.isnan(scores["nsd"][1]).all()  # partly annotated
+    np.testing.assert_array_equal(scores["dice"][2], [1.0, 1.0])
+    np.testing.assert_array_equal(scores["hd95"][2], [0.0, 0.0])
+    np.testing.assert_array_equal(scores["nsd"][2], [1.0, 1.0])
+
+
+def test_the_masked_loss_of_a_batch_is_the_mean_of_its_cases_losses():
+    """q-FedAvg / FedPIDAvg take ``batch loss x B`` as the sum of per-case losses and FedSM scores cases alone: the
+    masked cross-entropy is a per-case mean over that case's known voxels, then a mean over the cases (a case with no
+    known voxel gives 0), not one pool over the batch."""
+    g = torch.Generator().manual_seed(7)
+    logits = torch.randn((4, 2, 12, 12), generator=g)
+    truth = (torch.rand((4, 2, 12, 12), generator=g) > 0.6).float()
+    known = torch.ones((4, 1, 12, 12))
+    known[0, ..., 3:] = 0  # a quarter known
+    known[1, ..., 1:] = 0  # a twelfth known
+    known[3] = 0  # nothing known
+    target = torch.cat([truth * known, known], 1)
+    for loss in ("dice", "dice_bce"):
+        loss_fn = segmentation_loss(TrainConfig(loss=loss))
+        cases = torch.stack([loss_fn(logits[i : i + 1], target[i : i + 1]) for i in range(4)])
+        torch.testing.assert_close(loss_fn(logits, target), cases.mean())
+        assert float(cases[3]) == 0.0
+
+
+def test_the_fingerprint_takes_no_ignored_voxel_for_foreground():
+    from fedseg.config import RunConfig
+    from fedseg.engine.context import Task
+    from fedseg.plan.fingerprint import case_fingerprint
+
+    image = np.arange(1, 17, dtype=np.float32).reshape(1, 4, 4)
+    label = np.zeros((4, 4), np.uint8)
+    label[0, :2] = 1
+    label[3, :] = 2  # unannotated
+    fp = case_fingerprint(image, label, (1.0, 1.0), ignore=2)
+    np.testing.assert_array_equal(fp.foreground, [[1, 2]])
+    assert case_fingerprint(image, label, (1.0, 1.0)).foreground.shape == (1, 6)  # no ignore label: label > 0
+    fed = Federation("f", "2d", 1, Regions.from_mapping({"disc": [1]}, ignore=2), [Site("s", [])])
+    assert Task.of(RunConfig(), fed).ignore_label == 2  # what the planning client passes
+    assert Task.of(RunConfig(), replace(fed, regions=Regions.from_mapping({"disc": [1]}))).ignore_label is None
+
+
+def _scribble_volume(known: bool) -> object:
+    """A 24^3 volume annotated in one 3^3 scribble of background (an ignore label's) or everywhere (without one)."""
+    regions = Regions.from_mapping({"box": [1]}, ignore=2 if known else None)
+    label = np.zeros((24, 24, 24), np.uint8)
+    if known:
+        label[:] = 2
+        label[20:23, 20:23, 20:23] = 0
+    image = np.random.default_rng(0).normal(size=(1, 24, 24, 24)).astype(np.float32)
+    return build_volume(
+        image, label, regions, (1.0, 1.0, 1.0), VolumeConfig(patch_size=8, crop_foreground=False), "none"
+    )
+
+
+def test_a_patch_not_forced_onto_foreground_is_centred_on_an_annotated_voxel():
+    """With an ignore label a draw not forced onto foreground is centred on a random known voxel (nnU-Net's rule: no
+    patch without an annotated voxel, which gives no loss), from the same generator; without one, the corner is
+    uniform, the very draws as before."""
+    vol = _scribble_volume(known=True)
+    draws = [draw_patches([vol] * 8, (8, 8, 8), 0.0, torch.Generator().manual_seed(s))[1] for s in range(4)]
+    assert all(int(y[i, 1].sum()) > 0 for y in draws for i in range(8))  # every patch holds annotated voxels
+    assert len(vol.known_voxels()) == 27 and len(vol.foreground()) == 0
+    again = draw_patches([vol] * 8, (8, 8, 8), 0.0, torch.Generator().manual_seed(3))[1]
+    assert torch.equal(again, draws[3])  # a function of the generator
+    assert pickle.loads(pickle.dumps(vol))._known is None  # recomputed where needed, as the foreground index
+    plain = _scribble_volume(known=False)
+    g, mine = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
+    x, _ = draw_patches([plain] * 3, (8, 8, 8), 0.0, g)
+    for i in range(3):  # the draw as it was: u, then a uniform corner
+        torch.rand((), generator=mine)
+        start = [int(torch.randint(17, (), generator=mine)) for _ in range(3)]
+        assert torch.equal(
+            x[i], plain.image[:, start[0] : start[0] + 8, start[1] : start[1] + 8, start[2] : start[2] + 8]
+        )
+    assert len(plain.known_voxels()) == 0 and len(_wholly_known_volume().known_voxels()) == 0
+
+
+def _wholly_known_volume() -> object:
+    regions = Regions.from_mapping({"box": [1]}, ignore=2)
+    image = np.zeros((1, 12, 12, 12), np.float32)
+    return build_volume(
+        image,
+        np.zeros((12, 12, 12), np.uint8),
+        regions,
+        (1.0,) * 3,
+        VolumeConfig(patch_size=8, crop_foreground=False),
+        "none",
+    )
+
+
+def test_the_scoring_note_says_only_annotated_voxels_count():
+    from fedseg.evaluate.metric_info import scoring_text
+
+    assert scoring_text("channels", "original") == scoring_text("channels", "original", None)
+    assert "annotated voxels only" not in scoring_text("channels", "original")
+    assert "annotated voxels only" in scoring_text("channels", "original", 3)
+
+
 # --- runs ----------------------------------------------------------------------------------------------------------
 
 
@@ -310,7 +452,11 @@ def test_a_short_run_on_an_imported_2d_dataset_with_an_ignore_label(tmp_path, ti
     from fedseg.api import Experiment
 
     masked = _count_masked_losses(monkeypatch)
-    out = import_folder(png_dataset(tmp_path / "Dataset606_Scribbles"), tmp_path / "fed")
+    src = png_dataset(tmp_path / "Dataset606_Scribbles")
+    for path in (src / "labelsTr").glob("B_*.png"):  # site B annotated everywhere, site A partly
+        label = np.asarray(Image.open(path))
+        Image.fromarray(np.where(label == 2, 0, label).astype(np.uint8)).save(path)
+    out = import_folder(src, tmp_path / "fed")
     cfg = tiny_config(
         algorithms=["fedavg"],
         data={"image_size": 16},
@@ -318,10 +464,21 @@ def test_a_short_run_on_an_imported_2d_dataset_with_an_ignore_label(tmp_path, ti
         train={"loss": "dice_bce"},
         eval={"hd95": True, "local_models": False},
     )
-    Experiment(cfg, tmp_path / "run", federation=load_folder(out), progress=False).run(report=False)
-    dice = _test_dice(tmp_path / "run")
+    run = tmp_path / "run"
+    Experiment(cfg, run, federation=load_folder(out), progress=False).run(report=True)
+    dice = _test_dice(run)
     assert all(np.isfinite(dice)) and all(0.0 <= d <= 1.0 for d in dice)
     assert masked and all(masked)  # every training step's loss took the known voxels only
+    # HD95 and NSD: not computed (NaN) for a partly annotated case, a number for a wholly annotated one; the tables,
+    # summary.json and the report take both
+    with open(run / "results.csv", newline="") as f:
+        surface = [(row["site"], float(row["value"])) for row in csv.DictReader(f) if row["metric"] in ("hd95", "nsd")]
+    assert {site for site, _ in surface} == {"A", "B"}
+    assert all(np.isnan(v) == (site == "A") for site, v in surface), surface
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["ignore_label"] == 2 and summary["regions"] == ["disc"]
+    report = (run / "report.html").read_text()
+    assert "scores count annotated voxels only" in report and "Test HD95" in report
 
 
 def test_a_short_run_on_the_volume_path_of_a_3d_dataset_with_an_ignore_label(tmp_path, tiny_config, monkeypatch):

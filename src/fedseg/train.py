@@ -129,9 +129,10 @@ class SegmentationLoss(nn.Module):
 
     On a target with the known-voxel mask last (an ignore label's, one channel more than the logits) the same loss
     over the known voxels alone, as nnU-Net trains with an ignore label: soft Dice with prediction and target zeroed
-    at unknown voxels (per case and region, as MONAI's), the cross-entropy averaged over the known voxels only. With
-    every voxel known the numbers are the unmasked ones (to float rounding); an unknown voxel's logits give no loss and
-    no gradient."""
+    at unknown voxels (per case and region, as MONAI's), the cross-entropy a mean over each case's known voxels and
+    regions (0 for a case without a known voxel), then over the cases: as unmasked, a batch's loss times its length is
+    the sum of its cases' losses (q-FedAvg's and FedPIDAvg's sums, FedSM's per-case losses). With every voxel known
+    the numbers are the unmasked ones (to float rounding); an unknown voxel's logits give no loss and no gradient."""
 
     def __init__(self, dice: nn.Module, eps: float, *, with_bce: bool):
         super().__init__()
@@ -151,7 +152,8 @@ class SegmentationLoss(nn.Module):
         if not self.with_bce:
             return loss
         bce = F.binary_cross_entropy_with_logits(input, truth, reduction="none")  # (B, R, *S)
-        return loss + (bce * known).sum() / (known.sum() * input.shape[1]).clamp_min(1.0)
+        cases = (bce * known).flatten(1).sum(1) / (known.flatten(1).sum(1) * input.shape[1]).clamp_min(1.0)  # (B,)
+        return loss + cases.mean()  # per case, then over the cases: batch loss x B = the sum of per-case losses
 
 
 def make_optimizer(cfg: TrainConfig, params) -> torch.optim.Optimizer:

@@ -111,11 +111,12 @@ class Volume:
     grid: Grid
     known: bool = False
     _foreground: torch.Tensor | None = field(default=None, init=False, repr=False, compare=False)
+    _known: torch.Tensor | None = field(default=None, init=False, repr=False, compare=False)  # known_voxels()
     mapped: bool = field(default=False, init=False, repr=False, compare=False)  # tensors mapped from a cache file
     _sent: dict | None = field(default=None, init=False, repr=False, compare=False)  # a mapped volume's sent copy
 
     def __getstate__(self) -> dict:
-        state = {**self.__dict__, "_foreground": None, "_sent": None}  # recomputed where needed, not sent
+        state = {**self.__dict__, "_foreground": None, "_known": None, "_sent": None}  # recomputed where needed
         if self.mapped:  # fedseg.data.prepared: a file mapping cannot be shared with a worker; its copy can
             if self._sent is None:  # one copy for every worker (pickled to shared memory once), as a held volume
                 parts = ("image", "label", "truth")
@@ -138,6 +139,20 @@ class Volume:
             flat = regions.any(0).flatten().nonzero().flatten().cpu()
             self._foreground = flat.int() if self.label[0].numel() < 2**31 else flat
         return self._foreground
+
+    def known_voxels(self) -> torch.Tensor:
+        """With the known-voxel channel (``known``, an ignore label): flat indices of the known (annotated) voxels of
+        ``label`` as :meth:`foreground` lists its voxels, computed once; empty when every voxel is known (a patch
+        anywhere holds annotated voxels: it is drawn as without an ignore label, and no list of every voxel is
+        kept), when none is, or without the channel."""
+        if self._known is None:
+            mask = self.label[-1] if self.known else None
+            if mask is None or bool(mask.all()):
+                self._known = torch.zeros(0, dtype=torch.int32)
+            else:
+                flat = mask.flatten().nonzero().flatten().cpu()
+                self._known = flat.int() if mask.numel() < 2**31 else flat
+        return self._known
 
 
 def _nonzero(x: torch.Tensor) -> torch.Tensor:
@@ -288,8 +303,10 @@ def draw_patches(
 
     Per volume, from ``generator`` only (so the draw is a function of the step's random stream): a
     uniform number ``u``; if ``u < foreground`` and the volume has a labelled voxel, the patch is centred
-    on a labelled voxel drawn uniformly (clipped to the volume), else its corner is uniform over all
-    positions. Each crop is copied straight into the batch (the voxels MONAI ``SpatialCrop`` gives).
+    on a labelled voxel drawn uniformly (clipped to the volume); else, with an ignore label (``Volume.known``)
+    and a case only partly annotated, as nnU-Net does, on a known (annotated) voxel drawn uniformly
+    (``Volume.known_voxels``: no patch without an annotated voxel, which would give no loss); else its corner is
+    uniform over all positions. Each crop is copied straight into the batch (the voxels MONAI ``SpatialCrop`` gives).
     Nothing here waits for a device: positions come from the CPU (``Volume.foreground``)."""
     first = volumes[0]
     device = first.image.device if sources is None else sources[0][0].device
@@ -301,6 +318,8 @@ def draw_patches(
         top = [n - k for n, k in zip(shape, size)]
         u = float(torch.rand((), generator=generator))
         fg = vol.foreground() if u < foreground else None
+        if fg is None or not len(fg):
+            fg = vol.known_voxels() if vol.known else None  # an annotated voxel, not any (an ignore label)
         if fg is not None and len(fg):
             centre = np.unravel_index(int(fg[int(torch.randint(len(fg), (), generator=generator))]), shape)
             start = [min(max(int(c) - k // 2, 0), t) for c, k, t in zip(centre, size, top)]

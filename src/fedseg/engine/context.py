@@ -46,11 +46,12 @@ class Task:
     in_channels: int
     regions: tuple[str, ...]
     region_values: tuple[tuple[int, ...], ...] = ()
+    ignore_label: int | None = None  # the label value of unannotated voxels (``Regions.ignore``), or None
 
     @classmethod
     def of(cls, cfg: RunConfig, fed: Federation) -> Task:
         """The task of training on ``fed`` under ``cfg``."""
-        return cls(cfg, fed.spatial_dims, fed.channels, fed.regions.names, fed.regions.values)
+        return cls(cfg, fed.spatial_dims, fed.channels, fed.regions.names, fed.regions.values, fed.regions.ignore)
 
     def new_model(self) -> nn.Module:
         """The segmentation network with the run's initial weights (same seed -> same weights).

@@ -85,7 +85,14 @@ SCORED_GRID = {  # summary.json ``score_grid`` (eval.score_grid; absent from a r
 }
 
 
-def scoring_text(score_on: object, score_grid: object) -> str:
+def scoring_text(score_on: object, score_grid: object, ignore_label: object = None) -> str:
     """What a run scored, in the sentences of :data:`SCORED_ON` and :data:`SCORED_GRID` ("" for what an older
-    run did not record)."""
-    return SCORED_ON.get(str(score_on), "") + SCORED_GRID.get(str(score_grid), "")
+    run did not record), and with an ``ignore_label`` (summary.json's, partial annotations) that only annotated
+    voxels count (``fedseg.evaluate.metrics``)."""
+    text = SCORED_ON.get(str(score_on), "") + SCORED_GRID.get(str(score_grid), "")
+    if ignore_label is not None:
+        text += (
+            f"Partial annotations (ignore label {ignore_label}): scores count annotated voxels only; HD95 and NSD "
+            "only of cases annotated everywhere (else not computed), no score for a case without annotated voxels. "
+        )
+    return text

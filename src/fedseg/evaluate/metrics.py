@@ -40,9 +40,13 @@ both non-empty        MONAI      MONAI                       MONAI
 ====================  =========  ==========================  =========
 
 Partial annotations (nnU-Net's ignore label, ``fedseg.data.federation.Regions.ignore``): a truth with one channel
-more than the prediction carries the known (annotated) voxels last; every metric then counts those voxels only, as
-nnU-Net's evaluation does (Dice's overlap counts inside the known mask; for HD95 and NSD both masks restricted to it
-before their edges are taken).
+more than the prediction carries the known (annotated) voxels last. Dice then counts those voxels only, as nnU-Net's
+evaluation does (overlap counts inside the known mask; a region absent from both inside it follows the table's
+both-empty rule). HD95 and NSD need the true surface, which is unknown where voxels are unannotated: a case with any
+unannotated voxel (on the scored grid) gets NaN HD95 and NSD (not computed, as with ``hd95=False``; nnU-Net reports
+overlap metrics only), a case whose every voxel is annotated keeps them as above. A case without any annotated voxel
+carries no information: all three metrics NaN. Tables average over the cases that have a number (NaN is skipped,
+``fedseg.evaluate.tables``).
 
 ``worst`` is ``eval.hd95_worst`` when set, else the diagonal of the case's grid in the HD95 unit,
 ``sqrt(sum_i (n_i s_i)^2)`` for spatial shape ``n`` and spacing ``s`` (1 without a spacing): 373.13 mm
@@ -51,8 +55,8 @@ for a BraTS volume (240 x 240 x 155 at 1 mm), the value the BraTS evaluation use
 there, something predicted) cost the most an HD95 can, and every case counts in the HD95 averages:
 dropping such cases (NaN, as this module did before, and as the FeTS 2022 benchmark does, Sec. 4.4.5)
 rewards a model for predicting nothing where it is unsure. NaN now only means "not computed"
-(``hd95=False``: neither HD95 nor NSD). NSD follows Dice's rule (MONAI itself returns NaN when both
-are empty, 0 when one is).
+(``hd95=False``: neither HD95 nor NSD; partial annotations, above). NSD follows Dice's rule (MONAI itself returns
+NaN when both are empty, 0 when one is).
 
 :data:`fedseg.evaluate.metric_info.METRICS` describes the three for every table (name in ``results.csv``
 and ``summary.json``, heading, direction, decimals), so a table loops over them instead of naming each.
@@ -163,7 +167,8 @@ def batch_metrics(
         pred: binary prediction ``(B, R, *S)`` (bool or 0/1), ``S`` 2D or 3D; on any device (Dice is
             computed where it lives; ``truth`` is moved there).
         truth: binary ground truth, same shape; or ``(B, R + 1, *S)``, the known (annotated) voxels last (an
-            ignore label's, ``Regions.target``): prediction and truth then count inside them only.
+            ignore label's, ``Regions.target``): prediction and truth then count inside them only; HD95 and NSD
+            NaN for a case with an unannotated voxel, every metric NaN for one without an annotated voxel.
         hd95: compute the surface metrics HD95 and NSD; when False they are all NaN (Dice only
             is much cheaper: each needs a surface-distance computation per case and region).
         spacing: optional pixel/voxel spacing, one number per spatial dim (same for the
@@ -183,10 +188,13 @@ def batch_metrics(
     """
     p = _as_bool(pred)
     t = _as_bool(truth).to(p.device)
+    partial = unknown = None  # with the known voxels: (B,) cases with an unannotated voxel / without an annotated one
     if p.ndim == t.ndim and p.ndim > 1 and t.shape[1] == p.shape[1] + 1:  # the known voxels last: score only those
         t, known = split_known(t, p.shape[1])
         if known is not None:
             p, t = p & known, t & known
+            flat = known.reshape(known.shape[0], -1)
+            partial, unknown = (~flat.all(-1)).cpu(), (~flat.any(-1)).cpu()
     if p.shape != t.shape:
         raise ValueError(f"pred and truth shapes differ: {tuple(p.shape)} vs {tuple(t.shape)}")
     if p.ndim not in (4, 5):
@@ -196,6 +204,8 @@ def batch_metrics(
     if len(taus) != r or not all(np.isfinite(v) and v > 0 for v in taus):
         raise ValueError(f"NSD tolerance: one finite number > 0, or one per region ({r}); got {tolerance!r}")
     dice = dice_scores(p, t).double().cpu().numpy()
+    if unknown is not None:
+        dice[unknown.numpy()] = np.nan  # no annotated voxel: the case says nothing
 
     hd = np.full((b, r), np.nan, dtype=np.float64)
     nsd = np.full((b, r), np.nan, dtype=np.float64)
@@ -203,11 +213,14 @@ def batch_metrics(
         return {"dice": dice, "hd95": hd, "nsd": nsd}
     p_any = p.reshape(b, r, -1).any(-1).cpu()
     t_any = t.reshape(b, r, -1).any(-1).cpu()
-    both = p_any & t_any
-    hd[(~p_any & ~t_any).numpy()] = 0.0  # both empty
-    hd[(p_any ^ t_any).numpy()] = grid_diagonal(p.shape[2:], spacing) if worst is None else float(worst)
-    nsd[(~p_any & ~t_any).numpy()] = 1.0  # both empty
-    nsd[(p_any ^ t_any).numpy()] = 0.0  # exactly one empty
+    neither, one, both = ~p_any & ~t_any, p_any ^ t_any, p_any & t_any
+    if partial is not None:  # a surface is unknown where a voxel is unannotated: those cases' stay NaN
+        whole = ~partial[:, None]
+        neither, one, both = neither & whole, one & whole, both & whole
+    hd[neither.numpy()] = 0.0  # both empty
+    hd[one.numpy()] = grid_diagonal(p.shape[2:], spacing) if worst is None else float(worst)
+    nsd[neither.numpy()] = 1.0  # both empty
+    nsd[one.numpy()] = 0.0  # exactly one empty
     if bool(both.any()):
         rows, cols = both.nonzero(as_tuple=True)
         steps = None if spacing is None else [float(s) for s in spacing]

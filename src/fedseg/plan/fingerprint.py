@@ -39,8 +39,8 @@ KEPT = "plan_foreground"  # state-store prefix of the site's foreground intensit
 class CaseFingerprint:
     """One case: ``spacing`` (mm per axis), ``shape`` after the crop to the non-zero box (voxels),
     ``crop_fraction`` = prod(shape after crop) / prod(shape before) (nnU-Net's relative size after cropping)
-    and ``foreground``: per channel the intensities of the labelled voxels (label > 0) inside the box, float64
-    ``(C, n)`` (stays on the site)."""
+    and ``foreground``: per channel the intensities of the labelled voxels (label > 0, not the ignore label) inside
+    the box, float64 ``(C, n)`` (stays on the site)."""
 
     spacing: tuple[float, ...]
     shape: tuple[int, ...]
@@ -48,8 +48,11 @@ class CaseFingerprint:
     foreground: np.ndarray
 
 
-def case_fingerprint(image: np.ndarray, label: np.ndarray, spacing: Sequence[float]) -> CaseFingerprint:
-    """The fingerprint of one case, ``image`` ``(C, *S)``, integer ``label`` ``(*S)``, ``spacing`` mm per axis.
+def case_fingerprint(
+    image: np.ndarray, label: np.ndarray, spacing: Sequence[float], ignore: int | None = None
+) -> CaseFingerprint:
+    """The fingerprint of one case, ``image`` ``(C, *S)``, integer ``label`` ``(*S)``, ``spacing`` mm per axis;
+    ``ignore``: the federation's ignore label (``Regions.ignore``), whose unannotated voxels are no foreground.
 
     The box is the one the volume path crops to (``fedseg.data.volumes.foreground_box``: non-zero in any
     channel, nnU-Net's ``create_nonzero_mask`` box; its hole filling does not change the box); an all-zero
@@ -61,6 +64,8 @@ def case_fingerprint(image: np.ndarray, label: np.ndarray, spacing: Sequence[flo
     inner = tuple(slice(s, e) for s, e in zip(start, end))
     shape = tuple(e - s for s, e in zip(start, end))
     labelled = np.asarray(label)[inner] > 0
+    if ignore is not None:  # an unannotated voxel is not known to be foreground
+        labelled &= np.asarray(label)[inner] != ignore
     foreground = np.asarray(image)[(slice(None), *inner)][:, labelled].astype(np.float64)
     fraction = float(np.prod(shape, dtype=np.float64) / np.prod(full, dtype=np.float64))
     return CaseFingerprint(tuple(float(s) for s in spacing), shape, fraction, foreground)
@@ -169,7 +174,8 @@ class FingerprintClient:
             cases = []
             for case in ctx.data.sources:
                 image, label = case.arrays()
-                cases.append(case_fingerprint(image, label, case_spacing(case, ctx.task.spatial_dims)))
+                spacing = case_spacing(case, ctx.task.spatial_dims)
+                cases.append(case_fingerprint(image, label, spacing, ctx.task.ignore_label))
             for ch, values in enumerate(pooled_foreground(cases, channels)):
                 ctx.state[f"{KEPT}/{ch}"] = torch.from_numpy(values)  # the site's own store: never sent
             return site_fingerprint(cases, channels, ctx.task.spatial_dims).message()

@@ -556,7 +556,7 @@ def _score_sections(run: RunFiles) -> list[Section]:
         (
             f"Per case: mean over regions ({esc(regions)}); per site: mean over its test cases. "
             "Client Avg = mean of the site means; Global = mean over all test cases pooled. "
-            + scoring_text(run.summary.get("score_on"), run.summary.get("score_grid"))
+            + scoring_text(run.summary.get("score_on"), run.summary.get("score_grid"), run.summary.get("ignore_label"))
         )
         + (
             "“Local (own site)”: each site's own model on its own data (each site's model on every site: "

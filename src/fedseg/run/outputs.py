@@ -63,6 +63,7 @@ def summary_dict(results: RunResults) -> dict[str, Any]:
         "dataset": fed.name,
         "sites": fed.site_names,
         "regions": list(fed.regions.names),
+        **({"ignore_label": fed.regions.ignore} if fed.regions.ignore is not None else {}),  # scored: annotated voxels
         "hd95_unit": hd95_unit(results.trained_cfg, fed.kind),
         "nsd_tolerance": results.cfg.eval.nsd_tolerance,  # in hd95_unit; a number, or one per region
         "hd95_worst": results.cfg.eval.hd95_worst,  # in hd95_unit; None: each case's grid diagonal
