@@ -125,6 +125,38 @@ def test_import_records_the_ignore_label_and_the_check_takes_its_voxels_as_no_un
     assert "2 is the ignore label" in result.output
 
 
+def test_the_check_warns_of_a_case_with_no_annotated_voxel_and_the_import_of_a_capitalised_ignore(tmp_path):
+    """A fresh-eyes run: a label file of only the ignore value passed the check, then trained nothing and got no
+    score without a word; a dataset.json saying "Ignore" (nnU-Net spells it in lower case) imported a region
+    "Ignore" to segment silently. Both are now a warning line; two datasets, one with an ignore label, are told to
+    add it to the other rather than to renumber."""
+    out = import_folder(png_dataset(tmp_path / "Dataset601_Scribbles"), tmp_path / "fed")
+    unannotated = out / "B" / "labels" / "B_001.png"
+    Image.fromarray(np.full((SIZE, SIZE), 2, np.uint8)).save(unannotated)
+    result = cli("check", str(out))
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    assert f"{unannotated}: no annotated voxel (every voxel holds the ignore label 2)" in said, result.output
+    assert said.count("no annotated voxel") == 1
+    capital = png_dataset(tmp_path / "Dataset602_Capital", labels={"background": 0, "disc": 1, "Ignore": 2})
+    result = cli("import", "nnunet", str(capital), "--site-by", r"^([A-Z]+)_\d+$", "--out", str(tmp_path / "cap"))
+    assert result.exit_code == 0, result.output
+    assert "'Ignore' is imported as a region to segment" in " ".join(result.output.split()), result.output
+    plain = png_dataset(tmp_path / "Dataset603_Plain", labels={"background": 0, "disc": 1}, sites=("C",))
+    result = cli(
+        "import",
+        "nnunet",
+        str(tmp_path / "Dataset601_Scribbles"),
+        str(plain),
+        "--site-by",
+        r"^([A-Z]+)_\d+$",
+        "--out",
+        str(tmp_path / "both"),
+    )
+    said = " ".join(result.output.split())
+    assert result.exit_code != 0 and 'give both dataset.json files the same "ignore" entry' in said, result.output
+
+
 def test_region_based_labels_with_an_ignore_label_import(tmp_path):
     out = import_folder(nifti_dataset(tmp_path / "Dataset602_Sparse"), tmp_path / "fed")
     header = yaml.safe_load((out / "federation.yaml").read_text())
@@ -508,3 +540,23 @@ def test_the_export_writes_the_ignore_label_back(tmp_path):
     assert set(np.unique(np.asarray(nib.load(label).dataobj)).tolist()) == {0, 1, 2, 3}
     back = import_folder(written.path, tmp_path / "back", r"^(?P<site>.+?)__(?P<case>.+)$")
     assert yaml.safe_load((back / "federation.yaml").read_text())["ignore_label"] == 3
+
+
+def test_the_terminal_dice_legend_says_only_annotated_voxels_count():
+    """The terminal's Dice table looked like a fully annotated run's (a fresh-eyes run): its legend now says, where
+    the run has an ignore label, that only annotated voxels count and what a blank site is."""
+    import io
+
+    from rich.console import Console
+
+    from fedseg.console_tables import DICE_LEGEND, print_dice
+
+    def printed(ignore_label):
+        out = io.StringIO()
+        dice = {"fedavg": {"A": 0.8, "B": float("nan"), "client_avg": 0.8, "global": 0.8}}
+        print_dice(Console(file=out, width=200), "Test Dice", ["A", "B"], dice, ignore_label)
+        return " ".join(out.getvalue().split())
+
+    assert "partial annotations" not in printed(None) and DICE_LEGEND in printed(None)
+    said = printed(2)
+    assert "partial annotations (ignore label 2): annotated voxels only, – a site with no scored case" in said

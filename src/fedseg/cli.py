@@ -354,6 +354,7 @@ def print_dice_table(results) -> None:
         f"Test Dice ({results.federation.name})",
         results.federation.site_names,
         {a.name: a.summary["dice"] for a in results.algorithms},
+        results.federation.regions.ignore,
     )
 
 

@@ -36,16 +36,24 @@ DICE_LEGEND = (
 )
 
 
-def print_dice(console: Console, title: str, sites: list[str], dice: dict[str, dict[str, float]]) -> None:
+def print_dice(
+    console: Console, title: str, sites: list[str], dice: dict[str, dict[str, float]], ignore_label: object = None
+) -> None:
     """Test Dice per algorithm: ``dice[algorithm]`` = a summary's ``dice`` entry (sites, client_avg, global); ``–``
-    where there is none (NaN, or ``null`` in summary.json: a site that failed). ``global`` is headed ``pooled``, and
-    a legend under the table says what the columns are (:data:`DICE_LEGEND`)."""
+    where there is none (NaN, or ``null`` in summary.json: a site that failed, or whose test cases hold no annotated
+    voxel). ``global`` is headed ``pooled``, and a legend under the table says what the columns are
+    (:data:`DICE_LEGEND`; with an ``ignore_label``, summary.json's: that only annotated voxels count)."""
     keys = [*sites, "client_avg", "global"]
     headers = [*sites, "client_avg", POOLED]
     print_table(
         console, title, ["algorithm", *headers], [[name, *(_cell(d.get(k)) for k in keys)] for name, d in dice.items()]
     )
-    console.print(DICE_LEGEND, highlight=False, markup=False, soft_wrap=True)
+    partial = (
+        ""
+        if ignore_label is None
+        else f"; partial annotations (ignore label {ignore_label}): annotated voxels only, – a site with no scored case"
+    )
+    console.print(DICE_LEGEND + partial, highlight=False, markup=False, soft_wrap=True)
 
 
 def _cell(value: float | None) -> str:

@@ -102,6 +102,17 @@ def blank_image_warnings(paths: list[Path]) -> list[str]:
     ]
 
 
+def unannotated_warnings(paths: list[Path], ignore: int) -> list[str]:
+    """One line per label file whose every voxel holds the ignore label (partial annotations): the case trains
+    nothing (no loss) and gets no score (a site or a validation split of only such cases has no Dice to select a
+    round by); :func:`fedseg.data.folder.group_problems` shows the first few and a count."""
+    return [
+        f"{path}: no annotated voxel (every voxel holds the ignore label {ignore}): this case trains nothing and gets "
+        "no score"
+        for path in paths
+    ]
+
+
 MAX_IMAGE_MB = 512.0  # data check's default: an image larger than this as float32 gets a warning
 DEFAULT_IMAGE_SIZE = int(DataConfig.model_fields["image_size"].default)  # the whole-image path's input side
 
@@ -347,6 +358,8 @@ def check_folder(
     site_of: dict[Path, str] = {}
     seen: set[int] = set()  # label values some case holds
     blanks: list[Path] = []  # images of one value in every voxel
+    unannotated: list[Path] = []  # label files of only the ignore label (partial annotations)
+    ignore = None if header is None else header.regions.ignore
     orientations: dict[str, list[tuple[str, str]]] = {}  # axis codes -> (site, case) of each volume
     jobs = [(site.name, cid, image, label) for site in sites for cid, (image, label) in site.cases.items()]
 
@@ -373,6 +386,7 @@ def check_folder(
             problems += case_probs
             seen |= values
             blanks += [image_path] if blank else []
+            unannotated += [label_path] if ignore is not None and values == {ignore} else []
             if shape is not None:
                 meta[(site_name, cid)] = {"image_shape": shape}
                 if code:
@@ -383,6 +397,7 @@ def check_folder(
     painted.sort(key=lambda p: order.get(p.path, len(order)))  # the cases' order, whichever thread read them
     problems += rtstruct_problems(painted)
     notices = rtstruct_warnings(painted, site_of) + blank_image_warnings(blanks) + orientation_warnings(orientations)
+    notices += [] if ignore is None else unannotated_warnings(unannotated, ignore)
     if header is not None and not problems:
         notices += empty_region_warnings(header.regions, seen, sum(len(site.cases) for site in sites))
     if warnings is not None:

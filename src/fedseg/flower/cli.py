@@ -91,6 +91,7 @@ def _finish(out: Path) -> None:
         f"Test Dice ({summary['dataset']}, on Flower)",
         summary["sites"],
         {name: entry["dice"] for name, entry in summary["algorithms"].items()},
+        summary.get("ignore_label"),
     )
     path = render_report(out)
     console.print(f"report: {path}")

@@ -669,6 +669,8 @@ def _as_written(plan: Plan, field: str) -> object:
     """``plan``'s ``field`` as its dataset.json says it (channel names as written, not as compared)."""
     if field == "channel_names":
         return plan.channel_names if plan.channel_names else plan.channels
+    if field == "ignore label" and plan.ignore_label is None:
+        return "none"
     fields = {"kind": plan.kind, "regions": plan.regions, "labels": plan.label_names, "ignore label": plan.ignore_label}
     return fields[field]
 
@@ -678,6 +680,8 @@ def _merge_advice(field: str, plan: Plan, first: Plan) -> str:
     can be reordered; other channels (another modality) cannot be one federation unless they are in fact the same."""
     if field == "kind":
         return "the datasets of one federation need images of one kind (all 2D or all 3D)"
+    if field == "ignore label" and None in (plan.ignore_label, first.ignore_label):
+        return 'partial annotations in one only: give both dataset.json files the same "ignore" entry'
     if field in ("regions", "labels", "ignore label"):
         return "the datasets of one federation need the same labels with the same values (renumber one's labels)"
     mine, theirs = _channels_said(plan), _channels_said(first)
@@ -750,7 +754,12 @@ def _plan_dataset(
     sites = [
         PlannedSite(name, site_cases, dict(meta), splits.get(name, {})) for name, site_cases in sorted(by_site.items())
     ]
-    notes = unlabelled_note(src, info.file_ending)
+    notes = unlabelled_note(src, info.file_ending) + [
+        f'{info.path}: "labels": {name!r} is imported as a region to segment; nnU-Net\'s ignore label (unannotated '
+        f'voxels) is spelled "{IGNORE}", in lower case'
+        for name in info.regions
+        if name.lower() == IGNORE
+    ]
     channel_names = info.channel_names if all(n.strip() for n in info.channel_names) else None
     return Plan(
         info.name,
