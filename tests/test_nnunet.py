@@ -1207,3 +1207,15 @@ def test_an_unlabelled_test_image_beside_labelled_ones_is_left_out_with_a_note(t
         "case needs its label); to segment them after training:"
     ) in output
     assert "AMC_new" not in {c.id for s in load_folder(tmp_path / "fed").sites for c in s.cases}
+
+
+def test_a_dataset_imported_without_site_by_as_one_site_gets_a_note(tmp_path):
+    """Without --site-by every case of one dataset goes to one site (a fresh-eyes run found no word of it): the
+    import says so and how to name the hospitals; with --site-by naming several, nothing is said."""
+    src = nnunet_dataset(tmp_path / "Dataset503_Prostate", sites=("X", "Y"), per_site=3)
+    one = cli("import", "nnunet", str(src), "--out", str(tmp_path / "one"))
+    assert one.exit_code == 0, one.output
+    said = " ".join(one.output.split())
+    assert "one site (" in said and "holds all 8 cases: a federated run needs several; give --site-by" in said, said
+    several = cli("import", "nnunet", str(src), "--site-by", "^([A-Z])_", "--out", str(tmp_path / "several"))
+    assert several.exit_code == 0 and "a federated run needs several" not in several.output, several.output

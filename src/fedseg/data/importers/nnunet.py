@@ -613,7 +613,14 @@ def plan_nnunet(
     if len(sources) < 2:
         src = single_source(sources, "nnunet", DATASET_FOLDER)
         info = read_dataset_jsons([src])[0]
-        return _plan_dataset(src, info, read_cases([src], [info])[0], site_by, fold, splits_file)
+        plan = _plan_dataset(src, info, read_cases([src], [info])[0], site_by, fold, splits_file)
+        if len(plan.sites) == 1:  # a federation of one: no --site-by, or one that names a single hospital
+            site = plan.sites[0]
+            plan.notes.append(
+                f"one site ({site.name}) holds all {len(site.cases)} cases: a federated run needs several; give "
+                "--site-by (a regex or a case,site CSV naming each case's hospital) or import one dataset per hospital"
+            )
+        return plan
     if splits_file is not None:
         raise FederationError(
             f"--splits {splits_file}: one splits_final.json for {len(sources)} datasets; put each dataset's own in its "
