@@ -386,7 +386,15 @@ import json, sys
 from fedseg.method_plugins import load_problem, run_config_value, version_problem
 
 value = run_config_value(json.loads(sys.argv[1]))
-said = [version_problem(value, "this SuperNode"), load_problem(value, "this SuperNode")]
+
+
+def loaded():
+    from fedseg.algorithms import loaded_plugins
+
+    return loaded_plugins()
+
+
+said = [version_problem(value, "this SuperNode"), load_problem(value, "this SuperNode", loaded)]
 print(json.dumps([*said, "fedseg.algorithms" in sys.modules]))
 """
 

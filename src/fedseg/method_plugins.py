@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -212,14 +213,16 @@ def version_problem(value: object, here: str) -> str | None:
     return "; ".join(problems) or None
 
 
-def load_problem(value: object, here: str) -> str | None:
+def load_problem(
+    value: object, here: str, loaded: Callable[[], tuple[Mapping[str, Plugin], Sequence[Failure]]]
+) -> str | None:
     """Why this process (``here``: "this SuperNode") cannot run the plugin methods of a run whose run config's
     ``fedseg-plugins`` is ``value``, though it has their packages in the right version (:func:`version_problem` says
-    the others): a method its package's entry point did not add here, with the reason the loading recorded
-    (``fedseg.algorithms.PLUGIN_FAILURES``: the import error, a spec refused); one line per method, joined; None when
-    each loads (or the run has none, or its value is not JSON: :func:`version_problem` says that). Imports
-    ``fedseg.algorithms`` (torch, the methods) where the run has a plugin method: for a start-up check, not for every
-    message."""
+    the others): a method its package's entry point did not add here, with the reason the loading recorded (the
+    import error, a spec refused); one line per method, joined; None when each loads (or the run has none, or its
+    value is not JSON: :func:`version_problem` says that). ``loaded``: the process's plugin methods and failures
+    (``fedseg.algorithms.loaded_plugins``, which imports torch and the methods: called only where the run has a plugin
+    method, so for a start-up check, not for every message; passed in, as this module sits below the methods)."""
     if not value:
         return None
     try:
@@ -228,22 +231,20 @@ def load_problem(value: object, here: str) -> str | None:
         return None
     if not isinstance(records, dict) or not records:
         return None
-    from fedseg import algorithms
-
-    algorithms.load_deferred()
+    methods, failures = loaded()
     problems = []
     for method, record in sorted(records.items()):
         dist, wanted = str(record.get("distribution")), str(record.get("version"))
         have = installed_version(dist)
         if have is None or not same_version(have, wanted):
             continue  # version_problem's to say
-        loaded = algorithms.PLUGINS.get(method)
-        if loaded is not None and _same_name(loaded.distribution, dist):
+        other = methods.get(method)
+        if other is not None and _same_name(other.distribution, dist):
             continue
-        failed = [f for f in algorithms.PLUGIN_FAILURES if _same_name(f.plugin.distribution, dist)]
+        failed = [f for f in failures if _same_name(f.plugin.distribution, dist)]
         why = "; ".join(f"entry point {f.plugin.entry_point} = {f.plugin.module}: {f.problem}" for f in failed)
-        if loaded is not None:
-            why = f"method {method!r} here comes from {loaded.distribution} {loaded.version}" + (
+        if other is not None:
+            why = f"method {method!r} here comes from {other.distribution} {other.version}" + (
                 f"; {why}" if why else ""
             )
         missing = any(f"failed: {kind}" in f.problem for f in failed for kind in ("ModuleNotFoundError", "ImportError"))

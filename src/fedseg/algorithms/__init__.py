@@ -238,6 +238,13 @@ def _load_plugin(entry_point) -> None:
     PLUGINS.update(dict.fromkeys(mine, plugin))
 
 
+def loaded_plugins() -> tuple[dict[str, plugins.Plugin], list[plugins.Failure]]:
+    """The plugin methods this process loaded (``PLUGINS``) and the entry points left out (``PLUGIN_FAILURES``), those
+    deferred loaded first (``fedseg.method_plugins.load_problem`` reads them)."""
+    load_deferred()
+    return PLUGINS, PLUGIN_FAILURES
+
+
 def plugin_records(names: Iterable[str]) -> dict[str, dict[str, str]]:
     """``{method: {"distribution", "version"}}`` for those of ``names`` installed as plugins (what a run records and
     a Flower run config carries)."""

@@ -410,6 +410,14 @@ def answer_algorithm(action: str, content: RecordDict, context: Context, setting
     return reply, seconds, msg
 
 
+def _loaded_plugins():
+    """``fedseg.algorithms.loaded_plugins``, imported (torch, the methods) only when a run's plugin methods are
+    checked."""
+    from fedseg.algorithms import loaded_plugins
+
+    return loaded_plugins()
+
+
 def on_info(content: RecordDict, context: Context, settings: NodeSettings, cfg: RunConfig) -> RecordDict:
     """Full data check of this node's folder for the run's split settings; the site's split sizes. First, the
     start-up check of the run's method packages beyond their versions (``run_config`` checks those for every
@@ -420,7 +428,7 @@ def on_info(content: RecordDict, context: Context, settings: NodeSettings, cfg: 
     from fedseg.method_plugins import RUN_CONFIG_KEY as PLUGINS_KEY
     from fedseg.method_plugins import load_problem
 
-    plugins = load_problem(context.run_config.get(PLUGINS_KEY, ""), "this SuperNode")
+    plugins = load_problem(context.run_config.get(PLUGINS_KEY, ""), "this SuperNode", _loaded_plugins)
     if plugins:
         raise Refused(f"the run's method packages: {plugins}")
     head = dict(content.config_records[ENGINE])
