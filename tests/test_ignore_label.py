@@ -22,6 +22,7 @@ from monai.losses import DiceLoss
 from PIL import Image
 
 from fedseg.config import DataConfig, SplitConfig, TrainConfig, VolumeConfig
+from fedseg.data.check import check_folder
 from fedseg.data.exporters.nnunet import export_nnunet
 from fedseg.data.federation import Case, Federation, FederationError, Regions, Site, split_known
 from fedseg.data.folder import load_folder, read_header
@@ -131,7 +132,9 @@ def test_the_check_warns_of_a_case_with_no_annotated_voxel_and_the_import_of_a_c
     "Ignore" to segment silently. Both are now a warning line; two datasets, one with an ignore label, are told to
     add it to the other rather than to renumber."""
     out = import_folder(png_dataset(tmp_path / "Dataset601_Scribbles"), tmp_path / "fed")
-    unannotated = out / "B" / "labels" / "B_001.png"
+    trained = min(cid for cid, s in make_splits(load_folder(out), SplitConfig(), 0)["B"].items() if s == "train")
+    unannotated = out / "B" / "labels" / f"{trained}.png"  # a training case: one of its validation or test cases
+    # would leave the site no scored case there (the next test)
     Image.fromarray(np.full((SIZE, SIZE), 2, np.uint8)).save(unannotated)
     result = cli("check", str(out))
     assert result.exit_code == 0, result.output
@@ -155,6 +158,31 @@ def test_the_check_warns_of_a_case_with_no_annotated_voxel_and_the_import_of_a_c
     )
     said = " ".join(result.output.split())
     assert result.exit_code != 0 and 'give both dataset.json files the same "ignore" entry' in said, result.output
+
+
+def test_a_site_whose_validation_cases_hold_no_annotated_voxel_is_refused_before_any_work(tmp_path):
+    """A case of only the ignore label counts in no split: a site whose validation split held only such cases had
+    no Dice to select a round by (its per-site models stayed at round 1), and the run said nothing of it. Its
+    check (and so every run's) now names the site, as for a site with no validation cases."""
+    out = import_folder(png_dataset(tmp_path / "Dataset607_Scribbles", per_site=8), tmp_path / "fed")
+    split = SplitConfig()
+    splits = make_splits(load_folder(out), split, 0)
+    val = sorted(cid for cid, s in splits["A"].items() if s == "val")
+    assert len(val) >= 2
+    first = (out / "A" / "labels" / f"{val[0]}.png").read_bytes()
+    for cid in val:
+        Image.fromarray(np.full((SIZE, SIZE), 2, np.uint8)).save(out / "A" / "labels" / f"{cid}.png")
+    with pytest.raises(FederationError) as e:
+        check_folder(out, split, 0)
+    said = str(e.value)
+    assert "site 'A': no annotated validation cases after splitting (8 cases: " in said, said
+    assert f"; {len(val)} without an annotated voxel, counted in none)" in said, said
+    assert "site 'B'" not in said
+    fed = check_folder(out)  # without a split (a folder's own check of its files): warnings only
+    assert [c.id for c in fed.site("A").cases if c.metadata.get("unannotated")] == []  # bookkeeping, not metadata
+    # one unannotated validation case among annotated ones is no problem: it just gets no score
+    (out / "A" / "labels" / f"{val[0]}.png").write_bytes(first)
+    assert check_folder(out, split, 0).site("A")
 
 
 def test_region_based_labels_with_an_ignore_label_import(tmp_path):

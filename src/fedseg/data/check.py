@@ -104,8 +104,9 @@ def blank_image_warnings(paths: list[Path]) -> list[str]:
 
 def unannotated_warnings(paths: list[Path], ignore: int) -> list[str]:
     """One line per label file whose every voxel holds the ignore label (partial annotations): the case trains
-    nothing (no loss) and gets no score (a site or a validation split of only such cases has no Dice to select a
-    round by); :func:`fedseg.data.folder.group_problems` shows the first few and a count."""
+    nothing (no loss) and gets no score (it counts in no split: ``fedseg.data.splits.split_problems`` refuses a site
+    left without an annotated case in one); :func:`fedseg.data.folder.group_problems` shows the first few and a
+    count."""
     return [
         f"{path}: no annotated voxel (every voxel holds the ignore label {ignore}): this case trains nothing and gets "
         "no score"
@@ -327,7 +328,8 @@ def check_folder(
     Every case is loaded once, in full, by :func:`check_threads` threads at once (``threads``: a run's
     ``data.prepare_threads``; a BraTS case about 0.8 s on one core: FeTS 2022's 1251 cases about 16 core-minutes),
     unless ``$FEDSEG_PREPARED_CACHE`` knows it unchanged (``fedseg.data.prepared.CheckCache``). The returned cases
-    carry ``meta["image_shape"]`` ``(C, *spatial)``.
+    carry ``meta["image_shape"]`` ``(C, *spatial)``, and with an ignore label a case none of whose voxels is annotated
+    ``meta["unannotated"]`` (True): :func:`fedseg.data.splits.split_problems` does not count it.
 
     ``all_sites=False``: the folder holds only some of the federation's sites (a hospital's copy),
     so ``federation.yaml``'s ``sites:`` may name sites that are not here (see ``scan_folder``).
@@ -386,9 +388,11 @@ def check_folder(
             problems += case_probs
             seen |= values
             blanks += [image_path] if blank else []
-            unannotated += [label_path] if ignore is not None and values == {ignore} else []
+            nothing_known = ignore is not None and values == {ignore}
+            unannotated += [label_path] if nothing_known else []
             if shape is not None:
-                meta[(site_name, cid)] = {"image_shape": shape}
+                # unannotated: split_problems counts only cases it can train on or score
+                meta[(site_name, cid)] = {"image_shape": shape, **({"unannotated": True} if nothing_known else {})}
                 if code:
                     orientations.setdefault(code, []).append((site_name, cid))
                 if warnings is not None:

@@ -241,7 +241,7 @@ class Case:
 
 # What the folder reader and ``data check`` keep in ``Case.meta`` besides metadata: not metadata,
 # and not allowed as ``cases.csv`` columns.
-FILE_META_KEYS: tuple[str, ...] = ("image", "label", "image_shape")
+FILE_META_KEYS: tuple[str, ...] = ("image", "label", "image_shape", "unannotated")
 
 
 @dataclass

@@ -193,7 +193,12 @@ _SPLIT_WORDS = {"train": "training", "val": "validation", "test": "test"}
 def split_problems(fed: Federation, splits: Splits) -> list[str]:
     """Problems of ``splits`` for ``fed``, one line each: a site without training, validation or test cases (a site
     of one case: training failed on its empty validation split; one without test cases failed the final evaluation,
-    after all the training, in every method that scores per site), sites or cases not covered."""
+    after all the training, in every method that scores per site), sites or cases not covered.
+
+    With an ignore label (partial annotations) a case without an annotated voxel (``meta["unannotated"]``, set by
+    ``data check``) counts in no split: it trains nothing and gets no score, so a site whose validation cases are all
+    such would have no Dice to select a round by (its per-site models stayed at round 1) and one whose training cases
+    are all such would send an untrained model to be averaged."""
     problems = []
     for site in fed.sites:
         assigned = splits.get(site.name)
@@ -208,19 +213,29 @@ def split_problems(fed: Federation, splits: Splits) -> list[str]:
         if missing:
             problems.append(f"site {site.name!r}: {len(missing)} cases have no split, e.g. {_preview(missing)}")
         counts = {s: sum(1 for cid, v in assigned.items() if v == s and cid in ids) for s in SPLITS}
+        unannotated = {c.id for c in site.cases if c.meta.get("unannotated")}
+        annotated = {s: counts[s] - sum(1 for cid in unannotated if assigned.get(cid) == s) for s in SPLITS}
         # training needs train; the round selection and the local models score every site's val; the final
         # evaluation every site's test
-        empty = [s for s in SPLITS if counts[s] == 0]
+        empty = [s for s in SPLITS if annotated[s] == 0]
         if ids and empty:
             summary = ", ".join(f"{counts[s]} {s}" for s in SPLITS)
+            if unannotated:
+                summary += f"; {len(unannotated)} without an annotated voxel, counted in none"
+            lacking = " and no ".join(_split_cases(s, counts[s] > 0) for s in empty)
             problems.append(
-                f"site {site.name!r}: no {' and no '.join(_SPLIT_WORDS[s] + ' cases' for s in empty)} after splitting "
+                f"site {site.name!r}: no {lacking} after splitting "
                 f"({len(ids)} cases: {summary}); every trained site needs training, validation and test cases "
                 "(more cases, another split, or a splits.csv)"
             )
     for name in sorted(set(splits) - set(fed.site_names)):
         problems.append(f"site {name!r}: in the splits but not in federation {fed.name!r}")
     return problems
+
+
+def _split_cases(split: Split, unannotated: bool) -> str:
+    """``"validation cases"``, or ``"annotated validation cases"`` where the split holds only unannotated ones."""
+    return ("annotated " if unannotated else "") + _SPLIT_WORDS[split] + " cases"
 
 
 def check_splits(fed: Federation, splits: Splits) -> None:
