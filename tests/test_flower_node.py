@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import stat
 import subprocess
 import sys
 import time
@@ -179,6 +180,9 @@ def test_snapshots_on_disk_outlive_the_flower_run_and_hold_only_the_sites_state(
     assert not _snap(first, node.SNAPSHOT, 5, keep=[5]).has_error()
     files = list((tmp_path / "state").rglob("*.safetensors"))
     assert [f.name for f in files] == ["round-5.safetensors"]
+    # the site's models are its owner's alone (an attack: 0644 in 0755 folders, readable by any local user)
+    assert stat.S_IMODE(files[0].stat().st_mode) == 0o600
+    assert {stat.S_IMODE(d.stat().st_mode) for d in (files[0].parent, files[0].parent.parent)} == {0o700}
     assert {k: v.tolist() for k, v in load_file(files[0]).items()} == {"w": [4.0] * 3}
     resumed = context("/runs/a#1")
     assert not _snap(resumed, node.RESTORE, 5).has_error()
@@ -517,8 +521,6 @@ def test_a_site_names_its_cases_by_opaque_ids_and_keeps_the_mapping(folder, tiny
         assert sorted(back[i] for i in ids) == sorted(c for c, s in splits.items() if s == split)
     assert set(data.case_metadata) == set(back)
     # the mapping names the hospital's files (patient identifiers): its owner's only (it was 0644, a security audit)
-    import stat
-
     assert stat.S_IMODE((tmp_path / "samples" / "case-ids__site1.csv").stat().st_mode) == 0o600
     assert stat.S_IMODE((tmp_path / "samples").stat().st_mode) == 0o700
 
@@ -767,7 +769,6 @@ def test_a_site_records_the_configuration_its_data_trains_with(folder, tiny_conf
     at the data check the site logs the run's algorithms, rounds, seed and configuration digest once, and keeps the
     whole configuration, readable by the SuperNode's user only, beside its case-id mapping."""
     import hashlib
-    import stat
 
     from fedseg.config_load import config_record
 
@@ -839,6 +840,46 @@ def test_a_site_pinned_to_the_agreed_configuration_refuses_any_other_before_its_
     refused = node.handle(train, ctx)
     assert refused.has_error() and "is not the one this site agreed to" in refused.error.reason
     assert node.get_state(ctx, node.STATE + "fedavg") == {}  # nothing trained
+
+
+def test_a_site_refuses_a_run_that_injects_faults_unless_started_for_a_test_deployment(folder, tiny_config, tmp_path):
+    """An attack on a real TLS + SecAgg+ deployment: the coordinator's configuration alone (``faults``: every other
+    site ``scale`` by 0, i.e. it sends back the model it received) made the secure sum one site's update, and no
+    site's log named the faults. A SuperNode now refuses such a run at its data check and at any later message,
+    unless started with --allow-injected-faults (``fedseg flower local`` starts its sites so); the log line counts
+    the faults."""
+    from fedseg.engine.messages import Message
+    from fedseg.flower.records import to_recorddict
+    from fedseg.flower.supernode import node_config, supernode_command
+
+    faults = [{"site": "site1", "kind": "scale", "factor": 0.0}, {"site": "site2", "round": 2, "kind": "crash"}]
+    cfg = tiny_config(algorithms=["fedavg"], faults=faults)
+    ctx = _context("site2", folder, cfg)
+    reply = node.handle(_info(check_folder(folder)), ctx)
+    assert reply.has_error()
+    assert (
+        "site site2: refused the coordinator's run before any of its data trains: its configuration injects faults "
+        "(scale x0 at site1; crash at site2 round 2), a testing tool" in reply.error.reason
+    ), reply.error.reason
+    assert "--allow-injected-faults" in reply.error.reason
+    train = _query("x", {})
+    train.metadata.__dict__["_message_type"] = "train.fedavg"
+    train.content = to_recorddict(
+        Message({"w": torch.zeros(3)}),
+        {"site": "site2", "algorithm": "fedavg", "site_index": 1, "num_sites": 2, "round": 1},
+    )
+    assert "injects faults" in node.handle(train, ctx).error.reason  # a coordinator skipping the data check
+    # a test deployment's site takes it, and says so in its log line
+    ctx = _context("site2", folder, cfg)
+    ctx.node_config.update({"allow-faults": "true"})
+    assert not node.handle(_info(check_folder(folder)), ctx).has_error()
+    assert "allow-faults='true'" in node_config("site2", folder, None, allow_faults=True)
+    assert "allow-faults" not in node_config("site2", folder, None)
+    local = supernode_command("s", folder, "127.0.0.1:1", 1, None, None, None, "warm", None, allow_faults=True)
+    assert "--allow-injected-faults" in local
+    assert "--allow-injected-faults" not in supernode_command(
+        "s", folder, "127.0.0.1:1", 1, None, None, None, "warm", None
+    )
 
 
 def test_a_foreign_bundles_name_is_one_escaped_line_too():

@@ -407,6 +407,12 @@ def supernode(
         help="the SHA-256 of the study's agreed configuration (`fedseg flower config-digest`): a run of any other "
         "configuration is refused at its data check, before this site's data trains",
     ),
+    allow_injected_faults: bool = typer.Option(
+        False,
+        "--allow-injected-faults",
+        help="a test deployment: accept a run whose configuration injects faults (config `faults`: altered "
+        "updates, crashes); refused otherwise, since sites sending no change would expose another site's update",
+    ),
 ) -> None:
     """A hospital: check the data, then serve it to the federation as a Flower SuperNode (data never leaves)."""
     from fedseg.flower.supernode import run_supernode
@@ -426,6 +432,7 @@ def supernode(
             max_wait=max_wait,
             state=state,
             config_sha256=config_sha256,
+            allow_faults=allow_injected_faults,
             echo=_echo,
         )
     except KeyboardInterrupt:

@@ -413,6 +413,7 @@ def local(
                         isolation,
                         node_poll,
                         work / "state" / site,
+                        allow_faults=True,  # one researcher's test deployment (faults: robustness studies)
                     ),
                     work / "logs" / f"supernode-{site}.log",
                     env,

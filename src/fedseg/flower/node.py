@@ -44,6 +44,7 @@ from fedseg.config import RunConfig
 from fedseg.data.federation import Federation, FederationError, Site, channel_order
 from fedseg.flower.log_text import printable
 from fedseg.flower.snapshots import ContextSnapshots, DiskSnapshots, Snapshots, prune
+from fedseg.flower.supernode import ALLOW_FAULTS
 
 # PyTorch, MONAI and the algorithms are imported only by algorithm messages: in Flower's
 # one-process-per-message isolation, the engine's queries (info, snapshot, restore) then start
@@ -69,6 +70,7 @@ class NodeSettings:
     samples: Path | None
     state: Path | None = None
     config_sha256: str | None = None  # the agreed configuration's digest: any other run is refused
+    allow_faults: bool = False  # a test deployment: a run whose config injects faults is not refused
 
     @property
     def records(self) -> Path | None:
@@ -94,6 +96,7 @@ class NodeSettings:
             Path(samples) if samples else None,
             Path(state) if state else None,
             agreed or None,
+            str(node_config.get(ALLOW_FAULTS, "")).strip() == "true",
         )
 
     @classmethod
@@ -116,6 +119,7 @@ class NodeSettings:
             Path(folders["data"]) / site,  # a folder holding the federation.yaml and this site only
             Path(folders["samples"]) if folders.get("samples") else None,
             Path(folders["state"]) / site if folders.get("state") else None,
+            allow_faults=True,  # every virtual site is the one researcher's
         )
 
     def snapshots(self, context: Context) -> Snapshots:
@@ -466,7 +470,9 @@ def record_run_config(settings: NodeSettings, cfg: RunConfig, context: Context) 
     text, digest = config_record(cfg)
     line = (
         f"site {settings.site}: the coordinator's run: {', '.join(cfg.algorithms)}, {cfg.fl.rounds} rounds, seed "
-        f"{cfg.seed}, secure aggregation {cfg.fl.secure_aggregation}, configuration sha256 {digest}"
+        f"{cfg.seed}, secure aggregation {cfg.fl.secure_aggregation}, "
+        + (f"{len(cfg.faults)} injected faults, " if cfg.faults else "")
+        + f"configuration sha256 {digest}"
     )
     log_once(context, printable(line), logging.INFO)
     folder, path = settings.records, None
@@ -475,6 +481,13 @@ def record_run_config(settings: NodeSettings, cfg: RunConfig, context: Context) 
         if not path.exists():
             path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             atomic_write_text(path, text, private=True)  # 0600 from the start; sha256sum of it: the digest logged
+    if cfg.faults and not settings.allow_faults:
+        raise Refused(
+            f"site {settings.site}: refused the coordinator's run before any of its data trains: its configuration "
+            f"injects faults ({fault_summary(cfg)}), a testing tool that makes sites send altered updates (with "
+            "secure aggregation, sites sending no change would leave the coordinator one site's update); start this "
+            "SuperNode with --allow-injected-faults only in a test deployment"
+        )
     if settings.config_sha256 is not None and digest != settings.config_sha256:
         raise Refused(
             f"site {settings.site}: refused the coordinator's run before any of its data trains: its configuration "
@@ -482,6 +495,16 @@ def record_run_config(settings: NodeSettings, cfg: RunConfig, context: Context) 
             f"(--config-sha256 {settings.config_sha256}); compare it with the agreed one (`fedseg flower "
             "config-digest --write FILE` with the study's options)"
         )
+
+
+def fault_summary(cfg: RunConfig) -> str:
+    """The run's injected faults in a few words: ``"scale x0 at site1, site2; crash at site3 round 2"``."""
+    parts = []
+    for f in cfg.faults[:3]:
+        factor = f" x{f.factor:g}" if f.kind in ("scale", "weight") else ""
+        parts.append(f"{f.kind}{factor} at {f.site}" + (f" round {f.round}" if f.round is not None else ""))
+    more = f"; {len(cfg.faults) - 3} more" if len(cfg.faults) > 3 else ""
+    return printable("; ".join(parts) + more)
 
 
 def on_refused(content: RecordDict, context: Context, settings: NodeSettings, cfg: RunConfig) -> RecordDict:

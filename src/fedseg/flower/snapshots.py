@@ -134,7 +134,12 @@ class DiskSnapshots:
         from fedseg.atomic_files import atomic_write_bytes
 
         data = save({k: v.contiguous() for k, v in state.items()}) if state else save({})
-        atomic_write_bytes(self._path(algorithm, tag), lambda f: f.write(data))
+        path = self._path(algorithm, tag)
+        # the site's own models (its best local, Ditto/FedPer/FedBN's personal ones): its owner's alone, as the
+        # samples and prepared cases are
+        self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        path.parent.mkdir(exist_ok=True, mode=0o700)
+        atomic_write_bytes(path, lambda f: f.write(data), private=True)
 
     def load(self, algorithm: str, tag: int) -> dict[str, torch.Tensor]:
         from safetensors.torch import load_file

@@ -28,13 +28,19 @@ ISOLATIONS = ("subprocess", "warm")
 
 
 SHA256 = re.compile(r"[0-9a-f]{64}")
+ALLOW_FAULTS = "allow-faults"  # node config: 'true' where the run's config may inject faults (a test deployment)
 
 
 def node_config(
-    site: str, data: Path, samples: Path | None, state: Path | None = None, config_sha256: str | None = None
+    site: str,
+    data: Path,
+    samples: Path | None,
+    state: Path | None = None,
+    config_sha256: str | None = None,
+    allow_faults: bool = False,
 ) -> str:
-    """Flower node config ``site='..' data='..' samples='..' state='..' config-sha256='..'`` (TOML literal
-    strings)."""
+    """Flower node config ``site='..' data='..' samples='..' state='..' config-sha256='..' allow-faults='true'``
+    (TOML literal strings)."""
     values = {"site": site, "data": str(Path(data).resolve())}
     if samples is not None:
         values["samples"] = str(Path(samples).resolve())
@@ -42,6 +48,8 @@ def node_config(
         values["state"] = str(Path(state).resolve())
     if config_sha256 is not None:
         values["config-sha256"] = config_sha256
+    if allow_faults:
+        values[ALLOW_FAULTS] = "true"
     for key, value in values.items():
         if "'" in value or "\n" in value:
             raise ValueError(f"{key} {value!r}: quotes and newlines cannot be passed in a Flower node config")
@@ -81,6 +89,7 @@ def supernode_argv(
     max_wait: float | None,
     state: Path | None = None,
     config_sha256: str | None = None,
+    allow_faults: bool = False,
 ) -> list[str]:
     """Arguments of Flower's ``flower-supernode`` for one site."""
     argv = [
@@ -89,7 +98,7 @@ def supernode_argv(
         "--port",
         str(port),
         "--node-config",
-        node_config(site, data, samples, state, config_sha256),
+        node_config(site, data, samples, state, config_sha256, allow_faults),
         "--isolation",
         "process",  # every isolation: fedseg's runner (run_supernode), never Flower's flwr-clientapp
     ]
@@ -178,12 +187,14 @@ def run_supernode(
     max_wait: float | None = None,
     state: Path | None = None,
     config_sha256: str | None = None,
+    allow_faults: bool = False,
     echo: Callable[[str], None] = print,
 ) -> None:
     """Check the data, then become this site's SuperNode (blocks until it stops). See the module docstring.
     ``state``: folder for the snapshots of the site's state store (needed to resume a run; keep it);
     ``config_sha256``: the agreed configuration's digest (``config_load.config_record``): any other run is refused at
-    its data check."""
+    its data check; ``allow_faults``: a run whose configuration injects faults (``faults``) is not refused (a test
+    deployment: ``fedseg flower local``)."""
     if isolation not in ISOLATIONS:
         raise ValueError(f"isolation must be one of {ISOLATIONS}, got {isolation!r}")
     parse_address(superlink, "--superlink", "coordinator.example.org:9092")
@@ -209,9 +220,10 @@ def run_supernode(
         max_wait,
         state,
         config_sha256,
+        allow_faults,
     )
     if state is not None:
-        Path(state).mkdir(parents=True, exist_ok=True)
+        Path(state).mkdir(parents=True, exist_ok=True, mode=0o700)  # the site's models: its owner's alone
     # one SuperNode keeps a --state folder: a second one (a supervisor's restart racing a manual start) would write the
     # same site's snapshots; held until this SuperNode exits
     hint = "wait for that SuperNode to end or stop it, then start this one again"
@@ -256,8 +268,10 @@ def supernode_command(
     isolation: str,
     poll: float | None,
     state: Path | None = None,
+    allow_faults: bool = False,
 ) -> list[str]:
-    """``fedseg flower supernode ...`` as a command line (what ``local`` starts per site)."""
+    """``fedseg flower supernode ...`` as a command line (what ``local`` starts per site, with ``allow_faults``:
+    one researcher's test deployment, where a run whose configuration injects faults is not refused)."""
     cmd = [
         sys.executable,
         "-m",
@@ -275,6 +289,7 @@ def supernode_command(
         "--isolation",
         isolation,
     ]
+    cmd += ["--allow-injected-faults"] if allow_faults else []
     if samples is not None:
         cmd += ["--samples", str(samples)]
     cmd += ["--root-certificates", str(root_certificates)] if root_certificates is not None else ["--insecure"]
