@@ -22,6 +22,7 @@ import re
 import signal
 import socket
 import ssl
+import stat
 import subprocess
 import sys
 import threading
@@ -515,6 +516,49 @@ def test_every_isolation_runs_the_supernode_with_fedsegs_checking_runner():
         assert argv[argv.index("--isolation") + 1] == "process"
     assert "--fresh" in runner_command(9094, "subprocess", None)
     assert "--fresh" not in runner_command(9094, "warm", 0.2)
+
+
+def test_only_the_sites_own_runner_may_take_its_tasks_and_no_token_is_in_a_process_argument(tmp_path, disc_federation):
+    """An attack: the SuperNode's Runtime API (127.0.0.1) handed the site's tasks to any local process that asked
+    first (it read the site's messages and state and answered for it), and a fresh task's token was in its
+    arguments (``ps``). Now the SuperNode starts with a secret drawn at its start (Flower's SuperExec
+    authentication, a 0600 file in a 0700 folder, removed when it stops) that only its runner holds: an unsigned
+    AcquireTask is refused (401)."""
+    from fedseg.flower import flwr_internals
+    from fedseg.flower.deploy import wait_for_port
+    from fedseg.flower.worker import task_command
+
+    data, fed = tmp_path / "fed", disc_federation(n_sites=2, cases_per_site=6)
+    write_folder(fed, data)
+    (port, closed) = free_ports(2)
+    own_tmp = tmp_path / "tmp"
+    own_tmp.mkdir()
+    env = {**os.environ, "TMPDIR": str(own_tmp)}
+    cmd = [sys.executable, "-m", "fedseg.cli", "flower", "supernode", "--site", fed.site_names[0]]
+    cmd += ["--data", str(data), "--superlink", f"127.0.0.1:{closed}", "--insecure", "--port", str(port)]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # noqa: S603
+    try:
+        wait_for_port("127.0.0.1", port, 120, alive=lambda: proc.poll() is None, what="the SuperNode")
+        (held,) = own_tmp.iterdir()
+        assert stat.S_IMODE(held.stat().st_mode) == 0o700
+        assert stat.S_IMODE((held / "superexec.secret").stat().st_mode) == 0o600
+        stranger = flwr_internals.superexec_runtime_client(f"127.0.0.1:{port}", True, None)
+        with pytest.raises(httpx.HTTPStatusError) as refused:
+            flwr_internals.acquire_client_app_task(stranger)
+        assert refused.value.response.status_code == 401
+        guess = flwr_internals.superexec_runtime_client(f"127.0.0.1:{port}", True, None, b"\0" * 32)
+        with pytest.raises(httpx.HTTPStatusError):
+            flwr_internals.acquire_client_app_task(guess)
+        secret = (held / "superexec.secret").read_bytes()  # its owner (this test's user) may
+        owner = flwr_internals.superexec_runtime_client(f"127.0.0.1:{port}", True, None, secret)
+        assert flwr_internals.acquire_client_app_task(owner) is None  # accepted: no task pending
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        said, _ = proc.communicate(timeout=60)
+    assert "gives its tasks to its own ClientApp runner only" in said and "EXPERIMENTAL" not in said, said
+    assert list(own_tmp.iterdir()) == []  # the secret's folder goes with the SuperNode
+    assert "--task" in (command := task_command(f"127.0.0.1:{port}", True, None, 0.1))
+    assert not any(len(arg) >= 16 and arg.isalnum() for arg in command[3:])  # no token among its arguments
 
 
 @pytest.mark.slow

@@ -185,18 +185,27 @@ def _runtime_client(
     )
 
 
-def superexec_runtime_client(address: str, insecure: bool, root_certificates: str | None) -> RuntimeHttpClient:
-    """A client of the SuperNode's Runtime API as Flower's SuperExec opens it (to acquire tasks).
+SUPEREXEC_SIGNED = frozenset({"/flwr.proto.Runtime/AcquireTask"})  # what Flower's SuperExec signs (run_superexec)
+
+
+def superexec_runtime_client(
+    address: str, insecure: bool, root_certificates: str | None, secret: bytes | None = None
+) -> RuntimeHttpClient:
+    """A client of the SuperNode's Runtime API as Flower's SuperExec opens it (to acquire tasks); ``secret``: the
+    SuperNode's ``--superexec-auth-secret-file`` bytes, with which it signs ``AcquireTask`` as Flower's SuperExec does.
 
     Uses ``flwr.supercore.runtime.RuntimeHttpClient``, ``flwr.supercore.retry.make_simple_http_retry_invoker``,
-    ``flwr.supercore.tls.validate_and_resolve_root_certificates`` and
-    ``flwr.supercore.interceptors.RuntimeVersionHttpInterceptor``. No public way: the Runtime API is
-    Flower's internal protocol between a SuperNode and its executors."""
+    ``flwr.supercore.tls.validate_and_resolve_root_certificates``,
+    ``flwr.supercore.interceptors.RuntimeVersionHttpInterceptor`` and
+    ``flwr.supercore.interceptors.http.superexec_auth.SuperExecAuthHttpInterceptor``. No public way: the Runtime
+    API is Flower's internal protocol between a SuperNode and its executors."""
     from flwr.supercore.interceptors import RuntimeVersionHttpInterceptor
+    from flwr.supercore.interceptors.http.superexec_auth import SuperExecAuthHttpInterceptor
 
-    return _runtime_client(
-        address, insecure, root_certificates, [RuntimeVersionHttpInterceptor(component_name="SuperExec")]
-    )
+    interceptors: list = [RuntimeVersionHttpInterceptor(component_name="SuperExec")]
+    if secret is not None:
+        interceptors.append(SuperExecAuthHttpInterceptor(master_secret=secret, protected_methods=SUPEREXEC_SIGNED))
+    return _runtime_client(address, insecure, root_certificates, interceptors)
 
 
 def clientapp_runtime_client(

@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import contextlib
 import re
+import secrets
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from fedseg.atomic_files import atomic_write_bytes
 from fedseg.data.federation import Federation, FederationError
 from fedseg.flower.deploy import BIN, cannot_listen, parse_address, stop_when_child_exits
 from fedseg.folder_lock import holding
@@ -243,18 +246,26 @@ def become_supernode(site: str, argv: list[str], port: int, isolation: str, poll
     if poll is not None:
         os.environ["FEDSEG_FLOWER_NODE_POLL"] = str(poll)
     from fedseg.flower import supernode_main
+    from fedseg.flower.worker import SECRET_ENV
 
     # a second stop signal while Flower exits no longer kills it mid-exit (its --state lock left behind)
     stop = supernode_main.StopSignals().install()
-    runner = subprocess.Popen(runner_command(port, isolation, poll))  # noqa: S603 - exits with this process (--parent-pid)
-    runner_died = stop_when_child_exits(runner, f"site {site!r}: the ClientApp runner", stopping=stop.stopping)
-    sys.argv = ["flower-supernode", *argv]
-    try:
-        supernode_main.main()
-    except (SystemExit, KeyboardInterrupt):  # Flower exits with 0 on SIGTERM; a supervisor must see the failure
-        if runner_died.is_set():
-            raise SystemExit(1) from None
-        raise
+    # only the runner may take the site's tasks from the Runtime API (any local process could): a secret drawn now,
+    # read by the SuperNode from a file only this user can read, by the runner from its environment
+    secret = secrets.token_bytes(32)
+    with tempfile.TemporaryDirectory(prefix="fedseg-supernode-") as private:  # 0700
+        secret_file = Path(private) / "superexec.secret"
+        atomic_write_bytes(secret_file, lambda f: f.write(secret), private=True)
+        env = {**os.environ, SECRET_ENV: secret.hex()}
+        runner = subprocess.Popen(runner_command(port, isolation, poll), env=env)  # noqa: S603 - exits with us (--parent-pid)
+        runner_died = stop_when_child_exits(runner, f"site {site!r}: the ClientApp runner", stopping=stop.stopping)
+        sys.argv = ["flower-supernode", *argv, "--superexec-auth-secret-file", str(secret_file)]
+        try:
+            supernode_main.main()
+        except (SystemExit, KeyboardInterrupt):  # Flower exits with 0 on SIGTERM; a supervisor must see the failure
+            if runner_died.is_set():
+                raise SystemExit(1) from None
+            raise
 
 
 def supernode_command(

@@ -149,6 +149,24 @@ class ExplainActivation(logging.Filter):
         return True
 
 
+class ExplainRuntimeSecret(logging.Filter):
+    """Flower's warning that its SuperExec authentication is experimental becomes what it means here (an INFO
+    line): the Runtime API answers this SuperNode's own ClientApp runner only (``fedseg.flower.worker``)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.getMessage().startswith(EXPERIMENTAL_SECRET):
+            record.msg, record.args = RUNTIME_SECRET, ()
+            record.levelno, record.levelname = logging.INFO, "INFO"
+        return True
+
+
+EXPERIMENTAL_SECRET = "EXPERIMENTAL: SuperExec authentication"
+RUNTIME_SECRET = (
+    "fedseg: this SuperNode's Runtime API gives its tasks to its own ClientApp runner only (a secret drawn at this "
+    "start; Flower's SuperExec authentication)"
+)
+
+
 FORGOTTEN = (
     "fedseg: the SuperLink at {address} no longer knows this SuperNode (HTTP 401 Unauthorized on {what}): the "
     "coordinator was restarted (every `fedseg flower server`, --resume too, is a new SuperLink) or unregistered this "
@@ -312,6 +330,7 @@ def main() -> None:
     address = superlink_address(sys.argv)
     logging.getLogger("flwr").addFilter(QuietRetries(address))
     logging.getLogger("flwr").addFilter(ExplainActivation(insecure="--insecure" in sys.argv))
+    logging.getLogger("flwr").addFilter(ExplainRuntimeSecret())
     forgotten = watch_for_a_forgotten_node(address)
     ca = option_value(sys.argv, "--root-certificates", "ca.crt")
     logging.getLogger("flwr").addFilter(ExplainCertificate(address, ca))

@@ -11,8 +11,15 @@ executor (``flower-superexec`` / ``flwr-clientapp``) would import whatever FAB a
 
 - warm (``fedseg flower supernode --isolation warm``): every task in this long-lived process, so
   PyTorch and MONAI are imported once, not per message;
-- fresh (``--isolation subprocess``): every task in a new process (``--task TOKEN``), as Flower's
+- fresh (``--isolation subprocess``): every task in a new process (its token in that process's environment,
+  :data:`TASK_TOKEN_ENV`, not its arguments, which every user of the machine sees in ``ps``), as Flower's
   default isolation runs ``flwr-clientapp``.
+
+Only this runner may acquire the SuperNode's tasks: ``fedseg flower supernode`` starts Flower's SuperNode with
+a secret drawn at each start (``--superexec-auth-secret-file``, a 0600 file in a 0700 folder) and hands it to the
+runner in its environment (:data:`SECRET_ENV`), with which it signs its ``AcquireTask`` calls (Flower's SuperExec
+authentication). Without it any process on the machine could take the site's tasks from the Runtime API on
+127.0.0.1, read its messages and state and answer in its place (a security audit did).
 
 Messages and contexts go through the SuperNode as with Flower's executor; the ClientApp keeps its
 state in ``Context.state`` only. Per-run dependency installation is not supported (the node's
@@ -32,6 +39,8 @@ import time
 from collections.abc import Callable
 
 log = logging.getLogger("fedseg.flower.worker")
+SECRET_ENV = "FEDSEG_RUNTIME_SECRET"  # hex of the secret signing AcquireTask (the SuperNode's, drawn at its start)
+TASK_TOKEN_ENV = "FEDSEG_TASK_TOKEN"  # a fresh task process's token
 RUNTIME_API_WAIT = 300.0  # s for the SuperNode started next to the runner to listen (it starts in a few seconds)
 
 
@@ -112,9 +121,10 @@ def run_task(address: str, insecure: bool, root_certificates: str | None, token:
             client.close()
 
 
-def task_command(address: str, insecure: bool, root_certificates: str | None, poll: float, token: str) -> list[str]:
-    """This module as a command running the one task ``token`` in a fresh process (``--isolation subprocess``)."""
-    cmd = [sys.executable, "-m", "fedseg.flower.worker", "--runtime-api-address", address, "--task", token]
+def task_command(address: str, insecure: bool, root_certificates: str | None, poll: float) -> list[str]:
+    """This module as a command running one task in a fresh process (``--isolation subprocess``), whose token
+    it is given in its environment (:data:`TASK_TOKEN_ENV`)."""
+    cmd = [sys.executable, "-m", "fedseg.flower.worker", "--runtime-api-address", address, "--task"]
     cmd += ["--insecure"] if insecure else []
     cmd += ["--root-certificates", root_certificates] if root_certificates else []
     return [*cmd, "--poll", str(poll), "--parent-pid", str(os.getpid())]
@@ -132,12 +142,14 @@ def serve(address: str, insecure: bool, root_certificates: str | None, poll: flo
 
     host, _, port = address.rpartition(":")
     wait_for_port(host, int(port), RUNTIME_API_WAIT, what="the SuperNode's Runtime API")  # no retry lines meanwhile
-    client = internals.superexec_runtime_client(address, insecure, root_certificates)
+    secret = os.environ.pop(SECRET_ENV, "")  # not passed on to a task's process, which needs its token only
+    client = internals.superexec_runtime_client(address, insecure, root_certificates, bytes.fromhex(secret) or None)
     log.info("%s ClientApp runner polling %s every %.2f s", "fresh" if fresh else "warm", address, poll)
     while True:
         token = internals.acquire_client_app_task(client)
         if token and fresh:
-            subprocess.run(task_command(address, insecure, root_certificates, poll, token), check=False)  # noqa: S603
+            command = task_command(address, insecure, root_certificates, poll)
+            subprocess.run(command, env={**os.environ, TASK_TOKEN_ENV: token}, check=False)  # noqa: S603
         elif token:
             try:
                 run_task(address, insecure, root_certificates, token)
@@ -166,7 +178,7 @@ def main() -> None:
     )
     parser.add_argument("--parent-pid", type=int, default=None)
     parser.add_argument("--fresh", action="store_true", help="run every task in a new process")
-    parser.add_argument("--task", default=None, help="run this one task (its token) and exit")
+    parser.add_argument("--task", action="store_true", help=f"run one task and exit (its token in ${TASK_TOKEN_ENV})")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -178,7 +190,8 @@ def main() -> None:
     cap_object_pull_backoff(args.poll)
     try:
         if args.task:
-            run_task(args.runtime_api_address, args.insecure, args.root_certificates, args.task)
+            token = os.environ.pop(TASK_TOKEN_ENV, "")
+            run_task(args.runtime_api_address, args.insecure, args.root_certificates, token)
         else:
             serve(args.runtime_api_address, args.insecure, args.root_certificates, args.poll, args.fresh)
     except KeyboardInterrupt:  # Ctrl-C in the terminal reaches the whole group: the SuperNode says it stops
