@@ -275,20 +275,55 @@ def test_dicom_seg_segments_take_the_values_of_matching_label_names(files):
     names = {0: "background", 1: "Lesion", 2: "organ"}  # "Organ" is segment 1 in the SEG, "lesion" 2
     got = read_label(files["label_seg"], "3d", image=files["dicom"], label_names=names)
     np.testing.assert_array_equal(got, np.choose(LABEL, [0, 2, 1]))
-    partial = {0: "background", 1: "organ"}  # "lesion" is not a label name: segment numbers are kept
-    got = read_label(files["label_seg"], "3d", image=files["dicom"], label_names=partial)
-    np.testing.assert_array_equal(got, LABEL)
     seg = Path("seg.dcm")
     assert dicom_seg.segment_values({1: "a", 2: "b"}, {3: "A", 4: "b"}, seg) == {1: 3, 2: 4}
     assert dicom_seg.segment_values({1: "a"}, {3: "a", 4: "A"}, seg) == {1: 1}  # an ambiguous name maps nothing
-    swapped = {0: "background", 1: "lesion", 3: "liver"}  # "Lesion" is segment 2, "Organ" names nothing here
+
+
+def test_seg_segments_are_matched_by_name_and_a_segment_label_names_does_not_list_is_not_read(files, caplog):
+    """Segment 1 "Organ" and 2 "lesion" against label_names naming only one of them: the named one is read by name,
+    the other is not read at all (it must not become the label its number has: 2 "tumor" here), said once per file,
+    as RTSTRUCT ROIs naming no label are skipped."""
+    dicom_seg._noted_segments.clear()
+    other_two = {0: "background", 1: "organ", 2: "tumor"}  # "lesion" is another structure than label 2 here
+    with caplog.at_level(logging.WARNING, logger="fedseg.data.dicom_seg"):
+        for _ in range(2):
+            got = read_label(files["label_seg"], "3d", image=files["dicom"], label_names=other_two)
+            np.testing.assert_array_equal(got, np.where(LABEL == 1, 1, 0))
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{files['label_seg']}: segment 2 'lesion' names no label of label_names (federation.yaml), so it is not read "
+        "(background), while the segments named so are read by name (1 'Organ' -> 1); add its name to label_names "
+        "to train it"
+    ]
+    swapped = {0: "background", 1: "lesion", 3: "liver"}  # "lesion" is segment 2, "Organ" names nothing here
+    got = read_label(files["label_seg"], "3d", image=files["dicom"], label_names=swapped)
+    np.testing.assert_array_equal(got, np.where(LABEL == 2, 1, 0))  # by name: lesion as 1, Organ not read
+    assert dicom_seg.segment_values({1: "Tumor", 2: "TUMOR"}, {1: "tumor"}, Path("two.dcm")) == {1: 1, 2: 1}
+    assert "segments 1 'Tumor' and 2 'TUMOR' name one label (1) and are read as one" in caplog.records[-1].getMessage()
+
+
+def test_a_seg_drawn_on_a_thicker_series_of_the_same_scan_is_refused_not_read_striped(files, tmp_path):
+    """A SEG drawn on a 5 mm reconstruction of this 2.5 mm scan (same frame of reference) lands on every other slice:
+    read so, every other slice of the structure would be background. One line naming the file and what it covers.
+    Without a series reference, 3 slices one in 2 apart say the same; 2 slices 2 apart on this series are read."""
+    thick = write_series(tmp_path / "thick", VALUES[:, :, ::2], spacing=(0.7, 1.3, 5.0))  # the same frame 1.2.3.5
+    full = np.zeros(SHAPE, np.uint8)
+    full[2:5, 3:7, :] = 1
+    seg = write_seg(tmp_path / "thick.dcm", thick, full[:, :, ::2], segments={1: "organ"})
     with pytest.raises(FederationError) as e:
-        read_label(files["label_seg"], "3d", image=files["dicom"], label_names=swapped)
+        read_label(seg, "3d", image=files["dicom"], label_names={0: "background", 1: "organ"})
     assert str(e.value) == (
-        f"{files['label_seg']}: segment 2 is labelled 'lesion', which label_names gives the value 1, but 'Organ' "
-        "names no label, so segment numbers would be used and 'lesion' read as label value 2; name every segment as "
-        "in label_names (federation.yaml), or none"
+        f"{seg}: this DICOM-SEG covers only 3 of the 5 slices of its structures' extent (slices 0-4 of "
+        f"{files['dicom']}, one in 2): drawn on another series with 5 mm between slices (this image: 2.5 mm)? Read so "
+        "it would train striped labels; give it the series it was drawn on as its image, or resample it onto this one"
     )
+    with pytest.raises(FederationError, match="covers only 3 of the 5 slices"):
+        read_label(seg, "3d", image=files["nifti"], label_names={0: "background", 1: "organ"})  # no UIDs: 3 regular
+    sources = write_series(tmp_path / "own", VALUES)  # this series: two structures 2 slices apart are content
+    two = np.zeros(SHAPE, np.uint8)
+    two[2:5, 3:7, 1] = two[2:5, 3:7, 3] = 1
+    own = write_seg(tmp_path / "own.dcm", sources, two, segments={1: "organ"})
+    np.testing.assert_array_equal(read_label(own, "3d", image=files["nifti"], label_names={1: "organ"}), two)
 
 
 def test_a_seg_whose_segment_names_name_no_label_is_read_by_number_with_one_warning(files, caplog):
@@ -866,3 +901,65 @@ def test_the_voxel_orientation_data_check_compares_is_the_grids_of_every_format(
         grid = readers.volume_grid(files[key])
         assert voxel_orientation(files[key]) == "".join(aff2axcodes(grid.affine)), key
     assert voxel_orientation(files["dicom"]) == "PLI"  # DIRECTION: rows run posterior, columns left, slices down
+
+
+def test_a_relative_federation_folder_is_read_by_absolute_paths_with_itk_loaded_before_the_threads(
+    files, tmp_path, monkeypatch
+):
+    """ITK Python loads its modules on first use and chdirs the whole process into its library folder while it does,
+    so a reader thread opening a relative path meanwhile missed it (``fedseg data check fed``: a random
+    ``fed/hospA/images/a2/slice_002.dcm: No such file or directory``, HDF5 diagnostics on a folder). The paths handed
+    to the readers are absolute, and ITK is loaded on the main thread before the check's threads start."""
+    import shutil
+
+    from fedseg.data import check as check_module
+
+    root = tmp_path / "fed"
+    header = {"name": "rel", "kind": "3d", "channels": 1, "regions": {"organ": [1, 2], "lesion": [2]}}
+    (root / "s1" / "labels").mkdir(parents=True)
+    (root / "federation.yaml").write_text(yaml.safe_dump({**header, "label_names": {1: "organ", 2: "lesion"}}))
+    for case in ("d1", "d2", "d3"):
+        shutil.copytree(files["dicom"], root / "s1" / "images" / case)
+        shutil.copy(files["label_seg"], root / "s1" / "labels" / f"{case}.dcm")
+    started = []
+    real = check_module.ordered_map
+
+    def spy(fn, items, workers, name="batches"):
+        items = list(items)
+        started.append((readers.itk_loaded(), [job[2] for job in items] + [job[3] for job in items]))
+        return real(fn, items, workers, name)
+
+    monkeypatch.setattr(check_module, "ordered_map", spy)
+    monkeypatch.setattr(readers, "_itk_loaded", False)
+    monkeypatch.chdir(tmp_path)
+    checked = check_folder("fed", threads=3)
+    [(loaded, paths)] = started
+    assert loaded, "ITK was not loaded before the check's reader threads started"
+    assert paths and all(p.is_absolute() for p in paths)
+    monkeypatch.setattr(readers, "_itk_loaded", False)
+    for fed in (checked, load_folder("fed")):
+        cases = fed.site("s1").cases
+        assert all(Path(c.meta["image"]).is_absolute() and Path(c.meta["label"]).is_absolute() for c in cases)
+    assert readers.itk_loaded()  # load_folder loads it on its (the main) thread too
+    assert readers.needs_itk([files["dicom"]]) and not readers.needs_itk([files["nifti"]])
+
+
+def test_predict_names_a_series_folder_one_level_too_deep_instead_of_skipping_it(files, tmp_path):
+    """``--input new`` with ``new/ok0/*.dcm`` and ``new/pt1/CT_series/*.dcm`` (a PACS export's layout): pt1 was
+    skipped without a word while ok0 was predicted; it is named as ``data check`` names it, in one line."""
+    from fedseg.predict_inputs import PredictError, list_inputs
+
+    new = tmp_path / "new"
+    shutil.copytree(files["dicom"], new / "ok0")
+    shutil.copytree(files["dicom"], new / "pt1" / "CT_series")
+    (new / "empty").mkdir()  # no DICOM file in it: no input, as documented
+    with pytest.raises(PredictError) as e:
+        list_inputs(new)
+    assert str(e.value) == (
+        f"{new / 'pt1'}: holds the folder 'CT_series' of {SHAPE[2]} DICOM files, a series one level too deep (a PACS "
+        "export's layout?): move the files up into pt1/ and remove 'CT_series'; a DICOM series folder holds the .dcm "
+        "files of one series and nothing else"
+    )
+    problems: list[str] = []
+    assert list_inputs(new, problems_out=problems) == [new / "ok0"]
+    assert len(problems) == 1

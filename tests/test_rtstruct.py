@@ -504,3 +504,52 @@ def test_an_empty_structure_set_is_named_so_not_no_dicom(tmp_path):
     with pytest.raises(FederationError) as e:
         contour_points(empty)
     assert str(e.value) == f"{empty}: empty file (0 bytes): an interrupted copy? copy it again"
+
+
+def test_contours_on_every_other_slice_drawn_on_a_thicker_series_are_refused(case, tmp_path, caplog):
+    """An RTSTRUCT drawn on a 5 mm reconstruction of this 2.5 mm scan (the same frame of reference) has contours on
+    every other slice: read so, every other slice of the structure would be background and the data check would say
+    nothing. Its ContourImageSequence naming images outside the series says so: one line naming the file. Without
+    references, 3 slices one in 2 apart say the same; 2 contoured slices 2 apart are read (two parts of a structure).
+    """
+    image, _ = case
+    every_other = {"ctv": [("CLOSED_PLANAR", mm(CTV, k)) for k in (1, 3)]}
+    rs = write_rtstruct(tmp_path / "thick.dcm", every_other)
+    thick = reference(rs, tmp_path / "thick-ref.dcm", {"ctv": ["1.2.3.999.1", "1.2.3.999.2"]})
+    with pytest.raises(FederationError) as e:
+        read_label(thick, "3d", image=image, label_names=LABEL_NAMES)
+    assert str(e.value) == (
+        f"{thick}: this RTSTRUCT covers only 2 of the 3 slices of its structures' extent (slices 1-3 of {image}, one "
+        "in 2): drawn on another series with 5 mm between slices (this image: 2.5 mm)? Read so it would train striped "
+        "labels; give it the series it was drawn on as its image, or resample it onto this one"
+    )
+    with caplog.at_level(logging.WARNING):
+        assert set(np.unique(read_label(rs, "3d", image=image, label_names=LABEL_NAMES))) == {0, 1}  # no references
+    three = write_rtstruct(tmp_path / "three.dcm", {"ctv": [("CLOSED_PLANAR", mm(CTV, k)) for k in (0, 2, 4)]})
+    with pytest.raises(FederationError, match=r"three\.dcm: this RTSTRUCT covers only 3 of the 5 slices"):
+        read_label(three, "3d", image=image, label_names=LABEL_NAMES)
+    pytest.importorskip("itk")  # the series' voxels (data check)
+    root = rt_federation(tmp_path / "fed", image, [thick])
+    result = CliRunner().invoke(data_app, ["check", str(root)])
+    assert result.exit_code != 0
+    assert "c1.dcm: this RTSTRUCT covers only 2 of the 3 slices" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_two_rois_naming_one_label_are_painted_as_one_with_one_warning(case, tmp_path, caplog):
+    """ "ctv" and "CTV" both name label 1 (a structure contoured twice): painted as their union, as documented, with
+    one WARNING per file naming both ROIs, however often it is read."""
+    image, _ = case
+    second = [("CLOSED_PLANAR", mm(GTV, k)) for k in (1, 2)]
+    rs = write_rtstruct(tmp_path / "twice.dcm", {"ctv": structures()["ctv"], "CTV": second})
+    with caplog.at_level(logging.WARNING):
+        for _ in range(2):
+            label = read_label(rs, "3d", image=image, label_names={0: "background", 1: "CTV"})
+    alone = read_label(
+        write_rtstruct(tmp_path / "second.dcm", {"ctv": second}), "3d", image=image, label_names={1: "ctv"}
+    )
+    np.testing.assert_array_equal(label, ((expected_label((("ctv", 1),)) > 0) | (alone > 0)).astype(np.uint8))
+    assert _notices(caplog) == [
+        f"{rs}: ROIs 'ctv' and 'CTV' both name label_names 'CTV' (1), so they are painted as one label (their union); "
+        "if one is not that structure (a discarded or second attempt), rename or delete it in the structure set"
+    ]

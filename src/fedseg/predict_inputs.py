@@ -116,7 +116,8 @@ NOT_IMAGES = ("txt", "md", "csv", "tsv", "json", "yaml", "yml", "pdf", "html", "
 
 def list_inputs(path: Path, notes: list[str] | None = None, problems_out: list[str] | None = None) -> list[Path]:
     """``path`` itself (an image file or a DICOM series folder), or the inputs of folder ``path``: its image
-    files and the DICOM series folders in it (not recursive; hidden entries and folders without DICOM files ignored).
+    files and the DICOM series folders in it (not recursive; hidden entries and folders without DICOM files ignored,
+    but a folder whose one entry is a series, one level too deep, is reported).
     Every entry that cannot be an input is reported in one ``PredictError``, the same problem on many entries grouped
     (``group_problems``): a file of another type, a broken link, a folder of DICOM files that is no series (a stray
     file or sub-folder in it: ``series_problem``); ``path`` itself such a folder: why it is no series. A folder's
@@ -149,7 +150,7 @@ def list_inputs(path: Path, notes: list[str] | None = None, problems_out: list[s
             elif entry.is_dir():
                 if (problem := series_problem(entry)) is None:
                     files.append(entry)
-                elif holds_dicom(entry):
+                elif holds_dicom(entry) or readers.nested_series(entry):  # a PACS export's case/series/*.dcm too
                     problems.append(problem)
             else:
                 problems.append(f"{entry}: neither a file nor a folder (a broken symbolic link or a link loop)")

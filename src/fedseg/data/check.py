@@ -27,6 +27,7 @@ from fedseg.data.folder import (
     Header,
     build_federation,
     group_problems,
+    load_itk_for,
     moved_links_problem,
     problems_text,
     raw_dataset_problem,
@@ -365,6 +366,7 @@ def check_folder(
     orientations: dict[str, list[tuple[str, str]]] = {}  # axis codes -> (site, case) of each volume
     jobs = [(site.name, cid, image, label) for site in sites for cid, (image, label) in site.cases.items()]
 
+    load_itk_for(sites)  # here, before the threads: ITK's loading changes the working directory while it runs
     known = CheckCache.open(header)  # with $FEDSEG_PREPARED_CACHE: what earlier checks found in unchanged cases
 
     def check(job: tuple[str, str, Path, Path]) -> tuple[list[str], tuple[int, ...] | None, set[int], bool, str | None]:

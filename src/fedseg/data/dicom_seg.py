@@ -27,6 +27,8 @@ from fedseg.data.readers import (
     read_dicom,
     series_entries,
     sop_class,
+    striped_problem,
+    striped_step,
     volume_format,
 )
 
@@ -44,25 +46,52 @@ def normalized_name(name: str) -> str:
 
 
 def segment_values(segments: dict[int, str], label_names: dict[int, str] | None, path: Path) -> dict[int, int]:
-    """Segment number -> label value. When every segment's label names one of ``label_names`` (the
-    federation's; compared case-insensitively, ``_`` and ``-`` as spaces), that name's label value; otherwise the
-    segment number itself, unless a segment's label names a label of another value than its number (segment 1
-    "Lesion" where ``label_names`` has 2: lesion): neither reading can be trusted then, and ``FederationError``
-    names the SEG ``path`` and the segment (the numbers would paint the lesion as the organ)."""
+    """Segment number -> label value (0: not read). Segments are matched by name, as RTSTRUCT ROIs are: a segment
+    whose label names one of ``label_names`` (the federation's; compared case-insensitively, ``_`` and ``-`` as
+    spaces) gets that name's value. Where some segments are named so, the others are not read (value 0: another
+    structure, a "Liver" beside the "Tumor", must not become the label its number happens to have), noted once per
+    file (``_note_segments``, which also names two segments read as one label). Only where no segment names a label
+    (or without ``label_names``) are segments read by number (``_warn_read_by_number`` says so where their names
+    say what they hold)."""
     mapped = _named_values(segments, label_names)
-    if mapped and all(v >= 0 for v in mapped.values()):
-        return mapped
+    if any(v >= 0 for v in mapped.values()):
+        _note_segments(segments, mapped, path)
+        return {n: max(v, 0) for n, v in mapped.items()}
     _warn_read_by_number(segments, mapped, label_names, path)
-    for number, value in mapped.items():
-        if value >= 0 and value != number:
-            unnamed = sorted(segments[n] for n, v in mapped.items() if v < 0)
-            raise FederationError(
-                f"{path}: segment {number} is labelled {segments[number]!r}, which label_names gives the value "
-                f"{value}, but {', '.join(map(repr, unnamed))} names no label, so segment numbers would be used and "
-                f"{segments[number]!r} read as label value {number}; name every segment as in label_names "
-                "(federation.yaml), or none"
-            )
     return {n: n for n in segments}
+
+
+_noted_segments: set[Path] = set()  # SEGs _note_segments has spoken of in this process
+
+
+def _note_segments(segments: dict[int, str], mapped: dict[int, int], path: Path) -> None:
+    """Log once per SEG ``path`` (logger ``fedseg.data.dicom_seg``) the segments read by name that name no label
+    (not read) and segments that name one label together (read as one, their union)."""
+    if path in _noted_segments:
+        return
+    skipped = [f"{n} {segments[n]!r}" for n in sorted(segments) if mapped[n] < 0]
+    by_value: dict[int, list[int]] = {}
+    for n in sorted(segments):
+        if mapped[n] >= 0:
+            by_value.setdefault(mapped[n], []).append(n)
+    shared = {v: ns for v, ns in by_value.items() if len(ns) > 1}
+    if not skipped and not shared:
+        return
+    _noted_segments.add(path)
+    said = []
+    if skipped:
+        read = ", ".join(f"{n} {segments[n]!r} -> {mapped[n]}" for n in sorted(segments) if mapped[n] >= 0)
+        said.append(
+            f"segment{'s' if len(skipped) > 1 else ''} {', '.join(skipped)} name{'' if len(skipped) > 1 else 's'} "
+            f"no label of label_names (federation.yaml), so {'they are' if len(skipped) > 1 else 'it is'} not read "
+            f"(background), while the segments named so are read by name ({read}); add "
+            f"{'their names' if len(skipped) > 1 else 'its name'} to label_names to train "
+            f"{'them' if len(skipped) > 1 else 'it'}"
+        )
+    for value, numbers in sorted(shared.items()):
+        both = " and ".join(f"{n} {segments[n]!r}" for n in numbers)
+        said.append(f"segments {both} name one label ({value}) and are read as one (their union)")
+    log.warning(f"{path}: {'; '.join(said)}")
 
 
 _GENERIC_SEGMENT = re.compile(r"(segment|seg|label|roi|mask)?[\s_-]*\d*", re.IGNORECASE)  # "Segment 1", "seg_2", "3"
@@ -178,8 +207,10 @@ def _read_dicom_seg(
     if (other := _other_series(ds, path, image)) is not None:  # before the frames' placement: another patient's
         raise FederationError(other)  # SEG on a slightly different grid is that, not frames off the grid
 
+    covered: set[tuple[int, int]] = set()  # (axis, index) of the image slices the frames lie on
+
     def placed() -> Iterator[tuple[int, tuple[np.ndarray, ...], np.ndarray]]:
-        return _placed_frames(ds, frames, kind, grid, path, image)
+        return _placed_frames(ds, frames, kind, grid, path, image, covered)
 
     region_of = segment_regions(segments, regions)
     named = _named_values(segments, label_names)
@@ -196,7 +227,24 @@ def _read_dicom_seg(
                 f"read where each segment's label names one of the federation's regions{names})"
             ) from None
         label = regions.to_label(_region_masks(placed(), region_of, len(regions), grid))
+    if len(axes := {axis for axis, _ in covered}) == 1:
+        axis = axes.pop()
+        slices = [k for _, k in covered]
+        if (step := striped_step(slices, _names_other_series(ds, image))) is not None:
+            raise FederationError(striped_problem(path, image, slices, step, grid.spacing(3)[axis], "DICOM-SEG"))
     return label.reshape(grid.shape[:3])
+
+
+def _names_other_series(seg: Any, image: Path) -> bool:
+    """Whether the SEG ``seg`` names (ReferencedSeriesSequence) series of which the DICOM series ``image`` is none
+    (drawn on another series of the same frame of reference); ``False`` for an image of another format."""
+    if volume_format(image) != DICOM:
+        return False
+    referenced = {str(getattr(item, "SeriesInstanceUID", "")) for item in getattr(seg, "ReferencedSeriesSequence", [])}
+    if not (referenced := referenced - {""}):
+        return False
+    own = str(getattr(read_dicom(series_entries(image)[0], stop_before_pixels=True), "SeriesInstanceUID", ""))
+    return bool(own) and own not in referenced
 
 
 def _spatial(grid: VoxelGrid) -> tuple[int, int, int]:
@@ -205,12 +253,18 @@ def _spatial(grid: VoxelGrid) -> tuple[int, int, int]:
 
 
 def _placed_frames(
-    ds: Any, frames: np.ndarray, kind: str, grid: VoxelGrid, path: Path, image: Path
+    ds: Any,
+    frames: np.ndarray,
+    kind: str,
+    grid: VoxelGrid,
+    path: Path,
+    image: Path,
+    covered: set[tuple[int, int]] | None = None,
 ) -> Iterator[tuple[int, tuple[np.ndarray, ...], np.ndarray]]:
     """Per stored frame of the SEG ``ds`` (its pixels ``frames`` ``(F, rows, columns)``): its number (0-based), the
     voxel indices ``(3 arrays of N)`` of its nonzero pixels on ``image``'s ``grid`` and their segment numbers
     ``(N,)`` (a BINARY frame's one segment; a LABELMAP frame's pixel values). ``FederationError`` for a frame off
-    the grid."""
+    the grid. ``covered`` receives each frame's image slice ``(axis, index)``."""
     spatial = _spatial(grid)
     to_index = np.linalg.inv(LPS_TO_RAS @ grid.affine)  # LPS mm -> voxel index
     per_frame = getattr(ds, "PerFrameFunctionalGroupsSequence", None)
@@ -231,6 +285,9 @@ def _placed_frames(
         if not np.allclose(origin, np.round(origin), atol=_GRID_TOL):
             raise FederationError(f"{where} (its position is {np.abs(origin - np.round(origin)).max():.2f} voxels off)")
         o, sc, sr = (np.round(v).astype(int) for v in (origin, step_col, step_row))
+        if covered is not None:
+            axis = int(np.argmin(np.abs(sc) + np.abs(sr)))  # the axis the frame's plane does not span
+            covered.add((axis, int(o[axis])))
         corners = [o + sc * c + sr * r for c in (0, cols - 1) for r in (0, rows - 1)]
         if any((c < 0).any() or (c >= np.array(spatial)).any() for c in corners):
             raise FederationError(f"{where} (it reaches voxel {corners[-1].tolist()}, outside shape {spatial})")
@@ -252,6 +309,9 @@ def _painted_labels(
     label = np.zeros(_spatial(grid), dtype=np.uint8 if top < 256 else np.uint16)
     for f, idx, numbers in placed:
         written = np.array([values.get(int(n), int(n)) for n in numbers], dtype=np.int64)
+        if not written.all():  # segments not read (value 0: named no label where others did)
+            kept = written != 0
+            idx, written = tuple(i[kept] for i in idx), written[kept]
         clash = (label[idx] != 0) & (label[idx] != written)
         if clash.any():
             raise _Overlap(

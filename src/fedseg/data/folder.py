@@ -372,8 +372,10 @@ def _site_file(path: Path, holds: str, problems: list[str]) -> Path | None:
 
 
 def scan_sites(root: str | Path) -> tuple[list[SiteFiles], list[str]]:
-    """Scan every site sub-folder of ``root`` (sorted by name, hidden folders ignored)."""
-    root = Path(root)
+    """Scan every site sub-folder of ``root`` (sorted by name, hidden folders ignored). The sites' paths are
+    absolute (``root`` made absolute, links kept): cases are read in threads, and a relative path opened while
+    another thread changes the working directory (ITK's module loading does: ``readers.load_itk``) would miss."""
+    root = Path(root).absolute()
     if not root.is_dir():
         return [], [f"{root}: not a folder"]
     sites, problems = [], []
@@ -672,4 +674,12 @@ def load_folder(root: str | Path, *, all_sites: bool = True) -> Federation:
     if problems:
         raise FederationError("\n".join(group_problems(problems)))
     assert header is not None  # scan_folder reports a problem whenever federation.yaml is invalid
+    load_itk_for(sites)
     return build_federation(header, sites, fixed)
+
+
+def load_itk_for(sites: list[SiteFiles]) -> None:
+    """Load ITK's modules now (``readers.load_itk``, on the caller's thread: before threads read the cases) where
+    some case of ``sites`` is read with ITK (a DICOM series, NRRD or MetaImage file); nothing otherwise."""
+    if readers.needs_itk(image for site in sites for image, _ in site.cases.values()):
+        readers.load_itk()

@@ -32,7 +32,7 @@ import importlib
 import logging
 import re
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -74,6 +74,75 @@ def _require(module: str, path: Path, what: str) -> ModuleType:
         return importlib.import_module(module)
     except ImportError:
         raise FederationError(f"{path}: reading {what} needs {module}: {INSTALL_HINT}") from None
+
+
+# What fedseg's ITK readers (and MONAI's ITKReader) use: ITK Python loads each of its modules on first use of a name,
+# and while it loads one it chdirs the whole process into its library folder (itk.support.base.LibraryLoader), so a
+# load in one thread makes a relative path that another thread opens meanwhile miss ("No such file or directory"),
+# and two loads at once swap sys.path under each other. ``load_itk`` loads them all at once, under a lock.
+_ITK_NAMES = (
+    "ImageIOFactory", "CommonEnums", "GDCMSeriesFileNames", "GDCMImageIO", "ImageSeriesReader", "ImageFileReader",
+    "imread", "array_from_image", "image_from_array", "array_view_from_image", "VariableLengthVector", "D", "F",
+    "Image", "VectorImage", "MetaDataDictionary", "NrrdImageIO", "MetaImageIO", "PyBuffer", "PyVectorContainer",
+)  # fmt: skip
+_ITK_LOCK = threading.Lock()
+_itk_loaded = False
+
+
+def itk_loaded() -> bool:
+    """Whether ``load_itk`` has loaded ITK's modules in this process."""
+    return _itk_loaded
+
+
+def load_itk(path: Path | None = None, what: str = "a DICOM series, NRRD or MetaImage file") -> ModuleType:
+    """``itk`` with every module fedseg's readers use loaded (once per process, one thread at a time; ~5-10 s).
+    Call it on the main thread before threads read cases (``folder.load_folder``, ``check.check_folder`` do for a
+    federation with DICOM series, NRRD or MetaImage files): ITK's loading changes the process's working directory
+    while it runs. ``FederationError`` naming ``path`` and the install command without ITK."""
+    global _itk_loaded
+    itk = _require("itk", path or Path("."), what)
+    if not _itk_loaded:
+        with _ITK_LOCK:
+            if not _itk_loaded:
+                for name in _ITK_NAMES:
+                    getattr(itk, name)
+                _itk_loaded = True
+    return itk
+
+
+def needs_itk(paths: Iterable[Path]) -> bool:
+    """Whether any of ``paths`` is read with ITK: a DICOM series folder, a NRRD or MetaImage file."""
+    return any(volume_format(Path(p)) in (*ITK_EXTS, DICOM) for p in paths)
+
+
+def striped_step(slices: Iterable[int], drawn_elsewhere: bool) -> int | None:
+    """The step between the image slices a label's frames or contours lie on (``slices``: their indices) where that
+    step is more than one slice: a label drawn on a thicker reconstruction of the same scan (5 mm over 2.5 mm slices)
+    lands on every other slice, and read so it would train a striped structure. Said where the label names another
+    series or other images (``drawn_elsewhere``), and otherwise where 3 or more slices lie that step apart every one
+    (every other slice annotated: striped too); not for 2 slices 2 apart of a label drawn on this series (two lesions
+    with an empty slice between them); ``None`` otherwise."""
+    found = sorted(set(slices))
+    if len(found) < 2:
+        return None
+    gaps = np.diff(found)
+    step = int(gaps.min())
+    if step <= 1:
+        return None
+    return step if drawn_elsewhere or (len(found) >= 3 and bool((gaps == step).all())) else None
+
+
+def striped_problem(path: Path, image: Path, slices: Iterable[int], step: int, spacing_mm: float, what: str) -> str:
+    """One line: the label ``path`` (a ``what``: DICOM-SEG, RTSTRUCT) lies only on every ``step``-th slice of
+    ``image`` (its slices ``slices``, ``spacing_mm`` apart)."""
+    found = sorted(set(slices))
+    extent = found[-1] - found[0] + 1
+    return (
+        f"{path}: this {what} covers only {len(found)} of the {extent} slices of its structures' extent (slices "
+        f"{found[0]}-{found[-1]} of {image}, one in {step}): drawn on another series with {step * spacing_mm:g} mm "
+        f"between slices (this image: {spacing_mm:g} mm)? Read so it would train striped labels; give it the series "
+        "it was drawn on as its image, or resample it onto this one"
+    )
 
 
 @dataclass(frozen=True)
@@ -318,6 +387,14 @@ def _nested_series(folder: Path, entries: list[Path]) -> str | None:
         f"{folder}: holds the folder {entries[0].name!r} of {count}, a series one level too deep (a PACS export's "
         f"layout?): move the files up into {folder.name}/ and remove {entries[0].name!r}"
     )
+
+
+def nested_series(folder: Path) -> bool:
+    """Whether ``folder``'s one entry is a folder of DICOM files (a series one level too deep: ``_nested_series``)."""
+    try:
+        return _nested_series(folder, series_entries(folder)) is not None
+    except OSError:
+        return False
 
 
 def series_folder_problem(folder: Path) -> str | None:
@@ -716,7 +793,7 @@ def _itk_header(path: Path) -> Any:
     whose data is missing or cut short (``metaimage_problem``), before ITK tries."""
     if (problem := metaimage_problem(path)) is not None:
         raise FederationError(problem)
-    itk = _require("itk", path, f"a {path.suffix} file")
+    itk = load_itk(path, f"a {path.suffix} file")
     io = itk.ImageIOFactory.CreateImageIO(str(path), itk.CommonEnums.IOFileMode_ReadMode)
     if io is None:
         raise FederationError(f"{path}: cannot read (ITK has no reader for this file)")
@@ -775,8 +852,7 @@ def _itk_read_kwargs(path: Path) -> dict[str, Any]:
     io = _itk_header(path)
     if int(io.GetNumberOfComponents()) == 1:
         return {}
-    import itk
-
+    itk = load_itk(path)
     component = str(io.GetComponentTypeAsString(io.GetComponentType()))
     if component not in _ITK_VECTOR_COMPONENTS:
         raise FederationError(
@@ -867,7 +943,7 @@ def channels_grid_problem(paths: Sequence[Path]) -> str | None:
 def _itk_array(path: Path, what: str) -> tuple[np.ndarray, np.ndarray]:
     """``(array, RAS affine)`` of a file or DICOM folder read by MONAI's ``ITKReader`` in index order
     (``(*spatial)`` or ``(*spatial, components)``)."""
-    _require("itk", path, what)
+    load_itk(path, what)
     from monai.data import ITKReader
 
     reader = ITKReader(affine_lps_to_ras=True)
@@ -882,7 +958,7 @@ def _rescaled_per_slice(folder: Path) -> np.ndarray | None:
     by slice, each file alone by ITK as float64 (GDCM applies that file's own slope and intercept, and decodes what
     ITK decodes: JPEG-Lossless...), in ``series_grid``'s axes (column, row, slice sorted along the normal). None where
     every slice shares them (ITK's array of the whole series is exact)."""
-    itk = _require("itk", folder, "a DICOM series")
+    itk = load_itk(folder, "a DICOM series")
     paths = series_entries(folder)
     headers = [read_dicom(p, stop_before_pixels=True) for p in paths]
 

@@ -19,7 +19,8 @@ couch...), each a stack of polygons in patient coordinates (mm, DICOM LPS), one 
   per process) naming the file, the missing labels and the ROIs it has; a Flower site's reads for its messages are
   silent (its data check said them at the start of the run).
 - **Paint order**: ascending label value, so where structures overlap the higher value wins (a GTV nested in its
-  CTV stays visible when the GTV has the higher value). Two ROIs naming one label are painted as their union.
+  CTV stays visible when the GTV has the higher value). Two ROIs naming one label (``Tumor`` and ``TUMOR``) are
+  painted as their union, with one WARNING per file naming them (a second, discarded attempt would be merged).
 - **Contours**: ``CLOSED_PLANAR`` (and ``CLOSEDPLANAR_XOR``) contours are filled. ``POINT``, ``OPEN_PLANAR`` and
   ``OPEN_NONPLANAR`` contours enclose no area, so a labelled ROI holding one is refused rather than read as
   silently smaller (an ROI that names no label may hold any). The contours of one ROI on one slice combine by XOR
@@ -264,7 +265,33 @@ def _roi_values(
             f"{path}: no ROI of this RTSTRUCT names a label of label_names (federation.yaml); its ROIs: {listed}; "
             f"label_names: {expected}"
         )
+    _warn_shared(names, values, label_names, path)
     return values
+
+
+_warned_shared: set[Path] = set()  # structure sets whose ROIs sharing a label were said in this process
+
+
+def _warn_shared(names: dict[int, str], values: dict[int, int], label_names: dict[int, str], path: Path) -> None:
+    """Log once per structure set ``path`` where two or more of its ROIs name one label (``Tumor`` and ``TUMOR``,
+    a re-contoured structure kept beside the first): they are painted as their union, which is right for one
+    structure drawn in parts but wrong for a second, discarded attempt."""
+    by_value: dict[int, list[int]] = {}
+    for number in sorted(values):
+        by_value.setdefault(values[number], []).append(number)
+    shared = {value: numbers for value, numbers in by_value.items() if len(numbers) > 1}
+    if not shared or path in _warned_shared:
+        return
+    _warned_shared.add(path)
+    said = "; ".join(
+        f"ROIs {' and '.join(repr(names[n]) for n in numbers)} {'both' if len(numbers) == 2 else 'all'} name "
+        f"label_names {label_names[value]!r} ({value})"
+        for value, numbers in sorted(shared.items())
+    )
+    log.warning(
+        f"{path}: {said}, so they are painted as one label (their union); if one is not that structure (a discarded "
+        "or second attempt), rename or delete it in the structure set"
+    )
 
 
 def _other_frame(ds: Any, rois: list[Any], path: Path, image: Path) -> str | None:
@@ -379,6 +406,7 @@ def _read_rtstruct(path: Path, grid: readers.VoxelGrid, image: Path, label_names
         for item in _sequence(ds, "ROIContourSequence", path)
         if int(item.ReferencedROINumber) in values
     ]
+    on_slices: set[int] = set()  # the slices the labelled ROIs' contours lie on
     for number, item in labelled:
         roi = repr(names[number])
         slices: dict[int, list[np.ndarray]] = {}
@@ -405,15 +433,19 @@ def _read_rtstruct(path: Path, grid: readers.VoxelGrid, image: Path, label_names
                     f"{readers._numbers(low)} to {readers._numbers(high)} in a {shape} image)"
                 )
             slices.setdefault(k, []).append(index[:, :2])
+        on_slices.update(slices)
         for k, polygons in slices.items():
             filled = _fill(polygons, (nx, ny))
             if filled is not None:
                 (si, sj), inside = filled
                 masks[number][si, sj, k] |= inside
+    elsewhere = _elsewhere(labelled, names, image)
+    if (step := readers.striped_step(on_slices, elsewhere is not None)) is not None:
+        raise FederationError(readers.striped_problem(path, image, on_slices, step, grid.spacing(3)[2], "RTSTRUCT"))
     top = max(values.values())
     label = np.zeros(shape, dtype=np.uint8 if top < 256 else np.uint16)
     for number in sorted(values, key=lambda n: (values[n], n)):  # ascending value: the higher one wins overlaps
         label[masks[number]] = values[number]
     assert label_names is not None  # _roi_values refused a structure set without them
-    _note(Painted(path, _unnamed(names, label_names), tuple(names.values()), _elsewhere(labelled, names, image)))
+    _note(Painted(path, _unnamed(names, label_names), tuple(names.values()), elsewhere))
     return label
