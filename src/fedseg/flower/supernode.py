@@ -31,6 +31,7 @@ ISOLATIONS = ("subprocess", "warm")
 
 
 SHA256 = re.compile(r"[0-9a-f]{64}")
+SECRET_ENV = "FEDSEG_RUNTIME_SECRET"  # the runner's: hex of the secret signing AcquireTask (drawn at each start)
 ALLOW_FAULTS = "allow-faults"  # node config: 'true' where the run's config may inject faults (a test deployment)
 
 
@@ -246,7 +247,6 @@ def become_supernode(site: str, argv: list[str], port: int, isolation: str, poll
     if poll is not None:
         os.environ["FEDSEG_FLOWER_NODE_POLL"] = str(poll)
     from fedseg.flower import supernode_main
-    from fedseg.flower.worker import SECRET_ENV
 
     # a second stop signal while Flower exits no longer kills it mid-exit (its --state lock left behind)
     stop = supernode_main.StopSignals().install()

@@ -17,9 +17,9 @@ executor (``flower-superexec`` / ``flwr-clientapp``) would import whatever FAB a
 
 Only this runner may acquire the SuperNode's tasks: ``fedseg flower supernode`` starts Flower's SuperNode with
 a secret drawn at each start (``--superexec-auth-secret-file``, a 0600 file in a 0700 folder) and hands it to the
-runner in its environment (:data:`SECRET_ENV`), with which it signs its ``AcquireTask`` calls (Flower's SuperExec
-authentication). Without it any process on the machine could take the site's tasks from the Runtime API on
-127.0.0.1, read its messages and state and answer in its place (a security audit did).
+runner in its environment (``fedseg.flower.supernode.SECRET_ENV``), with which it signs its ``AcquireTask`` calls
+(Flower's SuperExec authentication). Without it any process on the machine could take the site's tasks from the
+Runtime API on 127.0.0.1, read its messages and state and answer in its place (a security audit did).
 
 Messages and contexts go through the SuperNode as with Flower's executor; the ClientApp keeps its
 state in ``Context.state`` only. Per-run dependency installation is not supported (the node's
@@ -39,7 +39,6 @@ import time
 from collections.abc import Callable
 
 log = logging.getLogger("fedseg.flower.worker")
-SECRET_ENV = "FEDSEG_RUNTIME_SECRET"  # hex of the secret signing AcquireTask (the SuperNode's, drawn at its start)
 TASK_TOKEN_ENV = "FEDSEG_TASK_TOKEN"  # a fresh task process's token
 RUNTIME_API_WAIT = 300.0  # s for the SuperNode started next to the runner to listen (it starts in a few seconds)
 
@@ -134,6 +133,7 @@ def serve(address: str, insecure: bool, root_certificates: str | None, poll: flo
     """Poll the SuperNode's Runtime API for ClientApp tasks forever; run each in this process (warm) or, with
     ``fresh``, in a new process each (the SuperNode hands out one message at a time: it waits for it)."""
     from fedseg.flower import flwr_internals as internals
+    from fedseg.flower.supernode import SECRET_ENV
 
     if not fresh:
         import fedseg.algorithms  # noqa: F401  (warm: PyTorch, MONAI and fedseg are imported once, here)
