@@ -2,9 +2,11 @@
 
 Tests request them as arguments (never ``from conftest import``):
 
-- ``tiny``: a fresh copy of the tiny run-config dict (``TINY``), for YAML config files;
-- ``tiny_config``: the factory ``tiny_config(**overrides) -> RunConfig``;
-- ``disc_federation``: the factory ``disc_federation(n_sites=3, cases_per_site=12, size=32, seed=0) -> Federation``;
+- ``tiny``: a fresh copy of the tiny run-config dict (``fedseg.testing.TINY``), for YAML config files;
+- ``tiny_config``: the factory ``tiny_config(**overrides) -> RunConfig`` (``fedseg.testing``, the fixtures a method
+  package's tests use too);
+- ``disc_federation``: the factory ``disc_federation(n_sites=3, cases_per_site=12, size=32, seed=0) -> Federation``
+  (``fedseg.testing``);
 - ``discs``: ``disc_federation()``.
 
 Every test session writes built-in federations to a temporary cache folder of its own (``FEDSEG_CACHE_DIR``, set
@@ -19,58 +21,16 @@ import copy
 import gc
 import os
 
-import numpy as np
 import pytest
 import torch
 
-from fedseg.config import RunConfig
-from fedseg.data.federation import Case, Federation, Regions, Site
+from fedseg.data.federation import Federation
+
+pytest_plugins = [
+    "fedseg.testing"
+]  # the fixtures tiny_config and disc_federation, as a method package's tests get them
 
 torch.set_num_threads(1)
-
-TINY = {
-    "seed": 0,
-    "threads": 1,
-    "data": {"image_size": 32, "scale": 0.05},
-    "model": {"channels": [4, 8, 16]},
-    "train": {"batch_size": 4},
-    "fl": {"rounds": 2},
-    "eval": {"hd95": True},
-}
-
-
-def _tiny_config(**overrides) -> RunConfig:
-    """A RunConfig small enough for a test: 3-level UNet with 4..16 channels at 32x32, 2 rounds."""
-    data = {k: (dict(v) if isinstance(v, dict) else v) for k, v in TINY.items()}
-    for key, value in overrides.items():
-        if isinstance(value, dict):
-            data.setdefault(key, {}).update(value)
-        else:
-            data[key] = value
-    return RunConfig.model_validate(data)
-
-
-def _disc_federation(n_sites: int = 3, cases_per_site: int = 12, size: int = 32, seed: int = 0) -> Federation:
-    """Hand-made 2D RGB federation: a bright disc (label 1) with a brighter cup (label 2) on noise;
-    site k shifts the brightness so the sites differ a little."""
-    rng = np.random.default_rng(seed)
-    yy, xx = np.mgrid[:size, :size]
-    sites = []
-    for s in range(n_sites):
-        cases = []
-        for i in range(cases_per_site):
-            cy, cx = rng.integers(size // 4, 3 * size // 4, 2)
-            r = size / 5
-            d2 = (yy - cy) ** 2 + (xx - cx) ** 2
-            label = np.zeros((size, size), np.uint8)
-            label[d2 < r * r] = 1
-            label[d2 < (r / 2) ** 2] = 2
-            image = rng.integers(0, 40, (3, size, size)).astype(np.uint8) + 10 * s
-            image[:, label > 0] += 100
-            image[:, label == 2] += 60
-            cases.append(Case.from_arrays(f"s{s + 1}_{i:03d}", image.astype(np.uint8), label))
-        sites.append(Site(f"site{s + 1}", cases))
-    return Federation("discs", "2d", 3, Regions.from_mapping({"disc": [1, 2], "cup": [2]}), sites)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -101,20 +61,9 @@ def frozen_heap():
 @pytest.fixture
 def tiny() -> dict:
     """The tiny run-config dict (a deep copy: a test may change it)."""
+    from fedseg.testing import TINY  # not at the top: pytest_plugins loads the module first (its asserts rewritten)
+
     return copy.deepcopy(TINY)
-
-
-@pytest.fixture(scope="session")
-def tiny_config():
-    """Factory ``tiny_config(**overrides) -> RunConfig``: ``TINY`` with ``overrides`` (dict values merged into
-    its sections)."""
-    return _tiny_config
-
-
-@pytest.fixture(scope="session")
-def disc_federation():
-    """Factory ``disc_federation(n_sites=3, cases_per_site=12, size=32, seed=0) -> Federation``."""
-    return _disc_federation
 
 
 @pytest.fixture

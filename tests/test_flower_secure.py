@@ -16,12 +16,45 @@ import yaml
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
-from fedseg.algorithms import ALGORITHMS
+from fedseg.algorithms import ALGORITHMS, BUILTIN_ALGORITHMS, register_algorithm, unregister_algorithm
+from fedseg.algorithms.fedavg import FedAvgClient, FedAvgServer
+from fedseg.algorithms.registry import NOT_SECURE, AlgorithmSpec
 from fedseg.cli import app
 from fedseg.data.folder_write import write_folder
-from fedseg.flower.secure import REFUSALS, SECURE, SIMULATOR_REFUSAL, check, refusal
+from fedseg.flower.secure import SIMULATOR_REFUSAL, check, refusal, secure_methods
 
 runner = CliRunner()
+# What every built-in method said before the specs held it (fedseg.flower.secure's SECURE and REFUSALS lists):
+# the methods whose server merges only the weighted sum, and every other one's reason, unchanged.
+BUILTIN_SECURE = frozenset(
+    {"ditto", "fedadam", "fedavg", "fedavg-steps", "fedavg-uniform", "fedbn", "fedper", "fedprox", "lg-fedavg"}
+)
+BUILTIN_REFUSALS = {
+    "centralized": "it pools every site's data in one place",
+    "local": "each site's own model is sent to the coordinator for the cross-site test",
+    "fedavg-dp": "its server clips each site's update before adding the noise (central DP needs every update)",
+    "scaffold": "its server needs the control-variate updates c_k, averaged over all sites, beside the model's sum",
+    "fednova": "its server normalizes each site's update by that site's own step count tau_k",
+    "fedmedian": "its coordinate-wise median needs every site's update",
+    "fedtrimmedavg": "its trimmed mean sorts every site's update per coordinate",
+    "krum": "Krum scores each site's update by its distances to the others'",
+    "multikrum": "Multi-Krum scores each site's update by its distances to the others'",
+    "bulyan": "Bulyan selects and trims individual updates",
+    "qfedavg": "its server weights each site's update by that site's own loss (q-FFL's Delta_k and h_k)",
+    "fedpidavg": "its server weights each site by that site's own validation-loss history (PID terms)",
+    "autofedavg-n-dirichlet": "it learns the aggregation weights from every site's individual model",
+    "autofedavg-n-softmax": "it learns the aggregation weights from every site's individual model",
+    "autofedavg-l-dirichlet": "it learns the aggregation weights from every site's individual model",
+    "autofedavg-l-softmax": "it learns the aggregation weights from every site's individual model",
+    "finetune": "its sites train alone and nothing is merged",
+    "ditto-ft": "its sites train alone and nothing is merged",
+    "cfl": "it splits clusters by the cosine similarity of individual updates",
+    "prior-cfl": "it averages within clusters of sites (one sum per cluster, not one per round)",
+    "fedavg-continue": "it merges as prior-cfl does (per cluster, from the individual replies)",
+    "fedsm": "its server SoftPulls every site's personalized model and trains the selector on individual replies",
+    "fedsm-extra": "its server SoftPulls every site's personalized model and trains the selector on individual replies",
+    "fedsm-ensemble": "its server SoftPulls every site's personalized model",
+}
 SECURE_CFG = {"fl": {"secure_aggregation": "secagg+"}, "eval": {"local_models": False}}
 
 
@@ -29,19 +62,38 @@ def test_only_methods_that_merge_the_weighted_sum_may_use_it_the_others_say_why(
     cfg = tiny_config(**SECURE_CFG)
     for name in ALGORITHMS:
         why = refusal(name, cfg)
-        assert (why is None) == (name in SECURE), name
-        if name in REFUSALS:
-            assert why == REFUSALS[name]
+        assert (why is None) == (name in secure_methods()), name
+        if name in BUILTIN_REFUSALS:
+            assert why == BUILTIN_REFUSALS[name]
     assert (
         refusal("autofedavg-l-dirichlet", cfg) == "it learns the aggregation weights from every site's individual model"
     )
-    for name in SECURE:
+    for name in secure_methods():
         check(cfg.model_copy(update={"algorithms": [name]}))  # no error
     with pytest.raises(ValueError) as e:
         check(cfg.model_copy(update={"algorithms": ["fedavg", "krum", "scaffold"]}))
     text = str(e.value)
     assert "\n" not in text and "fedavg cannot" not in text
     assert "krum cannot use it: Krum scores each site's update" in text and "scaffold cannot use it" in text
+
+
+def test_the_specs_keep_every_built_in_methods_secure_capability_and_refusal_text(tiny_config):
+    cfg = tiny_config(**SECURE_CFG)
+    assert secure_methods() & BUILTIN_ALGORITHMS == BUILTIN_SECURE
+    assert set(BUILTIN_REFUSALS) | BUILTIN_SECURE == BUILTIN_ALGORITHMS
+    assert {name: refusal(name, cfg) for name in BUILTIN_REFUSALS} == BUILTIN_REFUSALS
+
+
+@pytest.mark.parametrize("opts_in", [True, False])
+def test_a_method_defined_outside_fedseg_opts_in_on_its_spec(opts_in, tiny_config):
+    cfg = tiny_config(**SECURE_CFG)
+    extra = {"on_secure_aggregation": None} if opts_in else {}
+    register_algorithm(AlgorithmSpec("secure-plugin", "Plugin", FedAvgServer, FedAvgClient, "p_k", **extra))
+    try:
+        assert refusal("secure-plugin", cfg) == (None if opts_in else NOT_SECURE)
+        assert ("secure-plugin" in secure_methods()) == opts_in
+    finally:
+        unregister_algorithm("secure-plugin")
 
 
 def test_a_robust_aggregator_and_uploaded_local_models_are_refused(tiny_config):

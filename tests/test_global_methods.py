@@ -20,9 +20,9 @@ from fedseg.algorithms.proximal import proximal_term
 from fedseg.algorithms.scaffold import CONTROL, LOCAL_CONTROL, correction_mode
 from fedseg.data.federation import Federation, Site
 from fedseg.engine.messages import Message, prefixed
-from fedseg.engine.simulator import Simulator
 from fedseg.models import count_parameters
 from fedseg.run import prepare, run_algorithm
+from fedseg.testing import simulate
 
 SGD = {"optimizer": "sgd", "lr": 0.05, "momentum": 0.0}
 
@@ -281,20 +281,12 @@ def test_scaffold_round_one_is_fedavg_and_traffic_is_twice_fedavg(tmp_path, run,
     assert scaffold.summary["floats_sent"] == 2 * fedavg.summary["floats_sent"] > 0
 
 
-def _simulator(name, cfg, fed, observers=None):
-    prep = prepare(cfg, fed)
-    spec = get_algorithm(name)
-    options = spec.parse_options(cfg.methods.get(name))
-    engine = Simulator(name, spec.client(), prep.site_data, prep.task, options, observers=observers)
-    return engine, spec.server(engine, prep.task, options)
-
-
 def test_scaffold_control_variates_use_the_steps_actually_taken(tmp_path, uneven_federation, tiny_config):
     """Unequal sites (1, 2, 3 steps per epoch): c_k+ = c_k - c + (w - w_k) / (s_k eta_l), checked
     from the messages of rounds 1 and 2, and the server's c follows Eq. 8."""
     cfg = tiny_config(train=SGD)
     seen = []
-    engine, server = _simulator(
+    engine, server, _ = simulate(
         "scaffold", cfg, uneven_federation(), [lambda s, a, m, r: seen.append((engine.round, s, m, r))]
     )
     for rnd in (1, 2):
@@ -343,11 +335,11 @@ def test_scaffold_local_step_is_the_optimizer_step_corrected_by_c_minus_c_k(
     )
     fed = uneven_federation()
     seen = []
-    engine, server = _simulator("scaffold", cfg, fed, [lambda s, a, m, r: seen.append((engine.round, s, m, r))])
+    engine, server, _ = simulate("scaffold", cfg, fed, [lambda s, a, m, r: seen.append((engine.round, s, m, r))])
     for rnd in (1, 2):
         engine.round = rnd
         server.run_round(rnd)
-    plain, _ = _simulator("fedavg", cfg, fed)
+    plain, _, _ = simulate("fedavg", cfg, fed)
     plain.round = 2
     msgs = {s: m for rnd, s, m, r in seen if rnd == 2}
     replies = plain.exchange({s: Message(prefixed(MODEL, m.group(MODEL))) for s, m in msgs.items()}, "train")
@@ -373,7 +365,7 @@ def test_scaffold_auto_correction_is_gradient_only_for_sgd_without_momentum(trai
 def test_scaffold_refuses_the_gradient_correction_with_momentum_sgd(uneven_federation, tiny_config):
     """The momentum buffer would amplify c - c_k and the control variates diverge (module doc)."""
     cfg = tiny_config(train=MOMENTUM_SGD, methods={"scaffold": {"correction": "gradient"}})
-    engine, server = _simulator("scaffold", cfg, uneven_federation())
+    engine, server, _ = simulate("scaffold", cfg, uneven_federation())
     engine.round = 1
     with pytest.raises(ValueError, match=r"methods\.scaffold\.correction.*momentum 0\.9"):
         server.run_round(1)
@@ -391,7 +383,7 @@ def test_fednova_general_with_momentum_sgd_starts_every_round_from_a_zero_moment
     )
     kept = {}
     for name in ("fednova", "fedavg"):
-        engine, server = _simulator(name, cfg, uneven_federation())
+        engine, server, _ = simulate(name, cfg, uneven_federation())
         engine.round = 1
         server.run_round(1)
         kept[name] = [any(k.startswith(OPT + "/") for k in engine.client_states[s]) for s in engine.sites]
@@ -405,7 +397,7 @@ def test_batchnorm_statistics_are_averaged_like_fedavg_whatever_the_server_rule(
     """Buffers (running mean/var) get FedAvg's weighted average; the parameters get the method's rule."""
     cfg = tiny_config(model={"norm": "batch"}, methods={name: options})
     seen = []
-    engine, server = _simulator(name, cfg, uneven_federation(), [lambda s, a, m, r: seen.append((s, a, r))])
+    engine, server, _ = simulate(name, cfg, uneven_federation(), [lambda s, a, m, r: seen.append((s, a, r))])
     engine.round = 1
     before = dict(server.global_weights)
     server.run_round(1)

@@ -26,13 +26,13 @@ from fedseg.algorithms.partial import (
 from fedseg.algorithms.prefixes import MODEL
 from fedseg.config import CHANGED_METHOD_DEFAULTS, ModelConfig
 from fedseg.config_load import dump_config, load_config
-from fedseg.data.federation import Federation, Site
+from fedseg.data.federation import Site
 from fedseg.engine.context import Task
 from fedseg.engine.messages import Message, float_state, prefixed, weights_of
-from fedseg.engine.simulator import Simulator
 from fedseg.models.blocks import entries_by_block, network_blocks
 from fedseg.run import prepare, run_algorithm, run_experiment
 from fedseg.run.preflight import check_resume, recorded_config, resume_conflicts
+from fedseg.testing import simulate
 
 SHARING = ("fedper", "lg-fedavg")
 FOUR_LEVELS = {"channels": [4, 8, 16, 32]}  # 7 blocks: 3 down, the bottom, 3 up
@@ -56,14 +56,6 @@ def _cfg(tiny_config, name, rounds=2, **overrides):
         "methods": {name: {"private_layers": P}},
     }
     return tiny_config(**{**settings, **overrides})
-
-
-def _simulator(name, cfg, fed: Federation, observers=None):
-    prep = prepare(cfg, fed)
-    spec = get_algorithm(name)
-    options = spec.parse_options(cfg.methods.get(name))
-    engine = Simulator(name, spec.client(), prep.site_data, prep.task, options, observers=observers)
-    return engine, spec.server(engine, prep.task, options), options
 
 
 def _split_names(task, options) -> tuple[frozenset, frozenset]:
@@ -108,8 +100,8 @@ def test_private_entries_stay_on_each_site_across_rounds_and_are_what_it_trained
     cfg = _cfg(tiny_config, name, train={"keep_optimizer_state": False})  # no optimizer moments to carry over
     fed = disc_federation(n_sites=3)
     seen = []
-    engine, server, options = _simulator(name, cfg, fed, [lambda s, a, m, r: seen.append((engine.round, s, a, m, r))])
-    plain, _, _ = _simulator("fedavg", cfg, fed)
+    engine, server, options = simulate(name, cfg, fed, [lambda s, a, m, r: seen.append((engine.round, s, a, m, r))])
+    plain, _, _ = simulate("fedavg", cfg, fed)
     private, federated = _split_names(engine.task, options)
     init = weights_of(engine.task.new_model())
     before = {s: {k: init[k] for k in private} for s in engine.sites}
@@ -138,9 +130,7 @@ def test_private_entries_stay_on_each_site_across_rounds_and_are_what_it_trained
 def test_federated_entries_are_the_sample_weighted_average_of_the_replies(name, tiny_config, uneven):
     cfg = _cfg(tiny_config, name)
     seen = []
-    engine, server, options = _simulator(
-        name, cfg, uneven, [lambda s, a, m, r: seen.append((engine.round, s, a, m, r))]
-    )
+    engine, server, options = simulate(name, cfg, uneven, [lambda s, a, m, r: seen.append((engine.round, s, a, m, r))])
     _, federated = _split_names(engine.task, options)
     for rnd in (1, 2):
         engine.round = rnd
@@ -164,9 +154,7 @@ def test_federated_batchnorm_statistics_are_averaged_whatever_the_aggregator(nam
     methods = {name: {"private_layers": P, "aggregator": "clipped", "clip_norm": 0.01}}
     cfg = _cfg(tiny_config, name, rounds=1, model={**FOUR_LEVELS, "norm": "batch"}, methods=methods)
     seen = []
-    engine, server, options = _simulator(
-        name, cfg, disc_federation(n_sites=3), [lambda s, a, m, r: seen.append((a, r))]
-    )
+    engine, server, options = simulate(name, cfg, disc_federation(n_sites=3), [lambda s, a, m, r: seen.append((a, r))])
     private, federated = _split_names(engine.task, options)
     params = {k for k, _ in engine.task.new_model().named_parameters()}
     shared_stats = sorted(k for k in federated if k not in params)

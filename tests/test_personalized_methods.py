@@ -10,27 +10,18 @@ import numpy as np
 import pytest
 import torch
 
-from fedseg.algorithms import get_algorithm
 from fedseg.algorithms.client_state import state_group
 from fedseg.algorithms.ditto import PERSONAL
 from fedseg.algorithms.local_models import local_model_name
 from fedseg.algorithms.partial import PRIVATE
 from fedseg.algorithms.prefixes import MODEL
 from fedseg.engine.messages import load_weights
-from fedseg.engine.simulator import Simulator
 from fedseg.evaluate.inference import score_caseset
 from fedseg.evaluate.tables import site_dice
 from fedseg.run import prepare, run_algorithm, run_experiment, simulator_engine
+from fedseg.testing import simulate
 
 SITES = ["site1", "site2", "site3"]
-
-
-def _simulator(name, cfg, fed, observers=None):
-    prep = prepare(cfg, fed)
-    spec = get_algorithm(name)
-    options = spec.parse_options(cfg.methods.get(name))
-    engine = Simulator(name, spec.client(), prep.site_data, prep.task, options, observers=observers)
-    return engine, spec.server(engine, prep.task, options)
 
 
 def _same(a: dict, b: dict) -> bool:
@@ -49,7 +40,7 @@ def test_ditto_with_lambda_zero_trains_locals_models_next_to_fedavgs_global_mode
     """lam = 0: v_k is ``local``'s model bit for bit, and Ditto's global model is FedAvg's bit for bit."""
     cfg = tiny_config(fl={"rounds": 2}, eval={"hd95": False}, methods={"ditto": {"lam": 0.0}})
     fed = disc_federation()
-    runs = {name: _simulator(name, cfg, fed) for name in ("ditto", "local", "fedavg")}
+    runs = {name: simulate(name, cfg, fed)[:2] for name in ("ditto", "local", "fedavg")}
     for rnd in (1, 2):
         for engine, server in runs.values():
             engine.round = rnd
@@ -75,7 +66,7 @@ def test_ditto_with_a_large_lambda_keeps_each_personal_model_at_the_global_model
             methods={"ditto": {"lam": lam, "personal_steps": 6}},
         )
         seen = []
-        engine, server = _simulator("ditto", cfg, fed, [lambda s, a, m, r: seen.append((engine.round, s, a, m))])
+        engine, server, _ = simulate("ditto", cfg, fed, [lambda s, a, m, r: seen.append((engine.round, s, a, m))])
         for rnd in (1, 2):
             engine.round = rnd
             server.run_round(rnd)

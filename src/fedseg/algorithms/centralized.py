@@ -76,5 +76,6 @@ SPECS = (
         "pooled training of every site's train split (upper bound, not private)",
         kind="baseline",
         on_flower="it pools every site's training data in one place, which a federation never does",
+        on_secure_aggregation="it pools every site's data in one place",
     ),
 )

@@ -143,5 +143,6 @@ SPECS = (
         CFLOptions,
         kind="clustered",
         min_sites=2,
+        on_secure_aggregation="it splits clusters by the cosine similarity of individual updates",
     ),
 )

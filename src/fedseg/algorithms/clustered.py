@@ -171,6 +171,7 @@ SPECS = (
         "FedAvg fine-tuning per cluster of sites fixed by metadata (cluster_by), from a trained global model",
         PriorCFLOptions,
         kind="clustered",
+        on_secure_aggregation="it averages within clusters of sites (one sum per cluster, not one per round)",
     ),
     AlgorithmSpec(  # ClusteredServer's default clusters: every site in cluster 0
         "fedavg-continue",
@@ -181,5 +182,6 @@ SPECS = (
         "prior-cfl's control (one cluster)",
         FedAvgContinueOptions,
         kind="clustered",
+        on_secure_aggregation="it merges as prior-cfl does (per cluster, from the individual replies)",
     ),
 )

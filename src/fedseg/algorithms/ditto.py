@@ -108,5 +108,6 @@ SPECS = (
         "Ditto (Li et al.): FedAvg plus a personal model per site with a proximal pull (lambda/2)||v - w||^2",
         DittoOptions,
         kind="personalized",
+        on_secure_aggregation=None,
     ),
 )

@@ -94,5 +94,6 @@ SPECS = (
         FedAdamClient,
         "FedAdam (Reddi et al.): server-side Adam on the averaged update (FeTS Eq. 10-12)",
         FedAdamOptions,
+        on_secure_aggregation=None,
     ),
 )

@@ -1,12 +1,66 @@
 """FedAvg: broadcast -> local fit -> weighted merge. The base pair every method extends.
 
-Server hooks: ``train_message`` (what a site receives), ``train_reply_problem`` (the method's own check of
-a reply it reads beyond the engine's), ``aggregate`` (how replies merge), ``aggregation_weights`` (samples |
-uniform), ``eval_messages`` and ``site_model``.
-Client hooks: ``start_model`` (the model a site starts from), ``train_hooks`` (how local
-training differs: a :class:`fedseg.train.TrainHooks` handed to the Trainer), ``keeps_optimizer_state``,
-``after_fit`` (what a site replies), ``eval_model`` (the model a site is evaluated with) and
-``after_evaluate`` (what a site does after scoring a model: its reply's extra metadata).
+A method subclasses this pair (or one built on it) and overrides only what differs from FedAvg. This docstring is
+the one list of what it may override and declare (docs/api.md and docs/contributing.md point here;
+``tests/test_writing_a_method.py`` checks that it names every public method of the pair and every switch); the
+helpers a method uses are gathered in :mod:`fedseg.algorithms.toolkit`.
+
+Server hooks (``FedAvgServer``), in the order a round calls them:
+
+- ``participants(rnd)``: the sites that train in round ``rnd`` (every site, or the ``fl.clients_per_round`` sample);
+- ``train_message(site)``: what a site receives (``model/`` + the global weights);
+- ``train_reply_problem(site, sent, reply)``: why a reply cannot be merged, beyond the engine's checks (call
+  ``super()`` first);
+- ``aggregate(replies)``: how the replies merge; sets ``self.global_weights`` (``{entry name: tensor}``) and returns
+  nothing; FedAvg's also applies the robust ``aggregator`` (``OWN_MERGE`` below);
+- ``aggregation_weights(replies)``: ``{site: p_k}`` (samples | uniform), read through
+  ``checked_aggregation_weights(replies)`` (not a hook: the merges call it);
+- ``average_buffers(replies)``: the buffers (BatchNorm statistics) set to FedAvg's average after ``aggregate``;
+- ``run_round(rnd)``: the whole round (train exchange, ``aggregate``, ``average_buffers``); override only for a
+  round of another shape (several exchanges, clusters), returning each site's mean training loss;
+- ``round_metrics()``: the method's rows of ``round_metrics.csv`` after validation;
+- ``selectable(rnd)``, ``convergence_scores(validated)``: which rounds may be the best one / judge convergence;
+- ``finalize()``: last choices on validation data before the single test;
+- ``summary_fields()``: the method's own entries of ``summary.json``;
+- ``eval_messages(split, sample)``, ``eval_reply_problem(site, sent, reply)``, ``evaluate(split, sample)``,
+  ``site_model(site)``: what is scored and under which model name;
+- ``collect_local_models()``: the sites' kept best local models, for the cross-site test;
+- ``state_dict()`` / ``load_state_dict(state)``: the server's state across rounds (tensors only; checkpoints,
+  ``--resume``, the best round);
+- ``bundle()``: the trained models to ship (``{model name: weights}``).
+
+Client hooks (``FedAvgClient``; one object serves every site, what a site keeps goes to ``ctx.state``):
+
+- ``handle(action, msg, ctx)``: dispatches to ``on_<action>(msg, ctx)``: ``on_train(msg, ctx)`` (``start_model``,
+  ``fit``, ``keep_best_local``, ``after_fit``), ``on_evaluate(msg, ctx)``, ``on_share_model(msg, ctx)``; a method
+  with an exchange of its own adds an ``on_<action>``;
+- ``start_model(msg, ctx)``: the model a site starts from; ``reused_model(slot, weights, ctx)`` builds one (helper);
+- ``train_hooks(model, msg, ctx)``: how local training differs, a :class:`fedseg.train.TrainHooks` (extra loss,
+  gradient or step corrections, which parameters train, a custom forward);
+- ``fit(model, msg, ctx, ...)``: one local training budget (call it to train another model through the same loop);
+- ``keeps_optimizer_state(train, ctx)``: whether the optimizer moments carry over rounds;
+- ``keep_best_local(model, ctx)``: keep the site's best local model (``eval.local_models``);
+- ``after_fit(model, stats, msg, ctx)``: what a site replies (``super().after_fit`` is FedAvg's reply);
+- ``eval_model(msg, ctx)``: the model a site is scored with; ``after_evaluate(model, dice, msg, ctx)``: extra
+  reply metadata after scoring; ``eval_reply(...)``: the evaluation reply (helper).
+
+Class-level switches, set on the class (each defaults to FedAvg's behaviour):
+
+- ``FedAvgServer.KEEPS_LOCAL_MODELS`` (True): the sites keep their best local model for the cross-site test;
+- ``FedAvgServer.SELECTS_PER_SITE`` (False): each site is tested at its own best validation round;
+- ``FedAvgServer.NO_CLIENT_SAMPLING`` (None): why the method cannot train a sample of the sites per round;
+- ``FedAvgServer.RETURNED_GROUPS`` (``("model",)``): the message groups every train reply returns;
+- ``RobustOptions.OWN_MERGE`` (None), on the options model: why the method's merge is its own, so ``aggregator``
+  accepts only ``mean``. A method whose options extend ``FedAvgOptions`` (so have ``aggregator``) and whose server
+  overrides ``aggregate`` without merging through ``super().aggregate`` must set it: otherwise a run whose robust
+  ``aggregator`` was not applied stops after the round's merge with a ``MethodError``, never silently;
+- ``MethodOptions.ONE_STEP_AS_FEDAVG`` (None), on the options model: why the method trains exactly as FedAvg when
+  a round is one local step (the run's note then);
+- ``MethodOptions.PHASED`` (False), on the options model: the method trains in phases whose first rounds cannot be
+  selected (a bench's budget stops it only after them).
+
+The options model's own hooks (``check_sites``, ``site_warnings``, ``check_task``, ``run_rounds``,
+``local_budget``, ``run_note``) are :class:`fedseg.engine.context.MethodOptions`'.
 
 Options (``FedAvgOptions``, config ``methods.<name>``) select the FedAvg variants of the FeTS
 benchmark (section 3.2.2) per algorithm, so one run can compare them: ``weighting`` (samples |
@@ -319,11 +373,20 @@ class FedAvgServer:
         """Train one round on this round's ``participants``; return the mean local training loss per site."""
         messages = {s: self.train_message(s) for s in self.participants(rnd)}
         replies = self.engine.exchange(messages, "train", self.train_reply_problem)
+        self.robust_rows = []  # set again by this round's robust merge, if any (checked below)
         returned: object = self.aggregate(replies)  # type: ignore[func-returns-value]
         if returned is not None:  # a merge returned, not kept: the global model would never change
             raise MethodError(
                 f"{self.algorithm}, round {rnd}: {type(self).__name__}.aggregate returned a {type(returned).__name__}; "
                 "it returns nothing and sets self.global_weights to the merged model"
+            )
+        robust = robust_aggregator(self.options)
+        if robust is not None and not self.robust_rows:  # an aggregate of its own, without OWN_MERGE
+            raise MethodError(
+                f"{self.algorithm}, round {rnd}: methods.{self.algorithm}.aggregator = {robust.aggregator} was not "
+                f"applied: {type(self).__name__}.aggregate merges without FedAvgServer.aggregate's robust merge; "
+                "set OWN_MERGE (why) on the method's options model, which then accepts only 'mean', or merge through "
+                "super().aggregate(replies)"
             )
         self.average_buffers(replies)
         return train_losses(replies)
@@ -485,6 +548,7 @@ SPECS = (
         FedAvgClient,
         "FedAvg (McMahan et al.): weighted (samples | uniform) averaging of local models",
         FedAvgOptions,
+        on_secure_aggregation=None,
     ),
     AlgorithmSpec(
         "fedavg-steps",
@@ -493,6 +557,7 @@ SPECS = (
         FedAvgClient,
         "FedAvg with fixed local iterations (U steps per site and round, FeTS 3.2.2)",
         FedAvgStepsOptions,
+        on_secure_aggregation=None,
     ),
     AlgorithmSpec(
         "fedavg-uniform",
@@ -501,6 +566,7 @@ SPECS = (
         FedAvgClient,
         "FedAvg with fixed local epochs and uniform averaging (FeTS 3.2.2)",
         FedAvgUniformOptions,
+        on_secure_aggregation=None,
     ),
 )
 

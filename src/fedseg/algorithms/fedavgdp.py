@@ -177,5 +177,8 @@ SPECS = (
         FedAvgDPClient,
         "FedAvg with central DP: per-site update clipping + Gaussian noise on the uniform average, (ε, δ) reported",
         FedAvgDPOptions,
+        on_secure_aggregation=(
+            "its server clips each site's update before adding the noise (central DP needs every update)"
+        ),
     ),
 )

@@ -108,5 +108,6 @@ SPECS = (
         "needs model.norm: batch",
         FedBNOptions,
         kind="personalized",
+        on_secure_aggregation=None,
     ),
 )

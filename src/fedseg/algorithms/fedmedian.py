@@ -31,5 +31,6 @@ SPECS = (
         FedMedianClient,
         "FedMedian: coordinate-wise median of the local models",
         FedMedianOptions,
+        on_secure_aggregation="its coordinate-wise median needs every site's update",
     ),
 )

@@ -128,5 +128,6 @@ SPECS = (
         FedNovaClient,
         "FedNova (Wang et al.): normalized averaging (general form or FeTS Eq. 4-5)",
         FedNovaOptions,
+        on_secure_aggregation="its server normalizes each site's update by that site's own step count tau_k",
     ),
 )

@@ -171,5 +171,6 @@ SPECS = (
         FedPIDAvgClient,
         "FedPIDAvg (Maechler et al.): weights from samples, val-loss gain and loss sum (FeTS Eq. 18-22)",
         FedPIDAvgOptions,
+        on_secure_aggregation="its server weights each site by that site's own validation-loss history (PID terms)",
     ),
 )

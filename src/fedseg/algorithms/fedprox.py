@@ -43,5 +43,6 @@ SPECS = (
         FedProxClient,
         "FedProx (Li et al.): local proximal term (mu/2)||w - w_global||^2",
         FedProxOptions,
+        on_secure_aggregation=None,
     ),
 )

@@ -35,5 +35,6 @@ SPECS = (
         FedTrimmedAvgClient,
         "FedTrimmedAvg: coordinate-wise trimmed mean (cut beta at each end)",
         FedTrimmedAvgOptions,
+        on_secure_aggregation="its trimmed mean sorts every site's update per coordinate",
     ),
 )

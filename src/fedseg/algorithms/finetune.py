@@ -248,6 +248,7 @@ SPECS = (
         "each site fine-tunes a trained global model (start_from, default fedavg) and keeps its best epoch",
         FinetuneOptions,
         kind="personalized",
+        on_secure_aggregation="its sites train alone and nothing is merged",
     ),
     AlgorithmSpec(
         "ditto-ft",
@@ -257,5 +258,6 @@ SPECS = (
         "Ditto as FeTS 2022 ran it: local fine-tuning of a global model with the pull (lam/2)||v - w*||^2",
         DittoFinetuneOptions,
         kind="personalized",
+        on_secure_aggregation="its sites train alone and nothing is merged",
     ),
 )

@@ -40,6 +40,7 @@ SPECS = (
         "Krum (Blanchard et al.): the local model closest to its n - f - 2 nearest others",
         KrumOptions,
         min_sites=3,
+        on_secure_aggregation="Krum scores each site's update by its distances to the others'",
     ),
     AlgorithmSpec(
         "multikrum",
@@ -49,6 +50,7 @@ SPECS = (
         "Multi-Krum (Blanchard et al.): weighted average of the m lowest-Krum-score local models",
         MultiKrumOptions,
         min_sites=3,
+        on_secure_aggregation="Multi-Krum scores each site's update by its distances to the others'",
     ),
     AlgorithmSpec(
         "bulyan",
@@ -58,5 +60,6 @@ SPECS = (
         "Bulyan (El Mhamdi et al.): recursive Krum selection, then a coordinate-wise trimmed mean around the median",
         BulyanOptions,
         min_sites=3,
+        on_secure_aggregation="Bulyan selects and trims individual updates",
     ),
 )

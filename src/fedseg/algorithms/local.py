@@ -62,5 +62,6 @@ SPECS = (
         LocalClient,
         "each site trains alone, keeps its best round on its own validation split; cross-site matrix at test time",
         kind="baseline",
+        on_secure_aggregation="each site's own model is sent to the coordinator for the cross-site test",
     ),
 )

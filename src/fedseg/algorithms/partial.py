@@ -241,6 +241,7 @@ SPECS = (
         "FedPer (Arivazhagan et al.): the last private_layers layers (private_unit) stay on each site",
         FedPerOptions,
         kind="personalized",
+        on_secure_aggregation=None,
     ),
     AlgorithmSpec(
         "lg-fedavg",
@@ -250,5 +251,6 @@ SPECS = (
         "LG-FedAvg (Liang et al.): the first private_layers layers (private_unit) stay on each site",
         LGFedAvgOptions,
         kind="personalized",
+        on_secure_aggregation=None,
     ),
 )

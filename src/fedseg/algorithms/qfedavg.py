@@ -302,5 +302,6 @@ SPECS = (
         QFedAvgClient,
         "q-FedAvg (Li et al.): loss-powered fair merge, forward-only loss pass (FeTS Eq. 13-17)",
         QFedAvgOptions,
+        on_secure_aggregation="its server weights each site's update by that site's own loss (q-FFL's Delta_k and h_k)",
     ),
 )

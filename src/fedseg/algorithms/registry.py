@@ -41,6 +41,11 @@ if TYPE_CHECKING:  # types only: the report kit and the data layer sit below the
     from fedseg.presentation.kit import RunFiles, Section
 
 Kind = Literal["baseline", "global", "personalized", "clustered"]
+# ``AlgorithmSpec.on_secure_aggregation``'s default: a method is refused under secure aggregation unless it opts in
+NOT_SECURE = (
+    "it does not declare that its server merges only the weighted sum of the updates "
+    "(AlgorithmSpec.on_secure_aggregation=None)"
+)
 Bundle = dict[str, dict[str, "torch.Tensor"]]
 
 
@@ -121,7 +126,9 @@ class AlgorithmSpec:
     hooks, grouped last in the report's tables), None for a stand-alone method.
     ``needs_every_site``: the method cannot complete a round without every site's reply (e.g.
     SoftPull averages every personalized model). ``on_flower``: None if it runs on real sites,
-    else the reason it cannot."""
+    else the reason it cannot. ``on_secure_aggregation``: None if its server needs nothing but the weighted
+    average of the train replies (``fl.secure_aggregation: secagg+`` then hides each site's update:
+    ``fedseg.flower.secure``), else the reason it cannot use it (the default: a method opts in)."""
 
     name: str
     display_name: str
@@ -134,6 +141,7 @@ class AlgorithmSpec:
     min_sites: int = 1
     needs_every_site: bool = False
     on_flower: str | None = None
+    on_secure_aggregation: str | None = NOT_SECURE
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property

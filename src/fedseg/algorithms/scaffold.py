@@ -198,5 +198,8 @@ SPECS = (
         ScaffoldClient,
         "SCAFFOLD (Karimireddy et al.): control-variate corrected local steps (FeTS Eq. 6-9)",
         ScaffoldOptions,
+        on_secure_aggregation=(
+            "its server needs the control-variate updates c_k, averaged over all sites, beside the model's sum"
+        ),
     ),
 )

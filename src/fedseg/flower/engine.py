@@ -290,9 +290,9 @@ class FlowerEngine(BaseEngine):
     @property
     def secure(self) -> bool:
         """Whether the ``train`` exchanges run Flower's SecAgg+ (``fl.secure_aggregation``; fedseg.flower.secure)."""
-        from fedseg.flower.secure import SECAGG, SECURE
+        from fedseg.flower.secure import SECAGG, secure_methods
 
-        return self.task.cfg.fl.secure_aggregation == SECAGG and self.algorithm in SECURE
+        return self.task.cfg.fl.secure_aggregation == SECAGG and self.algorithm in secure_methods()
 
     def exchange(
         self, messages: dict[str, Message], action: str, check: ReplyCheck | None = None

@@ -9,8 +9,9 @@ only ``sum_k w_k (r_k - m)`` and ``sum_k w_k`` (``r_k``: site k's reply tensors,
 ``w_k``: its aggregation weight, ``fl.weighting`` / the method's ``weighting``), i.e. the weighted average
 update, plus each site's plain training metrics (loss, steps, sample count). Every site's reply is then
 handed to the method's server as that average (``m`` + average update), so the server's weighted merge gives
-it back unchanged: methods whose server needs nothing but that average (``SECURE``) may use it; every other
-method is refused before any work with the reason (``refusal``).
+it back unchanged: methods whose server needs nothing but that average (their ``AlgorithmSpec`` says so:
+``on_secure_aggregation=None``; :func:`secure_methods`) may use it; every other method is refused before any work
+with the reason its spec gives (``refusal``).
 
 The update is clipped to ``[-clipping_range, clipping_range]`` and stochastically rounded to
 ``quantization_range`` levels (step ``2 clipping_range / quantization_range``, 3.8e-6 with Flower's
@@ -53,50 +54,28 @@ log = logging.getLogger("fedseg.flower.secure")
 
 SECAGG = "secagg+"
 HEADER = "fedseg.secagg"  # ConfigRecord of the masked-vector stage: the site's weighting and the update's names
-# The methods whose server merges only the weighted average of the train replies (FedAvg's weights).
-SECURE = frozenset(
-    {"fedavg", "fedavg-steps", "fedavg-uniform", "fedprox", "fedadam", "ditto", "fedper", "lg-fedavg", "fedbn"}
-)
-REFUSALS = {
-    "centralized": "it pools every site's data in one place",
-    "local": "each site's own model is sent to the coordinator for the cross-site test",
-    "finetune": "its sites train alone and nothing is merged",
-    "ditto-ft": "its sites train alone and nothing is merged",
-    "fedavg-dp": "its server clips each site's update before adding the noise (central DP needs every update)",
-    "scaffold": "its server needs the control-variate updates c_k, averaged over all sites, beside the model's sum",
-    "fednova": "its server normalizes each site's update by that site's own step count tau_k",
-    "fedmedian": "its coordinate-wise median needs every site's update",
-    "fedtrimmedavg": "its trimmed mean sorts every site's update per coordinate",
-    "krum": "Krum scores each site's update by its distances to the others'",
-    "multikrum": "Multi-Krum scores each site's update by its distances to the others'",
-    "bulyan": "Bulyan selects and trims individual updates",
-    "qfedavg": "its server weights each site's update by that site's own loss (q-FFL's Delta_k and h_k)",
-    "fedpidavg": "its server weights each site by that site's own validation-loss history (PID terms)",
-    "cfl": "it splits clusters by the cosine similarity of individual updates",
-    "prior-cfl": "it averages within clusters of sites (one sum per cluster, not one per round)",
-    "fedavg-continue": "it merges as prior-cfl does (per cluster, from the individual replies)",
-    "fedsm": "its server SoftPulls every site's personalized model and trains the selector on individual replies",
-    "fedsm-extra": "its server SoftPulls every site's personalized model and trains the selector on individual replies",
-    "fedsm-ensemble": "its server SoftPulls every site's personalized model",
-}
-AUTOFEDAVG = "it learns the aggregation weights from every site's individual model"
+
+
+def secure_methods() -> frozenset[str]:
+    """The registered methods whose server merges only the weighted average of the train replies (FedAvg's weights):
+    those whose spec says so (``AlgorithmSpec.on_secure_aggregation`` None), installed and registered ones too."""
+    from fedseg.algorithms import ALGORITHMS
+
+    return frozenset(name for name, spec in ALGORITHMS.items() if spec.on_secure_aggregation is None)
 
 
 def refusal(name: str, cfg) -> str | None:
-    """Why method ``name`` cannot run under ``fl.secure_aggregation = secagg+`` with run config ``cfg``, or None."""
-    from fedseg.algorithms import ALGORITHMS
-
-    if name.startswith("autofedavg"):
-        return AUTOFEDAVG
-    if name in REFUSALS:
-        return REFUSALS[name]
-    if name not in SECURE:
-        return "it is not one of the methods whose server merges only the weighted sum of the updates"
-    options = ALGORITHMS[name].parse_options(cfg.methods.get(name))
+    """Why method ``name`` cannot run under ``fl.secure_aggregation = secagg+`` with run config ``cfg``, or None:
+    its spec's reason (``AlgorithmSpec.on_secure_aggregation``), else why its options or ``eval.local_models`` would
+    show the coordinator individual updates."""
+    spec = get_algorithm(name)
+    if spec.on_secure_aggregation is not None:
+        return spec.on_secure_aggregation
+    options = spec.parse_options(cfg.methods.get(name))
     aggregator = getattr(options, "aggregator", "mean")
     if aggregator != "mean":
         return f"its aggregator {aggregator!r} needs every site's update (only 'mean' works on their sum)"
-    keeps = getattr(ALGORITHMS[name].server, "KEEPS_LOCAL_MODELS", False)
+    keeps = getattr(spec.server, "KEEPS_LOCAL_MODELS", False)
     if keeps and cfg.eval.local_models:
         return "eval.local_models sends every site's own trained model to the coordinator; set eval.local_models=false"
     return None
@@ -125,7 +104,7 @@ def check(cfg) -> None:
     if bad:
         raise ValueError(
             "; ".join(f"fl.secure_aggregation = secagg+: {a} cannot use it: {why}" for a, why in bad)
-            + f". Supported: {', '.join(sorted(SECURE))}"
+            + f". Supported: {', '.join(sorted(secure_methods()))}"
         )
 
 

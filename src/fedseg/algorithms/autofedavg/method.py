@@ -327,6 +327,7 @@ def _spec(name: str, display: str, options: type[AutoFedAvgOptions], what: str) 
             "parameterization": defaults["parameterization"].default,
             "granularity": defaults["granularity"].default,
         },
+        on_secure_aggregation="it learns the aggregation weights from every site's individual model",
     )
 
 

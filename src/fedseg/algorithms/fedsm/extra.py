@@ -262,6 +262,9 @@ SPECS = (
         family=FEDSM,
         min_sites=2,
         needs_every_site=True,
+        on_secure_aggregation=(
+            "its server SoftPulls every site's personalized model and trains the selector on individual replies"
+        ),
     ),
     AlgorithmSpec(
         "fedsm-ensemble",
@@ -274,5 +277,6 @@ SPECS = (
         family=FEDSM,
         min_sites=2,
         needs_every_site=True,
+        on_secure_aggregation="its server SoftPulls every site's personalized model",
     ),
 )
