@@ -181,6 +181,7 @@ def read_label(
     image: Path | None = None,
     label_names: dict[int, str] | None = None,
     regions: Regions | None = None,
+    label_synonyms: dict[int, tuple[str, ...]] | None = None,
 ) -> np.ndarray:
     """Read a label file as an integer map ``(*spatial)``. JPEG is refused (lossy).
 
@@ -188,14 +189,15 @@ def read_label(
     MetaImage), segment numbers mapped to label values with ``label_names`` (``dicom_seg.segment_values``), or
     segments that name the federation's ``regions`` painted as a prediction is (``dicom_seg.read_dicom_seg``); an RT
     Structure Set (``.dcm``, Modality RTSTRUCT) is painted on the same grid, its ROIs named in ``label_names``
-    taking their values (``rtstruct.read_rtstruct``).
+    taking their values (``rtstruct.read_rtstruct``). ``label_synonyms``: a label value's other names (after its
+    ``label_names`` name), matched as that name is when SEG segments and RTSTRUCT ROIs are read.
     """
     path = Path(path)
     if path.is_dir() or split_name(path.name, LABEL_EXTS) is None:
         raise FederationError(f"{path}: unsupported label file type (labels must be lossless: {', '.join(LABEL_EXTS)})")
     ext, sd = _ext(path), _spatial_dims(kind)
     if ext == readers.SEG_EXT:
-        data = _seg_label(path, image, label_names, regions)
+        data = _seg_label(path, image, label_names, regions, label_synonyms)
     else:
         data = read_array(path, as_label=True)
     if _is_volume(ext) or ext == readers.SEG_EXT:
@@ -211,7 +213,11 @@ def read_label(
 
 
 def _seg_label(
-    path: Path, image: Path | None, label_names: dict[int, str] | None, regions: Regions | None
+    path: Path,
+    image: Path | None,
+    label_names: dict[int, str] | None,
+    regions: Regions | None,
+    synonyms: dict[int, tuple[str, ...]] | None = None,
 ) -> np.ndarray:
     """A DICOM-SEG (``dicom_seg.read_dicom_seg``) or RT Structure Set (``rtstruct.read_rtstruct``) label on ``image``'s
     grid."""
@@ -226,8 +232,8 @@ def _seg_label(
             f"MetaImage), but {image} is a {_ext(image).upper()} file"
         )
     if structures:
-        return rtstruct.read_rtstruct(path, readers.volume_grid(image), image, label_names)
-    return dicom_seg.read_dicom_seg(path, readers.volume_grid(image), image, label_names, regions)
+        return rtstruct.read_rtstruct(path, readers.volume_grid(image), image, label_names, synonyms)
+    return dicom_seg.read_dicom_seg(path, readers.volume_grid(image), image, label_names, regions, synonyms)
 
 
 def case_problems(image: np.ndarray, label: np.ndarray, image_path: Path, label_path: Path, channels: int) -> list[str]:
@@ -275,11 +281,15 @@ def load_case(
     channels: int,
     label_names: dict[int, str] | None = None,
     regions: Regions | None = None,
+    label_synonyms: dict[int, tuple[str, ...]] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Read one case -> ``(image (C, *spatial), label (*spatial))``; raises ``FederationError`` if malformed.
-    ``label_names``, ``regions``: the federation's, for a DICOM-SEG label's segments (``read_label``)."""
+    ``label_names``, ``regions``, ``label_synonyms``: the federation's, for a DICOM-SEG label's segments and an
+    RTSTRUCT's ROIs (``read_label``)."""
     image = read_image(image_path, kind)
-    label = read_label(label_path, kind, image=image_path, label_names=label_names, regions=regions)
+    label = read_label(
+        label_path, kind, image=image_path, label_names=label_names, regions=regions, label_synonyms=label_synonyms
+    )
     problems = case_problems(image, label, image_path, label_path, channels) or grid_problems(image_path, label_path)
     if problems:
         raise FederationError("\n".join(problems))

@@ -80,7 +80,12 @@ def _check_case(
         problems += str(e).splitlines()
     try:
         label = read_label(
-            label_path, header.kind, image=image_path, label_names=header.label_names, regions=header.regions
+            label_path,
+            header.kind,
+            image=image_path,
+            label_names=header.label_names,
+            regions=header.regions,
+            label_synonyms=header.label_synonyms,
         )
     except FederationError as e:
         problems += str(e).splitlines()
@@ -178,12 +183,18 @@ def _prepared_cache_hint() -> str:
     )
 
 
-def rtstruct_warnings(painted: list[rtstruct.Painted], site_of: dict[Path, str], shown: int = 5) -> list[str]:
+def rtstruct_warnings(
+    painted: list[rtstruct.Painted],
+    site_of: dict[Path, str],
+    shown: int = 5,
+    synonyms: dicom_seg.LabelSynonyms | None = None,
+) -> list[str]:
     """The notices of the RT Structure Sets ``painted`` (``site_of``: label file -> site), one line per site and
     kind: per ``label_names`` entry that no ROI of some of them names (those cases read it as background; an ROI
     missing from a structure set usually means "not contoured", so training it as background may be a partial-label
     bug; an ROI declared without contours is explicitly empty and not reported), and for contours naming images
-    outside their case's series (``rtstruct.ELSEWHERE``): how many files of how many, the first ``shown`` files."""
+    outside their case's series (``rtstruct.ELSEWHERE``): how many files of how many, the first ``shown`` files.
+    ``synonyms``: a label's other names (``label_names: {1: [tumor, GTV Tumour]}``), said beside its name."""
     read: dict[str, int] = {}
     missing: dict[tuple[str, tuple[int, str]], list[rtstruct.Painted]] = {}
     elsewhere: dict[str, list[rtstruct.Painted]] = {}
@@ -205,8 +216,9 @@ def rtstruct_warnings(painted: list[rtstruct.Painted], site_of: dict[Path, str],
     for (site, (value, name)), items in missing.items():
         rois = list(dict.fromkeys(roi for i in items for roi in i.rois))
         lines.append(
-            f"site {site!r}: label {name!r} ({value}) is named by no ROI in {of(site, items)}: those cases read it as "
-            f"background (not contoured there?); their ROIs: {rtstruct.rois_text(rois)}"
+            f"site {site!r}: label {dicom_seg.names_text(value, name, synonyms)} ({value}) is named by no ROI in "
+            f"{of(site, items)}: those cases read it as background (not contoured there?); their ROIs: "
+            f"{rtstruct.rois_text(rois)}"
         )
     for site, items in elsewhere.items():
         lines.append(
@@ -216,11 +228,12 @@ def rtstruct_warnings(painted: list[rtstruct.Painted], site_of: dict[Path, str],
     return lines
 
 
-def rtstruct_problems(painted: list[rtstruct.Painted]) -> list[str]:
-    """One problem per ``label_names`` entry that no ROI of any of the RT Structure Sets ``painted`` names (at least
-    one read): no case would hold it, which is a name that matches nothing (``Gross-Tumor`` for ``gross tumour``)
-    far more often than a structure absent from every patient; the closest ROI names are suggested. A structure
-    truly absent everywhere is declared as an empty ROI of that name (explicitly empty: read as background)."""
+def rtstruct_problems(painted: list[rtstruct.Painted], synonyms: dicom_seg.LabelSynonyms | None = None) -> list[str]:
+    """One problem per ``label_names`` entry that no ROI of any of the RT Structure Sets ``painted`` names by any of
+    its names (``synonyms`` lists a value's names after its first; at least one structure set read): no case would
+    hold it, which is a name that matches nothing (``Gross-Tumor`` for ``gross tumour``) far more often than a
+    structure absent from every patient; the ROI names closest to any of its names are suggested. A structure truly
+    absent everywhere is declared as an empty ROI of that name (explicitly empty: read as background)."""
     if not painted:
         return []
     unnamed = set.intersection(*(set(p.unnamed) for p in painted))
@@ -228,12 +241,16 @@ def rtstruct_problems(painted: list[rtstruct.Painted]) -> list[str]:
     by_normal = {dicom_seg.normalized_name(r): r for r in rois}
     problems = []
     for value, name in sorted(unnamed):
-        close = difflib.get_close_matches(dicom_seg.normalized_name(name), list(by_normal), n=2, cutoff=0.6)
+        close: list[str] = []
+        for spelled in (name, *(synonyms or {}).get(value, ())):
+            close += difflib.get_close_matches(dicom_seg.normalized_name(spelled), list(by_normal), n=2, cutoff=0.6)
+        close = list(dict.fromkeys(close))[:2]
         hint = f"; did you mean {' or '.join(repr(by_normal[c]) for c in close)}?" if close else ""
         problems.append(
-            f"label_names {value}: {name!r} is named by no ROI in any of the {len(painted)} RTSTRUCTs read, so no "
-            f"case would hold it; their ROIs: {rtstruct.rois_text(rois)}{hint} (names compare case-insensitively, "
-            "`_` and `-` as spaces; a structure absent from every case: an empty ROI of that name)"
+            f"label_names {value}: {dicom_seg.names_text(value, name, synonyms)} is named by no ROI in any of the "
+            f"{len(painted)} RTSTRUCTs read, so no case would hold it; their ROIs: {rtstruct.rois_text(rois)}{hint} "
+            "(names compare case-insensitively, `_` and `-` as spaces; a structure absent from every case: an empty "
+            "ROI of that name)"
         )
     return problems
 
@@ -401,8 +418,13 @@ def check_folder(
                     warnings += size_warning(image_path, shape, max_image_mb)
     order = {label: i for i, (*_, label) in enumerate(jobs)}
     painted.sort(key=lambda p: order.get(p.path, len(order)))  # the cases' order, whichever thread read them
-    problems += rtstruct_problems(painted)
-    notices = rtstruct_warnings(painted, site_of) + blank_image_warnings(blanks) + orientation_warnings(orientations)
+    synonyms = None if header is None else header.label_synonyms
+    problems += rtstruct_problems(painted, synonyms)
+    notices = (
+        rtstruct_warnings(painted, site_of, synonyms=synonyms)
+        + blank_image_warnings(blanks)
+        + orientation_warnings(orientations)
+    )
     notices += [] if ignore is None else unannotated_warnings(unannotated, ignore)
     if header is not None and not problems:
         notices += empty_region_warnings(header.regions, seen, sum(len(site.cases) for site in sites))

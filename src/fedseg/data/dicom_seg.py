@@ -45,15 +45,39 @@ def normalized_name(name: str) -> str:
     return " ".join(name.replace("_", " ").replace("-", " ").split()).casefold()
 
 
-def segment_values(segments: dict[int, str], label_names: dict[int, str] | None, path: Path) -> dict[int, int]:
+LabelSynonyms = dict[int, tuple[str, ...]]  # label value -> its names after its first (``label_names``'s)
+
+
+def label_name_pairs(
+    label_names: dict[int, str] | None, synonyms: LabelSynonyms | None = None
+) -> list[tuple[int, str]]:
+    """``(value, name)`` for every name a structure may be given for a label: each value of ``label_names`` (in its
+    order) with its name, then the other names ``synonyms`` lists for it (``federation.yaml`` ``label_names: {1:
+    [tumor, GTV Tumour]}``: hospital A's "Tumor" and hospital B's "GTV_Tumour" are both label 1)."""
+    return [
+        (value, name)
+        for value, first in (label_names or {}).items()
+        for name in (first, *(synonyms or {}).get(value, ()))
+    ]
+
+
+def names_text(value: int, name: str, synonyms: LabelSynonyms | None = None) -> str:
+    """A label's name as a message gives it: ``'tumor'``, or with its other names ``'tumor' (or 'GTV Tumour')``."""
+    others = (synonyms or {}).get(value, ())
+    return repr(name) + (f" (or {', '.join(map(repr, others))})" if others else "")
+
+
+def segment_values(
+    segments: dict[int, str], label_names: dict[int, str] | None, path: Path, synonyms: LabelSynonyms | None = None
+) -> dict[int, int]:
     """Segment number -> label value (0: not read). Segments are matched by name, as RTSTRUCT ROIs are: a segment
     whose label names one of ``label_names`` (the federation's; compared case-insensitively, ``_`` and ``-`` as
-    spaces) gets that name's value. Where some segments are named so, the others are not read (value 0: another
-    structure, a "Liver" beside the "Tumor", must not become the label its number happens to have), noted once per
-    file (``_note_segments``, which also names two segments read as one label). Only where no segment names a label
-    (or without ``label_names``) are segments read by number (``_warn_read_by_number`` says so where their names
-    say what they hold)."""
-    mapped = _named_values(segments, label_names)
+    spaces), or one of the other names ``synonyms`` gives a value, gets that name's value. Where some segments are
+    named so, the others are not read (value 0: another structure, a "Liver" beside the "Tumor", must not become the
+    label its number happens to have), noted once per file (``_note_segments``, which also names two segments read
+    as one label). Only where no segment names a label (or without ``label_names``) are segments read by number
+    (``_warn_read_by_number`` says so where their names say what they hold)."""
+    mapped = _named_values(segments, label_names, synonyms)
     if any(v >= 0 for v in mapped.values()):
         _note_segments(segments, mapped, path)
         return {n: max(v, 0) for n, v in mapped.items()}
@@ -131,12 +155,15 @@ def _functional(ds: Any, frame: Any, sequence: str, attribute: str, path: Path) 
     raise FederationError(f"{path}: DICOM-SEG frame without {sequence} > {attribute}")
 
 
-def _named_values(segments: dict[int, str], label_names: dict[int, str] | None) -> dict[int, int]:
-    """Segment number -> the label value ``label_names`` gives its label, -1 where it names none (or a name two
-    values share)."""
+def _named_values(
+    segments: dict[int, str], label_names: dict[int, str] | None, synonyms: LabelSynonyms | None = None
+) -> dict[int, int]:
+    """Segment number -> the label value ``label_names`` (or a value's other names, ``synonyms``) gives its label,
+    -1 where it names none (or a name two values share)."""
     by_name: dict[str, int] = {}
-    for value, name in (label_names or {}).items():
-        by_name[normalized_name(name)] = -1 if normalized_name(name) in by_name else value  # -1: ambiguous name
+    for value, name in label_name_pairs(label_names, synonyms):
+        key = normalized_name(name)
+        by_name[key] = -1 if by_name.get(key, value) != value else value  # -1: ambiguous name
     return {n: by_name.get(normalized_name(label), -1) for n, label in segments.items()}
 
 
@@ -157,9 +184,11 @@ def read_dicom_seg(
     image: Path,
     label_names: dict[int, str] | None = None,
     regions: Regions | None = None,
+    synonyms: LabelSynonyms | None = None,
 ) -> np.ndarray:
     """A DICOM-SEG drawn on ``image`` (whose grid is ``grid``) as a label map of ``grid.shape[:3]``
-    (array order, uint8 or uint16), each segment's pixels set to its label value (``segment_values``).
+    (array order, uint8 or uint16), each segment's pixels set to its label value (``segment_values``; ``synonyms``:
+    the other names a label value is given, matched as its ``label_names`` name is).
 
     Segments that each name one of the federation's ``regions`` (``segment_regions``: ``fedseg predict
     --dicom-seg``'s, or BraTS WT/TC/ET drawn as nested structures) are read as region masks and painted to a label
@@ -173,7 +202,7 @@ def read_dicom_seg(
     overlapping segments that do not name regions. ``FederationError`` with one line naming the file otherwise.
     """
     try:
-        return _read_dicom_seg(path, grid, image, label_names, regions)
+        return _read_dicom_seg(path, grid, image, label_names, regions, synonyms)
     except FederationError:  # a ValueError too
         raise
     except (AttributeError, IndexError, KeyError, TypeError, ValueError) as e:
@@ -185,7 +214,12 @@ class _Overlap(Exception):
 
 
 def _read_dicom_seg(
-    path: Path, grid: VoxelGrid, image: Path, label_names: dict[int, str] | None, regions: Regions | None
+    path: Path,
+    grid: VoxelGrid,
+    image: Path,
+    label_names: dict[int, str] | None,
+    regions: Regions | None,
+    synonyms: LabelSynonyms | None = None,
 ) -> np.ndarray:
     ds = _seg_dataset(path)
     if sop_class(ds) not in SEG_SOP_CLASSES:
@@ -213,12 +247,12 @@ def _read_dicom_seg(
         return _placed_frames(ds, frames, kind, grid, path, image, covered)
 
     region_of = segment_regions(segments, regions)
-    named = _named_values(segments, label_names)
+    named = _named_values(segments, label_names, synonyms)
     try:
         if region_of is not None and regions is not None and not all(v >= 0 for v in named.values()):
             label = regions.to_label(_region_masks(placed(), region_of, len(regions), grid))
         else:
-            label = _painted_labels(placed(), segment_values(segments, label_names, path), grid)
+            label = _painted_labels(placed(), segment_values(segments, label_names, path, synonyms), grid)
     except _Overlap as clash:
         if region_of is None or regions is None:
             names = f" ({', '.join(regions.names)})" if regions is not None else ""

@@ -291,6 +291,9 @@ class Federation:
     sites: list[Site]
     label_names: dict[int, str] | None = None
     channel_names: list[str] | None = None
+    # label value -> its other names after ``label_names``' (``federation.yaml`` ``label_names: {1: [tumor, GTV
+    # Tumour]}``), matched when a folder's RTSTRUCT ROIs and SEG segments are read; None: none (every other source)
+    label_synonyms: dict[int, tuple[str, ...]] | None = None
 
     @property
     def spatial_dims(self) -> int:

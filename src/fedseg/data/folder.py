@@ -41,7 +41,7 @@ from typing import Any, Literal
 
 import yaml
 
-from fedseg.data import readers
+from fedseg.data import dicom_seg, readers
 from fedseg.data.case_files import DCM_IMAGE_HINT, IMAGE_EXTS, LABEL_EXTS, load_case, split_name
 from fedseg.data.csv_rows import normal_form
 from fedseg.data.federation import Case, Federation, FederationError, Regions, Site, Split, ignore_problem
@@ -86,6 +86,9 @@ class Header:
     sites: dict[str, dict[str, object]] = field(default_factory=dict)  # site-level metadata, by site name
     channel_names: list[str] | None = None  # what each channel holds, in channel order; None: not said
     site_order: list[str] | None = None  # the sites' order (site indices, the order sums run in); None: by name
+    # label value -> the other names it is given after its first (``label_names: {1: [tumor, GTV Tumour]}``: a
+    # structure each hospital spells its own way), matched when RTSTRUCT ROIs and SEG segments are read; None: none
+    label_synonyms: dict[int, tuple[str, ...]] | None = None
 
 
 def _is_int(x: Any) -> bool:
@@ -122,10 +125,7 @@ def _header_problems(data: dict, site_names: Collection[str] | None = None) -> l
             problems.append(f"ignore_label: {problem}")
     names = data.get("label_names")
     if names is not None:
-        if not isinstance(names, dict) or not all(
-            _is_int(k) and k >= 0 and isinstance(v, str) for k, v in names.items()
-        ):
-            problems.append(f"label_names: expected a mapping label value (integer >= 0) -> name, got {names!r}")
+        problems += label_names_problems(names)
     if data.get("channel_names") is not None:
         problems += channel_names_problems(data["channel_names"], data.get("channels"))
     if data.get("sites") is not None:
@@ -133,6 +133,53 @@ def _header_problems(data: dict, site_names: Collection[str] | None = None) -> l
     if data.get("site_order") is not None:
         problems += site_order_problems(data["site_order"], site_names)
     return problems
+
+
+def label_names_problems(names: Any) -> list[str]:
+    """``label_names`` that is not a mapping label value (integer >= 0) -> a name, or -> a list of names (the first
+    the label's name, the others the names other sites give the same structure: ``{1: [tumor, GTV Tumour]}``): one
+    line per problem. A list must hold one or more non-empty strings, and none of its names (compared as structure
+    names are: ``dicom_seg.normalized_name``) may be a name of another value; the single-name form is checked as it
+    always was (two values named alike are left to the readers, which say so where a structure names both)."""
+    if not isinstance(names, dict) or not all(
+        _is_int(k) and k >= 0 and isinstance(v, (str, list)) for k, v in names.items()
+    ):
+        return [
+            f"label_names: expected a mapping label value (integer >= 0) -> name (or a list of names, the first the "
+            f"label's), got {names!r}"
+        ]
+    problems = []
+    for value, entry in names.items():
+        if isinstance(entry, list) and not entry:
+            problems.append(f"label_names {value}: an empty list; give the label's name (then any other names for it)")
+        elif isinstance(entry, list) and not all(isinstance(n, str) and n.strip() for n in entry):
+            bad = next(n for n in entry if not (isinstance(n, str) and n.strip()))
+            problems.append(
+                f"label_names {value}: {bad!r} in {entry!r} is not a name; list the names as non-empty strings"
+            )
+    if not any(isinstance(entry, list) for entry in names.values()):
+        return problems
+    owner: dict[str, tuple[int, str]] = {}  # a name as compared -> the first value listing it, as it spells it
+    for value, entry in names.items():
+        for name in [entry] if isinstance(entry, str) else [n for n in entry if isinstance(n, str)]:
+            first, spelled = owner.setdefault(dicom_seg.normalized_name(name), (value, name))
+            if first != value:
+                problems.append(
+                    f"label_names {value}: {name!r} is also a name of label {first} ({spelled!r}; names compare "
+                    "case-insensitively, `_` and `-` as spaces); a name may name one label value only"
+                )
+    return list(dict.fromkeys(problems))
+
+
+def label_names_read(names: dict | None) -> tuple[dict[int, str] | None, dict[int, tuple[str, ...]] | None]:
+    """``(label_names, label_synonyms)`` of a valid ``label_names`` mapping (``label_names_problems``): each value's
+    name (a list's first) and, for values listed with more names, the others in the order given (``None`` where
+    no value has more: the single-name form reads as it always did)."""
+    if not names:
+        return None, None
+    first = {int(k): v if isinstance(v, str) else v[0] for k, v in names.items()}
+    others = {int(k): tuple(v[1:]) for k, v in names.items() if isinstance(v, list) and len(v) > 1}
+    return first, others or None
 
 
 def site_order_problems(order: Any, site_names: Collection[str] | None = None) -> list[str]:
@@ -196,13 +243,14 @@ def read_header(root: str | Path, site_names: Collection[str] | None = None) -> 
     problems = _header_problems(data, site_names)
     if problems:
         raise FederationError("\n".join(f"{path}: {p}" for p in problems))
-    names = data.get("label_names")
+    label_names, label_synonyms = label_names_read(data.get("label_names"))
     return Header(
         name=data["name"],
         kind=data["kind"],
         channels=data["channels"],
         regions=Regions.from_mapping(data["regions"], data.get("ignore_label")),
-        label_names={int(k): v for k, v in names.items()} if names else None,
+        label_names=label_names,
+        label_synonyms=label_synonyms,
         sites=read_site_metadata(data.get("sites")),
         channel_names=list(data["channel_names"]) if data.get("channel_names") is not None else None,
         site_order=list(data["site_order"]) if data.get("site_order") is not None else None,
@@ -221,7 +269,10 @@ def write_header(root: Path, fed: Federation) -> None:
     if fed.regions.ignore is not None:
         data["ignore_label"] = int(fed.regions.ignore)
     if fed.label_names:
-        data["label_names"] = {int(k): str(v) for k, v in fed.label_names.items()}
+        others = fed.label_synonyms or {}
+        data["label_names"] = {
+            int(k): [str(v), *map(str, others[k])] if others.get(k) else str(v) for k, v in fed.label_names.items()
+        }
     if fed.channel_names is not None:
         names = list(fed.channel_names)
         if problems := channel_names_problems(names, int(fed.channels)):
@@ -408,8 +459,9 @@ def build_federation(
     sites = sorted(sites, key=lambda s: order.index(s.name))
 
     def case(site: SiteFiles, cid: str, image: Path, label: Path) -> Case:
+        synonyms = {"label_synonyms": header.label_synonyms} if header.label_synonyms else {}  # else as before
         loader = functools.partial(
-            load_case, image, label, header.kind, header.channels, header.label_names, header.regions
+            load_case, image, label, header.kind, header.channels, header.label_names, header.regions, **synonyms
         )
         files = {"image": str(image), "label": str(label)}
         return Case(cid, loader, {**files, **site.case_meta.get(cid, {}), **meta.get((site.name, cid), {})})
@@ -430,6 +482,7 @@ def build_federation(
         ],
         label_names=header.label_names,
         channel_names=None if header.channel_names is None else list(header.channel_names),
+        label_synonyms=header.label_synonyms,
     )
 
 

@@ -272,8 +272,9 @@ def file_stats(files: list[Path]) -> list[list[Any]]:
 
 
 def reader_fields(fed: Federation | Any) -> dict[str, Any]:
-    """What the folder reader reads a case under (``federation.yaml``'s kind, channels, regions and label names), of
-    a :class:`Federation` or a ``fedseg.data.folder.Header``."""
+    """What the folder reader reads a case under (``federation.yaml``'s kind, channels, regions and label names, with
+    the other names a label is given: a changed list re-reads every label, never a stale one), of a
+    :class:`Federation` or a ``fedseg.data.folder.Header``."""
     fields = {
         "kind": fed.kind,
         "channels": fed.channels,
@@ -282,6 +283,8 @@ def reader_fields(fed: Federation | Any) -> dict[str, Any]:
     }
     if fed.regions.ignore is not None:  # the masks' known-voxel channel; absent: the keys as before
         fields["ignore_label"] = fed.regions.ignore
+    if synonyms := getattr(fed, "label_synonyms", None):  # the other names of a label; absent: the keys as before
+        fields["label_synonyms"] = {str(k): list(v) for k, v in sorted(synonyms.items())}
     return fields
 
 

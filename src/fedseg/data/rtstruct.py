@@ -6,10 +6,12 @@ couch...), each a stack of polygons in patient coordinates (mm, DICOM LPS), one 
 (a 3D volume with a patient-space grid: a DICOM series, NIfTI, NRRD or MetaImage; ``readers.volume_grid``):
 
 - **ROI -> label value**: an ROI whose ``ROIName`` names a ``label_names`` entry (compared as DICOM-SEG segment
-  labels are, ``dicom_seg.segment_values``: case-insensitive, ``_`` and ``-`` as spaces) gets that entry's value;
-  ROIs named in no entry (BODY, External, couch, markers) are skipped unread. No ROI named so, or no
-  ``label_names``: refused; a ``label_names`` entry no ROI of any structure set names: refused by the data check,
-  with the closest ROI names (``check.rtstruct_problems``).
+  labels are, ``dicom_seg.segment_values``: case-insensitive, ``_`` and ``-`` as spaces) gets that entry's value,
+  by any of its names where the entry lists several (``{1: [tumor, GTV Tumour]}``: one structure each hospital
+  spells its own way; ``synonyms``, the names after the first); ROIs named in no entry (BODY, External, couch,
+  markers) are skipped unread. No ROI named so, or no ``label_names``: refused; a ``label_names`` entry no ROI of
+  any structure set names by any of its names: refused by the data check, with the closest ROI names
+  (``check.rtstruct_problems``).
 - **A label no ROI names**: an ROI declared in StructureSetROISequence without contours is an explicitly empty
   structure, read as background without a word. A ``label_names`` entry that no ROI of a structure set names at all
   is read as background too (a case without a lesion is legitimate), but it is not silent: in RT practice a missing
@@ -145,14 +147,17 @@ def _note(painted: Painted) -> None:
         )
 
 
-def _unnamed(names: dict[int, str], label_names: dict[int, str]) -> tuple[tuple[int, str], ...]:
-    """The ``label_names`` entries ``(value, name)`` that no ROI of ``names`` names."""
+def _unnamed(
+    names: dict[int, str], label_names: dict[int, str], synonyms: dicom_seg.LabelSynonyms | None = None
+) -> tuple[tuple[int, str], ...]:
+    """The ``label_names`` entries ``(value, name)`` that no ROI of ``names`` names by any of the entry's names."""
     named = {dicom_seg.normalized_name(n) for n in names.values()}
-    return tuple(
-        (value, name)
-        for value, name in sorted(label_names.items())
-        if value > 0 and dicom_seg.normalized_name(name) not in named
-    )
+    found = {
+        value
+        for value, name in dicom_seg.label_name_pairs(label_names, synonyms)
+        if dicom_seg.normalized_name(name) in named
+    }
+    return tuple((value, name) for value, name in sorted(label_names.items()) if value > 0 and value not in found)
 
 
 def is_rtstruct(path: Path) -> bool:
@@ -165,14 +170,20 @@ def is_rtstruct(path: Path) -> bool:
     return str(getattr(ds, "Modality", "")) == "RTSTRUCT" or readers.sop_class(ds) == RTSTRUCT_SOP_CLASS
 
 
-def read_rtstruct(path: Path, grid: readers.VoxelGrid, image: Path, label_names: dict[int, str] | None) -> np.ndarray:
+def read_rtstruct(
+    path: Path,
+    grid: readers.VoxelGrid,
+    image: Path,
+    label_names: dict[int, str] | None,
+    synonyms: dicom_seg.LabelSynonyms | None = None,
+) -> np.ndarray:
     """The RT Structure Set ``path`` painted on ``image`` (whose grid is ``grid``) as a label map of ``grid``'s
-    spatial shape (uint8, or uint16 for a label value above 255): the ROIs ``label_names`` names, in ascending label
-    value (a higher value overwrites a lower one where they overlap), each contour filled by the voxel-centre rule
-    and one ROI's contours on a slice combined by XOR (holes); see the module docstring.
-    ``FederationError`` with one line naming the file otherwise."""
+    spatial shape (uint8, or uint16 for a label value above 255): the ROIs ``label_names`` names (or a value's other
+    names, ``synonyms``), in ascending label value (a higher value overwrites a lower one where they overlap), each
+    contour filled by the voxel-centre rule and one ROI's contours on a slice combined by XOR (holes); see the module
+    docstring. ``FederationError`` with one line naming the file otherwise."""
     try:
-        return _read_rtstruct(path, grid, image, label_names)
+        return _read_rtstruct(path, grid, image, label_names, synonyms)
     except FederationError:
         raise
     except (AttributeError, IndexError, KeyError, TypeError, ValueError) as e:  # LinAlgError is a ValueError
@@ -238,8 +249,11 @@ def _points(contour: Any, path: Path, roi: str, number: int) -> np.ndarray:
 
 
 def _roi_values(
-    names: dict[int, str], label_names: dict[int, str] | None, path: Path
-) -> dict[int, int]:  # ROI number -> label value, for the ROIs label_names names
+    names: dict[int, str],
+    label_names: dict[int, str] | None,
+    path: Path,
+    synonyms: dicom_seg.LabelSynonyms | None = None,
+) -> dict[int, int]:  # ROI number -> label value, for the ROIs label_names (or a value's synonyms) names
     listed = ", ".join(repr(n) for n in names.values()) or "none"
     if not label_names:
         raise FederationError(
@@ -247,9 +261,10 @@ def _roi_values(
             f"its ROIs: {listed}"
         )
     by_name: dict[str, list[int]] = {}
-    for value, name in sorted(label_names.items()):
+    for value, name in sorted(dicom_seg.label_name_pairs(label_names, synonyms)):
         if value > 0:  # background is what no ROI paints
-            by_name.setdefault(dicom_seg.normalized_name(name), []).append(value)
+            found = by_name.setdefault(dicom_seg.normalized_name(name), [])
+            found += [] if value in found else [value]  # a value's own names alike: one value
     values = {}
     for number, name in names.items():
         matches = by_name.get(dicom_seg.normalized_name(name), [])
@@ -260,7 +275,11 @@ def _roi_values(
         if matches:
             values[number] = matches[0]
     if not values:
-        expected = ", ".join(f"{v}: {n}" for v, n in sorted(label_names.items()) if v > 0)
+        expected = ", ".join(
+            f"{v}: {n}" + "".join(f" or {other}" for other in (synonyms or {}).get(v, ()))
+            for v, n in sorted(label_names.items())
+            if v > 0
+        )
         raise FederationError(
             f"{path}: no ROI of this RTSTRUCT names a label of label_names (federation.yaml); its ROIs: {listed}; "
             f"label_names: {expected}"
@@ -386,7 +405,13 @@ def _fill(polygons: list[np.ndarray], size: tuple[int, int]) -> tuple[tuple[slic
     return (slice(i0, i1 + 1), slice(j0, j1 + 1)), inside.T
 
 
-def _read_rtstruct(path: Path, grid: readers.VoxelGrid, image: Path, label_names: dict[int, str] | None) -> np.ndarray:
+def _read_rtstruct(
+    path: Path,
+    grid: readers.VoxelGrid,
+    image: Path,
+    label_names: dict[int, str] | None,
+    synonyms: dicom_seg.LabelSynonyms | None = None,
+) -> np.ndarray:
     if len(grid.shape) < 3:
         raise FederationError(
             f"{path}: an RTSTRUCT label is painted on a 3D image volume, but {image} is a 2D image {grid.shape}"
@@ -394,7 +419,7 @@ def _read_rtstruct(path: Path, grid: readers.VoxelGrid, image: Path, label_names
     ds = _dataset(path)
     rois = {int(item.ROINumber): item for item in _sequence(ds, "StructureSetROISequence", path)}
     names = {number: str(getattr(item, "ROIName", "")) for number, item in rois.items()}
-    values = _roi_values(names, label_names, path)
+    values = _roi_values(names, label_names, path, synonyms)
     if (other := _other_frame(ds, [rois[n] for n in values], path, image)) is not None:
         raise FederationError(other)
     nx, ny, nz = (int(n) for n in grid.shape[:3])
@@ -447,5 +472,5 @@ def _read_rtstruct(path: Path, grid: readers.VoxelGrid, image: Path, label_names
     for number in sorted(values, key=lambda n: (values[n], n)):  # ascending value: the higher one wins overlaps
         label[masks[number]] = values[number]
     assert label_names is not None  # _roi_values refused a structure set without them
-    _note(Painted(path, _unnamed(names, label_names), tuple(names.values()), elsewhere))
+    _note(Painted(path, _unnamed(names, label_names, synonyms), tuple(names.values()), elsewhere))
     return label
