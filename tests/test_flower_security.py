@@ -25,6 +25,7 @@ import ssl
 import stat
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -518,7 +519,9 @@ def test_every_isolation_runs_the_supernode_with_fedsegs_checking_runner():
     assert "--fresh" not in runner_command(9094, "warm", 0.2)
 
 
-def test_only_the_sites_own_runner_may_take_its_tasks_and_no_token_is_in_a_process_argument(tmp_path, disc_federation):
+def test_only_the_sites_own_runner_may_take_its_tasks_and_no_token_is_in_a_process_argument(
+    tmp_path, disc_federation, monkeypatch
+):
     """An attack: the SuperNode's Runtime API (127.0.0.1) handed the site's tasks to any local process that asked
     first (it read the site's messages and state and answered for it), and a fresh task's token was in its
     arguments (``ps``). Now the SuperNode starts with a secret drawn at its start (Flower's SuperExec
@@ -557,8 +560,57 @@ def test_only_the_sites_own_runner_may_take_its_tasks_and_no_token_is_in_a_proce
         said, _ = proc.communicate(timeout=60)
     assert "gives its tasks to its own ClientApp runner only" in said and "EXPERIMENTAL" not in said, said
     assert list(own_tmp.iterdir()) == []  # the secret's folder goes with the SuperNode
-    assert "--task" in (command := task_command(f"127.0.0.1:{port}", True, None, 0.1))
-    assert not any(len(arg) >= 16 and arg.isalnum() for arg in command[3:])  # no token among its arguments
+    # one a SuperNode killed with -9 left (its pid gone) is removed by the next start; a live one's is not
+    from fedseg.flower.supernode import SECRET_FOLDER, remove_dead_secrets
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    left, alive = own_tmp / f"{SECRET_FOLDER}{dead.stdout.strip()}-x", own_tmp / f"{SECRET_FOLDER}{os.getpid()}-y"
+    for folder in (left, alive):
+        folder.mkdir()
+        (folder / "superexec.secret").write_bytes(b"s")
+    monkeypatch.setattr(tempfile, "tempdir", str(own_tmp))
+    remove_dead_secrets()
+    assert sorted(own_tmp.iterdir()) == [alive]
+    assert "--task" in task_command(f"127.0.0.1:{port}", True, None, 0.1)
+
+
+def test_the_runner_takes_the_secret_out_of_its_environment_and_gives_a_task_process_its_token_only(monkeypatch):
+    """The runner drops the SuperNode's secret and a task token from its environment before it imports anything (a
+    method package's child process would inherit them), signs with the secret, and starts a fresh task's process
+    with the token in that process's environment, never in its arguments, and without the secret."""
+    from fedseg.flower import flwr_internals, worker
+    from fedseg.flower.supernode import SECRET_ENV
+
+    real_serve, seen = worker.serve, {}
+
+    def spy(address, insecure, certificates, poll, fresh, secret):
+        seen.update(secret=secret, fresh=fresh, environ=dict(os.environ))
+
+    monkeypatch.setattr(worker, "serve", spy)
+    monkeypatch.setattr(flwr_internals, "cap_object_pull_backoff", lambda seconds: None)
+    monkeypatch.setenv(SECRET_ENV, "ab" * 32)
+    monkeypatch.setenv(worker.TASK_TOKEN_ENV, "left-over")
+    monkeypatch.setattr(sys, "argv", ["worker", "--runtime-api-address", "127.0.0.1:9", "--fresh"])
+    worker.main()
+    assert seen["secret"] == bytes.fromhex("ab" * 32) and seen["fresh"]
+    assert SECRET_ENV not in seen["environ"] and worker.TASK_TOKEN_ENV not in seen["environ"]
+    # a fresh task: its token in its process's environment only, the secret nowhere
+    tokens, started, signed = iter(["t0ken-of-one-task", None]), [], []
+    monkeypatch.setattr(flwr_internals, "superexec_runtime_client", lambda *args: signed.append(args[-1]))
+    monkeypatch.setattr(flwr_internals, "acquire_client_app_task", lambda client: next(tokens))
+    monkeypatch.setattr("fedseg.flower.deploy.wait_for_port", lambda *args, **kwargs: None)
+    monkeypatch.setattr(worker.subprocess, "run", lambda command, env, check: started.append((command, env)))
+
+    def stop(seconds):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(worker.time, "sleep", stop)
+    with pytest.raises(KeyboardInterrupt):
+        real_serve("127.0.0.1:9", True, None, 0.01, True, b"the secret")
+    assert signed == [b"the secret"]
+    ((command, env),) = started
+    assert env[worker.TASK_TOKEN_ENV] == "t0ken-of-one-task" and "t0ken-of-one-task" not in " ".join(command)
+    assert SECRET_ENV not in env
 
 
 @pytest.mark.slow

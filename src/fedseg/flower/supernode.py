@@ -15,6 +15,7 @@ or ``subprocess``, a new process per message (as Flower's ``subprocess`` isolati
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import secrets
 import sys
@@ -120,8 +121,6 @@ def supernode_argv(
 def runner_command(port: int, isolation: str, poll: float | None) -> list[str]:
     """fedseg's ClientApp runner for the SuperNode whose Runtime API is on 127.0.0.1:``port``: it runs fedseg's
     app only, every message in itself (``warm``) or in a new process each (``subprocess``)."""
-    import os
-
     cmd = [sys.executable, "-m", "fedseg.flower.worker", "--runtime-api-address", f"127.0.0.1:{port}", "--insecure"]
     cmd += ["--parent-pid", str(os.getpid())]
     cmd += ["--fresh"] if isolation == "subprocess" else []
@@ -131,7 +130,6 @@ def runner_command(port: int, isolation: str, poll: float | None) -> list[str]:
 def check_private_key(path: Path) -> None:
     """A ValueError unless the site's private key ``path`` is a file only its owner can read or write (as ssh
     refuses its keys; an audit's key of mode 0644 connected without a word)."""
-    import os
     import stat
 
     try:
@@ -227,7 +225,8 @@ def run_supernode(
         allow_faults,
     )
     if state is not None:
-        Path(state).mkdir(parents=True, exist_ok=True, mode=0o700)  # the site's models: its owner's alone
+        Path(state).mkdir(parents=True, exist_ok=True)
+        Path(state).chmod(0o700)  # the site's models: its owner's alone (a folder an older fedseg made 0755 too)
     # one SuperNode keeps a --state folder: a second one (a supervisor's restart racing a manual start) would write the
     # same site's snapshots; held until this SuperNode exits
     hint = "wait for that SuperNode to end or stop it, then start this one again"
@@ -238,7 +237,6 @@ def run_supernode(
 def become_supernode(site: str, argv: list[str], port: int, isolation: str, poll: float | None) -> None:
     """``run_supernode``'s last step, its data and options checked: start the ClientApp runner and run Flower's
     SuperNode (``argv``: ``supernode_argv``) in this process until it stops."""
-    import os
     import subprocess
 
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
@@ -253,7 +251,8 @@ def become_supernode(site: str, argv: list[str], port: int, isolation: str, poll
     # only the runner may take the site's tasks from the Runtime API (any local process could): a secret drawn now,
     # read by the SuperNode from a file only this user can read, by the runner from its environment
     secret = secrets.token_bytes(32)
-    with tempfile.TemporaryDirectory(prefix="fedseg-supernode-") as private:  # 0700
+    remove_dead_secrets()
+    with tempfile.TemporaryDirectory(prefix=f"{SECRET_FOLDER}{os.getpid()}-") as private:  # 0700
         secret_file = Path(private) / "superexec.secret"
         atomic_write_bytes(secret_file, lambda f: f.write(secret), private=True)
         env = {**os.environ, SECRET_ENV: secret.hex()}
@@ -266,6 +265,23 @@ def become_supernode(site: str, argv: list[str], port: int, isolation: str, poll
             if runner_died.is_set():
                 raise SystemExit(1) from None
             raise
+
+
+SECRET_FOLDER = "fedseg-supernode-"  # + the SuperNode's pid: the temporary folder of its secret
+
+
+def remove_dead_secrets() -> None:
+    """Remove the secret folders of SuperNodes that ended without removing theirs (``kill -9``): a secret no process
+    uses any more, in the temporary folder, this user's only."""
+    import shutil
+
+    from fedseg.interrupts import is_running
+
+    for folder in Path(tempfile.gettempdir()).glob(f"{SECRET_FOLDER}*"):
+        pid = folder.name.removeprefix(SECRET_FOLDER).split("-", 1)[0]
+        if pid.isdigit() and not is_running(int(pid)) and folder.is_dir() and not folder.is_symlink():
+            if folder.stat().st_uid == os.getuid():
+                shutil.rmtree(folder, ignore_errors=True)
 
 
 def supernode_command(

@@ -129,11 +129,18 @@ def task_command(address: str, insecure: bool, root_certificates: str | None, po
     return [*cmd, "--poll", str(poll), "--parent-pid", str(os.getpid())]
 
 
-def serve(address: str, insecure: bool, root_certificates: str | None, poll: float, fresh: bool = False) -> None:
-    """Poll the SuperNode's Runtime API for ClientApp tasks forever; run each in this process (warm) or, with
-    ``fresh``, in a new process each (the SuperNode hands out one message at a time: it waits for it)."""
+def serve(
+    address: str,
+    insecure: bool,
+    root_certificates: str | None,
+    poll: float,
+    fresh: bool = False,
+    secret: bytes | None = None,
+) -> None:
+    """Poll the SuperNode's Runtime API for ClientApp tasks forever (``secret``: the SuperNode's, signing each
+    ``AcquireTask``); run each in this process (warm) or, with ``fresh``, in a new process each, given its token in
+    its environment (the SuperNode hands out one message at a time: it waits for it)."""
     from fedseg.flower import flwr_internals as internals
-    from fedseg.flower.supernode import SECRET_ENV
 
     if not fresh:
         import fedseg.algorithms  # noqa: F401  (warm: PyTorch, MONAI and fedseg are imported once, here)
@@ -142,8 +149,7 @@ def serve(address: str, insecure: bool, root_certificates: str | None, poll: flo
 
     host, _, port = address.rpartition(":")
     wait_for_port(host, int(port), RUNTIME_API_WAIT, what="the SuperNode's Runtime API")  # no retry lines meanwhile
-    secret = os.environ.pop(SECRET_ENV, "")  # not passed on to a task's process, which needs its token only
-    client = internals.superexec_runtime_client(address, insecure, root_certificates, bytes.fromhex(secret) or None)
+    client = internals.superexec_runtime_client(address, insecure, root_certificates, secret)
     log.info("%s ClientApp runner polling %s every %.2f s", "fresh" if fresh else "warm", address, poll)
     while True:
         token = internals.acquire_client_app_task(client)
@@ -180,6 +186,10 @@ def main() -> None:
     parser.add_argument("--fresh", action="store_true", help="run every task in a new process")
     parser.add_argument("--task", action="store_true", help=f"run one task and exit (its token in ${TASK_TOKEN_ENV})")
     args = parser.parse_args()
+    # first of all: what this process imports (methods, their packages) and starts never sees these
+    from fedseg.flower.supernode import SECRET_ENV
+
+    secret, token = os.environ.pop(SECRET_ENV, ""), os.environ.pop(TASK_TOKEN_ENV, "")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     logging.getLogger("flwr").addFilter(no_retry_warnings)
@@ -190,10 +200,10 @@ def main() -> None:
     cap_object_pull_backoff(args.poll)
     try:
         if args.task:
-            token = os.environ.pop(TASK_TOKEN_ENV, "")
             run_task(args.runtime_api_address, args.insecure, args.root_certificates, token)
         else:
-            serve(args.runtime_api_address, args.insecure, args.root_certificates, args.poll, args.fresh)
+            address, insecure, certificates = args.runtime_api_address, args.insecure, args.root_certificates
+            serve(address, insecure, certificates, args.poll, args.fresh, bytes.fromhex(secret) or None)
     except KeyboardInterrupt:  # Ctrl-C in the terminal reaches the whole group: the SuperNode says it stops
         sys.exit(130)
     except (OSError, RuntimeError) as e:  # TimeoutError: its SuperNode's Runtime API never listened
