@@ -285,7 +285,7 @@ def test_seg_segments_are_matched_by_name_and_a_segment_label_names_does_not_lis
     the other is not read at all (it must not become the label its number has: 2 "tumor" here), said once per file,
     as RTSTRUCT ROIs naming no label are skipped."""
     dicom_seg._noted_segments.clear()
-    other_two = {0: "background", 1: "organ", 2: "tumor"}  # "lesion" is another structure than label 2 here
+    other_two = {0: "background", 1: "organ", 3: "tumor"}  # "lesion" is another structure than label 3 here
     with caplog.at_level(logging.WARNING, logger="fedseg.data.dicom_seg"):
         for _ in range(2):
             got = read_label(files["label_seg"], "3d", image=files["dicom"], label_names=other_two)
@@ -295,6 +295,17 @@ def test_seg_segments_are_matched_by_name_and_a_segment_label_names_does_not_lis
         "(background), while the segments named so are read by name (1 'Organ' -> 1); add its name to label_names "
         "to train it"
     ]
+    # a review: segment 2 "lesion" where label 2 is "tumor", named by no segment, was read by number (as label 2)
+    # before segments were matched by name; not read now, label 2 would go missing: refused, with the way out
+    with pytest.raises(FederationError) as e:
+        read_label(
+            files["label_seg"], "3d", image=files["dicom"], label_names={0: "background", 1: "organ", 2: "tumor"}
+        )
+    assert str(e.value) == (
+        f"{files['label_seg']}: segment 2 'lesion' names no label of label_names, and no other segment names label 2 "
+        "('tumor'): if it is that structure under another name, list the name as one of label 2's (label_names: "
+        "{2: [tumor, lesion]}), else rename the segment"
+    )
     swapped = {0: "background", 1: "lesion", 3: "liver"}  # "lesion" is segment 2, "Organ" names nothing here
     got = read_label(files["label_seg"], "3d", image=files["dicom"], label_names=swapped)
     np.testing.assert_array_equal(got, np.where(LABEL == 2, 1, 0))  # by name: lesion as 1, Organ not read

@@ -21,7 +21,7 @@ import numpy as np
 from fedseg.config import DataConfig, SplitConfig
 from fedseg.data import dicom_seg, readers, rtstruct
 from fedseg.data.case_files import case_problems, grid_problems, read_array, read_image, read_label
-from fedseg.data.federation import Federation, FederationError, Regions
+from fedseg.data.federation import UNANNOTATED, Federation, FederationError, Regions
 from fedseg.data.folder import (
     HEADER_FILE,
     Header,
@@ -347,7 +347,7 @@ def check_folder(
     ``data.prepare_threads``; a BraTS case about 0.8 s on one core: FeTS 2022's 1251 cases about 16 core-minutes),
     unless ``$FEDSEG_PREPARED_CACHE`` knows it unchanged (``fedseg.data.prepared.CheckCache``). The returned cases
     carry ``meta["image_shape"]`` ``(C, *spatial)``, and with an ignore label a case none of whose voxels is annotated
-    ``meta["unannotated"]`` (True): :func:`fedseg.data.splits.split_problems` does not count it.
+    ``meta[UNANNOTATED]`` (True): :func:`fedseg.data.splits.split_problems` does not count it.
 
     ``all_sites=False``: the folder holds only some of the federation's sites (a hospital's copy),
     so ``federation.yaml``'s ``sites:`` may name sites that are not here (see ``scan_folder``).
@@ -411,7 +411,7 @@ def check_folder(
             unannotated += [label_path] if nothing_known else []
             if shape is not None:
                 # unannotated: split_problems counts only cases it can train on or score
-                meta[(site_name, cid)] = {"image_shape": shape, **({"unannotated": True} if nothing_known else {})}
+                meta[(site_name, cid)] = {"image_shape": shape, **({UNANNOTATED: True} if nothing_known else {})}
                 if code:
                     orientations.setdefault(code, []).append((site_name, cid))
                 if warnings is not None:

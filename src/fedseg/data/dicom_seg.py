@@ -79,6 +79,16 @@ def segment_values(
     (``_warn_read_by_number`` says so where their names say what they hold)."""
     mapped = _named_values(segments, label_names, synonyms)
     if any(v >= 0 for v in mapped.values()):
+        supplied = {v for v in mapped.values() if v >= 0}
+        for n in sorted(segments):
+            if mapped[n] < 0 and label_names and n in label_names and n not in supplied:
+                # read by number before segments were matched by name: not read now, the label would go missing
+                raise FederationError(
+                    f"{path}: segment {n} {segments[n]!r} names no label of label_names, and no other segment names "
+                    f"label {n} ({label_names[n]!r}): if it is that structure under another name, list the name as "
+                    f"one of label {n}'s (label_names: {{{n}: [{label_names[n]}, {segments[n]}]}}), else rename the "
+                    "segment"
+                )
         _note_segments(segments, mapped, path)
         return {n: max(v, 0) for n, v in mapped.items()}
     _warn_read_by_number(segments, mapped, label_names, path)

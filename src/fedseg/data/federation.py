@@ -241,7 +241,8 @@ class Case:
 
 # What the folder reader and ``data check`` keep in ``Case.meta`` besides metadata: not metadata,
 # and not allowed as ``cases.csv`` columns.
-FILE_META_KEYS: tuple[str, ...] = ("image", "label", "image_shape", "unannotated")
+UNANNOTATED = "_unannotated"  # set by ``data check``: no voxel annotated (an ignore label); a rare column name
+FILE_META_KEYS: tuple[str, ...] = ("image", "label", "image_shape", UNANNOTATED)
 
 
 @dataclass

@@ -734,5 +734,5 @@ def load_folder(root: str | Path, *, all_sites: bool = True) -> Federation:
 def load_itk_for(sites: list[SiteFiles]) -> None:
     """Load ITK's modules now (``readers.load_itk``, on the caller's thread: before threads read the cases) where
     some case of ``sites`` is read with ITK (a DICOM series, NRRD or MetaImage file); nothing otherwise."""
-    if readers.needs_itk(image for site in sites for image, _ in site.cases.values()):
+    if readers.needs_itk(path for site in sites for pair in site.cases.values() for path in pair):
         readers.load_itk()

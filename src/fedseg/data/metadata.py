@@ -11,7 +11,7 @@ together (``fedseg.data.splits``); methods such as prior clustering read a key w
 - **Case-level**, ``<site>/cases.csv`` (optional): a header row with a ``case`` column and any
   other columns, then one row per case of that site. Values are kept as strings (stripped) in
   ``Case.meta``; an empty cell means *no value*. Cases not listed have no case-level metadata.
-  The column names ``image``, ``label``, ``image_shape`` and ``unannotated`` are reserved (``FILE_META_KEYS``).
+  The column names ``image``, ``label``, ``image_shape`` and ``_unannotated`` are reserved (``FILE_META_KEYS``).
 - ``group`` (case-level) names the unit that must stay within one split, e.g. the patient or
   volume a 2D slice was cut from.
 

@@ -121,7 +121,8 @@ def striped_step(slices: Iterable[int], drawn_elsewhere: bool) -> int | None:
     lands on every other slice, and read so it would train a striped structure. Said where the label names another
     series or other images (``drawn_elsewhere``), and otherwise where 3 or more slices lie that step apart every one
     (every other slice annotated: striped too); not for 2 slices 2 apart of a label drawn on this series (two lesions
-    with an empty slice between them); ``None`` otherwise."""
+    with an empty slice between them); ``None`` otherwise. (Two single-slice structures drawn on a co-registered
+    series of other slice positions are refused too: give the label that series as its image.)"""
     found = sorted(set(slices))
     if len(found) < 2:
         return None

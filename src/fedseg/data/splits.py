@@ -35,7 +35,7 @@ import numpy as np
 
 from fedseg.config import SplitConfig
 from fedseg.data.csv_rows import read_csv_rows, unknown_case
-from fedseg.data.federation import SPLITS, Federation, FederationError, Site, Split
+from fedseg.data.federation import SPLITS, UNANNOTATED, Federation, FederationError, Site, Split
 from fedseg.data.metadata import case_groups
 
 Splits = dict[str, dict[str, Split]]
@@ -195,7 +195,7 @@ def split_problems(fed: Federation, splits: Splits) -> list[str]:
     of one case: training failed on its empty validation split; one without test cases failed the final evaluation,
     after all the training, in every method that scores per site), sites or cases not covered.
 
-    With an ignore label (partial annotations) a case without an annotated voxel (``meta["unannotated"]``, set by
+    With an ignore label (partial annotations) a case without an annotated voxel (``meta[UNANNOTATED]``, set by
     ``data check``) counts in no split: it trains nothing and gets no score, so a site whose validation cases are all
     such would have no Dice to select a round by (its per-site models stayed at round 1) and one whose training cases
     are all such would send an untrained model to be averaged."""
@@ -213,7 +213,7 @@ def split_problems(fed: Federation, splits: Splits) -> list[str]:
         if missing:
             problems.append(f"site {site.name!r}: {len(missing)} cases have no split, e.g. {_preview(missing)}")
         counts = {s: sum(1 for cid, v in assigned.items() if v == s and cid in ids) for s in SPLITS}
-        unannotated = {c.id for c in site.cases if c.meta.get("unannotated")}
+        unannotated = {c.id for c in site.cases if c.meta.get(UNANNOTATED)}
         annotated = {s: counts[s] - sum(1 for cid in unannotated if assigned.get(cid) == s) for s in SPLITS}
         # training needs train; the round selection and the local models score every site's val; the final
         # evaluation every site's test
