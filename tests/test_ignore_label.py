@@ -24,7 +24,7 @@ from PIL import Image
 from fedseg.config import DataConfig, SplitConfig, TrainConfig, VolumeConfig
 from fedseg.data.check import check_folder
 from fedseg.data.exporters.nnunet import export_nnunet
-from fedseg.data.federation import Case, Federation, FederationError, Regions, Site, split_known
+from fedseg.data.federation import UNANNOTATED, Case, Federation, FederationError, Regions, Site, split_known
 from fedseg.data.folder import load_folder, read_header
 from fedseg.data.prepared import prepare_case, reader_fields
 from fedseg.data.preprocess import case_tensors
@@ -179,10 +179,30 @@ def test_a_site_whose_validation_cases_hold_no_annotated_voxel_is_refused_before
     assert f"; {len(val)} without an annotated voxel, counted in none)" in said, said
     assert "site 'B'" not in said
     fed = check_folder(out)  # without a split (a folder's own check of its files): warnings only
-    assert [c.id for c in fed.site("A").cases if c.metadata.get("unannotated")] == []  # bookkeeping, not metadata
+    assert not any(UNANNOTATED in c.metadata for c in fed.site("A").cases)  # bookkeeping, not metadata
     # one unannotated validation case among annotated ones is no problem: it just gets no score
     (out / "A" / "labels" / f"{val[0]}.png").write_bytes(first)
     assert check_folder(out, split, 0).site("A")
+
+
+def test_an_import_whose_site_holds_no_annotated_case_does_not_say_data_check_ok(tmp_path, caplog):
+    """An audit: the import of a dataset whose site B held only the ignore label printed "data check OK", and
+    `fedseg data check` then refused it; its warnings named the staging folder (gone after the import). The import
+    keeps the sound files but says the default split fails, with the check's line, and names the final files."""
+    src = png_dataset(tmp_path / "Dataset608_Scribbles")
+    for path in (src / "labelsTr").glob("B_*.png"):
+        Image.fromarray(np.full((SIZE, SIZE), 2, np.uint8)).save(path)
+    out = tmp_path / "fed"
+    result = cli("import", "nnunet", str(src), "--site-by", r"^([A-Z]+)_\d+$", "--out", str(out))
+    said = " ".join(result.output.split())
+    assert result.exit_code == 0 and "data check OK" not in said, result.output
+    assert "files checked, but the default split fails (below)" in said
+    assert "warning: site 'B': no annotated training cases" in said and f"`fedseg data check {out}`" in said
+    logged = " ".join(" ".join(r.getMessage() for r in caplog.records).split())
+    assert f"{out / 'B' / 'labels' / 'B_000.png'}: no annotated voxel" in logged, logged
+    assert ".importing-" not in said + logged
+    checked = cli("check", str(out))
+    assert checked.exit_code != 0 and "site 'B': no annotated training cases" in " ".join(checked.output.split())
 
 
 def test_region_based_labels_with_an_ignore_label_import(tmp_path):

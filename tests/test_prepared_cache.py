@@ -209,12 +209,27 @@ def test_cache_list_and_clear_prepared(folder, cache):
     assert "10 prepared cases" in listed.output.splitlines()[-1]
     stale = runner.invoke(app, ["data", "cache", "clear", "--stale"])
     assert stale.exit_code != 0 and "give --prepared too" in stale.output and "Traceback" not in stale.output
+    notes = cache / "notes.txt"
+    wrong = runner.invoke(app, ["data", "cache", "clear", "--prepared"], env={PREPARED_CACHE_ENV: str(notes)})
+    assert wrong.exit_code != 0 and f"{PREPARED_CACHE_ENV}={notes}: not a folder" in wrong.output, wrong.output
     stale = runner.invoke(app, ["data", "cache", "clear", "--prepared", "--stale"])
     assert stale.exit_code == 0 and "removed 1 prepared cases prepared by other versions" in stale.output
     assert not (cache / ("0" * 16)).exists() and len(_entries(cache)) == 9  # this fedseg's left alone
+    # a folder named like the cache's holding someone's files (an audit: it went whole): only the cache's files go
+    mine = cache / ("1" * 16)
+    (mine / "ab").mkdir(parents=True)
+    (mine / "important.txt").write_text("mine\n")
+    (mine / "ab" / "scan.nii.gz").write_bytes(b"not a case")
+    (mine / "ab" / f"{'cd' * 32}{SUFFIX}").write_bytes(b"an older fedseg's case")
+    stale = runner.invoke(app, ["data", "cache", "clear", "--prepared", "--stale"])
+    assert stale.exit_code == 0 and "removed 1 prepared cases prepared by other versions" in stale.output
+    assert f"note: {mine}: kept: it holds files fedseg did not write" in " ".join(stale.output.split())
+    assert sorted(p.relative_to(mine).as_posix() for p in mine.rglob("*")) == ["ab", "ab/scan.nii.gz", "important.txt"]
+    (mine / "ab" / "scan.nii.gz").rename(cache / "scan.nii.gz")
+    (mine / "important.txt").rename(cache / "important.txt")
     cleared = runner.invoke(app, ["data", "cache", "clear", "--prepared"])
     assert cleared.exit_code == 0 and "removed 9 prepared cases" in cleared.output, cleared.output
-    assert [p.name for p in cache.iterdir()] == ["notes.txt"]
+    assert sorted(p.name for p in cache.iterdir()) == ["important.txt", "notes.txt", "scan.nii.gz"]  # mine: emptied
 
 
 def test_other_versions_entries_are_named_once_when_they_hold_a_gigabyte(cache, caplog):

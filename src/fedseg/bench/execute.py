@@ -5,7 +5,8 @@ without starting it, continues a half-done one from its last checkpoint (``fedse
 rest.
 
 ``jobs`` > 1 trains that many runs at once, each in a fresh process (``forkserver``; its own torch threads, as
-the run's ``threads`` says), so runs never share state and their numbers equal a ``jobs`` = 1 bench's. A fresh
+the run's ``threads`` says), so runs never share state and their numbers equal a ``jobs`` = 1 bench's. On Linux
+the process server and every run process end with the bench however it ends (SIGKILL too), so no run trains on. A fresh
 process knows the built-in methods, and those a script registers at its top level (it runs that again as it
 starts); the bench's methods registered in this process (``register_algorithm``, under ``if __name__ ==
 "__main__":`` too) are sent to each run's process and registered there (:func:`job_registrations`: a class the
@@ -37,6 +38,7 @@ from fedseg.bench.plan import BenchRun, reference_method, run_config
 from fedseg.bench.spec import BenchSpec
 from fedseg.config import RunConfig
 from fedseg.config_load import with_recorded_defaults, without_idle_methods
+from fedseg.engine.forkserver import die_with_parent, ensure_server, server_pid
 from fedseg.interrupts import INTERRUPTED_EXIT, stop_processes
 from fedseg.run.stopping import recorded_not_converged
 
@@ -146,17 +148,22 @@ def _train_in_process(
     registered: tuple[AlgorithmSpec, ...] = (),
     federations: tuple[RegisteredFederation, ...] = (),
     environment: dict[str, str] | None = None,
+    parent: int | None = None,
 ) -> None:
-    """A bench process's target: set ``environment`` (:func:`job_memory_share`), register ``registered`` (the
-    bench's methods registered in the parent, ``job_registrations``: a script's ``if __name__ == "__main__":`` block
-    does not run here), ``train`` one run, then put ``(out, seconds, None)`` on ``results``, or ``(out, None,
-    exception)`` when it failed, and exit; interrupted (SIGINT from the bench or Ctrl-C) before its answer is ready,
-    it leaves quietly. Once the answer is ready, SIGINT is ignored, so an interrupt cannot cut it short (ignored,
-    not blocked: blocking holds it back from this thread only, and Python runs its handler in the main thread
-    whichever thread received it; the bench stops the other runs with SIGINT as soon as one fails)."""
+    """A bench process's target: end with ``parent`` (the process server that forked it, which ends with the bench:
+    ``fedseg.engine.server_preload``), so a bench killed by SIGKILL leaves no run training on; set ``environment``
+    (:func:`job_memory_share`), register ``registered`` (the bench's methods registered in the parent,
+    ``job_registrations``: a script's ``if __name__ == "__main__":`` block does not run here), ``train`` one run,
+    then put ``(out, seconds, None)`` on ``results``, or ``(out, None, exception)`` when it failed, and exit;
+    interrupted (SIGINT from the bench or Ctrl-C) before its answer is ready, it leaves quietly. Once the answer is
+    ready, SIGINT is ignored, so an interrupt cannot cut it short (ignored, not blocked: blocking holds it back from
+    this thread only, and Python runs its handler in the main thread whichever thread received it; the bench stops
+    the other runs with SIGINT as soon as one fails)."""
     answer: tuple[str, float | None, BaseException | None]
     # the bench stops its runs with SIGINT: taken as Ctrl-C even where this process inherited it ignored (a bench
     # started in the background by a script, `fedseg bench ... &`, whose SIGINT stopped no run: SIGKILL after 20 s)
+    if not die_with_parent(signal.SIGKILL, parent):  # its server (so the bench) ended before the signal was set
+        os._exit(INTERRUPTED_EXIT)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     os.environ.update(environment or {})
     try:
@@ -284,6 +291,8 @@ class Runner:
         and leaves no process behind, then re-raises."""
         federations = job_federations(configs[r] for r in todo)  # registered here: sent along, checked first
         environment = job_memory_share(min(self.jobs, len(todo)))  # each run's share of the memory
+        # the process server dies with this process however it ends (SIGKILL too), and each run's process with it
+        ensure_server()
         context = multiprocessing.get_context("forkserver")
         results = context.Queue()  # (run folder, wall seconds, None) or (run folder, None, the exception)
         queued = list(todo)
@@ -303,6 +312,7 @@ class Runner:
                             self.registered,
                             federations,
                             environment,
+                            server_pid(),
                         ),
                     )
                     child.start()

@@ -271,9 +271,16 @@ def import_(
         fail(error_text(e))
     except KeyboardInterrupt:
         _interrupted(out, before)
+    from fedseg.data.splits import make_splits, split_problems
+
     split, seed = SplitConfig(), DataConfig().seed
     how = "copied" if copy else "linked where usable as is"
-    _print_summary(fed, split, seed, f"imported {layout} ({how}): {{sites}}, {{cases}} -> {out}; data check OK")
+    # the files are sound; `data check` (and a run) also splits every site: said here, not "OK" (an audit)
+    unsplit = split_problems(fed, make_splits(fed, split, seed))
+    verdict = "data check OK" if not unsplit else "files checked, but the default split fails (below)"
+    _print_summary(fed, split, seed, f"imported {layout} ({how}): {{sites}}, {{cases}} -> {out}; {verdict}")
+    for line in unsplit:
+        typer.echo(f"warning: {line}; `fedseg data check {out}` and a run refuse this split", err=True)
     for line in notes:
         typer.echo(f"note: {line}")
 
@@ -392,6 +399,8 @@ def _prepared_root() -> Path:
     root = cache_root()
     if root is None:
         fail(f"no prepared-case cache: {PREPARED_CACHE_ENV} is not set")
+    if root.exists() and not root.is_dir():
+        fail(f"{PREPARED_CACHE_ENV}={root}: not a folder; set it to the prepared-case cache's folder")
     return root
 
 
@@ -464,9 +473,11 @@ def cache_clear(
         from fedseg.data.prepared import clear as clear_prepared
 
         root = _prepared_root()
-        removed, size = clear_prepared(root, stale_only=stale)
+        removed, size, kept = clear_prepared(root, stale_only=stale)
         whose = " prepared by other versions" if stale else ""
         typer.echo(f"removed {removed} prepared cases{whose} ({_mb(size)}) from {root}")
+        for folder in kept:
+            typer.echo(f"note: {folder}: kept: it holds files fedseg did not write (look at them, remove it yourself)")
         return
     from fedseg.data.cache import clear
 

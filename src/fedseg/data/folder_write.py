@@ -5,7 +5,10 @@ that fails or is interrupted leaves no half federation (``staging_folder``, ``mo
 from __future__ import annotations
 
 import contextlib
+import os
+import re
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -86,6 +89,54 @@ def _write_label(folder: Path, cid: str, label: np.ndarray, kind: str, affine: n
         np.save(folder / f"{cid}.npy", label)
 
 
+# A staging folder's name: ``.<purpose>-<pid of its writer>-<mkdtemp's 8 random characters>``.
+_STAGING = re.compile(r"\.(?P<purpose>.+)-(?P<pid>[0-9]+)-[a-z0-9_]{8}")
+
+
+class StagingInUse(FederationError):
+    """A staging folder of the same kind is being written by a running process (its name holds that pid)."""
+
+
+def new_staging(parent: Path, purpose: str) -> Path:
+    """A new hidden folder ``parent/.<purpose>-<pid>-XXXXXXXX`` (mode 0700): this process's pid in its name lets a
+    later command tell a folder left by a writer that was killed (SIGKILL, a power cut: no clean-up ran) from one
+    being written now (:func:`clear_dead_staging`)."""
+    return Path(tempfile.mkdtemp(prefix=f".{purpose}-{os.getpid()}-", dir=parent))
+
+
+def clear_dead_staging(parent: Path, purpose: str, blocking: str | None = None, refuse: bool = True) -> list[Path]:
+    """Remove the staging folders in ``parent`` (:func:`new_staging`) whose ``purpose`` fully matches the regular
+    expression ``purpose`` and whose writer no longer runs (as ``fedseg.folder_lock`` takes over a lock its holder
+    left: the holder is gone), one ``note:`` line on stderr each; the folders removed. Nothing else is touched: not
+    a name of another form, not a link, not a folder of a process that runs. ``StagingInUse`` where a running
+    process writes one whose purpose matches ``blocking`` (default ``purpose``; it will become what this command
+    is to write), saying what to do; ``refuse`` False: such a folder is left alone without a word."""
+    from fedseg.interrupts import is_running
+
+    removed: list[Path] = []
+    if not parent.is_dir() or parent.is_symlink():
+        return removed
+    for entry in sorted(parent.iterdir()):
+        match = _STAGING.fullmatch(entry.name)
+        if match is None or not re.fullmatch(purpose, match["purpose"]) or entry.is_symlink() or not entry.is_dir():
+            continue
+        pid = int(match["pid"])
+        if pid == os.getpid() or is_running(pid):
+            if refuse and re.fullmatch(blocking or purpose, match["purpose"]):
+                raise StagingInUse(
+                    f"{entry}: being written by a running process (pid {pid}): wait for that command to end or stop "
+                    f"it, then run this again (if pid {pid} is no fedseg command, remove that folder yourself)"
+                )
+            continue
+        shutil.rmtree(entry, ignore_errors=True)
+        print(
+            f"note: {entry}: removed, a staging folder left by an interrupted command (pid {pid}, no longer running)",
+            file=sys.stderr,
+        )
+        removed.append(entry)
+    return removed
+
+
 @contextlib.contextmanager
 def staging_folder(final: Path, purpose: str) -> Iterator[Path]:
     """A new hidden folder inside ``final`` (``.<purpose>-*``; ``final`` is created if needed) to write a federation
@@ -95,7 +146,8 @@ def staging_folder(final: Path, purpose: str) -> Iterator[Path]:
     (a mount point, a link to another disk) and no need to write to its parent."""
     created = not final.exists()
     final.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{purpose}-", dir=final))
+    clear_dead_staging(final, re.escape(purpose), refuse=False)  # dead ones only: the callers refuse a busy --out
+    tmp = new_staging(final, purpose)
     try:
         yield tmp
     except BaseException:
@@ -146,6 +198,8 @@ def new_site_folder(root: Path, site: str) -> Path:
 
 def check_root(root: Path, overwrite: bool) -> None:
     """Refuse a non-empty ``root`` unless ``overwrite`` and it is a federation folder (``FederationError``)."""
+    if root.is_dir():
+        clear_dead_staging(root, "writing")  # left by a write killed before it could clean up
     if root.exists() and has_entries(root):
         if not overwrite:
             raise FederationError(

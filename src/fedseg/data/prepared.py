@@ -50,7 +50,6 @@ import json
 import logging
 import os
 import secrets
-import shutil
 import threading
 import zlib
 from collections.abc import Iterator
@@ -74,6 +73,7 @@ PREPARED_CACHE_ENV = "FEDSEG_PREPARED_CACHE"
 MAGIC = b"FSPCASE1"  # the file format's version is its last byte
 ALIGN = 64  # every tensor starts at a multiple of this many bytes (any dtype's view is aligned)
 SUFFIX = ".case"
+CHECK_SUFFIX = ".check"  # what the data check found of an unchanged case (CheckCache)
 PRIVATE_FILE, PRIVATE_FOLDER = 0o600, 0o700  # prepared cases are images of patients: their owner's only
 CODE_DIGITS = 16  # an entry's folder: the first hex digits of the code that prepared it (code_digest)
 TEMP_PREFIX = ".tmp-"
@@ -626,7 +626,7 @@ class CheckCache:
         if files is None:
             return None
         described = {"files": file_stats(files), "reader": self.fields, "check": code_digest(CHECKING_ROOTS)}
-        return entry_path(self.root, _sha256(described), ".check")
+        return entry_path(self.root, _sha256(described), CHECK_SUFFIX)
 
     def get(self, image: Path, label: Path) -> dict[str, Any] | None:
         """What the check found for this case's files when they were last checked sound, or None (none yet, or a
@@ -674,12 +674,23 @@ def remove_dead_temps(root: Path) -> int:
     return removed
 
 
-def clear(root: Path, stale_only: bool = False) -> tuple[int, int]:
-    """Remove every folder of entries under ``root`` (:func:`code_folders`, with their temp files; ``stale_only``:
-    only those of another fedseg or library version, which this one never reads) and nothing else there:
-    ``(entries removed, bytes freed)``. A run of another version that is using a removed entry keeps it (a mapped
-    file stays readable); it prepares the case again next time."""
+def clear(root: Path, stale_only: bool = False) -> tuple[int, int, list[Path]]:
+    """Remove the entries under ``root``: the ``.case`` and ``.check`` files and temp files of every folder of
+    entries (:func:`code_folders`; ``stale_only``: only those of another fedseg or library version, which this one
+    never reads), then the folders left empty, and nothing else: ``(cases removed, bytes freed, the folders kept
+    because they hold other files)`` (an audit: a folder of 16 hex digits holding a user's files went whole). A run
+    of another version that is using a removed entry keeps it (a mapped file stays readable); it prepares the case
+    again next time."""
     found = [f for f in code_folders(root) if not (stale_only and f[3])]
+    kept = []
     for folder, *_ in found:
-        shutil.rmtree(folder, ignore_errors=True)
-    return sum(n for _, n, _, _ in found), sum(size for _, _, size, _ in found)
+        for pattern in (f"??/*{SUFFIX}", f"??/*{CHECK_SUFFIX}", f"??/{TEMP_PREFIX}*"):
+            for file in folder.glob(pattern):
+                if file.is_file() and not file.is_symlink():
+                    file.unlink(missing_ok=True)
+        for sub in [*sorted(folder.glob("??")), folder]:
+            with contextlib.suppress(OSError):  # not empty: it holds what fedseg did not write
+                sub.rmdir()
+        if folder.exists():
+            kept.append(folder)
+    return sum(n for _, n, _, _ in found), sum(size for _, _, size, _ in found), kept

@@ -15,6 +15,7 @@ import multiprocessing
 import multiprocessing.util
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -34,6 +35,38 @@ PRELOAD = ["fedseg.engine.server_preload"]
 # The PID of the process that starts the server, when the server is to die with it (server_preload: Linux's
 # parent-death signal). Only from the main thread: the signal follows the thread that started the server.
 PARENT_ENV = "FEDSEG_SERVER_PARENT"
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_parent(signum: int, parent: int | None) -> bool:
+    """Linux: have this process get ``signum`` the moment its parent ends (prctl ``PR_SET_PDEATHSIG``), however
+    that ends (even SIGKILL). False when ``parent`` (the PID it was started by) is already gone: it may have ended
+    before the signal was set, and this process then has another parent and no signal will come (the caller exits).
+    True otherwise, also where there is no such signal (other systems) or ``parent`` is None (no check).
+
+    The one helper for every process that must not outlive its starter: the pool's process server
+    (``fedseg.engine.server_preload``), a bench's run processes (``fedseg.bench.execute``), the processes of a
+    Flower deployment (``fedseg.flower.deploy``, in the child before exec). Safe between fork and exec: no import
+    beyond ctypes, no lock."""
+    if not sys.platform.startswith("linux"):
+        return True
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signum), 0, 0, 0)
+    except (OSError, AttributeError):
+        return True
+    return parent is None or os.getppid() == parent
+
+
+def server_pid() -> int | None:
+    """The PID of this process's process server (``forkserver``), None when it has none running."""
+    from multiprocessing import forkserver
+
+    server: Any = forkserver._forkserver  # a private field, as stop_server reads it
+    return getattr(server, "_forkserver_pid", None)
+
 
 # What the parent may import while its pool starts (``start_forkserver``'s ``while_waiting``; empty: nothing).
 _while_waiting: list[Callable[[], Sequence[str]]] = []

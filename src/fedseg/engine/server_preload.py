@@ -13,18 +13,15 @@ blocked (:func:`fedseg.engine.forkserver.ensure_server`), so one that comes befo
 handled here. The workers get Python's usual Ctrl-C (``KeyboardInterrupt``).
 """
 
-import ctypes
 import importlib
 import os
 import signal
-import sys
 
 from fedseg import lean_monai
-from fedseg.engine.forkserver import PARENT_ENV
+from fedseg.engine.forkserver import PARENT_ENV, die_with_parent
 from fedseg.interrupts import INTERRUPTED_EXIT
 
 MODULES = ("fedseg.engine.pool", "fedseg.algorithms", "torch._dynamo")
-_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def _die_with_parent() -> None:
@@ -33,15 +30,8 @@ def _die_with_parent() -> None:
     imports torch) or by SIGKILL left the server importing torch and MONAI, then finalizing them: an audit saw it
     18 s after the command had died. Its workers end on their own once their pipes to that process close."""
     parent = os.environ.pop(PARENT_ENV, None)  # set by ensure_server for this server only (not for its workers)
-    if not sys.platform.startswith("linux") or parent is None:
-        return
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):
-        return
-    if str(os.getppid()) != parent:  # it ended before the signal was set (this server now has another parent)
-        os._exit(INTERRUPTED_EXIT)
+    if parent is not None and not die_with_parent(signal.SIGKILL, int(parent)):
+        os._exit(INTERRUPTED_EXIT)  # it ended before the signal was set (this server now has another parent)
 
 
 _die_with_parent()

@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -29,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fedseg.atomic_files import atomic_write_text
+from fedseg.engine.forkserver import die_with_parent
 from fedseg.interrupts import is_running
 
 BIN = Path(sys.executable).parent
@@ -186,13 +188,11 @@ def descendants(pid: int) -> list[int]:
     return sorted(descendants_in(proc_table(), {pid}))
 
 
-def _die_with_parent() -> None:
-    """In the child, before exec: ask Linux for SIGTERM when the parent dies (prctl PR_SET_PDEATHSIG)."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+def _die_with_parent(parent: int) -> None:
+    """In the child, before exec: ask Linux for SIGTERM when the parent dies (prctl PR_SET_PDEATHSIG); a parent
+    already gone (``parent``, its PID, no longer this process's parent) ends the child at once."""
+    if not die_with_parent(signal.SIGTERM, parent):
+        os._exit(1)
 
 
 def stop_when_child_exits(
@@ -265,7 +265,7 @@ class Processes:
                 stdin=subprocess.DEVNULL,
                 env=env,
                 start_new_session=True,
-                preexec_fn=_die_with_parent,
+                preexec_fn=functools.partial(_die_with_parent, os.getpid()),
             )
         item = Started(name, proc, log)
         self.started.append(item)

@@ -43,7 +43,8 @@ What ``export_nnunet`` writes under ``OUT`` (``$nnUNet_raw``)::
   as nnU-Net's ``"ignore"``, the value after the regions' (its voxels keep it in the label files).
 
 Everything is written into a temporary folder next to the dataset and renamed at the end: on any error
-nothing is left at ``OUT/DatasetNNN_Name``.
+nothing is left at ``OUT/DatasetNNN_Name``; one left by an export killed before it could clean up is removed by
+the next export into ``OUT`` (``fedseg.data.folder_write.clear_dead_staging``).
 """
 
 from __future__ import annotations
@@ -51,7 +52,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,7 +61,7 @@ import numpy as np
 from fedseg.atomic_files import current_umask
 from fedseg.data import readers
 from fedseg.data.federation import Case, Federation, FederationError, Regions
-from fedseg.data.folder_write import write_nifti, write_png
+from fedseg.data.folder_write import clear_dead_staging, new_staging, write_nifti, write_png
 from fedseg.data.importers.nnunet import DATASET_JSON, SPLITS_FINAL, channel_file
 from fedseg.data.splits import Splits
 
@@ -212,6 +212,9 @@ def export_nnunet(
     sites = [site] if site is not None else fed.site_names
     out = Path(out)
     folder_name = dataset_folder_name(dataset_id, name or fed.name)
+    # staging folders of exports killed before they could clean up (any dataset's); one of this dataset being
+    # written by a running export: refused
+    clear_dead_staging(out, r"Dataset[0-9]+_.+\.exporting", re.escape(f"{folder_name}.exporting"))
     taken = sorted(p.name for p in out.glob(f"Dataset{dataset_id:03d}_*")) if out.is_dir() else []
     if taken:
         raise FederationError(f"{out / taken[0]}: exists; nnU-Net dataset ids are unique, choose another --id")
@@ -226,7 +229,7 @@ def export_nnunet(
     test = set() if all_folds else {(s, c) for s in sites for c, split in folds[0][s].items() if split == "test"}
     created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{folder_name}.exporting-", dir=out))
+    tmp = new_staging(out, f"{folder_name}.exporting")
     try:
         for sub in ("imagesTr", "labelsTr") + (("imagesTs", "labelsTs") if test else ()):
             (tmp / sub).mkdir()

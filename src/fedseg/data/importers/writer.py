@@ -19,6 +19,7 @@ Any error removes the temporary folder: ``--out`` is either complete and checked
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shutil
@@ -30,14 +31,24 @@ from typing import Literal
 import numpy as np
 
 from fedseg.data.case_files import IMAGE_EXTS, LABEL_EXTS, split_name
-from fedseg.data.federation import Case, Federation, FederationError, Regions, Site, Split
-from fedseg.data.folder import SPLITS_FILE, load_folder, write_header
-from fedseg.data.folder_write import move_in, new_site_folder, staging_folder, write_nifti, write_png
+from fedseg.data.federation import UNANNOTATED, Case, Federation, FederationError, Regions, Site, Split
+from fedseg.data.folder import SPLITS_FILE, group_problems, load_folder, write_header
+from fedseg.data.folder_write import (
+    clear_dead_staging,
+    move_in,
+    new_site_folder,
+    staging_folder,
+    write_nifti,
+    write_png,
+)
 from fedseg.data.metadata import CASES_FILE, write_cases_csv
 from fedseg.data.splits import write_site_splits_csv
 from fedseg.folder_lock import has_entries
 
 Writer = Callable[[Path], None]  # writes the converted file to the path it is given (extension included)
+
+log = logging.getLogger(__name__)
+CHECKED = ("image_shape", UNANNOTATED)  # the case meta ``data check`` adds (``fedseg.data.check.check_folder``)
 
 
 @dataclass(frozen=True)
@@ -194,7 +205,10 @@ def header_federation(plan: Plan) -> Federation:
 
 
 def check_out(out: Path) -> None:
-    """Refuse an ``--out`` that exists and is not an empty folder."""
+    """Refuse an ``--out`` that exists and is not an empty folder (a staging folder left by an import killed before
+    it could clean up is removed first: ``clear_dead_staging``)."""
+    if out.is_dir():
+        clear_dead_staging(out, "importing")
     if out.exists() and (not out.is_dir() or has_entries(out)):
         raise FederationError(f"{out}: exists and is not an empty folder; importing needs a new or empty --out")
 
@@ -238,8 +252,9 @@ def write_plan(plan: Plan, out: str | Path, *, copy: bool = False) -> Federation
             write_cases_csv(site_dir / CASES_FILE, next(s for s in fed.sites if s.name == site.name))
             if site.fixed_splits:
                 write_site_splits_csv(site_dir / SPLITS_FILE, site.fixed_splits)
+        notices: list[str] = []  # said once the folder has its final name (not the staging folder's)
         try:
-            checked = check_folder(tmp)
+            checked = check_folder(tmp, warnings=notices)
         except FederationError as e:
             said = _sources_named(str(e), written, tmp, out)
             said = said.replace(f"{out}: federation folder is invalid", "cannot import", 1)  # the user wrote no out
@@ -247,10 +262,13 @@ def write_plan(plan: Plan, out: str | Path, *, copy: bool = False) -> Federation
                 said = re.sub(r"federation\.yaml says channels: (\d+)", lambda m: f"{given} lists {m[1]}", said)
             raise FederationError(said) from None
         move_in(tmp, out)  # out is empty (check_out) but for tmp
-    shapes = {(s.name, c.id): c.meta["image_shape"] for s in checked.sites for c in s.cases}
+    for line in group_problems([notice.replace(str(tmp), str(out)) for notice in notices]):
+        log.warning(line)
+    # what the check found of each case (its image shape; a case without an annotated voxel), as check_folder's own
+    found = {(s.name, c.id): {k: c.meta[k] for k in CHECKED if k in c.meta} for s in checked.sites for c in s.cases}
     final = load_folder(out)
     for written_site in final.sites:
         written_site.cases = [
-            replace(c, meta={**c.meta, "image_shape": shapes[(written_site.name, c.id)]}) for c in written_site.cases
+            replace(c, meta={**c.meta, **found[(written_site.name, c.id)]}) for c in written_site.cases
         ]
     return final
