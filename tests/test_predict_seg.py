@@ -9,6 +9,9 @@ towards the feet, files in shuffled name order); the bundle is an untrained netw
 from __future__ import annotations
 
 import csv
+import json
+import logging
+import re
 import shutil
 from pathlib import Path
 
@@ -324,3 +327,79 @@ def test_one_slice_of_a_pacs_export_named_without_dcm_is_told_to_be_given_as_its
     assert not (tmp_path / "out").exists()
     predict(disjoint, one.parent, tmp_path / "out")  # its folder is the series
     assert (tmp_path / "out" / "series.nii.gz").is_file()
+
+
+def series_with_a_gap(folder: Path) -> Path:
+    """A DICOM series of ``VALUES`` with its third slice's file removed (a PACS export that lost one)."""
+    write_series(folder, VALUES)
+    lost = next(p for p in folder.iterdir() if int(pydicom.dcmread(p, stop_before_pixels=True).InstanceNumber) == 3)
+    lost.unlink()
+    return folder
+
+
+def test_a_series_with_a_missing_slice_is_skipped_and_the_other_series_predicted(disjoint, tmp_path, caplog):
+    """A PACS folder of three series, one missing a slice: the two good ones are predicted, the bad one is named in
+    one warning line (its folder and what is wrong), listed in predict.json and again at the end, and the command
+    exits 1 so that a script notices. Given alone (every input bad), it is refused as before: nothing written."""
+    inputs, out = tmp_path / "pacs", tmp_path / "out"
+    write_series(inputs / "ct1", VALUES)
+    gap = series_with_a_gap(inputs / "ct2")
+    write_series(inputs / "ct3", VALUES[::-1].copy())
+    with caplog.at_level(logging.WARNING, logger="fedseg.predict"):
+        said = CliRunner().invoke(app, ["predict", "--model", str(disjoint), "--input", str(inputs), "--out", str(out)])
+    assert said.exit_code == 1 and "Traceback" not in said.output, said.output
+    problem = [r.getMessage() for r in caplog.records if r.name == "fedseg.predict"]
+    assert len(problem) == 1 and re.fullmatch(
+        rf"{re.escape(str(gap))}: uneven slice spacing \(2\.5 to 5 mm; the largest gap is between IM\d+ and IM\d+\): "
+        r"missing slices\? \(series skipped, not predicted\)",
+        problem[0],
+    ), problem
+    text = " ".join(said.output.split())
+    assert "2 mask(s), predictions.csv and predict.json written to" in text
+    assert text.endswith(
+        "error: 1 of 3 inputs skipped, not predicted (DICOM series that cannot be read as one volume; each said "
+        f"above, listed in predict.json's skipped): {gap}"
+    )
+    assert sorted(p.name for p in out.iterdir()) == ["ct1.nii.gz", "ct3.nii.gz", "predict.json", "predictions.csv"]
+    with open(out / "predictions.csv", newline="") as f:
+        assert [row["file"] for row in csv.DictReader(f)] == ["ct1", "ct3"]
+    record = json.loads((out / "predict.json").read_text())
+    assert record["inputs"] == 2
+    assert record["skipped"] == [
+        {"input": "ct2", "problem": problem[0].removesuffix(" (series skipped, not predicted)")}
+    ]
+    good = readers.read_volume(out / "ct1.nii.gz")
+    assert good.shape == VALUES.shape
+
+    kept: list = []  # the API: the same, the skipped series handed back
+    rows = predict(disjoint, inputs, tmp_path / "api", skipped=kept)
+    assert [r["file"] for r in rows] == ["ct1", "ct3"] and [(s.path, s.name) for s in kept] == [(gap, "ct2")]
+
+    alone = CliRunner().invoke(
+        app, ["predict", "--model", str(disjoint), "--input", str(gap), "--out", str(tmp_path / "o")]
+    )
+    assert alone.exit_code == 1 and "Traceback" not in alone.output
+    assert re.fullmatch(
+        rf"error: {re.escape(str(gap))}: uneven slice spacing .* missing slices\?", " ".join(alone.output.split())
+    )
+    assert not (tmp_path / "o").exists()
+    (tmp_path / "only").mkdir()
+    shutil.move(gap, tmp_path / "only" / "ct2")
+    with pytest.raises(PredictError, match=r"ct2: uneven slice spacing"):  # a folder of bad series only: refused
+        predict(disjoint, tmp_path / "only", tmp_path / "o")
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_bad_series_beside_an_input_of_another_problem_is_refused_with_it(tmp_path, tiny_config):
+    """Only series unreadable as volumes are skipped: beside an input with another problem (a 2D PNG for a 3D
+    model), the whole batch is refused as before, each problem one line, nothing written."""
+    bundle = bundle_of(tmp_path / "fedavg", DISJOINT, tiny_config)
+    inputs = tmp_path / "pacs"
+    write_series(inputs / "ct1", VALUES)
+    gap = series_with_a_gap(inputs / "ct2")
+    Image.fromarray(np.arange(256, dtype=np.uint8).reshape(16, 16)).save(inputs / "photo.png")
+    with pytest.raises(PredictError) as refused:
+        predict(bundle, inputs, tmp_path / "out", skipped=[])
+    lines = str(refused.value).splitlines()
+    assert len(lines) == 2 and lines[0].startswith(f"{gap}: uneven slice spacing") and "photo.png: a 2D PNG" in lines[1]
+    assert not (tmp_path / "out").exists()

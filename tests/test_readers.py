@@ -313,28 +313,95 @@ def test_seg_segments_are_matched_by_name_and_a_segment_label_names_does_not_lis
     assert "segments 1 'Tumor' and 2 'TUMOR' name one label (1) and are read as one" in caplog.records[-1].getMessage()
 
 
+def without_slice_spacing(seg: Path, out: Path) -> Path:
+    """The DICOM-SEG ``seg`` without the SpacingBetweenSlices highdicom writes (as some writers leave it out),
+    written to ``out``."""
+    ds = pydicom.dcmread(seg)
+    for groups in (ds.SharedFunctionalGroupsSequence[0], *ds.PerFrameFunctionalGroupsSequence):
+        for measures in getattr(groups, "PixelMeasuresSequence", []):
+            if "SpacingBetweenSlices" in measures:
+                del measures.SpacingBetweenSlices
+    ds.save_as(out)
+    return out
+
+
 def test_a_seg_drawn_on_a_thicker_series_of_the_same_scan_is_refused_not_read_striped(files, tmp_path):
     """A SEG drawn on a 5 mm reconstruction of this 2.5 mm scan (same frame of reference) lands on every other slice:
-    read so, every other slice of the structure would be background. One line naming the file and what it covers.
-    Without a series reference, 3 slices one in 2 apart say the same; 2 slices 2 apart on this series are read."""
+    read so, every other slice of the structure would be background. Its SpacingBetweenSlices (5 mm) says so on any
+    image, one frame alone too: one line naming the file, both spacings and the slices. Without one, its slices
+    decide as before: one in 2 and naming another series, or 3 slices one in 2 apart; 2 slices 2 apart on this
+    series are read."""
     thick = write_series(tmp_path / "thick", VALUES[:, :, ::2], spacing=(0.7, 1.3, 5.0))  # the same frame 1.2.3.5
     full = np.zeros(SHAPE, np.uint8)
     full[2:5, 3:7, :] = 1
     seg = write_seg(tmp_path / "thick.dcm", thick, full[:, :, ::2], segments={1: "organ"})
+    assert (
+        float(pydicom.dcmread(seg).SharedFunctionalGroupsSequence[0].PixelMeasuresSequence[0].SpacingBetweenSlices) == 5
+    )
+    names = {0: "background", 1: "organ"}
+    for image in (files["dicom"], files["nifti"]):
+        with pytest.raises(FederationError) as e:
+            read_label(seg, "3d", image=image, label_names=names)
+        assert str(e.value) == (
+            f"{seg}: this DICOM-SEG was drawn on slices 5 mm apart (its SpacingBetweenSlices), but its image {image} "
+            "has 2.5 mm between slices: read on it, each of its slices would paint one of the 2 image slices it "
+            "stands for (it lies on slices 0, 2, 4), training striped labels; give it the series it was drawn on as "
+            "its image, or resample it onto this one"
+        )
+    one = np.zeros(SHAPE, np.uint8)
+    one[2:5, 3:7, 2] = 1  # one 5 mm slice: the image's slices 2 and 3, painted on 2 alone
+    single = write_seg(tmp_path / "single.dcm", thick, one[:, :, ::2], segments={1: "organ"})
+    with pytest.raises(
+        FederationError, match=r"single\.dcm: this DICOM-SEG was drawn on slices 5 mm apart .* slice 2\)"
+    ):
+        read_label(single, "3d", image=files["dicom"], label_names=names)
+    unknown = without_slice_spacing(seg, tmp_path / "unknown.dcm")  # its own spacing unknown: its slices decide
     with pytest.raises(FederationError) as e:
-        read_label(seg, "3d", image=files["dicom"], label_names={0: "background", 1: "organ"})
+        read_label(unknown, "3d", image=files["dicom"], label_names=names)
     assert str(e.value) == (
-        f"{seg}: this DICOM-SEG covers only 3 of the 5 slices of its structures' extent (slices 0-4 of "
+        f"{unknown}: this DICOM-SEG covers only 3 of the 5 slices of its structures' extent (slices 0-4 of "
         f"{files['dicom']}, one in 2): drawn on another series with 5 mm between slices (this image: 2.5 mm)? Read so "
         "it would train striped labels; give it the series it was drawn on as its image, or resample it onto this one"
     )
     with pytest.raises(FederationError, match="covers only 3 of the 5 slices"):
-        read_label(seg, "3d", image=files["nifti"], label_names={0: "background", 1: "organ"})  # no UIDs: 3 regular
+        read_label(unknown, "3d", image=files["nifti"], label_names=names)  # no UIDs: 3 regular
     sources = write_series(tmp_path / "own", VALUES)  # this series: two structures 2 slices apart are content
     two = np.zeros(SHAPE, np.uint8)
     two[2:5, 3:7, 1] = two[2:5, 3:7, 3] = 1
     own = write_seg(tmp_path / "own.dcm", sources, two, segments={1: "organ"})
     np.testing.assert_array_equal(read_label(own, "3d", image=files["nifti"], label_names={1: "organ"}), two)
+
+
+def test_single_slice_structures_drawn_on_a_co_registered_series_of_the_same_spacing_are_read(files, tmp_path):
+    """Two single-slice structures drawn on another 2.5 mm series of the same frame of reference (4 slices from
+    this one's second: other slice positions) land on slices 1 and 3 of this 2.5 mm series: its SpacingBetweenSlices
+    says they were drawn at the image's spacing, so they are two structures, not stripes, and are read on the series
+    and on a NIfTI of it. Without SpacingBetweenSlices their own spacing is unknown and they are refused as before.
+    A SEG of this very series is read however sparsely its slices are drawn (every other one)."""
+    shifted = ORIGIN + 1 * SPACING[2] * DIRECTION[:, 2]
+    other = write_series(tmp_path / "other", VALUES[:, :, 1:5], origin=shifted)  # another series, frame 1.2.3.5
+    two = np.zeros(SHAPE, np.uint8)
+    two[2:5, 3:7, 1] = 1  # "organ" on the image's slice 1 (the other series' first)
+    two[5:7, 1:3, 3] = 2  # "lesion" on the image's slice 3 (its third)
+    seg = write_seg(tmp_path / "two.dcm", other, two[:, :, 1:5])
+    names = {0: "background", 1: "organ", 2: "lesion"}
+    for image in (files["dicom"], files["nifti"]):
+        np.testing.assert_array_equal(read_label(seg, "3d", image=image, label_names=names), two)
+    unknown = without_slice_spacing(seg, tmp_path / "unknown.dcm")
+    with pytest.raises(FederationError) as e:
+        read_label(unknown, "3d", image=files["dicom"], label_names=names)
+    assert str(e.value).startswith(
+        f"{unknown}: this DICOM-SEG covers only 2 of the 3 slices of its structures' extent (slices 1-3 of "
+        f"{files['dicom']}, one in 2)"
+    )
+    sources = [pydicom.dcmread(p) for p in sorted(files["dicom"].iterdir())]
+    sources.sort(key=lambda ds: int(ds.InstanceNumber))
+    sparse = np.zeros(SHAPE, np.uint8)
+    sparse[2:5, 3:7, 0:6:2] = 1  # every other slice of this series annotated
+    own = write_seg(tmp_path / "sparse.dcm", sources, sparse, segments={1: "organ"})
+    own_unknown = without_slice_spacing(own, tmp_path / "sparse-unknown.dcm")  # it names this series: its spacing
+    for label in (own, own_unknown):
+        np.testing.assert_array_equal(read_label(label, "3d", image=files["dicom"], label_names=names), sparse)
 
 
 def test_a_seg_whose_segment_names_name_no_label_is_read_by_number_with_one_warning(files, caplog):

@@ -536,6 +536,45 @@ def test_contours_on_every_other_slice_drawn_on_a_thicker_series_are_refused(cas
     assert "Traceback" not in result.output
 
 
+def test_contours_drawn_on_this_series_are_read_on_whatever_slices_and_other_slices_by_their_gaps(case, tmp_path):
+    """Contours whose own slice spacing is the image's are read whatever slices they lie on: every other slice
+    contoured on this very series (their ContourImageSequence naming its slices, or, naming none, the referenced
+    series being this one) was refused as 3 slices one in 2 apart. Contours naming images of another series on
+    slices 0, 2 and 5 (gaps 2 and 3) cannot lie on a coarser series' slices: read too. The same contours naming
+    another series alone on slices 1 and 3 (their own spacing unknown) are still refused."""
+    image, _ = case
+    slices = instances(image)
+    series = str(pydicom.dcmread(next(iter(sorted(image.iterdir()))), stop_before_pixels=True).SeriesInstanceUID)
+    sparse = {"ctv": [("CLOSED_PLANAR", mm(CTV, k)) for k in (0, 2, 4)]}
+    expected = read_label(
+        write_rtstruct(tmp_path / "one.dcm", {"ctv": sparse["ctv"][:1]}), "3d", image=image, label_names=LABEL_NAMES
+    )[:, :, 0]
+    by_images = reference(
+        write_rtstruct(tmp_path / "sparse.dcm", sparse),
+        tmp_path / "sparse-ref.dcm",
+        {"ctv": [slices[k] for k in (0, 2, 4)]},
+    )
+    by_series = write_rtstruct(tmp_path / "sparse-series.dcm", sparse, series=series)
+    for rs in (by_images, by_series):
+        label = read_label(rs, "3d", image=image, label_names=LABEL_NAMES)
+        assert [int(label[:, :, k].any()) for k in range(SHAPE[2])] == [1, 0, 1, 0, 1, 0], rs.name
+        np.testing.assert_array_equal(label[:, :, 2], expected)
+    uneven = {"ctv": [("CLOSED_PLANAR", mm(CTV, k)) for k in (0, 2, 5)]}
+    other = reference(
+        write_rtstruct(tmp_path / "uneven.dcm", uneven),
+        tmp_path / "uneven-ref.dcm",
+        {"ctv": ["1.2.3.999.1", "1.2.3.999.2", "1.2.3.999.3"]},
+    )
+    label = read_label(other, "3d", image=image, label_names=LABEL_NAMES)
+    assert [int(label[:, :, k].any()) for k in range(SHAPE[2])] == [1, 0, 1, 0, 0, 1]
+    two = {"ctv": [("CLOSED_PLANAR", mm(CTV, k)) for k in (1, 3)]}
+    elsewhere = reference(
+        write_rtstruct(tmp_path / "two.dcm", two), tmp_path / "two-ref.dcm", {"ctv": ["1.2.3.999.1", "1.2.3.999.2"]}
+    )
+    with pytest.raises(FederationError, match=r"two-ref\.dcm: this RTSTRUCT covers only 2 of the 3 slices"):
+        read_label(elsewhere, "3d", image=image, label_names=LABEL_NAMES)
+
+
 def test_two_rois_naming_one_label_are_painted_as_one_with_one_warning(case, tmp_path, caplog):
     """ "ctv" and "CTV" both name label 1 (a structure contoured twice): painted as their union, as documented, with
     one WARNING per file naming both ROIs, however often it is read."""

@@ -18,6 +18,7 @@ from fedseg.data.federation import FederationError
 from fedseg.interrupts import INTERRUPTED_EXIT, interrupted_text, terminate_on_signals
 
 if TYPE_CHECKING:  # the report's modules are imported where a command needs them (start-up time)
+    from fedseg.predict_inputs import Skipped
     from fedseg.presentation.kit import RunFiles
 
 # pretty_exceptions_show_locals=False: an unexpected error's traceback must not print every local variable (a full
@@ -497,6 +498,7 @@ def predict(
             from fedseg.predict import predict as predict_images
 
             notes: list[str] = []  # the channel order the model reads, where it knows it
+            skipped: list[Skipped] = []  # DICOM series unreadable as volumes, left out (each said as a warning)
             rows = predict_images(
                 model,
                 input_,
@@ -510,6 +512,7 @@ def predict(
                 dicom_seg=dicom_seg,
                 device=device,
                 tta=tta,
+                skipped=skipped,
             )
     except (FederationError, OSError, ValueError) as e:  # OSError: an --out that cannot be made, a full disk...
         fail(error_text(e))
@@ -522,6 +525,12 @@ def predict(
     for note in notes:
         console.print(note, highlight=False, soft_wrap=True)  # a path is not broken mid-name
     console.print(f"{len(rows)} mask(s){overlays}, predictions.csv and predict.json written to {out}", highlight=False)
+    if skipped:  # the good series are predicted; a script must still notice the bad ones
+        names = ", ".join(str(series.path) for series in skipped)
+        fail(
+            f"{len(skipped)} of {len(rows) + len(skipped)} inputs skipped, not predicted (DICOM series that cannot be "
+            f"read as one volume; each said above, listed in predict.json's skipped): {names}"
+        )
 
 
 @app.command("loss-surface")

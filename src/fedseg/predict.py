@@ -48,8 +48,12 @@ orders); ``notes`` receives the order the model reads, and what the dataset.json
 
 Every input is listed and read and checked (readable, channel count, spatial dimensions, no NaN or Inf pixels)
 before any model runs: an entry of the input folder that cannot be an input (another file type, a broken link, a
-folder of DICOM files that is no series) is reported, never skipped. ``out`` must not be or lie inside the input
-folder, and no folder may sit where an output file goes. Outputs go to a hidden staging folder inside
+folder of DICOM files that is no series) is reported, never skipped. A DICOM series whose files cannot be read as
+one volume (a missing slice, uneven spacing, a damaged slice: a PACS batch's one bad series) is skipped where the
+other inputs can be predicted and have no other problem: one warning line naming its folder and what is wrong, the
+series listed in ``predict.json`` (``skipped``), and ``fedseg predict`` lists them again at the end and exits 1;
+where every input is such a series, nothing is predicted, as for any other problem. ``out`` must not be or lie
+inside the input folder, and no folder may sit where an output file goes. Outputs go to a hidden staging folder inside
 ``out`` (``folder_write.staging_folder``) and are moved into place only when all of them are written, all together
 (``folder_write.move_in``: files they replace, with ``--force``, are put back if a move fails or is interrupted), so a
 failure or interruption while reading, predicting or writing leaves ``out`` as it was. ``--force`` replaces an earlier
@@ -69,6 +73,7 @@ model is found and built by ``fedseg.predict_model``, the inputs listed and read
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import torch
@@ -79,7 +84,7 @@ from fedseg.data.preprocess import restore_size
 from fedseg.evaluate.inference import predict_masks
 from fedseg.evaluate.mirror import MirrorAveraged
 from fedseg.evaluate.sliding import network_for, predict_on_grid
-from fedseg.predict_inputs import Input, overlay_name, read_inputs, read_source
+from fedseg.predict_inputs import Input, Skipped, overlay_name, read_inputs, read_source
 from fedseg.predict_model import Predictor, build_predictor, find_model
 from fedseg.predict_nnunet import Source
 from fedseg.predict_outputs import (
@@ -97,6 +102,8 @@ from fedseg.run.model_card import RECORD_NAME, card_line, prediction_record
 from fedseg.run.outputs import csv_text
 from fedseg.run.preflight import check_device
 
+log = logging.getLogger("fedseg.predict")
+
 
 def predict(
     model: Path,
@@ -112,23 +119,34 @@ def predict(
     dicom_seg: bool = False,
     device: str = "cpu",
     tta: bool = False,
+    skipped: list[Skipped] | None = None,
 ) -> list[dict]:
     """Predict a mask for every image of ``input`` (a file or a folder) into ``out``; returns the
-    rows of ``predictions.csv``. Nothing is written unless every input is valid. ``overlay``: also
-    ``<name>_overlay.png`` per input, the image with its predicted regions drawn on it (``overlay_image``).
+    rows of ``predictions.csv``. Nothing is written unless every input is valid (but for the skipped series,
+    below). ``overlay``: also ``<name>_overlay.png`` per input, the image with its predicted regions drawn on it
+    (``overlay_image``).
     ``dicom_seg``: also ``<name>.dcm`` per DICOM series input, its regions as a DICOM-SEG (``fedseg.predict_seg``);
     refused where no input is a DICOM series. ``predict.json`` records the bundle (its weights' SHA-256 and model
     card) and the options. ``notes``, when given, receives lines for the user: what the model is (its card, where
     it has one: ``card_line``), the channel order it reads, where it knows it (``channels_note``). ``device``: where
     the networks run (``cpu``, ``cuda[:N]``, ``mps``; float32, sliding-window blending on the CPU); ``tta``: mirroring
-    test-time augmentation (``fedseg.evaluate.mirror``; 4 passes per 2D image, 8 per 3D window)."""
+    test-time augmentation (``fedseg.evaluate.mirror``; 4 passes per 2D image, 8 per 3D window).
+
+    A DICOM series input whose files cannot be read as one volume (a missing slice, uneven spacing, a damaged
+    slice: ``readers.SeriesError``) is skipped where other inputs can be predicted: one WARNING line each (logger
+    ``fedseg.predict``) naming its folder and what is wrong, listed in ``predict.json`` (``skipped``: its ``input``
+    and ``problem``) and added to ``skipped`` when given (``fedseg predict`` then exits non-zero); where every input
+    is such a series, or another input has another problem, nothing is predicted (``read_inputs``)."""
     run_on = check_device(device, "--device cpu")
     bundle = load_bundle(find_model(model, algorithm))
     predictor = build_predictor(bundle, gamma, site)
     predictor.model.to(run_on)
     if notes is not None and (line := card_line(bundle.manifest.get("trained"), site)) is not None:
         notes.append(line)
-    inputs = read_inputs(input, bundle, overlay, notes)
+    left_out: list[Skipped] = []
+    inputs = read_inputs(input, bundle, overlay, notes, left_out)
+    for series in left_out:
+        log.warning(series.line)
     seg = seg_writer(bundle, [i.path for i in inputs], Path(input)) if dicom_seg else None  # before any prediction
     out = Path(out)
     check_out(out, inputs, force, overlay, Path(input), dicom_seg, bundle.folder)
@@ -144,8 +162,11 @@ def predict(
         options = {"algorithm": bundle.folder.name, "threshold": bundle.manifest["threshold"], "gamma": gamma}
         options |= {"gamma_used": routing_gamma(predictor), "tta": tta, "device": str(run_on)}
         record = prediction_record(bundle.folder, bundle.manifest, {**options, "site": site}, len(inputs))
+        record["skipped"] = [{"input": series.name, "problem": series.problem} for series in left_out]
         (staging / RECORD_NAME).write_text(strict_json_text(record, indent=2) + "\n", encoding="utf-8")
         move_in(staging, out, replaced + stale)  # all together: a failed or interrupted move puts back what it moved
+    if skipped is not None:
+        skipped += left_out
     return rows
 
 

@@ -234,10 +234,16 @@ def read_input(source: Source, root: Path, bundle: Bundle) -> Input:
         spacing = file_spacing(path, m["spatial_dims"])
         xv, _, grid = preprocess(image, None, bundle.regions, spacing, bundle.volume, norm)
         volume = (xv, grid)
-    base = root if root.is_dir() else root.parent  # a file given itself: named as in its folder
-    name = "+".join(p.name if p == root else str(p.relative_to(base)) for p in source.files)
+    name = "+".join(input_name(p, root) for p in source.files)
     channel_files = source.files if len(source.files) > 1 else ()
     return Input(path, name, mask_name(path, source.case), x, tuple(image.shape[1:]), volume, channel_files)
+
+
+def input_name(path: Path, root: Path) -> str:
+    """``path`` (an input file or series folder) as ``predictions.csv`` names it: relative to the input folder
+    ``root``, or its own name where it is ``root`` itself (a file or series given alone)."""
+    base = root if root.is_dir() else root.parent  # a file given itself: named as in its folder
+    return path.name if path == root else str(path.relative_to(base))
 
 
 def nonfinite_problems(image: np.ndarray, files: tuple[Path, ...]) -> list[str]:
@@ -259,12 +265,43 @@ def read_source(source: Source, kind: Literal["2d", "3d"]) -> np.ndarray:
     return read_image(source.files[0], kind) if len(source.files) == 1 else stacked_channels(source.files, kind)
 
 
-def read_inputs(path: Path, bundle: Bundle, overlay: bool = False, notes: list[str] | None = None) -> list[Input]:
+@dataclass(frozen=True)
+class Skipped:
+    """A DICOM series input left out because its files cannot be read as one volume (``readers.SeriesError``: a
+    missing slice, uneven spacing...): ``path`` its folder, ``name`` as ``predictions.csv`` would name it (relative
+    to the input folder), ``problem`` the one line saying what is wrong."""
+
+    path: Path
+    name: str
+    problem: str
+
+    @property
+    def line(self) -> str:
+        """One line for the user: the problem (naming the folder or its file) and that the series was skipped."""
+        named = self.problem if self.problem.startswith(str(self.path)) else f"{self.path}: {self.problem}"
+        return f"{named} (series skipped, not predicted)"
+
+
+def read_inputs(
+    path: Path,
+    bundle: Bundle,
+    overlay: bool = False,
+    notes: list[str] | None = None,
+    skipped: list[Skipped] | None = None,
+) -> list[Input]:
     """Every input of ``path``, all checked before any is used; one error names the bad files (the first few of each
     kind of problem, then a count). An nnU-Net dataset's channels are checked against the model's first
-    (``check_dataset_channels``); ``notes``, when given, receives the line of ``channels_note``."""
+    (``check_dataset_channels``); ``notes``, when given, receives the line of ``channels_note``.
+
+    With ``skipped`` (``fedseg predict`` on a PACS folder of many series): a DICOM series whose files cannot be read
+    as one volume (``readers.SeriesError``: a missing slice, uneven spacing, a damaged slice) is left out and added
+    to it, so the other inputs are predicted; refused as without it where every input is such a series (nothing to
+    predict) or where any input has another problem (a wrong channel count, NaN pixels, an entry that is no input:
+    the series' lines are said with them)."""
     inputs, channels = [], bundle.manifest["in_channels"]
     problems: list[str] = []
+    unreadable: list[Skipped] = []  # series whose files cannot be read as one volume
+    series_lines = 0  # their lines among the problems
     # a dataset's root given as the input: said before its channels are compared; entries that cannot be inputs
     # (another file type, a broken link, a folder that is no series): said with the problems of the files read
     listed = list_inputs(path, notes, problems)
@@ -278,8 +315,16 @@ def read_inputs(path: Path, bundle: Bundle, overlay: bool = False, notes: list[s
     for source in sources:
         try:
             inputs.append(read_input(source, Path(path), bundle))
+        except readers.SeriesError as e:
+            problems += (lines := str(e).splitlines())
+            series_lines += len(lines)
+            folder = source.files[0]
+            unreadable.append(Skipped(folder, input_name(folder, Path(path)), " ".join(str(e).split())))
         except (FederationError, PredictError) as e:
             problems += str(e).splitlines()
+    if skipped is not None and unreadable and inputs and len(problems) == series_lines:
+        skipped += unreadable  # only series unreadable as volumes, and inputs left to predict
+        problems = []
     if problems:  # the same problem on many files: the first few, then a count
         raise PredictError("\n".join(group_problems(problems)))
     names = [i.mask_name for i in inputs] + ([overlay_name(i.mask_name) for i in inputs] if overlay else [])

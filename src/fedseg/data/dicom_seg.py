@@ -22,6 +22,7 @@ from fedseg.data.readers import (
     LPS_TO_RAS,
     SEG_SOP_CLASSES,
     VoxelGrid,
+    coarser_problem,
     dicom_read_failure,
     ended_early,
     read_dicom,
@@ -209,7 +210,10 @@ def read_dicom_seg(
     background. A DICOM series image must be the one the SEG was drawn on: the same FrameOfReferenceUID, or without
     one, a series its ReferencedSeriesSequence names (a SEG of another patient can lie on the same grid).
     BINARY and LABELMAP SEGs are read; FRACTIONAL ones are refused (a label map must be exact), as are
-    overlapping segments that do not name regions. ``FederationError`` with one line naming the file otherwise.
+    overlapping segments that do not name regions, and a SEG drawn at a coarser slice spacing (mm) than the image's
+    (a 5 mm reconstruction's on 2.5 mm slices: its frames paint every other slice, striped labels; ``_striped``:
+    its own spacing from its SpacingBetweenSlices or the series it names, else its frames' slices).
+    ``FederationError`` with one line naming the file otherwise.
     """
     try:
         return _read_dicom_seg(path, grid, image, label_names, regions, synonyms)
@@ -271,24 +275,67 @@ def _read_dicom_seg(
                 f"read where each segment's label names one of the federation's regions{names})"
             ) from None
         label = regions.to_label(_region_masks(placed(), region_of, len(regions), grid))
-    if len(axes := {axis for axis, _ in covered}) == 1:
-        axis = axes.pop()
-        slices = [k for _, k in covered]
-        if (step := striped_step(slices, _names_other_series(ds, image))) is not None:
-            raise FederationError(striped_problem(path, image, slices, step, grid.spacing(3)[axis], "DICOM-SEG"))
+    if len(axes := {axis for axis, _ in covered}) == 1 and _spatial(grid)[axis := axes.pop()] > 1:
+        if (problem := _striped(ds, path, image, [k for _, k in covered], grid.spacing(3)[axis])) is not None:
+            raise FederationError(problem)
     return label.reshape(grid.shape[:3])
 
 
-def _names_other_series(seg: Any, image: Path) -> bool:
-    """Whether the SEG ``seg`` names (ReferencedSeriesSequence) series of which the DICOM series ``image`` is none
-    (drawn on another series of the same frame of reference); ``False`` for an image of another format."""
+def _striped(ds: Any, path: Path, image: Path, slices: list[int], spacing_mm: float) -> str | None:
+    """Why the SEG ``ds`` (file ``path``), whose frames lie on the slices ``slices`` of ``image`` (``spacing_mm``
+    apart), would train striped labels, or ``None``. Its own slice spacing decides where it is known: the image's
+    where the SEG was drawn on this very series (``_drawn_on``), else its PixelMeasuresSequence's
+    SpacingBetweenSlices (``own_spacing``): refused only where that is coarser than the image's
+    (``readers.coarser_problem``), so two single-slice structures drawn on a co-registered series of other slice
+    positions are read whatever slices they land on. Where it is not known (no SpacingBetweenSlices, and a
+    SEG naming no series, another one, or an image of another format), the slices decide
+    (``readers.striped_step``: one in n of them, the SEG naming another series, or 3 or more one in n apart)."""
+    drawn_on = _drawn_on(ds, image)
+    if drawn_on:
+        return None
+    if (own := own_spacing(ds)) is not None:
+        return coarser_problem(path, image, slices, own, spacing_mm, "DICOM-SEG", "its SpacingBetweenSlices")
+    if (step := striped_step(slices, drawn_on is False)) is not None:
+        return striped_problem(path, image, slices, step, spacing_mm, "DICOM-SEG")
+    return None
+
+
+def own_spacing(seg: Any) -> float | None:
+    """The slice spacing (mm) the SEG ``seg`` was drawn at: the SpacingBetweenSlices of its shared
+    PixelMeasuresSequence, else of its first frame's (highdicom and dcmqi write it from the source series, before
+    empty frames are left out); ``None`` where neither has one (or it is not a positive number). SliceThickness is
+    not taken for it: a slice's thickness is not the distance between slices (overlapping or gapped
+    reconstructions)."""
+    groups = [getattr(seg, "SharedFunctionalGroupsSequence", [None])[0]]
+    groups += list(getattr(seg, "PerFrameFunctionalGroupsSequence", None) or [])[:1]
+    for group in groups:
+        measures = getattr(group, "PixelMeasuresSequence", None) if group is not None else None
+        value = getattr(measures[0], "SpacingBetweenSlices", None) if measures else None
+        try:
+            spacing = abs(float(value)) if value not in (None, "") else 0.0
+        except (TypeError, ValueError):
+            spacing = 0.0
+        if spacing > 0 and np.isfinite(spacing):
+            return spacing
+    return None
+
+
+def _drawn_on(seg: Any, image: Path) -> bool | None:
+    """Whether the SEG ``seg`` was drawn on the DICOM series ``image``: ``True`` where its ReferencedSeriesSequence
+    names that series alone, ``False`` where it names series of which ``image`` is none (drawn on another series of
+    the same frame of reference), ``None`` where it cannot say: no series named, several of which one is
+    ``image``, or an image of another format (a NIfTI has no UIDs)."""
     if volume_format(image) != DICOM:
-        return False
+        return None
     referenced = {str(getattr(item, "SeriesInstanceUID", "")) for item in getattr(seg, "ReferencedSeriesSequence", [])}
     if not (referenced := referenced - {""}):
-        return False
+        return None
     own = str(getattr(read_dicom(series_entries(image)[0], stop_before_pixels=True), "SeriesInstanceUID", ""))
-    return bool(own) and own not in referenced
+    if not own:
+        return None
+    if own not in referenced:
+        return False
+    return True if referenced == {own} else None
 
 
 def _spatial(grid: VoxelGrid) -> tuple[int, int, int]:

@@ -115,19 +115,28 @@ def needs_itk(paths: Iterable[Path]) -> bool:
     return any(volume_format(Path(p)) in (*ITK_EXTS, DICOM) for p in paths)
 
 
+_OWN_SPACING_RTOL = 0.01  # a label's own slice spacing this much over its image's is coarser, not header rounding
+
+
 def striped_step(slices: Iterable[int], drawn_elsewhere: bool) -> int | None:
-    """The step between the image slices a label's frames or contours lie on (``slices``: their indices) where that
-    step is more than one slice: a label drawn on a thicker reconstruction of the same scan (5 mm over 2.5 mm slices)
-    lands on every other slice, and read so it would train a striped structure. Said where the label names another
-    series or other images (``drawn_elsewhere``), and otherwise where 3 or more slices lie that step apart every one
-    (every other slice annotated: striped too); not for 2 slices 2 apart of a label drawn on this series (two lesions
-    with an empty slice between them); ``None`` otherwise. (Two single-slice structures drawn on a co-registered
-    series of other slice positions are refused too: give the label that series as its image.)"""
+    """For a label whose own slice spacing cannot be known (a DICOM-SEG without SpacingBetweenSlices that names no
+    series or another one; an RTSTRUCT not drawn on its image's series), the step between the image slices its
+    frames or contours lie on (``slices``: their indices along the image's slice axis) where every one lies a
+    multiple of that step (more than one slice) from every other: a label drawn on a thicker reconstruction of the
+    same scan (5 mm over 2.5 mm slices) lands on every other slice, and read so it would train a striped structure.
+    The step is the greatest common divisor of the gaps: slices 0, 2 and 5 (gaps 2 and 3) cannot all lie on a
+    coarser series' slices, so they are read. Said where the label names another series or other images
+    (``drawn_elsewhere``), and otherwise where 3 or more slices lie that step apart every one (every other slice
+    annotated: striped too); not for 2 slices 2 apart of a label not known to be drawn elsewhere (two lesions with an
+    empty slice between them); ``None`` otherwise. Where the label's own spacing is known, ``coarser_problem``
+    decides instead (two single-slice structures drawn on a co-registered series of other slice positions are read
+    there; here, their own spacing unknown, they are refused as a thicker series' would be: give the label the
+    series it was drawn on as its image)."""
     found = sorted(set(slices))
     if len(found) < 2:
         return None
     gaps = np.diff(found)
-    step = int(gaps.min())
+    step = int(np.gcd.reduce(gaps))
     if step <= 1:
         return None
     return step if drawn_elsewhere or (len(found) >= 3 and bool((gaps == step).all())) else None
@@ -135,7 +144,7 @@ def striped_step(slices: Iterable[int], drawn_elsewhere: bool) -> int | None:
 
 def striped_problem(path: Path, image: Path, slices: Iterable[int], step: int, spacing_mm: float, what: str) -> str:
     """One line: the label ``path`` (a ``what``: DICOM-SEG, RTSTRUCT) lies only on every ``step``-th slice of
-    ``image`` (its slices ``slices``, ``spacing_mm`` apart)."""
+    ``image`` (its slices ``slices``, ``spacing_mm`` apart), its own slice spacing unknown (``striped_step``)."""
     found = sorted(set(slices))
     extent = found[-1] - found[0] + 1
     return (
@@ -143,6 +152,38 @@ def striped_problem(path: Path, image: Path, slices: Iterable[int], step: int, s
         f"{found[0]}-{found[-1]} of {image}, one in {step}): drawn on another series with {step * spacing_mm:g} mm "
         f"between slices (this image: {spacing_mm:g} mm)? Read so it would train striped labels; give it the series "
         "it was drawn on as its image, or resample it onto this one"
+    )
+
+
+def _slices_text(found: list[int], shown: int = 6) -> str:
+    """Slice indices as a message lists them: ``3``, ``0, 2, 4``, or the first few and the last with a count."""
+    if len(found) <= shown:
+        return ", ".join(map(str, found))
+    return f"{', '.join(map(str, found[: shown - 1]))}, ... {found[-1]} ({len(found)} slices)"
+
+
+def coarser_problem(
+    path: Path, image: Path, slices: Iterable[int], own_mm: float, spacing_mm: float, what: str, source: str
+) -> str | None:
+    """One line where the label ``path`` (a ``what``: DICOM-SEG, RTSTRUCT), whose own slice spacing is known to be
+    ``own_mm`` (mm, as ``source`` says: "its SpacingBetweenSlices"), was drawn on slices further apart than the
+    ``spacing_mm`` (mm) between those of ``image``: each of its slices stands for several of the image's, of which
+    it paints one (its frames or contours lie on ``slices``, indices along the image's slice axis), so read it would
+    train striped labels (a 5 mm reconstruction's SEG on a 2.5 mm series: structures on every other slice). ``None``
+    where its spacing is the image's or finer (within 1 %), whatever slices it lies on (two single-slice
+    structures two slices apart are two structures, not stripes), and where its slices contradict ``own_mm``: no
+    step above one slice divides their gaps (0, 2, 5 cannot lie on a coarser series' slices)."""
+    found = sorted(set(slices))
+    if not found or own_mm <= spacing_mm * (1 + _OWN_SPACING_RTOL):
+        return None
+    if len(found) >= 2 and int(np.gcd.reduce(np.diff(found))) <= 1:
+        return None
+    ratio = own_mm / spacing_mm
+    return (
+        f"{path}: this {what} was drawn on slices {own_mm:g} mm apart ({source}), but its image {image} has "
+        f"{spacing_mm:g} mm between slices: read on it, each of its slices would paint one of the {ratio:.3g} image "
+        f"slices it stands for (it lies on slice{'s' if len(found) > 1 else ''} {_slices_text(found)}), training "
+        "striped labels; give it the series it was drawn on as its image, or resample it onto this one"
     )
 
 
@@ -530,7 +571,27 @@ def _series_text(series: list[str], headers: list[tuple[Path, Any]]) -> str:
     return "; ".join(parts)
 
 
+class SeriesError(FederationError):
+    """A DICOM series folder whose files cannot be read as one volume: uneven slice spacing (a missing slice), two
+    slices at one position, slices of other orientations or sizes, several series, a damaged or cut-short slice, a
+    gantry tilt, pixel data ITK cannot decode (``series_grid``, ``read_volume``). A problem of that folder's files
+    alone, so ``fedseg predict`` skips that series and predicts the other inputs; not raised for a missing optional
+    module (pydicom, ITK: every series would fail)."""
+
+
 def series_grid(folder: Path) -> VoxelGrid:
+    """The grid of the DICOM series in ``folder`` (``_series_grid``); ``SeriesError`` (one line) where its files
+    cannot be read as one volume."""
+    _require("pydicom", folder, "a DICOM series")  # said for the folder, before any file
+    try:
+        return _series_grid(folder)
+    except SeriesError:
+        raise
+    except FederationError as e:
+        raise SeriesError(str(e)) from None
+
+
+def _series_grid(folder: Path) -> VoxelGrid:
     """The grid of the DICOM series in ``folder``, from the headers alone (pydicom), after checking that
     the folder holds exactly one series of parallel, evenly spaced, single-frame slices.
 
@@ -542,7 +603,6 @@ def series_grid(folder: Path) -> VoxelGrid:
     ``_TILT_VOXELS`` sideways of a grid through the first; ITK would read it sheared, every voxel misplaced by up
     to that much).
     """
-    _require("pydicom", folder, "a DICOM series")  # said for the folder, before any file
     problem = series_folder_problem(folder)
     if problem is not None:
         raise FederationError(problem)
@@ -976,7 +1036,7 @@ def read_volume(path: Path) -> np.ndarray:
     """The voxels of a volume file or DICOM series folder in the file's index order (module docstring):
     ``(*spatial, *rest)`` with any channel axes last, in the stored dtype (NIfTI scaling and DICOM
     rescale slope/intercept applied; a DICOM series whose slices rescale differently as float64).
-    ``FederationError`` naming the path if it cannot be read."""
+    ``FederationError`` naming the path if it cannot be read (``SeriesError`` for a DICOM series' files)."""
     path = Path(path)
     fmt = volume_format(path)
     try:
@@ -989,7 +1049,7 @@ def read_volume(path: Path) -> np.ndarray:
             data, affine = _itk_array(path, "a DICOM series")
             axes_itk, axes_headers = (a[:3, :3] / np.linalg.norm(a[:3, :3], axis=0) for a in (affine, grid.affine))
             if data.shape[:3] != grid.shape or not np.allclose(axes_itk, axes_headers, atol=1e-3):
-                raise FederationError(
+                raise SeriesError(
                     f"{path}: ITK read this series as shape {data.shape[:3]} but its headers describe {grid.shape} "
                     "on another grid (GDCM splits the folder's slices into several series)"
                 )
@@ -1000,7 +1060,8 @@ def read_volume(path: Path) -> np.ndarray:
     except Exception as e:  # noqa: BLE001 — any decoder failure means "corrupt file" to the user
         if fmt == "nrrd" and (cut := nrrd_truncated(path)) is not None:
             raise FederationError(cut) from None
-        raise FederationError(f"{path}: cannot read ({type(e).__name__}: {' '.join(str(e).split())[:300]})") from None
+        failed = SeriesError if fmt == DICOM else FederationError  # a series' slices ITK cannot decode
+        raise failed(f"{path}: cannot read ({type(e).__name__}: {' '.join(str(e).split())[:300]})") from None
     raise FederationError(f"{path}: not a volume file (expected {', '.join(VOLUME_EXTS)} or a DICOM series folder)")
 
 

@@ -42,6 +42,16 @@ couch...), each a stack of polygons in patient coordinates (mm, DICOM LPS), one 
   naming others are read (they share the frame of reference and lie on this image's slices, so they are placed by
   patient coordinates: drawn on another series of the same frame, e.g. a registered MR, or on this one before an
   anonymiser renamed its images) but noted as above (``Painted.elsewhere``): check they belong to this scan.
+- **Stripes**: contours drawn on a thicker reconstruction of the same scan (5 mm over 2.5 mm slices) land on every
+  other (n-th) slice, and read so they would train striped labels. An RTSTRUCT holds no slice spacing, so the
+  contours' own spacing is known only where they were drawn on the image's series itself (their
+  ``ContourImageSequence`` naming its slices, or, naming none, the referenced series being that one alone:
+  ``_drawn_on_series``): then it is the image's, and they are read whatever slices they lie on (two single-slice
+  structures two slices apart; every other slice contoured). Elsewhere the slices decide
+  (``readers.striped_step``): refused (one line) where all lie a multiple of n > 1 slices apart and the contours
+  name images outside the series, or 3 or more lie exactly n apart; two such slices are read (two parts of a
+  structure), and two single-slice structures drawn on a co-registered series of other slice positions are refused
+  (their own spacing unknown): give the structure set that series as its image.
 
 Every problem is one ``FederationError`` line naming the file; a malformed file (missing sequences, bad
 ``ContourData``) is one line too.
@@ -383,6 +393,35 @@ def _elsewhere(labelled: list[tuple[int, Any]], names: dict[int, str], image: Pa
     return None
 
 
+def _drawn_on_series(ds: Any, labelled: list[tuple[int, Any]], image: Path) -> bool:
+    """Whether the structure set ``ds`` was drawn on the DICOM series ``image`` itself, so that its contours' own
+    slice spacing is the image's: its ``labelled`` ROIs' contours name images (``ContourImageSequence``) and every
+    one is a slice of that series, or, where no contour names one, its ReferencedFrameOfReferenceSequence names that
+    series alone (RTReferencedSeriesSequence). ``False`` otherwise, and for an image of another format (a NIfTI has
+    no UIDs): the contours' own spacing is then unknown (an RTSTRUCT holds no slice spacing)."""
+    if readers.volume_format(image) != readers.DICOM:
+        return False
+    named = {
+        str(getattr(ref, "ReferencedSOPInstanceUID", ""))
+        for _, item in labelled
+        for contour in getattr(item, "ContourSequence", None) or []
+        for ref in getattr(contour, "ContourImageSequence", None) or []
+    } - {""}
+    if named:
+        instances = _series_instances(image)
+        return instances is not None and named <= instances
+    series = {
+        str(getattr(s, "SeriesInstanceUID", ""))
+        for item in getattr(ds, "ReferencedFrameOfReferenceSequence", None) or []
+        for study in getattr(item, "RTReferencedStudySequence", None) or []
+        for s in getattr(study, "RTReferencedSeriesSequence", None) or []
+    } - {""}
+    if not series:
+        return False
+    own = readers.read_dicom(readers.series_entries(image)[0], stop_before_pixels=True)
+    return series == {str(getattr(own, "SeriesInstanceUID", ""))}
+
+
 def _fill(polygons: list[np.ndarray], size: tuple[int, int]) -> tuple[tuple[slice, slice], np.ndarray] | None:
     """The voxels of one slice (``size`` = its two axes) whose centres lie inside ``polygons`` (``(n, 2)`` index
     coordinates each) by the even-odd rule over all of them together: ``(index, mask)`` of their bounding box, or
@@ -465,7 +504,10 @@ def _read_rtstruct(
                 (si, sj), inside = filled
                 masks[number][si, sj, k] |= inside
     elsewhere = _elsewhere(labelled, names, image)
-    if (step := readers.striped_step(on_slices, elsewhere is not None)) is not None:
+    # stripes: the slice spacing the contours were drawn at is known only where they were drawn on this very series
+    # (then it is the image's: read whatever slices they lie on); otherwise the slices decide (striped_step)
+    step = readers.striped_step(on_slices, elsewhere is not None)
+    if step is not None and (elsewhere is not None or not _drawn_on_series(ds, labelled, image)):
         raise FederationError(readers.striped_problem(path, image, on_slices, step, grid.spacing(3)[2], "RTSTRUCT"))
     top = max(values.values())
     label = np.zeros(shape, dtype=np.uint8 if top < 256 else np.uint16)
