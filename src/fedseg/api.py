@@ -275,7 +275,8 @@ class Experiment:
 
     def run(self, resume: bool = False, report: bool = True) -> Results:
         """Run (``resume``: continue the run in ``out`` from its checkpoints; finished algorithms are
-        reused), render ``report.html`` (unless ``report`` is False) and return the results.
+        reused, or continued to more rounds where ``config.fl.rounds`` grew: ``fedseg.run.extend``), render
+        ``report.html`` (unless ``report`` is False) and return the results.
 
         The config is validated first (a ``ConfigError`` before anything is written). Torch's thread count
         (``threads``), its CPU (and initialized CUDA) random generators, cuDNN autotuning, Python's ``random``

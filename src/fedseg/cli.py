@@ -226,7 +226,8 @@ def run(
     keep_checkpoints: bool = typer.Option(
         False,
         "--keep-checkpoints",
-        help="keep the trained models in each finished algorithm's checkpoints/<algorithm>.pt too "
+        help="keep the trained models in each finished algorithm's checkpoints/<algorithm>.pt too, and its last "
+        "round's states (<algorithm>.last.pt), so that --resume --rounds M can extend the finished run "
         "(default: a small record; the models are in OUT/model/)",
     ),
 ) -> None:

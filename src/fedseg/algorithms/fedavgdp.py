@@ -88,6 +88,15 @@ class FedAvgDPOptions(BudgetOptions):
             )
         return self
 
+    def rounds_dependency(self) -> str | None:
+        """``select_round: last``: only the last round may be selected, so the shorter run's last round was."""
+        if self.select_round == "last":
+            return (
+                "select_round: last makes only round fl.rounds selectable, and the shorter run selected its last "
+                "round (a longer run could not)"
+            )
+        return None
+
     def check_task(self, task: Task, algorithm: str) -> None:
         """Refuse a network with buffers (checked before any work): they would be averaged unprotected."""
         model = task.new_model()

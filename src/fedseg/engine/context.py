@@ -101,7 +101,8 @@ class MethodOptions(NoBoolNumbers):
     ``check_sites(num_sites, algorithm)`` and ``check_task(task, algorithm)`` raise a ValueError before any
     work when the options do not hold for that many sites (FedSM's SoftPull ``lam >= 1/K``) or for the
     run's network (FedPer's ``private_layers``); ``run_rounds(rounds)`` is the number of rounds the method
-    trains for ``fl.rounds = rounds`` (``finetune``'s ``epochs``); ``local_budget()`` is a site's local
+    trains for ``fl.rounds = rounds`` (``finetune``'s ``epochs``); ``rounds_dependency()`` says why a run of it
+    cannot be extended to more rounds on resume; ``local_budget()`` is a site's local
     budget of one round, None for ``train.budget``."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -126,6 +127,12 @@ class MethodOptions(NoBoolNumbers):
     def run_rounds(self, rounds: int) -> int:
         """The rounds this method trains for ``fl.rounds = rounds`` (default: those)."""
         return rounds
+
+    def rounds_dependency(self) -> str | None:
+        """Why the rounds these options train depend on ``fl.rounds`` itself, beyond ``run_rounds`` and the
+        learning-rate schedule (e.g. fedavg-dp's ``select_round: last``), so a run cannot be extended to more rounds
+        on resume as if configured with them (``fedseg.run.extend``); None: they do not."""
+        return None
 
     def local_budget(self) -> BudgetConfig | None:
         """A site's local budget of one round; None: the Trainer's own (``train.budget``)."""

@@ -35,6 +35,7 @@ from fedseg.run.checks import (
 from fedseg.run.data_record import RECORD as DATA_RECORD
 from fedseg.run.data_record import check_data_files, check_data_origin, record_data_files
 from fedseg.run.engines import EngineFactory, local_engines
+from fedseg.run.extend import check_extension, reopen_finished
 from fedseg.run.loop import run_algorithm
 from fedseg.run.method_record import check_method_options, code_notes, fedseg_notes, plugin_notes, write_record
 from fedseg.run.outputs import RunResults, write_outputs
@@ -48,7 +49,7 @@ from fedseg.run.preflight import (
     resume_notes,
 )
 from fedseg.run.preparation import PLAN_FILE, Prepared, folder_root, prepare, prepare_planned
-from fedseg.run.provenance import begin, unchanged
+from fedseg.run.provenance import begin, record_extension, unchanged
 from fedseg.run.resume import all_finished
 from fedseg.run.runlog import RUN_LOG, append_line, last_event, log_event, log_stop
 from fedseg.run.start_from import check_start_from
@@ -97,7 +98,8 @@ def run_experiment(
     every method, seconds of a core) nor the pool is started."""
     out = Path(out)
     check_before_data(cfg, out, resume, check_compute=prepared is None, in_process=engine_factory is None)
-    idle = resume and all_finished(out, cfg.algorithms)  # a finished run resumed: nothing to train or evaluate
+    # a finished run resumed: nothing to train or evaluate (unless it is extended to more rounds)
+    idle = resume and extended_from(out, cfg) is None and all_finished(out, cfg.algorithms)
     if engine_factory is None and cfg.engine.workers > 1 and not idle:  # the pool's server imports while we prepare
         start_forkserver()
     held = contextlib.ExitStack()
@@ -156,7 +158,8 @@ def check_before_data(cfg: RunConfig, out: Path, resume: bool, check_compute: bo
     """The device (``check_compute``: unless the sites compute on their machines, e.g. Flower, where ``fedseg
     flower local`` checks), ``out``, every algorithm's options, secure aggregation (``in_process``: the simulator or
     the worker pool, which refuse it), what the worker pool's processes must import (``engine.workers`` > 1), the
-    trackers and (``resume``) the recorded config and each started method's resolved options
+    trackers and (``resume``) the recorded config (``fl.rounds`` may grow, where the run can continue as one
+    configured with those rounds trains: ``fedseg.run.extend``) and each started method's resolved options
     (``fedseg.run.method_record``)."""
     if check_compute:
         check_device(cfg.device)
@@ -180,7 +183,17 @@ def check_before_data(cfg: RunConfig, out: Path, resume: bool, check_compute: bo
             "another --out"
         )
     if resume and (recorded := recorded_config(out / "config.yaml")) is not None:
-        check_resume(recorded, cfg.model_dump(mode="json"), str(out / "config.yaml"))
+        if (before := recorded_rounds(recorded)) is not None and before > cfg.fl.rounds:
+            check_extension(out, cfg, before)  # fewer rounds: one line
+        check_resume(recorded, cfg.model_dump(mode="json"), str(out / "config.yaml"), rounds_may_grow=True)
+        if before is not None and before < cfg.fl.rounds:
+            if not in_process:  # e.g. Flower: the sites' states of the last round are on their machines
+                raise ValueError(
+                    f"{out / 'config.yaml'}: fl.rounds {before} -> {cfg.fl.rounds}: extending a run to more rounds "
+                    "needs the run's own engine (fedseg run: the simulator or the worker pool); resume with "
+                    f"fl.rounds {before}, or start a new run (another --out)"
+                )
+            check_extension(out, cfg, before)  # more rounds: as a run configured with them trains, or one line
     if resume:  # the same config, but a method whose defaults changed (its code edited, another fedseg)
         check_method_options(out, cfg)
         check_data_files(out, folder_root(cfg))  # the same config, but a federation folder edited since
@@ -240,7 +253,10 @@ def record_start(
         raise FileExistsError(f"{out}: already holds a run; use --resume to continue it or choose another --out")
     if resume:
         check_data_origin(out, folder_root(cfg), prep.fingerprint)
-    notes = resume_notes(recorded_config(out / "config.yaml"), cfg.model_dump(mode="json")) if resume else []
+    extension = extend_finished(cfg, out) if resume else []  # before the notes: the reopened ones train again
+    notes = (
+        extension + resume_notes(recorded_config(out / "config.yaml"), cfg.model_dump(mode="json")) if resume else []
+    )
     notes += fedseg_notes(out, cfg) + code_notes(out, cfg) + plugin_notes(out, cfg) if resume else []
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "config.yaml", dump_config(cfg))
@@ -254,7 +270,8 @@ def record_start(
             "resume: every algorithm of this run has finished; nothing is trained, its outputs are written again",
             on_log_line,
         )
-    if resume and (out / RUN_LOG).is_file() and last_event(out) != "finished":  # e.g. stopped while writing outputs
+    # e.g. stopped while writing outputs; or a finished run extended to more rounds (it ends finished again)
+    if resume and (out / RUN_LOG).is_file() and (last_event(out) != "finished" or extension):
         log_event(out, "resumed")
     for line in notes + cost_warnings(cfg, len(prep.federation.sites)):
         announce(out, line, on_log_line)
@@ -267,6 +284,35 @@ def record_start(
         + prepared_notes(prep.site_data)
     ):
         announce(out, line, on_log_line)
+
+
+def extend_finished(cfg: RunConfig, out: Path) -> list[str]:
+    """A resume with more ``fl.rounds`` than the run recorded (checked by ``check_before_data``): the finished
+    algorithms that train more continue from their last round (``fedseg.run.extend.reopen_finished``) and the run's
+    provenance records the extension; its line for ``run.log``. Nothing (``[]``) for any other resume."""
+    before = extended_from(out, cfg)
+    if before is None:
+        return []
+    continued = reopen_finished(out, cfg, before)
+    record_extension(out, before, cfg.fl.rounds, continued)
+    trains = f"{', '.join(continued)} continue from their last round" if continued else "no algorithm trains more"
+    return [
+        f"extended: fl.rounds {before} -> {cfg.fl.rounds}; {trains}; the model is selected again on validation over "
+        "all rounds and tested again"
+    ]
+
+
+def recorded_rounds(recorded: dict[str, Any]) -> int | None:
+    """``fl.rounds`` of a recorded configuration (None: not an int, e.g. a config that no longer validates)."""
+    rounds = (recorded.get("fl") or {}).get("rounds") if isinstance(recorded.get("fl"), dict) else None
+    return rounds if isinstance(rounds, int) and not isinstance(rounds, bool) else None
+
+
+def extended_from(out: Path, cfg: RunConfig) -> int | None:
+    """The recorded ``fl.rounds`` of the run in ``out`` where ``cfg`` has more (a resume extends it), else None."""
+    recorded = recorded_config(out / "config.yaml")
+    before = None if recorded is None else recorded_rounds(recorded)
+    return before if before is not None and before < cfg.fl.rounds else None
 
 
 def site_spacings(prep: Prepared) -> dict[str, list[tuple[float, ...]]]:

@@ -7,6 +7,7 @@ from typing import Any
 
 from fedseg.algorithms.sampling import sampling_refusal
 from fedseg.engine.checkpoint import save_checkpoint
+from fedseg.run.extend import keep_last_round, last_path
 from fedseg.run.model_card import model_card
 from fedseg.run.outputs import bundle_order, write_bundle_files
 from fedseg.run.result import AlgorithmResult, Row
@@ -32,7 +33,7 @@ def finish(run: AlgorithmRun, state: RoundState, last: int) -> AlgorithmResult:
     result = AlgorithmResult(
         run.name, test_rows, state.rounds_rows, engine.ledger.as_dicts(), summary, bundle, state.metric_rows, card
     )
-    save_finished(run, result)
+    save_finished(run, result, keep_last=state.stopped is None and run.keep_checkpoints)
     engine.close()  # e.g. the state files of engine.state: disk
     if summary.get("selected_lrs"):  # lr_grid (finetune): the rate each site's tested model was trained at
         log_round(run.out, selected_lrs_line(run.name, summary["selected_lrs"]), run.hooks.on_log_line)
@@ -84,10 +85,16 @@ def training_summary(run: AlgorithmRun, state: RoundState, last: int, test_rows:
     return summary
 
 
-def save_finished(run: AlgorithmRun, result: AlgorithmResult) -> None:
+def save_finished(run: AlgorithmRun, result: AlgorithmResult, keep_last: bool = True) -> None:
     """The trained models to ``out/model/<name>/``, then the checkpoint becomes a small "finished" record
-    (results, the weights file's digest; ``keep_checkpoints``: the models too)."""
+    (results, the weights file's digest; ``keep_checkpoints``: the models too). ``keep_last`` (``keep_checkpoints``
+    and not stopped early): the last round's checkpoint is kept first as ``<name>.last.pt``, which the record names,
+    so a resume with more ``fl.rounds`` can continue it (``fedseg.run.extend``)."""
+    last = keep_last_round(run.ckpt_path) if keep_last else None
+    if last is None:
+        last_path(run.ckpt_path).unlink(missing_ok=True)
     finished = {
+        "last": last,
         "finished": True,
         "test_rows": result.test_rows,
         "rounds_rows": result.rounds_rows,

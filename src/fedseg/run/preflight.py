@@ -16,7 +16,11 @@
     options: a preset that gains FedSM options must not refuse the resume of a FedAvg run, and a method appended
     on resume may be given its own).
 
-  Anything else (``fl.rounds``, ``train.lr``, ``device``, ``data.*``, ...) would mix results of two
+  - ``fl.rounds`` may grow on a run's resume (not a study's) when nothing else changes: the run continues to more
+    rounds where that trains as a run configured with them from the start would (``fedseg.run.extend`` checks it,
+    in one line otherwise).
+
+  Anything else (``train.lr``, ``device``, ``data.*``, ...) would mix results of two
   configurations, so the resume is refused with every differing key as ``key: recorded -> new``. The keys not
   given, a method's options at their defaults, are compared by ``fedseg.run.method_record`` (a method's defaults
   may change under the same configuration)."""
@@ -135,9 +139,11 @@ def shown_value(v: object) -> str:
 _UNSET = object()
 
 
-def resume_conflicts(recorded: dict[str, Any], new: dict[str, Any]) -> list[str]:
+def resume_conflicts(recorded: dict[str, Any], new: dict[str, Any], rounds_may_grow: bool = False) -> list[str]:
     """``key: recorded -> new`` (dotted keys, sorted) for every difference that forbids resuming ``recorded``
-    with ``new`` (both ``RunConfig.model_dump(mode="json")``-like dicts); see the module docstring."""
+    with ``new`` (both ``RunConfig.model_dump(mode="json")``-like dicts); see the module docstring.
+    ``rounds_may_grow``: a larger ``fl.rounds`` as the only difference is no conflict (a run's resume checks it:
+    ``fedseg.run.extend``)."""
     from fedseg.config_load import without_idle_methods
 
     ran = recorded.get("algorithms", [])  # the options of an algorithm the run has not trained change nothing in it
@@ -151,9 +157,18 @@ def resume_conflicts(recorded: dict[str, Any], new: dict[str, Any]) -> list[str]
             continue  # methods appended at the end
         before, after = ("<unset>" if v is _UNSET else shown_value(v) for v in (a, b))
         lines.append(f"{key}: {before} -> {after}")
+    grown = [line for line in lines if line.startswith("fl.rounds:") and _more_rounds(recorded, new)]
+    if rounds_may_grow and lines == grown:
+        return []  # only more rounds: the run continues to them (fedseg.run.extend checks that it can)
     return lines
 
 
+def _more_rounds(recorded: dict[str, Any], new: dict[str, Any]) -> bool:
+    a, b = ((d.get("fl") or {}).get("rounds") if isinstance(d.get("fl"), dict) else None for d in (recorded, new))
+    return isinstance(a, int) and isinstance(b, int) and b > a
+
+
+GROW_ROUNDS = "\nfl.rounds alone may grow on resume: the run continues to more rounds if nothing else changes"
 MORE_ROUNDS = (
     "\nto train a finished model for more rounds: a new run (another --out) of fedavg-continue starting from it, "
     "e.g. --algorithms fedavg-continue --set methods.fedavg-continue.start_from=OUT/model/fedavg "
@@ -175,15 +190,16 @@ def resume_notes(recorded: dict[str, Any] | None, new: dict[str, Any]) -> list[s
     ]
 
 
-def check_resume(recorded: dict[str, Any], new: dict[str, Any], where: str) -> None:
+def check_resume(recorded: dict[str, Any], new: dict[str, Any], where: str, rounds_may_grow: bool = False) -> None:
     """A ValueError listing ``resume_conflicts`` (``where``: the file holding ``recorded``) if there are any."""
-    lines = resume_conflicts(recorded, new)
+    lines = resume_conflicts(recorded, new, rounds_may_grow)
     if lines:
         raise ValueError(
             f"{where}: cannot resume with another configuration (it would mix results of the two); differs in:\n  "
             + "\n  ".join(lines)
             + f"\nuse the recorded values or another --out (may differ: {', '.join(MAY_DIFFER_ON_RESUME)}; "
             "algorithms may be appended at the end)"
+            + (GROW_ROUNDS if rounds_may_grow and any(line.startswith("fl.rounds:") for line in lines) else "")
             + (MORE_ROUNDS if any(line.startswith("fl.rounds:") for line in lines) else "")
         )
 

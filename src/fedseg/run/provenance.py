@@ -133,18 +133,20 @@ def begin(out: Path, resume: bool, device: str) -> dict[str, Any]:
     """The provenance of a run starting (or resuming) now; keeps the first start and records every
     resume in ``OUT/.provenance.json`` (read back on ``--resume``)."""
     now = utc_now()
-    started, resumes = now, []
+    started, resumes, extended = now, [], []
     record = Path(out) / RECORD
     if resume:
         try:
             previous = json.loads(record.read_text())
             started, resumes = str(previous["start"]), [*previous.get("resumes", []), now]
+            extended = list(previous.get("extended", []))
         except (OSError, ValueError, KeyError, TypeError):
             pass  # no record (e.g. a run of an older fedseg): this resume counts as the start
     try:
         from fedseg.atomic_files import atomic_write_text
 
-        atomic_write_text(record, json.dumps({"start": started, "resumes": resumes}))
+        kept = {"start": started, "resumes": resumes, **({"extended": extended} if extended else {})}
+        atomic_write_text(record, json.dumps(kept))
     except OSError:
         pass
     import torch
@@ -160,7 +162,25 @@ def begin(out: Path, resume: bool, device: str) -> dict[str, Any]:
         "command": list(COMMAND_LINE) if COMMAND_LINE is not None else None,
         "start": started,
         "resumes": resumes,
+        **({"extended": extended} if extended else {}),  # each resume that added rounds (record_extension)
     }
+
+
+def record_extension(out: Path, before: int, after: int, algorithms: list[str]) -> None:
+    """Record in ``OUT/.provenance.json`` (summary.json's ``provenance.extended`` once the run ends) that a resume
+    extended the run from ``before`` to ``after`` rounds (``fl.rounds``), continuing ``algorithms``."""
+    from fedseg.atomic_files import atomic_write_text
+
+    record = Path(out) / RECORD
+    try:
+        previous = json.loads(record.read_text())
+        if not isinstance(previous, dict):
+            previous = {}
+    except (OSError, ValueError):
+        previous = {}
+    entry = {"from": before, "to": after, "at": utc_now(), "algorithms": algorithms}
+    previous["extended"] = [*previous.get("extended", []), entry]
+    atomic_write_text(record, json.dumps(previous))
 
 
 def unchanged(out: Path) -> dict[str, Any] | None:

@@ -81,6 +81,8 @@ def restore_best(stored: Checkpoint | None, ckpt: Checkpoint, ckpt_path: Path, e
         return None
     if stored.get("current"):
         return {**stored, "server": clone(ckpt["server"]), "clients": engine.snapshot_clients()}
+    if "server" in stored:  # inlined: a finished algorithm's last round put back (fedseg.run.extend)
+        return dict(stored)
     states = load_checkpoint(ckpt_path.with_name(stored["file"]))
     if states is None:
         raise FileNotFoundError(

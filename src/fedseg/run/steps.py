@@ -35,7 +35,7 @@ def resume_state(run: AlgorithmRun, ckpt: Checkpoint | None) -> RoundState:
     run.server.load_state_dict(ckpt["server"])
     engine.restore_clients(ckpt["clients"])
     engine.ledger = Ledger.from_dicts(ckpt["ledger"])
-    return RoundState(
+    state = RoundState(
         start=ckpt["round"] + 1,
         rounds_rows=ckpt["rounds_rows"],
         metric_rows=ckpt["metric_rows"],
@@ -43,6 +43,12 @@ def resume_state(run: AlgorithmRun, ckpt: Checkpoint | None) -> RoundState:
         stopped=ckpt.get("stopped"),
         validated=dict(ckpt.get("validated") or validated_from_rows(ckpt["rounds_rows"])),  # older: from rows
     )
+    if state.stopped is None:
+        # the stop rules again after the checkpointed round: the same answer, unless it was the last of fewer
+        # fl.rounds (not checked there) and the run now has more (fedseg.run.extend), where a run configured with
+        # them from the start would have checked it
+        update_stop(run, state, ckpt["round"])
+    return state
 
 
 def must_validate(run: AlgorithmRun, rnd: int) -> bool:
