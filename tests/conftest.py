@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy
 import gc
 import os
+from collections import OrderedDict
 
 import pytest
 import torch
@@ -31,6 +32,50 @@ pytest_plugins = [
 ]  # the fixtures tiny_config and disc_federation, as a method package's tests get them
 
 torch.set_num_threads(1)
+
+
+# Modules whose few tests take minutes together (Flower deployments, processes stopped mid-run, benches), longest
+# first. `make test`'s `--dist loadscope` queues modules by their number of tests, most first, so these came last and
+# one worker ran them alone while the other had finished; the scheduler below hands them out first instead (longest
+# first, the short modules then even out the two workers' ends). Only the order changes: every test still runs.
+HEAVY_MODULES_FIRST = (
+    "test_flower_deploy.py",
+    "test_flower_security.py",
+    "test_interrupts.py",
+    "test_flower_secure.py",
+    "test_flower_restart.py",
+    "test_method_plugins.py",
+    "test_loss_surface.py",
+    "test_memory_guard.py",
+    "test_pool_engine.py",
+    "test_fedsm.py",
+    "test_api.py",
+    "test_docs.py",
+    "test_bench_kill.py",
+)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadscope`` handing out ``HEAVY_MODULES_FIRST`` before the rest (then xdist's own order)."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    if not callable(getattr(LoadScopeScheduling, "_assign_work_unit", None)):  # another xdist: its own order
+        return None
+
+    class HeavyFirst(LoadScopeScheduling):
+        def _assign_work_unit(self, node) -> None:
+            queue = getattr(self, "workqueue", None)
+            for name in HEAVY_MODULES_FIRST if isinstance(queue, OrderedDict) else ():
+                scope = next((s for s in queue if s.split("::")[0].endswith("/" + name)), None)
+                if scope is not None:
+                    queue.move_to_end(scope, last=False)
+                    break
+            super()._assign_work_unit(node)
+
+    return HeavyFirst(config, log)
 
 
 @pytest.fixture(scope="session", autouse=True)

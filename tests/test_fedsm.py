@@ -309,11 +309,13 @@ class _Stop(Exception):
 
 @pytest.mark.parametrize("personalization", ["softpull", "apfl", "pfedme"])
 def test_fedsm_resume_and_determinism(tmp_path, personalization, make_cfg, disc_federation):
-    """Also APFL's client state (v_k, alpha_k) and pFedMe's server model survive a stop after round 2 of 3."""
+    """Also APFL's client state (v_k, alpha_k) and pFedMe's server model survive a stop after round 2 of 3.
+    Determinism: the stopped run trains rounds 1-2 afresh in the same process after the full run, so a run that
+    differed from one start to the next differs from the full run here too (a separate second full run, 1 of the
+    test's 4 trainings, checked nothing more)."""
     cfg = make_cfg(rounds=3, personalization=personalization)
     fed = disc_federation(n_sites=3, cases_per_site=8)
     full = run_experiment(cfg, tmp_path / "full", federation=fed)
-    again = run_experiment(cfg, tmp_path / "again", federation=fed)
 
     def stop(name, rnd, losses):
         if rnd == 2:
@@ -322,15 +324,14 @@ def test_fedsm_resume_and_determinism(tmp_path, personalization, make_cfg, disc_
     with pytest.raises(_Stop):
         run_experiment(cfg, tmp_path / "cut", on_round_end=stop, federation=fed)
     resumed = run_experiment(cfg, tmp_path / "cut", resume=True, federation=fed)
-    for other in (again, resumed):
-        a, b = full.algorithms[0], other.algorithms[0]
-        assert a.bundle.keys() == b.bundle.keys()
-        for model in a.bundle:
-            for k in a.bundle[model]:
-                assert torch.equal(a.bundle[model][k], b.bundle[model][k]), (model, k)
-        assert a.metric_rows == b.metric_rows
-    summaries = [json.loads((tmp_path / d / "summary.json").read_text()) for d in ("full", "again", "cut")]
-    assert _numbers(summaries[0]) == _numbers(summaries[1]) == _numbers(summaries[2])
+    a, b = full.algorithms[0], resumed.algorithms[0]
+    assert a.bundle.keys() == b.bundle.keys()
+    for model in a.bundle:
+        for k in a.bundle[model]:
+            assert torch.equal(a.bundle[model][k], b.bundle[model][k]), (model, k)
+    assert a.metric_rows == b.metric_rows
+    summaries = [json.loads((tmp_path / d / "summary.json").read_text()) for d in ("full", "cut")]
+    assert _numbers(summaries[0]) == _numbers(summaries[1])
 
 
 def test_end_to_end_fedsm_extra_and_ensemble(tmp_path, tiny_config, disc_federation):
