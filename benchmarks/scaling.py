@@ -61,30 +61,19 @@ NO_CROSS_SITE = "eval.local_models=false"
 
 # --- the federation of K small sites ------------------------------------------------------------------------
 def many_sites(num_sites: int, cases_per_site: int = 12, size: int = 64, seed: int = 0):
-    """K sites of ``cases_per_site`` RGB ``size``x``size`` images: a bright disc (label 1) with a brighter cup
-    (label 2) on noise, the brightness shifted per site (as the tests' disc federation)."""
-    import numpy as np
+    """K sites of ``cases_per_site`` RGB ``size``x``size`` images: the tests' disc federation
+    (``fedseg.data.discs``), sites ``site001``..., the brightness shifted per site in a cycle of 8."""
+    from fedseg.data.discs import disc_federation
 
-    from fedseg.data.federation import Case, Federation, Regions, Site
-
-    rng = np.random.default_rng(seed)
-    yy, xx = np.mgrid[:size, :size]
-    sites = []
-    for s in range(num_sites):
-        cases = []
-        for i in range(cases_per_site):
-            cy, cx = rng.integers(size // 4, 3 * size // 4, 2)
-            r = size / 5
-            d2 = (yy - cy) ** 2 + (xx - cx) ** 2
-            label = np.zeros((size, size), np.uint8)
-            label[d2 < r * r] = 1
-            label[d2 < (r / 2) ** 2] = 2
-            image = rng.integers(0, 40, (3, size, size)).astype(np.uint8) + (s % 8) * 10
-            image[:, label > 0] += 100
-            image[:, label == 2] += 60
-            cases.append(Case.from_arrays(f"s{s + 1}_{i:03d}", image, label))
-        sites.append(Site(f"site{s + 1:03d}", cases))
-    return Federation(MANY_SITES, "2d", 3, Regions.from_mapping({"disc": [1, 2], "cup": [2]}), sites)
+    return disc_federation(
+        num_sites,
+        cases_per_site,
+        size,
+        seed,
+        name=MANY_SITES,
+        site_name=lambda s: f"site{s + 1:03d}",
+        brightness=lambda s: (s % 8) * 10,
+    )
 
 
 # --- memory of the process tree -----------------------------------------------------------------------------

@@ -24,11 +24,11 @@ import copy
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-import numpy as np
 import pytest
 
 from fedseg.config import RunConfig
-from fedseg.data.federation import Case, Federation, Regions, Site
+from fedseg.data import discs
+from fedseg.data.federation import Federation
 
 if TYPE_CHECKING:  # loaded by simulate: a conftest naming this plugin stays as light as the fixtures
     from fedseg.algorithms.fedavg import FedAvgServer
@@ -62,28 +62,11 @@ def make_tiny_config(**overrides: Any) -> RunConfig:
 
 
 def make_disc_federation(n_sites: int = 3, cases_per_site: int = 12, size: int = 32, seed: int = 0) -> Federation:
-    """A hand-made 2D RGB federation (``"discs"``): per case an image ``(3, size, size)`` uint8 of noise with a bright
-    disc (label 1, radius ``size / 5``) holding a brighter cup (label 2, half the radius) and its label map
+    """A hand-made 2D RGB federation (``"discs"``, :func:`fedseg.data.discs.disc_federation`): per case an image
+    ``(3, size, size)`` uint8 of noise with a bright disc (label 1) holding a brighter cup (label 2) and its label map
     ``(size, size)``; regions ``disc`` = {1, 2} and ``cup`` = {2}. Site k's images are ``10 k`` brighter, so the sites
     differ a little; sites ``site1``..., cases ``s1_000``..."""
-    rng = np.random.default_rng(seed)
-    yy, xx = np.mgrid[:size, :size]
-    sites = []
-    for s in range(n_sites):
-        cases = []
-        for i in range(cases_per_site):
-            cy, cx = rng.integers(size // 4, 3 * size // 4, 2)
-            r = size / 5
-            d2 = (yy - cy) ** 2 + (xx - cx) ** 2
-            label = np.zeros((size, size), np.uint8)
-            label[d2 < r * r] = 1
-            label[d2 < (r / 2) ** 2] = 2
-            image = rng.integers(0, 40, (3, size, size)).astype(np.uint8) + 10 * s
-            image[:, label > 0] += 100
-            image[:, label == 2] += 60
-            cases.append(Case.from_arrays(f"s{s + 1}_{i:03d}", image.astype(np.uint8), label))
-        sites.append(Site(f"site{s + 1}", cases))
-    return Federation("discs", "2d", 3, Regions.from_mapping({"disc": [1, 2], "cup": [2]}), sites)
+    return discs.disc_federation(n_sites, cases_per_site, size, seed)
 
 
 @pytest.fixture(scope="session")
