@@ -14,9 +14,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import csv
 import hashlib
+import io
 import json
+import logging
 import os
 import re
 import signal
@@ -36,8 +39,10 @@ import yaml
 from flwr.proto.control_pb2 import ListRunsRequest
 
 from fedseg.data.folder_write import write_folder
+from fedseg.flower import flwr_internals
 from fedseg.flower.certs import TlsFiles, make_certs, make_node_key
 from fedseg.flower.deploy import (
+    BIN,
     Processes,
     control_client,
     descendants,
@@ -47,6 +52,7 @@ from fedseg.flower.deploy import (
     register_node,
     run_status,
     submit_run,
+    wait_for_port,
     wait_run,
 )
 from fedseg.flower.launch import FlowerRunError
@@ -153,6 +159,26 @@ def test_the_control_api_defaults_to_loopback_and_the_public_port_serves_the_fle
     assert cmd[1:3] == ["-m", "fedseg.flower.superlink_main"]
     assert cmd[cmd.index("--fleet-address") + 1] == "0.0.0.0:9092"
     assert (cmd[cmd.index("--host") + 1], cmd[cmd.index("--port") + 1]) == ("127.0.0.1", "9093")
+
+
+def test_the_serverapp_runner_reaches_the_runtime_api_where_the_superlink_serves_it(tmp_path):
+    """The coordinator's ServerApp runner dials the SuperLink's every-API address (loopback for an every-interface
+    one, which no certificate names) with the SuperLink's CA, or without TLS where it has none; its secret is not in
+    its command line."""
+    from fedseg.flower import serverapp_runner
+    from fedseg.flower.superlink_main import runtime_api
+
+    tls = TlsFiles(tmp_path / "ca.crt", tmp_path / "s.crt", tmp_path / "s.key")
+    for link, expected in (
+        (LinkSettings("0.0.0.0", 9092, tls=tls, control="0.0.0.0:9093"), ("127.0.0.1:9093", str(tls.ca))),
+        (LinkSettings("127.0.0.1", 9092), ("127.0.0.1:9093", None)),
+        (LinkSettings("10.0.0.5", 9092, control="10.0.0.5:7000"), ("10.0.0.5:7000", None)),
+    ):
+        argv = superlink_command(link)[3:]
+        assert runtime_api(argv) == expected
+        command = serverapp_runner.command(*runtime_api(argv), 0.5)
+        assert ("--insecure" in command) == (expected[1] is None)
+        assert not [arg for arg in command if "secret" in arg]
 
 
 def test_a_malformed_control_address_is_one_clear_line():
@@ -561,45 +587,58 @@ def test_only_the_sites_own_runner_may_take_its_tasks_and_no_token_is_in_a_proce
     assert "gives its tasks to its own ClientApp runner only" in said and "EXPERIMENTAL" not in said, said
     assert list(own_tmp.iterdir()) == []  # the secret's folder goes with the SuperNode
     # one a SuperNode killed with -9 left (its pid gone) is removed by the next start; a live one's is not
-    from fedseg.flower.supernode import SECRET_FOLDER, remove_dead_secrets
+    from fedseg.flower.runtime_secret import folder_prefix, remove_dead_secrets
 
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    left, alive = own_tmp / f"{SECRET_FOLDER}{dead.stdout.strip()}-x", own_tmp / f"{SECRET_FOLDER}{os.getpid()}-y"
-    for folder in (left, alive):
+    prefix, other = folder_prefix("supernode"), folder_prefix("superlink")
+    left, alive = own_tmp / f"{prefix}{dead.stdout.strip()}-x", own_tmp / f"{prefix}{os.getpid()}-y"
+    not_its = own_tmp / f"{other}{dead.stdout.strip()}-z"  # another purpose's: its own starts remove it
+    for folder in (left, alive, not_its):
         folder.mkdir()
         (folder / "superexec.secret").write_bytes(b"s")
     monkeypatch.setattr(tempfile, "tempdir", str(own_tmp))
-    remove_dead_secrets()
+    remove_dead_secrets("supernode")
+    assert sorted(own_tmp.iterdir()) == sorted([alive, not_its])
+    remove_dead_secrets("superlink")
     assert sorted(own_tmp.iterdir()) == [alive]
     assert "--task" in task_command(f"127.0.0.1:{port}", True, None, 0.1)
 
 
-def test_the_runner_takes_the_secret_out_of_its_environment_and_gives_a_task_process_its_token_only(monkeypatch):
-    """The runner drops the SuperNode's secret and a task token from its environment before it imports anything (a
-    method package's child process would inherit them), signs with the secret, and starts a fresh task's process
-    with the token in that process's environment, never in its arguments, and without the secret."""
+def test_the_runner_reads_the_secret_on_its_standard_input_and_gives_a_task_process_its_token_there(monkeypatch):
+    """The runner reads the SuperNode's secret from its standard input before it imports anything (not from its
+    environment, which `/proc/PID/environ` shows and a method package's child process would inherit), signs with it,
+    and starts a fresh task's process with the token on that process's standard input: in no process's arguments
+    and in no environment."""
     from fedseg.flower import flwr_internals, worker
-    from fedseg.flower.supernode import SECRET_ENV
 
     real_serve, seen = worker.serve, {}
 
     def spy(address, insecure, certificates, poll, fresh, secret):
-        seen.update(secret=secret, fresh=fresh, environ=dict(os.environ))
+        seen.update(secret=secret, fresh=fresh, stdin_closed=sys.stdin.closed)
 
     monkeypatch.setattr(worker, "serve", spy)
     monkeypatch.setattr(flwr_internals, "cap_object_pull_backoff", lambda seconds: None)
-    monkeypatch.setenv(SECRET_ENV, "ab" * 32)
-    monkeypatch.setenv(worker.TASK_TOKEN_ENV, "left-over")
+    monkeypatch.setattr(sys, "stdin", io.StringIO("ab" * 32 + "\n"))
+    flower_log = logging.getLogger("flwr")  # the runner's filter of Flower's retry lines goes with this test
+    monkeypatch.setattr(flower_log, "filters", list(flower_log.filters))
     monkeypatch.setattr(sys, "argv", ["worker", "--runtime-api-address", "127.0.0.1:9", "--fresh"])
     worker.main()
-    assert seen["secret"] == bytes.fromhex("ab" * 32) and seen["fresh"]
-    assert SECRET_ENV not in seen["environ"] and worker.TASK_TOKEN_ENV not in seen["environ"]
-    # a fresh task: its token in its process's environment only, the secret nowhere
+    assert seen == {"secret": bytes.fromhex("ab" * 32), "fresh": True, "stdin_closed": True}
+    # a fresh task: its token on its standard input only
     tokens, started, signed = iter(["t0ken-of-one-task", None]), [], []
     monkeypatch.setattr(flwr_internals, "superexec_runtime_client", lambda *args: signed.append(args[-1]))
     monkeypatch.setattr(flwr_internals, "acquire_client_app_task", lambda client: next(tokens))
     monkeypatch.setattr("fedseg.flower.deploy.wait_for_port", lambda *args, **kwargs: None)
-    monkeypatch.setattr(worker.subprocess, "run", lambda command, env, check: started.append((command, env)))
+
+    class Task:
+        def __init__(self, command, **kwargs):
+            self.stdin = io.BytesIO()
+            self.stdin.close = lambda: started.append((command, kwargs, self.stdin.getvalue()))  # type: ignore[method-assign]
+
+        def wait(self):
+            return 0
+
+    monkeypatch.setattr(worker.subprocess, "Popen", Task)
 
     def stop(seconds):
         raise KeyboardInterrupt
@@ -608,17 +647,43 @@ def test_the_runner_takes_the_secret_out_of_its_environment_and_gives_a_task_pro
     with pytest.raises(KeyboardInterrupt):
         real_serve("127.0.0.1:9", True, None, 0.01, True, b"the secret")
     assert signed == [b"the secret"]
-    ((command, env),) = started
-    assert env[worker.TASK_TOKEN_ENV] == "t0ken-of-one-task" and "t0ken-of-one-task" not in " ".join(command)
-    assert SECRET_ENV not in env
+    ((command, kwargs, given),) = started
+    assert given == b"t0ken-of-one-task\n" and "t0ken-of-one-task" not in " ".join(command)
+    assert kwargs == {"stdin": subprocess.PIPE}  # this process's environment, which holds no secret
+
+
+def _two_sites(procs: Processes, folder: Path, link: str, ports: list[int], hospitals: Path, env: dict) -> dict:
+    """SuperNodes site1 (``subprocess`` isolation) and site2 (``warm``) of ``folder``, on ``ports``, connecting to the
+    Fleet API at ``link``; logs ``hospitals/<site>.log``."""
+    return {
+        site: procs.start(
+            site,
+            supernode_command(site, folder, link, port, hospitals / site, None, None, isolation, 0.05),
+            hospitals / f"{site}.log",
+            env,
+        )
+        for site, port, isolation in zip(("site1", "site2"), ports, ("subprocess", "warm"))
+    }
+
+
+def _command_lines() -> list[str]:
+    """Every process's command line on this machine (``/proc``)."""
+    lines = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                lines.append((entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+    return lines
 
 
 @pytest.mark.slow
-def test_a_foreign_app_bundle_is_refused_in_both_isolations_and_fedseg_still_trains(tmp_path, disc_federation, tiny):
-    """A coordinator and two sites (site1 in `subprocess`, site2 in `warm` isolation); while fedseg's run waits for
-    them, someone with the (loopback) Control API submits a foreign bundle. Each site refuses it (a log line naming
-    the run and the FAB hash), the foreign ServerApp receives the refusal, nothing of the bundle ran on a site,
-    and fedseg's run on the same deployment trains to the end."""
+def test_a_foreign_app_bundle_is_refused_by_the_coordinator_and_fedseg_still_trains(tmp_path, disc_federation, tiny):
+    """A coordinator and two sites; while fedseg's run waits for them, someone with the (loopback) Control API
+    submits a foreign bundle. The coordinator's ServerApp runner refuses it before any of it runs (Flower's own
+    executor would have imported and run its ServerApp on the coordinator's machine): the run fails naming the
+    bundle, no site hears of it, and fedseg's run on the same deployment trains to the end. No process took the
+    ServerApp task without the SuperLink's secret (an unsigned request: 401), and no process had a task token in its
+    arguments (``flwr-serverapp --token``, which ``ps`` shows every user)."""
     folder = write_folder(disc_federation(n_sites=2, cases_per_site=6), tmp_path / "fed")
     cfg = tmp_path / "cfg.yaml"
     # eval.local_models off: its model upload, restore and cross-site test evaluations are 4 more messages per
@@ -640,24 +705,66 @@ def test_a_foreign_app_bundle_is_refused_in_both_isolations_and_fedseg_still_tra
             env,
         )
         _wait_for(coordinator.log, "submitted", alive=lambda: coordinator.proc.poll() is None)
+        stranger = flwr_internals.superexec_runtime_client(control, True, None)
+        with pytest.raises(httpx.HTTPStatusError) as refused:
+            flwr_internals.acquire_server_app_task(stranger)
+        assert refused.value.response.status_code == 401
         client = control_client(control, None)
         try:
-            report = tmp_path / "foreign-replies.json"
+            foreign = submit_run(client, fab, {"report": str(tmp_path / "foreign-replies.json"), "nodes": 2})
+            status = wait_run(client, foreign, poll=0.5, tick=lambda: time.sleep(0.5))
+            sites = _two_sites(procs, folder, fleet, node_ports, hospitals, env)
+        finally:
+            client.close()
+        arguments: set[str] = set()  # every command line seen while fedseg's run trains
+        deadline = time.monotonic() + 600
+        while coordinator.proc.poll() is None and time.monotonic() < deadline:
+            arguments.update(_command_lines())
+            time.sleep(0.5)
+        assert coordinator.proc.wait(timeout=5) == 0, coordinator.log.read_text()[-5000:]
+        for item in sites.values():
+            assert item.proc.poll() is None
+    digest = hashlib.sha256(fab).hexdigest()
+    said = " ".join(status.details.split())
+    assert status.sub_status == "failed", said
+    assert f"run {foreign} refused: its app bundle (FAB sha256 {digest}) is not the one the coordinator runs" in said
+    assert "it is not fedseg's app (someone/friendly-app 1.0.0)" in said
+    assert not marker.exists() and not (tmp_path / "foreign-replies.json").exists()
+    for site in ("site1", "site2"):
+        assert str(foreign) not in (hospitals / f"{site}.log").read_text()
+    assert any("fedseg.flower.serverapp_runner --runtime-api-address" in line for line in arguments)
+    assert not [line for line in arguments if "--token" in line or "flwr-serverapp" in line]
+    assert json.loads((out / "summary.json").read_text())["algorithms"]["fedavg"]["dice"]
+
+
+@pytest.mark.slow
+def test_a_site_refuses_a_foreign_bundle_from_a_coordinator_that_runs_it_in_both_isolations(tmp_path, disc_federation):
+    """A coordinator that is not fedseg's (Flower's own SuperLink, whose executor runs any bundle's ServerApp) sends a
+    foreign bundle's messages to two sites (site1 in `subprocess`, site2 in `warm` isolation). Each refuses it (a log
+    line naming the run and the FAB hash), the foreign ServerApp receives the refusal, nothing of the bundle ran on
+    a site, and both stay up."""
+    folder = write_folder(disc_federation(n_sites=2, cases_per_site=6), tmp_path / "fed")
+    port, *node_ports = free_ports(3)
+    link = f"127.0.0.1:{port}"
+    hospitals, marker, report = tmp_path / "hospitals", tmp_path / "ran-on-a-site", tmp_path / "foreign-replies.json"
+    env = flower_env(hospitals / "home")
+    fab = foreign_fab(marker)
+    with Processes(hospitals / "processes.json") as procs:
+        superlink = procs.start(
+            "superlink",
+            [str(BIN / "flower-superlink"), "--insecure", "--host", "127.0.0.1", "--port", str(port)],
+            hospitals / "superlink.log",
+            env,
+        )
+        wait_for_port("127.0.0.1", port, 120, alive=lambda: superlink.proc.poll() is None, what="Flower's SuperLink")
+        client = control_client(link, None)
+        try:
             foreign = submit_run(client, fab, {"report": str(report), "nodes": 2})
-            sites = {
-                site: procs.start(
-                    site,
-                    supernode_command(site, folder, fleet, port, hospitals / site, None, None, isolation, 0.05),
-                    hospitals / f"{site}.log",
-                    env,
-                )
-                for site, port, isolation in zip(("site1", "site2"), node_ports, ("subprocess", "warm"))
-            }
+            sites = _two_sites(procs, folder, link, node_ports, hospitals, env)
             status = wait_run(client, foreign, poll=0.5, tick=lambda: time.sleep(0.5))
         finally:
             client.close()
         assert status.sub_status == "completed", status.details
-        assert coordinator.proc.wait(timeout=600) == 0, coordinator.log.read_text()[-5000:]
         for item in sites.values():
             assert item.proc.poll() is None  # refusing a bundle leaves the site up
     digest = hashlib.sha256(fab).hexdigest()
@@ -668,7 +775,6 @@ def test_a_foreign_app_bundle_is_refused_in_both_isolations_and_fedseg_still_tra
     replies = json.loads(report.read_text())
     assert len(replies) == 2 and all(refused in reason for reason in replies.values()), replies
     assert not marker.exists(), sorted(p.name for p in marker.iterdir())
-    assert json.loads((out / "summary.json").read_text())["algorithms"]["fedavg"]["dice"]
 
 
 def _certs(*args: str) -> subprocess.CompletedProcess:

@@ -283,6 +283,37 @@ def test_acquire_task_parts():
     )
 
 
+def test_server_app_task_parts():
+    """What the coordinator's ServerApp runner (``fedseg.flower.serverapp_runner``) takes from Flower: the task type,
+    ``flwr-serverapp``'s runtime function and the FAB installer it calls (replaced by the checking one), the task
+    identity naming the run, the output a failed start pushes, and where ``flwr-serverapp`` mirrors its output."""
+    task_type = attribute("flwr.supercore.constant", "TaskType", "acquire_server_app_task")
+    assert hasattr(task_type, "SERVER_APP"), changed("TaskType.SERVER_APP", "acquire_server_app_task")
+    runtime = module("flwr.superlink.runtime.run_serverapp", "run_serverapp_task")
+    source = inspect.getsource(runtime)
+    assert "from flwr.cli.install import install_from_fab" in source and "install_from_fab(fab.content" in source, (
+        changed("how run_serverapp installs a run's FAB (install_from_fab)", "run_serverapp_task")
+    )
+    assert source.index("TaskIdentity.run_id = ") < source.index("install_from_fab(fab.content"), changed(
+        "the order of TaskIdentity.run_id and the FAB's installation in run_serverapp", "run_serverapp_task"
+    )
+    assert_parameters(
+        runtime.run_serverapp,
+        ["runtime_api_address", "log_queue", "token", "insecure", "certificates", "parent_pid"]
+        + ["runtime_dependency_install"],
+        "run_serverapp",
+        "run_serverapp_task",
+    )
+    identity = attribute("flwr.supercore.task_identity", "TaskIdentity", "run_serverapp_task")
+    assert isinstance(inspect.getattr_static(type(identity), "run_id", None), property), changed(
+        "TaskIdentity.run_id", "run_serverapp_task"
+    )
+    attribute("flwr.supercore.logger", "mirror_output_to_queue", "run_serverapp_task")
+    request = attribute("flwr.proto.runtime_pb2", "PushTaskOutputRequest", "fail_serverapp_task")
+    request(sub_status="failed", details="x")
+    attribute("flwr.supercore.interceptors", "RuntimeTokenHttpInterceptor", "fail_serverapp_task")
+
+
 def test_heartbeat_parts():
     sender = attribute("flwr.supercore.heartbeat", "HeartbeatSender", "start_task_heartbeat")
     attribute("flwr.supercore.heartbeat", "make_task_heartbeat_fn_http", "start_task_heartbeat")

@@ -58,26 +58,27 @@ def bundle_name(content: bytes) -> str | None:
     return printable(" ".join(name.split()))[:120]  # one line, whatever the bundle says
 
 
-def refusal(content: bytes) -> str | None:
-    """Why this site refuses a FAB with ``content``; ``None`` for fedseg's own app."""
+def refusal(content: bytes, who: str = "this site") -> str | None:
+    """Why ``who`` (a site, or the coordinator, which runs a run's ServerApp: ``fedseg.flower.serverapp_runner``)
+    refuses a FAB with ``content``; ``None`` for fedseg's own app."""
     if hashlib.sha256(content).hexdigest() == pinned_hash():
         return None
     name, ours = bundle_name(content), f"{APP} {fedseg.__version__}"
     if name is None:
         return "it is not a readable Flower app bundle"
     if name == ours:
-        return f"it claims to be {ours} but differs from the one this site's fedseg builds (modified)"
+        return f"it claims to be {ours} but differs from the one {who}'s fedseg builds (modified)"
     if name.startswith(APP + " "):
-        return f"it is fedseg's app of another version ({name}); this site runs {ours}: install the same version"
+        return f"it is fedseg's app of another version ({name}); {who} runs {ours}: install the same version"
     return f"it is not fedseg's app ({name})"
 
 
-def check_bundle(run_id: int, content: bytes) -> None:
+def check_bundle(run_id: int, content: bytes, who: str = "this site") -> None:
     """Raise ``BundleRefused`` (one line: run id, FAB hash, why) unless ``content`` is fedseg's own app."""
-    why = refusal(content)
+    why = refusal(content, who)
     if why is not None:
         digest = hashlib.sha256(content).hexdigest()
         raise BundleRefused(
-            f"run {run_id} refused: its app bundle (FAB sha256 {digest}) is not the one this site runs "
+            f"run {run_id} refused: its app bundle (FAB sha256 {digest}) is not the one {who} runs "
             f"(fedseg's own, sha256 {pinned_hash()}): {why}"
         )

@@ -123,6 +123,26 @@ def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
             s.close()
 
 
+def split_option(argv: list[str], option: str) -> tuple[str | None, list[str]]:
+    """``(the value of option or None, the other arguments)``."""
+    rest, value = [], None
+    it = iter(argv)
+    for arg in it:
+        if arg == option:
+            value = next(it, None)
+        elif arg.startswith(option + "="):
+            value = arg.split("=", 1)[1]
+        else:
+            rest.append(arg)
+    return value, rest
+
+
+def loopback_if_any(host: str) -> str:
+    """Where a process on this machine reaches a server listening on ``host``: 127.0.0.1 for an every-interface
+    address (``0.0.0.0``, ``::``, empty), which no certificate names; ``host`` otherwise."""
+    return "127.0.0.1" if host.strip("[]") in ("0.0.0.0", "::", "") else host
+
+
 def wait_for_port(host: str, port: int, timeout: float, alive=lambda: True, what: str = "server") -> None:
     """Return once ``host:port`` accepts TCP connections; raise if ``alive()`` turns False or on timeout."""
     deadline = time.monotonic() + timeout

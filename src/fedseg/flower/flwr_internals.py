@@ -33,6 +33,10 @@ worker when ``--poll`` is given, and in its ServerApp.
 and only for fedseg's own app (``fedseg.flower.bundles``): Flower's only public runner exits after
 one task and runs whatever FAB the run brings. The steps it takes from Flower are here.
 
+**The ServerApp runner** (``fedseg.flower.serverapp_runner``) acquires the coordinator's ServerApp tasks with the
+SuperLink's secret and runs each as ``flwr-serverapp`` does (``run_serverapp_task``), checking the run's bundle
+before Flower installs it.
+
 **Also:** the SuperNode's log timestamps (``show_log_timestamps``) and the in-memory FAB build
 (``build_fab``).
 
@@ -231,16 +235,97 @@ def clientapp_runtime_client(
 
 
 def acquire_client_app_task(client: RuntimeHttpClient) -> str | None:
-    """The token of a pending ClientApp task (``None`` if there is none), as Flower's SuperExec acquires it.
+    """The token of a pending ClientApp task (``None`` if there is none), as Flower's SuperExec acquires it from a
+    SuperNode. No public way: Flower's SuperExec starts one ``flwr-clientapp`` process per task and has no hook to run
+    a task in a process of one's own (see :func:`_acquire_task`)."""
+    return _acquire_task(client, "CLIENT_APP")
 
-    Uses ``RuntimeHttpClient.AcquireTask``, ``flwr.proto.runtime_pb2.AcquireTaskRequest`` and
-    ``flwr.supercore.constant.TaskType``. No public way: Flower's SuperExec starts one ``flwr-clientapp``
-    process per task and has no hook to run a task in a process of one's own."""
+
+def acquire_server_app_task(client: RuntimeHttpClient) -> str | None:
+    """The token of a pending ServerApp task (``None`` if there is none), as Flower's SuperExec acquires it from a
+    SuperLink in ``--isolation process`` (``fedseg.flower.serverapp_runner``; see :func:`_acquire_task`)."""
+    return _acquire_task(client, "SERVER_APP")
+
+
+def _acquire_task(client: RuntimeHttpClient, task_type: str) -> str | None:
+    """Uses ``RuntimeHttpClient.AcquireTask``, ``flwr.proto.runtime_pb2.AcquireTaskRequest`` and
+    ``flwr.supercore.constant.TaskType`` (``task_type``: the member's name)."""
     from flwr.proto.runtime_pb2 import AcquireTaskRequest
     from flwr.supercore.constant import TaskType
 
-    res = client.AcquireTask(AcquireTaskRequest(supported_task_types=[TaskType.CLIENT_APP.value]))
+    res = client.AcquireTask(AcquireTaskRequest(supported_task_types=[TaskType[task_type].value]))
     return str(res.token) if res.HasField("task") and res.token else None
+
+
+def run_serverapp_task(
+    address: str,
+    insecure: bool,
+    root_certificates: str | None,
+    token: str,
+    parent_pid: int | None,
+    check_fab: Callable[[int, bytes], None],
+) -> None:
+    """Run one ServerApp task as ``flwr-serverapp --token TOKEN`` does (``flwr.superlink.cli.flwr_serverapp``), except
+    that ``check_fab(run_id, fab_content)`` is called on the run's app bundle before Flower installs and imports it:
+    an exception it raises fails the task, with its text as the run's failure details, before any of the bundle runs.
+    Runtime dependency installation off (as ``flower-superlink --disable-runtime-dependency-installation``). Exits the
+    process (Flower's ``flwr_exit``), as ``flwr-serverapp`` does.
+
+    Uses ``flwr.superlink.runtime.run_serverapp`` (``run_serverapp``, and its module's ``install_from_fab``, replaced
+    for this process by the checking one), ``flwr.supercore.task_identity.TaskIdentity``,
+    ``flwr.supercore.logger.mirror_output_to_queue`` and ``flwr.supercore.tls.validate_and_resolve_root_certificates``.
+    No public way: ``flwr-serverapp`` takes its token from its arguments or a file and imports whatever bundle the run
+    brings."""
+    import importlib
+    from queue import Queue
+
+    from flwr.supercore.logger import mirror_output_to_queue
+    from flwr.supercore.task_identity import TaskIdentity
+    from flwr.supercore.tls import validate_and_resolve_root_certificates
+
+    # the module (``flwr.superlink.runtime`` exports its function under the module's own name)
+    runtime = importlib.import_module("flwr.superlink.runtime.run_serverapp")
+    install = runtime.install_from_fab
+
+    def checked_install(fab_content: bytes, *args, **kwargs):
+        check_fab(TaskIdentity.run_id, fab_content)  # set by run_serverapp once it pulled the task
+        return install(fab_content, *args, **kwargs)
+
+    runtime.install_from_fab = checked_install  # type: ignore[attr-defined]
+    log_queue: Queue[str | None] = Queue()
+    mirror_output_to_queue(log_queue)
+    runtime.run_serverapp(
+        runtime_api_address=address,
+        log_queue=log_queue,
+        token=token,
+        insecure=insecure,
+        certificates=validate_and_resolve_root_certificates(root_certificates, insecure),
+        parent_pid=parent_pid,
+        runtime_dependency_install=False,
+    )
+
+
+def fail_serverapp_task(address: str, insecure: bool, root_certificates: str | None, token: str, details: str) -> None:
+    """End the ServerApp task ``token`` as failed, with ``details`` as the run's failure details, as ``flwr-serverapp``
+    does on its way out (``PushTaskOutput``): for a task process that failed before Flower's runtime took over (the
+    run would otherwise wait for it). A refusal (the task already ended) is ignored.
+
+    Uses ``RuntimeHttpClient.PushTaskOutput``, ``flwr.proto.runtime_pb2.PushTaskOutputRequest``,
+    ``flwr.common.constant.SubStatus`` and ``flwr.supercore.interceptors.RuntimeTokenHttpInterceptor``. No public way
+    (see :func:`run_serverapp_task`)."""
+    import httpx
+    from flwr.common.constant import SubStatus
+    from flwr.proto.runtime_pb2 import PushTaskOutputRequest
+    from flwr.supercore.interceptors import RuntimeTokenHttpInterceptor, RuntimeVersionHttpInterceptor
+
+    interceptors = [RuntimeVersionHttpInterceptor(component_name="flwr-serverapp"), RuntimeTokenHttpInterceptor(token)]
+    client = _runtime_client(address, insecure, root_certificates, interceptors)
+    try:
+        client.PushTaskOutput(PushTaskOutputRequest(sub_status=SubStatus.FAILED, details=details))
+    except httpx.HTTPError:
+        pass
+    finally:
+        client.close()
 
 
 def start_task_heartbeat(client: RuntimeHttpClient) -> Callable[[], None]:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fedseg.flower.certs import TlsFiles
-from fedseg.flower.deploy import Processes, Started, cannot_listen, parse_address, wait_for_port
+from fedseg.flower.deploy import Processes, Started, cannot_listen, loopback_if_any, parse_address, wait_for_port
 from fedseg.flower.log_watch import log_tail
 
 
@@ -49,7 +49,7 @@ class LinkSettings:
         """Where the coordinator connects to the Control API: :attr:`control_address`, with 127.0.0.1 for ``0.0.0.0``
         or ``::`` (no certificate names those: an audit's ``--control-address 0.0.0.0:9093`` ended in a traceback)."""
         host, _, port = self.control_address.rpartition(":")
-        return f"127.0.0.1:{port}" if host.strip("[]") in ("0.0.0.0", "::", "") else self.control_address
+        return f"{loopback_if_any(host)}:{port}"
 
 
 def superlink_command(link: LinkSettings) -> list[str]:

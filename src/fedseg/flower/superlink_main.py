@@ -40,9 +40,13 @@ import asyncio
 import json
 import logging
 import os
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+from fedseg.flower.deploy import loopback_if_any, split_option, stop_when_child_exits
+from fedseg.flower.runtime_secret import drawn_secret, hand_over
 
 FLEET_ONLY = "only the Fleet API (SuperNodes) is served on this address"
 NOT_YET = "the coordinator is registering the SuperNodes' keys: retry shortly"
@@ -203,20 +207,6 @@ def replay(content: bytes, receive):
     return replayed
 
 
-def split_option(argv: list[str], option: str) -> tuple[str | None, list[str]]:
-    """``(the value of option or None, the other arguments)``."""
-    rest, value = [], None
-    it = iter(argv)
-    for arg in it:
-        if arg == option:
-            value = next(it, None)
-        elif arg.startswith(option + "="):
-            value = arg.split("=", 1)[1]
-        else:
-            rest.append(arg)
-    return value, rest
-
-
 def split_fleet_address(argv: list[str]) -> tuple[tuple[str, int] | None, list[str]]:
     """``((host, port) or None, the other arguments)`` from ``--fleet-address HOST:PORT`` in ``argv``."""
     address, rest = split_option(argv, "--fleet-address")
@@ -291,15 +281,57 @@ class QuietStatusPolls(logging.Filter):
 def main() -> None:
     gate, rest = split_option(sys.argv[1:], "--fleet-gate")
     fleet, rest = split_fleet_address(rest)
-    sys.argv = ["flower-superlink", *rest]
     from flwr.supercore import log
 
     for name in ("flwr", "uvicorn.access"):
         logging.getLogger(name).addFilter(QuietStatusPolls())
+    if fleet is None:  # a simulation SuperLink (one researcher's machine): Flower's own isolation runs its task
+        sys.argv = ["flower-superlink", *rest]
+        serve(None, Path(gate) if gate else None)
+        return
+    log(logging.INFO, "fedseg: Fleet API only on %s:%d; every API on --host/--port", *fleet)
+    with drawn_secret(SECRET_PURPOSE) as (secret, secret_file):
+        sys.argv = [
+            "flower-superlink",
+            *rest,
+            "--isolation",
+            "process",
+            "--superexec-auth-secret-file",
+            str(secret_file),
+        ]
+        runner = start_serverapp_runner(rest, secret)
+        runner_died = stop_when_child_exits(runner, "the coordinator's ServerApp runner")
+        serve(fleet, Path(gate) if gate else None)
+        if runner_died.is_set():
+            raise SystemExit(1)
 
-    if fleet is not None:
-        log(logging.INFO, "fedseg: Fleet API only on %s:%d; every API on --host/--port", *fleet)
-    serve(fleet, Path(gate) if gate else None)
+
+SECRET_PURPOSE = "superlink"  # its secret's temporary folder: fedseg-superlink-<pid>-* (fedseg.flower.runtime_secret)
+
+
+def start_serverapp_runner(argv: list[str], secret: bytes) -> subprocess.Popen:
+    """Start ``fedseg.flower.serverapp_runner`` for the SuperLink that ``argv`` (``flower-superlink``'s arguments)
+    describes (:func:`runtime_api`), polling every ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL`` s (1 s unless set, as
+    Flower's SuperExec); ``secret`` goes on its standard input."""
+    from fedseg.flower import serverapp_runner
+
+    try:
+        poll = max(0.01, float(os.environ.get("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", "1")))
+    except ValueError:
+        poll = 1.0
+    runner = subprocess.Popen(serverapp_runner.command(*runtime_api(argv), poll), stdin=subprocess.PIPE)  # noqa: S603 - ends with this process (--parent-pid)
+    hand_over(runner, secret.hex())
+    return runner
+
+
+def runtime_api(argv: list[str]) -> tuple[str, str | None]:
+    """``(HOST:PORT, CA file or None)``: where a process on this machine reaches the Runtime API of the SuperLink that
+    ``argv`` (``flower-superlink``'s arguments) describes -- ``--host``/``--port``, 127.0.0.1 for an every-interface
+    host -- and the CA certificate it verifies it with (``--ssl-ca-certfile``; None with ``--insecure``)."""
+    host, _ = split_option(argv, "--host")
+    port, _ = split_option(argv, "--port")
+    ca, _ = split_option(argv, "--ssl-ca-certfile")
+    return f"{loopback_if_any(host or '127.0.0.1')}:{port or 9091}", None if "--insecure" in argv else ca
 
 
 if __name__ == "__main__":

@@ -17,22 +17,19 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import secrets
 import sys
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from fedseg.atomic_files import atomic_write_bytes
 from fedseg.data.federation import Federation, FederationError
 from fedseg.flower.deploy import BIN, cannot_listen, parse_address, stop_when_child_exits
+from fedseg.flower.runtime_secret import drawn_secret, hand_over
 from fedseg.folder_lock import holding
 
 ISOLATIONS = ("subprocess", "warm")
 
 
 SHA256 = re.compile(r"[0-9a-f]{64}")
-SECRET_ENV = "FEDSEG_RUNTIME_SECRET"  # the runner's: hex of the secret signing AcquireTask (drawn at each start)
 ALLOW_FAULTS = "allow-faults"  # node config: 'true' where the run's config may inject faults (a test deployment)
 
 
@@ -249,14 +246,10 @@ def become_supernode(site: str, argv: list[str], port: int, isolation: str, poll
     # a second stop signal while Flower exits no longer kills it mid-exit (its --state lock left behind)
     stop = supernode_main.StopSignals().install()
     # only the runner may take the site's tasks from the Runtime API (any local process could): a secret drawn now,
-    # read by the SuperNode from a file only this user can read, by the runner from its environment
-    secret = secrets.token_bytes(32)
-    remove_dead_secrets()
-    with tempfile.TemporaryDirectory(prefix=f"{SECRET_FOLDER}{os.getpid()}-") as private:  # 0700
-        secret_file = Path(private) / "superexec.secret"
-        atomic_write_bytes(secret_file, lambda f: f.write(secret), private=True)
-        env = {**os.environ, SECRET_ENV: secret.hex()}
-        runner = subprocess.Popen(runner_command(port, isolation, poll), env=env)  # noqa: S603 - exits with us (--parent-pid)
+    # read by the SuperNode from a file only this user can read, by the runner from its standard input
+    with drawn_secret(SECRET_PURPOSE) as (secret, secret_file):
+        runner = subprocess.Popen(runner_command(port, isolation, poll), stdin=subprocess.PIPE)  # noqa: S603 - exits with us (--parent-pid)
+        hand_over(runner, secret.hex())
         runner_died = stop_when_child_exits(runner, f"site {site!r}: the ClientApp runner", stopping=stop.stopping)
         sys.argv = ["flower-supernode", *argv, "--superexec-auth-secret-file", str(secret_file)]
         try:
@@ -267,21 +260,7 @@ def become_supernode(site: str, argv: list[str], port: int, isolation: str, poll
             raise
 
 
-SECRET_FOLDER = "fedseg-supernode-"  # + the SuperNode's pid: the temporary folder of its secret
-
-
-def remove_dead_secrets() -> None:
-    """Remove the secret folders of SuperNodes that ended without removing theirs (``kill -9``): a secret no process
-    uses any more, in the temporary folder, this user's only."""
-    import shutil
-
-    from fedseg.interrupts import is_running
-
-    for folder in Path(tempfile.gettempdir()).glob(f"{SECRET_FOLDER}*"):
-        pid = folder.name.removeprefix(SECRET_FOLDER).split("-", 1)[0]
-        if pid.isdigit() and not is_running(int(pid)) and folder.is_dir() and not folder.is_symlink():
-            if folder.stat().st_uid == os.getuid():
-                shutil.rmtree(folder, ignore_errors=True)
+SECRET_PURPOSE = "supernode"  # its secret's temporary folder: fedseg-supernode-<pid>-* (fedseg.flower.runtime_secret)
 
 
 def supernode_command(

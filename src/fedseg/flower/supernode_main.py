@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable
 from importlib.metadata import distribution
 
+from fedseg.flower.deploy import split_option
 from fedseg.flower.flwr_internals import (
     cap_node_polling,
     cap_object_pull_backoff,
@@ -35,7 +36,6 @@ from fedseg.flower.flwr_internals import (
     on_flower_exit,
     show_log_timestamps,
 )
-from fedseg.flower.superlink_main import split_option
 
 RETRYING = "Connection attempt failed, retrying in"  # Flower's retry warning (flwr.supercore.retry)
 RETRY_REASON = "Connection attempt failed with exception: "  # its DEBUG line before it, with the reason
@@ -302,7 +302,7 @@ class StopSignals:
 
 
 def option_value(argv: list[str], option: str, default: str) -> str:
-    """The value of ``option`` on a command line (``default`` if absent; ``superlink_main.split_option`` reads it)."""
+    """The value of ``option`` on a command line (``default`` if absent; ``deploy.split_option`` reads it)."""
     value, _ = split_option(argv, option)
     return default if value is None else value
 

@@ -11,13 +11,13 @@ executor (``flower-superexec`` / ``flwr-clientapp``) would import whatever FAB a
 
 - warm (``fedseg flower supernode --isolation warm``): every task in this long-lived process, so
   PyTorch and MONAI are imported once, not per message;
-- fresh (``--isolation subprocess``): every task in a new process (its token in that process's environment,
-  :data:`TASK_TOKEN_ENV`, not its arguments, which every user of the machine sees in ``ps``), as Flower's
-  default isolation runs ``flwr-clientapp``.
+- fresh (``--isolation subprocess``): every task in a new process (its token on that process's standard input,
+  not in its arguments, which every user of the machine sees in ``ps``), as Flower's default isolation runs
+  ``flwr-clientapp``.
 
 Only this runner may acquire the SuperNode's tasks: ``fedseg flower supernode`` starts Flower's SuperNode with
 a secret drawn at each start (``--superexec-auth-secret-file``, a 0600 file in a 0700 folder) and hands it to the
-runner in its environment (``fedseg.flower.supernode.SECRET_ENV``), with which it signs its ``AcquireTask`` calls
+runner on its standard input (``fedseg.flower.runtime_secret``), with which it signs its ``AcquireTask`` calls
 (Flower's SuperExec authentication). Without it any process on the machine could take the site's tasks from the
 Runtime API on 127.0.0.1, read its messages and state and answer in its place (a security audit did).
 
@@ -38,8 +38,9 @@ import threading
 import time
 from collections.abc import Callable
 
+from fedseg.flower.runtime_secret import hand_over, handed_over
+
 log = logging.getLogger("fedseg.flower.worker")
-TASK_TOKEN_ENV = "FEDSEG_TASK_TOKEN"  # a fresh task process's token
 RUNTIME_API_WAIT = 300.0  # s for the SuperNode started next to the runner to listen (it starts in a few seconds)
 
 
@@ -122,7 +123,7 @@ def run_task(address: str, insecure: bool, root_certificates: str | None, token:
 
 def task_command(address: str, insecure: bool, root_certificates: str | None, poll: float) -> list[str]:
     """This module as a command running one task in a fresh process (``--isolation subprocess``), whose token
-    it is given in its environment (:data:`TASK_TOKEN_ENV`)."""
+    it is given on its standard input."""
     cmd = [sys.executable, "-m", "fedseg.flower.worker", "--runtime-api-address", address, "--task"]
     cmd += ["--insecure"] if insecure else []
     cmd += ["--root-certificates", root_certificates] if root_certificates else []
@@ -138,8 +139,8 @@ def serve(
     secret: bytes | None = None,
 ) -> None:
     """Poll the SuperNode's Runtime API for ClientApp tasks forever (``secret``: the SuperNode's, signing each
-    ``AcquireTask``); run each in this process (warm) or, with ``fresh``, in a new process each, given its token in
-    its environment (the SuperNode hands out one message at a time: it waits for it)."""
+    ``AcquireTask``); run each in this process (warm) or, with ``fresh``, in a new process each, given its token on
+    its standard input (the SuperNode hands out one message at a time: it waits for it)."""
     from fedseg.flower import flwr_internals as internals
 
     if not fresh:
@@ -155,7 +156,9 @@ def serve(
         token = internals.acquire_client_app_task(client)
         if token and fresh:
             command = task_command(address, insecure, root_certificates, poll)
-            subprocess.run(command, env={**os.environ, TASK_TOKEN_ENV: token}, check=False)  # noqa: S603
+            task = subprocess.Popen(command, stdin=subprocess.PIPE)  # noqa: S603
+            hand_over(task, token)
+            task.wait()
         elif token:
             try:
                 run_task(address, insecure, root_certificates, token)
@@ -184,12 +187,11 @@ def main() -> None:
     )
     parser.add_argument("--parent-pid", type=int, default=None)
     parser.add_argument("--fresh", action="store_true", help="run every task in a new process")
-    parser.add_argument("--task", action="store_true", help=f"run one task and exit (its token in ${TASK_TOKEN_ENV})")
+    parser.add_argument("--task", action="store_true", help="run one task and exit (its token on standard input)")
     args = parser.parse_args()
-    # first of all: what this process imports (methods, their packages) and starts never sees these
-    from fedseg.flower.supernode import SECRET_ENV
-
-    secret, token = os.environ.pop(SECRET_ENV, ""), os.environ.pop(TASK_TOKEN_ENV, "")
+    # first of all, before anything of a method is imported: the SuperNode's secret (or a fresh task's token), then
+    # standard input is closed
+    secret_or_token = handed_over()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     logging.getLogger("flwr").addFilter(no_retry_warnings)
@@ -200,10 +202,11 @@ def main() -> None:
     cap_object_pull_backoff(args.poll)
     try:
         if args.task:
-            run_task(args.runtime_api_address, args.insecure, args.root_certificates, token)
+            run_task(args.runtime_api_address, args.insecure, args.root_certificates, secret_or_token)
         else:
             address, insecure, certificates = args.runtime_api_address, args.insecure, args.root_certificates
-            serve(address, insecure, certificates, args.poll, args.fresh, bytes.fromhex(secret) or None)
+            secret = bytes.fromhex(secret_or_token) or None
+            serve(address, insecure, certificates, args.poll, args.fresh, secret)
     except KeyboardInterrupt:  # Ctrl-C in the terminal reaches the whole group: the SuperNode says it stops
         sys.exit(130)
     except (OSError, RuntimeError) as e:  # TimeoutError: its SuperNode's Runtime API never listened
