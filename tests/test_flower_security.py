@@ -43,6 +43,7 @@ from fedseg.flower import flwr_internals
 from fedseg.flower.certs import TlsFiles, make_certs, make_node_key
 from fedseg.flower.deploy import (
     BIN,
+    COORDINATOR_OUT,
     Processes,
     control_client,
     descendants,
@@ -679,9 +680,10 @@ def _command_lines() -> list[str]:
 @pytest.mark.slow
 def test_a_foreign_app_bundle_is_refused_by_the_coordinator_and_fedseg_still_trains(tmp_path, disc_federation, tiny):
     """A coordinator and two sites; while fedseg's run waits for them, someone with the (loopback) Control API
-    submits a foreign bundle. The coordinator's ServerApp runner refuses it before any of it runs (Flower's own
-    executor would have imported and run its ServerApp on the coordinator's machine): the run fails naming the
-    bundle, no site hears of it, and fedseg's run on the same deployment trains to the end. No process took the
+    submits a foreign bundle. The coordinator's ServerApp runner serves the run it submitted only: the foreign run
+    fails naming why before any process starts for it (Flower's own executor would have imported and run its
+    ServerApp on the coordinator's machine), no site hears of it, and fedseg's run on the same deployment trains to
+    the end. No process took the
     ServerApp task without the SuperLink's secret (an unsigned request: 401), and no process had a task token in its
     arguments (``flwr-serverapp --token``, which ``ps`` shows every user)."""
     folder = write_folder(disc_federation(n_sites=2, cases_per_site=6), tmp_path / "fed")
@@ -724,17 +726,57 @@ def test_a_foreign_app_bundle_is_refused_by_the_coordinator_and_fedseg_still_tra
         assert coordinator.proc.wait(timeout=5) == 0, coordinator.log.read_text()[-5000:]
         for item in sites.values():
             assert item.proc.poll() is None
-    digest = hashlib.sha256(fab).hexdigest()
     said = " ".join(status.details.split())
     assert status.sub_status == "failed", said
-    assert f"run {foreign} refused: its app bundle (FAB sha256 {digest}) is not the one the coordinator runs" in said
-    assert "it is not fedseg's app (someone/friendly-app 1.0.0)" in said
+    ours = (out / "flower" / "submitted-run").read_text().strip()
+    assert said == (
+        f"run {foreign} refused: the coordinator did not submit it (it runs run {ours}); someone started it on its "
+        "Control API"
+    )
+    assert stat.S_IMODE((out / "flower" / "submitted-run").stat().st_mode) == 0o600
     assert not marker.exists() and not (tmp_path / "foreign-replies.json").exists()
     for site in ("site1", "site2"):
         assert str(foreign) not in (hospitals / f"{site}.log").read_text()
     assert any("fedseg.flower.serverapp_runner --runtime-api-address" in line for line in arguments)
     assert not [line for line in arguments if "--token" in line or "flwr-serverapp" in line]
     assert json.loads((out / "summary.json").read_text())["algorithms"]["fedavg"]["dice"]
+
+
+def test_the_coordinators_runner_starts_its_own_run_only_and_that_with_fedsegs_bundle_only(tmp_path):
+    """A SuperLink as `fedseg flower server` starts it, its OUT named in its environment; two runs of a foreign
+    bundle are submitted on its Control API. The one OUT/flower/submitted-run names (as the coordinator records the
+    run it submitted) gets a task process, which refuses the bundle before Flower installs any of it; the other is
+    refused by the runner without a process, naming the run the coordinator runs. Nothing of the bundle ran."""
+    out, marker = tmp_path / "out", tmp_path / "ran"
+    (out / "flower").mkdir(parents=True)
+    fleet_port, control_port = free_ports(2)
+    link = LinkSettings("127.0.0.1", fleet_port, control=f"127.0.0.1:{control_port}")
+    env = flower_env(tmp_path / "home", 0.05, {COORDINATOR_OUT: str(out)})
+    fab = foreign_fab(marker)
+    with Processes(tmp_path / "processes.json") as procs:
+        superlink = procs.start("superlink", superlink_command(link), tmp_path / "superlink.log", env)
+        wait_for_port("127.0.0.1", control_port, 120, alive=lambda: superlink.proc.poll() is None, what="SuperLink")
+        client = control_client(link.control_address, None)
+        try:
+            submitted = submit_run(client, fab, {"report": str(tmp_path / "r.json"), "nodes": 1})
+            (out / "flower" / "submitted-run").write_text(f"{submitted}\n")
+            other = submit_run(client, fab, {"report": str(tmp_path / "r.json"), "nodes": 1})
+            first = wait_run(client, submitted, poll=0.2, tick=lambda: time.sleep(0.2))
+            second = wait_run(client, other, poll=0.2, tick=lambda: time.sleep(0.2))
+        finally:
+            client.close()
+    digest = hashlib.sha256(fab).hexdigest()
+    assert first.sub_status == "failed" and (
+        f"run {submitted} refused: its app bundle (FAB sha256 {digest}) is not the one the coordinator runs"
+    ) in " ".join(first.details.split())
+    assert "it is not fedseg's app (someone/friendly-app 1.0.0)" in first.details
+    assert second.sub_status == "failed" and second.details == (
+        f"run {other} refused: the coordinator did not submit it (it runs run {submitted}); someone started it on "
+        "its Control API"
+    )
+    assert not marker.exists() and not (tmp_path / "r.json").exists()
+    # stopped with SIGTERM (as a deployment stops it), the SuperLink removed its secret's folder
+    assert not list(Path(tempfile.gettempdir()).glob(f"fedseg-superlink-{superlink.proc.pid}-*"))
 
 
 @pytest.mark.slow

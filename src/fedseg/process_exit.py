@@ -46,15 +46,24 @@ def exit_status(code: str | int | None) -> int:
     return 1
 
 
+# threads Flower's SuperNode leaves serving its Runtime API (and AnyIO's worker) when a stop signal ends it before its
+# exit handlers are in place: nothing is served once ``fedseg flower supernode`` has returned, but the normal exit
+# waited for them for ever, and the site's runner went on polling the stopped SuperNode (a test hung so)
+LEFT_BY_FLOWER = ("supernode-runtime-http-api", "AnyIO worker thread")
+
+
 def other_threads_running() -> bool:
     """Whether a non-daemon thread other than the main one is alive (the normal exit would wait for it), leaving
     out those that only compute results nobody reads any more (``fedseg.interrupts.DISCARDABLE_THREADS``: a stopped
-    command's case preparation or batch prefetch)."""
+    command's case preparation or batch prefetch) and those a stopped SuperNode left (:data:`LEFT_BY_FLOWER`)."""
     from fedseg.interrupts import DISCARDABLE_THREADS
 
     main = threading.main_thread()
     return any(
-        t is not main and not t.daemon and t.is_alive() and not t.name.startswith(DISCARDABLE_THREADS)
+        t is not main
+        and not t.daemon
+        and t.is_alive()
+        and not t.name.startswith((DISCARDABLE_THREADS, *LEFT_BY_FLOWER))
         for t in threading.enumerate()
     )
 

@@ -42,6 +42,16 @@ DEFAULT_POLL = 0.2  # here, not in launch: `fedseg flower --help` needs it witho
 
 LAUNCHER_PID = "FEDSEG_LAUNCHER_PID"  # PID:start time of the fedseg process that started a deployment
 COORDINATOR_OUT = "FEDSEG_OUT"  # the run's output folder, for the coordinator's ServerApp (never sent to the sites)
+SUBMITTED_RUN = "submitted-run"  # OUT/flower/: the id of the run the coordinator submitted, the only one it serves
+
+
+def submitted_run(out: Path) -> int | None:
+    """The id of the run the coordinator submitted last for ``out`` (``OUT/flower/submitted-run``, written once the
+    SuperLink has taken it, removed before each submission); None where there is none yet."""
+    try:
+        return int((Path(out) / "flower" / SUBMITTED_RUN).read_text().strip())
+    except (OSError, ValueError):
+        return None
 
 
 def flower_env(home: Path, task_poll: float = 0.1, extra: dict | None = None) -> dict[str, str]:

@@ -45,10 +45,11 @@ Flower is imported only inside the functions: importing this module costs nothin
 
 from __future__ import annotations
 
+import contextlib
 import time
 import types
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from flwr.app import Context, Message
@@ -238,23 +239,26 @@ def acquire_client_app_task(client: RuntimeHttpClient) -> str | None:
     """The token of a pending ClientApp task (``None`` if there is none), as Flower's SuperExec acquires it from a
     SuperNode. No public way: Flower's SuperExec starts one ``flwr-clientapp`` process per task and has no hook to run
     a task in a process of one's own (see :func:`_acquire_task`)."""
-    return _acquire_task(client, "CLIENT_APP")
+    res = _acquire_task(client, "CLIENT_APP")
+    return None if res is None else str(res.token)
 
 
-def acquire_server_app_task(client: RuntimeHttpClient) -> str | None:
-    """The token of a pending ServerApp task (``None`` if there is none), as Flower's SuperExec acquires it from a
-    SuperLink in ``--isolation process`` (``fedseg.flower.serverapp_runner``; see :func:`_acquire_task`)."""
-    return _acquire_task(client, "SERVER_APP")
+def acquire_server_app_task(client: RuntimeHttpClient) -> tuple[str, int] | None:
+    """``(token, run id)`` of a pending ServerApp task (``None`` if there is none), as Flower's SuperExec acquires it
+    from a SuperLink in ``--isolation process`` (``fedseg.flower.serverapp_runner``; see :func:`_acquire_task`)."""
+    res = _acquire_task(client, "SERVER_APP")
+    return None if res is None else (str(res.token), int(res.task.run_id))
 
 
-def _acquire_task(client: RuntimeHttpClient, task_type: str) -> str | None:
-    """Uses ``RuntimeHttpClient.AcquireTask``, ``flwr.proto.runtime_pb2.AcquireTaskRequest`` and
-    ``flwr.supercore.constant.TaskType`` (``task_type``: the member's name)."""
+def _acquire_task(client: RuntimeHttpClient, task_type: str) -> Any:
+    """The ``AcquireTaskResponse`` of a pending task of ``task_type`` (the ``TaskType`` member's name), or None.
+    Uses ``RuntimeHttpClient.AcquireTask``, ``flwr.proto.runtime_pb2.AcquireTaskRequest`` (its response's ``task``,
+    ``token`` and ``task.run_id``) and ``flwr.supercore.constant.TaskType``."""
     from flwr.proto.runtime_pb2 import AcquireTaskRequest
     from flwr.supercore.constant import TaskType
 
     res = client.AcquireTask(AcquireTaskRequest(supported_task_types=[TaskType[task_type].value]))
-    return str(res.token) if res.HasField("task") and res.token else None
+    return res if res.HasField("task") and res.token else None
 
 
 def run_serverapp_task(
@@ -307,23 +311,25 @@ def run_serverapp_task(
 
 def fail_serverapp_task(address: str, insecure: bool, root_certificates: str | None, token: str, details: str) -> None:
     """End the ServerApp task ``token`` as failed, with ``details`` as the run's failure details, as ``flwr-serverapp``
-    does on its way out (``PushTaskOutput``): for a task process that failed before Flower's runtime took over (the
-    run would otherwise wait for it). A refusal (the task already ended) is ignored.
+    does on its way out (``PushTaskOutput``, after ``PullTaskInput`` where the task has not started): for a run the
+    runner refuses, or a task process that failed before Flower's runtime took over (the run would otherwise wait for
+    it). A refusal (the task already ended) is ignored.
 
-    Uses ``RuntimeHttpClient.PushTaskOutput``, ``flwr.proto.runtime_pb2.PushTaskOutputRequest``,
+    Uses ``RuntimeHttpClient.PullTaskInput`` and ``PushTaskOutput``, ``flwr.proto.runtime_pb2``'s requests,
     ``flwr.common.constant.SubStatus`` and ``flwr.supercore.interceptors.RuntimeTokenHttpInterceptor``. No public way
     (see :func:`run_serverapp_task`)."""
     import httpx
     from flwr.common.constant import SubStatus
-    from flwr.proto.runtime_pb2 import PushTaskOutputRequest
+    from flwr.proto.runtime_pb2 import PullTaskInputRequest, PushTaskOutputRequest
     from flwr.supercore.interceptors import RuntimeTokenHttpInterceptor, RuntimeVersionHttpInterceptor
 
     interceptors = [RuntimeVersionHttpInterceptor(component_name="flwr-serverapp"), RuntimeTokenHttpInterceptor(token)]
     client = _runtime_client(address, insecure, root_certificates, interceptors)
     try:
-        client.PushTaskOutput(PushTaskOutputRequest(sub_status=SubStatus.FAILED, details=details))
-    except httpx.HTTPError:
-        pass
+        with contextlib.suppress(httpx.HTTPError):  # a task not started yet is started first: only then can it end
+            client.PullTaskInput(PullTaskInputRequest())
+        with contextlib.suppress(httpx.HTTPError):
+            client.PushTaskOutput(PushTaskOutputRequest(sub_status=SubStatus.FAILED, details=details))
     finally:
         client.close()
 

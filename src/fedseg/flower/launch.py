@@ -31,12 +31,14 @@ from dataclasses import replace
 from pathlib import Path
 
 import fedseg
+from fedseg.atomic_files import atomic_write_text
 from fedseg.config import RunConfig
 from fedseg.data.federation import Federation
 from fedseg.flower.certs import PUBLIC_KEYS, SITE_KEYS, make_certs
 from fedseg.flower.deploy import (
     COORDINATOR_OUT,
     DEFAULT_POLL,
+    SUBMITTED_RUN,
     Processes,
     Started,
     control_client,
@@ -89,7 +91,6 @@ def run_config(
 def record_config(cfg: RunConfig, out: Path) -> str:
     """Write the run's configuration as every site records it (``OUT/flower/run-config.json``,
     ``config_load.config_record``) and return the line that gives its digest, for the hospitals to compare."""
-    from fedseg.atomic_files import atomic_write_text
     from fedseg.config_load import config_record
 
     text, digest = config_record(cfg)
@@ -106,8 +107,6 @@ def run_key(out: Path, resume: bool) -> str:
     random id: it travels to every site, which need not learn the coordinator's folders) for a new run, so a reused
     ``--state`` folder never mixes two runs."""
     import uuid
-
-    from fedseg.atomic_files import atomic_write_text
 
     path = Path(out) / "flower" / "run-key"
     if resume and path.is_file() and path.read_text().strip():
@@ -127,8 +126,6 @@ def keep_protection(out: Path, link: LinkSettings, resume: bool, sites: list[str
     the federation's ``sites`` in their order too, and a resume with another order is refused: a site's index sets its
     random streams (and FedSM's selector labels), and a coordinator given a ``federation.yaml`` with another
     ``site_order`` swapped them in mid-run without a word (a security test)."""
-    from fedseg.atomic_files import atomic_write_text
-
     path = Path(out) / "flower" / PROTECTION_FILE
     now: dict[str, object] = {"tls": bool(link.tls), "auth": bool(link.auth)}
     if sites is not None:
@@ -230,7 +227,7 @@ def serve_experiment(
         if link.gate is not None:
             link.gate.touch()  # the Fleet API opens
         nodes = start_nodes() if start_nodes else {}
-        for stale in ("server.log", "error.txt"):  # left by an earlier attempt in the same --out
+        for stale in ("server.log", "error.txt", SUBMITTED_RUN):  # left by an earlier attempt in the same --out
             (out / "flower" / stale).unlink(missing_ok=True)
         config = run_config(cfg, fed, wait, poll, resume, run_key(out, resume))
         if node_sites:
@@ -238,6 +235,8 @@ def serve_experiment(
         if simulation is not None:
             config["fedseg-simulation"] = json.dumps(simulation.pop("fedseg"))
         run_id = submit_run(client, build_fab(), config, simulation)
+        # the coordinator's ServerApp runner serves this run only (fedseg.flower.serverapp_runner)
+        atomic_write_text(out / "flower" / SUBMITTED_RUN, f"{run_id}\n", private=True)
         echo(f"run {run_id} submitted; sites: {', '.join(fed.site_names)}")
         echo(record_config(cfg, out))
         tail, last_observe = LogTail(out / "flower" / "server.log"), 0.0

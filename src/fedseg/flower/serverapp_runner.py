@@ -12,8 +12,11 @@ Each task runs in a new process (``--task``), given its token on its standard in
 (``fedseg.flower.runtime_secret``), through the same steps as ``flwr-serverapp``, except that the run's app bundle must
 be fedseg's own app (``fedseg.flower.bundles``) before Flower installs or imports it: a run someone else started on
 the SuperLink's Control API with another bundle fails, its ServerApp never run on the coordinator's machine (Flower's
-executor would have imported it). The runner ignores SIGINT and SIGTERM (a Ctrl-C or a stop reaches the SuperLink,
-which stops its tasks) and ends when the SuperLink does.
+executor would have imported it). Before that the runner starts only the task of the run the coordinator submitted
+(``OUT/flower/submitted-run``, :func:`run_verdict`): any other run's task fails without a process started (fedseg's
+own app with someone's configuration, or a second run resuming the coordinator's in its folder). The runner ignores
+SIGINT and SIGTERM (a Ctrl-C or a stop reaches the SuperLink, which stops its tasks) and ends when the SuperLink
+does.
 """
 
 from __future__ import annotations
@@ -25,7 +28,9 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
+from fedseg.flower.deploy import COORDINATOR_OUT
 from fedseg.flower.runtime_secret import hand_over, handed_over
 
 log = logging.getLogger("fedseg.flower.serverapp_runner")
@@ -50,25 +55,63 @@ def task_command(address: str, root_certificates: str | None) -> list[str]:
 
 def serve(address: str, root_certificates: str | None, poll: float, secret: bytes | None) -> None:
     """Poll the SuperLink's Runtime API for ServerApp tasks forever, signing ``AcquireTask`` with ``secret``; start
-    each task in a new process, given its token on its standard input (runs may overlap: it does not wait)."""
+    the task of the run the coordinator submitted (:func:`run_verdict`) in a new process, given its token on its
+    standard input, and fail any other run's task without starting anything (its run fails naming why)."""
     from fedseg.flower import flwr_internals as internals
     from fedseg.flower.deploy import wait_for_port
 
     host, _, port = address.rpartition(":")
     insecure = root_certificates is None
+    out = os.environ.get(COORDINATOR_OUT)
     wait_for_port(host.strip("[]"), int(port), RUNTIME_API_WAIT, what="the SuperLink's Runtime API")
     client = internals.superexec_runtime_client(address, insecure, root_certificates, secret)
     log.info("ServerApp runner polling %s every %g s", address, poll)
+    pending: dict[str, tuple[int, float]] = {}  # token -> (run id, when acquired): runs not yet known to be ours
     running: list[subprocess.Popen] = []
     while True:
-        token = internals.acquire_server_app_task(client)
+        acquired = internals.acquire_server_app_task(client)
+        if acquired is not None:
+            pending[acquired[0]] = (acquired[1], time.monotonic())
+        for token, (run_id, since) in list(pending.items()):
+            refusal = run_verdict(run_id, out, time.monotonic() - since)
+            if refusal == WAIT:
+                continue
+            del pending[token]
+            if refusal is None:
+                task = subprocess.Popen(task_command(address, root_certificates), stdin=subprocess.PIPE)  # noqa: S603
+                hand_over(task, token)
+                running.append(task)
+            else:
+                log.warning("%s", refusal)
+                internals.fail_serverapp_task(address, insecure, root_certificates, token, refusal)
         running = [task for task in running if task.poll() is None]  # reaped: no zombie per finished run
-        if token:
-            task = subprocess.Popen(task_command(address, root_certificates), stdin=subprocess.PIPE)  # noqa: S603
-            hand_over(task, token)
-            running.append(task)
-        else:
+        if acquired is None:
             time.sleep(poll)
+
+
+WAIT = "wait"  # run_verdict: not yet known (the coordinator records its run once the SuperLink has taken it)
+SUBMITTED_WAIT = 60.0  # s a run's task waits for the coordinator to record it as its run
+
+
+def run_verdict(run_id: int, out: str | None, waited: float) -> str | None:
+    """None where run ``run_id`` is the one the coordinator of ``out`` (its ``FEDSEG_OUT``) submitted
+    (``fedseg.flower.deploy.submitted_run``); :data:`WAIT` while it may still be (no run recorded yet, for
+    :data:`SUBMITTED_WAIT` s after its task was acquired); otherwise why it is refused, one line. Someone with the
+    SuperLink's (loopback) Control API could start fedseg's own app with their own configuration, or resume the
+    coordinator's run in its OUT beside it (a security test had two runs training into one folder)."""
+    from fedseg.flower.deploy import submitted_run
+
+    if not out:
+        return (
+            f"run {run_id} refused: no {COORDINATOR_OUT} in the coordinator's environment (start it with fedseg flower)"
+        )
+    ours = submitted_run(Path(out))
+    if ours == run_id:
+        return None
+    if ours is None and waited < SUBMITTED_WAIT:
+        return WAIT
+    which = f"it runs run {ours}" if ours is not None else "it submitted none"
+    return f"run {run_id} refused: the coordinator did not submit it ({which}); someone started it on its Control API"
 
 
 def run_task(address: str, root_certificates: str | None, token: str, parent_pid: int | None) -> None:

@@ -40,6 +40,7 @@ import asyncio
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -290,6 +291,9 @@ def main() -> None:
         serve(None, Path(gate) if gate else None)
         return
     log(logging.INFO, "fedseg: Fleet API only on %s:%d; every API on --host/--port", *fleet)
+    # uvicorn stops on SIGTERM, then raises it again with the handler it found: an exit, not a death by the signal,
+    # so that the secret's folder is removed (a security test found them left by every SIGTERM)
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     with drawn_secret(SECRET_PURPOSE) as (secret, secret_file):
         sys.argv = [
             "flower-superlink",
