@@ -179,7 +179,25 @@ def test_the_serverapp_runner_reaches_the_runtime_api_where_the_superlink_serves
         assert runtime_api(argv) == expected
         command = serverapp_runner.command(*runtime_api(argv), 0.5)
         assert ("--insecure" in command) == (expected[1] is None)
-        assert not [arg for arg in command if "secret" in arg]
+
+
+def test_the_runner_serves_the_run_the_coordinator_recorded_and_waits_for_it_less_than_flower_keeps_a_task(tmp_path):
+    """A run the coordinator has not recorded yet (it records it once the SuperLink took it) waits, but for less than
+    the 30 s in which Flower expires an unheartbeaten task's token (or the refusal could never be sent); then, or at
+    once where the coordinator recorded another run, it is refused in one line."""
+    from fedseg.flower.serverapp_runner import SUBMITTED_WAIT, WAIT, run_verdict
+
+    assert SUBMITTED_WAIT < 30
+    assert run_verdict(7, str(tmp_path), 0.0) == WAIT
+    none = "run 7 refused: the coordinator did not submit it (it submitted none); someone started it on its Control API"
+    assert run_verdict(7, str(tmp_path), SUBMITTED_WAIT) == none
+    (tmp_path / "flower").mkdir()
+    (tmp_path / "flower" / "submitted-run").write_text("5\n")
+    assert run_verdict(5, str(tmp_path), 0.0) is None
+    assert run_verdict(7, str(tmp_path), 0.0) == none.replace("it submitted none", "it runs run 5")
+    assert run_verdict(5, None, 0.0) == (
+        "run 5 refused: no FEDSEG_OUT in the coordinator's environment (start it with fedseg flower)"
+    )
 
 
 def test_a_malformed_control_address_is_one_clear_line():
@@ -639,6 +657,9 @@ def test_the_runner_reads_the_secret_on_its_standard_input_and_gives_a_task_proc
         def wait(self):
             return 0
 
+        def poll(self):
+            return 0
+
     monkeypatch.setattr(worker.subprocess, "Popen", Task)
 
     def stop(seconds):
@@ -765,6 +786,8 @@ def test_the_coordinators_runner_starts_its_own_run_only_and_that_with_fedsegs_b
             second = wait_run(client, other, poll=0.2, tick=lambda: time.sleep(0.2))
         finally:
             client.close()
+        procs.stop(grace=120)  # SIGTERM, as a deployment stops it; time for a loaded machine to shut down
+    assert superlink.proc.returncode == 128 + signal.SIGTERM  # it exited, not killed
     digest = hashlib.sha256(fab).hexdigest()
     assert first.sub_status == "failed" and (
         f"run {submitted} refused: its app bundle (FAB sha256 {digest}) is not the one the coordinator runs"

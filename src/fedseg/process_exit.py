@@ -7,7 +7,8 @@ once with ``os._exit``:
 
 1. it waits for no thread, so it applies only when the main thread is the only non-daemon thread left (a
    tracker's upload thread, a Flower client's: the normal exit, which joins them, is used instead), threads
-   computing what nobody will read aside (``fedseg.interrupts.DISCARDABLE_THREADS``);
+   computing what nobody will read aside (``fedseg.interrupts.DISCARDABLE_THREADS``) and those a command declared
+   it leaves (:func:`discard_at_exit`: a stopped SuperNode's Runtime API server);
 2. ``atexit`` handlers run (``logging.shutdown``, multiprocessing's pool and process-server shutdown,
    ``weakref.finalize`` callbacks, trackers' ``finish``), in the normal order, with Ctrl-C ignored (the work is
    done: it would only end a handler in a traceback);
@@ -46,24 +47,25 @@ def exit_status(code: str | int | None) -> int:
     return 1
 
 
-# threads Flower's SuperNode leaves serving its Runtime API (and AnyIO's worker) when a stop signal ends it before its
-# exit handlers are in place: nothing is served once ``fedseg flower supernode`` has returned, but the normal exit
-# waited for them for ever, and the site's runner went on polling the stopped SuperNode (a test hung so)
-LEFT_BY_FLOWER = ("supernode-runtime-http-api", "AnyIO worker thread")
+_DISCARDED: set[str] = set()  # name prefixes of threads a command declared it leaves (discard_at_exit)
+
+
+def discard_at_exit(*prefixes: str) -> None:
+    """Threads whose names start with one of ``prefixes`` serve nothing once this command has returned: the exit does
+    not wait for them (``fedseg flower supernode``: the Runtime API thread Flower's SuperNode leaves when a stop
+    signal ends it before its exit handlers are in place; the normal exit waited for it for ever)."""
+    _DISCARDED.update(prefixes)
 
 
 def other_threads_running() -> bool:
     """Whether a non-daemon thread other than the main one is alive (the normal exit would wait for it), leaving
     out those that only compute results nobody reads any more (``fedseg.interrupts.DISCARDABLE_THREADS``: a stopped
-    command's case preparation or batch prefetch) and those a stopped SuperNode left (:data:`LEFT_BY_FLOWER`)."""
+    command's case preparation or batch prefetch) and those the command declared it leaves (:func:`discard_at_exit`)."""
     from fedseg.interrupts import DISCARDABLE_THREADS
 
     main = threading.main_thread()
     return any(
-        t is not main
-        and not t.daemon
-        and t.is_alive()
-        and not t.name.startswith((DISCARDABLE_THREADS, *LEFT_BY_FLOWER))
+        t is not main and not t.daemon and t.is_alive() and not t.name.startswith((DISCARDABLE_THREADS, *_DISCARDED))
         for t in threading.enumerate()
     )
 

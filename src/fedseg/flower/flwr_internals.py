@@ -309,27 +309,32 @@ def run_serverapp_task(
     )
 
 
-def fail_serverapp_task(address: str, insecure: bool, root_certificates: str | None, token: str, details: str) -> None:
+def fail_serverapp_task(address: str, insecure: bool, root_certificates: str | None, token: str, details: str) -> bool:
     """End the ServerApp task ``token`` as failed, with ``details`` as the run's failure details, as ``flwr-serverapp``
     does on its way out (``PushTaskOutput``, after ``PullTaskInput`` where the task has not started): for a run the
     runner refuses, or a task process that failed before Flower's runtime took over (the run would otherwise wait for
-    it). A refusal (the task already ended) is ignored.
+    it). Whether the task was ended so; a refusal (the task already ended, its token expired) is not raised.
 
     Uses ``RuntimeHttpClient.PullTaskInput`` and ``PushTaskOutput``, ``flwr.proto.runtime_pb2``'s requests,
-    ``flwr.common.constant.SubStatus`` and ``flwr.supercore.interceptors.RuntimeTokenHttpInterceptor``. No public way
+    ``flwr.common.constant.SubStatus``, ``flwr.supercore.run.RunNotRunningException`` and
+    ``flwr.supercore.interceptors.RuntimeTokenHttpInterceptor``. No public way
     (see :func:`run_serverapp_task`)."""
     import httpx
     from flwr.common.constant import SubStatus
     from flwr.proto.runtime_pb2 import PullTaskInputRequest, PushTaskOutputRequest
     from flwr.supercore.interceptors import RuntimeTokenHttpInterceptor, RuntimeVersionHttpInterceptor
+    from flwr.supercore.run import RunNotRunningException  # a BaseException: Flower's answer to a 403
 
     interceptors = [RuntimeVersionHttpInterceptor(component_name="flwr-serverapp"), RuntimeTokenHttpInterceptor(token)]
     client = _runtime_client(address, insecure, root_certificates, interceptors)
     try:
-        with contextlib.suppress(httpx.HTTPError):  # a task not started yet is started first: only then can it end
+        with contextlib.suppress(httpx.HTTPError, RunNotRunningException):  # a task not started is started first
             client.PullTaskInput(PullTaskInputRequest())
-        with contextlib.suppress(httpx.HTTPError):
+        try:
             client.PushTaskOutput(PushTaskOutputRequest(sub_status=SubStatus.FAILED, details=details))
+        except (httpx.HTTPError, RunNotRunningException):
+            return False
+        return True
     finally:
         client.close()
 

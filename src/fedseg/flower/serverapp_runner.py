@@ -15,8 +15,8 @@ the SuperLink's Control API with another bundle fails, its ServerApp never run o
 executor would have imported it). Before that the runner starts only the task of the run the coordinator submitted
 (``OUT/flower/submitted-run``, :func:`run_verdict`): any other run's task fails without a process started (fedseg's
 own app with someone's configuration, or a second run resuming the coordinator's in its folder). The runner ignores
-SIGINT and SIGTERM (a Ctrl-C or a stop reaches the SuperLink, which stops its tasks) and ends when the SuperLink
-does.
+SIGINT and SIGTERM and ends when the SuperLink does (a stop reaches the SuperLink's process group, the task processes
+too, which also end with the runner: Flower's parent-process monitor).
 """
 
 from __future__ import annotations
@@ -77,20 +77,24 @@ def serve(address: str, root_certificates: str | None, poll: float, secret: byte
             if refusal == WAIT:
                 continue
             del pending[token]
-            if refusal is None:
-                task = subprocess.Popen(task_command(address, root_certificates), stdin=subprocess.PIPE)  # noqa: S603
-                hand_over(task, token)
-                running.append(task)
-            else:
-                log.warning("%s", refusal)
-                internals.fail_serverapp_task(address, insecure, root_certificates, token, refusal)
+            try:
+                if refusal is None:
+                    task = subprocess.Popen(task_command(address, root_certificates), stdin=subprocess.PIPE)  # noqa: S603
+                    hand_over(task, token)
+                    running.append(task)
+                elif internals.fail_serverapp_task(address, insecure, root_certificates, token, refusal):
+                    log.warning("%s", refusal)
+            except Exception:  # noqa: BLE001 - one task's failure is not the coordinator's: its run fails on its own
+                log.exception("run %d: its ServerApp task could not be started or refused", run_id)
         running = [task for task in running if task.poll() is None]  # reaped: no zombie per finished run
         if acquired is None:
             time.sleep(poll)
 
 
 WAIT = "wait"  # run_verdict: not yet known (the coordinator records its run once the SuperLink has taken it)
-SUBMITTED_WAIT = 60.0  # s a run's task waits for the coordinator to record it as its run
+# s a run's task waits for the coordinator to record it as its run (it does so as soon as the SuperLink has taken it):
+# less than the 30 s in which Flower expires a task's token without a heartbeat, or the refusal could never be sent
+SUBMITTED_WAIT = 15.0
 
 
 def run_verdict(run_id: int, out: str | None, waited: float) -> str | None:
@@ -159,10 +163,15 @@ def main() -> None:
         sys.exit(1)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    from fedseg.flower.worker import no_retry_warnings
+
+    logging.getLogger("flwr").addFilter(no_retry_warnings)  # the SuperLink stopping: it ends with it, unsaid
+    import httpx
+
     try:
         secret = bytes.fromhex(secret_or_token) or None
         serve(args.runtime_api_address, certificates, args.poll, secret)
-    except (OSError, RuntimeError, ValueError) as e:  # TimeoutError: its SuperLink's Runtime API never listened
+    except (OSError, RuntimeError, ValueError, httpx.HTTPError) as e:  # TimeoutError: its Runtime API never listened
         print(f"ServerApp runner: {e}", file=sys.stderr, flush=True)
         sys.exit(1)
 

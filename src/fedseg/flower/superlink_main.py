@@ -43,6 +43,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -291,9 +292,14 @@ def main() -> None:
         serve(None, Path(gate) if gate else None)
         return
     log(logging.INFO, "fedseg: Fleet API only on %s:%d; every API on --host/--port", *fleet)
+    runner_died = threading.Event()
+
+    def exit_on_sigterm(signum: int, frame) -> None:
+        sys.exit(1 if runner_died.is_set() else 128 + signum)  # the runner's death is a failure (for a supervisor)
+
     # uvicorn stops on SIGTERM, then raises it again with the handler it found: an exit, not a death by the signal,
     # so that the secret's folder is removed (a security test found them left by every SIGTERM)
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    signal.signal(signal.SIGTERM, exit_on_sigterm)
     with drawn_secret(SECRET_PURPOSE) as (secret, secret_file):
         sys.argv = [
             "flower-superlink",

@@ -242,7 +242,11 @@ def become_supernode(site: str, argv: list[str], port: int, isolation: str, poll
     if poll is not None:
         os.environ["FEDSEG_FLOWER_NODE_POLL"] = str(poll)
     from fedseg.flower import supernode_main
+    from fedseg.process_exit import discard_at_exit
 
+    # stopped before Flower's exit handlers are in place, the SuperNode leaves its Runtime API server's threads: the
+    # process hung at exit, its runner polling it (a test hung so)
+    discard_at_exit("supernode-runtime-http-api", "AnyIO worker thread")
     # a second stop signal while Flower exits no longer kills it mid-exit (its --state lock left behind)
     stop = supernode_main.StopSignals().install()
     # only the runner may take the site's tasks from the Runtime API (any local process could): a secret drawn now,

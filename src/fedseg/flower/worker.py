@@ -157,8 +157,13 @@ def serve(
         if token and fresh:
             command = task_command(address, insecure, root_certificates, poll)
             task = subprocess.Popen(command, stdin=subprocess.PIPE)  # noqa: S603
-            hand_over(task, token)
-            task.wait()
+            try:
+                hand_over(task, token)
+                task.wait()
+            finally:  # the runner stopping mid-task (Ctrl-C): the task goes with it, as subprocess.run did
+                if task.poll() is None:
+                    task.kill()
+                    task.wait()
         elif token:
             try:
                 run_task(address, insecure, root_certificates, token)
@@ -209,7 +214,7 @@ def main() -> None:
             serve(address, insecure, certificates, args.poll, args.fresh, secret)
     except KeyboardInterrupt:  # Ctrl-C in the terminal reaches the whole group: the SuperNode says it stops
         sys.exit(130)
-    except (OSError, RuntimeError) as e:  # TimeoutError: its SuperNode's Runtime API never listened
+    except (OSError, RuntimeError, ValueError) as e:  # TimeoutError: its Runtime API never listened; a bad secret
         print(f"ClientApp runner: {e}", file=sys.stderr, flush=True)
         sys.exit(1)
 
