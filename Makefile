@@ -39,7 +39,7 @@ demo: $(STAMP)
 	@$(BYTECODE)
 	$(BIN)/fedseg run --preset demo --out runs/demo --resume
 
-# The suite in two processes (pytest-xdist; about 18-22 min on 2 cores, more in one: `$(BIN)/python -m pytest`).
+# The suite in two processes (pytest-xdist; about 18-23 min on 2 cores, more in one: `$(BIN)/python -m pytest`).
 # --dist loadscope keeps a module's tests (and its module-scoped fixtures: trained runs, Flower deployments) in one
 # process. Two timing bugs this load exposed are fixed (a Flower node asked twice; a Ray actor outliving its command).
 test: $(STAMP)
