@@ -79,6 +79,22 @@ def test_a_running_non_daemon_thread_finishes_its_work(tmp_path):
     assert (tmp_path / "uploaded").read_text() == "all of it"
 
 
+def test_a_thread_the_command_declared_it_leaves_does_not_hold_the_exit(tmp_path):
+    """A thread that never ends (a stopped SuperNode's Runtime API server, which Flower did not stop) held the normal
+    exit for ever; declared with ``discard_at_exit``, the exit does not wait for it. Undeclared, it is waited for."""
+    forever = """
+        import threading, time
+        from fedseg.process_exit import discard_at_exit, exit_now
+        threading.Thread(target=lambda: time.sleep(3600), name="supernode-runtime-http-api").start()
+        {declare}
+        exit_now(0)
+        """
+    done = python(forever.format(declare='discard_at_exit("supernode-runtime-http-api")'), tmp_path)
+    assert done.returncode == 0, done.stderr
+    with pytest.raises(subprocess.TimeoutExpired):
+        subprocess.run([sys.executable, "-c", textwrap.dedent(forever.format(declare=""))], cwd=tmp_path, timeout=5)
+
+
 def test_the_command_keeps_its_error_status_and_line(tmp_path):
     done = subprocess.run(
         [sys.executable, "-m", "fedseg.cli", "run", "--preset", "no-such", "--out", str(tmp_path / "run")],
