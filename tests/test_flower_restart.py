@@ -16,7 +16,7 @@ import pytest
 
 from fedseg.data.folder_write import write_folder
 from fedseg.flower.certs import make_certs
-from fedseg.flower.deploy import Processes, control_client, flower_env, free_ports, register_node
+from fedseg.flower.deploy import Processes, flower_env, free_ports, register_node
 from fedseg.flower.superlink import LinkSettings, start_superlink
 
 
@@ -31,10 +31,9 @@ def _wait_for(path: Path, text: str, timeout: float, proc: subprocess.Popen | No
     raise TimeoutError(f"{text!r} not in {path} after {timeout} s:\n{path.read_text()[-3000:]}")
 
 
-def _superlink(tmp_path: Path, name: str, link: LinkSettings, pub: Path, ca: Path) -> Processes:
+def _superlink(tmp_path: Path, name: str, link: LinkSettings, pub: Path) -> Processes:
     procs = Processes(tmp_path / f"{name}.json")
-    start_superlink(procs, link, tmp_path / name, flower_env(tmp_path / f"{name}-home"))
-    client = control_client(link.control_address, ca)
+    client = start_superlink(procs, link, tmp_path / name, flower_env(tmp_path / f"{name}-home")).control_client()
     try:
         register_node(client, pub, "site1")
     finally:
@@ -53,7 +52,7 @@ def test_a_supernode_whose_coordinator_restarted_says_so_in_one_line_without_a_t
     fleet, control, node_port = free_ports(3)
     link = LinkSettings("127.0.0.1", fleet, tls, auth=True, control=f"127.0.0.1:{control}")
     log = tmp_path / "site1.log"
-    first = _superlink(tmp_path, "first", link, pub, tls.ca)
+    first = _superlink(tmp_path, "first", link, pub)
     node = None
     try:
         with log.open("w") as out:
@@ -68,7 +67,7 @@ def test_a_supernode_whose_coordinator_restarted_says_so_in_one_line_without_a_t
             )
         _wait_for(log, "SuperNode ID:", 120, node)
         first.stop()
-        with _superlink(tmp_path, "second", link, pub, tls.ca):
+        with _superlink(tmp_path, "second", link, pub):
             code = node.wait(timeout=120)
             said = log.read_text()
     finally:
@@ -155,7 +154,7 @@ def test_a_supernode_connecting_before_the_coordinator_registered_its_key_waits_
     log = tmp_path / "site1.log"
     node = None
     with Processes(tmp_path / "link.json") as procs:
-        start_superlink(procs, link, tmp_path / "link", flower_env(tmp_path / "home"))
+        running = start_superlink(procs, link, tmp_path / "link", flower_env(tmp_path / "home"))
         try:
             with log.open("w") as out:
                 node = subprocess.Popen(
@@ -169,7 +168,7 @@ def test_a_supernode_connecting_before_the_coordinator_registered_its_key_waits_
                 )
             said = _wait_for(log, "503 Service Unavailable", 120, node)
             assert f"the SuperLink at {link.address} is up but not open to SuperNodes yet (Server error '503" in said
-            client = control_client(link.control_address, tls.ca)
+            client = running.control_client()
             try:
                 register_node(client, pub, "site1")
             finally:

@@ -217,8 +217,9 @@ def server(
     control_address: str = typer.Option(
         "127.0.0.1:9093",
         "--control-address",
-        help="HOST:PORT of the SuperLink's Control API (register keys, start and list runs; unauthenticated in "
-        "Flower's open-source build): keep it on loopback, reach it remotely through an SSH tunnel",
+        help="HOST:PORT of the SuperLink's Control and Runtime APIs (register keys, start and list runs; the "
+        "ServerApp's messages): only this coordinator uses them (the Control API asks a key drawn at each start), "
+        "keep it on loopback",
     ),
     certs: Path | None = typer.Option(
         None, "--certs", help="folder with ca.crt, superlink.crt, superlink.key (`fedseg flower certs`)"
@@ -268,8 +269,8 @@ def server(
             _echo(f"warning: {open_to}")
         if not is_loopback(control_address.rpartition(":")[0].strip("[]")):
             _echo(
-                f"warning: the Control API listens on {control_address}, which other machines can reach: it has no "
-                "authentication, and whoever reaches it can run code as the coordinator (keep it on 127.0.0.1)"
+                f"warning: the Control and Runtime APIs listen on {control_address}, which other machines can "
+                "reach: only this coordinator uses them (keep it on 127.0.0.1)"
             )
         link = LinkSettings(
             host, port, TlsFiles.in_folder(certs) if certs else None, auth=bool(keys), control=control_address

@@ -10,7 +10,8 @@
   grandchildren re-parented to init are not missed), SIGKILLs what is left after a grace period,
   and writes the PIDs to a JSON file.
 - Control API (what ``flwr run`` / ``flwr supernode register`` do): ``control_client``,
-  ``register_node``, ``submit_run``, ``wait_run``.
+  ``register_node``, ``submit_run``, ``wait_run``; every call carries the coordinator's key
+  (:data:`CONTROL_KEY_HEADER`, checked by ``fedseg.flower.superlink_main``).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from pathlib import Path
 
 from fedseg.atomic_files import atomic_write_text
 from fedseg.engine.forkserver import die_with_parent
+from fedseg.flower.runtime_secret import hand_over
 from fedseg.interrupts import is_running
 
 BIN = Path(sys.executable).parent
@@ -283,20 +285,23 @@ class Processes:
     started: list[Started] = field(default_factory=list)
     seen: set[int] = field(default_factory=set)
 
-    def start(self, name: str, cmd: list[str], log: Path, env: dict[str, str]) -> Started:
+    def start(self, name: str, cmd: list[str], log: Path, env: dict[str, str], secret: str | None = None) -> Started:
         """Start ``cmd`` in its own session (Ctrl-C reaches only us; we stop it), output appended to ``log``.
-        On Linux it also gets SIGTERM if this process dies without cleaning up (even SIGKILL)."""
+        On Linux it also gets SIGTERM if this process dies without cleaning up (even SIGKILL). ``secret``: one
+        line given on its standard input (``fedseg.flower.runtime_secret.hand_over``); none: an empty input."""
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "ab") as f:
             proc = subprocess.Popen(
                 cmd,
                 stdout=f,
                 stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
+                stdin=subprocess.DEVNULL if secret is None else subprocess.PIPE,
                 env=env,
                 start_new_session=True,
                 preexec_fn=functools.partial(_die_with_parent, os.getpid()),
             )
+        if secret is not None:
+            hand_over(proc, secret)
         item = Started(name, proc, log)
         self.started.append(item)
         self.seen.add(proc.pid)
@@ -385,18 +390,29 @@ class Processes:
 # --- Control API (what the flwr CLI does) ------------------------------------------------------
 
 
-def control_client(address: str, root_certificates: Path | None):
-    """A Flower Control API client for the SuperLink at ``address`` (TLS if ``root_certificates``)."""
-    from flwr.cli.typing import SuperLinkConnection
-    from flwr.cli.utils import init_http_client_from_connection
+CONTROL_KEY_HEADER = "fedseg-control-key"  # the HTTP header of the coordinator's key on each Control API call
 
-    conn = SuperLinkConnection(
-        name="fedseg",
-        address=address,
+
+def control_client(address: str, root_certificates: Path | None, key: str):
+    """A Flower Control API client for the SuperLink at ``address`` (TLS if ``root_certificates``) sending ``key``,
+    the coordinator's, in :data:`CONTROL_KEY_HEADER` with each call (``fedseg.flower.superlink.RunningLink``), and
+    the headers the ``flwr`` CLI sends (its name and version; Flower's account login, an Enterprise plugin, is
+    not used)."""
+    from flwr.cli.cli_client_interceptor import CliClientHttpInterceptor
+    from flwr.supercore.control import ControlHttpClient
+    from flwr.supercore.interceptors import RuntimeVersionHttpInterceptor
+
+    class WithKey:
+        def intercept(self, context, call_next):
+            context.request.headers[CONTROL_KEY_HEADER] = key
+            return call_next(context)
+
+    return ControlHttpClient.from_server_address(
+        server_address=address,
         insecure=root_certificates is None,
         root_certificates=str(root_certificates) if root_certificates else None,
+        interceptors=[CliClientHttpInterceptor(), RuntimeVersionHttpInterceptor(component_name="flwr CLI"), WithKey()],
     )
-    return init_http_client_from_connection(conn)
 
 
 def register_node(client, public_key: Path, name: str | None = None) -> int:

@@ -41,7 +41,6 @@ from fedseg.flower.deploy import (
     SUBMITTED_RUN,
     Processes,
     Started,
-    control_client,
     flower_env,
     flower_home,
     free_ports,
@@ -211,13 +210,14 @@ def serve_experiment(
     link_log_start = link_log.stat().st_size if link_log.is_file() else 0
     if register and not link.simulation:  # SuperNodes already trying to connect wait (503) until their keys are in
         link = replace(link, gate=out / "flower" / FLEET_GATE)
-    link_proc = start_superlink(procs, link, logs, env)
+    running = start_superlink(procs, link, logs, env)
+    link_proc = running.started
     fleet = "no Fleet API (simulation)" if link.simulation else f"Fleet API (SuperNodes) on {link.host}:{link.port}"
     echo(
         f"SuperLink: {fleet} ({'TLS' if link.tls else 'insecure'}"
         f"{', SuperNode authentication' if link.auth else ''}); Control API on {link.control_address} only"
     )
-    client = control_client(link.control_dial, link.tls.ca if link.tls else None)
+    client = running.control_client()
     try:
         node_sites = {}  # node id -> site: with authentication, a node's site is that of its key
         for name, key in (register or {}).items():

@@ -1,5 +1,6 @@
 """The SuperLink of a deployment: how it listens (``LinkSettings``), its command line (``superlink_command``: Flower's
-SuperLink run by ``fedseg.flower.superlink_main``) and starting it (``start_superlink``).
+SuperLink run by ``fedseg.flower.superlink_main``) and starting it (``start_superlink``, a ``RunningLink``: the process
+and the key its Control API asks of every call).
 
 ``serve_experiment`` (``fedseg.flower.launch``) starts one for every deployment: TLS and ``--enable-supernode-auth`` as
 given; in simulation mode (Flower's Simulation Runtime) it has no Fleet API.
@@ -7,12 +8,21 @@ given; in simulation mode (Flower's Simulation Runtime) it has no Fleet API.
 
 from __future__ import annotations
 
+import secrets
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from fedseg.flower.certs import TlsFiles
-from fedseg.flower.deploy import Processes, Started, cannot_listen, loopback_if_any, parse_address, wait_for_port
+from fedseg.flower.deploy import (
+    Processes,
+    Started,
+    cannot_listen,
+    control_client,
+    loopback_if_any,
+    parse_address,
+    wait_for_port,
+)
 from fedseg.flower.log_watch import log_tail
 
 
@@ -101,10 +111,28 @@ def check_certificate(cert: Path, key: Path) -> None:
         ) from None
 
 
-def start_superlink(procs: Processes, link: LinkSettings, logs: Path, env: dict, timeout: float = 60) -> Started:
-    """Start the SuperLink and wait until it listens on its addresses; an address this process cannot listen on is
-    refused first, in one line (a Fleet port in use: the SuperLink died, and the coordinator's first call to it
-    ended in a 370-line traceback)."""
+CONTROL_KEY_BYTES = 32
+
+
+@dataclass(frozen=True)
+class RunningLink:
+    """A started SuperLink: its process (``started``), how it listens (``link``), and the key its Control API asks
+    of every call (``control_key``: drawn at each start, given to the SuperLink on its standard input, held in this
+    process's memory only; ``fedseg.flower.superlink_main``)."""
+
+    started: Started
+    link: LinkSettings
+    control_key: str = field(repr=False)
+
+    def control_client(self):
+        """A Control API client for this SuperLink (:func:`fedseg.flower.deploy.control_client`) with its key."""
+        return control_client(self.link.control_dial, self.link.tls.ca if self.link.tls else None, self.control_key)
+
+
+def start_superlink(procs: Processes, link: LinkSettings, logs: Path, env: dict, timeout: float = 60) -> RunningLink:
+    """Start the SuperLink, with a Control API key drawn now, and wait until it listens on its addresses; an address
+    this process cannot listen on is refused first, in one line (a Fleet port in use: the SuperLink died, and the
+    coordinator's first call to it ended in a 370-line traceback)."""
     listens = [("the Control API", "--control-address", link.control_address)]
     listens += [] if link.simulation else [("the Fleet API", "--host, --port", f"{link.host}:{link.port}")]
     ports = [parse_address(address, option)[1] for _, option, address in listens]
@@ -118,11 +146,12 @@ def start_superlink(procs: Processes, link: LinkSettings, logs: Path, env: dict,
         check_certificate(link.tls.cert, link.tls.key)
     if link.gate is not None:  # an earlier start's: closed until this start has registered its keys
         Path(link.gate).unlink(missing_ok=True)
-    started = procs.start("superlink", superlink_command(link), logs / "superlink.log", env)
+    key = secrets.token_hex(CONTROL_KEY_BYTES)
+    started = procs.start("superlink", superlink_command(link), logs / "superlink.log", env, secret=key)
     try:
         for address in [link.control_address] if link.simulation else [link.control_address, link.address]:
             host, port = parse_address(address, "address")
             wait_for_port(host, port, timeout, alive=lambda: started.proc.poll() is None, what="the SuperLink")
     except (RuntimeError, TimeoutError) as e:
         raise RuntimeError(f"{e}:\n{log_tail(started.log)}") from None
-    return started
+    return RunningLink(started, link, key)

@@ -17,6 +17,15 @@ Here the same app (one SuperLink state, one lifespan: the SuperExec) is served t
 
 Both use the SuperLink's TLS certificate. SIGINT/SIGTERM stop both (the lifespan stops the SuperExec).
 
+The Control API asks for a key on the control address too (:func:`control_guard`): in the open-source build any
+process on the coordinator's machine could otherwise list and stop its runs, start runs, and register a SuperNode key
+of its own. The coordinator draws a key at each start and gives it on this process's standard input
+(``fedseg.flower.superlink.start_superlink``; never in arguments or the environment); a request without it, in the
+``fedseg-control-key`` header, gets 401 and Flower never sees it. Only the Runtime API (which the SuperExec's secret and
+each task's token protect), the Fleet API (SuperNode authentication) and ``/health`` answer without the key: every
+other path, known or not, needs it. Flower's own ``flwr`` CLI cannot send the key: ``flwr ls`` / ``flwr stop``
+no longer reach a fedseg coordinator (its console shows the run; Ctrl-C or SIGTERM stops it, ``--resume`` goes on).
+
 Flower reads a request's whole body into memory before it checks who sent it
 (``flwr.supercore.protobuf.translation``), so anyone who can reach the port, no key needed, could have the SuperLink
 hold bodies of any size (gigabytes: the coordinator's machine out of memory, the study stopped). The Fleet listener
@@ -37,6 +46,7 @@ SuperNode"), it exited.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import logging
 import os
@@ -47,8 +57,8 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from fedseg.flower.deploy import loopback_if_any, split_option, stop_when_child_exits
-from fedseg.flower.runtime_secret import drawn_secret, hand_over
+from fedseg.flower.deploy import CONTROL_KEY_HEADER, loopback_if_any, split_option, stop_when_child_exits
+from fedseg.flower.runtime_secret import drawn_secret, hand_over, handed_over
 
 FLEET_ONLY = "only the Fleet API (SuperNodes) is served on this address"
 NOT_YET = "the coordinator is registering the SuperNodes' keys: retry shortly"
@@ -58,6 +68,9 @@ BODY_IDLE_S = 30.0  # seconds a request body may pause between two of its pieces
 BODY_MIN_RATE = 64 << 10  # bytes a second a body must average once it has taken BODY_IDLE_S (a trickle holds bytes)
 BUSY = "the SuperLink holds as many request bodies as it takes: retry shortly"
 SLOW = f"a request body paused more than {BODY_IDLE_S:g} s, or came slower than {BODY_MIN_RATE >> 10} KiB/s"
+NO_KEY = "the Control API answers only the fedseg coordinator that started this SuperLink (its key is missing or wrong)"
+WITHOUT_KEY = ("/v1/runtime/", "/v1/fleet/")  # path prefixes answered without the key; and /health (control_guard)
+REFUSALS_LOGGED_EVERY_S = 10.0  # seconds: at most one log line of refused Control API calls this often
 
 
 @dataclass(frozen=True)
@@ -98,6 +111,65 @@ class Refused(Exception):
         self.status, self.detail = status, detail
 
 
+async def answer_json(send, status: int, text: bytes, close: bool = False) -> None:
+    """Answer an HTTP request with ``status`` and the JSON ``text``; ``close``: end the connection with it (the rest
+    of a body left unread)."""
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(text)).encode())]
+    if close:
+        headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": text})
+
+
+def needs_key(path: str) -> bool:
+    """Whether a request for ``path`` on the control address needs the coordinator's key (module docstring): all but
+    the Runtime and Fleet APIs' paths and ``/health``, so that a path Flower adds later is closed until looked at."""
+    return path != "/health" and not path.startswith(WITHOUT_KEY)
+
+
+def control_guard(app, key: str, log=None):
+    """An ASGI app passing to ``app`` the requests that either do not need the key (:func:`needs_key`) or carry
+    ``key`` in :data:`fedseg.flower.deploy.CONTROL_KEY_HEADER` (compared in constant time); any other HTTP request
+    gets 401 (:data:`NO_KEY`), a websocket is closed, and ``app`` never sees them. Refusals are logged through
+    ``log(text)`` (default: Flower's log), one line at most every :data:`REFUSALS_LOGGED_EVERY_S` s, with the count
+    since (a local process hammering the port fills no log)."""
+    expected = key.encode()
+    header = CONTROL_KEY_HEADER.encode()
+    refusal = json.dumps({"detail": NO_KEY}).encode()
+    unlogged = [0, float("-inf")]  # refusals not yet logged, when the last line was written
+    if log is None:
+        from flwr.supercore import log as flower_log
+
+        def log(text: str) -> None:
+            flower_log(logging.WARNING, "%s", text)
+
+    def note(scope) -> None:
+        unlogged[0] += 1
+        now = asyncio.get_running_loop().time()
+        if now - unlogged[1] >= REFUSALS_LOGGED_EVERY_S:
+            client = ":".join(str(part) for part in scope.get("client") or ("?",))
+            more = f" ({unlogged[0] - 1} more refused since the last such line)" if unlogged[0] > 1 else ""
+            log(
+                f"fedseg: refused {scope.get('method', 'websocket')} {scope.get('path', '')} from {client}: no "
+                f"coordinator key{more}"
+            )
+            unlogged[:] = [0, now]
+
+    async def guarded(scope, receive, send):
+        if scope["type"] in ("http", "websocket") and needs_key(scope.get("path", "")):
+            given = next((value for name, value in scope.get("headers", ()) if name.lower() == header), b"")
+            if not hmac.compare_digest(given, expected):
+                note(scope)
+                if scope["type"] == "http":
+                    await answer_json(send, 401, refusal, close=True)
+                else:
+                    await send({"type": "websocket.close", "code": 1008})
+                return
+        await app(scope, receive, send)
+
+    return guarded
+
+
 def fleet_only(app, allowed: frozenset[tuple[str, str]], gate: Path | None = None, limits: BodyLimits | None = None):
     """An ASGI app passing only HTTP requests whose ``(method, path)`` is in ``allowed`` to ``app``; anything
     else (another API's path, a websocket, a lifespan event) gets 404 / is refused without reaching it. With
@@ -112,11 +184,7 @@ def fleet_only(app, allowed: frozenset[tuple[str, str]], gate: Path | None = Non
     by_client: dict[str, int] = {}  # of those, each client address's
 
     async def answer(send, status: int, text: bytes) -> None:
-        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(text)).encode())]
-        if status in (408, 413):  # the rest of the body is not read: the connection ends with the answer
-            headers.append((b"connection", b"close"))
-        await send({"type": "http.response.start", "status": status, "headers": headers})
-        await send({"type": "http.response.body", "body": text})
+        await answer_json(send, status, text, close=status in (408, 413))  # the rest of the body is not read
 
     async def filtered(scope, receive, send):
         nonlocal opened
@@ -220,9 +288,10 @@ def split_fleet_address(argv: list[str]) -> tuple[tuple[str, int] | None, list[s
     return (host.strip("[]"), int(port)), rest
 
 
-def serve(fleet: tuple[str, int] | None, gate: Path | None = None) -> None:
-    """Serve the SuperLink built from ``sys.argv`` on its own address and its Fleet API on ``fleet`` (None: no
-    Fleet listener, e.g. a simulation SuperLink), closed (503) until ``gate`` exists if given."""
+def serve(fleet: tuple[str, int] | None, control_key: str, gate: Path | None = None) -> None:
+    """Serve the SuperLink built from ``sys.argv`` on its own address, its Control API only to requests carrying
+    ``control_key`` (:func:`control_guard`), and its Fleet API on ``fleet`` (None: no Fleet listener, e.g. a
+    simulation SuperLink), closed (503) until ``gate`` exists if given."""
     import uvicorn
 
     from fedseg.flower.flwr_internals import fleet_routes, superlink_app, uvicorn_log_config
@@ -231,7 +300,14 @@ def serve(fleet: tuple[str, int] | None, gate: Path | None = None) -> None:
     tls = {"ssl_keyfile": config.ssl_keyfile, "ssl_certfile": config.ssl_certfile}
     log_config = uvicorn_log_config()
     private = uvicorn.Server(
-        uvicorn.Config(app, host=config.host, port=config.port, log_config=log_config, workers=1, **tls)
+        uvicorn.Config(
+            control_guard(app, control_key),
+            host=config.host,
+            port=config.port,
+            log_config=log_config,
+            workers=1,
+            **tls,
+        )
     )
     if fleet is None:
         private.run()
@@ -280,7 +356,16 @@ class QuietStatusPolls(logging.Filter):
         return not any(said in text for said in LIST_RUNS)
 
 
+NO_KEY_GIVEN = (
+    "fedseg.flower.superlink_main: no Control API key on its standard input: it is started by `fedseg flower server`, "
+    "`local` or `simulate` (fedseg.flower.superlink.start_superlink), which give it one"
+)
+
+
 def main() -> None:
+    control_key = handed_over()
+    if not control_key:
+        raise SystemExit(NO_KEY_GIVEN)
     gate, rest = split_option(sys.argv[1:], "--fleet-gate")
     fleet, rest = split_fleet_address(rest)
     from flwr.supercore import log
@@ -289,7 +374,7 @@ def main() -> None:
         logging.getLogger(name).addFilter(QuietStatusPolls())
     if fleet is None:  # a simulation SuperLink (one researcher's machine): Flower's own isolation runs its task
         sys.argv = ["flower-superlink", *rest]
-        serve(None, Path(gate) if gate else None)
+        serve(None, control_key, Path(gate) if gate else None)
         return
     log(logging.INFO, "fedseg: Fleet API only on %s:%d; every API on --host/--port", *fleet)
     runner_died = threading.Event()
@@ -311,7 +396,7 @@ def main() -> None:
         ]
         runner = start_serverapp_runner(rest, secret)
         runner_died = stop_when_child_exits(runner, "the coordinator's ServerApp runner")
-        serve(fleet, Path(gate) if gate else None)
+        serve(fleet, control_key, Path(gate) if gate else None)
         if runner_died.is_set():
             raise SystemExit(1)
 
