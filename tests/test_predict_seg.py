@@ -403,3 +403,42 @@ def test_a_bad_series_beside_an_input_of_another_problem_is_refused_with_it(tmp_
     lines = str(refused.value).splitlines()
     assert len(lines) == 2 and lines[0].startswith(f"{gap}: uneven slice spacing") and "photo.png: a 2D PNG" in lines[1]
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("bad", [1, 2])
+def test_dicom_seg_where_every_series_was_skipped_says_so_in_one_line_and_writes_nothing(
+    disjoint, tmp_path, caplog, bad
+):
+    """``--dicom-seg`` on inputs whose every DICOM series is skipped (unreadable as one volume) beside a NIfTI: refused
+    in one line after the skip warnings, saying the series were all skipped (how many) and that it needs one readable
+    series (it said there was no DICOM series among the inputs); nothing is predicted, an earlier predict's outputs in
+    --out stay as they were. Without --dicom-seg the NIfTI is predicted, as the line says."""
+    inputs, out = series_input(tmp_path / "in"), tmp_path / "out"
+    shutil.rmtree(inputs / "case")  # the good series out: the NIfTI alone is readable
+    gaps = [series_with_a_gap(inputs / f"ct{k}") for k in range(1, bad + 1)]
+    predict(disjoint, inputs / "plain.nii.gz", out)  # an earlier predict's outputs, which a refusal leaves alone
+    earlier = {p.name: p.read_bytes() for p in out.iterdir()}
+    args = ["predict", "--model", str(disjoint), "--input", str(inputs), "--out", str(out)]
+    with caplog.at_level(logging.WARNING, logger="fedseg.predict"):
+        said = CliRunner().invoke(app, [*args, "--dicom-seg", "--force"])
+    assert said.exit_code == 1 and "Traceback" not in said.output, said.output
+    warned = [r.getMessage() for r in caplog.records if r.name == "fedseg.predict"]
+    assert len(warned) == bad and all(line.endswith("(series skipped, not predicted)") for line in warned), warned
+    which = "the only DICOM series among the inputs was" if bad == 1 else "all 2 DICOM series among the inputs were"
+    error = (
+        f"error: {inputs}: --dicom-seg writes a DICOM-SEG for each DICOM series input, and {which} skipped "
+        "(unreadable as one volume, said above); --dicom-seg needs at least one readable series: fix or remove the "
+        "skipped series, or leave out --dicom-seg to predict the other inputs"
+    )
+    text = " ".join(said.output.split())
+    assert text.endswith(error) and text.count("error:") == 1 and "none among the inputs" not in text, text
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == earlier  # nothing written (no staging), none removed
+    fresh = CliRunner().invoke(app, [*args[:-1], str(tmp_path / "new"), "--dicom-seg"])
+    assert fresh.exit_code == 1 and " ".join(fresh.output.split()).endswith(error)
+    assert not (tmp_path / "new").exists()  # an --out it would make: not made
+
+    plain = CliRunner().invoke(app, [*args, "--force"])  # the other inputs predicted; the skipped ones said, exit 1
+    assert plain.exit_code == 1 and "1 mask(s), predictions.csv and predict.json written" in plain.output
+    assert f"{bad} of {bad + 1} inputs skipped" in " ".join(plain.output.split()) and all(
+        str(g) in plain.output for g in gaps
+    )

@@ -231,3 +231,83 @@ def test_more_rounds_with_another_change_is_refused_listing_both(tmp_path, tiny_
         not (tmp_path / "checkpoints" / "fedavg.pt").read_bytes()
         == (tmp_path / "checkpoints" / "fedavg.last.pt").read_bytes()
     )  # still the finished record: nothing reopened
+
+
+STOPPED_EARLY = {"stop": {"patience": 1, "min_delta": 0.5}}  # no gain of 0.5 in a round: stops after round 2
+
+
+def test_an_extension_where_every_algorithm_stopped_early_records_it_and_says_so_in_one_line(
+    tmp_path, tiny_config, disc_federation
+):
+    """Every algorithm stopped by its stop rule before ``fl.rounds``: the extension trains nothing (a run configured
+    with the new rounds stops there too), but ``summary.json`` records it as any other (its provenance was reused
+    unchanged, as for a finished run resumed, so ``provenance.extended`` was missing) and one line says why nothing
+    trains (it said so twice: every algorithm finished, and "no algorithm trains more; the model is selected again
+    ... and tested again")."""
+    algorithms = ["fedavg", "local"]
+    cfg = tiny_config(algorithms=algorithms, fl={"rounds": 3, **STOPPED_EARLY})
+    run_experiment(cfg, tmp_path / "ext", federation=disc_federation(), keep_checkpoints=True)
+    before = json.loads((tmp_path / "ext" / "summary.json").read_text())
+    assert {a: e["rounds"] for a, e in before["algorithms"].items()} == {"fedavg": 2, "local": 2}
+    assert "extended" not in before["provenance"]
+
+    lines: list[str] = []
+    run_experiment(
+        _rounds(cfg, 5), tmp_path / "ext", resume=True, federation=disc_federation(), on_log_line=lines.append
+    )
+    fresh = run_experiment(_rounds(cfg, 5), tmp_path / "fresh", federation=disc_federation())
+    assert [a.summary["rounds"] for a in fresh.algorithms] == [2, 2]  # a run configured with 5 rounds stops there too
+    assert _numbers(tmp_path / "ext") == _numbers(tmp_path / "fresh")
+
+    provenance = json.loads((tmp_path / "ext" / "summary.json").read_text())["provenance"]
+    [record] = provenance["extended"]
+    assert (record["from"], record["to"], record["algorithms"]) == (3, 5, [])
+    assert provenance["start"] == before["provenance"]["start"] and len(provenance["resumes"]) == 1
+    said = [line for line in lines if "extended" in line or "finished" in line or "nothing is trained" in line]
+    assert said == [
+        "extended: fl.rounds 3 -> 5, but no algorithm had rounds left to train: fedavg stopped early after round 2 "
+        "(plateau), local stopped early after round 2 (plateau); nothing is trained, the outputs are written again"
+    ]
+    assert said[0] in (tmp_path / "ext" / "run.log").read_text()
+    # resumed again with the same rounds: nothing trains, and the record stays
+    run_experiment(_rounds(cfg, 5), tmp_path / "ext", resume=True, federation=disc_federation())
+    assert json.loads((tmp_path / "ext" / "summary.json").read_text())["provenance"] == provenance
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads sessions from /proc (Linux)")
+def test_the_cli_extending_a_run_that_stopped_early_everywhere_starts_no_process_server(tmp_path):
+    """``fedseg run --workers 2 --resume --rounds M`` of a run whose every algorithm stopped early: nothing has rounds
+    left to train, so neither the pool's process server (a process importing torch and every method) nor the pool
+    is started (they were: the run was not taken for idle because it was extended). Watched by session in /proc."""
+    import sys
+    import time
+
+    from test_interrupts import _process_server_of, _session
+
+    out = tmp_path / "run"
+    stop = ["fl.stop.patience=1", "fl.stop.min_delta=0.5"]
+    command = [sys.executable, "-m", "fedseg.cli", "run", "--preset", "demo", "--algorithms", "fedavg", "--workers"]
+    command += ["2", "--out", str(out), *(a for s in [*TINY_SET, *stop] for a in ("--set", s))]
+
+    def watched(*more: str) -> tuple[bool, str]:
+        """Run ``command`` (+ ``more``) to its end: whether a process server was seen in its session, its output."""
+        seen = False
+        with _session([*command, *more]) as proc:
+            while proc.poll() is None:
+                seen = seen or _process_server_of(proc.pid) is not None
+                time.sleep(0.05)
+            output = proc.stdout.read() if proc.stdout else ""
+        assert proc.returncode == 0, output[-3000:]
+        return seen, output
+
+    trained, _ = watched("--rounds", "3", "--keep-checkpoints")
+    assert trained  # the check sees a process server where there is one
+    assert json.loads((out / "summary.json").read_text())["algorithms"]["fedavg"]["rounds"] == 2
+    extended, output = watched("--rounds", "5", "--resume")
+    assert not extended, output[-3000:]
+    assert "extended: fl.rounds 3 -> 5, but no algorithm had rounds left to train: fedavg stopped early after " in (
+        " ".join(output.split())
+    )
+    [record] = json.loads((out / "summary.json").read_text())["provenance"]["extended"]
+    assert (record["from"], record["to"], record["algorithms"]) == (3, 5, [])

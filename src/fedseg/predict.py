@@ -126,11 +126,12 @@ def predict(
     below). ``overlay``: also ``<name>_overlay.png`` per input, the image with its predicted regions drawn on it
     (``overlay_image``).
     ``dicom_seg``: also ``<name>.dcm`` per DICOM series input, its regions as a DICOM-SEG (``fedseg.predict_seg``);
-    refused where no input is a DICOM series. ``predict.json`` records the bundle (its weights' SHA-256 and model
-    card) and the options. ``notes``, when given, receives lines for the user: what the model is (its card, where
-    it has one: ``card_line``), the channel order it reads, where it knows it (``channels_note``). ``device``: where
-    the networks run (``cpu``, ``cuda[:N]``, ``mps``; float32, sliding-window blending on the CPU); ``tta``: mirroring
-    test-time augmentation (``fedseg.evaluate.mirror``; 4 passes per 2D image, 8 per 3D window).
+    refused where no input is a DICOM series (or where every DICOM series input was skipped, below: it says so).
+    ``predict.json`` records the bundle (its weights' SHA-256 and model card) and the options. ``notes``, when
+    given, receives lines for the user: what the model is (its card, where it has one: ``card_line``), the channel
+    order it reads, where it knows it (``channels_note``). ``device``: where the networks run (``cpu``,
+    ``cuda[:N]``, ``mps``; float32, sliding-window blending on the CPU); ``tta``: mirroring test-time augmentation
+    (``fedseg.evaluate.mirror``; 4 passes per 2D image, 8 per 3D window).
 
     A DICOM series input whose files cannot be read as one volume (a missing slice, uneven spacing, a damaged
     slice: ``readers.SeriesError``) is skipped where other inputs can be predicted: one WARNING line each (logger
@@ -147,7 +148,8 @@ def predict(
     inputs = read_inputs(input, bundle, overlay, notes, left_out)
     for series in left_out:
         log.warning(series.line)
-    seg = seg_writer(bundle, [i.path for i in inputs], Path(input)) if dicom_seg else None  # before any prediction
+    # before any prediction; the series skipped: where they were all the series, the refusal says so
+    seg = seg_writer(bundle, [i.path for i in inputs], Path(input), len(left_out)) if dicom_seg else None
     out = Path(out)
     check_out(out, inputs, force, overlay, Path(input), dicom_seg, bundle.folder)
     names = output_names(inputs, overlay, dicom_seg)

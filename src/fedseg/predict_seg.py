@@ -66,9 +66,19 @@ def require_highdicom(where: Path) -> ModuleType:
         raise BundleError(f"{where}: writing a DICOM-SEG needs highdicom: {readers.INSTALL_HINT}") from None
 
 
-def seg_writer(bundle: Bundle, paths: list[Path], given: Path) -> SegWriter:
+def seg_writer(bundle: Bundle, paths: list[Path], given: Path, skipped: int = 0) -> SegWriter:
     """The writer of ``bundle``'s DICOM-SEGs; ``--dicom-seg`` is refused (one line, before anything is predicted)
-    where none of the inputs ``paths`` of ``--input given`` is a DICOM series folder, or where highdicom is missing."""
+    where none of the inputs ``paths`` of ``--input given`` is a DICOM series folder, or where highdicom is missing.
+    ``skipped``: how many DICOM series among the inputs were skipped (unreadable as one volume: ``predict``'s
+    warnings); where those were all the series, the refusal says so, not that there was none."""
+    if not any(p.is_dir() for p in paths) and skipped:
+        which = "the only DICOM series" if skipped == 1 else f"all {skipped} DICOM series"
+        raise BundleError(
+            f"{given}: --dicom-seg writes a DICOM-SEG for each DICOM series input, and {which} among the inputs "
+            f"{'was' if skipped == 1 else 'were'} skipped (unreadable as one volume, said above); --dicom-seg needs "
+            "at least one readable series: fix or remove the skipped series, or leave out --dicom-seg to predict "
+            "the other inputs"
+        )
     if not any(p.is_dir() for p in paths):
         raise BundleError(
             f"{given}: --dicom-seg writes a DICOM-SEG for each DICOM series input (a folder of .dcm slices), and "

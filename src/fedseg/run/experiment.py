@@ -35,7 +35,7 @@ from fedseg.run.checks import (
 from fedseg.run.data_record import RECORD as DATA_RECORD
 from fedseg.run.data_record import check_data_files, check_data_origin, record_data_files
 from fedseg.run.engines import EngineFactory, local_engines
-from fedseg.run.extend import check_extension, reopen_finished
+from fedseg.run.extend import check_extension, extended_algorithms, reopen_finished, rounds_left_text
 from fedseg.run.loop import run_algorithm
 from fedseg.run.method_record import check_method_options, code_notes, fedseg_notes, plugin_notes, write_record
 from fedseg.run.outputs import RunResults, write_outputs
@@ -93,13 +93,17 @@ def run_experiment(
     metric), as soon as it is scored (``fedseg.run.progress`` shows the last one in its bar).
 
     With ``engine.workers`` > 1 the worker pool's process server is started early (``start_forkserver``), after
-    the checks (a resume's reads the checkpoints), unless a resume finds every algorithm finished: such a run
+    the checks (a resume's reads the checkpoints), unless a resume finds every algorithm finished with no rounds
+    left to train (also an extension to more rounds where each had stopped early, by a stop rule): such a run
     reuses its results and only writes its outputs again, so neither that server (a process importing torch and
     every method, seconds of a core) nor the pool is started."""
     out = Path(out)
     check_before_data(cfg, out, resume, check_compute=prepared is None, in_process=engine_factory is None)
-    # a finished run resumed: nothing to train or evaluate (unless it is extended to more rounds)
-    idle = resume and extended_from(out, cfg) is None and all_finished(out, cfg.algorithms)
+    before = extended_from(out, cfg) if resume else None  # read before record_start rewrites config.yaml
+    # a finished run resumed: nothing to train or evaluate (an extension: unless an algorithm trains more rounds)
+    idle = (
+        resume and all_finished(out, cfg.algorithms) and (before is None or not extended_algorithms(out, cfg, before))
+    )
     if engine_factory is None and cfg.engine.workers > 1 and not idle:  # the pool's server imports while we prepare
         start_forkserver()
     held = contextlib.ExitStack()
@@ -113,7 +117,7 @@ def run_experiment(
             held.enter_context(holding(out))
         record_start(cfg, out, resume, prep, on_log_line)
         try:
-            results = RunResults(cfg, prep.federation, [], run_provenance(cfg, out, resume))
+            results = RunResults(cfg, prep.federation, [], run_provenance(cfg, out, resume, before is not None))
             if prep.plan is not None:
                 results.plan, results.plan_ledger, results.planned_cfg = (
                     prep.plan.summary(),
@@ -265,7 +269,8 @@ def record_start(
         record_data_files(out, folder_root(cfg), prep.fingerprint)
     if prep.plan is not None:
         atomic_write_text(out / PLAN_FILE, strict_json_text(prep.plan.to_dict(), indent=2))
-    if resume and all_finished(out, cfg.algorithms):  # shown, not logged: run.log holds what was trained
+    # shown, not logged: run.log holds what was trained (an extension's own line says what it trains)
+    if resume and not extension and all_finished(out, cfg.algorithms):
         show(
             "resume: every algorithm of this run has finished; nothing is trained, its outputs are written again",
             on_log_line,
@@ -293,8 +298,14 @@ def extend_finished(cfg: RunConfig, out: Path) -> list[str]:
     before = extended_from(out, cfg)
     if before is None:
         return []
+    none_left = rounds_left_text(out, cfg, before)  # before reopening: every algorithm finished, none trains more
     continued = reopen_finished(out, cfg, before)
     record_extension(out, before, cfg.fl.rounds, continued)
+    if none_left is not None:
+        return [
+            f"extended: fl.rounds {before} -> {cfg.fl.rounds}, but no algorithm had rounds left to train: {none_left}; "
+            "nothing is trained, the outputs are written again"
+        ]
     trains = f"{', '.join(continued)} continue from their last round" if continued else "no algorithm trains more"
     return [
         f"extended: fl.rounds {before} -> {cfg.fl.rounds}; {trains}; the model is selected again on validation over "
@@ -325,12 +336,14 @@ def site_spacings(prep: Prepared) -> dict[str, list[tuple[float, ...]]]:
     return spacings
 
 
-def run_provenance(cfg: RunConfig, out: Path, resume: bool) -> dict[str, Any]:
-    """The run's provenance: unchanged when a resume finds every algorithm finished, else begun now (``accel``:
-    the effective train.amp / channels_last / ...; ``plugins``: ``{method: {distribution, version}}`` of the run's
-    methods installed as packages, where it has any)."""
+def run_provenance(cfg: RunConfig, out: Path, resume: bool, extended: bool = False) -> dict[str, Any]:
+    """The run's provenance: unchanged when a resume finds every algorithm finished and does not extend the run
+    (``extended``: more ``fl.rounds``, recorded in ``provenance.extended`` like any extension, also where no
+    algorithm had rounds left to train), else begun now (``accel``: the effective train.amp / channels_last / ...;
+    ``plugins``: ``{method: {distribution, version}}`` of the run's methods installed as packages, where it has
+    any)."""
     plugins = plugin_records(cfg.algorithms)  # the installed method packages that train (fedseg.method_plugins)
-    return (resume and all_finished(out, cfg.algorithms) and unchanged(out)) or {
+    return (resume and not extended and all_finished(out, cfg.algorithms) and unchanged(out)) or {
         **begin(out, resume, cfg.device),
         "accel": resolve(cfg.train, cfg.device).record(),
         **({"plugins": plugins} if plugins else {}),

@@ -110,6 +110,28 @@ def extended_algorithms(out: Path, cfg: RunConfig, before: int) -> dict[str, tup
     return extended
 
 
+def rounds_left_text(out: Path, cfg: RunConfig, before: int) -> str | None:
+    """Where no algorithm of the run in ``out`` has rounds left to train under ``cfg`` (every one finished, none of
+    them in :func:`extended_algorithms`: each stopped early by a stop rule, or has rounds of its own): why, one
+    clause per algorithm (``fedavg stopped early after round 2 (plateau)``); else None."""
+    if extended_algorithms(out, cfg, before):
+        return None
+    reasons = []
+    for name in cfg.algorithms:
+        ckpt = load_checkpoint(checkpoint_path(out, name))
+        if ckpt is None or not ckpt.get("finished"):  # not started, or not done: it has rounds (or a test) left
+            return None
+        trained, stopped = trained_rounds(ckpt)
+        spec = get_algorithm(name)
+        if stopped is not None:
+            reasons.append(f"{name} stopped early after round {trained} ({stopped})")
+        elif spec.run_config(with_rounds(cfg, before)).fl.rounds >= spec.run_config(cfg).fl.rounds:
+            reasons.append(f"{name} has rounds of its own ({trained}), not fl.rounds")
+        else:
+            reasons.append(f"{name} trained {trained} rounds already")
+    return ", ".join(reasons)
+
+
 def extension_refusal(out: Path, cfg: RunConfig, before: int) -> str | None:
     """Why the run in ``out`` (recorded with ``fl.rounds = before``) cannot continue to ``cfg.fl.rounds`` rounds
     as a run configured with those from the start would train (module docstring); None: it can."""
