@@ -42,9 +42,10 @@ demo: $(STAMP)
 # The suite in two processes (pytest-xdist; about 18-23 min on 2 cores, more in one: `$(BIN)/python -m pytest`).
 # --dist loadscope keeps a module's tests (and its module-scoped fixtures: trained runs, Flower deployments) in one
 # process. Two timing bugs this load exposed are fixed (a Flower node asked twice; a Ray actor outliving its command).
+# --durations lists the 30 slowest tests at the end: where the suite's time goes, for keeping it near 20 min.
 test: $(STAMP)
 	@$(BYTECODE)
-	$(BIN)/python -m pytest -n 2 --dist loadscope
+	$(BIN)/python -m pytest -n 2 --dist loadscope --durations=30
 
 check: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks docs/gen_methods.py docs/gen_results.py
