@@ -93,6 +93,33 @@ def test_an_interrupted_run_resumed_with_more_rounds_equals_one_configured_with_
     assert json.loads((tmp_path / "fresh" / "summary.json").read_text())["algorithms"]["fedavg"]["rounds"] == 2
 
 
+def test_an_extension_of_a_run_interrupted_before_an_algorithm_began_says_that_one_trains_too(
+    tmp_path, tiny_config, disc_federation
+):
+    """Interrupted in fedavg's last round, before local began, resumed with more rounds: the extension's line named
+    no algorithm but the continued one, or said "no algorithm trains more" where none continued, while local trained
+    (the review's point); it names local, trained from round 1, and local trains the new number of rounds."""
+    cfg = tiny_config(algorithms=["fedavg", "local"], fl={"rounds": 1})
+
+    class Stop(Exception):
+        pass
+
+    def stop(name, rnd, losses):
+        if name == "fedavg":
+            raise Stop
+
+    with pytest.raises(Stop):
+        run_experiment(cfg, tmp_path / "ext", on_round_end=stop, federation=disc_federation())
+    run_experiment(_rounds(cfg, 2), tmp_path / "ext", resume=True, federation=disc_federation())
+    log = (tmp_path / "ext" / "run.log").read_text()
+    assert (
+        "extended: fl.rounds 1 -> 2; fedavg continue from their last round; local not begun before: trained from "
+        "round 1; the model is selected again" in log
+    ), log
+    summary = json.loads((tmp_path / "ext" / "summary.json").read_text())
+    assert {name: entry["rounds"] for name, entry in summary["algorithms"].items()} == {"fedavg": 2, "local": 2}
+
+
 @pytest.mark.parametrize(
     ("overrides", "expected"),
     [

@@ -35,7 +35,13 @@ from fedseg.run.checks import (
 from fedseg.run.data_record import RECORD as DATA_RECORD
 from fedseg.run.data_record import check_data_files, check_data_origin, record_data_files
 from fedseg.run.engines import EngineFactory, local_engines
-from fedseg.run.extend import check_extension, extended_algorithms, reopen_finished, rounds_left_text
+from fedseg.run.extend import (
+    check_extension,
+    extended_algorithms,
+    reopen_finished,
+    rounds_left_text,
+    unstarted_algorithms,
+)
 from fedseg.run.loop import run_algorithm
 from fedseg.run.method_record import check_method_options, code_notes, fedseg_notes, plugin_notes, write_record
 from fedseg.run.outputs import RunResults, write_outputs
@@ -306,7 +312,12 @@ def extend_finished(cfg: RunConfig, out: Path) -> list[str]:
             f"extended: fl.rounds {before} -> {cfg.fl.rounds}, but no algorithm had rounds left to train: {none_left}; "
             "nothing is trained, the outputs are written again"
         ]
-    trains = f"{', '.join(continued)} continue from their last round" if continued else "no algorithm trains more"
+    fresh = unstarted_algorithms(out, cfg)
+    trains = "; ".join(
+        ([f"{', '.join(continued)} continue from their last round"] if continued else [])
+        + ([f"{', '.join(fresh)} not begun before: trained from round 1"] if fresh else [])
+    )
+    trains = trains or "no algorithm trains more"
     return [
         f"extended: fl.rounds {before} -> {cfg.fl.rounds}; {trains}; the model is selected again on validation over "
         "all rounds and tested again"

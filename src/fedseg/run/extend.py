@@ -110,6 +110,12 @@ def extended_algorithms(out: Path, cfg: RunConfig, before: int) -> dict[str, tup
     return extended
 
 
+def unstarted_algorithms(out: Path, cfg: RunConfig) -> list[str]:
+    """The algorithms of ``cfg`` the run in ``out`` has not begun (no checkpoint: interrupted before them); a resume
+    trains them from round 1."""
+    return [name for name in cfg.algorithms if load_checkpoint(checkpoint_path(out, name)) is None]
+
+
 def rounds_left_text(out: Path, cfg: RunConfig, before: int) -> str | None:
     """Where no algorithm of the run in ``out`` has rounds left to train under ``cfg`` (every one finished, none of
     them in :func:`extended_algorithms`: each stopped early by a stop rule, or has rounds of its own): why, one
