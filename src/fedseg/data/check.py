@@ -109,13 +109,14 @@ def blank_image_warnings(paths: list[Path]) -> list[str]:
 
 
 def unannotated_warnings(paths: list[Path], ignore: int) -> list[str]:
-    """One line per label file whose every voxel holds the ignore label (partial annotations): the case trains
-    nothing (no loss) and gets no score (it counts in no split: ``fedseg.data.splits.split_problems`` refuses a site
-    left without an annotated case in one); :func:`fedseg.data.folder.group_problems` shows the first few and a
-    count."""
+    """One line per label file whose every voxel holds the ignore label (partial annotations): the case would train
+    nothing (no loss), so a run leaves it out of its site's training set and aggregation weight
+    (``fedseg.data.dataset.build_site_data``), and it gets no score (it counts in no split:
+    ``fedseg.data.splits.split_problems`` refuses a site left without an annotated case in one);
+    :func:`fedseg.data.folder.group_problems` shows the first few and a count."""
     return [
-        f"{path}: no annotated voxel (every voxel holds the ignore label {ignore}): this case trains nothing and gets "
-        "no score"
+        f"{path}: no annotated voxel (every voxel holds the ignore label {ignore}): this case trains nothing (a run "
+        "leaves it out of its site's training set and aggregation weight) and gets no score"
         for path in paths
     ]
 

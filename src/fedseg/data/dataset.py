@@ -12,13 +12,13 @@ from itertools import islice
 import torch
 
 from fedseg.config import DataConfig, VolumeConfig
-from fedseg.data.federation import Case, Federation, Site
+from fedseg.data.federation import UNANNOTATED, Case, Federation, FederationError, Site
 from fedseg.data.memory_guard import MemoryGuard
 from fedseg.data.metadata import metadata_value
 from fedseg.data.packed import PackedMasks
 from fedseg.data.prefetch import ordered_map, usable_cpus
 from fedseg.data.prepared import PreparedCache, PreparedCase, prepare_case
-from fedseg.data.preprocess import Fit, normalization
+from fedseg.data.preprocess import Fit, fit_box, normalization
 from fedseg.data.volumes import Volume, draw_patches, patch_size
 
 log = logging.getLogger("fedseg.data.dataset")
@@ -176,6 +176,11 @@ class SiteData:
     ``metadata``: the site-level metadata (``federation.yaml`` ``sites:``); ``case_metadata``: case id ->
     case-level metadata (``cases.csv`` columns) for every case of the site, whatever its split (``{}``
     for a case without any). Metadata is never a model input unless a method says so.
+
+    ``train`` holds the training cases the site trains on: with an ignore label (partial annotations) a training case
+    without an annotated voxel (:func:`trains_nothing`) is left out, so that every consumer of ``len(train)`` (FedAvg's
+    aggregation weight n_k, the declared training-set size, samplers, local steps per epoch, ``train_samples``)
+    counts only cases it trains on; ``unannotated_train`` is how many were left out (0 without an ignore label).
     """
 
     name: str
@@ -187,6 +192,7 @@ class SiteData:
     case_metadata: dict[str, dict[str, object]] = field(default_factory=dict)
     sources: list[Case] = field(default_factory=list)  # raw training cases, only for planning (fedseg.plan)
     cache_counts: tuple[int, int] = (0, 0)  # cases (read from, stored in) $FEDSEG_PREPARED_CACHE (fedseg.data.prepared)
+    unannotated_train: int = 0  # training cases left out of ``train``: no annotated voxel (trains_nothing)
 
     def split(self, name: str) -> CaseSet:
         return {"train": self.train, "val": self.val, "test": self.test}[name]
@@ -211,6 +217,48 @@ def prepare_threads(cfg: DataConfig) -> int:
     return min(usable_cpus(), MAX_PREPARE_THREADS)
 
 
+def trains_nothing(case: Case, prepared: PreparedCase, cfg: DataConfig) -> bool:
+    """Whether training case ``case`` (``prepared`` under ``cfg``) of a federation with an ignore label holds no
+    annotated voxel, so it would train nothing (the loss takes only annotated voxels): ``data check``'s verdict
+    (``meta[UNANNOTATED]``: every voxel of its label file holds the ignore label) where the check examined the case
+    (``meta["image_shape"]``, which it sets on every sound case), else its prepared label: the known-voxel channel
+    (``Regions.target``, the last) holds no voxel outside the padding pre-processing added (padding is known
+    background: the volume path's ``Grid.pad``; the whole-image path's ``data.resize: pad`` box, :func:`_padded_only`).
+    """
+    if "image_shape" in case.meta or UNANNOTATED in case.meta:
+        return bool(case.meta.get(UNANNOTATED))
+    if prepared.volume is not None:  # the volume path trains on the volume's patches
+        vol = prepared.volume
+        known = vol.label[-1]
+        inner = tuple(slice(before, n - after) for (before, after), n in zip(vol.grid.pad, known.shape))
+        return not bool(known[inner].any())
+    known = prepared.y[-1] > 0.5
+    if cfg.resize == "stretch":  # the image fills the model input: no padding
+        return not bool(known.any())
+    return _padded_only(known, prepared.x, cfg)
+
+
+def _padded_only(known: torch.Tensor, x: torch.Tensor, cfg: DataConfig) -> bool:
+    """``data.resize: pad`` without the case's shape: whether the known voxels ``known`` ``(*S)`` are exactly the
+    padding around an image placed as ``fit_box`` places one (the unknown voxels fill a centred box whose longest side
+    spans the input, where ``fit_box`` of that shape puts it), the image ``x`` zero in every channel there. A label
+    of only the ignore label always is; a case with annotated voxels only where its ignore voxels form such a box
+    and its image is exactly 0 at every annotated voxel would be taken for one too (the data check's verdict, which
+    reads the label file, decides wherever it was run: a run given the folder as ``data.root``)."""
+    unknown = ~known
+    if not bool(unknown.any()):
+        return False  # every voxel known
+    where = unknown.nonzero()
+    start, end = where.min(0).values.tolist(), (where.max(0).values + 1).tolist()
+    shape = tuple(e - s for s, e in zip(start, end))
+    box = tuple(slice(s, e) for s, e in zip(start, end))
+    if int(unknown[box].sum()) != unknown[box].numel():
+        return False
+    if fit_box(shape, cfg.image_size, "pad") != (shape, tuple(start)):
+        return False
+    return not bool(x[:, known].any())
+
+
 def build_site_data(
     fed: Federation,
     site: Site,
@@ -232,6 +280,11 @@ def build_site_data(
     the first case that fails raises, as it would alone. Memory: a case being prepared takes several times its
     prepared size for a moment (a BraTS case about 1 GB), per thread. A federation from your own code
     (``Case.loader``) must then be safe to read from several threads (else ``data.prepare_threads: 1``).
+
+    With an ignore label, a training case without an annotated voxel (:func:`trains_nothing`) is prepared but left out
+    of ``train`` (counted in ``SiteData.unannotated_train``); a site left with none raises ``FederationError``.
+    Validation and test cases are all kept (their metrics are NaN for such a case). Without an ignore label nothing
+    is looked at: the sets are what they were.
 
     ``guard``: the memory check of the process's whole preparation (``fedseg.data.memory_guard``: each prepared case
     measured, a ``NotEnoughMemory`` raised as soon as the cases are projected not to fit); None: one for this site's
@@ -255,12 +308,25 @@ def build_site_data(
     jobs = [(split, case) for split, cases in by_split.items() for case in cases]
     threads = min(prepare_threads(cfg), len(jobs))
     sets = {}
+    ignore = fed.regions.ignore
+    unannotated = 0  # training cases without an annotated voxel (trains_nothing): left out of the training set
     with closing(ordered_map(prepare, jobs, threads if threads > 1 else 0, name="prepare")) as stream:
         for split, cases in by_split.items():  # the jobs' order: a split's cases are let go once stacked
             cases_done = []
+            kept = []
             for case, prepared in zip(cases, islice(stream, len(cases))):
                 guard.add(prepared, case, scored=split != "train")
+                if split == "train" and ignore is not None and trains_nothing(case, prepared, cfg):
+                    unannotated += 1
+                    continue
                 cases_done.append(prepared)
+                kept.append(case)
+            if split == "train" and cases and not kept:
+                raise FederationError(
+                    f"site {site.name!r}: none of its {len(cases)} training cases has an annotated voxel (every one "
+                    f"holds only the ignore label {ignore} after pre-processing): the site has nothing to train on"
+                )
+            cases = kept
             shape_x = (0, fed.channels) + (cfg.image_size,) * fed.spatial_dims
             shape_y = (0, fed.regions.target_channels) + (cfg.image_size,) * fed.spatial_dims
             vols = [c.volume for c in cases_done if c.volume is not None]
@@ -291,6 +357,7 @@ def build_site_data(
         metadata=dict(site.meta),
         case_metadata={case.id: case.metadata for case in site.cases},
         cache_counts=(0, 0) if cache is None else (cache.hits, cache.stored),
+        unannotated_train=unannotated,
     )
 
 

@@ -233,6 +233,17 @@ def split_problems(fed: Federation, splits: Splits) -> list[str]:
     return problems
 
 
+def split_sizes(site: Site, assigned: Mapping[str, Split]) -> dict[str, int]:
+    """``{split: cases}`` of ``site`` under ``assigned`` (its case id -> split), as its data is loaded
+    (``fedseg.data.dataset.build_site_data``): the training count leaves out the cases ``data check`` found without an
+    annotated voxel (``meta[UNANNOTATED]``), which the site does not train on; validation and test count every case.
+    What a site declares as its training-set size (its aggregation weight n_k) where it has not prepared its data."""
+    unannotated = {c.id for c in site.cases if c.meta.get(UNANNOTATED)}
+    sizes: dict[str, int] = {s: sum(1 for v in assigned.values() if v == s) for s in SPLITS}
+    sizes["train"] -= sum(1 for cid, v in assigned.items() if v == "train" and cid in unannotated)
+    return sizes
+
+
 def _split_cases(split: Split, unannotated: bool) -> str:
     """``"validation cases"``, or ``"annotated validation cases"`` where the split holds only unannotated ones."""
     return ("annotated " if unannotated else "") + _SPLIT_WORDS[split] + " cases"

@@ -428,7 +428,7 @@ def on_info(content: RecordDict, context: Context, settings: NodeSettings, cfg: 
     message): each must load here (``fedseg.method_plugins.load_problem``), or the site refuses now, in one line
     naming the package, the method and the import error, rather than in round 1 (a dependency of the package
     missing on this machine; it imports the methods, so only this query, sent as the run starts, checks it)."""
-    from fedseg.data.splits import site_splits
+    from fedseg.data.splits import site_splits, split_sizes
     from fedseg.method_plugins import RUN_CONFIG_KEY as PLUGINS_KEY
     from fedseg.method_plugins import load_problem
 
@@ -452,7 +452,7 @@ def on_info(content: RecordDict, context: Context, settings: NodeSettings, cfg: 
             "with their channels swapped; reorder this site's channels (and channel_names) to the coordinator's"
         )
     splits = site_splits(site, cfg.data.split, cfg.data.seed)
-    sizes = {s: sum(1 for v in splits.values() if v == s) for s in ("train", "val", "test")}
+    sizes = split_sizes(site, splits)  # its training size: the cases it trains on, its aggregation weight
     record_run_config(settings, cfg, context)
     return RecordDict({ENGINE: ConfigRecord({"site": settings.site, "cases": len(site.cases), **sizes})})
 

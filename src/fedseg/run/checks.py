@@ -200,16 +200,31 @@ def spacing_notes(cfg: RunConfig, site_spacings: Mapping[str, list[tuple[float, 
     ]
 
 
+def unannotated_notes(site_data: Sequence[SiteData]) -> list[str]:
+    """One line per site whose training split held cases without an annotated voxel (an ignore label: partial
+    annotations; ``fedseg.data.dataset.trains_nothing``): they are not trained on and not counted in the site's
+    aggregation weight (``SiteData.unannotated_train``); none for any other site."""
+    return [
+        f"note: site {s.name}: {s.unannotated_train} of {len(s.train) + s.unannotated_train} training cases have no "
+        "annotated voxel (only the ignore label): not trained on and not counted in its aggregation weight"
+        for s in site_data
+        if s.unannotated_train
+    ]
+
+
 def prepared_notes(site_data: Sequence[SiteData]) -> list[str]:
-    """A line saying how many of the sites' cases came from the prepared-case cache (``$FEDSEG_PREPARED_CACHE``,
-    ``fedseg.data.prepared``) and how many were prepared and stored there; none when it took no part."""
+    """What preparing the sites' data found: a line per site whose training cases without an annotated voxel were
+    left out (:func:`unannotated_notes`), then a line saying how many of the sites' cases came from the prepared-case
+    cache (``$FEDSEG_PREPARED_CACHE``, ``fedseg.data.prepared``) and how many were prepared and stored there (none
+    when it took no part)."""
     from fedseg.data.prepared import PREPARED_CACHE_ENV, cache_root
 
+    notes = unannotated_notes(site_data)
     read, stored = (sum(s.cache_counts[i] for s in site_data) for i in (0, 1))
     if not read and not stored:
-        return []
-    cases = sum(len(s.train) + len(s.val) + len(s.test) for s in site_data)
-    return [
+        return notes
+    cases = sum(len(s.train) + s.unannotated_train + len(s.val) + len(s.test) for s in site_data)
+    return notes + [
         f"note: {read} of {cases} cases read from the prepared-case cache {cache_root()} ({PREPARED_CACHE_ENV}), "
         f"{stored} prepared and stored there"
     ]
