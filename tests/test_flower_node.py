@@ -583,7 +583,7 @@ def test_the_clientapp_runner_drops_flowers_retry_warnings_and_keeps_the_rest():
     as it stops (a CI run saw two after "SuperNode terminated gracefully")."""
     import logging
 
-    from fedseg.flower.worker import no_retry_warnings
+    from fedseg.flower.task_runner import no_retry_warnings
 
     def record(text: str) -> logging.LogRecord:
         return logging.LogRecord("flwr", logging.WARNING, __file__, 1, text, (), None)

@@ -226,10 +226,79 @@ def test_the_control_address_answers_the_control_api_only_with_the_coordinators_
     assert lines[-1].endswith("no coordinator key (4 more refused since the last such line)")
 
 
-def test_a_superlink_started_without_a_control_key_says_so_in_one_line():
+def test_the_control_address_bounds_bodies_without_a_per_client_share_and_refusals_log_one_escaped_line(monkeypatch):
+    """From a security test: on the control address a local process, no key needed, had the SuperLink hold 1.5 GiB
+    on a Fleet path (only the Fleet port bounded bodies); its refusals wrote one access line each (60 MB in 11 s) and
+    its path put forged lines and terminal codes in the log. Now bodies there are bounded as on the Fleet port, but
+    with no per-client share (every client there is 127.0.0.1: the coordinator's own processes at once); the
+    refusal line escapes and cuts the path; uvicorn's access lines of refusals are left out; a list-runs refusal
+    is not hidden by the status-poll filter."""
+    reached: list[int] = []
+
+    async def flower(scope, receive, send):
+        message, body = {"more_body": True}, b""
+        while message.get("more_body"):
+            message = await receive()
+            body += message.get("body", b"")
+        reached.append(len(body))
+        await answer_json(send, 200, b"{}")
+
+    lines: list[str] = []
+    mib = 1 << 20
+    limits = BodyLimits(max_body=mib, max_buffered=3 * mib, per_client=False)
+    limited = superlink_main.body_limited(flower, limits, superlink_main.RefusalLog(lines.append))
+    app = control_guard(limited, "k" * 64, log=lines.append)
+
+    async def post(path: str, size: int, client: str = "127.0.0.1"):
+        headers = [(b"content-length", str(size).encode())]
+        scope = {"type": "http", "method": "POST", "path": path, "headers": headers, "client": (client, 1)}
+        sent: list[dict] = []
+
+        async def receive():
+            return {"type": "http.request", "body": b"x" * size, "more_body": False}
+
+        async def send(message):
+            sent.append(message)
+
+        await app(scope, receive, send)
+        return sent[0]["status"]
+
+    async def both():  # two bodies of one client address at once: within the budget, no per-client share
+        return await asyncio.gather(post("/v1/runtime/push-object", mib), post("/v1/runtime/push-object", mib))
+
+    assert asyncio.run(post("/v1/fleet/push-messages", mib + 1)) == 413
+    assert asyncio.run(both()) == [200, 200] and reached == [mib, mib]
+    assert lines == [
+        "fedseg: refused POST /v1/fleet/push-messages from 127.0.0.1:1: a Fleet API request carries at most 1 MiB"
+    ]
+    forged = "/v1/control/stop-run\n\x1b[32mINFO: run finished OK\x1b]0;pwned\x07" + "a" * 300
+    monkeypatch.setattr(superlink_main, "REFUSALS_LOGGED_EVERY_S", 0.0)
+    assert asyncio.run(post(forged, 0)) == 401
+    assert lines[-1].startswith(
+        "fedseg: refused POST /v1/control/stop-run\\n\\x1b[32mINFO: run finished OK\\x1b]0;pwned\\x07aaa"
+    ) and lines[-1].endswith("... from 127.0.0.1:1: no coordinator key")
+    assert "\n" not in lines[-1] and "\x1b" not in lines[-1]
+
+    def access(status: int, path: str = "/v1/control/start-run") -> logging.LogRecord:
+        args = ("127.0.0.1:1", "POST", path, "1.1", status)
+        return logging.LogRecord("uvicorn.access", logging.INFO, "", 0, '%s - "%s %s HTTP/%s" %d', args, None)
+
+    quiet = superlink_main.QuietRefusals()
+    assert [quiet.filter(access(status)) for status in (200, 401, 404, 408, 413, 503)] == [
+        True, False, False, False, False, True
+    ]  # fmt: skip
+    polls = superlink_main.QuietStatusPolls()
+    said = "fedseg: refused POST /v1/control/list-runs from 127.0.0.1:1: no coordinator key"
+    refusal = logging.LogRecord("flwr", logging.WARNING, "", 0, "%s", (said,), None)
+    assert polls.filter(refusal) and not polls.filter(access(200, "/v1/control/list-runs"))
+
+
+@pytest.mark.parametrize("given", [None, "short", "\xff\xfe" * 32])
+def test_a_superlink_started_without_a_control_key_says_so_in_one_line(given):
     said = subprocess.run(
         [sys.executable, "-m", "fedseg.flower.superlink_main", "--insecure"],
-        stdin=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL if given is None else None,
+        input=None if given is None else f"{given}\n",
         capture_output=True,
         text=True,
         timeout=120,
@@ -707,7 +776,7 @@ def test_the_runner_reads_the_secret_on_its_standard_input_and_gives_a_task_proc
     environment, which `/proc/PID/environ` shows and a method package's child process would inherit), signs with it,
     and starts a fresh task's process with the token on that process's standard input: in no process's arguments
     and in no environment."""
-    from fedseg.flower import flwr_internals, worker
+    from fedseg.flower import flwr_internals, task_runner, worker
 
     real_serve, seen = worker.serve, {}
 
@@ -739,12 +808,12 @@ def test_the_runner_reads_the_secret_on_its_standard_input_and_gives_a_task_proc
         def poll(self):
             return 0
 
-    monkeypatch.setattr(worker.subprocess, "Popen", Task)
+    monkeypatch.setattr(task_runner.subprocess, "Popen", Task)
 
     def stop(seconds):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(worker.time, "sleep", stop)
+    monkeypatch.setattr(task_runner.time, "sleep", stop)
     with pytest.raises(KeyboardInterrupt):
         real_serve("127.0.0.1:9", True, None, 0.01, True, b"the secret")
     assert signed == [b"the secret"]
@@ -767,13 +836,16 @@ def _two_sites(procs: Processes, folder: Path, link: str, ports: list[int], hosp
     }
 
 
-def _command_lines() -> list[str]:
-    """Every process's command line on this machine (``/proc``)."""
-    lines = []
+def _command_lines(*homes: Path) -> list[str]:
+    """The command line of every process of the deployments whose ``FLWR_HOME`` is one of ``homes`` (``/proc``: the
+    processes whose environment names it, as ``Processes`` finds them). Not every process of the machine: another
+    run beside this test (``fedseg flower simulate`` keeps Flower's isolation, its token in ``ps``) failed it."""
+    lines, markers = [], {f"FLWR_HOME={home}".encode() for home in homes}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             with contextlib.suppress(OSError):
-                lines.append((entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+                if markers & set((entry / "environ").read_bytes().split(b"\0")):
+                    lines.append((entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
     return lines
 
 
@@ -821,7 +893,7 @@ def test_a_foreign_app_bundle_is_refused_by_the_coordinator_and_fedseg_still_tra
         arguments: set[str] = set()  # every command line seen while fedseg's run trains
         deadline = time.monotonic() + 600
         while coordinator.proc.poll() is None and time.monotonic() < deadline:
-            arguments.update(_command_lines())
+            arguments.update(_command_lines(hospitals / "home", out / "flower" / "home"))  # sites', coordinator's
             time.sleep(0.5)
         assert coordinator.proc.wait(timeout=5) == 0, coordinator.log.read_text()[-5000:]
         for item in sites.values():

@@ -6,8 +6,13 @@
 - ``records``: fedseg ``Message`` <-> Flower ``RecordDict``, exactly;
 - ``server``: the ServerApp's main: the whole experiment through ``fedseg.run``;
 - ``launch`` / ``deploy``: SuperLink and SuperNode processes, Control API (``fedseg flower ...``);
-- ``certs``: CA, SuperLink certificate and SuperNode keys; ``worker``: the warm ClientApp worker;
-- ``tuning``: shorter waits inside Flower for low-latency links; ``cli``: the ``fedseg flower`` commands.
+- ``superlink`` / ``superlink_main``: the SuperLink's command line and its two listeners (Fleet API only; the
+  Control API only with the coordinator's key);
+- ``certs``: CA, SuperLink certificate and SuperNode keys;
+- ``worker`` / ``serverapp_runner``: the task runners of a site (ClientApp) and of the coordinator (ServerApp),
+  their common part in ``task_runner``; ``runtime_secret``: the secret and tokens they are handed on stdin;
+- ``flwr_internals``: what fedseg takes from Flower where it has no public API (shorter waits inside Flower among
+  them); ``cli``: the ``fedseg flower`` commands.
 """
 
 from fedseg import lean_monai

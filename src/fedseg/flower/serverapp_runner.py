@@ -21,7 +21,6 @@ too, which also end with the runner: Flower's parent-process monitor).
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import signal
@@ -30,11 +29,10 @@ import sys
 import time
 from pathlib import Path
 
+from fedseg.flower import task_runner
 from fedseg.flower.deploy import COORDINATOR_OUT
-from fedseg.flower.runtime_secret import hand_over, handed_over
 
 log = logging.getLogger("fedseg.flower.serverapp_runner")
-RUNTIME_API_WAIT = 300.0  # s for the SuperLink that started the runner to listen
 
 
 def command(address: str, root_certificates: str | None, poll: float) -> list[str]:
@@ -58,18 +56,15 @@ def serve(address: str, root_certificates: str | None, poll: float, secret: byte
     the task of the run the coordinator submitted (:func:`run_verdict`) in a new process, given its token on its
     standard input, and fail any other run's task without starting anything (its run fails naming why)."""
     from fedseg.flower import flwr_internals as internals
-    from fedseg.flower.deploy import wait_for_port
 
-    host, _, port = address.rpartition(":")
     insecure = root_certificates is None
     out = os.environ.get(COORDINATOR_OUT)
-    wait_for_port(host.strip("[]"), int(port), RUNTIME_API_WAIT, what="the SuperLink's Runtime API")
-    client = internals.superexec_runtime_client(address, insecure, root_certificates, secret)
+    client = task_runner.runtime_client(address, insecure, root_certificates, secret, "the SuperLink's Runtime API")
     log.info("ServerApp runner polling %s every %g s", address, poll)
     pending: dict[str, tuple[int, float]] = {}  # token -> (run id, when acquired): runs not yet known to be ours
     running: list[subprocess.Popen] = []
-    while True:
-        acquired = internals.acquire_server_app_task(client)
+
+    def handle(acquired: tuple[str, int] | None) -> None:
         if acquired is not None:
             pending[acquired[0]] = (acquired[1], time.monotonic())
         for token, (run_id, since) in list(pending.items()):
@@ -77,18 +72,15 @@ def serve(address: str, root_certificates: str | None, poll: float, secret: byte
             if refusal == WAIT:
                 continue
             del pending[token]
-            try:
+            # one task's failure is not the coordinator's: its run fails on its own
+            with task_runner.one_task(log, "run %d: its ServerApp task could not be started or refused", run_id):
                 if refusal is None:
-                    task = subprocess.Popen(task_command(address, root_certificates), stdin=subprocess.PIPE)  # noqa: S603
-                    hand_over(task, token)
-                    running.append(task)
+                    running.append(task_runner.start_task(task_command(address, root_certificates), token))
                 elif internals.fail_serverapp_task(address, insecure, root_certificates, token, refusal):
                     log.warning("%s", refusal)
-            except Exception:  # noqa: BLE001 - one task's failure is not the coordinator's: its run fails on its own
-                log.exception("run %d: its ServerApp task could not be started or refused", run_id)
-        running = [task for task in running if task.poll() is None]  # reaped: no zombie per finished run
-        if acquired is None:
-            time.sleep(poll)
+        running[:] = [task for task in running if task.poll() is None]  # reaped: no zombie per finished run
+
+    task_runner.poll(lambda: internals.acquire_server_app_task(client), handle, poll)
 
 
 WAIT = "wait"  # run_verdict: not yet known (the coordinator records its run once the SuperLink has taken it)
@@ -140,15 +132,8 @@ def run_task(address: str, root_certificates: str | None, token: str, parent_pid
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runtime-api-address", required=True, help="the SuperLink's Runtime API, host:port")
-    parser.add_argument("--insecure", action="store_true")
-    parser.add_argument("--root-certificates", default=None)
-    parser.add_argument("--poll", type=float, default=1.0, help="seconds between two AcquireTask calls")
-    parser.add_argument("--parent-pid", type=int, default=None)
-    parser.add_argument("--task", action="store_true", help="run one task and exit (its token on standard input)")
-    args = parser.parse_args()
-    secret_or_token = handed_over()  # first of all: nothing this process starts sees it
+    parser = task_runner.arguments(__doc__.splitlines()[0], "SuperLink", "seconds between two AcquireTask calls")
+    args, secret_or_token = task_runner.parse(parser)  # first of all: nothing this process starts sees it
     certificates = None if args.insecure else args.root_certificates
     if args.task:
         signal.signal(signal.SIGINT, signal.default_int_handler)  # the runner's SIG_IGN was inherited: Flower's own
@@ -161,19 +146,9 @@ def main() -> None:
         signal.signal(sig, signal.SIG_IGN)
     if not die_with_parent(signal.SIGKILL, args.parent_pid):
         sys.exit(1)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)
-    from fedseg.flower.worker import no_retry_warnings
-
-    logging.getLogger("flwr").addFilter(no_retry_warnings)  # the SuperLink stopping: it ends with it, unsaid
-    import httpx
-
-    try:
-        secret = bytes.fromhex(secret_or_token) or None
-        serve(args.runtime_api_address, certificates, args.poll, secret)
-    except (OSError, RuntimeError, ValueError, httpx.HTTPError) as e:  # TimeoutError: its Runtime API never listened
-        print(f"ServerApp runner: {e}", file=sys.stderr, flush=True)
-        sys.exit(1)
+    task_runner.configure_logging()  # Flower's retry lines left out: the SuperLink stopping, it ends with it, unsaid
+    with task_runner.exits_in_one_line("ServerApp runner"):
+        serve(args.runtime_api_address, certificates, args.poll, task_runner.signing_secret(secret_or_token))
 
 
 if __name__ == "__main__":

@@ -23,8 +23,11 @@ of its own. The coordinator draws a key at each start and gives it on this proce
 (``fedseg.flower.superlink.start_superlink``; never in arguments or the environment); a request without it, in the
 ``fedseg-control-key`` header, gets 401 and Flower never sees it. Only the Runtime API (which the SuperExec's secret and
 each task's token protect), the Fleet API (SuperNode authentication) and ``/health`` answer without the key: every
-other path, known or not, needs it. Flower's own ``flwr`` CLI cannot send the key: ``flwr ls`` / ``flwr stop``
-no longer reach a fedseg coordinator (its console shows the run; Ctrl-C or SIGTERM stops it, ``--resume`` goes on).
+other path, known or not, needs it; bodies there are read within the Fleet listener's limits too (:func:`body_limited`,
+no per-client share: every client there is local). Refusals on either address are logged one line per 10 s at most
+(:class:`RefusalLog`; uvicorn's access line for each is left out). Flower's own ``flwr`` CLI cannot send the key:
+``flwr ls`` / ``flwr stop`` no longer reach a fedseg coordinator (its console shows the run; Ctrl-C or SIGTERM stops
+it, ``--resume`` goes on).
 
 Flower reads a request's whole body into memory before it checks who sent it
 (``flwr.supercore.protobuf.translation``), so anyone who can reach the port, no key needed, could have the SuperLink
@@ -54,7 +57,7 @@ import signal
 import subprocess
 import sys
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from fedseg.flower.deploy import CONTROL_KEY_HEADER, loopback_if_any, split_option, stop_when_child_exits
@@ -85,6 +88,7 @@ class BodyLimits:
     max_buffered: int = FLEET_BUFFERED
     idle_s: float = BODY_IDLE_S
     min_rate: float = BODY_MIN_RATE
+    per_client: bool = True  # a client address holds at most max_body at once (False: the control address, all local)
 
     @classmethod
     def of_environment(cls) -> BodyLimits:
@@ -127,39 +131,62 @@ def needs_key(path: str) -> bool:
     return path != "/health" and not path.startswith(WITHOUT_KEY)
 
 
+REFUSED_PATH_SHOWN = 200  # characters of a refused request's path in the log line (a path may be 64 KiB long)
+
+
+class RefusalLog:
+    """The log of the requests a listener refuses: one line every :data:`REFUSALS_LOGGED_EVERY_S` s at most, naming
+    the latest (method, path escaped to one printable line and cut to :data:`REFUSED_PATH_SHOWN` characters, client
+    address) and the count since the last line; uvicorn's own access line for those answers is left out
+    (:class:`QuietRefusals`), so a local process or anyone reaching the Fleet port sending thousands of requests
+    fills no disk (a security test grew the log by 5.5 MB a second). ``log(text)``: default Flower's log, WARNING."""
+
+    def __init__(self, log=None) -> None:
+        if log is None:
+            from flwr.supercore import log as flower_log
+
+            def log(text: str) -> None:
+                flower_log(logging.WARNING, "%s", text)
+
+        self.log = log
+        self.unlogged = 0  # refusals not yet in a line
+        self.last = float("-inf")  # when the last line was written (the event loop's clock)
+
+    def note(self, scope, why: str) -> None:
+        """Count the refusal of request ``scope`` (``why``: what it lacked) and write a line if one is due."""
+        from fedseg.flower.log_text import printable
+
+        self.unlogged += 1
+        now = asyncio.get_running_loop().time()
+        if now - self.last < REFUSALS_LOGGED_EVERY_S:
+            return
+        path = printable(str(scope.get("path", "")))
+        path = path if len(path) <= REFUSED_PATH_SHOWN else path[:REFUSED_PATH_SHOWN] + "..."
+        client = ":".join(str(part) for part in scope.get("client") or ("?",))
+        more = f" ({self.unlogged - 1} more refused since the last such line)" if self.unlogged > 1 else ""
+        self.log(f"{REFUSED} {printable(str(scope.get('method', 'websocket')))} {path} from {client}: {why}{more}")
+        self.unlogged, self.last = 0, now
+
+
+REFUSED = "fedseg: refused"  # how each RefusalLog line starts (QuietStatusPolls keeps them)
+REFUSED_STATUSES = frozenset({401, 404, 408, 413})  # the listeners' refusals: RefusalLog's lines say them
+
+
 def control_guard(app, key: str, log=None):
     """An ASGI app passing to ``app`` the requests that either do not need the key (:func:`needs_key`) or carry
     ``key`` in :data:`fedseg.flower.deploy.CONTROL_KEY_HEADER` (compared in constant time); any other HTTP request
-    gets 401 (:data:`NO_KEY`), a websocket is closed, and ``app`` never sees them. Refusals are logged through
-    ``log(text)`` (default: Flower's log), one line at most every :data:`REFUSALS_LOGGED_EVERY_S` s, with the count
-    since (a local process hammering the port fills no log)."""
+    gets 401 (:data:`NO_KEY`), a websocket is closed, and ``app`` never sees them. Refusals are logged by a
+    :class:`RefusalLog` (``log``: where its lines go)."""
     expected = key.encode()
     header = CONTROL_KEY_HEADER.encode()
     refusal = json.dumps({"detail": NO_KEY}).encode()
-    unlogged = [0, float("-inf")]  # refusals not yet logged, when the last line was written
-    if log is None:
-        from flwr.supercore import log as flower_log
-
-        def log(text: str) -> None:
-            flower_log(logging.WARNING, "%s", text)
-
-    def note(scope) -> None:
-        unlogged[0] += 1
-        now = asyncio.get_running_loop().time()
-        if now - unlogged[1] >= REFUSALS_LOGGED_EVERY_S:
-            client = ":".join(str(part) for part in scope.get("client") or ("?",))
-            more = f" ({unlogged[0] - 1} more refused since the last such line)" if unlogged[0] > 1 else ""
-            log(
-                f"fedseg: refused {scope.get('method', 'websocket')} {scope.get('path', '')} from {client}: no "
-                f"coordinator key{more}"
-            )
-            unlogged[:] = [0, now]
+    refusals = RefusalLog(log)
 
     async def guarded(scope, receive, send):
         if scope["type"] in ("http", "websocket") and needs_key(scope.get("path", "")):
             given = next((value for name, value in scope.get("headers", ()) if name.lower() == header), b"")
             if not hmac.compare_digest(given, expected):
-                note(scope)
+                refusals.note(scope, "no coordinator key")
                 if scope["type"] == "http":
                     await answer_json(send, 401, refusal, close=True)
                 else:
@@ -170,46 +197,64 @@ def control_guard(app, key: str, log=None):
     return guarded
 
 
+def body_limited(app, limits: BodyLimits, refusals: RefusalLog | None = None):
+    """An ASGI app reading each HTTP request's body within ``limits`` (:func:`bounded_body`: beyond them 413, 503 or
+    408, ``app`` never called, the refusal noted in ``refusals``) and handing it to ``app`` whole; it counts among
+    the bodies held until ``app`` has answered. Flower reads a whole body before it checks who sent it: on the
+    control address too, a local process without any key made the SuperLink hold 1.5 GiB on a Fleet path there (a
+    security test)."""
+    held = [0]  # bytes of the bodies being read or served now (one event loop: no lock needed)
+    by_client: dict[str, int] = {}  # of those, each client address's
+
+    async def limited(scope, receive, send):
+        if scope["type"] != "http":
+            await app(scope, receive, send)
+            return
+        taken = [0]
+        client = str((scope.get("client") or ("?",))[0]) if limits.per_client else None
+        try:
+            content = await bounded_body(scope, receive, limits, held, taken, by_client, client)
+            await app(scope, replay(content, receive), send)
+        except Refused as refused:
+            if refusals is not None:
+                refusals.note(scope, refused.detail)
+            await answer_json(send, refused.status, json.dumps({"detail": refused.detail}).encode(), close=True)
+        except ConnectionClosed:
+            pass  # the client left: nobody to answer
+        finally:
+            held[0] -= taken[0]
+            if client is not None and client in by_client:
+                by_client[client] -= taken[0]
+                if by_client[client] <= 0:
+                    del by_client[client]
+
+    return limited
+
+
 def fleet_only(app, allowed: frozenset[tuple[str, str]], gate: Path | None = None, limits: BodyLimits | None = None):
     """An ASGI app passing only HTTP requests whose ``(method, path)`` is in ``allowed`` to ``app``; anything
     else (another API's path, a websocket, a lifespan event) gets 404 / is refused without reaching it. With
     ``gate``, an allowed request gets 503 (``NOT_YET``) until that file exists. An allowed request's body is read
-    here within ``limits`` (default :meth:`BodyLimits.of_environment`; beyond them 413, 503 or 408 and ``app`` is
-    never called) and handed to ``app`` whole; it counts among the bodies held until ``app`` has answered."""
-    limits = limits or BodyLimits.of_environment()
+    here within ``limits`` (default :meth:`BodyLimits.of_environment`; :func:`body_limited`). Refusals but the
+    gate's (SuperNodes retry those) are logged by a :class:`RefusalLog`."""
     body = json.dumps({"detail": FLEET_ONLY}).encode()
     not_yet = json.dumps({"detail": NOT_YET}).encode()
     opened = gate is None
-    held = [0]  # bytes of the bodies being read or served now (one event loop: no lock needed)
-    by_client: dict[str, int] = {}  # of those, each client address's
-
-    async def answer(send, status: int, text: bytes) -> None:
-        await answer_json(send, status, text, close=status in (408, 413))  # the rest of the body is not read
+    refusals = RefusalLog()
+    limited = body_limited(app, limits or BodyLimits.of_environment(), refusals)
 
     async def filtered(scope, receive, send):
         nonlocal opened
         if scope["type"] == "http" and (scope.get("method", ""), scope.get("path", "")) in allowed:
             if not opened and not (opened := gate is not None and gate.exists()):
-                await answer(send, 503, not_yet)
+                await answer_json(send, 503, not_yet)
                 return
-            taken = [0]
-            client = str((scope.get("client") or ("?",))[0])
-            try:
-                content = await bounded_body(scope, receive, limits, held, taken, by_client, client)
-                await app(scope, replay(content, receive), send)
-            except Refused as refused:
-                await answer(send, refused.status, json.dumps({"detail": refused.detail}).encode())
-            except ConnectionClosed:
-                pass  # the client left: nobody to answer
-            finally:
-                held[0] -= taken[0]
-                if client in by_client:
-                    by_client[client] -= taken[0]
-                    if by_client[client] <= 0:
-                        del by_client[client]
+            await limited(scope, receive, send)
             return
+        if scope["type"] in ("http", "websocket"):
+            refusals.note(scope, "not a Fleet API request")
         if scope["type"] == "http":
-            await answer(send, 404, body)
+            await answer_json(send, 404, body)
         elif scope["type"] == "websocket":
             await send({"type": "websocket.close", "code": 1008})
 
@@ -221,14 +266,20 @@ class ConnectionClosed(Exception):
 
 
 async def bounded_body(
-    scope, receive, limits: BodyLimits, held: list[int], taken: list[int], by_client: dict[str, int], client: str
+    scope,
+    receive,
+    limits: BodyLimits,
+    held: list[int],
+    taken: list[int],
+    by_client: dict[str, int],
+    client: str | None,
 ) -> bytes:
     """The body of the HTTP request ``scope``, read from ``receive`` within ``limits``; each piece is added to
-    ``held[0]`` (every request's bytes), ``by_client[client]`` and ``taken[0]`` (this one's, which the caller gives
-    back). ``Refused`` as soon as it is known to exceed ``max_body`` (its ``Content-Length``, else the bytes come so
-    far: 413), the bodies held would exceed ``max_buffered``, or the client's ``max_body`` (503), or a piece takes
-    more than ``idle_s`` or the body averages less than ``min_rate`` after ``idle_s`` (408); ``ConnectionClosed``
-    when the client disconnects."""
+    ``held[0]`` (every request's bytes), ``by_client[client]`` (unless ``client`` is None: no per-client limit) and
+    ``taken[0]`` (this one's, which the caller gives back). ``Refused`` as soon as it is known to exceed
+    ``max_body`` (its ``Content-Length``, else the bytes come so far: 413), the bodies held would exceed
+    ``max_buffered``, or the client's ``max_body`` (503), or a piece takes more than ``idle_s`` or the body averages
+    less than ``min_rate`` after ``idle_s`` (408); ``ConnectionClosed`` when the client disconnects."""
     too_large = Refused(413, limits.too_large)
     for name, value in scope.get("headers", ()):
         if name.lower() == b"content-length":
@@ -249,14 +300,15 @@ async def bounded_body(
         part = message.get("body", b"")
         if taken[0] + len(part) > limits.max_body:
             raise too_large
-        mine = by_client.get(client, 0)
+        mine = 0 if client is None else by_client.get(client, 0)
         if held[0] + len(part) > limits.max_buffered or mine + len(part) > limits.max_body:
             raise Refused(503, BUSY)
         elapsed = asyncio.get_running_loop().time() - began
         if elapsed > limits.idle_s and (taken[0] + len(part)) / elapsed < limits.min_rate:
             raise Refused(408, SLOW)
         held[0] += len(part)
-        by_client[client] = mine + len(part)
+        if client is not None:
+            by_client[client] = mine + len(part)
         taken[0] += len(part)
         parts.append(part)
         if not message.get("more_body", False):
@@ -301,11 +353,12 @@ def serve(fleet: tuple[str, int] | None, control_key: str, gate: Path | None = N
     log_config = uvicorn_log_config()
     private = uvicorn.Server(
         uvicorn.Config(
-            control_guard(app, control_key),
+            control_guard(body_limited(app, replace(BodyLimits.of_environment(), per_client=False)), control_key),
             host=config.host,
             port=config.port,
             log_config=log_config,
             workers=1,
+            proxy_headers=False,  # no proxy here: a local process's X-Forwarded-For named another client in the logs
             **tls,
         )
     )
@@ -353,18 +406,29 @@ class QuietStatusPolls(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         text = record.getMessage()
-        return not any(said in text for said in LIST_RUNS)
+        return text.startswith(REFUSED) or not any(said in text for said in LIST_RUNS)  # a refusal is kept
 
 
+class QuietRefusals(logging.Filter):
+    """Leaves out uvicorn's access lines of the listeners' refusals (:data:`REFUSED_STATUSES`): a
+    :class:`RefusalLog` says them, one line per interval (each request's line let a flood fill the disk)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args if isinstance(record.args, tuple) else ()
+        return not (len(args) == 5 and args[4] in REFUSED_STATUSES)  # uvicorn: client, method, path, version, status
+
+
+MIN_KEY_CHARACTERS = 32  # of the Control API key on standard input (fedseg draws 64 hexadecimal digits)
 NO_KEY_GIVEN = (
-    "fedseg.flower.superlink_main: no Control API key on its standard input: it is started by `fedseg flower server`, "
-    "`local` or `simulate` (fedseg.flower.superlink.start_superlink), which give it one"
+    f"fedseg.flower.superlink_main: no Control API key (at least {MIN_KEY_CHARACTERS} printable ASCII characters) on "
+    "its standard input: it is started by `fedseg flower server`, `local` or `simulate` "
+    "(fedseg.flower.superlink.start_superlink), which give it one"
 )
 
 
 def main() -> None:
     control_key = handed_over()
-    if not control_key:
+    if len(control_key) < MIN_KEY_CHARACTERS or not control_key.isascii() or not control_key.isprintable():
         raise SystemExit(NO_KEY_GIVEN)
     gate, rest = split_option(sys.argv[1:], "--fleet-gate")
     fleet, rest = split_fleet_address(rest)
@@ -372,6 +436,7 @@ def main() -> None:
 
     for name in ("flwr", "uvicorn.access"):
         logging.getLogger(name).addFilter(QuietStatusPolls())
+    logging.getLogger("uvicorn.access").addFilter(QuietRefusals())
     if fleet is None:  # a simulation SuperLink (one researcher's machine): Flower's own isolation runs its task
         sys.argv = ["flower-superlink", *rest]
         serve(None, control_key, Path(gate) if gate else None)

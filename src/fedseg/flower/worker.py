@@ -29,19 +29,16 @@ the steps taken from Flower are in ``fedseg.flower.flwr_internals``. Exits when 
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
-import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable
 
-from fedseg.flower.runtime_secret import hand_over, handed_over
+from fedseg.flower import task_runner
 
 log = logging.getLogger("fedseg.flower.worker")
-RUNTIME_API_WAIT = 300.0  # s for the SuperNode started next to the runner to listen (it starts in a few seconds)
 
 
 def _watch_parent(parent: int) -> None:
@@ -146,77 +143,39 @@ def serve(
     if not fresh:
         import fedseg.algorithms  # noqa: F401  (warm: PyTorch, MONAI and fedseg are imported once, here)
         import fedseg.flower.apps  # noqa: F401
-    from fedseg.flower.deploy import wait_for_port
-
-    host, _, port = address.rpartition(":")
-    wait_for_port(host, int(port), RUNTIME_API_WAIT, what="the SuperNode's Runtime API")  # no retry lines meanwhile
-    client = internals.superexec_runtime_client(address, insecure, root_certificates, secret)
+    what = "the SuperNode's Runtime API"
+    client = task_runner.runtime_client(address, insecure, root_certificates, secret, what)
     log.info("%s ClientApp runner polling %s every %.2f s", "fresh" if fresh else "warm", address, poll)
-    while True:
-        token = internals.acquire_client_app_task(client)
+
+    def handle(token: str | None) -> None:
         if token and fresh:
-            command = task_command(address, insecure, root_certificates, poll)
-            task = subprocess.Popen(command, stdin=subprocess.PIPE)  # noqa: S603
-            try:
-                hand_over(task, token)
-                task.wait()
-            finally:  # the runner stopping mid-task (Ctrl-C): the task goes with it, as subprocess.run did
-                if task.poll() is None:
-                    task.kill()
-                    task.wait()
+            task_runner.run_task_process(task_command(address, insecure, root_certificates, poll), token)
         elif token:
-            try:
+            with task_runner.one_task(log, "ClientApp task not completed; the runner goes on with the next one"):
                 run_task(address, insecure, root_certificates, token)
-            except Exception:  # noqa: BLE001 - one task's failure (e.g. its reply not pushed) is not the runner's
-                log.exception("ClientApp task not completed; the runner goes on with the next one")
-        else:
-            time.sleep(poll)
 
-
-def no_retry_warnings(record: logging.LogRecord) -> bool:
-    """Flower's retry warnings are none of the runner's to say: its Runtime API is its own SuperNode's, on this
-    machine, waited for before the first poll (``serve``); once that SuperNode stops (Ctrl-C, a restart), the polls
-    the runner makes in the moment before it exits with it would each print one after the SuperNode's last line."""
-    from fedseg.flower.supernode_main import RETRYING
-
-    return not record.getMessage().startswith(RETRYING)
+    task_runner.poll(lambda: internals.acquire_client_app_task(client), handle, poll)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runtime-api-address", required=True, help="the SuperNode's Runtime API, host:port")
-    parser.add_argument("--insecure", action="store_true")
-    parser.add_argument("--root-certificates", default=None)
-    parser.add_argument(
-        "--poll", type=float, default=1.0, help="seconds between task polls, first object-pull backoff (Flower's: 1)"
-    )
-    parser.add_argument("--parent-pid", type=int, default=None)
+    poll_help = "seconds between task polls, first object-pull backoff (Flower's: 1)"
+    parser = task_runner.arguments(__doc__.splitlines()[0], "SuperNode", poll_help)
     parser.add_argument("--fresh", action="store_true", help="run every task in a new process")
-    parser.add_argument("--task", action="store_true", help="run one task and exit (its token on standard input)")
-    args = parser.parse_args()
-    # first of all, before anything of a method is imported: the SuperNode's secret (or a fresh task's token), then
-    # standard input is closed
-    secret_or_token = handed_over()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)
-    logging.getLogger("flwr").addFilter(no_retry_warnings)
+    # first of all, before anything of a method is imported: the SuperNode's secret (or a fresh task's token)
+    args, secret_or_token = task_runner.parse(parser)
+    task_runner.configure_logging()
     if args.parent_pid:
         _watch_parent(args.parent_pid)
     from fedseg.flower.flwr_internals import cap_object_pull_backoff
 
     cap_object_pull_backoff(args.poll)
-    try:
+    with task_runner.exits_in_one_line("ClientApp runner"):
         if args.task:
             run_task(args.runtime_api_address, args.insecure, args.root_certificates, secret_or_token)
         else:
             address, insecure, certificates = args.runtime_api_address, args.insecure, args.root_certificates
-            secret = bytes.fromhex(secret_or_token) or None
+            secret = task_runner.signing_secret(secret_or_token)
             serve(address, insecure, certificates, args.poll, args.fresh, secret)
-    except KeyboardInterrupt:  # Ctrl-C in the terminal reaches the whole group: the SuperNode says it stops
-        sys.exit(130)
-    except (OSError, RuntimeError, ValueError) as e:  # TimeoutError: its Runtime API never listened; a bad secret
-        print(f"ClientApp runner: {e}", file=sys.stderr, flush=True)
-        sys.exit(1)
 
 
 if __name__ == "__main__":
