@@ -86,6 +86,33 @@ def test_a_one_step_fedprox_run_says_so_and_scores_as_fedavg(tmp_path, tiny_conf
     assert all(torch.equal(fedprox[k], v) for k, v in fedavg.items())  # what the note says
 
 
+def test_a_one_step_scaffold_run_says_so_and_scores_as_fedavg_but_not_where_a_site_takes_more(
+    tmp_path, tiny_config, disc_federation
+):
+    """A user's bench found SCAFFOLD equal to FedAvg on every case, unexplained: with one local step at every site
+    its corrections c - c_k cancel in the average (c is the sites' weighted mean), so its model is FedAvg's (to
+    rounding: the corrections are added, then averaged away), from round 2 on too, when they are not zero. Said
+    only where it holds: every site one step, every site each round, server rate 1."""
+    cfg = tiny_config(algorithms=["fedavg", "scaffold"], fl={"rounds": 2})
+    lines: list[str] = []
+    results = run_experiment(
+        cfg, tmp_path / "run", federation=disc_federation(cases_per_site=6), on_log_line=lines.append
+    )
+    said = [line for line in lines if line.startswith("scaffold: ")]
+    assert said and "SCAFFOLD's model is exactly FedAvg's" in said[0] and "site3 (3 training cases)" in said[0], lines
+    fedavg, scaffold = (a.bundle["global"] for a in results.algorithms)
+    assert all(torch.allclose(scaffold[k], v, atol=1e-6) for k, v in fedavg.items())
+    prep = prepare(cfg, disc_federation(cases_per_site=6))
+    train = {d.name: len(d.train) for d in prep.site_data}
+    for other in (
+        {"methods": {"scaffold": {"global_lr": 0.5}}},
+        {"fl": {"clients_per_round": 0.5}},
+        {"train": {"batch_size": 2}},
+    ):
+        changed = tiny_config(algorithms=["scaffold"], **other)
+        assert method_notes(changed, replace(prep.task, cfg=changed), train) == [], other
+
+
 def _volumes() -> Federation:
     regions = Regions.from_mapping({"box": [1, 2]})
     sites = [

@@ -55,7 +55,8 @@ Class-level switches, set on the class (each defaults to FedAvg's behaviour):
   overrides ``aggregate`` without merging through ``super().aggregate`` must set it: otherwise a run whose robust
   ``aggregator`` was not applied stops after the round's merge with a ``MethodError``, never silently;
 - ``MethodOptions.ONE_STEP_AS_FEDAVG`` (None), on the options model: why the method trains exactly as FedAvg when
-  a round is one local step (the run's note then);
+  a round is one local step (the run's note then); ``MethodOptions.ONE_STEP_EVERY_SITE`` (False): only where every
+  site takes one step, every round (SCAFFOLD), and ``one_step_as_fedavg()`` where options can break it;
 - ``MethodOptions.PHASED`` (False), on the options model: the method trains in phases whose first rounds cannot be
   selected (a bench's budget stops it only after them).
 

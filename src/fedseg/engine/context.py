@@ -113,6 +113,13 @@ class MethodOptions(NoBoolNumbers):
     # is zero on a round's first step, FedProx's proximal term): the run's note on a site whose local budget is one
     # step (``fedseg.run.checks.one_step_notes``); None: the method's first step differs from FedAvg's.
     ONE_STEP_AS_FEDAVG: ClassVar[str | None] = None
+    # Whether that holds only where every site trains one step each round, all of them (SCAFFOLD: its corrections
+    # c - c_k cancel in the average of all sites only), rather than at each such site (FedProx).
+    ONE_STEP_EVERY_SITE: ClassVar[bool] = False
+
+    def one_step_as_fedavg(self) -> bool:
+        """Whether these options keep ``ONE_STEP_AS_FEDAVG`` true (e.g. SCAFFOLD's server rate 1)."""
+        return self.ONE_STEP_AS_FEDAVG is not None
 
     def check_sites(self, num_sites: int, algorithm: str) -> None:
         """Raise a ValueError if the options do not hold for a federation of ``num_sites`` sites."""

@@ -81,7 +81,8 @@ def one_step_notes(cfg: RunConfig, train_cases: Mapping[str, int]) -> list[str]:
     """A line per method that trains exactly as FedAvg when a round is one local step (its options'
     ``ONE_STEP_AS_FEDAVG``: FedProx, whose proximal term is zero on a round's first step) and whose local budget
     (``local_budget()``, else ``train.budget``) is one SGD step per round at some site (``train_cases``: site ->
-    training cases), e.g. an epoch of 3 cases in a batch of 4."""
+    training cases), e.g. an epoch of 3 cases in a batch of 4; for a method where that needs every site
+    (``ONE_STEP_EVERY_SITE``: SCAFFOLD), only where every site trains one step and every site trains each round."""
     from fedseg.train import budget_steps
 
     lines = []
@@ -89,12 +90,15 @@ def one_step_notes(cfg: RunConfig, train_cases: Mapping[str, int]) -> list[str]:
     for name in cfg.algorithms:
         options = get_algorithm(name).parse_options(cfg.methods.get(name))
         why = type(options).ONE_STEP_AS_FEDAVG
-        if why is None:
+        if why is None or not options.one_step_as_fedavg():
             continue
         own = options.local_budget()
         budget = own or cfg.train.budget
         one = [site for site, n in train_cases.items() if n > 0 and budget_steps(budget, n, batch) == 1]
         if not one:
+            continue
+        sampled = cfg.fl.clients_per_round not in (None, 1.0, len(train_cases))
+        if type(options).ONE_STEP_EVERY_SITE and (len(one) < len(train_cases) or sampled):
             continue
         if budget.unit == "steps":  # every site alike
             where = "every site" if len(one) == len(train_cases) else ", ".join(one)
