@@ -93,6 +93,24 @@ def test_an_interrupted_run_resumed_with_more_rounds_equals_one_configured_with_
     assert json.loads((tmp_path / "fresh" / "summary.json").read_text())["algorithms"]["fedavg"]["rounds"] == 2
 
 
+def test_a_resume_says_on_the_console_where_each_algorithm_goes_on_from(tmp_path, tiny_config, disc_federation):
+    """A user's audit: a resumed run went straight to its next round on the console (only run.log said resumed)."""
+    cfg = tiny_config(algorithms=["fedavg", "local"], fl={"rounds": 2})
+
+    class Stop(Exception):
+        pass
+
+    def stop(name, rnd, losses):
+        if name == "fedavg" and rnd == 1:
+            raise Stop
+
+    with pytest.raises(Stop):
+        run_experiment(cfg, tmp_path / "run", on_round_end=stop, federation=disc_federation())
+    shown: list[str] = []
+    run_experiment(cfg, tmp_path / "run", resume=True, federation=disc_federation(), on_log_line=shown.append)
+    assert "resume: fedavg after round 1 of 2, local not begun; the run goes on from there" in shown, shown
+
+
 def test_an_extension_of_a_run_interrupted_before_an_algorithm_began_says_that_one_trains_too(
     tmp_path, tiny_config, disc_federation
 ):

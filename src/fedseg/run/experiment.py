@@ -39,6 +39,7 @@ from fedseg.run.extend import (
     check_extension,
     extended_algorithms,
     reopen_finished,
+    resume_progress,
     rounds_left_text,
     unstarted_algorithms,
 )
@@ -281,6 +282,8 @@ def record_start(
             "resume: every algorithm of this run has finished; nothing is trained, its outputs are written again",
             on_log_line,
         )
+    elif resume and not extension:
+        show(f"resume: {resume_progress(out, cfg)}; the run goes on from there", on_log_line)
     # e.g. stopped while writing outputs; or a finished run extended to more rounds (it ends finished again)
     if resume and (out / RUN_LOG).is_file() and (last_event(out) != "finished" or extension):
         log_event(out, "resumed")

@@ -110,6 +110,23 @@ def extended_algorithms(out: Path, cfg: RunConfig, before: int) -> dict[str, tup
     return extended
 
 
+def resume_progress(out: Path, cfg: RunConfig) -> str:
+    """Where a resume of the run in ``out`` takes each algorithm of ``cfg`` up: ``fedavg after round 7 of 40, local
+    not begun`` (``finished`` for a finished one). The console's sign that a run resumed (``run.log`` has its
+    ``resumed`` event; the console said nothing: a user's audit)."""
+    said = []
+    for name in cfg.algorithms:
+        ckpt = load_checkpoint(checkpoint_path(out, name))
+        if ckpt is None:
+            said.append(f"{name} not begun")
+        elif ckpt.get("finished"):
+            said.append(f"{name} finished")
+        else:
+            rounds = get_algorithm(name).run_config(cfg).fl.rounds
+            said.append(f"{name} after round {trained_rounds(ckpt)[0]} of {rounds}")
+    return ", ".join(said)
+
+
 def unstarted_algorithms(out: Path, cfg: RunConfig) -> list[str]:
     """The algorithms of ``cfg`` the run in ``out`` has not begun (no checkpoint: interrupted before them); a resume
     trains them from round 1."""
