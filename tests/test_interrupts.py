@@ -225,6 +225,19 @@ def _process_server_of(sid: int) -> int | None:
     return None
 
 
+def run_watching_process_server(command: list[str]) -> tuple[bool, str]:
+    """Run ``command`` in a session of its own to its end (it must succeed): whether the worker pool's process
+    server was seen in that session (:func:`_process_server_of`, polled every 0.05 s), and its output."""
+    seen = False
+    with _session(command) as proc:
+        while proc.poll() is None:
+            seen = seen or _process_server_of(proc.pid) is not None
+            time.sleep(0.05)
+        output = proc.stdout.read() if proc.stdout else ""
+    assert proc.returncode == 0, output[-3000:]
+    return seen, output
+
+
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads sessions from /proc (Linux)")
 @pytest.mark.parametrize("stop", ["ctrl-c", "sigterm"])
 def test_ctrl_c_while_the_worker_pool_starts_prints_one_line_and_leaves_no_process(tmp_path, stop):

@@ -399,24 +399,15 @@ def test_resuming_a_finished_run_starts_no_process_server(tmp_path):
     """`fedseg run --workers 2 --resume` of a finished run reuses every result and only writes the outputs again,
     but started the pool's process server (a process importing torch and every method) and the pool. Watched by
     session in /proc: the run that trains has one; its resume none, and says nothing is trained."""
-    import time
 
-    from test_interrupts import TINY_SET, _process_server_of, _session
+    from test_interrupts import TINY_SET, run_watching_process_server
 
     out = tmp_path / "run"
     run = ["run", "--preset", "demo", "--algorithms", "fedavg", "--rounds", "1", "--workers", "2", "--out", str(out)]
     command = [sys.executable, "-m", "fedseg.cli", *run, *(a for s in TINY_SET for a in ("--set", s))]
 
     def watched(*more: str) -> tuple[bool, str]:
-        """Run ``command`` (+ ``more``) to its end: whether a process server was seen in its session, its output."""
-        seen = False
-        with _session([*command, *more]) as proc:
-            while proc.poll() is None:
-                seen = seen or _process_server_of(proc.pid) is not None
-                time.sleep(0.05)
-            output = proc.stdout.read() if proc.stdout else ""
-        assert proc.returncode == 0, output[-3000:]
-        return seen, output
+        return run_watching_process_server([*command, *more])
 
     trained, _ = watched()
     assert trained  # the check sees a process server where there is one
