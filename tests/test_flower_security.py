@@ -64,6 +64,7 @@ from fedseg.flower.superlink_main import (
     FLEET_ONLY,
     NO_KEY,
     NO_KEY_GIVEN,
+    REFUSED,
     SLOW,
     BodyLimits,
     answer_json,
@@ -173,66 +174,65 @@ def test_the_control_api_defaults_to_loopback_and_the_public_port_serves_the_fle
     assert (cmd[cmd.index("--host") + 1], cmd[cmd.index("--port") + 1]) == ("127.0.0.1", "9093")
 
 
-def test_the_control_address_answers_the_control_api_only_with_the_coordinators_key(monkeypatch):
+async def _call(app, path: str, headers=(), kind: str = "http", body: bytes = b"", client=("127.0.0.1", 40000)):
+    """Send one request (``kind`` http or websocket) to the ASGI ``app``; its status (a websocket: its close code)."""
+    scope = {"type": kind, "method": "POST", "path": path, "headers": list(headers), "client": client}
+    sent: list[dict] = []
+
+    async def receive():
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    async def send(message):
+        sent.append(message)
+
+    await app(scope, receive, send)
+    return sent[0].get("status", sent[0].get("code"))
+
+
+def test_the_control_address_answers_the_control_api_only_with_the_coordinators_key():
     """Flower's Control API asks no key in the open-source build: any process on the coordinator's machine could list,
     start and stop its runs and register SuperNode keys. Behind ``control_guard`` the Control API (and any path not
     known to need none) answers only requests with the coordinator's key; the Runtime and Fleet APIs (their own
-    authentication) and /health answer as before. Refusals are logged one line per interval, with their count."""
+    authentication) and /health answer as before."""
     key = secrets.token_hex(32)
     reached: list[str] = []
-    lines: list[str] = []
 
     async def flower(scope, receive, send):
         reached.append(scope["path"])
         await answer_json(send, 200, b"{}")
 
-    guarded = control_guard(flower, key, log=lines.append)
-
-    async def call(path: str, given: str | None = None, kind: str = "http"):
-        headers = [] if given is None else [(b"Fedseg-Control-Key", given.encode())]
-        scope = {"type": kind, "method": "POST", "path": path, "headers": headers, "client": ("127.0.0.1", 40000)}
-        sent: list[dict] = []
-
-        async def receive():
-            return {"type": "http.request", "body": b"", "more_body": False}
-
-        async def send(message):
-            sent.append(message)
-
-        await guarded(scope, receive, send)
-        return sent[0].get("status", sent[0].get("code"))
+    guarded = control_guard(flower, key)
 
     async def calls(*args):
-        return [await call(*a) for a in args]
+        return [await _call(guarded, path, [] if given is None else [(b"Fedseg-Control-Key", given.encode())], *kind)
+                for path, given, *kind in args]  # fmt: skip
 
     answers = asyncio.run(
         calls(
-            ("/v1/control/start-run",),
+            ("/v1/control/start-run", None),
             ("/v1/control/register-node", "0" * 64),
             ("/v1/control/stop-run", key[:-1]),
-            ("/docs",),
+            ("/docs", None),
             ("/v1/control/list-runs", None, "websocket"),
             ("/v1/control/list-runs", key),
-            ("/v1/runtime/get-run",),
-            ("/v1/fleet/pull-messages",),
-            ("/health",),
+            ("/v1/runtime/get-run", None),
+            ("/v1/fleet/pull-messages", None),
+            ("/health", None),
         )
     )
     assert answers == [401, 401, 401, 401, 1008, 200, 200, 200, 200]
     assert reached == ["/v1/control/list-runs", "/v1/runtime/get-run", "/v1/fleet/pull-messages", "/health"]
-    assert lines == ["fedseg: refused POST /v1/control/start-run from 127.0.0.1:40000: no coordinator key"]
-    monkeypatch.setattr(superlink_main, "REFUSALS_LOGGED_EVERY_S", 0.0)
-    assert asyncio.run(calls(("/v1/control/list-runs",))) == [401]
-    assert lines[-1].endswith("no coordinator key (4 more refused since the last such line)")
 
 
-def test_the_control_address_bounds_bodies_without_a_per_client_share_and_refusals_log_one_escaped_line(monkeypatch):
+def test_the_control_address_bounds_bodies_and_every_refusal_is_logged_in_one_escaped_line_per_interval(monkeypatch):
     """From a security test: on the control address a local process, no key needed, had the SuperLink hold 1.5 GiB
     on a Fleet path (only the Fleet port bounded bodies); its refusals wrote one access line each (60 MB in 11 s) and
     its path put forged lines and terminal codes in the log. Now bodies there are bounded as on the Fleet port, but
-    with no per-client share (every client there is 127.0.0.1: the coordinator's own processes at once); the
-    refusal line escapes and cuts the path; uvicorn's access lines of refusals are left out; a list-runs refusal
-    is not hidden by the status-poll filter."""
+    with no per-client share (every client there is 127.0.0.1: the coordinator's own processes at once); every
+    refusal, fedseg's or Flower's own (its 401 to a failed SuperNode authentication), is counted in one line per
+    interval naming the latest (path escaped and cut) and the count, the burst's last line written once the
+    interval is over; uvicorn's access lines of refusals are left out; a list-runs refusal is not hidden by the
+    status-poll filter."""
     reached: list[int] = []
 
     async def flower(scope, receive, send):
@@ -241,43 +241,43 @@ def test_the_control_address_bounds_bodies_without_a_per_client_share_and_refusa
             message = await receive()
             body += message.get("body", b"")
         reached.append(len(body))
-        await answer_json(send, 200, b"{}")
+        if scope["path"] == "/v1/fleet/pull-messages":  # Flower's own refusal
+            await answer_json(send, 401, b'{"detail": "Invalid SuperNode authentication"}')
+        else:
+            await answer_json(send, 200, b"{}")
 
     lines: list[str] = []
     mib = 1 << 20
     limits = BodyLimits(max_body=mib, max_buffered=3 * mib, per_client=False)
-    limited = superlink_main.body_limited(flower, limits, superlink_main.RefusalLog(lines.append))
-    app = control_guard(limited, "k" * 64, log=lines.append)
-
-    async def post(path: str, size: int, client: str = "127.0.0.1"):
-        headers = [(b"content-length", str(size).encode())]
-        scope = {"type": "http", "method": "POST", "path": path, "headers": headers, "client": (client, 1)}
-        sent: list[dict] = []
-
-        async def receive():
-            return {"type": "http.request", "body": b"x" * size, "more_body": False}
-
-        async def send(message):
-            sent.append(message)
-
-        await app(scope, receive, send)
-        return sent[0]["status"]
-
-    async def both():  # two bodies of one client address at once: within the budget, no per-client share
-        return await asyncio.gather(post("/v1/runtime/push-object", mib), post("/v1/runtime/push-object", mib))
-
-    assert asyncio.run(post("/v1/fleet/push-messages", mib + 1)) == 413
-    assert asyncio.run(both()) == [200, 200] and reached == [mib, mib]
-    assert lines == [
-        "fedseg: refused POST /v1/fleet/push-messages from 127.0.0.1:1: a Fleet API request carries at most 1 MiB"
-    ]
+    app = superlink_main.refusals_logged(
+        control_guard(superlink_main.body_limited(flower, limits), "k" * 64), superlink_main.RefusalLog(lines.append)
+    )
+    monkeypatch.setattr(superlink_main, "REFUSALS_LOGGED_EVERY_S", 0.2)
     forged = "/v1/control/stop-run\n\x1b[32mINFO: run finished OK\x1b]0;pwned\x07" + "a" * 300
-    monkeypatch.setattr(superlink_main, "REFUSALS_LOGGED_EVERY_S", 0.0)
-    assert asyncio.run(post(forged, 0)) == 401
-    assert lines[-1].startswith(
+
+    async def scenario():
+        post = lambda path, size=0: _call(app, path, [(b"content-length", str(size).encode())], body=b"x" * size)  # noqa: E731
+        too_big = await post("/v1/fleet/push-messages", mib + 1)
+        both = await asyncio.gather(post("/v1/runtime/push-object", mib), post("/v1/runtime/push-object", mib))
+        flowers = await post("/v1/fleet/pull-messages")
+        forged_answer = await post(forged)
+        said_at_once = list(lines)
+        await asyncio.sleep(0.4)  # the interval is over: the burst's line
+        return too_big, both, flowers, forged_answer, said_at_once
+
+    too_big, both, flowers, forged_answer, said_at_once = asyncio.run(scenario())
+    assert (too_big, both, flowers, forged_answer) == (413, [200, 200], 401, 401)
+    assert reached == [mib, mib, 0]  # two bodies of one address at once: no per-client share; the refused not read
+    assert said_at_once == [
+        "fedseg: refused POST /v1/fleet/push-messages from 127.0.0.1:40000: 413 Request Entity Too Large: a request "
+        "to the SuperLink carries at most 1 MiB"
+    ]
+    assert len(lines) == 2 and lines[1].startswith(
         "fedseg: refused POST /v1/control/stop-run\\n\\x1b[32mINFO: run finished OK\\x1b]0;pwned\\x07aaa"
-    ) and lines[-1].endswith("... from 127.0.0.1:1: no coordinator key")
-    assert "\n" not in lines[-1] and "\x1b" not in lines[-1]
+    ), lines
+    assert lines[1].endswith("... from 127.0.0.1:40000: 401 Unauthorized: " + NO_KEY + " (1 more refused since the "
+                             "last such line)")  # fmt: skip
+    assert "\n" not in lines[1] and "\x1b" not in lines[1]
 
     def access(status: int, path: str = "/v1/control/start-run") -> logging.LogRecord:
         args = ("127.0.0.1:1", "POST", path, "1.1", status)
@@ -285,10 +285,10 @@ def test_the_control_address_bounds_bodies_without_a_per_client_share_and_refusa
 
     quiet = superlink_main.QuietRefusals()
     assert [quiet.filter(access(status)) for status in (200, 401, 404, 408, 413, 503)] == [
-        True, False, False, False, False, True
+        True, False, False, False, False, False
     ]  # fmt: skip
     polls = superlink_main.QuietStatusPolls()
-    said = "fedseg: refused POST /v1/control/list-runs from 127.0.0.1:1: no coordinator key"
+    said = "fedseg: refused POST /v1/control/list-runs from 127.0.0.1:1: 401 Unauthorized"
     refusal = logging.LogRecord("flwr", logging.WARNING, "", 0, "%s", (said,), None)
     assert polls.filter(refusal) and not polls.filter(access(200, "/v1/control/list-runs"))
 
@@ -879,16 +879,16 @@ def test_a_foreign_app_bundle_is_refused_by_the_coordinator_and_fedseg_still_tra
             env,
         )
         _wait_for(coordinator.log, "submitted", alive=lambda: coordinator.proc.poll() is None)
-        stranger = flwr_internals.superexec_runtime_client(control, True, None)
-        with pytest.raises(httpx.HTTPStatusError) as refused:
-            flwr_internals.acquire_server_app_task(stranger)
-        assert refused.value.response.status_code == 401
         client = control_client(control, None, key="")
-        try:
+        try:  # the first refusal: its log line is written at once (RefusalLog)
             with pytest.raises(httpx.HTTPStatusError, match="401 Unauthorized"):
                 submit_run(client, fab, {"report": str(tmp_path / "foreign-replies.json"), "nodes": 2})
         finally:
             client.close()
+        stranger = flwr_internals.superexec_runtime_client(control, True, None)
+        with pytest.raises(httpx.HTTPStatusError) as refused:
+            flwr_internals.acquire_server_app_task(stranger)
+        assert refused.value.response.status_code == 401
         sites = _two_sites(procs, folder, fleet, node_ports, hospitals, env)
         arguments: set[str] = set()  # every command line seen while fedseg's run trains
         deadline = time.monotonic() + 600
@@ -900,10 +900,14 @@ def test_a_foreign_app_bundle_is_refused_by_the_coordinator_and_fedseg_still_tra
             assert item.proc.poll() is None
     assert stat.S_IMODE((out / "flower" / "submitted-run").stat().st_mode) == 0o600
     assert not marker.exists() and not (tmp_path / "foreign-replies.json").exists()
-    assert (
-        "fedseg: refused POST /v1/control/start-run from 127.0.0.1"
-        in (out / "flower" / "logs" / "superlink.log").read_text()
-    )
+    refusals = [
+        line for line in (out / "flower" / "logs" / "superlink.log").read_text().splitlines() if REFUSED in line
+    ]
+    # one line per interval: the start-run refusal named at once, or (another refusal within 10 s before it) folded
+    # into the count of the line naming the stranger's
+    assert any("POST /v1/control/start-run from 127.0.0.1" in line for line in refusals) or any(
+        "POST /v1/runtime/acquire-task" in line and "more refused" in line for line in refusals
+    ), refusals
     assert any("fedseg.flower.serverapp_runner --runtime-api-address" in line for line in arguments)
     assert not [line for line in arguments if "--token" in line or "flwr-serverapp" in line or "control-key" in line]
     assert json.loads((out / "summary.json").read_text())["algorithms"]["fedavg"]["dice"]

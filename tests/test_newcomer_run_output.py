@@ -107,6 +107,8 @@ def test_a_one_step_scaffold_run_says_so_and_scores_as_fedavg_but_not_where_a_si
     for other in (
         {"methods": {"scaffold": {"global_lr": 0.5}}},
         {"fl": {"clients_per_round": 0.5}},
+        {"fl": {"clients_per_round": 1}},  # one site a round (1 == 1.0: taken for every site before the review)
+        {"methods": {"scaffold": {"weighting": "uniform"}}},
         {"train": {"batch_size": 2}},
     ):
         changed = tiny_config(algorithms=["scaffold"], **other)

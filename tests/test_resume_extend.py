@@ -326,9 +326,8 @@ def test_the_cli_extending_a_run_that_stopped_early_everywhere_starts_no_process
     left to train, so neither the pool's process server (a process importing torch and every method) nor the pool
     is started (they were: the run was not taken for idle because it was extended). Watched by session in /proc."""
     import sys
-    import time
 
-    from test_interrupts import _process_server_of, _session
+    from test_interrupts import run_watching_process_server
 
     out = tmp_path / "run"
     stop = ["fl.stop.patience=1", "fl.stop.min_delta=0.5"]
@@ -336,15 +335,7 @@ def test_the_cli_extending_a_run_that_stopped_early_everywhere_starts_no_process
     command += ["2", "--out", str(out), *(a for s in [*TINY_SET, *stop] for a in ("--set", s))]
 
     def watched(*more: str) -> tuple[bool, str]:
-        """Run ``command`` (+ ``more``) to its end: whether a process server was seen in its session, its output."""
-        seen = False
-        with _session([*command, *more]) as proc:
-            while proc.poll() is None:
-                seen = seen or _process_server_of(proc.pid) is not None
-                time.sleep(0.05)
-            output = proc.stdout.read() if proc.stdout else ""
-        assert proc.returncode == 0, output[-3000:]
-        return seen, output
+        return run_watching_process_server([*command, *more])
 
     trained, _ = watched("--rounds", "3", "--keep-checkpoints")
     assert trained  # the check sees a process server where there is one

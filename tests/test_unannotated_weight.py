@@ -160,3 +160,29 @@ def test_without_an_ignore_label_every_training_case_is_kept(tiny_config, disc_f
     for data in prep.site_data:
         assert data.unannotated_train == 0
         assert data.train.ids == [cid for cid, s in splits[data.name].items() if s == "train"]
+
+
+def test_a_flower_site_trains_on_the_training_cases_it_declares_where_a_resize_loses_a_scribble(tmp_path, tiny_config):
+    """A case whose only annotated voxel the resize to the model's input drops: the data check (which reads the label
+    file) counts it as annotated, the prepared label has none left. A Flower site declares its training size by the
+    check (``on_info``, ``split_sizes``) and built its data without it (the prepared label decided): one case fewer
+    than declared, and the coordinator refused every reply of the site (the review's point). Its data is now built
+    with the check's verdict where the federation has an ignore label: it trains on what it declares."""
+    from fedseg.data.dataset import build_site_data
+    from fedseg.flower import node
+
+    out = import_folder(png_dataset(tmp_path / "Dataset613_Dots", per_site=10), tmp_path / "fed")
+    dotted = _train_ids(out, "A")[0]
+    dot = np.full((SIZE, SIZE), 2, np.uint8)
+    dot[2, 2] = 1  # one annotated voxel, which a resize from 24 to 8 leaves out
+    Image.fromarray(dot).save(out / "A" / "labels" / f"{dotted}.png")
+    cfg = tiny_config(algorithms=["fedavg"], data={"image_size": 8})
+    fed = load_folder(out)
+    splits = make_splits(fed, cfg.data.split, cfg.data.seed)
+    unchecked = build_site_data(fed, fed.site("A"), 0, splits["A"], cfg.data, originals=False)
+    assert dotted not in unchecked.train.ids  # the prepared label alone: the scribble is gone
+    checked = check_folder(out, cfg.data.split, cfg.data.seed)
+    declared = split_sizes(checked.site("A"), make_splits(checked, cfg.data.split, cfg.data.seed)["A"])["train"]
+    assert declared == len(_train_ids(out, "A"))  # the check: every training case has an annotated voxel
+    _, data = node.site_data(node.NodeSettings("A", out, tmp_path / "samples"), cfg, 0)
+    assert len(data.train) == declared and data.unannotated_train == 0

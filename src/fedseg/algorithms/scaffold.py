@@ -70,13 +70,14 @@ class ScaffoldOptions(FedAvgOptions):
     # FedAvg's model (a user's bench found the two equal on every case, unexplained)
     ONE_STEP_AS_FEDAVG = (
         "its corrections c - c_k cancel in the average of every site's one step (c is their weighted mean), so "
-        "SCAFFOLD's model is exactly FedAvg's"
+        "SCAFFOLD's model is exactly FedAvg's with fl.weighting (to rounding)"
     )
     ONE_STEP_EVERY_SITE = True
     global_lr: float = Field(1.0, gt=0, description="server learning rate eta_g on the averaged model update")
 
     def one_step_as_fedavg(self) -> bool:
-        return self.global_lr == 1.0  # eta_g != 1 scales the averaged step: not FedAvg's
+        # eta_g != 1 scales the averaged step, and another weighting averages otherwise: not FedAvg's
+        return self.global_lr == 1.0 and self.weighting is None
 
     correction: Literal["auto", "gradient", "step"] = Field(
         "auto",

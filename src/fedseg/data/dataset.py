@@ -324,7 +324,7 @@ def build_site_data(
             if split == "train" and cases and not kept:
                 raise FederationError(
                     f"site {site.name!r}: none of its {len(cases)} training cases has an annotated voxel (every one "
-                    f"holds only the ignore label {ignore} after pre-processing): the site has nothing to train on"
+                    f"holds only the ignore label {ignore}): the site has nothing to train on"
                 )
             cases = kept
             shape_x = (0, fed.channels) + (cfg.image_size,) * fed.spatial_dims

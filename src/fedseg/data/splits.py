@@ -213,7 +213,7 @@ def split_problems(fed: Federation, splits: Splits) -> list[str]:
         if missing:
             problems.append(f"site {site.name!r}: {len(missing)} cases have no split, e.g. {_preview(missing)}")
         counts = {s: sum(1 for cid, v in assigned.items() if v == s and cid in ids) for s in SPLITS}
-        unannotated = {c.id for c in site.cases if c.meta.get(UNANNOTATED)}
+        unannotated = unannotated_ids(site)
         annotated = {s: counts[s] - sum(1 for cid in unannotated if assigned.get(cid) == s) for s in SPLITS}
         # training needs train; the round selection and the local models score every site's val; the final
         # evaluation every site's test
@@ -233,12 +233,17 @@ def split_problems(fed: Federation, splits: Splits) -> list[str]:
     return problems
 
 
+def unannotated_ids(site: Site) -> set[str]:
+    """The ids of ``site``'s cases that ``data check`` found without an annotated voxel (``meta[UNANNOTATED]``)."""
+    return {c.id for c in site.cases if c.meta.get(UNANNOTATED)}
+
+
 def split_sizes(site: Site, assigned: Mapping[str, Split]) -> dict[str, int]:
     """``{split: cases}`` of ``site`` under ``assigned`` (its case id -> split), as its data is loaded
     (``fedseg.data.dataset.build_site_data``): the training count leaves out the cases ``data check`` found without an
     annotated voxel (``meta[UNANNOTATED]``), which the site does not train on; validation and test count every case.
     What a site declares as its training-set size (its aggregation weight n_k) where it has not prepared its data."""
-    unannotated = {c.id for c in site.cases if c.meta.get(UNANNOTATED)}
+    unannotated = unannotated_ids(site)
     sizes: dict[str, int] = {s: sum(1 for v in assigned.values() if v == s) for s in SPLITS}
     sizes["train"] -= sum(1 for cid, v in assigned.items() if v == "train" and cid in unannotated)
     return sizes

@@ -225,6 +225,9 @@ def site_data(settings: NodeSettings, cfg: RunConfig, index: int):
     key = (str(settings.data), settings.site, index, cfg.data.model_dump_json(), cfg.eval.score_grid)
     if key not in _SITE_CACHE:
         fed, site = load_site(settings, cfg, check=False)
+        if fed.regions.ignore is not None:  # partial annotations: which training cases have an annotated voxel is
+            # the data check's verdict, as on_info declared the training size (split_sizes): the same n_k
+            fed, site = load_site(settings, cfg, check=True)
         splits = site_splits(site, cfg.data.split, cfg.data.seed)  # from the real ids: the simulator's splits
         opaque = opaque_case_ids(site)
         write_case_ids(settings, opaque)

@@ -50,7 +50,7 @@ class LinkSettings:
 
     @property
     def control_address(self) -> str:
-        """Where the Control API listens; the coordinator (and an operator's SSH tunnel) reaches it there, or on
+        """Where the Control API listens; the coordinator (the only client with its key) reaches it there, or on
         127.0.0.1 for an every-interface address (:attr:`control_dial`)."""
         return self.control or f"127.0.0.1:{self.port + 1}"
 

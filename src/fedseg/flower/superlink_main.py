@@ -11,7 +11,7 @@ a key of their own and start runs.
 Here the same app (one SuperLink state, one lifespan: the SuperExec) is served twice:
 
 - on ``--host``/``--port`` (``flower-superlink``'s own arguments; fedseg passes the loopback
-  ``--control-address``): every API, for the coordinator's own processes and an operator's SSH tunnel;
+  ``--control-address``): every API, for the coordinator's own processes (the Control API with its key, below);
 - on ``--fleet-address``: only the exact ``(method, path)`` pairs of the Fleet API
   (``fedseg.flower.flwr_internals.fleet_routes``); any other request gets 404 before Flower sees it.
 
@@ -22,10 +22,13 @@ process on the coordinator's machine could otherwise list and stop its runs, sta
 of its own. The coordinator draws a key at each start and gives it on this process's standard input
 (``fedseg.flower.superlink.start_superlink``; never in arguments or the environment); a request without it, in the
 ``fedseg-control-key`` header, gets 401 and Flower never sees it. Only the Runtime API (which the SuperExec's secret and
-each task's token protect), the Fleet API (SuperNode authentication) and ``/health`` answer without the key: every
+each task's token protect in a deployment; a simulation SuperLink keeps Flower's own isolation, where any local process
+may take its task), the Fleet API (SuperNode authentication) and ``/health`` answer without the key: every
 other path, known or not, needs it; bodies there are read within the Fleet listener's limits too (:func:`body_limited`,
-no per-client share: every client there is local). Refusals on either address are logged one line per 10 s at most
-(:class:`RefusalLog`; uvicorn's access line for each is left out). Flower's own ``flwr`` CLI cannot send the key:
+no per-client share: every client there is local). Refusals on either address, fedseg's and Flower's own, are logged
+one line per 10 s at most (:class:`RefusalLog`; uvicorn's access line for each is left out). A local process can still
+slow or stop a run (many connections, slow bodies filling the budget the coordinator's own calls share); it cannot read
+or change it. Flower's own ``flwr`` CLI cannot send the key:
 ``flwr ls`` / ``flwr stop`` no longer reach a fedseg coordinator (its console shows the run; Ctrl-C or SIGTERM stops
 it, ``--resume`` goes on).
 
@@ -104,7 +107,7 @@ class BodyLimits:
 
     @property
     def too_large(self) -> str:
-        return f"a Fleet API request carries at most {self.max_body / (1 << 20):g} MiB"
+        return f"a request to the SuperLink carries at most {self.max_body / (1 << 20):g} MiB"
 
 
 class Refused(Exception):
@@ -132,14 +135,17 @@ def needs_key(path: str) -> bool:
 
 
 REFUSED_PATH_SHOWN = 200  # characters of a refused request's path in the log line (a path may be 64 KiB long)
+REFUSED_DETAIL_SHOWN = 300  # characters of a refusal's own reason (its JSON "detail") in the log line
 
 
 class RefusalLog:
-    """The log of the requests a listener refuses: one line every :data:`REFUSALS_LOGGED_EVERY_S` s at most, naming
-    the latest (method, path escaped to one printable line and cut to :data:`REFUSED_PATH_SHOWN` characters, client
-    address) and the count since the last line; uvicorn's own access line for those answers is left out
-    (:class:`QuietRefusals`), so a local process or anyone reaching the Fleet port sending thousands of requests
-    fills no disk (a security test grew the log by 5.5 MB a second). ``log(text)``: default Flower's log, WARNING."""
+    """The log of the requests a listener answers with a refusal (:data:`REFUSED_STATUSES`, fedseg's and Flower's
+    alike: :func:`refusals_logged`): one line every :data:`REFUSALS_LOGGED_EVERY_S` s at most, naming the latest
+    (method, path escaped to one printable line and cut to :data:`REFUSED_PATH_SHOWN` characters, client address,
+    status and reason) and the count since the last line, the last of a burst written once the interval is over;
+    uvicorn's own access line for those answers is left out (:class:`QuietRefusals`), so a local process, or anyone
+    reaching the Fleet port, sending thousands of requests fills no disk (a security test grew the log by 5.5 MB a
+    second). ``log(text)``: default Flower's log, WARNING."""
 
     def __init__(self, log=None) -> None:
         if log is None:
@@ -150,43 +156,89 @@ class RefusalLog:
 
         self.log = log
         self.unlogged = 0  # refusals not yet in a line
+        self.latest = ""  # the latest of them, as a line names it
         self.last = float("-inf")  # when the last line was written (the event loop's clock)
+        self.pending: asyncio.TimerHandle | None = None  # the line of a burst's end, due at the interval's end
 
     def note(self, scope, why: str) -> None:
-        """Count the refusal of request ``scope`` (``why``: what it lacked) and write a line if one is due."""
+        """Count the refusal of request ``scope`` (``why``: its status and reason) and write a line if one is due,
+        else have one written at the interval's end."""
         from fedseg.flower.log_text import printable
 
-        self.unlogged += 1
-        now = asyncio.get_running_loop().time()
-        if now - self.last < REFUSALS_LOGGED_EVERY_S:
-            return
         path = printable(str(scope.get("path", "")))
         path = path if len(path) <= REFUSED_PATH_SHOWN else path[:REFUSED_PATH_SHOWN] + "..."
         client = ":".join(str(part) for part in scope.get("client") or ("?",))
+        self.latest = f"{printable(str(scope.get('method', '?')))} {path} from {client}: {printable(why)}"
+        self.unlogged += 1
+        loop = asyncio.get_running_loop()
+        wait = self.last + REFUSALS_LOGGED_EVERY_S - loop.time()
+        if wait <= 0:
+            self.write()
+        elif self.pending is None:
+            self.pending = loop.call_later(wait, self.write)
+
+    def write(self) -> None:
+        """The line of the refusals not yet said (none: nothing)."""
+        self.pending = None
+        if not self.unlogged:
+            return
         more = f" ({self.unlogged - 1} more refused since the last such line)" if self.unlogged > 1 else ""
-        self.log(f"{REFUSED} {printable(str(scope.get('method', 'websocket')))} {path} from {client}: {why}{more}")
-        self.unlogged, self.last = 0, now
+        self.log(f"{REFUSED} {self.latest}{more}")
+        self.unlogged, self.last = 0, asyncio.get_running_loop().time()
 
 
 REFUSED = "fedseg: refused"  # how each RefusalLog line starts (QuietStatusPolls keeps them)
-REFUSED_STATUSES = frozenset({401, 404, 408, 413})  # the listeners' refusals: RefusalLog's lines say them
+# the answers counted as refusals (RefusalLog's lines say them; their access lines are left out)
+REFUSED_STATUSES = frozenset({400, 401, 403, 404, 405, 408, 413, 422, 503})
 
 
-def control_guard(app, key: str, log=None):
+def refusals_logged(app, refusals: RefusalLog):
+    """An ASGI app passing every request to ``app`` and noting each HTTP answer with a refusal status
+    (:data:`REFUSED_STATUSES`: fedseg's listeners' and Flower's own, e.g. a failed SuperNode authentication) in
+    ``refusals``, with its status and its JSON ``detail`` where it has one."""
+    from http import HTTPStatus
+
+    async def logged(scope, receive, send):
+        if scope["type"] != "http":
+            await app(scope, receive, send)
+            return
+        status = [0]
+
+        async def watched(message) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = int(message.get("status", 0))
+            elif message["type"] == "http.response.body" and status[0] in REFUSED_STATUSES:
+                refusals.note(scope, f"{status[0]} {HTTPStatus(status[0]).phrase}{detail(message.get('body', b''))}")
+                status[0] = 0  # once per answer
+            await send(message)
+
+        await app(scope, receive, watched)
+
+    return logged
+
+
+def detail(body: bytes) -> str:
+    """``": <detail>"`` of a JSON answer ``{"detail": ...}`` (cut to :data:`REFUSED_DETAIL_SHOWN` characters), else
+    ``""``."""
+    try:
+        said = json.loads(body[:4096]).get("detail") if body[:1] == b"{" else None
+    except (ValueError, AttributeError):
+        said = None
+    return f": {str(said)[:REFUSED_DETAIL_SHOWN]}" if said else ""
+
+
+def control_guard(app, key: str):
     """An ASGI app passing to ``app`` the requests that either do not need the key (:func:`needs_key`) or carry
     ``key`` in :data:`fedseg.flower.deploy.CONTROL_KEY_HEADER` (compared in constant time); any other HTTP request
-    gets 401 (:data:`NO_KEY`), a websocket is closed, and ``app`` never sees them. Refusals are logged by a
-    :class:`RefusalLog` (``log``: where its lines go)."""
+    gets 401 (:data:`NO_KEY`), a websocket is closed, and ``app`` never sees them."""
     expected = key.encode()
     header = CONTROL_KEY_HEADER.encode()
     refusal = json.dumps({"detail": NO_KEY}).encode()
-    refusals = RefusalLog(log)
 
     async def guarded(scope, receive, send):
         if scope["type"] in ("http", "websocket") and needs_key(scope.get("path", "")):
             given = next((value for name, value in scope.get("headers", ()) if name.lower() == header), b"")
             if not hmac.compare_digest(given, expected):
-                refusals.note(scope, "no coordinator key")
                 if scope["type"] == "http":
                     await answer_json(send, 401, refusal, close=True)
                 else:
@@ -197,12 +249,11 @@ def control_guard(app, key: str, log=None):
     return guarded
 
 
-def body_limited(app, limits: BodyLimits, refusals: RefusalLog | None = None):
+def body_limited(app, limits: BodyLimits):
     """An ASGI app reading each HTTP request's body within ``limits`` (:func:`bounded_body`: beyond them 413, 503 or
-    408, ``app`` never called, the refusal noted in ``refusals``) and handing it to ``app`` whole; it counts among
-    the bodies held until ``app`` has answered. Flower reads a whole body before it checks who sent it: on the
-    control address too, a local process without any key made the SuperLink hold 1.5 GiB on a Fleet path there (a
-    security test)."""
+    408, ``app`` never called) and handing it to ``app`` whole; it counts among the bodies held until ``app`` has
+    answered. Flower reads a whole body before it checks who sent it: on the control address too, a local process
+    without any key made the SuperLink hold 1.5 GiB on a Fleet path there (a security test)."""
     held = [0]  # bytes of the bodies being read or served now (one event loop: no lock needed)
     by_client: dict[str, int] = {}  # of those, each client address's
 
@@ -216,8 +267,6 @@ def body_limited(app, limits: BodyLimits, refusals: RefusalLog | None = None):
             content = await bounded_body(scope, receive, limits, held, taken, by_client, client)
             await app(scope, replay(content, receive), send)
         except Refused as refused:
-            if refusals is not None:
-                refusals.note(scope, refused.detail)
             await answer_json(send, refused.status, json.dumps({"detail": refused.detail}).encode(), close=True)
         except ConnectionClosed:
             pass  # the client left: nobody to answer
@@ -235,13 +284,11 @@ def fleet_only(app, allowed: frozenset[tuple[str, str]], gate: Path | None = Non
     """An ASGI app passing only HTTP requests whose ``(method, path)`` is in ``allowed`` to ``app``; anything
     else (another API's path, a websocket, a lifespan event) gets 404 / is refused without reaching it. With
     ``gate``, an allowed request gets 503 (``NOT_YET``) until that file exists. An allowed request's body is read
-    here within ``limits`` (default :meth:`BodyLimits.of_environment`; :func:`body_limited`). Refusals but the
-    gate's (SuperNodes retry those) are logged by a :class:`RefusalLog`."""
+    here within ``limits`` (default :meth:`BodyLimits.of_environment`; :func:`body_limited`)."""
     body = json.dumps({"detail": FLEET_ONLY}).encode()
     not_yet = json.dumps({"detail": NOT_YET}).encode()
     opened = gate is None
-    refusals = RefusalLog()
-    limited = body_limited(app, limits or BodyLimits.of_environment(), refusals)
+    limited = body_limited(app, limits or BodyLimits.of_environment())
 
     async def filtered(scope, receive, send):
         nonlocal opened
@@ -251,8 +298,6 @@ def fleet_only(app, allowed: frozenset[tuple[str, str]], gate: Path | None = Non
                 return
             await limited(scope, receive, send)
             return
-        if scope["type"] in ("http", "websocket"):
-            refusals.note(scope, "not a Fleet API request")
         if scope["type"] == "http":
             await answer_json(send, 404, body)
         elif scope["type"] == "websocket":
@@ -353,7 +398,10 @@ def serve(fleet: tuple[str, int] | None, control_key: str, gate: Path | None = N
     log_config = uvicorn_log_config()
     private = uvicorn.Server(
         uvicorn.Config(
-            control_guard(body_limited(app, replace(BodyLimits.of_environment(), per_client=False)), control_key),
+            refusals_logged(
+                control_guard(body_limited(app, replace(BodyLimits.of_environment(), per_client=False)), control_key),
+                RefusalLog(),
+            ),
             host=config.host,
             port=config.port,
             log_config=log_config,
@@ -367,7 +415,7 @@ def serve(fleet: tuple[str, int] | None, control_key: str, gate: Path | None = N
         return
     public = uvicorn.Server(
         uvicorn.Config(
-            fleet_only(app, fleet_routes(), gate),
+            refusals_logged(fleet_only(app, fleet_routes(), gate), RefusalLog()),
             host=fleet[0],
             port=fleet[1],
             lifespan="off",
@@ -427,6 +475,34 @@ NO_KEY_GIVEN = (
 
 
 def main() -> None:
+    """:func:`serve_superlink`, then end this process with its exit status at once (``os._exit``, after the output is
+    flushed and the secret's folder removed): a SIGTERM that uvicorn raised again after its shutdown could reach the
+    handler only once the interpreter was waiting for its threads, and an AnyIO worker thread the stopped event loop
+    never released kept it waiting for ever (the SuperLink hung on SIGTERM until killed, one start in two)."""
+    code = 0
+    try:
+        serve_superlink()
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
+        if isinstance(e.code, str):
+            print(e.code, file=sys.stderr)
+    except BaseException:  # noqa: BLE001 - said as Python would, then the same exit status
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a late one changes nothing now
+        code = TERMINATED[0] if TERMINATED else code
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+TERMINATED: list[int] = []  # the exit status a SIGTERM chose (serve_superlink), once one came
+
+
+def serve_superlink() -> None:
     control_key = handed_over()
     if len(control_key) < MIN_KEY_CHARACTERS or not control_key.isascii() or not control_key.isprintable():
         raise SystemExit(NO_KEY_GIVEN)
@@ -445,7 +521,8 @@ def main() -> None:
     runner_died = threading.Event()
 
     def exit_on_sigterm(signum: int, frame) -> None:
-        sys.exit(1 if runner_died.is_set() else 128 + signum)  # the runner's death is a failure (for a supervisor)
+        TERMINATED[:] = [1 if runner_died.is_set() else 128 + signum]  # the runner's death is a failure (supervisor)
+        sys.exit(TERMINATED[0])
 
     # uvicorn stops on SIGTERM, then raises it again with the handler it found: an exit, not a death by the signal,
     # so that the secret's folder is removed (a security test found them left by every SIGTERM)

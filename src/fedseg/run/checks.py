@@ -83,6 +83,7 @@ def one_step_notes(cfg: RunConfig, train_cases: Mapping[str, int]) -> list[str]:
     (``local_budget()``, else ``train.budget``) is one SGD step per round at some site (``train_cases``: site ->
     training cases), e.g. an epoch of 3 cases in a batch of 4; for a method where that needs every site
     (``ONE_STEP_EVERY_SITE``: SCAFFOLD), only where every site trains one step and every site trains each round."""
+    from fedseg.engine.sampling import sample_count
     from fedseg.train import budget_steps
 
     lines = []
@@ -97,7 +98,7 @@ def one_step_notes(cfg: RunConfig, train_cases: Mapping[str, int]) -> list[str]:
         one = [site for site, n in train_cases.items() if n > 0 and budget_steps(budget, n, batch) == 1]
         if not one:
             continue
-        sampled = cfg.fl.clients_per_round not in (None, 1.0, len(train_cases))
+        sampled = sample_count(len(train_cases), cfg.fl.clients_per_round) < len(train_cases)  # (1 is one site)
         if type(options).ONE_STEP_EVERY_SITE and (len(one) < len(train_cases) or sampled):
             continue
         if budget.unit == "steps":  # every site alike
