@@ -18,6 +18,7 @@ import time
 import pytest
 
 from fedseg.flower.task_runner import one_task, poll, run_task_process, runtime_client
+from test_interrupts import interruptible
 
 TOKEN = "t0ken-of-one-task"
 
@@ -61,7 +62,9 @@ def test_a_runner_stopped_mid_task_takes_the_task_with_it(tmp_path):
         """
     )
     with said.open("w") as log:  # a file, not a pipe: a task that outlived the runner would hold a pipe open
-        proc = subprocess.Popen(runner, stdout=log, stderr=subprocess.STDOUT)  # noqa: S603
+        # SIGINT at its default in the child: a suite run in the background (CI) starts it ignored, and Python
+        # keeps an ignored SIGINT ignored
+        proc = subprocess.Popen(runner, stdout=log, stderr=subprocess.STDOUT, preexec_fn=interruptible)  # noqa: S603
     try:
         deadline = time.monotonic() + 60
         while not pid_file.is_file() or not pid_file.read_text():
@@ -106,6 +109,7 @@ def test_a_runner_that_fails_says_so_in_one_line_and_exits(block, status, said):
         capture_output=True,
         text=True,
         timeout=60,
+        preexec_fn=interruptible,  # SIGINT at its default, as for a terminal's job (the suite may run in background)
     )
     assert done.returncode == status, done.stderr
     assert done.stderr.startswith(said) and len(done.stderr.splitlines()) == (1 if said else 0), done.stderr

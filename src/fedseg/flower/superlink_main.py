@@ -76,7 +76,7 @@ BUSY = "the SuperLink holds as many request bodies as it takes: retry shortly"
 SLOW = f"a request body paused more than {BODY_IDLE_S:g} s, or came slower than {BODY_MIN_RATE >> 10} KiB/s"
 NO_KEY = "the Control API answers only the fedseg coordinator that started this SuperLink (its key is missing or wrong)"
 WITHOUT_KEY = ("/v1/runtime/", "/v1/fleet/")  # path prefixes answered without the key; and /health (control_guard)
-REFUSALS_LOGGED_EVERY_S = 10.0  # seconds: at most one log line of refused Control API calls this often
+REFUSALS_LOGGED_EVERY_S = 10.0  # seconds: at most one log line of refused requests this often (RefusalLog)
 
 
 @dataclass(frozen=True)
