@@ -26,9 +26,10 @@ each task's token protect in a deployment; a simulation SuperLink keeps Flower's
 may take its task), the Fleet API (SuperNode authentication) and ``/health`` answer without the key: every
 other path, known or not, needs it; bodies there are read within the Fleet listener's limits too (:func:`body_limited`,
 no per-client share: every client there is local). Refusals on either address, fedseg's and Flower's own, are logged
-one line per 10 s at most (:class:`RefusalLog`; uvicorn's access line for each is left out). A local process can still
-slow or stop a run (many connections, slow bodies filling the budget the coordinator's own calls share); it cannot read
-or change it. Flower's own ``flwr`` CLI cannot send the key:
+one line per 10 s at most (:class:`RefusalLog`; uvicorn's access line for each is left out). Each address holds a
+bounded number of connections and closes silent ones (``fedseg.flower.connection_limits``). A local process can still
+slow or stall a run (holding the control address's connections, slow bodies filling the budget the coordinator's own
+calls share); it cannot read or change it. Flower's own ``flwr`` CLI cannot send the key:
 ``flwr ls`` / ``flwr stop`` no longer reach a fedseg coordinator (its console shows the run; Ctrl-C or SIGTERM stops
 it, ``--resume`` goes on).
 
@@ -160,15 +161,10 @@ class RefusalLog:
         self.last = float("-inf")  # when the last line was written (the event loop's clock)
         self.pending: asyncio.TimerHandle | None = None  # the line of a burst's end, due at the interval's end
 
-    def note(self, scope, why: str) -> None:
-        """Count the refusal of request ``scope`` (``why``: its status and reason) and write a line if one is due,
-        else have one written at the interval's end."""
-        from fedseg.flower.log_text import printable
-
-        path = printable(str(scope.get("path", "")))
-        path = path if len(path) <= REFUSED_PATH_SHOWN else path[:REFUSED_PATH_SHOWN] + "..."
-        client = ":".join(str(part) for part in scope.get("client") or ("?",))
-        self.latest = f"{printable(str(scope.get('method', '?')))} {path} from {client}: {printable(why)}"
+    def note(self, what: str) -> None:
+        """Count a refusal (``what``: one printable line naming it, :func:`request_refused`) and write a line if one
+        is due, else have one written at the interval's end."""
+        self.latest = what
         self.unlogged += 1
         loop = asyncio.get_running_loop()
         wait = self.last + REFUSALS_LOGGED_EVERY_S - loop.time()
@@ -185,6 +181,17 @@ class RefusalLog:
         more = f" ({self.unlogged - 1} more refused since the last such line)" if self.unlogged > 1 else ""
         self.log(f"{REFUSED} {self.latest}{more}")
         self.unlogged, self.last = 0, asyncio.get_running_loop().time()
+
+
+def request_refused(scope, why: str) -> str:
+    """The refusal of request ``scope`` (``why``: its status and reason) as a :class:`RefusalLog` line names it:
+    method, path (escaped to one printable line, cut to :data:`REFUSED_PATH_SHOWN` characters), client address."""
+    from fedseg.flower.log_text import printable
+
+    path = printable(str(scope.get("path", "")))
+    path = path if len(path) <= REFUSED_PATH_SHOWN else path[:REFUSED_PATH_SHOWN] + "..."
+    client = ":".join(str(part) for part in scope.get("client") or ("?",))
+    return f"{printable(str(scope.get('method', '?')))} {path} from {client}: {printable(why)}"
 
 
 REFUSED = "fedseg: refused"  # how each RefusalLog line starts (QuietStatusPolls keeps them)
@@ -208,7 +215,8 @@ def refusals_logged(app, refusals: RefusalLog):
             if message["type"] == "http.response.start":
                 status[0] = int(message.get("status", 0))
             elif message["type"] == "http.response.body" and status[0] in REFUSED_STATUSES:
-                refusals.note(scope, f"{status[0]} {HTTPStatus(status[0]).phrase}{detail(message.get('body', b''))}")
+                why = f"{status[0]} {HTTPStatus(status[0]).phrase}{detail(message.get('body', b''))}"
+                refusals.note(request_refused(scope, why))
                 status[0] = 0  # once per answer
             await send(message)
 
@@ -388,61 +396,47 @@ def split_fleet_address(argv: list[str]) -> tuple[tuple[str, int] | None, list[s
 def serve(fleet: tuple[str, int] | None, control_key: str, gate: Path | None = None) -> None:
     """Serve the SuperLink built from ``sys.argv`` on its own address, its Control API only to requests carrying
     ``control_key`` (:func:`control_guard`), and its Fleet API on ``fleet`` (None: no Fleet listener, e.g. a
-    simulation SuperLink), closed (503) until ``gate`` exists if given."""
-    import uvicorn
+    simulation SuperLink), closed (503) until ``gate`` exists if given. Each listener holds a bounded number of
+    connections and closes silent ones (``fedseg.flower.connection_limits``)."""
+    from flwr.supercore import log
 
+    from fedseg.flower import connection_limits as limits
     from fedseg.flower.flwr_internals import fleet_routes, superlink_app, uvicorn_log_config
 
     app, config = superlink_app()
-    tls = {"ssl_keyfile": config.ssl_keyfile, "ssl_certfile": config.ssl_certfile}
-    log_config = uvicorn_log_config()
-    private = uvicorn.Server(
-        uvicorn.Config(
-            refusals_logged(
-                control_guard(body_limited(app, replace(BodyLimits.of_environment(), per_client=False)), control_key),
-                RefusalLog(),
-            ),
-            host=config.host,
-            port=config.port,
-            log_config=log_config,
-            workers=1,
-            proxy_headers=False,  # no proxy here: a local process's X-Forwarded-For named another client in the logs
-            **tls,
-        )
+    control_limits, fleet_limits = limits.listener_limits(limits.fd_budget(), fleet is not None)
+    tls = {"ssl_keyfile": config.ssl_keyfile, "ssl_certfile": config.ssl_certfile, "log_config": uvicorn_log_config()}
+    private_refusals = RefusalLog()
+    private = limits.limited_server(
+        refusals_logged(
+            control_guard(body_limited(app, replace(BodyLimits.of_environment(), per_client=False)), control_key),
+            private_refusals,
+        ),
+        (config.host, config.port),
+        control_limits,
+        private_refusals.note,
+        proxy_headers=False,  # no proxy here: a local process's X-Forwarded-For named another client in the logs
+        **tls,
     )
-    if fleet is None:
-        private.run()
-        return
-    public = uvicorn.Server(
-        uvicorn.Config(
-            refusals_logged(fleet_only(app, fleet_routes(), gate), RefusalLog()),
-            host=fleet[0],
-            port=fleet[1],
-            lifespan="off",
-            log_config=log_config,
-            **tls,
+    log(logging.INFO, "fedseg: at most %d connections on %s:%d", control_limits.total, config.host, config.port)
+    servers = [private]
+    if fleet is not None and fleet_limits is not None:
+        public_refusals = RefusalLog()
+        public = refusals_logged(fleet_only(app, fleet_routes(), gate), public_refusals)
+        servers.append(limits.limited_server(public, fleet, fleet_limits, public_refusals.note, lifespan="off", **tls))
+        log(
+            logging.INFO,
+            "fedseg: at most %d connections on %s:%d, %d from one address",
+            fleet_limits.total,
+            *fleet,
+            fleet_limits.per_client,
         )
-    )
-    stop_private = private.handle_exit
-
-    def handle_exit(sig, frame) -> None:  # a signal stops both servers
-        public.should_exit = True
-        stop_private(sig, frame)
-
-    private.handle_exit = handle_exit  # type: ignore[method-assign]
-
-    async def both() -> None:
-        async def public_after_private() -> None:
-            while not private.started and not private.should_exit:  # the lifespan (SuperExec) first
-                await asyncio.sleep(0.05)
-            if not private.should_exit:
-                await public._serve()
-
-        await asyncio.gather(private.serve(), public_after_private())
-
-    asyncio.run(both())
+    try:
+        limits.serve_listeners(servers)
+    except OSError as e:
+        raise SystemExit(f"the SuperLink could not listen: {e.strerror or e}") from None
     if not private.started:
-        raise SystemExit(f"the SuperLink could not listen on {config.host}:{config.port}")
+        raise SystemExit(f"the SuperLink could not start on {config.host}:{config.port}")
 
 
 LIST_RUNS = ("/control/list-runs", "ControlServicer.ListRuns")  # the coordinator's own status polls, as logged

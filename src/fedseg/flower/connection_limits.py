@@ -1,0 +1,272 @@
+"""How many connections a SuperLink listener holds, and for how long one may stay silent.
+
+Without these, a security test held 20,000 idle TCP connections open on the SuperLink's control address (uvicorn
+sets no deadline on a request's head, and each connection is a file descriptor) until the process ran out of file
+descriptors and the run stopped; anyone reaching the Fleet port could do the same. Here each listener:
+
+- accepts at most :attr:`ConnectionLimits.total` connections at once, and at most
+  :attr:`ConnectionLimits.per_client` from one client address (the Fleet listener; the control address's clients
+  are all on this machine). A connection over either is closed as it is accepted (:class:`LimitedListener`: counted
+  from ``accept`` to the socket's close, TLS handshake included), one line per interval in the refusal log;
+- gives a connection :attr:`ConnectionLimits.head_s` seconds to finish its TLS handshake, and as long to send a
+  request's head once it is open or its last answer was sent (:func:`head_deadline`): a connection that says
+  nothing, or a head a byte at a time, is closed (the body then has the body limits of ``superlink_main``);
+- together stay within the process's file descriptors (:func:`fd_budget`: the soft limit raised to the hard one,
+  a reserve kept for files, pipes and the coordinator's own processes).
+
+A client that keeps opening connections still costs the SuperLink an ``accept`` and a ``close`` each (a flood is the
+firewall's to stop); it can no longer exhaust the process. Filling one listener's share delays what comes through
+that listener (a SuperNode retries); it does not stop the other, or the coordinator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass
+
+HEAD_DEADLINE_S = 15.0  # seconds for a TLS handshake, and for a request's head once a connection waits for one
+FLEET_CONNECTIONS = 1024  # connections open at once on the Fleet listener (SuperNodes), at most
+FLEET_CONNECTIONS_PER_CLIENT = 32  # of those from one client address (a hospital's SuperNode needs one or two)
+CONTROL_CONNECTIONS = 256  # on the control address (the coordinator, its ServerApp runner and tasks: a few)
+FD_RESERVE = 256  # file descriptors kept for everything else: files, pipes, the SuperLink's state, child processes
+FD_WANTED = 65536  # the soft limit is raised towards the hard one up to this many
+REFUSED_AT_ONCE = 64  # connections over the limits closed in one ``accept`` before the event loop runs other work
+
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    """``total`` connections open at once on a listener, ``per_client`` of them from one client address (None: no
+    share), ``head_s`` seconds for a TLS handshake and for each request's head (module docstring)."""
+
+    total: int
+    per_client: int | None = None
+    head_s: float = HEAD_DEADLINE_S
+
+
+def fd_budget() -> int:
+    """The file descriptors this process may hold: its soft ``RLIMIT_NOFILE``, raised first towards the hard limit
+    (up to :data:`FD_WANTED`; a system's default soft limit is often 1,024 for a hard one of 524,288)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = FD_WANTED if hard == resource.RLIM_INFINITY else min(hard, FD_WANTED)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+            soft = wanted
+        except (ValueError, OSError):
+            pass
+    return FD_WANTED if soft == resource.RLIM_INFINITY else int(soft)
+
+
+def listener_limits(budget: int, fleet: bool) -> tuple[ConnectionLimits, ConnectionLimits | None]:
+    """``(control address's limits, Fleet listener's or None)`` within ``budget`` file descriptors (:func:`fd_budget`)
+    less :data:`FD_RESERVE`: the defaults above where they fit, else shares of what there is (a quarter for the
+    control address where there is a Fleet listener), at least 16 connections each."""
+    usable = max(32, budget - FD_RESERVE)
+    if not fleet:
+        return ConnectionLimits(min(CONTROL_CONNECTIONS, usable)), None
+    if CONTROL_CONNECTIONS + FLEET_CONNECTIONS <= usable:
+        control, public = CONTROL_CONNECTIONS, FLEET_CONNECTIONS
+    else:
+        control = max(16, usable // 4)
+        public = max(16, usable - control)
+    return ConnectionLimits(control), ConnectionLimits(public, min(FLEET_CONNECTIONS_PER_CLIENT, public))
+
+
+class OpenConnections:
+    """The connections a listener holds: how many, and how many from each client address; ``refused(text)`` is told
+    each connection closed over the limits (the refusal log)."""
+
+    def __init__(self, limits: ConnectionLimits, refused: Callable[[str], None]) -> None:
+        self.limits, self.refused = limits, refused
+        self.total = 0
+        self.by_client: dict[str, int] = {}
+
+    def admit(self, client: str) -> bool:
+        """Count a connection from ``client`` and say True, or say False (and tell ``refused``) when it would exceed
+        the listener's total or the client's share."""
+        mine = self.by_client.get(client, 0)
+        if self.total >= self.limits.total:
+            self.refused(f"a connection from {client}: the listener holds {self.total} connections, its most")
+            return False
+        if self.limits.per_client is not None and mine >= self.limits.per_client:
+            self.refused(f"a connection from {client}: it holds {mine} connections, the most one address may")
+            return False
+        self.total += 1
+        self.by_client[client] = mine + 1
+        return True
+
+    def release(self, client: str) -> None:
+        """A connection from ``client`` closed."""
+        self.total -= 1
+        left = self.by_client.get(client, 0) - 1
+        if left > 0:
+            self.by_client[client] = left
+        else:
+            self.by_client.pop(client, None)
+
+
+class CountedConnection(socket.socket):
+    """An accepted connection that gives its place back (``on_close``) once, when it is closed."""
+
+    on_close: Callable[[], None] | None = None
+
+    def close(self) -> None:
+        on_close, self.on_close = self.on_close, None
+        try:
+            super().close()
+        finally:
+            if on_close is not None:
+                on_close()
+
+    def __del__(self) -> None:  # a connection dropped without close still gives its place back
+        self.close()
+
+
+class LimitedListener(socket.socket):
+    """A listening socket whose ``accept`` (the event loop's, for every connection, before any TLS) closes at once
+    the connections over ``connections``' limits and returns the others as :class:`CountedConnection`. Under a
+    flood it closes :data:`REFUSED_AT_ONCE` connections, then lets the event loop run (``BlockingIOError``: the
+    loop calls again while more wait)."""
+
+    connections: OpenConnections
+
+    def accept(self):
+        for _ in range(REFUSED_AT_ONCE):
+            fd, address = self._accept()
+            client = str(address[0]) if isinstance(address, tuple) and address else "?"
+            if not self.connections.admit(client):
+                socket.socket(self.family, self.type, self.proto, fileno=fd).close()
+                continue
+            connection = CountedConnection(self.family, self.type, self.proto, fileno=fd)
+            connection.on_close = lambda client=client: self.connections.release(client)
+            return connection, address
+        raise BlockingIOError
+
+
+def listening_socket(host: str, port: int, connections: OpenConnections) -> LimitedListener:
+    """A :class:`LimitedListener` bound to ``(host, port)`` (IPv6 where ``host`` has a colon; address reuse on, as
+    uvicorn binds), not yet listening (the event loop's ``create_server`` does that). ``OSError`` where the address
+    cannot be bound."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listener = LimitedListener(family, socket.SOCK_STREAM)
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((host, port))
+    except OSError:
+        listener.close()
+        raise
+    listener.connections = connections
+    return listener
+
+
+def head_deadline(base: type, limits: ConnectionLimits, refused: Callable[[str], None]) -> type:
+    """A subclass of uvicorn's HTTP protocol ``base`` (``h11`` or ``httptools``) closing a connection that has not
+    sent a whole request head within ``limits.head_s`` seconds of being opened (after its TLS handshake) or of its
+    last answer; a request being read or served is left to the body limits and the app. ``refused(text)`` is told of
+    each connection so closed."""
+
+    class HeadDeadline(base):
+        head_timer: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            self.await_head()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if not self.transport.is_closing():
+                self.await_head()
+
+        def connection_lost(self, exc) -> None:
+            self.stop_waiting()
+            super().connection_lost(exc)
+
+        def await_head(self) -> None:
+            self.stop_waiting()
+            self.head_timer = asyncio.get_running_loop().call_later(limits.head_s, self.head_late)
+
+        def stop_waiting(self) -> None:
+            if self.head_timer is not None:
+                self.head_timer.cancel()
+                self.head_timer = None
+
+        def head_late(self) -> None:
+            self.head_timer = None
+            if self.cycle is not None and not self.cycle.response_complete:
+                return  # a request is being read or served: its answer arms the deadline again
+            client = self.client[0] if self.client else "?"
+            refused(f"a connection from {client}: no request head within {limits.head_s:g} s")
+            self.transport.abort()  # at once: a TLS close would wait for the client's own close for a while
+
+    HeadDeadline.__name__ = HeadDeadline.__qualname__ = f"HeadDeadline{base.__name__}"
+    return HeadDeadline
+
+
+class HandshakeDeadlineLoop(asyncio.SelectorEventLoop):
+    """The event loop of the SuperLink's listeners: a TLS server it creates on a :class:`LimitedListener` gives a
+    handshake, and a TLS close (the client's answer to it), that listener's ``head_s`` seconds (asyncio's defaults
+    are 60 s and 30 s; uvicorn sets neither)."""
+
+    async def create_server(self, *args, **kwargs):
+        sock = kwargs.get("sock")
+        if isinstance(sock, LimitedListener) and kwargs.get("ssl") is not None:
+            kwargs["ssl_handshake_timeout"] = kwargs["ssl_shutdown_timeout"] = sock.connections.limits.head_s
+        return await super().create_server(*args, **kwargs)
+
+
+def limited_server(app, address: tuple[str, int], limits: ConnectionLimits, refused: Callable[[str], None], **options):
+    """A uvicorn server of the ASGI ``app`` on ``address`` (host, port) holding its connections within ``limits``
+    (its ``connections``, which :func:`serve_listeners` gives its listening socket) and closing silent ones
+    (:func:`head_deadline`); ``refused(text)`` is told of each connection refused or closed; ``options``: more of
+    uvicorn's settings (TLS files, log configuration, ``lifespan``, ...)."""
+    import uvicorn
+    from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app, host=address[0], port=address[1], http=head_deadline(AutoHTTPProtocol, limits, refused), **options
+        )
+    )
+    server.connections = OpenConnections(limits, refused)  # type: ignore[attr-defined]
+    return server
+
+
+def serve_listeners(servers: list) -> None:
+    """Serve every :func:`limited_server` of ``servers`` until a signal stops them all (SIGINT/SIGTERM, as uvicorn
+    handles them for the first): the first's lifespan first (for a SuperLink, the one that starts its SuperExec),
+    the others once it has started, on one event loop (:class:`HandshakeDeadlineLoop`). Each listens on a
+    :func:`listening_socket` bound here: ``OSError`` where one cannot be bound, before any serves."""
+    first, others = servers[0], servers[1:]
+    sockets: list[LimitedListener] = []
+    try:
+        for server in servers:
+            sockets.append(listening_socket(server.config.host, server.config.port, server.connections))
+        stop_first = first.handle_exit
+
+        def handle_exit(sig, frame) -> None:  # a signal stops every listener
+            for server in others:
+                server.should_exit = True
+            stop_first(sig, frame)
+
+        first.handle_exit = handle_exit
+
+        async def after_first(server, sock: LimitedListener) -> None:
+            while not first.started and not first.should_exit:
+                await asyncio.sleep(0.05)
+            if not first.should_exit:
+                await server._serve([sock])
+
+        async def every_listener() -> None:
+            await asyncio.gather(
+                first.serve([sockets[0]]), *(after_first(server, sock) for server, sock in zip(others, sockets[1:]))
+            )
+
+        with asyncio.Runner(loop_factory=HandshakeDeadlineLoop) as runner:
+            runner.run(every_listener())
+    finally:
+        for sock in sockets:
+            sock.close()

@@ -1,0 +1,187 @@
+"""A SuperLink listener holds a bounded number of connections and closes silent ones (fedseg.flower.connection_limits):
+a security test had held 20,000 idle connections on the SuperLink until it ran out of file descriptors and the run
+stopped. Checked on real sockets: a uvicorn server in this process with small limits and a two-second deadline, and
+a real SuperLink process with the defaults."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import resource
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import pytest
+from flwr.proto.control_pb2 import ListRunsRequest
+
+from fedseg.flower import connection_limits as cl
+from fedseg.flower.certs import make_certs
+from fedseg.flower.deploy import Processes, flower_env, free_ports
+from fedseg.flower.superlink import LinkSettings, start_superlink
+
+
+def _closed_at_once(conn: socket.socket, within: float = 0.5) -> bool:
+    """Whether the server has closed ``conn`` (EOF or reset) within ``within`` seconds."""
+    conn.settimeout(within)
+    try:
+        return conn.recv(1) == b""
+    except TimeoutError:
+        return False
+    except OSError:
+        return True
+
+
+def _seconds_until_closed(conn: socket.socket, most: float = 10.0) -> float:
+    began = time.monotonic()
+    assert _closed_at_once(conn, most), f"still open after {most} s"
+    return time.monotonic() - began
+
+
+def _connect(port: int, source: str = "127.0.0.1") -> socket.socket:
+    conn = socket.socket()
+    conn.bind((source, 0))
+    conn.connect(("127.0.0.1", port))
+    return conn
+
+
+async def _app(scope, receive, send):
+    """Answers ``ok``; ``/slow`` after 3 s (longer than the deadline: a request being served is not cut)."""
+    if scope["type"] != "http":
+        return
+    if scope["path"] == "/slow":
+        await asyncio.sleep(3.0)
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+    await send({"type": "http.response.body", "body": b"ok"})
+
+
+def test_a_listener_holds_at_most_its_connections_and_closes_those_that_say_nothing(tmp_path):
+    certs = make_certs(tmp_path / "certs")
+    (port,) = free_ports(1)
+    refused: list[str] = []
+    limits = cl.ConnectionLimits(total=6, per_client=4, head_s=2.0)
+    server = cl.limited_server(
+        _app,
+        ("127.0.0.1", port),
+        limits,
+        refused.append,
+        log_level="error",
+        ssl_keyfile=str(certs.key),
+        ssl_certfile=str(certs.cert),
+    )
+    thread = threading.Thread(target=cl.serve_listeners, args=([server],), daemon=True)
+    thread.start()
+    tls = ssl.create_default_context(cafile=str(certs.ca))
+    url = f"https://127.0.0.1:{port}"
+    try:
+        while not server.started:
+            time.sleep(0.05)
+        # one address's share: the fifth connection from 127.0.0.1 is closed as it is accepted, before any TLS
+        first = [_connect(port) for _ in range(5)]
+        assert [_closed_at_once(conn, 0.1) for conn in first] == [False] * 4 + [True]
+        assert refused[-1] == "a connection from 127.0.0.1: it holds 4 connections, the most one address may"
+        # the listener's total: 127.0.0.2 gets the two places left, its third is closed
+        other = [_connect(port, "127.0.0.2") for _ in range(3)]
+        assert [_closed_at_once(conn, 0.1) for conn in other] == [False, False, True]
+        assert refused[-1] == "a connection from 127.0.0.2: the listener holds 6 connections, its most"
+        assert server.connections.total == 6
+        for conn in first + other:  # closing gives the places back
+            conn.close()
+        deadline = time.monotonic() + 5
+        while server.connections.total and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert server.connections.total == 0 and server.connections.by_client == {}
+        # a connection that never starts its TLS handshake, one that finishes it and says nothing, one that sends
+        # half a request head: each closed once the deadline (2 s) has passed, not before
+        silent_tcp = _connect(port)
+        silent_tls = tls.wrap_socket(_connect(port), server_hostname="127.0.0.1")
+        half_head = tls.wrap_socket(_connect(port), server_hostname="127.0.0.1")
+        half_head.sendall(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        opened = time.monotonic()
+        for conn in (silent_tcp, silent_tls, half_head):
+            waited = time.monotonic() - opened
+            assert 1.5 <= _seconds_until_closed(conn) + waited <= 6.0
+            conn.close()
+        assert refused[-1] == "a connection from 127.0.0.1: no request head within 2 s"
+        # a request served for longer than the deadline is answered; a kept-alive connection serves a second request
+        with httpx.Client(verify=tls) as client:
+            assert client.get(f"{url}/slow").text == "ok"
+            time.sleep(0.5)
+            assert client.get(f"{url}/").text == "ok"
+            assert server.connections.total == 1  # the same connection
+            time.sleep(3.0)  # idle past the deadline after its answer: closed, the place given back
+            assert server.connections.total == 0
+            assert client.get(f"{url}/").text == "ok"  # a new connection
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+    assert not thread.is_alive()
+
+
+def test_the_limits_fit_the_processs_file_descriptors():
+    control, fleet = cl.listener_limits(20000, fleet=True)
+    assert control == cl.ConnectionLimits(cl.CONTROL_CONNECTIONS)
+    assert fleet == cl.ConnectionLimits(cl.FLEET_CONNECTIONS, cl.FLEET_CONNECTIONS_PER_CLIENT)
+    control, fleet = cl.listener_limits(1024, fleet=True)  # a common default soft limit that cannot be raised
+    assert fleet is not None and control.total + fleet.total + cl.FD_RESERVE <= 1024
+    assert control.total >= 16 and fleet.total >= 16 and fleet.per_client == cl.FLEET_CONNECTIONS_PER_CLIENT
+    assert cl.listener_limits(20000, fleet=False) == (cl.ConnectionLimits(cl.CONTROL_CONNECTIONS), None)
+
+
+def test_the_superlink_raises_its_file_descriptor_limit_to_the_hard_one():
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard <= 256:
+        pytest.skip(f"the hard limit here is {hard} file descriptors")
+    low = 256
+
+    def lowered() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (low, hard))
+
+    code = (
+        "import resource; from fedseg.flower.connection_limits import fd_budget; "
+        "print(fd_budget(), resource.getrlimit(resource.RLIMIT_NOFILE)[0])"
+    )
+    out = subprocess.run(  # noqa: S603
+        [sys.executable, "-c", code], capture_output=True, text=True, preexec_fn=lowered, check=True
+    ).stdout.split()
+    expected = cl.FD_WANTED if hard == resource.RLIM_INFINITY else min(hard, cl.FD_WANTED)
+    assert [int(n) for n in out] == [expected, expected]
+
+
+def test_a_superlink_whose_fleet_port_one_address_fills_still_answers_its_coordinator(tmp_path):
+    """A real SuperLink (TLS, the default limits): one address holding 40 idle connections on the Fleet port gets
+    32, the others closed at once, in one line of the SuperLink's log; the coordinator's Control API calls on the
+    other listener are answered meanwhile."""
+    certs = make_certs(tmp_path / "certs")
+    fleet, control = free_ports(2)
+    link = LinkSettings("127.0.0.1", fleet, certs, control=f"127.0.0.1:{control}")
+    with Processes() as procs:
+        running = start_superlink(procs, link, tmp_path, flower_env(tmp_path))
+        time.sleep(1.0)  # start_superlink's own probe of the port has gone
+        held = [_connect(fleet) for _ in range(40)]
+        try:
+            closed = [_closed_at_once(conn, 0.05) for conn in held]
+            assert closed.count(False) == cl.FLEET_CONNECTIONS_PER_CLIENT, closed
+            client = running.control_client()
+            assert list(client.ListRuns(ListRunsRequest()).run_dict) == []
+        finally:
+            for conn in held:
+                conn.close()
+        said = "fedseg: refused a connection from 127.0.0.1: it holds 32 connections, the most one address may"
+        deadline = time.monotonic() + 20  # the burst's last line is written once the interval (10 s) is over
+        while time.monotonic() < deadline:
+            lines = [line for line in (tmp_path / "superlink.log").read_text().splitlines() if said in line]
+            if sum(_refusals_in(line) for line in lines) >= 8:
+                break
+            time.sleep(0.2)
+        assert len(lines) == 2 and [_refusals_in(line) for line in lines] == [1, 7], lines  # at once, then the rest
+
+
+def _refusals_in(line: str) -> int:
+    """How many refusals a RefusalLog line counts: the one it names and the ``(N more refused ...)``."""
+    more = re.search(r"\((\d+) more refused since the last such line\)", line)
+    return 1 + (int(more.group(1)) if more else 0)
