@@ -5,7 +5,9 @@ keyword defaults that fedseg replaces, functions and their parameters as fedseg 
 message names the ``flwr_internals`` function to update. Where cheap, a patch is also applied and
 its effect checked (and undone, so that other tests see Flower unmodified). The last tests cover
 the public API fedseg's ClientApp relies on instead of Flower internals (any action name routed
-through ``@app.train(action)`` / ``@app.evaluate(action)``; the lifespan entered by Flower).
+through ``@app.train(action)`` / ``@app.evaluate(action)``; the lifespan entered by Flower), then the
+Control API client (real calls to a real local HTTP server, every header and request field checked) and
+the records of Flower's SecAgg+ protocol fedseg reads and writes.
 """
 
 from __future__ import annotations
@@ -353,6 +355,7 @@ def test_client_app_error_code():
         assert hasattr(error_code, code), changed(f"ErrorCode.{code}", "client_app_error_code")
     assert flwr_internals.client_app_error_code(load_error("x")) == error_code.LOAD_CLIENT_APP_EXCEPTION
     assert flwr_internals.client_app_error_code(ValueError("x")) == error_code.CLIENT_APP_RAISED_EXCEPTION
+    assert flwr_internals.client_app_raised_error_code() == error_code.CLIENT_APP_RAISED_EXCEPTION
     assert hasattr(error_code, "INVALID_FAB"), changed("ErrorCode.INVALID_FAB", "invalid_fab_error_code")
     assert flwr_internals.invalid_fab_error_code() == error_code.INVALID_FAB
 
@@ -458,3 +461,310 @@ def test_the_fleet_routes_are_the_supernodes_calls_and_nothing_else():
     )
     assert all(path.startswith("/v1/fleet/") for _, path in routes)
     assert isinstance(flwr_internals.uvicorn_log_config(), dict)
+
+
+# -- control_client, register_node_key, start_run, run_status (fedseg.flower.deploy) ------------------------------
+
+
+class ControlServer:
+    """A real HTTP server on loopback answering Control API calls as a SuperLink would (one canned protobuf
+    response per path, ``answers``), recording each request's path, headers and body; paths in ``refuse`` get a 401."""
+
+    def __init__(self, answers: dict):
+        import http.server
+        import threading
+
+        self.answers, self.refuse, self.calls = answers, set(), []
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("content-length", 0)))
+                server.calls.append((self.path, {k.lower(): v for k, v in self.headers.items()}, body))
+                status, payload = (
+                    (401, b"no key")
+                    if self.path in server.refuse
+                    else (200, server.answers[self.path].SerializeToString())
+                )
+                self.send_response(status)
+                self.send_header("content-type", "application/protobuf")
+                self.send_header("content-length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.address = f"127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.thread.join(timeout=10)
+
+
+def control_answers(run_id: int = 7, node_id: int = 42) -> dict:
+    from flwr.proto.control_pb2 import ListRunsResponse, RegisterNodeResponse, StartRunResponse
+    from flwr.proto.run_pb2 import Run, RunStatus
+
+    status = RunStatus(status="finished", sub_status="failed", details="refused")
+    return {
+        "/v1/control/register-node": RegisterNodeResponse(node_id=node_id),
+        "/v1/control/start-run": StartRunResponse(run_id=run_id),
+        "/v1/control/list-runs": ListRunsResponse(run_dict={run_id: Run(run_id=run_id, status=status)}),
+    }
+
+
+def test_control_client_parts():
+    client = attribute("flwr.supercore.control", "ControlHttpClient", "control_client")
+    assert_parameters(
+        client.from_server_address,
+        ["server_address", "insecure", "root_certificates", "interceptors"],
+        "ControlHttpClient.from_server_address",
+        "control_client",
+    )
+    for method, function in (
+        ("RegisterNode", "register_node_key"),
+        ("StartRun", "start_run"),
+        ("ListRuns", "run_status"),
+        ("close", "control_client"),
+    ):
+        assert callable(getattr(client, method, None)), changed(f"ControlHttpClient.{method}", function)
+    cli = attribute("flwr.cli.cli_client_interceptor", "CliClientHttpInterceptor", "control_client")
+    version = attribute("flwr.supercore.interceptors", "RuntimeVersionHttpInterceptor", "control_client")
+    assert_parameters(version, ["component_name"], "RuntimeVersionHttpInterceptor", "control_client")
+    # the interceptor protocol fedseg's header interceptor (flwr_internals._AddHeaders) follows
+    protocol = attribute("flwr.supercore.protobuf.client", "ProtobufClientInterceptor", "control_client")
+    for interceptor in (protocol, cli, version, flwr_internals._AddHeaders):
+        assert_parameters(
+            interceptor.intercept, ["context", "call_next"], f"{interceptor.__qualname__}.intercept", "control_client"
+        )
+    request_context = attribute("flwr.supercore.protobuf.client", "ProtobufRequestContext", "control_client")
+    assert "request" in inspect.signature(request_context).parameters, changed(
+        "ProtobufRequestContext.request", "control_client"
+    )
+
+
+def test_control_calls_parts():
+    fields = {
+        "RegisterNodeRequest": {"public_key", "name"},
+        "RegisterNodeResponse": {"node_id"},
+        "StartRunRequest": {"fab", "override_config", "federation", "override_federation_config"},
+        "StartRunResponse": {"run_id", "note"},
+        "ListRunsRequest": {"run_id"},
+        "ListRunsResponse": {"run_dict"},
+    }
+    users = {"Register": "register_node_key", "Start": "start_run", "List": "run_status"}
+    for name, wanted in fields.items():
+        function = next(f for prefix, f in users.items() if name.startswith(prefix))
+        message = attribute("flwr.proto.control_pb2", name, function)
+        missing = wanted - set(message.DESCRIPTOR.fields_by_name)
+        assert not missing, changed(f"flwr.proto.control_pb2.{name} (no {', '.join(sorted(missing))})", function)
+    simulation = attribute("flwr.proto.federation_config_pb2", "SimulationConfig", "start_run")
+    assert "num_supernodes" in simulation.DESCRIPTOR.fields_by_name, changed(
+        "SimulationConfig.num_supernodes", "start_run"
+    )
+    fab = attribute("flwr.supercore.fab", "Fab", "start_run")
+    assert list(inspect.signature(fab).parameters)[:3] == ["hash_str", "content", "verifications"], changed(
+        "flwr.supercore.fab.Fab's fields", "start_run"
+    )
+    for name, function in (
+        ("fab_to_proto", "start_run"),
+        ("user_config_to_proto", "start_run"),
+        ("run_from_proto", "run_status"),
+    ):
+        attribute("flwr.common.serde", name, function)
+    attribute("flwr.supercore.primitives.asymmetric", "public_key_to_bytes", "register_node_key")
+
+
+def test_the_control_client_sends_the_cli_headers_and_ours_on_each_real_call():
+    """Every call of a client built by ``control_client`` reaches a real (local) server with the ``flwr`` CLI's
+    headers (its client name, Flower's package and version, component ``flwr CLI``) and ours; the requests carry what
+    ``register_node_key``, ``start_run`` and ``run_status`` put in them, and their answers are read back."""
+    import hashlib
+
+    import flwr
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+    from flwr.common.serde import user_config_from_proto
+    from flwr.proto.control_pb2 import ListRunsRequest, RegisterNodeRequest, StartRunRequest
+
+    key = ec.generate_private_key(ec.SECP384R1()).public_key()
+    fab = b"PK not really a zip"
+    with ControlServer(control_answers()) as server:
+        client = flwr_internals.control_client(server.address, True, None, {"fedseg-control-key": "k3y"})
+        try:
+            assert flwr_internals.register_node_key(client, key, "site1") == 42
+            assert flwr_internals.start_run(client, fab, {"nodes": 2, "report": "r.json"}) == (7, None)
+            assert flwr_internals.start_run(client, fab, {}, {"num_supernodes": 3}) == (7, None)
+            status = flwr_internals.run_status(client, 7)
+        finally:
+            client.close()
+    assert (status.status, status.sub_status, status.details) == ("finished", "failed", "refused"), changed(
+        "how a run's status is read (run_from_proto)", "run_status"
+    )
+    assert [path for path, _, _ in server.calls] == [
+        "/v1/control/register-node",
+        "/v1/control/start-run",
+        "/v1/control/start-run",
+        "/v1/control/list-runs",
+    ], changed("the Control API's paths", "control_client")
+    for path, headers, _ in server.calls:
+        assert headers.get("fedseg-control-key") == "k3y", changed(
+            f"how interceptors set headers ({path})", "control_client"
+        )
+        assert headers.get("x-flwr-client") == "cli", changed("the CLI's client header", "control_client")
+        assert headers.get("flwr-component-name") == "flwr CLI", changed(
+            "the runtime-version headers", "control_client"
+        )
+        assert headers.get("flwr-package-version") == flwr.__version__, changed(
+            "the runtime-version headers", "control_client"
+        )
+        assert headers.get("flwr-package-name"), changed("the runtime-version headers", "control_client")
+    register = RegisterNodeRequest.FromString(server.calls[0][2])
+    assert register.public_key == key.public_bytes(Encoding.PEM, PublicFormat.SubjectPublicKeyInfo), changed(
+        "how a SuperNode's key is sent (public_key_to_bytes)", "register_node_key"
+    )
+    assert register.name == "site1"
+    start = StartRunRequest.FromString(server.calls[1][2])
+    assert start.fab.content == fab and start.fab.hash_str == hashlib.sha256(fab).hexdigest(), changed(
+        "how a FAB is sent (fab_to_proto)", "start_run"
+    )
+    assert user_config_from_proto(start.override_config) == {"nodes": 2, "report": "r.json"}, changed(
+        "how run config overrides are sent (user_config_to_proto)", "start_run"
+    )
+    assert start.federation == "" and not start.HasField("override_federation_config")
+    simulated = StartRunRequest.FromString(server.calls[2][2])
+    assert simulated.override_federation_config.num_supernodes == 3
+    assert ListRunsRequest.FromString(server.calls[3][2]).run_id == 7
+
+
+def test_fedsegs_control_calls_through_a_real_server(tmp_path):
+    """``fedseg.flower.deploy``'s Control API functions on top of these: the coordinator's key in its header, an
+    OpenSSH key file registered, a refused call (401) raised as the HTTP error the deployment tests expect, and a
+    run the SuperLink did not start said with its note."""
+    import httpx
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+    from flwr.proto.control_pb2 import StartRunResponse
+
+    from fedseg.flower import deploy
+
+    public = tmp_path / "site1.pub"
+    public.write_bytes(
+        ec.generate_private_key(ec.SECP384R1()).public_key().public_bytes(Encoding.OpenSSH, PublicFormat.OpenSSH)
+    )
+    with ControlServer(control_answers(run_id=9, node_id=5)) as server:
+        client = deploy.control_client(server.address, None, key="coordinator-key")
+        try:
+            assert deploy.register_node(client, public, "site1") == 5
+            assert deploy.submit_run(client, b"fab", {"nodes": 1}) == 9
+            assert deploy.wait_run(client, 9).sub_status == "failed"
+            server.answers["/v1/control/start-run"] = StartRunResponse(note="the SuperLink is busy")
+            with pytest.raises(RuntimeError, match="did not start the run: the SuperLink is busy"):
+                deploy.submit_run(client, b"fab", {})
+            server.answers["/v1/control/start-run"] = StartRunResponse()
+            with pytest.raises(RuntimeError, match="did not start the run$"):
+                deploy.submit_run(client, b"fab", {})
+            server.refuse.add("/v1/control/register-node")
+            with pytest.raises(httpx.HTTPStatusError, match="401 Unauthorized"):
+                deploy.register_node(client, public, "site1")
+        finally:
+            client.close()
+    assert {headers.get(deploy.CONTROL_KEY_HEADER) for _, headers, _ in server.calls} == {"coordinator-key"}
+
+
+# -- secure aggregation (fedseg.flower.secure) ----------------------------------------------------------------------
+
+
+def test_secure_aggregation_records_parts():
+    """What fedseg's SecAgg+ site function and Grid read and write of Flower's SecAgg+ protocol."""
+    from flwr.common import Code, FitIns, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
+
+    compat = module("flwr.compat.common.recorddict_compat", "fitres_to_recorddict")
+    for name, function in (
+        ("fitres_to_recorddict", "fitres_to_recorddict"),
+        ("recorddict_to_fitres", "fitres_to_recorddict"),
+        ("fitins_to_recorddict", "fitins_to_recorddict"),
+        ("recorddict_to_fitins", "fitins_to_recorddict"),
+    ):
+        assert_parameters(attribute(compat.__name__, name, function), ["keep_input"], name, function)
+    # the mods read what fedseg writes with the readers tested here
+    for mod, readers in (
+        ("flwr.client.mod.secure_aggregation.secaggplus_mod", ("recorddict_to_fitres(",)),
+        ("flwr.client.mod.localdp_mod", ("recorddict_to_fitins(", "recorddict_to_fitres(")),
+    ):
+        source = inspect.getsource(module(mod, "fitres_to_recorddict"))
+        for reader in readers:
+            assert f"compat.{reader}" in source, changed(
+                f"how {mod} reads a reply or an instruction", "fitres_to_recorddict"
+            )
+    import numpy as np
+
+    arrays = [np.arange(3.0)]
+    fitres = FitRes(Status(Code.OK, ""), ndarrays_to_parameters(arrays), 4, {"m": 1})
+    back = compat.recorddict_to_fitres(flwr_internals.fitres_to_recorddict(fitres), keep_input=True)
+    assert back.num_examples == 4 and back.metrics == {"m": 1}
+    assert np.array_equal(parameters_to_ndarrays(back.parameters)[0], arrays[0])
+    fitins = compat.recorddict_to_fitins(
+        flwr_internals.fitins_to_recorddict(FitIns(ndarrays_to_parameters(arrays), {})), keep_input=True
+    )
+    assert np.array_equal(parameters_to_ndarrays(fitins.parameters)[0], arrays[0])
+
+
+def test_secaggplus_record_keys_and_workflow_state():
+    from flwr.app import ConfigRecord, RecordDict
+
+    from fedseg.flower.secure import STAGE_ACTIONS
+
+    constants = module("flwr.common.secure_aggregation.secaggplus_constants", "secaggplus_stage")
+    for name in ("RECORD_KEY_CONFIGS", "Key", "Stage"):
+        assert hasattr(constants, name), changed(f"{constants.__name__}.{name} (gone)", "secaggplus_stage")
+    for key in ("STAGE", "MASKED_PARAMETERS"):
+        assert hasattr(constants.Key, key), changed(f"secaggplus_constants.Key.{key}", "secaggplus_masked_vector")
+    assert set(STAGE_ACTIONS) | {"unmask"} == set(constants.Stage.all()), changed(
+        "SecAgg+'s stages (fedseg.flower.secure.STAGE_ACTIONS)", "secaggplus_stage"
+    )
+    content = RecordDict(
+        {
+            constants.RECORD_KEY_CONFIGS: ConfigRecord(
+                {constants.Key.STAGE: "setup", constants.Key.MASKED_PARAMETERS: [b"x"]}
+            )
+        }
+    )
+    assert flwr_internals.secaggplus_stage(content) == "setup"
+    assert flwr_internals.secaggplus_masked_vector(content) == [b"x"]
+    assert flwr_internals.secaggplus_masked_vector(RecordDict()) is None
+
+    workflow = module("flwr.server.workflow.constant", "workflow_state")
+    for name in ("MAIN_CONFIGS_RECORD", "MAIN_PARAMS_RECORD", "Key"):
+        assert hasattr(workflow, name), changed(f"flwr.server.workflow.constant.{name} (gone)", "workflow_state")
+    source = inspect.getsource(module("flwr.server.workflow.secure_aggregation.secaggplus_workflow", "workflow_state"))
+    assert "config_records[MAIN_CONFIGS_RECORD]" in source and "WorkflowKey.CURRENT_ROUND" in source, changed(
+        "how SecAggPlusWorkflow reads its round", "workflow_state"
+    )
+    state = flwr_internals.workflow_state(3)
+    assert state.config_records[workflow.MAIN_CONFIGS_RECORD][workflow.Key.CURRENT_ROUND] == 3
+    assert workflow.MAIN_PARAMS_RECORD in state.array_records
+
+
+# -- Flower's log lines fedseg reads (fedseg.flower.supernode_main, task_runner) --------------------------------------
+
+
+def test_the_retry_log_lines_the_supernode_wrapper_shortens_are_flowers():
+    """``supernode_main.QuietRetries`` and the runners' filter (``task_runner``) recognise Flower's connection-retry
+    lines by their text: no name of Flower's is imported, so only this test sees them change."""
+    from fedseg.flower.supernode_main import CONNECTED, RETRY_REASON, RETRYING
+
+    source = inspect.getsource(module("flwr.supercore.retry.http_retry", "supernode_main.QuietRetries"))
+    for text in (RETRYING, RETRY_REASON, CONNECTED):
+        assert f'"{text.strip()}' in source, (
+            f"Flower changed its retry log line {text!r} (flwr.supercore.retry.http_retry): "
+            "fedseg.flower.supernode_main.QuietRetries must be updated"
+        )

@@ -11,14 +11,14 @@
   and writes the PIDs to a JSON file.
 - Control API (what ``flwr run`` / ``flwr supernode register`` do): ``control_client``,
   ``register_node``, ``submit_run``, ``wait_run``; every call carries the coordinator's key
-  (:data:`CONTROL_KEY_HEADER`, checked by ``fedseg.flower.superlink_main``).
+  (:data:`CONTROL_KEY_HEADER`, checked by ``fedseg.flower.superlink_main``). What they take from Flower's
+  internals is in ``fedseg.flower.flwr_internals``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
 import json
 import os
 import signal
@@ -397,21 +397,14 @@ def control_client(address: str, root_certificates: Path | None, key: str):
     """A Flower Control API client for the SuperLink at ``address`` (TLS if ``root_certificates``) sending ``key``,
     the coordinator's, in :data:`CONTROL_KEY_HEADER` with each call (``fedseg.flower.superlink.RunningLink``), and
     the headers the ``flwr`` CLI sends (its name and version; Flower's account login, an Enterprise plugin, is
-    not used)."""
-    from flwr.cli.cli_client_interceptor import CliClientHttpInterceptor
-    from flwr.supercore.control import ControlHttpClient
-    from flwr.supercore.interceptors import RuntimeVersionHttpInterceptor
+    not used). Built by ``fedseg.flower.flwr_internals.control_client``."""
+    from fedseg.flower import flwr_internals
 
-    class WithKey:
-        def intercept(self, context, call_next):
-            context.request.headers[CONTROL_KEY_HEADER] = key
-            return call_next(context)
-
-    return ControlHttpClient.from_server_address(
-        server_address=address,
+    return flwr_internals.control_client(
+        address,
         insecure=root_certificates is None,
         root_certificates=str(root_certificates) if root_certificates else None,
-        interceptors=[CliClientHttpInterceptor(), RuntimeVersionHttpInterceptor(component_name="flwr CLI"), WithKey()],
+        headers={CONTROL_KEY_HEADER: key},
     )
 
 
@@ -419,46 +412,35 @@ def register_node(client, public_key: Path, name: str | None = None) -> int:
     """``flwr supernode register``: allow the SuperNode holding ``public_key``'s private key; returns its node id."""
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.hazmat.primitives.serialization import load_ssh_public_key
-    from flwr.proto.control_pb2 import RegisterNodeRequest
-    from flwr.supercore.primitives.asymmetric import public_key_to_bytes
+
+    from fedseg.flower.flwr_internals import register_node_key
 
     key = load_ssh_public_key(Path(public_key).read_bytes())
     if not isinstance(key, ec.EllipticCurvePublicKey):
         raise ValueError(f"{public_key}: not an EC public key (create keys with `fedseg flower certs`)")
-    res = client.RegisterNode(RegisterNodeRequest(public_key=public_key_to_bytes(key), name=name))
-    if not res.node_id:
+    node_id = register_node_key(client, key, name)
+    if not node_id:
         raise RuntimeError(f"the SuperLink refused to register {public_key}")
-    return int(res.node_id)
+    return node_id
 
 
 def submit_run(client, fab: bytes, run_config: dict, simulation: dict | None = None) -> int:
     """``flwr run``: submit the FAB with ``run_config`` overrides; returns the run id. ``simulation``: the
     fields of Flower's ``SimulationConfig`` (``num_supernodes``, ``client_resources_num_cpus``, ...) for a
     SuperLink started with ``--simulation``."""
-    from flwr.common.serde import fab_to_proto, user_config_to_proto
-    from flwr.proto.control_pb2 import StartRunRequest
-    from flwr.proto.federation_config_pb2 import SimulationConfig
-    from flwr.supercore.fab import Fab
+    from fedseg.flower.flwr_internals import start_run
 
-    request = StartRunRequest(
-        fab=fab_to_proto(Fab(hashlib.sha256(fab).hexdigest(), fab, {})),
-        override_config=user_config_to_proto(run_config),
-        federation="",
-    )
-    if simulation is not None:
-        request.override_federation_config.CopyFrom(SimulationConfig(**simulation))
-    res = client.StartRun(request)
-    if not res.HasField("run_id"):
-        raise RuntimeError(f"the SuperLink did not start the run{': ' + res.note if res.HasField('note') else ''}")
-    return int(res.run_id)
+    run_id, note = start_run(client, fab, run_config, simulation)
+    if run_id is None:
+        raise RuntimeError(f"the SuperLink did not start the run{': ' + note if note is not None else ''}")
+    return run_id
 
 
 def run_status(client, run_id: int):
-    from flwr.common.serde import run_from_proto
-    from flwr.proto.control_pb2 import ListRunsRequest
+    """Flower's ``RunStatus`` of run ``run_id`` (``fedseg.flower.flwr_internals.run_status``)."""
+    from fedseg.flower import flwr_internals
 
-    res = client.ListRuns(ListRunsRequest(run_id=run_id))
-    return run_from_proto(res.run_dict[run_id]).status
+    return flwr_internals.run_status(client, run_id)
 
 
 def wait_run(client, run_id: int, poll: float = 0.5, tick=lambda: None):

@@ -1,7 +1,8 @@
 """Every use of a non-public part of Flower (flwr 1.41) in fedseg, each behind one small function.
 
 Everything else in ``fedseg.flower`` uses Flower's public API (``flwr.app``, ``flwr.clientapp``,
-``flwr.serverapp``), its documented settings (``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``, ...) and its
+``flwr.serverapp``; for SecAgg+ also ``flwr.server``, ``flwr.server.workflow``, ``flwr.client.mod`` and the legacy
+types ``flwr.common`` exports), its documented settings (``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``, ...) and its
 commands (``flower-supernode``, ``flower-superlink``). What is here has no public equivalent in
 flwr 1.41 (nor in 1.42, which does not install here: it needs a newer certifi than the registry has).
 ``tests/test_flwr_internals.py`` checks that every name, keyword default and signature used here is
@@ -37,6 +38,15 @@ one task and runs whatever FAB the run brings. The steps it takes from Flower ar
 SuperLink's secret and runs each as ``flwr-serverapp`` does (``run_serverapp_task``), checking the run's bundle
 before Flower installs it.
 
+**The Control API** (``fedseg.flower.deploy``: what ``flwr run`` and ``flwr supernode register`` do): a client
+as the ``flwr`` CLI opens it, with headers of fedseg's own (``control_client``), and the calls fedseg makes with it
+(``register_node_key``, ``start_run``, ``run_status``).
+
+**Secure aggregation** (``fedseg.flower.secure``): Flower's SecAgg+ workflow and mods are public, but fedseg's site
+function and Grid speak their protocol: the legacy ``FitRes`` / ``FitIns`` records (``fitres_to_recorddict``,
+``fitins_to_recorddict``), SecAgg+'s record keys (``secaggplus_stage``, ``secaggplus_masked_vector``) and the state
+a legacy workflow reads (``workflow_state``).
+
 **Also:** the SuperNode's log timestamps (``show_log_timestamps``) and the in-memory FAB build
 (``build_fab``).
 
@@ -49,10 +59,12 @@ import contextlib
 import time
 import types
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
-    from flwr.app import Context, Message
+    from cryptography.hazmat.primitives.asymmetric.ec import EllipticCurvePublicKey
+    from flwr.app import Context, Message, RecordDict
+    from flwr.supercore.control import ControlHttpClient
     from flwr.supercore.fab import Fab
     from flwr.supercore.run import Run
     from flwr.supercore.runtime import RuntimeHttpClient
@@ -155,6 +167,188 @@ def build_fab(files: Mapping[str, bytes]) -> bytes:
     from flwr.cli.build import build_fab_from_files
 
     return build_fab_from_files(dict(files))[0]
+
+
+# -- the Control API (fedseg.flower.deploy: what `flwr run` / `flwr supernode register` do) --------------------------
+
+CONTROL_CLI_COMPONENT = "flwr CLI"  # the component name the ``flwr`` CLI declares in its runtime-version headers
+
+
+class _AddHeaders:
+    """An interceptor of Flower's protobuf-over-HTTP clients (``flwr.supercore.protobuf.client``) adding ``headers``
+    to each request: Flower calls ``intercept(context, call_next)`` with a ``ProtobufRequestContext`` whose
+    ``request`` is the ``httpx.Request`` about to be sent, and takes the ``httpx.Response`` ``call_next`` returns."""
+
+    def __init__(self, headers: Mapping[str, str]):
+        self.headers = dict(headers)
+
+    def intercept(self, context: Any, call_next: Callable[[Any], Any]) -> Any:
+        for name, value in self.headers.items():
+            context.request.headers[name] = value
+        return call_next(context)
+
+
+def control_client(
+    address: str, insecure: bool, root_certificates: str | None, headers: Mapping[str, str]
+) -> ControlHttpClient:
+    """A client of the SuperLink's Control API at ``address`` (``HOST:PORT``) as the ``flwr`` CLI opens it: plain HTTP
+    if ``insecure``, else HTTPS checked against the CA certificate file ``root_certificates`` (None: the system's
+    CAs); every call also carries ``headers`` (fedseg's coordinator key, ``fedseg.flower.deploy.control_client``).
+
+    Uses ``flwr.supercore.control.ControlHttpClient.from_server_address`` (``server_address``, ``insecure``,
+    ``root_certificates``, ``interceptors``), ``flwr.cli.cli_client_interceptor.CliClientHttpInterceptor`` (the
+    CLI's ``x-flwr-client: cli`` header), ``flwr.supercore.interceptors.RuntimeVersionHttpInterceptor`` (component
+    ``flwr CLI``: the ``flwr-package-name`` / ``-version`` and ``flwr-component-name`` headers, with which the
+    SuperLink refuses a caller of another Flower minor version) and the interceptor protocol (``_AddHeaders``). No
+    public way: Flower's Python API has no Control API client; its ``flwr`` CLI reads the SuperLink's address from a
+    federation config, keeps its state in ``FLWR_HOME`` and sends no header of one's own. If Flower renames any of
+    these, builds its clients otherwise or changes the protocol, a deployment cannot submit its run or register its
+    sites' keys (``tests/test_flwr_internals.py`` sends real calls to a local server and checks every header)."""
+    from flwr.cli.cli_client_interceptor import CliClientHttpInterceptor
+    from flwr.supercore.control import ControlHttpClient
+    from flwr.supercore.interceptors import RuntimeVersionHttpInterceptor
+
+    return ControlHttpClient.from_server_address(
+        server_address=address,
+        insecure=insecure,
+        root_certificates=root_certificates,
+        interceptors=[
+            CliClientHttpInterceptor(),
+            RuntimeVersionHttpInterceptor(component_name=CONTROL_CLI_COMPONENT),
+            _AddHeaders(headers),
+        ],
+    )
+
+
+def register_node_key(client: ControlHttpClient, public_key: EllipticCurvePublicKey, name: str | None) -> int:
+    """The node id the SuperLink gives the SuperNode holding ``public_key``'s private key, as ``flwr supernode
+    register`` asks for it (0: refused); ``name``: the node's name (None: none).
+
+    Uses ``ControlHttpClient.RegisterNode``, ``flwr.proto.control_pb2.RegisterNodeRequest`` (``public_key``,
+    ``name``) and its response's ``node_id``, and ``flwr.supercore.primitives.asymmetric.public_key_to_bytes`` (the
+    key as the SuperLink compares it with the one a SuperNode signs with). No public way (see
+    :func:`control_client`)."""
+    from flwr.proto.control_pb2 import RegisterNodeRequest
+    from flwr.supercore.primitives.asymmetric import public_key_to_bytes
+
+    res = client.RegisterNode(RegisterNodeRequest(public_key=public_key_to_bytes(public_key), name=name))
+    return int(res.node_id)
+
+
+def start_run(
+    client: ControlHttpClient, fab: bytes, run_config: Mapping, simulation: Mapping | None = None
+) -> tuple[int | None, str | None]:
+    """Submit the FAB ``fab`` with ``run_config`` overrides, as ``flwr run`` does; ``simulation``: the fields of
+    Flower's ``SimulationConfig`` (``num_supernodes``, ...) for a SuperLink started with ``--simulation``. Returns
+    ``(run id, None)``, or ``(None, the SuperLink's note or None)`` where it did not start the run.
+
+    Uses ``ControlHttpClient.StartRun``, ``flwr.proto.control_pb2.StartRunRequest`` (``fab``, ``override_config``,
+    ``federation``, ``override_federation_config``) and its response's ``run_id`` and ``note``,
+    ``flwr.proto.federation_config_pb2.SimulationConfig``, ``flwr.supercore.fab.Fab`` (hash: the content's SHA-256
+    hex digest) and ``flwr.common.serde``'s ``fab_to_proto`` and ``user_config_to_proto``. No public way (see
+    :func:`control_client`)."""
+    import hashlib
+
+    from flwr.common.serde import fab_to_proto, user_config_to_proto
+    from flwr.proto.control_pb2 import StartRunRequest
+    from flwr.proto.federation_config_pb2 import SimulationConfig
+    from flwr.supercore.fab import Fab
+
+    request = StartRunRequest(
+        fab=fab_to_proto(Fab(hashlib.sha256(fab).hexdigest(), fab, {})),
+        override_config=user_config_to_proto(dict(run_config)),
+        federation="",
+    )
+    if simulation is not None:
+        request.override_federation_config.CopyFrom(SimulationConfig(**simulation))
+    res = client.StartRun(request)
+    if not res.HasField("run_id"):
+        return None, res.note if res.HasField("note") else None
+    return int(res.run_id), None
+
+
+def run_status(client: ControlHttpClient, run_id: int) -> Any:
+    """Flower's ``RunStatus`` of run ``run_id`` (``status``: pending | starting | running | finished; ``sub_status``:
+    completed | failed | stopped once finished; ``details``), as ``flwr ls`` reads it; a KeyError where the SuperLink
+    lists no such run.
+
+    Uses ``ControlHttpClient.ListRuns``, ``flwr.proto.control_pb2.ListRunsRequest`` (``run_id``), its response's
+    ``run_dict`` and ``flwr.common.serde.run_from_proto`` (``flwr.supercore.run.Run.status``). No public way (see
+    :func:`control_client`)."""
+    from flwr.common.serde import run_from_proto
+    from flwr.proto.control_pb2 import ListRunsRequest
+
+    res = client.ListRuns(ListRunsRequest(run_id=run_id))
+    return run_from_proto(res.run_dict[run_id]).status
+
+
+# -- secure aggregation (fedseg.flower.secure) ----------------------------------------------------------------------
+# fedseg runs Flower's SecAgg+ (public: ``flwr.server.workflow.SecAggPlusWorkflow`` on the coordinator,
+# ``flwr.client.mod.secaggplus_mod`` and ``LocalDpMod`` on the sites), but with its own site function and Grid: the
+# mod and the workflow talk in Flower's legacy ``FitIns`` / ``FitRes`` records and SecAgg+'s own record keys.
+
+
+def fitres_to_recorddict(fitres: Any) -> RecordDict:
+    """A legacy ``FitRes`` as the ``RecordDict`` a ClientApp's reply carries, as Flower's message handler writes it
+    (input kept): what ``secaggplus_mod`` reads a site's parameters and weight from.
+
+    Uses ``flwr.compat.common.recorddict_compat.fitres_to_recorddict`` (``keep_input=True``). No public way:
+    ``flwr.common`` exports ``FitRes`` but not its conversion to a message's content."""
+    import flwr.compat.common.recorddict_compat as compat
+
+    return compat.fitres_to_recorddict(fitres, keep_input=True)
+
+
+def fitins_to_recorddict(fitins: Any) -> RecordDict:
+    """A legacy ``FitIns`` as the ``RecordDict`` of a training message (input kept): what ``LocalDpMod`` reads the
+    parameters it clips against from.
+
+    Uses ``flwr.compat.common.recorddict_compat.fitins_to_recorddict`` (``keep_input=True``). No public way (see
+    :func:`fitres_to_recorddict`)."""
+    import flwr.compat.common.recorddict_compat as compat
+
+    return compat.fitins_to_recorddict(fitins, keep_input=True)
+
+
+def secaggplus_stage(content: RecordDict) -> str:
+    """The SecAgg+ stage (``setup``, ``share_keys``, ``collect_masked_vectors``, ``unmask``) a message of
+    ``SecAggPlusWorkflow`` is for; a KeyError for a message that is none of its.
+
+    Uses ``flwr.common.secure_aggregation.secaggplus_constants`` (``RECORD_KEY_CONFIGS``, ``Key.STAGE``). No public
+    way: the workflow's messages are its own protocol."""
+    from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key
+
+    return str(content.config_records[RECORD_KEY_CONFIGS][Key.STAGE])
+
+
+def secaggplus_masked_vector(content: RecordDict) -> list[bytes] | None:
+    """The masked vector a site's reply to SecAgg+'s ``collect_masked_vectors`` stage carries (one serialized NumPy
+    array per part), None where the reply has no SecAgg+ record; a KeyError where it has one without a vector.
+
+    Uses ``flwr.common.secure_aggregation.secaggplus_constants`` (``RECORD_KEY_CONFIGS``,
+    ``Key.MASKED_PARAMETERS``). No public way (see :func:`secaggplus_stage`)."""
+    from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key
+
+    configs = content.config_records.get(RECORD_KEY_CONFIGS)
+    return None if configs is None else cast(list, configs[Key.MASKED_PARAMETERS])
+
+
+def workflow_state(server_round: int) -> RecordDict:
+    """The state a legacy workflow (``SecAggPlusWorkflow``) reads from its ``LegacyContext`` to run round
+    ``server_round``: the current round and empty global parameters, as ``DefaultWorkflow`` leaves them.
+
+    Uses ``flwr.server.workflow.constant`` (``MAIN_CONFIGS_RECORD``, ``MAIN_PARAMS_RECORD``,
+    ``Key.CURRENT_ROUND``). No public way: ``DefaultWorkflow`` writes them, and fedseg runs SecAgg+'s workflow
+    without it."""
+    from flwr.app import ArrayRecord, ConfigRecord, RecordDict
+    from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD, Key
+
+    return RecordDict(
+        {
+            MAIN_CONFIGS_RECORD: ConfigRecord({Key.CURRENT_ROUND: server_round}),
+            MAIN_PARAMS_RECORD: ArrayRecord(),
+        }
+    )
 
 
 # -- the ClientApp runner (fedseg.flower.worker) -------------------------------------------------
@@ -377,6 +571,16 @@ def client_app_error_code(error: BaseException) -> int:
 
     if isinstance(error, LoadClientAppError):
         return int(ErrorCode.LOAD_CLIENT_APP_EXCEPTION)
+    return client_app_raised_error_code()
+
+
+def client_app_raised_error_code() -> int:
+    """The ``Error`` code of a ClientApp that raised (``CLIENT_APP_RAISED_EXCEPTION``): what fedseg's ClientApp
+    (``fedseg.flower.node.handle``) replies with when it refuses or fails a message, with its own reason.
+
+    Uses ``flwr.common.constant.ErrorCode``. No public way: it is not exported by ``flwr.app``."""
+    from flwr.common.constant import ErrorCode
+
     return int(ErrorCode.CLIENT_APP_RAISED_EXCEPTION)
 
 

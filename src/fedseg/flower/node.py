@@ -38,10 +38,10 @@ from typing import cast
 
 from flwr.app import ConfigRecord, Context, Error, RecordDict
 from flwr.app import Message as FlowerMessage
-from flwr.common.constant import ErrorCode
 
 from fedseg.config import RunConfig
 from fedseg.data.federation import Federation, FederationError, Site, channel_order
+from fedseg.flower.flwr_internals import client_app_raised_error_code
 from fedseg.flower.log_text import printable
 from fedseg.flower.snapshots import ContextSnapshots, DiskSnapshots, Snapshots, prune
 from fedseg.flower.supernode import ALLOW_FAULTS
@@ -365,14 +365,14 @@ def handle(message: FlowerMessage, context: Context) -> FlowerMessage:
         reason = f"data check failed on site {site!r}:\n{e}"
     except NotThisSite as e:
         e.say(context)
-        return FlowerMessage(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=str(e)), reply_to=message)
+        return FlowerMessage(Error(code=client_app_raised_error_code(), reason=str(e)), reply_to=message)
     except Refused as e:
         reason = f"site {site!r}: {message.metadata.message_type}: {e}"
     except Exception as e:  # noqa: BLE001 - every failure goes back to the server as a readable reason
         log.error("site %s: %s failed:\n%s", site, message.metadata.message_type, traceback.format_exc())
         reason = f"site {site!r}: {type(e).__name__}: {e}"
     log.error(reason)
-    return FlowerMessage(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=reason), reply_to=message)
+    return FlowerMessage(Error(code=client_app_raised_error_code(), reason=reason), reply_to=message)
 
 
 def on_algorithm_message(

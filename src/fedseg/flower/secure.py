@@ -39,7 +39,7 @@ from typing import Any, cast
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
+from flwr.app import ConfigRecord, Context, RecordDict
 from flwr.app import Message as FlowerMessage
 
 from fedseg.algorithms import get_algorithm
@@ -115,11 +115,11 @@ def site_train(message: FlowerMessage, context: Context) -> FlowerMessage:
     array per reply tensor, float entries only) and whose weight is the site's aggregation weight. The mod
     masks the parameters and removes them from the reply; the metrics (the reply's meta, the compute seconds,
     the update's names, dtypes and shapes) travel in plain."""
-    import flwr.compat.common.recorddict_compat as compat
     from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
 
     from fedseg.engine.context import stream_seed
     from fedseg.flower import node
+    from fedseg.flower.flwr_internals import fitres_to_recorddict
 
     settings = node.NodeSettings.of(context)
     cfg = node.run_config(context)
@@ -157,7 +157,7 @@ def site_train(message: FlowerMessage, context: Context) -> FlowerMessage:
     np.random.seed(stream_seed(cfg.seed, site_index, int(engine_head["round"]), HEADER) % 2**32)
     metrics = {"fedseg.meta": json.dumps(reply.meta), "fedseg.index": json.dumps(index), "fedseg.seconds": seconds}
     fitres = FitRes(Status(Code.OK, ""), ndarrays_to_parameters(arrays), weight, cast(dict, metrics))
-    content = compat.fitres_to_recorddict(fitres, keep_input=True)
+    content = fitres_to_recorddict(fitres)
     return FlowerMessage(content, reply_to=message)
 
 
@@ -212,9 +212,9 @@ def local_dp_mod(message: FlowerMessage, context: Context, call_next) -> FlowerM
 
 
 def compat_fitins(fitins) -> RecordDict:
-    import flwr.compat.common.recorddict_compat as compat
+    from fedseg.flower.flwr_internals import fitins_to_recorddict
 
-    return compat.fitins_to_recorddict(fitins, keep_input=True)
+    return fitins_to_recorddict(fitins)
 
 
 # --- the coordinator -----------------------------------------------------------------------------------------
@@ -242,10 +242,10 @@ class MeteredGrid:
         self.traffic = Traffic()
 
     def send_and_receive(self, messages, *, timeout: float | None = None):
-        from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key
+        from fedseg.flower.flwr_internals import secaggplus_masked_vector, secaggplus_stage
 
         messages = list(messages)
-        stage = str(messages[0].content.config_records[RECORD_KEY_CONFIGS][Key.STAGE]) if messages else ""
+        stage = secaggplus_stage(messages[0].content) if messages else ""
         action = STAGE_ACTIONS.get(stage, UNMASK_ACTION)
         for m in messages:
             if action == "train":
@@ -269,11 +269,11 @@ class MeteredGrid:
                 row["failure"] = why
             else:
                 row["bytes_up"] = record_bytes(r.content)
-                configs = r.content.config_records.get(RECORD_KEY_CONFIGS)
-                if action == "train" and configs is not None:
+                vector = secaggplus_masked_vector(r.content) if action == "train" else None
+                if vector is not None:
                     from flwr.common import bytes_to_ndarray
 
-                    row["floats_up"] = sum(bytes_to_ndarray(b).size for b in cast(list, configs[Key.MASKED_PARAMETERS]))
+                    row["floats_up"] = sum(bytes_to_ndarray(b).size for b in vector)
                 out.append(r)
             self.traffic.rows.append(row)
         return out
@@ -325,12 +325,11 @@ def secure_train(engine, order: list[str], messages: dict[str, Message], check=N
     its vector (:func:`index_problem`), its metadata and the method's ``check`` (``Engine.exchange``'s) on the
     reply rebuilt from it must hold: the round stops otherwise (its masked update is in the sum already)."""
     from flwr.common import parameters_to_ndarrays
-    from flwr.server.compat.legacy_context import LegacyContext
+    from flwr.server import LegacyContext
     from flwr.server.workflow import SecAggPlusWorkflow
-    from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD
-    from flwr.server.workflow.constant import Key as WorkflowKey
 
     from fedseg.engine.faults import SiteFailure, group_problem, loss_problem, steps_problem, weight_problem
+    from fedseg.flower.flwr_internals import workflow_state
     from fedseg.flower.records import to_recorddict
 
     cfg, sa = engine.task.cfg, engine.task.cfg.fl.secagg
@@ -352,13 +351,7 @@ def secure_train(engine, order: list[str], messages: dict[str, Message], check=N
     floats = {n: messages[s].num_floats() for n, s in nodes.items()}
     grid = MeteredGrid(engine.courier, nodes, payload, floats, engine.skips_failures)
     strategy = _Capture(list(nodes))
-    state = RecordDict(
-        {
-            MAIN_CONFIGS_RECORD: ConfigRecord({WorkflowKey.CURRENT_ROUND: engine.round}),
-            MAIN_PARAMS_RECORD: ArrayRecord(),
-        }
-    )
-    context = LegacyContext(Context(0, 0, {}, state, {}), strategy=cast(Any, strategy))
+    context = LegacyContext(Context(0, 0, {}, workflow_state(engine.round), {}), strategy=cast(Any, strategy))
     workflow = SecAggPlusWorkflow(
         sa.num_shares,
         sa.reconstruction_threshold,
