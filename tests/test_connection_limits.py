@@ -6,6 +6,7 @@ a real SuperLink process with the defaults."""
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import resource
 import socket
@@ -124,12 +125,80 @@ def test_a_listener_holds_at_most_its_connections_and_closes_those_that_say_noth
 
 def test_the_limits_fit_the_processs_file_descriptors():
     control, fleet = cl.listener_limits(20000, fleet=True)
-    assert control == cl.ConnectionLimits(cl.CONTROL_CONNECTIONS)
+    assert control == cl.ConnectionLimits(cl.CONTROL_CONNECTIONS, own_user_only=True)
     assert fleet == cl.ConnectionLimits(cl.FLEET_CONNECTIONS, cl.FLEET_CONNECTIONS_PER_CLIENT)
     control, fleet = cl.listener_limits(1024, fleet=True)  # a common default soft limit that cannot be raised
     assert fleet is not None and control.total + fleet.total + cl.FD_RESERVE <= 1024
     assert control.total >= 16 and fleet.total >= 16 and fleet.per_client == cl.FLEET_CONNECTIONS_PER_CLIENT
-    assert cl.listener_limits(20000, fleet=False) == (cl.ConnectionLimits(cl.CONTROL_CONNECTIONS), None)
+    assert control.own_user_only and not fleet.own_user_only
+    assert cl.listener_limits(20000, fleet=False) == (
+        cl.ConnectionLimits(cl.CONTROL_CONNECTIONS, own_user_only=True),
+        None,
+    )
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the peer's user is asked of Linux (sock_diag)")
+def test_the_control_address_refuses_another_users_processes():
+    """Only the coordinator's own processes belong on the control address: a process of this machine run by another
+    user (nobody) is closed as it connects, in one refusal line; this user's is served."""
+    from fedseg.flower.peer_user import local_peer_uid
+
+    with socket.create_server(("127.0.0.1", 0)) as listening, socket.create_connection(listening.getsockname()):
+        accepted, peer = listening.accept()
+        with accepted:
+            assert local_peer_uid(accepted.getsockname(), peer) == os.geteuid()
+            assert local_peer_uid(accepted.getsockname(), ("127.0.0.1", 1)) is None  # no such socket here
+    if os.geteuid() != 0:
+        pytest.skip("starting a process as another user needs root")
+    (port,) = free_ports(1)
+    theirs = _connecting_as_nobody(port)  # forked before the server's thread starts
+    refused: list[str] = []
+    limits = cl.ConnectionLimits(total=8, own_user_only=True)
+    server = cl.limited_server(_app, ("127.0.0.1", port), limits, refused.append, log_level="error")
+    thread = threading.Thread(target=cl.serve_listeners, args=([server],), daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            time.sleep(0.05)
+        assert theirs() == "closed"
+        assert refused == ["a connection from 127.0.0.1: a process of user id 65534; only user id 0's here"]
+        assert server.connections.total == 0
+        assert httpx.get(f"http://127.0.0.1:{port}/").text == "ok"  # this user's
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+def _connecting_as_nobody(port: int):
+    """Fork a process that becomes user nobody and, once told, connects to ``port`` and says whether the server
+    closed the connection within 2 s (``closed``) or kept it (``open``); returns the function that tells it and
+    reads the answer."""
+    go_read, go_write = os.pipe()
+    said_read, said_write = os.pipe()
+    child = os.fork()
+    if child == 0:  # the child: nothing but these few calls, then out
+        answer = b"failed"
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            os.read(go_read, 1)
+            with socket.create_connection(("127.0.0.1", port)) as conn:
+                answer = b"closed" if _closed_at_once(conn, 2.0) else b"open"
+        finally:
+            os.write(said_write, answer)
+            os._exit(0)
+    os.close(go_read)
+    os.close(said_write)
+
+    def go() -> str:
+        os.write(go_write, b"1")
+        said = os.read(said_read, 16).decode()
+        os.waitpid(child, 0)
+        for fd in (go_write, said_read):
+            os.close(fd)
+        return said
+
+    return go
 
 
 def test_the_superlink_raises_its_file_descriptor_limit_to_the_hard_one():

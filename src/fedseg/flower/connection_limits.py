@@ -11,6 +11,9 @@ descriptors and the run stopped; anyone reaching the Fleet port could do the sam
 - gives a connection :attr:`ConnectionLimits.head_s` seconds to finish its TLS handshake, and as long to send a
   request's head once it is open or its last answer was sent (:func:`head_deadline`): a connection that says
   nothing, or a head a byte at a time, is closed (the body then has the body limits of ``superlink_main``);
+- on the control address, refuses a connection from another user's process on this machine (Linux:
+  ``fedseg.flower.peer_user``): only the coordinator's own processes, run by its user, belong there, so another
+  local user can no longer hold its connections;
 - together stay within the process's file descriptors (:func:`fd_budget`: the soft limit raised to the hard one,
   a reserve kept for files, pipes and the coordinator's own processes).
 
@@ -22,9 +25,12 @@ that listener (a SuperNode retries); it does not stop the other, or the coordina
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from fedseg.flower.peer_user import local_peer_uid
 
 HEAD_DEADLINE_S = 15.0  # seconds for a TLS handshake, and for a request's head once a connection waits for one
 FLEET_CONNECTIONS = 1024  # connections open at once on the Fleet listener (SuperNodes), at most
@@ -38,11 +44,13 @@ REFUSED_AT_ONCE = 64  # connections over the limits closed in one ``accept`` bef
 @dataclass(frozen=True)
 class ConnectionLimits:
     """``total`` connections open at once on a listener, ``per_client`` of them from one client address (None: no
-    share), ``head_s`` seconds for a TLS handshake and for each request's head (module docstring)."""
+    share), ``head_s`` seconds for a TLS handshake and for each request's head; ``own_user_only``: a connection from
+    a process of this machine run by another user is refused (``fedseg.flower.peer_user``; module docstring)."""
 
     total: int
     per_client: int | None = None
     head_s: float = HEAD_DEADLINE_S
+    own_user_only: bool = False
 
 
 def fd_budget() -> int:
@@ -67,13 +75,14 @@ def listener_limits(budget: int, fleet: bool) -> tuple[ConnectionLimits, Connect
     control address where there is a Fleet listener), at least 16 connections each."""
     usable = max(32, budget - FD_RESERVE)
     if not fleet:
-        return ConnectionLimits(min(CONTROL_CONNECTIONS, usable)), None
+        return ConnectionLimits(min(CONTROL_CONNECTIONS, usable), own_user_only=True), None
     if CONTROL_CONNECTIONS + FLEET_CONNECTIONS <= usable:
         control, public = CONTROL_CONNECTIONS, FLEET_CONNECTIONS
     else:
         control = max(16, usable // 4)
         public = max(16, usable - control)
-    return ConnectionLimits(control), ConnectionLimits(public, min(FLEET_CONNECTIONS_PER_CLIENT, public))
+    fleet_limits = ConnectionLimits(public, min(FLEET_CONNECTIONS_PER_CLIENT, public))
+    return ConnectionLimits(control, own_user_only=True), fleet_limits
 
 
 class OpenConnections:
@@ -85,9 +94,13 @@ class OpenConnections:
         self.total = 0
         self.by_client: dict[str, int] = {}
 
-    def admit(self, client: str) -> bool:
+    def admit(self, client: str, user: int | None = None) -> bool:
         """Count a connection from ``client`` and say True, or say False (and tell ``refused``) when it would exceed
-        the listener's total or the client's share."""
+        the listener's total or the client's share, or comes from a process of this machine run by ``user``, another
+        user than this process's, where the listener serves its own user only."""
+        if self.limits.own_user_only and user is not None and user != os.geteuid():
+            self.refused(f"a connection from {client}: a process of user id {user}; only user id {os.geteuid()}'s here")
+            return False
         mine = self.by_client.get(client, 0)
         if self.total >= self.limits.total:
             self.refused(f"a connection from {client}: the listener holds {self.total} connections, its most")
@@ -137,11 +150,12 @@ class LimitedListener(socket.socket):
     def accept(self):
         for _ in range(REFUSED_AT_ONCE):
             fd, address = self._accept()
-            client = str(address[0]) if isinstance(address, tuple) and address else "?"
-            if not self.connections.admit(client):
-                socket.socket(self.family, self.type, self.proto, fileno=fd).close()
-                continue
             connection = CountedConnection(self.family, self.type, self.proto, fileno=fd)
+            client = str(address[0]) if isinstance(address, tuple) and address else "?"
+            user = local_peer_uid(connection.getsockname(), address) if self.connections.limits.own_user_only else None
+            if not self.connections.admit(client, user):
+                connection.close()
+                continue
             connection.on_close = lambda client=client: self.connections.release(client)
             return connection, address
         raise BlockingIOError

@@ -17,21 +17,21 @@ Here the same app (one SuperLink state, one lifespan: the SuperExec) is served t
 
 Both use the SuperLink's TLS certificate. SIGINT/SIGTERM stop both (the lifespan stops the SuperExec).
 
-The Control API asks for a key on the control address too (:func:`control_guard`): in the open-source build any
-process on the coordinator's machine could otherwise list and stop its runs, start runs, and register a SuperNode key
-of its own. The coordinator draws a key at each start and gives it on this process's standard input
+The Control API asks for a key on the control address too (:func:`control_guard`): in the open-source build any process
+on the coordinator's machine could otherwise list and stop its runs, start runs, and register a SuperNode key of its
+own. The coordinator draws a key at each start and gives it on this process's standard input
 (``fedseg.flower.superlink.start_superlink``; never in arguments or the environment); a request without it, in the
 ``fedseg-control-key`` header, gets 401 and Flower never sees it. Only the Runtime API (which the SuperExec's secret and
-each task's token protect in a deployment; a simulation SuperLink keeps Flower's own isolation, where any local process
-may take its task), the Fleet API (SuperNode authentication) and ``/health`` answer without the key: every
-other path, known or not, needs it; bodies there are read within the Fleet listener's limits too (:func:`body_limited`,
-no per-client share: every client there is local). Refusals on either address, fedseg's and Flower's own, are logged
-one line per 10 s at most (:class:`RefusalLog`; uvicorn's access line for each is left out). Each address holds a
-bounded number of connections and closes silent ones (``fedseg.flower.connection_limits``). A local process can still
-slow or stall a run (holding the control address's connections, slow bodies filling the budget the coordinator's own
-calls share); it cannot read or change it. Flower's own ``flwr`` CLI cannot send the key:
-``flwr ls`` / ``flwr stop`` no longer reach a fedseg coordinator (its console shows the run; Ctrl-C or SIGTERM stops
-it, ``--resume`` goes on).
+each task's token protect in a deployment; a simulation SuperLink keeps Flower's own isolation, where a local process of
+the researcher's user may take its task), the Fleet API (SuperNode authentication) and ``/health`` answer without the
+key: every other path, known or not, needs it; bodies there are read within the Fleet listener's limits too
+(:func:`body_limited`, no per-client share: every client there is local). Refusals on either address, fedseg's and
+Flower's own, are logged one line per 10 s at most (:class:`RefusalLog`; uvicorn's access line for each is left out).
+Each address holds a bounded number of connections and closes silent ones; on Linux the control address refuses other
+users' processes (``fedseg.flower.connection_limits``). A process of the coordinator's own user can still slow or stall
+a run (holding the control address's connections, slow bodies filling the budget the coordinator's own calls share); it
+cannot read or change it. Flower's own ``flwr`` CLI cannot send the key: ``flwr ls`` / ``flwr stop`` no longer reach a
+fedseg coordinator (its console shows the run; Ctrl-C or SIGTERM stops it, ``--resume`` goes on).
 
 Flower reads a request's whole body into memory before it checks who sent it
 (``flwr.supercore.protobuf.translation``), so anyone who can reach the port, no key needed, could have the SuperLink
