@@ -17,7 +17,7 @@ pytest.importorskip("itk")
 pydicom = pytest.importorskip("pydicom")
 pytest.importorskip("highdicom")
 
-from fedseg.data import readers, rtstruct  # noqa: E402
+from fedseg.data import dicom_series, readers, rtstruct  # noqa: E402
 from fedseg.data.case_files import read_image  # noqa: E402
 from fedseg.data.check import check_folder  # noqa: E402
 from fedseg.data.cli import data_app  # noqa: E402
@@ -70,7 +70,7 @@ def test_a_series_of_raw_dicom_streams_reads_as_the_same_series_everywhere(tmp_p
     """Slices without the preamble and ``DICM`` (pydicom refuses them unless forced; ITK/GDCM reads them) are a
     series for ``data check``, a run's reader and ``fedseg predict`` alike, with the same voxels and grid."""
     write_series(tmp_path / "ref", VALUES, names=NAMES)
-    reference = readers.series_grid(tmp_path / "ref")
+    reference = dicom_series.series_grid(tmp_path / "ref")
     root = dicom_federation(tmp_path / "fed", {"a": "CT", "b": "CT"})
     for series in root.glob("*/images/*"):
         raw_stream(series)
@@ -81,12 +81,12 @@ def test_a_series_of_raw_dicom_streams_reads_as_the_same_series_everywhere(tmp_p
             np.testing.assert_array_equal(image, VALUES[None])
             np.testing.assert_array_equal(label, LABEL)
     series = root / "a" / "images" / "c0"
-    np.testing.assert_allclose(readers.series_grid(series).affine, reference.affine)
+    np.testing.assert_allclose(dicom_series.series_grid(series).affine, reference.affine)
     assert list_inputs(series) == [series] and list_inputs(series.parent) == sorted(series.parent.iterdir())
     assert holds_dicom(series)  # no .dcm names: found by its data set
     positions = [[float(h.ImagePositionPatient[2]) for h in sorted_slices(s)] for s in (series, tmp_path / "ref")]
     assert len(positions[0]) == VALUES.shape[2] and positions[0] == positions[1]  # predict --dicom-seg's headers
-    assert readers.dicom_modalities(fed) == {"a": "CT", "b": "CT"}  # the run's CT note reads them too
+    assert dicom_series.dicom_modalities(fed) == {"a": "CT", "b": "CT"}  # the run's CT note reads them too
 
 
 def test_a_raw_stream_whose_uids_have_leading_zeros_is_read(tmp_path):
@@ -99,7 +99,7 @@ def test_a_raw_stream_whose_uids_have_leading_zeros_is_read(tmp_path):
         ds.SOPInstanceUID = f"1.2.0840.10008.0{i}"
         ds.save_as(path)
     raw_stream(series)
-    assert readers.series_folder_problem(series) is None
+    assert dicom_series.series_folder_problem(series) is None
     np.testing.assert_array_equal(read_image(series, "3d"), VALUES[None])
 
 
@@ -111,7 +111,7 @@ def test_a_large_file_that_starts_as_no_data_set_is_not_parsed(tmp_path, monkeyp
     forced = []
     real = pydicom.dcmread
     monkeypatch.setattr(pydicom, "dcmread", lambda *a, **k: forced.append(k.get("force")) or real(*a, **k))
-    assert not readers.is_dicom_file(blob) and True not in forced
+    assert not dicom_series.is_dicom_file(blob) and True not in forced
 
 
 def test_files_that_are_no_dicom_in_a_series_folder_are_still_refused(tmp_path):
@@ -188,7 +188,7 @@ def test_deflated_rtstruct_and_seg_are_read_not_called_truncated(tmp_path):
 
 
 def test_an_empty_damaged_or_foreign_rtstruct_is_said_as_the_image_reader_says_it(tmp_path):
-    """The same plain lines as for slices and SEGs (``readers.dicom_read_failure``), never an exception class name
+    """The same plain lines as for slices and SEGs (``dicom_series.dicom_read_failure``), never an exception class name
     such as InvalidDicomError."""
     from test_rtstruct import write_rtstruct
 

@@ -17,7 +17,7 @@ pytest.importorskip("itk")
 pytest.importorskip("pydicom")
 pytest.importorskip("highdicom")
 
-from fedseg.data import dicom_seg, readers  # noqa: E402
+from fedseg.data import dicom_seg, dicom_series  # noqa: E402
 from fedseg.data.case_files import read_label  # noqa: E402
 from fedseg.data.check import check_folder  # noqa: E402
 from fedseg.data.cli import data_app  # noqa: E402
@@ -186,11 +186,11 @@ def test_an_empty_slice_is_named_an_empty_file(tmp_path):
     empty = tmp_path / "case" / "IM3.dcm"
     empty.write_bytes(b"")
     with pytest.raises(FederationError) as e:
-        readers.series_grid(tmp_path / "case")
+        dicom_series.series_grid(tmp_path / "case")
     assert str(e.value) == f"{empty}: empty file (0 bytes): an interrupted copy? copy it again"
     first = tmp_path / "case" / "IM0.dcm"
     first.write_bytes(b"")
-    assert readers.series_folder_problem(tmp_path / "case") == (
+    assert dicom_series.series_folder_problem(tmp_path / "case") == (
         f"{first}: empty file (0 bytes): an interrupted copy? copy it again; {SERIES}"
     )
 
@@ -202,7 +202,7 @@ def test_a_slice_whose_header_is_cut_short_is_named_damaged_not_no_dicom(tmp_pat
     slice_ = tmp_path / "case" / "IM2.dcm"
     slice_.write_bytes(slice_.read_bytes()[:143])  # inside (0002,0000) FileMetaInformationGroupLength's value
     with pytest.raises(FederationError) as e:
-        readers.series_grid(tmp_path / "case")
+        dicom_series.series_grid(tmp_path / "case")
     assert str(e.value) == f"{slice_}: cannot read its DICOM header: {DAMAGED}"  # no exception class name
 
 
@@ -221,5 +221,5 @@ def test_windows_junk_files_are_ignored_as_ds_store_is(case, tmp_path, junk):
         (folder / ".DS_Store").write_bytes(b"\x00junk")
     files, problems = scan_site(site)
     assert problems == [] and list(files.cases) == ["c1"]
-    assert readers.series_grid(series).shape == VALUES.shape
+    assert dicom_series.series_grid(series).shape == VALUES.shape
     np.testing.assert_array_equal(read_label(site / "labels" / "c1.dcm", "3d", image=series), LABEL)

@@ -20,7 +20,7 @@ from fedseg.algorithms.fedsm.model import bundle_entries, candidate_names, route
 from fedseg.algorithms.fedsm.selector import build_selector
 from fedseg.cli import app
 from fedseg.config_load import dump_config, load_config
-from fedseg.data import readers
+from fedseg.data import readers, voxel_grid
 from fedseg.data.case_files import read_label
 from fedseg.data.federation import Federation, Regions
 from fedseg.data.folder_write import write_folder
@@ -266,7 +266,7 @@ def assert_mask_on_its_grid(mask: Path, source: Path, exact: bool = True) -> Non
     np.testing.assert_allclose(got.origin, expected.origin, **tolerance)
     np.testing.assert_allclose(got.direction, expected.direction, **tolerance)
     np.testing.assert_allclose(readers.volume_grid(mask).affine, readers.volume_grid(source).affine, **tolerance)
-    assert readers.grid_mismatch(readers.volume_grid(mask), readers.volume_grid(source)) is None
+    assert voxel_grid.grid_mismatch(readers.volume_grid(mask), readers.volume_grid(source)) is None
     assert readers.read_volume(mask).dtype == np.uint8
     n, fields = len(expected.shape), header_fields(mask)
     if mask.suffix == ".mha":
@@ -615,7 +615,7 @@ def test_images_with_nan_or_inf_are_refused_naming_the_file_and_the_count(traine
 
 
 def fake_series(folder, slices=4):
-    """A folder of files that read as DICOM slices by name and preamble (``readers.series_folder_problem``)."""
+    """A folder of files that read as DICOM slices by name and preamble (``dicom_series.series_folder_problem``)."""
     folder.mkdir(parents=True)
     for k in range(slices):
         (folder / f"slice{k:02d}.dcm").write_bytes(bytes(128) + b"DICM" + bytes(16))

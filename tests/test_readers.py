@@ -22,7 +22,7 @@ import yaml
 from typer.testing import CliRunner
 
 from fedseg.atomic_files import current_umask
-from fedseg.data import dicom_seg, readers
+from fedseg.data import dicom_seg, dicom_series, readers
 from fedseg.data.case_files import read_image, read_label
 from fedseg.data.check import check_folder
 from fedseg.data.cli import data_app
@@ -510,12 +510,12 @@ def test_positions_rounded_to_two_decimals_read_as_even_and_mixed_slice_thicknes
     written = write_series(tmp_path / "thin", VALUES, heights=[k * 0.625 for k in range(SHAPE[2])], decimals=2)
     heights = sorted(float(ds.ImagePositionPatient[2]) for ds in written)  # the normal is -z (DIRECTION)
     assert len({round(b - a, 6) for a, b in zip(heights, heights[1:])}) > 1  # the rounding left uneven gaps
-    grid = readers.series_grid(tmp_path / "thin")
+    grid = dicom_series.series_grid(tmp_path / "thin")
     assert grid.spacing(3)[2] == pytest.approx((heights[-1] - heights[0]) / (len(heights) - 1))
     assert read_image(tmp_path / "thin", "3d").shape[1:] == VALUES.shape
     write_series(tmp_path / "mixed", VALUES, heights=[0.0, 2.0, 4.0, 6.5, 9.0, 11.5])
     with pytest.raises(FederationError, match=r"mixed: uneven slice spacing \(2 to 2\.5 mm; "):
-        readers.series_grid(tmp_path / "mixed")
+        dicom_series.series_grid(tmp_path / "mixed")
 
 
 @pytest.mark.parametrize("name", ["DICOMDIR", "media.dcm"])
@@ -526,7 +526,7 @@ def test_a_dicomdir_in_a_series_folder_is_named_as_a_dicomdir(tmp_path, name):
 
     write_series(tmp_path / "case", VALUES)
     medium = FileSet()
-    medium.add(pydicom.dcmread(readers.series_entries(tmp_path / "case")[0]))
+    medium.add(pydicom.dcmread(dicom_series.series_entries(tmp_path / "case")[0]))
     medium.write(tmp_path / "medium")
     shutil.copy(tmp_path / "medium" / "DICOMDIR", tmp_path / "case" / name)
     with pytest.raises(FederationError) as e:
@@ -871,7 +871,7 @@ def test_a_nifti_without_a_voxel_size_is_refused_by_name_and_nibabels_fix_messag
 
 
 def test_a_truncated_dicom_file_of_a_series_is_named(tmp_path):
-    from fedseg.data.readers import series_grid
+    from fedseg.data.dicom_series import series_grid
 
     write_series(tmp_path / "series", VALUES)
     broken = sorted((tmp_path / "series").iterdir())[0]
@@ -886,15 +886,15 @@ def test_series_grid_and_the_seg_writer_sort_the_slices_by_one_rule(tmp_path):
     from fedseg.predict_seg import sorted_slices
 
     written = write_series(tmp_path / "series", VALUES)  # slice k at ORIGIN + k * 2.5 mm along the normal
-    entries = readers.series_entries(tmp_path / "series")  # by file name: shuffled against the positions
+    entries = dicom_series.series_entries(tmp_path / "series")  # by file name: shuffled against the positions
     headers = [pydicom.dcmread(p, stop_before_pixels=True) for p in entries]
-    indices, normal = readers.slice_order(headers)
+    indices, normal = dicom_series.slice_order(headers)
     np.testing.assert_allclose(normal, DIRECTION[:, 2])  # row direction x column direction
     assert [int(headers[i].InstanceNumber) for i in indices] == list(range(1, len(written) + 1))
     assert [int(ds.InstanceNumber) for ds in headers] != sorted(int(ds.InstanceNumber) for ds in headers)
     sources = sorted_slices(tmp_path / "series")
     assert [ds.SOPInstanceUID for ds in sources] == [ds.SOPInstanceUID for ds in written]
-    grid = readers.series_grid(tmp_path / "series")  # its origin: the first slice of that order
+    grid = dicom_series.series_grid(tmp_path / "series")  # its origin: the first slice of that order
     np.testing.assert_allclose(LPS_TO_RAS[:3, :3] @ np.asarray(sources[0].ImagePositionPatient), grid.affine[:3, 3])
 
 

@@ -495,7 +495,7 @@ def test_a_label_no_structure_set_names_fails_the_data_check_with_the_closest_ro
 
 
 def test_an_empty_structure_set_is_named_so_not_no_dicom(tmp_path):
-    """As for slices and SEGs (readers.dicom_read_failure): an empty file is an interrupted copy (it said "not a
+    """As for slices and SEGs (dicom_series.dicom_read_failure): an empty file is an interrupted copy (it said "not a
     DICOM file (InvalidDicomError)")."""
     from fedseg.data.rtstruct import contour_points
 

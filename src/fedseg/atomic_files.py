@@ -43,6 +43,27 @@ def check_out_dir(out: Path, option: str = "--out") -> None:
             return
 
 
+def check_out_creatable(out: Path, option: str = "--out") -> None:
+    """Where ``out`` does not exist yet, refuse it (``ValueError``) where making it (``out.mkdir(parents=True)``)
+    would fail (a read-only or forbidden parent, a file system that takes no folders, e.g. ``/proc``), found by
+    making its first missing folder and removing it at once: a command says it before any work, not after it.
+    Nothing is left."""
+    out = Path(out)
+    if out.exists() or out.is_symlink():
+        return
+    first = out  # the outermost folder of out that does not exist: the one mkdir(parents=True) would fail on
+    while first.parent != first and not first.parent.exists():
+        first = first.parent
+    try:
+        os.mkdir(first)
+    except FileExistsError:  # made meanwhile (another command): it can be made
+        return
+    except OSError as e:
+        raise ValueError(f"{option} {out}: no folder can be made there ({first}: {e.strerror})") from None
+    with contextlib.suppress(OSError):
+        os.rmdir(first)
+
+
 def read_text(path: Path) -> str:
     """``path``'s text (UTF-8, a leading byte-order mark dropped); a ValueError naming it when it is not UTF-8 (an
     OSError as raised). The one reader of the text files fedseg is given or wrote (configs, a run's files)."""

@@ -236,7 +236,11 @@ def run(
     try:
         with terminate_on_signals():  # from the start: a SIGTERM while torch is imported (seconds) ended it silently
             cfg = config_from_cli(preset, config, data, algorithms, rounds, seed, set_, device, threads, track, workers)
+            from fedseg.path_checks import check_run_paths
             from fedseg.run.runlog import last_event  # stdlib only: no torch yet
+
+            if not (holdout or leave_one_out or sweep):  # a wrong --out or --data said at once, before torch
+                check_run_paths(cfg, out, resume)
 
             # the pool's process server imports torch on another core while this one does; not for a resume of a run
             # whose run.log ends finished (run_experiment starts it, once torch can read the checkpoints, if any
@@ -385,11 +389,12 @@ def bench(
     report.html."""
     try:
         with terminate_on_signals():  # kill, a closed terminal: as Ctrl-C, from the first import to the tables
-            from fedseg.bench.phases import run_bench
-            from fedseg.bench.plan import load_bench
-            from fedseg.bench.report import write_report
+            from fedseg.bench.plan import load_bench  # no torch: a bench file missing or bad is said at once
 
             spec, root = load_bench(config)
+            from fedseg.bench.phases import run_bench
+            from fedseg.bench.report import write_report
+
             echo = lambda line: console.print(line, highlight=False, soft_wrap=True)  # noqa: E731
             runs = run_bench(spec, root, out, jobs, resume, echo, train=not tables_only)
             write_report(spec, runs, out, echo)
@@ -496,6 +501,9 @@ def predict(
     + predictions.csv (+ overlay pictures with --overlay, DICOM-SEGs of DICOM series with --dicom-seg)."""
     try:
         with terminate_on_signals():  # kill, a closed terminal: as Ctrl-C, the staged masks are removed
+            from fedseg.path_checks import check_predict_paths
+
+            check_predict_paths(model, input_, out, algorithm)  # a wrong path said at once, before torch
             from fedseg.predict import predict as predict_images
 
             notes: list[str] = []  # the channel order the model reads, where it knows it
@@ -577,10 +585,13 @@ def _print_logged_warnings() -> None:
 
 def entry() -> None:
     """The ``fedseg`` command: the app, then :func:`fedseg.process_exit.exit_now` with its status (no
-    interpreter teardown: 1.2-1.5 s saved after every command)."""
+    interpreter teardown: 1.2-1.5 s saved after every command). Its output outlives a reader that goes away
+    (``fedseg run ... | head``: :func:`fedseg.console_streams.outlive_readers`)."""
+    from fedseg.console_streams import outlive_readers
     from fedseg.folder_lock import hold_until_exit, release_all
     from fedseg.process_exit import exit_now, print_error
 
+    outlive_readers()  # before the warnings' handler takes sys.stderr
     _print_logged_warnings()
     hold_until_exit()  # a command holds its output folders until it ends: a run's report is drawn after its run
     try:

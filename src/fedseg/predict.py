@@ -134,7 +134,7 @@ def predict(
     (``fedseg.evaluate.mirror``; 4 passes per 2D image, 8 per 3D window).
 
     A DICOM series input whose files cannot be read as one volume (a missing slice, uneven spacing, a damaged
-    slice: ``readers.SeriesError``) is skipped where other inputs can be predicted: one WARNING line each (logger
+    slice: ``dicom_series.SeriesError``) is skipped where other inputs can be predicted: one WARNING line each (logger
     ``fedseg.predict``) naming its folder and what is wrong, listed in ``predict.json`` (``skipped``: its ``input``
     and ``problem``) and added to ``skipped`` when given (``fedseg predict`` then exits non-zero); where every input
     is such a series, or another input has another problem, nothing is predicted (``read_inputs``)."""

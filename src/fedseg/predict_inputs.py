@@ -14,7 +14,7 @@ from typing import Literal
 import numpy as np
 import torch
 
-from fedseg.data import readers
+from fedseg.data import dicom_series, folder_entries, readers
 from fedseg.data.case_files import IMAGE_EXTS, case_problems, read_image, split_name
 from fedseg.data.case_files import PIL_EXTS as PLANE_EXTS
 from fedseg.data.federation import FederationError
@@ -23,6 +23,7 @@ from fedseg.data.importers.nnunet import stacked_channels
 from fedseg.data.preprocess import case_tensors, normalization
 from fedseg.data.volume_write import written_ext
 from fedseg.data.volumes import Grid, file_spacing, preprocess
+from fedseg.path_checks import input_problem
 from fedseg.predict_model import PredictError
 from fedseg.predict_nnunet import (
     Source,
@@ -76,13 +77,13 @@ def overlay_name(mask: str) -> str:
 
 def is_series(path: Path) -> bool:
     """Whether ``path`` is a DICOM series folder (its files, by name, the first with a DICOM preamble)."""
-    return path.is_dir() and readers.series_folder_problem(path) is None
+    return path.is_dir() and dicom_series.series_folder_problem(path) is None
 
 
 def series_problem(folder: Path) -> str | None:
-    """Why ``folder`` is no DICOM series (``readers.series_folder_problem``'s text, without its advice for a
+    """Why ``folder`` is no DICOM series (``dicom_series.series_folder_problem``'s text, without its advice for a
     federation's ``images/``), or None."""
-    problem = readers.series_folder_problem(folder)
+    problem = dicom_series.series_folder_problem(folder)
     if problem is None:
         return None
     why, sep, _ = problem.rpartition("; ")
@@ -91,10 +92,10 @@ def series_problem(folder: Path) -> str | None:
 
 def holds_dicom(folder: Path) -> bool:
     """Whether ``folder`` holds a DICOM file (by its ``.dcm`` name, or for a file of no image type its DICM preamble
-    or, without one, a raw DICOM data set: ``readers.is_dicom_file``): meant as a series, so when it is none, predict
-    says why rather than ignoring it."""
+    or, without one, a raw DICOM data set: ``dicom_series.is_dicom_file``): meant as a series, so when it is none,
+    predict says why rather than ignoring it."""
     try:
-        files = [p for p in readers.series_entries(folder) if p.is_file()]
+        files = [p for p in dicom_series.series_entries(folder) if p.is_file()]
     except OSError:
         return False
     if any(p.name.lower().endswith(".dcm") for p in files):
@@ -102,7 +103,7 @@ def holds_dicom(folder: Path) -> bool:
     for p in files:
         if split_name(p.name, IMAGE_EXTS) is None:
             try:
-                if readers.is_dicom_file(p):
+                if dicom_series.is_dicom_file(p):
                     return True
             except (OSError, FederationError):  # unreadable, or no pydicom to read a file without the preamble
                 continue
@@ -135,7 +136,9 @@ def list_inputs(path: Path, notes: list[str] | None = None, problems_out: list[s
             given = shlex.quote(str(images[0]))
             raise PredictError(f"{path}: a dataset folder (dataset.json); give the folder of images: --input {given}")
         companions = readers.mhd_data_files(path)  # the data files of .mhd headers are no inputs of their own
-        entries = [p for p in sorted(path.iterdir()) if not readers.ignored_entry(p.name) and p.name not in companions]
+        entries = [
+            p for p in sorted(path.iterdir()) if not folder_entries.ignored_entry(p.name) and p.name not in companions
+        ]
         documents = [p for p in entries if p.is_file() and p.suffix.lower().lstrip(".") in NOT_IMAGES]
         entries = [p for p in entries if p not in documents]
         if documents and notes is not None:
@@ -150,7 +153,7 @@ def list_inputs(path: Path, notes: list[str] | None = None, problems_out: list[s
             elif entry.is_dir():
                 if (problem := series_problem(entry)) is None:
                     files.append(entry)
-                elif holds_dicom(entry) or readers.nested_series(entry):  # a PACS export's case/series/*.dcm too
+                elif holds_dicom(entry) or dicom_series.nested_series(entry):  # a PACS export's case/series/*.dcm too
                     problems.append(problem)
             else:
                 problems.append(f"{entry}: neither a file nor a folder (a broken symbolic link or a link loop)")
@@ -159,10 +162,8 @@ def list_inputs(path: Path, notes: list[str] | None = None, problems_out: list[s
             raise PredictError(series_problem(path) or f"{path}: not a DICOM series folder")
         if not files and not problems:
             raise PredictError(f"{path}: no image files (expected {', '.join(IMAGE_EXTS)}) or DICOM series folders")
-    elif path.is_symlink():
-        raise PredictError(f"{path}: a broken symbolic link")
-    else:
-        raise PredictError(f"{path}: no such file or folder")
+    else:  # nothing there (fedseg predict says it before torch is imported: fedseg.path_checks)
+        raise PredictError(input_problem(path))
     unsupported = [p for p in files if p.is_file() and split_name(p.name, IMAGE_EXTS) is None]
     for p in unsupported:
         dicom = "; a DICOM image is given as its series' folder" if a_dicom_slice(p) else ""
@@ -176,12 +177,12 @@ def list_inputs(path: Path, notes: list[str] | None = None, problems_out: list[s
 
 def a_dicom_slice(path: Path) -> bool:
     """Whether the file ``path`` (of no image type) is a DICOM file: by its ``.dcm`` name, or, as PACS exports name
-    slices without one (``IM000123``, ``1.2.840...``), by its content (``readers.is_dicom_file``), so that one slice
-    given alone is told to be given as its series' folder rather than "unsupported file type" alone."""
+    slices without one (``IM000123``, ``1.2.840...``), by its content (``dicom_series.is_dicom_file``), so that one
+    slice given alone is told to be given as its series' folder rather than "unsupported file type" alone."""
     if path.suffix.lower() == ".dcm":
         return True
     try:
-        return readers.is_dicom_file(path)
+        return dicom_series.is_dicom_file(path)
     except (OSError, FederationError):  # unreadable, or no pydicom to tell
         return False
 
@@ -267,7 +268,7 @@ def read_source(source: Source, kind: Literal["2d", "3d"]) -> np.ndarray:
 
 @dataclass(frozen=True)
 class Skipped:
-    """A DICOM series input left out because its files cannot be read as one volume (``readers.SeriesError``: a
+    """A DICOM series input left out because its files cannot be read as one volume (``dicom_series.SeriesError``: a
     missing slice, uneven spacing...): ``path`` its folder, ``name`` as ``predictions.csv`` would name it (relative
     to the input folder), ``problem`` the one line saying what is wrong."""
 
@@ -294,7 +295,7 @@ def read_inputs(
     (``check_dataset_channels``); ``notes``, when given, receives the line of ``channels_note``.
 
     With ``skipped`` (``fedseg predict`` on a PACS folder of many series): a DICOM series whose files cannot be read
-    as one volume (``readers.SeriesError``: a missing slice, uneven spacing, a damaged slice) is left out and added
+    as one volume (``dicom_series.SeriesError``: a missing slice, uneven spacing, a damaged slice) is left out and added
     to it, so the other inputs are predicted; refused as without it where every input is such a series (nothing to
     predict) or where any input has another problem (a wrong channel count, NaN pixels, an entry that is no input:
     the series' lines are said with them)."""
@@ -315,7 +316,7 @@ def read_inputs(
     for source in sources:
         try:
             inputs.append(read_input(source, Path(path), bundle))
-        except readers.SeriesError as e:
+        except dicom_series.SeriesError as e:
             problems += (lines := str(e).splitlines())
             series_lines += len(lines)
             folder = source.files[0]

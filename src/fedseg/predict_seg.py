@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from fedseg import __version__
-from fedseg.data import readers
+from fedseg.data import dicom_series, optional_modules
 from fedseg.run.bundles import Bundle, BundleError
 
 SERIES_NUMBER_OFFSET = 1000  # the SEG's SeriesNumber: the source series' + this
@@ -63,7 +63,7 @@ def require_highdicom(where: Path) -> ModuleType:
     try:
         return importlib.import_module("highdicom")
     except ImportError:
-        raise BundleError(f"{where}: writing a DICOM-SEG needs highdicom: {readers.INSTALL_HINT}") from None
+        raise BundleError(f"{where}: writing a DICOM-SEG needs highdicom: {optional_modules.INSTALL_HINT}") from None
 
 
 def seg_writer(bundle: Bundle, paths: list[Path], given: Path, skipped: int = 0) -> SegWriter:
@@ -173,10 +173,10 @@ class SegWriter:
 
 def sorted_slices(series: Path) -> list[Any]:
     """The headers of the slices of DICOM series folder ``series`` in the order fedseg reads them (its third array
-    axis: by position along the slice normal, ``readers.slice_order``, the order ``readers.series_grid`` gives them);
-    the series is one ``read_inputs`` accepted."""
-    headers = [readers.read_dicom(p, stop_before_pixels=True) for p in readers.series_entries(series)]
-    return [with_type2_attributes(headers[i]) for i in readers.slice_order(headers)[0]]
+    axis: by position along the slice normal, ``dicom_series.slice_order``, the order ``dicom_series.series_grid``
+    gives them); the series is one ``read_inputs`` accepted."""
+    headers = [dicom_series.read_dicom(p, stop_before_pixels=True) for p in dicom_series.series_entries(series)]
+    return [with_type2_attributes(headers[i]) for i in dicom_series.slice_order(headers)[0]]
 
 
 def with_type2_attributes(header: Any) -> Any:

@@ -40,6 +40,7 @@ from fedseg.config import RunConfig
 from fedseg.config_load import with_recorded_defaults, without_idle_methods
 from fedseg.engine.forkserver import die_with_parent, ensure_server, server_pid
 from fedseg.interrupts import INTERRUPTED_EXIT, stop_processes
+from fedseg.run.said_once import said_environment
 from fedseg.run.stopping import recorded_not_converged
 
 if TYPE_CHECKING:
@@ -290,7 +291,8 @@ class Runner:
         KeyboardInterrupt) starts no further run, stops the running ones (their last round's checkpoint stays)
         and leaves no process behind, then re-raises."""
         federations = job_federations(configs[r] for r in todo)  # registered here: sent along, checked first
-        environment = job_memory_share(min(self.jobs, len(todo)))  # each run's share of the memory
+        # each run's share of the memory; the bench's record of the notes shown (fedseg.run.said_once)
+        environment = {**job_memory_share(min(self.jobs, len(todo))), **said_environment()}
         # the process server dies with this process however it ends (SIGKILL too), and each run's process with it
         ensure_server()
         context = multiprocessing.get_context("forkserver")

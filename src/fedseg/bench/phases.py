@@ -34,6 +34,7 @@ from fedseg.bench.select import select_settings
 from fedseg.bench.spec import BenchSpec
 from fedseg.folder_lock import holding
 from fedseg.run.preflight import check_out_kind
+from fedseg.run.said_once import said_once
 
 BENCH_FILE = "bench.json"
 TABLES_ONLY = {"comparisons", "tests"}  # bench keys that change no run, only the tables: a resume may change them
@@ -194,7 +195,8 @@ def run_bench(
         if len(bench.seeds) == 1:  # the default too: a bench without seeds:
             echo(ONE_SEED_NOTE.format(seeds=list(bench.seeds)))
         out.mkdir(parents=True, exist_ok=True)
-    with holding(out) if train else contextlib.nullcontext():  # one bench trains in this folder (not --tables-only)
+    held = holding(out) if train else contextlib.nullcontext()  # one bench trains in this folder (not --tables-only)
+    with held, said_once():  # a note its runs share (e.g. eval.hd95_worst's) shown by the first only
         if train:
             record_bench(bench, out, recorded)
         return run_phases(bench, root, out, Runner(bench, root, out, jobs, echo, train, registered), holdouts)

@@ -34,7 +34,6 @@ import yaml
 from fedseg.bench.spec import BenchSpec, FederationSpec, MethodSpec, read_bench
 from fedseg.config import RunConfig
 from fedseg.config_load import ConfigError, error_text, load_config
-from fedseg.studies import run_label
 
 if TYPE_CHECKING:
     from fedseg.data.federation import Federation
@@ -78,6 +77,8 @@ def setting_label(setting: Setting) -> str:
     """``default``, or ``key=value,key=value`` as a folder name (``fedseg.studies.run_label``)."""
     if not setting:
         return DEFAULT
+    from fedseg.studies import run_label  # here: fedseg.studies imports torch, the bench file is read without it
+
     return ",".join(run_label(key.split(".")[-1], _yaml(value)) for key, value in setting)
 
 

@@ -34,7 +34,7 @@ from typing import Literal
 
 import numpy as np
 
-from fedseg.data import dicom_seg, readers, rtstruct
+from fedseg.data import dicom_seg, readers, rtstruct, voxel_grid
 from fedseg.data.federation import FederationError, Regions
 
 IMAGE_EXTS = ("nii.gz", "nii", "png", "jpg", "jpeg", "npy", *readers.ITK_EXTS)  # and DICOM series folders
@@ -262,11 +262,11 @@ def case_problems(image: np.ndarray, label: np.ndarray, image_path: Path, label_
 
 def grid_problems(image_path: Path, label_path: Path) -> list[str]:
     """A volume image and its label on different grids (an axis flipped, another origin or spacing), one line;
-    shapes can agree while the voxels do not. Compared from the headers (no voxel read) by ``readers.grid_mismatch``.
+    shapes can agree while the voxels do not. Compared from the headers (no voxel read) by ``voxel_grid.grid_mismatch``.
     Nothing for 2D files, or a DICOM-SEG label (placed on its image's grid when read)."""
     if not (_is_volume(_ext(image_path)) and _is_volume(_ext(label_path))) or _ext(label_path) == readers.DICOM:
         return []
-    mismatch = readers.grid_mismatch(readers.volume_grid(label_path), readers.volume_grid(image_path))
+    mismatch = voxel_grid.grid_mismatch(readers.volume_grid(label_path), readers.volume_grid(image_path))
     if mismatch is None:
         return []
     return [

@@ -19,18 +19,17 @@ from typing import cast
 import numpy as np
 
 from fedseg.config import DataConfig, SplitConfig
-from fedseg.data import dicom_seg, readers, rtstruct
+from fedseg.data import dicom_seg, dicom_series, readers, rtstruct, voxel_grid
 from fedseg.data.case_files import case_problems, grid_problems, read_array, read_image, read_label
 from fedseg.data.federation import UNANNOTATED, Federation, FederationError, Regions
 from fedseg.data.folder import (
-    HEADER_FILE,
     Header,
     build_federation,
     group_problems,
     load_itk_for,
     moved_links_problem,
     problems_text,
-    raw_dataset_problem,
+    root_problem,
     scan_folder,
 )
 from fedseg.data.prefetch import ordered_map
@@ -278,11 +277,11 @@ def voxel_orientation(image_path: Path) -> str | None:
 
     try:
         if fmt == readers.DICOM:  # one slice says it: rows, columns, then slices stacked along their normal
-            first = readers.series_entries(image_path)[0]
-            iop = np.asarray(readers.read_dicom(first, stop_before_pixels=True).ImageOrientationPatient, float)
+            first = dicom_series.series_entries(image_path)[0]
+            iop = np.asarray(dicom_series.read_dicom(first, stop_before_pixels=True).ImageOrientationPatient, float)
             axes = np.eye(4)
             axes[:3, :3] = np.column_stack([iop[:3], iop[3:], np.cross(iop[:3], iop[3:])])
-            affine = readers.LPS_TO_RAS @ axes
+            affine = voxel_grid.LPS_TO_RAS @ axes
         else:
             affine = readers.volume_grid(image_path).affine
         return "".join(str(code) for code in aff2axcodes(affine))
@@ -366,12 +365,7 @@ def check_folder(
     ``... and N more like this``; the count in its first line is the total).
     """
     root = Path(root)
-    if not root.is_dir():  # one line, not the problems of a folder that is not there
-        what = "does not exist" if not root.exists() else "is a file"
-        hint = f" (give the folder that holds it: {root.parent})" if root.name == HEADER_FILE else ""
-        layout = f"a federation is a folder with {HEADER_FILE} and a folder per site"
-        raise FederationError(f"{root}: {what}; {layout}{hint}")
-    for problem in (raw_dataset_problem(root), moved_links_problem(root)):
+    for problem in (root_problem(root), moved_links_problem(root)):  # not a folder, a raw dataset, moved links
         if problem is not None:  # one line: the problems that follow from it would bury it
             raise FederationError(problem)
     header, sites, fixed, problems = scan_folder(root, all_sites=all_sites)

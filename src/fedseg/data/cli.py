@@ -115,13 +115,16 @@ def check(
     ] = None,
 ) -> None:
     """Validate a federation folder and list every problem; exit 1 if there is any."""
-    from fedseg.data.check import check_folder, volume_memory_note
-    from fedseg.data.folder import group_problems
+    from fedseg.data.folder import group_problems, root_problem
 
     warnings: list[str] = []
     _check_positive(max_image_mb, "--max-image-mb", "MB")
     try:
         split, split_seed = _split_settings(preset, config, seed)
+        if (problem := root_problem(root)) is not None:  # said before fedseg.data.check imports torch
+            raise FederationError(problem)
+        from fedseg.data.check import check_folder, volume_memory_note
+
         fed = check_folder(
             root, split, split_seed, max_image_mb=max_image_mb, warnings=warnings, all_sites=site is None
         )

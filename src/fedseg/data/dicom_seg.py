@@ -15,23 +15,18 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from fedseg.data.federation import FederationError
-from fedseg.data.readers import (
+from fedseg.data.dicom_series import (
     DAMAGED,
-    DICOM,
-    LPS_TO_RAS,
     SEG_SOP_CLASSES,
-    VoxelGrid,
-    coarser_problem,
     dicom_read_failure,
     ended_early,
     read_dicom,
     series_entries,
     sop_class,
-    striped_problem,
-    striped_step,
-    volume_format,
 )
+from fedseg.data.federation import FederationError
+from fedseg.data.readers import DICOM, coarser_problem, striped_problem, striped_step, volume_format
+from fedseg.data.voxel_grid import LPS_TO_RAS, VoxelGrid
 
 if TYPE_CHECKING:
     from fedseg.data.federation import Regions

@@ -41,7 +41,7 @@ from typing import Any, Literal
 
 import yaml
 
-from fedseg.data import dicom_seg, readers
+from fedseg.data import dicom_seg, dicom_series, folder_entries, readers
 from fedseg.data.case_files import DCM_IMAGE_HINT, IMAGE_EXTS, LABEL_EXTS, load_case, split_name
 from fedseg.data.csv_rows import normal_form
 from fedseg.data.federation import Case, Federation, FederationError, Regions, Site, Split, ignore_problem
@@ -306,9 +306,9 @@ def _list_files(
     folder: Path, exts: tuple[str, ...], what: str, problems: list[str]
 ) -> tuple[dict[str, Path], set[str]]:
     """Case id -> file in ``folder`` (hidden files and OS junk such as ``Thumbs.db`` ignored:
-    ``readers.ignored_entry``); returns ``(files, ids said already)`` and appends problems. The ids said already are
-    those of several files (duplicates) and of series folders that are no DICOM series: their partners are not
-    "without image" too.
+    ``folder_entries.ignored_entry``); returns ``(files, ids said already)`` and appends problems. The ids said
+    already are those of several files (duplicates) and of series folders that are no DICOM series: their partners
+    are not "without image" too.
 
     In ``images/``, a sub-folder is a DICOM series whose case id is the folder's name; the data files
     of ``.mhd`` headers are part of their header (``readers.mhd_data_files``)."""
@@ -320,10 +320,10 @@ def _list_files(
     unreadable: set[str] = set()  # series folders said to be no series: the case is there, its label has an image
     companions = readers.mhd_data_files(folder)
     for path in sorted(folder.iterdir()):
-        if readers.ignored_entry(path.name) or (path.name in companions and path.is_file()):
+        if folder_entries.ignored_entry(path.name) or (path.name in companions and path.is_file()):
             continue
         if path.is_dir() and what == "image":
-            problem = readers.series_folder_problem(path)
+            problem = dicom_series.series_folder_problem(path)
             if problem is not None:
                 problems.append(problem)
                 unreadable.add(path.name)
@@ -564,6 +564,17 @@ def problems_text(header: str, problems: list[str]) -> str:
     if len(problems) == 1:
         return f"{header}: {problems[0]}"
     return f"{header} ({len(problems)} problems):\n" + "\n".join(f"  {p}" for p in group_problems(problems))
+
+
+def root_problem(root: Path) -> str | None:
+    """The one line a federation folder ``root`` is refused with before anything in it is read: it does not exist or
+    is a file, or it is a raw dataset to import first (:func:`raw_dataset_problem`); else None. A few file look-ups:
+    ``fedseg run --data`` says it before torch is imported (``fedseg.path_checks``), ``check_folder`` says it too."""
+    if not root.is_dir():
+        what = "does not exist" if not root.exists() else "is a file"
+        hint = f" (give the folder that holds it: {root.parent})" if root.name == HEADER_FILE else ""
+        return f"{root}: {what}; a federation is a folder with {HEADER_FILE} and a folder per site{hint}"
+    return raw_dataset_problem(root)
 
 
 def raw_dataset_problem(root: Path) -> str | None:

@@ -6,7 +6,8 @@
 ``fedseg.data.volume_write`` writes back for ``fedseg predict``'s masks), and through ``dicom_seg.read_dicom_seg``
 (a DICOM-SEG drawn on an image's grid). Readers: NIfTI with nibabel (as before), NRRD/MetaImage and DICOM series
 with MONAI's ``ITKReader`` (the reader ``monai.transforms.LoadImage`` uses; called directly so that the stored dtype is
-kept, where ``LoadImage``'s tensor turns uint16 into int32), DICOM headers and DICOM-SEG with pydicom.
+kept, where ``LoadImage``'s tensor turns uint16 into int32), DICOM headers (a series' grid and what it refuses:
+:mod:`fedseg.data.dicom_series`) and DICOM-SEG with pydicom. The grid type: :mod:`fedseg.data.voxel_grid`.
 ITK and pydicom come with ``pip install 'fedseg[formats]'``; without them NIfTI, PNG, JPEG and NumPy
 files still work and these formats fail with one line saying what to install.
 
@@ -28,52 +29,31 @@ maps voxel indices to RAS+ mm (nibabel's convention; ITK and DICOM's LPS are con
 
 from __future__ import annotations
 
-import importlib
 import logging
-import re
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, BinaryIO, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
+from fedseg.data.dicom_series import SeriesError, read_dicom, series_entries, series_grid, slice_order
 from fedseg.data.federation import FederationError
+from fedseg.data.optional_modules import require_module
+from fedseg.data.voxel_grid import LPS_TO_RAS, VoxelGrid, embed_affine, grid_mismatch
 
 log = logging.getLogger("fedseg.data.readers")
 
 if TYPE_CHECKING:
     from nibabel.spatialimages import SpatialImage
 
-    from fedseg.data.federation import Federation
-
 NIFTI_EXTS = ("nii.gz", "nii")
 ITK_EXTS = ("nrrd", "mha", "mhd")  # read with ITK
 VOLUME_EXTS = NIFTI_EXTS + ITK_EXTS  # single-file volumes (images and labels)
 SEG_EXT = "dcm"  # a DICOM-SEG label map: labels/<case>.dcm
 DICOM = "dicom"  # the format name of a DICOM series folder (images/<case>/)
-INSTALL_HINT = "pip install 'fedseg[formats]'"
-LPS_TO_RAS = np.diag([-1.0, -1.0, 1.0, 1.0])
-SEG_SOP_CLASSES = ("1.2.840.10008.5.1.4.1.1.66.4", "1.2.840.10008.5.1.4.1.1.66.7")  # Segmentation, Label Map
-_POSITION_TOL_MM = 0.01  # two slices closer than this along the normal share a position
-_SPACING_RTOL = 0.01  # slice gaps that differ by more than 1 % are uneven ...
-# ... and by more than header precision: ImagePositionPatient is a decimal string that scanners often round to 2
-# decimals (0.625 mm slices at 0, 0.63, 1.25, 1.88 mm), so each position is off by up to 0.005 mm, a gap by up to
-# 0.01 mm and two gaps differ by up to 0.02 mm (0.62 vs 0.63 mm: 1.6 %). A missing slice doubles a gap and mixed
-# thicknesses (2 vs 2.5 mm) differ by far more, so both are still refused.
-_SPACING_ATOL_MM = 0.02
-_DICOMDIR_SOP_CLASS = "1.2.840.10008.1.3.10"  # Media Storage Directory Storage: a DICOMDIR
-_TILT_VOXELS = 0.25  # the last slice further sideways than this (in-plane voxels) of a grid through the first: tilted
-
-
-def _require(module: str, path: Path, what: str) -> ModuleType:
-    """Import ``module`` (an optional dependency); ``FederationError`` naming ``path`` and the install command."""
-    try:
-        return importlib.import_module(module)
-    except ImportError:
-        raise FederationError(f"{path}: reading {what} needs {module}: {INSTALL_HINT}") from None
 
 
 # What fedseg's ITK readers (and MONAI's ITKReader) use: ITK Python loads each of its modules on first use of a name,
@@ -100,7 +80,7 @@ def load_itk(path: Path | None = None, what: str = "a DICOM series, NRRD or Meta
     federation with DICOM series, NRRD or MetaImage files): ITK's loading changes the process's working directory
     while it runs. ``FederationError`` naming ``path`` and the install command without ITK."""
     global _itk_loaded
-    itk = _require("itk", path or Path("."), what)
+    itk = require_module("itk", path or Path("."), what)
     if not _itk_loaded:
         with _ITK_LOCK:
             if not _itk_loaded:
@@ -185,534 +165,6 @@ def coarser_problem(
         f"slices it stands for (it lies on slice{'s' if len(found) > 1 else ''} {_slices_text(found)}), training "
         "striped labels; give it the series it was drawn on as its image, or resample it onto this one"
     )
-
-
-@dataclass(frozen=True)
-class VoxelGrid:
-    """Where a volume's voxels lie: ``shape`` the spatial shape (array order), ``affine`` 4x4 voxel index ->
-    RAS+ mm (a 2D grid is embedded with a unit third axis)."""
-
-    shape: tuple[int, ...]
-    affine: np.ndarray
-
-    def spacing(self, dims: int) -> tuple[float, ...]:
-        """Voxel size in mm along the first ``dims`` array axes."""
-        return tuple(float(v) for v in np.linalg.norm(self.affine[:3, :dims], axis=0))
-
-
-def _numbers(values: np.ndarray) -> str:
-    """``(0.8, 0.8, 2.5)``: numbers as a reader writes them (rounded, no numpy reprs)."""
-    return "(" + ", ".join(f"{float(x):g}" for x in np.round(values, 3)) + ")"
-
-
-def grid_mismatch(grid: VoxelGrid, reference: VoxelGrid) -> str | None:
-    """How ``grid``'s voxels lie elsewhere than ``reference``'s, in words ending in ``mm`` (its spacing, an axis
-    flipped or rotated, its origin), or ``None`` when they agree: voxel axes (direction x spacing) to 0.1 %, origins
-    to half the smallest voxel (header rounding). Shapes are not compared."""
-    a, b = grid.affine, reference.affine
-    spacing_a, spacing_b = np.linalg.norm(a[:3, :3], axis=0), np.linalg.norm(b[:3, :3], axis=0)
-    if not np.allclose(spacing_a, spacing_b, rtol=1e-3, atol=1e-3):
-        return f"spacing {_numbers(spacing_a)} vs {_numbers(spacing_b)} mm"
-    if not np.allclose(a[:3, :3], b[:3, :3], rtol=1e-3, atol=1e-3):
-        axes = lambda m: np.array2string(m[:3, :3].round(3) + 0.0, separator=",").replace("\n", "")  # noqa: E731
-        return f"an axis flipped or rotated: voxel axes {axes(a)} vs {axes(b)} mm"
-    if np.linalg.norm(a[:3, 3] - b[:3, 3]) > 0.5 * min(spacing_b):
-        return f"origin {_numbers(a[:3, 3])} vs {_numbers(b[:3, 3])} mm"
-    return None
-
-
-def _embed(affine: np.ndarray) -> np.ndarray:
-    """A ``(n+1, n+1)`` affine (n <= 3 spatial axes) as 4x4, the missing axes unit and orthogonal."""
-    n = affine.shape[0] - 1
-    out = np.eye(4)
-    out[:n, :n], out[:n, 3] = affine[:n, :n], affine[:n, n]
-    return out
-
-
-# --- DICOM series -------------------------------------------------------------------------------------
-
-
-OS_JUNK_FILES = frozenset({"thumbs.db", "ehthumbs.db", "desktop.ini"})  # Windows Explorer's, as .DS_Store is macOS'
-DAMAGED = "a truncated or damaged file (an interrupted copy?)"
-
-
-def ignored_entry(name: str) -> bool:
-    """Whether a folder entry named ``name`` is no data and is skipped wherever a folder of cases or slices is
-    listed: hidden (a name starting with ``.``: macOS' ``.DS_Store`` and ``._*``), or a file that Windows Explorer
-    leaves in folders it shows (``Thumbs.db``, ``ehthumbs.db``, ``desktop.ini``; any case)."""
-    return name.startswith(".") or name.lower() in OS_JUNK_FILES
-
-
-def series_entries(folder: Path) -> list[Path]:
-    """The entries of a DICOM series folder, sorted by name, without those no data (``ignored_entry``)."""
-    return sorted(p for p in folder.iterdir() if not ignored_entry(p.name))
-
-
-def empty_file_problem(path: Path) -> str | None:
-    """One line for a file of 0 bytes (an interrupted copy; pydicom would call it no DICOM file), else None."""
-    try:
-        empty = path.is_file() and path.stat().st_size == 0
-    except OSError:
-        return None
-    return f"{path}: empty file (0 bytes): an interrupted copy? copy it again" if empty else None
-
-
-def has_dicm_prefix(path: Path) -> bool:
-    """Whether ``path`` holds ``DICM`` after a 128-byte preamble, as every DICOM file written to the standard does;
-    False where it cannot be read."""
-    try:
-        with open(path, "rb") as f:
-            return f.read(132)[128:] == b"DICM"
-    except OSError:
-        return False
-
-
-def _meta_first(path: Path) -> bool:
-    """Whether ``path`` starts with a file meta element (group 0002) where the 128-byte preamble belongs: a DICOM file
-    with its preamble cut off, which pydicom reads (``read_dicom``) but ITK/GDCM does not."""
-    try:
-        with open(path, "rb") as f:
-            return f.read(2) == b"\x02\x00"
-    except OSError:
-        return False
-
-
-_IDENTITY = ("SOPClassUID", "SOPInstanceUID")  # what every DICOM object names (a forced read of other bytes does not)
-_UID = re.compile(r"\d+(\.\d+)*")  # a UID as old PACS write them: digits and dots (leading zeros too), <= 64 chars
-_RAW_GROUPS = (0x0002, 0x0008)  # a data set's first element: its file meta, or its identifying group
-
-
-def _starts_like_data_set(path: Path) -> bool:
-    """Whether ``path``'s first bytes are a DICOM element header of a raw data set: a tag of group 0002 or 0008
-    (either byte order), then a two-letter value representation (explicit VR) or a value length within the file
-    (implicit VR). Cheap (8 bytes), so a forced parse, which reads any bytes as elements and can read a large file
-    whole, is tried only on files that can be one."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(8)
-        size = path.stat().st_size
-    except OSError:
-        return False
-    if len(head) < 8:
-        return False
-    groups = {int.from_bytes(head[:2], "little"), int.from_bytes(head[:2], "big")}
-    explicit = head[4:6].isalpha() and head[4:6].isupper()
-    implicit = min(int.from_bytes(head[4:8], "little"), int.from_bytes(head[4:8], "big")) <= size
-    return bool(groups & set(_RAW_GROUPS)) and (explicit or implicit)
-
-
-def read_dicom(path: Path, source: BinaryIO | None = None, **options: Any) -> Any:
-    """``pydicom.dcmread(source or path, **options)``, a file without the 128-byte preamble and ``DICM`` prefix too:
-    a raw DICOM stream (its data set alone, as some old PACS and tools export slices), which ITK/GDCM read and
-    pydicom only when forced. Forced, pydicom parses any bytes into some data set (a PNG or a note as a few nonsense
-    tags), so it is tried only on a file that starts as a data set (``_starts_like_data_set``) and taken only where
-    it names a SOPClassUID and SOPInstanceUID (digits and dots, at most 64 characters; old systems' UIDs with leading
-    zeros in a part are read as ITK reads them), as any DICOM object does; otherwise pydicom's own error is raised
-    (``dicom_read_failure`` says it in words). A raw stream has no file meta to name its transfer syntax: it is set
-    to the (uncompressed) encoding pydicom found, so that pixels decode.
-    ``source``: ``path`` opened by the caller (read from its start; read again from there when forced)."""
-    pydicom = _require("pydicom", path, "a DICOM file")
-    try:
-        return pydicom.dcmread(path if source is None else source, **options)
-    except pydicom.errors.InvalidDicomError:
-        if has_dicm_prefix(path) or not _starts_like_data_set(path):  # damaged DICOM, or another format
-            raise
-        if source is not None:
-            source.seek(0)
-        if options.get("specific_tags") is not None:
-            options["specific_tags"] = [*options["specific_tags"], *_IDENTITY]
-        try:
-            ds = pydicom.dcmread(path if source is None else source, force=True, **options)
-            uids = [str(ds.get(keyword, "") or "") for keyword in _IDENTITY]
-        except Exception:  # noqa: BLE001 — any bytes that are no data set: not DICOM, pydicom's first error says so
-            uids = []
-        if not uids or not all(len(uid) <= 64 and _UID.fullmatch(uid) for uid in uids):
-            raise
-    if "TransferSyntaxUID" not in ds.file_meta:
-        implicit, little = ds.original_encoding
-        ds.file_meta.TransferSyntaxUID = (
-            pydicom.uid.ImplicitVRLittleEndian
-            if implicit
-            else pydicom.uid.ExplicitVRLittleEndian
-            if little
-            else pydicom.uid.ExplicitVRBigEndian
-        )
-    return ds
-
-
-def is_dicom_file(path: Path) -> bool:
-    """Whether ``path`` is a DICOM file: the ``DICM`` prefix, or without it a data set ``read_dicom`` takes (a raw
-    DICOM stream). Cheap for a DICOM file (132 bytes); others are parsed once, without their pixels.
-    ``FederationError`` where that needs pydicom and it is not installed."""
-    if has_dicm_prefix(path):
-        return True
-    try:
-        read_dicom(path, stop_before_pixels=True, defer_size=1024)  # values over 1 KiB are not read
-    except FederationError:  # no pydicom: that, not "no DICOM file"
-        raise
-    except Exception:  # noqa: BLE001 — pydicom raises several types for a file that is no DICOM
-        return False
-    return True
-
-
-NOT_DICOM = "not a DICOM file (no DICM preamble)"
-
-
-def dicom_read_failure(path: Path, e: Exception, expected: str) -> str:
-    """Why ``read_dicom`` could not read ``path`` (``e``), in one line and plain words (no exception class names): an
-    empty file, a DICOM file whose header is cut short or damaged (it has the DICM preamble), or no DICOM file at all
-    (``expected``: what it should be)."""
-    if (empty := empty_file_problem(path)) is not None:
-        return empty
-    if isinstance(e, OSError):  # not its content: the file itself cannot be read
-        return f"{path}: cannot read ({e.strerror or e}); {expected}"
-    if has_dicm_prefix(path):
-        return f"{path}: cannot read its DICOM header: {DAMAGED}"
-    return f"{path}: {NOT_DICOM}; {expected}"
-
-
-def _listed(words: Sequence[str]) -> str:
-    """``a``, ``a and b``, ``a, b and c``."""
-    return f"{', '.join(words[:-1])} and {words[-1]}" if len(words) > 1 else "".join(words)
-
-
-def _deflated(ds: Any) -> bool:
-    """Whether data set ``ds`` was stored deflated (zlib): pydicom parses the inflated bytes, so its element positions
-    are not positions in the file, and a file cut short fails to inflate in ``read_dicom`` instead."""
-    syntax = getattr(getattr(ds, "file_meta", None), "TransferSyntaxUID", None)
-    return bool(getattr(syntax, "is_deflated", False))
-
-
-def ended_early(path: Path, ds: Any, needed: Sequence[str]) -> str | None:
-    """How the DICOM file ``path``, whose data set ``ds`` pydicom read up to the file's end (quietly, as it reads a
-    file cut short), ends too early: "the file ends after N bytes, inside its <last element>" where that element's
-    value runs past the end, and/or "before its <the ``needed`` attributes it lacks>" where they all would come after
-    its last element (a data set is stored in tag order, so a file cut short lacks exactly what follows the cut).
-    None where it lacks none of them and its last element is whole, or lacks one its stored elements should follow
-    (no cut: a file of another kind, said by its reader), and for a deflated file (``_deflated``)."""
-    from pydicom.datadict import keyword_for_tag, tag_for_keyword
-
-    if _deflated(ds):
-        return None
-    size = path.stat().st_size
-    last = max(ds.keys(), default=None)
-    element = ds.get_item(last) if last is not None else None
-    length, at = getattr(element, "length", None), getattr(element, "value_tell", None)
-    inside = isinstance(length, int) and isinstance(at, int) and length != 0xFFFFFFFF and at + length > size
-    missing = sorted((tag_for_keyword(k), k) for k in needed if k not in ds)
-    before = bool(missing) and (last is None or missing[0][0] > last)
-    if not (inside or before):
-        return None
-    where = [f"inside its {keyword_for_tag(last) or last}"] if inside and last is not None else []
-    if before:
-        names = [k for _, k in missing]
-        where.append(f"before its {_listed(names if len(names) < 4 else [*names[:2], f'{len(names) - 2} more'])}")
-    return f"the file ends after {size} bytes, {', '.join(where)}"
-
-
-def _nested_series(folder: Path, entries: list[Path]) -> str | None:
-    """For a case folder ``folder`` whose one entry (``entries``) is a folder of DICOM files (a PACS export's
-    ``<case>/<series>/*.dcm``): what it holds and what to do; else None."""
-    if len(entries) != 1 or not entries[0].is_dir():
-        return None
-    try:
-        inner = series_entries(entries[0])
-        files = [p for p in inner if p.is_file()]
-        if not files or len(files) != len(inner):
-            return None
-        if not (files[0].name.lower().endswith(".dcm") or is_dicom_file(files[0])):
-            return None
-    except (OSError, FederationError):
-        return None
-    count = f"{len(files)} DICOM file{'s' if len(files) > 1 else ''}"
-    return (
-        f"{folder}: holds the folder {entries[0].name!r} of {count}, a series one level too deep (a PACS export's "
-        f"layout?): move the files up into {folder.name}/ and remove {entries[0].name!r}"
-    )
-
-
-def nested_series(folder: Path) -> bool:
-    """Whether ``folder``'s one entry is a folder of DICOM files (a series one level too deep: ``_nested_series``)."""
-    try:
-        return _nested_series(folder, series_entries(folder)) is not None
-    except OSError:
-        return False
-
-
-def series_folder_problem(folder: Path) -> str | None:
-    """Why ``folder`` (inside ``images/``) cannot be a DICOM series, from names and the first file's
-    preamble alone, or its header where it has none (``is_dicom_file``; cheap: ``load_folder`` reads no image);
-    ``None`` if it looks like one."""
-    expected = "a case folder in images/ must hold the .dcm files of one DICOM series"
-    try:
-        entries = series_entries(folder)
-    except OSError as e:
-        return f"{folder}: cannot list this folder ({e.strerror}); {expected}"
-    if not entries:
-        return f"{folder}: empty folder; {expected}"
-    for entry in entries:
-        if not entry.is_file():
-            said = _nested_series(folder, entries) or f"{folder}: holds {entry.name!r}, which is not a file"
-            return f"{said}; {expected}"
-    if (empty := empty_file_problem(entries[0])) is not None:
-        return f"{empty}; {expected}"
-    try:
-        with open(entries[0], "rb") as f:
-            f.read(1)
-    except OSError as e:
-        return f"{entries[0]}: cannot read ({e.strerror}); {expected}"
-    try:
-        dicom = is_dicom_file(entries[0])
-    except FederationError as e:  # no pydicom to read a file without the DICM preamble
-        return f"{e}; {expected}"
-    if not dicom:
-        return f"{entries[0]}: {NOT_DICOM}; {expected}"
-    return None
-
-
-def _truncated(path: Path, ds: Any, pixels_at: int) -> str | None:
-    """Why ``path`` (its header ``ds``, read without pixels up to byte ``pixels_at``, where its pixel data element
-    starts) is cut short: an uncompressed slice whose file ends before its pixel data (Rows x Columns x
-    SamplesPerPixel x BitsAllocated / 8 bytes after the element's 8-byte header at least) does, as an interrupted
-    copy leaves it; ITK would drop the slice and blame the slice spacing. None where it is complete or cannot be told
-    (a compressed or deflated transfer syntax, a header without the sizes: the checks after this one say so)."""
-    syntax = getattr(getattr(ds, "file_meta", None), "TransferSyntaxUID", None)
-    try:
-        if syntax is None or syntax.is_compressed or _deflated(ds):
-            return None
-        needed = int(ds.Rows) * int(ds.Columns) * int(getattr(ds, "SamplesPerPixel", 1)) * int(ds.BitsAllocated) // 8
-    except (AttributeError, TypeError, ValueError):
-        return None
-    missing = pixels_at + 8 + needed - path.stat().st_size
-    if missing <= 0:
-        return None
-    return (
-        f"{path}: its pixel data ends at least {missing} bytes short of {int(ds.Rows)} x {int(ds.Columns)} pixels of "
-        f"{int(ds.BitsAllocated)} bits: a truncated file (an interrupted copy?); copy it again"
-    )
-
-
-def _is_dicomdir(path: Path, ds: Any) -> bool:
-    """Whether ``path`` (its header ``ds``) is a DICOMDIR, the index a DICOM medium (CD, USB export) keeps beside its
-    series: by its file name or its SOP class. Refused rather than skipped: ITK/GDCM reads the series folder itself,
-    and what it makes of a DICOMDIR there is not fedseg's to decide; a DICOMDIR among the slices also means the
-    folder is a medium's layout, not one series per case folder."""
-    sop_class = getattr(getattr(ds, "file_meta", None), "MediaStorageSOPClassUID", None) or getattr(
-        ds, "SOPClassUID", None
-    )
-    return path.name.upper() == "DICOMDIR" or str(sop_class or "") == _DICOMDIR_SOP_CLASS
-
-
-# what the header of a slice of a volume holds (BitsAllocated: for its pixel data's size, ``_truncated``)
-_SLICE_ATTRIBUTES = (
-    "ImagePositionPatient",
-    "ImageOrientationPatient",
-    "PixelSpacing",
-    "Rows",
-    "Columns",
-    "BitsAllocated",
-)
-
-
-def _plane(ds: Any, path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """A slice's ``(position, row direction, column direction, (row spacing, column spacing))`` in LPS mm."""
-    missing = [a for a in _SLICE_ATTRIBUTES if a not in ds]
-    if missing:
-        raise FederationError(
-            f"{path}: not a slice of a volume (no {', '.join(missing)}); a DICOM series folder holds one "
-            "single-frame image per slice"
-        )
-    try:
-        position = np.asarray(ds.ImagePositionPatient, dtype=np.float64)
-        orientation = np.asarray(ds.ImageOrientationPatient, dtype=np.float64)
-        spacing = np.asarray(ds.PixelSpacing, dtype=np.float64)
-    except (TypeError, ValueError):
-        position = orientation = spacing = np.zeros(0)
-    if position.shape != (3,) or orientation.shape != (6,) or spacing.shape != (2,):
-        raise FederationError(f"{path}: malformed ImagePositionPatient, ImageOrientationPatient or PixelSpacing")
-    return position, orientation[:3], orientation[3:], spacing
-
-
-def slice_order(headers: Sequence[Any]) -> tuple[list[int], np.ndarray]:
-    """The order of a DICOM series' slices along fedseg's third array axis, as ITK/GDCM sorts them: the indices of
-    ``headers`` (the slices' pydicom datasets) sorted by ImagePositionPatient along the slice normal (row direction x
-    column direction of the first's ImageOrientationPatient; slices at one position keep their order in
-    ``headers``), and that normal (LPS). The one rule of ``series_grid`` and the DICOM-SEG writer
-    (``fedseg.predict_seg.sorted_slices``); ``headers`` are slices of one volume (as ``series_grid`` checks)."""
-    orientation = np.asarray(headers[0].ImageOrientationPatient, dtype=np.float64)
-    normal = np.cross(orientation[:3], orientation[3:])
-    heights = [float(np.asarray(ds.ImagePositionPatient, dtype=np.float64) @ normal) for ds in headers]
-    return sorted(range(len(headers)), key=heights.__getitem__), normal
-
-
-def _series_number(ds: Any) -> str:
-    """A slice's SeriesNumber as text ("" where it has none; 0 is a number)."""
-    number = getattr(ds, "SeriesNumber", None)
-    return "" if number is None or str(number).strip() == "" else str(number).strip()
-
-
-def _series_text(series: list[str], headers: list[tuple[Path, Any]]) -> str:
-    """The series ``series`` (SeriesInstanceUIDs) of a folder's slices ``headers`` as a user tells them apart in a
-    viewer: each one's SeriesNumber and SeriesDescription where it has them, its number of files and its first file,
-    e.g. "series 2 'abdomen 5mm': 120 files, IM0001.dcm ..."; its UID where it has no SeriesNumber, or another
-    series has the same one."""
-    numbers = [{_series_number(ds) for _, ds in headers if str(ds.SeriesInstanceUID) == uid} for uid in series]
-    parts = []
-    for uid, number in zip(series, numbers):
-        files = sorted(path.name for path, ds in headers if str(ds.SeriesInstanceUID) == uid)
-        first = next(ds for _, ds in headers if str(ds.SeriesInstanceUID) == uid)
-        unique = len(number) == 1 and "" not in number and sum(n == number for n in numbers) == 1
-        name = f"series {next(iter(number))}" if unique else f"series {uid}"
-        description = str(getattr(first, "SeriesDescription", "") or "").strip()
-        if description:
-            name += f" '{description}'"
-        more = len(files) > 1
-        parts.append(f"{name}: {len(files)} file{'s' if more else ''}, {files[0]}{' ...' if more else ''}")
-    return "; ".join(parts)
-
-
-class SeriesError(FederationError):
-    """A DICOM series folder whose files cannot be read as one volume: uneven slice spacing (a missing slice), two
-    slices at one position, slices of other orientations or sizes, several series, a damaged or cut-short slice, a
-    gantry tilt, pixel data ITK cannot decode (``series_grid``, ``read_volume``). A problem of that folder's files
-    alone, so ``fedseg predict`` skips that series and predicts the other inputs; not raised for a missing optional
-    module (pydicom, ITK: every series would fail)."""
-
-
-def series_grid(folder: Path) -> VoxelGrid:
-    """The grid of the DICOM series in ``folder`` (``_series_grid``); ``SeriesError`` (one line) where its files
-    cannot be read as one volume."""
-    _require("pydicom", folder, "a DICOM series")  # said for the folder, before any file
-    try:
-        return _series_grid(folder)
-    except SeriesError:
-        raise
-    except FederationError as e:
-        raise SeriesError(str(e)) from None
-
-
-def _series_grid(folder: Path) -> VoxelGrid:
-    """The grid of the DICOM series in ``folder``, from the headers alone (pydicom), after checking that
-    the folder holds exactly one series of parallel, evenly spaced, single-frame slices.
-
-    Array axes: column, row, slice (slices sorted by position along the normal, as ITK reads them).
-    ``FederationError`` with one line naming the folder or file: not DICOM, several series, a DICOMDIR, a DICOM-SEG,
-    a multi-frame file, slices with different orientations or sizes, two slices at one position, uneven
-    slice spacing (missing slices; gaps may differ by header rounding, ``_SPACING_ATOL_MM``; the spacing is their
-    mean), slices stacked off their normal (a gantry-tilted CT: the last slice more than
-    ``_TILT_VOXELS`` sideways of a grid through the first; ITK would read it sheared, every voxel misplaced by up
-    to that much).
-    """
-    problem = series_folder_problem(folder)
-    if problem is not None:
-        raise FederationError(problem)
-    headers = []
-    for path in series_entries(folder):
-        try:
-            with open(path, "rb") as f:
-                ds = read_dicom(path, f, stop_before_pixels=True)
-                pixels_at = f.tell()  # pydicom stops at the pixel data element's start, else at the file's end
-        except FederationError:
-            raise
-        except Exception as e:  # noqa: BLE001 — pydicom raises several types for a non-DICOM file
-            raise FederationError(dicom_read_failure(path, e, "expected one DICOM series")) from None
-        if not has_dicm_prefix(path) and _meta_first(path):
-            raise FederationError(
-                f"{path}: a DICOM file whose 128-byte preamble and DICM prefix are missing before its file meta "
-                "header, which ITK/GDCM cannot read; write it again as a standard DICOM file (dcmconv, gdcmconv, or "
-                "pydicom: dcmread(path, force=True).save_as(path, enforce_file_format=True))"
-            )
-        if _is_dicomdir(path, ds):
-            raise FederationError(
-                f"{path}: a DICOMDIR (a media directory), not a slice: move it out of the series folder"
-            )
-        if pixels_at >= path.stat().st_size and (early := ended_early(path, ds, _SLICE_ATTRIBUTES)) is not None:
-            raise FederationError(f"{path}: {early}: {DAMAGED}")  # not "no PixelSpacing" or "2 series" of a cut UID
-        if (short := _truncated(path, ds, pixels_at)) is not None:
-            raise FederationError(short)
-        headers.append((path, ds))
-    for path, ds in headers:  # a truncated or damaged file parses with its header cut short
-        if not str(getattr(ds, "SeriesInstanceUID", "")):
-            raise FederationError(f"{path}: DICOM header without a SeriesInstanceUID (a damaged or truncated file?)")
-    series = sorted({str(ds.SeriesInstanceUID) for _, ds in headers})
-    if len(series) > 1:
-        raise FederationError(
-            f"{folder}: holds {len(series)} DICOM series ({_series_text(series, headers)}); put each series in its own "
-            "case folder"
-        )
-    planes = []
-    for path, ds in headers:
-        if str(getattr(ds, "Modality", "")) == "SEG" or str(getattr(ds, "SOPClassUID", "")) in SEG_SOP_CLASSES:
-            raise FederationError(f"{path}: a DICOM-SEG is a label map; it belongs in labels/<case>.dcm")
-        if int(getattr(ds, "NumberOfFrames", 1) or 1) > 1:
-            raise FederationError(f"{path}: multi-frame DICOM is not supported; store one single-frame file per slice")
-        planes.append((path, *_plane(ds, path), (int(ds.Rows), int(ds.Columns))))
-    _, _, row0, col0, spacing0, size0 = planes[0]
-    for path, _, row, col, spacing, size in planes[1:]:
-        if not (np.allclose(row, row0, atol=1e-4) and np.allclose(col, col0, atol=1e-4)):
-            raise FederationError(f"{path}: its ImageOrientationPatient differs from {planes[0][0].name}'s")
-        if size != size0 or not np.allclose(spacing, spacing0, rtol=1e-4):
-            raise FederationError(f"{path}: its size or PixelSpacing differs from {planes[0][0].name}'s")
-    indices, normal = slice_order([ds for _, ds in headers])
-    order = [planes[i] for i in indices]
-    heights = np.array([float(p[1] @ normal) for p in order])
-    gaps = np.diff(heights)
-    if gaps.size and gaps.min() < _POSITION_TOL_MM:
-        k = int(np.argmin(gaps))
-        raise FederationError(
-            f"{folder}: {order[k][0].name} and {order[k + 1][0].name} lie at the same position "
-            f"({heights[k]:g} mm along the slice normal); one file per slice"
-        )
-    if gaps.size > 1 and gaps.max() - gaps.min() > _SPACING_RTOL * gaps.min() + _SPACING_ATOL_MM:
-        k = int(np.argmax(gaps))
-        raise FederationError(
-            f"{folder}: uneven slice spacing ({gaps.min():g} to {gaps.max():g} mm; the largest gap is between "
-            f"{order[k][0].name} and {order[k + 1][0].name}): missing slices?"
-        )
-    drift = order[-1][1] - order[0][1]
-    drift = drift - (drift @ normal) * normal  # in the slice plane: zero when the slices stack along their normal
-    voxels = float(np.linalg.norm(drift / np.asarray([spacing0[1], spacing0[0]]).mean()))
-    if voxels > _TILT_VOXELS:
-        angle = float(np.degrees(np.arctan2(np.linalg.norm(drift), heights[-1] - heights[0])))
-        raise FederationError(
-            f"{folder}: the slices are stacked {angle:.1f} degrees off their normal (a gantry-tilted CT?): the last "
-            f"lies {voxels:.1f} voxels sideways of a grid through the first, so no voxel grid holds them; resample "
-            "the series first (dcm2niix corrects gantry tilt) and give the NIfTI"
-        )
-    step = float(gaps.mean()) if gaps.size else float(getattr(headers[0][1], "SliceThickness", 1.0) or 1.0)
-    lps = np.eye(4)
-    lps[:3, 0], lps[:3, 1], lps[:3, 2] = row0 * spacing0[1], col0 * spacing0[0], normal * step
-    lps[:3, 3] = order[0][1]
-    return VoxelGrid((size0[1], size0[0], len(order)), LPS_TO_RAS @ lps)
-
-
-def dicom_modalities(fed: Federation) -> dict[str, str]:
-    """``{site: Modality}`` (``CT``, ``MR``...) of each site's first DICOM series (a case whose image is a folder; the
-    header of its first file by name, pixels not read), for what depends on it (the run's CT note, the channel name
-    of an nnU-Net export); sites without one, unreadable headers and a missing pydicom are left out
-    (``fedseg data check`` names unreadable files)."""
-    out = {}
-    for site in fed.sites:
-        images = (Path(str(c.meta["image"])) for c in site.cases if c.meta.get("image"))
-        folder = next((image for image in images if image.is_dir()), None)
-        # the series' slices as the reader lists them (junk files left out; PACS slices may have no extension)
-        first = next((p for p in series_entries(folder) if p.is_file()), None) if folder else None
-        if first is None:
-            continue
-        try:
-            modality = str(read_dicom(first, stop_before_pixels=True, specific_tags=["Modality"]).Modality)
-        except Exception:  # noqa: BLE001 - any unreadable header, or no pydicom: data check's to say, not this note's
-            continue
-        if modality.strip():
-            out[site.name] = modality.strip().upper()
-    return out
-
-
-def sop_class(ds: Any) -> str:
-    """The SOP class of the DICOM file ``ds`` (a DICOM-SEG's, an RTSTRUCT's...): its SOPClassUID, else its file meta's
-    (a file cut short keeps that)."""
-    meta = getattr(ds, "file_meta", None)
-    return str(getattr(ds, "SOPClassUID", "") or getattr(meta, "MediaStorageSOPClassUID", "") or "")
 
 
 # --- reading ------------------------------------------------------------------------------------------
@@ -881,7 +333,7 @@ class ItkGeometry:
         lps = np.eye(n + 1)
         lps[:n, :n] = self.direction[:n, :n] * np.asarray(self.spacing[:n])
         lps[:n, n] = self.origin[:n]
-        return VoxelGrid(self.shape, LPS_TO_RAS @ _embed(lps))
+        return VoxelGrid(self.shape, LPS_TO_RAS @ embed_affine(lps))
 
 
 def itk_geometry(path: Path) -> ItkGeometry:
@@ -1009,7 +461,7 @@ def _itk_array(path: Path, what: str) -> tuple[np.ndarray, np.ndarray]:
 
     reader = ITKReader(affine_lps_to_ras=True)
     data, meta = reader.get_data(reader.read(str(path), **({} if path.is_dir() else _itk_read_kwargs(path))))
-    return np.asarray(data), _embed(np.asarray(meta["affine"], dtype=np.float64))
+    return np.asarray(data), embed_affine(np.asarray(meta["affine"], dtype=np.float64))
 
 
 def _rescaled_per_slice(folder: Path) -> np.ndarray | None:

@@ -70,7 +70,7 @@ from typing import Any
 
 import numpy as np
 
-from fedseg.data import dicom_seg, readers
+from fedseg.data import dicom_seg, dicom_series, readers, voxel_grid
 from fedseg.data.federation import FederationError
 
 RTSTRUCT_SOP_CLASS = "1.2.840.10008.5.1.4.1.1.481.3"  # RT Structure Set Storage
@@ -174,15 +174,15 @@ def is_rtstruct(path: Path) -> bool:
     """Whether ``path`` is a DICOM RT Structure Set (Modality RTSTRUCT or its SOP class), from its header alone;
     ``False`` for anything else, an unreadable file or without pydicom (the DICOM-SEG reader then says why)."""
     try:
-        ds = readers.read_dicom(path, stop_before_pixels=True, specific_tags=["Modality", "SOPClassUID"])
+        ds = dicom_series.read_dicom(path, stop_before_pixels=True, specific_tags=["Modality", "SOPClassUID"])
     except Exception:  # noqa: BLE001 — not DICOM, or no pydicom: not an RTSTRUCT
         return False
-    return str(getattr(ds, "Modality", "")) == "RTSTRUCT" or readers.sop_class(ds) == RTSTRUCT_SOP_CLASS
+    return str(getattr(ds, "Modality", "")) == "RTSTRUCT" or dicom_series.sop_class(ds) == RTSTRUCT_SOP_CLASS
 
 
 def read_rtstruct(
     path: Path,
-    grid: readers.VoxelGrid,
+    grid: voxel_grid.VoxelGrid,
     image: Path,
     label_names: dict[int, str] | None,
     synonyms: dicom_seg.LabelSynonyms | None = None,
@@ -224,20 +224,20 @@ def _malformed(path: Path, e: Exception) -> FederationError:
 
 
 def _dataset(path: Path) -> Any:
-    """The RT Structure Set ``path`` read by pydicom (``readers.read_dicom``); ``FederationError`` in the image
-    reader's words (``readers.dicom_read_failure``) for an empty file, a damaged header or a file that is no DICOM,
-    and for a file cut short (``readers.ended_early``: pydicom reads it without a word, up to where it ends) inside an
-    element (its ROIs, most of the file) or before its SOP class. One that ends whole without its ROI sequences is
-    said malformed by the reader: an RTSTRUCT's last elements vary, so where a cut between two elements lies is not
-    known."""
+    """The RT Structure Set ``path`` read by pydicom (``dicom_series.read_dicom``); ``FederationError`` in the image
+    reader's words (``dicom_series.dicom_read_failure``) for an empty file, a damaged header or a file that is no
+    DICOM, and for a file cut short (``dicom_series.ended_early``: pydicom reads it without a word, up to where it
+    ends) inside an element (its ROIs, most of the file) or before its SOP class. One that ends whole without its ROI
+    sequences is said malformed by the reader: an RTSTRUCT's last elements vary, so where a cut between two elements
+    lies is not known."""
     try:
-        ds = readers.read_dicom(path)
+        ds = dicom_series.read_dicom(path)
     except FederationError:
         raise
     except Exception as e:  # noqa: BLE001 — pydicom raises several types for a non-DICOM file
-        raise FederationError(readers.dicom_read_failure(path, e, "expected an RTSTRUCT")) from None
-    if (early := readers.ended_early(path, ds, ("SOPClassUID",))) is not None:
-        raise FederationError(f"{path}: {early}: {readers.DAMAGED}")
+        raise FederationError(dicom_series.dicom_read_failure(path, e, "expected an RTSTRUCT")) from None
+    if (early := dicom_series.ended_early(path, ds, ("SOPClassUID",))) is not None:
+        raise FederationError(f"{path}: {early}: {dicom_series.DAMAGED}")
     return ds
 
 
@@ -329,7 +329,7 @@ def _other_frame(ds: Any, rois: list[Any], path: Path, image: Path) -> str | Non
     series'; where either has none, a referenced series list that does not name it."""
     if readers.volume_format(image) != readers.DICOM:
         return None
-    series = readers.read_dicom(readers.series_entries(image)[0], stop_before_pixels=True)
+    series = dicom_series.read_dicom(dicom_series.series_entries(image)[0], stop_before_pixels=True)
     image_frame = str(getattr(series, "FrameOfReferenceUID", ""))
     referenced = list(getattr(ds, "ReferencedFrameOfReferenceSequence", None) or [])
     frames = {str(getattr(roi, "ReferencedFrameOfReferenceUID", "")) for roi in rois} - {""}
@@ -362,13 +362,13 @@ def _series_instances(image: Path) -> set[str] | None:
     if readers.volume_format(image) != readers.DICOM:
         return None
     uids = set()
-    for entry in readers.series_entries(image):
+    for entry in dicom_series.series_entries(image):
         try:
-            ds = readers.read_dicom(entry, stop_before_pixels=True, specific_tags=["SOPInstanceUID"])
+            ds = dicom_series.read_dicom(entry, stop_before_pixels=True, specific_tags=["SOPInstanceUID"])
         except FederationError:
             raise
         except Exception as e:  # noqa: BLE001 — pydicom raises several types for a non-DICOM file
-            raise FederationError(readers.dicom_read_failure(entry, e, "expected one DICOM series")) from None
+            raise FederationError(dicom_series.dicom_read_failure(entry, e, "expected one DICOM series")) from None
         uids.add(str(getattr(ds, "SOPInstanceUID", "")))
     return uids - {""}
 
@@ -418,7 +418,7 @@ def _drawn_on_series(ds: Any, labelled: list[tuple[int, Any]], image: Path) -> b
     } - {""}
     if not series:
         return False
-    own = readers.read_dicom(readers.series_entries(image)[0], stop_before_pixels=True)
+    own = dicom_series.read_dicom(dicom_series.series_entries(image)[0], stop_before_pixels=True)
     return series == {str(getattr(own, "SeriesInstanceUID", ""))}
 
 
@@ -446,7 +446,7 @@ def _fill(polygons: list[np.ndarray], size: tuple[int, int]) -> tuple[tuple[slic
 
 def _read_rtstruct(
     path: Path,
-    grid: readers.VoxelGrid,
+    grid: voxel_grid.VoxelGrid,
     image: Path,
     label_names: dict[int, str] | None,
     synonyms: dicom_seg.LabelSynonyms | None = None,
@@ -463,7 +463,7 @@ def _read_rtstruct(
         raise FederationError(other)
     nx, ny, nz = (int(n) for n in grid.shape[:3])
     shape = (nx, ny, nz)
-    to_index = np.linalg.inv(readers.LPS_TO_RAS @ grid.affine)  # LPS mm -> voxel index (VoxelGrid.affine is RAS)
+    to_index = np.linalg.inv(voxel_grid.LPS_TO_RAS @ grid.affine)  # LPS mm -> voxel index (VoxelGrid.affine is RAS)
     masks = {number: np.zeros(shape, dtype=bool) for number in values}
     labelled = [  # an ROI naming no label (BODY, couch): not read
         (int(item.ReferencedROINumber), item)
@@ -494,7 +494,7 @@ def _read_rtstruct(
             if not 0 <= k < nz or (low < -0.5 - _EDGE_TOL).any() or (high > np.array([nx, ny]) - 0.5 + _EDGE_TOL).any():
                 raise FederationError(
                     f"{path}: ROI {roi} contour {c} lies outside the grid of {image} (slice {k}, voxels "
-                    f"{readers._numbers(low)} to {readers._numbers(high)} in a {shape} image)"
+                    f"{voxel_grid._numbers(low)} to {voxel_grid._numbers(high)} in a {shape} image)"
                 )
             slices.setdefault(k, []).append(index[:, :2])
         on_slices.update(slices)

@@ -1,11 +1,9 @@
 """A trained model bundle, ``RUN/model/<algorithm>/`` (``manifest.json`` + ``weights.safetensors``, written by
-``fedseg.run.outputs.write_bundle_files``), found and read with its manifest checked: for ``fedseg predict`` and for
-methods that start from another run's model (``fedseg.run.start_from``)."""
+``fedseg.run.outputs.write_bundle_files``), read with its manifest checked: for ``fedseg predict`` and for methods
+that start from another run's model (``fedseg.run.start_from``); found by ``fedseg.run.bundle_folders``."""
 
 from __future__ import annotations
 
-import json
-from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -14,7 +12,6 @@ import torch
 from pydantic import ValidationError
 from torch import nn
 
-from fedseg.algorithms import ALGORITHMS
 from fedseg.algorithms.registry import BundleRouting
 from fedseg.config import ModelConfig, VolumeConfig
 from fedseg.data.federation import FederationError, Regions
@@ -23,7 +20,10 @@ from fedseg.data.structured import read_mapping
 from fedseg.engine.faults import all_finite
 from fedseg.engine.messages import Message
 from fedseg.models.factory import build_segmenter
-from fedseg.run.outputs import BUNDLE_MANIFEST, BUNDLE_WEIGHTS
+from fedseg.run.bundle_folders import BUNDLE_MANIFEST, BUNDLE_WEIGHTS, routing_of
+from fedseg.run.bundle_folders import BundleError as BundleError  # found by bundle_folders, read here
+from fedseg.run.bundle_folders import find_bundle as find_bundle
+from fedseg.run.bundle_folders import run_bundles as run_bundles
 
 MANIFEST, WEIGHTS = BUNDLE_MANIFEST, BUNDLE_WEIGHTS
 
@@ -31,11 +31,6 @@ MANIFEST_KEYS = ("models", "network", "spatial_dims", "in_channels", "regions", 
 
 # entries NaN on purpose: FedSM-extra/-ensemble's gamma (no threshold; fedseg.algorithms.fedsm.model.bundle_entries)
 NAN_BY_DESIGN = frozenset({"gamma/value"})
-
-
-class BundleError(ValueError):
-    """A bad model folder (or, raised by ``fedseg.predict`` as ``BundleError``, option or input file); the
-    message names the file or option."""
 
 
 # --- the bundle ------------------------------------------------------------------------------------
@@ -77,62 +72,6 @@ class Bundle:
         m = self.manifest
         cfg = ModelConfig.model_validate(m["network"])
         return build_segmenter(cfg, m["spatial_dims"], m["in_channels"], len(m["regions"]), seed=0)
-
-
-def routing_of(model_names: Collection[str]) -> BundleRouting | None:
-    """The routing (``fedseg.algorithms.registry.BundleRouting``) of the registered family that owns a bundle
-    listing ``model_names``, or None."""
-    families = [spec.family for spec in ALGORITHMS.values() if spec.family is not None]
-    return next((f.routing for f in families if f.routing is not None and f.routing.owns(model_names)), None)
-
-
-def _bundle_folders(folder: Path) -> list[Path]:
-    return sorted(p for p in folder.iterdir() if (p / MANIFEST).is_file()) if folder.is_dir() else []
-
-
-def run_bundles(run_dir: Path) -> list[Path]:
-    """Every bundle folder of a finished run, ``RUN/model/<algorithm>/``, by algorithm name (none: ``[]``)."""
-    return _bundle_folders(Path(run_dir) / "model")
-
-
-def _manifest_models(path: Path) -> list[str]:
-    """The ``models`` a manifest lists; none if it cannot be read (``load_bundle`` reports that)."""
-    try:
-        models = json.loads(path.read_text(encoding="utf-8")).get("models", [])
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
-        return []
-    return models if isinstance(models, list) else []
-
-
-def find_bundle(path: Path, algorithm: str | None = None) -> Path:
-    """The bundle folder ``path`` names: ``RUN/model/<algorithm>`` itself, or one inside ``RUN/model``
-    (or ``RUN``): ``algorithm`` if given, else the only bundle, else the only one that routes (FedSM's)."""
-    path = Path(path)
-    if path.is_file() and path.name in (MANIFEST, WEIGHTS):  # a bundle's file given for its folder
-        path = path.parent
-    if (path / MANIFEST).is_file():
-        if algorithm is not None and algorithm != path.name:
-            raise BundleError(f"{path}: is the bundle of {path.name!r}, not of --algorithm {algorithm!r}")
-        return path
-    if (path / "model").is_dir() and not _bundle_folders(path):
-        path = path / "model"
-    found = _bundle_folders(path)
-    if not found:
-        raise BundleError(
-            f"{path}: no {MANIFEST} here or in its sub-folders "
-            "(expected RUN/model or RUN/model/<algorithm> of a finished run)"
-        )
-    names = ", ".join(p.name for p in found)
-    if algorithm is not None:
-        if not (path / algorithm / MANIFEST).is_file():
-            raise BundleError(f"{path}: no bundle for --algorithm {algorithm!r} (available: {names})")
-        return path / algorithm
-    if len(found) == 1:
-        return found[0]
-    supers = [p for p in found if routing_of(_manifest_models(p / MANIFEST)) is not None]
-    if len(supers) == 1:
-        return supers[0]
-    raise BundleError(f"{path}: holds the bundles {names}; choose one with --algorithm")
 
 
 def load_bundle(folder: Path) -> Bundle:

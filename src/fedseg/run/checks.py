@@ -12,7 +12,7 @@ from fedseg.algorithms import get_algorithm
 from fedseg.algorithms.sampling import sampling_refusal
 from fedseg.config import RunConfig
 from fedseg.data.dataset import SiteData
-from fedseg.data.readers import dicom_modalities as dicom_modalities  # the run's CT note reads them
+from fedseg.data.dicom_series import dicom_modalities as dicom_modalities  # the run's CT note reads them
 from fedseg.engine.context import Task
 
 SIMULATOR_REFUSAL = (

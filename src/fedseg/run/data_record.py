@@ -5,9 +5,9 @@ under the same configuration: a label corrected, a case added or removed. Resumi
 rounds (and test) on other images than the finished ones, and mix the two in one table. So a run on a federation
 folder writes ``OUT/.data-files.json`` at its start: every file of the folder (``federation.yaml``, each site's
 images, labels, ``splits.csv`` and ``cases.csv``; links followed) with its size in bytes and modification time in
-ns, without what the readers skip (``readers.ignored_entry``: hidden files, and Windows Explorer's ``Thumbs.db`` and
-``desktop.ini``, which Explorer writes by merely showing a folder, so they would make a resume refuse unchanged
-data). A resume reads the folder again and refuses to continue if any file was changed, added or
+ns, without what the readers skip (``folder_entries.ignored_entry``: hidden files, and Windows Explorer's
+``Thumbs.db`` and ``desktop.ini``, which Explorer writes by merely showing a folder, so they would make a resume
+refuse unchanged data). A resume reads the folder again and refuses to continue if any file was changed, added or
 removed, naming them.
 
 Sizes and times, not contents: a stat per file costs nothing even for thousands of volumes, where hashing their
@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from fedseg.atomic_files import atomic_write_text, strict_json_text
-from fedseg.data.readers import ignored_entry
+from fedseg.data.folder_entries import ignored_entry
 
 RECORD = ".data-files.json"
 SHOWN = 3  # files named in the message, per kind of change
@@ -40,7 +40,7 @@ SHOWN = 3  # files named in the message, per kind of change
 
 def folder_files(root: Path, leave_out: Path | None = None) -> dict[str, list[int]]:
     """``{path relative to root: [size in bytes, modification time in ns]}`` of every file under ``root``, the
-    entries no reader takes for data left out (``readers.ignored_entry``: hidden files and folders, Windows' junk
+    entries no reader takes for data left out (``folder_entries.ignored_entry``: hidden files and folders, Windows' junk
     files), and ``leave_out`` (the run's own folder, when it lies inside the data), links followed (an imported
     federation links to its source files)."""
     files: dict[str, list[int]] = {}

@@ -59,6 +59,7 @@ from fedseg.run.preparation import PLAN_FILE, Prepared, folder_root, prepare, pr
 from fedseg.run.provenance import begin, record_extension, unchanged
 from fedseg.run.resume import all_finished
 from fedseg.run.runlog import RUN_LOG, append_line, last_event, log_event, log_stop
+from fedseg.run.said_once import first_time
 from fedseg.run.start_from import check_start_from
 from fedseg.run.state import RoundCallback, ValidatedCallback
 from fedseg.tracking import check_available, open_tracker
@@ -365,9 +366,11 @@ def run_provenance(cfg: RunConfig, out: Path, resume: bool, extended: bool = Fal
 
 
 def announce(out: Path, line: str, on_log_line: Callable[[str], None] | None) -> None:
-    """Append ``line`` to ``out/run.log`` and :func:`show` it."""
+    """Append ``line`` to ``out/run.log`` and :func:`show` it (in a bench: unless an earlier run of the bench showed
+    it, ``fedseg.run.said_once``)."""
     append_line(out, line)
-    show(line, on_log_line)
+    if first_time(line):
+        show(line, on_log_line)
 
 
 def show(line: str, on_log_line: Callable[[str], None] | None) -> None:

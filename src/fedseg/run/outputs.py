@@ -17,6 +17,8 @@ from fedseg.atomic_files import atomic_write_bytes, atomic_write_text, strict_js
 from fedseg.config import RunConfig
 from fedseg.config_load import dump_config
 from fedseg.data.federation import Federation
+from fedseg.run.bundle_folders import BUNDLE_MANIFEST as BUNDLE_MANIFEST
+from fedseg.run.bundle_folders import BUNDLE_WEIGHTS as BUNDLE_WEIGHTS
 from fedseg.run.provenance import finish
 from fedseg.run.result import AlgorithmResult, Row
 
@@ -25,7 +27,6 @@ Bundle = dict[str, dict[str, torch.Tensor]]  # the trained models, by name
 RESULTS_COLUMNS = ["algorithm", "model", "site", "case", "region", "metric", "value"]
 ROUNDS_COLUMNS = ["algorithm", "round", "site", "val_dice", "train_loss"]
 METRICS_COLUMNS = ["algorithm", "round", "site", "metric", "value"]
-BUNDLE_WEIGHTS, BUNDLE_MANIFEST = "weights.safetensors", "manifest.json"
 # exchange, wall_seconds: the number and wall time of the exchange a row belongs to (fedseg.engine.ledger);
 # bytes_down, bytes_up: what each message weighed on the wire (Flower; 0 elsewhere)
 LEDGER_COLUMNS = ["algorithm", "round", "site", "action", "steps", "floats_down", "floats_up", "seconds", "failure"]

@@ -1,8 +1,9 @@
 """Checks made before a run does any work (nothing is created when one fails):
 
 * ``check_device``: ``device`` parses and this torch can use it (CUDA / MPS available, index in range);
-* ``check_out_dir``: ``--out`` is a folder or can become one (not a file, not under a file); ``check_not_a_study``:
-  it holds no study;
+* ``check_out_dir``: ``--out`` is a folder or can become one (not a file, not under a file); ``check_out_kind``:
+  it holds no other kind of folder (a study's, a bench's, a federation's); ``check_out_outside``: it lies outside the
+  federation folder (``folder_root``: the one a configuration names);
 * ``resume_conflicts`` / ``check_resume``: the one comparison of a run's (or study's) recorded
   configuration with the new one. On resume every key must be equal except:
 
@@ -34,6 +35,8 @@ from fedseg.atomic_files import check_out_dir as check_out_dir  # --out checks l
 
 if TYPE_CHECKING:
     import torch
+
+    from fedseg.config import RunConfig
 
 MAY_DIFFER_ON_RESUME = (
     "threads",  # said when it does (resume_notes): the numbers then differ in their last digits
@@ -103,6 +106,15 @@ def check_out_kind(out: Path, kind: str) -> None:
             )
         hint = RESUME_STUDY if other == "study" and kind == "run" else "choose another --out"
         raise FileExistsError(f"{out}: holds a {other} ({mark}), not a {kind}; {hint}")
+
+
+def folder_root(cfg: RunConfig) -> str | None:
+    """``cfg.data.root`` if the data is a federation folder, None for a built-in federation."""
+    if cfg.data.source == "folder" or cfg.data.root:
+        if not cfg.data.root:
+            raise ValueError("data.source is 'folder' but data.root is not set (use --data ROOT)")
+        return cfg.data.root
+    return None
 
 
 def check_out_outside(out: Path, data: str | Path | None) -> None:

@@ -13,6 +13,7 @@ from fedseg.data.federation import Federation, Split
 from fedseg.data.memory_guard import MemoryGuard
 from fedseg.data.repartition import repartition, repartitioned_site_count
 from fedseg.engine.context import Task
+from fedseg.run.preflight import folder_root as folder_root  # where the checks before any work need it
 
 if TYPE_CHECKING:
     from fedseg.plan.federated import PlannedRun
@@ -33,15 +34,6 @@ class Prepared:
     task: Task
     plan: PlannedRun | None = None
     fingerprint: str | None = None  # of a federation from user code (fedseg.data.user_federation), else None
-
-
-def folder_root(cfg: RunConfig) -> str | None:
-    """``cfg.data.root`` if the data is a federation folder, None for a built-in federation."""
-    if cfg.data.source == "folder" or cfg.data.root:
-        if not cfg.data.root:
-            raise ValueError("data.source is 'folder' but data.root is not set (use --data ROOT)")
-        return cfg.data.root
-    return None
 
 
 def load_federation(cfg: RunConfig) -> Federation:

@@ -59,7 +59,7 @@ from typing import Any
 import numpy as np
 
 from fedseg.atomic_files import current_umask
-from fedseg.data import readers
+from fedseg.data import dicom_series, readers
 from fedseg.data.federation import Case, Federation, FederationError, Regions
 from fedseg.data.folder_write import clear_dead_staging, new_staging, write_nifti, write_png
 from fedseg.data.importers.nnunet import DATASET_JSON, SPLITS_FINAL, channel_file
@@ -134,7 +134,7 @@ def channel_names(fed: Federation, sites: list[str]) -> list[str]:
             if len(names) == fed.channels and all(names):
                 return names
     if fed.channels == 1:
-        modalities = readers.dicom_modalities(fed)
+        modalities = dicom_series.dicom_modalities(fed)
         said = {modalities.get(s) for s in sites}
         if len(said) == 1 and None not in said:
             return [str(said.pop())]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedseg.data import readers
+from fedseg.data import folder_entries
 from fedseg.data.case_files import split_name
 from fedseg.data.federation import FederationError
 from fedseg.data.importers.writer import (
@@ -84,7 +84,7 @@ def list_files(
         return {}
     found: dict[str, tuple[Path, str]] = {}
     for path in sorted(folder.iterdir()):
-        if readers.ignored_entry(path.name):  # .DS_Store, Thumbs.db, desktop.ini: no images
+        if folder_entries.ignored_entry(path.name):  # .DS_Store, Thumbs.db, desktop.ini: no images
             continue
         parsed = split_name(path.name, exts) if path.is_file() else None
         if parsed is None:
