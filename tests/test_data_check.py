@@ -535,8 +535,8 @@ def test_sites_whose_volumes_lie_in_other_voxel_orientations_get_one_warning(tmp
     assert check_warnings(root) == [
         "warning: the volumes lie in 2 voxel orientations: PRS (3 cases: b, e.g. b0); RAS (3 cases: a, e.g. a0); "
         "fedseg reads each in its stored voxel order, never reoriented, so a network sees these cases' anatomy "
-        "turned or mirrored against one another: reorient them to one (e.g. nibabel's as_closest_canonical, "
-        "fslreorient2std) unless your augmentation covers it"
+        "turned or mirrored against one another: `fedseg data reorient` writes a copy with all in one (axes permuted "
+        "and flipped, nothing resampled) unless your augmentation covers it"
     ]
     for k in range(3):  # site b rewritten in site a's orientation: nothing to say
         for folder in ("images", "labels"):

@@ -305,8 +305,8 @@ def orientation_warnings(orientations: dict[str, list[tuple[str, str]]], shown: 
     return [
         f"the volumes lie in {len(orientations)} voxel orientations: {'; '.join(parts)}{more}; fedseg reads each in "
         "its stored voxel order, never reoriented, so a network sees these cases' anatomy turned or mirrored "
-        "against one another: reorient them to one (e.g. nibabel's as_closest_canonical, fslreorient2std) unless "
-        "your augmentation covers it"
+        "against one another: `fedseg data reorient` writes a copy with all in one (axes permuted and flipped, "
+        "nothing resampled) unless your augmentation covers it"
     ]
 
 

@@ -21,7 +21,8 @@ from fedseg.interrupts import INTERRUPTED_EXIT, terminate_on_signals
 
 data_app = typer.Typer(
     help="Federation data: validate a folder federation (check), write a built-in one to disk (synth), import a "
-    "real dataset (import), export one for another tool (export) or manage the cache of built-in ones (cache).",
+    "real dataset (import), export one for another tool (export), turn its volumes to one orientation (reorient) or "
+    "manage the cache of built-in ones (cache).",
     no_args_is_help=True,
 )
 
@@ -376,6 +377,40 @@ def export(
             f"  back to a federation: fedseg data import nnunet {shlex.quote(str(written.path))} --site-by "
             f"{shlex.quote(IMPORT_REGEX)} --out DIR"
         )
+
+
+@data_app.command("reorient")
+def reorient(
+    root: Annotated[Path, typer.Argument(help="a 3D federation folder")],
+    out: Annotated[Path, typer.Option(help="a new (or empty) folder to write the reoriented federation into")],
+    to: Annotated[
+        str, typer.Option("--to", help="the orientation: where array axes 0, 1, 2 run (RAS, LPS, ...)")
+    ] = "RAS",
+) -> None:
+    """Write a copy of a 3D federation folder with every volume in one voxel orientation (its axes permuted and
+    flipped, nothing resampled; each voxel keeps its value and its place in the patient), as NIfTI files."""
+    from fedseg.atomic_files import check_out_dir
+    from fedseg.data.folder import load_folder, root_problem
+    from fedseg.data.reorient import check_target, reorient_folder
+
+    before = _entries(out)
+    try:
+        target = check_target(to)
+        if (problem := root_problem(root)) is not None:
+            raise FederationError(problem)
+        check_out_dir(out)
+        with terminate_on_signals():
+            summary = reorient_folder(load_folder(root), root, out, target)
+    except (FederationError, OSError, ValueError) as e:  # ValueError: an --out that is a file
+        fail(error_text(e))
+    except KeyboardInterrupt:
+        _interrupted(out, before)
+    found = ", ".join(f"{codes} {n}" for codes, n in summary.before.items()) or "none"
+    copied = f", {summary.copied} NumPy case(s) copied as they are (no grid)" if summary.copied else ""
+    typer.echo(
+        f"reoriented {root} -> {out} to {target}: {summary.turned} case(s) turned, {summary.kept} already {target}"
+        f"{copied} (orientations found: {found}); `fedseg data check {shlex.quote(str(out))}` checks it"
+    )
 
 
 cache_app = typer.Typer(

@@ -68,7 +68,7 @@ def spacing_affine(spacing: tuple[float, ...] | None) -> np.ndarray | None:
     return None if spacing is None else np.diag([*(float(s) for s in spacing), 1.0])
 
 
-def _write_image(folder: Path, cid: str, image: np.ndarray, kind: str, affine: np.ndarray | None = None) -> None:
+def write_case_image(folder: Path, cid: str, image: np.ndarray, kind: str, affine: np.ndarray | None = None) -> None:
     """PNG for 2D uint8 with 1 or 3 channels, NIfTI for 3D (``(C, X, Y, Z)`` -> ``(X, Y, Z[, C])``, with
     ``affine``, default identity), npy otherwise."""
     if kind == "3d":
@@ -79,7 +79,7 @@ def _write_image(folder: Path, cid: str, image: np.ndarray, kind: str, affine: n
         np.save(folder / f"{cid}.npy", image)
 
 
-def _write_label(folder: Path, cid: str, label: np.ndarray, kind: str, affine: np.ndarray | None = None) -> None:
+def write_case_label(folder: Path, cid: str, label: np.ndarray, kind: str, affine: np.ndarray | None = None) -> None:
     """PNG for 2D uint8, NIfTI for 3D (with ``affine``, default identity), npy otherwise."""
     if kind == "3d":
         write_nifti(folder / f"{cid}.nii.gz", label, affine)
@@ -246,8 +246,8 @@ def write_folder(fed: Federation, root: str | Path, splits: Splits | None = None
             for case in site.cases:
                 image, label = case.arrays()
                 affine = spacing_affine(case.spacing)
-                _write_image(site_dir / "images", case.id, np.asarray(image), fed.kind, affine)
-                _write_label(site_dir / "labels", case.id, np.asarray(label), fed.kind, affine)
+                write_case_image(site_dir / "images", case.id, np.asarray(image), fed.kind, affine)
+                write_case_label(site_dir / "labels", case.id, np.asarray(label), fed.kind, affine)
             site_split = splits.get(site.name) if splits is not None else site.fixed_splits
             if site_split:
                 write_site_splits_csv(site_dir / SPLITS_FILE, site_split)

@@ -1,0 +1,139 @@
+"""``fedseg data reorient``: a copy of a 3D federation folder whose volumes all lie in one voxel orientation.
+
+fedseg reads every volume in its stored voxel order, never reoriented (``fedseg.data.readers``), and ``fedseg data
+check`` warns when a federation's volumes lie in several orientations (``check.orientation_warnings``): a network
+trained on them sees one site's anatomy turned or mirrored against another's. This writes a new federation folder
+in which each volume's voxel axes are permuted and flipped to the orientation ``target`` names, in the axis codes
+``nibabel.aff2axcodes`` gives (the direction each array axis runs towards; ``RAS``, the default and nibabel's
+closest canonical: array axis 0 runs towards the patient's Right, 1 Anterior, 2 Superior; DICOM's and ITK's
+``LPS``). No voxel is resampled or changed, and each keeps its place in the patient (the affine, voxel index ->
+RAS+ mm, is permuted with the array: :func:`reoriented`), so its world position, spacing (mm, permuted with the
+axes) and value are the source's.
+
+What is written: ``federation.yaml`` and each site's ``splits.csv`` and ``cases.csv`` copied as they are; each case
+whose image is a volume with a grid (NIfTI, NRRD, MetaImage, a DICOM series) as ``images/<case>.nii.gz`` and
+``labels/<case>.nii.gz`` (its label read as a run reads it: a DICOM-SEG or RT Structure Set painted on the image's
+grid), in the image's dtype and the label's values; a case stored as NumPy arrays (no grid, so no orientation to
+turn) copied as it is. Written into a staging folder inside ``out`` and moved into place when complete
+(``fedseg.data.folder_write``): an interrupted or failed command leaves nothing half-written.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from fedseg.data import readers
+from fedseg.data.federation import Case, Federation, FederationError
+from fedseg.data.folder import HEADER_FILE, SPLITS_FILE
+from fedseg.data.folder_write import (
+    check_root,
+    move_in,
+    new_site_folder,
+    staging_folder,
+    write_case_image,
+    write_case_label,
+)
+from fedseg.data.metadata import CASES_FILE
+
+DEFAULT_TARGET = "RAS"
+_AXES = ("RL", "AP", "SI")  # each anatomical axis's two directions: a target names one of each
+
+
+@dataclass(frozen=True)
+class ReorientSummary:
+    """What :func:`reorient_folder` wrote: ``turned`` cases whose voxel axes were permuted or flipped, ``kept``
+    volumes already in the target orientation (rewritten as NIfTI all the same), ``copied`` cases without a grid
+    (NumPy files) copied as they are, ``before``: orientation codes -> number of cases in the source, the most
+    common first (ties by code)."""
+
+    turned: int
+    kept: int
+    copied: int
+    before: dict[str, int]
+
+
+def check_target(target: str) -> str:
+    """``target`` upper-cased if it names an orientation (three letters, one of R/L, A/P and S/I each, in any order:
+    ``RAS``, ``LPS``, ``PIR``...), else a ``FederationError`` saying what one is."""
+    codes = target.upper()
+    if len(codes) != 3 or sorted(next((i for i, a in enumerate(_AXES) if c in a), 9) for c in codes) != [0, 1, 2]:
+        raise FederationError(
+            f"--to {target}: not an orientation; give three letters, one of R/L, A/P and S/I each (e.g. RAS, LPS)"
+        )
+    return codes
+
+
+def reoriented(
+    array: np.ndarray, affine: np.ndarray, target: str, spatial_axis: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
+    """``array`` (its 3 spatial axes from ``spatial_axis`` on: 0 for a label ``(X, Y, Z)``, 1 for an image
+    ``(C, X, Y, Z)``) with its voxel axes permuted and flipped so that they point as ``target`` says, and the 4x4
+    affine (voxel index -> RAS+ mm) of the result: the same voxel values at the same world positions. The axes are
+    matched by nibabel's ``io_orientation`` (each array axis to the world axis it is closest to); a grid that is
+    oblique keeps its obliquity (no resampling)."""
+    from nibabel.orientations import apply_orientation, axcodes2ornt, inv_ornt_aff, io_orientation, ornt_transform
+
+    transform = ornt_transform(io_orientation(affine), axcodes2ornt(tuple(target)))
+    spatial = np.moveaxis(array, range(spatial_axis), range(-spatial_axis, 0)) if spatial_axis else array
+    turned = apply_orientation(spatial, transform)
+    if spatial_axis:
+        turned = np.moveaxis(turned, range(-spatial_axis, 0), range(spatial_axis))
+    return np.ascontiguousarray(turned), affine @ inv_ornt_aff(transform, spatial.shape[:3])
+
+
+def orientation_codes(affine: np.ndarray) -> str:
+    """Where a grid's array axes point (``LPS``, ``RAS``...: ``nibabel.aff2axcodes``)."""
+    from nibabel.orientations import aff2axcodes
+
+    return "".join(str(code) for code in aff2axcodes(affine))
+
+
+def _write_case(case: Case, site_dir: Path, target: str) -> str | None:
+    """Write one case into ``site_dir`` (module docstring); its source orientation codes, None where it has no grid
+    (copied)."""
+    image_path, label_path = Path(str(case.meta["image"])), Path(str(case.meta["label"]))
+    if readers.volume_format(image_path) is None:  # NumPy arrays: no grid to turn
+        for path, sub in ((image_path, "images"), (label_path, "labels")):
+            shutil.copy2(path, site_dir / sub / path.name)
+        return None
+    affine = readers.volume_grid(image_path).affine
+    image, label = (np.asarray(a) for a in case.arrays())
+    image, new_affine = reoriented(image, affine, target, spatial_axis=1)
+    label, _ = reoriented(label, affine, target)
+    write_case_image(site_dir / "images", case.id, image, "3d", new_affine)
+    write_case_label(site_dir / "labels", case.id, label, "3d", new_affine)
+    return orientation_codes(affine)
+
+
+def reorient_folder(fed: Federation, root: Path, out: Path, target: str = DEFAULT_TARGET) -> ReorientSummary:
+    """Write ``fed`` (loaded from the folder ``root``) into the new folder ``out`` with every volume in the
+    orientation ``target`` (module docstring). ``FederationError`` naming the problem (a 2D federation, a bad
+    ``target``, an ``out`` that holds something, a case that cannot be read), leaving nothing behind."""
+    target = check_target(target)
+    if fed.kind != "3d":
+        raise FederationError(f"{root}: a 2D federation; its images have no voxel orientation to turn")
+    if out.resolve() == root.resolve() or root.resolve() in out.resolve().parents:
+        raise FederationError(f"--out {out}: lies inside the federation folder {root}; choose a folder outside it")
+    check_root(out, overwrite=False)
+    before: dict[str, int] = {}
+    turned = kept = copied = 0
+    with staging_folder(out, "reorienting") as tmp:
+        shutil.copy2(root / HEADER_FILE, tmp / HEADER_FILE)
+        for site in fed.sites:
+            site_dir = new_site_folder(tmp, site.name)
+            for name in (SPLITS_FILE, CASES_FILE):
+                if (root / site.name / name).is_file():
+                    shutil.copy2(root / site.name / name, site_dir / name)
+            for case in site.cases:
+                codes = _write_case(case, site_dir, target)
+                if codes is None:
+                    copied += 1
+                    continue
+                before[codes] = before.get(codes, 0) + 1
+                kept, turned = (kept + 1, turned) if codes == target else (kept, turned + 1)
+        move_in(tmp, out)
+    return ReorientSummary(turned, kept, copied, dict(sorted(before.items(), key=lambda item: (-item[1], item[0]))))
