@@ -973,7 +973,7 @@ def test_the_voxel_orientation_data_check_compares_is_the_grids_of_every_format(
     format's is."""
     from nibabel.orientations import aff2axcodes
 
-    from fedseg.data.check import voxel_orientation
+    from fedseg.data.reorient import voxel_orientation
 
     for key in ("dicom", "nifti", "nrrd", "mha"):
         grid = readers.volume_grid(files[key])

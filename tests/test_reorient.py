@@ -197,3 +197,66 @@ def test_the_command_says_what_it_did_and_refuses_bad_input_in_one_line(tmp_path
     two_d = fedseg("reorient", str(flat), "--out", str(tmp_path / "flat2"))
     assert two_d.stderr.strip() == f"error: {flat}: a 2D federation; its images have no voxel orientation to turn"
     assert not (tmp_path / "flat2").exists()
+
+
+def test_a_bundle_records_the_one_orientation_its_training_volumes_lay_in(tmp_path):
+    from fedseg.data.reorient import federation_orientation
+
+    root, out = tmp_path / "fed", tmp_path / "turned"
+    write_federation(root)
+    assert federation_orientation(load_folder(root)) is None  # RAS and PIL: no one orientation
+    reorient_folder(load_folder(root), root, out, "LPS")
+    assert federation_orientation(load_folder(out)) == "LPS"
+    write_federation(tmp_path / "with-npy", npy_site=True)
+    reorient_folder(load_folder(tmp_path / "with-npy"), tmp_path / "with-npy", tmp_path / "npy-turned", "LPS")
+    assert federation_orientation(load_folder(tmp_path / "npy-turned")) is None  # a NumPy case has no grid
+
+
+def test_predict_turns_an_input_to_the_models_orientation_and_its_mask_back(tmp_path, tiny_config):
+    """A model trained on RAS volumes: the same volume stored PIL gets the mask of the RAS one, in PIL voxel order
+    on its own grid, and one note; a bundle without an orientation (older, or mixed data) turns nothing."""
+    import json
+
+    from fedseg.data.federation import Regions
+    from fedseg.engine.messages import weights_of
+    from fedseg.models.factory import build_segmenter
+    from fedseg.predict import predict
+    from fedseg.run.outputs import write_bundle_files
+
+    root = tmp_path / "fed"
+    write_federation(root)
+    ras = load_folder(root)
+    ras.sites[:] = [ras.site("a")]  # site a's volumes only: all RAS
+    cfg = tiny_config(algorithms=["fedavg"], data={"image_size": 16})
+    regions = Regions.from_mapping({"organ": [1, 2], "core": [2]})
+    network = build_segmenter(cfg.model, 3, 1, len(regions), seed=0)
+    bundle = tmp_path / "model" / "fedavg"
+    write_bundle_files(bundle, {"global": weights_of(network)}, cfg, ras)
+    assert json.loads((bundle / "manifest.json").read_text())["orientation"] == "RAS"
+
+    values = np.random.default_rng(0).integers(0, 1000, (12, 10, 8)).astype(np.float32)
+    affine = np.diag([0.8, 1.2, 2.0, 1.0])
+    turned, turned_affine = reoriented(values, affine, "PIL")
+    for folder, data, grid in (("ras", values, affine), ("pil", turned, turned_affine)):
+        (tmp_path / folder).mkdir()
+        nib.save(nib.Nifti1Image(data, grid), tmp_path / folder / "image.nii.gz")
+    predict(bundle, tmp_path / "ras", tmp_path / "from_ras")
+    reference = np.asarray(nib.load(tmp_path / "from_ras" / "image.nii.gz").dataobj)
+    assert reference.any() and not reference.all()  # a mask with something in it: the comparison compares
+    notes: list[str] = []
+    predict(bundle, tmp_path / "pil", tmp_path / "from_pil", notes=notes)
+    mask = nib.load(tmp_path / "from_pil" / "image.nii.gz")
+    np.testing.assert_allclose(mask.affine, turned_affine)
+    np.testing.assert_array_equal(np.asarray(mask.dataobj), reoriented(reference, affine, "PIL")[0])
+    assert any(
+        n.startswith("1 input volume(s) turned to RAS, the voxel orientation the model was trained on (1 from PIL")
+        for n in notes
+    ), notes
+
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    del manifest["orientation"]  # a bundle of mixed data, or written before bundles recorded it
+    (bundle / "manifest.json").write_text(json.dumps(manifest))
+    notes = []
+    predict(bundle, tmp_path / "pil", tmp_path / "unturned", notes=notes)
+    assert not any("turned" in n for n in notes), notes
+    assert np.asarray(nib.load(tmp_path / "unturned" / "image.nii.gz").dataobj).shape == turned.shape

@@ -210,7 +210,7 @@ def write_predictions(
             else:
                 fit = bundle.manifest.get("resize", "stretch")  # as the run placed its images (data.resize)
                 restored = restore_size(mask, item.spatial, fit).numpy()
-            label = regions.to_label(restored)
+            label = item.stored_order(regions.to_label(restored))  # turned back where it was turned
             write_mask(folder / item.mask_name, label, item.path)
             if overlay or seg is not None:  # the label map's regions: what the run scored (eval.score_on)
                 painted = regions.one_hot(label)

@@ -21,8 +21,10 @@ from fedseg.data.federation import FederationError
 from fedseg.data.folder import group_problems
 from fedseg.data.importers.nnunet import stacked_channels
 from fedseg.data.preprocess import case_tensors, normalization
+from fedseg.data.reorient import orientation_codes, reoriented
 from fedseg.data.volume_write import written_ext
 from fedseg.data.volumes import Grid, file_spacing, preprocess
+from fedseg.data.voxel_grid import VoxelGrid
 from fedseg.path_checks import input_problem
 from fedseg.predict_model import PredictError
 from fedseg.predict_nnunet import (
@@ -48,11 +50,22 @@ class Input:
     spatial: tuple[int, ...]
     volume: tuple[torch.Tensor, Grid] | None = None
     channel_files: tuple[Path, ...] = ()  # an nnU-Net case of several channel files: all of them, in channel order
+    # a volume turned to the model's orientation (its manifest's): the turned grid's affine and the stored order's
+    # axis codes, to turn its mask back (stored_order)
+    turned: tuple[np.ndarray, str] | None = None
 
     @property
     def files(self) -> tuple[Path, ...]:
         """Every file this input was read from."""
         return self.channel_files or (self.path,)
+
+    def stored_order(self, label: np.ndarray) -> np.ndarray:
+        """``label`` (``(*spatial)``, on the input as the model read it) in the input's stored voxel order: turned
+        back where the input was turned to the model's orientation (:func:`turned_to_model`), else as it is."""
+        if self.turned is None:
+            return label
+        affine, codes = self.turned
+        return reoriented(label, affine, codes)[0]
 
 
 def mask_name(path: Path, case: str | None = None) -> str:
@@ -228,16 +241,56 @@ def read_input(source: Source, root: Path, bundle: Bundle) -> Input:
         raise PredictError(f"{path}: empty image (shape {tuple(image.shape)})")
     if problems := nonfinite_problems(image, source.files):
         raise PredictError("\n".join(problems))
+    image, turned = turned_to_model(image, path, bundle)
     norm = normalization(m["normalize"], m.get("ct_windows"))
     x, _ = case_tensors(image, None, bundle.regions, m["image_size"], norm, m.get("resize", "stretch"))
     volume = None
     if bundle.volume is not None:
-        spacing = file_spacing(path, m["spatial_dims"])
+        spacing = (
+            file_spacing(path, m["spatial_dims"])
+            if turned is None
+            else VoxelGrid(image.shape[1:], turned[0]).spacing(3)
+        )
         xv, _, grid = preprocess(image, None, bundle.regions, spacing, bundle.volume, norm)
         volume = (xv, grid)
     name = "+".join(input_name(p, root) for p in source.files)
     channel_files = source.files if len(source.files) > 1 else ()
-    return Input(path, name, mask_name(path, source.case), x, tuple(image.shape[1:]), volume, channel_files)
+    spatial = tuple(image.shape[1:])
+    return Input(path, name, mask_name(path, source.case), x, spatial, volume, channel_files, turned)
+
+
+def turned_note(inputs: list[Input], bundle: Bundle) -> str | None:
+    """One line on the inputs turned to the model's orientation (:func:`turned_to_model`), by their own
+    orientation; None where none was."""
+    found: dict[str, int] = {}
+    for item in inputs:
+        if item.turned is not None:
+            found[item.turned[1]] = found.get(item.turned[1], 0) + 1
+    if not found:
+        return None
+    counts = ", ".join(f"{n} from {codes}" for codes, n in sorted(found.items()))
+    return (
+        f"{sum(found.values())} input volume(s) turned to {bundle.manifest['orientation']}, the voxel orientation "
+        f"the model was trained on ({counts}; axes permuted and flipped, nothing resampled); their masks are "
+        "written in each input's own voxel order"
+    )
+
+
+def turned_to_model(image: np.ndarray, path: Path, bundle: Bundle) -> tuple[np.ndarray, tuple[np.ndarray, str] | None]:
+    """``image`` ``(C, X, Y, Z)`` of the volume ``path`` turned to the voxel orientation the model was trained on
+    (``orientation`` in its manifest: every training volume lay in it) where it lies in another (its axes permuted
+    and flipped, nothing resampled: ``fedseg.data.reorient.reoriented``), with the turned grid's affine and the
+    input's own axis codes to turn its mask back (:meth:`Input.stored_order`); else ``(image, None)``: a model
+    that recorded no orientation, a 2D model, an input without a grid (NumPy) or already in the model's."""
+    target = bundle.manifest.get("orientation")
+    if not target or bundle.manifest["spatial_dims"] != 3 or readers.volume_format(path) is None:
+        return image, None
+    affine = readers.volume_grid(path).affine
+    codes = orientation_codes(affine)
+    if codes == target:
+        return image, None
+    turned, turned_affine = reoriented(image, affine, target, spatial_axis=1)
+    return turned, (turned_affine, codes)
 
 
 def input_name(path: Path, root: Path) -> str:
@@ -328,6 +381,8 @@ def read_inputs(
         problems = []
     if problems:  # the same problem on many files: the first few, then a count
         raise PredictError("\n".join(group_problems(problems)))
+    if notes is not None and (note := turned_note(inputs, bundle)) is not None:
+        notes.append(note)
     names = [i.mask_name for i in inputs] + ([overlay_name(i.mask_name) for i in inputs] if overlay else [])
     clashes = sorted({n for n in names if names.count(n) > 1})
     if clashes:

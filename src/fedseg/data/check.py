@@ -19,7 +19,7 @@ from typing import cast
 import numpy as np
 
 from fedseg.config import DataConfig, SplitConfig
-from fedseg.data import dicom_seg, dicom_series, readers, rtstruct, voxel_grid
+from fedseg.data import dicom_seg, rtstruct
 from fedseg.data.case_files import case_problems, grid_problems, read_array, read_image, read_label
 from fedseg.data.federation import UNANNOTATED, Federation, FederationError, Regions
 from fedseg.data.folder import (
@@ -34,6 +34,7 @@ from fedseg.data.folder import (
 )
 from fedseg.data.prefetch import ordered_map
 from fedseg.data.prepared import CheckCache
+from fedseg.data.reorient import voxel_orientation
 from fedseg.data.splits import make_splits, split_problems
 
 log = logging.getLogger("fedseg.data.check")
@@ -265,28 +266,6 @@ def empty_region_warnings(regions: Regions, seen: set[int], cases: int) -> list[
         for name, values in zip(regions.names, regions.values)
         if not seen & set(values)
     ]
-
-
-def voxel_orientation(image_path: Path) -> str | None:
-    """The axis codes of a volume's stored voxel order (nibabel's ``aff2axcodes`` of its RAS grid: ``RAS``, ``LPS``,
-    ``PRS``...), from its header(s) alone; ``None`` for a 2D image or NumPy array (no grid) or an unreadable header."""
-    fmt = readers.volume_format(image_path)
-    if fmt is None:
-        return None
-    from nibabel.orientations import aff2axcodes
-
-    try:
-        if fmt == readers.DICOM:  # one slice says it: rows, columns, then slices stacked along their normal
-            first = dicom_series.series_entries(image_path)[0]
-            iop = np.asarray(dicom_series.read_dicom(first, stop_before_pixels=True).ImageOrientationPatient, float)
-            axes = np.eye(4)
-            axes[:3, :3] = np.column_stack([iop[:3], iop[3:], np.cross(iop[:3], iop[3:])])
-            affine = voxel_grid.LPS_TO_RAS @ axes
-        else:
-            affine = readers.volume_grid(image_path).affine
-        return "".join(str(code) for code in aff2axcodes(affine))
-    except Exception:  # noqa: BLE001 — an unreadable header: the case's own check already said so
-        return None
 
 
 def orientation_warnings(orientations: dict[str, list[tuple[str, str]]], shown: int = 3) -> list[str]:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedseg.data import readers
+from fedseg.data import dicom_series, readers, voxel_grid
 from fedseg.data.federation import Case, Federation, FederationError
 from fedseg.data.folder import HEADER_FILE, SPLITS_FILE
 from fedseg.data.folder_write import (
@@ -90,6 +90,42 @@ def orientation_codes(affine: np.ndarray) -> str:
     from nibabel.orientations import aff2axcodes
 
     return "".join(str(code) for code in aff2axcodes(affine))
+
+
+def voxel_orientation(image_path: Path) -> str | None:
+    """The axis codes of a volume's stored voxel order (nibabel's ``aff2axcodes`` of its RAS grid: ``RAS``, ``LPS``,
+    ``PRS``...), from its header(s) alone; ``None`` for a 2D image or NumPy array (no grid) or an unreadable header."""
+    fmt = readers.volume_format(image_path)
+    if fmt is None:
+        return None
+    try:
+        if fmt == readers.DICOM:  # one slice says it: rows, columns, then slices stacked along their normal
+            first = dicom_series.series_entries(image_path)[0]
+            iop = np.asarray(dicom_series.read_dicom(first, stop_before_pixels=True).ImageOrientationPatient, float)
+            axes = np.eye(4)
+            axes[:3, :3] = np.column_stack([iop[:3], iop[3:], np.cross(iop[:3], iop[3:])])
+            affine = voxel_grid.LPS_TO_RAS @ axes
+        else:
+            affine = readers.volume_grid(image_path).affine
+        return orientation_codes(affine)
+    except Exception:  # noqa: BLE001 — an unreadable header: the case's own check already said so
+        return None
+
+
+def federation_orientation(fed: Federation) -> str | None:
+    """The voxel orientation (:func:`voxel_orientation`) every case of ``fed`` lies in, from the headers alone; None
+    where there is not one: the cases lie in several, or some case has no volume file with a grid (a built-in
+    federation, NumPy files, a deployment's coordinator, which holds no site's files). What a model bundle records as
+    the orientation it was trained on (``orientation`` in its manifest), so that ``fedseg predict`` turns inputs
+    lying otherwise to it."""
+    codes: set[str | None] = set()
+    for site in fed.sites:
+        for case in site.cases:
+            image = case.meta.get("image")
+            codes.add(None if image is None else voxel_orientation(Path(str(image))))
+            if None in codes or len(codes) > 1:
+                return None
+    return codes.pop() if codes else None
 
 
 def _write_case(case: Case, site_dir: Path, target: str) -> str | None:

@@ -17,6 +17,7 @@ from fedseg.atomic_files import atomic_write_bytes, atomic_write_text, strict_js
 from fedseg.config import RunConfig
 from fedseg.config_load import dump_config
 from fedseg.data.federation import Federation
+from fedseg.data.reorient import federation_orientation
 from fedseg.run.bundle_folders import BUNDLE_MANIFEST as BUNDLE_MANIFEST
 from fedseg.run.bundle_folders import BUNDLE_WEIGHTS as BUNDLE_WEIGHTS
 from fedseg.run.provenance import finish
@@ -114,8 +115,10 @@ def write_bundle_files(
     """``model/<algorithm>/weights.safetensors`` (tensors named ``<model>/<param>``) + ``manifest.json`` from the
     run's config and federation; returns the weights file's SHA-256 (see ``read_bundle``). The manifest's
     ``channel_names`` are the federation's (what each input channel holds, in order; null when the federation does
-    not say), so ``fedseg predict`` can refuse images whose channels come in another order; ``trained``: the
-    model ``card`` (:mod:`fedseg.run.model_card`), where there is one."""
+    not say), so ``fedseg predict`` can refuse images whose channels come in another order; ``orientation``: the
+    voxel orientation every training volume lay in (``fedseg.data.reorient.federation_orientation``; absent where
+    there was not one), to which ``fedseg predict`` turns its inputs; ``trained``: the model ``card``
+    (:mod:`fedseg.run.model_card`), where there is one."""
     tensors = {f"{model}/{k}": v.contiguous() for model, weights in bundle.items() for k, v in weights.items()}
     data = save(tensors)
     atomic_write_bytes(folder / BUNDLE_WEIGHTS, lambda f: f.write(data))
@@ -132,6 +135,7 @@ def write_bundle_files(
         **({"ct_windows": cfg.data.ct_windows} if cfg.data.ct_windows else {}),  # normalize: ct
         "volume": cfg.data.volume.model_dump(mode="json"),  # the volume pipeline (fedseg predict on patches)
         "threshold": cfg.eval.threshold,
+        **({"orientation": orientation} if (orientation := federation_orientation(fed)) else {}),
         **({"trained": card} if card else {}),
     }
     atomic_write_text(folder / BUNDLE_MANIFEST, strict_json_text(manifest, indent=2))  # a NaN Dice: null
