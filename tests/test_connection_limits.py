@@ -123,6 +123,55 @@ def test_a_listener_holds_at_most_its_connections_and_closes_those_that_say_noth
     assert not thread.is_alive()
 
 
+async def _big_app(scope, receive, send):
+    """Answers 1 MB to every request."""
+    if scope["type"] != "http":
+        return
+    body = b"x" * 1_000_000
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"1000000")]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def test_a_client_that_reads_none_of_its_answers_is_closed_after_the_stall_deadline():
+    """Requests sent back to back and no answer read: the answer waits in a full send buffer, "being served" for
+    ever, past the head deadline (a review held a connection so); closed once the client has read none of it for
+    ``stall_s``. A client that reads, however slowly, gets its answers."""
+    (port,) = free_ports(1)
+    refused: list[str] = []
+    limits = cl.ConnectionLimits(total=4, head_s=1.0, stall_s=2.0)
+    server = cl.limited_server(_big_app, ("127.0.0.1", port), limits, refused.append, log_level="error")
+    thread = threading.Thread(target=cl.serve_listeners, args=([server],), daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            time.sleep(0.05)
+        greedy = _connect(port)
+        greedy.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" * 50)  # 50 MB of answers, none read
+        while not server.connections.total:  # accepted
+            time.sleep(0.01)
+        began = time.monotonic()
+        while server.connections.total and time.monotonic() - began < 15.0:  # its place given back once closed
+            time.sleep(0.1)
+        assert 1.5 <= time.monotonic() - began <= 10.0, refused
+        greedy.close()
+        assert refused[-1] == "a connection from 127.0.0.1: read none of its answer for 2 s"
+        slow = _connect(port)  # reads 1 MB in 4 s: longer than the stall deadline, and never still for that long
+        slow.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        received = 0
+        slow.settimeout(5.0)
+        while received < 1_000_000 + 30:
+            chunk = slow.recv(65536)
+            assert chunk, f"closed after {received} bytes"
+            received += len(chunk)
+            time.sleep(0.25)
+        slow.close()
+        assert not [line for line in refused[1:] if "read none" in line], refused  # at most idle after it
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+    assert not thread.is_alive()
+
+
 def test_the_limits_fit_the_processs_file_descriptors():
     control, fleet = cl.listener_limits(20000, fleet=True)
     assert control == cl.ConnectionLimits(cl.CONTROL_CONNECTIONS, own_user_only=True)
@@ -138,6 +187,24 @@ def test_the_limits_fit_the_processs_file_descriptors():
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the peer's user is asked of Linux (sock_diag)")
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="netlink sock_diag: Linux")
+def test_the_peer_lookup_finds_the_clients_own_socket_and_never_a_listener():
+    """The socket found is the client's (its inode), not the accepted one; a port where only a listener is, asked
+    as a peer (a remote client whose source port happens to be a local listener's), is no local peer."""
+    from fedseg.flower.peer_user import local_peer_socket, local_peer_uid
+
+    with socket.create_server(("127.0.0.1", 0)) as server, socket.create_server(("0.0.0.0", 0)) as other:
+        client = socket.create_connection(server.getsockname())
+        accepted, _ = server.accept()
+        with client, accepted:
+            found = local_peer_socket(accepted.getsockname(), accepted.getpeername())
+            assert found == (os.getuid(), os.fstat(client.fileno()).st_ino)
+            assert os.fstat(accepted.fileno()).st_ino != found[1]
+            listener_port = other.getsockname()[1]
+            assert local_peer_uid(accepted.getsockname(), ("127.0.0.1", listener_port)) is None
+            assert local_peer_uid(accepted.getsockname(), ("192.0.2.7", listener_port)) is None
+
+
 def test_the_control_address_refuses_another_users_processes():
     """Only the coordinator's own processes belong on the control address: a process of this machine run by another
     user (nobody) is closed as it connects, in one refusal line; this user's is served."""

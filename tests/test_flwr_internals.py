@@ -768,3 +768,18 @@ def test_the_retry_log_lines_the_supernode_wrapper_shortens_are_flowers():
             f"Flower changed its retry log line {text!r} (flwr.supercore.retry.http_retry): "
             "fedseg.flower.supernode_main.QuietRetries must be updated"
         )
+
+
+def test_a_run_the_superlink_does_not_list_is_a_key_error_and_wait_run_one_line():
+    """A protobuf map gives an empty run for a missing key (status ''), on which ``wait_run`` polled for ever."""
+    from fedseg.flower.deploy import wait_run
+
+    with ControlServer(control_answers(run_id=7)) as server:
+        client = flwr_internals.control_client(server.address, True, None, {"fedseg-control-key": "k3y"})
+        try:
+            with pytest.raises(KeyError, match="the SuperLink lists no run 8"):
+                flwr_internals.run_status(client, 8)
+            with pytest.raises(RuntimeError, match=r"^the SuperLink no longer lists run 8 \(was it restarted\?\)$"):
+                wait_run(client, 8, poll=0.01)
+        finally:
+            client.close()

@@ -154,7 +154,7 @@ CASES = [
     Case(
         "a read-only `--out`",
         [*RUN[:-1], "ro/out"],
-        "error: ro/out: Read-only file system",
+        "error: --out ro/out: no folder can be made there (ro/out: Read-only file system)",
         breaks=lambda fed: _read_only(fed.parent),
         needs_root_mount=True,
     ),

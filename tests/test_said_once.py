@@ -4,6 +4,7 @@ single run says it once. The smallest configuration that has the note: a folder 
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -57,3 +58,12 @@ def test_a_run_says_the_note_once(tmp_path, folder):
     run = ["run", "--preset", "demo", "--data", str(folder), "--algorithms", "fedavg", "--rounds", "1"]
     sets = [a for s in [*TINY_SET, "eval.hd95_worst=100"] for a in ("--set", s)]
     assert said(fedseg(*run, *sets, "--out", str(tmp_path / "run"))) == 1
+
+
+def test_a_line_naming_a_file_whose_name_is_not_utf8_is_said_once(tmp_path, monkeypatch):
+    """Linux file names are bytes: one that is not UTF-8 reaches a note as surrogate escapes."""
+    from fedseg.run.said_once import SAID_ENV, first_time
+
+    monkeypatch.setenv(SAID_ENV, str(tmp_path))
+    line = "note: " + os.fsdecode(b"/data/h\xe9pital/case.nii.gz")
+    assert first_time(line) and not first_time(line)

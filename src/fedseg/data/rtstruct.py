@@ -494,7 +494,7 @@ def _read_rtstruct(
             if not 0 <= k < nz or (low < -0.5 - _EDGE_TOL).any() or (high > np.array([nx, ny]) - 0.5 + _EDGE_TOL).any():
                 raise FederationError(
                     f"{path}: ROI {roi} contour {c} lies outside the grid of {image} (slice {k}, voxels "
-                    f"{voxel_grid._numbers(low)} to {voxel_grid._numbers(high)} in a {shape} image)"
+                    f"{voxel_grid.numbers_text(low)} to {voxel_grid.numbers_text(high)} in a {shape} image)"
                 )
             slices.setdefault(k, []).append(index[:, :2])
         on_slices.update(slices)

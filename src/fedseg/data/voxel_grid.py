@@ -25,7 +25,7 @@ class VoxelGrid:
         return tuple(float(v) for v in np.linalg.norm(self.affine[:3, :dims], axis=0))
 
 
-def _numbers(values: np.ndarray) -> str:
+def numbers_text(values: np.ndarray) -> str:
     """``(0.8, 0.8, 2.5)``: numbers as a reader writes them (rounded, no numpy reprs)."""
     return "(" + ", ".join(f"{float(x):g}" for x in np.round(values, 3)) + ")"
 
@@ -37,12 +37,12 @@ def grid_mismatch(grid: VoxelGrid, reference: VoxelGrid) -> str | None:
     a, b = grid.affine, reference.affine
     spacing_a, spacing_b = np.linalg.norm(a[:3, :3], axis=0), np.linalg.norm(b[:3, :3], axis=0)
     if not np.allclose(spacing_a, spacing_b, rtol=1e-3, atol=1e-3):
-        return f"spacing {_numbers(spacing_a)} vs {_numbers(spacing_b)} mm"
+        return f"spacing {numbers_text(spacing_a)} vs {numbers_text(spacing_b)} mm"
     if not np.allclose(a[:3, :3], b[:3, :3], rtol=1e-3, atol=1e-3):
         axes = lambda m: np.array2string(m[:3, :3].round(3) + 0.0, separator=",").replace("\n", "")  # noqa: E731
         return f"an axis flipped or rotated: voxel axes {axes(a)} vs {axes(b)} mm"
     if np.linalg.norm(a[:3, 3] - b[:3, 3]) > 0.5 * min(spacing_b):
-        return f"origin {_numbers(a[:3, 3])} vs {_numbers(b[:3, 3])} mm"
+        return f"origin {numbers_text(a[:3, 3])} vs {numbers_text(b[:3, 3])} mm"
     return None
 
 

@@ -10,7 +10,9 @@ descriptors and the run stopped; anyone reaching the Fleet port could do the sam
   from ``accept`` to the socket's close, TLS handshake included), one line per interval in the refusal log;
 - gives a connection :attr:`ConnectionLimits.head_s` seconds to finish its TLS handshake, and as long to send a
   request's head once it is open or its last answer was sent (:func:`head_deadline`): a connection that says
-  nothing, or a head a byte at a time, is closed (the body then has the body limits of ``superlink_main``);
+  nothing, or a head a byte at a time, is closed (the body then has the body limits of ``superlink_main``); and
+  closes one whose client reads none of its answer for :attr:`ConnectionLimits.stall_s` seconds (a review held
+  one open for ever by sending requests and never reading the answers, which kept a request "being served");
 - on the control address, refuses a connection from another user's process on this machine (Linux:
   ``fedseg.flower.peer_user``): only the coordinator's own processes, run by its user, belong there, so another
   local user can no longer hold its connections;
@@ -33,6 +35,7 @@ from dataclasses import dataclass
 from fedseg.flower.peer_user import local_peer_uid
 
 HEAD_DEADLINE_S = 15.0  # seconds for a TLS handshake, and for a request's head once a connection waits for one
+SEND_STALL_S = 60.0  # seconds an answer may wait for its client to read any of it (a slow link still reads some)
 FLEET_CONNECTIONS = 1024  # connections open at once on the Fleet listener (SuperNodes), at most
 FLEET_CONNECTIONS_PER_CLIENT = 32  # of those from one client address (a hospital's SuperNode needs one or two)
 CONTROL_CONNECTIONS = 256  # on the control address (the coordinator, its ServerApp runner and tasks: a few)
@@ -45,12 +48,14 @@ REFUSED_AT_ONCE = 64  # connections over the limits closed in one ``accept`` bef
 class ConnectionLimits:
     """``total`` connections open at once on a listener, ``per_client`` of them from one client address (None: no
     share), ``head_s`` seconds for a TLS handshake and for each request's head; ``own_user_only``: a connection from
-    a process of this machine run by another user is refused (``fedseg.flower.peer_user``; module docstring)."""
+    a process of this machine run by another user is refused (``fedseg.flower.peer_user``; module docstring);
+    ``stall_s``: seconds an answer may wait, its send buffer full, for the client to read any of it."""
 
     total: int
     per_client: int | None = None
     head_s: float = HEAD_DEADLINE_S
     own_user_only: bool = False
+    stall_s: float = SEND_STALL_S
 
 
 def fd_budget() -> int:
@@ -161,18 +166,22 @@ class LimitedListener(socket.socket):
         raise BlockingIOError
 
 
+class CannotListen(OSError):
+    """An address a listener cannot be bound to; its ``strerror`` names it: ``HOST:PORT: why``."""
+
+
 def listening_socket(host: str, port: int, connections: OpenConnections) -> LimitedListener:
     """A :class:`LimitedListener` bound to ``(host, port)`` (IPv6 where ``host`` has a colon; address reuse on, as
-    uvicorn binds), not yet listening (the event loop's ``create_server`` does that). ``OSError`` where the address
-    cannot be bound."""
+    uvicorn binds), not yet listening (the event loop's ``create_server`` does that). :class:`CannotListen` where the
+    address cannot be bound."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     listener = LimitedListener(family, socket.SOCK_STREAM)
     try:
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         listener.bind((host, port))
-    except OSError:
+    except OSError as e:
         listener.close()
-        raise
+        raise CannotListen(e.errno, f"{host}:{port}: {e.strerror or e}") from None
     listener.connections = connections
     return listener
 
@@ -180,11 +189,14 @@ def listening_socket(host: str, port: int, connections: OpenConnections) -> Limi
 def head_deadline(base: type, limits: ConnectionLimits, refused: Callable[[str], None]) -> type:
     """A subclass of uvicorn's HTTP protocol ``base`` (``h11`` or ``httptools``) closing a connection that has not
     sent a whole request head within ``limits.head_s`` seconds of being opened (after its TLS handshake) or of its
-    last answer; a request being read or served is left to the body limits and the app. ``refused(text)`` is told of
-    each connection so closed."""
+    last answer (a request being read or served is left to the body limits and the app), or whose client has read
+    none of an answer for ``limits.stall_s`` seconds (its send buffer full; an answer's end still in a buffer
+    below that mark is waited for while it moves, then for ``head_s`` more). ``refused(text)`` is told of each
+    connection so closed."""
 
     class HeadDeadline(base):
         head_timer: asyncio.TimerHandle | None = None
+        pending_before = 0  # bytes of an answer still in the send buffer at the last deadline (none moved since?)
 
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
@@ -197,7 +209,32 @@ def head_deadline(base: type, limits: ConnectionLimits, refused: Callable[[str],
 
         def connection_lost(self, exc) -> None:
             self.stop_waiting()
+            self.stop_stall()
             super().connection_lost(exc)
+
+        # the transport's flow control: paused while its send buffer is over the high-water mark, resumed once the
+        # client has read enough of it; paused for limits.stall_s: the client reads nothing
+        stall_timer: asyncio.TimerHandle | None = None
+
+        def pause_writing(self) -> None:
+            super().pause_writing()
+            if self.stall_timer is None:
+                self.stall_timer = asyncio.get_running_loop().call_later(limits.stall_s, self.stalled)
+
+        def resume_writing(self) -> None:
+            super().resume_writing()
+            self.stop_stall()
+
+        def stop_stall(self) -> None:
+            if self.stall_timer is not None:
+                self.stall_timer.cancel()
+                self.stall_timer = None
+
+        def stalled(self) -> None:
+            self.stall_timer = None
+            client = self.client[0] if self.client else "?"
+            refused(f"a connection from {client}: read none of its answer for {limits.stall_s:g} s")
+            self.transport.abort()
 
         def await_head(self) -> None:
             self.stop_waiting()
@@ -213,7 +250,13 @@ def head_deadline(base: type, limits: ConnectionLimits, refused: Callable[[str],
             if self.cycle is not None and not self.cycle.response_complete:
                 return  # a request is being read or served: its answer arms the deadline again
             client = self.client[0] if self.client else "?"
-            refused(f"a connection from {client}: no request head within {limits.head_s:g} s")
+            pending = self.transport.get_write_buffer_size()  # the end of the last answer, not yet sent
+            if pending and pending != self.pending_before:  # still leaving: abort() would drop it
+                self.pending_before = pending
+                self.await_head()
+                return
+            why = "read none of its answer for" if pending else "no request head within"
+            refused(f"a connection from {client}: {why} {limits.head_s:g} s")
             self.transport.abort()  # at once: a TLS close would wait for the client's own close for a while
 
     HeadDeadline.__name__ = HeadDeadline.__qualname__ = f"HeadDeadline{base.__name__}"
@@ -253,7 +296,7 @@ def serve_listeners(servers: list) -> None:
     """Serve every :func:`limited_server` of ``servers`` until a signal stops them all (SIGINT/SIGTERM, as uvicorn
     handles them for the first): the first's lifespan first (for a SuperLink, the one that starts its SuperExec),
     the others once it has started, on one event loop (:class:`HandshakeDeadlineLoop`). Each listens on a
-    :func:`listening_socket` bound here: ``OSError`` where one cannot be bound, before any serves."""
+    :func:`listening_socket` bound here: :class:`CannotListen` where one cannot be bound, before any serves."""
     first, others = servers[0], servers[1:]
     sockets: list[LimitedListener] = []
     try:

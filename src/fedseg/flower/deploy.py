@@ -444,9 +444,13 @@ def run_status(client, run_id: int):
 
 
 def wait_run(client, run_id: int, poll: float = 0.5, tick=lambda: None):
-    """Block until the run is finished; return its ``RunStatus`` (``sub_status`` completed | failed | stopped)."""
+    """Block until the run is finished; return its ``RunStatus`` (``sub_status`` completed | failed | stopped); a
+    RuntimeError (one line) where the SuperLink no longer lists it."""
     while True:
-        status = run_status(client, run_id)
+        try:
+            status = run_status(client, run_id)
+        except KeyError:
+            raise RuntimeError(f"the SuperLink no longer lists run {run_id} (was it restarted?)") from None
         if status.status == "finished":
             return status
         tick()

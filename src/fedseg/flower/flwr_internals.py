@@ -279,6 +279,8 @@ def run_status(client: ControlHttpClient, run_id: int) -> Any:
     from flwr.proto.control_pb2 import ListRunsRequest
 
     res = client.ListRuns(ListRunsRequest(run_id=run_id))
+    if run_id not in res.run_dict:  # a protobuf map: indexing a missing key would make an empty run, status ''
+        raise KeyError(f"the SuperLink lists no run {run_id}")
     return run_from_proto(res.run_dict[run_id]).status
 
 

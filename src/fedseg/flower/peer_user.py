@@ -23,13 +23,21 @@ SOCKET_ID = struct.Struct("!HH16s16s")  # inet_diag_sockid: source port, destina
 SOCKET_ID_REST = struct.Struct("=III")  # interface, cookie (2 x 32 bit; all ones: any)
 ANY_COOKIE = 0xFFFFFFFF
 ALL_STATES = 0xFFFFFFFF
-UID_AT = 4 + 48 + 12  # inet_diag_msg: family, state, timer, retransmits; the socket id; expires, queues; then uid
+TCP_LISTEN = 10  # linux/tcp_states.h: a listening socket's state
+UID_AT = 4 + 48 + 12  # inet_diag_msg: family, state, timer, retransmits; the socket id; expires, queues; uid, inode
 
 
 def local_peer_uid(local: tuple, peer: tuple) -> int | None:
     """The user id owning the TCP socket at ``peer`` (host, port) whose connection reaches ``local`` (host, port:
     this end's ``getsockname()``), where that socket is on this machine (Linux); None where it is not (another
     machine, another network namespace) or the kernel cannot say (another system, no netlink)."""
+    found = local_peer_socket(local, peer)
+    return None if found is None else found[0]
+
+
+def local_peer_socket(local: tuple, peer: tuple) -> tuple[int, int] | None:
+    """``(user id, inode)`` of the socket :func:`local_peer_uid` looks up (the inode: ``os.fstat`` of that socket's
+    file descriptor gives the same), or None."""
     try:
         family, peer_host, local_host = _addresses(str(peer[0]), str(local[0]))
         request = DIAG_REQUEST.pack(family, socket.IPPROTO_TCP, 0, 0, ALL_STATES)
@@ -47,7 +55,12 @@ def local_peer_uid(local: tuple, peer: tuple) -> int | None:
     kind = NLMSG_HEADER.unpack_from(reply)[1]
     if kind != SOCK_DIAG_BY_FAMILY:
         return None
-    return int(struct.unpack_from("=I", reply, NLMSG_HEADER.size + UID_AT)[0])
+    state = reply[NLMSG_HEADER.size + 1]
+    ports = struct.unpack_from("!HH", reply, NLMSG_HEADER.size + 4)
+    if state == TCP_LISTEN or ports != (int(peer[1]), int(local[1])):
+        return None  # the kernel's lookup falls back to a listener on that port: not the connection's socket
+    uid, inode = struct.unpack_from("=II", reply, NLMSG_HEADER.size + UID_AT)
+    return int(uid), int(inode)
 
 
 def _addresses(peer: str, local: str) -> tuple[int, bytes, bytes]:

@@ -150,7 +150,7 @@ class RefusalLog:
 
     def __init__(self, log=None) -> None:
         if log is None:
-            from flwr.supercore import log as flower_log
+            from flwr.common import log as flower_log
 
             def log(text: str) -> None:
                 flower_log(logging.WARNING, "%s", text)
@@ -398,14 +398,18 @@ def serve(fleet: tuple[str, int] | None, control_key: str, gate: Path | None = N
     ``control_key`` (:func:`control_guard`), and its Fleet API on ``fleet`` (None: no Fleet listener, e.g. a
     simulation SuperLink), closed (503) until ``gate`` exists if given. Each listener holds a bounded number of
     connections and closes silent ones (``fedseg.flower.connection_limits``)."""
-    from flwr.supercore import log
+    from flwr.common import log
 
     from fedseg.flower import connection_limits as limits
     from fedseg.flower.flwr_internals import fleet_routes, superlink_app, uvicorn_log_config
 
     app, config = superlink_app()
     control_limits, fleet_limits = limits.listener_limits(limits.fd_budget(), fleet is not None)
-    tls = {"ssl_keyfile": config.ssl_keyfile, "ssl_certfile": config.ssl_certfile, "log_config": uvicorn_log_config()}
+    uvicorn_options = {
+        "ssl_keyfile": config.ssl_keyfile,
+        "ssl_certfile": config.ssl_certfile,
+        "log_config": uvicorn_log_config(),
+    }
     private_refusals = RefusalLog()
     private = limits.limited_server(
         refusals_logged(
@@ -416,14 +420,17 @@ def serve(fleet: tuple[str, int] | None, control_key: str, gate: Path | None = N
         control_limits,
         private_refusals.note,
         proxy_headers=False,  # no proxy here: a local process's X-Forwarded-For named another client in the logs
-        **tls,
+        **uvicorn_options,
     )
     log(logging.INFO, "fedseg: at most %d connections on %s:%d", control_limits.total, config.host, config.port)
     servers = [private]
     if fleet is not None and fleet_limits is not None:
         public_refusals = RefusalLog()
         public = refusals_logged(fleet_only(app, fleet_routes(), gate), public_refusals)
-        servers.append(limits.limited_server(public, fleet, fleet_limits, public_refusals.note, lifespan="off", **tls))
+        fleet_server = limits.limited_server(
+            public, fleet, fleet_limits, public_refusals.note, lifespan="off", **uvicorn_options
+        )
+        servers.append(fleet_server)
         log(
             logging.INFO,
             "fedseg: at most %d connections on %s:%d, %d from one address",
@@ -433,8 +440,11 @@ def serve(fleet: tuple[str, int] | None, control_key: str, gate: Path | None = N
         )
     try:
         limits.serve_listeners(servers)
-    except OSError as e:
-        raise SystemExit(f"the SuperLink could not listen: {e.strerror or e}") from None
+    except limits.CannotListen as e:
+        raise SystemExit(f"the SuperLink could not listen on {e.strerror}") from None
+    except OSError as e:  # its TLS files, checked before it started, unreadable now
+        where = e.filename or f"{config.ssl_certfile}, {config.ssl_keyfile}"
+        raise SystemExit(f"the SuperLink stopped: {where}: {e.strerror or e}") from None
     if not private.started:
         raise SystemExit(f"the SuperLink could not start on {config.host}:{config.port}")
 
@@ -502,7 +512,7 @@ def serve_superlink() -> None:
         raise SystemExit(NO_KEY_GIVEN)
     gate, rest = split_option(sys.argv[1:], "--fleet-gate")
     fleet, rest = split_fleet_address(rest)
-    from flwr.supercore import log
+    from flwr.common import log
 
     for name in ("flwr", "uvicorn.access"):
         logging.getLogger(name).addFilter(QuietStatusPolls())

@@ -13,7 +13,7 @@ import torch
 
 from fedseg.accel import resolve
 from fedseg.algorithms import check_method_names, check_sites, get_algorithm, plugin_records
-from fedseg.atomic_files import atomic_write_text, strict_json_text
+from fedseg.atomic_files import atomic_write_text, check_out_creatable, strict_json_text
 from fedseg.config import RunConfig
 from fedseg.config_load import dump_config, error_text
 from fedseg.data.federation import Federation
@@ -178,6 +178,8 @@ def check_before_data(cfg: RunConfig, out: Path, resume: bool, check_compute: bo
     check_out_dir(out)
     check_out_kind(out, "run")  # a study's, a bench's or a federation's folder: before any data is prepared
     check_out_outside(out, folder_root(cfg))
+    if not (resume and out.exists()):
+        check_out_creatable(out)  # a place no folder can be made (read-only, /proc): before the data is prepared
     torch.set_num_threads(cfg.threads)
     for name in cfg.algorithms:  # unknown names and bad options fail before any work
         get_algorithm(name).parse_options(cfg.methods.get(name))

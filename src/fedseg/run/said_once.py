@@ -25,7 +25,7 @@ def first_time(line: str) -> bool:
     folder = os.environ.get(SAID_ENV)
     if not folder:
         return True
-    name = hashlib.sha256(line.encode()).hexdigest()[:32]
+    name = hashlib.sha256(line.encode("utf-8", "surrogatepass")).hexdigest()[:32]  # a file name not UTF-8 too
     try:
         os.close(os.open(os.path.join(folder, name), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
     except FileExistsError:
