@@ -268,7 +268,7 @@ def _connecting_as_nobody(port: int):
     return go
 
 
-def test_the_superlink_raises_its_file_descriptor_limit_to_the_hard_one():
+def test_fd_budget_raises_a_low_soft_file_descriptor_limit_to_the_hard_one():
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard != resource.RLIM_INFINITY and hard <= 256:
         pytest.skip(f"the hard limit here is {hard} file descriptors")
@@ -315,6 +315,11 @@ def test_a_superlink_whose_fleet_port_one_address_fills_still_answers_its_coordi
                 break
             time.sleep(0.2)
         assert len(lines) == 2 and [_refusals_in(line) for line in lines] == [1, 7], lines  # at once, then the rest
+    text = (tmp_path / "superlink.log").read_text()  # the limits it serves with: listener_limits(fd_budget())
+    control_limits, fleet_limits = cl.listener_limits(cl.fd_budget(), True)  # the same hard limit as this process
+    assert fleet_limits is not None
+    assert f"fedseg: at most {control_limits.total} connections on 127.0.0.1:{control}" in text
+    assert f"at most {fleet_limits.total} connections on 127.0.0.1:{fleet}, {fleet_limits.per_client} from" in text
 
 
 def _refusals_in(line: str) -> int:
