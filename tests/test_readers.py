@@ -823,11 +823,11 @@ def test_predict_takes_dicom_series_folders_as_it_takes_the_same_volume_in_nifti
     assert "resized" not in (tmp_path / "run" / "run.log").read_text()  # patches of each volume's own grid
 
     image, _ = one_channel(99)
-    nifti = tmp_path / "nifti"
-    nifti.mkdir()
-    nib.save(nib.Nifti1Image(image[0], np.diag([1.0, 1.0, 1.0, 1.0])), nifti / "case.nii.gz")
     series = tmp_path / "dicom" / "case"
     write_series(series, image[0], spacing=(1.0, 1.0, 1.0))
+    nifti = tmp_path / "nifti"
+    nifti.mkdir()  # the same grid: the series' (PLI; the model, trained on RAS volumes, turns both alike)
+    nib.save(nib.Nifti1Image(image[0], readers.volume_grid(series).affine), nifti / "case.nii.gz")
     assert np.array_equal(read_image(series, "3d"), image)  # the same voxels, in the same index order
 
     predict(tmp_path / "run", nifti, tmp_path / "from_nifti")
