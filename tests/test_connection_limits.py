@@ -172,6 +172,98 @@ def test_a_client_that_reads_none_of_its_answers_is_closed_after_the_stall_deadl
     assert not thread.is_alive()
 
 
+def test_a_client_sending_many_requests_ahead_of_their_answers_is_closed():
+    """An attack sent a million pipelined requests on one connection and the SuperLink held 2.5 GB of queued
+    requests (httptools' protocol queues them all); more than PIPELINED_MOST waiting closes the connection."""
+    (port,) = free_ports(1)
+    refused: list[str] = []
+    server = cl.limited_server(
+        _app, ("127.0.0.1", port), cl.ConnectionLimits(total=4), refused.append, log_level="error"
+    )
+    thread = threading.Thread(target=cl.serve_listeners, args=([server],), daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            time.sleep(0.05)
+        few = _connect(port)  # a client that pipelines a few: every answer
+        few.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" * 3)
+        answers = b""
+        few.settimeout(5.0)
+        while answers.count(b"ok") < 3:
+            answers += few.recv(4096)
+        few.close()
+        greedy = _connect(port)
+        greedy.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" * 1000)
+        assert _seconds_until_closed_reading(greedy) < 5.0
+        assert refused == [
+            f"a connection from 127.0.0.1: more than {cl.PIPELINED_MOST} requests ahead of their answers"
+        ]
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+def _seconds_until_closed_reading(conn: socket.socket, most: float = 10.0) -> float:
+    """Seconds until ``conn`` is closed (EOF or reset), reading and dropping what arrives meanwhile."""
+    began = time.monotonic()
+    conn.settimeout(most)
+    try:
+        while conn.recv(65536):
+            pass
+    except OSError:
+        pass
+    return time.monotonic() - began
+
+
+@pytest.mark.parametrize(
+    ("host", "counted_as"),
+    [
+        ("127.0.0.1", "127.0.0.1"),
+        ("::ffff:10.1.2.3", "10.1.2.3"),
+        ("2001:db8:0:1::7", "2001:db8:0:1::/64"),
+        ("2001:db8:0:1:ffff::9", "2001:db8:0:1::/64"),
+        ("fe80::1%eth0", "fe80::/64"),
+    ],
+)
+def test_an_ipv6_client_counts_as_its_64_network(host, counted_as):
+    """One host often holds a whole /64: an attack filled the Fleet port from 40 addresses of one."""
+    assert cl.client_key(host) == counted_as
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="netlink sock_diag: Linux")
+def test_a_control_connection_whose_process_cannot_be_found_is_refused():
+    """A socket bound to a device (SO_BINDTODEVICE lo, which an unprivileged user may do since Linux 5.7) is
+    skipped by the kernel's exact lookup: an attack held 255 of the control address's 256 places so. Where the
+    lookup works, a connection it cannot place is refused."""
+    (port,) = free_ports(1)
+    refused: list[str] = []
+    limits = cl.ConnectionLimits(total=8, own_user_only=True)
+    server = cl.limited_server(_app, ("127.0.0.1", port), limits, refused.append, log_level="error")
+    thread = threading.Thread(target=cl.serve_listeners, args=([server],), daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            time.sleep(0.05)
+        bound = socket.socket()
+        try:
+            bound.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, b"lo")
+        except OSError as e:
+            bound.close()
+            pytest.skip(f"SO_BINDTODEVICE not allowed here: {e}")
+        bound.connect(("127.0.0.1", port))
+        assert _closed_at_once(bound, 2.0)
+        bound.close()
+        assert refused == [
+            f"a connection from 127.0.0.1: its process's user cannot be found; only user id {os.geteuid()}'s here"
+        ]
+        plain = _connect(port)  # the coordinator's own processes: admitted
+        assert not _closed_at_once(plain, 0.3)
+        plain.close()
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
 def test_the_limits_fit_the_processs_file_descriptors():
     control, fleet = cl.listener_limits(20000, fleet=True)
     assert control == cl.ConnectionLimits(cl.CONTROL_CONNECTIONS, own_user_only=True)

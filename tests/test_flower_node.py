@@ -578,6 +578,46 @@ def test_activation_refusals_in_the_superlinks_log_are_said_once_per_node_or_key
     assert refusals.new_lines() == ["the SuperLink refused to activate a SuperNode: Invalid heartbeat interval"]
 
 
+def test_a_flood_of_activation_refusals_gets_a_bounded_number_of_console_lines(tmp_path):
+    """An attack activated with a new key each time: 106 coordinator lines in 8 s. At most ACTIVATION_LINES_MOST,
+    then one line saying no more are said."""
+    from fedseg.flower.log_watch import ACTIVATION_LINES_MOST, ActivationRefusals
+
+    line = (
+        "ERROR:     [/v1/fleet/activate-node][ApiError:2004] Attempted to register SuperNode with public key: "
+        "b'-----BEGIN PUBLIC KEY-----\\nK{}\\n-----END PUBLIC KEY-----\\n', exception: No SuperNode found with "
+        "the given public key.\n"
+    )
+    log = tmp_path / "superlink.log"
+    log.write_text("".join(line.format(k) for k in range(200)))
+    refusals = ActivationRefusals(log, {})
+    said = refusals.new_lines()
+    assert len(said) == ACTIVATION_LINES_MOST + 1 and said[-1].startswith("more SuperNodes were refused activation")
+    with log.open("a") as f:
+        f.write("".join(line.format(k) for k in range(200, 300)))
+    assert refusals.new_lines() == [] and len(refusals.said) == ACTIVATION_LINES_MOST  # nothing more, nothing grows
+
+
+def test_flowers_error_line_per_refused_request_is_left_out_but_activation_refusals_are_kept_within_a_rate():
+    """Flower writes an ERROR line per request its handlers refuse, holding the request's text (an attack's 60 kB
+    Content-Type: 17.7 MB/s of log); the RefusalLog says those answers. Activation refusals are read by the
+    coordinator (ActivationRefusals): kept, at most ACTIVATION_LINES_EVERY_S."""
+    import logging
+
+    from fedseg.flower.superlink_main import ACTIVATION_LINES_EVERY_S, QuietFlowerRequestErrors
+
+    def record(text: str) -> logging.LogRecord:
+        return logging.LogRecord("flwr", logging.ERROR, __file__, 1, text, (), None)
+
+    quiet = QuietFlowerRequestErrors()
+    assert not quiet.filter(record("[/v1/fleet/get-run][ApiError:3] unsupported content type " + "x" * 60000))
+    assert not quiet.filter(record("[/v1/fleet/pull-messages][UnexpectedError:DecodeError] Error parsing message"))
+    assert quiet.filter(record("Starting Flower SuperLink"))
+    activation = record("[/v1/fleet/activate-node][ApiError:2004] Attempted to register SuperNode ...")
+    kept = [quiet.filter(activation) for _ in range(ACTIVATION_LINES_EVERY_S[0] + 5)]
+    assert kept == [True] * ACTIVATION_LINES_EVERY_S[0] + [False] * 5
+
+
 def test_the_clientapp_runner_drops_flowers_retry_warnings_and_keeps_the_rest():
     """The runner's Runtime API is its own SuperNode's: a retry warning there only follows the SuperNode's last line
     as it stops (a CI run saw two after "SuperNode terminated gracefully")."""

@@ -32,7 +32,7 @@ import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from fedseg.flower.peer_user import local_peer_uid
+from fedseg.flower.peer_user import local_peer_uid, peer_lookup_works
 
 HEAD_DEADLINE_S = 15.0  # seconds for a TLS handshake, and for a request's head once a connection waits for one
 SEND_STALL_S = 60.0  # seconds an answer may wait for its client to read any of it (a slow link still reads some)
@@ -42,6 +42,7 @@ CONTROL_CONNECTIONS = 256  # on the control address (the coordinator, its Server
 FD_RESERVE = 256  # file descriptors kept for everything else: files, pipes, the SuperLink's state, child processes
 FD_WANTED = 65536  # the soft limit is raised towards the hard one up to this many
 REFUSED_AT_ONCE = 64  # connections over the limits closed in one ``accept`` before the event loop runs other work
+PIPELINED_MOST = 8  # requests a client may send ahead of their answers (an attack queued a million: 2.5 GB)
 
 
 @dataclass(frozen=True)
@@ -99,12 +100,19 @@ class OpenConnections:
         self.total = 0
         self.by_client: dict[str, int] = {}
 
-    def admit(self, client: str, user: int | None = None) -> bool:
+    def admit(self, client: str, user: int | None = None, user_known: bool = False) -> bool:
         """Count a connection from ``client`` and say True, or say False (and tell ``refused``) when it would exceed
-        the listener's total or the client's share, or comes from a process of this machine run by ``user``, another
-        user than this process's, where the listener serves its own user only."""
+        the listener's total or the client's share or, where the listener serves its own user only, comes from a
+        process of this machine run by ``user``, another user than this process's, or (``user_known``: this system
+        can tell, ``peer_user.peer_lookup_works``) from a process whose user cannot be found (``user`` None: a
+        socket bound to a device, which an attack used to get past the check, or one closed already)."""
         if self.limits.own_user_only and user is not None and user != os.geteuid():
             self.refused(f"a connection from {client}: a process of user id {user}; only user id {os.geteuid()}'s here")
+            return False
+        if self.limits.own_user_only and user is None and user_known:
+            self.refused(
+                f"a connection from {client}: its process's user cannot be found; only user id {os.geteuid()}'s here"
+            )
             return False
         mine = self.by_client.get(client, 0)
         if self.total >= self.limits.total:
@@ -144,6 +152,23 @@ class CountedConnection(socket.socket):
         self.close()
 
 
+def client_key(host: str) -> str:
+    """The client a connection from ``host`` counts against: an IPv4 address (an IPv4-mapped IPv6 one as IPv4), or
+    an IPv6 address's /64 network (``2001:db8:0:1::/64``: one host often holds a whole /64, and an attack filled
+    the Fleet port from 40 addresses of one)."""
+    import ipaddress
+
+    try:
+        address = ipaddress.ip_address(host.split("%")[0])
+    except ValueError:
+        return host
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            return str(address.ipv4_mapped)
+        return str(ipaddress.IPv6Network((address, 64), strict=False))
+    return str(address)
+
+
 class LimitedListener(socket.socket):
     """A listening socket whose ``accept`` (the event loop's, for every connection, before any TLS) closes at once
     the connections over ``connections``' limits and returns the others as :class:`CountedConnection`. Under a
@@ -151,14 +176,15 @@ class LimitedListener(socket.socket):
     loop calls again while more wait)."""
 
     connections: OpenConnections
+    user_known = False  # whether this system can tell a local peer's user (set where the listener serves its own)
 
     def accept(self):
         for _ in range(REFUSED_AT_ONCE):
             fd, address = self._accept()
             connection = CountedConnection(self.family, self.type, self.proto, fileno=fd)
-            client = str(address[0]) if isinstance(address, tuple) and address else "?"
+            client = client_key(str(address[0])) if isinstance(address, tuple) and address else "?"
             user = local_peer_uid(connection.getsockname(), address) if self.connections.limits.own_user_only else None
-            if not self.connections.admit(client, user):
+            if not self.connections.admit(client, user, self.user_known):
                 connection.close()
                 continue
             connection.on_close = lambda client=client: self.connections.release(client)
@@ -183,6 +209,7 @@ def listening_socket(host: str, port: int, connections: OpenConnections) -> Limi
         listener.close()
         raise CannotListen(e.errno, f"{host}:{port}: {e.strerror or e}") from None
     listener.connections = connections
+    listener.user_known = connections.limits.own_user_only and peer_lookup_works()
     return listener
 
 
@@ -206,6 +233,19 @@ def head_deadline(base: type, limits: ConnectionLimits, refused: Callable[[str],
             super().on_response_complete()
             if not self.transport.is_closing():
                 self.await_head()
+
+        def on_headers_complete(self) -> None:
+            """httptools' protocol queues each request a client sends before the answers to the earlier ones (its
+            ``pipeline``): an attack sent a million at once and the SuperLink held 2.5 GB. More than
+            :data:`PIPELINED_MOST` waiting: the connection is closed, and the rest of what it sent not queued."""
+            pipeline = getattr(self, "pipeline", None)  # h11's protocol reads no further until it has answered
+            if pipeline is not None and len(pipeline) >= PIPELINED_MOST:
+                if not self.transport.is_closing():
+                    client = self.client[0] if self.client else "?"
+                    refused(f"a connection from {client}: more than {PIPELINED_MOST} requests ahead of their answers")
+                    self.transport.abort()
+                return
+            super().on_headers_complete()
 
         def connection_lost(self, exc) -> None:
             self.stop_waiting()

@@ -46,15 +46,20 @@ NODE_ALREADY_ON = re.compile(r"SuperNode with node ID (\d+) could not be activat
 KEY_UNKNOWN = "No SuperNode found with the given public key"
 
 
+ACTIVATION_LINES_MOST = 20  # distinct refusals said on the console (an attack sent a new key each time: 106 in 8 s)
+
+
 class ActivationRefusals:
     """The SuperLink's refusals to activate a SuperNode, from its log (from ``offset``: the bytes an earlier
     coordinator in the same ``--out`` wrote), as one console line each: the SuperNode is told only "Failed to activate
     SuperNode" (``fedseg.flower.supernode_main.ExplainActivation``); the coordinator says which cause it was and, for
     a registered key, whose. Each node (registered key) or unregistered key is said once (a SuperNode restarted
-    every few seconds by systemd is refused as often); another cause is said as the SuperLink gives it."""
+    every few seconds by systemd is refused as often); another cause is said as the SuperLink gives it; after
+    :data:`ACTIVATION_LINES_MOST` such lines, one line says no more are said."""
 
     def __init__(self, log: Path, node_sites: dict[str, str], offset: int = 0) -> None:
         self.tail, self.node_sites, self.said = LogTail(log), node_sites, set[str]()
+        self.said_enough = False  # the line saying that no more are said
         self.tail.offset = offset
 
     def new_lines(self) -> list[str]:
@@ -78,7 +83,16 @@ class ActivationRefusals:
             else:
                 said = f"the SuperLink refused to activate a SuperNode: {cause}"
                 key = cause
-            if key not in self.said:
-                self.said.add(key)
-                lines.append(said)
+            if key in self.said:
+                continue
+            if len(self.said) >= ACTIVATION_LINES_MOST:  # keys drawn by the thousand: a flood, not a hospital
+                if not self.said_enough:
+                    self.said_enough = True
+                    lines.append(
+                        f"more SuperNodes were refused activation ({ACTIVATION_LINES_MOST} said here already): no "
+                        "further line here for them (superlink.log counts them)"
+                    )
+                continue
+            self.said.add(key)
+            lines.append(said)
         return lines

@@ -24,6 +24,7 @@ SOCKET_ID_REST = struct.Struct("=III")  # interface, cookie (2 x 32 bit; all one
 ANY_COOKIE = 0xFFFFFFFF
 ALL_STATES = 0xFFFFFFFF
 TCP_LISTEN = 10  # linux/tcp_states.h: a listening socket's state
+TCP_TIME_WAIT = 6  # a socket closed by its side: the kernel reports it as user 0
 UID_AT = 4 + 48 + 12  # inet_diag_msg: family, state, timer, retransmits; the socket id; expires, queues; uid, inode
 
 
@@ -57,10 +58,24 @@ def local_peer_socket(local: tuple, peer: tuple) -> tuple[int, int] | None:
         return None
     state = reply[NLMSG_HEADER.size + 1]
     ports = struct.unpack_from("!HH", reply, NLMSG_HEADER.size + 4)
-    if state == TCP_LISTEN or ports != (int(peer[1]), int(local[1])):
-        return None  # the kernel's lookup falls back to a listener on that port: not the connection's socket
+    if state in (TCP_LISTEN, TCP_TIME_WAIT) or ports != (int(peer[1]), int(local[1])):
+        return None  # a listener on that port (the kernel's fallback), or a closed socket (uid 0): not the peer's
     uid, inode = struct.unpack_from("=II", reply, NLMSG_HEADER.size + UID_AT)
     return int(uid), int(inode)
+
+
+def peer_lookup_works() -> bool:
+    """Whether this system answers :func:`local_peer_uid` (Linux with netlink sock_diag): a peer it does not find
+    there is no peer of this machine's own network namespace that it can vouch for (one whose socket is bound to a
+    device, ``SO_BINDTODEVICE``, which the exact lookup skips; one closed before the lookup; another namespace),
+    and a listener serving its own user only refuses it."""
+    if not hasattr(socket, "AF_NETLINK"):
+        return False
+    try:
+        with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_SOCK_DIAG):
+            return True
+    except OSError:
+        return False
 
 
 def _addresses(peer: str, local: str) -> tuple[int, bytes, bytes]:

@@ -61,6 +61,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -196,7 +197,7 @@ def request_refused(scope, why: str) -> str:
 
 REFUSED = "fedseg: refused"  # how each RefusalLog line starts (QuietStatusPolls keeps them)
 # the answers counted as refusals (RefusalLog's lines say them; their access lines are left out)
-REFUSED_STATUSES = frozenset({400, 401, 403, 404, 405, 408, 413, 422, 503})
+REFUSED_STATUSES = range(400, 600)  # every 4xx and 5xx answer: an attack flooded the log with 412s and 415s
 
 
 def refusals_logged(app, refusals: RefusalLog):
@@ -461,6 +462,36 @@ class QuietStatusPolls(logging.Filter):
         return text.startswith(REFUSED) or not any(said in text for said in LIST_RUNS)  # a refusal is kept
 
 
+ACTIVATION_PATH = "[/v1/fleet/activate-node]"  # its refusals' lines tell the coordinator why (log_watch)
+ACTIVATION_LINES_EVERY_S = (20, 10.0)  # at most 20 such lines per 10 s
+
+
+class QuietFlowerRequestErrors(logging.Filter):
+    """Leaves out Flower's ERROR line for each request its HTTP handlers refuse or fail
+    (``flwr.supercore.error.http``: ``[PATH][ApiError:CODE] ...``, ``[PATH][UnexpectedError:...] ...``, the
+    request's own text in it): each is an answer of :data:`REFUSED_STATUSES`, said by the :class:`RefusalLog` with
+    its status and detail, one line per interval (an attack's 60 kB Content-Type grew the log by 17.7 MB/s). The
+    refusals to activate a SuperNode are kept, which the coordinator reads to say why a hospital's SuperNode was
+    refused (``fedseg.flower.log_watch.ActivationRefusals``), at most :data:`ACTIVATION_LINES_EVERY_S`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.window_start, self.in_window = float("-inf"), 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        if not (text.startswith("[/") and ("][ApiError:" in text or "][UnexpectedError:" in text)):
+            return True
+        if not text.startswith(ACTIVATION_PATH):
+            return False
+        most, every_s = ACTIVATION_LINES_EVERY_S
+        now = time.monotonic()
+        if now - self.window_start >= every_s:
+            self.window_start, self.in_window = now, 0
+        self.in_window += 1
+        return self.in_window <= most
+
+
 class QuietRefusals(logging.Filter):
     """Leaves out uvicorn's access lines of the listeners' refusals (:data:`REFUSED_STATUSES`): a
     :class:`RefusalLog` says them, one line per interval (each request's line let a flood fill the disk)."""
@@ -517,6 +548,7 @@ def serve_superlink() -> None:
     for name in ("flwr", "uvicorn.access"):
         logging.getLogger(name).addFilter(QuietStatusPolls())
     logging.getLogger("uvicorn.access").addFilter(QuietRefusals())
+    logging.getLogger("flwr").addFilter(QuietFlowerRequestErrors())
     if fleet is None:  # a simulation SuperLink (one researcher's machine): Flower's own isolation runs its task
         sys.argv = ["flower-superlink", *rest]
         serve(None, control_key, Path(gate) if gate else None)
