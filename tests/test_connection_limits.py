@@ -6,6 +6,7 @@ a real SuperLink process with the defaults."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import resource
@@ -50,6 +51,25 @@ def _connect(port: int, source: str = "127.0.0.1") -> socket.socket:
     return conn
 
 
+@contextlib.contextmanager
+def _serving(app, limits: cl.ConnectionLimits, port: int | None = None, **options):
+    """A ``limited_server`` of ``app`` within ``limits`` on a loopback port (a free one unless given), served on a
+    thread meanwhile: ``(server, port, refused)``, ``refused`` the texts it was told; stopped at the end."""
+    (port,) = (port,) if port is not None else free_ports(1)
+    refused: list[str] = []
+    server = cl.limited_server(app, ("127.0.0.1", port), limits, refused.append, log_level="error", **options)
+    thread = threading.Thread(target=cl.serve_listeners, args=([server],), daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            time.sleep(0.05)
+        yield server, port, refused
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+    assert not thread.is_alive()
+
+
 async def _app(scope, receive, send):
     """Answers ``ok``; ``/slow`` after 3 s (longer than the deadline: a request being served is not cut)."""
     if scope["type"] != "http":
@@ -62,25 +82,11 @@ async def _app(scope, receive, send):
 
 def test_a_listener_holds_at_most_its_connections_and_closes_those_that_say_nothing(tmp_path):
     certs = make_certs(tmp_path / "certs")
-    (port,) = free_ports(1)
-    refused: list[str] = []
     limits = cl.ConnectionLimits(total=6, per_client=4, head_s=2.0)
-    server = cl.limited_server(
-        _app,
-        ("127.0.0.1", port),
-        limits,
-        refused.append,
-        log_level="error",
-        ssl_keyfile=str(certs.key),
-        ssl_certfile=str(certs.cert),
-    )
-    thread = threading.Thread(target=cl.serve_listeners, args=([server],), daemon=True)
-    thread.start()
+    tls_files = {"ssl_keyfile": str(certs.key), "ssl_certfile": str(certs.cert)}
     tls = ssl.create_default_context(cafile=str(certs.ca))
-    url = f"https://127.0.0.1:{port}"
-    try:
-        while not server.started:
-            time.sleep(0.05)
+    with _serving(_app, limits, **tls_files) as (server, port, refused):
+        url = f"https://127.0.0.1:{port}"
         # one address's share: the fifth connection from 127.0.0.1 is closed as it is accepted, before any TLS
         first = [_connect(port) for _ in range(5)]
         assert [_closed_at_once(conn, 0.1) for conn in first] == [False] * 4 + [True]
@@ -117,10 +123,6 @@ def test_a_listener_holds_at_most_its_connections_and_closes_those_that_say_noth
             time.sleep(3.0)  # idle past the deadline after its answer: closed, the place given back
             assert server.connections.total == 0
             assert client.get(f"{url}/").text == "ok"  # a new connection
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
-    assert not thread.is_alive()
 
 
 async def _big_app(scope, receive, send):
@@ -136,15 +138,8 @@ def test_a_client_that_reads_none_of_its_answers_is_closed_after_the_stall_deadl
     """Requests sent back to back and no answer read: the answer waits in a full send buffer, "being served" for
     ever, past the head deadline (a review held a connection so); closed once the client has read none of it for
     ``stall_s``. A client that reads, however slowly, gets its answers."""
-    (port,) = free_ports(1)
-    refused: list[str] = []
     limits = cl.ConnectionLimits(total=4, head_s=1.0, stall_s=2.0)
-    server = cl.limited_server(_big_app, ("127.0.0.1", port), limits, refused.append, log_level="error")
-    thread = threading.Thread(target=cl.serve_listeners, args=([server],), daemon=True)
-    thread.start()
-    try:
-        while not server.started:
-            time.sleep(0.05)
+    with _serving(_big_app, limits) as (server, port, refused):
         greedy = _connect(port)
         greedy.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" * 50)  # 50 MB of answers, none read
         while not server.connections.total:  # accepted
@@ -166,25 +161,12 @@ def test_a_client_that_reads_none_of_its_answers_is_closed_after_the_stall_deadl
             time.sleep(0.25)
         slow.close()
         assert not [line for line in refused[1:] if "read none" in line], refused  # at most idle after it
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
-    assert not thread.is_alive()
 
 
 def test_a_client_sending_many_requests_ahead_of_their_answers_is_closed():
     """An attack sent a million pipelined requests on one connection and the SuperLink held 2.5 GB of queued
     requests (httptools' protocol queues them all); more than PIPELINED_MOST waiting closes the connection."""
-    (port,) = free_ports(1)
-    refused: list[str] = []
-    server = cl.limited_server(
-        _app, ("127.0.0.1", port), cl.ConnectionLimits(total=4), refused.append, log_level="error"
-    )
-    thread = threading.Thread(target=cl.serve_listeners, args=([server],), daemon=True)
-    thread.start()
-    try:
-        while not server.started:
-            time.sleep(0.05)
+    with _serving(_app, cl.ConnectionLimits(total=4)) as (server, port, refused):
         few = _connect(port)  # a client that pipelines a few: every answer
         few.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" * 3)
         answers = b""
@@ -198,9 +180,6 @@ def test_a_client_sending_many_requests_ahead_of_their_answers_is_closed():
         assert refused == [
             f"a connection from 127.0.0.1: more than {cl.PIPELINED_MOST} requests ahead of their answers"
         ]
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
 
 
 def _seconds_until_closed_reading(conn: socket.socket, most: float = 10.0) -> float:
@@ -235,15 +214,7 @@ def test_a_control_connection_whose_process_cannot_be_found_is_refused():
     """A socket bound to a device (SO_BINDTODEVICE lo, which an unprivileged user may do since Linux 5.7) is
     skipped by the kernel's exact lookup: an attack held 255 of the control address's 256 places so. Where the
     lookup works, a connection it cannot place is refused."""
-    (port,) = free_ports(1)
-    refused: list[str] = []
-    limits = cl.ConnectionLimits(total=8, own_user_only=True)
-    server = cl.limited_server(_app, ("127.0.0.1", port), limits, refused.append, log_level="error")
-    thread = threading.Thread(target=cl.serve_listeners, args=([server],), daemon=True)
-    thread.start()
-    try:
-        while not server.started:
-            time.sleep(0.05)
+    with _serving(_app, cl.ConnectionLimits(total=8, own_user_only=True)) as (server, port, refused):
         bound = socket.socket()
         try:
             bound.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, b"lo")
@@ -259,9 +230,6 @@ def test_a_control_connection_whose_process_cannot_be_found_is_refused():
         plain = _connect(port)  # the coordinator's own processes: admitted
         assert not _closed_at_once(plain, 0.3)
         plain.close()
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
 
 
 def test_the_limits_fit_the_processs_file_descriptors():
@@ -311,21 +279,12 @@ def test_the_control_address_refuses_another_users_processes():
         pytest.skip("starting a process as another user needs root")
     (port,) = free_ports(1)
     theirs = _connecting_as_nobody(port)  # forked before the server's thread starts
-    refused: list[str] = []
     limits = cl.ConnectionLimits(total=8, own_user_only=True)
-    server = cl.limited_server(_app, ("127.0.0.1", port), limits, refused.append, log_level="error")
-    thread = threading.Thread(target=cl.serve_listeners, args=([server],), daemon=True)
-    thread.start()
-    try:
-        while not server.started:
-            time.sleep(0.05)
+    with _serving(_app, limits, port) as (server, port, refused):
         assert theirs() == "closed"
         assert refused == ["a connection from 127.0.0.1: a process of user id 65534; only user id 0's here"]
         assert server.connections.total == 0
         assert httpx.get(f"http://127.0.0.1:{port}/").text == "ok"  # this user's
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
 
 
 def _connecting_as_nobody(port: int):
