@@ -61,7 +61,9 @@ def _serving(app, limits: cl.ConnectionLimits, port: int | None = None, **option
     thread = threading.Thread(target=cl.serve_listeners, args=([server],), daemon=True)
     thread.start()
     try:
+        began = time.monotonic()
         while not server.started:
+            assert thread.is_alive() and time.monotonic() - began < 30, "the server did not start"
             time.sleep(0.05)
         yield server, port, refused
     finally:
@@ -126,12 +128,12 @@ def test_a_listener_holds_at_most_its_connections_and_closes_those_that_say_noth
 
 
 async def _big_app(scope, receive, send):
-    """Answers 1 MB to every request."""
+    """Answers 1 MB to every request, 10 MB to ``/big``."""
     if scope["type"] != "http":
         return
-    body = b"x" * 1_000_000
-    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"1000000")]})
-    await send({"type": "http.response.body", "body": body})
+    size = 10_000_000 if scope["path"] == "/big" else 1_000_000
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", str(size).encode())]})
+    await send({"type": "http.response.body", "body": b"x" * size})
 
 
 def test_a_client_that_reads_none_of_its_answers_is_closed_after_the_stall_deadline():
@@ -141,12 +143,11 @@ def test_a_client_that_reads_none_of_its_answers_is_closed_after_the_stall_deadl
     limits = cl.ConnectionLimits(total=4, head_s=1.0, stall_s=2.0)
     with _serving(_big_app, limits) as (server, port, refused):
         greedy = _connect(port)
-        greedy.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" * 50)  # 50 MB of answers, none read
-        while not server.connections.total:  # accepted
-            time.sleep(0.01)
+        requests = cl.PIPELINED_MOST - 1  # within the pipelining cap: 70 MB of answers, none read
+        greedy.sendall(b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n" * requests)
         began = time.monotonic()
-        while server.connections.total and time.monotonic() - began < 15.0:  # its place given back once closed
-            time.sleep(0.1)
+        while not refused and time.monotonic() - began < 15.0:  # told as it is closed
+            time.sleep(0.05)
         assert 1.5 <= time.monotonic() - began <= 10.0, refused
         greedy.close()
         assert refused[-1] == "a connection from 127.0.0.1: read none of its answer for 2 s"
@@ -172,7 +173,9 @@ def test_a_client_sending_many_requests_ahead_of_their_answers_is_closed():
         answers = b""
         few.settimeout(5.0)
         while answers.count(b"ok") < 3:
-            answers += few.recv(4096)
+            chunk = few.recv(4096)
+            assert chunk, answers
+            answers += chunk
         few.close()
         greedy = _connect(port)
         greedy.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" * 1000)
