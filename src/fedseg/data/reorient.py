@@ -20,6 +20,7 @@ turn) copied as it is. Written into a staging folder inside ``out`` and moved in
 
 from __future__ import annotations
 
+import functools
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -118,13 +119,30 @@ def federation_orientation(fed: Federation) -> str | None:
     federation, NumPy files, a deployment's coordinator, which holds no site's files). What a model bundle records as
     the orientation it was trained on (``orientation`` in its manifest), so that ``fedseg predict`` turns inputs
     lying otherwise to it."""
+    images = [case.meta.get("image") for site in fed.sites for case in site.cases]
+    if None in images:
+        return None
+    try:  # each file as it is now: a file replaced since gets read again
+        stamped = tuple((Path(str(i)), *_stamp(Path(str(i)))) for i in images)
+    except OSError:
+        return None
+    return _images_orientation(stamped)
+
+
+def _stamp(path: Path) -> tuple[int, int]:
+    stat = path.stat()
+    return stat.st_mtime_ns, stat.st_size
+
+
+@functools.lru_cache(maxsize=4)
+def _images_orientation(images: tuple[tuple[Path, int, int], ...]) -> str | None:
+    """:func:`federation_orientation` of these image files (path, modification time in ns, size): their headers read
+    once per run, not once per algorithm's bundle."""
     codes: set[str | None] = set()
-    for site in fed.sites:
-        for case in site.cases:
-            image = case.meta.get("image")
-            codes.add(None if image is None else voxel_orientation(Path(str(image))))
-            if None in codes or len(codes) > 1:
-                return None
+    for image, _, _ in images:
+        codes.add(voxel_orientation(image))
+        if None in codes or len(codes) > 1:
+            return None
     return codes.pop() if codes else None
 
 

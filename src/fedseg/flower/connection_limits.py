@@ -234,6 +234,10 @@ def head_deadline(base: type, limits: ConnectionLimits, refused: Callable[[str],
             if not self.transport.is_closing():
                 self.await_head()
 
+        def client_host(self) -> str:
+            """The client's address, as a refusal names it."""
+            return self.client[0] if self.client else "?"
+
         def on_headers_complete(self) -> None:
             """httptools' protocol queues each request a client sends before the answers to the earlier ones (its
             ``pipeline``): an attack sent a million at once and the SuperLink held 2.5 GB. More than
@@ -241,8 +245,8 @@ def head_deadline(base: type, limits: ConnectionLimits, refused: Callable[[str],
             pipeline = getattr(self, "pipeline", None)  # h11's protocol reads no further until it has answered
             if pipeline is not None and len(pipeline) >= PIPELINED_MOST:
                 if not self.transport.is_closing():
-                    client = self.client[0] if self.client else "?"
-                    refused(f"a connection from {client}: more than {PIPELINED_MOST} requests ahead of their answers")
+                    ahead = f"more than {PIPELINED_MOST} requests ahead of their answers"
+                    refused(f"a connection from {self.client_host()}: {ahead}")
                     self.transport.abort()
                 return
             super().on_headers_complete()
@@ -272,8 +276,7 @@ def head_deadline(base: type, limits: ConnectionLimits, refused: Callable[[str],
 
         def stalled(self) -> None:
             self.stall_timer = None
-            client = self.client[0] if self.client else "?"
-            refused(f"a connection from {client}: read none of its answer for {limits.stall_s:g} s")
+            refused(f"a connection from {self.client_host()}: read none of its answer for {limits.stall_s:g} s")
             self.transport.abort()
 
         def await_head(self) -> None:
@@ -289,14 +292,13 @@ def head_deadline(base: type, limits: ConnectionLimits, refused: Callable[[str],
             self.head_timer = None
             if self.cycle is not None and not self.cycle.response_complete:
                 return  # a request is being read or served: its answer arms the deadline again
-            client = self.client[0] if self.client else "?"
             pending = self.transport.get_write_buffer_size()  # the end of the last answer, not yet sent
             if pending and pending != self.pending_before:  # still leaving: abort() would drop it
                 self.pending_before = pending
                 self.await_head()
                 return
             why = "read none of its answer for" if pending else "no request head within"
-            refused(f"a connection from {client}: {why} {limits.head_s:g} s")
+            refused(f"a connection from {self.client_host()}: {why} {limits.head_s:g} s")
             self.transport.abort()  # at once: a TLS close would wait for the client's own close for a while
 
     HeadDeadline.__name__ = HeadDeadline.__qualname__ = f"HeadDeadline{base.__name__}"
