@@ -407,7 +407,8 @@ def test_a_region_no_case_holds_is_a_warning_naming_it(root):
         "warning: region 'cup' (label value 2): no voxel in any of the 6 cases: every model would learn it as "
         "background (do the labels number it otherwise?)"
     ]
-    _png(next(root.glob("s1/labels/*.png")), np.full((8, 8), 2, np.uint8))
+    for site in ("s1", "s2"):
+        _png(next(root.glob(f"{site}/labels/*.png")), np.full((8, 8), 2, np.uint8))
     assert check_warnings(root) == []
 
 
@@ -586,3 +587,45 @@ def test_a_3d_folder_says_how_much_memory_a_run_keeps_its_cases_in(tmp_path, mon
         f"{whole / 1e9:.3g} GB ({whole / 6 / 1e6:.3g} MB per case: float32 image and masks, whatever the files' size, "
         "and the original-grid truth a bit a voxel)"
     ) in line, line
+
+
+def test_a_region_one_site_never_holds_is_a_warning_naming_that_site(root):
+    """Institutions annotating different structures: s2's labels never hold the cup (value 2) while s1's do. Every
+    region is trained at every site, so s2's cases would teach every model that the cup is background: one line names
+    the region and s2 with its case count; once one of s2's cases holds it, none."""
+    from fedseg.data.check import MIN_SITE_CASES
+
+    labels = sorted((root / "s2" / "labels").glob("*.png"))
+    for label in labels:
+        array = np.asarray(Image.open(label)).copy()
+        array[array == 2] = 1
+        _png(label, array)
+    assert len(labels) == MIN_SITE_CASES
+    assert check_warnings(root) == [
+        "warning: region 'cup' (label value 2): no voxel in any case of s2 (3 cases), while 1 other site holds it: if "
+        "that site does not annotate it, every model learns it as background there (fedseg trains every region at "
+        "every site; sites that annotate different structures are not supported: train on sites that annotate the "
+        "same ones)"
+    ]
+    _png(labels[0], np.full((8, 8), 2, np.uint8))
+    assert check_warnings(root) == []
+
+
+def test_a_site_of_few_cases_or_a_region_no_site_holds_is_not_named_as_annotating_otherwise():
+    from fedseg.data.check import MIN_SITE_CASES, SiteLabels, region_site_warnings
+    from fedseg.data.federation import Regions
+
+    regions = Regions.from_mapping({"disc": [1, 2], "cup": [2], "vessel": [3]}, ignore=9)
+    holds_cup = SiteLabels()
+    for _ in range(4):
+        holds_cup.add({0, 1, 2}, ignore=9)
+    small, unannotated = SiteLabels(), SiteLabels()
+    for _ in range(MIN_SITE_CASES - 1):
+        small.add({0, 1}, ignore=9)
+    for _ in range(MIN_SITE_CASES):
+        unannotated.add({9}, ignore=9)  # only the ignore label: no annotated case
+    assert (small.cases, unannotated.cases) == (MIN_SITE_CASES - 1, 0)
+    assert region_site_warnings(regions, {"a": holds_cup, "b": small, "c": unannotated}) == []
+    small.add({0, 1}, ignore=9)
+    (line,) = region_site_warnings(regions, {"a": holds_cup, "b": small, "c": unannotated})
+    assert line.startswith(f"region 'cup' (label value 2): no voxel in any case of b ({MIN_SITE_CASES} cases), while")

@@ -74,6 +74,7 @@ def test_info_checks_the_data_and_reports_the_simulators_split_sizes(folder, tin
     assert not reply.has_error()
     info = dict(reply.content[node.ENGINE])
     splits = make_splits(fed, tiny_config().data.split, tiny_config().seed)["site2"]
+    assert json.loads(info.pop(node.LABELS)) == {"cases": 8, "held": {"1": 8, "2": 8}}  # counts, no case id
     assert info == {
         "site": "site2",
         "cases": 8,

@@ -4,6 +4,7 @@ value and its place in the patient (``fedseg.data.reorient``)."""
 from __future__ import annotations
 
 import itertools
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -197,6 +198,20 @@ def test_the_command_says_what_it_did_and_refuses_bad_input_in_one_line(tmp_path
     two_d = fedseg("reorient", str(flat), "--out", str(tmp_path / "flat2"))
     assert two_d.stderr.strip() == f"error: {flat}: a 2D federation; its images have no voxel orientation to turn"
     assert not (tmp_path / "flat2").exists()
+
+
+def test_a_hospitals_folder_whose_federation_yaml_names_other_sites_is_reoriented(tmp_path):
+    """A SuperNode's --data folder holds the federation's federation.yaml, which names every site, and its own site
+    folder only: the coordinator's orientation warning tells such a site to run `data reorient` on it."""
+    root, out = tmp_path / "fed", tmp_path / "turned"
+    write_federation(root)
+    shutil.rmtree(root / "a")
+    header = yaml.safe_load((root / "federation.yaml").read_text())
+    sites = {"a": {"scanner": "GE"}, "b": {"scanner": "Siemens"}}
+    (root / "federation.yaml").write_text(yaml.safe_dump({**header, "sites": sites}))
+    done = fedseg("reorient", str(root), "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    assert "3 case(s) turned" in done.stdout and sorted(p.name for p in out.iterdir() if p.is_dir()) == ["b"]
 
 
 def test_a_bundle_records_the_one_orientation_its_training_volumes_lay_in(tmp_path):

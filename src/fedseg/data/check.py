@@ -4,6 +4,10 @@
 message lists them one per line, each as ``"<path>: <problem>"`` (or ``"site '<name>': ..."``
 for split problems), so a data manager can fix a folder in one pass. Problems of the same kind
 (the same check failing on many files) show their first 3 lines, then ``... and N more like this``.
+
+Warnings (a folder that trains, but maybe not as meant: volumes in several voxel orientations, a region no case holds,
+...) are lines apart from the problems; a Flower deployment's coordinator, which holds no site's files, says the
+cross-site one from the sites' reports (:func:`site_orientation_warnings`).
 """
 
 from __future__ import annotations
@@ -11,8 +15,10 @@ from __future__ import annotations
 import difflib
 import logging
 import math
-from collections.abc import Iterable
+from collections import Counter
+from collections.abc import Iterable, Mapping
 from contextlib import closing
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
 
@@ -34,7 +40,7 @@ from fedseg.data.folder import (
 )
 from fedseg.data.prefetch import ordered_map
 from fedseg.data.prepared import CheckCache
-from fedseg.data.reorient import voxel_orientation
+from fedseg.data.reorient import NO_GRID, voxel_orientation
 from fedseg.data.splits import make_splits, split_problems
 
 log = logging.getLogger("fedseg.data.check")
@@ -268,6 +274,75 @@ def empty_region_warnings(regions: Regions, seen: set[int], cases: int) -> list[
     ]
 
 
+MIN_SITE_CASES = 3  # annotated cases a site needs before a region it never holds is worth a line
+
+
+@dataclass
+class SiteLabels:
+    """What a site's label files hold, counted (no case id): ``cases``, its annotated cases checked (a case of only
+    the ignore label does not count); ``held``, label value -> how many of them hold a voxel of it."""
+
+    cases: int = 0
+    held: Counter[int] = field(default_factory=Counter)
+
+    def add(self, values: set[int], ignore: int | None) -> None:
+        """Count one case whose label holds ``values`` (none where it holds only the ignore label)."""
+        if ignore is None or values != {ignore}:
+            self.cases += 1
+            self.held.update(values)
+
+    def record(self, regions: Regions) -> dict:
+        """What a Flower SuperNode reports (JSON): ``{"cases": n, "held": {"<label value>": cases}}``, the regions'
+        values only."""
+        held = {str(v): n for v, n in sorted(self.held.items()) if v in regions.label_values and n}
+        return {"cases": self.cases, "held": held}
+
+    @classmethod
+    def from_record(cls, record: object) -> SiteLabels:
+        """The :meth:`record` a site sent; a ValueError (one line) for anything else."""
+        if not isinstance(record, dict) or set(record) != {"cases", "held"} or not isinstance(record["held"], dict):
+            raise ValueError('not {"cases": n, "held": {label value: cases}}')
+        cases = record["cases"]
+        if isinstance(cases, bool) or not isinstance(cases, int) or cases < 0:
+            raise ValueError(f"cases: {str(cases)[:20]!r} is no whole number >= 0")
+        held: Counter[int] = Counter()
+        for value, n in record["held"].items():
+            if not (str(value).isascii() and str(value).isdigit()) or isinstance(n, bool) or not isinstance(n, int):
+                raise ValueError(f"held: {str(value)[:12]!r}: {str(n)[:20]!r} is no label value and case count")
+            if not 0 < n <= cases:
+                raise ValueError(f"held: label value {value} in {n} of {cases} cases")
+            held[int(value)] = n
+        return cls(cases, held)
+
+
+def region_site_warnings(regions: Regions, labels: Mapping[str, SiteLabels], shown: int = 8) -> list[str]:
+    """One line per region that some sites' labels hold and others' never do: the sign of institutions annotating
+    different structures (one labels the organ only, another its tumour too), which fedseg does not model: every
+    region is trained at every site, so such a site's cases teach every model that the region is background there.
+
+    ``labels``: site -> :class:`SiteLabels`. A site of fewer than :data:`MIN_SITE_CASES` annotated cases is not named
+    (a rare structure can be missing from a few cases by chance), nor a region no site holds
+    (:func:`empty_region_warnings` says those). Counts only: a Flower coordinator, which holds the SuperNodes'
+    counts and no file, says the same line (``fedseg.flower.engine.SiteMap.label_warnings``)."""
+    lines = []
+    for name, values in zip(regions.names, regions.values):
+        holding = [s for s, found in labels.items() if any(found.held[v] for v in values)]
+        lacking = [s for s, found in labels.items() if s not in holding and found.cases >= MIN_SITE_CASES]
+        if not holding or not lacking:
+            continue
+        named = _some([f"{s} ({labels[s].cases} cases)" for s in lacking], shown)
+        value_text = f"label value{'s' if len(values) > 1 else ''} {', '.join(map(str, values))}"
+        one = len(lacking) == 1
+        lines.append(
+            f"region {name!r} ({value_text}): no voxel in any case of {named}, while {len(holding)} other "
+            f"site{'' if len(holding) == 1 else 's'} hold{'s' if len(holding) == 1 else ''} it: if "
+            f"{'that site does' if one else 'those sites do'} not annotate it, every model learns it as background "
+            f"there (fedseg trains every region at every site; sites that annotate different structures are not "
+            "supported: train on sites that annotate the same ones)"
+        )
+    return lines
+
+
 def orientation_warnings(orientations: dict[str, list[tuple[str, str]]], shown: int = 3) -> list[str]:
     """One line when the volumes of a federation lie in more than one voxel orientation (``orientations``: axis
     codes -> ``(site, case)`` of each volume): fedseg reads each in its stored voxel order, never reoriented (the
@@ -287,6 +362,45 @@ def orientation_warnings(orientations: dict[str, list[tuple[str, str]]], shown: 
         "against one another: `fedseg data reorient` writes a copy with all in one (axes permuted and flipped, "
         "nothing resampled) unless your augmentation covers it"
     ]
+
+
+def site_orientation_warnings(reports: Mapping[str, Mapping[str, int]], shown: int = 8) -> list[str]:
+    """:func:`orientation_warnings` of a Flower deployment, said by its coordinator, which holds no site's files: one
+    line when the sites' volumes lie in more than one voxel orientation (``reports``: site -> axis codes -> its cases
+    lying in them, as each SuperNode reported its own folder, ``fedseg.data.reorient.site_orientations``; cases
+    without a grid do not count), naming each site with its orientation (``mixed`` and its counts for a site whose own
+    volumes differ) and what to do: the sites not wholly in the orientation most sites lie in (then most cases; RAS
+    first on a tie) turn theirs to it with ``fedseg data reorient``. No case id: those never leave a site."""
+    sites = {site: {c: n for c, n in counts.items() if c != NO_GRID} for site, counts in reports.items()}
+    sites = {site: counts for site, counts in sites.items() if counts}
+    found = {code for counts in sites.values() for code in counts}
+    if len(found) < 2:
+        return []
+    whole = {code: [s for s, counts in sites.items() if set(counts) == {code}] for code in found}
+    cases = {code: sum(counts.get(code, 0) for counts in sites.values()) for code in found}
+    target = min(found, key=lambda code: (-len(whole[code]), -cases[code], code != "RAS", code))
+    groups = {code: whole[code] for code in sorted(found, key=lambda code: (code != target, -len(whole[code]), code))}
+    named = [f"{code} at {_some(names, shown)}" for code, names in groups.items() if names]
+    mixed = [s for s, counts in sites.items() if len(counts) > 1]
+    named += [
+        f"mixed at {s} ({', '.join(f'{c} {n}' for c, n in sorted(sites[s].items(), key=lambda i: (-i[1], i[0])))})"
+        for s in mixed[:shown]
+    ] + ([f"mixed at {len(mixed) - shown} more sites"] if len(mixed) > shown else [])
+    odd = [s for s in sites if set(sites[s]) != {target}]
+    return [
+        f"the sites' volumes lie in {len(found)} voxel orientations: {'; '.join(named)}; each SuperNode reads its "
+        "volumes in their stored voxel order, never reoriented, so the model sees these sites' anatomy turned or "
+        f"mirrored against one another: at {_some(odd, shown)}, `fedseg data reorient DATA --out NEW --to {target}` "
+        f"(DATA: the SuperNode's --data folder) writes a copy in {target} (axes permuted and flipped, nothing "
+        "resampled) to start its SuperNode on, unless your augmentation covers it"
+    ]
+
+
+def _some(names: list[str], shown: int) -> str:
+    """``a, b and c``; past ``shown`` names, ``and N more``."""
+    if len(names) > shown:
+        return f"{', '.join(names[:shown])} and {len(names) - shown} more"
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
 
 
 def check_threads(cases: int, threads: int | None = None) -> int:
@@ -311,6 +425,8 @@ def check_folder(
     max_image_mb: float = MAX_IMAGE_MB,
     warnings: list[str] | None = None,
     threads: int | None = None,
+    orientations: dict[str, list[tuple[str, str]]] | None = None,
+    labels: dict[str, SiteLabels] | None = None,
 ) -> Federation:
     """Validate the federation folder ``root`` and return it (lazy, as ``load_folder`` would).
 
@@ -340,6 +456,13 @@ def check_folder(
     (:func:`rtstruct_warnings`).
     Without ``warnings`` the latter are logged (WARNING, logger ``fedseg.data.check``) when the folder is valid.
 
+    ``orientations``, when given, receives the voxel orientation of every volume checked (axis codes -> ``(site,
+    case)`` of each, ``fedseg.data.reorient.voxel_orientation``; a case without a grid, NumPy arrays or a 2D image, is
+    in none): what a Flower SuperNode reports of its site (``fedseg.flower.node.on_info``), so that the coordinator,
+    which holds no site's files, can compare the sites' orientations. ``labels``, when given, receives what each
+    site's label files hold (site -> :class:`SiteLabels`, counts only), which a SuperNode reports too: the regions
+    some sites annotate and others never hold (:func:`region_site_warnings`).
+
     Raises ``FederationError`` listing every problem, one per line (at most 3 of each kind, then
     ``... and N more like this``; the count in its first line is the total).
     """
@@ -350,11 +473,11 @@ def check_folder(
     header, sites, fixed, problems = scan_folder(root, all_sites=all_sites)
     meta: dict[tuple[str, str], dict[str, object]] = {}
     site_of: dict[Path, str] = {}
-    seen: set[int] = set()  # label values some case holds
+    labels = {} if labels is None else labels  # site -> what its label files hold, counted
     blanks: list[Path] = []  # images of one value in every voxel
     unannotated: list[Path] = []  # label files of only the ignore label (partial annotations)
     ignore = None if header is None else header.regions.ignore
-    orientations: dict[str, list[tuple[str, str]]] = {}  # axis codes -> (site, case) of each volume
+    orientations = {} if orientations is None else orientations  # axis codes -> (site, case) of each volume
     jobs = [(site.name, cid, image, label) for site in sites for cid, (image, label) in site.cases.items()]
 
     load_itk_for(sites)  # here, before the threads: ITK's loading changes the working directory while it runs
@@ -379,7 +502,7 @@ def check_folder(
             site_of[label_path] = site_name
             case_probs, shape, values, blank, code = result
             problems += case_probs
-            seen |= values
+            labels.setdefault(site_name, SiteLabels()).add(values, ignore)
             blanks += [image_path] if blank else []
             nothing_known = ignore is not None and values == {ignore}
             unannotated += [label_path] if nothing_known else []
@@ -401,7 +524,9 @@ def check_folder(
     )
     notices += [] if ignore is None else unannotated_warnings(unannotated, ignore)
     if header is not None and not problems:
+        seen = {value for found in labels.values() for value in found.held}
         notices += empty_region_warnings(header.regions, seen, sum(len(site.cases) for site in sites))
+        notices += region_site_warnings(header.regions, labels)
     if warnings is not None:
         warnings += notices
     fed = None if header is None else build_federation(header, sites, fixed, meta)

@@ -400,7 +400,8 @@ def reorient(
             raise FederationError(problem)
         check_out_dir(out)
         with terminate_on_signals():
-            summary = reorient_folder(load_folder(root), root, out, target)
+            # a hospital's folder (a SuperNode's --data) holds its own site only; federation.yaml names the others
+            summary = reorient_folder(load_folder(root, all_sites=False), root, out, target)
     except (FederationError, OSError, ValueError) as e:  # ValueError: an --out that is a file
         fail(error_text(e))
     except KeyboardInterrupt:

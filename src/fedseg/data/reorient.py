@@ -16,12 +16,20 @@ whose image is a volume with a grid (NIfTI, NRRD, MetaImage, a DICOM series) as 
 grid), in the image's dtype and the label's values; a case stored as NumPy arrays (no grid, so no orientation to
 turn) copied as it is. Written into a staging folder inside ``out`` and moved into place when complete
 (``fedseg.data.folder_write``): an interrupted or failed command leaves nothing half-written.
+
+On Flower no one machine holds every site's files: each SuperNode reports its own site's orientations with its data
+check (:func:`site_orientations`: counts per orientation, no case id), the coordinator compares them
+(``fedseg.data.check.site_orientation_warnings``: one warning line, as ``fedseg run``'s data check warns) and its
+federation carries the one they agree on (:func:`deployment_orientation`, :class:`ReportedFederation`), which its
+model bundles record as ``fedseg run``'s do.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import shutil
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,6 +50,7 @@ from fedseg.data.metadata import CASES_FILE
 
 DEFAULT_TARGET = "RAS"
 _AXES = ("RL", "AP", "SI")  # each anatomical axis's two directions: a target names one of each
+NO_GRID = "none"  # in a site's orientation counts (:func:`site_orientations`): its cases without a grid
 
 
 @dataclass(frozen=True)
@@ -113,12 +122,30 @@ def voxel_orientation(image_path: Path) -> str | None:
         return None
 
 
+@dataclass
+class ReportedFederation(Federation):
+    """A federation whose cases lie on other machines: a Flower deployment's coordinator holds its header and site
+    names only (``fedseg.flower.server.federation_from_record``). ``orientation``: the one voxel orientation every
+    volume of every site lies in as the sites' SuperNodes reported it from their data check
+    (:func:`deployment_orientation`), None where there is not one: what :func:`federation_orientation` says of it."""
+
+    orientation: str | None = None
+
+
+def with_reported_orientation(fed: Federation, orientation: str | None) -> ReportedFederation:
+    """``fed`` (a coordinator's case-less federation) holding the orientation its sites reported."""
+    fields = {f.name: getattr(fed, f.name) for f in dataclasses.fields(Federation)}
+    return ReportedFederation(**fields, orientation=orientation)
+
+
 def federation_orientation(fed: Federation) -> str | None:
     """The voxel orientation (:func:`voxel_orientation`) every case of ``fed`` lies in, from the headers alone; None
     where there is not one: the cases lie in several, or some case has no volume file with a grid (a built-in
-    federation, NumPy files, a deployment's coordinator, which holds no site's files). What a model bundle records as
-    the orientation it was trained on (``orientation`` in its manifest), so that ``fedseg predict`` turns inputs
-    lying otherwise to it."""
+    federation, NumPy files). A deployment's coordinator, which holds no site's files, has its sites' word for it
+    (a :class:`ReportedFederation`). What a model bundle records as the orientation it was trained on
+    (``orientation`` in its manifest), so that ``fedseg predict`` turns inputs lying otherwise to it."""
+    if isinstance(fed, ReportedFederation):
+        return fed.orientation
     images = [case.meta.get("image") for site in fed.sites for case in site.cases]
     if None in images:
         return None
@@ -127,6 +154,51 @@ def federation_orientation(fed: Federation) -> str | None:
     except OSError:
         return None
     return _images_orientation(stamped)
+
+
+def site_orientations(codes: Mapping[str, Sequence[object]], cases: int) -> dict[str, int]:
+    """What a Flower SuperNode reports of its site's voxel orientations: axis codes -> number of its ``cases`` lying
+    in them (``codes``: the data check's ``orientations`` of the site, codes -> its volumes), the cases without a grid
+    (NumPy arrays, a 2D image) under :data:`NO_GRID`; the most common first (ties by code)."""
+    counts = {code: len(volumes) for code, volumes in codes.items() if volumes}
+    if (rest := cases - sum(counts.values())) > 0:
+        counts[NO_GRID] = rest
+    return dict(sorted(counts.items(), key=lambda item: (-item[1], item[0])))
+
+
+def orientation_counts_problem(counts: object) -> str | None:
+    """Why ``counts`` (a site's reply, :func:`site_orientations`, read from JSON) is not orientation counts: a mapping
+    of axis codes (``RAS``...: three letters, one of R/L, A/P and S/I each) or :data:`NO_GRID` to whole numbers > 0;
+    None where it is."""
+    if not isinstance(counts, dict):
+        return "not a mapping of orientations to case counts"
+    for code, n in counts.items():
+        if code != NO_GRID and not _is_orientation(str(code)):
+            return f"{str(code)[:12]!r} is no orientation (three letters, one of R/L, A/P and S/I each)"
+        if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
+            return f"{code}: {str(n)[:20]!r} cases is no whole number > 0"
+    return None
+
+
+def _is_orientation(code: str) -> bool:
+    try:
+        return check_target(code) == code
+    except FederationError:
+        return False
+
+
+def deployment_orientation(sites: list[str], reports: Mapping[str, Mapping[str, int]]) -> str | None:
+    """:func:`federation_orientation` of a federation whose ``sites`` hold their own files, from what each site
+    reported (``reports``: site -> :func:`site_orientations`): the one orientation every case of every site lies in;
+    None where a site reported none (a site without volumes with a grid), some case has no grid, or the cases lie in
+    several."""
+    codes = set()
+    for site in sites:
+        counts = reports.get(site)
+        if not counts or NO_GRID in counts:
+            return None
+        codes |= set(counts)
+    return codes.pop() if len(codes) == 1 else None
 
 
 def _stamp(path: Path) -> tuple[int, int]:

@@ -29,7 +29,9 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, cast
 
 import torch
 from flwr.app import ConfigRecord, Error, RecordDict
@@ -40,8 +42,12 @@ from fedseg.engine.context import Task
 from fedseg.engine.ledger import EVAL_ACTIONS
 from fedseg.engine.messages import Message
 from fedseg.flower.log_text import SITE_LINE, printable, site_text
-from fedseg.flower.node import INFO, REFUSED, RELEASE, RESTORE, SNAPSHOT
+from fedseg.flower.node import INFO, LABELS, ORIENTATIONS, REFUSED, RELEASE, RESTORE, SNAPSHOT
 from fedseg.flower.records import ENGINE, case_ids_problem, from_recorddict, record_bytes, to_recorddict
+
+if TYPE_CHECKING:
+    from fedseg.data.check import SiteLabels
+    from fedseg.data.federation import Regions
 
 log = logging.getLogger("fedseg.flower.engine")
 
@@ -54,11 +60,36 @@ class SiteError(RuntimeError):
 
 @dataclass
 class SiteMap:
-    """Which Flower node serves which site, and each site's split sizes (from its ``info`` reply)."""
+    """Which Flower node serves which site, and each site's split sizes and voxel orientations (from its ``info``
+    reply; ``orientations``: axis codes -> number of cases, ``fedseg.data.reorient.site_orientations``, of the sites
+    that reported any)."""
 
     sites: list[str]
     nodes: dict[str, int] = field(default_factory=dict)
     sizes: dict[str, dict[str, int]] = field(default_factory=dict)
+    orientations: dict[str, dict[str, int]] = field(default_factory=dict)
+    labels: dict[str, SiteLabels] = field(default_factory=dict)  # what each site's label files hold, counted
+
+    def orientation(self) -> str | None:
+        """The one voxel orientation every case of every site lies in, as they reported it; None where there is not
+        one (``fedseg.data.reorient.deployment_orientation``): what the run's model bundles record."""
+        from fedseg.data.reorient import deployment_orientation
+
+        return deployment_orientation(self.sites, self.orientations)
+
+    def orientation_warnings(self) -> list[str]:
+        """One line where the sites' volumes lie in several voxel orientations, naming each site with its own and
+        what to do (``fedseg.data.check.site_orientation_warnings``); none otherwise."""
+        from fedseg.data.check import site_orientation_warnings
+
+        return site_orientation_warnings({s: self.orientations[s] for s in self.sites if s in self.orientations})
+
+    def label_warnings(self, regions: Regions) -> list[str]:
+        """One line per region some sites' labels hold and others' never do (sites annotating different structures,
+        ``fedseg.data.check.region_site_warnings``, as ``fedseg run``'s data check says it); none otherwise."""
+        from fedseg.data.check import region_site_warnings
+
+        return region_site_warnings(regions, {s: self.labels[s] for s in self.sites if s in self.labels})
 
 
 class Courier:
@@ -135,6 +166,48 @@ def query(site: str, node: int, action: str, header: dict) -> FlowerMessage:
     return FlowerMessage(
         RecordDict({ENGINE: ConfigRecord({"site": site, **header})}), dst_node_id=node, message_type=f"query.{action}"
     )
+
+
+def reported(info: dict, key: str, who: str, what: str, problem: Callable[[object], str | None]) -> object:
+    """The JSON entry ``key`` of a node's answer to the data check (``info``; taken out of it), or None where the
+    node sent none; ``SiteError`` naming ``who`` and ``what`` it is where the text is no JSON, longer than 10,000
+    characters, or what ``problem`` (None: fine) refuses (nothing of it reaches a log line or a bundle)."""
+    if key not in info:
+        return None
+    raw = str(info.pop(key))
+    try:
+        found = json.loads(raw) if len(raw) < 10_000 else None
+        why = problem(found)
+    except ValueError as e:
+        why = str(e) or "not JSON"
+    if why is not None:
+        raise SiteError(f"{who} reported {what} as {printable(raw)[:60]!r}: {printable(why)}")
+    return found
+
+
+def site_orientations(info: dict, who: str) -> dict[str, int] | None:
+    """A node's voxel orientations from its answer to the data check (``info``, whose ``orientations`` entry is
+    taken out): axis codes -> number of cases (``fedseg.data.reorient.site_orientations``); None where it reports
+    none (a site without volumes with a grid: the reply as before); ``SiteError`` naming ``who`` for anything else
+    than such counts."""
+    from fedseg.data.reorient import orientation_counts_problem
+
+    def problem(counts: object) -> str | None:
+        return orientation_counts_problem(counts) or (None if counts else "no orientation")
+
+    return cast(dict[str, int] | None, reported(info, ORIENTATIONS, who, "its voxel orientations", problem))
+
+
+def site_labels(info: dict, who: str) -> SiteLabels | None:
+    """What a node's label files hold (``info``'s ``labels`` entry, taken out: ``fedseg.data.check.SiteLabels``);
+    None where it reports none (the reply as before); ``SiteError`` naming ``who`` for anything else."""
+    from fedseg.data.check import SiteLabels
+
+    def problem(record: object) -> None:
+        SiteLabels.from_record(record)  # a ValueError says why not
+
+    record = reported(info, LABELS, who, "what its label files hold", problem)
+    return None if record is None else SiteLabels.from_record(record)
 
 
 def split_sizes(info: dict, who: str) -> dict[str, int]:
@@ -254,8 +327,15 @@ def connect_sites(
                 raise SiteError(
                     f"two SuperNodes ({found.nodes[site]} and {node}) both serve site {site!r}; stop one of them"
                 )
-            found.nodes[site], found.sizes[site] = node, split_sizes(info, f"SuperNode {node} (site {site!r})")
-            log.info("site %s -> SuperNode %s (%s)", site, node, found.sizes[site])
+            who = f"SuperNode {node} (site {site!r})"
+            orientations, labels = site_orientations(info, who), site_labels(info, who)
+            found.nodes[site], found.sizes[site] = node, split_sizes(info, who)
+            if orientations is not None:
+                found.orientations[site] = orientations
+            if labels is not None:
+                found.labels[site] = labels
+            seen = f"; orientations: {', '.join(f'{c} {n}' for c, n in orientations.items())}" if orientations else ""
+            log.info("site %s -> SuperNode %s (%s%s)", site, node, found.sizes[site], seen)
         missing = [s for s in found.sites if s not in found.nodes]
         if not missing:
             return found

@@ -19,7 +19,8 @@ resumed (``fedseg.flower.snapshots``). For every message the ClientApp
    back; sample predictions go to the node-local ``samples`` folder.
 
 Engine-level queries (not algorithm traffic, not in the ledger): ``info`` (full ``data check``
-of the node's folder for the run's split settings, header agreement, split sizes),
+of the node's folder for the run's split settings, header agreement, split sizes, and the voxel
+orientations its volumes lie in, counted per orientation, which the coordinator compares across sites),
 ``snapshot`` / ``restore`` (copy the state store to / from the snapshot of a round, for best-round
 selection and resume; ``fedseg.flower.snapshots``). Every failure is answered with a Flower
 ``Error`` reply whose reason is the fedseg message (e.g. the data check's list of problems), not a
@@ -34,7 +35,7 @@ import logging
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from flwr.app import ConfigRecord, Context, Error, RecordDict
 from flwr.app import Message as FlowerMessage
@@ -45,6 +46,9 @@ from fedseg.flower.flwr_internals import client_app_raised_error_code
 from fedseg.flower.log_text import printable
 from fedseg.flower.snapshots import ContextSnapshots, DiskSnapshots, Snapshots, prune
 from fedseg.flower.supernode import ALLOW_FAULTS
+
+if TYPE_CHECKING:
+    from fedseg.data.check import SiteLabels
 
 # PyTorch, MONAI and the algorithms are imported only by algorithm messages: in Flower's
 # one-process-per-message isolation, the engine's queries (info, snapshot, restore) then start
@@ -58,6 +62,8 @@ STATE = "fedseg.state."  # Context.state slot of a site's store, per algorithm (
 RUN_KEY = "fedseg-run-key"  # run config entry: names the experiment across Flower runs (resume)
 SIMULATION = "fedseg-simulation"  # run config entry (Flower's simulation runtime): {data, samples, state} folders
 INFO, SNAPSHOT, RESTORE, REFUSED, RELEASE = "info", "snapshot", "restore", "refused", "release"  # query actions
+ORIENTATIONS = "orientations"  # info reply entry: the site's voxel orientations (JSON: axis codes -> cases)
+LABELS = "labels"  # info reply entry: what the site's label files hold (JSON, fedseg.data.check.SiteLabels.record)
 
 
 @dataclass(frozen=True)
@@ -165,16 +171,31 @@ def federation_header(fed: Federation) -> dict:
     return header
 
 
-def load_site(settings: NodeSettings, cfg: RunConfig, check: bool) -> tuple[Federation, Site]:
-    """``(federation, site)`` of this node; ``check``: run the full ``data check`` (every file read)."""
+def load_site(
+    settings: NodeSettings,
+    cfg: RunConfig,
+    check: bool,
+    orientations: dict[str, list[tuple[str, str]]] | None = None,
+    labels: dict[str, SiteLabels] | None = None,
+) -> tuple[Federation, Site]:
+    """``(federation, site)`` of this node; ``check``: run the full ``data check`` (every file read), which puts the
+    voxel orientation of every volume in ``orientations`` and what the label files hold in ``labels`` where given
+    (``check_folder``)."""
     from fedseg.data.check import check_folder
     from fedseg.data.dataset import prepare_threads
     from fedseg.data.folder import load_folder
 
     # a hospital's folder holds the federation's federation.yaml and only its own site folder
     if check:
+        threads = prepare_threads(cfg.data)
         fed = check_folder(
-            settings.data, cfg.data.split, cfg.data.seed, all_sites=False, threads=prepare_threads(cfg.data)
+            settings.data,
+            cfg.data.split,
+            cfg.data.seed,
+            all_sites=False,
+            threads=threads,
+            orientations=orientations,
+            labels=labels,
         )
     else:
         fed = load_folder(settings.data, all_sites=False)
@@ -426,11 +447,15 @@ def _loaded_plugins():
 
 
 def on_info(content: RecordDict, context: Context, settings: NodeSettings, cfg: RunConfig) -> RecordDict:
-    """Full data check of this node's folder for the run's split settings; the site's split sizes. First, the
+    """Full data check of this node's folder for the run's split settings; the site's split sizes and, where some of
+    its cases are volumes with a grid, its voxel orientations (``orientations``: JSON, axis codes -> number of cases,
+    ``fedseg.data.reorient.site_orientations``; absent otherwise, the reply as before), which the coordinator compares
+    across sites (``fedseg.flower.engine.connect_sites``). First, the
     start-up check of the run's method packages beyond their versions (``run_config`` checks those for every
     message): each must load here (``fedseg.method_plugins.load_problem``), or the site refuses now, in one line
     naming the package, the method and the import error, rather than in round 1 (a dependency of the package
     missing on this machine; it imports the methods, so only this query, sent as the run starts, checks it)."""
+    from fedseg.data.reorient import site_orientations
     from fedseg.data.splits import site_splits, split_sizes
     from fedseg.method_plugins import RUN_CONFIG_KEY as PLUGINS_KEY
     from fedseg.method_plugins import load_problem
@@ -439,7 +464,9 @@ def on_info(content: RecordDict, context: Context, settings: NodeSettings, cfg: 
     if plugins:
         raise Refused(f"the run's method packages: {plugins}")
     head = dict(content.config_records[ENGINE])
-    fed, site = load_site(settings, cfg, check=True)
+    volumes: dict[str, list[tuple[str, str]]] = {}  # axis codes -> (site, case) of each volume checked
+    labels: dict[str, SiteLabels] = {}  # site -> what its label files hold, counted
+    fed, site = load_site(settings, cfg, check=True, orientations=volumes, labels=labels)
     expected = json.loads(str(head["header"]))
     mine = federation_header(fed)
     names, theirs = mine.pop("channel_names"), expected.pop("channel_names", None)
@@ -457,7 +484,13 @@ def on_info(content: RecordDict, context: Context, settings: NodeSettings, cfg: 
     splits = site_splits(site, cfg.data.split, cfg.data.seed)
     sizes = split_sizes(site, splits)  # its training size: the cases it trains on, its aggregation weight
     record_run_config(settings, cfg, context)
-    return RecordDict({ENGINE: ConfigRecord({"site": settings.site, "cases": len(site.cases), **sizes})})
+    reply: dict = {"site": settings.site, "cases": len(site.cases), **sizes}
+    own = {code: [c for s, c in cases if s == site.name] for code, cases in volumes.items()}
+    if any(own.values()):  # the site's cases only (a folder may hold other sites' too); no case id leaves it
+        reply[ORIENTATIONS] = json.dumps(site_orientations(own, len(site.cases)))
+    if site.name in labels:  # counts only, as the orientations: the coordinator compares the regions sites annotate
+        reply[LABELS] = json.dumps(labels[site.name].record(fed.regions))
+    return RecordDict({ENGINE: ConfigRecord(reply)})
 
 
 def record_run_config(settings: NodeSettings, cfg: RunConfig, context: Context) -> None:

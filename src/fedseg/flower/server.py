@@ -27,8 +27,13 @@ ServerApp stops when that launcher is gone (``stop_with_launcher``).
 
 It maps sites to nodes, then runs ``fedseg.run.run_experiment`` with the ``FlowerEngine``:
 the same rounds, validation, best-round selection, single test evaluation and output files as
-``fedseg run``. Progress goes to ``<out>/flower/server.log``; a failure's message to
-``<out>/flower/error.txt`` (the launcher prints it).
+``fedseg run``. The voxel orientations each site reported with its data check are compared as ``fedseg run``'s data
+check compares those of a federation it holds: sites whose volumes lie in different orientations get the same kind of
+WARNING (one line naming each site's orientation and the ``fedseg data reorient`` that turns the odd ones), not a
+refusal; where every volume of every site lies in one, each model bundle's ``manifest.json`` records it
+(``orientation``), so ``fedseg predict`` turns its inputs to it, as for a model trained by ``fedseg run``.
+Progress goes to ``<out>/flower/server.log``; a failure's message to ``<out>/flower/error.txt`` (the launcher prints
+it).
 """
 
 from __future__ import annotations
@@ -181,6 +186,7 @@ def stop_with_launcher(poll: float = 2.0) -> None:
 
 def serve(grid, run_config: dict) -> None:
     """Run the experiment described by ``run_config`` over ``grid`` (see the module docstring)."""
+    from fedseg.data.reorient import with_reported_orientation
     from fedseg.engine.context import Task
     from fedseg.flower.deploy import COORDINATOR_OUT
     from fedseg.flower.engine import Courier, FlowerEngine, connect_sites
@@ -218,6 +224,9 @@ def serve(grid, run_config: dict) -> None:
         site_map = connect_sites(
             courier, fed.site_names, federation_header(fed), float(run_config["fedseg-wait"]), node_sites
         )
+        for line in site_map.orientation_warnings() + site_map.label_warnings(fed.regions):  # as `fedseg run` warns
+            log.warning("%s", line)
+        fed = with_reported_orientation(fed, site_map.orientation())  # what the model bundles record
         prep = Prepared(fed, {}, [], Task.of(cfg, fed))
 
         def engine(name, spec, options, prep, out, observers):
