@@ -127,6 +127,96 @@ def test_a_listener_holds_at_most_its_connections_and_closes_those_that_say_noth
             assert client.get(f"{url}/").text == "ok"  # a new connection
 
 
+def _listener_threads() -> list[str]:
+    """The names of this process's threads that serve a listener (``serve_listeners``)."""
+    return [thread.name for thread in threading.enumerate() if thread.name.startswith("listener ")]
+
+
+def test_the_first_listener_answers_while_another_listeners_event_loop_is_blocked():
+    """Each listener after the first (the SuperLink's Fleet listener) is served on an event loop of its own, in a
+    thread of its own: one whose loop is held up (here its app blocks it; a flood of TLS handshakes on the Fleet
+    port had slowed the coordinator's control calls 40-fold) does not hold up the first (the control address). On
+    one loop, the control call below would wait until the block ends (20 s) and time out. Stopping the first stops
+    the other, its thread gone."""
+    blocked, release = threading.Event(), threading.Event()
+    served_on: dict[str, tuple[int, int]] = {}
+
+    def answering(name: str):
+        async def app(scope, receive, send):
+            if scope["type"] != "http":
+                return
+            served_on[name] = (threading.get_ident(), id(asyncio.get_running_loop()))
+            if scope["path"] == "/block":
+                blocked.set()
+                release.wait(20.0)  # the whole event loop stops here
+            await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+            await send({"type": "http.response.body", "body": b"ok"})
+
+        return app
+
+    control_port, fleet_port = free_ports(2)
+    control = cl.limited_server(answering("control"), ("127.0.0.1", control_port), cl.ConnectionLimits(8), print)
+    fleet = cl.limited_server(
+        answering("fleet"), ("127.0.0.1", fleet_port), cl.ConnectionLimits(8), print, lifespan="off"
+    )
+    serving = threading.Thread(target=cl.serve_listeners, args=([control, fleet],), daemon=True)
+    serving.start()
+    blocking = threading.Thread(
+        target=lambda: httpx.get(f"http://127.0.0.1:{fleet_port}/block", timeout=30.0), daemon=True
+    )
+    try:
+        began = time.monotonic()
+        while not (control.started and fleet.started):
+            assert serving.is_alive() and time.monotonic() - began < 30, "the listeners did not start"
+            time.sleep(0.05)
+        assert httpx.get(f"http://127.0.0.1:{fleet_port}/", timeout=10.0).text == "ok"
+        assert httpx.get(f"http://127.0.0.1:{control_port}/", timeout=10.0).text == "ok"
+        assert served_on["control"][0] != served_on["fleet"][0], "both listeners on one thread"
+        assert served_on["control"][1] != served_on["fleet"][1], "both listeners on one event loop"
+        blocking.start()
+        assert blocked.wait(10.0), "the Fleet listener's app was not called"
+        assert httpx.get(f"http://127.0.0.1:{control_port}/", timeout=5.0).text == "ok"  # while the other is held
+    finally:
+        release.set()
+        blocking.join(timeout=30)
+        control.should_exit = True
+        serving.join(timeout=30)
+    assert not serving.is_alive() and not _listener_threads()
+    assert fleet.should_exit
+
+
+def test_a_listener_that_fails_on_its_own_thread_stops_the_first_and_its_error_is_raised(tmp_path):
+    """The Fleet listener's TLS files unreadable as it starts (on its own thread): the control listener stops too,
+    and ``serve_listeners`` raises that error, as one event loop did."""
+    certs = make_certs(tmp_path / "certs")
+    control_port, fleet_port = free_ports(2)
+    control = cl.limited_server(_app, ("127.0.0.1", control_port), cl.ConnectionLimits(8), print, log_level="error")
+    fleet = cl.limited_server(
+        _app,
+        ("127.0.0.1", fleet_port),
+        cl.ConnectionLimits(8),
+        print,
+        lifespan="off",
+        log_level="error",
+        ssl_keyfile=str(tmp_path / "gone.key"),
+        ssl_certfile=str(certs.cert),
+    )
+    failed: list[BaseException] = []
+
+    def serve() -> None:
+        try:
+            cl.serve_listeners([control, fleet])
+        except BaseException as e:  # noqa: BLE001 - what the test looks at
+            failed.append(e)
+
+    serving = threading.Thread(target=serve, daemon=True)
+    serving.start()
+    serving.join(timeout=30)
+    assert not serving.is_alive() and not _listener_threads()
+    assert control.started and control.should_exit
+    assert len(failed) == 1 and isinstance(failed[0], OSError), failed
+
+
 async def _big_app(scope, receive, send):
     """Answers 1 MB to every request, 10 MB to ``/big``."""
     if scope["type"] != "http":

@@ -15,6 +15,8 @@ from __future__ import annotations
 import importlib
 import inspect
 import io
+import re
+import threading
 import time
 import types
 import zipfile
@@ -468,9 +470,10 @@ def test_the_fleet_routes_are_the_supernodes_calls_and_nothing_else():
 
 class ControlServer:
     """A real HTTP server on loopback answering Control API calls as a SuperLink would (one canned protobuf
-    response per path, ``answers``), recording each request's path, headers and body; paths in ``refuse`` get a 401."""
+    response per path, ``answers``), recording each request's path, headers and body; paths in ``refuse`` get a 401.
+    ``port``: the loopback port to serve on (0: a free one)."""
 
-    def __init__(self, answers: dict):
+    def __init__(self, answers: dict, port: int = 0):
         import http.server
         import threading
 
@@ -495,7 +498,7 @@ class ControlServer:
             def log_message(self, *args):
                 pass
 
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self.address = f"127.0.0.1:{self.httpd.server_address[1]}"
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
 
@@ -783,3 +786,124 @@ def test_a_run_the_superlink_does_not_list_is_a_key_error_and_wait_run_one_line(
                 wait_run(client, 8, poll=0.01)
         finally:
             client.close()
+
+
+def _list_runs(run_id: int, status: str) -> dict:
+    """``control_answers`` whose ``list-runs`` says run ``run_id`` is ``status`` (sub-status completed)."""
+    from flwr.proto.control_pb2 import ListRunsResponse
+    from flwr.proto.run_pb2 import Run, RunStatus
+
+    answers = control_answers(run_id=run_id)
+    run = Run(run_id=run_id, status=RunStatus(status=status, sub_status="completed" if status == "finished" else ""))
+    answers["/v1/control/list-runs"] = ListRunsResponse(run_dict={run_id: run})
+    return answers
+
+
+def test_wait_run_polls_on_through_a_superlink_that_stops_answering_for_a_second():
+    """A poll that fails for a transport error (here: nothing listens for ~1 s, then a server on the same port
+    answers again) no longer ends the run: ``wait_run`` tries again, ``tick()`` called meanwhile, one line said as
+    the failures start, and returns the status once the run is finished."""
+    from fedseg.flower.deploy import wait_run
+
+    said: list[str] = []
+    ticks = [0]
+    first = ControlServer(_list_runs(7, "running")).__enter__()
+    port = first.httpd.server_address[1]
+    back: list[ControlServer] = []
+
+    def come_back() -> None:
+        time.sleep(1.0)
+        back.append(ControlServer(_list_runs(7, "finished"), port).__enter__())
+
+    restarting = threading.Thread(target=come_back, daemon=True)
+
+    def tick() -> None:
+        ticks[0] += 1
+        if ticks[0] == 2:  # two answered polls, then the server goes away for a second
+            first.__exit__()
+            restarting.start()
+
+    client = flwr_internals.control_client(first.address, True, None, {"fedseg-control-key": "k3y"})
+    try:
+        began = time.monotonic()
+        status = wait_run(client, 7, poll=0.05, tick=tick, say=said.append, outage_s=30.0)
+        assert time.monotonic() - began < 20.0
+    finally:
+        client.close()
+        restarting.join(timeout=10)
+        for server in back:
+            server.__exit__()
+    assert (status.status, status.sub_status) == ("finished", "completed")
+    assert back and back[0].calls, "the poll after the server came back"
+    assert len(said) == 1 and "\n" not in said[0], said
+    assert said[0].startswith("the SuperLink's Control API did not answer (") and "retrying for up to 30 s" in said[0]
+    assert ticks[0] > 4  # ticked through the failures too
+
+
+def test_wait_run_gives_up_on_a_superlink_that_never_answers_again_in_one_line():
+    """Nothing listening any more: a RuntimeError of one line naming the problem and the last error once the
+    failures have lasted ``outage_s``, not before; one line said as they started."""
+    from fedseg.flower.deploy import wait_run
+
+    with ControlServer(_list_runs(7, "running")) as server:
+        address = server.address
+    said: list[str] = []
+    client = flwr_internals.control_client(address, True, None, {"fedseg-control-key": "k3y"})
+    try:
+        began = time.monotonic()
+        with pytest.raises(RuntimeError) as failed:
+            wait_run(client, 7, poll=0.05, say=said.append, outage_s=1.0)
+        waited = time.monotonic() - began
+    finally:
+        client.close()
+    assert 1.0 <= waited < 10.0
+    text = str(failed.value)
+    assert "\n" not in text and re.match(r"^the SuperLink's Control API has not answered for \d+\.\d s ", text), text
+    assert text.endswith("Connection refused"), text
+    assert len(said) == 1, said
+
+
+def test_wait_run_raises_a_refused_poll_at_once():
+    """A 401 (the key refused) is no outage: raised as it is, never retried, nothing said."""
+    import httpx
+
+    from fedseg.flower.deploy import wait_run
+
+    said: list[str] = []
+    with ControlServer(_list_runs(7, "running")) as server:
+        server.refuse.add("/v1/control/list-runs")
+        client = flwr_internals.control_client(server.address, True, None, {"fedseg-control-key": "wrong"})
+        try:
+            with pytest.raises(httpx.HTTPStatusError, match="401 Unauthorized"):
+                wait_run(client, 7, poll=0.05, say=said.append, outage_s=30.0)
+        finally:
+            client.close()
+    assert len(server.calls) == 1 and said == []
+
+
+def test_which_control_errors_are_transient():
+    """Network errors, timeouts and a 503 are tried again; a certificate that fails verification (which httpx says
+    as a ConnectError), another status or an unknown error is not."""
+    import ssl
+
+    import httpx
+
+    from fedseg.flower.deploy import transient
+
+    request = httpx.Request("POST", "https://127.0.0.1:1/v1/control/list-runs")
+
+    def status(code: int) -> httpx.HTTPStatusError:
+        return httpx.HTTPStatusError(str(code), request=request, response=httpx.Response(code, request=request))
+
+    refused = httpx.ConnectError("[Errno 111] Connection refused")
+    assert transient(refused) and transient(httpx.ReadTimeout("timed out")) and transient(httpx.ReadError("reset"))
+    assert transient(httpx.RemoteProtocolError("Server disconnected without sending a response."))
+    assert transient(status(503)) and not transient(status(401)) and not transient(status(500))
+    try:
+        try:
+            raise ssl.SSLCertVerificationError(1, "certificate verify failed: certificate has expired")
+        except ssl.SSLError as e:
+            raise httpx.ConnectError(str(e)) from e
+    except httpx.ConnectError as e:
+        assert not transient(e)
+    assert not transient(ValueError("Invalid protobuf response payload"))

@@ -21,7 +21,13 @@ descriptors and the run stopped; anyone reaching the Fleet port could do the sam
 
 A client that keeps opening connections still costs the SuperLink an ``accept`` and a ``close`` each (a flood is the
 firewall's to stop); it can no longer exhaust the process. Filling one listener's share delays what comes through
-that listener (a SuperNode retries); it does not stop the other, or the coordinator.
+that listener (a SuperNode retries); it does not stop the other, or the coordinator. Nor does the work of its
+connections: :func:`serve_listeners` serves each listener after the first (the Fleet listener) on an event loop and
+a thread of its own, so its TLS handshakes no longer queue ahead of the control address's requests on one loop
+(3 processes replaying TLS handshakes on the Fleet port, 350-520/s, slowed a control call to a median of 101-121 ms
+on one loop, 12-16 ms on its own: ``benchmarks/handshake_flood.py``, ``docs/deployment.md``). Each listener's
+counters (:class:`OpenConnections`) and timers are used on its own loop's thread, bar a connection dropped without
+``close`` that the garbage collector gives back on whichever thread it runs (as before, Flower's thread pool too).
 """
 
 from __future__ import annotations
@@ -334,38 +340,80 @@ def limited_server(app, address: tuple[str, int], limits: ConnectionLimits, refu
     return server
 
 
+OTHERS_STOP_S = 10.0  # seconds the other listeners get to stop once the first has, then as long again forced
+
+
 def serve_listeners(servers: list) -> None:
     """Serve every :func:`limited_server` of ``servers`` until a signal stops them all (SIGINT/SIGTERM, as uvicorn
-    handles them for the first): the first's lifespan first (for a SuperLink, the one that starts its SuperExec),
-    the others once it has started, on one event loop (:class:`HandshakeDeadlineLoop`). Each listens on a
-    :func:`listening_socket` bound here: :class:`CannotListen` where one cannot be bound, before any serves."""
+    handles them for the first): the first's lifespan first (for a SuperLink, the one that starts its SuperExec), on
+    this thread's event loop, and each of the others, once the first has started, on an event loop of its own in a
+    thread of its own (every loop a :class:`HandshakeDeadlineLoop`), so that the connections and TLS handshakes one
+    listener is flooded with cannot hold up what the first answers (on one loop, handshakes replayed on the Fleet
+    port had slowed the coordinator's control calls from 75 ms to 3.1 s). The app's blocking work runs in the thread
+    pool of the loop that called it, as on one loop (Flower's handlers are synchronous; its state takes its own
+    locks). One listener that stops, or fails, stops the others; their threads are joined before this returns
+    (:data:`OTHERS_STOP_S` seconds, then as long again without waiting for their requests), and an error one of
+    them raised is raised here. Each listens on a :func:`listening_socket` bound here: :class:`CannotListen` where
+    one cannot be bound, before any serves."""
+    import threading
+
     first, others = servers[0], servers[1:]
     sockets: list[LimitedListener] = []
+    threads: list[threading.Thread] = []
+    failed: list[BaseException] = []
+
+    def on_own_loop(server, sock: LimitedListener) -> None:
+        try:
+            with asyncio.Runner(loop_factory=HandshakeDeadlineLoop) as runner:
+                runner.run(server._serve([sock]))
+        except BaseException as e:  # noqa: BLE001 - raised again by serve_listeners, on its thread
+            failed.append(e)
+        finally:
+            first.should_exit = True  # one listener stopped: every one stops
+
+    def stop_others(force: bool) -> None:
+        """Have the others stop; ``force``: without waiting for the requests they are serving (uvicorn's second
+        Ctrl-C)."""
+        for server in others:
+            server.should_exit = True
+            server.force_exit = server.force_exit or force
+
     try:
         for server in servers:
             sockets.append(listening_socket(server.config.host, server.config.port, server.connections))
         stop_first = first.handle_exit
 
         def handle_exit(sig, frame) -> None:  # a signal stops every listener
-            for server in others:
-                server.should_exit = True
             stop_first(sig, frame)
+            stop_others(first.force_exit)
 
         first.handle_exit = handle_exit
 
-        async def after_first(server, sock: LimitedListener) -> None:
+        async def start_others() -> None:
             while not first.started and not first.should_exit:
                 await asyncio.sleep(0.05)
-            if not first.should_exit:
-                await server._serve([sock])
+            if first.should_exit:
+                return
+            for server, sock in zip(others, sockets[1:]):
+                name = f"listener {server.config.host}:{server.config.port}"
+                threads.append(threading.Thread(target=on_own_loop, args=(server, sock), name=name, daemon=True))
+                threads[-1].start()
 
         async def every_listener() -> None:
-            await asyncio.gather(
-                first.serve([sockets[0]]), *(after_first(server, sock) for server, sock in zip(others, sockets[1:]))
-            )
+            await asyncio.gather(first.serve([sockets[0]]), start_others())
 
-        with asyncio.Runner(loop_factory=HandshakeDeadlineLoop) as runner:
-            runner.run(every_listener())
+        try:
+            with asyncio.Runner(loop_factory=HandshakeDeadlineLoop) as runner:
+                runner.run(every_listener())
+        finally:  # the first stopped (a signal, uvicorn raising it again, a failure): the others do too
+            stop_others(False)
+            for thread in threads:
+                thread.join(OTHERS_STOP_S)
+                if thread.is_alive():  # a request still being served: left unanswered, then as long again
+                    stop_others(True)
+                    thread.join(OTHERS_STOP_S)
+        if failed:
+            raise failed[0]
     finally:
         for sock in sockets:
             sock.close()

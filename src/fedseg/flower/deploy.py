@@ -10,7 +10,8 @@
   grandchildren re-parented to init are not missed), SIGKILLs what is left after a grace period,
   and writes the PIDs to a JSON file.
 - Control API (what ``flwr run`` / ``flwr supernode register`` do): ``control_client``,
-  ``register_node``, ``submit_run``, ``wait_run``; every call carries the coordinator's key
+  ``register_node``, ``submit_run``, ``wait_run`` (which polls on through a minute of failed polls: a SuperLink
+  not answering for a moment); every call carries the coordinator's key
   (:data:`CONTROL_KEY_HEADER`, checked by ``fedseg.flower.superlink_main``). What they take from Flower's
   internals is in ``fedseg.flower.flwr_internals``.
 """
@@ -443,15 +444,64 @@ def run_status(client, run_id: int):
     return flwr_internals.run_status(client, run_id)
 
 
-def wait_run(client, run_id: int, poll: float = 0.5, tick=lambda: None):
-    """Block until the run is finished; return its ``RunStatus`` (``sub_status`` completed | failed | stopped); a
-    RuntimeError (one line) where the SuperLink no longer lists it."""
+CONTROL_OUTAGE_S = 60.0  # seconds of consecutive failed status polls (a SuperLink not answering) before a run fails
+RETRIED_STATUSES = (503,)  # HTTP answers a status poll retries: the SuperLink's "retry shortly" (its bodies' budget)
+
+
+def transient(error: Exception) -> bool:
+    """Whether a failed Control API call may succeed if tried again: httpx's network errors and timeouts (connection
+    refused or reset, nothing answered in time: Flower's HTTP client raises httpx's errors as they are), a connection
+    the server closed without an answer, or a 503 (:data:`RETRIED_STATUSES`); not a certificate that fails
+    verification, another HTTP status (401: the key refused) or any other error."""
+    import ssl
+
+    import httpx
+
+    if isinstance(error, httpx.HTTPStatusError):
+        return error.response.status_code in RETRIED_STATUSES
+    if not isinstance(error, httpx.TimeoutException | httpx.NetworkError | httpx.RemoteProtocolError):
+        return False
+    cause: BaseException | None = error
+    while cause is not None:  # httpx says a certificate that fails verification as a ConnectError
+        if isinstance(cause, ssl.SSLCertVerificationError):
+            return False
+        cause = cause.__cause__ or cause.__context__
+    return True
+
+
+def wait_run(
+    client, run_id: int, poll: float = 0.5, tick=lambda: None, say=lambda text: None, outage_s: float | None = None
+):
+    """Block until the run is finished; return its ``RunStatus`` (``sub_status`` completed | failed | stopped),
+    polling every ``poll`` s and calling ``tick()`` between two polls. A poll that fails for a :func:`transient`
+    reason (the SuperLink restarting its listener, a connection reset) is tried again every ``poll`` s, ``tick()``
+    still called, for up to ``outage_s`` s (default :data:`CONTROL_OUTAGE_S`) of consecutive failures (and the last
+    try, which may take the client's own timeout, 30 s), ``say(text)`` told one line as they start; a RuntimeError
+    (one line, naming the last error) once they have lasted that long.
+    A RuntimeError (one line) at once where the SuperLink no longer lists the run; any other error as raised."""
+    outage_s = CONTROL_OUTAGE_S if outage_s is None else outage_s
+    failing_since: float | None = None
     while True:
         try:
             status = run_status(client, run_id)
         except KeyError:
             raise RuntimeError(f"the SuperLink no longer lists run {run_id} (was it restarted?)") from None
-        if status.status == "finished":
-            return status
+        except Exception as e:
+            if not transient(e):
+                raise
+            reason = " ".join(str(e).split()) or type(e).__name__
+            now = time.monotonic()
+            if failing_since is None:
+                failing_since = now
+                say(f"the SuperLink's Control API did not answer ({reason}): retrying for up to {outage_s:g} s")
+            elif now - failing_since >= outage_s:
+                raise RuntimeError(
+                    f"the SuperLink's Control API has not answered for {now - failing_since:.1f} s "
+                    f"(run {run_id} may still go on there): {reason}"
+                ) from None
+        else:
+            failing_since = None
+            if status.status == "finished":
+                return status
         tick()
         time.sleep(poll)

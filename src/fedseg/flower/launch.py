@@ -273,7 +273,7 @@ def serve_experiment(
                     echo(f"{said}; fl.on_failure = skip: the run goes on without it")
                     del nodes[site]
 
-        status = wait_run(client, run_id, poll=0.25, tick=tick)
+        status = wait_run(client, run_id, poll=0.25, tick=tick, say=echo)
         show_progress()
         if status.sub_status != "completed":
             error = out / "flower" / "error.txt"

@@ -15,7 +15,16 @@ Here the same app (one SuperLink state, one lifespan: the SuperExec) is served t
 - on ``--fleet-address``: only the exact ``(method, path)`` pairs of the Fleet API
   (``fedseg.flower.flwr_internals.fleet_routes``); any other request gets 404 before Flower sees it.
 
-Both use the SuperLink's TLS certificate. SIGINT/SIGTERM stop both (the lifespan stops the SuperExec).
+Both use the SuperLink's TLS certificate. SIGINT/SIGTERM stop both (the lifespan stops the SuperExec). The control
+address is served on the main thread's event loop, with the lifespan; the Fleet listener on an event loop of its own,
+in a thread of its own (``fedseg.flower.connection_limits.serve_listeners``): on one loop, TLS handshakes replayed
+on the Fleet port (349/s) had slowed the coordinator's control calls from 75 ms to 3.1 s; now its calls wait behind
+none of them (``docs/deployment.md``, *Handshake floods*: a median of 12-16 ms against 101-121 ms on one loop, measured
+with ``benchmarks/handshake_flood.py``). Sharing the app across two loops is safe as Flower 1.41 builds it: its
+handlers and middlewares' blocking work are synchronous, run in each loop's thread pool (as they ran on one loop),
+its state (LinkState, ObjectStore) takes its own thread locks, and it holds no asyncio object bound to a loop; the
+app's middleware stack is built by the lifespan, before the Fleet listener starts. Each listener has its own body
+budget (:func:`body_limited`) and refusal log (:class:`RefusalLog`), each used on that listener's loop only.
 
 The Control API asks for a key on the control address too (:func:`control_guard`): in the open-source build any process
 on the coordinator's machine could otherwise list and stop its runs, start runs, and register a SuperNode key of its
@@ -147,7 +156,8 @@ class RefusalLog:
     status and reason) and the count since the last line, the last of a burst written once the interval is over;
     uvicorn's own access line for those answers is left out (:class:`QuietRefusals`), so a local process, or anyone
     reaching the Fleet port, sending thousands of requests fills no disk (a security test grew the log by 5.5 MB a
-    second). ``log(text)``: default Flower's log, WARNING."""
+    second). ``log(text)``: default Flower's log, WARNING. One per listener: it is used on that listener's event loop
+    only (``fedseg.flower.connection_limits.serve_listeners`` gives each listener its own), so it takes no lock."""
 
     def __init__(self, log=None) -> None:
         if log is None:
@@ -263,7 +273,7 @@ def body_limited(app, limits: BodyLimits):
     408, ``app`` never called) and handing it to ``app`` whole; it counts among the bodies held until ``app`` has
     answered. Flower reads a whole body before it checks who sent it: on the control address too, a local process
     without any key made the SuperLink hold 1.5 GiB on a Fleet path there (a security test)."""
-    held = [0]  # bytes of the bodies being read or served now (one event loop: no lock needed)
+    held = [0]  # bytes of the bodies being read or served now (one listener's: its one event loop, no lock needed)
     by_client: dict[str, int] = {}  # of those, each client address's
 
     async def limited(scope, receive, send):
@@ -398,7 +408,8 @@ def serve(fleet: tuple[str, int] | None, control_key: str, gate: Path | None = N
     """Serve the SuperLink built from ``sys.argv`` on its own address, its Control API only to requests carrying
     ``control_key`` (:func:`control_guard`), and its Fleet API on ``fleet`` (None: no Fleet listener, e.g. a
     simulation SuperLink), closed (503) until ``gate`` exists if given. Each listener holds a bounded number of
-    connections and closes silent ones (``fedseg.flower.connection_limits``)."""
+    connections and closes silent ones, and the Fleet listener is served on an event loop and a thread of its own
+    (``fedseg.flower.connection_limits``), with its own body budget and refusal log."""
     from flwr.common import log
 
     from fedseg.flower import connection_limits as limits
