@@ -212,6 +212,12 @@ def test_a_hospitals_folder_whose_federation_yaml_names_other_sites_is_reoriente
     done = fedseg("reorient", str(root), "--out", str(out))
     assert done.returncode == 0, done.stderr
     assert "3 case(s) turned" in done.stdout and sorted(p.name for p in out.iterdir() if p.is_dir()) == ["b"]
+    assert done.stdout.rstrip().endswith(
+        f"its federation.yaml names sites it does not hold (a hospital's folder?): `fedseg data check {out} --site b` "
+        "checks it"
+    ), done.stdout
+    checked = fedseg("check", str(out), "--site", "b")  # the command it names passes
+    assert checked.returncode == 0, checked.stderr
 
 
 def test_a_bundle_records_the_one_orientation_its_training_volumes_lay_in(tmp_path):

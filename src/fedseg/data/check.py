@@ -6,8 +6,9 @@ for split problems), so a data manager can fix a folder in one pass. Problems of
 (the same check failing on many files) show their first 3 lines, then ``... and N more like this``.
 
 Warnings (a folder that trains, but maybe not as meant: volumes in several voxel orientations, a region no case holds,
-...) are lines apart from the problems; a Flower deployment's coordinator, which holds no site's files, says the
-cross-site one from the sites' reports (:func:`site_orientation_warnings`).
+a region some sites never hold while others do, ...) are lines apart from the problems; a Flower deployment's
+coordinator, which holds no site's files, says the cross-site ones from the sites' reports, counts only
+(:func:`site_orientation_warnings`, :func:`region_site_warnings` over :class:`SiteLabels`).
 """
 
 from __future__ import annotations
@@ -275,6 +276,7 @@ def empty_region_warnings(regions: Regions, seen: set[int], cases: int) -> list[
 
 
 MIN_SITE_CASES = 3  # annotated cases a site needs before a region it never holds is worth a line
+BY_CHANCE = 0.01  # a site is named where it would hold none of a region's voxels with at most this chance
 
 
 @dataclass
@@ -316,29 +318,42 @@ class SiteLabels:
 
 
 def region_site_warnings(regions: Regions, labels: Mapping[str, SiteLabels], shown: int = 8) -> list[str]:
-    """One line per region that some sites' labels hold and others' never do: the sign of institutions annotating
-    different structures (one labels the organ only, another its tumour too), which fedseg does not model: every
-    region is trained at every site, so such a site's cases teach every model that the region is background there.
+    """One line per region that some sites' labels hold and others' never do, where chance does not explain it: the
+    sign of institutions annotating different structures (one labels the organ only, another its tumour too), which
+    fedseg does not model: every region is trained at every site, so such a site's cases teach every model that the
+    region is background there.
 
-    ``labels``: site -> :class:`SiteLabels`. A site of fewer than :data:`MIN_SITE_CASES` annotated cases is not named
-    (a rare structure can be missing from a few cases by chance), nor a region no site holds
-    (:func:`empty_region_warnings` says those). Counts only: a Flower coordinator, which holds the SuperNodes'
-    counts and no file, says the same line (``fedseg.flower.engine.SiteMap.label_warnings``)."""
+    ``labels``: site -> :class:`SiteLabels`. A region's prevalence ``p`` is the lowest share of cases holding it at a
+    site that holds it (of those with :data:`MIN_SITE_CASES` annotated cases or more; all of them pooled where none
+    has as many), a case counted as holding it where it holds its most common value (a lower bound where a region has
+    several values); a site of ``n`` >= :data:`MIN_SITE_CASES` annotated cases none of which holds it is named where
+    ``(1 - p) ** n`` <= :data:`BY_CHANCE` (an organ every case holds: any such site; enhancing tumour in a third of the
+    cases: a site of 12 cases, not one of 3). A region no site holds is :func:`empty_region_warnings`'. Counts only:
+    a Flower coordinator, which holds the SuperNodes' counts and no file, says the same line
+    (``fedseg.flower.engine.SiteMap.label_warnings``)."""
     lines = []
     for name, values in zip(regions.names, regions.values):
-        holding = [s for s, found in labels.items() if any(found.held[v] for v in values)]
-        lacking = [s for s, found in labels.items() if s not in holding and found.cases >= MIN_SITE_CASES]
-        if not holding or not lacking:
+        holding = {s: max(found.held[v] for v in values) for s, found in labels.items()}
+        holding = {s: n for s, n in holding.items() if n}
+        if not holding:
+            continue
+        shares = [n / labels[s].cases for s, n in holding.items() if labels[s].cases >= MIN_SITE_CASES]
+        pooled = sum(holding.values()) / sum(labels[s].cases for s in holding)
+        prevalence = min(shares) if shares else pooled
+        chance = {s: (1 - prevalence) ** found.cases for s, found in labels.items() if s not in holding}
+        lacking = [s for s, c in chance.items() if labels[s].cases >= MIN_SITE_CASES and c <= BY_CHANCE]
+        if not lacking:
             continue
         named = _some([f"{s} ({labels[s].cases} cases)" for s in lacking], shown)
         value_text = f"label value{'s' if len(values) > 1 else ''} {', '.join(map(str, values))}"
-        one = len(lacking) == 1
+        sites = "site that does" if len(holding) == 1 else "sites that do"
         lines.append(
-            f"region {name!r} ({value_text}): no voxel in any case of {named}, while {len(holding)} other "
-            f"site{'' if len(holding) == 1 else 's'} hold{'s' if len(holding) == 1 else ''} it: if "
-            f"{'that site does' if one else 'those sites do'} not annotate it, every model learns it as background "
-            f"there (fedseg trains every region at every site; sites that annotate different structures are not "
-            "supported: train on sites that annotate the same ones)"
+            f"region {name!r} ({value_text}): no voxel in any case of {named}, while at least {prevalence:.0%} of "
+            f"the cases hold it at the {len(holding)} {sites} (none by chance: at most "
+            f"{max(chance[s] for s in lacking):.2g}): if {_some(lacking, shown)} "
+            f"{'does' if len(lacking) == 1 else 'do'} not annotate it, every model learns it as background there "
+            "(fedseg trains every region at every site; sites that annotate different structures are not supported: "
+            "train on sites that annotate the same ones)"
         )
     return lines
 

@@ -390,7 +390,7 @@ def reorient(
     """Write a copy of a 3D federation folder with every volume in one voxel orientation (its axes permuted and
     flipped, nothing resampled; each voxel keeps its value and its place in the patient), as NIfTI files."""
     from fedseg.atomic_files import check_out_dir
-    from fedseg.data.folder import load_folder, root_problem
+    from fedseg.data.folder import load_folder, read_header, root_problem
     from fedseg.data.reorient import check_target, reorient_folder
 
     before = _entries(out)
@@ -401,16 +401,25 @@ def reorient(
         check_out_dir(out)
         with terminate_on_signals():
             # a hospital's folder (a SuperNode's --data) holds its own site only; federation.yaml names the others
-            summary = reorient_folder(load_folder(root, all_sites=False), root, out, target)
+            fed = load_folder(root, all_sites=False)
+            summary = reorient_folder(fed, root, out, target)
     except (FederationError, OSError, ValueError) as e:  # ValueError: an --out that is a file
         fail(error_text(e))
     except KeyboardInterrupt:
         _interrupted(out, before)
     found = ", ".join(f"{codes} {n}" for codes, n in summary.before.items()) or "none"
     copied = f", {summary.copied} NumPy case(s) copied as they are (no grid)" if summary.copied else ""
+    command = f"fedseg data check {shlex.quote(str(out))}"
+    check = f"`{command}` checks it"
+    try:
+        read_header(out, fed.site_names)
+    except FederationError:  # its federation.yaml names sites it does not hold: a hospital's folder (or a typo)
+        site = shlex.quote(fed.site_names[0]) if len(fed.site_names) == 1 else "SITE"
+        check = f"its federation.yaml names sites it does not hold (a hospital's folder?): `{command} --site {site}`"
+        check += " checks it"
     typer.echo(
         f"reoriented {root} -> {out} to {target}: {summary.turned} case(s) turned, {summary.kept} already {target}"
-        f"{copied} (orientations found: {found}); `fedseg data check {shlex.quote(str(out))}` checks it"
+        f"{copied} (orientations found: {found}); {check}"
     )
 
 

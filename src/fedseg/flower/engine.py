@@ -168,18 +168,26 @@ def query(site: str, node: int, action: str, header: dict) -> FlowerMessage:
     )
 
 
+MAX_REPORT_CHARS = 10_000  # characters of one JSON entry of a node's info reply (counts: a few hundred at most)
+
+
 def reported(info: dict, key: str, who: str, what: str, problem: Callable[[object], str | None]) -> object:
     """The JSON entry ``key`` of a node's answer to the data check (``info``; taken out of it), or None where the
-    node sent none; ``SiteError`` naming ``who`` and ``what`` it is where the text is no JSON, longer than 10,000
-    characters, or what ``problem`` (None: fine) refuses (nothing of it reaches a log line or a bundle)."""
+    node sent none; ``SiteError`` naming ``who`` and ``what`` it is where the text is no JSON, longer than
+    :data:`MAX_REPORT_CHARS`, or what ``problem`` (None: fine) refuses (none of it reaches a log line or a bundle)."""
     if key not in info:
         return None
-    raw = str(info.pop(key))
-    try:
-        found = json.loads(raw) if len(raw) < 10_000 else None
-        why = problem(found)
-    except ValueError as e:
-        why = str(e) or "not JSON"
+    raw, found = str(info.pop(key)), None
+    if len(raw) > MAX_REPORT_CHARS:
+        why: str | None = f"longer than {MAX_REPORT_CHARS:,} characters"
+    else:
+        try:
+            found = json.loads(raw)
+            why = problem(found)
+        except RecursionError:  # JSON nested deeper than Python's stack (not a ValueError)
+            why = "nested too deep"
+        except ValueError as e:  # not JSON; what ``problem`` raises
+            why = str(e) or "not JSON"
     if why is not None:
         raise SiteError(f"{who} reported {what} as {printable(raw)[:60]!r}: {printable(why)}")
     return found

@@ -19,8 +19,9 @@ resumed (``fedseg.flower.snapshots``). For every message the ClientApp
    back; sample predictions go to the node-local ``samples`` folder.
 
 Engine-level queries (not algorithm traffic, not in the ledger): ``info`` (full ``data check``
-of the node's folder for the run's split settings, header agreement, split sizes, and the voxel
-orientations its volumes lie in, counted per orientation, which the coordinator compares across sites),
+of the node's folder for the run's split settings, header agreement, split sizes, the voxel
+orientations its volumes lie in, counted per orientation, and how many of its cases hold each region's label
+value: counts, no case id, which the coordinator compares across sites),
 ``snapshot`` / ``restore`` (copy the state store to / from the snapshot of a round, for best-round
 selection and resume; ``fedseg.flower.snapshots``). Every failure is answered with a Flower
 ``Error`` reply whose reason is the fedseg message (e.g. the data check's list of problems), not a
@@ -449,8 +450,9 @@ def _loaded_plugins():
 def on_info(content: RecordDict, context: Context, settings: NodeSettings, cfg: RunConfig) -> RecordDict:
     """Full data check of this node's folder for the run's split settings; the site's split sizes and, where some of
     its cases are volumes with a grid, its voxel orientations (``orientations``: JSON, axis codes -> number of cases,
-    ``fedseg.data.reorient.site_orientations``; absent otherwise, the reply as before), which the coordinator compares
-    across sites (``fedseg.flower.engine.connect_sites``). First, the
+    ``fedseg.data.reorient.site_orientations``; absent otherwise, the reply as before) and what its label files hold
+    (``labels``: JSON, ``fedseg.data.check.SiteLabels.record``), which the coordinator compares across sites
+    (``fedseg.flower.engine.connect_sites``). First, the
     start-up check of the run's method packages beyond their versions (``run_config`` checks those for every
     message): each must load here (``fedseg.method_plugins.load_problem``), or the site refuses now, in one line
     naming the package, the method and the import error, rather than in round 1 (a dependency of the package

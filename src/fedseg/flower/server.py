@@ -31,7 +31,9 @@ the same rounds, validation, best-round selection, single test evaluation and ou
 check compares those of a federation it holds: sites whose volumes lie in different orientations get the same kind of
 WARNING (one line naming each site's orientation and the ``fedseg data reorient`` that turns the odd ones), not a
 refusal; where every volume of every site lies in one, each model bundle's ``manifest.json`` records it
-(``orientation``), so ``fedseg predict`` turns its inputs to it, as for a model trained by ``fedseg run``.
+(``orientation``), so ``fedseg predict`` turns its inputs to it, as for a model trained by ``fedseg run``. What each
+site's label files hold (counts per region label value) is compared too: a region some sites never hold while others
+do, beyond chance, gets the line ``fedseg run``'s data check says (``fedseg.data.check.region_site_warnings``).
 Progress goes to ``<out>/flower/server.log``; a failure's message to ``<out>/flower/error.txt`` (the launcher prints
 it).
 """
@@ -186,6 +188,7 @@ def stop_with_launcher(poll: float = 2.0) -> None:
 
 def serve(grid, run_config: dict) -> None:
     """Run the experiment described by ``run_config`` over ``grid`` (see the module docstring)."""
+    from fedseg.data.folder import group_problems
     from fedseg.data.reorient import with_reported_orientation
     from fedseg.engine.context import Task
     from fedseg.flower.deploy import COORDINATOR_OUT
@@ -224,7 +227,8 @@ def serve(grid, run_config: dict) -> None:
         site_map = connect_sites(
             courier, fed.site_names, federation_header(fed), float(run_config["fedseg-wait"]), node_sites
         )
-        for line in site_map.orientation_warnings() + site_map.label_warnings(fed.regions):  # as `fedseg run` warns
+        # as `fedseg run`'s data check warns, grouped as it groups them (a few lines of a kind, then a count)
+        for line in group_problems(site_map.orientation_warnings() + site_map.label_warnings(fed.regions)):
             log.warning("%s", line)
         fed = with_reported_orientation(fed, site_map.orientation())  # what the model bundles record
         prep = Prepared(fed, {}, [], Task.of(cfg, fed))
