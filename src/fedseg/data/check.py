@@ -442,6 +442,7 @@ def check_folder(
     threads: int | None = None,
     orientations: dict[str, list[tuple[str, str]]] | None = None,
     labels: dict[str, SiteLabels] | None = None,
+    across_sites: bool = True,
 ) -> Federation:
     """Validate the federation folder ``root`` and return it (lazy, as ``load_folder`` would).
 
@@ -476,7 +477,9 @@ def check_folder(
     in none): what a Flower SuperNode reports of its site (``fedseg.flower.node.on_info``), so that the coordinator,
     which holds no site's files, can compare the sites' orientations. ``labels``, when given, receives what each
     site's label files hold (site -> :class:`SiteLabels`, counts only), which a SuperNode reports too: the regions
-    some sites annotate and others never hold (:func:`region_site_warnings`).
+    some sites annotate and others never hold (:func:`region_site_warnings`). ``across_sites=False`` leaves those two
+    comparisons of the sites (orientations, regions) unsaid: a Flower launcher's, whose coordinator says them from the
+    sites' reports.
 
     Raises ``FederationError`` listing every problem, one per line (at most 3 of each kind, then
     ``... and N more like this``; the count in its first line is the total).
@@ -535,13 +538,13 @@ def check_folder(
     notices = (
         rtstruct_warnings(painted, site_of, synonyms=synonyms)
         + blank_image_warnings(blanks)
-        + orientation_warnings(orientations)
+        + (orientation_warnings(orientations) if across_sites else [])
     )
     notices += [] if ignore is None else unannotated_warnings(unannotated, ignore)
     if header is not None and not problems:
         seen = {value for found in labels.values() for value in found.held}
         notices += empty_region_warnings(header.regions, seen, sum(len(site.cases) for site in sites))
-        notices += region_site_warnings(header.regions, labels)
+        notices += region_site_warnings(header.regions, labels) if across_sites else []
     if warnings is not None:
         warnings += notices
     fed = None if header is None else build_federation(header, sites, fixed, meta)

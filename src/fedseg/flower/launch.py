@@ -326,7 +326,8 @@ def federation_folder(cfg: RunConfig, work: Path) -> tuple[Path, Federation]:
         from fedseg.data.sources import build_federation
 
         root = write_folder(build_federation(cfg), work / "federation", overwrite=True).resolve()
-    return root, check_folder(root, cfg.data.split, cfg.data.seed)
+    # the coordinator compares the sites' orientations and regions from their reports, in its own lines: not twice
+    return root, check_folder(root, cfg.data.split, cfg.data.seed, across_sites=False)
 
 
 def site_views(root: Path, fed: Federation, folder: Path) -> dict[str, Path]:
