@@ -396,13 +396,18 @@ def test_cli_check_warns_about_large_images_once_per_kind_and_passes(root):
     assert quiet.exit_code == 0 and "warning:" not in quiet.output
 
 
-def test_a_region_no_case_holds_is_a_warning_naming_it(root):
-    """Label value 2 in no case (the annotations number the cup otherwise?): the check passes with one warning line
-    naming the region, since every model would learn it as background; with the value back, no warning."""
-    for label in root.glob("*/labels/*.png"):
+def _without_the_cup(labels) -> None:
+    """Rewrite each label PNG with its cup (value 2) as disc (1)."""
+    for label in labels:
         array = np.asarray(Image.open(label)).copy()
         array[array == 2] = 1
         _png(label, array)
+
+
+def test_a_region_no_case_holds_is_a_warning_naming_it(root):
+    """Label value 2 in no case (the annotations number the cup otherwise?): the check passes with one warning line
+    naming the region, since every model would learn it as background; with the value back, no warning."""
+    _without_the_cup(root.glob("*/labels/*.png"))
     assert check_warnings(root) == [
         "warning: region 'cup' (label value 2): no voxel in any of the 6 cases: every model would learn it as "
         "background (do the labels number it otherwise?)"
@@ -594,10 +599,7 @@ def test_a_region_one_site_never_holds_is_a_warning_naming_that_site(root):
     s1's does. Every region is trained at every site, so s2's cases would teach every model that the cup is background:
     one line names the region and s2 with its case count; once one of s2's cases holds it, none."""
     labels = sorted((root / "s2" / "labels").glob("*.png"))
-    for label in labels:
-        array = np.asarray(Image.open(label)).copy()
-        array[array == 2] = 1
-        _png(label, array)
+    _without_the_cup(labels)
     assert check_warnings(root) == [
         "warning: region 'cup' (label value 2): no voxel in any case of s2 (3 cases), while at least 100% of the "
         "cases hold it at the 1 site that does (none by chance: at most 0): if s2 does not annotate it, every model "

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from flwr.app import ConfigRecord, Context, Metadata, RecordDict
+from flwr.app import Context, Metadata, RecordDict
 from flwr.app import Message as FlowerMessage
 from flwr.app.message import make_message
 from flwr.supercore.task_identity import TaskIdentity
@@ -38,7 +38,6 @@ from fedseg.data.reorient import (
 from fedseg.data.reorient import site_orientations as reported_counts
 from fedseg.flower import node
 from fedseg.flower.engine import Courier, SiteError, connect_sites, site_orientations
-from fedseg.flower.records import ENGINE
 
 nib = pytest.importorskip("nibabel")
 
@@ -132,24 +131,11 @@ class SitesGrid:
 
 
 def _info(fed: Federation) -> FlowerMessage:
+    """The coordinator's data-check query, as the SuperNode delivers it (``test_flower_node._query``)."""
     from fedseg.flower.node import federation_header
+    from test_flower_node import _query
 
-    meta = Metadata(
-        run_id=1,
-        message_id="",
-        src_node_id=0,
-        dst_node_id=7,
-        reply_to_message_id="",
-        group_id="",
-        created_at=time.time(),
-        ttl=60.0,
-        message_type=f"query.{node.INFO}",
-    )
-    msg = make_message(
-        meta, RecordDict({ENGINE: ConfigRecord({"site": "?", "header": json.dumps(federation_header(fed))})})
-    )
-    msg.metadata.__dict__["_message_id"] = msg.object_id
-    return msg
+    return _query(node.INFO, {"site": "?", "header": json.dumps(federation_header(fed))})
 
 
 def test_a_supernode_reports_its_own_volumes_orientations_with_its_data_check(tmp_path, tiny_config):
