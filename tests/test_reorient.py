@@ -233,6 +233,38 @@ def test_a_bundle_records_the_one_orientation_its_training_volumes_lay_in(tmp_pa
     assert federation_orientation(load_folder(tmp_path / "npy-turned")) is None  # a NumPy case has no grid
 
 
+def test_a_bundle_keeps_the_orientation_its_model_trained_on_when_a_resume_writes_it_again(tmp_path, tiny_config):
+    """The model card records the orientation as the algorithm finishes; a resume writes every finished algorithm's
+    bundle again, after a site may have turned its data (the coordinator's warning says to): its manifest keeps the
+    orientation the model trained on, not the data's now. A card of an older fedseg (none recorded): the data's."""
+    import json
+
+    import torch
+
+    from fedseg.run.model_card import model_card
+    from fedseg.run.outputs import write_bundle_files
+
+    root = tmp_path / "fed"
+    write_federation(root)
+    turned = {}
+    for target in ("RAS", "LPS"):
+        reorient_folder(load_folder(root), root, tmp_path / target, target)
+        turned[target] = load_folder(tmp_path / target)
+    cfg = tiny_config()
+    card = model_card("fedavg", turned["RAS"], cfg, {})
+    assert card["orientation"] == "RAS"
+    bundle = {"global": {"w": torch.zeros(2)}}
+
+    def written(fed, card) -> dict:
+        write_bundle_files(tmp_path / "model", bundle, cfg, fed, card)
+        return json.loads((tmp_path / "model" / "manifest.json").read_text())
+
+    assert written(turned["LPS"], card)["orientation"] == "RAS"  # trained on RAS, the data LPS by now
+    assert written(turned["LPS"], {**card, "orientation": None}).get("orientation") is None  # trained on a mix
+    older = {k: v for k, v in card.items() if k != "orientation"}
+    assert written(turned["LPS"], older)["orientation"] == "LPS"
+
+
 def test_predict_turns_an_input_to_the_models_orientation_and_its_mask_back(tmp_path, tiny_config):
     """A model trained on RAS volumes: the same volume stored PIL gets the mask of the RAS one, in PIL voxel order
     on its own grid, and one note; a bundle without an orientation (older, or mixed data) turns nothing."""

@@ -20,6 +20,7 @@ from typing import Any
 from fedseg.config import RunConfig
 from fedseg.config_load import dump_config
 from fedseg.data.federation import Federation
+from fedseg.data.reorient import federation_orientation
 from fedseg.run.outputs import BUNDLE_WEIGHTS
 from fedseg.run.provenance import git_state, package_version, utc_now
 from fedseg.run.stopping import recorded_not_converged
@@ -40,6 +41,9 @@ def model_card(name: str, fed: Federation, cfg: RunConfig, summary: dict[str, An
         "federation": fed.name,
         "sites": list(fed.site_names),
         "train_cases": dict(summary.get("train_samples") or {}),
+        # the voxel orientation its training volumes lay in (None: not one), which manifest.json's ``orientation``
+        # keeps when a later write (a resume) finds the data otherwise (``fedseg.run.outputs.write_bundle_files``)
+        "orientation": federation_orientation(fed),
         "rounds_trained": summary.get("rounds"),
         "selected_round": summary.get("best_round"),  # on validation
         "selected_val_dice": finite_or_none(convergence.get("best_val_dice")),  # its mean validation Dice over sites

@@ -117,8 +117,9 @@ def write_bundle_files(
     ``channel_names`` are the federation's (what each input channel holds, in order; null when the federation does
     not say), so ``fedseg predict`` can refuse images whose channels come in another order; ``orientation``: the
     voxel orientation every training volume lay in (``fedseg.data.reorient.federation_orientation``; absent where
-    there was not one), to which ``fedseg predict`` turns its inputs; ``trained``: the model ``card``
-    (:mod:`fedseg.run.model_card`), where there is one."""
+    there was not one), to which ``fedseg predict`` turns its inputs: the ``card``'s, recorded when the algorithm
+    finished, where it has one (a resume rewrites a finished algorithm's bundle after its data may have been turned),
+    else ``fed``'s now; ``trained``: the model ``card`` (:mod:`fedseg.run.model_card`), where there is one."""
     tensors = {f"{model}/{k}": v.contiguous() for model, weights in bundle.items() for k, v in weights.items()}
     data = save(tensors)
     atomic_write_bytes(folder / BUNDLE_WEIGHTS, lambda f: f.write(data))
@@ -135,11 +136,17 @@ def write_bundle_files(
         **({"ct_windows": cfg.data.ct_windows} if cfg.data.ct_windows else {}),  # normalize: ct
         "volume": cfg.data.volume.model_dump(mode="json"),  # the volume pipeline (fedseg predict on patches)
         "threshold": cfg.eval.threshold,
-        **({"orientation": orientation} if (orientation := federation_orientation(fed)) else {}),
+        **({"orientation": orientation} if (orientation := trained_orientation(fed, card)) else {}),
         **({"trained": card} if card else {}),
     }
     atomic_write_text(folder / BUNDLE_MANIFEST, strict_json_text(manifest, indent=2))  # a NaN Dice: null
     return hashlib.sha256(data).hexdigest()
+
+
+def trained_orientation(fed: Federation, card: dict[str, Any] | None) -> str | None:
+    """The voxel orientation a bundle's model trained on: its ``card``'s (recorded as its algorithm finished), else
+    ``fed``'s (``fedseg.data.reorient.federation_orientation``; a card of an older fedseg has none)."""
+    return card["orientation"] if card and "orientation" in card else federation_orientation(fed)
 
 
 def read_bundle(folder: Path, sha256: str | None = None, order: dict[str, list[str]] | None = None) -> Bundle:
