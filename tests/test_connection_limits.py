@@ -217,6 +217,42 @@ def test_a_listener_that_fails_on_its_own_thread_stops_the_first_and_its_error_i
     assert len(failed) == 1 and isinstance(failed[0], OSError), failed
 
 
+def test_a_body_still_coming_on_another_listener_does_not_hold_up_the_stop():
+    """Anyone reaching the Fleet port can open a request and send its body a byte at a time. Once the first listener
+    stops (a signal), the others get OTHERS_GRACE_S to answer, then stop without waiting: a graceful wait for that
+    body had held the SuperLink's stop for 10 s, past the 5 s the coordinator gives it before SIGKILL (which left its
+    secret's folder behind)."""
+
+    async def reading(scope, receive, send):
+        if scope["type"] != "http":
+            return
+        while (await receive()).get("more_body"):  # the whole body, as the Fleet listener reads it
+            pass
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    control_port, fleet_port = free_ports(2)
+    control = cl.limited_server(reading, ("127.0.0.1", control_port), cl.ConnectionLimits(8), print, log_level="error")
+    fleet = cl.limited_server(
+        reading, ("127.0.0.1", fleet_port), cl.ConnectionLimits(8), print, lifespan="off", log_level="critical"
+    )
+    serving = threading.Thread(target=cl.serve_listeners, args=([control, fleet],), daemon=True)
+    serving.start()
+    began = time.monotonic()
+    while not (control.started and fleet.started):
+        assert serving.is_alive() and time.monotonic() - began < 30, "the listeners did not start"
+        time.sleep(0.05)
+    with socket.create_connection(("127.0.0.1", fleet_port), timeout=10) as slow:
+        slow.sendall(b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\n" + b"a")
+        time.sleep(0.5)  # the request is being served, its body still coming
+        control.should_exit = True  # as a signal stops it
+        stopping = time.monotonic()
+        serving.join(timeout=30)
+        took = time.monotonic() - stopping
+    assert not serving.is_alive() and not _listener_threads()
+    assert took < cl.OTHERS_GRACE_S + cl.OTHERS_FORCED_S + 1.5 < 5.0, f"the stop took {took:.1f} s"
+
+
 async def _big_app(scope, receive, send):
     """Answers 1 MB to every request, 10 MB to ``/big``."""
     if scope["type"] != "http":

@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -340,7 +341,17 @@ def limited_server(app, address: tuple[str, int], limits: ConnectionLimits, refu
     return server
 
 
-OTHERS_STOP_S = 10.0  # seconds the other listeners get to stop once the first has, then as long again forced
+# Once the first listener has stopped, the others get OTHERS_GRACE_S seconds to answer what they serve, then are
+# stopped without waiting (OTHERS_FORCED_S at most): within the 5 s a coordinator gives its SuperLink to exit before
+# SIGKILL (``fedseg.flower.deploy.Processes.stop``). One slow body on the Fleet port, sent by anyone, had held a
+# graceful stop for 10 s, so the SuperLink was killed and its secret's folder left behind.
+OTHERS_GRACE_S, OTHERS_FORCED_S = 1.0, 2.0
+
+
+def join_by(threads: list, deadline: float) -> None:
+    """Join ``threads`` until ``deadline`` (``time.monotonic()``) at the latest, all of them together."""
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
 
 
 def serve_listeners(servers: list) -> None:
@@ -352,9 +363,9 @@ def serve_listeners(servers: list) -> None:
     port had slowed the coordinator's control calls from 75 ms to 3.1 s). The app's blocking work runs in the thread
     pool of the loop that called it, as on one loop (Flower's handlers are synchronous; its state takes its own
     locks). One listener that stops, or fails, stops the others; their threads are joined before this returns
-    (:data:`OTHERS_STOP_S` seconds, then as long again without waiting for their requests), and an error one of
-    them raised is raised here. Each listens on a :func:`listening_socket` bound here: :class:`CannotListen` where
-    one cannot be bound, before any serves."""
+    (:data:`OTHERS_GRACE_S` seconds, then :data:`OTHERS_FORCED_S` without waiting for their requests), and an error
+    one of them raised is raised here. Each listens on a :func:`listening_socket` bound here: :class:`CannotListen`
+    where one cannot be bound, before any serves."""
     import threading
 
     first, others = servers[0], servers[1:]
@@ -407,11 +418,10 @@ def serve_listeners(servers: list) -> None:
                 runner.run(every_listener())
         finally:  # the first stopped (a signal, uvicorn raising it again, a failure): the others do too
             stop_others(False)
-            for thread in threads:
-                thread.join(OTHERS_STOP_S)
-                if thread.is_alive():  # a request still being served: left unanswered, then as long again
-                    stop_others(True)
-                    thread.join(OTHERS_STOP_S)
+            join_by(threads, time.monotonic() + OTHERS_GRACE_S)
+            if any(thread.is_alive() for thread in threads):  # a request still being served: left unanswered
+                stop_others(True)
+                join_by(threads, time.monotonic() + OTHERS_FORCED_S)
         if failed:
             raise failed[0]
     finally:

@@ -20,7 +20,8 @@ address is served on the main thread's event loop, with the lifespan; the Fleet 
 in a thread of its own (``fedseg.flower.connection_limits.serve_listeners``): on one loop, TLS handshakes replayed
 on the Fleet port (349/s) had slowed the coordinator's control calls from 75 ms to 3.1 s; now its calls wait behind
 none of them (``docs/deployment.md``, *Handshake floods*: a median of 12-16 ms against 101-121 ms on one loop, measured
-with ``benchmarks/handshake_flood.py``). Sharing the app across two loops is safe as Flower 1.41 builds it: its
+with ``benchmarks/handshake_flood.py``; requests flooding the Fleet port still share the process's CPU). Sharing
+the app across two loops is safe as Flower 1.41 builds it: its
 handlers and middlewares' blocking work are synchronous, run in each loop's thread pool (as they ran on one loop),
 its state (LinkState, ObjectStore) takes its own thread locks, and it holds no asyncio object bound to a loop; the
 app's middleware stack is built by the lifespan, before the Fleet listener starts. Each listener has its own body
@@ -512,6 +513,15 @@ class QuietRefusals(logging.Filter):
         return not (len(args) == 5 and args[4] in REFUSED_STATUSES)  # uvicorn: client, method, path, version, status
 
 
+class QuietStopCancellations(logging.Filter):
+    """Leaves out uvicorn's "Exception in ASGI application" of a request cancelled as the SuperLink stops (a listener
+    stopped without waiting, ``fedseg.flower.connection_limits.serve_listeners``): one traceback per connection still
+    sending a body, up to the listener's 1,024, was no failure of the app."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], asyncio.CancelledError))
+
+
 MIN_KEY_CHARACTERS = 32  # of the Control API key on standard input (fedseg draws 64 hexadecimal digits)
 NO_KEY_GIVEN = (
     f"fedseg.flower.superlink_main: no Control API key (at least {MIN_KEY_CHARACTERS} printable ASCII characters) on "
@@ -559,6 +569,7 @@ def serve_superlink() -> None:
     for name in ("flwr", "uvicorn.access"):
         logging.getLogger(name).addFilter(QuietStatusPolls())
     logging.getLogger("uvicorn.access").addFilter(QuietRefusals())
+    logging.getLogger("uvicorn.error").addFilter(QuietStopCancellations())
     logging.getLogger("flwr").addFilter(QuietFlowerRequestErrors())
     if fleet is None:  # a simulation SuperLink (one researcher's machine): Flower's own isolation runs its task
         sys.argv = ["flower-superlink", *rest]
