@@ -189,7 +189,7 @@ def test_resume_refuses_a_federation_folder_changed_since_the_run_started(tmp_pa
     line = _one_error_line(_run([*args, "--resume"]))
     assert f"error: {fed}: the data changed since this run started (changed: site1/labels/{label.name}; " in line, line
     assert (
-        f"removed: site2/images/{case}, site2/labels/{case})" in line
+        f"removed: site2/images/{case} and site2/labels/{case})" in line
         and "resuming would mix results of two datasets" in line
     ), line
     (out / ".data-files.json").unlink()  # accepting the data as it is now, as the message says

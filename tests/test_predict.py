@@ -458,7 +458,7 @@ def test_a_folders_notes_are_left_out_in_one_line_not_refused(trained, tmp_path)
     )
     assert result.exit_code == 0, result.output
     said = " ".join(result.output.split())
-    assert f"{new}: left out 2 file(s) that hold no image (cases.csv, notes.txt)" in said
+    assert f"{new}: left out 2 file(s) that hold no image (cases.csv and notes.txt)" in said
     assert len(read_csv(tmp_path / "o" / "predictions.csv")) == len(cases)
 
 
@@ -816,8 +816,8 @@ def test_a_study_folder_as_model_lists_its_sub_runs_models(trained, tmp_path):
     with pytest.raises(PredictError) as e:
         predict(study, new, tmp_path / "out")
     assert str(e.value) == (
-        f"{study}: is a study, not a run; choose the model of one of its sub-runs: holdout/site1/model, "
-        f"holdout/site2/model (e.g. --model {study / 'holdout' / 'site1' / 'model'})"
+        f"{study}: is a study, not a run; choose the model of one of its sub-runs: holdout/site1/model "
+        f"and holdout/site2/model (e.g. --model {study / 'holdout' / 'site1' / 'model'})"
     )
     assert not (tmp_path / "out").exists()
     predict(study / "holdout" / "site1" / "model", new, tmp_path / "out")

@@ -101,6 +101,7 @@ from fedseg.run.bundles import Bundle, load_bundle
 from fedseg.run.model_card import RECORD_NAME, card_line, prediction_record
 from fedseg.run.outputs import csv_text
 from fedseg.run.preflight import check_device
+from fedseg.wording import listed
 
 log = logging.getLogger("fedseg.predict")
 
@@ -157,7 +158,7 @@ def predict(
     masks = [i.mask_name for i in inputs]
     stale = earlier_outputs(out, names, masks) if force and replaced else []  # the earlier predict's other outputs
     if stale and notes is not None:
-        shown = ", ".join(p.name for p in stale[:3]) + (f" and {len(stale) - 3} more" if len(stale) > 3 else "")
+        shown = listed((p.name for p in stale), 3)
         notes.append(f"--force: removed {len(stale)} file(s) of the earlier predict in {out} ({shown})")
     with staging_folder(out, "predict") as staging:  # removed, and out if it made it, on any error or interruption
         rows = write_predictions(predictor, bundle, inputs, staging, batch_size, overlay, seg, run_on, tta)

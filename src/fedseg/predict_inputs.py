@@ -36,6 +36,7 @@ from fedseg.predict_nnunet import (
     nnunet_cases,
 )
 from fedseg.run.bundles import MANIFEST, Bundle
+from fedseg.wording import listed
 
 
 @dataclass
@@ -155,9 +156,7 @@ def list_inputs(path: Path, notes: list[str] | None = None, problems_out: list[s
         documents = [p for p in entries if p.is_file() and p.suffix.lower().lstrip(".") in NOT_IMAGES]
         entries = [p for p in entries if p not in documents]
         if documents and notes is not None:
-            shown = ", ".join(p.name for p in documents[:3]) + (
-                f" and {len(documents) - 3} more" if len(documents) > 3 else ""
-            )
+            shown = listed((p.name for p in documents), 3)
             notes.append(f"{path}: left out {len(documents)} file(s) that hold no image ({shown})")
         files = []
         for entry in entries:

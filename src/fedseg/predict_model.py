@@ -18,6 +18,7 @@ from fedseg.algorithms.registry import RoutedModel
 from fedseg.engine.messages import load_weights
 from fedseg.run.bundles import MANIFEST, WEIGHTS, Bundle, BundleError, find_bundle, run_bundles
 from fedseg.run.model_card import card_round, model_round
+from fedseg.wording import listed
 
 BASE_COLUMNS = ["file", "mask", "model", "round", "confidence"]
 
@@ -90,10 +91,9 @@ def runs_below(path: Path, shown: int = 4) -> str | None:
     if not models:
         return f"{path}: is {kind}, not a run; none of its sub-runs has a model yet" if kind else None
     what, runs = (f"is {kind}, not a run", "of its sub-runs") if kind else ("is not a run", "of the runs in it")
-    listed = ", ".join(str(m.relative_to(path)) for m in models[:shown])
-    more = f" and {len(models) - shown} more" if len(models) > shown else ""
+    named = listed((str(m.relative_to(path)) for m in models), shown)
     example = shlex.quote(str(models[0]))
-    return f"{path}: {what}; choose the model of one {runs}: {listed}{more} (e.g. --model {example})"
+    return f"{path}: {what}; choose the model of one {runs}: {named} (e.g. --model {example})"
 
 
 def build_predictor(bundle: Bundle, gamma: float | None = None, site: str | None = None) -> Predictor:

@@ -43,6 +43,7 @@ from fedseg.data.prefetch import ordered_map
 from fedseg.data.prepared import CheckCache
 from fedseg.data.reorient import NO_GRID, voxel_orientation
 from fedseg.data.splits import make_splits, split_problems
+from fedseg.wording import listed
 
 log = logging.getLogger("fedseg.data.check")
 
@@ -344,13 +345,13 @@ def region_site_warnings(regions: Regions, labels: Mapping[str, SiteLabels], sho
         lacking = [s for s, c in chance.items() if labels[s].cases >= MIN_SITE_CASES and c <= BY_CHANCE]
         if not lacking:
             continue
-        named = _some([f"{s} ({labels[s].cases} cases)" for s in lacking], shown)
+        named = listed([f"{s} ({labels[s].cases} cases)" for s in lacking], shown)
         value_text = f"label value{'s' if len(values) > 1 else ''} {', '.join(map(str, values))}"
         sites = "site that does" if len(holding) == 1 else "sites that do"
         lines.append(
             f"region {name!r} ({value_text}): no voxel in any case of {named}, while at least {prevalence:.0%} of "
             f"the cases hold it at the {len(holding)} {sites} (none by chance: at most "
-            f"{max(chance[s] for s in lacking):.2g}): if {_some(lacking, shown)} "
+            f"{max(chance[s] for s in lacking):.2g}): if {listed(lacking, shown)} "
             f"{'does' if len(lacking) == 1 else 'do'} not annotate it, every model learns it as background there "
             "(fedseg trains every region at every site; sites that annotate different structures are not supported: "
             "train on sites that annotate the same ones)"
@@ -368,7 +369,7 @@ def orientation_warnings(orientations: dict[str, list[tuple[str, str]]], shown: 
     parts = []
     for code, cases in sorted(orientations.items(), key=lambda item: (-len(item[1]), item[0]))[:shown]:
         sites = sorted({site for site, _ in cases})
-        named = ", ".join(sites[:shown]) + (f" and {len(sites) - shown} more" if len(sites) > shown else "")
+        named = listed(sites, shown)
         parts.append(f"{code} ({len(cases)} case{'s' if len(cases) > 1 else ''}: {named}, e.g. {cases[0][1]})")
     more = f" and {len(orientations) - shown} more" if len(orientations) > shown else ""
     return [
@@ -395,7 +396,7 @@ def site_orientation_warnings(reports: Mapping[str, Mapping[str, int]], shown: i
     cases = {code: sum(counts.get(code, 0) for counts in sites.values()) for code in found}
     target = min(found, key=lambda code: (-len(whole[code]), -cases[code], code != "RAS", code))
     groups = {code: whole[code] for code in sorted(found, key=lambda code: (code != target, -len(whole[code]), code))}
-    named = [f"{code} at {_some(names, shown)}" for code, names in groups.items() if names]
+    named = [f"{code} at {listed(names, shown)}" for code, names in groups.items() if names]
     mixed = [s for s, counts in sites.items() if len(counts) > 1]
     named += [
         f"mixed at {s} ({', '.join(f'{c} {n}' for c, n in sorted(sites[s].items(), key=lambda i: (-i[1], i[0])))})"
@@ -405,17 +406,10 @@ def site_orientation_warnings(reports: Mapping[str, Mapping[str, int]], shown: i
     return [
         f"the sites' volumes lie in {len(found)} voxel orientations: {'; '.join(named)}; each SuperNode reads its "
         "volumes in their stored voxel order, never reoriented, so the model sees these sites' anatomy turned or "
-        f"mirrored against one another: at {_some(odd, shown)}, `fedseg data reorient DATA --out NEW --to {target}` "
+        f"mirrored against one another: at {listed(odd, shown)}, `fedseg data reorient DATA --out NEW --to {target}` "
         f"(DATA: the SuperNode's --data folder) writes a copy in {target} (axes permuted and flipped, nothing "
         "resampled) to start its SuperNode on, unless your augmentation covers it"
     ]
-
-
-def _some(names: list[str], shown: int) -> str:
-    """``a, b and c``; past ``shown`` names, ``and N more``."""
-    if len(names) > shown:
-        return f"{', '.join(names[:shown])} and {len(names) - shown} more"
-    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
 
 
 def check_threads(cases: int, threads: int | None = None) -> int:

@@ -35,6 +35,7 @@ from fedseg.data.federation import FederationError
 from fedseg.data.folder_entries import ignored_entry
 from fedseg.data.optional_modules import require_module
 from fedseg.data.voxel_grid import LPS_TO_RAS, VoxelGrid
+from fedseg.wording import listed
 
 if TYPE_CHECKING:
     from fedseg.data.federation import Federation
@@ -180,11 +181,6 @@ def dicom_read_failure(path: Path, e: Exception, expected: str) -> str:
     return f"{path}: {NOT_DICOM}; {expected}"
 
 
-def _listed(words: Sequence[str]) -> str:
-    """``a``, ``a and b``, ``a, b and c``."""
-    return f"{', '.join(words[:-1])} and {words[-1]}" if len(words) > 1 else "".join(words)
-
-
 def _deflated(ds: Any) -> bool:
     """Whether data set ``ds`` was stored deflated (zlib): pydicom parses the inflated bytes, so its element positions
     are not positions in the file, and a file cut short fails to inflate in ``read_dicom`` instead."""
@@ -215,7 +211,7 @@ def ended_early(path: Path, ds: Any, needed: Sequence[str]) -> str | None:
     where = [f"inside its {keyword_for_tag(last) or last}"] if inside and last is not None else []
     if before:
         names = [k for _, k in missing]
-        where.append(f"before its {_listed(names if len(names) < 4 else [*names[:2], f'{len(names) - 2} more'])}")
+        where.append(f"before its {listed(names, 2)}")
     return f"the file ends after {size} bytes, {', '.join(where)}"
 
 

@@ -55,6 +55,7 @@ from fedseg.data.metadata import (
 )
 from fedseg.data.splits import group_split_problems, read_site_splits_csv
 from fedseg.data.structured import read_yaml
+from fedseg.wording import listed
 
 HEADER_FILE = "federation.yaml"
 SPLITS_FILE = "splits.csv"
@@ -203,8 +204,7 @@ def site_order_problems(order: Any, site_names: Collection[str] | None = None) -
 
 def _named(found: list[str], shown: int = 5) -> str:
     """Site names as a message lists them: quoted (a name's control characters escaped), the first ``shown``."""
-    more = f" and {len(found) - shown} more" if len(found) > shown else ""
-    return ", ".join(map(repr, found[:shown])) + more
+    return listed(map(repr, found), shown)
 
 
 def ordered_site_names(names: Collection[str], header: Header) -> list[str]:
@@ -712,7 +712,7 @@ def moved_links_problem(root: Path) -> str | None:
     if not dangling:
         return None
     places = list(dict.fromkeys(_first_missing(_link_target(link)) for link in dangling))
-    shown = ", ".join(map(str, places[:3])) + (f" and {len(places) - 3} more" if len(places) > 3 else "")
+    shown = listed(map(str, places), 3)
     files = f"{len(dangling)} file{'s' if len(dangling) > 1 else ''}"
     example = f"{dangling[0].relative_to(root)} -> {_link_target(dangling[0])}"
     return (

@@ -33,6 +33,7 @@ from typing import Any
 
 from fedseg.atomic_files import atomic_write_text, strict_json_text
 from fedseg.data.folder_entries import ignored_entry
+from fedseg.wording import listed
 
 RECORD = ".data-files.json"
 SHOWN = 3  # files named in the message, per kind of change
@@ -136,8 +137,7 @@ def changes(recorded: dict[str, list[int]], now: dict[str, list[int]]) -> list[s
     parts = []
     for kind, names in kinds.items():
         if names:
-            more = f" and {len(names) - SHOWN} more" if len(names) > SHOWN else ""
-            parts.append(f"{kind}: {', '.join(names[:SHOWN])}{more}")
+            parts.append(f"{kind}: {listed(names, SHOWN)}")
     return parts
 
 
