@@ -12,6 +12,7 @@ import re
 import resource
 import socket
 import ssl
+import struct
 import subprocess
 import sys
 import threading
@@ -506,3 +507,60 @@ def _refusals_in(line: str) -> int:
     """How many refusals a RefusalLog line counts: the one it names and the ``(N more refused ...)``."""
     more = re.search(r"\((\d+) more refused since the last such line\)", line)
     return 1 + (int(more.group(1)) if more else 0)
+
+
+def _reset(conn: socket.socket) -> None:
+    """Close ``conn`` with a TCP reset (``SO_LINGER`` on, 0 s), no TLS close: a client dropping the connection."""
+    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    socket.socket(fileno=conn.detach()).close()
+
+
+@pytest.mark.slow
+def test_requests_uvicorn_answers_itself_on_the_fleet_port_are_one_line_per_interval(tmp_path):
+    """A real SuperLink (TLS, the default limits): 50 connections each sending a head uvicorn cannot parse and 50 each
+    asking for a websocket, every one reset at once, grow its log by a few lines, the refusal log's, no traceback.
+    uvicorn had logged "Invalid HTTP request received." for each of the first (80 bytes), and for each websocket
+    handshake three lines (163 bytes) and, once the handshake's connection had been handed to uvicorn's websocket
+    protocol, its head deadline firing 15 s later on the closed transport: an AttributeError traceback (0.9 kB)."""
+    n = 50
+    certs = make_certs(tmp_path / "certs")
+    fleet, control = free_ports(2)
+    link = LinkSettings("127.0.0.1", fleet, certs, control=f"127.0.0.1:{control}")
+    log = tmp_path / "superlink.log"
+    tls = ssl.create_default_context(cafile=str(certs.ca))
+    websocket = (
+        b"GET /v1/fleet/pull-messages HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+        b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
+    )
+    with Processes() as procs:
+        start_superlink(procs, link, tmp_path, flower_env(tmp_path))
+        time.sleep(1.0)  # start_superlink's own probe of the port has gone, the start-up lines written
+        before = log.stat().st_size
+        began = time.monotonic()
+        for head in [b"\x01\x02 nonsense\r\n\r\n"] * n + [websocket] * n:
+            conn = tls.wrap_socket(
+                socket.create_connection(("127.0.0.1", fleet), timeout=10), server_hostname="127.0.0.1"
+            )
+            conn.sendall(head)
+            time.sleep(0.01)  # read by the server, perhaps answered: then reset
+            _reset(conn)
+
+        def grown() -> list[str]:
+            return log.read_bytes()[before:].decode(errors="replace").splitlines()
+
+        unparsed = "fedseg: refused a request: 400 Bad Request: Invalid HTTP request received."
+        upgrades = "fedseg: refused GET /v1/fleet/pull-messages from 127.0.0.1:"
+        deadline = time.monotonic() + 20  # a burst's last line is written once the interval (10 s) is over
+        while time.monotonic() < deadline:
+            said = [sum(_refusals_in(line) for line in grown() if what in line) for what in (unparsed, upgrades)]
+            if min(said) >= n * 0.8 and time.monotonic() - began > cl.HEAD_DEADLINE_S + 1.0:
+                break  # every refusal counted, and a head deadline left running would have fired
+            time.sleep(0.2)
+        lines = grown()  # before the stop's own lines
+    assert not [line for line in lines if "Traceback" in line or "Exception" in line], lines
+    assert not [line for line in lines if "[uvicorn." in line], lines  # no line of uvicorn's own per request
+    assert len(lines) <= 5, lines  # each kind at once, then the rest of the burst; a refusal of the port's share
+    assert [sum(_refusals_in(line) for line in lines if what in line) >= n * 0.8 for what in (unparsed, upgrades)] == [
+        True,
+        True,
+    ], lines

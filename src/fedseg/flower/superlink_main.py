@@ -36,7 +36,8 @@ each task's token protect in a deployment; a simulation SuperLink keeps Flower's
 the researcher's user may take its task), the Fleet API (SuperNode authentication) and ``/health`` answer without the
 key: every other path, known or not, needs it; bodies there are read within the Fleet listener's limits too
 (:func:`body_limited`, no per-client share: every client there is local). Refusals on either address, fedseg's and
-Flower's own, are logged one line per 10 s at most (:class:`RefusalLog`; uvicorn's access line for each is left out).
+Flower's own, are logged one line per 10 s at most (:class:`RefusalLog`; uvicorn's access line for each is left out,
+and its own line for a head it cannot parse counted the same way: :class:`QuietUvicornRefusals`).
 Each address holds a bounded number of connections and closes silent ones; on Linux the control address refuses other
 users' processes (``fedseg.flower.connection_limits``). A process of the coordinator's own user can still slow or stall
 a run (holding the control address's connections, slow bodies filling the budget the coordinator's own calls share); it
@@ -422,6 +423,11 @@ def serve(fleet: tuple[str, int] | None, control_key: str, gate: Path | None = N
         "ssl_keyfile": config.ssl_keyfile,
         "ssl_certfile": config.ssl_certfile,
         "log_config": uvicorn_log_config(),
+        # Flower serves no websocket (both listeners refused each with 403): without uvicorn's websocket protocol a
+        # handshake is a plain request, refused (404 on the Fleet port) and counted as any other. Handed to that
+        # protocol, a connection kept its head deadline (fedseg.flower.connection_limits), which fired on the closed
+        # transport 15 s later: an AttributeError traceback per handshake (0.9 kB), after three INFO lines (163 bytes)
+        "ws": "none",
     }
     private_refusals = RefusalLog()
     private = limits.limited_server(
@@ -522,6 +528,42 @@ class QuietStopCancellations(logging.Filter):
         return not (record.exc_info and isinstance(record.exc_info[1], asyncio.CancelledError))
 
 
+UNPARSED = "Invalid HTTP request received."  # uvicorn's line for a request head it cannot parse (it answers 400)
+# uvicorn's lines for a head asking to upgrade the connection (a websocket, h2c), which it then serves as HTTP/1.1:
+# the listeners serve no websocket (uvicorn's ``ws="none"``, :func:`serve`)
+NOT_UPGRADED = ("Unsupported upgrade request.", "No supported WebSocket library detected.")
+
+
+class QuietUvicornRefusals(logging.Filter):
+    """Leaves out the lines ``uvicorn.error`` writes for each request itself, one a connection for anyone reaching
+    the Fleet port (the standard: bad input is one line, not one per request). A head uvicorn cannot parse
+    (:data:`UNPARSED`, answered 400 before the app, and so the listener's :class:`RefusalLog`, sees it: 80 bytes of
+    log each, 71 kB per 1,000 connections) is counted instead in a :class:`RefusalLog` of the event loop that wrote
+    it (each listener has its own loop, ``serve_listeners``), one line per :data:`REFUSALS_LOGGED_EVERY_S` s at most;
+    uvicorn names no client there, so neither does that line. A head asking for an upgrade (:data:`NOT_UPGRADED`,
+    two lines) is then served as HTTP/1.1: its answer is counted as any other's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.logs: dict[asyncio.AbstractEventLoop, RefusalLog] = {}  # one per listener's loop, made on first use
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = str(record.msg)
+        if text.startswith(NOT_UPGRADED):
+            return False
+        if text != UNPARSED:
+            return True
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # not on a listener's event loop: said as uvicorn said it
+            return True
+        refusals = self.logs.get(loop)
+        if refusals is None:
+            refusals = self.logs[loop] = RefusalLog()
+        refusals.note(f"a request: 400 Bad Request: {UNPARSED} (uvicorn could not parse its head)")
+        return False
+
+
 MIN_KEY_CHARACTERS = 32  # of the Control API key on standard input (fedseg draws 64 hexadecimal digits)
 NO_KEY_GIVEN = (
     f"fedseg.flower.superlink_main: no Control API key (at least {MIN_KEY_CHARACTERS} printable ASCII characters) on "
@@ -570,6 +612,7 @@ def serve_superlink() -> None:
         logging.getLogger(name).addFilter(QuietStatusPolls())
     logging.getLogger("uvicorn.access").addFilter(QuietRefusals())
     logging.getLogger("uvicorn.error").addFilter(QuietStopCancellations())
+    logging.getLogger("uvicorn.error").addFilter(QuietUvicornRefusals())
     logging.getLogger("flwr").addFilter(QuietFlowerRequestErrors())
     if fleet is None:  # a simulation SuperLink (one researcher's machine): Flower's own isolation runs its task
         sys.argv = ["flower-superlink", *rest]
