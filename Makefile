@@ -39,13 +39,15 @@ demo: $(STAMP)
 	@$(BYTECODE)
 	$(BIN)/fedseg run --preset demo --out runs/demo --resume
 
-# The suite in two processes (pytest-xdist; about 18-23 min on 2 cores, more in one: `$(BIN)/python -m pytest`).
-# --dist loadscope keeps a module's tests (and its module-scoped fixtures: trained runs, Flower deployments) in one
+# The suite in three processes on 2 cores (pytest-xdist; more in one: `$(BIN)/python -m pytest`): about half its time
+# is real Flower deployments, which wait on one another's polls more than they compute (a `flower local` of 9 methods
+# kept 35% of 2 cores busy), so a third process fills the cores: 21 min 3 s against 24 min 4 s in two (2,143 tests at
+# 966bd5c, one run each on one machine; 26 min in two in that commit's CI). --dist loadscope keeps a module's tests (and its module-scoped fixtures: trained runs, Flower deployments) in one
 # process. Two timing bugs this load exposed are fixed (a Flower node asked twice; a Ray actor outliving its command).
 # --durations lists the 30 slowest tests at the end: where the suite's time goes, for keeping it near 20 min.
 test: $(STAMP)
 	@$(BYTECODE)
-	$(BIN)/python -m pytest -n 2 --dist loadscope --durations=30
+	$(BIN)/python -m pytest -n 3 --dist loadscope --durations=30
 
 check: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks docs/gen_methods.py docs/gen_results.py
