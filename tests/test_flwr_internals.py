@@ -470,14 +470,15 @@ def test_the_fleet_routes_are_the_supernodes_calls_and_nothing_else():
 
 class ControlServer:
     """A real HTTP server on loopback answering Control API calls as a SuperLink would (one canned protobuf
-    response per path, ``answers``), recording each request's path, headers and body; paths in ``refuse`` get a 401.
+    response per path, ``answers``), recording each request's path, headers and body; paths in ``refuse`` get a 401,
+    those in ``busy`` a 503 (the SuperLink's "retry shortly").
     ``port``: the loopback port to serve on (0: a free one)."""
 
     def __init__(self, answers: dict, port: int = 0):
         import http.server
         import threading
 
-        self.answers, self.refuse, self.calls = answers, set(), []
+        self.answers, self.refuse, self.busy, self.calls = answers, set(), set(), []
         server = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -487,6 +488,8 @@ class ControlServer:
                 status, payload = (
                     (401, b"no key")
                     if self.path in server.refuse
+                    else (503, b"retry shortly")
+                    if self.path in server.busy
                     else (200, server.answers[self.path].SerializeToString())
                 )
                 self.send_response(status)
@@ -861,6 +864,27 @@ def test_wait_run_gives_up_on_a_superlink_that_never_answers_again_in_one_line()
     assert "\n" not in text and re.match(r"^the SuperLink's Control API has not answered for \d+\.\d s ", text), text
     assert text.endswith("Connection refused"), text
     assert len(said) == 1, said
+
+
+def test_wait_run_says_a_superlink_answering_busy_is_busy_not_silent():
+    """A SuperLink answering every poll 503 ("retry shortly": its bodies' budget full) did answer: both lines say it
+    is busy, not that it has not answered."""
+    from fedseg.flower.deploy import wait_run
+
+    said: list[str] = []
+    with ControlServer(_list_runs(7, "running")) as server:
+        server.busy.add("/v1/control/list-runs")
+        client = flwr_internals.control_client(server.address, True, None, {"fedseg-control-key": "k3y"})
+        try:
+            with pytest.raises(RuntimeError) as failed:
+                wait_run(client, 7, poll=0.05, say=said.append, outage_s=0.5)
+        finally:
+            client.close()
+    assert len(server.calls) > 2
+    assert len(said) == 1 and said[0].startswith("the SuperLink's Control API is busy (") and "503" in said[0], said
+    text = str(failed.value)
+    assert re.match(r"^the SuperLink's Control API has answered only that it is busy for \d+\.\d s ", text), text
+    assert "\n" not in text and "503" in text, text
 
 
 def test_wait_run_raises_a_refused_poll_at_once():

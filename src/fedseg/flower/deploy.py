@@ -477,7 +477,8 @@ def wait_run(
     reason (the SuperLink restarting its listener, a connection reset) is tried again every ``poll`` s, ``tick()``
     still called, for up to ``outage_s`` s (default :data:`CONTROL_OUTAGE_S`) of consecutive failures (and the last
     try, which may take the client's own timeout, 30 s), ``say(text)`` told one line as they start; a RuntimeError
-    (one line, naming the last error) once they have lasted that long.
+    (one line, naming the last error) once they have lasted that long. Both lines say whether the SuperLink answered
+    (a 503: busy, its bodies' budget full) or not.
     A RuntimeError (one line) at once where the SuperLink no longer lists the run; any other error as raised."""
     outage_s = CONTROL_OUTAGE_S if outage_s is None else outage_s
     failing_since: float | None = None
@@ -490,13 +491,16 @@ def wait_run(
             if not transient(e):
                 raise
             reason = " ".join(str(e).split()) or type(e).__name__
+            busy = getattr(getattr(e, "response", None), "status_code", None) in RETRIED_STATUSES  # it did answer
             now = time.monotonic()
             if failing_since is None:
                 failing_since = now
-                say(f"the SuperLink's Control API did not answer ({reason}): retrying for up to {outage_s:g} s")
+                what = "is busy" if busy else "did not answer"
+                say(f"the SuperLink's Control API {what} ({reason}): retrying for up to {outage_s:g} s")
             elif now - failing_since >= outage_s:
+                what = "has answered only that it is busy" if busy else "has not answered"
                 raise RuntimeError(
-                    f"the SuperLink's Control API has not answered for {now - failing_since:.1f} s "
+                    f"the SuperLink's Control API {what} for {now - failing_since:.1f} s "
                     f"(run {run_id} may still go on there): {reason}"
                 ) from None
         else:
