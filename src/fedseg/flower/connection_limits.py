@@ -33,6 +33,7 @@ counters (:class:`OpenConnections`) and timers are used on its own loop's thread
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import time
@@ -195,8 +196,21 @@ class LimitedListener(socket.socket):
                 connection.close()
                 continue
             connection.on_close = lambda client=client: self.connections.release(client)
+            no_delay(connection)
             return connection, address
         raise BlockingIOError
+
+
+def no_delay(connection: socket.socket) -> None:
+    """Send what the server writes at once (``TCP_NODELAY``), as asyncio does for the connections of a listener it
+    creates itself. asyncio's private step (``base_events._set_nodelay``) skipped these while a
+    :class:`LimitedListener` was made with protocol 0 (:func:`listening_socket` now says ``IPPROTO_TCP``); fedseg sets
+    it here rather than rely on that step. Without it uvicorn's answer, written as two segments (head, then body),
+    waits for the client's delayed ACK of the first: ~40 ms added to every request on Linux (measured: 44 ms against
+    1.5 ms per request on loopback; 0.5-0.65 s of a 1.1-1.2 s exchange of ``fedseg flower local`` at ``--poll 0.05``,
+    about 40 requests on its critical path)."""
+    with contextlib.suppress(OSError):  # a connection already reset: uvicorn finds out itself
+        connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
 class CannotListen(OSError):
@@ -208,7 +222,7 @@ def listening_socket(host: str, port: int, connections: OpenConnections) -> Limi
     uvicorn binds), not yet listening (the event loop's ``create_server`` does that). :class:`CannotListen` where the
     address cannot be bound."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    listener = LimitedListener(family, socket.SOCK_STREAM)
+    listener = LimitedListener(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         listener.bind((host, port))

@@ -116,6 +116,7 @@ class Courier:
         timeout = self.timeout if timeout is None else timeout
         deadline = None if timeout is None else time.monotonic() + timeout
         while pending:
+            before = len(pending)
             for reply in self.grid.pull_messages(list(pending)):
                 replies[reply.metadata.reply_to_message_id] = reply
                 pending.discard(reply.metadata.reply_to_message_id)
@@ -126,7 +127,8 @@ class Courier:
                     break
                 late = [n for n, i in zip(names, ids) if i in pending]
                 raise TimeoutError(f"{what}: no reply from {', '.join(late)} within {timeout:.0f} s")
-            time.sleep(self.poll)
+            if len(pending) == before:  # after replies, pull again at once: sites answer together, Flower pulls them
+                time.sleep(self.poll)  # one after another, so the next is often in already (50 ms saved per exchange)
         return [replies.get(i) for i in ids]
 
     def send(

@@ -168,7 +168,9 @@ def main() -> None:
         _watch_parent(args.parent_pid)
     from fedseg.flower.flwr_internals import cap_object_pull_backoff
 
-    cap_object_pull_backoff(args.poll)
+    # flat retries: the objects come from this site's own SuperNode (loopback), which is often still pulling them
+    # from the SuperLink when this runner takes the task; doubling delays overshot their arrival by ~50-200 ms
+    cap_object_pull_backoff(args.poll, cap=args.poll)
     with task_runner.exits_in_one_line("ClientApp runner"):
         if args.task:
             run_task(args.runtime_api_address, args.insecure, args.root_certificates, secret_or_token)
