@@ -1,6 +1,7 @@
 """How long one Flower exchange takes when the sites' work is negligible: the deployment's own latency.
 
     .venv/bin/python benchmarks/flower_exchange.py [--runs 3] [--poll 0.05] [--label after] [--other PATH]
+        [--other-label before]
 
 Runs ``fedseg flower local`` (warm ClientApp runners, insecure loopback) on a tiny 2-site federation (the test
 suite's discs, 32² images, a UNet of channels 4-8-16: each site's compute is 10-30 ms an exchange) for FedAvg, 2
@@ -74,6 +75,7 @@ def main() -> None:
     parser.add_argument("--poll", type=float, default=0.05)
     parser.add_argument("--label", default="this")
     parser.add_argument("--other", type=Path, default=None, help="another fedseg's src folder, run alternately")
+    parser.add_argument("--other-label", default=None, help="its name in the results (default: other:PATH)")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "flower_exchange.json")
     args = parser.parse_args()
     sys.path.insert(0, str(HERE.parent / "src"))
@@ -82,7 +84,7 @@ def main() -> None:
 
     sides: dict[str, Path | None] = {args.label: None}
     if args.other is not None:
-        sides[f"other:{args.other}"] = args.other
+        sides[args.other_label or f"other:{args.other}"] = args.other
     results: dict[str, list[dict]] = {side: [] for side in sides}
     with tempfile.TemporaryDirectory(prefix="flower-exchange-") as tmp:
         work = Path(tmp)
