@@ -36,6 +36,7 @@ LOWER = (
     "fedseg.lean_monai",  # stdlib only: MONAI's unused integrations kept out of fedseg's processes
     "fedseg.interrupts",  # stdlib only: stopping cleanly, whether a process runs (the data cache's prune too)
     "fedseg.folder_lock",  # stdlib only: one writer per output folder (its lock file left out of emptiness checks)
+    "fedseg.wording",  # stdlib only: how messages list names ("a, b and 3 more")
     "fedseg.method_plugins",  # stdlib only: the installed method packages (a SuperNode checks their versions)
     "fedseg.cli_errors",  # typer and rich only: the one error line every command prints
     "fedseg.accel",  # the device switches (train.amp, channels-last, ...) of training and inference
