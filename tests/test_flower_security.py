@@ -784,7 +784,7 @@ def test_the_runner_reads_the_secret_on_its_standard_input_and_gives_a_task_proc
         seen.update(secret=secret, fresh=fresh, stdin_closed=sys.stdin.closed)
 
     monkeypatch.setattr(worker, "serve", spy)
-    monkeypatch.setattr(flwr_internals, "cap_object_pull_backoff", lambda seconds: None)
+    monkeypatch.setattr(flwr_internals, "cap_object_pull_backoff", lambda seconds, cap=1.0: None)
     monkeypatch.setattr(sys, "stdin", io.StringIO("ab" * 32 + "\n"))
     flower_log = logging.getLogger("flwr")  # the runner's filter of Flower's retry lines goes with this test
     monkeypatch.setattr(flower_log, "filters", list(flower_log.filters))
