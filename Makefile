@@ -42,7 +42,8 @@ demo: $(STAMP)
 # The suite in three processes on 2 cores (pytest-xdist; more in one: `$(BIN)/python -m pytest`): about half its time
 # is real Flower deployments, which wait on one another's polls more than they compute (a `flower local` of 9 methods
 # kept 35% of 2 cores busy), so a third process fills the cores: 21 min 3 s against 24 min 4 s in two (2,143 tests at
-# 966bd5c, one run each on one machine; 26 min in two in that commit's CI). --dist loadscope keeps a module's tests (and its module-scoped fixtures: trained runs, Flower deployments) in one
+# 966bd5c, one run each on one machine; 26 min in two in that commit's CI); 21 min 44 s and 27 min 43 s in the
+# two CIs of 82938d2 and its parent: the machine's noise is as large as the gain. --dist loadscope keeps a module's tests (and its module-scoped fixtures: trained runs, Flower deployments) in one
 # process. Two timing bugs this load exposed are fixed (a Flower node asked twice; a Ray actor outliving its command).
 # --durations lists the 30 slowest tests at the end: where the suite's time goes, for keeping it near 20 min.
 test: $(STAMP)
