@@ -464,7 +464,11 @@ def test_private_control_plane_key_bound_sites_and_opaque_case_ids_on_a_real_dep
     assert made.returncode == 0, made.stdout + made.stderr
     certs = tmp_path / "certs"
     cfg = tmp_path / "cfg.yaml"
-    cfg.write_text(yaml.safe_dump({**tiny, "algorithms": ["fedavg"], "fl": {"rounds": 1}}))
+    # eval.local_models off and `warm` isolation: what this test checks is the control plane, identity and the ids on
+    # the wire, not how a site runs its tasks (TLS and keys in `subprocess` isolation: test_flower_deploy); a fresh
+    # process per message cost ~5 s each, 9 messages per site
+    run = {**tiny, "algorithms": ["fedavg"], "fl": {"rounds": 1}, "eval": {**tiny["eval"], "local_models": False}}
+    cfg.write_text(yaml.safe_dump(run))
     fleet_port, control_port, *node_ports = free_ports(8)
     fleet, control = f"127.0.0.1:{fleet_port}", f"127.0.0.1:{control_port}"
     out, hospitals = tmp_path / "out", tmp_path / "hospitals"
@@ -533,7 +537,7 @@ def test_private_control_plane_key_bound_sites_and_opaque_case_ids_on_a_real_dep
 
             def node(name, site, key, port, via=fleet, state=None):
                 cmd = supernode_command(
-                    site, folder, via, port, hospitals / name, Path("certs/ca.crt"), key, "subprocess", 0.05, state
+                    site, folder, via, port, hospitals / name, Path("certs/ca.crt"), key, "warm", 0.05, state
                 )
                 return procs.start(name, cmd, hospitals / f"{name}.log", env)
 
